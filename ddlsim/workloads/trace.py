@@ -1,0 +1,224 @@
+"""The per-iteration workload trace: what each class of identical ranks does, in issue order.
+
+The format is documented in ``docs/trace.md``. In short:
+
+* A :class:`Workload` has process-group families (``tp``, ``dp``, ``pp``, ``ep``, …; each a
+  2-D array of ranks, one row per group) and rank classes. All ranks of a :class:`RankClass`
+  run the same :class:`Program`; group and peer references are relative (``group="tp"`` means
+  *the* tp group that contains this rank, ``peer=+1`` the next member of it), so one
+  description serves every rank of the class and a 10,000-GPU trace stays small.
+* A :class:`Program` is a table of reusable :class:`Block` s and the :class:`Step` s that issue
+  them, so repeated blocks (layers × micro-batches) are not materialised op by op.
+* A block is a short list of :class:`Op` s. Each op runs on a named *stream*; ops on one stream
+  run in issue order (like CUDA streams / NCCL communicators), an op also waits for its
+  ``deps`` (indices of earlier ops of the same block), a :class:`Wait` waits for everything
+  issued so far on another stream, a collective waits for every member of its group to reach
+  it, and a ``recv`` for the matching ``send``. ``repeat=k`` runs the op k times back to back.
+
+Sizes follow the nccl-tests convention (``bytes`` is the buffer each rank passes in: for
+``all_gather`` the gathered output, for ``reduce_scatter`` the full input, for ``all_to_all``
+the total each rank sends, its own share included).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Literal
+
+import numpy as np
+
+__all__ = ["Compute", "Collective", "P2P", "Wait", "Op", "Block", "Step", "Program",
+           "GroupFamily", "RankClass", "Workload", "CollectiveOp", "GroupKind", "Phase"]
+
+CollectiveOp = Literal["all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter",
+                       "all_to_all", "gather", "scatter", "barrier"]
+GroupKind = Literal["dp", "tp", "pp", "ep", "cp", "world"]
+Phase = Literal["forward", "backward", "optimizer", "sync", "other"]
+
+
+@dataclass(frozen=True, slots=True)
+class Compute:
+    """Work on the device: ``flops`` floating-point operations reading/writing ``bytes``.
+
+    ``kind`` selects the efficiency model: ``gemm``, ``attention``, ``elementwise``,
+    ``optimizer``. ``dtype`` is the arithmetic precision (a key of the device's peak_flops).
+    """
+
+    name: str
+    flops: float
+    bytes: float = 0.0
+    kind: str = "gemm"
+    dtype: str = "bf16"
+
+
+@dataclass(frozen=True, slots=True)
+class Collective:
+    """A collective on the rank's member of group family ``group``."""
+
+    name: str
+    op: CollectiveOp
+    group: str
+    bytes: float
+    root: int = 0
+    split_bytes: tuple[float, ...] | None = None  # uneven all_to_all: bytes to each member
+    algorithm: str | None = None  # None: the run's choice for this op (or auto)
+
+
+@dataclass(frozen=True, slots=True)
+class P2P:
+    """Point-to-point ``send``/``recv`` with the member ``peer`` places away in ``group``.
+
+    A send matches the recv on the peer with the same ``tag`` and micro-batch whose ``peer``
+    points back. Peers wrap around the group (the last pipeline stage's ``+1`` is stage 0, as
+    the interleaved schedule needs).
+    """
+
+    name: str
+    kind: Literal["send", "recv"]
+    group: str
+    peer: int
+    bytes: float
+    tag: str
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Wait until everything issued so far on ``stream`` has finished (a stream join)."""
+
+    name: str
+    stream: str
+
+
+Payload = Compute | Collective | P2P | Wait
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """An op placed in a block: what, on which stream, after which earlier ops, how often."""
+
+    payload: Payload
+    stream: str = "compute"
+    deps: tuple[int, ...] = ()
+    repeat: int = 1
+
+    @property
+    def name(self) -> str:
+        return self.payload.name
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """A reusable sequence of ops (one layer chunk's forward, a backward, the optimizer step…)."""
+
+    name: str
+    phase: Phase
+    ops: tuple[Op, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One issue of a block, for micro-batch ``microbatch`` of model chunk ``chunk``."""
+
+    block: str
+    microbatch: int = 0
+    chunk: int = 0
+
+
+@dataclass(frozen=True)
+class Program:
+    """What each rank of a class issues in one iteration."""
+
+    blocks: Mapping[str, Block]
+    steps: tuple[Step, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "blocks", MappingProxyType(dict(self.blocks)))
+        missing = {s.block for s in self.steps} - set(self.blocks)
+        if missing:
+            raise ValueError(f"program steps name unknown blocks: {sorted(missing)}")
+
+    def iter_ops(self) -> Iterator[tuple[Step, int, Op]]:
+        """Every op in issue order, with its step and index in its block (materialises)."""
+        for step in self.steps:
+            for i, op in enumerate(self.blocks[step.block].ops):
+                yield step, i, op
+
+
+@dataclass(frozen=True)
+class GroupFamily:
+    """A family of disjoint process groups of equal size: ``members[g]`` are group g's ranks."""
+
+    name: str
+    kind: GroupKind
+    members: np.ndarray  # shape (n_groups, group_size), int
+
+    def __post_init__(self) -> None:
+        m = np.asarray(self.members, dtype=np.int64)
+        if m.ndim != 2:
+            raise ValueError(f"group family {self.name!r}: members must be 2-D")
+        m.setflags(write=False)
+        object.__setattr__(self, "members", m)
+
+    @property
+    def size(self) -> int:
+        return int(self.members.shape[1])
+
+    def group_of(self, rank: int) -> np.ndarray:
+        """The ranks of the group that contains ``rank``."""
+        g, _ = np.argwhere(self.members == rank)[0]
+        return self.members[g]
+
+
+@dataclass(frozen=True)
+class RankClass:
+    """Ranks that run one identical program (e.g. every rank of one pipeline stage)."""
+
+    name: str
+    ranks: tuple[int, ...]
+    program: Program
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One training iteration of every rank, compactly.
+
+    ``meta`` carries what reports need and engines don't: model FLOPs per iteration (without
+    recomputation), hardware FLOPs, tokens and samples per iteration, parameter count.
+    """
+
+    name: str
+    world_size: int
+    groups: Mapping[str, GroupFamily]
+    classes: tuple[RankClass, ...]
+    meta: Mapping[str, float | int | str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "groups", MappingProxyType(dict(self.groups)))
+        object.__setattr__(self, "meta", MappingProxyType(dict(self.meta)))
+
+    def class_of(self) -> np.ndarray:
+        """Array mapping each rank to the index of its class."""
+        out = np.full(self.world_size, -1, dtype=np.int64)
+        for i, c in enumerate(self.classes):
+            out[list(c.ranks)] = i
+        return out
+
+    def validate(self) -> None:
+        """Check that every rank is in exactly one class and every group reference resolves."""
+        seen = np.zeros(self.world_size, dtype=np.int64)
+        for c in self.classes:
+            np.add.at(seen, np.asarray(c.ranks, dtype=np.int64), 1)
+            for block in c.program.blocks.values():
+                for op in block.ops:
+                    p = op.payload
+                    if isinstance(p, (Collective, P2P)) and p.group not in self.groups:
+                        raise ValueError(f"class {c.name!r} block {block.name!r} op {p.name!r} "
+                                         f"names unknown group {p.group!r}")
+                    if any(d >= block.ops.index(op) for d in op.deps):
+                        raise ValueError(f"op {p.name!r} in block {block.name!r} depends on a "
+                                         "later op")
+        if not (seen == 1).all():
+            bad = int(np.flatnonzero(seen != 1)[0])
+            raise ValueError(f"rank {bad} is in {int(seen[bad])} rank classes; it must be in one")
