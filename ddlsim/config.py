@@ -364,7 +364,7 @@ def _resolve_section(name: str, value: Any) -> dict:
     from .presets import get_preset  # local import: presets import config
 
     if isinstance(value, str):
-        return copy.deepcopy(get_preset(name, value))
+        return _named(name, value, copy.deepcopy(get_preset(name, value)))
     if isinstance(value, BaseModel):
         return value.model_dump()
     if not isinstance(value, dict):
@@ -373,9 +373,16 @@ def _resolve_section(name: str, value: Any) -> dict:
     base = value.pop("preset", None)
     if base is None:
         return value
-    merged = copy.deepcopy(get_preset(name, base))
+    merged = _named(name, base, copy.deepcopy(get_preset(name, base)))
     _deep_update(merged, value)
     return merged
+
+
+def _named(section: str, preset: str, data: dict) -> dict:
+    """Models and systems carry their preset's name unless they set one."""
+    if section in ("model", "system"):
+        data.setdefault("name", preset)
+    return data
 
 
 def _deep_update(base: dict, new: dict) -> None:

@@ -1,0 +1,204 @@
+"""Communication benchmarks that really run: the timing loop over a :class:`CommAdapter`.
+
+Method (per operation and message size, on every rank of the communicator):
+
+1. ``warmup`` untimed calls (connection set-up, protocol selection, caches);
+2. ``reps`` timed batches; before each, a barrier so all ranks start together; a batch is
+   ``batch`` back-to-back calls followed by a device synchronisation, its time divided by
+   ``batch`` (and by 2 for a ping-pong round trip);
+3. the per-batch times are reduced as the **max over ranks** (an operation is finished when
+   its slowest rank is — the convention of nccl-tests and the OSU benchmarks), then summarised
+   (mean, median, min, max, std, n).
+
+When the ranks span several nodes (host names differ) the benchmark also runs on
+sub-communicators: ``intra`` (the ranks of one node; every node's group runs at once) and
+``inter`` (one rank per node, grouped by local rank, all groups at once — the traffic pattern
+of hierarchical collectives, each group sharing the nodes' NICs with the others).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .adapters import CommAdapter
+from .schema import OPS, CalibrationError, check_op, comm_row, summarize
+
+__all__ = ["default_sizes", "Placement", "placement", "run_comm_benchmark",
+           "run_scoped_benchmarks", "scoped_communicators"]
+
+Progress = Callable[[str], None]
+
+
+def default_sizes(max_bytes: float, min_bytes: float = 8, factor: float = 2.0) -> list[int]:
+    """Message sizes ``min_bytes · factor^i`` up to ``max_bytes`` (powers of two by default)."""
+    lo, hi = int(min_bytes), int(max_bytes)
+    if lo < 1 or hi < lo:
+        raise CalibrationError(f"need 1 <= min_bytes <= max_bytes, got min_bytes={min_bytes!r}, "
+                               f"max_bytes={max_bytes!r}")
+    if not factor > 1:
+        raise CalibrationError(f"the size step factor must be > 1, got {factor!r}")
+    sizes, s = [], float(lo)
+    while s <= hi * (1 + 1e-12):
+        sizes.append(int(round(s)))
+        s *= factor
+    return sorted(set(sizes))
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the ranks of a communicator run: host of each rank, node index, local rank."""
+
+    hosts: tuple[str, ...]
+    node_of_rank: tuple[int, ...]
+    local_rank: tuple[int, ...]
+
+    @property
+    def nodes(self) -> int:
+        return len(set(self.node_of_rank))
+
+    @property
+    def uniform(self) -> bool:
+        counts = np.bincount(self.node_of_rank)
+        return bool((counts == counts[0]).all())
+
+    @property
+    def ranks_per_node(self) -> int:
+        """Ranks on each node, or 0 when nodes hold different numbers of ranks."""
+        return len(self.hosts) // self.nodes if self.uniform else 0
+
+    @property
+    def scope(self) -> str:
+        return "intra" if self.nodes == 1 else "inter"
+
+
+def placement(comm: CommAdapter) -> Placement:
+    """Gather every rank's host name; nodes are numbered in order of first appearance."""
+    hosts = tuple(comm.allgather_obj(comm.hostname()))
+    order: dict[str, int] = {}
+    node = tuple(order.setdefault(h, len(order)) for h in hosts)
+    seen: dict[int, int] = {}
+    local = []
+    for n in node:
+        local.append(seen.get(n, 0))
+        seen[n] = local[-1] + 1
+    return Placement(hosts, node, tuple(local))
+
+
+def _time_batches(comm: CommAdapter, call, warmup: int, reps: int, batch: int) -> np.ndarray:
+    for _ in range(warmup):
+        call.run()
+    comm.synchronize()
+    samples = np.empty(reps)
+    for i in range(reps):
+        comm.barrier()
+        t0 = time.perf_counter()
+        for _ in range(batch):
+            call.run()
+        comm.synchronize()
+        samples[i] = (time.perf_counter() - t0) / batch * call.time_scale
+    return comm.reduce_max(samples)
+
+
+def _check_counts(warmup: int, reps: int, batch: int) -> None:
+    for name, value, low in (("warmup", warmup, 0), ("reps", reps, 1), ("batch", batch, 1)):
+        if isinstance(value, bool) or int(value) != value or value < low:
+            raise CalibrationError(f"{name} must be an integer >= {low}, got {value!r}")
+
+
+def run_comm_benchmark(comm_adapter: CommAdapter, ops: Sequence[str], sizes: Sequence[int],
+                       warmup: int, reps: int, *, batch: int = 1, scope: str | None = None,
+                       where: Placement | None = None,
+                       progress: Progress | None = None) -> list[dict]:
+    """Time each operation at each message size on ``comm_adapter``; one tidy row per pair.
+
+    Parameters
+    ----------
+    comm_adapter : CommAdapter
+        The communicator (every rank of it must call this with the same arguments).
+    ops : sequence of str
+        Operations from :data:`~ddlsim.calibration.schema.OPS`; unsupported ones are skipped.
+    sizes : sequence of int
+        Requested message sizes in bytes (rounded to whole elements/chunks; duplicates after
+        rounding are measured once).
+    warmup, reps : int
+        Untimed calls, then timed batches.
+    batch : int
+        Calls per timed batch (raise it when one call is shorter than the timer resolution).
+    scope, where : optional
+        Override the scope label / reuse a placement already gathered.
+    progress : callable, optional
+        Called with a label after each (op, size).
+
+    Returns
+    -------
+    list of dict
+        Rows of the tidy table (:data:`~ddlsim.calibration.schema.COLUMNS`); identical on
+        every rank, since the times are reduced with a max over ranks.
+    """
+    _check_counts(warmup, reps, batch)
+    for op in ops:
+        check_op(op)
+    where = where or placement(comm_adapter)
+    rows, n = [], comm_adapter.size
+    for op in ops:
+        skip = not comm_adapter.supports(op) or (op == "sendrecv" and n < 2)
+        done: set[int] = set()
+        for size in sizes:
+            call = None if skip else comm_adapter.make_op(op, int(size))
+            if call is not None and call.nbytes not in done:
+                done.add(call.nbytes)
+                stats = summarize(_time_batches(comm_adapter, call, warmup, reps, batch))
+                rows.append(comm_row(
+                    backend=comm_adapter.backend, library=comm_adapter.library,
+                    library_version=comm_adapter.library_version, op=op, ranks=n,
+                    nodes=where.nodes, ranks_per_node=where.ranks_per_node,
+                    scope=scope or where.scope, nbytes=call.nbytes, stats=stats,
+                    source="ddlsim calibrate comm"))
+            if progress is not None:
+                progress(f"{scope or where.scope} {op} {size} B")
+    return rows
+
+
+def scoped_communicators(comm: CommAdapter, split: bool = True
+                         ) -> list[tuple[str, CommAdapter, Placement]]:
+    """The world communicator and, when ranks span nodes, its intra/inter sub-communicators.
+
+    Returns (label, communicator, placement) triples; every rank gets the same labels in the
+    same order (sub-communicators are created collectively).
+    """
+    world = placement(comm)
+    out = [("world", comm, world)]
+    if not split or world.nodes == 1 or world.ranks_per_node < 2:
+        return out
+    intra = comm.split(world.node_of_rank)
+    inter = comm.split(world.local_rank)
+    out.append(("intra", intra, placement(intra)))
+    out.append(("inter", inter, placement(inter)))
+    return out
+
+
+def run_scoped_benchmarks(comm: CommAdapter, ops: Sequence[str], sizes: Sequence[int],
+                          warmup: int, reps: int, *, batch: int = 1, split: bool = True,
+                          progress: Progress | None = None) -> list[dict]:
+    """:func:`run_comm_benchmark` on the world and (multi-node) on intra/inter sub-communicators.
+
+    Rows from sub-communicators carry the sub-communicator's ranks, nodes and scope. All groups
+    of a split run concurrently; the rows kept are those of the group holding world rank 0
+    (the max over ranks is taken within each group).
+    """
+    rows: list[dict] = []
+    for label, sub, where in scoped_communicators(comm, split):
+        got = run_comm_benchmark(sub, ops, sizes, warmup, reps, batch=batch, where=where,
+                                 progress=progress)
+        rows.extend(got if comm.rank == 0 or label == "world" else [])
+    return rows
+
+
+def planned_steps(ops: Sequence[str], sizes: Sequence[int], scopes: int) -> int:
+    """How many progress ticks :func:`run_scoped_benchmarks` will emit (for a progress bar)."""
+    return len([o for o in ops if o in OPS]) * len(sizes) * scopes
+

@@ -1,0 +1,138 @@
+"""The tidy table every benchmark writes and every reader returns, and the nccl-tests factors.
+
+One row is one (backend, operation, communicator, message size) measurement. Times are
+seconds, sizes bytes, bandwidths bytes/s — SI inside, converted from µs and GB/s at the
+readers' edge.
+
+``bytes`` follows the nccl-tests convention (doc/PERFORMANCE.md in NVIDIA/nccl-tests): the
+size *S* of the largest buffer of the operation — the whole output of ``all_gather``, the whole
+input of ``reduce_scatter``, the whole per-rank send buffer of ``all_to_all``, the buffer of
+``all_reduce``/``broadcast``/``reduce`` and the message of ``sendrecv``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..errors import ConfigError, DDLSimError
+
+__all__ = ["OPS", "SCOPES", "BACKENDS", "COLUMNS", "COMPUTE_COLUMNS", "CalibrationError",
+           "ResultParseError", "busbw_factor", "check_op", "summarize", "tidy_frame",
+           "representative_time_s", "comm_row"]
+
+#: Operations the benchmarks run and the profiles describe (``sendrecv`` is the ping-pong).
+OPS = ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all",
+       "sendrecv")
+#: ``intra``: every rank of the communicator on one node; ``inter``: it spans nodes.
+SCOPES = ("intra", "inter")
+BACKENDS = ("mpi", "nccl", "gloo", "rccl", "ucc")
+
+#: Columns of the tidy communication table, in order.
+COLUMNS = ("backend", "library", "library_version", "op", "variant", "ranks", "nodes",
+           "ranks_per_node", "scope", "dtype", "bytes", "time_mean_s", "time_median_s",
+           "time_min_s", "time_max_s", "time_std_s", "n", "algbw_Bps", "busbw_Bps", "source")
+_INT_COLUMNS = ("ranks", "nodes", "ranks_per_node", "bytes", "n")
+_FLOAT_COLUMNS = ("time_mean_s", "time_median_s", "time_min_s", "time_max_s", "time_std_s",
+                  "algbw_Bps", "busbw_Bps")
+
+#: Columns of the compute (GEMM / attention) table, in order.
+COMPUTE_COLUMNS = ("backend", "library_version", "device", "kind", "dtype", "m", "n", "k",
+                   "batch", "heads", "seq", "head_dim", "flops", "time_mean_s",
+                   "time_median_s", "time_min_s", "time_max_s", "time_std_s", "reps",
+                   "flops_per_s")
+
+
+class CalibrationError(DDLSimError, ValueError):
+    """Calibration input (results, profile, query) cannot be used; the message says why."""
+
+
+class ResultParseError(CalibrationError):
+    """A results file has a line that cannot be read; names the file and the line number."""
+
+    def __init__(self, path: str | Path, line: int | None, message: str):
+        where = f"{path}:{line}" if line is not None else f"{path}"
+        super().__init__(f"{where}: {message}")
+        self.path, self.line = str(path), line
+
+
+def check_op(op: str) -> str:
+    """Return ``op`` if it is a known operation, else raise :class:`ConfigError` listing them."""
+    if op not in OPS:
+        raise ConfigError(f"unknown operation {op!r}; allowed: {', '.join(OPS)}")
+    return op
+
+
+def busbw_factor(op: str, ranks: int) -> float:
+    """Bus-bandwidth factor *f(n)* with ``busbw = algbw · f(n)`` (nccl-tests convention).
+
+    all_reduce ``2(n−1)/n``; all_gather, reduce_scatter, all_to_all ``(n−1)/n``; broadcast,
+    reduce, sendrecv ``1``.
+
+    References
+    ----------
+    NVIDIA/nccl-tests, doc/PERFORMANCE.md, "Bus bandwidth" (and ``*GetBw`` in src/*.cu).
+    """
+    check_op(op)
+    if isinstance(ranks, bool) or int(ranks) != ranks or ranks < 1:
+        raise ConfigError(f"ranks must be a positive integer, got {ranks!r}")
+    n = float(ranks)
+    if op == "all_reduce":
+        return 2.0 * (n - 1.0) / n
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1.0) / n
+    return 1.0
+
+
+def summarize(samples_s: Iterable[float]) -> dict[str, float | int]:
+    """Mean, median, min, max, sample standard deviation (ddof=1; 0 for one sample) and n."""
+    x = np.asarray(list(samples_s), dtype=float)
+    if x.size == 0:
+        raise CalibrationError("no timing samples to summarize")
+    return {"time_mean_s": float(x.mean()), "time_median_s": float(np.median(x)),
+            "time_min_s": float(x.min()), "time_max_s": float(x.max()),
+            "time_std_s": float(x.std(ddof=1)) if x.size > 1 else 0.0, "n": int(x.size)}
+
+
+def comm_row(*, backend: str, library: str, library_version: str, op: str, ranks: int,
+             nodes: int, ranks_per_node: int, scope: str, nbytes: int,
+             stats: Mapping[str, float], dtype: str = "float32", variant: str = "",
+             source: str = "") -> dict:
+    """One tidy row; algbw = bytes / t and busbw = algbw · f(n) with t the median (else mean)."""
+    t = stats["time_median_s"] if math.isfinite(stats["time_median_s"]) else stats["time_mean_s"]
+    algbw = nbytes / t if t > 0 else math.nan
+    return {"backend": backend, "library": library, "library_version": library_version,
+            "op": check_op(op), "variant": variant, "ranks": int(ranks), "nodes": int(nodes),
+            "ranks_per_node": int(ranks_per_node), "scope": scope, "dtype": dtype,
+            "bytes": int(nbytes), **{k: stats[k] for k in _FLOAT_COLUMNS if k in stats},
+            "n": int(stats["n"]), "algbw_Bps": algbw,
+            "busbw_Bps": algbw * busbw_factor(op, ranks), "source": source}
+
+
+def tidy_frame(rows: Iterable[Mapping]) -> pd.DataFrame:
+    """Rows → the tidy DataFrame with every column of :data:`COLUMNS`, in order and typed."""
+    df = pd.DataFrame(list(rows))
+    missing = [c for c in COLUMNS if c not in df.columns]
+    for c in missing:
+        df[c] = np.nan if c in _FLOAT_COLUMNS else ("" if c not in _INT_COLUMNS else 0)
+    df = df[list(COLUMNS)]
+    for c in _INT_COLUMNS:
+        df[c] = df[c].astype("int64")
+    for c in _FLOAT_COLUMNS:
+        df[c] = df[c].astype("float64")
+    for c in set(COLUMNS) - set(_INT_COLUMNS) - set(_FLOAT_COLUMNS):
+        df[c] = df[c].fillna("").astype(str)
+    bad = sorted(set(df["scope"]) - set(SCOPES))
+    if bad:
+        raise CalibrationError(f"scope {bad[0]!r} is not one of {', '.join(SCOPES)}")
+    return df.reset_index(drop=True)
+
+
+def representative_time_s(df: pd.DataFrame) -> np.ndarray:
+    """The time a fit uses per row: the median when measured, else the mean (nccl-tests, OSU)."""
+    med = df["time_median_s"].to_numpy(dtype=float)
+    return np.where(np.isfinite(med), med, df["time_mean_s"].to_numpy(dtype=float))

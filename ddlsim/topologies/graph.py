@@ -1,0 +1,249 @@
+"""The :class:`Topology`: a cluster as a directed graph, with arrays and routes for the engines.
+
+Graph model
+-----------
+Vertices carry ``kind`` (:data:`~.registry.NODE_KINDS`). Vertices inside compute node *n*
+(devices, NVSwitch, PCIe switch, host, NICs) carry ``node = n``; devices also carry ``local``
+(their index in the node) and ``nics`` (the NICs their inter-node traffic uses). Switches
+carry ``level`` (leaf 1, spine/aggregation 2, core 3). Every full-duplex link is two directed
+edges, each with ``bandwidth_Bps`` (> 0), ``latency_s`` (≥ 0) and ``link_kind``
+(:data:`~.registry.LINK_KINDS`).
+
+Routes
+------
+A route between devices of one node stays inside the node (NVSwitch, NVLink, PCIe, shared
+memory, never a NIC). Between nodes it runs device → its NIC → fabric → the destination
+device's NIC → device, each piece a shortest path with ECMP (see :mod:`.routing`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import Any
+
+import networkx as nx
+import numpy as np
+
+from ..errors import ConfigError
+from .registry import FABRIC_KINDS, LINK_KINDS, NODE_KINDS, NODE_LOCAL_KINDS
+from .routing import GraphRouter, Router, ShortestPaths, flow_hash, pick
+
+__all__ = ["Topology"]
+
+
+class Topology:
+    """A validated, frozen cluster graph with edge arrays and cached ECMP routes.
+
+    Parameters
+    ----------
+    graph : nx.DiGraph
+        Vertices and edges as described in the module docstring. It is frozen (not copied).
+    name : str
+        Shown in summaries.
+    router : Router, optional
+        Switch-level routing for the fabric; default :class:`~.routing.GraphRouter`.
+
+    Attributes
+    ----------
+    edges : list of (u, v)
+        Directed edges; index = edge id.
+    edge_id : dict
+        ``(u, v)`` → edge id.
+    edge_bandwidth_Bps, edge_latency_s : np.ndarray
+        Per edge id, bytes/s and seconds (float64, read-only).
+    edge_kind : tuple of str
+        Per edge id, the ``link_kind``.
+    devices : list
+        Device vertices; index = device id, node-major (node 0's devices first).
+    node_of_device : np.ndarray
+        Device id → compute-node index (int64, read-only).
+    devices_per_node, num_nodes, num_devices : int
+    """
+
+    def __init__(self, graph: nx.DiGraph, name: str = "custom", router: Router | None = None):
+        _validate_graph(graph)
+        self.graph = nx.freeze(graph)
+        self.name = name
+        self.edges: list[tuple[Any, Any]] = list(graph.edges)
+        self.edge_id = {e: i for i, e in enumerate(self.edges)}
+        self.edge_bandwidth_Bps = _frozen([graph.edges[e]["bandwidth_Bps"] for e in self.edges])
+        self.edge_latency_s = _frozen([graph.edges[e]["latency_s"] for e in self.edges])
+        self.edge_kind = tuple(graph.edges[e]["link_kind"] for e in self.edges)
+        self.devices = sorted((v for v, k in graph.nodes(data="kind") if k == "device"),
+                              key=lambda v: (graph.nodes[v]["node"], graph.nodes[v]["local"]))
+        self.device_index = {v: i for i, v in enumerate(self.devices)}
+        self.node_of_device = _frozen([graph.nodes[v]["node"] for v in self.devices], np.int64)
+        self.num_devices = len(self.devices)
+        self.num_nodes, self.devices_per_node = _node_counts(self.node_of_device)
+        self.nics_of_device = _nics_of_devices(graph, self.devices)
+        self.attach_of_nic = {v: [w for w in graph.succ[v] if graph.nodes[w]["kind"] in FABRIC_KINDS]
+                              for v, k in graph.nodes(data="kind") if k == "nic"}
+        _check_nics(self)
+        self._local = ShortestPaths(_adjacency(graph, local=True),
+                                    no_transit=self.attach_of_nic, cache_size=1 << 16)
+        self.router = router or GraphRouter(_adjacency(graph, local=False))
+        self._route = lru_cache(maxsize=1 << 18)(self._compute_route)
+
+    def __repr__(self) -> str:
+        return (f"Topology({self.name!r}: {self.num_nodes} nodes × {self.devices_per_node} "
+                f"devices, {self.graph.number_of_nodes()} vertices, {len(self.edges)} edges)")
+
+    # ------------------------------------------------------------------------------ routing
+    def route(self, src_device: int, dst_device: int, flow_key: int = 0) -> tuple[int, ...]:
+        """Edge ids along the route from ``src_device`` to ``dst_device`` (device ids).
+
+        Fewest hops, ties broken by least latency, remaining ties by a stable hash of
+        ``(src_device, dst_device, flow_key)``: flows with different keys spread over
+        equal-cost paths like ECMP; the same arguments always give the same path. A device
+        routes to itself over no edge: ``()``.
+        """
+        self._check_device(src_device, "src_device")
+        self._check_device(dst_device, "dst_device")
+        return self._route(int(src_device), int(dst_device), int(flow_key))
+
+    def _compute_route(self, src: int, dst: int, flow_key: int) -> tuple[int, ...]:
+        if src == dst:
+            return ()
+        h = flow_hash(src, dst, flow_key)
+        a, b = self.devices[src], self.devices[dst]
+        if self.node_of_device[src] == self.node_of_device[dst]:
+            return self._edge_ids(self._local.path(a, b, h))
+        nic_a = _choose(self.nics_of_device[src], h, 1001)
+        nic_b = _choose(self.nics_of_device[dst], h, 1002)
+        sw_a = _choose(self.attach_of_nic[nic_a], h, 1003)
+        sw_b = _choose(self.attach_of_nic[nic_b], h, 1004)
+        vertices = (self._local.path(a, nic_a, h) + self.router.path(sw_a, sw_b, h)
+                    + self._local.path(nic_b, b, h))
+        return self._edge_ids(vertices)
+
+    def _edge_ids(self, vertices: Sequence[Any]) -> tuple[int, ...]:
+        edge_id = self.edge_id
+        return tuple(edge_id[e] for e in zip(vertices[:-1], vertices[1:]))
+
+    def _check_device(self, device: int, field: str) -> None:
+        if not isinstance(device, (int, np.integer)) or not 0 <= device < self.num_devices:
+            raise ConfigError(f"{field} = {device!r} is not a device id; this topology has "
+                              f"devices 0..{self.num_devices - 1}")
+
+    def path_latency_s(self, edge_ids: Sequence[int]) -> float:
+        """Sum of the latencies of ``edge_ids``, seconds (0 for an empty path)."""
+        return float(self.edge_latency_s[list(edge_ids)].sum())
+
+    def path_bandwidth_Bps(self, edge_ids: Sequence[int]) -> float:
+        """Bottleneck bandwidth of ``edge_ids``, bytes/s (``inf`` for an empty path)."""
+        if len(edge_ids) == 0:
+            return math.inf
+        return float(self.edge_bandwidth_Bps[list(edge_ids)].min())
+
+    def path_vertices(self, edge_ids: Sequence[int]) -> list[Any]:
+        """The vertices a path of edge ids visits, in order."""
+        if len(edge_ids) == 0:
+            return []
+        return [self.edges[edge_ids[0]][0], *(self.edges[e][1] for e in edge_ids)]
+
+
+# ---------------------------------------------------------------------------------- helpers
+def _frozen(values: list, dtype: type = np.float64) -> np.ndarray:
+    array = np.asarray(values, dtype=dtype)
+    array.flags.writeable = False
+    return array
+
+
+def _choose(options: list, h: int, salt: int) -> Any:
+    return options[pick(h, salt, len(options))]
+
+
+def _node_counts(node_of_device: np.ndarray) -> tuple[int, int]:
+    nodes, counts = np.unique(node_of_device, return_counts=True)
+    if not np.array_equal(nodes, np.arange(len(nodes))):
+        raise ConfigError(f"device 'node' attributes must number the compute nodes 0..N-1; "
+                          f"got {nodes.tolist()}")
+    if len(set(counts.tolist())) != 1:
+        raise ConfigError(f"every compute node must hold the same number of devices; got "
+                          f"{dict(zip(nodes.tolist(), counts.tolist()))}")
+    return len(nodes), int(counts[0])
+
+
+def _nics_of_devices(graph: nx.DiGraph, devices: list[Any]) -> list[list[Any]]:
+    """Each device's ``nics`` attribute, else every NIC of its node (in vertex order)."""
+    by_node: dict[int, list[Any]] = {}
+    for v, attrs in graph.nodes(data=True):
+        if attrs["kind"] == "nic":
+            by_node.setdefault(attrs["node"], []).append(v)
+    nodes = graph.nodes
+    return [list(nodes[d]["nics"]) if "nics" in nodes[d] else by_node.get(nodes[d]["node"], [])
+            for d in devices]
+
+
+def _check_nics(topo: Topology) -> None:
+    if topo.num_nodes == 1:
+        return
+    for d, nics in enumerate(topo.nics_of_device):
+        if not nics:
+            raise ConfigError(f"device {topo.devices[d]!r} has no NIC; with "
+                              f"{topo.num_nodes} nodes every device needs one to leave its node")
+        for nic in nics:
+            if not topo.attach_of_nic.get(nic):
+                raise ConfigError(f"NIC {nic!r} is not linked to any switch or router")
+
+
+def _adjacency(graph: nx.DiGraph, *, local: bool) -> dict[Any, list[tuple[Any, float]]]:
+    """Successor lists of the node-internal edges (``local``) or of the fabric edges."""
+    kinds = NODE_LOCAL_KINDS if local else FABRIC_KINDS
+    succ: dict[Any, list[tuple[Any, float]]] = {}
+    for v, kind in graph.nodes(data="kind"):
+        if kind not in kinds:
+            continue
+        succ[v] = [(w, attrs["latency_s"]) for w, attrs in graph.succ[v].items()
+                   if graph.nodes[w]["kind"] in kinds
+                   and (not local or graph.nodes[w]["node"] == graph.nodes[v]["node"])]
+    return succ
+
+
+def _validate_graph(graph: nx.DiGraph) -> None:
+    """Raise :class:`ConfigError` naming the first vertex or edge that breaks the model."""
+    if not isinstance(graph, nx.DiGraph) or graph.is_multigraph():
+        raise ConfigError(f"a topology graph must be an nx.DiGraph; got {type(graph).__name__}")
+    for v, attrs in graph.nodes(data=True):
+        _validate_vertex(v, attrs)
+    for u, v, attrs in graph.edges(data=True):
+        _validate_edge(u, v, attrs)
+        if not graph.has_edge(v, u):
+            raise ConfigError(f"edge ({u!r}, {v!r}) has no reverse edge; every link is full "
+                              "duplex: add both directions")
+    if not any(k == "device" for _, k in graph.nodes(data="kind")):
+        raise ConfigError("the topology has no vertex of kind 'device'")
+    if not nx.is_strongly_connected(graph):
+        parts = sorted(nx.strongly_connected_components(graph), key=len)
+        raise ConfigError(f"the topology is not connected: {len(parts)} parts, e.g. "
+                          f"{sorted(map(str, parts[0]))[:5]} cannot reach the rest")
+
+
+def _validate_vertex(v: Any, attrs: dict) -> None:
+    kind = attrs.get("kind")
+    if kind not in NODE_KINDS:
+        raise ConfigError(f"vertex {v!r} has kind = {kind!r}; allowed: {', '.join(NODE_KINDS)}")
+    if kind in NODE_LOCAL_KINDS and not isinstance(attrs.get("node"), int):
+        raise ConfigError(f"vertex {v!r} (kind {kind!r}) needs an integer 'node' attribute "
+                          f"(its compute node); got {attrs.get('node')!r}")
+    if kind == "device" and not isinstance(attrs.get("local"), int):
+        raise ConfigError(f"device {v!r} needs an integer 'local' attribute (its index in the "
+                          f"node); got {attrs.get('local')!r}")
+    if kind == "switch" and attrs.get("level") not in (1, 2, 3):
+        raise ConfigError(f"switch {v!r} has level = {attrs.get('level')!r}; allowed: "
+                          "1 (leaf), 2 (spine/aggregation), 3 (core)")
+
+
+def _validate_edge(u: Any, v: Any, attrs: dict) -> None:
+    bw, lat, kind = attrs.get("bandwidth_Bps"), attrs.get("latency_s"), attrs.get("link_kind")
+    if not isinstance(bw, (int, float)) or not 0 < bw < math.inf:
+        raise ConfigError(f"edge ({u!r}, {v!r}) has bandwidth_Bps = {bw!r}; it must be a finite "
+                          "number > 0 (bytes/s)")
+    if not isinstance(lat, (int, float)) or not 0 <= lat < math.inf:
+        raise ConfigError(f"edge ({u!r}, {v!r}) has latency_s = {lat!r}; it must be a finite "
+                          "number >= 0 (seconds)")
+    if kind not in LINK_KINDS:
+        raise ConfigError(f"edge ({u!r}, {v!r}) has link_kind = {kind!r}; allowed: "
+                          f"{', '.join(LINK_KINDS)}")

@@ -1,0 +1,164 @@
+"""What a topology is built from: a :class:`TopologySpec`, read from a system preset, a
+:class:`~ddlsim.config.SystemConfig` or a mapping.
+
+A topology spec is the hardware half of a system section (``nodes``, ``devices_per_node``,
+``intra_node``, ``nics_per_node``, ``nic``, ``network``) plus a few fabric knobs a run config
+does not need (``network.levels``, ``network.spines``, ``intra_node.link_bandwidth_Bps``, …).
+A full system section is accepted as is: its compute-only keys (``device``,
+``compute_efficiency``, ``placement``) are ignored here. Values with units (``"200 Gb/s"``,
+``"2 us"``) are converted to SI at this boundary, as :mod:`ddlsim.config` does.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ..config import Bandwidth, IntraNodeSpec, LinkSpec, NetworkSpec, SystemConfig
+from ..errors import ConfigError
+from .registry import NODE_FABRICS, TOPOLOGIES
+
+__all__ = ["TopologySpec", "NodeFabricSpec", "FabricSpec", "parse_spec", "SYSTEM_ONLY_KEYS"]
+
+#: Keys of a system section that say nothing about the graph; ignored when building one.
+SYSTEM_ONLY_KEYS = ("device", "compute_efficiency", "placement")
+
+
+class NodeFabricSpec(IntraNodeSpec):
+    """:class:`~ddlsim.config.IntraNodeSpec` with any registered ``kind`` and, for NVLink ring
+    and mesh, an optional per-link bandwidth (default: the device's bandwidth split evenly)."""
+
+    kind: str = "nvswitch"
+    link_bandwidth_Bps: Bandwidth | None = None
+
+    @model_validator(mode="after")
+    def _check_kind(self) -> "NodeFabricSpec":
+        if self.kind not in NODE_FABRICS:
+            raise ValueError(f"kind = {self.kind!r} is not a node fabric; allowed: "
+                             f"{', '.join(sorted(NODE_FABRICS))}")
+        return self
+
+
+class FabricSpec(NetworkSpec):
+    """:class:`~ddlsim.config.NetworkSpec` with any registered ``topology`` and fabric knobs.
+
+    ``link_bandwidth_Bps`` is the bandwidth of switch-to-switch (router-to-router) links,
+    default derived from the NIC bandwidth (and, for trees, the oversubscription).
+    """
+
+    topology: str = "fat_tree"
+    link_bandwidth_Bps: Bandwidth | None = None
+    levels: Literal[2, 3] | None = Field(default=None, description="fat tree: 2 or 3; auto")
+    spines: int | None = Field(default=None, gt=0,
+                               description="uplinks per leaf: spines (2 levels) or aggregation "
+                                           "switches per pod (3 levels)")
+    leaves_per_pod: int | None = Field(default=None, gt=0)
+    routers_per_group: int | None = Field(default=None, gt=0)
+    global_links: int = Field(default=1, gt=0, description="dragonfly links per pair of groups")
+
+    @model_validator(mode="after")
+    def _check_topology(self) -> "FabricSpec":
+        if self.topology not in TOPOLOGIES:
+            raise ValueError(f"topology = {self.topology!r} is not a known fabric; allowed: "
+                             f"{', '.join(sorted(TOPOLOGIES))}")
+        if self.torus_dims is not None and any(d < 1 for d in self.torus_dims):
+            raise ValueError(f"torus_dims = {list(self.torus_dims)} must be positive integers")
+        return self
+
+
+class TopologySpec(BaseModel):
+    """The hardware of a cluster that the graph is built from (bandwidths per direction)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    name: str = "custom"
+    nodes: int = Field(gt=0)
+    devices_per_node: int = Field(gt=0)
+    intra_node: NodeFabricSpec
+    nics_per_node: int = Field(default=1, gt=0)
+    nic: LinkSpec
+    network: FabricSpec = Field(default_factory=FabricSpec)
+    source: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> "TopologySpec":
+        d, k = self.devices_per_node, self.nics_per_node
+        if d % k and k % d:
+            raise ValueError(f"nics_per_node = {k} must divide or be a multiple of "
+                             f"devices_per_node = {d}")
+        return self
+
+
+def parse_spec(spec: dict[str, Any] | SystemConfig | TopologySpec) -> TopologySpec:
+    """A validated :class:`TopologySpec` from a mapping, a system config or a spec.
+
+    A mapping may name a system preset and override some of its fields
+    (``{"preset": "dgx-a100", "nodes": 16}``); nested mappings merge key by key, as
+    :mod:`ddlsim.config` merges sections.
+
+    Raises
+    ------
+    ConfigError
+        Naming the field, the value given and what is allowed.
+    """
+    if isinstance(spec, TopologySpec):
+        return spec
+    if isinstance(spec, SystemConfig):
+        return TopologySpec.model_validate(spec.model_dump(exclude=set(SYSTEM_ONLY_KEYS)))
+    if not isinstance(spec, dict):
+        raise ConfigError(f"a topology spec must be a mapping, a SystemConfig or a preset name; "
+                          f"got {type(spec).__name__} {spec!r}")
+    data = {k: v for k, v in _merge_preset(spec).items() if k not in SYSTEM_ONLY_KEYS}
+    try:
+        return TopologySpec.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc)) from None
+
+
+def _merge_preset(spec: dict[str, Any]) -> dict[str, Any]:
+    from ..presets import get_preset  # local import, as ddlsim.config does
+
+    data = copy.deepcopy(spec)
+    base = data.pop("preset", None)
+    if base is None:
+        return data
+    merged = copy.deepcopy(get_preset("system", base))
+    _deep_update(merged, data)
+    return merged
+
+
+def _deep_update(base: dict, new: dict) -> None:
+    for key, value in new.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _deep_update(base[key], value)
+        else:
+            base[key] = value
+
+
+def format_validation_error(exc: ValidationError, where: str = "system") -> str:
+    """One line per problem: ``system.network.oversubscription: … (got 0.5)``."""
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(part) for part in err["loc"])
+        field = f"{where}.{loc}" if loc else where
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            lines.append(f"unknown key {field!r}; allowed keys there: "
+                         f"{', '.join(_allowed_keys(err['loc'][:-1]))}")
+            continue
+        given = err.get("input")
+        shown = "" if isinstance(given, dict) or err["type"] == "missing" else f" (got {given!r})"
+        lines.append(f"{field}: {msg}{shown}")
+    return "; ".join(lines)
+
+
+def _allowed_keys(loc: tuple) -> list[str]:
+    model: Any = TopologySpec
+    for part in loc:
+        field = getattr(model, "model_fields", {}).get(str(part))
+        if field is None:
+            return []
+        model = field.annotation
+    return sorted(getattr(model, "model_fields", {}))

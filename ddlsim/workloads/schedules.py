@@ -1,0 +1,87 @@
+"""Pipeline schedules: the order in which one stage issues forward and backward passes.
+
+Each schedule returns, for stage ``s`` of ``p`` (``v`` model chunks per stage, ``m``
+micro-batches), the list of ``(kind, microbatch, chunk)`` with kind ``"F"`` or ``"B"``.
+
+* GPipe (Huang et al. 2019): all forwards, then all backwards.
+* 1F1B / PipeDream-Flush (Narayanan et al. 2021, §2.2.1): ``p − s − 1`` warm-up forwards, then
+  alternate one forward and one backward, then drain the backwards.
+* Interleaved 1F1B (Narayanan et al. 2021, §2.2.2; Megatron-LM ``schedules.py``): each stage
+  holds ``v`` chunks; micro-batches advance in groups of ``p``; warm-up
+  ``2(p − s − 1) + (v − 1)p`` forwards.
+
+Bubble fractions: GPipe and 1F1B ``(p − 1)/m``; interleaved ``(p − 1)/(v·m)`` of the ideal time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..errors import ConfigError
+
+__all__ = ["schedule", "SCHEDULES"]
+
+Order = list[tuple[str, int, int]]
+SCHEDULES: dict[str, Callable[[int, int, int, int], Order]] = {}
+
+
+def _register(name: str):
+    def wrap(fn):
+        SCHEDULES[name] = fn
+        return fn
+    return wrap
+
+
+def schedule(name: str, stage: int, p: int, m: int, v: int = 1) -> Order:
+    """The issue order of stage ``stage``; raises ConfigError for an unknown schedule."""
+    if name not in SCHEDULES:
+        raise ConfigError(f"unknown pipeline schedule {name!r}; allowed: {', '.join(SCHEDULES)}")
+    return SCHEDULES[name](stage, p, m, v)
+
+
+@_register("gpipe")
+def _gpipe(stage: int, p: int, m: int, v: int) -> Order:
+    return [("F", i, 0) for i in range(m)] + [("B", i, 0) for i in range(m)]
+
+
+@_register("1f1b")
+def _one_f_one_b(stage: int, p: int, m: int, v: int) -> Order:
+    warm = min(p - stage - 1, m)
+    order: Order = [("F", i, 0) for i in range(warm)]
+    f, b = warm, 0
+    while f < m:
+        order += [("F", f, 0), ("B", b, 0)]
+        f, b = f + 1, b + 1
+    order += [("B", i, 0) for i in range(b, m)]
+    return order
+
+
+def _interleaved_id(k: int, p: int, v: int, forward: bool) -> tuple[int, int]:
+    """Micro-batch and chunk of the k-th forward (or backward) of a stage."""
+    group, within = divmod(k, p * v)
+    chunk = within // p
+    if not forward:
+        chunk = v - 1 - chunk
+    return group * p + within % p, chunk
+
+
+@_register("interleaved")
+def _interleaved(stage: int, p: int, m: int, v: int) -> Order:
+    total = m * v
+    warm = min((p - stage - 1) * 2 + (v - 1) * p, total)
+    order: Order = []
+    for k in range(warm):
+        mb, c = _interleaved_id(k, p, v, True)
+        order.append(("F", mb, c))
+    f, b = warm, 0
+    while f < total:
+        mb, c = _interleaved_id(f, p, v, True)
+        order.append(("F", mb, c))
+        mb, c = _interleaved_id(b, p, v, False)
+        order.append(("B", mb, c))
+        f, b = f + 1, b + 1
+    while b < total:
+        mb, c = _interleaved_id(b, p, v, False)
+        order.append(("B", mb, c))
+        b += 1
+    return order
