@@ -274,6 +274,16 @@ class RunConfig(_Strict):
         m, p, t, s = self.model, self.parallel, self.train, self.system
         tp, pp, vpp = p.tp, p.pp, p.vpp
         devices = s.num_devices
+        if m.num_attention_heads % tp:
+            raise ValueError(f"model.num_attention_heads = {m.num_attention_heads} is not divisible "
+                             f"by parallel.tensor_model_parallel_size = {tp}")
+        if m.ffn_size % tp:
+            raise ValueError(f"model.intermediate_size = {m.ffn_size} is not divisible by "
+                             f"parallel.tensor_model_parallel_size = {tp}")
+        if m.num_hidden_layers % (pp * vpp):
+            raise ValueError(f"model.num_hidden_layers = {m.num_hidden_layers} is not divisible by "
+                             f"pipeline_model_parallel_size × virtual_pipeline_model_parallel_size "
+                             f"= {pp} × {vpp} = {pp * vpp}")
         if p.data_parallel_size is None:
             if devices % (tp * pp):
                 raise ValueError(f"cannot derive data_parallel_size: the system's {devices} devices "
@@ -291,16 +301,6 @@ class RunConfig(_Strict):
         if isinstance(s.placement, list) and len(s.placement) != ranks:
             raise ValueError(f"system.placement lists {len(s.placement)} devices but the plan "
                              f"has {ranks} ranks")
-        if m.num_attention_heads % tp:
-            raise ValueError(f"model.num_attention_heads = {m.num_attention_heads} is not divisible "
-                             f"by parallel.tensor_model_parallel_size = {tp}")
-        if m.ffn_size % tp:
-            raise ValueError(f"model.intermediate_size = {m.ffn_size} is not divisible by "
-                             f"parallel.tensor_model_parallel_size = {tp}")
-        if m.num_hidden_layers % (pp * vpp):
-            raise ValueError(f"model.num_hidden_layers = {m.num_hidden_layers} is not divisible by "
-                             f"pipeline_model_parallel_size × virtual_pipeline_model_parallel_size "
-                             f"= {pp} × {vpp} = {pp * vpp}")
         if t.global_batch_size % (t.micro_batch_size * dp):
             raise ValueError(f"train.global_batch_size = {t.global_batch_size} is not divisible by "
                              f"train.micro_batch_size × data_parallel_size = "

@@ -259,7 +259,10 @@ def _ar_rab_ph(n: float, p: int, g: int) -> list[Phase]:
 @register("all_reduce", "hierarchical")
 def _ar_hier(n: float, net: GroupNet) -> float:
     """Intra-node ring reduce-scatter, inter-node ring all-reduce of n/g on g parallel rings
-    (one per local member), intra-node ring all-gather."""
+    (one per local member), intra-node ring all-gather. Needs the same number of members on
+    every node."""
+    if not net.uniform:
+        return math.inf
     g, nodes = net.g, net.nodes
     intra = GroupNet(g, g, net.alpha_intra_s, net.bw_intra_Bps, nodes=1)
     t = 2 * (g - 1) * intra.ring_step(n / g) if g > 1 else 0.0

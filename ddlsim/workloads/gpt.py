@@ -226,9 +226,10 @@ class _Builder:
             return Op(Compute("optimizer", 10.0 * n_params, per_param * n_params,
                               kind="optimizer", dtype="fp32"))
 
-        ops: list[Op] = []
         if dp == 1:
             return Block("update", "optimizer", (step(params),))
+        # ops[0] marks "backward finished": communication-stream ops below depend on it
+        ops: list[Op] = [Op(Wait("backward.done", "compute"))]
         if p.dp_strategy == "ddp":
             if overlapped:
                 ops.append(Op(Wait("wait.grad", "dp")))
@@ -262,7 +263,9 @@ class _Builder:
             ops.append(Op(Collective("grad.reduce_scatter", "reduce_scatter", "dp", grad_bytes)))
             ops.append(step(params / dp))
             ops.append(Op(Collective("params.all_gather", "all_gather", "dp", params * self.dt)))
-        return Block("update", "optimizer", tuple(ops))
+        anchored = tuple(Op(o.payload, o.stream, o.deps or (0,), o.repeat)
+                         if o.stream != "compute" else o for o in ops)
+        return Block("update", "optimizer", anchored)
 
     def grad_sync_ops_flat(self, grad_bytes: float, op: str) -> list[Op]:
         n = max(1, math.ceil(grad_bytes / self.cfg.parallel.grad_bucket_size))

@@ -80,10 +80,27 @@ def _resolve(workload: Workload, cost: CostModel, streams: dict[str, int]):
                 elif isinstance(p, Wait):
                     target = streams.setdefault(p.stream, len(streams))
                     instrs.append((_WAIT, sid, op.deps, 0.0, "", target, 0.0, 0.0))
-            blocks[bname] = instrs
+            blocks[bname] = _share_concurrent(instrs, block.ops)
         steps = [(blocks[s.block], s.microbatch) for s in cls.program.steps]
         resolved.append(steps)
     return resolved
+
+
+def _share_concurrent(instrs: list, ops) -> list:
+    """Collectives of one group family issued together (same deps) on separate communication
+    streams share the same links: each takes k times as long when k run at once (fair
+    sharing). The analytical engine cannot see which links they really share; the DES can."""
+    together: dict[tuple, list[int]] = defaultdict(list)
+    for i, (ins, op) in enumerate(zip(instrs, ops)):
+        if ins[0] == _COLL and ins[1] != 0:
+            together[(op.payload.group, op.deps)].append(i)
+    out = list(instrs)
+    for members in together.values():
+        if len(members) > 1:
+            for i in members:
+                ins = out[i]
+                out[i] = ins[:3] + (ins[3] * len(members),) + ins[4:]
+    return out
 
 
 def simulate_analytical(workload: Workload, cost: CostModel) -> list[ClassTiming]:

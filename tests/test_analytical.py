@@ -1,0 +1,123 @@
+"""The analytical engine: pipeline schedules timed step by step, overlap, invariants."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import ddlsim
+from ddlsim.errors import DeadlockError
+from ddlsim.simulator.analytical.engine import simulate_analytical
+from ddlsim.simulator.costs import CostModel
+from ddlsim.workloads.trace import (Block, Compute, GroupFamily, Op, P2P, Program, RankClass,
+                                    Step, Workload)
+
+# a GPT whose embedding and head are negligible, so pipeline stages are equal
+UNIFORM = {"model": {"num_hidden_layers": 8, "hidden_size": 4096, "num_attention_heads": 32,
+                     "vocab_size": 8, "max_position_embeddings": 2048},
+           "train": {"micro_batch_size": 1, "seq_length": 2048},
+           "system": {"preset": "dgx-a100", "nodes": 1, "devices_per_node": 4}}
+
+
+def pipeline(schedule: str, m: int, v: int | None = None):
+    d = copy.deepcopy(UNIFORM)
+    d["parallel"] = {"pipeline_model_parallel_size": 4, "schedule": schedule,
+                     "virtual_pipeline_model_parallel_size": v}
+    d["train"]["global_batch_size"] = m
+    return ddlsim.predict(d)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("m", [4, 8, 32])
+def test_bubble_fraction_gpipe_1f1b(schedule, m):
+    # Narayanan et al. 2021 §2.2: bubble / ideal = (p-1)/m, i.e. (p-1)/(m+p-1) of the total
+    r = pipeline(schedule, m)
+    b = r.breakdown
+    assert b.bubble_s / b.compute_s == pytest.approx(3 / m, rel=0.02)
+
+
+@pytest.mark.parametrize("m", [4, 8, 32])
+def test_bubble_fraction_interleaved(m):
+    r = pipeline("interleaved", m, v=2)
+    assert r.breakdown.bubble_s / r.breakdown.compute_s == pytest.approx(3 / (2 * m), rel=0.02)
+
+
+def test_breakdown_adds_up(small_cfg):
+    r = ddlsim.predict(small_cfg)
+    b = r.breakdown
+    total = b.compute_s + b.optimizer_s + sum(b.exposed_comm_s.values()) + b.bubble_s
+    assert total == pytest.approx(r.iteration_time_s, rel=1e-9)
+
+
+def test_ddp_overlap_hides_gradient_all_reduce(base_dict):
+    base_dict["parallel"] = {"data_parallel_size": 8}
+    base_dict["train"]["global_batch_size"] = 8
+    base_dict["system"]["nodes"] = 1
+    on = ddlsim.predict(copy.deepcopy(base_dict))
+    base_dict["parallel"]["overlap_grad_reduce"] = False
+    off = ddlsim.predict(base_dict)
+    assert on.iteration_time_s < off.iteration_time_s
+    assert on.breakdown.exposed_comm_s["dp"] < off.breakdown.exposed_comm_s["dp"]
+    assert on.comm_bytes["dp"] == pytest.approx(off.comm_bytes["dp"])
+
+
+def test_doubling_dp_at_fixed_per_replica_batch_keeps_compute_per_device():
+    d = {"model": "gpt3-1.3b", "parallel": {"data_parallel_size": 4},
+         "train": {"micro_batch_size": 2, "global_batch_size": 16, "seq_length": 1024},
+         "system": {"preset": "dgx-a100", "nodes": 2}}
+    a = ddlsim.predict(copy.deepcopy(d))
+    d["parallel"]["data_parallel_size"] = 8
+    d["train"]["global_batch_size"] = 32
+    b = ddlsim.predict(d)
+    assert b.breakdown.compute_s == pytest.approx(a.breakdown.compute_s, rel=1e-12)
+    assert b.samples_per_s > a.samples_per_s
+
+
+@settings(max_examples=15, deadline=None)
+@given(scale=st.floats(1.0, 50.0))
+def test_more_nic_bandwidth_is_never_slower(scale):
+    d = {"model": "gpt3-2.7b", "parallel": {"tensor_model_parallel_size": 4,
+                                            "pipeline_model_parallel_size": 2},
+         "train": {"micro_batch_size": 1, "global_batch_size": 32, "seq_length": 2048},
+         "system": {"preset": "dgx-a100", "nodes": 2, "nics_per_node": 1,
+                    "nic": {"bandwidth_Bps": 1e9, "latency_s": 5e-6}}}
+    slow = ddlsim.predict(copy.deepcopy(d))
+    d["system"]["nic"]["bandwidth_Bps"] = 1e9 * scale
+    fast = ddlsim.predict(d)
+    assert fast.iteration_time_s <= slow.iteration_time_s * (1 + 1e-12)
+
+
+def test_deterministic_bit_for_bit(small_cfg):
+    a, b = ddlsim.predict(small_cfg), ddlsim.predict(small_cfg)
+    assert a.to_dict() == b.to_dict()
+
+
+def test_wiki_strategies_analytical_order():
+    t = {s: ddlsim.predict(f"examples/wiki-gpt2-9ranks-{s}.yaml").iteration_time_s
+         for s in ("reduce_broadcast", "sliced_reduce_broadcast", "reduce_scatter")}
+    # reduce-scatter + all-gather moves 2(p-1)/p·n per rank instead of 2n through the chain
+    assert t["reduce_scatter"] < t["reduce_broadcast"]
+    assert t["sliced_reduce_broadcast"] <= t["reduce_broadcast"]
+
+
+def _two_rank_workload(tag_a: str, tag_b: str) -> Workload:
+    pp = GroupFamily("pp", "pp", np.array([[0, 1]]))
+    send = Block("s", "forward", (Op(Compute("c", 1e9)), Op(P2P("send", "send", "pp", 1, 1e6, tag_a), "pp", (0,))))
+    recv = Block("r", "forward", (Op(P2P("recv", "recv", "pp", -1, 1e6, tag_b), "pp"),
+                                  Op(Compute("c", 1e9), deps=(0,))))
+    return Workload("two", 2, {"pp": pp}, (
+        RankClass("a", (0,), Program({"s": send}, (Step("s"),))),
+        RankClass("b", (1,), Program({"r": recv}, (Step("r"),)))), {"samples": 1, "tokens": 1, "model_flops": 1})
+
+
+def test_matched_send_recv_runs_and_unmatched_is_a_deadlock(small_cfg):
+    ok = _two_rank_workload("x", "x")
+    cost = CostModel(small_cfg.system, ok, small_cfg.parallel)
+    t = simulate_analytical(ok, cost)
+    assert t[1].end > t[0].end
+    bad = _two_rank_workload("x", "y")
+    with pytest.raises(DeadlockError, match="class b .* waits .* 'recv'"):
+        simulate_analytical(bad, CostModel(small_cfg.system, bad, small_cfg.parallel))

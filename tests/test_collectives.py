@@ -1,0 +1,78 @@
+"""Collective cost formulas against the textbook closed forms."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from ddlsim.simulator.collectives import (GroupNet, algorithms_for, best_algorithm,
+                                          collective_time, get_algorithm)
+from ddlsim.config import ALGORITHMS
+
+
+@pytest.mark.parametrize("p", [2, 3, 8, 64])
+@pytest.mark.parametrize("n", [1e3, 1e6, 1e9])
+def test_ring_all_reduce_textbook(p, n):
+    # Patarasuk & Yuan 2009: 2(p-1)/p · n/B + 2(p-1)α
+    alpha, B = 5e-6, 25e9
+    net = GroupNet(p, p, alpha, B)
+    assert collective_time("all_reduce", "ring", n, net) == pytest.approx(
+        2 * (p - 1) / p * n / B + 2 * (p - 1) * alpha, rel=1e-12)
+
+
+def test_ring_across_nodes_is_limited_by_the_nic():
+    net = GroupNet(16, 8, 1e-6, 300e9, 10e-6, 25e9, nodes=2)
+    n = 1e9
+    assert collective_time("all_reduce", "ring", n, net) == pytest.approx(
+        2 * 15 / 16 * n / 25e9 + 2 * 15 * 10e-6)
+
+
+def test_binomial_reduce_and_chain():
+    net = GroupNet(8, 8, 2e-6, 100e9)
+    n = 1e8
+    assert collective_time("reduce", "binomial", n, net) == pytest.approx(3 * (2e-6 + n / 100e9))
+    assert collective_time("reduce", "ring", n, net) == pytest.approx(7 * 2e-6 + n / 100e9)
+
+
+def test_every_configurable_algorithm_is_registered():
+    for op, names in ALGORITHMS.items():
+        assert set(names) == set(algorithms_for(op)), op
+
+
+def test_every_algorithm_has_phases_moving_the_right_volume():
+    """Each rank's bytes sent over all phases equal the algorithm's bandwidth term."""
+    p, g, n = 8, 8, 8e6
+    for op, names in ALGORITHMS.items():
+        for name in names:
+            phases = get_algorithm(op, name).phases(n, p, g)
+            for ph in phases:
+                assert ph.pairs.shape[1] == 2 and ph.pairs.min() >= 0 and ph.pairs.max() < p
+                assert (ph.pairs[:, 0] != ph.pairs[:, 1]).all()
+    ring = get_algorithm("all_reduce", "ring").phases(n, p, g)
+    assert sum(ph.bytes * ph.repeat for ph in ring) == pytest.approx(2 * (p - 1) / p * n)
+
+
+@given(n=st.floats(1, 1e10), p=st.integers(2, 512), alpha=st.floats(1e-7, 1e-4),
+       bw=st.floats(1e8, 1e12))
+def test_auto_is_the_cheapest(n, p, alpha, bw):
+    net = GroupNet(p, p, alpha, bw)
+    name, t = best_algorithm("all_reduce", n, net)
+    assert all(t <= collective_time("all_reduce", a, n, net) for a in algorithms_for("all_reduce"))
+    assert math.isfinite(t) and t > 0
+
+
+def test_hierarchical_needs_even_placement():
+    net = GroupNet(9, 2, 1e-6, 20e9, 25e-6, 1.25e9, nodes=5)
+    assert collective_time("all_reduce", "hierarchical", 1e6, net) == math.inf
+    assert best_algorithm("all_reduce", 1e6, net)[0] != "hierarchical"
+
+
+@given(scale=st.floats(1.0, 100.0), n=st.floats(1e3, 1e9))
+def test_more_bandwidth_is_never_slower(scale, n):
+    slow = GroupNet(32, 8, 3e-6, 300e9, 10e-6, 25e9, nodes=4)
+    fast = GroupNet(32, 8, 3e-6, 300e9 * scale, 10e-6, 25e9 * scale, nodes=4)
+    for op in ALGORITHMS:
+        assert best_algorithm(op, n, fast)[1] <= best_algorithm(op, n, slow)[1] * (1 + 1e-12)
