@@ -15,7 +15,7 @@ from .placement import PLACEMENT_POLICIES, place_ranks
 from .registry import (LINK_KINDS, NODE_FABRICS, NODE_KINDS, TOPOLOGIES, GraphBuilder,
                        register_node_fabric, register_topology)
 from .spec import FabricSpec, NodeFabricSpec, TopologySpec, parse_spec
-from .summary import bisection_bandwidth, draw, summary
+from .report import bisection_bandwidth, draw, summary
 
 __all__ = ["Topology", "build_topology", "from_system", "from_spec", "place_ranks",
            "PLACEMENT_POLICIES", "summary", "bisection_bandwidth", "draw", "register_topology",

@@ -25,7 +25,7 @@ DEFAULT_LEAF_PORTS = 32
 
 
 def link_nic(b: GraphBuilder, nic: str, switch: str, spec: TopologySpec) -> None:
-    """NIC ↔ its switch at the NIC's bandwidth; half the NIC latency on each side of the fabric."""
+    """NIC ↔ switch at the NIC's bandwidth; half the NIC latency on each side of the fabric."""
     b.add_link(nic, switch, bandwidth_Bps=spec.nic.bandwidth_Bps, latency_s=spec.nic.latency_s / 2,
                link_kind="nic")
 

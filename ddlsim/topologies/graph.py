@@ -78,8 +78,7 @@ class Topology:
         self.num_devices = len(self.devices)
         self.num_nodes, self.devices_per_node = _node_counts(self.node_of_device)
         self.nics_of_device = _nics_of_devices(graph, self.devices)
-        self.attach_of_nic = {v: [w for w in graph.succ[v] if graph.nodes[w]["kind"] in FABRIC_KINDS]
-                              for v, k in graph.nodes(data="kind") if k == "nic"}
+        self.attach_of_nic = _attachments(graph)
         _check_nics(self)
         self._local = ShortestPaths(_adjacency(graph, local=True),
                                     no_transit=self.attach_of_nic, cache_size=1 << 16)
@@ -175,6 +174,12 @@ def _nics_of_devices(graph: nx.DiGraph, devices: list[Any]) -> list[list[Any]]:
     nodes = graph.nodes
     return [list(nodes[d]["nics"]) if "nics" in nodes[d] else by_node.get(nodes[d]["node"], [])
             for d in devices]
+
+
+def _attachments(graph: nx.DiGraph) -> dict[Any, list[Any]]:
+    """NIC → the switches or routers it links to."""
+    return {v: [w for w in graph.succ[v] if graph.nodes[w]["kind"] in FABRIC_KINDS]
+            for v, kind in graph.nodes(data="kind") if kind == "nic"}
 
 
 def _check_nics(topo: Topology) -> None:

@@ -27,16 +27,32 @@ __all__ = ["flow_hash", "pick", "Router", "ShortestPaths", "TreeRouter", "TorusR
 _REL_TOL = 1e-9
 
 
+_MASK32 = 0xFFFFFFFF
+
+
+def _mix32(h: int) -> int:
+    """MurmurHash3's 32-bit finaliser: every input bit flips each output bit with p ≈ 1/2.
+
+    CRC-32 alone is linear, so flows whose keys differ in a few low bits can agree modulo a
+    power of two; the finaliser breaks that (Appleby, MurmurHash3, ``fmix32``).
+    """
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & _MASK32
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & _MASK32
+    return h ^ (h >> 16)
+
+
 def flow_hash(src: int, dst: int, flow_key: int) -> int:
-    """Stable 32-bit hash of a flow: CRC-32 of ``b"src>dst#flow_key"``."""
-    return zlib.crc32(f"{src}>{dst}#{flow_key}".encode())
+    """Stable 32-bit hash of a flow: CRC-32 of ``b"src>dst#flow_key"``, finalised."""
+    return _mix32(zlib.crc32(f"{src}>{dst}#{flow_key}".encode()))
 
 
 def pick(h: int, salt: int, n: int) -> int:
     """Index in ``range(n)`` chosen by the flow hash ``h`` at decision point ``salt``."""
     if n == 1:
         return 0
-    return zlib.crc32(salt.to_bytes(4, "little"), h) % n
+    return _mix32(h ^ ((salt * 0x9E3779B9) & _MASK32)) % n
 
 
 class Router(Protocol):

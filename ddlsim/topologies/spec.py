@@ -14,7 +14,8 @@ from __future__ import annotations
 import copy
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
 
 from ..config import Bandwidth, IntraNodeSpec, LinkSpec, NetworkSpec, SystemConfig
 from ..errors import ConfigError
@@ -33,12 +34,13 @@ class NodeFabricSpec(IntraNodeSpec):
     kind: str = "nvswitch"
     link_bandwidth_Bps: Bandwidth | None = None
 
-    @model_validator(mode="after")
-    def _check_kind(self) -> "NodeFabricSpec":
-        if self.kind not in NODE_FABRICS:
-            raise ValueError(f"kind = {self.kind!r} is not a node fabric; allowed: "
+    @field_validator("kind")
+    @classmethod
+    def _check_kind(cls, kind: str) -> str:
+        if kind not in NODE_FABRICS:
+            raise ValueError(f"not a registered node fabric; allowed: "
                              f"{', '.join(sorted(NODE_FABRICS))}")
-        return self
+        return kind
 
 
 class FabricSpec(NetworkSpec):
@@ -58,14 +60,20 @@ class FabricSpec(NetworkSpec):
     routers_per_group: int | None = Field(default=None, gt=0)
     global_links: int = Field(default=1, gt=0, description="dragonfly links per pair of groups")
 
-    @model_validator(mode="after")
-    def _check_topology(self) -> "FabricSpec":
-        if self.topology not in TOPOLOGIES:
-            raise ValueError(f"topology = {self.topology!r} is not a known fabric; allowed: "
+    @field_validator("topology")
+    @classmethod
+    def _check_topology(cls, topology: str) -> str:
+        if topology not in TOPOLOGIES:
+            raise ValueError(f"not a registered topology; allowed: "
                              f"{', '.join(sorted(TOPOLOGIES))}")
-        if self.torus_dims is not None and any(d < 1 for d in self.torus_dims):
-            raise ValueError(f"torus_dims = {list(self.torus_dims)} must be positive integers")
-        return self
+        return topology
+
+    @field_validator("torus_dims")
+    @classmethod
+    def _check_dims(cls, dims: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        if dims is not None and (not dims or any(d < 1 for d in dims)):
+            raise ValueError("torus_dims must be one or more positive integers")
+        return dims
 
 
 class TopologySpec(BaseModel):

@@ -17,6 +17,7 @@ __all__ = ["summary", "bisection_bandwidth", "draw", "MAX_DRAW_VERTICES", "FULL_
 MAX_DRAW_VERTICES = 300
 #: Above this many vertices the bisection min cut runs on the graph with nodes contracted.
 FULL_CUT_VERTICES = 5000
+_INSIDE_KINDS = ("device", "nvswitch", "pcie_switch", "host")
 _LEVEL_NAMES = {1: "leaf switch", 2: "spine switch", 3: "core switch"}
 
 
@@ -82,8 +83,10 @@ def bisection_bandwidth(topology: Topology) -> tuple[float | None, str]:
     if topology.num_nodes == 1:
         half = topology.num_devices // 2
         side = {v: topology.device_index[v] < half for v in topology.devices}
-        value = _min_cut(_capacity_graph(topology.graph), side)
-        return value, f"min cut between devices 0..{half - 1} and the rest of the node"
+        inside = [v for v, k in topology.graph.nodes(data="kind") if k in _INSIDE_KINDS]
+        value = _min_cut(_capacity_graph(topology.graph.subgraph(inside)), side)
+        return value, (f"min cut between devices 0..{half - 1} and the rest of the node "
+                       "(intra-node links only)")
     half = topology.num_nodes // 2
     where = f"min cut between nodes 0..{half - 1} and nodes {half}..{topology.num_nodes - 1}"
     if topology.graph.number_of_nodes() <= FULL_CUT_VERTICES:
@@ -155,7 +158,8 @@ def draw(topology: Topology, path: str | Path, *, max_vertices: int = MAX_DRAW_V
                                    node_color=f"C{i}", node_shape="s" if kind == "device" else "o")
     if n <= 60:
         nx.draw_networkx_labels(g, pos, ax=ax, font_size=6)
-    ax.set_title(f"{topology.name}: {topology.num_nodes} nodes × {topology.devices_per_node} devices")
+    ax.set_title(f"{topology.name}: {topology.num_nodes} nodes × "
+                 f"{topology.devices_per_node} devices")
     ax.legend(loc="upper right", fontsize=7)
     ax.set_axis_off()
     fig.savefig(path, dpi=150, bbox_inches="tight")
@@ -169,4 +173,5 @@ def _layered_positions(g: nx.DiGraph) -> dict[Any, tuple[float, float]]:
     for v, attrs in g.nodes(data=True):
         layer = 2 + attrs["level"] if attrs["kind"] == "switch" else layer_of[attrs["kind"]]
         layers.setdefault(layer, []).append(v)
-    return {v: ((i + 0.5) / len(vs), float(y)) for y, vs in layers.items() for i, v in enumerate(vs)}
+    return {v: ((i + 0.5) / len(vs), float(y))
+            for y, vs in layers.items() for i, v in enumerate(vs)}
