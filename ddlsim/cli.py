@@ -146,3 +146,7 @@ def main() -> None:
 
 
 __all__ = ["app", "main", "format_time", "format_bytes"]
+
+
+if __name__ == "__main__":
+    main()

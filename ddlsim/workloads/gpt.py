@@ -9,6 +9,7 @@ stage is one rank class (the reduce-to-root strategy splits off the root, which 
 from __future__ import annotations
 
 import math
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -50,6 +51,14 @@ class _Builder:
         self.dtype = t.dtype
         self.layers_per_chunk = cfg.model.num_hidden_layers // (self.pp * self.v)
         self.act_bytes = self.b * self.s * cfg.model.hidden_size * self.dt
+
+    @cached_property
+    def fwd_layer(self) -> list[Compute | Collective]:
+        return self.layer_forward()
+
+    @cached_property
+    def bwd_layer(self) -> list[Compute | Collective]:
+        return self.layer_backward()
 
     # ------------------------------------------------------------------ per-layer ops
     def _tp_comm(self, name: str) -> list[Collective]:
@@ -153,7 +162,7 @@ class _Builder:
         if k == 0:
             fwd += [Op(x) for x in self.embedding_forward()]
         first = len(fwd)
-        fwd += [Op(x, repeat=Lc) for x in self.layer_forward()]
+        fwd += [Op(x, repeat=Lc) for x in self.fwd_layer]
         if fwd[:first]:
             fwd[first] = Op(fwd[first].payload, deps=(first - 1,), repeat=Lc)
         if k == last_k:
@@ -168,7 +177,7 @@ class _Builder:
             else:
                 ops += [Op(x) for x in self.head_backward()]
             start = len(ops)
-            layer = self.layer_backward()
+            layer = self.bwd_layer
             if with_sync and sync_ops:
                 ops += self._overlapped_layers(layer, sync_ops, start)
             else:
@@ -291,6 +300,16 @@ def _zero3_blocks(b: _Builder, stage: int) -> dict[str, Block]:
     return {"F0": Block("F0", "forward", tuple(fwd)), "B0": Block("B0", "backward", tuple(bwd))}
 
 
+@lru_cache(maxsize=1024)
+def _steps(sched: str, stage: int, pp: int, m: int, v: int, sync: bool) -> tuple[Step, ...]:
+    """The steps of one stage; the last backward of each chunk uses its ``.sync`` block."""
+    order = schedule(sched, stage, pp, m, v)
+    last_b = {c: max(i for i, (kind, _, cc) in enumerate(order) if kind == "B" and cc == c)
+              for c in range(v)}
+    return tuple(Step(f"{kind}{c}.sync" if sync and kind == "B" and i == last_b[c]
+                      else f"{kind}{c}", mb, c) for i, (kind, mb, c) in enumerate(order))
+
+
 def build_gpt_workload(cfg: RunConfig) -> Workload:
     """The trace of one training iteration of ``cfg`` (a GPT model)."""
     b = _Builder(cfg)
@@ -308,15 +327,8 @@ def build_gpt_workload(cfg: RunConfig) -> Workload:
             sync = b.grad_sync_ops(stage) if overlap else None
             for c in range(v):
                 blocks.update(b.chunk_blocks(stage, c, sync))
-        order = schedule(par.schedule, stage, pp, m, v)
-        last_b = {c: max(i for i, (kind, _, cc) in enumerate(order) if kind == "B" and cc == c)
-                  for c in range(v)}
-        steps = []
-        for i, (kind, mb, c) in enumerate(order):
-            name = f"{kind}{c}"
-            if kind == "B" and i == last_b[c] and f"{name}.sync" in blocks:
-                name += ".sync"
-            steps.append(Step(name, mb, c))
+        sync_blocks = any(name.endswith(".sync") for name in blocks)
+        steps = _steps(par.schedule, stage, pp, m, v, sync_blocks)
         splits = [(True, ranks[stage, :1].ravel()), (False, ranks[stage, 1:].ravel())] \
             if par.dp_strategy == "reduce_broadcast" and dp > 1 else [(True, ranks[stage].ravel())]
         for root, members in splits:

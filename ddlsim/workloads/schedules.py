@@ -16,6 +16,7 @@ Bubble fractions: GPipe and 1F1B ``(p − 1)/m``; interleaved ``(p − 1)/(v·m)
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import lru_cache
 
 from ..errors import ConfigError
 
@@ -32,11 +33,16 @@ def _register(name: str):
     return wrap
 
 
-def schedule(name: str, stage: int, p: int, m: int, v: int = 1) -> Order:
+def schedule(name: str, stage: int, p: int, m: int, v: int = 1) -> tuple[tuple[str, int, int], ...]:
     """The issue order of stage ``stage``; raises ConfigError for an unknown schedule."""
     if name not in SCHEDULES:
         raise ConfigError(f"unknown pipeline schedule {name!r}; allowed: {', '.join(SCHEDULES)}")
-    return SCHEDULES[name](stage, p, m, v)
+    return _cached(name, stage, p, m, v)
+
+
+@lru_cache(maxsize=4096)
+def _cached(name: str, stage: int, p: int, m: int, v: int) -> tuple[tuple[str, int, int], ...]:
+    return tuple(SCHEDULES[name](stage, p, m, v))
 
 
 @_register("gpipe")

@@ -16,7 +16,7 @@ as bubble (load imbalance).
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import defaultdict, deque
 
 import numpy as np
 
@@ -46,11 +46,12 @@ class ClassTiming:
 
 
 class _Groups:
-    """Cached group lookups of representative ranks."""
+    """Cached group lookups of representative ranks (inverse indices built once per family)."""
 
     def __init__(self, workload: Workload):
         self.workload = workload
         self.class_of = workload.class_of()
+        self._inv: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._rows: dict[tuple[str, int], tuple] = {}
 
     def row(self, group: str, rank: int) -> tuple[tuple[int, ...], int, frozenset]:
@@ -58,9 +59,17 @@ class _Groups:
         hit = self._rows.get(key)
         if hit is None:
             members = self.workload.groups[group].members
-            g, i = (int(x) for x in np.argwhere(members == rank)[0])
-            row = tuple(int(r) for r in members[g])
-            hit = (row, i, frozenset(int(c) for c in self.class_of[list(row)]))
+            if group not in self._inv:
+                g_of = np.empty(self.workload.world_size, dtype=np.int64)
+                i_of = np.empty(self.workload.world_size, dtype=np.int64)
+                n_g, size = members.shape
+                g_of[members.ravel()] = np.repeat(np.arange(n_g), size)
+                i_of[members.ravel()] = np.tile(np.arange(size), n_g)
+                self._inv[group] = (g_of, i_of)
+            g_of, i_of = self._inv[group]
+            row_arr = members[g_of[rank]]
+            row = tuple(row_arr.tolist())
+            hit = (row, int(i_of[rank]), frozenset(self.class_of[row_arr].tolist()))
             self._rows[key] = hit
         return hit
 
@@ -87,17 +96,66 @@ def _instr(op, rep: int, groups: _Groups, cost: CostModel, streams: dict[str, in
 
 
 def _resolve(workload: Workload, cost: CostModel, streams: dict[str, int]):
-    """Per class: the issue-ordered list of (resolved block, micro-batch)."""
+    """Per class: the issue-ordered list of (resolved block, micro-batch, fast form)."""
     groups = _Groups(workload)
+    memo: dict = {}
     resolved = []
     for cls in workload.classes:
         rep = cls.ranks[0]
         blocks = {}
         for bname, block in cls.program.blocks.items():
-            instrs = [_instr(op, rep, groups, cost, streams) for op in block.ops]
-            blocks[bname] = _merge(_share_concurrent(instrs, block.ops))
-        resolved.append([(blocks[s.block], s.microbatch) for s in cls.program.steps])
+            instrs = []
+            for op in block.ops:
+                local = not isinstance(op.payload, (P2P, Collective)) or (
+                    isinstance(op.payload, Collective)
+                    and len(groups.row(op.payload.group, rep)[2]) == 1)
+                key = (op, op.stream) if local else None
+                ins = memo.get(key) if local else None
+                if ins is None:
+                    ins = _instr(op, rep, groups, cost, streams)
+                    if local:
+                        memo[key] = ins
+                instrs.append(ins)
+            blocks[bname] = _merged(instrs, block.ops, memo)
+        resolved.append([(*blocks[s.block], s.microbatch) for s in cls.program.steps])
     return resolved
+
+
+def _merged(instrs: list, ops, memo: dict) -> tuple[list, tuple | None]:
+    """Merge a block, reusing the merge of any earlier block of the same shape (blocks of
+    different stages differ only in their point-to-point partners, which are never fused)."""
+    p2p = [ins[5] for ins in instrs if ins[0] in (_SEND, _RECV)]
+    shape = tuple(ins[:5] + (None,) + ins[6:] if ins[0] in (_SEND, _RECV) else ins
+                  for ins in instrs)
+    key = (shape, tuple((o.payload.group, o.deps) if isinstance(o.payload, Collective) else None
+                        for o in ops))
+    template = memo.get(key)
+    if template is None:
+        template = memo[key] = _merge(_share_concurrent(list(shape), ops))
+    if not p2p:
+        merged = template
+    else:
+        it = iter(p2p)
+        merged = [ins[:5] + (next(it),) + ins[6:] if ins[0] in (_SEND, _RECV) else ins
+                  for ins in template]
+    return merged, _fast_form(merged)
+
+
+def _fast_form(instrs: list) -> tuple | None:
+    """The common pipeline block — [recv] → one fused compute-stream run → [send] — as a
+    compact tuple the scheduler can time without the general loop; None otherwise."""
+    i, recv = 0, None
+    if instrs and instrs[0][0] == _RECV and not instrs[0][2]:
+        recv, i = instrs[0], 1
+    if i >= len(instrs) or instrs[i][0] != _MACRO or instrs[i][2] != ((0,) if recv else ()):
+        return None
+    macro, send = instrs[i], None
+    if i + 1 < len(instrs):
+        send = instrs[i + 1]
+        if send[0] != _SEND or send[2] != (i,) or i + 2 != len(instrs):
+            return None
+    return (recv[5] if recv else None, recv[4] if recv else "", macro[3],
+            send[5] if send else None, send[3] if send else 0.0, macro, send)
 
 
 def _merge(instrs: list) -> list:
@@ -107,6 +165,10 @@ def _merge(instrs: list) -> list:
     segment) is timed exactly. A macro carries its accounting: (compute, optimizer,
     exposed by kind, bytes by kind).
     """
+    # a dependency on an earlier op of the same stream is implied by stream order
+    # (point-to-point ops excepted: they do not block their stream)
+    instrs = [ins[:2] + (tuple(d for d in ins[2] if instrs[d][1] != ins[1]
+                               or instrs[d][0] in (_SEND, _RECV)),) + ins[3:] for ins in instrs]
     referenced = {d for ins in instrs for d in ins[2]}
     out: list = []
     remap: dict[int, int] = {}
@@ -173,20 +235,29 @@ def _share_concurrent(instrs: list, ops) -> list:
 
 
 def simulate_analytical(workload: Workload, cost: CostModel) -> list[ClassTiming]:
-    """Time every rank class; raises :class:`DeadlockError` if the program cannot finish."""
+    """Time every rank class; raises :class:`DeadlockError` if the program cannot finish.
+
+    Classes run until they block on a message or a collective; a blocked class sleeps until
+    the send or the last arrival it waits for happens (FIFO, so the order is deterministic).
+    """
     streams: dict[str, int] = {"compute": 0}
     programs = _resolve(workload, cost, streams)
-    state = _State(len(programs), len(streams))
+    st = _State(len(programs), len(streams))
     done = [False] * len(programs)
-    while not all(done):
-        progress = False
-        for ci in range(len(programs)):
-            if not done[ci]:
-                moved, done[ci] = _run(ci, programs[ci], state)
-                progress |= moved
-        if not progress:
-            raise DeadlockError(_describe_deadlock(workload, state.pos, done))
-    return state.timings
+    queue = deque(range(len(programs)))
+    queued = [True] * len(programs)
+    while queue:
+        ci = queue.popleft()
+        queued[ci] = False
+        _, done[ci] = _run(ci, programs[ci], st)
+        for w in st.woken:
+            if not queued[w] and not done[w]:
+                queued[w] = True
+                queue.append(w)
+        st.woken.clear()
+    if not all(done):
+        raise DeadlockError(_describe_deadlock(workload, st.pos, done))
+    return st.timings
 
 
 class _State:
@@ -201,6 +272,35 @@ class _State:
         self.posted: dict[tuple, tuple[float, float]] = {}
         self.arrivals: dict[tuple, dict[int, float]] = {}
         self.timings = [ClassTiming() for _ in range(n_cls)]
+        self.fast_counts: list[dict[int, int]] = [{} for _ in range(n_cls)]
+        self.fast_seen: dict[int, tuple] = {}
+        self.waiting: dict[tuple, list[int]] = {}   # message or collective key → sleepers
+        self.woken: list[int] = []
+
+    def sleep(self, key: tuple, ci: int) -> None:
+        self.waiting.setdefault(key, []).append(ci)
+
+    def wake(self, key: tuple) -> None:
+        sleepers = self.waiting.pop(key, None)
+        if sleepers:
+            self.woken.extend(sleepers)
+
+
+def _settle(T: ClassTiming, counts: dict[int, int], seen: dict[int, tuple]) -> None:
+    """Add the accounting of fast-path blocks, once per block kind × count."""
+    for key in sorted(counts, key=lambda k: (seen[k][2], seen[k][4])):
+        n, fast = counts[key], seen[key]
+        macro, send = fast[5], fast[6]
+        c, o, ex, nb = macro[5]
+        T.flops += n * macro[6]
+        T.compute += n * c
+        T.optimizer += n * o
+        for k, v in ex:
+            T.exposed[k] += n * v
+        for k, v in nb:
+            T.comm_bytes[k] += n * v
+        if send is not None:
+            T.comm_bytes[send[4]] += n * send[7]
 
 
 def _run(ci: int, steps: list, st: _State) -> tuple[bool, bool]:
@@ -210,8 +310,37 @@ def _run(ci: int, steps: list, st: _State) -> tuple[bool, bool]:
     posted, exposed = st.posted, T.exposed
     moved = False
     n_steps = len(steps)
+    fast_counts = st.fast_counts[ci]
     while si < n_steps:
-        instrs, mb = steps[si]
+        instrs, fast, mb = steps[si]
+        if fast is not None and oi == 0:
+            rx, rlabel, dur, sx, sdur = fast[:5]
+            f = fr[0]
+            if rx is not None:
+                sent = posted.get((ci, rx[0], rx[1], mb))
+                if sent is None:
+                    st.pos[ci] = [si, 0]
+                    st.sleep((ci, rx[0], rx[1], mb), ci)
+                    return moved, False
+                arrive = sent[0] + sent[1] if sent[0] > 0.0 else sent[1]
+                if arrive > f:
+                    gap = arrive - f
+                    exp = gap if sent[1] >= gap else sent[1]
+                    exposed[rlabel] += exp
+                    T.bubble += gap - exp
+                    f = arrive
+            f += dur
+            fr[0] = f
+            if sx is not None:
+                key = (sx[0], ci, sx[1], mb)
+                posted[key] = (f, sdur)
+                if key in st.waiting:
+                    st.wake(key)
+            fast_counts[id(fast)] = fast_counts.get(id(fast), 0) + 1
+            st.fast_seen[id(fast)] = fast
+            si += 1
+            moved = True
+            continue
         n = len(instrs)
         while oi < n:
             code, sid, deps, dur, label, x, flops, nbytes = instrs[oi]
@@ -224,13 +353,17 @@ def _run(ci: int, steps: list, st: _State) -> tuple[bool, bool]:
                 sent = posted.get((ci, x[0], x[1], mb))
                 if sent is None:
                     st.pos[ci] = [si, oi]
+                    st.sleep((ci, x[0], x[1], mb), ci)
                     return moved, False
                 loc.append((max(ready, sent[0]) + sent[1], label, sent[1]))
                 oi += 1
                 moved = True
                 continue
             if code == _SEND:
-                posted[(x[0], ci, x[1], mb)] = (ready, dur)
+                key = (x[0], ci, x[1], mb)
+                posted[key] = (ready, dur)
+                if key in st.waiting:
+                    st.wake(key)
                 T.comm_bytes[label] += nbytes
                 loc.append((ready, label, 0.0))
                 oi += 1
@@ -245,7 +378,9 @@ def _run(ci: int, steps: list, st: _State) -> tuple[bool, bool]:
                 arr[ci] = mine
                 if len(arr) < len(x[1]):
                     st.pos[ci] = [si, oi]
+                    st.sleep(key, ci)
                     return moved, False
+                st.wake(key)
                 rv = max(arr.values())
                 if rv > mine:
                     ready, why, why_dur = rv, "bubble", 0.0
@@ -283,6 +418,7 @@ def _run(ci: int, steps: list, st: _State) -> tuple[bool, bool]:
         si, oi = si + 1, 0
         loc.clear()
     st.pos[ci] = [si, oi]
+    _settle(T, fast_counts, st.fast_seen)
     end = max(fr)
     if end > fr[0]:  # communication still running after the last compute-stream op
         tail = max(range(len(fr)), key=lambda s: fr[s])

@@ -1,0 +1,84 @@
+"""Analytical-engine speed: configs per second over a sweep, and CLI cold-start time.
+
+Run:  python benchmarks/analytical_speed.py [--limit N]
+
+The sweep is every valid plan for GPT-3 175B on 1,024 A100s (128 DGX A100 nodes), global batch
+1,536, sequence 2,048: TP ∈ {1, 2, 4, 8} × PP ∈ divisors of 96 × DP = 1024/(TP·PP) ×
+micro-batch ∈ {1, 2, 4, 8} × schedule ∈ {gpipe, 1f1b, interleaved v=2, interleaved v=3}, keeping
+those the config validator accepts. Each is predicted in process through the Python API
+(memory is computed and reported, plans that do not fit are still timed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import ddlsim
+from ddlsim.config import build_config
+from ddlsim.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def sweep() -> list:
+    base = {"model": "gpt3-175b", "system": {"preset": "dgx-a100", "nodes": 128}}
+    out = []
+    for tp in (1, 2, 4, 8):
+        for pp in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 96):
+            if 1024 % (tp * pp):
+                continue
+            for mbs in (1, 2, 4, 8):
+                for sched, v in (("gpipe", None), ("1f1b", None), ("interleaved", 2), ("interleaved", 3)):
+                    d = dict(base, parallel={
+                        "tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
+                        "data_parallel_size": 1024 // (tp * pp), "schedule": sched,
+                        "virtual_pipeline_model_parallel_size": v},
+                        train={"micro_batch_size": mbs, "global_batch_size": 1536,
+                               "seq_length": 2048, "recompute": "selective"})
+                    try:
+                        out.append(build_config(d))
+                    except ConfigError:
+                        pass
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--limit", type=int, default=0, help="time only the first N configs")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    configs = sweep()
+    t_build = time.perf_counter() - t0
+    if args.limit:
+        configs = configs[: args.limit]
+    t0 = time.perf_counter()
+    fits = 0
+    best = None
+    for cfg in configs:
+        r = ddlsim.predict(cfg, check_fit=False)
+        fits += r.memory.fits
+        if r.memory.fits and (best is None or r.iteration_time_s < best[0]):
+            best = (r.iteration_time_s, cfg.parallel, cfg.train.micro_batch_size)
+    dt = time.perf_counter() - t0
+    print(f"sweep: {len(configs)} valid plans ({fits} fit in 80 GB), validated in {t_build:.2f} s")
+    print(f"analytical engine: {dt:.2f} s, {len(configs) / dt:,.0f} configs/s, "
+          f"{1e3 * dt / len(configs):.2f} ms/config")
+    if best:
+        p = best[1]
+        print(f"fastest plan that fits: TP{p.tp} PP{p.pp} DP{p.data_parallel_size} {p.schedule}"
+              f"{f' v{p.vpp}' if p.vpp > 1 else ''} micro-batch {best[2]}: {best[0]:.2f} s/iteration")
+    example = ROOT / "examples" / "gpt3-175b-1024-a100.yaml"
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "ddlsim.cli", "predict", str(example), "-f", "json"],
+                   check=True, capture_output=True)
+    print(f"`ddlsim predict` cold start (new process, {example.name}): "
+          f"{time.perf_counter() - t0:.2f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
