@@ -100,8 +100,17 @@ class _Builder:
             Compute("bwd.attn", 2 * (g["qkv"] + g["attn_core"] + g["proj"]) / t, dtype=self.dtype),
             *self._tp_comm("bwd.attn"),
             Compute("bwd.elementwise", 0.0, ew, kind="elementwise", dtype=self.dtype),
+            Compute("bwd.grad_accumulate", 0.0, self.grad_accumulate_bytes(self.shape.layer_params / t),
+                    kind="elementwise", dtype=self.dtype),
         ]
         return ops
+
+    def grad_accumulate_bytes(self, params: float) -> float:
+        """Memory traffic of adding one micro-batch's weight gradients into the accumulated
+        gradients: the GEMM writes them in the training dtype, then they are read and added
+        into an fp32 buffer (read + write). Megatron-LM's ``main_grad`` hook
+        (``param.main_grad.add_(param.grad)``) and PyTorch's AccumulateGrad in fp32 training."""
+        return params * (2 * self.dt + 2 * 4)
 
     # ------------------------------------------------------------------ edges of the model
     def embedding_forward(self) -> list[Compute | Collective]:
@@ -122,8 +131,11 @@ class _Builder:
         return ops
 
     def head_backward(self) -> list[Compute | Collective]:
+        emb = self.shape.V * self.shape.h / self.tp
         return [Compute("bwd.logits", 2 * self.shape.logits_forward_flops(self.b, self.s) / self.tp,
-                        dtype=self.dtype)]
+                        dtype=self.dtype),
+                Compute("bwd.grad_accumulate.embedding", 0.0, self.grad_accumulate_bytes(emb),
+                        kind="elementwise", dtype=self.dtype)]
 
     # ------------------------------------------------------------------ parameters per stage
     def stage_params(self, stage: int) -> float:
