@@ -26,7 +26,7 @@ from ..costs import CostModel
 
 __all__ = ["simulate_analytical", "ClassTiming"]
 
-_COMPUTE, _COLL, _SEND, _RECV, _WAIT, _MACRO = range(6)
+_COMPUTE, _COLL, _SEND, _RECV, _WAIT, _MACRO, _PIPE = range(7)
 _INF = math.inf
 
 
@@ -131,7 +131,7 @@ def _merged(instrs: list, ops, memo: dict) -> tuple[list, tuple | None]:
                         for o in ops))
     template = memo.get(key)
     if template is None:
-        template = memo[key] = _merge(_share_concurrent(list(shape), ops))
+        template = memo[key] = _collapse_pairs(_merge(_share_concurrent(list(shape), ops)))
     if not p2p:
         merged = template
     else:
@@ -196,6 +196,51 @@ def _merge(instrs: list) -> list:
             close()
     close()
     return out
+
+
+def _collapse_pairs(instrs: list) -> list:
+    """Replace runs of identical (compute run, collective on another stream that depends on
+    it) pairs — DDP gradient buckets issued as backward segments finish — by one exact
+    instruction. With segment time c, collective time a, start S and the stream free at F,
+    the i-th collective ends at D_i = max(D_{i-1}, S + i·c) + a, so
+    D_n = max(F + n·a, S + c + n·a) if a ≥ c else max(F + n·a, S + n·c + a)."""
+    referenced = {d for ins in instrs for d in ins[2]}
+    out: list = []
+    remap: dict[int, int] = {}
+    i = 0
+    while i < len(instrs):
+        n = 0
+        while (i + 2 * n + 1 < len(instrs) and _is_pair(instrs, i + 2 * n)
+               and (n == 0 or _same_pair(instrs, i, i + 2 * n))
+               and (n == 0 or (i + 2 * n - 2) not in referenced)):
+            n += 1
+        if n >= 2:
+            m, c = instrs[i], instrs[i + 1]
+            last = i + 2 * n - 1
+            deps = tuple(sorted({remap[d] for d in m[2]}))
+            pipe = (_PIPE, 0, deps, n * m[3], "compute", (m, c, n), n * m[6], 0.0)
+            for j in range(i, last + 1):
+                remap[j] = len(out)
+            out.append(pipe)
+            i = last + 1
+            continue
+        ins = instrs[i]
+        remap[i] = len(out)
+        out.append(ins[:2] + (tuple(sorted({remap[d] for d in ins[2]})),) + ins[3:])
+        i += 1
+    return out
+
+
+def _is_pair(instrs: list, i: int) -> bool:
+    m, c = instrs[i], instrs[i + 1]
+    return (m[0] == _MACRO and c[0] == _COLL and c[1] != 0 and c[5] is None
+            and c[2] == (i,) and all(d < i for d in m[2]))
+
+
+def _same_pair(instrs: list, i: int, j: int) -> bool:
+    a, b = instrs[i], instrs[j]
+    return (a[3] == b[3] and a[5] == b[5] and b[2] == () and instrs[i + 1][1:2] == instrs[j + 1][1:2]
+            and instrs[i + 1][3:] == instrs[j + 1][3:])
 
 
 def _macro(run: list, deps: tuple) -> tuple:
@@ -396,7 +441,23 @@ def _run(ci: int, steps: list, st: _State) -> tuple[bool, bool]:
                 T.bubble += gap
             end = start + dur
             fr[sid] = end
-            if code == _MACRO:
+            if code == _PIPE:
+                m, c, k = x
+                seg, a, cs = m[3], c[3], c[1]
+                tail = start + seg + k * a if a >= seg else start + k * seg + a
+                prev = fr[cs] + k * a
+                fr[cs] = tail if tail > prev else prev
+                sk[cs] = c[4]
+                cc, o, ex, nb = m[5]
+                T.flops += flops
+                T.compute += k * cc
+                T.optimizer += k * o
+                for key_, v in ex:
+                    exposed[key_] += k * v
+                for key_, v in nb:
+                    T.comm_bytes[key_] += k * v
+                T.comm_bytes[c[4]] += k * c[7]
+            elif code == _MACRO:
                 T.flops += flops
                 c, o, ex, nb = x
                 T.compute += c
