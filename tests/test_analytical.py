@@ -121,3 +121,17 @@ def test_matched_send_recv_runs_and_unmatched_is_a_deadlock(small_cfg):
     bad = _two_rank_workload("x", "y")
     with pytest.raises(DeadlockError, match="class b .* waits .* 'recv'"):
         simulate_analytical(bad, CostModel(small_cfg.system, bad, small_cfg.parallel))
+
+
+@given(name=st.sampled_from(["gpipe", "1f1b", "interleaved"]), p=st.integers(2, 16),
+       groups=st.integers(1, 6), v=st.integers(2, 4), data=st.data())
+def test_peak_inflight_closed_form_matches_the_schedule(name, p, groups, v, data):
+    from ddlsim.workloads.schedules import peak_inflight, schedule
+    m = groups * p
+    v = v if name == "interleaved" else 1
+    stage = data.draw(st.integers(0, p - 1))
+    live = peak = 0
+    for kind, _, _ in schedule(name, stage, p, m, v):
+        live += 1 if kind == "F" else -1
+        peak = max(peak, live)
+    assert peak_inflight(name, stage, p, m, v) == peak

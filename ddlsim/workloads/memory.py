@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 
 from ..config import DTYPE_BYTES, RunConfig
 from .models.gpt import GPTShape
-from .schedules import schedule
+from .schedules import peak_inflight
 
 __all__ = ["MemoryBreakdown", "model_state_bytes", "stage_memory", "inflight_chunks"]
 
@@ -71,12 +71,7 @@ def model_state_bytes(params: float, dp: int, zero_stage: int, dtype: str,
 def inflight_chunks(cfg: RunConfig, stage: int) -> int:
     """Largest number of (micro-batch, chunk) forwards held at once by ``stage``."""
     p = cfg.parallel
-    order = schedule(p.schedule, stage, p.pp, cfg.num_microbatches, p.vpp)
-    live = peak = 0
-    for kind, _, _ in order:
-        live += 1 if kind == "F" else -1
-        peak = max(peak, live)
-    return peak
+    return peak_inflight(p.schedule, stage, p.pp, cfg.num_microbatches, p.vpp)
 
 
 def stage_memory(cfg: RunConfig, shape: GPTShape, stage: int, params: float) -> MemoryBreakdown:

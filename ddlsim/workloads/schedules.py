@@ -20,7 +20,7 @@ from functools import lru_cache
 
 from ..errors import ConfigError
 
-__all__ = ["schedule", "SCHEDULES"]
+__all__ = ["schedule", "SCHEDULES", "warmup", "peak_inflight"]
 
 Order = list[tuple[str, int, int]]
 SCHEDULES: dict[str, Callable[[int, int, int, int], Order]] = {}
@@ -91,3 +91,19 @@ def _interleaved(stage: int, p: int, m: int, v: int) -> Order:
         order.append(("B", mb, c))
         b += 1
     return order
+
+
+def warmup(name: str, stage: int, p: int, m: int, v: int = 1) -> int:
+    """Forwards a stage issues before its first backward."""
+    if name == "gpipe":
+        return m
+    if name == "1f1b":
+        return min(p - stage - 1, m)
+    return min((p - stage - 1) * 2 + (v - 1) * p, m * v)
+
+
+def peak_inflight(name: str, stage: int, p: int, m: int, v: int = 1) -> int:
+    """Most (micro-batch, chunk) forwards whose activations a stage holds at once: the warm-up
+    forwards plus the first steady-state one, or all of them when warm-up covers everything."""
+    total = m * (v if name == "interleaved" else 1)
+    return min(warmup(name, stage, p, m, v) + 1, total)

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 
@@ -117,9 +117,10 @@ class Block:
     ops: tuple[Op, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class Step:
-    """One issue of a block, for micro-batch ``microbatch`` of model chunk ``chunk``."""
+class Step(NamedTuple):
+    """One issue of a block, for micro-batch ``microbatch`` of model chunk ``chunk``.
+
+    A named tuple: programs hold one per (micro-batch, chunk, pass), so they must be cheap."""
 
     block: str
     microbatch: int = 0

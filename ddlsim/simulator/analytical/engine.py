@@ -117,7 +117,7 @@ def _resolve(workload: Workload, cost: CostModel, streams: dict[str, int]):
                         memo[key] = ins
                 instrs.append(ins)
             blocks[bname] = _merged(instrs, block.ops, memo)
-        resolved.append([(*blocks[s.block], s.microbatch) for s in cls.program.steps])
+        resolved.append((cls.program.steps, blocks))
     return resolved
 
 
@@ -354,10 +354,12 @@ def _run(ci: int, steps: list, st: _State) -> tuple[bool, bool]:
     fr, sk, T, loc = st.free[ci], st.stream_kind[ci], st.timings[ci], st.local[ci]
     posted, exposed = st.posted, T.exposed
     moved = False
+    steps, blocks = steps
     n_steps = len(steps)
     fast_counts = st.fast_counts[ci]
     while si < n_steps:
-        instrs, fast, mb = steps[si]
+        block, mb, _ = steps[si]
+        instrs, fast = blocks[block]
         if fast is not None and oi == 0:
             rx, rlabel, dur, sx, sdur = fast[:5]
             f = fr[0]
