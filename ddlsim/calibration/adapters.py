@@ -13,6 +13,7 @@ all-gather family, to whole per-rank chunks) and the size actually moved is repo
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ import numpy as np
 from .schema import CalibrationError, check_op
 
 __all__ = ["OpCall", "CommAdapter", "MpiAdapter", "TorchAdapter", "buffer_layout",
-           "pingpong_partner"]
+           "pingpong_partner", "mpi_library"]
 
 ITEMSIZE = 4  # float32
 
@@ -58,6 +59,7 @@ class CommAdapter(Protocol):
     def split(self, colors: Sequence[int]) -> "CommAdapter": ...
     def supports(self, op: str) -> bool: ...
     def make_op(self, op: str, nbytes: int) -> OpCall: ...
+    def close(self) -> None: ...
 
 
 def buffer_layout(op: str, nbytes: int, ranks: int) -> tuple[int, int, int]:
@@ -89,6 +91,19 @@ def pingpong_partner(rank: int, size: int) -> tuple[int, bool] | None:
     return None
 
 
+def mpi_library(banner: str) -> tuple[str, str]:
+    """(library, version) from ``MPI_Get_library_version``'s banner: ``"Open MPI v5.0.3,
+    package: …"`` → ("Open MPI", "Open MPI v5.0.3"); ``"MPICH Version: 4.2.0 …"`` →
+    ("MPICH", "MPICH 4.2.0"); otherwise the first line as both."""
+    first = (banner.strip().splitlines() or ["MPI"])[0].split(",")[0].strip()
+    if " v" in first:
+        return first.rsplit(" v", 1)[0], first
+    if "Version:" in first:
+        name, _, ver = first.partition("Version:")
+        return name.strip(), f"{name.strip()} {ver.strip()}"
+    return first, first
+
+
 def _noop() -> None:
     return None
 
@@ -103,9 +118,7 @@ class MpiAdapter:
         from mpi4py import MPI
 
         self._MPI, self.comm = MPI, comm
-        first = MPI.Get_library_version().strip().splitlines()[0]
-        self.library_version = first.split(",")[0].strip()
-        self.library = self.library_version.rsplit(" v", 1)[0] if " v" in first else "MPI"
+        self.library, self.library_version = mpi_library(MPI.Get_library_version())
 
     @classmethod
     def world(cls) -> "MpiAdapter":
@@ -150,6 +163,9 @@ class MpiAdapter:
         return check_op(op) in ("all_reduce", "reduce", "broadcast", "all_gather",
                                 "reduce_scatter", "all_to_all", "sendrecv")
 
+    def close(self) -> None:  # mpi4py finalizes MPI at exit
+        return None
+
     def make_op(self, op: str, nbytes: int) -> OpCall:
         MPI, c = self._MPI, self.comm
         n_send, n_recv, moved = buffer_layout(op, nbytes, self.size)
@@ -189,8 +205,9 @@ class TorchAdapter:
     ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``).
     """
 
-    #: Gloo has no reduce-scatter in ``torch.distributed``; reported as unsupported, not faked.
-    _UNSUPPORTED = {"gloo": ("reduce_scatter",), "nccl": ()}
+    #: Operations some torch versions lack on Gloo (reduce-scatter before ~2.6): probed once,
+    #: collectively, and skipped — never emulated — when they raise.
+    _PROBED = {"gloo": ("reduce_scatter",), "nccl": ()}
 
     def __init__(self, backend: str, group: Any, global_ranks: Sequence[int], device: Any):
         import torch
@@ -199,6 +216,7 @@ class TorchAdapter:
         self._torch, self._dist = torch, dist
         self.backend, self.group, self.device = backend, group, device
         self.global_ranks = list(global_ranks)
+        self._support: dict[str, bool] = {}
         self.library = backend.upper() if backend == "nccl" else "Gloo"
         if backend == "nccl":
             ver = torch.cuda.nccl.version()
@@ -216,8 +234,6 @@ class TorchAdapter:
         except ImportError as exc:
             raise CalibrationError(f"the {backend} backend needs PyTorch: pip install "
                                    f"'ddlsim[torch]' ({exc})") from None
-        import os
-
         if "RANK" not in os.environ:
             raise CalibrationError(f"--backend {backend} must run under torchrun (RANK is not "
                                    "set), e.g. torchrun --nproc-per-node 8 -m ddlsim.calibration "
@@ -229,6 +245,12 @@ class TorchAdapter:
         if not dist.is_initialized():
             dist.init_process_group(backend=backend)
         return cls(backend, None, range(dist.get_world_size()), device)
+
+    def close(self) -> None:
+        """Tear down the default process group (Gloo aborts at exit when it is left up)."""
+        if self.group is None and self._dist.is_initialized():
+            self._dist.barrier()
+            self._dist.destroy_process_group()
 
     @property
     def rank(self) -> int:
@@ -268,7 +290,17 @@ class TorchAdapter:
         return TorchAdapter(self.backend, keep[0], keep[1], self.device)
 
     def supports(self, op: str) -> bool:
-        return check_op(op) not in self._UNSUPPORTED.get(self.backend, ())
+        """Collective (every rank must call it in the same order) for probed operations."""
+        if check_op(op) not in self._PROBED.get(self.backend, ()):
+            return True
+        if op not in self._support:
+            try:
+                self.make_op(op, ITEMSIZE * self.size).run()
+                ok = True
+            except (RuntimeError, NotImplementedError, ValueError):
+                ok = False
+            self._support[op] = all(self.allgather_obj(ok))
+        return self._support[op]
 
     def make_op(self, op: str, nbytes: int) -> OpCall:
         torch, d, g = self._torch, self._dist, self.group
@@ -278,11 +310,14 @@ class TorchAdapter:
         root = self.global_ranks[0]
         if op == "sendrecv":
             return self._pingpong(s, r, moved)
+        # newer torch renames the tensor variants *_single (same arguments)
+        gather = getattr(d, "all_gather_single", None) or d.all_gather_into_tensor
+        scatter = getattr(d, "reduce_scatter_single", None) or d.reduce_scatter_tensor
         run = {"all_reduce": lambda: d.all_reduce(s, group=g),
                "reduce": lambda: d.reduce(s, dst=root, group=g),
                "broadcast": lambda: d.broadcast(s, src=root, group=g),
-               "all_gather": lambda: d.all_gather_into_tensor(r, s, group=g),
-               "reduce_scatter": lambda: d.reduce_scatter_tensor(r, s, group=g),
+               "all_gather": lambda: gather(r, s, group=g),
+               "reduce_scatter": lambda: scatter(r, s, group=g),
                "all_to_all": lambda: d.all_to_all_single(r, s, group=g)}[op]
         return OpCall(run, moved)
 

@@ -183,15 +183,17 @@ def scoped_communicators(comm: CommAdapter, split: bool = True
 
 def run_scoped_benchmarks(comm: CommAdapter, ops: Sequence[str], sizes: Sequence[int],
                           warmup: int, reps: int, *, batch: int = 1, split: bool = True,
+                          comms: list[tuple[str, CommAdapter, Placement]] | None = None,
                           progress: Progress | None = None) -> list[dict]:
     """:func:`run_comm_benchmark` on the world and (multi-node) on intra/inter sub-communicators.
 
     Rows from sub-communicators carry the sub-communicator's ranks, nodes and scope. All groups
-    of a split run concurrently; the rows kept are those of the group holding world rank 0
-    (the max over ranks is taken within each group).
+    of a split run concurrently; the rows returned on world rank 0 are those of its own groups
+    (the max over ranks is taken within each group); other ranks return the world rows only.
+    ``comms`` reuses the result of :func:`scoped_communicators`.
     """
     rows: list[dict] = []
-    for label, sub, where in scoped_communicators(comm, split):
+    for label, sub, where in comms or scoped_communicators(comm, split):
         got = run_comm_benchmark(sub, ops, sizes, warmup, reps, batch=batch, where=where,
                                  progress=progress)
         rows.extend(got if comm.rank == 0 or label == "world" else [])

@@ -22,8 +22,8 @@ import pandas as pd
 from ..errors import ConfigError, DDLSimError
 
 __all__ = ["OPS", "SCOPES", "BACKENDS", "COLUMNS", "COMPUTE_COLUMNS", "CalibrationError",
-           "ResultParseError", "busbw_factor", "check_op", "summarize", "tidy_frame",
-           "representative_time_s", "comm_row"]
+           "CalibrationLookupError", "ResultParseError", "busbw_factor", "check_op", "summarize", "tidy_frame",
+           "representative_time_s", "comm_row", "STATISTICS"]
 
 #: Operations the benchmarks run and the profiles describe (``sendrecv`` is the ping-pong).
 OPS = ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all",
@@ -49,6 +49,16 @@ COMPUTE_COLUMNS = ("backend", "library_version", "device", "kind", "dtype", "m",
 
 class CalibrationError(DDLSimError, ValueError):
     """Calibration input (results, profile, query) cannot be used; the message says why."""
+
+
+class CalibrationLookupError(CalibrationError, KeyError):
+    """A profile has no calibration for what was asked (backend, op, scope, dtype).
+
+    Also a :class:`KeyError`, so callers may treat "not calibrated" as a missing key and fall
+    back to their own model.
+    """
+
+    __str__ = Exception.__str__  # the message, not KeyError's repr of it
 
 
 class ResultParseError(CalibrationError):
@@ -132,7 +142,15 @@ def tidy_frame(rows: Iterable[Mapping]) -> pd.DataFrame:
     return df.reset_index(drop=True)
 
 
-def representative_time_s(df: pd.DataFrame) -> np.ndarray:
-    """The time a fit uses per row: the median when measured, else the mean (nccl-tests, OSU)."""
-    med = df["time_median_s"].to_numpy(dtype=float)
-    return np.where(np.isfinite(med), med, df["time_mean_s"].to_numpy(dtype=float))
+STATISTICS = ("median", "mean", "min")
+
+
+def representative_time_s(df: pd.DataFrame, statistic: str = "median") -> np.ndarray:
+    """The time a fit uses per row: ``statistic`` of the repetitions when the row has it, else
+    the mean (all nccl-tests and OSU latency rows have). ``min`` resists interference on
+    shared machines (noise only adds time); ``median`` is the default."""
+    if statistic not in STATISTICS:
+        raise CalibrationError(f"statistic must be one of {', '.join(STATISTICS)}, got "
+                               f"{statistic!r}")
+    chosen = df[f"time_{statistic}_s"].to_numpy(dtype=float)
+    return np.where(np.isfinite(chosen), chosen, df["time_mean_s"].to_numpy(dtype=float))

@@ -40,7 +40,7 @@ _PROGRAMS = {"all_reduce": "all_reduce", "reduce_scatter": "reduce_scatter",
 _RANK_LINE = re.compile(r"#\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)")
 _VERSION_LINE = re.compile(r"nccl-library=(\d+)")
 _PROGRAM_LINE = re.compile(r"Collective test starting:\s*(\S+)")
-_ITERS = re.compile(r"\biters:\s*(\d+)")
+_ITERS = re.compile(r"(?<!warmup )(?<!agg )\biters:\s*(\d+)")
 _VARIANTS = ("out_of_place", "in_place")
 #: Launcher output tags (``mpirun --tag-output``: ``[1,0]<stdout>:``, or ``[0]``).
 _TAG = re.compile(r"\[\d+(?:,\d+)*\](?:<std(?:out|err)>:)?")
@@ -121,7 +121,7 @@ def _parse_row(tokens: list[str], state: _TextState, path: Path, lineno: int) ->
         raise ResultParseError(path, lineno, f"expected at least {cols[0] + 1} columns "
                                f"(size count type redop [root] time …), got {len(tokens)}")
     try:
-        size = int(tokens[0])
+        size, _ = int(tokens[0]), int(tokens[1])  # size (B), count (elements)
         times = {v: _float(tokens[c]) if c < len(tokens) else math.nan
                  for v, c in zip(_VARIANTS, cols)}
     except ValueError as exc:
@@ -200,7 +200,7 @@ def _json_stats(per_iter: object) -> dict:
     if not isinstance(per_iter, dict):
         return {}
     out, keys = {}, {"p50_us": "time_median_s", "min_us": "time_min_s", "max_us": "time_max_s",
-                     "stdev_us": "time_std_s", "avg_us": "time_mean_s"}
+                     "stdev_us": "time_std_s"}
     for key, col in keys.items():
         try:
             out[col] = float(per_iter[key]) * 1e-6

@@ -115,7 +115,7 @@ def read_osu(path: str | Path, *, ranks: int | None = None, nodes: int | None = 
     path = Path(path)
     meta, rows = _scan(path)
     op, variant, per_rank = meta["test"]
-    n = 2 if op == "sendrecv" and ranks is None else ranks
+    n = 2 if op == "sendrecv" else ranks  # osu_latency and osu_bw run on exactly 2 ranks
     if n is None:
         raise CalibrationError(f"{path}: OSU output does not record the number of ranks of a "
                                f"collective ({op}); pass --ranks N")

@@ -1,0 +1,316 @@
+"""``ddlsim calibrate``: run benchmarks, read existing results, fit and show profiles.
+
+The sub-app is :data:`app` (mounted by ``ddlsim/cli.py``); ``python -m ddlsim.calibration``
+runs it stand-alone, which is what ``mpirun``/``torchrun`` launch.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shlex
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from ..errors import DDLSimError
+from ..units import UnitError, parse_bytes, parse_flops
+from .schema import OPS, CalibrationError
+
+__all__ = ["app"]
+
+app = typer.Typer(help="Calibrate ddlsim against a real cluster: run communication and "
+                       "compute benchmarks, read nccl-tests/OSU results, fit α-β profiles.",
+                  no_args_is_help=True, rich_markup_mode="rich")
+_err = Console(stderr=True)
+
+
+def _friendly(fn):
+    """Errors ddlsim raises on purpose print as one paragraph and exit with status 2."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (DDLSimError, UnitError, OSError) as exc:
+            _err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False,
+                       soft_wrap=True)
+            raise typer.Exit(2) from None
+    return run
+
+
+def _split_list(text: str, allowed: tuple[str, ...], what: str) -> list[str]:
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in items if x not in allowed]
+    if bad or not items:
+        raise CalibrationError(f"{what} {bad[0] if bad else text!r} is not allowed; choose "
+                               f"from {', '.join(allowed)}")
+    return items
+
+
+def _choice(value: str, allowed: tuple[str, ...], what: str) -> str:
+    if value not in allowed:
+        raise CalibrationError(f"{what} {value!r} is not allowed; choose from "
+                               f"{', '.join(allowed)}")
+    return value
+
+
+# ----------------------------------------------------------------------------------- comm
+COMM_HELP = """Time collectives and send/recv ping-pong on every rank; rank 0 writes a CSV.
+
+Launch it with one process per device:
+
+[bold]MPI (CPU or GPU-aware MPI):[/]
+  mpirun -n 16 --map-by ppr:8:node python -m ddlsim.calibration comm --backend mpi -o mpi.csv
+  srun -N 2 --ntasks-per-node 8 python -m ddlsim.calibration comm --backend mpi -o mpi.csv
+
+[bold]NCCL / Gloo through torch.distributed:[/]
+  torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
+      -m ddlsim.calibration comm --backend nccl -o nccl.csv
+
+When ranks span nodes, intra-node and inter-node sub-communicators are measured too. Next
+to the CSV goes NAME.meta.yaml (hosts, versions, command line, date)."""
+
+
+def _progress_bar(enabled: bool, total: int):
+    from contextlib import nullcontext
+
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeElapsedColumn)
+
+    if not enabled:
+        return nullcontext(None)
+    bar = Progress(TextColumn("{task.description:<36}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), console=Console(stderr=True), transient=False)
+
+    class _Bar:
+        def __enter__(self):
+            bar.__enter__()
+            task = bar.add_task("starting", total=total)
+            return lambda label: bar.update(task, advance=1, description=label)
+
+        def __exit__(self, *exc):
+            return bar.__exit__(*exc)
+    return _Bar()
+
+
+def _adapter(backend: str):
+    from .adapters import MpiAdapter, TorchAdapter
+
+    return MpiAdapter.world() if backend == "mpi" else TorchAdapter.from_env(backend)
+
+
+def _agree_on_outputs(adapter, output: Path, force: bool) -> None:
+    """Rank 0 checks the output paths; every rank raises the same error (no hang)."""
+    from .outputs import guard_output, metadata_path
+
+    problem = ""
+    if adapter.rank == 0:
+        try:
+            guard_output(output, force)
+            guard_output(metadata_path(output), force)
+        except CalibrationError as exc:
+            problem = str(exc)
+    problem = adapter.allgather_obj(problem)[0]
+    if problem:
+        raise CalibrationError(problem)
+
+
+@app.command(help=COMM_HELP)
+@_friendly
+def comm(backend: str = typer.Option("mpi", help="mpi (mpi4py) | nccl | gloo (torch)"),
+         ops: str = typer.Option(",".join(OPS), help="comma-separated operations"),
+         min_bytes: str = typer.Option("8", help="smallest message, e.g. 8 or '1 KiB'"),
+         max_bytes: str = typer.Option("64 MiB", help="largest message, e.g. '1 GiB'"),
+         factor: float = typer.Option(2.0, help="size step factor"),
+         warmup: int = typer.Option(5, help="untimed calls per size"),
+         reps: int = typer.Option(20, help="timed batches per size"),
+         batch: int = typer.Option(1, help="calls per timed batch"),
+         split: bool = typer.Option(True, help="also measure intra/inter-node sub-communicators"),
+         output: Path = typer.Option(Path("ddlsim-comm.csv"), "-o", "--output"),
+         force: bool = typer.Option(False, help="overwrite existing output files"),
+         progress: bool = typer.Option(True, help="progress bar on rank 0")) -> None:
+    from .comm_bench import (default_sizes, planned_steps, run_scoped_benchmarks,
+                             scoped_communicators)
+
+    _choice(backend, ("mpi", "nccl", "gloo"), "--backend")
+    op_list = _split_list(ops, OPS, "operation")
+    sizes = default_sizes(parse_bytes(max_bytes), parse_bytes(min_bytes), factor)
+    adapter = _adapter(backend)
+    try:
+        _agree_on_outputs(adapter, output, force)
+        comms = scoped_communicators(adapter, split)
+        with _progress_bar(progress and adapter.rank == 0,
+                           planned_steps(op_list, sizes, len(comms))) as tick:
+            rows = run_scoped_benchmarks(adapter, op_list, sizes, warmup, reps, batch=batch,
+                                         comms=comms, progress=tick)
+        if adapter.rank == 0:
+            _write_comm(adapter, rows, comms[0][2], output, force,
+                        {"ops": op_list, "sizes_bytes": sizes, "warmup": warmup, "reps": reps,
+                         "batch": batch, "split": split})
+    finally:
+        adapter.close()
+
+
+def _write_comm(adapter, rows, world, output: Path, force: bool, options: dict) -> None:
+    from .outputs import machine_info, metadata_path, utc_now, write_csv, write_yaml
+    from .schema import tidy_frame
+
+    argv = list(sys.argv)
+    if argv and argv[0].endswith("__main__.py"):
+        argv[0:1] = ["python", "-m", "ddlsim.calibration"]
+    launcher = {k: v for k, v in sorted(os.environ.items())
+                if k.startswith(("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_SIZE",
+                                 "SLURM_JOB_ID", "SLURM_NNODES", "SLURM_NTASKS",
+                                 "WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID"))}
+    meta = {"created_utc": utc_now(), "command": shlex.join(argv), "launcher_env": launcher,
+            "backend": adapter.backend, "library": adapter.library,
+            "library_version": adapter.library_version, "ranks": adapter.size,
+            "nodes": world.nodes, "ranks_per_node": world.ranks_per_node,
+            "hosts": sorted(set(world.hosts)), "rank_hosts": list(world.hosts),
+            "versions": _versions(), "machine": machine_info(), "options": options}
+    write_csv(output, tidy_frame(rows), force)
+    write_yaml(metadata_path(output), meta, force)
+    _err.print(escape(f"wrote {len(rows)} rows to {output} and {metadata_path(output)}"))
+
+
+def _versions() -> dict:
+    import numpy
+
+    out = {"numpy": str(numpy.__version__)}
+    for mod in ("mpi4py", "torch"):
+        m = sys.modules.get(mod)
+        if m is not None:
+            out[mod] = str(getattr(m, "__version__", "?"))
+    return out
+
+
+# -------------------------------------------------------------------------------- compute
+@app.command(help="Time GEMMs (numpy on CPU; torch on CPU/GPU) over shapes and dtypes, and "
+                  "attention (torch scaled_dot_product_attention) with --attention; writes a "
+                  "CSV of achieved FLOP/s.\n\nExample: ddlsim calibrate compute --backend torch "
+                  "--device cuda --dtypes bf16,fp16 --max-dim 8192 --attention -o gpu.csv")
+@_friendly
+def compute(backend: str = typer.Option("numpy", help="numpy | torch"),
+            device: str = typer.Option("cpu", help="cpu | cuda (torch only)"),
+            dtypes: str = typer.Option("fp32", help="numpy: fp32,fp64; torch: fp32,tf32,fp16,bf16"),
+            min_dim: int = typer.Option(32, help="smallest GEMM dimension"),
+            max_dim: int = typer.Option(1024, help="largest GEMM dimension"),
+            attention: bool = typer.Option(False, help="also time attention (torch)"),
+            max_seq: int = typer.Option(1024, help="longest attention sequence"),
+            warmup: int = typer.Option(2), reps: int = typer.Option(5),
+            seed: int = typer.Option(0, help="seed of the random operands"),
+            output: Path = typer.Option(Path("ddlsim-compute.csv"), "-o", "--output"),
+            force: bool = typer.Option(False, help="overwrite an existing output file")) -> None:
+    import pandas as pd
+
+    from .compute_bench import (default_attention_shapes, default_gemm_shapes,
+                                run_attention_benchmark, run_gemm_benchmark)
+    from .outputs import guard_output, write_csv
+
+    _choice(backend, ("numpy", "torch"), "--backend")
+    guard_output(output, force)
+    dts = [d.strip() for d in dtypes.split(",") if d.strip()]
+    frames = [run_gemm_benchmark(backend, device, dts, default_gemm_shapes(max_dim, min_dim),
+                                 warmup, reps, seed)]
+    if attention:
+        if backend != "torch":
+            raise CalibrationError("--attention needs --backend torch")
+        frames.append(run_attention_benchmark(device, dts, default_attention_shapes(max_seq),
+                                              warmup, reps, seed))
+    df = pd.concat(frames, ignore_index=True)
+    write_csv(output, df, force)
+    best = df.loc[df["flops_per_s"].idxmax()]
+    _err.print(escape(f"wrote {len(df)} rows to {output}; best {best['kind']} {best['dtype']}: "
+                      f"{best['flops_per_s'] / 1e9:.3g} GFLOP/s"))
+
+
+# ------------------------------------------------------------------------------------ fit
+def _peaks(peak: list[str], system: str | None) -> dict[str, float]:
+    out: dict[str, float] = {}
+    if system:
+        from ..presets import get_preset
+
+        for dtype, value in get_preset("system", system)["device"]["peak_flops"].items():
+            out[dtype] = parse_flops(value)
+    for item in peak:
+        dtype, sep, value = item.partition("=")
+        if not sep:
+            raise CalibrationError(f"--peak {item!r} must look like 'fp32=7.17 TFLOP/s'")
+        out[dtype.strip()] = parse_flops(value.strip())
+    return out
+
+
+@app.command(help="Fit results (ddlsim CSVs, nccl-tests text/JSON, OSU output) into a "
+                  "calibration profile YAML.\n\nExample: ddlsim calibrate fit mpi.csv "
+                  "all_reduce_perf.txt compute.csv -o profile.yaml --system dgx-a100")
+@_friendly
+def fit(results: list[Path] = typer.Argument(..., help="results files"),
+        output: Path = typer.Option(..., "-o", "--output", help="profile YAML to write"),
+        format: str = typer.Option("auto", help="auto | ddlsim | ddlsim-compute | nccl-tests | "
+                                               "nccl-tests-json | osu"),
+        op: str | None = typer.Option(None, help="operation, when a file does not name it"),
+        backend: str | None = typer.Option(None, help="backend label (nccl-tests: nccl; OSU: mpi)"),
+        ranks: int | None = typer.Option(None, help="ranks (OSU collectives need it)"),
+        nodes: int | None = typer.Option(None, help="nodes (OSU needs it or --scope)"),
+        scope: str | None = typer.Option(None, help="intra | inter"),
+        max_segments: int = typer.Option(3, help="most α-β segments per curve"),
+        min_points: int = typer.Option(3, help="fewest points per segment"),
+        bootstrap: int = typer.Option(200, help="bootstrap resamples (0: no intervals)"),
+        seed: int = typer.Option(0, help="bootstrap seed"),
+        statistic: str = typer.Option("median", help="time fitted per size: median | mean | "
+                                                     "min (min resists noise on shared hosts)"),
+        peak: list[str] = typer.Option([], help="dtype=peak, e.g. 'fp32=7.17 TFLOP/s'"),
+        system: str | None = typer.Option(None, help="system preset supplying peak FLOP/s"),
+        name: str | None = typer.Option(None, help="profile name"),
+        force: bool = typer.Option(False, help="overwrite an existing profile")) -> None:
+    import pandas as pd
+
+    from .build import build_profile, describe_inputs
+    from .outputs import guard_output
+    from .readers import detect_format, read_results
+    from .schema import COLUMNS
+
+    guard_output(output, force)
+    if scope is not None:
+        _choice(scope, ("intra", "inter"), "--scope")
+    comm_frames, compute_frames, formats = [], [], []
+    for path in results:
+        fmt = detect_format(path) if format == "auto" else format
+        df = read_results(path, fmt, op=op, backend=backend, ranks=ranks, nodes=nodes,
+                          scope=scope)
+        (comm_frames if list(df.columns) == list(COLUMNS) else compute_frames).append(df)
+        formats.append(fmt)
+    cat = (lambda fs: pd.concat(fs, ignore_index=True) if fs else None)
+    profile = build_profile(cat(comm_frames), cat(compute_frames),
+                            inputs=describe_inputs(results, formats), max_segments=max_segments,
+                            min_points=min_points, bootstrap=bootstrap, seed=seed,
+                            peaks=_peaks(peak, system), name=name, statistic=statistic)
+    profile.save(output, force)
+    notes = profile.doc.provenance.get("notes", [])
+    skipped = f"; {len(notes)} group(s) skipped (see provenance.notes)" if notes else ""
+    _err.print(escape(f"wrote {output}: {len(profile.doc.comm)} communication and "
+                      f"{len(profile.doc.compute)} compute fits{skipped}"))
+
+
+# ----------------------------------------------------------------------------------- show
+@app.command(help="Print a profile as tables; with --plot, save measured points against the "
+                  "fitted curves (log-log, one panel per operation).\n\nExample: ddlsim "
+                  "calibrate show profile.yaml --plot profile.png")
+@_friendly
+def show(profile: Path = typer.Argument(..., help="profile YAML"),
+         plot: Path | None = typer.Option(None, help="write a plot (PNG, PDF, SVG)"),
+         force: bool = typer.Option(False, help="overwrite an existing plot file")) -> None:
+    from .profile import CalibrationProfile
+    from .report import comm_table, compute_table, plot_profile
+
+    prof = CalibrationProfile.load(profile)
+    console = Console()
+    if prof.doc.comm:
+        console.print(comm_table(prof))
+    if prof.doc.compute:
+        console.print(compute_table(prof))
+    if plot is not None:
+        _err.print(escape(f"wrote {plot_profile(prof, plot, force)}"))

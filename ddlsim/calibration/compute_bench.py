@@ -1,0 +1,185 @@
+"""Compute benchmarks: achieved FLOP/s of GEMMs (numpy, torch) and attention (torch SDPA).
+
+FLOPs per call: GEMM ``C[m,n] = A[m,k]·B[k,n]`` does ``2·m·n·k`` (one multiply and one add
+per term; the convention of vendor peak figures). Attention forward,
+``softmax(Q·Kᵀ/√d)·V`` with batch *b*, heads *h*, sequence *s*, head size *d*, non-causal:
+``4·b·h·s²·d`` (two matmuls of 2·s²·d each; softmax not counted), as in the FlashAttention
+papers' FLOP accounting (T. Dao et al., 2022).
+
+Each timed sample runs the call enough times to last ≥ 1 ms (timer resolution and dispatch
+jitter), after ``warmup`` untimed calls; GPU work is synchronised before the clock is read.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from .schema import COMPUTE_COLUMNS, CalibrationError, summarize
+
+__all__ = ["gemm_flops", "attention_flops", "default_gemm_shapes", "default_attention_shapes",
+           "run_gemm_benchmark", "run_attention_benchmark", "NUMPY_DTYPES", "TORCH_DTYPES"]
+
+NUMPY_DTYPES = {"fp32": np.float32, "fp64": np.float64}
+TORCH_DTYPES = ("fp32", "tf32", "fp16", "bf16")
+_MIN_SAMPLE_S = 1e-3
+
+
+def gemm_flops(m: int, n: int, k: int) -> float:
+    """2·m·n·k FLOPs of one GEMM."""
+    return 2.0 * m * n * k
+
+
+def attention_flops(batch: int, heads: int, seq: int, head_dim: int) -> float:
+    """4·b·h·s²·d FLOPs of one non-causal attention forward (softmax excluded)."""
+    return 4.0 * batch * heads * seq * seq * head_dim
+
+
+def default_gemm_shapes(max_dim: int = 2048, min_dim: int = 32) -> list[tuple[int, int, int]]:
+    """Square GEMMs min_dim…max_dim (powers of two) and (s, 4s, s) transformer-FFN-like ones."""
+    if not 1 <= min_dim <= max_dim:
+        raise CalibrationError(f"need 1 <= min_dim <= max_dim, got {min_dim}, {max_dim}")
+    dims = [2 ** i for i in range(int(math.log2(min_dim)), int(math.log2(max_dim)) + 1)]
+    return [(s, s, s) for s in dims] + [(s, 4 * s, s) for s in dims if 4 * s <= max_dim]
+
+
+def default_attention_shapes(max_seq: int = 2048) -> list[tuple[int, int, int, int]]:
+    """(batch, heads, seq, head_dim): one batch of 8 heads of size 64, seq 128…max_seq."""
+    return [(1, 8, s, 64) for s in (2 ** i for i in range(7, int(math.log2(max_seq)) + 1))]
+
+
+def _time(fn: Callable[[], object], sync: Callable[[], None], warmup: int,
+          reps: int) -> np.ndarray:
+    for _ in range(max(warmup, 1)):
+        fn()
+    sync()
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    inner = max(1, min(1000, math.ceil(_MIN_SAMPLE_S / max(time.perf_counter() - t0, 1e-9))))
+    samples = np.empty(reps)
+    for i in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        sync()
+        samples[i] = (time.perf_counter() - t0) / inner
+    return samples
+
+
+def _row(backend: str, version: str, device: str, kind: str, dtype: str, dims: dict,
+         flops: float, samples: np.ndarray) -> dict:
+    stats = summarize(samples)
+    reps = stats.pop("n")
+    return {"backend": backend, "library_version": version, "device": device, "kind": kind,
+            "dtype": dtype, **{k: dims.get(k, 0) for k in ("m", "n", "k", "batch", "heads",
+                                                          "seq", "head_dim")},
+            "flops": flops, **stats, "reps": reps,
+            "flops_per_s": flops / stats["time_median_s"]}
+
+
+def _frame(rows: list[dict]) -> pd.DataFrame:
+    return pd.DataFrame(rows, columns=list(COMPUTE_COLUMNS))
+
+
+def _torch(device: str):
+    try:
+        import torch
+    except ImportError:
+        raise CalibrationError("the torch compute backend needs PyTorch: pip install "
+                               "'ddlsim[torch]'") from None
+    if device == "cuda" and not torch.cuda.is_available():
+        raise CalibrationError("--device cuda: no CUDA device is visible to PyTorch")
+    if device not in ("cpu", "cuda"):
+        raise CalibrationError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
+    return torch, sync, f"torch {torch.__version__} ({name})"
+
+
+def _torch_dtype(torch, dtype: str, device: str):
+    if dtype not in TORCH_DTYPES:
+        raise CalibrationError(f"torch dtype {dtype!r} not supported; allowed: "
+                               f"{', '.join(TORCH_DTYPES)}")
+    if dtype == "tf32" and device != "cuda":
+        raise CalibrationError("tf32 exists only on CUDA devices")
+    return {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16,
+            "bf16": torch.bfloat16}[dtype]
+
+
+def run_gemm_benchmark(backend: str = "numpy", device: str = "cpu",
+                       dtypes: Sequence[str] = ("fp32",),
+                       shapes: Sequence[tuple[int, int, int]] | None = None, warmup: int = 2,
+                       reps: int = 5, seed: int = 0,
+                       progress: Callable[[str], None] | None = None) -> pd.DataFrame:
+    """Time GEMMs over shapes × dtypes; one row of :data:`COMPUTE_COLUMNS` per pair."""
+    shapes = list(shapes or default_gemm_shapes())
+    if reps < 1 or warmup < 0:
+        raise CalibrationError(f"need reps >= 1 and warmup >= 0, got {reps}, {warmup}")
+    rows = []
+    if backend == "numpy":
+        if device != "cpu":
+            raise CalibrationError(f"the numpy backend runs on the CPU only, got {device!r}")
+        rng, version = np.random.default_rng(seed), f"numpy {np.__version__}"
+        for dtype in dtypes:
+            if dtype not in NUMPY_DTYPES:
+                raise CalibrationError(f"numpy dtype {dtype!r} not supported; allowed: "
+                                       f"{', '.join(NUMPY_DTYPES)}")
+            for m, n, k in shapes:
+                a = rng.standard_normal((m, k)).astype(NUMPY_DTYPES[dtype])
+                b = rng.standard_normal((k, n)).astype(NUMPY_DTYPES[dtype])
+                samples = _time(lambda: a @ b, lambda: None, warmup, reps)
+                rows.append(_row("numpy", version, "cpu", "gemm", dtype,
+                                 {"m": m, "n": n, "k": k}, gemm_flops(m, n, k), samples))
+                if progress:
+                    progress(f"{dtype} {m}x{n}x{k}")
+        return _frame(rows)
+    if backend != "torch":
+        raise CalibrationError(f"compute backend must be 'numpy' or 'torch', got {backend!r}")
+    torch, sync, version = _torch(device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    for dtype in dtypes:
+        tdt = _torch_dtype(torch, dtype, device)
+        old = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+        try:
+            for m, n, k in shapes:
+                a = torch.randn((m, k), generator=gen, device=device).to(tdt)
+                b = torch.randn((k, n), generator=gen, device=device).to(tdt)
+                samples = _time(lambda: a @ b, sync, warmup, reps)
+                rows.append(_row("torch", version, device, "gemm", dtype,
+                                 {"m": m, "n": n, "k": k}, gemm_flops(m, n, k), samples))
+                if progress:
+                    progress(f"{dtype} {m}x{n}x{k}")
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = old
+    return _frame(rows)
+
+
+def run_attention_benchmark(device: str = "cpu", dtypes: Sequence[str] = ("fp32",),
+                            shapes: Sequence[tuple[int, int, int, int]] | None = None,
+                            warmup: int = 2, reps: int = 5, seed: int = 0,
+                            progress: Callable[[str], None] | None = None) -> pd.DataFrame:
+    """Time ``torch.nn.functional.scaled_dot_product_attention`` (non-causal forward)."""
+    torch, sync, version = _torch(device)
+    sdpa = getattr(torch.nn.functional, "scaled_dot_product_attention", None)
+    if sdpa is None:
+        raise CalibrationError(f"{version} has no scaled_dot_product_attention (torch >= 2.0)")
+    gen = torch.Generator(device=device).manual_seed(seed)
+    rows = []
+    for dtype in dtypes:
+        tdt = _torch_dtype(torch, dtype, device)
+        for b, h, s, d in list(shapes or default_attention_shapes()):
+            q, k, v = (torch.randn((b, h, s, d), generator=gen, device=device).to(tdt)
+                       for _ in range(3))
+            samples = _time(lambda: sdpa(q, k, v), sync, warmup, reps)
+            rows.append(_row("torch", version, device, "attention", dtype,
+                             {"batch": b, "heads": h, "seq": s, "head_dim": d},
+                             attention_flops(b, h, s, d), samples))
+            if progress:
+                progress(f"attention {dtype} b{b} h{h} s{s} d{d}")
+    return _frame(rows)
