@@ -71,17 +71,61 @@ def predict(config: RunConfig | dict | str | Path, engine: Engine = "analytical"
     if isinstance(calibration, (str, Path)):
         from .calibration import CalibrationProfile
         calibration = CalibrationProfile.load(calibration)
+    if engine not in ("analytical", "des"):
+        raise ConfigError(f"engine = {engine!r} is not an engine; allowed: analytical, des")
     workload = build_workload(cfg)
+    result = _run_engine(engine, cfg, workload, mem, calibration, backend, None, engine_options)
+    if calibration is None:
+        return result
+    return _with_calibration(engine, cfg, workload, mem, calibration, backend, result,
+                             engine_options)
+
+
+def _run_engine(engine: str, cfg: RunConfig, workload: Workload, mem: MemoryBreakdown,
+                profile, backend: str | None, bound: str | None, options: dict) -> Result:
     from .simulator.costs import CostModel
-    cost = CostModel(cfg.system, workload, cfg.parallel, profile=calibration, backend=backend)
-    if engine == "analytical":
-        from .simulator.analytical.engine import simulate_analytical
-        timings = simulate_analytical(workload, cost)
-        return _result("analytical", cfg, workload, cost, timings, mem)
+    cost = CostModel(cfg.system, workload, cfg.parallel, profile=profile, backend=backend,
+                     bound=bound)
     if engine == "des":
         from .simulator.des import simulate_des
-        return simulate_des(cfg, workload, cost, mem, **engine_options)
-    raise ConfigError(f"engine = {engine!r} is not an engine; allowed: analytical, des")
+        return simulate_des(cfg, workload, cost, mem, **options)
+    from .simulator.analytical.engine import simulate_analytical
+    timings = simulate_analytical(workload, cost)
+    return _result("analytical", cfg, workload, cost, timings, mem)
+
+
+def _with_calibration(engine: str, cfg: RunConfig, workload: Workload, mem: MemoryBreakdown,
+                      profile, backend: str | None, result: Result, options: dict) -> Result:
+    """Add the prediction interval propagated from the profile's parameter intervals, and,
+    with several backends and ``backend: auto``, each single backend's time and the gain of
+    mixing them (MCR-DL)."""
+    from dataclasses import replace
+
+    from .calibration.schema import CalibrationError
+
+    quiet = {k: v for k, v in options.items() if k != "trace_path"}
+    extra = dict(result.extra)
+    interval = None
+    if not any("calibrated" in v for v in result.algorithms.values()):
+        extra["interval_note"] = ("the profile covers none of this workload's collectives "
+                                  "(backend, operation and intra/inter-node scope): the preset's "
+                                  f"constants were used; it has backends {list(profile.backends)}")
+        return replace(result, extra=extra)
+    try:
+        lo = _run_engine(engine, cfg, workload, mem, profile, backend, "lo", quiet)
+        hi = _run_engine(engine, cfg, workload, mem, profile, backend, "hi", quiet)
+        interval = (lo.iteration_time_s, hi.iteration_time_s)
+    except CalibrationError as exc:
+        extra["interval_note"] = f"no interval: {exc}"
+    if backend in (None, "auto") and len(profile.backends) > 1:
+        single = {b: _run_engine(engine, cfg, workload, mem, profile, b, None, quiet).iteration_time_s
+                  for b in profile.backends}
+        best = min(single, key=single.get)
+        extra["single_backend_time_s"] = single
+        extra["gain_over_best_single_backend"] = single[best] / result.iteration_time_s - 1
+        extra["best_single_backend"] = best
+    extra["calibration"] = {"backends": list(profile.backends)}
+    return replace(result, interval_s=interval, extra=extra)
 
 
 def _result(engine: str, cfg: RunConfig, workload: Workload, cost, timings, mem) -> Result:

@@ -93,6 +93,16 @@ def render_results(console: Console, cfg: RunConfig, results: list[Result], link
             al.add_row(k, v)
         console.print(al)
     for res in results:
+        single = res.extra.get("single_backend_time_s")
+        if single:
+            parts = ", ".join(f"{b} alone {format_time(t)}" for b, t in sorted(single.items()))
+            console.print(f"Backend mix ({res.engine}): {format_time(res.iteration_time_s)} with the "
+                          f"fastest backend per operation; {parts}; gain over the best single "
+                          f"backend {100 * res.extra['gain_over_best_single_backend']:.1f}%",
+                          highlight=False)
+        if res.extra.get("interval_note"):
+            console.print(f"[dim]{res.extra['interval_note']}[/]", highlight=False)
+    for res in results:
         if links and res.links:
             lt = Table(title=f"Busiest links ({res.engine})", title_justify="left")
             for col in ("link", "kind", "bandwidth", "busy", "utilisation", "bytes"):

@@ -37,11 +37,13 @@ class CostModel:
     """Costs for one workload on one system (and optionally a calibration profile)."""
 
     def __init__(self, system: SystemConfig, workload: Workload, parallel: ParallelConfig,
-                 profile=None, backend: str | None = None):
+                 profile=None, backend: str | None = None, bound: str | None = None):
         self.system = system
         self.parallel = parallel
         self.profile = profile
         self.backend = backend
+        self.bound = bound  # None, "lo" or "hi": use the profile's interval ends
+        self.backend_choices: dict[str, str] = {}
         devices = place_ranks_on_system(system, workload.world_size)
         self.node_of_rank = devices // system.devices_per_node
         self.ranks_per_node = np.bincount(self.node_of_rank, minlength=system.nodes)
@@ -78,8 +80,12 @@ class CostModel:
         if op.kind in ("elementwise", "optimizer"):
             return max(t_mem, op.flops / peak)
         eff = self._eff
-        if self.profile is not None and getattr(self.profile, "has_compute", False):
-            eff = self.profile.compute_efficiency(op.flops, op.dtype)
+        if self.profile is not None and self.profile.has_compute:
+            from ..calibration.schema import CalibrationError
+            try:
+                eff = self.profile.compute_efficiency(op.flops, op.dtype)
+            except CalibrationError:  # dtype not calibrated: keep the system's efficiency
+                pass
         return max(op.flops / (peak * eff), t_mem)
 
     def collective(self, op: Collective) -> float:
@@ -108,17 +114,24 @@ class CostModel:
         return t
 
     def profile_time(self, kind: str, nbytes: float, net: GroupNet) -> float | None:
-        """Time from a calibration profile, if it covers this op (see ddlsim.calibration)."""
+        """Time from the calibration profile (the fastest backend with ``auto``), or None if
+        the profile does not cover this operation and scope (the closed forms are used)."""
         prof = self.profile
         scope = "inter" if net.multi_node else "intra"
         try:
-            if self.backend in (None, "auto"):
+            backend = self.backend
+            if backend in (None, "auto"):
                 backend, t = prof.best_backend(kind, nbytes, net.p, scope)
-                self.algorithms[f"{kind}[{format_bytes(nbytes)}]"] = backend
-                return t
-            return prof.time_s(self.backend, kind, nbytes, net.p, scope)
+            else:
+                t = prof.time_s(backend, kind, nbytes, net.p, scope)
+            if self.bound is not None:
+                lo, hi = prof.interval_s(backend, kind, nbytes, net.p, scope)
+                t = lo if self.bound == "lo" else hi
         except KeyError:
             return None
+        self.backend_choices[f"{kind}[{format_bytes(nbytes)}]"] = backend
+        self.algorithms[f"{kind}[{format_bytes(nbytes)}]"] = f"{backend} (calibrated)"
+        return t
 
     def p2p(self, op: P2P, src: int, dst: int) -> float:
         """Seconds to move ``op.bytes`` from rank ``src`` to rank ``dst``."""
