@@ -26,7 +26,8 @@ from .errors import ConfigError
 __all__ = [
     "ModelConfig", "ParallelConfig", "TrainConfig", "SystemConfig", "DeviceSpec", "LinkSpec",
     "NetworkSpec", "RunConfig", "load_config", "build_config", "apply_overrides", "DTYPE_BYTES",
-    "COLLECTIVE_OPS", "ALGORITHMS",
+    "COLLECTIVE_OPS", "ALGORITHMS", "resolve_section", "format_validation_error", "read_document",
+    "Bandwidth", "Bytes", "Seconds", "Flops",
 ]
 
 Dtype = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
@@ -327,7 +328,9 @@ _SECTIONS = {"model": ModelConfig, "parallel": ParallelConfig, "train": TrainCon
              "system": SystemConfig}
 
 
-def _format_validation_error(exc: ValidationError, where: str) -> str:
+def format_validation_error(exc: ValidationError, where: str, root: Any = None) -> str:
+    """One clause per problem, naming the field, the value and what is allowed. ``root`` is the
+    model that ``where`` names (default: the config section of that name)."""
     lines = []
     for err in exc.errors():
         loc = ".".join(str(x) for x in err["loc"] if x != "__root__")
@@ -335,7 +338,8 @@ def _format_validation_error(exc: ValidationError, where: str) -> str:
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             parent = ".".join([where, *[str(x) for x in err["loc"][:-1]]])
-            allowed = _allowed_keys(where, err["loc"][:-1])
+            allowed = _allowed_keys(root or _SECTIONS.get(where.split(".")[-1])
+                                    or (RunConfig if where == "config" else None), err["loc"][:-1])
             msg = (f"unknown key {err['loc'][-1]!r} in {parent}"
                    + (f"; allowed keys: {', '.join(allowed)}" if allowed else ""))
             lines.append(msg)
@@ -346,8 +350,7 @@ def _format_validation_error(exc: ValidationError, where: str) -> str:
     return "; ".join(lines)
 
 
-def _allowed_keys(where: str, loc: tuple) -> list[str]:
-    model: Any = _SECTIONS.get(where.split(".")[-1]) or (RunConfig if where == "config" else None)
+def _allowed_keys(model: Any, loc: tuple) -> list[str]:
     for part in loc:
         if model is None or not hasattr(model, "model_fields"):
             return []
@@ -360,7 +363,8 @@ def _allowed_keys(where: str, loc: tuple) -> list[str]:
     return sorted(model.model_fields)
 
 
-def _resolve_section(name: str, value: Any) -> dict:
+def resolve_section(name: str, value: Any) -> dict:
+    """A section as a plain mapping: a preset name, a mapping, or ``{preset: …, overrides}``."""
     from .presets import get_preset  # local import: presets import config
 
     if isinstance(value, str):
@@ -409,18 +413,18 @@ def build_config(data: dict, overrides: list[str] | tuple[str, ...] = ()) -> Run
     if missing:
         raise ConfigError(f"the config has no {missing[0]!r} section; it needs model, train and "
                           "system (parallel is optional)")
-    sections = {k: _resolve_section(k, v) for k, v in data.items()}
+    sections = {k: resolve_section(k, v) for k, v in data.items()}
     sections = apply_overrides(sections, overrides)
     parsed = {}
     for name, value in sections.items():
         try:
             parsed[name] = _SECTIONS[name].model_validate(value)
         except ValidationError as exc:
-            raise ConfigError(_format_validation_error(exc, name)) from None
+            raise ConfigError(format_validation_error(exc, name)) from None
     try:
         return RunConfig(**parsed)
     except ValidationError as exc:
-        raise ConfigError(_format_validation_error(exc, "config")) from None
+        raise ConfigError(format_validation_error(exc, "config")) from None
 
 
 def apply_overrides(sections: dict, overrides: list[str] | tuple[str, ...]) -> dict:

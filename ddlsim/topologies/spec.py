@@ -11,13 +11,14 @@ A full system section is accepted as is: its compute-only keys (``device``,
 
 from __future__ import annotations
 
-import copy
 from typing import Any, Literal
 
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
                       model_validator)
 
-from ..config import Bandwidth, IntraNodeSpec, LinkSpec, NetworkSpec, SystemConfig
+from ..config import (Bandwidth, IntraNodeSpec, LinkSpec, NetworkSpec, SystemConfig,
+                      resolve_section)
+from ..config import format_validation_error as config_errors
 from ..errors import ConfigError
 from .registry import NODE_FABRICS, TOPOLOGIES
 
@@ -118,55 +119,13 @@ def parse_spec(spec: dict[str, Any] | SystemConfig | TopologySpec) -> TopologySp
     if not isinstance(spec, dict):
         raise ConfigError(f"a topology spec must be a mapping, a SystemConfig or a preset name; "
                           f"got {type(spec).__name__} {spec!r}")
-    data = {k: v for k, v in _merge_preset(spec).items() if k not in SYSTEM_ONLY_KEYS}
+    data = {k: v for k, v in resolve_section("system", spec).items() if k not in SYSTEM_ONLY_KEYS}
     try:
         return TopologySpec.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc)) from None
 
 
-def _merge_preset(spec: dict[str, Any]) -> dict[str, Any]:
-    from ..presets import get_preset  # local import, as ddlsim.config does
-
-    data = copy.deepcopy(spec)
-    base = data.pop("preset", None)
-    if base is None:
-        return data
-    merged = copy.deepcopy(get_preset("system", base))
-    _deep_update(merged, data)
-    return merged
-
-
-def _deep_update(base: dict, new: dict) -> None:
-    for key, value in new.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            _deep_update(base[key], value)
-        else:
-            base[key] = value
-
-
 def format_validation_error(exc: ValidationError, where: str = "system") -> str:
-    """One line per problem: ``system.network.oversubscription: … (got 0.5)``."""
-    lines = []
-    for err in exc.errors():
-        loc = ".".join(str(part) for part in err["loc"])
-        field = f"{where}.{loc}" if loc else where
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            lines.append(f"unknown key {field!r}; allowed keys there: "
-                         f"{', '.join(_allowed_keys(err['loc'][:-1]))}")
-            continue
-        given = err.get("input")
-        shown = "" if isinstance(given, dict) or err["type"] == "missing" else f" (got {given!r})"
-        lines.append(f"{field}: {msg}{shown}")
-    return "; ".join(lines)
-
-
-def _allowed_keys(loc: tuple) -> list[str]:
-    model: Any = TopologySpec
-    for part in loc:
-        field = getattr(model, "model_fields", {}).get(str(part))
-        if field is None:
-            return []
-        model = field.annotation
-    return sorted(getattr(model, "model_fields", {}))
+    """One clause per problem: ``system.network.oversubscription: … (got 0.5)``."""
+    return config_errors(exc, where, TopologySpec)

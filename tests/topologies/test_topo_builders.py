@@ -212,7 +212,7 @@ def test_dragonfly_groups_are_all_to_all_with_global_links():
     ({"nic": {"bandwidth_Bps": 0}}, r"nic.bandwidth_Bps.*greater than 0"),
     ({"nic": {"bandwidth_Bps": 1e9, "latency_s": -1}}, r"nic.latency_s.*got -1"),
     ({"network": {"radix": 64}},
-     r"unknown key 'system.network.radix'; allowed keys there: .*spines"),
+     r"unknown key 'radix' in system.network; allowed keys: .*spines"),
     ({"nodes": 0}, r"system.nodes.*greater than 0.*got 0"),
 ])
 def test_bad_specs_raise_config_errors_naming_field_value_and_allowed(override, message):
