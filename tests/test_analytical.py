@@ -135,3 +135,21 @@ def test_peak_inflight_closed_form_matches_the_schedule(name, p, groups, v, data
         live += 1 if kind == "F" else -1
         peak = max(peak, live)
     assert peak_inflight(name, stage, p, m, v) == peak
+
+
+@pytest.mark.parametrize("sched, v, pp, mbs", [("1f1b", None, 4, 1), ("gpipe", None, 2, 2),
+                                               ("interleaved", 2, 4, 1), ("1f1b", None, 1, 1)])
+def test_fast_prefix_solver_is_bit_identical_to_the_general_loop(sched, v, pp, mbs):
+    from ddlsim.simulator.analytical import engine
+    d = {"model": "gpt3-2.7b", "parallel": {"tensor_model_parallel_size": 2,
+                                            "pipeline_model_parallel_size": pp, "schedule": sched,
+                                            "virtual_pipeline_model_parallel_size": v},
+         "train": {"micro_batch_size": mbs, "global_batch_size": 64, "seq_length": 2048},
+         "system": {"preset": "dgx-a100", "nodes": 2}}
+    fast = ddlsim.predict(copy.deepcopy(d), check_fit=False).to_dict()
+    engine.FAST_PREFIX = False
+    try:
+        slow = ddlsim.predict(d, check_fit=False).to_dict()
+    finally:
+        engine.FAST_PREFIX = True
+    assert fast == slow
