@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 
@@ -21,16 +22,22 @@ from .collectives import GroupNet, best_algorithm, collective_time, get_algorith
 __all__ = ["CostModel", "place_ranks_on_system"]
 
 
+class _Shape(NamedTuple):
+    """What rank placement needs to know of a system (no graph to build)."""
+
+    name: str
+    num_nodes: int
+    devices_per_node: int
+    num_devices: int
+
+
 def place_ranks_on_system(system: SystemConfig, num_ranks: int) -> np.ndarray:
-    """Device id of each rank: consecutive (fill node 0 first), round_robin, or explicit."""
-    pol = system.placement
-    if isinstance(pol, list):
-        return np.asarray(pol, dtype=np.int64)
-    r = np.arange(num_ranks, dtype=np.int64)
-    if pol == "consecutive":
-        return r
-    nodes_used = math.ceil(num_ranks / system.devices_per_node)
-    return (r % nodes_used) * system.devices_per_node + r // nodes_used
+    """Device id of each rank, by the system's placement policy (see
+    :func:`ddlsim.topologies.place_ranks`; the same function places ranks for the DES)."""
+    from ..topologies.placement import place_ranks
+
+    shape = _Shape(system.name, system.nodes, system.devices_per_node, system.num_devices)
+    return place_ranks(shape, num_ranks, system.placement)  # type: ignore[arg-type]
 
 
 class CostModel:
