@@ -1,0 +1,97 @@
+"""How fast is the discrete-event engine? GPT-3 175B on 1,024 A100s, then a scaling table.
+
+The main case is one training iteration of GPT-3 175B on 128 DGX A100 nodes (1,024 GPUs:
+TP8 × PP16 × DP8, global batch 1,536, micro-batch 1, 1F1B; ``system: {preset: dgx-a100,
+nodes: 128}``) through the DES: wall time, SimPy events, events per second. The scaling
+table runs 64 … 8,192 GPUs: TP8 × PP16 × DP (TP8 × PP8 at 64, where PP16 does not fit), with
+the global batch either growing with DP so every pipeline runs the same 192 micro-batches
+(weak scaling, default) or fixed at 1,536 (``--strong``). Single process, one core.
+
+    python benchmarks/des_speed.py                 # main case + weak-scaling table
+    python benchmarks/des_speed.py --strong --sizes 1024,8192
+    python benchmarks/des_speed.py --profile       # pyinstrument profile of the main case
+
+Targets: 1,024 GPUs in ≤ 30 s, 8,192 GPUs in ≤ 5 min.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import ddlsim
+
+SIZES = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+def config(gpus: int, global_batch: int | None = None) -> dict:
+    """GPT-3 175B on ``gpus`` A100s (DGX nodes of 8): TP8 × PP16 × DP, or TP8 × PP8 at 64."""
+    pp = 16 if gpus >= 128 else 8
+    dp = gpus // (8 * pp)
+    return {"model": "gpt3-175b",
+            "parallel": {"tensor_model_parallel_size": 8, "pipeline_model_parallel_size": pp,
+                         "data_parallel_size": dp},
+            "train": {"micro_batch_size": 1, "global_batch_size": global_batch or 192 * dp,
+                      "seq_length": 2048},
+            "system": {"preset": "dgx-a100", "nodes": gpus // 8}}
+
+
+def time_des(cfg: dict) -> tuple[float, ddlsim.predict]:
+    t0 = time.perf_counter()
+    result = ddlsim.predict(cfg, "des", check_fit=False, spans="representative")
+    return time.perf_counter() - t0, result
+
+
+def main_case(profile: bool) -> None:
+    cfg = config(1024, 1536)
+    if profile:
+        from pyinstrument import Profiler
+        prof = Profiler()
+        prof.start()
+    wall, r = time_des(cfg)
+    if profile:
+        prof.stop()
+        print(prof.output_text(unicode=True, color=False))
+    a = ddlsim.predict(cfg, "analytical", check_fit=False)
+    s = r.extra["des"]
+    print("GPT-3 175B, 1,024 A100 (TP8 PP16 DP8, global batch 1,536, micro-batch 1)")
+    print(f"  wall time      {wall:8.2f} s")
+    print(f"  events         {s['events']:8,d}   ({s['events'] / wall:,.0f} events/s)")
+    print(f"  flows          {s['flows']:,d}   rate updates {s['rate_updates']:,d}")
+    print(f"  iteration      DES {r.iteration_time_s:.3f} s, analytical {a.iteration_time_s:.3f} s "
+          f"({100 * (r.iteration_time_s / a.iteration_time_s - 1):+.2f}%)")
+    print(f"  busiest link   {r.links[0]['link']} ({100 * r.links[0]['utilisation']:.1f}%)")
+
+
+def scaling(sizes: list[int], strong: bool) -> None:
+    print(f"\n{'GPUs':>6} {'plan':>14} {'batch':>6} {'mb/pipe':>7} {'wall s':>8} {'events':>9} "
+          f"{'events/s':>9} {'DES s':>8} {'analyt. s':>9}")
+    for gpus in sizes:
+        cfg = config(gpus, 1536 if strong else None)
+        par = cfg["parallel"]
+        gb = cfg["train"]["global_batch_size"]
+        wall, r = time_des(cfg)
+        a = ddlsim.predict(cfg, "analytical", check_fit=False)
+        ev = r.extra["des"]["events"]
+        plan = f"{par['tensor_model_parallel_size']}x{par['pipeline_model_parallel_size']}" \
+               f"x{par['data_parallel_size']}"
+        print(f"{gpus:6d} {plan:>14} {gb:6d} {gb // par['data_parallel_size']:7d} {wall:8.2f} "
+              f"{ev:9,d} {ev / wall:9,.0f} {r.iteration_time_s:8.3f} {a.iteration_time_s:9.3f}",
+              flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default=",".join(map(str, SIZES)),
+                    help="GPU counts for the scaling table (comma-separated)")
+    ap.add_argument("--strong", action="store_true", help="fix the global batch at 1,536")
+    ap.add_argument("--profile", action="store_true", help="profile the main case")
+    ap.add_argument("--no-table", action="store_true", help="only the main case")
+    args = ap.parse_args()
+    main_case(args.profile)
+    if not args.no_table:
+        scaling([int(x) for x in args.sizes.split(",")], args.strong)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""Do the two engines agree without contention? Single collectives on a switch and a ring.
+
+Each case is one collective (op × algorithm × bytes × group size) on a small cluster with
+``g`` ranks per node: a non-blocking single switch, or a ring of nodes (a 1-D torus, one hop
+between neighbours). The analytical engine times the closed form; the DES replays the
+algorithm's phases as routed flows. Where the closed form's assumptions hold (every flow of a
+step gets the bandwidth the formula gives it) they must agree within 1 %; where they do not
+(multi-hop flows on a ring share links) the DES is slower, as it should be.
+
+``python -m ddlsim.simulator.des.agreement`` (from the repository root) prints the tables
+quoted in docs/engines.md: single collectives, GPT on one DGX node, and the wiki's 9-rank case.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...config import COLLECTIVE_OPS
+from ..analytical.engine import simulate_analytical
+from ..collectives import algorithms_for
+from .scenarios import cluster, cost_model, single_collective
+
+__all__ = ["AgreementCase", "run_case", "default_cases",
+           "agreement_table", "summary_table", "gpt_table", "wiki_table", "exact", "RING_EXACT",
+           "SETTINGS"]
+
+#: Algorithms whose flows only ever go to a ring neighbour (member i ↔ i ± 1): contention-free
+#: on a ring of nodes with one rank per node.
+RING_EXACT = {("all_reduce", "ring"), ("reduce_scatter", "ring"), ("all_gather", "ring"),
+              ("reduce", "ring"), ("broadcast", "ring"), ("all_reduce", "hierarchical"),
+              ("reduce_scatter", "hierarchical"), ("all_gather", "hierarchical")}
+
+
+@dataclass(frozen=True)
+class AgreementCase:
+    """One collective timed by both engines."""
+
+    op: str
+    algorithm: str
+    nbytes: float
+    p: int
+    g: int
+    fabric: str
+    analytical_s: float
+    des_s: float
+
+    @property
+    def relative(self) -> float:
+        """DES / analytical − 1."""
+        return self.des_s / self.analytical_s - 1.0
+
+
+def run_case(op: str, algorithm: str, nbytes: float, p: int, g: int = 1,
+             fabric: str = "switch") -> AgreementCase:
+    """Time one collective with both engines."""
+    from . import run_des
+
+    system = cluster(max(1, p // g), g, fabric)
+    wl = single_collective(op, algorithm, nbytes, p)
+    analytical = simulate_analytical(wl, cost_model(system, wl))[0].end
+    run, _ = run_des(wl, cost_model(system, wl), record_spans=False)
+    return AgreementCase(op, algorithm, float(nbytes), p, g, fabric, analytical,
+                         run.timings[0].end)
+
+
+#: The settings of the table: (label, ranks per node as a function of p, fabric)
+SETTINGS = (("switch, 1 rank/node", lambda p: 1, "switch"),
+            ("one node (NVSwitch)", lambda p: p, "switch"),
+            ("switch, 2 nodes", lambda p: p // 2, "switch"),
+            ("ring of nodes", lambda p: 1, "ring"))
+
+
+def default_cases() -> list[tuple[str, str, float, int, int, str]]:
+    """Every op × algorithm, two sizes (64 kB: latency-bound; 256 MB: bandwidth-bound), two
+    group sizes, in every :data:`SETTINGS`."""
+    out = []
+    for op in COLLECTIVE_OPS:
+        for algo in algorithms_for(op):
+            for _label, g_of, fabric in SETTINGS:
+                for p in (4, 8):
+                    for n in (64e3, 256e6):
+                        out.append((op, algo, n, p, g_of(p), fabric))
+    return out
+
+
+def exact(case: AgreementCase) -> bool:
+    """Is the closed form exact here (every flow of a step gets the bandwidth and latency
+    the formula gives it)? One rank per node on a switch, or one node; on a ring, only the
+    neighbour-to-neighbour algorithms."""
+    if case.fabric == "ring":
+        return case.g == 1 and (case.op, case.algorithm) in RING_EXACT
+    return case.g in (1, case.p)
+
+
+def agreement_table(cases: list[AgreementCase]) -> str:
+    """A markdown table: DES − analytical per case."""
+    lines = ["| collective | algorithm | bytes | p | ranks/node | fabric | analytical | DES | Δ |",
+             "|---|---|---:|---:|---:|---|---:|---:|---:|"]
+    for c in cases:
+        lines.append(f"| {c.op} | {c.algorithm} | {c.nbytes:.3g} | {c.p} | {c.g} | {c.fabric} | "
+                     f"{c.analytical_s * 1e3:.4f} ms | {c.des_s * 1e3:.4f} ms | "
+                     f"{100 * c.relative:+.2f}% |")
+    return "\n".join(lines)
+
+
+def _cell(cases: list[AgreementCase]) -> str:
+    lo, hi = min(c.relative for c in cases), max(c.relative for c in cases)
+    if max(abs(lo), abs(hi)) < 5e-5:
+        return "0.00%"
+    return f"{100 * lo:+.2f}%" if abs(hi - lo) < 5e-5 else f"{100 * lo:+.2f}% … {100 * hi:+.2f}%"
+
+
+def summary_table(cases: list[AgreementCase]) -> str:
+    """Per op × algorithm and setting, the range of DES / analytical − 1 over sizes."""
+    head = "| collective | algorithm | " + " | ".join(s[0] for s in SETTINGS) + " |"
+    lines = [head, "|---|---|" + "---:|" * len(SETTINGS)]
+    keys = list(dict.fromkeys((c.op, c.algorithm) for c in cases))
+    for op, algo in keys:
+        cells = []
+        for _label, g_of, fabric in SETTINGS:
+            mine = [c for c in cases if (c.op, c.algorithm, c.fabric) == (op, algo, fabric)
+                    and c.g == g_of(c.p)]
+            cells.append(_cell(mine) if mine else "")
+        lines.append(f"| {op} | {algo} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+#: Whole iterations on one DGX A100 node (no contention expected beyond what is noted).
+GPT_NODE = {"model": "gpt3-1.3b",
+            "train": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 2048},
+            "system": {"preset": "dgx-a100", "nodes": 1}}
+GPT_PLANS = {"TP8": {"tensor_model_parallel_size": 8},
+             "TP2×PP2×DP2": {"tensor_model_parallel_size": 2,
+                             "pipeline_model_parallel_size": 2},
+             "TP2×PP2×DP2, no overlap": {"tensor_model_parallel_size": 2,
+                                         "pipeline_model_parallel_size": 2,
+                                         "overlap_grad_reduce": False}}
+
+
+def gpt_table() -> str:
+    """GPT-3 1.3B on one DGX A100 node, both engines."""
+    from ...api import predict
+
+    lines = ["| plan | analytical | DES | Δ | exposed tp (A / D) | bubble (A / D) |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for label, plan in GPT_PLANS.items():
+        cfg = {**GPT_NODE, "parallel": plan}
+        a, d = predict(cfg, "analytical"), predict(cfg, "des")
+        lines.append(
+            f"| {label} | {a.iteration_time_s * 1e3:.3f} ms | {d.iteration_time_s * 1e3:.3f} ms |"
+            f" {100 * (d.iteration_time_s / a.iteration_time_s - 1):+.3f}% | "
+            f"{a.breakdown.exposed_comm_s['tp'] * 1e3:.3f} / "
+            f"{d.breakdown.exposed_comm_s['tp'] * 1e3:.3f} ms | "
+            f"{a.breakdown.bubble_s * 1e3:.3f} / {d.breakdown.bubble_s * 1e3:.3f} ms |")
+    return "\n".join(lines)
+
+
+def wiki_table(examples: str = "examples") -> str:
+    """The seed wiki's 9-rank GPT-2 case: the three update strategies, node 0's NIC."""
+    from pathlib import Path
+
+    from ...api import predict
+
+    lines = ["| dp_strategy | analytical | DES | bytes into node 0 | NIC bound | busiest link |",
+             "|---|---:|---:|---:|---:|---|"]
+    for strategy in ("reduce_broadcast", "sliced_reduce_broadcast", "reduce_scatter"):
+        path = Path(examples) / f"wiki-gpt2-9ranks-{strategy}.yaml"
+        a, d = predict(path, "analytical"), predict(path, "des")
+        nic = next(ln for ln in d.links if ln["link"] == "switch0->node0/nic0")
+        top = d.links[0]
+        lines.append(f"| {strategy} | {a.iteration_time_s:.4f} s | {d.iteration_time_s:.4f} s | "
+                     f"{nic['bytes'] / 1e6:.1f} MB | {nic['bytes'] / nic['bandwidth_Bps']:.4f} s |"
+                     f" {top['link']} ({100 * top['utilisation']:.1f}%) |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    import sys
+
+    argv = sys.argv[1:] if argv is None else argv
+    cases = [run_case(*args) for args in default_cases()]
+    print(agreement_table(cases) if "--full" in argv else summary_table(cases))
+    exact_cases = [c for c in cases if exact(c)]
+    worst = max(exact_cases, key=lambda c: abs(c.relative))
+    print(f"\n{len(cases)} cases; largest |Δ| of the {len(exact_cases)} where the closed form is "
+          f"exact: {100 * abs(worst.relative):.5f}% ({worst.op}/{worst.algorithm}, p={worst.p}, "
+          f"g={worst.g}, {worst.fabric}); smallest Δ of all: "
+          f"{100 * min(c.relative for c in cases):+.4f}%\n")
+    print(gpt_table())
+    print()
+    print(wiki_table())
+
+
+if __name__ == "__main__":
+    main()

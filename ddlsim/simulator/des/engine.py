@@ -1,0 +1,253 @@
+"""The discrete-event engine: rank classes run their programs in SimPy over a flow network.
+
+Class lockstep: all ranks of a class run one program, so one SimPy process per class and
+stream drives them together (like the analytical engine's representative rank). When a class
+reaches a collective, the flows of *every* group instance of that family that its rendezvous
+component touches are injected, each routed over the real topology, so traffic from all
+groups and stages contends on the links it shares; the collective ends for the class when its
+slowest instance ends. A send injects the flows of every rank of the class to its peer.
+
+Timing semantics follow the trace (and the analytical engine): ops on one stream run in issue
+order, an op also waits for its ``deps``; a Wait waits for the last op issued before it on
+the awaited stream; collectives wait for every class of their rendezvous component;
+point-to-point ops never hold their stream: a send is posted when its deps are done, the
+transfer starts when the matching recv is posted too, and ops depending on the recv wait for
+the transfer. Idle time on the compute stream is attributed exactly as the analytical engine
+attributes it, so both engines' breakdowns compare like with like.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+import simpy
+
+from ...errors import DeadlockError
+from ...workloads.trace import Workload
+from ..costs import CostModel
+from .network import FlowNetwork
+from .p2p import P2PMatcher
+from .program import COLL, COMPUTE, WAIT, ClassProgram, Instr, rendezvous_components, resolve
+from .rendezvous import Collectives
+from .runs import FlowRecord
+from .templates import RouteTable
+
+__all__ = ["ClassTiming", "DESRun", "run_des_engine"]
+
+
+class ClassTiming:
+    """Accumulated times of one class (the same parts as the analytical engine's)."""
+
+    __slots__ = ("end", "compute", "optimizer", "exposed", "bubble", "comm_bytes", "flops")
+
+    def __init__(self) -> None:
+        self.end = 0.0
+        self.compute = 0.0
+        self.optimizer = 0.0
+        self.exposed: dict[str, float] = defaultdict(float)
+        self.bubble = 0.0
+        self.comm_bytes: dict[str, float] = defaultdict(float)
+        self.flops = 0.0
+
+
+@dataclass
+class ClassState:
+    """What the engine tracks for one class while it runs."""
+
+    index: int
+    prog: ClassProgram
+    timing: ClassTiming = field(default_factory=ClassTiming)
+    info: dict[int, tuple[float, str, float]] = field(default_factory=dict)
+    events: dict[int, simpy.Event] = field(default_factory=dict)
+    stream_end: dict[int, float] = field(default_factory=dict)
+    stream_kind: dict[int, str] = field(default_factory=dict)
+    at: dict[int, tuple[int, str]] = field(default_factory=dict)  # stream → (flat, waiting on)
+    open_streams: int = 0
+    spans: list[tuple[int, str, float, float, str]] | None = None
+
+    def done_event(self, env: simpy.Environment, flat: int) -> simpy.Event:
+        ev = self.events.get(flat)
+        if ev is None:
+            ev = self.events[flat] = env.event()
+        return ev
+
+    def finish(self, flat: int, end: float, label: str, dur: float) -> None:
+        self.info[flat] = (end, label, dur)
+        ev = self.events.pop(flat, None)
+        if ev is not None:
+            ev.succeed()
+
+
+@dataclass
+class DESRun:
+    """Raw output of one simulation (turned into a :class:`~..result.Result` elsewhere)."""
+
+    programs: list[ClassProgram]
+    timings: list[ClassTiming]
+    streams: dict[str, int]
+    spans: list[list[tuple[int, str, float, float, str]] | None]
+    network: FlowNetwork
+    flow_records: list[FlowRecord] | None
+    devices: np.ndarray
+    events: int
+
+
+class _Engine:
+    def __init__(self, workload: Workload, cost: CostModel, topology, devices: np.ndarray,
+                 record_spans: bool, record_flows: bool, audit: bool, shortcuts: bool):
+        self.env = env = simpy.Environment()
+        self.workload = workload
+        self.network = FlowNetwork(env, topology.edge_bandwidth_Bps, audit=audit,
+                                   shortcuts=shortcuts)
+        routes = RouteTable(topology, self.network)
+        self.programs, self.streams = resolve(workload, cost)
+        self.states = [ClassState(i, p, spans=[] if record_spans else None)
+                       for i, p in enumerate(self.programs)]
+        self.records: list[FlowRecord] | None = [] if record_flows else None
+        self.collectives = Collectives(self, cost, routes, devices,
+                                       rendezvous_components(workload))
+        self.p2p = P2PMatcher(self, routes, devices)
+        self.devices = devices
+
+    # ------------------------------------------------------------------ running
+    def run(self) -> DESRun:
+        env = self.env
+        for st in self.states:
+            streams = st.prog.stream_ops
+            st.open_streams = len(streams)
+            for sid, flats in streams.items():
+                env.process(self._stream(st, sid, flats))
+            self.p2p.arm(st)
+            if not streams:
+                self._class_done(st)
+        events = 0
+        while True:
+            try:
+                env.step()
+            except simpy.core.EmptySchedule:
+                break
+            events += 1
+        self._check_finished()
+        return DESRun(self.programs, [s.timing for s in self.states], self.streams,
+                      [s.spans for s in self.states], self.network, self.records, self.devices,
+                      events)
+
+    def _stream(self, st: ClassState, sid: int, flats: list[int]):
+        """One class's stream: its ops in issue order."""
+        free = 0.0
+        for flat in flats:
+            ins = st.prog.instrs[flat]
+            why, why_dur, issue = yield from self._ready(st, sid, flat, ins)
+            start = self.env.now
+            if sid == 0 and start > free:
+                _attribute_gap(st.timing, start - free, why, why_dur)
+            yield from self._execute(st, sid, flat, ins, issue, start)
+            free = self.env.now
+        st.stream_end[sid] = free
+        st.at.pop(sid, None)
+        st.open_streams -= 1
+        if st.open_streams == 0:
+            self._class_done(st)
+
+    def _ready(self, st: ClassState, sid: int, flat: int, ins: Instr):
+        """Wait for the op's deps, the stream it joins (Wait) or its group (collective);
+        return why it waited last (label, how long that op took) and the collective issue."""
+        env, info = self.env, st.info
+        st.at[sid] = (flat, "deps")
+        ready, why, why_dur = 0.0, "", 0.0
+        base = int(st.prog.base_of[flat])
+        for d in ins.deps:
+            if base + d not in info:
+                yield st.done_event(env, base + d)
+            got = info[base + d]
+            if got[0] > ready:
+                ready, why, why_dur = got
+        issue = None
+        if ins.code == WAIT:
+            target, label = st.prog.waits[flat]
+            if target >= 0:
+                st.at[sid] = (flat, "wait")
+                if target not in info:
+                    yield st.done_event(env, target)
+                if info[target][0] > ready:
+                    why, why_dur = label, np.inf
+        elif ins.code == COLL:
+            arrived = env.now
+            st.at[sid] = (flat, "rendezvous")
+            issue = self.collectives.arrive(st, flat, ins)
+            if not issue.started:
+                yield issue.start_ev
+            if env.now > arrived:
+                why, why_dur = "bubble", 0.0
+        return why, why_dur, issue
+
+    def _execute(self, st: ClassState, sid: int, flat: int, ins: Instr, issue, start: float):
+        """Run a compute op or a started collective; book it."""
+        env, T = self.env, st.timing
+        if ins.code == COMPUTE:
+            if ins.duration_s > 0:
+                yield env.timeout(ins.duration_s)
+            T.flops += ins.flops
+            if sid == 0:
+                if ins.label == "optimizer":
+                    T.optimizer += ins.duration_s
+                else:
+                    T.compute += ins.duration_s
+        elif ins.code == COLL:
+            st.at[sid] = (flat, "collective")
+            if not issue.ended:
+                yield issue.end_ev
+            T.comm_bytes[ins.label] += ins.nbytes
+            st.stream_kind[sid] = ins.label
+            if sid == 0:
+                T.exposed[ins.label] += env.now - start
+        end = env.now
+        st.finish(flat, end, ins.label, end - start)
+        if st.spans is not None and (end > start or ins.code != WAIT):
+            st.spans.append((sid, ins.name, start, end, _span_kind(ins)))
+
+    def _class_done(self, st: ClassState) -> None:
+        T = st.timing
+        ends = st.stream_end
+        end = max(ends.values(), default=0.0)
+        compute_end = ends.get(0, 0.0)
+        if end > compute_end:  # communication still running after the last compute op
+            tail = min(s for s, e in ends.items() if e == end)
+            T.exposed[st.stream_kind.get(tail, "") or "other"] += end - compute_end
+        T.end = end
+
+    # ------------------------------------------------------------------ deadlock
+    def _check_finished(self) -> None:
+        from .deadlock import describe_deadlock
+        stuck = [st for st in self.states if st.open_streams > 0 or st.at]
+        unmatched = self.p2p.unmatched()
+        if stuck or unmatched:
+            raise DeadlockError(describe_deadlock(self, stuck, unmatched))
+
+
+def _attribute_gap(T: ClassTiming, gap: float, why: str, why_dur: float) -> None:
+    """Idle compute-stream time: exposed communication of ``why`` up to ``why_dur``, the rest
+    bubble (the analytical engine's rule)."""
+    exp = gap if why_dur >= gap else why_dur
+    if why and why != "bubble" and why != "compute" and exp > 0:
+        T.exposed[why] += exp
+        gap -= exp
+    T.bubble += gap
+
+
+def _span_kind(ins: Instr) -> str:
+    if ins.code == COMPUTE:
+        return ins.label
+    if ins.code == WAIT:
+        return "wait"
+    return ins.label
+
+
+def run_des_engine(workload: Workload, cost: CostModel, topology, devices: np.ndarray, *,
+                   record_spans: bool = True, record_flows: bool = False,
+                   audit: bool = False, shortcuts: bool = True) -> DESRun:
+    """Simulate one iteration; raises :class:`DeadlockError` if the program cannot finish."""
+    return _Engine(workload, cost, topology, devices, record_spans, record_flows, audit,
+                   shortcuts).run()

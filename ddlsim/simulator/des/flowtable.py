@@ -1,0 +1,154 @@
+"""Storage of the flow network: the table of active flows and the per-link ledger."""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["FlowTable", "LinkLedger", "pad_to"]
+
+
+class FlowTable:
+    """Structure-of-arrays flow table with a free list (slot order is deterministic)."""
+
+    def __init__(self, width: int, pad: int, capacity: int = 256):
+        self.pad = pad
+        self.n = 0  # high-water mark
+        self.free: list[int] = []
+        self._alloc(capacity, width)
+
+    def _alloc(self, capacity: int, width: int) -> None:
+        old = getattr(self, "rem", None)
+        fields = {"rem": np.float64, "rate": np.float64, "t_last": np.float64,
+                  "t_done": np.float64, "mult": np.float64, "bytes0": np.float64,
+                  "owner": np.int64, "local": np.int64, "dom": np.int64}
+        for name, dtype in fields.items():
+            arr = np.zeros(capacity, dtype=dtype)
+            if old is not None:
+                arr[:self.n] = getattr(self, name)[:self.n]
+            setattr(self, name, arr)
+        alive = np.zeros(capacity, dtype=bool)
+        edges = np.full((capacity, width), self.pad, dtype=np.int64)
+        if old is not None:
+            alive[:self.n] = self.alive[:self.n]
+            w = self.edges.shape[1]
+            edges[:self.n, :w] = self.edges[:self.n]
+        self.alive, self.edges = alive, edges
+        self.t_done[self.n:] = np.inf
+
+    def add(self, edges, nbytes, mult, owner, local, dom, now) -> np.ndarray:
+        k = len(edges)
+        width = max(edges.shape[1], self.edges.shape[1])
+        reuse = min(k, len(self.free))
+        slots = np.empty(k, dtype=np.int64)
+        if reuse:
+            slots[:reuse] = self.free[len(self.free) - reuse:][::-1]
+            del self.free[len(self.free) - reuse:]
+        fresh = k - reuse
+        if self.n + fresh > len(self.rem) or width > self.edges.shape[1]:
+            self._alloc(max(2 * len(self.rem), self.n + fresh), width)
+        slots[reuse:] = np.arange(self.n, self.n + fresh)
+        self.n += fresh
+        self.edges[slots] = self.pad
+        self.edges[slots, :edges.shape[1]] = edges
+        self.rem[slots] = nbytes
+        self.bytes0[slots] = nbytes
+        self.rate[slots] = 0.0
+        self.t_last[slots] = now
+        self.t_done[slots] = np.inf
+        self.mult[slots] = mult
+        self.owner[slots] = owner
+        self.local[slots] = local
+        self.dom[slots] = dom
+        self.alive[slots] = True
+        return slots
+
+    def remove(self, slots: np.ndarray) -> None:
+        self.alive[slots] = False
+        self.t_done[slots] = np.inf
+        self.free.extend(int(x) for x in slots[::-1])
+
+    def live(self) -> np.ndarray:
+        return np.flatnonzero(self.alive[:self.n])
+
+    def select(self, dirty: np.ndarray) -> np.ndarray:
+        n = self.n
+        return np.flatnonzero(self.alive[:n] & dirty[self.dom[:n]])
+
+    def relabel(self, root: np.ndarray) -> None:
+        n = self.n
+        self.dom[:n] = root[self.dom[:n]]
+
+    def next_finish(self) -> float:
+        return float(self.t_done[:self.n].min()) if self.n else np.inf
+
+    def finished_by(self, t: float) -> np.ndarray:
+        return np.flatnonzero(self.t_done[:self.n] <= t)
+
+
+class LinkLedger:
+    """Per-link bytes carried and busy time (time with at least one flow on the link).
+
+    Bytes are booked lazily: rows of links with their bytes are kept by width (and repeated
+    phases of one template summed per phase) and folded into per-link totals in bulk.
+    """
+
+    def __init__(self, n_links: int):
+        self.busy_s = np.zeros(n_links + 1)
+        self.users = np.zeros(n_links + 1, dtype=np.int64)
+        self.since = np.zeros(n_links + 1)
+        self._carried: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+        self._phases: dict[int, list] = {}
+        self._bytes = np.zeros(n_links + 1)
+        self._pending_rows = 0
+
+    def start(self, edges: np.ndarray, now: float) -> None:
+        links, count = np.unique(edges, return_counts=True)
+        idle = self.users[links] == 0
+        self.since[links[idle]] = now
+        self.users[links] += count
+
+    def finish(self, edges: np.ndarray, nbytes: np.ndarray, now: float) -> None:
+        links, count = np.unique(edges, return_counts=True)
+        self.users[links] -= count
+        idle = links[self.users[links] == 0]
+        self.busy_s[idle] += now - self.since[idle]
+        self.carry(edges, nbytes)
+
+    def carry(self, edges: np.ndarray, nbytes: np.ndarray) -> None:
+        """Bytes ``nbytes[i]`` moved over the links of row ``edges[i]``."""
+        self._carried.setdefault(edges.shape[1], []).append((edges, nbytes))
+        self._pending_rows += len(edges)
+        if self._pending_rows > 1 << 18:
+            self._flush()
+
+    def carry_phase(self, key: object, edges: np.ndarray, nbytes: np.ndarray) -> None:
+        """Like :meth:`carry` for a fixed set of rows booked again and again (``key``
+        names it): the bytes are summed and the rows folded in once."""
+        got = self._phases.get(id(key))
+        if got is None:
+            self._phases[id(key)] = [key, edges, nbytes.astype(np.float64)]
+        else:
+            got[2] = got[2] + nbytes
+
+    def _flush(self) -> None:
+        for width, parts in self._carried.items():
+            edges = np.concatenate([e for e, _ in parts])
+            weights = np.concatenate([w for _, w in parts])
+            self._bytes += np.bincount(edges.ravel(), weights=np.repeat(weights, width),
+                                       minlength=len(self._bytes))
+        self._carried = {}
+        self._pending_rows = 0
+
+    def bytes(self) -> np.ndarray:
+        """Bytes each link carried (pad excluded)."""
+        for _key, edges, nbytes in self._phases.values():
+            self.carry(edges, nbytes)
+        self._phases = {}
+        self._flush()
+        return self._bytes[:-1].copy()
+
+
+def pad_to(edges: np.ndarray, width: int, pad: int) -> np.ndarray:
+    if edges.shape[1] == width:
+        return edges
+    return np.pad(edges, ((0, 0), (0, width - edges.shape[1])), constant_values=pad)

@@ -1,0 +1,330 @@
+"""The flow-level network: flows over routed links, max-min fair rates, completions in SimPy.
+
+Flows live in a slot table (remaining bytes, rate, last update, projected finish, route as a
+padded row of link ids). Rates change only when a flow starts or ends; then the flows of the
+affected *domains* are brought up to date and their rates recomputed in one vectorised pass
+(:func:`~.maxmin.max_min_rates`). A domain is a set of links that routes join (links never
+crossed by a common route can be solved separately: max-min fairness decomposes over
+connected components), so a tensor-parallel all-reduce inside one node never re-solves the
+inter-node fabric. All submissions and completions at one simulated instant are coalesced
+into a single recomputation; one SimPy timeout wakes the network at the next completion.
+
+A run whose domains carry no other traffic may *reserve* them and skip the flow machinery
+(see :mod:`.runs`); as soon as anything else is submitted into a reserved domain, the run
+is materialised into real flows with the bytes it has left, before rates are recomputed.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Protocol
+
+import numpy as np
+import simpy
+
+from .flowtable import FlowTable, LinkLedger, pad_to
+from .maxmin import max_min_rates
+
+__all__ = ["FlowNetwork", "FlowOwner"]
+
+#: A flow whose projected finish is within this relative distance of the wake-up time
+#: finishes at the wake-up (symmetric flows finish together despite rounding).
+_FINISH_TOL = 1e-12
+
+
+class FlowOwner(Protocol):
+    def flows_done(self, local: np.ndarray) -> None:
+        """Flows ``local`` (row indices of the submission) have delivered all their bytes."""
+
+
+class Reserver(Protocol):
+    def materialise(self) -> None:
+        """Give the reserved domains back and continue as real flows from now on."""
+
+
+class FlowNetwork:
+    """Directed links with bandwidths; flows submitted by owners; rates max-min fair.
+
+    Parameters
+    ----------
+    env : simpy.Environment
+    bandwidth_Bps : (E,) array
+        Bandwidth of every directed link (edge id = index), bytes/s.
+    audit : bool
+        After every recomputation, record the largest load/bandwidth ratio over all links
+        (``max_load_ratio``); slower.
+    shortcuts : bool
+        Let runs on idle links reserve them instead of moving flows (exact; off only to
+        check that it is).
+    """
+
+    def __init__(self, env: simpy.Environment, bandwidth_Bps: np.ndarray, audit: bool = False,
+                 shortcuts: bool = True):
+        self.env = env
+        n_links = len(bandwidth_Bps)
+        self.pad = n_links
+        self.capacity_Bps = np.append(np.asarray(bandwidth_Bps, dtype=np.float64), np.inf)
+        self.audit = audit
+        self.shortcuts = shortcuts
+        self.max_load_ratio = 0.0
+        self._parent = np.arange(n_links + 1)
+        self.root = self._parent.copy()
+        self._users = np.zeros(n_links + 1, dtype=np.int64)  # per domain root
+        self._reserved: dict[int, Reserver] = {}
+        self._dirty = np.zeros(n_links + 1, dtype=bool)
+        self._added: list[tuple[np.ndarray, np.ndarray]] = []  # (routes, slots) since the solve
+        self._removed: list[np.ndarray] = []  # routes of flows ended since the last solve
+        self._slots = FlowTable(width=1, pad=n_links)
+        self._owners: dict[int, tuple[FlowOwner, int]] = {}
+        self._next_owner = 0
+        self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray, int, np.ndarray]] = []
+        self._update_armed = False
+        self._timers: list[float] = []
+        self.links = LinkLedger(n_links)
+        self.bytes_sent = self.bytes_delivered = 0.0
+        self.flows_started = self.rate_updates = 0
+
+    # ------------------------------------------------------------------ domains
+    def join(self, routes: list[np.ndarray]) -> None:
+        """Declare that each route's links share a domain."""
+        parent, merged = self._parent, False
+        for route in routes:
+            if len(route) < 2:
+                continue
+            roots = {_find(parent, int(e)) for e in route}
+            if len(roots) > 1:
+                low = min(roots)
+                for r in roots:
+                    parent[r] = low
+                merged = True
+        if merged:
+            self._refresh_roots()
+
+    def _refresh_roots(self) -> None:
+        root = self._parent.copy()
+        while not np.array_equal(nxt := root[root], root):
+            root = nxt
+        self._parent[:] = root
+        self.root = root
+        self._slots.relabel(root)
+        dirty = np.zeros_like(self._dirty)
+        dirty[root[self._dirty]] = True
+        self._dirty = dirty
+        self._pending = [(e, b, m, o, root[d]) for e, b, m, o, d in self._pending]
+        live = self._slots.live()
+        doms = [self._slots.dom[live]] + [p[4] for p in self._pending]
+        self._users = np.bincount(np.concatenate(doms), minlength=self.pad + 1)
+        held = list(dict.fromkeys(self._reserved.values()))
+        self._reserved = {}
+        for run in held:
+            run.materialise()
+
+    def domains(self, first_links: np.ndarray) -> np.ndarray:
+        """Domain roots of flows whose first links are ``first_links`` (pad excluded)."""
+        roots = np.unique(self.root[first_links])
+        return roots[roots != self.pad]
+
+    def idle(self, roots: np.ndarray) -> bool:
+        """No flow is active or pending and no run holds any of ``roots``."""
+        return not self._users[roots].any() and not any(int(r) in self._reserved for r in roots)
+
+    def reserve(self, roots: np.ndarray, run: Reserver) -> None:
+        for r in roots.tolist():
+            self._reserved[r] = run
+
+    def release(self, roots: np.ndarray) -> None:
+        for r in roots.tolist():
+            self._reserved.pop(r, None)
+
+    def account(self, key: object, edges: np.ndarray, mult: np.ndarray, flow_bytes: float,
+                links: np.ndarray, busy_s: float, new_flows: bool = True) -> None:
+        """Book bytes and busy time of flows a reserving run moved without the flow table
+        (``key`` names the row set, e.g. the template phase, so repeats are summed)."""
+        self.links.carry_phase(key, edges, mult * flow_bytes)
+        self.links.busy_s[links] += busy_s
+        moved = flow_bytes * float(mult.sum())
+        self.bytes_sent += moved
+        self.bytes_delivered += moved
+        if new_flows:
+            self.flows_started += int(mult.sum())
+
+    # ------------------------------------------------------------------ submissions
+    def submit(self, owner: FlowOwner, edges: np.ndarray, nbytes: np.ndarray,
+               mult: np.ndarray) -> None:
+        """Start flows now: ``edges`` (k, w) padded link ids, ``nbytes`` (k,) bytes per flow,
+        ``mult`` (k,) identical flows per row. ``owner.flows_done`` is called as they end."""
+        dom = self.root[edges[:, 0]]
+        doms, counts = np.unique(dom, return_counts=True)
+        if self._reserved:
+            for r in doms.tolist():
+                run = self._reserved.get(r)
+                if run is not None:
+                    run.materialise()
+        self._users[doms] += counts
+        oid = self._next_owner
+        self._next_owner += 1
+        self._owners[oid] = (owner, len(edges))
+        self._pending.append((edges, nbytes, mult, oid, dom))
+        self.bytes_sent += float(np.dot(nbytes, mult))
+        self.flows_started += int(mult.sum())
+        self._arm_update()
+
+    def _arm_update(self) -> None:
+        if not self._update_armed:
+            self._update_armed = True
+            ev = self.env.event()
+            ev.callbacks.append(self._update)
+            ev.succeed()
+
+    def _update(self, _event: simpy.Event) -> None:
+        env = self.env
+        if env.peek() == env.now:  # more happens at this instant: recompute once, after it
+            ev = env.event()
+            ev.callbacks.append(self._update)
+            ev.succeed()
+            return
+        self._update_armed = False
+        if self._pending:
+            self._admit()
+        self._resolve()
+        self._arm_timer()
+
+    def _admit(self) -> None:
+        pending, self._pending = self._pending, []
+        width = max(p[0].shape[1] for p in pending)
+        edges = np.concatenate([pad_to(p[0], width, self.pad) for p in pending])
+        nbytes = np.concatenate([p[1] for p in pending])
+        mult = np.concatenate([p[2] for p in pending])
+        owner = np.concatenate([np.full(len(p[0]), p[3], dtype=np.int64) for p in pending])
+        local = np.concatenate([np.arange(len(p[0]), dtype=np.int64) for p in pending])
+        dom = np.concatenate([p[4] for p in pending])
+        slots = self._slots.add(edges, nbytes, mult, owner, local, dom, self.env.now)
+        self._dirty[dom] = True
+        self._added.append((edges, slots))
+        self.links.start(edges, self.env.now)
+
+    # ------------------------------------------------------------------ rates
+    def _resolve(self) -> None:
+        s = self._slots
+        now = self.env.now
+        added, removed = self._added, self._removed
+        self._added, self._removed = [], []
+        if self._isolated(added, removed):
+            sel = np.concatenate([slots for _, slots in added]) if added else np.empty(0, np.int64)
+        else:
+            sel = self._component(s.select(self._dirty),
+                                  [edges for edges, _ in added] + removed)
+        self._dirty[:] = False
+        if len(sel) == 0:
+            return
+        self.rate_updates += 1
+        self._advance(sel, now)
+        rate = max_min_rates(s.edges[sel], s.mult[sel], self.capacity_Bps)
+        s.rate[sel] = rate
+        with np.errstate(divide="ignore", invalid="ignore"):
+            s.t_done[sel] = now + np.where(np.isinf(rate), 0.0, s.rem[sel] / rate)
+        if self.audit:
+            self._audit()
+
+    def _isolated(self, added: list, removed: list[np.ndarray]) -> bool:
+        """No flow other than the new ones crosses any link a flow entered or left: then
+        only the new flows need rates (the common case: max-min components are small)."""
+        users = self.links.users
+        for edges in removed:
+            links = edges.ravel()
+            if users[links[links != self.pad]].any():
+                return False
+        if added:
+            links, count = np.unique(np.concatenate([pad_to(e, max(x.shape[1] for x, _ in added),
+                                                            self.pad) for e, _ in added]),
+                                     return_counts=True)
+            keep = links != self.pad
+            return bool(np.array_equal(users[links[keep]], count[keep]))
+        return True
+
+    def _component(self, sel: np.ndarray, seeds: list[np.ndarray]) -> np.ndarray:
+        """The flows of ``sel`` linked, through shared links, to the links in ``seeds``:
+        only their max-min rates can have changed."""
+        mark = np.zeros(self.pad + 1, dtype=bool)
+        for rows in seeds:
+            mark[rows.ravel()] = True
+        mark[self.pad] = False
+        inc = self._slots.edges[sel]
+        found = np.zeros(len(sel), dtype=bool)
+        while True:
+            new = mark[inc].any(axis=1) & ~found
+            if not new.any():
+                return sel[found]
+            found |= new
+            mark[inc[new].ravel()] = True
+            mark[self.pad] = False
+
+    def _advance(self, idx: np.ndarray, now: float) -> None:
+        """Move flows ``idx`` forward to ``now`` at their current rates."""
+        s = self._slots
+        dt = now - s.t_last[idx]
+        rem = s.rem[idx]
+        with np.errstate(invalid="ignore"):
+            moved = np.where(dt > 0, np.minimum(s.rate[idx] * dt, rem), 0.0)
+        s.rem[idx] = rem - moved
+        s.t_last[idx] = now
+        self.bytes_delivered += float(np.dot(moved, s.mult[idx]))
+
+    def _audit(self) -> None:
+        s = self._slots
+        live = s.live()
+        load = np.bincount(s.edges[live].ravel(),
+                           weights=np.repeat(s.rate[live] * s.mult[live], s.edges.shape[1]),
+                           minlength=self.pad + 1)[:-1]
+        if len(load):
+            self.note_load_ratio(float((load / self.capacity_Bps[:-1]).max()))
+
+    def note_load_ratio(self, ratio: float) -> None:
+        self.max_load_ratio = max(self.max_load_ratio, ratio)
+
+    # ------------------------------------------------------------------ completions
+    def _arm_timer(self) -> None:
+        t_next = self._slots.next_finish()
+        if t_next == np.inf or (self._timers and self._timers[0] <= t_next):
+            return
+        heapq.heappush(self._timers, t_next)
+        self.env.timeout(max(t_next - self.env.now, 0.0)).callbacks.append(self._on_timer)
+
+    def _on_timer(self, _event: simpy.Event) -> None:
+        heapq.heappop(self._timers)
+        now = self.env.now
+        done = self._slots.finished_by(now * (1.0 + _FINISH_TOL))
+        if len(done):
+            self._finish(done, now)
+            self._arm_update()
+        self._arm_timer()
+
+    def _finish(self, done: np.ndarray, now: float) -> None:
+        s = self._slots
+        self._advance(done, now)
+        doms, counts = np.unique(s.dom[done], return_counts=True)
+        self._users[doms] -= counts
+        self._dirty[doms] = True
+        self._removed.append(s.edges[done])
+        owners, local = s.owner[done], s.local[done]
+        self.links.finish(s.edges[done], s.mult[done] * s.bytes0[done], now)
+        s.remove(done)
+        order = np.lexsort((local, owners))
+        owners, local = owners[order], local[order]
+        cuts = [0, *(np.flatnonzero(np.diff(owners)) + 1).tolist(), len(owners)]
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            oid = int(owners[a])
+            owner, left = self._owners[oid]
+            left -= b - a
+            if left:
+                self._owners[oid] = (owner, left)
+            else:
+                del self._owners[oid]
+            owner.flows_done(local[a:b])
+
+
+def _find(parent: np.ndarray, e: int) -> int:
+    while parent[e] != e:
+        parent[e] = parent[parent[e]]
+        e = int(parent[e])
+    return e

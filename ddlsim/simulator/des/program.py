@@ -1,0 +1,157 @@
+"""Class programs flattened for the event engine: instructions, streams, waits, rendezvous.
+
+Every op issue of a rank class gets a *flat index* (issue order). Per class and stream the
+engine walks the flat indices of that stream; a :class:`~ddlsim.workloads.trace.Wait` is
+resolved here, once, to the last op issued before it on the awaited stream. Collectives
+rendezvous over the connected component of classes that the rows of their group family link
+(the classes that must arrive before the collective can start).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...workloads.trace import Collective, Compute, P2P, Wait, Workload
+from ..costs import CostModel
+
+__all__ = ["COMPUTE", "COLL", "SEND", "RECV", "WAIT", "Instr", "ClassProgram", "resolve",
+           "rendezvous_components"]
+
+COMPUTE, COLL, SEND, RECV, WAIT = range(5)
+
+
+@dataclass(frozen=True, slots=True)
+class Instr:
+    """One op of a block, resolved: what the engine needs to run it and to account for it.
+
+    ``label`` is ``compute``/``optimizer`` for compute ops and the group kind (``tp``, ``dp``,
+    ``pp``…) for communication; ``nbytes`` is what the op adds to the class's
+    communication bytes (nccl-tests convention, × repeat for collectives).
+    """
+
+    code: int
+    stream: int
+    deps: tuple[int, ...]
+    name: str
+    label: str
+    duration_s: float = 0.0
+    flops: float = 0.0
+    nbytes: float = 0.0
+    payload: object = None
+    repeat: int = 1
+    target: int = -1  # WAIT: the awaited stream
+
+
+@dataclass
+class ClassProgram:
+    """One class's program with flat issue indices."""
+
+    name: str
+    ranks: np.ndarray
+    instrs: list[Instr]                  # by flat index
+    step_of: np.ndarray                  # flat index → step index
+    base_of: np.ndarray                  # flat index → flat index of its step's first op
+    microbatch: list[int]                # step index → micro-batch
+    block_of_step: list[str]
+    stream_ops: dict[int, list[int]]     # stream id → flat indices (not P2P), issue order
+    p2p_ops: list[int]
+    waits: dict[int, tuple[int, str]] = field(default_factory=dict)  # flat → (target, label)
+
+
+def _instr(op, sid: int, streams: dict[str, int], cost: CostModel) -> Instr:
+    p, k = op.payload, op.repeat
+    if isinstance(p, Compute):
+        label = "optimizer" if p.kind == "optimizer" else "compute"
+        return Instr(COMPUTE, sid, op.deps, p.name, label, k * cost.compute(p), k * p.flops,
+                     payload=p, repeat=k)
+    if isinstance(p, Collective):
+        cost.collective(p)  # records the algorithm the analytical engine uses
+        return Instr(COLL, sid, op.deps, p.name, cost.kind[p.group], nbytes=k * p.bytes,
+                     payload=p, repeat=k)
+    if isinstance(p, P2P):
+        code = SEND if p.kind == "send" else RECV
+        return Instr(code, sid, op.deps, p.name, cost.kind[p.group],
+                     nbytes=p.bytes if code == SEND else 0.0, payload=p, repeat=k)
+    if isinstance(p, Wait):
+        target = streams.setdefault(p.stream, len(streams))
+        return Instr(WAIT, sid, op.deps, p.name, "", payload=p, target=target)
+    raise TypeError(f"unknown op payload {type(p).__name__}")
+
+
+def resolve(workload: Workload, cost: CostModel) -> tuple[list[ClassProgram], dict[str, int]]:
+    """Flatten every class; streams are numbered as the analytical engine numbers them."""
+    streams: dict[str, int] = {"compute": 0}
+    out = []
+    for cls in workload.classes:
+        blocks: dict[str, list[Instr]] = {}
+        for bname, block in cls.program.blocks.items():
+            blocks[bname] = [_instr(op, streams.setdefault(op.stream, len(streams)), streams, cost)
+                             for op in block.ops]
+        out.append(_flatten(cls, blocks))
+    return out, streams
+
+
+def _flatten(cls, blocks: dict[str, list[Instr]]) -> ClassProgram:
+    instrs: list[Instr] = []
+    step_of, base_of, mbs, names = [], [], [], []
+    stream_ops: dict[int, list[int]] = {}
+    p2p: list[int] = []
+    waits: dict[int, tuple[int, str]] = {}
+    last_on: dict[int, int] = {}
+    last_coll_label: dict[int, str] = {}
+    for si, step in enumerate(cls.program.steps):
+        base = len(instrs)
+        mbs.append(step.microbatch)
+        names.append(step.block)
+        for ins in blocks[step.block]:
+            flat = len(instrs)
+            instrs.append(ins)
+            step_of.append(si)
+            base_of.append(base)
+            if ins.code in (SEND, RECV):
+                p2p.append(flat)
+                continue
+            if ins.code == WAIT:
+                waits[flat] = (last_on.get(ins.target, -1), last_coll_label.get(ins.target, ""))
+            stream_ops.setdefault(ins.stream, []).append(flat)
+            last_on[ins.stream] = flat
+            if ins.code == COLL:
+                last_coll_label[ins.stream] = ins.label
+    return ClassProgram(cls.name, np.asarray(cls.ranks, dtype=np.int64), instrs,
+                        np.asarray(step_of, dtype=np.int64), np.asarray(base_of, dtype=np.int64),
+                        mbs, names, dict(sorted(stream_ops.items())), p2p, waits)
+
+
+def rendezvous_components(workload: Workload) -> dict[str, tuple[np.ndarray, list[tuple[int, ...]]]]:
+    """Per group family: component id of each class, and each component's classes.
+
+    Two classes are in one component when some group of the family holds ranks of both; a
+    collective of the family starts when every class of the component has reached it.
+    """
+    class_of = workload.class_of()
+    n = len(workload.classes)
+    out = {}
+    for name, fam in workload.groups.items():
+        parent = list(range(n))
+
+        def find(x: int) -> int:
+            while parent[x] != x:
+                parent[x] = parent[parent[x]]
+                x = parent[x]
+            return x
+
+        for row in class_of[fam.members]:
+            present = np.unique(row)
+            present = present[present >= 0]
+            for c in present[1:]:
+                a, b = find(int(present[0])), find(int(c))
+                if a != b:
+                    parent[max(a, b)] = min(a, b)
+        roots = [find(c) for c in range(n)]
+        ids = {r: i for i, r in enumerate(sorted(set(roots)))}
+        comp = np.asarray([ids[r] for r in roots], dtype=np.int64)
+        members = [tuple(int(c) for c in np.flatnonzero(comp == i)) for i in range(len(ids))]
+        out[name] = (comp, members)
+    return out

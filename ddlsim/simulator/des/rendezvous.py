@@ -1,0 +1,119 @@
+"""Collectives: rendezvous of the classes a group family links, then a run of flow phases.
+
+The classes of one rendezvous component (see :func:`.program.rendezvous_components`) count
+their issues of collectives on a family; the n-th issue of every class of the component is
+one collective, started when the last class arrives (the analytical engine's matching rule).
+The algorithm is the one the analytical engine uses for the op (the run's choice, or the
+cheapest closed form), so both engines time the same algorithm.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import simpy
+
+from ..collectives import best_algorithm
+from ..costs import CostModel
+from .program import Instr
+from .runs import TemplateRun
+from .templates import FlowTemplate, RouteTable, collective_template
+
+__all__ = ["Collectives", "CollectiveIssue"]
+
+
+class CollectiveIssue:
+    """One collective as the classes that take part see it: started? ended?"""
+
+    __slots__ = ("started", "ended", "start_ev", "end_ev", "op", "classes", "arrived")
+
+    def __init__(self, env: simpy.Environment, op, classes: tuple[int, ...]):
+        self.started = self.ended = False
+        self.start_ev, self.end_ev = env.event(), env.event()
+        self.op, self.classes = op, classes
+        self.arrived: dict[int, Instr] = {}
+
+    def begin(self) -> None:
+        self.started = True
+        self.start_ev.succeed()
+
+    def finish(self, _end: float) -> None:
+        self.ended = True
+        self.end_ev.succeed()
+
+
+class Collectives:
+    """Matches the classes' collective issues and launches their flow runs."""
+
+    def __init__(self, engine, cost: CostModel, routes: RouteTable, devices: np.ndarray,
+                 components: dict[str, tuple[np.ndarray, list[tuple[int, ...]]]]):
+        self.engine, self.cost, self.routes, self.devices = engine, cost, routes, devices
+        self.components = components
+        self.class_of = engine.workload.class_of()
+        self.open: dict[tuple[str, int, int], CollectiveIssue] = {}
+        self._occ: dict[tuple[int, str], int] = defaultdict(int)
+        self._templates: dict[tuple, FlowTemplate] = {}
+        self._algorithms: dict[tuple, str] = {}
+
+    def arrive(self, st, flat: int, ins: Instr) -> CollectiveIssue:
+        """Class ``st`` reached collective ``ins``; the issue starts when its component has."""
+        op = ins.payload
+        comp_of, members = self.components[op.group]
+        cid = int(comp_of[st.index])
+        classes = members[cid]
+        env = self.engine.env
+        if len(classes) == 1:
+            issue = CollectiveIssue(env, op, classes)
+            self._launch(issue, ins, cid)
+            return issue
+        n = self._occ[(st.index, op.group)]
+        self._occ[(st.index, op.group)] = n + 1
+        key = (op.group, cid, n)
+        issue = self.open.get(key)
+        if issue is None:
+            issue = self.open[key] = CollectiveIssue(env, op, classes)
+        issue.arrived[st.index] = ins
+        if len(issue.arrived) == len(classes):
+            del self.open[key]
+            self._launch(issue, issue.arrived[min(issue.arrived)], cid)
+        return issue
+
+    def _launch(self, issue: CollectiveIssue, ins: Instr, cid: int) -> None:
+        op = ins.payload
+        issue.begin()
+        fam = self.engine.workload.groups[op.group]
+        p = fam.size
+        if p <= 1:
+            issue.finish(self.engine.env.now)
+            return
+        nbytes = op.bytes if op.split_bytes is None else float(sum(op.split_bytes))
+        algo = self.algorithm(op, nbytes)
+        tpl = self._template(op.group, cid, op.op, algo, op.root % p)
+        eng = self.engine
+        TemplateRun(eng.env, eng.network, tpl, nbytes, ins.repeat, issue.finish, eng.records)
+
+    def algorithm(self, op, nbytes: float) -> str:
+        """The algorithm the analytical engine times for ``op`` (explicit, configured, or
+        the cheapest closed form)."""
+        key = (op.op, op.group, nbytes, op.algorithm)
+        choice = self._algorithms.get(key)
+        if choice is None:
+            choice = op.algorithm or self.cost.parallel.collective_algorithm.get(op.op, "auto")
+            if choice == "auto":
+                choice, _ = best_algorithm(op.op, nbytes, self.cost.nets[op.group])
+            self._algorithms[key] = choice
+        return choice
+
+    def _template(self, group: str, cid: int, kind: str, algo: str, root: int) -> FlowTemplate:
+        key = (group, cid, kind, algo, root)
+        tpl = self._templates.get(key)
+        if tpl is None:
+            fam = self.engine.workload.groups[group]
+            classes = np.asarray(self.components[group][1][cid])
+            rows = np.flatnonzero(np.isin(self.class_of[fam.members], classes).any(axis=1))
+            g = self.cost.nets[group].g
+            tpl = collective_template(self.routes, self.devices, fam.members[rows], kind, algo,
+                                      root, g, f"{group}.{kind}/{algo}")
+            self._templates[key] = tpl
+        return tpl
