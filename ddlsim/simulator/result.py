@@ -5,12 +5,29 @@ JSON keys (``Result.to_dict``) are stable; see the README's "Output" section.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..workloads.memory import MemoryBreakdown
 
-__all__ = ["Breakdown", "Result", "Span"]
+__all__ = ["Breakdown", "Result", "Span", "ClassTiming"]
+
+
+class ClassTiming:
+    """What an engine accumulates for one rank class; :class:`Breakdown` is built from the
+    critical class's."""
+
+    __slots__ = ("end", "compute", "optimizer", "exposed", "bubble", "comm_bytes", "flops")
+
+    def __init__(self) -> None:
+        self.end = 0.0
+        self.compute = 0.0
+        self.optimizer = 0.0
+        self.exposed: dict[str, float] = defaultdict(float)
+        self.bubble = 0.0
+        self.comm_bytes: dict[str, float] = defaultdict(float)
+        self.flops = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,26 +23,12 @@ import numpy as np
 from ...errors import DeadlockError
 from ...workloads.trace import Collective, Compute, P2P, Wait, Workload
 from ..costs import CostModel
+from ..result import ClassTiming
 
 __all__ = ["simulate_analytical", "ClassTiming"]
 
 _COMPUTE, _COLL, _SEND, _RECV, _WAIT, _MACRO, _PIPE = range(7)
 _INF = math.inf
-
-
-class ClassTiming:
-    """Accumulated times of one rank class."""
-
-    __slots__ = ("end", "compute", "optimizer", "exposed", "bubble", "comm_bytes", "flops")
-
-    def __init__(self) -> None:
-        self.end = 0.0
-        self.compute = 0.0
-        self.optimizer = 0.0
-        self.exposed: dict[str, float] = defaultdict(float)
-        self.bubble = 0.0
-        self.comm_bytes: dict[str, float] = defaultdict(float)
-        self.flops = 0.0
 
 
 class _Groups:
@@ -272,10 +258,11 @@ def _share_concurrent(instrs: list, ops) -> list:
             together[(op.payload.group, op.deps)].append(i)
     out = list(instrs)
     for members in together.values():
-        if len(members) > 1:
+        k = len({instrs[i][1] for i in members})  # ops on one stream run one after another
+        if k > 1:
             for i in members:
                 ins = out[i]
-                out[i] = ins[:3] + (ins[3] * len(members),) + ins[4:]
+                out[i] = ins[:3] + (ins[3] * k,) + ins[4:]
     return out
 
 

@@ -27,6 +27,7 @@ import simpy
 from ...errors import DeadlockError
 from ...workloads.trace import Workload
 from ..costs import CostModel
+from ..result import ClassTiming
 from .network import FlowNetwork
 from .p2p import P2PMatcher
 from .program import COLL, COMPUTE, WAIT, ClassProgram, Instr, rendezvous_components, resolve
@@ -35,21 +36,6 @@ from .runs import FlowRecord
 from .templates import RouteTable
 
 __all__ = ["ClassTiming", "DESRun", "run_des_engine"]
-
-
-class ClassTiming:
-    """Accumulated times of one class (the same parts as the analytical engine's)."""
-
-    __slots__ = ("end", "compute", "optimizer", "exposed", "bubble", "comm_bytes", "flops")
-
-    def __init__(self) -> None:
-        self.end = 0.0
-        self.compute = 0.0
-        self.optimizer = 0.0
-        self.exposed: dict[str, float] = defaultdict(float)
-        self.bubble = 0.0
-        self.comm_bytes: dict[str, float] = defaultdict(float)
-        self.flops = 0.0
 
 
 @dataclass
