@@ -16,8 +16,12 @@ import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 from ..errors import ConfigError, DDLSimError
 
@@ -125,6 +129,8 @@ def comm_row(*, backend: str, library: str, library_version: str, op: str, ranks
 
 def tidy_frame(rows: Iterable[Mapping]) -> pd.DataFrame:
     """Rows → the tidy DataFrame with every column of :data:`COLUMNS`, in order and typed."""
+    import pandas as pd
+
     df = pd.DataFrame(list(rows))
     missing = [c for c in COLUMNS if c not in df.columns]
     for c in missing:

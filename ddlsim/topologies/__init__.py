@@ -8,16 +8,33 @@ What a discrete-event engine uses::
     topo.edge_bandwidth_Bps[list(path)], topo.path_latency_s(path)
 """
 
-from . import direct, fabrics, intra  # noqa: F401  (register the builders)
-from .build import build_topology, from_spec, from_system
-from .graph import Topology
-from .placement import PLACEMENT_POLICIES, place_ranks
-from .registry import (LINK_KINDS, NODE_FABRICS, NODE_KINDS, TOPOLOGIES, GraphBuilder,
-                       register_node_fabric, register_topology)
-from .spec import FabricSpec, NodeFabricSpec, TopologySpec, parse_spec
-from .report import bisection_bandwidth, draw, summary
+from .._lazy import lazy_exports
 
 __all__ = ["Topology", "build_topology", "from_system", "from_spec", "place_ranks",
            "PLACEMENT_POLICIES", "summary", "bisection_bandwidth", "draw", "register_topology",
            "register_node_fabric", "TOPOLOGIES", "NODE_FABRICS", "NODE_KINDS", "LINK_KINDS",
            "GraphBuilder", "TopologySpec", "FabricSpec", "NodeFabricSpec", "parse_spec"]
+
+_EXPORTS = {
+    "build_topology": ".build",
+    "from_spec": ".build",
+    "from_system": ".build",
+    "Topology": ".graph",
+    "PLACEMENT_POLICIES": ".placement",
+    "place_ranks": ".placement",
+    "LINK_KINDS": ".registry",
+    "NODE_FABRICS": ".registry",
+    "NODE_KINDS": ".registry",
+    "TOPOLOGIES": ".registry",
+    "GraphBuilder": ".registry",
+    "register_node_fabric": ".registry",
+    "register_topology": ".registry",
+    "FabricSpec": ".spec",
+    "NodeFabricSpec": ".spec",
+    "TopologySpec": ".spec",
+    "parse_spec": ".spec",
+    "bisection_bandwidth": ".report",
+    "draw": ".report",
+    "summary": ".report",
+}
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -8,6 +8,7 @@ from pydantic import ValidationError
 
 from ..config import SystemConfig
 from ..errors import ConfigError
+from . import direct, fabrics, intra  # noqa: F401  (register the builders)
 from .graph import Topology
 from .registry import NODE_FABRICS, TOPOLOGIES, GraphBuilder, lookup
 from .spec import TopologySpec, format_validation_error, parse_spec

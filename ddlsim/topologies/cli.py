@@ -13,8 +13,6 @@ from rich.table import Table
 
 from .. import units
 from ..errors import DDLSimError
-from .build import build_topology
-from .report import draw, summary
 
 __all__ = ["app", "read_spec"]
 
@@ -45,6 +43,9 @@ def show(
         data = read_spec(spec)
         if nodes is not None:
             data = _with_nodes(data, nodes)
+        from .build import build_topology
+        from .report import draw, summary
+
         topo = build_topology(data)
         info = summary(topo)
         if draw_to is not None:

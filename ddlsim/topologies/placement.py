@@ -6,8 +6,12 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from typing import TYPE_CHECKING
+
 from ..errors import ConfigError
-from .graph import Topology
+
+if TYPE_CHECKING:
+    from .graph import Topology
 
 __all__ = ["place_ranks", "PLACEMENT_POLICIES"]
 
