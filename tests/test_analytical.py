@@ -139,7 +139,9 @@ def test_peak_inflight_closed_form_matches_the_schedule(name, p, groups, v, data
 
 @pytest.mark.parametrize("sched, v, pp, mbs", [("1f1b", None, 4, 1), ("gpipe", None, 2, 2),
                                                ("interleaved", 2, 4, 1), ("1f1b", None, 1, 1)])
-def test_fast_prefix_solver_is_bit_identical_to_the_general_loop(sched, v, pp, mbs):
+def test_fast_prefix_solver_matches_the_general_loop(sched, v, pp, mbs):
+    """Same timing bit for bit; breakdown sums agree to rounding (the solver multiplies
+    per-block amounts by their counts instead of adding them step by step)."""
     from ddlsim.simulator.analytical import engine
     d = {"model": "gpt3-2.7b", "parallel": {"tensor_model_parallel_size": 2,
                                             "pipeline_model_parallel_size": pp, "schedule": sched,
@@ -152,7 +154,12 @@ def test_fast_prefix_solver_is_bit_identical_to_the_general_loop(sched, v, pp, m
         slow = ddlsim.predict(d, check_fit=False).to_dict()
     finally:
         engine.FAST_PREFIX = True
-    assert fast == slow
+    assert fast["iteration_time_s"] == slow["iteration_time_s"]
+    assert fast["per_class_time_s"] == slow["per_class_time_s"]
+    for part in ("compute_s", "bubble_s", "optimizer_s"):
+        assert fast["breakdown"][part] == pytest.approx(slow["breakdown"][part], rel=1e-12)
+    for kind, v in slow["breakdown"]["exposed_comm_s"].items():
+        assert fast["breakdown"]["exposed_comm_s"][kind] == pytest.approx(v, rel=1e-12, abs=1e-15)
 
 
 def test_zero3_sequential_gathers_are_not_stretched_as_concurrent():

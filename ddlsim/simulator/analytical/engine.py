@@ -414,35 +414,7 @@ def _run(ci: int, steps: list, st: _State) -> tuple[bool, bool]:
     fast_counts = st.fast_counts[ci]
     while si < n_steps:
         block, mb, _ = steps[si]
-        instrs, fast = blocks[block]
-        if fast is not None and oi == 0:
-            rx, rlabel, dur, sx, sdur = fast[:5]
-            f = fr[0]
-            if rx is not None:
-                sent = posted.get((ci, rx[0], rx[1], mb))
-                if sent is None:
-                    st.pos[ci] = [si, 0]
-                    st.sleep((ci, rx[0], rx[1], mb), ci)
-                    return moved, False
-                arrive = sent[0] + sent[1] if sent[0] > 0.0 else sent[1]
-                if arrive > f:
-                    gap = arrive - f
-                    exp = gap if sent[1] >= gap else sent[1]
-                    exposed[rlabel] += exp
-                    T.bubble += gap - exp
-                    f = arrive
-            f += dur
-            fr[0] = f
-            if sx is not None:
-                key = (sx[0], ci, sx[1], mb)
-                posted[key] = (f, sdur)
-                if key in st.waiting:
-                    st.wake(key)
-            fast_counts[id(fast)] = fast_counts.get(id(fast), 0) + 1
-            st.fast_seen[id(fast)] = fast
-            si += 1
-            moved = True
-            continue
+        instrs = blocks[block][0]
         n = len(instrs)
         while oi < n:
             code, sid, deps, dur, label, x, flops, nbytes = instrs[oi]
