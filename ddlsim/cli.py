@@ -125,17 +125,12 @@ def _summary(section: str, v: dict) -> str:
 
 
 def _mount_subapps() -> None:
-    try:
-        from .topologies.cli import app as topology_app
-        app.add_typer(topology_app, name="topology", help="Build, summarise and draw cluster topologies.")
-    except ImportError:  # pragma: no cover - subpackage under construction
-        pass
-    try:
-        from .calibration.cli import app as calibrate_app
-        app.add_typer(calibrate_app, name="calibrate",
-                      help="Run microbenchmarks, read existing results, fit cost profiles.")
-    except ImportError:  # pragma: no cover
-        pass
+    from .calibration.cli import app as calibrate_app
+    from .topologies.cli import app as topology_app
+
+    app.add_typer(topology_app, name="topology", help="Build, summarise and draw cluster topologies.")
+    app.add_typer(calibrate_app, name="calibrate",
+                  help="Run microbenchmarks, read existing results, fit cost profiles.")
 
 
 _mount_subapps()
