@@ -28,6 +28,13 @@ __all__ = ["TopologySpec", "NodeFabricSpec", "FabricSpec", "parse_spec", "SYSTEM
 SYSTEM_ONLY_KEYS = ("device", "compute_efficiency", "placement")
 
 
+def _registered(name: str, registry: dict, what: str) -> str:
+    """``name`` if a builder is registered under it, else an error listing the names."""
+    if name not in registry:
+        raise ValueError(f"not a registered {what}; allowed: {', '.join(sorted(registry))}")
+    return name
+
+
 class NodeFabricSpec(IntraNodeSpec):
     """:class:`~ddlsim.config.IntraNodeSpec` with any registered ``kind`` and, for NVLink ring
     and mesh, an optional per-link bandwidth (default: the device's bandwidth split evenly)."""
@@ -38,10 +45,7 @@ class NodeFabricSpec(IntraNodeSpec):
     @field_validator("kind")
     @classmethod
     def _check_kind(cls, kind: str) -> str:
-        if kind not in NODE_FABRICS:
-            raise ValueError(f"not a registered node fabric; allowed: "
-                             f"{', '.join(sorted(NODE_FABRICS))}")
-        return kind
+        return _registered(kind, NODE_FABRICS, "node fabric")
 
 
 class FabricSpec(NetworkSpec):
@@ -64,10 +68,7 @@ class FabricSpec(NetworkSpec):
     @field_validator("topology")
     @classmethod
     def _check_topology(cls, topology: str) -> str:
-        if topology not in TOPOLOGIES:
-            raise ValueError(f"not a registered topology; allowed: "
-                             f"{', '.join(sorted(TOPOLOGIES))}")
-        return topology
+        return _registered(topology, TOPOLOGIES, "topology")
 
     @field_validator("torus_dims")
     @classmethod

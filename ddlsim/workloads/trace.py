@@ -22,7 +22,7 @@ the total each rank sends, its own share included).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal, NamedTuple
@@ -139,12 +139,6 @@ class Program:
         missing = {s.block for s in self.steps} - set(self.blocks)
         if missing:
             raise ValueError(f"program steps name unknown blocks: {sorted(missing)}")
-
-    def iter_ops(self) -> Iterator[tuple[Step, int, Op]]:
-        """Every op in issue order, with its step and index in its block (materialises)."""
-        for step in self.steps:
-            for i, op in enumerate(self.blocks[step.block].ops):
-                yield step, i, op
 
 
 @dataclass(frozen=True)

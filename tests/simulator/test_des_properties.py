@@ -26,14 +26,19 @@ SETTINGS = settings(max_examples=30, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow])
 
 
-@st.composite
-def one_collective(draw):
-    """One collective of one group (after some compute) on a small random cluster."""
+def _small_cluster(draw):
+    """A random 2–4 node cluster (1–2 ranks per node) and its rank count."""
     nodes, g = draw(st.integers(2, 4)), draw(st.integers(1, 2))
     fabric = draw(st.sampled_from(["switch", "ring", "fat_tree"]))
     system = cluster(nodes, g, fabric, oversubscription=draw(st.sampled_from([1.0, 2.0])),
                      nodes_per_leaf=draw(st.sampled_from([1, 2])))
-    p = nodes * g
+    return system, nodes * g
+
+
+@st.composite
+def one_collective(draw):
+    """One collective of one group (after some compute) on a small random cluster."""
+    system, p = _small_cluster(draw)
     if draw(st.booleans()):
         return system, send_recv_pair(draw(st.sampled_from([1e5, 1e7])), p=p - p % 2)
     op = draw(st.sampled_from(OPS))
@@ -45,11 +50,7 @@ def one_collective(draw):
 @st.composite
 def scenarios(draw):
     """A small cluster and a few collectives at once on separate streams (contention)."""
-    nodes, g = draw(st.integers(2, 4)), draw(st.integers(1, 2))
-    fabric = draw(st.sampled_from(["switch", "ring", "fat_tree"]))
-    system = cluster(nodes, g, fabric, oversubscription=draw(st.sampled_from([1.0, 2.0])),
-                     nodes_per_leaf=draw(st.sampled_from([1, 2])))
-    p = nodes * g
+    system, p = _small_cluster(draw)
     rows = draw(st.sampled_from([1, 2] if p % 2 == 0 and p >= 4 else [1]))
     specs = []
     for _ in range(draw(st.integers(1, 3))):
