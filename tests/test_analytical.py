@@ -123,6 +123,32 @@ def test_matched_send_recv_runs_and_unmatched_is_a_deadlock(small_cfg):
         simulate_analytical(bad, CostModel(small_cfg.system, bad, small_cfg.parallel))
 
 
+@given(name=st.sampled_from(["gpipe", "1f1b", "interleaved"]), p=st.integers(1, 12),
+       groups=st.integers(1, 5), v=st.integers(2, 4))
+def test_schedule_arrays_give_every_stage_the_listed_order(name, p, groups, v):
+    """The vectorised schedules (all stages at once) are the list-built ones."""
+    from ddlsim.workloads.schedules import schedule, schedule_arrays
+    if name == "interleaved" and p == 1:
+        p = 2
+    m = groups * p
+    v = v if name == "interleaved" else 1
+    backward, _, mb, chunk, _ = schedule_arrays(name, p, m, v)
+    for s in range(p):
+        got = [("B" if b else "F", int(x), int(c)) for b, x, c in zip(backward[s], mb[s], chunk[s])]
+        assert got == list(schedule(name, s, p, m, v))
+
+
+def test_step_table_is_a_sequence_of_steps():
+    from ddlsim.workloads.trace import StepTable
+    t = StepTable(["F0", "B0"], [0, 0, 1, 1], [0, 1, 0, 1])
+    assert list(t) == [Step("F0", 0), Step("F0", 1), Step("B0", 0), Step("B0", 1)]
+    assert t[2] == Step("B0", 0, 0) and t[1:3] == [Step("F0", 1), Step("B0", 0)] and len(t) == 4
+    with pytest.raises(ValueError, match="block indices must index names"):
+        StepTable(["F0"], [0, 1], [0, 0])
+    with pytest.raises(ValueError, match="unknown blocks"):
+        Program({"F0": Block("F0", "forward", ())}, t)
+
+
 @given(name=st.sampled_from(["gpipe", "1f1b", "interleaved"]), p=st.integers(2, 16),
        groups=st.integers(1, 6), v=st.integers(2, 4), data=st.data())
 def test_peak_inflight_closed_form_matches_the_schedule(name, p, groups, v, data):
@@ -137,29 +163,63 @@ def test_peak_inflight_closed_form_matches_the_schedule(name, p, groups, v, data
     assert peak_inflight(name, stage, p, m, v) == peak
 
 
-@pytest.mark.parametrize("sched, v, pp, mbs", [("1f1b", None, 4, 1), ("gpipe", None, 2, 2),
-                                               ("interleaved", 2, 4, 1), ("1f1b", None, 1, 1)])
-def test_fast_prefix_solver_matches_the_general_loop(sched, v, pp, mbs):
-    """Same timing bit for bit; breakdown sums agree to rounding (the solver multiplies
-    per-block amounts by their counts instead of adding them step by step)."""
+@pytest.mark.parametrize("sched, v, pp, mbs, gbs", [
+    ("1f1b", None, 4, 1, 64), ("gpipe", None, 2, 2, 64), ("interleaved", 2, 4, 1, 64),
+    ("1f1b", None, 1, 1, 64), ("1f1b", None, 8, 1, 256), ("interleaved", 2, 8, 1, 256),
+    ("gpipe", None, 8, 1, 256)])
+def test_sweep_solver_matches_the_general_loop(sched, v, pp, mbs, gbs):
+    """The sweep solver (with and without periodic extrapolation) gives the general loop's
+    timing and breakdown to rounding: it adds a block's fused durations once instead of op by
+    op, sums accounting per block kind, and extrapolates the steady state by its period."""
     from ddlsim.simulator.analytical import engine
     d = {"model": "gpt3-2.7b", "parallel": {"tensor_model_parallel_size": 2,
                                             "pipeline_model_parallel_size": pp, "schedule": sched,
                                             "virtual_pipeline_model_parallel_size": v},
-         "train": {"micro_batch_size": mbs, "global_batch_size": 64, "seq_length": 2048},
+         "train": {"micro_batch_size": mbs, "global_batch_size": gbs, "seq_length": 2048},
+         "system": {"preset": "dgx-a100", "nodes": 2 * max(1, pp // 4)}}
+    results = {}
+    for fast, periodic in ((True, True), (True, False), (False, False)):
+        engine.FAST_PREFIX, engine.PERIODIC = fast, periodic
+        try:
+            results[fast, periodic] = ddlsim.predict(copy.deepcopy(d), check_fit=False).to_dict()
+        finally:
+            engine.FAST_PREFIX, engine.PERIODIC = True, True
+    slow = results[False, False]
+    for got in (results[True, True], results[True, False]):
+        assert got["iteration_time_s"] == pytest.approx(slow["iteration_time_s"], rel=1e-12)
+        for name, t in slow["per_class_time_s"].items():
+            assert got["per_class_time_s"][name] == pytest.approx(t, rel=1e-12)
+        for part in ("compute_s", "bubble_s", "optimizer_s"):
+            assert got["breakdown"][part] == pytest.approx(slow["breakdown"][part], rel=1e-10,
+                                                           abs=1e-15)
+        for kind, v in slow["breakdown"]["exposed_comm_s"].items():
+            assert got["breakdown"]["exposed_comm_s"][kind] == pytest.approx(v, rel=1e-10,
+                                                                             abs=1e-15)
+        assert got["comm_bytes"] == pytest.approx(slow["comm_bytes"], rel=1e-12)
+
+
+def test_periodic_extrapolation_is_used_on_a_deep_pipeline(monkeypatch):
+    """A 1F1B pipeline of 8 stages and 128 micro-batches reaches its steady state right after
+    the warm-up: the solver times a few periods step by step and fills the rest in (and still
+    agrees with the general loop, above)."""
+    from ddlsim.simulator.analytical import engine
+    timed = []
+    original = engine._gs
+
+    def spy(prog, *rest):
+        before = list(prog)
+        out = original(prog, *rest)
+        timed.append(sum(p - b for p, b in zip(prog, before)))
+        return out
+
+    monkeypatch.setattr(engine, "_gs", spy)
+    d = {"model": "gpt3-2.7b", "parallel": {"tensor_model_parallel_size": 2,
+                                            "pipeline_model_parallel_size": 8},
+         "train": {"micro_batch_size": 1, "global_batch_size": 256, "seq_length": 2048},
          "system": {"preset": "dgx-a100", "nodes": 2}}
-    fast = ddlsim.predict(copy.deepcopy(d), check_fit=False).to_dict()
-    engine.FAST_PREFIX = False
-    try:
-        slow = ddlsim.predict(d, check_fit=False).to_dict()
-    finally:
-        engine.FAST_PREFIX = True
-    assert fast["iteration_time_s"] == slow["iteration_time_s"]
-    assert fast["per_class_time_s"] == slow["per_class_time_s"]
-    for part in ("compute_s", "bubble_s", "optimizer_s"):
-        assert fast["breakdown"][part] == pytest.approx(slow["breakdown"][part], rel=1e-12)
-    for kind, v in slow["breakdown"]["exposed_comm_s"].items():
-        assert fast["breakdown"]["exposed_comm_s"][kind] == pytest.approx(v, rel=1e-12, abs=1e-15)
+    ddlsim.predict(d, check_fit=False)
+    steps = 8 * (2 * 128 + 1)
+    assert 0 < sum(timed) < 0.25 * steps   # most of the 2,056 steps were filled in
 
 
 def test_zero3_sequential_gathers_are_not_stretched_as_concurrent():

@@ -55,6 +55,8 @@ def test_units_are_parsed_at_the_edge():
     ({"parallel": {"schedule": "zigzag"}}, "'gpipe', '1f1b' or 'interleaved'"),
     ({"parallel": {"dp_strategy": "reduce_scatter", "zero_stage": 2}},
      "dp_strategy = 'reduce_scatter' is a plain data-parallel update and cannot combine with zero_stage = 2"),
+    ({"parallel": {"zero_stage": 3, "pipeline_model_parallel_size": 2, "data_parallel_size": 1}},
+     "zero_stage = 3 cannot combine with pipeline_model_parallel_size = 2"),
     ({"parallel": {"tensor_model_parallelsize": 2}},
      "unknown key 'tensor_model_parallelsize' in parallel; allowed keys:"),
     ({"train": {"seq_length": 4096}},

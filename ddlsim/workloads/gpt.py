@@ -9,16 +9,16 @@ stage is one rank class (the reduce-to-root strategy splits off the root, which 
 from __future__ import annotations
 
 import math
-from functools import cached_property, lru_cache
+from functools import cached_property
 
 import numpy as np
 
 from ..config import DTYPE_BYTES, RunConfig
 from .memory import stage_memory
 from .models.gpt import GPTShape
-from .schedules import schedule
-from .trace import (Block, Collective, Compute, GroupFamily, Op, P2P, Program, RankClass, Step,
-                    Wait, Workload)
+from .schedules import schedule_arrays
+from .trace import (Block, Collective, Compute, GroupFamily, Op, P2P, Program, RankClass,
+                    StepTable, Wait, Workload)
 
 __all__ = ["build_gpt_workload", "megatron_groups", "ADAM_BYTES_PER_PARAM"]
 
@@ -51,6 +51,8 @@ class _Builder:
         self.dtype = t.dtype
         self.layers_per_chunk = cfg.model.num_hidden_layers // (self.pp * self.v)
         self.act_bytes = self.b * self.s * cfg.model.hidden_size * self.dt
+        self._layer_ops: dict[tuple[bool, int], list[Op]] = {}
+        self._ops: dict[tuple, object] = {}
 
     @cached_property
     def fwd_layer(self) -> list[Compute | Collective]:
@@ -59,6 +61,24 @@ class _Builder:
     @cached_property
     def bwd_layer(self) -> list[Compute | Collective]:
         return self.layer_backward()
+
+    def cached(self, key: tuple, make):
+        """``make()``, built once per key: ops are immutable, so stages and chunks that need the
+        same op share one object."""
+        hit = self._ops.get(key)
+        if hit is None:
+            hit = self._ops[key] = make()
+        return hit
+
+    def layer_ops(self, backward: bool, repeat: int) -> list[Op]:
+        """One layer's forward (or backward) ops, each repeated ``repeat`` times (ops are
+        immutable, so every block and stage shares these lists)."""
+        key = (backward, repeat)
+        ops = self._layer_ops.get(key)
+        if ops is None:
+            ops = self._layer_ops[key] = [Op(x, repeat=repeat) for x in
+                                          (self.bwd_layer if backward else self.fwd_layer)]
+        return ops
 
     # ------------------------------------------------------------------ per-layer ops
     def _tp_comm(self, name: str) -> list[Collective]:
@@ -159,46 +179,56 @@ class _Builder:
         Lc = self.layers_per_chunk
 
         def recv(tag: str, peer: int) -> list[Op]:
-            ops = [Op(P2P(f"recv.{tag}", "recv", "pp", peer, p2p_bytes, tag), stream="pp")]
-            if self.tp > 1 and not self.sp:  # scatter-gather optimisation (Narayanan 2021 §4.1)
-                ops.append(Op(Collective(f"{tag}.gather", "all_gather", "tp", self.act_bytes),
-                              deps=(len(ops) - 1,)))
-            return ops
+            def make() -> list[Op]:
+                ops = [Op(P2P(f"recv.{tag}", "recv", "pp", peer, p2p_bytes, tag), stream="pp")]
+                if self.tp > 1 and not self.sp:  # scatter-gather (Narayanan 2021 §4.1)
+                    ops.append(Op(Collective(f"{tag}.gather", "all_gather", "tp", self.act_bytes),
+                                  deps=(len(ops) - 1,)))
+                return ops
+            return self.cached(("recv", tag, peer), make)
 
-        def send(tag: str, peer: int) -> Op:
-            return Op(P2P(f"send.{tag}", "send", "pp", peer, p2p_bytes, tag), stream="pp")
+        def send(tag: str, peer: int, dep: int) -> Op:
+            return self.cached(("send", tag, peer, dep), lambda: Op(
+                P2P(f"send.{tag}", "send", "pp", peer, p2p_bytes, tag), stream="pp", deps=(dep,)))
 
+        def after(op: Op, dep: int) -> Op:  # ``op`` made to depend on op ``dep``
+            return self.cached(("after", op, dep), lambda: Op(op.payload, op.stream, (dep,), op.repeat))
+
+        # tags name the receiving chunk, so every middle stage has the same blocks (the last
+        # stage's chunk c feeds chunk c + 1 of stage 0 in the interleaved schedule)
         fwd: list[Op] = []
         if k > 0:
-            fwd += recv(f"act{k}", -1)
+            fwd += recv(f"act.c{chunk}", -1)
         if k == 0:
-            fwd += [Op(x) for x in self.embedding_forward()]
+            fwd += self.cached(("embedding",), lambda: [Op(x) for x in self.embedding_forward()])
         first = len(fwd)
-        fwd += [Op(x, repeat=Lc) for x in self.fwd_layer]
+        fwd += self.layer_ops(False, Lc)
         if fwd[:first]:
-            fwd[first] = Op(fwd[first].payload, deps=(first - 1,), repeat=Lc)
+            fwd[first] = after(fwd[first], first - 1)
         if k == last_k:
-            fwd += [Op(x) for x in self.head_forward()]
+            fwd += self.cached(("head",), lambda: [Op(x) for x in self.head_forward()])
         else:
-            fwd.append(Op(send(f"act{k + 1}", +1).payload, stream="pp", deps=(len(fwd) - 1,)))
+            to = chunk + (1 if stage == self.pp - 1 else 0)
+            fwd.append(send(f"act.c{to}", +1, len(fwd) - 1))
 
         def backward(with_sync: bool) -> list[Op]:
             ops: list[Op] = []
             if k < last_k:
-                ops += recv(f"grad{k}", +1)
+                ops += recv(f"grad.c{chunk}", +1)
             else:
-                ops += [Op(x) for x in self.head_backward()]
+                ops += self.cached(("head.bwd",), lambda: [Op(x) for x in self.head_backward()])
             start = len(ops)
-            layer = self.bwd_layer
             if with_sync and sync_ops:
-                ops += self._overlapped_layers(layer, sync_ops, start)
+                ops += self._overlapped_layers(sync_ops, start)
             else:
-                ops += [Op(x, repeat=Lc) for x in layer]
+                ops += self.layer_ops(True, Lc)
             if ops[:start]:
-                ops[start] = Op(ops[start].payload, ops[start].stream, (start - 1,), ops[start].repeat)
+                ops[start] = after(ops[start], start - 1)
             if k > 0:
-                last_compute = max(i for i, o in enumerate(ops) if o.stream == "compute")
-                ops.append(Op(send(f"grad{k - 1}", -1).payload, stream="pp", deps=(last_compute,)))
+                last_compute = next(i for i in range(len(ops) - 1, -1, -1)
+                                    if ops[i].stream == "compute")
+                to = chunk - (1 if stage == 0 else 0)
+                ops.append(send(f"grad.c{to}", -1, last_compute))
             return ops
 
         blocks = {f"F{chunk}": Block(f"F{chunk}", "forward", tuple(fwd)),
@@ -207,15 +237,18 @@ class _Builder:
             blocks[f"B{chunk}.sync"] = Block(f"B{chunk}.sync", "backward", tuple(backward(True)))
         return blocks
 
-    def _overlapped_layers(self, layer: list, sync_ops: list[Op], start: int) -> list[Op]:
+    def _overlapped_layers(self, sync_ops: list[Op], start: int) -> list[Op]:
         """Backward layers split into bucket segments; after each segment its gradients'
         collective is issued on the dp stream (PyTorch DDP buckets, overlap with backward)."""
+        key = ("overlapped", tuple((o.payload, o.repeat) for o in set(sync_ops)), len(sync_ops),
+               start)
+        return self.cached(key, lambda: self._segments(sync_ops, start))
+
+    def _segments(self, sync_ops: list[Op], start: int) -> list[Op]:
         Lc, n_seg = self.layers_per_chunk, len(sync_ops)
-        per = [Lc // n_seg + (1 if i < Lc % n_seg else 0) for i in range(n_seg)]
         ops: list[Op] = []
-        for seg, reps in enumerate(per):
-            ops += [Op(x, repeat=reps) for x in layer]
-            s = sync_ops[seg]
+        for seg, s in enumerate(sync_ops):
+            ops += self.layer_ops(True, Lc // n_seg + (1 if seg < Lc % n_seg else 0))
             ops.append(Op(s.payload, stream=s.stream, deps=(start + len(ops) - 1,), repeat=s.repeat))
         return ops
 
@@ -231,8 +264,7 @@ class _Builder:
         per_seg = math.ceil(n_buckets / n_seg)
         op = "reduce_scatter" if self.cfg.parallel.zero_stage in (1, 2) else "all_reduce"
         size = grad_bytes / (n_seg * per_seg)
-        return [Op(Collective(f"grad.{op}", op, "dp", size), stream="dp", repeat=per_seg)
-                for _ in range(n_seg)]
+        return [Op(Collective(f"grad.{op}", op, "dp", size), stream="dp", repeat=per_seg)] * n_seg
 
     def update_block(self, stage: int, root: bool, overlapped: bool) -> Block:
         """Gradient synchronisation not overlapped with backward, the optimizer step, and the
@@ -312,43 +344,84 @@ def _zero3_blocks(b: _Builder, stage: int) -> dict[str, Block]:
     return {"F0": Block("F0", "forward", tuple(fwd)), "B0": Block("B0", "backward", tuple(bwd))}
 
 
-@lru_cache(maxsize=1024)
-def _steps(sched: str, stage: int, pp: int, m: int, v: int, sync: bool) -> tuple[Step, ...]:
-    """The steps of one stage; the last backward of each chunk uses its ``.sync`` block."""
-    order = schedule(sched, stage, pp, m, v)
-    last_b = {c: max(i for i, (kind, _, cc) in enumerate(order) if kind == "B" and cc == c)
-              for c in range(v)}
-    return tuple(Step(f"{kind}{c}.sync" if sync and kind == "B" and i == last_b[c]
-                      else f"{kind}{c}", mb, c) for i, (kind, mb, c) in enumerate(order))
+def _step_tables(sched: str, pp: int, m: int, v: int, sync: bool) -> list[StepTable]:
+    """Each stage's steps, built for all stages at once from :func:`schedule_arrays`; the last
+    backward of each chunk uses its ``.sync`` block, and ``update`` ends the iteration."""
+    backward, ordinal, mb, chunk, warm = schedule_arrays(sched, pp, m, v)
+    v = v if sched == "interleaved" else 1
+    T = m * v
+    names = [f"F{c}" for c in range(v)] + [f"B{c}" for c in range(v)]
+    block = np.where(backward, v + chunk, chunk)
+    first_sync = np.full(pp, 2 * T)
+    if sync:
+        names += [f"B{c}.sync" for c in range(v)]
+        b0, o0, c0 = backward[0], ordinal[0], chunk[0]
+        last_b = np.array([o0[b0 & (c0 == c)].max() for c in range(v)])
+        is_sync = backward & (ordinal == last_b[chunk])
+        block = np.where(is_sync, 2 * v + chunk, block)
+        first_sync = np.argmax(is_sync, axis=1)
+    names.append("update")
+    tail = np.zeros((pp, 1), dtype=np.int64)
+    block = np.hstack([block, tail + len(names) - 1])
+    mb, chunk = np.hstack([mb, tail]), np.hstack([chunk, tail])
+    for a in (block, mb, chunk):
+        a.setflags(write=False)
+    tables = []
+    for s in range(pp):
+        w = int(warm[s])
+        if sched == "gpipe":       # the forwards: one per micro-batch, nothing in between
+            steady = (0, min(T, int(first_sync[s])), 1, 1)
+        elif sched == "1f1b":      # one forward and one backward per micro-batch
+            steady = (w, min(2 * T - w, int(first_sync[s])), 2, 1)
+        else:                      # p micro-batches of every chunk, forward and backward
+            steady = (w, min(2 * T - w, int(first_sync[s])), 2 * pp * v, pp)
+        tables.append(StepTable.trusted(names, block[s], mb[s], chunk[s], steady))
+    return tables
 
 
 def build_gpt_workload(cfg: RunConfig) -> Workload:
-    """The trace of one training iteration of ``cfg`` (a GPT model)."""
+    """The trace of one training iteration of ``cfg`` (a GPT model).
+
+    Stages that play the same role (first, last, or in between) share their block objects,
+    and every stage's steps are a :class:`StepTable`, so building a 32-stage plan with 384
+    micro-batches costs a few arrays rather than 25,000 objects.
+    """
     b = _Builder(cfg)
     par = cfg.parallel
     tp, dp, pp, v, m = b.tp, b.dp, b.pp, b.v, cfg.num_microbatches
     groups = megatron_groups(tp, dp, pp)
     overlap = par.overlap_grad_reduce and par.dp_strategy == "ddp" and par.zero_stage in (0, 1, 2)
+    split_root = par.dp_strategy == "reduce_broadcast" and dp > 1
+    zero3 = par.zero_stage == 3 and dp > 1
     classes: list[RankClass] = []
     ranks = np.arange(tp * dp * pp).reshape(pp, dp, tp)
+    tables = None
+    shared: dict[tuple, dict[str, Block]] = {}
     for stage in range(pp):
-        blocks: dict[str, Block] = {}
-        if par.zero_stage == 3 and dp > 1:
-            blocks.update(_zero3_blocks(b, stage))
-        else:
-            sync = b.grad_sync_ops(stage) if overlap else None
-            for c in range(v):
-                blocks.update(b.chunk_blocks(stage, c, sync))
-        sync_blocks = any(name.endswith(".sync") for name in blocks)
-        steps = _steps(par.schedule, stage, pp, m, v, sync_blocks)
-        splits = [(True, ranks[stage, :1].ravel()), (False, ranks[stage, 1:].ravel())] \
-            if par.dp_strategy == "reduce_broadcast" and dp > 1 else [(True, ranks[stage].ravel())]
+        role = (stage == 0, stage == pp - 1)
+        blocks = shared.get(role)
+        if blocks is None:
+            blocks = {}
+            if zero3:
+                blocks.update(_zero3_blocks(b, stage))
+            else:
+                sync = b.grad_sync_ops(stage) if overlap else None
+                for c in range(v):
+                    blocks.update(b.chunk_blocks(stage, c, sync))
+            shared[role] = blocks
+        if tables is None:
+            sync_blocks = any(name.endswith(".sync") for name in blocks)
+            tables = _step_tables(par.schedule, pp, m, v, sync_blocks)
+        splits = [(True, ranks[stage, :1]), (False, ranks[stage, 1:])] if split_root \
+            else [(True, ranks[stage])]
         for root, members in splits:
-            cls_blocks = dict(blocks)
-            cls_blocks["update"] = b.update_block(stage, root, overlap)
-            program = Program(cls_blocks, (*steps, Step("update")))
+            key = (*role, root, "update")
+            update = shared.get(key)
+            if update is None:
+                update = shared[key] = {"update": b.update_block(stage, root, overlap)}
+            program = Program({**blocks, **update}, tables[stage])
             name = f"stage{stage}" + ("" if len(splits) == 1 else (".root" if root else ".rest"))
-            classes.append(RankClass(name, tuple(int(r) for r in members), program))
+            classes.append(RankClass(name, tuple(members.ravel().tolist()), program))
     shape = b.shape
     t = cfg.train
     model_flops = shape.model_flops(t.global_batch_size, t.seq_length)

@@ -18,9 +18,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import lru_cache
 
+import numpy as np
+
 from ..errors import ConfigError
 
-__all__ = ["schedule", "SCHEDULES", "warmup", "peak_inflight"]
+__all__ = ["schedule", "SCHEDULES", "warmup", "peak_inflight", "schedule_arrays"]
 
 Order = list[tuple[str, int, int]]
 SCHEDULES: dict[str, Callable[[int, int, int, int], Order]] = {}
@@ -107,3 +109,43 @@ def peak_inflight(name: str, stage: int, p: int, m: int, v: int = 1) -> int:
     forwards plus the first steady-state one, or all of them when warm-up covers everything."""
     total = m * (v if name == "interleaved" else 1)
     return min(warmup(name, stage, p, m, v) + 1, total)
+
+
+def schedule_arrays(name: str, p: int, m: int, v: int = 1):
+    """Every stage's order at once, as arrays (the same orders as :func:`schedule`).
+
+    All three schedules are "``w_s`` warm-up forwards, then one forward and one backward
+    alternately, then the remaining backwards" (GPipe: ``w_s = m``), so with ``T`` forwards
+    per stage the k-th forward of stage s sits at ``k`` if ``k < w_s`` else ``2k − w_s``, and
+    the i-th backward at ``w_s + 2i + 1`` if ``i < T − w_s`` else ``T + i``.
+
+    Returns ``(backward, ordinal, microbatch, chunk, warm)``: ``backward[s, j]`` is true where
+    step j of stage s is a backward, ``ordinal[s, j]`` its index among the stage's forwards
+    (or backwards), ``microbatch[s, j]`` and ``chunk[s, j]`` what it processes, ``warm[s]`` the
+    warm-up forwards.
+    """
+    if name not in SCHEDULES:
+        raise ConfigError(f"unknown pipeline schedule {name!r}; allowed: {', '.join(SCHEDULES)}")
+    v = v if name == "interleaved" else 1
+    T = m * v
+    warm = np.array([warmup(name, s, p, m, v) for s in range(p)], dtype=np.int64)
+    k = np.arange(T, dtype=np.int64)
+    w = warm[:, None]
+    pos_f = np.where(k < w, k, 2 * k - w)
+    pos_b = np.where(k < T - w, w + 2 * k + 1, T + k)
+    rows = np.arange(p)[:, None]
+    backward = np.zeros((p, 2 * T), dtype=bool)
+    backward[rows, pos_b] = True
+    ordinal = np.empty((p, 2 * T), dtype=np.int64)
+    ordinal[rows, pos_f] = k
+    ordinal[rows, pos_b] = k
+    if name == "interleaved":
+        group, within = np.divmod(k, p * v)
+        mb_of = group * p + within % p
+        chunk_f = within // p
+        chunk_b = v - 1 - chunk_f
+    else:
+        mb_of, chunk_f, chunk_b = k, np.zeros_like(k), np.zeros_like(k)
+    microbatch = mb_of[ordinal]
+    chunk = np.where(backward, chunk_b[ordinal], chunk_f[ordinal])
+    return backward, ordinal, microbatch, chunk, warm

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict, deque
+from operator import itemgetter
+from typing import NamedTuple
 
 import numpy as np
 
 from ...errors import DeadlockError
-from ...workloads.trace import Collective, Compute, P2P, Wait, Workload
+from ...workloads.trace import Collective, Compute, P2P, StepTable, Workload
 from ..costs import CostModel
 from ..result import ClassTiming
 
@@ -60,88 +62,176 @@ class _Groups:
         return hit
 
 
-def _instr(op, rep: int, groups: _Groups, cost: CostModel, streams: dict[str, int]) -> tuple:
-    """(code, stream, deps, duration, label, partner, flops, bytes) for one op."""
+def _local_instr(op, cost: CostModel, streams: dict[str, int], partners) -> tuple:
+    """(code, stream, deps, duration, label, partner, flops, bytes) of a non-P2P op;
+    ``partners``: the classes a collective's group spans, or None when it is local."""
     p, k = op.payload, op.repeat
     sid = streams.setdefault(op.stream, len(streams))
     if isinstance(p, Compute):
         label = "optimizer" if p.kind == "optimizer" else "compute"
         return (_COMPUTE, sid, op.deps, k * cost.compute(p), label, None, k * p.flops, 0.0)
     if isinstance(p, Collective):
-        _, _, partners = groups.row(p.group, rep)
-        x = (p.group, partners) if len(partners) > 1 else None
+        x = (p.group, partners) if partners is not None else None
         return (_COLL, sid, op.deps, k * cost.collective(p), cost.kind[p.group], x, 0.0, k * p.bytes)
-    if isinstance(p, P2P):
-        row, i, _ = groups.row(p.group, rep)
-        peer = row[(i + p.peer) % len(row)]
-        code = _SEND if p.kind == "send" else _RECV
-        return (code, sid, op.deps, cost.p2p(p, rep, peer), cost.kind[p.group],
-                (int(groups.class_of[peer]), p.tag), 0.0, p.bytes if code == _SEND else 0.0)
     target = streams.setdefault(p.stream, len(streams))
     return (_WAIT, sid, op.deps, 0.0, "", target, 0.0, 0.0)
 
 
-def _resolve(workload: Workload, cost: CostModel, streams: dict[str, int]):
-    """Per class: the issue-ordered list of (resolved block, micro-batch, fast form)."""
-    groups = _Groups(workload)
-    memo: dict = {}
-    resolved = []
-    for cls in workload.classes:
-        rep = cls.ranks[0]
-        blocks = {}
-        for bname, block in cls.program.blocks.items():
-            instrs = []
-            for op in block.ops:
-                local = not isinstance(op.payload, (P2P, Collective)) or (
-                    isinstance(op.payload, Collective)
-                    and len(groups.row(op.payload.group, rep)[2]) == 1)
-                key = (op, op.stream) if local else None
-                ins = memo.get(key) if local else None
-                if ins is None:
-                    ins = _instr(op, rep, groups, cost, streams)
-                    if local:
-                        memo[key] = ins
+class _Template(NamedTuple):
+    """A block merged once for every class that shares it: point-to-point instructions hold
+    placeholders (``slots``: their positions and payloads) filled per class."""
+
+    merged: list
+    slots: tuple
+    fast: tuple | None   # (recv slot or None, send slot or None, core duration, acct, side)
+
+
+class _Resolver:
+    """Blocks → engine instructions for one workload and cost model. A block object shared by
+    several classes (GPT's middle stages) is merged once; each class fills in only its
+    point-to-point partners and transfer times."""
+
+    def __init__(self, workload: Workload, cost: CostModel, streams: dict[str, int]):
+        self.groups = _Groups(workload)
+        self.cost = cost
+        self.streams = streams
+        self.templates: dict[tuple, _Template] = {}
+        self.coll_groups: dict[int, tuple[str, ...]] = {}
+        self.partner_sets: dict[tuple[int, str], frozenset | None] = {}
+        self.p2p: dict[tuple, tuple] = {}
+        self.instrs: dict[tuple, tuple] = {}
+
+    def partners(self, ci: int, rep: int, group: str) -> frozenset | None:
+        key = (ci, group)
+        if key not in self.partner_sets:
+            parts = self.groups.row(group, rep)[2]
+            self.partner_sets[key] = parts if len(parts) > 1 else None
+        return self.partner_sets[key]
+
+    def block(self, ci: int, rep: int, block) -> tuple[list, tuple | None]:
+        """(merged instructions, fast form) of ``block`` as class ``ci`` runs it."""
+        bid = id(block)
+        groups = self.coll_groups.get(bid)
+        if groups is None:
+            groups = self.coll_groups[bid] = tuple(sorted(
+                {op.payload.group for op in block.ops if isinstance(op.payload, Collective)}))
+        sig = tuple(self.partners(ci, rep, g) for g in groups)
+        tmpl = self.templates.get((bid, sig))
+        if tmpl is None:
+            tmpl = self.templates[(bid, sig)] = self._template(block, dict(zip(groups, sig)))
+        if not tmpl.slots:
+            fast = tmpl.fast
+            return tmpl.merged, (fast and (None, None) + fast[2:])
+        merged = list(tmpl.merged)
+        filled = []
+        for i, payload in tmpl.slots:
+            part = self._p2p(ci, rep, payload)
+            ins = merged[i]
+            merged[i] = ins[:3] + (part[1], ins[4], part[0]) + ins[6:]
+            filled.append(part)
+        fast = tmpl.fast
+        if fast is not None:
+            recv = filled[0] if fast[0] is not None else None
+            send = filled[fast[1]] if fast[1] is not None else None
+            fast = (recv, send) + fast[2:]
+        return merged, fast
+
+    def _p2p(self, ci: int, rep: int, p: P2P) -> tuple:
+        """((peer class, tag), transfer seconds) of a send or recv of class ``ci``."""
+        key = (ci, p.group, p.peer, p.bytes, p.tag)
+        hit = self.p2p.get(key)
+        if hit is None:
+            row, i, _ = self.groups.row(p.group, rep)
+            peer = row[(i + p.peer) % len(row)]
+            hit = self.p2p[key] = ((int(self.groups.class_of[peer]), p.tag),
+                                   self.cost.p2p(p, rep, peer))
+        return hit
+
+    def _template(self, block, partners: dict) -> _Template:
+        instrs, slots = [], []
+        for op in block.ops:
+            p = op.payload
+            if isinstance(p, P2P):
+                sid = self.streams.setdefault(op.stream, len(self.streams))
+                code = _SEND if p.kind == "send" else _RECV
+                instrs.append((code, sid, op.deps, 0.0, self.cost.kind[p.group], None, 0.0,
+                               p.bytes if code == _SEND else 0.0))
+                slots.append(p)
+            else:
+                partner = partners.get(p.group) if isinstance(p, Collective) else None
+                key = (id(op), partner)
+                ins = self.instrs.get(key)
+                if ins is None:  # ops are shared (a layer's ops by every segment and stage)
+                    ins = self.instrs[key] = _local_instr(op, self.cost, self.streams, partner)
                 instrs.append(ins)
-            blocks[bname] = _merged(instrs, block.ops, memo)
-        resolved.append((cls.program.steps, blocks))
-    return resolved
-
-
-def _merged(instrs: list, ops, memo: dict) -> tuple[list, tuple | None]:
-    """Merge a block, reusing the merge of any earlier block of the same shape (blocks of
-    different stages differ only in their point-to-point partners, which are never fused)."""
-    p2p = [ins[5] for ins in instrs if ins[0] in (_SEND, _RECV)]
-    shape = tuple(ins[:5] + (None,) + ins[6:] if ins[0] in (_SEND, _RECV) else ins
-                  for ins in instrs)
-    key = (shape, tuple((o.payload.group, o.deps) if isinstance(o.payload, Collective) else None
-                        for o in ops))
-    template = memo.get(key)
-    if template is None:
-        template = memo[key] = _collapse_pairs(_merge(_share_concurrent(list(shape), ops)))
-    if not p2p:
-        merged = template
-    else:
-        it = iter(p2p)
-        merged = [ins[:5] + (next(it),) + ins[6:] if ins[0] in (_SEND, _RECV) else ins
-                  for ins in template]
-    return merged, _fast_form(merged)
+        merged = _collapse_pairs(_merge(_share_concurrent(instrs, block.ops)))
+        positions = [i for i, ins in enumerate(merged) if ins[0] in (_SEND, _RECV)]
+        return _Template(merged, tuple(zip(positions, slots)), _fast_form(merged))
 
 
 def _fast_form(instrs: list) -> tuple | None:
-    """The common pipeline block — [recv] → one fused compute-stream run → [send] — as a
-    compact tuple the scheduler can time without the general loop; None otherwise."""
-    i, recv = 0, None
+    """The pipeline block — [recv] → compute-stream instructions (fused runs, overlapped
+    bucket pipes) with local collectives on other streams hanging off them → [send after the
+    last compute] — as (recv slot, send slot, compute-stream seconds, accounting, side) for the
+    sweep solver; None for any other shape. ``side`` is set when the block also occupies other
+    streams (replayed after the sweep)."""
+    i, recv, slot = 0, None, 0
     if instrs and instrs[0][0] == _RECV and not instrs[0][2]:
-        recv, i = instrs[0], 1
-    if i >= len(instrs) or instrs[i][0] != _MACRO or instrs[i][2] != ((0,) if recv else ()):
-        return None
-    macro, send = instrs[i], None
-    if i + 1 < len(instrs):
-        send = instrs[i + 1]
-        if send[0] != _SEND or send[2] != (i,) or i + 2 != len(instrs):
+        recv, i, slot = 0, 1, 1
+    allowed = {0} if recv is not None else set()
+    compute: list[int] = []
+    side = False
+    send = None
+    for j in range(i, len(instrs)):
+        code, sid, deps = instrs[j][:3]
+        if code == _SEND:
+            if j != len(instrs) - 1 or not compute or deps != (compute[-1],):
+                return None
+            send = slot
+            continue
+        if code in (_MACRO, _PIPE) and sid == 0:
+            if not compute and recv is not None and deps != (0,):
+                return None
+            if compute and not set(deps) <= set(compute):
+                return None
+            compute.append(j)
+            side = side or code == _PIPE
+        elif code == _COLL and sid != 0 and instrs[j][5] is None:
+            if not set(deps) <= set(compute):
+                return None
+            side = True
+        else:
             return None
-    return (recv[5] if recv else None, recv[4] if recv else "", macro[3],
-            send[5] if send else None, send[3] if send else 0.0, macro, send)
+    if not compute:
+        return None
+    dur = 0.0
+    comp = opt = flops = 0.0
+    nbytes: dict[str, float] = defaultdict(float)
+    exposed: dict[str, float] = defaultdict(float)
+    for j in compute:
+        code, _, _, d, _, x, fl, _ = instrs[j]
+        dur += d
+        flops += fl
+        if code == _MACRO:
+            c, o, ex, nb = x
+            k = 1
+        else:
+            m, c_ins, k = x
+            c, o, ex, nb = m[5]
+            nbytes[c_ins[4]] += k * c_ins[7]
+        comp += k * c
+        opt += k * o
+        for key, v in ex:
+            exposed[key] += k * v
+        for key, v in nb:
+            nbytes[key] += k * v
+    for ins in instrs:
+        if ins[0] == _COLL and ins[1] != 0:
+            nbytes[ins[4]] += ins[7]
+        elif ins[0] == _SEND:
+            nbytes[ins[4]] += ins[7]
+    acct = (comp, opt, flops, tuple(exposed.items()), tuple(nbytes.items()))
+    return (recv, send, dur, acct, instrs if side else None)
 
 
 def _merge(instrs: list) -> list:
@@ -266,17 +356,44 @@ def _share_concurrent(instrs: list, ops) -> list:
     return out
 
 
+class _ClassBlocks(dict):
+    """A class's blocks by name → (merged instructions, fast form), resolved on first use."""
+
+    def __init__(self, resolver: _Resolver, ci: int, rep: int, blocks):
+        super().__init__()
+        self.resolver, self.ci, self.rep, self.blocks = resolver, ci, rep, blocks
+
+    def __missing__(self, name: str) -> tuple[list, tuple | None]:
+        hit = self[name] = self.resolver.block(self.ci, self.rep, self.blocks[name])
+        return hit
+
+
+def _resolve(workload: Workload, cost: CostModel, streams: dict[str, int]) -> list:
+    """Per class: (steps, blocks by name → (instructions, fast form))."""
+    resolver = _Resolver(workload, cost, streams)
+    out = []
+    for ci, cls in enumerate(workload.classes):
+        steps = cls.program.steps
+        blocks = _ClassBlocks(resolver, ci, cls.ranks[0], cls.program.blocks)
+        names = steps.names if isinstance(steps, StepTable) else dict.fromkeys(s.block for s in steps)
+        for name in names:   # resolve up front: every stream is known before timing starts
+            blocks[name]
+        out.append((steps, blocks))
+    return out
+
+
 def simulate_analytical(workload: Workload, cost: CostModel) -> list[ClassTiming]:
     """Time every rank class; raises :class:`DeadlockError` if the program cannot finish.
 
-    Classes run until they block on a message or a collective; a blocked class sleeps until
-    the send or the last arrival it waits for happens (FIFO, so the order is deterministic).
+    The leading pipeline steps of every class are timed by :func:`_sweep`; then classes run
+    the rest until they block on a message or a collective; a blocked class sleeps until the
+    send or the last arrival it waits for happens (FIFO, so the order is deterministic).
     """
     streams: dict[str, int] = {"compute": 0}
     programs = _resolve(workload, cost, streams)
     st = _State(len(programs), len(streams))
     if FAST_PREFIX:
-        _fast_prefix(programs, st)
+        _sweep(programs, st)
     done = [False] * len(programs)
     queue = deque(range(len(programs)))
     queued = [True] * len(programs)
@@ -294,70 +411,334 @@ def simulate_analytical(workload: Workload, cost: CostModel) -> list[ClassTiming
     return st.timings
 
 
-#: Time the leading recv → compute → send steps of every class with the sweep solver below
-#: (bit-identical to the general loop, several times faster on deep pipelines).
+#: Time the leading [recv] → compute → [send] steps of every class with :func:`_sweep`
+#: (False: the general loop times every step; tests compare the two).
 FAST_PREFIX = True
+#: Extrapolate a periodic steady state once it is reached (False: time every step).
+PERIODIC = True
 
 
-def _fast_prefix(programs: list, st: "_State") -> None:
-    """Run every class through its leading fast-form steps, sweeping the classes alternately
-    upwards and downwards (so forward and backward pipeline chains propagate in one sweep), each
-    as far as its received messages allow. Same arithmetic, in the same order per class, as
-    the fast path of :func:`_run`, which then continues from the state left here."""
-    limits = []
-    for steps, blocks in programs:
-        n = 0
-        for block, _, _ in steps:
-            if blocks[block][1] is None:
-                break
-            n += 1
-        limits.append(n)
-    pos = [0] * len(programs)
-    posted, seen = st.posted, st.fast_seen
-    up = list(range(len(programs)))
+def _step_arrays(steps) -> tuple[tuple[str, ...], np.ndarray, np.ndarray, tuple | None]:
+    if isinstance(steps, StepTable):
+        return steps.names, steps.block, steps.microbatch, steps.steady
+    names = tuple(dict.fromkeys(s.block for s in steps))
+    index = {n: i for i, n in enumerate(names)}
+    block = np.fromiter((index[s.block] for s in steps), dtype=np.int64, count=len(steps))
+    mb = np.fromiter((s.microbatch for s in steps), dtype=np.int64, count=len(steps))
+    return names, block, mb, None
+
+
+class _Nodes:
+    """Every class's steps as one flat array of nodes (class-major), with what the sweep needs
+    per node: duration on the compute stream, the node whose send it receives (``src``) and
+    the transfer time."""
+
+    def __init__(self, programs: list):
+        C = len(programs)
+        arrays = [_step_arrays(steps) for steps, _ in programs]
+        NB = max(len(a[0]) for a in arrays)
+        self.C, self.NB = C, NB
+        fast: list[tuple | None] = [None] * (C * NB)
+        msgs: dict[tuple, int] = {}       # (sender, receiver, tag) → message id
+        labels: dict[str, int] = {}
+        dur_t = [0.0] * (C * NB)
+        ok_t = [False] * (C * NB)
+        sent_t = [-1] * (C * NB)          # message a block sends, received one, label
+        recv_t = [-1] * (C * NB)
+        lab_t = [0] * (C * NB)
+        send_dur_t = [0.0] * (C * NB)
+        for c, ((_, blocks), (names, _, _, _)) in enumerate(zip(programs, arrays)):
+            for b, name in enumerate(names):
+                instrs, f = blocks[name]
+                k = c * NB + b
+                fast[k] = f
+                if f is None:
+                    continue
+                recv, send = f[0], f[1]
+                dur_t[k] = f[2]
+                ok_t[k] = True
+                if send is not None:
+                    (dest, tag), send_dur_t[k] = send
+                    sent_t[k] = msgs.setdefault((c, dest, tag), len(msgs))
+                if recv is not None:
+                    (src, tag), _ = recv
+                    recv_t[k] = msgs.setdefault((src, c, tag), len(msgs))
+                    ok_t[k] = src != c
+                    lab_t[k] = labels.setdefault(instrs[0][4], len(labels))
+        self.fast, self.labels = fast, list(labels)
+        lens = np.fromiter((len(a[1]) for a in arrays), dtype=np.int64, count=C)
+        self.off = np.concatenate([[0], np.cumsum(lens)])
+        N = int(self.off[-1])
+        self.N = N
+        cls = np.repeat(np.arange(C), lens)
+        blk = np.concatenate([a[1] for a in arrays])
+        mb = np.concatenate([a[2] for a in arrays])
+        key = cls * NB + blk
+        self.cls, self.blk, self.mb, self.key = cls, blk, mb, key
+        self.dur = np.asarray(dur_t)[key]
+        sent = np.asarray(sent_t)[key]
+        got = np.asarray(recv_t)[key]
+        ok = np.asarray(ok_t)[key]
+        self.lab = np.asarray(lab_t)[key]
+        M = int(mb.max()) + 1 if N else 1
+        where = np.full(max(1, len(msgs)) * M, -1, dtype=np.int64)
+        sending = np.flatnonzero(sent >= 0)
+        where[sent[sending] * M + mb[sending]] = sending
+        need = got >= 0
+        src = np.where(need, where[np.maximum(got, 0) * M + mb], -1)
+        self.src = src
+        self.src_cls = np.where(src >= 0, cls[np.maximum(src, 0)], -1)
+        self.t = np.where(src >= 0, np.asarray(send_dur_t)[key][np.maximum(src, 0)], 0.0)
+        bad = ~ok | (need & (src < 0))
+        # prefix limit of each class: its first step the sweep cannot time
+        bad_at = np.flatnonzero(bad)
+        first = np.searchsorted(bad_at, self.off[:-1])
+        first_bad = np.append(bad_at, N)[first]
+        self.limit = np.minimum(first_bad, self.off[1:])
+        self.steady = [a[3] for a in arrays]
+
+
+def _gs(prog: list, lim: list, src: list, src_cls: list, t: list, dur: list, ends: list,
+        free: list) -> bool:
+    """Gauss–Seidel over classes, alternately upwards and downwards, each as far as its
+    received messages allow (a forward chain runs in one upward pass, a backward chain in one
+    downward pass). ``end = max(previous end, arrival) + duration`` per node."""
+    C = len(prog)
+    up = list(range(C))
     sweeps = (up, up[::-1])
     k = 0
+    moved_any = False
     while True:
         moved = False
-        for ci in sweeps[k & 1]:
-            j, limit = pos[ci], limits[ci]
-            if j >= limit:
+        for c in sweeps[k & 1]:
+            j, L = prog[c], lim[c]
+            if j >= L:
                 continue
-            steps, blocks = programs[ci]
-            fr, T, counts = st.free[ci], st.timings[ci], st.fast_counts[ci]
-            exposed = T.exposed
-            f = fr[0]
-            while j < limit:
-                block, mb, _ = steps[j]
-                fast = blocks[block][1]
-                rx, rlabel, dur, sx, sdur = fast[:5]
-                if rx is not None:
-                    sent = posted.get((ci, rx[0], rx[1], mb))
-                    if sent is None:
+            f = free[c]
+            j0 = j
+            while j < L:
+                s = src[j]
+                if s >= 0:
+                    if s >= prog[src_cls[j]]:
                         break
-                    arrive = sent[0] + sent[1] if sent[0] > 0.0 else sent[1]
-                    if arrive > f:
-                        gap = arrive - f
-                        exp = gap if sent[1] >= gap else sent[1]
-                        exposed[rlabel] += exp
-                        T.bubble += gap - exp
-                        f = arrive
-                f += dur
-                if sx is not None:
-                    posted[(sx[0], ci, sx[1], mb)] = (f, sdur)
-                key = id(fast)
-                counts[key] = counts.get(key, 0) + 1
-                seen[key] = fast
+                    a = ends[s] + t[j]
+                    if a > f:
+                        f = a
+                f += dur[j]
+                ends[j] = f
                 j += 1
-            if j != pos[ci]:
+            if j != j0:
                 moved = True
-                pos[ci] = j
-                fr[0] = f
+                prog[c] = j
+                free[c] = f
         k += 1
         if not moved:
+            return moved_any
+        moved_any = True
+
+
+def _sweep(programs: list, st: "_State") -> None:
+    """Time every class's leading fast-form steps (see :func:`_fast_form`) over flat arrays,
+    extrapolating a periodic steady state when there is one (:func:`_periodic`), then leave
+    the state as the general loop would have: stream times, accounting, side streams replayed,
+    pending messages posted."""
+    nodes = _Nodes(programs)
+    C, N = nodes.C, nodes.N
+    if N == 0:
+        return
+    off = nodes.off.tolist()
+    limit = nodes.limit.tolist()
+    prog = off[:-1]
+    free = [0.0] * C
+    src, src_cls = nodes.src.tolist(), nodes.src_cls.tolist()
+    t, dur = nodes.t.tolist(), nodes.dur.tolist()
+    ends = [0.0] * N
+    if PERIODIC:
+        ends = _periodic(nodes, prog, limit, src, src_cls, t, dur, ends, free)
+    _gs(prog, list(limit), src, src_cls, t, dur, ends, free)
+    _settle(nodes, programs, st, np.asarray(ends), prog)
+
+
+def _periodic(nodes: _Nodes, prog: list, limit: list, src, src_cls, t, dur, ends: list,
+              free: list) -> list:
+    """Run the sweep until every class with a steady state (``StepTable.steady``) is two
+    periods into it; if the last period of every class repeats the one before shifted by one
+    common λ, fill the rest of the steady state in by that shift, else try one period later.
+
+    Why this is exact: in the steady state step ``x + P`` has the same duration as step ``x``
+    and receives from the step ``P'`` after ``x``'s source (checked below); ``end = max(prev,
+    arrival) + duration`` commutes with adding λ to every input, so once one whole period of
+    every class (and every source a later step reads) is the previous one plus λ, every later
+    period is too (max-plus linearity; by induction over the steps in dependency order).
+    """
+    C, off = nodes.C, nodes.off
+    a = np.zeros(C, dtype=np.int64)
+    b = np.zeros(C, dtype=np.int64)
+    P = np.zeros(C, dtype=np.int64)
+    shift = np.zeros(C, dtype=np.int64)
+    for c, hint in enumerate(nodes.steady):
+        if hint is not None and hint[2] > 0:
+            a[c] = off[c] + hint[0]
+            b[c] = min(off[c] + hint[1], limit[c])
+            P[c], shift[c] = hint[2], hint[3]
+    steady = (b - a >= 4 * P) & (P > 0)
+    if not steady.any():
+        return ends
+    a, b, P = np.where(steady, a, 0), np.where(steady, b, 0), np.where(steady, P, 0)
+    # structure repeats: step x + P is step x one period on, reading its source's successor;
+    # where it does not (sources still in another stage's warm-up), start checking later
+    cls = nodes.cls
+    idx = np.arange(nodes.N)
+    x = idx[(idx >= a[cls]) & (idx < b[cls] - P[cls])]
+    xp = x + P[cls[x]]
+    sx, sxp = nodes.src[x], nodes.src[xp]
+    has = sx >= 0
+    sc = np.maximum(nodes.src_cls[x], 0)
+    ok = ((nodes.blk[xp] == nodes.blk[x]) & (nodes.mb[xp] == nodes.mb[x] + shift[cls[x]])
+          & (has == (sxp >= 0)))
+    ok &= ~has | (steady[sc] & (sxp == sx + P[sc]) & (sx < b[sc] - P[sc]))
+    bad = x[~ok]
+    last_bad = np.full(C, -1, dtype=np.int64)
+    if len(bad):
+        np.maximum.at(last_bad, cls[bad], bad)
+    sc_of = np.flatnonzero(steady)
+    thr = np.maximum(a + 2 * P, last_bad + 1 + P)
+    if (thr[sc_of] + P[sc_of] > b[sc_of]).any():
+        return ends
+    lim = list(limit)
+    for c in sc_of:
+        lim[c] = int(thr[c])
+    Ps = P[sc_of]
+    while True:
+        _gs(prog, lim, src, src_cls, t, dur, ends, free)
+        reached = [prog[c] >= lim[c] for c in sc_of]
+        if not all(reached):
+            if not any(reached):
+                return ends
+            for c, r in zip(sc_of, reached):   # let the blocked wait for the others
+                if r and lim[c] + P[c] <= b[c] - P[c]:
+                    lim[c] += int(P[c])
+            if all(lim[c] >= b[c] - P[c] for c in sc_of):
+                return ends
+            continue
+        y = np.array([prog[c] for c in sc_of])
+        if (y + Ps > b[sc_of]).any():
+            return ends
+        # the last two periods of every steady class
+        starts = y - 2 * Ps
+        w = np.repeat(starts, Ps) + (np.arange(Ps.sum()) - np.repeat(np.cumsum(Ps) - Ps, Ps))
+        wp = w + np.repeat(Ps, Ps)
+        ew = np.array(itemgetter(*w.tolist(), *wp.tolist())(ends))
+        diff = ew[len(w):] - ew[:len(w)]
+        lam = float(diff[0])
+        tol = 1e-12 * max(1.0, float(np.abs(ew).max()))
+        later_src = nodes.src[wp]
+        lc = np.maximum(nodes.src_cls[wp], 0)
+        y_of = np.zeros(C, dtype=np.int64)
+        y_of[sc_of] = y
+        reads_ok = (later_src < 0) | (later_src >= y_of[lc] - 2 * P[lc])
+        if np.abs(diff - lam).max() <= tol and reads_ok.all():
             break
-    for ci, j in enumerate(pos):
-        st.pos[ci] = [j, 0]
+        for c in sc_of:                     # not yet periodic: one more period
+            lim[c] = int(lim[c] + P[c])
+        if any(lim[c] > b[c] - P[c] for c in sc_of):
+            return ends
+    e = np.asarray(ends)
+    # fill [y, b) of every steady class: e[x] = e[x - kP] + kλ
+    fill_len = b[sc_of] - y
+    tot = int(fill_len.sum())
+    if tot:
+        xs = np.repeat(y, fill_len) + (np.arange(tot) - np.repeat(np.cumsum(fill_len) - fill_len, fill_len))
+        Px = np.repeat(Ps, fill_len)
+        k = (xs - np.repeat(y, fill_len)) // Px + 1
+        e[xs] = e[xs - k * Px] + k * lam
+    ends = e.tolist()
+    for c, bc in zip(sc_of, b[sc_of].tolist()):
+        prog[c] = bc
+        free[c] = ends[bc - 1]
+    return ends
+
+
+def _settle(nodes: _Nodes, programs: list, st: "_State", e: np.ndarray, prog: list) -> None:
+    """Accounting, side streams, stream times and pending messages after the sweep."""
+    C, NB, N = nodes.C, nodes.NB, nodes.N
+    off = nodes.off
+    progress = np.asarray(prog)
+    cls = nodes.cls
+    idx = np.arange(N)
+    done = idx < progress[cls]
+    first = idx == off[cls]
+    prev = np.where(first, 0.0, e[np.maximum(idx - 1, 0)])
+    has = (nodes.src >= 0) & done
+    arrive = np.where(has, e[np.maximum(nodes.src, 0)] + nodes.t, 0.0)
+    gap = np.where(has & (arrive > prev), arrive - prev, 0.0)
+    exp = np.minimum(gap, nodes.t)
+    bubble = np.bincount(cls, weights=gap - exp, minlength=C)
+    L = max(1, len(nodes.labels))
+    exposed = np.bincount(cls * L + nodes.lab, weights=exp, minlength=C * L).reshape(C, L)
+    counts = np.bincount(nodes.key[done], minlength=C * NB).tolist()
+    for c in range(C):
+        T = st.timings[c]
+        T.bubble += float(bubble[c])
+        for li, label in enumerate(nodes.labels):
+            if exposed[c, li]:
+                T.exposed[label] += float(exposed[c, li])
+        for b in range(NB):
+            n = counts[c * NB + b]
+            if not n:
+                continue
+            comp, opt, flops, ex, nb = nodes.fast[c * NB + b][3]
+            T.compute += n * comp
+            T.optimizer += n * opt
+            T.flops += n * flops
+            for k, v in ex:
+                T.exposed[k] += n * v
+            for k, v in nb:
+                T.comm_bytes[k] += n * v
+        j = int(progress[c])
+        st.free[c][0] = float(e[j - 1]) if j > off[c] else 0.0
+        st.pos[c] = [j - int(off[c]), 0]
+    # other streams: replay the blocks that use them, in step order
+    side = np.fromiter((f is not None and f[4] is not None for f in nodes.fast), dtype=bool,
+                       count=C * NB)
+    for n in np.flatnonzero(side[nodes.key] & done).tolist():
+        c = int(cls[n])
+        start = max(float(prev[n]), float(arrive[n]))
+        _replay(nodes.fast[int(nodes.key[n])][4], start, st.free[c], st.stream_kind[c])
+    # sends the sweep made that no swept recv consumed: the general loop will receive them
+    sends = np.fromiter((f is not None and f[1] is not None for f in nodes.fast), dtype=bool,
+                        count=C * NB)
+    consumed = np.zeros(N, dtype=bool)
+    consumed[nodes.src[has]] = True
+    for n in np.flatnonzero(sends[nodes.key] & done & ~consumed).tolist():
+        (dest, tag), dur = nodes.fast[int(nodes.key[n])][1]
+        st.posted[(dest, int(cls[n]), tag, int(nodes.mb[n]))] = (float(e[n]), dur)
+
+
+def _replay(instrs: list, start: float, fr: list, sk: list) -> None:
+    """The other-stream effects of a fast block whose compute stream started at ``start``
+    (the same arithmetic as :func:`_run`)."""
+    ends: dict[int, float] = {}
+    f = start
+    for i, ins in enumerate(instrs):
+        code, sid, deps, dur, label, x = ins[:6]
+        if code in (_SEND, _RECV):
+            continue
+        if sid == 0:
+            if code == _PIPE:
+                m, c, k = x
+                seg, a, cs = m[3], c[3], c[1]
+                tail = f + seg + k * a if a >= seg else f + k * seg + a
+                prev = fr[cs] + k * a
+                fr[cs] = tail if tail > prev else prev
+                sk[cs] = c[4]
+            f += dur
+            ends[i] = f
+            continue
+        ready = max((ends[d] for d in deps), default=0.0)
+        begin = fr[sid] if fr[sid] > ready else ready
+        fr[sid] = ends[i] = begin + dur
+        sk[sid] = label
 
 
 class _State:
@@ -372,8 +753,6 @@ class _State:
         self.posted: dict[tuple, tuple[float, float]] = {}
         self.arrivals: dict[tuple, dict[int, float]] = {}
         self.timings = [ClassTiming() for _ in range(n_cls)]
-        self.fast_counts: list[dict[int, int]] = [{} for _ in range(n_cls)]
-        self.fast_seen: dict[int, tuple] = {}
         self.waiting: dict[tuple, list[int]] = {}   # message or collective key → sleepers
         self.woken: list[int] = []
 
@@ -386,23 +765,6 @@ class _State:
             self.woken.extend(sleepers)
 
 
-def _settle(T: ClassTiming, counts: dict[int, int], seen: dict[int, tuple]) -> None:
-    """Add the accounting of fast-path blocks, once per block kind × count."""
-    for key in sorted(counts, key=lambda k: (seen[k][2], seen[k][4])):
-        n, fast = counts[key], seen[key]
-        macro, send = fast[5], fast[6]
-        c, o, ex, nb = macro[5]
-        T.flops += n * macro[6]
-        T.compute += n * c
-        T.optimizer += n * o
-        for k, v in ex:
-            T.exposed[k] += n * v
-        for k, v in nb:
-            T.comm_bytes[k] += n * v
-        if send is not None:
-            T.comm_bytes[send[4]] += n * send[7]
-
-
 def _run(ci: int, steps: list, st: _State) -> tuple[bool, bool]:
     """Advance class ``ci`` until it blocks or finishes: (moved, finished)."""
     si, oi = st.pos[ci]
@@ -411,7 +773,6 @@ def _run(ci: int, steps: list, st: _State) -> tuple[bool, bool]:
     moved = False
     steps, blocks = steps
     n_steps = len(steps)
-    fast_counts = st.fast_counts[ci]
     while si < n_steps:
         block, mb, _ = steps[si]
         instrs = blocks[block][0]
@@ -508,7 +869,6 @@ def _run(ci: int, steps: list, st: _State) -> tuple[bool, bool]:
         si, oi = si + 1, 0
         loc.clear()
     st.pos[ci] = [si, oi]
-    _settle(T, fast_counts, st.fast_seen)
     end = max(fr)
     if end > fr[0]:  # communication still running after the last compute-stream op
         tail = max(range(len(fr)), key=lambda s: fr[s])
