@@ -149,7 +149,13 @@ class _Resolver:
 
     def _template(self, block, partners: dict) -> _Template:
         instrs, slots = [], []
+        local = not any(v is not None for v in partners.values())
+        memo = self.instrs
         for op in block.ops:
+            ins = memo.get(id(op)) if local else None
+            if ins is not None:   # ops are shared (a layer's ops by every segment and stage)
+                instrs.append(ins)
+                continue
             p = op.payload
             if isinstance(p, P2P):
                 sid = self.streams.setdefault(op.stream, len(self.streams))
@@ -157,16 +163,67 @@ class _Resolver:
                 instrs.append((code, sid, op.deps, 0.0, self.cost.kind[p.group], None, 0.0,
                                p.bytes if code == _SEND else 0.0))
                 slots.append(p)
-            else:
-                partner = partners.get(p.group) if isinstance(p, Collective) else None
-                key = (id(op), partner)
-                ins = self.instrs.get(key)
-                if ins is None:  # ops are shared (a layer's ops by every segment and stage)
-                    ins = self.instrs[key] = _local_instr(op, self.cost, self.streams, partner)
-                instrs.append(ins)
-        merged = _collapse_pairs(_merge(_share_concurrent(instrs, block.ops)))
+                continue
+            partner = partners.get(p.group) if isinstance(p, Collective) else None
+            key = id(op) if partner is None else (id(op), partner)
+            ins = memo.get(key)
+            if ins is None:
+                ins = memo[key] = _local_instr(op, self.cost, self.streams, partner)
+            instrs.append(ins)
+        merged = _collapse_pairs(_merge(_compress(_share_concurrent(instrs, block.ops))))
         positions = [i for i, ins in enumerate(merged) if ins[0] in (_SEND, _RECV)]
         return _Template(merged, tuple(zip(positions, slots)), _fast_form(merged))
+
+
+def _unit(instrs: list, i: int) -> int:
+    """Length of the (compute-stream run without deps, local collective on another stream
+    after its last op) unit at ``i`` — a backward segment and its gradient bucket — or 0."""
+    k = i
+    while k < len(instrs) and instrs[k][1] == 0 and not instrs[k][2] and (
+            instrs[k][0] == _COMPUTE or (instrs[k][0] == _COLL and instrs[k][5] is None)):
+        k += 1
+    if k == i or k >= len(instrs):
+        return 0
+    c = instrs[k]
+    return k - i + 1 if c[0] == _COLL and c[1] != 0 and c[5] is None and c[2] == (k - 1,) else 0
+
+
+def _compress(instrs: list) -> list:
+    """Replace the 2nd…nth of n ≥ 3 identical units (see :func:`_unit`) by the closed-form
+    pipe :func:`_collapse_pairs` would make of them, before merging: a backward split into 96
+    bucket segments costs two units of work, not 96 (the first unit is kept, as it may fuse with
+    what precedes it)."""
+    out: list = []
+    remap: list[int] = []
+    i = 0
+    n_in = len(instrs)
+    while i < n_in:
+        ins = instrs[i]
+        k = _unit(instrs, i) if ins[1] == 0 and not ins[2] else 0
+        n = 1
+        if k:
+            body, coll = instrs[i:i + k - 1], instrs[i + k - 1]
+            j = i + k
+            while (j + k <= n_in and _unit(instrs, j) == k and instrs[j:j + k - 1] == body
+                   and instrs[j + k - 1][:2] == coll[:2] and instrs[j + k - 1][3:] == coll[3:]):
+                n += 1
+                j += k
+        if n < 3:
+            for ins in instrs[i:i + max(k, 1)]:   # no repeated unit starts inside a unit
+                remap.append(len(out))
+                out.append(ins[:2] + (tuple(remap[d] for d in ins[2]),) + ins[3:])
+            i += max(k, 1)
+            continue
+        for ins in instrs[i:i + k]:          # the first unit, as it is
+            remap.append(len(out))
+            out.append(ins[:2] + (tuple(remap[d] for d in ins[2]),) + ins[3:])
+        m = _macro(list(body), ())
+        c = coll[:2] + ((0,),) + coll[3:]
+        pipe = (_PIPE, 0, (), (n - 1) * m[3], "compute", (m, c, n - 1), (n - 1) * m[6], 0.0)
+        remap.extend([len(out)] * (k * (n - 1)))
+        out.append(pipe)
+        i += k * n
+    return out
 
 
 def _fast_form(instrs: list) -> tuple | None:
@@ -606,22 +663,23 @@ def _periodic(nodes: _Nodes, prog: list, limit: list, src, src_cls, t, dur, ends
     if (thr[sc_of] + P[sc_of] > b[sc_of]).any():
         return ends
     lim = list(limit)
-    for c in sc_of:
+    for c in sc_of.tolist():
         lim[c] = int(thr[c])
     Ps = P[sc_of]
+    sc_list, P_l, last_l = sc_of.tolist(), P.tolist(), (b - P).tolist()
     while True:
         _gs(prog, lim, src, src_cls, t, dur, ends, free)
-        reached = [prog[c] >= lim[c] for c in sc_of]
+        reached = [prog[c] >= lim[c] for c in sc_list]
         if not all(reached):
             if not any(reached):
                 return ends
-            for c, r in zip(sc_of, reached):   # let the blocked wait for the others
-                if r and lim[c] + P[c] <= b[c] - P[c]:
-                    lim[c] += int(P[c])
-            if all(lim[c] >= b[c] - P[c] for c in sc_of):
+            for c, r in zip(sc_list, reached):   # let the blocked wait for the others
+                if r and lim[c] + P_l[c] <= last_l[c]:
+                    lim[c] += P_l[c]
+            if all(lim[c] >= last_l[c] for c in sc_list):
                 return ends
             continue
-        y = np.array([prog[c] for c in sc_of])
+        y = np.array([prog[c] for c in sc_list])
         if (y + Ps > b[sc_of]).any():
             return ends
         # the last two periods of every steady class
@@ -639,9 +697,9 @@ def _periodic(nodes: _Nodes, prog: list, limit: list, src, src_cls, t, dur, ends
         reads_ok = (later_src < 0) | (later_src >= y_of[lc] - 2 * P[lc])
         if np.abs(diff - lam).max() <= tol and reads_ok.all():
             break
-        for c in sc_of:                     # not yet periodic: one more period
-            lim[c] = int(lim[c] + P[c])
-        if any(lim[c] > b[c] - P[c] for c in sc_of):
+        for c in sc_list:                   # not yet periodic: one more period
+            lim[c] += P_l[c]
+        if any(lim[c] > last_l[c] for c in sc_list):
             return ends
     e = np.asarray(ends)
     # fill [y, b) of every steady class: e[x] = e[x - kP] + kλ
