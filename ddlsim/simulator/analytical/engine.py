@@ -235,7 +235,6 @@ def _fast_form(instrs: list) -> tuple | None:
     i, recv, slot = 0, None, 0
     if instrs and instrs[0][0] == _RECV and not instrs[0][2]:
         recv, i, slot = 0, 1, 1
-    allowed = {0} if recv is not None else set()
     compute: list[int] = []
     side = False
     send = None
@@ -773,6 +772,17 @@ def _settle(nodes: _Nodes, programs: list, st: "_State", e: np.ndarray, prog: li
         st.posted[(dest, int(cls[n]), tag, int(nodes.mb[n]))] = (float(e[n]), dur)
 
 
+def _pipe_buckets(x: tuple, start: float, fr: list, sk: list) -> None:
+    """The bucket stream of a pipe of k (segment of length c, collective of length a) pairs
+    started at ``start`` (see :func:`_collapse_pairs`)."""
+    m, c, k = x
+    seg, a, cs = m[3], c[3], c[1]
+    tail = start + seg + k * a if a >= seg else start + k * seg + a
+    prev = fr[cs] + k * a
+    fr[cs] = tail if tail > prev else prev
+    sk[cs] = c[4]
+
+
 def _replay(instrs: list, start: float, fr: list, sk: list) -> None:
     """The other-stream effects of a fast block whose compute stream started at ``start``
     (the same arithmetic as :func:`_run`)."""
@@ -784,12 +794,7 @@ def _replay(instrs: list, start: float, fr: list, sk: list) -> None:
             continue
         if sid == 0:
             if code == _PIPE:
-                m, c, k = x
-                seg, a, cs = m[3], c[3], c[1]
-                tail = f + seg + k * a if a >= seg else f + k * seg + a
-                prev = fr[cs] + k * a
-                fr[cs] = tail if tail > prev else prev
-                sk[cs] = c[4]
+                _pipe_buckets(x, f, fr, sk)
             f += dur
             ends[i] = f
             continue
@@ -891,11 +896,7 @@ def _run(ci: int, steps: list, st: _State) -> tuple[bool, bool]:
             fr[sid] = end
             if code == _PIPE:
                 m, c, k = x
-                seg, a, cs = m[3], c[3], c[1]
-                tail = start + seg + k * a if a >= seg else start + k * seg + a
-                prev = fr[cs] + k * a
-                fr[cs] = tail if tail > prev else prev
-                sk[cs] = c[4]
+                _pipe_buckets(x, start, fr, sk)
                 cc, o, ex, nb = m[5]
                 T.flops += flops
                 T.compute += k * cc
