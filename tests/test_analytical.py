@@ -167,11 +167,12 @@ def test_peak_inflight_closed_form_matches_the_schedule(name, p, groups, v, data
     ("1f1b", None, 4, 1, 64), ("gpipe", None, 2, 2, 64), ("interleaved", 2, 4, 1, 64),
     ("1f1b", None, 1, 1, 64), ("1f1b", None, 8, 1, 256), ("interleaved", 2, 8, 1, 256),
     ("gpipe", None, 8, 1, 256)])
-def test_sweep_solver_matches_the_general_loop(sched, v, pp, mbs, gbs):
+def test_sweep_solver_matches_the_general_loop(sched, v, pp, mbs, gbs, monkeypatch):
     """The sweep solver (with and without periodic extrapolation) gives the general loop's
     timing and breakdown to rounding: it adds a block's fused durations once instead of op by
     op, sums accounting per block kind, and extrapolates the steady state by its period."""
     from ddlsim.simulator.analytical import engine
+    monkeypatch.setattr(engine, "PERIODIC_MIN_STEPS", 0)   # extrapolate even small plans
     d = {"model": "gpt3-2.7b", "parallel": {"tensor_model_parallel_size": 2,
                                             "pipeline_model_parallel_size": pp, "schedule": sched,
                                             "virtual_pipeline_model_parallel_size": v},
@@ -220,6 +221,34 @@ def test_periodic_extrapolation_is_used_on_a_deep_pipeline(monkeypatch):
     ddlsim.predict(d, check_fit=False)
     steps = 8 * (2 * 128 + 1)
     assert 0 < sum(timed) < 0.25 * steps   # most of the 2,056 steps were filled in
+
+
+@pytest.mark.parametrize("parallel", [
+    {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 4, "schedule": "interleaved",
+     "virtual_pipeline_model_parallel_size": 2, "sequence_parallel": True},
+    {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2, "data_parallel_size": 2,
+     "dp_strategy": "reduce_scatter"},
+    {"data_parallel_size": 8, "zero_stage": 1}])
+def test_chain_blocks_merge_as_the_general_path_does(parallel, monkeypatch):
+    """The direct merge of [recv] → compute-stream chain → [send] blocks gives exactly what
+    the general merge (share, compress, merge, collapse) gives."""
+    from ddlsim.simulator.analytical import engine
+    d = {"model": "gpt3-1.3b", "parallel": parallel,
+         "train": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 1024},
+         "system": {"preset": "dgx-a100", "nodes": 1}}
+    used = []
+    chain = engine._chain
+
+    def spy(instrs):
+        out = chain(instrs)
+        used.append(out is not None)
+        return out
+
+    monkeypatch.setattr(engine, "_chain", spy)
+    fast = ddlsim.predict(copy.deepcopy(d), check_fit=False).to_dict()
+    assert any(used)
+    monkeypatch.setattr(engine, "_chain", lambda instrs: None)
+    assert ddlsim.predict(d, check_fit=False).to_dict() == fast
 
 
 def test_zero3_sequential_gathers_are_not_stretched_as_concurrent():

@@ -170,9 +170,33 @@ class _Resolver:
             if ins is None:
                 ins = memo[key] = _local_instr(op, self.cost, self.streams, partner)
             instrs.append(ins)
-        merged = _collapse_pairs(_merge(_compress(_share_concurrent(instrs, block.ops))))
+        merged = _chain(instrs)
+        if merged is None:
+            merged = _collapse_pairs(_merge(_compress(_share_concurrent(instrs, block.ops))))
         positions = [i for i, ins in enumerate(merged) if ins[0] in (_SEND, _RECV)]
         return _Template(merged, tuple(zip(positions, slots)), _fast_form(merged))
+
+
+def _chain(instrs: list) -> list | None:
+    """The common block shape — [recv] → ops that only follow each other on the compute
+    stream → [send after the last] — merged directly: what :func:`_merge` makes of it (one
+    macro between the two), at a fraction of the cost; None for any other shape."""
+    n = len(instrs)
+    i = 1 if instrs[0][0] == _RECV and not instrs[0][2] else 0
+    j = n - 1 if n - i > 1 and instrs[-1][0] == _SEND and instrs[-1][2] == (n - 2,) else n
+    if i == j or instrs[i][2] != ((0,) if i else ()):
+        return None
+    for k in range(i, j):
+        code, sid, deps = instrs[k][:3]
+        if sid or not (code == _COMPUTE or (code == _COLL and instrs[k][5] is None)):
+            return None
+        if k > i and deps and (min(deps) < i or max(deps) >= k):
+            return None
+    out = [instrs[0]] if i else []
+    out.append(_macro(instrs[i:j], instrs[i][2]))
+    if j < n:
+        out.append(instrs[-1][:2] + ((i,),) + instrs[-1][3:])
+    return out
 
 
 def _unit(instrs: list, i: int) -> int:
@@ -472,6 +496,9 @@ def simulate_analytical(workload: Workload, cost: CostModel) -> list[ClassTiming
 FAST_PREFIX = True
 #: Extrapolate a periodic steady state once it is reached (False: time every step).
 PERIODIC = True
+#: Extrapolate only when it could skip at least this many steps: the checks cost about as much
+#: as sweeping a few thousand steps (measured with benchmarks/analytical_speed.py).
+PERIODIC_MIN_STEPS = 2000
 
 
 def _step_arrays(steps) -> tuple[tuple[str, ...], np.ndarray, np.ndarray, tuple | None]:
@@ -638,8 +665,8 @@ def _periodic(nodes: _Nodes, prog: list, limit: list, src, src_cls, t, dur, ends
             b[c] = min(off[c] + hint[1], limit[c])
             P[c], shift[c] = hint[2], hint[3]
     steady = (b - a >= 4 * P) & (P > 0)
-    if not steady.any():
-        return ends
+    if not steady.any() or int((b - a - 3 * P)[steady].sum()) < PERIODIC_MIN_STEPS:
+        return ends   # nothing to gain, or less than the checks below cost
     a, b, P = np.where(steady, a, 0), np.where(steady, b, 0), np.where(steady, P, 0)
     # structure repeats: step x + P is step x one period on, reading its source's successor;
     # where it does not (sources still in another stage's warm-up), start checking later
@@ -666,6 +693,7 @@ def _periodic(nodes: _Nodes, prog: list, limit: list, src, src_cls, t, dur, ends
         lim[c] = int(thr[c])
     Ps = P[sc_of]
     sc_list, P_l, last_l = sc_of.tolist(), P.tolist(), (b - P).tolist()
+    grow = 1
     while True:
         _gs(prog, lim, src, src_cls, t, dur, ends, free)
         reached = [prog[c] >= lim[c] for c in sc_list]
@@ -696,8 +724,9 @@ def _periodic(nodes: _Nodes, prog: list, limit: list, src, src_cls, t, dur, ends
         reads_ok = (later_src < 0) | (later_src >= y_of[lc] - 2 * P[lc])
         if np.abs(diff - lam).max() <= tol and reads_ok.all():
             break
-        for c in sc_list:                   # not yet periodic: one more period
-            lim[c] += P_l[c]
+        for c in sc_list:   # not yet periodic: check again 1, 2, 4, … periods later
+            lim[c] += grow * P_l[c]
+        grow *= 2
         if any(lim[c] > last_l[c] for c in sc_list):
             return ends
     e = np.asarray(ends)
