@@ -49,24 +49,53 @@ def sweep() -> list:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--limit", type=int, default=0, help="time only the first N configs")
+    ap.add_argument("--phases", action="store_true",
+                    help="also print where the time goes (workload build, block resolution, "
+                         "sweep solver, …), ms per config, by wrapping the engine's functions")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="time the sweep this many times and report the fastest pass "
+                         "(a shared VM's speed varies by ±30%% between runs)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     configs = sweep()
     t_build = time.perf_counter() - t0
     if args.limit:
         configs = configs[: args.limit]
-    t0 = time.perf_counter()
-    fits = 0
-    best = None
-    for cfg in configs:
-        r = ddlsim.predict(cfg, check_fit=False)
-        fits += r.memory.fits
-        if r.memory.fits and (best is None or r.iteration_time_s < best[0]):
-            best = (r.iteration_time_s, cfg.parallel, cfg.train.micro_batch_size)
-    dt = time.perf_counter() - t0
+    passes = []
+    for _ in range(max(1, args.repeat)):
+        fits = 0
+        best = None
+        per_cfg = []
+        t0 = time.perf_counter()
+        for cfg in configs:
+            t1 = time.perf_counter()
+            r = ddlsim.predict(cfg, check_fit=False)
+            per_cfg.append(time.perf_counter() - t1)
+            fits += r.memory.fits
+            if r.memory.fits and (best is None or r.iteration_time_s < best[0]):
+                best = (r.iteration_time_s, cfg.parallel, cfg.train.micro_batch_size)
+        passes.append((time.perf_counter() - t0, per_cfg))
+    dt, per_cfg = min(passes, key=lambda x: x[0])
     print(f"sweep: {len(configs)} valid plans ({fits} fit in 80 GB), validated in {t_build:.2f} s")
     print(f"analytical engine: {dt:.2f} s, {len(configs) / dt:,.0f} configs/s, "
-          f"{1e3 * dt / len(configs):.2f} ms/config")
+          f"{1e3 * dt / len(configs):.2f} ms/config (fastest of {len(passes)} passes: "
+          + ", ".join(f"{len(configs) / p[0]:,.0f}" for p in passes) + " configs/s)")
+    by_depth: dict[int, list[float]] = {}
+    for cfg, t in zip(configs, per_cfg):
+        by_depth.setdefault(cfg.parallel.pp, []).append(t)
+    print("ms/config by pipeline depth: " + ", ".join(
+        f"PP{pp} {1e3 * sum(ts) / len(ts):.1f} (×{len(ts)})" for pp, ts in sorted(by_depth.items())))
+    if args.phases:   # one more pass, wrapped (which adds a little to every call)
+        phases = _wrap_phases()
+        for cfg in configs:
+            ddlsim.predict(cfg, check_fit=False)
+        print("ms/config by part (one more pass): " + ", ".join(
+            f"{k} {1e3 * v / len(configs):.2f}" for k, v in phases.items()))
+    deep = max(configs, key=lambda c: c.parallel.pp * c.parallel.vpp * c.num_microbatches)
+    t_deep = min(_timed(deep) for _ in range(3))
+    d = deep.parallel
+    print(f"deepest plan (TP{d.tp} PP{d.pp} v{d.vpp}, {deep.num_microbatches} micro-batches): "
+          f"{1e3 * t_deep:.0f} ms")
     if best:
         p = best[1]
         print(f"fastest plan that fits: TP{p.tp} PP{p.pp} DP{p.data_parallel_size} {p.schedule}"
@@ -78,6 +107,53 @@ def main(argv: list[str] | None = None) -> int:
     print(f"`ddlsim predict` cold start (new process, {example.name}): "
           f"{time.perf_counter() - t0:.2f} s")
     return 0
+
+
+def _timed(cfg) -> float:
+    t0 = time.perf_counter()
+    ddlsim.predict(cfg, check_fit=False)
+    return time.perf_counter() - t0
+
+
+def _wrap_phases() -> dict[str, float]:
+    """Accumulate the wall time of the main steps of a prediction (nested parts excluded:
+    "solver" is the sweep solver's step-by-step loop, "periodic checks" the rest of the
+    extrapolation)."""
+    from ddlsim import api
+    from ddlsim.simulator import costs
+    from ddlsim.simulator.analytical import engine
+
+    acc: dict[str, float] = {}
+    stack: list[float] = []
+
+    def wrap(mod, name: str, label: str) -> None:
+        f = getattr(mod, name)
+
+        def timed(*a, **k):
+            stack.append(0.0)
+            t0 = time.perf_counter()
+            try:
+                return f(*a, **k)
+            finally:
+                dt = time.perf_counter() - t0
+                inner = stack.pop()
+                acc[label] = acc.get(label, 0.0) + dt - inner
+                if stack:
+                    stack[-1] += dt
+        setattr(mod, name, timed)
+
+    wrap(api, "memory_per_device", "memory")
+    wrap(api, "build_workload", "workload build")
+    wrap(costs, "CostModel", "cost model")
+    wrap(engine, "_resolve", "block resolution")
+    wrap(engine, "_Nodes", "node arrays")
+    wrap(engine, "_gs", "solver")
+    wrap(engine, "_periodic", "periodic checks")
+    wrap(engine, "_settle", "settle")
+    wrap(engine, "simulate_analytical", "engine, rest")
+    wrap(api, "_result", "result")
+    wrap(ddlsim, "predict", "predict, rest")
+    return acc
 
 
 if __name__ == "__main__":
