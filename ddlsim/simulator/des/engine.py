@@ -18,7 +18,6 @@ attributes it, so both engines' breakdowns compare like with like.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
