@@ -182,6 +182,8 @@ def _chain(instrs: list) -> list | None:
     stream → [send after the last] — merged directly: what :func:`_merge` makes of it (one
     macro between the two), at a fraction of the cost; None for any other shape."""
     n = len(instrs)
+    if not n:
+        return None
     i = 1 if instrs[0][0] == _RECV and not instrs[0][2] else 0
     j = n - 1 if n - i > 1 and instrs[-1][0] == _SEND and instrs[-1][2] == (n - 2,) else n
     if i == j or instrs[i][2] != ((0,) if i else ()):
