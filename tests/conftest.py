@@ -24,3 +24,8 @@ def base_dict():
 @pytest.fixture
 def small_cfg():
     return ddlsim.load_config(copy.deepcopy(BASE))
+
+
+def pytest_addoption(parser):
+    parser.addoption("--update-golden", action="store_true",
+                     help="rewrite tests/golden/predictions.json from the current predictions")
