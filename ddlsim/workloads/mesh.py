@@ -253,7 +253,10 @@ class DeviceMesh:
     def _default_axes(self, axes: Iterable[str] | None) -> tuple[str, ...]:
         if axes is None:
             return self._dense.names
-        return (axes,) if isinstance(axes, str) else tuple(axes)
+        axes = (axes,) if isinstance(axes, str) else tuple(axes)
+        if len(set(axes)) != len(axes):
+            raise ConfigError(f"mesh: axes {list(axes)} must name each axis once.")
+        return axes
 
     # ------------------------------------------------------------------ groups
     def groups(self, axes: Iterable[str] | str) -> np.ndarray:

@@ -186,6 +186,8 @@ def test_bad_queries_raise_config_errors():
         mesh.rank_of([0], ("tp",))
     with pytest.raises(ConfigError, match="0..size-1"):
         mesh.rank_of([2, 0, 0, 0])
+    with pytest.raises(ConfigError, match="each axis once"):
+        mesh.coords(0, ("tp", "tp"))
 
 
 # ---------------------------------------------------------------------- properties
@@ -235,3 +237,23 @@ def test_mesh_properties(mesh):
         row[dp_cp] = np.arange(len(dp_cp))[:, None]
         edp = mesh.groups("edp")
         assert (row[edp] == row[edp][:, :1]).all()
+
+
+def test_docs_16_rank_example():
+    # docs/mesh.md: tp=2 dp=4 pp=2 ep=2 (etp=2, edp=2); dense rank = t + 2d + 8s,
+    # expert rank = t + 2e + 4d' + 8s; ep varies e, edp varies d'.
+    mesh = DeviceMesh.from_megatron(2, 2, 4, expert_model_parallel_size=2)
+    assert mesh.world_size == 16 and mesh.size("edp") == 2
+    assert mesh.coords(6).tolist() == [0, 0, 3, 0]
+    assert mesh.coords(6, ("etp", "ep", "edp")).tolist() == [0, 1, 1]
+    assert mesh.groups("ep").tolist() == [[t + 4 * d + 8 * s, t + 2 + 4 * d + 8 * s]
+                                          for s in (0, 1) for d in (0, 1) for t in (0, 1)]
+    assert mesh.groups("edp").tolist() == [[t + 2 * e + 8 * s, t + 2 * e + 4 + 8 * s]
+                                           for s in (0, 1) for e in (0, 1) for t in (0, 1)]
+    # etp = 1, ep = 4: rank = e + 4d' + 8s
+    mesh = DeviceMesh.from_megatron(2, 2, 4, expert_model_parallel_size=4,
+                                    expert_tensor_parallel_size=1)
+    assert mesh.groups("ep").tolist() == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11],
+                                          [12, 13, 14, 15]]
+    assert mesh.groups("edp").tolist() == [[0, 4], [1, 5], [2, 6], [3, 7], [8, 12], [9, 13],
+                                           [10, 14], [11, 15]]
