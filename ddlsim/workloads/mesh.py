@@ -14,8 +14,8 @@ parallel, in dp's slot), with ``pp`` unchanged and ``cp`` folded away, so that
 
 References
 ----------
-Megatron-LM, ``megatron/core/parallel_state.py`` (NVIDIA/Megatron-LM, main branch, read
-2026-11): ``RankGenerator`` and ``generate_masked_orthogonal_rank_groups`` (group layout
+Megatron-LM, ``megatron/core/parallel_state.py`` (NVIDIA/Megatron-LM, commit 00caa53a):
+``RankGenerator`` and ``generate_masked_orthogonal_rank_groups`` (group layout
 and row order for a masked set of axes), and ``initialize_model_parallel`` (default
 ``order="tp-cp-ep-dp-pp"``; the expert generator built with ``tp=expert_tensor_parallel_size,
 ep=expert_model_parallel_size, dp=world/(etp·ep·pp), cp=1`` over the same order; the check that
