@@ -246,3 +246,15 @@ def test_bad_files(tmp_path):
     lst.write_text("[1, 2]")
     with pytest.raises(ConfigError, match="must be a JSON object, got list"):
         read_hf_config(lst)
+
+
+def test_decoder_presets_name_bundled_files_with_their_counts():
+    import yaml
+
+    presets = yaml.safe_load((HF.parent / "decoders.yaml").read_text())
+    assert {p["hf_config"] for p in presets.values()} == {f"hf/{p.name}" for p in HF.glob("*.json")}
+    for name, p in presets.items():
+        d = hf(Path(p["hf_config"]).name)
+        assert d.params == p["params"], name
+        assert d.active_params == p.get("active_params", p["params"]), name
+        assert p["source"].startswith("huggingface.co/"), name
