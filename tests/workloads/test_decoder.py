@@ -78,6 +78,25 @@ def test_qwen2_has_qkv_bias_only():
     assert (q.qkv_bias, q.out_bias, q.mlp_bias) == (True, False, False)
 
 
+def test_qwen2_moe_shared_expert_counts():
+    # Qwen1.5-MoE-A2.7B's published shape (model card: 14.3 B total, 2.7 B activated):
+    # h=2048, L=24, a=g=16, 60 experts of 1408, top-4, one shared expert of 5632 with an h×1 gate
+    doc = {"model_type": "qwen2_moe", "num_hidden_layers": 24, "hidden_size": 2048,
+           "num_attention_heads": 16, "num_key_value_heads": 16, "intermediate_size": 5632,
+           "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
+           "num_experts": 60, "num_experts_per_tok": 4, "vocab_size": 151936,
+           "max_position_embeddings": 8192, "decoder_sparse_step": 1, "mlp_only_layers": [],
+           "norm_topk_prob": False, "use_sliding_window": False, "sliding_window": 32768}
+    fields, unmodelled = from_hf_config(doc, source="qwen1.5-moe")
+    m = DecoderShape(**fields)
+    h, expert = 2048, 3 * 2048 * 1408
+    common = 4 * h * h + 3 * h + 2 * h + 60 * h + 3 * h * 5632 + h   # attention+qkv bias, norms, router, shared+gate
+    emb = 2 * 151936 * h + h
+    assert m.params == 24 * (common + 60 * expert) + emb == 14_315_784_192
+    assert m.active_params == 24 * (common + 4 * expert) + emb == 2_689_173_504
+    assert unmodelled == ["mlp_only_layers", "norm_topk_prob", "use_sliding_window", "sliding_window"]
+
+
 def test_tied_embeddings_are_honoured():
     base = dict(layers=2, hidden=64, heads=4, ffn=256, vocab=1000, max_positions=128)
     assert (DecoderShape(**base, tied_embeddings=False).params
@@ -225,6 +244,8 @@ LLAMA = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_
     ({"tie_word_embeddings": "no"}, "tie_word_embeddings = 'no' .*true or false"),
     ({"hidden_act": "tanh"}, "hidden_act = 'tanh' .*allowed: gelu"),
     ({"model_type": "bert"}, "model_type = 'bert' .*supported: gpt2, llama"),
+    ({"model_type": ["llama"]}, r"model_type = \['llama'\] .*supported"),
+    ({"hidden_act": ["silu"]}, r"hidden_act = \['silu'\] .*allowed"),
     ({"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 5}, "top_k = 5"),
 ])
 def test_bad_docs_raise_one_clean_config_error(change, match):

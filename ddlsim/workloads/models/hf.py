@@ -21,6 +21,7 @@ import json
 from pathlib import Path
 
 from ...errors import ConfigError
+from .decoder import DecoderShape
 
 __all__ = ["from_hf_config", "read_hf_config", "MODEL_TYPES"]
 
@@ -97,7 +98,7 @@ def _model_type(doc: dict, source: str) -> str:
     mt = doc.get("model_type")
     if mt is None:  # old files: infer from the key style
         mt = "gpt2" if "n_embd" in doc else "mixtral" if "num_local_experts" in doc else "llama"
-    if mt not in MODEL_TYPES:
+    if not isinstance(mt, str) or mt not in MODEL_TYPES:
         raise _err(source, "model_type", mt, f"supported: {', '.join(MODEL_TYPES)}")
     return mt
 
@@ -201,8 +202,6 @@ def from_hf_config(doc: dict, *, source: str) -> tuple[dict, list[str]]:
     mt = _model_type(doc, source)
     fields = _sizes(doc, mt, source)
     fields.update(_moe(doc, mt, source))
-    from .decoder import DecoderShape
-
     try:
         DecoderShape(**fields)  # cross-field rules (heads vs kv heads, top-k vs experts, …)
     except ConfigError as exc:
