@@ -16,7 +16,7 @@ from ddlsim.errors import ConfigError
 from ddlsim.presets import get_preset, list_presets
 from ddlsim.workloads.models.decoder import DecoderShape
 from ddlsim.workloads.models.gpt import GPTShape
-from ddlsim.workloads.models.hf import from_hf_config, read_hf_config
+from ddlsim.workloads.models.hf import from_hf_config, read_hf_config, unmodelled_warning
 
 HF = Path(__file__).resolve().parents[2] / "ddlsim" / "data" / "hf"
 
@@ -230,6 +230,9 @@ def test_gpt2_names():
     assert (fields["layers"], fields["hidden"], fields["heads"], fields["ffn"], fields["max_positions"]) \
         == (2, 64, 4, 256, 128)
     assert fields["dropout"] is False and unmodelled == ["layer_norm_epsilon"]
+    assert unmodelled_warning("g.json", unmodelled) == (
+        "g.json: 1 config.json key(s) not modelled by ddlsim, ignored: layer_norm_epsilon")
+    assert unmodelled_warning("g.json", []) is None
 
 
 LLAMA = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,

@@ -23,7 +23,7 @@ from pathlib import Path
 from ...errors import ConfigError
 from .decoder import DecoderShape
 
-__all__ = ["from_hf_config", "read_hf_config", "MODEL_TYPES"]
+__all__ = ["from_hf_config", "read_hf_config", "unmodelled_warning", "MODEL_TYPES"]
 
 #: model_type → (layers, hidden, heads, ffn, positions) key names, and fixed architecture facts
 _GPT2_KEYS = ("n_layer", "n_embd", "n_head", "n_inner", "n_positions")
@@ -207,6 +207,14 @@ def from_hf_config(doc: dict, *, source: str) -> tuple[dict, list[str]]:
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
     return fields, _unmodelled(doc, mt, source)
+
+
+def unmodelled_warning(source: str, unmodelled: list[str]) -> str | None:
+    """The one warning line listing what :func:`from_hf_config` did not model, or None."""
+    if not unmodelled:
+        return None
+    return (f"{source}: {len(unmodelled)} config.json key(s) not modelled by ddlsim, ignored: "
+            + ", ".join(unmodelled))
 
 
 def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
