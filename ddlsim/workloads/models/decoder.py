@@ -230,6 +230,8 @@ class DecoderShape:
 
     def _uniform(self, moe: bool | None) -> bool:
         if moe is not None:
+            if moe and not self.is_moe:
+                raise ValueError("moe=True asks for an MoE layer of a dense model (experts = 0)")
             return moe
         if self.moe_layers not in (0, self.layers):
             raise ValueError(f"{self.moe_layers} of {self.layers} layers are MoE layers: say "
