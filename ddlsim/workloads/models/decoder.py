@@ -1,0 +1,393 @@
+"""Decoder-only transformers as trained today: parameters, FLOPs, bytes, activation memory.
+
+One frozen :class:`DecoderShape` covers GPT-2/GPT-3 (LayerNorm, learned positions, GeLU,
+biases, tied embeddings, multi-head attention), Llama/Mistral (RMSNorm, rotary positions,
+SwiGLU, no biases, untied, grouped-query attention), Qwen2 (QKV bias only) and
+Mixture-of-Experts decoders (Mixtral, Qwen2-MoE, GPT-3 MoE). With a GPT-style shape every
+count equals :class:`~ddlsim.workloads.models.gpt.GPTShape`'s exactly.
+
+Notation: ``b`` micro-batch, ``s`` sequence, ``h`` hidden, ``a`` query heads, ``g`` key/value
+heads (``g = a``: MHA; ``1 < g < a``: GQA; ``g = 1``: MQA), ``d`` head size (default
+``h/a``), ``f`` FFN size, ``V`` vocabulary, ``L`` layers, ``t`` tensor-parallel size; MoE:
+``E`` experts, ``k`` top-k, ``f_e`` expert FFN size, ``n_s`` shared experts of size ``f_s``.
+
+Parameters of one layer
+    q ``h·ad`` (+``ad`` bias), k and v ``2·h·gd`` (+``2gd``), output ``ad·h`` (+``h``);
+    MLP ``m·h·f`` with ``m = 3`` matrices when gated (SwiGLU/GeGLU: gate, up, down;
+    Shazeer 2020) and ``m = 2`` otherwise, biases ``(m−1)·f + h``; two norms of ``h``
+    (RMSNorm, weight only) or ``2h`` (LayerNorm, weight and bias). An MoE layer replaces
+    the MLP by ``E`` expert MLPs of size ``f_e``, a router ``h·E`` (no bias), ``n_s`` shared
+    experts of size ``f_s`` and, in Qwen2-MoE, a shared-expert gate ``h``.
+    Embeddings ``V·h`` + learned positions ``s_max·h`` (rotary: none; Su et al. 2021) +
+    an output head ``V·h`` when untied; final norm ``h`` or ``2h``.
+    Llama 2 (Touvron et al. 2023): 7B = 6,738,415,616, 70B = 68,976,648,192.
+Forward FLOPs of one layer (2 FLOPs per multiply-add; Narayanan et al. 2021 §5.1)
+    q ``2bs·h·ad``; k, v ``2bs·h·2gd`` (GQA shrinks only this term; Ainslie et al. 2023);
+    attention core ``4bs²·ad`` (QKᵀ and scores·V; every query head attends, so GQA does not
+    change it); output ``2bs·ad·h``; MLP ``2m·bs·h·f``; MoE: router ``2bs·h·E``, routed
+    experts ``k·2m·bs·h·f_e`` (each token meets ``k`` experts; Jiang et al. 2024),
+    shared experts ``n_s·2m·bs·h·f_s``. Logits ``2bs·h·V``. Training = 3 × forward.
+Activation bytes one layer keeps for backward (Korthikanti et al. 2022, §4.1, 16-bit)
+    The paper's per-layer ``sbh(34 + 5as/h)`` splits into: the two norms' inputs ``4sbh``;
+    the shared input of the QKV GEMMs ``2sbh``; Q and K for QKᵀ ``4sbh``; V ``2sbh``; the
+    output projection's input ``2sbh``; the MLP input ``2sbh``; the GeLU input and the second
+    GEMM's input ``8sbh + 8sbh``; two dropout masks ``2sbh``; softmax output, its dropout mask
+    and dropout output ``5as²b``. Adapted per variant:
+
+    * GQA/MQA: K and V are ``sb·gd`` wide instead of ``sbh``: Q ``2sb·ad``, K ``2sb·gd``,
+      V ``2sb·gd``, output-projection input ``2sb·ad`` (with ``ad = gd = h`` this is the
+      paper's ``4 + 2 + 2``).
+    * MLP of size ``f``: GeLU input and second-GEMM input ``2sbf + 2sbf``. A gated MLP keeps
+      one more ``2sbf`` tensor: the first GEMM's output is gate ‖ up (``4sbf``, what
+      Megatron-Core's fused SwiGLU saves) plus the down projection's input ``2sbf``.
+    * No dropout (Llama, Mistral, Qwen2 train without it): no masks (``−2sbh``) and the
+      scores term is only the softmax output ``2as²b``.
+    * MoE layer: the dense MLP's tensors are replaced by, per routed copy of a token
+      (``k`` of them), its dispatched input ``2sbh``, the expert's intermediates (``4sbf_e``
+      or ``6sbf_e``) and its output ``2sbh`` (kept to differentiate the gate-weighted
+      combine), plus router logits ``2sbE`` and the shared experts' intermediates. With
+      balanced routing an expert-parallel rank receives as many token copies as it sends,
+      so the count per rank does not depend on the EP size.
+
+    With tensor parallelism the tensors that are split over heads or FFN columns are divided
+    by ``t`` and the rest (norm inputs, GEMM inputs, masks) replicated; with sequence
+    parallelism everything is divided by ``t``. Selective recomputation drops the ``s²``
+    term; full recomputation keeps only the layer input ``2sbh``.
+
+References: Touvron et al. 2023 ("Llama 2", arXiv:2307.09288); Ainslie et al. 2023 ("GQA",
+arXiv:2305.13245); Shazeer 2020 ("GLU Variants Improve Transformer", arXiv:2002.05202);
+Jiang et al. 2024 ("Mixtral of Experts", arXiv:2401.04088); Korthikanti et al. 2022
+("Reducing Activation Recomputation in Large Transformer Models", arXiv:2205.05198).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from ...errors import ConfigError
+
+__all__ = ["DecoderShape"]
+
+Norm = Literal["layernorm", "rmsnorm"]
+Positions = Literal["learned", "rotary"]
+
+
+def _positive(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"decoder field {name} = {value!r} must be a positive integer")
+
+
+@dataclass(frozen=True, slots=True)
+class DecoderShape:
+    """Closed-form counts for one decoder-only transformer (dense or Mixture-of-Experts).
+
+    Parameters
+    ----------
+    layers, hidden, heads : int
+        ``L``, ``h`` and the number of query heads ``a``.
+    ffn : int
+        Dense MLP size ``f`` (``intermediate_size``); the expert size defaults to it.
+    vocab : int
+        Vocabulary ``V``.
+    max_positions : int or None
+        ``s_max``; needed (and counted as ``s_max·h`` parameters) for learned positions only.
+    kv_heads : int or None
+        Key/value heads ``g`` (``num_key_value_heads``); default ``a`` (multi-head).
+    head_dim : int or None
+        ``d``; default ``h / a``.
+    gated_mlp : bool
+        Three MLP matrices (SwiGLU, GeGLU) instead of two.
+    activation : str
+        The MLP non-linearity's name (``silu``, ``gelu_new``, …); informative only.
+    norm : {"layernorm", "rmsnorm"}
+    positions : {"learned", "rotary"}
+    tied_embeddings : bool
+        Output head shares the input embedding (no ``V·h`` of its own).
+    qkv_bias, out_bias, mlp_bias : bool
+        Biases of the q/k/v projections, of the attention output, of the MLP GEMMs.
+    dropout : bool
+        Dropout after attention, on the scores and after the MLP (GPT) or none (Llama).
+    experts, top_k : int
+        ``E`` routed experts per MoE layer (0: dense model) and the experts per token ``k``.
+    expert_ffn : int or None
+        ``f_e``; default ``f``.
+    moe_layer_freq : int
+        Every ``moe_layer_freq``-th layer is an MoE layer: layer ``i`` (from 0) when
+        ``(i + 1) % moe_layer_freq == 0`` (HuggingFace ``decoder_sparse_step``); 1: every layer.
+    shared_experts : int
+        ``n_s`` always-active experts per MoE layer, each of ``shared_expert_ffn``
+        (default ``f_e``); ``shared_expert_gate`` adds Qwen2-MoE's ``h×1`` sigmoid gate.
+    capacity_factor : float or None
+        Expert capacity factor (GShard/Switch); None: dropless.
+    """
+
+    layers: int
+    hidden: int
+    heads: int
+    ffn: int
+    vocab: int
+    max_positions: int | None = None
+    kv_heads: int | None = None
+    head_dim: int | None = None
+    gated_mlp: bool = False
+    activation: str = "gelu"
+    norm: Norm = "layernorm"
+    positions: Positions = "learned"
+    tied_embeddings: bool = True
+    qkv_bias: bool = True
+    out_bias: bool = True
+    mlp_bias: bool = True
+    dropout: bool = True
+    experts: int = 0
+    top_k: int = 0
+    expert_ffn: int | None = None
+    moe_layer_freq: int = 1
+    shared_experts: int = 0
+    shared_expert_ffn: int | None = None
+    shared_expert_gate: bool = False
+    capacity_factor: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("layers", "hidden", "heads", "ffn", "vocab", "moe_layer_freq"):
+            _positive(name, getattr(self, name))
+        for name in ("max_positions", "kv_heads", "head_dim", "expert_ffn", "shared_expert_ffn"):
+            if getattr(self, name) is not None:
+                _positive(name, getattr(self, name))
+        if self.norm not in ("layernorm", "rmsnorm"):
+            raise ConfigError(f"decoder field norm = {self.norm!r}; allowed: layernorm, rmsnorm")
+        if self.positions not in ("learned", "rotary"):
+            raise ConfigError(f"decoder field positions = {self.positions!r}; allowed: learned, rotary")
+        if self.positions == "learned" and self.max_positions is None:
+            raise ConfigError("decoder field max_positions is needed with learned positions "
+                              "(they hold max_positions × hidden parameters)")
+        if self.head_dim is None and self.hidden % self.heads:
+            raise ConfigError(f"hidden = {self.hidden} is not a multiple of heads = {self.heads}; "
+                              "give head_dim")
+        if self.heads % self.g:
+            raise ConfigError(f"heads = {self.heads} is not a multiple of kv_heads = {self.g}: "
+                              "each key/value head serves a whole group of query heads")
+        if self.experts < 0 or self.shared_experts < 0:
+            raise ConfigError(f"experts = {self.experts}, shared_experts = {self.shared_experts}: "
+                              "must be >= 0")
+        if self.experts and not 1 <= self.top_k <= self.experts:
+            raise ConfigError(f"top_k = {self.top_k} with {self.experts} experts; allowed: 1 to "
+                              f"{self.experts}")
+        if self.capacity_factor is not None and not self.capacity_factor > 0:
+            raise ConfigError(f"capacity_factor = {self.capacity_factor!r} must be > 0, or null "
+                              "for dropless routing")
+
+    # ------------------------------------------------------------------ derived sizes
+    @property
+    def g(self) -> int:
+        """Key/value heads."""
+        return self.kv_heads or self.heads
+
+    @property
+    def d(self) -> int:
+        """Head size."""
+        return self.head_dim or self.hidden // self.heads
+
+    @property
+    def q_width(self) -> int:
+        """``a·d``: width of Q and of the attention output."""
+        return self.heads * self.d
+
+    @property
+    def kv_width(self) -> int:
+        """``g·d``: width of K and of V."""
+        return self.g * self.d
+
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 0
+
+    @property
+    def f_e(self) -> int:
+        return self.expert_ffn or self.ffn
+
+    @property
+    def f_s(self) -> int:
+        return self.shared_expert_ffn or self.f_e
+
+    @property
+    def mlp_matrices(self) -> int:
+        """3 for a gated MLP (gate, up, down), else 2."""
+        return 3 if self.gated_mlp else 2
+
+    def is_moe_layer(self, i: int) -> bool:
+        """Whether layer ``i`` (0-based) is a Mixture-of-Experts layer."""
+        return self.is_moe and (i + 1) % self.moe_layer_freq == 0
+
+    @property
+    def moe_layers(self) -> int:
+        """Number of MoE layers."""
+        return self.layers // self.moe_layer_freq if self.is_moe else 0
+
+    @property
+    def dense_layers(self) -> int:
+        return self.layers - self.moe_layers
+
+    def _uniform(self, moe: bool | None) -> bool:
+        if moe is not None:
+            if moe and not self.is_moe:
+                raise ValueError("moe=True asks for an MoE layer of a dense model (experts = 0)")
+            return moe
+        if self.moe_layers not in (0, self.layers):
+            raise ValueError(f"{self.moe_layers} of {self.layers} layers are MoE layers: say "
+                             "moe=True or moe=False")
+        return self.moe_layers == self.layers
+
+    # ------------------------------------------------------------------ parameters
+    def mlp_params(self, f: int) -> int:
+        """One (expert) MLP of size ``f``: ``m·h·f`` plus biases."""
+        bias = (self.mlp_matrices - 1) * f + self.hidden if self.mlp_bias else 0
+        return self.mlp_matrices * self.hidden * f + bias
+
+    @property
+    def attention_params(self) -> int:
+        h, qw, kvw = self.hidden, self.q_width, self.kv_width
+        qkv = h * (qw + 2 * kvw) + ((qw + 2 * kvw) if self.qkv_bias else 0)
+        return qkv + qw * h + (h if self.out_bias else 0)
+
+    @property
+    def norm_params(self) -> int:
+        """One norm: ``h`` (RMSNorm) or ``2h`` (LayerNorm)."""
+        return self.hidden * (2 if self.norm == "layernorm" else 1)
+
+    @property
+    def router_params(self) -> int:
+        return self.hidden * self.experts
+
+    @property
+    def shared_params(self) -> int:
+        gate = self.hidden if self.shared_expert_gate and self.shared_experts else 0
+        return self.shared_experts * self.mlp_params(self.f_s) + gate
+
+    @property
+    def dense_layer_params(self) -> int:
+        return self.attention_params + 2 * self.norm_params + self.mlp_params(self.ffn)
+
+    @property
+    def moe_layer_params(self) -> int:
+        return (self.attention_params + 2 * self.norm_params + self.router_params
+                + self.experts * self.mlp_params(self.f_e) + self.shared_params)
+
+    @property
+    def layer_params(self) -> int:
+        """Parameters of one layer when all layers are alike (dense, or MoE everywhere)."""
+        return self.moe_layer_params if self._uniform(None) else self.dense_layer_params
+
+    @property
+    def stack_params(self) -> int:
+        """Parameters of all ``L`` layers."""
+        return self.dense_layers * self.dense_layer_params + self.moe_layers * self.moe_layer_params
+
+    @property
+    def embedding_params(self) -> int:
+        """Input embedding, learned positions, and the output head when untied."""
+        pos = self.max_positions * self.hidden if self.positions == "learned" else 0
+        head = 0 if self.tied_embeddings else self.vocab * self.hidden
+        return self.vocab * self.hidden + pos + head
+
+    @property
+    def params(self) -> int:
+        """Total parameters: layers, embeddings (and head), final norm."""
+        return self.stack_params + self.embedding_params + self.norm_params
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token touches: an MoE layer counts its router, ``top_k`` of its
+        experts and its shared experts (Mixtral 8x7B: 12,879,925,248 of 46,702,792,704)."""
+        moe_active = (self.attention_params + 2 * self.norm_params + self.router_params
+                      + self.top_k * self.mlp_params(self.f_e) + self.shared_params)
+        return (self.dense_layers * self.dense_layer_params + self.moe_layers * moe_active
+                + self.embedding_params + self.norm_params)
+
+    # ------------------------------------------------------------------ FLOPs (forward)
+    def layer_gemm_flops(self, b: int, s: int, *, moe: bool | None = None) -> dict[str, float]:
+        """Forward FLOPs of one layer's GEMMs, unsharded, by part.
+
+        Keys: ``q``, ``kv``, ``attn_core``, ``proj`` and either ``mlp`` (dense layer) or
+        ``router``, ``experts``, ``shared_experts`` (MoE layer; ``experts`` counts the
+        ``top_k`` experts each token meets, without capacity padding). ``moe`` picks the kind
+        of layer; by default the kind every layer has.
+        """
+        h, qw, kvw, t = self.hidden, self.q_width, self.kv_width, float(b * s)
+        out = {"q": 2 * t * h * qw, "kv": 2 * t * h * 2 * kvw,
+               "attn_core": 4.0 * b * s * s * qw, "proj": 2 * t * qw * h}
+        m = self.mlp_matrices
+        if not self._uniform(moe):
+            out["mlp"] = 2 * m * t * h * self.ffn
+            return out
+        out["router"] = 2 * t * h * self.experts
+        out["experts"] = self.top_k * 2 * m * t * h * self.f_e
+        out["shared_experts"] = self.shared_experts * 2 * m * t * h * self.f_s
+        return out
+
+    def layer_forward_flops(self, b: int, s: int, *, moe: bool | None = None) -> float:
+        return sum(self.layer_gemm_flops(b, s, moe=moe).values())
+
+    def stack_forward_flops(self, b: int, s: int) -> float:
+        """Forward FLOPs of all ``L`` layers."""
+        dense = self.dense_layers * self.layer_forward_flops(b, s, moe=False) if self.dense_layers else 0.0
+        sparse = self.moe_layers * self.layer_forward_flops(b, s, moe=True) if self.moe_layers else 0.0
+        return dense + sparse
+
+    def logits_forward_flops(self, b: int, s: int) -> float:
+        return 2.0 * b * s * self.hidden * self.vocab
+
+    def model_flops(self, batch: int, s: int) -> float:
+        """Training FLOPs of one iteration without recomputation: 3 × forward."""
+        return 3.0 * batch * (self.stack_forward_flops(1, s) + self.logits_forward_flops(1, s))
+
+    def expert_capacity(self, tokens: int) -> float:
+        """Token slots per expert and MoE layer for ``tokens`` tokens: ``c·k·tokens/E`` with a
+        capacity factor ``c`` (GShard, Switch), else the balanced load ``k·tokens/E``."""
+        load = self.top_k * tokens / self.experts
+        return load * self.capacity_factor if self.capacity_factor else load
+
+    # ------------------------------------------------------------------ memory traffic
+    def layer_elementwise_bytes(self, b: int, s: int, t: int, sp: bool, dtype_bytes: int,
+                                *, moe: bool | None = None) -> float:
+        """Bytes read + written by one layer's forward non-GEMM ops on one TP rank.
+
+        Two norms, residual adds (and three dropouts with ``dropout``) on ``bsh`` (``bsh/t``
+        with SP); the MLP non-linearity (GeLU: read + write ``bsf/t``; fused SwiGLU: read gate
+        and up, write ``bsf/t``); rotary embedding on Q and K; softmax + mask (+ dropout) on the
+        ``b·a·s²/t`` scores. MoE: the non-linearity on ``k`` expert and the shared MLPs, token
+        permutation and un-permutation (read + write ``k`` copies each), router softmax.
+        """
+        seq = b * s * self.hidden / (t if sp else 1)
+        hidden = 2 * 2 * seq + 2 * 3 * seq + (3 * 2 * seq if self.dropout else 0)
+        act = (3 if self.gated_mlp else 2) * b * s / t
+        rope = 2 * b * s * (self.q_width + self.kv_width) / t if self.positions == "rotary" else 0
+        scores = (3 if self.dropout else 2) * 2 * b * self.heads * s * s / t
+        if self._uniform(moe):
+            mlp = act * (self.top_k * self.f_e + self.shared_experts * self.f_s)
+            mlp += 4 * self.top_k * seq + 2 * b * s * self.experts
+        else:
+            mlp = act * self.ffn
+        return dtype_bytes * (hidden + mlp + rope + scores)
+
+    # ------------------------------------------------------------------ activations
+    def layer_activation_bytes(self, b: int, s: int, t: int, sp: bool, recompute: str,
+                               *, moe: bool | None = None) -> float:
+        """Activation bytes one layer keeps for backward on one TP rank (16-bit), after
+        Korthikanti et al. 2022 adapted as the module docstring derives."""
+        sb, h = s * b, self.hidden
+        if recompute == "full":
+            return 2.0 * sb * h / (t if sp else 1)
+        per_tok = 4 if not self.gated_mlp else 6                 # MLP tensors, × sb·f
+        replicated = sb * h * (4 + 2 + 2 + (2 if self.dropout else 0))   # norms, GEMM inputs, masks
+        split = 4.0 * sb * (self.q_width + self.kv_width)       # Q, K, V, projection input
+        if self._uniform(moe):
+            k = self.top_k
+            split += per_tok * sb * (k * self.f_e + self.shared_experts * self.f_s)
+            replicated += 2 * k * 2 * sb * h + 2 * sb * self.experts
+        else:
+            split += per_tok * sb * self.ffn
+        scores = 0.0 if recompute == "selective" else (5 if self.dropout else 2) * self.heads * s * s * b
+        if sp:
+            return (replicated + split + scores) / t
+        return replicated + (split + scores) / t
