@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 from rich.table import Table
 
+from ..figio import save_figure
 from ..units import format_bytes
 from .outputs import guard_output
 from .profile import CalibrationProfile, CommEntry
@@ -102,6 +103,5 @@ def plot_profile(profile: CalibrationProfile, path: str | Path, force: bool = Fa
     for ax in list(axes.flat)[len(ops):]:
         ax.set_visible(False)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
+    save_figure(fig, out, force=force, what="plot file")
     return out

@@ -37,9 +37,16 @@ def show(
     nodes: Optional[int] = typer.Option(None, "--nodes", help="Override the number of nodes."),
     draw_to: Optional[Path] = typer.Option(None, "--draw", help="Also draw the graph to this PNG."),
     fmt: OutputFormat = typer.Option(OutputFormat.table, "--format", help="table or json."),
+    force: bool = typer.Option(False, help="Replace an existing --draw file."),
 ) -> None:
     """Build the topology of SPEC and print its summary (devices, links, bisection)."""
     try:
+        if draw_to is not None:
+            from ..textio import check_output
+            check_output(draw_to, force, what="--draw file")
+        elif force:
+            raise DDLSimError("--force applies to the --draw file; without --draw there is "
+                              "nothing to replace")
         data = read_spec(spec)
         if nodes is not None:
             data = _with_nodes(data, nodes)
@@ -49,7 +56,7 @@ def show(
         topo = build_topology(data)
         info = summary(topo)
         if draw_to is not None:
-            draw(topo, draw_to)
+            draw(topo, draw_to, force=force)
     except (DDLSimError, OSError) as exc:
         Console(stderr=True).print(f"error: {exc}", markup=False, highlight=False, style="red")
         raise typer.Exit(code=2) from None
