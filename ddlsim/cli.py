@@ -188,7 +188,7 @@ def csv_text(results: list, labels: list[str] | None = None) -> str:
     bad = find_non_finite(frame.to_dict(orient="list"))
     require(bad is None, f"the result holds a non-finite number in column "
                          f"{bad[0].split('.')[0] if bad else ''}; an input value is infinite")
-    return frame.to_csv(index=False, float_format="%.17g", lineterminator="\n")
+    return frame.to_csv(index=False, lineterminator="\n")
 
 
 @app.command()

@@ -93,8 +93,23 @@ def _labels(inputs: Sequence[Path], labels: Sequence[str] | None) -> list[str]:
         return list(labels)
     stems = [p.stem for p in inputs]
     names = [p.stem if stems.count(p.stem) == 1 else str(p) for p in inputs]
+    names = _strip_common_prefix(names)
     return [n if names[:i].count(n) == 0 else f"{n} #{names[:i].count(n) + 1}"
             for i, n in enumerate(names)]
+
+
+def _strip_common_prefix(names: list[str]) -> list[str]:
+    """``wiki-gpt2-9ranks-ddp``, ``wiki-gpt2-9ranks-reduce_scatter`` → ``ddp``,
+    ``reduce_scatter``: the shared prefix up to its last ``-``, ``_`` or ``/`` is dropped."""
+    import os
+
+    if len(names) < 2:
+        return names
+    prefix = os.path.commonprefix(names)
+    cut = max(prefix.rfind(c) for c in "-_/") + 1
+    if cut <= 0 or any(len(n) <= cut for n in names):
+        return names
+    return [n[cut:] for n in names]
 
 
 def compare_inputs(inputs: Sequence[Path], overrides: Sequence[str], engine: str | None,
@@ -195,7 +210,15 @@ def _comparison_csv(runs: Sequence[Run]) -> str:
             row[f"{lab} - {base}"] = v - values[0] if numeric else None
             row[f"{lab} / {base} - 1"] = _relative(v, values[0]) if numeric else None
         rows.append(row)
-    return pd.DataFrame(rows).to_csv(index=False, float_format="%.17g", lineterminator="\n")
+    return pd.DataFrame(rows).to_csv(index=False, lineterminator="\n")
+
+
+_TITLES = {"iteration_time_s": "iteration time", "samples_per_s": "samples/s",
+           "tokens_per_s": "tokens/s", "mfu": "MFU", "flops_per_device": "per device",
+           "compute_s": "compute", "optimizer_s": "optimizer step",
+           "exposed_comm_total_s": "exposed comm: total", "bubble_s": "pipeline bubble / wait",
+           "memory_total_bytes": "memory per device", "memory_capacity_bytes": "memory capacity",
+           "fits": "fits in memory"}
 
 
 def _signed(kind: str, diff: float) -> str:
@@ -203,7 +226,7 @@ def _signed(kind: str, diff: float) -> str:
         text = format_percent(diff).replace("%", " pp")
     else:
         text = _FORMATTERS[kind](diff)
-    return text if text.startswith(("-", "0")) else "+" + text
+    return text if text.startswith("-") or text.split(" ")[0] == "0" else "+" + text
 
 
 def comparison_table(runs: Sequence[Run]):
@@ -214,13 +237,15 @@ def comparison_table(runs: Sequence[Run]):
 
     labels = [lab for lab, _ in runs]
     t = Table(title=f"Comparison (baseline: {escape(labels[0])})", title_justify="left")
-    t.add_column("")
+    t.add_column("", no_wrap=True)
     for lab in labels:
         t.add_column(escape(lab), justify="right")
     for lab in labels[1:]:
-        t.add_column(f"Δ {escape(lab)}", justify="right")
+        t.add_column("Δ" if len(labels) == 2 else f"Δ {escape(lab)}", justify="right")
         t.add_column("change", justify="right")
     for name, kind, values in comparison_metrics([r for _, r in runs]):
+        name = _TITLES.get(name) or name.removesuffix("_s").replace("exposed_comm_",
+                                                                    "exposed comm: ")
         if kind == "bool":
             t.add_row(name, *["yes" if v else "[bold red]NO[/]" for v in values],
                       *[""] * (2 * (len(values) - 1)))

@@ -181,20 +181,20 @@ def _backend_notes(console: Console, results: Sequence[Result]) -> None:
 
 
 def _tier(link: str) -> str:
-    """Where a link ``u->v`` lies: inside a node, node to fabric, fabric to node, fabric."""
+    """Where a link ``u->v`` lies: ``in node``, ``node→fabric``, ``fabric→node`` or ``fabric``
+    (vertices inside a node are named ``node<i>/…``, see :mod:`ddlsim.topologies.build`)."""
     u, _, v = link.partition("->")
     inside_u, inside_v = "/" in u, "/" in v
     if inside_u and inside_v:
-        return "node-internal"
+        return "in node"
     if inside_u:
-        return "node → fabric"
+        return "node→fabric"
     if inside_v:
-        return "fabric → node"
+        return "fabric→node"
     return "fabric"
 
 
-_KIND_NAMES = {"nvlink": "NVLink", "pcie": "PCIe", "shm": "shared memory", "nic": "NIC",
-               "fabric": "fabric"}
+_KIND_NAMES = {"nvlink": "NVLink", "pcie": "PCIe", "shm": "shm", "nic": "NIC", "fabric": "fabric"}
 
 
 def group_links(links: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -222,13 +222,14 @@ def links_table(result: Result, rows: int) -> Table:
     groups = group_links(result.links)
     lt = Table(title=f"Busiest links ({result.engine}), identical links grouped",
                title_justify="left")
-    for col in ("links", "e.g.", "bandwidth", "busy", "utilisation", "bytes"):
-        lt.add_column(col, justify="left" if col in ("links", "e.g.") else "right")
+    for col in ("links", "count", "util.", "bandwidth", "busy", "bytes"):
+        lt.add_column(col, justify="left" if col == "links" else "right", no_wrap=True)
     for g in groups[:rows]:
         kind = _KIND_NAMES.get(g["kind"], g["kind"])
-        lt.add_row(f"{kind}, {g['tier']}, ×{g['count']}", escape(g["example"]),
+        where = kind if kind == g["tier"] else f"{kind}, {g['tier']}"
+        lt.add_row(where, f"×{g['count']}", format_percent(g["utilisation"]),
                    format_bandwidth(g["bandwidth_Bps"]), format_time(g["busy_s"]),
-                   format_percent(g["utilisation"]), format_bytes(g["bytes"]))
+                   format_bytes(g["bytes"]))
     if len(groups) > rows:
         lt.caption = f"{len(groups) - rows} more group(s) of {len(result.links)} links in all"
     return lt
