@@ -100,13 +100,13 @@ def _labels(inputs: Sequence[Path], labels: Sequence[str] | None) -> list[str]:
 
 def _strip_common_prefix(names: list[str]) -> list[str]:
     """``wiki-gpt2-9ranks-ddp``, ``wiki-gpt2-9ranks-reduce_scatter`` → ``ddp``,
-    ``reduce_scatter``: the shared prefix up to its last ``-``, ``_`` or ``/`` is dropped."""
+    ``reduce_scatter``: the shared prefix up to its last ``-`` or ``/`` is dropped."""
     import os
 
     if len(names) < 2:
         return names
     prefix = os.path.commonprefix(names)
-    cut = max(prefix.rfind(c) for c in "-_/") + 1
+    cut = max(prefix.rfind(c) for c in "-/") + 1
     if cut <= 0 or any(len(n) <= cut for n in names):
         return names
     return [n[cut:] for n in names]
