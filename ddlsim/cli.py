@@ -75,6 +75,14 @@ def _check_predict_options(fmt: str, engine: str, backend, calibration, trace, l
             "with it choose --engine analytical or --engine des, not both")
 
 
+def _check_force(force: bool, **paths) -> None:
+    """Check the output paths now; refuse ``--force`` when there is no file to replace."""
+    names = ", ".join("-o" if k == "output" else f"--{k}" for k in paths)
+    require(not force or any(p not in (None, Path("-")) for p in paths.values()),
+            f"--force lets an output file be replaced, but no output file is named ({names})")
+    check_outputs(force, **paths)
+
+
 def run_predictions(cfg, engines: list[str], *, calibration, backend, allow_oom: bool,
                     trace: Path | None = None, force: bool = False,
                     record_spans: bool = False) -> list:
@@ -125,7 +133,7 @@ def predict(
     from .report import dumps_json
 
     _check_predict_options(fmt, engine, backend, calibration, trace, links, timeline, plot)
-    check_outputs(force, output=output, trace=trace, timeline=timeline, plot=plot)
+    _check_force(force, output=output, trace=trace, timeline=timeline, plot=plot)
     cfg = load_config(config, overrides or [])
     engines = ["analytical", "des"] if engine == "both" else [engine]
     results = run_predictions(cfg, engines, calibration=calibration, backend=backend,
@@ -219,7 +227,7 @@ def compare(
         check_choice("--engine", engine, ENGINES)
     require(backend is None or calibration is not None,
             "--backend needs --calibration: it picks a backend of the calibration profile")
-    check_outputs(force, output=output, plot=plot)
+    _check_force(force, output=output, plot=plot)
     runs = compare_inputs(inputs, overrides or [], engine, labels, calibration=calibration,
                           backend=backend, allow_oom=allow_oom)
     if plot is not None:
@@ -268,6 +276,19 @@ def _summary(section: str, v: dict) -> str:
     return ", ".join(f"{k}={x}" for k, x in v.items() if k != "source")
 
 
+def _calibrate_checks(name: str):
+    """Options of ``ddlsim calibrate NAME`` that apply only with another one."""
+    def check(kw: dict) -> None:
+        if name == "show":
+            require(not kw.get("force") or kw.get("plot") is not None,
+                    "--force applies to the --plot file; without --plot there is nothing to "
+                    "replace")
+        if name == "compute":
+            require(kw.get("attention") or kw.get("max_seq") == 1024,
+                    "--max-seq applies to the attention benchmark; add --attention")
+    return check
+
+
 def _mount_subapps() -> None:
     """Mount ``topology`` and ``calibrate``, every command wrapped by :func:`guarded`."""
     from .calibration.cli import app as calibrate_app
@@ -275,7 +296,9 @@ def _mount_subapps() -> None:
 
     for sub in (topology_app, calibrate_app):
         for command in sub.registered_commands:
-            command.callback = guarded(command.callback)
+            name = command.name or command.callback.__name__
+            checks = _calibrate_checks(name) if sub is calibrate_app else None
+            command.callback = guarded(command.callback, checks)
     app.add_typer(topology_app, name="topology", help="Build, summarise and draw cluster topologies.")
     app.add_typer(calibrate_app, name="calibrate",
                   help="Run microbenchmarks, read existing results, fit cost profiles.")

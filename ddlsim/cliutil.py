@@ -60,16 +60,25 @@ def _report_warnings(caught: Iterable[warnings.WarningMessage]) -> None:
             _stderr().print(f"[yellow]warning:[/] {escape(text)}")
 
 
-def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
+def guarded(fn: Callable[..., Any],
+            check: Callable[[dict[str, Any]], None] | None = None) -> Callable[..., Any]:
     """Wrap a command: ddlsim's errors and unreadable input print ``error: …`` (one
     paragraph) and exit 2; any other exception prints one paragraph naming it as a bug and
     exits 3 (``DDLSIM_DEBUG=1`` re-raises it); every warning raised meanwhile prints as one
-    ``warning: …`` line on stderr, even when the command fails."""
+    ``warning: …`` line on stderr, even when the command fails.
+
+    Before the command runs, every integer option must be >= 0 (they are all counts, sizes
+    or seeds), and ``check(options)`` may refuse options that do not apply together.
+    """
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", UserWarning)
             try:
+                refuse_negative(**{k: v for k, v in kwargs.items()
+                                   if isinstance(v, int) and not isinstance(v, bool)})
+                if check is not None:
+                    check(kwargs)
                 return fn(*args, **kwargs)
             except (typer.Exit, typer.Abort, KeyboardInterrupt, SystemExit):
                 raise

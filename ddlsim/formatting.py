@@ -32,6 +32,8 @@ _FLOPS = ((1e18, "EFLOP/s"), (1e15, "PFLOP/s"), (1e12, "TFLOP/s"), (1e9, "GFLOP/
 
 def _round_sig(x: float, digits: int) -> tuple[float, int]:
     """``x`` rounded to ``digits`` significant digits, and the decimals that shows."""
+    if x == 0 or not math.isfinite(x):  # also a subnormal divided into underflow
+        return x, 0
     exp = math.floor(math.log10(abs(x)))
     rounded = round(x, digits - 1 - exp)
     if rounded and math.floor(math.log10(abs(rounded))) > exp:  # 9.996 → 10.0: one digit up

@@ -138,3 +138,31 @@ def test_output_checked_before_the_run(tmp_path, monkeypatch):
     _refused(["predict", WIKI, "-o", str(tmp_path / "x"), "--plot", str(tmp_path / "x")],
              "--plot and --output name the same file")
     assert out.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("command", [["predict"], ["compare", WIKI], ["topology", "show"],
+                                     ["calibrate", "show"], ["calibrate", "fit", "-o", "x.yaml"]])
+@pytest.mark.parametrize("content", [None, b"\x7fELF\x00\x01\x02", b"\xd0\xcf\x11\xe0 caf\xe9"])
+def test_every_command_answers_unreadable_input_with_exit_2(tmp_path, command, content):
+    path = tmp_path / "in.yaml"
+    if content is None:
+        path = tmp_path            # a directory
+    else:
+        path.write_bytes(content)
+    r = runner.invoke(app, [*command, str(path)])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith("error: ") and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["predict", WIKI, "--force"], "--force lets an output file be replaced, but no output"),
+    (["compare", WIKI, GPT3, "--force"], "no output file is named (-o, --plot)"),
+    (["calibrate", "show", "ddlsim/data/calibration/dgx-a100.yaml", "--force"],
+     "--force applies to the --plot file"),
+    (["calibrate", "compute", "--max-seq", "64"], "--max-seq applies to the attention"),
+    (["calibrate", "compute", "--reps", "-1"], "--reps -1 is negative"),
+    (["calibrate", "fit", "x.csv", "-o", "p.yaml", "--bootstrap", "-5"], "--bootstrap -5"),
+    (["topology", "show", "cpu-10gbe", "--nodes", "-2"], "--nodes -2 is negative"),
+])
+def test_options_that_would_be_ignored_or_negative_are_refused(args, message):
+    _refused(args, message)

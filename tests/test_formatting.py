@@ -20,6 +20,7 @@ from ddlsim.units import parse_bytes, parse_time
     (59.94, "59.9 s"), (59.97, "1.00 min"),            # 60.0 s would be the next unit
     (1390.0, "23.2 min"),                              # the "1.39e+03 s"
     (7200.0, "2.00 h"), (3.6e6, "1,000 h"), (0.0, "0 s"), (-0.5, "-500 ms"),
+    (5e-324, "4.94e-315 ns"),                          # underflows in the larger units
 ])
 def test_time_regimes(seconds, text):
     assert format_time(seconds) == text
