@@ -67,9 +67,12 @@ def _candidate_changes(cfg: RunConfig) -> list[tuple[str, dict]]:
     for key, now in (("tensor_model_parallel_size", p.tp), ("pipeline_model_parallel_size", p.pp)):
         new = now * 2
         tp, pp = (new, p.pp) if key.startswith("tensor") else (p.tp, new)
-        if world % (tp * pp) == 0:
+        if world % (tp * pp) == 0:  # same devices, fewer replicas
             out.append((f"{key} = {new} (now {now}; data_parallel_size {world // (tp * pp)})",
                         {"parallel": {key: new, "data_parallel_size": world // (tp * pp)}}))
+        if 2 * world <= cfg.system.num_devices:  # the system has the devices to spare
+            out.append((f"{key} = {new} (now {now}) on {2 * world} devices",
+                        {"parallel": {key: new, "data_parallel_size": cfg.dp}}))
     if p.dp_strategy == "ddp":
         out += [(f"zero_stage = {z} (now {p.zero_stage})", {"parallel": {"zero_stage": z}})
                 for z in range(p.zero_stage + 1, 4)]
@@ -92,8 +95,8 @@ def memory_alternatives(cfg: RunConfig, mem: MemoryBreakdown | None = None,
                         limit: int = 5) -> list[tuple[str, float]]:
     """Single changes of ``cfg``'s plan that lower the memory of its most loaded device.
 
-    Each candidate (doubling tensor or pipeline parallelism at the same world size, a higher
-    ZeRO stage, sequence parallelism, more recomputation, a smaller micro-batch) is built as
+    Each candidate (doubling tensor or pipeline parallelism at the same world size, or on
+    twice the devices when the system has them, a higher ZeRO stage, sequence parallelism, more recomputation, a smaller micro-batch) is built as
     a new config, so every rule of the config holds (no ZeRO-3 with pipelining, divisibility
     of heads, layers and batch); those the config rejects are dropped.
 

@@ -74,3 +74,14 @@ def test_the_error_lists_the_advice_with_memory_per_device():
     assert "Changes valid for this plan, best first:" in message
     assert "GiB per device" in message and "--allow-oom" in message
     assert "zero_stage > " not in message
+
+
+def test_spare_devices_allow_more_parallelism_at_the_same_data_parallelism():
+    # 32 devices, a plan on 16 of them (TP 8 × PP 2 × DP 1): PP 4 fits the system.
+    cfg = _cfg("parallel.pipeline_model_parallel_size=2", "parallel.data_parallel_size=1",
+               "train.global_batch_size=8", "train.micro_batch_size=1")
+    found = dict(memory_alternatives(cfg, limit=20))
+    change = "pipeline_model_parallel_size = 4 (now 2) on 32 devices"
+    assert found[change] == memory_per_device(
+        _cfg("parallel.pipeline_model_parallel_size=4", "parallel.data_parallel_size=1",
+             "train.global_batch_size=8", "train.micro_batch_size=1")).total
