@@ -123,3 +123,17 @@ def test_calibration_outputs_use_the_umask_and_refuse_overwrites(tmp_path, umask
     link.symlink_to(tmp_path / "data.csv")
     write_csv(link, pd.DataFrame({"x": [1.5]}))
     assert link.is_symlink() and (tmp_path / "data.csv").read_text() == "x\n1.5\n"
+
+
+def test_output_into_a_fifo_is_written_through(tmp_path):
+    import threading
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()))
+    reader.start()
+    _ok(["predict", WIKI, "-f", "json", "-o", str(fifo)])       # exists, yet no --force
+    reader.join(timeout=30)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)                 # still a FIFO
+    assert json.loads(got[0])["engine"] == "analytical"
