@@ -214,7 +214,7 @@ def _comparison_csv(runs: Sequence[Run]) -> str:
 
 
 _TITLES = {"iteration_time_s": "iteration time", "samples_per_s": "samples/s",
-           "tokens_per_s": "tokens/s", "mfu": "MFU", "flops_per_device": "per device",
+           "tokens_per_s": "tokens/s", "mfu": "MFU", "flops_per_device": "FLOP/s per device",
            "compute_s": "compute", "optimizer_s": "optimizer step",
            "exposed_comm_total_s": "exposed comm: total", "bubble_s": "pipeline bubble / wait",
            "memory_total_bytes": "memory per device", "memory_capacity_bytes": "memory capacity",
