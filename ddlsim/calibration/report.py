@@ -8,7 +8,7 @@ import numpy as np
 from rich.table import Table
 
 from ..figio import save_figure
-from ..units import format_bytes
+from ..formatting import format_bytes
 from .outputs import guard_output
 from .profile import CalibrationProfile, CommEntry
 from .schema import OPS, CalibrationError, busbw_factor

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .. import units
+from .. import formatting
 from ..errors import DDLSimError
 
 __all__ = ["app", "read_spec"]
@@ -107,7 +107,7 @@ def _print_tables(console: Console, info: dict[str, Any]) -> None:
             ("intra-node", str(info["intra_node"])), ("NICs per node", str(info["nics_per_node"])),
             *((k, str(v)) for k, v in info["vertices"].items()),
             *((f"fabric.{k}", _show(k, v)) for k, v in info["fabric"].items()),
-            ("bisection", units.format_rate(bisection) if bisection else "—"),
+            ("bisection", formatting.format_bandwidth(bisection) if bisection else "—"),
             ("bisection method", info["bisection_method"])]
     for key, value in rows:
         overview.add_row(key, value)
@@ -116,13 +116,13 @@ def _print_tables(console: Console, info: dict[str, Any]) -> None:
         links.add_column(column)
     for kind, row in info["links"].items():
         links.add_row(kind, str(row["count"]),
-                      ", ".join(units.format_rate(b) for b in row["bandwidth_Bps"]),
-                      ", ".join(units.format_time(t) for t in row["latency_s"]))
+                      ", ".join(formatting.format_bandwidth(b) for b in row["bandwidth_Bps"]),
+                      ", ".join(formatting.format_time(t) for t in row["latency_s"]))
     console.print(overview)
     console.print(links)
 
 
 def _show(key: str, value: Any) -> str:
     if key.endswith("_Bps") and isinstance(value, float):
-        return units.format_rate(value)
+        return formatting.format_bandwidth(value)
     return str(value)
