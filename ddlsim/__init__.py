@@ -18,7 +18,6 @@ _EXPORTS = {
     "predict": ".api", "build_workload": ".api", "memory_per_device": ".api",
     "check_memory": ".api", "memory_alternatives": ".api",
     "Result": ".simulator.result", "results_frame": ".simulator.result",
-    "compare_inputs": ".compare", "comparison_payload": ".compare",
 }
 
 __all__ = [*_EXPORTS, "ConfigError", "DDLSimError", "DeadlockError", "PlanDoesNotFitError",

@@ -58,7 +58,8 @@ def check_choice(option: str, value: str, allowed: tuple[str, ...]) -> None:
 
 
 def _check_predict_options(fmt: str, engine: str, backend, calibration, trace, links,
-                           timeline, plot) -> None:
+                           timeline) -> None:
+    """Refuse option values and combinations of ``predict`` that would be ignored."""
     check_choice("--format", fmt, FORMATS)
     check_choice("--engine", engine, ENGINES)
     refuse_negative(links=links)
@@ -85,15 +86,17 @@ def _check_force(force: bool, **paths) -> None:
 
 def run_predictions(cfg, engines: list[str], *, calibration, backend, allow_oom: bool,
                     trace: Path | None = None, force: bool = False,
-                    record_spans: bool = False) -> list:
-    """One result per engine of ``cfg`` (DES options only for the DES)."""
+                    record_spans: bool = False, **predict_options) -> list:
+    """One result per engine of ``cfg`` (DES options only for the DES); ``predict_options``
+    go to :func:`ddlsim.api.predict` for every engine."""
     from .api import predict as run_predict
 
     results = []
     for e in engines:
         opts = {"trace_path": trace, "force": force} if e == "des" and trace is not None else {}
         results.append(run_predict(cfg, e, calibration=calibration, backend=backend,
-                                   check_fit=not allow_oom, record_spans=record_spans, **opts))
+                                   check_fit=not allow_oom, record_spans=record_spans,
+                                   **predict_options, **opts))
     return results
 
 
@@ -132,7 +135,7 @@ def predict(
     from .config import load_config
     from .report import dumps_json
 
-    _check_predict_options(fmt, engine, backend, calibration, trace, links, timeline, plot)
+    _check_predict_options(fmt, engine, backend, calibration, trace, links, timeline)
     _check_force(force, output=output, trace=trace, timeline=timeline, plot=plot)
     cfg = load_config(config, overrides or [])
     engines = ["analytical", "des"] if engine == "both" else [engine]
