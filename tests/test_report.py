@@ -135,3 +135,14 @@ def test_extra_keys_do_not_hide_predictions():
     r = ddlsim.predict(ddlsim.load_config(WIKI))
     r2 = replace(r, extra={"note": "x"})
     assert r2.to_dict()["note"] == "x" and r2.to_dict()["iteration_time_s"] == r.iteration_time_s
+
+
+def test_csv_refuses_non_finite_numbers_too():
+    from ddlsim.cli import csv_text
+    from ddlsim.simulator.result import Breakdown
+
+    r = ddlsim.predict(ddlsim.load_config(WIKI))
+    bad = replace(r, breakdown=Breakdown(math.inf, 0.0, {}, 0.0))
+    with pytest.raises(DDLSimError, match="non-finite number in column compute_s"):
+        csv_text([bad])
+    assert csv_text([r]).startswith("engine,")
