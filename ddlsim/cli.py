@@ -100,14 +100,17 @@ def run_predictions(cfg, engines: list[str], *, calibration, backend, allow_oom:
     return results
 
 
-def _draw(kind: str, *args, **kwargs) -> None:
-    """Call ``ddlsim.plots.draw_<kind>`` (matplotlib is imported only now)."""
+def _plots(*paths: Path | None):
+    """``ddlsim.plots`` when a picture is asked for (matplotlib is imported only then), so a
+    missing library is reported before a long run; None otherwise."""
+    if all(p is None for p in paths):
+        return None
     try:
         from . import plots
     except ImportError as exc:
         raise OptionError(f"drawing needs ddlsim.plots and matplotlib, which cannot be "
                           f"imported here ({exc})") from None
-    getattr(plots, f"draw_{kind}")(*args, **kwargs)
+    return plots
 
 
 @app.command()
@@ -137,15 +140,16 @@ def predict(
 
     _check_predict_options(fmt, engine, backend, calibration, trace, links, timeline)
     _check_force(force, output=output, trace=trace, timeline=timeline, plot=plot)
+    plots = _plots(timeline, plot)
     cfg = load_config(config, overrides or [])
     engines = ["analytical", "des"] if engine == "both" else [engine]
     results = run_predictions(cfg, engines, calibration=calibration, backend=backend,
                               allow_oom=allow_oom, trace=trace, force=force,
                               record_spans=timeline is not None)
     if timeline is not None:
-        _draw("timeline", results[0], timeline, force=force)
+        plots.draw_timeline(results[0], timeline, force=force)
     if plot is not None:
-        _draw("breakdown", results, plot, labels=[r.engine for r in results], force=force)
+        plots.draw_breakdown(results, plot, labels=[r.engine for r in results], force=force)
     if fmt == "json":
         text = dumps_json(prediction_payload(results))
     elif fmt == "csv":
@@ -231,11 +235,12 @@ def compare(
     require(backend is None or calibration is not None,
             "--backend needs --calibration: it picks a backend of the calibration profile")
     _check_force(force, output=output, plot=plot)
+    plots = _plots(plot)
     runs = compare_inputs(inputs, overrides or [], engine, labels, calibration=calibration,
                           backend=backend, allow_oom=allow_oom)
     if plot is not None:
-        _draw("breakdown", [r for _, r in runs], plot, labels=[lab for lab, _ in runs],
-              force=force)
+        plots.draw_breakdown([r for _, r in runs], plot, labels=[lab for lab, _ in runs],
+                             force=force)
     text = render_comparison(runs, fmt)
     if output is None and fmt == "table":
         out.print(text)

@@ -122,3 +122,12 @@ def test_plot_options_call_ddlsim_plots(tmp_path, fake_plots):
                              {"labels": ["analytical", "des"], "force": False})
     kind, engine, path, kw, spans = fake_plots[2]
     assert (kind, engine, kw) == ("timeline", "des", {"force": True}) and spans > 0
+
+
+def test_missing_plotting_library_is_reported_before_the_run(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "ddlsim.plots", None)     # import fails
+    monkeypatch.setattr("ddlsim.api.predict", lambda *a, **k: pytest.fail("ran anyway"))
+    for args in (["compare", RB, RS, "--plot", str(tmp_path / "c.png")],
+                 ["predict", RB, "--timeline", str(tmp_path / "t.png")]):
+        r = runner.invoke(app, args)
+        assert r.exit_code == 2 and "drawing needs ddlsim.plots" in r.stderr
