@@ -294,6 +294,14 @@ def _calibrate_checks(name: str):
         if name == "compute":
             require(kw.get("attention") or kw.get("max_seq") == 1024,
                     "--max-seq applies to the attention benchmark; add --attention")
+        if name == "fit":
+            require(kw.get("bootstrap") or not kw.get("seed"),
+                    "--seed seeds the bootstrap, which --bootstrap 0 turns off")
+            given = [f"--{k}" for k in ("op", "backend", "ranks", "nodes", "scope")
+                     if kw.get(k) is not None]
+            require(kw.get("format") not in ("ddlsim", "ddlsim-compute") or not given,
+                    f"{', '.join(given)} describe(s) nccl-tests or OSU files; --format "
+                    f"{kw.get('format')} files record them in their rows")
     return check
 
 

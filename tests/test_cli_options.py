@@ -163,6 +163,10 @@ def test_every_command_answers_unreadable_input_with_exit_2(tmp_path, command, c
     (["calibrate", "compute", "--reps", "-1"], "--reps -1 is negative"),
     (["calibrate", "fit", "x.csv", "-o", "p.yaml", "--bootstrap", "-5"], "--bootstrap -5"),
     (["topology", "show", "cpu-10gbe", "--nodes", "-2"], "--nodes -2 is negative"),
+    (["calibrate", "fit", "x.csv", "-o", "p.yaml", "--bootstrap", "0", "--seed", "3"],
+     "--seed seeds the bootstrap"),
+    (["calibrate", "fit", "x.csv", "-o", "p.yaml", "--format", "ddlsim", "--ranks", "8"],
+     "--ranks describe(s) nccl-tests or OSU files"),
 ])
 def test_options_that_would_be_ignored_or_negative_are_refused(args, message):
     _refused(args, message)
