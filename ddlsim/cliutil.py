@@ -51,6 +51,21 @@ def _is_input_error(exc: BaseException) -> bool:
     return yaml is not None and isinstance(exc, yaml.YAMLError)
 
 
+def _describe(exc: BaseException) -> str:
+    """The message of an input error; OS and decoding errors name the file and the cause."""
+    if isinstance(exc, OSError) and not isinstance(exc, DDLSimError) and exc.strerror:
+        where = f"{exc.filename!r}: " if exc.filename else ""
+        return f"{where}{exc.strerror} (errno {exc.errno})"
+    if isinstance(exc, UnicodeDecodeError):
+        return (f"an input is not UTF-8 text: byte 0x{exc.object[exc.start]:02x} at offset "
+                f"{exc.start} cannot be decoded as {exc.encoding}; save the file as UTF-8")
+    if isinstance(exc, RecursionError):
+        return "an input is nested too deeply to be read"
+    if isinstance(exc, MemoryError):
+        return "an input needs more memory than is available"
+    return str(exc) or type(exc).__name__
+
+
 def _report_warnings(caught: Iterable[warnings.WarningMessage]) -> None:
     seen: set[str] = set()
     for w in caught:
@@ -86,7 +101,7 @@ def guarded(fn: Callable[..., Any],
                 if os.environ.get("DDLSIM_DEBUG"):
                     raise
                 if _is_input_error(exc):
-                    message, code = str(exc) or type(exc).__name__, EXIT_ERROR
+                    message, code = _describe(exc), EXIT_ERROR
                 else:
                     message = (f"internal error ({type(exc).__name__}: {exc}); this is a bug "
                                "in ddlsim: please report it with the command line (run it with "
