@@ -173,6 +173,9 @@ def predict(config: RunConfig | dict | str | Path, engine: Engine = "analytical"
     workload = build_workload(cfg)
     result = _run_engine(engine, cfg, workload, mem, calibration, backend, None, engine_options,
                          record_spans)
+    if record_spans and not result.spans:
+        raise ConfigError(f"record_spans = True: the {engine} engine recorded no spans for this "
+                          "plan, so there is no timeline to draw")
     if calibration is not None:
         result = _with_calibration(engine, cfg, workload, mem, calibration, backend, result,
                                    engine_options)
