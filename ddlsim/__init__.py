@@ -4,12 +4,27 @@
     >>> cfg = ddlsim.load_config("examples/gpt3-175b-1024-a100.yaml")
     >>> result = ddlsim.predict(cfg)            # analytical engine
     >>> result.iteration_time_s, result.breakdown
+    >>> ddlsim.results_frame([result])          # a pandas DataFrame, one row per result
+
+Names are imported on first use (PEP 562), so ``import ddlsim`` and the CLI start fast.
 """
 
-from .api import build_workload, memory_per_device, predict
-from .config import RunConfig, load_config
+from ._lazy import lazy_exports
+from ._version import __version__
 from .errors import ConfigError, DDLSimError, DeadlockError, PlanDoesNotFitError
 
-__version__ = "0.1.0"
-__all__ = ["RunConfig", "load_config", "predict", "build_workload", "memory_per_device",
-           "ConfigError", "DDLSimError", "DeadlockError", "PlanDoesNotFitError", "__version__"]
+_EXPORTS = {
+    "RunConfig": ".config", "load_config": ".config",
+    "predict": ".api", "build_workload": ".api", "memory_per_device": ".api",
+    "check_memory": ".api", "memory_alternatives": ".api",
+    "Result": ".simulator.result", "results_frame": ".simulator.result",
+}
+
+__all__ = [*_EXPORTS, "ConfigError", "DDLSimError", "DeadlockError", "PlanDoesNotFitError",
+           "__version__"]
+
+__getattr__ = lazy_exports(__name__, _EXPORTS)
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -8,11 +8,12 @@ from typing import Literal
 from .config import RunConfig, load_config
 from .errors import ConfigError, PlanDoesNotFitError
 from .simulator.result import Breakdown, Result
-from .units import format_bytes
+from .formatting import format_bytes
 from .workloads.memory import MemoryBreakdown
 from .workloads.trace import Workload
 
-__all__ = ["build_workload", "predict", "memory_per_device", "check_memory"]
+__all__ = ["build_workload", "predict", "memory_per_device", "check_memory",
+           "memory_alternatives"]
 
 Engine = Literal["analytical", "des"]
 
@@ -33,24 +34,103 @@ def memory_per_device(cfg: RunConfig) -> MemoryBreakdown:
 
 
 def check_memory(cfg: RunConfig, mem: MemoryBreakdown) -> None:
-    """Raise :class:`PlanDoesNotFitError` with the breakdown if the plan does not fit."""
+    """Raise :class:`PlanDoesNotFitError` if the plan does not fit in device memory.
+
+    The message gives the breakdown and the single changes of the plan that are valid for it
+    (every config rule holds after the change) and lower the memory per device, each with the
+    memory it would give, best first (see :func:`memory_alternatives`).
+    """
     if mem.fits:
         return
-    p = cfg.parallel
     parts = ", ".join(f"{k} {format_bytes(getattr(mem, k))}"
                       for k in ("weights", "gradients", "optimizer", "activations", "other"))
+    options = memory_alternatives(cfg, mem)
+    if options:
+        advice = "; ".join(f"{change}: {format_bytes(total)} per device"
+                           f"{' (fits)' if total <= mem.capacity else ''}"
+                           for change, total in options)
+        advice = f" Changes valid for this plan, best first: {advice}."
+    else:
+        advice = " No single change of the plan lowers it; use more devices or a smaller model."
     raise PlanDoesNotFitError(
         f"the plan does not fit in memory: pipeline stage {mem.stage} needs "
         f"{format_bytes(mem.total)} per device but {cfg.system.device.name} has "
-        f"{format_bytes(mem.capacity)} ({parts}). Try a larger tensor_model_parallel_size "
-        f"(now {p.tp}) or pipeline_model_parallel_size (now {p.pp}), zero_stage > {p.zero_stage}, "
-        f"recompute = 'selective' or 'full' (now {cfg.train.recompute!r}), or a smaller "
-        f"micro_batch_size (now {cfg.train.micro_batch_size}).", mem)
+        f"{format_bytes(mem.capacity)} ({parts}).{advice} Pass --allow-oom (check_fit=False) "
+        "to predict anyway.", mem)
+
+
+def _candidate_changes(cfg: RunConfig) -> list[tuple[str, dict]]:
+    """Single plan changes to try, as (description, {section: {key: value}})."""
+    p, t = cfg.parallel, cfg.train
+    world = cfg.world_size
+    out: list[tuple[str, dict]] = []
+    for key, now in (("tensor_model_parallel_size", p.tp), ("pipeline_model_parallel_size", p.pp)):
+        new = now * 2
+        tp, pp = (new, p.pp) if key.startswith("tensor") else (p.tp, new)
+        if world % (tp * pp) == 0:  # same devices, fewer replicas
+            out.append((f"{key} = {new} (now {now}; data_parallel_size {world // (tp * pp)})",
+                        {"parallel": {key: new, "data_parallel_size": world // (tp * pp)}}))
+        if 2 * world <= cfg.system.num_devices:  # the system has the devices to spare
+            out.append((f"{key} = {new} (now {now}) on {2 * world} devices",
+                        {"parallel": {key: new, "data_parallel_size": cfg.dp}}))
+    if p.dp_strategy == "ddp":
+        out += [(f"zero_stage = {z} (now {p.zero_stage})", {"parallel": {"zero_stage": z}})
+                for z in range(p.zero_stage + 1, 4)]
+    elif cfg.dp > 1:
+        out.append((f"dp_strategy = 'ddp' with zero_stage = 1 (now {p.dp_strategy!r})",
+                    {"parallel": {"dp_strategy": "ddp", "zero_stage": 1}}))
+    if p.tp > 1 and not p.sequence_parallel:
+        out.append(("sequence_parallel = true", {"parallel": {"sequence_parallel": True}}))
+    order = ("none", "selective", "full")
+    out += [(f"recompute = {r!r} (now {t.recompute!r})", {"train": {"recompute": r}})
+            for r in order[order.index(t.recompute) + 1:]]
+    if t.micro_batch_size > 1:
+        mbs = t.micro_batch_size // 2 if t.micro_batch_size % 2 == 0 else 1
+        out.append((f"micro_batch_size = {mbs} (now {t.micro_batch_size})",
+                    {"train": {"micro_batch_size": mbs}}))
+    return out
+
+
+def memory_alternatives(cfg: RunConfig, mem: MemoryBreakdown | None = None,
+                        limit: int = 5) -> list[tuple[str, float]]:
+    """Single changes of ``cfg``'s plan that lower the memory of its most loaded device.
+
+    Each candidate (doubling tensor or pipeline parallelism at the same world size, or on
+    twice the devices when the system has them, a higher ZeRO stage, sequence parallelism, more recomputation, a smaller micro-batch) is built as
+    a new config, so every rule of the config holds (no ZeRO-3 with pipelining, divisibility
+    of heads, layers and batch); those the config rejects are dropped.
+
+    Parameters
+    ----------
+    cfg : the plan.
+    mem : its memory (computed when None).
+    limit : most changes returned.
+
+    Returns
+    -------
+    list of (description, bytes per device), lowest memory first.
+    """
+    from pydantic import ValidationError
+
+    base = cfg.model_dump(mode="json")
+    now = (mem or memory_per_device(cfg)).total
+    found = []
+    for text, change in _candidate_changes(cfg):
+        data = {k: dict(v) for k, v in base.items()}
+        for section, values in change.items():
+            data[section].update(values)
+        try:
+            total = memory_per_device(RunConfig.model_validate(data)).total
+        except (ValidationError, ValueError):
+            continue
+        if total < now:
+            found.append((text, total))
+    return sorted(found, key=lambda x: x[1])[:limit]
 
 
 def predict(config: RunConfig | dict | str | Path, engine: Engine = "analytical", *,
             calibration=None, backend: str | None = None, check_fit: bool = True,
-            **engine_options) -> Result:
+            record_spans: bool = False, **engine_options) -> Result:
     """Predict one training iteration of ``config``.
 
     Parameters
@@ -62,33 +142,76 @@ def predict(config: RunConfig | dict | str | Path, engine: Engine = "analytical"
         fitted costs replace the preset constants.
     backend : with a profile, the communication backend to use, or ``"auto"`` for the fastest
         per collective and message size.
-    check_fit : raise :class:`PlanDoesNotFitError` if the plan exceeds device memory.
+    check_fit : raise :class:`PlanDoesNotFitError` if the plan exceeds device memory; when
+        False the result is returned with ``fits`` False.
+    record_spans : fill ``Result.spans`` (per-op timeline, for ``ddlsim.plots.draw_timeline``).
+    engine_options : DES options (``trace_path``, ``force``, ``spans``, ``audit``, ``topology``).
+
+    Returns
+    -------
+    Result
+        With ``config`` (the resolved config), ``settings`` (engine, calibration, options),
+        ``parameter_count`` and ``fits`` filled.
     """
     cfg = config if isinstance(config, RunConfig) else load_config(config)
+    if backend is not None and calibration is None:
+        raise ConfigError(f"backend = {backend!r} needs a calibration profile (--calibration): "
+                          "without one there is only the preset's cost model")
     mem = memory_per_device(cfg)
     if check_fit:
         check_memory(cfg, mem)
+    source = calibration
     if isinstance(calibration, (str, Path)):
         from .calibration import CalibrationProfile
         calibration = CalibrationProfile.load(calibration)
     if engine not in ("analytical", "des"):
         raise ConfigError(f"engine = {engine!r} is not an engine; allowed: analytical, des")
+    if engine == "analytical" and engine_options:
+        raise ConfigError(f"option {sorted(engine_options)[0]!r} is a DES option and needs "
+                          "engine = 'des'; allowed for the analytical engine: calibration, "
+                          "backend, check_fit, record_spans")
     workload = build_workload(cfg)
-    result = _run_engine(engine, cfg, workload, mem, calibration, backend, None, engine_options)
-    if calibration is None:
-        return result
-    return _with_calibration(engine, cfg, workload, mem, calibration, backend, result,
-                             engine_options)
+    result = _run_engine(engine, cfg, workload, mem, calibration, backend, None, engine_options,
+                         record_spans)
+    if record_spans and not result.spans:
+        raise ConfigError(f"record_spans = True: the {engine} engine recorded no spans for this "
+                          "plan, so there is no timeline to draw")
+    if calibration is not None:
+        result = _with_calibration(engine, cfg, workload, mem, calibration, backend, result,
+                                   engine_options)
+    return _described(result, cfg, workload, engine, source, backend, check_fit, engine_options)
+
+
+def _described(result: Result, cfg: RunConfig, workload: Workload, engine: str, calibration,
+               backend: str | None, check_fit: bool, options: dict) -> Result:
+    """``result`` with the resolved config, the engine settings and the parameter count."""
+    from dataclasses import replace
+
+    if calibration is not None and not isinstance(calibration, (str, Path)):
+        calibration = getattr(getattr(calibration, "doc", None), "name", None) or "profile object"
+    settings = {"engine": engine, "calibration": None if calibration is None else str(calibration),
+                "backend": backend, "check_fit": check_fit}
+    if engine == "des":
+        settings["des_spans"] = result.extra.get("des", {}).get("spans")
+        settings["des_audit"] = bool(options.get("audit", False))
+        trace = options.get("trace_path")
+        settings["trace_path"] = None if trace is None else str(trace)
+    return replace(result, config=cfg.model_dump(mode="json"), settings=settings,
+                   parameter_count=int(workload.meta.get("params", 0)))
 
 
 def _run_engine(engine: str, cfg: RunConfig, workload: Workload, mem: MemoryBreakdown,
-                profile, backend: str | None, bound: str | None, options: dict) -> Result:
+                profile, backend: str | None, bound: str | None, options: dict,
+                record_spans: bool = False) -> Result:
     from .simulator.costs import CostModel
     cost = CostModel(cfg.system, workload, cfg.parallel, profile=profile, backend=backend,
                      bound=bound)
     if engine == "des":
         from .simulator.des import simulate_des
+        if record_spans and options.get("spans") == "none":
+            raise ConfigError("record_spans = True contradicts the DES option spans = 'none'")
         return simulate_des(cfg, workload, cost, mem, **options)
+    # record_spans: the analytical engine's representative-rank spans (ddlsim.plots' timeline)
     from .simulator.analytical.engine import simulate_analytical
     timings = simulate_analytical(workload, cost)
     return _result("analytical", cfg, workload, cost, timings, mem)

@@ -1,9 +1,12 @@
-"""The ``ddlsim`` command line: predict, presets, topology, calibrate."""
+"""The ``ddlsim`` command line: predict, compare, presets, topology, calibrate.
+
+Every command answers a bad input or option with one ``error:`` paragraph and exit status 2
+(:func:`ddlsim.cliutil.guarded`); an option that does not apply with the others is refused,
+never ignored.
+"""
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -11,100 +14,257 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .errors import DDLSimError
-from .units import format_bytes, format_time
+from ._version import __version__
+from .cliutil import OptionError, check_outputs, guarded, refuse_negative, require
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Predict how long one training iteration takes on a cluster, and why.")
 out = Console()
-err = Console(stderr=True)
+
+FORMATS = ("table", "json", "csv")
+ENGINES = ("analytical", "des", "both")
+
+Sets = Annotated[Optional[list[str]], typer.Option(
+    "--set", help="Override a field, e.g. --set parallel.tensor_model_parallel_size=4")]
+Engine = Annotated[str, typer.Option(help="analytical, des, or both")]
+Format = Annotated[str, typer.Option("--format", "-f", help="table, json or csv")]
+Output = Annotated[Optional[Path], typer.Option("-o", "--output",
+                                                help="Write the result here ('-': stdout).")]
+Force = Annotated[bool, typer.Option(help="Replace existing output files.")]
+Calibration = Annotated[Optional[Path], typer.Option(help="Calibration profile (YAML).")]
+Backend = Annotated[Optional[str], typer.Option(
+    help="With --calibration: backend to use, or 'auto' for the fastest per operation.")]
+AllowOOM = Annotated[bool, typer.Option(
+    help="Predict even if the plan exceeds device memory (the result says fits: false).")]
 
 
-def _fail(exc: Exception) -> None:
-    err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"ddlsim {__version__}")
+        raise typer.Exit()
 
 
-def _write_new(path: Path, text: str, force: bool) -> None:
-    """Write ``text`` to ``path`` without overwriting the user's file unless ``force``."""
-    if path.exists() and not force:
-        raise DDLSimError(f"{path} already exists; pass --force to overwrite it")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+@app.callback()
+def _main(version: Annotated[bool, typer.Option(
+        "--version", "-V", help="Print the version and exit.", is_eager=True,
+        callback=_version)] = False) -> None:
+    """Predict how long one training iteration takes on a cluster, and why."""
+
+
+def check_choice(option: str, value: str, allowed: tuple[str, ...]) -> None:
+    """Refuse ``value`` for ``option`` unless it is one of ``allowed``."""
+    require(value in allowed, f"{option} {value!r} is not allowed; choose from "
+                              f"{', '.join(allowed)}")
+
+
+def _check_predict_options(fmt: str, engine: str, backend, calibration, trace, links,
+                           timeline) -> None:
+    """Refuse option values and combinations of ``predict`` that would be ignored."""
+    check_choice("--format", fmt, FORMATS)
+    check_choice("--engine", engine, ENGINES)
+    refuse_negative(links=links)
+    des = engine in ("des", "both")
+    require(trace is None or des, "--trace needs --engine des or --engine both: the analytical "
+                                  "engine records no network flows")
+    require(links is None or des, "--links needs --engine des or --engine both: only the DES "
+                                  "measures each link")
+    require(links is None or fmt == "table", f"--links sets the rows of the busiest-links table, "
+            f"which only --format table prints; --format {fmt} always holds every link")
+    require(backend is None or calibration is not None,
+            "--backend needs --calibration: it picks a backend of the calibration profile")
+    require(timeline is None or engine != "both", "--timeline draws one engine's timeline; "
+            "with it choose --engine analytical or --engine des, not both")
+
+
+def _check_force(force: bool, **paths) -> None:
+    """Check the output paths now; refuse ``--force`` when there is no file to replace."""
+    names = ", ".join("-o" if k == "output" else f"--{k}" for k in paths)
+    require(not force or any(p not in (None, Path("-")) for p in paths.values()),
+            f"--force lets an output file be replaced, but no output file is named ({names})")
+    check_outputs(force, **paths)
+
+
+def run_predictions(cfg, engines: list[str], *, calibration, backend, allow_oom: bool,
+                    trace: Path | None = None, force: bool = False,
+                    record_spans: bool = False, **predict_options) -> list:
+    """One result per engine of ``cfg`` (DES options only for the DES); ``predict_options``
+    go to :func:`ddlsim.api.predict` for every engine."""
+    from .api import predict as run_predict
+
+    results = []
+    for e in engines:
+        opts = {"trace_path": trace, "force": force} if e == "des" and trace is not None else {}
+        results.append(run_predict(cfg, e, calibration=calibration, backend=backend,
+                                   check_fit=not allow_oom, record_spans=record_spans,
+                                   **predict_options, **opts))
+    return results
+
+
+def _plots(*paths: Path | None):
+    """``ddlsim.plots`` when a picture is asked for (matplotlib is imported only then), so a
+    missing library is reported before a long run; None otherwise."""
+    if all(p is None for p in paths):
+        return None
+    try:
+        from . import plots
+    except ImportError as exc:
+        raise OptionError(f"drawing needs ddlsim.plots and matplotlib, which cannot be "
+                          f"imported here ({exc})") from None
+    return plots
 
 
 @app.command()
+@guarded
 def predict(
     config: Annotated[Path, typer.Argument(help="Run config (YAML or JSON).")],
-    fmt: Annotated[str, typer.Option("--format", "-f", help="table or json")] = "table",
-    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Write the result here.")] = None,
-    overrides: Annotated[Optional[list[str]], typer.Option(
-        "--set", help="Override a field, e.g. --set parallel.tensor_model_parallel_size=4")] = None,
-    engine: Annotated[str, typer.Option(help="analytical, des, or both")] = "analytical",
-    calibration: Annotated[Optional[Path], typer.Option(help="Calibration profile (YAML).")] = None,
-    backend: Annotated[Optional[str], typer.Option(
-        help="With --calibration: backend to use, or 'auto' for the fastest per operation.")] = None,
-    trace: Annotated[Optional[Path], typer.Option(help="DES: write a Chrome/Perfetto trace JSON.")] = None,
-    links: Annotated[int, typer.Option(help="DES: list the N busiest links.")] = 0,
-    allow_oom: Annotated[bool, typer.Option(help="Predict even if the plan exceeds device memory.")] = False,
-    force: Annotated[bool, typer.Option(help="Overwrite existing output files.")] = False,
+    fmt: Format = "table",
+    output: Output = None,
+    overrides: Sets = None,
+    engine: Engine = "analytical",
+    calibration: Calibration = None,
+    backend: Backend = None,
+    trace: Annotated[Optional[Path], typer.Option(
+        help="DES: write a Chrome/Perfetto trace JSON.")] = None,
+    links: Annotated[Optional[int], typer.Option(
+        help="DES, table: list the N busiest groups of identical links.")] = None,
+    timeline: Annotated[Optional[Path], typer.Option(
+        help="Draw the iteration's timeline per rank class (PNG, PDF, SVG).")] = None,
+    plot: Annotated[Optional[Path], typer.Option(
+        help="Draw the breakdown as a stacked bar (PNG, PDF, SVG).")] = None,
+    allow_oom: AllowOOM = False,
+    force: Force = False,
 ) -> None:
     """Predict the iteration time of CONFIG, with its breakdown and memory per device."""
-    try:
-        from .api import predict as run_predict
-        from .config import load_config
+    from .config import load_config
+    from .report import dumps_json
 
-        if fmt not in ("table", "json"):
-            raise DDLSimError(f"--format {fmt!r} is not a format; allowed: table, json")
-        if engine not in ("analytical", "des", "both"):
-            raise DDLSimError(f"--engine {engine!r} is not an engine; allowed: analytical, des, both")
-        for p in (output, trace):
-            if p is not None and p.exists() and not force:
-                raise DDLSimError(f"{p} already exists; pass --force to overwrite it")
-        cfg = load_config(config, overrides or [])
-        engines = ["analytical", "des"] if engine == "both" else [engine]
-        opts = {"trace_path": trace, "force": force} if "des" in engines else {}
-        results = [run_predict(cfg, e, calibration=calibration, backend=backend,
-                               check_fit=not allow_oom, **(opts if e == "des" else {}))
-                   for e in engines]
-    except DDLSimError as exc:
-        _fail(exc)
-        return
+    _check_predict_options(fmt, engine, backend, calibration, trace, links, timeline)
+    _check_force(force, output=output, trace=trace, timeline=timeline, plot=plot)
+    plots = _plots(timeline, plot)
+    cfg = load_config(config, overrides or [])
+    engines = ["analytical", "des"] if engine == "both" else [engine]
+    results = run_predictions(cfg, engines, calibration=calibration, backend=backend,
+                              allow_oom=allow_oom, trace=trace, force=force,
+                              record_spans=timeline is not None)
+    if timeline is not None:
+        plots.draw_timeline(results[0], timeline, force=force)
+    if plot is not None:
+        plots.draw_breakdown(results, plot, labels=[r.engine for r in results], force=force)
     if fmt == "json":
-        payload = results[0].to_dict() if len(results) == 1 else {
-            r.engine: r.to_dict() for r in results}
-        if len(results) == 2:
-            a, d = results
-            payload["difference"] = {"iteration_time_s": d.iteration_time_s - a.iteration_time_s,
-                                     "relative": d.iteration_time_s / a.iteration_time_s - 1}
-        text = json.dumps(payload, indent=2, sort_keys=False)
-        if output:
-            _write_new(output, text + "\n", force)
-        else:
-            sys.stdout.write(text + "\n")
+        text = dumps_json(prediction_payload(results))
+    elif fmt == "csv":
+        text = csv_text(results)
+    else:
+        text = None
+    if text is not None:
+        _emit(text, output, force)
         return
     from .report import render_results
-    console = Console(record=output is not None, width=110) if output else out
-    render_results(console, cfg, results, links)
-    if output:
-        _write_new(output, console.export_text(), force)
+    if output is None:
+        render_results(out, cfg, results, links or 0)
+        return
+    console = Console(record=True, width=110, file=_Null(), color_system=None)
+    render_results(console, cfg, results, links or 0)
+    _emit(console.export_text(), output, force)
+
+
+class _Null:
+    """A file that drops what is written (the recording console keeps the text)."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def _emit(text: str, output: Path | None, force: bool) -> None:
+    from .textio import write_output
+    write_output("-" if output is None else output, text, force=force, what="--output file")
+
+
+def prediction_payload(results: list) -> dict:
+    """The JSON of ``predict -f json``: one result's mapping, or with two engines
+    ``{"analytical": …, "des": …, "difference": …}``."""
+    if len(results) == 1:
+        return results[0].to_dict()
+    a, d = results
+    return {"analytical": a.to_dict(), "des": d.to_dict(),
+            "difference": {"iteration_time_s": d.iteration_time_s - a.iteration_time_s,
+                           "relative": d.iteration_time_s / a.iteration_time_s - 1}}
+
+
+def csv_text(results: list, labels: list[str] | None = None) -> str:
+    """One CSV row per result (:meth:`Result.to_row` columns), full float precision."""
+    from .report import find_non_finite
+    from .simulator.result import results_frame
+
+    frame = results_frame(results, labels)
+    bad = find_non_finite(frame.to_dict(orient="list"))
+    require(bad is None, f"the result holds a non-finite number in column "
+                         f"{bad[0].split('.')[0] if bad else ''}; an input value is infinite")
+    return frame.to_csv(index=False, lineterminator="\n")
 
 
 @app.command()
+@guarded
+def compare(
+    inputs: Annotated[list[Path], typer.Argument(
+        help="Two or more run configs (YAML/JSON), or result JSONs saved by predict -f json.")],
+    overrides: Sets = None,
+    engine: Annotated[Optional[str], typer.Option(
+        help="Configs only: analytical (default), des, or both.")] = None,
+    labels: Annotated[Optional[list[str]], typer.Option(
+        "--label", help="Name of each input, in order (default: the file names).")] = None,
+    fmt: Format = "table",
+    output: Output = None,
+    plot: Annotated[Optional[Path], typer.Option(
+        help="Draw the breakdowns as stacked bars (PNG, PDF, SVG).")] = None,
+    calibration: Calibration = None,
+    backend: Backend = None,
+    allow_oom: AllowOOM = False,
+    force: Force = False,
+) -> None:
+    """Compare plans side by side: their breakdowns, with absolute and relative differences
+    from the first. --set applies to every config compared."""
+    from .compare import compare_inputs, render_comparison
+
+    check_choice("--format", fmt, FORMATS)
+    if engine is not None:
+        check_choice("--engine", engine, ENGINES)
+    require(backend is None or calibration is not None,
+            "--backend needs --calibration: it picks a backend of the calibration profile")
+    _check_force(force, output=output, plot=plot)
+    plots = _plots(plot)
+    runs = compare_inputs(inputs, overrides or [], engine, labels, calibration=calibration,
+                          backend=backend, allow_oom=allow_oom)
+    if plot is not None:
+        plots.draw_breakdown([r for _, r in runs], plot, labels=[lab for lab, _ in runs],
+                             force=force)
+    text = render_comparison(runs, fmt)
+    if output is None and fmt == "table":
+        out.print(text)
+        return
+    _emit(text if isinstance(text, str) else _table_text(text), output, force)
+
+
+def _table_text(renderable) -> str:
+    console = Console(record=True, width=110, file=_Null(), color_system=None)
+    console.print(renderable)
+    return console.export_text()
+
+
+@app.command()
+@guarded
 def presets(
     section: Annotated[Optional[str], typer.Argument(help="model, parallel, train or system")] = None,
 ) -> None:
     """List the presets a config section may name, with their sources."""
     from .presets import SECTIONS, list_presets
 
-    try:
-        if section is not None and section not in SECTIONS:
-            raise DDLSimError(f"unknown section {section!r}; allowed: {', '.join(SECTIONS)}")
-        tables = list_presets(section)
-    except DDLSimError as exc:
-        _fail(exc)
-        return
-    for sec, entries in tables.items():
+    if section is not None:
+        check_choice("section", section, tuple(SECTIONS))
+    for sec, entries in list_presets(section).items():
         t = Table(title=f"{sec} presets", title_justify="left")
         t.add_column("name", style="bold")
         t.add_column("summary")
@@ -124,10 +284,37 @@ def _summary(section: str, v: dict) -> str:
     return ", ".join(f"{k}={x}" for k, x in v.items() if k != "source")
 
 
+def _calibrate_checks(name: str):
+    """Options of ``ddlsim calibrate NAME`` that apply only with another one."""
+    def check(kw: dict) -> None:
+        if name == "show":
+            require(not kw.get("force") or kw.get("plot") is not None,
+                    "--force applies to the --plot file; without --plot there is nothing to "
+                    "replace")
+        if name == "compute":
+            require(kw.get("attention") or kw.get("max_seq") == 1024,
+                    "--max-seq applies to the attention benchmark; add --attention")
+        if name == "fit":
+            require(kw.get("bootstrap") or not kw.get("seed"),
+                    "--seed seeds the bootstrap, which --bootstrap 0 turns off")
+            given = [f"--{k}" for k in ("op", "backend", "ranks", "nodes", "scope")
+                     if kw.get(k) is not None]
+            require(kw.get("format") not in ("ddlsim", "ddlsim-compute") or not given,
+                    f"{', '.join(given)} describe(s) nccl-tests or OSU files; --format "
+                    f"{kw.get('format')} files record them in their rows")
+    return check
+
+
 def _mount_subapps() -> None:
+    """Mount ``topology`` and ``calibrate``, every command wrapped by :func:`guarded`."""
     from .calibration.cli import app as calibrate_app
     from .topologies.cli import app as topology_app
 
+    for sub in (topology_app, calibrate_app):
+        for command in sub.registered_commands:
+            name = command.name or command.callback.__name__
+            checks = _calibrate_checks(name) if sub is calibrate_app else None
+            command.callback = guarded(command.callback, checks)
     app.add_typer(topology_app, name="topology", help="Build, summarise and draw cluster topologies.")
     app.add_typer(calibrate_app, name="calibrate",
                   help="Run microbenchmarks, read existing results, fit cost profiles.")
@@ -140,7 +327,7 @@ def main() -> None:
     app()
 
 
-__all__ = ["app", "main", "format_time", "format_bytes"]
+__all__ = ["app", "main", "prediction_payload", "csv_text", "run_predictions"]
 
 
 if __name__ == "__main__":

@@ -1,30 +1,69 @@
-"""Human-readable reports of results (rich tables)."""
+"""Human-readable reports of results (rich tables), and the strict JSON every result is
+saved as. Every number goes through :mod:`ddlsim.formatting`."""
 
 from __future__ import annotations
 
+import json
+import math
+from collections.abc import Sequence
+from typing import Any
+
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .config import RunConfig
+from .errors import DDLSimError
+from .formatting import (format_bandwidth, format_bytes, format_change, format_count,
+                         format_flops, format_percent, format_time)
 from .simulator.result import Result
-from .units import format_bytes, format_time
 
-__all__ = ["render_results"]
+__all__ = ["render_results", "group_links", "dumps_json", "find_non_finite"]
 
-
-def _pct(x: float, total: float) -> str:
-    return f"{100 * x / total:5.1f}%" if total else ""
+_MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "other")
 
 
-def render_results(console: Console, cfg: RunConfig, results: list[Result], links: int = 0) -> None:
+def find_non_finite(obj: Any, path: str = "") -> tuple[str, float] | None:
+    """The first ``(dotted key, value)`` in ``obj`` that is a NaN or an infinity, or None."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return path or "(top level)", obj
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(
+        obj, (list, tuple)) else ()
+    for k, v in items:
+        found = find_non_finite(v, f"{path}.{k}" if path else str(k))
+        if found:
+            return found
+    return None
+
+
+def dumps_json(payload: Any) -> str:
+    """``payload`` as indented JSON text ending with a newline; never ``Infinity``/``NaN``.
+
+    Raises
+    ------
+    DDLSimError
+        Naming the first key whose value is not finite.
+    """
+    bad = find_non_finite(payload)
+    if bad:
+        raise DDLSimError(f"the result holds a non-finite number at {bad[0]} ({bad[1]}), which "
+                          "JSON cannot carry; an input value is infinite or out of range")
+    return json.dumps(payload, indent=2, allow_nan=False) + "\n"
+
+
+def _header(console: Console, cfg: RunConfig) -> None:
     p, t, s = cfg.parallel, cfg.train, cfg.system
     console.print(
-        f"[bold]{cfg.model.name}[/] on {s.nodes}×{s.devices_per_node} {s.device.name} "
-        f"({s.name}) — TP{p.tp} × PP{p.pp}{f'(v{p.vpp})' if p.vpp > 1 else ''} × DP{cfg.dp} = "
-        f"{cfg.world_size} ranks, {p.schedule}, ZeRO-{p.zero_stage}, dp_strategy {p.dp_strategy}, "
-        f"micro-batch {t.micro_batch_size} × {cfg.num_microbatches} per replica, "
-        f"global batch {t.global_batch_size}, seq {t.seq_length}, {t.dtype}, recompute {t.recompute}",
+        f"[bold]{escape(cfg.model.name)}[/] on {s.nodes}×{s.devices_per_node} "
+        f"{escape(s.device.name)} ({escape(s.name)}) — TP{p.tp} × PP{p.pp}"
+        f"{f'(v{p.vpp})' if p.vpp > 1 else ''} × DP{cfg.dp} = {cfg.world_size} ranks, "
+        f"{p.schedule}, ZeRO-{p.zero_stage}, dp_strategy {p.dp_strategy}, micro-batch "
+        f"{t.micro_batch_size} × {cfg.num_microbatches} per replica, global batch "
+        f"{t.global_batch_size}, seq {t.seq_length}, {t.dtype}, recompute {t.recompute}",
         highlight=False)
+
+
+def _iteration_table(results: Sequence[Result]) -> Table:
     main = Table(title="Iteration", title_justify="left")
     main.add_column("")
     for r in results:
@@ -32,23 +71,25 @@ def render_results(console: Console, cfg: RunConfig, results: list[Result], link
     if len(results) == 2:
         main.add_column("des − analytical", justify="right")
 
-    def row(label: str, values: list[float], fmt, diff: bool = True) -> None:
+    def row(label: str, values: list[float], fmt) -> None:
         cells = [fmt(v) for v in values]
         if len(values) == 2:
-            a, d = values
-            cells.append(f"{100 * (d - a) / a:+.1f}%" if diff and a else "")
+            cells.append(format_change(values[1], values[0]))
         main.add_row(label, *cells)
 
     row("iteration time", [r.iteration_time_s for r in results], format_time)
-    if results[0].interval_s:
-        main.add_row("  95% interval", *[f"{format_time(r.interval_s[0])} – {format_time(r.interval_s[1])}"
-                                          if r.interval_s else "" for r in results])
-    row("samples/s", [r.samples_per_s for r in results], lambda v: f"{v:,.1f}")
-    row("tokens/s", [r.tokens_per_s for r in results], lambda v: f"{v:,.0f}")
-    row("MFU", [r.mfu for r in results], lambda v: f"{100 * v:.1f}%")
-    row("TFLOP/s per device", [r.tflops_per_device for r in results], lambda v: f"{v:.1f}")
-    console.print(main)
+    if any(r.interval_s for r in results):
+        main.add_row("  95% interval", *[f"{format_time(r.interval_s[0])} – "
+                                          f"{format_time(r.interval_s[1])}" if r.interval_s
+                                          else "" for r in results])
+    row("samples/s", [r.samples_per_s for r in results], format_count)
+    row("tokens/s", [r.tokens_per_s for r in results], format_count)
+    row("MFU", [r.mfu for r in results], format_percent)
+    row("FLOP/s per device", [r.tflops_per_device * 1e12 for r in results], format_flops)
+    return main
 
+
+def _breakdown_table(results: Sequence[Result]) -> Table:
     bd = Table(title="Where the time goes (critical rank)", title_justify="left")
     bd.add_column("part")
     for r in results:
@@ -65,10 +106,45 @@ def render_results(console: Console, cfg: RunConfig, results: list[Result], link
             continue
         cells = []
         for r in results:
-            cells += [format_time(get(r)), _pct(get(r), r.iteration_time_s)]
+            share = get(r) / r.iteration_time_s if r.iteration_time_s else 0.0
+            cells += [format_time(get(r)), format_percent(share)]
         bd.add_row(label, *cells)
-    console.print(bd)
+    return bd
 
+
+def _memory_table(r: Result) -> Table:
+    mem = Table(title=f"Memory per device (pipeline stage {r.memory.stage})", title_justify="left")
+    mem.add_column("part")
+    mem.add_column("bytes", justify="right")
+    for k in _MEMORY_PARTS:
+        mem.add_row(k, format_bytes(getattr(r.memory, k)))
+    mark = "" if r.fits else " [bold red]✗ does not fit[/]"
+    mem.add_row("[bold]total[/]", f"[bold]{format_bytes(r.memory.total)}[/]{mark}")
+    mem.add_row("capacity", format_bytes(r.memory.capacity))
+    return mem
+
+
+def _fit_banner(console: Console, r: Result) -> None:
+    if not r.fits:
+        console.print(f"[bold red]DOES NOT FIT:[/] {format_bytes(r.memory.total)} per device "
+                      f"against a capacity of {format_bytes(r.memory.capacity)} (predicted with "
+                      "--allow-oom; fits: false)", highlight=False)
+
+
+def render_results(console: Console, cfg: RunConfig, results: list[Result], links: int = 0) -> None:
+    """Print ``results`` (one engine, or analytical and DES side by side) as tables.
+
+    Parameters
+    ----------
+    console : where to print.
+    cfg : the run config the results predict.
+    results : one or two results of the same config.
+    links : rows of the busiest-links table (groups of identical links), DES results only.
+    """
+    _header(console, cfg)
+    _fit_banner(console, results[0])
+    console.print(_iteration_table(results))
+    console.print(_breakdown_table(results))
     r = results[0]
     cm = Table(title="Communication per device and iteration", title_justify="left")
     cm.add_column("group")
@@ -76,39 +152,84 @@ def render_results(console: Console, cfg: RunConfig, results: list[Result], link
     for k, v in r.comm_bytes.items():
         if v:
             cm.add_row(k, format_bytes(v))
-    mem = Table(title=f"Memory per device (pipeline stage {r.memory.stage})", title_justify="left")
-    mem.add_column("part")
-    mem.add_column("bytes", justify="right")
-    for k in ("weights", "gradients", "optimizer", "activations", "other"):
-        mem.add_row(k, format_bytes(getattr(r.memory, k)))
-    mem.add_row("[bold]total[/]", f"[bold]{format_bytes(r.memory.total)}[/]")
-    mem.add_row("capacity", format_bytes(r.memory.capacity))
     console.print(cm)
-    console.print(mem)
+    console.print(_memory_table(r))
     if r.algorithms:
         al = Table(title="Collective algorithms chosen", title_justify="left")
         al.add_column("group.op[size]")
         al.add_column("algorithm / backend")
         for k, v in sorted(r.algorithms.items()):
-            al.add_row(k, v)
+            al.add_row(escape(k), escape(v))
         console.print(al)
+    _backend_notes(console, results)
+    for res in results:
+        if links and res.links:
+            console.print(links_table(res, links))
+
+
+def _backend_notes(console: Console, results: Sequence[Result]) -> None:
     for res in results:
         single = res.extra.get("single_backend_time_s")
         if single:
             parts = ", ".join(f"{b} alone {format_time(t)}" for b, t in sorted(single.items()))
-            console.print(f"Backend mix ({res.engine}): {format_time(res.iteration_time_s)} with the "
-                          f"fastest backend per operation; {parts}; gain over the best single "
-                          f"backend {100 * res.extra['gain_over_best_single_backend']:.1f}%",
-                          highlight=False)
+            gain = format_percent(res.extra["gain_over_best_single_backend"])
+            console.print(f"Backend mix ({res.engine}): {format_time(res.iteration_time_s)} with "
+                          f"the fastest backend per operation; {escape(parts)}; gain over the "
+                          f"best single backend {gain}", highlight=False)
         if res.extra.get("interval_note"):
-            console.print(f"[dim]{res.extra['interval_note']}[/]", highlight=False)
-    for res in results:
-        if links and res.links:
-            lt = Table(title=f"Busiest links ({res.engine})", title_justify="left")
-            for col in ("link", "kind", "bandwidth", "busy", "utilisation", "bytes"):
-                lt.add_column(col, justify="right" if col != "link" else "left")
-            for ln in res.links[:links]:
-                lt.add_row(str(ln["link"]), str(ln.get("kind", "")),
-                           f"{ln['bandwidth_Bps'] / 1e9:.2f} GB/s", format_time(ln["busy_s"]),
-                           f"{100 * ln['utilisation']:.1f}%", format_bytes(ln["bytes"]))
-            console.print(lt)
+            console.print(f"[dim]{escape(str(res.extra['interval_note']))}[/]", highlight=False)
+
+
+def _tier(link: str) -> str:
+    """Where a link ``u->v`` lies: ``in node``, ``node→fabric``, ``fabric→node`` or ``fabric``
+    (vertices inside a node are named ``node<i>/…``, see :mod:`ddlsim.topologies.build`)."""
+    u, _, v = link.partition("->")
+    inside_u, inside_v = "/" in u, "/" in v
+    if inside_u and inside_v:
+        return "in node"
+    if inside_u:
+        return "node→fabric"
+    if inside_v:
+        return "fabric→node"
+    return "fabric"
+
+
+_KIND_NAMES = {"nvlink": "NVLink", "pcie": "PCIe", "shm": "shm", "nic": "NIC", "fabric": "fabric"}
+
+
+def group_links(links: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Links with the same kind, tier, bandwidth, utilisation, busy time and bytes, as one
+    group each, busiest first: ``{"kind", "tier", "count", "example", "bandwidth_Bps",
+    "busy_s", "utilisation", "bytes"}``."""
+    groups: dict[tuple, dict[str, Any]] = {}
+    for ln in links:
+        name = str(ln["link"])
+        key = (ln.get("kind", ""), _tier(name), float(ln["bandwidth_Bps"]),
+               round(float(ln["utilisation"]), 9), round(float(ln["busy_s"]), 12),
+               round(float(ln["bytes"])))
+        g = groups.get(key)
+        if g is None:
+            groups[key] = {"kind": key[0], "tier": key[1], "count": 1, "example": name,
+                           "bandwidth_Bps": key[2], "busy_s": float(ln["busy_s"]),
+                           "utilisation": float(ln["utilisation"]), "bytes": float(ln["bytes"])}
+        else:
+            g["count"] += 1
+    return sorted(groups.values(), key=lambda g: (-g["utilisation"], -g["bytes"], g["example"]))
+
+
+def links_table(result: Result, rows: int) -> Table:
+    """The ``rows`` busiest groups of identical links of a DES result."""
+    groups = group_links(result.links)
+    lt = Table(title=f"Busiest links ({result.engine}), identical links grouped",
+               title_justify="left")
+    for col in ("links", "count", "util.", "bandwidth", "busy", "bytes"):
+        lt.add_column(col, justify="left" if col == "links" else "right", no_wrap=True)
+    for g in groups[:rows]:
+        kind = _KIND_NAMES.get(g["kind"], g["kind"])
+        where = kind if kind == g["tier"] else f"{kind}, {g['tier']}"
+        lt.add_row(where, f"×{g['count']}", format_percent(g["utilisation"]),
+                   format_bandwidth(g["bandwidth_Bps"]), format_time(g["busy_s"]),
+                   format_bytes(g["bytes"]))
+    if len(groups) > rows:
+        lt.caption = f"{len(groups) - rows} more group(s) of {len(result.links)} links in all"
+    return lt

@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
-import os
 import platform
 import socket
 import sys
-import tempfile
 from pathlib import Path
 
 import pandas as pd
 import yaml
 
-from .. import __version__
+from .._version import __version__
+from ..textio import OutputFileError, check_output, write_output
 from .schema import CalibrationError
 
 __all__ = ["guard_output", "write_text", "write_csv", "write_yaml", "sha256_file",
@@ -26,29 +25,28 @@ __all__ = ["guard_output", "write_text", "write_csv", "write_yaml", "sha256_file
 
 
 def guard_output(path: str | Path, force: bool) -> Path:
-    """Return ``path`` if it may be written: it does not exist, or ``force`` is true."""
-    p = Path(path)
-    if p.exists() and not force:
-        raise CalibrationError(f"{p} already exists; refusing to overwrite it (pass --force to "
-                               "replace it, or choose another output path)")
-    if p.exists() and p.is_dir():
-        raise CalibrationError(f"{p} is a directory, not a file")
-    return p
+    """Return ``path`` if it may be written (see :func:`ddlsim.textio.check_output`): it does
+    not exist, or ``force`` is true, or it is a FIFO or device written through.
+
+    Raises :class:`CalibrationError` (every MPI rank agrees on it) otherwise.
+    """
+    try:
+        check_output(path, force, what="output")
+    except OutputFileError as exc:
+        raise CalibrationError(str(exc)) from None
+    return Path(path)
 
 
 def write_text(path: str | Path, text: str, force: bool = False) -> Path:
-    """Write ``text`` to ``path`` via a temporary file and an atomic rename."""
-    p = guard_output(path, force)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    """Write ``text`` to ``path`` with :func:`ddlsim.textio.write_output`: atomic replace
+    (only with ``force``), symlinks followed, FIFOs and devices written through, ``-`` is
+    standard output, new files with the user's umask."""
+    guard_output(path, force)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, p)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return p
+        write_output(path, text, force=force, what="output")
+    except OutputFileError as exc:
+        raise CalibrationError(str(exc)) from None
+    return Path(path)
 
 
 def write_csv(path: str | Path, df: pd.DataFrame, force: bool = False) -> Path:

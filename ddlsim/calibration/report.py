@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 from rich.table import Table
 
-from ..units import format_bytes
+from ..figio import save_figure
+from ..formatting import format_bytes
 from .outputs import guard_output
 from .profile import CalibrationProfile, CommEntry
 from .schema import OPS, CalibrationError, busbw_factor
@@ -102,6 +103,5 @@ def plot_profile(profile: CalibrationProfile, path: str | Path, force: bool = Fa
     for ax in list(axes.flat)[len(ops):]:
         ax.set_visible(False)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
+    save_figure(fig, out, force=force, what="plot file")
     return out

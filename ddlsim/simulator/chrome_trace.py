@@ -77,12 +77,20 @@ def build_chrome_trace(spans: Sequence[Span], node_of_rank: Sequence[int],
 
 
 def write_chrome_trace(path: str | Path, trace: dict, force: bool = False) -> Path:
-    """Write ``trace`` as JSON to ``path``; refuses to overwrite an existing file unless
-    ``force``."""
-    p = Path(path)
-    if p.exists() and not force:
-        raise DDLSimError(f"{p} already exists; pass force=True (--force) to overwrite it")
-    p.parent.mkdir(parents=True, exist_ok=True)
-    with p.open("w") as fh:
-        json.dump(trace, fh, separators=(",", ":"))
-    return p
+    """Write ``trace`` as JSON to ``path`` with :func:`ddlsim.textio.write_output`: an
+    existing file is replaced (atomically) only with ``force``; a symlink is followed, a FIFO
+    or device written through, ``-`` is standard output.
+
+    Raises
+    ------
+    DDLSimError
+        When the path cannot be written, or the trace holds a non-finite time.
+    """
+    from ..textio import write_output
+
+    try:
+        text = json.dumps(trace, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        raise DDLSimError("the trace holds a non-finite time, which JSON cannot carry") from None
+    write_output(path, text, force=force, what="--trace file")
+    return Path(path)

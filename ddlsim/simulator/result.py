@@ -9,9 +9,12 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._version import __version__
 from ..workloads.memory import MemoryBreakdown
 
-__all__ = ["Breakdown", "Result", "Span", "ClassTiming"]
+__all__ = ["Breakdown", "Result", "Span", "ClassTiming", "results_frame"]
+
+_KINDS = ("dp", "tp", "pp", "ep")
 
 
 class ClassTiming:
@@ -85,6 +88,16 @@ class Result:
     links: tuple[dict[str, Any], ...] = ()
     interval_s: tuple[float, float] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    parameter_count: int = 0
+    config: dict[str, Any] | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+    ddlsim_version: str = __version__
+
+    @property
+    def fits(self) -> bool:
+        """Whether the most loaded device's memory fits its capacity (``False`` for a plan
+        predicted with ``check_fit=False`` / ``--allow-oom`` that does not fit)."""
+        return self.memory.fits
 
     @property
     def samples_per_s(self) -> float:
@@ -127,4 +140,50 @@ class Result:
         if self.links:
             d["links"] = list(self.links)
         d.update(self.extra)
+        d.update({"fits": self.fits, "parameter_count": self.parameter_count,
+                  "samples": self.samples, "tokens": self.tokens,
+                  "model_flops": self.model_flops, "hardware_flops": self.hardware_flops,
+                  "peak_flops_per_device": self.peak_flops_per_device,
+                  "ddlsim_version": self.ddlsim_version, "settings": dict(self.settings),
+                  "config": self.config})
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Result":
+        """The result saved by :meth:`to_dict` (``ddlsim predict -f json``), without spans.
+
+        Raises ``KeyError``/``TypeError``/``ValueError`` on a mapping that is not one; see
+        :func:`ddlsim.compare.load_result_file` for checked reading.
+        """
+        from ._result_io import result_from_dict
+        return result_from_dict(cls, d)
+
+    def to_row(self) -> dict[str, Any]:
+        """One flat row: the run's plan, its predictions and memory, units in column names
+        (``iteration_time_s``, ``exposed_comm_dp_s``, ``memory_total_bytes``…)."""
+        from ._result_io import result_row
+        return result_row(self)
+
+    def to_frame(self):
+        """A one-row :class:`pandas.DataFrame` of :meth:`to_row`."""
+        return results_frame([self])
+
+
+def results_frame(results, labels: list[str] | None = None):
+    """A :class:`pandas.DataFrame`, one row per result (:meth:`Result.to_row` columns), with
+    a first ``label`` column when ``labels`` are given.
+
+    Parameters
+    ----------
+    results : iterable of Result
+    labels : one name per result, or None.
+    """
+    import pandas as pd
+
+    results = list(results)
+    rows = [r.to_row() for r in results]
+    if labels is not None:
+        if len(labels) != len(rows):
+            raise ValueError(f"results_frame got {len(labels)} labels for {len(rows)} results")
+        rows = [{"label": lab, **row} for lab, row in zip(labels, rows)]
+    return pd.DataFrame(rows)

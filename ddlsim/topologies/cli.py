@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .. import units
+from .. import formatting
 from ..errors import DDLSimError
 
 __all__ = ["app", "read_spec"]
@@ -37,9 +37,16 @@ def show(
     nodes: Optional[int] = typer.Option(None, "--nodes", help="Override the number of nodes."),
     draw_to: Optional[Path] = typer.Option(None, "--draw", help="Also draw the graph to this PNG."),
     fmt: OutputFormat = typer.Option(OutputFormat.table, "--format", help="table or json."),
+    force: bool = typer.Option(False, help="Replace an existing --draw file."),
 ) -> None:
     """Build the topology of SPEC and print its summary (devices, links, bisection)."""
     try:
+        if draw_to is not None:
+            from ..textio import check_output
+            check_output(draw_to, force, what="--draw file")
+        elif force:
+            raise DDLSimError("--force applies to the --draw file; without --draw there is "
+                              "nothing to replace")
         data = read_spec(spec)
         if nodes is not None:
             data = _with_nodes(data, nodes)
@@ -49,7 +56,7 @@ def show(
         topo = build_topology(data)
         info = summary(topo)
         if draw_to is not None:
-            draw(topo, draw_to)
+            draw(topo, draw_to, force=force)
     except (DDLSimError, OSError) as exc:
         Console(stderr=True).print(f"error: {exc}", markup=False, highlight=False, style="red")
         raise typer.Exit(code=2) from None
@@ -100,7 +107,7 @@ def _print_tables(console: Console, info: dict[str, Any]) -> None:
             ("intra-node", str(info["intra_node"])), ("NICs per node", str(info["nics_per_node"])),
             *((k, str(v)) for k, v in info["vertices"].items()),
             *((f"fabric.{k}", _show(k, v)) for k, v in info["fabric"].items()),
-            ("bisection", units.format_rate(bisection) if bisection else "—"),
+            ("bisection", formatting.format_bandwidth(bisection) if bisection else "—"),
             ("bisection method", info["bisection_method"])]
     for key, value in rows:
         overview.add_row(key, value)
@@ -109,13 +116,13 @@ def _print_tables(console: Console, info: dict[str, Any]) -> None:
         links.add_column(column)
     for kind, row in info["links"].items():
         links.add_row(kind, str(row["count"]),
-                      ", ".join(units.format_rate(b) for b in row["bandwidth_Bps"]),
-                      ", ".join(units.format_time(t) for t in row["latency_s"]))
+                      ", ".join(formatting.format_bandwidth(b) for b in row["bandwidth_Bps"]),
+                      ", ".join(formatting.format_time(t) for t in row["latency_s"]))
     console.print(overview)
     console.print(links)
 
 
 def _show(key: str, value: Any) -> str:
     if key.endswith("_Bps") and isinstance(value, float):
-        return units.format_rate(value)
+        return formatting.format_bandwidth(value)
     return str(value)

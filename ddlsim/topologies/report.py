@@ -129,11 +129,14 @@ def _min_cut(cap: nx.Graph, side: dict[Any, bool]) -> float:
     return float(nx.minimum_cut_value(cap, source, sink, capacity="capacity"))
 
 
-def draw(topology: Topology, path: str | Path, *, max_vertices: int = MAX_DRAW_VERTICES) -> Path:
+def draw(topology: Topology, path: str | Path, *, max_vertices: int = MAX_DRAW_VERTICES,
+         force: bool = False) -> Path:
     """Draw the graph, layered (devices at the bottom, core switches on top), to ``path``.
 
-    Uses matplotlib's Agg canvas (no display needed). Refuses graphs with more than
-    ``max_vertices`` vertices with a :class:`~ddlsim.errors.ConfigError`.
+    Uses matplotlib's Agg canvas (no display needed); the file is written with
+    :func:`ddlsim.textio.write_output` (an existing file is replaced only with ``force``).
+    Refuses graphs with more than ``max_vertices`` vertices with a
+    :class:`~ddlsim.errors.ConfigError`.
     """
     from ..errors import ConfigError
 
@@ -162,8 +165,8 @@ def draw(topology: Topology, path: str | Path, *, max_vertices: int = MAX_DRAW_V
                  f"{topology.devices_per_node} devices")
     ax.legend(loc="upper right", fontsize=7)
     ax.set_axis_off()
-    fig.savefig(path, dpi=150, bbox_inches="tight")
-    return Path(path)
+    from ..figio import save_figure
+    return save_figure(fig, path, force=force, what="--draw file", dpi=150, bbox_inches="tight")
 
 
 def _layered_positions(g: nx.DiGraph) -> dict[Any, tuple[float, float]]:

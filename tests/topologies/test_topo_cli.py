@@ -23,7 +23,7 @@ def test_show_preset_as_table():
     result = _show("cpu-10gbe")
     assert result.exit_code == 0, result.output
     assert "topology cpu-10gbe" in result.output
-    assert "bisection" in result.output and "2.5 GB/s" in result.output
+    assert "bisection" in result.output and "2.50 GB/s" in result.output
 
 
 def test_show_preset_as_json_with_nodes_override():

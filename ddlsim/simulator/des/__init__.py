@@ -18,7 +18,7 @@ from typing import Literal
 import numpy as np
 
 from ...config import RunConfig
-from ...errors import ConfigError, DDLSimError
+from ...errors import ConfigError
 from ...topologies import Topology, from_system
 from ...workloads.trace import Workload
 from ..costs import CostModel, place_ranks_on_system
@@ -96,8 +96,9 @@ def simulate_des(cfg: RunConfig, workload: Workload, cost: CostModel, mem, *,
     if unknown:
         raise ConfigError(f"unknown DES option {sorted(unknown)[0]!r}; allowed: trace_path, "
                           "force, spans, audit, topology")
-    if trace_path is not None and Path(trace_path).exists() and not force:
-        raise DDLSimError(f"{trace_path} already exists; pass --force to overwrite it")
+    if trace_path is not None:
+        from ...textio import check_output
+        check_output(trace_path, force, what="trace file")
     mode = _span_mode(spans, workload)
     run, topo = run_des(workload, cost, topology, record_spans=mode != "none" or bool(trace_path),
                         record_flows=trace_path is not None, audit=audit)

@@ -1,0 +1,3 @@
+"""The ddlsim version (kept in step with pyproject.toml's ``version``)."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,148 @@
+"""What every ``ddlsim`` command shares: one-paragraph errors (exit 2), warnings on stderr,
+and the checks that no option is silently ignored."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import warnings
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from .errors import DDLSimError
+
+__all__ = ["OptionError", "guarded", "require", "refuse_negative", "check_outputs",
+           "EXIT_ERROR", "EXIT_BUG"]
+
+#: Exit status of a refused input or option (one ``error:`` paragraph on stderr).
+EXIT_ERROR = 2
+#: Exit status of an internal error (a bug in ddlsim): one paragraph too, never a traceback
+#: unless ``DDLSIM_DEBUG=1``.
+EXIT_BUG = 3
+
+#: Errors that mean "this input cannot be used": answered with one paragraph and status 2.
+_INPUT_ERRORS: tuple[type[BaseException], ...] = (DDLSimError, OSError, ValueError,
+                                                  RecursionError, MemoryError, OverflowError)
+
+
+class OptionError(DDLSimError, ValueError):
+    """A command-line option that is invalid, or does not apply with the other options."""
+
+
+def _stderr() -> Console:
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def _paragraph(text: str) -> str:
+    """``text`` as one paragraph: no blank lines, no trailing space."""
+    return "\n".join(line for line in str(text).strip().splitlines() if line.strip())
+
+
+def _is_input_error(exc: BaseException) -> bool:
+    if isinstance(exc, _INPUT_ERRORS):
+        return True
+    yaml = sys.modules.get("yaml")
+    return yaml is not None and isinstance(exc, yaml.YAMLError)
+
+
+def _describe(exc: BaseException) -> str:
+    """The message of an input error; OS and decoding errors name the file and the cause."""
+    if isinstance(exc, OSError) and not isinstance(exc, DDLSimError) and exc.strerror:
+        where = f"{exc.filename!r}: " if exc.filename else ""
+        return f"{where}{exc.strerror} (errno {exc.errno})"
+    if isinstance(exc, UnicodeDecodeError):
+        return (f"an input is not UTF-8 text: byte 0x{exc.object[exc.start]:02x} at offset "
+                f"{exc.start} cannot be decoded as {exc.encoding}; save the file as UTF-8")
+    if isinstance(exc, RecursionError):
+        return "an input is nested too deeply to be read"
+    if isinstance(exc, MemoryError):
+        return "an input needs more memory than is available"
+    return str(exc) or type(exc).__name__
+
+
+def _report_warnings(caught: Iterable[warnings.WarningMessage]) -> None:
+    seen: set[str] = set()
+    for w in caught:
+        text = " ".join(str(w.message).split())
+        if text and text not in seen:
+            seen.add(text)
+            _stderr().print(f"[yellow]warning:[/] {escape(text)}")
+
+
+def guarded(fn: Callable[..., Any],
+            check: Callable[[dict[str, Any]], None] | None = None) -> Callable[..., Any]:
+    """Wrap a command: ddlsim's errors and unreadable input print ``error: …`` (one
+    paragraph) and exit 2; any other exception prints one paragraph naming it as a bug and
+    exits 3 (``DDLSIM_DEBUG=1`` re-raises it); every warning raised meanwhile prints as one
+    ``warning: …`` line on stderr, even when the command fails.
+
+    Before the command runs, every integer option must be >= 0 (they are all counts, sizes
+    or seeds), and ``check(options)`` may refuse options that do not apply together.
+    """
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", UserWarning)
+            try:
+                refuse_negative(**{k: v for k, v in kwargs.items()
+                                   if isinstance(v, int) and not isinstance(v, bool)})
+                if check is not None:
+                    check(kwargs)
+                return fn(*args, **kwargs)
+            except (typer.Exit, typer.Abort, KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as exc:  # noqa: BLE001 — the CLI answers every input
+                if os.environ.get("DDLSIM_DEBUG"):
+                    raise
+                if _is_input_error(exc):
+                    message, code = _describe(exc), EXIT_ERROR
+                else:
+                    message = (f"internal error ({type(exc).__name__}: {exc}); this is a bug "
+                               "in ddlsim: please report it with the command line (run it with "
+                               "DDLSIM_DEBUG=1 for the traceback)")
+                    code = EXIT_BUG
+                _report_warnings(caught)
+                caught.clear()
+                _stderr().print(f"[bold red]error:[/] {escape(_paragraph(message))}")
+                raise typer.Exit(code) from None
+            finally:
+                _report_warnings(caught)
+    return run
+
+
+def require(condition: bool, message: str) -> None:
+    """Raise :class:`OptionError` with ``message`` unless ``condition``."""
+    if not condition:
+        raise OptionError(message)
+
+
+def refuse_negative(**counts: int | None) -> None:
+    """Refuse a negative count, naming its option (``links=-3`` → ``--links -3``)."""
+    for name, value in counts.items():
+        if value is not None and value < 0:
+            raise OptionError(f"--{name.replace('_', '-')} {value} is negative; give a count "
+                              ">= 0")
+
+
+def check_outputs(force: bool, **paths: Path | str | None) -> None:
+    """Check every output path before a long run (see :func:`ddlsim.textio.check_output`);
+    two options may not name the same file."""
+    from .textio import check_output
+
+    given = {k: p for k, p in paths.items() if p is not None}
+    seen: dict[str, str] = {}
+    for name, path in given.items():
+        option = "--" + name.replace("_", "-")
+        if str(path) != "-":
+            key = os.path.realpath(path)
+            if key in seen:
+                raise OptionError(f"{option} and {seen[key]} name the same file {str(path)!r}; "
+                                  "give each output its own path")
+            seen[key] = option
+        check_output(path, force, what=f"{option} file")
