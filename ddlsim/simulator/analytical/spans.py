@@ -41,6 +41,7 @@ class SpanRecorder:
         self.programs = programs
         self.out: list[list[tuple]] = [[] for _ in programs]
         self._names: dict[int, tuple[str, ...]] = {}
+        self._layouts: dict[tuple[int, str], list[tuple]] = {}
 
     def add(self, ci: int, sid: int, name: str, start: float, end: float, kind: str) -> None:
         """One span of class ``ci`` (empty ones are dropped)."""
@@ -78,36 +79,31 @@ class SpanRecorder:
         """The compute stream and transfers of every step the sweep solver timed."""
         e_l, prev_l, arr_l = e.tolist(), prev.tolist(), arrive.tolist()
         src = nodes.src.tolist()
+        cls, blk, key = nodes.cls.tolist(), nodes.blk.tolist(), nodes.key.tolist()
         for n in np.flatnonzero(done).tolist():
-            ci = int(nodes.cls[n])
-            name = self._block_names(ci)[int(nodes.blk[n])]
-            instrs = self.programs[ci][1][name][0]
-            fast = nodes.fast[int(nodes.key[n])]
-            end = e_l[n]
+            ci = cls[n]
+            name = self._block_names(ci)[blk[n]]
+            fast = nodes.fast[key[n]]
+            layout, recv_sid, send_sid = self._layout(ci, name)
+            out, end = self.out[ci], e_l[n]
             if src[n] >= 0:
-                self.add(ci, instrs[0][1], name, e_l[src[n]], arr_l[n], "recv")
-            work = [ins for ins in instrs if ins[1] == 0 and ins[0] in (_MACRO, _PIPE)]
+                out.append((recv_sid, name, e_l[src[n]], arr_l[n], "recv"))
             t = max(prev_l[n], arr_l[n])
-            for i, ins in enumerate(work):
-                t1 = end if i == len(work) - 1 else t + ins[3]
-                if ins[0] == _MACRO:
-                    self._macro(ci, name, ins, t, t1)
-                else:
-                    self._pipe_compute(ci, name, ins, t, t1)
-                t = t1
-            if fast[1] is not None:
-                self.add(ci, instrs[-1][1], name, end, end + fast[1][1], "send")
+            out += [(0, name, t + a, end if b is None else t + b, kind) for a, b, kind in layout]
+            if fast[1] is not None and fast[1][1] > 0:
+                out.append((send_sid, name, end, end + fast[1][1], "send"))
 
     def spans(self, workload: Workload, streams: dict[str, int]) -> tuple[Span, ...]:
         """Every recorded span as :class:`Span` of the class's first rank, sorted by rank,
         stream, start."""
         names = {sid: s for s, sid in streams.items()}
         out = []
-        for cls, rows in zip(workload.classes, self.out):
-            r = int(cls.ranks[0])
-            out += [Span(r, names[sid], name, start, end, kind, cls.name)
-                    for sid, name, start, end, kind in rows]
-        out.sort(key=lambda s: (s.rank, s.stream, s.start_s, s.end_s, s.name))
+        for cls, rows in sorted(zip(workload.classes, self.out), key=lambda x: x[0].ranks[0]):
+            r, c = int(cls.ranks[0]), cls.name
+            rows = sorted((names[sid], start, end, name, kind)
+                          for sid, name, start, end, kind in rows)
+            out += [Span(r, stream, name, start, end, kind, c)
+                    for stream, start, end, name, kind in rows]
         return tuple(out)
 
     # ------------------------------------------------------------------ layouts
@@ -116,6 +112,26 @@ class SpanRecorder:
         if names is None:
             names = self._names[ci] = _step_arrays(self.programs[ci][0])[0]
         return names
+
+    def _layout(self, ci: int, name: str) -> tuple[list[tuple], int, int]:
+        """The compute-stream spans of a swept block relative to its start — (start offset,
+        end offset or None for the block's end, kind) — with its recv and send streams (laid
+        out once per class and block, as :meth:`_macro` and :meth:`_pipe_compute` would)."""
+        hit = self._layouts.get((ci, name))
+        if hit is None:
+            instrs = self.programs[ci][1][name][0]
+            probe = SpanRecorder([None])
+            t = 0.0
+            for ins in instrs:
+                if ins[1] == 0 and ins[0] in (_MACRO, _PIPE):
+                    lay = probe._macro if ins[0] == _MACRO else probe._pipe_compute
+                    lay(0, name, ins, t, t + ins[3])
+                    t += ins[3]
+            rows = [(a, b, kind) for _, _, a, b, kind in probe.out[0]]
+            if rows:
+                rows[-1] = rows[-1][:1] + (None,) + rows[-1][2:]
+            hit = self._layouts[ci, name] = (rows, instrs[0][1], instrs[-1][1])
+        return hit
 
     def _macro(self, ci: int, name: str, ins: tuple, start: float, end: float) -> None:
         """A fused run laid out by its parts, consecutive parts of one kind joined."""
