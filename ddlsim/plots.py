@@ -56,14 +56,15 @@ class PlotError(DDLSimError, ValueError):
 
 def draw_timeline(result: Result, path: str | Path | None, *, force: bool = False,
                   title: str | None = None) -> "Figure":
-    """Draw one iteration of ``result`` as a Gantt chart and write it as PNG to ``path``.
+    """Draw one iteration of ``result`` as a Gantt chart and write it to ``path``.
 
     Parameters
     ----------
     result : a prediction with spans: the DES's (every rank or one per class) or the
         analytical engine's (``predict(..., record_spans=True)``). Each rank class is drawn
         once, from its first rank that has spans.
-    path : the PNG file (``-`` for standard output); None draws without writing.
+    path : the file: PNG, or PDF/SVG by its suffix (``-``: PNG on standard output); None
+        draws without writing.
     force : replace an existing regular file.
     title : the title; default: model, engine and iteration time.
 
@@ -123,7 +124,8 @@ def draw_breakdown(results: Sequence[Result], path: str | Path | None, *,
     Parameters
     ----------
     results : one bar per result.
-    path : the PNG file (``-`` for standard output); None draws without writing.
+    path : the file: PNG, or PDF/SVG by its suffix (``-``: PNG on standard output); None
+        draws without writing.
     labels : one label per bar; default: the model and engine of each result.
     force : replace an existing regular file.
 
@@ -334,6 +336,7 @@ def _save(fig, path, force: bool, what: str) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     FigureCanvasAgg(fig)
+    suffix = Path(str(path)).suffix.lower().lstrip(".")
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120)
+    fig.savefig(buf, format=suffix if suffix in ("pdf", "svg") else "png", dpi=120)
     write_output(path, buf.getvalue(), force=force, what=what)

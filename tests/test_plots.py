@@ -141,3 +141,10 @@ def test_breakdown_bars_are_the_breakdown_parts(results, tmp_path):
 def test_breakdown_labels_must_match_the_results(results):
     with pytest.raises(PlotError, match="2 labels for 1 results"):
         draw_breakdown([results["wiki-des"]], None, labels=["a", "b"])
+
+
+@pytest.mark.parametrize("suffix, magic", [(".svg", b"<?xml"), (".pdf", b"%PDF")])
+def test_vector_formats_by_suffix(results, tmp_path, suffix, magic):
+    out = tmp_path / f"t{suffix}"
+    draw_timeline(results["wiki-analytical"], out)
+    assert out.read_bytes().startswith(magic)
