@@ -91,6 +91,7 @@ def draw_timeline(result: Result, path: str | Path | None, *, force: bool = Fals
     from matplotlib.patches import Patch
 
     end = max(result.iteration_time_s, max(s.end_s for _, _, spans in rows for s in spans))
+    end = end if end > 0 else 1e-3   # an empty iteration still gets an axis
     scale, unit = (1e3, "ms") if end < 1.0 else (1.0, "s")
     fig = Figure(figsize=(12, 1.6 + 0.42 * len(rows)), layout="constrained")
     ax = fig.add_subplot()
@@ -108,9 +109,10 @@ def draw_timeline(result: Result, path: str | Path | None, *, force: bool = Fals
     ax.grid(axis="x", color="#dddddd", linewidth=0.6)
     ax.set_axisbelow(True)
     handles = [Patch(color=_colour(k), label=k) for k in _sorted(drawn)]
+    lanes = ("upper lane: compute stream\nlower lane: communication" if comm_kinds
+             else "compute stream")
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1), frameon=False,
-              title="upper lane: compute stream\nlower lane: communication", title_fontsize=8,
-              fontsize=9, alignment="left")
+              title=lanes, title_fontsize=8, fontsize=9, alignment="left")
     _save(fig, path, force, "timeline")
     return fig
 
@@ -227,12 +229,13 @@ def _draw_row(ax, i: int, spans: list[Span], comm_kinds: list[str], edges,
     compute_lane.append((IDLE, _occupancy(_gaps(busy, 0.0, last), edges)))
     drawn = set()
     x = np.asarray(edges) * scale
+    height = 0.40 if comm_kinds else 0.84   # the compute lane fills a row without comm lane
     top = np.full(len(edges) - 1, i - 0.42)
     for cat, frac in compute_lane:      # one lane, shares stacked from its top
         if frac.any():
-            _steps(ax, x, top, top + 0.40 * frac, _colour(cat))
+            _steps(ax, x, top, top + height * frac, _colour(cat))
             drawn.add(cat)
-        top = top + 0.40 * frac
+        top = top + height * frac
     band = 0.40 / max(1, len(comm_kinds))
     for cat in comm_kinds:
         if (False, cat) not in lanes:

@@ -404,7 +404,8 @@ def _same_pair(instrs: list, i: int, j: int) -> bool:
 def _macro(run: list, deps: tuple) -> tuple:
     """A run of compute-stream instructions fused into one: (_MACRO, 0, deps, total seconds,
     "compute", accounting, flops, the fused instructions). The last field (bytes in other
-    instructions; a macro moves none itself) keeps the run for timelines (``spans.py``)."""
+    instructions; a macro moves none itself) keeps ``run`` (a new list no caller changes)
+    for timelines (``spans.py``)."""
     compute = optimizer = flops = 0.0
     exposed: dict[str, float] = defaultdict(float)
     nbytes: dict[str, float] = defaultdict(float)
@@ -420,7 +421,7 @@ def _macro(run: list, deps: tuple) -> tuple:
             nbytes[label] += nb
     total = sum(ins[3] for ins in run)
     acct = (compute, optimizer, tuple(exposed.items()), tuple(nbytes.items()))
-    return (_MACRO, 0, deps, total, "compute", acct, flops, tuple(run))
+    return (_MACRO, 0, deps, total, "compute", acct, flops, run)
 
 
 def _share_concurrent(instrs: list, ops) -> list:
