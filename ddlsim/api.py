@@ -144,7 +144,9 @@ def predict(config: RunConfig | dict | str | Path, engine: Engine = "analytical"
         per collective and message size.
     check_fit : raise :class:`PlanDoesNotFitError` if the plan exceeds device memory; when
         False the result is returned with ``fits`` False.
-    record_spans : fill ``Result.spans`` (per-op timeline, for ``ddlsim.plots.draw_timeline``).
+    record_spans : fill ``Result.spans`` with the timeline of each rank class's first rank
+        (for ``ddlsim.plots.draw_timeline``; the DES records spans by default, see its
+        ``spans`` option).
     engine_options : DES options (``trace_path``, ``force``, ``spans``, ``audit``, ``topology``).
 
     Returns
@@ -172,7 +174,7 @@ def predict(config: RunConfig | dict | str | Path, engine: Engine = "analytical"
                           "backend, check_fit, record_spans")
     workload = build_workload(cfg)
     result = _run_engine(engine, cfg, workload, mem, calibration, backend, None, engine_options,
-                         record_spans)
+                         record_spans=record_spans)
     if record_spans and not result.spans:
         raise ConfigError(f"record_spans = True: the {engine} engine recorded no spans for this "
                           "plan, so there is no timeline to draw")
@@ -201,7 +203,7 @@ def _described(result: Result, cfg: RunConfig, workload: Workload, engine: str, 
 
 
 def _run_engine(engine: str, cfg: RunConfig, workload: Workload, mem: MemoryBreakdown,
-                profile, backend: str | None, bound: str | None, options: dict,
+                profile, backend: str | None, bound: str | None, options: dict, *,
                 record_spans: bool = False) -> Result:
     from .simulator.costs import CostModel
     cost = CostModel(cfg.system, workload, cfg.parallel, profile=profile, backend=backend,
@@ -213,6 +215,10 @@ def _run_engine(engine: str, cfg: RunConfig, workload: Workload, mem: MemoryBrea
         return simulate_des(cfg, workload, cost, mem, **options)
     # record_spans: the analytical engine's representative-rank spans (ddlsim.plots' timeline)
     from .simulator.analytical.engine import simulate_analytical
+    if record_spans:
+        from dataclasses import replace
+        timings, spans = simulate_analytical(workload, cost, record_spans=True)
+        return replace(_result("analytical", cfg, workload, cost, timings, mem), spans=spans)
     timings = simulate_analytical(workload, cost)
     return _result("analytical", cfg, workload, cost, timings, mem)
 

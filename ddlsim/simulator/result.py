@@ -52,7 +52,8 @@ class Breakdown:
 
 @dataclass(frozen=True, slots=True)
 class Span:
-    """One op on one rank's stream (DES timelines; the analytical engine's critical class)."""
+    """One op on one rank's stream (DES timelines; the analytical engine's representative
+    ranks), with the name of the rank's class."""
 
     rank: int
     stream: str
@@ -60,6 +61,7 @@ class Span:
     start_s: float
     end_s: float
     kind: str = ""
+    class_name: str = ""
 
 
 @dataclass(frozen=True)
