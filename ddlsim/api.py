@@ -50,7 +50,7 @@ def check_memory(cfg: RunConfig, mem: MemoryBreakdown) -> None:
 
 def predict(config: RunConfig | dict | str | Path, engine: Engine = "analytical", *,
             calibration=None, backend: str | None = None, check_fit: bool = True,
-            **engine_options) -> Result:
+            record_spans: bool = False, **engine_options) -> Result:
     """Predict one training iteration of ``config``.
 
     Parameters
@@ -63,6 +63,8 @@ def predict(config: RunConfig | dict | str | Path, engine: Engine = "analytical"
     backend : with a profile, the communication backend to use, or ``"auto"`` for the fastest
         per collective and message size.
     check_fit : raise :class:`PlanDoesNotFitError` if the plan exceeds device memory.
+    record_spans : analytical engine: fill ``Result.spans`` with the timeline of each rank
+        class's first rank (the DES records spans by default, see its ``spans`` option).
     """
     cfg = config if isinstance(config, RunConfig) else load_config(config)
     mem = memory_per_device(cfg)
@@ -74,7 +76,8 @@ def predict(config: RunConfig | dict | str | Path, engine: Engine = "analytical"
     if engine not in ("analytical", "des"):
         raise ConfigError(f"engine = {engine!r} is not an engine; allowed: analytical, des")
     workload = build_workload(cfg)
-    result = _run_engine(engine, cfg, workload, mem, calibration, backend, None, engine_options)
+    result = _run_engine(engine, cfg, workload, mem, calibration, backend, None, engine_options,
+                         record_spans=record_spans)
     if calibration is None:
         return result
     return _with_calibration(engine, cfg, workload, mem, calibration, backend, result,
@@ -82,7 +85,8 @@ def predict(config: RunConfig | dict | str | Path, engine: Engine = "analytical"
 
 
 def _run_engine(engine: str, cfg: RunConfig, workload: Workload, mem: MemoryBreakdown,
-                profile, backend: str | None, bound: str | None, options: dict) -> Result:
+                profile, backend: str | None, bound: str | None, options: dict, *,
+                record_spans: bool = False) -> Result:
     from .simulator.costs import CostModel
     cost = CostModel(cfg.system, workload, cfg.parallel, profile=profile, backend=backend,
                      bound=bound)
@@ -90,6 +94,10 @@ def _run_engine(engine: str, cfg: RunConfig, workload: Workload, mem: MemoryBrea
         from .simulator.des import simulate_des
         return simulate_des(cfg, workload, cost, mem, **options)
     from .simulator.analytical.engine import simulate_analytical
+    if record_spans:
+        from dataclasses import replace
+        timings, spans = simulate_analytical(workload, cost, record_spans=True)
+        return replace(_result("analytical", cfg, workload, cost, timings, mem), spans=spans)
     timings = simulate_analytical(workload, cost)
     return _result("analytical", cfg, workload, cost, timings, mem)
 

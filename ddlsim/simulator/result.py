@@ -49,7 +49,8 @@ class Breakdown:
 
 @dataclass(frozen=True, slots=True)
 class Span:
-    """One op on one rank's stream (DES timelines; the analytical engine's critical class)."""
+    """One op on one rank's stream (DES timelines; the analytical engine's representative
+    ranks), with the name of the rank's class."""
 
     rank: int
     stream: str
@@ -57,6 +58,7 @@ class Span:
     start_s: float
     end_s: float
     kind: str = ""
+    class_name: str = ""
 
 
 @dataclass(frozen=True)

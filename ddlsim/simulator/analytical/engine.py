@@ -18,14 +18,14 @@ from __future__ import annotations
 import math
 from collections import defaultdict, deque
 from operator import itemgetter
-from typing import NamedTuple
+from typing import Literal, NamedTuple, overload
 
 import numpy as np
 
 from ...errors import DeadlockError
 from ...workloads.trace import Collective, Compute, P2P, StepTable, Workload
 from ..costs import CostModel
-from ..result import ClassTiming
+from ..result import ClassTiming, Span
 
 __all__ = ["simulate_analytical", "ClassTiming"]
 
@@ -402,6 +402,9 @@ def _same_pair(instrs: list, i: int, j: int) -> bool:
 
 
 def _macro(run: list, deps: tuple) -> tuple:
+    """A run of compute-stream instructions fused into one: (_MACRO, 0, deps, total seconds,
+    "compute", accounting, flops, the fused instructions). The last field (bytes in other
+    instructions; a macro moves none itself) keeps the run for timelines (``spans.py``)."""
     compute = optimizer = flops = 0.0
     exposed: dict[str, float] = defaultdict(float)
     nbytes: dict[str, float] = defaultdict(float)
@@ -417,7 +420,7 @@ def _macro(run: list, deps: tuple) -> tuple:
             nbytes[label] += nb
     total = sum(ins[3] for ins in run)
     acct = (compute, optimizer, tuple(exposed.items()), tuple(nbytes.items()))
-    return (_MACRO, 0, deps, total, "compute", acct, flops, 0.0)
+    return (_MACRO, 0, deps, total, "compute", acct, flops, tuple(run))
 
 
 def _share_concurrent(instrs: list, ops) -> list:
@@ -464,16 +467,43 @@ def _resolve(workload: Workload, cost: CostModel, streams: dict[str, int]) -> li
     return out
 
 
-def simulate_analytical(workload: Workload, cost: CostModel) -> list[ClassTiming]:
+@overload
+def simulate_analytical(workload: Workload, cost: CostModel, *,
+                        record_spans: Literal[False] = False) -> list[ClassTiming]: ...
+
+
+@overload
+def simulate_analytical(workload: Workload, cost: CostModel, *,
+                        record_spans: Literal[True]) -> tuple[list[ClassTiming], tuple[Span, ...]]: ...
+
+
+def simulate_analytical(workload, cost, *, record_spans=False):
     """Time every rank class; raises :class:`DeadlockError` if the program cannot finish.
 
     The leading pipeline steps of every class are timed by :func:`_sweep`; then classes run
     the rest until they block on a message or a collective; a blocked class sleeps until the
     send or the last arrival it waits for happens (FIFO, so the order is deterministic).
+
+    Parameters
+    ----------
+    workload : the trace of one iteration.
+    cost : the closed-form durations of its ops.
+    record_spans : also return the spans of each class's representative (first) rank, as
+        the engine times them (same timings: recording only observes).
+
+    Returns
+    -------
+    list of ClassTiming
+        One per class, in ``workload.classes`` order (``end`` in seconds); with
+        ``record_spans``, ``(timings, spans)`` where ``spans`` is a tuple of
+        :class:`~ddlsim.simulator.result.Span` sorted by rank, stream and start.
     """
     streams: dict[str, int] = {"compute": 0}
     programs = _resolve(workload, cost, streams)
     st = _State(len(programs), len(streams))
+    if record_spans:
+        from .spans import SpanRecorder
+        st.rec = SpanRecorder(programs)
     if FAST_PREFIX:
         _sweep(programs, st)
     done = [False] * len(programs)
@@ -489,7 +519,10 @@ def simulate_analytical(workload: Workload, cost: CostModel) -> list[ClassTiming
                 queue.append(w)
         st.woken.clear()
     if not all(done):
-        raise DeadlockError(_describe_deadlock(workload, st.pos, done))
+        from .deadlock import describe_deadlock
+        raise DeadlockError(describe_deadlock(workload, programs, st, done))
+    if st.rec is not None:
+        return st.timings, st.rec.spans(workload, streams)
     return st.timings
 
 
@@ -789,10 +822,14 @@ def _settle(nodes: _Nodes, programs: list, st: "_State", e: np.ndarray, prog: li
     # other streams: replay the blocks that use them, in step order
     side = np.fromiter((f is not None and f[4] is not None for f in nodes.fast), dtype=bool,
                        count=C * NB)
+    rec = st.rec
     for n in np.flatnonzero(side[nodes.key] & done).tolist():
         c = int(cls[n])
         start = max(float(prev[n]), float(arrive[n]))
-        _replay(nodes.fast[int(nodes.key[n])][4], start, st.free[c], st.stream_kind[c])
+        _replay(nodes.fast[int(nodes.key[n])][4], start, st.free[c], st.stream_kind[c],
+                rec and rec.side(nodes, n))
+    if rec is not None:
+        rec.swept(nodes, e, prev, arrive, done)
     # sends the sweep made that no swept recv consumed: the general loop will receive them
     sends = np.fromiter((f is not None and f[1] is not None for f in nodes.fast), dtype=bool,
                         count=C * NB)
@@ -814,9 +851,9 @@ def _pipe_buckets(x: tuple, start: float, fr: list, sk: list) -> None:
     sk[cs] = c[4]
 
 
-def _replay(instrs: list, start: float, fr: list, sk: list) -> None:
+def _replay(instrs: list, start: float, fr: list, sk: list, rec=None) -> None:
     """The other-stream effects of a fast block whose compute stream started at ``start``
-    (the same arithmetic as :func:`_run`)."""
+    (the same arithmetic as :func:`_run`); ``rec(ins, start, end, fr)`` sees each one."""
     ends: dict[int, float] = {}
     f = start
     for i, ins in enumerate(instrs):
@@ -825,6 +862,8 @@ def _replay(instrs: list, start: float, fr: list, sk: list) -> None:
             continue
         if sid == 0:
             if code == _PIPE:
+                if rec is not None:
+                    rec(ins, f, f + dur, fr)
                 _pipe_buckets(x, f, fr, sk)
             f += dur
             ends[i] = f
@@ -833,6 +872,8 @@ def _replay(instrs: list, start: float, fr: list, sk: list) -> None:
         begin = fr[sid] if fr[sid] > ready else ready
         fr[sid] = ends[i] = begin + dur
         sk[sid] = label
+        if rec is not None:
+            rec(ins, begin, begin + dur, fr)
 
 
 class _State:
@@ -849,6 +890,7 @@ class _State:
         self.timings = [ClassTiming() for _ in range(n_cls)]
         self.waiting: dict[tuple, list[int]] = {}   # message or collective key → sleepers
         self.woken: list[int] = []
+        self.rec = None   # a spans.SpanRecorder when spans are recorded
 
     def sleep(self, key: tuple, ci: int) -> None:
         self.waiting.setdefault(key, []).append(ci)
@@ -864,6 +906,7 @@ def _run(ci: int, steps: list, st: _State) -> tuple[bool, bool]:
     si, oi = st.pos[ci]
     fr, sk, T, loc = st.free[ci], st.stream_kind[ci], st.timings[ci], st.local[ci]
     posted, exposed = st.posted, T.exposed
+    rec = st.rec
     moved = False
     steps, blocks = steps
     n_steps = len(steps)
@@ -885,6 +928,8 @@ def _run(ci: int, steps: list, st: _State) -> tuple[bool, bool]:
                     st.sleep((ci, x[0], x[1], mb), ci)
                     return moved, False
                 loc.append((max(ready, sent[0]) + sent[1], label, sent[1]))
+                if rec is not None:
+                    rec.add(ci, sid, block, max(ready, sent[0]), loc[-1][0], "recv")
                 oi += 1
                 moved = True
                 continue
@@ -895,6 +940,8 @@ def _run(ci: int, steps: list, st: _State) -> tuple[bool, bool]:
                     st.wake(key)
                 T.comm_bytes[label] += nbytes
                 loc.append((ready, label, 0.0))
+                if rec is not None:
+                    rec.add(ci, sid, block, ready, ready + dur, "send")
                 oi += 1
                 moved = True
                 continue
@@ -925,6 +972,8 @@ def _run(ci: int, steps: list, st: _State) -> tuple[bool, bool]:
                 T.bubble += gap
             end = start + dur
             fr[sid] = end
+            if rec is not None:   # before the pipe's buckets move their stream on
+                rec.instr(ci, block, instrs[oi], start, end, fr)
             if code == _PIPE:
                 m, c, k = x
                 _pipe_buckets(x, start, fr, sk)
@@ -965,16 +1014,3 @@ def _run(ci: int, steps: list, st: _State) -> tuple[bool, bool]:
         exposed[sk[tail] or "other"] += end - fr[0]
     T.end = end
     return True, True
-
-
-def _describe_deadlock(workload: Workload, pos, done) -> str:
-    parts = []
-    for ci, cls in enumerate(workload.classes):
-        if done[ci]:
-            continue
-        si, oi = pos[ci]
-        step = workload.classes[ci].program.steps[si]
-        op = workload.classes[ci].program.blocks[step.block].ops[oi]
-        parts.append(f"class {cls.name} (ranks {cls.ranks[0]}…) waits at step {si} "
-                     f"({step.block}, micro-batch {step.microbatch}) on op {op.name!r}")
-    return "deadlock: no rank class can make progress: " + "; ".join(parts)

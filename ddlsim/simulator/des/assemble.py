@@ -27,7 +27,7 @@ def rank_spans(run: DESRun, workload: Workload, every_rank: bool) -> tuple[Span,
             continue
         ranks = cls.ranks if every_rank else cls.ranks[:1]
         for r in ranks:
-            out += [Span(int(r), names[sid], name, start, end, kind)
+            out += [Span(int(r), names[sid], name, start, end, kind, cls.name)
                     for sid, name, start, end, kind in spans]
     out.sort(key=lambda s: (s.rank, s.stream, s.start_s, s.end_s, s.name))
     return tuple(out)

@@ -1,0 +1,86 @@
+"""Spans of the analytical engine's representative ranks: recording observes and changes
+nothing; the spans end where the engine's classes end, fill each class's compute stream as
+its accounting says, and are the same whichever path (sweep solver, periodic extrapolation,
+general loop) timed the steps."""
+
+from __future__ import annotations
+
+import copy
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+import ddlsim
+from ddlsim.simulator.analytical import engine
+
+# every example but Megatron 1T (64 stages × 1,024 steps: 1.3 M spans, ~10 s to build)
+EXAMPLES = sorted(p for p in (Path(__file__).resolve().parents[2] / "examples").glob("*.yaml")
+                  if not p.name.startswith("megatron-1t"))
+PIPELINED = {"model": "gpt3-1.3b",
+             "parallel": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2,
+                          "data_parallel_size": 2},
+             "train": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 1024},
+             "system": {"preset": "dgx-a100", "nodes": 1}}
+INTERLEAVED = {"model": "gpt3-2.7b",
+               "parallel": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 4,
+                            "schedule": "interleaved", "virtual_pipeline_model_parallel_size": 2},
+               "train": {"micro_batch_size": 1, "global_batch_size": 64, "seq_length": 2048},
+               "system": {"preset": "dgx-a100", "nodes": 2}}
+P2P = ("send", "recv")
+
+
+def _both(config):
+    plain = ddlsim.predict(copy.deepcopy(config), check_fit=False)
+    spans = ddlsim.predict(copy.deepcopy(config), check_fit=False, record_spans=True)
+    return plain, spans
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_recording_changes_no_prediction_and_spans_end_with_each_class(path):
+    plain, rec = _both(path)
+    assert plain.spans == () and rec.spans
+    assert rec.to_dict() == plain.to_dict()          # bit for bit, every field
+    ends = defaultdict(float)
+    for s in rec.spans:
+        if s.kind not in P2P:     # a send does not hold its class: the transfer may end later
+            ends[s.class_name] = max(ends[s.class_name], s.end_s)
+    assert dict(ends) == rec.per_class_time_s        # exactly, not approximately
+    assert max(ends.values()) == rec.iteration_time_s
+
+
+@pytest.mark.parametrize("config", [PIPELINED, INTERLEAVED], ids=["1f1b", "interleaved"])
+def test_compute_stream_spans_match_the_accounting(config):
+    """On the critical class's compute stream, compute and optimizer spans add up to the
+    breakdown's compute and optimizer time, and no two spans overlap."""
+    _, r = _both(config)
+    mine = [s for s in r.spans if s.class_name == r.critical_class and s.stream == "compute"]
+    total = defaultdict(float)
+    for s in mine:
+        total[s.kind] += s.end_s - s.start_s
+    assert total["compute"] == pytest.approx(r.breakdown.compute_s, rel=1e-9)
+    assert total["optimizer"] == pytest.approx(r.breakdown.optimizer_s, rel=1e-9)
+    mine.sort(key=lambda s: s.start_s)
+    for a, b in zip(mine, mine[1:]):
+        assert b.start_s >= a.end_s - 1e-12 * r.iteration_time_s
+    assert len({s.rank for s in r.spans}) == len(r.per_class_time_s)   # one rank per class
+
+
+@pytest.mark.parametrize("config", [PIPELINED, INTERLEAVED], ids=["1f1b", "interleaved"])
+def test_every_path_records_the_same_spans(config, monkeypatch):
+    """The sweep solver with periodic extrapolation (forced on this small plan), without it,
+    and the general loop alone lay out the same spans, to rounding."""
+    monkeypatch.setattr(engine, "PERIODIC_MIN_STEPS", 0)
+    got = {}
+    for fast, periodic in ((True, True), (True, False), (False, False)):
+        monkeypatch.setattr(engine, "FAST_PREFIX", fast)
+        monkeypatch.setattr(engine, "PERIODIC", periodic)
+        got[fast, periodic] = ddlsim.predict(copy.deepcopy(config), check_fit=False,
+                                             record_spans=True)
+    slow = got[False, False]
+    for r in (got[True, True], got[True, False]):
+        assert [(s.rank, s.stream, s.name, s.kind) for s in r.spans] == \
+               [(s.rank, s.stream, s.name, s.kind) for s in slow.spans]
+        for a, b in zip(r.spans, slow.spans):
+            assert a.start_s == pytest.approx(b.start_s, rel=1e-9, abs=1e-12)
+            assert a.end_s == pytest.approx(b.end_s, rel=1e-9, abs=1e-12)
