@@ -7,6 +7,7 @@ from typing import Literal
 
 from .config import RunConfig, load_config
 from .errors import ConfigError, PlanDoesNotFitError
+from .limits import Limits, check_work
 from .simulator.result import Breakdown, Result
 from .units import format_bytes
 from .workloads.memory import MemoryBreakdown
@@ -50,7 +51,7 @@ def check_memory(cfg: RunConfig, mem: MemoryBreakdown) -> None:
 
 def predict(config: RunConfig | dict | str | Path, engine: Engine = "analytical", *,
             calibration=None, backend: str | None = None, check_fit: bool = True,
-            **engine_options) -> Result:
+            limits: Limits | None = None, **engine_options) -> Result:
     """Predict one training iteration of ``config``.
 
     Parameters
@@ -63,8 +64,11 @@ def predict(config: RunConfig | dict | str | Path, engine: Engine = "analytical"
     backend : with a profile, the communication backend to use, or ``"auto"`` for the fastest
         per collective and message size.
     check_fit : raise :class:`PlanDoesNotFitError` if the plan exceeds device memory.
+    limits : work budgets (default :class:`ddlsim.limits.Limits`()); a run over one is refused
+        with :class:`~ddlsim.errors.WorkTooLargeError` before it starts.
     """
     cfg = config if isinstance(config, RunConfig) else load_config(config)
+    check_work(cfg, engine, limits)
     mem = memory_per_device(cfg)
     if check_fit:
         check_memory(cfg, mem)
@@ -74,6 +78,8 @@ def predict(config: RunConfig | dict | str | Path, engine: Engine = "analytical"
     if engine not in ("analytical", "des"):
         raise ConfigError(f"engine = {engine!r} is not an engine; allowed: analytical, des")
     workload = build_workload(cfg)
+    if engine == "des":  # the DES's work is counted on the trace, before the run
+        check_work(cfg, engine, limits, workload)
     result = _run_engine(engine, cfg, workload, mem, calibration, backend, None, engine_options)
     if calibration is None:
         return result

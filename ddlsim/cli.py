@@ -48,11 +48,15 @@ def predict(
     links: Annotated[int, typer.Option(help="DES: list the N busiest links.")] = 0,
     allow_oom: Annotated[bool, typer.Option(help="Predict even if the plan exceeds device memory.")] = False,
     force: Annotated[bool, typer.Option(help="Overwrite existing output files.")] = False,
+    limit: Annotated[Optional[list[str]], typer.Option(
+        "--limit", help="Raise a work budget, e.g. --limit des_rank_ops=1e8 (names: "
+                        "pipeline_steps, ranks, topology_links, des_rank_ops).")] = None,
 ) -> None:
     """Predict the iteration time of CONFIG, with its breakdown and memory per device."""
     try:
         from .api import predict as run_predict
         from .config import load_config
+        from .limits import Limits
 
         if fmt not in ("table", "json"):
             raise DDLSimError(f"--format {fmt!r} is not a format; allowed: table, json")
@@ -61,11 +65,12 @@ def predict(
         for p in (output, trace):
             if p is not None and p.exists() and not force:
                 raise DDLSimError(f"{p} already exists; pass --force to overwrite it")
+        limits = Limits.from_strings(limit)
         cfg = load_config(config, overrides or [])
         engines = ["analytical", "des"] if engine == "both" else [engine]
         opts = {"trace_path": trace, "force": force} if "des" in engines else {}
         results = [run_predict(cfg, e, calibration=calibration, backend=backend,
-                               check_fit=not allow_oom, **(opts if e == "des" else {}))
+                               check_fit=not allow_oom, limits=limits, **(opts if e == "des" else {}))
                    for e in engines]
     except DDLSimError as exc:
         _fail(exc)

@@ -63,21 +63,20 @@ def show(
 
 
 def read_spec(spec: str) -> str | dict[str, Any]:
-    """A preset name as is, or the mapping in the YAML file ``spec`` (its ``system`` section
-    when the file is a whole run config)."""
-    import yaml
-
+    """A preset name as is, or the mapping in the YAML/JSON file ``spec`` (its ``system``
+    section when the file is a whole run config), read as :func:`ddlsim.config.read_document`
+    reads a run config (bounded, UTF-8, strict YAML)."""
+    from ..documents import parse_document
     from ..errors import ConfigError
+    from ..textio import read_text
 
     path = Path(spec)
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         if path.suffix in (".yaml", ".yml", ".json"):
             raise ConfigError(f"topology spec file {spec!r} does not exist")
         return spec
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"cannot read {spec!r} as YAML: {exc}") from None
+    text = read_text(path, what="topology spec file")
+    data = parse_document(text, spec, path.suffix.lower() == ".json")
     if isinstance(data, dict) and "system" in data:
         data = data["system"]
     if not isinstance(data, (dict, str)):
