@@ -297,7 +297,7 @@ def _refuse_over(work: dict[str, int], limits: Limits) -> None:
 
 
 def _round_up(n: int) -> str:
-    """A round number at least ``n``, for the suggestion: 3,140,000 → '4e6'."""
+    """A round number at least ``n``, for the suggestion: 3,140,000 → '4e6', 1,024 → '2000'."""
     exp = int(math.floor(math.log10(max(n, 1))))
     lead = math.ceil(n / 10**exp)
-    return f"{lead}e{exp}" if exp >= 3 else str(lead * 10**exp)
+    return f"{lead}e{exp}" if exp >= 6 else str(lead * 10**exp)
