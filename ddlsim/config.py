@@ -51,17 +51,6 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
 }
 
 
-def _unit(kind: str):
-    def parse(v: Any) -> Any:
-        if v is None:
-            return v
-        try:
-            return units.parse_quantity(v, kind)
-        except units.UnitError as exc:
-            raise ValueError(str(exc)) from None
-    return BeforeValidator(parse)
-
-
 def reject_bool(v: Any) -> Any:
     """Refuse ``true``/``false`` where a number is expected (pydantic would read them as 1/0)."""
     if isinstance(v, bool):
@@ -74,12 +63,9 @@ def _bounded(name: str) -> AfterValidator:
     return AfterValidator(partial(check_bound, name=name))
 
 
-def count_type(bound: str | None = None) -> Any:
+def count_type(bound: str) -> Any:
     """A positive whole number, never a boolean, within ``limits.BOUNDS[bound]`` (checked
     before the conversion to int too, so ``1e30`` is refused with the bound's reason)."""
-    if bound is None:
-        return Annotated[int, BeforeValidator(reject_bool), Field(gt=0)]
-
     def early(v: Any) -> Any:
         v = reject_bool(v)
         return check_bound(v, bound) if isinstance(v, (int, float)) and v == v else v
@@ -88,7 +74,12 @@ def count_type(bound: str | None = None) -> Any:
 
 def _quantity(kind: str, bound: str, **field: Any) -> Any:
     """A float read with a unit of ``kind``, finite and within ``limits.BOUNDS[bound]``."""
-    return Annotated[(float, _unit(kind), Field(**field), _bounded(bound))]
+    def parse(v: Any) -> Any:
+        try:
+            return v if v is None else units.parse_quantity(v, kind)
+        except units.UnitError as exc:
+            raise ValueError(str(exc)) from None
+    return Annotated[(float, BeforeValidator(parse), Field(**field), _bounded(bound))]
 
 
 Bytes = _quantity("bytes", "memory_bytes", gt=0)
@@ -98,7 +89,7 @@ Flops = _quantity("flops", "flops", gt=0)
 BucketBytes = _quantity("bytes", "bucket_bytes", gt=0)
 #: A float that is not a boolean (finite: every model sets ``allow_inf_nan=False``).
 Real = Annotated[float, BeforeValidator(reject_bool)]
-NonBoolInt = Annotated[int, BeforeValidator(reject_bool)]
+DeviceId = Annotated[int, BeforeValidator(reject_bool), Field(ge=0, le=10**7)]
 
 
 class _Strict(BaseModel):
@@ -300,7 +291,7 @@ class SystemConfig(_Strict):
     network: NetworkSpec = NetworkSpec()
     compute_efficiency: Real = Field(default=0.75, gt=0, le=1,
                                       description="achieved / peak FLOP/s of large GEMMs")
-    placement: Literal["consecutive", "round_robin"] | list[NonBoolInt] = "consecutive"
+    placement: Literal["consecutive", "round_robin"] | list[DeviceId] = "consecutive"
     source: str | None = None
 
     @property
@@ -403,7 +394,6 @@ class RunConfig(_Strict):
 
 
 # ------------------------------------------------------------------------------------ loading
-# Reading and validating documents lives in ddlsim.configload; re-exported here, its home in
-# the public API (imported last: configload needs the models above).
+# Re-exported from ddlsim.configload, imported last: it needs the models above.
 from .configload import (apply_overrides, build_config, format_validation_error,  # noqa: E402
                          load_config, read_document, resolve_section)

@@ -27,6 +27,8 @@ _REQUIRED = ("model", "train", "system")
 
 
 def _shown(value: Any, width: int = 60) -> str:
+    if isinstance(value, int) and value.bit_length() > 200:
+        return f"a {value.bit_length()}-bit integer"
     text = repr(value)
     return text if len(text) <= width else text[:width - 5] + " …" + text[-3:]
 

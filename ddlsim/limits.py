@@ -119,7 +119,9 @@ def check_bound(value: Any, name: str) -> Any:
 
 
 def _fmt(x: float) -> str:
-    """1e7 → '10,000,000'; 125000.0 → '125,000'; 1e400-like or fractional → '%g'."""
+    """1e7 → '10,000,000'; 125000.0 → '125,000'; 0.5 → '0.5'; 10**400 → '~10^400'."""
+    if isinstance(x, int) and abs(x) >= 10**16:
+        return f"~10^{int(abs(x).bit_length() * math.log10(2))}"
     if math.isfinite(x) and x == int(x) and abs(x) < 1e16:
         return f"{int(x):,}"
     return f"{x:g}"

@@ -43,6 +43,8 @@ def _split(text: str | float | int, what: str) -> tuple[float, str]:
     if isinstance(text, bool) or not isinstance(text, (str, int, float)):
         raise UnitError(f"expected a {what} (a number, or a string such as "
                         f"{ALLOWED[what].rpartition('e.g. ')[2].rstrip(')')}), got {text!r}")
+    if isinstance(text, int) and abs(text) > 1e300:
+        raise UnitError(f"a {text.bit_length()}-bit integer is not a finite {what}")
     if isinstance(text, (int, float)):
         return _finite(float(text), text, what), ""
     m = _RE.match(text)
