@@ -78,8 +78,7 @@ def predict(config: RunConfig | dict | str | Path, engine: Engine = "analytical"
     if engine not in ("analytical", "des"):
         raise ConfigError(f"engine = {engine!r} is not an engine; allowed: analytical, des")
     workload = build_workload(cfg)
-    if engine == "des":  # the DES's work is counted on the trace, before the run
-        check_work(cfg, engine, limits, workload)
+    check_work(cfg, engine, limits, workload)  # the trace's ops, counted before the run
     result = _run_engine(engine, cfg, workload, mem, calibration, backend, None, engine_options)
     if calibration is None:
         return result

@@ -169,3 +169,21 @@ def test_cli_limit_option(tmp_path):
     assert bad.exit_code == 2 and "NAME=VALUE" in bad.output
     ok = runner.invoke(app, [*args, "--limit", "ranks=9", "--limit", "pipeline_steps=100"])
     assert ok.exit_code == 0, ok.output
+
+
+def test_trace_ops_count_every_step_of_every_class():
+    from ddlsim.api import build_workload
+    from ddlsim.limits import trace_ops
+
+    cfg = ddlsim.load_config("examples/wiki-gpt2-9ranks-ddp.yaml")  # one class of 9 ranks
+    wl = build_workload(cfg)
+    (cls,) = wl.classes
+    per_step = [len(cls.program.blocks[step.block].ops) for step in cls.program.steps]
+    assert len(per_step) == 3  # forward, backward, update: one micro-batch, no pipeline
+    assert trace_ops(wl) == (sum(per_step), 9 * sum(per_step))
+
+
+def test_a_trace_too_long_for_the_analytical_engine_is_refused():
+    cfg = ddlsim.load_config("examples/wiki-gpt2-9ranks-ddp.yaml")
+    with pytest.raises(WorkTooLargeError, match=r"operations in the trace .* --limit trace_ops="):
+        ddlsim.predict(cfg, limits=Limits(trace_ops=10))
