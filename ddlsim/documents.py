@@ -4,8 +4,10 @@ The YAML loader is PyYAML's safe loader with four guards:
 
 * a duplicate key in a mapping is refused, naming the key and both lines (PyYAML keeps the
   last one silently);
-* nesting deeper than :data:`MAX_DEPTH` is refused while composing (before Python's recursion
-  limit is reached);
+* nesting deeper than :data:`MAX_DEPTH` is refused: flow brackets (``[[[…``) by a scan of the
+  text before parsing (PyYAML's scanner is quadratic in their depth), block nesting while
+  composing (before Python's recursion limit is reached);
+* a document of more than :data:`MAX_NODES` values is refused while composing;
 * aliases are counted, and a document whose *expanded* size (every alias counted as a copy
   of what it names) exceeds :data:`MAX_NODES` is refused before it is constructed: a
   "billion laughs" bomb of a few hundred bytes is refused in milliseconds;
@@ -23,6 +25,7 @@ import math
 import re
 from typing import Any
 
+import numpy as np
 import yaml
 from yaml.events import AliasEvent
 from yaml.nodes import MappingNode, Node, SequenceNode
@@ -35,8 +38,10 @@ __all__ = ["DocumentError", "parse_yaml", "parse_json", "parse_document", "MAX_D
 #: Deepest nesting of mappings and lists (a run config nests 4 levels; 50 leaves room for any
 #: hand-written or generated file while staying far below Python's recursion limit of 1000).
 MAX_DEPTH = 50
-#: Largest document, in values after alias expansion (a full run config has ~100).
-MAX_NODES = 100_000
+#: Largest document, in values after alias expansion: a full run config has ~100, one with an
+#: explicit placement of 16,384 ranks ~16,500. PyYAML (pure Python) composes ~10^4 values a
+#: second, so a refusal takes at most ~2 s.
+MAX_NODES = 20_000
 #: Most aliases in one document (a config that uses anchors uses a handful).
 MAX_ALIASES = 1_000
 
@@ -50,7 +55,7 @@ class _BoundedLoader(yaml.SafeLoader):
 
     def __init__(self, stream: str, name: str):
         super().__init__(stream)
-        self.name, self.depth, self.aliases = name, 0, 0
+        self.name, self.depth, self.aliases, self.nodes = name, 0, 0, 0
 
     def fail(self, mark: Any, message: str) -> DocumentError:
         line = f", line {mark.line + 1}" if mark is not None else ""
@@ -63,6 +68,10 @@ class _BoundedLoader(yaml.SafeLoader):
                 raise self.fail(self.peek_event().start_mark,
                                 f"more than {MAX_ALIASES} aliases (*name); ddlsim refuses "
                                 "documents that could expand without bound")
+        self.nodes += 1
+        if self.nodes > MAX_NODES:
+            raise self.fail(self.peek_event().start_mark,
+                            f"holds more than {MAX_NODES:,} values; a run config has ~100")
         self.depth += 1
         if self.depth > MAX_DEPTH:
             raise self.fail(self.peek_event().start_mark,
@@ -139,6 +148,22 @@ def _children(node: Node) -> list[Node]:
     return []
 
 
+_QUOTED_OR_COMMENT = re.compile(r'"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\n]|\'\')*\'|#[^\n]*')
+
+
+def _flow_depth(text: str) -> tuple[int, int]:
+    """Deepest nesting of ``[``/``{`` outside quotes and comments, and the line where it is
+    first reached: PyYAML's scanner takes time quadratic in it, so it is checked first."""
+    kept = _QUOTED_OR_COMMENT.sub(lambda m: "\n" * m.group().count("\n"), text)
+    raw = np.frombuffer(kept.encode("utf-8"), dtype=np.uint8)
+    step = np.isin(raw, (ord("["), ord("{"))).astype(np.int64) - np.isin(raw, (ord("]"), ord("}")))
+    if not len(step):
+        return 0, 0
+    depth = np.cumsum(step)
+    at = int(np.argmax(depth))
+    return int(depth[at]), int(np.count_nonzero(raw[:at] == ord("\n"))) + 1
+
+
 def parse_yaml(text: str, name: str) -> Any:
     """The YAML document in ``text`` (``name`` is the file, for messages).
 
@@ -148,6 +173,10 @@ def parse_yaml(text: str, name: str) -> Any:
         Naming the file and line: syntax errors, duplicate keys, nesting deeper than
         :data:`MAX_DEPTH`, alias expansion beyond :data:`MAX_NODES`, several documents.
     """
+    depth, line = _flow_depth(text)
+    if depth > MAX_DEPTH:
+        raise DocumentError(f"{name}, line {line}: nested more than {MAX_DEPTH} levels deep; a "
+                            "run config needs 4")
     loader = _BoundedLoader(text, name)
     try:
         return loader.get_single_data()

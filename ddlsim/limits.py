@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from .config import RunConfig
 
 __all__ = ["Bound", "BOUNDS", "check_bound", "warn_unusual", "Limits", "check_work",
-           "estimate_work", "topology_links", "trace_ops"]
+           "estimate_work", "topology_links", "trace_ops", "check_topology"]
 
 
 @dataclass(frozen=True)
@@ -301,6 +301,18 @@ def check_work(cfg: RunConfig, engine: str, limits: Limits | None = None,
         _refuse_over({"trace_ops": per_class}, limits)
         if engine == "des":
             _refuse_over({"des_rank_ops": per_rank}, limits)
+
+
+def check_topology(spec: Any, limits: Limits | None = None) -> None:
+    """Refuse to build the graph of ``spec`` (a system section or topology spec) when its
+    estimated links exceed ``limits.topology_links``: for ``ddlsim topology show``.
+
+    Raises
+    ------
+    WorkTooLargeError
+        With the estimate, the limit and the ``--limit`` option to raise it.
+    """
+    _refuse_over({"topology_links": topology_links(spec)}, limits or Limits())
 
 
 def _refuse_over(work: dict[str, int], limits: Limits) -> None:

@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import ddlsim
 from ddlsim.errors import ConfigError, DDLSimError
@@ -30,8 +32,8 @@ BAD_FILES = {
     "utf16.yaml": (EXAMPLE.encode("utf-16"), "UTF-16 text"),
     "latin1.yaml": (("# café\n" + EXAMPLE).encode("latin-1"), "not UTF-8 text"),
     "binary.yaml": (bytes(range(256)), "binary file"),
-    # level i (line i+1) expands to 9**(i+1) strings: 9**6 = 531,441 > 10**5 first on line 6
-    "bomb.yaml": (_bomb().encode(), "line 6: expands to more than 100,000 values"),
+    # level i (line i+1) expands to 9**(i+1) strings: 9**5 = 59,049 > 20,000 first on line 5
+    "bomb.yaml": (_bomb().encode(), "line 5: expands to more than 20,000 values"),
     "deep.yaml": (("model: " + "[" * 5000 + "]" * 5000 + "\n").encode(),
                   "line 1: nested more than 50 levels deep"),
     "deepmap.yaml": (("model:\n" + "".join("  " * i + f"k{i}:\n" for i in range(1, 80))).encode(),
@@ -174,3 +176,54 @@ def test_topology_show_reads_files_as_strictly(tmp_path, name):
         (tmp_path / name).write_bytes(BAD_FILES[name][0])
     with pytest.raises(DDLSimError):
         read_spec(str(tmp_path / name))
+
+
+_YAMLISH = st.text(alphabet=list("abmodelsytrain:{}[],&*!|>-'\"#\n 0123456789.e") + ["\t", "\u00b5"],
+                   max_size=120)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                    HealthCheck.function_scoped_fixture])
+@given(text=_YAMLISH, as_json=st.booleans())
+def test_any_text_gives_a_config_or_a_ddlsim_error(tmp_path, text, as_json):
+    path = tmp_path / ("cfg.json" if as_json else "cfg.yaml")
+    path.write_text(text, encoding="utf-8")
+    try:
+        ddlsim.load_config(path)
+    except DDLSimError:
+        pass
+
+
+def test_check_topology_refuses_before_building():
+    from ddlsim.errors import WorkTooLargeError
+    from ddlsim.limits import check_topology
+    from ddlsim.topologies.spec import parse_spec
+
+    spec = parse_spec({"preset": "dgx-a100", "nodes": 100_000})
+    with pytest.raises(WorkTooLargeError, match="--limit topology_links="):
+        check_topology(spec)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("model: " + "[" * 2_000_000 + "]" * 2_000_000, "line 1: nested more than 50 levels deep"),
+    ("model: [" + "0," * 1_000_000 + "]", "holds more than 20,000 values"),
+    # the root mapping, then key and value of each line: value 20,001 is on line 10,000
+    ("".join(f"k{i}: {i}\n" for i in range(200_000)), "line 10000: holds more than 20,000"),
+], ids=["brackets", "flow-list", "block-mapping"])
+def test_large_documents_within_the_size_cap_are_refused_fast(tmp_path, text, message):
+    """PyYAML's scanner is quadratic in flow nesting and composes ~10^4 values a second: a
+    4 MiB file of brackets or values is refused by counting, not by parsing it all."""
+    path = tmp_path / "big.yaml"
+    path.write_text(text)
+    start = time.perf_counter()
+    with pytest.raises(ConfigError, match=message):
+        ddlsim.load_config(path)
+    assert time.perf_counter() - start < 10.0
+
+
+def test_brackets_in_quotes_and_comments_do_not_count_as_nesting(tmp_path):
+    path = tmp_path / "q.yaml"
+    brackets = "[" * 60
+    path.write_text(EXAMPLE.replace("model: gpt3-175b", f"model: {{preset: gpt3-175b, "
+                                    f"source: '{brackets}'}}  # {brackets}"))
+    assert ddlsim.load_config(path).model.source == brackets

@@ -31,6 +31,7 @@ SYSTEM_ONLY_KEYS = ("device", "compute_efficiency", "placement")
 
 def _registered(name: str, registry: dict, what: str) -> str:
     """``name`` if a builder is registered under it, else an error listing the names."""
+    from . import direct, fabrics, intra  # noqa: F401  (the builders register on import)
     if name not in registry:
         raise ValueError(f"not a registered {what}; allowed: {', '.join(sorted(registry))}")
     return name
