@@ -223,20 +223,22 @@ def _finite(name: str):
     return read
 
 
-def _depth(value: Any) -> int:
-    """Nesting depth of lists and mappings, without recursion."""
-    deepest, stack = 0, [(value, 1)]
+def _shape(value: Any) -> tuple[int, int]:
+    """Nesting depth of lists and mappings, and the number of values, without recursion."""
+    deepest, count, stack = 0, 0, [(value, 1)]
     while stack:
         item, depth = stack.pop()
+        count += 1
         if isinstance(item, (list, dict)):
             deepest = max(deepest, depth)
             stack.extend((x, depth + 1) for x in (item.values() if isinstance(item, dict) else item))
-    return deepest
+    return deepest, count
 
 
 def parse_json(text: str, name: str) -> Any:
     """The JSON document in ``text``; duplicate keys, NaN/Infinity, numbers that overflow a
-    float and nesting deeper than :data:`MAX_DEPTH` are refused.
+    float, nesting deeper than :data:`MAX_DEPTH` and more than :data:`MAX_NODES` values are
+    refused.
 
     Raises
     ------
@@ -252,9 +254,12 @@ def parse_json(text: str, name: str) -> Any:
                             f"{exc.msg}") from None
     except RecursionError:
         too_deep = True
-    if too_deep or _depth(data) > MAX_DEPTH:
+    depth, count = (MAX_DEPTH + 1, 0) if too_deep else _shape(data)
+    if depth > MAX_DEPTH:
         raise DocumentError(f"{name}: nested more than {MAX_DEPTH} levels deep; a run config "
                             "needs 4")
+    if count > MAX_NODES:
+        raise DocumentError(f"{name}: holds more than {MAX_NODES:,} values; a run config has ~100")
     return data
 
 

@@ -55,6 +55,7 @@ BAD_FILES = {
     "e400.json": (b'{"model": {"hidden_size": 1e400}}', "1e400 is too large"),
     "syntax.json": (b'{"model": \n ', "line 2, column 2: not valid JSON"),
     "deep.json": (b"[" * 100 + b"]" * 100, "nested more than 50 levels deep"),
+    "big.json": (b"[" + b"0," * 30_000 + b"0]", "holds more than 20,000 values"),
 }
 
 
