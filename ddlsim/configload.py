@@ -236,6 +236,9 @@ def load_config(source: str | Path | dict, overrides: list[str] | tuple[str, ...
         One paragraph naming the file, the field, the value and what is allowed
         (:class:`ddlsim.documents.DocumentError` for a file that cannot be read or parsed).
     """
+    if not isinstance(source, (str, Path, dict)):
+        raise ConfigError(f"a run config is a path to a YAML/JSON file or a mapping; got "
+                          f"{_kind(source)} {_shown(source)}")
     data = source if isinstance(source, dict) else read_document(source)
     try:
         return build_config(data, overrides)

@@ -154,3 +154,9 @@ def test_load_config_raises_only_ddlsim_errors(changes):
         ddlsim.load_config(data)
     except DDLSimError:
         pass
+
+
+@pytest.mark.parametrize("source", [123, None, ["model"], b"model: x"])
+def test_load_config_of_something_else(source):
+    with pytest.raises(ConfigError, match="a run config is a path to a YAML/JSON file or a mapping"):
+        ddlsim.load_config(source)
