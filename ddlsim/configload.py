@@ -36,7 +36,8 @@ def _shown(value: Any, width: int = 60) -> str:
 def format_validation_error(exc: ValidationError, where: str, root: Any = None) -> str:
     """One clause per problem, naming the field, the value and what is allowed. ``root`` is the
     model that ``where`` names (default: the config section of that name)."""
-    model = root or _SECTIONS.get(where.split(".")[-1]) or (C.RunConfig if where == "config" else None)
+    model = (root or _SECTIONS.get(where.split(".")[-1])
+             or (C.RunConfig if where == "config" else None))
     return "; ".join(_clause(err, where, model) for err in exc.errors())
 
 
@@ -191,7 +192,8 @@ def apply_overrides(sections: dict, overrides: list[str] | tuple[str, ...]) -> d
                               f"or more keys joined by dots, {example}")
         if keys[0] not in _SECTIONS:
             raise ConfigError(f"override {item!r}: unknown section {keys[0]!r}"
-                              f"{did_you_mean(keys[0], _SECTIONS)}; allowed: {', '.join(_SECTIONS)}")
+                              f"{did_you_mean(keys[0], _SECTIONS)}; allowed: "
+                              f"{', '.join(_SECTIONS)}")
         try:
             value = parse_yaml(raw, f"override {item!r}")
         except DocumentError as exc:
@@ -201,7 +203,8 @@ def apply_overrides(sections: dict, overrides: list[str] | tuple[str, ...]) -> d
             node = node.setdefault(k, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {item!r}: {'.'.join(keys[:depth + 1])} is "
-                                  f"{_kind(node)}, not a mapping, so it has no key {keys[depth + 1]!r}")
+                                  f"{_kind(node)}, not a mapping, so it has no key "
+                                  f"{keys[depth + 1]!r}")
         node[keys[-1]] = value
     return out
 
@@ -227,7 +230,8 @@ def read_document(path: str | Path) -> dict:
     return data
 
 
-def load_config(source: str | Path | dict, overrides: list[str] | tuple[str, ...] = ()) -> C.RunConfig:
+def load_config(source: str | Path | dict,
+                overrides: list[str] | tuple[str, ...] = ()) -> C.RunConfig:
     """Load and validate a run config from a YAML/JSON path or a mapping.
 
     Raises

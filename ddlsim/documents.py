@@ -231,7 +231,8 @@ def _shape(value: Any) -> tuple[int, int]:
         count += 1
         if isinstance(item, (list, dict)):
             deepest = max(deepest, depth)
-            stack.extend((x, depth + 1) for x in (item.values() if isinstance(item, dict) else item))
+            kids = item.values() if isinstance(item, dict) else item
+            stack.extend((x, depth + 1) for x in kids)
     return deepest, count
 
 
