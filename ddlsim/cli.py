@@ -50,7 +50,7 @@ def predict(
     force: Annotated[bool, typer.Option(help="Overwrite existing output files.")] = False,
     limit: Annotated[Optional[list[str]], typer.Option(
         "--limit", help="Raise a work budget, e.g. --limit des_rank_ops=1e8 (names: "
-                        "pipeline_steps, ranks, topology_links, des_rank_ops).")] = None,
+                        "pipeline_steps, ranks, topology_links, trace_ops, des_rank_ops).")] = None,
 ) -> None:
     """Predict the iteration time of CONFIG, with its breakdown and memory per device."""
     try:

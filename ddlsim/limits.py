@@ -167,7 +167,8 @@ class Limits:
         1.3 GB and 5 s in the analytical engine), so 4·10^6 keeps them under ~0.6 GB.
     topology_links
         DES: directed links of the cluster graph. networkx takes ~33 µs and ~0.6 kB per
-        link to build and route (DGX A100 × 4,096 nodes: 327,680 links, 11 s, 270 MB).
+        link to build and route (DGX A100 × 4,096 nodes: 327,680 links, 11 s, 270 MB), so
+        10^6 is ~35 s and ~0.6 GB before the DES starts.
     trace_ops
         Ops of the trace the analytical engine times, Σ over rank classes of the ops of every
         step. Where the schedule has no periodic steady state to extrapolate (ZeRO-3: one
