@@ -7,6 +7,7 @@ from typing import Literal
 
 from .config import RunConfig, load_config
 from .errors import ConfigError, PlanDoesNotFitError
+from .limits import Limits, check_work
 from .simulator.result import Breakdown, Result
 from .formatting import format_bytes
 from .workloads.memory import MemoryBreakdown
@@ -130,7 +131,8 @@ def memory_alternatives(cfg: RunConfig, mem: MemoryBreakdown | None = None,
 
 def predict(config: RunConfig | dict | str | Path, engine: Engine = "analytical", *,
             calibration=None, backend: str | None = None, check_fit: bool = True,
-            record_spans: bool = False, **engine_options) -> Result:
+            record_spans: bool = False, limits: Limits | None = None,
+            **engine_options) -> Result:
     """Predict one training iteration of ``config``.
 
     Parameters
@@ -147,6 +149,8 @@ def predict(config: RunConfig | dict | str | Path, engine: Engine = "analytical"
     record_spans : fill ``Result.spans`` with the timeline of each rank class's first rank
         (for ``ddlsim.plots.draw_timeline``; the DES records spans by default, see its
         ``spans`` option).
+    limits : work budgets (default :class:`ddlsim.limits.Limits`()); a run over one is refused
+        with :class:`~ddlsim.errors.WorkTooLargeError` before it starts.
     engine_options : DES options (``trace_path``, ``force``, ``spans``, ``audit``, ``topology``).
 
     Returns
@@ -156,6 +160,7 @@ def predict(config: RunConfig | dict | str | Path, engine: Engine = "analytical"
         ``parameter_count`` and ``fits`` filled.
     """
     cfg = config if isinstance(config, RunConfig) else load_config(config)
+    check_work(cfg, engine, limits)
     if backend is not None and calibration is None:
         raise ConfigError(f"backend = {backend!r} needs a calibration profile (--calibration): "
                           "without one there is only the preset's cost model")
@@ -173,6 +178,7 @@ def predict(config: RunConfig | dict | str | Path, engine: Engine = "analytical"
                           "engine = 'des'; allowed for the analytical engine: calibration, "
                           "backend, check_fit, record_spans")
     workload = build_workload(cfg)
+    check_work(cfg, engine, limits, workload)  # the trace's ops, counted before the run
     result = _run_engine(engine, cfg, workload, mem, calibration, backend, None, engine_options,
                          record_spans=record_spans)
     if record_spans and not result.spans:

@@ -133,6 +133,9 @@ def predict(
         help="Draw the breakdown as a stacked bar (PNG, PDF, SVG).")] = None,
     allow_oom: AllowOOM = False,
     force: Force = False,
+    limit: Annotated[Optional[list[str]], typer.Option(
+        "--limit", help="Raise a work budget, e.g. --limit des_rank_ops=1e8 (names: "
+                        "pipeline_steps, ranks, topology_links, trace_ops, des_rank_ops).")] = None,
 ) -> None:
     """Predict the iteration time of CONFIG, with its breakdown and memory per device."""
     from .config import load_config
@@ -141,11 +144,14 @@ def predict(
     _check_predict_options(fmt, engine, backend, calibration, trace, links, timeline)
     _check_force(force, output=output, trace=trace, timeline=timeline, plot=plot)
     plots = _plots(timeline, plot)
+    from .limits import Limits
+
+    limits = Limits.from_strings(limit)
     cfg = load_config(config, overrides or [])
     engines = ["analytical", "des"] if engine == "both" else [engine]
     results = run_predictions(cfg, engines, calibration=calibration, backend=backend,
                               allow_oom=allow_oom, trace=trace, force=force,
-                              record_spans=timeline is not None)
+                              record_spans=timeline is not None, limits=limits)
     if timeline is not None:
         plots.draw_timeline(results[0], timeline, force=force)
     if plot is not None:

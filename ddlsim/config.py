@@ -13,21 +13,22 @@ Everything inside is SI: seconds, bytes, bytes/s, FLOP/s. Strings with units
 
 from __future__ import annotations
 
-import copy
-import json
-from pathlib import Path
+import math
+from functools import partial
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool,
+                      model_validator)
 
 from . import units
-from .errors import ConfigError
+from .errors import did_you_mean
+from .limits import check_bound
 
 __all__ = [
     "ModelConfig", "ParallelConfig", "TrainConfig", "SystemConfig", "DeviceSpec", "LinkSpec",
     "NetworkSpec", "RunConfig", "load_config", "build_config", "apply_overrides", "DTYPE_BYTES",
     "COLLECTIVE_OPS", "ALGORITHMS", "resolve_section", "format_validation_error", "read_document",
-    "Bandwidth", "Bytes", "Seconds", "Flops",
+    "Bandwidth", "Bytes", "Seconds", "Flops", "count_type", "check_shape", "reject_bool",
 ]
 
 Dtype = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
@@ -50,25 +51,50 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
 }
 
 
-def _unit(kind: str):
+def reject_bool(v: Any) -> Any:
+    """Refuse ``true``/``false`` where a number is expected (pydantic would read them as 1/0)."""
+    if isinstance(v, bool):
+        raise ValueError(f"expected a number, got the boolean {str(v).lower()}")
+    return v
+
+
+def _bounded(name: str) -> AfterValidator:
+    """The plausibility bound ``limits.BOUNDS[name]``, with its reason in the error."""
+    return AfterValidator(partial(check_bound, name=name))
+
+
+def count_type(bound: str) -> Any:
+    """A positive whole number, never a boolean, within ``limits.BOUNDS[bound]`` (checked
+    before the conversion to int too, so ``1e30`` is refused with the bound's reason)."""
+    def early(v: Any) -> Any:
+        v = reject_bool(v)
+        return check_bound(v, bound) if isinstance(v, (int, float)) and v == v else v
+    return Annotated[int, BeforeValidator(early), Field(gt=0), _bounded(bound)]
+
+
+def _quantity(kind: str, bound: str, **field: Any) -> Any:
+    """A float read with a unit of ``kind``, finite and within ``limits.BOUNDS[bound]``."""
     def parse(v: Any) -> Any:
-        if v is None:
-            return v
         try:
-            return units.parse_quantity(v, kind)
+            return v if v is None else units.parse_quantity(v, kind)
         except units.UnitError as exc:
             raise ValueError(str(exc)) from None
-    return BeforeValidator(parse)
+    return Annotated[(float, BeforeValidator(parse), Field(**field), _bounded(bound))]
 
 
-Bytes = Annotated[float, _unit("bytes"), Field(gt=0)]
-Bandwidth = Annotated[float, _unit("bandwidth"), Field(gt=0)]
-Seconds = Annotated[float, _unit("time"), Field(ge=0)]
-Flops = Annotated[float, _unit("flops"), Field(gt=0)]
+Bytes = _quantity("bytes", "memory_bytes", gt=0)
+Bandwidth = _quantity("bandwidth", "bandwidth", gt=0)
+Seconds = _quantity("time", "latency", ge=0)
+Flops = _quantity("flops", "flops", gt=0)
+BucketBytes = _quantity("bytes", "bucket_bytes", gt=0)
+#: A float that is not a boolean (finite: every model sets ``allow_inf_nan=False``).
+Real = Annotated[float, BeforeValidator(reject_bool)]
+DeviceId = Annotated[int, BeforeValidator(reject_bool), Field(ge=0, le=10**7)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True,
+                              allow_inf_nan=False)
 
 
 # ---------------------------------------------------------------------------------------- model
@@ -77,13 +103,14 @@ class ModelConfig(_Strict):
 
     name: str = "custom"
     architecture: Literal["gpt"] = "gpt"
-    num_hidden_layers: int = Field(gt=0)
-    hidden_size: int = Field(gt=0)
-    num_attention_heads: int = Field(gt=0)
-    intermediate_size: int | None = Field(default=None, gt=0, description="default 4·hidden_size")
-    vocab_size: int = Field(gt=0)
-    max_position_embeddings: int = Field(gt=0)
-    tie_word_embeddings: bool = True
+    num_hidden_layers: count_type("layers")
+    hidden_size: count_type("hidden_size")
+    num_attention_heads: count_type("heads")
+    intermediate_size: count_type("intermediate_size") | None = Field(
+        default=None, description="default 4·hidden_size")
+    vocab_size: count_type("vocab_size")
+    max_position_embeddings: count_type("seq_length")
+    tie_word_embeddings: StrictBool = True
     source: str | None = None
 
     @property
@@ -98,17 +125,17 @@ DPStrategy = Literal["ddp", "reduce_broadcast", "sliced_reduce_broadcast", "redu
 class ParallelConfig(_Strict):
     """The parallel plan, with Megatron-LM argument names."""
 
-    tensor_model_parallel_size: int = Field(default=1, gt=0)
-    pipeline_model_parallel_size: int = Field(default=1, gt=0)
-    virtual_pipeline_model_parallel_size: int | None = Field(default=None, gt=0)
-    sequence_parallel: bool = False
-    data_parallel_size: int | None = Field(default=None, gt=0,
-                                           description="default: devices // (TP·PP)")
-    zero_stage: Literal[0, 1, 2, 3] = 0
+    tensor_model_parallel_size: count_type("parallel_size") = 1
+    pipeline_model_parallel_size: count_type("parallel_size") = 1
+    virtual_pipeline_model_parallel_size: count_type("layers") | None = None
+    sequence_parallel: StrictBool = False
+    data_parallel_size: count_type("parallel_size") | None = Field(
+        default=None, description="default: devices // (TP·PP)")
+    zero_stage: Annotated[Literal[0, 1, 2, 3], BeforeValidator(reject_bool)] = 0
     schedule: Literal["gpipe", "1f1b", "interleaved"] = "1f1b"
     dp_strategy: DPStrategy = "ddp"
-    overlap_grad_reduce: bool = True
-    grad_bucket_size: Bytes = Field(default=25 * 2**20,
+    overlap_grad_reduce: StrictBool = True
+    grad_bucket_size: BucketBytes = Field(default=25 * 2**20,
                                     description="PyTorch DDP's default bucket_cap_mb=25")
     collective_algorithm: dict[str, str] = Field(default_factory=dict,
                                                  description="op → algorithm, or 'auto'")
@@ -117,11 +144,12 @@ class ParallelConfig(_Strict):
     def _check(self) -> "ParallelConfig":
         for op, algo in self.collective_algorithm.items():
             if op not in ALGORITHMS:
-                raise ValueError(f"collective_algorithm has unknown collective {op!r}; "
-                                 f"allowed: {', '.join(ALGORITHMS)}")
+                raise ValueError(f"collective_algorithm has unknown collective {op!r}"
+                                 f"{did_you_mean(op, ALGORITHMS)}; allowed: {', '.join(ALGORITHMS)}")
             if algo != "auto" and algo not in ALGORITHMS[op]:
                 raise ValueError(f"collective_algorithm.{op} = {algo!r} is not an algorithm for "
-                                 f"{op}; allowed: auto, {', '.join(ALGORITHMS[op])}")
+                                 f"{op}{did_you_mean(algo, ALGORITHMS[op])}; allowed: auto, "
+                                 f"{', '.join(ALGORITHMS[op])}")
         if self.sequence_parallel and self.tensor_model_parallel_size == 1:
             raise ValueError("sequence_parallel = true needs tensor_model_parallel_size > 1 "
                              "(got 1): sequence parallelism splits activations across the TP group")
@@ -165,9 +193,9 @@ class ParallelConfig(_Strict):
 class TrainConfig(_Strict):
     """What one iteration processes."""
 
-    micro_batch_size: int = Field(gt=0)
-    global_batch_size: int = Field(gt=0)
-    seq_length: int = Field(gt=0)
+    micro_batch_size: count_type("micro_batch_size")
+    global_batch_size: count_type("global_batch_size")
+    seq_length: count_type("seq_length")
     dtype: Dtype = "bf16"
     recompute: Literal["none", "selective", "full"] = "none"
     optimizer: Literal["adam", "sgd"] = "adam"
@@ -187,7 +215,8 @@ class DeviceSpec(_Strict):
     def _check(self) -> "DeviceSpec":
         bad = [k for k in self.peak_flops if k not in DTYPE_BYTES]
         if bad:
-            raise ValueError(f"peak_flops has unknown dtype {bad[0]!r}; allowed: "
+            raise ValueError(f"peak_flops has unknown dtype {bad[0]!r}"
+                             f"{did_you_mean(bad[0], DTYPE_BYTES)}; allowed: "
                              f"{', '.join(DTYPE_BYTES)}")
         return self
 
@@ -211,27 +240,58 @@ class NetworkSpec(_Strict):
     """The fabric between nodes."""
 
     topology: Literal["single_switch", "fat_tree", "rail_optimized", "torus", "dragonfly"] = "fat_tree"
-    oversubscription: float = Field(default=1.0, ge=1.0)
+    oversubscription: Annotated[Real, _bounded("oversubscription")] = 1.0
     switch_latency_s: Seconds = 0.0
-    nodes_per_leaf: int | None = Field(default=None, gt=0)
-    torus_dims: tuple[int, ...] | None = None
+    nodes_per_leaf: count_type("devices") | None = None
+    torus_dims: tuple[count_type("devices"), ...] | None = None
     source: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> "NetworkSpec":
+        dims = self.torus_dims
+        if dims is not None:
+            if self.topology != "torus":
+                raise ValueError(f"torus_dims = {list(dims)} applies only to topology = 'torus' "
+                                 f"(got {self.topology!r}); remove it or set topology: torus")
+            if not dims:
+                raise ValueError("torus_dims = [] names no dimension; give one or more sizes, "
+                                 "e.g. [4, 4, 8], or leave it out for the squarest 2-D torus")
+            check_bound(len(dims), "torus_rank")
+        return self
+
+
+def check_shape(system: Any) -> None:
+    """The rules a cluster's shape obeys, for a system section and a topology spec alike (so
+    both engines refuse the same systems): the device count within bounds, NICs that divide
+    or are a multiple of the devices of a node, and torus dimensions that hold every node."""
+    n, d, k = system.nodes, system.devices_per_node, system.nics_per_node
+    try:
+        check_bound(n * d, "devices")
+    except ValueError as exc:
+        raise ValueError(f"nodes × devices_per_node = {n} × {d} = {exc}") from None
+    if d % k and k % d:
+        raise ValueError(f"nics_per_node = {k} must divide or be a multiple of "
+                         f"devices_per_node = {d}")
+    dims = system.network.torus_dims
+    if dims is not None and math.prod(dims) != n:
+        raise ValueError(f"network.torus_dims = {list(dims)} holds {math.prod(dims)} nodes but "
+                         f"the system has nodes = {n}; their product must equal nodes")
 
 
 class SystemConfig(_Strict):
     """A cluster: ``nodes`` × ``devices_per_node`` devices, NICs and a fabric."""
 
     name: str = "custom"
-    nodes: int = Field(gt=0)
-    devices_per_node: int = Field(gt=0)
+    nodes: count_type("devices")
+    devices_per_node: count_type("devices_per_node")
     device: DeviceSpec
     intra_node: IntraNodeSpec
-    nics_per_node: int = Field(default=1, gt=0)
+    nics_per_node: count_type("nics_per_node") = 1
     nic: LinkSpec
     network: NetworkSpec = NetworkSpec()
-    compute_efficiency: float = Field(default=0.75, gt=0, le=1,
+    compute_efficiency: Real = Field(default=0.75, gt=0, le=1,
                                       description="achieved / peak FLOP/s of large GEMMs")
-    placement: Literal["consecutive", "round_robin"] | list[int] = "consecutive"
+    placement: Literal["consecutive", "round_robin"] | list[DeviceId] = "consecutive"
     source: str | None = None
 
     @property
@@ -240,9 +300,7 @@ class SystemConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "SystemConfig":
-        if self.devices_per_node % self.nics_per_node and self.nics_per_node % self.devices_per_node:
-            raise ValueError(f"nics_per_node = {self.nics_per_node} must divide or be a multiple "
-                             f"of devices_per_node = {self.devices_per_node}")
+        check_shape(self)
         if isinstance(self.placement, list):
             n = self.num_devices
             bad = [d for d in self.placement if not 0 <= d < n]
@@ -313,6 +371,12 @@ class RunConfig(_Strict):
                              f"train.micro_batch_size × data_parallel_size = "
                              f"{t.micro_batch_size} × {dp} = {t.micro_batch_size * dp}")
         mb = t.global_batch_size // (t.micro_batch_size * dp)
+        try:
+            check_bound(mb, "microbatches")
+        except ValueError as exc:
+            raise ValueError(f"the number of micro-batches, global_batch_size / (micro_batch_size "
+                             f"· DP) = {t.global_batch_size} / ({t.micro_batch_size} · {dp}): "
+                             f"{exc}") from None
         if p.schedule == "interleaved" and mb % pp:
             raise ValueError(f"schedule = 'interleaved' needs the number of micro-batches "
                              f"(global_batch_size / (micro_batch_size · DP) = {mb}) to be a "
@@ -329,162 +393,7 @@ class RunConfig(_Strict):
         return self
 
 
-# ------------------------------------------------------------------------------- loading & errors
-_SECTIONS = {"model": ModelConfig, "parallel": ParallelConfig, "train": TrainConfig,
-             "system": SystemConfig}
-
-
-def format_validation_error(exc: ValidationError, where: str, root: Any = None) -> str:
-    """One clause per problem, naming the field, the value and what is allowed. ``root`` is the
-    model that ``where`` names (default: the config section of that name)."""
-    lines = []
-    for err in exc.errors():
-        loc = ".".join(str(x) for x in err["loc"] if x != "__root__")
-        field = f"{where}.{loc}" if loc else where
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            parent = ".".join([where, *[str(x) for x in err["loc"][:-1]]])
-            allowed = _allowed_keys(root or _SECTIONS.get(where.split(".")[-1])
-                                    or (RunConfig if where == "config" else None), err["loc"][:-1])
-            msg = (f"unknown key {err['loc'][-1]!r} in {parent}"
-                   + (f"; allowed keys: {', '.join(allowed)}" if allowed else ""))
-            lines.append(msg)
-            continue
-        given = err.get("input")
-        shown = "" if isinstance(given, dict) or err["type"] == "missing" else f" (got {given!r})"
-        lines.append(f"{field}: {msg}{shown}")
-    return "; ".join(lines)
-
-
-def _allowed_keys(model: Any, loc: tuple) -> list[str]:
-    for part in loc:
-        if model is None or not hasattr(model, "model_fields"):
-            return []
-        field = model.model_fields.get(str(part))
-        if field is None:
-            return []
-        model = field.annotation
-    if model is None or not hasattr(model, "model_fields"):
-        return []
-    return sorted(model.model_fields)
-
-
-def resolve_section(name: str, value: Any) -> dict:
-    """A section as a plain mapping: a preset name, a mapping, or ``{preset: …, overrides}``."""
-    from .presets import get_preset  # local import: presets import config
-
-    if isinstance(value, str):
-        return _named(name, value, copy.deepcopy(get_preset(name, value)))
-    if isinstance(value, BaseModel):
-        return value.model_dump()
-    if not isinstance(value, dict):
-        raise ConfigError(f"section {name!r} must be a mapping or a preset name, got {value!r}")
-    value = dict(value)
-    base = value.pop("preset", None)
-    if base is None:
-        return value
-    merged = _named(name, base, copy.deepcopy(get_preset(name, base)))
-    _deep_update(merged, value)
-    return merged
-
-
-def _named(section: str, preset: str, data: dict) -> dict:
-    """Models and systems carry their preset's name unless they set one."""
-    if section in ("model", "system"):
-        data.setdefault("name", preset)
-    return data
-
-
-def _deep_update(base: dict, new: dict) -> None:
-    for k, v in new.items():
-        if isinstance(v, dict) and isinstance(base.get(k), dict):
-            _deep_update(base[k], v)
-        else:
-            base[k] = v
-
-
-def build_config(data: dict, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    """Validate a run config given as a mapping (sections may be preset names).
-
-    Raises :class:`ConfigError` naming the field, the value and what is allowed.
-    """
-    if not isinstance(data, dict):
-        raise ConfigError(f"a run config must be a mapping with sections model, parallel, train, "
-                          f"system; got {type(data).__name__}")
-    unknown = sorted(set(data) - set(_SECTIONS))
-    if unknown:
-        raise ConfigError(f"unknown section {unknown[0]!r}; allowed sections: "
-                          f"{', '.join(_SECTIONS)}")
-    missing = [k for k in ("model", "train", "system") if k not in data]
-    if missing:
-        raise ConfigError(f"the config has no {missing[0]!r} section; it needs model, train and "
-                          "system (parallel is optional)")
-    sections = {k: resolve_section(k, v) for k, v in data.items()}
-    sections = apply_overrides(sections, overrides)
-    parsed = {}
-    for name, value in sections.items():
-        try:
-            parsed[name] = _SECTIONS[name].model_validate(value)
-        except ValidationError as exc:
-            raise ConfigError(format_validation_error(exc, name)) from None
-    try:
-        return RunConfig(**parsed)
-    except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, "config")) from None
-
-
-def apply_overrides(sections: dict, overrides: list[str] | tuple[str, ...]) -> dict:
-    """Apply ``section.key=value`` overrides (values parsed as YAML: ``4``, ``true``, ``[1,2]``)."""
-    import yaml
-
-    out = copy.deepcopy(sections)
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} must look like section.key=value, "
-                              "e.g. parallel.tensor_model_parallel_size=4")
-        path, raw = item.split("=", 1)
-        keys = path.strip().split(".")
-        if keys[0] not in _SECTIONS or len(keys) < 2:
-            raise ConfigError(f"override {item!r}: the path must start with one of "
-                              f"{', '.join(_SECTIONS)} and name a key, e.g. train.micro_batch_size=2")
-        try:
-            value = yaml.safe_load(raw)
-        except yaml.YAMLError:
-            value = raw
-        node = out.setdefault(keys[0], {})
-        for k in keys[1:-1]:
-            node = node.setdefault(k, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"override {item!r}: {k!r} is not a mapping")
-        node[keys[-1]] = value
-    return out
-
-
-def read_document(path: str | Path) -> dict:
-    """Read a YAML or JSON file into a mapping, with errors that name the file."""
-    import yaml
-
-    p = Path(path)
-    if not p.exists():
-        raise ConfigError(f"config file {str(p)!r} does not exist")
-    text = p.read_text()
-    try:
-        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{p}: not valid {'JSON' if p.suffix == '.json' else 'YAML'}: "
-                          f"{str(exc).splitlines()[0]}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{p}: a run config must be a mapping with sections model, parallel, "
-                          "train, system")
-    return data
-
-
-def load_config(source: str | Path | dict, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    """Load and validate a run config from a YAML/JSON path or a mapping."""
-    data = source if isinstance(source, dict) else read_document(source)
-    try:
-        return build_config(data, overrides)
-    except ConfigError as exc:
-        if isinstance(source, (str, Path)):
-            raise type(exc)(f"{source}: {exc}") from None
-        raise
+# ------------------------------------------------------------------------------------ loading
+# Re-exported from ddlsim.configload, imported last: it needs the models above.
+from .configload import (apply_overrides, build_config, format_validation_error,  # noqa: E402
+                         load_config, read_document, resolve_section)

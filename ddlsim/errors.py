@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 class DDLSimError(Exception):
     """Base of every error ddlsim raises on purpose."""
@@ -24,3 +26,23 @@ class PlanDoesNotFitError(ConfigError):
 
 class DeadlockError(DDLSimError, RuntimeError):
     """A simulated program can make no progress (unmatched send/recv or a cycle of waits)."""
+
+
+class WorkTooLargeError(ConfigError):
+    """A run would exceed a work budget (:class:`ddlsim.limits.Limits`); the message gives the
+    estimate, the limit and the ``--limit NAME=VALUE`` option that raises it."""
+
+
+class DDLSimWarning(UserWarning):
+    """A value ddlsim accepts but finds unusual (a 100 Mb/s NIC, a 5 ms latency); the message
+    names the field, the value and why it is unusual."""
+
+
+def did_you_mean(word: object, choices: Iterable[object]) -> str:
+    """``" (did you mean 'x'?)"`` for the choice closest to ``word``, or ``""`` if none is close
+    (:func:`difflib.get_close_matches`, cutoff 0.6)."""
+    from difflib import get_close_matches
+
+    names = {str(c): c for c in choices}
+    close = get_close_matches(str(word), list(names), n=1, cutoff=0.6)
+    return f" (did you mean {names[close[0]]!r}?)" if close else ""

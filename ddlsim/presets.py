@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import cache
 from importlib import resources
 
-from .errors import ConfigError
+from .errors import ConfigError, did_you_mean
 
 __all__ = ["get_preset", "list_presets", "SECTIONS"]
 
@@ -30,9 +30,11 @@ def list_presets(section: str | None = None) -> dict[str, dict[str, dict]]:
 def get_preset(section: str, name: str) -> dict:
     """The raw mapping of one preset; raises :class:`ConfigError` listing the known names."""
     if section not in SECTIONS:
-        raise ConfigError(f"unknown section {section!r}; allowed: {', '.join(SECTIONS)}")
+        raise ConfigError(f"unknown section {section!r}{did_you_mean(section, SECTIONS)}; "
+                          f"allowed: {', '.join(SECTIONS)}")
     table = _load(section)
     if name not in table:
-        raise ConfigError(f"{section} preset {name!r} does not exist; known {section} presets: "
+        raise ConfigError(f"{section} preset {name!r} does not exist{did_you_mean(name, table)}; "
+                          f"known {section} presets: "
                           f"{', '.join(sorted(table))} (see `ddlsim presets`)")
     return table[name]

@@ -58,14 +58,16 @@ def test_units_are_parsed_at_the_edge():
     ({"parallel": {"zero_stage": 3, "pipeline_model_parallel_size": 2, "data_parallel_size": 1}},
      "zero_stage = 3 cannot combine with pipeline_model_parallel_size = 2"),
     ({"parallel": {"tensor_model_parallelsize": 2}},
-     "unknown key 'tensor_model_parallelsize' in parallel; allowed keys:"),
+     "unknown key 'tensor_model_parallelsize' in parallel (did you mean "
+     "'tensor_model_parallel_size'?); allowed keys:"),
     ({"train": {"seq_length": 4096}},
      "train.seq_length = 4096 exceeds model.max_position_embeddings = 2048"),
     ({"train": {"dtype": "fp8"}}, "train.dtype = 'fp8' has no peak FLOP/s on device 'A100-SXM4-80GB'"),
     ({"system": {"preset": "dgx-a100", "nic": {"bandwidth_Bps": "fast"}}},
      "cannot read 'fast' as a bandwidth"),
     ({"system": {"preset": "dgx-a100", "nodes": 0}}, "system.nodes: Input should be greater than 0"),
-    ({"model": "gpt-5"}, "model preset 'gpt-5' does not exist; known model presets:"),
+    ({"model": "gpt-5"}, "model preset 'gpt-5' does not exist"),
+    ({"model": "gpt-5"}, "known model presets: gpt2-1.5b, gpt2-124m"),
     ({"parallel": {"collective_algorithm": {"all_reduce": "butterfly"}}},
      "collective_algorithm.all_reduce = 'butterfly' is not an algorithm for all_reduce; allowed: auto, ring"),
 ])
@@ -90,7 +92,7 @@ def test_overrides_apply_and_reject_bad_paths():
     assert c.parallel.tp == 4 and c.dp == 2
     with pytest.raises(ConfigError, match="must look like section.key=value"):
         build_config(copy.deepcopy(BASE), ["parallel.tp"])
-    with pytest.raises(ConfigError, match="must start with one of model, parallel, train, system"):
+    with pytest.raises(ConfigError, match="unknown section 'foo'; allowed: model, parallel, train, system"):
         build_config(copy.deepcopy(BASE), ["foo.bar=1"])
 
 

@@ -38,6 +38,8 @@ def show(
     draw_to: Optional[Path] = typer.Option(None, "--draw", help="Also draw the graph to this PNG."),
     fmt: OutputFormat = typer.Option(OutputFormat.table, "--format", help="table or json."),
     force: bool = typer.Option(False, help="Replace an existing --draw file."),
+    limit: Optional[list[str]] = typer.Option(
+        None, "--limit", help="Raise the work budget, e.g. --limit topology_links=1e7."),
 ) -> None:
     """Build the topology of SPEC and print its summary (devices, links, bisection)."""
     try:
@@ -50,9 +52,11 @@ def show(
         data = read_spec(spec)
         if nodes is not None:
             data = _with_nodes(data, nodes)
+        from ..limits import Limits, check_topology
         from .build import build_topology
         from .report import draw, summary
 
+        check_topology(data, Limits.from_strings(limit))
         topo = build_topology(data)
         info = summary(topo)
         if draw_to is not None:
@@ -70,21 +74,20 @@ def show(
 
 
 def read_spec(spec: str) -> str | dict[str, Any]:
-    """A preset name as is, or the mapping in the YAML file ``spec`` (its ``system`` section
-    when the file is a whole run config)."""
-    import yaml
-
+    """A preset name as is, or the mapping in the YAML/JSON file ``spec`` (its ``system``
+    section when the file is a whole run config), read as :func:`ddlsim.config.read_document`
+    reads a run config (bounded, UTF-8, strict YAML)."""
+    from ..documents import parse_document
     from ..errors import ConfigError
+    from ..textio import read_text
 
     path = Path(spec)
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         if path.suffix in (".yaml", ".yml", ".json"):
             raise ConfigError(f"topology spec file {spec!r} does not exist")
         return spec
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"cannot read {spec!r} as YAML: {exc}") from None
+    text = read_text(path, what="topology spec file")
+    data = parse_document(text, spec, path.suffix.lower() == ".json")
     if isinstance(data, dict) and "system" in data:
         data = data["system"]
     if not isinstance(data, (dict, str)):

@@ -11,13 +11,14 @@ A full system section is accepted as is: its compute-only keys (``device``,
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import math
+from typing import Annotated, Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
-                      model_validator)
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError,
+                      field_validator, model_validator)
 
 from ..config import (Bandwidth, IntraNodeSpec, LinkSpec, NetworkSpec, SystemConfig,
-                      resolve_section)
+                      check_shape, count_type, reject_bool, resolve_section)
 from ..config import format_validation_error as config_errors
 from ..errors import ConfigError
 from .registry import NODE_FABRICS, TOPOLOGIES
@@ -30,6 +31,7 @@ SYSTEM_ONLY_KEYS = ("device", "compute_efficiency", "placement")
 
 def _registered(name: str, registry: dict, what: str) -> str:
     """``name`` if a builder is registered under it, else an error listing the names."""
+    from . import direct, fabrics, intra  # noqa: F401  (the builders register on import)
     if name not in registry:
         raise ValueError(f"not a registered {what}; allowed: {', '.join(sorted(registry))}")
     return name
@@ -57,47 +59,49 @@ class FabricSpec(NetworkSpec):
 
     topology: str = "fat_tree"
     link_bandwidth_Bps: Bandwidth | None = None
-    levels: Literal[2, 3] | None = Field(default=None, description="fat tree: 2 or 3; auto")
-    spines: int | None = Field(default=None, gt=0,
-                               description="uplinks per leaf: spines (2 levels) or aggregation "
-                                           "switches per pod (3 levels)")
-    leaves_per_pod: int | None = Field(default=None, gt=0)
-    routers_per_group: int | None = Field(default=None, gt=0)
-    global_links: int = Field(default=1, gt=0, description="dragonfly links per pair of groups")
+    levels: Annotated[Literal[2, 3], BeforeValidator(reject_bool)] | None = Field(
+        default=None, description="fat tree: 2 or 3; auto")
+    spines: count_type("devices") | None = Field(
+        default=None, description="uplinks per leaf: spines (2 levels) or aggregation switches "
+                                  "per pod (3 levels)")
+    leaves_per_pod: count_type("devices") | None = None
+    routers_per_group: count_type("devices") | None = None
+    global_links: count_type("devices") = Field(default=1, description="dragonfly links per "
+                                                                       "pair of groups")
 
     @field_validator("topology")
     @classmethod
     def _check_topology(cls, topology: str) -> str:
         return _registered(topology, TOPOLOGIES, "topology")
 
-    @field_validator("torus_dims")
-    @classmethod
-    def _check_dims(cls, dims: tuple[int, ...] | None) -> tuple[int, ...] | None:
-        if dims is not None and (not dims or any(d < 1 for d in dims)):
-            raise ValueError("torus_dims must be one or more positive integers")
-        return dims
-
 
 class TopologySpec(BaseModel):
     """The hardware of a cluster that the graph is built from (bandwidths per direction)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True,
+                              allow_inf_nan=False)
 
     name: str = "custom"
-    nodes: int = Field(gt=0)
-    devices_per_node: int = Field(gt=0)
+    nodes: count_type("devices")
+    devices_per_node: count_type("devices_per_node")
     intra_node: NodeFabricSpec
-    nics_per_node: int = Field(default=1, gt=0)
+    nics_per_node: count_type("nics_per_node") = 1
     nic: LinkSpec
     network: FabricSpec = Field(default_factory=FabricSpec)
     source: str | None = None
 
     @model_validator(mode="after")
     def _check(self) -> "TopologySpec":
-        d, k = self.devices_per_node, self.nics_per_node
-        if d % k and k % d:
-            raise ValueError(f"nics_per_node = {k} must divide or be a multiple of "
-                             f"devices_per_node = {d}")
+        check_shape(self)  # the same rules as a run config's system section
+        net = self.network
+        if net.topology == "dragonfly":
+            per = net.routers_per_group or math.isqrt(self.nodes - 1) + 1
+            groups = -(-self.nodes // per)
+            smallest = self.nodes - (groups - 1) * per
+            if groups > 1 and net.global_links > smallest:
+                raise ValueError(f"network.global_links = {net.global_links} exceeds the routers "
+                                 f"of the smallest dragonfly group ({smallest}); allowed: "
+                                 f"1..{smallest}")
         return self
 
 

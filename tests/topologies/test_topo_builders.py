@@ -204,7 +204,7 @@ def test_dragonfly_groups_are_all_to_all_with_global_links():
     ({"network": {"topology": "torus", "torus_dims": [3, 3]}},
      r"torus_dims = \[3, 3\] holds 9 nodes but the system has nodes = 4"),
     ({"network": {"topology": "torus", "torus_dims": [0, 4]}},
-     r"network.torus_dims: .*positive integers \(got \[0, 4\]\)"),
+     r"network.torus_dims.0: Input should be greater than 0 \(got 0\)"),
     ({"network": {"topology": "dragonfly", "routers_per_group": 2, "global_links": 3}},
      r"global_links = 3 exceeds .* allowed: 1..2"),
     ({"network": {"oversubscription": 0.5}}, r"network.oversubscription.*got 0.5"),

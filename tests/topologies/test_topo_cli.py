@@ -71,4 +71,4 @@ def test_bad_yaml_is_an_error(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("nodes: [1, 2\n")
     result = _show(str(path))
-    assert result.exit_code == 2 and "cannot read" in result.output
+    assert result.exit_code == 2 and "not valid YAML" in result.output

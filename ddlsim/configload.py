@@ -1,0 +1,252 @@
+"""Reading and validating a run config: file → mapping → sections → :class:`RunConfig`.
+
+Every problem becomes one :class:`~ddlsim.errors.ConfigError` paragraph that names the file,
+the field, the value and what is allowed; every broken section is reported at once, with
+"did you mean …" for misspelt keys, section names, preset names and choices. Merely unusual
+values are accepted with a :class:`~ddlsim.errors.DDLSimWarning`.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from . import config as C
+from .errors import ConfigError, did_you_mean
+
+__all__ = ["load_config", "build_config", "apply_overrides", "resolve_section",
+           "format_validation_error", "read_document"]
+
+_SECTIONS = {"model": C.ModelConfig, "parallel": C.ParallelConfig, "train": C.TrainConfig,
+             "system": C.SystemConfig}
+_REQUIRED = ("model", "train", "system")
+
+
+def _shown(value: Any, width: int = 60) -> str:
+    if isinstance(value, int) and value.bit_length() > 200:
+        return f"a {value.bit_length()}-bit integer"
+    text = repr(value)
+    return text if len(text) <= width else text[:width - 5] + " …" + text[-3:]
+
+
+def format_validation_error(exc: ValidationError, where: str, root: Any = None) -> str:
+    """One clause per problem, naming the field, the value and what is allowed. ``root`` is the
+    model that ``where`` names (default: the config section of that name)."""
+    model = (root or _SECTIONS.get(where.split(".")[-1])
+             or (C.RunConfig if where == "config" else None))
+    return "; ".join(_clause(err, where, model) for err in exc.errors())
+
+
+def _clause(err: dict, where: str, model: Any) -> str:
+    loc = ".".join(str(x) for x in err["loc"] if x != "__root__")
+    field = f"{where}.{loc}" if loc else where
+    if field == "config":  # a cross-section rule: its message names the fields
+        return err["msg"].removeprefix("Value error, ")
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        parent = ".".join([where, *[str(x) for x in err["loc"][:-1]]])
+        allowed = _allowed_keys(model, err["loc"][:-1])
+        key = err["loc"][-1]
+        return (f"unknown key {key!r} in {parent}{did_you_mean(key, allowed)}"
+                + (f"; allowed keys: {', '.join(allowed)}" if allowed else ""))
+    if err["type"] == "literal_error":
+        choices = re.findall(r"'([^']*)'", err.get("ctx", {}).get("expected", ""))
+        msg += did_you_mean(err.get("input"), choices)
+    given = err.get("input")
+    quiet = isinstance(given, dict) or err["type"] == "missing" or "got " in msg
+    shown = "" if quiet else f" (got {_shown(given)})"
+    return f"{field}: {msg}{shown}"
+
+
+def _allowed_keys(model: Any, loc: tuple) -> list[str]:
+    for part in loc:
+        if model is None or not hasattr(model, "model_fields"):
+            return []
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return []
+        model = field.annotation
+    if model is None or not hasattr(model, "model_fields"):
+        return []
+    return sorted(model.model_fields)
+
+
+def resolve_section(name: str, value: Any) -> dict:
+    """A section as a plain mapping: a preset name, a mapping, or ``{preset: …, overrides}``.
+
+    Raises :class:`ConfigError` for anything else (a list, a number, null), naming the
+    section and what is allowed.
+    """
+    from .presets import get_preset  # local import: presets import config
+
+    if isinstance(value, str):
+        return _named(name, value, copy.deepcopy(get_preset(name, value)))
+    if isinstance(value, BaseModel):
+        return value.model_dump()
+    if not isinstance(value, dict):
+        raise ConfigError(f"section {name!r} must be a mapping of its fields or the name of a "
+                          f"{name} preset (see `ddlsim presets {name}`); got "
+                          f"{_kind(value)}{'' if value is None else ' ' + _shown(value)}")
+    value = dict(value)
+    base = value.pop("preset", None)
+    if base is None:
+        return value
+    if not isinstance(base, str):
+        raise ConfigError(f"{name}.preset must be the name of a {name} preset; got "
+                          f"{_kind(base)} {_shown(base)}")
+    merged = _named(name, base, copy.deepcopy(get_preset(name, base)))
+    _deep_update(merged, value)
+    return merged
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {list: "a list", dict: "a mapping", bool: "a boolean",
+            int: "a number", float: "a number"}.get(type(value), type(value).__name__)
+
+
+def _named(section: str, preset: str, data: dict) -> dict:
+    """Models and systems carry their preset's name unless they set one."""
+    if section in ("model", "system"):
+        data.setdefault("name", preset)
+    return data
+
+
+def _deep_update(base: dict, new: dict) -> None:
+    for k, v in new.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            _deep_update(base[k], v)
+        else:
+            base[k] = v
+
+
+def build_config(data: dict, overrides: list[str] | tuple[str, ...] = ()) -> C.RunConfig:
+    """Validate a run config given as a mapping (sections may be preset names).
+
+    Every section is checked, and every problem found is listed in one message.
+
+    Raises
+    ------
+    ConfigError
+        Naming each field, the value and what is allowed.
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(f"a run config must be a mapping with sections model, parallel, train, "
+                          f"system; got {_kind(data)}")
+    problems = [f"unknown section {k!r}{did_you_mean(k, _SECTIONS)}" for k in data
+                if k not in _SECTIONS]
+    problems += [f"the config has no {k!r} section" for k in _REQUIRED if k not in data]
+    sections = {}
+    for name in (k for k in _SECTIONS if k in data):
+        try:
+            sections[name] = resolve_section(name, data[name])
+        except ConfigError as exc:
+            problems.append(str(exc))
+    sections = apply_overrides(sections, overrides)
+    parsed = {}
+    for name, value in sections.items():
+        try:
+            parsed[name] = _SECTIONS[name].model_validate(value)
+        except ValidationError as exc:
+            problems.append(format_validation_error(exc, name))
+    if problems:
+        raise ConfigError(_joined(problems))
+    try:
+        cfg = C.RunConfig(**parsed)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, "config")) from None
+    from .limits import warn_unusual
+    warn_unusual(cfg)
+    return cfg
+
+
+def _joined(problems: list[str]) -> str:
+    if len(problems) == 1:
+        return problems[0]
+    return f"{len(problems)} problems: " + "; ".join(f"({i}) {p}" for i, p in
+                                                       enumerate(problems, 1))
+
+
+def apply_overrides(sections: dict, overrides: list[str] | tuple[str, ...]) -> dict:
+    """Apply ``section.key=value`` overrides (values parsed as YAML: ``4``, ``true``, ``[1,2]``).
+
+    Raises :class:`ConfigError` for an item without ``=``, an empty or unknown path, a path
+    through a value that is not a mapping, or a value that is not valid YAML.
+    """
+    from .documents import DocumentError, parse_yaml
+
+    out = copy.deepcopy(sections)
+    for item in overrides or ():
+        path, sep, raw = str(item).partition("=")
+        keys = [k.strip() for k in path.split(".")]
+        example = "e.g. --set parallel.tensor_model_parallel_size=4"
+        if not sep:
+            raise ConfigError(f"override {item!r} must look like section.key=value, {example}")
+        if len(keys) < 2 or not all(keys):
+            raise ConfigError(f"override {item!r}: the path {path!r} must be a section and one "
+                              f"or more keys joined by dots, {example}")
+        if keys[0] not in _SECTIONS:
+            raise ConfigError(f"override {item!r}: unknown section {keys[0]!r}"
+                              f"{did_you_mean(keys[0], _SECTIONS)}; allowed: "
+                              f"{', '.join(_SECTIONS)}")
+        try:
+            value = parse_yaml(raw, f"override {item!r}")
+        except DocumentError as exc:
+            raise ConfigError(f"{exc}; quote a string value that YAML cannot read") from None
+        node = out.setdefault(keys[0], {})
+        for depth, k in enumerate(keys[1:-1], 1):
+            node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {'.'.join(keys[:depth + 1])} is "
+                                  f"{_kind(node)}, not a mapping, so it has no key "
+                                  f"{keys[depth + 1]!r}")
+        node[keys[-1]] = value
+    return out
+
+
+def read_document(path: str | Path) -> dict:
+    """Read a YAML or JSON run config into a mapping, with errors that name the file.
+
+    The file is read by :func:`ddlsim.textio.read_text` (size cap, UTF-8, no directories,
+    FIFOs or devices) and parsed by :mod:`ddlsim.documents` (no duplicate keys, bounded
+    nesting and alias expansion, no NaN/Infinity in JSON).
+    """
+    from .documents import DocumentError, parse_document
+    from .textio import InputFileError, read_text
+
+    try:
+        text = read_text(path, what="config file")
+    except InputFileError as exc:  # a ConfigError, as every problem with a config is
+        raise DocumentError(str(exc)) from None
+    data = parse_document(text, str(path), Path(path).suffix.lower() == ".json")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a run config must be a mapping with sections model, "
+                          f"parallel, train, system; the file holds {_kind(data)}")
+    return data
+
+
+def load_config(source: str | Path | dict,
+                overrides: list[str] | tuple[str, ...] = ()) -> C.RunConfig:
+    """Load and validate a run config from a YAML/JSON path or a mapping.
+
+    Raises
+    ------
+    ConfigError
+        One paragraph naming the file, the field, the value and what is allowed
+        (:class:`ddlsim.documents.DocumentError` for a file that cannot be read or parsed).
+    """
+    if not isinstance(source, (str, Path, dict)):
+        raise ConfigError(f"a run config is a path to a YAML/JSON file or a mapping; got "
+                          f"{_kind(source)} {_shown(source)}")
+    data = source if isinstance(source, dict) else read_document(source)
+    try:
+        return build_config(data, overrides)
+    except ConfigError as exc:
+        if isinstance(source, (str, Path)):
+            raise type(exc)(f"{source}: {exc}") from None
+        raise
