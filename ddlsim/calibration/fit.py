@@ -29,6 +29,7 @@ contiguous segments.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,7 +37,8 @@ from scipy.optimize import least_squares
 
 from .schema import CalibrationError
 
-__all__ = ["SegmentFit", "AlphaBetaFit", "fit_alpha_beta", "fit_segment", "best_partition"]
+__all__ = ["SegmentFit", "AlphaBetaFit", "fit_alpha_beta", "fit_segment", "best_partition",
+           "check_physical"]
 
 _MAD_TO_SIGMA = 1.4826  # σ = 1.4826·MAD for a normal distribution
 _MIN_SCALE = 1e-3
@@ -258,9 +260,31 @@ def fit_alpha_beta(nbytes, times_s, *, max_segments: int = 3, min_points: int = 
     bounds = starts + [len(x)]
     segs = tuple(fit_segment(x[lo:hi], t[lo:hi], bootstrap=bootstrap, rng=rng, level=level)
                  for lo, hi in zip(bounds[:-1], bounds[1:]))
+    check_physical(segs)
     fit = AlphaBetaFit(segs, bic, 0.0, len(x))
     rel = fit.predict_s(x) / t - 1.0
     return AlphaBetaFit(segs, bic, float(np.sqrt(np.mean(rel ** 2))), len(x))
+
+
+def check_physical(segments: tuple[SegmentFit, ...]) -> None:
+    """Raise :class:`CalibrationError` unless every segment has a finite latency α >= 0 and
+    a finite β >= 0 (bandwidth 1/β > 0), and the last segment, which extrapolates to every
+    larger size, a finite bandwidth (β > 0): times that do not grow with size up to the
+    largest one measured say nothing about the bandwidth."""
+    for i, s in enumerate(segments):
+        where = f"segment {i + 1} ({s.min_bytes:.0f}–{s.max_bytes:.0f} B)"
+        if not (math.isfinite(s.alpha_s) and s.alpha_s >= 0):
+            raise CalibrationError(f"non-physical fit: {where} has latency α = {s.alpha_s!r} "
+                                   "s; it must be finite and >= 0")
+        if not (math.isfinite(s.beta_s_per_B) and s.beta_s_per_B >= 0):
+            raise CalibrationError(f"non-physical fit: {where} has β = {s.beta_s_per_B!r} s/B "
+                                   "(bandwidth 1/β); it must be finite and >= 0")
+    last = segments[-1]
+    if not last.beta_s_per_B > 0:
+        raise CalibrationError(f"non-physical fit: the times do not grow with the message size "
+                               f"from {last.min_bytes:.0f} B to {last.max_bytes:.0f} B, the "
+                               "largest measured, so the bandwidth is infinite; measure "
+                               "larger messages")
 
 
 def _validate(x: np.ndarray, t: np.ndarray, max_segments: int, min_points: int,
