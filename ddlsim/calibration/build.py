@@ -3,6 +3,7 @@ each group, record provenance (the inputs and every row skipped)."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,7 +13,8 @@ import pandas as pd
 
 from .efficiency import fit_compute_results
 from .fit import fit_alpha_beta
-from .outputs import machine_info, sha256_file, utc_now
+from ..textio import MAX_DATA_BYTES, InputFileError, read_bytes
+from .outputs import machine_info, utc_now
 from .profile import PROFILE_VERSION, CalibrationProfile, CommEntry, ComputeEntry
 from .schema import (DEFAULT_MAX_SKIPPED_SHARE, OPS, CalibrationError, ReadResult, SkippedRow,
                      representative_time_s)
@@ -122,9 +124,18 @@ def fit_compute_entries(df: pd.DataFrame, peaks: dict[str, float] | None = None
 
 
 def describe_inputs(paths: Sequence[str | Path], formats: Sequence[str]) -> list[dict]:
-    """Provenance of the input files: path, sha256, format."""
-    return [{"path": str(p), "sha256": sha256_file(p), "format": f}
+    """Provenance of the input files: path, sha256 (None when the file cannot be read now,
+    e.g. a table parsed from text), format."""
+    return [{"path": str(p), "sha256": _sha256(p), "format": f}
             for p, f in zip(paths, formats)]
+
+
+def _sha256(path: str | Path) -> str | None:
+    try:
+        return hashlib.sha256(read_bytes(path, what="results file",
+                                         max_bytes=MAX_DATA_BYTES)).hexdigest()
+    except InputFileError:
+        return None
 
 
 def check_skipped_share(results: Sequence[ReadResult],

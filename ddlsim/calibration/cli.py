@@ -296,7 +296,7 @@ def fit(results: list[Path] = typer.Argument(..., help="results files"),
             if skipped else "")
     _err.print(escape(f"wrote {output}: {len(profile.doc.comm)} communication and "
                       f"{len(profile.doc.compute)} compute fits from "
-                      f"{sum(len(r.table) for r in read)} rows{note}"))
+                      f"{sum(len(r.table) for r in read)} rows{note}"), soft_wrap=True)
 
 
 # ----------------------------------------------------------------------------------- show

@@ -38,11 +38,15 @@ from scipy.optimize import least_squares
 from .schema import CalibrationError
 
 __all__ = ["SegmentFit", "AlphaBetaFit", "fit_alpha_beta", "fit_segment", "best_partition",
-           "check_physical"]
+           "check_physical", "MAX_BANDWIDTH_BPS"]
 
 _MAD_TO_SIGMA = 1.4826  # σ = 1.4826·MAD for a normal distribution
 _MIN_SCALE = 1e-3
 _RSS_FLOOR = 1e-10  # relative variance floor, keeps ln(RSS/n) finite on exact data
+#: Highest bandwidth 1/β a fit may extrapolate to large messages: 1 PB/s, over 500× the
+#: 1.8 TB/s of a GPU's NVLink 5 (NVIDIA Blackwell datasheet); a fit above it has not seen
+#: the size term at all.
+MAX_BANDWIDTH_BPS = 1e15
 
 
 @dataclass(frozen=True)
@@ -268,9 +272,9 @@ def fit_alpha_beta(nbytes, times_s, *, max_segments: int = 3, min_points: int = 
 
 def check_physical(segments: tuple[SegmentFit, ...]) -> None:
     """Raise :class:`CalibrationError` unless every segment has a finite latency α >= 0 and
-    a finite β >= 0 (bandwidth 1/β > 0), and the last segment, which extrapolates to every
-    larger size, a finite bandwidth (β > 0): times that do not grow with size up to the
-    largest one measured say nothing about the bandwidth."""
+    a finite β >= 0, and the last segment, which extrapolates to every larger size, a
+    bandwidth 1/β of at most :data:`MAX_BANDWIDTH_BPS`: times that hardly grow with size up
+    to the largest one measured say nothing about the bandwidth."""
     for i, s in enumerate(segments):
         where = f"segment {i + 1} ({s.min_bytes:.0f}–{s.max_bytes:.0f} B)"
         if not (math.isfinite(s.alpha_s) and s.alpha_s >= 0):
@@ -280,11 +284,12 @@ def check_physical(segments: tuple[SegmentFit, ...]) -> None:
             raise CalibrationError(f"non-physical fit: {where} has β = {s.beta_s_per_B!r} s/B "
                                    "(bandwidth 1/β); it must be finite and >= 0")
     last = segments[-1]
-    if not last.beta_s_per_B > 0:
-        raise CalibrationError(f"non-physical fit: the times do not grow with the message size "
+    if not last.beta_s_per_B * MAX_BANDWIDTH_BPS >= 1:
+        bw = f"{1 / last.beta_s_per_B:.3g} B/s" if last.beta_s_per_B > 0 else "infinite"
+        raise CalibrationError(f"non-physical fit: the times hardly grow with the message size "
                                f"from {last.min_bytes:.0f} B to {last.max_bytes:.0f} B, the "
-                               "largest measured, so the bandwidth is infinite; measure "
-                               "larger messages")
+                               f"largest measured, so the bandwidth 1/β is {bw} (more than "
+                               f"{MAX_BANDWIDTH_BPS:.0e} B/s); measure larger messages")
 
 
 def _validate(x: np.ndarray, t: np.ndarray, max_segments: int, min_points: int,

@@ -57,7 +57,10 @@ def parse_int(token: str, what: str, *, allow_float: bool = False) -> int:
 def parse_size(token: str, what: str = "size", *, allow_float: bool = False) -> int:
     """A message size in bytes: a whole number in 0 … :data:`MAX_BYTES` (``8K``, ``-16`` and
     ``1e400`` are refused with the reason)."""
-    size = parse_int(token, what, allow_float=allow_float)
+    try:
+        size = parse_int(token, what, allow_float=allow_float)
+    except RowSkipped as exc:
+        raise RowSkipped(f"{exc} of bytes") if "whole number" in str(exc) else exc from None
     if size > MAX_BYTES:
         raise RowSkipped(f"{what} {size} B is larger than 1 PiB ({MAX_BYTES} B); not a "
                          "message size")
