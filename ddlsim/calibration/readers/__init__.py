@@ -31,6 +31,8 @@ FORMATS = ("ddlsim", "ddlsim-compute", "nccl-tests", "nccl-tests-json", "osu")
 
 
 def _detect(text: str, path: Path) -> str:
+    if not text.strip():
+        raise CalibrationError(f"results file {str(path)!r} is empty")
     head = text.splitlines()[:200]
     first = next((ln.strip() for ln in head if ln.strip()), "")
     header = {c.strip() for c in first.split(",")}

@@ -112,6 +112,8 @@ def _checked_row(line: str, meta: dict, cols: list[str], order: SizeOrder,
                  lineno: int) -> dict[str, float]:
     if "test" not in meta or not cols:
         raise RowSkipped("a result row before the OSU title and column header")
+    if "mean" not in cols and "bw" not in cols:
+        raise RowSkipped("the column header above has no latency or bandwidth column")
     r = _row(line.split(), cols)
     order.check(None, r["size"], lineno)
     order.keep(None, r["size"], lineno)
