@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from pydantic import ValidationError
 
 from .efficiency import fit_compute_results
 from .fit import fit_alpha_beta
@@ -47,11 +48,14 @@ def _segment_dict(s) -> dict:
 def fit_comm_entries(df: pd.DataFrame, *, max_segments: int = 3, min_points: int = 3,
                      bootstrap: int = 200, seed: int = 0, level: float = 0.95,
                      statistic: str = "median") -> tuple[list[CommEntry], list[str]]:
-    """Fit every group of a tidy communication table; (entries, notes on skipped groups).
+    """Fit every group of a tidy communication table; returns (entries, notes).
 
     Groups are :data:`GROUP_KEYS` (``mode`` is ``streaming`` for osu_bw rows, else empty);
     each gets its own deterministic seed ``(seed, group index)``. ``statistic`` chooses which
     time of each row is fitted (:func:`~ddlsim.calibration.schema.representative_time_s`).
+    A group that cannot be fitted (too few points or sizes for ``min_points``) or whose fit
+    is non-physical (:func:`~ddlsim.calibration.fit.check_physical`) stops the fit with a
+    :class:`CalibrationError` naming every such group; no group is dropped.
     """
     df = df.assign(mode=np.where(df["variant"] == "streaming", "streaming", ""),
                    t=representative_time_s(df, statistic))
@@ -72,7 +76,18 @@ def fit_comm_entries(df: pd.DataFrame, *, max_segments: int = 3, min_points: int
         except (CalibrationError, ValueError, ArithmeticError, np.linalg.LinAlgError) as exc:
             failed.append(f"{_group_name(label)}: {exc}")
             continue
-        entries.append(CommEntry(
+        entries.append(_comm_entry(label, g, fit))
+    if failed:
+        raise CalibrationError(f"cannot fit {len(failed)} communicator group(s), so no profile "
+                               f"is written: {'; '.join(failed)}. Measure more sizes for them, "
+                               "or leave their rows out")
+    entries.sort(key=lambda e: (e.backend, OPS.index(e.op), e.scope, e.ranks, e.variant))
+    return entries, notes
+
+
+def _comm_entry(label: dict, g: pd.DataFrame, fit) -> CommEntry:
+    try:
+        return CommEntry(
             backend=label["backend"], op=label["op"], scope=label["scope"],
             ranks=int(label["ranks"]), nodes=int(label["nodes"]),
             ranks_per_node=int(label["ranks_per_node"]), variant=label["mode"],
@@ -80,13 +95,10 @@ def fit_comm_entries(df: pd.DataFrame, *, max_segments: int = 3, min_points: int
             rel_rmse=fit.rel_rmse, bic=fit.bic,
             segments=[_segment_dict(s) for s in fit.segments],
             points={"bytes": [float(b) for b in g["bytes"]],
-                    "time_s": [float(t) for t in g["t"]]}))
-    if failed:
-        raise CalibrationError(f"cannot fit {len(failed)} communicator group(s), so no profile "
-                               f"is written: {'; '.join(failed)}. Measure more sizes for them, "
-                               "or leave their rows out")
-    entries.sort(key=lambda e: (e.backend, OPS.index(e.op), e.scope, e.ranks, e.variant))
-    return entries, notes
+                    "time_s": [float(t) for t in g["t"]]})
+    except ValidationError as exc:
+        raise CalibrationError(f"{_group_name(label)}: cannot make a profile entry: "
+                               f"{exc.errors()[0]['msg']}") from None
 
 
 def _group_name(label: dict) -> str:
@@ -115,12 +127,17 @@ def fit_compute_entries(df: pd.DataFrame, peaks: dict[str, float] | None = None
     if failed:
         raise CalibrationError(f"cannot fit {len(failed)} compute group(s): "
                                f"{'; '.join(failed)}")
-    return [ComputeEntry(backend=f.backend, device=f.device, kind=f.kind, dtype=f.dtype,
-                         rate_max_flops_per_s=f.rate_max_flops_per_s,
-                         x_half_flops=f.x_half_flops, peak_flops_per_s=f.peak_flops_per_s,
-                         rel_rmse=f.rel_rmse, n_points=f.n_points,
-                         points={"flops": list(f.flops), "flops_per_s": list(f.flops_per_s)})
-            for f in fits]
+    try:
+        return [ComputeEntry(backend=f.backend, device=f.device, kind=f.kind, dtype=f.dtype,
+                             rate_max_flops_per_s=f.rate_max_flops_per_s,
+                             x_half_flops=f.x_half_flops, peak_flops_per_s=f.peak_flops_per_s,
+                             rel_rmse=f.rel_rmse, n_points=f.n_points,
+                             points={"flops": list(f.flops),
+                                     "flops_per_s": list(f.flops_per_s)})
+                for f in fits]
+    except ValidationError as exc:
+        raise CalibrationError(f"cannot make a compute profile entry: "
+                               f"{exc.errors()[0]['msg']}") from None
 
 
 def describe_inputs(paths: Sequence[str | Path], formats: Sequence[str]) -> list[dict]:

@@ -43,6 +43,10 @@ __all__ = ["SegmentFit", "AlphaBetaFit", "fit_alpha_beta", "fit_segment", "best_
 _MAD_TO_SIGMA = 1.4826  # σ = 1.4826·MAD for a normal distribution
 _MIN_SCALE = 1e-3
 _RSS_FLOOR = 1e-10  # relative variance floor, keeps ln(RSS/n) finite on exact data
+#: Most distinct sizes (the breakpoint search is quadratic in them) and points (the bootstrap
+#: holds resamples × points) one curve may have; a geometric sweep (nccl-tests -f 2) has ~30
+#: sizes.
+MAX_FIT_SIZES, MAX_FIT_POINTS = 500, 20_000
 #: Highest bandwidth 1/β a fit may extrapolate to large messages: 1 PB/s, over 500× the
 #: 1.8 TB/s of a GPU's NVLink 5 (NVIDIA Blackwell datasheet); a fit above it has not seen
 #: the size term at all.
@@ -143,16 +147,13 @@ def best_partition(nbytes: np.ndarray, times: np.ndarray, max_segments: int,
     m, n = len(edges) - 1, len(nbytes)
     cums = [np.r_[0.0, np.cumsum(x)] for x in (np.ones(n), u * u, u * v, v * v, u, v)]
 
-    def cost(i: int, j: int) -> float:  # blocks i..j-1
-        lo, hi = edges[i], edges[j]
-        if hi - lo < min_points or j - i < 2:
-            return np.inf
-        return float(max(_rss(*(c[hi] - c[lo] for c in cums)), 0.0))
-
-    c = np.full((m + 1, m + 1), np.inf)
-    for i in range(m):
-        for j in range(i + 2, m + 1):
-            c[i, j] = cost(i, j)
+    # c[i, j]: relative RSS of one segment over blocks i..j-1 (all pairs at once)
+    lo, hi = np.meshgrid(edges, edges, indexing="ij")
+    blocks = np.arange(m + 1)
+    valid = (hi - lo >= min_points) & (blocks[None, :] - blocks[:, None] >= 2)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        c = np.maximum(_rss(*(cs[hi] - cs[lo] for cs in cums)), 0.0)
+    c = np.where(valid, c, np.inf)
     best, choice = c[0].copy(), {1: [[0] for _ in range(m + 1)]}
     results = [(best[m], [0])]
     for k in range(2, max_segments + 1):
@@ -309,3 +310,9 @@ def _validate(x: np.ndarray, t: np.ndarray, max_segments: int, min_points: int,
         raise CalibrationError(f"bootstrap must be an integer >= 0, got {bootstrap!r}")
     if not 0 < level < 1:
         raise CalibrationError(f"level must be in (0, 1), got {level!r}")
+    sizes = np.unique(x).size
+    if sizes > MAX_FIT_SIZES or x.size > MAX_FIT_POINTS:
+        raise CalibrationError(f"{x.size} points at {sizes} distinct sizes: more than the "
+                               f"{MAX_FIT_POINTS:,} points or {MAX_FIT_SIZES} sizes one curve may "
+                               "have (the breakpoint search grows with sizes squared); measure "
+                               "a geometric sweep of sizes (nccl-tests -f 2)")

@@ -28,7 +28,7 @@ from ..errors import ConfigError, DDLSimError
 __all__ = ["OPS", "SCOPES", "BACKENDS", "COLUMNS", "COMPUTE_COLUMNS", "CalibrationError",
            "CalibrationLookupError", "ResultParseError", "busbw_factor", "check_op", "summarize", "tidy_frame",
            "representative_time_s", "comm_row", "STATISTICS", "SkippedRow", "ReadResult",
-           "MAX_TIME_S", "MIN_TIME_S", "MAX_BYTES", "DEFAULT_MAX_SKIPPED_SHARE"]
+           "MAX_TIME_S", "MIN_TIME_S", "MAX_BYTES", "MAX_RECORDS", "DEFAULT_MAX_SKIPPED_SHARE"]
 
 #: Operations the benchmarks run and the profiles describe (``sendrecv`` is the ping-pong).
 OPS = ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all",
@@ -53,6 +53,9 @@ MIN_TIME_S = 1e-9
 #: Largest message size a row may report (1 PiB; nccl-tests sizes are bounded by device
 #: memory): larger is a corrupted number, and would overflow the int64 table.
 MAX_BYTES = 2 ** 50
+#: Most data rows one results file may have (nccl-tests and OSU sweeps have tens to
+#: thousands); reading stops and refuses the file beyond, which bounds the work to seconds.
+MAX_RECORDS = 50_000
 #: Default largest share of unusable rows in one results file before a fit refuses it. A few
 #: damaged lines (log output interleaved with a row, a truncated last line) are normal in
 #: captured output; more than one in ten suggests the wrong file, the wrong format or a broken

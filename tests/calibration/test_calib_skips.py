@@ -324,3 +324,24 @@ def test_profile_with_non_physical_parameters_is_refused(tmp_path, value):
     path.write_text(re.sub(r"alpha_s: [^,}\n]+", f"alpha_s: {value}", path.read_text(), count=1))
     with pytest.raises(ConfigError, match="alpha_s"):
         CalibrationProfile.load(path)
+
+
+# ------------------------------------------------------------------------ bounded work
+def test_a_file_with_too_many_rows_is_refused_when_the_limit_is_reached(monkeypatch):
+    """The limit (50,000 rows) is patched down to 10 so the test stays fast; reading stops at
+    row 11 of the 25, naming its line."""
+    import ddlsim.calibration.readers.checks as checks
+
+    monkeypatch.setattr(checks, "MAX_RECORDS", 10)
+    line = NCCL.read_text().splitlines().index(next(
+        ln for ln in NCCL.read_text().splitlines() if ln.split()[:1] == ["8192"])) + 1
+    with pytest.raises(CalibrationError, match=f"{NCCL.name}:{line}: more than 10 result rows"):
+        read_results(NCCL)
+
+
+def test_a_curve_with_too_many_sizes_is_refused_before_the_breakpoint_search(monkeypatch):
+    import ddlsim.calibration.fit as fit
+
+    monkeypatch.setattr(fit, "MAX_FIT_SIZES", 24)  # the sample has 25 sizes
+    with pytest.raises(CalibrationError, match="50 points at 25 distinct sizes: more than"):
+        fit_profile([read_results(NCCL)], bootstrap=0)

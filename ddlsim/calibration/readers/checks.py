@@ -13,7 +13,8 @@ from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import TypeVar
 
-from ..schema import MAX_BYTES, MAX_TIME_S, MIN_TIME_S, CalibrationError, SkippedRow
+from ..schema import (MAX_BYTES, MAX_RECORDS, MAX_TIME_S, MIN_TIME_S, CalibrationError,
+                      SkippedRow)
 
 __all__ = ["RowSkipped", "parse_int", "parse_size", "parse_float", "parse_time", "SizeOrder",
            "looks_like_row", "Rows"]
@@ -138,8 +139,15 @@ class Rows:
         self.skipped.append(SkippedRow(self.path, line, reason, " ".join(str(text).split())))
 
     def attempt(self, line: int, text: str, parse: Callable[[], T]) -> T | None:
-        """Count a record and return ``parse()``, or None after recording why it failed."""
+        """Count a record and return ``parse()``, or None after recording why it failed.
+
+        Raises :class:`CalibrationError` for the whole file past :data:`MAX_RECORDS` rows.
+        """
         self.records += 1
+        if self.records > MAX_RECORDS:
+            raise CalibrationError(f"{self.path}:{line}: more than {MAX_RECORDS:,} result rows; "
+                                   "a benchmark sweep has tens to thousands, so this is not "
+                                   "one (split it into one file per run)")
         try:
             return parse()
         except RowSkipped as exc:

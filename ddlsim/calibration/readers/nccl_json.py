@@ -57,13 +57,19 @@ def _json_variant(res: dict, variant: str) -> dict | None:
             "stats": _json_stats(res.get(f"{variant}_per_iter"), what)}
 
 
-def _json_result(res: object, rows: Rows, line: int, text: str) -> list[dict]:
+def _json_result(res: object, rows: Rows, order: SizeOrder, line: int,
+                 text: str) -> list[dict]:
+    """One ``results[]`` entry → its usable variants; entry-level problems raise RowSkipped."""
     if not isinstance(res, dict) or "size" not in res:
         raise RowSkipped("not an object with a 'size'")
     size = res["size"]
     if isinstance(size, bool) or not isinstance(size, (int, float, str)):
-        raise RowSkipped(f"size {size!r} is not a whole number")
+        raise RowSkipped(f"size {size!r} is not a whole number of bytes")
     size = parse_size(str(size), allow_float=isinstance(size, float))
+    dtype = str(res.get("type", ""))
+    key = (dtype, str(res.get("redop", "")), str(res.get("root", "")))
+    order.check(key, size, line)
+    order.keep(key, size, line)
     out, before = [], len(rows.skipped)
     for variant in VARIANTS:
         try:
@@ -72,7 +78,7 @@ def _json_result(res: object, rows: Rows, line: int, text: str) -> list[dict]:
             rows.skip(line, str(exc), text)
             continue
         if got is not None:
-            out.append({"bytes": size, "dtype": str(res.get("type", "")), **got})
+            out.append({"bytes": size, "dtype": dtype, **got})
     if not out and len(rows.skipped) == before:
         raise RowSkipped("has neither an 'out_of_place' nor an 'in_place' time")
     return out
@@ -165,21 +171,13 @@ def parse_nccl_tests_json(text: str, path: str | Path, *, op: str | None = None,
     rows, order = Rows(path), SizeOrder()
     lines = _result_lines(text)
     lines += [1] * (len(doc["results"]) - len(lines))  # never: the scan follows json.loads
+    the_op = resolve_op(op, found, path)
     for res, line in zip(doc["results"], lines):
         shown = json.dumps(res, separators=(",", ":"))[:200]
-        got = rows.attempt(line, shown, lambda: _json_result(res, rows, line, shown))
-        for p in got or []:
-            key = (p["dtype"], p["variant"])
-            try:
-                order.check(key, p["bytes"], line)
-            except RowSkipped as exc:
-                rows.skip(line, str(exc), shown)
-                continue
-            order.keep(key, p["bytes"], line)
-            rows.kept.append({**p, "op": resolve_op(op, found, path)})
-    resolve_op(op, found, path)
+        got = rows.attempt(line, shown, lambda: _json_result(res, rows, order, line, shown))
+        rows.kept.extend({**p, "op": the_op} for p in got or [])
     return tidy_result(rows, backend, version, iters, hosts, (ranks, nodes, scope), path,
-                   "nccl-tests-json")
+                       "nccl-tests-json")
 
 
 def read_nccl_tests_json(path: str | Path, *, op: str | None = None, backend: str = "nccl",

@@ -168,8 +168,8 @@ def parse_nccl_tests_text(text: str, path: str | Path, *, op: str | None = None,
         p["op"] = resolve_op(op, p.pop("program") or state.first_program, path)
     if not rows.kept:
         resolve_op(op, state.first_program, path)
-    return tidy_result(rows, backend, state.version, state.iters, hosts,
-                   (ranks, nodes, scope), path, "nccl-tests")
+    return tidy_result(rows, backend, state.version, state.iters, hosts, (ranks, nodes, scope),
+                       path, "nccl-tests")
 
 
 def read_nccl_tests_text(path: str | Path, *, op: str | None = None, backend: str = "nccl",
