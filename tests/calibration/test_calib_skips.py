@@ -345,3 +345,18 @@ def test_a_curve_with_too_many_sizes_is_refused_before_the_breakpoint_search(mon
     monkeypatch.setattr(fit, "MAX_FIT_SIZES", 24)  # the sample has 25 sizes
     with pytest.raises(CalibrationError, match="50 points at 25 distinct sizes: more than"):
         fit_profile([read_results(NCCL)], bootstrap=0)
+
+
+@pytest.mark.parametrize("text, needle", [
+    ('{"results": [], "results": [{"size": 8}]}', "duplicate key 'results'"),
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ('{"results": [{"size": 1' + "0" * 5000 + "}]}", "invalid nccl-tests JSON"),
+    ('{"results": [{"size": 8,}]}', ":1: invalid JSON"),
+    ('{"results": []}', "the 'results' list is empty"),
+    ('{"results": {"size": 8}}', "expected an object with a 'results' list"),
+])
+def test_broken_json_is_one_error_for_the_file(tmp_path, text, needle):
+    path = tmp_path / "all_reduce.json"
+    path.write_text(text)
+    with pytest.raises(CalibrationError, match=re.escape(needle)):
+        read_results(path)

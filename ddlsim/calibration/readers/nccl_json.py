@@ -85,11 +85,12 @@ def _json_result(res: object, rows: Rows, order: SizeOrder, line: int,
 
 
 def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
-    keys = [k for k, _ in pairs]
-    dup = next((k for k in keys if keys.count(k) > 1), None)
-    if dup is not None:
-        raise ValueError(f"duplicate key {dup!r}")
-    return dict(pairs)
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {key!r}; give each key once")
+        out[key] = value
+    return out
 
 
 def _load_json(text: str, path: Path) -> object:
