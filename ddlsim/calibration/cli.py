@@ -317,6 +317,7 @@ def show(profile: Path = typer.Argument(..., help="profile YAML"),
     if prof.doc.compute:
         console.print(compute_table(prof))
     skipped = prof.doc.provenance.get("skipped") or []
+    skipped = skipped if isinstance(skipped, list) else [skipped]
     if skipped:
         console.print(escape(f"{len(skipped)} input row(s) were skipped at the fit "
                              "(provenance.skipped):"), highlight=False)

@@ -28,7 +28,8 @@ from ..errors import ConfigError, DDLSimError
 __all__ = ["OPS", "SCOPES", "BACKENDS", "COLUMNS", "COMPUTE_COLUMNS", "CalibrationError",
            "CalibrationLookupError", "ResultParseError", "busbw_factor", "check_op", "summarize", "tidy_frame",
            "representative_time_s", "comm_row", "STATISTICS", "SkippedRow", "ReadResult",
-           "MAX_TIME_S", "MIN_TIME_S", "MAX_BYTES", "MAX_RECORDS", "DEFAULT_MAX_SKIPPED_SHARE"]
+           "MAX_TIME_S", "MIN_TIME_S", "MAX_BYTES", "MAX_RECORDS",
+           "MAX_RANKS", "DEFAULT_MAX_SKIPPED_SHARE"]
 
 #: Operations the benchmarks run and the profiles describe (``sendrecv`` is the ping-pong).
 OPS = ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all",
@@ -53,6 +54,8 @@ MIN_TIME_S = 1e-9
 #: Largest message size a row may report (1 PiB; nccl-tests sizes are bounded by device
 #: memory): larger is a corrupted number, and would overflow the int64 table.
 MAX_BYTES = 2 ** 50
+#: Most ranks a communicator may have (10⁷ devices: beyond any machine built).
+MAX_RANKS = 10 ** 7
 #: Most data rows one results file may have (nccl-tests and OSU sweeps have tens to
 #: thousands); reading stops and refuses the file beyond, which bounds the work to seconds.
 MAX_RECORDS = 50_000

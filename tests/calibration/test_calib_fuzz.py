@@ -38,7 +38,8 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database
 NASTY = ["8K", "-16", "nan", "NaN", "inf", "-inf", "1e400", "-0", "0", "0.00", "", "N/A",
          "1.2.3", "9" * 40, "1e-300", "ä", "{", "[", "]", "#", ",", '"', "true", "null",
          "-1e308", "2e60", "&a", "*a", "!!python/object:os.system", "<<: *a", ".inf", ".nan",
-         "- [", "9" * 5000, "\t", "x:", "1e15", "4294967296000000"]
+         "- [", "9" * 5000, "\t", "x:", "1e15", "4294967296000000", "99999999999999999999",
+         "1e19"]
 JSON_NASTY = [None, True, "8K", -16, 1e308, float("nan"), float("inf"), [], {}, "", 10 ** 30,
               2 ** 63, -1, 0, [[[[]]]], {"time": "x"}, {"time": -1}, 1.5]
 

@@ -16,7 +16,7 @@ import numbers
 from pathlib import Path
 
 from ...textio import MAX_DATA_BYTES, read_text
-from ..schema import (COLUMNS, COMPUTE_COLUMNS, SCOPES, CalibrationError, ReadResult,
+from ..schema import (COLUMNS, COMPUTE_COLUMNS, MAX_RANKS, SCOPES, CalibrationError, ReadResult,
                       SkippedRow)
 from .nccl_json import parse_nccl_tests_json, read_nccl_tests_json
 from .nccl_tests import parse_nccl_tests_text, read_nccl_tests_text
@@ -59,8 +59,10 @@ def detect_format(path: str | Path) -> str:
 def _count(value: object, name: str) -> int | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise CalibrationError(f"--{name} must be a positive integer, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or \
+            not 1 <= value <= MAX_RANKS:
+        raise CalibrationError(f"--{name} must be an integer from 1 to {MAX_RANKS:,}, got "
+                               f"{value!r}")
     return int(value)
 
 

@@ -21,6 +21,8 @@ __all__ = ["RowSkipped", "parse_int", "parse_size", "parse_float", "parse_time",
 
 T = TypeVar("T")
 _DIGITS = re.compile(r"[+]?\d+")
+#: Largest whole number a row may hold (exact as a float, and far inside int64).
+MAX_INT = 2 ** 53
 #: A result row starts with a number (or a sign or dot and a number: ``-16``, ``8K``,
 #: ``.5``); log lines such as ``host:pid:tid [0] NCCL INFO …`` have a colon in the first word.
 _ROW_START = re.compile(r"[+-]?\.?\d")
@@ -39,8 +41,8 @@ def parse_int(token: str, what: str, *, allow_float: bool = False) -> int:
     """A whole number >= 0 (``allow_float``: also ``8.0``, as pandas writes integers)."""
     tok = str(token).strip()
     if _DIGITS.fullmatch(tok):
-        if len(tok) > 24:
-            raise RowSkipped(f"{what} {tok[:12]}… has {len(tok)} digits; too large")
+        if len(tok) > 24 or int(tok) > MAX_INT:
+            raise RowSkipped(f"{what} {tok[:24]} is too large (more than 2**53)")
         return int(tok)
     try:
         value = float(tok)
@@ -52,6 +54,8 @@ def parse_int(token: str, what: str, *, allow_float: bool = False) -> int:
         raise RowSkipped(f"{what} {tok} is negative")
     if not allow_float or value != int(value):
         raise RowSkipped(f"{what} {tok!r} is not a whole number")
+    if value > MAX_INT:
+        raise RowSkipped(f"{what} {tok} is too large (more than 2**53)")
     return int(value)
 
 

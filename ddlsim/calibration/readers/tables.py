@@ -16,8 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ...textio import MAX_DATA_BYTES, read_text
-from ..schema import (COLUMNS, COMPUTE_COLUMNS, OPS, SCOPES, ReadResult, ResultParseError,
-                      tidy_frame)
+from ..schema import (COLUMNS, COMPUTE_COLUMNS, MAX_RANKS, OPS, SCOPES, ReadResult,
+                      ResultParseError, tidy_frame)
 from .checks import Rows, RowSkipped, parse_float, parse_int, parse_size, parse_time
 
 __all__ = ["read_ddlsim_csv", "read_compute_csv", "parse_ddlsim_csv", "parse_compute_csv"]
@@ -67,9 +67,9 @@ def _comm_row(cell: dict[str, str]) -> dict:
         raise RowSkipped("backend is empty")
     ints = {c: parse_int(cell[c], c, allow_float=True) for c in ("ranks", "nodes",
                                                                  "ranks_per_node")}
-    if not 1 <= ints["nodes"] <= ints["ranks"]:
+    if not 1 <= ints["nodes"] <= ints["ranks"] <= MAX_RANKS:
         raise RowSkipped(f"ranks {ints['ranks']} and nodes {ints['nodes']}: need "
-                         "1 <= nodes <= ranks")
+                         f"1 <= nodes <= ranks <= {MAX_RANKS:,}")
     bw = {c: _optional(cell[c], lambda t, c=c: parse_float(t, c))
           for c in ("algbw_Bps", "busbw_Bps")}
     n = 0 if not cell["n"].strip() else parse_int(cell["n"], "n", allow_float=True)
