@@ -182,12 +182,25 @@ def fit_profile(results: Sequence[ReadResult], *,
                 max_skipped_share: float = DEFAULT_MAX_SKIPPED_SHARE,
                 **options) -> CalibrationProfile:
     """Fit what the readers returned into a profile: check the share of skipped rows per file
-    (:func:`check_skipped_share`), fit (:func:`build_profile`, which takes ``options``), and
-    record every input and every skipped row in the provenance.
+    (:func:`check_skipped_share`), fit (:func:`build_profile`), and record every input and
+    every skipped row in the provenance.
+
+    Parameters
+    ----------
+    results : sequence of ReadResult
+        What :func:`~ddlsim.calibration.readers.read_results` returned, one per file;
+        communication and compute tables may be mixed.
+    max_skipped_share : float
+        Largest share of one file's data rows that may be unusable, in [0, 1].
+    **options
+        ``max_segments``, ``min_points``, ``bootstrap``, ``seed``, ``level``, ``peaks``,
+        ``name``, ``statistic`` of :func:`build_profile`.
 
     Returns
     -------
     CalibrationProfile
+        With ``provenance.inputs`` (path, sha256, format, records, skipped) and
+        ``provenance.skipped`` (file, line, reason, text of every row left out).
     """
     check_skipped_share(results, max_skipped_share)
     tables = {kind: [r.table for r in results if r.kind == kind and len(r.table)]
