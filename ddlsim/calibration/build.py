@@ -1,22 +1,27 @@
-"""From measurements to a profile: group the tidy table, fit each group, record provenance."""
+"""From measurements to a profile: check what the readers skipped, group the tidy table, fit
+each group, record provenance (the inputs and every row skipped)."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from pydantic import ValidationError
 
 from .efficiency import fit_compute_results
 from .fit import fit_alpha_beta
-from .outputs import machine_info, sha256_file, utc_now
+from ..textio import MAX_DATA_BYTES, InputFileError, read_bytes
+from .outputs import machine_info, utc_now
 from .profile import PROFILE_VERSION, CalibrationProfile, CommEntry, ComputeEntry
-from .schema import OPS, CalibrationError, representative_time_s
+from .schema import (DEFAULT_MAX_SKIPPED_SHARE, OPS, CalibrationError, ReadResult, SkippedRow,
+                     representative_time_s)
 
 __all__ = ["GROUP_KEYS", "fit_comm_entries", "fit_compute_entries", "build_profile",
-           "describe_inputs"]
+           "describe_inputs", "check_skipped_share", "fit_profile"]
 
 #: A profile entry per distinct communicator shape; in-place and out-of-place are pooled,
 #: streaming bandwidth (osu_bw) stays apart.
@@ -43,16 +48,23 @@ def _segment_dict(s) -> dict:
 def fit_comm_entries(df: pd.DataFrame, *, max_segments: int = 3, min_points: int = 3,
                      bootstrap: int = 200, seed: int = 0, level: float = 0.95,
                      statistic: str = "median") -> tuple[list[CommEntry], list[str]]:
-    """Fit every group of a tidy communication table; (entries, notes on skipped groups).
+    """Fit every group of a tidy communication table; returns (entries, notes).
 
     Groups are :data:`GROUP_KEYS` (``mode`` is ``streaming`` for osu_bw rows, else empty);
     each gets its own deterministic seed ``(seed, group index)``. ``statistic`` chooses which
     time of each row is fitted (:func:`~ddlsim.calibration.schema.representative_time_s`).
+    A group that cannot be fitted (too few points or sizes for ``min_points``) or whose fit
+    is non-physical (:func:`~ddlsim.calibration.fit.check_physical`) stops the fit with a
+    :class:`CalibrationError` naming every such group; no group is dropped.
     """
     df = df.assign(mode=np.where(df["variant"] == "streaming", "streaming", ""),
                    t=representative_time_s(df, statistic))
-    df = df[np.isfinite(df["t"]) & (df["t"] > 0)]
-    entries, notes = [], []
+    bad = ~(np.isfinite(df["t"]) & (df["t"] > 0))
+    if bad.any():
+        raise CalibrationError(f"{int(bad.sum())} of {len(df)} rows have no finite time > 0 "
+                               f"(first: {df['source'][bad].iloc[0]!r}, "
+                               f"{int(df['bytes'][bad].iloc[0])} B); the readers skip such rows")
+    entries, notes, failed = [], [], []
     for i, (key, g) in enumerate(df.groupby(list(GROUP_KEYS), sort=True)):
         label = {k: v.item() if hasattr(v, "item") else v for k, v in zip(GROUP_KEYS, key)}
         g = g.sort_values("bytes", kind="stable")
@@ -61,10 +73,21 @@ def fit_comm_entries(df: pd.DataFrame, *, max_segments: int = 3, min_points: int
                                  min_points=min_points, bootstrap=bootstrap,
                                  seed=int(np.random.SeedSequence([seed, i]).generate_state(1)[0]),
                                  level=level)
-        except CalibrationError as exc:
-            notes.append(f"skipped {label}: {exc}")
+        except (CalibrationError, ValueError, ArithmeticError, np.linalg.LinAlgError) as exc:
+            failed.append(f"{_group_name(label)}: {exc}")
             continue
-        entries.append(CommEntry(
+        entries.append(_comm_entry(label, g, fit))
+    if failed:
+        raise CalibrationError(f"cannot fit {len(failed)} communicator group(s), so no profile "
+                               f"is written: {'; '.join(failed)}. Measure more sizes for them, "
+                               "or leave their rows out")
+    entries.sort(key=lambda e: (e.backend, OPS.index(e.op), e.scope, e.ranks, e.variant))
+    return entries, notes
+
+
+def _comm_entry(label: dict, g: pd.DataFrame, fit) -> CommEntry:
+    try:
+        return CommEntry(
             backend=label["backend"], op=label["op"], scope=label["scope"],
             ranks=int(label["ranks"]), nodes=int(label["nodes"]),
             ranks_per_node=int(label["ranks_per_node"]), variant=label["mode"],
@@ -72,34 +95,136 @@ def fit_comm_entries(df: pd.DataFrame, *, max_segments: int = 3, min_points: int
             rel_rmse=fit.rel_rmse, bic=fit.bic,
             segments=[_segment_dict(s) for s in fit.segments],
             points={"bytes": [float(b) for b in g["bytes"]],
-                    "time_s": [float(t) for t in g["t"]]}))
-    entries.sort(key=lambda e: (e.backend, OPS.index(e.op), e.scope, e.ranks, e.variant))
-    return entries, notes
+                    "time_s": [float(t) for t in g["t"]]})
+    except ValidationError as exc:
+        raise CalibrationError(f"{_group_name(label)}: cannot make a profile entry: "
+                               f"{exc.errors()[0]['msg']}") from None
+
+
+def _group_name(label: dict) -> str:
+    mode = ", streaming" if label["mode"] else ""
+    return (f"{label['backend']} {label['op']} {label['scope']} ({label['ranks']} ranks, "
+            f"{label['nodes']} nodes{mode})")
 
 
 def fit_compute_entries(df: pd.DataFrame, peaks: dict[str, float] | None = None
                         ) -> list[ComputeEntry]:
-    """One compute entry per (backend, device, kind, dtype) of a compute table."""
-    return [ComputeEntry(backend=f.backend, device=f.device, kind=f.kind, dtype=f.dtype,
-                         rate_max_flops_per_s=f.rate_max_flops_per_s,
-                         x_half_flops=f.x_half_flops, peak_flops_per_s=f.peak_flops_per_s,
-                         rel_rmse=f.rel_rmse, n_points=f.n_points,
-                         points={"flops": list(f.flops), "flops_per_s": list(f.flops_per_s)})
-            for f in fit_compute_results(df, peaks)]
+    """One compute entry per (backend, device, kind, dtype) of a compute table; a group
+    that cannot be fitted, or fits to a non-physical curve, stops the fit naming it."""
+    fits, failed = [], []
+    for key, g in df.groupby(["backend", "device", "kind", "dtype"], sort=True):
+        try:
+            (f,) = fit_compute_results(g, peaks)
+        except (CalibrationError, ValueError, ArithmeticError) as exc:
+            failed.append(f"{'/'.join(map(str, key))}: {exc}")
+            continue
+        if not (np.isfinite(f.rate_max_flops_per_s) and f.rate_max_flops_per_s > 0
+                and np.isfinite(f.x_half_flops) and f.x_half_flops >= 0):
+            failed.append(f"{'/'.join(map(str, key))}: non-physical fit, R_max = "
+                          f"{f.rate_max_flops_per_s!r} FLOP/s, x_half = {f.x_half_flops!r}")
+            continue
+        fits.append(f)
+    if failed:
+        raise CalibrationError(f"cannot fit {len(failed)} compute group(s): "
+                               f"{'; '.join(failed)}")
+    try:
+        return [ComputeEntry(backend=f.backend, device=f.device, kind=f.kind, dtype=f.dtype,
+                             rate_max_flops_per_s=f.rate_max_flops_per_s,
+                             x_half_flops=f.x_half_flops, peak_flops_per_s=f.peak_flops_per_s,
+                             rel_rmse=f.rel_rmse, n_points=f.n_points,
+                             points={"flops": list(f.flops),
+                                     "flops_per_s": list(f.flops_per_s)})
+                for f in fits]
+    except ValidationError as exc:
+        raise CalibrationError(f"cannot make a compute profile entry: "
+                               f"{exc.errors()[0]['msg']}") from None
 
 
 def describe_inputs(paths: Sequence[str | Path], formats: Sequence[str]) -> list[dict]:
-    """Provenance of the input files: path, sha256, format."""
-    return [{"path": str(p), "sha256": sha256_file(p), "format": f}
+    """Provenance of the input files: path, sha256 (None when the file cannot be read now,
+    e.g. a table parsed from text), format."""
+    return [{"path": str(p), "sha256": _sha256(p), "format": f}
             for p, f in zip(paths, formats)]
+
+
+def _sha256(path: str | Path) -> str | None:
+    try:
+        return hashlib.sha256(read_bytes(path, what="results file",
+                                         max_bytes=MAX_DATA_BYTES)).hexdigest()
+    except InputFileError:
+        return None
+
+
+def check_skipped_share(results: Sequence[ReadResult],
+                        max_share: float = DEFAULT_MAX_SKIPPED_SHARE) -> None:
+    """Refuse (:class:`CalibrationError`) any file of which more than ``max_share`` of the
+    data rows could not be used (:attr:`ReadResult.unusable_share`).
+
+    The default, :data:`~ddlsim.calibration.schema.DEFAULT_MAX_SKIPPED_SHARE` (10 %), lets
+    through the few damaged lines captured output often has, and stops a file that is mostly
+    unusable, whose remaining rows should not be trusted either.
+    """
+    if isinstance(max_share, bool) or not (isinstance(max_share, (int, float))
+                                           and 0 <= max_share <= 1):
+        raise CalibrationError(f"the largest share of skipped rows must be a number in [0, 1], "
+                               f"got {max_share!r}")
+    bad = [f"{r.path}: {r.unusable} of {r.records} rows ({r.unusable_share:.0%})"
+           for r in results if r.unusable_share > max_share]
+    if bad:
+        raise CalibrationError(f"too many unusable rows, so no profile is written: "
+                               f"{'; '.join(bad)} could not be used, more than the "
+                               f"{max_share:.0%} allowed (--max-skipped-share). Each one is "
+                               "reported with its line and reason; fix or remove them, or "
+                               "raise the limit to fit the rest")
+
+
+def fit_profile(results: Sequence[ReadResult], *,
+                max_skipped_share: float = DEFAULT_MAX_SKIPPED_SHARE,
+                **options) -> CalibrationProfile:
+    """Fit what the readers returned into a profile: check the share of skipped rows per file
+    (:func:`check_skipped_share`), fit (:func:`build_profile`), and record every input and
+    every skipped row in the provenance.
+
+    Parameters
+    ----------
+    results : sequence of ReadResult
+        What :func:`~ddlsim.calibration.readers.read_results` returned, one per file;
+        communication and compute tables may be mixed.
+    max_skipped_share : float
+        Largest share of one file's data rows that may be unusable, in [0, 1].
+    **options
+        ``max_segments``, ``min_points``, ``bootstrap``, ``seed``, ``level``, ``peaks``,
+        ``name``, ``statistic`` of :func:`build_profile`.
+
+    Returns
+    -------
+    CalibrationProfile
+        With ``provenance.inputs`` (path, sha256, format, records, skipped) and
+        ``provenance.skipped`` (file, line, reason, text of every row left out).
+    """
+    check_skipped_share(results, max_skipped_share)
+    tables = {kind: [r.table for r in results if r.kind == kind and len(r.table)]
+              for kind in ("comm", "compute")}
+    joined = {k: pd.concat(v, ignore_index=True) if v else None for k, v in tables.items()}
+    inputs = [{**d, "records": r.records, "skipped": len(r.skipped)} for r, d in
+              zip(results, describe_inputs([r.path for r in results],
+                                           [r.format for r in results]))]
+    return build_profile(joined["comm"], joined["compute"], inputs=inputs,
+                         skipped=[s for r in results for s in r.skipped],
+                         max_skipped_share=max_skipped_share, **options)
 
 
 def build_profile(comm: pd.DataFrame | None = None, compute: pd.DataFrame | None = None, *,
                   inputs: Sequence[dict] = (), max_segments: int = 3, min_points: int = 3,
                   bootstrap: int = 200, seed: int = 0, level: float = 0.95,
                   peaks: dict[str, float] | None = None, name: str | None = None,
-                  statistic: str = "median") -> CalibrationProfile:
-    """Fit communication and compute tables into a versioned :class:`CalibrationProfile`."""
+                  statistic: str = "median", skipped: Sequence[SkippedRow] = (),
+                  max_skipped_share: float | None = None) -> CalibrationProfile:
+    """Fit communication and compute tables into a versioned :class:`CalibrationProfile`.
+
+    ``skipped`` (the rows the readers left out) and ``max_skipped_share`` (the limit they
+    were checked against) are recorded in the provenance.
+    """
     entries, notes = ([], []) if comm is None or comm.empty else fit_comm_entries(
         comm, max_segments=max_segments, min_points=min_points, bootstrap=bootstrap,
         seed=seed, level=level, statistic=statistic)
@@ -115,7 +240,10 @@ def build_profile(comm: pd.DataFrame | None = None, compute: pd.DataFrame | None
                 "max_segments": max_segments, "min_points": min_points,
                 "criterion": "BIC, 2 parameters per segment and per breakpoint",
                 "bootstrap": bootstrap, "seed": seed, "level": level,
-                "statistic": statistic},
+                "statistic": statistic,
+                **({} if max_skipped_share is None else
+                   {"max_skipped_share": max_skipped_share})},
+        "skipped": [s.to_dict() for s in skipped],
         "notes": notes}
     return CalibrationProfile.from_dict(
         {"version": PROFILE_VERSION, "name": name, "provenance": provenance,

@@ -18,7 +18,7 @@ from rich.markup import escape
 
 from ..errors import DDLSimError
 from ..units import UnitError, parse_bytes, parse_flops
-from .schema import OPS, CalibrationError
+from .schema import DEFAULT_MAX_SKIPPED_SHARE, OPS, CalibrationError
 
 __all__ = ["app"]
 
@@ -244,7 +244,10 @@ def _peaks(peak: list[str], system: str | None) -> dict[str, float]:
 
 
 @app.command(help="Fit results (ddlsim CSVs, nccl-tests text/JSON, OSU output) into a "
-                  "calibration profile YAML.\n\nExample: ddlsim calibrate fit mpi.csv "
+                  "calibration profile YAML. Each row that cannot be used is printed as "
+                  "'FILE:LINE: skipped: REASON' and kept in the profile's provenance; a file "
+                  "with more than --max-skipped-share of such rows (default 10%) stops the "
+                  "fit.\n\nExample: ddlsim calibrate fit mpi.csv "
                   "all_reduce_perf.txt compute.csv -o profile.yaml --system dgx-a100")
 @_friendly
 def fit(results: list[Path] = typer.Argument(..., help="results files"),
@@ -265,34 +268,35 @@ def fit(results: list[Path] = typer.Argument(..., help="results files"),
         peak: list[str] = typer.Option([], help="dtype=peak, e.g. 'fp32=7.17 TFLOP/s'"),
         system: str | None = typer.Option(None, help="system preset supplying peak FLOP/s"),
         name: str | None = typer.Option(None, help="profile name"),
+        max_skipped_share: float = typer.Option(
+            DEFAULT_MAX_SKIPPED_SHARE, help="largest share of a file's rows that may be "
+            "unusable (each is listed with FILE:LINE and the reason) before the fit refuses"),
         force: bool = typer.Option(False, help="overwrite an existing profile")) -> None:
-    import pandas as pd
-
-    from .build import build_profile, describe_inputs
+    from .build import fit_profile
     from .outputs import guard_output
-    from .readers import detect_format, read_results
-    from .schema import COLUMNS
+    from .readers import read_results
 
     guard_output(output, force)
     if scope is not None:
         _choice(scope, ("intra", "inter"), "--scope")
-    comm_frames, compute_frames, formats = [], [], []
+    read = []
     for path in results:
-        fmt = detect_format(path) if format == "auto" else format
-        df = read_results(path, fmt, op=op, backend=backend, ranks=ranks, nodes=nodes,
-                          scope=scope)
-        (comm_frames if list(df.columns) == list(COLUMNS) else compute_frames).append(df)
-        formats.append(fmt)
-    cat = (lambda fs: pd.concat(fs, ignore_index=True) if fs else None)
-    profile = build_profile(cat(comm_frames), cat(compute_frames),
-                            inputs=describe_inputs(results, formats), max_segments=max_segments,
-                            min_points=min_points, bootstrap=bootstrap, seed=seed,
-                            peaks=_peaks(peak, system), name=name, statistic=statistic)
+        got = read_results(path, format, op=op, backend=backend, ranks=ranks, nodes=nodes,
+                           scope=scope)
+        for row in got.skipped:
+            _err.print(escape(str(row)), highlight=False, soft_wrap=True)
+        read.append(got)
+    profile = fit_profile(read, max_skipped_share=max_skipped_share,
+                          max_segments=max_segments, min_points=min_points,
+                          bootstrap=bootstrap, seed=seed, peaks=_peaks(peak, system),
+                          name=name, statistic=statistic)
     profile.save(output, force)
-    notes = profile.doc.provenance.get("notes", [])
-    skipped = f"; {len(notes)} group(s) skipped (see provenance.notes)" if notes else ""
+    skipped = sum(len(r.skipped) for r in read)
+    note = (f"; {skipped} row(s) skipped, listed above and in provenance.skipped"
+            if skipped else "")
     _err.print(escape(f"wrote {output}: {len(profile.doc.comm)} communication and "
-                      f"{len(profile.doc.compute)} compute fits{skipped}"))
+                      f"{len(profile.doc.compute)} compute fits from "
+                      f"{sum(len(r.table) for r in read)} rows{note}"), soft_wrap=True)
 
 
 # ----------------------------------------------------------------------------------- show
@@ -312,5 +316,18 @@ def show(profile: Path = typer.Argument(..., help="profile YAML"),
         console.print(comm_table(prof))
     if prof.doc.compute:
         console.print(compute_table(prof))
+    skipped = prof.doc.provenance.get("skipped") or []
+    skipped = skipped if isinstance(skipped, list) else [skipped]
+    if skipped:
+        console.print(escape(f"{len(skipped)} input row(s) were skipped at the fit "
+                             "(provenance.skipped):"), highlight=False)
+    for row in skipped:
+        console.print(escape(_skipped_line(row)), highlight=False, soft_wrap=True)
     if plot is not None:
         _err.print(escape(f"wrote {plot_profile(prof, plot, force)}"))
+
+
+def _skipped_line(row: object) -> str:
+    if not isinstance(row, dict):
+        return f"  {row}"
+    return f"  {row.get('file')}:{row.get('line')}: {row.get('reason')}"

@@ -29,6 +29,7 @@ contiguous segments.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,11 +37,20 @@ from scipy.optimize import least_squares
 
 from .schema import CalibrationError
 
-__all__ = ["SegmentFit", "AlphaBetaFit", "fit_alpha_beta", "fit_segment", "best_partition"]
+__all__ = ["SegmentFit", "AlphaBetaFit", "fit_alpha_beta", "fit_segment", "best_partition",
+           "check_physical", "MAX_BANDWIDTH_BPS"]
 
 _MAD_TO_SIGMA = 1.4826  # σ = 1.4826·MAD for a normal distribution
 _MIN_SCALE = 1e-3
 _RSS_FLOOR = 1e-10  # relative variance floor, keeps ln(RSS/n) finite on exact data
+#: Most distinct sizes (the breakpoint search is quadratic in them) and points (the bootstrap
+#: holds resamples × points) one curve may have; a geometric sweep (nccl-tests -f 2) has ~30
+#: sizes.
+MAX_FIT_SIZES, MAX_FIT_POINTS = 500, 20_000
+#: Highest bandwidth 1/β a fit may extrapolate to large messages: 1 PB/s, over 500× the
+#: 1.8 TB/s of a GPU's NVLink 5 (NVIDIA Blackwell datasheet); a fit above it has not seen
+#: the size term at all.
+MAX_BANDWIDTH_BPS = 1e15
 
 
 @dataclass(frozen=True)
@@ -137,16 +147,13 @@ def best_partition(nbytes: np.ndarray, times: np.ndarray, max_segments: int,
     m, n = len(edges) - 1, len(nbytes)
     cums = [np.r_[0.0, np.cumsum(x)] for x in (np.ones(n), u * u, u * v, v * v, u, v)]
 
-    def cost(i: int, j: int) -> float:  # blocks i..j-1
-        lo, hi = edges[i], edges[j]
-        if hi - lo < min_points or j - i < 2:
-            return np.inf
-        return float(max(_rss(*(c[hi] - c[lo] for c in cums)), 0.0))
-
-    c = np.full((m + 1, m + 1), np.inf)
-    for i in range(m):
-        for j in range(i + 2, m + 1):
-            c[i, j] = cost(i, j)
+    # c[i, j]: relative RSS of one segment over blocks i..j-1 (all pairs at once)
+    lo, hi = np.meshgrid(edges, edges, indexing="ij")
+    blocks = np.arange(m + 1)
+    valid = (hi - lo >= min_points) & (blocks[None, :] - blocks[:, None] >= 2)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        c = np.maximum(_rss(*(cs[hi] - cs[lo] for cs in cums)), 0.0)
+    c = np.where(valid, c, np.inf)
     best, choice = c[0].copy(), {1: [[0] for _ in range(m + 1)]}
     results = [(best[m], [0])]
     for k in range(2, max_segments + 1):
@@ -258,9 +265,32 @@ def fit_alpha_beta(nbytes, times_s, *, max_segments: int = 3, min_points: int = 
     bounds = starts + [len(x)]
     segs = tuple(fit_segment(x[lo:hi], t[lo:hi], bootstrap=bootstrap, rng=rng, level=level)
                  for lo, hi in zip(bounds[:-1], bounds[1:]))
+    check_physical(segs)
     fit = AlphaBetaFit(segs, bic, 0.0, len(x))
     rel = fit.predict_s(x) / t - 1.0
     return AlphaBetaFit(segs, bic, float(np.sqrt(np.mean(rel ** 2))), len(x))
+
+
+def check_physical(segments: tuple[SegmentFit, ...]) -> None:
+    """Raise :class:`CalibrationError` unless every segment has a finite latency α >= 0 and
+    a finite β >= 0, and the last segment, which extrapolates to every larger size, a
+    bandwidth 1/β of at most :data:`MAX_BANDWIDTH_BPS`: times that hardly grow with size up
+    to the largest one measured say nothing about the bandwidth."""
+    for i, s in enumerate(segments):
+        where = f"segment {i + 1} ({s.min_bytes:.0f}–{s.max_bytes:.0f} B)"
+        if not (math.isfinite(s.alpha_s) and s.alpha_s >= 0):
+            raise CalibrationError(f"non-physical fit: {where} has latency α = {s.alpha_s!r} "
+                                   "s; it must be finite and >= 0")
+        if not (math.isfinite(s.beta_s_per_B) and s.beta_s_per_B >= 0):
+            raise CalibrationError(f"non-physical fit: {where} has β = {s.beta_s_per_B!r} s/B "
+                                   "(bandwidth 1/β); it must be finite and >= 0")
+    last = segments[-1]
+    if not last.beta_s_per_B * MAX_BANDWIDTH_BPS >= 1:
+        bw = f"{1 / last.beta_s_per_B:.3g} B/s" if last.beta_s_per_B > 0 else "infinite"
+        raise CalibrationError(f"non-physical fit: the times hardly grow with the message size "
+                               f"from {last.min_bytes:.0f} B to {last.max_bytes:.0f} B, the "
+                               f"largest measured, so the bandwidth 1/β is {bw} (more than "
+                               f"{MAX_BANDWIDTH_BPS:.0e} B/s); measure larger messages")
 
 
 def _validate(x: np.ndarray, t: np.ndarray, max_segments: int, min_points: int,
@@ -280,3 +310,9 @@ def _validate(x: np.ndarray, t: np.ndarray, max_segments: int, min_points: int,
         raise CalibrationError(f"bootstrap must be an integer >= 0, got {bootstrap!r}")
     if not 0 < level < 1:
         raise CalibrationError(f"level must be in (0, 1), got {level!r}")
+    sizes = np.unique(x).size
+    if sizes > MAX_FIT_SIZES or x.size > MAX_FIT_POINTS:
+        raise CalibrationError(f"{x.size} points at {sizes} distinct sizes: more than the "
+                               f"{MAX_FIT_POINTS:,} points or {MAX_FIT_SIZES} sizes one curve may "
+                               "have (the breakpoint search grows with sizes squared); measure "
+                               "a geometric sweep of sizes (nccl-tests -f 2)")

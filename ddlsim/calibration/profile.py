@@ -29,7 +29,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..errors import ConfigError
+from ..textio import MAX_DATA_BYTES, read_text
 from .outputs import write_yaml
+from .profile_yaml import parse_profile_yaml
 from .schema import OPS, CalibrationError, CalibrationLookupError, busbw_factor
 
 __all__ = ["Segment", "CommEntry", "ComputeEntry", "ProfileDoc", "CalibrationProfile",
@@ -42,7 +44,7 @@ _Z = {0.5: 0.6744897501960817, 0.68: 0.994457883209753, 0.8: 1.2815515655446004,
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Segment(_Model):
@@ -181,15 +183,16 @@ class CalibrationProfile:
 
     @classmethod
     def load(cls, path: str | Path) -> "CalibrationProfile":
-        """Read and validate a profile YAML file."""
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"calibration profile {p} does not exist")
-        try:
-            data = yaml.safe_load(p.read_text(encoding="utf-8"))
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{p}: not valid YAML: {exc}") from None
-        return cls.from_dict(data, where=str(p))
+        """Read and validate a profile YAML file.
+
+        The file is read through :func:`ddlsim.textio.read_text` (a regular UTF-8 file of at
+        most :data:`~ddlsim.textio.MAX_DATA_BYTES`); YAML anchors and aliases, which ddlsim
+        never writes, and nesting deeper than :data:`~ddlsim.calibration.profile_yaml.MAX_YAML_DEPTH` are refused before the
+        document is built, so no file can make loading slow or deep
+        (:func:`~ddlsim.calibration.profile_yaml.parse_profile_yaml`).
+        """
+        text = read_text(path, what="calibration profile", max_bytes=MAX_DATA_BYTES)
+        return cls.from_dict(parse_profile_yaml(text, str(path)), where=str(path))
 
     def to_dict(self) -> dict:
         """The YAML-ready mapping (unset optional fields omitted, floats to 7 digits)."""

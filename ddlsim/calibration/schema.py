@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -27,7 +27,9 @@ from ..errors import ConfigError, DDLSimError
 
 __all__ = ["OPS", "SCOPES", "BACKENDS", "COLUMNS", "COMPUTE_COLUMNS", "CalibrationError",
            "CalibrationLookupError", "ResultParseError", "busbw_factor", "check_op", "summarize", "tidy_frame",
-           "representative_time_s", "comm_row", "STATISTICS"]
+           "representative_time_s", "comm_row", "STATISTICS", "SkippedRow", "ReadResult",
+           "MAX_TIME_S", "MIN_TIME_S", "MAX_BYTES", "MAX_RECORDS",
+           "MAX_RANKS", "DEFAULT_MAX_SKIPPED_SHARE"]
 
 #: Operations the benchmarks run and the profiles describe (``sendrecv`` is the ping-pong).
 OPS = ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all",
@@ -43,6 +45,25 @@ COLUMNS = ("backend", "library", "library_version", "op", "variant", "ranks", "n
 _INT_COLUMNS = ("ranks", "nodes", "ranks_per_node", "bytes", "n")
 _FLOAT_COLUMNS = ("time_mean_s", "time_median_s", "time_min_s", "time_max_s", "time_std_s",
                   "algbw_Bps", "busbw_Bps")
+
+#: Longest time one benchmarked call may take: a row reporting more is not a benchmark time
+#: (a unit mix-up or a corrupted number) and is skipped.
+MAX_TIME_S = 3600.0
+#: Shortest time one benchmarked call may take (a nanosecond; a call and its timer take more).
+MIN_TIME_S = 1e-9
+#: Largest message size a row may report (1 PiB; nccl-tests sizes are bounded by device
+#: memory): larger is a corrupted number, and would overflow the int64 table.
+MAX_BYTES = 2 ** 50
+#: Most ranks a communicator may have (10⁷ devices: beyond any machine built).
+MAX_RANKS = 10 ** 7
+#: Most data rows one results file may have (nccl-tests and OSU sweeps have tens to
+#: thousands); reading stops and refuses the file beyond, which bounds the work to seconds.
+MAX_RECORDS = 50_000
+#: Default largest share of unusable rows in one results file before a fit refuses it. A few
+#: damaged lines (log output interleaved with a row, a truncated last line) are normal in
+#: captured output; more than one in ten suggests the wrong file, the wrong format or a broken
+#: run, whose remaining rows should not be trusted either.
+DEFAULT_MAX_SKIPPED_SHARE = 0.10
 
 #: Columns of the compute (GEMM / attention) table, in order.
 COMPUTE_COLUMNS = ("backend", "library_version", "device", "kind", "dtype", "m", "n", "k",
@@ -72,6 +93,66 @@ class ResultParseError(CalibrationError):
         where = f"{path}:{line}" if line is not None else f"{path}"
         super().__init__(f"{where}: {message}")
         self.path, self.line = str(path), line
+
+
+@dataclass(frozen=True)
+class SkippedRow:
+    """A row of a results file that a reader did not use, and why.
+
+    ``file`` and ``line`` (1-based) locate it, ``reason`` says what is wrong with it and
+    ``text`` is the row as written (trimmed).
+    """
+
+    file: str
+    line: int
+    reason: str
+    text: str = ""
+
+    def __str__(self) -> str:
+        text = self.text if len(self.text) <= 80 else self.text[:77] + "..."
+        return f"{self.file}:{self.line}: skipped: {self.reason}" + (f": {text}" if text else "")
+
+    def to_dict(self) -> dict:
+        """The row as a plain mapping (for the profile's provenance)."""
+        return {"file": self.file, "line": self.line, "reason": self.reason, "text": self.text}
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    """What a reader returns: the tidy table, the rows it skipped, and how many it saw.
+
+    Attributes
+    ----------
+    table : pandas.DataFrame
+        Rows of :data:`COLUMNS` (communication) or :data:`COMPUTE_COLUMNS` (compute).
+    skipped : tuple of SkippedRow
+        Every data row (or part of one, e.g. one nccl-tests variant) left out, in file order.
+    records : int
+        Data rows seen (kept or skipped): the denominator of :attr:`unusable_share`.
+    path, format : str
+        The file read and its format (:data:`~ddlsim.calibration.readers.FORMATS`).
+    """
+
+    table: pd.DataFrame
+    skipped: tuple[SkippedRow, ...] = ()
+    records: int = 0
+    path: str = ""
+    format: str = ""
+
+    @property
+    def kind(self) -> str:
+        """``comm`` or ``compute``, from the table's columns."""
+        return "comm" if tuple(self.table.columns) == COLUMNS else "compute"
+
+    @property
+    def unusable(self) -> int:
+        """Data rows of which something was skipped."""
+        return len({s.line for s in self.skipped})
+
+    @property
+    def unusable_share(self) -> float:
+        """:attr:`unusable` / :attr:`records` (0 for no records)."""
+        return self.unusable / self.records if self.records else 0.0
 
 
 def check_op(op: str) -> str:
@@ -153,10 +234,13 @@ STATISTICS = ("median", "mean", "min")
 
 def representative_time_s(df: pd.DataFrame, statistic: str = "median") -> np.ndarray:
     """The time a fit uses per row: ``statistic`` of the repetitions when the row has it, else
-    the mean (all nccl-tests and OSU latency rows have). ``min`` resists interference on
-    shared machines (noise only adds time); ``median`` is the default."""
+    the median, else the mean (all nccl-tests and OSU latency rows have a mean). ``min``
+    resists interference on shared machines (noise only adds time); ``median`` is the
+    default."""
     if statistic not in STATISTICS:
         raise CalibrationError(f"statistic must be one of {', '.join(STATISTICS)}, got "
                                f"{statistic!r}")
     chosen = df[f"time_{statistic}_s"].to_numpy(dtype=float)
-    return np.where(np.isfinite(chosen), chosen, df["time_mean_s"].to_numpy(dtype=float))
+    for fallback in ("time_median_s", "time_mean_s"):
+        chosen = np.where(np.isfinite(chosen), chosen, df[fallback].to_numpy(dtype=float))
+    return chosen

@@ -66,7 +66,7 @@ def _measure(tmp_path: Path) -> tuple[Path, float]:
                                            "(pip install 'ddlsim[mpi]')")
 def test_two_rank_calibration_predicts_a_left_out_size(tmp_path):
     csv, seconds = _measure(tmp_path)
-    df = read_results(csv)
+    df = read_results(csv).table
     assert set(df["op"]) == set(OPS) and len(df) == 2 * 16  # 8 B … 256 KiB
     assert (df["ranks"] == 2).all() and (df["scope"] == "intra").all()
     meta = yaml.safe_load(csv.with_name("mpi.meta.yaml").read_text())
@@ -129,6 +129,6 @@ def test_gloo_backend_under_torchrun(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    df = read_results(csv)
+    df = read_results(csv).table
     assert set(df["backend"]) == {"gloo"} and set(df["op"]) == {"all_reduce", "sendrecv"}
     assert (df["time_median_s"] > 0).all()

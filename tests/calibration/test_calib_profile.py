@@ -132,7 +132,7 @@ def test_invalid_profiles_are_rejected(profile, tmp_path, patch, msg):
 def test_fit_of_nccl_tests_sample_recovers_the_generating_model():
     """data/nccl_all_reduce_perf.txt was generated with busbw 225 GB/s and α 30 µs above
     4 MiB (make_samples.py); the fit of the file must find them."""
-    profile = build_profile(read_results(DATA / "nccl_all_reduce_perf.txt"), bootstrap=0)
+    profile = build_profile(read_results(DATA / "nccl_all_reduce_perf.txt").table, bootstrap=0)
     last = profile.doc.comm[0].segments[-1]
     assert last.min_bytes == 4 << 20
     assert busbw_factor("all_reduce", 8) / last.beta_s_per_B == pytest.approx(225e9, rel=0.05)

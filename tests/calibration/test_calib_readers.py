@@ -1,7 +1,7 @@
 """Readers of nccl-tests (text, JSON), OSU and ddlsim CSVs, on the sample files of data/.
 
 The samples are synthetic values in the real layouts (see data/make_samples.py); the values
-checked here are read off the files by hand.
+checked here are read off the files by hand. Damaged rows: tests/calibration/test_calib_skips.py.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 from ddlsim.calibration.outputs import write_csv
 from ddlsim.calibration.readers import detect_format, read_results
-from ddlsim.calibration.schema import COLUMNS, CalibrationError, ResultParseError
+from ddlsim.calibration.schema import COLUMNS, CalibrationError, ResultParseError, SkippedRow
 
 DATA = Path(__file__).parent / "data"
 
@@ -35,7 +35,7 @@ def test_detect_format(name, fmt):
 
 
 def test_nccl_tests_text_reads_both_variants_and_the_run_facts():
-    df = read_results(DATA / "nccl_all_reduce_perf.txt")
+    df = read_results(DATA / "nccl_all_reduce_perf.txt").table
     assert tuple(df.columns) == COLUMNS
     assert len(df) == 2 * 25  # 8 B … 128 MiB, out-of-place and in-place
     r = row(df, 8, "out_of_place")
@@ -48,7 +48,7 @@ def test_nccl_tests_text_reads_both_variants_and_the_run_facts():
 
 
 def test_old_nccl_tests_layout_takes_the_op_from_the_file_name():
-    df = read_results(DATA / "nccl_all_gather.txt")  # no root column, no program line
+    df = read_results(DATA / "nccl_all_gather.txt").table  # no root column, no program line
     assert set(df["op"]) == {"all_gather"}
     assert (df["ranks"].iloc[0], df["nodes"].iloc[0], df["scope"].iloc[0]) == (16, 2, "inter")
     assert row(df, 1024, "out_of_place")["time_mean_s"] == pytest.approx(20.22e-6)
@@ -60,11 +60,11 @@ def test_old_nccl_tests_layout_without_op_asks_for_it(tmp_path):
     anon.write_text((DATA / "nccl_all_gather.txt").read_text())
     with pytest.raises(CalibrationError, match="--op"):
         read_results(anon)
-    assert set(read_results(anon, op="all_gather")["op"]) == {"all_gather"}
+    assert set(read_results(anon, op="all_gather").table["op"]) == {"all_gather"}
 
 
 def test_nccl_tests_json():
-    df = read_results(DATA / "nccl_reduce_scatter.json")
+    df = read_results(DATA / "nccl_reduce_scatter.json").table
     assert set(df["op"]) == {"reduce_scatter"} and len(df) == 2 * 9
     assert (df["ranks"].iloc[0], df["nodes"].iloc[0], df["ranks_per_node"].iloc[0]) == (16, 2, 8)
     doc = json.loads((DATA / "nccl_reduce_scatter.json").read_text())
@@ -77,7 +77,7 @@ def test_nccl_tests_json():
 
 
 def test_osu_collective_with_full_statistics():
-    df = read_results(DATA / "osu_allreduce.txt", ranks=4, nodes=1)
+    df = read_results(DATA / "osu_allreduce.txt", ranks=4, nodes=1).table
     r = row(df, 4)
     assert (r["time_mean_s"], r["time_min_s"], r["time_max_s"], r["n"]) == \
         pytest.approx((1.98e-6, 1.58e-6, 2.57e-6, 1000))
@@ -85,15 +85,15 @@ def test_osu_collective_with_full_statistics():
 
 
 def test_osu_allgather_sizes_become_total_bytes():
-    df = read_results(DATA / "osu_allgather.txt", ranks=4, nodes=1)
+    df = read_results(DATA / "osu_allgather.txt", ranks=4, nodes=1).table
     assert list(df["bytes"][:3]) == [4, 16, 64]  # OSU size is per rank: × 4 ranks
 
 
 def test_osu_pt2pt_latency_and_streaming_bandwidth():
-    lat = read_results(DATA / "osu_latency.txt", scope="inter")
+    lat = read_results(DATA / "osu_latency.txt", scope="inter").table
     assert set(lat["op"]) == {"sendrecv"} and lat["ranks"].iloc[0] == 2
     assert (lat["nodes"].iloc[0], lat["variant"].iloc[0]) == (2, "")
-    bw = read_results(DATA / "osu_bw.txt", nodes=1)
+    bw = read_results(DATA / "osu_bw.txt", nodes=1).table
     r = row(bw, 4194304, "streaming")
     mbps = float((DATA / "osu_bw.txt").read_text().splitlines()[-1].split()[1])
     assert r["time_mean_s"] == pytest.approx(4194304 / (mbps * 1e6))  # MB/s = 10^6 B/s
@@ -120,28 +120,38 @@ def _replace_token(line: str, index: int, new: str) -> str:
     return "  ".join(tokens)
 
 
-@pytest.mark.parametrize("name, kwargs, predicate, token", [
-    ("nccl_all_reduce_perf.txt", {}, lambda ln: ln.strip().startswith("4096 "), 5),  # time
-    ("nccl_all_reduce_perf.txt", {}, lambda ln: ln.strip().startswith("64 "), 1),  # count
-    ("nccl_all_gather.txt", {}, lambda ln: ln.strip().startswith("16384 "), 8),  # in-place
-    ("osu_allreduce.txt", {"ranks": 4, "nodes": 1}, lambda ln: ln.startswith("512 "), 1),
-    ("osu_latency.txt", {"nodes": 1}, lambda ln: ln.startswith("64 "), 1),
+@pytest.mark.parametrize("name, kwargs, predicate, token, rows_lost", [
+    ("nccl_all_reduce_perf.txt", {}, lambda ln: ln.strip().startswith("4096 "), 5, 1),  # time
+    ("nccl_all_reduce_perf.txt", {}, lambda ln: ln.strip().startswith("64 "), 1, 2),  # count
+    ("nccl_all_gather.txt", {}, lambda ln: ln.strip().startswith("16384 "), 8, 1),  # in-place
+    ("osu_allreduce.txt", {"ranks": 4, "nodes": 1}, lambda ln: ln.startswith("512 "), 1, 1),
+    ("osu_latency.txt", {"nodes": 1}, lambda ln: ln.startswith("64 "), 1, 1),
 ])
-def test_malformed_line_names_file_and_line(tmp_path, name, kwargs, predicate, token):
+def test_malformed_line_is_skipped_and_reported_with_file_and_line(tmp_path, name, kwargs,
+                                                                   predicate, token, rows_lost):
+    """Was: a malformed number stopped the read (ResultParseError). Now the row (or only the
+    damaged variant of an nccl-tests row) is skipped and reported with FILE:LINE, and the rest
+    of the file is kept; the fit decides whether too much was lost (test_calib_skips.py)."""
     bad = tmp_path / name
     lineno = _corrupt(DATA / name, bad, predicate,
                       lambda ln: _replace_token(ln, token, "1.2.3"))
-    with pytest.raises(ResultParseError) as err:
-        read_results(bad, **kwargs)
-    assert f"{bad}:{lineno}:" in str(err.value) and err.value.line == lineno
+    good, got = read_results(DATA / name, **kwargs), read_results(bad, **kwargs)
+    assert len(got.skipped) == 1 and got.records == good.records
+    (skip,) = got.skipped
+    assert (skip.file, skip.line) == (str(bad), lineno) and "1.2.3" in skip.reason
+    assert str(skip).startswith(f"{bad}:{lineno}: skipped: ")
+    assert len(got.table) == len(good.table) - rows_lost
 
 
-def test_truncated_nccl_row_names_file_and_line(tmp_path):
+def test_truncated_nccl_row_is_skipped_and_reported(tmp_path):
+    """Was: an error for the file. Now the truncated line is skipped with its line number."""
     bad = tmp_path / "nccl_all_reduce_perf.txt"
     lineno = _corrupt(DATA / bad.name, bad, lambda ln: ln.strip().startswith("8192 "),
                       lambda ln: " ".join(ln.split()[:3]))
-    with pytest.raises(ResultParseError, match=f":{lineno}: expected at least"):
-        read_results(bad)
+    got = read_results(bad)
+    assert got.skipped == (SkippedRow(str(bad), lineno, "truncated: 3 columns, the column "
+                                      "header has 13", "8192 2048 float"),)
+    assert 8192 not in set(got.table["bytes"]) and len(got.table) == 48
 
 
 def test_malformed_json_names_file_and_line(tmp_path):
@@ -152,17 +162,18 @@ def test_malformed_json_names_file_and_line(tmp_path):
 
 
 def test_ddlsim_csv_round_trip_and_bad_cell(tmp_path):
-    df = read_results(DATA / "nccl_all_reduce_perf.txt")
+    df = read_results(DATA / "nccl_all_reduce_perf.txt").table
     path = write_csv(tmp_path / "r.csv", df)
     back = read_results(path)
-    assert detect_format(path) == "ddlsim"
-    pd.testing.assert_frame_equal(back, df, rtol=1e-8)
+    assert detect_format(path) == "ddlsim" and back.skipped == () and back.records == 50
+    pd.testing.assert_frame_equal(back.table, df, rtol=1e-8)
     lines = path.read_text().splitlines()
-    lines[5] = lines[5].replace(",11.", ",eleven", 1) if ",11." in lines[5] else \
-        lines[5].replace(",8,", ",eight,", 1)
+    lines[5] = lines[5].replace(",8,", ",eight,", 1)  # line 6: ranks
     path.write_text("\n".join(lines) + "\n")
-    with pytest.raises(ResultParseError, match=r"r\.csv:6"):
-        read_results(path)
+    got = read_results(path)  # was: ResultParseError; now that row is skipped and reported
+    assert [(s.line, s.reason) for s in got.skipped] == [(6, "ranks 'eight' is not a whole "
+                                                          "number")]
+    assert len(got.table) == 49
 
 
 def test_unknown_format_lists_the_allowed_ones(tmp_path):

@@ -1,4 +1,4 @@
-"""Read nccl-tests results (NVIDIA/nccl-tests): the text table and the ``-J file.json`` output.
+"""Read nccl-tests text output (NVIDIA/nccl-tests); the ``-J`` JSON output: :mod:`.nccl_json`.
 
 Text output: ``#`` lines are comments, some of which carry the run's facts (``# nccl-tests
 version … nccl-library=22703``, ``# Collective test starting: all_reduce_perf``, ``# nThread 1
@@ -8,30 +8,23 @@ the column header). A result row is ``size count type redop [root]`` then the ou
 no ``root`` column and call the last column ``error``; ``-R`` per-iteration runs add four
 columns per block). Times are µs (average over iterations and, by default, over ranks;
 ``-a 3`` reports the max), bandwidths GB/s (10⁹ B/s). Both in-place and out-of-place rows are
-returned (``variant``). Other lines (NCCL INFO logs, launcher chatter) are skipped; a line
-that starts with a number but cannot be read is an error naming the file and the line.
-
-JSON output (``-J``/``--output_file x.json``, nccl-tests ≥ 2.17): the schema written by
-``src/util.cu`` (``JSON_FILE_VERSION 3``): ``{"version", "args": [argv…], "nccl_version":
-int, "config": {"iterations", "devices": [{"rank", "hostname", …}]}, "results": [{"size",
-"count", "type", "redop", "root", "out_of_place": {"time", "alg_bw", "bus_bw", "nwrong"},
-"in_place": {…}, "out_of_place_per_iter": {"min_us", "max_us", "p50_us", "stdev_us",
-"times_us"}, …}]}``. The reader needs only ``results[].size`` and a ``time`` (or
-``cpu_time``) per variant; every other key is optional.
+returned (``variant``). Other lines (NCCL INFO logs, launcher chatter) are ignored; a line
+that starts with a number (``8K``, ``-16`` included) is a result row, and one that cannot be
+used is skipped and reported (:class:`~ddlsim.calibration.schema.SkippedRow`: file, line,
+reason), as is each unusable time of a row whose other variant is kept.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
 
-import pandas as pd
+from ...textio import MAX_DATA_BYTES, read_text
+from ..schema import OPS, CalibrationError, ReadResult, comm_row, tidy_frame
+from .checks import Rows, RowSkipped, SizeOrder, looks_like_row, parse_int, parse_size, parse_time
 
-from ..schema import OPS, CalibrationError, ResultParseError, comm_row, tidy_frame
-
-__all__ = ["read_nccl_tests_text", "read_nccl_tests_json", "nccl_version_string",
+__all__ = ["read_nccl_tests_text", "parse_nccl_tests_text", "nccl_version_string",
            "op_from_program"]
 
 _PROGRAMS = {"all_reduce": "all_reduce", "reduce_scatter": "reduce_scatter",
@@ -41,7 +34,7 @@ _RANK_LINE = re.compile(r"#\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s
 _VERSION_LINE = re.compile(r"nccl-library=(\d+)")
 _PROGRAM_LINE = re.compile(r"Collective test starting:\s*(\S+)")
 _ITERS = re.compile(r"(?<!warmup )(?<!agg )\biters:\s*(\d+)")
-_VARIANTS = ("out_of_place", "in_place")
+VARIANTS = ("out_of_place", "in_place")
 #: Launcher output tags (``mpirun --tag-output``: ``[1,0]<stdout>:``, or ``[0]``).
 _TAG = re.compile(r"\[\d+(?:,\d+)*\](?:<std(?:out|err)>:)?")
 
@@ -72,7 +65,7 @@ def _op_from_path(path: Path) -> str | None:
     return None
 
 
-def _resolve_op(op: str | None, found: str | None, path: Path) -> str:
+def resolve_op(op: str | None, found: str | None, path: Path) -> str:
     chosen = op or found or _op_from_path(path)
     if chosen is None:
         raise CalibrationError(f"{path}: cannot tell which collective this nccl-tests output "
@@ -83,30 +76,35 @@ def _resolve_op(op: str | None, found: str | None, path: Path) -> str:
     return chosen
 
 
-def _float(token: str) -> float:
-    return math.nan if token.upper() in ("N/A", "NAN", "-") else float(token)
+def _small_int(text: str) -> int | None:
+    return int(text) if len(text) <= 18 else None
 
 
 class _TextState:
     """What the comment lines of a text output have told us so far."""
 
     def __init__(self) -> None:
-        self.version, self.program, self.iters = "", None, 0
+        self.version, self.program, self.first_program, self.iters = "", None, None, 0
         self.hosts: dict[int, str] = {}
         self.time_cols: list[int] = []
+        self.ncols = 0
 
-    def comment(self, line: str) -> None:
-        if m := _VERSION_LINE.search(line):
-            self.version = nccl_version_string(int(m[1]))
+    def comment(self, line: str) -> bool:
+        """Take in a comment line; True when it starts a new run (sizes may start over)."""
+        if (m := _VERSION_LINE.search(line)) and (code := _small_int(m[1])) is not None:
+            self.version = nccl_version_string(code)
         if m := _PROGRAM_LINE.search(line):
             self.program = op_from_program(m[1])
-        if m := _ITERS.search(line):
-            self.iters = int(m[1])
-        if m := _RANK_LINE.match(line.strip()):
-            self.hosts[int(m[1])] = m[2]
+            self.first_program = self.first_program or self.program
+        if (m := _ITERS.search(line)) and (iters := _small_int(m[1])) is not None:
+            self.iters = iters
+        if (m := _RANK_LINE.match(line.strip())) and (rank := _small_int(m[1])) is not None:
+            self.hosts[rank] = m[2]
         names = line.lstrip("#").split()
         if names[:2] == ["size", "count"]:
             self.time_cols = [i for i, n in enumerate(names) if n in ("time", "cputime")]
+            self.ncols = len(names)
+        return bool(_PROGRAM_LINE.search(line)) or line.lstrip("# ").startswith("nThread")
 
 
 def _default_time_cols(tokens: list[str]) -> list[int]:
@@ -115,41 +113,85 @@ def _default_time_cols(tokens: list[str]) -> list[int]:
     return [first, first + 4]
 
 
-def _parse_row(tokens: list[str], state: _TextState, path: Path, lineno: int) -> dict:
+def _check_columns(tokens: list[str], state: _TextState, cols: list[int]) -> None:
+    if state.ncols and len(tokens) != state.ncols:
+        cut = "truncated: " if len(tokens) < state.ncols else ""
+        raise RowSkipped(f"{cut}{len(tokens)} columns, the column header has {state.ncols}")
+    if len(tokens) < cols[-1] + 1:
+        raise RowSkipped(f"truncated: {len(tokens)} columns, expected at least {cols[-1] + 1} "
+                         "(size count type redop [root] time algbw busbw #wrong time …)")
+
+
+def _parse_row(tokens: list[str], state: _TextState, order: SizeOrder, lineno: int,
+               rows: Rows, text: str) -> list[dict]:
+    """One result line → its usable variants; row-level problems raise RowSkipped."""
     cols = state.time_cols or _default_time_cols(tokens)
-    if len(tokens) < cols[0] + 1:
-        raise ResultParseError(path, lineno, f"expected at least {cols[0] + 1} columns "
-                               f"(size count type redop [root] time …), got {len(tokens)}")
-    try:
-        size, _ = int(tokens[0]), int(tokens[1])  # size (B), count (elements)
-        times = {v: _float(tokens[c]) if c < len(tokens) else math.nan
-                 for v, c in zip(_VARIANTS, cols)}
-    except ValueError as exc:
-        raise ResultParseError(path, lineno, f"cannot read a number: {exc}") from None
-    return {"bytes": size, "dtype": tokens[2], "times_us": times}
+    _check_columns(tokens, state, cols)
+    size = parse_size(tokens[0])
+    parse_int(tokens[1], "count")
+    key = (state.program, tuple(tokens[2:cols[0]]))  # type, redop[, root]
+    order.check(key, size, lineno)
+    order.keep(key, size, lineno)
+    out = []
+    for variant, c in zip(VARIANTS, cols):
+        try:
+            t = parse_time(tokens[c], f"{variant.replace('_', '-')} time (µs)", 1e-6)
+        except RowSkipped as exc:
+            rows.skip(lineno, str(exc), text)
+            continue
+        out.append({"bytes": size, "dtype": tokens[2], "variant": variant, "time_s": t,
+                    "stats": {}, "program": state.program})
+    return out
+
+
+def parse_nccl_tests_text(text: str, path: str | Path, *, op: str | None = None,
+                          backend: str = "nccl", ranks: int | None = None,
+                          nodes: int | None = None, scope: str | None = None) -> ReadResult:
+    """Parse the text of an nccl-tests output (see :func:`read_nccl_tests_text`)."""
+    path, state, order = Path(path), _TextState(), SizeOrder()
+    rows = Rows(path)
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = _TAG.sub(" ", raw).strip()
+        if line.startswith("#"):
+            if state.comment(line):
+                order.reset()
+            continue
+        tokens = line.split()
+        if tokens and looks_like_row(tokens[0]):
+            got = rows.attempt(lineno, line, lambda: _parse_row(tokens, state, order, lineno,
+                                                                 rows, line))
+            rows.kept.extend(got or [])
+    if not rows.records:
+        raise CalibrationError(f"{path}: no nccl-tests result rows found")
+    hosts = [state.hosts[r] for r in sorted(state.hosts)]
+    for p in rows.kept:
+        p["op"] = resolve_op(op, p.pop("program") or state.first_program, path)
+    if not rows.kept:
+        resolve_op(op, state.first_program, path)
+    return tidy_result(rows, backend, state.version, state.iters, hosts, (ranks, nodes, scope),
+                       path, "nccl-tests")
 
 
 def read_nccl_tests_text(path: str | Path, *, op: str | None = None, backend: str = "nccl",
                          ranks: int | None = None, nodes: int | None = None,
-                         scope: str | None = None) -> pd.DataFrame:
-    """Read one nccl-tests text output into the tidy table (both variants per size).
+                         scope: str | None = None) -> ReadResult:
+    """Read one nccl-tests text output: both variants per size, and the rows skipped.
 
     ``op``, ``ranks``, ``nodes`` and ``scope`` override what the file says (needed for old
     outputs that do not name the collective: the file name is tried, e.g. ``all_gather.txt``).
+    Each ``# Collective test starting`` line names the operation of the rows below it.
+
+    Returns
+    -------
+    ReadResult
+        The tidy table, and a :class:`~ddlsim.calibration.schema.SkippedRow` for every row
+        (or variant of a row) left out: sizes that are not whole byte counts (``8K``,
+        ``-16``), non-numeric, NaN, infinite, zero or negative times, truncated lines,
+        duplicate sizes and sizes that fall within a run.
     """
-    path, state, parsed = Path(path), _TextState(), []
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            line = _TAG.sub(" ", raw).strip()
-            if line.startswith("#"):
-                state.comment(line)
-            elif line.split(maxsplit=1)[:1] and line.split(maxsplit=1)[0].isdigit():
-                parsed.append(_parse_row(line.split(), state, path, lineno))
-    if not parsed:
-        raise CalibrationError(f"{path}: no nccl-tests result rows found")
-    hosts = [state.hosts[r] for r in sorted(state.hosts)]
-    return _rows(parsed, _resolve_op(op, state.program, path), backend, state.version,
-                 state.iters, hosts, ranks, nodes, scope, path)
+    text = read_text(path, what="nccl-tests output", max_bytes=MAX_DATA_BYTES)
+    return parse_nccl_tests_text(text, path, op=op, backend=backend, ranks=ranks, nodes=nodes,
+                                 scope=scope)
 
 
 def _layout(hosts: list[str], ranks: int | None, nodes: int | None, scope: str | None,
@@ -161,91 +203,22 @@ def _layout(hosts: list[str], ranks: int | None, nodes: int | None, scope: str |
     m = nodes or len(set(hosts)) or (1 if scope in (None, "intra") else 0)
     if not m:
         raise CalibrationError(f"{path}: the number of nodes is unknown; pass --nodes")
+    if m > n:
+        raise CalibrationError(f"{path}: {m} nodes for {n} ranks; a node holds at least one "
+                               "rank (check --ranks and --nodes)")
     return n, m, n // m if n % m == 0 else 0, scope or ("intra" if m == 1 else "inter")
 
 
-def _rows(parsed: list[dict], op: str, backend: str, version: str, iters: int,
-          hosts: list[str], ranks: int | None, nodes: int | None, scope: str | None,
-          path: Path) -> pd.DataFrame:
-    n, m, rpn, sc = _layout(hosts, ranks, nodes, scope, path)
-    rows = []
-    for p in parsed:
-        for variant, t_us in p["times_us"].items():
-            if not math.isfinite(t_us) or t_us <= 0:
-                continue
-            stats = {"time_mean_s": t_us * 1e-6, "time_median_s": math.nan,
-                     "time_min_s": math.nan, "time_max_s": math.nan, "time_std_s": math.nan,
-                     "n": iters, **p.get("stats", {}).get(variant, {})}
-            rows.append(comm_row(backend=backend, library="NCCL" if backend == "nccl" else
-                                 backend, library_version=version, op=op, ranks=n, nodes=m,
-                                 ranks_per_node=rpn, scope=sc, nbytes=p["bytes"], stats=stats,
-                                 dtype=p["dtype"], variant=variant, source=str(path)))
-    if not rows:
-        raise CalibrationError(f"{path}: every result row has an empty time (N/A)")
-    return tidy_frame(rows)
-
-
-# ------------------------------------------------------------------------------------- json
-def _json_time_us(block: object) -> float:
-    if not isinstance(block, dict):
-        return math.nan
-    value = block.get("time", block.get("cpu_time"))
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
-
-
-def _json_stats(per_iter: object) -> dict:
-    if not isinstance(per_iter, dict):
-        return {}
-    out, keys = {}, {"p50_us": "time_median_s", "min_us": "time_min_s", "max_us": "time_max_s",
-                     "stdev_us": "time_std_s"}
-    for key, col in keys.items():
-        try:
-            out[col] = float(per_iter[key]) * 1e-6
-        except (KeyError, TypeError, ValueError):
-            pass
-    if isinstance(per_iter.get("times_us"), list):
-        out["n"] = len(per_iter["times_us"]) - int(per_iter.get("skipped_iterations", 0) or 0)
-    return out
-
-
-def _json_result(i: int, res: object, path: Path) -> dict:
-    if not isinstance(res, dict) or "size" not in res:
-        raise ResultParseError(path, None, f"results[{i}] is not an object with a 'size'")
-    try:
-        size = int(res["size"])
-    except (TypeError, ValueError):
-        raise ResultParseError(path, None, f"results[{i}].size = {res['size']!r} is not an "
-                               "integer") from None
-    return {"bytes": size, "dtype": str(res.get("type", "")),
-            "times_us": {v: _json_time_us(res.get(v)) for v in _VARIANTS},
-            "stats": {v: _json_stats(res.get(f"{v}_per_iter")) for v in _VARIANTS}}
-
-
-def read_nccl_tests_json(path: str | Path, *, op: str | None = None, backend: str = "nccl",
-                         ranks: int | None = None, nodes: int | None = None,
-                         scope: str | None = None) -> pd.DataFrame:
-    """Read one nccl-tests JSON output (schema in the module docstring) into the tidy table."""
-    path = Path(path)
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ResultParseError(path, exc.lineno, f"invalid JSON: {exc.msg}") from None
-    if isinstance(doc, list):
-        doc = {"results": doc}
-    if not isinstance(doc, dict) or not isinstance(doc.get("results"), list):
-        raise ResultParseError(path, None, "expected an object with a 'results' list "
-                               "(nccl-tests -J output)")
-    config = doc.get("config") if isinstance(doc.get("config"), dict) else {}
-    devices = [d for d in config.get("devices", []) if isinstance(d, dict)]
-    hosts = [str(d.get("hostname", "")) for d in sorted(devices, key=lambda d: d.get("rank", 0))]
-    args = doc.get("args") if isinstance(doc.get("args"), list) else []
-    found = op_from_program(args[0]) if args else None
-    version = nccl_version_string(doc["nccl_version"]) if "nccl_version" in doc else ""
-    parsed = [_json_result(i, r, path) for i, r in enumerate(doc["results"])]
-    if not parsed:
-        raise CalibrationError(f"{path}: the 'results' list is empty")
-    return _rows(parsed, _resolve_op(op, found, path), backend, version,
-                 int(config.get("iterations", 0) or 0), hosts, ranks, nodes, scope, path)
+def tidy_result(rows: Rows, backend: str, version: str, iters: int, hosts: list[str],
+            layout: tuple, path: Path, fmt: str) -> ReadResult:
+    n, m, rpn, sc = _layout(hosts, *layout, path)
+    out = []
+    for p in rows.kept:
+        stats = {"time_mean_s": p["time_s"], "time_median_s": math.nan,
+                 "time_min_s": math.nan, "time_max_s": math.nan, "time_std_s": math.nan,
+                 "n": iters, **p["stats"]}
+        out.append(comm_row(backend=backend, library="NCCL" if backend == "nccl" else backend,
+                            library_version=version, op=p["op"], ranks=n, nodes=m,
+                            ranks_per_node=rpn, scope=sc, nbytes=p["bytes"], stats=stats,
+                            dtype=p["dtype"], variant=p["variant"], source=str(path)))
+    return ReadResult(tidy_frame(out), tuple(rows.skipped), rows.records, str(path), fmt)
