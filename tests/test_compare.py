@@ -126,6 +126,7 @@ def test_plot_options_call_ddlsim_plots(tmp_path, fake_plots):
 
 def test_missing_plotting_library_is_reported_before_the_run(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "ddlsim.plots", None)     # import fails
+    monkeypatch.delattr("ddlsim.plots", raising=False)         # even after an earlier import
     monkeypatch.setattr("ddlsim.api.predict", lambda *a, **k: pytest.fail("ran anyway"))
     for args in (["compare", RB, RS, "--plot", str(tmp_path / "c.png")],
                  ["predict", RB, "--timeline", str(tmp_path / "t.png")]):
