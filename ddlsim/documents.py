@@ -47,15 +47,24 @@ MAX_ALIASES = 1_000
 
 
 class DocumentError(ConfigError):
-    """A file is not a well-formed YAML/JSON document within ddlsim's bounds."""
+    """A file is not a well-formed YAML/JSON document within ddlsim's bounds.
+
+    ``line`` is the 1-based line of the problem when known; ``detail`` the message without
+    the file name (for callers that name the file their own way, as ``FILE:LINE``).
+    """
+
+    def __init__(self, message: str, *, line: int | None = None, detail: str | None = None):
+        super().__init__(message)
+        self.line, self.detail = line, detail or message
 
 
 class _BoundedLoader(yaml.SafeLoader):
     """SafeLoader that refuses duplicate keys, deep nesting, alias bombs (see module doc)."""
 
-    def __init__(self, stream: str, name: str):
+    def __init__(self, stream: str, name: str, max_nodes: int = MAX_NODES):
         super().__init__(stream)
         self.name, self.depth, self.aliases, self.nodes = name, 0, 0, 0
+        self.max_nodes = max_nodes
 
     def fail(self, mark: Any, message: str) -> DocumentError:
         line = f", line {mark.line + 1}" if mark is not None else ""
@@ -69,13 +78,14 @@ class _BoundedLoader(yaml.SafeLoader):
                                 f"more than {MAX_ALIASES} aliases (*name); ddlsim refuses "
                                 "documents that could expand without bound")
         self.nodes += 1
-        if self.nodes > MAX_NODES:
+        if self.nodes > self.max_nodes:
             raise self.fail(self.peek_event().start_mark,
-                            f"holds more than {MAX_NODES:,} values; a run config has ~100")
+                            f"holds more than {self.max_nodes:,} values, more than ddlsim reads "
+                            "from one document of this kind")
         self.depth += 1
         if self.depth > MAX_DEPTH:
             raise self.fail(self.peek_event().start_mark,
-                            f"nested more than {MAX_DEPTH} levels deep; a run config needs 4")
+                            f"nested more than {MAX_DEPTH} levels deep")
         try:
             return super().compose_node(parent, index)
         finally:
@@ -110,7 +120,7 @@ _BoundedLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+
 
 
 def _check_expanded(root: Node | None, loader: _BoundedLoader) -> None:
-    """Refuse a node graph whose size with every alias expanded exceeds :data:`MAX_NODES`, or
+    """Refuse a node graph whose size with every alias expanded exceeds ``loader.max_nodes``, or
     that contains itself; iterative, memoised on node identity (aliases share nodes)."""
     if root is None:
         return
@@ -124,9 +134,9 @@ def _check_expanded(root: Node | None, loader: _BoundedLoader) -> None:
         if done:
             open_.discard(key)
             size[key] = 1 + sum(size[id(k)] for k in kids)
-            if size[key] > MAX_NODES:
+            if size[key] > loader.max_nodes:
                 raise loader.fail(node.start_mark,
-                                  f"expands to more than {MAX_NODES:,} values through aliases "
+                                  f"expands to more than {loader.max_nodes:,} values through aliases "
                                   "(*name); ddlsim refuses such documents (a \"billion "
                                   "laughs\" bomb would take unbounded memory)")
             continue
@@ -164,8 +174,10 @@ def _flow_depth(text: str) -> tuple[int, int]:
     return int(depth[at]), int(np.count_nonzero(raw[:at] == ord("\n"))) + 1
 
 
-def parse_yaml(text: str, name: str) -> Any:
-    """The YAML document in ``text`` (``name`` is the file, for messages).
+def parse_yaml(text: str, name: str, *, max_nodes: int = MAX_NODES) -> Any:
+    """The YAML document in ``text`` (``name`` is the file, for messages); ``max_nodes``
+    bounds its values after alias expansion (data files such as calibration profiles pass a
+    larger bound than a run config's).
 
     Raises
     ------
@@ -175,9 +187,8 @@ def parse_yaml(text: str, name: str) -> Any:
     """
     depth, line = _flow_depth(text)
     if depth > MAX_DEPTH:
-        raise DocumentError(f"{name}, line {line}: nested more than {MAX_DEPTH} levels deep; a "
-                            "run config needs 4")
-    loader = _BoundedLoader(text, name)
+        raise DocumentError(f"{name}, line {line}: nested more than {MAX_DEPTH} levels deep")
+    loader = _BoundedLoader(text, name, max_nodes)
     try:
         return loader.get_single_data()
     except yaml.MarkedYAMLError as exc:
@@ -195,13 +206,17 @@ def parse_yaml(text: str, name: str) -> Any:
         loader.dispose()
 
 
+def _json_error(name: str, detail: str) -> DocumentError:
+    return DocumentError(f"{name}: {detail}", detail=detail)
+
+
 def _pairs(name: str):
     def hook(pairs: list[tuple[str, Any]]) -> dict:
         out: dict = {}
         for key, value in pairs:
             if key in out:
-                raise DocumentError(f"{name}: duplicate key {key!r} in a JSON object; each key "
-                                    "may appear once")
+                raise _json_error(name, f"duplicate key {key!r} in a JSON object; each key "
+                                  "may appear once")
             out[key] = value
         return out
     return hook
@@ -209,7 +224,7 @@ def _pairs(name: str):
 
 def _constant(name: str):
     def refuse(word: str) -> float:
-        raise DocumentError(f"{name}: {word} is not a number JSON allows; give a finite number")
+        raise _json_error(name, f"{word} is not a number JSON allows; give a finite number")
     return refuse
 
 
@@ -217,8 +232,8 @@ def _finite(name: str):
     def read(word: str) -> float:
         value = float(word)
         if not math.isfinite(value):
-            raise DocumentError(f"{name}: the number {word} is too large to be a float; give a "
-                                "finite number")
+            raise _json_error(name, f"the number {word} is too large to be a float; give a "
+                              "finite number")
         return value
     return read
 
@@ -236,10 +251,12 @@ def _shape(value: Any) -> tuple[int, int]:
     return deepest, count
 
 
-def parse_json(text: str, name: str) -> Any:
+def parse_json(text: str, name: str, *, max_nodes: int = MAX_NODES,
+               allow_nan: bool = False) -> Any:
     """The JSON document in ``text``; duplicate keys, NaN/Infinity, numbers that overflow a
-    float, nesting deeper than :data:`MAX_DEPTH` and more than :data:`MAX_NODES` values are
-    refused.
+    float, nesting deeper than :data:`MAX_DEPTH` and more than ``max_nodes`` values are
+    refused. ``allow_nan`` keeps ``NaN``/``Infinity`` as floats, for data files whose readers
+    skip and report such rows one by one (nccl-tests' JSON).
 
     Raises
     ------
@@ -248,19 +265,21 @@ def parse_json(text: str, name: str) -> Any:
     """
     too_deep = False
     try:
-        data = json.loads(text, object_pairs_hook=_pairs(name), parse_constant=_constant(name),
-                          parse_float=_finite(name))
+        special = {} if allow_nan else {"parse_constant": _constant(name),
+                                        "parse_float": _finite(name)}
+        data = json.loads(text, object_pairs_hook=_pairs(name), **special)
     except json.JSONDecodeError as exc:
-        raise DocumentError(f"{name}, line {exc.lineno}, column {exc.colno}: not valid JSON: "
-                            f"{exc.msg}") from None
+        detail = f"not valid JSON: {exc.msg} (column {exc.colno})"
+        raise DocumentError(f"{name}, line {exc.lineno}: {detail}", line=exc.lineno,
+                            detail=detail) from None
     except RecursionError:
         too_deep = True
     depth, count = (MAX_DEPTH + 1, 0) if too_deep else _shape(data)
     if depth > MAX_DEPTH:
-        raise DocumentError(f"{name}: nested more than {MAX_DEPTH} levels deep; a run config "
-                            "needs 4")
-    if count > MAX_NODES:
-        raise DocumentError(f"{name}: holds more than {MAX_NODES:,} values; a run config has ~100")
+        raise _json_error(name, f"nested more than {MAX_DEPTH} levels deep")
+    if count > max_nodes:
+        raise _json_error(name, f"holds more than {max_nodes:,} values, more than ddlsim "
+                          "reads from one document of this kind")
     return data
 
 

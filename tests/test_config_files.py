@@ -53,7 +53,7 @@ BAD_FILES = {
     "nan.json": (b'{"model": {"hidden_size": NaN}}', "NaN is not a number JSON allows"),
     "inf.json": (b'{"model": {"hidden_size": -Infinity}}', "-Infinity is not a number"),
     "e400.json": (b'{"model": {"hidden_size": 1e400}}', "1e400 is too large"),
-    "syntax.json": (b'{"model": \n ', "line 2, column 2: not valid JSON"),
+    "syntax.json": (b'{"model": \n ', "line 2: not valid JSON: Expecting value (column 2)"),
     "deep.json": (b"[" * 100 + b"]" * 100, "nested more than 50 levels deep"),
     "big.json": (b"[" + b"0," * 30_000 + b"0]", "holds more than 20,000 values"),
 }

@@ -31,11 +31,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from ..errors import ConfigError
 from ..textio import MAX_DATA_BYTES, read_text
 from .outputs import write_yaml
-from .profile_yaml import parse_profile_yaml
+from ..documents import parse_yaml
 from .schema import OPS, CalibrationError, CalibrationLookupError, busbw_factor
 
 __all__ = ["Segment", "CommEntry", "ComputeEntry", "ProfileDoc", "CalibrationProfile",
            "CommPrediction", "PROFILE_VERSION", "list_default_profiles", "load_default_profile"]
+
+#: Most values a profile document may hold: a profile has a few hundred (segments, intervals,
+#: provenance with its skipped rows); PyYAML composes ~10^4 values a second, so a refusal
+#: takes at most ~20 s.
+MAX_PROFILE_VALUES = 200_000
 
 PROFILE_VERSION = 1
 Scope = Literal["intra", "inter", "any"]
@@ -186,13 +191,14 @@ class CalibrationProfile:
         """Read and validate a profile YAML file.
 
         The file is read through :func:`ddlsim.textio.read_text` (a regular UTF-8 file of at
-        most :data:`~ddlsim.textio.MAX_DATA_BYTES`); YAML anchors and aliases, which ddlsim
-        never writes, and nesting deeper than :data:`~ddlsim.calibration.profile_yaml.MAX_YAML_DEPTH` are refused before the
-        document is built, so no file can make loading slow or deep
-        (:func:`~ddlsim.calibration.profile_yaml.parse_profile_yaml`).
+        most :data:`~ddlsim.textio.MAX_DATA_BYTES`) and parsed by
+        :func:`ddlsim.documents.parse_yaml`: duplicate keys, deep nesting and alias expansion
+        beyond :data:`MAX_PROFILE_VALUES` values are refused before the document is built, so
+        no file can make loading slow or deep.
         """
         text = read_text(path, what="calibration profile", max_bytes=MAX_DATA_BYTES)
-        return cls.from_dict(parse_profile_yaml(text, str(path)), where=str(path))
+        return cls.from_dict(parse_yaml(text, str(path), max_nodes=MAX_PROFILE_VALUES),
+                             where=str(path))
 
     def to_dict(self) -> dict:
         """The YAML-ready mapping (unset optional fields omitted, floats to 7 digits)."""

@@ -303,11 +303,14 @@ def test_unreadable_inputs_are_refused_without_reading(tmp_path, kind, needle):
 
 
 @pytest.mark.parametrize("text, needle", [
-    ("a: &a [1, 1, 1]\nb: &b [*a, *a, *a]\nc: [*b, *b, *b]\n", "anchors and aliases"),
-    ("x: " + "[" * 200 + "]" * 200 + "\n", "nested more than 20 levels"),
+    ("a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n"
+     + "".join(f"{n}: &{n} [*{m}, *{m}, *{m}, *{m}, *{m}, *{m}, *{m}, *{m}, *{m}, *{m}]\n"
+               for m, n in zip("abcdefg", "bcdefgh")),
+     "expands to more than"),
+    ("x: " + "[" * 200 + "]" * 200 + "\n", "nested more than 50 levels"),
     ("version: 1\nversion: 1\n", "duplicate key 'version'"),
     ("version: 1\ncomm: [{a: 1}\n", "not valid YAML"),
-    ("version: " + "9" * 5000 + "\n", "not valid YAML"),
+    ("version: " + "9" * 5000 + "\n", "not a YAML document ddlsim can read"),
     ("--- 1\n--- 2\n", "not valid YAML"),
 ])
 def test_garbage_profiles_are_config_errors(tmp_path, text, needle):
@@ -349,9 +352,9 @@ def test_a_curve_with_too_many_sizes_is_refused_before_the_breakpoint_search(mon
 
 @pytest.mark.parametrize("text, needle", [
     ('{"results": [], "results": [{"size": 8}]}', "duplicate key 'results'"),
-    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ("[" * 100_000 + "]" * 100_000, "nested more than 50 levels"),
     ('{"results": [{"size": 1' + "0" * 5000 + "}]}", "invalid nccl-tests JSON"),
-    ('{"results": [{"size": 8,}]}', ":1: invalid JSON"),
+    ('{"results": [{"size": 8,}]}', ":1: invalid nccl-tests JSON: not valid JSON"),
     ('{"results": []}', "the 'results' list is empty"),
     ('{"results": {"size": 8}}', "expected an object with a 'results' list"),
 ])

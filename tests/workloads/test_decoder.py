@@ -260,7 +260,7 @@ def test_bad_docs_raise_one_clean_config_error(change, match):
 def test_bad_files(tmp_path):
     dup = tmp_path / "dup.json"
     dup.write_text('{"model_type": "llama", "hidden_size": 1, "hidden_size": 2}')
-    with pytest.raises(ConfigError, match="'hidden_size' appears twice"):
+    with pytest.raises(ConfigError, match="duplicate key 'hidden_size'"):
         read_hf_config(dup)
     nan = tmp_path / "nan.json"
     nan.write_text('{"model_type": "llama", "rope_theta": NaN}')

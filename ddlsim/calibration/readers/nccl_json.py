@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ...documents import DocumentError, parse_json
 from ...textio import MAX_DATA_BYTES, read_text
 from ..schema import CalibrationError, ReadResult, ResultParseError
 from .checks import Rows, RowSkipped, SizeOrder, parse_float, parse_int, parse_size, parse_time
@@ -84,24 +85,17 @@ def _json_result(res: object, rows: Rows, order: SizeOrder, line: int,
     return out
 
 
-def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
-    out: dict = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"duplicate key {key!r}; give each key once")
-        out[key] = value
-    return out
+#: Most values one nccl-tests JSON file may hold (the readers stop at 50,000 rows of ~15).
+MAX_JSON_VALUES = 1_000_000
 
 
 def _load_json(text: str, path: Path) -> object:
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicates)
-    except json.JSONDecodeError as exc:
-        raise ResultParseError(path, exc.lineno, f"invalid JSON: {exc.msg}") from None
-    except ValueError as exc:  # a duplicate key; int() of a huge integer literal
+        return parse_json(text, str(path), max_nodes=MAX_JSON_VALUES, allow_nan=True)
+    except DocumentError as exc:
+        raise ResultParseError(path, exc.line, f"invalid nccl-tests JSON: {exc.detail}") from None
+    except ValueError as exc:  # int() of a huge integer literal
         raise ResultParseError(path, None, f"invalid nccl-tests JSON: {exc}") from None
-    except RecursionError:
-        raise ResultParseError(path, None, "JSON nested too deeply") from None
 
 
 def _result_lines(text: str) -> list[int]:

@@ -17,7 +17,6 @@ allowed.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ...errors import ConfigError
@@ -217,19 +216,6 @@ def unmodelled_warning(source: str, unmodelled: list[str]) -> str | None:
             + ", ".join(unmodelled))
 
 
-def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
-    seen: dict = {}
-    for key, value in pairs:
-        if key in seen:
-            raise ValueError(f"the key {key!r} appears twice")
-        seen[key] = value
-    return seen
-
-
-def _no_constant(name: str) -> float:
-    raise ValueError(f"{name} is not a number JSON allows")
-
-
 def read_hf_config(path: str | Path) -> tuple[dict, list[str]]:
     """Read a ``config.json`` file and normalise it with :func:`from_hf_config`.
 
@@ -238,9 +224,8 @@ def read_hf_config(path: str | Path) -> tuple[dict, list[str]]:
     """
     from ...textio import read_text
 
+    from ...documents import parse_json
+
     text = read_text(path, what="HuggingFace config.json")
-    try:
-        doc = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
-    except ValueError as exc:  # json.JSONDecodeError is a ValueError
-        raise ConfigError(f"HuggingFace config.json {str(path)!r} is not valid JSON: {exc}") from None
-    return from_hf_config(doc, source=str(path))
+    return from_hf_config(parse_json(text, f"HuggingFace config.json {str(path)!r}"),
+                          source=str(path))
