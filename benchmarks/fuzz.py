@@ -25,13 +25,11 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import math
 import multiprocessing as mp
 import os
 import random
 import re
 import shutil
-import stat
 import sys
 import tempfile
 import time
@@ -266,11 +264,23 @@ def _yaml_text(rng: random.Random, doc) -> str:
         return json.dumps(doc, default=str)
 
 
-def _alias_bomb(rng: random.Random, levels: int, width: int) -> str:
-    lines = ["a0: &a0 [lol]"]
-    for i in range(1, levels):
-        lines.append(f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * width)}]")
-    return "\n".join(lines) + "\n"
+def _alias_bomb(levels: int, width: int) -> str:
+    """A "billion laughs" flow sequence: level i lists level i-1 ``width`` times, so the
+    last level stands for ``width**(levels-1)`` strings."""
+    parts = ["&a0 [lol]"] + [f"&a{i} [{', '.join([f'*a{i - 1}'] * width)}]"
+                             for i in range(1, levels)]
+    return "[" + ", ".join(parts) + "]"
+
+
+def _drop_section(lines: list[str], section: str) -> str:
+    """The YAML text without the top-level block ``section:`` (its header and indented body)."""
+    out, skip = [], False
+    for ln in lines:
+        if ln and not ln[0].isspace():
+            skip = ln.startswith(section + ":")
+        if not skip:
+            out.append(ln)
+    return "\n".join(out) + "\n"
 
 
 def text_mutation(rng: random.Random, text: str) -> tuple[str | bytes | tuple, str]:
@@ -288,11 +298,12 @@ def text_mutation(rng: random.Random, text: str) -> tuple[str | bytes | tuple, s
         return text + rng.choice(top) + "\n", "duplicate key"
     if op == "bomb":
         levels, width = rng.choice([(4, 4), (6, 9), (9, 9), (10, 10)])
-        where = rng.choice(["model: {preset: gpt2-124m, source: *a%d}",
-                            "system: {preset: cpu-10gbe, name: *a%d}", "extra: *a%d",
-                            "train: *a%d", "model: {preset: gpt2-124m, num_hidden_layers: *a%d}"])
-        body = "\n".join(ln for ln in lines if not ln.startswith(where.split(":")[0] + ":"))
-        return (_alias_bomb(rng, levels, width) + body + "\n" + where % (levels - 1) + "\n",
+        where = rng.choice(["model: {preset: gpt2-124m, source: %s}",
+                            "system: {preset: cpu-10gbe, name: %s}", "train: %s",
+                            "model: {preset: gpt2-124m, unknown_key: %s}",
+                            "model: {preset: gpt2-124m, num_hidden_layers: %s}",
+                            "parallel: {collective_algorithm: %s}"])
+        return (_drop_section(lines, where.split(":")[0]) + where % _alias_bomb(levels, width) + "\n",
                 f"alias bomb {levels}x{width}")
     if op == "deep":
         n = rng.choice([100, 1000, 5000, 50_000])
@@ -376,6 +387,7 @@ def gen_cli(rng: random.Random, light: bool = False) -> dict:
     while light and isinstance(files[name], tuple):
         files, name, desc = _config_file(rng, small)
     argv = ["predict", name] + (["-f", "json"] if rng.random() < 0.6 else [])
+    argv += ["--allow-oom"] if rng.random() < 0.15 else []
     if small:
         argv += ["--engine", rng.choice(["des", "both"])]
     if rng.random() < 0.07:
@@ -711,9 +723,9 @@ def _run_api(call: dict) -> dict:
         _NONFINITE.search(text))}
 
 
-def run_case(case: dict) -> dict:
-    """Run one case in a fresh temporary directory, in this process."""
-    old, tmp = os.getcwd(), tempfile.mkdtemp(prefix="ddlsim-fuzz-")
+def run_case(case: dict, scratch: str | None = None) -> dict:
+    """Run one case in a fresh temporary directory (under ``scratch``), in this process."""
+    old, tmp = os.getcwd(), tempfile.mkdtemp(prefix="case-", dir=scratch)
     t0 = time.perf_counter()
     try:
         os.chdir(tmp)
@@ -734,7 +746,7 @@ def run_case(case: dict) -> dict:
 
 
 # ================================================================================= workers
-def _worker(conn, mem_bytes: int, seed: int) -> None:
+def _worker(conn, mem_bytes: int, seed: int, scratch: str) -> None:
     import resource
     import warnings
 
@@ -748,7 +760,7 @@ def _worker(conn, mem_bytes: int, seed: int) -> None:
         msg = conn.recv()
         case = make_case(seed, msg) if isinstance(msg, int) else msg
         try:
-            res = run_case(case)
+            res = run_case(case, scratch)
         except BaseException as exc:  # noqa: BLE001
             res = _from_exception(exc)
         conn.send(res)
@@ -763,8 +775,12 @@ def _warm() -> None:
     matplotlib.use("Agg")
     import typer.testing  # noqa: F401
     import ddlsim.api  # noqa: F401
+    import ddlsim.calibration.build  # noqa: F401
     import ddlsim.calibration.readers  # noqa: F401
     import ddlsim.cli  # noqa: F401
+    import ddlsim.report  # noqa: F401
+    import ddlsim.simulator.des  # noqa: F401
+    import ddlsim.topologies.build  # noqa: F401
     _bases()
 
 
@@ -775,12 +791,15 @@ class Pool:
     def __init__(self, jobs: int = 2, timeout: float = 60, mem_gb: float = 1.5, seed: int = 0):
         self.timeout, self.mem, self.seed = timeout, int(mem_gb * 2**30), seed
         self.ctx = mp.get_context("fork")
+        # case directories live here, so that those of killed workers are removed too
+        self.scratch = tempfile.mkdtemp(prefix="ddlsim-fuzz-")
         _warm()
         self.slots = [self._start() for _ in range(jobs)]
 
     def _start(self) -> dict:
         parent, child = self.ctx.Pipe()
-        proc = self.ctx.Process(target=_worker, args=(child, self.mem, self.seed), daemon=True)
+        proc = self.ctx.Process(target=_worker, args=(child, self.mem, self.seed, self.scratch),
+                                daemon=True)
         proc.start()
         child.close()
         if not parent.poll(120) or parent.recv() != "ready":
@@ -829,6 +848,7 @@ class Pool:
         for s in self.slots:
             s["proc"].kill()
             s["proc"].join()
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 # ================================================================================== report
@@ -871,11 +891,12 @@ def report(results: list[tuple[dict, dict]], show: int, elapsed: float) -> int:
     for case, res in results:
         counts[case["target"]][res["outcome"]] += 1
         counts[case["target"]]["nonfinite"] += bool(res.get("nonfinite"))
+        counts[case["target"]]["ms"] += round(1000 * res.get("seconds", 0.0))
         if res["outcome"] in FAILURES:
             groups[(res["outcome"], _group(case, res))].append((case, res))
     cols = OUTCOMES + (("skipped",) if any(c["skipped"] for c in counts.values()) else ())
     head = f"{'target':<12}" + "".join(f"{c:>13}" for c in cols) + f"{'total':>8}"
-    print(head + f"   (ok with NaN/inf in output)\n" + "-" * len(head))
+    print(head + "  mean ms  (ok with NaN/inf in output)\n" + "-" * len(head))
     total: Counter = Counter()
     for t in list(TARGETS) + ["total"]:
         row = total if t == "total" else counts.get(t)
@@ -884,7 +905,8 @@ def report(results: list[tuple[dict, dict]], show: int, elapsed: float) -> int:
         if t != "total":
             total.update(row)
         n = sum(row[c] for c in cols)
-        print(f"{t:<12}" + "".join(f"{row[c]:>13}" for c in cols) + f"{n:>8}   ({row['nonfinite']})")
+        print(f"{t:<12}" + "".join(f"{row[c]:>13}" for c in cols) + f"{n:>8}"
+              f"{row['ms'] / max(n, 1):>9.0f}  ({row['nonfinite']})")
     print(f"\n{sum(total[c] for c in cols)} cases in {elapsed:.1f} s")
     for (outcome, key), items in sorted(groups.items(), key=lambda kv: -len(kv[1])):
         items.sort(key=lambda cr: len(describe(cr[0], 10**9)))
