@@ -673,7 +673,12 @@ def _frames(tb) -> tuple[str, str]:
 
 def _from_exception(exc: BaseException) -> dict:
     own, last = _frames(exc.__traceback__)
-    tail = "".join(traceback.format_exception(exc)).splitlines()[-8:]
+    try:  # the message may be huge (a repr of an alias bomb): never format all of it
+        msg = str(exc)[:500]
+    except Exception:  # noqa: BLE001
+        msg = "<str() failed>"
+    frames = traceback.format_list(traceback.extract_tb(exc.__traceback__)[-3:])
+    tail = "".join(frames).splitlines() + [f"{type(exc).__name__}: {msg}"]
     outcome = "memory" if isinstance(exc, MemoryError) else "traceback"
     return {"outcome": outcome, "error": type(exc).__name__, "frame": own, "last": last,
             "tail": "\n".join(tail)}
