@@ -913,6 +913,9 @@ def report(results: list[tuple[dict, dict]], show: int, elapsed: float) -> int:
         print(f"{t:<12}" + "".join(f"{row[c]:>13}" for c in cols) + f"{n:>8}"
               f"{row['ms'] / max(n, 1):>9.0f}  ({row['nonfinite']})")
     print(f"\n{sum(total[c] for c in cols)} cases in {elapsed:.1f} s")
+    odd = [str(c["k"]) for c, r in results if r.get("nonfinite") and "k" in c]
+    if odd:
+        print(f"ok, but NaN/Infinity in the output: cases {', '.join(odd[:20])}")
     for (outcome, key), items in sorted(groups.items(), key=lambda kv: -len(kv[1])):
         items.sort(key=lambda cr: len(describe(cr[0], 10**9)))
         nums = ", ".join(str(c["k"]) for c, _ in items[:12] if "k" in c)
