@@ -1,0 +1,86 @@
+"""No input gives a traceback, a hang or a memory blow-up: a few cases from the generators of
+``benchmarks/fuzz.py`` (which runs ≥ 10,000 of them), each in a worker process with a time and
+address-space limit, for the Python API and the command line (docs/robustness.md)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+_spec = importlib.util.spec_from_file_location(
+    "ddlsim_fuzz", Path(__file__).resolve().parents[1] / "benchmarks" / "fuzz.py")
+fuzz = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fuzz)
+
+#: Per case, well above what any valid small case needs (< 1 s) and far below the issue's 60 s.
+TIMEOUT_S = 5
+
+
+@pytest.fixture(scope="module")
+def pool():
+    p = fuzz.Pool(jobs=1, timeout=TIMEOUT_S, mem_gb=1.5)
+    yield p
+    p.close()
+
+
+def _cases(targets):
+    return st.builds(lambda rng, target: fuzz.generate(rng, target, light=True),
+                     st.randoms(use_true_random=False), st.sampled_from(targets))
+
+
+def _check(pool, case):
+    (_, res), = pool.run([case])
+    assert res["outcome"] in ("ok", "clean error", "skipped"), (
+        f"{res['outcome']}: {res.get('error', '')} @ {res.get('frame', '')}\n"
+        f"{fuzz.describe(case)}\n{res.get('tail', '')}")
+
+
+#: Deterministic, bounded: no example database, no shrinking (a case is already printed whole).
+BOUNDED = settings(max_examples=25, deadline=None, derandomize=True, database=None,
+                   phases=[Phase.explicit, Phase.generate],
+                   suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                          HealthCheck.too_slow])
+
+
+@BOUNDED
+@given(case=_cases(["api"]))
+def test_api_never_raises_anything_but_ddlsim_errors(pool, case):
+    _check(pool, case)
+
+
+@BOUNDED
+@given(case=_cases(["cli", "cli_opts", "calibration"]))
+def test_cli_and_readers_answer_or_refuse_in_one_paragraph(pool, case):
+    _check(pool, case)
+
+
+def test_cases_are_reproducible_by_number():
+    a, b = fuzz.make_case(7, 123), fuzz.make_case(7, 123)
+    assert fuzz.describe(a) == fuzz.describe(b)
+    assert fuzz.describe(fuzz.make_case(7, 124)) != fuzz.describe(a)
+
+
+def test_outcomes_are_classified(pool):
+    def cli(*argv):
+        return {"target": "cli_opts", "argv": list(argv), "desc": " ".join(argv)}
+
+    results = [r["outcome"] for _, r in pool.run([cli("presets", "model"), cli("presets", "nope"),
+                                                   cli("predict", "--links", "x", "y.yaml")])]
+    assert results == ["ok", "clean error", "clean error"]
+
+
+def test_timeouts_and_memory_blowups_are_caught_and_the_worker_replaced():
+    def call(fn, arg):
+        return {"target": "api", "desc": fn, "api": {"fn": fn, "args": [arg], "kwargs": {}}}
+
+    p = fuzz.Pool(jobs=1, timeout=1, mem_gb=1.5)
+    try:
+        got = [r["outcome"] for _, r in p.run([call("sleep", 30), call("allocate", 4 * 2**30),
+                                               call("sleep", 0)])]
+    finally:
+        p.close()
+    assert got == ["timeout", "memory", "ok"]
