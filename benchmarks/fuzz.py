@@ -504,7 +504,7 @@ BAD_NUMBERS = ["abc", "nan", "NaN", "inf", "-16", "0", "8K", "1e400", "", "-0", 
 
 def _csv_sample() -> str:
     from ddlsim.calibration.readers import read_results
-    return read_results(DATA / "nccl_all_reduce_perf.txt").to_csv(index=False)
+    return read_results(DATA / "nccl_all_reduce_perf.txt").table.to_csv(index=False)
 
 
 def corrupt(rng: random.Random, text: str) -> tuple[str | bytes, str]:
