@@ -17,15 +17,15 @@ import math
 from functools import partial
 from typing import Annotated, Any, Literal
 
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool,
-                      model_validator)
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field,
+                      SerializeAsAny, StrictBool, field_validator, model_validator)
 
 from . import units
-from .errors import did_you_mean
+from .errors import ConfigError, did_you_mean
 from .limits import check_bound
 
 __all__ = [
-    "ModelConfig", "ParallelConfig", "TrainConfig", "SystemConfig", "DeviceSpec", "LinkSpec",
+    "ModelConfig", "ModelBase", "validate_model", "ParallelConfig", "TrainConfig", "SystemConfig", "DeviceSpec", "LinkSpec",
     "NetworkSpec", "RunConfig", "load_config", "build_config", "apply_overrides", "DTYPE_BYTES",
     "COLLECTIVE_OPS", "ALGORITHMS", "resolve_section", "format_validation_error", "read_document",
     "Bandwidth", "Bytes", "Seconds", "Flops", "count_type", "check_shape", "reject_bool",
@@ -98,24 +98,40 @@ class _Strict(BaseModel):
 
 
 # ---------------------------------------------------------------------------------------- model
-class ModelConfig(_Strict):
-    """A transformer (or, later, another architecture) with HuggingFace ``config.json`` names."""
+class ModelBase(_Strict):
+    """What every model section has; each workload family's schema (an arm of the union
+    discriminated on ``architecture``, see :mod:`ddlsim.workloads.registry`) extends it."""
 
     name: str = "custom"
-    architecture: Literal["gpt"] = "gpt"
-    num_hidden_layers: count_type("layers")
-    hidden_size: count_type("hidden_size")
-    num_attention_heads: count_type("heads")
-    intermediate_size: count_type("intermediate_size") | None = Field(
-        default=None, description="default 4·hidden_size")
-    vocab_size: count_type("vocab_size")
-    max_position_embeddings: count_type("seq_length")
-    tie_word_embeddings: StrictBool = True
+    architecture: str
     source: str | None = None
 
-    @property
-    def ffn_size(self) -> int:
-        return self.intermediate_size or 4 * self.hidden_size
+
+def validate_model(value: Any) -> ModelBase:
+    """A model section validated by the schema of its family (chosen by ``architecture``,
+    default ``gpt``, looked up in the workload registry).
+
+    Raises
+    ------
+    ConfigError
+        An unknown architecture (with the registered ones); ``ValidationError`` for the
+        family schema's own problems.
+    """
+    from .workloads.registry import ARCHITECTURE_DEFAULT, get_family
+
+    if isinstance(value, ModelBase):
+        return value
+    if not isinstance(value, dict):
+        raise ValueError(f"the model section must be a mapping of its fields; got "
+                         f"{type(value).__name__}")
+    return get_family(value.get("architecture", ARCHITECTURE_DEFAULT)).schema.model_validate(value)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ModelConfig":  # the GPT family's schema, under its historical name
+        from .workloads.registry import get_family
+        return get_family("gpt").schema
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ------------------------------------------------------------------------------------- parallel
@@ -316,7 +332,7 @@ class SystemConfig(_Strict):
 class RunConfig(_Strict):
     """model × parallel × train × system, checked together."""
 
-    model: ModelConfig
+    model: SerializeAsAny[ModelBase]
     parallel: ParallelConfig = ParallelConfig()
     train: TrainConfig
     system: SystemConfig
@@ -327,28 +343,41 @@ class RunConfig(_Strict):
         return self.parallel.data_parallel_size
 
     @property
+    def mesh(self) -> Any:
+        """The plan as a :class:`~ddlsim.workloads.mesh.DeviceMesh` (Megatron-LM's order)."""
+        from .workloads.mesh import DeviceMesh
+        return DeviceMesh.from_megatron(tensor_model_parallel_size=self.parallel.tp,
+                                        pipeline_model_parallel_size=self.parallel.pp,
+                                        data_parallel_size=self.dp)
+
+    @property
     def world_size(self) -> int:
-        return self.parallel.tp * self.parallel.pp * self.dp
+        return self.mesh.world_size
 
     @property
     def num_microbatches(self) -> int:
         return self.train.global_batch_size // (self.train.micro_batch_size * self.dp)
 
+    @property
+    def family(self) -> Any:
+        """The :class:`~ddlsim.workloads.registry.WorkloadFamily` of ``model.architecture``."""
+        from .workloads.registry import get_family
+        return get_family(self.model.architecture)
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _dispatch(cls, value: Any) -> Any:
+        try:
+            return validate_model(value)
+        except ConfigError as exc:  # pydantic reports ValueErrors only
+            raise ValueError(str(exc)) from None
+
     @model_validator(mode="after")
     def _check(self) -> "RunConfig":
-        m, p, t, s = self.model, self.parallel, self.train, self.system
-        tp, pp, vpp = p.tp, p.pp, p.vpp
+        p, t, s = self.parallel, self.train, self.system
+        tp, pp = p.tp, p.pp
         devices = s.num_devices
-        if m.num_attention_heads % tp:
-            raise ValueError(f"model.num_attention_heads = {m.num_attention_heads} is not divisible "
-                             f"by parallel.tensor_model_parallel_size = {tp}")
-        if m.ffn_size % tp:
-            raise ValueError(f"model.intermediate_size = {m.ffn_size} is not divisible by "
-                             f"parallel.tensor_model_parallel_size = {tp}")
-        if m.num_hidden_layers % (pp * vpp):
-            raise ValueError(f"model.num_hidden_layers = {m.num_hidden_layers} is not divisible by "
-                             f"pipeline_model_parallel_size × virtual_pipeline_model_parallel_size "
-                             f"= {pp} × {vpp} = {pp * vpp}")
+        self.family.check(self)  # the rules that involve the model (heads, layers, positions)
         if p.data_parallel_size is None:
             if devices % (tp * pp):
                 raise ValueError(f"cannot derive data_parallel_size: the system's {devices} devices "
@@ -381,15 +410,9 @@ class RunConfig(_Strict):
             raise ValueError(f"schedule = 'interleaved' needs the number of micro-batches "
                              f"(global_batch_size / (micro_batch_size · DP) = {mb}) to be a "
                              f"multiple of pipeline_model_parallel_size = {pp}")
-        if t.seq_length > m.max_position_embeddings:
-            raise ValueError(f"train.seq_length = {t.seq_length} exceeds "
-                             f"model.max_position_embeddings = {m.max_position_embeddings}")
         if t.dtype not in s.device.peak_flops:
             raise ValueError(f"train.dtype = {t.dtype!r} has no peak FLOP/s on device "
                              f"'{s.device.name}'; it lists {', '.join(s.device.peak_flops)}")
-        if p.sequence_parallel and t.seq_length % tp:
-            raise ValueError(f"sequence_parallel needs train.seq_length = {t.seq_length} divisible "
-                             f"by tensor_model_parallel_size = {tp}")
         return self
 
 
