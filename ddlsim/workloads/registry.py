@@ -235,7 +235,9 @@ def expand_hf_config(section: dict, base_dir: Any = None) -> dict:
         raise ConfigError(f"model.architecture = {rest['architecture']!r} contradicts {label}, "
                           f"whose model_type {model_type!r} is read as architecture "
                           f"{fields['architecture']!r}; remove the architecture key")
-    name = str(doc.get("_name_or_path") or "") or PurePath(label).parent.name or "custom"
+    path = PurePath(label)
+    name = (str(doc.get("_name_or_path") or "")
+            or (path.parent.name if path.name == "config.json" else path.stem) or "custom")
     out = {"name": PurePath(name).name, **fields,
            "source": f"HuggingFace config.json: {section['hf_config']}", **rest}
     line = unmodelled_warning(label, unmodelled)

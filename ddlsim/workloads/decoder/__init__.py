@@ -60,16 +60,18 @@ class DecoderFamily(WorkloadFamily):
         return decoder_memory(cfg, cfg.model.shape())
 
     def summary(self, model: Any) -> str:
+        """``name: L layers, h hidden, heads (KV heads), MLP, norm, positions, embeddings,
+        parameters`` in one line."""
         sh = model.shape()
-        attn = (f"{sh.heads} heads" if sh.g == sh.heads
-                else f"{sh.heads} heads ({sh.g} KV, {'MQA' if sh.g == 1 else 'GQA'})")
-        mlp = (f"{'SwiGLU' if sh.activation in ('silu', 'swish') else 'GeGLU' if 'gelu' in sh.activation else 'gated ' + sh.activation}"
-               if sh.gated_mlp else "GeLU")
-        return (f"{model.name}: {self.architecture} decoder, {sh.layers} layers, hidden "
-                f"{sh.hidden}, {attn}, {mlp} FFN {sh.ffn}, "
-                f"{'RMSNorm' if sh.norm == 'rmsnorm' else 'LayerNorm'}, {sh.positions} positions, "
-                f"{'tied' if sh.tied_embeddings else 'untied'} embeddings, vocab {sh.vocab}, "
-                f"{sh.params / 1e9:.2f} B parameters")
+        attn = f"{sh.heads} heads" + ("" if sh.g == sh.heads else f" ({sh.g} KV)")
+        act = {"silu": "SwiGLU", "swish": "SwiGLU"}.get(sh.activation, "GeGLU")
+        mlp = f"{act if sh.gated_mlp else 'GeLU'} {sh.ffn}"
+        norm = "RMSNorm" if sh.norm == "rmsnorm" else "LayerNorm"
+        n = sh.params
+        count = f"{n / 1e9:.3g} B" if n >= 1e9 else f"{n / 1e6:.3g} M"
+        return (f"{model.name}: {sh.layers} layers, h {sh.hidden}, {attn}, {mlp}, {norm}, "
+                f"{sh.positions}, {'tied' if sh.tied_embeddings else 'untied'}, vocab "
+                f"{sh.vocab}, {count} params")
 
     def from_hf(self, doc: dict, source: str) -> tuple[dict, list[str]]:
         from ..models.hf import from_hf_config
