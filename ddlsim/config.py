@@ -23,10 +23,13 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fi
 from . import units
 from .errors import ConfigError, did_you_mean
 from .limits import check_bound
+from .registered import (algorithms, collective_ops, node_fabrics, placements, registered,
+                         schedules, topologies)
+from .workloads.registry import validate_model
 
 __all__ = [
-    "ModelConfig", "ModelBase", "validate_model", "ParallelConfig", "TrainConfig", "SystemConfig", "DeviceSpec", "LinkSpec",
-    "NetworkSpec", "RunConfig", "load_config", "build_config", "apply_overrides", "DTYPE_BYTES",
+    "ModelConfig", "ModelBase", "validate_model", "ParallelConfig", "TrainConfig",
+    "SystemConfig", "DeviceSpec", "LinkSpec", "NetworkSpec", "RunConfig", "load_config", "build_config", "apply_overrides", "DTYPE_BYTES",
     "COLLECTIVE_OPS", "ALGORITHMS", "resolve_section", "format_validation_error", "read_document",
     "Bandwidth", "Bytes", "Seconds", "Flops", "count_type", "check_shape", "reject_bool",
 ]
@@ -35,65 +38,14 @@ Dtype = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 
 
-
-# ------------------------------------------------------------------- names kept in registries
-# One source of truth: a field that names an algorithm, a schedule, a topology, a node fabric
-# or a placement policy is checked against the registry the engines and builders use (looked
-# up when a value is validated, so a plugin registered later is accepted).
-def _collective_ops() -> tuple[str, ...]:
-    from typing import get_args
-
-    from .workloads.trace import CollectiveOp
-    return get_args(CollectiveOp)
-
-
-def _algorithms() -> dict[str, tuple[str, ...]]:
-    """Algorithms the engines know, per collective (``auto`` picks the cheapest)."""
-    from .simulator.collectives import algorithms_for
-    return {op: tuple(algorithms_for(op)) for op in _collective_ops()}
-
-
-def _schedules() -> tuple[str, ...]:
-    from .workloads.schedules import SCHEDULES
-    return tuple(SCHEDULES)
-
-
-def _topology_registry(table: str) -> tuple[str, ...]:
-    from .topologies import direct, fabrics, intra  # noqa: F401  (builders register on import)
-    from .topologies import registry
-    return tuple(getattr(registry, table))
-
-
-def _placements() -> tuple[str, ...]:
-    from .topologies.placement import PLACEMENT_POLICIES
-    return tuple(PLACEMENT_POLICIES)
-
-
-def registered(names: Any) -> Any:
-    """A string that must be one of ``names()`` (a registry's keys), refused with pydantic's
-    ``literal_error`` so that the message (allowed values, "did you mean") reads as for a
-    ``Literal``."""
-    from pydantic_core import PydanticCustomError
-
-    def check(v: Any) -> Any:
-        allowed = tuple(names())
-        if isinstance(v, str) and v in allowed:
-            return v
-        quoted = [repr(a) for a in allowed]
-        expected = quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
-        raise PydanticCustomError("literal_error", "Input should be {expected}",
-                                  {"expected": expected})
-    return Annotated[str, BeforeValidator(check)]
-
-
 def __getattr__(name: str) -> Any:
     if name == "ModelConfig":  # the GPT family's schema, under its historical name
         from .workloads.registry import get_family
         return get_family("gpt").schema
     if name == "COLLECTIVE_OPS":
-        return _collective_ops()
+        return collective_ops()
     if name == "ALGORITHMS":
-        return _algorithms()
+        return algorithms()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -153,26 +105,6 @@ class ModelBase(_Strict):
     source: str | None = None
 
 
-def validate_model(value: Any) -> ModelBase:
-    """A model section validated by the schema of its family (chosen by ``architecture``,
-    default ``gpt``, looked up in the workload registry).
-
-    Raises
-    ------
-    ConfigError
-        An unknown architecture (with the registered ones); ``ValidationError`` for the
-        family schema's own problems.
-    """
-    from .workloads.registry import ARCHITECTURE_DEFAULT, get_family
-
-    if isinstance(value, ModelBase):
-        return value
-    if not isinstance(value, dict):
-        raise ValueError(f"the model section must be a mapping of its fields; got "
-                         f"{type(value).__name__}")
-    return get_family(value.get("architecture", ARCHITECTURE_DEFAULT)).schema.model_validate(value)
-
-
 # ------------------------------------------------------------------------------------- parallel
 DPStrategy = Literal["ddp", "reduce_broadcast", "sliced_reduce_broadcast", "reduce_scatter"]
 
@@ -187,7 +119,7 @@ class ParallelConfig(_Strict):
     data_parallel_size: count_type("parallel_size") | None = Field(
         default=None, description="default: devices // (TP·PP)")
     zero_stage: Annotated[Literal[0, 1, 2, 3], BeforeValidator(reject_bool)] = 0
-    schedule: registered(_schedules) = "1f1b"
+    schedule: registered(schedules) = "1f1b"
     dp_strategy: DPStrategy = "ddp"
     overlap_grad_reduce: StrictBool = True
     grad_bucket_size: BucketBytes = Field(default=25 * 2**20,
@@ -197,7 +129,7 @@ class ParallelConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "ParallelConfig":
-        ALGORITHMS = _algorithms()
+        ALGORITHMS = algorithms()
         for op, algo in self.collective_algorithm.items():
             if op not in ALGORITHMS:
                 raise ValueError(f"collective_algorithm has unknown collective {op!r}"
@@ -289,13 +221,13 @@ class IntraNodeSpec(LinkSpec):
     """How devices of one node talk: NVSwitch (full bandwidth to any peer), NVLink ring, PCIe
     or shared memory. ``bandwidth_Bps`` is per device per direction."""
 
-    kind: registered(partial(_topology_registry, "NODE_FABRICS")) = "nvswitch"
+    kind: registered(node_fabrics) = "nvswitch"
 
 
 class NetworkSpec(_Strict):
     """The fabric between nodes."""
 
-    topology: registered(partial(_topology_registry, "TOPOLOGIES")) = "fat_tree"
+    topology: registered(topologies) = "fat_tree"
     oversubscription: Annotated[Real, _bounded("oversubscription")] = 1.0
     switch_latency_s: Seconds = 0.0
     nodes_per_leaf: count_type("devices") | None = None
@@ -347,7 +279,7 @@ class SystemConfig(_Strict):
     network: NetworkSpec = Field(default_factory=NetworkSpec)  # built on use: topologies import config
     compute_efficiency: Real = Field(default=0.75, gt=0, le=1,
                                       description="achieved / peak FLOP/s of large GEMMs")
-    placement: registered(_placements) | list[DeviceId] = "consecutive"
+    placement: registered(placements) | list[DeviceId] = "consecutive"
     source: str | None = None
 
     @property

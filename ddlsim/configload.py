@@ -75,18 +75,18 @@ def _allowed_keys(model: Any, loc: tuple) -> list[str]:
     return sorted(model.model_fields)
 
 
-def resolve_section(name: str, value: Any, base_dir: Any = None) -> dict:
+def resolve_section(name: str, value: Any, base_dir: Any = None, expand: bool = True) -> dict:
     """A section as a plain mapping: a preset name, a mapping, or ``{preset: …, overrides}``.
 
     A model section with ``hf_config`` (a HuggingFace ``config.json``: a path relative to
     ``base_dir``, or a bundled name) becomes its family's fields
-    (:func:`ddlsim.workloads.registry.expand_hf_config`).
+    (:func:`ddlsim.workloads.registry.expand_hf_config`) unless ``expand`` is False.
 
     Raises :class:`ConfigError` for anything else (a list, a number, null), naming the
     section and what is allowed.
     """
     data = _resolved(name, value)
-    if name == "model" and "hf_config" in data:
+    if name == "model" and "hf_config" in data and expand:
         from .workloads.registry import expand_hf_config
         return expand_hf_config(data, base_dir)
     return data
@@ -158,10 +158,18 @@ def build_config(data: dict, overrides: list[str] | tuple[str, ...] = (),
     sections = {}
     for name in (k for k in _SECTIONS if k in data):
         try:
-            sections[name] = resolve_section(name, data[name], base_dir)
+            sections[name] = resolve_section(name, data[name], base_dir, expand=False)
         except ConfigError as exc:
             problems.append(str(exc))
     sections = apply_overrides(sections, overrides)
+    model = sections.get("model")
+    if isinstance(model, dict) and "hf_config" in model:  # after --set: it may name one
+        from .workloads.registry import expand_hf_config
+        try:
+            sections["model"] = expand_hf_config(model, base_dir)
+        except ConfigError as exc:
+            problems.append(str(exc))
+            del sections["model"]
     parsed = {}
     for name, value in sections.items():
         try:

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from .trace import Workload
 
 __all__ = ["WorkloadFamily", "register_workload", "get_family", "families", "hf_family",
-           "read_presets", "expand_hf_config",
+           "read_presets", "expand_hf_config", "validate_model",
            "BUILTIN_FAMILIES", "ARCHITECTURE_DEFAULT"]
 
 #: Packages whose import registers the bundled families (one line per family).
@@ -140,6 +140,27 @@ def get_family(architecture: Any) -> WorkloadFamily:
                           f"family{did_you_mean(str(architecture), known)}; allowed: "
                           f"{', '.join(sorted(known))}")
     return known[architecture]
+
+
+def validate_model(value: Any) -> Any:
+    """A model section validated by the schema of its family (chosen by ``architecture``,
+    default :data:`ARCHITECTURE_DEFAULT`): the union of every family's schema, discriminated
+    on ``architecture``.
+
+    Raises
+    ------
+    ConfigError
+        An unknown architecture (with the registered ones); pydantic's ``ValidationError``
+        for the family schema's own problems.
+    """
+    from ..config import ModelBase
+
+    if isinstance(value, ModelBase):
+        return value
+    if not isinstance(value, dict):
+        raise ConfigError(f"the model section must be a mapping of its fields; got "
+                          f"{type(value).__name__}")
+    return get_family(value.get("architecture", ARCHITECTURE_DEFAULT)).schema.model_validate(value)
 
 
 def hf_family(model_type: Any, source: str) -> WorkloadFamily:

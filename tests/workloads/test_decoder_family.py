@@ -98,6 +98,14 @@ def test_hf_config_path_is_relative_to_the_run_config(tmp_path):
     assert cfg.model.num_hidden_layers == 4          # keys beside hf_config override the file
 
 
+def test_overrides_apply_to_the_hf_config_and_beside_it(tmp_path):
+    cfg = ddlsim.load_config(run_config(tmp_path, {"hf_config": "llama-2-7b"}),
+                             ["model.hf_config=llama-2-13b", "model.num_hidden_layers=8"])
+    # Llama-2 13B (h=5120, 40 heads, f=13824) with 8 of its 40 layers
+    assert (cfg.model.hidden_size, cfg.model.intermediate_size, cfg.model.num_hidden_layers) \
+        == (5120, 13824, 8)
+
+
 # ---------------------------------------------------------------- the trace
 def test_gqa_layer_flops_in_the_trace():
     cfg = ddlsim.load_config({"model": "llama2-70b", **PLAN})
