@@ -29,7 +29,8 @@ from .workloads.registry import validate_model
 
 __all__ = [
     "ModelConfig", "ModelBase", "validate_model", "ParallelConfig", "TrainConfig",
-    "SystemConfig", "DeviceSpec", "LinkSpec", "NetworkSpec", "RunConfig", "load_config", "build_config", "apply_overrides", "DTYPE_BYTES",
+    "SystemConfig", "DeviceSpec", "LinkSpec", "NetworkSpec", "RunConfig", "load_config",
+    "build_config", "apply_overrides", "DTYPE_BYTES",
     "COLLECTIVE_OPS", "ALGORITHMS", "resolve_section", "format_validation_error", "read_document",
     "Bandwidth", "Bytes", "Seconds", "Flops", "count_type", "check_shape", "reject_bool",
 ]
