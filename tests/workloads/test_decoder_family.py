@@ -207,3 +207,9 @@ def test_example_runs_and_warns_once():
         cfg = ddlsim.load_config(ROOT / "examples" / "llama2-70b-64-h100.yaml")
     assert [w.category for w in caught] == [DDLSimWarning]
     assert (cfg.world_size, cfg.model.num_key_value_heads) == (64, 8)
+
+
+def test_resolved_config_of_a_llama_result_loads_back_as_the_same_config():
+    cfg = ddlsim.load_config({"model": "llama3-8b", **PLAN})
+    back = ddlsim.load_config(ddlsim.predict(cfg, check_fit=False).config)
+    assert back == cfg and type(back.model) is type(cfg.model)
