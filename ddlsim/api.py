@@ -20,18 +20,15 @@ Engine = Literal["analytical", "des"]
 
 
 def build_workload(cfg: RunConfig) -> Workload:
-    """The workload trace of one iteration of ``cfg``."""
-    if cfg.model.architecture == "gpt":
-        from .workloads.gpt import build_gpt_workload
-        return build_gpt_workload(cfg)
-    raise ConfigError(f"model.architecture = {cfg.model.architecture!r} has no workload generator; "
-                      "allowed: gpt")
+    """The workload trace of one iteration of ``cfg``, built by the family that
+    ``model.architecture`` names (:mod:`ddlsim.workloads.registry`)."""
+    return cfg.family.build(cfg)
 
 
 def memory_per_device(cfg: RunConfig) -> MemoryBreakdown:
-    """The memory of the most loaded device (largest total over pipeline stages)."""
-    from .workloads.gpt import gpt_memory
-    return max(gpt_memory(cfg), key=lambda m: m.total)
+    """The memory of the most loaded device: the largest total over the rank classes that the
+    model's family reports (for a decoder, one per pipeline stage)."""
+    return max(cfg.family.memory(cfg), key=lambda m: m.total)
 
 
 def check_memory(cfg: RunConfig, mem: MemoryBreakdown) -> None:

@@ -136,6 +136,9 @@ def predict(
     limit: Annotated[Optional[list[str]], typer.Option(
         "--limit", help="Raise a work budget, e.g. --limit des_rank_ops=1e8 (names: "
                         "pipeline_steps, ranks, topology_links, trace_ops, des_rank_ops).")] = None,
+    model: Annotated[Optional[str], typer.Option(
+        "--model", help="A HuggingFace config.json (path, or a bundled name such as "
+                        "llama-2-70b) replacing CONFIG's model section.")] = None,
 ) -> None:
     """Predict the iteration time of CONFIG, with its breakdown and memory per device."""
     from .config import load_config
@@ -147,7 +150,7 @@ def predict(
     from .limits import Limits
 
     limits = Limits.from_strings(limit)
-    cfg = load_config(config, overrides or [])
+    cfg = load_config(config, overrides or [], model=model)
     engines = ["analytical", "des"] if engine == "both" else [engine]
     results = run_predictions(cfg, engines, calibration=calibration, backend=backend,
                               allow_oom=allow_oom, trace=trace, force=force,
@@ -273,17 +276,29 @@ def presets(
     for sec, entries in list_presets(section).items():
         t = Table(title=f"{sec} presets", title_justify="left")
         t.add_column("name", style="bold")
+        if sec == "model":
+            from .presets import model_preset_families
+            family = model_preset_families()
+            t.add_column("family")
         t.add_column("summary")
         t.add_column("source", overflow="fold")
         for name, v in entries.items():
-            t.add_row(name, _summary(sec, v), str(v.get("source", "")))
+            cells = [family[name]] if sec == "model" else []
+            t.add_row(name, *cells, _summary(sec, name, v), str(v.get("source", "")))
         out.print(t)
 
 
-def _summary(section: str, v: dict) -> str:
-    if section == "model":
-        return (f"L={v['num_hidden_layers']} h={v['hidden_size']} heads={v['num_attention_heads']} "
-                f"V={v['vocab_size']}")
+def _summary(section: str, name: str, v: dict) -> str:
+    if section == "model":  # the family's one line (bundled config.json files are read)
+        from .config import validate_model
+        from .configload import resolve_section
+        from .workloads.registry import get_family
+
+        import warnings
+        with warnings.catch_warnings():  # a listing: keys a bundled file has are no news
+            warnings.simplefilter("ignore")
+            model = validate_model(resolve_section("model", name))
+        return get_family(model.architecture).summary(model).removeprefix(f"{name}: ")
     if section == "system":
         d = v["device"]
         return f"{v['nodes']}×{v['devices_per_node']} {d['name']}, {v['nics_per_node']}×{v['nic']['bandwidth_Bps']} NIC"

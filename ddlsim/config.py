@@ -17,16 +17,20 @@ import math
 from functools import partial
 from typing import Annotated, Any, Literal
 
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool,
-                      model_validator)
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field,
+                      SerializeAsAny, StrictBool, field_validator, model_validator)
 
 from . import units
-from .errors import did_you_mean
+from .errors import ConfigError, did_you_mean
 from .limits import check_bound
+from .registered import (algorithms, collective_ops, node_fabrics, placements, registered,
+                         schedules, topologies)
+from .workloads.registry import validate_model
 
 __all__ = [
-    "ModelConfig", "ParallelConfig", "TrainConfig", "SystemConfig", "DeviceSpec", "LinkSpec",
-    "NetworkSpec", "RunConfig", "load_config", "build_config", "apply_overrides", "DTYPE_BYTES",
+    "ModelConfig", "ModelBase", "validate_model", "ParallelConfig", "TrainConfig",
+    "SystemConfig", "DeviceSpec", "LinkSpec", "NetworkSpec", "RunConfig", "load_config",
+    "build_config", "apply_overrides", "DTYPE_BYTES",
     "COLLECTIVE_OPS", "ALGORITHMS", "resolve_section", "format_validation_error", "read_document",
     "Bandwidth", "Bytes", "Seconds", "Flops", "count_type", "check_shape", "reject_bool",
 ]
@@ -34,21 +38,16 @@ __all__ = [
 Dtype = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 
-COLLECTIVE_OPS = ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter",
-                  "all_to_all", "gather", "scatter", "barrier")
-#: Algorithms the engines know, per collective (``auto`` picks the cheapest).
-ALGORITHMS: dict[str, tuple[str, ...]] = {
-    "all_reduce": ("ring", "tree", "double_binary_tree", "recursive_doubling", "rabenseifner",
-                   "hierarchical"),
-    "reduce": ("binomial", "ring", "direct"),
-    "broadcast": ("binomial", "ring", "direct", "scatter_allgather"),
-    "all_gather": ("ring", "recursive_doubling", "hierarchical"),
-    "reduce_scatter": ("ring", "recursive_halving", "hierarchical"),
-    "all_to_all": ("pairwise", "direct"),
-    "gather": ("binomial", "direct"),
-    "scatter": ("binomial", "direct"),
-    "barrier": ("dissemination",),
-}
+
+def __getattr__(name: str) -> Any:
+    if name == "ModelConfig":  # the GPT family's schema, under its historical name
+        from .workloads.registry import get_family
+        return get_family("gpt").schema
+    if name == "COLLECTIVE_OPS":
+        return collective_ops()
+    if name == "ALGORITHMS":
+        return algorithms()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def reject_bool(v: Any) -> Any:
@@ -98,24 +97,13 @@ class _Strict(BaseModel):
 
 
 # ---------------------------------------------------------------------------------------- model
-class ModelConfig(_Strict):
-    """A transformer (or, later, another architecture) with HuggingFace ``config.json`` names."""
+class ModelBase(_Strict):
+    """What every model section has; each workload family's schema (an arm of the union
+    discriminated on ``architecture``, see :mod:`ddlsim.workloads.registry`) extends it."""
 
     name: str = "custom"
-    architecture: Literal["gpt"] = "gpt"
-    num_hidden_layers: count_type("layers")
-    hidden_size: count_type("hidden_size")
-    num_attention_heads: count_type("heads")
-    intermediate_size: count_type("intermediate_size") | None = Field(
-        default=None, description="default 4·hidden_size")
-    vocab_size: count_type("vocab_size")
-    max_position_embeddings: count_type("seq_length")
-    tie_word_embeddings: StrictBool = True
+    architecture: str
     source: str | None = None
-
-    @property
-    def ffn_size(self) -> int:
-        return self.intermediate_size or 4 * self.hidden_size
 
 
 # ------------------------------------------------------------------------------------- parallel
@@ -132,7 +120,7 @@ class ParallelConfig(_Strict):
     data_parallel_size: count_type("parallel_size") | None = Field(
         default=None, description="default: devices // (TP·PP)")
     zero_stage: Annotated[Literal[0, 1, 2, 3], BeforeValidator(reject_bool)] = 0
-    schedule: Literal["gpipe", "1f1b", "interleaved"] = "1f1b"
+    schedule: registered(schedules) = "1f1b"
     dp_strategy: DPStrategy = "ddp"
     overlap_grad_reduce: StrictBool = True
     grad_bucket_size: BucketBytes = Field(default=25 * 2**20,
@@ -142,6 +130,7 @@ class ParallelConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "ParallelConfig":
+        ALGORITHMS = algorithms()
         for op, algo in self.collective_algorithm.items():
             if op not in ALGORITHMS:
                 raise ValueError(f"collective_algorithm has unknown collective {op!r}"
@@ -233,13 +222,13 @@ class IntraNodeSpec(LinkSpec):
     """How devices of one node talk: NVSwitch (full bandwidth to any peer), NVLink ring, PCIe
     or shared memory. ``bandwidth_Bps`` is per device per direction."""
 
-    kind: Literal["nvswitch", "nvlink_ring", "nvlink_mesh", "pcie", "shared_memory"] = "nvswitch"
+    kind: registered(node_fabrics) = "nvswitch"
 
 
 class NetworkSpec(_Strict):
     """The fabric between nodes."""
 
-    topology: Literal["single_switch", "fat_tree", "rail_optimized", "torus", "dragonfly"] = "fat_tree"
+    topology: registered(topologies) = "fat_tree"
     oversubscription: Annotated[Real, _bounded("oversubscription")] = 1.0
     switch_latency_s: Seconds = 0.0
     nodes_per_leaf: count_type("devices") | None = None
@@ -288,10 +277,10 @@ class SystemConfig(_Strict):
     intra_node: IntraNodeSpec
     nics_per_node: count_type("nics_per_node") = 1
     nic: LinkSpec
-    network: NetworkSpec = NetworkSpec()
+    network: NetworkSpec = Field(default_factory=NetworkSpec)  # built on use: topologies import config
     compute_efficiency: Real = Field(default=0.75, gt=0, le=1,
                                       description="achieved / peak FLOP/s of large GEMMs")
-    placement: Literal["consecutive", "round_robin"] | list[DeviceId] = "consecutive"
+    placement: registered(placements) | list[DeviceId] = "consecutive"
     source: str | None = None
 
     @property
@@ -316,7 +305,7 @@ class SystemConfig(_Strict):
 class RunConfig(_Strict):
     """model × parallel × train × system, checked together."""
 
-    model: ModelConfig
+    model: SerializeAsAny[ModelBase]
     parallel: ParallelConfig = ParallelConfig()
     train: TrainConfig
     system: SystemConfig
@@ -327,28 +316,41 @@ class RunConfig(_Strict):
         return self.parallel.data_parallel_size
 
     @property
+    def mesh(self) -> Any:
+        """The plan as a :class:`~ddlsim.workloads.mesh.DeviceMesh` (Megatron-LM's order)."""
+        from .workloads.mesh import DeviceMesh
+        return DeviceMesh.from_megatron(tensor_model_parallel_size=self.parallel.tp,
+                                        pipeline_model_parallel_size=self.parallel.pp,
+                                        data_parallel_size=self.dp)
+
+    @property
     def world_size(self) -> int:
-        return self.parallel.tp * self.parallel.pp * self.dp
+        return self.mesh.world_size
 
     @property
     def num_microbatches(self) -> int:
         return self.train.global_batch_size // (self.train.micro_batch_size * self.dp)
 
+    @property
+    def family(self) -> Any:
+        """The :class:`~ddlsim.workloads.registry.WorkloadFamily` of ``model.architecture``."""
+        from .workloads.registry import get_family
+        return get_family(self.model.architecture)
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _dispatch(cls, value: Any) -> Any:
+        try:
+            return validate_model(value)
+        except ConfigError as exc:  # pydantic reports ValueErrors only
+            raise ValueError(str(exc)) from None
+
     @model_validator(mode="after")
     def _check(self) -> "RunConfig":
-        m, p, t, s = self.model, self.parallel, self.train, self.system
-        tp, pp, vpp = p.tp, p.pp, p.vpp
+        p, t, s = self.parallel, self.train, self.system
+        tp, pp = p.tp, p.pp
         devices = s.num_devices
-        if m.num_attention_heads % tp:
-            raise ValueError(f"model.num_attention_heads = {m.num_attention_heads} is not divisible "
-                             f"by parallel.tensor_model_parallel_size = {tp}")
-        if m.ffn_size % tp:
-            raise ValueError(f"model.intermediate_size = {m.ffn_size} is not divisible by "
-                             f"parallel.tensor_model_parallel_size = {tp}")
-        if m.num_hidden_layers % (pp * vpp):
-            raise ValueError(f"model.num_hidden_layers = {m.num_hidden_layers} is not divisible by "
-                             f"pipeline_model_parallel_size × virtual_pipeline_model_parallel_size "
-                             f"= {pp} × {vpp} = {pp * vpp}")
+        self.family.check(self)  # the rules that involve the model (heads, layers, positions)
         if p.data_parallel_size is None:
             if devices % (tp * pp):
                 raise ValueError(f"cannot derive data_parallel_size: the system's {devices} devices "
@@ -381,15 +383,9 @@ class RunConfig(_Strict):
             raise ValueError(f"schedule = 'interleaved' needs the number of micro-batches "
                              f"(global_batch_size / (micro_batch_size · DP) = {mb}) to be a "
                              f"multiple of pipeline_model_parallel_size = {pp}")
-        if t.seq_length > m.max_position_embeddings:
-            raise ValueError(f"train.seq_length = {t.seq_length} exceeds "
-                             f"model.max_position_embeddings = {m.max_position_embeddings}")
         if t.dtype not in s.device.peak_flops:
             raise ValueError(f"train.dtype = {t.dtype!r} has no peak FLOP/s on device "
                              f"'{s.device.name}'; it lists {', '.join(s.device.peak_flops)}")
-        if p.sequence_parallel and t.seq_length % tp:
-            raise ValueError(f"sequence_parallel needs train.seq_length = {t.seq_length} divisible "
-                             f"by tensor_model_parallel_size = {tp}")
         return self
 
 

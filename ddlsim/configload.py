@@ -21,7 +21,7 @@ from .errors import ConfigError, did_you_mean
 __all__ = ["load_config", "build_config", "apply_overrides", "resolve_section",
            "format_validation_error", "read_document"]
 
-_SECTIONS = {"model": C.ModelConfig, "parallel": C.ParallelConfig, "train": C.TrainConfig,
+_SECTIONS = {"model": C.ModelBase, "parallel": C.ParallelConfig, "train": C.TrainConfig,
              "system": C.SystemConfig}
 _REQUIRED = ("model", "train", "system")
 
@@ -75,12 +75,24 @@ def _allowed_keys(model: Any, loc: tuple) -> list[str]:
     return sorted(model.model_fields)
 
 
-def resolve_section(name: str, value: Any) -> dict:
+def resolve_section(name: str, value: Any, base_dir: Any = None, expand: bool = True) -> dict:
     """A section as a plain mapping: a preset name, a mapping, or ``{preset: …, overrides}``.
+
+    A model section with ``hf_config`` (a HuggingFace ``config.json``: a path relative to
+    ``base_dir``, or a bundled name) becomes its family's fields
+    (:func:`ddlsim.workloads.registry.expand_hf_config`) unless ``expand`` is False.
 
     Raises :class:`ConfigError` for anything else (a list, a number, null), naming the
     section and what is allowed.
     """
+    data = _resolved(name, value)
+    if name == "model" and "hf_config" in data and expand:
+        from .workloads.registry import expand_hf_config
+        return expand_hf_config(data, base_dir)
+    return data
+
+
+def _resolved(name: str, value: Any) -> dict:
     from .presets import get_preset  # local import: presets import config
 
     if isinstance(value, str):
@@ -125,10 +137,12 @@ def _deep_update(base: dict, new: dict) -> None:
             base[k] = v
 
 
-def build_config(data: dict, overrides: list[str] | tuple[str, ...] = ()) -> C.RunConfig:
+def build_config(data: dict, overrides: list[str] | tuple[str, ...] = (),
+                 base_dir: Any = None) -> C.RunConfig:
     """Validate a run config given as a mapping (sections may be preset names).
 
-    Every section is checked, and every problem found is listed in one message.
+    Every section is checked, and every problem found is listed in one message. ``base_dir``
+    is the folder that relative paths in the config (``model.hf_config``) start from.
 
     Raises
     ------
@@ -144,16 +158,26 @@ def build_config(data: dict, overrides: list[str] | tuple[str, ...] = ()) -> C.R
     sections = {}
     for name in (k for k in _SECTIONS if k in data):
         try:
-            sections[name] = resolve_section(name, data[name])
+            sections[name] = resolve_section(name, data[name], base_dir, expand=False)
         except ConfigError as exc:
             problems.append(str(exc))
     sections = apply_overrides(sections, overrides)
+    model = sections.get("model")
+    if isinstance(model, dict) and "hf_config" in model:  # after --set: it may name one
+        from .workloads.registry import expand_hf_config
+        try:
+            sections["model"] = expand_hf_config(model, base_dir)
+        except ConfigError as exc:
+            problems.append(str(exc))
+            del sections["model"]
     parsed = {}
     for name, value in sections.items():
         try:
-            parsed[name] = _SECTIONS[name].model_validate(value)
+            parsed[name] = _validate_section(name, value)
         except ValidationError as exc:
-            problems.append(format_validation_error(exc, name))
+            problems.append(format_validation_error(exc, name, _root(name, value)))
+        except ConfigError as exc:
+            problems.append(str(exc))
     if problems:
         raise ConfigError(_joined(problems))
     try:
@@ -163,6 +187,23 @@ def build_config(data: dict, overrides: list[str] | tuple[str, ...] = ()) -> C.R
     from .limits import warn_unusual
     warn_unusual(cfg)
     return cfg
+
+
+def _validate_section(name: str, value: Any) -> BaseModel:
+    if name == "model":  # the schema of the family that model.architecture names
+        return C.validate_model(value)
+    return _SECTIONS[name].model_validate(value)
+
+
+def _root(name: str, value: Any) -> Any:
+    """The pydantic model a section's errors refer to (the model family's schema)."""
+    if name != "model" or not isinstance(value, dict):
+        return None
+    from .workloads.registry import ARCHITECTURE_DEFAULT, get_family
+    try:
+        return get_family(value.get("architecture", ARCHITECTURE_DEFAULT)).schema
+    except ConfigError:
+        return None
 
 
 def _joined(problems: list[str]) -> str:
@@ -231,8 +272,13 @@ def read_document(path: str | Path) -> dict:
 
 
 def load_config(source: str | Path | dict,
-                overrides: list[str] | tuple[str, ...] = ()) -> C.RunConfig:
+                overrides: list[str] | tuple[str, ...] = (), *,
+                model: str | Path | None = None) -> C.RunConfig:
     """Load and validate a run config from a YAML/JSON path or a mapping.
+
+    ``model``, a HuggingFace ``config.json`` (path, or bundled name), replaces the model
+    section (the CLI's ``--model``); relative paths inside a config file (``hf_config``)
+    start from the file's folder.
 
     Raises
     ------
@@ -244,8 +290,12 @@ def load_config(source: str | Path | dict,
         raise ConfigError(f"a run config is a path to a YAML/JSON file or a mapping; got "
                           f"{_kind(source)} {_shown(source)}")
     data = source if isinstance(source, dict) else read_document(source)
+    base_dir = None if isinstance(source, dict) else Path(source).parent
+    if model is not None:
+        data = {**data, "model": {"hf_config": str(Path(model).absolute())
+                                  if Path(model).exists() else str(model)}}
     try:
-        return build_config(data, overrides)
+        return build_config(data, overrides, base_dir)
     except ConfigError as exc:
         if isinstance(source, (str, Path)):
             raise type(exc)(f"{source}: {exc}") from None

@@ -1,4 +1,7 @@
-"""Named presets for each config section, shipped as YAML in ``ddlsim/data`` with sources."""
+"""Named presets for each config section, shipped as YAML in ``ddlsim/data`` with sources.
+
+Model presets come from the workload families (:mod:`ddlsim.workloads.registry`): each family
+names its presets file; ``list_presets("model")`` is their union, in registration order."""
 
 from __future__ import annotations
 
@@ -7,16 +10,34 @@ from importlib import resources
 
 from .errors import ConfigError, did_you_mean
 
-__all__ = ["get_preset", "list_presets", "SECTIONS"]
+__all__ = ["get_preset", "list_presets", "model_preset_families", "SECTIONS"]
 
 SECTIONS = {"model": "models.yaml", "system": "systems.yaml", "parallel": "parallel.yaml",
             "train": "train.yaml"}
+
+
+def model_preset_families() -> dict[str, str]:
+    """Model preset name → the architecture of the family that provides it."""
+    from .workloads.registry import families
+
+    out: dict[str, str] = {}
+    for arch, family in families().items():
+        for name in family.presets():
+            out.setdefault(name, arch)
+    return out
 
 
 @cache
 def _load(section: str) -> dict[str, dict]:
     import yaml
 
+    if section == "model":
+        from .workloads.registry import families
+        table: dict[str, dict] = {}
+        for family in families().values():
+            for name, preset in family.presets().items():
+                table.setdefault(name, preset)
+        return table
     text = resources.files("ddlsim.data").joinpath(SECTIONS[section]).read_text()
     return yaml.safe_load(text) or {}
 

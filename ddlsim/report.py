@@ -53,8 +53,9 @@ def dumps_json(payload: Any) -> str:
 
 def _header(console: Console, cfg: RunConfig) -> None:
     p, t, s = cfg.parallel, cfg.train, cfg.system
+    console.print(f"[bold]{escape(cfg.family.summary(cfg.model))}[/]", highlight=False)
     console.print(
-        f"[bold]{escape(cfg.model.name)}[/] on {s.nodes}×{s.devices_per_node} "
+        f"on {s.nodes}×{s.devices_per_node} "
         f"{escape(s.device.name)} ({escape(s.name)}) — TP{p.tp} × PP{p.pp}"
         f"{f'(v{p.vpp})' if p.vpp > 1 else ''} × DP{cfg.dp} = {cfg.world_size} ranks, "
         f"{p.schedule}, ZeRO-{p.zero_stage}, dp_strategy {p.dp_strategy}, micro-batch "

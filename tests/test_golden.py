@@ -44,6 +44,16 @@ VARIANTS = {
     "ring-tree": ["parallel.collective_algorithm={all_reduce: tree}"],
     "fp16-rail": ["train.dtype=fp16", "system.network.topology=rail_optimized"],
 }
+#: A small Llama-3 (GQA 32/8, SwiGLU, RMSNorm, rotary, untied) on one DGX H100, shortened to
+#: 8 layers so its DES run is quick.
+LLAMA_VARIANT = {
+    "model": {"preset": "llama3-8b", "num_hidden_layers": 8},
+    "parallel": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2,
+                 "sequence_parallel": True},
+    "train": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 4096,
+              "recompute": "selective"},
+    "system": {"preset": "dgx-h100", "nodes": 1},
+}
 #: The keys of ``Result.to_dict()`` that are predictions (not metadata).
 PREDICTED = ("iteration_time_s", "samples_per_s", "tokens_per_s", "mfu", "tflops_per_device",
              "breakdown", "comm_bytes", "memory_per_device_bytes", "world_size",
@@ -71,6 +81,8 @@ def cases() -> dict[str, tuple[object, list[str], str]]:
     for name, sets in VARIANTS.items():
         out[f"variant-{name}:analytical"] = (BASE_VARIANT, sets, "analytical")
     out["variant-1f1b:des"] = (BASE_VARIANT, [], "des")
+    for engine in ("analytical", "des"):  # a Llama-style decoder: GQA, SwiGLU, RMSNorm, untied
+        out[f"llama-variant:{engine}"] = (LLAMA_VARIANT, [], engine)
     return out
 
 

@@ -44,11 +44,14 @@ def test_implausible_values_are_refused_with_the_reason(override, field, reason)
 
 
 def test_bounds_sit_far_beyond_every_preset_and_example():
-    """Every shipped config loads without an error or a warning."""
+    """Every shipped config loads without an error or a warning (other than the one line
+    listing the keys of a published HuggingFace config.json that ddlsim does not model)."""
     import glob
 
     with warnings.catch_warnings():
         warnings.simplefilter("error", DDLSimWarning)
+        warnings.filterwarnings("ignore", r".*config\.json key\(s\) not modelled by ddlsim",
+                                DDLSimWarning)
         for path in sorted(glob.glob("examples/*.yaml")):
             ddlsim.load_config(path)
 

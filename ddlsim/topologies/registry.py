@@ -14,8 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import networkx as nx
-
 from ..errors import ConfigError
 
 __all__ = ["register_node_fabric", "register_topology", "NODE_FABRICS", "TOPOLOGIES",
@@ -77,6 +75,8 @@ class GraphBuilder:
     """
 
     def __init__(self, switch_latency_s: float = 0.0):
+        import networkx as nx  # here, not at import: config validation reads the names
+
         self.graph = nx.DiGraph()
         self.switch_latency_s = float(switch_latency_s)
 

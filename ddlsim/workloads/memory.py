@@ -1,11 +1,13 @@
-"""Memory per device: model states (split by ZeRO stage) and activations.
+"""Memory per device: the breakdown every workload family returns, and the model states
+(split by ZeRO stage) and pipeline in-flight counts that families share.
 
 Model states with mixed-precision Adam (Rajbhandari et al. 2020, "ZeRO", §3.1 and Table 1):
 16-bit weights 2Ψ, 16-bit gradients 2Ψ, fp32 master weights, momentum and variance 12Ψ
 (K = 12). ZeRO-1 divides the optimizer states by N_d, ZeRO-2 also the gradients, ZeRO-3 also
 the weights. In fp32 training the weights and gradients take 4Ψ each and Adam 8Ψ.
 
-Activations: :meth:`GPTShape.layer_activation_bytes` per layer and micro-batch, times the
+Activations (decoder family, :mod:`ddlsim.workloads.decoder.memory`):
+:meth:`DecoderShape.layer_activation_bytes` per layer and micro-batch, times the
 layers a stage holds, times the micro-batches in flight on that stage: ``m`` for GPipe,
 ``min(p − s, m)`` for 1F1B, and for the interleaved schedule the forward chunks issued before
 the first backward (Korthikanti et al. 2022, §4.2.3: the first stage holds ``p`` micro-batches,
@@ -17,10 +19,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ..config import DTYPE_BYTES, RunConfig
-from .models.gpt import GPTShape
 from .schedules import peak_inflight
 
-__all__ = ["MemoryBreakdown", "model_state_bytes", "stage_memory", "inflight_chunks"]
+__all__ = ["MemoryBreakdown", "model_state_bytes", "inflight_chunks"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,26 +73,3 @@ def inflight_chunks(cfg: RunConfig, stage: int) -> int:
     """Largest number of (micro-batch, chunk) forwards held at once by ``stage``."""
     p = cfg.parallel
     return peak_inflight(p.schedule, stage, p.pp, cfg.num_microbatches, p.vpp)
-
-
-def stage_memory(cfg: RunConfig, shape: GPTShape, stage: int, params: float) -> MemoryBreakdown:
-    """Memory of one rank of pipeline ``stage`` holding ``params`` parameters."""
-    p, t = cfg.parallel, cfg.train
-    weights, grads, opt = model_state_bytes(params, cfg.dp, p.zero_stage, t.dtype, t.optimizer)
-    layers_per_chunk = shape.L // (p.pp * p.vpp)
-    per_layer = shape.layer_activation_bytes(t.micro_batch_size, t.seq_length, p.tp,
-                                             p.sequence_parallel, t.recompute)
-    chunks = inflight_chunks(cfg, stage)
-    acts = per_layer * layers_per_chunk * chunks
-    if t.recompute == "full":  # one layer's full activations are rebuilt during its backward
-        acts += shape.layer_activation_bytes(t.micro_batch_size, t.seq_length, p.tp,
-                                             p.sequence_parallel, "none")
-    sbh = t.micro_batch_size * t.seq_length * shape.h
-    other = 0.0
-    if stage == p.pp - 1:  # logits (16-bit) and fp32 softmax of the vocab-parallel loss
-        other += t.micro_batch_size * t.seq_length * shape.V / p.tp * (2 + 4)
-    if stage == 0:  # embedding output kept for dropout
-        other += sbh * chunks / p.vpp
-    if p.zero_stage == 3:  # two gathered layers live at once (current + prefetched)
-        other += 2 * shape.layer_params / p.tp * DTYPE_BYTES[t.dtype]
-    return MemoryBreakdown(weights, grads, opt, acts, other, cfg.system.device.memory_bytes, stage)

@@ -1,0 +1,141 @@
+"""Decoder-only transformers: the ``gpt`` and ``llama`` workload families.
+
+Both share one trace builder (:mod:`.builder`, :mod:`.build`) and one memory model
+(:mod:`.memory`) over :class:`~ddlsim.workloads.models.decoder.DecoderShape`; they differ in
+their model section (:mod:`.schema`) and presets. HuggingFace ``config.json`` files of
+``model_type`` ``gpt2`` (→ ``gpt``) and ``llama``, ``mistral``, ``qwen2`` (→ ``llama``) are read
+by :func:`ddlsim.workloads.models.hf.from_hf_config`; Mixture-of-Experts configs (``mixtral``,
+``qwen2_moe``) are refused until MoE is modelled.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...errors import ConfigError
+from ..registry import WorkloadFamily, read_presets, register_workload
+from .schema import GPTModel, LlamaModel
+
+__all__ = ["DecoderFamily", "GPTFamily", "LlamaFamily", "GPTModel", "LlamaModel"]
+
+
+class DecoderFamily(WorkloadFamily):
+    """What the decoder families share: plan rules, builder, memory, summary, HF reading."""
+
+    kind = "decoder"
+
+    def check(self, cfg: Any) -> None:
+        """Megatron-LM's divisibility rules and the sequence against the positions."""
+        m, p, t = cfg.model, cfg.parallel, cfg.train
+        tp, pp, vpp = p.tp, p.pp, p.vpp
+        if m.num_attention_heads % tp:
+            raise ValueError(f"model.num_attention_heads = {m.num_attention_heads} is not divisible "
+                             f"by parallel.tensor_model_parallel_size = {tp}")
+        g = getattr(m, "num_key_value_heads", None)
+        if g is not None and g % tp:
+            raise ValueError(f"model.num_key_value_heads = {g} is not divisible by "
+                             f"parallel.tensor_model_parallel_size = {tp}: each tensor-parallel "
+                             "rank holds whole key/value heads (Megatron-LM: num_query_groups "
+                             "% tensor_model_parallel_size == 0); use a TP size that divides it")
+        if m.ffn_size % tp:
+            raise ValueError(f"model.intermediate_size = {m.ffn_size} is not divisible by "
+                             f"parallel.tensor_model_parallel_size = {tp}")
+        if m.num_hidden_layers % (pp * vpp):
+            raise ValueError(f"model.num_hidden_layers = {m.num_hidden_layers} is not divisible by "
+                             f"pipeline_model_parallel_size × virtual_pipeline_model_parallel_size "
+                             f"= {pp} × {vpp} = {pp * vpp}")
+        if m.max_position_embeddings is not None and t.seq_length > m.max_position_embeddings:
+            raise ValueError(f"train.seq_length = {t.seq_length} exceeds "
+                             f"model.max_position_embeddings = {m.max_position_embeddings}")
+        if p.sequence_parallel and t.seq_length % tp:
+            raise ValueError(f"sequence_parallel needs train.seq_length = {t.seq_length} divisible "
+                             f"by tensor_model_parallel_size = {tp}")
+
+    def build(self, cfg: Any):
+        from .build import build_decoder_workload
+        return build_decoder_workload(cfg, cfg.model.shape())
+
+    def memory(self, cfg: Any) -> list:
+        from .build import decoder_memory
+        return decoder_memory(cfg, cfg.model.shape())
+
+    def summary(self, model: Any) -> str:
+        """``name: L layers, h hidden, heads (KV heads), MLP, norm, positions, embeddings,
+        parameters`` in one line."""
+        sh = model.shape()
+        attn = f"{sh.heads} heads" + ("" if sh.g == sh.heads else f" ({sh.g} KV)")
+        act = {"silu": "SwiGLU", "swish": "SwiGLU"}.get(sh.activation, "GeGLU")
+        mlp = f"{act if sh.gated_mlp else 'GeLU'} {sh.ffn}"
+        norm = "RMSNorm" if sh.norm == "rmsnorm" else "LayerNorm"
+        n = sh.params
+        count = f"{n / 1e9:.3g} B" if n >= 1e9 else f"{n / 1e6:.3g} M"
+        return (f"{model.name}: {sh.layers} layers, h {sh.hidden}, {attn}, {mlp}, {norm}, "
+                f"{sh.positions}, {'tied' if sh.tied_embeddings else 'untied'}, vocab "
+                f"{sh.vocab}, {count} params")
+
+    def from_hf(self, doc: dict, source: str) -> tuple[dict, list[str]]:
+        from ..models.hf import from_hf_config
+
+        moe = doc.get("num_local_experts", doc.get("num_experts"))
+        if isinstance(moe, int) and not isinstance(moe, bool) and moe > 1:
+            raise ConfigError(f"{source}: a Mixture-of-Experts model (model_type "
+                              f"{doc.get('model_type')!r}, {moe} experts) is not modelled yet: "
+                              "ddlsim predicts dense decoders (GPT, Llama, Mistral, Qwen2) only; "
+                              "expert parallelism, routing and all-to-all dispatch are issue 10, "
+                              "item 5. Use a dense model's config.json")
+        fields, unmodelled = from_hf_config(doc, source=source)
+        if fields.get("experts"):
+            raise ConfigError(f"{source}: a Mixture-of-Experts model is not modelled yet; use a "
+                              "dense model's config.json")
+        return _section(fields), unmodelled
+
+
+def _section(f: dict) -> dict:
+    """A model section from :class:`DecoderShape` fields (HuggingFace names)."""
+    common = {"num_hidden_layers": f["layers"], "hidden_size": f["hidden"],
+              "num_attention_heads": f["heads"], "vocab_size": f["vocab"],
+              "max_position_embeddings": f.get("max_positions"),
+              "tie_word_embeddings": f["tied_embeddings"]}
+    if not f.get("gated_mlp"):
+        ffn = f["ffn"]
+        return {"architecture": "gpt", **common,
+                "intermediate_size": None if ffn == 4 * f["hidden"] else ffn}
+    out = {"architecture": "llama", **common, "num_key_value_heads": f.get("kv_heads"),
+           "head_dim": f.get("head_dim"), "intermediate_size": f["ffn"],
+           "hidden_act": f["activation"], "attention_bias": f["out_bias"],
+           "mlp_bias": f["mlp_bias"]}
+    if f["qkv_bias"] != f["out_bias"]:
+        out["qkv_bias"] = f["qkv_bias"]
+    return out
+
+
+@register_workload("gpt")
+class GPTFamily(DecoderFamily):
+    """GPT-2, GPT-3 and Megatron-LM's GPTs (presets in ``data/models.yaml``)."""
+
+    schema = GPTModel
+    presets_file = "models.yaml"
+    hf_model_types = ("gpt2",)
+
+
+@register_workload("llama")
+class LlamaFamily(DecoderFamily):
+    """Llama 2/3, Mistral, Qwen2 (presets: the bundled ``config.json`` files of
+    ``data/decoders.yaml``; MoE ones wait for the MoE family)."""
+
+    schema = LlamaModel
+    hf_model_types = ("llama", "mistral", "qwen2", "mixtral", "qwen2_moe")
+
+    def presets(self) -> dict[str, dict]:
+        import json
+        from importlib import resources
+
+        data = resources.files("ddlsim.data")
+        out = {}
+        for name, p in read_presets("decoders.yaml").items():
+            doc = json.loads(data.joinpath(p["hf_config"]).read_text())
+            if doc.get("model_type") in ("llama", "mistral", "qwen2"):
+                out[name] = {"architecture": "llama",
+                             "hf_config": p["hf_config"].removeprefix("hf/").removesuffix(".json"),
+                             "source": p["source"]}
+        return out

@@ -1,0 +1,137 @@
+"""A decoder-only transformer's training iteration → workload trace, and its memory per stage.
+
+Rank order follows Megatron-LM (:meth:`~ddlsim.workloads.mesh.DeviceMesh.from_megatron`):
+tensor-parallel innermost, then data-parallel, then pipeline: ``rank = t + T·(d + D·s)``. All
+ranks of one pipeline stage run the same program, so each stage is one rank class (the
+reduce-to-root strategy splits off the root, which alone updates).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...config import RunConfig
+from ..memory import MemoryBreakdown
+from ..models.decoder import DecoderShape
+from ..schedules import schedule_arrays
+from ..trace import Block, Collective, Op, RankClass, Program, StepTable, Workload
+from .builder import StageBuilder
+from .memory import stage_memory
+
+__all__ = ["build_decoder_workload", "decoder_memory"]
+
+
+def _zero3_blocks(b: StageBuilder, stage: int) -> dict[str, Block]:
+    """ZeRO-3 without pipelining: every layer's parameters are all-gathered before its forward
+    and backward (prefetched on stream dp.ag) and its gradients reduce-scattered after its
+    backward (stream dp.rs): 3Ψ per iteration (Rajbhandari et al. 2020, §7.2.2)."""
+    layer_bytes = b.shape.layer_params / b.tp * b.dt
+    fwd: list[Op] = [Op(x) for x in b.embedding_forward()]
+    bwd: list[Op] = [Op(x) for x in b.head_backward()]
+    for i in range(b.layers_per_chunk):
+        fwd.append(Op(Collective("param.all_gather", "all_gather", "dp", layer_bytes), "dp.ag"))
+        fwd += [Op(x, deps=(len(fwd) - 1,) if j == 0 else ()) for j, x in enumerate(b.layer_forward())]
+    fwd += [Op(x) for x in b.head_forward()]
+    for i in range(b.layers_per_chunk):
+        bwd.append(Op(Collective("param.all_gather", "all_gather", "dp", layer_bytes), "dp.ag"))
+        bwd += [Op(x, deps=(len(bwd) - 1,) if j == 0 else ()) for j, x in enumerate(b.layer_backward())]
+        bwd.append(Op(Collective("grad.reduce_scatter", "reduce_scatter", "dp", layer_bytes),
+                      "dp.rs", deps=(len(bwd) - 1,)))
+    return {"F0": Block("F0", "forward", tuple(fwd)), "B0": Block("B0", "backward", tuple(bwd))}
+
+
+def _step_tables(sched: str, pp: int, m: int, v: int, sync: bool) -> list[StepTable]:
+    """Each stage's steps, built for all stages at once from :func:`schedule_arrays`; the last
+    backward of each chunk uses its ``.sync`` block, and ``update`` ends the iteration."""
+    backward, ordinal, mb, chunk, warm = schedule_arrays(sched, pp, m, v)
+    v = v if sched == "interleaved" else 1
+    T = m * v
+    names = [f"F{c}" for c in range(v)] + [f"B{c}" for c in range(v)]
+    block = np.where(backward, v + chunk, chunk)
+    first_sync = np.full(pp, 2 * T)
+    if sync:
+        names += [f"B{c}.sync" for c in range(v)]
+        b0, o0, c0 = backward[0], ordinal[0], chunk[0]
+        last_b = np.array([o0[b0 & (c0 == c)].max() for c in range(v)])
+        is_sync = backward & (ordinal == last_b[chunk])
+        block = np.where(is_sync, 2 * v + chunk, block)
+        first_sync = np.argmax(is_sync, axis=1)
+    names.append("update")
+    tail = np.zeros((pp, 1), dtype=np.int64)
+    block = np.hstack([block, tail + len(names) - 1])
+    mb, chunk = np.hstack([mb, tail]), np.hstack([chunk, tail])
+    for a in (block, mb, chunk):
+        a.setflags(write=False)
+    tables = []
+    for s in range(pp):
+        w = int(warm[s])
+        if sched == "gpipe":       # the forwards: one per micro-batch, nothing in between
+            steady = (0, min(T, int(first_sync[s])), 1, 1)
+        elif sched == "1f1b":      # one forward and one backward per micro-batch
+            steady = (w, min(2 * T - w, int(first_sync[s])), 2, 1)
+        else:                      # p micro-batches of every chunk, forward and backward
+            steady = (w, min(2 * T - w, int(first_sync[s])), 2 * pp * v, pp)
+        tables.append(StepTable.trusted(names, block[s], mb[s], chunk[s], steady))
+    return tables
+
+
+def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
+    """The trace of one training iteration of ``cfg``, a decoder of ``shape``.
+
+    Stages that play the same role (first, last, or in between) share their block objects,
+    and every stage's steps are a :class:`StepTable`, so building a 32-stage plan with 384
+    micro-batches costs a few arrays rather than 25,000 objects.
+    """
+    b = StageBuilder(cfg, shape)
+    par = cfg.parallel
+    tp, dp, pp, v, m = b.tp, b.dp, b.pp, b.v, cfg.num_microbatches
+    mesh = cfg.mesh
+    groups = mesh.families()
+    overlap = par.overlap_grad_reduce and par.dp_strategy == "ddp" and par.zero_stage in (0, 1, 2)
+    split_root = par.dp_strategy == "reduce_broadcast" and dp > 1
+    zero3 = par.zero_stage == 3 and dp > 1
+    classes: list[RankClass] = []
+    ranks = mesh.groups(("tp", "dp")).reshape(pp, dp, tp)  # [stage, d, t]
+    tables = None
+    shared: dict[tuple, dict[str, Block]] = {}
+    for stage in range(pp):
+        role = (stage == 0, stage == pp - 1)
+        blocks = shared.get(role)
+        if blocks is None:
+            blocks = {}
+            if zero3:
+                blocks.update(_zero3_blocks(b, stage))
+            else:
+                sync = b.grad_sync_ops(stage) if overlap else None
+                for c in range(v):
+                    blocks.update(b.chunk_blocks(stage, c, sync))
+            shared[role] = blocks
+        if tables is None:
+            sync_blocks = any(name.endswith(".sync") for name in blocks)
+            tables = _step_tables(par.schedule, pp, m, v, sync_blocks)
+        splits = [(True, ranks[stage, :1]), (False, ranks[stage, 1:])] if split_root \
+            else [(True, ranks[stage])]
+        for root, members in splits:
+            key = (*role, root, "update")
+            update = shared.get(key)
+            if update is None:
+                update = shared[key] = {"update": b.update_block(stage, root, overlap)}
+            program = Program({**blocks, **update}, tables[stage])
+            name = f"stage{stage}" + ("" if len(splits) == 1 else (".root" if root else ".rest"))
+            classes.append(RankClass(name, tuple(members.ravel().tolist()), program))
+    t = cfg.train
+    model_flops = shape.model_flops(t.global_batch_size, t.seq_length)
+    meta = {
+        "model": cfg.model.name, "architecture": cfg.model.architecture, "params": shape.params,
+        "model_flops": model_flops, "tokens": t.global_batch_size * t.seq_length,
+        "samples": t.global_batch_size, "microbatches": m,
+        "dtype": t.dtype,
+    }
+    return Workload(f"{cfg.model.name}-tp{tp}-pp{pp}-dp{dp}", mesh.world_size, groups,
+                    tuple(classes), meta)
+
+
+def decoder_memory(cfg: RunConfig, shape: DecoderShape) -> list[MemoryBreakdown]:
+    """Memory of one rank of each pipeline stage (:func:`.memory.stage_memory`)."""
+    b = StageBuilder(cfg, shape)
+    return [stage_memory(cfg, shape, s, b.stage_params(s)) for s in range(b.pp)]

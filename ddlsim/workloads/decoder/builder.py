@@ -1,0 +1,322 @@
+"""One pipeline stage of a decoder-only transformer → blocks of trace ops (Megatron-LM layout,
+DDP / ZeRO / the seed's DP update strategies).
+
+Counts (FLOPs, bytes, parameters) come from :class:`~ddlsim.workloads.models.decoder.DecoderShape`,
+so GPT, Llama, Mistral and Qwen2 share every line here: grouped-query attention shrinks the
+K/V projections, a gated MLP has three matrices, RMSNorm and rotary positions drop parameters,
+an untied output head adds its own ``V·h`` on the last stage.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cached_property
+
+from ...config import DTYPE_BYTES, RunConfig
+from ..models.decoder import DecoderShape
+from ..trace import Block, Collective, Compute, Op, P2P, Wait
+
+__all__ = ["StageBuilder", "ADAM_BYTES_PER_PARAM"]
+
+#: Bytes the optimizer step reads and writes per parameter (mixed-precision Adam: fp32 master
+#: weights, momentum and variance read and written, 16-bit gradient read, 16-bit weight written).
+ADAM_BYTES_PER_PARAM = 3 * 4 * 2 + 2 + 2
+
+
+class StageBuilder:
+    """Builds the blocks of one pipeline stage."""
+
+    def __init__(self, cfg: RunConfig, shape: DecoderShape):
+        self.cfg = cfg
+        self.shape = shape
+        p, t = cfg.parallel, cfg.train
+        self.tp, self.pp, self.v, self.dp = p.tp, p.pp, p.vpp, cfg.dp
+        self.sp = p.sequence_parallel
+        self.b, self.s = t.micro_batch_size, t.seq_length
+        self.dt = DTYPE_BYTES[t.dtype]
+        self.dtype = t.dtype
+        self.layers_per_chunk = shape.layers // (self.pp * self.v)
+        self.act_bytes = self.b * self.s * shape.hidden * self.dt
+        self._layer_ops: dict[tuple[bool, int], list[Op]] = {}
+        self._ops: dict[tuple, object] = {}
+
+    @cached_property
+    def fwd_layer(self) -> list[Compute | Collective]:
+        return self.layer_forward()
+
+    @cached_property
+    def bwd_layer(self) -> list[Compute | Collective]:
+        return self.layer_backward()
+
+    def cached(self, key: tuple, make):
+        """``make()``, built once per key: ops are immutable, so stages and chunks that need the
+        same op share one object."""
+        hit = self._ops.get(key)
+        if hit is None:
+            hit = self._ops[key] = make()
+        return hit
+
+    def layer_ops(self, backward: bool, repeat: int) -> list[Op]:
+        """One layer's forward (or backward) ops, each repeated ``repeat`` times (ops are
+        immutable, so every block and stage shares these lists)."""
+        key = (backward, repeat)
+        ops = self._layer_ops.get(key)
+        if ops is None:
+            ops = self._layer_ops[key] = [Op(x, repeat=repeat) for x in
+                                          (self.bwd_layer if backward else self.fwd_layer)]
+        return ops
+
+    # ------------------------------------------------------------------ per-layer ops
+    def _tp_comm(self, name: str) -> list[Collective]:
+        """Megatron's f/g operators: an all-reduce, or reduce-scatter + all-gather with SP."""
+        if self.tp == 1:
+            return []
+        if self.sp:
+            return [Collective(f"{name}.rs", "reduce_scatter", "tp", self.act_bytes),
+                    Collective(f"{name}.ag", "all_gather", "tp", self.act_bytes)]
+        return [Collective(f"{name}.ar", "all_reduce", "tp", self.act_bytes)]
+
+    def layer_forward(self, tag: str = "fwd") -> list[Compute | Collective]:
+        g = self.shape.layer_gemm_flops(self.b, self.s)
+        t, dt = self.tp, self.dt
+        ew = self.shape.layer_elementwise_bytes(self.b, self.s, t, self.sp, dt)
+        ops: list[Compute | Collective] = [
+            Compute(f"{tag}.attn", self._attn_flops(g) / t, dtype=self.dtype),
+            *self._tp_comm(f"{tag}.attn"),
+            Compute(f"{tag}.mlp", g["mlp"] / t, dtype=self.dtype),
+            *self._tp_comm(f"{tag}.mlp"),
+            Compute(f"{tag}.elementwise", 0.0, ew, kind="elementwise", dtype=self.dtype),
+        ]
+        return ops
+
+    @staticmethod
+    def _attn_flops(g: dict[str, float]) -> float:
+        """Q, K/V (smaller under GQA), the attention core and the output projection."""
+        return (g["q"] + g["kv"]) + g["attn_core"] + g["proj"]
+
+    def layer_backward(self) -> list[Compute | Collective]:
+        g = self.shape.layer_gemm_flops(self.b, self.s)
+        t, dt = self.tp, self.dt
+        recompute = self.cfg.train.recompute
+        ops: list[Compute | Collective] = []
+        if recompute == "full":
+            ops += self.layer_forward("recompute")
+        elif recompute == "selective":
+            passes = 3 if self.shape.dropout else 2  # softmax, mask (, dropout): read + write
+            ew_scores = passes * 2 * self.b * self.shape.heads * self.s * self.s / t * dt
+            ops.append(Compute("recompute.attn_core", g["attn_core"] / t, ew_scores, dtype=self.dtype))
+        ew = 2 * self.shape.layer_elementwise_bytes(self.b, self.s, t, self.sp, dt)
+        ops += [
+            Compute("bwd.mlp", 2 * g["mlp"] / t, dtype=self.dtype),
+            *self._tp_comm("bwd.mlp"),
+            Compute("bwd.attn", 2 * self._attn_flops(g) / t, dtype=self.dtype),
+            *self._tp_comm("bwd.attn"),
+            Compute("bwd.elementwise", 0.0, ew, kind="elementwise", dtype=self.dtype),
+            Compute("bwd.grad_accumulate", 0.0, self.grad_accumulate_bytes(self.shape.layer_params / t),
+                    kind="elementwise", dtype=self.dtype),
+        ]
+        return ops
+
+    def grad_accumulate_bytes(self, params: float) -> float:
+        """Memory traffic of adding one micro-batch's weight gradients into the accumulated
+        gradients: the GEMM writes them in the training dtype, then they are read and added
+        into an fp32 buffer (read + write). Megatron-LM's ``main_grad`` hook
+        (``param.main_grad.add_(param.grad)``) and PyTorch's AccumulateGrad in fp32 training."""
+        return params * (2 * self.dt + 2 * 4)
+
+    # ------------------------------------------------------------------ edges of the model
+    def embedding_forward(self) -> list[Compute | Collective]:
+        ops: list[Compute | Collective] = [
+            Compute("embedding", 0.0, 2 * self.act_bytes, kind="elementwise", dtype=self.dtype)]
+        if self.tp > 1:  # vocab-parallel embedding: all-reduce of the looked-up rows
+            ops.append(Collective("embedding.ar", "all_reduce", "tp", self.act_bytes))
+        return ops
+
+    def head_forward(self) -> list[Compute | Collective]:
+        V, t = self.shape.vocab, self.tp
+        ops: list[Compute | Collective] = [
+            Compute("logits", self.shape.logits_forward_flops(self.b, self.s) / t, dtype=self.dtype),
+            Compute("loss", 0.0, 3 * 4 * self.b * self.s * V / t, kind="elementwise", dtype=self.dtype),
+        ]
+        if t > 1:  # vocab-parallel cross-entropy: max, sum-exp and target logit across TP
+            ops.append(Collective("loss.ar", "all_reduce", "tp", 4.0 * self.b * self.s))
+        return ops
+
+    def head_backward(self) -> list[Compute | Collective]:
+        emb = self.shape.vocab * self.shape.hidden / self.tp
+        return [Compute("bwd.logits", 2 * self.shape.logits_forward_flops(self.b, self.s) / self.tp,
+                        dtype=self.dtype),
+                Compute("bwd.grad_accumulate.embedding", 0.0, self.grad_accumulate_bytes(emb),
+                        kind="elementwise", dtype=self.dtype)]
+
+    # ------------------------------------------------------------------ parameters per stage
+    def stage_params(self, stage: int) -> float:
+        """Parameters held by one rank of ``stage`` (TP-sharded). The first stage holds the
+        input embedding (and learned positions), the last the final norm and the output head:
+        an untied head is its own ``V·h``; a tied one is Megatron's copy of the embedding on
+        the last stage when PP > 1 (``share_embeddings_and_output_weights``)."""
+        sh, t = self.shape, self.tp
+        vh = sh.vocab * sh.hidden / t
+        n = self.layers_per_chunk * self.v * sh.layer_params / t
+        if stage == 0:
+            n += vh + (sh.max_positions * sh.hidden if sh.positions == "learned" else 0)
+        if stage == self.pp - 1:
+            n += sh.norm_params + (vh if self.pp > 1 or not sh.tied_embeddings else 0)
+        return n
+
+    # ------------------------------------------------------------------ blocks
+    def chunk_blocks(self, stage: int, chunk: int, sync_ops: list[Op] | None) -> dict[str, Block]:
+        """Forward and backward blocks of one model chunk of ``stage`` (and, if ``sync_ops``
+        is given, the variant of the backward that overlaps the gradient sync)."""
+        k = chunk * self.pp + stage           # virtual stage index
+        last_k = self.pp * self.v - 1
+        p2p_bytes = self.act_bytes / (self.tp if self.tp > 1 and not self.sp else 1)
+        Lc = self.layers_per_chunk
+
+        def recv(tag: str, peer: int) -> list[Op]:
+            def make() -> list[Op]:
+                ops = [Op(P2P(f"recv.{tag}", "recv", "pp", peer, p2p_bytes, tag), stream="pp")]
+                if self.tp > 1 and not self.sp:  # scatter-gather (Narayanan 2021 §4.1)
+                    ops.append(Op(Collective(f"{tag}.gather", "all_gather", "tp", self.act_bytes),
+                                  deps=(len(ops) - 1,)))
+                return ops
+            return self.cached(("recv", tag, peer), make)
+
+        def send(tag: str, peer: int, dep: int) -> Op:
+            return self.cached(("send", tag, peer, dep), lambda: Op(
+                P2P(f"send.{tag}", "send", "pp", peer, p2p_bytes, tag), stream="pp", deps=(dep,)))
+
+        def after(op: Op, dep: int) -> Op:  # ``op`` made to depend on op ``dep``
+            return self.cached(("after", op, dep), lambda: Op(op.payload, op.stream, (dep,), op.repeat))
+
+        # tags name the receiving chunk, so every middle stage has the same blocks (the last
+        # stage's chunk c feeds chunk c + 1 of stage 0 in the interleaved schedule)
+        fwd: list[Op] = []
+        if k > 0:
+            fwd += recv(f"act.c{chunk}", -1)
+        if k == 0:
+            fwd += self.cached(("embedding",), lambda: [Op(x) for x in self.embedding_forward()])
+        first = len(fwd)
+        fwd += self.layer_ops(False, Lc)
+        if fwd[:first]:
+            fwd[first] = after(fwd[first], first - 1)
+        if k == last_k:
+            fwd += self.cached(("head",), lambda: [Op(x) for x in self.head_forward()])
+        else:
+            to = chunk + (1 if stage == self.pp - 1 else 0)
+            fwd.append(send(f"act.c{to}", +1, len(fwd) - 1))
+
+        def backward(with_sync: bool) -> list[Op]:
+            ops: list[Op] = []
+            if k < last_k:
+                ops += recv(f"grad.c{chunk}", +1)
+            else:
+                ops += self.cached(("head.bwd",), lambda: [Op(x) for x in self.head_backward()])
+            start = len(ops)
+            if with_sync and sync_ops:
+                ops += self._overlapped_layers(sync_ops, start)
+            else:
+                ops += self.layer_ops(True, Lc)
+            if ops[:start]:
+                ops[start] = after(ops[start], start - 1)
+            if k > 0:
+                last_compute = next(i for i in range(len(ops) - 1, -1, -1)
+                                    if ops[i].stream == "compute")
+                to = chunk - (1 if stage == 0 else 0)
+                ops.append(send(f"grad.c{to}", -1, last_compute))
+            return ops
+
+        blocks = {f"F{chunk}": Block(f"F{chunk}", "forward", tuple(fwd)),
+                  f"B{chunk}": Block(f"B{chunk}", "backward", tuple(backward(False)))}
+        if sync_ops:
+            blocks[f"B{chunk}.sync"] = Block(f"B{chunk}.sync", "backward", tuple(backward(True)))
+        return blocks
+
+    def _overlapped_layers(self, sync_ops: list[Op], start: int) -> list[Op]:
+        """Backward layers split into bucket segments; after each segment its gradients'
+        collective is issued on the dp stream (PyTorch DDP buckets, overlap with backward)."""
+        key = ("overlapped", tuple((o.payload, o.repeat) for o in set(sync_ops)), len(sync_ops),
+               start)
+        return self.cached(key, lambda: self._segments(sync_ops, start))
+
+    def _segments(self, sync_ops: list[Op], start: int) -> list[Op]:
+        Lc, n_seg = self.layers_per_chunk, len(sync_ops)
+        ops: list[Op] = []
+        for seg, s in enumerate(sync_ops):
+            ops += self.layer_ops(True, Lc // n_seg + (1 if seg < Lc % n_seg else 0))
+            ops.append(Op(s.payload, stream=s.stream, deps=(start + len(ops) - 1,), repeat=s.repeat))
+        return ops
+
+    def grad_sync_ops(self, stage: int) -> list[Op]:
+        """Bucketed gradient collectives of one model chunk (all-reduce, or reduce-scatter
+        under ZeRO-1/2), one per segment of layers, on the ``dp`` stream."""
+        if self.dp == 1:
+            return []
+        grad_bytes = self.stage_params(stage) / self.v * self.dt
+        bucket = self.cfg.parallel.grad_bucket_size
+        n_buckets = max(1, math.ceil(grad_bytes / bucket))
+        n_seg = min(n_buckets, self.layers_per_chunk)
+        per_seg = math.ceil(n_buckets / n_seg)
+        op = "reduce_scatter" if self.cfg.parallel.zero_stage in (1, 2) else "all_reduce"
+        size = grad_bytes / (n_seg * per_seg)
+        return [Op(Collective(f"grad.{op}", op, "dp", size), stream="dp", repeat=per_seg)] * n_seg
+
+    def update_block(self, stage: int, root: bool, overlapped: bool) -> Block:
+        """Gradient synchronisation not overlapped with backward, the optimizer step, and the
+        parameter redistribution of the chosen data-parallel update."""
+        p = self.cfg.parallel
+        params = self.stage_params(stage)
+        grad_bytes, dp = params * self.dt, self.dp
+        opt = self.cfg.train.optimizer
+        per_param = ADAM_BYTES_PER_PARAM if opt == "adam" else 2 * 4 + 2 + 2
+
+        def step(n_params: float) -> Op:
+            return Op(Compute("optimizer", 10.0 * n_params, per_param * n_params,
+                              kind="optimizer", dtype="fp32"))
+
+        if dp == 1:
+            return Block("update", "optimizer", (step(params),))
+        # ops[0] marks "backward finished": communication-stream ops below depend on it
+        ops: list[Op] = [Op(Wait("backward.done", "compute"))]
+        if p.dp_strategy == "ddp":
+            if overlapped:
+                ops.append(Op(Wait("wait.grad", "dp")))
+            elif p.zero_stage in (0, 1, 2):
+                op = "all_reduce" if p.zero_stage == 0 else "reduce_scatter"
+                ops += [*self.grad_sync_ops_flat(grad_bytes, op), Op(Wait("wait.grad", "dp"))]
+            if p.zero_stage == 3:
+                ops.append(Op(Wait("wait.grad", "dp.rs")))
+            shard = params / dp if p.zero_stage else params
+            ops.append(step(shard))
+            if p.zero_stage in (1, 2):
+                ops.append(Op(Collective("params.all_gather", "all_gather", "dp", params * self.dt)))
+        elif p.dp_strategy == "reduce_broadcast":
+            ops.append(Op(Collective("grad.reduce", "reduce", "dp", grad_bytes, root=0)))
+            if root:
+                ops.append(step(params))
+            ops.append(Op(Collective("params.broadcast", "broadcast", "dp", params * self.dt, root=0)))
+        elif p.dp_strategy == "sliced_reduce_broadcast":
+            for i in range(dp):
+                ops.append(Op(Collective(f"grad.reduce.slice{i}", "reduce", "dp", grad_bytes / dp,
+                                         root=i), stream=f"dp.{i}"))
+            ops += [Op(Wait(f"wait.slice{i}", f"dp.{i}")) for i in range(dp)]
+            ops.append(step(params / dp))
+            base = len(ops) - 1
+            for i in range(dp):
+                ops.append(Op(Collective(f"params.broadcast.slice{i}", "broadcast", "dp",
+                                         params * self.dt / dp, root=i), stream=f"dp.{i}",
+                              deps=(base,)))
+            ops += [Op(Wait(f"wait.bslice{i}", f"dp.{i}")) for i in range(dp)]
+        else:  # reduce_scatter
+            ops.append(Op(Collective("grad.reduce_scatter", "reduce_scatter", "dp", grad_bytes)))
+            ops.append(step(params / dp))
+            ops.append(Op(Collective("params.all_gather", "all_gather", "dp", params * self.dt)))
+        anchored = tuple(Op(o.payload, o.stream, o.deps or (0,), o.repeat)
+                         if o.stream != "compute" else o for o in ops)
+        return Block("update", "optimizer", anchored)
+
+    def grad_sync_ops_flat(self, grad_bytes: float, op: str) -> list[Op]:
+        n = max(1, math.ceil(grad_bytes / self.cfg.parallel.grad_bucket_size))
+        return [Op(Collective(f"grad.{op}", op, "dp", grad_bytes / n), stream="dp", repeat=n)]
+
+

@@ -1,0 +1,267 @@
+"""Workload families as plugins: ``@register_workload("<architecture>")``.
+
+A *family* is everything ddlsim knows about one kind of model: its section of the run config
+(a pydantic model, one arm of a union discriminated on ``model.architecture``), the plan rules
+that involve the model, the trace builder, the memory per rank class, a one-line summary and
+its presets. ``RunConfig``, :func:`ddlsim.api.build_workload`, the report header and
+``ddlsim presets`` look families up here and contain no code of any family.
+
+Adding a family is one package under ``ddlsim/workloads/`` that subclasses
+:class:`WorkloadFamily` and decorates it with :func:`register_workload`, plus one line naming
+the package in :data:`BUILTIN_FAMILIES` (or an ``import`` of the package by the user before
+loading a config): see ``docs/extending.md``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from functools import cache
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ..errors import ConfigError, did_you_mean
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from ..config import RunConfig
+    from .memory import MemoryBreakdown
+    from .trace import Workload
+
+__all__ = ["WorkloadFamily", "register_workload", "get_family", "families", "hf_family",
+           "read_presets", "expand_hf_config", "validate_model",
+           "BUILTIN_FAMILIES", "ARCHITECTURE_DEFAULT"]
+
+#: Packages whose import registers the bundled families (one line per family).
+BUILTIN_FAMILIES: tuple[str, ...] = (
+    "ddlsim.workloads.decoder",
+)
+#: The architecture of a model section that names none (today's configs are all GPT).
+ARCHITECTURE_DEFAULT = "gpt"
+
+_FAMILIES: dict[str, "WorkloadFamily"] = {}
+_HF_TYPES: dict[str, "WorkloadFamily"] = {}
+
+
+class WorkloadFamily:
+    """One model family. Subclass it, set the class attributes, implement the methods.
+
+    Attributes
+    ----------
+    architecture : str
+        The value of ``model.architecture`` that selects this family (set by
+        :func:`register_workload`).
+    schema : type of pydantic.BaseModel
+        The model section: fields ``name``, ``architecture`` (a ``Literal`` of this
+        architecture, defaulting to it), ``source`` and the family's own fields.
+    presets_file : str or None
+        A YAML file in ``ddlsim/data`` (or any package, as ``"package:file"``) mapping preset
+        names to model sections, each with a ``source``.
+    hf_model_types : tuple of str
+        HuggingFace ``model_type`` values whose ``config.json`` this family reads
+        (:meth:`from_hf`).
+    """
+
+    architecture: ClassVar[str] = ""
+    schema: ClassVar[type["BaseModel"]]
+    presets_file: ClassVar[str | None] = None
+    hf_model_types: ClassVar[tuple[str, ...]] = ()
+
+    def check(self, cfg: "RunConfig") -> None:
+        """Raise ``ValueError`` (one paragraph: field, value, what is allowed) when the plan
+        does not suit the model (e.g. heads not divisible by the tensor-parallel size)."""
+
+    def build(self, cfg: "RunConfig") -> "Workload":
+        """The trace of one training iteration of ``cfg``."""
+        raise NotImplementedError
+
+    def memory(self, cfg: "RunConfig") -> list["MemoryBreakdown"]:
+        """Memory of one rank of each rank class that differs (e.g. per pipeline stage)."""
+        raise NotImplementedError
+
+    def summary(self, model: Any) -> str:
+        """One line describing ``model`` (a validated :attr:`schema` instance)."""
+        return f"{model.name} ({self.architecture})"
+
+    def from_hf(self, doc: dict, source: str) -> tuple[dict, list[str]]:
+        """A model section from a HuggingFace ``config.json`` of one of
+        :attr:`hf_model_types`, and the keys not modelled (for one warning line)."""
+        raise ConfigError(f"{source}: the {self.architecture} family reads no HuggingFace "
+                          "config.json")
+
+    def presets(self) -> dict[str, dict]:
+        """Preset name → model section (raw mapping, with ``source``)."""
+        return read_presets(self.presets_file) if self.presets_file else {}
+
+
+def register_workload(architecture: str) -> Callable[[type[WorkloadFamily]], type[WorkloadFamily]]:
+    """Class decorator: register a :class:`WorkloadFamily` subclass under ``architecture``.
+
+    Registering a second family under a name already taken is refused (a plugin must not
+    silently replace another); registering the same class again is a no-op.
+    """
+    def decorate(cls: type[WorkloadFamily]) -> type[WorkloadFamily]:
+        old = _FAMILIES.get(architecture)
+        if old is not None and type(old) is not cls:
+            raise ConfigError(f"workload architecture {architecture!r} is already registered "
+                              f"by {type(old).__qualname__}; choose another name")
+        cls.architecture = architecture
+        family = cls()
+        _FAMILIES[architecture] = family
+        for mt in cls.hf_model_types:
+            _HF_TYPES[mt] = family
+        return cls
+    return decorate
+
+
+@cache
+def _load_builtins() -> None:
+    for package in BUILTIN_FAMILIES:
+        importlib.import_module(package)
+
+
+def families() -> dict[str, WorkloadFamily]:
+    """Every registered family, by architecture (the bundled ones are imported first)."""
+    _load_builtins()
+    return dict(_FAMILIES)
+
+
+def get_family(architecture: Any) -> WorkloadFamily:
+    """The family registered under ``architecture``.
+
+    Raises
+    ------
+    ConfigError
+        Naming the value, the closest registered name and every registered one.
+    """
+    known = families()
+    if not isinstance(architecture, str) or architecture not in known:
+        raise ConfigError(f"model.architecture = {architecture!r} is not a registered workload "
+                          f"family{did_you_mean(str(architecture), known)}; allowed: "
+                          f"{', '.join(sorted(known))}")
+    return known[architecture]
+
+
+def validate_model(value: Any) -> Any:
+    """A model section validated by the schema of its family (chosen by ``architecture``,
+    default :data:`ARCHITECTURE_DEFAULT`): the union of every family's schema, discriminated
+    on ``architecture``.
+
+    Raises
+    ------
+    ConfigError
+        An unknown architecture (with the registered ones); pydantic's ``ValidationError``
+        for the family schema's own problems.
+    """
+    from ..config import ModelBase
+
+    if isinstance(value, ModelBase):
+        return value
+    if not isinstance(value, dict):
+        raise ConfigError(f"the model section must be a mapping of its fields; got "
+                          f"{type(value).__name__}")
+    return get_family(value.get("architecture", ARCHITECTURE_DEFAULT)).schema.model_validate(value)
+
+
+def hf_family(model_type: Any, source: str) -> WorkloadFamily:
+    """The family that reads HuggingFace configs of ``model_type``."""
+    families()
+    if not isinstance(model_type, str) or model_type not in _HF_TYPES:
+        raise ConfigError(f"{source}: model_type = {model_type!r} is not a HuggingFace model "
+                          f"type ddlsim reads{did_you_mean(str(model_type), _HF_TYPES)}; "
+                          f"supported: {', '.join(sorted(_HF_TYPES))}")
+    return _HF_TYPES[model_type]
+
+
+def read_presets(spec: str) -> dict[str, dict]:
+    """The presets in a YAML resource: ``file`` in ``ddlsim.data`` or ``package:file``."""
+    import yaml
+    from importlib import resources
+
+    package, _, name = spec.rpartition(":")
+    text = resources.files(package or "ddlsim.data").joinpath(name).read_text()
+    return yaml.safe_load(text) or {}
+
+
+def _bundled_hf() -> dict[str, Any]:
+    """Bundled ``config.json`` files (``ddlsim/data/hf``) by name: the file's stem, the stem
+    without ``-hf``, and the decoder preset names of ``decoders.yaml``."""
+    from importlib import resources
+
+    folder = resources.files("ddlsim.data").joinpath("hf")
+    out = {}
+    for f in sorted(folder.iterdir(), key=lambda f: f.name):
+        if f.name.endswith(".json"):
+            stem = f.name.removesuffix(".json")
+            out[stem] = f
+            out.setdefault(stem.removesuffix("-hf"), f)
+    for name, p in read_presets("decoders.yaml").items():
+        out.setdefault(name, folder.joinpath(p["hf_config"].removeprefix("hf/")))
+    return out
+
+
+def _hf_document(spec: Any, base_dir: Any) -> tuple[dict, str]:
+    """The parsed ``config.json`` that ``spec`` names, and a label for messages."""
+    import json
+    from pathlib import Path
+
+    from ..textio import read_text
+    from .models.hf import _no_constant, _no_duplicates
+
+    if not isinstance(spec, str) or not spec:
+        raise ConfigError(f"model.hf_config = {spec!r} must be a path to a HuggingFace "
+                          "config.json or the name of a bundled one")
+    bundled = _bundled_hf()
+    if spec in bundled and "/" not in spec and not spec.endswith(".json"):
+        text, label = bundled[spec].read_text(encoding="utf-8"), f"bundled config.json {spec!r}"
+    else:
+        path = Path(spec).expanduser()
+        if not path.is_absolute() and base_dir is not None:
+            path = Path(base_dir) / path
+        if not path.exists() and "/" not in spec and not spec.endswith(".json"):
+            raise ConfigError(f"model.hf_config = {spec!r} is neither a file nor a bundled "
+                              f"config.json{did_you_mean(spec, bundled)}; bundled: "
+                              f"{', '.join(sorted(bundled))}")
+        text, label = read_text(path, what="HuggingFace config.json"), str(path)
+    try:
+        doc = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    except ValueError as exc:
+        raise ConfigError(f"HuggingFace config.json {label}: not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"HuggingFace config.json {label} must be a JSON object, got "
+                          f"{type(doc).__name__}")
+    return doc, label
+
+
+def expand_hf_config(section: dict, base_dir: Any = None) -> dict:
+    """A model section ``{hf_config: PATH or NAME, …}`` as its family's fields.
+
+    ``PATH`` is relative to ``base_dir`` (the run config's folder); ``NAME`` is a bundled
+    file (``llama-2-70b``, ``meta-llama-3-8b``, …). The family is the one registered for the
+    file's ``model_type``; the section's other keys override the file's values. Keys of the
+    file that ddlsim does not model are reported once, in one
+    :class:`~ddlsim.errors.DDLSimWarning` line.
+    """
+    import warnings
+    from pathlib import PurePath
+
+    from ..errors import DDLSimWarning
+    from .models.hf import unmodelled_warning
+
+    doc, label = _hf_document(section["hf_config"], base_dir)
+    model_type = doc.get("model_type") or ("gpt2" if "n_embd" in doc else "llama")
+    fields, unmodelled = hf_family(model_type, label).from_hf(doc, label)
+    rest = {k: v for k, v in section.items() if k != "hf_config"}
+    if rest.get("architecture", fields["architecture"]) != fields["architecture"]:
+        raise ConfigError(f"model.architecture = {rest['architecture']!r} contradicts {label}, "
+                          f"whose model_type {model_type!r} is read as architecture "
+                          f"{fields['architecture']!r}; remove the architecture key")
+    path = PurePath(label)
+    name = (str(doc.get("_name_or_path") or "")
+            or (path.parent.name if path.name == "config.json" else path.stem) or "custom")
+    out = {"name": PurePath(name).name, **fields,
+           "source": f"HuggingFace config.json: {section['hf_config']}", **rest}
+    line = unmodelled_warning(label, unmodelled)
+    if line:
+        warnings.warn(line, DDLSimWarning, stacklevel=2)
+    return out
