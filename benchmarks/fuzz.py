@@ -83,6 +83,9 @@ def _bases() -> dict:
     out = {}
     for name in EXAMPLES:
         doc = yaml.safe_load((REPO / "examples" / f"{name}.yaml").read_text())
+        model = doc.get("model")
+        if isinstance(model, dict) and "hf_config" in model:  # relative to the example's folder
+            model["hf_config"] = str(REPO / "examples" / model["hf_config"])
         out[name] = doc
         out[name + "+expanded"] = {s: resolve_section(s, v) for s, v in doc.items()}
     _BASES = out

@@ -8,7 +8,6 @@ baseline; every other run is shown with its absolute and relative difference fro
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -30,16 +29,12 @@ _FORMATTERS: dict[str, Callable[[float], str]] = {
     "flops": format_flops, "bytes": format_bytes}
 
 
+#: Most values a saved result JSON may hold (a DES result of 16,384 GPUs lists ~10^5 links).
+MAX_RESULT_VALUES = 2_000_000
+
+
 class ResultFileError(DDLSimError, ValueError):
     """A file given to compare is neither a run config nor a saved ddlsim result."""
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    keys = [k for k, _ in pairs]
-    dup = next((k for k in keys if keys.count(k) > 1), None)
-    if dup is not None:
-        raise ValueError(f"duplicate key {dup!r}")
-    return dict(pairs)
 
 
 def _saved_results(data: Any) -> list[tuple[str, dict]] | None:
@@ -62,15 +57,16 @@ def load_result_file(path: Path) -> list[tuple[str, Result]] | None:
     ResultFileError
         When the file is a saved result with a missing or malformed field.
     """
+    from .documents import DocumentError, parse_json
     from .textio import MAX_DATA_BYTES, read_text
 
     if path.suffix.lower() != ".json":
         return None
     text = read_text(path, what="result or config file", max_bytes=MAX_DATA_BYTES)
     try:
-        data = json.loads(text, object_pairs_hook=_no_duplicates)
-    except ValueError as exc:
-        raise ResultFileError(f"{str(path)!r} is not valid JSON: {exc}") from None
+        data = parse_json(text, repr(str(path)), max_nodes=MAX_RESULT_VALUES)
+    except DocumentError as exc:
+        raise ResultFileError(str(exc)) from None
     saved = _saved_results(data)
     if saved is None:
         return None

@@ -77,7 +77,7 @@ def test_saved_results_compare_like_configs(tmp_path):
 @pytest.mark.parametrize("text, message", [
     ('{"iteration_time_s": 1.0}', "looks like a saved ddlsim result"),
     ('{"iteration_time_s": 1, "iteration_time_s": 2}', "duplicate key"),
-    ("[1, 2", "is not valid JSON"),
+    ("[1, 2", "not valid JSON"),
 ])
 def test_broken_result_files_are_refused(tmp_path, text, message):
     bad = tmp_path / "bad.json"

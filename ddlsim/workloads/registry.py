@@ -202,11 +202,10 @@ def _bundled_hf() -> dict[str, Any]:
 
 def _hf_document(spec: Any, base_dir: Any) -> tuple[dict, str]:
     """The parsed ``config.json`` that ``spec`` names, and a label for messages."""
-    import json
     from pathlib import Path
 
+    from ..documents import parse_json
     from ..textio import read_text
-    from .models.hf import _no_constant, _no_duplicates
 
     if not isinstance(spec, str) or not spec:
         raise ConfigError(f"model.hf_config = {spec!r} must be a path to a HuggingFace "
@@ -223,10 +222,7 @@ def _hf_document(spec: Any, base_dir: Any) -> tuple[dict, str]:
                               f"config.json{did_you_mean(spec, bundled)}; bundled: "
                               f"{', '.join(sorted(bundled))}")
         text, label = read_text(path, what="HuggingFace config.json"), str(path)
-    try:
-        doc = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
-    except ValueError as exc:
-        raise ConfigError(f"HuggingFace config.json {label}: not valid JSON: {exc}") from None
+    doc = parse_json(text, f"HuggingFace config.json {label}")
     if not isinstance(doc, dict):
         raise ConfigError(f"HuggingFace config.json {label} must be a JSON object, got "
                           f"{type(doc).__name__}")
