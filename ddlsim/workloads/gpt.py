@@ -18,7 +18,7 @@ from .memory import stage_memory
 from .models.gpt import GPTShape
 from .schedules import schedule_arrays
 from .trace import (Block, Collective, Compute, GroupFamily, Op, P2P, Program, RankClass,
-                    StepTable, Wait, Workload)
+                    StepTable, Wait, Workload, WorkloadMeta)
 
 __all__ = ["build_gpt_workload", "megatron_groups", "ADAM_BYTES_PER_PARAM"]
 
@@ -425,12 +425,10 @@ def build_gpt_workload(cfg: RunConfig) -> Workload:
     shape = b.shape
     t = cfg.train
     model_flops = shape.model_flops(t.global_batch_size, t.seq_length)
-    meta = {
-        "model": cfg.model.name, "architecture": "gpt", "params": shape.params,
-        "model_flops": model_flops, "tokens": t.global_batch_size * t.seq_length,
-        "samples": t.global_batch_size, "microbatches": m,
-        "dtype": t.dtype,
-    }
+    meta = WorkloadMeta(
+        model=cfg.model.name, architecture="gpt", parameter_count=int(shape.params),
+        model_flops=float(model_flops), tokens=t.global_batch_size * t.seq_length,
+        samples=t.global_batch_size, microbatches=m, dtype=t.dtype)
     wl = Workload(f"{cfg.model.name}-tp{tp}-pp{pp}-dp{dp}", tp * dp * pp, groups, tuple(classes), meta)
     return wl
 

@@ -30,7 +30,8 @@ from typing import Literal, NamedTuple
 import numpy as np
 
 __all__ = ["Compute", "Collective", "P2P", "Wait", "Op", "Block", "Step", "StepTable", "Program",
-           "GroupFamily", "RankClass", "Workload", "CollectiveOp", "GroupKind", "Phase"]
+           "GroupFamily", "RankClass", "Workload", "WorkloadMeta", "CollectiveOp", "GroupKind",
+           "Phase"]
 
 CollectiveOp = Literal["all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter",
                        "all_to_all", "gather", "scatter", "barrier"]
@@ -64,6 +65,20 @@ class Collective:
     root: int = 0
     split_bytes: tuple[float, ...] | None = None  # uneven all_to_all: bytes to each member
     algorithm: str | None = None  # None: the run's choice for this op (or auto)
+
+    def __post_init__(self) -> None:
+        if self.split_bytes is None:
+            return
+        split = tuple(float(b) for b in self.split_bytes)
+        if self.op != "all_to_all":
+            raise ValueError(f"collective {self.name!r}: split_bytes is for all_to_all only, "
+                             f"not {self.op!r}")
+        if any(not b >= 0 for b in split):
+            raise ValueError(f"collective {self.name!r}: split_bytes must be >= 0, got {split}")
+        if abs(sum(split) - self.bytes) > 1e-9 * max(self.bytes, 1.0):
+            raise ValueError(f"collective {self.name!r}: bytes = {self.bytes} must equal "
+                             f"sum(split_bytes) = {sum(split)} (the total this rank sends)")
+        object.__setattr__(self, "split_bytes", split)
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,23 +259,47 @@ class RankClass:
     program: Program
 
 
+@dataclass(frozen=True, slots=True)
+class WorkloadMeta:
+    """What a result reports about a workload and the engines do not time.
+
+    Parameters
+    ----------
+    model : the model's name (a preset name or the config's ``model.name``).
+    architecture : the workload family that built the trace (``"gpt"``, …).
+    samples, tokens : samples and tokens of one iteration (global batch, × sequence length).
+    model_flops : FLOPs of one iteration without recomputation (PaLM's MFU numerator).
+    dtype : arithmetic precision, a key of the device's ``peak_flops`` (MFU's denominator).
+    parameter_count : parameters of the model.
+    microbatches : micro-batches per iteration and pipeline.
+    """
+
+    model: str = ""
+    architecture: str = ""
+    samples: int = 0
+    tokens: int = 0
+    model_flops: float = 0.0
+    dtype: str = "bf16"
+    parameter_count: int = 0
+    microbatches: int = 1
+
+
 @dataclass(frozen=True)
 class Workload:
-    """One training iteration of every rank, compactly.
-
-    ``meta`` carries what reports need and engines don't: model FLOPs per iteration (without
-    recomputation), hardware FLOPs, tokens and samples per iteration, parameter count.
-    """
+    """One training iteration of every rank, compactly, with its :class:`WorkloadMeta`
+    (what reports need and engines don't)."""
 
     name: str
     world_size: int
     groups: Mapping[str, GroupFamily]
     classes: tuple[RankClass, ...]
-    meta: Mapping[str, float | int | str] = field(default_factory=dict)
+    meta: WorkloadMeta = field(default_factory=WorkloadMeta)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "groups", MappingProxyType(dict(self.groups)))
-        object.__setattr__(self, "meta", MappingProxyType(dict(self.meta)))
+        if not isinstance(self.meta, WorkloadMeta):
+            raise TypeError(f"workload {self.name!r}: meta must be a WorkloadMeta, "
+                            f"not {type(self.meta).__name__}")
 
     def class_of(self) -> np.ndarray:
         """Array mapping each rank to the index of its class."""
@@ -280,6 +319,11 @@ class Workload:
                     if isinstance(p, (Collective, P2P)) and p.group not in self.groups:
                         raise ValueError(f"class {c.name!r} block {block.name!r} op {p.name!r} "
                                          f"names unknown group {p.group!r}")
+                    if isinstance(p, Collective) and p.split_bytes is not None \
+                            and len(p.split_bytes) != self.groups[p.group].size:
+                        raise ValueError(f"op {p.name!r} in block {block.name!r}: split_bytes has "
+                                         f"{len(p.split_bytes)} entries but group {p.group!r} "
+                                         f"has {self.groups[p.group].size} members")
                     if any(d >= block.ops.index(op) for d in op.deps):
                         raise ValueError(f"op {p.name!r} in block {block.name!r} depends on a "
                                          "later op")

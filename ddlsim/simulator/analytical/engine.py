@@ -18,14 +18,14 @@ from __future__ import annotations
 import math
 from collections import defaultdict, deque
 from operator import itemgetter
-from typing import Literal, NamedTuple, overload
+from typing import NamedTuple
 
 import numpy as np
 
 from ...errors import DeadlockError
 from ...workloads.trace import Collective, Compute, P2P, StepTable, Workload
-from ..costs import CostModel
-from ..result import ClassTiming, Span
+from ..costs import CostModel, collective_choices
+from ..result import ClassTiming, EngineRun
 
 __all__ = ["simulate_analytical", "ClassTiming"]
 
@@ -468,17 +468,8 @@ def _resolve(workload: Workload, cost: CostModel, streams: dict[str, int]) -> li
     return out
 
 
-@overload
 def simulate_analytical(workload: Workload, cost: CostModel, *,
-                        record_spans: Literal[False] = False) -> list[ClassTiming]: ...
-
-
-@overload
-def simulate_analytical(workload: Workload, cost: CostModel, *,
-                        record_spans: Literal[True]) -> tuple[list[ClassTiming], tuple[Span, ...]]: ...
-
-
-def simulate_analytical(workload, cost, *, record_spans=False):
+                        record_spans: bool = False) -> EngineRun:
     """Time every rank class; raises :class:`DeadlockError` if the program cannot finish.
 
     The leading pipeline steps of every class are timed by :func:`_sweep`; then classes run
@@ -494,10 +485,11 @@ def simulate_analytical(workload, cost, *, record_spans=False):
 
     Returns
     -------
-    list of ClassTiming
-        One per class, in ``workload.classes`` order (``end`` in seconds); with
-        ``record_spans``, ``(timings, spans)`` where ``spans`` is a tuple of
-        :class:`~ddlsim.simulator.result.Span` sorted by rank, stream and start.
+    EngineRun
+        ``timings``: one :class:`ClassTiming` per class, in ``workload.classes`` order
+        (``end`` in seconds); ``algorithms``: the collective choices
+        (:func:`~ddlsim.simulator.costs.collective_choices`); with ``record_spans``,
+        ``spans``: :class:`~ddlsim.simulator.result.Span` sorted by rank, stream and start.
     """
     streams: dict[str, int] = {"compute": 0}
     programs = _resolve(workload, cost, streams)
@@ -522,9 +514,8 @@ def simulate_analytical(workload, cost, *, record_spans=False):
     if not all(done):
         from .deadlock import describe_deadlock
         raise DeadlockError(describe_deadlock(workload, programs, st, done))
-    if st.rec is not None:
-        return st.timings, st.rec.spans(workload, streams)
-    return st.timings
+    spans = st.rec.spans(workload, streams) if st.rec is not None else ()
+    return EngineRun(st.timings, collective_choices(workload, cost), spans)
 
 
 #: Time the leading [recv] → compute → [send] steps of every class with :func:`_sweep`

@@ -25,7 +25,7 @@ import simpy
 
 from ...errors import DeadlockError
 from ...workloads.trace import Workload
-from ..costs import CostModel
+from ..costs import CostModel, collective_choices
 from ..result import ClassTiming
 from .network import FlowNetwork
 from .p2p import P2PMatcher
@@ -77,6 +77,7 @@ class DESRun:
     flow_records: list[FlowRecord] | None
     devices: np.ndarray
     events: int
+    algorithms: dict[str, str]  # collective choices, as EngineRun.algorithms
 
 
 class _Engine:
@@ -84,6 +85,7 @@ class _Engine:
                  record_spans: bool, record_flows: bool, audit: bool, shortcuts: bool):
         self.env = env = simpy.Environment()
         self.workload = workload
+        self.cost = cost
         self.network = FlowNetwork(env, topology.edge_bandwidth_Bps, audit=audit,
                                    shortcuts=shortcuts)
         routes = RouteTable(topology, self.network)
@@ -117,7 +119,7 @@ class _Engine:
         self._check_finished()
         return DESRun(self.programs, [s.timing for s in self.states], self.streams,
                       [s.spans for s in self.states], self.network, self.records, self.devices,
-                      events)
+                      events, collective_choices(self.workload, self.cost))
 
     def _stream(self, st: ClassState, sid: int, flats: list[int]):
         """One class's stream: its ops in issue order."""

@@ -67,7 +67,6 @@ def _instr(op, sid: int, streams: dict[str, int], cost: CostModel) -> Instr:
         return Instr(COMPUTE, sid, op.deps, p.name, label, k * cost.compute(p), k * p.flops,
                      payload=p, repeat=k)
     if isinstance(p, Collective):
-        cost.collective(p)  # records the algorithm the analytical engine uses
         return Instr(COLL, sid, op.deps, p.name, cost.kind[p.group], nbytes=k * p.bytes,
                      payload=p, repeat=k)
     if isinstance(p, P2P):
