@@ -203,16 +203,25 @@ def collective_choices(workload: Workload, cost: CostModel) -> dict[str, str]:
     Both engines return this with their timings; it only reads ``cost``'s cached choices.
     """
     out: dict[str, str] = {}
+    seen: set[int] = set()  # blocks shared by classes are read once
     for cls in workload.classes:
-        steps = cls.program.steps
-        used = ({steps.names[b] for b in np.unique(steps.block).tolist()}
-                if isinstance(steps, StepTable) else {s.block for s in steps})
-        for name, block in cls.program.blocks.items():
-            if name not in used:
+        program = cls.program
+        for name in _used_blocks(program.steps):
+            block = program.blocks[name]
+            if id(block) in seen:
                 continue
+            seen.add(id(block))
             for op in block.ops:
-                if isinstance(op.payload, Collective):
+                if type(op.payload) is Collective:
                     choice = cost.choice(op.payload)
                     if choice is not None:
                         out.setdefault(choice.key, choice.label)
     return out
+
+
+def _used_blocks(steps) -> list[str]:
+    """Names of the blocks ``steps`` issues, in the program's name order."""
+    if isinstance(steps, StepTable):
+        used = np.bincount(steps.block, minlength=len(steps.names)) > 0
+        return [n for n, u in zip(steps.names, used.tolist()) if u]
+    return list(dict.fromkeys(s.block for s in steps))
