@@ -17,11 +17,11 @@ import numpy as np
 from ..config import SystemConfig
 from ..errors import ConfigError
 from ..units import format_bytes
-from ..workloads.trace import Collective, Compute, GroupFamily, P2P, StepTable, Workload
+from ..workloads.trace import Collective, Compute, GroupFamily, P2P, Workload
 from .collectives import (GroupNet, best_algorithm, best_uneven_algorithm, collective_time,
                           get_algorithm, split_matrix, uneven_time)
 
-__all__ = ["CostModel", "CollectiveChoice", "place_ranks_on_system", "collective_choices"]
+__all__ = ["CostModel", "CollectiveChoice", "place_ranks_on_system"]
 
 
 class CollectiveChoice(NamedTuple):
@@ -195,33 +195,3 @@ class CostModel:
             return net.alpha_inter_s + op.bytes / min(net.bw_intra_Bps, net.bw_node_Bps)
         return net.alpha_intra_s + op.bytes / net.bw_intra_Bps
 
-
-def collective_choices(workload: Workload, cost: CostModel) -> dict[str, str]:
-    """The ``algorithms`` of a result: for every collective the ranks issue (on groups of
-    more than one rank), its :attr:`CollectiveChoice.key` → label, in class and block order.
-
-    Both engines return this with their timings; it only reads ``cost``'s cached choices.
-    """
-    out: dict[str, str] = {}
-    seen: set[int] = set()  # blocks shared by classes are read once
-    for cls in workload.classes:
-        program = cls.program
-        for name in _used_blocks(program.steps):
-            block = program.blocks[name]
-            if id(block) in seen:
-                continue
-            seen.add(id(block))
-            for op in block.ops:
-                if type(op.payload) is Collective:
-                    choice = cost.choice(op.payload)
-                    if choice is not None:
-                        out.setdefault(choice.key, choice.label)
-    return out
-
-
-def _used_blocks(steps) -> list[str]:
-    """Names of the blocks ``steps`` issues, in the program's name order."""
-    if isinstance(steps, StepTable):
-        used = np.bincount(steps.block, minlength=len(steps.names)) > 0
-        return [n for n, u in zip(steps.names, used.tolist()) if u]
-    return list(dict.fromkeys(s.block for s in steps))

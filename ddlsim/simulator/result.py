@@ -201,7 +201,8 @@ def assemble_result(engine: str, workload: "Workload", timings: Sequence[ClassTi
     timings : one per rank class, in ``workload.classes`` order (seconds, FLOPs, bytes).
     memory : the most loaded device's memory.
     peak_flops_per_device : FLOP/s of one device at the workload's dtype (MFU's denominator).
-    algorithms : the engine's collective choices (:func:`~.costs.collective_choices`).
+    algorithms : the engine's collective choices (``EngineRun.algorithms``,
+        ``DESRun.algorithms``).
     fields : further :class:`Result` fields (``spans``, ``links``, ``extra``).
 
     Returns

@@ -25,7 +25,7 @@ import simpy
 
 from ...errors import DeadlockError
 from ...workloads.trace import Workload
-from ..costs import CostModel, collective_choices
+from ..costs import CostModel
 from ..result import ClassTiming
 from .network import FlowNetwork
 from .p2p import P2PMatcher
@@ -85,11 +85,10 @@ class _Engine:
                  record_spans: bool, record_flows: bool, audit: bool, shortcuts: bool):
         self.env = env = simpy.Environment()
         self.workload = workload
-        self.cost = cost
         self.network = FlowNetwork(env, topology.edge_bandwidth_Bps, audit=audit,
                                    shortcuts=shortcuts)
         routes = RouteTable(topology, self.network)
-        self.programs, self.streams = resolve(workload, cost)
+        self.programs, self.streams, self.choices = resolve(workload, cost)
         self.states = [ClassState(i, p, spans=[] if record_spans else None)
                        for i, p in enumerate(self.programs)]
         self.records: list[FlowRecord] | None = [] if record_flows else None
@@ -119,7 +118,7 @@ class _Engine:
         self._check_finished()
         return DESRun(self.programs, [s.timing for s in self.states], self.streams,
                       [s.spans for s in self.states], self.network, self.records, self.devices,
-                      events, collective_choices(self.workload, self.cost))
+                      events, self.choices)
 
     def _stream(self, st: ClassState, sid: int, flats: list[int]):
         """One class's stream: its ops in issue order."""
