@@ -14,6 +14,9 @@ The format is documented in ``docs/trace.md``. In short:
   ``deps`` (indices of earlier ops of the same block), a :class:`Wait` waits for everything
   issued so far on another stream, a collective waits for every member of its group to reach
   it, and a ``recv`` for the matching ``send``. ``repeat=k`` runs the op k times back to back.
+* A :class:`Loop` op issues its body ``count`` times (per-layer overlap: layer l+1's
+  all-gather or all-to-all on a communication stream while layer l computes); engines time
+  the unrolled ops of :attr:`Block.flat`.
 
 Sizes follow the nccl-tests convention (``bytes`` is the buffer each rank passes in: for
 ``all_gather`` the gathered output, for ``reduce_scatter`` the full input, for ``all_to_all``
@@ -29,7 +32,7 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 
-__all__ = ["Compute", "Collective", "P2P", "Wait", "Op", "Block", "Step", "StepTable", "Program",
+__all__ = ["Compute", "Collective", "P2P", "Wait", "Loop", "Op", "Block", "Step", "StepTable", "Program",
            "GroupFamily", "RankClass", "Workload", "WorkloadMeta", "CollectiveOp", "GroupKind",
            "Phase"]
 
@@ -106,7 +109,29 @@ class Wait:
     stream: str
 
 
-Payload = Compute | Collective | P2P | Wait
+@dataclass(frozen=True, slots=True)
+class Loop:
+    """``count`` iterations of ``body`` issued back to back (``count`` × the op's ``repeat``).
+
+    Body ops keep their streams; their ``deps`` index earlier ops of the same iteration. The
+    loop op's own ``deps`` hold back the first iteration's ops; an op that depends on the loop
+    waits for every op of its last iteration. Iteration i+1's ops on a stream follow
+    iteration i's in stream order, so a communication stream runs ahead of the compute
+    stream (prefetch) exactly as if the ops were written out one by one.
+    """
+
+    name: str
+    body: tuple["Op", ...]
+    count: int
+
+    def __post_init__(self) -> None:
+        if not self.body or not (isinstance(self.count, int) and self.count >= 1):
+            raise ValueError(f"loop {self.name!r}: needs a body and count >= 1, got "
+                             f"{len(self.body)} ops and count = {self.count!r}")
+        object.__setattr__(self, "body", tuple(self.body))
+
+
+Payload = Compute | Collective | P2P | Wait | Loop
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,11 +150,47 @@ class Op:
 
 @dataclass(frozen=True, slots=True)
 class Block:
-    """A reusable sequence of ops (one layer chunk's forward, a backward, the optimizer step…)."""
+    """A reusable sequence of ops (one layer chunk's forward, a backward, the optimizer step…).
+
+    :attr:`flat` is the block with its :class:`Loop` s unrolled (the block itself when it has
+    none), built once: what the engines time."""
 
     name: str
     phase: Phase
     ops: tuple[Op, ...]
+    _flat: "Block | None" = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def flat(self) -> "Block":
+        if self._flat is None:
+            ops = _unrolled(self.ops)
+            object.__setattr__(self, "_flat", self if ops is self.ops
+                               else Block(self.name, self.phase, ops))
+        return self._flat
+
+
+def _unrolled(ops: tuple[Op, ...]) -> tuple[Op, ...]:
+    """``ops`` with every :class:`Loop` written out (``ops`` itself when there is none)."""
+    if not any(type(op.payload) is Loop for op in ops):
+        return ops
+    out: list[Op] = []
+    ends: list[tuple[int, ...]] = []  # per original op: the flat ops a dependant waits for
+    for op in ops:
+        deps = tuple(sorted({d for i in op.deps for d in ends[i]}))
+        if type(op.payload) is not Loop:
+            out.append(Op(op.payload, op.stream, deps, op.repeat))
+            ends.append((len(out) - 1,))
+            continue
+        body = _unrolled(op.payload.body)
+        last: tuple[int, ...] = ()
+        for it in range(op.payload.count * op.repeat):
+            base = len(out)
+            out += [Op(b.payload, b.stream, tuple(base + d for d in b.deps) + (deps if it == 0
+                                                                                else ()), b.repeat)
+                    for b in body]
+            last = tuple(range(base, len(out)))
+        ends.append(last)
+    return tuple(out)
 
 
 class Step(NamedTuple):
@@ -314,7 +375,8 @@ class Workload:
         for c in self.classes:
             np.add.at(seen, np.asarray(c.ranks, dtype=np.int64), 1)
             for block in c.program.blocks.values():
-                for op in block.ops:
+                _check_deps(block.ops, f"block {block.name!r}")
+                for op in block.flat.ops:
                     p = op.payload
                     if isinstance(p, (Collective, P2P)) and p.group not in self.groups:
                         raise ValueError(f"class {c.name!r} block {block.name!r} op {p.name!r} "
@@ -324,9 +386,16 @@ class Workload:
                         raise ValueError(f"op {p.name!r} in block {block.name!r}: split_bytes has "
                                          f"{len(p.split_bytes)} entries but group {p.group!r} "
                                          f"has {self.groups[p.group].size} members")
-                    if any(d >= block.ops.index(op) for d in op.deps):
-                        raise ValueError(f"op {p.name!r} in block {block.name!r} depends on a "
-                                         "later op")
         if not (seen == 1).all():
             bad = int(np.flatnonzero(seen != 1)[0])
             raise ValueError(f"rank {bad} is in {int(seen[bad])} rank classes; it must be in one")
+
+
+def _check_deps(ops: tuple[Op, ...], where: str) -> None:
+    """Every op's ``deps`` name earlier ops of its block (or of its loop body)."""
+    for i, op in enumerate(ops):
+        if any(not 0 <= d < i for d in op.deps):
+            raise ValueError(f"op {op.payload.name!r} in {where} depends on a later op "
+                             f"(deps {op.deps} at position {i})")
+        if type(op.payload) is Loop:
+            _check_deps(op.payload.body, f"loop {op.payload.name!r} of {where}")

@@ -458,7 +458,7 @@ class _ClassBlocks(dict):
         self.resolver, self.ci, self.rep, self.blocks = resolver, ci, rep, blocks
 
     def __missing__(self, name: str) -> tuple[list, tuple | None]:
-        hit = self[name] = self.resolver.block(self.ci, self.rep, self.blocks[name])
+        hit = self[name] = self.resolver.block(self.ci, self.rep, self.blocks[name].flat)
         return hit
 
 

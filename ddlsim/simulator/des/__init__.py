@@ -64,7 +64,7 @@ def _span_mode(mode: str, workload: Workload) -> str:
         raise ConfigError(f"spans = {mode!r} is not a span mode; allowed: {', '.join(allowed)}")
     if mode != "auto":
         return mode
-    total = sum(len(c.ranks) * sum(len(c.program.blocks[s.block].ops) for s in c.program.steps)
+    total = sum(len(c.ranks) * sum(len(c.program.blocks[s.block].flat.ops) for s in c.program.steps)
                 for c in workload.classes)
     return "all" if total <= SPAN_BUDGET else "representative"
 

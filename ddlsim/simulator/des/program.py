@@ -95,7 +95,7 @@ def resolve(workload: Workload, cost: CostModel
         blocks: dict[str, list[Instr]] = {}
         for bname, block in cls.program.blocks.items():
             blocks[bname] = [_instr(op, streams.setdefault(op.stream, len(streams)), streams, cost,
-                                    choices) for op in block.ops]
+                                    choices) for op in block.flat.ops]
         out.append(_flatten(cls, blocks))
     return out, streams, choices
 
