@@ -114,10 +114,9 @@ class Loop:
     """``count`` iterations of ``body`` issued back to back (``count`` × the op's ``repeat``).
 
     Body ops keep their streams; their ``deps`` index earlier ops of the same iteration. The
-    loop op's own ``deps`` hold back the first iteration's ops; an op that depends on the loop
-    waits for every op of its last iteration. Iteration i+1's ops on a stream follow
-    iteration i's in stream order, so a communication stream runs ahead of the compute
-    stream (prefetch) exactly as if the ops were written out one by one.
+    loop op's ``deps`` hold back the first iteration; an op depending on the loop waits for its
+    last iteration. Streams keep issue order, so a communication stream runs ahead of the
+    compute stream (prefetch) exactly as if the ops were written out one by one.
     """
 
     name: str
@@ -150,10 +149,8 @@ class Op:
 
 @dataclass(frozen=True, slots=True)
 class Block:
-    """A reusable sequence of ops (one layer chunk's forward, a backward, the optimizer step…).
-
-    :attr:`flat` is the block with its :class:`Loop` s unrolled (the block itself when it has
-    none), built once: what the engines time."""
+    """A reusable sequence of ops (one layer chunk's forward, a backward, the optimizer step…);
+    :attr:`flat`, what the engines time, is it with its :class:`Loop` s unrolled, built once."""
 
     name: str
     phase: Phase
