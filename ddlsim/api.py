@@ -8,7 +8,7 @@ from typing import Literal
 from .config import RunConfig, load_config
 from .errors import ConfigError, PlanDoesNotFitError
 from .limits import Limits, check_work
-from .simulator.result import Breakdown, Result
+from .simulator.result import Result, assemble_result
 from .formatting import format_bytes
 from .workloads.memory import MemoryBreakdown
 from .workloads.trace import Workload
@@ -176,14 +176,15 @@ def predict(config: RunConfig | dict | str | Path, engine: Engine = "analytical"
                           "backend, check_fit, record_spans")
     workload = build_workload(cfg)
     check_work(cfg, engine, limits, workload)  # the trace's ops, counted before the run
+    devices = _placement(cfg, workload)
     result = _run_engine(engine, cfg, workload, mem, calibration, backend, None, engine_options,
-                         record_spans=record_spans)
+                         devices=devices, record_spans=record_spans)
     if record_spans and not result.spans:
         raise ConfigError(f"record_spans = True: the {engine} engine recorded no spans for this "
                           "plan, so there is no timeline to draw")
     if calibration is not None:
         result = _with_calibration(engine, cfg, workload, mem, calibration, backend, result,
-                                   engine_options)
+                                   engine_options, devices)
     return _described(result, cfg, workload, engine, source, backend, check_fit, engine_options)
 
 
@@ -202,32 +203,37 @@ def _described(result: Result, cfg: RunConfig, workload: Workload, engine: str, 
         trace = options.get("trace_path")
         settings["trace_path"] = None if trace is None else str(trace)
     return replace(result, config=cfg.model_dump(mode="json"), settings=settings,
-                   parameter_count=int(workload.meta.get("params", 0)))
+                   parameter_count=int(workload.meta.parameter_count))
+
+
+def _placement(cfg: RunConfig, workload: Workload):
+    """Device id of every rank: computed once per prediction, shared by every engine run."""
+    from .simulator.costs import place_ranks_on_system
+    return place_ranks_on_system(cfg.system, workload.world_size)
 
 
 def _run_engine(engine: str, cfg: RunConfig, workload: Workload, mem: MemoryBreakdown,
                 profile, backend: str | None, bound: str | None, options: dict, *,
-                record_spans: bool = False) -> Result:
+                devices, record_spans: bool = False) -> Result:
+    """One engine run: the engines see the workload, the system (with its placement and the
+    plan's collective algorithms, as a cost model) and nothing else of ``cfg``."""
     from .simulator.costs import CostModel
-    cost = CostModel(cfg.system, workload, cfg.parallel, profile=profile, backend=backend,
-                     bound=bound)
+    cost = CostModel(cfg.system, workload, cfg.parallel.collective_algorithm, devices=devices,
+                     profile=profile, backend=backend, bound=bound)
     if engine == "des":
         from .simulator.des import simulate_des
         if record_spans and options.get("spans") == "none":
             raise ConfigError("record_spans = True contradicts the DES option spans = 'none'")
-        return simulate_des(cfg, workload, cost, mem, **options)
+        return simulate_des(workload, cost, mem, **options)
     # record_spans: the analytical engine's representative-rank spans (ddlsim.plots' timeline)
     from .simulator.analytical.engine import simulate_analytical
-    if record_spans:
-        from dataclasses import replace
-        timings, spans = simulate_analytical(workload, cost, record_spans=True)
-        return replace(_result("analytical", cfg, workload, cost, timings, mem), spans=spans)
-    timings = simulate_analytical(workload, cost)
-    return _result("analytical", cfg, workload, cost, timings, mem)
+    run = simulate_analytical(workload, cost, record_spans=record_spans)
+    return _result("analytical", workload, cost, run, mem)
 
 
 def _with_calibration(engine: str, cfg: RunConfig, workload: Workload, mem: MemoryBreakdown,
-                      profile, backend: str | None, result: Result, options: dict) -> Result:
+                      profile, backend: str | None, result: Result, options: dict,
+                      devices) -> Result:
     """Add the prediction interval propagated from the profile's parameter intervals, and,
     with several backends and ``backend: auto``, each single backend's time and the gain of
     mixing them (MCR-DL)."""
@@ -244,14 +250,14 @@ def _with_calibration(engine: str, cfg: RunConfig, workload: Workload, mem: Memo
                                   f"constants were used; it has backends {list(profile.backends)}")
         return replace(result, extra=extra)
     try:
-        lo = _run_engine(engine, cfg, workload, mem, profile, backend, "lo", quiet)
-        hi = _run_engine(engine, cfg, workload, mem, profile, backend, "hi", quiet)
+        lo = _run_engine(engine, cfg, workload, mem, profile, backend, "lo", quiet, devices=devices)
+        hi = _run_engine(engine, cfg, workload, mem, profile, backend, "hi", quiet, devices=devices)
         interval = (lo.iteration_time_s, hi.iteration_time_s)
     except CalibrationError as exc:
         extra["interval_note"] = f"no interval: {exc}"
     if backend in (None, "auto") and len(profile.backends) > 1:
-        single = {b: _run_engine(engine, cfg, workload, mem, profile, b, None, quiet).iteration_time_s
-                  for b in profile.backends}
+        single = {b: _run_engine(engine, cfg, workload, mem, profile, b, None, quiet,
+                                 devices=devices).iteration_time_s for b in profile.backends}
         best = min(single, key=single.get)
         extra["single_backend_time_s"] = single
         extra["gain_over_best_single_backend"] = single[best] / result.iteration_time_s - 1
@@ -260,28 +266,9 @@ def _with_calibration(engine: str, cfg: RunConfig, workload: Workload, mem: Memo
     return replace(result, interval_s=interval, extra=extra)
 
 
-def _result(engine: str, cfg: RunConfig, workload: Workload, cost, timings, mem) -> Result:
-    crit = max(range(len(timings)), key=lambda i: timings[i].end)
-    T = timings[crit]
-    kinds = ("dp", "tp", "pp", "ep")
-    exposed = {k: T.exposed.get(k, 0.0) for k in kinds}
-    exposed.update({k: v for k, v in T.exposed.items() if k not in kinds and v})
-    hw_flops = sum(t.flops * len(c.ranks) for t, c in zip(timings, workload.classes))
-    comm = {k: T.comm_bytes.get(k, 0.0) for k in kinds}
-    dtype = cfg.train.dtype
-    return Result(
-        engine=engine,
-        iteration_time_s=T.end,
-        breakdown=Breakdown(T.compute, T.optimizer, exposed, T.bubble),
-        comm_bytes=comm,
-        memory=mem,
-        samples=int(workload.meta["samples"]),
-        tokens=int(workload.meta["tokens"]),
-        model_flops=float(workload.meta["model_flops"]),
-        hardware_flops=hw_flops,
-        world_size=workload.world_size,
-        peak_flops_per_device=cfg.system.device.peak_flops[dtype],
-        critical_class=workload.classes[crit].name,
-        per_class_time_s={c.name: t.end for c, t in zip(workload.classes, timings)},
-        algorithms=dict(cost.algorithms),
-    )
+def _result(engine: str, workload: Workload, cost, run, mem: MemoryBreakdown) -> Result:
+    """The shared assembler (:func:`ddlsim.simulator.result.assemble_result`) on an
+    :class:`~ddlsim.simulator.result.EngineRun`."""
+    peak = cost.peak_flops(workload.meta.dtype)
+    return assemble_result(engine, workload, run.timings, mem, peak, run.algorithms,
+                           spans=run.spans)

@@ -13,7 +13,7 @@ from ddlsim.errors import DeadlockError
 from ddlsim.simulator.analytical.engine import simulate_analytical
 from ddlsim.simulator.costs import CostModel
 from ddlsim.workloads.trace import (Block, Compute, GroupFamily, Op, P2P, Program, RankClass,
-                                    Step, Workload)
+                                    Step, Workload, WorkloadMeta)
 
 # a GPT whose embedding and head are negligible, so pipeline stages are equal
 UNIFORM = {"model": {"num_hidden_layers": 8, "hidden_size": 4096, "num_attention_heads": 32,
@@ -110,17 +110,19 @@ def _two_rank_workload(tag_a: str, tag_b: str) -> Workload:
                                   Op(Compute("c", 1e9), deps=(0,))))
     return Workload("two", 2, {"pp": pp}, (
         RankClass("a", (0,), Program({"s": send}, (Step("s"),))),
-        RankClass("b", (1,), Program({"r": recv}, (Step("r"),)))), {"samples": 1, "tokens": 1, "model_flops": 1})
+        RankClass("b", (1,), Program({"r": recv}, (Step("r"),)))),
+        WorkloadMeta(samples=1, tokens=1, model_flops=1.0))
 
 
 def test_matched_send_recv_runs_and_unmatched_is_a_deadlock(small_cfg):
     ok = _two_rank_workload("x", "x")
-    cost = CostModel(small_cfg.system, ok, small_cfg.parallel)
-    t = simulate_analytical(ok, cost)
+    cost = CostModel(small_cfg.system, ok, small_cfg.parallel.collective_algorithm)
+    t = simulate_analytical(ok, cost).timings
     assert t[1].end > t[0].end
     bad = _two_rank_workload("x", "y")
     with pytest.raises(DeadlockError, match="class b .* waits .* 'recv'"):
-        simulate_analytical(bad, CostModel(small_cfg.system, bad, small_cfg.parallel))
+        simulate_analytical(bad, CostModel(small_cfg.system, bad,
+                                           small_cfg.parallel.collective_algorithm))
 
 
 @given(name=st.sampled_from(["gpipe", "1f1b", "interleaved"]), p=st.integers(1, 12),

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, strategies as st
 
 from ddlsim.simulator.collectives import (GroupNet, algorithms_for, best_algorithm,
-                                          collective_time, get_algorithm)
+                                          collective_time, get_algorithm, split_matrix,
+                                          uneven_time)
 from ddlsim.config import ALGORITHMS
 
 
@@ -75,3 +76,28 @@ def test_more_bandwidth_is_never_slower(scale, n):
     fast = GroupNet(32, 8, 3e-6, 300e9 * scale, 10e-6, 25e9 * scale, nodes=4)
     for op in ALGORITHMS:
         assert best_algorithm(op, n, fast)[1] <= best_algorithm(op, n, slow)[1] * (1 + 1e-12)
+
+
+@given(n=st.floats(1e3, 1e10), nodes=st.integers(1, 8), g=st.integers(1, 8),
+       alpha=st.floats(1e-7, 1e-4), bw_node=st.floats(1e9, 1e12))
+def test_uneven_forms_of_an_equal_split_are_the_even_forms(n, nodes, g, alpha, bw_node):
+    """``split_bytes`` with every entry n/p is the even all-to-all of n bytes, for each
+    algorithm's uneven form (docs/trace.md), on one node or several."""
+    p = nodes * g
+    if p < 2:
+        return
+    net = GroupNet(p, g, 1e-6, 1e11, alpha, bw_node, nodes)
+    matrix = split_matrix([n / p] * p)
+    for algo in ("pairwise", "direct"):
+        assert uneven_time("all_to_all", algo, matrix, net) == pytest.approx(
+            collective_time("all_to_all", algo, n, net), rel=1e-12)
+
+
+def test_uneven_direct_is_the_busiest_link_over_its_bandwidth():
+    """4 members on 2 nodes of 2; member 3 receives 10 B from each, others 1 B. Device links:
+    member 3 takes in 3·10 = 30 B (the most). Node 1 (members 2, 3) takes in from members 0
+    and 1: 2·(1 + 10) = 22 B; node 0 sends those 22 B out. α = 5 µs, 1 B/s device links,
+    2 B/s per node: max(30 / 1, 22 / 2) = 30 s."""
+    net = GroupNet(4, 2, 1e-6, 1.0, 5e-6, 2.0, 2)
+    assert uneven_time("all_to_all", "direct", split_matrix([1, 1, 1, 10]), net) \
+        == pytest.approx(5e-6 + 30.0, rel=1e-12)

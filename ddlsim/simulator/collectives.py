@@ -26,7 +26,8 @@ import numpy as np
 from ..errors import ConfigError
 
 __all__ = ["GroupNet", "Phase", "Algorithm", "register", "get_algorithm", "algorithms_for",
-           "collective_time", "best_algorithm", "BUSBW_FACTOR"]
+           "collective_time", "best_algorithm", "BUSBW_FACTOR", "register_uneven",
+           "split_matrix", "uneven_time", "best_uneven_algorithm"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,10 +100,15 @@ class Phase:
     bytes: float
     repeat: int = 1
     latency_steps: int = 1
+    weights: np.ndarray | None = None  # per pair: × bytes (uneven all-to-all)
 
 
 TimeFn = Callable[[float, GroupNet], float]
 PhaseFn = Callable[[float, int, int], list[Phase]]
+#: ``time(B, net)``: seconds for the bytes matrix ``B[i, j]`` (member i sends to member j).
+UnevenTimeFn = Callable[[np.ndarray, GroupNet], float]
+#: ``phases(W, g)``: phases whose pairs carry ``W[i, j]`` bytes per collective byte.
+UnevenPhaseFn = Callable[[np.ndarray, int], list[Phase]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +117,8 @@ class Algorithm:
     name: str
     time: TimeFn
     phases: PhaseFn
+    uneven_time: UnevenTimeFn | None = None
+    uneven_phases: UnevenPhaseFn | None = None
 
 
 _REGISTRY: dict[tuple[str, str], Algorithm] = {}
@@ -137,6 +145,12 @@ def _NO_PHASES(n: float, p: int, g: int) -> list[Phase]:  # pragma: no cover - g
     raise NotImplementedError("this algorithm has no phase decomposition")
 
 
+def register_uneven(op: str, name: str, time: UnevenTimeFn, phases: UnevenPhaseFn) -> None:
+    """Give the registered algorithm ``(op, name)`` its uneven (per-pair bytes) forms."""
+    from dataclasses import replace
+    _REGISTRY[(op, name)] = replace(_REGISTRY[(op, name)], uneven_time=time, uneven_phases=phases)
+
+
 def get_algorithm(op: str, name: str) -> Algorithm:
     try:
         return _REGISTRY[(op, name)]
@@ -161,6 +175,29 @@ def best_algorithm(op: str, nbytes: float, net: GroupNet) -> tuple[str, float]:
     if net.p <= 1:
         return algorithms_for(op)[0], 0.0
     best = min((fn.time(nbytes, net), name) for (o, name), fn in _REGISTRY.items() if o == op)
+    return best[1], best[0]
+
+
+def split_matrix(split_bytes) -> np.ndarray:
+    """``B[i, j]``: bytes member i sends to member j when every member sends ``split_bytes``
+    (the trace's per-peer sizes, in group order; the diagonal stays on the device)."""
+    split = np.asarray(split_bytes, dtype=np.float64)
+    return np.tile(split, (len(split), 1))
+
+
+def uneven_time(op: str, algorithm: str, matrix: np.ndarray, net: GroupNet) -> float:
+    """Seconds for ``op`` moving ``matrix[i, j]`` bytes from member i to member j, or inf if
+    ``algorithm`` has no uneven form."""
+    if net.p <= 1:
+        return 0.0
+    fn = _REGISTRY[(op, algorithm)].uneven_time
+    return math.inf if fn is None else fn(matrix, net)
+
+
+def best_uneven_algorithm(op: str, matrix: np.ndarray, net: GroupNet) -> tuple[str, float]:
+    """The cheapest algorithm with an uneven form (ties broken by name)."""
+    best = min((uneven_time(op, name, matrix, net), name) for (o, name) in _REGISTRY if o == op
+               and _REGISTRY[(o, name)].uneven_time is not None)
     return best[1], best[0]
 
 
@@ -464,6 +501,51 @@ def _a2a_direct_ph(n: float, p: int, g: int) -> list[Phase]:
     i, j = np.meshgrid(np.arange(p), np.arange(p), indexing="ij")
     mask = i != j
     return [Phase(np.stack([i[mask], j[mask]], axis=1), n / p)]
+
+
+def _off_diagonal(B: np.ndarray) -> np.ndarray:
+    return B - np.diag(np.diag(B))
+
+
+def _a2a_pairwise_uneven(B: np.ndarray, net: GroupNet) -> float:
+    """Step k moves ``B[i, (i+k) mod p]`` for every i at once and lasts as long as its largest
+    message: ``Σ_k exchange_step(max_i B[i, i+k])``. With one hot receiver h (``B[i, h] = k·s``)
+    every step holds one message to h, so the time is ``(p−1)(α + k·s/bw)``, i.e.
+    ``max_j Σ_i B[i, j] / bw`` plus p−1 latencies."""
+    p, i = net.p, np.arange(net.p)
+    return sum(net.exchange_step(float(B[i, (i + k) % p].max()), k) for k in range(1, p))
+
+
+def _a2a_pairwise_uneven_ph(W: np.ndarray, g: int) -> list[Phase]:
+    p, out = len(W), []
+    for k in range(1, p):
+        i = np.arange(p)
+        i = i[W[i, (i + k) % p] > 0]  # empty messages are not sent
+        out.append(Phase(np.stack([i, (i + k) % p], axis=1), 1.0, weights=W[i, (i + k) % p]))
+    return out
+
+
+def _a2a_direct_uneven(B: np.ndarray, net: GroupNet) -> float:
+    """All messages at once: ``α + max(max_i max(Σ_j B[i, j], Σ_j B[j, i]) / bw_device,
+    max_node (bytes leaving or entering the node) / bw_node)``, members node-major, ``g`` per
+    node; the diagonal stays on the device. Uniform ``B`` gives :func:`_a2a_direct`."""
+    off = _off_diagonal(B)
+    t = max(off.sum(axis=1).max(), off.sum(axis=0).max()) / net.bw_intra_Bps
+    if net.multi_node:
+        node = np.arange(net.p) // net.g
+        cross = np.where(node[:, None] != node[None, :], B, 0.0)
+        out, into = np.bincount(node, cross.sum(axis=1)), np.bincount(node, cross.sum(axis=0))
+        t = max(t, max(out.max(), into.max()) / net.bw_node_Bps)
+    return net.alpha_s + t
+
+
+def _a2a_direct_uneven_ph(W: np.ndarray, g: int) -> list[Phase]:
+    i, j = np.nonzero(_off_diagonal(W) > 0)
+    return [Phase(np.stack([i, j], axis=1), 1.0, weights=W[i, j])]
+
+
+register_uneven("all_to_all", "pairwise", _a2a_pairwise_uneven, _a2a_pairwise_uneven_ph)
+register_uneven("all_to_all", "direct", _a2a_direct_uneven, _a2a_direct_uneven_ph)
 
 
 @register("barrier", "dissemination")

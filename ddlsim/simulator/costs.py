@@ -9,17 +9,30 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import numpy as np
 
-from ..config import ParallelConfig, SystemConfig
+from ..config import SystemConfig
 from ..errors import ConfigError
 from ..units import format_bytes
 from ..workloads.trace import Collective, Compute, GroupFamily, P2P, Workload
-from .collectives import GroupNet, best_algorithm, collective_time, get_algorithm
+from .collectives import (GroupNet, best_algorithm, best_uneven_algorithm, collective_time,
+                          get_algorithm, split_matrix, uneven_time)
 
-__all__ = ["CostModel", "place_ranks_on_system"]
+__all__ = ["CostModel", "CollectiveChoice", "place_ranks_on_system"]
+
+
+class CollectiveChoice(NamedTuple):
+    """How one collective is timed: ``algorithm`` is the closed form laid out as flows (the
+    DES) and ``label`` what the result's ``algorithms`` reports under ``key`` (the algorithm,
+    or ``"<backend> (calibrated)"`` when a calibration profile timed it)."""
+
+    key: str
+    label: str
+    algorithm: str
+    time_s: float
 
 
 class _Shape(NamedTuple):
@@ -41,23 +54,37 @@ def place_ranks_on_system(system: SystemConfig, num_ranks: int) -> np.ndarray:
 
 
 class CostModel:
-    """Costs for one workload on one system (and optionally a calibration profile)."""
+    """Costs for one workload on one system (and optionally a calibration profile).
 
-    def __init__(self, system: SystemConfig, workload: Workload, parallel: ParallelConfig,
-                 profile=None, backend: str | None = None, bound: str | None = None):
+    Parameters
+    ----------
+    system : the cluster.
+    workload : the trace (its group families are costed where their ranks sit).
+    collective_algorithm : the algorithm per collective op (``"auto"``, the default, picks
+        the cheapest closed form); an op's own ``algorithm`` overrides it.
+    devices : device id of each rank (``place_ranks_on_system`` when None); compute it once
+        per prediction and pass it to every cost model and the DES.
+    profile, backend, bound : a calibration profile, its backend (``"auto"``: the fastest)
+        and ``"lo"``/``"hi"`` to use its interval ends.
+    """
+
+    def __init__(self, system: SystemConfig, workload: Workload,
+                 collective_algorithm: Mapping[str, str] | None = None, *,
+                 devices: np.ndarray | None = None, profile=None, backend: str | None = None,
+                 bound: str | None = None):
         self.system = system
-        self.parallel = parallel
+        self.collective_algorithm = dict(collective_algorithm or {})
         self.profile = profile
         self.backend = backend
         self.bound = bound  # None, "lo" or "hi": use the profile's interval ends
-        self.backend_choices: dict[str, str] = {}
-        devices = place_ranks_on_system(system, workload.world_size)
+        if devices is None:
+            devices = place_ranks_on_system(system, workload.world_size)
+        self.devices = devices
         self.node_of_rank = devices // system.devices_per_node
         self.ranks_per_node = np.bincount(self.node_of_rank, minlength=system.nodes)
         self.nets = {name: self._group_net(fam) for name, fam in workload.groups.items()}
         self.kind = {name: fam.kind for name, fam in workload.groups.items()}
-        self.algorithms: dict[str, str] = {}
-        self._coll = lru_cache(maxsize=None)(self._collective_uncached)
+        self._coll = lru_cache(maxsize=None)(self._choice_uncached)
         dev = system.device
         self._eff = system.compute_efficiency
         self._peak = dict(dev.peak_flops)
@@ -80,6 +107,10 @@ class CostModel:
         return GroupNet(fam.size, g, s.intra_node.latency_s, s.intra_node.bandwidth_Bps,
                         alpha_inter, bw_node, n_nodes)
 
+    def peak_flops(self, dtype: str) -> float:
+        """FLOP/s of one device at ``dtype`` (the device's ``peak_flops`` entry)."""
+        return self._peak[dtype]
+
     # ------------------------------------------------------------------ op costs
     def compute(self, op: Compute) -> float:
         peak = self._peak.get(op.dtype) or max(self._peak.values())
@@ -96,33 +127,52 @@ class CostModel:
         return max(op.flops / (peak * eff), t_mem)
 
     def collective(self, op: Collective) -> float:
-        return self._coll(op.op, op.group, op.bytes if op.split_bytes is None
-                          else float(sum(op.split_bytes)), op.algorithm)
+        """Seconds for one issue of ``op`` (0 on a group of one rank)."""
+        choice = self.choice(op)
+        return 0.0 if choice is None else choice.time_s
 
-    def _collective_uncached(self, kind: str, group: str, nbytes: float, algo: str | None) -> float:
+    def choice(self, op: Collective) -> CollectiveChoice | None:
+        """How ``op`` is timed, or None on a group of one rank (nothing to choose)."""
+        nbytes = op.bytes if op.split_bytes is None else float(sum(op.split_bytes))
+        return self._coll(op.op, op.group, nbytes, op.algorithm, op.split_bytes)
+
+    def _choice_uncached(self, kind: str, group: str, nbytes: float, algo: str | None,
+                         split: tuple[float, ...] | None) -> CollectiveChoice | None:
         net = self.nets[group]
         if net.p <= 1:
-            return 0.0
-        if self.profile is not None:
-            t = self.profile_time(kind, nbytes, net)
-            if t is not None:
-                return t
-        choice = algo or self.parallel.collective_algorithm.get(kind, "auto")
-        if choice == "auto":
-            choice, t = best_algorithm(kind, nbytes, net)
-        else:
-            get_algorithm(kind, choice)
-            t = collective_time(kind, choice, nbytes, net)
-            if not math.isfinite(t):
-                raise ConfigError(f"collective_algorithm.{kind} = {choice!r} cannot run on group "
-                                  f"{group!r} (its ranks are not spread evenly over nodes); "
-                                  "choose another algorithm or 'auto'")
-        self.algorithms[f"{group}.{kind}[{format_bytes(nbytes)}]"] = choice
-        return t
+            return None
+        name, t = self._closed_form(kind, group, nbytes, algo, split)
+        if self.profile is not None and split is None:  # profiles are measured even
+            got = self.profile_time(kind, nbytes, net)
+            if got is not None:
+                backend, t_profile = got
+                return CollectiveChoice(f"{kind}[{format_bytes(nbytes)}]",
+                                        f"{backend} (calibrated)", name, t_profile)
+        return CollectiveChoice(f"{group}.{kind}[{format_bytes(nbytes)}]", name, name, t)
 
-    def profile_time(self, kind: str, nbytes: float, net: GroupNet) -> float | None:
-        """Time from the calibration profile (the fastest backend with ``auto``), or None if
-        the profile does not cover this operation and scope (the closed forms are used)."""
+    def _closed_form(self, kind: str, group: str, nbytes: float, algo: str | None,
+                     split: tuple[float, ...] | None) -> tuple[str, float]:
+        """(algorithm, seconds): the op's own, the configured one, or the cheapest."""
+        net = self.nets[group]
+        matrix = None if split is None else split_matrix(split)
+        choice = algo or self.collective_algorithm.get(kind, "auto")
+        if choice == "auto":
+            return best_algorithm(kind, nbytes, net) if matrix is None \
+                else best_uneven_algorithm(kind, matrix, net)
+        get_algorithm(kind, choice)
+        t = collective_time(kind, choice, nbytes, net) if matrix is None \
+            else uneven_time(kind, choice, matrix, net)
+        if not math.isfinite(t):
+            why = "its ranks are not spread evenly over nodes" if matrix is None \
+                else "it has no form for uneven (split_bytes) sizes"
+            raise ConfigError(f"collective_algorithm.{kind} = {choice!r} cannot run on group "
+                              f"{group!r} ({why}); choose another algorithm or 'auto'")
+        return choice, t
+
+    def profile_time(self, kind: str, nbytes: float, net: GroupNet) -> tuple[str, float] | None:
+        """(backend, seconds) from the calibration profile (the fastest backend with
+        ``auto``), or None if the profile does not cover this operation and scope (the
+        closed forms are used)."""
         prof = self.profile
         scope = "inter" if net.multi_node else "intra"
         try:
@@ -136,9 +186,7 @@ class CostModel:
                 t = lo if self.bound == "lo" else hi
         except KeyError:
             return None
-        self.backend_choices[f"{kind}[{format_bytes(nbytes)}]"] = backend
-        self.algorithms[f"{kind}[{format_bytes(nbytes)}]"] = f"{backend} (calibrated)"
-        return t
+        return backend, t
 
     def p2p(self, op: P2P, src: int, dst: int) -> float:
         """Seconds to move ``op.bytes`` from rank ``src`` to rank ``dst``."""
@@ -146,3 +194,4 @@ class CostModel:
         if self.node_of_rank[src] != self.node_of_rank[dst]:
             return net.alpha_inter_s + op.bytes / min(net.bw_intra_Bps, net.bw_node_Bps)
         return net.alpha_intra_s + op.bytes / net.bw_intra_Bps
+

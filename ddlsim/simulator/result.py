@@ -6,13 +6,18 @@ JSON keys (``Result.to_dict``) are stable; see the README's "Output" section.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
 from ..workloads.memory import MemoryBreakdown
 
-__all__ = ["Breakdown", "Result", "Span", "ClassTiming", "results_frame"]
+if TYPE_CHECKING:
+    from ..workloads.trace import Workload
+
+__all__ = ["Breakdown", "Result", "Span", "ClassTiming", "EngineRun", "assemble_result",
+           "results_frame"]
 
 _KINDS = ("dp", "tp", "pp", "ep")
 
@@ -169,6 +174,66 @@ class Result:
     def to_frame(self):
         """A one-row :class:`pandas.DataFrame` of :meth:`to_row`."""
         return results_frame([self])
+
+
+@dataclass(frozen=True)
+class EngineRun:
+    """What the analytical engine returns (the DES's :class:`~.des.DESRun` has the same
+    ``timings`` and ``algorithms``): one :class:`ClassTiming` per rank class in workload
+    order, the collective algorithm chosen per group, op and size, and the representative
+    ranks' spans when recorded."""
+
+    timings: list[ClassTiming]
+    algorithms: dict[str, str]
+    spans: tuple[Span, ...] = ()
+
+
+def assemble_result(engine: str, workload: "Workload", timings: Sequence[ClassTiming],
+                    memory: MemoryBreakdown, peak_flops_per_device: float,
+                    algorithms: dict[str, str], **fields: Any) -> Result:
+    """The :class:`Result` of an engine's per-class timings; both engines call this.
+
+    Parameters
+    ----------
+    engine : ``"analytical"`` or ``"des"``.
+    workload : the trace that was timed (its classes name the timings; its
+        :class:`~ddlsim.workloads.trace.WorkloadMeta` gives samples, tokens, model FLOPs).
+    timings : one per rank class, in ``workload.classes`` order (seconds, FLOPs, bytes).
+    memory : the most loaded device's memory.
+    peak_flops_per_device : FLOP/s of one device at the workload's dtype (MFU's denominator).
+    algorithms : the engine's collective choices (``EngineRun.algorithms``,
+        ``DESRun.algorithms``).
+    fields : further :class:`Result` fields (``spans``, ``links``, ``extra``).
+
+    Returns
+    -------
+    Result
+        The critical (last-finishing) class's breakdown; exposed communication always has
+        the ``dp``, ``tp``, ``pp`` and ``ep`` keys, other group kinds only when non-zero.
+    """
+    crit = max(range(len(timings)), key=lambda i: timings[i].end)
+    T = timings[crit]
+    exposed = {k: T.exposed.get(k, 0.0) for k in _KINDS}
+    exposed.update({k: v for k, v in T.exposed.items() if k not in _KINDS and v})
+    meta = workload.meta
+    return Result(
+        engine=engine,
+        iteration_time_s=T.end,
+        breakdown=Breakdown(T.compute, T.optimizer, exposed, T.bubble),
+        comm_bytes={k: T.comm_bytes.get(k, 0.0) for k in _KINDS},
+        memory=memory,
+        samples=int(meta.samples),
+        tokens=int(meta.tokens),
+        model_flops=float(meta.model_flops),
+        hardware_flops=sum(t.flops * len(c.ranks) for t, c in zip(timings, workload.classes)),
+        world_size=workload.world_size,
+        peak_flops_per_device=peak_flops_per_device,
+        critical_class=workload.classes[crit].name,
+        per_class_time_s={c.name: t.end for c, t in zip(workload.classes, timings)},
+        algorithms=dict(algorithms),
+        parameter_count=int(meta.parameter_count),
+        **fields,
+    )
 
 
 def results_frame(results, labels: list[str] | None = None):

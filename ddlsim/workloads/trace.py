@@ -14,6 +14,9 @@ The format is documented in ``docs/trace.md``. In short:
   ``deps`` (indices of earlier ops of the same block), a :class:`Wait` waits for everything
   issued so far on another stream, a collective waits for every member of its group to reach
   it, and a ``recv`` for the matching ``send``. ``repeat=k`` runs the op k times back to back.
+* A :class:`Loop` op issues its body ``count`` times (per-layer overlap: layer l+1's
+  all-gather or all-to-all on a communication stream while layer l computes); engines time
+  the unrolled ops of :attr:`Block.flat`.
 
 Sizes follow the nccl-tests convention (``bytes`` is the buffer each rank passes in: for
 ``all_gather`` the gathered output, for ``reduce_scatter`` the full input, for ``all_to_all``
@@ -29,8 +32,9 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 
-__all__ = ["Compute", "Collective", "P2P", "Wait", "Op", "Block", "Step", "StepTable", "Program",
-           "GroupFamily", "RankClass", "Workload", "CollectiveOp", "GroupKind", "Phase"]
+__all__ = ["Compute", "Collective", "P2P", "Wait", "Loop", "Op", "Block", "Step", "StepTable", "Program",
+           "GroupFamily", "RankClass", "Workload", "WorkloadMeta", "CollectiveOp", "GroupKind",
+           "Phase"]
 
 CollectiveOp = Literal["all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter",
                        "all_to_all", "gather", "scatter", "barrier"]
@@ -65,6 +69,20 @@ class Collective:
     split_bytes: tuple[float, ...] | None = None  # uneven all_to_all: bytes to each member
     algorithm: str | None = None  # None: the run's choice for this op (or auto)
 
+    def __post_init__(self) -> None:
+        if self.split_bytes is None:
+            return
+        split = tuple(float(b) for b in self.split_bytes)
+        if self.op != "all_to_all":
+            raise ValueError(f"collective {self.name!r}: split_bytes is for all_to_all only, "
+                             f"not {self.op!r}")
+        if any(not b >= 0 for b in split):
+            raise ValueError(f"collective {self.name!r}: split_bytes must be >= 0, got {split}")
+        if abs(sum(split) - self.bytes) > 1e-9 * max(self.bytes, 1.0):
+            raise ValueError(f"collective {self.name!r}: bytes = {self.bytes} must equal "
+                             f"sum(split_bytes) = {sum(split)} (the total this rank sends)")
+        object.__setattr__(self, "split_bytes", split)
+
 
 @dataclass(frozen=True, slots=True)
 class P2P:
@@ -91,7 +109,28 @@ class Wait:
     stream: str
 
 
-Payload = Compute | Collective | P2P | Wait
+@dataclass(frozen=True, slots=True)
+class Loop:
+    """``count`` iterations of ``body`` issued back to back (``count`` × the op's ``repeat``).
+
+    Body ops keep their streams; their ``deps`` index earlier ops of the same iteration. The
+    loop op's ``deps`` hold back the first iteration; an op depending on the loop waits for its
+    last iteration. Streams keep issue order, so a communication stream runs ahead of the
+    compute stream (prefetch) exactly as if the ops were written out one by one.
+    """
+
+    name: str
+    body: tuple["Op", ...]
+    count: int
+
+    def __post_init__(self) -> None:
+        if not self.body or not (isinstance(self.count, int) and self.count >= 1):
+            raise ValueError(f"loop {self.name!r}: needs a body and count >= 1, got "
+                             f"{len(self.body)} ops and count = {self.count!r}")
+        object.__setattr__(self, "body", tuple(self.body))
+
+
+Payload = Compute | Collective | P2P | Wait | Loop
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,11 +149,45 @@ class Op:
 
 @dataclass(frozen=True, slots=True)
 class Block:
-    """A reusable sequence of ops (one layer chunk's forward, a backward, the optimizer step…)."""
+    """A reusable sequence of ops (one layer chunk's forward, a backward, the optimizer step…);
+    :attr:`flat`, what the engines time, is it with its :class:`Loop` s unrolled, built once."""
 
     name: str
     phase: Phase
     ops: tuple[Op, ...]
+    _flat: "Block | None" = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def flat(self) -> "Block":
+        if self._flat is None:
+            ops = _unrolled(self.ops)
+            object.__setattr__(self, "_flat", self if ops is self.ops
+                               else Block(self.name, self.phase, ops))
+        return self._flat
+
+
+def _unrolled(ops: tuple[Op, ...]) -> tuple[Op, ...]:
+    """``ops`` with every :class:`Loop` written out (``ops`` itself when there is none)."""
+    if not any(type(op.payload) is Loop for op in ops):
+        return ops
+    out: list[Op] = []
+    ends: list[tuple[int, ...]] = []  # per original op: the flat ops a dependant waits for
+    for op in ops:
+        deps = tuple(sorted({d for i in op.deps for d in ends[i]}))
+        if type(op.payload) is not Loop:
+            out.append(Op(op.payload, op.stream, deps, op.repeat))
+            ends.append((len(out) - 1,))
+            continue
+        body = _unrolled(op.payload.body)
+        last: tuple[int, ...] = ()
+        for it in range(op.payload.count * op.repeat):
+            base = len(out)
+            out += [Op(b.payload, b.stream, tuple(base + d for d in b.deps) + (deps if it == 0
+                                                                                else ()), b.repeat)
+                    for b in body]
+            last = tuple(range(base, len(out)))
+        ends.append(last)
+    return tuple(out)
 
 
 class Step(NamedTuple):
@@ -244,23 +317,47 @@ class RankClass:
     program: Program
 
 
+@dataclass(frozen=True, slots=True)
+class WorkloadMeta:
+    """What a result reports about a workload and the engines do not time.
+
+    Parameters
+    ----------
+    model : the model's name (a preset name or the config's ``model.name``).
+    architecture : the workload family that built the trace (``"gpt"``, …).
+    samples, tokens : samples and tokens of one iteration (global batch, × sequence length).
+    model_flops : FLOPs of one iteration without recomputation (PaLM's MFU numerator).
+    dtype : arithmetic precision, a key of the device's ``peak_flops`` (MFU's denominator).
+    parameter_count : parameters of the model.
+    microbatches : micro-batches per iteration and pipeline.
+    """
+
+    model: str = ""
+    architecture: str = ""
+    samples: int = 0
+    tokens: int = 0
+    model_flops: float = 0.0
+    dtype: str = "bf16"
+    parameter_count: int = 0
+    microbatches: int = 1
+
+
 @dataclass(frozen=True)
 class Workload:
-    """One training iteration of every rank, compactly.
-
-    ``meta`` carries what reports need and engines don't: model FLOPs per iteration (without
-    recomputation), hardware FLOPs, tokens and samples per iteration, parameter count.
-    """
+    """One training iteration of every rank, compactly, with its :class:`WorkloadMeta`
+    (what reports need and engines don't)."""
 
     name: str
     world_size: int
     groups: Mapping[str, GroupFamily]
     classes: tuple[RankClass, ...]
-    meta: Mapping[str, float | int | str] = field(default_factory=dict)
+    meta: WorkloadMeta = field(default_factory=WorkloadMeta)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "groups", MappingProxyType(dict(self.groups)))
-        object.__setattr__(self, "meta", MappingProxyType(dict(self.meta)))
+        if not isinstance(self.meta, WorkloadMeta):
+            raise TypeError(f"workload {self.name!r}: meta must be a WorkloadMeta, "
+                            f"not {type(self.meta).__name__}")
 
     def class_of(self) -> np.ndarray:
         """Array mapping each rank to the index of its class."""
@@ -275,14 +372,27 @@ class Workload:
         for c in self.classes:
             np.add.at(seen, np.asarray(c.ranks, dtype=np.int64), 1)
             for block in c.program.blocks.values():
-                for op in block.ops:
+                _check_deps(block.ops, f"block {block.name!r}")
+                for op in block.flat.ops:
                     p = op.payload
                     if isinstance(p, (Collective, P2P)) and p.group not in self.groups:
                         raise ValueError(f"class {c.name!r} block {block.name!r} op {p.name!r} "
                                          f"names unknown group {p.group!r}")
-                    if any(d >= block.ops.index(op) for d in op.deps):
-                        raise ValueError(f"op {p.name!r} in block {block.name!r} depends on a "
-                                         "later op")
+                    if isinstance(p, Collective) and p.split_bytes is not None \
+                            and len(p.split_bytes) != self.groups[p.group].size:
+                        raise ValueError(f"op {p.name!r} in block {block.name!r}: split_bytes has "
+                                         f"{len(p.split_bytes)} entries but group {p.group!r} "
+                                         f"has {self.groups[p.group].size} members")
         if not (seen == 1).all():
             bad = int(np.flatnonzero(seen != 1)[0])
             raise ValueError(f"rank {bad} is in {int(seen[bad])} rank classes; it must be in one")
+
+
+def _check_deps(ops: tuple[Op, ...], where: str) -> None:
+    """Every op's ``deps`` name earlier ops of its block (or of its loop body)."""
+    for i, op in enumerate(ops):
+        if any(not 0 <= d < i for d in op.deps):
+            raise ValueError(f"op {op.payload.name!r} in {where} depends on a later op "
+                             f"(deps {op.deps} at position {i})")
+        if type(op.payload) is Loop:
+            _check_deps(op.payload.body, f"loop {op.payload.name!r} of {where}")

@@ -14,7 +14,7 @@ import pytest
 import ddlsim
 from ddlsim.config import COLLECTIVE_OPS
 from ddlsim.simulator.collectives import algorithms_for
-from ddlsim.simulator.des.agreement import RING_EXACT, run_case
+from scenarios import RING_EXACT, run_case
 
 TOL = 0.01
 OPS = [(op, algo) for op in COLLECTIVE_OPS for algo in algorithms_for(op)]

@@ -12,14 +12,14 @@ from ddlsim.errors import DeadlockError
 from ddlsim.simulator.analytical.engine import simulate_analytical
 from ddlsim.simulator.costs import CostModel
 from ddlsim.workloads.trace import (Block, Collective, Compute, GroupFamily, Op, P2P, Program,
-                                    RankClass, Step, Workload)
+                                    RankClass, Step, Workload, WorkloadMeta)
 
-META = {"samples": 1, "tokens": 1, "model_flops": 1.0}
+META = WorkloadMeta(samples=1, tokens=1, model_flops=1.0)
 
 
 def _deadlock(wl: Workload, small_cfg) -> str:
     with pytest.raises(DeadlockError) as err:
-        simulate_analytical(wl, CostModel(small_cfg.system, wl, small_cfg.parallel))
+        simulate_analytical(wl, CostModel(small_cfg.system, wl, small_cfg.parallel.collective_algorithm))
     return str(err.value)
 
 
@@ -39,7 +39,8 @@ def _pair(sent_tag: str, recv_tag: str, steps_b=(Step("r"),)) -> Workload:
 
 def test_matched_pair_finishes(small_cfg):
     wl = _pair("act", "act")
-    t = simulate_analytical(wl, CostModel(small_cfg.system, wl, small_cfg.parallel))
+    t = simulate_analytical(wl, CostModel(small_cfg.system, wl,
+                                          small_cfg.parallel.collective_algorithm)).timings
     assert t[1].end > t[0].end > 0
 
 

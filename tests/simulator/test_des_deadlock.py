@@ -9,9 +9,9 @@ import pytest
 
 from ddlsim.errors import DeadlockError
 from ddlsim.simulator.des import run_des
-from ddlsim.simulator.des.scenarios import cluster, cost_model, send_recv_pair
+from scenarios import cluster, cost_model, send_recv_pair
 from ddlsim.workloads.trace import (Block, Collective, Compute, GroupFamily, Op, Program,
-                                    RankClass, Step, Workload)
+                                    RankClass, Step, Workload, WorkloadMeta)
 
 SYSTEM = cluster(2, 2, "switch")
 
@@ -57,7 +57,7 @@ def test_collective_a_class_never_reaches_is_a_deadlock():
     idle = Program({"b": Block("b", "other", (Op(Compute("work", 1e9)),))}, (Step("b"),))
     wl = Workload("half", 2, {"g": group},
                   (RankClass("talker", (0,), coll), RankClass("mute", (1,), idle)),
-                  {"samples": 1, "tokens": 1, "model_flops": 0.0})
+                  WorkloadMeta(samples=1, tokens=1))
     with pytest.raises(DeadlockError) as err:
         _run(wl)
     msg = str(err.value)

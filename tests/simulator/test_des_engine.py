@@ -9,7 +9,7 @@ import ddlsim
 from ddlsim.errors import ConfigError, DDLSimError
 from ddlsim.simulator.analytical.engine import simulate_analytical
 from ddlsim.simulator.des import run_des
-from ddlsim.simulator.des.scenarios import (cluster, concurrent_collectives, cost_model,
+from scenarios import (cluster, concurrent_collectives, cost_model,
                                             send_recv_pair)
 
 SMALL = {"model": {"name": "tiny", "num_hidden_layers": 8, "hidden_size": 256,
@@ -54,7 +54,7 @@ def test_send_does_not_block_and_recv_waits_for_the_transfer():
     assert run.timings[0].end == pytest.approx(compute, rel=1e-12)
     assert run.timings[1].end == pytest.approx(2 * compute + transfer, rel=1e-9)
     assert run.timings[1].exposed["pp"] == pytest.approx(compute + transfer - compute, rel=1e-9)
-    analytical = simulate_analytical(wl, cost_model(system, wl))
+    analytical = simulate_analytical(wl, cost_model(system, wl)).timings
     assert run.timings[1].end == pytest.approx(analytical[1].end, rel=1e-9)
 
 
@@ -140,8 +140,8 @@ def test_unknown_des_option_names_the_allowed_ones():
 def test_ring_steps_are_aggregated_not_simulated_one_by_one():
     """A 256-rank ring all-reduce has 510 steps of 256 flows; the DES runs it as one phase
     (one flow set carrying 510 × n/p per flow) in a handful of events, and on time."""
-    from ddlsim.simulator.des.agreement import run_case
-    from ddlsim.simulator.des.scenarios import single_collective
+    from scenarios import run_case
+    from scenarios import single_collective
 
     p, n = 256, 1e9
     system = cluster(p, 1, "switch")

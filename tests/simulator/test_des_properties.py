@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from ddlsim.simulator.collectives import algorithms_for
 from ddlsim.simulator.des import run_des
-from ddlsim.simulator.des.scenarios import (cluster, concurrent_collectives, cost_model,
+from scenarios import (cluster, concurrent_collectives, cost_model,
                                             send_recv_pair, with_bandwidth)
 from ddlsim.topologies import from_system
 

@@ -35,7 +35,7 @@ def describe_deadlock(workload: Workload, programs: list, st, done: list[bool]) 
         si, oi = st.pos[ci]
         step = cls.program.steps[si]
         instrs = programs[ci][1][step.block][0]
-        ops = cls.program.blocks[step.block].ops
+        ops = cls.program.blocks[step.block].flat.ops
         i = _source_op(ops, instrs, oi)
         parts.append(f"class {cls.name} ({_ranks(cls.ranks)}) waits at step {si} (block "
                      f"{step.block!r}, micro-batch {step.microbatch}) on op {i} "

@@ -18,14 +18,14 @@ from __future__ import annotations
 import math
 from collections import defaultdict, deque
 from operator import itemgetter
-from typing import Literal, NamedTuple, overload
+from typing import NamedTuple
 
 import numpy as np
 
 from ...errors import DeadlockError
 from ...workloads.trace import Collective, Compute, P2P, StepTable, Workload
 from ..costs import CostModel
-from ..result import ClassTiming, Span
+from ..result import ClassTiming, EngineRun
 
 __all__ = ["simulate_analytical", "ClassTiming"]
 
@@ -62,9 +62,11 @@ class _Groups:
         return hit
 
 
-def _local_instr(op, cost: CostModel, streams: dict[str, int], partners) -> tuple:
+def _local_instr(op, cost: CostModel, streams: dict[str, int], partners,
+                 choices: dict[str, str]) -> tuple:
     """(code, stream, deps, duration, label, partner, flops, bytes) of a non-P2P op;
-    ``partners``: the classes a collective's group spans, or None when it is local."""
+    ``partners``: the classes a collective's group spans, or None when it is local. A
+    collective's algorithm choice is added to ``choices`` (what the engine returns)."""
     p, k = op.payload, op.repeat
     sid = streams.setdefault(op.stream, len(streams))
     if isinstance(p, Compute):
@@ -72,7 +74,11 @@ def _local_instr(op, cost: CostModel, streams: dict[str, int], partners) -> tupl
         return (_COMPUTE, sid, op.deps, k * cost.compute(p), label, None, k * p.flops, 0.0)
     if isinstance(p, Collective):
         x = (p.group, partners) if partners is not None else None
-        return (_COLL, sid, op.deps, k * cost.collective(p), cost.kind[p.group], x, 0.0, k * p.bytes)
+        choice = cost.choice(p)
+        if choice is None:
+            return (_COLL, sid, op.deps, 0.0, cost.kind[p.group], x, 0.0, k * p.bytes)
+        choices.setdefault(choice.key, choice.label)
+        return (_COLL, sid, op.deps, k * choice.time_s, cost.kind[p.group], x, 0.0, k * p.bytes)
     target = streams.setdefault(p.stream, len(streams))
     return (_WAIT, sid, op.deps, 0.0, "", target, 0.0, 0.0)
 
@@ -100,6 +106,7 @@ class _Resolver:
         self.partner_sets: dict[tuple[int, str], frozenset | None] = {}
         self.p2p: dict[tuple, tuple] = {}
         self.instrs: dict[tuple, tuple] = {}
+        self.choices: dict[str, str] = {}  # collective key → algorithm, in resolution order
 
     def partners(self, ci: int, rep: int, group: str) -> frozenset | None:
         key = (ci, group)
@@ -168,7 +175,8 @@ class _Resolver:
             key = id(op) if partner is None else (id(op), partner)
             ins = memo.get(key)
             if ins is None:
-                ins = memo[key] = _local_instr(op, self.cost, self.streams, partner)
+                ins = memo[key] = _local_instr(op, self.cost, self.streams, partner,
+                                               self.choices)
             instrs.append(ins)
         merged = _chain(instrs)
         if merged is None:
@@ -450,12 +458,14 @@ class _ClassBlocks(dict):
         self.resolver, self.ci, self.rep, self.blocks = resolver, ci, rep, blocks
 
     def __missing__(self, name: str) -> tuple[list, tuple | None]:
-        hit = self[name] = self.resolver.block(self.ci, self.rep, self.blocks[name])
+        hit = self[name] = self.resolver.block(self.ci, self.rep, self.blocks[name].flat)
         return hit
 
 
-def _resolve(workload: Workload, cost: CostModel, streams: dict[str, int]) -> list:
-    """Per class: (steps, blocks by name → (instructions, fast form))."""
+def _resolve(workload: Workload, cost: CostModel, streams: dict[str, int]
+             ) -> tuple[list, dict[str, str]]:
+    """Per class: (steps, blocks by name → (instructions, fast form)); and the collective
+    algorithm choices of every resolved block."""
     resolver = _Resolver(workload, cost, streams)
     out = []
     for ci, cls in enumerate(workload.classes):
@@ -465,20 +475,11 @@ def _resolve(workload: Workload, cost: CostModel, streams: dict[str, int]) -> li
         for name in names:   # resolve up front: every stream is known before timing starts
             blocks[name]
         out.append((steps, blocks))
-    return out
+    return out, resolver.choices
 
 
-@overload
 def simulate_analytical(workload: Workload, cost: CostModel, *,
-                        record_spans: Literal[False] = False) -> list[ClassTiming]: ...
-
-
-@overload
-def simulate_analytical(workload: Workload, cost: CostModel, *,
-                        record_spans: Literal[True]) -> tuple[list[ClassTiming], tuple[Span, ...]]: ...
-
-
-def simulate_analytical(workload, cost, *, record_spans=False):
+                        record_spans: bool = False) -> EngineRun:
     """Time every rank class; raises :class:`DeadlockError` if the program cannot finish.
 
     The leading pipeline steps of every class are timed by :func:`_sweep`; then classes run
@@ -494,13 +495,14 @@ def simulate_analytical(workload, cost, *, record_spans=False):
 
     Returns
     -------
-    list of ClassTiming
-        One per class, in ``workload.classes`` order (``end`` in seconds); with
-        ``record_spans``, ``(timings, spans)`` where ``spans`` is a tuple of
-        :class:`~ddlsim.simulator.result.Span` sorted by rank, stream and start.
+    EngineRun
+        ``timings``: one :class:`ClassTiming` per class, in ``workload.classes`` order
+        (``end`` in seconds); ``algorithms``: the collective choices of the ops it timed
+        (:meth:`~ddlsim.simulator.costs.CostModel.choice` key → label); with ``record_spans``,
+        ``spans``: :class:`~ddlsim.simulator.result.Span` sorted by rank, stream and start.
     """
     streams: dict[str, int] = {"compute": 0}
-    programs = _resolve(workload, cost, streams)
+    programs, choices = _resolve(workload, cost, streams)
     st = _State(len(programs), len(streams))
     if record_spans:
         from .spans import SpanRecorder
@@ -522,9 +524,8 @@ def simulate_analytical(workload, cost, *, record_spans=False):
     if not all(done):
         from .deadlock import describe_deadlock
         raise DeadlockError(describe_deadlock(workload, programs, st, done))
-    if st.rec is not None:
-        return st.timings, st.rec.spans(workload, streams)
-    return st.timings
+    spans = st.rec.spans(workload, streams) if st.rec is not None else ()
+    return EngineRun(st.timings, choices, spans)
 
 
 #: Time the leading [recv] → compute → [send] steps of every class with :func:`_sweep`

@@ -17,12 +17,11 @@ from typing import Literal
 
 import numpy as np
 
-from ...config import RunConfig
 from ...errors import ConfigError
 from ...topologies import Topology, from_system
 from ...workloads.trace import Workload
-from ..costs import CostModel, place_ranks_on_system
-from .assemble import build_result, rank_spans
+from ..costs import CostModel
+from .assemble import des_result, rank_spans
 from .engine import ClassTiming, DESRun, run_des_engine
 
 __all__ = ["simulate_des", "run_des", "DESRun", "ClassTiming", "SPAN_BUDGET"]
@@ -34,9 +33,9 @@ SPAN_BUDGET = 200_000
 SpanMode = Literal["auto", "all", "representative", "none"]
 
 
-def _placement(cost: CostModel, topology: Topology, world: int) -> np.ndarray:
-    """Device of every rank, as the cost model (and so the analytical engine) places them."""
-    devices = place_ranks_on_system(cost.system, world)
+def _placement(cost: CostModel, topology: Topology) -> np.ndarray:
+    """Device of every rank: the cost model's placement (the analytical engine's)."""
+    devices = cost.devices
     if len(devices) and int(devices.max()) >= topology.num_devices:
         raise ConfigError(f"rank placement uses device {int(devices.max())} but the topology "
                           f"{topology.name!r} has devices 0..{topology.num_devices - 1}")
@@ -53,7 +52,7 @@ def run_des(workload: Workload, cost: CostModel, topology: Topology | None = Non
     lets runs on idle links skip the flow machinery (exact, see :mod:`.express`).
     """
     topo = topology if topology is not None else from_system(cost.system)
-    devices = _placement(cost, topo, workload.world_size)
+    devices = _placement(cost, topo)
     run = run_des_engine(workload, cost, topo, devices, record_spans=record_spans,
                          record_flows=record_flows, audit=audit, shortcuts=shortcuts)
     return run, topo
@@ -65,12 +64,12 @@ def _span_mode(mode: str, workload: Workload) -> str:
         raise ConfigError(f"spans = {mode!r} is not a span mode; allowed: {', '.join(allowed)}")
     if mode != "auto":
         return mode
-    total = sum(len(c.ranks) * sum(len(c.program.blocks[s.block].ops) for s in c.program.steps)
+    total = sum(len(c.ranks) * sum(len(c.program.blocks[s.block].flat.ops) for s in c.program.steps)
                 for c in workload.classes)
     return "all" if total <= SPAN_BUDGET else "representative"
 
 
-def simulate_des(cfg: RunConfig, workload: Workload, cost: CostModel, mem, *,
+def simulate_des(workload: Workload, cost: CostModel, memory, *,
                  trace_path: str | Path | None = None, force: bool = False,
                  spans: SpanMode = "auto", audit: bool = False,
                  topology: Topology | None = None, **unknown):
@@ -78,14 +77,15 @@ def simulate_des(cfg: RunConfig, workload: Workload, cost: CostModel, mem, *,
 
     Parameters
     ----------
-    cfg, workload, cost, mem : the run config, its trace, its cost model, its memory.
+    workload, cost, memory : the trace, its cost model (system, placement, algorithms) and
+        the memory of its most loaded device.
     trace_path : write a Chrome trace / Perfetto JSON here (refused if the file exists,
         unless ``force``).
     spans : ``auto`` (every rank while at most :data:`SPAN_BUDGET` spans, else one rank per
         class), ``all``, ``representative`` or ``none``.
     audit : check link loads after every rate change (slower); reported in
         ``result.extra["des"]["max_link_load_ratio"]``.
-    topology : a prebuilt :class:`~ddlsim.topologies.Topology` instead of ``cfg.system``'s.
+    topology : a prebuilt :class:`~ddlsim.topologies.Topology` instead of ``cost.system``'s.
 
     Returns
     -------
@@ -103,7 +103,8 @@ def simulate_des(cfg: RunConfig, workload: Workload, cost: CostModel, mem, *,
     run, topo = run_des(workload, cost, topology, record_spans=mode != "none" or bool(trace_path),
                         record_flows=trace_path is not None, audit=audit)
     span_list = rank_spans(run, workload, mode == "all") if mode != "none" else ()
-    result = build_result(cfg, workload, cost, mem, run, topo, span_list, mode, audit)
+    result = des_result(workload, memory, cost.peak_flops(workload.meta.dtype), run, topo,
+                        span_list, mode, audit)
     if trace_path is not None:
         _write_trace(trace_path, force, run, workload, topo,
                      span_list or rank_spans(run, workload, False), result)

@@ -6,15 +6,11 @@ from typing import Any
 
 import numpy as np
 
-from ...config import RunConfig
 from ...workloads.trace import Workload
-from ..costs import CostModel
-from ..result import Breakdown, Result, Span
+from ..result import Result, Span, assemble_result
 from .engine import DESRun
 
-__all__ = ["build_result", "link_table", "rank_spans"]
-
-_KINDS = ("dp", "tp", "pp", "ep")
+__all__ = ["des_result", "link_table", "rank_spans"]
 
 
 def rank_spans(run: DESRun, workload: Workload, every_rank: bool) -> tuple[Span, ...]:
@@ -55,14 +51,10 @@ def link_table(run: DESRun, topology, iteration_time_s: float) -> tuple[dict[str
     return tuple(rows)
 
 
-def build_result(cfg: RunConfig, workload: Workload, cost: CostModel, mem, run: DESRun,
-                 topology, spans: tuple[Span, ...], span_mode: str, audit: bool) -> Result:
-    """The :class:`Result` of a DES run, with the analytical engine's breakdown rules."""
-    timings = run.timings
-    crit = max(range(len(timings)), key=lambda i: timings[i].end)
-    T = timings[crit]
-    exposed = {k: T.exposed.get(k, 0.0) for k in _KINDS}
-    exposed.update({k: v for k, v in T.exposed.items() if k not in _KINDS and v})
+def des_result(workload: Workload, memory, peak_flops_per_device: float, run: DESRun,
+               topology, spans: tuple[Span, ...], span_mode: str, audit: bool) -> Result:
+    """The :class:`Result` of a DES run (:func:`~..result.assemble_result`, as the analytical
+    engine's), with the spans, the busiest links and the run's event and flow counts."""
     net = run.network
     stats: dict[str, Any] = {"events": run.events, "flows": net.flows_started,
                              "rate_updates": net.rate_updates, "bytes_sent": net.bytes_sent,
@@ -70,22 +62,7 @@ def build_result(cfg: RunConfig, workload: Workload, cost: CostModel, mem, run: 
                              "lockstep": "class"}
     if audit:
         stats["max_link_load_ratio"] = net.max_load_ratio
-    return Result(
-        engine="des",
-        iteration_time_s=T.end,
-        breakdown=Breakdown(T.compute, T.optimizer, exposed, T.bubble),
-        comm_bytes={k: T.comm_bytes.get(k, 0.0) for k in _KINDS},
-        memory=mem,
-        samples=int(workload.meta["samples"]),
-        tokens=int(workload.meta["tokens"]),
-        model_flops=float(workload.meta["model_flops"]),
-        hardware_flops=sum(t.flops * len(c.ranks) for t, c in zip(timings, workload.classes)),
-        world_size=workload.world_size,
-        peak_flops_per_device=cfg.system.device.peak_flops[cfg.train.dtype],
-        critical_class=workload.classes[crit].name,
-        per_class_time_s={c.name: t.end for c, t in zip(workload.classes, timings)},
-        algorithms=dict(cost.algorithms),
-        spans=spans,
-        links=link_table(run, topology, T.end),
-        extra={"des": stats},
-    )
+    end = max(t.end for t in run.timings)
+    return assemble_result("des", workload, run.timings, memory, peak_flops_per_device,
+                           run.algorithms, spans=spans, links=link_table(run, topology, end),
+                           extra={"des": stats})

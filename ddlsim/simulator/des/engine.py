@@ -77,6 +77,7 @@ class DESRun:
     flow_records: list[FlowRecord] | None
     devices: np.ndarray
     events: int
+    algorithms: dict[str, str]  # collective choices, as EngineRun.algorithms
 
 
 class _Engine:
@@ -87,7 +88,7 @@ class _Engine:
         self.network = FlowNetwork(env, topology.edge_bandwidth_Bps, audit=audit,
                                    shortcuts=shortcuts)
         routes = RouteTable(topology, self.network)
-        self.programs, self.streams = resolve(workload, cost)
+        self.programs, self.streams, self.choices = resolve(workload, cost)
         self.states = [ClassState(i, p, spans=[] if record_spans else None)
                        for i, p in enumerate(self.programs)]
         self.records: list[FlowRecord] | None = [] if record_flows else None
@@ -117,7 +118,7 @@ class _Engine:
         self._check_finished()
         return DESRun(self.programs, [s.timing for s in self.states], self.streams,
                       [s.spans for s in self.states], self.network, self.records, self.devices,
-                      events)
+                      events, self.choices)
 
     def _stream(self, st: ClassState, sid: int, flats: list[int]):
         """One class's stream: its ops in issue order."""

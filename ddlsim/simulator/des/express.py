@@ -44,6 +44,8 @@ def isolated_profile(template: FlowTemplate, capacity_Bps: np.ndarray
     pad = len(capacity_Bps) - 1
     out = []
     for ph in template.phases:
+        if ph.weight is not None:  # flows of unequal sizes finish at different times
+            return None
         counts = np.diff(ph.starts)
         if not _uniform(counts.astype(np.float64)) or not _uniform(ph.latency_s):
             return None

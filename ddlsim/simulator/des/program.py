@@ -60,14 +60,17 @@ class ClassProgram:
     waits: dict[int, tuple[int, str]] = field(default_factory=dict)  # flat → (target, label)
 
 
-def _instr(op, sid: int, streams: dict[str, int], cost: CostModel) -> Instr:
+def _instr(op, sid: int, streams: dict[str, int], cost: CostModel,
+           choices: dict[str, str]) -> Instr:
     p, k = op.payload, op.repeat
     if isinstance(p, Compute):
         label = "optimizer" if p.kind == "optimizer" else "compute"
         return Instr(COMPUTE, sid, op.deps, p.name, label, k * cost.compute(p), k * p.flops,
                      payload=p, repeat=k)
     if isinstance(p, Collective):
-        cost.collective(p)  # records the algorithm the analytical engine uses
+        choice = cost.choice(p)
+        if choice is not None:
+            choices.setdefault(choice.key, choice.label)
         return Instr(COLL, sid, op.deps, p.name, cost.kind[p.group], nbytes=k * p.bytes,
                      payload=p, repeat=k)
     if isinstance(p, P2P):
@@ -80,17 +83,21 @@ def _instr(op, sid: int, streams: dict[str, int], cost: CostModel) -> Instr:
     raise TypeError(f"unknown op payload {type(p).__name__}")
 
 
-def resolve(workload: Workload, cost: CostModel) -> tuple[list[ClassProgram], dict[str, int]]:
-    """Flatten every class; streams are numbered as the analytical engine numbers them."""
+def resolve(workload: Workload, cost: CostModel
+            ) -> tuple[list[ClassProgram], dict[str, int], dict[str, str]]:
+    """Flatten every class; streams are numbered as the analytical engine numbers them.
+    Also returns the collective algorithm choices (key → algorithm, as the analytical
+    engine reports them)."""
     streams: dict[str, int] = {"compute": 0}
+    choices: dict[str, str] = {}
     out = []
     for cls in workload.classes:
         blocks: dict[str, list[Instr]] = {}
         for bname, block in cls.program.blocks.items():
-            blocks[bname] = [_instr(op, streams.setdefault(op.stream, len(streams)), streams, cost)
-                             for op in block.ops]
+            blocks[bname] = [_instr(op, streams.setdefault(op.stream, len(streams)), streams, cost,
+                                    choices) for op in block.flat.ops]
         out.append(_flatten(cls, blocks))
-    return out, streams
+    return out, streams, choices
 
 
 def _flatten(cls, blocks: dict[str, list[Instr]]) -> ClassProgram:

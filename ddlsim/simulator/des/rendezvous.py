@@ -14,10 +14,10 @@ from collections import defaultdict
 import numpy as np
 import simpy
 
-from ..collectives import best_algorithm
 from ..costs import CostModel
 from .program import Instr
 from .runs import TemplateRun
+from ..collectives import split_matrix
 from .templates import FlowTemplate, RouteTable, collective_template
 
 __all__ = ["Collectives", "CollectiveIssue"]
@@ -54,7 +54,6 @@ class Collectives:
         self.open: dict[tuple[str, int, int], CollectiveIssue] = {}
         self._occ: dict[tuple[int, str], int] = defaultdict(int)
         self._templates: dict[tuple, FlowTemplate] = {}
-        self._algorithms: dict[tuple, str] = {}
 
     def arrive(self, st, flat: int, ins: Instr) -> CollectiveIssue:
         """Class ``st`` reached collective ``ins``; the issue starts when its component has."""
@@ -88,32 +87,22 @@ class Collectives:
             issue.finish(self.engine.env.now)
             return
         nbytes = op.bytes if op.split_bytes is None else float(sum(op.split_bytes))
-        algo = self.algorithm(op, nbytes)
-        tpl = self._template(op.group, cid, op.op, algo, op.root % p)
+        algo = self.cost.choice(op).algorithm  # the closed form the analytical engine times
+        tpl = self._template(op.group, cid, op.op, algo, op.root % p, op.split_bytes)
         eng = self.engine
         TemplateRun(eng.env, eng.network, tpl, nbytes, ins.repeat, issue.finish, eng.records)
 
-    def algorithm(self, op, nbytes: float) -> str:
-        """The algorithm the analytical engine times for ``op`` (explicit, configured, or
-        the cheapest closed form)."""
-        key = (op.op, op.group, nbytes, op.algorithm)
-        choice = self._algorithms.get(key)
-        if choice is None:
-            choice = op.algorithm or self.cost.parallel.collective_algorithm.get(op.op, "auto")
-            if choice == "auto":
-                choice, _ = best_algorithm(op.op, nbytes, self.cost.nets[op.group])
-            self._algorithms[key] = choice
-        return choice
-
-    def _template(self, group: str, cid: int, kind: str, algo: str, root: int) -> FlowTemplate:
-        key = (group, cid, kind, algo, root)
+    def _template(self, group: str, cid: int, kind: str, algo: str, root: int,
+                  split: tuple[float, ...] | None) -> FlowTemplate:
+        key = (group, cid, kind, algo, root, split)
         tpl = self._templates.get(key)
         if tpl is None:
             fam = self.engine.workload.groups[group]
             classes = np.asarray(self.components[group][1][cid])
             rows = np.flatnonzero(np.isin(self.class_of[fam.members], classes).any(axis=1))
             g = self.cost.nets[group].g
+            weights = None if split is None else split_matrix(split) / max(sum(split), 1e-300)
             tpl = collective_template(self.routes, self.devices, fam.members[rows], kind, algo,
-                                      root, g, f"{group}.{kind}/{algo}")
+                                      root, g, f"{group}.{kind}/{algo}", weights)
             self._templates[key] = tpl
         return tpl

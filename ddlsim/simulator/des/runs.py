@@ -84,7 +84,9 @@ class TemplateRun:
             insts = instances[moving]
             rows, which = ph.rows_of(insts)
             sub = _Submission(self, k, insts, which, started)
-            self.network.submit(sub, ph.edges[rows], np.full(len(rows), flow_bytes), ph.mult[rows])
+            nbytes = np.full(len(rows), flow_bytes) if ph.weight is None \
+                else flow_bytes * ph.weight[rows]
+            self.network.submit(sub, ph.edges[rows], nbytes, ph.mult[rows])
 
     def phase_done(self, k: int, instances: np.ndarray, started: float) -> None:
         """``instances`` delivered phase ``k``'s bytes; wait out its latency, then go on."""

@@ -38,6 +38,7 @@ class PhaseFlows:
     latency_s: np.ndarray
     bytes_per_byte: float
     repeat: int
+    weight: np.ndarray | None = None  # per flow row: × bytes_per_byte (uneven phases)
 
     def rows_of(self, instances: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Flow rows of ``instances`` and, for each row, its position in ``instances``."""
@@ -105,12 +106,19 @@ class RouteTable:
 
 
 def _phase_flows(routes: RouteTable, src: np.ndarray, dst: np.ndarray, bytes_per_byte: float,
-                 repeat: int, latency_steps: int) -> PhaseFlows:
-    """Flows ``src[i, k] → dst[i, k]`` of instances i, duplicates merged."""
+                 repeat: int, latency_steps: int, weights: np.ndarray | None = None
+                 ) -> PhaseFlows:
+    """Flows ``src[i, k] → dst[i, k]`` of instances i, duplicates merged; with ``weights``
+    (per pair k), flow k carries ``weights[k]`` × the phase's bytes and none are merged."""
     n_inst, k = src.shape
     inst = np.repeat(np.arange(n_inst), k)
-    keys, mult = np.unique(np.stack([inst, src.ravel(), dst.ravel()], axis=1), axis=0,
-                           return_counts=True)
+    keys = np.stack([inst, src.ravel(), dst.ravel()], axis=1)
+    if weights is None:
+        keys, mult = np.unique(keys, axis=0, return_counts=True)
+        weight = None
+    else:  # rows are instance-major already; every message is its own flow
+        mult = np.ones(len(keys), dtype=np.int64)
+        weight = np.tile(np.asarray(weights, dtype=np.float64), n_inst)
     edges, lat = routes.lookup(keys[:, 1], keys[:, 2])
     starts = np.searchsorted(keys[:, 0], np.arange(n_inst + 1))
     latency = np.zeros(n_inst)
@@ -121,17 +129,24 @@ def _phase_flows(routes: RouteTable, src: np.ndarray, dst: np.ndarray, bytes_per
             np.maximum.at(latency, keys[:, 0], lat)
             latency *= latency_steps
     return PhaseFlows(edges, mult.astype(np.float64), starts, latency, float(bytes_per_byte),
-                      int(repeat))
+                      int(repeat), weight)
 
 
 def collective_template(routes: RouteTable, devices: np.ndarray, members: np.ndarray, op: str,
-                        algorithm: str, root: int, g: int, name: str) -> FlowTemplate:
+                        algorithm: str, root: int, g: int, name: str,
+                        weights: np.ndarray | None = None) -> FlowTemplate:
     """Phases of ``algorithm`` for ``op`` on every row of ``members`` (ranks), rooted at
-    member ``root``; ``g`` members per node as the algorithms assume (node-major)."""
+    member ``root``; ``g`` members per node as the algorithms assume (node-major).
+    ``weights[i, j]``: the share of the op's bytes member i sends to member j (uneven
+    all-to-all), laid out by the algorithm's uneven form."""
     p = members.shape[1]
     rotated = np.roll(members, -root, axis=1) if root else members
+    algo = get_algorithm(op, algorithm)
+    if weights is not None and algo.uneven_phases is None:
+        raise ConfigError(f"collective {name!r}: algorithm {algorithm!r} has no form for "
+                          "uneven (split_bytes) sizes; choose another algorithm")
     try:
-        phases = get_algorithm(op, algorithm).phases(1.0, p, g)
+        phases = algo.phases(1.0, p, g) if weights is None else algo.uneven_phases(weights, g)
     except ValueError as exc:
         raise ConfigError(f"collective {name!r}: algorithm {algorithm!r} cannot be laid out on a "
                           f"group of {p} ranks with {g} per node ({exc}); choose another "
@@ -141,7 +156,7 @@ def collective_template(routes: RouteTable, devices: np.ndarray, members: np.nda
     for ph in phases:
         pairs = np.asarray(ph.pairs, dtype=np.int64).reshape(-1, 2)
         out.append(_phase_flows(routes, dev[:, pairs[:, 0]], dev[:, pairs[:, 1]], ph.bytes,
-                                ph.repeat, ph.latency_steps))
+                                ph.repeat, ph.latency_steps, ph.weights))
     return FlowTemplate(name, rotated, tuple(out))
 
 

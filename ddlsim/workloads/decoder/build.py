@@ -14,7 +14,8 @@ from ...config import RunConfig
 from ..memory import MemoryBreakdown
 from ..models.decoder import DecoderShape
 from ..schedules import schedule_arrays
-from ..trace import Block, Collective, Op, RankClass, Program, StepTable, Workload
+from ..trace import (Block, Collective, Op, RankClass, Program, StepTable, Workload,
+                     WorkloadMeta)
 from .builder import StageBuilder
 from .memory import stage_memory
 
@@ -121,12 +122,11 @@ def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
             classes.append(RankClass(name, tuple(members.ravel().tolist()), program))
     t = cfg.train
     model_flops = shape.model_flops(t.global_batch_size, t.seq_length)
-    meta = {
-        "model": cfg.model.name, "architecture": cfg.model.architecture, "params": shape.params,
-        "model_flops": model_flops, "tokens": t.global_batch_size * t.seq_length,
-        "samples": t.global_batch_size, "microbatches": m,
-        "dtype": t.dtype,
-    }
+    meta = WorkloadMeta(
+        model=cfg.model.name, architecture=cfg.model.architecture,
+        parameter_count=int(shape.params), model_flops=float(model_flops),
+        tokens=t.global_batch_size * t.seq_length, samples=t.global_batch_size,
+        microbatches=m, dtype=t.dtype)
     return Workload(f"{cfg.model.name}-tp{tp}-pp{pp}-dp{dp}", mesh.world_size, groups,
                     tuple(classes), meta)
 

@@ -1,8 +1,10 @@
-"""Small synthetic workloads and clusters for checking the engines (tests, docs, benchmarks).
+"""Small synthetic workloads and clusters for checking the engines (tests and
+``benchmarks/engine_agreement.py``).
 
 Real workloads come from :mod:`ddlsim.workloads`; these isolate one mechanism at a time: one
-collective, several collectives at once on separate streams, a send/recv pair between two
-rank classes.
+collective (even or with per-peer sizes), several collectives at once on separate streams, a
+send/recv pair between two rank classes. :func:`run_case` times one collective with both
+engines.
 """
 
 from __future__ import annotations
@@ -11,15 +13,19 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ...config import ParallelConfig, SystemConfig
-from ...workloads.trace import (P2P, Block, Collective, Compute, GroupFamily, Op, Program,
-                                RankClass, Step, Wait, Workload)
-from ..costs import CostModel
+from dataclasses import dataclass
 
-__all__ = ["cluster", "single_collective", "concurrent_collectives", "send_recv_pair",
-           "cost_model", "with_bandwidth"]
+from ddlsim.config import ParallelConfig, SystemConfig
+from ddlsim.simulator.analytical.engine import simulate_analytical
+from ddlsim.simulator.costs import CostModel
+from ddlsim.workloads.trace import (P2P, Block, Collective, Compute, GroupFamily, Op, Program,
+                                    RankClass, Step, Wait, Workload, WorkloadMeta)
 
-_META = {"samples": 1, "tokens": 1, "model_flops": 0.0}
+__all__ = ["cluster", "single_collective", "uneven_all_to_all", "concurrent_collectives",
+           "send_recv_pair", "cost_model", "with_bandwidth", "AgreementCase", "run_case",
+           "exact", "RING_EXACT"]
+
+_META = WorkloadMeta(samples=1, tokens=1)
 
 
 def cluster(nodes: int, g: int, fabric: str = "switch", *, nic: str = "100 Gb/s",
@@ -46,8 +52,9 @@ def cluster(nodes: int, g: int, fabric: str = "switch", *, nic: str = "100 Gb/s"
 
 
 def cost_model(system: SystemConfig, workload: Workload, **parallel) -> CostModel:
-    """The cost model both engines use, with a default parallel config."""
-    return CostModel(system, workload, ParallelConfig(**parallel))
+    """The cost model both engines use, with the collective algorithms of a parallel config
+    (its defaults, or ``parallel``'s settings)."""
+    return CostModel(system, workload, ParallelConfig(**parallel).collective_algorithm)
 
 
 def _one_class(name: str, p: int, ops: Sequence[Op], groups: dict) -> Workload:
@@ -61,6 +68,16 @@ def single_collective(op: str, algorithm: str | None, nbytes: float, p: int,
     coll = Collective("x", op, "g", float(nbytes), root=root, algorithm=algorithm)
     group = GroupFamily("g", "dp", np.arange(p).reshape(1, p))
     return _one_class(f"{op}-{algorithm}-{p}", p, [Op(coll)], {"g": group})
+
+
+def uneven_all_to_all(split_bytes: Sequence[float], algorithm: str | None) -> Workload:
+    """One class of ``len(split_bytes)`` ranks issuing one all-to-all in which every rank
+    sends ``split_bytes[j]`` bytes to member j (docs/trace.md, "Uneven all-to-all")."""
+    p = len(split_bytes)
+    split = tuple(float(b) for b in split_bytes)
+    coll = Collective("x", "all_to_all", "g", sum(split), split_bytes=split, algorithm=algorithm)
+    group = GroupFamily("g", "ep", np.arange(p).reshape(1, p))
+    return _one_class(f"uneven-a2a-{algorithm}-{p}", p, [Op(coll)], {"g": group})
 
 
 def concurrent_collectives(specs: Sequence[tuple[str, str | None, float, int]], p: int,
@@ -116,3 +133,51 @@ def with_bandwidth(topology, edge: int, factor: float):
     bw.flags.writeable = False
     out.edge_bandwidth_Bps = bw
     return out
+
+
+#: Algorithms whose flows only ever go to a ring neighbour (member i ↔ i ± 1): contention-free
+#: on a ring of nodes with one rank per node.
+RING_EXACT = {("all_reduce", "ring"), ("reduce_scatter", "ring"), ("all_gather", "ring"),
+              ("reduce", "ring"), ("broadcast", "ring"), ("all_reduce", "hierarchical"),
+              ("reduce_scatter", "hierarchical"), ("all_gather", "hierarchical")}
+
+
+@dataclass(frozen=True)
+class AgreementCase:
+    """One collective timed by both engines."""
+
+    op: str
+    algorithm: str
+    nbytes: float
+    p: int
+    g: int
+    fabric: str
+    analytical_s: float
+    des_s: float
+
+    @property
+    def relative(self) -> float:
+        """DES / analytical − 1."""
+        return self.des_s / self.analytical_s - 1.0
+
+
+def run_case(op: str, algorithm: str, nbytes: float, p: int, g: int = 1,
+             fabric: str = "switch") -> AgreementCase:
+    """Time one collective with both engines."""
+    from ddlsim.simulator.des import run_des
+
+    system = cluster(max(1, p // g), g, fabric)
+    wl = single_collective(op, algorithm, nbytes, p)
+    analytical = simulate_analytical(wl, cost_model(system, wl)).timings[0].end
+    run, _ = run_des(wl, cost_model(system, wl), record_spans=False)
+    return AgreementCase(op, algorithm, float(nbytes), p, g, fabric, analytical,
+                         run.timings[0].end)
+
+
+def exact(case: AgreementCase) -> bool:
+    """Is the closed form exact here (every flow of a step gets the bandwidth and latency
+    the formula gives it)? One rank per node on a switch, or one node; on a ring, only the
+    neighbour-to-neighbour algorithms."""
+    if case.fabric == "ring":
+        return case.g == 1 and (case.op, case.algorithm) in RING_EXACT
+    return case.g in (1, case.p)

@@ -7,61 +7,25 @@ algorithm's phases as routed flows. Where the closed form's assumptions hold (ev
 step gets the bandwidth the formula gives it) they must agree within 1 %; where they do not
 (multi-hop flows on a ring share links) the DES is slower, as it should be.
 
-``python -m ddlsim.simulator.des.agreement`` (from the repository root) prints the tables
-quoted in docs/engines.md: single collectives, GPT on one DGX node, and the wiki's 9-rank case.
+Run:  python benchmarks/engine_agreement.py [--full]   (from the repository root)
+
+It prints the tables quoted in docs/engines.md: single collectives, GPT on one DGX node, and
+the wiki's 9-rank case. The cases are built by ``tests/simulator/scenarios.py``, whose
+assertions are ``tests/simulator/test_agreement.py``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import sys
+from pathlib import Path
 
-from ...config import COLLECTIVE_OPS
-from ..analytical.engine import simulate_analytical
-from ..collectives import algorithms_for
-from .scenarios import cluster, cost_model, single_collective
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "simulator"))
 
-__all__ = ["AgreementCase", "run_case", "default_cases",
-           "agreement_table", "summary_table", "gpt_table", "wiki_table", "exact", "RING_EXACT",
-           "SETTINGS"]
-
-#: Algorithms whose flows only ever go to a ring neighbour (member i ↔ i ± 1): contention-free
-#: on a ring of nodes with one rank per node.
-RING_EXACT = {("all_reduce", "ring"), ("reduce_scatter", "ring"), ("all_gather", "ring"),
-              ("reduce", "ring"), ("broadcast", "ring"), ("all_reduce", "hierarchical"),
-              ("reduce_scatter", "hierarchical"), ("all_gather", "hierarchical")}
-
-
-@dataclass(frozen=True)
-class AgreementCase:
-    """One collective timed by both engines."""
-
-    op: str
-    algorithm: str
-    nbytes: float
-    p: int
-    g: int
-    fabric: str
-    analytical_s: float
-    des_s: float
-
-    @property
-    def relative(self) -> float:
-        """DES / analytical − 1."""
-        return self.des_s / self.analytical_s - 1.0
-
-
-def run_case(op: str, algorithm: str, nbytes: float, p: int, g: int = 1,
-             fabric: str = "switch") -> AgreementCase:
-    """Time one collective with both engines."""
-    from . import run_des
-
-    system = cluster(max(1, p // g), g, fabric)
-    wl = single_collective(op, algorithm, nbytes, p)
-    analytical = simulate_analytical(wl, cost_model(system, wl))[0].end
-    run, _ = run_des(wl, cost_model(system, wl), record_spans=False)
-    return AgreementCase(op, algorithm, float(nbytes), p, g, fabric, analytical,
-                         run.timings[0].end)
-
+from ddlsim.api import predict  # noqa: E402
+from ddlsim.config import COLLECTIVE_OPS  # noqa: E402
+from ddlsim.simulator.collectives import algorithms_for  # noqa: E402
+from scenarios import AgreementCase, exact, run_case  # noqa: E402
 
 #: The settings of the table: (label, ranks per node as a function of p, fabric)
 SETTINGS = (("switch, 1 rank/node", lambda p: 1, "switch"),
@@ -81,15 +45,6 @@ def default_cases() -> list[tuple[str, str, float, int, int, str]]:
                     for n in (64e3, 256e6):
                         out.append((op, algo, n, p, g_of(p), fabric))
     return out
-
-
-def exact(case: AgreementCase) -> bool:
-    """Is the closed form exact here (every flow of a step gets the bandwidth and latency
-    the formula gives it)? One rank per node on a switch, or one node; on a ring, only the
-    neighbour-to-neighbour algorithms."""
-    if case.fabric == "ring":
-        return case.g == 1 and (case.op, case.algorithm) in RING_EXACT
-    return case.g in (1, case.p)
 
 
 def agreement_table(cases: list[AgreementCase]) -> str:
@@ -139,8 +94,6 @@ GPT_PLANS = {"TP8": {"tensor_model_parallel_size": 8},
 
 def gpt_table() -> str:
     """GPT-3 1.3B on one DGX A100 node, both engines."""
-    from ...api import predict
-
     lines = ["| plan | analytical | DES | Δ | exposed tp (A / D) | bubble (A / D) |",
              "|---|---:|---:|---:|---:|---:|"]
     for label, plan in GPT_PLANS.items():
@@ -155,12 +108,8 @@ def gpt_table() -> str:
     return "\n".join(lines)
 
 
-def wiki_table(examples: str = "examples") -> str:
+def wiki_table(examples: str | Path = ROOT / "examples") -> str:
     """The seed wiki's 9-rank GPT-2 case: the three update strategies, node 0's NIC."""
-    from pathlib import Path
-
-    from ...api import predict
-
     lines = ["| dp_strategy | analytical | DES | bytes into node 0 | NIC bound | busiest link |",
              "|---|---:|---:|---:|---:|---|"]
     for strategy in ("reduce_broadcast", "sliced_reduce_broadcast", "reduce_scatter"):
