@@ -3,7 +3,7 @@
 Single collectives: every op × algorithm on a switch with one rank per node, on one NVSwitch
 node, and on a ring of nodes (neighbour-only algorithms), for a latency-bound and a
 bandwidth-bound size and two group sizes (the closed forms are exact there; see
-``python -m ddlsim.simulator.des.agreement``). Where flows of a step share ring links, the DES
+``python benchmarks/engine_agreement.py``). Where flows of a step share ring links, the DES
 is slower, never faster. Whole iterations: GPT on one DGX A100 node.
 """
 
