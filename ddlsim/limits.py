@@ -255,10 +255,11 @@ def topology_links(system: Any) -> int:
 def trace_ops(workload: Any) -> tuple[int, int]:
     """Ops of one iteration's trace: ``(Σ classes of Σ steps of block ops, the same × ranks
     of each class)``: what the analytical engine times (one rank per class) and what the
-    DES executes (every rank)."""
+    DES executes (every rank). A :class:`~ddlsim.workloads.trace.Loop` counts as the ops it
+    unrolls to, counted without unrolling it."""
     per_class = per_rank = 0
     for c in workload.classes:
-        ops = {name: len(block.ops) for name, block in c.program.blocks.items()}
+        ops = {name: _unrolled_ops(block.ops) for name, block in c.program.blocks.items()}
         steps = c.program.steps
         if hasattr(steps, "names"):  # a StepTable: count blocks by their index
             counts = np.bincount(steps.block, minlength=len(steps.names))
@@ -268,6 +269,14 @@ def trace_ops(workload: Any) -> tuple[int, int]:
         per_class += n
         per_rank += len(c.ranks) * n
     return per_class, per_rank
+
+
+def _unrolled_ops(ops: Any) -> int:
+    """How many ops ``ops`` unroll to (a Loop: count × repeat × its body's)."""
+    from .workloads.trace import Loop
+
+    return sum(op.payload.count * op.repeat * _unrolled_ops(op.payload.body)
+               if type(op.payload) is Loop else 1 for op in ops)
 
 
 _WHAT = {"pipeline_steps": "pipeline steps (PP × (2 × micro-batches × chunks + 1))",

@@ -190,3 +190,19 @@ def test_a_trace_too_long_for_the_analytical_engine_is_refused():
     cfg = ddlsim.load_config("examples/wiki-gpt2-9ranks-ddp.yaml")
     with pytest.raises(WorkTooLargeError, match=r"operations in the trace .* --limit trace_ops="):
         ddlsim.predict(cfg, limits=Limits(trace_ops=10))
+
+
+def test_trace_ops_count_loops_as_the_ops_they_unroll_to():
+    """A Loop of 10^9 iterations is refused by its unrolled size, without unrolling it."""
+    from ddlsim.limits import trace_ops
+    from ddlsim.workloads.trace import (Block, Compute, Loop, Op, Program, RankClass, Step,
+                                        Workload)
+
+    body = (Op(Compute("a", 1.0)), Op(Compute("b", 1.0), deps=(0,)))
+    block = Block("F", "forward", (Op(Compute("pre", 1.0)),
+                                   Op(Loop("layers", body, 10**9), repeat=2)))
+    cls = RankClass("all", (0, 1), Program({"F": block}, (Step("F"), Step("F"))))
+    wl = Workload("loop", 2, {}, (cls,))
+    per_class, per_rank = trace_ops(wl)
+    assert per_class == 2 * (1 + 2 * 10**9 * 2)
+    assert per_rank == 2 * per_class
