@@ -15,6 +15,7 @@ loading a config): see ``docs/extending.md``.
 from __future__ import annotations
 
 import importlib
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from functools import cache
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -43,7 +44,7 @@ _FAMILIES: dict[str, "WorkloadFamily"] = {}
 _HF_TYPES: dict[str, "WorkloadFamily"] = {}
 
 
-class WorkloadFamily:
+class WorkloadFamily(ABC):
     """One model family. Subclass it, set the class attributes, implement the methods.
 
     Attributes
@@ -71,13 +72,13 @@ class WorkloadFamily:
         """Raise ``ValueError`` (one paragraph: field, value, what is allowed) when the plan
         does not suit the model (e.g. heads not divisible by the tensor-parallel size)."""
 
+    @abstractmethod
     def build(self, cfg: "RunConfig") -> "Workload":
         """The trace of one training iteration of ``cfg``."""
-        raise NotImplementedError
 
+    @abstractmethod
     def memory(self, cfg: "RunConfig") -> list["MemoryBreakdown"]:
         """Memory of one rank of each rank class that differs (e.g. per pipeline stage)."""
-        raise NotImplementedError
 
     def summary(self, model: Any) -> str:
         """One line describing ``model`` (a validated :attr:`schema` instance)."""
