@@ -37,6 +37,12 @@ class StageBuilder:
         self.dtype = t.dtype
         self.layers_per_chunk = shape.layers // (self.pp * self.v)
         self.act_bytes = self.b * self.s * shape.hidden * self.dt
+        self.ep = p.ep
+        #: expert gradients sync over their own group (edp) only when EP > 1; with EP = 1
+        #: the expert-data-parallel group is the data-parallel group
+        self.split_experts = shape.is_moe and self.ep > 1
+        #: layers per dense…MoE period (1: all layers alike)
+        self.period = shape.moe_layer_freq if shape.is_moe else 1
         self._layer_ops: dict[tuple[bool, int], list[Op]] = {}
         self._ops: dict[tuple, object] = {}
 
@@ -57,14 +63,57 @@ class StageBuilder:
         return hit
 
     def layer_ops(self, backward: bool, repeat: int) -> list[Op]:
-        """One layer's forward (or backward) ops, each repeated ``repeat`` times (ops are
-        immutable, so every block and stage shares these lists)."""
+        """``repeat`` layers' forward (or backward) ops, each op repeated (ops are immutable,
+        so every block and stage shares these lists). With MoE every ``period``-th layer is an
+        MoE layer: ``repeat`` (a multiple of the period) layers are the dense layer's ops
+        repeated ``repeat − repeat/period`` times and the MoE layer's ``repeat/period`` times
+        (nothing overlaps consecutive layers, so the order within the run does not matter)."""
         key = (backward, repeat)
         ops = self._layer_ops.get(key)
         if ops is None:
-            ops = self._layer_ops[key] = [Op(x, repeat=repeat) for x in
-                                          (self.bwd_layer if backward else self.fwd_layer)]
+            f = self.period
+            if f == 1:
+                ops = [Op(x, repeat=repeat) for x in
+                       (self.bwd_layer if backward else self.fwd_layer)]
+            else:
+                dense = self.layer_backward(moe=False) if backward else self.layer_forward(moe=False)
+                moe = self.layer_backward(moe=True) if backward else self.layer_forward(moe=True)
+                ops = ([Op(x, repeat=repeat - repeat // f) for x in dense]
+                       + [Op(x, repeat=repeat // f) for x in moe])
+            self._layer_ops[key] = ops
         return ops
+
+    # ------------------------------------------------------------------ MoE sizes
+    def tokens(self) -> float:
+        """Tokens of one micro-batch on one rank as the MoE layer routes them: ``b·s``, or
+        ``b·s/t`` with sequence parallelism."""
+        return self.b * self.s / (self.tp if self.sp else 1)
+
+    def a2a_bytes(self) -> float:
+        """Bytes one rank sends in one dispatch (or combine) all-to-all, nccl-tests
+        convention: tokens × top-k × hidden × dtype bytes, × the capacity factor when not
+        dropless (every expert slot is sent, padded or not; GShard, Switch)."""
+        sh = self.shape
+        return self.tokens() * sh.top_k * sh.hidden * self.dt * (sh.capacity_factor or 1.0)
+
+    def expert_flops(self) -> float:
+        """Forward FLOPs of the routed experts on one rank: the tokens each expert receives,
+        ``expert_capacity(EP · b·s)`` (``k·tokens/E``, × capacity factor), times the ``E/EP``
+        local experts, times ``2·m·h·f_e``, split over the expert-TP (= TP) ranks."""
+        sh = self.shape
+        per_expert = sh.expert_capacity(self.ep * self.b * self.s)
+        return (per_expert * (sh.experts // self.ep) * 2 * sh.mlp_matrices * sh.hidden * sh.f_e
+                / self.tp)
+
+    def layer_rank_params(self, moe: bool) -> tuple[float, float]:
+        """(non-expert, expert) parameters of one layer on one rank: the non-expert ones
+        (attention, norms, router, shared experts) split over TP, the routed experts over
+        EP × expert TP."""
+        sh, t = self.shape, self.tp
+        if not moe:
+            return sh.dense_layer_params / t, 0.0
+        experts = sh.experts * sh.mlp_params(sh.f_e)
+        return (sh.moe_layer_params - experts) / t, experts / (self.ep * t)
 
     # ------------------------------------------------------------------ per-layer ops
     def _tp_comm(self, name: str) -> list[Collective]:
@@ -76,10 +125,15 @@ class StageBuilder:
                     Collective(f"{name}.ag", "all_gather", "tp", self.act_bytes)]
         return [Collective(f"{name}.ar", "all_reduce", "tp", self.act_bytes)]
 
-    def layer_forward(self, tag: str = "fwd") -> list[Compute | Collective]:
-        g = self.shape.layer_gemm_flops(self.b, self.s)
+    def layer_forward(self, tag: str = "fwd", moe: bool | None = None) -> list[Compute | Collective]:
+        """One layer's forward; ``moe`` picks an MoE layer (default: the kind all layers have)."""
+        moe = self.shape.is_moe and self.period == 1 if moe is None else moe
+        if moe:
+            return self.moe_layer_forward(tag)
+        g = self.shape.layer_gemm_flops(self.b, self.s, moe=False if self.shape.is_moe else None)
         t, dt = self.tp, self.dt
-        ew = self.shape.layer_elementwise_bytes(self.b, self.s, t, self.sp, dt)
+        ew = self.shape.layer_elementwise_bytes(self.b, self.s, t, self.sp, dt,
+                                                moe=False if self.shape.is_moe else None)
         ops: list[Compute | Collective] = [
             Compute(f"{tag}.attn", self._attn_flops(g) / t, dtype=self.dtype),
             *self._tp_comm(f"{tag}.attn"),
@@ -89,33 +143,81 @@ class StageBuilder:
         ]
         return ops
 
+    def _a2a(self, name: str) -> list[Collective]:
+        if self.ep == 1:
+            return []
+        return [Collective(name, "all_to_all", "ep", self.a2a_bytes())]
+
+    def moe_layer_forward(self, tag: str = "fwd") -> list[Compute | Collective]:
+        """An MoE layer's forward: attention as in a dense layer; the router GEMM on the
+        rank's tokens; dispatch all-to-all on ``ep``; the local experts' GEMMs; combine
+        all-to-all; the shared experts as a dense MLP; TP communication around the block as
+        around a dense MLP (expert TP = TP)."""
+        sh, t, dt = self.shape, self.tp, self.dt
+        g = sh.layer_gemm_flops(self.b, self.s, moe=True)
+        ew = sh.layer_elementwise_bytes(self.b, self.s, t, self.sp, dt, moe=True)
+        ops: list[Compute | Collective] = [
+            Compute(f"{tag}.attn", self._attn_flops(g) / t, dtype=self.dtype),
+            *self._tp_comm(f"{tag}.attn"),
+            Compute(f"{tag}.router", g["router"] / (t if self.sp else 1), dtype=self.dtype),
+            *self._a2a(f"{tag}.dispatch"),
+            Compute(f"{tag}.experts", self.expert_flops(), dtype=self.dtype),
+            *self._a2a(f"{tag}.combine"),
+        ]
+        if sh.shared_experts:
+            ops.append(Compute(f"{tag}.shared_experts", g["shared_experts"] / t, dtype=self.dtype))
+        ops += [*self._tp_comm(f"{tag}.mlp"),
+                Compute(f"{tag}.elementwise", 0.0, ew, kind="elementwise", dtype=self.dtype)]
+        return ops
+
     @staticmethod
     def _attn_flops(g: dict[str, float]) -> float:
         """Q, K/V (smaller under GQA), the attention core and the output projection."""
         return (g["q"] + g["kv"]) + g["attn_core"] + g["proj"]
 
-    def layer_backward(self) -> list[Compute | Collective]:
-        g = self.shape.layer_gemm_flops(self.b, self.s)
+    def layer_backward(self, moe: bool | None = None) -> list[Compute | Collective]:
+        """One layer's backward (after recomputation); ``moe`` as :meth:`layer_forward`."""
+        moe = self.shape.is_moe and self.period == 1 if moe is None else moe
+        g = self.shape.layer_gemm_flops(self.b, self.s, moe=moe if self.shape.is_moe else None)
         t, dt = self.tp, self.dt
         recompute = self.cfg.train.recompute
         ops: list[Compute | Collective] = []
         if recompute == "full":
-            ops += self.layer_forward("recompute")
+            ops += self.layer_forward("recompute", moe)
         elif recompute == "selective":
             passes = 3 if self.shape.dropout else 2  # softmax, mask (, dropout): read + write
             ew_scores = passes * 2 * self.b * self.shape.heads * self.s * self.s / t * dt
             ops.append(Compute("recompute.attn_core", g["attn_core"] / t, ew_scores, dtype=self.dtype))
-        ew = 2 * self.shape.layer_elementwise_bytes(self.b, self.s, t, self.sp, dt)
+        ew = 2 * self.shape.layer_elementwise_bytes(self.b, self.s, t, self.sp, dt,
+                                                    moe=moe if self.shape.is_moe else None)
+        if moe:
+            ops += self._moe_backward(g)
+        else:
+            ops.append(Compute("bwd.mlp", 2 * g["mlp"] / t, dtype=self.dtype))
+        dense_p, expert_p = self.layer_rank_params(moe) if self.shape.is_moe \
+            else (self.shape.layer_params / t, 0.0)
         ops += [
-            Compute("bwd.mlp", 2 * g["mlp"] / t, dtype=self.dtype),
             *self._tp_comm("bwd.mlp"),
             Compute("bwd.attn", 2 * self._attn_flops(g) / t, dtype=self.dtype),
             *self._tp_comm("bwd.attn"),
             Compute("bwd.elementwise", 0.0, ew, kind="elementwise", dtype=self.dtype),
-            Compute("bwd.grad_accumulate", 0.0, self.grad_accumulate_bytes(self.shape.layer_params / t),
+            Compute("bwd.grad_accumulate", 0.0, self.grad_accumulate_bytes(dense_p + expert_p),
                     kind="elementwise", dtype=self.dtype),
         ]
         return ops
+
+    def _moe_backward(self, g: dict[str, float]) -> list[Compute | Collective]:
+        """The MoE block's backward in reverse order: shared experts, combine's gradient
+        (all-to-all), the experts (2 × forward), dispatch's gradient (all-to-all), router."""
+        t = self.tp
+        ops: list[Compute | Collective] = []
+        if self.shape.shared_experts:
+            ops.append(Compute("bwd.shared_experts", 2 * g["shared_experts"] / t, dtype=self.dtype))
+        return ops + [
+            *self._a2a("bwd.combine"),
+            Compute("bwd.experts", 2 * self.expert_flops(), dtype=self.dtype),
+            *self._a2a("bwd.dispatch"),
+            Compute("bwd.router", 2 * g["router"] / (t if self.sp else 1), dtype=self.dtype)]
 
     def grad_accumulate_bytes(self, params: float) -> float:
         """Memory traffic of adding one micro-batch's weight gradients into the accumulated
@@ -157,12 +259,27 @@ class StageBuilder:
         the last stage when PP > 1 (``share_embeddings_and_output_weights``)."""
         sh, t = self.shape, self.tp
         vh = sh.vocab * sh.hidden / t
-        n = self.layers_per_chunk * self.v * sh.layer_params / t
+        if sh.is_moe:
+            n = self.stage_expert_params(stage) + self._stage_nonexpert_layer_params()
+        else:
+            n = self.layers_per_chunk * self.v * sh.layer_params / t
         if stage == 0:
             n += vh + (sh.max_positions * sh.hidden if sh.positions == "learned" else 0)
         if stage == self.pp - 1:
             n += sh.norm_params + (vh if self.pp > 1 or not sh.tied_embeddings else 0)
         return n
+
+    def _stage_nonexpert_layer_params(self) -> float:
+        L, f = self.layers_per_chunk * self.v, self.period
+        return ((L - L // f) * self.layer_rank_params(False)[0]
+                + L // f * self.layer_rank_params(True)[0])
+
+    def stage_expert_params(self, stage: int) -> float:
+        """Routed-expert parameters held by one rank of ``stage``: ``E/EP`` experts of each
+        of its MoE layers, split over expert TP (= TP). 0 for a dense model."""
+        if not self.shape.is_moe:
+            return 0.0
+        return (self.layers_per_chunk * self.v // self.period) * self.layer_rank_params(True)[1]
 
     # ------------------------------------------------------------------ blocks
     def chunk_blocks(self, stage: int, chunk: int, sync_ops: list[Op] | None) -> dict[str, Block]:
@@ -240,11 +357,15 @@ class StageBuilder:
         return self.cached(key, lambda: self._segments(sync_ops, start))
 
     def _segments(self, sync_ops: list[Op], start: int) -> list[Op]:
-        Lc, n_seg = self.layers_per_chunk, len(sync_ops)
+        w = 2 if self.split_experts else 1   # per segment: dense (dp) [and expert (edp)] sync
+        f, n_seg = self.period, len(sync_ops) // w
+        periods = self.layers_per_chunk // f
         ops: list[Op] = []
-        for seg, s in enumerate(sync_ops):
-            ops += self.layer_ops(True, Lc // n_seg + (1 if seg < Lc % n_seg else 0))
-            ops.append(Op(s.payload, stream=s.stream, deps=(start + len(ops) - 1,), repeat=s.repeat))
+        for seg in range(n_seg):
+            ops += self.layer_ops(True, f * (periods // n_seg + (1 if seg < periods % n_seg else 0)))
+            last = start + len(ops) - 1
+            for s in sync_ops[w * seg:w * seg + w]:
+                ops.append(Op(s.payload, stream=s.stream, deps=(last,), repeat=s.repeat))
         return ops
 
     def grad_sync_ops(self, stage: int) -> list[Op]:
@@ -255,9 +376,15 @@ class StageBuilder:
         grad_bytes = self.stage_params(stage) / self.v * self.dt
         bucket = self.cfg.parallel.grad_bucket_size
         n_buckets = max(1, math.ceil(grad_bytes / bucket))
-        n_seg = min(n_buckets, self.layers_per_chunk)
+        n_seg = min(n_buckets, self.layers_per_chunk // self.period)
         per_seg = math.ceil(n_buckets / n_seg)
         op = "reduce_scatter" if self.cfg.parallel.zero_stage in (1, 2) else "all_reduce"
+        if self.split_experts:  # dense gradients over dp, expert gradients over edp
+            e_bytes = self.stage_expert_params(stage) / self.v * self.dt
+            size = (grad_bytes - e_bytes) / (n_seg * per_seg)
+            return [Op(Collective(f"grad.{op}", op, "dp", size), stream="dp", repeat=per_seg),
+                    Op(Collective(f"grad.expert.{op}", op, "edp", e_bytes / (n_seg * per_seg)),
+                       stream="edp", repeat=per_seg)] * n_seg
         size = grad_bytes / (n_seg * per_seg)
         return [Op(Collective(f"grad.{op}", op, "dp", size), stream="dp", repeat=per_seg)] * n_seg
 
@@ -276,6 +403,8 @@ class StageBuilder:
 
         if dp == 1:
             return Block("update", "optimizer", (step(params),))
+        if self.split_experts:
+            return self._expert_update_block(stage, overlapped, step)
         # ops[0] marks "backward finished": communication-stream ops below depend on it
         ops: list[Op] = [Op(Wait("backward.done", "compute"))]
         if p.dp_strategy == "ddp":
@@ -315,8 +444,37 @@ class StageBuilder:
                          if o.stream != "compute" else o for o in ops)
         return Block("update", "optimizer", anchored)
 
-    def grad_sync_ops_flat(self, grad_bytes: float, op: str) -> list[Op]:
+    def grad_sync_ops_flat(self, grad_bytes: float, op: str, group: str = "dp") -> list[Op]:
         n = max(1, math.ceil(grad_bytes / self.cfg.parallel.grad_bucket_size))
-        return [Op(Collective(f"grad.{op}", op, "dp", grad_bytes / n), stream="dp", repeat=n)]
+        name = f"grad.{op}" if group == "dp" else f"grad.expert.{op}"
+        return [Op(Collective(name, op, group, grad_bytes / n), stream=group, repeat=n)]
+
+    def _expert_update_block(self, stage: int, overlapped: bool, step) -> Block:
+        """DDP/ZeRO update of an MoE stage with EP > 1: the dense parameters' gradients are
+        reduced (ZeRO: sharded, re-gathered) over ``dp``, the experts' over ``edp``, each on
+        its own stream; the optimizer steps the dense shard ``1/DP`` and the expert shard
+        ``1/EDP`` (ZeRO stages applied to each over its own group)."""
+        zero = self.cfg.parallel.zero_stage
+        expert = self.stage_expert_params(stage)
+        dense = self.stage_params(stage) - expert
+        edp = self.cfg.mesh.size("edp")
+        ops: list[Op] = [Op(Wait("backward.done", "compute"))]
+        if overlapped:
+            ops += [Op(Wait("wait.grad", "dp")), Op(Wait("wait.grad.expert", "edp"))]
+        elif zero in (0, 1, 2):
+            op = "all_reduce" if zero == 0 else "reduce_scatter"
+            ops += [*self.grad_sync_ops_flat(dense * self.dt, op),
+                    *self.grad_sync_ops_flat(expert * self.dt, op, "edp"),
+                    Op(Wait("wait.grad", "dp")), Op(Wait("wait.grad.expert", "edp"))]
+        if zero == 3:
+            ops += [Op(Wait("wait.grad", "dp.rs")), Op(Wait("wait.grad.expert", "edp.rs"))]
+        ops.append(step(dense / self.dp + expert / edp if zero else dense + expert))
+        if zero in (1, 2):
+            ops += [Op(Collective("params.all_gather", "all_gather", "dp", dense * self.dt)),
+                    Op(Collective("params.expert.all_gather", "all_gather", "edp",
+                                  expert * self.dt))]
+        anchored = tuple(Op(o.payload, o.stream, o.deps or (0,), o.repeat)
+                         if o.stream != "compute" else o for o in ops)
+        return Block("update", "optimizer", anchored)
 
 
