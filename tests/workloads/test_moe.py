@@ -195,3 +195,32 @@ def test_moe_fields_on_a_dense_model_are_refused():
                             "train": {"micro_batch_size": 1, "global_batch_size": 8,
                                       "seq_length": 2048},
                             "system": {"preset": "dgx-h100", "nodes": 1}})
+
+
+# ---------------------------------------------------------------- presets
+def _params(preset: str) -> int:
+    from ddlsim.workloads.registry import validate_model
+    from ddlsim.config import resolve_section
+    return validate_model(resolve_section("model", preset)).shape().params
+
+
+def _mlp(h: int, f: int) -> int:      # GeLU MLP with biases: 2hf + f + h
+    return 2 * h * f + f + h
+
+
+def test_moe_presets_against_their_dense_bases():
+    # DeepSpeed-MoE 1.3B+MoE-128: GPT-3 XL with 12 of 24 MLPs replaced by 128 experts and a
+    # router h·128: + 12 · (127 · MLP + 128h) ≈ 52 B (Rajbhandari et al. 2022, Table 1: 52 B)
+    h = 2048
+    ds = _params("gpt3-1.3b") + 12 * (127 * _mlp(h, 4 * h) + 128 * h)
+    assert _params("deepspeed-moe-1.3b-128e") == ds and abs(ds / 52e9 - 1) < 0.02
+    # GPT-3 MoE of the proxies: every MLP of GPT-3 175B becomes 16 experts of 4h/16 plus a
+    # router 16h
+    h = 12288
+    g = _params("gpt3-175b") + 96 * (16 * _mlp(h, 3072) + 16 * h - _mlp(h, 4 * h))
+    assert _params("gpt3-moe-16e") == g
+    # Mixtral 8x22B (its config.json): 56 layers, h 6144, 48 heads / 8 KV of 128, f_e 16384,
+    # V 32000: 56 · (2h² + 2h·1024 + 2h + 8h + 8 · 3h·16384) + 2Vh + h
+    h = 6144
+    layer = 2 * h * h + 2 * h * 1024 + 2 * h + 8 * h + 8 * 3 * h * 16384
+    assert _params("mixtral-8x22b") == 56 * layer + 2 * 32000 * h + h == 140_620_634_112
