@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...errors import ConfigError
 from ..registry import WorkloadFamily, read_presets, register_workload
 from .schema import GPTModel, LlamaModel
 
