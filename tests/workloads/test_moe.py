@@ -224,3 +224,27 @@ def test_moe_presets_against_their_dense_bases():
     h = 6144
     layer = 2 * h * h + 2 * h * 1024 + 2 * h + 8 * h + 8 * 3 * h * 16384
     assert _params("mixtral-8x22b") == 56 * layer + 2 * 32000 * h + h == 140_620_634_112
+
+
+def test_qwen2_moe_config_json_predicts_with_its_shared_expert(tmp_path):
+    # Qwen1.5-MoE-A2.7B's published shape (tests/workloads/test_decoder.py derives its
+    # 14,315,784,192 parameters): 60 experts, top-4, one gated shared expert of 5632, EP4
+    doc = {"model_type": "qwen2_moe", "num_hidden_layers": 24, "hidden_size": 2048,
+           "num_attention_heads": 16, "num_key_value_heads": 16, "intermediate_size": 5632,
+           "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
+           "num_experts": 60, "num_experts_per_tok": 4, "vocab_size": 151936,
+           "max_position_embeddings": 8192, "decoder_sparse_step": 1}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(doc))
+    cfg = ddlsim.load_config({"model": {"hf_config": str(path)},
+                              "parallel": {"expert_model_parallel_size": 4},
+                              "train": {"micro_batch_size": 1, "global_batch_size": 16,
+                                        "seq_length": 2048},
+                              "system": {"preset": "dgx-h100", "nodes": 1}})
+    assert cfg.model.n_shared_experts == 1 and cfg.model.shared_expert_gate
+    r = ddlsim.predict(cfg, check_fit=False).to_dict()
+    assert r["parameter_count"] == 14_315_784_192
+    # shared expert: a dense MLP of 5632 on every token, forward 2·3·b·s·h·5632 FLOPs (TP1)
+    fwd = ddlsim.build_workload(cfg).classes[0].program.blocks["F0"].flat.ops
+    shared = [o.payload.flops for o in fwd if o.payload.name == "fwd.shared_experts"]
+    assert shared == [pytest.approx(2 * 3 * 2048 * 2048 * 5632, rel=1e-12)]
