@@ -117,6 +117,8 @@ class ParallelConfig(_Strict):
     pipeline_model_parallel_size: count_type("parallel_size") = 1
     virtual_pipeline_model_parallel_size: count_type("layers") | None = None
     sequence_parallel: StrictBool = False
+    expert_model_parallel_size: count_type("parallel_size") = Field(
+        default=1, description="EP: experts split over this many ranks, carved out of TP·DP")
     data_parallel_size: count_type("parallel_size") | None = Field(
         default=None, description="default: devices // (TP·PP)")
     zero_stage: Annotated[Literal[0, 1, 2, 3], BeforeValidator(reject_bool)] = 0
@@ -172,6 +174,10 @@ class ParallelConfig(_Strict):
     @property
     def pp(self) -> int:
         return self.pipeline_model_parallel_size
+
+    @property
+    def ep(self) -> int:
+        return self.expert_model_parallel_size
 
     @property
     def vpp(self) -> int:
@@ -321,7 +327,8 @@ class RunConfig(_Strict):
         from .workloads.mesh import DeviceMesh
         return DeviceMesh.from_megatron(tensor_model_parallel_size=self.parallel.tp,
                                         pipeline_model_parallel_size=self.parallel.pp,
-                                        data_parallel_size=self.dp)
+                                        data_parallel_size=self.dp,
+                                        expert_model_parallel_size=self.parallel.ep)
 
     @property
     def world_size(self) -> int:

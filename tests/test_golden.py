@@ -54,6 +54,16 @@ LLAMA_VARIANT = {
               "recompute": "selective"},
     "system": {"preset": "dgx-h100", "nodes": 1},
 }
+#: Mixtral 8x7B shortened to 4 layers on two DGX H100 nodes with EP4 (carved out of DP8) and
+#: a capacity factor: dispatch/combine all-to-all, expert gradients over edp, ZeRO-1 per group.
+MOE_VARIANT = {
+    "model": {"preset": "mixtral-8x7b", "num_hidden_layers": 4, "capacity_factor": 1.25},
+    "parallel": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 1,
+                 "expert_model_parallel_size": 4, "sequence_parallel": True, "zero_stage": 1},
+    "train": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 4096,
+              "recompute": "selective"},
+    "system": {"preset": "dgx-h100", "nodes": 2},
+}
 #: The keys of ``Result.to_dict()`` that are predictions (not metadata).
 PREDICTED = ("iteration_time_s", "samples_per_s", "tokens_per_s", "mfu", "tflops_per_device",
              "breakdown", "comm_bytes", "memory_per_device_bytes", "world_size",
@@ -83,6 +93,7 @@ def cases() -> dict[str, tuple[object, list[str], str]]:
     out["variant-1f1b:des"] = (BASE_VARIANT, [], "des")
     for engine in ("analytical", "des"):  # a Llama-style decoder: GQA, SwiGLU, RMSNorm, untied
         out[f"llama-variant:{engine}"] = (LLAMA_VARIANT, [], engine)
+        out[f"moe-variant:{engine}"] = (MOE_VARIANT, [], engine)
     return out
 
 

@@ -1,5 +1,5 @@
 """The decoder workload family end to end: HuggingFace configs through the CLI, parameter
-counts as printed, GQA FLOPs in the trace, untied embeddings in memory, refused MoE.
+counts as printed, GQA FLOPs in the trace, untied embeddings in memory, MoE configs read.
 
 Every pinned number is derived in its comment (notation of
 ``ddlsim/workloads/models/decoder.py``), not copied from a run.
@@ -158,14 +158,13 @@ def test_tied_embedding_copy_on_the_last_stage_as_before():
 
 
 # ---------------------------------------------------------------- refusals
-def test_mixture_of_experts_config_is_refused_in_one_paragraph(tmp_path):
-    with pytest.raises(ConfigError) as exc:
-        ddlsim.load_config(run_config(tmp_path, {"hf_config": "mixtral-8x7b-v0.1"}))
-    msg = str(exc.value)
-    assert "Mixture-of-Experts" in msg and "not modelled yet" in msg and "\n" not in msg
+def test_mixture_of_experts_config_is_read_from_the_cli(tmp_path):
+    # Mixtral's config.json through --model: an MoE decoder (tests/workloads/test_moe.py pins
+    # its counts and trace)
     r = runner.invoke(app, ["predict", str(run_config(tmp_path, "gpt2-124m")), "--model",
-                            str(HF / "mixtral-8x7b-v0.1.json")])
-    assert r.exit_code == 2 and r.stderr.startswith("error: ") and "8 experts" in r.stderr
+                            str(HF / "mixtral-8x7b-v0.1.json"), "-f", "json", "--allow-oom"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["parameter_count"] == 46_702_792_704
 
 
 def test_kv_heads_must_divide_by_tp():

@@ -3,16 +3,14 @@
 Both share one trace builder (:mod:`.builder`, :mod:`.build`) and one memory model
 (:mod:`.memory`) over :class:`~ddlsim.workloads.models.decoder.DecoderShape`; they differ in
 their model section (:mod:`.schema`) and presets. HuggingFace ``config.json`` files of
-``model_type`` ``gpt2`` (→ ``gpt``) and ``llama``, ``mistral``, ``qwen2`` (→ ``llama``) are read
-by :func:`ddlsim.workloads.models.hf.from_hf_config`; Mixture-of-Experts configs (``mixtral``,
-``qwen2_moe``) are refused until MoE is modelled.
+``model_type`` ``gpt2`` (→ ``gpt``) and ``llama``, ``mistral``, ``qwen2`` and the Mixture-of-Experts ``mixtral`` and ``qwen2_moe`` (→ ``llama``
+with MoE fields) are read by :func:`ddlsim.workloads.models.hf.from_hf_config`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ...errors import ConfigError
 from ..registry import WorkloadFamily, read_presets, register_workload
 from .schema import GPTModel, LlamaModel
 
@@ -50,6 +48,7 @@ class DecoderFamily(WorkloadFamily):
         if p.sequence_parallel and t.seq_length % tp:
             raise ValueError(f"sequence_parallel needs train.seq_length = {t.seq_length} divisible "
                              f"by tensor_model_parallel_size = {tp}")
+        _check_experts(cfg)
 
     def build(self, cfg: Any):
         from .build import build_decoder_workload
@@ -67,26 +66,22 @@ class DecoderFamily(WorkloadFamily):
         act = {"silu": "SwiGLU", "swish": "SwiGLU"}.get(sh.activation, "GeGLU")
         mlp = f"{act if sh.gated_mlp else 'GeLU'} {sh.ffn}"
         norm = "RMSNorm" if sh.norm == "rmsnorm" else "LayerNorm"
-        n = sh.params
-        count = f"{n / 1e9:.3g} B" if n >= 1e9 else f"{n / 1e6:.3g} M"
+        if sh.is_moe:
+            every = "" if sh.moe_layer_freq == 1 else f" every {sh.moe_layer_freq} layers"
+            mlp = (f"MoE {sh.experts}×{mlp.split()[0]} {sh.f_e} top-{sh.top_k}{every}"
+                   + (f" +{sh.shared_experts} shared" if sh.shared_experts else ""))
+
+        def count(n: int) -> str:
+            return f"{n / 1e9:.3g} B" if n >= 1e9 else f"{n / 1e6:.3g} M"
+        active = f" ({count(sh.active_params)} active)" if sh.is_moe else ""
         return (f"{model.name}: {sh.layers} layers, h {sh.hidden}, {attn}, {mlp}, {norm}, "
                 f"{sh.positions}, {'tied' if sh.tied_embeddings else 'untied'}, vocab "
-                f"{sh.vocab}, {count} params")
+                f"{sh.vocab}, {count(sh.params)} params{active}")
 
     def from_hf(self, doc: dict, source: str) -> tuple[dict, list[str]]:
         from ..models.hf import from_hf_config
 
-        moe = doc.get("num_local_experts", doc.get("num_experts"))
-        if isinstance(moe, int) and not isinstance(moe, bool) and moe > 1:
-            raise ConfigError(f"{source}: a Mixture-of-Experts model (model_type "
-                              f"{doc.get('model_type')!r}, {moe} experts) is not modelled yet: "
-                              "ddlsim predicts dense decoders (GPT, Llama, Mistral, Qwen2) only; "
-                              "expert parallelism, routing and all-to-all dispatch are issue 10, "
-                              "item 5. Use a dense model's config.json")
         fields, unmodelled = from_hf_config(doc, source=source)
-        if fields.get("experts"):
-            raise ConfigError(f"{source}: a Mixture-of-Experts model is not modelled yet; use a "
-                              "dense model's config.json")
         return _section(fields), unmodelled
 
 
@@ -106,7 +101,49 @@ def _section(f: dict) -> dict:
            "mlp_bias": f["mlp_bias"]}
     if f["qkv_bias"] != f["out_bias"]:
         out["qkv_bias"] = f["qkv_bias"]
+    if f.get("experts"):
+        moe = {"num_local_experts": f["experts"], "num_experts_per_tok": f["top_k"],
+               "moe_intermediate_size": f.get("expert_ffn"),
+               "decoder_sparse_step": f.get("moe_layer_freq", 1),
+               "n_shared_experts": f.get("shared_experts", 0),
+               "shared_expert_intermediate_size": f.get("shared_expert_ffn"),
+               "shared_expert_gate": f.get("shared_expert_gate", False)}
+        out.update({k: v for k, v in moe.items() if v is not None})
     return out
+
+
+def _check_experts(cfg: Any) -> None:
+    """Expert parallelism: EP divides the experts and the data-parallel ranks (EP is carved
+    out of TP·DP with expert TP = TP, as in Megatron-Core), and each model chunk holds whole
+    periods of ``decoder_sparse_step`` layers."""
+    m, p = cfg.model, cfg.parallel
+    E, ep = m.num_local_experts, p.ep
+    if not E:
+        if ep > 1:
+            raise ValueError(f"parallel.expert_model_parallel_size = {ep} needs a "
+                             f"Mixture-of-Experts model, but model {m.name!r} has no experts "
+                             "(num_local_experts = 0); use 1")
+        return
+    if E % ep:
+        raise ValueError(f"parallel.expert_model_parallel_size = {ep} does not divide "
+                         f"model.num_local_experts = {E}: each expert-parallel rank holds "
+                         f"E/EP whole experts; use a divisor of {E}")
+    dp = p.data_parallel_size or cfg.system.num_devices // (p.tp * p.pp)
+    if dp and dp % ep:
+        raise ValueError(f"parallel.expert_model_parallel_size = {ep} does not divide the "
+                         f"data-parallel size {dp}: expert parallelism is carved out of "
+                         f"TP·DP = {p.tp}·{dp} with expert TP = TP (Megatron-Core), so EP must "
+                         f"divide DP = {dp}")
+    lc = m.num_hidden_layers // (p.pp * p.vpp)
+    if lc % m.decoder_sparse_step:
+        raise ValueError(f"model.decoder_sparse_step = {m.decoder_sparse_step} does not divide "
+                         f"the {lc} layers of one model chunk (num_hidden_layers / (PP·VPP)): "
+                         "every chunk must hold whole dense…MoE periods; choose PP so that it "
+                         "does")
+    if p.dp_strategy != "ddp":
+        raise ValueError(f"dp_strategy = {p.dp_strategy!r} with a Mixture-of-Experts model: "
+                         "expert gradients are reduced over the expert-data-parallel group, "
+                         "which only dp_strategy = 'ddp' (with ZeRO 0-3) models; use 'ddp'")
 
 
 @register_workload("gpt")
@@ -121,7 +158,7 @@ class GPTFamily(DecoderFamily):
 @register_workload("llama")
 class LlamaFamily(DecoderFamily):
     """Llama 2/3, Mistral, Qwen2 (presets: the bundled ``config.json`` files of
-    ``data/decoders.yaml``; MoE ones wait for the MoE family)."""
+    ``data/decoders.yaml``, Mixtral included)."""
 
     schema = LlamaModel
     hf_model_types = ("llama", "mistral", "qwen2", "mixtral", "qwen2_moe")
@@ -134,7 +171,7 @@ class LlamaFamily(DecoderFamily):
         out = {}
         for name, p in read_presets("decoders.yaml").items():
             doc = json.loads(data.joinpath(p["hf_config"]).read_text())
-            if doc.get("model_type") in ("llama", "mistral", "qwen2"):
+            if doc.get("model_type") in ("llama", "mistral", "qwen2", "mixtral"):
                 out[name] = {"architecture": "llama",
                              "hf_config": p["hf_config"].removeprefix("hf/").removesuffix(".json"),
                              "source": p["source"]}

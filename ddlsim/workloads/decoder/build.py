@@ -25,20 +25,41 @@ __all__ = ["build_decoder_workload", "decoder_memory"]
 def _zero3_blocks(b: StageBuilder, stage: int) -> dict[str, Block]:
     """ZeRO-3 without pipelining: every layer's parameters are all-gathered before its forward
     and backward (prefetched on stream dp.ag) and its gradients reduce-scattered after its
-    backward (stream dp.rs): 3Ψ per iteration (Rajbhandari et al. 2020, §7.2.2)."""
-    layer_bytes = b.shape.layer_params / b.tp * b.dt
+    backward (stream dp.rs): 3Ψ per iteration (Rajbhandari et al. 2020, §7.2.2). With EP > 1
+    an MoE layer's experts are gathered and reduce-scattered over ``edp`` (streams edp.ag,
+    edp.rs), its other parameters over ``dp``."""
     fwd: list[Op] = [Op(x) for x in b.embedding_forward()]
     bwd: list[Op] = [Op(x) for x in b.head_backward()]
-    for i in range(b.layers_per_chunk):
-        fwd.append(Op(Collective("param.all_gather", "all_gather", "dp", layer_bytes), "dp.ag"))
-        fwd += [Op(x, deps=(len(fwd) - 1,) if j == 0 else ()) for j, x in enumerate(b.layer_forward())]
+    moe = [b.shape.is_moe_layer(i) for i in range(b.layers_per_chunk)]
+
+    def gathers(ops: list[Op], layer_moe: bool) -> tuple[int, ...]:
+        for group, n in _zero3_shards(b, layer_moe):
+            ops.append(Op(Collective("param.all_gather", "all_gather", group, n), f"{group}.ag"))
+        return tuple(range(len(ops) - (2 if b.split_experts and layer_moe else 1), len(ops)))
+
+    def layer(ops: list[Op], body: list, deps: tuple[int, ...]) -> None:
+        ops += [Op(x, deps=deps if j == 0 else ()) for j, x in enumerate(body)]
+
+    for m in moe:
+        layer(fwd, b.layer_forward(moe=m), gathers(fwd, m))
     fwd += [Op(x) for x in b.head_forward()]
-    for i in range(b.layers_per_chunk):
-        bwd.append(Op(Collective("param.all_gather", "all_gather", "dp", layer_bytes), "dp.ag"))
-        bwd += [Op(x, deps=(len(bwd) - 1,) if j == 0 else ()) for j, x in enumerate(b.layer_backward())]
-        bwd.append(Op(Collective("grad.reduce_scatter", "reduce_scatter", "dp", layer_bytes),
-                      "dp.rs", deps=(len(bwd) - 1,)))
+    for m in moe:
+        layer(bwd, b.layer_backward(moe=m), gathers(bwd, m))
+        last = len(bwd) - 1
+        for group, n in _zero3_shards(b, m):
+            bwd.append(Op(Collective("grad.reduce_scatter", "reduce_scatter", group, n),
+                          f"{group}.rs", deps=(last,)))
     return {"F0": Block("F0", "forward", tuple(fwd)), "B0": Block("B0", "backward", tuple(bwd))}
+
+
+def _zero3_shards(b: StageBuilder, moe: bool) -> list[tuple[str, float]]:
+    """(group, bytes) of one layer's parameters for ZeRO-3's gathers and reduce-scatters."""
+    if not b.shape.is_moe:
+        return [("dp", b.shape.layer_params / b.tp * b.dt)]
+    dense, expert = b.layer_rank_params(moe)
+    if b.split_experts and expert:
+        return [("dp", dense * b.dt), ("edp", expert * b.dt)]
+    return [("dp", (dense + expert) * b.dt)]
 
 
 def _step_tables(sched: str, pp: int, m: int, v: int, sync: bool) -> list[StepTable]:
@@ -134,4 +155,8 @@ def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
 def decoder_memory(cfg: RunConfig, shape: DecoderShape) -> list[MemoryBreakdown]:
     """Memory of one rank of each pipeline stage (:func:`.memory.stage_memory`)."""
     b = StageBuilder(cfg, shape)
-    return [stage_memory(cfg, shape, s, b.stage_params(s)) for s in range(b.pp)]
+    if not shape.is_moe:
+        return [stage_memory(cfg, shape, s, b.stage_params(s)) for s in range(b.pp)]
+    layer_bytes = max(sum(b.layer_rank_params(m)) for m in (False, True)) * b.dt
+    return [stage_memory(cfg, shape, s, b.stage_params(s), b.stage_expert_params(s), layer_bytes)
+            for s in range(b.pp)]

@@ -15,6 +15,7 @@ from functools import cached_property
 from ...config import DTYPE_BYTES, RunConfig
 from ..models.decoder import DecoderShape
 from ..trace import Block, Collective, Compute, Op, P2P, Wait
+from .moe import MoEOps
 
 __all__ = ["StageBuilder", "ADAM_BYTES_PER_PARAM"]
 
@@ -23,8 +24,8 @@ __all__ = ["StageBuilder", "ADAM_BYTES_PER_PARAM"]
 ADAM_BYTES_PER_PARAM = 3 * 4 * 2 + 2 + 2
 
 
-class StageBuilder:
-    """Builds the blocks of one pipeline stage."""
+class StageBuilder(MoEOps):
+    """Builds the blocks of one pipeline stage (MoE layers: :class:`.moe.MoEOps`)."""
 
     def __init__(self, cfg: RunConfig, shape: DecoderShape):
         self.cfg = cfg
@@ -37,6 +38,12 @@ class StageBuilder:
         self.dtype = t.dtype
         self.layers_per_chunk = shape.layers // (self.pp * self.v)
         self.act_bytes = self.b * self.s * shape.hidden * self.dt
+        self.ep = p.ep
+        #: expert gradients sync over their own group (edp) only when EP > 1; with EP = 1
+        #: the expert-data-parallel group is the data-parallel group
+        self.split_experts = shape.is_moe and self.ep > 1
+        #: layers per dense…MoE period (1: all layers alike)
+        self.period = shape.moe_layer_freq if shape.is_moe else 1
         self._layer_ops: dict[tuple[bool, int], list[Op]] = {}
         self._ops: dict[tuple, object] = {}
 
@@ -57,13 +64,24 @@ class StageBuilder:
         return hit
 
     def layer_ops(self, backward: bool, repeat: int) -> list[Op]:
-        """One layer's forward (or backward) ops, each repeated ``repeat`` times (ops are
-        immutable, so every block and stage shares these lists)."""
+        """``repeat`` layers' forward (or backward) ops, each op repeated (ops are immutable,
+        so every block and stage shares these lists). With MoE every ``period``-th layer is an
+        MoE layer: ``repeat`` (a multiple of the period) layers are the dense layer's ops
+        repeated ``repeat − repeat/period`` times and the MoE layer's ``repeat/period`` times
+        (nothing overlaps consecutive layers, so the order within the run does not matter)."""
         key = (backward, repeat)
         ops = self._layer_ops.get(key)
         if ops is None:
-            ops = self._layer_ops[key] = [Op(x, repeat=repeat) for x in
-                                          (self.bwd_layer if backward else self.fwd_layer)]
+            f = self.period
+            if f == 1:
+                ops = [Op(x, repeat=repeat) for x in
+                       (self.bwd_layer if backward else self.fwd_layer)]
+            else:
+                dense = self.layer_backward(moe=False) if backward else self.layer_forward(moe=False)
+                moe = self.layer_backward(moe=True) if backward else self.layer_forward(moe=True)
+                ops = ([Op(x, repeat=repeat - repeat // f) for x in dense]
+                       + [Op(x, repeat=repeat // f) for x in moe])
+            self._layer_ops[key] = ops
         return ops
 
     # ------------------------------------------------------------------ per-layer ops
@@ -76,10 +94,15 @@ class StageBuilder:
                     Collective(f"{name}.ag", "all_gather", "tp", self.act_bytes)]
         return [Collective(f"{name}.ar", "all_reduce", "tp", self.act_bytes)]
 
-    def layer_forward(self, tag: str = "fwd") -> list[Compute | Collective]:
-        g = self.shape.layer_gemm_flops(self.b, self.s)
+    def layer_forward(self, tag: str = "fwd", moe: bool | None = None) -> list[Compute | Collective]:
+        """One layer's forward; ``moe`` picks an MoE layer (default: the kind all layers have)."""
+        moe = self.shape.is_moe and self.period == 1 if moe is None else moe
+        if moe:
+            return self.moe_layer_forward(tag)
+        g = self.shape.layer_gemm_flops(self.b, self.s, moe=False if self.shape.is_moe else None)
         t, dt = self.tp, self.dt
-        ew = self.shape.layer_elementwise_bytes(self.b, self.s, t, self.sp, dt)
+        ew = self.shape.layer_elementwise_bytes(self.b, self.s, t, self.sp, dt,
+                                                moe=False if self.shape.is_moe else None)
         ops: list[Compute | Collective] = [
             Compute(f"{tag}.attn", self._attn_flops(g) / t, dtype=self.dtype),
             *self._tp_comm(f"{tag}.attn"),
@@ -94,25 +117,33 @@ class StageBuilder:
         """Q, K/V (smaller under GQA), the attention core and the output projection."""
         return (g["q"] + g["kv"]) + g["attn_core"] + g["proj"]
 
-    def layer_backward(self) -> list[Compute | Collective]:
-        g = self.shape.layer_gemm_flops(self.b, self.s)
+    def layer_backward(self, moe: bool | None = None) -> list[Compute | Collective]:
+        """One layer's backward (after recomputation); ``moe`` as :meth:`layer_forward`."""
+        moe = self.shape.is_moe and self.period == 1 if moe is None else moe
+        g = self.shape.layer_gemm_flops(self.b, self.s, moe=moe if self.shape.is_moe else None)
         t, dt = self.tp, self.dt
         recompute = self.cfg.train.recompute
         ops: list[Compute | Collective] = []
         if recompute == "full":
-            ops += self.layer_forward("recompute")
+            ops += self.layer_forward("recompute", moe)
         elif recompute == "selective":
             passes = 3 if self.shape.dropout else 2  # softmax, mask (, dropout): read + write
             ew_scores = passes * 2 * self.b * self.shape.heads * self.s * self.s / t * dt
             ops.append(Compute("recompute.attn_core", g["attn_core"] / t, ew_scores, dtype=self.dtype))
-        ew = 2 * self.shape.layer_elementwise_bytes(self.b, self.s, t, self.sp, dt)
+        ew = 2 * self.shape.layer_elementwise_bytes(self.b, self.s, t, self.sp, dt,
+                                                    moe=moe if self.shape.is_moe else None)
+        if moe:
+            ops += self._moe_backward(g)
+        else:
+            ops.append(Compute("bwd.mlp", 2 * g["mlp"] / t, dtype=self.dtype))
+        dense_p, expert_p = self.layer_rank_params(moe) if self.shape.is_moe \
+            else (self.shape.layer_params / t, 0.0)
         ops += [
-            Compute("bwd.mlp", 2 * g["mlp"] / t, dtype=self.dtype),
             *self._tp_comm("bwd.mlp"),
             Compute("bwd.attn", 2 * self._attn_flops(g) / t, dtype=self.dtype),
             *self._tp_comm("bwd.attn"),
             Compute("bwd.elementwise", 0.0, ew, kind="elementwise", dtype=self.dtype),
-            Compute("bwd.grad_accumulate", 0.0, self.grad_accumulate_bytes(self.shape.layer_params / t),
+            Compute("bwd.grad_accumulate", 0.0, self.grad_accumulate_bytes(dense_p + expert_p),
                     kind="elementwise", dtype=self.dtype),
         ]
         return ops
@@ -157,7 +188,10 @@ class StageBuilder:
         the last stage when PP > 1 (``share_embeddings_and_output_weights``)."""
         sh, t = self.shape, self.tp
         vh = sh.vocab * sh.hidden / t
-        n = self.layers_per_chunk * self.v * sh.layer_params / t
+        if sh.is_moe:
+            n = self.stage_expert_params(stage) + self._stage_nonexpert_layer_params()
+        else:
+            n = self.layers_per_chunk * self.v * sh.layer_params / t
         if stage == 0:
             n += vh + (sh.max_positions * sh.hidden if sh.positions == "learned" else 0)
         if stage == self.pp - 1:
@@ -240,11 +274,15 @@ class StageBuilder:
         return self.cached(key, lambda: self._segments(sync_ops, start))
 
     def _segments(self, sync_ops: list[Op], start: int) -> list[Op]:
-        Lc, n_seg = self.layers_per_chunk, len(sync_ops)
+        w = 2 if self.split_experts else 1   # per segment: dense (dp) [and expert (edp)] sync
+        f, n_seg = self.period, len(sync_ops) // w
+        periods = self.layers_per_chunk // f
         ops: list[Op] = []
-        for seg, s in enumerate(sync_ops):
-            ops += self.layer_ops(True, Lc // n_seg + (1 if seg < Lc % n_seg else 0))
-            ops.append(Op(s.payload, stream=s.stream, deps=(start + len(ops) - 1,), repeat=s.repeat))
+        for seg in range(n_seg):
+            ops += self.layer_ops(True, f * (periods // n_seg + (1 if seg < periods % n_seg else 0)))
+            last = start + len(ops) - 1
+            for s in sync_ops[w * seg:w * seg + w]:
+                ops.append(Op(s.payload, stream=s.stream, deps=(last,), repeat=s.repeat))
         return ops
 
     def grad_sync_ops(self, stage: int) -> list[Op]:
@@ -255,9 +293,15 @@ class StageBuilder:
         grad_bytes = self.stage_params(stage) / self.v * self.dt
         bucket = self.cfg.parallel.grad_bucket_size
         n_buckets = max(1, math.ceil(grad_bytes / bucket))
-        n_seg = min(n_buckets, self.layers_per_chunk)
+        n_seg = min(n_buckets, self.layers_per_chunk // self.period)
         per_seg = math.ceil(n_buckets / n_seg)
         op = "reduce_scatter" if self.cfg.parallel.zero_stage in (1, 2) else "all_reduce"
+        if self.split_experts:  # dense gradients over dp, expert gradients over edp
+            e_bytes = self.stage_expert_params(stage) / self.v * self.dt
+            size = (grad_bytes - e_bytes) / (n_seg * per_seg)
+            return [Op(Collective(f"grad.{op}", op, "dp", size), stream="dp", repeat=per_seg),
+                    Op(Collective(f"grad.expert.{op}", op, "edp", e_bytes / (n_seg * per_seg)),
+                       stream="edp", repeat=per_seg)] * n_seg
         size = grad_bytes / (n_seg * per_seg)
         return [Op(Collective(f"grad.{op}", op, "dp", size), stream="dp", repeat=per_seg)] * n_seg
 
@@ -276,6 +320,8 @@ class StageBuilder:
 
         if dp == 1:
             return Block("update", "optimizer", (step(params),))
+        if self.split_experts:
+            return self._expert_update_block(stage, overlapped, step)
         # ops[0] marks "backward finished": communication-stream ops below depend on it
         ops: list[Op] = [Op(Wait("backward.done", "compute"))]
         if p.dp_strategy == "ddp":
@@ -315,8 +361,7 @@ class StageBuilder:
                          if o.stream != "compute" else o for o in ops)
         return Block("update", "optimizer", anchored)
 
-    def grad_sync_ops_flat(self, grad_bytes: float, op: str) -> list[Op]:
+    def grad_sync_ops_flat(self, grad_bytes: float, op: str, group: str = "dp") -> list[Op]:
         n = max(1, math.ceil(grad_bytes / self.cfg.parallel.grad_bucket_size))
-        return [Op(Collective(f"grad.{op}", op, "dp", grad_bytes / n), stream="dp", repeat=n)]
-
-
+        name = f"grad.{op}" if group == "dp" else f"grad.expert.{op}"
+        return [Op(Collective(name, op, group, grad_bytes / n), stream=group, repeat=n)]

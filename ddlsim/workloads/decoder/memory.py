@@ -12,18 +12,35 @@ from ..models.decoder import DecoderShape
 __all__ = ["stage_memory"]
 
 
-def stage_memory(cfg: RunConfig, shape: DecoderShape, stage: int, params: float) -> MemoryBreakdown:
-    """Memory of one rank of pipeline ``stage`` holding ``params`` parameters."""
+def stage_memory(cfg: RunConfig, shape: DecoderShape, stage: int, params: float,
+                 expert_params: float = 0.0, layer_bytes: float | None = None) -> MemoryBreakdown:
+    """Memory of one rank of pipeline ``stage`` holding ``params`` parameters, of which
+    ``expert_params`` are routed experts (already split by EP × expert TP; their ZeRO shards
+    are taken over the expert-data-parallel group). ``layer_bytes``: the largest layer's
+    parameters on one rank in bytes (ZeRO-3's gathered buffers; default ``layer_params/t``)."""
     p, t = cfg.parallel, cfg.train
-    weights, grads, opt = model_state_bytes(params, cfg.dp, p.zero_stage, t.dtype, t.optimizer)
+    if expert_params:
+        dense = model_state_bytes(params - expert_params, cfg.dp, p.zero_stage, t.dtype,
+                                  t.optimizer)
+        expert = model_state_bytes(expert_params, cfg.mesh.size("edp"), p.zero_stage, t.dtype,
+                                   t.optimizer)
+        weights, grads, opt = (a + b for a, b in zip(dense, expert))
+    else:
+        weights, grads, opt = model_state_bytes(params, cfg.dp, p.zero_stage, t.dtype,
+                                                t.optimizer)
     layers_per_chunk = shape.layers // (p.pp * p.vpp)
-    per_layer = shape.layer_activation_bytes(t.micro_batch_size, t.seq_length, p.tp,
-                                             p.sequence_parallel, t.recompute)
+    args = (t.micro_batch_size, t.seq_length, p.tp, p.sequence_parallel)
+    if shape.is_moe:    # MoE layers: every moe_layer_freq-th one (whole periods per chunk)
+        n_moe = layers_per_chunk // shape.moe_layer_freq
+        per_chunk = (n_moe * shape.layer_activation_bytes(*args, t.recompute, moe=True)
+                     + (layers_per_chunk - n_moe) * (shape.layer_activation_bytes(
+                         *args, t.recompute, moe=False) if n_moe < layers_per_chunk else 0.0))
+    else:
+        per_chunk = shape.layer_activation_bytes(*args, t.recompute) * layers_per_chunk
     chunks = inflight_chunks(cfg, stage)
-    acts = per_layer * layers_per_chunk * chunks
+    acts = per_chunk * chunks
     if t.recompute == "full":  # one layer's full activations are rebuilt during its backward
-        acts += shape.layer_activation_bytes(t.micro_batch_size, t.seq_length, p.tp,
-                                             p.sequence_parallel, "none")
+        acts += shape.layer_activation_bytes(*args, "none", moe=shape.is_moe or None)
     sbh = t.micro_batch_size * t.seq_length * shape.hidden
     other = 0.0
     if stage == p.pp - 1:  # logits (16-bit) and fp32 softmax of the vocab-parallel loss
@@ -31,5 +48,6 @@ def stage_memory(cfg: RunConfig, shape: DecoderShape, stage: int, params: float)
     if stage == 0:  # embedding output kept for dropout
         other += sbh * chunks / p.vpp
     if p.zero_stage == 3:  # two gathered layers live at once (current + prefetched)
-        other += 2 * shape.layer_params / p.tp * DTYPE_BYTES[t.dtype]
+        other += 2 * (layer_bytes if layer_bytes is not None
+                      else shape.layer_params / p.tp * DTYPE_BYTES[t.dtype])
     return MemoryBreakdown(weights, grads, opt, acts, other, cfg.system.device.memory_bytes, stage)

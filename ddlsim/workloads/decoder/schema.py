@@ -9,25 +9,90 @@ Two arms of the union discriminated on ``architecture``:
   (``num_key_value_heads``), untied embeddings unless ``tie_word_embeddings: true``, no
   biases unless ``attention_bias`` (q, k, v, o), ``qkv_bias`` (q, k, v only: Qwen2) or
   ``mlp_bias``.
+
+Both take Mixture-of-Experts fields (:class:`MoEFields`, HuggingFace names where they exist):
+``num_local_experts`` (Mixtral), ``num_experts_per_tok``, ``moe_intermediate_size``
+(Qwen2-MoE), ``capacity_factor`` (GShard/Switch; null: dropless), ``decoder_sparse_step``
+(Qwen2-MoE: every n-th layer is an MoE layer), ``n_shared_experts`` (DeepSeek) of
+``shared_expert_intermediate_size`` (Qwen2-MoE) with an optional ``shared_expert_gate``.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, StrictBool, model_validator
+from pydantic import BeforeValidator, Field, StrictBool, model_validator
 
-from ...config import ModelBase, count_type
+from ...config import ModelBase, count_type, reject_bool
 from ..models.decoder import DecoderShape
 
-__all__ = ["GPTModel", "LlamaModel", "GATED_ACTIVATIONS"]
+__all__ = ["GPTModel", "LlamaModel", "MoEFields", "GATED_ACTIVATIONS"]
 
 #: Non-linearities of a gated MLP (HuggingFace ACT2FN names): SiLU → SwiGLU, GeLU → GeGLU.
 GATED_ACTIVATIONS = ("silu", "swish", "gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh",
                      "relu")
 
+_Experts = Annotated[int, BeforeValidator(reject_bool), Field(ge=0, le=2**20)]
 
-class GPTModel(ModelBase):
+
+class MoEFields(ModelBase):
+    """Mixture-of-Experts fields; ``num_local_experts = 0`` (the default) is a dense model."""
+
+    num_local_experts: _Experts = Field(default=0, description="routed experts per MoE layer")
+    num_experts_per_tok: count_type("heads") | None = Field(
+        default=None, description="top-k: experts per token (required with experts)")
+    moe_intermediate_size: count_type("intermediate_size") | None = Field(
+        default=None, description="expert FFN size; default intermediate_size")
+    capacity_factor: Annotated[float, BeforeValidator(reject_bool), Field(gt=0, le=1e3)] | None \
+        = Field(default=None, description="expert capacity factor; null: dropless")
+    decoder_sparse_step: count_type("layers") = Field(
+        default=1, description="every n-th layer is an MoE layer (1: every layer)")
+    n_shared_experts: _Experts = Field(default=0, description="always-active shared experts")
+    shared_expert_intermediate_size: count_type("intermediate_size") | None = Field(
+        default=None, description="shared expert FFN size; default moe_intermediate_size")
+    shared_expert_gate: StrictBool = False
+
+    @model_validator(mode="after")
+    def _check_moe(self) -> "MoEFields":
+        E, k = self.num_local_experts, self.num_experts_per_tok
+        moe_only = {n: getattr(self, n) for n in (
+            "num_experts_per_tok", "moe_intermediate_size", "capacity_factor",
+            "shared_expert_intermediate_size") if getattr(self, n) is not None}
+        moe_only.update({n: getattr(self, n) for n in ("n_shared_experts", "shared_expert_gate")
+                         if getattr(self, n)})
+        if self.decoder_sparse_step != 1:
+            moe_only["decoder_sparse_step"] = self.decoder_sparse_step
+        if E == 0:
+            if moe_only:
+                raise ValueError(f"model fields {moe_only} describe Mixture-of-Experts layers "
+                                 "but num_local_experts is 0 (a dense model); set "
+                                 "num_local_experts or remove them")
+            return self
+        if k is None or k > E:
+            raise ValueError(f"model.num_experts_per_tok = {k} with num_local_experts = {E}: "
+                             f"an MoE model needs top-k between 1 and {E}")
+        if self.decoder_sparse_step > self.num_hidden_layers:
+            raise ValueError(f"model.decoder_sparse_step = {self.decoder_sparse_step} exceeds "
+                             f"num_hidden_layers = {self.num_hidden_layers}: no layer would be an "
+                             "MoE layer")
+        if self.shared_expert_gate and not self.n_shared_experts:
+            raise ValueError("model.shared_expert_gate = true needs n_shared_experts >= 1")
+        return self
+
+    def moe_shape_fields(self) -> dict:
+        """The :class:`DecoderShape` MoE keyword arguments of these fields."""
+        if not self.num_local_experts:
+            return {}
+        return dict(experts=self.num_local_experts, top_k=self.num_experts_per_tok,
+                    expert_ffn=self.moe_intermediate_size,
+                    moe_layer_freq=self.decoder_sparse_step,
+                    shared_experts=self.n_shared_experts,
+                    shared_expert_ffn=self.shared_expert_intermediate_size,
+                    shared_expert_gate=self.shared_expert_gate,
+                    capacity_factor=self.capacity_factor)
+
+
+class GPTModel(MoEFields):
     """A GPT: LayerNorm, learned positions, GeLU MLP, biases, multi-head attention."""
 
     architecture: Literal["gpt"] = "gpt"
@@ -48,10 +113,10 @@ class GPTModel(ModelBase):
         """The closed-form counts of this model."""
         return DecoderShape(self.num_hidden_layers, self.hidden_size, self.num_attention_heads,
                             self.ffn_size, self.vocab_size, self.max_position_embeddings,
-                            tied_embeddings=self.tie_word_embeddings)
+                            tied_embeddings=self.tie_word_embeddings, **self.moe_shape_fields())
 
 
-class LlamaModel(ModelBase):
+class LlamaModel(MoEFields):
     """A Llama-style decoder (Llama 2/3, Mistral, Qwen2)."""
 
     architecture: Literal["llama"] = "llama"
@@ -97,4 +162,5 @@ class LlamaModel(ModelBase):
             kv_heads=self.num_key_value_heads, head_dim=self.head_dim, gated_mlp=True,
             activation=self.hidden_act, norm="rmsnorm", positions="rotary",
             tied_embeddings=self.tie_word_embeddings, qkv_bias=qkv,
-            out_bias=self.attention_bias, mlp_bias=self.mlp_bias, dropout=False)
+            out_bias=self.attention_bias, mlp_bias=self.mlp_bias, dropout=False,
+            **self.moe_shape_fields())
