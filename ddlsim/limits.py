@@ -176,16 +176,17 @@ class Limits:
         9,984 layers, ZeRO-3, 12 micro-batches: 1.8·10^6 ops, 12 s, 195 MB); pipelines take
         ~0.4 µs (Megatron-LM 1T: 1.4·10^6 ops, 0.55 s). 5·10^6 is at most ~35 s.
     des_rank_ops
-        DES: ops executed over all ranks, Σ ranks × ops per step. The DES runs ~4-6 µs per
-        rank-op (GPT-3 175B on 1,024 GPUs: 3.6·10^6 in 16 s; Megatron-LM 1T on 3,072 GPUs:
-        6.9·10^7 in ~7 min), so 10^7 is about a minute.
+        DES: ops executed over all ranks, Σ ranks × ops per step. The DES runs ~4-9 µs per
+        rank-op (GPT-3 175B on 1,024 GPUs: 3.6·10^6 in 13.5 s; Megatron-LM 1T on 3,072 GPUs:
+        6.9·10^7 in ~7 min; the slowest seen, Llama-2 70B with sequence parallelism and 20
+        virtual stages on 64 GPUs: 6.6·10^6 in 60 s), so 7·10^6 is about a minute.
     """
 
     pipeline_steps: int = 2_000_000
     ranks: int = 4_000_000
     topology_links: int = 1_000_000
     trace_ops: int = 5_000_000
-    des_rank_ops: int = 10_000_000
+    des_rank_ops: int = 7_000_000
 
     @classmethod
     def from_strings(cls, items: list[str] | tuple[str, ...] | None) -> Limits:
