@@ -18,7 +18,7 @@ from functools import partial
 from typing import Annotated, Any, Literal
 
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field,
-                      SerializeAsAny, StrictBool, field_validator, model_validator)
+                      SerializeAsAny, StrictBool, StrictStr, field_validator, model_validator)
 
 from . import units
 from .errors import ConfigError, did_you_mean
@@ -129,6 +129,10 @@ class ParallelConfig(_Strict):
                                     description="PyTorch DDP's default bucket_cap_mb=25")
     collective_algorithm: dict[str, str] = Field(default_factory=dict,
                                                  description="op → algorithm, or 'auto'")
+    rank_order: StrictStr = Field(
+        default="tp-cp-ep-dp-pp",
+        description="mesh axes innermost first (Megatron-Core's initialize_model_parallel "
+                    "`order`); ranks are placed on devices in rank order")
 
     @model_validator(mode="after")
     def _check(self) -> "ParallelConfig":
@@ -323,12 +327,14 @@ class RunConfig(_Strict):
 
     @property
     def mesh(self) -> Any:
-        """The plan as a :class:`~ddlsim.workloads.mesh.DeviceMesh` (Megatron-LM's order)."""
+        """The plan as a :class:`~ddlsim.workloads.mesh.DeviceMesh` in ``parallel.rank_order``
+        (Megatron-LM's by default)."""
         from .workloads.mesh import DeviceMesh
         return DeviceMesh.from_megatron(tensor_model_parallel_size=self.parallel.tp,
                                         pipeline_model_parallel_size=self.parallel.pp,
                                         data_parallel_size=self.dp,
-                                        expert_model_parallel_size=self.parallel.ep)
+                                        expert_model_parallel_size=self.parallel.ep,
+                                        order=self.parallel.rank_order)
 
     @property
     def world_size(self) -> int:
@@ -367,6 +373,10 @@ class RunConfig(_Strict):
             p = p.model_copy(update={"data_parallel_size": devices // (tp * pp)})
             object.__setattr__(self, "parallel", p)  # still inside validation: self is new
         dp = self.dp
+        try:
+            self.mesh  # the rank order must name the plan's axes (DeviceMesh's messages)
+        except ConfigError as exc:
+            raise ValueError(f"parallel.rank_order = {p.rank_order!r}: {exc}") from None
         ranks = tp * pp * dp
         if ranks > devices:
             raise ValueError(f"the plan needs TP·PP·DP = {tp}·{pp}·{dp} = {ranks} ranks but the "

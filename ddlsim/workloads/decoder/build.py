@@ -113,7 +113,8 @@ def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
     split_root = par.dp_strategy == "reduce_broadcast" and dp > 1
     zero3 = par.zero_stage == 3 and dp > 1
     classes: list[RankClass] = []
-    ranks = mesh.groups(("tp", "dp")).reshape(pp, dp, tp)  # [stage, d, t]
+    stage_, d_, t_ = np.meshgrid(np.arange(pp), np.arange(dp), np.arange(tp), indexing="ij")
+    ranks = mesh.rank_of(np.stack([t_, d_, stage_], axis=-1), ("tp", "dp", "pp"))  # [s, d, t]
     tables = None
     shared: dict[tuple, dict[str, Block]] = {}
     for stage in range(pp):
