@@ -22,7 +22,12 @@ Engine = Literal["analytical", "des"]
 def build_workload(cfg: RunConfig) -> Workload:
     """The workload trace of one iteration of ``cfg``, built by the family that
     ``model.architecture`` names (:mod:`ddlsim.workloads.registry`)."""
-    return cfg.family.build(cfg)
+    from dataclasses import replace
+
+    workload = cfg.family.build(cfg)
+    if not workload.memory:  # families may leave it to their memory method
+        workload = replace(workload, memory=tuple(cfg.family.memory(cfg)))
+    return workload
 
 
 def memory_per_device(cfg: RunConfig) -> MemoryBreakdown:
@@ -161,7 +166,9 @@ def predict(config: RunConfig | dict | str | Path, engine: Engine = "analytical"
     if backend is not None and calibration is None:
         raise ConfigError(f"backend = {backend!r} needs a calibration profile (--calibration): "
                           "without one there is only the preset's cost model")
-    mem = memory_per_device(cfg)
+    workload = build_workload(cfg)
+    check_work(cfg, engine, limits, workload)  # the trace's ops, counted before the run
+    mem = workload.peak_memory
     if check_fit:
         check_memory(cfg, mem)
     source = calibration
@@ -174,16 +181,14 @@ def predict(config: RunConfig | dict | str | Path, engine: Engine = "analytical"
         raise ConfigError(f"option {sorted(engine_options)[0]!r} is a DES option and needs "
                           "engine = 'des'; allowed for the analytical engine: calibration, "
                           "backend, check_fit, record_spans")
-    workload = build_workload(cfg)
-    check_work(cfg, engine, limits, workload)  # the trace's ops, counted before the run
     devices = _placement(cfg, workload)
-    result = _run_engine(engine, cfg, workload, mem, calibration, backend, None, engine_options,
+    result = _run_engine(engine, cfg, workload, calibration, backend, None, engine_options,
                          devices=devices, record_spans=record_spans)
     if record_spans and not result.spans:
         raise ConfigError(f"record_spans = True: the {engine} engine recorded no spans for this "
                           "plan, so there is no timeline to draw")
     if calibration is not None:
-        result = _with_calibration(engine, cfg, workload, mem, calibration, backend, result,
+        result = _with_calibration(engine, cfg, workload, calibration, backend, result,
                                    engine_options, devices)
     return _described(result, cfg, workload, engine, source, backend, check_fit, engine_options)
 
@@ -212,8 +217,7 @@ def _placement(cfg: RunConfig, workload: Workload):
     return place_ranks_on_system(cfg.system, workload.world_size)
 
 
-def _run_engine(engine: str, cfg: RunConfig, workload: Workload, mem: MemoryBreakdown,
-                profile, backend: str | None, bound: str | None, options: dict, *,
+def _run_engine(engine: str, cfg: RunConfig, workload: Workload, profile, backend: str | None, bound: str | None, options: dict, *,
                 devices, record_spans: bool = False) -> Result:
     """One engine run: the engines see the workload, the system (with its placement and the
     plan's collective algorithms, as a cost model) and nothing else of ``cfg``."""
@@ -224,15 +228,14 @@ def _run_engine(engine: str, cfg: RunConfig, workload: Workload, mem: MemoryBrea
         from .simulator.des import simulate_des
         if record_spans and options.get("spans") == "none":
             raise ConfigError("record_spans = True contradicts the DES option spans = 'none'")
-        return simulate_des(workload, cost, mem, **options)
+        return simulate_des(workload, cost, **options)
     # record_spans: the analytical engine's representative-rank spans (ddlsim.plots' timeline)
     from .simulator.analytical.engine import simulate_analytical
     run = simulate_analytical(workload, cost, record_spans=record_spans)
-    return _result("analytical", workload, cost, run, mem)
+    return _result("analytical", workload, cost, run)
 
 
-def _with_calibration(engine: str, cfg: RunConfig, workload: Workload, mem: MemoryBreakdown,
-                      profile, backend: str | None, result: Result, options: dict,
+def _with_calibration(engine: str, cfg: RunConfig, workload: Workload, profile, backend: str | None, result: Result, options: dict,
                       devices) -> Result:
     """Add the prediction interval propagated from the profile's parameter intervals, and,
     with several backends and ``backend: auto``, each single backend's time and the gain of
@@ -250,13 +253,13 @@ def _with_calibration(engine: str, cfg: RunConfig, workload: Workload, mem: Memo
                                   f"constants were used; it has backends {list(profile.backends)}")
         return replace(result, extra=extra)
     try:
-        lo = _run_engine(engine, cfg, workload, mem, profile, backend, "lo", quiet, devices=devices)
-        hi = _run_engine(engine, cfg, workload, mem, profile, backend, "hi", quiet, devices=devices)
+        lo = _run_engine(engine, cfg, workload, profile, backend, "lo", quiet, devices=devices)
+        hi = _run_engine(engine, cfg, workload, profile, backend, "hi", quiet, devices=devices)
         interval = (lo.iteration_time_s, hi.iteration_time_s)
     except CalibrationError as exc:
         extra["interval_note"] = f"no interval: {exc}"
     if backend in (None, "auto") and len(profile.backends) > 1:
-        single = {b: _run_engine(engine, cfg, workload, mem, profile, b, None, quiet,
+        single = {b: _run_engine(engine, cfg, workload, profile, b, None, quiet,
                                  devices=devices).iteration_time_s for b in profile.backends}
         best = min(single, key=single.get)
         extra["single_backend_time_s"] = single
@@ -266,9 +269,10 @@ def _with_calibration(engine: str, cfg: RunConfig, workload: Workload, mem: Memo
     return replace(result, interval_s=interval, extra=extra)
 
 
-def _result(engine: str, workload: Workload, cost, run, mem: MemoryBreakdown) -> Result:
+def _result(engine: str, workload: Workload, cost, run) -> Result:
     """The shared assembler (:func:`ddlsim.simulator.result.assemble_result`) on an
     :class:`~ddlsim.simulator.result.EngineRun`."""
     peak = cost.peak_flops(workload.meta.dtype)
-    return assemble_result(engine, workload, run.timings, mem, peak, run.algorithms,
+    return assemble_result(engine, workload, run.timings, workload.peak_memory, peak,
+                           run.algorithms,
                            spans=run.spans)

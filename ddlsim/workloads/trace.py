@@ -345,19 +345,28 @@ class WorkloadMeta:
 @dataclass(frozen=True)
 class Workload:
     """One training iteration of every rank, compactly, with its :class:`WorkloadMeta`
-    (what reports need and engines don't)."""
+    (what reports need and engines don't) and ``memory``: the memory of one rank of each
+    rank class that differs (e.g. per pipeline stage), as the family computes it
+    (:class:`ddlsim.workloads.memory.MemoryBreakdown`; :attr:`peak_memory` is the largest)."""
 
     name: str
     world_size: int
     groups: Mapping[str, GroupFamily]
     classes: tuple[RankClass, ...]
     meta: WorkloadMeta = field(default_factory=WorkloadMeta)
+    memory: tuple = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "groups", MappingProxyType(dict(self.groups)))
+        object.__setattr__(self, "memory", tuple(self.memory))
         if not isinstance(self.meta, WorkloadMeta):
             raise TypeError(f"workload {self.name!r}: meta must be a WorkloadMeta, "
                             f"not {type(self.meta).__name__}")
+
+    @property
+    def peak_memory(self):
+        """The memory of the most loaded rank (largest ``total``), or None when unknown."""
+        return max(self.memory, key=lambda m: m.total) if self.memory else None
 
     def class_of(self) -> np.ndarray:
         """Array mapping each rank to the index of its class."""

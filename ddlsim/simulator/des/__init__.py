@@ -69,7 +69,7 @@ def _span_mode(mode: str, workload: Workload) -> str:
     return "all" if total <= SPAN_BUDGET else "representative"
 
 
-def simulate_des(workload: Workload, cost: CostModel, memory, *,
+def simulate_des(workload: Workload, cost: CostModel, *,
                  trace_path: str | Path | None = None, force: bool = False,
                  spans: SpanMode = "auto", audit: bool = False,
                  topology: Topology | None = None, **unknown):
@@ -77,8 +77,8 @@ def simulate_des(workload: Workload, cost: CostModel, memory, *,
 
     Parameters
     ----------
-    workload, cost, memory : the trace, its cost model (system, placement, algorithms) and
-        the memory of its most loaded device.
+    workload, cost : the trace (with its memory per rank class) and its cost model (system,
+        placement, algorithms): the engine sees nothing else.
     trace_path : write a Chrome trace / Perfetto JSON here (refused if the file exists,
         unless ``force``).
     spans : ``auto`` (every rank while at most :data:`SPAN_BUDGET` spans, else one rank per
@@ -103,7 +103,7 @@ def simulate_des(workload: Workload, cost: CostModel, memory, *,
     run, topo = run_des(workload, cost, topology, record_spans=mode != "none" or bool(trace_path),
                         record_flows=trace_path is not None, audit=audit)
     span_list = rank_spans(run, workload, mode == "all") if mode != "none" else ()
-    result = des_result(workload, memory, cost.peak_flops(workload.meta.dtype), run, topo,
+    result = des_result(workload, workload.peak_memory, cost.peak_flops(workload.meta.dtype), run, topo,
                         span_list, mode, audit)
     if trace_path is not None:
         _write_trace(trace_path, force, run, workload, topo,
