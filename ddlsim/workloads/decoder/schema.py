@@ -92,16 +92,21 @@ class MoEFields(ModelBase):
                     capacity_factor=self.capacity_factor)
 
 
-class GPTModel(MoEFields):
-    """A GPT: LayerNorm, learned positions, GeLU MLP, biases, multi-head attention."""
+class DecoderFields(MoEFields):
+    """The fields every decoder family shares (HuggingFace names)."""
 
-    architecture: Literal["gpt"] = "gpt"
     num_hidden_layers: count_type("layers")
     hidden_size: count_type("hidden_size")
     num_attention_heads: count_type("heads")
+    vocab_size: count_type("vocab_size")
+
+
+class GPTModel(DecoderFields):
+    """A GPT: LayerNorm, learned positions, GeLU MLP, biases, multi-head attention."""
+
+    architecture: Literal["gpt"] = "gpt"
     intermediate_size: count_type("intermediate_size") | None = Field(
         default=None, description="default 4·hidden_size")
-    vocab_size: count_type("vocab_size")
     max_position_embeddings: count_type("seq_length")
     tie_word_embeddings: StrictBool = True
 
@@ -116,19 +121,15 @@ class GPTModel(MoEFields):
                             tied_embeddings=self.tie_word_embeddings, **self.moe_shape_fields())
 
 
-class LlamaModel(MoEFields):
+class LlamaModel(DecoderFields):
     """A Llama-style decoder (Llama 2/3, Mistral, Qwen2)."""
 
     architecture: Literal["llama"] = "llama"
-    num_hidden_layers: count_type("layers")
-    hidden_size: count_type("hidden_size")
-    num_attention_heads: count_type("heads")
     num_key_value_heads: count_type("heads") | None = Field(
         default=None, description="default num_attention_heads (multi-head attention)")
     head_dim: count_type("hidden_size") | None = Field(
         default=None, description="default hidden_size / num_attention_heads")
     intermediate_size: count_type("intermediate_size")
-    vocab_size: count_type("vocab_size")
     max_position_embeddings: count_type("seq_length") | None = None
     tie_word_embeddings: StrictBool = False
     hidden_act: Literal[GATED_ACTIVATIONS] = "silu"
