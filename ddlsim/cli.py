@@ -1,4 +1,4 @@
-"""The ``ddlsim`` command line: predict, compare, presets, topology, calibrate.
+"""The ``ddlsim`` command line: predict, compare, comm, presets, topology, calibrate.
 
 Every command answers a bad input or option with one ``error:`` paragraph and exit status 2
 (:func:`ddlsim.cliutil.guarded`); an option that does not apply with the others is refused,
@@ -255,6 +255,34 @@ def compare(
         out.print(text)
         return
     _emit(text if isinstance(text, str) else _table_text(text), output, force)
+
+
+@app.command()
+@guarded
+def comm(
+    config: Annotated[Path, typer.Argument(help="Run config (YAML or JSON).")],
+    overrides: Sets = None,
+    fmt: Format = "table",
+    per: Annotated[str, typer.Option(
+        "--per", help="rank: one row per rank and op; class: one per rank class and op.")] = "rank",
+    output: Output = None,
+    force: Force = False,
+    model: Annotated[Optional[str], typer.Option(
+        "--model", help="A HuggingFace config.json replacing CONFIG's model section.")] = None,
+) -> None:
+    """Print one iteration's communication per rank as an MPI profiler (mpiP) reports it:
+    calls, send and receive bytes per operation, group, peer and root (docs/comm.md)."""
+    from .api import build_workload
+    from .commprofile import comm_profile, render_profile
+    from .config import load_config
+
+    check_choice("--format", fmt, FORMATS)
+    check_choice("--per", per, ("rank", "class"))
+    _check_force(force, output=output)
+    cfg = load_config(config, overrides or [], model=model)
+    workload = build_workload(cfg)
+    frame = comm_profile(workload, per)
+    _emit(render_profile(frame, fmt, per=per, world_size=workload.world_size), output, force)
 
 
 def _table_text(renderable) -> str:
