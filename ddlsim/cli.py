@@ -1,4 +1,4 @@
-"""The ``ddlsim`` command line: predict, compare, presets, topology, calibrate.
+"""The ``ddlsim`` command line: predict, compare, sweep, presets, topology, calibrate.
 
 Every command answers a bad input or option with one ``error:`` paragraph and exit status 2
 (:func:`ddlsim.cliutil.guarded`); an option that does not apply with the others is refused,
@@ -255,6 +255,57 @@ def compare(
         out.print(text)
         return
     _emit(text if isinstance(text, str) else _table_text(text), output, force)
+
+
+@app.command()
+@guarded
+def sweep(
+    config: Annotated[Path, typer.Argument(help="Run config (YAML or JSON).")],
+    ranges: Annotated[list[str], typer.Option(
+        "--set-range", help="PATH=VALUES: 1,2,4 | '100,200,400 Gb/s' (the last item's unit "
+                            "applies to all) | START:STOP[:STEP] inclusive, STEP may be *N.")],
+    overrides: Sets = None,
+    engine: Engine = "analytical",
+    allow_oom: Annotated[bool, typer.Option(
+        help="Count plans that exceed device memory as valid (they say fits: false either way).")] = False,
+    max_runs: Annotated[int, typer.Option(help="Most combinations allowed.")] = 10_000,
+    output: Annotated[Optional[Path], typer.Option(
+        "-o", "--output", help="Write every row: CSV, or Parquet (.parquet) or JSON (.json).")] = None,
+    plot: Annotated[Optional[Path], typer.Option(
+        help="Draw iteration time (and memory) against the first numeric swept field.")] = None,
+    fmt: Format = "table",
+    force: Force = False,
+) -> None:
+    """Predict every combination of the --set-range values (first range slowest): a table,
+    invalid combinations with their reason, counts per reason."""
+    from . import sweepreport as report
+    from .sweep import parse_range, sweep as run_sweep
+
+    check_choice("--format", fmt, FORMATS)
+    check_choice("--engine", engine, ENGINES)
+    report.check_frame_output(output)
+    _check_force(force, output=output, plot=plot)
+    _plots(plot)
+    parsed = [parse_range(r) for r in ranges]
+    paths = [p for p, _ in parsed]
+    require(len(set(paths)) == len(paths), "--set-range names a field twice; give each field "
+                                           "one range")
+    bar = report.ProgressBar()
+    try:
+        frame = run_sweep(config, dict(parsed), overrides or [], engine, not allow_oom,
+                          max_runs=max_runs, progress=bar)
+    finally:
+        bar.close()
+    if output is not None:
+        report.write_frame(frame, output, force)
+    if plot is not None:
+        report.draw_sweep(frame, paths, plot, force)
+    if fmt == "table":
+        out.print(report.sweep_table(frame, paths))
+        out.print(report.summary_text(frame), highlight=False)
+        return
+    _emit(report.frame_text(frame, fmt), None, False)
+    Console(stderr=True, highlight=False).print(report.summary_text(frame))
 
 
 def _table_text(renderable) -> str:
