@@ -279,7 +279,7 @@ def sweep(
     """Predict every combination of the --set-range values (first range slowest): a table,
     invalid combinations with their reason, counts per reason."""
     from . import sweepreport as report
-    from .sweep import parse_range, sweep as run_sweep
+    from .sweeps import parse_range, sweep as run_sweep
 
     check_choice("--format", fmt, FORMATS)
     check_choice("--engine", engine, ENGINES)

@@ -12,7 +12,7 @@ from typing import Any
 
 from .cliutil import OptionError
 from .formatting import format_bandwidth, format_bytes, format_count, format_percent, format_time
-from .sweep import reason_counts
+from .sweeps import reason_counts
 
 __all__ = ["sweep_table", "summary_text", "frame_text", "check_frame_output", "write_frame",
            "draw_sweep", "ProgressBar"]
