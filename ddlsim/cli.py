@@ -266,8 +266,7 @@ def sweep(
                             "applies to all) | START:STOP[:STEP] inclusive, STEP may be *N.")],
     overrides: Sets = None,
     engine: Engine = "analytical",
-    allow_oom: Annotated[bool, typer.Option(
-        help="Count plans that exceed device memory as valid (they say fits: false either way).")] = False,
+    allow_oom: Annotated[bool, typer.Option(help="Plans over device memory are valid.")] = False,
     max_runs: Annotated[int, typer.Option(help="Most combinations allowed.")] = 10_000,
     output: Annotated[Optional[Path], typer.Option(
         "-o", "--output", help="Write every row: CSV, or Parquet (.parquet) or JSON (.json).")] = None,
@@ -279,33 +278,21 @@ def sweep(
     """Predict every combination of the --set-range values (first range slowest): a table,
     invalid combinations with their reason, counts per reason."""
     from . import sweepreport as report
-    from .sweeps import parse_range, sweep as run_sweep
+    from .sweeps import parse_ranges
 
     check_choice("--format", fmt, FORMATS)
     check_choice("--engine", engine, ENGINES)
     report.check_frame_output(output)
     _check_force(force, output=output, plot=plot)
     _plots(plot)
-    parsed = [parse_range(r) for r in ranges]
-    paths = [p for p, _ in parsed]
-    require(len(set(paths)) == len(paths), "--set-range names a field twice; give each field "
-                                           "one range")
-    bar = report.ProgressBar()
-    try:
-        frame = run_sweep(config, dict(parsed), overrides or [], engine, not allow_oom,
-                          max_runs=max_runs, progress=bar)
-    finally:
-        bar.close()
+    parsed = parse_ranges(ranges)
+    frame = report.run_with_progress(config, parsed, overrides or [], engine, not allow_oom,
+                                     max_runs)
     if output is not None:
         report.write_frame(frame, output, force)
     if plot is not None:
-        report.draw_sweep(frame, paths, plot, force)
-    if fmt == "table":
-        out.print(report.sweep_table(frame, paths))
-        out.print(report.summary_text(frame), highlight=False)
-        return
-    _emit(report.frame_text(frame, fmt), None, False)
-    Console(stderr=True, highlight=False).print(report.summary_text(frame))
+        report.draw_sweep(frame, list(parsed), plot, force)
+    report.show(frame, list(parsed), fmt, out)
 
 
 def _table_text(renderable) -> str:

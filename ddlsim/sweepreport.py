@@ -12,10 +12,10 @@ from typing import Any
 
 from .cliutil import OptionError
 from .formatting import format_bandwidth, format_bytes, format_count, format_percent, format_time
-from .sweeps import reason_counts
+from .sweeps import reason_counts, sweep
 
 __all__ = ["sweep_table", "summary_text", "frame_text", "check_frame_output", "write_frame",
-           "draw_sweep", "ProgressBar"]
+           "draw_sweep", "ProgressBar", "run_with_progress", "show"]
 
 GIB = 2.0**30
 
@@ -219,3 +219,29 @@ class ProgressBar:
         if self.bar is not None:
             self.bar.stop()
             self.bar = None
+
+
+def run_with_progress(config: Any, ranges: dict[str, list[Any]], overrides: Sequence[str],
+                      engine: str, check_fit: bool, max_runs: int):
+    """:func:`ddlsim.sweeps.sweep` with a :class:`ProgressBar` on stderr."""
+    bar = ProgressBar()
+    try:
+        return sweep(config, ranges, overrides, engine, check_fit, max_runs=max_runs,
+                     progress=bar)
+    finally:
+        bar.close()
+
+
+def show(frame, paths: Sequence[str], fmt: str, console) -> None:
+    """Print the sweep on ``console`` as a table and its summary, or as ``fmt`` text on
+    standard output with the summary on stderr."""
+    from rich.console import Console
+
+    from .textio import write_output
+
+    if fmt == "table":
+        console.print(sweep_table(frame, paths))
+        console.print(summary_text(frame), highlight=False)
+        return
+    write_output("-", frame_text(frame, fmt), what="standard output")
+    Console(stderr=True, highlight=False).print(summary_text(frame))

@@ -27,7 +27,7 @@ from typing import Any
 
 from .errors import ConfigError, did_you_mean
 
-__all__ = ["sweep", "parse_range", "parse_values", "reason_counts", "SweepError", "MAX_RUNS",
+__all__ = ["sweep", "parse_range", "parse_ranges", "parse_values", "reason_counts", "SweepError", "MAX_RUNS",
            "RANGE_FORMS", "DOES_NOT_FIT"]
 
 #: Most combinations a sweep runs unless ``max_runs`` (``--max-runs``) raises it.
@@ -147,6 +147,18 @@ def parse_range(text: str, option: str = "--set-range") -> tuple[str, list[Any]]
                                             "more keys joined by dots, e.g. "
                                             "'system.nic.bandwidth_Bps=100,200,400 Gb/s'")
     return path, parse_values(spec, f"{option} {text!r}")
+
+
+def parse_ranges(texts: Iterable[str], option: str = "--set-range") -> dict[str, list[Any]]:
+    """``{PATH: values}`` of several ``PATH=VALUES`` strings (:func:`parse_range`), in order;
+    a path given twice is refused."""
+    ranges: dict[str, list[Any]] = {}
+    for text in texts:
+        path, values = parse_range(text, option)
+        if path in ranges:
+            raise SweepError(f"{option} names {path!r} twice; give each field one range")
+        ranges[path] = values
+    return ranges
 
 
 def _lookup(tree: Any, path: str) -> Any:

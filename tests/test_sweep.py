@@ -183,7 +183,7 @@ def test_cli_plot_is_a_png_with_labelled_axes(tmp_path):
     (["--set-range", f"{NIC}=1:4:0"], "--set-range 'system.nic.bandwidth_Bps=1:4:0': the "
                                       "integer range '1:4:0' needs a step >= 1"),
     (["--set-range", "tp"], "write PATH=VALUES"),
-    (["--set-range", f"{NIC}=1,2", "--set-range", f"{NIC}=3"], "names a field twice"),
+    (["--set-range", f"{NIC}=1,2", "--set-range", f"{NIC}=3"], "names 'system.nic.bandwidth_Bps' twice"),
     (["--set-range", "train.micro_batch_size=1:101", "--set-range",
       "parallel.data_parallel_size=1:100"], "10,100 combinations (101 × 100), more than the "
                                             "limit of 10,000"),
