@@ -44,7 +44,7 @@ ENGINES = ("analytical", "des", "both")
 _INT_RANGE = re.compile(r"^\s*([-+]?\d+)\s*:\s*([-+]?\d+)\s*(?::\s*(\*?)\s*(\d+)\s*)?$")
 _WITH_UNIT = re.compile(r"^\s*[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?\s*"
                         r"(?P<unit>[A-Za-z\u00b5\u03bc][A-Za-z\u00b5\u03bc/]*)\s*$")
-_RANGE_LIKE = re.compile(r"^[-+\d.*\s]*:[-+\d.*:\s]*$")
+_RANGE_LIKE = re.compile(r"^[-+\d.*\s]*:[-+\d.*:\s]*[A-Za-z\u00b5\u03bc/\s]*$")
 _NUMBER = re.compile(r"^\s*[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?\s*$")
 
 
@@ -120,7 +120,8 @@ def parse_values(spec: str, option: str = "--set-range") -> list[Any]:
     ranged = [s for s in items if _RANGE_LIKE.match(s)]
     if ranged:
         raise _refuse(option, f"{ranged[0]!r} is not an integer range START:STOP[:STEP] "
-                              "(integers, STEP >= 1 or *FACTOR >= 2, one range alone)")
+                              "(integers without a unit, STEP >= 1 or *FACTOR >= 2, one range "
+                              "alone)")
     unit = _WITH_UNIT.match(items[-1])
     if unit is not None:
         stray = [s for s in items if not (_NUMBER.match(s) or _WITH_UNIT.match(s))]

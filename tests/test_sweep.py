@@ -58,6 +58,7 @@ def test_accepted_range_forms(spec, values):
     ("8:1", "ends (1) before it starts (8)"), ("1:8:0", "step >= 1"),
     ("0:8:*2", "factor >= 2"), ("1:8:*1", "factor >= 2"),
     ("1.5:3", "is not an integer range"), ("1:8,16", "is not an integer range"),
+    ("1:30 Gb/s", "integers without a unit"),
     ("ring,100 Gb/s", "'ring' is not one"), ("[1,2]", "not a scalar"), ("{a: 1}", "not a scalar"),
 ])
 def test_bad_ranges_are_refused_naming_the_allowed_forms(spec, problem):
