@@ -17,7 +17,7 @@ _EXPORTS = {
     "RunConfig": ".config", "load_config": ".config",
     "predict": ".api", "build_workload": ".api", "memory_per_device": ".api",
     "check_memory": ".api", "memory_alternatives": ".api",
-    "Result": ".simulator.result", "results_frame": ".simulator.result",
+    "Result": ".simulator.result", "results_frame": ".simulator.result", "sweep": ".sweeps",
 }
 
 __all__ = [*_EXPORTS, "ConfigError", "DDLSimError", "DeadlockError", "PlanDoesNotFitError",

@@ -1,4 +1,4 @@
-"""The ``ddlsim`` command line: predict, compare, comm, presets, topology, calibrate.
+"""The ``ddlsim`` command line: predict, compare, comm, sweep, presets, topology, calibrate.
 
 Every command answers a bad input or option with one ``error:`` paragraph and exit status 2
 (:func:`ddlsim.cliutil.guarded`); an option that does not apply with the others is refused,
@@ -283,6 +283,44 @@ def comm(
     workload = build_workload(cfg)
     frame = comm_profile(workload, per)
     _emit(render_profile(frame, fmt, per=per, world_size=workload.world_size), output, force)
+
+
+@app.command()
+@guarded
+def sweep(
+    config: Annotated[Path, typer.Argument(help="Run config (YAML or JSON).")],
+    ranges: Annotated[list[str], typer.Option(
+        "--set-range", help="PATH=VALUES: 1,2,4 | '100,200,400 Gb/s' (the last item's unit "
+                            "applies to all) | START:STOP[:STEP] inclusive, STEP may be *N.")],
+    overrides: Sets = None,
+    engine: Engine = "analytical",
+    allow_oom: Annotated[bool, typer.Option(help="Plans over device memory are valid.")] = False,
+    max_runs: Annotated[int, typer.Option(help="Most combinations allowed.")] = 10_000,
+    output: Annotated[Optional[Path], typer.Option(
+        "-o", "--output", help="Write every row: CSV, or Parquet (.parquet) or JSON (.json).")] = None,
+    plot: Annotated[Optional[Path], typer.Option(
+        help="Draw iteration time (and memory) against the first numeric swept field.")] = None,
+    fmt: Format = "table",
+    force: Force = False,
+) -> None:
+    """Predict every combination of the --set-range values (first range slowest): a table,
+    invalid combinations with their reason, counts per reason."""
+    from . import sweepreport as report
+    from .sweeps import parse_ranges
+
+    check_choice("--format", fmt, FORMATS)
+    check_choice("--engine", engine, ENGINES)
+    report.check_frame_output(output)
+    _check_force(force, output=output, plot=plot)
+    _plots(plot)
+    parsed = parse_ranges(ranges)
+    frame = report.run_with_progress(config, parsed, overrides or [], engine, not allow_oom,
+                                     max_runs)
+    if output is not None:
+        report.write_frame(frame, output, force)
+    if plot is not None:
+        report.draw_sweep(frame, list(parsed), plot, force)
+    report.show(frame, list(parsed), fmt, out)
 
 
 def _table_text(renderable) -> str:

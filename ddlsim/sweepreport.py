@@ -1,0 +1,247 @@
+"""How ``ddlsim sweep`` shows a sweep: a rich table, a summary of the invalid combinations
+per reason, CSV/JSON/Parquet files, a plot, and a progress bar for long sweeps."""
+
+from __future__ import annotations
+
+import io
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .cliutil import OptionError
+from .formatting import format_bandwidth, format_bytes, format_count, format_percent, format_time
+from .sweeps import reason_counts, sweep
+
+__all__ = ["sweep_table", "summary_text", "frame_text", "check_frame_output", "write_frame",
+           "draw_sweep", "ProgressBar", "run_with_progress", "show"]
+
+GIB = 2.0**30
+
+
+def _value(path: str, v: Any) -> str:
+    """A swept value in the unit its path names (``_Bps``, ``_bytes``, ``_s``)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return str(v)
+    for suffix, fmt in (("_Bps", format_bandwidth), ("_bytes", format_bytes), ("_s", format_time)):
+        if path.endswith(suffix):
+            return fmt(float(v))
+    return format_count(v) if isinstance(v, float) else str(v)
+
+
+def sweep_table(frame, paths: Sequence[str]):
+    """A rich Table: the swept values, then iteration time, tokens/s, MFU, memory per device,
+    fits, or the reason of an invalid combination; rows in sweep order."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    both = frame["engine"].nunique() > 1
+    number = {r: i for i, (r, _) in enumerate(reason_counts(frame), 1)}
+    t = Table(title=f"Sweep of {', '.join(paths)}", title_justify="left")
+    for p in paths:
+        short = p.rpartition(".")[2]
+        t.add_column(escape(short if [q.rpartition(".")[2] for q in paths].count(short) == 1
+                            else p), justify="right")
+    if both:
+        t.add_column("engine")
+    for name in ("iteration", "tokens/s", "MFU", "memory", "fits"):
+        t.add_column(name, justify="right", no_wrap=True)
+    t.add_column("valid")
+    for row in frame.to_dict(orient="records"):
+        cells = [escape(_value(p, row[p])) for p in paths] + ([row["engine"]] if both else [])
+        if not _number(row.get("iteration_time_s")):
+            t.add_row(*cells, *["-"] * 5, f"[red]no ({number[row['reason']]})[/]")
+            continue
+        fits = "yes" if row["fits"] else "[bold red]NO[/]"
+        valid = "yes" if row["valid"] else f"[red]no ({number[row['reason']]})[/]"
+        t.add_row(*cells, format_time(row["iteration_time_s"]), format_count(row["tokens_per_s"]),
+                  format_percent(row["mfu"]), format_bytes(row["memory_total_bytes"]), fits,
+                  valid)
+    return t
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def summary_text(frame) -> str:
+    """``'9 runs: 3 valid (1 does not fit in device memory), 6 invalid:'`` and one line per
+    reason, numbered as the table's ``valid`` column refers to them: ``'(1) 3 × …'``."""
+    n, valid = len(frame), int(frame["valid"].sum())
+    predicted = frame["iteration_time_s"].notna() if "iteration_time_s" in frame else []
+    oom = int((~frame["fits"].astype(bool) & predicted).sum()) if "fits" in frame else 0
+    text = f"{n} run{'s' if n != 1 else ''}: {valid} valid"
+    if oom:
+        text += f" ({oom} do{'es' if oom == 1 else ''} not fit in device memory)"
+    counts = reason_counts(frame)
+    if counts:
+        text += f", {n - valid} invalid:" + "".join(f"\n  ({i}) {c} × {r}"
+                                                    for i, (r, c) in enumerate(counts, 1))
+    return text
+
+
+def _records(frame) -> list[dict[str, Any]]:
+    """Rows as plain Python values, missing ones as None."""
+    plain = frame.astype(object)
+    return plain.where(plain.notna(), None).to_dict(orient="records")
+
+
+def frame_text(frame, fmt: str) -> str:
+    """The sweep as CSV (full float precision) or JSON (a list of rows)."""
+    if fmt == "json":
+        from .report import dumps_json
+        return dumps_json(_records(frame))
+    return frame.to_csv(index=False, lineterminator="\n")
+
+
+def check_frame_output(path: Path | None) -> None:
+    """Refuse ``-o FILE.parquet`` before the run when pyarrow cannot be imported, and ``-o -``
+    (use ``--format csv|json`` for standard output)."""
+    if path is None:
+        return
+    if str(path) == "-":
+        raise OptionError("-o - is not allowed for a sweep: the table goes to standard output; "
+                          "use --format csv or --format json to print the rows there")
+    if Path(path).suffix.lower() == ".parquet":
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            raise OptionError(f"-o {str(path)!r}: writing Parquet needs pyarrow, which is not "
+                              "installed (pip install pyarrow); or write CSV with -o "
+                              f"{Path(path).with_suffix('.csv')}") from None
+
+
+def write_frame(frame, path: Path, force: bool) -> None:
+    """Write the sweep: Parquet for ``.parquet``, JSON rows for ``.json``, CSV otherwise."""
+    from .textio import write_output
+
+    suffix = Path(path).suffix.lower()
+    if suffix == ".parquet":
+        buf = io.BytesIO()
+        frame.to_parquet(buf, index=False)
+        data: Any = buf.getvalue()
+    else:
+        data = frame_text(frame, "json" if suffix == ".json" else "csv")
+    write_output(path, data, force=force, what="--output file")
+
+
+def _numeric(values: Sequence[Any]) -> bool:
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+
+
+def _x_axis(frame, paths: Sequence[str]) -> str:
+    for p in paths:
+        if _numeric(list(frame[p])):
+            return p
+    raise OptionError(f"--plot draws against a numeric swept field, but none of "
+                      f"{', '.join(paths)} is numeric")
+
+
+def _unit(path: str) -> str:
+    return next((u for s, u in (("_Bps", " (B/s)"), ("_bytes", " (bytes)"), ("_s", " (s)"))
+                 if path.endswith(s)), "")
+
+
+def draw_sweep(frame, paths: Sequence[str], path: Path, force: bool = False):
+    """Iteration time (and memory per device when it varies) against the first numeric swept
+    field, one line per combination of the other fields (and engine); log x for bandwidths
+    and ranges spanning 8× or more. Invalid combinations are left out.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from .figio import save_figure
+
+    x = _x_axis(frame, paths)
+    ok = frame[frame["iteration_time_s"].notna()]
+    if ok.empty:
+        raise OptionError("--plot: no combination of the sweep is valid, so there is nothing "
+                          "to draw")
+    keys = [p for p in paths if p != x] + (["engine"] if frame["engine"].nunique() > 1 else [])
+    memory = ok["memory_total_bytes"].nunique() > 1
+    fig = Figure(figsize=(8, 7 if memory else 4.5), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(2 if memory else 1, 1, sharex=True, squeeze=False)[:, 0]
+    groups = ok.groupby(keys, sort=False) if keys else [((), ok)]
+    for key, g in groups:
+        key = key if isinstance(key, tuple) else (key,)
+        label = ", ".join(f"{k}={_value(k, v)}" for k, v in zip(keys, key)) or None
+        axes[0].plot(g[x], g["iteration_time_s"], marker="o", label=label)
+        if memory:
+            axes[1].plot(g[x], g["memory_total_bytes"] / GIB, marker="o", label=label)
+    values = [float(v) for v in ok[x]]
+    if x.endswith("_Bps") or (min(values) > 0 and max(values) >= 8 * min(values)):
+        for ax in axes:
+            ax.set_xscale("log")
+    axes[0].set_ylabel("iteration time (s)")
+    if memory:
+        axes[1].plot(ok[x], ok["memory_capacity_bytes"] / GIB, "k--", lw=1, label="capacity")
+        axes[1].set_ylabel("memory per device (GiB)")
+    axes[-1].set_xlabel(x + _unit(x))
+    if keys and len(groups) <= 12:
+        axes[0].legend(fontsize=8)
+    if memory:
+        axes[-1].legend(fontsize=8)
+    model = ok["model"].iloc[0] if "model" in ok else ""
+    fig.suptitle(f"ddlsim sweep: {model} on {ok['system'].iloc[0]}")
+    save_figure(fig, path, force=force, what="--plot file", dpi=120)
+    return fig
+
+
+class ProgressBar:
+    """A rich progress bar on stderr, shown once the sweep has run for ``delay_s``; call it
+    with (done, total); ``close()`` removes it."""
+
+    def __init__(self, delay_s: float = 1.0):
+        self.start = time.monotonic()
+        self.delay_s = delay_s
+        self.bar = None
+        self.task = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.bar is None:
+            if time.monotonic() - self.start < self.delay_s or done >= total:
+                return
+            from rich.console import Console
+            from rich.progress import Progress
+
+            self.bar = Progress(console=Console(stderr=True), transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task("sweep", total=total)
+        self.bar.update(self.task, completed=done)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
+
+
+def run_with_progress(config: Any, ranges: dict[str, list[Any]], overrides: Sequence[str],
+                      engine: str, check_fit: bool, max_runs: int):
+    """:func:`ddlsim.sweeps.sweep` with a :class:`ProgressBar` on stderr."""
+    bar = ProgressBar()
+    try:
+        return sweep(config, ranges, overrides, engine, check_fit, max_runs=max_runs,
+                     progress=bar)
+    finally:
+        bar.close()
+
+
+def show(frame, paths: Sequence[str], fmt: str, console) -> None:
+    """Print the sweep on ``console`` as a table and its summary, or as ``fmt`` text on
+    standard output with the summary on stderr."""
+    from rich.console import Console
+
+    from .textio import write_output
+
+    if fmt == "table":
+        console.print(sweep_table(frame, paths))
+        console.print(summary_text(frame), highlight=False)
+        return
+    write_output("-", frame_text(frame, fmt), what="standard output")
+    Console(stderr=True, highlight=False).print(summary_text(frame))
