@@ -140,3 +140,31 @@ def test_cli_prints_the_warning_and_the_preset_time(profile_1mib, tmp_path):
     doc = json.loads(got.stdout)
     assert doc["iteration_time_s"] == json.loads(plain.stdout)["iteration_time_s"]
     assert doc["calibration_out_of_range"][0]["measured_max_bytes"] == MIB
+
+
+def test_calibrate_comm_defaults_reach_training_sizes():
+    import inspect
+
+    from ddlsim.calibration.cli import comm
+    from ddlsim.calibration.comm_bench import DEFAULT_MAX_BYTES, default_sizes
+    from ddlsim.units import parse_bytes
+
+    default = inspect.signature(comm).parameters["max_bytes"].default.default
+    assert parse_bytes(default) == DEFAULT_MAX_BYTES >= 256 * MIB
+    sizes = default_sizes(DEFAULT_MAX_BYTES)
+    assert sizes[0] == 8 and sizes[-1] == 512 * MIB >= GRAD_BYTES  # the wiki's 475 MiB inside
+
+
+@pytest.mark.parametrize("size, reps, want", [
+    (16 * MIB, 20, 20),       # up to 16 MiB: as asked
+    (32 * MIB, 20, 10),       # one doubling: halved
+    (64 * MIB, 20, 5),
+    (512 * MIB, 20, 5),       # never below 5
+    (512 * MIB, 3, 3),        # nor above what was asked
+    (128 * MIB, 100, 12),     # three halvings: 100 >> 3
+])
+def test_timed_batches_taper_above_16_mib(size, reps, want):
+    from ddlsim.calibration.comm_bench import reps_at
+
+    assert reps_at(size, reps) == want
+    assert reps_at(size, reps, None) == reps
