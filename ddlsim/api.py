@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Literal
 
 from .config import RunConfig, load_config
-from .errors import ConfigError, PlanDoesNotFitError
+from .errors import ConfigError, DDLSimWarning, PlanDoesNotFitError
 from .limits import Limits, check_work
 from .simulator.result import Result, assemble_result
 from .formatting import format_bytes
@@ -187,6 +188,8 @@ def predict(config: RunConfig | dict | str | Path, engine: Engine = "analytical"
     if record_spans and not result.spans:
         raise ConfigError(f"record_spans = True: the {engine} engine recorded no spans for this "
                           "plan, so there is no timeline to draw")
+    for rec in result.extra.get("calibration_out_of_range", ()):
+        warnings.warn(rec["message"], DDLSimWarning, stacklevel=2)
     if calibration is not None:
         result = _with_calibration(engine, cfg, workload, calibration, backend, result,
                                    engine_options, devices)
@@ -228,11 +231,22 @@ def _run_engine(engine: str, cfg: RunConfig, workload: Workload, profile, backen
         from .simulator.des import simulate_des
         if record_spans and options.get("spans") == "none":
             raise ConfigError("record_spans = True contradicts the DES option spans = 'none'")
-        return simulate_des(workload, cost, **options)
+        return _out_of_range(simulate_des(workload, cost, **options), cost)
     # record_spans: the analytical engine's representative-rank spans (ddlsim.plots' timeline)
     from .simulator.analytical.engine import simulate_analytical
     run = simulate_analytical(workload, cost, record_spans=record_spans)
-    return _result("analytical", workload, cost, run)
+    return _out_of_range(_result("analytical", workload, cost, run), cost)
+
+
+def _out_of_range(result: Result, cost) -> Result:
+    """``result`` with ``extra["calibration_out_of_range"]``: the sizes the profile did not
+    measure, timed by the preset model instead (one record per backend, op and scope)."""
+    from dataclasses import replace
+
+    report = cost.out_of_range_report()
+    if not report:
+        return result
+    return replace(result, extra={**result.extra, "calibration_out_of_range": report})
 
 
 def _with_calibration(engine: str, cfg: RunConfig, workload: Workload, profile, backend: str | None, result: Result, options: dict,
@@ -249,7 +263,8 @@ def _with_calibration(engine: str, cfg: RunConfig, workload: Workload, profile, 
     interval = None
     if not any("calibrated" in v for v in result.algorithms.values()):
         extra["interval_note"] = ("the profile covers none of this workload's collectives "
-                                  "(backend, operation and intra/inter-node scope): the preset's "
+                                  "(backend, operation, intra/inter-node scope and measured "
+                                  "message sizes): the preset's "
                                   f"constants were used; it has backends {list(profile.backends)}")
         return replace(result, extra=extra)
     try:

@@ -123,17 +123,20 @@ def _agree_on_outputs(adapter, output: Path, force: bool) -> None:
 def comm(backend: str = typer.Option("mpi", help="mpi (mpi4py) | nccl | gloo (torch)"),
          ops: str = typer.Option(",".join(OPS), help="comma-separated operations"),
          min_bytes: str = typer.Option("8", help="smallest message, e.g. 8 or '1 KiB'"),
-         max_bytes: str = typer.Option("64 MiB", help="largest message, e.g. '1 GiB'"),
+         max_bytes: str = typer.Option("512 MiB", help="largest message, e.g. '1 GiB' "
+                                       "(a profile is used only up to the largest size it "
+                                       "measured; about 2× this per rank is allocated)"),
          factor: float = typer.Option(2.0, help="size step factor"),
          warmup: int = typer.Option(5, help="untimed calls per size"),
-         reps: int = typer.Option(20, help="timed batches per size"),
+         reps: int = typer.Option(20, help="timed batches per size up to 16 MiB, halved "
+                                  "per doubling above it, down to 5"),
          batch: int = typer.Option(1, help="calls per timed batch"),
          split: bool = typer.Option(True, help="also measure intra/inter-node sub-communicators"),
          output: Path = typer.Option(Path("ddlsim-comm.csv"), "-o", "--output"),
          force: bool = typer.Option(False, help="overwrite existing output files"),
          progress: bool = typer.Option(True, help="progress bar on rank 0")) -> None:
-    from .comm_bench import (default_sizes, planned_steps, run_scoped_benchmarks,
-                             scoped_communicators)
+    from .comm_bench import (TAPER_FROM_BYTES, default_sizes, planned_steps,
+                             run_scoped_benchmarks, scoped_communicators)
 
     _choice(backend, ("mpi", "nccl", "gloo"), "--backend")
     op_list = _split_list(ops, OPS, "operation")
@@ -145,11 +148,13 @@ def comm(backend: str = typer.Option("mpi", help="mpi (mpi4py) | nccl | gloo (to
         with _progress_bar(progress and adapter.rank == 0,
                            planned_steps(op_list, sizes, len(comms))) as tick:
             rows = run_scoped_benchmarks(adapter, op_list, sizes, warmup, reps, batch=batch,
-                                         comms=comms, progress=tick)
+                                         comms=comms, progress=tick,
+                                         taper_from=TAPER_FROM_BYTES)
         if adapter.rank == 0:
             _write_comm(adapter, rows, comms[0][2], output, force,
                         {"ops": op_list, "sizes_bytes": sizes, "warmup": warmup, "reps": reps,
-                         "batch": batch, "split": split})
+                         "batch": batch, "split": split,
+                         "reps_taper_from_bytes": TAPER_FROM_BYTES})
     finally:
         adapter.close()
 

@@ -18,6 +18,7 @@ of hierarchical collectives, each group sharing the nodes' NICs with the others)
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ import numpy as np
 from .adapters import CommAdapter
 from .schema import OPS, CalibrationError, check_op, comm_row, summarize
 
-__all__ = ["default_sizes", "Placement", "placement", "run_comm_benchmark",
+__all__ = ["default_sizes", "reps_at", "DEFAULT_MAX_BYTES", "TAPER_FROM_BYTES", "Placement", "placement", "run_comm_benchmark",
            "run_scoped_benchmarks", "scoped_communicators"]
 
 Progress = Callable[[str], None]
@@ -46,6 +47,27 @@ def default_sizes(max_bytes: float, min_bytes: float = 8, factor: float = 2.0) -
         sizes.append(int(round(s)))
         s *= factor
     return sorted(set(sizes))
+
+
+#: Default largest message of ``ddlsim calibrate comm``: 512 MiB covers the gradient
+#: collectives of training (GPT-2 124M in fp32 moves 475 MiB at once; a 25 MiB DDP bucket is
+#: far below) and needs about 1 GiB of buffers per rank (all-reduce in + out).
+DEFAULT_MAX_BYTES = 512 * 2**20
+#: Above this size the timed batches are halved per doubling of the size (:func:`reps_at`).
+TAPER_FROM_BYTES = 16 * 2**20
+#: The fewest timed batches a tapered size keeps.
+MIN_TAPERED_REPS = 5
+
+
+def reps_at(size: int, reps: int, taper_from: float | None = TAPER_FROM_BYTES) -> int:
+    """Timed batches at ``size`` bytes: ``reps`` up to ``taper_from``, then halved per doubling
+    of the size, never below ``min(reps, MIN_TAPERED_REPS)`` (large messages take long and
+    vary little: with the defaults 20 batches up to 16 MiB, 10 at 32 MiB, 5 from 64 MiB).
+    ``taper_from`` None keeps ``reps`` everywhere."""
+    if taper_from is None or size <= taper_from:
+        return reps
+    halvings = math.floor(math.log2(size / taper_from) + 1e-9)
+    return max(min(reps, MIN_TAPERED_REPS), reps >> min(halvings, 62))
 
 
 @dataclass(frozen=True)
@@ -112,7 +134,8 @@ def _check_counts(warmup: int, reps: int, batch: int) -> None:
 def run_comm_benchmark(comm_adapter: CommAdapter, ops: Sequence[str], sizes: Sequence[int],
                        warmup: int, reps: int, *, batch: int = 1, scope: str | None = None,
                        where: Placement | None = None,
-                       progress: Progress | None = None) -> list[dict]:
+                       progress: Progress | None = None,
+                       taper_from: float | None = None) -> list[dict]:
     """Time each operation at each message size on ``comm_adapter``; one tidy row per pair.
 
     Parameters
@@ -132,6 +155,8 @@ def run_comm_benchmark(comm_adapter: CommAdapter, ops: Sequence[str], sizes: Seq
         Override the scope label / reuse a placement already gathered.
     progress : callable, optional
         Called with a label after each (op, size).
+    taper_from : float, optional
+        Fewer timed batches above this size (:func:`reps_at`); None: ``reps`` at every size.
 
     Returns
     -------
@@ -151,7 +176,8 @@ def run_comm_benchmark(comm_adapter: CommAdapter, ops: Sequence[str], sizes: Seq
             call = None if skip else comm_adapter.make_op(op, int(size))
             if call is not None and call.nbytes not in done:
                 done.add(call.nbytes)
-                stats = summarize(_time_batches(comm_adapter, call, warmup, reps, batch))
+                stats = summarize(_time_batches(comm_adapter, call, warmup,
+                                                reps_at(call.nbytes, reps, taper_from), batch))
                 rows.append(comm_row(
                     backend=comm_adapter.backend, library=comm_adapter.library,
                     library_version=comm_adapter.library_version, op=op, ranks=n,
@@ -184,7 +210,8 @@ def scoped_communicators(comm: CommAdapter, split: bool = True
 def run_scoped_benchmarks(comm: CommAdapter, ops: Sequence[str], sizes: Sequence[int],
                           warmup: int, reps: int, *, batch: int = 1, split: bool = True,
                           comms: list[tuple[str, CommAdapter, Placement]] | None = None,
-                          progress: Progress | None = None) -> list[dict]:
+                          progress: Progress | None = None,
+                          taper_from: float | None = None) -> list[dict]:
     """:func:`run_comm_benchmark` on the world and (multi-node) on intra/inter sub-communicators.
 
     Rows from sub-communicators carry the sub-communicator's ranks, nodes and scope. All groups
@@ -195,7 +222,7 @@ def run_scoped_benchmarks(comm: CommAdapter, ops: Sequence[str], sizes: Sequence
     rows: list[dict] = []
     for label, sub, where in comms or scoped_communicators(comm, split):
         got = run_comm_benchmark(sub, ops, sizes, warmup, reps, batch=batch, where=where,
-                                 progress=progress)
+                                 progress=progress, taper_from=taper_from)
         rows.extend(got if comm.rank == 0 or label == "world" else [])
     return rows
 

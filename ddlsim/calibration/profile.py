@@ -99,6 +99,19 @@ class CommEntry(_Model):
             raise ValueError(f"segments must have strictly increasing min_bytes, got {starts}")
         return self
 
+    @property
+    def measured_bytes(self) -> tuple[float, float]:
+        """(smallest, largest) message size in bytes this entry was measured on.
+
+        From its fitted points when it keeps them; otherwise from its segments: the first
+        ``min_bytes`` to the last ``max_bytes`` (infinite when the entry states none, as an
+        entry built by hand from published figures may).
+        """
+        if self.points is not None and self.points.bytes:
+            return min(self.points.bytes), max(self.points.bytes)
+        hi = self.segments[-1].max_bytes
+        return self.segments[0].min_bytes, math.inf if hi is None else hi
+
     def segment(self, nbytes: float) -> tuple[int, Segment]:
         """The segment that covers ``nbytes`` (first below its range, last above)."""
         i = 0
@@ -248,6 +261,14 @@ class CalibrationProfile:
         t = (seg.alpha_s + seg.beta_s_per_B * nbytes) * scale
         return CommPrediction(t, seg.alpha_s, seg.beta_s_per_B, float(nbytes), int(ranks),
                               e.ranks, scale, e.scope, i, e)
+
+    def measured_range(self, backend: str, op: str, ranks: int,
+                       scope: Scope = "any") -> tuple[float, float]:
+        """(smallest, largest) size in bytes measured by the entry :meth:`predict` uses for
+        ``backend``, ``op``, ``ranks`` and ``scope`` (see :attr:`CommEntry.measured_bytes`).
+        The cost model uses a profile only inside this range."""
+        _check_query(0, ranks)
+        return self._entry(backend, op, ranks, scope).measured_bytes
 
     def time_s(self, backend: str, op: str, nbytes: float, ranks: int,
                scope: Scope = "any") -> float:

@@ -85,6 +85,9 @@ class CostModel:
         self.nets = {name: self._group_net(fam) for name, fam in workload.groups.items()}
         self.kind = {name: fam.kind for name, fam in workload.groups.items()}
         self._coll = lru_cache(maxsize=None)(self._choice_uncached)
+        #: (backend, op, scope) -> sizes asked outside the profile's measured range
+        self.out_of_range: dict[tuple[str, str, str], dict] = {}
+        self._outside_now = False
         dev = system.device
         self._eff = system.compute_efficiency
         self._peak = dict(dev.peak_flops)
@@ -148,6 +151,9 @@ class CostModel:
                 backend, t_profile = got
                 return CollectiveChoice(f"{kind}[{format_bytes(nbytes)}]",
                                         f"{backend} (calibrated)", name, t_profile)
+            if self._outside_now:
+                return CollectiveChoice(f"{group}.{kind}[{format_bytes(nbytes)}]",
+                                        f"{name} (preset: outside profile range)", name, t)
         return CollectiveChoice(f"{group}.{kind}[{format_bytes(nbytes)}]", name, name, t)
 
     def _closed_form(self, kind: str, group: str, nbytes: float, algo: str | None,
@@ -171,22 +177,59 @@ class CostModel:
 
     def profile_time(self, kind: str, nbytes: float, net: GroupNet) -> tuple[str, float] | None:
         """(backend, seconds) from the calibration profile (the fastest backend with
-        ``auto``), or None if the profile does not cover this operation and scope (the
-        closed forms are used)."""
+        ``auto``), or None if the profile does not cover this operation and scope, or did not
+        measure this size (the closed forms are used; an unmeasured size is recorded in
+        :attr:`out_of_range`)."""
         prof = self.profile
         scope = "inter" if net.multi_node else "intra"
-        try:
-            backend = self.backend
-            if backend in (None, "auto"):
-                backend, t = prof.best_backend(kind, nbytes, net.p, scope)
+        explicit = self.backend not in (None, "auto")
+        times, outside = [], []
+        for backend in (self.backend,) if explicit else prof.backends:
+            try:
+                lo, hi = prof.measured_range(backend, kind, net.p, scope)
+            except KeyError:
+                continue
+            if lo <= nbytes <= hi:
+                times.append((prof.time_s(backend, kind, nbytes, net.p, scope), backend))
             else:
-                t = prof.time_s(backend, kind, nbytes, net.p, scope)
-            if self.bound is not None:
-                lo, hi = prof.interval_s(backend, kind, nbytes, net.p, scope)
-                t = lo if self.bound == "lo" else hi
-        except KeyError:
+                outside.append((backend, lo, hi))
+        self._outside_now = bool(outside) and not times
+        if not times:
+            for backend, lo, hi in outside:
+                self._record_outside(backend, kind, scope, lo, hi, nbytes)
             return None
+        t, backend = min(times)
+        if self.bound is not None:
+            lo_t, hi_t = prof.interval_s(backend, kind, nbytes, net.p, scope)
+            t = lo_t if self.bound == "lo" else hi_t
         return backend, t
+
+    def _record_outside(self, backend: str, op: str, scope: str, lo: float, hi: float,
+                        nbytes: float) -> None:
+        rec = self.out_of_range.setdefault((backend, op, scope), {
+            "backend": backend, "op": op, "scope": scope, "measured_min_bytes": lo,
+            "measured_max_bytes": hi, "sizes_bytes": []})
+        if nbytes not in rec["sizes_bytes"]:
+            rec["sizes_bytes"] = sorted([*rec["sizes_bytes"], nbytes])
+
+    def out_of_range_report(self) -> list[dict]:
+        """One record per (backend, op, scope) the profile was asked outside its measured
+        sizes, sorted, each with its ``message`` (the warning :func:`ddlsim.predict` emits)."""
+        name = getattr(getattr(self.profile, "doc", None), "name", None)
+        what = f"calibration profile {name!r}" if name else "the calibration profile"
+        out = []
+        for key in sorted(self.out_of_range):
+            rec = dict(self.out_of_range[key])
+            sizes = [format_bytes(b) for b in rec["sizes_bytes"]]
+            many = len(sizes) > 1
+            rec["message"] = (
+                f"{what} measured {rec['backend']} {rec['op']} ({rec['scope']}-node) from "
+                f"{format_bytes(rec['measured_min_bytes'])} to "
+                f"{format_bytes(rec['measured_max_bytes'])}; {', '.join(sizes)} "
+                f"{'are' if many else 'is'} outside it, so the preset model is used for "
+                f"{'them' if many else 'it'}")
+            out.append(rec)
+        return out
 
     def p2p(self, op: P2P, src: int, dst: int) -> float:
         """Seconds to move ``op.bytes`` from rank ``src`` to rank ``dst``."""
