@@ -75,8 +75,8 @@ def dask_client(dask: Any, workers: int | None = None):
         client = distributed.Client(dask, timeout=CONNECT_TIMEOUT_S)
     except (OSError, TimeoutError, ValueError, TypeError) as exc:
         raise DistributedError(
-            f"--dask {dask!r}: cannot reach a Dask scheduler there within "
-            f"{CONNECT_TIMEOUT_S:g} s ({type(exc).__name__}: {exc}); give 'local' for a "
+            f"--dask {dask!r}: no Dask scheduler could be reached there (connection timeout "
+            f"{CONNECT_TIMEOUT_S:g} s; {type(exc).__name__}: {exc}); give 'local' for a "
             f"cluster on this machine, or the address a scheduler prints, e.g. "
             f"tcp://host:8786") from None
     with client:
