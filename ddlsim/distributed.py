@@ -53,6 +53,9 @@ def dask_client(dask: Any, workers: int | None = None):
     """A :class:`distributed.Client` for ``dask`` (``"local"``, an address or a Client),
     closed (with its local cluster) on exit unless it was given."""
     if not isinstance(dask, str):
+        if not hasattr(dask, "submit") or not hasattr(dask, "scatter"):
+            raise DistributedError(f"dask = {dask!r} is not allowed; give None, 'local', a "
+                                   f"scheduler address or a distributed.Client")
         if workers is not None:
             raise DistributedError("workers (--dask-workers) applies only to dask='local'")
         yield dask

@@ -119,6 +119,11 @@ def test_dask_workers_needs_dask_local():
         ddlsim.sweep(WIKI, RANGES, dask_workers=3)
 
 
+def test_a_dask_value_that_is_no_cluster_is_refused():
+    with pytest.raises(DistributedError, match="dask = 4 is not allowed; give None, 'local'"):
+        ddlsim.sweep(WIKI, RANGES, dask=4)
+
+
 def test_the_cli_does_not_import_dask_without_dask():
     code = "import sys, ddlsim.cli; print('distributed' in sys.modules or 'dask' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
