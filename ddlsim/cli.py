@@ -302,6 +302,10 @@ def sweep(
         help="Draw iteration time (and memory) against the first numeric swept field.")] = None,
     fmt: Format = "table",
     force: Force = False,
+    dask: Annotated[Optional[str], typer.Option(
+        help="Run on Dask: 'local' (a local cluster) or a scheduler address.")] = None,
+    dask_workers: Annotated[Optional[int], typer.Option(
+        help="Worker processes of --dask local (default 2).")] = None,
 ) -> None:
     """Predict every combination of the --set-range values (first range slowest): a table,
     invalid combinations with their reason, counts per reason."""
@@ -314,8 +318,10 @@ def sweep(
     _check_force(force, output=output, plot=plot)
     _plots(plot)
     parsed = parse_ranges(ranges)
+    require(dask_workers is None or dask == "local", "--dask-workers applies only with "
+                                                      "--dask local")
     frame = report.run_with_progress(config, parsed, overrides or [], engine, not allow_oom,
-                                     max_runs)
+                                     max_runs, dask, dask_workers)
     if output is not None:
         report.write_frame(frame, output, force)
     if plot is not None:

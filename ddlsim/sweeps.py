@@ -277,9 +277,20 @@ def _rows(source: _Source, combo: dict[str, Any], shown: dict[str, Any], engines
     return rows
 
 
+def _combo_rows(source: _Source, engines: list[str], check_fit: bool,
+                item: tuple[dict[str, Any], dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of one combination ``item = (combo, shown values)`` (a Dask task's unit)."""
+    return _rows(source, item[0], item[1], engines, check_fit)
+
+
+def _describe(item: tuple[dict[str, Any], dict[str, Any]]) -> str:
+    return "the combination " + ", ".join(f"{p}={_json(v)}" for p, v in item[0].items())
+
+
 def sweep(config: Any, ranges: Mapping[str, Sequence[Any]], overrides: Sequence[str] = (),
           engine: str = "analytical", check_fit: bool = False, *, max_runs: int = MAX_RUNS,
-          progress: Callable[[int, int], None] | None = None):
+          progress: Callable[[int, int], None] | None = None, dask: Any = None,
+          dask_workers: int | None = None):
     """Predict every combination of ``ranges`` on ``config``.
 
     Parameters
@@ -293,7 +304,12 @@ def sweep(config: Any, ranges: Mapping[str, Sequence[Any]], overrides: Sequence[
     check_fit : when True a plan that does not fit in memory is not valid (its reason is
         :data:`DOES_NOT_FIT`); its numbers are kept either way, with ``fits`` False.
     max_runs : most combinations allowed.
-    progress : called with (combinations done, total) after each combination.
+    progress : called with (combinations done, total) as combinations complete.
+    dask : None to run here; ``"local"`` (a :class:`distributed.LocalCluster` started for
+        the sweep and closed after it), a scheduler address, or a :class:`distributed.Client`
+        to run the combinations as Dask tasks (:mod:`ddlsim.distributed`). The frame is the
+        same as without.
+    dask_workers : worker processes of ``dask="local"`` (default 2).
 
     Returns
     -------
@@ -308,6 +324,9 @@ def sweep(config: Any, ranges: Mapping[str, Sequence[Any]], overrides: Sequence[
     SweepError
         No range, an empty range, a path the config does not have, a path both swept and
         set, or more than ``max_runs`` combinations.
+    ddlsim.distributed.DistributedError
+        Dask missing, the scheduler unreachable, or a combination that raised an error other
+        than a :class:`~ddlsim.errors.ConfigError` on a worker (the message names it).
     """
     import pandas as pd
 
@@ -319,14 +338,22 @@ def sweep(config: Any, ranges: Mapping[str, Sequence[Any]], overrides: Sequence[
     paths = list(ranges)
     shown = {p: dict(zip(map(_json, v), _si_values(source, p, v)))
              for p, v in ranges.items()}
-    combos = list(itertools.product(*ranges.values()))
-    rows: list[dict[str, Any]] = []
-    for i, values in enumerate(combos, 1):
-        combo = dict(zip(paths, values))
-        display = {p: shown[p][_json(v)] for p, v in combo.items()}
-        rows += _rows(source, combo, display, engines, check_fit)
-        if progress is not None:
-            progress(i, len(combos))
+    items = [(combo, {p: shown[p][_json(v)] for p, v in combo.items()})
+             for combo in (dict(zip(paths, v)) for v in itertools.product(*ranges.values()))]
+    shared = (source, engines, check_fit)
+    if dask is None:
+        if dask_workers is not None:
+            raise SweepError("dask_workers (--dask-workers) applies only with dask='local'")
+        per_combo = []
+        for i, item in enumerate(items, 1):
+            per_combo.append(_combo_rows(*shared, item))
+            if progress is not None:
+                progress(i, len(items))
+    else:
+        from .distributed import run_on_dask
+        per_combo = run_on_dask(_combo_rows, shared, items, dask, dask_workers,
+                                describe=_describe, progress=progress)
+    rows = [row for combo_rows in per_combo for row in combo_rows]
     columns = list(dict.fromkeys(c for r in rows for c in r if c not in ("valid", "reason")))
     return pd.DataFrame(rows, columns=[*columns, "valid", "reason"])
 
