@@ -131,7 +131,9 @@ def run_on_dask(fn: Callable, shared: Sequence[Any], items: Sequence[Any], dask:
     results: list[Any] = [None] * len(items)
     with dask_client(dask, workers) as client:
         distributed = _import_distributed()
-        sent = client.scatter(list(shared), broadcast=True)
+        # hash=False: unique keys, so a second sweep on the same client cannot lose the data
+        # when the first one releases its (otherwise identical, content-hashed) keys
+        sent = client.scatter(list(shared), broadcast=True, hash=False)
         futures = {client.submit(_batch, fn, tuple(sent), items[i:i + size], pure=False): i
                    for i in starts}
         done = 0

@@ -128,3 +128,13 @@ def test_the_cli_does_not_import_dask_without_dask():
     code = "import sys, ddlsim.cli; print('distributed' in sys.modules or 'dask' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@needs_dask
+def test_two_sweeps_on_one_client_do_not_share_scattered_data(threads_client):
+    """Scattered inputs get unique keys: with content-hashed keys the second sweep's tasks
+    lost their inputs when the first sweep released the identical keys ("lost dependencies")."""
+    first = ddlsim.sweep(WIKI, RANGES, dask=threads_client)
+    for _ in range(3):
+        pd.testing.assert_frame_equal(ddlsim.sweep(WIKI, RANGES, dask=threads_client), first,
+                                      check_exact=True)
