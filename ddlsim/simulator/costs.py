@@ -87,7 +87,6 @@ class CostModel:
         self._coll = lru_cache(maxsize=None)(self._choice_uncached)
         #: (backend, op, scope) -> sizes asked outside the profile's measured range
         self.out_of_range: dict[tuple[str, str, str], dict] = {}
-        self._outside_now = False
         dev = system.device
         self._eff = system.compute_efficiency
         self._peak = dict(dev.peak_flops)
@@ -146,12 +145,12 @@ class CostModel:
             return None
         name, t = self._closed_form(kind, group, nbytes, algo, split)
         if self.profile is not None and split is None:  # profiles are measured even
-            got = self.profile_time(kind, nbytes, net)
+            got, outside = self._profile_lookup(kind, nbytes, net)
             if got is not None:
                 backend, t_profile = got
                 return CollectiveChoice(f"{kind}[{format_bytes(nbytes)}]",
                                         f"{backend} (calibrated)", name, t_profile)
-            if self._outside_now:
+            if outside:
                 return CollectiveChoice(f"{group}.{kind}[{format_bytes(nbytes)}]",
                                         f"{name} (preset: outside profile range)", name, t)
         return CollectiveChoice(f"{group}.{kind}[{format_bytes(nbytes)}]", name, name, t)
@@ -180,6 +179,12 @@ class CostModel:
         ``auto``), or None if the profile does not cover this operation and scope, or did not
         measure this size (the closed forms are used; an unmeasured size is recorded in
         :attr:`out_of_range`)."""
+        return self._profile_lookup(kind, nbytes, net)[0]
+
+    def _profile_lookup(self, kind: str, nbytes: float, net: GroupNet
+                        ) -> tuple[tuple[str, float] | None, bool]:
+        """:meth:`profile_time`'s answer, and whether the size lay outside every measured
+        range of the backends that cover this operation and scope."""
         prof = self.profile
         scope = "inter" if net.multi_node else "intra"
         explicit = self.backend not in (None, "auto")
@@ -193,16 +198,15 @@ class CostModel:
                 times.append((prof.time_s(backend, kind, nbytes, net.p, scope), backend))
             else:
                 outside.append((backend, lo, hi))
-        self._outside_now = bool(outside) and not times
         if not times:
             for backend, lo, hi in outside:
                 self._record_outside(backend, kind, scope, lo, hi, nbytes)
-            return None
+            return None, bool(outside)
         t, backend = min(times)
         if self.bound is not None:
             lo_t, hi_t = prof.interval_s(backend, kind, nbytes, net.p, scope)
             t = lo_t if self.bound == "lo" else hi_t
-        return backend, t
+        return (backend, t), False
 
     def _record_outside(self, backend: str, op: str, scope: str, lo: float, hi: float,
                         nbytes: float) -> None:
