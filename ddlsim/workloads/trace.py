@@ -25,6 +25,7 @@ the total each rank sends, its own share included).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -48,6 +49,9 @@ class Compute:
 
     ``kind`` selects the efficiency model: ``gemm``, ``attention``, ``elementwise``,
     ``optimizer``. ``dtype`` is the arithmetic precision (a key of the device's peak_flops).
+    ``seconds``, when set, is the op's duration as given (a proxy's ``usleep``, a measured
+    kernel): engines use it as is and the cost model is not consulted; ``flops`` still counts
+    towards the achieved FLOP/s.
     """
 
     name: str
@@ -55,6 +59,12 @@ class Compute:
     bytes: float = 0.0
     kind: str = "gemm"
     dtype: str = "bf16"
+    seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.seconds is not None and not (math.isfinite(self.seconds) and self.seconds >= 0):
+            raise ValueError(f"compute {self.name!r}: seconds must be finite and >= 0, "
+                             f"got {self.seconds!r}")
 
 
 @dataclass(frozen=True, slots=True)
