@@ -1,0 +1,91 @@
+"""CosmoFlow, the MLPerf HPC 3-D CNN, with spatial decomposition: the ``cosmoflow`` family.
+
+Model section: :mod:`.schema`; layers, parameters and FLOPs: :mod:`.shapes`; the grid's
+groups, rank classes and halo messages: :mod:`.grid`; the trace and memory: :mod:`.build`.
+Presets: ``ddlsim/data/cosmoflow.yaml``. How the seed's proxy (``proxies/cosmoflow.cpp`` of
+spcl/DNN-cpp-proxies) is reproduced: docs/workloads/cosmoflow.md.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..registry import WorkloadFamily, register_workload
+from .schema import CosmoFlowModel
+from .shapes import conv_layers, dense_layers, halo_widths, parameter_count
+
+__all__ = ["CosmoFlowFamily", "CosmoFlowModel"]
+
+
+@register_workload("cosmoflow")
+class CosmoFlowFamily(WorkloadFamily):
+    """CosmoFlow: conv layers split over a spatial grid, dense layers split over its ranks."""
+
+    schema = CosmoFlowModel
+    presets_file = "cosmoflow.yaml"
+
+    def check(self, cfg: Any) -> None:
+        """The plan must be spatial × data parallel, the grid must hold the tensor-parallel
+        ranks and split every conv layer's volume into whole, poolable sub-volumes."""
+        m, p = cfg.model, cfg.parallel
+        grid = list(m.spatial_grid)
+        S = math.prod(grid)
+        if p.pp > 1 or p.ep > 1 or p.zero_stage or p.dp_strategy != "ddp":
+            raise ValueError(f"the cosmoflow family is spatial × data parallel with plain "
+                             f"all-reduced gradients: pipeline_model_parallel_size = {p.pp}, "
+                             f"expert_model_parallel_size = {p.ep}, zero_stage = "
+                             f"{p.zero_stage} and dp_strategy = {p.dp_strategy!r} must be 1, "
+                             "1, 0 and 'ddp'")
+        if S != p.tp:
+            raise ValueError(f"model.spatial_grid = {grid} splits each sample over "
+                             f"{'·'.join(map(str, grid))} = {S} ranks, but "
+                             f"parallel.tensor_model_parallel_size = {p.tp}: the spatial group "
+                             f"is the mesh's tensor-parallel axis, so the two must be equal "
+                             f"(set tensor_model_parallel_size: {S}, or a grid of {p.tp} ranks)")
+        _check_volumes(m)
+        if S > 1:
+            bad = [d for d in dense_layers(m) if d.n_out % S]
+            if bad:
+                raise ValueError(f"dense layer {bad[0].name} has {bad[0].n_out} outputs, not "
+                                 f"divisible by the spatial group's {S} ranks "
+                                 f"(model.spatial_grid = {grid}): each rank computes n_out/S "
+                                 "outputs; choose a grid whose size divides fc_sizes and "
+                                 "target_size")
+
+    def build(self, cfg: Any):
+        from .build import build_cosmoflow
+        return build_cosmoflow(cfg)
+
+    def memory(self, cfg: Any) -> list:
+        from .build import cosmoflow_memory
+        return cosmoflow_memory(cfg)
+
+    def summary(self, model: Any) -> str:
+        convs = conv_layers(model)
+        side = "×".join(map(str, model.input_shape[:3]))
+        fc = "-".join(str(d.n_out) for d in dense_layers(model))
+        grid = "×".join(map(str, model.spatial_grid))
+        return (f"{model.name}: {side}×{model.input_shape[3]} input, {len(convs)} conv "
+                f"{model.kernel_size}³ ({convs[0].c_out}…{convs[-1].c_out} filters), dense "
+                f"{fc}, {parameter_count(model) / 1e6:.3g} M params, spatial grid {grid}")
+
+
+def _check_volumes(m) -> None:
+    """Every conv layer's volume splits evenly over the grid, each sub-volume is at least a
+    halo deep and pools locally (its sides divisible by the pool size)."""
+    grid = m.spatial_grid
+    deep = max(halo_widths(m.kernel_size))
+    for c in conv_layers(m):
+        for axis, (n, p) in enumerate(zip(c.side, grid)):
+            if p == 1:
+                continue
+            name = "xyz"[axis]
+            if n % p or (n // p) % m.pool_size or n // p < deep:
+                raise ValueError(
+                    f"model.spatial_grid = {list(grid)} cannot split {c.name}'s volume "
+                    f"{'×'.join(map(str, c.side))} along {name}: {n} / {p} must be a whole "
+                    f"number of voxels, divisible by pool_size = {m.pool_size} (so that "
+                    f"pooling stays on the rank) and at least the halo depth {deep}; use a "
+                    f"smaller {name} split (at most {c.side[axis] // m.pool_size} for this "
+                    f"layer, a divisor of it)")
