@@ -189,15 +189,17 @@ def build_cosmoflow(cfg) -> Workload:
     """The trace of one training iteration of a ``cosmoflow`` run config."""
     m, t, mesh = cfg.model, cfg.train, cfg.mesh
     mb = cfg.num_microbatches
+    steps = tuple(Step(s, i) for i in range(mb) for s in ("F", "B" if i < mb - 1 else "B_sync"))
+    programs: dict[Position, Program] = {}   # classes with the same neighbours share one
     classes = []
-    for pos, ranks in positions(mesh, m.spatial_grid):
-        b = _Builder(cfg, pos)
-        blocks = {"F": b.forward(), "B": b.backward(False), "B_sync": b.backward(True),
-                  "update": b.update()}
-        steps = [Step(s, i) for i in range(mb) for s in ("F", "B" if i < mb - 1 else "B_sync")]
-        if mb == 1:
-            del blocks["B"]
-        classes.append(RankClass(pos.name, ranks, Program(blocks, tuple(steps) + (Step("update"),))))
+    for name, pos, ranks in positions(mesh, m.spatial_grid):
+        if pos not in programs:
+            b = _Builder(cfg, pos)
+            blocks = {"F": b.forward(), "B_sync": b.backward(True), "update": b.update()}
+            if mb > 1:
+                blocks["B"] = b.backward(False)
+            programs[pos] = Program(blocks, steps + (Step("update"),))
+        classes.append(RankClass(name, ranks, programs[pos]))
     px, py, pz = m.spatial_grid
     meta = WorkloadMeta(model=m.name, architecture="cosmoflow", samples=t.global_batch_size,
                         tokens=t.global_batch_size, model_flops=_model_flops(m) * t.global_batch_size,

@@ -13,13 +13,12 @@ receives to member ``±1``), ``dp`` (ranks at the same grid position of every re
 dense-gradient all-reduce) and ``world`` (the conv-gradient all-reduce).
 
 Padding is ``'same'``, not periodic: a rank at the low (high) end of an axis has no lower
-(upper) neighbour there. Ranks that share which neighbours they have share a rank class, at
-most ``3³`` classes.
+(upper) neighbour there. The ranks at one grid coordinate (one per replica) form a rank class:
+one class per grid coordinate.
 """
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,14 +36,6 @@ class Position:
     """Which neighbours a class's ranks have: per axis ``(lower, upper)``."""
 
     sides: tuple[tuple[bool, bool], tuple[bool, bool], tuple[bool, bool]]
-
-    @property
-    def name(self) -> str:
-        parts = []
-        for axis, (lo, hi) in zip(AXES, self.sides):
-            if lo or hi:
-                parts.append(axis + ("mid" if lo and hi else "lo" if hi else "hi"))
-        return ".".join(parts) or "all"
 
     def interior_fraction(self, local: tuple[int, ...], widths: tuple[int, int]) -> float:
         """The share of a local volume whose stencil needs no halo from a neighbour."""
@@ -70,26 +61,19 @@ def grid_families(mesh, grid: tuple[int, int, int]) -> dict[str, GroupFamily]:
     return out
 
 
-def positions(mesh, grid: tuple[int, int, int]) -> list[tuple[Position, tuple[int, ...]]]:
-    """The rank classes: every grid position kind with its ranks, in a stable order."""
+def positions(mesh, grid: tuple[int, int, int]) -> list[tuple[str, Position, tuple[int, ...]]]:
+    """The rank classes: one per grid coordinate (the same coordinate in every replica), x
+    fastest, each as (name, neighbours, ranks). A class per coordinate, not per kind of
+    position, so that every rank of a class has its ``±1`` neighbours in one class (the
+    analytical engine resolves a class's peers through one representative rank)."""
     sp = mesh.groups("tp")
-    member = np.empty(mesh.world_size, dtype=np.int64)
-    member[sp.ravel()] = np.tile(np.arange(sp.shape[1]), sp.shape[0])
-    px, py, _ = grid
-    coords = (member % px, member // px % py, member // (px * py))
+    px, py, pz = grid
     out = []
-    options = [((False, False),) if p == 1 else
-               ((False, True), (True, False)) if p == 2 else
-               ((False, True), (True, True), (True, False)) for p in grid]
-    for sides in itertools.product(*options):
-        mask = np.ones(mesh.world_size, dtype=bool)
-        for c, p, (lo, hi) in zip(coords, grid, sides):
-            if p > 1:
-                mask &= (c > 0) == lo
-                mask &= (c < p - 1) == hi
-        ranks = tuple(np.flatnonzero(mask).tolist())
-        if ranks:
-            out.append((Position(sides), ranks))
+    for i in range(sp.shape[1]):
+        xyz = (i % px, i // px % py, i // (px * py))
+        sides = tuple((c > 0, c < p - 1) for c, p in zip(xyz, grid))
+        name = ".".join(f"{a}{c}" for a, c, p in zip(AXES, xyz, grid) if p > 1) or "all"
+        out.append((name, Position(sides), tuple(sorted(sp[:, i].tolist()))))
     return out
 
 
