@@ -22,7 +22,7 @@ from ddlsim.workloads.trace import P2P
 TIMINGS = ddlsim.load_config("examples/proxies/cosmoflow.yaml").model.proxy_timings
 
 
-def _cfg(model=None, parallel=None, train=None, nodes=1, preset="cosmoflow-proxy"):
+def _cfg(model=None, parallel=None, train=None, nodes=1, preset="proxy-cosmoflow"):
     return ddlsim.load_config({
         "model": {"preset": preset, "spatial_grid": [2, 2, 1], **(model or {})},
         "parallel": parallel or {"tensor_model_parallel_size": 4, "data_parallel_size": 2},
@@ -43,9 +43,9 @@ def test_parameter_counts():
         chans = [4, 32, 64, 128, 256, 512]
         conv = sum(a * k ** 3 * b + b for a, b in zip(chans, chans[1:]))
         assert conv + dense == total
-    assert _cfg().family.presets().keys() >= {"cosmoflow-proxy", "cosmoflow-mlperf-hpc"}
+    assert _cfg().family.presets().keys() >= {"proxy-cosmoflow", "mlperf-hpc-cosmoflow"}
     assert parameter_count(_cfg().model) == 8_907_556
-    assert parameter_count(_cfg(preset="cosmoflow-mlperf-hpc").model) == 5_597_604
+    assert parameter_count(_cfg(preset="mlperf-hpc-cosmoflow").model) == 5_597_604
 
 
 def test_per_layer_flops_and_the_proxys_compute_ratios():
@@ -119,7 +119,7 @@ def test_even_kernel_halo_is_one_sided():
     2×1×1 grid rank 0 only receives in the forward (1 plane from x1) and only sends in the
     backward (the data gradient's mirror)."""
     assert halo_widths(2) == (0, 1) and halo_widths(3) == (1, 1)
-    cfg = _cfg(preset="cosmoflow-mlperf-hpc", model={"spatial_grid": [2, 1, 1]},
+    cfg = _cfg(preset="mlperf-hpc-cosmoflow", model={"spatial_grid": [2, 1, 1]},
                parallel={"tensor_model_parallel_size": 2, "data_parallel_size": 2})
     assert _sends(cfg, "F", rank=0) == [] and len(_sends(cfg, "B_sync", rank=0)) == 4
     assert len(_sends(cfg, "F", rank=1)) == 5 and _sends(cfg, "B_sync", rank=1) == []
@@ -200,7 +200,7 @@ def test_bad_plans_are_one_paragraph_errors(model, parallel, words):
 
 def test_cli_refuses_a_bad_grid_with_exit_status_2(tmp_path):
     path = tmp_path / "bad.yaml"
-    path.write_text("model: {preset: cosmoflow-proxy, spatial_grid: [3, 1, 1]}\n"
+    path.write_text("model: {preset: proxy-cosmoflow, spatial_grid: [3, 1, 1]}\n"
                     "parallel: {tensor_model_parallel_size: 3}\n"
                     "train: {micro_batch_size: 1, global_batch_size: 2, seq_length: 1}\n"
                     "system: {preset: dgx-a100, nodes: 1}\n")
