@@ -207,3 +207,16 @@ def test_cli_refuses_a_bad_grid_with_exit_status_2(tmp_path):
     out = CliRunner().invoke(app, ["predict", str(path)])
     assert out.exit_code == 2
     assert out.output.startswith("error:") and "spatial_grid" in out.output
+
+
+def test_two_level_conv_gradient_reduction():
+    """spatial_then_data: conv i's params_i·4 bytes are all-reduced over the 4-rank spatial
+    group, then over the 2 replicas, instead of once over all 8 ranks; 5 conv layers each."""
+    conv = 4 * (3488 + 55360 + 221312 + 884992 + 3539456)
+    prof = comm_profile(build_workload(_cfg(model={"conv_grad_allreduce": "spatial_then_data"})),
+                        "rank")
+    rows = prof[(prof["rank"] == 0) & (prof["op"] == "allreduce")].set_index("group")
+    assert rows.loc["sp", ["group_size", "calls", "send_bytes"]].tolist() == [4, 5, conv]
+    assert rows.loc["dp", "calls"] == 6     # 5 conv layers + the dense gradients
+    assert rows.loc["dp", "send_bytes"] == conv + 4 * 4_202_948 / 4
+    assert "world" not in rows.index

@@ -10,7 +10,8 @@ One iteration, per micro-batch (cosmoflow.cpp:50-124 for the proxy's order):
   input gradient over ``sp``; the dense gradients' all-reduce over ``dp`` (non-blocking, stream
   ``grad.dense``); per conv layer (last first) the halo of its output gradient (not for the
   first conv, which needs no input gradient), its gradients, and its weight gradients'
-  all-reduce over ``world`` (non-blocking, stream ``grad.conv``); both streams joined at the end
+  all-reduce over ``world`` (non-blocking, stream ``grad.conv``; or over ``sp`` then ``dp`` with
+  ``conv_grad_allreduce: spatial_then_data``); both streams joined at the end
   (MPI_Waitall, cosmoflow.cpp:122). Gradients are reduced in the last micro-batch only.
 * the optimizer step.
 
@@ -164,13 +165,24 @@ class _Builder:
                 done = ops.add(self._compute(name, key, flops, nbytes), deps=front)
                 front = self._halo(ops, f"bwd.{c.name}.halo", local, c.c_out, True,
                                    (done,)) or (done,)
-            if sync and self.world > 1:
-                ops.add(Collective(f"grad.{c.name}.iallreduce", "all_reduce", "world",
-                                   c.params * self.B), stream="grad.conv", deps=front)
+            if sync:
+                self._conv_grads(ops, c, front)
         if sync:
             ops.add(Wait("waitall.grad.dense", "grad.dense"), deps=front)
             ops.add(Wait("waitall.grad.conv", "grad.conv"))
         return Block("B_sync" if sync else "B", "backward", tuple(ops.ops))
+
+    def _conv_grads(self, ops: _Ops, conv, front: tuple[int, ...]) -> None:
+        """The conv layer's weight-gradient all-reduce, non-blocking: each rank holds the
+        partial sum over its sub-volume, so the sum runs over the spatial group and the
+        replicas, at once (``world``) or in two steps."""
+        nbytes = conv.params * self.B
+        groups = [("world", self.world)] if self.m.conv_grad_allreduce == "world" \
+            else [("sp", self.S), ("dp", self.dp)]
+        for group, size in groups:
+            if size > 1:
+                front = (ops.add(Collective(f"grad.{conv.name}.iallreduce.{group}", "all_reduce",
+                                            group, nbytes), stream="grad.conv", deps=front),)
 
     def update(self) -> Block:
         params = self.local_params()

@@ -79,6 +79,10 @@ class CosmoFlowModel(ModelBase):
     input_halo: Literal["exchange", "loaded"] = Field(
         default="exchange", description="exchange: conv0 exchanges its input's halo; loaded: "
         "the reader loads it with the sub-volume (cosmoflow.cpp:72 starts at layer 1)")
+    conv_grad_allreduce: Literal["world", "spatial_then_data"] = Field(
+        default="world", description="world: one all-reduce of a conv layer's weight gradients "
+        "over every rank (spatial partial sums and replicas at once), as the proxy "
+        "(cosmoflow.cpp:118); spatial_then_data: over the spatial group, then over dp")
     backward_halo: Literal["before_compute", "after_compute"] = Field(
         default="before_compute", description="before_compute: dY's halo before the conv's "
         "backward, the model; after_compute: after it (cosmoflow.cpp:99-111)")
