@@ -198,7 +198,19 @@ class _Builder:
 
 
 def build_cosmoflow(cfg) -> Workload:
-    """The trace of one training iteration of a ``cosmoflow`` run config."""
+    """The trace of one training iteration of a ``cosmoflow`` run config.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        With a :class:`~.schema.CosmoFlowModel` model section (checked by the family).
+
+    Returns
+    -------
+    Workload
+        One rank class per grid coordinate; group families ``sp``, ``sx``/``sy``/``sz``,
+        ``dp``, ``world`` (:func:`~.grid.grid_families`); sizes in bytes, FLOPs, seconds.
+    """
     m, t, mesh = cfg.model, cfg.train, cfg.mesh
     mb = cfg.num_microbatches
     steps = tuple(Step(s, i) for i in range(mb) for s in ("F", "B" if i < mb - 1 else "B_sync"))
@@ -234,10 +246,22 @@ def _model_flops(m) -> float:
 
 
 def layer_costs(cfg) -> list[dict]:
-    """Per layer, for one rank of the spatial group: forward and backward FLOPs and the
-    activation bytes kept for the backward (the layer's input, halo planes on every split
-    side included, and its output before pooling; dense: the gathered input and the output
-    share), for one micro-batch."""
+    """Per layer, for one rank of the spatial group and one micro-batch: FLOPs and the
+    activations kept for the backward.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        A ``cosmoflow`` run config.
+
+    Returns
+    -------
+    list of dict
+        In layer order: ``layer``, ``params``, ``forward_flops`` and ``backward_flops``
+        (FLOPs), ``activation_bytes`` (bytes: a conv's input with halo planes on both sides
+        of every split axis, an upper bound for ranks at the grid's ends, plus its output
+        before pooling; a dense layer's gathered input and its share of outputs).
+    """
     m, t = cfg.model, cfg.train
     b, B, grid = t.micro_batch_size, DTYPE_BYTES[t.dtype], m.spatial_grid
     S = math.prod(grid)
@@ -260,8 +284,20 @@ def layer_costs(cfg) -> list[dict]:
 
 def cosmoflow_memory(cfg) -> list[MemoryBreakdown]:
     """Memory of one rank: replicated conv weights, 1/S of the dense weights, their
-    gradients and optimizer states, and one micro-batch's activations (forward and backward
-    of a micro-batch run back to back)."""
+    gradients and optimizer states (:func:`~ddlsim.workloads.memory.model_state_bytes`), and
+    one micro-batch's activations (:func:`layer_costs`; a micro-batch's forward and backward
+    run back to back).
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        A ``cosmoflow`` run config.
+
+    Returns
+    -------
+    list of MemoryBreakdown
+        One entry (bytes), the same for every rank class up to the halo planes.
+    """
     t = cfg.train
     params = _Builder(cfg, Position(((False, False),) * 3)).local_params()
     w, g, o = model_state_bytes(params, cfg.dp, cfg.parallel.zero_stage, t.dtype, t.optimizer)
