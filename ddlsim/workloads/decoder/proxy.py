@@ -243,13 +243,18 @@ class _ProxyBuilder:
         stage+1 and waits for both; an odd stage mirrors it with a backward towards stage−1."""
         backward = stage % 2 == 1
         peer = -1 if backward else +1
-        ops: list[Op] = [Op(P2P("irecv", "recv", "pp", peer, self.sz.p2p,
-                                "act" if backward else "grad"), _RECV)]
+        ops: list[Op] = [Op(_ANCHOR)]
         ops += self.compute(backward)
         ops += self.layer_collectives(backward)
         ops.append(Op(P2P("isend", "send", "pp", peer, self.sz.p2p,
                           "grad" if backward else "act"), "pp.send", deps=(len(ops) - 1,)))
-        ops += [Op(Wait("waitall.recv", _RECV), deps=(0,)), Op(Wait("waitall.send", "pp.send"))]
+        # the receive is posted at the start (deps: the anchor) but listed after the send:
+        # engines resolve point-to-point ops in issue order, and the partner's send that it
+        # waits for comes after the partner's own receive
+        ops.append(Op(P2P("irecv", "recv", "pp", peer, self.sz.p2p,
+                          "act" if backward else "grad"), _RECV, deps=(0,)))
+        ops += [Op(Wait("waitall.recv", _RECV), deps=(len(ops) - 1,)),
+                Op(Wait("waitall.send", "pp.send"))]
         return Block("step", "backward" if backward else "forward", tuple(ops))
 
 
