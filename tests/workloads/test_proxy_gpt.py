@@ -184,10 +184,13 @@ def test_gpt3_pipeline_timing_by_hand():
 @pytest.mark.parametrize("path,overrides", [
     (GPT2, ["parallel.data_parallel_size=1", "train.global_batch_size=8", "system.nodes=1"]),
     (GPT3, ["model.num_hidden_layers=4", "parallel.pipeline_model_parallel_size=4",
-            "parallel.tensor_model_parallel_size=2", "parallel.data_parallel_size=1",
-            "train.global_batch_size=4", "system.nodes=1"])], ids=["gpt2", "gpt3-tp2"])
+            "parallel.tensor_model_parallel_size=1", "parallel.data_parallel_size=2",
+            "train.global_batch_size=8", "system.nodes=1"])], ids=["gpt2", "gpt3-dp2"])
 def test_des_agrees_with_analytical_on_gpt_proxies(path, overrides):
-    # contention-free: one pipeline on one NVSwitch node (8 ranks), no data parallelism
+    # contention-free on one NVSwitch node: one pipeline of 8 (gpt2); two pipelines of 4 whose
+    # data-parallel all-reduce runs after every message has arrived (gpt3). (With TP, a
+    # stage's isend overlaps its TP all-reduces on the same NVLink port: the DES is then ~1.4%
+    # slower, as contention should make it.)
     cfg = ddlsim.load_config(path, overrides=overrides)
     a, d = ddlsim.predict(cfg, "analytical"), ddlsim.predict(cfg, "des")
     assert d.iteration_time_s == pytest.approx(a.iteration_time_s, rel=0.01)
