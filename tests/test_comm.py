@@ -187,3 +187,18 @@ def test_bad_input_is_one_paragraph_and_exit_2(args):
     r = runner.invoke(app, args)
     assert r.exit_code == 2, r.output
     assert r.output.startswith("error:")
+
+
+def test_ops_off_the_compute_stream_are_named_as_non_blocking_calls():
+    # docs/comm.md: the compute stream blocks (MPI_Allreduce, MPI_Send); any other stream is
+    # MPI's non-blocking call (MPI_Iallreduce, MPI_Isend), with the same buffer sizes
+    ops = [Op(Collective("a", "all_reduce", "ep", 30.0)),
+           Op(Collective("b", "all_reduce", "ep", 30.0), stream="dp"),
+           Op(Collective("c", "all_gather", "ep", 30.0), stream="dp"),
+           Op(P2P("s", "send", "ep", 1, 5.0, "t")),
+           Op(P2P("r", "recv", "ep", -1, 5.0, "t"), stream="pp")]
+    f = comm_profile(_tiny(ops, StepTable(["x"], [0], [0])), "rank")
+    r0 = f[f["rank"] == 0].set_index("op")
+    assert sorted(r0.index) == ["allreduce", "iallgather", "iallreduce", "irecv", "send"]
+    assert r0.loc["iallgather", "send_bytes"] == 10 and r0.loc["iallgather", "recv_bytes"] == 30
+    assert r0.loc["irecv", "recv_bytes"] == 5 and r0.loc["irecv", "peer"] == 2
