@@ -210,3 +210,30 @@ def test_proxy_options_are_refused_where_they_mean_nothing():
                                              "forwrd": "1 ms"}}, "unknown key 'forwrd'")]:
         with pytest.raises(ddlsim.ConfigError, match=match):
             ddlsim.load_config({**base, "model": {"preset": "gpt2-124m", **model}})
+
+
+# ------------------------------------------------------------------ communicator members
+def _group(wl, family, rank):
+    return sorted(int(r) for r in wl.groups[family].group_of(rank))
+
+
+def test_communicators_are_the_proxies_comm_splits():
+    # gpt2_large.cpp:158-164: allreduce_comm = ranks with the same rank % 8; p2p_comm = the
+    # same rank / 8
+    wl = build_workload(_cfg(GPT2))
+    assert _group(wl, "dp", 13) == [5, 13, 21, 29]
+    assert _group(wl, "pp", 13) == list(range(8, 16))
+    # gpt3.cpp:148-165: dp = same rank % 384; mp = same (rank % 384) % 96 within a replica;
+    # pp = same (rank % 384) / 96
+    wl = build_workload(_cfg(GPT3))
+    assert _group(wl, "dp", 100) == [100, 484]
+    assert _group(wl, "tp", 100) == [4, 100, 196, 292]
+    assert _group(wl, "pp", 100) == list(range(96, 192))
+    # gpt3_moe.cpp:163-180: dp = same rank % 96; with q = rank / 96, moe_allreduce = same
+    # q % 16, moe_alltoall = same q / 16 (within the dp group)
+    wl = build_workload(_cfg(MOE))
+    r = 5 + 96 * (3 + 16 * 1)                   # stage 5, expert 3, replica 1
+    assert _group(wl, "dp", r) == [5 + 96 * q for q in range(32)]
+    assert _group(wl, "edp", r) == [5 + 96 * 3, 5 + 96 * 19]
+    assert _group(wl, "ep", r) == [5 + 96 * q for q in range(16, 32)]
+    assert _group(wl, "pp", r) == list(range(96 * 19, 96 * 20))
