@@ -196,13 +196,31 @@ def test_des_agrees_with_analytical_on_gpt_proxies(path, overrides):
     assert d.iteration_time_s == pytest.approx(a.iteration_time_s, rel=0.01)
 
 
+def test_proxy_program_with_the_cost_model_computes_the_layers_flops():
+    # compute: model: the stage's forward is the layer's GEMM FLOPs (GPT-2: 24·b·s·h² +
+    # 4·b·s²·h per layer, Narayanan et al. 2021), timed by the cost model, not slept
+    cfg = ddlsim.load_config(GPT2, overrides=["model.compute=model", "model.proxy_timings=null"])
+    wl = build_workload(cfg)
+    fwd = next(op for op in wl.classes[3].program.blocks["F"].ops
+               if getattr(op.payload, "name", "") == "forward")
+    b, s, h = 1, 632, 1280
+    assert fwd.repeat == 8 and fwd.payload.seconds is None
+    assert fwd.payload.flops == 24 * b * s * h * h + 4 * b * s * s * h
+    res = ddlsim.predict(cfg)
+    assert res.breakdown.compute_s > 0
+
+
 def test_proxy_options_are_refused_where_they_mean_nothing():
     base = {"model": "gpt2-124m", "parallel": {"pipeline_model_parallel_size": 2},
             "train": {"micro_batch_size": 1, "global_batch_size": 4, "seq_length": 64},
             "system": {"preset": "dgx-a100", "nodes": 1}}
     for model, match in [({"proxy_timings": {"forward": "1 ms"}}, "compute is 'model'"),
                          ({"grad_sync": "per_layer"}, "options of the proxy programs"),
-                         ({"program": "proxy_gpipe"}, "compute: proxy"),
+                         ({"compute": "proxy", "proxy_timings": {"forward": "1 ms",
+                                                                 "backward": "1 ms"}},
+                          "program = 'megatron'"),
+                         ({"program": "proxy_gpipe", "compute": "proxy", "grad_sync": "per_stage"},
+                          "lacks forward, backward"),
                          ({"program": "proxy_gpipe", "compute": "proxy", "grad_sync": "per_stage",
                            "proxy_timings": {"forward": "1 ms"}}, "lacks backward"),
                          ({"program": "proxy_gpipe", "compute": "proxy", "grad_sync": "per_stage",

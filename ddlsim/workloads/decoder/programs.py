@@ -6,8 +6,9 @@ with the proxies' departures from Megatron as explicit options (docs/workloads/g
   gpt3_moe.cpp: every forward micro-batch, then every backward, then the gradient
   all-reduces) or ``proxy_one_step`` (gpt3_one_pipe_step.cpp, gpt3_moe_one_pipe_step.cpp: one
   pipeline step, even stages forward, odd stages backward).
-* ``compute``: ``model`` (the cost model) or ``proxy`` (``proxy_timings``: the proxy's
-  ``usleep`` constants per layer and micro-batch).
+* ``compute``: ``model`` (the cost model; with a proxy program, each layer's GEMM FLOPs) or
+  ``proxy`` (``proxy_timings``: the proxy's ``usleep`` constants per layer and micro-batch;
+  proxy programs only).
 * ``pipeline_p2p``: ``dependent`` (a stage sends micro-batch i after computing it, which it
   does after receiving it) or ``concurrent`` (comm_only proxies: the send to the next stage
   and the receive from the previous one are posted together and waited for together).
@@ -61,11 +62,11 @@ class ProgramFields(ModelBase):
         if self.compute == "model" and self.proxy_timings is not None:
             raise ValueError("model.proxy_timings is given but model.compute is 'model' (the "
                              "cost model): set compute: proxy to use the timings, or remove them")
-        if proxy != (self.compute == "proxy"):
-            raise ValueError(f"model.program = {self.program!r} with model.compute = "
-                             f"{self.compute!r}: the proxy programs (proxy_gpipe, "
-                             "proxy_one_step) take their compute times from proxy_timings "
-                             "(compute: proxy), and compute: proxy needs a proxy program")
+        if self.compute == "proxy" and not proxy:
+            raise ValueError("model.compute = 'proxy' with model.program = 'megatron': the "
+                             "proxies' sleeps are per layer, Megatron's program times each "
+                             "operator; set program to proxy_gpipe or proxy_one_step, or use "
+                             "compute: model")
         departures = {n: getattr(self, n) for n, d in (("pipeline_p2p", "dependent"),
                       ("grad_sync", "bucketed"), ("grad_buffers", "all")) if getattr(self, n) != d}
         if not proxy and departures:

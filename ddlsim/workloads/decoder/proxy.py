@@ -144,20 +144,23 @@ class _ProxyBuilder:
 
     def compute(self, backward: bool) -> list[Op]:
         """The stage's compute for one micro-batch: ``L`` layers of the proxy's sleep (and
-        the experts' sleep after each when MoE)."""
+        the experts' sleep after each when MoE), or with ``compute: model`` of the layer's
+        GEMM FLOPs (backward: 2×) timed by the cost model."""
         sh, sz, k = self.shape, self.sz, 2.0 if backward else 1.0
         g = sh.layer_gemm_flops(sz.b, sz.s)
         attn = k * (g["q"] + g["kv"] + g["attn_core"] + g["proj"]) / sz.tp
         rest = k * sum(v for n, v in g.items() if n not in ("q", "kv", "attn_core", "proj"))
         name = "backward" if backward else "forward"
-        if self.timings[name] == 0:  # no compute at all (comm_only proxies): no FLOPs either
+        t = self.timings or {}  # compute: model: the cost model times the FLOPs
+        if t.get(name) == 0:  # no compute at all (comm_only proxies): no FLOPs either
             attn = rest = 0.0
+        dtype = self.cfg.train.dtype
         if not sh.is_moe:
-            return [Op(Compute(name, attn + rest / sz.tp, seconds=self.timings[name]),
+            return [Op(Compute(name, attn + rest / sz.tp, dtype=dtype, seconds=t.get(name)),
                        repeat=self.L)]
-        return [Op(Compute(name, attn, seconds=self.timings[name]), repeat=self.L),
-                Op(Compute(f"{name}_experts", rest / sz.tp, seconds=self.timings[f"{name}_experts"]),
-                   repeat=self.L)]
+        return [Op(Compute(name, attn, dtype=dtype, seconds=t.get(name)), repeat=self.L),
+                Op(Compute(f"{name}_experts", rest / sz.tp, dtype=dtype,
+                           seconds=t.get(f"{name}_experts")), repeat=self.L)]
 
     def layer_collectives(self, backward: bool) -> list[Op]:
         """After the compute of a micro-batch, per layer: 2 TP all-reduces (gpt3.cpp:77-79)
@@ -304,7 +307,7 @@ def build_proxy_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
         model=cfg.model.name, architecture=cfg.model.architecture,
         parameter_count=int(shape.params),
         model_flops=float(shape.model_flops(t.global_batch_size, t.seq_length)
-                          if any(cfg.model.proxy_timings.values()) else 0.0),
+                          if any((cfg.model.proxy_timings or {"": 1}).values()) else 0.0),
         tokens=t.global_batch_size * t.seq_length, samples=t.global_batch_size,
         microbatches=m, dtype=t.dtype)
     return Workload(f"{cfg.model.name}-{cfg.model.program}-tp{b.sz.tp}-pp{pp}-dp{cfg.dp}",
