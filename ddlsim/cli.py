@@ -269,6 +269,11 @@ def comm(
     force: Force = False,
     model: Annotated[Optional[str], typer.Option(
         "--model", help="A HuggingFace config.json replacing CONFIG's model section.")] = None,
+    diff_mpip: Annotated[Optional[Path], typer.Option(
+        "--diff-mpip", help="An mpiP report of a real run: print calls and sent bytes per "
+                            "rank and call, ddlsim's beside mpiP's; exit 1 if any differ.")] = None,
+    iterations: Annotated[int, typer.Option(
+        help="With --diff-mpip: iterations the profiled run made.")] = 1,
 ) -> None:
     """Print one iteration's communication per rank as an MPI profiler (mpiP) reports it:
     calls, send and receive bytes per operation, group, peer and root (docs/comm.md)."""
@@ -281,6 +286,13 @@ def comm(
     _check_force(force, output=output)
     cfg = load_config(config, overrides or [], model=model)
     workload = build_workload(cfg)
+    if diff_mpip is not None:  # docs/comm.md, "Checking a real run against it"
+        from .commdiff import diff_report
+        text, ok = diff_report(comm_profile(workload, "rank"), diff_mpip, iterations, fmt)
+        _emit(text, output, force)
+        if not ok:
+            raise typer.Exit(1)
+        return
     frame = comm_profile(workload, per)
     _emit(render_profile(frame, fmt, per=per, world_size=workload.world_size), output, force)
 

@@ -21,6 +21,13 @@ send / recv        B / 0                        0 / B
 =================  ===========================  ==============================
 
 ``B`` is the trace's ``bytes`` (the nccl-tests convention, docs/trace.md), ``p`` the group size.
+
+Blocking or not: an op on the ``compute`` stream blocks the rank's program (``allreduce``,
+``send``); an op on any other stream runs beside it until a ``Wait`` joins that stream, the
+trace's form of a non-blocking call and its ``MPI_Wait``, and is named as MPI's non-blocking
+call: ``isend``, ``irecv``, ``iallreduce``, ``iallgather``, ``ireduce_scatter``,
+``ialltoall(v)``, ``ibcast``, ``ireduce``, ``igather``, ``iscatter``, ``ibarrier``. Buffer sizes
+are those of the blocking form.
 """
 
 from __future__ import annotations
@@ -33,13 +40,15 @@ import numpy as np
 from .errors import DDLSimError
 from .workloads.trace import P2P, Collective, Loop, Program, StepTable, Workload
 
-__all__ = ["MPI_NAMES", "MAX_RANK_ROWS", "CommProfileError", "comm_profile"]
+__all__ = ["MPI_NAMES", "BLOCKING_STREAM", "mpi_name", "MAX_RANK_ROWS", "CommProfileError", "comm_profile"]
 
 #: The trace's collective names → MPI's.
 MPI_NAMES = {"all_reduce": "allreduce", "all_gather": "allgather",
              "reduce_scatter": "reduce_scatter", "all_to_all": "alltoall",
              "broadcast": "bcast", "reduce": "reduce", "gather": "gather",
              "scatter": "scatter", "barrier": "barrier"}
+#: The stream whose ops block the program; ops on other streams are non-blocking (``i…``).
+BLOCKING_STREAM = "compute"
 #: ``--per rank`` refuses to print more rows than this.
 MAX_RANK_ROWS = 100_000
 _ROOTED = ("bcast", "reduce", "gather", "scatter")
@@ -72,6 +81,17 @@ def block_counts(program: Program) -> dict[str, int]:
     return dict(Counter(s.block for s in steps))
 
 
+def mpi_name(base: str, stream: str) -> str:
+    """MPI's name of a call: ``base`` (``allreduce``, ``send``, …) as is on the blocking
+    stream, with MPI's ``i`` prefix of the non-blocking form on any other stream."""
+    return base if stream == BLOCKING_STREAM else f"i{base}"
+
+
+def _base(op: str) -> str:
+    """The blocking name of an MPI name (``iallreduce`` → ``allreduce``)."""
+    return op[1:] if op.startswith("i") else op
+
+
 def _walk(ops, times: int, out: dict) -> None:
     """Add the communication ops of ``ops`` issued ``times`` times each (× repeat, × loop
     count) to ``out``."""
@@ -80,7 +100,7 @@ def _walk(ops, times: int, out: dict) -> None:
         if isinstance(p, Loop):
             _walk(p.body, k * p.count, out)
         elif isinstance(p, P2P):
-            e = out.setdefault((p.kind, p.group, p.peer, None), _Entry())
+            e = out.setdefault((mpi_name(p.kind, op.stream), p.group, p.peer, None), _Entry())
             e.calls += k
             e.nbytes += k * p.bytes
         elif isinstance(p, Collective):
@@ -88,7 +108,7 @@ def _walk(ops, times: int, out: dict) -> None:
             if p.split_bytes is not None:
                 name = "alltoallv"
             root = p.root if name in _ROOTED else None
-            e = out.setdefault((name, p.group, None, root), _Entry())
+            e = out.setdefault((mpi_name(name, op.stream), p.group, None, root), _Entry())
             e.calls += k
             e.nbytes += k * p.bytes
             if p.split_bytes is not None:
@@ -117,7 +137,7 @@ def _positions(workload: Workload, family: str) -> tuple[np.ndarray, np.ndarray]
 
 def _buffers(key: tuple, e: _Entry, p: int, member: np.ndarray, is_root: np.ndarray):
     """Send and receive bytes per rank (arrays over the class's ranks) of one entry."""
-    op, B = key[0], e.nbytes
+    op, B = _base(key[0]), e.nbytes
     one = np.ones(len(member))
     if op == "alltoallv":
         return B * one, p * e.split[member]
@@ -162,7 +182,7 @@ def _class_frames(workload: Workload, per: str, pos: dict):
 
 
 def _roles(op: str, is_root: np.ndarray):
-    if op in _ROOTED:
+    if _base(op) in _ROOTED:
         return (("root", is_root), ("member", ~is_root))
     return (("", np.ones(len(is_root), bool)),)
 

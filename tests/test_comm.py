@@ -75,15 +75,16 @@ def test_pipeline_sends_a_tp_slice_per_micro_batch_then_gathers_it(per_rank):
     # Narayanan et al. 2021 §4.1: each TP rank sends 1/t of the activations, the receiver
     # all-gathers them over TP. Stage 0 = ranks 0-3 sends forward to the same (tp, dp)
     # position of stage 1 = rank + 4, which sends gradients back.
+    # Megatron posts them with isend/irecv (batch_isend_irecv): ops on the trace's "pp" stream
     for r in (0, 2):
-        s = _row(per_rank, rank=r, op="send")
+        s = _row(per_rank, rank=r, op="isend")
         assert (s["peer"], s["calls"], s["recv_bytes"]) == (r + 4, MB, 0)
         assert s["send_bytes"] == MB * ACT / TP
-        g = _row(per_rank, rank=r, op="recv")
+        g = _row(per_rank, rank=r, op="irecv")
         assert (g["peer"], g["calls"], g["recv_bytes"]) == (r + 4, MB, MB * ACT / TP)
         ag = _row(per_rank, rank=r, op="allgather")
         assert (ag["calls"], ag["send_bytes"], ag["recv_bytes"]) == (MB, MB * ACT / TP, MB * ACT)
-    assert _row(per_rank, rank=5, op="send")["peer"] == 1
+    assert _row(per_rank, rank=5, op="isend")["peer"] == 1
 
 
 def test_tp_allreduces_four_per_layer_and_micro_batch(per_rank):
@@ -99,11 +100,12 @@ def test_tp_allreduces_four_per_layer_and_micro_batch(per_rank):
 
 
 def test_dp_allreduce_moves_the_stage_gradients(per_rank):
+    # DDP's bucket all-reduces run on the "dp" stream beside the backward: non-blocking
     layers = L // PP * LAYER / TP          # ddlsim shards a layer's parameters by t
     first = 2 * (layers + V * H / TP + POS * H)
     last = 2 * (layers + 2 * H + V * H / TP)   # final norm, tied head's copy
-    assert _row(per_rank, rank=0, op="allreduce", group="dp")["send_bytes"] == first
-    assert _row(per_rank, rank=7, op="allreduce", group="dp")["recv_bytes"] == last
+    assert _row(per_rank, rank=0, op="iallreduce", group="dp")["send_bytes"] == first
+    assert _row(per_rank, rank=7, op="iallreduce", group="dp")["recv_bytes"] == last
 
 
 def test_send_bytes_match_the_prediction_comm_bytes(plan, per_rank):
@@ -114,7 +116,7 @@ def test_send_bytes_match_the_prediction_comm_bytes(plan, per_rank):
     cls = next(c for c in wl.classes if c.name == res.critical_class)
     rows = per_rank[per_rank["rank"] == cls.ranks[0]]
     nccl = np.where(rows["op"] == "allgather", rows["recv_bytes"],
-                    np.where(rows["op"] == "recv", 0.0, rows["send_bytes"]))
+                    np.where(rows["op"].isin(["recv", "irecv"]), 0.0, rows["send_bytes"]))
     got = pd.Series(nccl, index=rows["group"].values).groupby(level=0).sum().to_dict()
     assert got == pytest.approx({k: v for k, v in res.comm_bytes.items() if v})
 
@@ -149,7 +151,8 @@ def test_steps_repeat_and_loops_multiply_calls():
     assert a2a["recv_bytes"].to_dict() == {0: 30 * 3 * 10, 1: 30 * 3 * 20, 2: 30 * 3 * 30}
     bc = f[f["op"] == "bcast"].set_index("rank")
     assert (bc["root"] == 1).all() and bc["send_bytes"].to_dict() == {0: 0, 1: 45, 2: 0}
-    assert f[f["op"] == "send"].set_index("rank")["peer"].to_dict() == {0: 1, 1: 2, 2: 0}
+    # the send runs on stream "p", not "compute": MPI_Isend
+    assert f[f["op"] == "isend"].set_index("rank")["peer"].to_dict() == {0: 1, 1: 2, 2: 0}
 
 
 def test_per_rank_refuses_too_many_rows_and_points_to_per_class(plan):
@@ -184,3 +187,18 @@ def test_bad_input_is_one_paragraph_and_exit_2(args):
     r = runner.invoke(app, args)
     assert r.exit_code == 2, r.output
     assert r.output.startswith("error:")
+
+
+def test_ops_off_the_compute_stream_are_named_as_non_blocking_calls():
+    # docs/comm.md: the compute stream blocks (MPI_Allreduce, MPI_Send); any other stream is
+    # MPI's non-blocking call (MPI_Iallreduce, MPI_Isend), with the same buffer sizes
+    ops = [Op(Collective("a", "all_reduce", "ep", 30.0)),
+           Op(Collective("b", "all_reduce", "ep", 30.0), stream="dp"),
+           Op(Collective("c", "all_gather", "ep", 30.0), stream="dp"),
+           Op(P2P("s", "send", "ep", 1, 5.0, "t")),
+           Op(P2P("r", "recv", "ep", -1, 5.0, "t"), stream="pp")]
+    f = comm_profile(_tiny(ops, StepTable(["x"], [0], [0])), "rank")
+    r0 = f[f["rank"] == 0].set_index("op")
+    assert sorted(r0.index) == ["allreduce", "iallgather", "iallreduce", "irecv", "send"]
+    assert r0.loc["iallgather", "send_bytes"] == 10 and r0.loc["iallgather", "recv_bytes"] == 30
+    assert r0.loc["irecv", "recv_bytes"] == 5 and r0.loc["irecv", "peer"] == 2

@@ -49,13 +49,21 @@ class DecoderFamily(WorkloadFamily):
             raise ValueError(f"sequence_parallel needs train.seq_length = {t.seq_length} divisible "
                              f"by tensor_model_parallel_size = {tp}")
         _check_experts(cfg)
+        from .proxy import check_proxy_plan
+        check_proxy_plan(cfg)
 
     def build(self, cfg: Any):
         from .build import build_decoder_workload
+        if cfg.model.program != "megatron":  # a GPT proxy's program (.proxy)
+            from .proxy import build_proxy_workload
+            return build_proxy_workload(cfg, cfg.model.shape())
         return build_decoder_workload(cfg, cfg.model.shape())
 
     def memory(self, cfg: Any) -> list:
         from .build import decoder_memory
+        if cfg.model.program != "megatron":
+            from .proxy import proxy_memory
+            return proxy_memory(cfg, cfg.model.shape())
         return decoder_memory(cfg, cfg.model.shape())
 
     def summary(self, model: Any) -> str:

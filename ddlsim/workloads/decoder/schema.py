@@ -25,6 +25,7 @@ from pydantic import BeforeValidator, Field, StrictBool, model_validator
 
 from ...config import ModelBase, count_type, reject_bool
 from ..models.decoder import DecoderShape
+from .programs import ProgramFields
 
 __all__ = ["GPTModel", "LlamaModel", "MoEFields", "GATED_ACTIVATIONS"]
 
@@ -92,8 +93,9 @@ class MoEFields(ModelBase):
                     capacity_factor=self.capacity_factor)
 
 
-class DecoderFields(MoEFields):
-    """The fields every decoder family shares (HuggingFace names)."""
+class DecoderFields(MoEFields, ProgramFields):
+    """The fields every decoder family shares (HuggingFace names), and the program options
+    (:mod:`.programs`: Megatron-LM's or a GPT proxy's)."""
 
     num_hidden_layers: count_type("layers")
     hidden_size: count_type("hidden_size")
