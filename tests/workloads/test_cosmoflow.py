@@ -132,8 +132,8 @@ def test_micro_batches_repeat_halos_but_reduce_gradients_once():
     two = comm_profile(build_workload(_cfg(train={**base, "global_batch_size": 16})), "rank")
     key = ["rank", "op", "group"]
     a, b = one.set_index(key), two.set_index(key)
-    assert (b.loc[(0, "send", "sx"), "calls"] == 2 * a.loc[(0, "send", "sx"), "calls"])
-    assert (b.loc[(0, "allreduce", "world")] == a.loc[(0, "allreduce", "world")]).all()
+    assert (b.loc[(0, "isend", "sx"), "calls"] == 2 * a.loc[(0, "isend", "sx"), "calls"])
+    assert (b.loc[(0, "iallreduce", "world")] == a.loc[(0, "iallreduce", "world")]).all()
 
 
 def test_halo_overlap_hides_halos_and_keeps_the_work():
@@ -215,7 +215,7 @@ def test_two_level_conv_gradient_reduction():
     conv = 4 * (3488 + 55360 + 221312 + 884992 + 3539456)
     prof = comm_profile(build_workload(_cfg(model={"conv_grad_allreduce": "spatial_then_data"})),
                         "rank")
-    rows = prof[(prof["rank"] == 0) & (prof["op"] == "allreduce")].set_index("group")
+    rows = prof[(prof["rank"] == 0) & (prof["op"] == "iallreduce")].set_index("group")
     assert rows.loc["sp", ["group_size", "calls", "send_bytes"]].tolist() == [4, 5, conv]
     assert rows.loc["dp", "calls"] == 6     # 5 conv layers + the dense gradients
     assert rows.loc["dp", "send_bytes"] == conv + 4 * 4_202_948 / 4

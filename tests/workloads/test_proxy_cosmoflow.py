@@ -78,8 +78,8 @@ def test_halo_bytes_per_direction(profile):
     assert per_direction == 23_592_960
     for rank in range(WORLD):
         for group, partner in (("sx", rank ^ 1), ("sy", rank ^ 2)):
-            send = _rows(profile, rank=rank, op="send", group=group)
-            recv = _rows(profile, rank=rank, op="recv", group=group)
+            send = _rows(profile, rank=rank, op="isend", group=group)
+            recv = _rows(profile, rank=rank, op="irecv", group=group)
             assert len(send) == len(recv) == 1
             assert send.iloc[0][["peer", "calls", "send_bytes", "recv_bytes"]].tolist() == \
                 [partner, 8, per_direction, 0]
@@ -132,8 +132,8 @@ def test_allreduce_split_between_the_dense_group_and_all_ranks(profile, workload
     dense_allreduce_comm (:115: the 4 ranks with the same rank % 4), and of conv4..conv0's
     gradients, 3,539,456 + 884,992 + 221,312 + 55,360 + 3,488 = 4,704,608 floats in 5 calls,
     on MPI_COMM_WORLD (:118). Bytes: 4,202,948 on the dense group, 18,818,432 on all ranks."""
-    dense = _rows(profile, op="allreduce", group="dp")
-    world = _rows(profile, op="allreduce", group="world")
+    dense = _rows(profile, op="iallreduce", group="dp")
+    world = _rows(profile, op="iallreduce", group="world")
     assert len(dense) == len(world) == WORLD
     assert dense[["group_size", "calls", "send_bytes"]].drop_duplicates().values.tolist() == \
         [[SHARDS, 1, F * ALLREDUCE[0]]]
