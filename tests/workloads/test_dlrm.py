@@ -237,7 +237,6 @@ def _error(model=None, **kw) -> str:
 
 
 @pytest.mark.parametrize("model,run_kw,words", [
-    ("dlrm-proxy", {"ranks": 3}, ["table_wise", "256 ×1, 128 ×2", "row_wise"]),
     ({"preset": "dlrm-proxy", "sharding": "column_wise"}, {"ranks": 3}, ["[128]", "divisible"]),
     ({"preset": "dlrm-proxy", "compute": "proxy"}, {}, ["missing", "embedding_forward"]),
     ({"preset": "dlrm-proxy", "proxy_timings": {"optimizer": "0 s"}}, {}, ["compute = 'model'"]),

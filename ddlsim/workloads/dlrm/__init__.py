@@ -78,9 +78,7 @@ class DLRMFamily(WorkloadFamily):
 
 
 def _check_sharding(model: DLRMModel, p: int) -> None:
-    """Table-wise: every rank's pooled width equal; column-wise: every dim divisible by p."""
-    from .shape import shard_tables
-
+    """Column-wise: every table's dim divisible by the rank count."""
     if model.sharding == "column_wise":
         bad = sorted({d for d in (model.dim_of(t) for t in model.tables) if d % p})
         if bad:
@@ -88,27 +86,3 @@ def _check_sharding(model: DLRMModel, p: int) -> None:
                              f"the {p} ranks, but embedding dims {bad} are not divisible by "
                              f"{p}; use a rank count that divides them, or table_wise / "
                              "row_wise sharding")
-        return
-    if model.sharding != "table_wise":
-        return
-    widths = [sum(s.dim for s in shards) for shards in shard_tables(model, p)]
-    if len(set(widths)) > 1:
-        raise ValueError(
-            f"model.sharding = 'table_wise' puts the {len(model.tables)} tables on {p} ranks in "
-            f"contiguous runs, giving per-rank pooled widths {_runs(widths)}: the forward "
-            f"all-to-all would send different sizes from different ranks (a send-side "
-            f"imbalance), which ddlsim's trace cannot express yet (docs/trace.md, uneven "
-            f"all-to-all: every member of a group sends the same split_bytes). Use a rank "
-            f"count whose table runs have equal widths (one that divides {len(model.tables)} "
-            f"when all dims are equal), or sharding: row_wise or column_wise")
-
-
-def _runs(widths: list[int]) -> str:
-    """``[128, 128, 64]`` → ``'128 ×2, 64 ×1'`` (in rank order, consecutive equal values)."""
-    out: list[list[int]] = []
-    for w in widths:
-        if out and out[-1][0] == w:
-            out[-1][1] += 1
-        else:
-            out.append([w, 1])
-    return ", ".join(f"{w} ×{n}" for w, n in out)

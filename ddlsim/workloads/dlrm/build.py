@@ -5,14 +5,16 @@ Per micro-batch of ``b`` samples per rank (``B = b·p`` over the ``p`` ranks), e
 forward
     looks up and pools its embedding shards for all ``B`` samples; sends them to the ranks
     that own the samples (table- and column-wise: an all-to-all of ``B·width·w`` bytes, where
-    ``width`` is the rank's pooled columns; row-wise: a reduce-scatter of the partial sums of
-    every table, ``B·Σdim·w``); runs the bottom MLP on its ``b`` samples (while the embeddings
+    ``width`` is the rank's pooled columns, ``b·width·w`` to each rank; when the widths differ
+    between ranks, an uneven all-to-all indexed by sender, ``split_by="sender"``; row-wise: a
+    reduce-scatter of the partial sums of every table, ``B·Σdim·w``); runs the bottom MLP on its ``b`` samples (while the embeddings
     travel, unless ``overlap_embedding_all_to_all: false``); then the interaction and the
     top MLP.
 backward
     the top MLP, the interaction and the bottom MLP in reverse; the pooled-embedding
     gradients go back to the shard owners (table- and column-wise: the all-to-all of the
-    same size; row-wise: an all-gather), started after the interaction's backward (or after
+    same size, ``b·width_j·w`` to owner j, indexed by receiver when uneven; row-wise: an
+    all-gather), started after the interaction's backward (or after
     the bottom MLP's with ``overlap_embedding_all_to_all: false``); then the embedding
     backward with its fused sparse update (rows touched = ``B·pooling``). In the last
     micro-batch, one gradient all-reduce per dense module (top MLP, cross network, bottom
@@ -66,8 +68,8 @@ def rank_work(shards: list[Shard], samples: int) -> RankWork:
 class _Builder:
     """The blocks of one rank class."""
 
-    def __init__(self, cfg, shape: DLRMShape, work: RankWork):
-        self.cfg, self.shape, self.work = cfg, shape, work
+    def __init__(self, cfg, shape: DLRMShape, work: RankWork, widths: list[int]):
+        self.cfg, self.shape, self.work, self.widths = cfg, shape, work, widths
         self.m, self.t = cfg.model, cfg.train
         self.p = cfg.world_size
         self.b = self.t.micro_batch_size
@@ -126,9 +128,14 @@ class _Builder:
             nbytes = self.B * sum(self.shape.dims) * self.w
             return Collective("embedding.all_gather" if backward else "embedding.reduce_scatter",
                               "all_gather" if backward else "reduce_scatter", "emb", nbytes)
-        nbytes = self.B * wk.width * self.w
-        return Collective(f"embedding.all_to_all.{'bwd' if backward else 'fwd'}",
-                          "all_to_all", "emb", nbytes)
+        name = f"embedding.all_to_all.{'bwd' if backward else 'fwd'}"
+        if len(set(self.widths)) == 1:
+            return Collective(name, "all_to_all", "emb", self.B * wk.width * self.w)
+        # uneven widths: rank i sends b·width_i to every rank (forward) and receives b·width_i
+        # from every rank (backward): the same vector, indexed by sender, then by receiver
+        split = tuple(self.b * x * self.w for x in self.widths)
+        return Collective(name, "all_to_all", "emb", sum(split), split_bytes=split,
+                          split_by="receiver" if backward else "sender")
 
     def _grads(self) -> list[tuple[str, float]]:
         """(name, bytes) of the gradient all-reduces in the order their backward ends."""
@@ -210,11 +217,12 @@ def build_dlrm_workload(cfg) -> Workload:
     shape = DLRMShape(cfg.model)
     p, t = cfg.world_size, cfg.train
     works = _works(cfg, shape)
+    widths = [wk.width for wk in works]
     kinds = list(dict.fromkeys(works))  # distinct rank works, in rank order
     classes = []
     for i, wk in enumerate(kinds):
         ranks = tuple(r for r in range(p) if works[r] == wk)
-        program = _Builder(cfg, shape, wk).program(cfg.num_microbatches)
+        program = _Builder(cfg, shape, wk, widths).program(cfg.num_microbatches)
         classes.append(RankClass("ranks" if len(kinds) == 1 else f"ranks{i}", ranks, program))
     groups = dict(cfg.mesh.families())
     groups["emb"] = GroupFamily("emb", "world", np.arange(p, dtype=np.int64)[None, :])
