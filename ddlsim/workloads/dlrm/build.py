@@ -58,7 +58,19 @@ class RankWork:
 
 
 def rank_work(shards: list[Shard], samples: int) -> RankWork:
-    """The :class:`RankWork` of ``shards`` for ``samples`` global samples per micro-batch."""
+    """The embedding work of one rank per micro-batch.
+
+    Parameters
+    ----------
+    shards : the rank's shards (:func:`~ddlsim.workloads.dlrm.shape.shard_tables`).
+    samples : samples of one micro-batch over all ranks (``micro_batch_size · ranks``).
+
+    Returns
+    -------
+    RankWork
+        Lookups ``Σ samples·pooling·fraction`` (= rows touched by the sparse update),
+        looked-up elements, pooled width, table elements and rows held.
+    """
     look = [samples * s.pooling * s.fraction for s in shards]
     return RankWork(sum(look), sum(n * s.dim for n, s in zip(look, shards)),
                     sum(s.dim for s in shards), sum(s.rows * s.dim for s in shards),
@@ -213,7 +225,20 @@ def _works(cfg, shape: DLRMShape) -> list[RankWork]:
 
 
 def build_dlrm_workload(cfg) -> Workload:
-    """The trace of one iteration of ``cfg`` (a run config whose model is a ``dlrm``)."""
+    """The trace of one iteration (format: docs/trace.md; order: this module's docstring).
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        A run config whose model is a ``dlrm`` section.
+
+    Returns
+    -------
+    Workload
+        One rank class per distinct shard work; group families ``dp`` (the mesh's, every
+        rank) for the gradient all-reduces and ``emb`` (every rank, kind ``world``) for the
+        embedding exchange.
+    """
     shape = DLRMShape(cfg.model)
     p, t = cfg.world_size, cfg.train
     works = _works(cfg, shape)
@@ -245,6 +270,16 @@ def dlrm_memory(cfg) -> list[MemoryBreakdown]:
     optimizer's (adagrad: 4 bytes per element, row-wise adagrad: 4 per row); activations:
     every layer's output per sample kept for backward, plus the pooled embeddings sent and
     received; other: the indices of one micro-batch.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        A run config whose model is a ``dlrm`` section.
+
+    Returns
+    -------
+    list of MemoryBreakdown
+        Bytes on one rank of each distinct shard set, in rank order.
     """
     shape = DLRMShape(cfg.model)
     m, t = cfg.model, cfg.train

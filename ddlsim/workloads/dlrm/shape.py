@@ -83,6 +83,17 @@ def shard_tables(model: DLRMModel, p: int) -> list[list[Shard]]:
     ``get_my_slice``). ``row_wise``: every table's rows split in contiguous runs over all ranks
     (TorchRec ``RwSharding``). ``column_wise``: every table's columns split evenly over all
     ranks (TorchRec ``CwSharding`` with one shard per rank; ``dim`` must be divisible by p).
+
+    Parameters
+    ----------
+    model : DLRMModel
+    p : int
+        Ranks the tables are spread over.
+
+    Returns
+    -------
+    list of list of Shard
+        Per rank, its shards in table order.
     """
     tabs = [(t.rows, model.dim_of(t), t.pooling) for t in model.tables]
     if model.sharding == "table_wise":
