@@ -246,6 +246,8 @@ def _error(model=None, **kw) -> str:
     ({"preset": "dlrm-proxy", "cross_layers": 3}, {}, ["dcnv2"]),
     ({"preset": "dlrm-proxy", "interaction": "dcnv2"}, {}, ["cross_layers"]),
     ({"preset": "dlrm-proxy", "tables": []}, {}, ["tables"]),
+    ({"preset": "dlrm-proxy", "sharding": "diagonal"}, {}, ["model.sharding", "'row_wise'"]),
+    ({"preset": "dlrm-proxy", "tables": [{"rows": 0}]}, {}, ["model.tables.0.rows", "got 0"]),
 ])
 def test_bad_models_are_refused_in_one_paragraph(model, run_kw, words):
     msg = _error(model, run=run_kw)
