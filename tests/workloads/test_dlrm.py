@@ -285,3 +285,16 @@ def test_every_rank_class_issues_the_same_exchange_sizes():
              for p in (o.payload for o in b.ops) if isinstance(p, Collective)}
     assert len({n for n, _ in sizes}) == len(sizes)
     assert any(isinstance(o.payload, Compute) for o in wl.classes[0].program.blocks["F"].ops)
+
+
+def test_backward_all_to_all_follows_the_interaction_not_the_cross_all_reduce():
+    # DCN-v2 with overlap: the cross network's all-reduce (dp stream) and the gradient
+    # all-to-all (a2a stream) both wait for the interaction's backward, not for each other
+    cfg = ddlsim.load_config(run({"preset": "mlperf-dlrm-dcnv2", "sharding": "column_wise"}))
+    ops = build_workload(cfg).classes[0].program.blocks["BL"].ops
+    names = [o.payload.name for o in ops]
+    inter = names.index("interaction.bwd")
+    for name in ("cross_net.grad.all_reduce", "embedding.all_to_all.bwd"):
+        assert ops[names.index(name)].deps == (inter,)
+    assert ops[names.index("top_mlp.grad.all_reduce")].deps == (names.index("top.0.bwd"),)
+    assert ops[names.index("bottom_mlp.grad.all_reduce")].deps == (names.index("bottom.0.bwd"),)

@@ -179,19 +179,20 @@ class _Builder:
         grads = dict(self._grads())
         ops: list[Op] = []
 
-        def grad(name: str) -> None:
+        def grad(name: str, after: int) -> None:
+            """The all-reduce of ``name``'s gradients, once op ``after`` produced them."""
             if reduce and name in grads:
-                ops.append(Op(self._allreduce(name, grads[name]), stream="dp",
-                              deps=(len(ops) - 1,)))
+                ops.append(Op(self._allreduce(name, grads[name]), stream="dp", deps=(after,)))
 
         ops += self._mlp("top_mlp_backward", sh.top, True)
-        grad("top_mlp")
+        grad("top_mlp", len(ops) - 1)
         ops.append(self._interaction(True))
-        grad("cross_net")
+        inter = len(ops) - 1
+        grad("cross_net", inter)
         if overlap:
-            ops.append(Op(self._exchange(True), stream="a2a", deps=(len(ops) - 1,)))
+            ops.append(Op(self._exchange(True), stream="a2a", deps=(inter,)))
         ops += self._mlp("bottom_mlp_backward", sh.bottom, True)
-        grad("bottom_mlp")
+        grad("bottom_mlp", len(ops) - 1)
         ops.append(Op(self._exchange(True)) if not overlap else Op(Wait("wait.embedding", "a2a")))
         ops.append(self._embedding(True))
         return Block("BL" if last else "B", "backward", tuple(ops))
