@@ -11,7 +11,8 @@ allreduce          B                            B
 allgather          B/p                          B   (B: the gathered output)
 reduce_scatter     B   (the full input)         B/p
 alltoall           B   (everything sent)        B
-alltoallv          Σ_j b_j                      p·b_i (member i; every member sends b)
+alltoallv          Σ_j b_j; by sender: p·b_i    p·b_i (member i; every member sends b);
+                                               by sender: Σ_j b_j
 bcast              root: B, others: 0           root: 0, others: B
 reduce             B                            root: B, others: 0
 gather             B/p                          root: B, others: 0
@@ -68,7 +69,8 @@ class _Entry:
 
     calls: int = 0
     nbytes: float = 0.0
-    split: np.ndarray | None = field(default=None)
+    send: np.ndarray | None = field(default=None)  # alltoallv: bytes per group member
+    recv: np.ndarray | None = field(default=None)
 
 
 def block_counts(program: Program) -> dict[str, int]:
@@ -113,7 +115,10 @@ def _walk(ops, times: int, out: dict) -> None:
             e.nbytes += k * p.bytes
             if p.split_bytes is not None:
                 vec = k * np.asarray(p.split_bytes, dtype=float)
-                e.split = vec if e.split is None else e.split + vec
+                each, per = np.full(len(vec), vec.sum()), len(vec) * vec
+                send, recv = (each, per) if p.split_by == "receiver" else (per, each)
+                e.send = send if e.send is None else e.send + send
+                e.recv = recv if e.recv is None else e.recv + recv
 
 
 def class_entries(program: Program) -> dict[tuple, _Entry]:
@@ -140,7 +145,7 @@ def _buffers(key: tuple, e: _Entry, p: int, member: np.ndarray, is_root: np.ndar
     op, B = _base(key[0]), e.nbytes
     one = np.ones(len(member))
     if op == "alltoallv":
-        return B * one, p * e.split[member]
+        return e.send[member], e.recv[member]
     send = {"allgather": B / p, "gather": B / p, "barrier": 0.0, "recv": 0.0,
             "bcast": np.where(is_root, B, 0.0), "scatter": np.where(is_root, B, 0.0)}
     recv = {"reduce_scatter": B / p, "scatter": B / p, "barrier": 0.0, "send": 0.0,

@@ -178,11 +178,14 @@ def best_algorithm(op: str, nbytes: float, net: GroupNet) -> tuple[str, float]:
     return best[1], best[0]
 
 
-def split_matrix(split_bytes) -> np.ndarray:
-    """``B[i, j]``: bytes member i sends to member j when every member sends ``split_bytes``
-    (the trace's per-peer sizes, in group order; the diagonal stays on the device)."""
+def split_matrix(split_bytes, by: str = "receiver") -> np.ndarray:
+    """``B[i, j]``: bytes member i sends to member j (the diagonal stays on the device). With
+    ``by="receiver"`` every member sends ``split_bytes[j]`` to member j (``B[i, j] = b_j``);
+    with ``by="sender"`` member i sends ``split_bytes[i]`` to every member (``B[i, j] = b_i``),
+    in group order (docs/trace.md)."""
     split = np.asarray(split_bytes, dtype=np.float64)
-    return np.tile(split, (len(split), 1))
+    matrix = np.tile(split, (len(split), 1))
+    return matrix.T.copy() if by == "sender" else matrix
 
 
 def uneven_time(op: str, algorithm: str, matrix: np.ndarray, net: GroupNet) -> float:

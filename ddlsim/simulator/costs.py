@@ -138,14 +138,15 @@ class CostModel:
     def choice(self, op: Collective) -> CollectiveChoice | None:
         """How ``op`` is timed, or None on a group of one rank (nothing to choose)."""
         nbytes = op.bytes if op.split_bytes is None else float(sum(op.split_bytes))
-        return self._coll(op.op, op.group, nbytes, op.algorithm, op.split_bytes)
+        return self._coll(op.op, op.group, nbytes, op.algorithm, op.split_bytes, op.split_by)
 
     def _choice_uncached(self, kind: str, group: str, nbytes: float, algo: str | None,
-                         split: tuple[float, ...] | None) -> CollectiveChoice | None:
+                         split: tuple[float, ...] | None, split_by: str = "receiver"
+                         ) -> CollectiveChoice | None:
         net = self.nets[group]
         if net.p <= 1:
             return None
-        name, t = self._closed_form(kind, group, nbytes, algo, split)
+        name, t = self._closed_form(kind, group, nbytes, algo, split, split_by)
         if self.profile is not None and split is None:  # profiles are measured even
             got, outside = self._profile_lookup(kind, nbytes, net)
             if got is not None:
@@ -158,10 +159,11 @@ class CostModel:
         return CollectiveChoice(f"{group}.{kind}[{format_bytes(nbytes)}]", name, name, t)
 
     def _closed_form(self, kind: str, group: str, nbytes: float, algo: str | None,
-                     split: tuple[float, ...] | None) -> tuple[str, float]:
+                     split: tuple[float, ...] | None, split_by: str = "receiver"
+                     ) -> tuple[str, float]:
         """(algorithm, seconds): the op's own, the configured one, or the cheapest."""
         net = self.nets[group]
-        matrix = None if split is None else split_matrix(split)
+        matrix = None if split is None else split_matrix(split, split_by)
         choice = algo or self.collective_algorithm.get(kind, "auto")
         if choice == "auto":
             return best_algorithm(kind, nbytes, net) if matrix is None \

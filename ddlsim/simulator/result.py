@@ -208,8 +208,9 @@ def assemble_result(engine: str, workload: "Workload", timings: Sequence[ClassTi
     Returns
     -------
     Result
-        The critical (last-finishing) class's breakdown; exposed communication always has
-        the ``dp``, ``tp``, ``pp`` and ``ep`` keys, other group kinds only when non-zero.
+        The critical (last-finishing) class's breakdown; exposed communication and
+        communication bytes always have the ``dp``, ``tp``, ``pp`` and ``ep`` keys, other
+        group kinds (``cp``, ``world``) only when non-zero.
     """
     crit = max(range(len(timings)), key=lambda i: timings[i].end)
     T = timings[crit]
@@ -220,7 +221,8 @@ def assemble_result(engine: str, workload: "Workload", timings: Sequence[ClassTi
         engine=engine,
         iteration_time_s=T.end,
         breakdown=Breakdown(T.compute, T.optimizer, exposed, T.bubble),
-        comm_bytes={k: T.comm_bytes.get(k, 0.0) for k in _KINDS},
+        comm_bytes={**{k: T.comm_bytes.get(k, 0.0) for k in _KINDS},
+                    **{k: v for k, v in T.comm_bytes.items() if k not in _KINDS and v}},
         memory=memory,
         samples=int(meta.samples),
         tokens=int(meta.tokens),

@@ -37,6 +37,7 @@ __all__ = ["WorkloadFamily", "register_workload", "get_family", "families", "hf_
 BUILTIN_FAMILIES: tuple[str, ...] = (
     "ddlsim.workloads.decoder",
     "ddlsim.workloads.cosmoflow",
+    "ddlsim.workloads.dlrm",
 )
 #: The architecture of a model section that names none (today's configs are all GPT).
 ARCHITECTURE_DEFAULT = "gpt"

@@ -78,9 +78,16 @@ class Collective:
     root: int = 0
     split_bytes: tuple[float, ...] | None = None  # uneven all_to_all: bytes to each member
     algorithm: str | None = None  # None: the run's choice for this op (or auto)
+    split_by: Literal["receiver", "sender"] = "receiver"  # what split_bytes is indexed by
 
     def __post_init__(self) -> None:
+        if self.split_by not in ("receiver", "sender"):
+            raise ValueError(f"collective {self.name!r}: split_by must be 'receiver' or "
+                             f"'sender', not {self.split_by!r}")
         if self.split_bytes is None:
+            if self.split_by != "receiver":
+                raise ValueError(f"collective {self.name!r}: split_by = {self.split_by!r} "
+                                 "needs split_bytes")
             return
         split = tuple(float(b) for b in self.split_bytes)
         if self.op != "all_to_all":
@@ -90,7 +97,8 @@ class Collective:
             raise ValueError(f"collective {self.name!r}: split_bytes must be >= 0, got {split}")
         if abs(sum(split) - self.bytes) > 1e-9 * max(self.bytes, 1.0):
             raise ValueError(f"collective {self.name!r}: bytes = {self.bytes} must equal "
-                             f"sum(split_bytes) = {sum(split)} (the total this rank sends)")
+                             f"sum(split_bytes) = {sum(split)} (split_by receiver: the total "
+                             "each rank sends; sender: the total each rank receives)")
         object.__setattr__(self, "split_bytes", split)
 
 

@@ -88,20 +88,22 @@ class Collectives:
             return
         nbytes = op.bytes if op.split_bytes is None else float(sum(op.split_bytes))
         algo = self.cost.choice(op).algorithm  # the closed form the analytical engine times
-        tpl = self._template(op.group, cid, op.op, algo, op.root % p, op.split_bytes)
+        tpl = self._template(op.group, cid, op.op, algo, op.root % p, op.split_bytes,
+                             op.split_by)
         eng = self.engine
         TemplateRun(eng.env, eng.network, tpl, nbytes, ins.repeat, issue.finish, eng.records)
 
     def _template(self, group: str, cid: int, kind: str, algo: str, root: int,
-                  split: tuple[float, ...] | None) -> FlowTemplate:
-        key = (group, cid, kind, algo, root, split)
+                  split: tuple[float, ...] | None, split_by: str = "receiver") -> FlowTemplate:
+        key = (group, cid, kind, algo, root, split, split_by)
         tpl = self._templates.get(key)
         if tpl is None:
             fam = self.engine.workload.groups[group]
             classes = np.asarray(self.components[group][1][cid])
             rows = np.flatnonzero(np.isin(self.class_of[fam.members], classes).any(axis=1))
             g = self.cost.nets[group].g
-            weights = None if split is None else split_matrix(split) / max(sum(split), 1e-300)
+            weights = (None if split is None
+                       else split_matrix(split, split_by) / max(sum(split), 1e-300))
             tpl = collective_template(self.routes, self.devices, fam.members[rows], kind, algo,
                                       root, g, f"{group}.{kind}/{algo}", weights)
             self._templates[key] = tpl
