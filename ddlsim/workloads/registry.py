@@ -36,6 +36,8 @@ __all__ = ["WorkloadFamily", "register_workload", "get_family", "families", "hf_
 #: Packages whose import registers the bundled families (one line per family).
 BUILTIN_FAMILIES: tuple[str, ...] = (
     "ddlsim.workloads.decoder",
+    "ddlsim.workloads.resnet",
+    "ddlsim.workloads.bert",
 )
 #: The architecture of a model section that names none (today's configs are all GPT).
 ARCHITECTURE_DEFAULT = "gpt"
