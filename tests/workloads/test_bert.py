@@ -117,6 +117,10 @@ def test_bad_input():
                             parallel={"data_parallel_size": 4})
     assert "proxy_timings.backward_per_microbatch" in _bad(model={
         **model, "compute": "proxy", "proxy_timings": {"forward_per_microbatch": "0 s"}})
+    assert "p2p_attention_mask" in _bad(model={**model, "p2p_attention_mask": True},
+                                        parallel={"data_parallel_size": 4})
+    assert "grad_bucket_size" in _bad(model={**model, "grad_buckets": "per_layer"},
+                                      parallel={**SMALL["parallel"], "grad_bucket_size": "5 MiB"})
     assert "max_position_embeddings" in _bad(train={**SMALL["train"], "seq_length": 1024})
     assert "tensor_model_parallel_size" in _bad(parallel={"tensor_model_parallel_size": 2,
                                                           "data_parallel_size": 2})

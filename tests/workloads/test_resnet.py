@@ -172,3 +172,16 @@ def test_bad_input_is_one_paragraph(change, message):
     with pytest.raises(ConfigError) as err:
         ddlsim.build_workload(ddlsim.load_config(doc))
     assert message in str(err.value) and "Traceback" not in str(err.value)
+
+
+def test_options_that_would_be_ignored_are_refused():
+    ring = {**ONE_NODE, "model": {"architecture": "resnet", "depth": 50,
+                                  "grad_sync": "ring_sendrecv"}}
+    with pytest.raises(ConfigError, match="overlap_grad_reduce"):
+        ddlsim.load_config(ring)
+    listed = {"architecture": "resnet", "depth": 50, "grad_buckets": [161]}
+    with pytest.raises(ConfigError, match="first_bucket_size"):
+        ddlsim.load_config({**ONE_NODE, "model": {**listed, "first_bucket_size": "2 MiB"}})
+    with pytest.raises(ConfigError, match="grad_bucket_size"):
+        ddlsim.load_config({**ONE_NODE, "model": listed,
+                            "parallel": {"data_parallel_size": 8, "grad_bucket_size": "50 MiB"}})

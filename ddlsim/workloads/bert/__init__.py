@@ -49,6 +49,14 @@ class BertFamily(WorkloadFamily):
                 "first, which needs an embedding-gradient all-reduce between them that this "
                 "family does not model; set tie_word_embeddings: false (each stage keeps its "
                 "own matrix, as bert_large.cpp's ENDSIZE does) or use pp = 1")
+        if m.grad_buckets != "ddp" and "grad_bucket_size" in p.model_fields_set:
+            raise ValueError(f"parallel.grad_bucket_size is DDP's bucket_cap_mb, but "
+                             f"model.grad_buckets = {m.grad_buckets!r} sets the buckets; remove "
+                             "one")
+        if m.p2p_attention_mask and p.pp == 1:
+            raise ValueError("model.p2p_attention_mask = true describes pipeline messages, but "
+                             "pipeline_model_parallel_size = 1 sends none; remove it or use "
+                             "pp > 1")
         if m.stage_exchange == "paired" and p.pp == 1:
             raise ValueError("model.stage_exchange = 'paired' describes pipeline messages, but "
                              "pipeline_model_parallel_size = 1 sends none; remove it or use "

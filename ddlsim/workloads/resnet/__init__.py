@@ -34,6 +34,15 @@ class ResNetFamily(WorkloadFamily):
             raise ValueError(f"the resnet family models PyTorch DDP: dp_strategy = "
                              f"{p.dp_strategy!r} and zero_stage = {p.zero_stage} must be 'ddp' "
                              "and 0")
+        m = cfg.model
+        if m.grad_buckets != "ddp" and "grad_bucket_size" in p.model_fields_set:
+            raise ValueError(f"parallel.grad_bucket_size is DDP's bucket_cap_mb, but "
+                             f"model.grad_buckets = {m.grad_buckets} lists the buckets; remove "
+                             "one")
+        if m.grad_sync == "ring_sendrecv" and p.overlap_grad_reduce:
+            raise ValueError("model.grad_sync = 'ring_sendrecv' exchanges the buckets after the "
+                             "backward (resnet50.cpp run_ring), but "
+                             "parallel.overlap_grad_reduce is true; set it to false")
         if t.seq_length != 1:
             raise ValueError(f"train.seq_length = {t.seq_length}: a resnet sample is one image "
                              "(its resolution is model.image_size); set seq_length: 1")

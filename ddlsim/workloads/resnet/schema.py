@@ -56,6 +56,9 @@ class ResNetModel(ModelBase):
     @model_validator(mode="after")
     def _check(self) -> "ResNetModel":
         check_proxy_timings(self.compute, self.proxy_timings, PROXY_TIMINGS, "resnet")
+        if self.grad_buckets != "ddp" and "first_bucket_size" in self.model_fields_set:
+            raise ValueError(f"model.first_bucket_size is DDP's first-bucket limit, but "
+                             f"grad_buckets = {self.grad_buckets} lists the buckets; remove one")
         return self
 
     @property
