@@ -67,7 +67,7 @@ def test_units_are_parsed_at_the_edge():
      "cannot read 'fast' as a bandwidth"),
     ({"system": {"preset": "dgx-a100", "nodes": 0}}, "system.nodes: Input should be greater than 0"),
     ({"model": "gpt-5"}, "model preset 'gpt-5' does not exist"),
-    ({"model": "gpt-5"}, "known model presets: deepspeed-moe-1.3b-128e, dlrm-proxy, gpt2-1.5b, gpt2-124m"),
+    ({"model": "gpt-5"}, "gpt2-1.5b, gpt2-124m, gpt2-355m"),
     ({"parallel": {"collective_algorithm": {"all_reduce": "butterfly"}}},
      "collective_algorithm.all_reduce = 'butterfly' is not an algorithm for all_reduce; allowed: auto, ring"),
 ])

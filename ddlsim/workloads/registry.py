@@ -38,6 +38,8 @@ BUILTIN_FAMILIES: tuple[str, ...] = (
     "ddlsim.workloads.decoder",
     "ddlsim.workloads.cosmoflow",
     "ddlsim.workloads.dlrm",
+    "ddlsim.workloads.resnet",
+    "ddlsim.workloads.bert",
 )
 #: The architecture of a model section that names none (today's configs are all GPT).
 ARCHITECTURE_DEFAULT = "gpt"

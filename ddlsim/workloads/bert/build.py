@@ -1,0 +1,221 @@
+"""The trace of one BERT iteration: data parallel, or pipeline + data parallel.
+
+Each pipeline stage holds ``L/p`` encoder layers, the first also the embeddings, the last also
+the pre-training heads. Per micro-batch a stage receives activations, computes, sends them on
+(forward) and the reverse for gradients (backward), in the order of ``parallel.schedule``.
+Gradient buckets (PyTorch DDP's size rule, or one per layer) are all-reduced over the ``dp``
+group: overlapped with the last micro-batch's backward, or blocking after it
+(``parallel.overlap_grad_reduce: false``, as bert_large.cpp calls ``MPI_Allreduce``).
+
+``stage_exchange: paired`` reproduces comm_only/bert_large.cpp lines 66-104: per micro-batch a middle
+stage posts ``MPI_Isend`` to one neighbour and ``MPI_Irecv`` from the other together and
+``MPI_Waitall``s both, so its send does not wait for its receive; the default
+(``dependent``) is a real pipeline, where a stage sends what it computed from what it received.
+"""
+
+from __future__ import annotations
+
+from ...config import DTYPE_BYTES, RunConfig
+from ..buckets import FIRST_BUCKET_BYTES, BackwardUnit, backward_with_buckets, ddp_buckets
+from ..memory import MemoryBreakdown, inflight_chunks, model_state_bytes
+from ..schedules import schedule
+from ..resnet.build import model_flops
+from ..trace import P2P, Block, Compute, Op, Program, RankClass, Step, Workload, WorkloadMeta
+from .schema import LAYER_TENSORS
+
+__all__ = ["build_bert", "bert_memory", "stage_buckets", "p2p_bytes"]
+
+
+def p2p_bytes(cfg: RunConfig) -> float:
+    """Bytes of one pipeline message: the ``b·s·h`` hidden states, plus the ``b·s`` attention
+    mask with ``p2p_attention_mask`` (bert_large.cpp:22, ``P2PSIZE = 8·128·1024 + 8·128``)."""
+    m, t = cfg.model, cfg.train
+    bs = t.micro_batch_size * t.seq_length
+    return DTYPE_BYTES[t.dtype] * bs * (m.hidden_size + (1 if m.p2p_attention_mask else 0))
+
+
+def stage_buckets(cfg: RunConfig, stage: int) -> tuple[list[float], list[range], list[range]]:
+    """Gradient bytes of ``stage`` in gradient-ready order, its buckets as ranges over them in
+    ready order, and the buckets in the order a non-overlapped all-reduce issues them
+    (``per_layer``: layer order, as bert_large.cpp:106-123; ``ddp``: ready order)."""
+    m, t, p = cfg.model, cfg.train, cfg.parallel
+    sizes = m.stage_tensors(stage, p.pp)
+    grads = [DTYPE_BYTES[t.dtype] * n for n in reversed(sizes)]
+    if m.grad_buckets == "ddp":
+        ready = ddp_buckets(grads, p.grad_bucket_size, FIRST_BUCKET_BYTES)
+        return grads, ready, ready
+    per = m.num_hidden_layers // p.pp
+    counts = [LAYER_TENSORS] * per        # forward order: embeddings join the first layer,
+    if stage == 0:                        # the heads the last
+        counts[0] += len(m.embedding_tensors())
+    if stage == p.pp - 1:
+        counts[-1] += len(m.head_tensors())
+    ready, start = [], 0
+    for c in reversed(counts):
+        ready.append(range(start, start + c))
+        start += c
+    return grads, ready, ready[::-1]
+
+
+class _Stage:
+    """Compute ops of one stage (``compute: model``) or the proxy's sleeps."""
+
+    def __init__(self, cfg: RunConfig, stage: int):
+        self.cfg, self.stage = cfg, stage
+        m, t, p = cfg.model, cfg.train, cfg.parallel
+        self.first, self.last = stage == 0, stage == p.pp - 1
+        self.b, self.s, self.dtype = t.micro_batch_size, t.seq_length, t.dtype
+        self.layers = m.num_hidden_layers // p.pp
+        self.proxy = m.compute == "proxy"
+
+    def _layer(self, k: float) -> tuple[Compute, ...]:
+        m, b, s, w = self.cfg.model, self.b, self.s, DTYPE_BYTES[self.dtype]
+        gemm, attn = m.layer_flops(b, s)
+        h, f, a = m.hidden_size, m.ffn, m.num_attention_heads
+        weights = w * sum(m.layer_tensors())
+        elems = 12 * b * s * h + 4 * b * s * f + 3 * b * a * s * s   # LN, GeLU, softmax, dropout
+        tag = "bwd" if k > 1 else "fwd"
+        return (Compute(f"{tag}.layer.gemm", k * gemm, k * (weights + 8 * w * b * s * h),
+                        dtype=self.dtype),
+                Compute(f"{tag}.layer.attention", k * attn, k * w * 2 * b * a * s * s,
+                        dtype=self.dtype),
+                Compute(f"{tag}.layer.elementwise", k * 2 * elems, k * 2 * w * elems,
+                        kind="elementwise", dtype=self.dtype))
+
+    def _ends(self, k: float) -> tuple[tuple[Compute, ...], tuple[Compute, ...]]:
+        """(embedding ops, head ops) of this stage, scaled by ``k`` (1 forward, 2 backward)."""
+        m, b, s, w = self.cfg.model, self.b, self.s, DTYPE_BYTES[self.dtype]
+        tag = "bwd" if k > 1 else "fwd"
+        emb = (Compute(f"{tag}.embedding", k * 8 * b * s * m.hidden_size,
+                       k * w * 6 * b * s * m.hidden_size, kind="elementwise",
+                       dtype=self.dtype),) if self.first else ()
+        head = (Compute(f"{tag}.heads", k * m.head_flops(b, s),
+                        k * w * (sum(m.head_tensors()) + b * s * m.vocab_size),
+                        dtype=self.dtype),) if self.last else ()
+        return emb, head
+
+    def forward(self) -> tuple[Op, ...]:
+        if self.proxy:
+            s = self.cfg.model.proxy_timings["forward_per_microbatch"]
+            return (Op(Compute("fwd.stage", self._flops() if s > 0 else 0.0, dtype=self.dtype,
+                               seconds=s)),)
+        emb, head = self._ends(1.0)
+        return tuple([Op(c) for c in emb] + [Op(c, repeat=self.layers) for c in self._layer(1.0)]
+                     + [Op(c) for c in head])
+
+    def backward_units(self) -> list[BackwardUnit]:
+        """Backward compute in gradient-ready order, one unit per layer (heads with the last
+        layer's unit, embeddings in a unit of their own)."""
+        m = self.cfg.model
+        if self.proxy:
+            s = m.proxy_timings["backward_per_microbatch"]
+            n = len(m.stage_tensors(self.stage, self.cfg.parallel.pp))
+            return [BackwardUnit((Compute("bwd.stage", 2 * self._flops() if s > 0 else 0.0,
+                                          dtype=self.dtype, seconds=s),), n)]
+        emb, head = self._ends(2.0)
+        layer = self._layer(2.0)
+        units = [BackwardUnit(head, len(m.head_tensors())) for _ in (0,) if self.last]
+        units += [BackwardUnit(layer, LAYER_TENSORS) for _ in range(self.layers)]
+        if self.first:
+            units.append(BackwardUnit(emb, len(m.embedding_tensors())))
+        return units
+
+    def _flops(self) -> float:
+        m = self.cfg.model
+        gemm, attn = m.layer_flops(self.b, self.s)
+        return self.layers * (gemm + attn) + (m.head_flops(self.b, self.s) if self.last else 0)
+
+
+def _exchange(ops: tuple[Op, ...], recv: int | None, send: int | None, nbytes: float,
+              tag: str, paired: bool) -> tuple[Op, ...]:
+    """``ops`` framed by a receive from member ``recv`` and a send to member ``send`` of the
+    ``pp`` group (None: no such neighbour). The send follows the last compute op (not the
+    gradient all-reduces a synced backward ends with)."""
+    r = [] if recv is None else [P2P(f"recv.{tag}", "recv", "pp", recv, nbytes, tag)]
+    s = [] if send is None else [P2P(f"send.{tag}", "send", "pp", send, nbytes, tag)]
+    if paired:   # compute, then Isend + Irecv posted together (send first, as the proxy
+        last = _last_compute(ops, 0)         # does), then Waitall: a zero-length op after both
+        out = list(ops) + [Op(x, stream="pp.send", deps=last) for x in s]
+        out += [Op(x, stream="pp.recv", deps=last) for x in r]
+        posted = tuple(range(len(ops), len(out)))
+        return tuple(out + [Op(Compute(f"wait.{tag}", 0.0, kind="elementwise", seconds=0.0),
+                               deps=posted)])
+    k = len(r)
+    out = [Op(x, stream="pp") for x in r]
+    for i, op in enumerate(ops):   # shift deps past the receive; the first op waits for it
+        deps = tuple(d + k for d in op.deps) + ((0,) if k and i == 0 else ())
+        out.append(Op(op.payload, op.stream, deps, op.repeat))
+    last = _last_compute(ops, k)
+    return tuple(out + [Op(x, stream="pp", deps=last) for x in s])
+
+
+def _last_compute(ops: tuple[Op, ...], shift: int) -> tuple[int, ...]:
+    """``(index + shift,)`` of the last compute op of ``ops``, or ``()`` when there is none."""
+    idx = [i for i, op in enumerate(ops) if isinstance(op.payload, Compute)]
+    return (idx[-1] + shift,) if idx else ()
+
+
+def _stage_blocks(cfg: RunConfig, stage: int) -> dict[str, Block]:
+    m, p, t = cfg.model, cfg.parallel, cfg.train
+    st = _Stage(cfg, stage)
+    nbytes, paired = p2p_bytes(cfg), m.stage_exchange == "paired"
+    prev = None if st.first else -1
+    nxt = None if st.last else +1
+    units = st.backward_units()
+    plain = tuple(Op(c) for u in units for c in u.ops)
+    grads, ready, issue = stage_buckets(cfg, stage)
+    overlap = p.overlap_grad_reduce and cfg.dp > 1
+    synced = backward_with_buckets(units, ready, grads, "dp", True) if overlap else plain
+    blocks = {"F": Block("F", "forward", _exchange(st.forward(), prev, nxt, nbytes, "act", paired)),
+              "B": Block("B", "backward", _exchange(plain, nxt, prev, nbytes, "grad", paired)),
+              "B.sync": Block("B.sync", "backward",
+                              _exchange(synced, nxt, prev, nbytes, "grad", paired))}
+    update: list[Op] = []
+    if cfg.dp > 1 and not overlap:
+        update += backward_with_buckets([], issue, grads, "dp", False)
+    if m.compute == "model":
+        n = sum(m.stage_tensors(stage, p.pp))
+        k = 10.0 if t.optimizer == "adam" else 4.0
+        update.append(Op(Compute("optimizer", k * n, 32.0 * n, kind="optimizer", dtype="fp32")))
+    blocks["update"] = Block("update", "optimizer", tuple(update))
+    return blocks
+
+
+def build_bert(cfg: RunConfig) -> Workload:
+    """The trace of one iteration of ``cfg`` (one rank class per pipeline stage)."""
+    m, t, p, mesh = cfg.model, cfg.train, cfg.parallel, cfg.mesh
+    n_mb = cfg.num_microbatches
+    pipes = mesh.groups("pp")                   # row: one pipeline; column s: stage s
+    classes = []
+    for stage in range(p.pp):
+        order = schedule(p.schedule, stage, p.pp, n_mb)
+        last_b = max(i for i, (kind, _, _) in enumerate(order) if kind == "B")
+        steps = tuple(Step("B.sync" if i == last_b else kind, mb) for i, (kind, mb, _)
+                      in enumerate(order)) + (Step("update"),)
+        program = Program(_stage_blocks(cfg, stage), steps)
+        classes.append(RankClass(f"stage{stage}", tuple(int(r) for r in pipes[:, stage]),
+                                 program))
+    meta = WorkloadMeta(model=m.name, architecture="bert", samples=t.global_batch_size,
+                        tokens=t.global_batch_size * t.seq_length,
+                        model_flops=model_flops(m, 3.0 * m.forward_flops(t.seq_length)
+                                                * t.global_batch_size),
+                        dtype=t.dtype, parameter_count=m.params, microbatches=n_mb)
+    return Workload(f"{m.name}-pp{p.pp}-dp{cfg.dp}", mesh.world_size, mesh.families(),
+                    tuple(classes), meta)
+
+
+def bert_memory(cfg: RunConfig) -> list[MemoryBreakdown]:
+    """Per stage: model states and the activations of the micro-batches in flight, each layer
+    keeping ``s·b·h·(34 + 5·a·s/h)`` bytes at 16 bits (Korthikanti et al. 2022, eq. 1; scaled
+    by the dtype's width / 2)."""
+    m, t, p = cfg.model, cfg.train, cfg.parallel
+    b, s, h, a = t.micro_batch_size, t.seq_length, m.hidden_size, m.num_attention_heads
+    layer = s * b * h * (34 + 5 * a * s / h) * DTYPE_BYTES[t.dtype] / 2
+    out = []
+    for stage in range(p.pp):
+        n = sum(m.stage_tensors(stage, p.pp))
+        w, g, o = model_state_bytes(n, cfg.dp, p.zero_stage, t.dtype, t.optimizer)
+        acts = layer * (m.num_hidden_layers // p.pp) * inflight_chunks(cfg, stage)
+        logits = DTYPE_BYTES[t.dtype] * b * s * m.vocab_size if stage == p.pp - 1 else 0.0
+        out.append(MemoryBreakdown(w, g, o, acts, logits, cfg.system.device.memory_bytes, stage))
+    return out

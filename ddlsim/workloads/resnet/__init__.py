@@ -1,0 +1,59 @@
+"""Bottleneck ResNets trained data-parallel with PyTorch DDP: the ``resnet`` workload family.
+
+The model (:mod:`.layers`: torchvision's layers, parameters, FLOPs), its section
+(:mod:`.schema`), the trace with DDP gradient buckets (:mod:`.build`) and its presets
+(``data/resnet.yaml``). See ``docs/workloads/resnet.md``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..registry import WorkloadFamily, register_workload
+from .schema import ResNetModel
+
+__all__ = ["ResNetFamily", "ResNetModel"]
+
+
+@register_workload("resnet")
+class ResNetFamily(WorkloadFamily):
+    """ResNet-50/101/152, data parallel (presets in ``data/resnet.yaml``)."""
+
+    schema = ResNetModel
+    presets_file = "resnet.yaml"
+
+    def check(self, cfg: Any) -> None:
+        """Data parallel only, DDP, one image per sample."""
+        p, t = cfg.parallel, cfg.train
+        if p.tp > 1 or p.pp > 1 or p.ep > 1:
+            raise ValueError(
+                f"the resnet family is data-parallel only: tensor_model_parallel_size = {p.tp}, "
+                f"pipeline_model_parallel_size = {p.pp} and expert_model_parallel_size = {p.ep} "
+                "must be 1")
+        if p.dp_strategy != "ddp" or p.zero_stage != 0:
+            raise ValueError(f"the resnet family models PyTorch DDP: dp_strategy = "
+                             f"{p.dp_strategy!r} and zero_stage = {p.zero_stage} must be 'ddp' "
+                             "and 0")
+        m = cfg.model
+        if m.grad_buckets != "ddp" and "grad_bucket_size" in p.model_fields_set:
+            raise ValueError(f"parallel.grad_bucket_size is DDP's bucket_cap_mb, but "
+                             f"model.grad_buckets = {m.grad_buckets} lists the buckets; remove "
+                             "one")
+        if m.grad_sync == "ring_sendrecv" and p.overlap_grad_reduce:
+            raise ValueError("model.grad_sync = 'ring_sendrecv' exchanges the buckets after the "
+                             "backward (resnet50.cpp run_ring), but "
+                             "parallel.overlap_grad_reduce is true; set it to false")
+        if t.seq_length != 1:
+            raise ValueError(f"train.seq_length = {t.seq_length}: a resnet sample is one image "
+                             "(its resolution is model.image_size); set seq_length: 1")
+
+    def build(self, cfg: Any):
+        from .build import build_resnet
+        return build_resnet(cfg)
+
+    def memory(self, cfg: Any) -> list:
+        from .build import resnet_memory
+        return resnet_memory(cfg)
+
+    def summary(self, model: Any) -> str:
+        return model.summary_line()

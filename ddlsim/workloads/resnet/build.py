@@ -1,0 +1,156 @@
+"""The trace of one data-parallel ResNet iteration, and its memory.
+
+Per micro-batch a forward block (one op per layer, or the proxy's whole-forward ``usleep``)
+and a backward block. The last micro-batch's backward all-reduces the DDP gradient buckets on
+the ``dp`` stream as they fill (:func:`~ddlsim.workloads.buckets.backward_with_buckets`),
+earlier ones accumulate locally (DDP's ``no_sync``). With ``parallel.overlap_grad_reduce:
+false`` the all-reduces run blocking after the backward, as a comm-only proxy calls
+``MPI_Allreduce`` in a loop. An SGD/Adam update closes the iteration (``compute: model`` only:
+a proxy has no optimizer step).
+"""
+
+from __future__ import annotations
+
+from ...config import DTYPE_BYTES, RunConfig
+from ..buckets import BackwardUnit, backward_with_buckets, buckets_by_count, ddp_buckets
+from ..memory import MemoryBreakdown, model_state_bytes
+from ..trace import P2P, Block, Compute, Op, Program, RankClass, Step, Workload, WorkloadMeta
+from .layers import Layer
+
+__all__ = ["build_resnet", "resnet_memory", "grad_bucket_ranges", "ready_grad_bytes",
+           "model_flops"]
+
+#: Optimizer FLOPs and bytes per parameter (an element-wise update; the GEMMs dominate).
+_OPT_FLOPS = {"sgd": 4.0, "adam": 10.0}
+_OPT_BYTES = {"sgd": 16.0, "adam": 32.0}
+
+
+def ready_grad_bytes(cfg: RunConfig) -> list[float]:
+    """Gradient bytes per tensor in gradient-ready order (reverse registration order)."""
+    w = DTYPE_BYTES[cfg.train.dtype]
+    return [w * t.numel for t in reversed(cfg.model.tensors)]
+
+
+def grad_bucket_ranges(cfg: RunConfig) -> list[range]:
+    """The gradient buckets as index ranges over :func:`ready_grad_bytes`."""
+    m = cfg.model
+    grads = ready_grad_bytes(cfg)
+    if m.grad_buckets == "ddp":
+        return ddp_buckets(grads, cfg.parallel.grad_bucket_size, m.first_bucket_size)
+    return buckets_by_count(m.grad_buckets, len(grads), "model.grad_buckets")
+
+
+def _compute(layer: Layer, mb: int, dtype: str, backward: bool) -> Compute:
+    """One layer's forward (or backward: 2× the FLOPs, 2× the traffic) on ``mb`` images."""
+    w = DTYPE_BYTES[dtype]
+    k = 2.0 if backward else 1.0
+    traffic = w * (mb * (layer.inp + layer.out) + sum(t.numel for t in layer.params))
+    kind = "gemm" if layer.gemm else "elementwise"
+    return Compute(f"{'bwd' if backward else 'fwd'}.{layer.name}", k * mb * layer.flops,
+                   k * traffic, kind=kind, dtype=dtype)
+
+
+def _units(cfg: RunConfig, buckets: list[range]) -> list[BackwardUnit]:
+    """Backward compute in gradient-ready order: one unit per layer, or with ``compute:
+    proxy`` one ``backward_per_bucket`` sleep per bucket (resnet152.cpp:44-51)."""
+    m, t = cfg.model, cfg.train
+    mb = t.micro_batch_size
+    if m.compute == "proxy":
+        s = m.proxy_timings["backward_per_bucket"]
+        flops = 2.0 * mb * m.forward_flops / len(buckets) if s > 0 else 0.0
+        return [BackwardUnit((Compute(f"bwd.bucket{k}", flops, dtype=t.dtype, seconds=s),),
+                             len(r)) for k, r in enumerate(buckets)]
+    return [BackwardUnit((_compute(layer, mb, t.dtype, True),), len(layer.params))
+            for layer in reversed(m.layers)]
+
+
+def _ring_sync(buckets: list[range], grads: list[float], base: int) -> tuple[Op, ...]:
+    """comm_only/resnet50.cpp ``run_ring`` (lines 223-237): per bucket, ``MPI_Irecv`` from the
+    previous rank, blocking ``MPI_Send`` to the next, ``MPI_Wait`` on the receive; the next
+    bucket starts when the receive is complete. ``base``: the index in the block of the first
+    op returned.
+
+    The ``MPI_Wait`` is a zero-length compute op that depends on the receive (a trace's send
+    is done when posted and a ``Wait`` on a stream does not wait for point-to-point
+    transfers: only ops that depend on a receive do, docs/trace.md).
+    """
+    ops: list[Op] = []
+    for k, r in enumerate(buckets):
+        nbytes = float(sum(grads[i] for i in r))
+        at = base + len(ops)
+        after = (at - 1,) if at else ()
+        # posted together (same deps); the send is listed first so that engines that issue a
+        # class's ops in order never wait at the receive before every send of the ring is out
+        ops += [Op(P2P(f"grad.ring{k}.send", "send", "dp", +1, nbytes, f"ring{k}"),
+                   stream="dp.send", deps=after),
+                Op(P2P(f"grad.ring{k}.recv", "recv", "dp", -1, nbytes, f"ring{k}"),
+                   stream="dp.recv", deps=after),
+                Op(Compute(f"grad.ring{k}.wait", 0.0, kind="elementwise", seconds=0.0),
+                   deps=(at, at + 1))]
+    return tuple(ops)
+
+
+def _blocks(cfg: RunConfig) -> dict[str, Block]:
+    m, t, p = cfg.model, cfg.train, cfg.parallel
+    mb = t.micro_batch_size
+    buckets = grad_bucket_ranges(cfg)
+    grads = ready_grad_bytes(cfg)
+    units = _units(cfg, buckets)
+    if m.compute == "proxy":
+        s = m.proxy_timings["forward"]
+        fwd = (Op(Compute("fwd.model", mb * m.forward_flops if s > 0 else 0.0, dtype=t.dtype,
+                          seconds=s)),)
+    else:
+        fwd = tuple(Op(_compute(layer, mb, t.dtype, False)) for layer in m.layers)
+    plain = tuple(Op(c) for u in units for c in u.ops)
+    if cfg.dp == 1:   # nothing to synchronise (an all-reduce over one rank moves nothing)
+        sync = plain
+    elif m.grad_sync == "ring_sendrecv":
+        sync = plain + _ring_sync(buckets, grads, len(plain))
+    else:
+        sync = backward_with_buckets(units, buckets, grads, "dp", p.overlap_grad_reduce)
+    blocks = {"F": Block("F", "forward", fwd), "B": Block("B", "backward", plain),
+              "B.sync": Block("B.sync", "backward", sync)}
+    if m.compute == "model":
+        n = m.params
+        blocks["update"] = Block("update", "optimizer", (Op(Compute(
+            "optimizer", _OPT_FLOPS[t.optimizer] * n, _OPT_BYTES[t.optimizer] * n,
+            kind="optimizer", dtype="fp32")),))
+    return blocks
+
+
+def build_resnet(cfg: RunConfig) -> Workload:
+    """The trace of one data-parallel iteration of ``cfg`` (every rank in one class)."""
+    m, t, mesh = cfg.model, cfg.train, cfg.mesh
+    blocks = _blocks(cfg)
+    n_mb = cfg.num_microbatches
+    steps = [Step(name, i) for i in range(n_mb)
+             for name in ("F", "B.sync" if i == n_mb - 1 else "B")]
+    if "update" in blocks:
+        steps.append(Step("update"))
+    program = Program(blocks, tuple(steps))
+    meta = WorkloadMeta(model=m.name, architecture="resnet", samples=t.global_batch_size,
+                        tokens=t.global_batch_size,
+                        model_flops=model_flops(m, 3.0 * m.forward_flops * t.global_batch_size),
+                        dtype=t.dtype, parameter_count=m.params, microbatches=n_mb)
+    return Workload(f"{m.name}-dp{cfg.dp}", mesh.world_size, mesh.families(),
+                    (RankClass("all", tuple(range(mesh.world_size)), program),), meta)
+
+
+def model_flops(model, flops: float) -> float:
+    """``flops``, or 0 for a comm-only proxy (``compute: proxy`` with every timing 0 s: it
+    does none of the model's work, so its FLOPs, MFU and FLOP/s are 0, not infinite)."""
+    if model.compute == "proxy" and not any(model.proxy_timings.values()):
+        return 0.0
+    return flops
+
+
+def resnet_memory(cfg: RunConfig) -> list[MemoryBreakdown]:
+    """Model states (:func:`model_state_bytes`) and the activations one micro-batch keeps for
+    the backward: the input image and the outputs of every convolution, batch norm, residual
+    add and pooling layer (torchvision's ReLUs are in place and keep nothing new)."""
+    m, t, p = cfg.model, cfg.train, cfg.parallel
+    w, g, o = model_state_bytes(m.params, cfg.dp, p.zero_stage, t.dtype, t.optimizer)
+    kept = 3 * m.image_size ** 2 + sum(layer.out for layer in m.layers if layer.kind != "relu")
+    acts = DTYPE_BYTES[t.dtype] * t.micro_batch_size * kept
+    return [MemoryBreakdown(w, g, o, acts, 0.0, cfg.system.device.memory_bytes)]
