@@ -8,7 +8,8 @@ value. Two ways, Megatron-Core's ``cp_comm_type``:
 ``AttnFuncWithCPAndKVP2P``)
     ``cp`` steps. At step 0 a rank attends to its own K/V block; at step ``i`` to the block
     of the rank ``i`` places back, which arrived over the ring while step ``i − 1`` computed
-    (send to ``+1``, receive from ``−1`` on stream ``cp``). Forward: ``cp − 1`` hops of
+    (send to ``+1``, receive from ``−1`` on stream ``cp``; each receive is posted after its
+    send, so that every layer's transfers pair in order). Forward: ``cp − 1`` hops of
     ``2·b·(s/cp)·gd/p`` bytes (K and V of the rank's heads under a p-rank grid). Backward
     (our choice where the papers leave it open, following Transformer Engine): K/V make the
     same ``cp − 1`` hops again and the gradient accumulators dK/dV travel with them, one hop
@@ -53,9 +54,9 @@ def attention_forward(part: Any, ops: Any, tag: str) -> None:
     prev = ops.last_compute()            # the qkv GEMM: K/V exist from here on
     ops.add(Compute(f"{tag}.attn_core.step", flops / cp, dtype=part.dtype))
     for _ in range(1, cp):
-        ops.add(P2P(f"{tag}.kv.send", "send", "cp", +1, kv, "kv"), "cp",
-                () if prev is None else (prev,))
-        prev = ops.add(P2P(f"{tag}.kv.recv", "recv", "cp", -1, kv, "kv"), "cp")
+        sent = ops.add(P2P(f"{tag}.kv.send", "send", "cp", +1, kv, "kv"), "cp",
+                       () if prev is None else (prev,))
+        prev = ops.add(P2P(f"{tag}.kv.recv", "recv", "cp", -1, kv, "kv"), "cp", (sent,))
         ops.add(Compute(f"{tag}.attn_core.step", flops / cp, dtype=part.dtype), deps=(prev,))
 
 
@@ -75,12 +76,14 @@ def attention_backward(part: Any, ops: Any) -> None:
     for i in range(cp):
         deps: tuple[int, ...] = ()
         if i > 0:
-            ops.add(P2P("bwd.kv.send", "send", "cp", +1, kv, "kv.bwd"), "cp",
-                    () if prev_kv is None else (prev_kv,))
-            prev_kv = ops.add(P2P("bwd.kv.recv", "recv", "cp", -1, kv, "kv.bwd"), "cp")
+            sent = ops.add(P2P("bwd.kv.send", "send", "cp", +1, kv, "kv.bwd"), "cp",
+                           () if prev_kv is None else (prev_kv,))
+            prev_kv = ops.add(P2P("bwd.kv.recv", "recv", "cp", -1, kv, "kv.bwd"), "cp",
+                              (sent,))
             deps = (prev_kv,)
         step = ops.add(Compute("bwd.attn_core.step", flops / cp, dtype=part.dtype), deps=deps)
-        ops.add(P2P("bwd.dkv.send", "send", "cp", +1, kv, "dkv"), "cp.dkv",
-                (step,) if prev_dkv is None else (step, prev_dkv))
-        prev_dkv = ops.add(P2P("bwd.dkv.recv", "recv", "cp", -1, kv, "dkv"), "cp.dkv")
+        sent = ops.add(P2P("bwd.dkv.send", "send", "cp", +1, kv, "dkv"), "cp.dkv",
+                       (step,) if prev_dkv is None else (step, prev_dkv))
+        prev_dkv = ops.add(P2P("bwd.dkv.recv", "recv", "cp", -1, kv, "dkv"), "cp.dkv",
+                           (sent,))
     ops.add(Wait("bwd.dkv.wait", "cp.dkv"))
