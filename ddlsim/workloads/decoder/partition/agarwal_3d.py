@@ -53,7 +53,10 @@ class Agarwal3D(LayerPartitioner):
     """3-D tensor parallelism on a ``q×q×q`` cube (``tensor_parallel: {mode: 3d, q: 4}``)."""
 
     grid_keys = ("q",)
-    grad_streams = ("tp_y",)
+
+    @property
+    def grad_streams(self) -> tuple[str, ...]:
+        return ("tp_y",) if self.q > 1 else ()
 
     def __init__(self, cfg: Any, shape: Any):
         super().__init__(cfg, shape)
@@ -97,6 +100,9 @@ class Agarwal3D(LayerPartitioner):
     def gemm_forward(self, ops: OpList, name: str, M: float, N: float, K: float,
                      row_parallel: bool) -> None:
         a, b, c, flops = self._sizes(M, N, K)
+        if self.q == 1:   # one rank: the plain GEMM
+            ops.add(Compute(name, flops, dtype=self.dtype))
+            return
         ops.add(Collective(f"{name}.ag_A", "all_gather", "tp_x", a))
         ops.add(Collective(f"{name}.ag_B", "all_gather", "tp_y", b))
         ops.add(Compute(name, flops, dtype=self.dtype))
@@ -105,6 +111,10 @@ class Agarwal3D(LayerPartitioner):
     def gemm_backward(self, ops: OpList, name: str, M: float, N: float, K: float,
                       row_parallel: bool) -> None:
         a, b, c, flops = self._sizes(M, N, K)
+        if self.q == 1:
+            ops.add(Compute(f"{name}.dA", flops, dtype=self.dtype))
+            ops.add(Compute(f"{name}.dB", flops, dtype=self.dtype))
+            return
         ops.add(Collective(f"{name}.ag_dC", "all_gather", "tp_z", c))
         ops.add(Collective(f"{name}.ag_B", "all_gather", "tp_y", b))
         da = ops.add(Compute(f"{name}.dA", flops, dtype=self.dtype))
@@ -115,9 +125,13 @@ class Agarwal3D(LayerPartitioner):
         ops.add(Wait(f"{name}.wait_dA", "tp_x"))
 
     def embedding_comm(self, act_bytes: float) -> list[Collective]:
+        if self.q == 1:
+            return []
         return [Collective("embedding.ar", "all_reduce", "tp_y",
                            act_bytes / (self.size * self.cp))]
 
     def loss_comm(self) -> list[Collective]:
+        if self.q == 1:
+            return []
         return [Collective("loss.ar", "all_reduce", "tp_x",
                            4.0 * self.b * self.s / (self.rows * self.cp))]

@@ -95,6 +95,8 @@ class Summa2D(LayerPartitioner):
                flops: float, reduce: tuple[str, float] | None) -> None:
         """``q`` double-buffered SUMMA steps: ``bcasts`` = [(label, group, bytes)] per step,
         an optional ``reduce`` = (group, bytes) of each step's partial product."""
+        if self.q == 1:   # a 1×1 grid: nothing to broadcast or reduce
+            bcasts, reduce = [], None
         anchor = ops.last_compute()
         gemms: list[int] = []
         reds: list[int] = []
@@ -127,19 +129,27 @@ class Summa2D(LayerPartitioner):
         self._steps(ops, f"{name}.dA", [("B", "tp_col", b)], flops, ("tp_row", a))
         self._steps(ops, f"{name}.dB", [("A", "tp_row", a)], flops, ("tp_col", b))
         self._after_weight_grad(ops, name, b)
-        ops.add(Wait(f"{name}.wait_row", "tp_row"))   # dA is reduced: the next GEMM needs it
+        if self.q > 1:   # dA is reduced: the next GEMM needs it
+            ops.add(Wait(f"{name}.wait_row", "tp_row"))
 
-    #: streams of weight-gradient reductions, joined before the gradients are accumulated
-    grad_streams: tuple[str, ...] = ("tp_col",)
+    @property
+    def grad_streams(self) -> tuple[str, ...]:
+        """Streams of weight-gradient reductions, joined before the gradients are
+        accumulated."""
+        return ("tp_col",) if self.q > 1 else ()
 
     def _after_weight_grad(self, ops: OpList, name: str, b: float) -> None:
         """Tesseract's hook: the depth all-reduce of the weight gradient (none in 2-D)."""
 
     # ------------------------------------------------------------------ embedding and head
     def embedding_comm(self, act_bytes: float) -> list[Collective]:
+        if self.q == 1:
+            return []
         return [Collective("embedding.ar", "all_reduce", "tp_col",
                            act_bytes / (self.size * self.cp))]
 
     def loss_comm(self) -> list[Collective]:
+        if self.q == 1:
+            return []
         return [Collective("loss.ar", "all_reduce", "tp_row", 4.0 * self.b * self.s
                            / (self.rows * self.cp))]

@@ -53,4 +53,4 @@ class Tesseract25D(Summa2D):
 
     @property
     def grad_streams(self) -> tuple[str, ...]:
-        return ("tp_col", "tp_dep") if self.depth > 1 else ("tp_col",)
+        return super().grad_streams + (("tp_dep",) if self.depth > 1 else ())
