@@ -4,7 +4,9 @@ Both share one trace builder (:mod:`.builder`, :mod:`.build`) and one memory mod
 (:mod:`.memory`) over :class:`~ddlsim.workloads.models.decoder.DecoderShape`; they differ in
 their model section (:mod:`.schema`) and presets. HuggingFace ``config.json`` files of
 ``model_type`` ``gpt2`` (→ ``gpt``) and ``llama``, ``mistral``, ``qwen2`` and the Mixture-of-Experts ``mixtral`` and ``qwen2_moe`` (→ ``llama``
-with MoE fields) are read by :func:`ddlsim.workloads.models.hf.from_hf_config`.
+with MoE fields) are read by :func:`ddlsim.workloads.models.hf.from_hf_config`. How a layer is
+split over the tensor-parallel grid (1-D, 2-D, 2.5-D, 3-D) and the ``cp`` axis is a layer
+partitioner (:mod:`.partition`, docs/tensor_parallel.md).
 """
 
 from __future__ import annotations
