@@ -110,6 +110,43 @@ class ModelBase(_Strict):
 DPStrategy = Literal["ddp", "reduce_broadcast", "sliced_reduce_broadcast", "reduce_scatter"]
 
 
+class TensorParallelSpec(_Strict):
+    """A tensor-parallel scheme and its grid, e.g. ``{mode: 2.5d, q: 4, d: 4}``.
+
+    ``mode`` is a key of the layer-partitioner registry
+    (:func:`ddlsim.workloads.decoder.partition.partitioners`: ``1d``, ``2d``, ``2.5d``,
+    ``3d``); each mode says which grid fields it takes (``size`` for 1d, ``q`` for 2d and 3d,
+    ``q`` and ``d`` for 2.5d) and how many ranks its grid has (docs/tensor_parallel.md).
+    """
+
+    mode: StrictStr
+    size: count_type("parallel_size") | None = None
+    q: count_type("parallel_size") | None = None
+    d: count_type("parallel_size") | None = None
+
+    @field_validator("mode")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        from .workloads.decoder.partition import partitioners
+        known = partitioners()
+        if v not in known:
+            raise ValueError(f"tensor_parallel.mode = {v!r} is not a tensor-parallel scheme"
+                             f"{did_you_mean(v, known)}; allowed: {', '.join(known)}")
+        return v
+
+    @model_validator(mode="after")
+    def _grid(self) -> "TensorParallelSpec":
+        from .workloads.decoder.partition import partitioners
+        partitioners()[self.mode].check_grid(self)
+        return self
+
+    @property
+    def grid_size(self) -> int:
+        """Ranks of the grid (the size of the ``tp`` mesh axis)."""
+        from .workloads.decoder.partition import partitioners
+        return partitioners()[self.mode].grid_size(self)
+
+
 class ParallelConfig(_Strict):
     """The parallel plan, with Megatron-LM argument names."""
 
@@ -133,9 +170,21 @@ class ParallelConfig(_Strict):
         default="tp-cp-ep-dp-pp",
         description="mesh axes innermost first (Megatron-Core's initialize_model_parallel "
                     "`order`); ranks are placed on devices in rank order")
+    # --- tensor-parallel schemes and context parallelism (docs/tensor_parallel.md) ---------
+    # `tensor_parallel` names a layer partitioner and its grid; its size is the tp axis and
+    # fills in tensor_model_parallel_size (which alone still means Megatron's 1-D scheme).
+    # `context_parallel_size` splits the sequence over the cp axis; `cp_comm_type` is how
+    # attention exchanges K/V (Megatron-Core's names: p2p = ring attention, all_gather).
+    tensor_parallel: TensorParallelSpec | None = Field(
+        default=None, description="scheme and grid, e.g. {mode: 2.5d, q: 4, d: 4}")
+    context_parallel_size: count_type("parallel_size") = Field(
+        default=1, description="CP: the sequence split over this many ranks (Megatron-LM)")
+    cp_comm_type: Literal["p2p", "all_gather"] = Field(
+        default="p2p", description="CP's K/V exchange: ring (p2p) or all-gather (Megatron-Core)")
 
     @model_validator(mode="after")
     def _check(self) -> "ParallelConfig":
+        self._resolve_tensor_parallel()
         ALGORITHMS = algorithms()
         for op, algo in self.collective_algorithm.items():
             if op not in ALGORITHMS:
@@ -170,6 +219,34 @@ class ParallelConfig(_Strict):
                              f"and cannot combine with zero_stage = {self.zero_stage}; "
                              "use dp_strategy = 'ddp' with ZeRO")
         return self
+
+    def _resolve_tensor_parallel(self) -> None:
+        """``tensor_parallel``'s grid size becomes ``tensor_model_parallel_size`` (checked
+        against it when both are given); 2-D and up partition activations themselves, so
+        sequence parallelism (a 1-D device) does not apply to them."""
+        spec = self.tensor_parallel
+        if spec is None:
+            return
+        n = spec.grid_size
+        given = self.tensor_model_parallel_size
+        if "tensor_model_parallel_size" in self.model_fields_set and given != n:
+            raise ValueError(f"tensor_model_parallel_size = {given} contradicts tensor_parallel "
+                             f"= {spec.model_dump(exclude_none=True)}, whose grid has {n} ranks; "
+                             "give one of them, or the same size in both")
+        if spec.mode != "1d" and self.sequence_parallel:
+            raise ValueError(f"sequence_parallel = true applies to the 1-D (Megatron) scheme "
+                             f"only; tensor_parallel.mode = {spec.mode!r} already splits every "
+                             "activation over its grid; remove sequence_parallel")
+        object.__setattr__(self, "tensor_model_parallel_size", n)  # still inside validation
+
+    @property
+    def tp_mode(self) -> str:
+        """The tensor-parallel scheme: ``1d`` (Megatron) unless ``tensor_parallel`` says."""
+        return "1d" if self.tensor_parallel is None else self.tensor_parallel.mode
+
+    @property
+    def cp(self) -> int:
+        return self.context_parallel_size
 
     @property
     def tp(self) -> int:
@@ -331,6 +408,7 @@ class RunConfig(_Strict):
         (Megatron-LM's by default)."""
         from .workloads.mesh import DeviceMesh
         return DeviceMesh.from_megatron(tensor_model_parallel_size=self.parallel.tp,
+                                        context_parallel_size=self.parallel.cp,
                                         pipeline_model_parallel_size=self.parallel.pp,
                                         data_parallel_size=self.dp,
                                         expert_model_parallel_size=self.parallel.ep,
@@ -361,25 +439,29 @@ class RunConfig(_Strict):
     @model_validator(mode="after")
     def _check(self) -> "RunConfig":
         p, t, s = self.parallel, self.train, self.system
-        tp, pp = p.tp, p.pp
+        tp, pp, cp = p.tp, p.pp, p.cp
         devices = s.num_devices
         self.family.check(self)  # the rules that involve the model (heads, layers, positions)
         if p.data_parallel_size is None:
-            if devices % (tp * pp):
+            if devices % (tp * cp * pp):
+                cp_s = ("" if cp == 1 else " × context_parallel_size")
+                cp_v = ("" if cp == 1 else f" × {cp}")
                 raise ValueError(f"cannot derive data_parallel_size: the system's {devices} devices "
-                                 f"are not a multiple of tensor_model_parallel_size × "
-                                 f"pipeline_model_parallel_size = {tp} × {pp} = {tp * pp}; "
-                                 "set parallel.data_parallel_size")
-            p = p.model_copy(update={"data_parallel_size": devices // (tp * pp)})
+                                 f"are not a multiple of tensor_model_parallel_size{cp_s} × "
+                                 f"pipeline_model_parallel_size = {tp}{cp_v} × {pp} = "
+                                 f"{tp * cp * pp}; set parallel.data_parallel_size")
+            p = p.model_copy(update={"data_parallel_size": devices // (tp * cp * pp)})
             object.__setattr__(self, "parallel", p)  # still inside validation: self is new
         dp = self.dp
         try:
             self.mesh  # the rank order must name the plan's axes (DeviceMesh's messages)
         except ConfigError as exc:
             raise ValueError(f"parallel.rank_order = {p.rank_order!r}: {exc}") from None
-        ranks = tp * pp * dp
+        ranks = tp * cp * pp * dp
         if ranks > devices:
-            raise ValueError(f"the plan needs TP·PP·DP = {tp}·{pp}·{dp} = {ranks} ranks but the "
+            axes = (f"TP·PP·DP = {tp}·{pp}·{dp}" if cp == 1
+                    else f"TP·CP·PP·DP = {tp}·{cp}·{pp}·{dp}")
+            raise ValueError(f"the plan needs {axes} = {ranks} ranks but the "
                              f"system '{s.name}' has {s.nodes} nodes × {s.devices_per_node} = "
                              f"{devices} devices")
         if isinstance(s.placement, list) and len(s.placement) != ranks:

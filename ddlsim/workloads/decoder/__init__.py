@@ -4,7 +4,9 @@ Both share one trace builder (:mod:`.builder`, :mod:`.build`) and one memory mod
 (:mod:`.memory`) over :class:`~ddlsim.workloads.models.decoder.DecoderShape`; they differ in
 their model section (:mod:`.schema`) and presets. HuggingFace ``config.json`` files of
 ``model_type`` ``gpt2`` (→ ``gpt``) and ``llama``, ``mistral``, ``qwen2`` and the Mixture-of-Experts ``mixtral`` and ``qwen2_moe`` (→ ``llama``
-with MoE fields) are read by :func:`ddlsim.workloads.models.hf.from_hf_config`.
+with MoE fields) are read by :func:`ddlsim.workloads.models.hf.from_hf_config`. How a layer is
+split over the tensor-parallel grid (1-D, 2-D, 2.5-D, 3-D) and the ``cp`` axis is a layer
+partitioner (:mod:`.partition`, docs/tensor_parallel.md).
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ class DecoderFamily(WorkloadFamily):
         """Megatron-LM's divisibility rules and the sequence against the positions."""
         m, p, t = cfg.model, cfg.parallel, cfg.train
         tp, pp, vpp = p.tp, p.pp, p.vpp
+        _check_partition(cfg)
+        if p.tp_mode != "1d":
+            tp = 1   # the scheme's own grid rules replace Megatron's (checked above)
         if m.num_attention_heads % tp:
             raise ValueError(f"model.num_attention_heads = {m.num_attention_heads} is not divisible "
                              f"by parallel.tensor_model_parallel_size = {tp}")
@@ -118,6 +123,37 @@ def _section(f: dict) -> dict:
                "shared_expert_gate": f.get("shared_expert_gate", False)}
         out.update({k: v for k, v in moe.items() if v is not None})
     return out
+
+
+def _check_partition(cfg: Any) -> None:
+    """What the tensor-parallel schemes and context parallelism model (docs/tensor_parallel.md):
+    dense layers, DDP with ZeRO 0-2, and the grid's and the ring's divisibility."""
+    from .partition import make_partitioner
+
+    m, p, t = cfg.model, cfg.parallel, cfg.train
+    mode, cp = p.tp_mode, p.cp
+    if mode == "1d" and cp == 1:
+        return
+    plan = (f"tensor_parallel.mode = {mode!r}" if mode != "1d" else "") + \
+        (" with " if mode != "1d" and cp > 1 else "") + \
+        (f"context_parallel_size = {cp}" if cp > 1 else "")
+    if m.num_local_experts:
+        raise ValueError(f"{plan} is modelled for dense models; model {m.name!r} has "
+                         f"{m.num_local_experts} experts (Mixture-of-Experts layers keep the "
+                         "1-D scheme without context parallelism); use a dense model or the "
+                         "1-D plan")
+    if p.zero_stage == 3 or p.dp_strategy != "ddp":
+        raise ValueError(f"{plan} is modelled with dp_strategy = 'ddp' and zero_stage 0 to 2; "
+                         f"got dp_strategy = {p.dp_strategy!r}, zero_stage = {p.zero_stage}; "
+                         "change one of them")
+    if cp > 1 and t.seq_length % (2 * cp):
+        raise ValueError(f"train.seq_length = {t.seq_length} is not divisible by 2 × "
+                         f"context_parallel_size = {2 * cp}: the causal load balance cuts each "
+                         f"sequence into 2·cp chunks (Megatron-Core) and rank r holds chunks r "
+                         f"and 2·cp−1−r; use a multiple of {2 * cp}")
+    shape = m.shape()
+    if mode != "1d":
+        make_partitioner(cfg, shape).check(cfg)
 
 
 def _check_experts(cfg: Any) -> None:

@@ -16,7 +16,7 @@ from ..models.decoder import DecoderShape
 from ..schedules import schedule_arrays
 from ..trace import (Block, Collective, Op, RankClass, Program, StepTable, Workload,
                      WorkloadMeta)
-from .builder import StageBuilder
+from .builder import StageBuilder, as_ops
 from .memory import stage_memory
 
 __all__ = ["build_decoder_workload", "decoder_memory"]
@@ -28,8 +28,8 @@ def _zero3_blocks(b: StageBuilder, stage: int) -> dict[str, Block]:
     backward (stream dp.rs): 3Ψ per iteration (Rajbhandari et al. 2020, §7.2.2). With EP > 1
     an MoE layer's experts are gathered and reduce-scattered over ``edp`` (streams edp.ag,
     edp.rs), its other parameters over ``dp``."""
-    fwd: list[Op] = [Op(x) for x in b.embedding_forward()]
-    bwd: list[Op] = [Op(x) for x in b.head_backward()]
+    fwd: list[Op] = as_ops(b.embedding_forward())
+    bwd: list[Op] = as_ops(b.head_backward())
     moe = [b.shape.is_moe_layer(i) for i in range(b.layers_per_chunk)]
 
     def gathers(ops: list[Op], layer_moe: bool) -> tuple[int, ...]:
@@ -42,7 +42,7 @@ def _zero3_blocks(b: StageBuilder, stage: int) -> dict[str, Block]:
 
     for m in moe:
         layer(fwd, b.layer_forward(moe=m), gathers(fwd, m))
-    fwd += [Op(x) for x in b.head_forward()]
+    fwd += as_ops(b.head_forward())
     for m in moe:
         layer(bwd, b.layer_backward(moe=m), gathers(bwd, m))
         last = len(bwd) - 1
@@ -108,13 +108,16 @@ def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
     par = cfg.parallel
     tp, dp, pp, v, m = b.tp, b.dp, b.pp, b.v, cfg.num_microbatches
     mesh = cfg.mesh
-    groups = mesh.families()
+    groups = {**mesh.families(), **b.part.families(mesh)}
     overlap = par.overlap_grad_reduce and par.dp_strategy == "ddp" and par.zero_stage in (0, 1, 2)
     split_root = par.dp_strategy == "reduce_broadcast" and dp > 1
     zero3 = par.zero_stage == 3 and dp > 1
     classes: list[RankClass] = []
-    stage_, d_, t_ = np.meshgrid(np.arange(pp), np.arange(dp), np.arange(tp), indexing="ij")
-    ranks = mesh.rank_of(np.stack([t_, d_, stage_], axis=-1), ("tp", "dp", "pp"))  # [s, d, t]
+    if b.cp == 1:
+        stage_, d_, t_ = np.meshgrid(np.arange(pp), np.arange(dp), np.arange(tp), indexing="ij")
+        ranks = mesh.rank_of(np.stack([t_, d_, stage_], axis=-1), ("tp", "dp", "pp"))  # [s, d, t]
+    else:  # the ranks of each stage (row s of the tp·cp·dp groups: pp is the other axis)
+        ranks = mesh.groups(("tp", "cp", "dp"))[:, None, :]
     tables = None
     shared: dict[tuple, dict[str, Block]] = {}
     for stage in range(pp):
@@ -149,7 +152,9 @@ def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
         parameter_count=int(shape.params), model_flops=float(model_flops),
         tokens=t.global_batch_size * t.seq_length, samples=t.global_batch_size,
         microbatches=m, dtype=t.dtype)
-    return Workload(f"{cfg.model.name}-tp{tp}-pp{pp}-dp{dp}", mesh.world_size, groups,
+    plan = (f"tp{tp}" if par.tp_mode == "1d" else f"tp{par.tp_mode}x{tp}") \
+        + (f"-cp{b.cp}" if b.cp > 1 else "")
+    return Workload(f"{cfg.model.name}-{plan}-pp{pp}-dp{dp}", mesh.world_size, groups,
                     tuple(classes), meta)
 
 
@@ -157,7 +162,7 @@ def decoder_memory(cfg: RunConfig, shape: DecoderShape) -> list[MemoryBreakdown]
     """Memory of one rank of each pipeline stage (:func:`.memory.stage_memory`)."""
     b = StageBuilder(cfg, shape)
     if not shape.is_moe:
-        return [stage_memory(cfg, shape, s, b.stage_params(s)) for s in range(b.pp)]
+        return [stage_memory(cfg, shape, s, b.stage_params(s), part=b.part) for s in range(b.pp)]
     layer_bytes = max(sum(b.layer_rank_params(m)) for m in (False, True)) * b.dt
     return [stage_memory(cfg, shape, s, b.stage_params(s), b.stage_expert_params(s), layer_bytes)
             for s in range(b.pp)]

@@ -16,8 +16,15 @@ from ...config import DTYPE_BYTES, RunConfig
 from ..models.decoder import DecoderShape
 from ..trace import Block, Collective, Compute, Op, P2P, Wait
 from .moe import MoEOps
+from .partition import make_partitioner
 
-__all__ = ["StageBuilder", "ADAM_BYTES_PER_PARAM"]
+__all__ = ["StageBuilder", "ADAM_BYTES_PER_PARAM", "as_ops"]
+
+
+def as_ops(items: list) -> list[Op]:
+    """Trace payloads wrapped as ops on the compute stream; ops (a partitioner's, with their
+    streams and deps) as they are."""
+    return [x if isinstance(x, Op) else Op(x) for x in items]
 
 #: Bytes the optimizer step reads and writes per parameter (mixed-precision Adam: fp32 master
 #: weights, momentum and variance read and written, 16-bit gradient read, 16-bit weight written).
@@ -46,6 +53,15 @@ class StageBuilder(MoEOps):
         self.period = shape.moe_layer_freq if shape.is_moe else 1
         self._layer_ops: dict[tuple[bool, int], list[Op]] = {}
         self._ops: dict[tuple, object] = {}
+        #: the tensor-parallel scheme (docs/tensor_parallel.md); Megatron 1-D without
+        #: context parallelism keeps the ops below, every other plan takes its layers,
+        #: embedding and head from the partitioner
+        self.part = make_partitioner(cfg, shape)
+        self.structured = self.part.structured
+        self.cp = p.cp
+        #: the gradient group: dp, or dp × cp under context parallelism (Megatron-Core)
+        self.grad_group = "dp_cp" if self.cp > 1 else "dp"
+        self.gdp = self.dp * self.cp
 
     @cached_property
     def fwd_layer(self) -> list[Compute | Collective]:
@@ -73,7 +89,10 @@ class StageBuilder(MoEOps):
         ops = self._layer_ops.get(key)
         if ops is None:
             f = self.period
-            if f == 1:
+            if self.structured:
+                ops = [self.part.layers(backward, repeat, self.grad_accumulate_bytes(
+                    self.shape.layer_params / self.part.param_split))]
+            elif f == 1:
                 ops = [Op(x, repeat=repeat) for x in
                        (self.bwd_layer if backward else self.fwd_layer)]
             else:
@@ -86,13 +105,9 @@ class StageBuilder(MoEOps):
 
     # ------------------------------------------------------------------ per-layer ops
     def _tp_comm(self, name: str) -> list[Collective]:
-        """Megatron's f/g operators: an all-reduce, or reduce-scatter + all-gather with SP."""
-        if self.tp == 1:
-            return []
-        if self.sp:
-            return [Collective(f"{name}.rs", "reduce_scatter", "tp", self.act_bytes),
-                    Collective(f"{name}.ag", "all_gather", "tp", self.act_bytes)]
-        return [Collective(f"{name}.ar", "all_reduce", "tp", self.act_bytes)]
+        """Megatron's f/g operators: an all-reduce, or reduce-scatter + all-gather with SP
+        (:meth:`~.partition.megatron_1d.Megatron1D.tp_comm`)."""
+        return self.part.tp_comm(name, self.act_bytes)
 
     def layer_forward(self, tag: str = "fwd", moe: bool | None = None) -> list[Compute | Collective]:
         """One layer's forward; ``moe`` picks an MoE layer (default: the kind all layers have)."""
@@ -156,14 +171,18 @@ class StageBuilder(MoEOps):
         return params * (2 * self.dt + 2 * 4)
 
     # ------------------------------------------------------------------ edges of the model
-    def embedding_forward(self) -> list[Compute | Collective]:
+    def embedding_forward(self) -> list:
+        if self.structured:
+            return self.part.embedding_ops(self.act_bytes)
         ops: list[Compute | Collective] = [
             Compute("embedding", 0.0, 2 * self.act_bytes, kind="elementwise", dtype=self.dtype)]
         if self.tp > 1:  # vocab-parallel embedding: all-reduce of the looked-up rows
             ops.append(Collective("embedding.ar", "all_reduce", "tp", self.act_bytes))
         return ops
 
-    def head_forward(self) -> list[Compute | Collective]:
+    def head_forward(self) -> list:
+        if self.structured:
+            return self.part.head_forward_ops()
         V, t = self.shape.vocab, self.tp
         ops: list[Compute | Collective] = [
             Compute("logits", self.shape.logits_forward_flops(self.b, self.s) / t, dtype=self.dtype),
@@ -173,8 +192,10 @@ class StageBuilder(MoEOps):
             ops.append(Collective("loss.ar", "all_reduce", "tp", 4.0 * self.b * self.s))
         return ops
 
-    def head_backward(self) -> list[Compute | Collective]:
-        emb = self.shape.vocab * self.shape.hidden / self.tp
+    def head_backward(self) -> list:
+        emb = self.shape.vocab * self.shape.hidden / self.part.param_split
+        if self.structured:
+            return self.part.head_backward_ops(self.grad_accumulate_bytes(emb))
         return [Compute("bwd.logits", 2 * self.shape.logits_forward_flops(self.b, self.s) / self.tp,
                         dtype=self.dtype),
                 Compute("bwd.grad_accumulate.embedding", 0.0, self.grad_accumulate_bytes(emb),
@@ -186,7 +207,7 @@ class StageBuilder(MoEOps):
         input embedding (and learned positions), the last the final norm and the output head:
         an untied head is its own ``V·h``; a tied one is Megatron's copy of the embedding on
         the last stage when PP > 1 (``share_embeddings_and_output_weights``)."""
-        sh, t = self.shape, self.tp
+        sh, t = self.shape, self.part.param_split
         vh = sh.vocab * sh.hidden / t
         if sh.is_moe:
             n = self.stage_expert_params(stage) + self._stage_nonexpert_layer_params()
@@ -204,14 +225,14 @@ class StageBuilder(MoEOps):
         is given, the variant of the backward that overlaps the gradient sync)."""
         k = chunk * self.pp + stage           # virtual stage index
         last_k = self.pp * self.v - 1
-        p2p_bytes = self.act_bytes / (self.tp if self.tp > 1 and not self.sp else 1)
+        p2p_bytes, gather = self.part.boundary(self.act_bytes)
         Lc = self.layers_per_chunk
 
         def recv(tag: str, peer: int) -> list[Op]:
             def make() -> list[Op]:
                 ops = [Op(P2P(f"recv.{tag}", "recv", "pp", peer, p2p_bytes, tag), stream="pp")]
-                if self.tp > 1 and not self.sp:  # scatter-gather (Narayanan 2021 §4.1)
-                    ops.append(Op(Collective(f"{tag}.gather", "all_gather", "tp", self.act_bytes),
+                if gather is not None:  # scatter-gather (Narayanan 2021 §4.1)
+                    ops.append(Op(Collective(f"{tag}.gather", "all_gather", "tp", gather),
                                   deps=(len(ops) - 1,)))
                 return ops
             return self.cached(("recv", tag, peer), make)
@@ -229,13 +250,13 @@ class StageBuilder(MoEOps):
         if k > 0:
             fwd += recv(f"act.c{chunk}", -1)
         if k == 0:
-            fwd += self.cached(("embedding",), lambda: [Op(x) for x in self.embedding_forward()])
+            fwd += self.cached(("embedding",), lambda: as_ops(self.embedding_forward()))
         first = len(fwd)
         fwd += self.layer_ops(False, Lc)
         if fwd[:first]:
             fwd[first] = after(fwd[first], first - 1)
         if k == last_k:
-            fwd += self.cached(("head",), lambda: [Op(x) for x in self.head_forward()])
+            fwd += self.cached(("head",), lambda: as_ops(self.head_forward()))
         else:
             to = chunk + (1 if stage == self.pp - 1 else 0)
             fwd.append(send(f"act.c{to}", +1, len(fwd) - 1))
@@ -245,7 +266,7 @@ class StageBuilder(MoEOps):
             if k < last_k:
                 ops += recv(f"grad.c{chunk}", +1)
             else:
-                ops += self.cached(("head.bwd",), lambda: [Op(x) for x in self.head_backward()])
+                ops += self.cached(("head.bwd",), lambda: as_ops(self.head_backward()))
             start = len(ops)
             if with_sync and sync_ops:
                 ops += self._overlapped_layers(sync_ops, start)
@@ -288,7 +309,7 @@ class StageBuilder(MoEOps):
     def grad_sync_ops(self, stage: int) -> list[Op]:
         """Bucketed gradient collectives of one model chunk (all-reduce, or reduce-scatter
         under ZeRO-1/2), one per segment of layers, on the ``dp`` stream."""
-        if self.dp == 1:
+        if self.gdp == 1:
             return []
         grad_bytes = self.stage_params(stage) / self.v * self.dt
         bucket = self.cfg.parallel.grad_bucket_size
@@ -303,14 +324,15 @@ class StageBuilder(MoEOps):
                     Op(Collective(f"grad.expert.{op}", op, "edp", e_bytes / (n_seg * per_seg)),
                        stream="edp", repeat=per_seg)] * n_seg
         size = grad_bytes / (n_seg * per_seg)
-        return [Op(Collective(f"grad.{op}", op, "dp", size), stream="dp", repeat=per_seg)] * n_seg
+        return [Op(Collective(f"grad.{op}", op, self.grad_group, size), stream="dp",
+                   repeat=per_seg)] * n_seg
 
     def update_block(self, stage: int, root: bool, overlapped: bool) -> Block:
         """Gradient synchronisation not overlapped with backward, the optimizer step, and the
         parameter redistribution of the chosen data-parallel update."""
         p = self.cfg.parallel
         params = self.stage_params(stage)
-        grad_bytes, dp = params * self.dt, self.dp
+        grad_bytes, dp = params * self.dt, self.gdp
         opt = self.cfg.train.optimizer
         per_param = ADAM_BYTES_PER_PARAM if opt == "adam" else 2 * 4 + 2 + 2
 
@@ -329,13 +351,15 @@ class StageBuilder(MoEOps):
                 ops.append(Op(Wait("wait.grad", "dp")))
             elif p.zero_stage in (0, 1, 2):
                 op = "all_reduce" if p.zero_stage == 0 else "reduce_scatter"
-                ops += [*self.grad_sync_ops_flat(grad_bytes, op), Op(Wait("wait.grad", "dp"))]
+                ops += [*self.grad_sync_ops_flat(grad_bytes, op, self.grad_group),
+                        Op(Wait("wait.grad", "dp"))]
             if p.zero_stage == 3:
                 ops.append(Op(Wait("wait.grad", "dp.rs")))
             shard = params / dp if p.zero_stage else params
             ops.append(step(shard))
             if p.zero_stage in (1, 2):
-                ops.append(Op(Collective("params.all_gather", "all_gather", "dp", params * self.dt)))
+                ops.append(Op(Collective("params.all_gather", "all_gather", self.grad_group,
+                                         params * self.dt)))
         elif p.dp_strategy == "reduce_broadcast":
             ops.append(Op(Collective("grad.reduce", "reduce", "dp", grad_bytes, root=0)))
             if root:
@@ -363,5 +387,6 @@ class StageBuilder(MoEOps):
 
     def grad_sync_ops_flat(self, grad_bytes: float, op: str, group: str = "dp") -> list[Op]:
         n = max(1, math.ceil(grad_bytes / self.cfg.parallel.grad_bucket_size))
-        name = f"grad.{op}" if group == "dp" else f"grad.expert.{op}"
-        return [Op(Collective(name, op, group, grad_bytes / n), stream=group, repeat=n)]
+        name = f"grad.expert.{op}" if group == "edp" else f"grad.{op}"
+        stream = "dp" if group == "dp_cp" else group
+        return [Op(Collective(name, op, group, grad_bytes / n), stream=stream, repeat=n)]

@@ -13,11 +13,14 @@ __all__ = ["stage_memory"]
 
 
 def stage_memory(cfg: RunConfig, shape: DecoderShape, stage: int, params: float,
-                 expert_params: float = 0.0, layer_bytes: float | None = None) -> MemoryBreakdown:
+                 expert_params: float = 0.0, layer_bytes: float | None = None,
+                 part=None) -> MemoryBreakdown:
     """Memory of one rank of pipeline ``stage`` holding ``params`` parameters, of which
     ``expert_params`` are routed experts (already split by EP × expert TP; their ZeRO shards
     are taken over the expert-data-parallel group). ``layer_bytes``: the largest layer's
-    parameters on one rank in bytes (ZeRO-3's gathered buffers; default ``layer_params/t``)."""
+    parameters on one rank in bytes (ZeRO-3's gathered buffers; default ``layer_params/t``).
+    ``part``: the layer partitioner of a dense model (default: the plan's), whose split of
+    the activations (and ``1/cp``) applies; the ZeRO shards are over ``dp·cp``."""
     p, t = cfg.parallel, cfg.train
     if expert_params:
         dense = model_state_bytes(params - expert_params, cfg.dp, p.zero_stage, t.dtype,
@@ -26,7 +29,7 @@ def stage_memory(cfg: RunConfig, shape: DecoderShape, stage: int, params: float,
                                    t.optimizer)
         weights, grads, opt = (a + b for a, b in zip(dense, expert))
     else:
-        weights, grads, opt = model_state_bytes(params, cfg.dp, p.zero_stage, t.dtype,
+        weights, grads, opt = model_state_bytes(params, cfg.dp * p.cp, p.zero_stage, t.dtype,
                                                 t.optimizer)
     layers_per_chunk = shape.layers // (p.pp * p.vpp)
     args = (t.micro_batch_size, t.seq_length, p.tp, p.sequence_parallel)
@@ -36,17 +39,21 @@ def stage_memory(cfg: RunConfig, shape: DecoderShape, stage: int, params: float,
                      + (layers_per_chunk - n_moe) * (shape.layer_activation_bytes(
                          *args, t.recompute, moe=False) if n_moe < layers_per_chunk else 0.0))
     else:
-        per_chunk = shape.layer_activation_bytes(*args, t.recompute) * layers_per_chunk
+        if part is None:
+            from .partition import make_partitioner
+            part = make_partitioner(cfg, shape)
+        per_chunk = part.activation_bytes(t.recompute) * layers_per_chunk
     chunks = inflight_chunks(cfg, stage)
     acts = per_chunk * chunks
     if t.recompute == "full":  # one layer's full activations are rebuilt during its backward
-        acts += shape.layer_activation_bytes(*args, "none", moe=shape.is_moe or None)
+        acts += (part.activation_bytes("none") if part is not None else
+                 shape.layer_activation_bytes(*args, "none", moe=shape.is_moe or None))
     sbh = t.micro_batch_size * t.seq_length * shape.hidden
     other = 0.0
     if stage == p.pp - 1:  # logits (16-bit) and fp32 softmax of the vocab-parallel loss
-        other += t.micro_batch_size * t.seq_length * shape.vocab / p.tp * (2 + 4)
+        other += t.micro_batch_size * t.seq_length * shape.vocab / (p.tp * p.cp) * (2 + 4)
     if stage == 0:  # embedding output kept for dropout
-        other += sbh * chunks / p.vpp
+        other += sbh * chunks / p.vpp / (part.embedding_split if part is not None else 1)
     if p.zero_stage == 3:  # two gathered layers live at once (current + prefetched)
         other += 2 * (layer_bytes if layer_bytes is not None
                       else shape.layer_params / p.tp * DTYPE_BYTES[t.dtype])

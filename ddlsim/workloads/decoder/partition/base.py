@@ -1,0 +1,264 @@
+"""The layer-partitioner interface, and the layer template every scheme fills in.
+
+A decoder layer is four GEMMs ``(M, N, K)`` over the ``M = b·s/cp`` tokens of one
+micro-batch on one context-parallel rank (``qkv``: ``N = ad + 2gd``, ``K = h``; ``proj``:
+``N = h``, ``K = ad``; ``fc1``: ``N = (m−1)·f``, ``K = h``; ``fc2``: ``N = h``, ``K = f``,
+``m`` = 3 for a gated MLP), the attention core between ``qkv`` and ``proj``, and elementwise
+work (norms, residuals, dropout, the non-linearity, softmax). A scheme says how one GEMM runs
+on its grid (:meth:`LayerPartitioner.gemm_forward`, :meth:`~LayerPartitioner.gemm_backward`)
+and over how many ranks weights and activations are split; the template below strings the
+GEMMs into a layer's forward and backward. The attention core never communicates inside the
+tensor-parallel grid (every scheme splits heads over one grid axis and the batch over the
+others); across the ``cp`` axis it is a ring or an all-gather (:mod:`.context`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from ....config import DTYPE_BYTES
+from ...trace import Compute, Loop, Op, Payload, Wait
+from . import context
+
+__all__ = ["LayerPartitioner", "OpList"]
+
+
+class OpList:
+    """A block body under construction: :meth:`add` returns the new op's index (for deps)."""
+
+    def __init__(self) -> None:
+        self.ops: list[Op] = []
+
+    def add(self, payload: Payload, stream: str = "compute", deps: tuple[int, ...] = ()) -> int:
+        self.ops.append(Op(payload, stream, tuple(sorted(set(deps)))))
+        return len(self.ops) - 1
+
+    def extend(self, ops: list[Op]) -> None:
+        """Append ``ops`` (a body of their own), shifting their deps."""
+        base = len(self.ops)
+        self.ops += [Op(o.payload, o.stream, tuple(d + base for d in o.deps), o.repeat)
+                     for o in ops]
+
+    def last_compute(self) -> int | None:
+        """Index of the latest op on the compute stream (the operands of what comes next)."""
+        return next((i for i in range(len(self.ops) - 1, -1, -1)
+                     if self.ops[i].stream == "compute"), None)
+
+
+class LayerPartitioner:
+    """How one scheme splits a decoder layer over its grid (subclasses register a ``mode``).
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The run; ``cfg.parallel`` gives the grid (``tensor_parallel``) and the cp axis.
+    shape : DecoderShape
+        The model's closed-form counts.
+    """
+
+    mode: ClassVar[str] = ""
+    #: grid fields of ``parallel.tensor_parallel`` the scheme takes
+    grid_keys: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, cfg: Any, shape: Any):
+        p, t = cfg.parallel, cfg.train
+        self.cfg, self.shape, self.spec = cfg, shape, p.tensor_parallel
+        self.size = p.tp
+        self.cp, self.cp_comm = p.cp, p.cp_comm_type
+        self.b, self.s = t.micro_batch_size, t.seq_length
+        self.dt, self.dtype = DTYPE_BYTES[t.dtype], t.dtype
+        self.recompute = t.recompute
+
+    # ------------------------------------------------------------------ the grid
+    @classmethod
+    def check_grid(cls, spec: Any) -> None:
+        """``spec`` gives exactly the grid fields of the scheme (ValueError otherwise)."""
+        given = [k for k in ("size", "q", "d") if getattr(spec, k) is not None]
+        extra = [k for k in given if k not in cls.grid_keys]
+        missing = [k for k in cls.grid_keys if getattr(spec, k) is None]
+        if extra or missing:
+            raise ValueError(f"tensor_parallel.mode = {cls.mode!r} takes the grid field(s) "
+                             f"{', '.join(cls.grid_keys)}; missing: {missing or 'none'}, not "
+                             f"applicable: {extra or 'none'} (e.g. {cls.example()})")
+
+    @classmethod
+    def example(cls) -> str:
+        return "{mode: " + cls.mode + ", " + ", ".join(f"{k}: 4" for k in cls.grid_keys) + "}"
+
+    @classmethod
+    def grid_size(cls, spec: Any) -> int:
+        """Ranks of the grid: the size of the ``tp`` mesh axis."""
+        raise NotImplementedError
+
+    def families(self, mesh: Any) -> dict:
+        """Group families of the grid's axes (besides the mesh's ``tp``, ``cp``, …)."""
+        return {}
+
+    def check(self, cfg: Any) -> None:
+        """Divisibility of the model and batch by the grid (ValueError, one paragraph)."""
+
+    #: ranks over which a layer's weights are split
+    param_split: int = 1
+    #: streams of weight-gradient reductions, joined before the gradients are accumulated
+    grad_streams: tuple[str, ...] = ()
+
+    @property
+    def structured(self) -> bool:
+        """Whether the builder takes its layers from :meth:`layer_forward` (always, except
+        Megatron 1-D without context parallelism, which keeps the builder's own ops)."""
+        return True
+
+    @property
+    def tokens(self) -> float:
+        """``M``: tokens of one micro-batch on one cp rank, the rows of every layer GEMM."""
+        return self.b * self.s / self.cp
+
+    def ew_split(self) -> tuple[int, bool]:
+        """``(t, sp)`` for DecoderShape's elementwise and activation counts: the 2-D family
+        splits every activation over the grid, i.e. as 1-D with sequence parallelism."""
+        return self.size, True
+
+    # ------------------------------------------------------------------ one GEMM
+    def gemm_forward(self, ops: OpList, name: str, M: float, N: float, K: float,
+                     row_parallel: bool) -> None:
+        """Append the ops of ``C[M,N] = A[M,K]·B[K,N]`` (``row_parallel``: Megatron's
+        RowParallelLinear, i.e. ``proj`` and ``fc2``; only 1-D needs it)."""
+        raise NotImplementedError
+
+    def gemm_backward(self, ops: OpList, name: str, M: float, N: float, K: float,
+                      row_parallel: bool) -> None:
+        """Append the ops of ``dA = dC·Bᵀ`` and ``dB = Aᵀ·dC``."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ the layer template
+    def _gemms(self, backward: bool) -> list[tuple[str, float, float, bool]]:
+        sh = self.shape
+        mlp = [("fc1", (sh.mlp_matrices - 1) * sh.ffn, sh.hidden, False),
+               ("fc2", sh.hidden, sh.ffn, True)]
+        attn = [("qkv", sh.q_width + 2 * sh.kv_width, sh.hidden, False),
+                ("proj", sh.hidden, sh.q_width, True)]
+        return list(reversed(attn + mlp)) if backward else attn + mlp
+
+    def layer_forward(self, tag: str = "fwd") -> list[Op]:
+        """One dense layer's forward: qkv, attention core, proj, fc1, fc2, elementwise."""
+        ops, M = OpList(), self.tokens
+        for name, N, K, row in self._gemms(False):
+            self.gemm_forward(ops, f"{tag}.{name}", M, N, K, row)
+            if name == "qkv":
+                context.attention_forward(self, ops, tag)
+        ops.add(Compute(f"{tag}.elementwise", 0.0, self.elementwise_bytes(),
+                        kind="elementwise", dtype=self.dtype))
+        return ops.ops
+
+    def layer_backward(self, grad_accumulate_bytes: float) -> list[Op]:
+        """One dense layer's backward after recomputation; ``grad_accumulate_bytes``: the
+        traffic of adding its weight gradients into the fp32 buffer (the builder's rule)."""
+        ops, M = OpList(), self.tokens
+        if self.recompute == "full":
+            ops.extend(self.layer_forward("recompute"))
+        elif self.recompute == "selective":
+            ops.add(Compute("recompute.attn_core", self.attn_core_flops(),
+                            self.scores_bytes(), dtype=self.dtype))
+        for name, N, K, row in self._gemms(True):
+            if name == "qkv":
+                context.attention_backward(self, ops)
+            self.gemm_backward(ops, f"bwd.{name}", M, N, K, row)
+        ops.add(Compute("bwd.elementwise", 0.0, 2 * self.elementwise_bytes(),
+                        kind="elementwise", dtype=self.dtype))
+        for stream in self.grad_streams:
+            ops.add(Wait(f"bwd.wait.{stream}", stream))
+        ops.add(Compute("bwd.grad_accumulate", 0.0, grad_accumulate_bytes,
+                        kind="elementwise", dtype=self.dtype))
+        return ops.ops
+
+    def layers(self, backward: bool, count: int, grad_accumulate_bytes: float) -> Op:
+        """``count`` identical layers as one :class:`Loop` op."""
+        body = (self.layer_backward(grad_accumulate_bytes) if backward
+                else self.layer_forward())
+        return Op(Loop("layers.bwd" if backward else "layers.fwd", tuple(body), count))
+
+    # ------------------------------------------------------------------ per-rank counts
+    def attn_core_flops(self) -> float:
+        """Forward FLOPs of the attention core on one rank: ``4bs²·ad / (p·cp)`` (each rank
+        holds ``1/p`` of the heads × batch and ``1/cp`` of the queries against all keys)."""
+        return self.shape.layer_gemm_flops(self.b, self.s)["attn_core"] / (self.size * self.cp)
+
+    def scores_bytes(self) -> float:
+        """Selective recomputation's traffic on the rank's scores: softmax, mask (and
+        dropout) read + write ``b·a·s²/(t·cp)`` (the builder's count, split over cp)."""
+        t, _ = self.ew_split()
+        passes = 3 if self.shape.dropout else 2
+        return passes * 2 * self.b * self.shape.heads * self.s * self.s / t * self.dt / self.cp
+
+    def elementwise_bytes(self) -> float:
+        """Forward elementwise traffic of one layer on one rank: DecoderShape's count for
+        ``s/cp`` tokens, with the scores term taken for ``s/cp`` queries × ``s`` keys."""
+        sh, (t, sp) = self.shape, self.ew_split()
+        s_loc = self.s // self.cp
+        ew = sh.layer_elementwise_bytes(self.b, s_loc, t, sp, self.dt)
+        if self.cp > 1:
+            k = (3 if sh.dropout else 2) * 2 * self.b * sh.heads / t * self.dt
+            ew += k * (self.s * self.s / self.cp - s_loc * s_loc)
+        return ew
+
+    def activation_bytes(self, recompute: str, moe: bool | None = None) -> float:
+        """Activation bytes one layer keeps on one rank: Korthikanti et al.'s count with the
+        scheme's split, divided by cp (every term, the ``s²`` scores included, holds
+        ``1/cp`` of the queries)."""
+        t, sp = self.ew_split()
+        return self.shape.layer_activation_bytes(self.b, self.s, t, sp, recompute,
+                                                 moe=moe) / self.cp
+
+    def kv_block_bytes(self) -> float:
+        """K and V of one cp rank's sequence block on one grid rank: ``2·b·(s/cp)·gd / p``."""
+        return 2 * self.tokens * self.shape.kv_width * self.dt / self.size
+
+    # ------------------------------------------------------------------ embedding and head
+    #: ways the embedding output is split (memory of the first stage)
+    @property
+    def embedding_split(self) -> int:
+        return self.size * self.cp
+
+    def embedding_comm(self, act_bytes: float) -> list:
+        """Collectives after the lookup (scheme-specific)."""
+        return []
+
+    def loss_comm(self) -> list:
+        """Collectives of the vocab-parallel cross-entropy (scheme-specific)."""
+        return []
+
+    def embedding_ops(self, act_bytes: float) -> list[Op]:
+        """The lookup: read + write the rank's block of the ``b·s·h`` output, then the
+        scheme's collectives (``act_bytes``: the whole micro-batch's ``b·s·h`` bytes)."""
+        ops = OpList()
+        ops.add(Compute("embedding", 0.0, 2 * act_bytes / self.embedding_split,
+                        kind="elementwise", dtype=self.dtype))
+        for c in self.embedding_comm(act_bytes):
+            ops.add(c)
+        return ops.ops
+
+    def head_forward_ops(self) -> list[Op]:
+        """Logits as one more GEMM (``N = V``), the fp32 loss over the rank's logits, and
+        the cross-entropy's reductions."""
+        ops, sh = OpList(), self.shape
+        self.gemm_forward(ops, "logits", self.tokens, sh.vocab, sh.hidden, False)
+        ops.add(Compute("loss", 0.0, 3 * 4 * self.tokens * sh.vocab / self.size,
+                        kind="elementwise", dtype=self.dtype))
+        for c in self.loss_comm():
+            ops.add(c)
+        return ops.ops
+
+    def head_backward_ops(self, grad_accumulate_bytes: float) -> list[Op]:
+        """The logits GEMM's backward and the embedding gradient's accumulation."""
+        ops, sh = OpList(), self.shape
+        self.gemm_backward(ops, "bwd.logits", self.tokens, sh.vocab, sh.hidden, False)
+        for stream in self.grad_streams:
+            ops.add(Wait(f"bwd.logits.wait.{stream}", stream))
+        ops.add(Compute("bwd.grad_accumulate.embedding", 0.0, grad_accumulate_bytes,
+                        kind="elementwise", dtype=self.dtype))
+        return ops.ops
+
+    def boundary(self, act_bytes: float) -> tuple[float, float | None]:
+        """Pipeline send size per rank, and the all-gather after the receive (1-D's
+        scatter-gather) or None: the 2-D family sends its own block, ``b·s·h / (p·cp)``."""
+        return act_bytes / (self.size * self.cp), None

@@ -1,0 +1,112 @@
+"""Megatron-LM's 1-D tensor parallelism, today's builder's numbers exactly.
+
+Shoeybi et al. 2019 ("Megatron-LM", arXiv:1909.08053, §3): ``qkv`` and ``fc1`` are split by
+columns (ColumnParallelLinear), ``proj`` and ``fc2`` by rows (RowParallelLinear); the
+``g`` operator all-reduces the ``b·s·h`` output of each row-parallel GEMM in the forward and
+the ``f`` operator the input gradient of each column-parallel GEMM in the backward: per layer
+two all-reduces of ``b·s·h`` forward and two backward. With sequence parallelism (Korthikanti
+et al. 2022, arXiv:2205.05198, §4.2.2) each all-reduce becomes a reduce-scatter and an
+all-gather of the same size. Weights and the head-split activations are divided by ``t``.
+
+Without context parallelism the decoder builder keeps its own op lists
+(:class:`~ddlsim.workloads.decoder.builder.StageBuilder`, Mixture-of-Experts layers included)
+and takes only :meth:`Megatron1D.tp_comm` from here, so its predictions are unchanged; with
+``cp > 1`` the layer is built from the partitioner template (qkv, ring, proj, MLP).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...trace import Collective, Compute, Op
+from . import register_partitioner
+from .base import LayerPartitioner, OpList
+
+__all__ = ["Megatron1D"]
+
+
+@register_partitioner("1d")
+class Megatron1D(LayerPartitioner):
+    """1-D (Megatron) tensor parallelism over ``t = tensor_model_parallel_size`` ranks."""
+
+    grid_keys = ("size",)
+
+    def __init__(self, cfg: Any, shape: Any):
+        super().__init__(cfg, shape)
+        self.sp = cfg.parallel.sequence_parallel
+        self.param_split = self.size
+
+    @classmethod
+    def grid_size(cls, spec: Any) -> int:
+        return spec.size
+
+    @property
+    def structured(self) -> bool:
+        return self.cp > 1
+
+    def ew_split(self) -> tuple[int, bool]:
+        return self.size, self.sp
+
+    def tp_comm(self, name: str, nbytes: float) -> list[Collective]:
+        """Megatron's f/g operator on ``nbytes``: an all-reduce, or reduce-scatter +
+        all-gather with sequence parallelism; nothing when ``t = 1``."""
+        if self.size == 1:
+            return []
+        if self.sp:
+            return [Collective(f"{name}.rs", "reduce_scatter", "tp", nbytes),
+                    Collective(f"{name}.ag", "all_gather", "tp", nbytes)]
+        return [Collective(f"{name}.ar", "all_reduce", "tp", nbytes)]
+
+    def gemm_forward(self, ops: OpList, name: str, M: float, N: float, K: float,
+                     row_parallel: bool) -> None:
+        ops.add(Compute(name, 2 * M * N * K / self.size, dtype=self.dtype))
+        if row_parallel:   # g: the partial outputs b·s·h are summed
+            for c in self.tp_comm(name, M * N * self.dt):
+                ops.add(c)
+
+    def gemm_backward(self, ops: OpList, name: str, M: float, N: float, K: float,
+                      row_parallel: bool) -> None:
+        ops.add(Compute(name, 4 * M * N * K / self.size, dtype=self.dtype))
+        if not row_parallel:   # f: the partial input gradients b·s·h are summed
+            for c in self.tp_comm(name, M * K * self.dt):
+                ops.add(c)
+
+    @property
+    def embedding_split(self) -> int:
+        return self.cp      # the lookup's output is replicated over TP
+
+    def embedding_ops(self, act_bytes: float) -> list[Op]:
+        """The builder's lookup and vocab-parallel all-reduce, for ``s/cp`` tokens."""
+        ops = OpList()
+        act = act_bytes / self.cp
+        ops.add(Compute("embedding", 0.0, 2 * act, kind="elementwise", dtype=self.dtype))
+        if self.size > 1:
+            ops.add(Collective("embedding.ar", "all_reduce", "tp", act))
+        return ops.ops
+
+    def head_forward_ops(self) -> list[Op]:
+        """The builder's logits, loss and cross-entropy all-reduce, for ``s/cp`` tokens."""
+        ops, sh, t, n = OpList(), self.shape, self.size, self.tokens
+        ops.add(Compute("logits", sh.logits_forward_flops(self.b, self.s) / t / self.cp,
+                        dtype=self.dtype))
+        ops.add(Compute("loss", 0.0, 3 * 4 * n * sh.vocab / t, kind="elementwise",
+                        dtype=self.dtype))
+        if t > 1:
+            ops.add(Collective("loss.ar", "all_reduce", "tp", 4.0 * n))
+        return ops.ops
+
+    def head_backward_ops(self, grad_accumulate_bytes: float) -> list[Op]:
+        ops, sh = OpList(), self.shape
+        ops.add(Compute("bwd.logits", 2 * sh.logits_forward_flops(self.b, self.s) / self.size
+                        / self.cp, dtype=self.dtype))
+        ops.add(Compute("bwd.grad_accumulate.embedding", 0.0, grad_accumulate_bytes,
+                        kind="elementwise", dtype=self.dtype))
+        return ops.ops
+
+    def boundary(self, act_bytes: float) -> tuple[float, float | None]:
+        """Narayanan et al. 2021 §4.1 scatter-gather: each TP rank sends ``1/t`` of the
+        stage output and the receivers all-gather it (not needed with SP)."""
+        act = act_bytes / self.cp
+        if self.size > 1 and not self.sp:
+            return act / self.size, act
+        return act, None
