@@ -56,15 +56,15 @@ def test_groups(proxy):
 
 
 def test_per_rank_comm(proxy):
-    """Per rank: 8 forward and 8 backward messages of P2PSIZE floats to/from the neighbours
-    (lines 66-104), then 6 blocking all-reduces on the stage's 8 ranks (lines 106-123)."""
+    """Per rank: 8 forward and 8 backward MPI_Isend/MPI_Irecv (isend/irecv) of P2PSIZE floats
+    to/from the neighbours (lines 66-104), then 6 blocking all-reduces on the stage's 8 ranks (lines 106-123)."""
     _, wl = proxy
     prof = comm_profile(wl, per="rank")
     msg = FLOAT * P2PSIZE
     expect = {
-        0: {("send", 1): 8, ("recv", 1): 8},
-        1: {("send", 2): 8, ("recv", 0): 8, ("send", 0): 8, ("recv", 2): 8},
-        3: {("recv", 2): 8, ("send", 2): 8},
+        0: {("isend", 1): 8, ("irecv", 1): 8},
+        1: {("isend", 2): 8, ("irecv", 0): 8, ("isend", 0): 8, ("irecv", 2): 8},
+        3: {("irecv", 2): 8, ("isend", 2): 8},
     }
     allreduce = {0: BEGINSIZE + 5 * INTERSIZE, 1: 6 * INTERSIZE, 3: 5 * INTERSIZE + ENDSIZE}
     for base in (0, 12):                      # pipelines 0 and 3
@@ -73,9 +73,9 @@ def test_per_rank_comm(proxy):
             got = {(r.op, r.peer - base): r.calls for r in rows.itertuples() if r.op != "allreduce"}
             assert got == p2p
             for r in rows.itertuples():
-                if r.op == "send":
+                if r.op == "isend":
                     assert r.send_bytes == 8 * msg and r.recv_bytes == 0
-                elif r.op == "recv":
+                elif r.op == "irecv":
                     assert r.recv_bytes == 8 * msg and r.send_bytes == 0
             ar = rows[rows.op == "allreduce"].iloc[0]
             assert (ar.calls, ar.group_size) == (6, 8)

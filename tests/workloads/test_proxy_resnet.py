@@ -44,16 +44,17 @@ def test_resnet50_allreduce_per_rank():
 
 
 def test_resnet50_ring_per_rank():
-    """run_ring (resnet50.cpp:223-237): per message MPI_Irecv from rank-1, MPI_Send to rank+1."""
+    """run_ring (resnet50.cpp:223-237): per message MPI_Irecv from rank-1 (non-blocking:
+    `irecv`), a blocking MPI_Send to rank+1 (`send`)."""
     cfg, _, prof = _profile("examples/proxies/resnet50_ring.yaml")
     n = cfg.world_size
     for r in (0, 7, 31):
         rows = prof[prof["rank"] == r].set_index("op")
         assert rows.loc["send", "peer"] == (r + 1) % n
-        assert rows.loc["recv", "peer"] == (r - 1) % n
-        assert rows.loc["send", "calls"] == rows.loc["recv", "calls"] == 6
+        assert rows.loc["irecv", "peer"] == (r - 1) % n
+        assert rows.loc["send", "calls"] == rows.loc["irecv", "calls"] == 6
         assert rows.loc["send", "send_bytes"] == FLOAT * 25_559_081
-        assert rows.loc["recv", "recv_bytes"] == FLOAT * 25_559_081
+        assert rows.loc["irecv", "recv_bytes"] == FLOAT * 25_559_081
 
 
 @pytest.mark.parametrize("path,ranks,fwd_s,bwd_s", [
@@ -68,7 +69,7 @@ def test_resnet152_iallreduce_per_rank(path, ranks, fwd_s, bwd_s):
     prof = comm_profile(wl, per="class")
     assert cfg.world_size == ranks
     row = prof.iloc[0]
-    assert len(prof) == 1 and row.op == "allreduce" and row.group_size == ranks
+    assert len(prof) == 1 and row.op == "iallreduce" and row.group_size == ranks
     assert row.calls == 10 * ranks
     assert row.send_bytes == ranks * FLOAT * sum(R152_MSGS) == ranks * FLOAT * 60_192_808
     ops = wl.classes[0].program.blocks["B.sync"].ops

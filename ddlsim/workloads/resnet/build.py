@@ -79,10 +79,11 @@ def _ring_sync(buckets: list[range], grads: list[float], base: int) -> tuple[Op,
         nbytes = float(sum(grads[i] for i in r))
         at = base + len(ops)
         after = (at - 1,) if at else ()
-        # posted together (same deps); the send is listed first so that engines that issue a
-        # class's ops in order never wait at the receive before every send of the ring is out
+        # MPI_Irecv posted, then a blocking MPI_Send (on the compute stream: ddlsim comm names
+        # it `send`, the receive `irecv`); the send is listed first so that engines that issue
+        # a class's ops in order never wait at the receive before every send of the ring is out
         ops += [Op(P2P(f"grad.ring{k}.send", "send", "dp", +1, nbytes, f"ring{k}"),
-                   stream="dp.send", deps=after),
+                   stream="compute", deps=after),
                 Op(P2P(f"grad.ring{k}.recv", "recv", "dp", -1, nbytes, f"ring{k}"),
                    stream="dp.recv", deps=after),
                 Op(Compute(f"grad.ring{k}.wait", 0.0, kind="elementwise", seconds=0.0),
