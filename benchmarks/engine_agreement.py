@@ -39,7 +39,7 @@ def default_cases() -> list[tuple[str, str, float, int, int, str]]:
     group sizes, in every :data:`SETTINGS`."""
     out = []
     for op in COLLECTIVE_OPS:
-        for algo in algorithms_for(op):
+        for algo in algorithms_for(op, "mpi"):
             for _label, g_of, fabric in SETTINGS:
                 for p in (4, 8):
                     for n in (64e3, 256e6):
