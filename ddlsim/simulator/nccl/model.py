@@ -36,7 +36,7 @@ __all__ = ["NcclEnv", "nccl_time", "busbw_GBps", "algbw_GBps", "latency_us", "be
 #: NCCL algorithm per collective (tuning.cc: broadcast/reduce run ring only; all-gather and
 #: reduce-scatter ring, NVLS, CollNet, PAT; all-reduce every algorithm but PAT)
 ALGORITHMS = {
-    "all_reduce": ("ring", "tree", "nvls", "collnet"),
+    "all_reduce": ("ring", "tree", "nvls", "nvls_tree", "collnet"),
     "all_gather": ("ring", "nvls"),
     "reduce_scatter": ("ring", "nvls"),
     "broadcast": ("ring",),
@@ -86,6 +86,12 @@ def _channels(link_GBps: float, net: GroupNet, env: NcclEnv) -> float:
     return max(1.0, link_GBps / T.TOP_SPEED_GBPS[env.arch][1 if net.multi_node else 0])
 
 
+def _nvls_channels(net: GroupNet) -> int:
+    """Channels of NCCL's NVLS graph: one per GPU of the node (search.cc: ``maxChannels =
+    min(NCCL_MAX_NVLS_ARITY, GPUs)``, and ``minChannels = maxChannels`` on one node)."""
+    return max(1, int(round(net.p / net.nodes)))
+
+
 def _nsteps(op: str, p: int) -> int:
     return 2 * (p - 1) if op == "all_reduce" else p - 1 if op in ("all_gather",
                                                                     "reduce_scatter") else p
@@ -95,13 +101,17 @@ def available(op: str, algo: str, proto: str, net: GroupNet, env: NcclEnv) -> bo
     """Whether NCCL would run ``algo``/``proto`` here (tuning.cc's enable rules)."""
     if algo not in ALGORITHMS.get(op, ()):
         return False
-    if algo in ("nvls", "collnet") and proto != "Simple":
+    if algo in ("nvls", "nvls_tree", "collnet") and proto != "Simple":
         return False
     if proto == "LL128" and env.intra != "nvlink":  # LL128 needs NVLink inside (≤ PATH_NVB)
         return False
+    if algo in ("nvls", "nvls_tree") and _nvls_channels(net) < 2:
+        return False  # tuning.cc: NVLS needs at least 2 channels
     if algo == "nvls":
         ok = T.NVLS_EFFICIENCY[env.arch] > 0 and env.nvswitch
         return ok and (not net.multi_node or (env.sharp and op == "all_reduce"))
+    if algo == "nvls_tree":  # NVLS inside nodes, trees across: several nodes, no SHARP needed
+        return T.NVLS_EFFICIENCY[env.arch] > 0 and env.nvswitch and net.multi_node
     if algo == "collnet":  # CollNet-direct: SHARP, NVSwitch nodes, several nodes
         return env.sharp and env.nvswitch and net.multi_node
     return True
@@ -114,10 +124,15 @@ def busbw_GBps(op: str, algo: str, proto: str, net: GroupNet, env: NcclEnv) -> f
     ppn = net.p / net.nodes
     bus = link
     if algo == "nvls":
-        nc = T.NVLS_CHANNELS[env.arch]
+        nc = _nvls_channels(net)
         intra = link * T.NVLS_EFFICIENCY[env.arch] * (nc - 1) / nc
         intra *= 2.0 if op == "all_reduce" else (ppn - 1) / ppn
         bus = min(intra, net.bw_node_Bps / 1e9) if net.multi_node else intra
+    if algo == "nvls_tree":  # the 2-node tree halves the inter-node traffic (tuning.cc)
+        nc = _nvls_channels(net)
+        intra = link * T.NVLS_EFFICIENCY[env.arch] * (nc - 1) / nc * 2.0
+        inter = net.bw_node_Bps / 1e9 * (2 if net.nodes <= 2 else 1)
+        bus = min(intra, inter, nc * T.PER_CH_MAX_BW["nvls_tree"][env.arch][col])
     ll_max = T.LL_MAX_BW[env.arch if net.nodes == 1 else env.cpu][col]
     if algo == "ring" and proto == "LL":
         bus = min(ll_max, bus * 0.5)
@@ -142,7 +157,7 @@ def algbw_GBps(op: str, algo: str, proto: str, n: float, net: GroupNet, env: Ncc
     """Algorithm bandwidth (GB/s): busBw × NCCL's ratio, with the tree's size correction."""
     bw = busbw_GBps(op, algo, proto, net, env)
     if not (algo != "ring" and op in ("all_gather", "reduce_scatter")):
-        bw *= net.p / _nsteps(op, net.p) if algo in ("ring", "nvls") else 0.5
+        bw *= net.p / _nsteps(op, net.p) if algo in ("ring", "nvls", "nvls_tree") else 0.5
     log_size = int(math.floor(math.log2(n / 64))) if n >= 64 else -1
     if algo == "tree" and op == "all_reduce" and 0 <= log_size < 23:
         bw *= T.TREE_CORRECTION[proto][log_size]
@@ -176,6 +191,8 @@ def latency_us(op: str, algo: str, proto: str, n: float, net: GroupNet, env: Ncc
         lat += 2 * (min(1, ppn - 1) * intra + (ppn - 1) * 0.4) + inter
     elif algo == "nvls":
         lat = intra + (inter if nodes > 1 else 0.0)
+    elif algo == "nvls_tree":
+        lat += intra + 2 * _log2i(nodes) * inter
     return lat
 
 

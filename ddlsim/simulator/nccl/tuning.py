@@ -11,8 +11,7 @@ bandwidths in GB/s (10⁹ B/s) as in NCCL; :mod:`.model` converts them at its ed
 from __future__ import annotations
 
 __all__ = ["ARCHS", "PROTOCOLS", "BASE_LATENCY_US", "HW_LATENCY_US", "LL_MAX_BW", "PER_CH_MAX_BW",
-           "NVLS_EFFICIENCY", "NVLINK_EFFICIENCY", "TOP_SPEED_GBPS", "TREE_CORRECTION",
-           "NVLS_CHANNELS"]
+           "NVLS_EFFICIENCY", "NVLINK_EFFICIENCY", "TOP_SPEED_GBPS", "TREE_CORRECTION"]
 
 #: compute-capability classes NCCL indexes its tables by (tuning.cc, ``compCapIndex``)
 ARCHS = ("volta", "ampere", "hopper", "blackwell")
@@ -21,18 +20,20 @@ PROTOCOLS = ("LL", "LL128", "Simple")
 #: tuning.cc ``baseLatencies`` (µs), per algorithm, per protocol (LL, LL128, Simple)
 BASE_LATENCY_US = {
     "tree": (6.8, 14.0, 8.4), "ring": (6.6, 14.0, 8.4),
-    "collnet": (0.0, 0.0, 0.0), "nvls": (0.0, 0.0, 0.0),
+    "collnet": (0.0, 0.0, 0.0), "nvls": (0.0, 0.0, 0.0), "nvls_tree": (0.0, 0.0, 0.0),
 }
 
 #: tuning.cc ``hwLatencies`` (µs) per link class (NVLINK, PCI, NET), algorithm, protocol;
 #: ``collnet`` is NCCL's CollNetDirect row
 HW_LATENCY_US = {
     "nvlink": {"tree": (0.6, 1.25, 4.0), "ring": (0.6, 1.9, 3.4),
-               "collnet": (0.0, 0.0, 3.7), "nvls": (0.0, 0.0, 25.0)},
+               "collnet": (0.0, 0.0, 3.7), "nvls": (0.0, 0.0, 25.0),
+               "nvls_tree": (0.0, 0.0, 25.0)},
     "pci": {"tree": (1.0, 1.9, 4.0), "ring": (1.0, 2.5, 5.7),
-            "collnet": (0.0, 0.0, 3.7), "nvls": (0.0, 0.0, 0.0)},
+            "collnet": (0.0, 0.0, 3.7), "nvls": (0.0, 0.0, 0.0), "nvls_tree": (0.0, 0.0, 0.0)},
     "net": {"tree": (5.0, 8.5, 14.0), "ring": (2.7, 4.0, 14.0),
-            "collnet": (0.0, 0.0, 31.0), "nvls": (0.0, 0.0, 18.0)},
+            "collnet": (0.0, 0.0, 31.0), "nvls": (0.0, 0.0, 18.0),
+            "nvls_tree": (0.0, 0.0, 20.9)},
 }
 
 #: tuning.cc ``llMaxBws`` (GB/s): rows Volta/Ampere/Hopper/Blackwell for one node, and for
@@ -52,13 +53,12 @@ PER_CH_MAX_BW = {
                    "hopper": (36.7, 36.7, 29.0), "blackwell": (55.6, 31.67, 20.0)},
     "tree": {"volta": (26.5, 18.5, 10.0), "ampere": (24.0, 23.6, 17.8),
              "hopper": (38.7, 41.4, 36.0), "blackwell": (70.0, 42.8, 24.0)},
+    "nvls_tree": {"volta": (26.5, 18.5, 10.0), "ampere": (24.0, 23.6, 17.8),  # perChMaxNVLSTreeBws
+                  "hopper": (0.0, 57.7, 45.5), "blackwell": (0.0, 96.0, 80.0)},
 }
 
 #: tuning.cc ``nvlsEfficiency`` (NVLS unavailable before Hopper)
 NVLS_EFFICIENCY = {"volta": 0.0, "ampere": 0.0, "hopper": 0.85, "blackwell": 0.74}
-
-#: src/transport/nvls.cc ``NVLS_NCHANNELS_SM90`` 16, ``NVLS_NCHANNELS_SM100`` 32
-NVLS_CHANNELS = {"hopper": 16, "blackwell": 32}
 
 #: the NVLink bandwidth NCCL's topology assumes per link (topo.h ``SM70_NVLINK_BW`` 20.0,
 #: ``SM80_NVLINK_BW`` 20.0, ``SM90_NVLINK_BW`` 20.6, ``SM100_NVLINK_BW`` 40.1 GB/s) over the
