@@ -7,7 +7,12 @@ across nodes (``bw_node_Bps``), and the latency of each. They are measured on th
 every group of the family sends one ring step at once (member i → member i+1, node-major),
 each flow routed as the discrete-event engine routes it (a flow leaving a node striped over
 the node's NICs, one channel per rail, as NCCL lays out its channels), and the rates are the
-max-min fair shares of the links (the engine's rule). So an NVLink mesh, a torus, a dragonfly,
+max-min fair shares of the links (the engine's rule). To stay cheap at thousands of GPUs
+the two parts are solved apart: the intra-node flows of the groups that share a node with
+the first group (device to device), and the inter-node stripes of every group at node level
+(NIC to NIC, identical stripes merged). This is exact where the node-internal hops a stripe
+takes to its NIC are not what limits it (NVSwitch and NVLink nodes, whose links are far
+faster than a NIC); the discrete-event engine shares those hops too. So an NVLink mesh, a torus, a dragonfly,
 a rail-optimised fabric or an oversubscribed fat tree changes a family's net exactly where its
 flows cross them, and not at all for groups that stay under one leaf switch.
 
@@ -78,25 +83,40 @@ def fair_rates(routes: list[tuple[int, ...]], mult: np.ndarray,
     return rate
 
 
-def _ring_flows(topo, dev: np.ndarray) -> tuple[list, np.ndarray, np.ndarray]:
-    """Routes, multiplicities and an is-inter-node flag of one ring step of every row of
-    ``dev`` (rows × p device ids), flows leaving a node striped over its NICs."""
+def _intra_flows(topo, dev: np.ndarray) -> tuple[list, np.ndarray]:
+    """Routes and multiplicities of the intra-node flows of one ring step of every row of
+    ``dev`` (rows × p device ids)."""
     src, dst = dev.ravel(), np.roll(dev, -1, axis=1).ravel()
     node = topo.node_of_device
-    keep = src != dst
-    src, dst = src[keep], dst[keep]
-    inter = node[src] != node[dst]
-    counts: dict[tuple, int] = {}
-    for a, b, x in zip(src.tolist(), dst.tolist(), inter.tolist()):
-        rails = len(topo.nics_of_node[node[a]]) if x else 1
-        for c in range(rails):
-            key = (a, b, c if x else -1)
-            counts[key] = counts.get(key, 0) + 1
-    routes, flags = [], []
-    for a, b, c in counts:
-        routes.append(topo.route_rail(a, b, c) if c >= 0 else topo.route(a, b, 0))
-        flags.append(c >= 0)
-    return routes, np.fromiter(counts.values(), float, len(counts)), np.asarray(flags, bool)
+    keep = (src != dst) & (node[src] == node[dst])
+    pairs, mult = np.unique(np.stack([src[keep], dst[keep]], axis=1), axis=0, return_counts=True)
+    return [topo.route(int(a), int(b), 0) for a, b in pairs], mult.astype(float)
+
+
+def _inter_flows(topo, dev: np.ndarray) -> tuple[list, np.ndarray, np.ndarray]:
+    """Node-to-node stripes of one ring step of every row: each flow leaving a node is one
+    stripe per rail, NIC to NIC (:meth:`Topology.rail_fabric_route`); identical stripes of
+    different rows are merged. Returns routes, multiplicities and the end-to-end device
+    routes' latencies (the engine pays those)."""
+    src, dst = dev.ravel(), np.roll(dev, -1, axis=1).ravel()
+    node = topo.node_of_device
+    keep = node[src] != node[dst]
+    na, nb = node[src[keep]], node[dst[keep]]
+    pairs, first, mult = np.unique(np.stack([na, nb], axis=1), axis=0, return_index=True,
+                                   return_counts=True)
+    routes, counts, lat = [], [], []
+    for (a, b), i, m in zip(pairs.tolist(), first.tolist(), mult.tolist()):
+        rails = max(1, len(topo.nics_of_node[a]))
+        ends = (int(src[keep][i]), int(dst[keep][i]))
+        fabric = [topo.rail_fabric_route(a, b, c) for c in range(rails)]
+        # the hops inside the two nodes: as on rail 0 or on any other rail (one more hop to
+        # reach another device's NIC); the slowest stripe sets the step's latency
+        inside = max(topo.path_latency_s(topo.route_rail(*ends, c))
+                     - topo.path_latency_s(fabric[c]) for c in {0, 1 % rails})
+        routes += fabric
+        counts += [m] * rails
+        lat.append(max(topo.path_latency_s(f) for f in fabric) + inside)
+    return routes, np.asarray(counts, float), np.asarray(lat)
 
 
 def family_net(system, topo, devices: np.ndarray, members: np.ndarray) -> GroupNet:
@@ -118,13 +138,18 @@ def family_net(system, topo, devices: np.ndarray, members: np.ndarray) -> GroupN
     intra_bw, intra_lat = system.intra_node.bandwidth_Bps, system.intra_node.latency_s
     if p <= 1:
         return GroupNet(p, g, intra_lat, intra_bw, nodes=n_nodes)
-    routes, mult, inter = _ring_flows(topo, dev)
-    rate = fair_rates(routes, mult, np.asarray(topo.edge_bandwidth_Bps))
-    lat = np.array([topo.path_latency_s(r) for r in routes])
-    rails = len(topo.nics_of_node[int(nodes_of[0])]) or 1
-    if (~inter).any():
-        intra_bw, intra_lat = float(rate[~inter].min()), float(lat[~inter].max())
+    capacity = np.asarray(topo.edge_bandwidth_Bps)
+    node = topo.node_of_device
+    local = np.isin(node[dev], nodes_of).any(axis=1)  # rows sharing a node with row 0
+    routes, mult = _intra_flows(topo, dev[local])
+    if routes:
+        rate = fair_rates(routes, mult, capacity)
+        intra_bw = float(rate.min())
+        intra_lat = max(topo.path_latency_s(r) for r in routes)
     bw_node, inter_lat = math.inf, 0.0
-    if inter.any():
-        bw_node, inter_lat = float(rate[inter].min()) * rails, float(lat[inter].max())
+    if n_nodes > 1:
+        routes, mult, lat = _inter_flows(topo, dev)
+        rails = len(topo.nics_of_node[int(nodes_of[0])]) or 1
+        bw_node = float(fair_rates(routes, mult, capacity).min()) * rails
+        inter_lat = float(lat.max())
     return GroupNet(p, g, intra_lat, intra_bw, inter_lat, bw_node, n_nodes)

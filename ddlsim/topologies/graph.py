@@ -71,6 +71,7 @@ class Topology:
         self.edge_bandwidth_Bps = _frozen([graph.edges[e]["bandwidth_Bps"] for e in self.edges])
         self.edge_latency_s = _frozen([graph.edges[e]["latency_s"] for e in self.edges])
         self.edge_kind = tuple(graph.edges[e]["link_kind"] for e in self.edges)
+        self._latency_list = self.edge_latency_s.tolist()
         self.devices = sorted((v for v, k in graph.nodes(data="kind") if k == "device"),
                               key=lambda v: (graph.nodes[v]["node"], graph.nodes[v]["local"]))
         self.device_index = {v: i for i, v in enumerate(self.devices)}
@@ -146,6 +147,20 @@ class Topology:
                     + self._local.path(nic_b, self.devices[dst], h))
         return self._edge_ids(vertices)
 
+    @lru_cache(maxsize=1 << 16)  # noqa: B019
+    def rail_fabric_route(self, src_node: int, dst_node: int, rail: int) -> tuple[int, ...]:
+        """Edge ids from NIC ``rail`` of compute node ``src_node`` to NIC ``rail`` of
+        ``dst_node`` (NIC → fabric → NIC, the part of :meth:`route_rail` outside the nodes)."""
+        nics_a, nics_b = self.nics_of_node[src_node], self.nics_of_node[dst_node]
+        nic_a, nic_b = nics_a[rail % len(nics_a)], nics_b[rail % len(nics_b)]
+        h = flow_hash(src_node, dst_node, rail)
+        sw_a = _choose(self.attach_of_nic[nic_a], h, 1003)
+        sw_b = _choose(self.attach_of_nic[nic_b], h, 1004)
+        by_dest = getattr(self.router, "path_to", None)
+        dest = dst_node * len(nics_b) + rail % len(nics_b)
+        fabric = by_dest(sw_a, sw_b, dest) if by_dest else self.router.path(sw_a, sw_b, h)
+        return self._edge_ids([nic_a, *fabric, nic_b])
+
     def _edge_ids(self, vertices: Sequence[Any]) -> tuple[int, ...]:
         edge_id = self.edge_id
         return tuple(edge_id[e] for e in zip(vertices[:-1], vertices[1:]))
@@ -157,7 +172,8 @@ class Topology:
 
     def path_latency_s(self, edge_ids: Sequence[int]) -> float:
         """Sum of the latencies of ``edge_ids``, seconds (0 for an empty path)."""
-        return float(self.edge_latency_s[list(edge_ids)].sum())
+        lat = self._latency_list
+        return float(sum(lat[e] for e in edge_ids))
 
     def path_bandwidth_Bps(self, edge_ids: Sequence[int]) -> float:
         """Bottleneck bandwidth of ``edge_ids``, bytes/s (``inf`` for an empty path)."""
