@@ -165,12 +165,9 @@ def single_node_plans_table(per_preset: int = 6) -> tuple[str, float]:
     worst_all = 0.0
     for preset in sorted(list_presets("system")["system"]):
         d = _preset_system(preset, 1).devices_per_node
-        rng, plans = random.Random(preset), set()
-        sizes = [k for k in (1, 2, 4, 8) if d % k == 0]
-        while len(plans) < min(per_preset, len(sizes) * 2 - 1):
-            tp, pp = rng.choice(sizes), rng.choice([1, 2])
-            if d % (tp * pp) == 0 and tp * pp > 1:
-                plans.add((tp, pp))
+        valid = [(tp, pp) for tp in (1, 2, 4, 8) for pp in (1, 2, 4)
+                 if d % (tp * pp) == 0 and tp * pp > 1]
+        plans = random.Random(preset).sample(valid, min(per_preset, len(valid)))
         worst = 0.0
         for tp, pp in sorted(plans):
             cfg = {"model": model, "train": train, "system": {"preset": preset, "nodes": 1},

@@ -66,14 +66,10 @@ GPT_TINY = {"model": {"name": "gpt-tiny", "num_hidden_layers": 4, "hidden_size":
 
 
 def _plans(devices: int, rng: random.Random, k: int) -> list[dict]:
-    sizes = [d for d in (1, 2, 4, 8) if devices % d == 0]
-    out = []
-    while len(out) < k:
-        tp, pp = rng.choice(sizes), rng.choice([1, 2])
-        if devices % (tp * pp) or tp * pp == 1:
-            continue
-        out.append({"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp})
-    return out
+    valid = [(tp, pp) for tp in (1, 2, 4, 8) for pp in (1, 2, 4)
+             if devices % (tp * pp) == 0 and tp * pp > 1]
+    return [{"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp}
+            for tp, pp in rng.sample(valid, min(k, len(valid)))]
 
 
 @pytest.mark.parametrize("preset", sorted(list_presets("system")["system"]))
