@@ -8,8 +8,8 @@ every group of the family sends one ring step at once (member i → member i+1, 
 each flow routed as the discrete-event engine routes it (a flow leaving a node striped over
 the node's NICs, one channel per rail, as NCCL lays out its channels), and the rates are the
 max-min fair shares of the links (the engine's rule). To stay cheap at thousands of GPUs
-the two parts are solved apart: the intra-node flows of the groups that share a node with
-the first group (device to device), and the inter-node stripes of every group at node level
+the two parts are solved apart: the intra-node flows on the node where the first group has
+most members (device to device, every group's flows there), and the inter-node stripes of every group at node level
 (NIC to NIC, identical stripes merged). This is exact where the node-internal hops a stripe
 takes to its NIC are not what limits it (NVSwitch and NVLink nodes, whose links are far
 faster than a NIC); the discrete-event engine shares those hops too. So an NVLink mesh, a torus, a dragonfly,
@@ -83,12 +83,12 @@ def fair_rates(routes: list[tuple[int, ...]], mult: np.ndarray,
     return rate
 
 
-def _intra_flows(topo, dev: np.ndarray) -> tuple[list, np.ndarray]:
-    """Routes and multiplicities of the intra-node flows of one ring step of every row of
-    ``dev`` (rows × p device ids)."""
+def _intra_flows(topo, dev: np.ndarray, node0: int) -> tuple[list, np.ndarray]:
+    """Routes and multiplicities of the intra-node flows on node ``node0`` of one ring step
+    of every row of ``dev`` (rows × p device ids)."""
     src, dst = dev.ravel(), np.roll(dev, -1, axis=1).ravel()
     node = topo.node_of_device
-    keep = (src != dst) & (node[src] == node[dst])
+    keep = (src != dst) & (node[src] == node0) & (node[dst] == node0)
     pairs, mult = np.unique(np.stack([src[keep], dst[keep]], axis=1), axis=0, return_counts=True)
     return [topo.route(int(a), int(b), 0) for a, b in pairs], mult.astype(float)
 
@@ -104,15 +104,14 @@ def _inter_flows(topo, dev: np.ndarray) -> tuple[list, np.ndarray, np.ndarray]:
     na, nb = node[src[keep]], node[dst[keep]]
     pairs, first, mult = np.unique(np.stack([na, nb], axis=1), axis=0, return_index=True,
                                    return_counts=True)
-    routes, counts, lat = [], [], []
+    routes, counts, lat, inside = [], [], [], None
     for (a, b), i, m in zip(pairs.tolist(), first.tolist(), mult.tolist()):
         rails = max(1, len(topo.nics_of_node[a]))
-        ends = (int(src[keep][i]), int(dst[keep][i]))
         fabric = [topo.rail_fabric_route(a, b, c) for c in range(rails)]
-        # the hops inside the two nodes: as on rail 0 or on any other rail (one more hop to
-        # reach another device's NIC); the slowest stripe sets the step's latency
-        inside = max(topo.path_latency_s(topo.route_rail(*ends, c))
-                     - topo.path_latency_s(fabric[c]) for c in {0, 1 % rails})
+        if inside is None:  # the hops inside the two nodes, alike on every node: on rail 0
+            ends = (int(src[keep][i]), int(dst[keep][i]))  # or another (one more hop)
+            inside = max(topo.path_latency_s(topo.route_rail(*ends, c))
+                         - topo.path_latency_s(fabric[c]) for c in {0, 1 % rails})
         routes += fabric
         counts += [m] * rails
         lat.append(max(topo.path_latency_s(f) for f in fabric) + inside)
@@ -140,8 +139,9 @@ def family_net(system, topo, devices: np.ndarray, members: np.ndarray) -> GroupN
         return GroupNet(p, g, intra_lat, intra_bw, nodes=n_nodes)
     capacity = np.asarray(topo.edge_bandwidth_Bps)
     node = topo.node_of_device
-    local = np.isin(node[dev], nodes_of).any(axis=1)  # rows sharing a node with row 0
-    routes, mult = _intra_flows(topo, dev[local])
+    busiest = int(np.unique(nodes_of, return_counts=True)[0][counts.argmax()])
+    local = (node[dev] == busiest).any(axis=1)  # rows on the node where row 0 has most ranks
+    routes, mult = _intra_flows(topo, dev[local], busiest)
     if routes:
         rate = fair_rates(routes, mult, capacity)
         intra_bw = float(rate.min())
