@@ -106,3 +106,20 @@ def test_uneven_direct_is_the_busiest_link_over_its_bandwidth():
     net = GroupNet(4, 2, 1e-6, 1.0, 5e-6, 2.0, 2)
     assert uneven_time("all_to_all", "direct", split_matrix([1, 1, 1, 10]), net) \
         == pytest.approx(5e-6 + 30.0, rel=1e-12)
+
+
+def test_mpich_selection_follows_its_generic_rules():
+    """pmodels/mpich maint/tuning/coll/mpir/generic.json @6a79bf65: all-reduce by recursive
+    doubling up to 8 B or fewer 4-byte elements than the largest power of two <= p, else
+    Rabenseifner; all-gather (p = 8, a power of two) by recursive doubling below 512 KiB, ring
+    above; broadcast binomial up to 12,288 B."""
+    from ddlsim.simulator.collectives.selection import mpich_algorithm
+    assert mpich_algorithm("all_reduce", 8, 64) == "recursive_doubling"
+    assert mpich_algorithm("all_reduce", 4 * 63, 64) == "recursive_doubling"  # 63 < 64
+    assert mpich_algorithm("all_reduce", 4 * 64, 64) == "rabenseifner"
+    assert mpich_algorithm("all_gather", 512 * 1024 - 1, 8) == "recursive_doubling"
+    assert mpich_algorithm("all_gather", 512 * 1024, 8) == "ring"
+    assert mpich_algorithm("all_gather", 80 * 1024, 6) == "ring"
+    assert mpich_algorithm("broadcast", 12288, 16) == "binomial"
+    assert mpich_algorithm("broadcast", 12289, 16) == "scatter_allgather"
+    assert mpich_algorithm("reduce", 1e9, 16) is None

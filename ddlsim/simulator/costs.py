@@ -200,8 +200,15 @@ class CostModel:
         net = self.nets[group]
         matrix = None if split is None else split_matrix(split)
         choice = algo or self.collective_algorithm.get(kind, "auto")
+        if choice == "auto" and self.comm_backend == "mpich" and matrix is None:
+            from .collectives.selection import mpich_algorithm
+            picked = mpich_algorithm(kind, nbytes, net.p)
+            t = collective_time(kind, picked, nbytes, net) if picked else math.inf
+            if math.isfinite(t):
+                return picked, t
         if choice == "auto":
-            return best_algorithm(kind, nbytes, net, self.comm_backend) if matrix is None \
+            backend = "mpi" if self.comm_backend == "mpich" else self.comm_backend
+            return best_algorithm(kind, nbytes, net, backend) if matrix is None \
                 else best_uneven_algorithm(kind, matrix, net)
         algorithm = get_algorithm(kind, choice)
         if algorithm.backend == "nccl" and net.nccl is None:
