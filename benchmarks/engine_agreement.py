@@ -39,7 +39,7 @@ def default_cases() -> list[tuple[str, str, float, int, int, str]]:
     group sizes, in every :data:`SETTINGS`."""
     out = []
     for op in COLLECTIVE_OPS:
-        for algo in algorithms_for(op):
+        for algo in algorithms_for(op, "mpi"):
             for _label, g_of, fabric in SETTINGS:
                 for p in (4, 8):
                     for n in (64e3, 256e6):
@@ -123,6 +123,64 @@ def wiki_table(examples: str | Path = ROOT / "examples") -> str:
     return "\n".join(lines)
 
 
+def _preset_system(preset: str, nodes: int):
+    from ddlsim.config import SystemConfig, resolve_section
+    return SystemConfig.model_validate(resolve_section("system", {"preset": preset,
+                                                                   "nodes": nodes}))
+
+
+def nccl_multi_node_table() -> tuple[str, float]:
+    """One collective on all GPUs of 2–8 DGX nodes (NCCL backend, striped over the NICs)."""
+    from ddlsim.simulator.analytical.engine import simulate_analytical
+    from ddlsim.simulator.costs import CostModel
+    from ddlsim.simulator.des import run_des
+    from scenarios import single_collective
+    lines = ["| system | nodes | collective | bytes | algorithm | analytical | DES | Δ |",
+             "|---|---:|---|---:|---|---:|---:|---:|"]
+    worst = 0.0
+    for preset, nodes in (("dgx-a100", 2), ("dgx-a100", 8), ("dgx-h100", 4), ("dgx1-v100", 2)):
+        system = _preset_system(preset, nodes)
+        for op in ("all_reduce", "all_gather", "reduce_scatter", "broadcast"):
+            for n in (64e3, 256 * 2**20):
+                wl = single_collective(op, None, n, system.num_devices)
+                cost = CostModel(system, wl)
+                a = simulate_analytical(wl, cost).timings[0].end
+                d = run_des(wl, CostModel(system, wl), record_spans=False)[0].timings[0].end
+                label = cost.choice(wl.classes[0].program.blocks["b"].ops[0].payload).label
+                worst = max(worst, abs(d / a - 1))
+                lines.append(f"| {preset} | {nodes} | {op} | {n:.3g} | {label} | "
+                             f"{a * 1e3:.4f} ms | {d * 1e3:.4f} ms | {100 * (d / a - 1):+.3f}% |")
+    return "\n".join(lines), worst
+
+
+def single_node_plans_table(per_preset: int = 6) -> tuple[str, float]:
+    """Random contention-free plans (TP × PP, seeded) on one node of every system preset."""
+    import random
+
+    from ddlsim.presets import list_presets
+    model = {"name": "gpt-tiny", "num_hidden_layers": 4, "hidden_size": 512,
+             "num_attention_heads": 8, "vocab_size": 8192, "max_position_embeddings": 1024}
+    train = {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 512, "dtype": "fp32"}
+    lines = ["| preset | plans | worst Δ |", "|---|---:|---:|"]
+    worst_all = 0.0
+    for preset in sorted(list_presets("system")["system"]):
+        d = _preset_system(preset, 1).devices_per_node
+        valid = [(tp, pp) for tp in (1, 2, 4, 8) for pp in (1, 2, 4)
+                 if d % (tp * pp) == 0 and tp * pp > 1]
+        plans = random.Random(preset).sample(valid, min(per_preset, len(valid)))
+        worst = 0.0
+        for tp, pp in sorted(plans):
+            cfg = {"model": model, "train": train, "system": {"preset": preset, "nodes": 1},
+                   "parallel": {"tensor_model_parallel_size": tp,
+                                "pipeline_model_parallel_size": pp}}
+            a = predict(cfg, "analytical", check_fit=False).iteration_time_s
+            b = predict(cfg, "des", check_fit=False).iteration_time_s
+            worst = max(worst, abs(b / a - 1))
+        worst_all = max(worst_all, worst)
+        lines.append(f"| {preset} | {len(plans)} | {100 * worst:.3f}% |")
+    return "\n".join(lines), worst_all
+
+
 def main(argv: list[str] | None = None) -> None:
     import sys
 
@@ -138,6 +196,13 @@ def main(argv: list[str] | None = None) -> None:
     print(gpt_table())
     print()
     print(wiki_table())
+    print()
+    table, worst = nccl_multi_node_table()
+    print(table)
+    print(f"\nmulti-node NCCL collectives: largest |Δ| {100 * worst:.4f}%\n")
+    table, worst = single_node_plans_table()
+    print(table)
+    print(f"\nsingle-node plans on every preset: largest |Δ| {100 * worst:.4f}%")
 
 
 if __name__ == "__main__":

@@ -354,6 +354,27 @@ def check_shape(system: Any) -> None:
                          f"the system has nodes = {n}; their product must equal nodes")
 
 
+class CollectivesSpec(_Strict):
+    """Which library runs the collectives, and what NCCL's tuning model needs to know.
+
+    ``backend``: ``nccl`` (ring/tree/NVLS/CollNet with LL/LL128/Simple, timed as NCCL's tuning
+    model does), ``mpi`` (the generic α-β algorithms, ``auto`` the cheapest), ``mpich`` (the
+    same algorithms chosen by MPICH's own rules), or ``auto``: NCCL on NVLink/NVSwitch nodes of
+    a known NVIDIA GPU generation, MPI otherwise.
+    """
+
+    backend: Literal["auto", "nccl", "mpi", "mpich"] = "auto"
+    nccl_protocol: Literal["auto", "LL", "LL128", "Simple"] = Field(
+        default="auto", description="NCCL_PROTO: one protocol, or NCCL's choice")
+    gpu_arch: Literal["auto", "volta", "ampere", "hopper", "blackwell"] = Field(
+        default="auto", description="NCCL's compute-capability class; auto: from device.name")
+    cpu_vendor: Literal["intel", "amd"] = Field(
+        default="intel", description="NCCL's multi-node LL cap and network overhead")
+    sharp: StrictBool = Field(default=False,
+                              description="in-network reduction (SHARP): NCCL CollNet, NVLS")
+    source: str | None = None
+
+
 class SystemConfig(_Strict):
     """A cluster: ``nodes`` × ``devices_per_node`` devices, NICs and a fabric."""
 
@@ -368,6 +389,7 @@ class SystemConfig(_Strict):
     compute_efficiency: Real = Field(default=0.75, gt=0, le=1,
                                       description="achieved / peak FLOP/s of large GEMMs")
     placement: registered(placements) | list[DeviceId] = "consecutive"
+    collectives: CollectivesSpec = Field(default_factory=CollectivesSpec)
     source: str | None = None
 
     @property

@@ -45,9 +45,13 @@ def test_every_configurable_algorithm_is_registered():
 def test_every_algorithm_has_phases_moving_the_right_volume():
     """Each rank's bytes sent over all phases equal the algorithm's bandwidth term."""
     p, g, n = 8, 8, 8e6
+    from ddlsim.simulator.nccl import NcclEnv
+    net = GroupNet(p, g, 1e-6, 100e9, nccl=NcclEnv("hopper", sharp=True))
     for op, names in ALGORITHMS.items():
         for name in names:
-            phases = get_algorithm(op, name).phases(n, p, g)
+            if name in ("nccl_collnet", "nccl_nvls_tree"):  # several nodes only
+                continue
+            phases = get_algorithm(op, name).phases_for(n, net)
             for ph in phases:
                 assert ph.pairs.shape[1] == 2 and ph.pairs.min() >= 0 and ph.pairs.max() < p
                 assert (ph.pairs[:, 0] != ph.pairs[:, 1]).all()
@@ -60,7 +64,8 @@ def test_every_algorithm_has_phases_moving_the_right_volume():
 def test_auto_is_the_cheapest(n, p, alpha, bw):
     net = GroupNet(p, p, alpha, bw)
     name, t = best_algorithm("all_reduce", n, net)
-    assert all(t <= collective_time("all_reduce", a, n, net) for a in algorithms_for("all_reduce"))
+    assert all(t <= collective_time("all_reduce", a, n, net)
+               for a in algorithms_for("all_reduce", "mpi"))
     assert math.isfinite(t) and t > 0
 
 
@@ -101,3 +106,20 @@ def test_uneven_direct_is_the_busiest_link_over_its_bandwidth():
     net = GroupNet(4, 2, 1e-6, 1.0, 5e-6, 2.0, 2)
     assert uneven_time("all_to_all", "direct", split_matrix([1, 1, 1, 10]), net) \
         == pytest.approx(5e-6 + 30.0, rel=1e-12)
+
+
+def test_mpich_selection_follows_its_generic_rules():
+    """pmodels/mpich maint/tuning/coll/mpir/generic.json @6a79bf65: all-reduce by recursive
+    doubling up to 8 B or fewer 4-byte elements than the largest power of two <= p, else
+    Rabenseifner; all-gather (p = 8, a power of two) by recursive doubling below 512 KiB, ring
+    above; broadcast binomial up to 12,288 B."""
+    from ddlsim.simulator.collectives.selection import mpich_algorithm
+    assert mpich_algorithm("all_reduce", 8, 64) == "recursive_doubling"
+    assert mpich_algorithm("all_reduce", 4 * 63, 64) == "recursive_doubling"  # 63 < 64
+    assert mpich_algorithm("all_reduce", 4 * 64, 64) == "rabenseifner"
+    assert mpich_algorithm("all_gather", 512 * 1024 - 1, 8) == "recursive_doubling"
+    assert mpich_algorithm("all_gather", 512 * 1024, 8) == "ring"
+    assert mpich_algorithm("all_gather", 80 * 1024, 6) == "ring"
+    assert mpich_algorithm("broadcast", 12288, 16) == "binomial"
+    assert mpich_algorithm("broadcast", 12289, 16) == "scatter_allgather"
+    assert mpich_algorithm("reduce", 1e9, 16) is None

@@ -1,5 +1,6 @@
-"""Closed-form costs of single ops: compute (roofline), collectives (α-β per algorithm, on the
-links each group crosses given where its ranks sit) and point-to-point transfers.
+"""Closed-form costs of single ops: compute (roofline), collectives (per algorithm of the
+system's collective backend, NCCL's tuning model or α-β, on the links each group family
+crosses, measured on the topology graph: :mod:`.netmodel`) and point-to-point transfers.
 
 Compute: ``max(FLOPs / (peak[dtype] · η), bytes / memory bandwidth)`` with η the system's GEMM
 efficiency (or the calibration profile's efficiency curve); element-wise ops are bytes only.
@@ -18,10 +19,30 @@ from ..config import SystemConfig
 from ..errors import ConfigError
 from ..units import format_bytes
 from ..workloads.trace import Collective, Compute, GroupFamily, P2P, Workload
-from .collectives import (GroupNet, best_algorithm, best_uneven_algorithm, collective_time,
-                          get_algorithm, split_matrix, uneven_time)
+from .collectives import (GroupNet, Phase, best_algorithm, best_uneven_algorithm,
+                          collective_time, get_algorithm, split_matrix, uneven_time)
 
 __all__ = ["CostModel", "CollectiveChoice", "place_ranks_on_system"]
+
+#: group nets per (system, family layout): measuring them on the graph is the costly part
+_NETS: dict[tuple, GroupNet] = {}
+
+
+def _backend(system: SystemConfig) -> tuple[str, object]:
+    """(``nccl`` or ``mpi``, NCCL's view of the machine or None), from
+    ``system.collectives`` (``auto``: NCCL on NVLink nodes of a known GPU generation)."""
+    from .nccl import env_for_system
+
+    env = env_for_system(system)
+    backend = system.collectives.backend
+    if backend == "auto":
+        backend = "nccl" if env is not None and env.intra == "nvlink" else "mpi"
+    if backend == "nccl" and env is None:
+        raise ConfigError(f"system.collectives.backend = 'nccl' needs the GPU generation for "
+                          f"NCCL's tuning model, but device.name {system.device.name!r} names "
+                          "none; set system.collectives.gpu_arch to volta, ampere, hopper or "
+                          "blackwell")
+    return backend, env
 
 
 class CollectiveChoice(NamedTuple):
@@ -61,7 +82,8 @@ class CostModel:
     system : the cluster.
     workload : the trace (its group families are costed where their ranks sit).
     collective_algorithm : the algorithm per collective op (``"auto"``, the default, picks
-        the cheapest closed form); an op's own ``algorithm`` overrides it.
+        the cheapest of the backend's algorithms, ``system.collectives.backend``); an op's own
+        ``algorithm`` overrides it.
     devices : device id of each rank (``place_ranks_on_system`` when None); compute it once
         per prediction and pass it to every cost model and the DES.
     profile, backend, bound : a calibration profile, its backend (``"auto"``: the fastest)
@@ -82,6 +104,7 @@ class CostModel:
         self.devices = devices
         self.node_of_rank = devices // system.devices_per_node
         self.ranks_per_node = np.bincount(self.node_of_rank, minlength=system.nodes)
+        self.comm_backend, self._nccl = _backend(system)
         self.nets = {name: self._group_net(fam) for name, fam in workload.groups.items()}
         self.kind = {name: fam.kind for name, fam in workload.groups.items()}
         self._coll = lru_cache(maxsize=None)(self._choice_uncached)
@@ -94,20 +117,20 @@ class CostModel:
 
     # ------------------------------------------------------------------ networks
     def _group_net(self, fam: GroupFamily) -> GroupNet:
-        s = self.system
-        row = fam.members[0]
-        nodes_of = self.node_of_rank[row]
-        _, counts = np.unique(nodes_of, return_counts=True)
-        g, n_nodes = int(counts.max()), len(counts)
-        # groups of this family sharing a node's NICs at the same time
-        node0 = int(nodes_of[0])
-        concurrent = max(1, int(self.ranks_per_node[node0]) // g)
-        bw_node = s.nics_per_node * s.nic.bandwidth_Bps / concurrent
-        alpha_inter = s.nic.latency_s + s.network.switch_latency_s
-        if s.network.oversubscription > 1 and n_nodes > 1:
-            bw_node /= s.network.oversubscription
-        return GroupNet(fam.size, g, s.intra_node.latency_s, s.intra_node.bandwidth_Bps,
-                        alpha_inter, bw_node, n_nodes)
+        """The family's links, measured on the topology graph (:func:`.netmodel.family_net`),
+        cached per system and family layout."""
+        from dataclasses import replace
+
+        from .netmodel import family_net, topology_of
+        key = (self.system.model_dump_json(), self.devices[fam.members].tobytes(),
+               fam.members.shape)
+        net = _NETS.get(key)
+        if net is None:
+            net = family_net(self.system, topology_of(self.system), self.devices, fam.members)
+            _NETS[key] = net
+            if len(_NETS) > 256:
+                _NETS.pop(next(iter(_NETS)))
+        return replace(net, nccl=self._nccl)
 
     def peak_flops(self, dtype: str) -> float:
         """FLOP/s of one device at ``dtype`` (the device's ``peak_flops`` entry)."""
@@ -156,7 +179,21 @@ class CostModel:
             if outside:
                 return CollectiveChoice(f"{group}.{kind}[{format_bytes(nbytes)}]",
                                         f"{name} (preset: outside profile range)", name, t)
-        return CollectiveChoice(f"{group}.{kind}[{format_bytes(nbytes)}]", name, name, t)
+        return CollectiveChoice(f"{group}.{kind}[{format_bytes(nbytes)}]",
+                                self._label(kind, name, nbytes, net), name, t)
+
+    def _label(self, kind: str, name: str, nbytes: float, net: GroupNet) -> str:
+        """The algorithm, with the protocol NCCL would run for NCCL's."""
+        if get_algorithm(kind, name).backend != "nccl":
+            return name
+        from .nccl import best_protocol
+        return f"{name}/{best_protocol(kind, name[5:], nbytes, net, net.nccl)[0]}"
+
+    def phases(self, op: Collective, algorithm: str) -> list[Phase]:
+        """The flows the discrete-event engine replays for ``op`` timed by ``algorithm``:
+        its phases, bytes per collective byte (:meth:`Algorithm.phases_for`)."""
+        nbytes = op.bytes if op.split_bytes is None else float(sum(op.split_bytes))
+        return get_algorithm(op.op, algorithm).phases_for(nbytes, self.nets[op.group])
 
     def _closed_form(self, kind: str, group: str, nbytes: float, algo: str | None,
                      split: tuple[float, ...] | None, split_by: str = "receiver"
@@ -165,14 +202,28 @@ class CostModel:
         net = self.nets[group]
         matrix = None if split is None else split_matrix(split, split_by)
         choice = algo or self.collective_algorithm.get(kind, "auto")
+        if choice == "auto" and self.comm_backend == "mpich" and matrix is None:
+            from .collectives.selection import mpich_algorithm
+            picked = mpich_algorithm(kind, nbytes, net.p)
+            t = collective_time(kind, picked, nbytes, net) if picked else math.inf
+            if math.isfinite(t):
+                return picked, t
         if choice == "auto":
-            return best_algorithm(kind, nbytes, net) if matrix is None \
+            backend = "mpi" if self.comm_backend == "mpich" else self.comm_backend
+            return best_algorithm(kind, nbytes, net, backend) if matrix is None \
                 else best_uneven_algorithm(kind, matrix, net)
-        get_algorithm(kind, choice)
+        algorithm = get_algorithm(kind, choice)
+        if algorithm.backend == "nccl" and net.nccl is None:
+            raise ConfigError(f"collective_algorithm.{kind} = {choice!r} is NCCL's and needs "
+                              f"the GPU generation: device.name {self.system.device.name!r} "
+                              "names none; set system.collectives.gpu_arch")
         t = collective_time(kind, choice, nbytes, net) if matrix is None \
             else uneven_time(kind, choice, matrix, net)
         if not math.isfinite(t):
-            why = "its ranks are not spread evenly over nodes" if matrix is None \
+            why = ("NCCL does not run it here (NVLS needs Hopper or later with NVSwitch, "
+                   "CollNet needs system.collectives.sharp and several nodes; LL128 needs "
+                   "NVLink)") if algorithm.backend == "nccl" \
+                else "its ranks are not spread evenly over nodes" if matrix is None \
                 else "it has no form for uneven (split_bytes) sizes"
             raise ConfigError(f"collective_algorithm.{kind} = {choice!r} cannot run on group "
                               f"{group!r} ({why}); choose another algorithm or 'auto'")

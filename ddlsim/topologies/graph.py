@@ -71,6 +71,7 @@ class Topology:
         self.edge_bandwidth_Bps = _frozen([graph.edges[e]["bandwidth_Bps"] for e in self.edges])
         self.edge_latency_s = _frozen([graph.edges[e]["latency_s"] for e in self.edges])
         self.edge_kind = tuple(graph.edges[e]["link_kind"] for e in self.edges)
+        self._latency_list = self.edge_latency_s.tolist()
         self.devices = sorted((v for v, k in graph.nodes(data="kind") if k == "device"),
                               key=lambda v: (graph.nodes[v]["node"], graph.nodes[v]["local"]))
         self.device_index = {v: i for i, v in enumerate(self.devices)}
@@ -79,6 +80,7 @@ class Topology:
         self.num_nodes, self.devices_per_node = _node_counts(self.node_of_device)
         self.nics_of_device = _nics_of_devices(graph, self.devices)
         self.attach_of_nic = _attachments(graph)
+        self.nics_of_node = _nics_by_node(graph, self.num_nodes)
         _check_nics(self)
         self._local = ShortestPaths(_adjacency(graph, local=True),
                                     no_transit=self.attach_of_nic, cache_size=1 << 16)
@@ -117,6 +119,48 @@ class Topology:
                     + self._local.path(nic_b, b, h))
         return self._edge_ids(vertices)
 
+    def route_rail(self, src_device: int, dst_device: int, rail: int) -> tuple[int, ...]:
+        """Edge ids of the route from ``src_device`` to ``dst_device`` through NIC number
+        ``rail`` (mod the NICs of a node) of both nodes: one channel of a collective striped
+        over a node's NICs, as NCCL lays its channels over rails (each channel leaves a node
+        through a different NIC, reached over the node's own fabric). Between devices of one
+        node, or on a node with one NIC, this is :meth:`route`."""
+        src, dst = int(src_device), int(dst_device)
+        na, nb = int(self.node_of_device[src]), int(self.node_of_device[dst])
+        nics_a, nics_b = self.nics_of_node[na], self.nics_of_node[nb]
+        if na == nb or (len(nics_a) <= 1 and len(nics_b) <= 1):
+            return self.route(src, dst, rail)
+        return self._rail(src, dst, int(rail))
+
+    @lru_cache(maxsize=1 << 18)  # noqa: B019  (one topology lives as long as its routes)
+    def _rail(self, src: int, dst: int, rail: int) -> tuple[int, ...]:
+        h = flow_hash(src, dst, rail)
+        na, nb = int(self.node_of_device[src]), int(self.node_of_device[dst])
+        nic_a = self.nics_of_node[na][rail % len(self.nics_of_node[na])]
+        nic_b = self.nics_of_node[nb][rail % len(self.nics_of_node[nb])]
+        sw_a = _choose(self.attach_of_nic[nic_a], h, 1003)
+        sw_b = _choose(self.attach_of_nic[nic_b], h, 1004)
+        by_dest = getattr(self.router, "path_to", None)  # trees route rails by destination
+        dest = nb * len(self.nics_of_node[nb]) + rail % len(self.nics_of_node[nb])
+        fabric = by_dest(sw_a, sw_b, dest) if by_dest else self.router.path(sw_a, sw_b, h)
+        vertices = (self._local.path(self.devices[src], nic_a, h) + fabric
+                    + self._local.path(nic_b, self.devices[dst], h))
+        return self._edge_ids(vertices)
+
+    @lru_cache(maxsize=1 << 16)  # noqa: B019
+    def rail_fabric_route(self, src_node: int, dst_node: int, rail: int) -> tuple[int, ...]:
+        """Edge ids from NIC ``rail`` of compute node ``src_node`` to NIC ``rail`` of
+        ``dst_node`` (NIC → fabric → NIC, the part of :meth:`route_rail` outside the nodes)."""
+        nics_a, nics_b = self.nics_of_node[src_node], self.nics_of_node[dst_node]
+        nic_a, nic_b = nics_a[rail % len(nics_a)], nics_b[rail % len(nics_b)]
+        h = flow_hash(src_node, dst_node, rail)
+        sw_a = _choose(self.attach_of_nic[nic_a], h, 1003)
+        sw_b = _choose(self.attach_of_nic[nic_b], h, 1004)
+        by_dest = getattr(self.router, "path_to", None)
+        dest = dst_node * len(nics_b) + rail % len(nics_b)
+        fabric = by_dest(sw_a, sw_b, dest) if by_dest else self.router.path(sw_a, sw_b, h)
+        return self._edge_ids([nic_a, *fabric, nic_b])
+
     def _edge_ids(self, vertices: Sequence[Any]) -> tuple[int, ...]:
         edge_id = self.edge_id
         return tuple(edge_id[e] for e in zip(vertices[:-1], vertices[1:]))
@@ -128,7 +172,8 @@ class Topology:
 
     def path_latency_s(self, edge_ids: Sequence[int]) -> float:
         """Sum of the latencies of ``edge_ids``, seconds (0 for an empty path)."""
-        return float(self.edge_latency_s[list(edge_ids)].sum())
+        lat = self._latency_list
+        return float(sum(lat[e] for e in edge_ids))
 
     def path_bandwidth_Bps(self, edge_ids: Sequence[int]) -> float:
         """Bottleneck bandwidth of ``edge_ids``, bytes/s (``inf`` for an empty path)."""
@@ -174,6 +219,15 @@ def _nics_of_devices(graph: nx.DiGraph, devices: list[Any]) -> list[list[Any]]:
     nodes = graph.nodes
     return [list(nodes[d]["nics"]) if "nics" in nodes[d] else by_node.get(nodes[d]["node"], [])
             for d in devices]
+
+
+def _nics_by_node(graph: nx.DiGraph, num_nodes: int) -> list[list[Any]]:
+    """NIC vertices of every compute node, in vertex order."""
+    out: list[list[Any]] = [[] for _ in range(num_nodes)]
+    for v, attrs in graph.nodes(data=True):
+        if attrs["kind"] == "nic":
+            out[attrs["node"]].append(v)
+    return out
 
 
 def _attachments(graph: nx.DiGraph) -> dict[Any, list[Any]]:

@@ -160,6 +160,23 @@ class TreeRouter:
         core = self.cores[j][pick(h, 1, len(self.cores[j]))]
         return [src, self.aggs[pod_a][j], core, self.aggs[pod_b][j], dst]
 
+    def path_to(self, src: str, dst: str, dest_index: int) -> list[str]:
+        """Switch path chosen by the destination (D-mod-k, the deterministic routing of
+        InfiniBand's fat-tree routing engine: the up-port is the destination's index mod the
+        up-ports; Zahavi, "Fat-tree routing and node ordering providing contention free
+        traffic for MPI global collectives", JPDC 72(11), 2012): a shift permutation, as
+        a striped ring step is, meets no contention on a non-blocking tree."""
+        if src == dst:
+            return [src]
+        if not self.aggs:
+            return [src, self.spines[dest_index % len(self.spines)], dst]
+        pod_a, pod_b = self.pod_of_leaf[src], self.pod_of_leaf[dst]
+        j = dest_index % len(self.aggs[pod_a])
+        if pod_a == pod_b:
+            return [src, self.aggs[pod_a][j], dst]
+        core = self.cores[j][(dest_index // len(self.aggs[pod_a])) % len(self.cores[j])]
+        return [src, self.aggs[pod_a][j], core, self.aggs[pod_b][j], dst]
+
 
 class TorusRouter:
     """Minimal routing on a k-ary n-dimensional torus with wrap-around links.

@@ -17,7 +17,7 @@ from ddlsim.simulator.collectives import algorithms_for
 from scenarios import RING_EXACT, run_case
 
 TOL = 0.01
-OPS = [(op, algo) for op in COLLECTIVE_OPS for algo in algorithms_for(op)]
+OPS = [(op, algo) for op in COLLECTIVE_OPS for algo in algorithms_for(op, "mpi")]
 
 
 @pytest.mark.parametrize("op,algo", OPS, ids=[f"{o}-{a}" for o, a in OPS])

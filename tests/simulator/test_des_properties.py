@@ -42,7 +42,7 @@ def one_collective(draw):
     if draw(st.booleans()):
         return system, send_recv_pair(draw(st.sampled_from([1e5, 1e7])), p=p - p % 2)
     op = draw(st.sampled_from(OPS))
-    spec = (op, draw(st.sampled_from(algorithms_for(op))),
+    spec = (op, draw(st.sampled_from(algorithms_for(op, "mpi"))),
             draw(st.sampled_from([1e3, 1e6, 3e7])), draw(st.integers(0, p - 1)))
     return system, concurrent_collectives([spec], p, compute_flops=1e8)
 
@@ -56,7 +56,7 @@ def scenarios(draw):
     for _ in range(draw(st.integers(1, 3))):
         op = draw(st.sampled_from(OPS))
         # hierarchical algorithms need the same number of members on every node
-        algo = draw(st.sampled_from([a for a in algorithms_for(op)
+        algo = draw(st.sampled_from([a for a in algorithms_for(op, "mpi")
                                      if a != "hierarchical" or rows == 1]))
         nbytes = draw(st.sampled_from([1e3, 1e6, 3e7]))
         specs.append((op, algo, nbytes, draw(st.integers(0, p - 1))))

@@ -17,7 +17,7 @@ import simpy
 from ..costs import CostModel
 from .program import Instr
 from .runs import TemplateRun
-from ..collectives import split_matrix
+from ..collectives import get_algorithm, split_matrix
 from .templates import FlowTemplate, RouteTable, collective_template
 
 __all__ = ["Collectives", "CollectiveIssue"]
@@ -88,14 +88,15 @@ class Collectives:
             return
         nbytes = op.bytes if op.split_bytes is None else float(sum(op.split_bytes))
         algo = self.cost.choice(op).algorithm  # the closed form the analytical engine times
-        tpl = self._template(op.group, cid, op.op, algo, op.root % p, op.split_bytes,
-                             op.split_by)
+        tpl = self._template(op, cid, algo)
         eng = self.engine
         TemplateRun(eng.env, eng.network, tpl, nbytes, ins.repeat, issue.finish, eng.records)
 
-    def _template(self, group: str, cid: int, kind: str, algo: str, root: int,
-                  split: tuple[float, ...] | None, split_by: str = "receiver") -> FlowTemplate:
-        key = (group, cid, kind, algo, root, split, split_by)
+    def _template(self, op, cid: int, algo: str) -> FlowTemplate:
+        group, kind, split, split_by = op.group, op.op, op.split_bytes, op.split_by
+        root = op.root % self.engine.workload.groups[group].size
+        sized = get_algorithm(kind, algo).layout is not None  # a layout per size (NCCL's)
+        key = (group, cid, kind, algo, root, split, split_by, op.bytes if sized else None)
         tpl = self._templates.get(key)
         if tpl is None:
             fam = self.engine.workload.groups[group]
@@ -104,7 +105,8 @@ class Collectives:
             g = self.cost.nets[group].g
             weights = (None if split is None
                        else split_matrix(split, split_by) / max(sum(split), 1e-300))
+            phases = self.cost.phases(op, algo) if split is None else None
             tpl = collective_template(self.routes, self.devices, fam.members[rows], kind, algo,
-                                      root, g, f"{group}.{kind}/{algo}", weights)
+                                      root, g, f"{group}.{kind}/{algo}", weights, phases)
             self._templates[key] = tpl
         return tpl

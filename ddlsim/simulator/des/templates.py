@@ -4,7 +4,14 @@ A template is built once per (group family, rank-class component, op, algorithm,
 reused for every issue of that op: each phase of the algorithm (:mod:`..collectives`) is
 mapped from member indices to the devices of *every* group instance the classes touch, each
 flow routed over the topology. Only the byte count changes between issues, and every phase's
-bytes are linear in the collective's size, so a template stores bytes per collective byte.
+bytes are linear in the collective's size, so a template stores bytes per collective byte
+(an algorithm whose layout depends on the size, as NCCL's protocols do, gets one template
+per size).
+
+A transfer between two nodes is striped over the nodes' NICs: one flow per rail, each with
+its share of the bytes, routed through that NIC (:meth:`Topology.route_rail`), as NCCL lays
+its channels over rails; the analytical engine measures its group nets on the same flows
+(:mod:`..netmodel`).
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ import numpy as np
 
 from ...errors import ConfigError
 from ...topologies import Topology
-from ..collectives import get_algorithm
+from ..collectives import Phase, get_algorithm
 from .network import FlowNetwork
 
 __all__ = ["PhaseFlows", "FlowTemplate", "RouteTable", "collective_template", "p2p_template"]
@@ -83,16 +90,19 @@ class RouteTable:
         self.network = network
         self._cache: dict[tuple[int, int], tuple[tuple[int, ...], float]] = {}
 
-    def lookup(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Padded link-id rows (k, w) and path latencies (k,) of flows ``src[i] → dst[i]``."""
+    def lookup(self, src: np.ndarray, dst: np.ndarray, rail: np.ndarray | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """Padded link-id rows (k, w) and path latencies (k,) of flows ``src[i] → dst[i]``
+        (through NIC ``rail[i]`` of both nodes when given, :meth:`Topology.route_rail`)."""
         topo, cache = self.topology, self._cache
         routes, latency, fresh = [], np.empty(len(src)), []
-        for i, (a, b) in enumerate(zip(src.tolist(), dst.tolist())):
-            hit = cache.get((a, b))
+        rails = [0] * len(src) if rail is None else rail.tolist()
+        for i, (a, b, c) in enumerate(zip(src.tolist(), dst.tolist(), rails)):
+            hit = cache.get((a, b, c))
             if hit is None:
-                path = topo.route(a, b, 0)
+                path = topo.route(a, b, 0) if rail is None else topo.route_rail(a, b, c)
                 hit = (path, topo.path_latency_s(path))
-                cache[(a, b)] = hit
+                cache[(a, b, c)] = hit
                 fresh.append(path)
             routes.append(hit[0])
             latency[i] = hit[1]
@@ -105,26 +115,55 @@ class RouteTable:
         return edges, latency
 
 
+def _stripe(routes: RouteTable, src: np.ndarray, dst: np.ndarray,
+            weights: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, int,
+                                                   np.ndarray | None]:
+    """Every pair as ``r`` stripes (one per NIC of a node, rail 0…r−1), each to carry 1/r of
+    its bytes: a pair inside a node is r copies of one flow (merged later), a pair between
+    nodes one flow per rail. Returns (src, dst, rail) of shape (instances, k·r), r and the
+    per-pair weights repeated to match."""
+    topo = routes.topology
+    r = max(1, max((len(n) for n in topo.nics_of_node), default=1))
+    if r == 1 or topo.num_nodes == 1:
+        return src, dst, np.zeros_like(src), 1, weights
+    same = topo.node_of_device[src] == topo.node_of_device[dst]
+    rail = np.broadcast_to(np.arange(r), (*src.shape, r))
+    rail = np.where(same[..., None], 0, rail)
+    rep = lambda a: np.repeat(a[..., None], r, axis=-1).reshape(a.shape[0], -1)  # noqa: E731
+    w = None if weights is None else np.repeat(np.asarray(weights, dtype=np.float64), r)
+    return rep(src), rep(dst), rail.reshape(src.shape[0], -1), r, w
+
+
 def _phase_flows(routes: RouteTable, src: np.ndarray, dst: np.ndarray, bytes_per_byte: float,
-                 repeat: int, latency_steps: int, weights: np.ndarray | None = None
-                 ) -> PhaseFlows:
-    """Flows ``src[i, k] → dst[i, k]`` of instances i, duplicates merged; with ``weights``
-    (per pair k), flow k carries ``weights[k]`` × the phase's bytes and none are merged."""
+                 repeat: int, latency_steps: int, weights: np.ndarray | None = None,
+                 latency_s: float | None = None) -> PhaseFlows:
+    """Flows ``src[i, k] → dst[i, k]`` of instances i, striped over rails (:func:`_stripe`),
+    duplicates merged; with ``weights`` (per pair k), flow k carries ``weights[k]`` × the
+    phase's bytes and none are merged. ``latency_s``: a given latency per repetition."""
     n_inst, k = src.shape
-    inst = np.repeat(np.arange(n_inst), k)
-    keys = np.stack([inst, src.ravel(), dst.ravel()], axis=1)
+    src, dst, rail, r, weights = _stripe(routes, src, dst, weights)
+    bytes_per_byte /= r
+    inst = np.repeat(np.arange(n_inst), src.shape[1])
+    keys = np.stack([inst, src.ravel(), dst.ravel(), rail.ravel()], axis=1)
     if weights is None:
         keys, mult = np.unique(keys, axis=0, return_counts=True)
         weight = None
     else:  # rows are instance-major already; every message is its own flow
         mult = np.ones(len(keys), dtype=np.int64)
         weight = np.tile(np.asarray(weights, dtype=np.float64), n_inst)
-    edges, lat = routes.lookup(keys[:, 1], keys[:, 2])
+    edges, lat = routes.lookup(keys[:, 1], keys[:, 2], keys[:, 3] if r > 1 else None)
     starts = np.searchsorted(keys[:, 0], np.arange(n_inst + 1))
     latency = np.zeros(n_inst)
-    if len(keys):
+    if latency_s is not None:
+        latency[:] = latency_s
+    elif len(keys):
         if latency_steps > 1 and latency_steps == k:  # a pipelined chain: hop after hop
-            np.add.at(latency, keys[:, 0], lat * mult)
+            pairs, which = np.unique(keys[:, :3], axis=0, return_inverse=True)
+            which = which.ravel()
+            pair_lat, pair_n = np.zeros(len(pairs)), np.zeros(len(pairs))
+            np.maximum.at(pair_lat, which, lat)  # a striped hop: its slowest rail
+            np.add.at(pair_n, which, mult / r)
+            np.add.at(latency, pairs[:, 0], pair_lat * pair_n)
         else:
             np.maximum.at(latency, keys[:, 0], lat)
             latency *= latency_steps
@@ -134,11 +173,13 @@ def _phase_flows(routes: RouteTable, src: np.ndarray, dst: np.ndarray, bytes_per
 
 def collective_template(routes: RouteTable, devices: np.ndarray, members: np.ndarray, op: str,
                         algorithm: str, root: int, g: int, name: str,
-                        weights: np.ndarray | None = None) -> FlowTemplate:
+                        weights: np.ndarray | None = None,
+                        phases: list[Phase] | None = None) -> FlowTemplate:
     """Phases of ``algorithm`` for ``op`` on every row of ``members`` (ranks), rooted at
     member ``root``; ``g`` members per node as the algorithms assume (node-major).
     ``weights[i, j]``: the share of the op's bytes member i sends to member j (uneven
-    all-to-all), laid out by the algorithm's uneven form."""
+    all-to-all), laid out by the algorithm's uneven form. ``phases``: the layout to use
+    (the cost model's, :meth:`CostModel.phases`), else the algorithm's generic one."""
     p = members.shape[1]
     rotated = np.roll(members, -root, axis=1) if root else members
     algo = get_algorithm(op, algorithm)
@@ -146,7 +187,9 @@ def collective_template(routes: RouteTable, devices: np.ndarray, members: np.nda
         raise ConfigError(f"collective {name!r}: algorithm {algorithm!r} has no form for "
                           "uneven (split_bytes) sizes; choose another algorithm")
     try:
-        phases = algo.phases(1.0, p, g) if weights is None else algo.uneven_phases(weights, g)
+        if phases is None or weights is not None:
+            phases = algo.phases(1.0, p, g) if weights is None \
+                else algo.uneven_phases(weights, g)
     except ValueError as exc:
         raise ConfigError(f"collective {name!r}: algorithm {algorithm!r} cannot be laid out on a "
                           f"group of {p} ranks with {g} per node ({exc}); choose another "
@@ -156,7 +199,7 @@ def collective_template(routes: RouteTable, devices: np.ndarray, members: np.nda
     for ph in phases:
         pairs = np.asarray(ph.pairs, dtype=np.int64).reshape(-1, 2)
         out.append(_phase_flows(routes, dev[:, pairs[:, 0]], dev[:, pairs[:, 1]], ph.bytes,
-                                ph.repeat, ph.latency_steps, ph.weights))
+                                ph.repeat, ph.latency_steps, ph.weights, ph.latency_s))
     return FlowTemplate(name, rotated, tuple(out))
 
 

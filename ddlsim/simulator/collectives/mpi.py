@@ -1,238 +1,20 @@
-"""Collective algorithms: closed-form α-β costs and their decomposition into phases of flows.
-
-Both engines read this one module. The analytical engine calls :meth:`Algorithm.time` with a
-:class:`GroupNet` (what the group's links look like from where its ranks sit). The
-discrete-event engine replays :meth:`Algorithm.phases`: each :class:`Phase` is a set of
-concurrent point-to-point transfers between *member indices* of the group, repeated ``repeat``
-times, plus ``latency_steps`` per-message latencies. Without contention, replaying the phases
-over the same links gives the closed form (this is tested).
+"""The generic (MPI-style) collective algorithms: α-β closed forms and their phases of flows.
 
 Cost notation (Hockney / Thakur, Rabenseifner & Gropp 2005, "Optimization of Collective
 Communication Operations in MPICH", IJHPCA 19(1)): ``p`` ranks, ``n`` bytes, per-message latency
 α, per-byte time 1/B. Members are assumed node-major (``g`` consecutive members per node), which
-is how ranks are placed by default.
-
-Adding an algorithm is one function pair plus ``@register(op, name)``.
+is how ranks are placed by default. These are the algorithms of ``collectives.backend: mpi``;
+NCCL's are in :mod:`ddlsim.simulator.nccl`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ConfigError
-
-__all__ = ["GroupNet", "Phase", "Algorithm", "register", "get_algorithm", "algorithms_for",
-           "collective_time", "best_algorithm", "BUSBW_FACTOR", "register_uneven",
-           "split_matrix", "uneven_time", "best_uneven_algorithm"]
-
-
-@dataclass(frozen=True, slots=True)
-class GroupNet:
-    """The links one group crosses, as the analytical engine sees them.
-
-    Parameters
-    ----------
-    p : ranks in the group.
-    g : members of the group per node, the most on any node (``p`` when it fits in one).
-    alpha_intra_s, bw_intra_Bps : latency and per-device bandwidth inside a node.
-    alpha_inter_s : latency of a message that crosses nodes (NIC + fabric).
-    bw_node_Bps : bandwidth out of (and into) one node available to *this* group: the node's
-        NICs divided among the groups of the same family that run at the same time there.
-    """
-
-    p: int
-    g: int
-    alpha_intra_s: float
-    bw_intra_Bps: float
-    alpha_inter_s: float = 0.0
-    bw_node_Bps: float = math.inf
-    nodes: int = 1
-
-    @property
-    def uniform(self) -> bool:
-        """Every node holds exactly ``g`` members (needed by hierarchical algorithms)."""
-        return self.nodes * self.g == self.p
-
-    @property
-    def multi_node(self) -> bool:
-        return self.nodes > 1
-
-    def ring_step(self, chunk: float) -> float:
-        """One ring step: every member sends ``chunk`` to its successor; one flow per node
-        leaves the node."""
-        if not self.multi_node:
-            return self.alpha_intra_s + chunk / self.bw_intra_Bps
-        return self.alpha_inter_s + chunk / min(self.bw_intra_Bps, self.bw_node_Bps)
-
-    def exchange_step(self, chunk: float, distance: int) -> float:
-        """Every member sends ``chunk`` to the member ``distance`` away (recursive doubling,
-        pairwise all-to-all): intra-node if the partner shares the node, else all ``g``
-        members of a node send out at once and share its NICs."""
-        if distance < self.g or not self.multi_node:
-            return self.alpha_intra_s + chunk / self.bw_intra_Bps
-        return self.alpha_inter_s + max(chunk / self.bw_intra_Bps, chunk * self.g / self.bw_node_Bps)
-
-    def single_step(self, chunk: float, distance: int) -> float:
-        """One member sends ``chunk`` to one other (a tree edge); no sharing."""
-        if distance < self.g or not self.multi_node:
-            return self.alpha_intra_s + chunk / self.bw_intra_Bps
-        return self.alpha_inter_s + chunk / min(self.bw_intra_Bps, self.bw_node_Bps)
-
-    @property
-    def bottleneck_Bps(self) -> float:
-        return min(self.bw_intra_Bps, self.bw_node_Bps) if self.multi_node else self.bw_intra_Bps
-
-    @property
-    def alpha_s(self) -> float:
-        return self.alpha_inter_s if self.multi_node else self.alpha_intra_s
-
-
-@dataclass(frozen=True, slots=True)
-class Phase:
-    """Concurrent transfers ``pairs[k] = (src_member, dst_member)`` of ``bytes`` each,
-    repeated ``repeat`` times; ``latency_steps`` per-message latencies per repetition."""
-
-    pairs: np.ndarray
-    bytes: float
-    repeat: int = 1
-    latency_steps: int = 1
-    weights: np.ndarray | None = None  # per pair: × bytes (uneven all-to-all)
-
-
-TimeFn = Callable[[float, GroupNet], float]
-PhaseFn = Callable[[float, int, int], list[Phase]]
-#: ``time(B, net)``: seconds for the bytes matrix ``B[i, j]`` (member i sends to member j).
-UnevenTimeFn = Callable[[np.ndarray, GroupNet], float]
-#: ``phases(W, g)``: phases whose pairs carry ``W[i, j]`` bytes per collective byte.
-UnevenPhaseFn = Callable[[np.ndarray, int], list[Phase]]
-
-
-@dataclass(frozen=True, slots=True)
-class Algorithm:
-    op: str
-    name: str
-    time: TimeFn
-    phases: PhaseFn
-    uneven_time: UnevenTimeFn | None = None
-    uneven_phases: UnevenPhaseFn | None = None
-
-
-_REGISTRY: dict[tuple[str, str], Algorithm] = {}
-
-
-def register(op: str, name: str) -> Callable[[TimeFn], TimeFn]:
-    """Register ``time(n, net)``; the decorated function gets ``.phases`` set by
-    :func:`phases_of` for the same key."""
-    def wrap(fn: TimeFn) -> TimeFn:
-        _REGISTRY[(op, name)] = Algorithm(op, name, fn, _NO_PHASES)
-        return fn
-    return wrap
-
-
-def phases_of(op: str, name: str) -> Callable[[PhaseFn], PhaseFn]:
-    def wrap(fn: PhaseFn) -> PhaseFn:
-        a = _REGISTRY[(op, name)]
-        _REGISTRY[(op, name)] = Algorithm(op, name, a.time, fn)
-        return fn
-    return wrap
-
-
-def _NO_PHASES(n: float, p: int, g: int) -> list[Phase]:  # pragma: no cover - guard
-    raise NotImplementedError("this algorithm has no phase decomposition")
-
-
-def register_uneven(op: str, name: str, time: UnevenTimeFn, phases: UnevenPhaseFn) -> None:
-    """Give the registered algorithm ``(op, name)`` its uneven (per-pair bytes) forms."""
-    from dataclasses import replace
-    _REGISTRY[(op, name)] = replace(_REGISTRY[(op, name)], uneven_time=time, uneven_phases=phases)
-
-
-def get_algorithm(op: str, name: str) -> Algorithm:
-    try:
-        return _REGISTRY[(op, name)]
-    except KeyError:
-        raise ConfigError(f"no algorithm {name!r} for collective {op!r}; allowed: "
-                          f"{', '.join(algorithms_for(op))}") from None
-
-
-def algorithms_for(op: str) -> list[str]:
-    return [name for (o, name) in _REGISTRY if o == op]
-
-
-def collective_time(op: str, algorithm: str, nbytes: float, net: GroupNet) -> float:
-    """Seconds for one collective of ``nbytes`` (nccl-tests size convention) on ``net``."""
-    if net.p <= 1:
-        return 0.0
-    return _REGISTRY[(op, algorithm)].time(nbytes, net)
-
-
-def best_algorithm(op: str, nbytes: float, net: GroupNet) -> tuple[str, float]:
-    """The cheapest registered algorithm for ``op`` (ties broken by name, deterministically)."""
-    if net.p <= 1:
-        return algorithms_for(op)[0], 0.0
-    best = min((fn.time(nbytes, net), name) for (o, name), fn in _REGISTRY.items() if o == op)
-    return best[1], best[0]
-
-
-def split_matrix(split_bytes, by: str = "receiver") -> np.ndarray:
-    """``B[i, j]``: bytes member i sends to member j (the diagonal stays on the device). With
-    ``by="receiver"`` every member sends ``split_bytes[j]`` to member j (``B[i, j] = b_j``);
-    with ``by="sender"`` member i sends ``split_bytes[i]`` to every member (``B[i, j] = b_i``),
-    in group order (docs/trace.md)."""
-    split = np.asarray(split_bytes, dtype=np.float64)
-    matrix = np.tile(split, (len(split), 1))
-    return matrix.T.copy() if by == "sender" else matrix
-
-
-def uneven_time(op: str, algorithm: str, matrix: np.ndarray, net: GroupNet) -> float:
-    """Seconds for ``op`` moving ``matrix[i, j]`` bytes from member i to member j, or inf if
-    ``algorithm`` has no uneven form."""
-    if net.p <= 1:
-        return 0.0
-    fn = _REGISTRY[(op, algorithm)].uneven_time
-    return math.inf if fn is None else fn(matrix, net)
-
-
-def best_uneven_algorithm(op: str, matrix: np.ndarray, net: GroupNet) -> tuple[str, float]:
-    """The cheapest algorithm with an uneven form (ties broken by name)."""
-    best = min((uneven_time(op, name, matrix, net), name) for (o, name) in _REGISTRY if o == op
-               and _REGISTRY[(o, name)].uneven_time is not None)
-    return best[1], best[0]
-
-
-#: nccl-tests bus-bandwidth factors (``busbw = algbw × factor``), nccl-tests doc/PERFORMANCE.md.
-BUSBW_FACTOR: dict[str, Callable[[int], float]] = {
-    "all_reduce": lambda p: 2 * (p - 1) / p,
-    "all_gather": lambda p: (p - 1) / p,
-    "reduce_scatter": lambda p: (p - 1) / p,
-    "all_to_all": lambda p: (p - 1) / p,
-    "broadcast": lambda p: 1.0,
-    "reduce": lambda p: 1.0,
-    "gather": lambda p: (p - 1) / p,
-    "scatter": lambda p: (p - 1) / p,
-    "barrier": lambda p: 1.0,
-}
-
-
-def _log2(p: int) -> int:
-    return max(1, math.ceil(math.log2(p)))
-
-
-def _ring_pairs(p: int) -> np.ndarray:
-    i = np.arange(p)
-    return np.stack([i, (i + 1) % p], axis=1)
-
-
-def _xor_pairs(p: int, d: int) -> np.ndarray:
-    i = np.arange(p)
-    j = i ^ d
-    keep = j < p
-    return np.stack([i[keep], j[keep]], axis=1)
-
+from .base import (GroupNet, Phase, _log2, _ring_pairs, _xor_pairs,
+                   phases_of, register, register_uneven)
 
 # ------------------------------------------------------------------ all_reduce
 @register("all_reduce", "ring")
@@ -561,3 +343,4 @@ def _barrier(n: float, net: GroupNet) -> float:
 def _barrier_ph(n: float, p: int, g: int) -> list[Phase]:
     i = np.arange(p)
     return [Phase(np.stack([i, (i + (1 << k)) % p], axis=1), 0.0) for k in range(_log2(p))]
+

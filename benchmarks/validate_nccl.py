@@ -1,0 +1,123 @@
+"""ddlsim's collective bus bandwidth against published nccl-tests results (A100, H100).
+
+Run:  python benchmarks/validate_nccl.py [--engine analytical|des] [--write-docs]
+
+Each row of ``benchmarks/data/nccl_tests_published.csv`` (sources cited in its header) is one
+nccl-tests measurement: an operation on ``gpus`` GPUs over ``nodes`` nodes at one size. ddlsim
+times the same operation, one group of all the GPUs, on the system preset of that GPU
+(``dgx-a100``, ``dgx-h100``; 4 NICs a node for the 4-HDR servers of nccl-tests issue #119) with
+its default collective backend (NCCL's tuning model on these GPUs), and reports the bus
+bandwidth nccl-tests would print: ``busbw = size / time × factor`` (nccl-tests
+doc/PERFORMANCE.md). Nothing is fitted to these numbers. ``--write-docs`` replaces the
+nccl-tests section of ``docs/validation.md`` with the table printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(__file__).with_name("data") / "nccl_tests_published.csv"
+DOC = ROOT / "docs" / "validation.md"
+BEGIN, END = "<!-- nccl-tests: begin -->", "<!-- nccl-tests: end -->"
+PRESET = {"A100": "dgx-a100", "H100": "dgx-h100"}
+#: nccl-tests doc/PERFORMANCE.md bus-bandwidth factors
+FACTOR = {"all_reduce": lambda p: 2 * (p - 1) / p, "all_gather": lambda p: (p - 1) / p,
+          "reduce_scatter": lambda p: (p - 1) / p}
+
+
+def rows() -> list[dict]:
+    lines = [ln for ln in DATA.read_text().splitlines() if ln and not ln.startswith("#")]
+    return list(csv.DictReader(lines))
+
+
+def system(row: dict):
+    from ddlsim.config import SystemConfig, resolve_section
+    spec = {"preset": PRESET[row["gpu"]], "nodes": int(row["nodes"])}
+    if row["source"] == "nccl119":
+        spec["nics_per_node"] = 4  # 4 x HDR 200 Gb/s per server (the issue's hardware)
+    return SystemConfig.model_validate(resolve_section("system", spec))
+
+
+def predicted_busbw(row: dict, engine: str) -> tuple[float, str]:
+    """(busbw GB/s, algorithm label) of one collective of the row's size on all its GPUs."""
+    from ddlsim.simulator.analytical.engine import simulate_analytical
+    from ddlsim.simulator.costs import CostModel
+    from ddlsim.workloads.trace import (Block, Collective, GroupFamily, Op, Program, RankClass,
+                                        Step, Workload, WorkloadMeta)
+    p, op, size = int(row["gpus"]), row["op"], float(row["size_bytes"])
+    coll = Collective("x", op, "g", size)
+    program = Program({"b": Block("b", "other", (Op(coll),))}, (Step("b"),))
+    wl = Workload("nccl-test", p, {"g": GroupFamily("g", "dp", np.arange(p).reshape(1, p))},
+                  (RankClass("all", tuple(range(p)), program),), WorkloadMeta(1, 1))
+    cost = CostModel(system(row), wl)
+    if engine == "des":
+        from ddlsim.simulator.des import run_des
+        t = run_des(wl, cost, record_spans=False)[0].timings[0].end
+    else:
+        t = simulate_analytical(wl, cost).timings[0].end
+    return size / t * FACTOR[op](p) / 1e9, cost.choice(coll).label
+
+
+def table(engine: str) -> tuple[list[str], list[float]]:
+    lines = ["| source | GPU | GPUs | nodes | op | size | measured busbw (GB/s) | ddlsim busbw "
+             "(GB/s) | error | ddlsim algorithm |", "|---|---|---|---|---|---|---|---|---|---|"]
+    errors = []
+    for row in rows():
+        got, label = predicted_busbw(row, engine)
+        pub = float(row["busbw_GBps"])
+        err = got / pub - 1
+        errors.append(err)
+        size = float(row["size_bytes"])
+        lines.append(f"| {row['source']} | {row['gpu']} | {row['gpus']} | {row['nodes']} | "
+                     f"{row['op']} | {_size(size)} | {pub:.1f} | {got:.1f} | {100 * err:+.1f}% | "
+                     f"{label} |")
+    return lines, errors
+
+
+def _size(b: float) -> str:
+    for unit, k in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if b >= k:
+            return f"{b / k:g} {unit}"
+    return f"{b:g} B"
+
+
+def summary(errors: list[float], engine: str) -> str:
+    a = np.abs(errors)
+    return (f"{len(errors)} measurements: mean |error| {100 * a.mean():.1f}%, median "
+            f"{100 * np.median(a):.1f}%, worst {100 * a.max():.1f}% ({engine} engine; error = "
+            "ddlsim busbw / measured − 1, so + is optimistic)")
+
+
+def write_docs(lines: list[str], text: str) -> None:
+    body = "\n".join([BEGIN, "", *lines, "", text, "", END])
+    doc = DOC.read_text()
+    if BEGIN in doc and END in doc:
+        doc = doc[:doc.index(BEGIN)] + body + doc[doc.index(END) + len(END):]
+    else:
+        doc = doc.rstrip("\n") + "\n\n## NCCL collectives against nccl-tests\n\n" + body + "\n"
+    DOC.write_text(doc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--engine", default="analytical", choices=["analytical", "des"])
+    ap.add_argument("--write-docs", action="store_true",
+                    help="replace the nccl-tests section of docs/validation.md")
+    args = ap.parse_args(argv)
+    lines, errors = table(args.engine)
+    text = summary(errors, args.engine)
+    print("\n".join(lines))
+    print("\n" + text)
+    if args.write_docs:
+        write_docs(lines, text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,293 @@
+"""NCCL's collectives as its tuning model times them: ring, tree, NVLS and CollNet (SHARP),
+each with the LL, LL128 and Simple protocols, and NCCL's own choice among them.
+
+The model follows ``ncclTopoTuneModel`` and ``ncclTopoGetAlgoTime`` of NCCL 2.30.7
+(``src/graph/tuning.cc``; constants in :mod:`.tuning`): an algorithm and protocol take
+``latency + bytes / algBw``, where ``algBw = busBw × ratio`` (ring: ``p / nsteps``; tree and
+CollNet all-reduce: 1/2) and ``busBw`` is the bandwidth NCCL's topology search finds (its
+channels × per-channel bandwidth) reduced per protocol (LL ½ capped at ``llMaxBw``, LL128
+120/128 capped per channel, tree 0.92 capped per channel, …).
+
+Where NCCL measures its machine, ddlsim derives it from the topology graph: the search's
+``nChannels × bw`` is the bottleneck bandwidth of the group's links (:class:`GroupNet`, the
+same links the discrete-event engine shares), times the share of an NVLink link NCCL expects
+to fill (``NVLINK_EFFICIENCY``); the channel count is that bandwidth over the search's first
+per-channel speed. Not modelled: PAT, NVLS-tree, the 0.85 tree-pattern factor (NCCL uses
+balanced trees by default), graph ``latencyInter`` (0 here) and user tuner plugins.
+
+Each algorithm's flows (its ``layout``) carry its bytes inflated by ``bottleneck / algBw``
+and a given latency per step, so the discrete-event engine, replaying them over the same
+links, reproduces this time when nothing else runs, and shares the links when something does.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..collectives.base import GroupNet, Phase, _ring_pairs, register
+from . import tuning as T
+
+__all__ = ["NcclEnv", "nccl_time", "busbw_GBps", "algbw_GBps", "latency_us", "best_protocol",
+           "available", "ALGORITHMS", "env_for_system"]
+
+#: NCCL algorithm per collective (tuning.cc: broadcast/reduce run ring only; all-gather and
+#: reduce-scatter ring, NVLS, CollNet, PAT; all-reduce every algorithm but PAT)
+ALGORITHMS = {
+    "all_reduce": ("ring", "tree", "nvls", "nvls_tree", "collnet"),
+    "all_gather": ("ring", "nvls"),
+    "reduce_scatter": ("ring", "nvls"),
+    "broadcast": ("ring",),
+    "reduce": ("ring",),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class NcclEnv:
+    """What NCCL's tuning model needs to know of the machine.
+
+    Parameters
+    ----------
+    arch : ``volta``, ``ampere``, ``hopper`` or ``blackwell`` (compute-capability class).
+    intra : ``nvlink`` or ``pci``: the link class inside a node (tuning.cc ``intraHw``).
+    nvswitch : the node has NVSwitches (NVLS and CollNet-direct need them).
+    cpu : ``intel`` or ``amd`` (the multi-node LL cap and network overhead depend on it).
+    sharp : in-network reduction (SHARP) is available: CollNet and multi-node NVLS.
+    protocol : ``auto`` (NCCL's choice) or one of LL, LL128, Simple.
+    nics_per_node : NICs of a node (CollNet's GPU/NIC ratio).
+    """
+
+    arch: str
+    intra: str = "nvlink"
+    nvswitch: bool = True
+    cpu: str = "intel"
+    sharp: bool = False
+    protocol: str = "auto"
+    nics_per_node: int = 1
+
+
+def _col(nodes: int) -> int:
+    """tuning.cc ``index2``: 1, 2 or ≥ 3 nodes."""
+    return min(nodes, 3) - 1
+
+
+def _link(net: GroupNet, env: NcclEnv) -> tuple[float, float]:
+    """(physical bottleneck B/s, NCCL's busBw of its channels in GB/s)."""
+    eff = T.NVLINK_EFFICIENCY[env.arch] if env.intra == "nvlink" else 1.0
+    if not net.multi_node:
+        return net.bw_intra_Bps, net.bw_intra_Bps * eff / 1e9
+    bottleneck = min(net.bw_intra_Bps, net.bw_node_Bps)
+    return bottleneck, min(net.bw_intra_Bps * eff, net.bw_node_Bps) / 1e9
+
+
+def _channels(link_GBps: float, net: GroupNet, env: NcclEnv) -> float:
+    return max(1.0, link_GBps / T.TOP_SPEED_GBPS[env.arch][1 if net.multi_node else 0])
+
+
+def _nvls_channels(net: GroupNet) -> int:
+    """Channels of NCCL's NVLS graph: one per GPU of the node (search.cc: ``maxChannels =
+    min(NCCL_MAX_NVLS_ARITY, GPUs)``, and ``minChannels = maxChannels`` on one node)."""
+    return max(1, int(round(net.p / net.nodes)))
+
+
+def _nsteps(op: str, p: int) -> int:
+    return 2 * (p - 1) if op == "all_reduce" else p - 1 if op in ("all_gather",
+                                                                    "reduce_scatter") else p
+
+
+def available(op: str, algo: str, proto: str, net: GroupNet, env: NcclEnv) -> bool:
+    """Whether NCCL would run ``algo``/``proto`` here (tuning.cc's enable rules)."""
+    if algo not in ALGORITHMS.get(op, ()):
+        return False
+    if algo in ("nvls", "nvls_tree", "collnet") and proto != "Simple":
+        return False
+    if proto == "LL128" and env.intra != "nvlink":  # LL128 needs NVLink inside (≤ PATH_NVB)
+        return False
+    if algo in ("nvls", "nvls_tree") and _nvls_channels(net) < 2:
+        return False  # tuning.cc: NVLS needs at least 2 channels
+    if algo == "nvls":
+        ok = T.NVLS_EFFICIENCY[env.arch] > 0 and env.nvswitch
+        return ok and (not net.multi_node or (env.sharp and op == "all_reduce"))
+    if algo == "nvls_tree":  # NVLS inside nodes, trees across: several nodes, no SHARP needed
+        return T.NVLS_EFFICIENCY[env.arch] > 0 and env.nvswitch and net.multi_node
+    if algo == "collnet":  # CollNet-direct: SHARP, NVSwitch nodes, several nodes
+        return env.sharp and env.nvswitch and net.multi_node
+    return True
+
+
+def busbw_GBps(op: str, algo: str, proto: str, net: GroupNet, env: NcclEnv) -> float:
+    """NCCL's bus bandwidth for ``algo``/``proto`` (GB/s), before the tree correction."""
+    _, link = _link(net, env)
+    nch, col = _channels(link, net, env), _col(net.nodes)
+    ppn = net.p / net.nodes
+    bus = link
+    if algo == "nvls":
+        nc = _nvls_channels(net)
+        intra = link * T.NVLS_EFFICIENCY[env.arch] * (nc - 1) / nc
+        intra *= 2.0 if op == "all_reduce" else (ppn - 1) / ppn
+        bus = min(intra, net.bw_node_Bps / 1e9) if net.multi_node else intra
+    if algo == "nvls_tree":  # the 2-node tree halves the inter-node traffic (tuning.cc)
+        nc = _nvls_channels(net)
+        intra = link * T.NVLS_EFFICIENCY[env.arch] * (nc - 1) / nc * 2.0
+        inter = net.bw_node_Bps / 1e9 * (2 if net.nodes <= 2 else 1)
+        bus = min(intra, inter, nc * T.PER_CH_MAX_BW["nvls_tree"][env.arch][col])
+    ll_max = T.LL_MAX_BW[env.arch if net.nodes == 1 else env.cpu][col]
+    if algo == "ring" and proto == "LL":
+        bus = min(ll_max, bus * 0.5)
+    if algo == "ring" and proto == "LL128":
+        bus = min(bus * 0.92, nch * T.PER_CH_MAX_BW["ring_ll128"][env.arch][col])
+    if algo == "tree" and op == "all_reduce":
+        bus = min(bus * 0.92, nch * T.PER_CH_MAX_BW["tree"][env.arch][col])
+    if algo == "tree" and proto == "LL":
+        bus = min(bus / 3.8, ll_max)
+    if algo == "tree" and proto == "LL128":
+        bus = min(bus * (7.0 / 9.0 if net.nodes == 1 else 120.0 / 128.0),
+                  nch * T.PER_CH_MAX_BW["tree_ll128"][env.arch][col])
+    if algo == "collnet":
+        factor = ppn / max(env.nics_per_node, 1)  # GPU/NIC ratio
+        bus /= factor - (factor - 1) / 2
+        if T.ARCHS.index(env.arch) >= T.ARCHS.index("hopper"):
+            bus *= 0.85
+    return bus
+
+
+def algbw_GBps(op: str, algo: str, proto: str, n: float, net: GroupNet, env: NcclEnv) -> float:
+    """Algorithm bandwidth (GB/s): busBw × NCCL's ratio, with the tree's size correction."""
+    bw = busbw_GBps(op, algo, proto, net, env)
+    if not (algo != "ring" and op in ("all_gather", "reduce_scatter")):
+        bw *= net.p / _nsteps(op, net.p) if algo in ("ring", "nvls", "nvls_tree") else 0.5
+    log_size = int(math.floor(math.log2(n / 64))) if n >= 64 else -1
+    if algo == "tree" and op == "all_reduce" and 0 <= log_size < 23:
+        bw *= T.TREE_CORRECTION[proto][log_size]
+    return bw
+
+
+def latency_us(op: str, algo: str, proto: str, n: float, net: GroupNet, env: NcclEnv) -> float:
+    """NCCL's latency (µs) for ``algo``/``proto`` (tuning.cc; ring plateau of
+    ``ncclTopoGetAlgoTime``)."""
+    pi, p, nodes = T.PROTOCOLS.index(proto), net.p, net.nodes
+    ppn = p / nodes
+    hw = T.HW_LATENCY_US
+    intra = hw[env.intra][algo][pi]
+    inter = hw["net"]["tree" if ppn == 1 else algo][pi]
+    lat = T.BASE_LATENCY_US[algo][pi]
+    nsteps = _nsteps(op, p)
+    if algo == "ring" and op in ("broadcast", "reduce"):
+        cls = "net" if nodes > 1 else env.intra
+        lat += nsteps * hw[cls]["tree" if proto == "Simple" else "ring"][pi]
+    elif algo == "ring":
+        overhead = (1.0 if env.cpu == "intel" else 2.0) * (3 if proto == "Simple" else 1)
+        intra = max(intra, overhead) if nodes > 1 else intra
+        n_inter = 0 if nodes == 1 else 2 * (nodes - 1) if op == "all_reduce" else nodes - 1
+        lat += (nsteps - n_inter) * intra + n_inter * inter
+        nch = _channels(_link(net, env)[1], net, env)
+        if proto == "Simple" and nodes > 1 and op == "all_reduce" and n / (nch * p) >= 64:
+            lat *= 1.4 if T.ARCHS.index(env.arch) >= 1 else 1.9  # plateau effect of ring
+    elif algo == "tree":
+        lat += 2 * ((ppn - 1) * intra + _log2i(nodes) * inter)
+    elif algo == "collnet":
+        lat += 2 * (min(1, ppn - 1) * intra + (ppn - 1) * 0.4) + inter
+    elif algo == "nvls":
+        lat = intra + (inter if nodes > 1 else 0.0)
+    elif algo == "nvls_tree":
+        lat += intra + 2 * _log2i(nodes) * inter
+    return lat
+
+
+def _log2i(n: int) -> int:
+    return int(n).bit_length() - 1 if n > 0 else 0
+
+
+def nccl_time(op: str, algo: str, proto: str, n: float, net: GroupNet, env: NcclEnv) -> float:
+    """Seconds for ``algo``/``proto``, ``inf`` where NCCL would not run it."""
+    if not available(op, algo, proto, net, env):
+        return math.inf
+    bw = algbw_GBps(op, algo, proto, n, net, env)
+    if bw <= 0:
+        return math.inf
+    return (latency_us(op, algo, proto, n, net, env) + n / (1e3 * bw)) * 1e-6
+
+
+def best_protocol(op: str, algo: str, n: float, net: GroupNet, env: NcclEnv) -> tuple[str, float]:
+    """(protocol, seconds): the configured protocol, or NCCL's fastest (ties: LL first)."""
+    protos = T.PROTOCOLS if env.protocol == "auto" else (env.protocol,)
+    return min(((nccl_time(op, algo, pr, n, net, env), pr) for pr in protos),
+               key=lambda tp: tp[0])[::-1]
+
+
+def _env(net: GroupNet) -> NcclEnv:
+    if net.nccl is None:
+        raise ValueError("no NCCL environment on this group net")
+    return net.nccl
+
+
+def _time_fn(op: str, algo: str):
+    def time(n: float, net: GroupNet) -> float:
+        if net.nccl is None:
+            return math.inf
+        return best_protocol(op, algo, n, net, net.nccl)[1]
+    time.__doc__ = f"NCCL {algo} {op}, its best (or configured) protocol."
+    return time
+
+
+def _layout_fn(op: str, algo: str):
+    def layout(n: float, net: GroupNet) -> list[Phase]:
+        env = _env(net)
+        proto, t = best_protocol(op, algo, n, net, env)
+        if not math.isfinite(t):
+            raise ValueError(f"NCCL {algo} does not run {op} here")
+        bottleneck, _ = _link(net, env)
+        lat_s = latency_us(op, algo, proto, n, net, env) * 1e-6
+        per_byte = bottleneck / (algbw_GBps(op, algo, proto, n, net, env) * 1e9)
+        return _phases(op, algo, net.p, per_byte, lat_s)
+    return layout
+
+
+def _phases(op: str, algo: str, p: int, per_byte: float, lat_s: float) -> list[Phase]:
+    """Flows whose bytes at the bottleneck rate take ``per_byte`` s per byte of bytes/B."""
+    if algo == "ring" and op in ("all_reduce", "all_gather", "reduce_scatter"):
+        steps = _nsteps(op, p)
+        return [Phase(_ring_pairs(p), per_byte / steps, repeat=steps, latency_s=lat_s / steps)]
+    chain = np.stack([np.arange(0, p - 1), np.arange(1, p)], axis=1)
+    if algo == "ring":  # broadcast: a pipelined chain from the root; reduce: toward it
+        pairs = chain if op == "broadcast" else chain[:, ::-1].copy()
+        return [Phase(pairs, per_byte, latency_s=lat_s)]
+    if algo == "tree":  # reduce up the tree, broadcast down, pipelined: every edge busy
+        return [Phase(chain[:, ::-1].copy(), per_byte / 2, latency_s=lat_s / 2),
+                Phase(chain, per_byte / 2, latency_s=lat_s / 2)]
+    return [Phase(_ring_pairs(p), per_byte, latency_s=lat_s)]  # NVLS, CollNet: every link once
+
+
+for _op, _algos in ALGORITHMS.items():
+    for _algo in _algos:
+        register(_op, f"nccl_{_algo}", backend="nccl",
+                 layout=_layout_fn(_op, _algo))(_time_fn(_op, _algo))
+
+
+#: device-name fragments → NCCL's compute-capability class (NVIDIA datasheets: V100 sm70,
+#: A100/A800 sm80, H100/H200/H800/GH200 sm90, B200/GB200 sm100)
+_ARCH_OF_NAME = (("gb200", "blackwell"), ("b200", "blackwell"), ("h100", "hopper"),
+                 ("h200", "hopper"), ("h800", "hopper"), ("gh200", "hopper"),
+                 ("a100", "ampere"), ("a800", "ampere"), ("v100", "volta"))
+
+
+def gpu_arch(system) -> str | None:
+    """``system.collectives.gpu_arch``, or the class named by the device's name, or None."""
+    spec = system.collectives
+    if spec.gpu_arch != "auto":
+        return spec.gpu_arch
+    name = system.device.name.lower()
+    return next((arch for frag, arch in _ARCH_OF_NAME if frag in name), None)
+
+
+def env_for_system(system) -> NcclEnv | None:
+    """The :class:`NcclEnv` of ``system``, or None where its GPU generation is unknown."""
+    arch = gpu_arch(system)
+    if arch is None:
+        return None
+    kind = system.intra_node.kind
+    spec = system.collectives
+    return NcclEnv(arch, "nvlink" if kind.startswith("nv") else "pci", kind == "nvswitch",
+                   spec.cpu_vendor, spec.sharp, spec.nccl_protocol, system.nics_per_node)

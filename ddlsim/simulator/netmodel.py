@@ -1,0 +1,155 @@
+"""One network model for both engines: each group family's :class:`GroupNet` derived from the
+topology graph, from the very links the discrete-event engine shares.
+
+For a family of groups (every tensor-parallel group, every data-parallel group, …) the
+analytical engine needs how fast one ring step goes inside a node (``bw_intra_Bps``) and
+across nodes (``bw_node_Bps``), and the latency of each. They are measured on the graph:
+every group of the family sends one ring step at once (member i → member i+1, node-major),
+each flow routed as the discrete-event engine routes it (a flow leaving a node striped over
+the node's NICs, one channel per rail, as NCCL lays out its channels), and the rates are the
+max-min fair shares of the links (the engine's rule). To stay cheap at thousands of GPUs
+the two parts are solved apart: the intra-node flows on the node where the first group has
+most members (device to device, every group's flows there), and the inter-node stripes of every group at node level
+(NIC to NIC, identical stripes merged). This is exact where the node-internal hops a stripe
+takes to its NIC are not what limits it (NVSwitch and NVLink nodes, whose links are far
+faster than a NIC); the discrete-event engine shares those hops too. So an NVLink mesh, a torus, a dragonfly,
+a rail-optimised fabric or an oversubscribed fat tree changes a family's net exactly where its
+flows cross them, and not at all for groups that stay under one leaf switch.
+
+References: Bertsekas & Gallager, *Data Networks* (1992), §6.5.2 (max-min fairness,
+progressive filling).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+
+import numpy as np
+
+from .collectives import GroupNet
+
+__all__ = ["family_net", "topology_of", "fair_rates"]
+
+_TOPOLOGIES: OrderedDict[str, object] = OrderedDict()
+
+
+def topology_of(system):
+    """The topology graph of ``system``, built once per distinct system (a few kept)."""
+    from ..topologies import from_system
+
+    key = system.model_dump_json()
+    topo = _TOPOLOGIES.get(key)
+    if topo is None:
+        topo = _TOPOLOGIES[key] = from_system(system)
+        while len(_TOPOLOGIES) > 4:
+            _TOPOLOGIES.popitem(last=False)
+    _TOPOLOGIES.move_to_end(key)
+    return topo
+
+
+def fair_rates(routes: list[tuple[int, ...]], mult: np.ndarray,
+               capacity_Bps: np.ndarray) -> np.ndarray:
+    """Max-min fair rate of each flow (bytes/s) by progressive filling: raise every unfrozen
+    flow's rate together until a link fills, freeze the flows crossing it, repeat. ``mult[f]``
+    identical flows share row f. A flow on no link gets ``inf``."""
+    n = len(routes)
+    rate = np.full(n, np.inf)
+    users = [np.asarray(r, dtype=np.int64) for r in routes]
+    flow_of = np.repeat(np.arange(n), [len(u) for u in users])
+    if not len(flow_of):
+        return rate
+    link = np.concatenate(users)
+    cap = capacity_Bps.astype(np.float64).copy()
+    live = np.ones(n, dtype=bool)
+    m = np.asarray(mult, dtype=np.float64)
+    while True:
+        on = live[flow_of]
+        load = np.bincount(link[on], weights=m[flow_of[on]], minlength=len(cap))
+        used = load > 0
+        if not used.any():
+            break
+        share = np.full(len(cap), np.inf)
+        share[used] = cap[used] / load[used]
+        level = share.min()
+        tight = share <= level * (1 + 1e-12)
+        hit = np.zeros(n, dtype=bool)
+        hit[flow_of[on & tight[link]]] = True
+        rate[hit] = level
+        cap -= np.bincount(link[hit[flow_of]], weights=m[flow_of[hit[flow_of]]] * level,
+                           minlength=len(cap))
+        np.maximum(cap, 0.0, out=cap)
+        live &= ~hit
+    return rate
+
+
+def _intra_flows(topo, dev: np.ndarray, node0: int) -> tuple[list, np.ndarray]:
+    """Routes and multiplicities of the intra-node flows on node ``node0`` of one ring step
+    of every row of ``dev`` (rows × p device ids)."""
+    src, dst = dev.ravel(), np.roll(dev, -1, axis=1).ravel()
+    node = topo.node_of_device
+    keep = (src != dst) & (node[src] == node0) & (node[dst] == node0)
+    pairs, mult = np.unique(np.stack([src[keep], dst[keep]], axis=1), axis=0, return_counts=True)
+    return [topo.route(int(a), int(b), 0) for a, b in pairs], mult.astype(float)
+
+
+def _inter_flows(topo, dev: np.ndarray) -> tuple[list, np.ndarray, np.ndarray]:
+    """Node-to-node stripes of one ring step of every row: each flow leaving a node is one
+    stripe per rail, NIC to NIC (:meth:`Topology.rail_fabric_route`); identical stripes of
+    different rows are merged. Returns routes, multiplicities and the end-to-end device
+    routes' latencies (the engine pays those)."""
+    src, dst = dev.ravel(), np.roll(dev, -1, axis=1).ravel()
+    node = topo.node_of_device
+    keep = node[src] != node[dst]
+    na, nb = node[src[keep]], node[dst[keep]]
+    pairs, first, mult = np.unique(np.stack([na, nb], axis=1), axis=0, return_index=True,
+                                   return_counts=True)
+    routes, counts, lat, inside = [], [], [], None
+    for (a, b), i, m in zip(pairs.tolist(), first.tolist(), mult.tolist()):
+        rails = max(1, len(topo.nics_of_node[a]))
+        fabric = [topo.rail_fabric_route(a, b, c) for c in range(rails)]
+        if inside is None:  # the hops inside the two nodes, alike on every node: on rail 0
+            ends = (int(src[keep][i]), int(dst[keep][i]))  # or another (one more hop)
+            inside = max(topo.path_latency_s(topo.route_rail(*ends, c))
+                         - topo.path_latency_s(fabric[c]) for c in {0, 1 % rails})
+        routes += fabric
+        counts += [m] * rails
+        lat.append(max(topo.path_latency_s(f) for f in fabric) + inside)
+    return routes, np.asarray(counts, float), np.asarray(lat)
+
+
+def family_net(system, topo, devices: np.ndarray, members: np.ndarray) -> GroupNet:
+    """The :class:`GroupNet` of the groups ``members`` (rows × p ranks) whose ranks sit on
+    ``devices`` (device id per rank), measured on ``topo`` as the module describes.
+
+    Returns
+    -------
+    GroupNet
+        ``bw_intra_Bps``: the slowest intra-node flow's fair rate (the system's per-device
+        bandwidth when no member shares a node); ``bw_node_Bps``: the slowest inter-node
+        flow's rate × the node's NICs (its stripes); latencies: the slowest route's.
+    """
+    p = members.shape[1]
+    dev = devices[members]
+    nodes_of = topo.node_of_device[dev[0]]
+    _, counts = np.unique(nodes_of, return_counts=True)
+    g, n_nodes = int(counts.max()), len(counts)
+    intra_bw, intra_lat = system.intra_node.bandwidth_Bps, system.intra_node.latency_s
+    if p <= 1:
+        return GroupNet(p, g, intra_lat, intra_bw, nodes=n_nodes)
+    capacity = np.asarray(topo.edge_bandwidth_Bps)
+    node = topo.node_of_device
+    busiest = int(np.unique(nodes_of, return_counts=True)[0][counts.argmax()])
+    local = (node[dev] == busiest).any(axis=1)  # rows on the node where row 0 has most ranks
+    routes, mult = _intra_flows(topo, dev[local], busiest)
+    if routes:
+        rate = fair_rates(routes, mult, capacity)
+        intra_bw = float(rate.min())
+        intra_lat = max(topo.path_latency_s(r) for r in routes)
+    bw_node, inter_lat = math.inf, 0.0
+    if n_nodes > 1:
+        routes, mult, lat = _inter_flows(topo, dev)
+        rails = len(topo.nics_of_node[int(nodes_of[0])]) or 1
+        bw_node = float(fair_rates(routes, mult, capacity).min()) * rails
+        inter_lat = float(lat.max())
+    return GroupNet(p, g, intra_lat, intra_bw, inter_lat, bw_node, n_nodes)
