@@ -97,8 +97,16 @@ def test_paired_exchange_and_no_compute(proxy):
     assert all(c.seconds == 0 and c.flops == 0 for c in computes)
 
 
-def test_engines_agree(proxy):
+def test_des_is_at_most_the_analytical_bound(proxy):
+    """Each node holds two members of each of the four stages' 8-rank all-reduce groups. The
+    analytical engine has the four groups share the node's NICs for their whole all-reduce;
+    in the DES the GPipe stages finish their backward at different times, so the groups'
+    all-reduces are staggered and share less: the DES can only be faster. The lower bound is a
+    guard against the DES losing the shared-NIC slowdown altogether (with no sharing at all
+    the all-reduces, 99 % of the iteration, would take a quarter of the analytical time), not
+    a derived figure; today DES / analytical = 0.81. The contention-free agreement check is
+    in tests/workloads/test_bert.py."""
     cfg, _ = proxy
     a = ddlsim.predict(cfg, "analytical").iteration_time_s
     d = ddlsim.predict(cfg, "des").iteration_time_s
-    assert d == pytest.approx(a, rel=0.02)
+    assert a * 0.75 <= d <= a * (1 + 1e-6)
