@@ -1,0 +1,1 @@
+"""The search tier: millions of plans evaluated as arrays, the best re-checked exactly."""
