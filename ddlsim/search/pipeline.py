@@ -3,8 +3,8 @@
 With per-micro-batch stage times ``t_s`` (forward + backward over the stage's ``v`` chunks),
 ``m`` micro-batches and ``p`` stages, the last backward of stage 0 ends at
 
-    T_pipe = (m − 1)·max_s t_s + (Σ_s t_s + (v − 1)·max_s t_s) / v
-             + 2·(v·P2P + (v − 1)·wrap)
+    T_pipe = (m − 1)·λ + (Σ_s t_s + (v − 1)·λ) / v + 2·(v·P2P + (v − 1)·wrap),
+    λ = max(max_s t_s, t_mid + 2·hop)  (1F1B, p ≥ 3; λ = max_s t_s otherwise)
 
 (1F1B: ``v = 1``; interleaved 1F1B: ``v`` chunks; GPipe: the forwards and the backwards each
 as a 1F1B pipeline of their own), where ``P2P`` is the point-to-point time summed over the
@@ -52,18 +52,21 @@ def iteration_time(costs, plans) -> np.ndarray:
     gpipe = plans["schedule"] == SCHEDULE.index("gpipe")
     middle = np.maximum(pp - 2, 0)
 
-    def pipe(first, mid, last, chunks):
+    c = costs
+    hop = c.p2p_s / np.maximum(pp - 1, 1)
+
+    def pipe(first, mid, last, chunks, stream=0.0):
         total = np.where(pp == 1, first, first + middle * mid + last)
-        worst = np.maximum(np.maximum(first, last), np.where(pp >= 3, mid, first))
+        worst = np.maximum(np.maximum(first, last), np.where(pp >= 3, mid + stream, first))
         return (m - 1) * worst + (total + (chunks - 1) * worst) / chunks
 
-    c = costs
+    # 1F1B: a middle stage's activation send and gradient receive queue on its one
+    # pipeline stream between its forward and its backward (docs/engines.md)
     one_f_one_b = pipe(c.fwd_first + c.bwd_first, c.fwd_mid + c.bwd_mid,
-                       c.fwd_last + c.bwd_last, v)
+                       c.fwd_last + c.bwd_last, v, np.where(v == 1, 2 * hop, 0.0))
     split = (pipe(c.fwd_first, c.fwd_mid, c.fwd_last, 1)
              + pipe(c.bwd_first, c.bwd_mid, c.bwd_last, 1))
     t_pipe = np.where(gpipe, split, one_f_one_b) + 2 * (v * c.p2p_s + (v - 1) * c.wrap_s)
-    hop = c.p2p_s / np.maximum(pp - 1, 1)
     first = t_pipe + c.tail_first + c.update_first
     last = t_pipe - (pp - 1) * (c.bwd_chunk + hop) + c.tail_last + c.update_last
     t = np.maximum(first, last)
