@@ -89,7 +89,9 @@ class DecoderVectors:
 
         def coll(op: str, family: str, nbytes) -> np.ndarray:
             return collective_seconds(op, family, np.broadcast_to(nbytes, b.shape), mi,
-                                      net.nets, algos)
+                                      net.nets, algos, memo)
+
+        memo: dict = {}
 
         def gemm(flops):
             return roofline(flops, 0.0, ctx.peak, ctx.eff, ctx.mem_bw)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from functools import lru_cache
 from types import SimpleNamespace
 from typing import NamedTuple
 
@@ -30,34 +31,39 @@ import numpy as np
 from ..errors import ConfigError
 from ..simulator.collectives import GroupNet, algorithms_for, collective_time
 
-__all__ = ["affine_form", "MeshNets", "mesh_networks", "collective_seconds", "PROBE_BYTES"]
+__all__ = ["affine_form", "check_affine", "MeshNets", "mesh_networks", "collective_seconds", "PROBE_BYTES"]
 
 #: The size at which the slope of a closed form is probed (1 GiB: large enough that the
 #: latency term does not swamp the per-byte term in float64).
 PROBE_BYTES = float(2 ** 30)
 
 
+@lru_cache(maxsize=65536)
 def affine_form(op: str, algorithm: str, net: GroupNet) -> tuple[float, float]:
     """``(a, b)`` with ``time(n) = a + b·n`` for the registered form of ``op``/``algorithm``
     on ``net`` (``(inf, 0)`` where the form cannot run there, e.g. hierarchical on uneven
-    placement).
-
-    Raises
-    ------
-    ConfigError
-        If the form is not affine in ``n`` (checked at a third size to 1e-9 relative).
+    placement). Cached: a pure function of the registered forms and a frozen network.
+    :func:`check_affine` verifies the premise (``tests/test_search_costs.py`` runs it for
+    every registered algorithm).
     """
     a = collective_time(op, algorithm, 0.0, net)
     if not math.isfinite(a):
         return math.inf, 0.0
-    b = (collective_time(op, algorithm, PROBE_BYTES, net) - a) / PROBE_BYTES
+    return a, (collective_time(op, algorithm, PROBE_BYTES, net) - a) / PROBE_BYTES
+
+
+def check_affine(op: str, algorithm: str, net: GroupNet, rel: float = 1e-9) -> None:
+    """Raise :class:`ConfigError` if the registered form is not affine in the message size
+    on ``net`` (checked at a third size)."""
+    a, b = affine_form(op, algorithm, net)
+    if not math.isfinite(a):
+        return
     mid = collective_time(op, algorithm, PROBE_BYTES / 3, net)
-    if abs(mid - (a + b * PROBE_BYTES / 3)) > 1e-9 * max(mid, 1e-30):
+    if abs(mid - (a + b * PROBE_BYTES / 3)) > rel * max(mid, 1e-30):
         raise ConfigError(f"collective {op!r} algorithm {algorithm!r} is not affine in the "
                           "message size, so the vectorised search tier cannot time it; give "
                           "it a vectorised form in ddlsim/search/netcost.py or fix "
                           "parallel.collective_algorithm to another algorithm")
-    return a, b
 
 
 class MeshNets(NamedTuple):
@@ -95,16 +101,34 @@ def mesh_networks(cfg, meshes: np.ndarray) -> MeshNets:
         mesh = DeviceMesh.from_megatron(tensor_model_parallel_size=tp,
                                         pipeline_model_parallel_size=pp, data_parallel_size=dp,
                                         order=cfg.parallel.rank_order)
-        stand_in = SimpleNamespace(world_size=mesh.world_size, groups=mesh.families())
+        groups = _first_groups(mesh)
+        stand_in = SimpleNamespace(world_size=mesh.world_size, groups=groups)
         devices = place_ranks_on_system(cfg.system, mesh.world_size)
         cost = CostModel(cfg.system, stand_in, cfg.parallel.collective_algorithm,
                          devices=devices)
         nets.append(cost.nets)
-        stages = mesh.families()["pp"].members[0]
+        stages = groups["pp"].members[0]
         hops.append(_hops(cost, stages))
         wraps.append(_hops(cost, stages[[-1, 0]]) if pp > 1 else (0.0, 0.0))
     hops, wraps = np.array(hops).reshape(-1, 2), np.array(wraps).reshape(-1, 2)
     return MeshNets(nets, hops[:, 0], hops[:, 1], wraps[:, 0], wraps[:, 1])
+
+
+def _first_groups(mesh) -> dict:
+    """The ``tp``, ``dp`` and ``pp`` families with only their first group (the one holding
+    rank 0): all :meth:`CostModel._group_net` reads (:meth:`DeviceMesh.groups`' row 0, built
+    with :meth:`DeviceMesh.rank_of` instead of every group)."""
+    from ..workloads.mesh import AXES
+    from ..workloads.trace import GroupFamily
+
+    axes = ("tp", "dp", "pp")
+    out = {}
+    for i, name in enumerate(axes):
+        n = mesh.size(name)
+        coords = np.zeros((n, 3), dtype=np.int64)
+        coords[:, i] = np.arange(n)
+        out[name] = GroupFamily(name, AXES[name], mesh.rank_of(coords, axes)[None, :])
+    return out
 
 
 def _hops(cost, stages: np.ndarray) -> tuple[float, float]:
@@ -140,14 +164,23 @@ def _coefficients(op: str, family: str, nets: list[dict[str, GroupNet]],
 
 def collective_seconds(op: str, family: str, nbytes: np.ndarray, mesh_index: np.ndarray,
                        nets: list[dict[str, GroupNet]],
-                       algorithms: Mapping[str, str] | None = None) -> np.ndarray:
+                       algorithms: Mapping[str, str] | None = None,
+                       memo: dict | None = None) -> np.ndarray:
     """Seconds of one ``op`` of ``nbytes[i]`` bytes on family ``family`` of plan i's mesh
-    (``mesh_index[i]`` into ``nets``), with the configured algorithm or the cheapest.
+    (``mesh_index[i]`` into ``nets``), with the configured algorithm or the cheapest;
+    ``memo`` keeps the coefficients of each (op, family, choice) between calls on the same
+    ``nets``.
 
     The same numbers as :meth:`ddlsim.simulator.costs.CostModel.collective` to rounding
     (``tests/test_search_costs.py``).
     """
     choice = (algorithms or {}).get(op, "auto")
-    a, b = _coefficients(op, family, nets, choice)
+    key = (op, family, choice)
+    if memo is not None and key in memo:
+        a, b = memo[key]
+    else:
+        a, b = _coefficients(op, family, nets, choice)
+        if memo is not None:
+            memo[key] = a, b
     times = a[:, mesh_index] + b[:, mesh_index] * np.asarray(nbytes, dtype=float)
     return times.min(axis=0)
