@@ -19,7 +19,7 @@ from .plans import RECOMPUTE, SCHEDULE, VECTOR_FIELDS, PlanSet, context_override
     enumerate_plans, plan_rules
 from .spec import OBJECTIVES
 
-__all__ = ["Grid", "evaluate_grid", "evaluate_plans", "DOES_NOT_FIT"]
+__all__ = ["Grid", "base_config", "evaluate_grid", "evaluate_plans", "DOES_NOT_FIT"]
 
 #: The reason of a plan over device memory when the search must fit.
 DOES_NOT_FIT = "does not fit in device memory"
@@ -101,9 +101,7 @@ def evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[
 
     from ..configload import build_config
 
-    base = build_config(data, overrides, base_dir)
-    fields = {p: _field(base, p) for p in VECTOR_FIELDS}
-    fields["parallel.schedule"] = base.parallel.schedule
+    base, fields = base_config(data, base_dir, overrides, axes)
     if constraints.global_batch_size is not None:
         fields["train.global_batch_size"] = constraints.global_batch_size
     devices = base.system.num_devices
@@ -154,9 +152,38 @@ def evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[
     return Grid(frame, rejected, len(plans))
 
 
-def _field(cfg, path: str) -> Any:
+def base_config(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[str, list]):
+    """``(config, fields)``: the config without its search section, built with the vector
+    fields set to a plan every rule accepts (:func:`~ddlsim.search.plans.context_overrides`:
+    the plan is the search's, the rest must be valid alone), and the config's own values of
+    the vector fields and the schedule (the parallel and train sections validated alone, so a
+    batch that does not divide over the default DP is no error: the plans' rules judge it)."""
+    from ..config import ParallelConfig, TrainConfig
+    from pydantic import ValidationError
+
+    from ..configload import apply_overrides, build_config, format_validation_error, \
+        resolve_section
+
+    neutral = [_setting(p, v) for p, v in context_overrides({}).items()]
+    cfg = build_config(data, [*overrides, *neutral], base_dir)
+    sections = {k: resolve_section(k, data[k], base_dir, expand=False)
+                for k in ("parallel", "train") if k in data}
+    sections = apply_overrides(sections, [o for o in overrides
+                                          if str(o).startswith(("parallel.", "train."))])
+    own = {}
+    for name, schema in (("parallel", ParallelConfig), ("train", TrainConfig)):
+        try:
+            own[name] = schema.model_validate(sections.get(name, {}))
+        except ValidationError as exc:
+            raise ConfigError(format_validation_error(exc, name)) from None
+    fields = {p: _field(own, p) for p in VECTOR_FIELDS}
+    fields["parallel.schedule"] = own["parallel"].schedule
+    return cfg, fields
+
+
+def _field(sections: dict, path: str) -> Any:
     section, key = path.split(".")
-    return getattr(getattr(cfg, section), key)
+    return getattr(sections[section], key)
 
 
 def _frame(plans: PlanSet, parts, reason: np.ndarray, seq: int, price: float | None):

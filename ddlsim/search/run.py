@@ -103,8 +103,8 @@ def search(config: Any, axes: Mapping[str, Sequence[Any]] | None = None, *,
     if verify not in (None, *VERIFY):
         raise ConfigError(f"verify = {verify!r} is not allowed; choose None or "
                           f"{', '.join(VERIFY)}")
-    from ..configload import build_config
-    base = build_config(data, overrides, base_dir)
+    from .evaluate import base_config
+    base, _ = base_config(data, base_dir, overrides, spec.axes)
     check_axes(spec.axes, base.model_dump(mode="json"),
                spec.constraints.global_batch_size is not None)
     step = None if progress is None else (lambda d, t: progress("evaluate", d, t))
