@@ -149,7 +149,9 @@ def _hops(cost, stages: np.ndarray) -> tuple[float, float]:
 
 def _coefficients(op: str, family: str, nets: list[dict[str, GroupNet]],
                   choice: str) -> tuple[np.ndarray, np.ndarray]:
-    """``(a, b)`` arrays of shape (algorithms, meshes); a group of one rank costs 0."""
+    """``(a, b)`` arrays of shape (algorithms, meshes); a group of one rank costs 0. An
+    algorithm no faster than another on every mesh at every size (``a`` and ``b`` both no
+    smaller) cannot be the minimum and is dropped."""
     names = algorithms_for(op) if choice == "auto" else [choice]
     a = np.zeros((len(names), len(nets)))
     b = np.zeros_like(a)
@@ -159,7 +161,11 @@ def _coefficients(op: str, family: str, nets: list[dict[str, GroupNet]],
             continue
         for i, name in enumerate(names):
             a[i, j], b[i, j] = affine_form(op, name, net)
-    return a, b
+    keep = [i for i in range(len(names))
+            if not any(np.all(a[i] >= a[k]) and np.all(b[i] >= b[k])
+                       and (np.any(a[i] > a[k]) or np.any(b[i] > b[k]) or k < i)
+                       for k in range(len(names)) if k != i)]
+    return a[keep], b[keep]
 
 
 def collective_seconds(op: str, family: str, nbytes: np.ndarray, mesh_index: np.ndarray,
