@@ -26,7 +26,7 @@ from ..workloads.decoder.builder import ADAM_BYTES_PER_PARAM
 from .family import StageCosts, register_vector_family, roofline
 from .netcost import collective_seconds, mesh_networks
 from .plans import RECOMPUTE, SCHEDULE
-from .pipeline import flow_shop_tail
+from .pipeline import earlier_chunks, flow_shop_tail
 
 __all__ = ["DecoderVectors"]
 
@@ -178,7 +178,9 @@ class DecoderVectors:
             size = chunk / (n_seg * per_seg)
             d = per_seg * np.where(op_rs, coll("reduce_scatter", "dp", size),
                                    coll("all_reduce", "dp", size))
-            tail = flow_shop_tail(lc, n_seg, bwd_layer, d)
+            tail = flow_shop_tail(lc, n_seg, bwd_layer, d,
+                                  backlog=earlier_chunks(v, plans["pp"] * lc * bwd_layer,
+                                                         n_seg * d, lc, n_seg, bwd_layer))
         else:
             n = np.maximum(1, np.ceil(grad / bucket))
             tail = n * np.where(op_rs, coll("reduce_scatter", "dp", grad / n),

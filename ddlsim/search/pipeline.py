@@ -24,17 +24,18 @@ import numpy as np
 
 from .plans import SCHEDULE
 
-__all__ = ["flow_shop_tail", "iteration_time"]
+__all__ = ["flow_shop_tail", "earlier_chunks", "iteration_time"]
 
 
-def flow_shop_tail(layers, segments, layer_s, comm_s) -> np.ndarray:
+def flow_shop_tail(layers, segments, layer_s, comm_s, backlog=None) -> np.ndarray:
     """Seconds the gradient communication runs past the end of the backward's layers.
 
     The layers are cut into ``segments`` runs (the first ``layers % segments`` one layer
     longer, as the builder cuts them); after each run its buckets (``comm_s`` seconds) go on
     the data-parallel stream. A two-machine flow shop: the stream ends at
     ``max_k (compute of runs 1..k + comm of runs k..n)``, piecewise linear in k, so maximal at
-    ``k ∈ {1, r, r + 1, n}``.
+    ``k ∈ {1, r, r + 1, n}``. ``backlog``: when the stream is busy until then (seconds from
+    the start of the layers) with earlier chunks' buckets, the first run's buckets wait for it.
     """
     n = np.asarray(segments, dtype=float)
     q, r = np.floor_divide(layers, n), np.mod(layers, n)
@@ -42,7 +43,25 @@ def flow_shop_tail(layers, segments, layer_s, comm_s) -> np.ndarray:
     for k in (np.ones_like(n), np.maximum(r, 1), np.minimum(r + 1, n), n):
         f = (k * q + np.minimum(k, r)) * layer_s + (n - k + 1) * comm_s
         best = np.maximum(best, f)
+    if backlog is not None:
+        first = (q + np.minimum(r, 1)) * layer_s
+        best = np.maximum(best, np.maximum(backlog, first) + n * comm_s)
     return np.maximum(best - layers * layer_s, 0.0)
+
+
+def earlier_chunks(v, spacing_s, chunk_comm_s, layers, segments, layer_s) -> np.ndarray:
+    """When the data-parallel stream frees up from the buckets of chunks ``v − 1 … 1`` (the
+    interleaved schedule issues each chunk's on its last backward, ``spacing_s`` apart: the
+    ``p`` backwards of the next chunk run in between), in seconds from the start of chunk 0's
+    last backward's layers; ``−inf`` with one chunk. Each chunk's buckets (``chunk_comm_s``)
+    start once its first run of layers is done and the stream is free."""
+    n = np.asarray(segments, dtype=float)
+    first = (np.floor_divide(layers, n) + np.minimum(np.mod(layers, n), 1)) * layer_s
+    free = np.full(np.shape(first), -np.inf)
+    for c in range(int(np.max(v)) - 1, 0, -1):
+        ready = np.maximum(free, -c * spacing_s + first) + chunk_comm_s
+        free = np.where(v > c, ready, free)
+    return free
 
 
 def iteration_time(costs, plans) -> np.ndarray:
