@@ -99,10 +99,11 @@ def summary_text(frame) -> str:
     return text
 
 
-def draw_search(frame, best_result, path: str | Path, force: bool = False):
+def draw_search(frame, best_result, path: str | Path | None, force: bool = False):
     """Two panels: every evaluated plan as time against memory per device with the Pareto
     front drawn as a staircase and the best plan marked; and the best plan's breakdown (its
-    exact result, :func:`ddlsim.plots.draw_breakdown`'s parts)."""
+    exact result, :func:`ddlsim.plots.draw_breakdown`'s parts); ``path`` None draws without
+    writing. Returns the matplotlib Figure."""
     from matplotlib.figure import Figure
 
     from ..figio import save_figure
@@ -137,7 +138,8 @@ def draw_search(frame, best_result, path: str | Path, force: bool = False):
     bx.set_title("Best plan, exact engine", loc="left")
     bx.legend(loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False, fontsize=8,
               reverse=True)
-    save_figure(fig, path, force=force, what="--plot file", dpi=110)
+    if path is not None:
+        save_figure(fig, path, force=force, what="--plot file", dpi=110)
     return fig
 
 
