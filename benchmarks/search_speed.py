@@ -42,7 +42,7 @@ import ddlsim  # noqa: E402
 from ddlsim.config import build_config  # noqa: E402
 from ddlsim.search.evaluate import evaluate_grid, evaluate_plans  # noqa: E402
 from ddlsim.search.netcost import affine_form  # noqa: E402
-from ddlsim.search.run import _plan_sets  # noqa: E402
+from ddlsim.search.run import plan_overrides  # noqa: E402
 from ddlsim.search.spec import Constraints  # noqa: E402
 
 GPT3 = {"model": "gpt3-175b", "parallel": {}, "system": {"preset": "dgx-a100", "nodes": 128},
@@ -89,7 +89,7 @@ def ddlsim_speed() -> tuple[dict, object]:
     frame = grid.frame
     out = {"plans": grid.total, "valid": len(frame), "seconds": best,
            "plans_per_s": grid.total / best, "valid_per_s": len(frame) / best}
-    from ddlsim.search.plans import enumerate_plans, PlanSet
+    from ddlsim.search.plans import enumerate_plans
     cfg = build_config(GPT3, ["parallel.data_parallel_size=8", "parallel.tensor_model_parallel_size=8",
                               "parallel.pipeline_model_parallel_size=16"])
     plans = enumerate_plans(SPEED_AXES, _fields(cfg), 1024).take(frame["plan"].to_numpy())
@@ -167,7 +167,7 @@ def agreement(name: str, data: dict, axes: dict, quick: bool) -> dict:
     exact = np.full(len(frame), np.nan)
     t0 = time.perf_counter()
     for i in rows:
-        cfg = build_config(data, _plan_sets(frame.iloc[i], columns))
+        cfg = build_config(data, plan_overrides(frame.iloc[i], columns))
         exact[i] = ddlsim.predict(cfg, check_fit=False).iteration_time_s
     el = time.perf_counter() - t0
     done = ~np.isnan(exact)

@@ -84,8 +84,6 @@ def search_command(
 ) -> None:
     """Search the plans of CONFIG's search: section: enumerate, reject invalid plans (counted
     per reason), evaluate the rest as arrays, rank, re-evaluate the top K exactly."""
-    from rich.console import Console
-
     from . import sweepreport
     from .search import run as search_run
     from .search import report
@@ -133,11 +131,11 @@ def _best_result(config: Path, frame, overrides: list[str]):
     """The exact result of the best plan (for the breakdown panel)."""
     from .api import predict
     from .configload import build_config
-    from .search.run import _plan_sets, load_search
+    from .search.run import plan_overrides, load_search
 
     data, base_dir, _ = load_search(config)
     columns = [c for c in frame.columns if "." in c]
-    cfg = build_config(data, [*overrides, *_plan_sets(frame.iloc[0], columns)], base_dir)
+    cfg = build_config(data, [*overrides, *plan_overrides(frame.iloc[0], columns)], base_dir)
     return predict(cfg, check_fit=False)
 
 

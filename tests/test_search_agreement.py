@@ -17,7 +17,7 @@ import pytest
 import ddlsim
 from ddlsim.config import build_config
 from ddlsim.search.evaluate import evaluate_grid
-from ddlsim.search.run import _plan_sets
+from ddlsim.search.run import plan_overrides
 from ddlsim.search.spec import Constraints
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,7 +62,7 @@ def test_agreement_with_the_exact_engine_on_a_sample(name):
     columns = [c for c in frame.columns if "." in c]
     exact = {}
     for i in rows:
-        cfg = build_config(data, _plan_sets(frame.iloc[i], columns))
+        cfg = build_config(data, plan_overrides(frame.iloc[i], columns))
         exact[i] = ddlsim.predict(cfg, check_fit=False).iteration_time_s
     err = np.array([abs(frame["iteration_time_s"].iloc[i] / exact[i] - 1) for i in rows])
     assert np.percentile(err, 90) <= 0.01, sorted(err)[-5:]

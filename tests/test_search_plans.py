@@ -4,7 +4,6 @@ accept exactly the plans RunConfig accepts (checked plan by plan on a grid)."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from ddlsim.config import build_config
 from ddlsim.errors import ConfigError

@@ -97,10 +97,6 @@ def evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[
     -------
     Grid
     """
-    import pandas as pd
-
-    from ..configload import build_config
-
     base, fields = base_config(data, base_dir, overrides, axes)
     if constraints.global_batch_size is not None:
         fields["train.global_batch_size"] = constraints.global_batch_size

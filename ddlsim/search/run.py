@@ -14,15 +14,15 @@ from typing import Any
 
 from ..errors import ConfigError
 from .evaluate import evaluate_grid
-from .spec import Constraints, SearchSpec, check_axes, parse_search_section
+from .spec import SearchSpec, check_axes, parse_search_section
 
-__all__ = ["search", "load_search", "VERIFY"]
+__all__ = ["search", "load_search", "plan_overrides", "exact_times", "VERIFY"]
 
 #: What ``verify`` may name besides None.
 VERIFY = ("des",)
 
 
-def load_search(config: Any, overrides: Sequence[str] = ()) -> tuple[dict, Any, SearchSpec]:
+def load_search(config: Any) -> tuple[dict, Any, SearchSpec]:
     """``(config mapping without its search section, its folder, the section)`` of a path,
     a mapping or a :class:`~ddlsim.config.RunConfig` (which has no section)."""
     from ..config import RunConfig
@@ -98,7 +98,7 @@ def search(config: Any, axes: Mapping[str, Sequence[Any]] | None = None, *,
         ``verify="des"`` ``des_iteration_time_s``. ``frame.attrs`` holds ``rejected``
         (reason → plans), ``total`` (plans enumerated) and ``objective``.
     """
-    data, base_dir, spec = load_search(config, overrides)
+    data, base_dir, spec = load_search(config)
     spec = _spec(spec, axes, constraints, objective, price_per_gpu_hour, top)
     if verify not in (None, *VERIFY):
         raise ConfigError(f"verify = {verify!r} is not allowed; choose None or "
@@ -120,8 +120,9 @@ def search(config: Any, axes: Mapping[str, Sequence[Any]] | None = None, *,
     return frame
 
 
-def _plan_sets(row, columns: Sequence[str]) -> list[str]:
-    """The ``--set`` overrides of one frame row."""
+def plan_overrides(row, columns: Sequence[str]) -> list[str]:
+    """The ``--set`` overrides that make the base config plan ``row`` of a search frame
+    (``columns``: its config-path columns), e.g. to predict it with :func:`ddlsim.predict`."""
     from ..sweeps import _setting
 
     out = []
@@ -146,7 +147,7 @@ def _verified(frame, k: int, data, base_dir, overrides, verify, dask, workers, p
     from ..sweeps import _Source
 
     columns = [c for c in frame.columns if "." in c]
-    items = [_plan_sets(frame.iloc[i], columns) for i in range(k)]
+    items = [plan_overrides(frame.iloc[i], columns) for i in range(k)]
     source = _Source(data, overrides)
     source.base_dir = base_dir
     engines = ["analytical", *([verify] if verify else [])]
