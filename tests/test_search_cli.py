@@ -131,3 +131,13 @@ def test_moe_models_point_to_sweep():
 ])
 def test_bad_options_are_refused(small, args, fragment):
     _one_paragraph_error(runner.invoke(app, ["search", str(small), *args]), fragment)
+
+
+def test_verify_des_adds_the_des_time(small):
+    """One node, no NIC to share: the DES of the best plan is within 10 % of the analytical
+    engine (docs/engines.md, agreement of the two engines)."""
+    frame = ddlsim.search(small, {"parallel.tensor_model_parallel_size": [2, 4]}, top=1,
+                          verify="des")
+    des, exact = frame["des_iteration_time_s"].iloc[0], frame["exact_iteration_time_s"].iloc[0]
+    assert abs(des / exact - 1) < 0.10
+    assert frame["des_iteration_time_s"].iloc[1:].isna().all()
