@@ -5,6 +5,7 @@
     >>> result = ddlsim.predict(cfg)            # analytical engine
     >>> result.iteration_time_s, result.breakdown
     >>> ddlsim.results_frame([result])          # a pandas DataFrame, one row per result
+    >>> ddlsim.search("examples/search-gpt3-175b-1024.yaml")   # ranked plans, a DataFrame
 
 Names are imported on first use (PEP 562), so ``import ddlsim`` and the CLI start fast.
 """
@@ -20,10 +21,17 @@ _EXPORTS = {
     "Result": ".simulator.result", "results_frame": ".simulator.result", "sweep": ".sweeps",
 }
 
-__all__ = [*_EXPORTS, "ConfigError", "DDLSimError", "DeadlockError", "PlanDoesNotFitError",
+__all__ = [*_EXPORTS, "search", "ConfigError", "DDLSimError", "DeadlockError", "PlanDoesNotFitError",
            "__version__"]
 
-__getattr__ = lazy_exports(__name__, _EXPORTS)
+_lazy = lazy_exports(__name__, _EXPORTS)
+
+
+def __getattr__(name: str) -> object:
+    if name == "search":  # the subpackage, callable: ddlsim.search(...) → a DataFrame
+        import importlib
+        return importlib.import_module(".search", __name__)
+    return _lazy(name)
 
 
 def __dir__() -> list[str]:

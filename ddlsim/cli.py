@@ -1,4 +1,4 @@
-"""The ``ddlsim`` command line: predict, compare, comm, sweep, presets, topology, calibrate.
+"""The ``ddlsim`` command line: predict, compare, comm, sweep, search, presets, topology, calibrate.
 
 Every command answers a bad input or option with one ``error:`` paragraph and exit status 2
 (:func:`ddlsim.cliutil.guarded`); an option that does not apply with the others is refused,
@@ -426,6 +426,8 @@ def _mount_subapps() -> None:
 
 
 _mount_subapps()
+from .searchcli import register as _register_search  # noqa: E402  (ddlsim search)
+_register_search(app)
 
 
 def main() -> None:

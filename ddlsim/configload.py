@@ -137,6 +137,12 @@ def _deep_update(base: dict, new: dict) -> None:
             base[k] = v
 
 
+#: Why a ``search:`` section is refused outside ``ddlsim search`` (not ignored).
+_SEARCH_ONLY = ("section 'search' (plan-search axes, constraints, objective) is read only by "
+                "ddlsim search (ddlsim.search); run ddlsim search on this file, or remove the "
+                "section to use the config alone")
+
+
 def build_config(data: dict, overrides: list[str] | tuple[str, ...] = (),
                  base_dir: Any = None) -> C.RunConfig:
     """Validate a run config given as a mapping (sections may be preset names).
@@ -152,7 +158,8 @@ def build_config(data: dict, overrides: list[str] | tuple[str, ...] = (),
     if not isinstance(data, dict):
         raise ConfigError(f"a run config must be a mapping with sections model, parallel, train, "
                           f"system; got {_kind(data)}")
-    problems = [f"unknown section {k!r}{did_you_mean(k, _SECTIONS)}" for k in data
+    problems = [_SEARCH_ONLY if k == "search" else
+                f"unknown section {k!r}{did_you_mean(k, _SECTIONS)}" for k in data
                 if k not in _SECTIONS]
     problems += [f"the config has no {k!r} section" for k in _REQUIRED if k not in data]
     sections = {}

@@ -20,7 +20,9 @@ import ddlsim
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "golden" / "predictions.json"
-EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.yaml"))
+#: (``search-*.yaml`` are plan searches: ``ddlsim search`` reads them, tests/test_search_cli.py)
+EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.yaml")
+                  if not p.name.startswith("search-"))
 #: Examples whose DES run takes a few seconds at most.
 DES_EXAMPLES = [e for e in EXAMPLES if e.startswith(("wiki-", "gpt2-"))]
 #: Plan variants on a small model, so every schedule, ZeRO stage and recompute mode is pinned.

@@ -14,9 +14,10 @@ import pytest
 import ddlsim
 from ddlsim.simulator.analytical import engine
 
-# every example but Megatron 1T (64 stages × 1,024 steps: 1.3 M spans, ~10 s to build)
+# every example but Megatron 1T (64 stages × 1,024 steps: 1.3 M spans, ~10 s to build) and
+# the plan searches (search-*.yaml, read by ddlsim search)
 EXAMPLES = sorted(p for p in (Path(__file__).resolve().parents[2] / "examples").glob("*.yaml")
-                  if not p.name.startswith("megatron-1t"))
+                  if not p.name.startswith(("megatron-1t", "search-")))
 PIPELINED = {"model": "gpt3-1.3b",
              "parallel": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2,
                           "data_parallel_size": 2},

@@ -1,0 +1,214 @@
+"""Speed and agreement of the search tier (issue 13), measured side by side in one run.
+
+    python benchmarks/search_speed.py            # speed + agreement on the three full grids
+    python benchmarks/search_speed.py --quick    # agreement on 60 plans per grid
+
+Speed, on one core, over a GPT-3 175B / 1,024-A100 grid varying TP, PP, DP, virtual stages,
+micro-batch, ZeRO stage, recomputation and sequence parallelism:
+
+* ddlsim: the whole of ``evaluate_grid`` (enumerate, reject with reasons, evaluate, rank),
+  caches cleared, best of 3; plans in the grid per second, and valid plans per second.
+* ddlsim, marginal: :func:`ddlsim.search.evaluate_plans` on the valid plans repeated 50×
+  (what one more plan costs once the grid's networks are built).
+* llm-analysis (PyPI ``llm-analysis``, which ignores schedules and communication overlap):
+  ``LLMAnalysis.training`` on the same valid plans. It is imported if installed, else
+  installed here into a temporary folder (``pip install --no-deps --target``, with its two
+  pure-Python dependencies ``fire`` and ``termcolor``); if that fails (no index reachable)
+  the column says so and is skipped.
+
+Agreement with the exact analytical engine (``ddlsim.predict``) on three grids: GPT-3 175B on
+1,024 A100s, Llama-2 70B on 256 H100s, GPT-2 124M on the 10 GbE CPU cluster (16 nodes).
+Every valid plan (or ``--quick``'s sample) is predicted exactly; p90 and max |error| and the
+overlap of the two top-10 sets are printed. Targets: p90 ≤ 1 %, max ≤ 3 %, same top 10.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import ddlsim  # noqa: E402
+from ddlsim.config import build_config  # noqa: E402
+from ddlsim.search.evaluate import evaluate_grid, evaluate_plans  # noqa: E402
+from ddlsim.search.netcost import affine_form  # noqa: E402
+from ddlsim.search.run import plan_overrides  # noqa: E402
+from ddlsim.search.spec import Constraints  # noqa: E402
+
+GPT3 = {"model": "gpt3-175b", "parallel": {}, "system": {"preset": "dgx-a100", "nodes": 128},
+        "train": {"micro_batch_size": 1, "global_batch_size": 1536, "seq_length": 2048}}
+SPEED_AXES = {"parallel.tensor_model_parallel_size": [1, 2, 4, 8],
+              "parallel.pipeline_model_parallel_size": [1, 2, 4, 8, 16, 32, 64],
+              "parallel.data_parallel_size": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024],
+              "parallel.virtual_pipeline_model_parallel_size": [None, 2, 3, 4, 6, 8],
+              "train.micro_batch_size": [1, 2, 4, 8, 16],
+              "parallel.zero_stage": [0, 1, 2, 3],
+              "train.recompute": ["none", "selective", "full"],
+              "parallel.sequence_parallel": [False, True]}
+PLAN = {"parallel.tensor_model_parallel_size": [1, 2, 4, 8],
+        "parallel.pipeline_model_parallel_size": [1, 2, 4, 8, 16, 32],
+        "parallel.virtual_pipeline_model_parallel_size": [None, 2, 3, 4],
+        "parallel.sequence_parallel": [False, True], "parallel.zero_stage": [0, 1, 2, 3],
+        "train.micro_batch_size": [1, 2, 4], "train.recompute": ["none", "selective", "full"]}
+GRIDS = {
+    "GPT-3 175B, 1,024 A100": (GPT3, PLAN),
+    "Llama-2 70B, 256 H100": (
+        {"model": {"hf_config": str(ROOT / "examples/hf/llama-2-70b/config.json")},
+         "parallel": {}, "system": {"preset": "dgx-h100", "nodes": 32},
+         "train": {"micro_batch_size": 1, "global_batch_size": 1024, "seq_length": 4096}},
+        {**PLAN, "parallel.virtual_pipeline_model_parallel_size": [None, 2, 4, 5]}),
+    "GPT-2 124M, 10 GbE CPU cluster (32 ranks)": (
+        {"model": "gpt2-124m", "parallel": {}, "system": {"preset": "cpu-10gbe", "nodes": 16},
+         "train": {"micro_batch_size": 1, "global_batch_size": 128, "seq_length": 1024,
+                   "dtype": "fp32"}},
+        {**PLAN, "parallel.tensor_model_parallel_size": [1, 2, 4],
+         "parallel.pipeline_model_parallel_size": [1, 2, 4],
+         "parallel.virtual_pipeline_model_parallel_size": [None, 3],
+         "train.micro_batch_size": [1, 2, 4], "parallel.overlap_grad_reduce": [True, False]}),
+}
+
+
+def ddlsim_speed() -> tuple[dict, object]:
+    best = None
+    for _ in range(3):
+        affine_form.cache_clear()
+        t0 = time.perf_counter()
+        grid = evaluate_grid(GPT3, None, [], SPEED_AXES, Constraints())
+        el = time.perf_counter() - t0
+        best = el if best is None else min(best, el)
+    frame = grid.frame
+    out = {"plans": grid.total, "valid": len(frame), "seconds": best,
+           "plans_per_s": grid.total / best, "valid_per_s": len(frame) / best}
+    from ddlsim.search.plans import enumerate_plans
+    cfg = build_config(GPT3, ["parallel.data_parallel_size=8", "parallel.tensor_model_parallel_size=8",
+                              "parallel.pipeline_model_parallel_size=16"])
+    plans = enumerate_plans(SPEED_AXES, _fields(cfg), 1024).take(frame["plan"].to_numpy())
+    tiled = plans.take(np.tile(np.arange(len(plans)), 50))
+    t0 = time.perf_counter()
+    evaluate_plans(cfg, tiled)
+    out["marginal_per_s"] = len(tiled) / (time.perf_counter() - t0)
+    return out, frame
+
+
+def _fields(cfg) -> dict:
+    from ddlsim.search.plans import VECTOR_FIELDS
+    f = {p: getattr(getattr(cfg, p.split(".")[0]), p.split(".")[1]) for p in VECTOR_FIELDS}
+    f["parallel.schedule"] = cfg.parallel.schedule
+    return f
+
+
+def _llm_analysis():
+    """The llm_analysis package, installed into a temporary folder if missing; or the reason."""
+    try:
+        return importlib.import_module("llm_analysis.analysis"), None
+    except ImportError:
+        pass
+    target = Path(tempfile.mkdtemp(prefix="llm-analysis-"))
+    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target",
+           str(target), "llm-analysis==0.2.2", "fire", "termcolor"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if r.returncode:
+        return None, f"pip could not install llm-analysis ({r.stderr.strip().splitlines()[-1:]})"
+    sys.path.insert(0, str(target))
+    import logging
+    logging.disable(logging.WARNING)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return importlib.import_module("llm_analysis.analysis"), None
+
+
+def llm_analysis_speed(frame, n: int = 300) -> dict:
+    mod, why = _llm_analysis()
+    if mod is None:
+        return {"skipped": why}
+    from llm_analysis.config import ModelConfig, ParallelismConfig, get_gpu_config_by_name
+    import logging
+    logging.disable(logging.CRITICAL)
+    model = ModelConfig(name="gpt3-175b", num_layers=96, n_head=96, hidden_dim=12288,
+                        vocab_size=51200, max_seq_len=2048)
+    gpu = get_gpu_config_by_name("a100-sxm-80gb")
+    rec = {"none": 0, "selective": 1, "full": 2}
+    rows = frame.head(n).to_dict(orient="records")
+    t0 = time.perf_counter()
+    for row in rows:
+        par = ParallelismConfig(tp_size=row["parallel.tensor_model_parallel_size"],
+                                pp_size=row["parallel.pipeline_model_parallel_size"],
+                                dp_size=row["parallel.data_parallel_size"],
+                                sp_size=row["parallel.tensor_model_parallel_size"]
+                                if row["parallel.sequence_parallel"] else 1)
+        a = mod.LLMAnalysis(model, gpu, parallelism_config=par, flops_efficiency=0.5,
+                            hbm_memory_efficiency=0.9)
+        a.training(batch_size_per_gpu=row["train.micro_batch_size"], seq_len=2048,
+                   global_batch_size=1536, total_num_tokens=1536 * 2048,
+                   activation_recomputation=mod.ActivationRecomputation(rec[row["train.recompute"]]),
+                   ds_zero=mod.DSZeRO(row["parallel.zero_stage"]), flash_attn=False)
+    el = time.perf_counter() - t0
+    return {"plans": len(rows), "plans_per_s": len(rows) / el}
+
+
+def agreement(name: str, data: dict, axes: dict, quick: bool) -> dict:
+    grid = evaluate_grid(data, None, [], axes, Constraints())
+    frame = grid.frame
+    rows = range(len(frame))
+    if quick:
+        rng = np.random.default_rng(0)
+        rows = sorted(set(range(12)) | set(rng.choice(len(frame), 48, replace=False).tolist()))
+    columns = [c for c in frame.columns if "." in c]
+    exact = np.full(len(frame), np.nan)
+    t0 = time.perf_counter()
+    for i in rows:
+        cfg = build_config(data, plan_overrides(frame.iloc[i], columns))
+        exact[i] = ddlsim.predict(cfg, check_fit=False).iteration_time_s
+    el = time.perf_counter() - t0
+    done = ~np.isnan(exact)
+    err = np.abs(frame["iteration_time_s"].to_numpy()[done] / exact[done] - 1)
+    top_exact = set(np.flatnonzero(done)[np.argsort(exact[done], kind="stable")[:10]].tolist())
+    return {"grid": name, "plans": grid.total, "valid": len(frame), "checked": int(done.sum()),
+            "p90": float(np.percentile(err, 90)), "max": float(err.max()),
+            "top10_overlap": len(top_exact & set(range(10))),
+            "exact_plans_per_s": done.sum() / el}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="agreement on a sample")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore", ".*not modelled by ddlsim")
+    speed, frame = ddlsim_speed()
+    llm = llm_analysis_speed(frame)
+    print(f"GPT-3 175B on 1,024 A100s: {speed['plans']:,} plans in the grid, "
+          f"{speed['valid']:,} valid")
+    print(f"{'':32}{'plans/s':>14}")
+    print(f"{'ddlsim search, whole grid':32}{speed['plans_per_s']:>14,.0f}   "
+          f"({speed['seconds']:.2f} s; {speed['valid_per_s']:,.0f} valid plans/s)")
+    print(f"{'ddlsim search, marginal':32}{speed['marginal_per_s']:>14,.0f}   "
+          "(evaluate_plans on the valid plans × 50)")
+    if "skipped" in llm:
+        print(f"{'llm-analysis 0.2.2':32}{'skipped':>14}   ({llm['skipped']})")
+    else:
+        print(f"{'llm-analysis 0.2.2':32}{llm['plans_per_s']:>14,.0f}   "
+              f"(LLMAnalysis.training on {llm['plans']} valid plans)")
+        print(f"ratio, ddlsim valid plans/s (whole grid) / llm-analysis: "
+              f"{speed['valid_per_s'] / llm['plans_per_s']:.0f}×; plans in the grid/s: "
+              f"{speed['plans_per_s'] / llm['plans_per_s']:.0f}×")
+    print("\nagreement with the exact analytical engine"
+          + (" (sample)" if args.quick else " (every valid plan)"))
+    print(f"{'grid':44}{'plans':>8}{'valid':>7}{'checked':>8}{'p90':>9}{'max':>8}{'top-10':>8}")
+    for name, (data, axes) in GRIDS.items():
+        a = agreement(name, data, axes, args.quick)
+        print(f"{name:44}{a['plans']:>8,}{a['valid']:>7,}{a['checked']:>8,}{a['p90']:>9.3%}"
+              f"{a['max']:>8.2%}{a['top10_overlap']:>6}/10", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,273 @@
+"""The decoder families (``gpt``, ``llama``) on arrays of plans.
+
+Every count comes from the same place as the trace builder's
+(:class:`~ddlsim.workloads.decoder.builder.StageBuilder`): the
+:class:`~ddlsim.workloads.models.decoder.DecoderShape` methods, called with arrays of
+micro-batch sizes and TP degrees (their formulas are arithmetic in both), once per value of
+the boolean and categorical fields (sequence parallelism, recomputation). The op list of a
+layer, the embedding, the head, the scatter-gather of pipeline messages and the update are
+those of the builder, summed op by op; ``tests/test_search_costs.py`` compares them with the
+builder's blocks timed by :class:`~ddlsim.simulator.costs.CostModel` on samples.
+
+Dense decoders with ``dp_strategy: ddp`` (ZeRO 0-3, overlapped or not) are covered; a
+Mixture-of-Experts model or another data-parallel strategy is refused with a message that
+points to ``ddlsim sweep``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..config import DTYPE_BYTES
+from ..errors import ConfigError
+from ..workloads.decoder.builder import ADAM_BYTES_PER_PARAM
+from .family import StageCosts, register_vector_family, roofline
+from .netcost import collective_seconds, mesh_networks
+from .plans import RECOMPUTE, SCHEDULE
+from .pipeline import earlier_chunks, flow_shop_tail
+
+__all__ = ["DecoderVectors"]
+
+
+@dataclass(frozen=True)
+class _Context:
+    cfg: object
+    shape: object
+    s: int
+    dt: int
+    peak: float
+    peak_fp32: float
+    eff: float
+    mem_bw: float
+    per_param: int
+    capacity: float
+
+
+@register_vector_family("gpt", "llama")
+class DecoderVectors:
+    """:class:`~ddlsim.search.family.VectorFamily` of the decoder-only transformers."""
+
+    def prepare(self, cfg) -> _Context:
+        shape = cfg.model.shape()
+        if shape.is_moe:
+            raise ConfigError(f"model {cfg.model.name!r} is a Mixture-of-Experts model; the "
+                              "vectorised search tier covers dense decoders only. Use ddlsim "
+                              "sweep (the exact engine) to compare its plans")
+        if cfg.parallel.dp_strategy != "ddp":
+            raise ConfigError(f"parallel.dp_strategy = {cfg.parallel.dp_strategy!r}: the "
+                              "vectorised search tier covers dp_strategy 'ddp' (with ZeRO "
+                              "0-3) only; use ddlsim sweep for the others")
+        dev, t = cfg.system.device, cfg.train
+        peak = dev.peak_flops
+        return _Context(cfg, shape, t.seq_length, DTYPE_BYTES[t.dtype],
+                        peak.get(t.dtype) or max(peak.values()),
+                        peak.get("fp32") or max(peak.values()), cfg.system.compute_efficiency,
+                        dev.memory_bandwidth_Bps,
+                        ADAM_BYTES_PER_PARAM if t.optimizer == "adam" else 2 * 4 + 2 + 2,
+                        dev.memory_bytes)
+
+    def rules(self, ctx: _Context, plans) -> list[tuple[str, np.ndarray]]:
+        mp = ctx.shape.max_positions
+        too_long = ctx.s > mp if mp is not None else False
+        return [("seq_length exceeds max_position_embeddings", np.full(len(plans), too_long))]
+
+    # ------------------------------------------------------------------ costs
+    def costs(self, ctx: _Context, plans, nets) -> StageCosts:
+        sh, s, dt = ctx.shape, ctx.s, ctx.dt
+        b = plans["mbs"].astype(float)
+        t = plans["tp"].astype(float)
+        pp, v, dp = plans["pp"], plans["v"], plans["dp"]
+        sp = plans["sp"].astype(bool)
+        rec = plans["recompute"]
+        meshes, mi = _unique_meshes(plans["tp"], pp, dp)
+        net = mesh_networks(ctx.cfg, meshes) if nets is None else nets(meshes)
+        algos = ctx.cfg.parallel.collective_algorithm
+
+        def coll(op: str, family: str, nbytes) -> np.ndarray:
+            key = (op, family, id(nbytes))  # the same array asked again (act, grad bytes)
+            if key not in done:
+                done[key] = (nbytes, collective_seconds(
+                    op, family, np.broadcast_to(nbytes, b.shape), mi, net.nets, algos, memo))
+            return done[key][1]
+
+        memo: dict = {}
+        done: dict = {}
+
+        def gemm(flops):
+            return roofline(flops, 0.0, ctx.peak, ctx.eff, ctx.mem_bw)
+
+        def mem(nbytes):
+            return roofline(0.0, nbytes, ctx.peak, ctx.eff, ctx.mem_bw, gemm=False)
+
+        g = sh.layer_gemm_flops(1, s)
+        attn = ((g["q"] + g["kv"]) + g["attn_core"] + g["proj"]) * b
+        mlp = g["mlp"] * b
+        act = b * s * sh.hidden * dt
+        multi = t > 1
+        tp_comm = np.where(sp, coll("reduce_scatter", "tp", act) + coll("all_gather", "tp", act),
+                           coll("all_reduce", "tp", act)) * multi
+        ew = np.where(sp, sh.layer_elementwise_bytes(b, s, t, True, dt),
+                      sh.layer_elementwise_bytes(b, s, t, False, dt))
+        fwd = gemm(attn / t) + tp_comm + gemm(mlp / t) + tp_comm + mem(ew)
+        passes = 3 if sh.dropout else 2
+        selective = roofline(g["attn_core"] * b / t, passes * 2 * b * sh.heads * s * s / t * dt,
+                             ctx.peak, ctx.eff, ctx.mem_bw)
+        redo = np.select([rec == RECOMPUTE.index("full"), rec == RECOMPUTE.index("selective")],
+                         [fwd, selective], 0.0)
+        bwd = (redo + gemm(2 * mlp / t) + tp_comm + gemm(2 * attn / t) + tp_comm + mem(2 * ew)
+               + mem(sh.layer_params / t * (2 * dt + 2 * 4)))
+        emb = mem(2 * act) + coll("all_reduce", "tp", act) * multi
+        head_f = (gemm(sh.logits_forward_flops(1, s) * b / t) + mem(3 * 4 * b * s * sh.vocab / t)
+                  + coll("all_reduce", "tp", 4.0 * b * s) * multi)
+        head_b = (gemm(2 * sh.logits_forward_flops(1, s) * b / t)
+                  + mem(sh.vocab * sh.hidden / t * (2 * dt + 2 * 4)))
+        gather = coll("all_gather", "tp", act) * (multi & ~sp)
+        lc = sh.layers // (pp * v)
+        F, B = v * lc * fwd, v * lc * bwd
+        one = pp == 1
+        fwd_first = F + emb + np.where(one, head_f, (v - 1) * gather)
+        bwd_first = B + np.where(one, head_b, v * gather)
+        fwd_last = np.where(one, fwd_first, F + v * gather + head_f)
+        bwd_last = np.where(one, bwd_first, B + (v - 1) * gather + head_b)
+        mid = pp >= 3
+        fwd_mid = np.where(mid, F + v * gather, fwd_first)
+        bwd_mid = np.where(mid, B + v * gather, bwd_first)
+        p2p_bytes = act / np.where(multi & ~sp, t, 1.0)
+        p2p = net.hop_alpha_s[mi] + p2p_bytes * net.hop_s_per_byte[mi]
+        wrap = net.wrap_alpha_s[mi] + p2p_bytes * net.wrap_s_per_byte[mi]
+        upd_f, tail_f = self._update(ctx, plans, self.stage_params(ctx, plans, True), bwd, coll)
+        upd_l, tail_l = self._update(ctx, plans, self.stage_params(ctx, plans, False), bwd, coll)
+        whole = self._zero3(ctx, plans, (emb, fwd, head_f + head_b, bwd), coll)
+        return StageCosts(fwd_first, fwd_mid, fwd_last, bwd_first, bwd_mid, bwd_last,
+                          lc * bwd + gather, p2p, wrap, tail_f, tail_l, upd_f, upd_l, whole)
+
+    def stage_params(self, ctx: _Context, plans, first: bool) -> np.ndarray:
+        """:meth:`StageBuilder.stage_params` of the first (or last) stage, per plan."""
+        sh = ctx.shape
+        t, pp, v = plans["tp"].astype(float), plans["pp"], plans["v"]
+        vh = sh.vocab * sh.hidden / t
+        n = (sh.layers // (pp * v)) * v * sh.layer_params / t
+        pos = sh.max_positions * sh.hidden if sh.positions == "learned" else 0
+        head = sh.norm_params + np.where((pp > 1) | (not sh.tied_embeddings), vh, 0.0)
+        if first:
+            return n + vh + pos + np.where(pp == 1, head, 0.0)
+        return n + head + np.where(pp == 1, vh + pos, 0.0)
+
+    def _optimizer(self, ctx: _Context, n_params) -> np.ndarray:
+        return roofline(10.0 * n_params, ctx.per_param * n_params, ctx.peak_fp32, ctx.eff,
+                        ctx.mem_bw, gemm=False)
+
+    def _update(self, ctx: _Context, plans, params, bwd_layer, coll):
+        """(update block, data-parallel tail) of a stage holding ``params`` per rank."""
+        p = ctx.cfg.parallel
+        dp, zero, v = plans["dp"], plans["zero"], plans["v"]
+        grad = params * ctx.dt
+        sharded = (zero > 0) & (dp > 1)
+        update = self._optimizer(ctx, np.where(sharded, params / np.maximum(dp, 1), params))
+        update += coll("all_gather", "dp", grad) * ((zero == 1) | (zero == 2)) * (dp > 1)
+        op_rs = (zero == 1) | (zero == 2)
+        bucket = p.grad_bucket_size
+        if p.overlap_grad_reduce:
+            lc = ctx.shape.layers // (plans["pp"] * v)
+            chunk = grad / v
+            n_b = np.maximum(1, np.ceil(chunk / bucket))
+            n_seg = np.minimum(n_b, lc)
+            per_seg = np.ceil(n_b / n_seg)
+            size = chunk / (n_seg * per_seg)
+            d = per_seg * np.where(op_rs, coll("reduce_scatter", "dp", size),
+                                   coll("all_reduce", "dp", size))
+            tail = flow_shop_tail(lc, n_seg, bwd_layer, d,
+                                  backlog=earlier_chunks(v, plans["pp"] * lc * bwd_layer,
+                                                         n_seg * d, lc, n_seg, bwd_layer))
+        else:
+            n = np.maximum(1, np.ceil(grad / bucket))
+            tail = n * np.where(op_rs, coll("reduce_scatter", "dp", grad / n),
+                                coll("all_reduce", "dp", grad / n))
+        tail = np.where((dp > 1) & (zero < 3), tail, 0.0)
+        return update, tail
+
+    def _zero3(self, ctx: _Context, plans, parts, coll) -> np.ndarray:
+        """ZeRO-3 (one stage): per-layer gathers run ahead on their stream, compute waits for
+        each; the end is the largest ``gathers so far + compute left`` over the layer items
+        (a two-machine flow shop, maximal at the ends of each run of identical layers), then
+        the reduce-scatters' tail and the optimizer on the 1/DP shard."""
+        e, f, w, bw = parts
+        L = ctx.shape.layers
+        dp, m = plans["dp"], plans["gbs"] // np.maximum(plans["mbs"] * np.maximum(plans["dp"], 1), 1)
+        on = (plans["zero"] == 3) & (dp > 1)
+        if not on.any():
+            return np.full(len(plans), np.nan)
+        nbytes = ctx.shape.layer_params / plans["tp"] * ctx.dt
+        a, r = coll("all_gather", "dp", nbytes), coll("reduce_scatter", "dp", nbytes)
+        P = e + L * f + w + L * bw
+        cands = [np.maximum(a, e) + L * f + w + L * bw + (m - 1) * P]
+        for i in (0, m - 1):
+            for j in (1, L):
+                cands.append(a * (2 * L * i + j) + (L - j + 1) * f + w + L * bw + (m - 1 - i) * P)
+                cands.append(a * (2 * L * i + L + j) + (L - j + 1) * bw + (m - 1 - i) * P)
+        end = np.max(cands, axis=0)
+        end += np.maximum(r, L * r - (L - 1) * np.maximum(bw, a))
+        end += self._optimizer(ctx, self.stage_params(ctx, plans, True) / np.maximum(dp, 1))
+        return np.where(on, end, np.nan)
+
+    # ------------------------------------------------------------------ memory
+    def memory(self, ctx: _Context, plans) -> tuple[np.ndarray, np.ndarray]:
+        """:func:`ddlsim.workloads.decoder.memory.stage_memory` of the first and last stages
+        (the others hold less), the larger per plan."""
+        first = self._stage_memory(ctx, plans, True)
+        last = self._stage_memory(ctx, plans, False)
+        return np.maximum(first, last), np.full(len(plans), ctx.capacity)
+
+    def _stage_memory(self, ctx: _Context, plans, first: bool) -> np.ndarray:
+        sh, s, t_cfg = ctx.shape, ctx.s, ctx.cfg.train
+        b, t = plans["mbs"].astype(float), plans["tp"].astype(float)
+        pp, v, dp, zero = plans["pp"], plans["v"], np.maximum(plans["dp"], 1), plans["zero"]
+        sp, rec = plans["sp"].astype(bool), plans["recompute"]
+        params = self.stage_params(ctx, plans, first)
+        mixed = ctx.dt < 4
+        k = (12 if mixed else 8) if t_cfg.optimizer == "adam" else (8 if mixed else 4)
+        weights = ctx.dt * params / np.where(zero >= 3, dp, 1)
+        grads = ctx.dt * params / np.where(zero >= 2, dp, 1)
+        opt = k * params / np.where(zero >= 1, dp, 1)
+        per_layer = np.zeros_like(b)
+        for spv in (False, True):
+            for code, name in enumerate(RECOMPUTE):
+                here = (sp == spv) & (rec == code)
+                if here.any():
+                    per_layer = np.where(here, sh.layer_activation_bytes(b, s, t, spv, name),
+                                         per_layer)
+        full = np.where(sp, sh.layer_activation_bytes(b, s, t, True, "none"),
+                        sh.layer_activation_bytes(b, s, t, False, "none"))
+        m = plans["gbs"] // np.maximum(plans["mbs"] * dp, 1)
+        chunks = inflight(plans["schedule"], np.where(first, 0, pp - 1), pp, m, v)
+        acts = per_layer * (sh.layers // (pp * v)) * chunks
+        acts += np.where(rec == RECOMPUTE.index("full"), full, 0.0)
+        other = np.zeros_like(b)
+        last_stage = ~np.bool_(first) | (pp == 1)
+        first_stage = np.bool_(first) | (pp == 1)
+        other += np.where(last_stage, b * s * sh.vocab / t * (2 + 4), 0.0)
+        other += np.where(first_stage, b * s * sh.hidden * chunks / v, 0.0)
+        other += np.where(zero == 3, 2 * sh.layer_params / t * ctx.dt, 0.0)
+        return weights + grads + opt + acts + other
+
+
+def _unique_meshes(tp, pp, dp) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct (TP, PP, DP) rows and each plan's index into them (one integer key per
+    plan: sorting it is much faster than ``np.unique(axis=0)``)."""
+    k = int(max(tp.max(), pp.max(), dp.max())) + 1
+    keys, index = np.unique((tp * k + pp) * k + dp, return_inverse=True)
+    meshes = np.stack([keys // (k * k), keys // k % k, keys % k], axis=1)
+    return meshes, index.ravel()
+
+
+def inflight(schedule, stage, pp, m, v) -> np.ndarray:
+    """:func:`ddlsim.workloads.schedules.peak_inflight` on arrays."""
+    inter = schedule == SCHEDULE.index("interleaved")
+    gpipe = schedule == SCHEDULE.index("gpipe")
+    total = m * np.where(inter, v, 1)
+    warm = np.where(gpipe, m, np.where(inter, np.minimum((pp - stage - 1) * 2 + (v - 1) * pp,
+                                                         m * v),
+                                       np.minimum(pp - stage - 1, m)))
+    return np.minimum(warm + 1, total)

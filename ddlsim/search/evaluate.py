@@ -1,0 +1,238 @@
+"""Evaluate a grid of plans with the vectorised tier: enumerate, apply the rules, time, rank.
+
+:func:`evaluate_grid` returns the evaluated plans as a :class:`pandas.DataFrame` (one row per
+plan that passed every rule, sorted by the objective) and the rejected plans counted per
+reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ..errors import ConfigError
+from .family import vector_family
+from .pipeline import iteration_time
+from .plans import RECOMPUTE, SCHEDULE, VECTOR_FIELDS, PlanSet, context_overrides, \
+    enumerate_plans, plan_rules
+from .spec import OBJECTIVES
+
+__all__ = ["Grid", "base_config", "evaluate_grid", "evaluate_plans", "DOES_NOT_FIT"]
+
+#: The reason of a plan over device memory when the search must fit.
+DOES_NOT_FIT = "does not fit in device memory"
+
+
+class Grid(NamedTuple):
+    """The outcome of :func:`evaluate_grid`."""
+
+    frame: Any                  # pandas.DataFrame of the evaluated plans, best first
+    rejected: dict[str, int]    # reason → plans, most frequent first
+    total: int                  # plans enumerated
+
+
+def _setting(path: str, value: Any) -> str:
+    from ..sweeps import _setting as setting
+    return setting(path, value)
+
+
+def evaluate_plans(cfg, plans: PlanSet) -> dict[str, np.ndarray]:
+    """Iteration time, memory and throughput of ``plans`` (all valid, one context) on the
+    base config ``cfg``.
+
+    Returns
+    -------
+    dict of arrays: ``iteration_time_s``, ``memory_per_device_bytes``, ``capacity_bytes``,
+    ``fits``, ``gpus``, ``tokens_per_s``, ``mfu``.
+    """
+    family = vector_family(cfg.model.architecture)
+    ctx = family.prepare(cfg)
+    costs = family.costs(ctx, plans, None)
+    t = iteration_time(costs, plans)
+    memory, capacity = family.memory(ctx, plans)
+    gpus = plans["tp"] * plans["pp"] * plans["dp"]
+    shape, s = cfg.model.shape(), cfg.train.seq_length
+    tokens = plans["gbs"] * s
+    model_flops = 3.0 * plans["gbs"] * (shape.stack_forward_flops(1, s)
+                                        + shape.logits_forward_flops(1, s))
+    peak = cfg.system.device.peak_flops[cfg.train.dtype]
+    return {"iteration_time_s": t, "memory_per_device_bytes": memory,
+            "capacity_bytes": capacity, "fits": memory <= capacity, "gpus": gpus,
+            "tokens_per_s": tokens / t, "mfu": model_flops / (t * gpus * peak)}
+
+
+def _contexts(data: dict, base_dir, overrides: Sequence[str], contexts: list[dict]):
+    """Each context's base config, or the ConfigError that rejects it."""
+    from ..configload import build_config
+
+    out = []
+    for ctx in contexts:
+        sets = [*overrides, *(_setting(p, v) for p, v in context_overrides(ctx).items())]
+        try:
+            out.append(build_config(data, sets, base_dir))
+        except ConfigError as exc:
+            out.append(exc)
+    return out
+
+
+def evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[str, list],
+                  constraints, objective: str = "time", price_per_gpu_hour: float | None = None,
+                  progress: Callable[[int, int], None] | None = None) -> Grid:
+    """Every plan of ``axes`` on the config ``data`` (a mapping, with ``--set`` overrides),
+    evaluated by the vectorised tier.
+
+    Parameters
+    ----------
+    data, base_dir, overrides : the run config as :func:`ddlsim.configload.build_config`
+        takes it (without its ``search`` section).
+    axes : ``{config path: values}``.
+    constraints : a :class:`~ddlsim.search.spec.Constraints`.
+    objective : a key of :data:`~ddlsim.search.spec.OBJECTIVES`.
+    price_per_gpu_hour : adds ``cost_per_iteration`` and ``cost_per_million_tokens``.
+    progress : called with (contexts done, contexts).
+
+    Returns
+    -------
+    Grid
+    """
+    base, fields = base_config(data, base_dir, overrides, axes)
+    if constraints.global_batch_size is not None:
+        fields["train.global_batch_size"] = constraints.global_batch_size
+    devices = base.system.num_devices
+    fill = min(devices, constraints.max_gpus or devices)
+    plans = enumerate_plans(axes, fields, fill)
+    ctx_cfgs = _contexts(data, base_dir, overrides, plans.contexts)
+    reason = np.full(len(plans), -1, dtype=np.int64)
+    reasons: list[str] = []
+
+    def reject(text: str, mask: np.ndarray) -> None:
+        mask = mask & (reason < 0)
+        if mask.any():
+            if text not in reasons:
+                reasons.append(text)
+            reason[mask] = reasons.index(text)
+
+    for i, cfg in enumerate(ctx_cfgs):
+        if isinstance(cfg, ConfigError):
+            reject(str(cfg), plans["context"] == i)
+    good = [c if not isinstance(c, ConfigError) else base for c in ctx_cfgs]
+    family = vector_family(base.model.architecture)
+    for text, mask in plan_rules(plans, base.model.shape(), good, devices, constraints.max_gpus):
+        reject(text, mask)
+    parts = []
+    for i, cfg in enumerate(ctx_cfgs):
+        here = (plans["context"] == i) & (reason < 0)
+        if here.any():
+            ctx = family.prepare(cfg)
+            for text, mask in family.rules(ctx, plans.take(here)):
+                sub = np.zeros(len(plans), dtype=bool)
+                sub[np.flatnonzero(here)[mask]] = True
+                reject(text, sub)
+            here &= reason < 0
+        if here.any():
+            sub = plans.take(here)
+            metrics = evaluate_plans(cfg, sub)
+            if constraints.must_fit:
+                over = np.zeros(len(plans), dtype=bool)
+                over[np.flatnonzero(here)[~metrics["fits"]]] = True
+                reject(DOES_NOT_FIT, over)
+            parts.append((np.flatnonzero(here), sub, metrics))
+        if progress is not None:
+            progress(i + 1, len(ctx_cfgs))
+    frame = _frame(plans, parts, reason, base.train.seq_length, price_per_gpu_hour)
+    frame = rank(frame, objective)
+    counts = {r: int((reason == k).sum()) for k, r in enumerate(reasons)}
+    rejected = dict(sorted(counts.items(), key=lambda x: -x[1]))
+    return Grid(frame, rejected, len(plans))
+
+
+def base_config(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[str, list]):
+    """``(config, fields)``: the config without its search section, built with the vector
+    fields set to a plan every rule accepts (:func:`~ddlsim.search.plans.context_overrides`:
+    the plan is the search's, the rest must be valid alone), and the config's own values of
+    the vector fields and the schedule (the parallel and train sections validated alone, so a
+    batch that does not divide over the default DP is no error: the plans' rules judge it)."""
+    from ..config import ParallelConfig, TrainConfig
+    from pydantic import ValidationError
+
+    from ..configload import apply_overrides, build_config, format_validation_error, \
+        resolve_section
+
+    neutral = [_setting(p, v) for p, v in context_overrides({}).items()]
+    cfg = build_config(data, [*overrides, *neutral], base_dir)
+    sections = {k: resolve_section(k, data[k], base_dir, expand=False)
+                for k in ("parallel", "train") if k in data}
+    sections = apply_overrides(sections, [o for o in overrides
+                                          if str(o).startswith(("parallel.", "train."))])
+    own = {}
+    for name, schema in (("parallel", ParallelConfig), ("train", TrainConfig)):
+        try:
+            own[name] = schema.model_validate(sections.get(name, {}))
+        except ValidationError as exc:
+            raise ConfigError(format_validation_error(exc, name)) from None
+    fields = {p: _field(own, p) for p in VECTOR_FIELDS}
+    fields["parallel.schedule"] = own["parallel"].schedule
+    return cfg, fields
+
+
+def _field(sections: dict, path: str) -> Any:
+    section, key = path.split(".")
+    return getattr(sections[section], key)
+
+
+def _frame(plans: PlanSet, parts, reason: np.ndarray, seq: int, price: float | None):
+    import pandas as pd
+
+    frames = []
+    for index, sub, metrics in parts:
+        keep = reason[index] < 0
+        cols: dict[str, Any] = {"plan": index[keep]}
+        ctx = sub["context"][keep]
+        for path in (plans.contexts[0] if plans.contexts else {}):
+            values = [plans.contexts[c][path] for c in ctx]
+            cols[path] = values
+        for path, field in VECTOR_FIELDS.items():
+            a = sub[field][keep]
+            cols[path] = (np.array(RECOMPUTE, dtype=object)[a] if field == "recompute"
+                          else a.astype(bool) if field == "sp" else a)
+        cols["parallel.schedule"] = np.array(SCHEDULE, dtype=object)[sub["schedule"][keep]]
+        for k, v in metrics.items():
+            cols[k] = v[keep]
+        frames.append(pd.DataFrame(cols))
+    frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
+        columns=["plan", *VECTOR_FIELDS, "parallel.schedule", "iteration_time_s"])
+    if price is not None and len(frame):
+        frame["cost_per_iteration"] = frame["iteration_time_s"] * frame["gpus"] * price / 3600
+        tokens = frame["train.global_batch_size"] * seq
+        frame["cost_per_million_tokens"] = frame["cost_per_iteration"] / tokens * 1e6
+    return frame
+
+
+def rank(frame, objective: str):
+    """``frame`` sorted by ``objective`` (ties by plan number), with ``rank`` from 1 and
+    ``pareto``: no other plan is both faster and lighter on memory."""
+    column, sense = OBJECTIVES[objective]
+    if len(frame) == 0:
+        return frame.assign(rank=[], pareto=[])
+    if column not in frame:
+        raise ConfigError(f"objective {objective!r} needs price_per_gpu_hour")
+    key = frame[column] if sense == "min" else -frame[column]
+    order = np.lexsort((frame["plan"].to_numpy(), key.to_numpy()))
+    frame = frame.iloc[order].reset_index(drop=True)
+    frame.insert(0, "rank", np.arange(1, len(frame) + 1))
+    frame["pareto"] = pareto_mask(frame["iteration_time_s"].to_numpy(),
+                                  frame["memory_per_device_bytes"].to_numpy())
+    return frame
+
+
+def pareto_mask(time_s: np.ndarray, memory: np.ndarray) -> np.ndarray:
+    """True for the plans no other plan beats on both time and memory (ties kept once: the
+    first in time, then memory order)."""
+    order = np.lexsort((memory, time_s))
+    best = np.minimum.accumulate(memory[order])
+    prev = np.concatenate([[np.inf], best[:-1]])
+    on = np.zeros(len(time_s), dtype=bool)
+    on[order] = memory[order] < prev
+    return on

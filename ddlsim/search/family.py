@@ -1,0 +1,105 @@
+"""What a workload family gives the vectorised tier: per-stage costs for arrays of plans.
+
+A family that wants ``ddlsim search`` registers a :class:`VectorFamily` under the names of its
+``model.architecture`` values with :func:`register_vector_family`. The pipeline, overlap and
+update closed forms (:mod:`.pipeline`) are shared; the family supplies the rules its plans
+obey, the costs of its stages (:class:`StageCosts`), and its memory per device.
+
+The costs are those of :class:`ddlsim.simulator.costs.CostModel`, evaluated on arrays:
+:func:`roofline` is ``CostModel.compute`` and :func:`ddlsim.search.netcost.collective_seconds`
+``CostModel.collective`` (tested equal on samples in ``tests/test_search_costs.py``).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol
+
+import numpy as np
+
+from ..errors import ConfigError
+
+__all__ = ["StageCosts", "VectorFamily", "register_vector_family", "vector_family", "roofline"]
+
+
+class StageCosts(NamedTuple):
+    """Per plan (arrays), in seconds; stages are the first, the middle ones and the last
+    (with one stage, "first" is the whole model and the others equal it).
+
+    ``fwd_*`` / ``bwd_*``: one micro-batch's forward / backward over all of the stage's model
+    chunks, on the compute stream (point-to-point transfers excluded).
+    ``bwd_chunk``: one chunk's backward on a middle stage (the drain's step).
+    ``p2p_s``: the pipeline's point-to-point time summed over the ``PP − 1`` hops;
+    ``wrap_s``: the hop from the last stage to the first.
+    ``tail_first``, ``tail_last``: data-parallel communication still running after the last
+    backward's compute ends. ``update_first``, ``update_last``: the update block after it.
+    ``whole``: NaN, or a plan's iteration time when the family times it with its own
+    closed form (e.g. ZeRO-3's per-layer prefetch).
+    """
+
+    fwd_first: np.ndarray
+    fwd_mid: np.ndarray
+    fwd_last: np.ndarray
+    bwd_first: np.ndarray
+    bwd_mid: np.ndarray
+    bwd_last: np.ndarray
+    bwd_chunk: np.ndarray
+    p2p_s: np.ndarray
+    wrap_s: np.ndarray
+    tail_first: np.ndarray
+    tail_last: np.ndarray
+    update_first: np.ndarray
+    update_last: np.ndarray
+    whole: np.ndarray
+
+
+class VectorFamily(Protocol):
+    """The vectorised form of a workload family."""
+
+    def prepare(self, cfg) -> object:
+        """Scalars of one context's base config (model shape, system constants); raise
+        :class:`ConfigError` for a model the vectorised form does not cover."""
+
+    def rules(self, ctx: object, plans) -> list[tuple[str, np.ndarray]]:
+        """``(reason, rejected mask)`` of the family's own plan rules."""
+
+    def costs(self, ctx: object, plans, nets) -> StageCosts:
+        """Stage costs of ``plans`` (one context), ``nets`` from :func:`.netcost.mesh_networks`."""
+
+    def memory(self, ctx: object, plans) -> tuple[np.ndarray, np.ndarray]:
+        """(bytes on the most loaded device, its capacity) per plan."""
+
+
+_FAMILIES: dict[str, VectorFamily] = {}
+
+
+def register_vector_family(*architectures: str):
+    """Class decorator: register an instance for each ``model.architecture`` name."""
+    def wrap(cls):
+        for name in architectures:
+            _FAMILIES[name] = cls()
+        return cls
+    return wrap
+
+
+def vector_family(architecture: str) -> VectorFamily:
+    """The vectorised family of ``architecture``, or a one-paragraph ConfigError."""
+    from . import decoder  # noqa: F401  (registers gpt, llama)
+
+    try:
+        return _FAMILIES[architecture]
+    except KeyError:
+        raise ConfigError(f"model.architecture = {architecture!r} has no vectorised form, so "
+                          f"ddlsim search cannot evaluate it; families with one: "
+                          f"{', '.join(sorted(_FAMILIES))}. Use ddlsim sweep (the exact "
+                          "engine) for this model") from None
+
+
+def roofline(flops, nbytes, peak: float, efficiency: float, memory_bw: float,
+             gemm: bool = True):
+    """:meth:`CostModel.compute` on arrays: ``max(FLOPs / (peak·η), bytes / memory BW)``
+    for GEMMs, ``max(bytes / memory BW, FLOPs / peak)`` for element-wise and optimizer ops."""
+    flops = np.asarray(flops, dtype=float)
+    t_mem = np.asarray(nbytes, dtype=float) / memory_bw
+    if gemm:
+        return np.maximum(flops / (peak * efficiency), t_mem)
+    return np.maximum(t_mem, flops / peak)

@@ -1,0 +1,92 @@
+"""Closed forms shared by every family: the pipeline, the overlapped gradient tail, the update.
+
+With per-micro-batch stage times ``t_s`` (forward + backward over the stage's ``v`` chunks),
+``m`` micro-batches and ``p`` stages, the last backward of stage 0 ends at
+
+    T_pipe = (m − 1)·λ + (Σ_s t_s + (v − 1)·λ) / v + 2·(v·P2P + (v − 1)·wrap),
+    λ = max(max_s t_s, t_mid + 2·hop)  (1F1B, p ≥ 3; λ = max_s t_s otherwise)
+
+(1F1B: ``v = 1``; interleaved 1F1B: ``v`` chunks; GPipe: the forwards and the backwards each
+as a 1F1B pipeline of their own), where ``P2P`` is the point-to-point time summed over the
+``p − 1`` hops and ``wrap`` the hop from the last stage back to the first: filling and
+draining, a micro-batch crosses all ``p·v − 1`` boundaries of the virtual stages. The iteration ends when the slowest
+of the first and last stages has run its data-parallel tail and its update:
+
+    T = max(T_pipe + tail_0 + update_0,
+            T_pipe − (p − 1)·(b_chunk + P2P/(p − 1)) + tail_{p−1} + update_{p−1}).
+
+docs/engines.md ("The search tier's closed forms") states when each term is exact.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .plans import SCHEDULE
+
+__all__ = ["flow_shop_tail", "earlier_chunks", "iteration_time"]
+
+
+def flow_shop_tail(layers, segments, layer_s, comm_s, backlog=None) -> np.ndarray:
+    """Seconds the gradient communication runs past the end of the backward's layers.
+
+    The layers are cut into ``segments`` runs (the first ``layers % segments`` one layer
+    longer, as the builder cuts them); after each run its buckets (``comm_s`` seconds) go on
+    the data-parallel stream. A two-machine flow shop: the stream ends at
+    ``max_k (compute of runs 1..k + comm of runs k..n)``, piecewise linear in k, so maximal at
+    ``k ∈ {1, r, r + 1, n}``. ``backlog``: when the stream is busy until then (seconds from
+    the start of the layers) with earlier chunks' buckets, the first run's buckets wait for it.
+    """
+    n = np.asarray(segments, dtype=float)
+    q, r = np.floor_divide(layers, n), np.mod(layers, n)
+    best = np.full(np.broadcast(n, layer_s, comm_s).shape, -np.inf)
+    for k in (np.ones_like(n), np.maximum(r, 1), np.minimum(r + 1, n), n):
+        f = (k * q + np.minimum(k, r)) * layer_s + (n - k + 1) * comm_s
+        best = np.maximum(best, f)
+    if backlog is not None:
+        first = (q + np.minimum(r, 1)) * layer_s
+        best = np.maximum(best, np.maximum(backlog, first) + n * comm_s)
+    return np.maximum(best - layers * layer_s, 0.0)
+
+
+def earlier_chunks(v, spacing_s, chunk_comm_s, layers, segments, layer_s) -> np.ndarray:
+    """When the data-parallel stream frees up from the buckets of chunks ``v − 1 … 1`` (the
+    interleaved schedule issues each chunk's on its last backward, ``spacing_s`` apart: the
+    ``p`` backwards of the next chunk run in between), in seconds from the start of chunk 0's
+    last backward's layers; ``−inf`` with one chunk. Each chunk's buckets (``chunk_comm_s``)
+    start once its first run of layers is done and the stream is free."""
+    n = np.asarray(segments, dtype=float)
+    first = (np.floor_divide(layers, n) + np.minimum(np.mod(layers, n), 1)) * layer_s
+    free = np.full(np.shape(first), -np.inf)
+    for c in range(int(np.max(v)) - 1, 0, -1):
+        ready = np.maximum(free, -c * spacing_s + first) + chunk_comm_s
+        free = np.where(v > c, ready, free)
+    return free
+
+
+def iteration_time(costs, plans) -> np.ndarray:
+    """The iteration time of each plan from its :class:`~ddlsim.search.family.StageCosts`."""
+    pp, v = plans["pp"], plans["v"]
+    m = plans["gbs"] // np.maximum(plans["mbs"] * np.maximum(plans["dp"], 1), 1)
+    gpipe = plans["schedule"] == SCHEDULE.index("gpipe")
+    middle = np.maximum(pp - 2, 0)
+
+    c = costs
+    hop = c.p2p_s / np.maximum(pp - 1, 1)
+
+    def pipe(first, mid, last, chunks, stream=0.0):
+        total = np.where(pp == 1, first, first + middle * mid + last)
+        worst = np.maximum(np.maximum(first, last), np.where(pp >= 3, mid + stream, first))
+        return (m - 1) * worst + (total + (chunks - 1) * worst) / chunks
+
+    # 1F1B: a middle stage's activation send and gradient receive queue on its one
+    # pipeline stream between its forward and its backward (docs/engines.md)
+    one_f_one_b = pipe(c.fwd_first + c.bwd_first, c.fwd_mid + c.bwd_mid,
+                       c.fwd_last + c.bwd_last, v, np.where(v == 1, 2 * hop, 0.0))
+    split = (pipe(c.fwd_first, c.fwd_mid, c.fwd_last, 1)
+             + pipe(c.bwd_first, c.bwd_mid, c.bwd_last, 1))
+    t_pipe = np.where(gpipe, split, one_f_one_b) + 2 * (v * c.p2p_s + (v - 1) * c.wrap_s)
+    first = t_pipe + c.tail_first + c.update_first
+    last = t_pipe - (pp - 1) * (c.bwd_chunk + hop) + c.tail_last + c.update_last
+    t = np.maximum(first, last)
+    return np.where(np.isnan(c.whole), t, c.whole)

@@ -1,0 +1,197 @@
+"""Plans as arrays: the product of the search axes, and the config rules applied to all at once.
+
+A :class:`PlanSet` holds one numpy array per plan field (struct of arrays). The fields the
+vectorised tier varies inside one evaluation are :data:`VECTOR_FIELDS`; any other
+``parallel.*`` / ``train.*`` axis (dtype, optimizer, bucket size, collective algorithms, …) is
+a *context* axis: the plans are grouped by its values and each group gets its own base config
+(:func:`context_overrides`).
+
+:func:`plan_rules` is the vectorised mirror of the config's rules (``RunConfig`` and the
+decoder family's ``check``): each rule is a mask of the plans it rejects and a short reason,
+so the search can count rejections per reason. ``tests/test_search_plans.py`` checks on
+samples that it accepts exactly the plans ``RunConfig`` accepts.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["VECTOR_FIELDS", "RECOMPUTE", "SCHEDULE", "PlanSet", "enumerate_plans", "plan_rules",
+           "context_overrides"]
+
+#: Config path → PlanSet field, for the fields varied as arrays.
+VECTOR_FIELDS = {
+    "parallel.tensor_model_parallel_size": "tp",
+    "parallel.pipeline_model_parallel_size": "pp",
+    "parallel.data_parallel_size": "dp",
+    "parallel.virtual_pipeline_model_parallel_size": "v",
+    "parallel.sequence_parallel": "sp",
+    "parallel.zero_stage": "zero",
+    "train.micro_batch_size": "mbs",
+    "train.global_batch_size": "gbs",
+    "train.recompute": "recompute",
+}
+#: Codes of ``train.recompute`` in :attr:`PlanSet.recompute`.
+RECOMPUTE = ("none", "selective", "full")
+#: Codes of ``parallel.schedule`` in :attr:`PlanSet.schedule`.
+SCHEDULE = ("1f1b", "interleaved", "gpipe")
+
+
+class PlanSet(dict):
+    """``{field: array}`` with one entry per plan; ``context`` indexes :attr:`contexts`.
+
+    Fields: ``tp, pp, dp, v, sp, zero, mbs, gbs, recompute`` (codes of :data:`RECOMPUTE`),
+    ``schedule`` (codes of :data:`SCHEDULE`), ``context``.
+    """
+
+    def __init__(self, arrays: Mapping[str, np.ndarray], contexts: list[dict[str, Any]]):
+        super().__init__(arrays)
+        self.contexts = contexts
+
+    def __len__(self) -> int:  # plans, not fields
+        return len(self["tp"])
+
+    def take(self, index: np.ndarray) -> "PlanSet":
+        """The plans at ``index`` (a boolean mask or integer positions)."""
+        return PlanSet({k: v[index] for k, v in self.items()}, self.contexts)
+
+    def overrides(self, i: int) -> dict[str, Any]:
+        """Plan ``i`` as ``{config path: value}`` (its context's values included), the form
+        ``--set`` takes."""
+        out = dict(self.contexts[int(self["context"][i])])
+        for path, field in VECTOR_FIELDS.items():
+            value = self[field][i].item()
+            if field == "recompute":
+                value = RECOMPUTE[value]
+            elif field == "sp":
+                value = bool(value)
+            elif field == "v":
+                value = None if value == 1 else value
+            out[path] = value
+        out["parallel.schedule"] = SCHEDULE[int(self["schedule"][i])]
+        return out
+
+
+def enumerate_plans(axes: Mapping[str, Sequence[Any]], base: Mapping[str, Any],
+                    devices: int) -> PlanSet:
+    """Every combination of ``axes`` (the first varying slowest), as a :class:`PlanSet`.
+
+    Parameters
+    ----------
+    axes : ``{config path: values}`` (values already in the config's units).
+    base : the base config's values of the :data:`VECTOR_FIELDS` and ``parallel.schedule``.
+    devices : the devices a derived data-parallel size fills (``devices // (TP·PP)``).
+
+    Returns
+    -------
+    PlanSet
+        ``dp`` is 0 where it is derived and the devices are not a multiple of TP·PP (a rule
+        rejects those plans); ``schedule`` is the context's, or ``interleaved`` for every plan
+        with VPP ≥ 2 when the schedule is not an axis (``1f1b`` for VPP = 1 if the base
+        schedule is interleaved).
+    """
+    vector = {p: v for p, v in axes.items() if p in VECTOR_FIELDS}
+    context_axes = {p: v for p, v in axes.items() if p not in VECTOR_FIELDS}
+    contexts = [dict(zip(context_axes, combo)) for combo in itertools.product(*context_axes.values())]
+    sizes = [len(v) for v in axes.values()]
+    idx = [a.ravel() for a in np.indices(sizes, dtype=np.int64)] if sizes else []
+    n = int(np.prod(sizes)) if sizes else 1
+    out: dict[str, np.ndarray] = {}
+    for path, field in VECTOR_FIELDS.items():
+        if path in vector:
+            codes = np.array([_code(field, x) for x in vector[path]], dtype=np.int64)
+            out[field] = codes[idx[list(axes).index(path)]]
+        else:
+            out[field] = np.full(n, _code(field, base[path]), dtype=np.int64)
+    ctx = np.zeros(n, dtype=np.int64)
+    stride = 1
+    for path in reversed(list(context_axes)):
+        k = len(context_axes[path])
+        ctx += idx[list(axes).index(path)] * stride
+        stride *= k
+    out["context"] = ctx
+    derived = "parallel.data_parallel_size" not in vector
+    if derived:
+        tpp = out["tp"] * out["pp"]
+        out["dp"] = np.where(devices % tpp == 0, devices // tpp, 0)
+    out["schedule"] = _schedules(out["v"], ctx, contexts, base["parallel.schedule"])
+    return PlanSet(out, contexts)
+
+
+def _schedules(v: np.ndarray, ctx: np.ndarray, contexts: list[dict], base: str) -> np.ndarray:
+    per_ctx = np.array([SCHEDULE.index(c.get("parallel.schedule", base)) for c in contexts])
+    sched = per_ctx[ctx]
+    if all("parallel.schedule" not in c for c in contexts):
+        flat = SCHEDULE.index("1f1b") if base == "interleaved" else SCHEDULE.index(base)
+        sched = np.where(v >= 2, SCHEDULE.index("interleaved"), flat)
+    return sched
+
+
+def _code(field: str, value: Any) -> int:
+    if field == "recompute":
+        return RECOMPUTE.index(value)
+    if field == "v":
+        return 1 if value is None else int(value)
+    if field == "dp" and value is None:
+        return 0
+    return int(value)
+
+
+def context_overrides(context: Mapping[str, Any]) -> dict[str, Any]:
+    """A context's overrides with the vector fields set to a plan every rule accepts (one
+    device, one micro-batch), so building its base config tests the context alone."""
+    neutral = {"parallel.tensor_model_parallel_size": 1,
+               "parallel.pipeline_model_parallel_size": 1, "parallel.data_parallel_size": 1,
+               "parallel.virtual_pipeline_model_parallel_size": None,
+               "parallel.sequence_parallel": False, "parallel.zero_stage": 0,
+               "parallel.schedule": "1f1b", "train.micro_batch_size": 1,
+               "train.global_batch_size": 1}
+    return {**neutral, **context}
+
+
+def plan_rules(plans: PlanSet, shape, ctx_cfgs: list, devices: int,
+               max_gpus: int | None) -> list[tuple[str, np.ndarray]]:
+    """``(reason, rejected mask)`` of every config rule, in the order the config checks them.
+
+    Parameters
+    ----------
+    plans : the plans.
+    shape : the model's :class:`~ddlsim.workloads.models.decoder.DecoderShape`.
+    ctx_cfgs : each context's base :class:`~ddlsim.config.RunConfig`.
+    devices : the system's devices.
+    max_gpus : the search's limit on TP·PP·DP, or None.
+    """
+    tp, pp, dp, v, mbs, gbs = (plans[k] for k in ("tp", "pp", "dp", "v", "mbs", "gbs"))
+    sp, zero, sched = plans["sp"].astype(bool), plans["zero"], plans["schedule"]
+    ctx = plans["context"]
+    seq = np.array([c.train.seq_length for c in ctx_cfgs])[ctx]
+    ddp = np.array([c.parallel.dp_strategy == "ddp" for c in ctx_cfgs])[ctx]
+    inter = sched == SCHEDULE.index("interleaved")
+    safe_dp = np.maximum(dp, 1)
+    m = gbs // np.maximum(mbs * safe_dp, 1)
+    from ..limits import BOUNDS
+    most_mb = BOUNDS["microbatches"].high
+    rules = [
+        ("sequence_parallel needs TP > 1", sp & (tp == 1)),
+        ("interleaved schedule needs VPP >= 2 and PP >= 2", inter & ((v < 2) | (pp < 2))),
+        ("VPP > 1 needs the interleaved schedule", ~inter & (v > 1)),
+        ("ZeRO-3 cannot combine with PP > 1", (zero == 3) & (pp > 1)),
+        ("ZeRO needs dp_strategy ddp", (zero > 0) & ~ddp),
+        ("attention heads not divisible by TP", shape.heads % tp != 0),
+        ("key/value heads not divisible by TP", shape.g % tp != 0),
+        ("FFN size not divisible by TP", shape.ffn % tp != 0),
+        ("layers not divisible by PP x VPP", shape.layers % (pp * v) != 0),
+        ("sequence_parallel needs seq_length divisible by TP", sp & (seq % tp != 0)),
+        ("devices not a multiple of TP x PP", dp == 0),
+        ("more ranks than the system has devices", tp * pp * dp > devices),
+        ("global batch not divisible by micro-batch x DP", gbs % np.maximum(mbs * safe_dp, 1) != 0),
+        ("too many micro-batches", m > most_mb),
+        ("interleaved needs micro-batches divisible by PP", inter & (m % pp != 0)),
+    ]
+    if max_gpus is not None:
+        rules.append((f"more than max_gpus = {max_gpus} GPUs", tp * pp * dp > max_gpus))
+    return rules

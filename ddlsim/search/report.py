@@ -1,0 +1,147 @@
+"""What ``ddlsim search`` shows: the ranked table, the Pareto front, the summary, the plot."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..formatting import format_bytes, format_percent, format_time
+
+__all__ = ["ranked_table", "pareto_table", "summary_text", "draw_search", "plan_label"]
+
+def plan_label(row: dict, extra: Sequence[str] = (), short: bool = True) -> str:
+    """``'TP8 PP16×2 DP8 b1 Z1 SP sel'`` (``short``) or ``'TP8 PP16×2 DP8 mbs1 ZeRO1 SP
+    selective'``: one plan in a few characters."""
+    v = row["parallel.virtual_pipeline_model_parallel_size"]
+    mbs, zero = ("b", "Z") if short else ("mbs", "ZeRO")
+    rec = row["train.recompute"]
+    text = (f"TP{row['parallel.tensor_model_parallel_size']} "
+            f"PP{row['parallel.pipeline_model_parallel_size']}{f'×{v}' if v and v > 1 else ''} "
+            f"DP{row['parallel.data_parallel_size']} {mbs}{row['train.micro_batch_size']} "
+            f"{zero}{row['parallel.zero_stage']}{' SP' if row['parallel.sequence_parallel'] else ''}"
+            f" {rec[:3] if short else rec}")
+    return text + "".join(f" {p.rpartition('.')[2]}={row[p]}" for p in extra)
+
+
+def _context_columns(frame) -> list[str]:
+    from .plans import VECTOR_FIELDS
+    return [c for c in frame.columns if "." in c and c not in VECTOR_FIELDS
+            and c != "parallel.schedule"]
+
+
+def _table(frame, title: str, exact: bool, front: bool = True):
+    from rich import box
+    from rich.markup import escape
+    from rich.table import Table
+
+    extra = _context_columns(frame)
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1),
+              caption="b micro-batch, Z ZeRO stage, SP sequence parallel" + (
+                  "; * on the Pareto front of time against memory" if front else ""),
+              caption_justify="left")
+    gpus = frame["gpus"].nunique() > 1
+    cost = frame.attrs.get("objective") == "cost"
+    des = "des_iteration_time_s" in frame
+    columns = ["#", "plan", *(["GPUs"] if gpus else []), "iteration", "MFU", "memory",
+               *(["cost/Mtok"] if cost else []), *(["exact Δ"] if exact else []),
+               *(["DES"] if des else []), *(["*"] if front else [])]
+    for name in columns:
+        t.add_column(name, justify="left" if name == "plan" else "right", no_wrap=True)
+    for row in frame.to_dict(orient="records"):
+        cells = [str(row["rank"]), escape(plan_label(row, extra)),
+                 *([str(row["gpus"])] if gpus else []), format_time(row["iteration_time_s"]),
+                 format_percent(row["mfu"]), format_bytes(row["memory_per_device_bytes"])]
+        if cost:
+            cells.append(f"{row['cost_per_million_tokens']:.3g}")
+        if exact:
+            e = row.get("exact_error")
+            cells.append(f"{e:+.2%}" if e is not None and math.isfinite(e) else "-")
+        if des:
+            d = row.get("des_iteration_time_s")
+            cells.append(format_time(d) if d is not None and math.isfinite(d) else "-")
+        if front:
+            cells.append("*" if row["pareto"] else "")
+        t.add_row(*cells)
+    return t
+
+
+def ranked_table(frame, top: int):
+    """The ``top`` best plans, with their exact (and DES) times where re-evaluated."""
+    title = f"The best {min(top, len(frame))} of {len(frame):,} plans by " \
+            f"{frame.attrs.get('objective', 'time')}"
+    head = frame.head(top)
+    head.attrs = frame.attrs
+    return _table(head, title, "exact_iteration_time_s" in frame)
+
+
+def pareto_table(frame, limit: int = 15):
+    """The Pareto front of iteration time against memory per device, fastest first."""
+    front = frame[frame["pareto"]].sort_values(["iteration_time_s", "plan"]).head(limit)
+    n = int(frame["pareto"].sum())
+    title = (f"Pareto front of time against memory per device ({n} plans"
+             f"{f', the fastest {limit}' if n > limit else ''})")
+    front.attrs = frame.attrs
+    return _table(front, title, False, front=False)
+
+
+def summary_text(frame) -> str:
+    """``'13,440 plans: 1,103 evaluated, 12,337 rejected:'`` and one line per reason."""
+    total, rejected = frame.attrs.get("total", len(frame)), frame.attrs.get("rejected", {})
+    text = f"{total:,} plans: {len(frame):,} evaluated, {sum(rejected.values()):,} rejected"
+    if rejected:
+        text += ":" + "".join(f"\n  {c:,} × {r}" for r, c in rejected.items())
+    if "exact_error" in frame and frame["exact_error"].notna().any():
+        err = frame["exact_error"].dropna().abs()
+        text += (f"\nexact engine on the best {len(err)}: |error| median {err.median():.3%}, "
+                 f"max {err.max():.3%}")
+    return text
+
+
+def draw_search(frame, best_result, path: str | Path | None, force: bool = False):
+    """Two panels: every evaluated plan as time against memory per device with the Pareto
+    front drawn as a staircase and the best plan marked; and the best plan's breakdown (its
+    exact result, :func:`ddlsim.plots.draw_breakdown`'s parts); ``path`` None draws without
+    writing. Returns the matplotlib Figure."""
+    from matplotlib.figure import Figure
+
+    from ..figio import save_figure
+    from ..plots import COLOURS, IDLE, _breakdown_parts, _colour
+
+    fig = Figure(figsize=(11.5, 4.8), layout="constrained")
+    ax, bx = fig.subplots(1, 2, width_ratios=[1.6, 1.0])
+    gib = 2.0 ** 30
+    ax.scatter(frame["memory_per_device_bytes"] / gib, frame["iteration_time_s"], s=6,
+               color="#9aa5b1", label=f"{len(frame):,} evaluated plans", linewidths=0)
+    front = frame[frame["pareto"]].sort_values("memory_per_device_bytes")
+    ax.step(front["memory_per_device_bytes"] / gib, front["iteration_time_s"], where="post",
+            color="#1f77b4", marker="o", ms=4, label=f"Pareto front ({len(front)} plans)")
+    best = frame.iloc[0]
+    ax.scatter([best["memory_per_device_bytes"] / gib], [best["iteration_time_s"]], s=90,
+               marker="*", color="#d62728", zorder=3, label="best plan")
+    cap = frame["capacity_bytes"].iloc[0] / gib
+    ax.axvline(cap, color="#555555", ls="--", lw=0.8, label=f"device memory {cap:.0f} GiB")
+    ax.set_xlabel("memory per device (GiB)")
+    ax.set_ylabel("iteration time (s)")
+    ax.set_title("Plans: time against memory", loc="left")
+    ax.legend(frameon=False, fontsize=8)
+    parts = _breakdown_parts([best_result])
+    bottom = 0.0
+    for name, (value,) in parts.items():
+        colour = COLOURS[IDLE] if name == "bubble" else _colour(name.removeprefix("exposed "))
+        bx.bar([0], [value], 0.5, bottom=bottom, label=name, color=colour, edgecolor="white",
+               linewidth=0.5)
+        bottom += value
+    bx.set_xticks([0], [_label(best)])
+    bx.set_ylabel("time per iteration (s)")
+    bx.set_title("Best plan, exact engine", loc="left")
+    bx.legend(loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False, fontsize=8,
+              reverse=True)
+    if path is not None:
+        save_figure(fig, path, force=force, what="--plot file", dpi=110)
+    return fig
+
+
+def _label(row: Any) -> str:
+    return plan_label(row, short=False).replace(" mbs", "\nmbs")

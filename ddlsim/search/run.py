@@ -1,0 +1,174 @@
+""":func:`search`: the vectorised tier over a grid, then the best plans re-evaluated exactly.
+
+The plans are ranked by the vectorised tier; the first ``top`` are predicted again by the
+exact analytical engine (:func:`ddlsim.predict`) and, with ``verify="des"``, by the
+discrete-event engine, serially or as Dask tasks (:mod:`ddlsim.distributed`). The frame is
+ranked by the vectorised objective; the exact columns sit beside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from .evaluate import evaluate_grid
+from .spec import SearchSpec, check_axes, parse_search_section
+
+__all__ = ["search", "load_search", "plan_overrides", "exact_times", "VERIFY"]
+
+#: What ``verify`` may name besides None.
+VERIFY = ("des",)
+
+
+def load_search(config: Any) -> tuple[dict, Any, SearchSpec]:
+    """``(config mapping without its search section, its folder, the section)`` of a path,
+    a mapping or a :class:`~ddlsim.config.RunConfig` (which has no section)."""
+    from ..config import RunConfig
+    from ..configload import read_document
+
+    base_dir = None
+    if isinstance(config, RunConfig):
+        data = config.model_dump(mode="json")
+    elif isinstance(config, (str, Path)):
+        data, base_dir = read_document(config), Path(config).parent
+    elif isinstance(config, dict):
+        data = dict(config)
+    else:
+        raise ConfigError(f"a run config is a path, a mapping or a RunConfig; got "
+                          f"{type(config).__name__}")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{config}: a run config must be a mapping")
+    section = data.pop("search", None)
+    where = f"{config}: search" if isinstance(config, (str, Path)) else "search"
+    return data, base_dir, parse_search_section(section, where)
+
+
+def _spec(spec: SearchSpec, axes, constraints, objective, price, top) -> SearchSpec:
+    """The section's spec with the explicit arguments in its place."""
+    update: dict[str, Any] = {}
+    if axes is not None:
+        update["axes"] = parse_search_section({"axes": dict(axes)}).axes
+    if constraints is not None:
+        merged = {**spec.constraints.model_dump(), **dict(constraints)}
+        update["constraints"] = parse_search_section({"constraints": merged}).constraints
+    for key, value in (("objective", objective), ("price_per_gpu_hour", price), ("top", top)):
+        if value is not None:
+            update[key] = value
+    if not update:
+        return spec
+    return parse_search_section({**spec.model_dump(), **update})
+
+
+def search(config: Any, axes: Mapping[str, Sequence[Any]] | None = None, *,
+           constraints: Mapping[str, Any] | None = None, objective: str | None = None,
+           price_per_gpu_hour: float | None = None, top: int | None = None,
+           verify: str | None = None, overrides: Sequence[str] = (), dask: Any = None,
+           dask_workers: int | None = None,
+           progress: Callable[[str, int, int], None] | None = None):
+    """Search the plans of ``config``: every combination of the axes, evaluated as arrays,
+    the best ``top`` predicted again exactly.
+
+    Parameters
+    ----------
+    config : a path to a run config (its ``search:`` section gives the defaults of the
+        arguments below), a mapping, or a :class:`ddlsim.RunConfig`.
+    axes : ``{"parallel.tensor_model_parallel_size": [1, 2, 4, 8], "train.recompute":
+        ["none", "full"], …}``: any ``parallel.*`` or ``train.*`` field; values as in a config
+        file, or a range string (``"1:64:*2"``).
+    constraints : ``must_fit`` (default True), ``max_gpus``, ``global_batch_size`` (fixed).
+    objective : ``"time"`` (default), ``"tokens_per_s"``, ``"mfu"`` or ``"cost"``.
+    price_per_gpu_hour : USD (or any currency) per GPU-hour; adds the cost columns.
+    top : plans re-evaluated by the exact engine (default 10).
+    verify : ``"des"`` to also run the discrete-event engine on those plans.
+    overrides : ``--set`` overrides applied first.
+    dask, dask_workers : run the re-evaluations on Dask (``"local"``, an address or a
+        ``distributed.Client``), as :func:`ddlsim.sweep` does.
+    progress : called with (stage, done, total); stage is ``"evaluate"`` or ``"verify"``.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per evaluated plan, best first: ``rank``, ``plan`` (its index in the grid),
+        the config paths of the plan, ``gpus``, ``iteration_time_s``, ``tokens_per_s``,
+        ``mfu``, ``memory_per_device_bytes``, ``capacity_bytes``, ``fits``, ``pareto`` (on
+        the front of time against memory), the cost columns with a price, and for the top
+        plans ``exact_iteration_time_s``, ``exact_error`` (vectorised / exact − 1) and with
+        ``verify="des"`` ``des_iteration_time_s``. ``frame.attrs`` holds ``rejected``
+        (reason → plans), ``total`` (plans enumerated) and ``objective``.
+    """
+    data, base_dir, spec = load_search(config)
+    spec = _spec(spec, axes, constraints, objective, price_per_gpu_hour, top)
+    if verify not in (None, *VERIFY):
+        raise ConfigError(f"verify = {verify!r} is not allowed; choose None or "
+                          f"{', '.join(VERIFY)}")
+    from .evaluate import base_config
+    base, _ = base_config(data, base_dir, overrides, spec.axes)
+    check_axes(spec.axes, base.model_dump(mode="json"),
+               spec.constraints.global_batch_size is not None)
+    step = None if progress is None else (lambda d, t: progress("evaluate", d, t))
+    grid = evaluate_grid(data, base_dir, overrides, spec.axes, spec.constraints,
+                         spec.objective, spec.price_per_gpu_hour, step)
+    frame = grid.frame
+    k = min(spec.top, len(frame))
+    if k:
+        frame = _verified(frame, k, data, base_dir, overrides, verify, dask, dask_workers,
+                          progress)
+    frame.attrs.update(rejected=grid.rejected, total=grid.total, objective=spec.objective,
+                       top=k)
+    return frame
+
+
+def plan_overrides(row, columns: Sequence[str]) -> list[str]:
+    """The ``--set`` overrides that make the base config plan ``row`` of a search frame
+    (``columns``: its config-path columns), e.g. to predict it with :func:`ddlsim.predict`."""
+    from ..sweeps import _setting
+
+    out = []
+    for path in columns:
+        value = row[path]
+        value = value.item() if hasattr(value, "item") else value
+        if path == "parallel.virtual_pipeline_model_parallel_size" and value == 1:
+            value = None
+        out.append(_setting(path, value))
+    return out
+
+
+def exact_times(source, engines: Sequence[str], sets: Sequence[str]) -> dict[str, float]:
+    """``{engine: iteration time}`` of one plan (a Dask task's unit)."""
+    from ..api import predict
+
+    cfg = source.build(sets)
+    return {e: predict(cfg, e, check_fit=False).iteration_time_s for e in engines}
+
+
+def _verified(frame, k: int, data, base_dir, overrides, verify, dask, workers, progress):
+    from ..sweeps import _Source
+
+    columns = [c for c in frame.columns if "." in c]
+    items = [plan_overrides(frame.iloc[i], columns) for i in range(k)]
+    source = _Source(data, overrides)
+    source.base_dir = base_dir
+    engines = ["analytical", *([verify] if verify else [])]
+    step = None if progress is None else (lambda d, t: progress("verify", d, t))
+    if dask is None:
+        if workers is not None:
+            raise ConfigError("dask_workers (--dask-workers) applies only with dask='local'")
+        times = []
+        for i, sets in enumerate(items, 1):
+            times.append(exact_times(source, engines, sets))
+            if step is not None:
+                step(i, k)
+    else:
+        from ..distributed import run_on_dask
+        times = run_on_dask(exact_times, (source, engines), items, dask, workers,
+                            describe=lambda s: "the plan " + ", ".join(s), progress=step)
+    frame = frame.copy()
+    exact = [t["analytical"] for t in times] + [float("nan")] * (len(frame) - k)
+    frame["exact_iteration_time_s"] = exact
+    frame["exact_error"] = frame["iteration_time_s"] / frame["exact_iteration_time_s"] - 1
+    if verify:
+        frame[f"{verify}_iteration_time_s"] = ([t[verify] for t in times]
+                                               + [float("nan")] * (len(frame) - k))
+    return frame
