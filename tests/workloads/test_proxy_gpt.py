@@ -220,12 +220,12 @@ def test_proxy_options_are_refused_where_they_mean_nothing():
                                                                  "backward": "1 ms"}},
                           "program = 'megatron'"),
                          ({"program": "proxy_gpipe", "compute": "proxy", "grad_sync": "per_stage"},
-                          "lacks forward, backward"),
+                          "needs model.proxy_timings.forward"),
                          ({"program": "proxy_gpipe", "compute": "proxy", "grad_sync": "per_stage",
-                           "proxy_timings": {"forward": "1 ms"}}, "lacks backward"),
+                           "proxy_timings": {"forward": "1 ms"}}, "needs model.proxy_timings.backward"),
                          ({"program": "proxy_gpipe", "compute": "proxy", "grad_sync": "per_stage",
                            "proxy_timings": {"forward": "1 ms", "backward": "1 ms",
-                                             "forwrd": "1 ms"}}, "unknown key 'forwrd'")]:
+                                             "forwrd": "1 ms"}}, "proxy_timings.forwrd is not a timing of the gpt family")]:
         with pytest.raises(ddlsim.ConfigError, match=match):
             ddlsim.load_config({**base, "model": {"preset": "gpt2-124m", **model}})
 

@@ -28,7 +28,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from ...config import ModelBase, Seconds
-from ...errors import did_you_mean
+from ..proxytime import check_proxy_timings
 
 __all__ = ["ProgramFields", "required_timings"]
 
@@ -86,14 +86,4 @@ class ProgramFields(ModelBase):
 
     def _check_timings(self) -> None:
         need = required_timings(bool(getattr(self, "num_local_experts", 0)))
-        given = self.proxy_timings or {}
-        unknown = [k for k in given if k not in need]
-        if unknown:
-            raise ValueError(f"model.proxy_timings has unknown key {unknown[0]!r}"
-                             f"{did_you_mean(unknown[0], need)}; this model takes "
-                             f"{', '.join(need)}")
-        missing = [k for k in need if k not in given]
-        if missing:
-            raise ValueError(f"model.proxy_timings lacks {', '.join(missing)}: with compute: "
-                             f"proxy every compute step takes the proxy's usleep time "
-                             f"({', '.join(need)}, e.g. '15915 us')")
+        check_proxy_timings(self.compute, self.proxy_timings, need, self.architecture)
