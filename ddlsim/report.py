@@ -52,16 +52,11 @@ def dumps_json(payload: Any) -> str:
 
 
 def _header(console: Console, cfg: RunConfig) -> None:
-    p, t, s = cfg.parallel, cfg.train, cfg.system
+    s = cfg.system
     console.print(f"[bold]{escape(cfg.family.summary(cfg.model))}[/]", highlight=False)
-    console.print(
-        f"on {s.nodes}×{s.devices_per_node} "
-        f"{escape(s.device.name)} ({escape(s.name)}) — TP{p.tp} × PP{p.pp}"
-        f"{f'(v{p.vpp})' if p.vpp > 1 else ''} × DP{cfg.dp} = {cfg.world_size} ranks, "
-        f"{p.schedule}, ZeRO-{p.zero_stage}, dp_strategy {p.dp_strategy}, micro-batch "
-        f"{t.micro_batch_size} × {cfg.num_microbatches} per replica, global batch "
-        f"{t.global_batch_size}, seq {t.seq_length}, {t.dtype}, recompute {t.recompute}",
-        highlight=False)
+    console.print(f"on {s.nodes}×{s.devices_per_node} {escape(s.device.name)} "
+                  f"({escape(s.name)}) — {escape(cfg.family.plan_summary(cfg))}",
+                  highlight=False)
 
 
 def _iteration_table(results: Sequence[Result]) -> Table:
