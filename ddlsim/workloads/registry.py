@@ -100,6 +100,11 @@ class WorkloadFamily(ABC):
                 f"{p.dp_strategy}, {batch_phrase(cfg)}, seq {t.seq_length}, {t.dtype}, "
                 f"recompute {t.recompute}")
 
+    def group_labels(self, cfg: "RunConfig") -> dict[str, str]:
+        """Group kind → how the report names it for ``cfg`` (e.g. ``tp`` → ``tp (2-D grid:
+        tp_col, tp_row)``); kinds not listed are shown as they are."""
+        return {}
+
     def from_hf(self, doc: dict, source: str) -> tuple[dict, list[str]]:
         """A model section from a HuggingFace ``config.json`` of one of
         :attr:`hf_model_types`, and the keys not modelled (for one warning line)."""

@@ -85,6 +85,13 @@ class CosmoFlowFamily(WorkloadFamily):
         parts += [batch_phrase(cfg), t.dtype]
         return ", ".join(parts)
 
+    def group_labels(self, cfg: Any) -> dict[str, str]:
+        """``tp`` is the spatial group (halos and dense-layer exchanges); ``dp`` the
+        gradient all-reduces, over every rank for the convs by default."""
+        where = "conv ones over all ranks" if cfg.model.conv_grad_allreduce == "world" \
+            else "conv ones over the spatial group, then DP"
+        return {"tp": "tp (spatial group)", "dp": f"dp (gradients; {where})"}
+
 
 def _check_volumes(m) -> None:
     """Every conv layer's volume splits evenly over the grid, each sub-volume is at least a

@@ -103,6 +103,18 @@ class DecoderFamily(WorkloadFamily):
             axes += f" × CP{p.cp} {'ring' if p.cp_comm_type == 'p2p' else 'all-gather'}"
         return axes + super().plan_summary(cfg).removeprefix(f"TP{p.tp}")
 
+    def group_labels(self, cfg: Any) -> dict[str, str]:
+        """``tp`` with the grid's group families when the scheme is not 1-D (their bytes
+        are counted as ``tp``), ``cp`` with its comm type."""
+        p, out = cfg.parallel, {}
+        if p.tp_mode != "1d":
+            from .partition import partitioners
+            names = partitioners()[p.tp_mode](cfg, cfg.model.shape()).families(cfg.mesh)
+            out["tp"] = f"tp ({_grid_label(p.tensor_parallel)}: {', '.join(names)})"
+        if p.cp > 1:
+            out["cp"] = f"cp ({'ring' if p.cp_comm_type == 'p2p' else 'all-gather'})"
+        return out
+
     def from_hf(self, doc: dict, source: str) -> tuple[dict, list[str]]:
         from ..models.hf import from_hf_config
 

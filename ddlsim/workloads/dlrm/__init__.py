@@ -86,6 +86,10 @@ class DLRMFamily(WorkloadFamily):
                 f"(exchange {a2a}), MLPs DP{cfg.dp} (gradient all-reduce {grads}), "
                 f"{batch_phrase(cfg, 'rank')}, {cfg.train.dtype}")
 
+    def group_labels(self, cfg: Any) -> dict[str, str]:
+        """``world``: the embedding exchange; ``dp``: the MLP gradients."""
+        return {"world": "world (embedding exchange)", "dp": "dp (MLP gradients)"}
+
 
 def _check_sharding(model: DLRMModel, p: int) -> None:
     """Column-wise: every table's dim divisible by the rank count."""
