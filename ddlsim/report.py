@@ -133,8 +133,11 @@ def _comm_table(cfg: RunConfig, results: Sequence[Result]) -> Table:
     return cm
 
 
-def _memory_table(r: Result) -> Table:
-    mem = Table(title=f"Memory per device (pipeline stage {r.memory.stage})", title_justify="left")
+def _memory_table(cfg: RunConfig, r: Result) -> Table:
+    from .api import memory_owner
+
+    mem = Table(title=f"Memory per device ({memory_owner(cfg, r.memory)})",
+                title_justify="left")
     mem.add_column("part")
     mem.add_column("bytes", justify="right")
     for k in _MEMORY_PARTS:
@@ -168,7 +171,7 @@ def render_results(console: Console, cfg: RunConfig, results: list[Result], link
     console.print(_breakdown_table(results))
     r = results[0]
     console.print(_comm_table(cfg, results))
-    console.print(_memory_table(r))
+    console.print(_memory_table(cfg, r))
     if r.algorithms:
         al = Table(title="Collective algorithms chosen", title_justify="left")
         al.add_column("group.op[size]")
