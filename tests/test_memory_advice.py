@@ -97,8 +97,9 @@ CP_SETS = ["system.nodes=8", "parallel.data_parallel_size=2", "train.global_batc
 @pytest.mark.filterwarnings("ignore::ddlsim.errors.DDLSimWarning")
 def test_context_parallel_plans_keep_their_cp_axis_in_the_advice():
     # data parallelism left after doubling an axis on the same 64 ranks is 64 / (tp·cp·pp):
-    # PP 2 → 64 / (8·4·2) = 1 and CP 8 → 64 / (8·8·1) = 1. Counting world / (tp·pp) = 8 would
-    # ask for 8·4·2·4 = 256 ranks, which the config refuses, and the change would be dropped.
+    # PP 2 → 64 / (8·4·2) = 1 and CP 8 → 64 / (8·8·1) = 1. Counting world / (tp·pp) instead
+    # (64 / 16 = 4 for PP 2) asks for 8·4·2·4 = 256 ranks on 64 devices: the config refuses it
+    # and the change was silently dropped.
     cfg = ddlsim.load_config(CP, CP_SETS)
     found = dict(memory_alternatives(cfg, limit=20))
     for change, sets in {

@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from .memory import MemoryBreakdown
     from .trace import Workload
 
-__all__ = ["WorkloadFamily", "register_workload", "batch_phrase", "get_family", "families", "hf_family",
-           "read_presets", "expand_hf_config", "validate_model",
+__all__ = ["WorkloadFamily", "register_workload", "batch_phrase", "get_family", "families",
+           "hf_family", "read_presets", "expand_hf_config", "validate_model",
            "BUILTIN_FAMILIES", "ARCHITECTURE_DEFAULT"]
 
 #: Packages whose import registers the bundled families (one line per family).
