@@ -15,7 +15,7 @@ from .workloads.memory import MemoryBreakdown
 from .workloads.trace import Workload
 
 __all__ = ["build_workload", "predict", "memory_per_device", "check_memory",
-           "memory_alternatives"]
+           "memory_alternatives", "memory_owner"]
 
 Engine = Literal["analytical", "des"]
 
@@ -57,26 +57,31 @@ def check_memory(cfg: RunConfig, mem: MemoryBreakdown) -> None:
     else:
         advice = " No single change of the plan lowers it; use more devices or a smaller model."
     raise PlanDoesNotFitError(
-        f"the plan does not fit in memory: pipeline stage {mem.stage} needs "
+        f"the plan does not fit in memory: {memory_owner(cfg, mem)} needs "
         f"{format_bytes(mem.total)} per device but {cfg.system.device.name} has "
         f"{format_bytes(mem.capacity)} ({parts}).{advice} Pass --allow-oom (check_fit=False) "
         "to predict anyway.", mem)
 
 
+def memory_owner(cfg: RunConfig, mem: MemoryBreakdown) -> str:
+    """The ranks whose memory ``mem`` is, in words, from the breakdowns ``cfg``'s family
+    gives (one per rank class that differs): ``every rank`` when there is one,
+    ``pipeline stage s`` when they are the pipeline's stages, otherwise ``the most loaded of
+    the n kinds of rank`` (e.g. DLRM ranks holding different embedding shards)."""
+    kinds = cfg.family.memory(cfg)
+    if len(kinds) <= 1:
+        return "every rank"
+    if cfg.parallel.pp > 1 and len({m.stage for m in kinds}) == len(kinds):
+        return f"pipeline stage {mem.stage}"
+    return f"the most loaded of the {len(kinds)} kinds of rank"
+
+
 def _candidate_changes(cfg: RunConfig) -> list[tuple[str, dict]]:
     """Single plan changes to try, as (description, {section: {key: value}})."""
     p, t = cfg.parallel, cfg.train
-    world = cfg.world_size
     out: list[tuple[str, dict]] = []
-    for key, now in (("tensor_model_parallel_size", p.tp), ("pipeline_model_parallel_size", p.pp)):
-        new = now * 2
-        tp, pp = (new, p.pp) if key.startswith("tensor") else (p.tp, new)
-        if world % (tp * pp) == 0:  # same devices, fewer replicas
-            out.append((f"{key} = {new} (now {now}; data_parallel_size {world // (tp * pp)})",
-                        {"parallel": {key: new, "data_parallel_size": world // (tp * pp)}}))
-        if 2 * world <= cfg.system.num_devices:  # the system has the devices to spare
-            out.append((f"{key} = {new} (now {now}) on {2 * world} devices",
-                        {"parallel": {key: new, "data_parallel_size": cfg.dp}}))
+    for key, now, extra in _doublings(p):
+        out += _doubled(cfg, key, now, extra)
     if p.dp_strategy == "ddp":
         out += [(f"zero_stage = {z} (now {p.zero_stage})", {"parallel": {"zero_stage": z}})
                 for z in range(p.zero_stage + 1, 4)]
@@ -95,12 +100,51 @@ def _candidate_changes(cfg: RunConfig) -> list[tuple[str, dict]]:
     return out
 
 
+def _doublings(p) -> list[tuple[str, int, dict]]:
+    """Mesh axes whose size can double by one key: (key, size now, other keys to set).
+
+    Tensor parallelism doubles as the 1-D scheme (its ``tensor_parallel`` grid follows) or as
+    the depth of a 2.5-D grid; a 2-D or 3-D grid has no ×2 step and is left as it is."""
+    spec = p.tensor_parallel
+    axes = [("pipeline_model_parallel_size", p.pp, {}),
+            ("context_parallel_size", p.cp, {})]
+    if spec is None:
+        axes.insert(0, ("tensor_model_parallel_size", p.tp, {}))
+    elif spec.mode == "1d":
+        axes.insert(0, ("tensor_model_parallel_size", p.tp,
+                        {"tensor_parallel": {"mode": "1d", "size": 2 * p.tp}}))
+    elif spec.d is not None:
+        axes.insert(0, ("tensor_model_parallel_size", p.tp,
+                        {"tensor_parallel": {"mode": spec.mode, "q": spec.q, "d": 2 * spec.d}}))
+    return axes
+
+
+def _doubled(cfg: RunConfig, key: str, now: int, extra: dict) -> list[tuple[str, dict]]:
+    """Double the mesh axis ``key`` on the same devices (data parallelism shrinks to the
+    ranks left: world / (tp·cp·pp), the mesh's own axes) and on twice the devices when the
+    system has them (data parallelism kept)."""
+    sizes = {"tensor_model_parallel_size": cfg.parallel.tp, "context_parallel_size":
+             cfg.parallel.cp, "pipeline_model_parallel_size": cfg.parallel.pp}
+    sizes[key] = new = 2 * now
+    world, model = cfg.world_size, sizes["tensor_model_parallel_size"] * \
+        sizes["context_parallel_size"] * sizes["pipeline_model_parallel_size"]
+    out = []
+    if world % model == 0:
+        out.append((f"{key} = {new} (now {now}; data_parallel_size {world // model})",
+                    {"parallel": {key: new, "data_parallel_size": world // model, **extra}}))
+    if 2 * world <= cfg.system.num_devices:
+        out.append((f"{key} = {new} (now {now}) on {2 * world} devices",
+                    {"parallel": {key: new, "data_parallel_size": cfg.dp, **extra}}))
+    return out
+
+
 def memory_alternatives(cfg: RunConfig, mem: MemoryBreakdown | None = None,
                         limit: int = 5) -> list[tuple[str, float]]:
     """Single changes of ``cfg``'s plan that lower the memory of its most loaded device.
 
-    Each candidate (doubling tensor or pipeline parallelism at the same world size, or on
-    twice the devices when the system has them, a higher ZeRO stage, sequence parallelism, more recomputation, a smaller micro-batch) is built as
+    Each candidate (doubling tensor, context or pipeline parallelism at the same world size,
+    or on twice the devices when the system has them, a higher ZeRO stage, sequence
+    parallelism, more recomputation, a smaller micro-batch) is built as
     a new config, so every rule of the config holds (no ZeRO-3 with pipelining, divisibility
     of heads, layers and batch); those the config rejects are dropped.
 

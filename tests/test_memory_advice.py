@@ -85,3 +85,53 @@ def test_spare_devices_allow_more_parallelism_at_the_same_data_parallelism():
     assert found[change] == memory_per_device(
         _cfg("parallel.pipeline_model_parallel_size=4", "parallel.data_parallel_size=1",
              "train.global_batch_size=8", "train.micro_batch_size=1")).total
+
+
+# ------------------------------------------------- context parallelism, the owner of the overflow
+CP = "examples/cp-ring-llama3-8b-128k.yaml"
+# 8 nodes × 8 = 64 ranks = TP8 · CP4 · PP1 · DP2 (32 layers, no recomputation: ~1 TiB/device)
+CP_SETS = ["system.nodes=8", "parallel.data_parallel_size=2", "train.global_batch_size=8",
+           "model.num_hidden_layers=32", "train.recompute=none"]
+
+
+@pytest.mark.filterwarnings("ignore::ddlsim.errors.DDLSimWarning")
+def test_context_parallel_plans_keep_their_cp_axis_in_the_advice():
+    # data parallelism left after doubling an axis on the same 64 ranks is 64 / (tp·cp·pp):
+    # PP 2 → 64 / (8·4·2) = 1 and CP 8 → 64 / (8·8·1) = 1. Counting world / (tp·pp) instead
+    # (64 / 16 = 4 for PP 2) asks for 8·4·2·4 = 256 ranks on 64 devices: the config refuses it
+    # and the change was silently dropped.
+    cfg = ddlsim.load_config(CP, CP_SETS)
+    found = dict(memory_alternatives(cfg, limit=20))
+    for change, sets in {
+        "pipeline_model_parallel_size = 2 (now 1; data_parallel_size 1)":
+            ["parallel.pipeline_model_parallel_size=2", "parallel.data_parallel_size=1"],
+        "context_parallel_size = 8 (now 4; data_parallel_size 1)":
+            ["parallel.context_parallel_size=8", "parallel.data_parallel_size=1"],
+    }.items():
+        assert found[change] == memory_per_device(ddlsim.load_config(CP, CP_SETS + sets)).total
+
+
+def test_out_of_memory_names_the_kind_of_rank():
+    # DLRM, table-wise over 2 ranks: rank 0 holds the 4e8-row table (4e8 · 128 · 4 B = 191 GiB
+    # of fp32 weights), rank 1 the 1,000-row one: two kinds of rank, no pipeline stage.
+    cfg = ddlsim.load_config({
+        "model": {"preset": "dlrm-proxy", "tables": [{"rows": 400_000_000}, {"rows": 1000}]},
+        "parallel": {"data_parallel_size": 2},
+        "train": {"micro_batch_size": 4, "global_batch_size": 8, "seq_length": 1,
+                  "dtype": "fp32", "optimizer": "sgd"},
+        "system": {"preset": "dgx-a100", "nodes": 1}})
+    with pytest.raises(ddlsim.PlanDoesNotFitError) as info:
+        ddlsim.predict(cfg)
+    message = str(info.value)
+    assert "the most loaded of the 2 kinds of rank needs 191 GiB per device" in message
+    assert "pipeline stage" not in message
+    # one kind of rank (no pipeline): every rank; a pipeline: its stage (under 1F1B stage 0
+    # holds min(p − s, m) = 2 micro-batches of activations, stage 1 one: stage 0 overflows)
+    assert "every rank needs" in _oom_message(_cfg())
+    assert "pipeline stage 0 needs" in _oom_message(_cfg("parallel.pipeline_model_parallel_size=2"))
+
+
+def _oom_message(cfg) -> str:
+    with pytest.raises(ddlsim.PlanDoesNotFitError) as info:
+        ddlsim.predict(cfg)
+    return str(info.value)

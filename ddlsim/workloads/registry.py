@@ -3,8 +3,9 @@
 A *family* is everything ddlsim knows about one kind of model: its section of the run config
 (a pydantic model, one arm of a union discriminated on ``model.architecture``), the plan rules
 that involve the model, the trace builder, the memory per rank class, a one-line summary and
-its presets. ``RunConfig``, :func:`ddlsim.api.build_workload`, the report header and
-``ddlsim presets`` look families up here and contain no code of any family.
+its presets, and optionally its own plan line for the report
+(:meth:`WorkloadFamily.plan_summary`). ``RunConfig``, :func:`ddlsim.api.build_workload`, the
+report header and ``ddlsim presets`` look families up here and contain no code of any family.
 
 Adding a family is one package under ``ddlsim/workloads/`` that subclasses
 :class:`WorkloadFamily` and decorates it with :func:`register_workload`, plus one line naming
@@ -29,8 +30,8 @@ if TYPE_CHECKING:
     from .memory import MemoryBreakdown
     from .trace import Workload
 
-__all__ = ["WorkloadFamily", "register_workload", "get_family", "families", "hf_family",
-           "read_presets", "expand_hf_config", "validate_model",
+__all__ = ["WorkloadFamily", "register_workload", "batch_phrase", "get_family", "families",
+           "hf_family", "read_presets", "expand_hf_config", "validate_model",
            "BUILTIN_FAMILIES", "ARCHITECTURE_DEFAULT"]
 
 #: Packages whose import registers the bundled families (one line per family).
@@ -88,6 +89,22 @@ class WorkloadFamily(ABC):
         """One line describing ``model`` (a validated :attr:`schema` instance)."""
         return f"{model.name} ({self.architecture})"
 
+    def plan_summary(self, cfg: "RunConfig") -> str:
+        """One line describing how ``cfg`` spreads the model over its ranks, for the report
+        header (after the system). The default is Megatron-LM's vocabulary: tensor ×
+        pipeline × data parallel, schedule, ZeRO, micro-batches, sequence, dtype and
+        recomputation; families whose plan has other axes or lacks these override it."""
+        p, t = cfg.parallel, cfg.train
+        return (f"TP{p.tp} × PP{p.pp}{f'(v{p.vpp})' if p.vpp > 1 else ''} × DP{cfg.dp} = "
+                f"{cfg.world_size} ranks, {p.schedule}, ZeRO-{p.zero_stage}, dp_strategy "
+                f"{p.dp_strategy}, {batch_phrase(cfg)}, seq {t.seq_length}, {t.dtype}, "
+                f"recompute {t.recompute}")
+
+    def group_labels(self, cfg: "RunConfig") -> dict[str, str]:
+        """Group kind → how the report names it for ``cfg`` (e.g. ``tp`` → ``tp (2-D grid:
+        tp_col, tp_row)``); kinds not listed are shown as they are."""
+        return {}
+
     def from_hf(self, doc: dict, source: str) -> tuple[dict, list[str]]:
         """A model section from a HuggingFace ``config.json`` of one of
         :attr:`hf_model_types`, and the keys not modelled (for one warning line)."""
@@ -97,6 +114,14 @@ class WorkloadFamily(ABC):
     def presets(self) -> dict[str, dict]:
         """Preset name → model section (raw mapping, with ``source``)."""
         return read_presets(self.presets_file) if self.presets_file else {}
+
+
+def batch_phrase(cfg: "RunConfig", per: str = "replica") -> str:
+    """``micro-batch b × m per replica, global batch B``: the micro-batch size, the
+    micro-batches one data-parallel ``per`` runs in an iteration and the global batch."""
+    t = cfg.train
+    return (f"micro-batch {t.micro_batch_size} × {cfg.num_microbatches} per {per}, global "
+            f"batch {t.global_batch_size}")
 
 
 def register_workload(architecture: str) -> Callable[[type[WorkloadFamily]], type[WorkloadFamily]]:

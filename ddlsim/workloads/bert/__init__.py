@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..registry import WorkloadFamily, register_workload
+from ..registry import WorkloadFamily, batch_phrase, register_workload
 from .schema import BertModel
 
 __all__ = ["BertFamily", "BertModel"]
@@ -69,6 +69,20 @@ class BertFamily(WorkloadFamily):
     def memory(self, cfg: Any) -> list:
         from .build import bert_memory
         return bert_memory(cfg)
+
+    def plan_summary(self, cfg: Any) -> str:
+        """``DP32 = 32 ranks`` or ``PP4 × DP8 = 32 ranks, gpipe``, the gradient buckets,
+        the batch, the sequence and the dtype."""
+        from ..resnet import bucket_phrase
+
+        m, p, t = cfg.model, cfg.parallel, cfg.train
+        axes = f"PP{p.pp} × DP{cfg.dp}" if p.pp > 1 else f"DP{cfg.dp}"
+        plan = f"{axes} = {cfg.world_size} ranks" + (f", {p.schedule}" if p.pp > 1 else "")
+        buckets = "one bucket per layer" if m.grad_buckets == "per_layer" else \
+            bucket_phrase("ddp", p)
+        when = "overlapped" if p.overlap_grad_reduce else "after the backward"
+        return (f"{plan}, {buckets}, all-reduce {when}, {batch_phrase(cfg)}, "
+                f"seq {t.seq_length}, {t.dtype}")
 
     def summary(self, model: Any) -> str:
         return model.summary_line()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..registry import WorkloadFamily, register_workload
+from ..registry import WorkloadFamily, batch_phrase, register_workload
 from .schema import CosmoFlowModel
 from .shapes import conv_layers, dense_layers, halo_widths, parameter_count
 
@@ -69,6 +69,28 @@ class CosmoFlowFamily(WorkloadFamily):
         return (f"{model.name}: {side}×{model.input_shape[3]} input, {len(convs)} conv "
                 f"{model.kernel_size}³ ({convs[0].c_out}…{convs[-1].c_out} filters), dense "
                 f"{fc}, {parameter_count(model) / 1e6:.3g} M params, spatial grid {grid}")
+
+    def plan_summary(self, cfg: Any) -> str:
+        """``spatial grid 2×2×1 × DP4 = 16 ranks``, the halo options when the grid splits
+        the volume, where conv gradients are all-reduced, the batch and the dtype."""
+        m, t = cfg.model, cfg.train
+        grid = "×".join(map(str, m.spatial_grid))
+        parts = [f"spatial grid {grid} × DP{cfg.dp} = {cfg.world_size} ranks"]
+        if cfg.parallel.tp > 1:
+            parts.append(f"halos (forward {m.forward_halo}, input {m.input_halo}, backward "
+                         f"{m.backward_halo}, {'overlapped' if m.halo_overlap else 'no overlap'})")
+        parts.append("conv gradients all-reduced "
+                     + ("over all ranks" if m.conv_grad_allreduce == "world"
+                        else "over the spatial group, then over DP"))
+        parts += [batch_phrase(cfg), t.dtype]
+        return ", ".join(parts)
+
+    def group_labels(self, cfg: Any) -> dict[str, str]:
+        """``tp`` is the spatial group (halos and dense-layer exchanges); ``dp`` the
+        gradient all-reduces, over every rank for the convs by default."""
+        where = "conv ones over all ranks" if cfg.model.conv_grad_allreduce == "world" \
+            else "conv ones over the spatial group, then DP"
+        return {"tp": "tp (spatial group)", "dp": f"dp (gradients; {where})"}
 
 
 def _check_volumes(m) -> None:

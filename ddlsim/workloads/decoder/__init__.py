@@ -91,6 +91,30 @@ class DecoderFamily(WorkloadFamily):
                 f"{sh.positions}, {'tied' if sh.tied_embeddings else 'untied'}, vocab "
                 f"{sh.vocab}, {count(sh.params)} params{active}")
 
+    def plan_summary(self, cfg: Any) -> str:
+        """Megatron-LM's plan line, with the tensor-parallel scheme and grid when it is not
+        1-D (``TP64 2.5-D [4,4,4]``) and the context-parallel axis when there is one
+        (``CP4 ring``, ``CP4 all-gather``)."""
+        p = cfg.parallel
+        axes = f"TP{p.tp}"
+        if p.tp_mode != "1d":
+            axes += f" {_grid_label(p.tensor_parallel)}"
+        if p.cp > 1:
+            axes += f" × CP{p.cp} {'ring' if p.cp_comm_type == 'p2p' else 'all-gather'}"
+        return axes + super().plan_summary(cfg).removeprefix(f"TP{p.tp}")
+
+    def group_labels(self, cfg: Any) -> dict[str, str]:
+        """``tp`` with the grid's group families when the scheme is not 1-D (their bytes
+        are counted as ``tp``), ``cp`` with its comm type."""
+        p, out = cfg.parallel, {}
+        if p.tp_mode != "1d":
+            from .partition import partitioners
+            names = partitioners()[p.tp_mode](cfg, cfg.model.shape()).families(cfg.mesh)
+            out["tp"] = f"tp ({_grid_label(p.tensor_parallel)}: {', '.join(names)})"
+        if p.cp > 1:
+            out["cp"] = f"cp ({'ring' if p.cp_comm_type == 'p2p' else 'all-gather'})"
+        return out
+
     def from_hf(self, doc: dict, source: str) -> tuple[dict, list[str]]:
         from ..models.hf import from_hf_config
 
@@ -123,6 +147,18 @@ def _section(f: dict) -> dict:
                "shared_expert_gate": f.get("shared_expert_gate", False)}
         out.update({k: v for k, v in moe.items() if v is not None})
     return out
+
+
+def _grid_label(spec: Any) -> str:
+    """``2-D [q,q]``, ``2.5-D [q,q,d]``, ``3-D [q,q,q]`` (docs/tensor_parallel.md); another
+    registered scheme as its mode and grid fields."""
+    q, d = spec.q, spec.d
+    dims = {"2d": (q, q), "2.5d": (q, q, d), "3d": (q, q, q)}.get(spec.mode)
+    if dims is None:
+        fields = ", ".join(f"{k} {getattr(spec, k)}" for k in ("size", "q", "d")
+                           if getattr(spec, k) is not None)
+        return f"{spec.mode} ({fields})"
+    return f"{spec.mode.removesuffix('d')}-D [{','.join(map(str, dims))}]"
 
 
 def _check_partition(cfg: Any) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..registry import WorkloadFamily, register_workload
+from ..registry import WorkloadFamily, batch_phrase, register_workload
 from .schema import DLRMModel
 
 __all__ = ["DLRMFamily", "DLRMModel"]
@@ -75,6 +75,20 @@ class DLRMFamily(WorkloadFamily):
                 f"{'-'.join(map(str, [model.dense_features, *model.bottom_mlp]))}, top "
                 f"{'-'.join(map(str, [sh.interaction_out, *model.top_mlp]))}, {inter}, "
                 f"{model.sharding}, {sh.params / 1e6:,.1f} M params")
+
+    def plan_summary(self, cfg: Any) -> str:
+        """``4 ranks: embeddings table_wise over all, MLPs DP4``, how the exchanges overlap,
+        the batch and the dtype."""
+        m, p = cfg.model, cfg.parallel
+        a2a = "overlapped" if m.overlap_embedding_all_to_all else "not overlapped"
+        grads = "overlapped" if p.overlap_grad_reduce else "after the backward"
+        return (f"{cfg.world_size} ranks: embeddings {m.sharding} over all of them "
+                f"(exchange {a2a}), MLPs DP{cfg.dp} (gradient all-reduce {grads}), "
+                f"{batch_phrase(cfg, 'rank')}, {cfg.train.dtype}")
+
+    def group_labels(self, cfg: Any) -> dict[str, str]:
+        """``world``: the embedding exchange; ``dp``: the MLP gradients."""
+        return {"world": "world (embedding exchange)", "dp": "dp (MLP gradients)"}
 
 
 def _check_sharding(model: DLRMModel, p: int) -> None:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..registry import WorkloadFamily, register_workload
+from ..registry import WorkloadFamily, batch_phrase, register_workload
 from .schema import ResNetModel
 
-__all__ = ["ResNetFamily", "ResNetModel"]
+__all__ = ["ResNetFamily", "ResNetModel", "bucket_phrase"]
 
 
 @register_workload("resnet")
@@ -55,5 +55,24 @@ class ResNetFamily(WorkloadFamily):
         from .build import resnet_memory
         return resnet_memory(cfg)
 
+    def plan_summary(self, cfg: Any) -> str:
+        """``DP32 = 32 ranks``, the gradient buckets and how they are synchronised, the batch
+        and the dtype."""
+        m, p = cfg.model, cfg.parallel
+        sync = "ring send/recv" if m.grad_sync == "ring_sendrecv" else "all-reduce"
+        when = "overlapped" if p.overlap_grad_reduce else "after the backward"
+        return (f"DP{cfg.dp} = {cfg.world_size} ranks, {bucket_phrase(m.grad_buckets, p)}, "
+                f"{sync} {when}, {batch_phrase(cfg)}, {cfg.train.dtype}")
+
     def summary(self, model: Any) -> str:
         return model.summary_line()
+
+
+def bucket_phrase(buckets: Any, parallel: Any) -> str:
+    """``DDP buckets of 25 MiB`` (``grad_buckets: ddp``, PyTorch's ``bucket_cap_mb``) or
+    ``6 listed buckets``."""
+    from ...formatting import format_bytes
+
+    if buckets == "ddp":
+        return f"DDP buckets of {format_bytes(parallel.grad_bucket_size)}"
+    return f"{len(buckets)} listed buckets"
