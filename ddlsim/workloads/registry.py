@@ -66,12 +66,17 @@ class WorkloadFamily(ABC):
     hf_model_types : tuple of str
         HuggingFace ``model_type`` values whose ``config.json`` this family reads
         (:meth:`from_hf`).
+    ignores : tuple of str
+        The generic plan fields (``parallel.…``, ``train.…``) this family's trace never reads.
+        A run config that sets one of them to anything but its default is refused
+        (:func:`check_ignored`), so no option is ignored silently.
     """
 
     architecture: ClassVar[str] = ""
     schema: ClassVar[type["BaseModel"]]
     presets_file: ClassVar[str | None] = None
     hf_model_types: ClassVar[tuple[str, ...]] = ()
+    ignores: ClassVar[tuple[str, ...]] = ()
 
     def check(self, cfg: "RunConfig") -> None:
         """Raise ``ValueError`` (one paragraph: field, value, what is allowed) when the plan
@@ -291,3 +296,22 @@ def expand_hf_config(section: dict, base_dir: Any = None) -> dict:
     if line:
         warnings.warn(line, DDLSimWarning, stacklevel=2)
     return out
+
+
+def check_ignored(cfg: "RunConfig", family: WorkloadFamily) -> None:
+    """Raise ``ValueError`` naming every field of ``family.ignores`` that ``cfg`` sets to a
+    value other than its default (the family would not read it)."""
+    bad = []
+    for path in family.ignores:
+        section, name = path.split(".")
+        sec = getattr(cfg, section)
+        default = type(sec).model_fields[name].get_default(call_default_factory=True)
+        value = getattr(sec, name)
+        if value != default:
+            bad.append(f"{path} = {value!r}")
+    if bad:
+        raise ValueError(f"{'; '.join(bad)}: the {family.architecture} family does not use "
+                         f"{'this option' if len(bad) == 1 else 'these options'} (its trace "
+                         f"would be the same without {'it' if len(bad) == 1 else 'them'}); "
+                         f"remove {'it' if len(bad) == 1 else 'them'} "
+                         f"(docs/workloads/{family.architecture}.md says what the family models)")

@@ -21,6 +21,12 @@ class BertFamily(WorkloadFamily):
     """BERT-base and BERT-large (presets in ``data/bert.yaml``)."""
 
     schema = BertModel
+    #: generic plan fields this family's trace never reads (refused when set)
+    ignores = ("parallel.sequence_parallel",
+               "parallel.tensor_parallel",
+               "parallel.context_parallel_size",
+               "parallel.cp_comm_type",
+               "train.recompute")
     presets_file = "bert.yaml"
 
     def check(self, cfg: Any) -> None:

@@ -23,12 +23,25 @@ class CosmoFlowFamily(WorkloadFamily):
     """CosmoFlow: conv layers split over a spatial grid, dense layers split over its ranks."""
 
     schema = CosmoFlowModel
+    #: generic plan fields this family's trace never reads (refused when set)
+    ignores = ("parallel.virtual_pipeline_model_parallel_size",
+               "parallel.sequence_parallel",
+               "parallel.schedule",
+               "parallel.overlap_grad_reduce",
+               "parallel.grad_bucket_size",
+               "parallel.tensor_parallel",
+               "parallel.context_parallel_size",
+               "parallel.cp_comm_type",
+               "train.recompute")
     presets_file = "cosmoflow.yaml"
 
     def check(self, cfg: Any) -> None:
         """The plan must be spatial × data parallel, the grid must hold the tensor-parallel
         ranks and split every conv layer's volume into whole, poolable sub-volumes."""
         m, p = cfg.model, cfg.parallel
+        if cfg.train.seq_length != 1:
+            raise ValueError(f"train.seq_length = {cfg.train.seq_length}: a cosmoflow sample is "
+                             "one volume (its size is model.input_shape); set seq_length: 1")
         grid = list(m.spatial_grid)
         S = math.prod(grid)
         if p.pp > 1 or p.ep > 1 or p.zero_stage or p.dp_strategy != "ddp":

@@ -33,6 +33,14 @@ class DLRMFamily(WorkloadFamily):
     """Embedding tables model-parallel over all ranks, MLPs data-parallel."""
 
     schema = DLRMModel
+    #: generic plan fields this family's trace never reads (refused when set)
+    ignores = ("parallel.virtual_pipeline_model_parallel_size",
+               "parallel.sequence_parallel",
+               "parallel.schedule",
+               "parallel.grad_bucket_size",
+               "parallel.tensor_parallel",
+               "parallel.context_parallel_size",
+               "parallel.cp_comm_type")
     presets_file = "dlrm.yaml"
 
     def check(self, cfg: Any) -> None:

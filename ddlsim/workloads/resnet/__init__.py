@@ -20,6 +20,14 @@ class ResNetFamily(WorkloadFamily):
     """ResNet-50/101/152, data parallel (presets in ``data/resnet.yaml``)."""
 
     schema = ResNetModel
+    #: generic plan fields this family's trace never reads (refused when set)
+    ignores = ("parallel.virtual_pipeline_model_parallel_size",
+               "parallel.sequence_parallel",
+               "parallel.schedule",
+               "parallel.tensor_parallel",
+               "parallel.context_parallel_size",
+               "parallel.cp_comm_type",
+               "train.recompute")
     presets_file = "resnet.yaml"
 
     def check(self, cfg: Any) -> None:
