@@ -79,59 +79,58 @@ def run_step(ci: int, instrs: tuple[Instr, ...], mb: int, oi: int, fr: list[floa
     posted, rec = st.posted, st.rec
     n = len(instrs)
     while oi < n:
-        ins = instrs[oi]
-        code, sid = ins.code, ins.stream
+        code, sid, deps, dur, label, flops, nbytes, peer, group, target = instrs[oi]
         ready, why, why_dur = 0.0, "", 0.0
-        for d in ins.deps:
+        for d in deps:
             e = loc[d]
             if e[0] > ready:
                 ready, why, why_dur = e
         if code == RECV:
-            key = (ci,) + ins.peer + (mb,)
+            key = (ci, peer[0], peer[1], mb)
             sent = posted.get(key)
             if sent is None:
                 st.waiting.setdefault(key, []).append(ci)
                 return oi
             start = sent[0] if sent[0] > ready else ready
-            loc.append((start + sent[1], ins.label, sent[1]))
+            loc.append((start + sent[1], label, sent[1]))
             if rec is not None:
                 rec.add(ci, sid, where[0], start, start + sent[1], "recv")
             oi += 1
             continue
         if code == SEND:
-            key = (ins.peer[0], ci, ins.peer[1], mb)
-            posted[key] = (ready, ins.dur)
+            key = (peer[0], ci, peer[1], mb)
+            posted[key] = (ready, dur)
             if key in st.waiting:
                 st.wake(key)
-            T.comm_bytes[ins.label] += ins.nbytes
-            loc.append((ready, ins.label, 0.0))
+            T.comm_bytes[label] += nbytes
+            loc.append((ready, label, 0.0))
             if rec is not None:
-                rec.add(ci, sid, where[0], ready, ready + ins.dur, "send")
+                rec.add(ci, sid, where[0], ready, ready + dur, "send")
             oi += 1
             continue
         if code == WAIT:
-            if fr[ins.target] > ready:
-                ready, why, why_dur = fr[ins.target], sk[ins.target], _INF
-        elif ins.group is not None:
-            rv = _rendezvous(ci, ins.group, max(ready, fr[sid]), st)
+            if fr[target] > ready:
+                ready, why, why_dur = fr[target], sk[target], _INF
+        elif group is not None:
+            rv = _rendezvous(ci, group, max(ready, fr[sid]), st)
             if rv is None:
                 return oi
             if rv > max(ready, fr[sid]):
                 ready, why, why_dur = rv, "bubble", 0.0
         f = fr[sid]
-        start = f if f > ready else ready
-        if sid == 0 and start > f:
-            attribute_gap(T, start - f, why, why_dur)
-        end = start + ins.dur
-        fr[sid] = end
+        if ready > f:               # the timing rule: start = max(ready, stream free)
+            if sid == 0:
+                attribute_gap(T, ready - f, why, why_dur)
+            f = ready
+        fr[sid] = end = f + dur
         if code == COMPUTE:
-            book(T, sid == 0, ins.label, True, ins.dur, ins.flops, 0.0)
+            book(T, sid == 0, label, True, dur, flops, 0.0)
         elif code == COLL:
-            book(T, sid == 0, ins.label, False, ins.dur, 0.0, ins.nbytes)
-            sk[sid] = ins.label
+            book(T, sid == 0, label, False, dur, 0.0, nbytes)
+            sk[sid] = label
         if rec is not None and code != WAIT:
-            rec.add(ci, sid, where[0], start, end, ins.label)
-        loc.append((end, ins.label, ins.dur))
+            rec.add(ci, sid, where[0], f, end, label)
+        loc.append((end, label, dur))
         oi += 1
     loc.clear()
     return -1

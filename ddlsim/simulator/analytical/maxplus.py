@@ -232,27 +232,27 @@ def solve(nd: Nodes) -> tuple[np.ndarray, np.ndarray] | None:
         a, b = int(nd.off[c]), int(nd.lim[c])
         if b > a:
             P = np.cumsum(nd.A[a:b])
-            lag = np.where(nd.waits[a:b], nd.A[a:b] - nd.F[a:b], -np.inf) - P
+            lag = nd.t[a:b] + np.where(nd.waits[a:b], nd.A[a:b] - nd.F[a:b], -np.inf) - P
             late = np.flatnonzero(early[a:b])
-            rows.append((c, a, b, src[a:b], nd.t[a:b], P, lag, nd.A[a:b] - nd.E[a:b], late,
-                         nd.E[a:b][late]))
+            rows.append((c, a, b, src[a:b], lag, P, nd.A[a:b] - nd.E[a:b], late,
+                         nd.E[a:b][late], np.empty(b - a)))
             for s in set(nd.cls[src[a:b][src[a:b] < N]].tolist()):
                 readers[s].add(c)
     dirty = [True] * C
     order = (rows, rows[::-1])
     for sweep in range(MAX_SWEEPS):
         changed = False
-        for c, a, b, sc, t, P, lag, AmE, late, Ee in order[sweep & 1]:
+        for c, a, b, sc, lag, P, AmE, late, Ee, new in order[sweep & 1]:
             if not dirty[c]:
                 continue
             dirty[c] = False
-            x = post[sc] + t
-            x += lag
+            x = ends[a:b]
+            np.take(post, sc, out=x)
+            x += lag                      # message arrival + what follows it, - P
             np.maximum.accumulate(x, out=x)
             np.maximum(x, 0.0, out=x)
-            x += P
-            ends[a:b] = x
-            new = x - AmE
+            x += P                        # the compute stream's end after each step
+            np.subtract(x, AmE, out=new)
             if len(late):   # posted before the wait: previous end + E
                 new[late] = np.where(late > 0, x[late - 1], 0.0) + Ee
             if not np.array_equal(new, post[a:b]):

@@ -100,7 +100,17 @@ class _Engine:
         self.devices = devices
 
     # ------------------------------------------------------------------ running
-    def run(self) -> DESRun:
+    def run(self, progress=None) -> DESRun:
+        env = self.env
+        if progress is not None:
+            progress.start(self.workload)
+            try:
+                return self._run(progress)
+            finally:
+                progress.stop()
+        return self._run(None)
+
+    def _run(self, progress) -> DESRun:
         env = self.env
         for st in self.states:
             streams = st.prog.stream_ops
@@ -111,12 +121,15 @@ class _Engine:
             if not streams:
                 self._class_done(st)
         events = 0
+        step = env.step
         while True:
             try:
-                env.step()
+                step()
             except simpy.core.EmptySchedule:
                 break
             events += 1
+            if progress is not None and not events & 0x3FFF:
+                progress.update(env.now, events)
         self._check_finished()
         return DESRun(self.programs, [s.timing for s in self.states], self.streams,
                       [s.spans for s in self.states], self.network, self.records, self.devices,
@@ -211,7 +224,11 @@ def _span_kind(ins: Instr) -> str:
 
 def run_des_engine(workload: Workload, cost: CostModel, topology, devices: np.ndarray, *,
                    record_spans: bool = True, record_flows: bool = False,
-                   audit: bool = False, shortcuts: bool = True) -> DESRun:
-    """Simulate one iteration; raises :class:`DeadlockError` if the program cannot finish."""
+                   audit: bool = False, shortcuts: bool = True, progress=None) -> DESRun:
+    """Simulate one iteration; raises :class:`DeadlockError` if the program cannot finish.
+
+    ``progress``: a :class:`~.progress.Progress` told the start, every 16,384 events
+    (simulated seconds, events) and the end.
+    """
     return _Engine(workload, cost, topology, devices, record_spans, record_flows, audit,
-                   shortcuts).run()
+                   shortcuts).run(progress)
