@@ -36,7 +36,10 @@ from .rendezvous import Collectives
 from .runs import FlowRecord
 from .templates import RouteTable
 
-__all__ = ["ClassTiming", "DESRun", "run_des_engine"]
+__all__ = ["ClassTiming", "DESRun", "run_des_engine", "PROGRESS_EVERY"]
+
+#: A progress hook hears from the engine every this many events.
+PROGRESS_EVERY = 16_384
 
 
 @dataclass
@@ -128,7 +131,7 @@ class _Engine:
             except simpy.core.EmptySchedule:
                 break
             events += 1
-            if progress is not None and not events & 0x3FFF:
+            if progress is not None and not events % PROGRESS_EVERY:
                 progress.update(env.now, events)
         self._check_finished()
         return DESRun(self.programs, [s.timing for s in self.states], self.streams,
@@ -227,7 +230,7 @@ def run_des_engine(workload: Workload, cost: CostModel, topology, devices: np.nd
                    audit: bool = False, shortcuts: bool = True, progress=None) -> DESRun:
     """Simulate one iteration; raises :class:`DeadlockError` if the program cannot finish.
 
-    ``progress``: a :class:`~.progress.Progress` told the start, every 16,384 events
+    ``progress``: a :class:`~.progress.Progress` told the start, every :data:`PROGRESS_EVERY` events
     (simulated seconds, events) and the end.
     """
     return _Engine(workload, cost, topology, devices, record_spans, record_flows, audit,
