@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ...workloads.trace import Collective, Compute, P2P, StepTable, Wait, Workload
+from ...workloads.trace import Collective, Compute, P2P, StepTable, Workload
 from ..costs import CostModel
 
 __all__ = ["COMPUTE", "COLL", "SEND", "RECV", "WAIT", "Instr", "Program", "lower"]
@@ -51,12 +51,15 @@ class Instr(NamedTuple):
 
 
 class Program(NamedTuple):
-    """One class's program: its steps (block index, micro-batch) and resolved blocks."""
+    """One class's program: its steps (block index, micro-batch) and resolved blocks;
+    ``shapes``: per block, a number shared by the blocks of every class that differ only in
+    their point-to-point peers and transfer times."""
 
     names: tuple[str, ...]
     block: np.ndarray
     microbatch: np.ndarray
     blocks: tuple[tuple[Instr, ...], ...]
+    shapes: tuple[int, ...]
 
 
 def lower(workload: Workload, cost: CostModel) -> tuple[list[Program], dict[str, int],
@@ -81,8 +84,8 @@ def lower(workload: Workload, cost: CostModel) -> tuple[list[Program], dict[str,
             block = np.fromiter((index[s.block] for s in steps), np.int64, len(steps))
             mb = np.fromiter((s.microbatch for s in steps), np.int64, len(steps))
         rep = int(cls.ranks[0])
-        blocks = tuple(lw.block(ci, rep, cls.program.blocks[n].flat) for n in names)
-        programs.append(Program(names, block, mb, blocks))
+        blocks, shapes = zip(*(lw.block(ci, rep, cls.program.blocks[n].flat) for n in names))
+        programs.append(Program(names, block, mb, blocks, shapes))
     return programs, lw.streams, lw.choices
 
 
@@ -124,30 +127,26 @@ class _Lowering:
         parts = self.row(group, rep)[2]
         return parts if len(parts) > 1 else None
 
-    def block(self, ci: int, rep: int, block) -> tuple[Instr, ...]:
-        """``block``'s instructions as class ``ci`` (representative rank ``rep``) runs it:
-        resolved once per set of collective partners, point-to-point ops filled per class."""
+    def block(self, ci: int, rep: int, block) -> tuple[tuple[Instr, ...], int]:
+        """``block``'s instructions as class ``ci`` (representative rank ``rep``) runs it,
+        and the number of its shape: resolved once per set of collective partners,
+        point-to-point ops filled per class."""
         groups = self._groups.get(id(block))
         if groups is None:
             groups = self._groups[id(block)] = tuple(sorted(
                 {op.payload.group for op in block.ops if isinstance(op.payload, Collective)}))
-        key = (id(block), tuple(self.partners(g, rep) for g in groups))
+        parts = tuple(self.partners(g, rep) for g in groups)
+        key = (id(block), parts)
         tmpl = self._blocks.get(key)
         if tmpl is None:
-            for op in block.ops:   # streams are numbered in order of first use
-                self.streams.setdefault(op.stream, len(self.streams))
-                if isinstance(op.payload, Wait):
-                    self.streams.setdefault(op.payload.stream, len(self.streams))
-            tmpl = self._blocks[key] = (_share_concurrent(
-                [None if isinstance(op.payload, P2P) else self.op(rep, op) for op in block.ops],
-                block.ops), [i for i, op in enumerate(block.ops) if isinstance(op.payload, P2P)])
+            tmpl = self._blocks[key] = self._template(block, dict(zip(groups, parts)))
         instrs, p2p = tmpl
         if not p2p:
-            return instrs
+            return instrs, id(instrs)
         out = list(instrs)
         for i in p2p:
             out[i] = self.p2p(ci, rep, block.ops[i])
-        return tuple(out)
+        return tuple(out), id(instrs)
 
     def p2p(self, ci: int, rep: int, op) -> Instr:
         """A send or recv of class ``ci``: its peer class and (a send) transfer seconds."""
@@ -165,35 +164,45 @@ class _Lowering:
                 nbytes=p.bytes if send else 0.0, peer=(int(self.class_of[peer]), p.tag))
         return hit
 
-    def op(self, rep: int, op) -> Instr:
-        """A compute op, collective or wait (the same for every class of equal partners)."""
-        p, k = op.payload, op.repeat
-        sid = self.streams.setdefault(op.stream, len(self.streams))
-        if isinstance(p, Collective):
-            parts = self.partners(p.group, rep)
-            key = (id(op), parts)
-            hit = self._ops.get(key)
+    def _template(self, block, parts: dict) -> tuple[tuple, list[int]]:
+        """(instructions with None for point-to-point ops, their positions)."""
+        streams, cache = self.streams, self._ops
+        out: list = []
+        p2p = []
+        for i, op in enumerate(block.ops):
+            streams.setdefault(op.stream, len(streams))   # numbered in order of first use
+            p = op.payload
+            kind = type(p)
+            if kind is P2P:
+                out.append(None)
+                p2p.append(i)
+                continue
+            key = (id(op), parts[p.group] if kind is Collective else None)
+            hit = cache.get(key)
             if hit is None:
-                choice = self.cost.choice(p)
-                dur = 0.0
-                if choice is not None:
-                    self.choices.setdefault(choice.key, choice.label)
-                    dur = k * choice.time_s
-                hit = self._ops[key] = Instr(
-                    COLL, sid, op.deps, dur, self.cost.kind[p.group], nbytes=k * p.bytes,
-                    group=None if parts is None else (p.group, parts))
-            return hit
-        hit = self._ops.get(id(op))
-        if hit is None:
-            if isinstance(p, Compute):
-                label = "optimizer" if p.kind == "optimizer" else "compute"
-                hit = Instr(COMPUTE, sid, op.deps, k * self.cost.compute(p), label,
-                            flops=k * p.flops)
-            else:
-                target = self.streams.setdefault(p.stream, len(self.streams))
-                hit = Instr(WAIT, sid, op.deps, 0.0, "", target=target)
-            self._ops[id(op)] = hit
-        return hit
+                hit = cache[key] = self.op(op, key[1])
+            out.append(hit)
+        return _share_concurrent(out, block.ops), p2p
+
+    def op(self, op, parts: frozenset | None) -> Instr:
+        """A compute op, wait, or collective (``parts``: the classes of its group, when
+        several)."""
+        p, k = op.payload, op.repeat
+        sid = self.streams[op.stream]
+        if isinstance(p, Collective):
+            choice = self.cost.choice(p)
+            dur = 0.0
+            if choice is not None:
+                self.choices.setdefault(choice.key, choice.label)
+                dur = k * choice.time_s
+            return Instr(COLL, sid, op.deps, dur, self.cost.kind[p.group], nbytes=k * p.bytes,
+                         group=None if parts is None else (p.group, parts))
+        if isinstance(p, Compute):
+            label = "optimizer" if p.kind == "optimizer" else "compute"
+            return Instr(COMPUTE, sid, op.deps, k * self.cost.compute(p), label,
+                         flops=k * p.flops)
+        target = self.streams.setdefault(p.stream, len(self.streams))
+        return Instr(WAIT, sid, op.deps, 0.0, "", target=target)
 
 
 def _share_concurrent(instrs: list[Instr], ops) -> tuple[Instr, ...]:
@@ -204,6 +213,8 @@ def _share_concurrent(instrs: list[Instr], ops) -> tuple[Instr, ...]:
     for i, (ins, op) in enumerate(zip(instrs, ops)):
         if ins is not None and ins.code == COLL and ins.stream != 0:
             together[(op.payload.group, op.deps)].append(i)
+    if not together:
+        return tuple(instrs)
     for members in together.values():
         k = len({instrs[i].stream for i in members})  # ops on one stream run one after another
         if k > 1:

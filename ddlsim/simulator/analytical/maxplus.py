@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .instructions import COLL, COMPUTE, RECV, SEND, Instr
+from .instructions import COLL, COMPUTE, RECV, SEND, WAIT, Instr
 
 __all__ = ["Summary", "summarise", "MAX_SWEEPS"]
 
@@ -91,8 +91,11 @@ def summarise(instrs: tuple[Instr, ...]) -> Summary | None:
         if x.stream != 0:
             side = True
             continue
-        if x.code not in (COMPUTE, COLL) or any(d not in end_at and d != r for d in x.deps):
+        if x.code == WAIT:
             return None
+        for d in x.deps:
+            if d not in end_at and d != r:
+                return None
         if first_wait < 0 and r in x.deps:
             first_wait, F = i, A
         A += x.dur
@@ -141,8 +144,8 @@ def nodes(programs: list) -> Nodes | None:
     recv_t = np.full(C * NB, -1, dtype=np.int64)
     cache: dict[tuple, Summary | None] = {}
     for c, p in enumerate(programs):
-        for b, instrs in enumerate(p.blocks):
-            s = summaries[c * NB + b] = _summary(instrs, cache)
+        for b, (instrs, shape) in enumerate(zip(p.blocks, p.shapes)):
+            s = summaries[c * NB + b] = _summary(instrs, shape, cache)
             if s is None:
                 continue
             if s.send is not None:
@@ -166,10 +169,10 @@ def nodes(programs: list) -> Nodes | None:
     M = int(mb.max()) + 1
     sending = np.flatnonzero(ok & (sent >= 0))
     slot = sent[sending] * M + mb[sending]
-    if len(slot) > 1 and not np.diff(np.sort(slot)).all():     # one message posted twice: leave it to the scheduler
-        return None
     where = np.full(max(1, len(msgs)) * M, -1, dtype=np.int64)
     where[slot] = sending
+    if not np.array_equal(where[slot], sending):   # a message posted twice: not solved
+        return None
     need = ok & (got >= 0)
     src = np.where(need, where[np.maximum(got, 0) * M + mb], -1)
     # each class's prefix ends at its first unsolvable step or at a step whose message is
@@ -191,18 +194,19 @@ def nodes(programs: list) -> Nodes | None:
 _NONE = Summary(0.0, 0.0, False, None, None, 0.0, False, False, 0.0, 0.0, 0.0, (), ())
 
 
-def _summary(instrs: tuple[Instr, ...], cache: dict) -> Summary | None:
-    """:func:`summarise`, once per block shape: blocks that differ only in their
-    point-to-point peers and transfer times (one per pipeline stage) share the work."""
-    shape = tuple((x.code, x.stream, x.deps) if x.code in (SEND, RECV) else x for x in instrs)
-    s = cache.get(shape, False)
-    if s is False:
-        s = cache[shape] = summarise(instrs)
-    if s is None or (s.recv is None and s.send is None):
+def _summary(instrs: tuple[Instr, ...], shape: int, cache: dict) -> Summary | None:
+    """:func:`summarise`, once per block shape (blocks that differ only in their
+    point-to-point peers and transfer times, one per pipeline stage, share the work)."""
+    hit = cache.get(shape)
+    if hit is None:
+        s = summarise(instrs)
+        where = (-1, -1) if s is None else tuple(
+            next((i for i, x in enumerate(instrs) if x.code == code), -1) for code in (RECV, SEND))
+        hit = cache[shape] = (s, where)
+    s, (r, snd) = hit
+    if s is None or (r < 0 and snd < 0):
         return s
-    p2p = [x for x in instrs if x.code in (SEND, RECV)]
-    return s._replace(recv=next((x for x in p2p if x.code == RECV), None),
-                      send=next((x for x in p2p if x.code == SEND), None))
+    return s._replace(recv=instrs[r] if r >= 0 else None, send=instrs[snd] if snd >= 0 else None)
 
 
 def _prefix(off: np.ndarray, bad: np.ndarray) -> np.ndarray:
