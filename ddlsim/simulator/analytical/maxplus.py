@@ -183,15 +183,19 @@ def nodes(programs: list) -> Nodes | None:
         if not beyond.any():
             break
         lim = np.minimum(lim, _prefix(off, np.flatnonzero(beyond)))
-    S = [s or _NONE for s in summaries]
-    col = {f: np.array([getattr(s, f) for s in S])[key] for f in ("A", "F", "waits", "E", "after")}
-    send_dur = np.array([s.send.dur if s.send is not None else 0.0 for s in S])[key]
+    table = np.array([(s.A, s.F, s.waits, s.E, s.after,
+                        s.send.dur if s.send is not None else 0.0) for s in map(_or_none, summaries)])
+    A, F, waits, E, after, send_dur = np.take(np.ascontiguousarray(table.T), key, axis=1)
     t = np.where(src >= 0, send_dur[np.maximum(src, 0)], 0.0)
-    return Nodes(off, lim, cls, key, src, summaries, col["A"], col["F"], col["waits"],
-                 col["E"], col["after"], t)
+    return Nodes(off, lim, cls, key, src, summaries, A, F, waits.astype(bool), E,
+                 after.astype(bool), t)
 
 
 _NONE = Summary(0.0, 0.0, False, None, None, 0.0, False, False, 0.0, 0.0, 0.0, (), ())
+
+
+def _or_none(s: Summary | None) -> Summary:
+    return _NONE if s is None else s
 
 
 def _summary(instrs: tuple[Instr, ...], shape: int, cache: dict) -> Summary | None:
@@ -253,8 +257,9 @@ def solve(nd: Nodes) -> tuple[np.ndarray, np.ndarray] | None:
             x = ends[a:b]
             np.take(post, sc, out=x)
             x += lag                      # message arrival + what follows it, - P
+            if x[0] < 0.0:                # the stream is free at 0: max(0, running max)
+                x[0] = 0.0
             np.maximum.accumulate(x, out=x)
-            np.maximum(x, 0.0, out=x)
             x += P                        # the compute stream's end after each step
             np.subtract(x, AmE, out=new)
             if len(late):   # posted before the wait: previous end + E
