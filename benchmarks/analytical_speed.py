@@ -178,7 +178,7 @@ def _wrap_phases() -> dict[str, float]:
     "solver" is the max-plus sweeps, "scheduler" the step-by-step list scheduler)."""
     from ddlsim import api
     from ddlsim.simulator import costs
-    from ddlsim.simulator.analytical import engine, instructions, interpreter, maxplus
+    from ddlsim.simulator.analytical import engine, interpreter, maxplus
 
     acc: dict[str, float] = {}
     stack: list[float] = []
@@ -202,7 +202,7 @@ def _wrap_phases() -> dict[str, float]:
     wrap(api, "memory_per_device", "memory")
     wrap(api, "build_workload", "workload build")
     wrap(costs, "CostModel", "cost model")
-    wrap(engine, "lower", "block resolution")
+    wrap(engine, "lower", "block resolution")   # engine's own name for it
     wrap(maxplus, "nodes", "node arrays")
     wrap(maxplus, "solve", "solver")
     wrap(engine, "_account", "solver accounting")

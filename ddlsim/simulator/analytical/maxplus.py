@@ -166,6 +166,7 @@ def nodes(programs: list) -> Nodes | None:
     key = cls * NB + np.concatenate([p.block for p in programs])
     ok = np.array([s is not None for s in summaries])[key]
     sent, got = sent_t[key], recv_t[key]
+    mb = mb - mb.min()          # message slots: (message, micro-batch) → node
     M = int(mb.max()) + 1
     sending = np.flatnonzero(ok & (sent >= 0))
     slot = sent[sending] * M + mb[sending]

@@ -104,7 +104,6 @@ class _Engine:
 
     # ------------------------------------------------------------------ running
     def run(self, progress=None) -> DESRun:
-        env = self.env
         if progress is not None:
             progress.start(self.workload)
             try:

@@ -18,9 +18,10 @@ from typing import Any, Protocol
 
 __all__ = ["Progress", "ConsoleProgress", "estimate_seconds", "SECONDS_PER_RANK_OP"]
 
-#: Wall seconds per rank-op (Σ ranks × ops per step) of the DES on one core: GPT-3 175B on
-#: 1,024 A100s (3.6·10^6 rank-ops) took 13.5 s, Megatron-LM 1T on 3,072 (6.9·10^7) ~360 s
-#: (:mod:`ddlsim.limits`, ``des_rank_ops``; benchmarks/des_speed.py): ~4-5 µs.
+#: Seconds per rank-op (Σ ranks × ops per step) of the DES on one core: GPT-3 175B on 1,024
+#: A100s, 3.39·10^6 rank-ops, took 15.3 s of CPU (``benchmarks/des_speed.py --targets``, 2-core
+#: machine under load), 4.5 µs; Megatron-LM 1T on 3,072, 6.9·10^7 rank-ops, 362 s (issue 13),
+#: 5.2 µs.
 SECONDS_PER_RANK_OP = 5e-6
 #: A run that has not ended after this many wall seconds shows a progress bar.
 QUIET_S = 3.0
