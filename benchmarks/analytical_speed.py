@@ -144,7 +144,8 @@ def _check_recorded(results: list, record: bool) -> None:
     rows = [{"plan": _plan(cfg), **{k: v for k, v in r.to_dict().items() if k in PREDICTED}}
             for cfg, r in results]
     if record:
-        RECORDED.write_text(json.dumps(rows, indent=1, sort_keys=True) + "\n")
+        RECORDED.write_text("[\n" + ",\n".join(json.dumps(r, sort_keys=True) for r in rows)
+                            + "\n]\n")   # one plan a line
         print(f"recorded {len(rows)} plans in {RECORDED.relative_to(ROOT)}")
         return
     want = json.loads(RECORDED.read_text())
