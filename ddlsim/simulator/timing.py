@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from .result import ClassTiming
 
-__all__ = ["NOT_COMM", "attribute_gap", "book", "finish_class"]
+__all__ = ["NOT_COMM", "attribute_gap", "split_gaps", "book", "finish_class"]
 
 #: ``why`` labels whose waits are never exposed communication.
 NOT_COMM = frozenset({"", "bubble", "compute"})
@@ -40,6 +40,21 @@ def attribute_gap(T: ClassTiming, gap: float, why: str, why_dur: float) -> None:
         T.exposed[why] += exp
         gap -= exp
     T.bubble += gap
+
+
+def split_gaps(gap, why_dur):
+    """:func:`attribute_gap` for arrays of gaps that all waited for communication: (exposed,
+    bubble) seconds, ``exposed = min(gap, why_dur)`` and the rest bubble.
+
+    Parameters
+    ----------
+    gap : array of idle seconds (>= 0).
+    why_dur : array of the durations of the transfers waited for.
+    """
+    import numpy as np
+
+    exposed = np.minimum(gap, why_dur)
+    return exposed, gap - exposed
 
 
 def book(T: ClassTiming, compute_stream: bool, label: str, is_compute: bool, dur: float,

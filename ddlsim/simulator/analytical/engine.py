@@ -27,6 +27,7 @@ from ...errors import DeadlockError
 from ...workloads.trace import Workload
 from ..costs import CostModel
 from ..result import ClassTiming, EngineRun
+from ..timing import split_gaps
 from . import maxplus
 from .instructions import lower
 from .interpreter import State, run_class, run_step
@@ -142,13 +143,13 @@ def _account(nd: maxplus.Nodes, st: State, mine: np.ndarray, prev: np.ndarray,
     w = mine & nd.waits
     gap = np.zeros(len(w))
     gap[w] = np.maximum(arrive[w] - (prev[w] + nd.F[w]), 0.0)
-    exp = np.minimum(gap, nd.t)
+    exp, rest = split_gaps(gap, nd.t)
     label_of = {}
     lab = np.array([label_of.setdefault(s.recv.label, len(label_of))
                     if s is not None and s.recv is not None else 0
                     for s in nd.summaries], dtype=np.int64)[nd.key]
     L = max(1, len(label_of))
-    bubble = np.bincount(nd.cls, weights=gap - exp, minlength=C)
+    bubble = np.bincount(nd.cls, weights=rest, minlength=C)
     exposed = np.bincount(nd.cls * L + lab, weights=exp, minlength=C * L).reshape(C, L)
     names = list(label_of)
     for c in range(C):
