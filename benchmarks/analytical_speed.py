@@ -7,11 +7,17 @@ The sweep is every valid plan for GPT-3 175B on 1,024 A100s (128 DGX A100 nodes)
 micro-batch ∈ {1, 2, 4, 8} × schedule ∈ {gpipe, 1f1b, interleaved v=2, interleaved v=3}, keeping
 those the config validator accepts. Each is predicted in process through the Python API
 (memory is computed and reported, plans that do not fit are still timed).
+
+Every prediction of the first pass is compared with the recorded sweep,
+``benchmarks/data/analytical_sweep.json`` (the predicted fields of ``Result.to_dict()`` of
+every plan, recorded with the engine before its rewrite), to 1e-9 relative (1e-12 absolute),
+as ``tests/test_golden.py`` compares the examples; ``--record`` rewrites it.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import time
@@ -22,6 +28,9 @@ from ddlsim.config import build_config
 from ddlsim.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
+#: What the sweep and the deepest plan are timed with (``--clock``).
+CLOCK = [time.perf_counter]
+RECORDED = ROOT / "benchmarks" / "data" / "analytical_sweep.json"
 
 
 def sweep() -> list:
@@ -52,29 +61,38 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--phases", action="store_true",
                     help="also print where the time goes (workload build, block resolution, "
                          "sweep solver, …), ms per config, by wrapping the engine's functions")
+    ap.add_argument("--record", action="store_true",
+                    help=f"rewrite {RECORDED.relative_to(ROOT)} from this engine's predictions")
     ap.add_argument("--repeat", type=int, default=3,
                     help="time the sweep this many times and report the fastest pass "
                          "(a shared VM's speed varies by ±30%% between runs)")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="time the predictions by the wall clock (default) or by this process's "
+                         "CPU time (steadier on a shared machine; the cold start stays wall)")
     args = ap.parse_args(argv)
+    CLOCK[0] = time.process_time if args.clock == "cpu" else time.perf_counter
     t0 = time.perf_counter()
     configs = sweep()
     t_build = time.perf_counter() - t0
     if args.limit:
         configs = configs[: args.limit]
+    results: list = []
     passes = []
     for _ in range(max(1, args.repeat)):
         fits = 0
         best = None
         per_cfg = []
-        t0 = time.perf_counter()
+        t0 = CLOCK[0]()
         for cfg in configs:
-            t1 = time.perf_counter()
+            t1 = CLOCK[0]()
             r = ddlsim.predict(cfg, check_fit=False)
-            per_cfg.append(time.perf_counter() - t1)
+            per_cfg.append(CLOCK[0]() - t1)
+            if len(results) < len(configs):
+                results.append((cfg, r))
             fits += r.memory.fits
             if r.memory.fits and (best is None or r.iteration_time_s < best[0]):
                 best = (r.iteration_time_s, cfg.parallel, cfg.train.micro_batch_size)
-        passes.append((time.perf_counter() - t0, per_cfg))
+        passes.append((CLOCK[0]() - t0, per_cfg))
     dt, per_cfg = min(passes, key=lambda x: x[0])
     print(f"sweep: {len(configs)} valid plans ({fits} fit in 80 GB), validated in {t_build:.2f} s")
     print(f"analytical engine: {dt:.2f} s, {len(configs) / dt:,.0f} configs/s, "
@@ -85,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         by_depth.setdefault(cfg.parallel.pp, []).append(t)
     print("ms/config by pipeline depth: " + ", ".join(
         f"PP{pp} {1e3 * sum(ts) / len(ts):.1f} (×{len(ts)})" for pp, ts in sorted(by_depth.items())))
+    _check_recorded(results, args.record)
     if args.phases:   # one more pass, wrapped (which adds a little to every call)
         phases = _wrap_phases()
         for cfg in configs:
@@ -92,10 +111,12 @@ def main(argv: list[str] | None = None) -> int:
         print("ms/config by part (one more pass): " + ", ".join(
             f"{k} {1e3 * v / len(configs):.2f}" for k, v in phases.items()))
     deep = max(configs, key=lambda c: c.parallel.pp * c.parallel.vpp * c.num_microbatches)
-    t_deep = min(_timed(deep) for _ in range(3))
+    t_deep = min(_timed(deep) for _ in range(5))
+    t_engine = _engine_only(deep)
     d = deep.parallel
     print(f"deepest plan (TP{d.tp} PP{d.pp} v{d.vpp}, {deep.num_microbatches} micro-batches): "
-          f"{1e3 * t_deep:.0f} ms")
+          f"predict {1e3 * t_deep:.1f} ms, of which the engine {1e3 * t_engine:.1f} ms "
+          "(fastest of 5)")
     if best:
         p = best[1]
         print(f"fastest plan that fits: TP{p.tp} PP{p.pp} DP{p.data_parallel_size} {p.schedule}"
@@ -109,19 +130,62 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _plan(cfg) -> dict:
+    p = cfg.parallel
+    return {"tp": p.tp, "pp": p.pp, "schedule": p.schedule, "vpp": p.vpp,
+            "micro_batch_size": cfg.train.micro_batch_size}
+
+
+def _check_recorded(results: list, record: bool) -> None:
+    """Compare every plan's predictions with the recorded sweep (or record them)."""
+    sys.path.insert(0, str(ROOT))
+    from tests.test_golden import PREDICTED, _flatten, mismatches
+
+    rows = [{"plan": _plan(cfg), **{k: v for k, v in r.to_dict().items() if k in PREDICTED}}
+            for cfg, r in results]
+    if record:
+        RECORDED.write_text("[\n" + ",\n".join(json.dumps(r, sort_keys=True) for r in rows)
+                            + "\n]\n")   # one plan a line
+        print(f"recorded {len(rows)} plans in {RECORDED.relative_to(ROOT)}")
+        return
+    want = json.loads(RECORDED.read_text())
+    if [w["plan"] for w in want] != [g["plan"] for g in rows]:
+        print("recorded sweep: the plans differ from the grid (re-record with --record)")
+        return
+    bad = [(g["plan"], m) for g, w in zip(rows, want)
+           if (m := mismatches(_flatten(g), _flatten(w)))]
+    print(f"recorded sweep: {len(rows) - len(bad)} of {len(rows)} plans unchanged to 1e-9")
+    for plan, m in bad[:5]:
+        print(f"  {plan}: {m[:3]}")
+
+
+def _engine_only(cfg) -> float:
+    """Fastest of 5 runs of the analytical engine alone (workload and cost model built)."""
+    from ddlsim.api import build_workload
+    from ddlsim.simulator.analytical.engine import simulate_analytical
+    from ddlsim.simulator.costs import CostModel
+
+    wl = build_workload(cfg)
+    best = float("inf")
+    for _ in range(5):
+        t0 = CLOCK[0]()
+        simulate_analytical(wl, CostModel(cfg.system, wl, cfg.parallel.collective_algorithm))
+        best = min(best, CLOCK[0]() - t0)
+    return best
+
+
 def _timed(cfg) -> float:
-    t0 = time.perf_counter()
+    t0 = CLOCK[0]()
     ddlsim.predict(cfg, check_fit=False)
-    return time.perf_counter() - t0
+    return CLOCK[0]() - t0
 
 
 def _wrap_phases() -> dict[str, float]:
     """Accumulate the wall time of the main steps of a prediction (nested parts excluded:
-    "solver" is the sweep solver's step-by-step loop, "periodic checks" the rest of the
-    extrapolation)."""
+    "solver" is the max-plus sweeps, "scheduler" the step-by-step list scheduler)."""
     from ddlsim import api
     from ddlsim.simulator import costs
-    from ddlsim.simulator.analytical import engine
+    from ddlsim.simulator.analytical import engine, interpreter, maxplus
 
     acc: dict[str, float] = {}
     stack: list[float] = []
@@ -145,11 +209,12 @@ def _wrap_phases() -> dict[str, float]:
     wrap(api, "memory_per_device", "memory")
     wrap(api, "build_workload", "workload build")
     wrap(costs, "CostModel", "cost model")
-    wrap(engine, "_resolve", "block resolution")
-    wrap(engine, "_Nodes", "node arrays")
-    wrap(engine, "_gs", "solver")
-    wrap(engine, "_periodic", "periodic checks")
-    wrap(engine, "_settle", "settle")
+    wrap(engine, "lower", "block resolution")   # engine's own name for it
+    wrap(maxplus, "nodes", "node arrays")
+    wrap(maxplus, "solve", "solver")
+    wrap(engine, "_account", "solver accounting")
+    wrap(engine, "_replay", "side-stream replay")
+    wrap(interpreter, "run_class", "scheduler")
     wrap(engine, "simulate_analytical", "engine, rest")
     wrap(api, "_result", "result")
     wrap(ddlsim, "predict", "predict, rest")

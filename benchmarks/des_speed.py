@@ -9,17 +9,34 @@ the global batch either growing with DP so every pipeline runs the same 192 micr
 
     python benchmarks/des_speed.py                 # main case + weak-scaling table
     python benchmarks/des_speed.py --strong --sizes 1024,8192
-    python benchmarks/des_speed.py --profile       # pyinstrument profile of the main case
+    python benchmarks/des_speed.py --profile       # cProfile of the main case
+    python benchmarks/des_speed.py --targets       # the issue's three targets, each timed in
+                                                   # a fresh process, with its peak memory
 
-Targets: 1,024 GPUs in ≤ 30 s, 8,192 GPUs in ≤ 5 min.
+Targets (issue 13, one core): GPT-3 175B on 1,024 GPUs ≤ 10 s; Megatron-LM 1T on 3,072 GPUs
+(``examples/megatron-1t-3072-a100.yaml``) ≤ 60 s; 16,384 GPUs (GPT-3 175B, TP8 × PP16 ×
+DP128, weak scaling: 192 micro-batches per pipeline as in the table) ≤ 2 min. Peak memory is
+the process's maximum resident set size (``resource.getrusage``), workload and topology
+build included.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import ddlsim
+from ddlsim.limits import Limits
+
+ROOT = Path(__file__).resolve().parents[1]
+#: name → (config, seconds allowed)
+TARGETS = {"gpt3-175b-1024": ("config(1024, 1536)", 10.0),
+           "megatron-1t-3072": (repr(str(ROOT / "examples" / "megatron-1t-3072-a100.yaml")), 60.0),
+           "gpt3-175b-16384": ("config(16384)", 120.0)}
 
 SIZES = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
@@ -42,16 +59,44 @@ def time_des(cfg: dict) -> tuple[float, ddlsim.predict]:
     return time.perf_counter() - t0, result
 
 
+def one_target(name: str) -> dict:
+    """Run target ``name`` in this process: wall and CPU seconds, events, peak RSS."""
+    import resource
+    cfg = eval(TARGETS[name][0])   # a literal path or a call of config() above
+    t0, c0 = time.perf_counter(), time.process_time()
+    r = ddlsim.predict(cfg, "des", check_fit=False, spans="representative",
+                       limits=Limits(des_rank_ops=10**9))
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return {"name": name, "wall_s": wall, "cpu_s": cpu, "events": r.extra["des"]["events"],
+            "iteration_s": r.iteration_time_s, "world_size": r.world_size,
+            "peak_rss_MB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def targets(names: list[str]) -> None:
+    """Each target in a fresh process (its own peak memory), one core each."""
+    print(f"{'case':>18} {'GPUs':>6} {'wall s':>8} {'CPU s':>8} {'events':>10} {'peak MB':>8} "
+          f"{'target s':>8}  met")
+    for name in names:
+        out = subprocess.run([sys.executable, __file__, "--one", name], check=True,
+                             capture_output=True, text=True).stdout
+        r = json.loads(out.strip().splitlines()[-1])
+        limit = TARGETS[name][1]
+        print(f"{name:>18} {r['world_size']:6d} {r['wall_s']:8.1f} {r['cpu_s']:8.1f} "
+              f"{r['events']:10,d} {r['peak_rss_MB']:8.0f} {limit:8.0f}  "
+              f"{'yes' if r['wall_s'] <= limit else 'NO'}", flush=True)
+
+
 def main_case(profile: bool) -> None:
     cfg = config(1024, 1536)
     if profile:
-        from pyinstrument import Profiler
-        prof = Profiler()
-        prof.start()
+        import cProfile
+        import pstats
+        prof = cProfile.Profile()
+        prof.enable()
     wall, r = time_des(cfg)
     if profile:
-        prof.stop()
-        print(prof.output_text(unicode=True, color=False))
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(30)
     a = ddlsim.predict(cfg, "analytical", check_fit=False)
     s = r.extra["des"]
     print("GPT-3 175B, 1,024 A100 (TP8 PP16 DP8, global batch 1,536, micro-batch 1)")
@@ -87,7 +132,17 @@ def main() -> None:
     ap.add_argument("--strong", action="store_true", help="fix the global batch at 1,536")
     ap.add_argument("--profile", action="store_true", help="profile the main case")
     ap.add_argument("--no-table", action="store_true", help="only the main case")
+    ap.add_argument("--targets", nargs="?", const=",".join(TARGETS), default=None,
+                    help="time the issue's targets (comma-separated names: "
+                         f"{', '.join(TARGETS)}), each in a fresh process")
+    ap.add_argument("--one", choices=list(TARGETS), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.one:
+        print(json.dumps(one_target(args.one)))
+        return
+    if args.targets:
+        targets(args.targets.split(","))
+        return
     main_case(args.profile)
     if not args.no_table:
         scaling([int(x) for x in args.sizes.split(",")], args.strong)

@@ -94,6 +94,9 @@ def run_predictions(cfg, engines: list[str], *, calibration, backend, allow_oom:
     results = []
     for e in engines:
         opts = {"trace_path": trace, "force": force} if e == "des" and trace is not None else {}
+        if e == "des":   # an estimate before a long run, a progress bar during it (stderr)
+            from .simulator.des.progress import ConsoleProgress
+            opts["progress"] = ConsoleProgress()
         results.append(run_predict(cfg, e, calibration=calibration, backend=backend,
                                    check_fit=not allow_oom, record_spans=record_spans,
                                    **predict_options, **opts))

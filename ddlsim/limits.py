@@ -171,10 +171,11 @@ class Limits:
         10^6 is ~35 s and ~0.6 GB before the DES starts.
     trace_ops
         Ops of the trace the analytical engine times, Σ over rank classes of the ops of every
-        step. Where the schedule has no periodic steady state to extrapolate (ZeRO-3: one
-        all-gather per layer) the engine takes ~6.5 µs an op, trace build included (GPT-3 with
-        9,984 layers, ZeRO-3, 12 micro-batches: 1.8·10^6 ops, 12 s, 195 MB); pipelines take
-        ~0.4 µs (Megatron-LM 1T: 1.4·10^6 ops, 0.55 s). 5·10^6 is at most ~35 s.
+        step. Where the engine's max-plus solver cannot time the steps (ZeRO-3: the compute
+        stream waits for one all-gather per layer) its scheduler takes ~6.5 µs an op, trace
+        build included (GPT-3 with 9,984 layers, ZeRO-3, 12 micro-batches: 1.8·10^6 ops, 12 s,
+        195 MB); pipelines the solver times take ~0.05 µs (Megatron-LM 1T: 1.4·10^6 ops, 0.08 s
+        CPU for the whole prediction, measured for issue 13). 5·10^6 is at most ~35 s.
     des_rank_ops
         DES: ops executed over all ranks, Σ ranks × ops per step. The DES runs ~4-9 µs per
         rank-op (GPT-3 175B on 1,024 GPUs: 3.6·10^6 in 13.5 s; Megatron-LM 1T on 3,072 GPUs:

@@ -1,7 +1,7 @@
 """Spans of the analytical engine's representative ranks: recording observes and changes
 nothing; the spans end where the engine's classes end, fill each class's compute stream as
-its accounting says, and are the same whichever path (sweep solver, periodic extrapolation,
-general loop) timed the steps."""
+its accounting says, and are the same whichever path (max-plus solver or scheduler) timed
+the steps."""
 
 from __future__ import annotations
 
@@ -69,19 +69,15 @@ def test_compute_stream_spans_match_the_accounting(config):
 
 @pytest.mark.parametrize("config", [PIPELINED, INTERLEAVED], ids=["1f1b", "interleaved"])
 def test_every_path_records_the_same_spans(config, monkeypatch):
-    """The sweep solver with periodic extrapolation (forced on this small plan), without it,
-    and the general loop alone lay out the same spans, to rounding."""
-    monkeypatch.setattr(engine, "PERIODIC_MIN_STEPS", 0)
+    """The max-plus solver (its steps replayed for their spans) and the scheduler alone lay
+    out the same spans, to rounding."""
     got = {}
-    for fast, periodic in ((True, True), (True, False), (False, False)):
-        monkeypatch.setattr(engine, "FAST_PREFIX", fast)
-        monkeypatch.setattr(engine, "PERIODIC", periodic)
-        got[fast, periodic] = ddlsim.predict(copy.deepcopy(config), check_fit=False,
-                                             record_spans=True)
-    slow = got[False, False]
-    for r in (got[True, True], got[True, False]):
-        assert [(s.rank, s.stream, s.name, s.kind) for s in r.spans] == \
-               [(s.rank, s.stream, s.name, s.kind) for s in slow.spans]
-        for a, b in zip(r.spans, slow.spans):
-            assert a.start_s == pytest.approx(b.start_s, rel=1e-9, abs=1e-12)
-            assert a.end_s == pytest.approx(b.end_s, rel=1e-9, abs=1e-12)
+    for solver in (True, False):
+        monkeypatch.setattr(engine, "SOLVER", solver)
+        got[solver] = ddlsim.predict(copy.deepcopy(config), check_fit=False, record_spans=True)
+    fast, slow = got[True], got[False]
+    assert [(s.rank, s.stream, s.name, s.kind) for s in fast.spans] == \
+           [(s.rank, s.stream, s.name, s.kind) for s in slow.spans]
+    for a, b in zip(fast.spans, slow.spans):
+        assert a.start_s == pytest.approx(b.start_s, rel=1e-9, abs=1e-12)
+        assert a.end_s == pytest.approx(b.end_s, rel=1e-9, abs=1e-12)

@@ -44,17 +44,20 @@ def _placement(cost: CostModel, topology: Topology) -> np.ndarray:
 
 def run_des(workload: Workload, cost: CostModel, topology: Topology | None = None, *,
             record_spans: bool = True, record_flows: bool = False,
-            audit: bool = False, shortcuts: bool = True) -> tuple[DESRun, Topology]:
+            audit: bool = False, shortcuts: bool = True,
+            progress=None) -> tuple[DESRun, Topology]:
     """Simulate one iteration of ``workload``; returns the raw run and the topology used.
 
     ``topology`` defaults to the graph of ``cost.system``; ``audit`` records the largest
     link load/bandwidth ratio ever reached (``run.network.max_load_ratio``); ``shortcuts``
-    lets runs on idle links skip the flow machinery (exact, see :mod:`.express`).
+    lets runs on idle links skip the flow machinery (exact, see :mod:`.express`);
+    ``progress`` (a :class:`~.progress.Progress`) follows the run.
     """
     topo = topology if topology is not None else from_system(cost.system)
     devices = _placement(cost, topo)
     run = run_des_engine(workload, cost, topo, devices, record_spans=record_spans,
-                         record_flows=record_flows, audit=audit, shortcuts=shortcuts)
+                         record_flows=record_flows, audit=audit, shortcuts=shortcuts,
+                         progress=progress)
     return run, topo
 
 
@@ -72,7 +75,7 @@ def _span_mode(mode: str, workload: Workload) -> str:
 def simulate_des(workload: Workload, cost: CostModel, *,
                  trace_path: str | Path | None = None, force: bool = False,
                  spans: SpanMode = "auto", audit: bool = False,
-                 topology: Topology | None = None, **unknown):
+                 topology: Topology | None = None, progress=None, **unknown):
     """Predict one iteration with the discrete-event engine.
 
     Parameters
@@ -86,6 +89,8 @@ def simulate_des(workload: Workload, cost: CostModel, *,
     audit : check link loads after every rate change (slower); reported in
         ``result.extra["des"]["max_link_load_ratio"]``.
     topology : a prebuilt :class:`~ddlsim.topologies.Topology` instead of ``cost.system``'s.
+    progress : a :class:`~.progress.Progress` (``ConsoleProgress()``: an estimate before a
+        long run, a progress bar during it, on standard error).
 
     Returns
     -------
@@ -95,13 +100,13 @@ def simulate_des(workload: Workload, cost: CostModel, *,
     """
     if unknown:
         raise ConfigError(f"unknown DES option {sorted(unknown)[0]!r}; allowed: trace_path, "
-                          "force, spans, audit, topology")
+                          "force, spans, audit, topology, progress")
     if trace_path is not None:
         from ...textio import check_output
         check_output(trace_path, force, what="trace file")
     mode = _span_mode(spans, workload)
     run, topo = run_des(workload, cost, topology, record_spans=mode != "none" or bool(trace_path),
-                        record_flows=trace_path is not None, audit=audit)
+                        record_flows=trace_path is not None, audit=audit, progress=progress)
     span_list = rank_spans(run, workload, mode == "all") if mode != "none" else ()
     result = des_result(workload, workload.peak_memory, cost.peak_flops(workload.meta.dtype), run, topo,
                         span_list, mode, audit)

@@ -12,8 +12,9 @@ order, an op also waits for its ``deps``; a Wait waits for the last op issued be
 the awaited stream; collectives wait for every class of their rendezvous component;
 point-to-point ops never hold their stream: a send is posted when its deps are done, the
 transfer starts when the matching recv is posted too, and ops depending on the recv wait for
-the transfer. Idle time on the compute stream is attributed exactly as the analytical engine
-attributes it, so both engines' breakdowns compare like with like.
+the transfer. Idle time on the compute stream is attributed by the rules of
+:mod:`ddlsim.simulator.timing`, shared with the analytical engine, so both engines'
+breakdowns compare like with like.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from ...errors import DeadlockError
 from ...workloads.trace import Workload
 from ..costs import CostModel
 from ..result import ClassTiming
+from ..timing import attribute_gap, book, finish_class
 from .network import FlowNetwork
 from .p2p import P2PMatcher
 from .program import COLL, COMPUTE, WAIT, ClassProgram, Instr, rendezvous_components, resolve
@@ -34,7 +36,10 @@ from .rendezvous import Collectives
 from .runs import FlowRecord
 from .templates import RouteTable
 
-__all__ = ["ClassTiming", "DESRun", "run_des_engine"]
+__all__ = ["ClassTiming", "DESRun", "run_des_engine", "PROGRESS_EVERY"]
+
+#: A progress hook hears from the engine every this many events.
+PROGRESS_EVERY = 16_384
 
 
 @dataclass
@@ -98,7 +103,16 @@ class _Engine:
         self.devices = devices
 
     # ------------------------------------------------------------------ running
-    def run(self) -> DESRun:
+    def run(self, progress=None) -> DESRun:
+        if progress is not None:
+            progress.start(self.workload)
+            try:
+                return self._run(progress)
+            finally:
+                progress.stop()
+        return self._run(None)
+
+    def _run(self, progress) -> DESRun:
         env = self.env
         for st in self.states:
             streams = st.prog.stream_ops
@@ -109,12 +123,15 @@ class _Engine:
             if not streams:
                 self._class_done(st)
         events = 0
+        step = env.step
         while True:
             try:
-                env.step()
+                step()
             except simpy.core.EmptySchedule:
                 break
             events += 1
+            if progress is not None and not events % PROGRESS_EVERY:
+                progress.update(env.now, events)
         self._check_finished()
         return DESRun(self.programs, [s.timing for s in self.states], self.streams,
                       [s.spans for s in self.states], self.network, self.records, self.devices,
@@ -128,7 +145,7 @@ class _Engine:
             why, why_dur, issue = yield from self._ready(st, sid, flat, ins)
             start = self.env.now
             if sid == 0 and start > free:
-                _attribute_gap(st.timing, start - free, why, why_dur)
+                attribute_gap(st.timing, start - free, why, why_dur)
             yield from self._execute(st, sid, flat, ins, issue, start)
             free = self.env.now
         st.stream_end[sid] = free
@@ -171,38 +188,24 @@ class _Engine:
 
     def _execute(self, st: ClassState, sid: int, flat: int, ins: Instr, issue, start: float):
         """Run a compute op or a started collective; book it."""
-        env, T = self.env, st.timing
+        env = self.env
         if ins.code == COMPUTE:
             if ins.duration_s > 0:
                 yield env.timeout(ins.duration_s)
-            T.flops += ins.flops
-            if sid == 0:
-                if ins.label == "optimizer":
-                    T.optimizer += ins.duration_s
-                else:
-                    T.compute += ins.duration_s
+            book(st.timing, sid == 0, ins.label, True, ins.duration_s, ins.flops, 0.0)
         elif ins.code == COLL:
             st.at[sid] = (flat, "collective")
             if not issue.ended:
                 yield issue.end_ev
-            T.comm_bytes[ins.label] += ins.nbytes
+            book(st.timing, sid == 0, ins.label, False, env.now - start, 0.0, ins.nbytes)
             st.stream_kind[sid] = ins.label
-            if sid == 0:
-                T.exposed[ins.label] += env.now - start
         end = env.now
         st.finish(flat, end, ins.label, end - start)
         if st.spans is not None and (end > start or ins.code != WAIT):
             st.spans.append((sid, ins.name, start, end, _span_kind(ins)))
 
     def _class_done(self, st: ClassState) -> None:
-        T = st.timing
-        ends = st.stream_end
-        end = max(ends.values(), default=0.0)
-        compute_end = ends.get(0, 0.0)
-        if end > compute_end:  # communication still running after the last compute op
-            tail = min(s for s, e in ends.items() if e == end)
-            T.exposed[st.stream_kind.get(tail, "") or "other"] += end - compute_end
-        T.end = end
+        finish_class(st.timing, st.stream_end, st.stream_kind)
 
     # ------------------------------------------------------------------ deadlock
     def _check_finished(self) -> None:
@@ -211,16 +214,6 @@ class _Engine:
         unmatched = self.p2p.unmatched()
         if stuck or unmatched:
             raise DeadlockError(describe_deadlock(self, stuck, unmatched))
-
-
-def _attribute_gap(T: ClassTiming, gap: float, why: str, why_dur: float) -> None:
-    """Idle compute-stream time: exposed communication of ``why`` up to ``why_dur``, the rest
-    bubble (the analytical engine's rule)."""
-    exp = gap if why_dur >= gap else why_dur
-    if why and why != "bubble" and why != "compute" and exp > 0:
-        T.exposed[why] += exp
-        gap -= exp
-    T.bubble += gap
 
 
 def _span_kind(ins: Instr) -> str:
@@ -233,7 +226,11 @@ def _span_kind(ins: Instr) -> str:
 
 def run_des_engine(workload: Workload, cost: CostModel, topology, devices: np.ndarray, *,
                    record_spans: bool = True, record_flows: bool = False,
-                   audit: bool = False, shortcuts: bool = True) -> DESRun:
-    """Simulate one iteration; raises :class:`DeadlockError` if the program cannot finish."""
+                   audit: bool = False, shortcuts: bool = True, progress=None) -> DESRun:
+    """Simulate one iteration; raises :class:`DeadlockError` if the program cannot finish.
+
+    ``progress``: a :class:`~.progress.Progress` told the start, every :data:`PROGRESS_EVERY` events
+    (simulated seconds, events) and the end.
+    """
     return _Engine(workload, cost, topology, devices, record_spans, record_flows, audit,
-                   shortcuts).run()
+                   shortcuts).run(progress)

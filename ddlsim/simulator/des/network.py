@@ -24,6 +24,7 @@ import simpy
 
 from .flowtable import FlowTable, LinkLedger, pad_to
 from .maxmin import max_min_rates
+from .uniq import unique_counts
 
 __all__ = ["FlowNetwork", "FlowOwner"]
 
@@ -121,7 +122,7 @@ class FlowNetwork:
 
     def domains(self, first_links: np.ndarray) -> np.ndarray:
         """Domain roots of flows whose first links are ``first_links`` (pad excluded)."""
-        roots = np.unique(self.root[first_links])
+        roots = unique_counts(self.root[first_links])[0]
         return roots[roots != self.pad]
 
     def idle(self, roots: np.ndarray) -> bool:
@@ -154,7 +155,7 @@ class FlowNetwork:
         """Start flows now: ``edges`` (k, w) padded link ids, ``nbytes`` (k,) bytes per flow,
         ``mult`` (k,) identical flows per row. ``owner.flows_done`` is called as they end."""
         dom = self.root[edges[:, 0]]
-        doms, counts = np.unique(dom, return_counts=True)
+        doms, counts = unique_counts(dom)
         if self._reserved:
             for r in doms.tolist():
                 run = self._reserved.get(r)
@@ -302,7 +303,7 @@ class FlowNetwork:
     def _finish(self, done: np.ndarray, now: float) -> None:
         s = self._slots
         self._advance(done, now)
-        doms, counts = np.unique(s.dom[done], return_counts=True)
+        doms, counts = unique_counts(s.dom[done])
         self._users[doms] -= counts
         self._dirty[doms] = True
         self._removed.append(s.edges[done])

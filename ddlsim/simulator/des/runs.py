@@ -21,6 +21,7 @@ import simpy
 from .express import IsolatedPhase, isolated_profile
 from .network import FlowNetwork
 from .templates import FlowTemplate, PhaseFlows
+from .uniq import unique_inverse
 
 __all__ = ["TemplateRun", "FlowRecord"]
 
@@ -95,7 +96,7 @@ class TemplateRun:
         ph = self.template.phases[k]
         if self.records is not None:
             self._record(k, instances, started, self.env.now, self._flow_bytes(ph))
-        levels, group = np.unique(self._latency(ph, ph.latency_s[instances]), return_inverse=True)
+        levels, group = unique_inverse(self._latency(ph, ph.latency_s[instances]))
         for i, lat in enumerate(levels):
             self._after(float(lat), instances[group == i], k + 1)
 

@@ -1,0 +1,223 @@
+"""The analytical engine's instructions: a block's ops, resolved for one rank class.
+
+Each op becomes one :class:`Instr` with its closed-form duration from the cost model; a
+point-to-point op learns its peer class and transfer time, a collective whose group spans
+several rank classes learns which (its rendezvous). Resolution is cached: blocks shared by
+several classes (a model's middle stages) are resolved once per distinct set of partners.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import NamedTuple
+
+import numpy as np
+
+from ...workloads.trace import Collective, Compute, P2P, StepTable, Workload
+from ..costs import CostModel
+
+__all__ = ["COMPUTE", "COLL", "SEND", "RECV", "WAIT", "Instr", "Program", "lower"]
+
+COMPUTE, COLL, SEND, RECV, WAIT = range(5)
+
+
+class Instr(NamedTuple):
+    """One op of a block as the engine times it.
+
+    Attributes
+    ----------
+    code : ``COMPUTE``, ``COLL``, ``SEND``, ``RECV`` or ``WAIT``.
+    stream : stream id (0 is the compute stream).
+    deps : indices of earlier instructions of the block it waits for.
+    dur : seconds it holds its stream (a send: the transfer's seconds; recv and wait: 0).
+    label : ``compute``/``optimizer`` for compute ops, else the group kind (``dp``, ``pp``…).
+    flops : FLOPs (compute ops).
+    nbytes : communication bytes it adds (collectives, sends).
+    peer : point-to-point ops: ``(peer class, tag)``.
+    group : a collective across classes: ``(group family, classes that must arrive)``.
+    target : a wait: the awaited stream.
+    """
+
+    code: int
+    stream: int
+    deps: tuple[int, ...]
+    dur: float
+    label: str
+    flops: float = 0.0
+    nbytes: float = 0.0
+    peer: tuple[int, str] | None = None
+    group: tuple[str, frozenset] | None = None
+    target: int = -1
+
+
+class Program(NamedTuple):
+    """One class's program: its steps (block index, micro-batch) and resolved blocks;
+    ``shapes``: per block, a number shared by the blocks of every class that differ only in
+    their point-to-point peers and transfer times."""
+
+    names: tuple[str, ...]
+    block: np.ndarray
+    microbatch: np.ndarray
+    blocks: tuple[tuple[Instr, ...], ...]
+    shapes: tuple[int, ...]
+
+
+def lower(workload: Workload, cost: CostModel) -> tuple[list[Program], dict[str, int],
+                                                        dict[str, str]]:
+    """Resolve every class's blocks.
+
+    Returns
+    -------
+    programs : one :class:`Program` per class, in ``workload.classes`` order.
+    streams : stream name → id, ``compute`` first, then in order of first use.
+    choices : collective choice key → algorithm label, in resolution order.
+    """
+    lw = _Lowering(workload, cost)
+    programs = []
+    for ci, cls in enumerate(workload.classes):
+        steps = cls.program.steps
+        if isinstance(steps, StepTable):
+            names, block, mb = steps.names, steps.block, steps.microbatch
+        else:
+            names = tuple(dict.fromkeys(s.block for s in steps))
+            index = {n: i for i, n in enumerate(names)}
+            block = np.fromiter((index[s.block] for s in steps), np.int64, len(steps))
+            mb = np.fromiter((s.microbatch for s in steps), np.int64, len(steps))
+        rep = int(cls.ranks[0])
+        blocks, shapes = zip(*(lw.block(ci, rep, cls.program.blocks[n].flat) for n in names))
+        programs.append(Program(names, block, mb, blocks, shapes))
+    return programs, lw.streams, lw.choices
+
+
+class _Lowering:
+    """Caches of one resolution: group rows of representative ranks, resolved ops."""
+
+    def __init__(self, workload: Workload, cost: CostModel):
+        self.workload, self.cost = workload, cost
+        self.class_of = workload.class_of()
+        self.streams: dict[str, int] = {"compute": 0}
+        self.choices: dict[str, str] = {}
+        self._inverse: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._rows: dict[tuple[str, int], tuple] = {}
+        self._groups: dict[int, tuple[str, ...]] = {}
+        self._blocks: dict[tuple, tuple] = {}
+        self._ops: dict[tuple, Instr] = {}
+        self._p2p: dict[tuple, Instr] = {}
+
+    def row(self, group: str, rank: int) -> tuple[tuple[int, ...], int, frozenset]:
+        """(members of ``rank``'s group of family ``group``, its index there, their classes)."""
+        hit = self._rows.get((group, rank))
+        if hit is None:
+            members = self.workload.groups[group].members
+            if group not in self._inverse:
+                g_of = np.empty(self.workload.world_size, dtype=np.int64)
+                i_of = np.empty(self.workload.world_size, dtype=np.int64)
+                n_g, size = members.shape
+                g_of[members.ravel()] = np.repeat(np.arange(n_g), size)
+                i_of[members.ravel()] = np.tile(np.arange(size), n_g)
+                self._inverse[group] = (g_of, i_of)
+            g_of, i_of = self._inverse[group]
+            row = members[g_of[rank]]
+            hit = (tuple(row.tolist()), int(i_of[rank]), frozenset(self.class_of[row].tolist()))
+            self._rows[(group, rank)] = hit
+        return hit
+
+    def partners(self, group: str, rep: int) -> frozenset | None:
+        """The classes of ``rep``'s group of family ``group`` when there are several."""
+        parts = self.row(group, rep)[2]
+        return parts if len(parts) > 1 else None
+
+    def block(self, ci: int, rep: int, block) -> tuple[tuple[Instr, ...], int]:
+        """``block``'s instructions as class ``ci`` (representative rank ``rep``) runs it,
+        and the number of its shape: resolved once per set of collective partners,
+        point-to-point ops filled per class."""
+        groups = self._groups.get(id(block))
+        if groups is None:
+            groups = self._groups[id(block)] = tuple(sorted(
+                {op.payload.group for op in block.ops if isinstance(op.payload, Collective)}))
+        parts = tuple(self.partners(g, rep) for g in groups)
+        key = (id(block), parts)
+        tmpl = self._blocks.get(key)
+        if tmpl is None:
+            tmpl = self._blocks[key] = self._template(block, dict(zip(groups, parts)))
+        instrs, p2p = tmpl
+        if not p2p:
+            return instrs, id(instrs)
+        out = list(instrs)
+        for i in p2p:
+            out[i] = self.p2p(ci, rep, block.ops[i])
+        return tuple(out), id(instrs)
+
+    def p2p(self, ci: int, rep: int, op) -> Instr:
+        """A send or recv of class ``ci``: its peer class and (a send) transfer seconds."""
+        p = op.payload
+        key = (ci, p.group, p.peer, p.kind, p.bytes, p.tag, op.stream, op.deps)
+        hit = self._p2p.get(key)
+        if hit is None:
+            sid = self.streams.setdefault(op.stream, len(self.streams))
+            row, i, _ = self.row(p.group, rep)
+            peer = row[(i + p.peer) % len(row)]
+            send = p.kind == "send"
+            hit = self._p2p[key] = Instr(
+                SEND if send else RECV, sid, op.deps,
+                self.cost.p2p(p, rep, peer) if send else 0.0, self.cost.kind[p.group],
+                nbytes=p.bytes if send else 0.0, peer=(int(self.class_of[peer]), p.tag))
+        return hit
+
+    def _template(self, block, parts: dict) -> tuple[tuple, list[int]]:
+        """(instructions with None for point-to-point ops, their positions)."""
+        streams, cache = self.streams, self._ops
+        out: list = []
+        p2p = []
+        for i, op in enumerate(block.ops):
+            streams.setdefault(op.stream, len(streams))   # numbered in order of first use
+            p = op.payload
+            kind = type(p)
+            if kind is P2P:
+                out.append(None)
+                p2p.append(i)
+                continue
+            key = (id(op), parts[p.group] if kind is Collective else None)
+            hit = cache.get(key)
+            if hit is None:
+                hit = cache[key] = self.op(op, key[1])
+            out.append(hit)
+        return _share_concurrent(out, block.ops), p2p
+
+    def op(self, op, parts: frozenset | None) -> Instr:
+        """A compute op, wait, or collective (``parts``: the classes of its group, when
+        several)."""
+        p, k = op.payload, op.repeat
+        sid = self.streams[op.stream]
+        if isinstance(p, Collective):
+            choice = self.cost.choice(p)
+            dur = 0.0
+            if choice is not None:
+                self.choices.setdefault(choice.key, choice.label)
+                dur = k * choice.time_s
+            return Instr(COLL, sid, op.deps, dur, self.cost.kind[p.group], nbytes=k * p.bytes,
+                         group=None if parts is None else (p.group, parts))
+        if isinstance(p, Compute):
+            label = "optimizer" if p.kind == "optimizer" else "compute"
+            return Instr(COMPUTE, sid, op.deps, k * self.cost.compute(p), label,
+                         flops=k * p.flops)
+        target = self.streams.setdefault(p.stream, len(self.streams))
+        return Instr(WAIT, sid, op.deps, 0.0, "", target=target)
+
+
+def _share_concurrent(instrs: list[Instr], ops) -> tuple[Instr, ...]:
+    """Collectives of one group family issued together (same deps) on separate communication
+    streams share the same links: each takes k times as long when k run at once (fair
+    sharing). The analytical engine cannot see which links they really share; the DES can."""
+    together: dict[tuple, list[int]] = defaultdict(list)
+    for i, (ins, op) in enumerate(zip(instrs, ops)):
+        if ins is not None and ins.code == COLL and ins.stream != 0:
+            together[(op.payload.group, op.deps)].append(i)
+    if not together:
+        return tuple(instrs)
+    for members in together.values():
+        k = len({instrs[i].stream for i in members})  # ops on one stream run one after another
+        if k > 1:
+            for i in members:
+                instrs[i] = instrs[i]._replace(dur=instrs[i].dur * k)
+    return tuple(instrs)

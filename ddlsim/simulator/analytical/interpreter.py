@@ -1,0 +1,150 @@
+"""The list scheduler: one representative rank per class runs its instructions in issue order.
+
+Each instruction is timed by the shared rule (:mod:`ddlsim.simulator.timing`): it starts when
+its stream is free and its deps have ended, a wait when the awaited stream is free, a
+collective across classes when every class of its group has arrived (the last arrival), a
+recv when the matching send has been posted (plus the transfer). A class that reaches a recv
+whose send is not posted yet, or a collective some class has not reached, sleeps until the
+send or the last arrival happens; classes are resumed first in, first out, so the order is
+deterministic.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+from ..result import ClassTiming
+from ..timing import attribute_gap, book, finish_class
+from .instructions import COLL, COMPUTE, RECV, SEND, WAIT, Instr, Program
+
+__all__ = ["State", "run_class", "run_step"]
+
+_INF = math.inf
+
+
+class State:
+    """What the scheduler keeps between resumptions of the classes."""
+
+    def __init__(self, n_cls: int, n_streams: int):
+        self.free = [[0.0] * n_streams for _ in range(n_cls)]
+        self.kind = [[""] * n_streams for _ in range(n_cls)]
+        self.pos = [[0, 0] for _ in range(n_cls)]            # per class: step, instruction
+        self.local: list[list[tuple[float, str, float]]] = [[] for _ in range(n_cls)]
+        self.occ = [defaultdict(int) for _ in range(n_cls)]  # collective key → times done
+        self.posted: dict[tuple, tuple[float, float]] = {}   # message → (posted at, transfer s)
+        self.arrivals: dict[tuple, dict[int, float]] = {}
+        self.timings = [ClassTiming() for _ in range(n_cls)]
+        self.waiting: dict[tuple, list[int]] = {}            # message or collective → sleepers
+        self.woken: list[int] = []
+        self.rec = None   # a spans.SpanRecorder when spans are recorded
+        self.steps: list = [None] * n_cls   # per class (blocks, micro-batches) as lists
+
+    def wake(self, key: tuple) -> None:
+        sleepers = self.waiting.pop(key, None)
+        if sleepers:
+            self.woken.extend(sleepers)
+
+
+def run_class(ci: int, prog: Program, st: State) -> bool:
+    """Advance class ``ci`` until it blocks (False) or finishes (True)."""
+    si, oi = st.pos[ci]
+    n_steps = len(prog.block)
+    steps = st.steps[ci]
+    if steps is None:
+        steps = st.steps[ci] = (prog.block.tolist(), prog.microbatch.tolist())
+    block, mb = steps
+    while si < n_steps:
+        b = block[si]
+        oi = run_step(ci, prog.blocks[b], mb[si], oi, st.free[ci], st.kind[ci],
+                      st.timings[ci], st.local[ci], st, (prog.names[b], si))
+        if oi >= 0:
+            st.pos[ci] = [si, oi]
+            return False
+        si, oi = si + 1, 0
+    st.pos[ci] = [si, 0]
+    finish_class(st.timings[ci], st.free[ci], st.kind[ci])
+    return True
+
+
+def run_step(ci: int, instrs: tuple[Instr, ...], mb: int, oi: int, fr: list[float],
+             sk: list[str], T: ClassTiming, loc: list, st: State, where: tuple) -> int:
+    """Run one step's block from instruction ``oi``: -1 when done (``loc`` cleared), else the
+    instruction it blocks at (the class is put to sleep on what it waits for).
+
+    ``fr``/``sk``: the class's stream free times and last communication kinds; ``loc``: the
+    (end, label, duration) of the block's instructions run so far; ``where``: (block name,
+    step index) for the span recorder.
+    """
+    posted, rec = st.posted, st.rec
+    n = len(instrs)
+    while oi < n:
+        code, sid, deps, dur, label, flops, nbytes, peer, group, target = instrs[oi]
+        ready, why, why_dur = 0.0, "", 0.0
+        for d in deps:
+            e = loc[d]
+            if e[0] > ready:
+                ready, why, why_dur = e
+        if code == RECV:
+            key = (ci, peer[0], peer[1], mb)
+            sent = posted.get(key)
+            if sent is None:
+                st.waiting.setdefault(key, []).append(ci)
+                return oi
+            start = sent[0] if sent[0] > ready else ready
+            loc.append((start + sent[1], label, sent[1]))
+            if rec is not None:
+                rec.add(ci, sid, where[0], start, start + sent[1], "recv")
+            oi += 1
+            continue
+        if code == SEND:
+            key = (peer[0], ci, peer[1], mb)
+            posted[key] = (ready, dur)
+            if key in st.waiting:
+                st.wake(key)
+            T.comm_bytes[label] += nbytes
+            loc.append((ready, label, 0.0))
+            if rec is not None:
+                rec.add(ci, sid, where[0], ready, ready + dur, "send")
+            oi += 1
+            continue
+        if code == WAIT:
+            if fr[target] > ready:
+                ready, why, why_dur = fr[target], sk[target], _INF
+        elif group is not None:
+            rv = _rendezvous(ci, group, max(ready, fr[sid]), st)
+            if rv is None:
+                return oi
+            if rv > max(ready, fr[sid]):
+                ready, why, why_dur = rv, "bubble", 0.0
+        f = fr[sid]
+        if ready > f:               # the timing rule: start = max(ready, stream free)
+            if sid == 0:
+                attribute_gap(T, ready - f, why, why_dur)
+            f = ready
+        fr[sid] = end = f + dur
+        if code == COMPUTE:
+            book(T, sid == 0, label, True, dur, flops, 0.0)
+        elif code == COLL:
+            book(T, sid == 0, label, False, dur, 0.0, nbytes)
+            sk[sid] = label
+        if rec is not None and code != WAIT:
+            rec.add(ci, sid, where[0], f, end, label)
+        loc.append((end, label, dur))
+        oi += 1
+    loc.clear()
+    return -1
+
+
+def _rendezvous(ci: int, group: tuple, mine: float, st: State) -> float | None:
+    """The time the last class of ``group`` arrives at this collective, or None when some
+    class has not arrived yet (``ci`` sleeps until it does)."""
+    key = (group, st.occ[ci][group])
+    arr = st.arrivals.setdefault(key, {})
+    arr[ci] = mine
+    if len(arr) < len(group[1]):
+        st.waiting.setdefault(key, []).append(ci)
+        return None
+    st.wake(key)
+    st.occ[ci][group] += 1
+    return max(arr.values())

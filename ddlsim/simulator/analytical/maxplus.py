@@ -1,0 +1,275 @@
+"""The max-plus recurrence of a step, solved for every step of every class at once with numpy.
+
+Most steps of a training iteration are *scalar*: the compute stream's timing depends only on
+when the stream was free (``f``) and when the step's one received message was posted (``a``),
+not on any other stream. Such a step is a max-plus affine map of the timing rule
+(:mod:`ddlsim.simulator.timing`): with ``A`` the seconds of its compute-stream instructions
+and ``F`` those before the first one that uses the message (transfer ``t``)::
+
+    f' = max(f + A,  a + t + (A - F))
+
+Over one class's steps ``f_j = max(f_{j-1} + A_j, c_j)`` unrolls to ``f_j = P_j + max(0,
+max_{i<=j} (c_i - P_i))`` with ``P`` the prefix sums of ``A``: a cumulative sum and a running
+maximum, vectorised over the steps. Messages couple the classes; the solver iterates
+Gauss–Seidel sweeps over the classes, alternately upwards and downwards, from lower bounds
+(an unknown message counts as never arriving) until no value changes: the least fixed point,
+which for a deadlock-free program is the schedule the list scheduler computes (each value is
+the longest path to its node). Every node's duration is positive, so a cyclic (deadlocked)
+program never settles and is left to the scheduler, as is any step that is not scalar.
+
+A step is scalar when its block has at most one recv (without deps) and at most one send
+(after compute-stream instructions only), no collective across classes, no wait on the
+compute stream, and no compute-stream instruction waiting for another stream. Instructions on
+other streams (gradient buckets hanging off the backward) may be present: they cannot change
+the compute stream, so they are replayed by the scheduler afterwards, in step order.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import NamedTuple
+
+import numpy as np
+
+from .instructions import COLL, COMPUTE, RECV, SEND, WAIT, Instr
+
+__all__ = ["Summary", "summarise", "MAX_SWEEPS"]
+
+#: Sweeps after which the solver gives up (the scheduler then times every step).
+MAX_SWEEPS = 256
+
+
+class Summary(NamedTuple):
+    """A scalar step's max-plus form and its accounting (see the module docstring).
+
+    ``E`` is the compute-stream seconds up to and including the send's last dep, ``after``
+    whether that dep comes after the first instruction waiting for the message; ``exposed``
+    and ``nbytes`` are (label, seconds or bytes) pairs; ``side``: the block also uses other
+    streams (replayed by the scheduler, which then does its accounting).
+    """
+
+    A: float
+    F: float
+    waits: bool
+    recv: Instr | None
+    send: Instr | None
+    E: float
+    after: bool
+    side: bool
+    compute: float
+    optimizer: float
+    flops: float
+    exposed: tuple[tuple[str, float], ...]
+    nbytes: tuple[tuple[str, float], ...]
+
+
+def summarise(instrs: tuple[Instr, ...]) -> Summary | None:
+    """The max-plus form of a block, or None when it is not scalar."""
+    recvs = [i for i, x in enumerate(instrs) if x.code == RECV]
+    sends = [i for i, x in enumerate(instrs) if x.code == SEND]
+    if len(recvs) > 1 or len(sends) > 1 or (recvs and instrs[recvs[0]].deps):
+        return None
+    r = recvs[0] if recvs else -1
+    end_at: dict[int, float] = {}        # compute-stream instruction → seconds to its end
+    A = F = 0.0
+    first_wait = -1
+    side = False
+    compute = optimizer = flops = 0.0
+    exposed: dict[str, float] = defaultdict(float)
+    nbytes: dict[str, float] = defaultdict(float)
+    for i, x in enumerate(instrs):
+        if x.group is not None:
+            return None
+        if x.code == COMPUTE:
+            flops += x.flops
+        if x.code in (SEND, RECV):
+            if x.code == SEND:
+                nbytes[x.label] += x.nbytes
+            continue
+        if x.code == COLL:
+            nbytes[x.label] += x.nbytes
+        if x.stream != 0:
+            side = True
+            continue
+        if x.code == WAIT:
+            return None
+        for d in x.deps:
+            if d not in end_at and d != r:
+                return None
+        if first_wait < 0 and r in x.deps:
+            first_wait, F = i, A
+        A += x.dur
+        end_at[i] = A
+        if x.code == COLL:
+            exposed[x.label] += x.dur
+        elif x.label == "optimizer":
+            optimizer += x.dur
+        else:
+            compute += x.dur
+    send = instrs[sends[0]] if sends else None
+    if send is not None and (not send.deps or any(d not in end_at for d in send.deps)):
+        return None
+    last = max(send.deps) if send is not None else -1
+    return Summary(A, F if first_wait >= 0 else A, first_wait >= 0,
+                   instrs[r] if r >= 0 else None, send, end_at.get(last, 0.0),
+                   0 <= first_wait <= last, side, compute, optimizer, flops,
+                   tuple(exposed.items()), tuple(nbytes.items()))
+
+
+class Nodes(NamedTuple):
+    """Every step of every class as one flat array (class-major), up to each class's
+    solvable prefix: ``lim[c]`` (absolute index) ends class ``c``'s."""
+
+    off: np.ndarray
+    lim: np.ndarray
+    cls: np.ndarray
+    key: np.ndarray          # class · NB + block index
+    src: np.ndarray          # node whose send a node receives, or -1
+    summaries: list          # by key
+    A: np.ndarray
+    F: np.ndarray
+    waits: np.ndarray
+    E: np.ndarray
+    after: np.ndarray
+    t: np.ndarray            # transfer seconds of the received message
+
+
+def nodes(programs: list) -> Nodes | None:
+    """The nodes of every class's solvable prefix, or None when there is nothing to solve."""
+    C = len(programs)
+    NB = max((len(p.blocks) for p in programs), default=0)
+    summaries: list[Summary | None] = [None] * (C * NB)
+    msgs: dict[tuple, int] = {}
+    sent_t = np.full(C * NB, -1, dtype=np.int64)
+    recv_t = np.full(C * NB, -1, dtype=np.int64)
+    cache: dict[tuple, Summary | None] = {}
+    for c, p in enumerate(programs):
+        for b, (instrs, shape) in enumerate(zip(p.blocks, p.shapes)):
+            s = summaries[c * NB + b] = _summary(instrs, shape, cache)
+            if s is None:
+                continue
+            if s.send is not None:
+                dest, tag = s.send.peer
+                sent_t[c * NB + b] = msgs.setdefault((c, dest, tag), len(msgs))
+            if s.recv is not None:
+                srcc, tag = s.recv.peer
+                recv_t[c * NB + b] = msgs.setdefault((srcc, c, tag), len(msgs))
+                if srcc == c:
+                    summaries[c * NB + b] = None
+    lens = np.array([len(p.block) for p in programs], dtype=np.int64)
+    off = np.concatenate([[0], np.cumsum(lens)])
+    N = int(off[-1])
+    if N == 0:
+        return None
+    cls = np.repeat(np.arange(C), lens)
+    mb = np.concatenate([p.microbatch for p in programs]).astype(np.int64)
+    key = cls * NB + np.concatenate([p.block for p in programs])
+    ok = np.array([s is not None for s in summaries])[key]
+    sent, got = sent_t[key], recv_t[key]
+    mb = mb - mb.min()          # message slots: (message, micro-batch) → node
+    M = int(mb.max()) + 1
+    sending = np.flatnonzero(ok & (sent >= 0))
+    slot = sent[sending] * M + mb[sending]
+    where = np.full(max(1, len(msgs)) * M, -1, dtype=np.int64)
+    where[slot] = sending
+    if not np.array_equal(where[slot], sending):   # a message posted twice: not solved
+        return None
+    need = ok & (got >= 0)
+    src = np.where(need, where[np.maximum(got, 0) * M + mb], -1)
+    # each class's prefix ends at its first unsolvable step or at a step whose message is
+    # sent beyond its sender's prefix
+    lim = _prefix(off, np.flatnonzero(~ok | (need & (src < 0))))
+    while True:
+        beyond = need & (src >= 0) & (np.arange(N) < lim[cls]) & (src >= lim[cls[np.maximum(src, 0)]])
+        if not beyond.any():
+            break
+        lim = np.minimum(lim, _prefix(off, np.flatnonzero(beyond)))
+    table = np.array([(s.A, s.F, s.waits, s.E, s.after,
+                        s.send.dur if s.send is not None else 0.0) for s in map(_or_none, summaries)])
+    A, F, waits, E, after, send_dur = np.take(np.ascontiguousarray(table.T), key, axis=1)
+    t = np.where(src >= 0, send_dur[np.maximum(src, 0)], 0.0)
+    return Nodes(off, lim, cls, key, src, summaries, A, F, waits.astype(bool), E,
+                 after.astype(bool), t)
+
+
+_NONE = Summary(0.0, 0.0, False, None, None, 0.0, False, False, 0.0, 0.0, 0.0, (), ())
+
+
+def _or_none(s: Summary | None) -> Summary:
+    return _NONE if s is None else s
+
+
+def _summary(instrs: tuple[Instr, ...], shape: int, cache: dict) -> Summary | None:
+    """:func:`summarise`, once per block shape (blocks that differ only in their
+    point-to-point peers and transfer times, one per pipeline stage, share the work)."""
+    hit = cache.get(shape)
+    if hit is None:
+        s = summarise(instrs)
+        where = (-1, -1) if s is None else tuple(
+            next((i for i, x in enumerate(instrs) if x.code == code), -1) for code in (RECV, SEND))
+        hit = cache[shape] = (s, where)
+    s, (r, snd) = hit
+    if s is None or (r < 0 and snd < 0):
+        return s
+    return s._replace(recv=instrs[r] if r >= 0 else None, send=instrs[snd] if snd >= 0 else None)
+
+
+def _prefix(off: np.ndarray, bad: np.ndarray) -> np.ndarray:
+    """Per class, the absolute index of its first node listed in ``bad`` (its end if none)."""
+    first = np.searchsorted(bad, off[:-1])
+    return np.minimum(np.append(bad, off[-1])[first], off[1:])
+
+
+def solve(nd: Nodes) -> tuple[np.ndarray, np.ndarray] | None:
+    """(end of each node's compute stream, when each posts its message) over the prefixes,
+    or None when the sweeps do not settle.
+
+    A send after the instruction waiting for the message (or in a step without one) is
+    posted ``A - E`` before the step ends; one before it, ``E`` after the step starts.
+    """
+    N = len(nd.cls)
+    C = len(nd.off) - 1
+    live = np.arange(N) < nd.lim[nd.cls]
+    if not ((nd.A > 0) & (~nd.waits | (nd.t + nd.A - nd.F > 0)))[live].all():
+        return None               # a zero-length node: cycles could settle; not solved
+    ends = np.zeros(N)
+    post = np.full(N + 1, -np.inf)   # post[-1]: the message of nodes that receive none
+    src = np.where(nd.src >= 0, nd.src, N)
+    early = nd.waits & ~nd.after
+    rows, readers = [], [set() for _ in range(C)]
+    for c in range(C):
+        a, b = int(nd.off[c]), int(nd.lim[c])
+        if b > a:
+            P = np.cumsum(nd.A[a:b])
+            lag = nd.t[a:b] + np.where(nd.waits[a:b], nd.A[a:b] - nd.F[a:b], -np.inf) - P
+            late = np.flatnonzero(early[a:b])
+            rows.append((c, a, b, src[a:b], lag, P, nd.A[a:b] - nd.E[a:b], late,
+                         nd.E[a:b][late], np.empty(b - a)))
+            for s in set(nd.cls[src[a:b][src[a:b] < N]].tolist()):
+                readers[s].add(c)
+    dirty = [True] * C
+    order = (rows, rows[::-1])
+    for sweep in range(MAX_SWEEPS):
+        changed = False
+        for c, a, b, sc, lag, P, AmE, late, Ee, new in order[sweep & 1]:
+            if not dirty[c]:
+                continue
+            dirty[c] = False
+            x = ends[a:b]
+            np.take(post, sc, out=x)
+            x += lag                      # message arrival + what follows it, - P
+            if x[0] < 0.0:                # the stream is free at 0: max(0, running max)
+                x[0] = 0.0
+            np.maximum.accumulate(x, out=x)
+            x += P                        # the compute stream's end after each step
+            np.subtract(x, AmE, out=new)
+            if len(late):   # posted before the wait: previous end + E
+                new[late] = np.where(late > 0, x[late - 1], 0.0) + Ee
+            if not np.array_equal(new, post[a:b]):
+                post[a:b] = new
+                changed = True
+                for r in readers[c]:
+                    dirty[r] = True
+        if not changed:
+            return ends, post[:N]
+    return None
