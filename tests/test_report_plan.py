@@ -148,3 +148,10 @@ def test_every_kind_with_bytes_in_any_engine_is_listed():
     assert "0 B" in cp and "2.00 MiB" in cp
     assert not any(ln.startswith("│ tp") for ln in text.splitlines())  # TP1: no bytes, no row
 
+
+
+def test_decoder_line_names_expert_parallelism_within_data_parallelism():
+    """Mixtral example: TP1 × PP4 on 64 GPUs leaves DP16, out of which EP8 is carved."""
+    line = _plan("examples/mixtral-8x7b-ep8.yaml")
+    assert line.startswith("TP1 × PP4(v8) × DP16 (EP8) = 64 ranks, interleaved")
+    assert "(EP" not in _plan("examples/llama2-70b-64-h100.yaml")

@@ -94,14 +94,18 @@ class DecoderFamily(WorkloadFamily):
     def plan_summary(self, cfg: Any) -> str:
         """Megatron-LM's plan line, with the tensor-parallel scheme and grid when it is not
         1-D (``TP64 2.5-D [4,4,4]``) and the context-parallel axis when there is one
-        (``CP4 ring``, ``CP4 all-gather``)."""
+        (``CP4 ring``, ``CP4 all-gather``), and expert parallelism, carved out of data
+        parallelism as in Megatron-Core (``DP16 (EP8)``)."""
         p = cfg.parallel
         axes = f"TP{p.tp}"
         if p.tp_mode != "1d":
             axes += f" {_grid_label(p.tensor_parallel)}"
         if p.cp > 1:
             axes += f" × CP{p.cp} {'ring' if p.cp_comm_type == 'p2p' else 'all-gather'}"
-        return axes + super().plan_summary(cfg).removeprefix(f"TP{p.tp}")
+        line = super().plan_summary(cfg).removeprefix(f"TP{p.tp}")
+        if p.ep > 1:
+            line = line.replace(f"× DP{cfg.dp} =", f"× DP{cfg.dp} (EP{p.ep}) =", 1)
+        return axes + line
 
     def group_labels(self, cfg: Any) -> dict[str, str]:
         """``tp`` with the grid's group families when the scheme is not 1-D (their bytes
