@@ -18,7 +18,7 @@ from ddlsim.search.family import vector_family
 from ddlsim.search.netcost import affine_form, check_affine, collective_seconds, mesh_networks
 from ddlsim.search.pipeline import flow_shop_tail, iteration_time
 from ddlsim.search.plans import SCHEDULE, VECTOR_FIELDS, enumerate_plans
-from ddlsim.simulator.collectives import GroupNet, _REGISTRY, collective_time
+from ddlsim.simulator.collectives import GroupNet, algorithms_for, collective_time, get_algorithm
 from ddlsim.simulator.costs import CostModel
 from ddlsim.workloads.schedules import peak_inflight
 from ddlsim.workloads.trace import Collective, Compute
@@ -29,8 +29,21 @@ NETS = [GroupNet(8, 8, 1e-6, 150e9),                                  # one node
         GroupNet(9, 2, 0.5e-6, 20e9, 25e-6, 1.25e9, 5)]               # the 10 GbE CPU cluster
 
 
-@pytest.mark.parametrize("key", sorted(_REGISTRY))
-def test_every_registered_form_is_affine_in_the_message_size(key):
+GENERIC = sorted((op, name) for op in ("all_reduce", "all_gather", "reduce_scatter", "broadcast",
+                                        "reduce", "gather", "scatter", "all_to_all")
+                 for name in algorithms_for(op, "mpi"))
+
+
+def test_every_algorithm_is_generic_or_nccl():
+    """Every registered algorithm of these ops is either affine (tested below) or NCCL's
+    (timed by its own array form, tests/simulator/test_nccl_vector.py)."""
+    for op in {op for op, _ in GENERIC}:
+        nccl = {n for n in algorithms_for(op) if get_algorithm(op, n).backend == "nccl"}
+        assert set(algorithms_for(op)) == {n for o, n in GENERIC if o == op} | nccl
+
+
+@pytest.mark.parametrize("key", GENERIC)
+def test_every_generic_form_is_affine_in_the_message_size(key):
     op, name = key
     for net in NETS:
         check_affine(op, name, net)
@@ -58,6 +71,11 @@ SAMPLES = {
     "two nodes pp4 no overlap": ["system.nodes=2", "parallel.pipeline_model_parallel_size=4",
                                  "parallel.overlap_grad_reduce=false", "parallel.zero_stage=2"],
     "tree all-reduce": ["parallel.collective_algorithm={all_reduce: tree}"],
+    "mpi backend two nodes": ["system.collectives.backend=mpi", "system.nodes=2"],
+    "mpich backend two nodes": ["system.collectives.backend=mpich", "system.nodes=2",
+                                "parallel.pipeline_model_parallel_size=1"],
+    "nccl tree Simple two nodes": ["parallel.collective_algorithm={all_reduce: nccl_tree}",
+                                   "system.collectives.nccl_protocol=Simple", "system.nodes=2"],
 }
 
 
@@ -81,9 +99,38 @@ def test_collectives_match_the_cost_model(sample):
                 if isinstance(p, Collective) and (p.op, p.group, p.bytes) not in seen:
                     seen.add((p.op, p.group, p.bytes))
                     got = collective_seconds(p.op, p.group, np.array([p.bytes]), np.array([0]),
-                                             nets.nets, sample.parallel.collective_algorithm)
+                                             nets.nets, sample.parallel.collective_algorithm,
+                                             backend=nets.backend)
                     assert got[0] == pytest.approx(cost.collective(p), rel=1e-9)
     assert seen
+
+
+BACKENDS = {"nccl": [], "nccl 4 nodes": ["system.nodes=4"],
+            "nccl ring": ["system.nodes=2", "parallel.collective_algorithm={all_reduce: nccl_ring}"],
+            "mpi": ["system.collectives.backend=mpi", "system.nodes=2"],
+            "mpich": ["system.collectives.backend=mpich", "system.nodes=2"]}
+
+
+@pytest.mark.parametrize("name", sorted(BACKENDS))
+def test_collectives_match_the_cost_model_on_dense_sizes(name, base_dict):
+    """Sizes from 1 B to 8 GiB, dense enough to cross every threshold of NCCL's tuning model
+    (the tree correction's powers of two, the ring plateau) and of MPICH's rules (8 B,
+    512 KiB, 80 KiB, 12,288 B, 2,048 B), on every family of one mesh: collective_seconds is
+    CostModel.collective."""
+    cfg = load_config(base_dict, BACKENDS[name] + ["parallel.pipeline_model_parallel_size=1"])
+    wl = build_workload(cfg)
+    cost = CostModel(cfg.system, wl, cfg.parallel.collective_algorithm,
+                     devices=_placement(cfg, wl))
+    nets = mesh_networks(cfg, np.array([[cfg.parallel.tp, cfg.parallel.pp, cfg.dp]]))
+    sizes = np.unique(np.concatenate([np.geomspace(1, 2.0 ** 33, 400), 2.0 ** np.arange(34),
+                                      [8, 9, 2048, 2049, 12288, 12289, 80 * 1024]]))
+    for op in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce"):
+        for family in ("tp", "dp"):
+            got = collective_seconds(op, family, sizes, np.zeros(len(sizes), dtype=int),
+                                     nets.nets, cfg.parallel.collective_algorithm,
+                                     backend=nets.backend)
+            want = [cost.collective(Collective("x", op, family, float(n))) for n in sizes]
+            np.testing.assert_allclose(got, want, rtol=1e-9, err_msg=f"{op} {family}")
 
 
 def _compute_stream(block, cost) -> float:

@@ -89,7 +89,8 @@ class DecoderVectors:
             key = (op, family, id(nbytes))  # the same array asked again (act, grad bytes)
             if key not in done:
                 done[key] = (nbytes, collective_seconds(
-                    op, family, np.broadcast_to(nbytes, b.shape), mi, net.nets, algos, memo))
+                    op, family, np.broadcast_to(nbytes, b.shape), mi, net.nets, algos, memo,
+                    net.backend))
             return done[key][1]
 
         memo: dict = {}

@@ -1,21 +1,28 @@
 """Collective and point-to-point costs for arrays of plans, from the exact engine's own code.
 
-Two facts make this a reuse rather than a copy of the physics:
+Three facts make this a reuse rather than a copy of the physics:
 
 * **The group networks** (:class:`~ddlsim.simulator.collectives.GroupNet`: members per node,
-  nodes spanned, NIC share) depend only on the mesh (TP, PP, DP) and the system, and a grid
-  has few meshes. :func:`mesh_networks` builds them for each distinct mesh with
-  :class:`~ddlsim.simulator.costs.CostModel` itself.
-* **Every registered closed form is affine in the message size** ``n`` on a fixed network
-  (``α·steps + n·(per-byte terms)``; a ``max`` of two per-byte terms is still linear in
-  ``n ≥ 0``). So ``time(n) = time(0) + n·(time(N) − time(0))/N``: two calls of the registered
-  scalar function per (op, algorithm, network) give the coefficients, and the arrays of
-  plans are timed with one multiply-add. :func:`affine_form` checks the affinity at a third
-  size and refuses a form that is not affine (a future algorithm with a size threshold would
-  need its own vectorised form, registered next to it).
+  nodes spanned, NIC share, NCCL's view of the machine) depend only on the mesh (TP, PP, DP)
+  and the system, and a grid has few meshes. :func:`mesh_networks` builds them for each
+  distinct mesh with :class:`~ddlsim.simulator.costs.CostModel` itself, and records its
+  collective backend (``nccl``, ``mpi`` or ``mpich``).
+* **The generic (``mpi``) closed forms are affine in the message size** ``n`` on a fixed
+  network (``α·steps + n·(per-byte terms)``; a ``max`` of two per-byte terms is still linear
+  in ``n ≥ 0``). So ``time(n) = time(0) + n·(time(N) − time(0))/N``: two calls of the
+  registered scalar function give the coefficients. :func:`affine_form` checks the affinity
+  at a third size and refuses a form that is not affine.
+* **NCCL's algorithms are not affine** (per protocol, the ring's Simple latency plateau above
+  a size threshold and the tree's size-correction table), but their size-independent parts
+  are (:func:`~ddlsim.simulator.nccl.model.nccl_form`), and
+  :func:`~ddlsim.simulator.nccl.model.nccl_seconds_array` evaluates the scalar arithmetic on
+  arrays. An NCCL algorithm is the minimum over its protocols (or the configured one).
 
-``"auto"`` is the minimum over the registered algorithms, as
-:func:`~ddlsim.simulator.collectives.best_algorithm` takes it.
+``"auto"`` is the minimum over the backend's registered algorithms, as
+:func:`~ddlsim.simulator.collectives.best_algorithm` takes it; with ``mpich``, MPICH's own
+rule (:func:`~ddlsim.simulator.collectives.selection.mpich_algorithm`) is applied to each
+distinct (group size, message size) pair, falling back to the cheapest MPI algorithm where
+it names none or one that cannot run, as :meth:`CostModel._closed_form` does.
 """
 
 from __future__ import annotations
@@ -29,9 +36,10 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import ConfigError
-from ..simulator.collectives import GroupNet, algorithms_for, collective_time
+from ..simulator.collectives import GroupNet, algorithms_for, collective_time, get_algorithm
 
-__all__ = ["affine_form", "check_affine", "MeshNets", "mesh_networks", "collective_seconds", "PROBE_BYTES"]
+__all__ = ["affine_form", "check_affine", "MeshNets", "mesh_networks", "collective_seconds",
+           "PROBE_BYTES", "cache_clear"]
 
 #: The size at which the slope of a closed form is probed (1 GiB: large enough that the
 #: latency term does not swamp the per-byte term in float64).
@@ -79,6 +87,8 @@ class MeshNets(NamedTuple):
     hop_s_per_byte: np.ndarray
     wrap_alpha_s: np.ndarray
     wrap_s_per_byte: np.ndarray
+    #: the system's collective backend, :attr:`CostModel.comm_backend`
+    backend: str = "mpi"
 
 
 def mesh_networks(cfg, meshes: np.ndarray) -> MeshNets:
@@ -96,39 +106,32 @@ def mesh_networks(cfg, meshes: np.ndarray) -> MeshNets:
     from ..simulator.costs import CostModel, place_ranks_on_system
     from ..workloads.mesh import DeviceMesh
 
-    nets, hops, wraps = [], [], []
+    nets, hops, wraps, backend = [], [], [], "mpi"
     for tp, pp, dp in meshes.tolist():
         mesh = DeviceMesh.from_megatron(tensor_model_parallel_size=tp,
                                         pipeline_model_parallel_size=pp, data_parallel_size=dp,
                                         order=cfg.parallel.rank_order)
-        groups = _first_groups(mesh)
+        groups = _families(mesh)
         stand_in = SimpleNamespace(world_size=mesh.world_size, groups=groups)
         devices = place_ranks_on_system(cfg.system, mesh.world_size)
         cost = CostModel(cfg.system, stand_in, cfg.parallel.collective_algorithm,
                          devices=devices)
         nets.append(cost.nets)
+        backend = cost.comm_backend
         stages = groups["pp"].members[0]
         hops.append(_hops(cost, stages))
         wraps.append(_hops(cost, stages[[-1, 0]]) if pp > 1 else (0.0, 0.0))
     hops, wraps = np.array(hops).reshape(-1, 2), np.array(wraps).reshape(-1, 2)
-    return MeshNets(nets, hops[:, 0], hops[:, 1], wraps[:, 0], wraps[:, 1])
+    return MeshNets(nets, hops[:, 0], hops[:, 1], wraps[:, 0], wraps[:, 1], backend)
 
 
-def _first_groups(mesh) -> dict:
-    """The ``tp``, ``dp`` and ``pp`` families with only their first group (the one holding
-    rank 0): all :meth:`CostModel._group_net` reads (:meth:`DeviceMesh.groups`' row 0, built
-    with :meth:`DeviceMesh.rank_of` instead of every group)."""
+def _families(mesh) -> dict:
+    """The ``tp``, ``dp`` and ``pp`` families with all their groups: the topology graph's
+    fair shares (:func:`~ddlsim.simulator.netmodel.family_net`) count every group of a family
+    that shares the node's links."""
     from ..workloads.mesh import AXES
-    from ..workloads.trace import GroupFamily
 
-    axes = ("tp", "dp", "pp")
-    out = {}
-    for i, name in enumerate(axes):
-        n = mesh.size(name)
-        coords = np.zeros((n, 3), dtype=np.int64)
-        coords[:, i] = np.arange(n)
-        out[name] = GroupFamily(name, AXES[name], mesh.rank_of(coords, axes)[None, :])
-    return out
+    return {name: mesh.family(name, AXES[name], name) for name in ("tp", "dp", "pp")}
 
 
 def _hops(cost, stages: np.ndarray) -> tuple[float, float]:
@@ -147,46 +150,131 @@ def _hops(cost, stages: np.ndarray) -> tuple[float, float]:
     return alpha, per_byte
 
 
-def _coefficients(op: str, family: str, nets: list[dict[str, GroupNet]],
-                  choice: str) -> tuple[np.ndarray, np.ndarray]:
-    """``(a, b)`` arrays of shape (algorithms, meshes); a group of one rank costs 0. An
-    algorithm no faster than another on every mesh at every size (``a`` and ``b`` both no
-    smaller) cannot be the minimum and is dropped."""
-    names = algorithms_for(op) if choice == "auto" else [choice]
-    a = np.zeros((len(names), len(nets)))
+class _Forms(NamedTuple):
+    """The candidate forms of one (op, family, choice) over the meshes: affine ``a + b·n``
+    (arrays of shape (forms, meshes)) and NCCL's per protocol (``(proto or None, lat, plateau
+    latency, plateau divisor, algBw)``, arrays of shape (meshes,)); the time is their minimum."""
+
+    a: np.ndarray
+    b: np.ndarray
+    nccl: list[tuple]
+
+
+def _nccl_forms(op: str, name: str, fams: list[GroupNet]) -> list[tuple]:
+    """One entry per protocol NCCL may run ``name`` with (all of them with ``auto``); a
+    group of one rank costs 0, an algorithm NCCL would not run there ``inf``."""
+    from ..simulator.nccl.model import nccl_form
+    from ..simulator.nccl.tuning import PROTOCOLS
+
+    envs = {net.nccl for net in fams if net.nccl is not None}
+    protos = set()
+    for env in envs:
+        protos |= set(PROTOCOLS if env.protocol == "auto" else (env.protocol,))
+    out = []
+    for proto in sorted(protos, key=PROTOCOLS.index):
+        parts = np.empty((4, len(fams)))
+        corrected = False
+        for j, net in enumerate(fams):
+            env = net.nccl
+            runs = env is not None and (env.protocol in ("auto", proto))
+            form = nccl_form(op, name[len("nccl_"):], proto, net, env) if runs and net.p > 1 \
+                else None
+            if net.p <= 1:
+                parts[:, j] = (0.0, 0.0, math.inf, math.inf)
+            elif form is None:
+                parts[:, j] = (math.inf, math.inf, math.inf, 1.0)
+            else:
+                parts[:, j] = form[:4]
+                corrected = form.corrected
+        if np.all(np.isinf(parts[0])):
+            continue
+        out.append((proto if corrected else None, *parts))
+    return out
+
+
+def _forms(op: str, family: str, nets: list[dict[str, GroupNet]], names: list[str]) -> _Forms:
+    """The candidate forms of the algorithms ``names``. An affine form no faster than another
+    on every mesh at every size (``a`` and ``b`` both no smaller) cannot be the minimum and
+    is dropped."""
+    fams = [per_mesh[family] for per_mesh in nets]
+    affine = [n for n in names if get_algorithm(op, n).backend != "nccl"]
+    a = np.zeros((len(affine), len(fams)))
     b = np.zeros_like(a)
-    for j, per_mesh in enumerate(nets):
-        net = per_mesh[family]
+    for j, net in enumerate(fams):
         if net.p <= 1:
             continue
-        for i, name in enumerate(names):
+        for i, name in enumerate(affine):
             a[i, j], b[i, j] = affine_form(op, name, net)
-    keep = [i for i in range(len(names))
+    keep = [i for i in range(len(affine))
             if not any(np.all(a[i] >= a[k]) and np.all(b[i] >= b[k])
                        and (np.any(a[i] > a[k]) or np.any(b[i] > b[k]) or k < i)
-                       for k in range(len(names)) if k != i)]
-    return a[keep], b[keep]
+                       for k in range(len(affine)) if k != i)]
+    nccl = [f for n in names if get_algorithm(op, n).backend == "nccl"
+            for f in _nccl_forms(op, n, fams)]
+    return _Forms(a[keep], b[keep], nccl)
+
+
+def _min_time(forms: _Forms, nbytes: np.ndarray, mesh_index: np.ndarray) -> np.ndarray:
+    """The minimum over ``forms`` of each plan's time (``inf`` where none runs)."""
+    from ..simulator.nccl.model import nccl_seconds_array
+
+    best = np.full(nbytes.shape, math.inf)
+    if len(forms.a):
+        best = (forms.a[:, mesh_index] + forms.b[:, mesh_index] * nbytes).min(axis=0)
+    for proto, lat, high, div, bw in forms.nccl:
+        best = np.minimum(best, nccl_seconds_array(nbytes, lat[mesh_index], high[mesh_index],
+                                                   div[mesh_index], bw[mesh_index], proto))
+    return best
+
+
+def _mpich_time(op: str, family: str, nbytes: np.ndarray, mesh_index: np.ndarray,
+                nets: list[dict[str, GroupNet]], fallback: np.ndarray) -> np.ndarray:
+    """MPICH's pick for each distinct (group size, size) pair, timed by its affine form where
+    it runs, else ``fallback`` (the cheapest MPI algorithm)."""
+    from ..simulator.collectives.selection import mpich_algorithm
+
+    p = np.array([per_mesh[family].p for per_mesh in nets])[mesh_index]
+    pairs, inverse = np.unique(np.stack([p.astype(float), nbytes]), axis=1, return_inverse=True)
+    picked = np.array([mpich_algorithm(op, n, int(q)) or "" for q, n in pairs.T])[inverse.ravel()]
+    out = fallback.copy()
+    for name in sorted(set(picked.tolist()) - {""}):
+        t = _min_time(_forms(op, family, nets, [name]), nbytes, mesh_index)
+        use = (picked == name) & np.isfinite(t)
+        out[use] = t[use]
+    return out
 
 
 def collective_seconds(op: str, family: str, nbytes: np.ndarray, mesh_index: np.ndarray,
                        nets: list[dict[str, GroupNet]],
                        algorithms: Mapping[str, str] | None = None,
-                       memo: dict | None = None) -> np.ndarray:
+                       memo: dict | None = None, backend: str = "mpi") -> np.ndarray:
     """Seconds of one ``op`` of ``nbytes[i]`` bytes on family ``family`` of plan i's mesh
-    (``mesh_index[i]`` into ``nets``), with the configured algorithm or the cheapest;
-    ``memo`` keeps the coefficients of each (op, family, choice) between calls on the same
-    ``nets``.
+    (``mesh_index[i]`` into ``nets``), with the configured algorithm or, with ``auto``, the
+    choice of ``backend`` (:attr:`MeshNets.backend`); ``memo`` keeps the forms of each
+    (op, family, choice) between calls on the same ``nets``.
 
     The same numbers as :meth:`ddlsim.simulator.costs.CostModel.collective` to rounding
     (``tests/test_search_costs.py``).
     """
     choice = (algorithms or {}).get(op, "auto")
-    key = (op, family, choice)
-    if memo is not None and key in memo:
-        a, b = memo[key]
-    else:
-        a, b = _coefficients(op, family, nets, choice)
+    key = (op, family, choice, backend)
+    forms = None if memo is None else memo.get(key)
+    if forms is None:
+        if choice != "auto":
+            names = [choice]
+        else:
+            generic = "mpi" if backend == "mpich" else backend
+            names = algorithms_for(op, generic) or algorithms_for(op, "mpi")
+        forms = _forms(op, family, nets, names)
         if memo is not None:
-            memo[key] = a, b
-    times = a[:, mesh_index] + b[:, mesh_index] * np.asarray(nbytes, dtype=float)
-    return times.min(axis=0)
+            memo[key] = forms
+    nbytes = np.asarray(nbytes, dtype=float)
+    times = _min_time(forms, nbytes, mesh_index)
+    if choice == "auto" and backend == "mpich":
+        times = _mpich_time(op, family, nbytes, mesh_index, nets, times)
+    return times
+
+
+def cache_clear() -> None:
+    """Forget the cached forms (for timing a cold run)."""
+    affine_form.cache_clear()

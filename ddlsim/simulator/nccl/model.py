@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -31,7 +32,8 @@ from ..collectives.base import GroupNet, Phase, _ring_pairs, register
 from . import tuning as T
 
 __all__ = ["NcclEnv", "nccl_time", "busbw_GBps", "algbw_GBps", "latency_us", "best_protocol",
-           "available", "ALGORITHMS", "env_for_system"]
+           "available", "ALGORITHMS", "env_for_system", "NcclForm", "nccl_form",
+           "nccl_seconds_array"]
 
 #: NCCL algorithm per collective (tuning.cc: broadcast/reduce run ring only; all-gather and
 #: reduce-scatter ring, NVLS, CollNet, PAT; all-reduce every algorithm but PAT)
@@ -208,6 +210,54 @@ def nccl_time(op: str, algo: str, proto: str, n: float, net: GroupNet, env: Nccl
     if bw <= 0:
         return math.inf
     return (latency_us(op, algo, proto, n, net, env) + n / (1e3 * bw)) * 1e-6
+
+
+class NcclForm(NamedTuple):
+    """:func:`nccl_time` of one algorithm and protocol on one group, as its size-independent
+    parts: ``latency_us`` below the ring's plateau threshold and ``plateau_latency_us`` at
+    or above it (``n / plateau_div >= 64``; ``plateau_div`` is ``inf`` where there is no
+    plateau), ``algbw_GBps`` before the tree's size correction, and ``corrected``: whether
+    that correction (``TREE_CORRECTION[protocol]`` by ``floor(log2(n / 64))``) applies."""
+
+    latency_us: float
+    plateau_latency_us: float
+    plateau_div: float
+    algbw_GBps: float
+    corrected: bool
+
+
+def nccl_form(op: str, algo: str, proto: str, net: GroupNet, env: NcclEnv) -> NcclForm | None:
+    """The parts of :func:`nccl_time` that do not depend on the size, or None where NCCL
+    would not run ``algo``/``proto`` (the time is ``inf``). :func:`nccl_seconds_array`
+    evaluates them on arrays of sizes."""
+    if not available(op, algo, proto, net, env):
+        return None
+    bw = algbw_GBps(op, algo, proto, 0.0, net, env)  # below 64 B: no tree correction
+    if bw <= 0:
+        return None
+    lat = latency_us(op, algo, proto, 0.0, net, env)
+    high = latency_us(op, algo, proto, math.inf, net, env)
+    div = math.inf
+    if high != lat:  # the ring plateau of latency_us, whose threshold is n / (nch·p) >= 64
+        div = _channels(_link(net, env)[1], net, env) * net.p
+    return NcclForm(lat, high, div, bw, algo == "tree" and op == "all_reduce")
+
+
+def nccl_seconds_array(n, latency_us_, plateau_latency_us, plateau_div, algbw, proto=None):
+    """:func:`nccl_time` on arrays: ``n`` bytes, and the :class:`NcclForm` parts per element
+    (arrays or scalars that broadcast with ``n``); ``proto`` names the tree-correction table
+    to apply (None: no correction). The same arithmetic as the scalar code, in the same order
+    (``tests/test_nccl_vector.py`` checks equality on a dense set of sizes)."""
+    n = np.asarray(n, dtype=float)
+    bw = np.asarray(algbw, dtype=float)
+    if proto is not None:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            log_size = np.where(n >= 64, np.floor(np.log2(np.maximum(n, 64.0) / 64)), -1.0)
+        ok = (log_size >= 0) & (log_size < 23)
+        table = np.asarray(T.TREE_CORRECTION[proto])
+        bw = bw * np.where(ok, table[np.clip(log_size, 0, 22).astype(np.int64)], 1.0)
+    lat = np.where(n / plateau_div >= 64, plateau_latency_us, latency_us_)
+    return (lat + n / (1e3 * bw)) * 1e-6
 
 
 def best_protocol(op: str, algo: str, n: float, net: GroupNet, env: NcclEnv) -> tuple[str, float]:
