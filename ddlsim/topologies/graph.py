@@ -161,6 +161,17 @@ class Topology:
         fabric = by_dest(sw_a, sw_b, dest) if by_dest else self.router.path(sw_a, sw_b, h)
         return self._edge_ids([nic_a, *fabric, nic_b])
 
+    @lru_cache(maxsize=1 << 16)  # noqa: B019
+    def rail_stripes(self, src_node: int, dst_node: int) -> tuple[np.ndarray, np.ndarray, float]:
+        """The :meth:`rail_fabric_route` of every rail of ``src_node`` (one when it has no
+        NIC), flat: (edge ids of rail 0's route, then rail 1's, …; edges per route; the
+        largest route latency, seconds). Arrays read-only."""
+        rails = max(1, len(self.nics_of_node[src_node]))
+        routes = [self.rail_fabric_route(src_node, dst_node, c) for c in range(rails)]
+        edges = _frozen([e for r in routes for e in r], np.int64)
+        lengths = _frozen([len(r) for r in routes], np.int64)
+        return edges, lengths, max(self.path_latency_s(r) for r in routes)
+
     def _edge_ids(self, vertices: Sequence[Any]) -> tuple[int, ...]:
         edge_id = self.edge_id
         return tuple(edge_id[e] for e in zip(vertices[:-1], vertices[1:]))
