@@ -66,11 +66,12 @@ class Topology:
         _validate_graph(graph)
         self.graph = nx.freeze(graph)
         self.name = name
-        self.edges: list[tuple[Any, Any]] = list(graph.edges)
+        data = list(graph.edges(data=True))
+        self.edges: list[tuple[Any, Any]] = [(u, v) for u, v, _ in data]
         self.edge_id = {e: i for i, e in enumerate(self.edges)}
-        self.edge_bandwidth_Bps = _frozen([graph.edges[e]["bandwidth_Bps"] for e in self.edges])
-        self.edge_latency_s = _frozen([graph.edges[e]["latency_s"] for e in self.edges])
-        self.edge_kind = tuple(graph.edges[e]["link_kind"] for e in self.edges)
+        self.edge_bandwidth_Bps = _frozen([a["bandwidth_Bps"] for _, _, a in data])
+        self.edge_latency_s = _frozen([a["latency_s"] for _, _, a in data])
+        self.edge_kind = tuple(a["link_kind"] for _, _, a in data)
         self._latency_list = self.edge_latency_s.tolist()
         self.devices = sorted((v for v, k in graph.nodes(data="kind") if k == "device"),
                               key=lambda v: (graph.nodes[v]["node"], graph.nodes[v]["local"]))
@@ -262,13 +263,14 @@ def _check_nics(topo: Topology) -> None:
 def _adjacency(graph: nx.DiGraph, *, local: bool) -> dict[Any, list[tuple[Any, float]]]:
     """Successor lists of the node-internal edges (``local``) or of the fabric edges."""
     kinds = NODE_LOCAL_KINDS if local else FABRIC_KINDS
+    kind_of = dict(graph.nodes(data="kind"))
+    node_of = dict(graph.nodes(data="node"))
     succ: dict[Any, list[tuple[Any, float]]] = {}
-    for v, kind in graph.nodes(data="kind"):
+    for v, kind in kind_of.items():
         if kind not in kinds:
             continue
         succ[v] = [(w, attrs["latency_s"]) for w, attrs in graph.succ[v].items()
-                   if graph.nodes[w]["kind"] in kinds
-                   and (not local or graph.nodes[w]["node"] == graph.nodes[v]["node"])]
+                   if kind_of[w] in kinds and (not local or node_of[w] == node_of[v])]
     return succ
 
 
