@@ -169,10 +169,13 @@ class Topology:
         ``dst_node`` (NIC → fabric → NIC, the part of :meth:`route_rail` outside the nodes)."""
         nics_a, nics_b = self.nics_of_node[src_node], self.nics_of_node[dst_node]
         nic_a, nic_b = nics_a[rail % len(nics_a)], nics_b[rail % len(nics_b)]
-        h = flow_hash(src_node, dst_node, rail)
-        sw_a = _choose(self.attach_of_nic[nic_a], h, 1003)
-        sw_b = _choose(self.attach_of_nic[nic_b], h, 1004)
+        up_a, up_b = self.attach_of_nic[nic_a], self.attach_of_nic[nic_b]
         by_dest = getattr(self.router, "path_to", None)
+        # the flow hash only breaks ties: none when each NIC has one switch and trees route
+        # by destination (most clusters), so skip computing it then
+        h = (flow_hash(src_node, dst_node, rail)
+             if len(up_a) > 1 or len(up_b) > 1 or not by_dest else 0)
+        sw_a, sw_b = _choose(up_a, h, 1003), _choose(up_b, h, 1004)
         dest = dst_node * len(nics_b) + rail % len(nics_b)
         fabric = by_dest(sw_a, sw_b, dest) if by_dest else self.router.path(sw_a, sw_b, h)
         return self._edge_ids([nic_a, *fabric, nic_b])
