@@ -53,13 +53,20 @@ def fair_rates(routes: list[tuple[int, ...]], mult: np.ndarray,
     """Max-min fair rate of each flow (bytes/s) by progressive filling: raise every unfrozen
     flow's rate together until a link fills, freeze the flows crossing it, repeat. ``mult[f]``
     identical flows share row f. A flow on no link gets ``inf``."""
-    n = len(routes)
+    lengths = np.fromiter((len(r) for r in routes), dtype=np.int64, count=len(routes))
+    link = np.fromiter((e for r in routes for e in r), dtype=np.int64, count=int(lengths.sum()))
+    return _fill(link, lengths, mult, capacity_Bps)
+
+
+def _fill(link: np.ndarray, lengths: np.ndarray, mult: np.ndarray,
+          capacity_Bps: np.ndarray) -> np.ndarray:
+    """:func:`fair_rates` of flows given flat: flow f crosses the next ``lengths[f]`` edge
+    ids of ``link``."""
+    n = len(lengths)
     rate = np.full(n, np.inf)
-    users = [np.asarray(r, dtype=np.int64) for r in routes]
-    flow_of = np.repeat(np.arange(n), [len(u) for u in users])
+    flow_of = np.repeat(np.arange(n), lengths)
     if not len(flow_of):
         return rate
-    link = np.concatenate(users)
     cap = capacity_Bps.astype(np.float64).copy()
     live = np.ones(n, dtype=bool)
     m = np.asarray(mult, dtype=np.float64)
@@ -93,29 +100,34 @@ def _intra_flows(topo, dev: np.ndarray, node0: int) -> tuple[list, np.ndarray]:
     return [topo.route(int(a), int(b), 0) for a, b in pairs], mult.astype(float)
 
 
-def _inter_flows(topo, dev: np.ndarray) -> tuple[list, np.ndarray, np.ndarray]:
+def _inter_flows(topo, dev: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                  np.ndarray]:
     """Node-to-node stripes of one ring step of every row: each flow leaving a node is one
-    stripe per rail, NIC to NIC (:meth:`Topology.rail_fabric_route`); identical stripes of
-    different rows are merged. Returns routes, multiplicities and the end-to-end device
-    routes' latencies (the engine pays those)."""
+    stripe per rail, NIC to NIC (:meth:`Topology.rail_stripes`); identical stripes of
+    different rows are merged. Returns the stripes flat (edge ids, edges per stripe, as
+    :func:`_fill` takes them), their multiplicities and the end-to-end device routes'
+    latencies (the engine pays those)."""
     src, dst = dev.ravel(), np.roll(dev, -1, axis=1).ravel()
     node = topo.node_of_device
     keep = node[src] != node[dst]
     na, nb = node[src[keep]], node[dst[keep]]
     pairs, first, mult = np.unique(np.stack([na, nb], axis=1), axis=0, return_index=True,
                                    return_counts=True)
-    routes, counts, lat, inside = [], [], [], None
-    for (a, b), i, m in zip(pairs.tolist(), first.tolist(), mult.tolist()):
-        rails = max(1, len(topo.nics_of_node[a]))
-        fabric = [topo.rail_fabric_route(a, b, c) for c in range(rails)]
-        if inside is None:  # the hops inside the two nodes, alike on every node: on rail 0
-            ends = (int(src[keep][i]), int(dst[keep][i]))  # or another (one more hop)
-            inside = max(topo.path_latency_s(topo.route_rail(*ends, c))
-                         - topo.path_latency_s(fabric[c]) for c in {0, 1 % rails})
-        routes += fabric
-        counts += [m] * rails
-        lat.append(max(topo.path_latency_s(f) for f in fabric) + inside)
-    return routes, np.asarray(counts, float), np.asarray(lat)
+    links, lengths, counts, lat = [], [], [], []
+    for a, b in pairs.tolist():
+        edges, per_rail, fabric_lat = topo.rail_stripes(a, b)
+        links.append(edges)
+        lengths.append(per_rail)
+        counts.append(len(per_rail))
+        lat.append(fabric_lat)
+    # the hops inside the two nodes, alike on every node: on rail 0 or another (one more hop)
+    i, (a, b) = int(first[0]), pairs[0].tolist()
+    ends = (int(src[keep][i]), int(dst[keep][i]))
+    rails = max(1, len(topo.nics_of_node[a]))
+    inside = max(topo.path_latency_s(topo.route_rail(*ends, c))
+                 - topo.path_latency_s(topo.rail_fabric_route(a, b, c)) for c in {0, 1 % rails})
+    return (np.concatenate(links), np.concatenate(lengths), np.repeat(mult.astype(float), counts),
+            np.asarray(lat) + inside)
 
 
 def family_net(system, topo, devices: np.ndarray, members: np.ndarray) -> GroupNet:
@@ -148,8 +160,8 @@ def family_net(system, topo, devices: np.ndarray, members: np.ndarray) -> GroupN
         intra_lat = max(topo.path_latency_s(r) for r in routes)
     bw_node, inter_lat = math.inf, 0.0
     if n_nodes > 1:
-        routes, mult, lat = _inter_flows(topo, dev)
+        link, lengths, mult, lat = _inter_flows(topo, dev)
         rails = len(topo.nics_of_node[int(nodes_of[0])]) or 1
-        bw_node = float(fair_rates(routes, mult, capacity).min()) * rails
+        bw_node = float(_fill(link, lengths, mult, capacity).min()) * rails
         inter_lat = float(lat.max())
     return GroupNet(p, g, intra_lat, intra_bw, inter_lat, bw_node, n_nodes)

@@ -85,6 +85,6 @@ def dragonfly(b: GraphBuilder, spec: TopologySpec, nics_by_node: list[list[str]]
     b.graph.graph["fabric"] = {"topology": "dragonfly", "groups": len(groups),
                                "routers_per_group": per_group,
                                "global_links": spec.network.global_links}
-    fabric = {r: [(w, b.graph.edges[r, w]["latency_s"]) for w in b.graph.succ[r]
+    fabric = {r: [(w, b.graph.succ[r][w]["latency_s"]) for w in b.graph.succ[r]
                   if b.graph.nodes[w]["kind"] == "router"] for r in routers}
     return GraphRouter(fabric)

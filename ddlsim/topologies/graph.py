@@ -19,16 +19,19 @@ device's NIC → device, each piece a shortest path with ECMP (see :mod:`.routin
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Sequence
-from functools import lru_cache
-from typing import Any
+from functools import cached_property, lru_cache
+from typing import TYPE_CHECKING, Any
 
-import networkx as nx
 import numpy as np
 
 from ..errors import ConfigError
-from .registry import FABRIC_KINDS, LINK_KINDS, NODE_KINDS, NODE_LOCAL_KINDS
+from .registry import FABRIC_KINDS, LINK_KINDS, NODE_KINDS, NODE_LOCAL_KINDS, GraphRecord
 from .routing import GraphRouter, Router, ShortestPaths, flow_hash, pick
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 __all__ = ["Topology"]
 
@@ -38,8 +41,10 @@ class Topology:
 
     Parameters
     ----------
-    graph : nx.DiGraph
-        Vertices and edges as described in the module docstring. It is frozen (not copied).
+    graph : nx.DiGraph or GraphRecord
+        Vertices and edges as described in the module docstring: an ``nx.DiGraph`` (frozen,
+        not copied) or the builders' :class:`~.registry.GraphRecord` (no networkx needed;
+        :attr:`graph` builds the ``nx.DiGraph`` on first use).
     name : str
         Shown in summaries.
     router : Router, optional
@@ -62,34 +67,45 @@ class Topology:
     devices_per_node, num_nodes, num_devices : int
     """
 
-    def __init__(self, graph: nx.DiGraph, name: str = "custom", router: Router | None = None):
-        _validate_graph(graph)
-        self.graph = nx.freeze(graph)
+    def __init__(self, graph: nx.DiGraph | GraphRecord, name: str = "custom",
+                 router: Router | None = None):
+        record = _record_of(graph)
+        _validate_graph(record)
+        self._graph = None if graph is record else _freeze(graph)
+        self._record = record
         self.name = name
-        self.edges: list[tuple[Any, Any]] = list(graph.edges)
+        data = [(u, v, a) for u, out in record.succ.items() for v, a in out.items()]
+        self.edges: list[tuple[Any, Any]] = [(u, v) for u, v, _ in data]
         self.edge_id = {e: i for i, e in enumerate(self.edges)}
-        self.edge_bandwidth_Bps = _frozen([graph.edges[e]["bandwidth_Bps"] for e in self.edges])
-        self.edge_latency_s = _frozen([graph.edges[e]["latency_s"] for e in self.edges])
-        self.edge_kind = tuple(graph.edges[e]["link_kind"] for e in self.edges)
+        self.edge_bandwidth_Bps = _frozen([a["bandwidth_Bps"] for _, _, a in data])
+        self.edge_latency_s = _frozen([a["latency_s"] for _, _, a in data])
+        self.edge_kind = tuple(a["link_kind"] for _, _, a in data)
         self._latency_list = self.edge_latency_s.tolist()
-        self.devices = sorted((v for v, k in graph.nodes(data="kind") if k == "device"),
-                              key=lambda v: (graph.nodes[v]["node"], graph.nodes[v]["local"]))
+        nodes = record.nodes
+        self.devices = sorted((v for v, a in nodes.items() if a["kind"] == "device"),
+                              key=lambda v: (nodes[v]["node"], nodes[v]["local"]))
         self.device_index = {v: i for i, v in enumerate(self.devices)}
-        self.node_of_device = _frozen([graph.nodes[v]["node"] for v in self.devices], np.int64)
+        self.node_of_device = _frozen([nodes[v]["node"] for v in self.devices], np.int64)
         self.num_devices = len(self.devices)
         self.num_nodes, self.devices_per_node = _node_counts(self.node_of_device)
-        self.nics_of_device = _nics_of_devices(graph, self.devices)
-        self.attach_of_nic = _attachments(graph)
-        self.nics_of_node = _nics_by_node(graph, self.num_nodes)
+        self.nics_of_device = _nics_of_devices(record, self.devices)
+        self.attach_of_nic = _attachments(record)
+        self.nics_of_node = _nics_by_node(record, self.num_nodes)
         _check_nics(self)
-        self._local = ShortestPaths(_adjacency(graph, local=True),
+        self._local = ShortestPaths(_adjacency(record, local=True),
                                     no_transit=self.attach_of_nic, cache_size=1 << 16)
-        self.router = router or GraphRouter(_adjacency(graph, local=False))
+        self.router = router or GraphRouter(_adjacency(record, local=False))
         self._route = lru_cache(maxsize=1 << 18)(self._compute_route)
+
+    @cached_property
+    def graph(self) -> nx.DiGraph:
+        """The cluster as a frozen ``nx.DiGraph`` (built on first use from the builders'
+        record: routing and the network model never need it)."""
+        return self._graph if self._graph is not None else _freeze(self._record.to_networkx())
 
     def __repr__(self) -> str:
         return (f"Topology({self.name!r}: {self.num_nodes} nodes × {self.devices_per_node} "
-                f"devices, {self.graph.number_of_nodes()} vertices, {len(self.edges)} edges)")
+                f"devices, {len(self._record.nodes)} vertices, {len(self.edges)} edges)")
 
     # ------------------------------------------------------------------------------ routing
     def route(self, src_device: int, dst_device: int, flow_key: int = 0) -> tuple[int, ...]:
@@ -153,13 +169,27 @@ class Topology:
         ``dst_node`` (NIC → fabric → NIC, the part of :meth:`route_rail` outside the nodes)."""
         nics_a, nics_b = self.nics_of_node[src_node], self.nics_of_node[dst_node]
         nic_a, nic_b = nics_a[rail % len(nics_a)], nics_b[rail % len(nics_b)]
-        h = flow_hash(src_node, dst_node, rail)
-        sw_a = _choose(self.attach_of_nic[nic_a], h, 1003)
-        sw_b = _choose(self.attach_of_nic[nic_b], h, 1004)
+        up_a, up_b = self.attach_of_nic[nic_a], self.attach_of_nic[nic_b]
         by_dest = getattr(self.router, "path_to", None)
+        # the flow hash only breaks ties: none when each NIC has one switch and trees route
+        # by destination (most clusters), so skip computing it then
+        h = (flow_hash(src_node, dst_node, rail)
+             if len(up_a) > 1 or len(up_b) > 1 or not by_dest else 0)
+        sw_a, sw_b = _choose(up_a, h, 1003), _choose(up_b, h, 1004)
         dest = dst_node * len(nics_b) + rail % len(nics_b)
         fabric = by_dest(sw_a, sw_b, dest) if by_dest else self.router.path(sw_a, sw_b, h)
         return self._edge_ids([nic_a, *fabric, nic_b])
+
+    @lru_cache(maxsize=1 << 16)  # noqa: B019
+    def rail_stripes(self, src_node: int, dst_node: int) -> tuple[np.ndarray, np.ndarray, float]:
+        """The :meth:`rail_fabric_route` of every rail of ``src_node`` (one when it has no
+        NIC), flat: (edge ids of rail 0's route, then rail 1's, …; edges per route; the
+        largest route latency, seconds). Arrays read-only."""
+        rails = max(1, len(self.nics_of_node[src_node]))
+        routes = [self.rail_fabric_route(src_node, dst_node, c) for c in range(rails)]
+        edges = _frozen([e for r in routes for e in r], np.int64)
+        lengths = _frozen([len(r) for r in routes], np.int64)
+        return edges, lengths, max(self.path_latency_s(r) for r in routes)
 
     def _edge_ids(self, vertices: Sequence[Any]) -> tuple[int, ...]:
         edge_id = self.edge_id
@@ -210,10 +240,32 @@ def _node_counts(node_of_device: np.ndarray) -> tuple[int, int]:
     return len(nodes), int(counts[0])
 
 
-def _nics_of_devices(graph: nx.DiGraph, devices: list[Any]) -> list[list[Any]]:
+def _freeze(graph: nx.DiGraph) -> nx.DiGraph:
+    import networkx as nx
+
+    return nx.freeze(graph)
+
+
+def _record_of(graph: Any) -> GraphRecord:
+    """``graph`` itself, or an ``nx.DiGraph``'s vertices and edges as a :class:`GraphRecord`
+    (its own attribute dicts, in its order)."""
+    if isinstance(graph, GraphRecord):
+        return graph
+    import networkx as nx
+
+    if not isinstance(graph, nx.DiGraph) or graph.is_multigraph():
+        raise ConfigError(f"a topology graph must be an nx.DiGraph; got {type(graph).__name__}")
+    record = GraphRecord()
+    record.graph = graph.graph
+    record.nodes = dict(graph.nodes(data=True))
+    record.succ = {v: dict(out) for v, out in graph.succ.items()}
+    return record
+
+
+def _nics_of_devices(graph: GraphRecord, devices: list[Any]) -> list[list[Any]]:
     """Each device's ``nics`` attribute, else every NIC of its node (in vertex order)."""
     by_node: dict[int, list[Any]] = {}
-    for v, attrs in graph.nodes(data=True):
+    for v, attrs in graph.nodes.items():
         if attrs["kind"] == "nic":
             by_node.setdefault(attrs["node"], []).append(v)
     nodes = graph.nodes
@@ -221,19 +273,20 @@ def _nics_of_devices(graph: nx.DiGraph, devices: list[Any]) -> list[list[Any]]:
             for d in devices]
 
 
-def _nics_by_node(graph: nx.DiGraph, num_nodes: int) -> list[list[Any]]:
+def _nics_by_node(graph: GraphRecord, num_nodes: int) -> list[list[Any]]:
     """NIC vertices of every compute node, in vertex order."""
     out: list[list[Any]] = [[] for _ in range(num_nodes)]
-    for v, attrs in graph.nodes(data=True):
+    for v, attrs in graph.nodes.items():
         if attrs["kind"] == "nic":
             out[attrs["node"]].append(v)
     return out
 
 
-def _attachments(graph: nx.DiGraph) -> dict[Any, list[Any]]:
+def _attachments(graph: GraphRecord) -> dict[Any, list[Any]]:
     """NIC → the switches or routers it links to."""
-    return {v: [w for w in graph.succ[v] if graph.nodes[w]["kind"] in FABRIC_KINDS]
-            for v, kind in graph.nodes(data="kind") if kind == "nic"}
+    nodes = graph.nodes
+    return {v: [w for w in graph.succ[v] if nodes[w]["kind"] in FABRIC_KINDS]
+            for v, attrs in nodes.items() if attrs["kind"] == "nic"}
 
 
 def _check_nics(topo: Topology) -> None:
@@ -248,36 +301,51 @@ def _check_nics(topo: Topology) -> None:
                 raise ConfigError(f"NIC {nic!r} is not linked to any switch or router")
 
 
-def _adjacency(graph: nx.DiGraph, *, local: bool) -> dict[Any, list[tuple[Any, float]]]:
+def _adjacency(graph: GraphRecord, *, local: bool) -> dict[Any, list[tuple[Any, float]]]:
     """Successor lists of the node-internal edges (``local``) or of the fabric edges."""
     kinds = NODE_LOCAL_KINDS if local else FABRIC_KINDS
+    nodes = graph.nodes
     succ: dict[Any, list[tuple[Any, float]]] = {}
-    for v, kind in graph.nodes(data="kind"):
-        if kind not in kinds:
+    for v, attrs in nodes.items():
+        if attrs["kind"] not in kinds:
             continue
-        succ[v] = [(w, attrs["latency_s"]) for w, attrs in graph.succ[v].items()
-                   if graph.nodes[w]["kind"] in kinds
-                   and (not local or graph.nodes[w]["node"] == graph.nodes[v]["node"])]
+        succ[v] = [(w, a["latency_s"]) for w, a in graph.succ[v].items()
+                   if nodes[w]["kind"] in kinds
+                   and (not local or nodes[w].get("node") == attrs.get("node"))]
     return succ
 
 
-def _validate_graph(graph: nx.DiGraph) -> None:
+def _validate_graph(graph: GraphRecord) -> None:
     """Raise :class:`ConfigError` naming the first vertex or edge that breaks the model."""
-    if not isinstance(graph, nx.DiGraph) or graph.is_multigraph():
-        raise ConfigError(f"a topology graph must be an nx.DiGraph; got {type(graph).__name__}")
-    for v, attrs in graph.nodes(data=True):
+    for v, attrs in graph.nodes.items():
         _validate_vertex(v, attrs)
-    for u, v, attrs in graph.edges(data=True):
-        _validate_edge(u, v, attrs)
-        if not graph.has_edge(v, u):
-            raise ConfigError(f"edge ({u!r}, {v!r}) has no reverse edge; every link is full "
-                              "duplex: add both directions")
-    if not any(k == "device" for _, k in graph.nodes(data="kind")):
+    succ = graph.succ
+    for u, out in succ.items():
+        for v, attrs in out.items():
+            _validate_edge(u, v, attrs)
+            if u not in succ.get(v, ()):
+                raise ConfigError(f"edge ({u!r}, {v!r}) has no reverse edge; every link is "
+                                  "full duplex: add both directions")
+    if not any(a["kind"] == "device" for a in graph.nodes.values()):
         raise ConfigError("the topology has no vertex of kind 'device'")
-    if not nx.is_strongly_connected(graph):
-        parts = sorted(nx.strongly_connected_components(graph), key=len)
+    if len(_reachable(succ, next(iter(succ)))) < len(graph.nodes):
+        # every link is two edges, so reaching every vertex from one is strong connectivity
+        import networkx as nx
+
+        parts = sorted(nx.strongly_connected_components(graph.to_networkx()), key=len)
         raise ConfigError(f"the topology is not connected: {len(parts)} parts, e.g. "
                           f"{sorted(map(str, parts[0]))[:5]} cannot reach the rest")
+
+
+def _reachable(succ: dict[Any, dict], start: Any) -> set:
+    """Vertices reachable from ``start`` (breadth first)."""
+    seen, queue = {start}, deque([start])
+    while queue:
+        for w in succ[queue.popleft()]:
+            if w not in seen:
+                seen.add(w)
+                queue.append(w)
+    return seen
 
 
 def _validate_vertex(v: Any, attrs: dict) -> None:

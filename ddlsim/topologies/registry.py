@@ -17,7 +17,7 @@ from typing import Any
 from ..errors import ConfigError
 
 __all__ = ["register_node_fabric", "register_topology", "NODE_FABRICS", "TOPOLOGIES",
-           "GraphBuilder", "NODE_KINDS", "LINK_KINDS", "NODE_LOCAL_KINDS", "FABRIC_KINDS",
+           "GraphBuilder", "GraphRecord", "NODE_KINDS", "LINK_KINDS", "NODE_LOCAL_KINDS", "FABRIC_KINDS",
            "lookup"]
 
 #: Kinds of graph vertices. ``switch`` carries ``level`` (leaf 1, spine/aggregation 2, core 3).
@@ -62,8 +62,39 @@ def lookup(table: dict[str, Callable], field: str, name: str) -> Callable:
     return table[name]
 
 
+class GraphRecord:
+    """A directed graph held as plain dicts in networkx's own layout, so that building and
+    routing a cluster needs no networkx (whose import costs more than a prediction);
+    :meth:`to_networkx` gives the ``nx.DiGraph``.
+
+    Attributes
+    ----------
+    graph : dict
+        Graph attributes (``fabric``, ``spec``), as ``nx.DiGraph.graph``.
+    nodes : dict
+        Vertex → its attribute dict, in insertion order.
+    succ : dict
+        Vertex → {successor: edge attribute dict}, in insertion order (every vertex has one).
+    """
+
+    def __init__(self) -> None:
+        self.graph: dict[str, Any] = {}
+        self.nodes: dict[Any, dict[str, Any]] = {}
+        self.succ: dict[Any, dict[Any, dict[str, Any]]] = {}
+
+    def to_networkx(self):
+        """The same vertices, edges and attributes (same dicts) as an ``nx.DiGraph``."""
+        import networkx as nx
+
+        g = nx.DiGraph()
+        g.graph.update(self.graph)
+        g.add_nodes_from(self.nodes.items())
+        g.add_edges_from((u, v, a) for u, out in self.succ.items() for v, a in out.items())
+        return g
+
+
 class GraphBuilder:
-    """Accumulates vertices and full-duplex links into an ``nx.DiGraph``.
+    """Accumulates vertices and full-duplex links into a :class:`GraphRecord` (``graph``).
 
     Every edge that leaves a ``switch`` or ``router`` gets ``switch_latency_s`` added, so a
     route through *k* switches pays *k* switch traversals.
@@ -75,14 +106,13 @@ class GraphBuilder:
     """
 
     def __init__(self, switch_latency_s: float = 0.0):
-        import networkx as nx  # here, not at import: config validation reads the names
-
-        self.graph = nx.DiGraph()
+        self.graph = GraphRecord()
         self.switch_latency_s = float(switch_latency_s)
 
     def add_node(self, name: str, kind: str, **attrs: Any) -> str:
         """Add a vertex of ``kind`` (one of :data:`NODE_KINDS`) and return its name."""
-        self.graph.add_node(name, kind=kind, **attrs)
+        self.graph.nodes.setdefault(name, {}).update(kind=kind, **attrs)
+        self.graph.succ.setdefault(name, {})
         return name
 
     def add_link(self, u: str, v: str, *, bandwidth_Bps: float, link_kind: str,
@@ -96,5 +126,5 @@ class GraphBuilder:
         for a, b, lat in ((u, v, latency_s), (v, u, back)):
             if self.graph.nodes[a]["kind"] in FABRIC_KINDS:
                 lat += self.switch_latency_s
-            self.graph.add_edge(a, b, bandwidth_Bps=float(bandwidth_Bps), latency_s=float(lat),
-                                link_kind=link_kind)
+            self.graph.succ[a].setdefault(b, {}).update(
+                bandwidth_Bps=float(bandwidth_Bps), latency_s=float(lat), link_kind=link_kind)

@@ -42,7 +42,7 @@ def test_arrays_are_read_only_and_the_graph_frozen():
 
 
 def _broken(change) -> nx.DiGraph:
-    g = _two_nodes().graph
+    g = _two_nodes().graph.to_networkx()  # a hand-made networkx graph, as users pass one
     change(g)
     return g
 
