@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 import ddlsim
+from ddlsim.errors import WorkTooLargeError
 
 DATA = Path(__file__).with_name("data")
 TABLE = DATA / "megatron_table1.csv"
@@ -97,7 +98,7 @@ def config(row: dict) -> dict:
 
 
 def paper_flops(row: dict) -> float:
-    """FLOPs of one iteration by the paper's eq. (3): 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))."""
+    """One iteration's FLOPs, eq. (3): 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))."""
     B, l, h = int(row["global_batch"]), int(row["layers"]), int(row["hidden"])
     return 96.0 * B * SEQ * l * h * h * (1 + SEQ / (6 * h) + PAPER_VOCAB / (16 * l * h))
 
@@ -115,14 +116,19 @@ def evaluate(engine: str = "analytical") -> list[dict]:
     """One record per row: settings, published and predicted TFLOP/s, error, fit note."""
     out = []
     for row in rows():
-        r, refused = predict_row(row, engine)
+        try:
+            r, refused = predict_row(row, engine)
+        except WorkTooLargeError as exc:  # the DES's work budget: say so, do not drop the row
+            out.append({"row": row, "result": None, "skipped": str(exc)})
+            continue
         gpus = int(row["nodes"]) * GPUS_PER_NODE
         dp = gpus // (int(row["tp"]) * int(row["pp"]))
         predicted = paper_flops(row) / r.iteration_time_s / gpus / 1e12
         published = float(row["tflops_per_gpu"])
         out.append({"row": row, "result": r, "published": published, "predicted": predicted,
                     "error": (predicted - published) / published, "refused": refused,
-                    "dp": dp, "microbatches": int(row["global_batch"]) // (int(row["micro_batch"]) * dp)})
+                    "skipped": "", "dp": dp,
+                    "microbatches": int(row["global_batch"]) // (int(row["micro_batch"]) * dp)})
     return out
 
 
@@ -132,6 +138,10 @@ def _print(out: list[dict], markdown: bool) -> None:
     lines = [head]
     for o in out:
         row, r = o["row"], o["result"]
+        if r is None:
+            lines.append([row["model"], row["tp"], row["pp"], *["-"] * 5, row["tflops_per_gpu"],
+                          "not run (work limit)", "-", "-"])
+            continue
         cells = [row["model"], row["tp"], row["pp"], str(o["dp"]), row["micro_batch"],
                  str(o["microbatches"]), str(virtual_stages(row) or "-"), row["ddp"],
                  f"{o['published']:.0f}", f"{o['predicted']:.1f}"
@@ -147,8 +157,8 @@ def _print(out: list[dict], markdown: bool) -> None:
         for cells in lines:
             print("  ".join(c.rjust(w) for c, w in zip(cells, widths)))
     for o in out:
-        if o["refused"]:
-            print(f"\n{o['row']['model']}: {o['refused']}")
+        if o.get("refused") or o["skipped"]:
+            print(f"\n{o['row']['model']}: {o.get('refused') or o['skipped']}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,8 +166,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine", default="analytical", choices=["analytical", "des"])
     ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
     args = ap.parse_args(argv)
-    out = evaluate(args.engine)
-    _print(out, args.markdown)
+    everything = evaluate(args.engine)
+    _print(everything, args.markdown)
+    out = [o for o in everything if not o["skipped"]]
+    if len(out) < len(everything):
+        print(f"\n{len(everything) - len(out)} row(s) not run by the {args.engine} engine "
+              "(reasons above); the figures below cover the rest")
     errors = [o["error"] for o in out]
     worst = max(out, key=lambda o: abs(o["error"]))
     mean = sum(abs(e) for e in errors) / len(errors)
