@@ -27,6 +27,26 @@ def model_preset_families() -> dict[str, str]:
     return out
 
 
+def _model_preset(name: str) -> dict | None:
+    """The model preset ``name`` of the first family (in :func:`families` order) that has
+    it, as :func:`_load`'s table would give it, or None."""
+    from .workloads.registry import iter_families
+
+    for arch, _ in iter_families():
+        preset = _family_presets(arch).get(name)
+        if preset is not None:
+            return preset
+    return None
+
+
+@cache
+def _family_presets(architecture: str) -> dict[str, dict]:
+    """One family's presets, read once (as :func:`_load` reads the whole table once)."""
+    from .workloads.registry import get_family
+
+    return get_family(architecture).presets()
+
+
 @cache
 def _load(section: str) -> dict[str, dict]:
     import yaml
@@ -53,6 +73,10 @@ def get_preset(section: str, name: str) -> dict:
     if section not in SECTIONS:
         raise ConfigError(f"unknown section {section!r}{did_you_mean(section, SECTIONS)}; "
                           f"allowed: {', '.join(SECTIONS)}")
+    if section == "model":  # the first family that has it, importing no more families than needed
+        found = _model_preset(name)
+        if found is not None:
+            return found
     table = _load(section)
     if name not in table:
         raise ConfigError(f"{section} preset {name!r} does not exist{did_you_mean(name, table)}; "

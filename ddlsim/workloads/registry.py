@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import cache
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from .trace import Workload
 
 __all__ = ["WorkloadFamily", "register_workload", "batch_phrase", "get_family", "families",
+           "iter_families",
            "hf_family", "read_presets", "expand_hf_config", "validate_model",
            "BUILTIN_FAMILIES", "ARCHITECTURE_DEFAULT"]
 
@@ -161,6 +162,20 @@ def families() -> dict[str, WorkloadFamily]:
     return dict(_FAMILIES)
 
 
+def iter_families() -> Iterator[tuple[str, WorkloadFamily]]:
+    """The registered families in :func:`families`' order, importing the bundled packages
+    one at a time, so that a lookup the first ones answer (``gpt``, a GPT preset) does not
+    import the others (a prediction's start-up time)."""
+    seen: set[str] = set()
+    for package in (*BUILTIN_FAMILIES, None):
+        for arch, family in list(_FAMILIES.items()):
+            if arch not in seen:
+                seen.add(arch)
+                yield arch, family
+        if package is not None:
+            importlib.import_module(package)
+
+
 def get_family(architecture: Any) -> WorkloadFamily:
     """The family registered under ``architecture``.
 
@@ -169,6 +184,10 @@ def get_family(architecture: Any) -> WorkloadFamily:
     ConfigError
         Naming the value, the closest registered name and every registered one.
     """
+    if isinstance(architecture, str):
+        for arch, family in iter_families():
+            if arch == architecture:
+                return family
     known = families()
     if not isinstance(architecture, str) or architecture not in known:
         raise ConfigError(f"model.architecture = {architecture!r} is not a registered workload "

@@ -7,6 +7,7 @@ The blocks are read from the page itself, so the page cannot drift from what wor
 from __future__ import annotations
 
 import importlib
+import os
 import re
 import sys
 from pathlib import Path
@@ -76,3 +77,23 @@ def test_toy_family_rules_and_schema(toy):
 def test_a_second_family_cannot_take_a_registered_name(toy):
     with pytest.raises(ConfigError, match="'mlp' is already registered"):
         registry.register_workload("mlp")(type("Other", (registry.WorkloadFamily,), {}))
+
+
+def test_a_gpt_prediction_imports_no_other_family():
+    """Looking up ``gpt`` and a GPT preset imports the bundled family packages one at a
+    time and stops at the first that answers (start-up time): the DLRM, CosmoFlow, ResNet and
+    BERT packages stay unimported, and the registry still lists every family afterwards."""
+    import subprocess
+
+    code = ("import sys, ddlsim\n"
+            "cfg = ddlsim.load_config('examples/gpt2-2ranks-one-node.yaml')\n"
+            "ddlsim.predict(cfg)\n"
+            "others = [m for m in ('dlrm', 'cosmoflow', 'resnet', 'bert')\n"
+            "          if 'ddlsim.workloads.' + m in sys.modules]\n"
+            "from ddlsim.workloads.registry import families\n"
+            "print(others, sorted(families()))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).resolve().parents[2],
+                         env={**os.environ,
+                              "PYTHONPATH": str(Path(__file__).resolve().parents[2])}).stdout
+    assert out.strip() == "[] ['bert', 'cosmoflow', 'dlrm', 'gpt', 'llama', 'resnet']"
