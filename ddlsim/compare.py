@@ -239,7 +239,12 @@ def comparison_table(runs: Sequence[Run]):
     for lab in labels[1:]:
         t.add_column("Δ" if len(labels) == 2 else f"Δ {escape(lab)}", justify="right")
         t.add_column("change", justify="right")
-    for name, kind, values in comparison_metrics([r for _, r in runs]):
+    from .report import displayed
+
+    results = [r for _, r in runs]
+    for name, kind, values in comparison_metrics(results):
+        if kind == "time" and name != "iteration_time_s":  # float residues shown as 0
+            values = [displayed(v, r.iteration_time_s) for v, r in zip(values, results)]
         name = _TITLES.get(name) or name.removesuffix("_s").replace("exposed_comm_",
                                                                     "exposed comm: ")
         if kind == "bool":

@@ -132,3 +132,29 @@ def test_missing_plotting_library_is_reported_before_the_run(monkeypatch, tmp_pa
                  ["predict", RB, "--timeline", str(tmp_path / "t.png")]):
         r = runner.invoke(app, args)
         assert r.exit_code == 2 and "drawing needs ddlsim.plots" in r.stderr
+
+
+def test_float_residues_are_shown_as_zero_in_the_table():
+    """A part below report.RESIDUE of the iteration (a rounding residue of summed times,
+    e.g. CosmoFlow's analytical bubble of ~1e-18 s in 94 ms) is hidden in the table as the
+    report hides it; the JSON keeps the raw value."""
+    from dataclasses import replace
+
+    from rich.console import Console
+
+    from ddlsim.compare import comparison_payload, comparison_table
+    from ddlsim.report import RESIDUE
+
+    base = ddlsim.predict("examples/proxies/cosmoflow.yaml")
+    tiny = 0.1 * RESIDUE * base.iteration_time_s
+    runs = [(name, replace(base, breakdown=replace(base.breakdown, bubble_s=b)))
+            for name, b in (("a", tiny), ("b", 0.0))]
+    console = Console(width=200, record=True)
+    console.print(comparison_table(runs))
+    assert "pipeline bubble" not in console.export_text()
+    shown = [(name, replace(r, breakdown=replace(r.breakdown, bubble_s=1e-3)))
+             for name, r in runs]
+    console.print(comparison_table(shown))
+    assert "pipeline bubble" in console.export_text()
+    raw = {m["metric"]: m["values"] for m in comparison_payload(runs)["metrics"]}
+    assert raw["bubble_s"]["a"] == tiny
