@@ -13,18 +13,21 @@ Everything inside is SI: seconds, bytes, bytes/s, FLOP/s. Strings with units
 
 from __future__ import annotations
 
-import math
-from functools import partial
 from typing import Annotated, Any, Literal
 
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field,
-                      SerializeAsAny, StrictBool, StrictStr, field_validator, model_validator)
+from pydantic import (BeforeValidator, Field, SerializeAsAny, StrictBool, StrictStr,
+                      field_validator, model_validator)
 
-from . import units
+# The shared field types and the system section live in their own modules; every name stays
+# importable from here.
+from .config_system import (  # noqa: F401  (re-exported)
+    CollectivesSpec, DeviceSpec, IntraNodeSpec, LinkSpec, NetworkSpec, SystemConfig, check_shape)
+from .config_types import (  # noqa: F401  (re-exported)
+    DTYPE_BYTES, Bandwidth, BucketBytes, Bytes, DeviceId, Dtype, Flops, Real, Seconds, _bounded,
+    _quantity, _Strict, count_type, reject_bool)
 from .errors import ConfigError, did_you_mean
 from .limits import check_bound
-from .registered import (algorithms, collective_ops, node_fabrics, placements, registered,
-                         schedules, topologies)
+from .registered import algorithms, collective_ops, registered, schedules
 from .workloads.registry import validate_model
 
 __all__ = [
@@ -34,9 +37,6 @@ __all__ = [
     "COLLECTIVE_OPS", "ALGORITHMS", "resolve_section", "format_validation_error", "read_document",
     "Bandwidth", "Bytes", "Seconds", "Flops", "count_type", "check_shape", "reject_bool",
 ]
-
-Dtype = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
-DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 
 
 def __getattr__(name: str) -> Any:
@@ -48,52 +48,6 @@ def __getattr__(name: str) -> Any:
     if name == "ALGORITHMS":
         return algorithms()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def reject_bool(v: Any) -> Any:
-    """Refuse ``true``/``false`` where a number is expected (pydantic would read them as 1/0)."""
-    if isinstance(v, bool):
-        raise ValueError(f"expected a number, got the boolean {str(v).lower()}")
-    return v
-
-
-def _bounded(name: str) -> AfterValidator:
-    """The plausibility bound ``limits.BOUNDS[name]``, with its reason in the error."""
-    return AfterValidator(partial(check_bound, name=name))
-
-
-def count_type(bound: str) -> Any:
-    """A positive whole number, never a boolean, within ``limits.BOUNDS[bound]`` (checked
-    before the conversion to int too, so ``1e30`` is refused with the bound's reason)."""
-    def early(v: Any) -> Any:
-        v = reject_bool(v)
-        return check_bound(v, bound) if isinstance(v, (int, float)) and v == v else v
-    return Annotated[int, BeforeValidator(early), Field(gt=0), _bounded(bound)]
-
-
-def _quantity(kind: str, bound: str, **field: Any) -> Any:
-    """A float read with a unit of ``kind``, finite and within ``limits.BOUNDS[bound]``."""
-    def parse(v: Any) -> Any:
-        try:
-            return v if v is None else units.parse_quantity(v, kind)
-        except units.UnitError as exc:
-            raise ValueError(str(exc)) from None
-    return Annotated[(float, BeforeValidator(parse), Field(**field), _bounded(bound))]
-
-
-Bytes = _quantity("bytes", "memory_bytes", gt=0)
-Bandwidth = _quantity("bandwidth", "bandwidth", gt=0)
-Seconds = _quantity("time", "latency", ge=0)
-Flops = _quantity("flops", "flops", gt=0)
-BucketBytes = _quantity("bytes", "bucket_bytes", gt=0)
-#: A float that is not a boolean (finite: every model sets ``allow_inf_nan=False``).
-Real = Annotated[float, BeforeValidator(reject_bool)]
-DeviceId = Annotated[int, BeforeValidator(reject_bool), Field(ge=0, le=10**7)]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True,
-                              allow_inf_nan=False)
 
 
 # ---------------------------------------------------------------------------------------- model
@@ -275,139 +229,6 @@ class TrainConfig(_Strict):
     dtype: Dtype = "bf16"
     recompute: Literal["none", "selective", "full"] = "none"
     optimizer: Literal["adam", "sgd"] = "adam"
-
-
-# --------------------------------------------------------------------------------------- system
-class DeviceSpec(_Strict):
-    """One accelerator (or CPU socket acting as one rank)."""
-
-    name: str
-    peak_flops: dict[str, Flops] = Field(description="dtype → dense peak FLOP/s")
-    memory_bytes: Bytes
-    memory_bandwidth_Bps: Bandwidth
-    source: str | None = None
-
-    @model_validator(mode="after")
-    def _check(self) -> "DeviceSpec":
-        bad = [k for k in self.peak_flops if k not in DTYPE_BYTES]
-        if bad:
-            raise ValueError(f"peak_flops has unknown dtype {bad[0]!r}"
-                             f"{did_you_mean(bad[0], DTYPE_BYTES)}; allowed: "
-                             f"{', '.join(DTYPE_BYTES)}")
-        return self
-
-
-class LinkSpec(_Strict):
-    """A point-to-point link, one direction: bandwidth and per-message latency."""
-
-    bandwidth_Bps: Bandwidth
-    latency_s: Seconds = 0.0
-    source: str | None = None
-
-
-class IntraNodeSpec(LinkSpec):
-    """How devices of one node talk: NVSwitch (full bandwidth to any peer), NVLink ring, PCIe
-    or shared memory. ``bandwidth_Bps`` is per device per direction."""
-
-    kind: registered(node_fabrics) = "nvswitch"
-
-
-class NetworkSpec(_Strict):
-    """The fabric between nodes."""
-
-    topology: registered(topologies) = "fat_tree"
-    oversubscription: Annotated[Real, _bounded("oversubscription")] = 1.0
-    switch_latency_s: Seconds = 0.0
-    nodes_per_leaf: count_type("devices") | None = None
-    torus_dims: tuple[count_type("devices"), ...] | None = None
-    source: str | None = None
-
-    @model_validator(mode="after")
-    def _check(self) -> "NetworkSpec":
-        dims = self.torus_dims
-        if dims is not None:
-            if self.topology != "torus":
-                raise ValueError(f"torus_dims = {list(dims)} applies only to topology = 'torus' "
-                                 f"(got {self.topology!r}); remove it or set topology: torus")
-            if not dims:
-                raise ValueError("torus_dims = [] names no dimension; give one or more sizes, "
-                                 "e.g. [4, 4, 8], or leave it out for the squarest 2-D torus")
-            check_bound(len(dims), "torus_rank")
-        return self
-
-
-def check_shape(system: Any) -> None:
-    """The rules a cluster's shape obeys, for a system section and a topology spec alike (so
-    both engines refuse the same systems): the device count within bounds, NICs that divide
-    or are a multiple of the devices of a node, and torus dimensions that hold every node."""
-    n, d, k = system.nodes, system.devices_per_node, system.nics_per_node
-    try:
-        check_bound(n * d, "devices")
-    except ValueError as exc:
-        raise ValueError(f"nodes × devices_per_node = {n} × {d} = {exc}") from None
-    if d % k and k % d:
-        raise ValueError(f"nics_per_node = {k} must divide or be a multiple of "
-                         f"devices_per_node = {d}")
-    dims = system.network.torus_dims
-    if dims is not None and math.prod(dims) != n:
-        raise ValueError(f"network.torus_dims = {list(dims)} holds {math.prod(dims)} nodes but "
-                         f"the system has nodes = {n}; their product must equal nodes")
-
-
-class CollectivesSpec(_Strict):
-    """Which library runs the collectives, and what NCCL's tuning model needs to know.
-
-    ``backend``: ``nccl`` (ring/tree/NVLS/CollNet with LL/LL128/Simple, timed as NCCL's tuning
-    model does), ``mpi`` (the generic α-β algorithms, ``auto`` the cheapest), ``mpich`` (the
-    same algorithms chosen by MPICH's own rules), or ``auto``: NCCL on NVLink/NVSwitch nodes of
-    a known NVIDIA GPU generation, MPI otherwise.
-    """
-
-    backend: Literal["auto", "nccl", "mpi", "mpich"] = "auto"
-    nccl_protocol: Literal["auto", "LL", "LL128", "Simple"] = Field(
-        default="auto", description="NCCL_PROTO: one protocol, or NCCL's choice")
-    gpu_arch: Literal["auto", "volta", "ampere", "hopper", "blackwell"] = Field(
-        default="auto", description="NCCL's compute-capability class; auto: from device.name")
-    cpu_vendor: Literal["intel", "amd"] = Field(
-        default="intel", description="NCCL's multi-node LL cap and network overhead")
-    sharp: StrictBool = Field(default=False,
-                              description="in-network reduction (SHARP): NCCL CollNet, NVLS")
-    source: str | None = None
-
-
-class SystemConfig(_Strict):
-    """A cluster: ``nodes`` × ``devices_per_node`` devices, NICs and a fabric."""
-
-    name: str = "custom"
-    nodes: count_type("devices")
-    devices_per_node: count_type("devices_per_node")
-    device: DeviceSpec
-    intra_node: IntraNodeSpec
-    nics_per_node: count_type("nics_per_node") = 1
-    nic: LinkSpec
-    network: NetworkSpec = Field(default_factory=NetworkSpec)  # built on use: topologies import config
-    compute_efficiency: Real = Field(default=0.75, gt=0, le=1,
-                                      description="achieved / peak FLOP/s of large GEMMs")
-    placement: registered(placements) | list[DeviceId] = "consecutive"
-    collectives: CollectivesSpec = Field(default_factory=CollectivesSpec)
-    source: str | None = None
-
-    @property
-    def num_devices(self) -> int:
-        return self.nodes * self.devices_per_node
-
-    @model_validator(mode="after")
-    def _check(self) -> "SystemConfig":
-        check_shape(self)
-        if isinstance(self.placement, list):
-            n = self.num_devices
-            bad = [d for d in self.placement if not 0 <= d < n]
-            if bad:
-                raise ValueError(f"placement names device {bad[0]}, but the system has devices "
-                                 f"0..{n - 1}")
-            if len(set(self.placement)) != len(self.placement):
-                raise ValueError("placement lists a device twice; each rank needs its own device")
-        return self
 
 
 # ------------------------------------------------------------------------------------------ run

@@ -1,0 +1,100 @@
+"""``ddlsim presets`` and the ``topology`` and ``calibrate`` command groups.
+
+Registered on the main app by :func:`register` (two lines in :mod:`ddlsim.cli`); everything
+heavy is imported when a command runs, so the CLI's cold start does not pay for it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from .cliutil import guarded, require
+
+__all__ = ["register", "presets_command"]
+
+
+def presets_command(
+    section: Annotated[Optional[str], typer.Argument(help="model, parallel, train or system")] = None,
+) -> None:
+    """List the presets a config section may name, with their sources."""
+    from .cli import check_choice, out
+    from .presets import SECTIONS, list_presets
+
+    if section is not None:
+        check_choice("section", section, tuple(SECTIONS))
+    for sec, entries in list_presets(section).items():
+        t = Table(title=f"{sec} presets", title_justify="left")
+        t.add_column("name", style="bold")
+        if sec == "model":
+            from .presets import model_preset_families
+            family = model_preset_families()
+            t.add_column("family")
+        t.add_column("summary")
+        t.add_column("source", overflow="fold")
+        for name, v in entries.items():
+            cells = [family[name]] if sec == "model" else []
+            t.add_row(name, *cells, _summary(sec, name, v), str(v.get("source", "")))
+        out.print(t)
+
+
+def _summary(section: str, name: str, v: dict) -> str:
+    if section == "model":  # the family's one line (bundled config.json files are read)
+        from .config import validate_model
+        from .configload import resolve_section
+        from .workloads.registry import get_family
+
+        import warnings
+        with warnings.catch_warnings():  # a listing: keys a bundled file has are no news
+            warnings.simplefilter("ignore")
+            model = validate_model(resolve_section("model", name))
+        return get_family(model.architecture).summary(model).removeprefix(f"{name}: ")
+    if section == "system":
+        d = v["device"]
+        return f"{v['nodes']}×{v['devices_per_node']} {d['name']}, {v['nics_per_node']}×{v['nic']['bandwidth_Bps']} NIC"
+    return ", ".join(f"{k}={x}" for k, x in v.items() if k != "source")
+
+
+def _calibrate_checks(name: str):
+    """Options of ``ddlsim calibrate NAME`` that apply only with another one."""
+    def check(kw: dict) -> None:
+        if name == "show":
+            require(not kw.get("force") or kw.get("plot") is not None,
+                    "--force applies to the --plot file; without --plot there is nothing to "
+                    "replace")
+        if name == "compute":
+            require(kw.get("attention") or kw.get("max_seq") == 1024,
+                    "--max-seq applies to the attention benchmark; add --attention")
+        if name == "fit":
+            require(kw.get("bootstrap") or not kw.get("seed"),
+                    "--seed seeds the bootstrap, which --bootstrap 0 turns off")
+            given = [f"--{k}" for k in ("op", "backend", "ranks", "nodes", "scope")
+                     if kw.get(k) is not None]
+            require(kw.get("format") not in ("ddlsim", "ddlsim-compute") or not given,
+                    f"{', '.join(given)} describe(s) nccl-tests or OSU files; --format "
+                    f"{kw.get('format')} files record them in their rows")
+    return check
+
+
+def _mount_subapps(app: typer.Typer) -> None:
+    """Mount ``topology`` and ``calibrate``, every command wrapped by :func:`guarded`."""
+    from .calibration.cli import app as calibrate_app
+    from .topologies.cli import app as topology_app
+
+    for sub in (topology_app, calibrate_app):
+        for command in sub.registered_commands:
+            name = command.name or command.callback.__name__
+            checks = _calibrate_checks(name) if sub is calibrate_app else None
+            command.callback = guarded(command.callback, checks)
+    app.add_typer(topology_app, name="topology", help="Build, summarise and draw cluster topologies.")
+    app.add_typer(calibrate_app, name="calibrate",
+                  help="Run microbenchmarks, read existing results, fit cost profiles.")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``presets`` to ``app`` and mount ``topology`` and ``calibrate``, every command
+    wrapped by :func:`ddlsim.cliutil.guarded`."""
+    app.command("presets")(guarded(presets_command))
+    _mount_subapps(app)

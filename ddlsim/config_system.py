@@ -1,0 +1,153 @@
+"""The ``system`` section of a run config: devices, links, the fabric between nodes, the
+collectives library, and the rules a cluster's shape obeys.
+
+Re-exported by :mod:`ddlsim.config`, the place to import them from.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, StrictBool, model_validator
+
+from .config_types import (DTYPE_BYTES, Bandwidth, Bytes, DeviceId, Flops, Real, Seconds,
+                           _bounded, _Strict, count_type)
+from .errors import did_you_mean
+from .limits import check_bound
+from .registered import node_fabrics, placements, registered, topologies
+
+__all__ = ["DeviceSpec", "LinkSpec", "IntraNodeSpec", "NetworkSpec", "check_shape",
+           "CollectivesSpec", "SystemConfig"]
+
+
+class DeviceSpec(_Strict):
+    """One accelerator (or CPU socket acting as one rank)."""
+
+    name: str
+    peak_flops: dict[str, Flops] = Field(description="dtype → dense peak FLOP/s")
+    memory_bytes: Bytes
+    memory_bandwidth_Bps: Bandwidth
+    source: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> "DeviceSpec":
+        bad = [k for k in self.peak_flops if k not in DTYPE_BYTES]
+        if bad:
+            raise ValueError(f"peak_flops has unknown dtype {bad[0]!r}"
+                             f"{did_you_mean(bad[0], DTYPE_BYTES)}; allowed: "
+                             f"{', '.join(DTYPE_BYTES)}")
+        return self
+
+
+class LinkSpec(_Strict):
+    """A point-to-point link, one direction: bandwidth and per-message latency."""
+
+    bandwidth_Bps: Bandwidth
+    latency_s: Seconds = 0.0
+    source: str | None = None
+
+
+class IntraNodeSpec(LinkSpec):
+    """How devices of one node talk: NVSwitch (full bandwidth to any peer), NVLink ring, PCIe
+    or shared memory. ``bandwidth_Bps`` is per device per direction."""
+
+    kind: registered(node_fabrics) = "nvswitch"
+
+
+class NetworkSpec(_Strict):
+    """The fabric between nodes."""
+
+    topology: registered(topologies) = "fat_tree"
+    oversubscription: Annotated[Real, _bounded("oversubscription")] = 1.0
+    switch_latency_s: Seconds = 0.0
+    nodes_per_leaf: count_type("devices") | None = None
+    torus_dims: tuple[count_type("devices"), ...] | None = None
+    source: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> "NetworkSpec":
+        dims = self.torus_dims
+        if dims is not None:
+            if self.topology != "torus":
+                raise ValueError(f"torus_dims = {list(dims)} applies only to topology = 'torus' "
+                                 f"(got {self.topology!r}); remove it or set topology: torus")
+            if not dims:
+                raise ValueError("torus_dims = [] names no dimension; give one or more sizes, "
+                                 "e.g. [4, 4, 8], or leave it out for the squarest 2-D torus")
+            check_bound(len(dims), "torus_rank")
+        return self
+
+
+def check_shape(system: Any) -> None:
+    """The rules a cluster's shape obeys, for a system section and a topology spec alike (so
+    both engines refuse the same systems): the device count within bounds, NICs that divide
+    or are a multiple of the devices of a node, and torus dimensions that hold every node."""
+    n, d, k = system.nodes, system.devices_per_node, system.nics_per_node
+    try:
+        check_bound(n * d, "devices")
+    except ValueError as exc:
+        raise ValueError(f"nodes × devices_per_node = {n} × {d} = {exc}") from None
+    if d % k and k % d:
+        raise ValueError(f"nics_per_node = {k} must divide or be a multiple of "
+                         f"devices_per_node = {d}")
+    dims = system.network.torus_dims
+    if dims is not None and math.prod(dims) != n:
+        raise ValueError(f"network.torus_dims = {list(dims)} holds {math.prod(dims)} nodes but "
+                         f"the system has nodes = {n}; their product must equal nodes")
+
+
+class CollectivesSpec(_Strict):
+    """Which library runs the collectives, and what NCCL's tuning model needs to know.
+
+    ``backend``: ``nccl`` (ring/tree/NVLS/CollNet with LL/LL128/Simple, timed as NCCL's tuning
+    model does), ``mpi`` (the generic α-β algorithms, ``auto`` the cheapest), ``mpich`` (the
+    same algorithms chosen by MPICH's own rules), or ``auto``: NCCL on NVLink/NVSwitch nodes of
+    a known NVIDIA GPU generation, MPI otherwise.
+    """
+
+    backend: Literal["auto", "nccl", "mpi", "mpich"] = "auto"
+    nccl_protocol: Literal["auto", "LL", "LL128", "Simple"] = Field(
+        default="auto", description="NCCL_PROTO: one protocol, or NCCL's choice")
+    gpu_arch: Literal["auto", "volta", "ampere", "hopper", "blackwell"] = Field(
+        default="auto", description="NCCL's compute-capability class; auto: from device.name")
+    cpu_vendor: Literal["intel", "amd"] = Field(
+        default="intel", description="NCCL's multi-node LL cap and network overhead")
+    sharp: StrictBool = Field(default=False,
+                              description="in-network reduction (SHARP): NCCL CollNet, NVLS")
+    source: str | None = None
+
+
+class SystemConfig(_Strict):
+    """A cluster: ``nodes`` × ``devices_per_node`` devices, NICs and a fabric."""
+
+    name: str = "custom"
+    nodes: count_type("devices")
+    devices_per_node: count_type("devices_per_node")
+    device: DeviceSpec
+    intra_node: IntraNodeSpec
+    nics_per_node: count_type("nics_per_node") = 1
+    nic: LinkSpec
+    network: NetworkSpec = Field(default_factory=NetworkSpec)  # built on use: topologies import config
+    compute_efficiency: Real = Field(default=0.75, gt=0, le=1,
+                                      description="achieved / peak FLOP/s of large GEMMs")
+    placement: registered(placements) | list[DeviceId] = "consecutive"
+    collectives: CollectivesSpec = Field(default_factory=CollectivesSpec)
+    source: str | None = None
+
+    @property
+    def num_devices(self) -> int:
+        return self.nodes * self.devices_per_node
+
+    @model_validator(mode="after")
+    def _check(self) -> "SystemConfig":
+        check_shape(self)
+        if isinstance(self.placement, list):
+            n = self.num_devices
+            bad = [d for d in self.placement if not 0 <= d < n]
+            if bad:
+                raise ValueError(f"placement names device {bad[0]}, but the system has devices "
+                                 f"0..{n - 1}")
+            if len(set(self.placement)) != len(self.placement):
+                raise ValueError("placement lists a device twice; each rank needs its own device")
+        return self
