@@ -9,6 +9,7 @@ are the tier's best 10.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,8 @@ from ddlsim.search.run import plan_overrides
 from ddlsim.search.spec import Constraints
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import search_speed  # noqa: E402  (the benchmark's grids)
 PLAN = {"parallel.tensor_model_parallel_size": [1, 2, 4, 8],
         "parallel.pipeline_model_parallel_size": [1, 2, 4, 8, 16],
         "parallel.virtual_pipeline_model_parallel_size": [None, 2, 4],
@@ -28,20 +31,13 @@ PLAN = {"parallel.tensor_model_parallel_size": [1, 2, 4, 8],
         "parallel.zero_stage": [0, 1, 3],
         "train.micro_batch_size": [1, 2],
         "train.recompute": ["selective", "full"]}
+#: The benchmark's three systems and batches (benchmarks/search_speed.py), on smaller plans.
+_BASES = [base for base, _ in search_speed.GRIDS.values()]
 GRIDS = {
-    "gpt3-175b on 1,024 A100s": (
-        {"model": "gpt3-175b", "parallel": {}, "system": {"preset": "dgx-a100", "nodes": 128},
-         "train": {"micro_batch_size": 1, "global_batch_size": 1536, "seq_length": 2048}},
-        PLAN),
-    "llama-2-70b on 256 H100s": (
-        {"model": {"hf_config": str(ROOT / "examples/hf/llama-2-70b/config.json")},
-         "parallel": {}, "system": {"preset": "dgx-h100", "nodes": 32},
-         "train": {"micro_batch_size": 1, "global_batch_size": 1024, "seq_length": 4096}},
-        PLAN),
+    "gpt3-175b on 1,024 A100s": (_BASES[0], PLAN),
+    "llama-2-70b on 256 H100s": (_BASES[1], PLAN),
     "gpt2-124m on the 10 GbE CPU cluster": (
-        {"model": "gpt2-124m", "parallel": {}, "system": {"preset": "cpu-10gbe", "nodes": 16},
-         "train": {"micro_batch_size": 1, "global_batch_size": 128, "seq_length": 1024,
-                   "dtype": "fp32"}},
+        _BASES[2],
         {**PLAN, "parallel.tensor_model_parallel_size": [1, 2, 4],
          "parallel.pipeline_model_parallel_size": [1, 2, 4],
          "parallel.virtual_pipeline_model_parallel_size": [None, 3],
