@@ -115,7 +115,19 @@ class ParallelConfig(_Strict):
     zero_stage: Annotated[Literal[0, 1, 2, 3], BeforeValidator(reject_bool)] = 0
     schedule: registered(schedules) = "1f1b"
     dp_strategy: DPStrategy = "ddp"
-    overlap_grad_reduce: StrictBool = True
+    # --- overlap options (Megatron-Core's names); unset: the software stack's value -------
+    overlap_grad_reduce: StrictBool | None = Field(
+        default=None, description="gradient reduction during the backward; default: "
+                                  "system.software's")
+    overlap_param_gather: StrictBool | None = Field(
+        default=None, description="ZeRO/distributed-optimizer parameter all-gathers during "
+                                  "the forward; default: system.software's")
+    tp_comm_overlap: Literal["off", "bulk", "pipelined"] | None = Field(
+        default=None, description="TP communication hidden behind GEMMs (TE userbuffers); "
+                                  "default: system.software's")
+    overlap_p2p_comm: StrictBool | None = Field(
+        default=None, description="pipeline sends/receives overlapped with compute; default: "
+                                  "system.software's")
     grad_bucket_size: BucketBytes = Field(default=25 * 2**20,
                                     description="PyTorch DDP's default bucket_cap_mb=25")
     collective_algorithm: dict[str, str] = Field(default_factory=dict,
@@ -260,6 +272,13 @@ class RunConfig(_Strict):
     @property
     def world_size(self) -> int:
         return self.mesh.world_size
+
+    @property
+    def software(self) -> Any:
+        """The resolved :class:`~ddlsim.software.Software`: ``system.software``'s stack, its
+        overrides, then the plan's overlap options."""
+        from .software import resolve_software
+        return resolve_software(self.system.software, self.parallel)
 
     @property
     def num_microbatches(self) -> int:

@@ -9,13 +9,14 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StrictBool, model_validator
+from pydantic import Field, StrictBool, field_validator, model_validator
 
 from .config_types import (DTYPE_BYTES, Bandwidth, Bytes, DeviceId, Flops, Real, Seconds,
                            _bounded, _Strict, count_type)
 from .errors import did_you_mean
 from .limits import check_bound
 from .registered import node_fabrics, placements, registered, topologies
+from .software import DEFAULT_STACK, SoftwareSpec, stacks
 
 __all__ = ["DeviceSpec", "LinkSpec", "IntraNodeSpec", "NetworkSpec", "check_shape",
            "CollectivesSpec", "SystemConfig"]
@@ -133,7 +134,18 @@ class SystemConfig(_Strict):
                                       description="achieved / peak FLOP/s of large GEMMs")
     placement: registered(placements) | list[DeviceId] = "consecutive"
     collectives: CollectivesSpec = Field(default_factory=CollectivesSpec)
+    software: str | SoftwareSpec = Field(
+        default=DEFAULT_STACK, description="software stack: a name from ddlsim/data/"
+        "software.yaml, or {stack: NAME, kernels: {...}, overlap: {...}} overriding fields")
     source: str | None = None
+
+    @field_validator("software")
+    @classmethod
+    def _known_stack(cls, v: Any) -> Any:
+        if isinstance(v, str) and v not in stacks():
+            raise ValueError(f"{v!r} is not a known software stack"
+                             f"{did_you_mean(v, stacks())}; allowed: {', '.join(stacks())}")
+        return v
 
     @property
     def num_devices(self) -> int:

@@ -170,7 +170,7 @@ class DecoderVectors:
         update += coll("all_gather", "dp", grad) * ((zero == 1) | (zero == 2)) * (dp > 1)
         op_rs = (zero == 1) | (zero == 2)
         bucket = p.grad_bucket_size
-        if p.overlap_grad_reduce:
+        if ctx.cfg.software.overlap_grad_reduce:
             lc = ctx.shape.layers // (plans["pp"] * v)
             chunk = grad / v
             n_b = np.maximum(1, np.ceil(chunk / bucket))

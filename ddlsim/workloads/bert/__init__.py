@@ -86,7 +86,7 @@ class BertFamily(WorkloadFamily):
         plan = f"{axes} = {cfg.world_size} ranks" + (f", {p.schedule}" if p.pp > 1 else "")
         buckets = "one bucket per layer" if m.grad_buckets == "per_layer" else \
             bucket_phrase("ddp", p)
-        when = "overlapped" if p.overlap_grad_reduce else "after the backward"
+        when = "overlapped" if cfg.software.overlap_grad_reduce else "after the backward"
         return (f"{plan}, {buckets}, all-reduce {when}, {batch_phrase(cfg)}, "
                 f"seq {t.seq_length}, {t.dtype}")
 

@@ -164,7 +164,7 @@ def _stage_blocks(cfg: RunConfig, stage: int) -> dict[str, Block]:
     units = st.backward_units()
     plain = tuple(Op(c) for u in units for c in u.ops)
     grads, ready, issue = stage_buckets(cfg, stage)
-    overlap = p.overlap_grad_reduce and cfg.dp > 1
+    overlap = cfg.software.overlap_grad_reduce and cfg.dp > 1
     synced = backward_with_buckets(units, ready, grads, "dp", True) if overlap else plain
     blocks = {"F": Block("F", "forward", _exchange(st.forward(), prev, nxt, nbytes, "act", paired)),
               "B": Block("B", "backward", _exchange(plain, nxt, prev, nbytes, "grad", paired)),

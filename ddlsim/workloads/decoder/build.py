@@ -109,7 +109,7 @@ def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
     tp, dp, pp, v, m = b.tp, b.dp, b.pp, b.v, cfg.num_microbatches
     mesh = cfg.mesh
     groups = {**mesh.families(), **b.part.families(mesh)}
-    overlap = par.overlap_grad_reduce and par.dp_strategy == "ddp" and par.zero_stage in (0, 1, 2)
+    overlap = cfg.software.overlap_grad_reduce and par.dp_strategy == "ddp" and par.zero_stage in (0, 1, 2)
     split_root = par.dp_strategy == "reduce_broadcast" and dp > 1
     zero3 = par.zero_stage == 3 and dp > 1
     classes: list[RankClass] = []

@@ -114,7 +114,7 @@ def check_proxy_plan(cfg: RunConfig) -> None:
     if m.program == "proxy_one_step" and p.pp % 2:
         raise ValueError(f"model.program = 'proxy_one_step' needs an even "
                          f"pipeline_model_parallel_size (got {p.pp}): stages pair up 0-1, 2-3, …")
-    if m.program == "proxy_gpipe" and (p.schedule != "gpipe" or p.overlap_grad_reduce):
+    if m.program == "proxy_gpipe" and (p.schedule != "gpipe" or cfg.software.overlap_grad_reduce):
         raise ValueError("model.program = 'proxy_gpipe' runs every forward, then every "
                          "backward, then the gradient all-reduces: set parallel.schedule: gpipe "
                          "and parallel.overlap_grad_reduce: false")

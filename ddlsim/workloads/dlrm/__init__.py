@@ -89,7 +89,7 @@ class DLRMFamily(WorkloadFamily):
         the batch and the dtype."""
         m, p = cfg.model, cfg.parallel
         a2a = "overlapped" if m.overlap_embedding_all_to_all else "not overlapped"
-        grads = "overlapped" if p.overlap_grad_reduce else "after the backward"
+        grads = "overlapped" if cfg.software.overlap_grad_reduce else "after the backward"
         return (f"{cfg.world_size} ranks: embeddings {m.sharding} over all of them "
                 f"(exchange {a2a}), MLPs DP{cfg.dp} (gradient all-reduce {grads}), "
                 f"{batch_phrase(cfg, 'rank')}, {cfg.train.dtype}")

@@ -175,7 +175,7 @@ class _Builder:
 
     def backward(self, last: bool) -> Block:
         sh, overlap = self.shape, self.m.overlap_embedding_all_to_all
-        reduce = last and self.cfg.parallel.overlap_grad_reduce
+        reduce = last and self.cfg.software.overlap_grad_reduce
         grads = dict(self._grads())
         ops: list[Op] = []
 
@@ -200,7 +200,7 @@ class _Builder:
     def update(self) -> Block:
         sh, t = self.shape, self.t
         ops: list[Op] = []
-        if self.cfg.parallel.overlap_grad_reduce:
+        if self.cfg.software.overlap_grad_reduce:
             ops.append(Op(Wait("waitall.grads", "dp")))
         else:
             ops += [Op(self._allreduce(n, b)) for n, b in self._grads()]

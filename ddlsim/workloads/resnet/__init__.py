@@ -47,7 +47,7 @@ class ResNetFamily(WorkloadFamily):
             raise ValueError(f"parallel.grad_bucket_size is DDP's bucket_cap_mb, but "
                              f"model.grad_buckets = {m.grad_buckets} lists the buckets; remove "
                              "one")
-        if m.grad_sync == "ring_sendrecv" and p.overlap_grad_reduce:
+        if m.grad_sync == "ring_sendrecv" and cfg.software.overlap_grad_reduce:
             raise ValueError("model.grad_sync = 'ring_sendrecv' exchanges the buckets after the "
                              "backward (resnet50.cpp run_ring), but "
                              "parallel.overlap_grad_reduce is true; set it to false")
@@ -68,7 +68,7 @@ class ResNetFamily(WorkloadFamily):
         and the dtype."""
         m, p = cfg.model, cfg.parallel
         sync = "ring send/recv" if m.grad_sync == "ring_sendrecv" else "all-reduce"
-        when = "overlapped" if p.overlap_grad_reduce else "after the backward"
+        when = "overlapped" if cfg.software.overlap_grad_reduce else "after the backward"
         return (f"DP{cfg.dp} = {cfg.world_size} ranks, {bucket_phrase(m.grad_buckets, p)}, "
                 f"{sync} {when}, {batch_phrase(cfg)}, {cfg.train.dtype}")
 

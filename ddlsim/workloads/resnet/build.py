@@ -109,7 +109,7 @@ def _blocks(cfg: RunConfig) -> dict[str, Block]:
     elif m.grad_sync == "ring_sendrecv":
         sync = plain + _ring_sync(buckets, grads, len(plain))
     else:
-        sync = backward_with_buckets(units, buckets, grads, "dp", p.overlap_grad_reduce)
+        sync = backward_with_buckets(units, buckets, grads, "dp", cfg.software.overlap_grad_reduce)
     blocks = {"F": Block("F", "forward", fwd), "B": Block("B", "backward", plain),
               "B.sync": Block("B.sync", "backward", sync)}
     if m.compute == "model":

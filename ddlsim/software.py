@@ -1,0 +1,156 @@
+"""The software stack a run uses: which kernels are fused and which overlaps are on.
+
+``system.software`` names a stack from ``ddlsim/data/software.yaml`` (``megatron-lm-2021``,
+``megatron-core-2024``, ``deepspeed``, …) or gives one as a mapping that starts from a named
+stack and overrides some of its fields::
+
+    software: megatron-core-2024
+    software: {stack: megatron-lm-2021, kernels: {attention: flash2}}
+
+Two parts, each with its defaults cited in the YAML:
+
+* ``kernels`` — how the compute runs: the attention kernel, which element-wise ops are fused,
+  the optimizer kernel, FP8 details. Read by the compute cost model and the activation-memory
+  formulas.
+* ``overlap`` — which communication hides behind compute (Megatron-Core's option names). The
+  plan may override each one (``parallel.overlap_grad_reduce`` etc.); a plan field left unset
+  takes the stack's value.
+
+:func:`resolve_software` merges the three layers (stack ← ``system.software`` overrides ←
+plan options) into a frozen :class:`Software`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Literal
+
+from pydantic import Field, StrictBool, model_validator
+
+from .config_types import _Strict
+from .errors import ConfigError, did_you_mean
+
+__all__ = ["KernelSpec", "OverlapSpec", "SoftwareSpec", "Software", "stacks",
+           "resolve_software", "DEFAULT_STACK"]
+
+#: The stack a system without ``software`` runs: what a user training a decoder today runs.
+DEFAULT_STACK = "megatron-core-2024"
+
+Attention = Literal["flash2", "flash3", "fused_softmax", "unfused"]
+
+
+class KernelSpec(_Strict):
+    """How the compute runs (every field optional: unset fields come from the stack)."""
+
+    attention: Attention | None = Field(
+        default=None, description="flash2/flash3 (FlashAttention: no s² tensors), "
+                                  "fused_softmax (Megatron's fused scale-mask-softmax), unfused")
+    fused_bias_gelu: StrictBool | None = None
+    fused_bias_dropout_add: StrictBool | None = None
+    fused_layernorm: StrictBool | None = None
+    fused_rope: StrictBool | None = None
+    fused_cross_entropy: StrictBool | None = None
+    fused_optimizer: StrictBool | None = Field(default=None,
+                                               description="multi-tensor Adam (apex/TE)")
+    gradient_accumulation_fusion: StrictBool | None = None
+
+
+class OverlapSpec(_Strict):
+    """Which communication hides behind compute (Megatron-Core's names)."""
+
+    overlap_grad_reduce: StrictBool | None = None
+    overlap_param_gather: StrictBool | None = None
+    tp_comm_overlap: Literal["off", "bulk", "pipelined"] | None = None
+    overlap_p2p_comm: StrictBool | None = None
+
+
+class SoftwareSpec(_Strict):
+    """``system.software`` as a mapping: a named stack and the fields it overrides."""
+
+    stack: str = DEFAULT_STACK
+    kernels: KernelSpec = Field(default_factory=KernelSpec)
+    overlap: OverlapSpec = Field(default_factory=OverlapSpec)
+    source: str | None = None
+
+    @model_validator(mode="after")
+    def _known(self) -> "SoftwareSpec":
+        known = stacks()
+        if self.stack not in known:
+            raise ValueError(f"stack {self.stack!r} is not a known software stack"
+                             f"{did_you_mean(self.stack, known)}; allowed: {', '.join(known)}")
+        return self
+
+
+@dataclass(frozen=True)
+class Software:
+    """A resolved stack: every field set. ``kernels``/``overlap`` map field → value,
+    ``sources`` field → where its default comes from."""
+
+    name: str
+    kernels: dict[str, Any]
+    overlap: dict[str, Any]
+    sources: dict[str, str]
+
+    def __getattr__(self, field: str) -> Any:
+        for part in (self.kernels, self.overlap):
+            if field in part:
+                return part[field]
+        raise AttributeError(field)
+
+    def __hash__(self) -> int:
+        return hash((self.name, tuple(sorted(self.kernels.items())),
+                     tuple(sorted(self.overlap.items()))))
+
+
+@lru_cache(maxsize=1)
+def _stack_table() -> dict[str, dict]:
+    from importlib import resources
+
+    import yaml
+    return yaml.safe_load(resources.files("ddlsim.data").joinpath("software.yaml").read_text())
+
+
+def stacks() -> list[str]:
+    """The named stacks, in file order."""
+    return list(_stack_table())
+
+
+def _stack_defaults(name: str) -> tuple[dict, dict, dict]:
+    """(kernels, overlap, sources) of a named stack: each YAML field is ``{value, source}``."""
+    entry = _stack_table()[name]
+    parts: list[dict] = [{}, {}]
+    sources: dict[str, str] = {}
+    for i, section in enumerate(("kernels", "overlap")):
+        for field, item in entry[section].items():
+            parts[i][field] = item["value"]
+            sources[field] = item["source"]
+    return parts[0], parts[1], sources
+
+
+def resolve_software(spec: SoftwareSpec | str | None, plan: Any = None) -> Software:
+    """The stack ``spec`` names, with its overrides and then the plan's overlap options
+    (``plan.<field>`` when the plan sets it, i.e. is not None) applied.
+
+    Raises
+    ------
+    ConfigError
+        if ``spec`` names an unknown stack.
+    """
+    if spec is None:
+        spec = SoftwareSpec()
+    elif isinstance(spec, str):
+        if spec not in stacks():
+            raise ConfigError(f"system.software = {spec!r} is not a known software stack"
+                              f"{did_you_mean(spec, stacks())}; allowed: {', '.join(stacks())}")
+        spec = SoftwareSpec(stack=spec)
+    kernels, overlap, sources = _stack_defaults(spec.stack)
+    for part, given, where in ((kernels, spec.kernels, "system.software.kernels"),
+                               (overlap, spec.overlap, "system.software.overlap")):
+        for field, value in given.model_dump(exclude_none=True).items():
+            part[field], sources[field] = value, where
+    for field in list(overlap):
+        value = getattr(plan, field, None) if plan is not None else None
+        if value is not None:
+            overlap[field], sources[field] = value, f"parallel.{field}"
+    return Software(spec.stack, kernels, overlap, sources)
