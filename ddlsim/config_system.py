@@ -102,12 +102,12 @@ class CollectivesSpec(_Strict):
     """Which library runs the collectives, and what NCCL's tuning model needs to know.
 
     ``backend``: ``nccl`` (ring/tree/NVLS/CollNet with LL/LL128/Simple, timed as NCCL's tuning
-    model does), ``mpi`` (the generic α-β algorithms, ``auto`` the cheapest), ``mpich`` (the
-    same algorithms chosen by MPICH's own rules), or ``auto``: NCCL on NVLink/NVSwitch nodes of
-    a known NVIDIA GPU generation, MPI otherwise.
+    model does), ``mpi`` (the generic α-β algorithms, ``auto`` the cheapest), ``mpich`` or
+    ``openmpi`` (the same algorithms chosen by MPICH's or Open MPI's own rules), or ``auto``:
+    NCCL on NVLink/NVSwitch nodes of a known NVIDIA GPU generation, MPI otherwise.
     """
 
-    backend: Literal["auto", "nccl", "mpi", "mpich"] = "auto"
+    backend: Literal["auto", "nccl", "mpi", "mpich", "openmpi"] = "auto"
     nccl_protocol: Literal["auto", "LL", "LL128", "Simple"] = Field(
         default="auto", description="NCCL_PROTO: one protocol, or NCCL's choice")
     gpu_arch: Literal["auto", "volta", "ampere", "hopper", "blackwell"] = Field(

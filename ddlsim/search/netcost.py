@@ -6,7 +6,7 @@ Three facts make this a reuse rather than a copy of the physics:
   nodes spanned, NIC share, NCCL's view of the machine) depend only on the mesh (TP, PP, DP)
   and the system, and a grid has few meshes. :func:`mesh_networks` builds them for each
   distinct mesh with :class:`~ddlsim.simulator.costs.CostModel` itself, and records its
-  collective backend (``nccl``, ``mpi`` or ``mpich``).
+  collective backend (``nccl``, ``mpi``, ``mpich`` or ``openmpi``).
 * **The generic (``mpi``) closed forms are affine in the message size** ``n`` on a fixed
   network (``α·steps + n·(per-byte terms)``; a ``max`` of two per-byte terms is still linear
   in ``n ≥ 0``). So ``time(n) = time(0) + n·(time(N) − time(0))/N``: two calls of the
@@ -19,10 +19,11 @@ Three facts make this a reuse rather than a copy of the physics:
   arrays. An NCCL algorithm is the minimum over its protocols (or the configured one).
 
 ``"auto"`` is the minimum over the backend's registered algorithms, as
-:func:`~ddlsim.simulator.collectives.best_algorithm` takes it; with ``mpich``, MPICH's own
-rule (:func:`~ddlsim.simulator.collectives.selection.mpich_algorithm`) is applied to each
-distinct (group size, message size) pair, falling back to the cheapest MPI algorithm where
-it names none or one that cannot run, as :meth:`CostModel._closed_form` does.
+:func:`~ddlsim.simulator.collectives.best_algorithm` takes it; with ``mpich`` or ``openmpi``,
+the library's own rule (:func:`~ddlsim.simulator.collectives.selection.library_algorithm`)
+is applied to each distinct (group size, members per node, message size), falling back to
+the cheapest MPI algorithm where it names none or one that cannot run, as
+:meth:`CostModel._closed_form` does.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..simulator.collectives import GroupNet, algorithms_for, collective_time, get_algorithm
+from ..simulator.collectives.selection import LIBRARIES
 
 __all__ = ["affine_form", "check_affine", "MeshNets", "mesh_networks", "collective_seconds",
            "PROBE_BYTES", "cache_clear"]
@@ -227,15 +229,19 @@ def _min_time(forms: _Forms, nbytes: np.ndarray, mesh_index: np.ndarray) -> np.n
     return best
 
 
-def _mpich_time(op: str, family: str, nbytes: np.ndarray, mesh_index: np.ndarray,
-                nets: list[dict[str, GroupNet]], fallback: np.ndarray) -> np.ndarray:
-    """MPICH's pick for each distinct (group size, size) pair, timed by its affine form where
-    it runs, else ``fallback`` (the cheapest MPI algorithm)."""
-    from ..simulator.collectives.selection import mpich_algorithm
+def _library_time(backend: str, op: str, family: str, nbytes: np.ndarray,
+                  mesh_index: np.ndarray, nets: list[dict[str, GroupNet]],
+                  fallback: np.ndarray) -> np.ndarray:
+    """The library's pick for each distinct (group size, members per node, size), timed by
+    its affine form where it runs, else ``fallback`` (the cheapest MPI algorithm)."""
+    from ..simulator.collectives.selection import library_algorithm
 
     p = np.array([per_mesh[family].p for per_mesh in nets])[mesh_index]
-    pairs, inverse = np.unique(np.stack([p.astype(float), nbytes]), axis=1, return_inverse=True)
-    picked = np.array([mpich_algorithm(op, n, int(q)) or "" for q, n in pairs.T])[inverse.ravel()]
+    g = np.array([per_mesh[family].g for per_mesh in nets])[mesh_index]
+    keys, inverse = np.unique(np.stack([p.astype(float), g.astype(float), nbytes]), axis=1,
+                              return_inverse=True)
+    picked = np.array([library_algorithm(backend, op, n, int(q), int(h)) or ""
+                       for q, h, n in keys.T])[inverse.ravel()]
     out = fallback.copy()
     for name in sorted(set(picked.tolist()) - {""}):
         t = _min_time(_forms(op, family, nets, [name]), nbytes, mesh_index)
@@ -263,15 +269,15 @@ def collective_seconds(op: str, family: str, nbytes: np.ndarray, mesh_index: np.
         if choice != "auto":
             names = [choice]
         else:
-            generic = "mpi" if backend == "mpich" else backend
+            generic = "mpi" if backend in LIBRARIES else backend
             names = algorithms_for(op, generic) or algorithms_for(op, "mpi")
         forms = _forms(op, family, nets, names)
         if memo is not None:
             memo[key] = forms
     nbytes = np.asarray(nbytes, dtype=float)
     times = _min_time(forms, nbytes, mesh_index)
-    if choice == "auto" and backend == "mpich":
-        times = _mpich_time(op, family, nbytes, mesh_index, nets, times)
+    if choice == "auto" and backend in LIBRARIES:
+        times = _library_time(backend, op, family, nbytes, mesh_index, nets, times)
     return times
 
 

@@ -202,14 +202,14 @@ class CostModel:
         net = self.nets[group]
         matrix = None if split is None else split_matrix(split, split_by)
         choice = algo or self.collective_algorithm.get(kind, "auto")
-        if choice == "auto" and self.comm_backend == "mpich" and matrix is None:
-            from .collectives.selection import mpich_algorithm
-            picked = mpich_algorithm(kind, nbytes, net.p)
+        from .collectives.selection import LIBRARIES, library_algorithm
+        if choice == "auto" and self.comm_backend in LIBRARIES and matrix is None:
+            picked = library_algorithm(self.comm_backend, kind, nbytes, net.p, net.g)
             t = collective_time(kind, picked, nbytes, net) if picked else math.inf
             if math.isfinite(t):
                 return picked, t
         if choice == "auto":
-            backend = "mpi" if self.comm_backend == "mpich" else self.comm_backend
+            backend = "mpi" if self.comm_backend in LIBRARIES else self.comm_backend
             return best_algorithm(kind, nbytes, net, backend) if matrix is None \
                 else best_uneven_algorithm(kind, matrix, net)
         algorithm = get_algorithm(kind, choice)

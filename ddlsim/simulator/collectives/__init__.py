@@ -6,6 +6,7 @@ from .base import (BACKENDS, BUSBW_FACTOR, Algorithm, GroupNet, Phase, algorithm
                    best_algorithm, best_uneven_algorithm, collective_time, get_algorithm,
                    register, register_uneven, split_matrix, uneven_time)
 from . import mpi  # noqa: F401,E402  (registers the generic algorithms)
+from . import openmpi  # noqa: F401,E402  (registers Open MPI's allgather_reduce)
 from .. import nccl  # noqa: F401,E402  (registers NCCL's algorithms)
 
 __all__ = ["GroupNet", "Phase", "Algorithm", "register", "get_algorithm", "algorithms_for",

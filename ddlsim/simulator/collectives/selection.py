@@ -17,13 +17,14 @@ ddlsim's algorithms of the same cost structure:
   MPICH's reduce-scatter + gather above is not in ddlsim, so the cheapest closed form is used.
 
 Elements are counted as 4-byte words (MPI_FLOAT), the message size being all ddlsim knows.
-Open MPI's ``coll/tuned`` rules are not modelled. Any op without a rule here (or a rule whose
+Open MPI's ``coll/tuned`` fixed rules (``backend: openmpi``) are in :mod:`.openmpi`;
+:func:`library_algorithm` dispatches to either. Any op without a rule (or a rule whose
 algorithm cannot run on the group) takes the cheapest of the MPI algorithms, as ``mpi`` does.
 """
 
 from __future__ import annotations
 
-__all__ = ["mpich_algorithm"]
+__all__ = ["mpich_algorithm", "library_algorithm", "LIBRARIES"]
 
 _KIB = 1024
 _WORD = 4  # bytes per element assumed for MPICH's ``count`` rules
@@ -52,3 +53,16 @@ def mpich_algorithm(op: str, nbytes: float, p: int) -> str | None:
     if op == "reduce" and (nbytes <= 2048 or count < _pof2_below(p)):
         return "binomial"
     return None
+
+
+#: backends that choose among the MPI algorithms by an MPI library's own rules
+LIBRARIES = ("mpich", "openmpi")
+
+
+def library_algorithm(backend: str, op: str, nbytes: float, p: int, g: int) -> str | None:
+    """The algorithm ``backend`` (one of :data:`LIBRARIES`) picks for ``op`` of ``nbytes`` on
+    ``p`` ranks with at most ``g`` on one node, or None where its rules name none."""
+    if backend == "openmpi":
+        from .openmpi import openmpi_algorithm
+        return openmpi_algorithm(op, nbytes, p, g)
+    return mpich_algorithm(op, nbytes, p)
