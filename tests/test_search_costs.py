@@ -74,6 +74,9 @@ SAMPLES = {
     "mpi backend two nodes": ["system.collectives.backend=mpi", "system.nodes=2"],
     "mpich backend two nodes": ["system.collectives.backend=mpich", "system.nodes=2",
                                 "parallel.pipeline_model_parallel_size=1"],
+    "openmpi backend four nodes": ["system.collectives.backend=openmpi", "system.nodes=4",
+                                   "parallel.tensor_model_parallel_size=8",
+                                   "parallel.pipeline_model_parallel_size=1"],
     "nccl tree Simple two nodes": ["parallel.collective_algorithm={all_reduce: nccl_tree}",
                                    "system.collectives.nccl_protocol=Simple", "system.nodes=2"],
 }
@@ -108,7 +111,10 @@ def test_collectives_match_the_cost_model(sample):
 BACKENDS = {"nccl": [], "nccl 4 nodes": ["system.nodes=4"],
             "nccl ring": ["system.nodes=2", "parallel.collective_algorithm={all_reduce: nccl_ring}"],
             "mpi": ["system.collectives.backend=mpi", "system.nodes=2"],
-            "mpich": ["system.collectives.backend=mpich", "system.nodes=2"]}
+            "mpich": ["system.collectives.backend=mpich", "system.nodes=2"],
+            "openmpi": ["system.collectives.backend=openmpi", "system.nodes=2"],
+            "openmpi disjoint dp": ["system.collectives.backend=openmpi", "system.nodes=4",
+                                    "parallel.tensor_model_parallel_size=8"]}
 
 
 @pytest.mark.parametrize("name", sorted(BACKENDS))

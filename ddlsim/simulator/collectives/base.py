@@ -8,8 +8,9 @@ times, plus ``latency_steps`` per-message latencies (or a given ``latency_s``). 
 contention, replaying the phases over the same links gives the closed form (this is tested).
 
 Every algorithm belongs to one backend: ``mpi`` (the generic α-β set of
-:mod:`.mpi`) or ``nccl`` (:mod:`ddlsim.simulator.nccl`); ``auto`` picks the cheapest of the
-configured backend's algorithms only. Adding an algorithm is one function pair plus
+:mod:`.mpi`), ``nccl`` (:mod:`ddlsim.simulator.nccl`) or ``openmpi`` (an algorithm only Open
+MPI's rules pick, :mod:`.openmpi`); ``auto`` picks the cheapest of the configured backend's
+algorithms only (``mpich`` and ``openmpi`` apply their library's rules, :mod:`.selection`). Adding an algorithm is one function pair plus
 ``@register(op, name)``.
 """
 
@@ -134,7 +135,7 @@ class Algorithm:
 
 
 #: the collective backends; ``auto`` picks among one backend's algorithms
-BACKENDS = ("mpi", "nccl")
+BACKENDS = ("mpi", "nccl", "openmpi")
 
 _REGISTRY: dict[tuple[str, str], Algorithm] = {}
 
