@@ -205,11 +205,21 @@ def openmpi_id(op: str, nbytes: float, p: int, g: int) -> int | None:
 
 
 def openmpi_algorithm(op: str, nbytes: float, p: int, g: int) -> str | None:
-    """The ddlsim algorithm Open MPI's fixed ``coll/tuned`` rules pick for ``op`` of
-    ``nbytes`` (nccl-tests size convention) on ``p`` ranks, at most ``g`` per node.
+    """The ddlsim algorithm Open MPI's fixed ``coll/tuned`` rules pick.
 
-    Returns None where the rules name nothing ddlsim can time (the caller then takes the
-    cheapest MPI algorithm, as for ``mpi``).
+    Parameters
+    ----------
+    op : the collective (``all_reduce``, ``all_gather``, …).
+    nbytes : its size in bytes, nccl-tests convention (docs/trace.md); one rank's block,
+        ``nbytes / p``, is what Open MPI compares for all-gather, all-to-all, gather, scatter.
+    p : ranks in the group.
+    g : most members of the group on one node; ``g == 1`` selects the disjoint tables.
+
+    Returns
+    -------
+    str or None
+        A registered algorithm of ``op``, or None where the rules name nothing ddlsim can
+        time (the caller then takes the cheapest MPI algorithm, as for ``mpi``).
     """
     alg = openmpi_id(op, nbytes, p, g)
     return None if alg is None else NAMES[op].get(alg)
