@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal
 
-from pydantic import Field, StrictBool, model_validator
+from pydantic import Field, StrictBool, StrictInt, model_validator
 
 from .config_types import _Strict
 from .errors import ConfigError, did_you_mean
@@ -63,6 +63,10 @@ class OverlapSpec(_Strict):
     overlap_param_gather: StrictBool | None = None
     tp_comm_overlap: Literal["off", "bulk", "pipelined"] | None = None
     overlap_p2p_comm: StrictBool | None = None
+    zero3_prefetch_layers: StrictInt | None = Field(
+        default=None, ge=0, le=64,
+        description="ZeRO-3/FSDP: layers whose parameter all-gather may run ahead of the "
+                    "layer computing (0: gathered on demand)")
 
 
 class SoftwareSpec(_Strict):

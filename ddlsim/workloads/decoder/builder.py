@@ -354,7 +354,7 @@ class StageBuilder(MoEOps):
                 ops += [*self.grad_sync_ops_flat(grad_bytes, op, self.grad_group),
                         Op(Wait("wait.grad", "dp"))]
             if p.zero_stage == 3:
-                ops.append(Op(Wait("wait.grad", "dp.rs")))
+                ops.append(Op(Wait("wait.grad", "dp")))  # ZeRO-3: gathers and RS share it
             shard = params / dp if p.zero_stage else params
             ops.append(step(shard))
             if p.zero_stage in (1, 2):
