@@ -27,6 +27,7 @@ from .family import StageCosts, register_vector_family, roofline
 from .netcost import collective_seconds, mesh_networks
 from .plans import RECOMPUTE, SCHEDULE
 from .pipeline import earlier_chunks, flow_shop_tail
+from .zero3 import zero3_time
 
 __all__ = ["DecoderVectors"]
 
@@ -117,7 +118,9 @@ class DecoderVectors:
                              ctx.peak, ctx.eff, ctx.mem_bw)
         redo = np.select([rec == RECOMPUTE.index("full"), rec == RECOMPUTE.index("selective")],
                          [fwd, selective], 0.0)
-        bwd = (redo + gemm(2 * mlp / t) + tp_comm + gemm(2 * attn / t) + tp_comm + mem(2 * ew)
+        # SP: the backward re-gathers each block's sequence-sharded input (Korthikanti §4.2.2)
+        tp_bwd = tp_comm + np.where(sp, coll("all_gather", "tp", act), 0.0) * multi
+        bwd = (redo + gemm(2 * mlp / t) + tp_bwd + gemm(2 * attn / t) + tp_bwd + mem(2 * ew)
                + mem(sh.layer_params / t * (2 * dt + 2 * 4)))
         emb = mem(2 * act) + coll("all_reduce", "tp", act) * multi
         head_f = (gemm(sh.logits_forward_flops(1, s) * b / t) + mem(3 * 4 * b * s * sh.vocab / t)
@@ -140,7 +143,7 @@ class DecoderVectors:
         wrap = net.wrap_alpha_s[mi] + p2p_bytes * net.wrap_s_per_byte[mi]
         upd_f, tail_f = self._update(ctx, plans, self.stage_params(ctx, plans, True), bwd, coll)
         upd_l, tail_l = self._update(ctx, plans, self.stage_params(ctx, plans, False), bwd, coll)
-        whole = self._zero3(ctx, plans, (emb, fwd, head_f + head_b, bwd), coll)
+        whole = self._zero3(ctx, plans, (emb, fwd, head_f, head_b, bwd), coll)
         return StageCosts(fwd_first, fwd_mid, fwd_last, bwd_first, bwd_mid, bwd_last,
                           lc * bwd + gather, p2p, wrap, tail_f, tail_l, upd_f, upd_l, whole)
 
@@ -190,26 +193,20 @@ class DecoderVectors:
         return update, tail
 
     def _zero3(self, ctx: _Context, plans, parts, coll) -> np.ndarray:
-        """ZeRO-3 (one stage): per-layer gathers run ahead on their stream, compute waits for
-        each; the end is the largest ``gathers so far + compute left`` over the layer items
-        (a two-machine flow shop, maximal at the ends of each run of identical layers), then
-        the reduce-scatters' tail and the optimizer on the 1/DP shard."""
-        e, f, w, bw = parts
-        L = ctx.shape.layers
-        dp, m = plans["dp"], plans["gbs"] // np.maximum(plans["mbs"] * np.maximum(plans["dp"], 1), 1)
+        """ZeRO-3 (one stage), as :mod:`ddlsim.workloads.decoder.zero3` builds it: the
+        builder's two streams (compute; gathers and reduce-scatters in issue order on ``dp``)
+        run op by op over the layers of three micro-batches (:func:`zero3_time`), later
+        micro-batches repeat the third's period; then the optimizer on the 1/DP shard."""
+        e, f, hf, hb, bw = parts
+        dp = plans["dp"]
+        m = plans["gbs"] // np.maximum(plans["mbs"] * np.maximum(dp, 1), 1)
         on = (plans["zero"] == 3) & (dp > 1)
         if not on.any():
             return np.full(len(plans), np.nan)
         nbytes = ctx.shape.layer_params / plans["tp"] * ctx.dt
         a, r = coll("all_gather", "dp", nbytes), coll("reduce_scatter", "dp", nbytes)
-        P = e + L * f + w + L * bw
-        cands = [np.maximum(a, e) + L * f + w + L * bw + (m - 1) * P]
-        for i in (0, m - 1):
-            for j in (1, L):
-                cands.append(a * (2 * L * i + j) + (L - j + 1) * f + w + L * bw + (m - 1 - i) * P)
-                cands.append(a * (2 * L * i + L + j) + (L - j + 1) * bw + (m - 1 - i) * P)
-        end = np.max(cands, axis=0)
-        end += np.maximum(r, L * r - (L - 1) * np.maximum(bw, a))
+        end = zero3_time(ctx.shape.layers, ctx.cfg.software.zero3_prefetch_layers, m,
+                         (e, f, hf, hb, bw), a, r)
         end += self._optimizer(ctx, self.stage_params(ctx, plans, True) / np.maximum(dp, 1))
         return np.where(on, end, np.nan)
 

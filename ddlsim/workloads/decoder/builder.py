@@ -154,9 +154,9 @@ class StageBuilder(MoEOps):
         dense_p, expert_p = self.layer_rank_params(moe) if self.shape.is_moe \
             else (self.shape.layer_params / t, 0.0)
         ops += [
-            *self._tp_comm("bwd.mlp"),
+            *self.part.tp_comm_backward("bwd.mlp", self.act_bytes),
             Compute("bwd.attn", 2 * self._attn_flops(g) / t, dtype=self.dtype),
-            *self._tp_comm("bwd.attn"),
+            *self.part.tp_comm_backward("bwd.attn", self.act_bytes),
             Compute("bwd.elementwise", 0.0, ew, kind="elementwise", dtype=self.dtype),
             Compute("bwd.grad_accumulate", 0.0, self.grad_accumulate_bytes(dense_p + expert_p),
                     kind="elementwise", dtype=self.dtype),
