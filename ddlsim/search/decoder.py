@@ -22,6 +22,7 @@ import numpy as np
 
 from ..config import DTYPE_BYTES
 from ..errors import ConfigError
+from ..workloads.decoder import tp_overlap as tpo
 from ..workloads.decoder.builder import ADAM_BYTES_PER_PARAM
 from .family import StageCosts, register_vector_family, roofline
 from .netcost import collective_seconds, mesh_networks
@@ -122,6 +123,9 @@ class DecoderVectors:
         tp_bwd = tp_comm + np.where(sp, coll("all_gather", "tp", act), 0.0) * multi
         bwd = (redo + gemm(2 * mlp / t) + tp_bwd + gemm(2 * attn / t) + tp_bwd + mem(2 * ew)
                + mem(sh.layer_params / t * (2 * dt + 2 * 4)))
+        if ctx.cfg.software.tp_comm_overlap != "off":
+            fwd, bwd = self._tp_overlap(ctx, plans, (gemm, mem, coll), (attn, mlp, ew),
+                                        (fwd, bwd, selective), g)
         emb = mem(2 * act) + coll("all_reduce", "tp", act) * multi
         head_f = (gemm(sh.logits_forward_flops(1, s) * b / t) + mem(3 * 4 * b * s * sh.vocab / t)
                   + coll("all_reduce", "tp", 4.0 * b * s) * multi)
@@ -146,6 +150,41 @@ class DecoderVectors:
         whole = self._zero3(ctx, plans, (emb, fwd, head_f, head_b, bwd), coll)
         return StageCosts(fwd_first, fwd_mid, fwd_last, bwd_first, bwd_mid, bwd_last,
                           lc * bwd + gather, p2p, wrap, tail_f, tail_l, upd_f, upd_l, whole)
+
+    def _tp_overlap(self, ctx: _Context, plans, fns, flops, plain, g):
+        """A layer's forward and backward under ``tp_comm_overlap`` where it applies (TP > 1
+        with SP), as :mod:`ddlsim.workloads.decoder.tp_overlap` builds them: per GEMM,
+        ``exposed chunks + max(GEMM + SM margin, overlapped rest)``."""
+        gemm, mem, coll = fns
+        attn, mlp, ew = flops
+        fwd, bwd, selective = plain
+        sh, s, dt = ctx.shape, ctx.s, ctx.dt
+        b, t = plans["mbs"].astype(float), plans["tp"].astype(float)
+        on = (t > 1) & plans["sp"].astype(bool)
+        act = b * s * sh.hidden * dt
+        ag, rs = coll("all_gather", "tp", act), coll("reduce_scatter", "tp", act)
+        mm = sh.mlp_matrices
+        margin = {k: gemm(tpo.SM_MARGIN * f * b / t) for k, f in (
+            ("fa", g["proj"]), ("fm", g["mlp"] / mm), ("ba", 2 * (g["q"] + g["kv"])),
+            ("bm", 2 * g["mlp"] * (1 - 1 / mm)))}
+        if ctx.cfg.software.tp_comm_overlap == "pipelined":
+            ring_x = coll("all_gather", "tp", act / t)
+            ring_r = coll("all_gather", "tp", act * (t - 1) / t)
+            rs_x = coll("reduce_scatter", "tp", act / tpo.RS_SPLITS)
+            rs_r = coll("reduce_scatter", "tp", act * (tpo.RS_SPLITS - 1) / tpo.RS_SPLITS)
+            f_o = (ring_x + np.maximum(gemm(attn / t) + margin["fa"], ring_r + rs_r) + rs_x
+                   + ring_x + np.maximum(gemm(mlp / t) + margin["fm"], ring_r + rs_r) + rs_x
+                   + mem(ew))
+            pre, pre_rest = ring_x, ring_r
+        else:
+            f_o, pre, pre_rest = fwd, ag, 0.0
+        rec = plans["recompute"]
+        redo = np.select([rec == RECOMPUTE.index("full"), rec == RECOMPUTE.index("selective")],
+                         [f_o, selective], 0.0)
+        b_o = (redo + pre + np.maximum(gemm(2 * mlp / t) + margin["bm"], pre_rest + ag + rs)
+               + pre + np.maximum(gemm(2 * attn / t) + margin["ba"], pre_rest + ag + rs)
+               + mem(2 * ew) + mem(sh.layer_params / t * (2 * dt + 2 * 4)))
+        return np.where(on, f_o, fwd), np.where(on, b_o, bwd)
 
     def stage_params(self, ctx: _Context, plans, first: bool) -> np.ndarray:
         """:meth:`StageBuilder.stage_params` of the first (or last) stage, per plan."""

@@ -15,6 +15,7 @@ from functools import cached_property
 from ...config import DTYPE_BYTES, RunConfig
 from ..models.decoder import DecoderShape
 from ..trace import Block, Collective, Compute, Op, P2P, Wait
+from . import tp_overlap
 from .moe import MoEOps
 from .partition import make_partitioner
 
@@ -92,6 +93,9 @@ class StageBuilder(MoEOps):
             if self.structured:
                 ops = [self.part.layers(backward, repeat, self.grad_accumulate_bytes(
                     self.shape.layer_params / self.part.param_split))]
+            elif f == 1 and tp_overlap.active(self.cfg):  # TE userbuffers: per-layer loop
+                ops = [tp_overlap.overlapped_layers(
+                    self, backward, repeat, self.bwd_layer if backward else self.fwd_layer)]
             elif f == 1:
                 ops = [Op(x, repeat=repeat) for x in
                        (self.bwd_layer if backward else self.fwd_layer)]
