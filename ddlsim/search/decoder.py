@@ -147,6 +147,11 @@ class DecoderVectors:
         wrap = net.wrap_alpha_s[mi] + p2p_bytes * net.wrap_s_per_byte[mi]
         upd_f, tail_f = self._update(ctx, plans, self.stage_params(ctx, plans, True), bwd, coll)
         upd_l, tail_l = self._update(ctx, plans, self.stage_params(ctx, plans, False), bwd, coll)
+        # overlap_param_gather: stage 0's first forward block waits for the rest of the gather
+        rest = self._gathered(ctx, plans, self.stage_params(ctx, plans, True) * dt)[1]
+        first_block = lc * fwd + emb + np.where(one & (v == 1), head_f, 0.0)
+        delay = np.maximum(coll("all_gather", "dp", rest) - first_block, 0.0) * (rest > 0)
+        upd_f, upd_l = upd_f + delay, upd_l + delay
         whole = self._zero3(ctx, plans, (emb, fwd, head_f, head_b, bwd), coll)
         return StageCosts(fwd_first, fwd_mid, fwd_last, bwd_first, bwd_mid, bwd_last,
                           lc * bwd + gather, p2p, wrap, tail_f, tail_l, upd_f, upd_l, whole)
@@ -198,6 +203,16 @@ class DecoderVectors:
             return n + vh + pos + np.where(pp == 1, head, 0.0)
         return n + head + np.where(pp == 1, vh + pos, 0.0)
 
+    def _gathered(self, ctx: _Context, plans, param_bytes):
+        """(exposed, overlapped) bytes of the ZeRO-1/2 parameter gather
+        (:mod:`ddlsim.workloads.decoder.param_gather`: the first bucket stays exposed)."""
+        zero, dp = plans["zero"], plans["dp"]
+        on = (bool(ctx.cfg.software.overlap_param_gather) & ((zero == 1) | (zero == 2))
+              & (dp > 1))
+        exposed = np.where(on, np.minimum(param_bytes, float(ctx.cfg.parallel.grad_bucket_size)),
+                           param_bytes)
+        return exposed, np.where(on, param_bytes - exposed, 0.0)
+
     def _optimizer(self, ctx: _Context, n_params) -> np.ndarray:
         return roofline(10.0 * n_params, ctx.per_param * n_params, ctx.peak_fp32, ctx.eff,
                         ctx.mem_bw, gemm=False)
@@ -209,7 +224,8 @@ class DecoderVectors:
         grad = params * ctx.dt
         sharded = (zero > 0) & (dp > 1)
         update = self._optimizer(ctx, np.where(sharded, params / np.maximum(dp, 1), params))
-        update += coll("all_gather", "dp", grad) * ((zero == 1) | (zero == 2)) * (dp > 1)
+        update += coll("all_gather", "dp", self._gathered(ctx, plans, grad)[0]) \
+            * ((zero == 1) | (zero == 2)) * (dp > 1)
         op_rs = (zero == 1) | (zero == 2)
         bucket = p.grad_bucket_size
         if ctx.cfg.software.overlap_grad_reduce:

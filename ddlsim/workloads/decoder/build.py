@@ -17,14 +17,18 @@ from ..schedules import schedule_arrays
 from ..trace import Block, RankClass, Program, StepTable, Workload, WorkloadMeta
 from .builder import StageBuilder
 from .memory import stage_memory
+from . import param_gather
 from .zero3 import zero3_blocks
 
 __all__ = ["build_decoder_workload", "decoder_memory"]
 
 
-def _step_tables(sched: str, pp: int, m: int, v: int, sync: bool) -> list[StepTable]:
+def _step_tables(sched: str, pp: int, m: int, v: int, sync: bool,
+                 prologue: bool = False) -> list[StepTable]:
     """Each stage's steps, built for all stages at once from :func:`schedule_arrays`; the last
-    backward of each chunk uses its ``.sync`` block, and ``update`` ends the iteration."""
+    backward of each chunk uses its ``.sync`` block, and ``update`` ends the iteration. With
+    ``prologue`` the first step (every stage's first forward of chunk 0) runs ``F0.pg``
+    (:mod:`.param_gather`)."""
     backward, ordinal, mb, chunk, warm = schedule_arrays(sched, pp, m, v)
     v = v if sched == "interleaved" else 1
     T = m * v
@@ -38,6 +42,10 @@ def _step_tables(sched: str, pp: int, m: int, v: int, sync: bool) -> list[StepTa
         is_sync = backward & (ordinal == last_b[chunk])
         block = np.where(is_sync, 2 * v + chunk, block)
         first_sync = np.argmax(is_sync, axis=1)
+    if prologue:
+        names.append(param_gather.BLOCK)
+        block = block.copy()
+        block[:, 0] = len(names) - 1
     names.append("update")
     tail = np.zeros((pp, 1), dtype=np.int64)
     block = np.hstack([block, tail + len(names) - 1])
@@ -53,6 +61,8 @@ def _step_tables(sched: str, pp: int, m: int, v: int, sync: bool) -> list[StepTa
             steady = (w, min(2 * T - w, int(first_sync[s])), 2, 1)
         else:                      # p micro-batches of every chunk, forward and backward
             steady = (w, min(2 * T - w, int(first_sync[s])), 2 * pp * v, pp)
+        if prologue:
+            steady = (max(steady[0], 1), *steady[1:])
         tables.append(StepTable.trusted(names, block[s], mb[s], chunk[s], steady))
     return tables
 
@@ -91,10 +101,15 @@ def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
                 sync = b.grad_sync_ops(stage) if overlap else None
                 for c in range(v):
                     blocks.update(b.chunk_blocks(stage, c, sync))
+            if param_gather.active(cfg):
+                blocks[param_gather.BLOCK] = param_gather.prologue_block(
+                    blocks["F0"], b.grad_group, param_gather.overlapped_bytes(
+                        cfg, b.stage_params(stage) * b.dt))
             shared[role] = blocks
         if tables is None:
             sync_blocks = any(name.endswith(".sync") for name in blocks)
-            tables = _step_tables(par.schedule, pp, m, v, sync_blocks)
+            tables = _step_tables(par.schedule, pp, m, v, sync_blocks,
+                                  param_gather.BLOCK in blocks)
         splits = [(True, ranks[stage, :1]), (False, ranks[stage, 1:])] if split_root \
             else [(True, ranks[stage])]
         for root, members in splits:

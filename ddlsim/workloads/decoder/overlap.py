@@ -27,11 +27,12 @@ def inactive_reasons(cfg: Any) -> dict[str, str]:
             why = ("it is modelled for dense models with 1-D tensor parallelism and no "
                    "context parallelism")
         out["tp_comm_overlap"] = why
-    if sw.overlap_param_gather and (p.zero_stage not in (1, 2) or p.dp_strategy != "ddp"
-                                    or cfg.dp == 1):
+    if sw.overlap_param_gather and (p.zero_stage not in (1, 2) or p.dp_strategy != "ddp"):
         out["overlap_param_gather"] = ("it needs the distributed optimizer (ZeRO-1/2 with "
-                                       "dp_strategy 'ddp' and DP > 1; Megatron-LM asserts "
+                                       "dp_strategy 'ddp'; Megatron-LM asserts "
                                        "--use-distributed-optimizer)")
+    elif sw.overlap_param_gather and p.ep > 1:
+        out["overlap_param_gather"] = "it is not modelled with expert parallelism (EP > 1)"
     if sw.overlap_p2p_comm and p.pp == 1:
         out["overlap_p2p_comm"] = "pipeline_model_parallel_size is 1"
     return out
