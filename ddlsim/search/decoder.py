@@ -142,7 +142,7 @@ class DecoderVectors:
         mid = pp >= 3
         fwd_mid = np.where(mid, F + v * gather, fwd_first)
         bwd_mid = np.where(mid, B + v * gather, bwd_first)
-        p2p_bytes = act / np.where(multi & ~sp, t, 1.0)
+        p2p_bytes = act / t   # scatter-gather, or SP's sequence shard: 1/t per TP rank
         p2p = net.hop_alpha_s[mi] + p2p_bytes * net.hop_s_per_byte[mi]
         wrap = net.wrap_alpha_s[mi] + p2p_bytes * net.wrap_s_per_byte[mi]
         upd_f, tail_f = self._update(ctx, plans, self.stage_params(ctx, plans, True), bwd, coll)

@@ -160,18 +160,6 @@ def test_tp_comm_overlap_hides_tp_communication(engine):
 
 
 @pytest.mark.parametrize("engine", ["analytical", "des"])
-def test_blocking_p2p_is_not_faster(engine):
-    """overlap_p2p_comm off: each block waits for its pipeline transfers (2021's blocking
-    batch_isend_irecv); on two nodes (PP across the NICs) it cannot be faster."""
-    base = ("system.nodes=2", "parallel.pipeline_model_parallel_size=4",
-            "parallel.tensor_model_parallel_size=4", "parallel.schedule=interleaved",
-            "parallel.virtual_pipeline_model_parallel_size=2")
-    on = _time(_cfg(*base, "parallel.overlap_p2p_comm=true"), engine)
-    off = _time(_cfg(*base, "parallel.overlap_p2p_comm=false"), engine)
-    assert off > on
-
-
-@pytest.mark.parametrize("engine", ["analytical", "des"])
 def test_overlapped_grad_reduce_is_faster(engine):
     base = ("system.nodes=2", "parallel.pipeline_model_parallel_size=1",
             "parallel.tensor_model_parallel_size=2")
@@ -189,6 +177,8 @@ def test_overlapped_grad_reduce_is_faster(engine):
     (["parallel.pipeline_model_parallel_size=1", "parallel.overlap_p2p_comm=true"],
      "parallel.overlap_p2p_comm = True cannot apply to this plan: pipeline_model_parallel_size is 1"),
     (["parallel.overlap_param_gather=true"], "it needs the distributed optimizer"),
+    (["parallel.pipeline_model_parallel_size=2", "parallel.overlap_p2p_comm=false"],
+     "blocking pipeline P2P is not modelled"),
 ])
 def test_refused_when_the_plan_sets_an_option_that_cannot_apply(overrides, message):
     with pytest.raises(ddlsim.ConfigError) as err:
@@ -197,11 +187,14 @@ def test_refused_when_the_plan_sets_an_option_that_cannot_apply(overrides, messa
 
 
 def test_stack_default_that_cannot_apply_is_inactive_and_said():
-    """megatron-core-2024 turns overlap_param_gather on; a ZeRO-0 plan runs without it."""
+    """megatron-core-2024 turns overlap_param_gather on; a ZeRO-0 plan runs without it (and
+    tp_comm_overlap without TP); megatron-lm-2021's blocking P2P is not modelled."""
     cfg = _cfg("system.software={stack: megatron-core-2024, overlap: {tp_comm_overlap: bulk}}")
-    line = cfg.family.plan_summary(cfg)
-    assert "inactive here: tp-comm, param-gather" in line
+    assert "inactive here: tp-comm, param-gather" in cfg.family.plan_summary(cfg)
     ddlsim.build_workload(cfg)
+    old = _cfg("system.software=megatron-lm-2021", "parallel.pipeline_model_parallel_size=2")
+    assert cfg.family.plan_summary(old).endswith("overlaps: none; inactive here: blocking p2p")
+    ddlsim.build_workload(old)
 
 
 def test_yaml_off_is_off():
@@ -223,3 +216,15 @@ def test_overlapped_param_gather_leaves_one_bucket_exposed(engine):
     assert [g.bytes for g in gather] == [25 * 2**20]
     off = _time(_cfg(*base, "parallel.overlap_param_gather=false"), engine)
     assert _time(on_cfg, engine) < off
+
+
+def test_sequence_parallel_pipeline_message_is_the_rank_shard():
+    """With SP the stage output is split along the sequence: each TP rank sends its b·s·h/t
+    (Megatron-LM's p2p tensor shape is seq_length // TP) and nothing is gathered; without SP,
+    the scatter-gather sends 1/t and all-gathers the b·s·h on arrival. TP 2, b·s·h·2 bytes =
+    1·1024·2048·2."""
+    act = 1 * 1024 * 2048 * 2
+    for sp, want in ((True, (act / 2, None)), (False, (act / 2, act))):
+        cfg = _cfg("parallel.tensor_model_parallel_size=2",
+                   f"parallel.sequence_parallel={str(sp).lower()}")
+        assert StageBuilder(cfg, cfg.model.shape()).part.boundary(act) == want

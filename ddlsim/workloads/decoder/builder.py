@@ -27,12 +27,6 @@ def as_ops(items: list) -> list[Op]:
     streams and deps) as they are."""
     return [x if isinstance(x, Op) else Op(x) for x in items]
 
-def _shifted(ops: list[Op], n: int) -> list[Op]:
-    """``ops`` (a body of their own) placed after ``n`` other ops: their deps shifted."""
-    if not n or not any(o.deps for o in ops):
-        return ops
-    return [Op(o.payload, o.stream, tuple(d + n for d in o.deps), o.repeat) for o in ops]
-
 #: Bytes the optimizer step reads and writes per parameter (mixed-precision Adam: fp32 master
 #: weights, momentum and variance read and written, 16-bit gradient read, 16-bit weight written).
 ADAM_BYTES_PER_PARAM = 3 * 4 * 2 + 2 + 2
@@ -70,10 +64,6 @@ class StageBuilder(GradSyncOps, MoEOps):
         #: the gradient group: dp, or dp × cp under context parallelism (Megatron-Core)
         self.grad_group = "dp_cp" if self.cp > 1 else "dp"
         self.gdp = self.dp * self.cp
-        #: pipeline sends/receives block the compute stream unless overlap_p2p_comm (docs/
-        #: overlap.md: Megatron-LM turns it off for non-interleaved schedules; ddlsim keeps
-        #: the stack's value there, whose blocking form the search tier does not model yet)
-        self.p2p_blocking = not cfg.software.overlap_p2p_comm
 
     @cached_property
     def fwd_layer(self) -> list[Compute | Collective]:
@@ -243,20 +233,14 @@ class StageBuilder(GradSyncOps, MoEOps):
         p2p_bytes, gather = self.part.boundary(self.act_bytes)
         Lc = self.layers_per_chunk
 
-        blocking = self.p2p_blocking
-
         def recv(tag: str, peer: int) -> list[Op]:
             def make() -> list[Op]:
-                # blocking: posted once the compute before it is done (Megatron 2021's
-                # _communicate runs between computations), else ahead on the pp stream
-                ops = [Op(Wait("p2p.post", "compute"))] if blocking else []
-                ops.append(Op(P2P(f"recv.{tag}", "recv", "pp", peer, p2p_bytes, tag),
-                              stream="pp", deps=(0,) if blocking else ()))
+                ops = [Op(P2P(f"recv.{tag}", "recv", "pp", peer, p2p_bytes, tag), stream="pp")]
                 if gather is not None:  # scatter-gather (Narayanan 2021 §4.1)
                     ops.append(Op(Collective(f"{tag}.gather", "all_gather", "tp", gather),
                                   deps=(len(ops) - 1,)))
                 return ops
-            return self.cached(("recv", tag, peer, blocking), make)
+            return self.cached(("recv", tag, peer), make)
 
         def send(tag: str, peer: int, dep: int) -> Op:
             return self.cached(("send", tag, peer, dep), lambda: Op(
@@ -267,16 +251,11 @@ class StageBuilder(GradSyncOps, MoEOps):
 
         # tags name the receiving chunk, so every middle stage has the same blocks (the last
         # stage's chunk c feeds chunk c + 1 of stage 0 in the interleaved schedule)
-        # Blocking P2P (Megatron's _communicate with wait_on_reqs): each block first waits
-        # for the pp stream, i.e. the previous block's send and this block's receive.
-        block_wait = [Op(Wait("p2p.wait", "pp"))] if self.p2p_blocking and self.pp > 1 else []
         fwd: list[Op] = []
         if k > 0:
             fwd += recv(f"act.c{chunk}", -1)
-        fwd += block_wait
         if k == 0:
-            fwd += _shifted(self.cached(("embedding",), lambda: as_ops(self.embedding_forward())),
-                            len(fwd))
+            fwd += self.cached(("embedding",), lambda: as_ops(self.embedding_forward()))
         first = len(fwd)
         fwd += self.layer_ops(False, Lc)
         if fwd[:first]:
@@ -290,10 +269,9 @@ class StageBuilder(GradSyncOps, MoEOps):
         def backward(with_sync: bool) -> list[Op]:
             ops: list[Op] = []
             if k < last_k:
-                ops += recv(f"grad.c{chunk}", +1) + block_wait
+                ops += recv(f"grad.c{chunk}", +1)
             else:
-                ops += block_wait + _shifted(self.cached(
-                    ("head.bwd",), lambda: as_ops(self.head_backward())), len(block_wait))
+                ops += self.cached(("head.bwd",), lambda: as_ops(self.head_backward()))
             start = len(ops)
             if with_sync and sync_ops:
                 ops += self._overlapped_layers(sync_ops, start)

@@ -116,8 +116,10 @@ class Megatron1D(LayerPartitioner):
 
     def boundary(self, act_bytes: float) -> tuple[float, float | None]:
         """Narayanan et al. 2021 §4.1 scatter-gather: each TP rank sends ``1/t`` of the
-        stage output and the receivers all-gather it (not needed with SP)."""
+        stage output and the receivers all-gather it. With SP the output is already split
+        along the sequence: each rank sends its ``1/t`` and nothing is gathered (Megatron-LM
+        ``get_tensor_shapes``: ``seq_length // tensor_model_parallel_size``)."""
         act = act_bytes / self.cp
-        if self.size > 1 and not self.sp:
-            return act / self.size, act
+        if self.size > 1:
+            return act / self.size, None if self.sp else act
         return act, None
