@@ -24,6 +24,7 @@ from ..config import DTYPE_BYTES
 from ..errors import ConfigError
 from ..workloads.decoder import tp_overlap as tpo
 from ..workloads.decoder.builder import ADAM_BYTES_PER_PARAM
+from ..workloads.decoder.zero3 import gathered_layers
 from .family import StageCosts, register_vector_family, roofline
 from .netcost import collective_seconds, mesh_networks
 from .plans import RECOMPUTE, SCHEDULE
@@ -165,7 +166,7 @@ class DecoderVectors:
         fwd, bwd, selective = plain
         sh, s, dt = ctx.shape, ctx.s, ctx.dt
         b, t = plans["mbs"].astype(float), plans["tp"].astype(float)
-        on = (t > 1) & plans["sp"].astype(bool)
+        on = (t > 1) & plans["sp"].astype(bool) & (plans["zero"] != 3)
         act = b * s * sh.hidden * dt
         ag, rs = coll("all_gather", "tp", act), coll("reduce_scatter", "tp", act)
         mm = sh.mlp_matrices
@@ -302,7 +303,8 @@ class DecoderVectors:
         first_stage = np.bool_(first) | (pp == 1)
         other += np.where(last_stage, b * s * sh.vocab / t * (2 + 4), 0.0)
         other += np.where(first_stage, b * s * sh.hidden * chunks / v, 0.0)
-        other += np.where(zero == 3, 2 * sh.layer_params / t * ctx.dt, 0.0)
+        k = gathered_layers(ctx.cfg.software.zero3_prefetch_layers)  # ZeRO-3 layers in flight
+        other += np.where(zero == 3, k * sh.layer_params / t * ctx.dt, 0.0)
         return weights + grads + opt + acts + other
 
 

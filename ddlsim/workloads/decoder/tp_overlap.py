@@ -51,10 +51,12 @@ RS_SPLITS = 4
 
 def active(cfg) -> bool:
     """Whether the stack's or plan's ``tp_comm_overlap`` applies to this plan: not ``off``,
-    TP > 1, sequence parallelism, 1-D without context parallelism, a dense model."""
+    TP > 1, sequence parallelism, 1-D without context parallelism, a dense model, not
+    ZeRO-3 (whose per-layer blocks keep the blocking collectives)."""
     p = cfg.parallel
     return (cfg.software.tp_comm_overlap != "off" and p.tp > 1 and p.sequence_parallel
-            and p.tp_mode == "1d" and p.cp == 1 and not cfg.model.num_local_experts)
+            and p.tp_mode == "1d" and p.cp == 1 and not cfg.model.num_local_experts
+            and p.zero_stage != 3)
 
 
 def _role(c: Collective, backward: bool, mode: str, tp: int) -> tuple[str, int] | None:
