@@ -27,6 +27,7 @@ from .config_types import (  # noqa: F401  (re-exported)
     _quantity, _Strict, count_type, reject_bool)
 from .errors import ConfigError, did_you_mean
 from .limits import check_bound
+from .software import TPCommOverlap
 from .registered import algorithms, collective_ops, registered, schedules
 from .workloads.registry import validate_model
 
@@ -122,7 +123,7 @@ class ParallelConfig(_Strict):
     overlap_param_gather: StrictBool | None = Field(
         default=None, description="ZeRO/distributed-optimizer parameter all-gathers during "
                                   "the forward; default: system.software's")
-    tp_comm_overlap: Literal["off", "bulk", "pipelined"] | None = Field(
+    tp_comm_overlap: TPCommOverlap | None = Field(
         default=None, description="TP communication hidden behind GEMMs (TE userbuffers); "
                                   "default: system.software's")
     overlap_p2p_comm: StrictBool | None = Field(

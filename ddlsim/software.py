@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, StrictBool, model_validator
+from pydantic import BeforeValidator, Field, StrictBool, StrictInt, model_validator
 
 from .config_types import _Strict
 from .errors import ConfigError, did_you_mean
@@ -38,6 +38,15 @@ __all__ = ["KernelSpec", "OverlapSpec", "SoftwareSpec", "Software", "stacks",
 DEFAULT_STACK = "megatron-core-2024"
 
 Attention = Literal["flash2", "flash3", "fused_softmax", "unfused"]
+
+
+def _off_from_false(v: Any) -> Any:
+    """YAML 1.1 reads an unquoted ``off`` as false: take false as ``"off"``."""
+    return "off" if v is False else v
+
+
+#: ``tp_comm_overlap``'s values (``off`` also as YAML's false)
+TPCommOverlap = Annotated[Literal["off", "bulk", "pipelined"], BeforeValidator(_off_from_false)]
 
 
 class KernelSpec(_Strict):
@@ -61,8 +70,12 @@ class OverlapSpec(_Strict):
 
     overlap_grad_reduce: StrictBool | None = None
     overlap_param_gather: StrictBool | None = None
-    tp_comm_overlap: Literal["off", "bulk", "pipelined"] | None = None
+    tp_comm_overlap: TPCommOverlap | None = None
     overlap_p2p_comm: StrictBool | None = None
+    zero3_prefetch_layers: StrictInt | None = Field(
+        default=None, ge=0, le=64,
+        description="ZeRO-3/FSDP: layers whose parameter all-gather may run ahead of the "
+                    "layer computing (0: gathered on demand)")
 
 
 class SoftwareSpec(_Strict):

@@ -156,7 +156,8 @@ def test_stage_costs_are_the_builders_blocks(sample):
     """Forward and backward per micro-batch of the first and last stages: the sum of the
     builder's blocks timed by CostModel (ZeRO-3's blocks are timed by their own form)."""
     if sample.parallel.zero_stage == 3:
-        pytest.skip("ZeRO-3's per-layer prefetch is timed as a whole (test_search_agreement)")
+        _zero3_is_the_engines(sample)
+        return
     wl = build_workload(sample)
     cost = CostModel(sample.system, wl, sample.parallel.collective_algorithm,
                      devices=_placement(sample, wl))
@@ -170,6 +171,20 @@ def test_stage_costs_are_the_builders_blocks(sample):
                                            for c in range(v)), rel=1e-9)
         assert bwd[0] == pytest.approx(sum(_compute_stream(blocks[f"B{c}"], cost)
                                            for c in range(v)), rel=1e-9)
+
+
+def _zero3_is_the_engines(sample):
+    """ZeRO-3's plan is timed as a whole by ddlsim.search.zero3's recurrence over the trace's
+    two streams (prefetch limit, gathers and reduce-scatters on one dp stream): the exact
+    analytical engine runs that same schedule, so they agree to rounding; the DES runs it
+    too, with its own flow-level network (within 2 %: the engines' network models differ,
+    issue 11 item 3)."""
+    family = vector_family(sample.model.architecture)
+    whole = family.costs(family.prepare(sample), _plan_set(sample), None).whole[0]
+    exact = ddlsim.predict(sample, "analytical", check_fit=False).iteration_time_s
+    assert whole == pytest.approx(exact, rel=1e-9)
+    des = ddlsim.predict(sample, "des", check_fit=False).iteration_time_s
+    assert whole == pytest.approx(des, rel=0.02)
 
 
 def test_memory_is_the_families(sample):

@@ -22,11 +22,14 @@ import numpy as np
 
 from ..config import DTYPE_BYTES
 from ..errors import ConfigError
+from ..workloads.decoder import tp_overlap as tpo
 from ..workloads.decoder.builder import ADAM_BYTES_PER_PARAM
+from ..workloads.decoder.zero3 import gathered_layers
 from .family import StageCosts, register_vector_family, roofline
 from .netcost import collective_seconds, mesh_networks
 from .plans import RECOMPUTE, SCHEDULE
 from .pipeline import earlier_chunks, flow_shop_tail
+from .zero3 import zero3_time
 
 __all__ = ["DecoderVectors"]
 
@@ -117,8 +120,13 @@ class DecoderVectors:
                              ctx.peak, ctx.eff, ctx.mem_bw)
         redo = np.select([rec == RECOMPUTE.index("full"), rec == RECOMPUTE.index("selective")],
                          [fwd, selective], 0.0)
-        bwd = (redo + gemm(2 * mlp / t) + tp_comm + gemm(2 * attn / t) + tp_comm + mem(2 * ew)
+        # SP: the backward re-gathers each block's sequence-sharded input (Korthikanti §4.2.2)
+        tp_bwd = tp_comm + np.where(sp, coll("all_gather", "tp", act), 0.0) * multi
+        bwd = (redo + gemm(2 * mlp / t) + tp_bwd + gemm(2 * attn / t) + tp_bwd + mem(2 * ew)
                + mem(sh.layer_params / t * (2 * dt + 2 * 4)))
+        if ctx.cfg.software.tp_comm_overlap != "off":
+            fwd, bwd = self._tp_overlap(ctx, plans, (gemm, mem, coll), (attn, mlp, ew),
+                                        (fwd, bwd, selective), g)
         emb = mem(2 * act) + coll("all_reduce", "tp", act) * multi
         head_f = (gemm(sh.logits_forward_flops(1, s) * b / t) + mem(3 * 4 * b * s * sh.vocab / t)
                   + coll("all_reduce", "tp", 4.0 * b * s) * multi)
@@ -135,14 +143,54 @@ class DecoderVectors:
         mid = pp >= 3
         fwd_mid = np.where(mid, F + v * gather, fwd_first)
         bwd_mid = np.where(mid, B + v * gather, bwd_first)
-        p2p_bytes = act / np.where(multi & ~sp, t, 1.0)
+        p2p_bytes = act / t   # scatter-gather, or SP's sequence shard: 1/t per TP rank
         p2p = net.hop_alpha_s[mi] + p2p_bytes * net.hop_s_per_byte[mi]
         wrap = net.wrap_alpha_s[mi] + p2p_bytes * net.wrap_s_per_byte[mi]
         upd_f, tail_f = self._update(ctx, plans, self.stage_params(ctx, plans, True), bwd, coll)
         upd_l, tail_l = self._update(ctx, plans, self.stage_params(ctx, plans, False), bwd, coll)
-        whole = self._zero3(ctx, plans, (emb, fwd, head_f + head_b, bwd), coll)
+        # overlap_param_gather: stage 0's first forward block waits for the rest of the gather
+        rest = self._gathered(ctx, plans, self.stage_params(ctx, plans, True) * dt)[1]
+        first_block = lc * fwd + emb + np.where(one & (v == 1), head_f, 0.0)
+        delay = np.maximum(coll("all_gather", "dp", rest) - first_block, 0.0) * (rest > 0)
+        upd_f, upd_l = upd_f + delay, upd_l + delay
+        whole = self._zero3(ctx, plans, (emb, fwd, head_f, head_b, bwd), coll)
         return StageCosts(fwd_first, fwd_mid, fwd_last, bwd_first, bwd_mid, bwd_last,
                           lc * bwd + gather, p2p, wrap, tail_f, tail_l, upd_f, upd_l, whole)
+
+    def _tp_overlap(self, ctx: _Context, plans, fns, flops, plain, g):
+        """A layer's forward and backward under ``tp_comm_overlap`` where it applies (TP > 1
+        with SP), as :mod:`ddlsim.workloads.decoder.tp_overlap` builds them: per GEMM,
+        ``exposed chunks + max(GEMM + SM margin, overlapped rest)``."""
+        gemm, mem, coll = fns
+        attn, mlp, ew = flops
+        fwd, bwd, selective = plain
+        sh, s, dt = ctx.shape, ctx.s, ctx.dt
+        b, t = plans["mbs"].astype(float), plans["tp"].astype(float)
+        on = (t > 1) & plans["sp"].astype(bool) & (plans["zero"] != 3)
+        act = b * s * sh.hidden * dt
+        ag, rs = coll("all_gather", "tp", act), coll("reduce_scatter", "tp", act)
+        mm = sh.mlp_matrices
+        margin = {k: gemm(tpo.SM_MARGIN * f * b / t) for k, f in (
+            ("fa", g["proj"]), ("fm", g["mlp"] / mm), ("ba", 2 * (g["q"] + g["kv"])),
+            ("bm", 2 * g["mlp"] * (1 - 1 / mm)))}
+        if ctx.cfg.software.tp_comm_overlap == "pipelined":
+            ring_x = coll("all_gather", "tp", act / t)
+            ring_r = coll("all_gather", "tp", act * (t - 1) / t)
+            rs_x = coll("reduce_scatter", "tp", act / tpo.RS_SPLITS)
+            rs_r = coll("reduce_scatter", "tp", act * (tpo.RS_SPLITS - 1) / tpo.RS_SPLITS)
+            f_o = (ring_x + np.maximum(gemm(attn / t) + margin["fa"], ring_r + rs_r) + rs_x
+                   + ring_x + np.maximum(gemm(mlp / t) + margin["fm"], ring_r + rs_r) + rs_x
+                   + mem(ew))
+            pre, pre_rest = ring_x, ring_r
+        else:
+            f_o, pre, pre_rest = fwd, ag, 0.0
+        rec = plans["recompute"]
+        redo = np.select([rec == RECOMPUTE.index("full"), rec == RECOMPUTE.index("selective")],
+                         [f_o, selective], 0.0)
+        b_o = (redo + pre + np.maximum(gemm(2 * mlp / t) + margin["bm"], pre_rest + ag + rs)
+               + pre + np.maximum(gemm(2 * attn / t) + margin["ba"], pre_rest + ag + rs)
+               + mem(2 * ew) + mem(sh.layer_params / t * (2 * dt + 2 * 4)))
+        return np.where(on, f_o, fwd), np.where(on, b_o, bwd)
 
     def stage_params(self, ctx: _Context, plans, first: bool) -> np.ndarray:
         """:meth:`StageBuilder.stage_params` of the first (or last) stage, per plan."""
@@ -156,6 +204,16 @@ class DecoderVectors:
             return n + vh + pos + np.where(pp == 1, head, 0.0)
         return n + head + np.where(pp == 1, vh + pos, 0.0)
 
+    def _gathered(self, ctx: _Context, plans, param_bytes):
+        """(exposed, overlapped) bytes of the ZeRO-1/2 parameter gather
+        (:mod:`ddlsim.workloads.decoder.param_gather`: the first bucket stays exposed)."""
+        zero, dp = plans["zero"], plans["dp"]
+        on = (bool(ctx.cfg.software.overlap_param_gather) & ((zero == 1) | (zero == 2))
+              & (dp > 1))
+        exposed = np.where(on, np.minimum(param_bytes, float(ctx.cfg.parallel.grad_bucket_size)),
+                           param_bytes)
+        return exposed, np.where(on, param_bytes - exposed, 0.0)
+
     def _optimizer(self, ctx: _Context, n_params) -> np.ndarray:
         return roofline(10.0 * n_params, ctx.per_param * n_params, ctx.peak_fp32, ctx.eff,
                         ctx.mem_bw, gemm=False)
@@ -167,7 +225,8 @@ class DecoderVectors:
         grad = params * ctx.dt
         sharded = (zero > 0) & (dp > 1)
         update = self._optimizer(ctx, np.where(sharded, params / np.maximum(dp, 1), params))
-        update += coll("all_gather", "dp", grad) * ((zero == 1) | (zero == 2)) * (dp > 1)
+        update += coll("all_gather", "dp", self._gathered(ctx, plans, grad)[0]) \
+            * ((zero == 1) | (zero == 2)) * (dp > 1)
         op_rs = (zero == 1) | (zero == 2)
         bucket = p.grad_bucket_size
         if ctx.cfg.software.overlap_grad_reduce:
@@ -190,26 +249,20 @@ class DecoderVectors:
         return update, tail
 
     def _zero3(self, ctx: _Context, plans, parts, coll) -> np.ndarray:
-        """ZeRO-3 (one stage): per-layer gathers run ahead on their stream, compute waits for
-        each; the end is the largest ``gathers so far + compute left`` over the layer items
-        (a two-machine flow shop, maximal at the ends of each run of identical layers), then
-        the reduce-scatters' tail and the optimizer on the 1/DP shard."""
-        e, f, w, bw = parts
-        L = ctx.shape.layers
-        dp, m = plans["dp"], plans["gbs"] // np.maximum(plans["mbs"] * np.maximum(plans["dp"], 1), 1)
+        """ZeRO-3 (one stage), as :mod:`ddlsim.workloads.decoder.zero3` builds it: the
+        builder's two streams (compute; gathers and reduce-scatters in issue order on ``dp``)
+        run op by op over the layers of three micro-batches (:func:`zero3_time`), later
+        micro-batches repeat the third's period; then the optimizer on the 1/DP shard."""
+        e, f, hf, hb, bw = parts
+        dp = plans["dp"]
+        m = plans["gbs"] // np.maximum(plans["mbs"] * np.maximum(dp, 1), 1)
         on = (plans["zero"] == 3) & (dp > 1)
         if not on.any():
             return np.full(len(plans), np.nan)
         nbytes = ctx.shape.layer_params / plans["tp"] * ctx.dt
         a, r = coll("all_gather", "dp", nbytes), coll("reduce_scatter", "dp", nbytes)
-        P = e + L * f + w + L * bw
-        cands = [np.maximum(a, e) + L * f + w + L * bw + (m - 1) * P]
-        for i in (0, m - 1):
-            for j in (1, L):
-                cands.append(a * (2 * L * i + j) + (L - j + 1) * f + w + L * bw + (m - 1 - i) * P)
-                cands.append(a * (2 * L * i + L + j) + (L - j + 1) * bw + (m - 1 - i) * P)
-        end = np.max(cands, axis=0)
-        end += np.maximum(r, L * r - (L - 1) * np.maximum(bw, a))
+        end = zero3_time(ctx.shape.layers, ctx.cfg.software.zero3_prefetch_layers, m,
+                         (e, f, hf, hb, bw), a, r)
         end += self._optimizer(ctx, self.stage_params(ctx, plans, True) / np.maximum(dp, 1))
         return np.where(on, end, np.nan)
 
@@ -250,7 +303,8 @@ class DecoderVectors:
         first_stage = np.bool_(first) | (pp == 1)
         other += np.where(last_stage, b * s * sh.vocab / t * (2 + 4), 0.0)
         other += np.where(first_stage, b * s * sh.hidden * chunks / v, 0.0)
-        other += np.where(zero == 3, 2 * sh.layer_params / t * ctx.dt, 0.0)
+        k = gathered_layers(ctx.cfg.software.zero3_prefetch_layers)  # ZeRO-3 layers in flight
+        other += np.where(zero == 3, k * sh.layer_params / t * ctx.dt, 0.0)
         return weights + grads + opt + acts + other
 
 

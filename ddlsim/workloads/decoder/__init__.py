@@ -54,6 +54,8 @@ class DecoderFamily(WorkloadFamily):
             raise ValueError(f"sequence_parallel needs train.seq_length = {t.seq_length} divisible "
                              f"by tensor_model_parallel_size = {tp}")
         _check_experts(cfg)
+        from .overlap import check_overlap
+        check_overlap(cfg)
         from .proxy import check_proxy_plan
         check_proxy_plan(cfg)
 
@@ -105,7 +107,8 @@ class DecoderFamily(WorkloadFamily):
         line = super().plan_summary(cfg).removeprefix(f"TP{p.tp}")
         if p.ep > 1:
             line = line.replace(f"× DP{cfg.dp} =", f"× DP{cfg.dp} (EP{p.ep}) =", 1)
-        return axes + line
+        from .overlap import overlap_phrase
+        return axes + line + f", {overlap_phrase(cfg)}"
 
     def group_labels(self, cfg: Any) -> dict[str, str]:
         """``tp`` with the grid's group families when the scheme is not 1-D (their bytes

@@ -14,57 +14,21 @@ from ...config import RunConfig
 from ..memory import MemoryBreakdown
 from ..models.decoder import DecoderShape
 from ..schedules import schedule_arrays
-from ..trace import (Block, Collective, Op, RankClass, Program, StepTable, Workload,
-                     WorkloadMeta)
-from .builder import StageBuilder, as_ops
+from ..trace import Block, RankClass, Program, StepTable, Workload, WorkloadMeta
+from .builder import StageBuilder
 from .memory import stage_memory
+from . import param_gather
+from .zero3 import zero3_blocks
 
 __all__ = ["build_decoder_workload", "decoder_memory"]
 
 
-def _zero3_blocks(b: StageBuilder, stage: int) -> dict[str, Block]:
-    """ZeRO-3 without pipelining: every layer's parameters are all-gathered before its forward
-    and backward (prefetched on stream dp.ag) and its gradients reduce-scattered after its
-    backward (stream dp.rs): 3Ψ per iteration (Rajbhandari et al. 2020, §7.2.2). With EP > 1
-    an MoE layer's experts are gathered and reduce-scattered over ``edp`` (streams edp.ag,
-    edp.rs), its other parameters over ``dp``."""
-    fwd: list[Op] = as_ops(b.embedding_forward())
-    bwd: list[Op] = as_ops(b.head_backward())
-    moe = [b.shape.is_moe_layer(i) for i in range(b.layers_per_chunk)]
-
-    def gathers(ops: list[Op], layer_moe: bool) -> tuple[int, ...]:
-        for group, n in _zero3_shards(b, layer_moe):
-            ops.append(Op(Collective("param.all_gather", "all_gather", group, n), f"{group}.ag"))
-        return tuple(range(len(ops) - (2 if b.split_experts and layer_moe else 1), len(ops)))
-
-    def layer(ops: list[Op], body: list, deps: tuple[int, ...]) -> None:
-        ops += [Op(x, deps=deps if j == 0 else ()) for j, x in enumerate(body)]
-
-    for m in moe:
-        layer(fwd, b.layer_forward(moe=m), gathers(fwd, m))
-    fwd += as_ops(b.head_forward())
-    for m in moe:
-        layer(bwd, b.layer_backward(moe=m), gathers(bwd, m))
-        last = len(bwd) - 1
-        for group, n in _zero3_shards(b, m):
-            bwd.append(Op(Collective("grad.reduce_scatter", "reduce_scatter", group, n),
-                          f"{group}.rs", deps=(last,)))
-    return {"F0": Block("F0", "forward", tuple(fwd)), "B0": Block("B0", "backward", tuple(bwd))}
-
-
-def _zero3_shards(b: StageBuilder, moe: bool) -> list[tuple[str, float]]:
-    """(group, bytes) of one layer's parameters for ZeRO-3's gathers and reduce-scatters."""
-    if not b.shape.is_moe:
-        return [("dp", b.shape.layer_params / b.tp * b.dt)]
-    dense, expert = b.layer_rank_params(moe)
-    if b.split_experts and expert:
-        return [("dp", dense * b.dt), ("edp", expert * b.dt)]
-    return [("dp", (dense + expert) * b.dt)]
-
-
-def _step_tables(sched: str, pp: int, m: int, v: int, sync: bool) -> list[StepTable]:
+def _step_tables(sched: str, pp: int, m: int, v: int, sync: bool,
+                 prologue: bool = False) -> list[StepTable]:
     """Each stage's steps, built for all stages at once from :func:`schedule_arrays`; the last
-    backward of each chunk uses its ``.sync`` block, and ``update`` ends the iteration."""
+    backward of each chunk uses its ``.sync`` block, and ``update`` ends the iteration. With
+    ``prologue`` the first step (every stage's first forward of chunk 0) runs ``F0.pg``
+    (:mod:`.param_gather`)."""
     backward, ordinal, mb, chunk, warm = schedule_arrays(sched, pp, m, v)
     v = v if sched == "interleaved" else 1
     T = m * v
@@ -78,6 +42,10 @@ def _step_tables(sched: str, pp: int, m: int, v: int, sync: bool) -> list[StepTa
         is_sync = backward & (ordinal == last_b[chunk])
         block = np.where(is_sync, 2 * v + chunk, block)
         first_sync = np.argmax(is_sync, axis=1)
+    if prologue:
+        names.append(param_gather.BLOCK)
+        block = block.copy()
+        block[:, 0] = len(names) - 1
     names.append("update")
     tail = np.zeros((pp, 1), dtype=np.int64)
     block = np.hstack([block, tail + len(names) - 1])
@@ -93,6 +61,8 @@ def _step_tables(sched: str, pp: int, m: int, v: int, sync: bool) -> list[StepTa
             steady = (w, min(2 * T - w, int(first_sync[s])), 2, 1)
         else:                      # p micro-batches of every chunk, forward and backward
             steady = (w, min(2 * T - w, int(first_sync[s])), 2 * pp * v, pp)
+        if prologue:
+            steady = (max(steady[0], 1), *steady[1:])
         tables.append(StepTable.trusted(names, block[s], mb[s], chunk[s], steady))
     return tables
 
@@ -126,15 +96,20 @@ def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
         if blocks is None:
             blocks = {}
             if zero3:
-                blocks.update(_zero3_blocks(b, stage))
+                blocks.update(zero3_blocks(b, cfg.software.zero3_prefetch_layers))
             else:
                 sync = b.grad_sync_ops(stage) if overlap else None
                 for c in range(v):
                     blocks.update(b.chunk_blocks(stage, c, sync))
+            if param_gather.active(cfg):
+                blocks[param_gather.BLOCK] = param_gather.prologue_block(
+                    blocks["F0"], b.grad_group, param_gather.overlapped_bytes(
+                        cfg, b.stage_params(stage) * b.dt))
             shared[role] = blocks
         if tables is None:
             sync_blocks = any(name.endswith(".sync") for name in blocks)
-            tables = _step_tables(par.schedule, pp, m, v, sync_blocks)
+            tables = _step_tables(par.schedule, pp, m, v, sync_blocks,
+                                  param_gather.BLOCK in blocks)
         splits = [(True, ranks[stage, :1]), (False, ranks[stage, 1:])] if split_root \
             else [(True, ranks[stage])]
         for root, members in splits:

@@ -9,12 +9,13 @@ an untied output head adds its own ``V·h`` on the last stage.
 
 from __future__ import annotations
 
-import math
 from functools import cached_property
 
 from ...config import DTYPE_BYTES, RunConfig
 from ..models.decoder import DecoderShape
 from ..trace import Block, Collective, Compute, Op, P2P, Wait
+from . import param_gather, tp_overlap
+from .dpsync import GradSyncOps
 from .moe import MoEOps
 from .partition import make_partitioner
 
@@ -31,8 +32,9 @@ def as_ops(items: list) -> list[Op]:
 ADAM_BYTES_PER_PARAM = 3 * 4 * 2 + 2 + 2
 
 
-class StageBuilder(MoEOps):
-    """Builds the blocks of one pipeline stage (MoE layers: :class:`.moe.MoEOps`)."""
+class StageBuilder(GradSyncOps, MoEOps):
+    """Builds the blocks of one pipeline stage (MoE layers: :class:`.moe.MoEOps`; gradient
+    buckets: :class:`.dpsync.GradSyncOps`)."""
 
     def __init__(self, cfg: RunConfig, shape: DecoderShape):
         self.cfg = cfg
@@ -92,6 +94,9 @@ class StageBuilder(MoEOps):
             if self.structured:
                 ops = [self.part.layers(backward, repeat, self.grad_accumulate_bytes(
                     self.shape.layer_params / self.part.param_split))]
+            elif f == 1 and tp_overlap.active(self.cfg):  # TE userbuffers: per-layer loop
+                ops = [tp_overlap.overlapped_layers(
+                    self, backward, repeat, self.bwd_layer if backward else self.fwd_layer)]
             elif f == 1:
                 ops = [Op(x, repeat=repeat) for x in
                        (self.bwd_layer if backward else self.fwd_layer)]
@@ -154,9 +159,9 @@ class StageBuilder(MoEOps):
         dense_p, expert_p = self.layer_rank_params(moe) if self.shape.is_moe \
             else (self.shape.layer_params / t, 0.0)
         ops += [
-            *self._tp_comm("bwd.mlp"),
+            *self.part.tp_comm_backward("bwd.mlp", self.act_bytes),
             Compute("bwd.attn", 2 * self._attn_flops(g) / t, dtype=self.dtype),
-            *self._tp_comm("bwd.attn"),
+            *self.part.tp_comm_backward("bwd.attn", self.act_bytes),
             Compute("bwd.elementwise", 0.0, ew, kind="elementwise", dtype=self.dtype),
             Compute("bwd.grad_accumulate", 0.0, self.grad_accumulate_bytes(dense_p + expert_p),
                     kind="elementwise", dtype=self.dtype),
@@ -287,46 +292,6 @@ class StageBuilder(MoEOps):
             blocks[f"B{chunk}.sync"] = Block(f"B{chunk}.sync", "backward", tuple(backward(True)))
         return blocks
 
-    def _overlapped_layers(self, sync_ops: list[Op], start: int) -> list[Op]:
-        """Backward layers split into bucket segments; after each segment its gradients'
-        collective is issued on the dp stream (PyTorch DDP buckets, overlap with backward)."""
-        key = ("overlapped", tuple((o.payload, o.repeat) for o in set(sync_ops)), len(sync_ops),
-               start)
-        return self.cached(key, lambda: self._segments(sync_ops, start))
-
-    def _segments(self, sync_ops: list[Op], start: int) -> list[Op]:
-        w = 2 if self.split_experts else 1   # per segment: dense (dp) [and expert (edp)] sync
-        f, n_seg = self.period, len(sync_ops) // w
-        periods = self.layers_per_chunk // f
-        ops: list[Op] = []
-        for seg in range(n_seg):
-            ops += self.layer_ops(True, f * (periods // n_seg + (1 if seg < periods % n_seg else 0)))
-            last = start + len(ops) - 1
-            for s in sync_ops[w * seg:w * seg + w]:
-                ops.append(Op(s.payload, stream=s.stream, deps=(last,), repeat=s.repeat))
-        return ops
-
-    def grad_sync_ops(self, stage: int) -> list[Op]:
-        """Bucketed gradient collectives of one model chunk (all-reduce, or reduce-scatter
-        under ZeRO-1/2), one per segment of layers, on the ``dp`` stream."""
-        if self.gdp == 1:
-            return []
-        grad_bytes = self.stage_params(stage) / self.v * self.dt
-        bucket = self.cfg.parallel.grad_bucket_size
-        n_buckets = max(1, math.ceil(grad_bytes / bucket))
-        n_seg = min(n_buckets, self.layers_per_chunk // self.period)
-        per_seg = math.ceil(n_buckets / n_seg)
-        op = "reduce_scatter" if self.cfg.parallel.zero_stage in (1, 2) else "all_reduce"
-        if self.split_experts:  # dense gradients over dp, expert gradients over edp
-            e_bytes = self.stage_expert_params(stage) / self.v * self.dt
-            size = (grad_bytes - e_bytes) / (n_seg * per_seg)
-            return [Op(Collective(f"grad.{op}", op, "dp", size), stream="dp", repeat=per_seg),
-                    Op(Collective(f"grad.expert.{op}", op, "edp", e_bytes / (n_seg * per_seg)),
-                       stream="edp", repeat=per_seg)] * n_seg
-        size = grad_bytes / (n_seg * per_seg)
-        return [Op(Collective(f"grad.{op}", op, self.grad_group, size), stream="dp",
-                   repeat=per_seg)] * n_seg
-
     def update_block(self, stage: int, root: bool, overlapped: bool) -> Block:
         """Gradient synchronisation not overlapped with backward, the optimizer step, and the
         parameter redistribution of the chosen data-parallel update."""
@@ -354,12 +319,12 @@ class StageBuilder(MoEOps):
                 ops += [*self.grad_sync_ops_flat(grad_bytes, op, self.grad_group),
                         Op(Wait("wait.grad", "dp"))]
             if p.zero_stage == 3:
-                ops.append(Op(Wait("wait.grad", "dp.rs")))
+                ops.append(Op(Wait("wait.grad", "dp")))  # ZeRO-3: gathers and RS share it
             shard = params / dp if p.zero_stage else params
             ops.append(step(shard))
-            if p.zero_stage in (1, 2):
+            if p.zero_stage in (1, 2):  # all of it, or its first bucket (.param_gather)
                 ops.append(Op(Collective("params.all_gather", "all_gather", self.grad_group,
-                                         params * self.dt)))
+                                         param_gather.exposed_bytes(self.cfg, params * self.dt))))
         elif p.dp_strategy == "reduce_broadcast":
             ops.append(Op(Collective("grad.reduce", "reduce", "dp", grad_bytes, root=0)))
             if root:
@@ -384,9 +349,3 @@ class StageBuilder(MoEOps):
         anchored = tuple(Op(o.payload, o.stream, o.deps or (0,), o.repeat)
                          if o.stream != "compute" else o for o in ops)
         return Block("update", "optimizer", anchored)
-
-    def grad_sync_ops_flat(self, grad_bytes: float, op: str, group: str = "dp") -> list[Op]:
-        n = max(1, math.ceil(grad_bytes / self.cfg.parallel.grad_bucket_size))
-        name = f"grad.expert.{op}" if group == "edp" else f"grad.{op}"
-        stream = "dp" if group == "dp_cp" else group
-        return [Op(Collective(name, op, group, grad_bytes / n), stream=stream, repeat=n)]

@@ -54,7 +54,8 @@ def stage_memory(cfg: RunConfig, shape: DecoderShape, stage: int, params: float,
         other += t.micro_batch_size * t.seq_length * shape.vocab / (p.tp * p.cp) * (2 + 4)
     if stage == 0:  # embedding output kept for dropout
         other += sbh * chunks / p.vpp / (part.embedding_split if part is not None else 1)
-    if p.zero_stage == 3:  # two gathered layers live at once (current + prefetched)
-        other += 2 * (layer_bytes if layer_bytes is not None
-                      else shape.layer_params / p.tp * DTYPE_BYTES[t.dtype])
+    if p.zero_stage == 3:  # ZeRO-3's gathered layers in flight (.zero3.zero3_gathered_bytes)
+        from .zero3 import zero3_gathered_bytes
+        other += zero3_gathered_bytes(cfg, layer_bytes if layer_bytes is not None
+                                      else shape.layer_params / p.tp * DTYPE_BYTES[t.dtype])
     return MemoryBreakdown(weights, grads, opt, acts, other, cfg.system.device.memory_bytes, stage)

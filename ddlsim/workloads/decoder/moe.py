@@ -119,7 +119,7 @@ class MoEOps:
                     *self.grad_sync_ops_flat(expert * self.dt, op, "edp"),
                     Op(Wait("wait.grad", "dp")), Op(Wait("wait.grad.expert", "edp"))]
         if zero == 3:
-            ops += [Op(Wait("wait.grad", "dp.rs")), Op(Wait("wait.grad.expert", "edp.rs"))]
+            ops += [Op(Wait("wait.grad", "dp")), Op(Wait("wait.grad.expert", "edp"))]
         ops.append(step(dense / self.dp + expert / edp if zero else dense + expert))
         if zero in (1, 2):
             ops += [Op(Collective("params.all_gather", "all_gather", "dp", dense * self.dt)),

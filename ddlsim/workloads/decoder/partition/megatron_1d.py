@@ -57,6 +57,17 @@ class Megatron1D(LayerPartitioner):
                     Collective(f"{name}.ag", "all_gather", "tp", nbytes)]
         return [Collective(f"{name}.ar", "all_reduce", "tp", nbytes)]
 
+    def tp_comm_backward(self, name: str, nbytes: float) -> list[Collective]:
+        """The backward's collectives of one column-parallel block on ``nbytes``: ``f``'s
+        all-reduce, or with sequence parallelism its reduce-scatter and all-gather plus the
+        all-gather that rebuilds the sequence-sharded input the forward saved, for the weight
+        gradient (Korthikanti et al. 2022, §4.2.2; Megatron-LM
+        ``LinearWithGradAccumulationAndAsyncCommunication.backward``): three per block."""
+        comm = self.tp_comm(name, nbytes)
+        if self.sp and comm:
+            comm.insert(0, Collective(f"{name}.ag.input", "all_gather", "tp", nbytes))
+        return comm
+
     def gemm_forward(self, ops: OpList, name: str, M: float, N: float, K: float,
                      row_parallel: bool) -> None:
         ops.add(Compute(name, 2 * M * N * K / self.size, dtype=self.dtype))
@@ -68,7 +79,7 @@ class Megatron1D(LayerPartitioner):
                       row_parallel: bool) -> None:
         ops.add(Compute(name, 4 * M * N * K / self.size, dtype=self.dtype))
         if not row_parallel:   # f: the partial input gradients b·s·h are summed
-            for c in self.tp_comm(name, M * K * self.dt):
+            for c in self.tp_comm_backward(name, M * K * self.dt):
                 ops.add(c)
 
     @property
@@ -105,8 +116,10 @@ class Megatron1D(LayerPartitioner):
 
     def boundary(self, act_bytes: float) -> tuple[float, float | None]:
         """Narayanan et al. 2021 §4.1 scatter-gather: each TP rank sends ``1/t`` of the
-        stage output and the receivers all-gather it (not needed with SP)."""
+        stage output and the receivers all-gather it. With SP the output is already split
+        along the sequence: each rank sends its ``1/t`` and nothing is gathered (Megatron-LM
+        ``get_tensor_shapes``: ``seq_length // tensor_model_parallel_size``)."""
         act = act_bytes / self.cp
-        if self.size > 1 and not self.sp:
-            return act / self.size, act
+        if self.size > 1:
+            return act / self.size, None if self.sp else act
         return act, None

@@ -1,0 +1,69 @@
+"""ZeRO-3's two streams on arrays of plans: the exact schedule of the trace
+:func:`ddlsim.workloads.decoder.zero3.zero3_blocks` builds, run op by op.
+
+Per micro-batch: the forward starts (time ``T``) with ``k + 1`` gathers on the ``dp`` stream
+and the embedding on the compute stream; layer ``j`` starts when the compute stream is free
+and its gather has ended; after layer ``j`` the gather of layer ``j + k + 1`` is queued on the
+``dp`` stream (it starts when the stream is free and layer ``j`` has ended). The backward
+runs the same way from the end of the forward's head, with each layer's reduce-scatter queued
+after it, before the next gather. The update waits for both streams. Both engines time the
+trace so (a collective's duration does not depend on what runs beside it on another stream),
+so this recurrence is exact; micro-batches after the third repeat its period (the state a
+micro-batch starts from — how far the ``dp`` stream runs past the compute stream — is the
+same from the second one on).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["zero3_time"]
+
+
+def _pass(c, d, head, layer, a, r, L: int, k: int, backward: bool):
+    """One pass from compute-stream time ``c`` (the block's start) and ``dp`` free at ``d``."""
+    ready = []
+    for _ in range(min(k + 1, L)):
+        d = np.maximum(d, c) + a
+        ready.append(d)
+    c = c + head
+    for j in range(L):
+        c = np.maximum(c, ready[j]) + layer
+        if backward:
+            d = np.maximum(d, c) + r
+        if j + k + 1 < L:
+            d = np.maximum(d, c) + a
+            ready.append(d)
+    return c, d
+
+
+def zero3_time(L: int, k: int, m, parts, a, r) -> np.ndarray:
+    """When the last micro-batch's compute and reduce-scatters have both ended, per plan.
+
+    Parameters
+    ----------
+    L, k : int
+        Layers, and layers gathered ahead (``software.zero3_prefetch_layers``).
+    m : array
+        Micro-batches per iteration.
+    parts : tuple of arrays
+        Seconds of the embedding, a layer's forward, the head's forward, the head's backward
+        and a layer's backward (compute stream).
+    a, r : arrays
+        Seconds of one layer's all-gather and reduce-scatter.
+    """
+    e, f, hf, hb, bw = parts
+    c = np.zeros_like(np.asarray(a, dtype=float))
+    d = c.copy()
+    ends = []
+    for _ in range(3):
+        c, d = _pass(c, d, e, f, a, r, L, k, False)
+        c = c + hf
+        c, d = _pass(c, d, hb, bw, a, r, L, k, True)
+        ends.append((c, d))
+    (c1, d1), (c2, d2), (c3, d3) = ends
+    mm = np.asarray(m, dtype=float)
+    extra = np.maximum(mm - 3, 0)
+    c = np.select([mm <= 1, mm == 2], [c1, c2], c3 + extra * (c3 - c2))
+    d = np.select([mm <= 1, mm == 2], [d1, d2], d3 + extra * (d3 - d2))
+    return np.maximum(c, d)

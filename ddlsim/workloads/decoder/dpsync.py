@@ -1,0 +1,62 @@
+"""Data-parallel gradient buckets of a decoder stage (a mixin of
+:class:`~ddlsim.workloads.decoder.builder.StageBuilder`): the bucketed all-reduce or
+reduce-scatter of one model chunk, issued on the ``dp`` stream after each run of backward
+layers (``overlap_grad_reduce``) or all at once after the backward."""
+
+from __future__ import annotations
+
+import math
+
+from ..trace import Collective, Op
+
+__all__ = ["GradSyncOps"]
+
+
+class GradSyncOps:
+    """Gradient-bucket ops; needs the builder's ``cfg``, ``layer_ops``, ``stage_params``."""
+
+    def _overlapped_layers(self, sync_ops: list[Op], start: int) -> list[Op]:
+        """Backward layers split into bucket segments; after each segment its gradients'
+        collective is issued on the dp stream (PyTorch DDP buckets, overlap with backward)."""
+        key = ("overlapped", tuple((o.payload, o.repeat) for o in set(sync_ops)), len(sync_ops),
+               start)
+        return self.cached(key, lambda: self._segments(sync_ops, start))
+
+    def _segments(self, sync_ops: list[Op], start: int) -> list[Op]:
+        w = 2 if self.split_experts else 1   # per segment: dense (dp) [and expert (edp)] sync
+        f, n_seg = self.period, len(sync_ops) // w
+        periods = self.layers_per_chunk // f
+        ops: list[Op] = []
+        for seg in range(n_seg):
+            ops += self.layer_ops(True, f * (periods // n_seg + (1 if seg < periods % n_seg else 0)))
+            last = start + len(ops) - 1
+            for s in sync_ops[w * seg:w * seg + w]:
+                ops.append(Op(s.payload, stream=s.stream, deps=(last,), repeat=s.repeat))
+        return ops
+
+    def grad_sync_ops(self, stage: int) -> list[Op]:
+        """Bucketed gradient collectives of one model chunk (all-reduce, or reduce-scatter
+        under ZeRO-1/2), one per segment of layers, on the ``dp`` stream."""
+        if self.gdp == 1:
+            return []
+        grad_bytes = self.stage_params(stage) / self.v * self.dt
+        bucket = self.cfg.parallel.grad_bucket_size
+        n_buckets = max(1, math.ceil(grad_bytes / bucket))
+        n_seg = min(n_buckets, self.layers_per_chunk // self.period)
+        per_seg = math.ceil(n_buckets / n_seg)
+        op = "reduce_scatter" if self.cfg.parallel.zero_stage in (1, 2) else "all_reduce"
+        if self.split_experts:  # dense gradients over dp, expert gradients over edp
+            e_bytes = self.stage_expert_params(stage) / self.v * self.dt
+            size = (grad_bytes - e_bytes) / (n_seg * per_seg)
+            return [Op(Collective(f"grad.{op}", op, "dp", size), stream="dp", repeat=per_seg),
+                    Op(Collective(f"grad.expert.{op}", op, "edp", e_bytes / (n_seg * per_seg)),
+                       stream="edp", repeat=per_seg)] * n_seg
+        size = grad_bytes / (n_seg * per_seg)
+        return [Op(Collective(f"grad.{op}", op, self.grad_group, size), stream="dp",
+                   repeat=per_seg)] * n_seg
+
+    def grad_sync_ops_flat(self, grad_bytes: float, op: str, group: str = "dp") -> list[Op]:
+        n = max(1, math.ceil(grad_bytes / self.cfg.parallel.grad_bucket_size))
+        name = f"grad.expert.{op}" if group == "edp" else f"grad.{op}"
+        stream = "dp" if group == "dp_cp" else group
+        return [Op(Collective(name, op, group, grad_bytes / n), stream=stream, repeat=n)]

@@ -1,0 +1,73 @@
+"""Which of the software stack's overlap options apply to a decoder plan (docs/overlap.md).
+
+A stack default that cannot apply to the plan (``tp_comm_overlap`` without sequence
+parallelism, ``overlap_p2p_comm`` without a pipeline, …) or that ddlsim does not model
+(blocking pipeline P2P) is inactive and the plan line says so; the same option set explicitly
+in ``parallel.*`` is refused with the reason.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import tp_overlap
+
+__all__ = ["inactive_reasons", "check_overlap", "overlap_phrase"]
+
+
+def inactive_reasons(cfg: Any) -> dict[str, str]:
+    """Option → why it does not apply to ``cfg`` (only options that are on)."""
+    p, sw, out = cfg.parallel, cfg.software, {}
+    if sw.tp_comm_overlap != "off" and not tp_overlap.active(cfg):
+        if p.tp == 1:
+            why = "tensor_model_parallel_size is 1"
+        elif not p.sequence_parallel:
+            why = ("it needs sequence_parallel (Megatron-LM arguments.py asserts it: TE "
+                   "overlaps the SP all-gathers and reduce-scatters)")
+        else:
+            why = ("it is modelled for dense models with 1-D tensor parallelism, no context "
+                   "parallelism and ZeRO 0-2")
+        out["tp_comm_overlap"] = why
+    if sw.overlap_param_gather and (p.zero_stage not in (1, 2) or p.dp_strategy != "ddp"):
+        out["overlap_param_gather"] = ("it needs the distributed optimizer (ZeRO-1/2 with "
+                                       "dp_strategy 'ddp'; Megatron-LM asserts "
+                                       "--use-distributed-optimizer)")
+    elif sw.overlap_param_gather and p.ep > 1:
+        out["overlap_param_gather"] = "it is not modelled with expert parallelism (EP > 1)"
+    if sw.overlap_p2p_comm and p.pp == 1:
+        out["overlap_p2p_comm"] = "pipeline_model_parallel_size is 1"
+    elif not sw.overlap_p2p_comm and p.pp > 1:
+        out["overlap_p2p_comm"] = (
+            "blocking pipeline P2P is not modelled: a trace's send never waits for its "
+            "receiver and receives are posted ahead (docs/trace.md), so pipeline transfers "
+            "overlap compute in both settings (docs/overlap.md)")
+    return out
+
+
+def check_overlap(cfg: Any) -> None:
+    """Refuse an overlap option the plan sets (``parallel.<option>``) that cannot apply."""
+    for field, why in inactive_reasons(cfg).items():
+        if cfg.software.sources.get(field) == f"parallel.{field}":
+            value = getattr(cfg.parallel, field)
+            raise ValueError(f"parallel.{field} = {value!r} cannot apply to this plan: {why}. "
+                             f"Remove it (or set it off) to run the plan without it")
+
+
+def overlap_phrase(cfg: Any) -> str:
+    """``overlaps: grad-reduce, tp-comm pipelined; inactive: p2p (PP is 1)`` for the plan
+    line (empty when nothing is on)."""
+    sw, off = cfg.software, inactive_reasons(cfg)
+    on = []
+    for field, label in (("overlap_grad_reduce", "grad-reduce"),
+                         ("overlap_param_gather", "param-gather"),
+                         ("overlap_p2p_comm", "p2p")):
+        if sw.overlap.get(field) and field not in off:
+            on.append(label)
+    if sw.tp_comm_overlap != "off" and "tp_comm_overlap" not in off:
+        on.append(f"tp-comm {sw.tp_comm_overlap}")
+    short = {"tp_comm_overlap": "tp-comm", "overlap_param_gather": "param-gather",
+             "overlap_p2p_comm": "p2p" if sw.overlap_p2p_comm else "blocking p2p"}
+    text = f"overlaps: {', '.join(on) or 'none'}"
+    if off:
+        text += "; inactive here: " + ", ".join(short[f] for f in off)
+    return text

@@ -1,0 +1,53 @@
+"""``overlap_param_gather``: the distributed optimizer's parameter all-gather (ZeRO-1/2)
+hidden behind the next forward, as Megatron-Core's DDP buckets run it.
+
+Megatron-Core (``distributed/param_and_grad_buffer.py``, ``--overlap-param-gather``, 2024)
+gathers the updated parameters bucket by bucket, the same buckets as the gradients; the
+forward pre-hook of a bucket's first module waits for that bucket and launches the next. Off,
+the whole gather runs right after the optimizer step, before the next iteration.
+
+The trace is one steady-state iteration: the previous step's gather is issued at the start of
+this one. The first bucket (``grad_bucket_size`` bytes, at most the stage's parameters) stays
+exposed in the update block, as the forward cannot start without it; the rest runs on the
+``dp`` stream beside the first micro-batch's forward of model chunk 0 (its block ``F0.pg``
+ends with a wait on ``dp``: the forward needs every bucket before it ends). It shares the
+``dp`` stream, in issue order, with the gradient reduce-scatters that follow.
+"""
+
+from __future__ import annotations
+
+from ..trace import Block, Collective, Op, Wait
+
+__all__ = ["active", "exposed_bytes", "overlapped_bytes", "prologue_block", "BLOCK"]
+
+#: the first forward's block name with the gather beside it
+BLOCK = "F0.pg"
+
+
+def active(cfg) -> bool:
+    """Whether the stack's or plan's ``overlap_param_gather`` applies: ZeRO-1/2 under DDP
+    with DP > 1, a model without expert parallelism."""
+    p = cfg.parallel
+    return (bool(cfg.software.overlap_param_gather) and p.zero_stage in (1, 2)
+            and p.dp_strategy == "ddp" and cfg.dp * p.cp > 1 and p.ep == 1)
+
+
+def exposed_bytes(cfg, param_bytes: float) -> float:
+    """Bytes of the gather left after the optimizer step: all of them, or the first bucket."""
+    if not active(cfg):
+        return param_bytes
+    return min(param_bytes, float(cfg.parallel.grad_bucket_size))
+
+
+def overlapped_bytes(cfg, param_bytes: float) -> float:
+    """Bytes gathered beside the first forward."""
+    return param_bytes - exposed_bytes(cfg, param_bytes)
+
+
+def prologue_block(first: Block, group: str, nbytes: float) -> Block:
+    """``first`` (the stage's ``F0`` block) with the overlapped gather of ``nbytes`` issued
+    at its start on the ``dp`` stream and a wait for it at its end."""
+    ops = [Op(Collective("params.all_gather.overlapped", "all_gather", group, nbytes), "dp")]
+    ops += [Op(o.payload, o.stream, tuple(d + 1 for d in o.deps), o.repeat) for o in first.ops]
+    ops.append(Op(Wait("params.gather.wait", "dp")))
+    return Block(BLOCK, first.phase, tuple(ops))

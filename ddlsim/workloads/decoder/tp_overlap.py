@@ -1,0 +1,163 @@
+"""Megatron-Core's ``--tp-comm-overlap`` (TransformerEngine userbuffers) on one dense layer of
+the 1-D plan with sequence parallelism.
+
+TransformerEngine (``transformer_engine/pytorch/module/base.py``, ``initialize_ub``) overlaps
+each sequence-parallel collective with a GEMM by one of three methods:
+
+* ``ring_exchange`` — the all-gather feeding a column-parallel GEMM (``qkv``/``fc1`` forward)
+  and the output-gradient all-gather feeding a row-parallel dgrad (``proj``/``fc2``): the
+  GEMM runs in ``num_splits = TP`` chunks while the next chunk travels, so one chunk
+  (``1/TP`` of the bytes) is exposed; copy engines, 1 SM (``num_sm = 1``).
+* ``pipeline`` — the reduce-scatter after a row-parallel GEMM (``proj``/``fc2`` forward):
+  ``num_splits = 4`` chunks, the last chunk's reduce-scatter exposed.
+* ``bulk`` — the backward's all-gather of the saved input (for the weight gradient) and the
+  reduce-scatter of the input gradient of ``qkv``/``fc1`` run beside the dgrad/wgrad GEMMs:
+  nothing exposed unless they outlast the GEMMs.
+
+``pipeline`` and ``bulk`` run on ``num_sm = 16`` SMs with ``set_sm_margin``: the GEMM they
+overlap gets the device's SMs less 16 for its whole duration, a slowdown of
+``16 / (132 − 16) = 13.8 %`` on an H100 SXM (132 SMs, NVIDIA H100 whitepaper) — added as a
+compute op ``<gemm>.tp_overlap.sm_margin`` of ``13.8 %`` of the overlapped GEMMs' FLOPs.
+
+``tp_comm_overlap: bulk`` is Megatron's ``--tp-comm-overlap`` with
+``--disable-tp-comm-overlap-ag --disable-tp-comm-overlap-rs`` (only the backward's bulk
+overlaps); ``pipelined`` is its default (all of the above; Megatron-LM arguments.py,
+2024-06). Megatron asserts sequence parallelism with it; ddlsim applies it to dense layers of
+the 1-D plan without context parallelism (otherwise inactive, or refused when the plan sets
+it: :mod:`.overlap`).
+
+In the trace each GEMM compute op ``G`` with its collectives becomes: the exposed chunks of
+the collectives feeding ``G`` (compute stream), the rest of every overlapped collective on
+the ``tp`` stream, ``G`` (and its SM-margin op), a ``Wait`` for ``tp``, the exposed chunk of
+the reduce-scatter after ``G``: ``pre + max(G + margin, rest) + post``.
+"""
+
+from __future__ import annotations
+
+from ..trace import Collective, Compute, Loop, Op, Wait
+
+__all__ = ["TE_COMM_SMS", "H100_SMS", "SM_MARGIN", "RS_SPLITS", "active", "overlapped_layers"]
+
+#: SMs of TransformerEngine's pipeline/bulk userbuffers kernels (``num_sm`` default, TE
+#: ``pytorch/module/base.py`` ``initialize_ub``)
+TE_COMM_SMS = 16
+#: SMs of an H100 SXM5 (NVIDIA H100 Tensor Core GPU Architecture whitepaper, 2022)
+H100_SMS = 132
+#: the overlapped GEMM's slowdown with ``set_sm_margin``: it runs on 132 − 16 SMs
+SM_MARGIN = TE_COMM_SMS / (H100_SMS - TE_COMM_SMS)
+#: chunks of the pipelined reduce-scatter (TE ``num_splits`` default for ``pipeline``)
+RS_SPLITS = 4
+
+
+def active(cfg) -> bool:
+    """Whether the stack's or plan's ``tp_comm_overlap`` applies to this plan: not ``off``,
+    TP > 1, sequence parallelism, 1-D without context parallelism, a dense model, not
+    ZeRO-3 (whose per-layer blocks keep the blocking collectives)."""
+    p = cfg.parallel
+    return (cfg.software.tp_comm_overlap != "off" and p.tp > 1 and p.sequence_parallel
+            and p.tp_mode == "1d" and p.cp == 1 and not cfg.model.num_local_experts
+            and p.zero_stage != 3)
+
+
+def _role(c: Collective, backward: bool, mode: str, tp: int) -> tuple[str, int] | None:
+    """(``pre``/``post``, chunks of which one is exposed; 0: none exposed), or None when the
+    collective stays blocking. ``post`` collectives are only the pipelined reduce-scatter
+    and the bulk ones, i.e. those whose method takes SMs (the SM margin applies)."""
+    name = c.name
+    if not backward or name.startswith("recompute."):
+        if c.op == "reduce_scatter":
+            return ("post", RS_SPLITS) if mode == "pipelined" else None
+        return ("pre", tp) if mode == "pipelined" else None
+    if name.endswith(".ag.input") or c.op == "reduce_scatter":
+        return "post", 0                       # bulk (both modes)
+    return ("pre", tp) if mode == "pipelined" else None
+
+
+def _margin_flops(b, backward: bool, gemm: Compute) -> float:
+    """FLOPs lost to the SM margin: 13.8 % of the GEMMs that ``pipeline``/``bulk`` overlap
+    (forward: the row-parallel ``proj``/``fc2``; backward: ``qkv``/``fc1`` dgrad + wgrad)."""
+    g = b.shape.layer_gemm_flops(b.b, b.s)
+    attn = "attn" in gemm.name
+    if backward:
+        f = 2 * ((g["q"] + g["kv"]) if attn else g["mlp"] * (1 - 1 / b.shape.mlp_matrices))
+    else:
+        f = g["proj"] if attn else g["mlp"] / b.shape.mlp_matrices
+    return SM_MARGIN * f / b.tp
+
+
+def _split(c: Collective, n: int) -> tuple[Collective | None, Collective]:
+    """(exposed chunk or None, overlapped rest) of ``c`` cut into ``n`` chunks (0: all rest)."""
+    if n == 0:
+        return None, c
+    return (Collective(f"{c.name}.chunk", c.op, c.group, c.bytes / n),
+            Collective(f"{c.name}.overlapped", c.op, c.group, c.bytes * (n - 1) / n))
+
+
+def layer_body(b, backward: bool, payloads: list) -> list[Op]:
+    """One layer's ops with the overlaps of ``b.cfg.software.tp_comm_overlap``."""
+    mode, tp = b.cfg.software.tp_comm_overlap, b.tp
+    items = list(payloads)
+    last_gemm = max(i for i, x in enumerate(items) if isinstance(x, Compute)
+                    and any(isinstance(y, Collective) for y in items[i + 1:]))
+    trailing = [x for x in items[last_gemm + 1:] if isinstance(x, Collective)
+                and (_role(x, backward, mode, tp) or ("",))[0] == "pre"]
+    items = trailing + [x for x in items if not any(x is t for t in trailing)]
+    # group: each compute op with the collectives after it (its "post" and the next's "pre")
+    ops: list[Op] = []
+    pending_pre: list[tuple[Collective, int]] = []
+    i = 0
+    while i < len(items):
+        x = items[i]
+        if isinstance(x, Collective):
+            role = _role(x, backward, mode, tp)
+            if role is None:
+                ops.append(Op(x))
+            else:
+                pending_pre.append((x, role[1]))   # only "pre" reach here (posts are taken)
+            i += 1
+            continue
+        j = i + 1
+        posts = []
+        while j < len(items) and isinstance(items[j], Collective):
+            role = _role(items[j], backward, mode, tp)
+            if role is None or role[0] != "post":
+                break
+            posts.append((items[j], role[1]))
+            j += 1
+        if not posts:   # the pending all-gathers feed the next GEMM that has its own
+            ops.append(Op(x))
+            i += 1
+            continue
+        rests = []
+        for c, n in pending_pre:
+            chunk, rest = _split(c, n)
+            if chunk is not None:
+                ops.append(Op(chunk))
+            rests.append(rest)
+        exposed_after = []
+        for c, n in posts:
+            chunk, rest = _split(c, n)
+            rests.append(rest)
+            if chunk is not None:
+                exposed_after.append(chunk)
+        anchor = next((k for k in range(len(ops) - 1, -1, -1) if ops[k].stream == "compute"),
+                      None)
+        deps = () if anchor is None else (anchor,)
+        ops += [Op(r, "tp", deps) for r in rests]
+        ops.append(Op(x))
+        fwd_type = not backward or x.name.startswith("recompute.")
+        ops.append(Op(Compute(f"{x.name}.tp_overlap.sm_margin",
+                              _margin_flops(b, not fwd_type, x), dtype=x.dtype)))
+        ops.append(Op(Wait(f"{x.name}.tp_overlap.wait", "tp")))
+        ops += [Op(c) for c in exposed_after]
+        pending_pre = []
+        i = j
+    ops += [Op(c) for c, _ in pending_pre]
+    return ops
+
+
+def overlapped_layers(b, backward: bool, count: int, payloads: list) -> Op:
+    """``count`` identical layers with the overlaps, as one :class:`Loop` (each layer's
+    ``tp`` stream drains before the next begins)."""
+    return Op(Loop("layers.bwd" if backward else "layers.fwd",
+                   tuple(layer_body(b, backward, payloads)), count))
