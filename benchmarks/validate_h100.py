@@ -1,6 +1,7 @@
 """Predicted vs published iteration time of NeMo 24.07's FP8 pre-training runs on DGX H100.
 
-Run:  python benchmarks/validate_h100.py [--engine analytical|des] [--markdown]
+Run:  python benchmarks/validate_h100.py [--engine analytical|des] [--markdown] [--write-docs]
+      [--des-rank-ops N]
 
 The published table (NVIDIA/NeMo docs/source/performance/performance_summary.md, NeMo 24.07,
 DGX-H100, FP8) and its provenance are in ``data/nemo_2407_h100_fp8.csv``; the model and run
@@ -26,12 +27,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from public_runs import DATA, padded_vocab, predict, print_notes, print_table, read_csv
+from public_runs import (DATA, add_arguments, limits_of, markdown_of, padded_vocab, predict,
+                         print_notes, print_table, read_csv, write_docs)
 
 TABLE = DATA / "nemo_2407_h100_fp8.csv"
 SETTINGS = DATA / "nemo_2407_h100_settings.csv"
 GPUS_PER_NODE = 8          # DGX H100: 8 GPUs per node
 STACK = "megatron-core-2024"
+#: Kernel switches the launcher configs set differently from model to model (settings CSV).
+KERNEL_SWITCHES = ("fused_cross_entropy", "fused_bias_gelu", "fused_bias_dropout_add")
 
 
 def rows() -> list[dict]:
@@ -86,7 +90,9 @@ def config(row: dict) -> dict:
         "parallel": parallel,
         "train": {"micro_batch_size": int(row["mbs"]), "global_batch_size": int(row["gbs"]),
                   "seq_length": int(row["seq"]), "dtype": "fp8", "recompute": row["recompute"]},
-        "system": {"preset": "dgx-h100", "nodes": gpus // GPUS_PER_NODE, "software": STACK},
+        "system": {"preset": "dgx-h100", "nodes": gpus // GPUS_PER_NODE,
+                   "software": {"stack": STACK, "kernels": {
+                       k: row[k] == "true" for k in KERNEL_SWITCHES}}},
     }
 
 
@@ -96,11 +102,12 @@ def published_time(row: dict) -> float:
     return gbs * seq / (tput * gpus)
 
 
-def evaluate(engine: str = "analytical", only: list[dict] | None = None) -> list[dict]:
+def evaluate(engine: str = "analytical", only: list[dict] | None = None,
+             limits=None) -> list[dict]:
     """One record per row: published and predicted iteration time, error, fit note."""
     out = []
     for row in rows() if only is None else only:
-        r, refused, skipped = predict(config(row), engine)
+        r, refused, skipped = predict(config(row), engine, limits)
         rec = {"row": row, "result": r, "refused": refused, "skipped": skipped,
                "published": published_time(row)}
         if r is not None:
@@ -132,7 +139,7 @@ def _print(out: list[dict], markdown: bool) -> None:
             cells += [f"{o['predicted']:.3f}{note}", f"{100 * o['error']:+.1f}%"]
         lines.append(cells)
     print_table(head, lines, markdown)
-    print_notes(out, _label)
+    print_notes(out, _label, markdown)
 
 
 def summary(out: list[dict], engine: str) -> str:
@@ -148,12 +155,14 @@ def summary(out: list[dict], engine: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--engine", default="analytical", choices=["analytical", "des"])
-    ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    add_arguments(ap)
     args = ap.parse_args(argv)
-    out = evaluate(args.engine)
+    out = evaluate(args.engine, limits=limits_of(args))
     _print(out, args.markdown)
     print("\n" + summary(out, args.engine))
+    if args.write_docs:
+        write_docs("validate_h100", markdown_of(lambda markdown: _print(out, markdown))
+                   + "\n\n" + summary(out, args.engine))
     return 0
 
 

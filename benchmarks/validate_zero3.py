@@ -1,6 +1,7 @@
 """ZeRO-3 against PTD-P (3-D parallelism): predicted vs published, and the ordering of each pair.
 
-Run:  python benchmarks/validate_zero3.py [--engine analytical|des] [--markdown]
+Run:  python benchmarks/validate_zero3.py [--engine analytical|des] [--markdown] [--write-docs]
+      [--des-rank-ops N]
 
 Narayanan et al. 2021 (SC'21, arXiv:2104.04473), Sec. 5.2 and Table 2, ran GPT-3 175B and the
 530B model on Selene (DGX A100) with ZeRO-3 and no model parallelism (DeepSpeed) and with PTD-P,
@@ -22,7 +23,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from public_runs import DATA, padded_vocab, predict, print_notes, print_table, read_csv
+from public_runs import (DATA, add_arguments, limits_of, markdown_of, padded_vocab, predict,
+                         print_notes, print_table, read_csv, write_docs)
 
 TABLE = DATA / "megatron_sc21_zero3.csv"
 SEQ = 2048                 # sc21 CONFIG.sh: --seq-length 2048
@@ -65,12 +67,13 @@ def paper_flops(row: dict) -> float:
     return 96.0 * B * SEQ * l * h * h * (1 + SEQ / (6 * h) + PAPER_VOCAB / (16 * l * h))
 
 
-def evaluate(engine: str = "analytical", only: list[dict] | None = None) -> list[dict]:
+def evaluate(engine: str = "analytical", only: list[dict] | None = None,
+             limits=None) -> list[dict]:
     """One record per row: published and predicted iteration time and TFLOP/s per GPU."""
     out = []
     for row in rows() if only is None else only:
         gpus = int(row["gpus"])
-        r, refused, skipped = predict(config(row), engine)
+        r, refused, skipped = predict(config(row), engine, limits)
         published = paper_flops(row) / (float(row["tflops_per_gpu"]) * 1e12 * gpus)
         rec = {"row": row, "result": r, "refused": refused, "skipped": skipped,
                "published": published}
@@ -135,7 +138,7 @@ def _print(out: list[dict], markdown: bool) -> None:
         lines.append([f"{z['row']['params_b']}B", f"{z['row']['gpus']} / {p['row']['gpus']}",
                       f"{o['published']:.2f}×", pred, same])
     print_table(head, lines, markdown)
-    print_notes(out, _label)
+    print_notes(out, _label, markdown)
 
 
 def summary(out: list[dict], engine: str) -> str:
@@ -154,12 +157,14 @@ def summary(out: list[dict], engine: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--engine", default="analytical", choices=["analytical", "des"])
-    ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    add_arguments(ap)
     args = ap.parse_args(argv)
-    out = evaluate(args.engine)
+    out = evaluate(args.engine, limits=limits_of(args))
     _print(out, args.markdown)
     print("\n" + summary(out, args.engine))
+    if args.write_docs:
+        write_docs("validate_zero3", markdown_of(lambda markdown: _print(out, markdown))
+                   + "\n\n" + summary(out, args.engine))
     return 0
 
 

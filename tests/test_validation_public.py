@@ -93,11 +93,14 @@ def test_h100_settings_map_onto_ddlsim():
     assert l70["model"]["num_key_value_heads"] == 8
     assert l70["parallel"]["schedule"] == "interleaved"
     assert l70["parallel"]["virtual_pipeline_model_parallel_size"] == 20
-    assert l70["system"] == {"preset": "dgx-h100", "nodes": 8, "software": "megatron-core-2024"}
+    assert l70["system"]["preset"] == "dgx-h100" and l70["system"]["nodes"] == 8
+    assert l70["system"]["software"]["stack"] == "megatron-core-2024"
+    assert l70["system"]["software"]["kernels"]["fused_cross_entropy"] is False  # not set
     l3 = vh.config(H100[("LLAMA3-8B", 8)])
     assert l3["parallel"]["context_parallel_size"] == 2
     assert l3["parallel"]["data_parallel_size"] == 4                     # 8 / (1·1·2)
     assert l3["model"]["vocab_size"] == 128256                           # already 1002·128
+    assert l3["system"]["software"]["kernels"]["fused_cross_entropy"] is True  # llama3_8b.yaml
     n340 = vh.config(H100[("Nemotron-340B", 128)])  # GQA: gated MLP of 2/3 · 73,728 = 49,152
     assert n340["model"]["architecture"] == "llama"
     assert n340["model"]["intermediate_size"] == 49152
