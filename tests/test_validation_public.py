@@ -67,8 +67,8 @@ def test_every_h100_row_is_a_whole_plan():
 def test_h100_throughput_columns_agree_under_nemos_flop_count():
     """The table's two throughput columns, divided, give NeMo's model FLOPs per token. By hand,
     for LLAMA2-7B: 780e12 / 16,934 = 46.06 GFLOP/token; 6·(32·(2·4096² + 2·4096²·32/32
-    + 3·4096·11008) + 32000·4096) + 12·32·4096·4096 = 46.08 GFLOP. The same count holds on every
-    row within 0.5 %, which ties each row's settings (layers, width, FFN, KV heads, vocabulary,
+    + 3·4096·11008) + 32000·4096) + 12·32·4096·4096 = 46.08 GFLOP. The same count holds on
+    every row within 0.5 %, which ties each row's settings (layers, width, FFN, KV heads, vocabulary,
     gated or not) to its published figures."""
     for (model, gpus), r in H100.items():
         l, h, f, a, g, V, s = (int(r[k]) for k in (
@@ -127,8 +127,8 @@ def test_zero3_table_is_consistent_with_its_training_days():
     row agrees within the rounding of the days (0.5) and of X (0.5 TFLOP/s)."""
     for r in ZERO3:
         X, days = float(r["tflops_per_gpu"]), float(r["days_300b"])
-        seconds = 300e9 / (int(r["batch"]) * vz.SEQ) * vz.paper_flops(r) / (X * 1e12 * int(r["gpus"]))
-        computed = seconds / 86400
+        iterations = 300e9 / (int(r["batch"]) * vz.SEQ)
+        computed = iterations * vz.paper_flops(r) / (X * 1e12 * int(r["gpus"])) / 86400
         assert abs(computed - days) <= 0.5 + computed * 0.5 / X, r
 
 
