@@ -68,8 +68,8 @@ def test_h100_throughput_columns_agree_under_nemos_flop_count():
     """The table's two throughput columns, divided, give NeMo's model FLOPs per token. By hand,
     for LLAMA2-7B: 780e12 / 16,934 = 46.06 GFLOP/token; 6·(32·(2·4096² + 2·4096²·32/32
     + 3·4096·11008) + 32000·4096) + 12·32·4096·4096 = 46.08 GFLOP. The same count holds on
-    every row within 0.5 %, which ties each row's settings (layers, width, FFN, KV heads, vocabulary,
-    gated or not) to its published figures."""
+    every row within 0.5 %, which ties each row's settings (layers, width, FFN, KV heads,
+    vocabulary, gated or not) to its published figures."""
     for (model, gpus), r in H100.items():
         l, h, f, a, g, V, s = (int(r[k]) for k in (
             "layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "seq"))
