@@ -93,7 +93,10 @@ def config(row: dict) -> dict:
         "train": {"micro_batch_size": int(row["micro_batch"]),
                   "global_batch_size": int(row["global_batch"]), "seq_length": SEQ,
                   "dtype": "fp16", "recompute": "full"},  # --fp16; uniform, 1 layer per checkpoint
-        "system": {"preset": "dgx-a100", "nodes": int(row["nodes"])},
+        # the 2021 runs used Megatron-LM of 2021: fused softmax (no FlashAttention), apex
+        # fused LayerNorm/Adam, no gradient-accumulation fusion (ddlsim/data/software.yaml)
+        "system": {"preset": "dgx-a100", "nodes": int(row["nodes"]),
+                   "software": "megatron-lm-2021"},
     }
 
 

@@ -22,8 +22,11 @@ import numpy as np
 
 from ..config import DTYPE_BYTES
 from ..errors import ConfigError
-from ..workloads.decoder.builder import ADAM_BYTES_PER_PARAM
+from ..simulator.kernels import kernel_device, optimizer_bytes_per_param
+from ..simulator.kernels.elementwise import loss_bytes
+from ..workloads.decoder.layerkernels import activation_kinds, compute_dtype
 from .family import StageCosts, register_vector_family, roofline
+from .kerneltimes import kernel_times
 from .netcost import collective_seconds, mesh_networks
 from .plans import RECOMPUTE, SCHEDULE
 from .pipeline import earlier_chunks, flow_shop_tail
@@ -37,11 +40,8 @@ class _Context:
     shape: object
     s: int
     dt: int
-    peak: float
-    peak_fp32: float
-    eff: float
-    mem_bw: float
-    per_param: int
+    dev: object          # the kernel model's device (ddlsim.simulator.kernels.KernelDevice)
+    per_param: float
     capacity: float
 
 
@@ -59,14 +59,11 @@ class DecoderVectors:
             raise ConfigError(f"parallel.dp_strategy = {cfg.parallel.dp_strategy!r}: the "
                               "vectorised search tier covers dp_strategy 'ddp' (with ZeRO "
                               "0-3) only; use ddlsim sweep for the others")
-        dev, t = cfg.system.device, cfg.train
-        peak = dev.peak_flops
-        return _Context(cfg, shape, t.seq_length, DTYPE_BYTES[t.dtype],
-                        peak.get(t.dtype) or max(peak.values()),
-                        peak.get("fp32") or max(peak.values()), cfg.system.compute_efficiency,
-                        dev.memory_bandwidth_Bps,
-                        ADAM_BYTES_PER_PARAM if t.optimizer == "adam" else 2 * 4 + 2 + 2,
-                        dev.memory_bytes)
+        t, sw = cfg.train, cfg.software
+        return _Context(cfg, shape, t.seq_length, DTYPE_BYTES[compute_dtype(t.dtype)],
+                        kernel_device(cfg.system),
+                        optimizer_bytes_per_param(t.optimizer, sw.fused_optimizer),
+                        cfg.system.device.memory_bytes)
 
     def rules(self, ctx: _Context, plans) -> list[tuple[str, np.ndarray]]:
         mp = ctx.shape.max_positions
@@ -96,34 +93,25 @@ class DecoderVectors:
         memo: dict = {}
         done: dict = {}
 
-        def gemm(flops):
-            return roofline(flops, 0.0, ctx.peak, ctx.eff, ctx.mem_bw)
-
         def mem(nbytes):
-            return roofline(0.0, nbytes, ctx.peak, ctx.eff, ctx.mem_bw, gemm=False)
+            return np.asarray(nbytes, dtype=float) / ctx.dev.memory_Bps
 
-        g = sh.layer_gemm_flops(1, s)
-        attn = ((g["q"] + g["kv"]) + g["attn_core"] + g["proj"]) * b
-        mlp = g["mlp"] * b
+        k = kernel_times(ctx, plans["mbs"], plans["tp"], sp)
         act = b * s * sh.hidden * dt
         multi = t > 1
         tp_comm = np.where(sp, coll("reduce_scatter", "tp", act) + coll("all_gather", "tp", act),
                            coll("all_reduce", "tp", act)) * multi
-        ew = np.where(sp, sh.layer_elementwise_bytes(b, s, t, True, dt),
-                      sh.layer_elementwise_bytes(b, s, t, False, dt))
-        fwd = gemm(attn / t) + tp_comm + gemm(mlp / t) + tp_comm + mem(ew)
-        passes = 3 if sh.dropout else 2
-        selective = roofline(g["attn_core"] * b / t, passes * 2 * b * sh.heads * s * s / t * dt,
-                             ctx.peak, ctx.eff, ctx.mem_bw)
+        fwd = k["attn"] + tp_comm + k["mlp"] + tp_comm + k["ew"]
         redo = np.select([rec == RECOMPUTE.index("full"), rec == RECOMPUTE.index("selective")],
-                         [fwd, selective], 0.0)
-        bwd = (redo + gemm(2 * mlp / t) + tp_comm + gemm(2 * attn / t) + tp_comm + mem(2 * ew)
-               + mem(sh.layer_params / t * (2 * dt + 2 * 4)))
+                         [fwd, k["recompute"]], 0.0)
+        acc = 0.0 if ctx.cfg.software.gradient_accumulation_fusion else 2 * dt + 2 * 4
+        bwd = (redo + k["bwd.mlp"] + tp_comm + k["bwd.attn"] + tp_comm + k["bwd.ew"]
+               + mem(sh.layer_params / t * acc))
         emb = mem(2 * act) + coll("all_reduce", "tp", act) * multi
-        head_f = (gemm(sh.logits_forward_flops(1, s) * b / t) + mem(3 * 4 * b * s * sh.vocab / t)
+        head_f = (k["logits"] + mem(loss_bytes(b * s, sh.vocab / t, dt,
+                                               ctx.cfg.software.fused_cross_entropy))
                   + coll("all_reduce", "tp", 4.0 * b * s) * multi)
-        head_b = (gemm(2 * sh.logits_forward_flops(1, s) * b / t)
-                  + mem(sh.vocab * sh.hidden / t * (2 * dt + 2 * 4)))
+        head_b = k["bwd.logits"] + mem(sh.vocab * sh.hidden / t * acc)
         gather = coll("all_gather", "tp", act) * (multi & ~sp)
         lc = sh.layers // (pp * v)
         F, B = v * lc * fwd, v * lc * bwd
@@ -157,8 +145,8 @@ class DecoderVectors:
         return n + head + np.where(pp == 1, vh + pos, 0.0)
 
     def _optimizer(self, ctx: _Context, n_params) -> np.ndarray:
-        return roofline(10.0 * n_params, ctx.per_param * n_params, ctx.peak_fp32, ctx.eff,
-                        ctx.mem_bw, gemm=False)
+        return roofline(10.0 * n_params, ctx.per_param * n_params, ctx.dev.peak_flops("fp32"),
+                        1.0, ctx.dev.memory_Bps, gemm=False)
 
     def _update(self, ctx: _Context, plans, params, bwd_layer, coll):
         """(update block, data-parallel tail) of a stage holding ``params`` per rank."""
@@ -226,6 +214,7 @@ class DecoderVectors:
         b, t = plans["mbs"].astype(float), plans["tp"].astype(float)
         pp, v, dp, zero = plans["pp"], plans["v"], np.maximum(plans["dp"], 1), plans["zero"]
         sp, rec = plans["sp"].astype(bool), plans["recompute"]
+        kinds = activation_kinds(ctx.cfg)
         params = self.stage_params(ctx, plans, first)
         mixed = ctx.dt < 4
         k = (12 if mixed else 8) if t_cfg.optimizer == "adam" else (8 if mixed else 4)
@@ -237,10 +226,11 @@ class DecoderVectors:
             for code, name in enumerate(RECOMPUTE):
                 here = (sp == spv) & (rec == code)
                 if here.any():
-                    per_layer = np.where(here, sh.layer_activation_bytes(b, s, t, spv, name),
+                    per_layer = np.where(here, sh.layer_activation_bytes(b, s, t, spv, name,
+                                                                         **kinds),
                                          per_layer)
-        full = np.where(sp, sh.layer_activation_bytes(b, s, t, True, "none"),
-                        sh.layer_activation_bytes(b, s, t, False, "none"))
+        full = np.where(sp, sh.layer_activation_bytes(b, s, t, True, "none", **kinds),
+                        sh.layer_activation_bytes(b, s, t, False, "none", **kinds))
         m = plans["gbs"] // np.maximum(plans["mbs"] * dp, 1)
         chunks = inflight(plans["schedule"], np.where(first, 0, pp - 1), pp, m, v)
         acts = per_layer * (sh.layers // (pp * v)) * chunks
