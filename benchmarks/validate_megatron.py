@@ -7,7 +7,8 @@ Every setting of every row is the one the paper's own launch script used
 sources and the ``megatron/arguments.py`` defaults it leaves alone); they and their sources are
 in ``data/megatron_sc21_table1.csv``. The published figures are in
 ``data/megatron_table1.csv``. No per-row factors and nothing tuned: the prediction is ddlsim's
-model as it stands, on the ``dgx-a100`` preset.
+model as it stands, on the ``dgx-a100`` preset with the ``megatron-lm-2021`` software stack
+(the kernels those runs used; docs/compute.md).
 
 Both published and predicted TFLOP/s use the paper's FLOP count, eq. (3) with V = 51,200,
 divided by the iteration time, so the error is exactly the error in iteration time. A row that
