@@ -6,7 +6,6 @@ Device: the dgx-a100 preset, i.e. A100-SXM4: 312 TFLOP/s bf16 peak, 108 SMs, mat
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 

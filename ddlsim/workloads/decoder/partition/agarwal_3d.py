@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...trace import Collective, Compute, Wait
+from ...trace import Collective, Wait
 from . import register_partitioner
 from .base import LayerPartitioner, OpList
 from .grid import grid_families
