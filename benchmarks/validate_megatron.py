@@ -7,7 +7,8 @@ Every setting of every row is the one the paper's own launch script used
 sources and the ``megatron/arguments.py`` defaults it leaves alone); they and their sources are
 in ``data/megatron_sc21_table1.csv``. The published figures are in
 ``data/megatron_table1.csv``. No per-row factors and nothing tuned: the prediction is ddlsim's
-model as it stands, on the ``dgx-a100`` preset.
+model as it stands, on the ``dgx-a100`` preset with the ``megatron-lm-2021`` software stack
+(the kernels those runs used; docs/compute.md).
 
 Both published and predicted TFLOP/s use the paper's FLOP count, eq. (3) with V = 51,200,
 divided by the iteration time, so the error is exactly the error in iteration time. A row that
@@ -93,7 +94,10 @@ def config(row: dict) -> dict:
         "train": {"micro_batch_size": int(row["micro_batch"]),
                   "global_batch_size": int(row["global_batch"]), "seq_length": SEQ,
                   "dtype": "fp16", "recompute": "full"},  # --fp16; uniform, 1 layer per checkpoint
-        "system": {"preset": "dgx-a100", "nodes": int(row["nodes"])},
+        # the 2021 runs used Megatron-LM of 2021: fused softmax (no FlashAttention), apex
+        # fused LayerNorm/Adam, no gradient-accumulation fusion (ddlsim/data/software.yaml)
+        "system": {"preset": "dgx-a100", "nodes": int(row["nodes"]),
+                   "software": "megatron-lm-2021"},
     }
 
 

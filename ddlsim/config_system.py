@@ -29,15 +29,27 @@ class DeviceSpec(_Strict):
     peak_flops: dict[str, Flops] = Field(description="dtype → dense peak FLOP/s")
     memory_bytes: Bytes
     memory_bandwidth_Bps: Bandwidth
+    #: facts of the kernel-level compute model (docs/compute.md); each optional: a device
+    #: without them is timed by the plain roofline at its matmul ceiling
+    sm_count: count_type("sm_count") | None = Field(
+        default=None, description="streaming multiprocessors (GEMM wave quantisation)")
+    matmul_efficiency: dict[str, Annotated[float, Field(gt=0, le=1)]] | None = Field(
+        default=None, description="dtype -> maximum achievable matmul FLOP/s / peak (MAMF)")
+    memory_efficiency: Annotated[float, Field(gt=0, le=1)] | None = Field(
+        default=None, description="achieved / peak memory bandwidth of streaming kernels")
+    attention_efficiency: dict[Literal["flash2", "flash3"],
+                               Annotated[float, Field(gt=0, le=1)]] | None = Field(
+        default=None, description="FlashAttention kernel -> achieved / peak FLOP/s")
     source: str | None = None
 
     @model_validator(mode="after")
     def _check(self) -> "DeviceSpec":
-        bad = [k for k in self.peak_flops if k not in DTYPE_BYTES]
-        if bad:
-            raise ValueError(f"peak_flops has unknown dtype {bad[0]!r}"
-                             f"{did_you_mean(bad[0], DTYPE_BYTES)}; allowed: "
-                             f"{', '.join(DTYPE_BYTES)}")
+        for field in ("peak_flops", "matmul_efficiency"):
+            bad = [k for k in getattr(self, field) or {} if k not in DTYPE_BYTES]
+            if bad:
+                raise ValueError(f"{field} has unknown dtype {bad[0]!r}"
+                                 f"{did_you_mean(bad[0], DTYPE_BYTES)}; allowed: "
+                                 f"{', '.join(DTYPE_BYTES)}")
         return self
 
 
@@ -130,8 +142,9 @@ class SystemConfig(_Strict):
     nics_per_node: count_type("nics_per_node") = 1
     nic: LinkSpec
     network: NetworkSpec = Field(default_factory=NetworkSpec)  # built on use: topologies import config
-    compute_efficiency: Real = Field(default=0.75, gt=0, le=1,
-                                      description="achieved / peak FLOP/s of large GEMMs")
+    compute_efficiency: Annotated[float, Field(gt=0, le=1)] | None = Field(
+        default=None, description="override of the device's matmul ceiling (achieved / peak "
+        "FLOP/s of large GEMMs, device.matmul_efficiency); unset: the device's MAMF figure")
     placement: registered(placements) | list[DeviceId] = "consecutive"
     collectives: CollectivesSpec = Field(default_factory=CollectivesSpec)
     software: str | SoftwareSpec = Field(

@@ -68,6 +68,7 @@ BOUNDS: dict[str, Bound] = {
     "devices_per_node": Bound(
         None, 4096, "more than 4,096 devices in one node (NVL72 holds 72, NVL576 576)"),
     "nics_per_node": Bound(None, 4096, "more than 4,096 NICs in one node (DGX nodes have 8-10)"),
+    "sm_count": Bound(None, 100_000, "more than 100,000 SMs on one device (an H100 has 132)"),
     "microbatches": Bound(
         None, 1e6, "more than 10^6 micro-batches per iteration (Megatron-LM's largest runs use "
         "a few hundred to a few thousand)"),

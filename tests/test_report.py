@@ -51,7 +51,7 @@ def test_links_table_rows_are_groups_with_utilisation():
     text = _text(lambda c: c.print(links_table(r, 3)))
     rows = [ln for ln in text.splitlines() if "×" in ln]
     assert len(rows) == 3 and len(set(rows)) == 3          # no identical rows
-    assert "PCIe, in node" in text and "86.9%" in text     # 949 MiB / (1.25 GB/s · 917 ms)
+    assert "PCIe, in node" in text and "87.6%" in text     # 949 MiB / (1.25 GB/s · 909 ms)
     assert "GB/s" in text and "MiB" in text and "ms" in text
 
 
@@ -71,7 +71,7 @@ def test_not_fitting_result_is_marked(tmp_path):
 def test_report_numbers_use_the_formatter():
     cfg = ddlsim.load_config(WIKI)
     text = _text(lambda c: render_results(c, cfg, [ddlsim.predict(cfg)]))
-    assert "917 ms" in text and "2.91%" in text and "209 GFLOP/s" in text
+    assert "909 ms" in text and "2.94%" in text and "211 GFLOP/s" in text
     assert "0.0%" not in text and "-0.0" not in text
 
 

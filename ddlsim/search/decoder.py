@@ -25,7 +25,11 @@ from ..errors import ConfigError
 from ..workloads.decoder import tp_overlap as tpo
 from ..workloads.decoder.builder import ADAM_BYTES_PER_PARAM
 from ..workloads.decoder.zero3 import gathered_layers
+from ..simulator.kernels import kernel_device, optimizer_bytes_per_param
+from ..simulator.kernels.elementwise import loss_bytes
+from ..workloads.decoder.layerkernels import activation_kinds, compute_dtype
 from .family import StageCosts, register_vector_family, roofline
+from .kerneltimes import kernel_times
 from .netcost import collective_seconds, mesh_networks
 from .plans import RECOMPUTE, SCHEDULE
 from .pipeline import earlier_chunks, flow_shop_tail
@@ -40,11 +44,8 @@ class _Context:
     shape: object
     s: int
     dt: int
-    peak: float
-    peak_fp32: float
-    eff: float
-    mem_bw: float
-    per_param: int
+    dev: object          # the kernel model's device (ddlsim.simulator.kernels.KernelDevice)
+    per_param: float
     capacity: float
 
 
@@ -62,14 +63,11 @@ class DecoderVectors:
             raise ConfigError(f"parallel.dp_strategy = {cfg.parallel.dp_strategy!r}: the "
                               "vectorised search tier covers dp_strategy 'ddp' (with ZeRO "
                               "0-3) only; use ddlsim sweep for the others")
-        dev, t = cfg.system.device, cfg.train
-        peak = dev.peak_flops
-        return _Context(cfg, shape, t.seq_length, DTYPE_BYTES[t.dtype],
-                        peak.get(t.dtype) or max(peak.values()),
-                        peak.get("fp32") or max(peak.values()), cfg.system.compute_efficiency,
-                        dev.memory_bandwidth_Bps,
-                        ADAM_BYTES_PER_PARAM if t.optimizer == "adam" else 2 * 4 + 2 + 2,
-                        dev.memory_bytes)
+        t, sw = cfg.train, cfg.software
+        return _Context(cfg, shape, t.seq_length, DTYPE_BYTES[compute_dtype(t.dtype)],
+                        kernel_device(cfg.system),
+                        optimizer_bytes_per_param(t.optimizer, sw.fused_optimizer),
+                        cfg.system.device.memory_bytes)
 
     def rules(self, ctx: _Context, plans) -> list[tuple[str, np.ndarray]]:
         mp = ctx.shape.max_positions
@@ -99,39 +97,29 @@ class DecoderVectors:
         memo: dict = {}
         done: dict = {}
 
-        def gemm(flops):
-            return roofline(flops, 0.0, ctx.peak, ctx.eff, ctx.mem_bw)
-
         def mem(nbytes):
-            return roofline(0.0, nbytes, ctx.peak, ctx.eff, ctx.mem_bw, gemm=False)
+            return np.asarray(nbytes, dtype=float) / ctx.dev.memory_Bps
 
-        g = sh.layer_gemm_flops(1, s)
-        attn = ((g["q"] + g["kv"]) + g["attn_core"] + g["proj"]) * b
-        mlp = g["mlp"] * b
+        k = kernel_times(ctx, plans["mbs"], plans["tp"], sp)
         act = b * s * sh.hidden * dt
         multi = t > 1
         tp_comm = np.where(sp, coll("reduce_scatter", "tp", act) + coll("all_gather", "tp", act),
                            coll("all_reduce", "tp", act)) * multi
-        ew = np.where(sp, sh.layer_elementwise_bytes(b, s, t, True, dt),
-                      sh.layer_elementwise_bytes(b, s, t, False, dt))
-        fwd = gemm(attn / t) + tp_comm + gemm(mlp / t) + tp_comm + mem(ew)
-        passes = 3 if sh.dropout else 2
-        selective = roofline(g["attn_core"] * b / t, passes * 2 * b * sh.heads * s * s / t * dt,
-                             ctx.peak, ctx.eff, ctx.mem_bw)
+        fwd = k["attn"] + tp_comm + k["mlp"] + tp_comm + k["ew"]
         redo = np.select([rec == RECOMPUTE.index("full"), rec == RECOMPUTE.index("selective")],
-                         [fwd, selective], 0.0)
+                         [fwd, k["recompute"]], 0.0)
+        acc = 0.0 if ctx.cfg.software.gradient_accumulation_fusion else 2 * dt + 2 * 4
         # SP: the backward re-gathers each block's sequence-sharded input (Korthikanti §4.2.2)
         tp_bwd = tp_comm + np.where(sp, coll("all_gather", "tp", act), 0.0) * multi
-        bwd = (redo + gemm(2 * mlp / t) + tp_bwd + gemm(2 * attn / t) + tp_bwd + mem(2 * ew)
-               + mem(sh.layer_params / t * (2 * dt + 2 * 4)))
+        bwd = (redo + k["bwd.mlp"] + tp_bwd + k["bwd.attn"] + tp_bwd + k["bwd.ew"]
+               + mem(sh.layer_params / t * acc))
         if ctx.cfg.software.tp_comm_overlap != "off":
-            fwd, bwd = self._tp_overlap(ctx, plans, (gemm, mem, coll), (attn, mlp, ew),
-                                        (fwd, bwd, selective), g)
+            fwd, bwd = self._tp_overlap(ctx, plans, (coll, mem), k, (fwd, bwd, acc), g)
         emb = mem(2 * act) + coll("all_reduce", "tp", act) * multi
-        head_f = (gemm(sh.logits_forward_flops(1, s) * b / t) + mem(3 * 4 * b * s * sh.vocab / t)
+        head_f = (k["logits"] + mem(loss_bytes(b * s, sh.vocab / t, dt,
+                                               ctx.cfg.software.fused_cross_entropy))
                   + coll("all_reduce", "tp", 4.0 * b * s) * multi)
-        head_b = (gemm(2 * sh.logits_forward_flops(1, s) * b / t)
-                  + mem(sh.vocab * sh.hidden / t * (2 * dt + 2 * 4)))
+        head_b = k["bwd.logits"] + mem(sh.vocab * sh.hidden / t * acc)
         gather = coll("all_gather", "tp", act) * (multi & ~sp)
         lc = sh.layers // (pp * v)
         F, B = v * lc * fwd, v * lc * bwd
@@ -157,20 +145,27 @@ class DecoderVectors:
         return StageCosts(fwd_first, fwd_mid, fwd_last, bwd_first, bwd_mid, bwd_last,
                           lc * bwd + gather, p2p, wrap, tail_f, tail_l, upd_f, upd_l, whole)
 
-    def _tp_overlap(self, ctx: _Context, plans, fns, flops, plain, g):
+    def _tp_overlap(self, ctx: _Context, plans, fns, k, plain, g):
         """A layer's forward and backward under ``tp_comm_overlap`` where it applies (TP > 1
-        with SP), as :mod:`ddlsim.workloads.decoder.tp_overlap` builds them: per GEMM,
-        ``exposed chunks + max(GEMM + SM margin, overlapped rest)``."""
-        gemm, mem, coll = fns
-        attn, mlp, ew = flops
-        fwd, bwd, selective = plain
+        with SP), as :mod:`ddlsim.workloads.decoder.tp_overlap` builds them: per GEMM op,
+        ``exposed chunks + max(GEMM op + SM margin, overlapped rest)``; ``k`` the layer's
+        kernel times (:func:`.kerneltimes.kernel_times`), the margins flops-only ops at the
+        device's matmul ceiling as the trace times them."""
+        coll, mem = fns
+        fwd, bwd, acc = plain
         sh, s, dt = ctx.shape, ctx.s, ctx.dt
         b, t = plans["mbs"].astype(float), plans["tp"].astype(float)
         on = (t > 1) & plans["sp"].astype(bool) & (plans["zero"] != 3)
         act = b * s * sh.hidden * dt
         ag, rs = coll("all_gather", "tp", act), coll("reduce_scatter", "tp", act)
         mm = sh.mlp_matrices
-        margin = {k: gemm(tpo.SM_MARGIN * f * b / t) for k, f in (
+        dtype = compute_dtype(ctx.cfg.train.dtype)
+        peak, eff = ctx.dev.peak_flops(dtype), ctx.dev.ceiling(dtype)
+
+        def gemm(flops):
+            return roofline(flops, 0.0, peak, eff, ctx.dev.memory_Bps)
+
+        margin = {key: gemm(tpo.SM_MARGIN * f * b / t) for key, f in (
             ("fa", g["proj"]), ("fm", g["mlp"] / mm), ("ba", 2 * (g["q"] + g["kv"])),
             ("bm", 2 * g["mlp"] * (1 - 1 / mm)))}
         if ctx.cfg.software.tp_comm_overlap == "pipelined":
@@ -178,18 +173,18 @@ class DecoderVectors:
             ring_r = coll("all_gather", "tp", act * (t - 1) / t)
             rs_x = coll("reduce_scatter", "tp", act / tpo.RS_SPLITS)
             rs_r = coll("reduce_scatter", "tp", act * (tpo.RS_SPLITS - 1) / tpo.RS_SPLITS)
-            f_o = (ring_x + np.maximum(gemm(attn / t) + margin["fa"], ring_r + rs_r) + rs_x
-                   + ring_x + np.maximum(gemm(mlp / t) + margin["fm"], ring_r + rs_r) + rs_x
-                   + mem(ew))
+            f_o = (ring_x + np.maximum(k["attn"] + margin["fa"], ring_r + rs_r) + rs_x
+                   + ring_x + np.maximum(k["mlp"] + margin["fm"], ring_r + rs_r) + rs_x
+                   + k["ew"])
             pre, pre_rest = ring_x, ring_r
         else:
             f_o, pre, pre_rest = fwd, ag, 0.0
         rec = plans["recompute"]
         redo = np.select([rec == RECOMPUTE.index("full"), rec == RECOMPUTE.index("selective")],
-                         [f_o, selective], 0.0)
-        b_o = (redo + pre + np.maximum(gemm(2 * mlp / t) + margin["bm"], pre_rest + ag + rs)
-               + pre + np.maximum(gemm(2 * attn / t) + margin["ba"], pre_rest + ag + rs)
-               + mem(2 * ew) + mem(sh.layer_params / t * (2 * dt + 2 * 4)))
+                         [f_o, k["recompute"]], 0.0)
+        b_o = (redo + pre + np.maximum(k["bwd.mlp"] + margin["bm"], pre_rest + ag + rs)
+               + pre + np.maximum(k["bwd.attn"] + margin["ba"], pre_rest + ag + rs)
+               + k["bwd.ew"] + mem(sh.layer_params / t * acc))
         return np.where(on, f_o, fwd), np.where(on, b_o, bwd)
 
     def stage_params(self, ctx: _Context, plans, first: bool) -> np.ndarray:
@@ -215,8 +210,8 @@ class DecoderVectors:
         return exposed, np.where(on, param_bytes - exposed, 0.0)
 
     def _optimizer(self, ctx: _Context, n_params) -> np.ndarray:
-        return roofline(10.0 * n_params, ctx.per_param * n_params, ctx.peak_fp32, ctx.eff,
-                        ctx.mem_bw, gemm=False)
+        return roofline(10.0 * n_params, ctx.per_param * n_params, ctx.dev.peak_flops("fp32"),
+                        1.0, ctx.dev.memory_Bps, gemm=False)
 
     def _update(self, ctx: _Context, plans, params, bwd_layer, coll):
         """(update block, data-parallel tail) of a stage holding ``params`` per rank."""
@@ -279,6 +274,7 @@ class DecoderVectors:
         b, t = plans["mbs"].astype(float), plans["tp"].astype(float)
         pp, v, dp, zero = plans["pp"], plans["v"], np.maximum(plans["dp"], 1), plans["zero"]
         sp, rec = plans["sp"].astype(bool), plans["recompute"]
+        kinds = activation_kinds(ctx.cfg)
         params = self.stage_params(ctx, plans, first)
         mixed = ctx.dt < 4
         k = (12 if mixed else 8) if t_cfg.optimizer == "adam" else (8 if mixed else 4)
@@ -290,10 +286,11 @@ class DecoderVectors:
             for code, name in enumerate(RECOMPUTE):
                 here = (sp == spv) & (rec == code)
                 if here.any():
-                    per_layer = np.where(here, sh.layer_activation_bytes(b, s, t, spv, name),
+                    per_layer = np.where(here, sh.layer_activation_bytes(b, s, t, spv, name,
+                                                                         **kinds),
                                          per_layer)
-        full = np.where(sp, sh.layer_activation_bytes(b, s, t, True, "none"),
-                        sh.layer_activation_bytes(b, s, t, False, "none"))
+        full = np.where(sp, sh.layer_activation_bytes(b, s, t, True, "none", **kinds),
+                        sh.layer_activation_bytes(b, s, t, False, "none", **kinds))
         m = plans["gbs"] // np.maximum(plans["mbs"] * dp, 1)
         chunks = inflight(plans["schedule"], np.where(first, 0, pp - 1), pp, m, v)
         acts = per_layer * (sh.layers // (pp * v)) * chunks

@@ -2,8 +2,10 @@
 system's collective backend, NCCL's tuning model or α-β, on the links each group family
 crosses, measured on the topology graph: :mod:`.netmodel`) and point-to-point transfers.
 
-Compute: ``max(FLOPs / (peak[dtype] · η), bytes / memory bandwidth)`` with η the system's GEMM
-efficiency (or the calibration profile's efficiency curve); element-wise ops are bytes only.
+Compute: the kernel-level model of :mod:`.kernels` (docs/compute.md): an op made of kernels
+(GEMM shapes, attention, memory passes) takes the sum of their times; an op given as FLOPs and
+bytes only takes ``max(FLOPs / (peak[dtype] · η_max), bytes / achieved memory bandwidth)``. A
+calibration profile's measured efficiency curve replaces the GEMM shape model where it has one.
 """
 
 from __future__ import annotations
@@ -110,10 +112,11 @@ class CostModel:
         self._coll = lru_cache(maxsize=None)(self._choice_uncached)
         #: (backend, op, scope) -> sizes asked outside the profile's measured range
         self.out_of_range: dict[tuple[str, str, str], dict] = {}
-        dev = system.device
-        self._eff = system.compute_efficiency
-        self._peak = dict(dev.peak_flops)
-        self._mem_bw = dev.memory_bandwidth_Bps
+        from .kernels import kernel_device
+        self._dev = kernel_device(system)
+        self._peak = self._dev.peak
+        self._measured = self._profile_efficiency if (
+            profile is not None and profile.has_compute) else None
 
     # ------------------------------------------------------------------ networks
     def _group_net(self, fam: GroupFamily) -> GroupNet:
@@ -138,20 +141,20 @@ class CostModel:
 
     # ------------------------------------------------------------------ op costs
     def compute(self, op: Compute) -> float:
+        """Seconds of one compute op (:func:`.kernels.op_time`; ``op.seconds`` as given)."""
         if op.seconds is not None:  # a given duration (proxy sleep, measured kernel)
             return op.seconds
-        peak = self._peak.get(op.dtype) or max(self._peak.values())
-        t_mem = op.bytes / self._mem_bw
-        if op.kind in ("elementwise", "optimizer"):
-            return max(t_mem, op.flops / peak)
-        eff = self._eff
-        if self.profile is not None and self.profile.has_compute:
-            from ..calibration.schema import CalibrationError
-            try:
-                eff = self.profile.compute_efficiency(op.flops, op.dtype)
-            except CalibrationError:  # dtype not calibrated: keep the system's efficiency
-                pass
-        return max(op.flops / (peak * eff), t_mem)
+        from .kernels import op_time
+        return op_time(op, self._dev, self._measured)
+
+    def _profile_efficiency(self, flops: float, dtype: str) -> float | None:
+        """The calibration profile's GEMM efficiency at ``flops``, None for an uncalibrated
+        dtype (the kernel model's is kept)."""
+        from ..calibration.schema import CalibrationError
+        try:
+            return self.profile.compute_efficiency(flops, dtype)
+        except CalibrationError:
+            return None
 
     def collective(self, op: Collective) -> float:
         """Seconds for one issue of ``op`` (0 on a group of one rank)."""

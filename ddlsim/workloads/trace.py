@@ -35,7 +35,7 @@ import numpy as np
 
 from .steps import Step, StepTable
 
-__all__ = ["Compute", "Collective", "P2P", "Wait", "Loop", "Op", "Block", "Step", "StepTable", "Program",
+__all__ = ["Compute", "Kernel", "Collective", "P2P", "Wait", "Loop", "Op", "Block", "Step", "StepTable", "Program",
            "GroupFamily", "RankClass", "Workload", "WorkloadMeta", "CollectiveOp", "GroupKind",
            "Phase"]
 
@@ -46,6 +46,29 @@ Phase = Literal["forward", "backward", "optimizer", "sync", "other"]
 
 
 @dataclass(frozen=True, slots=True)
+class Kernel:
+    """One device kernel of a :class:`Compute` op, for the kernel-level compute model
+    (:mod:`ddlsim.simulator.kernels`, docs/compute.md).
+
+    ``kind``: ``gemm`` (``batch`` independent ``C[M,N] = A[M,K]·B[K,N]`` in one launch,
+    ``shape = (M, N, K)``), ``flash`` (a FlashAttention kernel ``variant`` doing ``flops``
+    and moving ``bytes``) or ``memory`` (a streaming kernel reading + writing ``bytes``).
+    """
+
+    kind: Literal["gemm", "flash", "memory"]
+    shape: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    batch: float = 1.0
+    flops: float = 0.0
+    bytes: float = 0.0
+    dtype: str = "bf16"
+    variant: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("gemm", "flash", "memory"):
+            raise ValueError(f"kernel kind must be gemm, flash or memory, not {self.kind!r}")
+
+
+@dataclass(frozen=True, slots=True)
 class Compute:
     """Work on the device: ``flops`` floating-point operations reading/writing ``bytes``.
 
@@ -53,7 +76,10 @@ class Compute:
     ``optimizer``. ``dtype`` is the arithmetic precision (a key of the device's peak_flops).
     ``seconds``, when set, is the op's duration as given (a proxy's ``usleep``, a measured
     kernel): engines use it as is and the cost model is not consulted; ``flops`` still counts
-    towards the achieved FLOP/s.
+    towards the achieved FLOP/s. ``kernels``, when set, are the device kernels the op runs
+    (GEMM shapes, attention, memory passes): the cost model times the op as the sum of its
+    kernels (docs/compute.md) and ``flops``/``bytes`` only count; families that give flops and
+    bytes alone keep the roofline at the device's matmul ceiling.
     """
 
     name: str
@@ -62,6 +88,7 @@ class Compute:
     kind: str = "gemm"
     dtype: str = "bf16"
     seconds: float | None = None
+    kernels: tuple[Kernel, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.seconds is not None and not (math.isfinite(self.seconds) and self.seconds >= 0):

@@ -58,8 +58,9 @@ def test_toy_family_predicts_with_both_engines(toy):
     # model FLOPs: 3 × global batch × layers × 2·width² (no recomputation)
     assert a.model_flops == 3 * 128 * 8 * 2.0 * 4096 ** 2
     # each rank runs 128 / 4 samples, forward + backward: 3 × 32 × 8 × 2·width² FLOPs of GEMM
-    # at peak × efficiency, at the least
-    peak = cfg.system.device.peak_flops["bf16"] * cfg.system.compute_efficiency
+    # at peak × the device's matmul ceiling (ops with FLOPs only: the roofline), at the least
+    from ddlsim.simulator.kernels import kernel_device
+    peak = cfg.system.device.peak_flops["bf16"] * kernel_device(cfg.system).ceiling("bf16")
     assert a.breakdown.compute_s >= 3 * 32 * 8 * 2.0 * 4096 ** 2 / peak * (1 - 1e-9)
     # one all-reduce of bf16 gradients per iteration (nccl-tests size)
     assert a.comm_bytes["dp"] == pytest.approx(2 * params)

@@ -13,9 +13,12 @@ from functools import cached_property
 
 from ...config import DTYPE_BYTES, RunConfig
 from ..models.decoder import DecoderShape
+from ...simulator.kernels.elementwise import optimizer_bytes_per_param
 from ..trace import Block, Collective, Compute, Op, P2P, Wait
 from . import param_gather, tp_overlap
 from .dpsync import GradSyncOps
+from .edges import EdgeOps
+from .layerkernels import compute_dtype, layer_kernels, recompute_op
 from .moe import MoEOps
 from .partition import make_partitioner
 
@@ -32,9 +35,9 @@ def as_ops(items: list) -> list[Op]:
 ADAM_BYTES_PER_PARAM = 3 * 4 * 2 + 2 + 2
 
 
-class StageBuilder(GradSyncOps, MoEOps):
+class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
     """Builds the blocks of one pipeline stage (MoE layers: :class:`.moe.MoEOps`; gradient
-    buckets: :class:`.dpsync.GradSyncOps`)."""
+    buckets: :class:`.dpsync.GradSyncOps`; embedding and head: :class:`.edges.EdgeOps`)."""
 
     def __init__(self, cfg: RunConfig, shape: DecoderShape):
         self.cfg = cfg
@@ -43,8 +46,10 @@ class StageBuilder(GradSyncOps, MoEOps):
         self.tp, self.pp, self.v, self.dp = p.tp, p.pp, p.vpp, cfg.dp
         self.sp = p.sequence_parallel
         self.b, self.s = t.micro_batch_size, t.seq_length
-        self.dt = DTYPE_BYTES[t.dtype]
-        self.dtype = t.dtype
+        #: FP8 runs the linear GEMMs in FP8 only: the rest (and every byte) is bf16
+        self.dtype = compute_dtype(t.dtype)
+        self.dt = DTYPE_BYTES[self.dtype]
+        self.sw = cfg.software
         self.layers_per_chunk = shape.layers // (self.pp * self.v)
         self.act_bytes = self.b * self.s * shape.hidden * self.dt
         self.ep = p.ep
@@ -120,17 +125,24 @@ class StageBuilder(GradSyncOps, MoEOps):
         if moe:
             return self.moe_layer_forward(tag)
         g = self.shape.layer_gemm_flops(self.b, self.s, moe=False if self.shape.is_moe else None)
-        t, dt = self.tp, self.dt
-        ew = self.shape.layer_elementwise_bytes(self.b, self.s, t, self.sp, dt,
-                                                moe=False if self.shape.is_moe else None)
+        t, k = self.tp, self.kernels
+        ew = sum(x.bytes for x in k["ew"])
         ops: list[Compute | Collective] = [
-            Compute(f"{tag}.attn", self._attn_flops(g) / t, dtype=self.dtype),
+            Compute(f"{tag}.attn", self._attn_flops(g) / t, dtype=self.dtype,
+                    kernels=k["attn"]),
             *self._tp_comm(f"{tag}.attn"),
-            Compute(f"{tag}.mlp", g["mlp"] / t, dtype=self.dtype),
+            Compute(f"{tag}.mlp", g["mlp"] / t, dtype=self.dtype, kernels=k["mlp"]),
             *self._tp_comm(f"{tag}.mlp"),
-            Compute(f"{tag}.elementwise", 0.0, ew, kind="elementwise", dtype=self.dtype),
+            Compute(f"{tag}.elementwise", 0.0, ew, kind="elementwise", dtype=self.dtype,
+                    kernels=k["ew"]),
         ]
         return ops
+
+    @property
+    def kernels(self) -> dict:
+        """One dense layer's kernels on this rank (:func:`.layerkernels.layer_kernels`)."""
+        return layer_kernels(self.shape, self.sw, self.b, self.s, self.tp, self.sp,
+                             self.cfg.train.dtype)
 
     @staticmethod
     def _attn_flops(g: dict[str, float]) -> float:
@@ -146,65 +158,47 @@ class StageBuilder(GradSyncOps, MoEOps):
         ops: list[Compute | Collective] = []
         if recompute == "full":
             ops += self.layer_forward("recompute", moe)
-        elif recompute == "selective":
-            passes = 3 if self.shape.dropout else 2  # softmax, mask (, dropout): read + write
-            ew_scores = passes * 2 * self.b * self.shape.heads * self.s * self.s / t * dt
-            ops.append(Compute("recompute.attn_core", g["attn_core"] / t, ew_scores, dtype=self.dtype))
-        ew = 2 * self.shape.layer_elementwise_bytes(self.b, self.s, t, self.sp, dt,
-                                                    moe=moe if self.shape.is_moe else None)
+        elif recompute == "selective":   # the attention core (Korthikanti et al. 2022 §5)
+            ops.append(self._recompute_core(g, moe))
         if moe:
+            ew = 2 * self.shape.layer_elementwise_bytes(self.b, self.s, t, self.sp, dt,
+                                                        moe=True)
             ops += self._moe_backward(g)
+            ew_kernels = None
         else:
-            ops.append(Compute("bwd.mlp", 2 * g["mlp"] / t, dtype=self.dtype))
+            ew_kernels = self.kernels["bwd.ew"]
+            ew = sum(x.bytes for x in ew_kernels)
+            ops.append(Compute("bwd.mlp", 2 * g["mlp"] / t, dtype=self.dtype,
+                               kernels=self.kernels["bwd.mlp"]))
         dense_p, expert_p = self.layer_rank_params(moe) if self.shape.is_moe \
             else (self.shape.layer_params / t, 0.0)
         ops += [
             *self.part.tp_comm_backward("bwd.mlp", self.act_bytes),
-            Compute("bwd.attn", 2 * self._attn_flops(g) / t, dtype=self.dtype),
+            Compute("bwd.attn", 2 * self._attn_flops(g) / t, dtype=self.dtype,
+                    kernels=None if moe else self.kernels["bwd.attn"]),
             *self.part.tp_comm_backward("bwd.attn", self.act_bytes),
-            Compute("bwd.elementwise", 0.0, ew, kind="elementwise", dtype=self.dtype),
+            Compute("bwd.elementwise", 0.0, ew, kind="elementwise", dtype=self.dtype,
+                    kernels=ew_kernels),
             Compute("bwd.grad_accumulate", 0.0, self.grad_accumulate_bytes(dense_p + expert_p),
                     kind="elementwise", dtype=self.dtype),
         ]
         return ops
 
+    def _recompute_core(self, g: dict, moe: bool) -> Compute:
+        """Selective recomputation's op (:func:`.layerkernels.recompute_op`)."""
+        return recompute_op(self.shape, self.kernels, g["attn_core"] / self.tp, self.b, self.s,
+                            self.tp, self.dt, self.dtype, moe)
+
     def grad_accumulate_bytes(self, params: float) -> float:
         """Memory traffic of adding one micro-batch's weight gradients into the accumulated
         gradients: the GEMM writes them in the training dtype, then they are read and added
         into an fp32 buffer (read + write). Megatron-LM's ``main_grad`` hook
-        (``param.main_grad.add_(param.grad)``) and PyTorch's AccumulateGrad in fp32 training."""
+        (``param.main_grad.add_(param.grad)``) and PyTorch's AccumulateGrad in fp32 training.
+        With ``gradient_accumulation_fusion`` the weight-gradient GEMM accumulates into the
+        fp32 buffer itself (Megatron's fused_weight_gradient_mlp_cuda): no separate pass."""
+        if self.sw.gradient_accumulation_fusion:
+            return 0.0
         return params * (2 * self.dt + 2 * 4)
-
-    # ------------------------------------------------------------------ edges of the model
-    def embedding_forward(self) -> list:
-        if self.structured:
-            return self.part.embedding_ops(self.act_bytes)
-        ops: list[Compute | Collective] = [
-            Compute("embedding", 0.0, 2 * self.act_bytes, kind="elementwise", dtype=self.dtype)]
-        if self.tp > 1:  # vocab-parallel embedding: all-reduce of the looked-up rows
-            ops.append(Collective("embedding.ar", "all_reduce", "tp", self.act_bytes))
-        return ops
-
-    def head_forward(self) -> list:
-        if self.structured:
-            return self.part.head_forward_ops()
-        V, t = self.shape.vocab, self.tp
-        ops: list[Compute | Collective] = [
-            Compute("logits", self.shape.logits_forward_flops(self.b, self.s) / t, dtype=self.dtype),
-            Compute("loss", 0.0, 3 * 4 * self.b * self.s * V / t, kind="elementwise", dtype=self.dtype),
-        ]
-        if t > 1:  # vocab-parallel cross-entropy: max, sum-exp and target logit across TP
-            ops.append(Collective("loss.ar", "all_reduce", "tp", 4.0 * self.b * self.s))
-        return ops
-
-    def head_backward(self) -> list:
-        emb = self.shape.vocab * self.shape.hidden / self.part.param_split
-        if self.structured:
-            return self.part.head_backward_ops(self.grad_accumulate_bytes(emb))
-        return [Compute("bwd.logits", 2 * self.shape.logits_forward_flops(self.b, self.s) / self.tp,
-                        dtype=self.dtype),
-                Compute("bwd.grad_accumulate.embedding", 0.0, self.grad_accumulate_bytes(emb),
-                        kind="elementwise", dtype=self.dtype)]
 
     # ------------------------------------------------------------------ parameters per stage
     def stage_params(self, stage: int) -> float:
@@ -299,7 +293,7 @@ class StageBuilder(GradSyncOps, MoEOps):
         params = self.stage_params(stage)
         grad_bytes, dp = params * self.dt, self.gdp
         opt = self.cfg.train.optimizer
-        per_param = ADAM_BYTES_PER_PARAM if opt == "adam" else 2 * 4 + 2 + 2
+        per_param = optimizer_bytes_per_param(opt, self.sw.fused_optimizer)
 
         def step(n_params: float) -> Op:
             return Op(Compute("optimizer", 10.0 * n_params, per_param * n_params,

@@ -8,6 +8,7 @@ from __future__ import annotations
 from ...config import DTYPE_BYTES, RunConfig
 from ..memory import MemoryBreakdown, inflight_chunks, model_state_bytes
 from ..models.decoder import DecoderShape
+from .layerkernels import activation_kinds, compute_dtype
 
 __all__ = ["stage_memory"]
 
@@ -22,22 +23,25 @@ def stage_memory(cfg: RunConfig, shape: DecoderShape, stage: int, params: float,
     ``part``: the layer partitioner of a dense model (default: the plan's), whose split of
     the activations (and ``1/cp``) applies; the ZeRO shards are over ``dp·cp``."""
     p, t = cfg.parallel, cfg.train
+    state = compute_dtype(t.dtype)   # FP8 (Transformer Engine) keeps 16-bit weights and grads
     if expert_params:
-        dense = model_state_bytes(params - expert_params, cfg.dp, p.zero_stage, t.dtype,
+        dense = model_state_bytes(params - expert_params, cfg.dp, p.zero_stage, state,
                                   t.optimizer)
-        expert = model_state_bytes(expert_params, cfg.mesh.size("edp"), p.zero_stage, t.dtype,
+        expert = model_state_bytes(expert_params, cfg.mesh.size("edp"), p.zero_stage, state,
                                    t.optimizer)
         weights, grads, opt = (a + b for a, b in zip(dense, expert))
     else:
-        weights, grads, opt = model_state_bytes(params, cfg.dp * p.cp, p.zero_stage, t.dtype,
+        weights, grads, opt = model_state_bytes(params, cfg.dp * p.cp, p.zero_stage, state,
                                                 t.optimizer)
     layers_per_chunk = shape.layers // (p.pp * p.vpp)
     args = (t.micro_batch_size, t.seq_length, p.tp, p.sequence_parallel)
+    kinds = activation_kinds(cfg)
     if shape.is_moe:    # MoE layers: every moe_layer_freq-th one (whole periods per chunk)
         n_moe = layers_per_chunk // shape.moe_layer_freq
-        per_chunk = (n_moe * shape.layer_activation_bytes(*args, t.recompute, moe=True)
+        per_chunk = (n_moe * shape.layer_activation_bytes(*args, t.recompute, moe=True, **kinds)
                      + (layers_per_chunk - n_moe) * (shape.layer_activation_bytes(
-                         *args, t.recompute, moe=False) if n_moe < layers_per_chunk else 0.0))
+                         *args, t.recompute, moe=False, **kinds)
+                         if n_moe < layers_per_chunk else 0.0))
     else:
         if part is None:
             from .partition import make_partitioner
@@ -47,7 +51,8 @@ def stage_memory(cfg: RunConfig, shape: DecoderShape, stage: int, params: float,
     acts = per_chunk * chunks
     if t.recompute == "full":  # one layer's full activations are rebuilt during its backward
         acts += (part.activation_bytes("none") if part is not None else
-                 shape.layer_activation_bytes(*args, "none", moe=shape.is_moe or None))
+                 shape.layer_activation_bytes(*args, "none", moe=shape.is_moe or None,
+                                               **kinds))
     sbh = t.micro_batch_size * t.seq_length * shape.hidden
     other = 0.0
     if stage == p.pp - 1:  # logits (16-bit) and fp32 softmax of the vocab-parallel loss
@@ -57,5 +62,5 @@ def stage_memory(cfg: RunConfig, shape: DecoderShape, stage: int, params: float,
     if p.zero_stage == 3:  # ZeRO-3's gathered layers in flight (.zero3.zero3_gathered_bytes)
         from .zero3 import zero3_gathered_bytes
         other += zero3_gathered_bytes(cfg, layer_bytes if layer_bytes is not None
-                                      else shape.layer_params / p.tp * DTYPE_BYTES[t.dtype])
+                                      else shape.layer_params / p.tp * DTYPE_BYTES[state])
     return MemoryBreakdown(weights, grads, opt, acts, other, cfg.system.device.memory_bytes, stage)

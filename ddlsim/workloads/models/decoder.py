@@ -372,9 +372,12 @@ class DecoderShape:
 
     # ------------------------------------------------------------------ activations
     def layer_activation_bytes(self, b: int, s: int, t: int, sp: bool, recompute: str,
-                               *, moe: bool | None = None) -> float:
+                               *, moe: bool | None = None, flash: bool = False,
+                               fp8: bool = False) -> float:
         """Activation bytes one layer keeps for backward on one TP rank (16-bit), after
-        Korthikanti et al. 2022 adapted as the module docstring derives."""
+        Korthikanti et al. 2022 adapted as the module docstring derives. ``flash``: no ``s²``
+        tensor, a 4-byte log-sum-exp per query row and head; ``fp8``: TE keeps the inputs of
+        the four linear GEMMs (``sbh`` twice, ``sb·q/t``, ``sb·f/t``) in 1 byte."""
         sb, h = s * b, self.hidden
         if recompute == "full":
             return 2.0 * sb * h / (t if sp else 1)
@@ -387,7 +390,10 @@ class DecoderShape:
             replicated += 2 * k * 2 * sb * h + 2 * sb * self.experts
         else:
             split += per_tok * sb * self.ffn
-        scores = 0.0 if recompute == "selective" else (5 if self.dropout else 2) * self.heads * s * s * b
+        scores = 0.0 if recompute == "selective" else (
+            4.0 * self.heads * s * b if flash else (5 if self.dropout else 2) * self.heads * s * s * b)
+        if fp8 and not self._uniform(moe):   # 1 byte saved per linear GEMM input element kept
+            replicated, split = replicated - 2 * sb * h, split - sb * (self.q_width + self.ffn)
         if sp:
             return (replicated + split + scores) / t
         return replicated + (split + scores) / t

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...trace import Collective, Compute, Wait
+from ...trace import Collective, Wait
 from . import register_partitioner
 from .base import LayerPartitioner, OpList
 from .grid import grid_families
@@ -101,26 +101,28 @@ class Agarwal3D(LayerPartitioner):
                      row_parallel: bool) -> None:
         a, b, c, flops = self._sizes(M, N, K)
         if self.q == 1:   # one rank: the plain GEMM
-            ops.add(Compute(name, flops, dtype=self.dtype))
+            ops.add(self.gemm_op(name, M, N, K))
             return
         ops.add(Collective(f"{name}.ag_A", "all_gather", "tp_x", a))
         ops.add(Collective(f"{name}.ag_B", "all_gather", "tp_y", b))
-        ops.add(Compute(name, flops, dtype=self.dtype))
+        q = self.q
+        ops.add(self.gemm_op(name, M / q, N / q, K / q))
         ops.add(Collective(f"{name}.rs_C", "reduce_scatter", "tp_z", c))
 
     def gemm_backward(self, ops: OpList, name: str, M: float, N: float, K: float,
                       row_parallel: bool) -> None:
         a, b, c, flops = self._sizes(M, N, K)
         if self.q == 1:
-            ops.add(Compute(f"{name}.dA", flops, dtype=self.dtype))
-            ops.add(Compute(f"{name}.dB", flops, dtype=self.dtype))
+            ops.add(self.gemm_op(f"{name}.dA", M, K, N))
+            ops.add(self.gemm_op(f"{name}.dB", K, N, M))
             return
         ops.add(Collective(f"{name}.ag_dC", "all_gather", "tp_z", c))
         ops.add(Collective(f"{name}.ag_B", "all_gather", "tp_y", b))
-        da = ops.add(Compute(f"{name}.dA", flops, dtype=self.dtype))
+        q = self.q
+        da = ops.add(self.gemm_op(f"{name}.dA", M / q, K / q, N / q))
         ops.add(Collective(f"{name}.rs_dA", "reduce_scatter", "tp_x", a), "tp_x", (da,))
         ops.add(Collective(f"{name}.ag_A", "all_gather", "tp_x", a))
-        db = ops.add(Compute(f"{name}.dB", flops, dtype=self.dtype))
+        db = ops.add(self.gemm_op(f"{name}.dB", K / q, N / q, M / q))
         ops.add(Collective(f"{name}.rs_dB", "reduce_scatter", "tp_y", b), "tp_y", (db,))
         ops.add(Wait(f"{name}.wait_dA", "tp_x"))
 

@@ -17,7 +17,10 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from ....config import DTYPE_BYTES
-from ...trace import Compute, Loop, Op, Payload, Wait
+from ....simulator.kernels.attention import attention_kernels
+from ....simulator.kernels.elementwise import layer_elementwise_kernels, loss_bytes
+from ..layerkernels import activation_kinds, compute_dtype
+from ...trace import Compute, Kernel, Loop, Op, Payload, Wait
 from . import context
 
 __all__ = ["LayerPartitioner", "OpList"]
@@ -66,7 +69,8 @@ class LayerPartitioner:
         self.size = p.tp
         self.cp, self.cp_comm = p.cp, p.cp_comm_type
         self.b, self.s = t.micro_batch_size, t.seq_length
-        self.dt, self.dtype = DTYPE_BYTES[t.dtype], t.dtype
+        self.dtype = compute_dtype(t.dtype)     # FP8: only the linear GEMMs run in FP8
+        self.dt = DTYPE_BYTES[self.dtype]
         self.recompute = t.recompute
 
     # ------------------------------------------------------------------ the grid
@@ -119,6 +123,21 @@ class LayerPartitioner:
         return self.size, True
 
     # ------------------------------------------------------------------ one GEMM
+    def gemm_op(self, name: str, M: float, N: float, K: float) -> Compute:
+        """One local GEMM ``[M,K]·[K,N]`` as an op carrying its shape (the kernel model;
+        the linear layers run in the training dtype, FP8 included)."""
+        return Compute(name, 2 * M * N * K, dtype=self.dtype,
+                       kernels=(Kernel("gemm", (M, N, K), dtype=self.cfg.train.dtype),))
+
+    def core_kernels(self, backward: bool) -> tuple | None:
+        """The attention core's kernels on this rank (``cfg.software.attention``), or None
+        under context parallelism (its ring steps keep the FLOPs roofline)."""
+        if self.cp > 1:
+            return None
+        sh = self.shape
+        return attention_kernels(self.cfg.software.attention, self.b, sh.heads / self.size,
+                                 self.s, sh.d, self.dt, sh.dropout, backward, self.dtype)
+
     def gemm_forward(self, ops: OpList, name: str, M: float, N: float, K: float,
                      row_parallel: bool) -> None:
         """Append the ops of ``C[M,N] = A[M,K]·B[K,N]`` (``row_parallel``: Megatron's
@@ -146,8 +165,10 @@ class LayerPartitioner:
             self.gemm_forward(ops, f"{tag}.{name}", M, N, K, row)
             if name == "qkv":
                 context.attention_forward(self, ops, tag)
-        ops.add(Compute(f"{tag}.elementwise", 0.0, self.elementwise_bytes(),
-                        kind="elementwise", dtype=self.dtype))
+        ew = self.ew_kernels()
+        ops.add(Compute(f"{tag}.elementwise", 0.0, self.elementwise_bytes() if ew is None
+                        else sum(k.bytes for k in ew), kind="elementwise", dtype=self.dtype,
+                        kernels=ew))
         return ops.ops
 
     def layer_backward(self, grad_accumulate_bytes: float) -> list[Op]:
@@ -158,13 +179,17 @@ class LayerPartitioner:
             ops.extend(self.layer_forward("recompute"))
         elif self.recompute == "selective":
             ops.add(Compute("recompute.attn_core", self.attn_core_flops(),
-                            self.scores_bytes(), dtype=self.dtype))
+                            self.scores_bytes(), dtype=self.dtype,
+                            kernels=self.core_kernels(False)))
         for name, N, K, row in self._gemms(True):
             if name == "qkv":
                 context.attention_backward(self, ops)
             self.gemm_backward(ops, f"bwd.{name}", M, N, K, row)
-        ops.add(Compute("bwd.elementwise", 0.0, 2 * self.elementwise_bytes(),
-                        kind="elementwise", dtype=self.dtype))
+        ew = self.ew_kernels()
+        ops.add(Compute("bwd.elementwise", 0.0, 2 * (self.elementwise_bytes() if ew is None
+                        else sum(k.bytes for k in ew)), kind="elementwise", dtype=self.dtype,
+                        kernels=None if ew is None else tuple(
+                            Kernel("memory", bytes=2 * k.bytes, dtype=k.dtype) for k in ew)))
         for stream in self.grad_streams:
             ops.add(Wait(f"bwd.wait.{stream}", stream))
         ops.add(Compute("bwd.grad_accumulate", 0.0, grad_accumulate_bytes,
@@ -190,6 +215,15 @@ class LayerPartitioner:
         passes = 3 if self.shape.dropout else 2
         return passes * 2 * self.b * self.shape.heads * self.s * self.s / t * self.dt / self.cp
 
+    def ew_kernels(self) -> tuple | None:
+        """The element-wise kernels of one layer (None under context parallelism, whose
+        count keeps the ``s²`` scores passes in :meth:`elementwise_bytes`)."""
+        if self.cp > 1:
+            return None
+        t, sp = self.ew_split()
+        return layer_elementwise_kernels(self.shape, self.b, self.s, t, sp, self.dt,
+                                         self.cfg.software, self.dtype)
+
     def elementwise_bytes(self) -> float:
         """Forward elementwise traffic of one layer on one rank: DecoderShape's count for
         ``s/cp`` tokens, with the scores term taken for ``s/cp`` queries × ``s`` keys."""
@@ -206,8 +240,8 @@ class LayerPartitioner:
         scheme's split, divided by cp (every term, the ``s²`` scores included, holds
         ``1/cp`` of the queries)."""
         t, sp = self.ew_split()
-        return self.shape.layer_activation_bytes(self.b, self.s, t, sp, recompute,
-                                                 moe=moe) / self.cp
+        return self.shape.layer_activation_bytes(self.b, self.s, t, sp, recompute, moe=moe,
+                                                 **activation_kinds(self.cfg)) / self.cp
 
     def kv_block_bytes(self) -> float:
         """K and V of one cp rank's sequence block on one grid rank: ``2·b·(s/cp)·gd / p``."""
@@ -242,7 +276,8 @@ class LayerPartitioner:
         the cross-entropy's reductions."""
         ops, sh = OpList(), self.shape
         self.gemm_forward(ops, "logits", self.tokens, sh.vocab, sh.hidden, False)
-        ops.add(Compute("loss", 0.0, 3 * 4 * self.tokens * sh.vocab / self.size,
+        ops.add(Compute("loss", 0.0, loss_bytes(self.tokens, sh.vocab / self.size, self.dt,
+                                                self.cfg.software.fused_cross_entropy),
                         kind="elementwise", dtype=self.dtype))
         for c in self.loss_comm():
             ops.add(c)

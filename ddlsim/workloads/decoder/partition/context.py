@@ -44,7 +44,8 @@ def attention_forward(part: Any, ops: Any, tag: str) -> None:
     """Append the attention core's forward (one op, a ring or a gather + op)."""
     flops, cp = part.attn_core_flops(), part.cp
     if cp == 1:
-        ops.add(Compute(f"{tag}.attn_core", flops, dtype=part.dtype))
+        ops.add(Compute(f"{tag}.attn_core", flops, dtype=part.dtype,
+                        kernels=part.core_kernels(False)))
         return
     kv = part.kv_block_bytes()
     if part.cp_comm == "all_gather":
@@ -64,7 +65,8 @@ def attention_backward(part: Any, ops: Any) -> None:
     """Append the attention core's backward (2 × forward FLOPs)."""
     flops, cp = 2 * part.attn_core_flops(), part.cp
     if cp == 1:
-        ops.add(Compute("bwd.attn_core", flops, dtype=part.dtype))
+        ops.add(Compute("bwd.attn_core", flops, dtype=part.dtype,
+                        kernels=part.core_kernels(True)))
         return
     kv = part.kv_block_bytes()
     if part.cp_comm == "all_gather":

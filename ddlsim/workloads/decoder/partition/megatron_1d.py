@@ -18,7 +18,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...trace import Collective, Compute, Op
+from ....simulator.kernels.elementwise import loss_bytes
+from ....simulator.kernels.gemm import gemm_kernels_backward
+from ...trace import Collective, Compute, Kernel, Op
 from . import register_partitioner
 from .base import LayerPartitioner, OpList
 
@@ -68,16 +70,27 @@ class Megatron1D(LayerPartitioner):
             comm.insert(0, Collective(f"{name}.ag.input", "all_gather", "tp", nbytes))
         return comm
 
+    def _shape(self, M: float, N: float, K: float, row_parallel: bool) -> tuple:
+        """The rank's GEMM: ``K`` split over ``t`` (row-parallel) or ``N`` (column-parallel)."""
+        t = self.size
+        return (M, N, K / t) if row_parallel else (M, N / t, K)
+
+    def _kernels(self, shape3: tuple, backward: bool) -> tuple[Kernel, ...]:
+        shapes = gemm_kernels_backward(*shape3) if backward else (shape3,)
+        return tuple(Kernel("gemm", g, dtype=self.cfg.train.dtype) for g in shapes)
+
     def gemm_forward(self, ops: OpList, name: str, M: float, N: float, K: float,
                      row_parallel: bool) -> None:
-        ops.add(Compute(name, 2 * M * N * K / self.size, dtype=self.dtype))
+        ops.add(Compute(name, 2 * M * N * K / self.size, dtype=self.dtype, kernels=self._kernels(
+            self._shape(M, N, K, row_parallel), False)))
         if row_parallel:   # g: the partial outputs b·s·h are summed
             for c in self.tp_comm(name, M * N * self.dt):
                 ops.add(c)
 
     def gemm_backward(self, ops: OpList, name: str, M: float, N: float, K: float,
                       row_parallel: bool) -> None:
-        ops.add(Compute(name, 4 * M * N * K / self.size, dtype=self.dtype))
+        ops.add(Compute(name, 4 * M * N * K / self.size, dtype=self.dtype, kernels=self._kernels(
+            self._shape(M, N, K, row_parallel), True)))
         if not row_parallel:   # f: the partial input gradients b·s·h are summed
             for c in self.tp_comm_backward(name, M * K * self.dt):
                 ops.add(c)
@@ -99,17 +112,21 @@ class Megatron1D(LayerPartitioner):
         """The builder's logits, loss and cross-entropy all-reduce, for ``s/cp`` tokens."""
         ops, sh, t, n = OpList(), self.shape, self.size, self.tokens
         ops.add(Compute("logits", sh.logits_forward_flops(self.b, self.s) / t / self.cp,
-                        dtype=self.dtype))
-        ops.add(Compute("loss", 0.0, 3 * 4 * n * sh.vocab / t, kind="elementwise",
-                        dtype=self.dtype))
+                        dtype=self.dtype, kernels=(Kernel("gemm", (n, sh.vocab / t, sh.hidden),
+                                                          dtype=self.dtype),)))
+        ops.add(Compute("loss", 0.0, loss_bytes(n, sh.vocab / t, self.dt,
+                                                self.cfg.software.fused_cross_entropy),
+                        kind="elementwise", dtype=self.dtype))
         if t > 1:
             ops.add(Collective("loss.ar", "all_reduce", "tp", 4.0 * n))
         return ops.ops
 
     def head_backward_ops(self, grad_accumulate_bytes: float) -> list[Op]:
         ops, sh = OpList(), self.shape
+        bwd = gemm_kernels_backward(self.tokens, sh.vocab / self.size, sh.hidden)
         ops.add(Compute("bwd.logits", 2 * sh.logits_forward_flops(self.b, self.s) / self.size
-                        / self.cp, dtype=self.dtype))
+                        / self.cp, dtype=self.dtype,
+                        kernels=tuple(Kernel("gemm", g, dtype=self.dtype) for g in bwd)))
         ops.add(Compute("bwd.grad_accumulate.embedding", 0.0, grad_accumulate_bytes,
                         kind="elementwise", dtype=self.dtype))
         return ops.ops

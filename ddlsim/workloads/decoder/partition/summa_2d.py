@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...trace import Collective, Compute, Wait
+from ...trace import Collective, Wait
 from . import register_partitioner
 from .base import LayerPartitioner, OpList
 from .grid import grid_families
@@ -92,7 +92,7 @@ class Summa2D(LayerPartitioner):
 
     # ------------------------------------------------------------------ SUMMA
     def _steps(self, ops: OpList, name: str, bcasts: list[tuple[str, str, float]],
-               flops: float, reduce: tuple[str, float] | None) -> None:
+               gemm: tuple[float, float, float], reduce: tuple[str, float] | None) -> None:
         """``q`` double-buffered SUMMA steps: ``bcasts`` = [(label, group, bytes)] per step,
         an optional ``reduce`` = (group, bytes) of each step's partial product."""
         if self.q == 1:   # a 1×1 grid: nothing to broadcast or reduce
@@ -105,8 +105,7 @@ class Summa2D(LayerPartitioner):
             got = tuple(ops.add(Collective(f"{name}.bcast_{lab}", "broadcast", grp, nb, root=k),
                                 grp, pre) for lab, grp, nb in bcasts)
             free = (reds[k - 2],) if reduce and k >= 2 else ()
-            gemms.append(ops.add(Compute(f"{name}.step", flops, dtype=self.dtype),
-                                 deps=got + free))
+            gemms.append(ops.add(self.gemm_op(f"{name}.step", *gemm), deps=got + free))
             if reduce:
                 grp, nb = reduce
                 reds.append(ops.add(Collective(f"{name}.reduce", "reduce", grp, nb, root=k),
@@ -120,14 +119,16 @@ class Summa2D(LayerPartitioner):
 
     def gemm_forward(self, ops: OpList, name: str, M: float, N: float, K: float,
                      row_parallel: bool) -> None:
-        a, b, flops = self._blocks(M, N, K)
-        self._steps(ops, name, [("A", "tp_row", a), ("B", "tp_col", b)], flops, None)
+        a, b, _ = self._blocks(M, N, K)
+        m, n, k = M / self.rows, N / self.q, K / self.q
+        self._steps(ops, name, [("A", "tp_row", a), ("B", "tp_col", b)], (m, n, k), None)
 
     def gemm_backward(self, ops: OpList, name: str, M: float, N: float, K: float,
                       row_parallel: bool) -> None:
-        a, b, flops = self._blocks(M, N, K)
-        self._steps(ops, f"{name}.dA", [("B", "tp_col", b)], flops, ("tp_row", a))
-        self._steps(ops, f"{name}.dB", [("A", "tp_row", a)], flops, ("tp_col", b))
+        a, b, _ = self._blocks(M, N, K)
+        m, n, k = M / self.rows, N / self.q, K / self.q
+        self._steps(ops, f"{name}.dA", [("B", "tp_col", b)], (m, k, n), ("tp_row", a))
+        self._steps(ops, f"{name}.dB", [("A", "tp_row", a)], (k, n, m), ("tp_col", b))
         self._after_weight_grad(ops, name, b)
         if self.q > 1:   # dA is reduced: the next GEMM needs it
             ops.add(Wait(f"{name}.wait_row", "tp_row"))

@@ -1,0 +1,41 @@
+"""Seconds of one dense layer's compute ops, per plan, for the vectorised search tier: the
+kernels the trace builder attaches to its ops (:func:`ddlsim.workloads.decoder.layerkernels.
+layer_kernels`, the logits GEMM), timed by :func:`ddlsim.simulator.kernels.kernel_time`, once
+per distinct (micro-batch size, TP degree, sequence parallelism) of the plans — the same
+kernels and the same clock as the exact engine, so the two tiers agree by construction."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..simulator.kernels import gemm_kernels_backward, kernel_time
+from ..workloads.decoder.layerkernels import compute_dtype, layer_kernels
+from ..workloads.trace import Kernel
+
+__all__ = ["kernel_times"]
+
+_KEYS = ("attn", "mlp", "ew", "bwd.attn", "bwd.mlp", "bwd.ew", "recompute", "logits",
+         "bwd.logits")
+
+
+def _one(ctx, b: int, t: int, sp: bool) -> dict[str, float]:
+    cfg, sh = ctx.cfg, ctx.shape
+    lk = dict(layer_kernels(sh, cfg.software, b, ctx.s, t, sp, cfg.train.dtype))
+    n, dtype = b * ctx.s, compute_dtype(cfg.train.dtype)
+    lk["logits"] = (Kernel("gemm", (n, sh.vocab / t, sh.hidden), dtype=dtype),)
+    lk["bwd.logits"] = tuple(Kernel("gemm", g, dtype=dtype)
+                             for g in gemm_kernels_backward(n, sh.vocab / t, sh.hidden))
+    return {key: sum(kernel_time(k, ctx.dev) for k in lk[key]) for key in _KEYS}
+
+
+def kernel_times(ctx, mbs: np.ndarray, tp: np.ndarray, sp: np.ndarray) -> dict[str, np.ndarray]:
+    """Per plan: seconds of each compute op of a layer (keys as ``layer_kernels``, plus
+    ``logits`` and ``bwd.logits``)."""
+    combos = np.stack([np.asarray(mbs, dtype=np.int64), np.asarray(tp, dtype=np.int64),
+                       np.asarray(sp, dtype=np.int64)], axis=1)
+    uniq, inverse = np.unique(combos, axis=0, return_inverse=True)
+    table = np.array([[row[k] for k in _KEYS] for row in
+                      (_one(ctx, int(b), int(t), bool(s)) for b, t, s in uniq)]).reshape(
+                          len(uniq), len(_KEYS))
+    per_plan = table[inverse.reshape(-1)]
+    return {k: per_plan[:, i] for i, k in enumerate(_KEYS)}

@@ -1,0 +1,92 @@
+"""The attention core (``softmax(QKᵀ/√d)·V`` with its mask and dropout) as the stack runs it.
+
+``flash2`` / ``flash3`` (FlashAttention-2, Dao 2023, arXiv:2307.08691; FlashAttention-3, Shah
+et al. 2024, arXiv:2407.08608): one kernel each way, tiled over blocks of queries and keys, so
+no ``s²`` tensor is written to memory or kept for the backward (it keeps the output and the
+row log-sum-exp). Its FLOPs: QKᵀ and PV are ``2·s²·d`` each per head, ``4·b·a·s²·d`` forward;
+with a causal mask the kernel skips the key blocks wholly above the diagonal, so with
+``n = ⌈s/128⌉`` blocks per row it computes ``n(n+1)/2`` of the ``n²`` blocks (FA2 §3.1.1,
+"Causal masking": blocks entirely masked are skipped; 128 is FA2's block size for head
+dimensions 64-128 on A100, §3.3). Its backward does 5 GEMMs to the forward's 2, i.e. 2.5× the
+forward FLOPs, the recomputation of ``P`` included (FA2 §4.1, the FLOP count of its benchmarks).
+It runs at the measured fraction of peak in ``device.attention_efficiency``.
+
+``fused_softmax`` (Megatron-LM's FusedScaleMaskSoftmax) and ``unfused``: QKᵀ and PV as batched
+GEMMs (``b·a`` of them) and the ``b·a·s²`` scores written, read and kept: the fused kernel does
+scale + mask + softmax in one pass each way (read ``s²``, write ``s²``; backward reads the
+probabilities and their gradient and writes one), dropout is its own kernel (read, write, and a
+1-byte mask); unfused runs scale, mask and softmax as separate kernels (one read + write each).
+"""
+
+from __future__ import annotations
+
+import math
+
+from ...workloads.trace import Kernel
+
+__all__ = ["FLASH_BACKWARD_FACTOR", "FLASH_BLOCK", "causal_fraction", "flash_forward_flops",
+           "attention_kernels", "scores_activation_bytes", "FLASH_KINDS"]
+
+#: backward FLOPs / forward FLOPs of FlashAttention (FA2 paper §4.1: 5 GEMMs against 2)
+FLASH_BACKWARD_FACTOR = 2.5
+#: FlashAttention-2's key/query block (FA2 §3.3: 128×128 blocks for head dim 64-128)
+FLASH_BLOCK = 128
+FLASH_KINDS = ("flash2", "flash3")
+
+
+def causal_fraction(s: float, block: int = FLASH_BLOCK) -> float:
+    """Fraction of the ``s × s`` score blocks a causal FlashAttention kernel computes:
+    ``(n + 1) / (2n)`` with ``n = ⌈s / block⌉`` (the diagonal blocks are computed whole)."""
+    n = max(1, math.ceil(s / block))
+    return (n + 1) / (2 * n)
+
+
+def flash_forward_flops(b: float, heads: float, s: float, d: float, causal: bool = True,
+                        s_k: float | None = None) -> float:
+    """Forward FLOPs of FlashAttention for ``b`` sequences, ``heads`` query heads of
+    dimension ``d``, ``s`` queries against ``s_k`` (default ``s``) keys:
+    ``4·b·heads·s·s_k·d``, times :func:`causal_fraction` with a causal mask."""
+    s_k = s if s_k is None else s_k
+    frac = causal_fraction(s) if causal and s_k == s else 1.0
+    return 4.0 * b * heads * s * s_k * d * frac
+
+
+def attention_kernels(kind: str, b: float, heads: float, s: float, d: float, dtype_bytes: float,
+                      dropout: bool, backward: bool, dtype: str = "bf16",
+                      causal: bool = True) -> tuple[Kernel, ...]:
+    """The kernels of one attention core (forward, or ``backward``) on one rank holding
+    ``heads`` query heads of ``b`` sequences of length ``s`` (module docstring)."""
+    dt = dtype_bytes
+    if kind in FLASH_KINDS:
+        fwd = flash_forward_flops(b, heads, s, d, causal)
+        io = (8 if backward else 4) * b * s * heads * d * dt   # Q K V O (+ dO dQ dK dV)
+        return (Kernel("flash", flops=fwd * (FLASH_BACKWARD_FACTOR if backward else 1.0),
+                       bytes=io, dtype=dtype, variant=kind),)
+    if kind not in ("fused_softmax", "unfused"):
+        raise ValueError(f"attention kernel {kind!r}: expected flash2, flash3, fused_softmax "
+                         "or unfused")
+    batch, S = b * heads, b * heads * s * s
+    drop = (2 * dt + 1) * S if dropout else 0.0          # read, write, 1-byte mask
+    mem: list[float] = []
+    if not backward:
+        gemms = [(s, s, d), (s, d, s)]                   # QKᵀ, P·V
+        mem = [2 * dt * S] if kind == "fused_softmax" else [2 * dt * S] * 3  # scale, mask, softmax
+    else:
+        gemms = [(s, d, s), (s, s, d), (s, d, s), (s, d, s)]   # dV=Pᵀ·dO, dP=dO·Vᵀ, dQ, dK
+        mem = [3 * dt * S]                               # softmax backward: P, dP -> dS
+        if kind == "unfused":
+            mem += [2 * dt * S] * 2                      # mask and scale backward
+    if drop:
+        mem.append(drop)
+    return (tuple(Kernel("gemm", g, batch, dtype=dtype) for g in gemms)
+            + tuple(Kernel("memory", bytes=m, dtype=dtype) for m in mem))
+
+
+def scores_activation_bytes(kind: str, b, heads, s, dropout: bool):
+    """Bytes of the ``s²`` tensors one layer keeps for its backward (16-bit): none with
+    FlashAttention (only its 4-byte log-sum-exp per query row); the softmax output, the 1-byte
+    dropout mask and the dropout output otherwise (Korthikanti et al. 2022, §4.1:
+    ``5·a·s²·b`` with dropout, ``2·a·s²·b`` without)."""
+    if kind in FLASH_KINDS:
+        return 4.0 * b * heads * s
+    return (5 if dropout else 2) * heads * s * s * b

@@ -1,0 +1,110 @@
+"""The device facts of the kernel model and the time of a compute op made of kernels.
+
+From ``system.device`` (ddlsim/data/systems.yaml cites each preset's values):
+
+* ``peak_flops[dtype]`` — datasheet dense peak;
+* ``matmul_efficiency[dtype]`` — ``η_max``, the maximum achievable matmul FLOP/s as a fraction
+  of peak, measured by a microbenchmark (MAMF); ``system.compute_efficiency``, when the user
+  sets it, overrides it for every dtype (an explicit override, e.g. a calibrated figure);
+* ``sm_count`` — for the wave quantisation of GEMMs;
+* ``memory_efficiency`` — achieved / datasheet memory bandwidth of streaming kernels;
+* ``attention_efficiency[flash2|flash3]`` — FlashAttention's measured fraction of peak.
+
+A device without a fact falls back, each time in the same documented way (docs/compute.md):
+no ``sm_count``: no quantisation; no ``matmul_efficiency``: 0.75, the former default of
+``compute_efficiency``; a dtype without its own figure: the device's best one; no
+``memory_efficiency``: the datasheet bandwidth; no FlashAttention figure: ``η_max``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ...config_types import DTYPE_BYTES
+from ...workloads.trace import Compute, Kernel
+from .gemm import gemm_time
+
+__all__ = ["KernelDevice", "kernel_device", "kernel_time", "op_time", "DEFAULT_CEILING"]
+
+#: matmul ceiling of a device with no measured figure: ``system.compute_efficiency``'s former
+#: default (0.75, "achieved/peak of large bf16 GEMMs on A100")
+DEFAULT_CEILING = 0.75
+
+
+@dataclass(frozen=True)
+class KernelDevice:
+    """What the kernel model knows of one device (:func:`kernel_device`)."""
+
+    peak: dict[str, float]
+    memory_Bps: float
+    sm_count: int | None
+    matmul: dict[str, float]
+    attention: dict[str, float]
+    override: float | None = None
+
+    def peak_flops(self, dtype: str) -> float:
+        """Peak FLOP/s at ``dtype`` (the device's best when it lists no such dtype)."""
+        return self.peak.get(dtype) or max(self.peak.values())
+
+    def ceiling(self, dtype: str) -> float:
+        """``η_max`` at ``dtype``: the user's ``compute_efficiency``, else the device's
+        measured figure (its best for an unlisted dtype), else :data:`DEFAULT_CEILING`."""
+        if self.override is not None:
+            return self.override
+        if dtype in self.matmul:
+            return self.matmul[dtype]
+        return max(self.matmul.values()) if self.matmul else DEFAULT_CEILING
+
+    def flash(self, variant: str, dtype: str) -> float:
+        """FlashAttention's fraction of peak (``η_max`` when the device has no figure)."""
+        return self.attention.get(variant) or self.ceiling(dtype)
+
+
+def kernel_device(system: Any) -> KernelDevice:
+    """The :class:`KernelDevice` of ``system`` (a :class:`~ddlsim.config.SystemConfig`)."""
+    dev = system.device
+    return KernelDevice(dict(dev.peak_flops),
+                        dev.memory_bandwidth_Bps * (dev.memory_efficiency or 1.0),
+                        dev.sm_count, dict(dev.matmul_efficiency or {}),
+                        dict(dev.attention_efficiency or {}), system.compute_efficiency)
+
+
+def kernel_time(k: Kernel, dev: KernelDevice, efficiency: float | None = None) -> float:
+    """Seconds of one kernel. ``efficiency``: a calibration profile's measured GEMM efficiency,
+    which replaces the shape model (ceiling × quantisation) for a GEMM."""
+    if k.kind == "memory":
+        return k.bytes / dev.memory_Bps
+    peak = dev.peak_flops(k.dtype)
+    if k.kind == "flash":
+        return max(k.flops / (peak * dev.flash(k.variant, k.dtype)), k.bytes / dev.memory_Bps)
+    M, N, K = k.shape
+    if efficiency is not None:
+        return max(2.0 * M * N * K * k.batch / (peak * efficiency),
+                   (M * K + K * N + M * N) * k.batch * DTYPE_BYTES.get(k.dtype, 2)
+                   / dev.memory_Bps)
+    return gemm_time(M, N, K, k.batch, DTYPE_BYTES.get(k.dtype, 2), peak, dev.ceiling(k.dtype),
+                     dev.sm_count, dev.memory_Bps)
+
+
+def op_time(op: Compute, dev: KernelDevice,
+            measured: Callable[[float, str], float | None] | None = None) -> float:
+    """Seconds of one compute op: the sum of its kernels (they run one after another on the
+    stream), or — an op with no kernels — the roofline ``max(FLOPs / (peak · η_max),
+    bytes / achieved bandwidth)`` (element-wise and optimizer ops: ``max(bytes / bandwidth,
+    FLOPs / peak)``). ``measured(flops, dtype)``: a calibration profile's GEMM efficiency, or
+    None where it has none."""
+    if op.kernels is not None:
+        total = 0.0
+        for k in op.kernels:
+            eff = None
+            if measured is not None and k.kind == "gemm":
+                eff = measured(2.0 * k.shape[0] * k.shape[1] * k.shape[2] * k.batch, k.dtype)
+            total += kernel_time(k, dev, eff)
+        return total
+    peak = dev.peak_flops(op.dtype)
+    t_mem = op.bytes / dev.memory_Bps
+    if op.kind in ("elementwise", "optimizer"):
+        return max(t_mem, op.flops / peak)
+    eff = measured(op.flops, op.dtype) if measured is not None else None
+    return max(op.flops / (peak * (eff or dev.ceiling(op.dtype))), t_mem)

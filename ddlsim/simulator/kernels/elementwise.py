@@ -1,0 +1,90 @@
+"""Element-wise ops as memory passes: each kernel reads and writes its tensors once, at the
+device's achieved memory bandwidth (:mod:`.device`). Fused or not per the software stack
+(``cfg.software``, ddlsim/data/software.yaml); one pass = one read or one write of a tensor.
+
+Forward passes per dense layer, ``x`` = the ``b·s·h`` hidden states (``/t`` with sequence
+parallelism), ``y`` = the ``b·s·f/t`` MLP activations, ``q``/``k`` the rotary inputs:
+
+=====================  ==============================  ==========================================
+op                     fused (one kernel)              unfused (its torch op sequence)
+=====================  ==============================  ==========================================
+LayerNorm / RMSNorm    read x, write x: 2              statistics (read), normalise (read, write),
+ (×2 per layer)                                        affine (read, write): 5
+bias-dropout-add       read x and the residual, write  bias add 2 (with a bias), dropout 2 + 1-byte
+ (×2 per layer)        the sum, 1-byte mask: 3 (+mask)  mask, residual add 3: up to 7 (+mask)
+bias-GeLU / SwiGLU     read y (gate and up), write y:  bias add 2 (with a bias) + GeLU 2; SwiGLU:
+                       2 (GeLU) / 3 (SwiGLU)           SiLU 2 + multiply 3: 4 / 5
+RoPE on q and k        read, write: 2                  ·cos 2, rotate-half (negate 2, concatenate
+                                                       2), ·sin 2, add 3: 11
+=====================  ==============================  ==========================================
+
+The backward of each is taken as twice its forward traffic (it reads the saved inputs and the
+incoming gradient and writes the outgoing one), as the builder always has. Softmax, mask and
+dropout over the ``s²`` scores belong to the attention core (:mod:`.attention`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...workloads.trace import Kernel
+
+__all__ = ["layer_elementwise_kernels", "optimizer_bytes_per_param", "loss_bytes"]
+
+
+def _norm(fused: bool) -> int:
+    return 2 if fused else 5
+
+
+def layer_elementwise_kernels(shape: Any, b: float, s: float, t: int, sp: bool,
+                              dtype_bytes: float, sw: Any, dtype: str = "bf16"
+                              ) -> tuple[Kernel, ...]:
+    """The forward element-wise kernels of one dense layer on one tensor-parallel rank
+    (``shape``: a :class:`~ddlsim.workloads.models.decoder.DecoderShape`; ``sw``: the resolved
+    software stack, read for its ``fused_*`` fields)."""
+    dt = dtype_bytes
+    x = b * s * shape.hidden / (t if sp else 1)
+    y = b * s * shape.ffn / t
+    out: list[float] = [_norm(sw.fused_layernorm) * x * dt] * 2
+    mask = x if shape.dropout else 0.0                       # 1-byte dropout mask
+    if sw.fused_bias_dropout_add:
+        residual = 3 * x * dt + mask
+    else:
+        residual = (2 * x * dt if shape.out_bias or shape.mlp_bias else 0.0) + 3 * x * dt
+        residual += (2 * x * dt + mask) if shape.dropout else 0.0
+    out += [residual] * 2
+    if shape.gated_mlp:
+        act = (3 if sw.fused_bias_gelu else 5) * y * dt
+    else:
+        act = (2 if sw.fused_bias_gelu else (4 if shape.mlp_bias else 2)) * y * dt
+    out.append(act)
+    if shape.positions == "rotary":
+        qk = b * s * (shape.q_width + shape.kv_width) / t
+        out.append((2 if sw.fused_rope else 11) * qk * dt)
+    return tuple(Kernel("memory", bytes=v, dtype=dtype) for v in out if v)
+
+
+def loss_bytes(tokens: float, vocab_local: float, dtype_bytes: float, fused: bool) -> float:
+    """Forward traffic of the vocab-parallel cross-entropy over ``tokens × vocab_local``
+    logits: unfused (Megatron's torch ops) casts to fp32 and runs max, subtract, exp, sum and
+    divide over the fp32 logits: 3 fp32 read + write passes (the count the builder always
+    used); fused (``--cross-entropy-loss-fusion``): one kernel reads the 16-bit logits and
+    writes the 16-bit softmax kept for the backward."""
+    n = tokens * vocab_local
+    return 2 * dtype_bytes * n if fused else 3 * 4 * n
+
+
+def optimizer_bytes_per_param(optimizer: str, fused: bool) -> float:
+    """Bytes the optimizer step moves per parameter (mixed precision: fp32 master weight and
+    states, 16-bit gradient in, 16-bit weight out).
+
+    Fused multi-tensor Adam (apex/TE FusedAdam): one pass, read + write of the fp32 weight,
+    momentum and variance (24 B), read the gradient and write the 16-bit weight (4 B): 28 B.
+    Unfused (``torch.optim.Adam`` per tensor, foreach off): momentum ``mul_``, ``add_`` (5 fp32
+    passes), variance ``mul_``, ``addcmul_`` (6), ``sqrt``, ``add_(eps)`` (4), ``addcdiv_``
+    (4): 19 fp32 passes = 76 B, plus the 16-bit gradient read and weight write: 80 B.
+    SGD: weight read + write and gradient read in fp32 (12 B) and the 16-bit copy (4 B).
+    """
+    if optimizer != "adam":
+        return 2 * 4 + 2 + 2
+    return 3 * 4 * 2 + 2 + 2 if fused else 19 * 4 + 2 + 2

@@ -1,0 +1,52 @@
+"""The embedding and the output head of a decoder's pipeline stage: a mixin of
+:class:`~ddlsim.workloads.decoder.builder.StageBuilder`, whose attributes (``shape``, ``tp``,
+``b``, ``s``, ``dt``, ``dtype``, ``sw``, ``part``, ``structured``, ``act_bytes``) it reads.
+Megatron 1-D without context parallelism builds them here; every other plan takes them from
+its partitioner."""
+
+from __future__ import annotations
+
+from ...simulator.kernels.elementwise import loss_bytes
+from ..trace import Collective, Compute
+from .layerkernels import logits_kernels
+
+__all__ = ["EdgeOps"]
+
+
+class EdgeOps:
+    """Embedding lookup, logits GEMM, loss, and their backward."""
+
+    def embedding_forward(self) -> list:
+        if self.structured:
+            return self.part.embedding_ops(self.act_bytes)
+        ops: list[Compute | Collective] = [
+            Compute("embedding", 0.0, 2 * self.act_bytes, kind="elementwise", dtype=self.dtype)]
+        if self.tp > 1:  # vocab-parallel embedding: all-reduce of the looked-up rows
+            ops.append(Collective("embedding.ar", "all_reduce", "tp", self.act_bytes))
+        return ops
+
+    def head_forward(self) -> list:
+        if self.structured:
+            return self.part.head_forward_ops()
+        V, t, n = self.shape.vocab, self.tp, self.b * self.s
+        ops: list[Compute | Collective] = [
+            Compute("logits", self.shape.logits_forward_flops(self.b, self.s) / t,
+                    dtype=self.dtype, kernels=logits_kernels(n, V / t, self.shape.hidden,
+                                                             self.dtype, False)),
+            Compute("loss", 0.0, loss_bytes(n, V / t, self.dt, self.sw.fused_cross_entropy),
+                    kind="elementwise", dtype=self.dtype)]
+        if t > 1:  # vocab-parallel cross-entropy: max, sum-exp and target logit across TP
+            ops.append(Collective("loss.ar", "all_reduce", "tp", 4.0 * self.b * self.s))
+        return ops
+
+    def head_backward(self) -> list:
+        emb = self.shape.vocab * self.shape.hidden / self.part.param_split
+        if self.structured:
+            return self.part.head_backward_ops(self.grad_accumulate_bytes(emb))
+        bwd = logits_kernels(self.b * self.s, self.shape.vocab / self.tp, self.shape.hidden,
+                             self.dtype, True)
+        return [Compute("bwd.logits", 2 * self.shape.logits_forward_flops(self.b, self.s) / self.tp,
+                        dtype=self.dtype, kernels=bwd),
+                Compute("bwd.grad_accumulate.embedding", 0.0, self.grad_accumulate_bytes(emb),
+                        kind="elementwise", dtype=self.dtype)]
+

@@ -1,0 +1,115 @@
+"""The kernels of one dense decoder layer on one tensor-parallel rank (docs/compute.md):
+per-GEMM shapes forward and backward, the attention core as ``cfg.software.attention`` runs
+it, the element-wise passes fused or not, and FP8's casts.
+
+Shared by the trace builder (:class:`~.builder.StageBuilder` attaches them to its ops) and the
+vectorised search tier (which times them per distinct micro-batch size, TP degree and sequence
+parallelism), so both time the same kernels.
+
+FP8 (``train.dtype: fp8``, Transformer Engine's recipe, docs.nvidia.com/deeplearning/
+transformer-engine, "Using FP8 with Transformer Engine"): only the linear layers' GEMMs run in
+FP8; attention, element-wise ops, communication and the weights stay 16-bit (bf16). Delayed
+scaling takes each tensor's scale from an amax history, so the overhead is the cast of every
+GEMM input: the activation is read in bf16 and written in FP8 together with its transpose
+(TE's ``cast_transpose``: 2 + 1 + 1 bytes per element), the weight is read and written once
+in FP8 (2 + 1), and in the backward the output gradient is cast the same way (2 + 1 + 1).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+from ...config import DTYPE_BYTES
+from ...simulator.kernels.attention import attention_kernels
+from ...simulator.kernels.elementwise import layer_elementwise_kernels
+from ...simulator.kernels.gemm import gemm_kernels_backward
+from ..trace import Compute, Kernel
+
+__all__ = ["layer_kernels", "compute_dtype", "linear_gemms", "activation_kinds",
+           "logits_kernels", "recompute_op"]
+
+
+def compute_dtype(train_dtype: str) -> str:
+    """The dtype of everything but the linear GEMMs: bf16 under FP8, else the training dtype."""
+    return "bf16" if train_dtype == "fp8" else train_dtype
+
+
+def activation_kinds(cfg: Any) -> dict[str, bool]:
+    """Keywords of :meth:`DecoderShape.layer_activation_bytes` the run's stack and dtype set:
+    ``flash`` (FlashAttention keeps no ``s²`` tensor) and ``fp8`` (1-byte GEMM inputs)."""
+    return {"flash": cfg.software.attention in ("flash2", "flash3"),
+            "fp8": cfg.train.dtype == "fp8"}
+
+
+def linear_gemms(shape: Any, M: float, t: int) -> dict[str, tuple[float, float, float]]:
+    """``(M, N, K)`` of the layer's four linear GEMMs on one of ``t`` Megatron 1-D ranks:
+    ``qkv`` and ``fc1`` split by columns, ``proj`` and ``fc2`` by rows."""
+    h = shape.hidden
+    return {"qkv": (M, (shape.q_width + 2 * shape.kv_width) / t, h),
+            "proj": (M, h, shape.q_width / t),
+            "fc1": (M, (shape.mlp_matrices - 1) * shape.ffn / t, h),
+            "fc2": (M, h, shape.ffn / t)}
+
+
+def _fp8_casts(M: float, N: float, K: float, backward: bool) -> tuple[Kernel, ...]:
+    if backward:
+        return (Kernel("memory", bytes=4 * M * N, dtype="bf16"),)
+    return (Kernel("memory", bytes=4 * M * K, dtype="bf16"),
+            Kernel("memory", bytes=3 * K * N, dtype="bf16"))
+
+
+def _linear(shape3: tuple[float, float, float], dtype: str, backward: bool) -> tuple[Kernel, ...]:
+    M, N, K = shape3
+    shapes = gemm_kernels_backward(M, N, K) if backward else ((M, N, K),)
+    out = tuple(Kernel("gemm", g, dtype=dtype) for g in shapes)
+    return (_fp8_casts(M, N, K, backward) + out) if dtype == "fp8" else out
+
+
+@lru_cache(maxsize=512)
+def layer_kernels(shape: Any, sw: Any, b: int, s: int, t: int, sp: bool,
+                  train_dtype: str) -> dict[str, tuple[Kernel, ...]]:
+    """Kernels of one dense layer on one TP rank: ``attn`` (qkv, core, proj), ``mlp``
+    (fc1, fc2), ``ew`` (element-wise), their backwards ``bwd.attn``, ``bwd.mlp``, ``bwd.ew``,
+    and ``recompute`` (what selective recomputation redoes: the attention core's forward,
+    Korthikanti et al. 2022 §5)."""
+    gd = train_dtype                      # linear GEMMs (fp8 under FP8)
+    od = compute_dtype(train_dtype)       # attention and element-wise
+    dt = DTYPE_BYTES[od]
+    g = linear_gemms(shape, b * s, t)
+    core = [attention_kernels(sw.attention, b, shape.heads / t, s, shape.d, dt, shape.dropout,
+                              bwd, od) for bwd in (False, True)]
+    ew = layer_elementwise_kernels(shape, b, s, t, sp, dt, sw, od)
+    return {
+        "attn": _linear(g["qkv"], gd, False) + core[0] + _linear(g["proj"], gd, False),
+        "mlp": _linear(g["fc1"], gd, False) + _linear(g["fc2"], gd, False),
+        "ew": ew,
+        "bwd.mlp": _linear(g["fc2"], gd, True) + _linear(g["fc1"], gd, True),
+        "bwd.attn": _linear(g["proj"], gd, True) + core[1] + _linear(g["qkv"], gd, True),
+        "bwd.ew": tuple(Kernel("memory", bytes=2 * k.bytes, dtype=k.dtype) for k in ew),
+        "recompute": core[0],
+    }
+
+
+def logits_kernels(tokens: float, vocab_local: float, hidden: float, dtype: str,
+                   backward: bool) -> tuple[Kernel, ...]:
+    """The output head's GEMM ``[tokens, h]·[h, V/t]`` (16-bit: Megatron's output layer is
+    not a Transformer Engine module), or its two backward GEMMs."""
+    g = (tokens, vocab_local, hidden)
+    return tuple(Kernel("gemm", x, dtype=dtype)
+                 for x in (gemm_kernels_backward(*g) if backward else (g,)))
+
+
+def recompute_op(shape: Any, kernels: dict, core_flops: float, b: int, s: int, t: int,
+                 dt: int, dtype: str, moe: bool) -> Compute:
+    """Selective recomputation's op: the attention core's forward again (QKᵀ, softmax, dropout,
+    PV; with FlashAttention its forward kernel, as Megatron-Core still checkpoints core
+    attention). MoE layers keep the plain roofline of the core's FLOPs and its softmax, mask
+    (and dropout) passes over the scores."""
+    if moe:
+        passes = 3 if shape.dropout else 2
+        return Compute("recompute.attn_core", core_flops,
+                       passes * 2 * b * shape.heads * s * s / t * dt, dtype=dtype)
+    k = kernels["recompute"]
+    flops = sum(x.flops for x in k if x.kind == "flash") or core_flops
+    return Compute("recompute.attn_core", flops, sum(x.bytes for x in k), dtype=dtype, kernels=k)

@@ -1,0 +1,181 @@
+"""The kernel-level compute model (docs/compute.md): each number derived by hand here.
+
+Device: the dgx-a100 preset, i.e. A100-SXM4: 312 TFLOP/s bf16 peak, 108 SMs, matmul ceiling
+η_max = 0.869 (MAMF table), 2,039 GB/s × 0.90 achieved memory bandwidth; tile 256×128.
+"""
+
+from __future__ import annotations
+
+
+import pytest
+
+import ddlsim
+from ddlsim.simulator.kernels import (attention_kernels, causal_fraction, gemm_quantisation,
+                                      kernel_device, kernel_time, layer_elementwise_kernels)
+from ddlsim.workloads.trace import Kernel
+
+PEAK, ETA, SMS = 312e12, 0.869, 108
+BW = 2039e9 * 0.90
+
+
+@pytest.fixture(scope="module")
+def a100():
+    return kernel_device(ddlsim.load_config(_cfg()).system)
+
+
+def _cfg(**train):
+    return {"model": {"num_hidden_layers": 2, "hidden_size": 1024, "num_attention_heads": 16,
+                      "vocab_size": 1024, "max_position_embeddings": 2048},
+            "train": {"micro_batch_size": 1, "global_batch_size": 1, "seq_length": 2048,
+                      **train},
+            "system": {"preset": "dgx-a100", "nodes": 1, "devices_per_node": 1}}
+
+
+def gemm(M, N, K, dtype="bf16"):
+    return Kernel("gemm", (M, N, K), dtype=dtype)
+
+
+def test_large_gemm_runs_at_the_ceiling(a100):
+    # 27648 × 8192: 108 × 64 tiles of 256×128 = exactly 64 waves of 108 SMs, no padding
+    M, N, K = 27648, 8192, 8192
+    assert gemm_quantisation(M, N, 1, SMS, K) == 1.0
+    assert kernel_time(gemm(M, N, K), a100) == pytest.approx(2 * M * N * K / (PEAK * ETA),
+                                                             rel=1e-12)
+
+
+def test_wave_quantised_small_gemm(a100):
+    # 3072 × 1280: 12 × 10 = 120 tiles (either orientation: 24 × 5) → 2 waves of 108 slots,
+    # 120 / 216 of them busy; more tiles than SMs, so no split-K
+    M, N, K = 3072, 1280, 4096
+    q = 120 / 216
+    assert gemm_quantisation(M, N, 1, SMS, K) == pytest.approx(q, rel=1e-12)
+    t_flops = 2 * M * N * K / (PEAK * ETA * q)                       # 213 µs
+    t_mem = (M * K + K * N + M * N) * 2 / BW                         # 23.7 µs
+    assert t_flops > t_mem
+    assert kernel_time(gemm(M, N, K), a100) == pytest.approx(t_flops, rel=1e-12)
+
+
+def test_tile_padded_odd_shape(a100):
+    # M = 8193 pays a whole extra row of tiles: ⌈8193/256⌉ = 33 × 64 = 2112 tiles → 20 waves
+    # (the other orientation: 65 × 32 = 2080 tiles, also 20 waves): 8193·8192 / (20·108·256·128)
+    M, N, K = 8193, 8192, 8192
+    q = M * N / (20 * SMS * 256 * 128)
+    assert q == pytest.approx(0.9483, abs=1e-4)
+    assert gemm_quantisation(M, N, 1, SMS, K) == pytest.approx(q, rel=1e-12)
+    assert kernel_time(gemm(M, N, K), a100) == pytest.approx(2 * M * N * K / (PEAK * ETA * q),
+                                                             rel=1e-12)
+
+
+def test_skinny_gemm_is_memory_bound(a100):
+    # K = N = 128: 2MNK / 2(MK + KN + MN) ≈ 64 FLOP/byte, below the ridge 312e12·0.869/BW ≈ 148
+    M, N, K = 65536, 128, 128
+    t_mem = (M * K + K * N + M * N) * 2 / BW                         # 18.3 µs
+    q = M * N / (3 * SMS * 256 * 128)                                # 256 tiles, 3 waves
+    assert 2 * M * N * K / (PEAK * ETA * q) < t_mem                  # 10.0 µs of FLOPs
+    assert kernel_time(gemm(M, N, K), a100) == pytest.approx(t_mem, rel=1e-12)
+
+
+def test_split_k_fills_the_device_for_few_output_tiles():
+    # 2048 × 8: 8 tiles of 256×128; K = 4096 split ⌊108/8⌋ = 13 ways → 104 slots in one wave
+    assert gemm_quantisation(2048, 8, 1, SMS, 4096) == pytest.approx(
+        2048 * 8 * 13 / (SMS * 256 * 128), rel=1e-12)
+
+
+def test_compute_efficiency_overrides_the_ceiling():
+    d = _cfg()
+    d["system"]["compute_efficiency"] = 0.5
+    dev = kernel_device(ddlsim.load_config(d).system)
+    assert dev.ceiling("bf16") == 0.5
+    assert kernel_time(gemm(27648, 8192, 8192), dev) == pytest.approx(
+        2 * 27648 * 8192 * 8192 / (PEAK * 0.5), rel=1e-12)
+
+
+def test_flash_attention_flops():
+    # causal, s = 4096: n = 32 blocks of 128 per row, 32·33/2 of 32² computed = 33/64;
+    # forward 4·b·a·s²·d of that, backward 2.5 × forward (FA2 §4.1)
+    b, a, s, d = 2, 32, 4096, 128
+    assert causal_fraction(s) == 33 / 64
+    fwd = 4 * b * a * s * s * d * 33 / 64
+    (kf,) = attention_kernels("flash2", b, a, s, d, 2, True, False)
+    (kb,) = attention_kernels("flash2", b, a, s, d, 2, True, True)
+    assert kf.kind == "flash" and kf.flops == pytest.approx(fwd, rel=1e-12)
+    assert kb.flops == pytest.approx(2.5 * fwd, rel=1e-12)
+    # Q, K, V read and O written once: no s² tensor moves
+    assert kf.bytes == 4 * b * s * a * d * 2
+
+
+def test_fused_softmax_attention_is_two_gemms_and_score_passes():
+    # fused scale-mask-softmax: read + write the b·a·s² scores; dropout: read, write, 1-B mask
+    b, a, s, d = 1, 16, 2048, 64
+    S = b * a * s * s
+    ks = attention_kernels("fused_softmax", b, a, s, d, 2, True, False)
+    assert [k.shape for k in ks if k.kind == "gemm"] == [(s, s, d), (s, d, s)]
+    assert all(k.batch == b * a for k in ks if k.kind == "gemm")
+    assert [k.bytes for k in ks if k.kind == "memory"] == [2 * 2 * S, (2 * 2 + 1) * S]
+    unfused = attention_kernels("unfused", b, a, s, d, 2, True, False)
+    assert [k.bytes for k in unfused if k.kind == "memory"] == [4 * S] * 3 + [5 * S]
+
+
+def test_fused_and_unfused_elementwise_bytes():
+    # GPT layer (biases, dropout, LayerNorm, GeLU), b = 1, s = 2048, h = 1024, f = 4096, t = 1:
+    # x = s·h, y = s·f elements, 2 bytes each, 1-byte dropout masks
+    cfg = ddlsim.load_config(_cfg())
+    sh, x, y = cfg.model.shape(), 2048 * 1024, 2048 * 4096
+    fused = cfg.software            # megatron-core-2024: everything fused
+    got = [k.bytes for k in layer_elementwise_kernels(sh, 1, 2048, 1, False, 2, fused)]
+    assert got == [2 * x * 2] * 2 + [3 * x * 2 + x] * 2 + [2 * y * 2]
+    d = _cfg()
+    d["system"]["software"] = {"stack": "megatron-lm-2021", "kernels": {
+        "fused_layernorm": False, "fused_bias_dropout_add": False, "fused_bias_gelu": False}}
+    plain = ddlsim.load_config(d).software
+    got = [k.bytes for k in layer_elementwise_kernels(sh, 1, 2048, 1, False, 2, plain)]
+    # norm 5 passes; bias 2 + residual add 3 + dropout 2 (+ mask); bias 2 + GeLU 2
+    assert got == [5 * x * 2] * 2 + [(2 + 3 + 2) * x * 2 + x] * 2 + [4 * y * 2]
+
+
+def test_fp8_runs_only_the_linear_gemms_in_fp8():
+    from ddlsim.workloads.decoder.layerkernels import layer_kernels
+    d = _cfg(dtype="fp8")
+    d["system"]["preset"] = "dgx-h100"
+    cfg = ddlsim.load_config(d)
+    lk = layer_kernels(cfg.model.shape(), cfg.software, 1, 2048, 1, False, "fp8")
+    gemms = [k for k in lk["attn"] + lk["mlp"] if k.kind == "gemm"]
+    assert [k.shape for k in gemms] == [(2048, 3072, 1024), (2048, 1024, 1024),
+                                        (2048, 4096, 1024), (2048, 1024, 4096)]
+    assert all(k.dtype == "fp8" for k in gemms)
+    assert [k.dtype for k in lk["attn"] if k.kind == "flash"] == ["bf16"]
+    assert all(k.dtype == "bf16" for k in lk["ew"])
+    # delayed-scaling casts: per forward GEMM its input (2 + 1 + 1 B) and weight (2 + 1 B)
+    casts = [k.bytes for k in lk["mlp"] if k.kind == "memory"]
+    assert casts == [4 * 2048 * 1024, 3 * 1024 * 4096, 4 * 2048 * 4096, 3 * 4096 * 1024]
+    # memory: the four linear GEMM inputs kept in 1 byte (2·s·h + s·h + s·f bytes saved)
+    sh = cfg.model.shape()
+    saved = (sh.layer_activation_bytes(1, 2048, 1, False, "none", flash=True)
+             - sh.layer_activation_bytes(1, 2048, 1, False, "none", flash=True, fp8=True))
+    assert saved == 2 * 2048 * 1024 + 2048 * 1024 + 2048 * 4096
+
+
+def test_flash_attention_keeps_no_scores():
+    # Korthikanti's 5·a·s²·b (dropout) replaced by the 4-byte log-sum-exp per row and head
+    sh = ddlsim.load_config(_cfg()).model.shape()
+    full = sh.layer_activation_bytes(1, 2048, 1, False, "none")
+    flash = sh.layer_activation_bytes(1, 2048, 1, False, "none", flash=True)
+    assert full - flash == 5 * 16 * 2048 * 2048 - 4 * 16 * 2048
+
+
+def test_selective_recompute_redoes_the_attention_core_forward():
+    # Megatron's selective recomputation re-runs QKᵀ, softmax, dropout, PV: 4·b·s²·h FLOPs per
+    # layer (2·s²·d per GEMM per head), i.e. an overhead of 4bs²h / (72bsh²(1 + s/6h)) =
+    # s/(18h) / (1 + s/(6h)) of a layer's forward + backward + ... (0.90 % for GPT-3's
+    # h = 12288, s = 2048)
+    d = _cfg(recompute="selective")
+    d["system"]["software"] = "megatron-lm-2021"
+    wl = ddlsim.build_workload(ddlsim.load_config(d))
+    ops = [o.payload for rc in wl.classes for blk in rc.program.blocks.values()
+           for o in blk.flat.ops if getattr(o.payload, "name", "") == "recompute.attn_core"]
+    assert ops
+    b, s, h = 1, 2048, 1024
+    gemm_flops = sum(2 * k.shape[0] * k.shape[1] * k.shape[2] * k.batch
+                     for k in ops[0].kernels if k.kind == "gemm")
+    assert gemm_flops == ops[0].flops == 4 * b * s * s * h
+    assert 2048 / (18 * 12288) / (1 + 2048 / (6 * 12288)) == pytest.approx(0.0090, abs=1e-4)
