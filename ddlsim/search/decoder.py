@@ -23,7 +23,6 @@ import numpy as np
 from ..config import DTYPE_BYTES
 from ..errors import ConfigError
 from ..workloads.decoder import tp_overlap as tpo
-from ..workloads.decoder.builder import ADAM_BYTES_PER_PARAM
 from ..workloads.decoder.zero3 import gathered_layers
 from ..simulator.kernels import kernel_device, optimizer_bytes_per_param
 from ..simulator.kernels.elementwise import loss_bytes
@@ -114,7 +113,8 @@ class DecoderVectors:
         bwd = (redo + k["bwd.mlp"] + tp_bwd + k["bwd.attn"] + tp_bwd + k["bwd.ew"]
                + mem(sh.layer_params / t * acc))
         if ctx.cfg.software.tp_comm_overlap != "off":
-            fwd, bwd = self._tp_overlap(ctx, plans, (coll, mem), k, (fwd, bwd, acc), g)
+            fwd, bwd = self._tp_overlap(ctx, plans, (coll, mem), k, (fwd, bwd, acc),
+                                        sh.layer_gemm_flops(1, s))
         emb = mem(2 * act) + coll("all_reduce", "tp", act) * multi
         head_f = (k["logits"] + mem(loss_bytes(b * s, sh.vocab / t, dt,
                                                ctx.cfg.software.fused_cross_entropy))
