@@ -14,6 +14,8 @@ others); across the ``cp`` axis it is a ring or an all-gather (:mod:`.context`).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from typing import Any, ClassVar
 
 from ....config import DTYPE_BYTES
@@ -138,6 +140,20 @@ class LayerPartitioner:
         return attention_kernels(self.cfg.software.attention, self.b, sh.heads / self.size,
                                  self.s, sh.d, self.dt, sh.dropout, backward, self.dtype)
 
+    def cp_core_kernels(self, backward: bool, share: float) -> tuple | None:
+        """Under context parallelism, the kernels of ``share`` of the rank's attention core
+        when the stack runs FlashAttention: the full-sequence kernel over the rank's heads,
+        FLOPs times ``share / cp`` (the rank's load-balanced queries, Megatron-Core's
+        ``get_batch_on_this_cp_rank``) and its Q/K/V/O traffic times ``1 / cp``. None for
+        the unfused paths (the ring steps keep the FLOPs roofline)."""
+        from ....simulator.kernels.attention import FLASH_KINDS
+        if self.cfg.software.attention not in FLASH_KINDS:
+            return None
+        sh, cp = self.shape, self.cp
+        full = attention_kernels(self.cfg.software.attention, self.b, sh.heads / self.size,
+                                 self.s, sh.d, self.dt, sh.dropout, backward, self.dtype)
+        return tuple(replace(k, flops=k.flops * share / cp, bytes=k.bytes / cp) for k in full)
+
     def gemm_forward(self, ops: OpList, name: str, M: float, N: float, K: float,
                      row_parallel: bool) -> None:
         """Append the ops of ``C[M,N] = A[M,K]·B[K,N]`` (``row_parallel``: Megatron's
@@ -216,12 +232,14 @@ class LayerPartitioner:
         return passes * 2 * self.b * self.shape.heads * self.s * self.s / t * self.dt / self.cp
 
     def ew_kernels(self) -> tuple | None:
-        """The element-wise kernels of one layer (None under context parallelism, whose
-        count keeps the ``s²`` scores passes in :meth:`elementwise_bytes`)."""
-        if self.cp > 1:
+        """The element-wise kernels of one layer on the rank's ``s/cp`` positions (None under
+        context parallelism without FlashAttention, whose count keeps the ``s²`` scores
+        passes in :meth:`elementwise_bytes`)."""
+        from ....simulator.kernels.attention import FLASH_KINDS
+        if self.cp > 1 and self.cfg.software.attention not in FLASH_KINDS:
             return None
         t, sp = self.ew_split()
-        return layer_elementwise_kernels(self.shape, self.b, self.s, t, sp, self.dt,
+        return layer_elementwise_kernels(self.shape, self.b, self.s // self.cp, t, sp, self.dt,
                                          self.cfg.software, self.dtype)
 
     def elementwise_bytes(self) -> float:
