@@ -1,0 +1,111 @@
+"""Shared helpers of the public-measurement validations (validate_h100.py, validate_zero3.py).
+
+Reading a provenance-headed CSV, Megatron's vocabulary padding, predicting a row with the fit
+check reported rather than fatal, and printing a plain or Markdown table.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import sys
+from pathlib import Path
+
+import ddlsim
+from ddlsim.errors import WorkTooLargeError
+from ddlsim.limits import Limits
+from ddlsim.textio import write_output
+
+DATA = Path(__file__).with_name("data")
+DOC = Path(__file__).parents[1] / "docs" / "validation.md"
+VOCAB_DIVISOR = 128   # Megatron/NeMo --make-vocab-size-divisible-by default
+
+
+def read_csv(path: Path) -> list[dict]:
+    """The rows of ``path``: ``#`` lines are its provenance header, the rest a CSV."""
+    lines = [ln for ln in path.read_text().splitlines() if ln and not ln.startswith("#")]
+    return list(csv.DictReader(lines))
+
+
+def header(path: Path) -> str:
+    """The provenance header of ``path`` (its ``#`` lines, without the ``#``)."""
+    return "\n".join(ln[1:].strip() for ln in path.read_text().splitlines()
+                     if ln.startswith("#"))
+
+
+def padded_vocab(vocab: int, tp: int) -> int:
+    """Megatron's padded vocabulary: ``vocab`` rounded up to a multiple of 128·TP."""
+    multiple = VOCAB_DIVISOR * tp
+    return -(-vocab // multiple) * multiple
+
+
+def predict(config: dict, engine: str, limits: Limits | None = None
+            ) -> tuple[ddlsim.Result | None, str, str]:
+    """``(result, refused, skipped)``: the prediction; for a plan ddlsim says does not fit,
+    the prediction made with ``check_fit=False`` and the reason; for a run over the engine's
+    work budget (``limits``, default ddlsim's), no result and the reason."""
+    try:
+        try:
+            return ddlsim.predict(config, engine, limits=limits), "", ""
+        except ddlsim.PlanDoesNotFitError as exc:
+            return ddlsim.predict(config, engine, check_fit=False, limits=limits), str(exc), ""
+    except WorkTooLargeError as exc:
+        return None, "", str(exc)
+
+
+def print_table(head: list[str], lines: list[list[str]], markdown: bool) -> None:
+    """Print ``lines`` under ``head``, aligned, or as a Markdown table."""
+    if markdown:
+        for cells in [head, ["---"] * len(head), *lines]:
+            print("| " + " | ".join(cells) + " |")
+        return
+    widths = [max(len(c[i]) for c in [head, *lines]) for i in range(len(head))]
+    for cells in [head, *lines]:
+        print("  ".join(c.rjust(w) for c, w in zip(cells, widths)))
+
+
+def print_notes(out: list[dict], label, markdown: bool = False) -> None:
+    """One paragraph per row that was refused (does not fit) or not run (work budget); in
+    Markdown, a list of their first sentences (the need against the capacity, or the budget)."""
+    notes = [(label(o), o["refused"] or o["skipped"]) for o in out if o["refused"] or o["skipped"]]
+    if markdown and notes:
+        print()
+    for name, why in notes:
+        print(f"- {name}: {why.split('. ')[0]}." if markdown else f"\n{name}: {why}")
+
+
+def add_arguments(ap) -> None:
+    """The options both scripts take: engine, Markdown, and the DES work budget."""
+    ap.add_argument("--engine", default="analytical", choices=["analytical", "des"])
+    ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    ap.add_argument("--write-docs", action="store_true",
+                    help="also replace this script's table in docs/validation.md (Markdown)")
+    ap.add_argument("--des-rank-ops", type=float, default=None, metavar="N",
+                    help="raise the DES work budget (ddlsim's Limits.des_rank_ops) to N; rows "
+                         "over the budget are shown as not run")
+
+
+def limits_of(args) -> Limits | None:
+    """The work budget the options ask for (None: ddlsim's default)."""
+    return None if args.des_rank_ops is None else Limits(des_rank_ops=int(args.des_rank_ops))
+
+
+def markdown_of(show) -> str:
+    """What ``show(markdown=True)`` prints, as a string."""
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        show(markdown=True)
+    return buf.getvalue().strip("\n")
+
+
+def write_docs(name: str, text: str) -> None:
+    """Replace the block between ``<!-- name: begin -->`` and ``<!-- name: end -->`` in
+    docs/validation.md with ``text``; exits naming the markers if the page lacks them."""
+    begin, end = f"<!-- {name}: begin -->", f"<!-- {name}: end -->"
+    doc = DOC.read_text()
+    if begin not in doc or end not in doc or doc.index(begin) > doc.index(end):
+        sys.exit(f"{DOC}: no {begin} ... {end} block to replace; add the two markers where "
+                 "the table belongs")
+    new = doc[:doc.index(begin)] + f"{begin}\n\n{text}\n\n" + doc[doc.index(end):]
+    write_output(DOC, new, force=True, what="docs page")

@@ -1,0 +1,170 @@
+"""Predicted vs published iteration time of NeMo 24.07's FP8 pre-training runs on DGX H100.
+
+Run:  python benchmarks/validate_h100.py [--engine analytical|des] [--markdown] [--write-docs]
+      [--des-rank-ops N]
+
+The published table (NVIDIA/NeMo docs/source/performance/performance_summary.md, NeMo 24.07,
+DGX-H100, FP8) and its provenance are in ``data/nemo_2407_h100_fp8.csv``; the model and run
+options the table leaves out, read from NeMo-Framework-Launcher's training configs at tag
+24.07, are in ``data/nemo_2407_h100_settings.csv``, each column with the config key it comes
+from. No per-row factors and nothing tuned: the prediction is ddlsim's model as it stands, on
+the ``dgx-h100`` preset with the ``megatron-core-2024`` software stack.
+
+The table states throughput in tokens per second per GPU, so the published iteration time is
+``GBS · seq / (tokens/s/GPU · GPUs)`` with no FLOP convention involved; the error is the error in
+iteration time, ``predicted / published − 1`` (positive: ddlsim is too slow). A row that does
+not fit under ddlsim's memory model is predicted with ``check_fit=False`` and marked.
+
+Nemotron's layers (squared-ReLU, ungated MLP, no biases, LayerNorm1p, RoPE) have no ddlsim
+architecture. Without grouped-query attention (8B, 22B) they are run as ``gpt`` with the
+published FFN size and untied embeddings (biases, GeLU and learned positions instead); with it
+(340B) as ``llama`` with a gated MLP of 2/3 the FFN size (the same weights and GEMM FLOPs).
+Such rows are marked ``≈``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from public_runs import (DATA, add_arguments, limits_of, markdown_of, padded_vocab, predict,
+                         print_notes, print_table, read_csv, write_docs)
+
+TABLE = DATA / "nemo_2407_h100_fp8.csv"
+SETTINGS = DATA / "nemo_2407_h100_settings.csv"
+GPUS_PER_NODE = 8          # DGX H100: 8 GPUs per node
+STACK = "megatron-core-2024"
+#: Kernel switches the launcher configs set differently from model to model (settings CSV).
+KERNEL_SWITCHES = ("fused_cross_entropy", "fused_bias_gelu", "fused_bias_dropout_add")
+
+
+def rows() -> list[dict]:
+    """The table's rows, each joined with its model's settings; exits on a model without."""
+    settings = {r["model"]: r for r in read_csv(SETTINGS)}
+    out = []
+    for pub in read_csv(TABLE):
+        if pub["model"] not in settings:
+            sys.exit(f"{pub['model']}: no row in {SETTINGS.name}")
+        out.append({**settings[pub["model"]], **pub})
+    return out
+
+
+def _int(row: dict, *keys: str) -> list[int]:
+    return [int(row[k]) for k in keys]
+
+
+def approximated(row: dict) -> bool:
+    """True for a model ddlsim cannot express as published (Nemotron's MLP and norm)."""
+    return row["activation"] == "squared-relu"
+
+
+def model_section(row: dict) -> dict:
+    """The ddlsim model of one row, from the launcher config (see the settings CSV)."""
+    layers, hidden, ffn, heads, kv, vocab, tp, seq = _int(
+        row, "layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "tp", "seq")
+    common = {"name": row["model"], "num_hidden_layers": layers, "hidden_size": hidden,
+              "num_attention_heads": heads, "vocab_size": padded_vocab(vocab, tp),
+              "max_position_embeddings": seq, "tie_word_embeddings": row["tied"] == "true"}
+    if row["activation"] == "gelu" or (approximated(row) and kv == heads):
+        return {**common, "architecture": "gpt", "intermediate_size": ffn}
+    if approximated(row):   # gated MLP with the ungated one's weights: 3·h·f' = 2·h·f
+        ffn = 2 * ffn // 3
+    return {**common, "architecture": "llama", "num_key_value_heads": kv,
+            "intermediate_size": ffn, "hidden_act": "silu"}
+
+
+def config(row: dict) -> dict:
+    """The ddlsim run config of one row: the table's plan, the launcher config's options."""
+    gpus, tp, pp, cp, vp = _int(row, "gpus", "tp", "pp", "cp", "vp")
+    parallel = {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
+                "context_parallel_size": cp, "data_parallel_size": gpus // (tp * pp * cp),
+                "sequence_parallel": row["sequence_parallel"] == "true",
+                "zero_stage": 1,                    # distributed_fused_adam
+                "overlap_grad_reduce": True, "overlap_param_gather": True,
+                "tp_comm_overlap": "pipelined" if row["tp_comm_overlap"] == "true" else "off",
+                "overlap_p2p_comm": row["overlap_p2p_comm"] == "true", "schedule": "1f1b"}
+    if vp > 1:
+        parallel.update(schedule="interleaved", virtual_pipeline_model_parallel_size=vp)
+    return {
+        "model": model_section(row),
+        "parallel": parallel,
+        "train": {"micro_batch_size": int(row["mbs"]), "global_batch_size": int(row["gbs"]),
+                  "seq_length": int(row["seq"]), "dtype": "fp8", "recompute": row["recompute"]},
+        "system": {"preset": "dgx-h100", "nodes": gpus // GPUS_PER_NODE,
+                   "software": {"stack": STACK, "kernels": {
+                       k: row[k] == "true" for k in KERNEL_SWITCHES}}},
+    }
+
+
+def published_time(row: dict) -> float:
+    """Seconds per iteration implied by the published tokens/s/GPU."""
+    gpus, gbs, seq, tput = _int(row, "gpus", "gbs", "seq", "tokens_per_s_per_gpu")
+    return gbs * seq / (tput * gpus)
+
+
+def evaluate(engine: str = "analytical", only: list[dict] | None = None,
+             limits=None) -> list[dict]:
+    """One record per row: published and predicted iteration time, error, fit note."""
+    out = []
+    for row in rows() if only is None else only:
+        r, refused, skipped = predict(config(row), engine, limits)
+        rec = {"row": row, "result": r, "refused": refused, "skipped": skipped,
+               "published": published_time(row)}
+        if r is not None:
+            rec["predicted"] = r.iteration_time_s
+            rec["error"] = r.iteration_time_s / rec["published"] - 1
+        out.append(rec)
+    return out
+
+
+def _label(o: dict) -> str:
+    return f"{o['row']['model']} on {o['row']['gpus']} GPUs"
+
+
+def _print(out: list[dict], markdown: bool) -> None:
+    head = ["model", "GPUs", "TP", "PP", "CP", "VP", "DP", "MBS", "GBS", "seq",
+            "published tok/s/GPU", "published (s)", "predicted (s)", "error"]
+    lines = []
+    for o in out:
+        row = o["row"]
+        gpus, tp, pp, cp = _int(row, "gpus", "tp", "pp", "cp")
+        name = row["model"] + (" ≈" if approximated(row) else "")
+        cells = [name, row["gpus"], row["tp"], row["pp"], row["cp"], row["vp"],
+                 str(gpus // (tp * pp * cp)), row["mbs"], row["gbs"], row["seq"],
+                 row["tokens_per_s_per_gpu"], f"{o['published']:.3f}"]
+        if o["result"] is None:
+            cells += ["not run (work limit)", "-"]
+        else:
+            note = " (does not fit; check_fit=False)" if o["refused"] else ""
+            cells += [f"{o['predicted']:.3f}{note}", f"{100 * o['error']:+.1f}%"]
+        lines.append(cells)
+    print_table(head, lines, markdown)
+    print_notes(out, _label, markdown)
+
+
+def summary(out: list[dict], engine: str) -> str:
+    """Mean |error|, worst row and signed mean over the rows that ran."""
+    ran = [o for o in out if o["result"] is not None]
+    errors = [o["error"] for o in ran]
+    worst = max(ran, key=lambda o: abs(o["error"]))
+    return (f"mean |error| {100 * sum(map(abs, errors)) / len(errors):.1f}%, worst "
+            f"{100 * abs(worst['error']):.1f}% ({_label(worst)}), signed mean "
+            f"{100 * sum(errors) / len(errors):+.1f}% ({engine} engine, {len(ran)} of "
+            f"{len(out)} rows; positive = ddlsim too slow)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(ap)
+    args = ap.parse_args(argv)
+    out = evaluate(args.engine, limits=limits_of(args))
+    _print(out, args.markdown)
+    print("\n" + summary(out, args.engine))
+    if args.write_docs:
+        write_docs("validate_h100", markdown_of(lambda markdown: _print(out, markdown))
+                   + "\n\n" + summary(out, args.engine))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

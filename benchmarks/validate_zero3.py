@@ -1,0 +1,172 @@
+"""ZeRO-3 against PTD-P (3-D parallelism): predicted vs published, and the ordering of each pair.
+
+Run:  python benchmarks/validate_zero3.py [--engine analytical|des] [--markdown] [--write-docs]
+      [--des-rank-ops N]
+
+Narayanan et al. 2021 (SC'21, arXiv:2104.04473), Sec. 5.2 and Table 2, ran GPT-3 175B and the
+530B model on Selene (DGX A100) with ZeRO-3 and no model parallelism (DeepSpeed) and with PTD-P,
+at the same global batch and several GPU counts. ``data/megatron_sc21_zero3.csv`` holds the
+table and, for every setting the paper does not state, where it was taken from (the paper's own
+sc21 scripts for the same layout). No per-row factors and nothing tuned; ``dgx-a100`` preset,
+software stack ``deepspeed`` for ZeRO-3 and ``megatron-lm-2021`` for PTD-P.
+
+Published and predicted throughput use the paper's FLOP count, eq. (3) with V = 51,200, so the
+published iteration time is ``eq3 / (TFLOP/s per GPU · GPUs)`` and the error is the error in
+iteration time (positive: ddlsim too slow). The key check is the ordering: for each model and
+GPU count, is PTD-P faster per GPU than ZeRO-3, and by how much (the paper: 6 % and 24 % at
+the fewest GPUs, about 70 % once the GPUs are doubled). The 530B pair at the fewest GPUs
+compares 640 ZeRO-3 GPUs (batch 2,560) with 560 PTD-P GPUs (batch 2,240), as the paper does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from public_runs import (DATA, add_arguments, limits_of, markdown_of, padded_vocab, predict,
+                         print_notes, print_table, read_csv, write_docs)
+
+TABLE = DATA / "megatron_sc21_zero3.csv"
+SEQ = 2048                 # sc21 CONFIG.sh: --seq-length 2048
+PAPER_VOCAB = 51200        # the paper's V in eq. (3)
+GPT2_VOCAB = 50257         # GPT2BPETokenizer, padded to 128·TP by Megatron
+GPUS_PER_NODE = 8          # DGX A100
+STACKS = {"zero3": "deepspeed", "ptdp": "megatron-lm-2021"}
+
+
+def rows() -> list[dict]:
+    """Table 2's rows with their settings (see the CSV's header)."""
+    return read_csv(TABLE)
+
+
+def config(row: dict) -> dict:
+    """The ddlsim run config of one row."""
+    gpus, tp, pp = int(row["gpus"]), int(row["tp"]), int(row["pp"])
+    parallel = {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
+                "data_parallel_size": gpus // (tp * pp), "schedule": "1f1b"}
+    if row["scheme"] == "zero3":
+        parallel["zero_stage"] = 3
+    if row["layers_per_virtual_stage"]:
+        vpp = int(row["layers"]) // pp // int(row["layers_per_virtual_stage"])
+        parallel.update(schedule="interleaved", virtual_pipeline_model_parallel_size=vpp)
+    model = {"name": f"gpt-{row['params_b']}b", "architecture": "gpt",
+             "num_hidden_layers": int(row["layers"]), "hidden_size": int(row["hidden"]),
+             "num_attention_heads": int(row["heads"]), "vocab_size": padded_vocab(GPT2_VOCAB, tp),
+             "max_position_embeddings": SEQ}
+    return {"model": model, "parallel": parallel,
+            "train": {"micro_batch_size": int(row["micro_batch"]),
+                      "global_batch_size": int(row["batch"]), "seq_length": SEQ,
+                      "dtype": "fp16", "recompute": "full"},
+            "system": {"preset": "dgx-a100", "nodes": gpus // GPUS_PER_NODE,
+                       "software": STACKS[row["scheme"]]}}
+
+
+def paper_flops(row: dict) -> float:
+    """One iteration's FLOPs, eq. (3): 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))."""
+    B, l, h = int(row["batch"]), int(row["layers"]), int(row["hidden"])
+    return 96.0 * B * SEQ * l * h * h * (1 + SEQ / (6 * h) + PAPER_VOCAB / (16 * l * h))
+
+
+def evaluate(engine: str = "analytical", only: list[dict] | None = None,
+             limits=None) -> list[dict]:
+    """One record per row: published and predicted iteration time and TFLOP/s per GPU."""
+    out = []
+    for row in rows() if only is None else only:
+        gpus = int(row["gpus"])
+        r, refused, skipped = predict(config(row), engine, limits)
+        published = paper_flops(row) / (float(row["tflops_per_gpu"]) * 1e12 * gpus)
+        rec = {"row": row, "result": r, "refused": refused, "skipped": skipped,
+               "published": published}
+        if r is not None:
+            rec["predicted"] = r.iteration_time_s
+            rec["error"] = r.iteration_time_s / published - 1
+            rec["tflops"] = paper_flops(row) / r.iteration_time_s / gpus / 1e12
+        out.append(rec)
+    return out
+
+
+def pairs(out: list[dict]) -> list[tuple[dict, dict]]:
+    """(ZeRO-3, PTD-P) records of the same model, matched in order of GPU count."""
+    by = {}
+    for o in out:
+        by.setdefault((o["row"]["params_b"], o["row"]["scheme"]), []).append(o)
+    result = []
+    for (params, scheme), zs in by.items():
+        if scheme == "zero3":
+            ps = by[(params, "ptdp")]
+            key = lambda o: int(o["row"]["gpus"])  # noqa: E731
+            result += list(zip(sorted(zs, key=key), sorted(ps, key=key)))
+    return result
+
+
+def ordering(z: dict, p: dict) -> dict:
+    """Published and predicted PTD-P / ZeRO-3 per-GPU throughput ratios, and if they agree."""
+    pub = float(p["row"]["tflops_per_gpu"]) / float(z["row"]["tflops_per_gpu"])
+    if z["result"] is None or p["result"] is None:
+        return {"published": pub, "predicted": None, "same_order": None}
+    pred = p["tflops"] / z["tflops"]
+    return {"published": pub, "predicted": pred, "same_order": (pub > 1) == (pred > 1)}
+
+
+def _time_cells(o: dict) -> list[str]:
+    if o["result"] is None:
+        return ["not run (work limit)", "-", "-"]
+    note = " (does not fit; check_fit=False)" if o["refused"] else ""
+    return [f"{o['tflops']:.1f}", f"{o['predicted']:.2f}{note}", f"{100 * o['error']:+.1f}%"]
+
+
+def _label(o: dict) -> str:
+    return f"{o['row']['params_b']}B {o['row']['scheme']} on {o['row']['gpus']} GPUs"
+
+
+def _print(out: list[dict], markdown: bool) -> None:
+    head = ["model", "scheme", "GPUs", "TP", "PP", "VPP-layers", "mbs", "batch",
+            "published TFLOP/s", "published (s)", "predicted TFLOP/s", "predicted (s)", "error"]
+    lines = [[f"{o['row']['params_b']}B", o["row"]["scheme"], o["row"]["gpus"], o["row"]["tp"],
+              o["row"]["pp"], o["row"]["layers_per_virtual_stage"] or "-",
+              o["row"]["micro_batch"], o["row"]["batch"], o["row"]["tflops_per_gpu"],
+              f"{o['published']:.2f}", *_time_cells(o)] for o in out]
+    print_table(head, lines, markdown)
+    print()
+    head = ["model", "GPUs (ZeRO-3 / PTD-P)", "published PTD-P ÷ ZeRO-3",
+            "predicted PTD-P ÷ ZeRO-3", "ddlsim orders as measured"]
+    lines = []
+    for z, p in pairs(out):
+        o = ordering(z, p)
+        pred = "-" if o["predicted"] is None else f"{o['predicted']:.2f}×"
+        same = {None: "-", True: "yes", False: "**no**" if markdown else "NO"}[o["same_order"]]
+        lines.append([f"{z['row']['params_b']}B", f"{z['row']['gpus']} / {p['row']['gpus']}",
+                      f"{o['published']:.2f}×", pred, same])
+    print_table(head, lines, markdown)
+    print_notes(out, _label, markdown)
+
+
+def summary(out: list[dict], engine: str) -> str:
+    """Mean |error|, worst row, and how many pairs ddlsim orders as measured."""
+    ran = [o for o in out if o["result"] is not None]
+    errors = [o["error"] for o in ran]
+    worst = max(ran, key=lambda o: abs(o["error"]))
+    orders = [ordering(z, p)["same_order"] for z, p in pairs(out)]
+    judged = [s for s in orders if s is not None]
+    return (f"mean |error| {100 * sum(map(abs, errors)) / len(errors):.1f}%, worst "
+            f"{100 * abs(worst['error']):.1f}% ({_label(worst)}), signed mean "
+            f"{100 * sum(errors) / len(errors):+.1f}%; ordering as measured in "
+            f"{sum(judged)} of {len(judged)} pairs ({engine} engine, {len(ran)} of {len(out)} "
+            "rows; positive error = ddlsim too slow)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(ap)
+    args = ap.parse_args(argv)
+    out = evaluate(args.engine, limits=limits_of(args))
+    _print(out, args.markdown)
+    print("\n" + summary(out, args.engine))
+    if args.write_docs:
+        write_docs("validate_zero3", markdown_of(lambda markdown: _print(out, markdown))
+                   + "\n\n" + summary(out, args.engine))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""The public-measurement validations: their data's provenance and consistency, and that the
+scripts run (benchmarks/validate_h100.py, benchmarks/validate_zero3.py).
+
+No accuracy bounds here: the figures are the model's state at the time and are reported in
+docs/validation.md; these tests pin the data (every check below is derived from the sources
+by hand, as written beside it) and the mapping of each setting onto ddlsim's config.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCH))          # the scripts import their shared helper, public_runs
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+vh = _load("validate_h100")
+vz = _load("validate_zero3")
+pr = _load("public_runs")
+
+H100 = {(r["model"], int(r["gpus"])): r for r in vh.rows()}
+ZERO3 = vz.rows()
+
+
+@pytest.mark.parametrize("name, must_cite", [
+    ("nemo_2407_h100_fp8.csv", ["NVIDIA/NeMo", "performance_summary.md", "NeMo24.07",
+                                "DGX-H100", "FP8"]),
+    ("nemo_2407_h100_settings.csv", ["NeMo-Framework-Launcher", "tag 24.07",
+                                     "launcher_scripts/conf/training"]),
+    ("megatron_sc21_zero3.csv", ["arXiv:2104.04473", "Table 2", "run_figure_12.sh",
+                                 "run_table_1.sh"]),
+])
+def test_data_files_carry_their_provenance(name, must_cite):
+    """Each file names its source, and a 40-hex commit where the source is a repository."""
+    text = pr.header(pr.DATA / name)
+    for cite in must_cite:
+        assert cite in text, f"{name}: provenance header does not name {cite!r}"
+    assert re.search(r"\b[0-9a-f]{40}\b", text), f"{name}: no commit hash in its header"
+
+
+def test_every_h100_row_is_a_whole_plan():
+    """DP = GPUs / (TP·PP·CP) is whole, the batch splits into micro-batches over DP, whole
+    nodes of 8, and with VP > 1 every stage holds VP whole chunks of layers."""
+    assert len(H100) == 12            # the table's 12 rows (GPT3-175B twice: 128 and 512 GPUs)
+    for (model, gpus), r in H100.items():
+        tp, pp, cp, vp, gbs, mbs, layers = (int(r[k]) for k in (
+            "tp", "pp", "cp", "vp", "gbs", "mbs", "layers"))
+        assert gpus % (tp * pp * cp) == 0 and gpus % 8 == 0, model
+        assert gbs % (mbs * gpus // (tp * pp * cp)) == 0, model
+        assert layers % (pp * vp) == 0, model
+        assert int(r["heads"]) % int(r["kv_heads"]) == 0, model
+
+
+def test_h100_throughput_columns_agree_under_nemos_flop_count():
+    """The table's two throughput columns, divided, give NeMo's model FLOPs per token. By hand,
+    for LLAMA2-7B: 780e12 / 16,934 = 46.06 GFLOP/token; 6·(32·(2·4096² + 2·4096²·32/32
+    + 3·4096·11008) + 32000·4096) + 12·32·4096·4096 = 46.08 GFLOP. The same count holds on
+    every row within 0.5 %, which ties each row's settings (layers, width, FFN, KV heads,
+    vocabulary, gated or not) to its published figures."""
+    for (model, gpus), r in H100.items():
+        l, h, f, a, g, V, s = (int(r[k]) for k in (
+            "layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "seq"))
+        attention = h * h * (2 + 2 * g / a)                    # Q and O, plus K and V per group
+        mlp = (3 if r["activation"] == "fast-swiglu" else 2) * h * f
+        per_token = 6 * (l * (attention + mlp) + V * h) + 12 * l * s * h
+        implied = float(r["model_tflops_per_gpu"]) * 1e12 / float(r["tokens_per_s_per_gpu"])
+        assert implied == pytest.approx(per_token, rel=5e-3), (model, gpus)
+
+
+def test_h100_settings_map_onto_ddlsim():
+    """Hand-read from the launcher configs at tag 24.07 and the table."""
+    gpt20 = vh.config(H100[("GPT3-20B", 64)])
+    assert gpt20["model"]["vocab_size"] == 50432        # 50257 rounded up to 128·2 = 256
+    assert gpt20["parallel"]["data_parallel_size"] == 32                 # 64 / 2
+    assert gpt20["parallel"]["sequence_parallel"] is True
+    assert gpt20["parallel"]["tp_comm_overlap"] == "pipelined"           # ub_tp_comm_overlap
+    assert gpt20["train"]["dtype"] == "fp8" and gpt20["train"]["recompute"] == "none"
+    l70 = vh.config(H100[("LLAMA2-70B", 64)])
+    assert l70["model"]["vocab_size"] == 32256          # 32000 rounded up to 128·4 = 512
+    assert l70["model"]["num_key_value_heads"] == 8
+    assert l70["parallel"]["schedule"] == "interleaved"
+    assert l70["parallel"]["virtual_pipeline_model_parallel_size"] == 20
+    assert l70["system"]["preset"] == "dgx-h100" and l70["system"]["nodes"] == 8
+    assert l70["system"]["software"]["stack"] == "megatron-core-2024"
+    assert l70["system"]["software"]["kernels"]["fused_cross_entropy"] is False  # not set
+    l3 = vh.config(H100[("LLAMA3-8B", 8)])
+    assert l3["parallel"]["context_parallel_size"] == 2
+    assert l3["parallel"]["data_parallel_size"] == 4                     # 8 / (1·1·2)
+    assert l3["model"]["vocab_size"] == 128256                           # already 1002·128
+    assert l3["system"]["software"]["kernels"]["fused_cross_entropy"] is True  # llama3_8b.yaml
+    n340 = vh.config(H100[("Nemotron-340B", 128)])  # GQA: gated MLP of 2/3 · 73,728 = 49,152
+    assert n340["model"]["architecture"] == "llama"
+    assert n340["model"]["intermediate_size"] == 49152
+    n8 = vh.config(H100[("Nemotron-8B", 64)])       # MHA: ungated gpt MLP of the published FFN
+    assert n8["model"]["architecture"] == "gpt" and n8["model"]["intermediate_size"] == 16384
+    assert n8["model"]["tie_word_embeddings"] is False
+    assert vh.approximated(H100[("Nemotron-8B", 64)])
+    assert not vh.approximated(H100[("LLAMA2-7B", 8)])
+
+
+def test_h100_script_runs_one_row(capsys):
+    """LLAMA2-7B on one node; published time 128·4096 / (16,934·8) = 3.870 s."""
+    (rec,) = vh.evaluate("analytical", only=[H100[("LLAMA2-7B", 8)]])
+    assert rec["published"] == pytest.approx(128 * 4096 / (16934 * 8))
+    assert math.isfinite(rec["predicted"]) and rec["predicted"] > 0
+    assert rec["error"] == pytest.approx(rec["predicted"] / rec["published"] - 1)
+    vh._print([rec], markdown=True)
+    assert "| LLAMA2-7B | 8 |" in capsys.readouterr().out
+
+
+def test_zero3_table_is_consistent_with_its_training_days():
+    """Table 2's last column is 300e9 tokens / (B·2048) iterations × eq. (3)/(X·n) seconds;
+    e.g. ZeRO-3 174.6B on 384 GPUs: 95,367 iterations × 81.6 s = 90.0 days (published 90). Every
+    row agrees within the rounding of the days (0.5) and of X (0.5 TFLOP/s)."""
+    for r in ZERO3:
+        X, days = float(r["tflops_per_gpu"]), float(r["days_300b"])
+        iterations = 300e9 / (int(r["batch"]) * vz.SEQ)
+        computed = iterations * vz.paper_flops(r) / (X * 1e12 * int(r["gpus"])) / 86400
+        assert abs(computed - days) <= 0.5 + computed * 0.5 / X, r
+
+
+def test_zero3_rows_pair_up_as_in_the_paper():
+    """Three GPU counts per model and scheme; PTD-P's model-parallel size is TP·PP (96 = 8·12,
+    280 = 8·35), ZeRO-3's is 1 with no TP or PP; every PTD-P stage holds whole virtual chunks."""
+    assert len(ZERO3) == 12
+    for r in ZERO3:
+        tp, pp = int(r["tp"]), int(r["pp"])
+        assert int(r["model_parallel"]) == tp * pp
+        if r["scheme"] == "ptdp":
+            assert int(r["layers"]) % (pp * int(r["layers_per_virtual_stage"])) == 0
+    fake = [{"row": r, "result": None} for r in ZERO3]
+    got = [(z["row"]["params_b"], z["row"]["gpus"], p["row"]["gpus"]) for z, p in vz.pairs(fake)]
+    assert got == [("174.6", "384", "384"), ("174.6", "768", "768"), ("174.6", "1536", "1536"),
+                   ("529.6", "640", "560"), ("529.6", "1120", "1120"),
+                   ("529.6", "2240", "2240")]
+
+
+def test_zero3_script_runs_one_pair(capsys):
+    """174.6B on 384 GPUs: the published PTD-P ÷ ZeRO-3 ratio is 153 / 144 = 1.0625."""
+    small = [r for r in ZERO3 if r["gpus"] == "384"]
+    z, p = vz.evaluate("analytical", only=small)
+    assert z["row"]["scheme"] == "zero3" and p["row"]["scheme"] == "ptdp"
+    cfg = vz.config(z["row"])
+    assert cfg["parallel"]["zero_stage"] == 3 and cfg["parallel"]["data_parallel_size"] == 384
+    assert cfg["model"]["vocab_size"] == 50304                       # 50257 up to 128
+    assert vz.config(p["row"])["parallel"]["virtual_pipeline_model_parallel_size"] == 4  # 96/12/2
+    order = vz.ordering(z, p)
+    assert order["published"] == pytest.approx(153 / 144)
+    assert order["same_order"] in (True, False)
+    assert order["predicted"] == pytest.approx(p["tflops"] / z["tflops"])
+    vz._print([z, p], markdown=False)
+    assert "174.6B" in capsys.readouterr().out
