@@ -243,7 +243,7 @@ def solve(nd: Nodes) -> tuple[np.ndarray, np.ndarray] | None:
     early = nd.waits & ~nd.after
     chains = [_Chain(nd, c, src, early) for c in range(C)]
     for ch in chains:
-        for s in set(nd.cls[ch.sc[ch.sc < N]].tolist()):
+        for s in np.bincount(nd.cls[ch.sc[ch.sc < N]], minlength=C).nonzero()[0].tolist():
             chains[s].readers.append((ch, *_window_map(ch.sc, int(nd.off[s]), int(nd.lim[s]))))
     order = ([ch for ch in chains if ch.b > ch.a],)
     order += (order[0][::-1],)
