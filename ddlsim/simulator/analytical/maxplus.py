@@ -17,6 +17,15 @@ which for a deadlock-free program is the schedule the list scheduler computes (e
 the longest path to its node). Every node's duration is positive, so a cyclic (deadlocked)
 program never settles and is left to the scheduler, as is any step that is not scalar.
 
+Two things keep the sweeps short; neither changes a value (a deadlock-free program has one
+fixed point, whatever the order of the sweeps). A class is re-solved only from the first to
+the last of its steps whose received message changed since its last solve; the steps after
+them keep their values, except those whose running maximum was below the window's last one,
+which take it (found by a binary search: the running maximum never decreases). And the sweeps
+settle the first ``FIRST_STEPS`` steps of every class, then ``GROWTH`` times as many, and so
+on: the pipeline's warm-up settles on short arrays, and the steady state that follows, whose
+steps the compute stream binds, settles in a few sweeps of windows.
+
 A step is scalar when its block has at most one recv (without deps) and at most one send
 (after compute-stream instructions only), no collective across classes, no wait on the
 compute stream, and no compute-stream instruction waiting for another stream. Instructions on
@@ -35,7 +44,7 @@ from .instructions import COLL, COMPUTE, RECV, SEND, WAIT, Instr
 
 __all__ = ["Summary", "summarise", "MAX_SWEEPS"]
 
-#: Sweeps after which the solver gives up (the scheduler then times every step).
+#: Sweeps of one prefix after which the solver gives up (the scheduler then times every step).
 MAX_SWEEPS = 256
 #: Steps per class of the first prefix solved, and the factor by which it then grows.
 FIRST_STEPS, GROWTH = 64, 8
