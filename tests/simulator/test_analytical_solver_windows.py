@@ -45,13 +45,12 @@ def _full_sweeps(nd: maxplus.Nodes) -> tuple[np.ndarray, np.ndarray]:
     raise AssertionError("the full sweeps did not settle")
 
 
-@pytest.mark.parametrize("sched, v, pp, gbs, first, growth", [
-    ("interleaved", 4, 8, 96, 64, 8),    # the default prefixes
-    ("interleaved", 2, 8, 64, 4, 2),     # many short prefixes
-    ("1f1b", None, 4, 64, 1, 3),
-    ("gpipe", None, 4, 32, 10**6, 2)])   # one prefix: windows only
-def test_windowed_prefix_solve_equals_full_sweeps(sched, v, pp, gbs, first, growth,
-                                                   monkeypatch):
+@pytest.mark.parametrize("sched, v, pp, gbs, prefixes", [
+    ("interleaved", 4, 8, 96, maxplus.PREFIXES),             # the default
+    ("interleaved", 2, 8, 64, (4, 8, 16, 32, 64, 128, 256)),  # many prefixes
+    ("1f1b", None, 4, 64, (1, 3, 9, 27, 81)),
+    ("gpipe", None, 4, 32, ())])                              # no prefix: windows only
+def test_windowed_prefix_solve_equals_full_sweeps(sched, v, pp, gbs, prefixes, monkeypatch):
     cfg = build_config({
         "model": "gpt3-2.7b", "system": {"preset": "dgx-a100", "nodes": 2},
         "parallel": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": pp,
@@ -61,10 +60,25 @@ def test_windowed_prefix_solve_equals_full_sweeps(sched, v, pp, gbs, first, grow
     wl = build_workload(cfg)
     programs, _, _ = lower(wl, CostModel(cfg.system, wl, cfg.parallel.collective_algorithm))
     nd = maxplus.nodes(programs)
-    monkeypatch.setattr(maxplus, "FIRST_STEPS", first)
-    monkeypatch.setattr(maxplus, "GROWTH", growth)
+    monkeypatch.setattr(maxplus, "PREFIXES", prefixes)
     ends, post = maxplus.solve(nd)
     want_ends, want_post = _full_sweeps(nd)
     live = np.arange(len(nd.cls)) < nd.lim[nd.cls]
     assert np.array_equal(ends[live], want_ends[live])
     assert np.array_equal(post[live], want_post[live])
+
+
+def test_window_map_covers_the_readers_of_changed_steps_read_out_of_order():
+    """Reader steps 1, 2, 4 read sender steps 5, 2, 7 (steps 0 and 3 read another class).
+    When sender steps 3..6 change, only reader step 1 (step 5) read one of them: the window
+    from ``M`` (running max 5, 5, 7) and ``m`` (suffix min 2, 2, 7) is steps 1..2, which
+    holds it; sender step 7 alone gives reader step 4 alone."""
+    a, other = 100, 10**6
+    sc = np.array([other, a + 5, a + 2, other, a + 7])
+    ri, M, m = maxplus._window_map(sc, (sc >= a) & (sc < other), a)
+    assert ri.tolist() == [1, 2, 4] and M.tolist() == [5, 5, 7] and m.tolist() == [2, 2, 7]
+
+    def window(g0, g1):
+        return ri[np.searchsorted(M, g0)], ri[np.searchsorted(m, g1, side="right") - 1]
+    assert window(3, 6) == (1, 2)
+    assert window(7, 7) == (4, 4)

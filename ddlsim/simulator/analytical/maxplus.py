@@ -22,9 +22,9 @@ fixed point, whatever the order of the sweeps). A class is re-solved only from t
 the last of its steps whose received message changed since its last solve; the steps after
 them keep their values, except those whose running maximum was below the window's last one,
 which take it (found by a binary search: the running maximum never decreases). And the sweeps
-settle the first ``FIRST_STEPS`` steps of every class, then ``GROWTH`` times as many, and so
-on: the pipeline's warm-up settles on short arrays, and the steady state that follows, whose
-steps the compute stream binds, settles in a few sweeps of windows.
+settle the first ``PREFIXES[0]`` steps of every class, then the first ``PREFIXES[1]``, …,
+then all: the pipeline's warm-up settles on short arrays, and the steady state that follows,
+whose steps the compute stream binds, settles in a few sweeps of windows.
 
 A step is scalar when its block has at most one recv (without deps) and at most one send
 (after compute-stream instructions only), no collective across classes, no wait on the
@@ -46,8 +46,11 @@ __all__ = ["Summary", "summarise", "MAX_SWEEPS"]
 
 #: Sweeps of one prefix after which the solver gives up (the scheduler then times every step).
 MAX_SWEEPS = 256
-#: Steps per class of the first prefix solved, and the factor by which it then grows.
-FIRST_STEPS, GROWTH = 64, 8
+#: The prefixes settled one after the other (steps per class) before every step: a short
+#: one holds a deep pipeline's warm-up (64: fastest on the 32-stage plan of
+#: ``benchmarks/analytical_speed.py`` of 32, 48, 64, 96 and 128, and faster there than
+#: prefixes growing ×4 or ×8).
+PREFIXES = (64,)
 
 
 class Summary(NamedTuple):
@@ -252,14 +255,15 @@ def solve(nd: Nodes) -> tuple[np.ndarray, np.ndarray] | None:
     src = np.where(nd.src >= 0, nd.src, N)
     early = nd.waits & ~nd.after
     chains = [_Chain(nd, c, src, early) for c in range(C)]
+    sender = np.append(nd.cls, C)[src]           # the class of each node's message, or C
     for ch in chains:
-        for s in np.bincount(nd.cls[ch.sc[ch.sc < N]], minlength=C).nonzero()[0].tolist():
-            chains[s].readers.append((ch, *_window_map(ch.sc, int(nd.off[s]), int(nd.lim[s]))))
+        of = sender[ch.a:ch.b]
+        for s in np.bincount(of, minlength=C + 1)[:C].nonzero()[0].tolist():
+            chains[s].readers.append((ch, *_window_map(ch.sc, of == s, int(nd.off[s]))))
     order = ([ch for ch in chains if ch.b > ch.a],)
     order += (order[0][::-1],)
     longest = max((ch.b - ch.a for ch in order[0]), default=0)
-    W = FIRST_STEPS
-    while True:
+    for W in [w for w in PREFIXES if w < longest] + [longest]:
         for ch in order[0]:
             ch.grow(W)
         for sweep in range(MAX_SWEEPS):
@@ -271,9 +275,7 @@ def solve(nd: Nodes) -> tuple[np.ndarray, np.ndarray] | None:
                 break
         else:
             return None
-        if W >= longest:
-            return ends, post[:N]
-        W *= GROWTH
+    return ends, post[:N]
 
 
 class _Chain:
@@ -344,11 +346,14 @@ class _Chain:
         return True
 
 
-def _window_map(sc: np.ndarray, a: int, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """For a reader's sources ``sc`` and a sender's nodes ``a``..``b``: (the reader's steps
-    that read the sender, the running maximum and the suffix minimum of the sender steps
-    they read), so that the reader's steps reading sender steps ``g0``..``g1`` lie between
-    ``ri[searchsorted(M, g0)]`` and ``ri[searchsorted(m, g1, 'right') - 1]``."""
-    ri = np.flatnonzero((sc >= a) & (sc < b))
+def _window_map(sc: np.ndarray, mine: np.ndarray, a: int) -> tuple[np.ndarray, ...]:
+    """For a reader's sources ``sc`` of which ``mine`` come from the sender whose nodes start
+    at ``a``: (the reader's steps that read the sender, the running maximum and the suffix
+    minimum of the sender steps they read), so that the reader's steps reading sender steps
+    ``g0``..``g1`` lie between ``ri[searchsorted(M, g0)]`` and
+    ``ri[searchsorted(m, g1, 'right') - 1]``."""
+    ri = np.flatnonzero(mine)
     pos = sc[ri] - a
+    if (pos[1:] >= pos[:-1]).all():   # read in the sender's order (as pipelines do)
+        return ri, pos, pos
     return ri, np.maximum.accumulate(pos), np.minimum.accumulate(pos[::-1])[::-1]
