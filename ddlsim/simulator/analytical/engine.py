@@ -142,17 +142,17 @@ def _account(nd: maxplus.Nodes, st: State, mine: np.ndarray, prev: np.ndarray,
                 T.exposed[label] += n * v
             for label, v in s.nbytes:
                 T.comm_bytes[label] += n * v
-    w = mine & nd.waits
-    gap = np.zeros(len(w))
-    gap[w] = np.maximum(arrive[w] - (prev[w] + nd.F[w]), 0.0)
-    exp, rest = split_gaps(gap, nd.t)
+    gap = np.maximum(arrive - (prev + nd.F), 0.0)
+    n = np.flatnonzero(mine & nd.waits & (gap > 0))   # the gaps (zeros would add nothing)
+    exp, rest = split_gaps(gap[n], nd.t[n])
     label_of = {}
     lab = np.array([label_of.setdefault(s.recv.label, len(label_of))
                     if s is not None and s.recv is not None else 0
-                    for s in nd.summaries], dtype=np.int64)[nd.key]
+                    for s in nd.summaries], dtype=np.int64)[nd.key[n]]
     L = max(1, len(label_of))
-    bubble = np.bincount(nd.cls, weights=rest, minlength=C)
-    exposed = np.bincount(nd.cls * L + lab, weights=exp, minlength=C * L).reshape(C, L)
+    cls = nd.cls[n]
+    bubble = np.bincount(cls, weights=rest, minlength=C)
+    exposed = np.bincount(cls * L + lab, weights=exp, minlength=C * L).reshape(C, L)
     names = list(label_of)
     for c in range(C):
         T = st.timings[c]
