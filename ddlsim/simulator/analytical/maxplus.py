@@ -333,10 +333,11 @@ class _Chain:
             l0, l1 = self.late.searchsorted((lo, K)).tolist()
             li = self.late[l0:l1]
             new[li - lo] = np.where(li > 0, ends[a + np.maximum(li - 1, 0)], 0.0) + self.Ee[l0:l1]
-        diff = (new != post[a + lo:a + K]).nonzero()[0]
+        old = post[a + lo:a + K]
+        diff = (new != old).nonzero()[0]
         if not len(diff):
             return False
-        post[a + lo:a + K] = new
+        old[:] = new
         g0, g1 = lo + int(diff[0]), lo + int(diff[-1])
         for r, ri, M, m in self.readers:
             i = int(M.searchsorted(g0))
