@@ -254,7 +254,8 @@ def solve(nd: Nodes) -> tuple[np.ndarray, np.ndarray] | None:
     post = np.full(N + 1, -np.inf)   # post[-1]: the message of nodes that receive none
     src = np.where(nd.src >= 0, nd.src, N)
     early = nd.waits & ~nd.after
-    chains = [_Chain(nd, c, src, early) for c in range(C)]
+    arrival = nd.t + np.where(nd.waits, nd.A - nd.F, -np.inf)   # post → step end (or none)
+    chains = [_Chain(nd, c, src, early, arrival) for c in range(C)]
     sender = np.append(nd.cls, C)[src]           # the class of each node's message, or C
     for ch in chains:
         of = sender[ch.a:ch.b]
@@ -282,11 +283,12 @@ class _Chain:
     """One class's solvable prefix as a max-plus chain, and the window (``lo``..``hi``,
     local step indices) of the steps whose received messages changed since its last solve."""
 
-    def __init__(self, nd: Nodes, c: int, src: np.ndarray, early: np.ndarray):
+    def __init__(self, nd: Nodes, c: int, src: np.ndarray, early: np.ndarray,
+                 arrival: np.ndarray):
         a, b = self.a, self.b = int(nd.off[c]), int(nd.lim[c])
         self.sc = src[a:b]
         self.P = np.cumsum(nd.A[a:b])
-        self.lag = nd.t[a:b] + np.where(nd.waits[a:b], nd.A[a:b] - nd.F[a:b], -np.inf) - self.P
+        self.lag = arrival[a:b] - self.P
         self.AmE = nd.A[a:b] - nd.E[a:b]
         self.late = np.flatnonzero(early[a:b])
         self.Ee = nd.E[a:b][self.late]
