@@ -81,8 +81,16 @@ def config(row: dict) -> dict:
                 "sequence_parallel": row["sequence_parallel"] == "true",
                 "zero_stage": 1,                    # distributed_fused_adam
                 "overlap_grad_reduce": True, "overlap_param_gather": True,
-                "tp_comm_overlap": "pipelined" if row["tp_comm_overlap"] == "true" else "off",
-                "overlap_p2p_comm": row["overlap_p2p_comm"] == "true", "schedule": "1f1b"}
+                "schedule": "1f1b"}
+    # overlap_p2p_comm: set where the launcher config sets it and a pipeline exists; "not
+    # set" (Megatron's blocking batched P2P) has no ddlsim form (docs/overlap.md), so those
+    # rows run with the stack's overlapped P2P and are marked in docs/validation.md.
+    if row["overlap_p2p_comm"] == "true" and pp > 1:
+        parallel["overlap_p2p_comm"] = True
+    # tp_comm_overlap: TE userbuffers, modelled for 1-D TP with SP and no CP (docs/overlap.md);
+    # rows that set it with context parallelism run without it (pessimistic, marked).
+    if row["tp_comm_overlap"] == "true" and cp == 1:
+        parallel["tp_comm_overlap"] = "pipelined"
     if vp > 1:
         parallel.update(schedule="interleaved", virtual_pipeline_model_parallel_size=vp)
     return {
