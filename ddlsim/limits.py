@@ -261,8 +261,12 @@ def trace_ops(workload: Any) -> tuple[int, int]:
     DES executes (every rank). A :class:`~ddlsim.workloads.trace.Loop` counts as the ops it
     unrolls to, counted without unrolling it."""
     per_class = per_rank = 0
+    seen: dict[int, int] = {}   # ops per block, a block shared by classes counted once
     for c in workload.classes:
-        ops = {name: _unrolled_ops(block.ops) for name, block in c.program.blocks.items()}
+        for block in c.program.blocks.values():
+            if id(block) not in seen:
+                seen[id(block)] = _unrolled_ops(block.ops)
+        ops = {name: seen[id(block)] for name, block in c.program.blocks.items()}
         steps = c.program.steps
         if hasattr(steps, "names"):  # a StepTable: count blocks by their index
             counts = np.bincount(steps.block, minlength=len(steps.names))

@@ -49,7 +49,7 @@ def _family_presets(architecture: str) -> dict[str, dict]:
 
 @cache
 def _load(section: str) -> dict[str, dict]:
-    import yaml
+    from .documents import load_bundled_yaml
 
     if section == "model":
         from .workloads.registry import families
@@ -59,7 +59,7 @@ def _load(section: str) -> dict[str, dict]:
                 table.setdefault(name, preset)
         return table
     text = resources.files("ddlsim.data").joinpath(SECTIONS[section]).read_text()
-    return yaml.safe_load(text) or {}
+    return load_bundled_yaml(text) or {}
 
 
 def list_presets(section: str | None = None) -> dict[str, dict[str, dict]]:

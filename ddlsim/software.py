@@ -120,8 +120,8 @@ class Software:
 def _stack_table() -> dict[str, dict]:
     from importlib import resources
 
-    import yaml
-    return yaml.safe_load(resources.files("ddlsim.data").joinpath("software.yaml").read_text())
+    from .documents import load_bundled_yaml
+    return load_bundled_yaml(resources.files("ddlsim.data").joinpath("software.yaml").read_text())
 
 
 def stacks() -> list[str]:

@@ -229,12 +229,13 @@ def hf_family(model_type: Any, source: str) -> WorkloadFamily:
 
 def read_presets(spec: str) -> dict[str, dict]:
     """The presets in a YAML resource: ``file`` in ``ddlsim.data`` or ``package:file``."""
-    import yaml
     from importlib import resources
+
+    from ..documents import load_bundled_yaml
 
     package, _, name = spec.rpartition(":")
     text = resources.files(package or "ddlsim.data").joinpath(name).read_text()
-    return yaml.safe_load(text) or {}
+    return load_bundled_yaml(text) or {}
 
 
 def _bundled_hf() -> dict[str, Any]:

@@ -104,8 +104,10 @@ def _solve_prefix(programs: list, st: State) -> None:
     side = np.array([s is not None and s.side for s in nd.summaries], dtype=bool)[nd.key]
     _account(nd, st, live & ~side, prev, arrive)
     replay = live & (side | (st.rec is not None))
+    scratch = State(0, 0)   # the replays' own messages
+    scratch.rec = st.rec
     for n in np.flatnonzero(replay).tolist():
-        _replay(programs, nd, st, n, float(prev[n]), float(sent[n]), side[n])
+        _replay(programs, nd, st, n, float(prev[n]), float(sent[n]), side[n], scratch)
     for c in range(C):
         a, b = int(nd.off[c]), int(nd.lim[c])
         st.pos[c] = [b - a, 0]
@@ -140,17 +142,17 @@ def _account(nd: maxplus.Nodes, st: State, mine: np.ndarray, prev: np.ndarray,
                 T.exposed[label] += n * v
             for label, v in s.nbytes:
                 T.comm_bytes[label] += n * v
-    w = mine & nd.waits
-    gap = np.zeros(len(w))
-    gap[w] = np.maximum(arrive[w] - (prev[w] + nd.F[w]), 0.0)
-    exp, rest = split_gaps(gap, nd.t)
+    gap = np.maximum(arrive - (prev + nd.F), 0.0)
+    n = np.flatnonzero(mine & nd.waits & (gap > 0))   # the gaps (zeros would add nothing)
+    exp, rest = split_gaps(gap[n], nd.t[n])
     label_of = {}
     lab = np.array([label_of.setdefault(s.recv.label, len(label_of))
                     if s is not None and s.recv is not None else 0
-                    for s in nd.summaries], dtype=np.int64)[nd.key]
+                    for s in nd.summaries], dtype=np.int64)[nd.key[n]]
     L = max(1, len(label_of))
-    bubble = np.bincount(nd.cls, weights=rest, minlength=C)
-    exposed = np.bincount(nd.cls * L + lab, weights=exp, minlength=C * L).reshape(C, L)
+    cls = nd.cls[n]
+    bubble = np.bincount(cls, weights=rest, minlength=C)
+    exposed = np.bincount(cls * L + lab, weights=exp, minlength=C * L).reshape(C, L)
     names = list(label_of)
     for c in range(C):
         T = st.timings[c]
@@ -161,16 +163,16 @@ def _account(nd: maxplus.Nodes, st: State, mine: np.ndarray, prev: np.ndarray,
 
 
 def _replay(programs: list, nd: maxplus.Nodes, st: State, n: int, start: float,
-            sent: float, side: bool) -> None:
+            sent: float, side: bool, scratch: State) -> None:
     """Run solved node ``n`` through the scheduler from its solved start: for its other
-    streams (``side``: booked) or only for its spans (booked nowhere)."""
+    streams (``side``: booked) or only for its spans (booked nowhere); ``scratch`` holds
+    the one message it receives (and those it sends, which nothing reads)."""
     c = int(nd.cls[n])
     j = n - int(nd.off[c])
     prog = programs[c]
     s = nd.summaries[int(nd.key[n])]
     mb = int(prog.microbatch[j])
-    scratch = State(0, 0)
-    scratch.rec = st.rec
+    scratch.posted.clear()
     if s.recv is not None:
         scratch.posted[(c,) + s.recv.peer + (mb,)] = (sent, float(nd.t[n]))
     fr = st.free[c]

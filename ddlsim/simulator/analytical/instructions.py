@@ -103,6 +103,7 @@ class _Lowering:
         self._blocks: dict[tuple, tuple] = {}
         self._ops: dict[tuple, Instr] = {}
         self._p2p: dict[tuple, Instr] = {}
+        self._parts: dict[tuple, tuple] = {}
 
     def row(self, group: str, rank: int) -> tuple[tuple[int, ...], int, frozenset]:
         """(members of ``rank``'s group of family ``group``, its index there, their classes)."""
@@ -135,7 +136,9 @@ class _Lowering:
         if groups is None:
             groups = self._groups[id(block)] = tuple(sorted(
                 {op.payload.group for op in block.ops if isinstance(op.payload, Collective)}))
-        parts = tuple(self.partners(g, rep) for g in groups)
+        parts = self._parts.get((groups, rep))
+        if parts is None:
+            parts = self._parts[(groups, rep)] = tuple(self.partners(g, rep) for g in groups)
         key = (id(block), parts)
         tmpl = self._blocks.get(key)
         if tmpl is None:
@@ -150,6 +153,9 @@ class _Lowering:
 
     def p2p(self, ci: int, rep: int, op) -> Instr:
         """A send or recv of class ``ci``: its peer class and (a send) transfer seconds."""
+        hit = self._p2p.get((ci, id(op)))   # the same op again (the op itself is kept alive)
+        if hit is not None:
+            return hit
         p = op.payload
         key = (ci, p.group, p.peer, p.kind, p.bytes, p.tag, op.stream, op.deps)
         hit = self._p2p.get(key)
@@ -162,6 +168,7 @@ class _Lowering:
                 SEND if send else RECV, sid, op.deps,
                 self.cost.p2p(p, rep, peer) if send else 0.0, self.cost.kind[p.group],
                 nbytes=p.bytes if send else 0.0, peer=(int(self.class_of[peer]), p.tag))
+        self._p2p[(ci, id(op))] = hit
         return hit
 
     def _template(self, block, parts: dict) -> tuple[tuple, list[int]]:

@@ -38,7 +38,7 @@ class State:
         self.waiting: dict[tuple, list[int]] = {}            # message or collective → sleepers
         self.woken: list[int] = []
         self.rec = None   # a spans.SpanRecorder when spans are recorded
-        self.steps: list = [None] * n_cls   # per class (blocks, micro-batches) as lists
+        self.steps: list = [None] * n_cls   # per class (first, blocks, micro-batches from it)
 
     def wake(self, key: tuple) -> None:
         sleepers = self.waiting.pop(key, None)
@@ -51,12 +51,12 @@ def run_class(ci: int, prog: Program, st: State) -> bool:
     si, oi = st.pos[ci]
     n_steps = len(prog.block)
     steps = st.steps[ci]
-    if steps is None:
-        steps = st.steps[ci] = (prog.block.tolist(), prog.microbatch.tolist())
-    block, mb = steps
+    if steps is None:   # as lists from the first step run here (the solver ran the rest)
+        steps = st.steps[ci] = (si, prog.block[si:].tolist(), prog.microbatch[si:].tolist())
+    first, block, mb = steps
     while si < n_steps:
-        b = block[si]
-        oi = run_step(ci, prog.blocks[b], mb[si], oi, st.free[ci], st.kind[ci],
+        b = block[si - first]
+        oi = run_step(ci, prog.blocks[b], mb[si - first], oi, st.free[ci], st.kind[ci],
                       st.timings[ci], st.local[ci], st, (prog.names[b], si))
         if oi >= 0:
             st.pos[ci] = [si, oi]

@@ -17,6 +17,15 @@ which for a deadlock-free program is the schedule the list scheduler computes (e
 the longest path to its node). Every node's duration is positive, so a cyclic (deadlocked)
 program never settles and is left to the scheduler, as is any step that is not scalar.
 
+Two things keep the sweeps short; neither changes a value (a deadlock-free program has one
+fixed point, whatever the order of the sweeps). A class is re-solved only from the first to
+the last of its steps whose received message changed since its last solve; the steps after
+them keep their values, except those whose running maximum was below the window's last one,
+which take it (found by a binary search: the running maximum never decreases). And the sweeps
+settle the first ``PREFIXES[0]`` steps of every class, then the first ``PREFIXES[1]``, …,
+then all: the pipeline's warm-up settles on short arrays, and the steady state that follows,
+whose steps the compute stream binds, settles in a few sweeps of windows.
+
 A step is scalar when its block has at most one recv (without deps) and at most one send
 (after compute-stream instructions only), no collective across classes, no wait on the
 compute stream, and no compute-stream instruction waiting for another stream. Instructions on
@@ -35,8 +44,13 @@ from .instructions import COLL, COMPUTE, RECV, SEND, WAIT, Instr
 
 __all__ = ["Summary", "summarise", "MAX_SWEEPS"]
 
-#: Sweeps after which the solver gives up (the scheduler then times every step).
+#: Sweeps of one prefix after which the solver gives up (the scheduler then times every step).
 MAX_SWEEPS = 256
+#: The prefixes settled one after the other (steps per class) before every step: a short
+#: one holds a deep pipeline's warm-up (64: fastest on the 32-stage plan of
+#: ``benchmarks/analytical_speed.py`` of 32, 48, 64, 96 and 128, and faster there than
+#: prefixes growing ×4 or ×8).
+PREFIXES = (64,)
 
 
 class Summary(NamedTuple):
@@ -211,7 +225,8 @@ def _summary(instrs: tuple[Instr, ...], shape: int, cache: dict) -> Summary | No
     s, (r, snd) = hit
     if s is None or (r < 0 and snd < 0):
         return s
-    return s._replace(recv=instrs[r] if r >= 0 else None, send=instrs[snd] if snd >= 0 else None)
+    return Summary(s[0], s[1], s[2], instrs[r] if r >= 0 else None,   # (faster than _replace)
+                   instrs[snd] if snd >= 0 else None, *s[5:])
 
 
 def _prefix(off: np.ndarray, bad: np.ndarray) -> np.ndarray:
@@ -226,6 +241,8 @@ def solve(nd: Nodes) -> tuple[np.ndarray, np.ndarray] | None:
 
     A send after the instruction waiting for the message (or in a step without one) is
     posted ``A - E`` before the step ends; one before it, ``E`` after the step starts.
+    A class is re-solved only over the window of steps whose received messages changed
+    since its last solve (:class:`_Chain`); the values are those of a full re-solve.
     """
     N = len(nd.cls)
     C = len(nd.off) - 1
@@ -233,43 +250,113 @@ def solve(nd: Nodes) -> tuple[np.ndarray, np.ndarray] | None:
     if not ((nd.A > 0) & (~nd.waits | (nd.t + nd.A - nd.F > 0)))[live].all():
         return None               # a zero-length node: cycles could settle; not solved
     ends = np.zeros(N)
+    rm = np.zeros(N)                 # per class, the running maximum of ``ends - P``
     post = np.full(N + 1, -np.inf)   # post[-1]: the message of nodes that receive none
     src = np.where(nd.src >= 0, nd.src, N)
     early = nd.waits & ~nd.after
-    rows, readers = [], [set() for _ in range(C)]
-    for c in range(C):
-        a, b = int(nd.off[c]), int(nd.lim[c])
-        if b > a:
-            P = np.cumsum(nd.A[a:b])
-            lag = nd.t[a:b] + np.where(nd.waits[a:b], nd.A[a:b] - nd.F[a:b], -np.inf) - P
-            late = np.flatnonzero(early[a:b])
-            rows.append((c, a, b, src[a:b], lag, P, nd.A[a:b] - nd.E[a:b], late,
-                         nd.E[a:b][late], np.empty(b - a)))
-            for s in set(nd.cls[src[a:b][src[a:b] < N]].tolist()):
-                readers[s].add(c)
-    dirty = [True] * C
-    order = (rows, rows[::-1])
-    for sweep in range(MAX_SWEEPS):
-        changed = False
-        for c, a, b, sc, lag, P, AmE, late, Ee, new in order[sweep & 1]:
-            if not dirty[c]:
-                continue
-            dirty[c] = False
-            x = ends[a:b]
-            np.take(post, sc, out=x)
-            x += lag                      # message arrival + what follows it, - P
-            if x[0] < 0.0:                # the stream is free at 0: max(0, running max)
-                x[0] = 0.0
+    arrival = nd.t + np.where(nd.waits, nd.A - nd.F, -np.inf)   # post → step end (or none)
+    chains = [_Chain(nd, c, src, early, arrival) for c in range(C)]
+    sender = np.append(nd.cls, C)[src]           # the class of each node's message, or C
+    for ch in chains:
+        of = sender[ch.a:ch.b]
+        for s in np.bincount(of, minlength=C + 1)[:C].nonzero()[0].tolist():
+            chains[s].readers.append((ch, *_window_map(ch.sc, of == s, int(nd.off[s]))))
+    order = ([ch for ch in chains if ch.b > ch.a],)
+    order += (order[0][::-1],)
+    longest = max((ch.b - ch.a for ch in order[0]), default=0)
+    for W in [w for w in PREFIXES if w < longest] + [longest]:
+        for ch in order[0]:
+            ch.grow(W)
+        for sweep in range(MAX_SWEEPS):
+            changed = False
+            for ch in order[sweep & 1]:
+                if ch.lo <= ch.hi and ch.run(post, ends, rm):
+                    changed = True
+            if not changed:
+                break
+        else:
+            return None
+    return ends, post[:N]
+
+
+class _Chain:
+    """One class's solvable prefix as a max-plus chain, and the window (``lo``..``hi``,
+    local step indices) of the steps whose received messages changed since its last solve."""
+
+    def __init__(self, nd: Nodes, c: int, src: np.ndarray, early: np.ndarray,
+                 arrival: np.ndarray):
+        a, b = self.a, self.b = int(nd.off[c]), int(nd.lim[c])
+        self.sc = src[a:b]
+        self.P = np.cumsum(nd.A[a:b])
+        self.lag = arrival[a:b] - self.P
+        self.AmE = nd.A[a:b] - nd.E[a:b]
+        self.late = np.flatnonzero(early[a:b])
+        self.Ee = nd.E[a:b][self.late]
+        self.lo, self.hi, self.cur = b - a, -1, a
+        self.readers: list = []
+
+    def grow(self, W: int) -> None:
+        """Extend the solved prefix to the first ``W`` steps (the new ones join the window)."""
+        new = min(self.b, self.a + W)
+        if new > self.cur:
+            self.lo, self.hi = min(self.lo, self.cur - self.a), max(self.hi, new - self.a - 1)
+            self.cur = new
+
+    def run(self, post: np.ndarray, ends: np.ndarray, rm: np.ndarray) -> bool:
+        """Re-solve the window (and the steps after it whose running maximum it raises);
+        widen the windows of the classes reading the messages that changed. Whether any
+        did."""
+        a, lo, L = self.a, self.lo, self.cur - self.a
+        hi = min(self.hi, L - 1)
+        self.lo, self.hi = self.b - a, -1
+        if lo > hi:
+            return False
+        prev = rm[a + lo - 1] if lo > 0 else 0.0
+        while True:
+            x = post.take(self.sc[lo:hi + 1], mode="clip")
+            x += self.lag[lo:hi + 1]     # message arrival + what follows it, - P
+            if x[0] < prev:              # max(stream free, running max): a full sweep's value
+                x[0] = prev
             np.maximum.accumulate(x, out=x)
-            x += P                        # the compute stream's end after each step
-            np.subtract(x, AmE, out=new)
-            if len(late):   # posted before the wait: previous end + E
-                new[late] = np.where(late > 0, x[late - 1], 0.0) + Ee
-            if not np.array_equal(new, post[a:b]):
-                post[a:b] = new
-                changed = True
-                for r in readers[c]:
-                    dirty[r] = True
-        if not changed:
-            return ends, post[:N]
-    return None
+            v, k = x[-1], hi + 1
+            if k == L or v == rm[a + hi]:
+                break
+            if v > rm[a + hi]:           # later steps whose running maximum was below v take v
+                k += int(rm[a + k:a + L].searchsorted(v))
+                rm[a + hi + 1:a + k] = v
+                break
+            hi = L - 1                   # lower (never, from lower bounds): redo to the end
+        rm[a + lo:a + hi + 1] = x
+        K = min(k + 1, L)            # a send posted early reads the previous step's end
+        e = ends[a + lo:a + K]
+        np.add(rm[a + lo:a + K], self.P[lo:K], out=e)
+        new = e - self.AmE[lo:K]
+        if len(self.late):           # posted before the wait: previous end + E
+            l0, l1 = self.late.searchsorted((lo, K)).tolist()
+            li = self.late[l0:l1]
+            new[li - lo] = np.where(li > 0, ends[a + np.maximum(li - 1, 0)], 0.0) + self.Ee[l0:l1]
+        old = post[a + lo:a + K]
+        diff = (new != old).nonzero()[0]
+        if not len(diff):
+            return False
+        old[:] = new
+        g0, g1 = lo + int(diff[0]), lo + int(diff[-1])
+        for r, ri, M, m in self.readers:
+            i = int(M.searchsorted(g0))
+            j = int(m.searchsorted(g1, side="right")) - 1
+            if i <= j:
+                r.lo, r.hi = min(r.lo, int(ri[i])), max(r.hi, int(ri[j]))
+        return True
+
+
+def _window_map(sc: np.ndarray, mine: np.ndarray, a: int) -> tuple[np.ndarray, ...]:
+    """For a reader's sources ``sc`` of which ``mine`` come from the sender whose nodes start
+    at ``a``: (the reader's steps that read the sender, the running maximum and the suffix
+    minimum of the sender steps they read), so that the reader's steps reading sender steps
+    ``g0``..``g1`` lie between ``ri[searchsorted(M, g0)]`` and
+    ``ri[searchsorted(m, g1, 'right') - 1]``."""
+    ri = np.flatnonzero(mine)
+    pos = sc[ri] - a
+    if (pos[1:] >= pos[:-1]).all():   # read in the sender's order (as pipelines do)
+        return ri, pos, pos
+    return ri, np.maximum.accumulate(pos), np.minimum.accumulate(pos[::-1])[::-1]
