@@ -63,5 +63,9 @@ def test_agreement_with_the_exact_engine_on_a_sample(name):
     err = np.array([abs(frame["iteration_time_s"].iloc[i] / exact[i] - 1) for i in rows])
     assert np.percentile(err, 90) <= 0.01, sorted(err)[-5:]
     assert err.max() <= 0.03
+    # The same top 10, up to ties the tier cannot resolve: a plan may swap across the 10th
+    # place only with one whose exact time is within the tier's own largest error of it.
     best_exact = sorted(range(12), key=lambda i: (exact[i], i))[:10]
-    assert set(best_exact) == set(range(10))
+    tenth = exact[best_exact[-1]]
+    for i in set(best_exact) ^ set(range(10)):
+        assert abs(exact[i] / tenth - 1) <= err.max(), (i, exact[i], tenth)
