@@ -65,7 +65,7 @@ class FlowTable:
     def remove(self, slots: np.ndarray) -> None:
         self.alive[slots] = False
         self.t_done[slots] = np.inf
-        self.free.extend(int(x) for x in slots[::-1])
+        self.free.extend(slots[::-1].tolist())
 
     def live(self) -> np.ndarray:
         return np.flatnonzero(self.alive[:self.n])

@@ -23,6 +23,7 @@ import numpy as np
 import simpy
 
 from .flowtable import FlowTable, LinkLedger, pad_to
+from .components import LinkedFlows
 from .maxmin import max_min_rates
 from .uniq import unique_counts
 
@@ -76,6 +77,7 @@ class FlowNetwork:
         self._added: list[tuple[np.ndarray, np.ndarray]] = []  # (routes, slots) since the solve
         self._removed: list[np.ndarray] = []  # routes of flows ended since the last solve
         self._slots = FlowTable(width=1, pad=n_links)
+        self._linked = LinkedFlows(n_links)
         self._owners: dict[int, tuple[FlowOwner, int]] = {}
         self._next_owner = 0
         self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray, int, np.ndarray]] = []
@@ -245,20 +247,8 @@ class FlowNetwork:
 
     def _component(self, sel: np.ndarray, seeds: list[np.ndarray]) -> np.ndarray:
         """The flows of ``sel`` linked, through shared links, to the links in ``seeds``:
-        only their max-min rates can have changed."""
-        mark = np.zeros(self.pad + 1, dtype=bool)
-        for rows in seeds:
-            mark[rows.ravel()] = True
-        mark[self.pad] = False
-        inc = self._slots.edges[sel]
-        found = np.zeros(len(sel), dtype=bool)
-        while True:
-            new = mark[inc].any(axis=1) & ~found
-            if not new.any():
-                return sel[found]
-            found |= new
-            mark[inc[new].ravel()] = True
-            mark[self.pad] = False
+        only their max-min rates can have changed (:class:`~.components.LinkedFlows`)."""
+        return sel[self._linked(self._slots.edges[sel], seeds)]
 
     def _advance(self, idx: np.ndarray, now: float) -> None:
         """Move flows ``idx`` forward to ``now`` at their current rates."""
