@@ -78,6 +78,7 @@ class FlowNetwork:
         self._removed: list[np.ndarray] = []  # routes of flows ended since the last solve
         self._slots = FlowTable(width=1, pad=n_links)
         self._linked = LinkedFlows(n_links)
+        self._count = np.zeros(n_links + 1, dtype=np.int64)  # scratch, zero between uses
         self._owners: dict[int, tuple[FlowOwner, int]] = {}
         self._next_owner = 0
         self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray, int, np.ndarray]] = []
@@ -238,11 +239,13 @@ class FlowNetwork:
             if users[links[links != self.pad]].any():
                 return False
         if added:
-            links, count = np.unique(np.concatenate([pad_to(e, max(x.shape[1] for x, _ in added),
-                                                            self.pad) for e, _ in added]),
-                                     return_counts=True)
-            keep = links != self.pad
-            return bool(np.array_equal(users[links[keep]], count[keep]))
+            flat = np.concatenate([edges.ravel() for edges, _ in added])
+            count = self._count
+            np.add.at(count, flat, 1)
+            count[self.pad] = users[self.pad]
+            alone = bool(np.array_equal(users[flat], count[flat]))
+            count[flat] = 0
+            return alone
         return True
 
     def _component(self, sel: np.ndarray, seeds: list[np.ndarray]) -> np.ndarray:
