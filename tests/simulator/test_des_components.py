@@ -135,3 +135,16 @@ def test_mixed_contention_equals_full_resolves(monkeypatch):
     full = _run(wl, cost, monkeypatch, full=True)
     _same(fast, full, 1e-9)
     assert full.network.rate_updates >= fast.network.rate_updates
+
+
+def test_join_names_each_domain_by_its_smallest_link():
+    import simpy
+    net = FlowNetwork(simpy.Environment(), np.full(10, 1e9))
+    net.join([np.array([5, 3]), np.array([7, 8]), np.array([4])])
+    # {3, 5} and {7, 8} merged; 4 alone (a one-link route joins nothing); the pad (10) alone
+    assert net.root.tolist() == [0, 1, 2, 3, 4, 3, 6, 7, 7, 9, 10]
+    net.join([np.array([2, 5]), np.array([8, 9, 1])])
+    # 2 joins {3, 5}; 1 and 9 join {7, 8}: roots 2 and 1
+    assert net.root.tolist() == [0, 1, 2, 2, 4, 2, 6, 1, 1, 1, 10]
+    net.join([np.array([3, 8])])   # both domains into one, named 1
+    assert net.root.tolist() == [0, 1, 1, 1, 4, 1, 6, 1, 1, 1, 10]

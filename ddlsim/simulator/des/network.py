@@ -90,19 +90,28 @@ class FlowNetwork:
 
     # ------------------------------------------------------------------ domains
     def join(self, routes: list[np.ndarray]) -> None:
-        """Declare that each route's links share a domain."""
-        parent, merged = self._parent, False
-        for route in routes:
-            if len(route) < 2:
-                continue
-            roots = {_find(parent, int(e)) for e in route}
-            if len(roots) > 1:
-                low = min(roots)
-                for r in roots:
-                    parent[r] = low
-                merged = True
-        if merged:
-            self._refresh_roots()
+        """Declare that each route's links share a domain (a domain's root is its smallest
+        link id; all routes are merged in one connected-components pass)."""
+        chains = [r for r in routes if len(r) >= 2]
+        if not chains:
+            return
+        root = self.root
+        a = root[np.concatenate([r[:-1] for r in chains])]
+        b = root[np.concatenate([r[1:] for r in chains])]
+        apart = a != b
+        if not apart.any():
+            return
+        from scipy.sparse import coo_matrix
+        from scipy.sparse.csgraph import connected_components
+
+        n = self.pad + 1
+        graph = coo_matrix((np.ones(int(apart.sum()), dtype=np.int8), (a[apart], b[apart])),
+                           shape=(n, n))
+        count, label = connected_components(graph, directed=False)
+        low = np.full(count, n)
+        np.minimum.at(low, label, np.arange(n))
+        self._parent[:] = low[label][root]
+        self._refresh_roots()
 
     def _refresh_roots(self) -> None:
         root = self._parent.copy()
@@ -316,9 +325,3 @@ class FlowNetwork:
                 del self._owners[oid]
             owner.flows_done(local[a:b])
 
-
-def _find(parent: np.ndarray, e: int) -> int:
-    while parent[e] != e:
-        parent[e] = parent[parent[e]]
-        e = int(parent[e])
-    return e
