@@ -39,7 +39,24 @@ TARGETS = {"gpt3-175b-1024": ("config(1024, 1536)", 10.0),
            "megatron-1t-3072": (repr(str(ROOT / "examples" / "megatron-1t-3072-a100.yaml")), 60.0),
            "gpt3-175b-16384": ("config(16384)", 120.0)}
 
+#: Smaller cases of the same plans for before/after comparisons that fit a working session
+#: (run by name: ``--targets megatron-1t-1024``); the seconds are not targets, only a scale.
+PROXIES = {"megatron-1t-1024": ("megatron_1t(2, 128)", 60.0)}
+CASES = {**TARGETS, **PROXIES}
+
 SIZES = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+def megatron_1t(dp: int, global_batch: int) -> dict:
+    """``examples/megatron-1t-3072-a100.yaml`` with DP ``dp`` on 64·``dp`` nodes and
+    ``global_batch`` sequences (a multiple of 64·``dp`` for the interleaved schedule)."""
+    from ddlsim.documents import parse_yaml
+    path = ROOT / "examples" / "megatron-1t-3072-a100.yaml"
+    cfg = parse_yaml(path.read_text(), str(path))
+    cfg["parallel"]["data_parallel_size"] = dp
+    cfg["train"]["global_batch_size"] = global_batch
+    cfg["system"]["nodes"] = 64 * dp
+    return cfg
 
 
 def config(gpus: int, global_batch: int | None = None) -> dict:
@@ -63,7 +80,7 @@ def time_des(cfg: dict) -> tuple[float, ddlsim.predict]:
 def one_target(name: str) -> dict:
     """Run target ``name`` in this process: wall and CPU seconds, events, peak RSS."""
     import resource
-    cfg = eval(TARGETS[name][0])   # a literal path or a call of config() above
+    cfg = eval(CASES[name][0])   # a literal path or a call of config() / megatron_1t() above
     t0, c0 = time.perf_counter(), time.process_time()
     r = ddlsim.predict(cfg, "des", check_fit=False, spans="representative",
                        limits=Limits(des_rank_ops=10**9))
@@ -81,7 +98,7 @@ def targets(names: list[str]) -> None:
         out = subprocess.run([sys.executable, __file__, "--one", name], check=True,
                              capture_output=True, text=True).stdout
         r = json.loads(out.strip().splitlines()[-1])
-        limit = TARGETS[name][1]
+        limit = CASES[name][1]
         print(f"{name:>18} {r['world_size']:6d} {r['wall_s']:8.1f} {r['cpu_s']:8.1f} "
               f"{r['events']:10,d} {r['peak_rss_MB']:8.0f} {limit:8.0f}  "
               f"{'yes' if r['cpu_s'] <= limit else 'NO'}", flush=True)
@@ -135,8 +152,9 @@ def main() -> None:
     ap.add_argument("--no-table", action="store_true", help="only the main case")
     ap.add_argument("--targets", nargs="?", const=",".join(TARGETS), default=None,
                     help="time the issue's targets (comma-separated names: "
-                         f"{', '.join(TARGETS)}), each in a fresh process")
-    ap.add_argument("--one", choices=list(TARGETS), help=argparse.SUPPRESS)
+                         f"{', '.join(TARGETS)}; or the smaller {', '.join(PROXIES)}), "
+                         "each in a fresh process")
+    ap.add_argument("--one", choices=list(CASES), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
         print(json.dumps(one_target(args.one)))
