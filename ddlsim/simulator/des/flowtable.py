@@ -65,7 +65,7 @@ class FlowTable:
     def remove(self, slots: np.ndarray) -> None:
         self.alive[slots] = False
         self.t_done[slots] = np.inf
-        self.free.extend(int(x) for x in slots[::-1])
+        self.free.extend(slots[::-1].tolist())
 
     def live(self) -> np.ndarray:
         return np.flatnonzero(self.alive[:self.n])
@@ -102,16 +102,17 @@ class LinkLedger:
         self._pending_rows = 0
 
     def start(self, edges: np.ndarray, now: float) -> None:
-        links, count = np.unique(edges, return_counts=True)
-        idle = self.users[links] == 0
-        self.since[links[idle]] = now
-        self.users[links] += count
+        flat = edges.ravel()
+        idle = flat[self.users[flat] == 0]
+        self.since[idle] = now
+        np.add.at(self.users, flat, 1)
 
     def finish(self, edges: np.ndarray, nbytes: np.ndarray, now: float) -> None:
-        links, count = np.unique(edges, return_counts=True)
-        self.users[links] -= count
-        idle = links[self.users[links] == 0]
-        self.busy_s[idle] += now - self.since[idle]
+        flat = edges.ravel()
+        np.subtract.at(self.users, flat, 1)
+        idle = flat[self.users[flat] == 0]
+        # a link listed twice gets the same sum twice, not the busy time twice
+        self.busy_s[idle] = self.busy_s[idle] + (now - self.since[idle])
         self.carry(edges, nbytes)
 
     def carry(self, edges: np.ndarray, nbytes: np.ndarray) -> None:

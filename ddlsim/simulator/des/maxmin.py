@@ -59,8 +59,10 @@ def max_min_rates(edges: np.ndarray, mult: np.ndarray, capacity_Bps: np.ndarray)
     cap = capacity_Bps[links].astype(np.float64)
     n_links = len(links)
     idx, m = np.arange(n_flows), np.asarray(mult, dtype=np.float64)
+    # flow counts per link are sums of whole numbers, exact in floating point, so taking
+    # the frozen flows out gives the same counts as recounting the rest
+    users = np.bincount(local.ravel(), weights=np.repeat(m, width), minlength=n_links)
     while len(idx):
-        users = np.bincount(local.ravel(), weights=np.repeat(m, width), minlength=n_links)
         with np.errstate(divide="ignore", invalid="ignore"):
             share = cap / users
         share[users == 0] = np.inf
@@ -73,6 +75,8 @@ def max_min_rates(edges: np.ndarray, mult: np.ndarray, capacity_Bps: np.ndarray)
         cap -= np.bincount(local[hit].ravel(), weights=np.repeat(m[hit] * level, width),
                            minlength=n_links)
         np.maximum(cap, 0.0, out=cap)
+        users -= np.bincount(local[hit].ravel(), weights=np.repeat(m[hit], width),
+                             minlength=n_links)
         keep = ~hit
         idx, local, m = idx[keep], local[keep], m[keep]
     return rate

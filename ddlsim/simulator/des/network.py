@@ -23,6 +23,7 @@ import numpy as np
 import simpy
 
 from .flowtable import FlowTable, LinkLedger, pad_to
+from .components import LinkedFlows
 from .maxmin import max_min_rates
 from .uniq import unique_counts
 
@@ -76,6 +77,8 @@ class FlowNetwork:
         self._added: list[tuple[np.ndarray, np.ndarray]] = []  # (routes, slots) since the solve
         self._removed: list[np.ndarray] = []  # routes of flows ended since the last solve
         self._slots = FlowTable(width=1, pad=n_links)
+        self._linked = LinkedFlows(n_links)
+        self._count = np.zeros(n_links + 1, dtype=np.int64)  # scratch, zero between uses
         self._owners: dict[int, tuple[FlowOwner, int]] = {}
         self._next_owner = 0
         self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray, int, np.ndarray]] = []
@@ -87,19 +90,28 @@ class FlowNetwork:
 
     # ------------------------------------------------------------------ domains
     def join(self, routes: list[np.ndarray]) -> None:
-        """Declare that each route's links share a domain."""
-        parent, merged = self._parent, False
-        for route in routes:
-            if len(route) < 2:
-                continue
-            roots = {_find(parent, int(e)) for e in route}
-            if len(roots) > 1:
-                low = min(roots)
-                for r in roots:
-                    parent[r] = low
-                merged = True
-        if merged:
-            self._refresh_roots()
+        """Declare that each route's links share a domain (a domain's root is its smallest
+        link id; all routes are merged in one connected-components pass)."""
+        chains = [r for r in routes if len(r) >= 2]
+        if not chains:
+            return
+        root = self.root
+        a = root[np.concatenate([r[:-1] for r in chains])]
+        b = root[np.concatenate([r[1:] for r in chains])]
+        apart = a != b
+        if not apart.any():
+            return
+        from scipy.sparse import coo_matrix
+        from scipy.sparse.csgraph import connected_components
+
+        n = self.pad + 1
+        graph = coo_matrix((np.ones(int(apart.sum()), dtype=np.int8), (a[apart], b[apart])),
+                           shape=(n, n))
+        count, label = connected_components(graph, directed=False)
+        low = np.full(count, n)
+        np.minimum.at(low, label, np.arange(n))
+        self._parent[:] = low[label][root]
+        self._refresh_roots()
 
     def _refresh_roots(self) -> None:
         root = self._parent.copy()
@@ -236,29 +248,19 @@ class FlowNetwork:
             if users[links[links != self.pad]].any():
                 return False
         if added:
-            links, count = np.unique(np.concatenate([pad_to(e, max(x.shape[1] for x, _ in added),
-                                                            self.pad) for e, _ in added]),
-                                     return_counts=True)
-            keep = links != self.pad
-            return bool(np.array_equal(users[links[keep]], count[keep]))
+            flat = np.concatenate([edges.ravel() for edges, _ in added])
+            count = self._count
+            np.add.at(count, flat, 1)
+            count[self.pad] = users[self.pad]
+            alone = bool(np.array_equal(users[flat], count[flat]))
+            count[flat] = 0
+            return alone
         return True
 
     def _component(self, sel: np.ndarray, seeds: list[np.ndarray]) -> np.ndarray:
         """The flows of ``sel`` linked, through shared links, to the links in ``seeds``:
-        only their max-min rates can have changed."""
-        mark = np.zeros(self.pad + 1, dtype=bool)
-        for rows in seeds:
-            mark[rows.ravel()] = True
-        mark[self.pad] = False
-        inc = self._slots.edges[sel]
-        found = np.zeros(len(sel), dtype=bool)
-        while True:
-            new = mark[inc].any(axis=1) & ~found
-            if not new.any():
-                return sel[found]
-            found |= new
-            mark[inc[new].ravel()] = True
-            mark[self.pad] = False
+        only their max-min rates can have changed (:class:`~.components.LinkedFlows`)."""
+        return sel[self._linked(self._slots.edges[sel], seeds)]
 
     def _advance(self, idx: np.ndarray, now: float) -> None:
         """Move flows ``idx`` forward to ``now`` at their current rates."""
@@ -323,9 +325,3 @@ class FlowNetwork:
                 del self._owners[oid]
             owner.flows_done(local[a:b])
 
-
-def _find(parent: np.ndarray, e: int) -> int:
-    while parent[e] != e:
-        parent[e] = parent[parent[e]]
-        e = int(parent[e])
-    return e
