@@ -109,3 +109,31 @@ def write_docs(name: str, text: str) -> None:
                  "the table belongs")
     new = doc[:doc.index(begin)] + f"{begin}\n\n{text}\n\n" + doc[doc.index(end):]
     write_output(DOC, new, force=True, what="docs page")
+
+
+def error_stats(out: list[dict], label) -> str:
+    """``mean |error| …, worst … (row), signed mean …`` over the rows that ran (the part of
+    each script's summary line they share)."""
+    ran = [o for o in out if o["result"] is not None]
+    errors = [o["error"] for o in ran]
+    worst = max(ran, key=lambda o: abs(o["error"]))
+    return (f"mean |error| {100 * sum(map(abs, errors)) / len(errors):.1f}%, worst "
+            f"{100 * abs(worst['error']):.1f}% ({label(worst)}), signed mean "
+            f"{100 * sum(errors) / len(errors):+.1f}%")
+
+
+def run_script(name: str, doc: str, argv, evaluate, show, summary) -> int:
+    """The command line both scripts share: evaluate every row with ``--engine``, print the
+    table (``show(out, markdown)``) and ``summary(out, engine)``, and with ``--write-docs``
+    put both between ``name``'s markers in docs/validation.md."""
+    import argparse
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    add_arguments(ap)
+    args = ap.parse_args(argv)
+    out = evaluate(args.engine, limits=limits_of(args))
+    show(out, args.markdown)
+    print("\n" + summary(out, args.engine))
+    if args.write_docs:
+        write_docs(name, markdown_of(lambda markdown: show(out, markdown))
+                   + "\n\n" + summary(out, args.engine))
+    return 0

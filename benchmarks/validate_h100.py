@@ -24,11 +24,10 @@ Such rows are marked ``≈``.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from public_runs import (DATA, add_arguments, limits_of, markdown_of, padded_vocab, predict,
-                         print_notes, print_table, read_csv, write_docs)
+from public_runs import (DATA, error_stats, padded_vocab, predict, print_notes, print_table,
+                         read_csv, run_script)
 
 TABLE = DATA / "nemo_2407_h100_fp8.csv"
 SETTINGS = DATA / "nemo_2407_h100_settings.csv"
@@ -153,25 +152,12 @@ def _print(out: list[dict], markdown: bool) -> None:
 def summary(out: list[dict], engine: str) -> str:
     """Mean |error|, worst row and signed mean over the rows that ran."""
     ran = [o for o in out if o["result"] is not None]
-    errors = [o["error"] for o in ran]
-    worst = max(ran, key=lambda o: abs(o["error"]))
-    return (f"mean |error| {100 * sum(map(abs, errors)) / len(errors):.1f}%, worst "
-            f"{100 * abs(worst['error']):.1f}% ({_label(worst)}), signed mean "
-            f"{100 * sum(errors) / len(errors):+.1f}% ({engine} engine, {len(ran)} of "
-            f"{len(out)} rows; positive = ddlsim too slow)")
+    return (f"{error_stats(out, _label)} ({engine} engine, {len(ran)} of {len(out)} rows; "
+            "positive = ddlsim too slow)")
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_arguments(ap)
-    args = ap.parse_args(argv)
-    out = evaluate(args.engine, limits=limits_of(args))
-    _print(out, args.markdown)
-    print("\n" + summary(out, args.engine))
-    if args.write_docs:
-        write_docs("validate_h100", markdown_of(lambda markdown: _print(out, markdown))
-                   + "\n\n" + summary(out, args.engine))
-    return 0
+    return run_script("validate_h100", __doc__, argv, evaluate, _print, summary)
 
 
 if __name__ == "__main__":

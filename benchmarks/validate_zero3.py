@@ -20,11 +20,10 @@ compares 640 ZeRO-3 GPUs (batch 2,560) with 560 PTD-P GPUs (batch 2,240), as the
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from public_runs import (DATA, add_arguments, limits_of, markdown_of, padded_vocab, predict,
-                         print_notes, print_table, read_csv, write_docs)
+from public_runs import (DATA, error_stats, padded_vocab, predict, print_notes, print_table,
+                         read_csv, run_script)
 
 TABLE = DATA / "megatron_sc21_zero3.csv"
 SEQ = 2048                 # sc21 CONFIG.sh: --seq-length 2048
@@ -144,28 +143,15 @@ def _print(out: list[dict], markdown: bool) -> None:
 def summary(out: list[dict], engine: str) -> str:
     """Mean |error|, worst row, and how many pairs ddlsim orders as measured."""
     ran = [o for o in out if o["result"] is not None]
-    errors = [o["error"] for o in ran]
-    worst = max(ran, key=lambda o: abs(o["error"]))
     orders = [ordering(z, p)["same_order"] for z, p in pairs(out)]
     judged = [s for s in orders if s is not None]
-    return (f"mean |error| {100 * sum(map(abs, errors)) / len(errors):.1f}%, worst "
-            f"{100 * abs(worst['error']):.1f}% ({_label(worst)}), signed mean "
-            f"{100 * sum(errors) / len(errors):+.1f}%; ordering as measured in "
-            f"{sum(judged)} of {len(judged)} pairs ({engine} engine, {len(ran)} of {len(out)} "
-            "rows; positive error = ddlsim too slow)")
+    return (f"{error_stats(out, _label)}; ordering as measured in {sum(judged)} of "
+            f"{len(judged)} pairs ({engine} engine, {len(ran)} of {len(out)} rows; positive "
+            "error = ddlsim too slow)")
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_arguments(ap)
-    args = ap.parse_args(argv)
-    out = evaluate(args.engine, limits=limits_of(args))
-    _print(out, args.markdown)
-    print("\n" + summary(out, args.engine))
-    if args.write_docs:
-        write_docs("validate_zero3", markdown_of(lambda markdown: _print(out, markdown))
-                   + "\n\n" + summary(out, args.engine))
-    return 0
+    return run_script("validate_zero3", __doc__, argv, evaluate, _print, summary)
 
 
 if __name__ == "__main__":
