@@ -17,14 +17,20 @@ __all__ = ["register", "presets_command"]
 
 
 def presets_command(
-    section: Annotated[Optional[str], typer.Argument(help="model, parallel, train or system")] = None,
+    section: Annotated[Optional[str], typer.Argument(
+        help="model, parallel, train, system or software")] = None,
 ) -> None:
-    """List the presets a config section may name, with their sources."""
+    """List the presets a config section may name, with their sources, and the software
+    stacks ``system.software`` may name."""
     from .cli import check_choice, out
     from .presets import SECTIONS, list_presets
 
     if section is not None:
-        check_choice("section", section, tuple(SECTIONS))
+        check_choice("section", section, (*SECTIONS, "software"))
+    if section in (None, "software"):
+        out.print(_software_table())
+    if section == "software":
+        return
     for sec, entries in list_presets(section).items():
         t = Table(title=f"{sec} presets", title_justify="left")
         t.add_column("name", style="bold")
@@ -38,6 +44,22 @@ def presets_command(
             cells = [family[name]] if sec == "model" else []
             t.add_row(name, *cells, _summary(sec, name, v), str(v.get("source", "")))
         out.print(t)
+
+
+def _software_table() -> Table:
+    """The named software stacks: the attention kernel, the overlaps on, and where the
+    attention default comes from (every field's source is in ddlsim/data/software.yaml)."""
+    from .software import resolve_software, stacks
+
+    t = Table(title="software stacks (system.software)", title_justify="left")
+    for column in ("name", "attention", "overlaps on", "source of the attention default"):
+        t.add_column(column, style="bold" if column == "name" else None, overflow="fold")
+    for name in stacks():
+        sw = resolve_software(name)
+        on = [k if v is True else f"{k}={v}" for k, v in sw.overlap.items()
+              if v is not False and v != "off"]
+        t.add_row(name, sw.attention, ", ".join(on), sw.sources["attention"])
+    return t
 
 
 def _summary(section: str, name: str, v: dict) -> str:
