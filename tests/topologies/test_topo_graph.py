@@ -7,24 +7,14 @@ import numpy as np
 import pytest
 
 from ddlsim.errors import ConfigError
-from ddlsim.topologies import GraphBuilder, Topology
+from ddlsim.topologies import Topology
 
-from topo_helpers import assert_valid_route
+from topo_helpers import assert_valid_route, two_nodes
 
-
-def _two_nodes() -> GraphBuilder:
-    b = GraphBuilder(switch_latency_s=1e-7)
-    b.add_node("sw", "switch", level=1)
-    for n in range(2):
-        b.add_node(f"d{n}", "device", node=n, local=0)
-        b.add_node(f"nic{n}", "nic", node=n)
-        b.add_link(f"d{n}", f"nic{n}", bandwidth_Bps=1e10, link_kind="pcie")
-        b.add_link(f"nic{n}", "sw", bandwidth_Bps=1e9, latency_s=1e-6, link_kind="nic")
-    return b
 
 
 def test_custom_graph_routes_with_the_generic_router():
-    topo = Topology(_two_nodes().graph, name="hand-made")
+    topo = Topology(two_nodes().graph, name="hand-made")
     path = topo.route(0, 1)
     assert_valid_route(topo, 0, 1, path)
     assert topo.path_vertices(path) == ["d0", "nic0", "sw", "nic1", "d1"]
@@ -33,7 +23,7 @@ def test_custom_graph_routes_with_the_generic_router():
 
 
 def test_arrays_are_read_only_and_the_graph_frozen():
-    topo = Topology(_two_nodes().graph)
+    topo = Topology(two_nodes().graph)
     with pytest.raises(ValueError):
         topo.edge_bandwidth_Bps[0] = 1.0
     with pytest.raises(nx.NetworkXError):
@@ -42,7 +32,7 @@ def test_arrays_are_read_only_and_the_graph_frozen():
 
 
 def _broken(change) -> nx.DiGraph:
-    g = _two_nodes().graph.to_networkx()  # a hand-made networkx graph, as users pass one
+    g = two_nodes().graph.to_networkx()  # a hand-made networkx graph, as users pass one
     change(g)
     return g
 
@@ -69,7 +59,7 @@ def test_graphs_breaking_the_model_are_refused(change, message):
 
 
 def test_uneven_nodes_are_refused():
-    b = _two_nodes()
+    b = two_nodes()
     b.add_node("d2", "device", node=1, local=1)
     b.add_link("d2", "nic1", bandwidth_Bps=1e10, link_kind="pcie")
     with pytest.raises(ConfigError, match=r"same number of devices; got \{0: 1, 1: 2\}"):
@@ -77,7 +67,7 @@ def test_uneven_nodes_are_refused():
 
 
 def test_device_without_nic_is_refused_on_several_nodes():
-    b = _two_nodes()
+    b = two_nodes()
     b.add_node("d2", "device", node=1, local=1, nics=())
     b.add_node("d3", "device", node=0, local=1, nics=())
     for d, nic in (("d2", "nic1"), ("d3", "nic0")):

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from ddlsim.errors import ConfigError
-from ddlsim.topologies import NODE_FABRICS, GraphBuilder, Topology, build_topology
+from ddlsim.topologies import NODE_FABRICS, Topology, build_topology
 from ddlsim.topologies.build import from_spec
 from ddlsim.topologies.spec import parse_spec
 
-from topo_helpers import make_spec
+from topo_helpers import make_spec, two_nodes
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -69,16 +69,6 @@ def test_rail_stripes_are_the_rail_routes_of_every_rail(network):
         assert lat == max(topo.path_latency_s(r) for r in routes)
 
 
-def _two_nodes() -> GraphBuilder:
-    b = GraphBuilder(switch_latency_s=1e-7)
-    b.add_node("sw", "switch", level=1)
-    for n in range(2):
-        b.add_node(f"d{n}", "device", node=n, local=0)
-        b.add_node(f"nic{n}", "nic", node=n)
-        b.add_link(f"d{n}", f"nic{n}", bandwidth_Bps=1e10, link_kind="pcie")
-        b.add_link(f"nic{n}", "sw", bandwidth_Bps=1e9, latency_s=1e-6, link_kind="nic")
-    return b
-
 
 @pytest.mark.parametrize("change, message", [
     (lambda r: r.succ["sw"].pop("nic1"), r"edge \('nic1', 'sw'\) has no reverse edge"),
@@ -89,7 +79,7 @@ def _two_nodes() -> GraphBuilder:
      r"the topology is not connected: 2 parts"),
 ])
 def test_a_broken_record_is_refused_as_a_broken_graph_is(change, message):
-    record = _two_nodes().graph
+    record = two_nodes().graph
     change(record)
     with pytest.raises(ConfigError, match=message):
         Topology(record)

@@ -1,4 +1,5 @@
-"""Shared helpers for the topology tests: a small spec factory and a route checker.
+"""Shared helpers for the topology tests: a small spec factory, a two-node graph and a route
+checker.
 
 A plain module (not conftest.py) so its name cannot clash with other test folders' conftest.
 """
@@ -8,7 +9,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from ddlsim.topologies import Topology
+from ddlsim.topologies import GraphBuilder, Topology
 
 BASE_SPEC: dict[str, Any] = {
     "name": "test",
@@ -46,3 +47,16 @@ def assert_valid_route(topo: Topology, src: int, dst: int, path: tuple[int, ...]
     assert len(set(vertices)) == len(vertices), f"route revisits a vertex: {vertices}"
     for u, v in zip(vertices, vertices[1:]):
         assert topo.graph.has_edge(u, v)
+
+
+def two_nodes() -> GraphBuilder:
+    """Two one-device nodes, each with a NIC (10 GB/s PCIe, 1 GB/s NIC link with 1 µs) on one
+    switch of 0.1 µs latency."""
+    b = GraphBuilder(switch_latency_s=1e-7)
+    b.add_node("sw", "switch", level=1)
+    for n in range(2):
+        b.add_node(f"d{n}", "device", node=n, local=0)
+        b.add_node(f"nic{n}", "nic", node=n)
+        b.add_link(f"d{n}", f"nic{n}", bandwidth_Bps=1e10, link_kind="pcie")
+        b.add_link(f"nic{n}", "sw", bandwidth_Bps=1e9, latency_s=1e-6, link_kind="nic")
+    return b

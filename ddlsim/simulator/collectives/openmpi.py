@@ -31,6 +31,16 @@ __all__ = ["openmpi_algorithm", "TABLES", "NAMES"]
 
 _INF = math.inf
 
+#: the all-reduce rows from ``p_below`` 128 on, where the plain and the disjoint tables agree
+_ALLREDUCE_LARGE = (
+    (128, ((262144, 3), (_INF, 6))),
+    (256, ((131072, 2), (262144, 3), (_INF, 6))),
+    (512, ((4096, 2), (_INF, 6))),
+    (2048, ((2048, 2), (16384, 3), (_INF, 6))),
+    (4096, ((2048, 2), (4096, 5), (16384, 3), (_INF, 6))),
+    (_INF, ((2048, 2), (16384, 5), (32768, 3), (_INF, 6))),
+)
+
 #: ``op -> ((p_below, ((bytes_below, algorithm id), ...)), ...)``: the first row whose
 #: ``p_below`` exceeds the communicator size, then the first column whose ``bytes_below``
 #: exceeds the compared size. Ids are Open MPI's (``coll_tuned_<op>_decision.c``).
@@ -41,12 +51,7 @@ TABLES: dict[str, tuple] = {
         (16, ((8192, 3), (_INF, 6))),
         (32, ((64, 5), (4096, 3), (_INF, 6))),
         (64, ((128, 5), (_INF, 6))),
-        (128, ((262144, 3), (_INF, 6))),
-        (256, ((131072, 2), (262144, 3), (_INF, 6))),
-        (512, ((4096, 2), (_INF, 6))),
-        (2048, ((2048, 2), (16384, 3), (_INF, 6))),
-        (4096, ((2048, 2), (4096, 5), (16384, 3), (_INF, 6))),
-        (_INF, ((2048, 2), (16384, 5), (32768, 3), (_INF, 6))),
+        *_ALLREDUCE_LARGE,
     ),
     "all_reduce/disjoint": (  # ..._allreduce_intra_disjoint_dec_fixed, commutative branch
         (3, ((_INF, 3),)),
@@ -55,12 +60,7 @@ TABLES: dict[str, tuple] = {
         (16, ((262144, 7), (1048576, 6), (_INF, 3))),
         (32, ((32768, 7), (131072, 2), (_INF, 6))),
         (65, ((32768, 7), (131072, 3), (_INF, 6))),
-        (128, ((262144, 3), (_INF, 6))),
-        (256, ((131072, 2), (262144, 3), (_INF, 6))),
-        (512, ((4096, 2), (_INF, 6))),
-        (2048, ((2048, 2), (16384, 3), (_INF, 6))),
-        (4096, ((2048, 2), (4096, 5), (16384, 3), (_INF, 6))),
-        (_INF, ((2048, 2), (16384, 5), (32768, 3), (_INF, 6))),
+        *_ALLREDUCE_LARGE,
     ),
     "all_to_all": (  # ompi_coll_tuned_alltoall_intra_dec_fixed (per-peer block)
         (3, ((2, 2), (4, 5), (16, 2), (64, 5), (256, 2), (4096, 5), (32768, 2), (262144, 4),
