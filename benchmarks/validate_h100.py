@@ -35,6 +35,8 @@ GPUS_PER_NODE = 8          # DGX H100: 8 GPUs per node
 STACK = "megatron-core-2024"
 #: Kernel switches the launcher configs set differently from model to model (settings CSV).
 KERNEL_SWITCHES = ("fused_cross_entropy", "fused_bias_gelu", "fused_bias_dropout_add")
+#: NeMo's optim.grad_sync_dtype -> ddlsim's software.kernels.grad_reduce_dtype
+GRAD_SYNC = {"bf16": "param", "fp32": "fp32"}
 
 
 def rows() -> list[dict]:
@@ -99,7 +101,8 @@ def config(row: dict) -> dict:
                   "seq_length": int(row["seq"]), "dtype": "fp8", "recompute": row["recompute"]},
         "system": {"preset": "dgx-h100", "nodes": gpus // GPUS_PER_NODE,
                    "software": {"stack": STACK, "kernels": {
-                       k: row[k] == "true" for k in KERNEL_SWITCHES}}},
+                       **{k: row[k] == "true" for k in KERNEL_SWITCHES},
+                       "grad_reduce_dtype": GRAD_SYNC[row["grad_sync_dtype"]]}}},
     }
 
 

@@ -32,12 +32,13 @@ from .config_types import _Strict
 from .errors import ConfigError, did_you_mean
 
 __all__ = ["KernelSpec", "OverlapSpec", "SoftwareSpec", "Software", "stacks",
-           "resolve_software", "DEFAULT_STACK"]
+           "resolve_software", "grad_dtype_bytes", "DEFAULT_STACK"]
 
 #: The stack a system without ``software`` runs: what a user training a decoder today runs.
 DEFAULT_STACK = "megatron-core-2024"
 
 Attention = Literal["flash2", "flash3", "fused_softmax", "unfused"]
+GradReduceDtype = Literal["param", "fp32", "fp32_if_bf16"]
 
 
 def _off_from_false(v: Any) -> Any:
@@ -63,6 +64,10 @@ class KernelSpec(_Strict):
     fused_optimizer: StrictBool | None = Field(default=None,
                                                description="multi-tensor Adam (apex/TE)")
     gradient_accumulation_fusion: StrictBool | None = None
+    grad_reduce_dtype: GradReduceDtype | None = Field(
+        default=None, description="dtype of the gradient buffers and their data-parallel "
+                                  "reduction: param (the 16-bit parameter dtype), fp32, or "
+                                  "fp32_if_bf16 (Megatron-LM's rule)")
 
 
 class OverlapSpec(_Strict):
@@ -167,3 +172,15 @@ def resolve_software(spec: SoftwareSpec | str | None, plan: Any = None) -> Softw
         if value is not None:
             overlap[field], sources[field] = value, f"parallel.{field}"
     return Software(spec.stack, kernels, overlap, sources)
+
+
+def grad_dtype_bytes(rule: str, param_dtype: str) -> int:
+    """Bytes per gradient element in the gradient buffers and their data-parallel reduction,
+    under the stack's ``grad_reduce_dtype`` ``rule`` for parameters stored in ``param_dtype``
+    (FP8 runs keep 16-bit parameters: pass the 16-bit dtype): ``param`` → the parameter's
+    bytes, ``fp32`` → 4, ``fp32_if_bf16`` → 4 with bf16 parameters, else the parameter's."""
+    from .config_types import DTYPE_BYTES
+    own = DTYPE_BYTES[param_dtype]
+    if rule == "fp32" or (rule == "fp32_if_bf16" and param_dtype == "bf16"):
+        return max(own, 4)
+    return own

@@ -34,7 +34,8 @@ def test_set_override_and_output_file(tmp_path):
     out = tmp_path / "r.json"
     r = runner.invoke(app, ["predict", EXAMPLES[0], "-f", "json", "-o", str(out),
                             "--set", "parallel.pipeline_model_parallel_size=8",
-                            "--set", "parallel.data_parallel_size=16"])
+                            "--set", "parallel.data_parallel_size=16",
+                            "--set", "parallel.zero_stage=1"])
     assert r.exit_code == 0, r.output
     assert json.loads(out.read_text())["world_size"] == 1024
     again = runner.invoke(app, ["predict", EXAMPLES[0], "-f", "json", "-o", str(out)])

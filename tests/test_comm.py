@@ -100,10 +100,12 @@ def test_tp_allreduces_four_per_layer_and_micro_batch(per_rank):
 
 
 def test_dp_allreduce_moves_the_stage_gradients(per_rank):
-    # DDP's bucket all-reduces run on the "dp" stream beside the backward: non-blocking
+    # DDP's bucket all-reduces run on the "dp" stream beside the backward: non-blocking.
+    # bf16 on Megatron-Core's stack: fp32 main grads, all-reduced in fp32 (4 B per parameter;
+    # Megatron-LM arguments.py forces accumulate_allreduce_grads_in_fp32 with --bf16)
     layers = L // PP * LAYER / TP          # ddlsim shards a layer's parameters by t
-    first = 2 * (layers + V * H / TP + POS * H)
-    last = 2 * (layers + 2 * H + V * H / TP)   # final norm, tied head's copy
+    first = 4 * (layers + V * H / TP + POS * H)
+    last = 4 * (layers + 2 * H + V * H / TP)   # final norm, tied head's copy
     assert _row(per_rank, rank=0, op="iallreduce", group="dp")["send_bytes"] == first
     assert _row(per_rank, rank=7, op="iallreduce", group="dp")["recv_bytes"] == last
 

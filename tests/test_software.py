@@ -32,3 +32,47 @@ def test_layers_apply_in_order_stack_then_system_then_plan():
 def test_unknown_stack_is_refused_with_the_known_names():
     with pytest.raises(ConfigError, match="megatron-lm-2O21.*allowed: megatron-lm-2021"):
         load_config("examples/gpt3-175b-1024-a100.yaml", overrides=["system.software=megatron-lm-2O21"])
+
+
+# ---------------------------------------------------------------- gradient dtype
+GPT_DP2 = {"model": {"preset": "gpt2-124m"},
+           "parallel": {"data_parallel_size": 2, "overlap_grad_reduce": False},
+           "train": {"micro_batch_size": 1, "global_batch_size": 2, "seq_length": 1024},
+           "system": {"preset": "dgx-a100", "nodes": 1}}
+
+
+def _grad_bytes(dtype: str, software) -> float:
+    """Bytes of the one data-parallel gradient all-reduce per iteration (no overlap)."""
+    import ddlsim
+    from ddlsim.workloads.trace import Collective
+    cfg = load_config({**GPT_DP2, "train": {**GPT_DP2["train"], "dtype": dtype},
+                       "system": {**GPT_DP2["system"], "software": software}},
+                      overrides=["parallel.data_parallel_size=2"])
+    w = ddlsim.build_workload(cfg)
+    block = w.classes[0].program.blocks["update"]
+    return sum(o.repeat * o.payload.bytes for o in block.flat.ops
+               if isinstance(o.payload, Collective) and o.payload.name.startswith("grad."))
+
+
+@pytest.mark.parametrize("dtype,software,per_param", [
+    # Megatron-LM (2021 and 2024): --bf16 forces accumulate_allreduce_grads_in_fp32 (4 B);
+    # --fp16 leaves it off (2 B); DeepSpeed reduces in the model's dtype; fp32 training is 4 B
+    ("bf16", "megatron-core-2024", 4), ("fp16", "megatron-core-2024", 2),
+    ("bf16", "megatron-lm-2021", 4), ("fp16", "megatron-lm-2021", 2),
+    ("bf16", "deepspeed", 2), ("fp32", "deepspeed", 4),
+    ("fp16", {"stack": "megatron-lm-2021", "kernels": {"grad_reduce_dtype": "fp32"}}, 4),
+    ("bf16", {"stack": "megatron-core-2024", "kernels": {"grad_reduce_dtype": "param"}}, 2),
+])
+def test_gradients_are_reduced_in_the_stacks_dtype(dtype, software, per_param):
+    import ddlsim
+    cfg = load_config({**GPT_DP2, "train": {**GPT_DP2["train"], "dtype": dtype},
+                       "system": {**GPT_DP2["system"], "software": software}})
+    params = ddlsim.memory_per_device(cfg).weights / {"fp32": 4, "bf16": 2, "fp16": 2}[dtype]
+    assert _grad_bytes(dtype, software) == pytest.approx(per_param * params, rel=1e-12)
+    assert ddlsim.memory_per_device(cfg).gradients == pytest.approx(per_param * params,
+                                                                     rel=1e-12)
+
+
+def test_unknown_gradient_dtype_is_refused_with_the_allowed_values():
+    with pytest.raises(ConfigError, match="grad_reduce_dtype: .*'fp32_if_bf16'.*got 'bf32'"):
+        load_config(GPT_DP2, overrides=["system.software.kernels.grad_reduce_dtype=bf32"])

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..config import DTYPE_BYTES
 from ..errors import ConfigError
+from ..software import grad_dtype_bytes
 from ..workloads.decoder import tp_overlap as tpo
 from ..workloads.decoder.zero3 import gathered_layers
 from ..simulator.kernels import kernel_device, optimizer_bytes_per_param
@@ -43,6 +44,7 @@ class _Context:
     shape: object
     s: int
     dt: int
+    gdt: int             # bytes per gradient element (the stack's grad_reduce_dtype)
     dev: object          # the kernel model's device (ddlsim.simulator.kernels.KernelDevice)
     per_param: float
     capacity: float
@@ -63,8 +65,9 @@ class DecoderVectors:
                               "vectorised search tier covers dp_strategy 'ddp' (with ZeRO "
                               "0-3) only; use ddlsim sweep for the others")
         t, sw = cfg.train, cfg.software
-        return _Context(cfg, shape, t.seq_length, DTYPE_BYTES[compute_dtype(t.dtype)],
-                        kernel_device(cfg.system),
+        dtype = compute_dtype(t.dtype)
+        return _Context(cfg, shape, t.seq_length, DTYPE_BYTES[dtype],
+                        grad_dtype_bytes(sw.grad_reduce_dtype, dtype), kernel_device(cfg.system),
                         optimizer_bytes_per_param(t.optimizer, sw.fused_optimizer),
                         cfg.system.device.memory_bytes)
 
@@ -107,7 +110,7 @@ class DecoderVectors:
         fwd = k["attn"] + tp_comm + k["mlp"] + tp_comm + k["ew"]
         redo = np.select([rec == RECOMPUTE.index("full"), rec == RECOMPUTE.index("selective")],
                          [fwd, k["recompute"]], 0.0)
-        acc = 0.0 if ctx.cfg.software.gradient_accumulation_fusion else 2 * dt + 2 * 4
+        acc = 0.0 if ctx.cfg.software.gradient_accumulation_fusion else 2 * dt + 2 * ctx.gdt
         # SP: the backward re-gathers each block's sequence-sharded input (Korthikanti §4.2.2)
         tp_bwd = tp_comm + np.where(sp, coll("all_gather", "tp", act), 0.0) * multi
         bwd = (redo + k["bwd.mlp"] + tp_bwd + k["bwd.attn"] + tp_bwd + k["bwd.ew"]
@@ -217,10 +220,10 @@ class DecoderVectors:
         """(update block, data-parallel tail) of a stage holding ``params`` per rank."""
         p = ctx.cfg.parallel
         dp, zero, v = plans["dp"], plans["zero"], plans["v"]
-        grad = params * ctx.dt
+        grad = params * ctx.gdt
         sharded = (zero > 0) & (dp > 1)
         update = self._optimizer(ctx, np.where(sharded, params / np.maximum(dp, 1), params))
-        update += coll("all_gather", "dp", self._gathered(ctx, plans, grad)[0]) \
+        update += coll("all_gather", "dp", self._gathered(ctx, plans, params * ctx.dt)[0]) \
             * ((zero == 1) | (zero == 2)) * (dp > 1)
         op_rs = (zero == 1) | (zero == 2)
         bucket = p.grad_bucket_size
@@ -255,7 +258,8 @@ class DecoderVectors:
         if not on.any():
             return np.full(len(plans), np.nan)
         nbytes = ctx.shape.layer_params / plans["tp"] * ctx.dt
-        a, r = coll("all_gather", "dp", nbytes), coll("reduce_scatter", "dp", nbytes)
+        a = coll("all_gather", "dp", nbytes)
+        r = coll("reduce_scatter", "dp", nbytes * ctx.gdt / ctx.dt)
         end = zero3_time(ctx.shape.layers, ctx.cfg.software.zero3_prefetch_layers, m,
                          (e, f, hf, hb, bw), a, r)
         end += self._optimizer(ctx, self.stage_params(ctx, plans, True) / np.maximum(dp, 1))
@@ -279,7 +283,7 @@ class DecoderVectors:
         mixed = ctx.dt < 4
         k = (12 if mixed else 8) if t_cfg.optimizer == "adam" else (8 if mixed else 4)
         weights = ctx.dt * params / np.where(zero >= 3, dp, 1)
-        grads = ctx.dt * params / np.where(zero >= 2, dp, 1)
+        grads = ctx.gdt * params / np.where(zero >= 2, dp, 1)
         opt = k * params / np.where(zero >= 1, dp, 1)
         per_layer = np.zeros_like(b)
         for spv in (False, True):

@@ -51,15 +51,17 @@ class MemoryBreakdown:
 
 
 def model_state_bytes(params: float, dp: int, zero_stage: int, dtype: str,
-                      optimizer: str = "adam") -> tuple[float, float, float]:
-    """(weights, gradients, optimizer states) in bytes for ``params`` parameters on one rank."""
+                      optimizer: str = "adam", grad_bytes: float | None = None
+                      ) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer states) in bytes for ``params`` parameters on one rank;
+    ``grad_bytes`` per gradient element (default: the parameter dtype's)."""
     w = DTYPE_BYTES[dtype]
     mixed = w < 4
     if optimizer == "adam":
         k = 12 if mixed else 8      # fp32 master + m + v, or m + v
     else:
         k = 8 if mixed else 4       # fp32 master + momentum, or momentum
-    weights, grads, opt = w * params, w * params, k * params
+    weights, grads, opt = w * params, (w if grad_bytes is None else grad_bytes) * params, k * params
     if zero_stage >= 1:
         opt /= dp
     if zero_stage >= 2:

@@ -68,8 +68,13 @@ def test_agreement_gpt_on_one_dgx_node(parallel):
     assert d.iteration_time_s == pytest.approx(a.iteration_time_s, rel=TOL)
     assert d.breakdown.compute_s == pytest.approx(a.breakdown.compute_s, rel=1e-9)
     assert d.breakdown.optimizer_s == pytest.approx(a.breakdown.optimizer_s, rel=1e-9)
-    assert d.breakdown.exposed_comm_s["tp"] == pytest.approx(a.breakdown.exposed_comm_s["tp"],
-                                                             rel=TOL)
+    tp_a, tp_d = a.breakdown.exposed_comm_s["tp"], d.breakdown.exposed_comm_s["tp"]
+    if cfg.software.overlap_grad_reduce and cfg.dp > 1:
+        # gradient buckets overlap the backward's TP all-reduces: in the DES they share the
+        # GPUs' NVLink ports (the analytical engine times streams apart), which only slows TP
+        assert tp_a * (1 - 1e-9) <= tp_d <= tp_a * 1.05
+    else:
+        assert tp_d == pytest.approx(tp_a, rel=TOL)
     assert d.comm_bytes == pytest.approx(a.comm_bytes)
     assert d.per_class_time_s.keys() == a.per_class_time_s.keys()
 

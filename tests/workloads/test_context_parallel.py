@@ -145,13 +145,13 @@ def test_ring_hides_what_the_gather_exposes():
 
 def test_both_engines_time_the_ring_alike():
     # One DGX H100 node: each GPU sends one block to one peer over NVSwitch, hidden behind
-    # the step it overlaps. The engines agree to within 1 %: the DES also lets the ring's
-    # transfers share NVLink with the TP collectives in flight at the same time, which the
-    # analytical engine times alone.
+    # the step it overlaps. The engines agree to within 2 %: the DES also lets the ring's
+    # transfers and the gradient buckets share NVLink with the TP collectives in flight at
+    # the same time, which the analytical engine times alone.
     cfg = config()
     a = ddlsim.predict(cfg, check_fit=False)
     d = ddlsim.predict(cfg, engine="des", check_fit=False)
-    assert d.iteration_time_s == pytest.approx(a.iteration_time_s, rel=1e-2)
+    assert d.iteration_time_s == pytest.approx(a.iteration_time_s, rel=2e-2)
     assert d.iteration_time_s >= a.iteration_time_s * (1 - 1e-9)
 
 

@@ -62,7 +62,8 @@ def _zero3_parts(cfg):
                    for x in items)
     layer = b.shape.layer_params * b.dt
     a = cost.collective(Collective("g", "all_gather", "dp", layer))
-    r = cost.collective(Collective("r", "reduce_scatter", "dp", layer))
+    # gradients are reduce-scattered in the stack's grad_reduce_dtype (fp32 with bf16 here)
+    r = cost.collective(Collective("r", "reduce_scatter", "dp", b.shape.layer_params * b.gdt))
     opt = [o.payload for o in wl.classes[0].program.blocks["update"].ops
            if isinstance(o.payload, Compute)]
     return (t(b.embedding_forward()), t(b.layer_forward()), t(b.head_forward()),

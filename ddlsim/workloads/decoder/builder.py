@@ -12,6 +12,7 @@ from __future__ import annotations
 from functools import cached_property
 
 from ...config import DTYPE_BYTES, RunConfig
+from ...software import grad_dtype_bytes
 from ..models.decoder import DecoderShape
 from ...simulator.kernels.elementwise import optimizer_bytes_per_param
 from ..trace import Block, Collective, Compute, Op, P2P, Wait
@@ -50,6 +51,9 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
         self.dtype = compute_dtype(t.dtype)
         self.dt = DTYPE_BYTES[self.dtype]
         self.sw = cfg.software
+        #: bytes per gradient element in the gradient buffers and their data-parallel
+        #: reduction (the stack's grad_reduce_dtype: fp32 main grads with bf16 in Megatron)
+        self.gdt = grad_dtype_bytes(self.sw.grad_reduce_dtype, self.dtype)
         self.layers_per_chunk = shape.layers // (self.pp * self.v)
         self.act_bytes = self.b * self.s * shape.hidden * self.dt
         self.ep = p.ep
@@ -192,13 +196,14 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
     def grad_accumulate_bytes(self, params: float) -> float:
         """Memory traffic of adding one micro-batch's weight gradients into the accumulated
         gradients: the GEMM writes them in the training dtype, then they are read and added
-        into an fp32 buffer (read + write). Megatron-LM's ``main_grad`` hook
-        (``param.main_grad.add_(param.grad)``) and PyTorch's AccumulateGrad in fp32 training.
+        into the gradient buffer (read + write) of the stack's ``grad_reduce_dtype``: fp32
+        with Megatron-LM's ``main_grad`` hook (``param.main_grad.add_(param.grad)``), 16-bit
+        where autograd accumulates ``param.grad`` itself (Megatron-LM 2021 with fp16).
         With ``gradient_accumulation_fusion`` the weight-gradient GEMM accumulates into the
         fp32 buffer itself (Megatron's fused_weight_gradient_mlp_cuda): no separate pass."""
         if self.sw.gradient_accumulation_fusion:
             return 0.0
-        return params * (2 * self.dt + 2 * 4)
+        return params * (2 * self.dt + 2 * self.gdt)
 
     # ------------------------------------------------------------------ parameters per stage
     def stage_params(self, stage: int) -> float:
@@ -291,7 +296,7 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
         parameter redistribution of the chosen data-parallel update."""
         p = self.cfg.parallel
         params = self.stage_params(stage)
-        grad_bytes, dp = params * self.dt, self.gdp
+        grad_bytes, dp = params * self.gdt, self.gdp
         opt = self.cfg.train.optimizer
         per_param = optimizer_bytes_per_param(opt, self.sw.fused_optimizer)
 

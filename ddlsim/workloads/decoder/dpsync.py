@@ -39,14 +39,14 @@ class GradSyncOps:
         under ZeRO-1/2), one per segment of layers, on the ``dp`` stream."""
         if self.gdp == 1:
             return []
-        grad_bytes = self.stage_params(stage) / self.v * self.dt
+        grad_bytes = self.stage_params(stage) / self.v * self.gdt
         bucket = self.cfg.parallel.grad_bucket_size
         n_buckets = max(1, math.ceil(grad_bytes / bucket))
         n_seg = min(n_buckets, self.layers_per_chunk // self.period)
         per_seg = math.ceil(n_buckets / n_seg)
         op = "reduce_scatter" if self.cfg.parallel.zero_stage in (1, 2) else "all_reduce"
         if self.split_experts:  # dense gradients over dp, expert gradients over edp
-            e_bytes = self.stage_expert_params(stage) / self.v * self.dt
+            e_bytes = self.stage_expert_params(stage) / self.v * self.gdt
             size = (grad_bytes - e_bytes) / (n_seg * per_seg)
             return [Op(Collective(f"grad.{op}", op, "dp", size), stream="dp", repeat=per_seg),
                     Op(Collective(f"grad.expert.{op}", op, "edp", e_bytes / (n_seg * per_seg)),

@@ -6,6 +6,7 @@ the embedding output on the first."""
 from __future__ import annotations
 
 from ...config import DTYPE_BYTES, RunConfig
+from ...software import grad_dtype_bytes
 from ..memory import MemoryBreakdown, inflight_chunks, model_state_bytes
 from ..models.decoder import DecoderShape
 from .layerkernels import activation_kinds, compute_dtype
@@ -24,15 +25,16 @@ def stage_memory(cfg: RunConfig, shape: DecoderShape, stage: int, params: float,
     the activations (and ``1/cp``) applies; the ZeRO shards are over ``dp·cp``."""
     p, t = cfg.parallel, cfg.train
     state = compute_dtype(t.dtype)   # FP8 (Transformer Engine) keeps 16-bit weights and grads
+    gb = grad_dtype_bytes(cfg.software.grad_reduce_dtype, state)   # fp32 main grads with bf16
     if expert_params:
         dense = model_state_bytes(params - expert_params, cfg.dp, p.zero_stage, state,
-                                  t.optimizer)
+                                  t.optimizer, gb)
         expert = model_state_bytes(expert_params, cfg.mesh.size("edp"), p.zero_stage, state,
-                                   t.optimizer)
+                                   t.optimizer, gb)
         weights, grads, opt = (a + b for a, b in zip(dense, expert))
     else:
         weights, grads, opt = model_state_bytes(params, cfg.dp * p.cp, p.zero_stage, state,
-                                                t.optimizer)
+                                                t.optimizer, gb)
     layers_per_chunk = shape.layers // (p.pp * p.vpp)
     args = (t.micro_batch_size, t.seq_length, p.tp, p.sequence_parallel)
     kinds = activation_kinds(cfg)

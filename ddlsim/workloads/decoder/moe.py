@@ -115,8 +115,8 @@ class MoEOps:
             ops += [Op(Wait("wait.grad", "dp")), Op(Wait("wait.grad.expert", "edp"))]
         elif zero in (0, 1, 2):
             op = "all_reduce" if zero == 0 else "reduce_scatter"
-            ops += [*self.grad_sync_ops_flat(dense * self.dt, op),
-                    *self.grad_sync_ops_flat(expert * self.dt, op, "edp"),
+            ops += [*self.grad_sync_ops_flat(dense * self.gdt, op),
+                    *self.grad_sync_ops_flat(expert * self.gdt, op, "edp"),
                     Op(Wait("wait.grad", "dp")), Op(Wait("wait.grad.expert", "edp"))]
         if zero == 3:
             ops += [Op(Wait("wait.grad", "dp")), Op(Wait("wait.grad.expert", "edp"))]

@@ -79,8 +79,8 @@ def _pass(b: StageBuilder, head: list, bodies: list[list], moe: list[bool], back
         last = len(ops) - 1
         if backward:
             for group, n in zero3_shards(b, moe[j]):
-                ops.append(Op(Collective("grad.reduce_scatter", "reduce_scatter", group, n),
-                              group, deps=(last,)))
+                ops.append(Op(Collective("grad.reduce_scatter", "reduce_scatter", group,
+                                         n * b.gdt / b.dt), group, deps=(last,)))
         if j + prefetch + 1 < len(bodies):
             gather(j + prefetch + 1, last)
     return ops
