@@ -76,3 +76,17 @@ def test_gradients_are_reduced_in_the_stacks_dtype(dtype, software, per_param):
 def test_unknown_gradient_dtype_is_refused_with_the_allowed_values():
     with pytest.raises(ConfigError, match="grad_reduce_dtype: .*'fp32_if_bf16'.*got 'bf32'"):
         load_config(GPT_DP2, overrides=["system.software.kernels.grad_reduce_dtype=bf32"])
+
+
+@pytest.mark.parametrize("param,grad,scaler,want", [
+    # Megatron-LM 2021, fp16: grads to fp32 (2 + 4), unscale (4 + 4), norm (4), FusedAdam
+    # (16 read + 12 write), master -> fp16 copy (4 + 2)
+    (2, 2, True, 6 + 8 + 4 + 28 + 6),
+    # Megatron-Core, bf16 with fp32 main grads: no copy, no scaler
+    (2, 4, False, 4 + 28 + 6),
+    # fp32 training: no master weights, no copies
+    (4, 4, False, 4 + 28),
+])
+def test_optimizer_step_moves_the_mixed_precision_passes(param, grad, scaler, want):
+    from ddlsim.simulator.kernels import optimizer_bytes_per_param
+    assert optimizer_bytes_per_param("adam", True, param, grad, scaler) == want

@@ -74,17 +74,38 @@ def loss_bytes(tokens: float, vocab_local: float, dtype_bytes: float, fused: boo
     return 2 * dtype_bytes * n if fused else 3 * 4 * n
 
 
-def optimizer_bytes_per_param(optimizer: str, fused: bool) -> float:
-    """Bytes the optimizer step moves per parameter (mixed precision: fp32 master weight and
-    states, 16-bit gradient in, 16-bit weight out).
+def optimizer_bytes_per_param(optimizer: str, fused: bool, param_bytes: float = 2,
+                              grad_bytes: float = 4, loss_scaling: bool = False) -> float:
+    """Bytes one optimizer step moves per parameter: the mixed-precision wrapper's passes
+    around the update itself, as Megatron-LM's ``MixedPrecisionOptimizer.step`` runs them
+    (6985e58 ``megatron/optimizer/optimizer.py`` lines 398-445; DeepSpeed's ZeRO-1/2 step does
+    the same passes on its partition):
 
-    Fused multi-tensor Adam (apex/TE FusedAdam): one pass, read + write of the fp32 weight,
-    momentum and variance (24 B), read the gradient and write the 16-bit weight (4 B): 28 B.
-    Unfused (``torch.optim.Adam`` per tensor, foreach off): momentum ``mul_``, ``add_`` (5 fp32
-    passes), variance ``mul_``, ``addcmul_`` (6), ``sqrt``, ``add_(eps)`` (4), ``addcdiv_``
-    (4): 19 fp32 passes = 76 B, plus the 16-bit gradient read and weight write: 80 B.
-    SGD: weight read + write and gradient read in fp32 (12 B) and the 16-bit copy (4 B).
+    1. gradients into fp32 (``main_param.grad = model_param.grad.float()``) when they are kept
+       in 16 bits (``grad_bytes`` < 4): read ``grad_bytes``, write 4;
+    2. with a loss scaler (fp16): unscale and check for inf/nan
+       (``torch._amp_foreach_non_finite_check_and_unscale_``): read + write 4;
+    3. the gradient norm for clipping (``clip_grad_norm_fp32``, ``--clip-grad`` 1.0 by
+       default; apex ``multi_tensor_l2norm``): read 4 (the clip itself only when the norm
+       exceeds it: not counted);
+    4. the update on fp32 weight, gradient, momentum and variance. Fused multi-tensor Adam
+       (apex/TE FusedAdam): read 16, write 12 = 28 B. Unfused (``torch.optim.Adam`` per
+       tensor, foreach off): momentum ``mul_``, ``add_`` (5 fp32 passes), variance ``mul_``,
+       ``addcmul_`` (6), ``sqrt``, ``add_(eps)`` (4), ``addcdiv_`` (4): 19 passes = 76 B, plus
+       the gradient read once more for the momentum (counted in the 19). SGD with momentum:
+       weight and momentum read + write, gradient read: 20 B;
+    5. the fp32 master weights copied to the ``param_bytes`` model weights
+       (``_copy_main_params_to_model_params``): read 4, write ``param_bytes``.
+
+    ``param_bytes`` 4 (fp32 training): no master copy, no steps 1, 2 and 5.
     """
+    mixed = param_bytes < 4
+    to_fp32 = grad_bytes + 4 if grad_bytes < 4 else 0.0
+    unscale = 2 * 4 if loss_scaling else 0.0
+    norm = 4
     if optimizer != "adam":
-        return 2 * 4 + 2 + 2
-    return 3 * 4 * 2 + 2 + 2 if fused else 19 * 4 + 2 + 2
+        update = 2 * 4 + 2 * 4 + 4
+    else:
+        update = 4 * 4 + 3 * 4 if fused else 19 * 4
+    master = 4 + param_bytes if mixed else 0.0
+    return to_fp32 + unscale + norm + update + master

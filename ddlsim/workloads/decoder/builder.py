@@ -298,7 +298,8 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
         params = self.stage_params(stage)
         grad_bytes, dp = params * self.gdt, self.gdp
         opt = self.cfg.train.optimizer
-        per_param = optimizer_bytes_per_param(opt, self.sw.fused_optimizer)
+        per_param = optimizer_bytes_per_param(opt, self.sw.fused_optimizer, self.dt, self.gdt,
+                                              self.cfg.train.dtype == "fp16")
 
         def step(n_params: float) -> Op:
             return Op(Compute("optimizer", 10.0 * n_params, per_param * n_params,
