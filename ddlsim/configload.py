@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import re
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,40 @@ def format_validation_error(exc: ValidationError, where: str, root: Any = None) 
     model that ``where`` names (default: the config section of that name)."""
     model = (root or _SECTIONS.get(where.split(".")[-1])
              or (C.RunConfig if where == "config" else None))
-    return "; ".join(_clause(err, where, model) for err in exc.errors())
+    return "; ".join(_clause(err, where, model) for err in _union_errors(exc.errors()))
+
+
+#: a location part that names a branch of a union (``str``, ``function-after[…]``, a model
+#: class), not a field: pydantic reports each branch's failure under it
+_BRANCH = re.compile(r"^(function-(after|before|wrap|plain)\[.*\]|[a-z]+\[.*\]|str|int|float|bool|"
+                     r"[A-Z][A-Za-z0-9]*)$")
+
+
+def _union_errors(errors: list[dict]) -> list[dict]:
+    """The errors of a value that matched no branch of a union, told once: a branch that
+    failed only on the value's type (``Input should be a valid string`` for a mapping) is
+    dropped when another branch got further, and branch names leave the location."""
+    def tag(err: dict) -> int | None:
+        return next((i for i, p in enumerate(err["loc"])
+                     if isinstance(p, str) and _BRANCH.match(p)), None)
+
+    deeper = {err["loc"][:i] for err in errors
+              if (i := tag(err)) is not None and len(err["loc"]) > i + 1}
+    out = []
+    for err in errors:
+        i = tag(err)
+        if i is None:
+            out.append(err)
+            continue
+        if len(err["loc"]) == i + 1 and err["loc"][:i] in deeper:
+            continue                                  # the other branch says more
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and _BRANCH.match(p)))
+        same = next((o for o in out if o["loc"] == loc and o["type"].endswith("_type")), None)
+        if same is not None and err["type"].endswith("_type"):   # no branch took the type
+            same["msg"] += ", or " + err["msg"].removeprefix("Input should be ")
+            continue
+        out.append({**err, "loc": loc})
+    return out
 
 
 def _clause(err: dict, where: str, model: Any) -> str:
@@ -64,15 +98,25 @@ def _clause(err: dict, where: str, model: Any) -> str:
 
 def _allowed_keys(model: Any, loc: tuple) -> list[str]:
     for part in loc:
-        if model is None or not hasattr(model, "model_fields"):
+        model = _model_of(model)
+        if model is None:
             return []
         field = model.model_fields.get(str(part))
         if field is None:
             return []
         model = field.annotation
-    if model is None or not hasattr(model, "model_fields"):
-        return []
-    return sorted(model.model_fields)
+    model = _model_of(model)
+    return [] if model is None else sorted(model.model_fields)
+
+
+def _model_of(annotation: Any) -> Any:
+    """The pydantic model an annotation holds (the model branch of ``str | Model | None``)."""
+    if hasattr(annotation, "model_fields"):
+        return annotation
+    for arg in typing.get_args(annotation):
+        if hasattr(arg, "model_fields"):
+            return arg
+    return None
 
 
 def resolve_section(name: str, value: Any, base_dir: Any = None, expand: bool = True) -> dict:

@@ -90,3 +90,17 @@ def test_unknown_gradient_dtype_is_refused_with_the_allowed_values():
 def test_optimizer_step_moves_the_mixed_precision_passes(param, grad, scaler, want):
     from ddlsim.simulator.kernels import optimizer_bytes_per_param
     assert optimizer_bytes_per_param("adam", True, param, grad, scaler) == want
+
+
+def test_a_bad_software_field_is_named_once_without_union_branches():
+    # system.software is "a stack name or a mapping": the error names the mapping's field and
+    # its allowed keys, not pydantic's branch names (str, function-after[...])
+    with pytest.raises(ConfigError) as bad_key:
+        load_config(GPT_DP2, overrides=["system.software.kernels.atention=flash2"])
+    text = str(bad_key.value)
+    assert "unknown key 'atention' in system.software.kernels (did you mean 'attention'?)" in text
+    assert "grad_reduce_dtype" in text and "function-after" not in text and ".str" not in text
+    with pytest.raises(ConfigError) as bad_type:
+        load_config(GPT_DP2, overrides=["system.software=5"])
+    assert str(bad_type.value).count("system.software:") == 1
+    assert "valid string, or a valid dictionary" in str(bad_type.value)
