@@ -42,31 +42,47 @@ def format_validation_error(exc: ValidationError, where: str, root: Any = None) 
     return "; ".join(_clause(err, where, model) for err in _union_errors(exc.errors()))
 
 
-#: a location part that names a branch of a union (``str``, ``function-after[…]``, a model
-#: class), not a field: pydantic reports each branch's failure under it
-_BRANCH = re.compile(r"^(function-(after|before|wrap|plain)\[.*\]|[a-z]+\[.*\]|str|int|float|bool|"
-                     r"[A-Z][A-Za-z0-9]*)$")
+#: a location part that names a branch of a union: pydantic reports each branch's failure
+#: under the branch's name (``str``, ``function-after[…]``, a model class), not a field's
+_FUNCTION_BRANCH = re.compile(r"^function-(after|before|wrap|plain)\[.*\]$")
+_SCALAR_BRANCHES = frozenset({"str", "int", "float", "bool"})
+
+
+def _model_names() -> frozenset[str]:
+    """Names of ddlsim's pydantic models (the branch names of a union of models)."""
+    seen, todo = set(), list(BaseModel.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        if cls.__module__.startswith("ddlsim"):
+            seen.add(cls.__name__)
+        todo.extend(cls.__subclasses__())
+    return frozenset(seen)
+
+
+def _branches(err: dict) -> list[int]:
+    """Positions in ``err``'s location that name union branches (a scalar branch only as the
+    last part of a type error: a user's key may be called ``str``)."""
+    loc, models = err["loc"], _model_names()
+    return [j for j, p in enumerate(loc) if isinstance(p, str) and (
+        _FUNCTION_BRANCH.match(p) or p in models
+        or (p in _SCALAR_BRANCHES and j == len(loc) - 1 and err["type"].endswith("_type")))]
 
 
 def _union_errors(errors: list[dict]) -> list[dict]:
     """The errors of a value that matched no branch of a union, told once: a branch that
     failed only on the value's type (``Input should be a valid string`` for a mapping) is
     dropped when another branch got further, and branch names leave the location."""
-    def tag(err: dict) -> int | None:
-        return next((i for i, p in enumerate(err["loc"])
-                     if isinstance(p, str) and _BRANCH.match(p)), None)
-
-    deeper = {err["loc"][:i] for err in errors
-              if (i := tag(err)) is not None and len(err["loc"]) > i + 1}
+    tags = [_branches(err) for err in errors]
+    deeper = {err["loc"][:t[0]] for err, t in zip(errors, tags)
+              if t and len(err["loc"]) > t[0] + 1}
     out = []
-    for err in errors:
-        i = tag(err)
-        if i is None:
+    for err, t in zip(errors, tags):
+        if not t:
             out.append(err)
             continue
-        if len(err["loc"]) == i + 1 and err["loc"][:i] in deeper:
+        if len(err["loc"]) == t[0] + 1 and err["loc"][:t[0]] in deeper:
             continue                                  # the other branch says more
-        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and _BRANCH.match(p)))
+        loc = tuple(p for j, p in enumerate(err["loc"]) if j not in t)
         same = next((o for o in out if o["loc"] == loc and o["type"].endswith("_type")), None)
         if same is not None and err["type"].endswith("_type"):   # no branch took the type
             same["msg"] += ", or " + err["msg"].removeprefix("Input should be ")

@@ -108,7 +108,7 @@ class DecoderFamily(WorkloadFamily):
         if p.ep > 1:
             line = line.replace(f"× DP{cfg.dp} =", f"× DP{cfg.dp} (EP{p.ep}) =", 1)
         from .overlap import overlap_phrase
-        return axes + line + f", {overlap_phrase(cfg)}"
+        return axes + line + _grad_phrase(cfg) + f", {overlap_phrase(cfg)}"
 
     def group_labels(self, cfg: Any) -> dict[str, str]:
         """``tp`` with the grid's group families when the scheme is not 1-D (their bytes
@@ -263,3 +263,14 @@ class LlamaFamily(DecoderFamily):
                              "hf_config": p["hf_config"].removeprefix("hf/").removesuffix(".json"),
                              "source": p["source"]}
         return out
+
+
+def _grad_phrase(cfg: Any) -> str:
+    """``, fp32 grads`` when the gradients are kept and reduced in another dtype than the
+    parameters (the stack's ``grad_reduce_dtype``, docs/compute.md), else nothing."""
+    from ...config_types import DTYPE_BYTES
+    from ...software import grad_dtype_bytes
+    from .layerkernels import compute_dtype
+    dtype = compute_dtype(cfg.train.dtype)
+    grad = grad_dtype_bytes(cfg.software.grad_reduce_dtype, dtype)
+    return ", fp32 grads" if grad != DTYPE_BYTES[dtype] else ""
