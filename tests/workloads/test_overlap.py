@@ -219,6 +219,30 @@ def test_overlapped_param_gather_leaves_one_bucket_exposed(engine):
     assert _time(on_cfg, engine) < off
 
 
+CPU = {"model": "gpt2-124m",
+       "train": {"micro_batch_size": 2, "global_batch_size": 128, "seq_length": 1024,
+                 "dtype": "fp32"},
+       "system": {"preset": "cpu-10gbe", "nodes": 16}}
+
+
+@pytest.mark.parametrize("engine", ["analytical", "des"])
+def test_overlapped_param_gather_holds_the_first_forward_before_it_sends(engine):
+    """On 10 Gb/s NICs (PP 2, DP 16, ZeRO-1) the overlapped gather of a stage's ~324 MB of
+    fp32 parameters outlasts its first forward: that forward cannot finish its layers
+    without their parameters, so the activation it sends stage 1 leaves only once the
+    gather is done, and stage 1's first forward starts after it."""
+    cfg = _cfg("parallel.pipeline_model_parallel_size=2", "parallel.data_parallel_size=16",
+               "parallel.zero_stage=1", "parallel.overlap_param_gather=true", base=CPU)
+    r = ddlsim.predict(cfg, engine, check_fit=False, record_spans=True)
+    s0 = [x for x in r.spans if x.class_name == "stage0"]
+    gather_end = min((x for x in s0 if x.stream == "dp"), key=lambda x: x.start_s).end_s
+    sent = min(x.start_s for x in s0 if x.stream == "pp")        # the first activation
+    compute_end = max(x.end_s for x in s0 if x.stream == "compute" and x.start_s < sent)
+    first = min(x.start_s for x in r.spans if x.class_name == "stage1"
+                and x.stream == "compute")
+    assert compute_end < gather_end <= sent < first
+
+
 def test_sequence_parallel_pipeline_message_is_the_rank_shard():
     """With SP the stage output is split along the sequence: each TP rank sends its b·s·h/t
     (Megatron-LM's p2p tensor shape is seq_length // TP) and nothing is gathered; without SP,

@@ -10,13 +10,14 @@ The trace is one steady-state iteration: the previous step's gather is issued at
 this one. The first bucket (``grad_bucket_size`` bytes, at most the stage's parameters) stays
 exposed in the update block, as the forward cannot start without it; the rest runs on the
 ``dp`` stream beside the first micro-batch's forward of model chunk 0 (its block ``F0.pg``
-ends with a wait on ``dp``: the forward needs every bucket before it ends). It shares the
+waits on ``dp`` after its compute and before it sends the activation on: the forward needs
+every bucket before it ends, and the next stage needs the forward's output). It shares the
 ``dp`` stream, in issue order, with the gradient reduce-scatters that follow.
 """
 
 from __future__ import annotations
 
-from ..trace import Block, Collective, Op, Wait
+from ..trace import P2P, Block, Collective, Op, Wait
 
 __all__ = ["active", "exposed_bytes", "overlapped_bytes", "prologue_block", "BLOCK"]
 
@@ -46,8 +47,21 @@ def overlapped_bytes(cfg, param_bytes: float) -> float:
 
 def prologue_block(first: Block, group: str, nbytes: float) -> Block:
     """``first`` (the stage's ``F0`` block) with the overlapped gather of ``nbytes`` issued
-    at its start on the ``dp`` stream and a wait for it at its end."""
+    at its start on the ``dp`` stream and a wait for it after its compute, before it sends
+    its activation on: the forward cannot finish its layers before their parameters arrive,
+    so what it sends depends on the whole gather."""
+    body = [Op(o.payload, o.stream, tuple(d + 1 for d in o.deps), o.repeat) for o in first.ops]
+    sends = [i for i, o in enumerate(body) if isinstance(o.payload, P2P)
+             and o.payload.kind == "send"]
+    at = sends[0] if sends else len(body)           # the wait goes before the first send
+    wait = at + 1                                   # its index once the gather is op 0
+
+    def shifted(o: Op) -> Op:
+        deps = tuple(d + 1 if d >= wait else d for d in o.deps)
+        if isinstance(o.payload, P2P) and o.payload.kind == "send":
+            deps += (wait,)
+        return Op(o.payload, o.stream, deps, o.repeat)
+
     ops = [Op(Collective("params.all_gather.overlapped", "all_gather", group, nbytes), "dp")]
-    ops += [Op(o.payload, o.stream, tuple(d + 1 for d in o.deps), o.repeat) for o in first.ops]
-    ops.append(Op(Wait("params.gather.wait", "dp")))
+    ops += [*body[:at], Op(Wait("params.gather.wait", "dp")), *(shifted(o) for o in body[at:])]
     return Block(BLOCK, first.phase, tuple(ops))
