@@ -66,11 +66,10 @@ class DecoderVectors:
                               "0-3) only; use ddlsim sweep for the others")
         t, sw = cfg.train, cfg.software
         dtype = compute_dtype(t.dtype)
-        return _Context(cfg, shape, t.seq_length, DTYPE_BYTES[dtype],
-                        grad_dtype_bytes(sw.grad_reduce_dtype, dtype), kernel_device(cfg.system),
-                        optimizer_bytes_per_param(
-                            t.optimizer, sw.fused_optimizer, DTYPE_BYTES[dtype],
-                            grad_dtype_bytes(sw.grad_reduce_dtype, dtype), t.dtype == "fp16"),
+        dt, gdt = DTYPE_BYTES[dtype], grad_dtype_bytes(sw.grad_reduce_dtype, dtype)
+        return _Context(cfg, shape, t.seq_length, dt, gdt, kernel_device(cfg.system),
+                        optimizer_bytes_per_param(t.optimizer, sw.fused_optimizer, dt, gdt,
+                                                  t.dtype == "fp16"),
                         cfg.system.device.memory_bytes)
 
     def rules(self, ctx: _Context, plans) -> list[tuple[str, np.ndarray]]:
