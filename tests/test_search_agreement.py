@@ -69,3 +69,21 @@ def test_agreement_with_the_exact_engine_on_a_sample(name):
     tenth = exact[best_exact[-1]]
     for i in set(best_exact) ^ set(range(10)):
         assert abs(exact[i] / tenth - 1) <= err.max(), (i, exact[i], tenth)
+
+
+def test_overlapped_param_gather_on_a_slow_network_agrees():
+    """The plan family that was 4.3 % apart (10 GbE, PP 2, DP 16, ZeRO-1, micro-batch 2, four
+    micro-batches per pipeline): the overlapped parameter gather outlasts stage 0's first
+    forward, which holds every later stage; tier and exact engine agree to the issue's 3 %."""
+    axes = {"parallel.tensor_model_parallel_size": [1],
+            "parallel.pipeline_model_parallel_size": [2],
+            "parallel.virtual_pipeline_model_parallel_size": [None],
+            "parallel.sequence_parallel": [False], "parallel.zero_stage": [1, 2],
+            "train.micro_batch_size": [2], "train.recompute": ["none"]}
+    frame = evaluate_grid(_BASES[2], None, [], axes, Constraints()).frame
+    assert len(frame) == 2
+    columns = [c for c in frame.columns if "." in c]
+    for i in range(len(frame)):
+        cfg = build_config(_BASES[2], plan_overrides(frame.iloc[i], columns))
+        exact = ddlsim.predict(cfg, check_fit=False).iteration_time_s
+        assert frame["iteration_time_s"].iloc[i] == pytest.approx(exact, rel=0.03)
