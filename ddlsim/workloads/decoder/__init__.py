@@ -269,8 +269,5 @@ def _grad_phrase(cfg: Any) -> str:
     """``, fp32 grads`` when the gradients are kept and reduced in another dtype than the
     parameters (the stack's ``grad_reduce_dtype``, docs/compute.md), else nothing."""
     from ...config_types import DTYPE_BYTES
-    from ...software import grad_dtype_bytes
-    from .layerkernels import compute_dtype
-    dtype = compute_dtype(cfg.train.dtype)
-    grad = grad_dtype_bytes(cfg.software.grad_reduce_dtype, dtype)
-    return ", fp32 grads" if grad != DTYPE_BYTES[dtype] else ""
+    from .layerkernels import compute_dtype, grad_bytes
+    return ", fp32 grads" if grad_bytes(cfg) != DTYPE_BYTES[compute_dtype(cfg.train.dtype)] else ""

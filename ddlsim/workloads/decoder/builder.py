@@ -12,14 +12,13 @@ from __future__ import annotations
 from functools import cached_property
 
 from ...config import DTYPE_BYTES, RunConfig
-from ...software import grad_dtype_bytes
 from ..models.decoder import DecoderShape
 from ...simulator.kernels.elementwise import optimizer_bytes_per_param
 from ..trace import Block, Collective, Compute, Op, P2P, Wait
 from . import param_gather, tp_overlap
 from .dpsync import GradSyncOps
 from .edges import EdgeOps
-from .layerkernels import compute_dtype, layer_kernels, recompute_op
+from .layerkernels import compute_dtype, grad_bytes, layer_kernels, recompute_op
 from .moe import MoEOps
 from .partition import make_partitioner
 
@@ -53,7 +52,7 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
         self.sw = cfg.software
         #: bytes per gradient element in the gradient buffers and their data-parallel
         #: reduction (the stack's grad_reduce_dtype: fp32 main grads with bf16 in Megatron)
-        self.gdt = grad_dtype_bytes(self.sw.grad_reduce_dtype, self.dtype)
+        self.gdt = grad_bytes(cfg)
         self.layers_per_chunk = shape.layers // (self.pp * self.v)
         self.act_bytes = self.b * self.s * shape.hidden * self.dt
         self.ep = p.ep

@@ -26,13 +26,20 @@ from ...simulator.kernels.elementwise import layer_elementwise_kernels
 from ...simulator.kernels.gemm import gemm_kernels_backward
 from ..trace import Compute, Kernel
 
-__all__ = ["layer_kernels", "compute_dtype", "linear_gemms", "activation_kinds",
+__all__ = ["layer_kernels", "compute_dtype", "grad_bytes", "linear_gemms", "activation_kinds",
            "logits_kernels", "recompute_op"]
 
 
 def compute_dtype(train_dtype: str) -> str:
     """The dtype of everything but the linear GEMMs: bf16 under FP8, else the training dtype."""
     return "bf16" if train_dtype == "fp8" else train_dtype
+
+
+def grad_bytes(cfg: Any) -> int:
+    """Bytes per gradient element of the run: the stack's ``grad_reduce_dtype`` applied to its
+    parameters' dtype (:func:`compute_dtype`; fp32 main grads for bf16 under Megatron)."""
+    from ...software import grad_dtype_bytes
+    return grad_dtype_bytes(cfg.software.grad_reduce_dtype, compute_dtype(cfg.train.dtype))
 
 
 def activation_kinds(cfg: Any) -> dict[str, bool]:

@@ -6,10 +6,9 @@ the embedding output on the first."""
 from __future__ import annotations
 
 from ...config import DTYPE_BYTES, RunConfig
-from ...software import grad_dtype_bytes
 from ..memory import MemoryBreakdown, inflight_chunks, model_state_bytes
 from ..models.decoder import DecoderShape
-from .layerkernels import activation_kinds, compute_dtype
+from .layerkernels import activation_kinds, compute_dtype, grad_bytes
 
 __all__ = ["stage_memory"]
 
@@ -25,7 +24,7 @@ def stage_memory(cfg: RunConfig, shape: DecoderShape, stage: int, params: float,
     the activations (and ``1/cp``) applies; the ZeRO shards are over ``dp·cp``."""
     p, t = cfg.parallel, cfg.train
     state = compute_dtype(t.dtype)   # FP8 (Transformer Engine) keeps 16-bit weights and grads
-    gb = grad_dtype_bytes(cfg.software.grad_reduce_dtype, state)   # fp32 main grads with bf16
+    gb = grad_bytes(cfg)             # fp32 main grads with bf16 under Megatron
     if expert_params:
         dense = model_state_bytes(params - expert_params, cfg.dp, p.zero_stage, state,
                                   t.optimizer, gb)
