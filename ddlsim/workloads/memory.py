@@ -61,7 +61,8 @@ def model_state_bytes(params: float, dp: int, zero_stage: int, dtype: str,
         k = 12 if mixed else 8      # fp32 master + m + v, or m + v
     else:
         k = 8 if mixed else 4       # fp32 master + momentum, or momentum
-    weights, grads, opt = w * params, (w if grad_bytes is None else grad_bytes) * params, k * params
+    g = w if grad_bytes is None else grad_bytes
+    weights, grads, opt = w * params, g * params, k * params
     if zero_stage >= 1:
         opt /= dp
     if zero_stage >= 2:

@@ -91,9 +91,8 @@ def optimizer_bytes_per_param(optimizer: str, fused: bool, param_bytes: float = 
     4. the update on fp32 weight, gradient, momentum and variance. Fused multi-tensor Adam
        (apex/TE FusedAdam): read 16, write 12 = 28 B. Unfused (``torch.optim.Adam`` per
        tensor, foreach off): momentum ``mul_``, ``add_`` (5 fp32 passes), variance ``mul_``,
-       ``addcmul_`` (6), ``sqrt``, ``add_(eps)`` (4), ``addcdiv_`` (4): 19 passes = 76 B, plus
-       the gradient read once more for the momentum (counted in the 19). SGD with momentum:
-       weight and momentum read + write, gradient read: 20 B;
+       ``addcmul_`` (6), ``sqrt``, ``add_(eps)`` (4), ``addcdiv_`` (4): 19 passes = 76 B.
+       SGD with momentum: weight and momentum read + write, gradient read: 20 B;
     5. the fp32 master weights copied to the ``param_bytes`` model weights
        (``_copy_main_params_to_model_params``): read 4, write ``param_bytes``.
 
