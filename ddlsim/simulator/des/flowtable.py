@@ -150,6 +150,9 @@ class LinkLedger:
 
 
 def pad_to(edges: np.ndarray, width: int, pad: int) -> np.ndarray:
+    """``edges`` (k, w ≤ width) widened to ``width`` columns with ``pad``."""
     if edges.shape[1] == width:
         return edges
-    return np.pad(edges, ((0, 0), (0, width - edges.shape[1])), constant_values=pad)
+    out = np.full((edges.shape[0], width), pad, dtype=edges.dtype)
+    out[:, :edges.shape[1]] = edges
+    return out

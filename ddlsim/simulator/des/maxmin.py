@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .uniq import unique_values
+
 __all__ = ["max_min_rates", "REL_TOL"]
 
 #: Flows whose tightest share is within this relative distance of the round's minimum are
@@ -21,12 +23,11 @@ REL_TOL = 1e-12
 
 
 def _localise(edges: np.ndarray, n_links: int) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct links of ``edges`` and ``edges`` renumbered into them."""
+    """The distinct links of ``edges`` (ascending) and ``edges`` renumbered into them."""
     if edges.size * 8 < n_links:
-        links, local = np.unique(edges, return_inverse=True)
-        return links, local.reshape(edges.shape)
-    used = np.bincount(edges.ravel(), minlength=n_links)
-    links = np.flatnonzero(used)
+        links = unique_values(edges)
+    else:
+        links = np.flatnonzero(np.bincount(edges.ravel(), minlength=n_links))
     lut = np.empty(n_links, dtype=np.int64)
     lut[links] = np.arange(len(links))
     return links, lut[edges]

@@ -32,6 +32,10 @@ __all__ = ["FlowNetwork", "FlowOwner"]
 #: A flow whose projected finish is within this relative distance of the wake-up time
 #: finishes at the wake-up (symmetric flows finish together despite rounding).
 _FINISH_TOL = 1e-12
+#: Most distinct flow sets whose max-min rates one network remembers. A training iteration
+#: repeats the same few hundred sets of concurrent flows (every micro-batch's sends, every
+#: bucket's ring), so a solve is looked up far more often than computed.
+_RATE_MEMO = 1 << 14
 
 
 class FlowOwner(Protocol):
@@ -85,6 +89,7 @@ class FlowNetwork:
         self._update_armed = False
         self._timers: list[float] = []
         self.links = LinkLedger(n_links)
+        self._rate_memo: dict[tuple, np.ndarray] = {}
         self.bytes_sent = self.bytes_delivered = 0.0
         self.flows_started = self.rate_updates = 0
 
@@ -232,12 +237,24 @@ class FlowNetwork:
             return
         self.rate_updates += 1
         self._advance(sel, now)
-        rate = max_min_rates(s.edges[sel], s.mult[sel], self.capacity_Bps)
+        rate = self._rates(s.edges[sel], s.mult[sel])
         s.rate[sel] = rate
         with np.errstate(divide="ignore", invalid="ignore"):
             s.t_done[sel] = now + np.where(np.isinf(rate), 0.0, s.rem[sel] / rate)
         if self.audit:
             self._audit()
+
+    def _rates(self, edges: np.ndarray, mult: np.ndarray) -> np.ndarray:
+        """:func:`~.maxmin.max_min_rates` of these flows, remembered by their exact routes and
+        multiplicities (the capacities are the network's, fixed): the same flows in the same
+        order get the same rates, bit for bit, whether solved or recalled."""
+        key = (edges.shape[1], edges.tobytes(), mult.tobytes())
+        rate = self._rate_memo.get(key)
+        if rate is None:
+            rate = max_min_rates(edges, mult, self.capacity_Bps)
+            if len(self._rate_memo) < _RATE_MEMO:
+                self._rate_memo[key] = rate
+        return rate
 
     def _isolated(self, added: list, removed: list[np.ndarray]) -> bool:
         """No flow other than the new ones crosses any link a flow entered or left: then
