@@ -28,6 +28,8 @@ _REL_TOL = 1e-9
 
 
 _MASK32 = 0xFFFFFFFF
+#: most tie-free paths one :class:`ShortestPaths` remembers (a few tens of MB at most)
+_UNTIED_MAX = 1 << 18
 
 
 def _mix32(h: int) -> int:
@@ -85,6 +87,8 @@ class ShortestPaths:
                 self._pred.setdefault(v, []).append(u)
         self._no_transit = frozenset(no_transit)
         self._tables = lru_cache(maxsize=cache_size)(self._table)
+        #: paths with no tie on the way: the same for every flow hash, so built once
+        self._untied: dict[tuple[Hashable, Hashable], tuple[Hashable, ...]] = {}
 
     def _table(self, dst: Hashable) -> tuple[dict[Hashable, int], dict[Hashable, float]]:
         """Hop count of every vertex to ``dst`` (reverse BFS) and an empty latency memo."""
@@ -117,16 +121,22 @@ class ShortestPaths:
 
         Raises ``KeyError`` when ``dst`` cannot be reached from ``src``.
         """
+        known = self._untied.get((src, dst))
+        if known is not None:
+            return list(known)
         hops, memo = self._tables(dst)
         if src not in hops:
             raise KeyError(f"no path from {src!r} to {dst!r}")
-        path = [src]
+        path, untied = [src], True
         while path[-1] != dst:
             v = path[-1]
             options = [(lat + self._latency(w, hops, memo), w) for w, lat in self._next(v, hops)]
             best = min(t for t, _ in options)
             tied = [w for t, w in options if t <= best * (1 + _REL_TOL) + 1e-15]
+            untied = untied and len(tied) == 1
             path.append(tied[pick(h, len(path), len(tied))])
+        if untied and len(self._untied) < _UNTIED_MAX:
+            self._untied[(src, dst)] = tuple(path)
         return path
 
 

@@ -16,6 +16,7 @@ is materialised into real flows with the bytes it has left, before rates are rec
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 from typing import Protocol
 
@@ -32,10 +33,11 @@ __all__ = ["FlowNetwork", "FlowOwner"]
 #: A flow whose projected finish is within this relative distance of the wake-up time
 #: finishes at the wake-up (symmetric flows finish together despite rounding).
 _FINISH_TOL = 1e-12
-#: Most distinct flow sets whose max-min rates one network remembers. A training iteration
-#: repeats the same few hundred sets of concurrent flows (every micro-batch's sends, every
-#: bucket's ring), so a solve is looked up far more often than computed.
-_RATE_MEMO = 1 << 14
+#: Bytes of rates one network may remember. A training iteration repeats the same few hundred
+#: sets of concurrent flows (every micro-batch's sends, every bucket's ring), so a solve is
+#: looked up far more often than computed; the budget bounds the memory where sets rarely
+#: repeat.
+_RATE_MEMO_BYTES = 64 << 20
 
 
 class FlowOwner(Protocol):
@@ -90,6 +92,7 @@ class FlowNetwork:
         self._timers: list[float] = []
         self.links = LinkLedger(n_links)
         self._rate_memo: dict[tuple, np.ndarray] = {}
+        self._rate_memo_bytes = 0
         self.bytes_sent = self.bytes_delivered = 0.0
         self.flows_started = self.rate_updates = 0
 
@@ -245,15 +248,19 @@ class FlowNetwork:
             self._audit()
 
     def _rates(self, edges: np.ndarray, mult: np.ndarray) -> np.ndarray:
-        """:func:`~.maxmin.max_min_rates` of these flows, remembered by their exact routes and
-        multiplicities (the capacities are the network's, fixed): the same flows in the same
-        order get the same rates, bit for bit, whether solved or recalled."""
-        key = (edges.shape[1], edges.tobytes(), mult.tobytes())
+        """:func:`~.maxmin.max_min_rates` of these flows, remembered under a 128-bit BLAKE2b
+        digest of their exact routes and multiplicities (the capacities are the network's,
+        fixed): the same flows in the same order get the same rates, bit for bit, whether
+        solved or recalled (two different sets would have to share a digest, p ≈ 2⁻¹²⁸)."""
+        digest = hashlib.blake2b(edges.tobytes(), digest_size=16)
+        digest.update(mult.tobytes())
+        key = (edges.shape[1], digest.digest())
         rate = self._rate_memo.get(key)
         if rate is None:
             rate = max_min_rates(edges, mult, self.capacity_Bps)
-            if len(self._rate_memo) < _RATE_MEMO:
+            if self._rate_memo_bytes + rate.nbytes <= _RATE_MEMO_BYTES:
                 self._rate_memo[key] = rate
+                self._rate_memo_bytes += rate.nbytes
         return rate
 
     def _isolated(self, added: list, removed: list[np.ndarray]) -> bool:
