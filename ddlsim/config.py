@@ -108,6 +108,17 @@ class ParallelConfig(_Strict):
     tensor_model_parallel_size: count_type("parallel_size") = 1
     pipeline_model_parallel_size: count_type("parallel_size") = 1
     virtual_pipeline_model_parallel_size: count_type("layers") | None = None
+    # --- uneven pipeline splits (Megatron-Core's names; workloads/decoder/split.py) ---------
+    account_for_embedding_in_pipeline_split: StrictBool = Field(
+        default=False, description="the input embedding counts as one layer of the pipeline "
+                                   "split: the first chunk holds one transformer layer fewer")
+    account_for_loss_in_pipeline_split: StrictBool = Field(
+        default=False, description="the loss counts as one layer of the pipeline split: the "
+                                   "last chunk holds one transformer layer fewer")
+    num_layers_in_first_pipeline_stage: count_type("layers") | None = Field(
+        default=None, description="layers of the first pipeline stage (the rest split evenly)")
+    num_layers_in_last_pipeline_stage: count_type("layers") | None = Field(
+        default=None, description="layers of the last pipeline stage (the rest split evenly)")
     sequence_parallel: StrictBool = False
     expert_model_parallel_size: count_type("parallel_size") = Field(
         default=1, description="EP: experts split over this many ranks, carved out of TP·DP")

@@ -60,6 +60,14 @@ class DecoderVectors:
             raise ConfigError(f"model {cfg.model.name!r} is a Mixture-of-Experts model; the "
                               "vectorised search tier covers dense decoders only. Use ddlsim "
                               "sweep (the exact engine) to compare its plans")
+        from ..workloads.decoder.split import UNEVEN_FIELDS, is_uneven
+        if is_uneven(cfg.parallel):
+            given = ", ".join(f"parallel.{f} = {getattr(cfg.parallel, f)!r}" for f in UNEVEN_FIELDS
+                              if getattr(cfg.parallel, f) not in (None, False))
+            raise ConfigError(f"{given}: the vectorised search tier assumes L/(PP·VPP) layers "
+                              "per model chunk and does not model Megatron-Core's uneven "
+                              "pipeline splits; use ddlsim sweep (the exact engine) to compare "
+                              "such plans, or remove the option to search even splits")
         if cfg.parallel.dp_strategy != "ddp":
             raise ConfigError(f"parallel.dp_strategy = {cfg.parallel.dp_strategy!r}: the "
                               "vectorised search tier covers dp_strategy 'ddp' (with ZeRO "

@@ -119,6 +119,8 @@ def evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[
             reject(str(cfg), plans["context"] == i)
     good = [c if not isinstance(c, ConfigError) else base for c in ctx_cfgs]
     family = vector_family(base.model.architecture)
+    for cfg in {id(c): c for c in good}.values():
+        family.prepare(cfg)   # what the vectorised form does not cover is refused up front
     for text, mask in plan_rules(plans, base.model.shape(), good, devices, constraints.max_gpus):
         reject(text, mask)
     parts = []

@@ -26,7 +26,11 @@ class BertFamily(WorkloadFamily):
                "parallel.tensor_parallel",
                "parallel.context_parallel_size",
                "parallel.cp_comm_type",
-               "train.recompute")
+               "train.recompute",
+               "parallel.account_for_embedding_in_pipeline_split",
+               "parallel.account_for_loss_in_pipeline_split",
+               "parallel.num_layers_in_first_pipeline_stage",
+               "parallel.num_layers_in_last_pipeline_stage")
     presets_file = "bert.yaml"
 
     def check(self, cfg: Any) -> None:

@@ -43,10 +43,8 @@ class DecoderFamily(WorkloadFamily):
         if m.ffn_size % tp:
             raise ValueError(f"model.intermediate_size = {m.ffn_size} is not divisible by "
                              f"parallel.tensor_model_parallel_size = {tp}")
-        if m.num_hidden_layers % (pp * vpp):
-            raise ValueError(f"model.num_hidden_layers = {m.num_hidden_layers} is not divisible by "
-                             f"pipeline_model_parallel_size × virtual_pipeline_model_parallel_size "
-                             f"= {pp} × {vpp} = {pp * vpp}")
+        from .split import chunk_layers
+        chunk_layers(cfg)   # Megatron-Core's (un)even pipeline split, each rule checked
         if m.max_position_embeddings is not None and t.seq_length > m.max_position_embeddings:
             raise ValueError(f"train.seq_length = {t.seq_length} exceeds "
                              f"model.max_position_embeddings = {m.max_position_embeddings}")
@@ -221,12 +219,13 @@ def _check_experts(cfg: Any) -> None:
                          f"data-parallel size {dp}: expert parallelism is carved out of "
                          f"TP·DP = {p.tp}·{dp} with expert TP = TP (Megatron-Core), so EP must "
                          f"divide DP = {dp}")
-    lc = m.num_hidden_layers // (p.pp * p.vpp)
-    if lc % m.decoder_sparse_step:
+    from .split import chunk_layers
+    odd = sorted({n for row in chunk_layers(cfg) for n in row if n % m.decoder_sparse_step})
+    if odd:
         raise ValueError(f"model.decoder_sparse_step = {m.decoder_sparse_step} does not divide "
-                         f"the {lc} layers of one model chunk (num_hidden_layers / (PP·VPP)): "
-                         "every chunk must hold whole dense…MoE periods; choose PP so that it "
-                         "does")
+                         f"the {odd[0]} layers of a model chunk (num_hidden_layers / (PP·VPP), "
+                         "or the uneven split's): every chunk must hold whole dense…MoE "
+                         "periods; choose PP so that it does")
     if p.dp_strategy != "ddp":
         raise ValueError(f"dp_strategy = {p.dp_strategy!r} with a Mixture-of-Experts model: "
                          "expert gradients are reduced over the expert-data-parallel group, "

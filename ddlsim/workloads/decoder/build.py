@@ -91,15 +91,15 @@ def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
     tables = None
     shared: dict[tuple, dict[str, Block]] = {}
     for stage in range(pp):
-        role = (stage == 0, stage == pp - 1)
+        role = (stage == 0, stage == pp - 1, b.split[stage])
         blocks = shared.get(role)
         if blocks is None:
             blocks = {}
             if zero3:
                 blocks.update(zero3_blocks(b, cfg.software.zero3_prefetch_layers))
             else:
-                sync = b.grad_sync_ops(stage) if overlap else None
                 for c in range(v):
+                    sync = b.grad_sync_ops(stage, c) if overlap else None
                     blocks.update(b.chunk_blocks(stage, c, sync))
             if param_gather.active(cfg):
                 blocks[param_gather.BLOCK] = param_gather.prologue_block(

@@ -21,6 +21,7 @@ from .edges import EdgeOps
 from .layerkernels import compute_dtype, grad_bytes, layer_kernels, recompute_op
 from .moe import MoEOps
 from .partition import make_partitioner
+from .split import chunk_layers
 
 __all__ = ["StageBuilder", "ADAM_BYTES_PER_PARAM", "as_ops"]
 
@@ -53,7 +54,9 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
         #: bytes per gradient element in the gradient buffers and their data-parallel
         #: reduction (the stack's grad_reduce_dtype: fp32 main grads with bf16 in Megatron)
         self.gdt = grad_bytes(cfg)
-        self.layers_per_chunk = shape.layers // (self.pp * self.v)
+        #: transformer layers of each model chunk, ``split[stage][virtual stage]``: L/(PP·VPP)
+        #: each, or Megatron-Core's uneven split (:mod:`.split`)
+        self.split = chunk_layers(cfg)
         self.act_bytes = self.b * self.s * shape.hidden * self.dt
         self.ep = p.ep
         #: expert gradients sync over their own group (edp) only when EP > 1; with EP = 1
@@ -213,9 +216,9 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
         sh, t = self.shape, self.part.param_split
         vh = sh.vocab * sh.hidden / t
         if sh.is_moe:
-            n = self.stage_expert_params(stage) + self._stage_nonexpert_layer_params()
+            n = self.stage_expert_params(stage) + self._stage_nonexpert_layer_params(stage)
         else:
-            n = self.layers_per_chunk * self.v * sh.layer_params / t
+            n = sum(self.split[stage]) * sh.layer_params / t
         if stage == 0:
             n += vh + (sh.max_positions * sh.hidden if sh.positions == "learned" else 0)
         if stage == self.pp - 1:
@@ -229,7 +232,7 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
         k = chunk * self.pp + stage           # virtual stage index
         last_k = self.pp * self.v - 1
         p2p_bytes, gather = self.part.boundary(self.act_bytes)
-        Lc = self.layers_per_chunk
+        Lc = self.split[stage][chunk]
 
         def recv(tag: str, peer: int) -> list[Op]:
             def make() -> list[Op]:
@@ -272,7 +275,7 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
                 ops += self.cached(("head.bwd",), lambda: as_ops(self.head_backward()))
             start = len(ops)
             if with_sync and sync_ops:
-                ops += self._overlapped_layers(sync_ops, start)
+                ops += self._overlapped_layers(sync_ops, start, Lc)
             else:
                 ops += self.layer_ops(True, Lc)
             if ops[:start]:

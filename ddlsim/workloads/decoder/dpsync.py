@@ -15,17 +15,18 @@ __all__ = ["GradSyncOps"]
 class GradSyncOps:
     """Gradient-bucket ops; needs the builder's ``cfg``, ``layer_ops``, ``stage_params``."""
 
-    def _overlapped_layers(self, sync_ops: list[Op], start: int) -> list[Op]:
-        """Backward layers split into bucket segments; after each segment its gradients'
-        collective is issued on the dp stream (PyTorch DDP buckets, overlap with backward)."""
+    def _overlapped_layers(self, sync_ops: list[Op], start: int, layers: int) -> list[Op]:
+        """The chunk's ``layers`` backward layers split into bucket segments; after each
+        segment its gradients' collective is issued on the dp stream (PyTorch DDP buckets,
+        overlap with backward)."""
         key = ("overlapped", tuple((o.payload, o.repeat) for o in set(sync_ops)), len(sync_ops),
-               start)
-        return self.cached(key, lambda: self._segments(sync_ops, start))
+               start, layers)
+        return self.cached(key, lambda: self._segments(sync_ops, start, layers))
 
-    def _segments(self, sync_ops: list[Op], start: int) -> list[Op]:
+    def _segments(self, sync_ops: list[Op], start: int, layers: int) -> list[Op]:
         w = 2 if self.split_experts else 1   # per segment: dense (dp) [and expert (edp)] sync
         f, n_seg = self.period, len(sync_ops) // w
-        periods = self.layers_per_chunk // f
+        periods = layers // f
         ops: list[Op] = []
         for seg in range(n_seg):
             ops += self.layer_ops(True, f * (periods // n_seg + (1 if seg < periods % n_seg else 0)))
@@ -34,19 +35,22 @@ class GradSyncOps:
                 ops.append(Op(s.payload, stream=s.stream, deps=(last,), repeat=s.repeat))
         return ops
 
-    def grad_sync_ops(self, stage: int) -> list[Op]:
+    def grad_sync_ops(self, stage: int, chunk: int = 0) -> list[Op]:
         """Bucketed gradient collectives of one model chunk (all-reduce, or reduce-scatter
-        under ZeRO-1/2), one per segment of layers, on the ``dp`` stream."""
+        under ZeRO-1/2), one per segment of layers, on the ``dp`` stream. The chunk's share of
+        the stage's parameters is its share of the stage's layers (1/VPP when even)."""
         if self.gdp == 1:
             return []
-        grad_bytes = self.stage_params(stage) / self.v * self.gdt
+        layers = self.split[stage][chunk]
+        share = layers / sum(self.split[stage])
+        grad_bytes = self.stage_params(stage) * share * self.gdt
         bucket = self.cfg.parallel.grad_bucket_size
         n_buckets = max(1, math.ceil(grad_bytes / bucket))
-        n_seg = min(n_buckets, self.layers_per_chunk // self.period)
+        n_seg = min(n_buckets, layers // self.period)
         per_seg = math.ceil(n_buckets / n_seg)
         op = "reduce_scatter" if self.cfg.parallel.zero_stage in (1, 2) else "all_reduce"
         if self.split_experts:  # dense gradients over dp, expert gradients over edp
-            e_bytes = self.stage_expert_params(stage) / self.v * self.gdt
+            e_bytes = self.stage_expert_params(stage) * share * self.gdt
             size = (grad_bytes - e_bytes) / (n_seg * per_seg)
             return [Op(Collective(f"grad.{op}", op, "dp", size), stream="dp", repeat=per_seg),
                     Op(Collective(f"grad.expert.{op}", op, "edp", e_bytes / (n_seg * per_seg)),

@@ -34,20 +34,23 @@ def stage_memory(cfg: RunConfig, shape: DecoderShape, stage: int, params: float,
     else:
         weights, grads, opt = model_state_bytes(params, cfg.dp * p.cp, p.zero_stage, state,
                                                 t.optimizer, gb)
-    layers_per_chunk = shape.layers // (p.pp * p.vpp)
+    # the stage's layers per model chunk: L/(PP·VPP), or their mean under an uneven split
+    from .split import chunk_layers
+    row = chunk_layers(cfg)[stage]
+    lpc = row[0] if len(set(row)) == 1 else sum(row) / len(row)
     args = (t.micro_batch_size, t.seq_length, p.tp, p.sequence_parallel)
     kinds = activation_kinds(cfg)
     if shape.is_moe:    # MoE layers: every moe_layer_freq-th one (whole periods per chunk)
-        n_moe = layers_per_chunk // shape.moe_layer_freq
+        n_moe = sum(n // shape.moe_layer_freq for n in row) / len(row)
         per_chunk = (n_moe * shape.layer_activation_bytes(*args, t.recompute, moe=True, **kinds)
-                     + (layers_per_chunk - n_moe) * (shape.layer_activation_bytes(
+                     + (lpc - n_moe) * (shape.layer_activation_bytes(
                          *args, t.recompute, moe=False, **kinds)
-                         if n_moe < layers_per_chunk else 0.0))
+                         if n_moe < lpc else 0.0))
     else:
         if part is None:
             from .partition import make_partitioner
             part = make_partitioner(cfg, shape)
-        per_chunk = part.activation_bytes(t.recompute) * layers_per_chunk
+        per_chunk = part.activation_bytes(t.recompute) * lpc
     chunks = inflight_chunks(cfg, stage)
     acts = per_chunk * chunks
     if t.recompute == "full":  # one layer's full activations are rebuilt during its backward

@@ -89,8 +89,8 @@ class MoEOps:
             *self._a2a("bwd.dispatch"),
             Compute("bwd.router", 2 * g["router"] / (t if self.sp else 1), dtype=self.dtype)]
 
-    def _stage_nonexpert_layer_params(self) -> float:
-        L, f = self.layers_per_chunk * self.v, self.period
+    def _stage_nonexpert_layer_params(self, stage: int) -> float:
+        L, f = sum(self.split[stage]), self.period
         return ((L - L // f) * self.layer_rank_params(False)[0]
                 + L // f * self.layer_rank_params(True)[0])
 
@@ -99,7 +99,7 @@ class MoEOps:
         of its MoE layers, split over expert TP (= TP). 0 for a dense model."""
         if not self.shape.is_moe:
             return 0.0
-        return (self.layers_per_chunk * self.v // self.period) * self.layer_rank_params(True)[1]
+        return (sum(self.split[stage]) // self.period) * self.layer_rank_params(True)[1]
 
     def _expert_update_block(self, stage: int, overlapped: bool, step) -> Block:
         """DDP/ZeRO update of an MoE stage with EP > 1: the dense parameters' gradients are

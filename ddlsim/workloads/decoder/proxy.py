@@ -122,10 +122,13 @@ def check_proxy_plan(cfg: RunConfig) -> None:
                              ("sequence_parallel", p.sequence_parallel),
                              ("virtual_pipeline_model_parallel_size", p.vpp))
            if v not in (0, "ddp", False, 1)}
+    from .split import UNEVEN_FIELDS
+    bad.update({f: getattr(p, f) for f in UNEVEN_FIELDS if getattr(p, f) not in (None, False)})
     if bad:
         raise ValueError(f"model.program = {m.program!r} does not model parallel settings "
                          f"{bad}: the proxies run plain data parallelism (zero_stage 0, "
-                         "dp_strategy ddp) without sequence parallelism or interleaving")
+                         "dp_strategy ddp) without sequence parallelism, interleaving or an uneven "
+                         "pipeline split")
 
 
 class _ProxyBuilder:

@@ -88,7 +88,7 @@ def _pass(b: StageBuilder, head: list, bodies: list[list], moe: list[bool], back
 
 def zero3_blocks(b: StageBuilder, prefetch: int) -> dict[str, Block]:
     """The ``F0`` and ``B0`` blocks of ZeRO-3 without pipelining (the module docstring)."""
-    moe = [b.shape.is_moe_layer(i) for i in range(b.layers_per_chunk)]
+    moe = [b.shape.is_moe_layer(i) for i in range(b.split[0][0])]
     fwd = _pass(b, b.embedding_forward(), [b.layer_forward(moe=m) for m in moe], moe, False,
                 prefetch)
     fwd += as_ops(b.head_forward())

@@ -1,0 +1,113 @@
+"""How many transformer layers each model chunk holds: Megatron-Core's pipeline split.
+
+By default every chunk (pipeline stage × virtual stage) holds ``L / (PP·VPP)`` layers. Megatron-
+Core also splits unevenly, by the options of the same names (megatron/core/transformer/
+transformer_block.py, ``get_num_layers_to_build``, and transformer_config.py, NVIDIA/Megatron-LM
+d98e8a64, 2026-08):
+
+* ``account_for_embedding_in_pipeline_split`` / ``account_for_loss_in_pipeline_split``: the
+  input embedding (the loss) counts as one layer of the split, ``L + 1`` (``+ 2``) layers over
+  ``PP·VPP`` chunks, and the first chunk of the first stage (the last chunk of the last stage)
+  builds one transformer layer fewer. Llama 3.1 405B's 126 layers on PP 8 × VPP 8 are
+  ``128 / 64 = 2`` per chunk, with 1 in the first and in the last.
+* ``num_layers_in_first_pipeline_stage`` / ``num_layers_in_last_pipeline_stage``: the first
+  (last) stage holds that many layers, the others share the rest evenly; with VPP each stage's
+  layers are split evenly over its chunks. These two cannot be combined with the two above.
+
+Every rule Megatron-Core asserts is checked here, with the field, the value and what would do.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+__all__ = ["chunk_layers", "is_uneven", "UNEVEN_FIELDS"]
+
+#: the plan fields of an uneven split (``parallel.*``)
+UNEVEN_FIELDS = ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
+                 "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage")
+
+
+def is_uneven(parallel: Any) -> bool:
+    """True when the plan asks for any of Megatron-Core's uneven splits."""
+    return bool(parallel.account_for_embedding_in_pipeline_split
+                or parallel.account_for_loss_in_pipeline_split
+                or parallel.num_layers_in_first_pipeline_stage is not None
+                or parallel.num_layers_in_last_pipeline_stage is not None)
+
+
+def chunk_layers(cfg: Any) -> tuple[tuple[int, ...], ...]:
+    """Transformer layers of each chunk: ``out[stage][virtual stage]`` (module docstring).
+    Raises ``ValueError`` naming the field when the split is impossible."""
+    p = cfg.parallel
+    out = _split(cfg.model.num_hidden_layers, p.pp, p.vpp,
+                 p.num_layers_in_first_pipeline_stage, p.num_layers_in_last_pipeline_stage,
+                 bool(p.account_for_embedding_in_pipeline_split),
+                 bool(p.account_for_loss_in_pipeline_split))
+    if min(min(row) for row in out) < 1:
+        raise ValueError(f"this pipeline split leaves a model chunk without a transformer layer "
+                         f"(layers per chunk, stage by stage: {[list(r) for r in out]}); ddlsim "
+                         "models chunks of at least one layer: use fewer pipeline stages or "
+                         "virtual stages")
+    return out
+
+
+@lru_cache(maxsize=256)
+def _split(layers: int, pp: int, v: int, first: int | None, last: int | None,
+           embedding: bool, loss: bool) -> tuple[tuple[int, ...], ...]:
+    pv = f"pipeline_model_parallel_size × virtual_pipeline_model_parallel_size = {pp} × {v}"
+    if first is not None or last is not None:
+        if embedding or loss:
+            raise ValueError("parallel.num_layers_in_first/last_pipeline_stage cannot be set "
+                             "together with account_for_embedding/loss_in_pipeline_split "
+                             "(Megatron-Core asserts it); use one kind of uneven split")
+        if pp == 1:
+            raise ValueError("parallel.num_layers_in_first/last_pipeline_stage needs a "
+                             "pipeline: pipeline_model_parallel_size is 1")
+        per_stage = [None] * pp
+        rest, left = layers, pp
+        for name, value, idx in (("first", first, 0), ("last", last, pp - 1)):
+            if value is None:
+                continue
+            if value > layers:
+                raise ValueError(f"parallel.num_layers_in_{name}_pipeline_stage = {value} "
+                                 f"exceeds model.num_hidden_layers = {layers}")
+            per_stage[idx] = value
+            rest, left = rest - value, left - 1
+        if rest < 0:
+            raise ValueError(f"parallel.num_layers_in_first_pipeline_stage + "
+                             f"num_layers_in_last_pipeline_stage = {first or 0} + {last or 0} "
+                             f"exceeds model.num_hidden_layers = {layers}")
+        if left and rest % left:
+            raise ValueError(f"model.num_hidden_layers = {layers} minus the first/last stage's "
+                             f"layers leaves {rest}, not divisible by the {left} other pipeline "
+                             "stages (Megatron-Core: the left-over layers must divide evenly)")
+        per_stage = [n if n is not None else rest // left for n in per_stage]
+        for s, n in enumerate(per_stage):
+            if n % v:
+                name = ("num_layers_in_first_pipeline_stage" if s == 0 and first is not None
+                        else "num_layers_in_last_pipeline_stage" if s == pp - 1
+                        and last is not None else None)
+                what = f"parallel.{name} = {n}" if name else f"the {n} layers of stage {s}"
+                raise ValueError(f"{what} is not divisible by "
+                                 f"virtual_pipeline_model_parallel_size = {v}: each stage's "
+                                 "layers are split evenly over its model chunks")
+        return tuple(tuple([n // v] * v) for n in per_stage)
+    total = layers + int(embedding) + int(loss)
+    if total % (pp * v):
+        parts = ["+1 for the embedding"] * embedding + ["+1 for the loss"] * loss
+        extra = f" ({', '.join(parts)})" if parts else ""
+        hint = "" if parts else ("; Megatron-Core can split unevenly: set parallel."
+                                 "account_for_embedding_in_pipeline_split / "
+                                 "account_for_loss_in_pipeline_split, or "
+                                 "num_layers_in_first/last_pipeline_stage")
+        raise ValueError(f"model.num_hidden_layers = {layers}{extra} is not divisible by "
+                         f"{pv} = {pp * v}{hint}")
+    each = total // (pp * v)
+    out = [[each] * v for _ in range(pp)]
+    if embedding:
+        out[0][0] -= 1
+    if loss:
+        out[pp - 1][v - 1] -= 1
+    return tuple(tuple(row) for row in out)
