@@ -39,13 +39,13 @@ KERNEL_SWITCHES = ("fused_cross_entropy", "fused_bias_gelu", "fused_bias_dropout
 GRAD_SYNC = {"bf16": "param", "fp32": "fp32"}
 
 
-def rows() -> list[dict]:
+def rows(table=TABLE, settings_csv=SETTINGS) -> list[dict]:
     """The table's rows, each joined with its model's settings; exits on a model without."""
-    settings = {r["model"]: r for r in read_csv(SETTINGS)}
+    settings = {r["model"]: r for r in read_csv(settings_csv)}
     out = []
-    for pub in read_csv(TABLE):
+    for pub in read_csv(table):
         if pub["model"] not in settings:
-            sys.exit(f"{pub['model']}: no row in {SETTINGS.name}")
+            sys.exit(f"{pub['model']}: no row in {settings_csv.name}")
         out.append({**settings[pub["model"]], **pub})
     return out
 
@@ -94,6 +94,9 @@ def config(row: dict) -> dict:
         parallel["tp_comm_overlap"] = "pipelined"
     if vp > 1:
         parallel.update(schedule="interleaved", virtual_pipeline_model_parallel_size=vp)
+    if row.get("split") == "embedding+loss":   # Megatron-Core's account_for_*_in_pipeline_split
+        parallel.update(account_for_embedding_in_pipeline_split=True,
+                        account_for_loss_in_pipeline_split=True)
     return {
         "model": model_section(row),
         "parallel": parallel,
@@ -116,7 +119,7 @@ def evaluate(engine: str = "analytical", only: list[dict] | None = None,
              limits=None) -> list[dict]:
     """One record per row: published and predicted iteration time, error, fit note."""
     out = []
-    for row in rows() if only is None else only:
+    for row in (rows() if only is None else only):
         r, refused, skipped = predict(config(row), engine, limits)
         rec = {"row": row, "result": r, "refused": refused, "skipped": skipped,
                "published": published_time(row)}
@@ -128,7 +131,8 @@ def evaluate(engine: str = "analytical", only: list[dict] | None = None,
 
 
 def _label(o: dict) -> str:
-    return f"{o['row']['model']} on {o['row']['gpus']} GPUs"
+    release = f" ({o['row']['release']})" if o["row"].get("release") else ""
+    return f"{o['row']['model']} on {o['row']['gpus']} GPUs{release}"
 
 
 def _print(out: list[dict], markdown: bool) -> None:
@@ -138,7 +142,8 @@ def _print(out: list[dict], markdown: bool) -> None:
     for o in out:
         row = o["row"]
         gpus, tp, pp, cp = _int(row, "gpus", "tp", "pp", "cp")
-        name = row["model"] + (" ≈" if approximated(row) else "")
+        name = (f"{row['release']} " if row.get("release") else "") + row["model"] + (
+            " ≈" if approximated(row) else "")
         cells = [name, row["gpus"], row["tp"], row["pp"], row["cp"], row["vp"],
                  str(gpus // (tp * pp * cp)), row["mbs"], row["gbs"], row["seq"],
                  row["tokens_per_s_per_gpu"], f"{o['published']:.3f}"]

@@ -28,6 +28,7 @@ def _load(name: str):
 
 
 vh = _load("validate_h100")
+vb = _load("validate_bridge")
 vz = _load("validate_zero3")
 pr = _load("public_runs")
 
@@ -42,6 +43,10 @@ ZERO3 = vz.rows()
                                      "launcher_scripts/conf/training"]),
     ("megatron_sc21_zero3.csv", ["arXiv:2104.04473", "Table 2", "run_figure_12.sh",
                                  "run_table_1.sh"]),
+    ("bridge_h100_fp8.csv", ["NVIDIA-NeMo/Megatron-Bridge", "performance-summary-archive.md",
+                             "DGX-H100", "FP8"]),
+    ("bridge_h100_settings.csv", ["NVIDIA-NeMo/Megatron-Bridge", "llama3_workload_base_configs",
+                                  "account_for_embedding_in_pipeline_split"]),
 ])
 def test_data_files_carry_their_provenance(name, must_cite):
     """Each file names its source, and a 40-hex commit where the source is a repository."""
@@ -119,6 +124,31 @@ def test_h100_script_runs_one_row(capsys):
     assert rec["error"] == pytest.approx(rec["predicted"] / rec["published"] - 1)
     vh._print([rec], markdown=True)
     assert "| LLAMA2-7B | 8 |" in capsys.readouterr().out
+
+
+def test_bridge_throughput_columns_agree_under_a_causal_flop_count():
+    """Megatron-Bridge's two columns give its model FLOPs per token: NeMo's count with causal
+    attention scores (half of 12·l·s·h). By hand, Llama 3 70B: 6·(80·(8192²·(2 + 2·8/64) +
+    3·8192·28672) + 128256·8192) + 6·80·8192·8192 = 449.4 GFLOP against 719e12 / 1,602 =
+    448.8; Llama 3.1 405B: 2,523.7 against 737e12 / 292 = 2,524.0. Every row within 0.5 %."""
+    for r in vb.rows():
+        l, h, f, a, g, V, s = (int(r[k]) for k in (
+            "layers", "hidden", "ffn", "heads", "kv_heads", "vocab", "seq"))
+        per_token = 6 * (l * (h * h * (2 + 2 * g / a) + 3 * h * f) + V * h) + 6 * l * s * h
+        implied = float(r["model_tflops_per_gpu"]) * 1e12 / float(r["tokens_per_s_per_gpu"])
+        assert implied == pytest.approx(per_token, rel=5e-3), (r["release"], r["model"])
+
+
+def test_bridge_405b_runs_with_megatron_cores_uneven_split():
+    """126 layers on PP 8 × VP 8 only split with the embedding and loss counted as layers."""
+    (row,) = [r for r in vb.rows() if r["release"] == "25.11" and r["model"] == "LLAMA3.1-405B"]
+    cfg = vb.h100.config(row)
+    assert cfg["parallel"]["account_for_embedding_in_pipeline_split"] is True
+    assert cfg["parallel"]["account_for_loss_in_pipeline_split"] is True
+    assert cfg["parallel"]["data_parallel_size"] == 8           # 1024 / (8·8·2)
+    (rec,) = vb.h100.evaluate("analytical", only=[row])
+    assert rec["published"] == pytest.approx(512 * 8192 / (292 * 1024))
+    assert math.isfinite(rec["predicted"]) and not rec["refused"]
 
 
 def test_zero3_table_is_consistent_with_its_training_days():
