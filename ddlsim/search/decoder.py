@@ -60,6 +60,10 @@ class DecoderVectors:
             raise ConfigError(f"model {cfg.model.name!r} is a Mixture-of-Experts model; the "
                               "vectorised search tier covers dense decoders only. Use ddlsim "
                               "sweep (the exact engine) to compare its plans")
+        if cfg.parallel.cp > 1:
+            raise ConfigError(f"parallel.context_parallel_size = {cfg.parallel.cp}: the "
+                              "vectorised search tier covers plans without context "
+                              "parallelism; use ddlsim sweep (the exact engine) for such plans")
         from ..workloads.decoder.split import UNEVEN_FIELDS, is_uneven
         if is_uneven(cfg.parallel):
             given = ", ".join(f"parallel.{f} = {getattr(cfg.parallel, f)!r}" for f in UNEVEN_FIELDS

@@ -162,8 +162,6 @@ def base_config(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[st
     from ..configload import apply_overrides, build_config, format_validation_error, \
         resolve_section
 
-    neutral = [_setting(p, v) for p, v in context_overrides({}).items()]
-    cfg = build_config(data, [*overrides, *neutral], base_dir)
     sections = {k: resolve_section(k, data[k], base_dir, expand=False)
                 for k in ("parallel", "train") if k in data}
     sections = apply_overrides(sections, [o for o in overrides
@@ -174,6 +172,14 @@ def base_config(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[st
             own[name] = schema.model_validate(sections.get(name, {}))
         except ValidationError as exc:
             raise ConfigError(format_validation_error(exc, name)) from None
+    if own["parallel"].context_parallel_size > 1:
+        raise ConfigError(f"parallel.context_parallel_size = "
+                          f"{own['parallel'].context_parallel_size}: the vectorised search tier "
+                          "covers plans without context parallelism (its ring attention is in "
+                          "the exact engines only); use ddlsim sweep to compare such plans, or "
+                          "set it to 1 to search")
+    neutral = [_setting(p, v) for p, v in context_overrides({}).items()]
+    cfg = build_config(data, [*overrides, *neutral], base_dir)
     fields = {p: _field(own, p) for p in VECTOR_FIELDS}
     fields["parallel.schedule"] = own["parallel"].schedule
     return cfg, fields

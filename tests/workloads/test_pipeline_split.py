@@ -112,3 +112,11 @@ def test_the_search_tier_refuses_an_uneven_split_with_the_reason():
     with pytest.raises(ddlsim.ConfigError, match=r"account_for_loss_in_pipeline_split = True: "
                                                  r"the vectorised search tier"):
         ddlsim.search(cfg)
+
+
+def test_the_search_tier_refuses_context_parallelism_with_the_reason():
+    cfg = _cfg(32, 1, context_parallel_size=2)
+    cfg["search"] = {"axes": {"train.micro_batch_size": [1]}}
+    with pytest.raises(ddlsim.ConfigError, match=r"context_parallel_size = 2: the vectorised "
+                                                 r"search tier covers plans without context"):
+        ddlsim.search(cfg)
