@@ -88,9 +88,9 @@ def config(row: dict) -> dict:
     # rows run with the stack's overlapped P2P and are marked in docs/validation.md.
     if row["overlap_p2p_comm"] == "true" and pp > 1:
         parallel["overlap_p2p_comm"] = True
-    # tp_comm_overlap: TE userbuffers, modelled for 1-D TP with SP and no CP (docs/overlap.md);
-    # rows that set it with context parallelism run without it (pessimistic, marked).
-    if row["tp_comm_overlap"] == "true" and cp == 1:
+    # tp_comm_overlap: TE userbuffers, per GEMM, with or without context parallelism
+    # (docs/overlap.md; Megatron-LM sizes the userbuffers for seq·mbs/CP tokens)
+    if row["tp_comm_overlap"] == "true":
         parallel["tp_comm_overlap"] = "pipelined"
     if vp > 1:
         parallel.update(schedule="interleaved", virtual_pipeline_model_parallel_size=vp)

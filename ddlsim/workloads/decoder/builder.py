@@ -14,7 +14,7 @@ from functools import cached_property
 from ...config import DTYPE_BYTES, RunConfig
 from ..models.decoder import DecoderShape
 from ...simulator.kernels.elementwise import optimizer_bytes_per_param
-from ..trace import Block, Collective, Compute, Op, P2P, Wait
+from ..trace import Block, Collective, Compute, Loop, Op, P2P, Wait
 from . import param_gather, tp_overlap
 from .dpsync import GradSyncOps
 from .edges import EdgeOps
@@ -102,7 +102,13 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
         ops = self._layer_ops.get(key)
         if ops is None:
             f = self.period
-            if self.structured:
+            if self.structured and f == 1 and tp_overlap.active(self.cfg):
+                body = (self.part.layer_backward(self.grad_accumulate_bytes(
+                    self.shape.layer_params / self.part.param_split)) if backward
+                    else self.part.layer_forward())
+                ops = [Op(Loop("layers.bwd" if backward else "layers.fwd",
+                               tuple(tp_overlap.structured_body(self, backward, body)), repeat))]
+            elif self.structured:
                 ops = [self.part.layers(backward, repeat, self.grad_accumulate_bytes(
                     self.shape.layer_params / self.part.param_split))]
             elif f == 1 and tp_overlap.active(self.cfg):  # TE userbuffers: per-layer loop

@@ -25,8 +25,7 @@ def inactive_reasons(cfg: Any) -> dict[str, str]:
             why = ("it needs sequence_parallel (Megatron-LM arguments.py asserts it: TE "
                    "overlaps the SP all-gathers and reduce-scatters)")
         else:
-            why = ("it is modelled for dense models with 1-D tensor parallelism, no context "
-                   "parallelism and ZeRO 0-2")
+            why = ("it is modelled for dense models with 1-D tensor parallelism and ZeRO 0-2")
         out["tp_comm_overlap"] = why
     if sw.overlap_param_gather and (p.zero_stage not in (1, 2) or p.dp_strategy != "ddp"):
         out["overlap_param_gather"] = ("it needs the distributed optimizer (ZeRO-1/2 with "

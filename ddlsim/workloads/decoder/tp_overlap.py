@@ -23,8 +23,8 @@ compute op ``<gemm>.tp_overlap.sm_margin`` of ``13.8 %`` of the overlapped GEMMs
 ``--disable-tp-comm-overlap-ag --disable-tp-comm-overlap-rs`` (only the backward's bulk
 overlaps); ``pipelined`` is its default (all of the above; Megatron-LM arguments.py,
 2024-06). Megatron asserts sequence parallelism with it; ddlsim applies it to dense layers of
-the 1-D plan without context parallelism (otherwise inactive, or refused when the plan sets
-it: :mod:`.overlap`).
+the 1-D plan, with or without context parallelism (otherwise inactive, or refused when the
+plan sets it: :mod:`.overlap`; with CP, per GEMM: :func:`structured_body`).
 
 In the trace each GEMM compute op ``G`` with its collectives becomes: the exposed chunks of
 the collectives feeding ``G`` (compute stream), the rest of every overlapped collective on
@@ -36,7 +36,8 @@ from __future__ import annotations
 
 from ..trace import Collective, Compute, Loop, Op, Wait
 
-__all__ = ["TE_COMM_SMS", "H100_SMS", "SM_MARGIN", "RS_SPLITS", "active", "overlapped_layers"]
+__all__ = ["TE_COMM_SMS", "H100_SMS", "SM_MARGIN", "RS_SPLITS", "active", "overlapped_layers",
+           "structured_body"]
 
 #: SMs of TransformerEngine's pipeline/bulk userbuffers kernels (``num_sm`` default, TE
 #: ``pytorch/module/base.py`` ``initialize_ub``)
@@ -51,11 +52,11 @@ RS_SPLITS = 4
 
 def active(cfg) -> bool:
     """Whether the stack's or plan's ``tp_comm_overlap`` applies to this plan: not ``off``,
-    TP > 1, sequence parallelism, 1-D without context parallelism, a dense model, not
-    ZeRO-3 (whose per-layer blocks keep the blocking collectives)."""
+    TP > 1, sequence parallelism, 1-D (with or without context parallelism), a dense
+    model, not ZeRO-3 (whose per-layer blocks keep the blocking collectives)."""
     p = cfg.parallel
     return (cfg.software.tp_comm_overlap != "off" and p.tp > 1 and p.sequence_parallel
-            and p.tp_mode == "1d" and p.cp == 1 and not cfg.model.num_local_experts
+            and p.tp_mode == "1d" and not cfg.model.num_local_experts
             and p.zero_stage != 3)
 
 
@@ -161,3 +162,87 @@ def overlapped_layers(b, backward: bool, count: int, payloads: list) -> Op:
     ``tp`` stream drains before the next begins)."""
     return Op(Loop("layers.bwd" if backward else "layers.fwd",
                    tuple(layer_body(b, backward, payloads)), count))
+
+
+#: the linear layers' GEMM ops of a partitioner's layer (``fwd.qkv``, ``bwd.fc2``, …)
+_LINEAR = ("qkv", "proj", "fc1", "fc2")
+
+
+def _is_linear(op: Op) -> bool:
+    p = op.payload
+    return (isinstance(p, Compute) and op.stream == "compute"
+            and p.name.rsplit(".", 1)[-1] in _LINEAR)
+
+
+def _is_tp(op: Op) -> bool:
+    p = op.payload
+    return isinstance(p, Collective) and p.group == "tp" and op.stream == "compute" \
+        and not op.deps
+
+
+def structured_body(b, backward: bool, body: list[Op]) -> list[Op]:
+    """A partitioner's layer ops (1-D TP with context parallelism: one op per linear GEMM,
+    the attention core's ring on the ``cp`` streams) with the overlaps of
+    ``b.cfg.software.tp_comm_overlap``, per GEMM as TransformerEngine runs them: an
+    all-gather feeding a GEMM (``ring_exchange``) is overlapped with that GEMM, one of TP
+    chunks exposed before it; the collectives after a GEMM (``pipeline`` reduce-scatter,
+    ``bulk`` backward ones) are overlapped with it, the pipelined reduce-scatter's last
+    chunk exposed after it, and the GEMM pays the SM margin (``SM_MARGIN`` of its FLOPs).
+    Every other op (the ring, its waits, the element-wise work) keeps its place and its
+    dependencies. Collectives left at the end of the layer feed the next layer's first GEMM
+    and move to the front, as in :func:`layer_body`."""
+    mode, tp = b.cfg.software.tp_comm_overlap, b.tp
+    role = lambda op: _role(op.payload, backward, mode, tp)  # noqa: E731
+    last = max(i for i, op in enumerate(body) if _is_linear(op))
+    trailing = [i for i in range(last + 1, len(body))
+                if _is_tp(body[i]) and (role(body[i]) or ("",))[0] == "pre"]
+    order = trailing + [i for i in range(len(body)) if i not in trailing]
+    out: list[Op] = []
+    where: dict[int, int] = {}         # old index -> new index of every op kept whole
+    pending: list[tuple[Collective, int]] = []
+    k = 0
+    while k < len(order):
+        i = order[k]
+        op = body[i]
+        if _is_tp(op) and role(op) is not None and role(op)[0] == "pre":
+            pending.append((op.payload, role(op)[1]))
+            k += 1
+            continue
+        if not _is_linear(op):
+            where[i] = len(out)
+            out.append(Op(op.payload, op.stream, tuple(where[d] for d in op.deps), op.repeat))
+            k += 1
+            continue
+        posts = []
+        j = k + 1
+        while j < len(order) and _is_tp(body[order[j]]) and role(body[order[j]]) is not None \
+                and role(body[order[j]])[0] == "post":
+            posts.append((body[order[j]].payload, role(body[order[j]])[1]))
+            j += 1
+        rests, after = [], []
+        for c, n in pending:
+            chunk, rest = _split(c, n)
+            if chunk is not None:
+                out.append(Op(chunk))
+            rests.append(rest)
+        for c, n in posts:
+            chunk, rest = _split(c, n)
+            rests.append(rest)
+            if chunk is not None:
+                after.append(chunk)
+        anchor = next((m for m in range(len(out) - 1, -1, -1) if out[m].stream == "compute"),
+                      None)
+        deps = () if anchor is None else (anchor,)
+        out += [Op(r, "tp", deps) for r in rests]
+        where[i] = len(out)
+        out.append(Op(op.payload, op.stream, tuple(where[d] for d in op.deps), op.repeat))
+        if posts:
+            out.append(Op(Compute(f"{op.payload.name}.tp_overlap.sm_margin",
+                                  SM_MARGIN * op.payload.flops, dtype=op.payload.dtype)))
+        if rests:
+            out.append(Op(Wait(f"{op.payload.name}.tp_overlap.wait", "tp")))
+        out += [Op(c) for c in after]
+        pending = []
+        k = j
+    out += [Op(c) for c, _ in pending]
+    return out
