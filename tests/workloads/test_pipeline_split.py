@@ -120,3 +120,11 @@ def test_the_search_tier_refuses_context_parallelism_with_the_reason():
     with pytest.raises(ddlsim.ConfigError, match=r"context_parallel_size = 2: the vectorised "
                                                  r"search tier covers plans without context"):
         ddlsim.search(cfg)
+
+
+def test_the_plan_line_gives_each_stage_its_layers():
+    cfg = ddlsim.load_config(_cfg(126, 8, 8, account_for_embedding_in_pipeline_split=True,
+                                  account_for_loss_in_pipeline_split=True))
+    assert "PP8(v8) [15+16×6+15 layers]" in cfg.family.plan_summary(cfg)
+    even = ddlsim.load_config(_cfg(32, 4))
+    assert "layers]" not in even.family.plan_summary(even)

@@ -103,6 +103,11 @@ class DecoderFamily(WorkloadFamily):
         if p.cp > 1:
             axes += f" × CP{p.cp} {'ring' if p.cp_comm_type == 'p2p' else 'all-gather'}"
         line = super().plan_summary(cfg).removeprefix(f"TP{p.tp}")
+        from .split import chunk_layers, is_uneven
+        if is_uneven(p):   # Megatron-Core's uneven split: the layers of each stage
+            per_stage = [sum(row) for row in chunk_layers(cfg)]
+            pp_label = f"PP{p.pp}{f'(v{p.vpp})' if p.vpp > 1 else ''}"
+            line = line.replace(pp_label, f"{pp_label} [{_stage_layers(per_stage)} layers]", 1)
         if p.ep > 1:
             line = line.replace(f"× DP{cfg.dp} =", f"× DP{cfg.dp} (EP{p.ep}) =", 1)
         from .overlap import overlap_phrase
@@ -125,6 +130,18 @@ class DecoderFamily(WorkloadFamily):
 
         fields, unmodelled = from_hf_config(doc, source=source)
         return _section(fields), unmodelled
+
+
+def _stage_layers(per_stage: list[int]) -> str:
+    """``15+16×6+15`` for an uneven split's layers per pipeline stage (runs of equal counts
+    folded)."""
+    runs: list[list[int]] = []
+    for n in per_stage:
+        if runs and runs[-1][0] == n:
+            runs[-1][1] += 1
+        else:
+            runs.append([n, 1])
+    return "+".join(f"{n}×{k}" if k > 1 else f"{n}" for n, k in runs)
 
 
 def _section(f: dict) -> dict:
