@@ -273,10 +273,14 @@ class DecoderVectors:
         nbytes = ctx.shape.layer_params / plans["tp"] * ctx.dt
         a = coll("all_gather", "dp", nbytes)
         r = coll("reduce_scatter", "dp", nbytes * ctx.gdt / ctx.dt)
-        end = zero3_time(ctx.shape.layers, ctx.cfg.software.zero3_prefetch_layers, m,
-                         (e, f, hf, hb, bw), a, r)
-        end += self._optimizer(ctx, self.stage_params(ctx, plans, True) / np.maximum(dp, 1))
-        return np.where(on, end, np.nan)
+        # the op-by-op recurrence runs over the ZeRO-3 plans only (a few of the grid)
+        sub = lambda x: np.broadcast_to(np.asarray(x, dtype=float), on.shape)[on]  # noqa: E731
+        out = np.full(len(plans), np.nan)
+        out[on] = zero3_time(ctx.shape.layers, ctx.cfg.software.zero3_prefetch_layers, m[on],
+                             tuple(sub(x) for x in (e, f, hf, hb, bw)), sub(a), sub(r))
+        out[on] += self._optimizer(ctx, self.stage_params(ctx, plans, True)[on]
+                                   / np.maximum(dp[on], 1))
+        return out
 
     # ------------------------------------------------------------------ memory
     def memory(self, ctx: _Context, plans) -> tuple[np.ndarray, np.ndarray]:

@@ -283,4 +283,6 @@ def collective_seconds(op: str, family: str, nbytes: np.ndarray, mesh_index: np.
 
 def cache_clear() -> None:
     """Forget the cached forms (for timing a cold run)."""
+    from ..simulator.nccl.model import nccl_form
     affine_form.cache_clear()
+    nccl_form.cache_clear()

@@ -23,6 +23,7 @@ links, reproduces this time when nothing else runs, and shares the links when so
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -226,10 +227,12 @@ class NcclForm(NamedTuple):
     corrected: bool
 
 
+@lru_cache(maxsize=1 << 16)
 def nccl_form(op: str, algo: str, proto: str, net: GroupNet, env: NcclEnv) -> NcclForm | None:
     """The parts of :func:`nccl_time` that do not depend on the size, or None where NCCL
     would not run ``algo``/``proto`` (the time is ``inf``). :func:`nccl_seconds_array`
-    evaluates them on arrays of sizes."""
+    evaluates them on arrays of sizes. Remembered per (op, algorithm, protocol, group,
+    machine): a search's meshes share most of their groups."""
     if not available(op, algo, proto, net, env):
         return None
     bw = algbw_GBps(op, algo, proto, 0.0, net, env)  # below 64 B: no tree correction
