@@ -83,11 +83,11 @@ def config(row: dict) -> dict:
                 "zero_stage": 1,                    # distributed_fused_adam
                 "overlap_grad_reduce": True, "overlap_param_gather": True,
                 "schedule": "1f1b"}
-    # overlap_p2p_comm: set where the launcher config sets it and a pipeline exists; "not
-    # set" (Megatron's blocking batched P2P) has no ddlsim form (docs/overlap.md), so those
-    # rows run with the stack's overlapped P2P and are marked in docs/validation.md.
-    if row["overlap_p2p_comm"] == "true" and pp > 1:
-        parallel["overlap_p2p_comm"] = True
+    # overlap_p2p_comm: the launcher config's value on interleaved pipelines ("not set":
+    # Megatron's blocking batched P2P); without interleaving Megatron turns it off itself
+    # (docs/overlap.md), which the stack's inactive default already does
+    if pp > 1 and vp > 1:
+        parallel["overlap_p2p_comm"] = row["overlap_p2p_comm"] == "true"
     # tp_comm_overlap: TE userbuffers, per GEMM, with or without context parallelism
     # (docs/overlap.md; Megatron-LM sizes the userbuffers for seq·mbs/CP tokens)
     if row["tp_comm_overlap"] == "true":

@@ -75,7 +75,7 @@ def test_megatron_table1_regression_bound(evaluated):
 
 @pytest.mark.xfail(strict=True, reason="issue 11 target (every row ≤ 5 %, mean ≤ 3 %) not met "
                    "yet: every row optimistic (2021 cuBLAS below today's MAMF ceiling; "
-                   "collectives at line rate, interleaving's P2P cheap)")
+                   "collectives at line rate)")
 def test_megatron_table1_issue_target(evaluated):
     errors = [o["error"] for o in evaluated.values()]
     assert all(abs(e) <= 0.05 for e in errors)

@@ -158,8 +158,11 @@ class DecoderVectors:
         delay = np.maximum(coll("all_gather", "dp", rest) - first_block, 0.0) * (rest > 0)
         upd_f, upd_l = upd_f + delay, upd_l + delay
         whole = self._zero3(ctx, plans, (emb, fwd, head_f, head_b, bwd), coll)
+        # Megatron turns overlap_p2p_comm off without the interleaved schedule
+        blocking = (v == 1) | (not ctx.cfg.software.overlap_p2p_comm)
         return StageCosts(fwd_first, fwd_mid, fwd_last, bwd_first, bwd_mid, bwd_last,
-                          lc * bwd + gather, p2p, wrap, tail_f, tail_l, upd_f, upd_l, whole)
+                          lc * bwd + gather, p2p, wrap, tail_f, tail_l, upd_f, upd_l, whole,
+                          blocking)
 
     def _tp_overlap(self, ctx: _Context, plans, fns, k, plain, g):
         """A layer's forward and backward under ``tp_comm_overlap`` where it applies (TP > 1

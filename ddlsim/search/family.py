@@ -34,6 +34,8 @@ class StageCosts(NamedTuple):
     backward's compute ends. ``update_first``, ``update_last``: the update block after it.
     ``whole``: NaN, or a plan's iteration time when the family times it with its own
     closed form (e.g. ZeRO-3's per-layer prefetch).
+    ``blocking``: the pipeline's P2P blocks (receives posted after the compute before them:
+    Megatron without ``overlap_p2p_comm``, which it turns off without interleaving).
     """
 
     fwd_first: np.ndarray
@@ -50,6 +52,7 @@ class StageCosts(NamedTuple):
     update_first: np.ndarray
     update_last: np.ndarray
     whole: np.ndarray
+    blocking: np.ndarray | bool = False
 
 
 class VectorFamily(Protocol):

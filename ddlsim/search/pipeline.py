@@ -74,17 +74,27 @@ def iteration_time(costs, plans) -> np.ndarray:
     c = costs
     hop = c.p2p_s / np.maximum(pp - 1, 1)
 
-    def pipe(first, mid, last, chunks, stream=0.0):
+    def pipe(first, mid, last, chunks, stream=0.0, first_extra=0.0, last_extra=0.0):
         total = np.where(pp == 1, first, first + middle * mid + last)
-        worst = np.maximum(np.maximum(first, last), np.where(pp >= 3, mid + stream, first))
+        worst = np.maximum(np.maximum(first + first_extra, last + last_extra),
+                           np.where(pp >= 3, mid + stream, first + first_extra))
         return (m - 1) * worst + (total + (chunks - 1) * worst) / chunks
 
-    # 1F1B: a middle stage's activation send and gradient receive queue on its one
-    # pipeline stream between its forward and its backward (docs/engines.md)
+    # per micro-batch, a stage's steady-state period gains the transfers it waits for:
+    # overlapped P2P, a 1F1B middle stage's activation send and gradient receive queue on
+    # its one pipeline stream between its forward and its backward; blocking P2P, every
+    # receive's transfer runs after the compute before it (docs/engines.md)
+    blocking = np.broadcast_to(c.blocking, pp.shape) & (pp > 1)
+    wrap = np.where(v > 1, c.wrap_s, 0.0)
+    stream = np.where(blocking, 2 * v * hop, np.where(v == 1, 2 * hop, 0.0))
+    edges = np.where(blocking, v * hop + (v - 1) * wrap, 0.0)
     one_f_one_b = pipe(c.fwd_first + c.bwd_first, c.fwd_mid + c.bwd_mid,
-                       c.fwd_last + c.bwd_last, v, np.where(v == 1, 2 * hop, 0.0))
-    split = (pipe(c.fwd_first, c.fwd_mid, c.fwd_last, 1)
-             + pipe(c.bwd_first, c.bwd_mid, c.bwd_last, 1))
+                       c.fwd_last + c.bwd_last, v, stream, edges, edges)
+    # GPipe: the forwards wait for activations (not the first stage's), the backwards for
+    # gradients (not the last stage's)
+    b_hop = np.where(blocking, hop, 0.0)
+    split = (pipe(c.fwd_first, c.fwd_mid, c.fwd_last, 1, b_hop, 0.0, b_hop)
+             + pipe(c.bwd_first, c.bwd_mid, c.bwd_last, 1, b_hop, b_hop, 0.0))
     t_pipe = np.where(gpipe, split, one_f_one_b) + 2 * (v * c.p2p_s + (v - 1) * c.wrap_s)
     first = t_pipe + c.tail_first + c.update_first
     last = t_pipe - (pp - 1) * (c.bwd_chunk + hop) + c.tail_last + c.update_last

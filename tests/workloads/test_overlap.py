@@ -207,8 +207,8 @@ def test_overlapped_grad_reduce_is_faster(engine):
     (["parallel.pipeline_model_parallel_size=1", "parallel.overlap_p2p_comm=true"],
      "parallel.overlap_p2p_comm = True cannot apply to this plan: pipeline_model_parallel_size is 1"),
     (["parallel.overlap_param_gather=true"], "it needs the distributed optimizer"),
-    (["parallel.pipeline_model_parallel_size=2", "parallel.overlap_p2p_comm=false"],
-     "blocking pipeline P2P is not modelled"),
+    (["parallel.pipeline_model_parallel_size=2", "parallel.overlap_p2p_comm=true"],
+     "it needs the interleaved schedule"),
 ])
 def test_refused_when_the_plan_sets_an_option_that_cannot_apply(overrides, message):
     with pytest.raises(ddlsim.ConfigError) as err:
@@ -218,13 +218,34 @@ def test_refused_when_the_plan_sets_an_option_that_cannot_apply(overrides, messa
 
 def test_stack_default_that_cannot_apply_is_inactive_and_said():
     """megatron-core-2024 turns overlap_param_gather on; a ZeRO-0 plan runs without it (and
-    tp_comm_overlap without TP); megatron-lm-2021's blocking P2P is not modelled."""
+    tp_comm_overlap without TP); its overlapped P2P needs the interleaved schedule (Megatron-LM
+    turns it off otherwise), so a 1F1B pipeline's P2P blocks, as megatron-lm-2021's does."""
     cfg = _cfg("system.software={stack: megatron-core-2024, overlap: {tp_comm_overlap: bulk}}")
     assert "inactive here: tp-comm, param-gather" in cfg.family.plan_summary(cfg)
     ddlsim.build_workload(cfg)
+    mcore = _cfg("parallel.pipeline_model_parallel_size=2")
+    assert mcore.family.plan_summary(mcore).endswith("inactive here: param-gather, p2p")
     old = _cfg("system.software=megatron-lm-2021", "parallel.pipeline_model_parallel_size=2")
-    assert cfg.family.plan_summary(old).endswith("overlaps: none; inactive here: blocking p2p")
+    assert cfg.family.plan_summary(old).endswith("overlaps: none")
     ddlsim.build_workload(old)
+
+
+@pytest.mark.parametrize("engine", ["analytical", "des"])
+def test_blocking_p2p_posts_each_receive_after_the_compute_before_it(engine):
+    """Megatron's _communicate posts a receive where it is called, so the transfer cannot
+    overlap the compute before it: an interleaved plan (v = 2, PP 4) is slower with
+    overlap_p2p_comm off than on, by at most its pipeline transfers' seconds."""
+    base = ("parallel.pipeline_model_parallel_size=4", "parallel.tensor_model_parallel_size=2",
+            "parallel.schedule=interleaved", "parallel.virtual_pipeline_model_parallel_size=2",
+            "system.nodes=2", "train.global_batch_size=16")
+    on = ddlsim.predict(_cfg(*base, "parallel.overlap_p2p_comm=true"), engine, check_fit=False)
+    off = ddlsim.predict(_cfg(*base, "parallel.overlap_p2p_comm=false"), engine,
+                         check_fit=False)
+    assert off.iteration_time_s > on.iteration_time_s
+    wl = ddlsim.build_workload(_cfg(*base, "parallel.overlap_p2p_comm=false"))
+    recvs = [op for c in wl.classes for b in c.program.blocks.values() for op in b.ops
+             if isinstance(op.payload, P2P) and op.payload.kind == "recv"]
+    assert recvs and all(op.deps for op in recvs)    # each after the block's Wait(compute)
 
 
 def test_yaml_off_is_off():

@@ -142,7 +142,9 @@ def _account(nd: maxplus.Nodes, st: State, mine: np.ndarray, prev: np.ndarray,
                 T.exposed[label] += n * v
             for label, v in s.nbytes:
                 T.comm_bytes[label] += n * v
-    gap = np.maximum(arrive - (prev + nd.F), 0.0)
+    # a blocking receive's transfer starts when both the message and the stream are ready
+    arrive = np.where(nd.blocking, np.maximum(arrive - nd.t, prev) + nd.t, arrive)
+    gap = np.maximum(arrive - (prev + nd.F0), 0.0)
     n = np.flatnonzero(mine & nd.waits & (gap > 0))   # the gaps (zeros would add nothing)
     exp, rest = split_gaps(gap[n], nd.t[n])
     label_of = {}

@@ -75,16 +75,22 @@ class Summary(NamedTuple):
     flops: float
     exposed: tuple[tuple[str, float], ...]
     nbytes: tuple[tuple[str, float], ...]
+    blocking: bool = False
 
 
 def summarise(instrs: tuple[Instr, ...]) -> Summary | None:
     """The max-plus form of a block, or None when it is not scalar."""
     recvs = [i for i, x in enumerate(instrs) if x.code == RECV]
     sends = [i for i, x in enumerate(instrs) if x.code == SEND]
-    if len(recvs) > 1 or len(sends) > 1 or (recvs and instrs[recvs[0]].deps):
+    # a blocking receive: posted after a wait on the compute stream that opens the block,
+    # i.e. when the compute stream is free (the step's f); see :func:`nodes`
+    opens = bool(instrs) and instrs[0].code == WAIT and instrs[0].stream == 0 \
+        and instrs[0].target == 0 and not instrs[0].deps
+    blocking = bool(recvs) and opens and instrs[recvs[0]].deps == (0,)
+    if len(recvs) > 1 or len(sends) > 1 or (recvs and instrs[recvs[0]].deps and not blocking):
         return None
     r = recvs[0] if recvs else -1
-    end_at: dict[int, float] = {}        # compute-stream instruction → seconds to its end
+    end_at: dict[int, float] = {0: 0.0} if opens else {}   # compute-stream instr → end (s)
     A = F = 0.0
     first_wait = -1
     side = False
@@ -106,6 +112,8 @@ def summarise(instrs: tuple[Instr, ...]) -> Summary | None:
             side = True
             continue
         if x.code == WAIT:
+            if i == 0 and opens:
+                continue
             return None
         for d in x.deps:
             if d not in end_at and d != r:
@@ -127,7 +135,7 @@ def summarise(instrs: tuple[Instr, ...]) -> Summary | None:
     return Summary(A, F if first_wait >= 0 else A, first_wait >= 0,
                    instrs[r] if r >= 0 else None, send, end_at.get(last, 0.0),
                    0 <= first_wait <= last, side, compute, optimizer, flops,
-                   tuple(exposed.items()), tuple(nbytes.items()))
+                   tuple(exposed.items()), tuple(nbytes.items()), blocking)
 
 
 class Nodes(NamedTuple):
@@ -146,6 +154,8 @@ class Nodes(NamedTuple):
     E: np.ndarray
     after: np.ndarray
     t: np.ndarray            # transfer seconds of the received message
+    blocking: np.ndarray     # the receive is posted when the compute stream is free
+    F0: np.ndarray           # F before the blocking shift (the gap accounting's)
 
 
 def nodes(programs: list) -> Nodes | None:
@@ -199,14 +209,23 @@ def nodes(programs: list) -> Nodes | None:
             break
         lim = np.minimum(lim, _prefix(off, np.flatnonzero(beyond)))
     table = np.array([(s.A, s.F, s.waits, s.E, s.after,
-                        s.send.dur if s.send is not None else 0.0) for s in map(_or_none, summaries)])
-    A, F, waits, E, after, send_dur = np.take(np.ascontiguousarray(table.T), key, axis=1)
+                        s.send.dur if s.send is not None else 0.0, s.blocking)
+                      for s in map(_or_none, summaries)])
+    A, F, waits, E, after, send_dur, blocking = np.take(np.ascontiguousarray(table.T), key,
+                                                        axis=1)
     t = np.where(src >= 0, send_dur[np.maximum(src, 0)], 0.0)
+    # a blocking receive's transfer starts at max(f, posted): the step is the scalar map of
+    # A' = A + max(0, t − F), F' = max(F, t) (the sends after the message shift alike)
+    blocking = (blocking > 0) & (src >= 0)
+    extra = np.where(blocking, np.maximum(0.0, t - F), 0.0)
+    E = np.where(blocking & (after > 0), E + extra, E)
+    F0 = F
+    A, F = A + extra, np.where(blocking, np.maximum(F, t), F)
     return Nodes(off, lim, cls, key, src, summaries, A, F, waits.astype(bool), E,
-                 after.astype(bool), t)
+                 after.astype(bool), t, blocking, F0)
 
 
-_NONE = Summary(0.0, 0.0, False, None, None, 0.0, False, False, 0.0, 0.0, 0.0, (), ())
+_NONE = Summary(0.0, 0.0, False, None, None, 0.0, False, False, 0.0, 0.0, 0.0, (), (), False)
 
 
 def _or_none(s: Summary | None) -> Summary:

@@ -16,6 +16,7 @@ from ..models.decoder import DecoderShape
 from ...simulator.kernels.elementwise import optimizer_bytes_per_param
 from ..trace import Block, Collective, Compute, Loop, Op, P2P, Wait
 from . import param_gather, tp_overlap
+from .overlap import p2p_overlapped
 from .dpsync import GradSyncOps
 from .edges import EdgeOps
 from .layerkernels import compute_dtype, grad_bytes, layer_kernels, recompute_op
@@ -240,14 +241,20 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
         p2p_bytes, gather = self.part.boundary(self.act_bytes)
         Lc = self.split[stage][chunk]
 
+        blocking = not p2p_overlapped(self.cfg)
+
         def recv(tag: str, peer: int) -> list[Op]:
             def make() -> list[Op]:
-                ops = [Op(P2P(f"recv.{tag}", "recv", "pp", peer, p2p_bytes, tag), stream="pp")]
+                # blocking P2P: the receive is posted where Megatron calls it, after this
+                # rank's previous compute (a Wait on the compute stream), not ahead
+                ops = [Op(Wait("p2p.post", "compute"))] if blocking else []
+                ops.append(Op(P2P(f"recv.{tag}", "recv", "pp", peer, p2p_bytes, tag),
+                              stream="pp", deps=(0,) if blocking else ()))
                 if gather is not None:  # scatter-gather (Narayanan 2021 §4.1)
                     ops.append(Op(Collective(f"{tag}.gather", "all_gather", "tp", gather),
                                   deps=(len(ops) - 1,)))
                 return ops
-            return self.cached(("recv", tag, peer), make)
+            return self.cached(("recv", tag, peer, blocking), make)
 
         def send(tag: str, peer: int, dep: int) -> Op:
             return self.cached(("send", tag, peer, dep), lambda: Op(

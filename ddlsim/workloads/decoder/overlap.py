@@ -1,9 +1,9 @@
 """Which of the software stack's overlap options apply to a decoder plan (docs/overlap.md).
 
 A stack default that cannot apply to the plan (``tp_comm_overlap`` without sequence
-parallelism, ``overlap_p2p_comm`` without a pipeline, …) or that ddlsim does not model
-(blocking pipeline P2P) is inactive and the plan line says so; the same option set explicitly
-in ``parallel.*`` is refused with the reason.
+parallelism, ``overlap_p2p_comm`` without a pipeline or without the interleaved schedule, …)
+is inactive and the plan line says so; the same option set explicitly in ``parallel.*`` is
+refused with the reason.
 """
 
 from __future__ import annotations
@@ -35,12 +35,20 @@ def inactive_reasons(cfg: Any) -> dict[str, str]:
         out["overlap_param_gather"] = "it is not modelled with expert parallelism (EP > 1)"
     if sw.overlap_p2p_comm and p.pp == 1:
         out["overlap_p2p_comm"] = "pipeline_model_parallel_size is 1"
-    elif not sw.overlap_p2p_comm and p.pp > 1:
+    elif sw.overlap_p2p_comm and p.schedule != "interleaved":
         out["overlap_p2p_comm"] = (
-            "blocking pipeline P2P is not modelled: a trace's send never waits for its "
-            "receiver and receives are posted ahead (docs/trace.md), so pipeline transfers "
-            "overlap compute in both settings (docs/overlap.md)")
+            "it needs the interleaved schedule (Megatron-LM arguments.py sets it False "
+            "otherwise: 'non-interleaved schedule does not support overlapping p2p "
+            "communication'); the pipeline's P2P blocks")
     return out
+
+
+def p2p_overlapped(cfg: Any) -> bool:
+    """Whether pipeline sends and receives overlap compute (``overlap_p2p_comm`` on and
+    applicable: receives posted ahead) or block (Megatron's ``_communicate``: each receive
+    posted where it is called, after the rank's previous compute)."""
+    sw = cfg.software
+    return bool(sw.overlap_p2p_comm) and "overlap_p2p_comm" not in inactive_reasons(cfg)
 
 
 def check_overlap(cfg: Any) -> None:
@@ -65,7 +73,7 @@ def overlap_phrase(cfg: Any) -> str:
     if sw.tp_comm_overlap != "off" and "tp_comm_overlap" not in off:
         on.append(f"tp-comm {sw.tp_comm_overlap}")
     short = {"tp_comm_overlap": "tp-comm", "overlap_param_gather": "param-gather",
-             "overlap_p2p_comm": "p2p" if sw.overlap_p2p_comm else "blocking p2p"}
+             "overlap_p2p_comm": "p2p"}
     text = f"overlaps: {', '.join(on) or 'none'}"
     if off:
         text += "; inactive here: " + ", ".join(short[f] for f in off)
