@@ -90,7 +90,7 @@ def summarise(instrs: tuple[Instr, ...]) -> Summary | None:
     if len(recvs) > 1 or len(sends) > 1 or (recvs and instrs[recvs[0]].deps and not blocking):
         return None
     r = recvs[0] if recvs else -1
-    end_at: dict[int, float] = {0: 0.0} if opens else {}   # compute-stream instr → end (s)
+    end_at: dict[int, float] = {0: 0.0} if blocking else {}   # compute-stream instr → end
     A = F = 0.0
     first_wait = -1
     side = False
@@ -112,7 +112,7 @@ def summarise(instrs: tuple[Instr, ...]) -> Summary | None:
             side = True
             continue
         if x.code == WAIT:
-            if i == 0 and opens:
+            if i == 0 and blocking:   # the blocking receive's anchor: the step's own f
                 continue
             return None
         for d in x.deps:
