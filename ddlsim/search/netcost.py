@@ -172,11 +172,15 @@ def _nccl_forms(op: str, name: str, fams: list[GroupNet]) -> list[tuple]:
     protos = set()
     for env in envs:
         protos |= set(PROTOCOLS if env.protocol == "auto" else (env.protocol,))
+    # meshes share most of a family's networks (the tp groups of every mesh with the same
+    # TP, …): the forms are computed once per distinct network and spread over the meshes
+    distinct: dict[GroupNet, int] = {}
+    spread = np.array([distinct.setdefault(net, len(distinct)) for net in fams], dtype=np.int64)
     out = []
     for proto in sorted(protos, key=PROTOCOLS.index):
-        parts = np.empty((4, len(fams)))
+        parts = np.empty((4, len(distinct)))
         corrected = False
-        for j, net in enumerate(fams):
+        for j, net in enumerate(distinct):
             env = net.nccl
             runs = env is not None and (env.protocol in ("auto", proto))
             form = nccl_form(op, name[len("nccl_"):], proto, net, env) if runs and net.p > 1 \
@@ -190,7 +194,7 @@ def _nccl_forms(op: str, name: str, fams: list[GroupNet]) -> list[tuple]:
                 corrected = form.corrected
         if np.all(np.isinf(parts[0])):
             continue
-        out.append((proto if corrected else None, *parts))
+        out.append((proto if corrected else None, *parts[:, spread]))
     return out
 
 
@@ -217,7 +221,26 @@ def _forms(op: str, family: str, nets: list[dict[str, GroupNet]], names: list[st
 
 
 def _min_time(forms: _Forms, nbytes: np.ndarray, mesh_index: np.ndarray) -> np.ndarray:
-    """The minimum over ``forms`` of each plan's time (``inf`` where none runs)."""
+    """The minimum over ``forms`` of each plan's time (``inf`` where none runs), computed once
+    per distinct (mesh, size): a grid's plans share far fewer of them than they number."""
+    nbytes, mesh_index = np.broadcast_arrays(np.asarray(nbytes, dtype=float),
+                                             np.asarray(mesh_index))
+    if nbytes.ndim == 1 and len(nbytes) > 64:
+        order = np.lexsort((nbytes, mesh_index))
+        n_s, m_s = nbytes[order], mesh_index[order]
+        first = np.empty(len(order), dtype=bool)
+        first[0] = True
+        first[1:] = (n_s[1:] != n_s[:-1]) | (m_s[1:] != m_s[:-1])
+        if first.sum() * 2 < len(order):
+            group = np.cumsum(first) - 1
+            times = _min_time_each(forms, n_s[first], m_s[first])
+            out = np.empty(len(order))
+            out[order] = times[group]
+            return out
+    return _min_time_each(forms, nbytes, mesh_index)
+
+
+def _min_time_each(forms: _Forms, nbytes: np.ndarray, mesh_index: np.ndarray) -> np.ndarray:
     from ..simulator.nccl.model import nccl_seconds_array
 
     best = np.full(nbytes.shape, math.inf)
