@@ -7,7 +7,9 @@ Speed, on one core, over a GPT-3 175B / 1,024-A100 grid varying TP, PP, DP, virt
 micro-batch, ZeRO stage, recomputation and sequence parallelism:
 
 * ddlsim: the whole of ``evaluate_grid`` (enumerate, reject with reasons, evaluate, rank),
-  caches cleared, best of 3; plans in the grid per second, and valid plans per second.
+  caches cleared (the collective forms and the group networks measured on the topology; the
+  topology graph, built once per system, is kept), best of 3; plans in the grid per second,
+  and valid plans per second.
 * ddlsim, marginal: :func:`ddlsim.search.evaluate_plans` on the valid plans repeated 50×
   (what one more plan costs once the grid's networks are built).
 * llm-analysis (PyPI ``llm-analysis``, which ignores schedules and communication overlap):
