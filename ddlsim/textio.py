@@ -75,8 +75,17 @@ def read_bytes(path: str | Path, *, what: str = "file", max_bytes: int = MAX_CON
         fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as exc:
         raise InputFileError(f"{what} {str(p)!r} cannot be read: {exc.strerror}") from None
+    # read in pieces: ``read(max_bytes + 1)`` would allocate the whole limit up front, even
+    # for an empty file (a MemoryError under an address-space limit)
+    chunks, total = [], 0
     with os.fdopen(fd, "rb") as fh:
-        data = fh.read(max_bytes + 1)
+        while total <= max_bytes:
+            chunk = fh.read(min(1 << 20, max_bytes + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    data = b"".join(chunks)
     if len(data) > max_bytes:
         raise InputFileError(f"{what} {str(p)!r} has more than the {max_bytes:,} bytes allowed "
                              f"for a {what}")
