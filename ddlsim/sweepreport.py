@@ -108,7 +108,7 @@ def check_frame_output(path: Path | None) -> None:
             import pyarrow  # noqa: F401
         except ImportError:
             raise OptionError(f"-o {str(path)!r}: writing Parquet needs pyarrow, which is not "
-                              "installed (pip install pyarrow); or write CSV with -o "
+                              "installed (pip install 'ddlsim[parquet]', or pip install pyarrow); or write CSV with -o "
                               f"{Path(path).with_suffix('.csv')}") from None
 
 
