@@ -14,7 +14,7 @@ from functools import cached_property
 from ...config import DTYPE_BYTES, RunConfig
 from ..models.decoder import DecoderShape
 from ...simulator.kernels.elementwise import optimizer_bytes_per_param
-from ..trace import Block, Collective, Compute, Loop, Op, P2P, Wait
+from ..trace import Block, Collective, Compute, Op, P2P, Wait
 from . import param_gather, tp_overlap
 from .overlap import p2p_overlapped
 from .dpsync import GradSyncOps
@@ -103,15 +103,11 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
         ops = self._layer_ops.get(key)
         if ops is None:
             f = self.period
-            if self.structured and f == 1 and tp_overlap.active(self.cfg):
-                body = (self.part.layer_backward(self.grad_accumulate_bytes(
-                    self.shape.layer_params / self.part.param_split)) if backward
-                    else self.part.layer_forward())
-                ops = [Op(Loop("layers.bwd" if backward else "layers.fwd",
-                               tuple(tp_overlap.structured_body(self, backward, body)), repeat))]
-            elif self.structured:
+            if self.structured:
+                overlap = (lambda body: tp_overlap.structured_body(self, backward, body)) \
+                    if f == 1 and tp_overlap.active(self.cfg) else None
                 ops = [self.part.layers(backward, repeat, self.grad_accumulate_bytes(
-                    self.shape.layer_params / self.part.param_split))]
+                    self.shape.layer_params / self.part.param_split), overlap)]
             elif f == 1 and tp_overlap.active(self.cfg):  # TE userbuffers: per-layer loop
                 ops = [tp_overlap.overlapped_layers(
                     self, backward, repeat, self.bwd_layer if backward else self.fwd_layer)]

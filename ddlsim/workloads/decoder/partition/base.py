@@ -212,10 +212,14 @@ class LayerPartitioner:
                         kind="elementwise", dtype=self.dtype))
         return ops.ops
 
-    def layers(self, backward: bool, count: int, grad_accumulate_bytes: float) -> Op:
-        """``count`` identical layers as one :class:`Loop` op."""
+    def layers(self, backward: bool, count: int, grad_accumulate_bytes: float,
+               transform=None) -> Op:
+        """``count`` identical layers as one :class:`Loop` op; ``transform(body)`` rewrites
+        one layer's ops first (e.g. the TP overlap of :mod:`..tp_overlap`)."""
         body = (self.layer_backward(grad_accumulate_bytes) if backward
                 else self.layer_forward())
+        if transform is not None:
+            body = transform(body)
         return Op(Loop("layers.bwd" if backward else "layers.fwd", tuple(body), count))
 
     # ------------------------------------------------------------------ per-rank counts
