@@ -94,6 +94,28 @@ def _split(c: Collective, n: int) -> tuple[Collective | None, Collective]:
             Collective(f"{c.name}.overlapped", c.op, c.group, c.bytes * (n - 1) / n))
 
 
+def _overlap_around(ops: list[Op], pending: list, posts: list) -> tuple[list[Op], bool]:
+    """Append to ``ops`` the exposed chunks of the ``pending`` collectives feeding the next
+    GEMM and the overlapped rest of them and of its ``posts`` on the ``tp`` stream (anchored
+    on the last compute-stream op); return the posts' exposed chunks, to follow the GEMM,
+    and whether anything was overlapped."""
+    rests, after = [], []
+    for c, n in pending:
+        chunk, rest = _split(c, n)
+        if chunk is not None:
+            ops.append(Op(chunk))
+        rests.append(rest)
+    for c, n in posts:
+        chunk, rest = _split(c, n)
+        rests.append(rest)
+        if chunk is not None:
+            after.append(chunk)
+    anchor = next((k for k in range(len(ops) - 1, -1, -1) if ops[k].stream == "compute"), None)
+    deps = () if anchor is None else (anchor,)
+    ops += [Op(r, "tp", deps) for r in rests]
+    return [Op(c) for c in after], bool(rests)
+
+
 def layer_body(b, backward: bool, payloads: list) -> list[Op]:
     """One layer's ops with the overlaps of ``b.cfg.software.tp_comm_overlap``."""
     mode, tp = b.cfg.software.tp_comm_overlap, b.tp
@@ -129,28 +151,13 @@ def layer_body(b, backward: bool, payloads: list) -> list[Op]:
             ops.append(Op(x))
             i += 1
             continue
-        rests = []
-        for c, n in pending_pre:
-            chunk, rest = _split(c, n)
-            if chunk is not None:
-                ops.append(Op(chunk))
-            rests.append(rest)
-        exposed_after = []
-        for c, n in posts:
-            chunk, rest = _split(c, n)
-            rests.append(rest)
-            if chunk is not None:
-                exposed_after.append(chunk)
-        anchor = next((k for k in range(len(ops) - 1, -1, -1) if ops[k].stream == "compute"),
-                      None)
-        deps = () if anchor is None else (anchor,)
-        ops += [Op(r, "tp", deps) for r in rests]
+        exposed_after, _ = _overlap_around(ops, pending_pre, posts)
         ops.append(Op(x))
         fwd_type = not backward or x.name.startswith("recompute.")
         ops.append(Op(Compute(f"{x.name}.tp_overlap.sm_margin",
                               _margin_flops(b, not fwd_type, x), dtype=x.dtype)))
         ops.append(Op(Wait(f"{x.name}.tp_overlap.wait", "tp")))
-        ops += [Op(c) for c in exposed_after]
+        ops += exposed_after
         pending_pre = []
         i = j
     ops += [Op(c) for c, _ in pending_pre]
@@ -219,29 +226,15 @@ def structured_body(b, backward: bool, body: list[Op]) -> list[Op]:
                 and role(body[order[j]])[0] == "post":
             posts.append((body[order[j]].payload, role(body[order[j]])[1]))
             j += 1
-        rests, after = [], []
-        for c, n in pending:
-            chunk, rest = _split(c, n)
-            if chunk is not None:
-                out.append(Op(chunk))
-            rests.append(rest)
-        for c, n in posts:
-            chunk, rest = _split(c, n)
-            rests.append(rest)
-            if chunk is not None:
-                after.append(chunk)
-        anchor = next((m for m in range(len(out) - 1, -1, -1) if out[m].stream == "compute"),
-                      None)
-        deps = () if anchor is None else (anchor,)
-        out += [Op(r, "tp", deps) for r in rests]
+        after, overlapped = _overlap_around(out, pending, posts)
         where[i] = len(out)
         out.append(Op(op.payload, op.stream, tuple(where[d] for d in op.deps), op.repeat))
         if posts:
             out.append(Op(Compute(f"{op.payload.name}.tp_overlap.sm_margin",
                                   SM_MARGIN * op.payload.flops, dtype=op.payload.dtype)))
-        if rests:
+        if overlapped:
             out.append(Op(Wait(f"{op.payload.name}.tp_overlap.wait", "tp")))
-        out += [Op(c) for c in after]
+        out += after
         pending = []
         k = j
     out += [Op(c) for c, _ in pending]
