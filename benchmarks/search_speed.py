@@ -13,8 +13,8 @@ micro-batch, ZeRO stage, recomputation and sequence parallelism:
 * ddlsim, marginal: :func:`ddlsim.search.evaluate_plans` on the valid plans repeated 50×
   (what one more plan costs once the grid's networks are built).
 * llm-analysis (PyPI ``llm-analysis``, which ignores schedules and communication overlap):
-  ``LLMAnalysis.training`` on the same valid plans. It is imported if installed, else
-  installed here into a temporary folder (``pip install --no-deps --target``, with its two
+  ``LLMAnalysis.training`` on the first 300 of the same valid plans, best of 3. It is
+  imported if installed, else installed here into a temporary folder (``pip install --no-deps --target``, with its two
   pure-Python dependencies ``fire`` and ``termcolor``); if that fails (no index reachable)
   the column says so and is skipped.
 
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import subprocess
 import sys
 import tempfile
@@ -139,9 +140,17 @@ def llm_analysis_speed(frame, n: int = 300) -> dict:
     model = ModelConfig(name="gpt3-175b", num_layers=96, n_head=96, hidden_dim=12288,
                         vocab_size=51200, max_seq_len=2048)
     gpu = get_gpu_config_by_name("a100-sxm-80gb")
-    rec = {"none": 0, "selective": 1, "full": 2}
     rows = frame.head(n).to_dict(orient="records")
-    t0 = time.perf_counter()
+    best = math.inf
+    for _ in range(3):  # best of 3, as ddlsim's
+        t0 = time.perf_counter()
+        _llm_analysis_run(mod, model, gpu, rows, ParallelismConfig)
+        best = min(best, time.perf_counter() - t0)
+    return {"plans": len(rows), "plans_per_s": len(rows) / best}
+
+
+def _llm_analysis_run(mod, model, gpu, rows, ParallelismConfig) -> None:
+    rec = {"none": 0, "selective": 1, "full": 2}
     for row in rows:
         par = ParallelismConfig(tp_size=row["parallel.tensor_model_parallel_size"],
                                 pp_size=row["parallel.pipeline_model_parallel_size"],
@@ -154,8 +163,6 @@ def llm_analysis_speed(frame, n: int = 300) -> dict:
                    global_batch_size=1536, total_num_tokens=1536 * 2048,
                    activation_recomputation=mod.ActivationRecomputation(rec[row["train.recompute"]]),
                    ds_zero=mod.DSZeRO(row["parallel.zero_stage"]), flash_attn=False)
-    el = time.perf_counter() - t0
-    return {"plans": len(rows), "plans_per_s": len(rows) / el}
 
 
 def agreement(name: str, data: dict, axes: dict, quick: bool) -> dict:

@@ -18,14 +18,23 @@ _KEYS = ("attn", "mlp", "ew", "bwd.attn", "bwd.mlp", "bwd.ew", "recompute", "log
          "bwd.logits")
 
 
-def _one(ctx, b: int, t: int, sp: bool) -> dict[str, float]:
+def _one(ctx, b: int, t: int, sp: bool, seen: dict) -> dict[str, float]:
+    """The ops' seconds at micro-batch ``b``, TP ``t`` and sequence parallelism ``sp``; a
+    kernel met before (in ``seen``: the same GEMM forward and backward, the same pass in
+    several ops) is not timed again."""
     cfg, sh = ctx.cfg, ctx.shape
     lk = dict(layer_kernels(sh, cfg.software, b, ctx.s, t, sp, cfg.train.dtype))
     n, dtype = b * ctx.s, compute_dtype(cfg.train.dtype)
     lk["logits"] = (Kernel("gemm", (n, sh.vocab / t, sh.hidden), dtype=dtype),)
     lk["bwd.logits"] = tuple(Kernel("gemm", g, dtype=dtype)
                              for g in gemm_kernels_backward(n, sh.vocab / t, sh.hidden))
-    return {key: sum(kernel_time(k, ctx.dev) for k in lk[key]) for key in _KEYS}
+    def time(k: Kernel) -> float:
+        got = seen.get(k)
+        if got is None:
+            got = seen[k] = kernel_time(k, ctx.dev)
+        return got
+
+    return {key: sum(time(k) for k in lk[key]) for key in _KEYS}
 
 
 def kernel_times(ctx, mbs: np.ndarray, tp: np.ndarray, sp: np.ndarray) -> dict[str, np.ndarray]:
@@ -37,8 +46,9 @@ def kernel_times(ctx, mbs: np.ndarray, tp: np.ndarray, sp: np.ndarray) -> dict[s
     span = int(tp.max(initial=0)) + 1
     codes = (mbs * span + tp) * 2 + np.asarray(sp, dtype=np.int64)
     uniq, inverse = np.unique(codes, return_inverse=True)
+    seen: dict = {}
     table = np.array([[row[k] for k in _KEYS] for row in
-                      (_one(ctx, int(c // 2 // span), int(c // 2 % span), bool(c % 2))
+                      (_one(ctx, int(c // 2 // span), int(c // 2 % span), bool(c % 2), seen)
                        for c in uniq)]).reshape(len(uniq), len(_KEYS))
     per_plan = table[inverse.reshape(-1)]
     return {k: per_plan[:, i] for i, k in enumerate(_KEYS)}

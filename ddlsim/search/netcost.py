@@ -109,6 +109,7 @@ def mesh_networks(cfg, meshes: np.ndarray) -> MeshNets:
     from ..workloads.mesh import DeviceMesh
 
     nets, hops, wraps, backend = [], [], [], "mpi"
+    system_key = cfg.system.model_dump_json()
     for tp, pp, dp in meshes.tolist():
         mesh = DeviceMesh.from_megatron(tensor_model_parallel_size=tp,
                                         pipeline_model_parallel_size=pp, data_parallel_size=dp,
@@ -117,7 +118,7 @@ def mesh_networks(cfg, meshes: np.ndarray) -> MeshNets:
         stand_in = SimpleNamespace(world_size=mesh.world_size, groups=groups)
         devices = place_ranks_on_system(cfg.system, mesh.world_size)
         cost = CostModel(cfg.system, stand_in, cfg.parallel.collective_algorithm,
-                         devices=devices)
+                         devices=devices, system_key=system_key)
         nets.append(cost.nets)
         backend = cost.comm_backend
         stages = groups["pp"].members[0]
@@ -162,20 +163,32 @@ class _Forms(NamedTuple):
     nccl: list[tuple]
 
 
-def _nccl_forms(op: str, name: str, fams: list[GroupNet]) -> list[tuple]:
+def _distinct(fams: list[GroupNet]) -> tuple[list[GroupNet], np.ndarray]:
+    """The distinct networks of ``fams`` and, per mesh, the index of its own among them.
+    Meshes share most of a family's networks (the tp groups of every mesh with the same TP,
+    …), mostly as one object: they are told apart by identity first, then by value."""
+    by_id: dict[int, int] = {}
+    by_value: dict[GroupNet, int] = {}
+    spread = np.empty(len(fams), dtype=np.int64)
+    for i, net in enumerate(fams):
+        j = by_id.get(id(net))
+        if j is None:
+            j = by_id[id(net)] = by_value.setdefault(net, len(by_value))
+        spread[i] = j
+    return list(by_value), spread
+
+
+def _nccl_forms(op: str, name: str, distinct: list[GroupNet], spread: np.ndarray) -> list[tuple]:
     """One entry per protocol NCCL may run ``name`` with (all of them with ``auto``); a
-    group of one rank costs 0, an algorithm NCCL would not run there ``inf``."""
+    group of one rank costs 0, an algorithm NCCL would not run there ``inf``. The forms are
+    computed once per distinct network (:func:`_distinct`) and spread over the meshes."""
     from ..simulator.nccl.model import nccl_form
     from ..simulator.nccl.tuning import PROTOCOLS
 
-    envs = {net.nccl for net in fams if net.nccl is not None}
+    envs = {net.nccl for net in distinct if net.nccl is not None}
     protos = set()
     for env in envs:
         protos |= set(PROTOCOLS if env.protocol == "auto" else (env.protocol,))
-    # meshes share most of a family's networks (the tp groups of every mesh with the same
-    # TP, …): the forms are computed once per distinct network and spread over the meshes
-    distinct: dict[GroupNet, int] = {}
-    spread = np.array([distinct.setdefault(net, len(distinct)) for net in fams], dtype=np.int64)
     out = []
     for proto in sorted(protos, key=PROTOCOLS.index):
         parts = np.empty((4, len(distinct)))
@@ -202,21 +215,22 @@ def _forms(op: str, family: str, nets: list[dict[str, GroupNet]], names: list[st
     """The candidate forms of the algorithms ``names``. An affine form no faster than another
     on every mesh at every size (``a`` and ``b`` both no smaller) cannot be the minimum and
     is dropped."""
-    fams = [per_mesh[family] for per_mesh in nets]
+    distinct, spread = _distinct([per_mesh[family] for per_mesh in nets])
     affine = [n for n in names if get_algorithm(op, n).backend != "nccl"]
-    a = np.zeros((len(affine), len(fams)))
+    a = np.zeros((len(affine), len(distinct)))
     b = np.zeros_like(a)
-    for j, net in enumerate(fams):
+    for j, net in enumerate(distinct):
         if net.p <= 1:
             continue
         for i, name in enumerate(affine):
             a[i, j], b[i, j] = affine_form(op, name, net)
+    a, b = a[:, spread], b[:, spread]
     keep = [i for i in range(len(affine))
             if not any(np.all(a[i] >= a[k]) and np.all(b[i] >= b[k])
                        and (np.any(a[i] > a[k]) or np.any(b[i] > b[k]) or k < i)
                        for k in range(len(affine)) if k != i)]
     nccl = [f for n in names if get_algorithm(op, n).backend == "nccl"
-            for f in _nccl_forms(op, n, fams)]
+            for f in _nccl_forms(op, n, distinct, spread)]
     return _Forms(a[keep], b[keep], nccl)
 
 
@@ -309,6 +323,8 @@ def cache_clear() -> None:
     a cold run; the topology graph itself, built once per system, is kept)."""
     from ..simulator.costs import _NETS
     from ..simulator.nccl.model import nccl_form
+    from ..simulator.netmodel import cache_clear as forget_intra
+    forget_intra()
     affine_form.cache_clear()
     nccl_form.cache_clear()
     _NETS.clear()

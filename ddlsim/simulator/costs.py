@@ -90,12 +90,13 @@ class CostModel:
         per prediction and pass it to every cost model and the DES.
     profile, backend, bound : a calibration profile, its backend (``"auto"``: the fastest)
         and ``"lo"``/``"hi"`` to use its interval ends.
+    system_key : ``system.model_dump_json()`` when the caller has it already.
     """
 
     def __init__(self, system: SystemConfig, workload: Workload,
                  collective_algorithm: Mapping[str, str] | None = None, *,
                  devices: np.ndarray | None = None, profile=None, backend: str | None = None,
-                 bound: str | None = None):
+                 bound: str | None = None, system_key: str | None = None):
         self.system = system
         self.collective_algorithm = dict(collective_algorithm or {})
         self.profile = profile
@@ -107,6 +108,9 @@ class CostModel:
         self.node_of_rank = devices // system.devices_per_node
         self.ranks_per_node = np.bincount(self.node_of_rank, minlength=system.nodes)
         self.comm_backend, self._nccl = _backend(system)
+        #: ``system.model_dump_json()``, the group networks' cache key (given by callers
+        #: that build many cost models for one system)
+        self._system_key = system_key
         self.nets = {name: self._group_net(fam) for name, fam in workload.groups.items()}
         self.kind = {name: fam.kind for name, fam in workload.groups.items()}
         self._coll = lru_cache(maxsize=None)(self._choice_uncached)
@@ -125,15 +129,18 @@ class CostModel:
         from dataclasses import replace
 
         from .netmodel import family_net, topology_of
-        key = (self.system.model_dump_json(), self.devices[fam.members].tobytes(),
-               fam.members.shape)
+        if self._system_key is None:
+            self._system_key = self.system.model_dump_json()
+        key = (self._system_key, self.devices[fam.members].tobytes(), fam.members.shape)
         net = _NETS.get(key)
-        if net is None:
-            net = family_net(self.system, topology_of(self.system), self.devices, fam.members)
+        if net is None:  # NCCL's view of the machine follows from the system, in the key
+            topo = topology_of(self.system, self._system_key)
+            net = replace(family_net(self.system, topo, self.devices, fam.members),
+                          nccl=self._nccl)
             _NETS[key] = net
             if len(_NETS) > 256:
                 _NETS.pop(next(iter(_NETS)))
-        return replace(net, nccl=self._nccl)
+        return net
 
     def peak_flops(self, dtype: str) -> float:
         """FLOP/s of one device at ``dtype`` (the device's ``peak_flops`` entry)."""

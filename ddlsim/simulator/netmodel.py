@@ -23,6 +23,7 @@ progressive filling).
 from __future__ import annotations
 
 import math
+import weakref
 from collections import OrderedDict
 
 import numpy as np
@@ -32,13 +33,17 @@ from .collectives import GroupNet
 __all__ = ["family_net", "topology_of", "fair_rates"]
 
 _TOPOLOGIES: OrderedDict[str, object] = OrderedDict()
+#: per topology, node-local flow pattern → (slowest fair rate, slowest latency)
+_INTRA: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_INTRA_MAX = 4096
 
 
-def topology_of(system):
-    """The topology graph of ``system``, built once per distinct system (a few kept)."""
+def topology_of(system, key: str | None = None):
+    """The topology graph of ``system``, built once per distinct system (a few kept);
+    ``key`` is ``system.model_dump_json()`` when the caller has it already."""
     from ..topologies import from_system
 
-    key = system.model_dump_json()
+    key = system.model_dump_json() if key is None else key
     topo = _TOPOLOGIES.get(key)
     if topo is None:
         topo = _TOPOLOGIES[key] = from_system(system)
@@ -64,73 +69,103 @@ def _fill(link: np.ndarray, lengths: np.ndarray, mult: np.ndarray,
     ids of ``link``."""
     n = len(lengths)
     rate = np.full(n, np.inf)
-    flow_of = np.repeat(np.arange(n), lengths)
-    if not len(flow_of):
+    if not len(link):
         return rate
-    cap = capacity_Bps.astype(np.float64).copy()
+    flow_of = np.repeat(np.arange(n), lengths)
+    cap = np.array(capacity_Bps, dtype=np.float64)  # a copy: the rounds consume it
+    w = np.asarray(mult, dtype=np.float64)[flow_of]
     live = np.ones(n, dtype=bool)
-    m = np.asarray(mult, dtype=np.float64)
+    on = None  # every flow, in the first round
     while True:
-        on = live[flow_of]
-        load = np.bincount(link[on], weights=m[flow_of[on]], minlength=len(cap))
-        used = load > 0
-        if not used.any():
+        load = np.bincount(link if on is None else link[on],
+                           weights=w if on is None else w[on], minlength=len(cap))
+        used = np.flatnonzero(load)
+        if not len(used):
             break
-        share = np.full(len(cap), np.inf)
-        share[used] = cap[used] / load[used]
+        share = cap[used] / load[used]
         level = share.min()
-        tight = share <= level * (1 + 1e-12)
+        tight = np.zeros(len(cap), dtype=bool)
+        tight[used[share <= level * (1 + 1e-12)]] = True
         hit = np.zeros(n, dtype=bool)
-        hit[flow_of[on & tight[link]]] = True
+        hit[flow_of[tight[link] if on is None else on & tight[link]]] = True
         rate[hit] = level
-        cap -= np.bincount(link[hit[flow_of]], weights=m[flow_of[hit[flow_of]]] * level,
-                           minlength=len(cap))
+        crossed = hit[flow_of]
+        cap -= np.bincount(link[crossed], weights=w[crossed] * level, minlength=len(cap))
         np.maximum(cap, 0.0, out=cap)
         live &= ~hit
+        if not live.any():
+            break
+        on = live[flow_of]
     return rate
 
 
-def _intra_flows(topo, dev: np.ndarray, node0: int) -> tuple[list, np.ndarray]:
-    """Routes and multiplicities of the intra-node flows on node ``node0`` of one ring step
-    of every row of ``dev`` (rows × p device ids)."""
-    src, dst = dev.ravel(), np.roll(dev, -1, axis=1).ravel()
+def _intra_part(topo, src: np.ndarray, dst: np.ndarray, node0: int) -> tuple[float, float] | None:
+    """(slowest fair rate, slowest route latency) of the flows ``src[i] → dst[i]`` (device
+    ids, one ring step of every group) that stay on node ``node0``; None when none does.
+    Remembered per topology by the flows' (source, destination, multiplicity): a grid's
+    meshes repeat a handful of node-local patterns."""
     node = topo.node_of_device
     keep = (src != dst) & (node[src] == node0) & (node[dst] == node0)
     pairs, mult, _ = _unique_pairs(src[keep], dst[keep])
-    return [topo.route(int(a), int(b), 0) for a, b in pairs], mult.astype(float)
+    if not len(pairs):
+        return None
+    memo = _INTRA.setdefault(topo, {})
+    key = (pairs.tobytes(), mult.tobytes())
+    got = memo.get(key)
+    if got is None:
+        routes = [topo.route(int(a), int(b), 0) for a, b in pairs]
+        rate = fair_rates(routes, mult.astype(float), np.asarray(topo.edge_bandwidth_Bps))
+        got = (float(rate.min()), max(topo.path_latency_s(r) for r in routes))
+        if len(memo) >= _INTRA_MAX:
+            memo.clear()
+        memo[key] = got
+    return got
 
 
-def _unique_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``np.unique(np.stack([a, b], axis=1), axis=0, return_index=True, return_counts=True)``
-    for non-negative integers, through one integer per pair (ordered as the pairs are): a
-    1-D unique is far cheaper than ``axis=0``'s."""
+def cache_clear() -> None:
+    """Forget the node-local fair shares :func:`family_net` remembers (for timing a cold
+    run)."""
+    _INTRA.clear()
+
+
+def _unique_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """The distinct pairs ``(a[i], b[i])`` of non-negative integers in lexicographic order,
+    how often each occurs, and the index of the first occurrence of the smallest pair: as
+    ``np.unique(np.stack([a, b], axis=1), axis=0, return_counts=True)``, through one integer
+    per pair (a 1-D unique is far cheaper than ``axis=0``'s), counted by ``np.bincount`` when
+    the codes are few (ring steps on one node, or between a few hundred nodes)."""
     a, b = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
-    span = int(b.max(initial=0)) + 1
-    codes, first, counts = np.unique(a * span + b, return_index=True, return_counts=True)
-    return np.stack([codes // span, codes % span], axis=1), counts, first
+    if not len(a):
+        return np.empty((0, 2), dtype=np.int64), np.empty(0, dtype=np.int64), 0
+    a_lo, b_lo = int(a.min()), int(b.min())
+    span = int(b.max()) - b_lo + 1
+    codes = (a - a_lo) * span + (b - b_lo)
+    if (int(a.max()) - a_lo + 1) * span <= max(1024, 4 * len(codes)):
+        every = np.bincount(codes)
+        u = np.flatnonzero(every)
+        counts = every[u]
+    else:
+        u, counts = np.unique(codes, return_counts=True)
+    return (np.stack([u // span + a_lo, u % span + b_lo], axis=1), counts,
+            int(np.argmin(codes)))
 
 
-def _inter_flows(topo, dev: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray,
-                                                  np.ndarray]:
-    """Node-to-node stripes of one ring step of every row: each flow leaving a node is one
-    stripe per rail, NIC to NIC (:meth:`Topology.rail_stripes`); identical stripes of
-    different rows are merged. Returns the stripes flat (edge ids, edges per stripe, as
-    :func:`_fill` takes them), their multiplicities and the end-to-end device routes'
-    latencies (the engine pays those)."""
-    src, dst = dev.ravel(), np.roll(dev, -1, axis=1).ravel()
+def _inter_flows(topo, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray,
+                                                                  np.ndarray, np.ndarray]:
+    """Node-to-node stripes of the flows ``src[i] → dst[i]`` (device ids, one ring step of
+    every group) that leave their node: each is one stripe per rail, NIC to NIC
+    (:meth:`Topology.rail_stripes`); identical stripes of different groups are merged.
+    Returns the stripes flat (edge ids, edges per stripe, as :func:`_fill` takes them), their
+    multiplicities and the end-to-end device routes' latencies (the engine pays those)."""
     node = topo.node_of_device
     keep = node[src] != node[dst]
     na, nb = node[src[keep]], node[dst[keep]]
     pairs, mult, first = _unique_pairs(na, nb)
-    links, lengths, counts, lat = [], [], [], []
-    for a, b in pairs.tolist():
-        edges, per_rail, fabric_lat = topo.rail_stripes(a, b)
-        links.append(edges)
-        lengths.append(per_rail)
-        counts.append(len(per_rail))
-        lat.append(fabric_lat)
+    stripes = topo.rail_stripes
+    links, lengths, lat = zip(*[stripes(a, b) for a, b in pairs.tolist()])
+    counts = [len(per_rail) for per_rail in lengths]
     # the hops inside the two nodes, alike on every node: on rail 0 or another (one more hop)
-    i, (a, b) = int(first[0]), pairs[0].tolist()
+    i, (a, b) = first, pairs[0].tolist()
     ends = (int(src[keep][i]), int(dst[keep][i]))
     rails = max(1, len(topo.nics_of_node[a]))
     inside = max(topo.path_latency_s(topo.route_rail(*ends, c))
@@ -158,19 +193,17 @@ def family_net(system, topo, devices: np.ndarray, members: np.ndarray) -> GroupN
     intra_bw, intra_lat = system.intra_node.bandwidth_Bps, system.intra_node.latency_s
     if p <= 1:
         return GroupNet(p, g, intra_lat, intra_bw, nodes=n_nodes)
-    capacity = np.asarray(topo.edge_bandwidth_Bps)
-    node = topo.node_of_device
     busiest = int(per_node.argmax())   # the first node (lowest id) holding the most
-    local = (node[dev] == busiest).any(axis=1)  # rows on the node where row 0 has most ranks
-    routes, mult = _intra_flows(topo, dev[local], busiest)
-    if routes:
-        rate = fair_rates(routes, mult, capacity)
-        intra_bw = float(rate.min())
-        intra_lat = max(topo.path_latency_s(r) for r in routes)
+    src = dev.ravel()
+    dst = dev[:, np.r_[1:p, 0]].ravel()  # one ring step: member i → member i + 1
+    intra = _intra_part(topo, src, dst, busiest)  # the flows on that node
+    if intra is not None:
+        intra_bw, intra_lat = intra
     bw_node, inter_lat = math.inf, 0.0
     if n_nodes > 1:
-        link, lengths, mult, lat = _inter_flows(topo, dev)
+        link, lengths, mult, lat = _inter_flows(topo, src, dst)
         rails = len(topo.nics_of_node[int(nodes_of[0])]) or 1
+        capacity = np.asarray(topo.edge_bandwidth_Bps)
         bw_node = float(_fill(link, lengths, mult, capacity).min()) * rails
         inter_lat = float(lat.max())
     return GroupNet(p, g, intra_lat, intra_bw, inter_lat, bw_node, n_nodes)

@@ -105,11 +105,12 @@ class DeviceMesh:
         if len(self.order) != len(self.shape):
             raise ConfigError(f"parallel plan: order {self.order} and shape {self.shape} must "
                               f"have one size per axis.")
-        _check_order(self.order, dict(zip(self.order, self.shape)), full=True)
-        for name, n in (*zip(self.order, self.shape), ("etp", self.expert_tensor)):
-            _check_size(name, n)
-        inner = self.world_size // self.size("pp")
-        carve = self.size("ep") * self.expert_tensor
+        n = dict(zip(self.order, self.shape))
+        _check_order(self.order, n, full=True)
+        for name, k in (*n.items(), ("etp", self.expert_tensor)):
+            _check_size(name, k)
+        inner = math.prod(self.shape) // (n["ep"] * n["pp"])  # tp · cp · dp
+        carve = n["ep"] * self.expert_tensor
         if inner % carve:
             raise ConfigError(
                 f"parallel plan: expert_model_parallel_size × expert_tensor_parallel_size = "
@@ -117,7 +118,9 @@ class DeviceMesh:
                 f"one pipeline stage, tensor × context × data = {self.size('tp')} × "
                 f"{self.size('cp')} × {self.size('dp')} = {inner}; choose ep and etp whose "
                 f"product divides {inner}.")
-        if not np.array_equal(self._dense.groups(("pp",)), self._expert.groups(("pp",))):
+        plain = n["cp"] == n["ep"] == 1 and self.expert_tensor == n["tp"]  # one layout
+        if not plain and not np.array_equal(self._dense.groups(("pp",)),
+                                            self._expert.groups(("pp",))):
             raise ConfigError(
                 f"parallel plan: order {'-'.join(self.order)} puts pipeline stages in different "
                 f"places for dense and expert layers (expert data parallel {self.size('edp')} ≠ "

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ddlsim.config import SystemConfig, resolve_section
 from ddlsim.simulator.costs import CostModel
@@ -105,3 +107,63 @@ def test_fair_rates_progressive_filling():
     link 1 at 2 each, A gets the rest of link 0: 8 (Bertsekas & Gallager §6.5.2)."""
     rates = fair_rates([(0,), (0, 1), (1,)], np.ones(3), np.array([10.0, 4.0]))
     assert rates.tolist() == pytest.approx([8.0, 2.0, 2.0])
+
+
+def _fill_reference(link, lengths, mult, capacity):
+    """Progressive filling written plainly, every link every round (the definition)."""
+    n = len(lengths)
+    rate = np.full(n, np.inf)
+    flow_of = np.repeat(np.arange(n), lengths)
+    cap = capacity.astype(float).copy()
+    live = np.ones(n, dtype=bool)
+    while True:
+        on = live[flow_of]
+        load = np.bincount(link[on], weights=mult[flow_of[on]], minlength=len(cap))
+        if not (load > 0).any():
+            return rate
+        share = np.where(load > 0, cap / np.where(load > 0, load, 1.0), np.inf)
+        level = share.min()
+        hit = np.zeros(n, dtype=bool)
+        hit[flow_of[on & (share <= level * (1 + 1e-12))[link]]] = True
+        rate[hit] = level
+        cap = np.maximum(cap - np.bincount(link[hit[flow_of]],
+                                           weights=mult[flow_of[hit[flow_of]]] * level,
+                                           minlength=len(cap)), 0.0)
+        live &= ~hit
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 11), min_size=0, max_size=4, unique=True),
+                min_size=1, max_size=30),
+       st.lists(st.integers(1, 9), min_size=30, max_size=30),
+       st.lists(st.sampled_from([1.0, 2.5, 4.0, 10.0]), min_size=12, max_size=12))
+def test_fair_rates_match_the_plain_definition(routes, mult, capacity):
+    """fair_rates (the first round over every flow, a stop once every flow is frozen) gives
+    bit for bit the rates of progressive filling written plainly."""
+    m = np.array(mult[:len(routes)], dtype=float)
+    cap = np.array(capacity)
+    link = np.array([e for r in routes for e in r], dtype=np.int64)
+    lengths = np.array([len(r) for r in routes], dtype=np.int64)
+    got = fair_rates([tuple(r) for r in routes], m, cap)
+    assert np.array_equal(got, _fill_reference(link, lengths, m, cap))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3000), st.integers(0, 3000)), min_size=0,
+                max_size=60),
+       st.integers(0, 5))
+def test_unique_pairs_is_a_lexicographic_unique(pairs, shift):
+    """_unique_pairs (a bincount or a 1-D unique of one code per pair) is numpy's unique
+    over rows, with the counts, and the first index of the smallest pair."""
+    from ddlsim.simulator.netmodel import _unique_pairs
+
+    a = np.array([p[0] for p in pairs], dtype=np.int64) // (1 + shift * 300)
+    b = np.array([p[1] for p in pairs], dtype=np.int64)
+    got, counts, first = _unique_pairs(a, b)
+    if not pairs:
+        assert got.shape == (0, 2) and counts.size == 0
+        return
+    want, index, want_counts = np.unique(np.stack([a, b], axis=1), axis=0, return_index=True,
+                                         return_counts=True)
+    assert np.array_equal(got, want) and np.array_equal(counts, want_counts)
+    assert first == index[0]
