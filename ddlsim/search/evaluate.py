@@ -38,9 +38,16 @@ def _setting(path: str, value: Any) -> str:
     return setting(path, value)
 
 
-def evaluate_plans(cfg, plans: PlanSet) -> dict[str, np.ndarray]:
+#: the columns :func:`evaluate_plans` adds for each plan
+METRICS = ("iteration_time_s", "memory_per_device_bytes", "capacity_bytes", "fits", "gpus",
+           "tokens_per_s", "mfu")
+
+
+def evaluate_plans(cfg, plans: PlanSet, memory: tuple[np.ndarray, np.ndarray] | None = None
+                   ) -> dict[str, np.ndarray]:
     """Iteration time, memory and throughput of ``plans`` (all valid, one context) on the
-    base config ``cfg``.
+    base config ``cfg``; ``memory``: their ``(bytes per device, capacity)`` when the caller
+    has them (the family's ``memory``, as :func:`evaluate_grid` computes it first).
 
     Returns
     -------
@@ -51,7 +58,7 @@ def evaluate_plans(cfg, plans: PlanSet) -> dict[str, np.ndarray]:
     ctx = family.prepare(cfg)
     costs = family.costs(ctx, plans, None)
     t = iteration_time(costs, plans)
-    memory, capacity = family.memory(ctx, plans)
+    memory, capacity = family.memory(ctx, plans) if memory is None else memory
     gpus = plans["tp"] * plans["pp"] * plans["dp"]
     shape, s = cfg.model.shape(), cfg.train.seq_length
     tokens = plans["gbs"] * s
@@ -134,13 +141,19 @@ def evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[
                 reject(text, sub)
             here &= reason < 0
         if here.any():
-            sub = plans.take(here)
-            metrics = evaluate_plans(cfg, sub)
+            index = np.flatnonzero(here)
+            sub = plans.take(index)
+            # memory first: a plan that must fit and does not is not timed
+            memory, capacity = family.memory(ctx, sub)
             if constraints.must_fit:
+                fits = memory <= capacity
                 over = np.zeros(len(plans), dtype=bool)
-                over[np.flatnonzero(here)[~metrics["fits"]]] = True
+                over[index[~fits]] = True
                 reject(DOES_NOT_FIT, over)
-            parts.append((np.flatnonzero(here), sub, metrics))
+                index, sub = index[fits], sub.take(fits)
+                memory, capacity = memory[fits], capacity[fits]
+            if len(index):
+                parts.append((index, sub, evaluate_plans(cfg, sub, (memory, capacity))))
         if progress is not None:
             progress(i + 1, len(ctx_cfgs))
     frame = _frame(plans, parts, reason, base.train.seq_length, price_per_gpu_hour)
@@ -210,7 +223,8 @@ def _frame(plans: PlanSet, parts, reason: np.ndarray, seq: int, price: float | N
             cols[k] = v[keep]
         frames.append(pd.DataFrame(cols))
     frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
-        columns=["plan", *VECTOR_FIELDS, "parallel.schedule", "iteration_time_s"])
+        columns=["plan", *(plans.contexts[0] if plans.contexts else {}), *VECTOR_FIELDS,
+                 "parallel.schedule", *METRICS])
     if price is not None and len(frame):
         frame["cost_per_iteration"] = frame["iteration_time_s"] * frame["gpus"] * price / 3600
         tokens = frame["train.global_batch_size"] * seq

@@ -108,23 +108,35 @@ def mesh_networks(cfg, meshes: np.ndarray) -> MeshNets:
     from ..simulator.costs import CostModel, place_ranks_on_system
     from ..workloads.mesh import DeviceMesh
 
-    nets, hops, wraps, backend = [], [], [], "mpi"
+    rows = meshes.tolist()
+    nets: list[dict[str, GroupNet]] = [{} for _ in rows]
+    hops, wraps, backend = np.zeros((len(rows), 2)), np.zeros((len(rows), 2)), "mpi"
     system_key = cfg.system.model_dump_json()
-    for tp, pp, dp in meshes.tolist():
-        mesh = DeviceMesh.from_megatron(tensor_model_parallel_size=tp,
-                                        pipeline_model_parallel_size=pp, data_parallel_size=dp,
-                                        order=cfg.parallel.rank_order)
-        groups = _families(mesh)
-        stand_in = SimpleNamespace(world_size=mesh.world_size, groups=groups)
-        devices = place_ranks_on_system(cfg.system, mesh.world_size)
+    by_world: dict[int, list[int]] = {}
+    for i, (tp, pp, dp) in enumerate(rows):
+        by_world.setdefault(tp * pp * dp, []).append(i)
+    # one cost model per world size (the ranks' placement), holding the families of all its
+    # meshes, each under its own name: "tp3" is mesh 3's tensor-parallel family
+    for world, members in by_world.items():
+        groups, stages = {}, {}
+        for i in members:
+            tp, pp, dp = rows[i]
+            mesh = DeviceMesh.from_megatron(tensor_model_parallel_size=tp,
+                                            pipeline_model_parallel_size=pp,
+                                            data_parallel_size=dp, order=cfg.parallel.rank_order)
+            for name, fam in _families(mesh).items():
+                groups[f"{name}{i}"] = fam
+            stages[i] = groups[f"pp{i}"].members[0]
+        stand_in = SimpleNamespace(world_size=world, groups=groups)
         cost = CostModel(cfg.system, stand_in, cfg.parallel.collective_algorithm,
-                         devices=devices, system_key=system_key)
-        nets.append(cost.nets)
+                         devices=place_ranks_on_system(cfg.system, world),
+                         system_key=system_key)
         backend = cost.comm_backend
-        stages = groups["pp"].members[0]
-        hops.append(_hops(cost, stages))
-        wraps.append(_hops(cost, stages[[-1, 0]]) if pp > 1 else (0.0, 0.0))
-    hops, wraps = np.array(hops).reshape(-1, 2), np.array(wraps).reshape(-1, 2)
+        for i in members:
+            nets[i] = {name: cost.nets[f"{name}{i}"] for name in ("tp", "dp", "pp")}
+            hops[i] = _hops(cost, f"pp{i}", stages[i])
+            if rows[i][1] > 1:
+                wraps[i] = _hops(cost, f"pp{i}", stages[i][[-1, 0]])
     return MeshNets(nets, hops[:, 0], hops[:, 1], wraps[:, 0], wraps[:, 1], backend)
 
 
@@ -137,14 +149,14 @@ def _families(mesh) -> dict:
     return {name: mesh.family(name, AXES[name], name) for name in ("tp", "dp", "pp")}
 
 
-def _hops(cost, stages: np.ndarray) -> tuple[float, float]:
-    """(Σ latency, Σ seconds per byte) of the hops stage s → s + 1 between ``stages``' ranks,
-    each as :meth:`CostModel.p2p` times it (zero bytes and :data:`PROBE_BYTES` give the two
-    parts of its affine form)."""
+def _hops(cost, group: str, stages: np.ndarray) -> tuple[float, float]:
+    """(Σ latency, Σ seconds per byte) of the hops stage s → s + 1 between ``stages``' ranks
+    on the pipeline family ``group`` of ``cost``, each as :meth:`CostModel.p2p` times it
+    (zero bytes and :data:`PROBE_BYTES` give the two parts of its affine form)."""
     from ..workloads.trace import P2P
 
-    one = P2P("hop", "send", "pp", 1, PROBE_BYTES, "hop")
-    zero = P2P("hop", "send", "pp", 1, 0.0, "hop")
+    one = P2P("hop", "send", group, 1, PROBE_BYTES, "hop")
+    zero = P2P("hop", "send", group, 1, 0.0, "hop")
     alpha = per_byte = 0.0
     for src, dst in zip(stages[:-1].tolist(), stages[1:].tolist()):
         a = cost.p2p(zero, src, dst)
@@ -234,24 +246,43 @@ def _forms(op: str, family: str, nets: list[dict[str, GroupNet]], names: list[st
     return _Forms(a[keep], b[keep], nccl)
 
 
-def _min_time(forms: _Forms, nbytes: np.ndarray, mesh_index: np.ndarray) -> np.ndarray:
+def _min_time(forms: _Forms, nbytes: np.ndarray, mesh_index: np.ndarray,
+              memo: dict | None = None) -> np.ndarray:
     """The minimum over ``forms`` of each plan's time (``inf`` where none runs), computed once
-    per distinct (mesh, size): a grid's plans share far fewer of them than they number."""
+    per distinct (mesh, size): a grid's plans share far fewer of them than they number.
+    ``memo`` keeps the distinct pairs of each array of sizes asked again (several collectives
+    move the same bytes), per ``mesh_index`` object."""
+    index_given = mesh_index
     nbytes, mesh_index = np.broadcast_arrays(np.asarray(nbytes, dtype=float),
                                              np.asarray(mesh_index))
     if nbytes.ndim == 1 and len(nbytes) > 64:
-        order = np.lexsort((nbytes, mesh_index))
-        n_s, m_s = nbytes[order], mesh_index[order]
-        first = np.empty(len(order), dtype=bool)
-        first[0] = True
-        first[1:] = (n_s[1:] != n_s[:-1]) | (m_s[1:] != m_s[:-1])
-        if first.sum() * 2 < len(order):
-            group = np.cumsum(first) - 1
-            times = _min_time_each(forms, n_s[first], m_s[first])
+        key = ("distinct sizes", id(index_given), nbytes.tobytes())
+        got = None if memo is None else memo.get(key)
+        if got is None:
+            got = (*_distinct_pairs(nbytes, mesh_index), index_given)  # keeps its id taken
+            if memo is not None:
+                memo[key] = got
+        order, first, group, _ = got
+        if group is not None:
+            times = _min_time_each(forms, nbytes[order][first], mesh_index[order][first])
             out = np.empty(len(order))
             out[order] = times[group]
             return out
     return _min_time_each(forms, nbytes, mesh_index)
+
+
+def _distinct_pairs(nbytes: np.ndarray, mesh_index: np.ndarray) -> tuple:
+    """``(order, first, group)``: the plans sorted by (mesh, size), the first of each distinct
+    pair in that order, and each sorted plan's pair; ``group`` None when fewer than half the
+    plans repeat one (then the plans are timed one by one)."""
+    order = np.lexsort((nbytes, mesh_index))
+    n_s, m_s = nbytes[order], mesh_index[order]
+    first = np.empty(len(order), dtype=bool)
+    first[0] = True
+    first[1:] = (n_s[1:] != n_s[:-1]) | (m_s[1:] != m_s[:-1])
+    if first.sum() * 2 >= len(order):
+        return order, first, None
+    return order, first, np.cumsum(first) - 1
 
 
 def _min_time_each(forms: _Forms, nbytes: np.ndarray, mesh_index: np.ndarray) -> np.ndarray:
@@ -312,7 +343,7 @@ def collective_seconds(op: str, family: str, nbytes: np.ndarray, mesh_index: np.
         if memo is not None:
             memo[key] = forms
     nbytes = np.asarray(nbytes, dtype=float)
-    times = _min_time(forms, nbytes, mesh_index)
+    times = _min_time(forms, nbytes, mesh_index, memo)
     if choice == "auto" and backend in LIBRARIES:
         times = _library_time(backend, op, family, nbytes, mesh_index, nets, times)
     return times

@@ -15,6 +15,7 @@ samples that it accepts exactly the plans ``RunConfig`` accepts.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -48,15 +49,23 @@ class PlanSet(dict):
     ``schedule`` (codes of :data:`SCHEDULE`), ``context``.
     """
 
-    def __init__(self, arrays: Mapping[str, np.ndarray], contexts: list[dict[str, Any]]):
+    def __init__(self, arrays: Mapping[str, np.ndarray], contexts: list[dict[str, Any]],
+                 grid: Mapping[str, np.ndarray] | None = None):
         super().__init__(arrays)
         self.contexts = contexts
+        #: for a whole product of axes (:func:`enumerate_plans`), each field as an array that
+        #: broadcasts to the product's shape (axis k of the shape is the k-th search axis):
+        #: a rule computed on these is computed once per distinct value of the fields it reads
+        self.grid = grid
 
     def __len__(self) -> int:  # plans, not fields
         return len(self["tp"])
 
     def take(self, index: np.ndarray) -> "PlanSet":
         """The plans at ``index`` (a boolean mask or integer positions)."""
+        index = np.asarray(index)
+        if index.dtype == bool:  # positions once, not a mask pass per field
+            index = np.flatnonzero(index)
         return PlanSet({k: v[index] for k, v in self.items()}, self.contexts)
 
     def overrides(self, i: int) -> dict[str, Any]:
@@ -97,37 +106,53 @@ def enumerate_plans(axes: Mapping[str, Sequence[Any]], base: Mapping[str, Any],
     vector = {p: v for p, v in axes.items() if p in VECTOR_FIELDS}
     context_axes = {p: v for p, v in axes.items() if p not in VECTOR_FIELDS}
     contexts = [dict(zip(context_axes, combo)) for combo in itertools.product(*context_axes.values())]
-    sizes = [len(v) for v in axes.values()]
-    idx = [a.ravel() for a in np.indices(sizes, dtype=np.int64)] if sizes else []
-    n = int(np.prod(sizes)) if sizes else 1
-    out: dict[str, np.ndarray] = {}
+    sizes = tuple(len(v) for v in axes.values())
+    position = {path: k for k, path in enumerate(axes)}
+
+    def along(path: str, values: np.ndarray) -> np.ndarray:
+        """``values`` (one per value of axis ``path``) laid along that axis of the grid."""
+        shape = [1] * len(sizes)
+        shape[position[path]] = len(values)
+        return values.reshape(shape)
+
+    one = (1,) * len(sizes)
+    grid: dict[str, np.ndarray] = {}
     for path, field in VECTOR_FIELDS.items():
         if path in vector:
-            codes = np.array([_code(field, x) for x in vector[path]], dtype=np.int64)
-            out[field] = codes[idx[list(axes).index(path)]]
+            grid[field] = along(path, np.array([_code(field, x) for x in vector[path]],
+                                               dtype=np.int64))
         else:
-            out[field] = np.full(n, _code(field, base[path]), dtype=np.int64)
-    ctx = np.zeros(n, dtype=np.int64)
+            grid[field] = np.full(one, _code(field, base[path]), dtype=np.int64)
+    ctx = np.zeros(one, dtype=np.int64)
     stride = 1
     for path in reversed(list(context_axes)):
         k = len(context_axes[path])
-        ctx += idx[list(axes).index(path)] * stride
+        ctx = ctx + along(path, np.arange(k, dtype=np.int64) * stride)
         stride *= k
-    out["context"] = ctx
+    grid["context"] = ctx
     derived = "parallel.data_parallel_size" not in vector
     if derived:
-        tpp = out["tp"] * out["pp"]
-        out["dp"] = np.where(devices % tpp == 0, devices // tpp, 0)
-    out["schedule"] = _schedules(out["v"], ctx, contexts, base["parallel.schedule"])
-    return PlanSet(out, contexts)
+        tpp = grid["tp"] * grid["pp"]
+        grid["dp"] = np.where(devices % tpp == 0, devices // tpp, 0)
+    grid["schedule"] = _schedules(grid["v"], ctx, contexts, base["parallel.schedule"])
+    out = {field: flat(a, sizes) for field, a in grid.items()}
+    return PlanSet(out, contexts, grid)
+
+
+def flat(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``a`` broadcast to ``shape`` as a new flat array, in plan order (first axis slowest)."""
+    a = np.asarray(a)
+    out = np.empty(math.prod(shape), dtype=a.dtype)
+    out.reshape(shape)[...] = a
+    return out
 
 
 def _schedules(v: np.ndarray, ctx: np.ndarray, contexts: list[dict], base: str) -> np.ndarray:
     per_ctx = np.array([SCHEDULE.index(c.get("parallel.schedule", base)) for c in contexts])
     sched = per_ctx[ctx]
     if all("parallel.schedule" not in c for c in contexts):
-        flat = SCHEDULE.index("1f1b") if base == "interleaved" else SCHEDULE.index(base)
-        sched = np.where(v >= 2, SCHEDULE.index("interleaved"), flat)
+        plain = SCHEDULE.index("1f1b") if base == "interleaved" else SCHEDULE.index(base)
+        sched = np.where(v >= 2, SCHEDULE.index("interleaved"), plain)
     return sched
 
 
@@ -165,9 +190,10 @@ def plan_rules(plans: PlanSet, shape, ctx_cfgs: list, devices: int,
     devices : the system's devices.
     max_gpus : the search's limit on TP·PP·DP, or None.
     """
-    tp, pp, dp, v, mbs, gbs = (plans[k] for k in ("tp", "pp", "dp", "v", "mbs", "gbs"))
-    sp, zero, sched = plans["sp"].astype(bool), plans["zero"], plans["schedule"]
-    ctx = plans["context"]
+    f = plans if plans.grid is None else plans.grid  # the grid's: once per distinct value
+    tp, pp, dp, v, mbs, gbs = (f[k] for k in ("tp", "pp", "dp", "v", "mbs", "gbs"))
+    sp, zero, sched = f["sp"].astype(bool), f["zero"], f["schedule"]
+    ctx = f["context"]
     seq = np.array([c.train.seq_length for c in ctx_cfgs])[ctx]
     ddp = np.array([c.parallel.dp_strategy == "ddp" for c in ctx_cfgs])[ctx]
     inter = sched == SCHEDULE.index("interleaved")
@@ -194,4 +220,8 @@ def plan_rules(plans: PlanSet, shape, ctx_cfgs: list, devices: int,
     ]
     if max_gpus is not None:
         rules.append((f"more than max_gpus = {max_gpus} GPUs", tp * pp * dp > max_gpus))
-    return rules
+    shape = np.shape(plans["tp"]) if plans.grid is None else \
+        np.broadcast_shapes(*(a.shape for a in plans.grid.values()))
+    n = len(plans)
+    return [(reason, flat(np.asarray(mask, dtype=bool), shape).reshape(n))
+            for reason, mask in rules]
