@@ -65,6 +65,23 @@ def test_rules_accept_exactly_what_runconfig_accepts(base_dict):
         assert ok == (i in valid), (i, sets)
 
 
+def test_rules_on_the_grid_match_rules_plan_by_plan(base_dict):
+    """plan_rules on the product's axes (each rule once per distinct value of its fields)
+    gives every rule's mask exactly as on the flat arrays, context and derived DP included."""
+    from ddlsim.search.plans import PlanSet, plan_rules
+
+    axes = {**AXES, "train.dtype": ["bf16", "fp16"], "parallel.data_parallel_size": [None, 2]}
+    plans = enumerate_plans(axes, {**BASE, "train.global_batch_size": 16}, 8)
+    flat = PlanSet(dict(plans), plans.contexts)  # the same arrays, no grid
+    cfgs = [build_config(base_dict, [_setting(p, v) for p, v in c.items()])
+            for c in plans.contexts]
+    shape = cfgs[0].model.shape()
+    on_grid, one_by_one = plan_rules(plans, shape, cfgs, 8, 4), plan_rules(flat, shape, cfgs, 8, 4)
+    assert [r for r, _ in on_grid] == [r for r, _ in one_by_one]
+    for (reason, a), (_, b) in zip(on_grid, one_by_one):
+        assert a.shape == (len(plans),) and np.array_equal(a, b), reason
+
+
 def test_rejections_are_counted_per_reason(base_dict):
     axes = {**AXES, "parallel.data_parallel_size": [1, 2, 8]}
     grid = evaluate_grid(base_dict, None, [], axes, Constraints(must_fit=False, max_gpus=4))
@@ -104,3 +121,27 @@ def test_must_fit_rejects_plans_over_memory(base_dict):
     assert over > 0
     assert strict.rejected["does not fit in device memory"] == over
     assert strict.frame["fits"].all()
+
+
+def test_plans_that_must_fit_and_do_not_are_not_timed(base_dict, monkeypatch):
+    """With must_fit, memory comes first: only the plans that fit reach the stage costs, and
+    they get the figures a loose search gives them."""
+    from ddlsim.search.decoder import DecoderVectors
+
+    timed = []
+    costs = DecoderVectors.costs
+
+    def counting(self, ctx, plans, nets):
+        timed.append(len(plans))
+        return costs(self, ctx, plans, nets)
+
+    monkeypatch.setattr(DecoderVectors, "costs", counting)
+    axes = {"parallel.tensor_model_parallel_size": [1, 8], "train.micro_batch_size": [1, 16]}
+    base_dict["model"] = "gpt3-13b"
+    loose = evaluate_grid(base_dict, None, [], axes, Constraints(must_fit=False))
+    timed_loose, timed[:] = sum(timed), []
+    strict = evaluate_grid(base_dict, None, [], axes, Constraints())
+    assert sum(timed) == len(strict.frame) < timed_loose == len(loose.frame)
+    fit = loose.frame[loose.frame["fits"]].set_index("plan")["iteration_time_s"]
+    assert np.array_equal(strict.frame.set_index("plan")["iteration_time_s"].loc[fit.index],
+                          fit.to_numpy())
