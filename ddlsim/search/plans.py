@@ -222,6 +222,4 @@ def plan_rules(plans: PlanSet, shape, ctx_cfgs: list, devices: int,
         rules.append((f"more than max_gpus = {max_gpus} GPUs", tp * pp * dp > max_gpus))
     shape = np.shape(plans["tp"]) if plans.grid is None else \
         np.broadcast_shapes(*(a.shape for a in plans.grid.values()))
-    n = len(plans)
-    return [(reason, flat(np.asarray(mask, dtype=bool), shape).reshape(n))
-            for reason, mask in rules]
+    return [(reason, flat(np.asarray(mask, dtype=bool), shape)) for reason, mask in rules]
