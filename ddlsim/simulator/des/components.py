@@ -2,12 +2,14 @@
 
 Max-min fair rates decompose over the connected components of the bipartite graph of flows
 and the links they cross (no flow of one component shares a link with another), so when flows
-start or end only the flows in the components of the links they touched need new rates.
-Small flow sets are scanned breadth-first from the changed links (one vectorised pass per
-hop, flows leave the scan once taken); large ones, where a long chain of hops made that scan
-dominate whole runs (Megatron-LM 1T on 3,072 GPUs: 10,000 flows in flight, 60 % of the
-time), get one :func:`scipy.sparse.csgraph.connected_components` pass. Both give the same
-set.
+start or end only the flows in the components of the links they touched need new rates. The
+network narrows that further: it links flows only through the links that are saturated
+(``through``), see :meth:`~.network.FlowNetwork._affected`. Small flow sets, and every scan
+through saturated links, go breadth-first from the changed links (one vectorised pass per
+hop, flows leave the scan once taken); large sets over all their links, where a long chain of
+hops made that scan dominate whole runs (Megatron-LM 1T on 3,072 GPUs: 10,000 flows in
+flight, 60 % of the time), and scans still growing after :data:`BFS_HOPS` hops, get one
+:func:`scipy.sparse.csgraph.connected_components` pass. Both give the same set.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ class LinkedFlows:
         self._node = np.full(pad + 1, -1, dtype=np.int64)
         self._mark = np.zeros(pad + 1, dtype=bool)
 
-    def __call__(self, edges: np.ndarray, seeds: list[np.ndarray]) -> np.ndarray:
+    def __call__(self, edges: np.ndarray, seeds: list[np.ndarray],
+                 through: np.ndarray | None = None) -> np.ndarray:
         """Boolean mask of the rows of ``edges`` connected, through shared links, to a seed.
 
         Parameters
@@ -46,20 +49,26 @@ class LinkedFlows:
             Link ids each flow crosses, padded with ``pad`` (which links nothing).
         seeds : list of int arrays
             Links whose flows changed (any shape; ``pad`` entries are ignored).
+        through : (pad + 1,) bool array, optional
+            The links that link flows (default: every link). Every flow crossing a seed
+            link is taken; from a taken flow the scan goes on only through its links in
+            ``through``.
 
         Returns
         -------
         np.ndarray
-            (F,) bool: flow f crosses a link of the same component as some seed link, the
-            components taken over the flows of ``edges`` and their links.
+            (F,) bool: flow f crosses a seed link, or a ``through`` link of the same
+            component as some seed link, the components taken over the flows of ``edges``
+            and their links.
         """
-        if len(edges) < BFS_BELOW:
-            return self._grow(edges, seeds)
-        return self._components(edges, seeds)
+        if len(edges) < BFS_BELOW or through is not None:
+            return self._grow(edges, seeds, through)
+        return self._components(edges, seeds, through)
 
-    def _grow(self, edges: np.ndarray, seeds: list[np.ndarray]) -> np.ndarray:
+    def _grow(self, edges: np.ndarray, seeds: list[np.ndarray],
+              through: np.ndarray | None = None) -> np.ndarray:
         """Breadth-first: mark the seed links, take the flows crossing a marked link, mark
-        their links, again; flows already taken leave the scan."""
+        their links (those in ``through``), again; flows already taken leave the scan."""
         mark, pad = self._mark, self.pad
         found = np.zeros(len(edges), dtype=bool)
         touched = [np.ravel(s) for s in seeds]
@@ -76,6 +85,8 @@ class LinkedFlows:
                     break
                 found[idx[hit]] = True
                 links = rest[hit].ravel()
+                if through is not None:
+                    links = links[through[links]]
                 touched.append(links)
                 mark[links] = True
                 mark[pad] = False
@@ -83,14 +94,16 @@ class LinkedFlows:
                 rest, idx = rest[keep], idx[keep]
             else:  # still growing after BFS_HOPS hops: a long chain, hand it to scipy
                 if len(rest) and mark[rest].any():
-                    return self._components(edges, seeds)
+                    return self._components(edges, seeds, through)
         finally:
             for links in touched:
                 mark[links] = False
         return found
 
-    def _components(self, edges: np.ndarray, seeds: list[np.ndarray]) -> np.ndarray:
-        """One connected-components pass over the flow-link graph (scipy, compiled)."""
+    def _components(self, edges: np.ndarray, seeds: list[np.ndarray],
+                    through: np.ndarray | None = None) -> np.ndarray:
+        """One connected-components pass over the flow-link graph (scipy, compiled); with
+        ``through``, the graph keeps only the links in it and the seed links."""
         from scipy.sparse import csr_matrix
         from scipy.sparse.csgraph import connected_components
 
@@ -108,6 +121,10 @@ class LinkedFlows:
         finally:
             node_of[flat] = -1
         real = node >= 0
+        if through is not None:
+            keep = through.copy()
+            keep[seed] = True
+            real &= keep[edges]
         n = n_flows + len(flat)
         indptr = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(real.sum(axis=1), out=indptr[1:n_flows + 1])

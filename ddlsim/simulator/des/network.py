@@ -6,8 +6,10 @@ affected *domains* are brought up to date and their rates recomputed in one vect
 (:func:`~.maxmin.max_min_rates`). A domain is a set of links that routes join (links never
 crossed by a common route can be solved separately: max-min fairness decomposes over
 connected components), so a tensor-parallel all-reduce inside one node never re-solves the
-inter-node fabric. All submissions and completions at one simulated instant are coalesced
-into a single recomputation; one SimPy timeout wakes the network at the next completion.
+inter-node fabric. Inside a domain only the flows a change can reach through saturated links
+are re-solved (:meth:`FlowNetwork._affected`). All submissions and completions at one
+simulated instant are coalesced into a single recomputation; one SimPy timeout wakes the
+network at the next completion.
 
 A run whose domains carry no other traffic may *reserve* them and skip the flow machinery
 (see :mod:`.runs`); as soon as anything else is submitted into a reserved domain, the run
@@ -33,6 +35,9 @@ __all__ = ["FlowNetwork", "FlowOwner"]
 #: A flow whose projected finish is within this relative distance of the wake-up time
 #: finishes at the wake-up (symmetric flows finish together despite rounding).
 _FINISH_TOL = 1e-12
+#: A link whose load is within this relative distance of its capacity counts as saturated
+#: when choosing which flows to re-solve (counting a link too many only re-solves more).
+_SATURATED = 1e-9
 #: Bytes of rates one network may remember. A training iteration repeats the same few hundred
 #: sets of concurrent flows (every micro-batch's sends, every bucket's ring), so a solve is
 #: looked up far more often than computed; the budget bounds the memory where sets rarely
@@ -236,20 +241,61 @@ class FlowNetwork:
         self._added, self._removed = [], []
         if self._isolated(added, removed):
             sel = np.concatenate([slots for _, slots in added]) if added else np.empty(0, np.int64)
+            rate = None
         else:
-            sel = self._component(s.select(self._dirty),
-                                  [edges for edges, _ in added] + removed)
+            sel, rate = self._affected(s.select(self._dirty),
+                                       [edges for edges, _ in added] + removed)
         self._dirty[:] = False
         if len(sel) == 0:
             return
         self.rate_updates += 1
         self._advance(sel, now)
-        rate = self._rates(s.edges[sel], s.mult[sel])
+        if rate is None:
+            rate = self._rates(s.edges[sel], s.mult[sel])
         s.rate[sel] = rate
         with np.errstate(divide="ignore", invalid="ignore"):
             s.t_done[sel] = now + np.where(np.isinf(rate), 0.0, s.rem[sel] / rate)
         if self.audit:
             self._audit()
+
+    def _affected(self, pool: np.ndarray, seeds: list[np.ndarray]
+                  ) -> tuple[np.ndarray, np.ndarray]:
+        """The flows of ``pool`` (slots) whose rates the change can move, and their new rates.
+
+        Start from the flows crossing a changed link and grow through *saturated* links
+        only (under the current rates): a flow's rate is set by its bottleneck, a
+        saturated link, so a change reaches another flow only through links that are or
+        become saturated. The set's max-min rates are solved alone, at full capacities; if
+        that fills a link that flows outside the set also cross, the set grows from that
+        link and is solved again. When no such link is left, the set's rates with the
+        others' unchanged are the max-min fair rates of all the flows: every link's load
+        is within its capacity, and every flow still has a bottleneck link on which it has
+        the largest rate (for the flows outside the set, a link none of the set crosses).
+        """
+        s, pad, cap = self._slots, self.pad, self.capacity_Bps
+        edges = s.edges[pool]
+        width = edges.shape[1]
+        held = s.rate[pool] * s.mult[pool]
+        load = np.bincount(edges.ravel(), weights=np.repeat(held, width), minlength=pad + 1)
+        full = load >= cap * (1.0 - _SATURATED)
+        full[pad] = False
+        users = self.links.users
+        while True:
+            taken = np.flatnonzero(self._linked(edges, seeds, full))
+            sub, mult = edges[taken], s.mult[pool[taken]]
+            rate = self._rates(sub, mult)
+            links, at = np.unique(sub, return_inverse=True)
+            at = at.reshape(-1)
+            mine = np.bincount(at, minlength=len(links))
+            was = np.bincount(at, weights=np.repeat(held[taken], width), minlength=len(links))
+            now = np.bincount(at, weights=np.repeat(rate * mult, width), minlength=len(links))
+            with np.errstate(invalid="ignore"):  # the pad: infinite rates, infinite capacity
+                filled = (users[links] > mine) & (load[links] - was + now
+                                                  >= cap[links] * (1.0 - _SATURATED))
+            filled &= links != pad
+            if not filled.any():
+                return pool[taken], rate
+            seeds = seeds + [links[filled]]
 
     def _rates(self, edges: np.ndarray, mult: np.ndarray) -> np.ndarray:
         """:func:`~.maxmin.max_min_rates` of these flows, remembered under a 128-bit BLAKE2b
@@ -286,11 +332,6 @@ class FlowNetwork:
             count[flat] = 0
             return alone
         return True
-
-    def _component(self, sel: np.ndarray, seeds: list[np.ndarray]) -> np.ndarray:
-        """The flows of ``sel`` linked, through shared links, to the links in ``seeds``:
-        only their max-min rates can have changed (:class:`~.components.LinkedFlows`)."""
-        return sel[self._linked(self._slots.edges[sel], seeds)]
 
     def _advance(self, idx: np.ndarray, now: float) -> None:
         """Move flows ``idx`` forward to ``now`` at their current rates."""
