@@ -87,6 +87,9 @@ class LinkedFlows:
                 links = rest[hit].ravel()
                 if through is not None:
                     links = links[through[links]]
+                links = links[~mark[links] & (links != pad)]
+                if not len(links):  # no link newly marked: no other flow can be reached
+                    break
                 touched.append(links)
                 mark[links] = True
                 mark[pad] = False
