@@ -107,13 +107,13 @@ class LinkLedger:
         self.since[idle] = now
         np.add.at(self.users, flat, 1)
 
-    def finish(self, edges: np.ndarray, nbytes: np.ndarray, now: float) -> None:
+    def finish(self, edges: np.ndarray, now: float) -> None:
+        """Flows ``edges`` ended (their bytes were booked when they started)."""
         flat = edges.ravel()
         np.subtract.at(self.users, flat, 1)
         idle = flat[self.users[flat] == 0]
         # a link listed twice gets the same sum twice, not the busy time twice
         self.busy_s[idle] = self.busy_s[idle] + (now - self.since[idle])
-        self.carry(edges, nbytes)
 
     def carry(self, edges: np.ndarray, nbytes: np.ndarray) -> None:
         """Bytes ``nbytes[i]`` moved over the links of row ``edges[i]``."""

@@ -180,9 +180,16 @@ class FlowNetwork:
 
     # ------------------------------------------------------------------ submissions
     def submit(self, owner: FlowOwner, edges: np.ndarray, nbytes: np.ndarray,
-               mult: np.ndarray) -> None:
+               mult: np.ndarray, rows_key: object = None) -> None:
         """Start flows now: ``edges`` (k, w) padded link ids, ``nbytes`` (k,) bytes per flow,
-        ``mult`` (k,) identical flows per row. ``owner.flows_done`` is called as they end."""
+        ``mult`` (k,) identical flows per row. ``owner.flows_done`` is called as they end.
+        The bytes are booked on their links now (every flow delivers all its bytes by the
+        end of a run); ``rows_key`` names a row set submitted again and again (a template
+        phase), whose bytes are then summed and folded into the links once."""
+        if rows_key is None:
+            self.links.carry(edges, nbytes * mult)
+        else:
+            self.links.carry_phase(rows_key, edges, nbytes * mult)
         dom = self.root[edges[:, 0]]
         doms, counts = unique_counts(dom)
         if self._reserved:
@@ -381,7 +388,7 @@ class FlowNetwork:
         self._dirty[doms] = True
         self._removed.append(s.edges[done])
         owners, local = s.owner[done], s.local[done]
-        self.links.finish(s.edges[done], s.mult[done] * s.bytes0[done], now)
+        self.links.finish(s.edges[done], now)
         s.remove(done)
         order = np.lexsort((local, owners))
         owners, local = owners[order], local[order]

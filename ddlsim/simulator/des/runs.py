@@ -87,7 +87,9 @@ class TemplateRun:
             sub = _Submission(self, k, insts, which, started)
             nbytes = np.full(len(rows), flow_bytes) if ph.weight is None \
                 else flow_bytes * ph.weight[rows]
-            self.network.submit(sub, ph.edges[rows], nbytes, ph.mult[rows])
+            whole = len(rows) == len(ph.edges)  # every instance: the phase's own rows
+            self.network.submit(sub, ph.edges[rows], nbytes, ph.mult[rows],
+                                rows_key=ph if whole else None)
 
     def phase_done(self, k: int, instances: np.ndarray, started: float) -> None:
         """``instances`` delivered phase ``k``'s bytes; wait out its latency, then go on."""
