@@ -352,10 +352,11 @@ def collective_seconds(op: str, family: str, nbytes: np.ndarray, mesh_index: np.
 def cache_clear() -> None:
     """Forget the cached forms and the group networks measured on the topology (for timing
     a cold run; the topology graph itself, built once per system, is kept)."""
-    from ..simulator.costs import _NETS
+    from ..simulator.costs import _NETS, _P2P
     from ..simulator.nccl.model import nccl_form
     from ..simulator.netmodel import cache_clear as forget_intra
     forget_intra()
     affine_form.cache_clear()
     nccl_form.cache_clear()
     _NETS.clear()
+    _P2P.clear()

@@ -28,6 +28,8 @@ __all__ = ["CostModel", "CollectiveChoice", "place_ranks_on_system"]
 
 #: group nets per (system, family layout): measuring them on the graph is the costly part
 _NETS: dict[tuple, GroupNet] = {}
+#: point-to-point bandwidth between nodes per system and family layout (:func:`.netmodel.p2p_node_bw`)
+_P2P: dict[tuple, float] = {}
 
 
 def _backend(system: SystemConfig) -> tuple[str, object]:
@@ -112,6 +114,8 @@ class CostModel:
         #: that build many cost models for one system)
         self._system_key = system_key
         self.nets = {name: self._group_net(fam) for name, fam in workload.groups.items()}
+        self.workload_groups = workload.groups
+        self._p2p_memo: dict[str, float] = {}
         self.kind = {name: fam.kind for name, fam in workload.groups.items()}
         self._coll = lru_cache(maxsize=None)(self._choice_uncached)
         #: (backend, op, scope) -> sizes asked outside the profile's measured range
@@ -301,9 +305,31 @@ class CostModel:
         return out
 
     def p2p(self, op: P2P, src: int, dst: int) -> float:
-        """Seconds to move ``op.bytes`` from rank ``src`` to rank ``dst``."""
+        """Seconds to move ``op.bytes`` from rank ``src`` to rank ``dst``. Between nodes the
+        transfer goes through the receiver's rail only, as NCCL's send/recv does
+        (:func:`.netmodel.p2p_node_bw`), not over every NIC as a collective's channels."""
         net = self.nets[op.group]
         if self.node_of_rank[src] != self.node_of_rank[dst]:
-            return net.alpha_inter_s + op.bytes / min(net.bw_intra_Bps, net.bw_node_Bps)
+            return net.alpha_inter_s + op.bytes / min(net.bw_intra_Bps, self._p2p_bw(op.group))
         return net.alpha_intra_s + op.bytes / net.bw_intra_Bps
+
+    def _p2p_bw(self, group: str) -> float:
+        """:func:`.netmodel.p2p_node_bw` of family ``group``, cached like the group nets."""
+        got = self._p2p_memo.get(group)
+        if got is None:
+            got = self._p2p_memo[group] = self._p2p_bw_uncached(group)
+        return got
+
+    def _p2p_bw_uncached(self, group: str) -> float:
+        from .netmodel import p2p_node_bw, topology_of
+        fam = self.workload_groups[group]
+        key = (self._system_key or self.system.model_dump_json(),
+               self.devices[fam.members].tobytes(), fam.members.shape)
+        bw = _P2P.get(key)
+        if bw is None:
+            topo = topology_of(self.system, key[0])
+            bw = _P2P[key] = p2p_node_bw(topo, self.devices, fam.members)
+            if len(_P2P) > 256:
+                _P2P.pop(next(iter(_P2P)))
+        return bw
 

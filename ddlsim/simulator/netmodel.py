@@ -30,7 +30,7 @@ import numpy as np
 
 from .collectives import GroupNet
 
-__all__ = ["family_net", "topology_of", "fair_rates"]
+__all__ = ["family_net", "p2p_node_bw", "topology_of", "fair_rates"]
 
 _TOPOLOGIES: OrderedDict[str, object] = OrderedDict()
 #: per topology, node-local flow pattern → (slowest fair rate, slowest latency)
@@ -172,6 +172,37 @@ def _inter_flows(topo, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np
                  - topo.path_latency_s(topo.rail_fabric_route(a, b, c)) for c in {0, 1 % rails})
     return (np.concatenate(links), np.concatenate(lengths), np.repeat(mult.astype(float), counts),
             np.asarray(lat) + inside)
+
+
+def p2p_node_bw(topo, devices: np.ndarray, members: np.ndarray) -> float:
+    """Bytes/s of the slowest point-to-point transfer between nodes when every group of
+    ``members`` (rows × p ranks on ``devices``) sends one ring step at once (member i →
+    member i + 1), each transfer through the receiver's rail(s) only, as NCCL's send/recv
+    runs (:meth:`Topology.p2p_rails`; its bytes split evenly over them): the max-min fair
+    rates of the NIC-to-NIC routes, identical ones merged, times the rails a transfer uses.
+    ``inf`` when no transfer leaves its node. Like :func:`family_net`, the hops inside the
+    nodes are not what limits it (they are NVLink/NVSwitch or PCIe, far faster than a NIC)."""
+    p = members.shape[1]
+    if p <= 1:
+        return math.inf
+    dev = devices[members]
+    src, dst = dev.ravel(), dev[:, np.r_[1:p, 0]].ravel()
+    node = topo.node_of_device
+    keep = node[src] != node[dst]
+    if not keep.any():
+        return math.inf
+    table, count = topo.p2p_rail_table
+    dst = dst[keep]
+    k = count[dst]
+    rails = table[np.repeat(dst, k), np.arange(int(k.sum())) - np.repeat(np.cumsum(k) - k, k)]
+    na, nb = np.repeat(node[src[keep]], k), np.repeat(node[dst], k)
+    n_rail, n_node = int(table.max()) + 1, len(node)
+    # distinct (source node, rail) × (rails used, destination node), with their counts
+    pairs, mult, _ = _unique_pairs(na * n_rail + rails, np.repeat(k, k) * n_node + nb)
+    routes = [topo.rail_fabric_route(int(a // n_rail), int(b % n_node), int(a % n_rail))
+              for a, b in pairs.tolist()]
+    rate = fair_rates(routes, mult.astype(float), np.asarray(topo.edge_bandwidth_Bps))
+    return float((rate * (pairs[:, 1] // n_node)).min())
 
 
 def family_net(system, topo, devices: np.ndarray, members: np.ndarray) -> GroupNet:

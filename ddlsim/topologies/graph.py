@@ -163,6 +163,43 @@ class Topology:
                     + self._local.path(nic_b, self.devices[dst], h))
         return self._edge_ids(vertices)
 
+    @cached_property
+    def p2p_rail_table(self) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`p2p_rails` of every device as arrays: (devices × most rails) rail ids,
+        padded with −1, and the count per device."""
+        rails = [self.p2p_rails(d) for d in range(self.num_devices)]
+        width = max((len(r) for r in rails), default=1)
+        table = np.full((self.num_devices, width), -1, dtype=np.int64)
+        for d, r in enumerate(rails):
+            table[d, :len(r)] = r
+        return table, np.array([len(r) for r in rails], dtype=np.int64)
+
+    @lru_cache(maxsize=1 << 16)  # noqa: B019
+    def p2p_rails(self, dst_device: int) -> tuple[int, ...]:
+        """The rails (NIC positions in :attr:`nics_of_node`) a point-to-point transfer to
+        ``dst_device`` from another node crosses, as NCCL picks them for send/recv.
+
+        NCCL times a send/recv between nodes on the NIC local to a GPU (``ncclTopoGetNetDev``
+        with no collective graph → ``ncclTopoGetLocalNet``, NCCL ``src/graph/search.cc`` and
+        ``topo.cc``), not striped over every NIC of the node as a collective's channels
+        are. With PXN (on by default since NCCL 2.12) the sender goes over NVLink to the GPU
+        with the receiver's local index and out through that GPU's NIC, so both ends use the
+        receiver's rail. The NICs local to a GPU are shared among the GPUs local to them,
+        each using ``⌈NICs / GPUs⌉`` of them (``NCCL_NETDEVS_POLICY=AUTO``). A node with no
+        NIC gives ``(0,)``."""
+        node = int(self.node_of_device[dst_device])
+        nics = self.nics_of_node[node]
+        local = list(self.nics_of_device[dst_device])
+        if not nics or not local:
+            return (0,)
+        base = node * self.devices_per_node
+        sharers = [d for d in range(base, base + self.devices_per_node)
+                   if d < self.num_devices and list(self.nics_of_device[d]) == local]
+        each = -(-len(local) // len(sharers))
+        first = sharers.index(dst_device) * each
+        chosen = [local[(first + i) % len(local)] for i in range(each)]
+        return tuple(sorted({nics.index(n) for n in chosen}))
+
     @lru_cache(maxsize=1 << 16)  # noqa: B019
     def rail_fabric_route(self, src_node: int, dst_node: int, rail: int) -> tuple[int, ...]:
         """Edge ids from NIC ``rail`` of compute node ``src_node`` to NIC ``rail`` of

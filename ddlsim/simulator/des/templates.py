@@ -8,9 +8,11 @@ bytes are linear in the collective's size, so a template stores bytes per collec
 (an algorithm whose layout depends on the size, as NCCL's protocols do, gets one template
 per size).
 
-A transfer between two nodes is striped over the nodes' NICs: one flow per rail, each with
-its share of the bytes, routed through that NIC (:meth:`Topology.route_rail`), as NCCL lays
-its channels over rails; the analytical engine measures its group nets on the same flows
+A collective's transfer between two nodes is striped over the nodes' NICs: one flow per
+rail, each with its share of the bytes, routed through that NIC
+(:meth:`Topology.route_rail`), as NCCL lays its channels over rails; a point-to-point
+transfer goes through the receiver's rail only (:meth:`Topology.p2p_rails`, NCCL's
+send/recv). The analytical engine measures its group nets on the same flows
 (:mod:`..netmodel`).
 """
 
@@ -205,8 +207,23 @@ def collective_template(routes: RouteTable, devices: np.ndarray, members: np.nda
 
 def p2p_template(routes: RouteTable, devices: np.ndarray, src_ranks: np.ndarray,
                  dst_ranks: np.ndarray, name: str) -> FlowTemplate:
-    """One instance, one phase: every ``src_ranks[i]`` sends to ``dst_ranks[i]`` at once."""
-    src = devices[src_ranks][None, :]
-    dst = devices[dst_ranks][None, :]
-    phase = _phase_flows(routes, src, dst, 1.0, 1, 1)
+    """One instance, one phase: every ``src_ranks[i]`` sends to ``dst_ranks[i]`` at once.
+    A transfer between nodes goes through the receiver's rail(s) only
+    (:meth:`Topology.p2p_rails`, NCCL's send/recv), its bytes split evenly over them; one
+    inside a node takes the node's own route."""
+    topo = routes.topology
+    src, dst = devices[src_ranks], devices[dst_ranks]
+    rails = [topo.p2p_rails(int(d)) if topo.node_of_device[a] != topo.node_of_device[d]
+             else (0,) for a, d in zip(src.tolist(), dst.tolist())]
+    count = np.array([len(r) for r in rails])
+    keys = np.stack([np.repeat(src, count), np.repeat(dst, count),
+                     np.fromiter((c for r in rails for c in r), np.int64, int(count.sum())),
+                     np.repeat(count, count)], axis=1)
+    keys, mult = np.unique(keys, axis=0, return_counts=True)
+    weight = 1.0 / keys[:, 3]
+    multi_rail = max((len(n) for n in topo.nics_of_node), default=1) > 1 and topo.num_nodes > 1
+    edges, lat = routes.lookup(keys[:, 0], keys[:, 1], keys[:, 2] if multi_rail else None)
+    phase = PhaseFlows(edges, mult.astype(np.float64), np.array([0, len(keys)]),
+                       np.array([lat.max() if len(lat) else 0.0]), 1.0, 1,
+                       None if (weight == 1.0).all() else weight)
     return FlowTemplate(name, np.asarray(src_ranks)[None, :], (phase,))
