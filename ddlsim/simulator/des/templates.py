@@ -208,22 +208,28 @@ def collective_template(routes: RouteTable, devices: np.ndarray, members: np.nda
 def p2p_template(routes: RouteTable, devices: np.ndarray, src_ranks: np.ndarray,
                  dst_ranks: np.ndarray, name: str) -> FlowTemplate:
     """One instance, one phase: every ``src_ranks[i]`` sends to ``dst_ranks[i]`` at once.
+
     A transfer between nodes goes through the receiver's rail(s) only
-    (:meth:`Topology.p2p_rails`, NCCL's send/recv), its bytes split evenly over them; one
-    inside a node takes the node's own route."""
+    (:meth:`Topology.p2p_rails`, NCCL's send/recv); one inside a node takes the node's own
+    route. Each transfer stays ``r`` flows (``r`` the NICs of a node), as many as a striped
+    collective transfer has, each with 1/r of the bytes: NCCL runs a send/recv over
+    several channels (``NCCL_NCHANNELS_PER_NET_PEER``) and a NIC is shared per connection,
+    so a transfer weighs on its NIC as a collective's channels there do."""
     topo = routes.topology
     src, dst = devices[src_ranks], devices[dst_ranks]
-    rails = [topo.p2p_rails(int(d)) if topo.node_of_device[a] != topo.node_of_device[d]
-             else (0,) for a, d in zip(src.tolist(), dst.tolist())]
-    count = np.array([len(r) for r in rails])
+    node = topo.node_of_device
+    r = max(1, max((len(n) for n in topo.nics_of_node), default=1))
+    multi_rail = r > 1 and topo.num_nodes > 1
+    rails = [topo.p2p_rails(d) if multi_rail and node[a] != node[d] else (0,)
+             for a, d in zip(src.tolist(), dst.tolist())]
+    count = np.array([len(c) for c in rails])
     keys = np.stack([np.repeat(src, count), np.repeat(dst, count),
-                     np.fromiter((c for r in rails for c in r), np.int64, int(count.sum())),
+                     np.fromiter((c for rail in rails for c in rail), np.int64,
+                                 int(count.sum())),
                      np.repeat(count, count)], axis=1)
-    keys, mult = np.unique(keys, axis=0, return_counts=True)
-    weight = 1.0 / keys[:, 3]
-    multi_rail = max((len(n) for n in topo.nics_of_node), default=1) > 1 and topo.num_nodes > 1
+    keys, same = np.unique(keys, axis=0, return_counts=True)
     edges, lat = routes.lookup(keys[:, 0], keys[:, 1], keys[:, 2] if multi_rail else None)
+    mult = same * (r / keys[:, 3])  # r flows per transfer, over its k rails
     phase = PhaseFlows(edges, mult.astype(np.float64), np.array([0, len(keys)]),
-                       np.array([lat.max() if len(lat) else 0.0]), 1.0, 1,
-                       None if (weight == 1.0).all() else weight)
+                       np.array([lat.max() if len(lat) else 0.0]), 1.0 / r, 1)
     return FlowTemplate(name, np.asarray(src_ranks)[None, :], (phase,))
