@@ -88,6 +88,9 @@ class FlowNetwork:
         self.root = self._parent.copy()
         self._users = np.zeros(n_links + 1, dtype=np.int64)  # per domain root
         self._reserved: dict[int, Reserver] = {}
+        self._held = np.zeros(n_links + 1, dtype=bool)  # roots in _reserved
+        #: bumped whenever domains merge (their roots change)
+        self.epoch = 0
         self._dirty = np.zeros(n_links + 1, dtype=bool)
         self._added: list[tuple[np.ndarray, np.ndarray]] = []  # (routes, slots) since the solve
         self._removed: list[np.ndarray] = []  # routes of flows ended since the last solve
@@ -146,6 +149,8 @@ class FlowNetwork:
         self._users = np.bincount(np.concatenate(doms), minlength=self.pad + 1)
         held = list(dict.fromkeys(self._reserved.values()))
         self._reserved = {}
+        self._held[:] = False
+        self.epoch += 1
         for run in held:
             run.materialise()
 
@@ -156,13 +161,15 @@ class FlowNetwork:
 
     def idle(self, roots: np.ndarray) -> bool:
         """No flow is active or pending and no run holds any of ``roots``."""
-        return not self._users[roots].any() and not any(int(r) in self._reserved for r in roots)
+        return not self._users[roots].any() and not self._held[roots].any()
 
     def reserve(self, roots: np.ndarray, run: Reserver) -> None:
+        self._held[roots] = True
         for r in roots.tolist():
             self._reserved[r] = run
 
     def release(self, roots: np.ndarray) -> None:
+        self._held[roots] = False
         for r in roots.tolist():
             self._reserved.pop(r, None)
 

@@ -128,7 +128,11 @@ class TemplateRun:
         profile = self._profile() if net.shortcuts else None
         if profile is None:
             return False
-        roots = net.domains(self.template.first_links)
+        cache = self.template.cache
+        got = cache.get("roots")
+        if got is None or got[0] != net.epoch:  # domains merged since: look them up again
+            got = cache["roots"] = (net.epoch, net.domains(self.template.first_links))
+        roots = got[1]
         if not net.idle(roots):
             return False
         plan = [(self._flow_bytes(ph) * iso.seconds_per_byte if len(ph.edges) else 0.0,
