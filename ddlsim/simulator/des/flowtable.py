@@ -122,14 +122,16 @@ class LinkLedger:
         if self._pending_rows > 1 << 18:
             self._flush()
 
-    def carry_phase(self, key: object, edges: np.ndarray, nbytes: np.ndarray) -> None:
-        """Like :meth:`carry` for a fixed set of rows booked again and again (``key``
-        names it): the bytes are summed and the rows folded in once."""
+    def carry_phase(self, key: object, edges: np.ndarray, weights: np.ndarray,
+                    scale: float) -> None:
+        """Like :meth:`carry` with bytes ``weights × scale`` for a fixed set of rows booked
+        again and again (``key`` names it; its ``weights`` are the same every time): the
+        scales are summed and the rows folded in once."""
         got = self._phases.get(id(key))
         if got is None:
-            self._phases[id(key)] = [key, edges, nbytes.astype(np.float64)]
+            self._phases[id(key)] = [key, edges, np.asarray(weights, dtype=np.float64), scale]
         else:
-            got[2] = got[2] + nbytes
+            got[3] += scale
 
     def _flush(self) -> None:
         for width, parts in self._carried.items():
@@ -142,8 +144,8 @@ class LinkLedger:
 
     def bytes(self) -> np.ndarray:
         """Bytes each link carried (pad excluded)."""
-        for _key, edges, nbytes in self._phases.values():
-            self.carry(edges, nbytes)
+        for _key, edges, weights, scale in self._phases.values():
+            self.carry(edges, weights * scale)
         self._phases = {}
         self._flush()
         return self._bytes[:-1].copy()

@@ -177,7 +177,7 @@ class FlowNetwork:
                 links: np.ndarray, busy_s: float, new_flows: bool = True) -> None:
         """Book bytes and busy time of flows a reserving run moved without the flow table
         (``key`` names the row set, e.g. the template phase, so repeats are summed)."""
-        self.links.carry_phase(key, edges, mult * flow_bytes)
+        self.links.carry_phase(key, edges, mult, flow_bytes)
         self.links.busy_s[links] += busy_s
         moved = flow_bytes * float(mult.sum())
         self.bytes_sent += moved
@@ -187,16 +187,13 @@ class FlowNetwork:
 
     # ------------------------------------------------------------------ submissions
     def submit(self, owner: FlowOwner, edges: np.ndarray, nbytes: np.ndarray,
-               mult: np.ndarray, rows_key: object = None) -> None:
+               mult: np.ndarray, booked: bool = False) -> None:
         """Start flows now: ``edges`` (k, w) padded link ids, ``nbytes`` (k,) bytes per flow,
         ``mult`` (k,) identical flows per row. ``owner.flows_done`` is called as they end.
         The bytes are booked on their links now (every flow delivers all its bytes by the
-        end of a run); ``rows_key`` names a row set submitted again and again (a template
-        phase), whose bytes are then summed and folded into the links once."""
-        if rows_key is None:
+        end of a run), unless the caller ``booked`` them (:meth:`LinkLedger.carry_phase`)."""
+        if not booked:
             self.links.carry(edges, nbytes * mult)
-        else:
-            self.links.carry_phase(rows_key, edges, nbytes * mult)
         dom = self.root[edges[:, 0]]
         doms, counts = unique_counts(dom)
         if self._reserved:

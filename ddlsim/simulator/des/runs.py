@@ -88,8 +88,11 @@ class TemplateRun:
             nbytes = np.full(len(rows), flow_bytes) if ph.weight is None \
                 else flow_bytes * ph.weight[rows]
             whole = len(rows) == len(ph.edges)  # every instance: the phase's own rows
-            self.network.submit(sub, ph.edges[rows], nbytes, ph.mult[rows],
-                                rows_key=ph if whole else None)
+            if whole:  # booked per phase: its rows' bytes summed, folded into links once
+                self.network.links.carry_phase(
+                    ph, ph.edges, ph.mult if ph.weight is None else ph.mult * ph.weight,
+                    flow_bytes)
+            self.network.submit(sub, ph.edges[rows], nbytes, ph.mult[rows], booked=whole)
 
     def phase_done(self, k: int, instances: np.ndarray, started: float) -> None:
         """``instances`` delivered phase ``k``'s bytes; wait out its latency, then go on."""
