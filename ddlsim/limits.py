@@ -178,10 +178,11 @@ class Limits:
         195 MB); pipelines the solver times take ~0.05 µs (Megatron-LM 1T: 1.4·10^6 ops, 0.08 s
         CPU for the whole prediction, measured for issue 13). 5·10^6 is at most ~35 s.
     des_rank_ops
-        DES: ops executed over all ranks, Σ ranks × ops per step. The DES runs ~4-9 µs per
-        rank-op (GPT-3 175B on 1,024 GPUs: 3.6·10^6 in 13.5 s; Megatron-LM 1T on 3,072 GPUs:
-        6.9·10^7 in ~7 min; the slowest seen, Llama-2 70B with sequence parallelism and 20
-        virtual stages on 64 GPUs: 6.6·10^6 in 60 s), so 7·10^6 is about a minute.
+        DES: ops executed over all ranks, Σ ranks × ops per step. The DES runs ~0.4-4 µs per
+        rank-op since 2026-11-28 (GPT-3 175B on 1,024 GPUs: 3.8·10^6 in 2.0 s; Megatron-LM 1T
+        on 3,072 GPUs: 7.6·10^7 in 46 s and 0.93 GB; the slowest seen, Llama-2 70B with
+        sequence parallelism and 20 virtual stages on 64 GPUs: 7.2·10^6 in 28 s; before that
+        day 4-9 µs), so 7·10^6 is at most about half a minute.
     """
 
     pipeline_steps: int = 2_000_000

@@ -47,14 +47,15 @@ def test_a_long_run_is_announced_with_its_estimate(monkeypatch):
     from ddlsim.api import build_workload
     wl = build_workload(cfg)
     rank_ops = trace_ops(wl)[1]
-    monkeypatch.setattr(progress, "SECONDS_PER_RANK_OP", 60.0 / rank_ops)   # a 60 s estimate
+    monkeypatch.setattr(progress, "SECONDS_PER_RANK_OP", 60.0 / rank_ops)   # 6 to 60 s
+    monkeypatch.setattr(progress, "FASTEST_SECONDS_PER_RANK_OP", 6.0 / rank_ops)
     out = io.StringIO()
     p = progress.ConsoleProgress(out)
     p.start(wl)
     p.update(0.5, 100)   # not a terminal: no bar
     p.stop()
     assert out.getvalue() == (f"note: the discrete-event run of {wl.world_size:,} ranks "
-                              f"executes {rank_ops:,} rank-ops; estimated 60 s on one core\n")
+                              f"executes {rank_ops:,} rank-ops; estimated 6 s to 60 s on one core\n")
 
 
 def test_a_short_run_says_nothing():

@@ -16,13 +16,17 @@ import sys
 import time
 from typing import Any, Protocol
 
-__all__ = ["Progress", "ConsoleProgress", "estimate_seconds", "SECONDS_PER_RANK_OP"]
+__all__ = ["Progress", "ConsoleProgress", "estimate_seconds", "SECONDS_PER_RANK_OP",
+           "FASTEST_SECONDS_PER_RANK_OP"]
 
-#: Seconds per rank-op (Σ ranks × ops per step) of the DES on one core: GPT-3 175B on 1,024
-#: A100s, 3.39·10^6 rank-ops, took 15.3 s of CPU (``benchmarks/des_speed.py --targets``, 2-core
-#: machine under load), 4.5 µs; Megatron-LM 1T on 3,072, 6.9·10^7 rank-ops, 362 s (issue 13),
-#: 5.2 µs.
-SECONDS_PER_RANK_OP = 5e-6
+#: Seconds per rank-op (Σ ranks × ops per step) of the DES on one core, measured on
+#: 2026-11-28 (``python -c pass`` 0.08–0.10 s): issue 13's targets, GPT-3 175B on 1,024 A100s
+#: (3.76·10^6 rank-ops in 2.0 s of CPU, 0.53 µs), on 16,384 (6.02·10^7 in 24.4 s, 0.41 µs),
+#: Megatron-LM 1T on 3,072 (7.55·10^7 in 45.7 s, 0.61 µs), and ``examples/
+#: llama2-70b-64-h100.yaml`` (TP4 inside 8-GPU nodes, 20 virtual stages: 7.22·10^6 in 28.0 s,
+#: 3.9 µs). A run is estimated between the fastest and the slowest of them.
+SECONDS_PER_RANK_OP = 4e-6
+FASTEST_SECONDS_PER_RANK_OP = 0.4e-6
 #: A run that has not ended after this many wall seconds shows a progress bar.
 QUIET_S = 3.0
 #: A run estimated to take longer than this is announced before it starts.
@@ -36,7 +40,8 @@ class Progress(Protocol):
 
 
 def estimate_seconds(workload: Any) -> tuple[float, int]:
-    """(estimated wall seconds of the DES run, rank-ops of ``workload``)."""
+    """(estimated wall seconds of the DES run at the slowest measured pace, rank-ops of
+    ``workload``)."""
     from ...limits import trace_ops
 
     rank_ops = trace_ops(workload)[1]
@@ -57,9 +62,10 @@ class ConsoleProgress:
         self._t0 = time.perf_counter()
         self._estimate, rank_ops = estimate_seconds(workload)
         if self._estimate > ESTIMATE_ABOVE_S:
+            fast = _duration(rank_ops * FASTEST_SECONDS_PER_RANK_OP)
             print(f"note: the discrete-event run of {workload.world_size:,} ranks executes "
-                  f"{rank_ops:,} rank-ops; estimated {_duration(self._estimate)} on one core",
-                  file=self.stream, flush=True)
+                  f"{rank_ops:,} rank-ops; estimated {fast} to {_duration(self._estimate)} on "
+                  "one core", file=self.stream, flush=True)
 
     def update(self, sim_time_s: float, events: int) -> None:
         elapsed = time.perf_counter() - self._t0
