@@ -28,7 +28,8 @@ __all__ = ["CostModel", "CollectiveChoice", "place_ranks_on_system"]
 
 #: group nets per (system, family layout): measuring them on the graph is the costly part
 _NETS: dict[tuple, GroupNet] = {}
-#: point-to-point bandwidth between nodes per system and family layout (:func:`.netmodel.p2p_node_bw`)
+#: point-to-point bandwidth between nodes per system and family layout
+#: (:func:`.netmodel.p2p_node_bw`)
 _P2P: dict[tuple, float] = {}
 
 
@@ -114,7 +115,7 @@ class CostModel:
         #: that build many cost models for one system)
         self._system_key = system_key
         self.nets = {name: self._group_net(fam) for name, fam in workload.groups.items()}
-        self.workload_groups = workload.groups
+        self._families = workload.groups
         self._p2p_memo: dict[str, float] = {}
         self.kind = {name: fam.kind for name, fam in workload.groups.items()}
         self._coll = lru_cache(maxsize=None)(self._choice_uncached)
@@ -127,15 +128,19 @@ class CostModel:
             profile is not None and profile.has_compute) else None
 
     # ------------------------------------------------------------------ networks
+    def _layout_key(self, fam: GroupFamily) -> tuple:
+        """The cache key of a family's networks: the system and where its ranks sit."""
+        if self._system_key is None:
+            self._system_key = self.system.model_dump_json()
+        return (self._system_key, self.devices[fam.members].tobytes(), fam.members.shape)
+
     def _group_net(self, fam: GroupFamily) -> GroupNet:
         """The family's links, measured on the topology graph (:func:`.netmodel.family_net`),
         cached per system and family layout."""
         from dataclasses import replace
 
         from .netmodel import family_net, topology_of
-        if self._system_key is None:
-            self._system_key = self.system.model_dump_json()
-        key = (self._system_key, self.devices[fam.members].tobytes(), fam.members.shape)
+        key = self._layout_key(fam)
         net = _NETS.get(key)
         if net is None:  # NCCL's view of the machine follows from the system, in the key
             topo = topology_of(self.system, self._system_key)
@@ -322,9 +327,8 @@ class CostModel:
 
     def _p2p_bw_uncached(self, group: str) -> float:
         from .netmodel import p2p_node_bw, topology_of
-        fam = self.workload_groups[group]
-        key = (self._system_key or self.system.model_dump_json(),
-               self.devices[fam.members].tobytes(), fam.members.shape)
+        fam = self._families[group]
+        key = self._layout_key(fam)
         bw = _P2P.get(key)
         if bw is None:
             topo = topology_of(self.system, key[0])

@@ -179,7 +179,7 @@ class Topology:
         """The rails (NIC positions in :attr:`nics_of_node`) a point-to-point transfer to
         ``dst_device`` from another node crosses, as NCCL picks them for send/recv.
 
-        NCCL times a send/recv between nodes on the NIC local to a GPU (``ncclTopoGetNetDev``
+        NCCL runs a send/recv between nodes on the NIC local to a GPU (``ncclTopoGetNetDev``
         with no collective graph → ``ncclTopoGetLocalNet``, NCCL ``src/graph/search.cc`` and
         ``topo.cc``), not striped over every NIC of the node as a collective's channels
         are. With PXN (on by default since NCCL 2.12) the sender goes over NVLink to the GPU
@@ -192,9 +192,8 @@ class Topology:
         local = list(self.nics_of_device[dst_device])
         if not nics or not local:
             return (0,)
-        base = node * self.devices_per_node
-        sharers = [d for d in range(base, base + self.devices_per_node)
-                   if d < self.num_devices and list(self.nics_of_device[d]) == local]
+        sharers = [d for d in np.flatnonzero(self.node_of_device == node).tolist()
+                   if list(self.nics_of_device[d]) == local]
         each = -(-len(local) // len(sharers))
         first = sharers.index(dst_device) * each
         chosen = [local[(first + i) % len(local)] for i in range(each)]
