@@ -107,8 +107,13 @@ def _check_every_resolve(monkeypatch):
 
 
 class _Owner:
+    """Counts the flows that ended."""
+
+    def __init__(self):
+        self.ended = 0
+
     def flows_done(self, local):
-        pass
+        self.ended += len(local)
 
 
 @settings(max_examples=40, deadline=None)
@@ -138,6 +143,7 @@ def test_partial_resolves_give_max_min_rates_of_all_flows(flows, caps):
         seen = _check_every_resolve(m)
         env.run()
     assert seen and net.bytes_delivered == pytest.approx(net.bytes_sent, rel=1e-9)
+    assert owner.ended == len(flows)  # every flow delivered its bytes and ended
 
 
 def _config(system: dict, **parallel) -> ddlsim.RunConfig:
@@ -161,12 +167,17 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_every_resolve_of_a_run_gives_max_min_rates(name, monkeypatch):
+def _case(name: str):
+    """The workload of ``CASES[name]`` and its cost model."""
     system, parallel = CASES[name]
     cfg = _config(system, **parallel)
     wl = ddlsim.build_workload(cfg)
-    cost = cost_model(cfg.system, wl, **cfg.parallel.model_dump())
+    return wl, cost_model(cfg.system, wl, **cfg.parallel.model_dump())
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_every_resolve_of_a_run_gives_max_min_rates(name, monkeypatch):
+    wl, cost = _case(name)
     seen = _check_every_resolve(monkeypatch)
     run_des(wl, cost, shortcuts=False)
     assert max(seen) > 1  # flows did share the network
@@ -192,10 +203,7 @@ def _same(a, b, rel):
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_restricted_resolves_equal_full_resolves(name, monkeypatch):
-    system, parallel = CASES[name]
-    cfg = _config(system, **parallel)
-    wl = ddlsim.build_workload(cfg)
-    cost = cost_model(cfg.system, wl, **cfg.parallel.model_dump())
+    wl, cost = _case(name)
     fast = _run(wl, cost, monkeypatch, full=False)
     _same(fast, _run(wl, cost, monkeypatch, full=True), 1e-9)
     # the two component finders pick the same flows, so the runs are identical
