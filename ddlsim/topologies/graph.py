@@ -185,8 +185,12 @@ class Topology:
         are. With PXN (on by default since NCCL 2.12) the sender goes over NVLink to the GPU
         with the receiver's local index and out through that GPU's NIC, so both ends use the
         receiver's rail. The NICs local to a GPU are shared among the GPUs local to them,
-        each using ``⌈NICs / GPUs⌉`` of them (``NCCL_NETDEVS_POLICY=AUTO``). A node with no
-        NIC gives ``(0,)``."""
+        each using ``⌈NICs / GPUs⌉`` of them (``NCCL_NETDEVS_POLICY=AUTO``). NCCL 2.9 (2021,
+        no PXN) did the same from the sender's side: one of the NICs closest to the sender,
+        picked round-robin by the receiver's device index (``src/transport/net.cc``,
+        ``ncclTopoGetLocalNet`` in ``src/graph/topo.cc``), the same rail whenever sender and
+        receiver have the same local index, as in Megatron's pipelines. A node with no NIC
+        gives ``(0,)``."""
         node = int(self.node_of_device[dst_device])
         nics = self.nics_of_node[node]
         local = list(self.nics_of_device[dst_device])
