@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine", default="analytical", choices=["analytical", "des"])
     ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
     ap.add_argument("--des-rank-ops", type=float, default=None, metavar="N",
-                    help="the DES's work budget (default: ddlsim's, 7e6; the three largest rows "
+                    help="the DES's work budget (default: ddlsim's, 1e7; the three largest rows "
                          "need up to 5.1e7)")
     args = ap.parse_args(argv)
     limits = None

@@ -181,15 +181,16 @@ class Limits:
         DES: ops executed over all ranks, Σ ranks × ops per step. The DES runs ~0.4-4 µs per
         rank-op since 2026-11-28 (GPT-3 175B on 1,024 GPUs: 3.8·10^6 in 2.0 s; Megatron-LM 1T
         on 3,072 GPUs: 7.6·10^7 in 46 s and 0.93 GB; the slowest seen, Llama-2 70B with
-        sequence parallelism and 20 virtual stages on 64 GPUs: 7.2·10^6 in 28 s; before that
-        day 4-9 µs), so 7·10^6 is at most about half a minute.
+        sequence parallelism and 20 virtual stages on 64 GPUs, README's `--engine both`
+        example: 7.2·10^6 in 28 s and 0.29 GB; before that day 4-9 µs, and the limit 7·10^6
+        refused that example), so 10^7 is at most about 40 s.
     """
 
     pipeline_steps: int = 2_000_000
     ranks: int = 4_000_000
     topology_links: int = 1_000_000
     trace_ops: int = 5_000_000
-    des_rank_ops: int = 7_000_000
+    des_rank_ops: int = 10_000_000
 
     @classmethod
     def from_strings(cls, items: list[str] | tuple[str, ...] | None) -> Limits:
