@@ -284,16 +284,16 @@ class FlowNetwork:
         the largest rate (for the flows outside the set, a link none of the set crosses).
         """
         s, pad, cap = self._slots, self.pad, self.capacity_Bps
-        edges = s.edges[pool]
+        edges, mults = s.edges[pool], s.mult[pool]
         width = edges.shape[1]
-        held = s.rate[pool] * s.mult[pool]
+        held = s.rate[pool] * mults
         load = np.bincount(edges.ravel(), weights=np.repeat(held, width), minlength=pad + 1)
         full = load >= cap * (1.0 - _SATURATED)
         full[pad] = False
         users = self.links.users
         while True:
             taken = np.flatnonzero(self._linked(edges, seeds, full))
-            sub, mult = edges[taken], s.mult[pool[taken]]
+            sub, mult = edges[taken], mults[taken]
             rate = self._rates(sub, mult)
             links, at = np.unique(sub, return_inverse=True)
             at = at.reshape(-1)

@@ -117,6 +117,13 @@ class RouteTable:
         return edges, latency
 
 
+def _rails(topo: Topology) -> int:
+    """Rails a transfer between nodes is laid over: the most NICs of a node, 1 on a single
+    node or with one NIC."""
+    r = max(1, max((len(n) for n in topo.nics_of_node), default=1))
+    return r if topo.num_nodes > 1 else 1
+
+
 def _stripe(routes: RouteTable, src: np.ndarray, dst: np.ndarray,
             weights: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, int,
                                                    np.ndarray | None]:
@@ -125,8 +132,8 @@ def _stripe(routes: RouteTable, src: np.ndarray, dst: np.ndarray,
     nodes one flow per rail. Returns (src, dst, rail) of shape (instances, k·r), r and the
     per-pair weights repeated to match."""
     topo = routes.topology
-    r = max(1, max((len(n) for n in topo.nics_of_node), default=1))
-    if r == 1 or topo.num_nodes == 1:
+    r = _rails(topo)
+    if r == 1:
         return src, dst, np.zeros_like(src), 1, weights
     same = topo.node_of_device[src] == topo.node_of_device[dst]
     rail = np.broadcast_to(np.arange(r), (*src.shape, r))
@@ -218,8 +225,8 @@ def p2p_template(routes: RouteTable, devices: np.ndarray, src_ranks: np.ndarray,
     topo = routes.topology
     src, dst = devices[src_ranks], devices[dst_ranks]
     node = topo.node_of_device
-    r = max(1, max((len(n) for n in topo.nics_of_node), default=1))
-    multi_rail = r > 1 and topo.num_nodes > 1
+    r = _rails(topo)
+    multi_rail = r > 1
     rails = [topo.p2p_rails(d) if multi_rail and node[a] != node[d] else (0,)
              for a, d in zip(src.tolist(), dst.tolist())]
     count = np.array([len(c) for c in rails])
