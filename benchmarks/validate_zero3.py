@@ -8,7 +8,8 @@ Narayanan et al. 2021 (SC'21, arXiv:2104.04473), Sec. 5.2 and Table 2, ran GPT-3
 at the same global batch and several GPU counts. ``data/megatron_sc21_zero3.csv`` holds the
 table and, for every setting the paper does not state, where it was taken from (the paper's own
 sc21 scripts for the same layout). No per-row factors and nothing tuned; ``dgx-a100`` preset,
-software stack ``deepspeed`` for ZeRO-3 and ``megatron-lm-2021`` for PTD-P.
+software stack ``deepspeed-2021`` (DeepSpeed v0.3.13 as the paper ran it: per-tensor gathers on
+demand) for ZeRO-3 and ``megatron-lm-2021`` for PTD-P.
 
 Published and predicted throughput use the paper's FLOP count, eq. (3) with V = 51,200, so the
 published iteration time is ``eq3 / (TFLOP/s per GPU · GPUs)`` and the error is the error in
@@ -30,7 +31,7 @@ SEQ = 2048                 # sc21 CONFIG.sh: --seq-length 2048
 PAPER_VOCAB = 51200        # the paper's V in eq. (3)
 GPT2_VOCAB = 50257         # GPT2BPETokenizer, padded to 128·TP by Megatron
 GPUS_PER_NODE = 8          # DGX A100
-STACKS = {"zero3": "deepspeed", "ptdp": "megatron-lm-2021"}
+STACKS = {"zero3": "deepspeed-2021", "ptdp": "megatron-lm-2021"}
 
 
 def rows() -> list[dict]:

@@ -38,6 +38,7 @@ __all__ = ["KernelSpec", "OverlapSpec", "SoftwareSpec", "Software", "stacks",
 DEFAULT_STACK = "megatron-core-2024"
 
 Attention = Literal["flash2", "flash3", "fused_softmax", "unfused"]
+Zero3Gather = Literal["per_layer", "per_tensor"]
 GradReduceDtype = Literal["param", "fp32", "fp32_if_bf16"]
 
 
@@ -81,6 +82,19 @@ class OverlapSpec(_Strict):
         default=None, ge=0, le=64,
         description="ZeRO-3/FSDP: layers whose parameter all-gather may run ahead of the "
                     "layer computing (0: gathered on demand)")
+    zero3_gather: Zero3Gather | None = Field(
+        default=None,
+        description="ZeRO-3/FSDP: per_layer (one flat all-gather and reduce-scatter per "
+                    "layer, as FSDP units) or per_tensor (DeepSpeed 2021's module hooks: one "
+                    "collective per parameter tensor, docs/overlap.md)")
+    zero3_persistence_threshold: StrictInt | None = Field(
+        default=None, ge=0,
+        description="per_tensor ZeRO-3: tensors of fewer elements stay gathered "
+                    "(DeepSpeed stage3_param_persistence_threshold)")
+    zero3_max_reuse_distance: StrictInt | None = Field(
+        default=None, ge=0,
+        description="per_tensor ZeRO-3: a tensor reused within this many elements of "
+                    "fetches is kept gathered (DeepSpeed stage3_max_reuse_distance)")
 
 
 class SoftwareSpec(_Strict):
@@ -171,7 +185,20 @@ def resolve_software(spec: SoftwareSpec | str | None, plan: Any = None) -> Softw
         value = getattr(plan, field, None) if plan is not None else None
         if value is not None:
             overlap[field], sources[field] = value, f"parallel.{field}"
+    if overlap["zero3_gather"] == "per_layer":
+        for field in ("zero3_persistence_threshold", "zero3_max_reuse_distance"):
+            if overlap[field]:
+                raise ConfigError(
+                    f"{sources[field]}: {field} = {overlap[field]} applies to per-tensor "
+                    f"ZeRO-3 gathers only, and zero3_gather is 'per_layer' ({_where(sources, spec)})"
+                    f"; set zero3_gather: per_tensor, or {field}: 0")
     return Software(spec.stack, kernels, overlap, sources)
+
+
+def _where(sources: dict[str, str], spec: SoftwareSpec) -> str:
+    """Where ``zero3_gather``'s value came from: a config location, or the stack."""
+    src = sources["zero3_gather"]
+    return src if src.startswith(("system.", "parallel.")) else f"stack {spec.stack!r}"
 
 
 def grad_dtype_bytes(rule: str, param_dtype: str) -> int:

@@ -59,3 +59,26 @@ def test_search_tier_memory_counts_the_gathered_layers():
     family = vector_family("gpt")
     memory, _ = family.memory(family.prepare(cfg), plans)
     assert memory[0] == pytest.approx(ddlsim.memory_per_device(cfg).total, rel=1e-12)
+
+
+@pytest.mark.filterwarnings("ignore:.*not modelled by ddlsim")
+@pytest.mark.parametrize("prefetch", [0, 1])
+def test_search_tier_times_per_tensor_zero3_as_the_exact_engine(prefetch):
+    """The deepspeed-2021 stack's per-tensor ZeRO-3 (gathers one tensor at a time, the
+    recomputation's re-gathers, the memory passes) on the search tier equals the exact
+    engine, with gathers on demand (the stack) and one layer ahead."""
+    software = {"stack": "deepspeed-2021", "overlap": {"zero3_prefetch_layers": prefetch}}
+    data = {**BASE, "system": {**BASE["system"], "software": software}}
+    axes = {"parallel.tensor_model_parallel_size": [1, 4],
+            "parallel.zero_stage": [3],
+            "train.micro_batch_size": [1, 2],
+            "train.recompute": ["none", "selective", "full"]}
+    frame = evaluate_grid(data, None, [], axes, Constraints()).frame
+    columns = [c for c in frame.columns if "." in c]
+    assert len(frame) >= 6
+    for i in range(len(frame)):
+        cfg = build_config(data, plan_overrides(frame.iloc[i], columns))
+        assert cfg.software.zero3_gather == "per_tensor"
+        exact = ddlsim.predict(cfg, check_fit=False).iteration_time_s
+        assert frame["iteration_time_s"].iloc[i] == pytest.approx(exact, rel=1e-9), \
+            (cfg.parallel.tp, cfg.train.micro_batch_size, cfg.train.recompute)

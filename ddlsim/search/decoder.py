@@ -24,7 +24,7 @@ from ..config import DTYPE_BYTES
 from ..errors import ConfigError
 from ..software import grad_dtype_bytes
 from ..workloads.decoder import tp_overlap as tpo
-from ..workloads.decoder.zero3 import gathered_layers
+from ..workloads.decoder.zero3 import gathered_layers, per_tensor_fetch
 from ..simulator.kernels import kernel_device, optimizer_bytes_per_param
 from ..simulator.kernels.elementwise import loss_bytes
 from ..workloads.decoder.layerkernels import activation_kinds, compute_dtype
@@ -273,17 +273,41 @@ class DecoderVectors:
         on = (plans["zero"] == 3) & (dp > 1)
         if not on.any():
             return np.full(len(plans), np.nan)
-        nbytes = ctx.shape.layer_params / plans["tp"] * ctx.dt
-        a = coll("all_gather", "dp", nbytes)
-        r = coll("reduce_scatter", "dp", nbytes * ctx.gdt / ctx.dt)
+        if ctx.cfg.software.zero3_gather == "per_tensor":
+            a, ab, r, f, bw = self._per_tensor(ctx, plans, on, coll, f, bw)
+        else:
+            nbytes = ctx.shape.layer_params / plans["tp"] * ctx.dt
+            a = ab = coll("all_gather", "dp", nbytes)
+            r = coll("reduce_scatter", "dp", nbytes * ctx.gdt / ctx.dt)
         # the op-by-op recurrence runs over the ZeRO-3 plans only (a few of the grid)
         sub = lambda x: np.broadcast_to(np.asarray(x, dtype=float), on.shape)[on]  # noqa: E731
         out = np.full(len(plans), np.nan)
         out[on] = zero3_time(ctx.shape.layers, ctx.cfg.software.zero3_prefetch_layers, m[on],
-                             tuple(sub(x) for x in (e, f, hf, hb, bw)), sub(a), sub(r))
+                             tuple(sub(x) for x in (e, f, hf, hb, bw)), sub(a), sub(r),
+                             sub(ab))
         out[on] += self._optimizer(ctx, self.stage_params(ctx, plans, True)[on]
                                    / np.maximum(dp[on], 1))
         return out
+
+    def _per_tensor(self, ctx: _Context, plans, on, coll, f, bw):
+        """Per-tensor ZeRO-3 (:func:`ddlsim.workloads.decoder.zero3.per_tensor_fetch`), per
+        TP size and recomputation: a layer's forward and backward gathers and its reduce-scatters, one after
+        another on the ``dp`` stream, and the memory passes added to the layer's compute."""
+        a, ab, r = (np.zeros(len(plans)) for _ in range(3))
+        f, bw = f + np.zeros(len(plans)), bw + np.zeros(len(plans))
+        full = plans["recompute"] == RECOMPUTE.index("full")
+        for tp, rec in sorted({(int(t), bool(x)) for t, x in zip(plans["tp"][on], full[on])}):
+            fetch = per_tensor_fetch(ctx.shape, tp, ctx.cfg.software, rec)
+            here = on & (plans["tp"] == tp) & (full == rec)
+            for out, elems, op, dt in ((a, fetch.forward, "all_gather", ctx.dt),
+                                       (ab, fetch.backward, "all_gather", ctx.dt),
+                                       (r, fetch.reduce, "reduce_scatter", ctx.gdt)):
+                for n in elems:
+                    out[here] += coll(op, "dp", float(n * dt))[here]
+            f[here] += fetch.forward_passes * ctx.dt / ctx.dev.memory_Bps
+            bw[here] += (fetch.backward_passes * ctx.dt
+                         + fetch.reduce_passes * ctx.gdt) / ctx.dev.memory_Bps
+        return a, ab, r, f, bw
 
     # ------------------------------------------------------------------ memory
     def memory(self, ctx: _Context, plans) -> tuple[np.ndarray, np.ndarray]:

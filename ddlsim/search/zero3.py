@@ -37,7 +37,7 @@ def _pass(c, d, head, layer, a, r, L: int, k: int, backward: bool):
     return c, d
 
 
-def zero3_time(L: int, k: int, m, parts, a, r) -> np.ndarray:
+def zero3_time(L: int, k: int, m, parts, a, r, ab=None) -> np.ndarray:
     """When the last micro-batch's compute and reduce-scatters have both ended, per plan.
 
     Parameters
@@ -50,8 +50,13 @@ def zero3_time(L: int, k: int, m, parts, a, r) -> np.ndarray:
         Seconds of the embedding, a layer's forward, the head's forward, the head's backward
         and a layer's backward (compute stream).
     a, r : arrays
-        Seconds of one layer's all-gather and reduce-scatter.
+        Seconds of one layer's all-gathers (forward) and reduce-scatters, each run one after
+        another on the ``dp`` stream.
+    ab : array, optional
+        Seconds of one layer's all-gathers in the backward (default ``a``; per-tensor gathers
+        may fetch more there).
     """
+    ab = a if ab is None else ab
     e, f, hf, hb, bw = parts
     c = np.zeros_like(np.asarray(a, dtype=float))
     d = c.copy()
@@ -59,7 +64,7 @@ def zero3_time(L: int, k: int, m, parts, a, r) -> np.ndarray:
     for _ in range(3):
         c, d = _pass(c, d, e, f, a, r, L, k, False)
         c = c + hf
-        c, d = _pass(c, d, hb, bw, a, r, L, k, True)
+        c, d = _pass(c, d, hb, bw, ab, r, L, k, True)
         ends.append((c, d))
     (c1, d1), (c2, d2), (c3, d3) = ends
     mm = np.asarray(m, dtype=float)

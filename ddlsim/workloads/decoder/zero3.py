@@ -24,14 +24,84 @@ backward hooks, gradient accumulation included; DeepSpeed docs, "ZeRO-3 Offload"
 
 Memory: ``k + 1`` gathered layers are alive at once (the one computing and ``k`` prefetched):
 :func:`gathered_layers_bytes`.
+
+**Per-tensor gathers** (``software.zero3_gather: per_tensor``, the ``deepspeed-2021`` stack):
+DeepSpeed of early 2021 (v0.3.13, the first with ZeRO-3) fetched parameters from each leaf
+module's hooks, one
+``torch.distributed.all_gather`` per parameter tensor, and reduce-scattered the gradients one
+tensor at a time (:func:`per_tensor_fetch`). Per dense layer (Megatron's six leaf modules,
+:meth:`~ddlsim.workloads.models.decoder.DecoderShape.layer_modules`):
+
+* tensors under ``zero3_persistence_threshold`` elements stay gathered (never fetched);
+* the forward gathers every other tensor; the backward gathers them again, and under full
+  recomputation twice: once for the recomputed forward, and again for the backward unless the
+  module is reused within ``zero3_max_reuse_distance`` elements of fetches (the modules after
+  it, visited by the recomputed forward and again by the backward: twice their elements);
+* every gathered tensor costs three memory passes over it: the zero-filled flat buffer, and
+  the list-form all-gather's copy of each rank's chunk out of the buffer PyTorch 1.8 gathers
+  into (``ProcessGroupNCCL::allgather``);
+* every reduce-scattered gradient costs six: its copy into the contiguous bucket, the
+  ``div_`` by the data-parallel size, and the list-form reduce-scatter's copy into a flat
+  input.
+
+The gathers of a layer run one after another before it, its reduce-scatters after it
+(``zero3_prefetch_layers: 0`` in that stack: every gather follows a device synchronisation).
+Not modelled: the host time of those synchronisations and of the list-form collectives'
+per-rank copies (one ``copy_`` per rank and tensor), which grows with the data-parallel size.
 """
 
 from __future__ import annotations
 
-from ..trace import Block, Collective, Op, Wait
+from dataclasses import dataclass
+
+from ...errors import ConfigError
+from ..trace import Block, Collective, Compute, Op, Wait
 from .builder import StageBuilder, as_ops
 
-__all__ = ["zero3_blocks", "zero3_shards", "gathered_layers", "zero3_gathered_bytes"]
+__all__ = ["zero3_blocks", "zero3_shards", "gathered_layers", "zero3_gathered_bytes",
+           "TensorFetch", "per_tensor_fetch", "FETCH_PASSES", "REDUCE_PASSES"]
+
+#: memory passes over a gathered tensor: zero-filled flat buffer (write), then PyTorch 1.8's
+#: list all-gather copies each rank's chunk out of its own flat buffer (read + write)
+#: (ProcessGroupNCCL::allgather; DeepSpeed v0.3.13 partition_parameters.py _allgather_param)
+FETCH_PASSES = 3
+#: memory passes over a reduce-scattered gradient: copy into the contiguous bucket, ``div_``
+#: by the data-parallel size, list reduce-scatter's copy into its flat input (read + write
+#: each; stage3.py reduce_independent_p_g_buckets_and_remove_grads and average_tensor,
+#: ProcessGroupNCCL::reduce_scatter)
+REDUCE_PASSES = 6
+
+
+@dataclass(frozen=True)
+class TensorFetch:
+    """One dense layer's per-tensor ZeRO-3 traffic on a rank (elements, TP-sharded):
+    the all-gathers of its forward and of its backward, its reduce-scatters, and the elements
+    the memory passes of each touch (:data:`FETCH_PASSES` etc. already applied)."""
+
+    forward: tuple[float, ...]
+    backward: tuple[float, ...]
+    reduce: tuple[float, ...]
+    forward_passes: float
+    backward_passes: float
+    reduce_passes: float
+
+
+def per_tensor_fetch(shape, tp: int, sw, full_recompute: bool) -> TensorFetch:
+    """DeepSpeed's per-tensor fetches of one dense layer (the module docstring)."""
+    modules = shape.layer_modules(tp)
+    threshold, reuse = sw.zero3_persistence_threshold, sw.zero3_max_reuse_distance
+    sizes = [sum(m) for m in modules]
+    forward, backward = [], []
+    for i, module in enumerate(modules):
+        # recomputation fetches the modules after i, and the backward visits them again
+        kept = full_recompute and 2 * sum(sizes[i + 1:]) < reuse
+        for n in module:
+            if n >= threshold:
+                forward.append(n)
+                backward += [n] * (2 if full_recompute and not kept else 1)
+    reduce = tuple(n for m in modules for n in m)
+    return TensorFetch(tuple(forward), tuple(backward), reduce, FETCH_PASSES * sum(forward),
+                       FETCH_PASSES * sum(backward), REDUCE_PASSES * sum(reduce))
 
 
 def gathered_layers(prefetch: int) -> int:
@@ -56,16 +126,41 @@ def zero3_shards(b: StageBuilder, moe: bool) -> list[tuple[str, float]]:
     return [("dp", (dense + expert) * b.dt)]
 
 
+def _tensors(b: StageBuilder) -> TensorFetch | None:
+    """The per-tensor fetches of the stage's layers, or None for per-layer gathers."""
+    if b.sw.zero3_gather != "per_tensor":
+        return None
+    if b.shape.is_moe:
+        raise ConfigError("system.software: zero3_gather = 'per_tensor' is modelled for dense "
+                          "decoder layers; this model has Mixture-of-Experts layers. Use "
+                          "zero3_gather: per_layer")
+    return per_tensor_fetch(b.shape, b.tp, b.sw, b.cfg.train.recompute == "full")
+
+
 def _pass(b: StageBuilder, head: list, bodies: list[list], moe: list[bool], backward: bool,
           prefetch: int) -> list[Op]:
     """One pass (forward or backward) over the layers ``bodies`` (in pass order) after the
     ``head`` ops, with its gathers, prefetch limit and (backward) reduce-scatters."""
     ops: list[Op] = [Op(Wait("zero3.start", "compute"))]
     pending: dict[int, tuple[int, ...]] = {}
+    fetch = _tensors(b)
+    if fetch is not None:
+        passes = fetch.backward_passes if backward else fetch.forward_passes
+        bodies = [[Compute("zero3.fetch_passes", 0.0, passes * b.dt, kind="elementwise",
+                           dtype=b.dtype), *body] for body in bodies]
+        if backward:
+            bodies = [[*body, Compute("zero3.reduce_passes", 0.0, fetch.reduce_passes * b.gdt,
+                                      kind="elementwise", dtype=b.dtype)] for body in bodies]
+
+    def shards(j: int, grads: bool) -> list[tuple[str, float]]:
+        if fetch is None:
+            return zero3_shards(b, moe[j])
+        elems = fetch.reduce if grads else fetch.backward if backward else fetch.forward
+        return [("dp", n * b.dt) for n in elems]
 
     def gather(j: int, dep: int) -> None:
         idx = []
-        for group, n in zero3_shards(b, moe[j]):
+        for group, n in shards(j, False):
             ops.append(Op(Collective("param.all_gather", "all_gather", group, n), group,
                           deps=(dep,)))
             idx.append(len(ops) - 1)
@@ -78,7 +173,7 @@ def _pass(b: StageBuilder, head: list, bodies: list[list], moe: list[bool], back
         ops += [Op(x, deps=pending.pop(j) if i == 0 else ()) for i, x in enumerate(body)]
         last = len(ops) - 1
         if backward:
-            for group, n in zero3_shards(b, moe[j]):
+            for group, n in shards(j, True):
                 ops.append(Op(Collective("grad.reduce_scatter", "reduce_scatter", group,
                                          n * b.gdt / b.dt), group, deps=(last,)))
         if j + prefetch + 1 < len(bodies):

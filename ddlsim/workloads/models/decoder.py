@@ -264,6 +264,27 @@ class DecoderShape:
         gate = self.hidden if self.shared_expert_gate and self.shared_experts else 0
         return self.shared_experts * self.mlp_params(self.f_s) + gate
 
+    def layer_modules(self, tp: int = 1) -> tuple[tuple[float, ...], ...]:
+        """A dense layer's parameter tensors on one of ``tp`` tensor-parallel ranks, by leaf
+        module in forward order (Megatron-LM's layout): input norm, fused QKV projection,
+        attention output, post-attention norm, first MLP GEMM (gate and up fused), second MLP
+        GEMM. Column-parallel weights and biases and row-parallel weights hold ``1/tp``;
+        norms and row-parallel biases are replicated. Summed over ``tp`` ranks they count
+        :attr:`dense_layer_params` with the replicated tensors ``tp`` times."""
+        h, qw, kvw, f = self.hidden, self.q_width, self.kv_width, self.ffn
+        up = (self.mlp_matrices - 1) * f
+        norm = (float(h),) * (2 if self.norm == "layernorm" else 1)
+
+        def linear(weight: float, bias: float, has_bias: bool) -> tuple[float, ...]:
+            return (weight, bias) if has_bias else (weight,)
+
+        return (norm,
+                linear(h * (qw + 2 * kvw) / tp, (qw + 2 * kvw) / tp, self.qkv_bias),
+                linear(qw * h / tp, float(h), self.out_bias),
+                norm,
+                linear(h * up / tp, up / tp, self.mlp_bias),
+                linear(f * h / tp, float(h), self.mlp_bias))
+
     @property
     def dense_layer_params(self) -> int:
         return self.attention_params + 2 * self.norm_params + self.mlp_params(self.ffn)

@@ -1,0 +1,82 @@
+"""Per-tensor ZeRO-3 (the deepspeed-2021 stack, docs/overlap.md): which tensors a layer
+gathers and reduce-scatters, derived by hand from DeepSpeed v0.3.13's rules, and its errors."""
+
+from __future__ import annotations
+
+import pytest
+
+import ddlsim
+from ddlsim.config import build_config
+from ddlsim.errors import ConfigError
+from ddlsim.software import SoftwareSpec, resolve_software
+from ddlsim.workloads.decoder.zero3 import FETCH_PASSES, REDUCE_PASSES, per_tensor_fetch
+from ddlsim.workloads.models.decoder import DecoderShape
+
+GPT3 = DecoderShape(layers=96, hidden=12288, heads=96, ffn=4 * 12288, vocab=51200,
+                    max_positions=2048)
+H = 12288
+QKV, PROJ, FC = 3 * H * H, H * H, 4 * H * H
+
+
+def test_gpt3_layer_gathers_its_four_weights_and_keeps_the_small_tensors():
+    """Biases and LayerNorms (≤ 49,152 elements) are under the 1e5 persistence threshold: the
+    forward gathers the four weight matrices; every tensor's gradient is reduce-scattered."""
+    sw = resolve_software("deepspeed-2021")
+    fetch = per_tensor_fetch(GPT3, 1, sw, full_recompute=False)
+    assert fetch.forward == (QKV, PROJ, FC, FC)
+    assert fetch.backward == fetch.forward
+    assert len(fetch.reduce) == 12 and sum(fetch.reduce) == GPT3.dense_layer_params
+    assert fetch.forward_passes == FETCH_PASSES * sum(fetch.forward)
+    assert fetch.reduce_passes == REDUCE_PASSES * GPT3.dense_layer_params
+
+
+def test_full_recompute_regathers_all_but_the_modules_reused_within_the_distance():
+    """Under full recomputation the backward gathers each weight for the recomputed forward
+    and again for its backward, except the second MLP GEMM (reused at distance 0). The first
+    MLP GEMM's distance is twice the second's 604 M elements, over the 1e9 limit; with a
+    limit of 1.3e9 it is kept too."""
+    sw = resolve_software("deepspeed-2021")
+    fetch = per_tensor_fetch(GPT3, 1, sw, full_recompute=True)
+    assert fetch.backward == (QKV, QKV, PROJ, PROJ, FC, FC, FC)
+    assert fetch.backward_passes == FETCH_PASSES * sum(fetch.backward)
+    wider = resolve_software(SoftwareSpec(stack="deepspeed-2021",
+                                          overlap={"zero3_max_reuse_distance": 1_300_000_000}))
+    assert per_tensor_fetch(GPT3, 1, wider, True).backward == (QKV, QKV, PROJ, PROJ, FC, FC)
+
+
+def test_tensor_parallel_shards_the_weights_and_replicates_the_norms():
+    sw = resolve_software("deepspeed-2021")
+    fetch = per_tensor_fetch(GPT3, 8, sw, full_recompute=False)
+    assert fetch.forward == (QKV / 8, PROJ / 8, FC / 8, FC / 8)
+    assert sum(fetch.reduce) == sum(sum(m) for m in GPT3.layer_modules(8))
+    assert sum(sum(m) for m in GPT3.layer_modules(8)) * 8 > GPT3.dense_layer_params
+
+
+def test_per_tensor_gathers_cost_more_than_per_layer_ones():
+    """The same ZeRO-3 plan: one collective per tensor, gathered on demand, with the memory
+    passes, is slower than DeepSpeed's per-layer buckets gathered one layer ahead."""
+    data = {"model": "gpt3-13b", "parallel": {"zero_stage": 3},
+            "train": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 2048,
+                      "recompute": "full"},
+            "system": {"preset": "dgx-a100", "nodes": 2}}
+    times = {}
+    for stack in ("deepspeed", "deepspeed-2021"):
+        cfg = build_config({**data, "system": {**data["system"], "software": stack}}, [])
+        times[stack] = ddlsim.predict(cfg, check_fit=False).iteration_time_s
+    assert times["deepspeed-2021"] > 1.05 * times["deepspeed"]
+
+
+def test_thresholds_without_per_tensor_gathers_are_refused():
+    with pytest.raises(ConfigError, match="zero3_persistence_threshold = 10 applies to "
+                                          "per-tensor ZeRO-3 gathers only.*stack 'deepspeed'"):
+        resolve_software(SoftwareSpec(stack="deepspeed",
+                                      overlap={"zero3_persistence_threshold": 10}))
+
+
+def test_per_tensor_gathers_of_moe_layers_are_refused():
+    data = {"model": "mixtral-8x7b", "parallel": {"zero_stage": 3},
+            "train": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 1024},
+            "system": {"preset": "dgx-h100", "nodes": 2, "software": "deepspeed-2021"}}
+    cfg = build_config(data, [])
+    with pytest.raises(ConfigError, match="per_tensor' is modelled for dense decoder layers"):
+        ddlsim.predict(cfg, check_fit=False)
