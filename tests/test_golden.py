@@ -43,6 +43,9 @@ VARIANTS = {
     "zero1": ["parallel.zero_stage=1"],
     "zero2-no-overlap": ["parallel.zero_stage=2", "parallel.overlap_grad_reduce=false"],
     "zero3-pp1": ["parallel.zero_stage=3", "parallel.pipeline_model_parallel_size=1"],
+    # DeepSpeed 2021's per-tensor ZeRO-3: gathers on demand, re-gathers under full recompute
+    "zero3-deepspeed-2021": ["parallel.zero_stage=3", "parallel.pipeline_model_parallel_size=1",
+                             "train.recompute=full", "system.software=deepspeed-2021"],
     "ring-tree": ["parallel.collective_algorithm={all_reduce: tree}"],
     "fp16-rail": ["train.dtype=fp16", "system.network.topology=rail_optimized"],
 }
@@ -93,6 +96,8 @@ def cases() -> dict[str, tuple[object, list[str], str]]:
     for name, sets in VARIANTS.items():
         out[f"variant-{name}:analytical"] = (BASE_VARIANT, sets, "analytical")
     out["variant-1f1b:des"] = (BASE_VARIANT, [], "des")
+    out["variant-zero3-deepspeed-2021:des"] = (BASE_VARIANT, VARIANTS["zero3-deepspeed-2021"],
+                                               "des")
     for engine in ("analytical", "des"):  # a Llama-style decoder: GQA, SwiGLU, RMSNorm, untied
         out[f"llama-variant:{engine}"] = (LLAMA_VARIANT, [], engine)
         out[f"moe-variant:{engine}"] = (MOE_VARIANT, [], engine)

@@ -82,3 +82,27 @@ def test_search_tier_times_per_tensor_zero3_as_the_exact_engine(prefetch):
         exact = ddlsim.predict(cfg, check_fit=False).iteration_time_s
         assert frame["iteration_time_s"].iloc[i] == pytest.approx(exact, rel=1e-9), \
             (cfg.parallel.tp, cfg.train.micro_batch_size, cfg.train.recompute)
+
+
+def test_search_tier_memory_counts_the_list_gather_buffer():
+    """Per-tensor ZeRO-3 (deepspeed-2021) holds one gathered layer and a second flat copy of
+    its largest tensor: the search tier's memory equals ddlsim.memory_per_device's."""
+    from ddlsim.search.family import vector_family
+    from ddlsim.search.plans import enumerate_plans, VECTOR_FIELDS
+
+    data = {**BASE, "parallel": {"zero_stage": 3, "tensor_model_parallel_size": 2},
+            "system": {**BASE["system"], "software": "deepspeed-2021"}}
+    cfg = build_config(data, [])
+    fields = {p: getattr(getattr(cfg, p.split(".")[0]), p.split(".")[1]) for p in VECTOR_FIELDS}
+    fields["parallel.schedule"] = cfg.parallel.schedule
+    plans = enumerate_plans({}, fields, cfg.system.num_devices)
+    family = vector_family("gpt")
+    memory, _ = family.memory(family.prepare(cfg), plans)
+    total = ddlsim.memory_per_device(cfg).total
+    assert memory[0] == pytest.approx(total, rel=1e-12)
+    h = cfg.model.hidden_size
+    plain = ddlsim.memory_per_device(build_config(
+        {**data, "system": {**BASE["system"], "software": "deepspeed"}}, [])).total
+    # one layer gathered instead of two, plus the 4h x h MLP weight (TP 2) once more
+    layer = (12 * h * h + 13 * h) / 2 * 2
+    assert total - plain == pytest.approx(-layer + 4 * h * h / 2 * 2, rel=1e-3)

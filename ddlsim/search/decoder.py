@@ -24,7 +24,7 @@ from ..config import DTYPE_BYTES
 from ..errors import ConfigError
 from ..software import grad_dtype_bytes
 from ..workloads.decoder import tp_overlap as tpo
-from ..workloads.decoder.zero3 import gathered_layers, per_tensor_fetch
+from ..workloads.decoder.zero3 import gathered_layers, list_gather_bytes, per_tensor_fetch
 from ..simulator.kernels import kernel_device, optimizer_bytes_per_param
 from ..simulator.kernels.elementwise import loss_bytes
 from ..workloads.decoder.layerkernels import activation_kinds, compute_dtype
@@ -350,6 +350,10 @@ class DecoderVectors:
         other += np.where(first_stage, b * s * sh.hidden * chunks / v, 0.0)
         k = gathered_layers(ctx.cfg.software.zero3_prefetch_layers)  # ZeRO-3 layers in flight
         other += np.where(zero == 3, k * sh.layer_params / t * ctx.dt, 0.0)
+        if ctx.cfg.software.zero3_gather == "per_tensor":  # the list all-gather's flat copy
+            for tp in np.unique(plans["tp"]):
+                other += np.where((zero == 3) & (plans["tp"] == tp), list_gather_bytes(
+                    sh, int(tp), ctx.cfg.software, ctx.dt), 0.0)
         return weights + grads + opt + acts + other
 
 

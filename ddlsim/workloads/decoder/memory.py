@@ -66,5 +66,6 @@ def stage_memory(cfg: RunConfig, shape: DecoderShape, stage: int, params: float,
     if p.zero_stage == 3:  # ZeRO-3's gathered layers in flight (.zero3.zero3_gathered_bytes)
         from .zero3 import zero3_gathered_bytes
         other += zero3_gathered_bytes(cfg, layer_bytes if layer_bytes is not None
-                                      else shape.layer_params / p.tp * DTYPE_BYTES[state])
+                                      else shape.layer_params / p.tp * DTYPE_BYTES[state],
+                                      shape, DTYPE_BYTES[state])
     return MemoryBreakdown(weights, grads, opt, acts, other, cfg.system.device.memory_bytes, stage)

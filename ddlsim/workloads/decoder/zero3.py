@@ -59,6 +59,7 @@ from ..trace import Block, Collective, Compute, Op, Wait
 from .builder import StageBuilder, as_ops
 
 __all__ = ["zero3_blocks", "zero3_shards", "gathered_layers", "zero3_gathered_bytes",
+           "list_gather_bytes",
            "TensorFetch", "per_tensor_fetch", "FETCH_PASSES", "REDUCE_PASSES"]
 
 #: memory passes over a gathered tensor: zero-filled flat buffer (write), then PyTorch 1.8's
@@ -110,10 +111,24 @@ def gathered_layers(prefetch: int) -> int:
     return prefetch + 1
 
 
-def zero3_gathered_bytes(cfg, layer_bytes: float) -> float:
+def zero3_gathered_bytes(cfg, layer_bytes: float, shape=None, dt: float = 0.0) -> float:
     """Memory of the gathered layers in flight: :func:`gathered_layers` × one layer's
-    parameters on the rank (``layer_bytes``, already TP-sharded)."""
-    return gathered_layers(cfg.software.zero3_prefetch_layers) * layer_bytes
+    parameters on the rank (``layer_bytes``, already TP-sharded), and with per-tensor gathers
+    the second flat buffer of the largest tensor of ``dt`` bytes per element
+    (:func:`list_gather_bytes`; needs ``shape``)."""
+    extra = list_gather_bytes(shape, cfg.parallel.tp, cfg.software, dt) if shape else 0.0
+    return gathered_layers(cfg.software.zero3_prefetch_layers) * layer_bytes + extra
+
+
+def list_gather_bytes(shape, tp: int, sw, dt: float) -> float:
+    """Per-tensor gathers (``zero3_gather: per_tensor``): PyTorch 1.8's list-form all-gather
+    gathers into a flat buffer of its own before copying out, so the largest gathered tensor
+    is held twice while it is gathered (ProcessGroupNCCL::allgather); 0 otherwise."""
+    if sw.zero3_gather != "per_tensor" or shape.is_moe:
+        return 0.0
+    sizes = [n for m in shape.layer_modules(tp) for n in m
+             if n >= sw.zero3_persistence_threshold]
+    return max(sizes, default=0.0) * dt
 
 
 def zero3_shards(b: StageBuilder, moe: bool) -> list[tuple[str, float]]:
