@@ -17,7 +17,13 @@ It writes to OUTDIR:
   in PyTorch, cudnn = cuDNN's fused attention), forward and forward + backward;
 * ``memory.csv`` — streaming kernels: copy, LayerNorm / RMSNorm forward and backward, GeLU,
   softmax forward and backward over ``s²`` scores, dropout, the FP8 cast, and the fused AdamW
-  step, each with the bytes it must move.
+  step, each with the bytes it must move;
+* ``launch.csv`` — the per-call cost of small copies issued one after another, as PyTorch's
+  list-form ``all_gather``/``reduce_scatter`` copy each rank's chunk out of (into) a flat
+  buffer (``ProcessGroupNCCL::allgather``): ``chunks`` views of ``elements`` each, copied by one
+  ``copy_`` per chunk; and a device synchronisation after a one-element kernel
+  (DeepSpeed 2021's ``torch.cuda.synchronize()`` before each gather). ddlsim does not yet
+  model these host-bound costs (docs/overlap.md, "Per-tensor gathers").
 
 Timing: CUDA events around a loop of calls long enough to last ≥ 20 ms (≥ 3 calls), after
 warm-up; the median of 5 such samples. Operands are random normal (zeros run faster on H100).
@@ -257,6 +263,37 @@ def run_memory(device: str, rows: list, log, small: bool) -> None:
     torch.cuda.empty_cache() if device == "cuda" else None
 
 
+def run_launch(device: str, rows: list, log, small: bool) -> None:
+    """Per-chunk seconds of a loop of small ``copy_`` calls, and of a synchronisation."""
+    bf = torch.float16
+    for chunks in (64, 1536) if not small else (8,):
+        for elements in (8, 4096, 294912):      # a bias, a small tensor, a 175B QKV / 1,536
+            flat = torch.zeros(chunks * elements, dtype=bf, device=device)
+            src = torch.ones(chunks * elements, dtype=bf, device=device)
+            outs = [flat.narrow(0, j * elements, elements) for j in range(chunks)]
+            ins = [src.narrow(0, j * elements, elements) for j in range(chunks)]
+
+            def copies():
+                for o, i in zip(outs, ins):
+                    o.copy_(i, non_blocking=True)
+            try:
+                sec = timed(copies, device)
+            except Exception as exc:  # noqa: BLE001
+                log(f"launch copies {chunks}x{elements}: {exc!r}")
+                sec = float("nan")
+            rows.append({"kernel": "copy_chunks", "chunks": chunks, "elements": elements,
+                         "seconds": sec, "seconds_per_chunk": sec / chunks})
+            del flat, src, outs, ins
+    one = torch.zeros(1, device=device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+    def step_and_sync():
+        one.add_(1)
+        sync()
+    rows.append({"kernel": "add_then_synchronize", "chunks": 1, "elements": 1,
+                 "seconds": timed(step_and_sync, device)})
+
+
 def write_csv(path: str, rows: list[dict]) -> None:
     keys: list[str] = []
     for r in rows:
@@ -271,7 +308,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--only", default="gemm,attention,memory")
+    ap.add_argument("--only", default="gemm,attention,memory,launch")
     ap.add_argument("--limit", type=int, default=0, help="first N shapes only (a dry run)")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -301,6 +338,8 @@ def main() -> int:
                 run_attention(shapes["attention"][:lim], device, rows, log)
             elif part == "memory":
                 run_memory(device, rows, log, small=device != "cuda")
+            elif part == "launch":
+                run_launch(device, rows, log, small=device != "cuda")
         except Exception:  # noqa: BLE001 - keep what was measured
             log(traceback.format_exc())
         write_csv(os.path.join(args.out, f"{part}.csv"), rows)
