@@ -5,7 +5,11 @@ Method (per operation and message size, on every rank of the communicator):
 1. ``warmup`` untimed calls (connection set-up, protocol selection, caches);
 2. ``reps`` timed batches; before each, a barrier so all ranks start together; a batch is
    ``batch`` back-to-back calls followed by a device synchronisation, its time divided by
-   ``batch`` (and by 2 for a ping-pong round trip);
+   ``batch`` (and by 2 for a ping-pong round trip). Sizes up to
+   :data:`INTERLEAVE_MAX_BYTES` are timed in :data:`ROUNDS` interleaved rounds (a quarter of
+   each size's batches per round, every size in turn), so that a slow spell of the host (a
+   busy neighbour, a frequency change) spreads over all sizes instead of shifting one size's
+   figures; larger sizes, which last long enough to average such spells, one after another;
 3. the per-batch times are reduced as the **max over ranks** (an operation is finished when
    its slowest rank is — the convention of nccl-tests and the OSU benchmarks), then summarised
    (mean, median, min, max, std, n).
@@ -32,6 +36,12 @@ __all__ = ["default_sizes", "reps_at", "DEFAULT_MAX_BYTES", "TAPER_FROM_BYTES", 
            "run_scoped_benchmarks", "scoped_communicators"]
 
 Progress = Callable[[str], None]
+
+#: Sizes up to this many bytes are timed in interleaved rounds (module docstring); their
+#: buffers are alive together, at most about twice this per operation.
+INTERLEAVE_MAX_BYTES = 16 * 2**20
+#: Interleaved rounds (fewer when ``reps`` is smaller).
+ROUNDS = 4
 
 
 def default_sizes(max_bytes: float, min_bytes: float = 8, factor: float = 2.0) -> list[int]:
@@ -110,10 +120,14 @@ def placement(comm: CommAdapter) -> Placement:
     return Placement(hosts, node, tuple(local))
 
 
-def _time_batches(comm: CommAdapter, call, warmup: int, reps: int, batch: int) -> np.ndarray:
+def _warm(comm: CommAdapter, call, warmup: int) -> None:
     for _ in range(warmup):
         call.run()
     comm.synchronize()
+
+
+def _batches(comm: CommAdapter, call, reps: int, batch: int) -> np.ndarray:
+    """``reps`` timed batches of ``call`` on this rank (seconds per call)."""
     samples = np.empty(reps)
     for i in range(reps):
         comm.barrier()
@@ -122,7 +136,26 @@ def _time_batches(comm: CommAdapter, call, warmup: int, reps: int, batch: int) -
             call.run()
         comm.synchronize()
         samples[i] = (time.perf_counter() - t0) / batch * call.time_scale
-    return comm.reduce_max(samples)
+    return samples
+
+
+def _time_batches(comm: CommAdapter, call, warmup: int, reps: int, batch: int) -> np.ndarray:
+    _warm(comm, call, warmup)
+    return comm.reduce_max(_batches(comm, call, reps, batch))
+
+
+def _time_interleaved(comm: CommAdapter, calls: list, warmup: int, reps: list[int],
+                      batch: int) -> list[np.ndarray]:
+    """:func:`_time_batches` of several calls, their batches split into interleaved rounds."""
+    for call in calls:
+        _warm(comm, call, warmup)
+    rounds = max(1, min(ROUNDS, min(reps, default=1)))
+    parts: list[list[np.ndarray]] = [[] for _ in calls]
+    for r in range(rounds):
+        for i, call in enumerate(calls):
+            n = reps[i] * (r + 1) // rounds - reps[i] * r // rounds
+            parts[i].append(_batches(comm, call, n, batch))
+    return [comm.reduce_max(np.concatenate(p)) for p in parts]
 
 
 def _check_counts(warmup: int, reps: int, batch: int) -> None:
@@ -169,23 +202,51 @@ def run_comm_benchmark(comm_adapter: CommAdapter, ops: Sequence[str], sizes: Seq
         check_op(op)
     where = where or placement(comm_adapter)
     rows, n = [], comm_adapter.size
+
+    def row(op: str, nbytes: int, samples: np.ndarray) -> dict:
+        return comm_row(backend=comm_adapter.backend, library=comm_adapter.library,
+                        library_version=comm_adapter.library_version, op=op, ranks=n,
+                        nodes=where.nodes, ranks_per_node=where.ranks_per_node,
+                        scope=scope or where.scope, nbytes=nbytes, stats=summarize(samples),
+                        source="ddlsim calibrate comm")
+
+    def tick(op: str, size: int) -> None:
+        if progress is not None:
+            progress(f"{scope or where.scope} {op} {size} B")
+
     for op in ops:
         skip = not comm_adapter.supports(op) or (op == "sendrecv" and n < 2)
         done: set[int] = set()
+        small: list[tuple[int, object]] = []   # (requested size, call), interleaved below
         for size in sizes:
-            call = None if skip else comm_adapter.make_op(op, int(size))
+            if skip:
+                tick(op, size)
+                continue
+            if int(size) <= INTERLEAVE_MAX_BYTES:
+                call = comm_adapter.make_op(op, int(size))
+                if call is not None and call.nbytes not in done:
+                    done.add(call.nbytes)
+                    small.append((size, call))
+                else:
+                    tick(op, size)
+        if small:
+            calls = [c for _, c in small]
+            timed = _time_interleaved(comm_adapter, calls, warmup,
+                                      [reps_at(c.nbytes, reps, taper_from) for c in calls],
+                                      batch)
+            for (size, call), samples in zip(small, timed):
+                rows.append(row(op, call.nbytes, samples))
+                tick(op, size)
+        for size in sizes:
+            if skip or int(size) <= INTERLEAVE_MAX_BYTES:
+                continue
+            call = comm_adapter.make_op(op, int(size))
             if call is not None and call.nbytes not in done:
                 done.add(call.nbytes)
-                stats = summarize(_time_batches(comm_adapter, call, warmup,
-                                                reps_at(call.nbytes, reps, taper_from), batch))
-                rows.append(comm_row(
-                    backend=comm_adapter.backend, library=comm_adapter.library,
-                    library_version=comm_adapter.library_version, op=op, ranks=n,
-                    nodes=where.nodes, ranks_per_node=where.ranks_per_node,
-                    scope=scope or where.scope, nbytes=call.nbytes, stats=stats,
-                    source="ddlsim calibrate comm"))
-            if progress is not None:
-                progress(f"{scope or where.scope} {op} {size} B")
+                rows.append(row(op, call.nbytes, _time_batches(
+                    comm_adapter, call, warmup, reps_at(call.nbytes, reps, taper_from),
+                    batch)))
+            tick(op, size)
     return rows
 
 
