@@ -46,19 +46,23 @@ def test_search_tier_times_the_overlaps_as_the_exact_engine(mode):
 def test_search_tier_memory_counts_the_gathered_layers():
     """ZeRO-3 with zero3_prefetch_layers = 3 holds 4 gathered layers: the search tier's
     memory equals ddlsim.memory_per_device's."""
-    from ddlsim.search.family import vector_family
-    from ddlsim.search.plans import enumerate_plans, VECTOR_FIELDS
-
     data = {**BASE, "parallel": {"zero_stage": 3, "tensor_model_parallel_size": 2},
             "system": {**BASE["system"], "software": {"stack": "deepspeed",
                                                       "overlap": {"zero3_prefetch_layers": 3}}}}
     cfg = build_config(data, [])
+    assert _search_memory(cfg) == pytest.approx(ddlsim.memory_per_device(cfg).total, rel=1e-12)
+
+
+def _search_memory(cfg) -> float:
+    """The search tier's memory per device of the one plan ``cfg``."""
+    from ddlsim.search.family import vector_family
+    from ddlsim.search.plans import enumerate_plans, VECTOR_FIELDS
+
     fields = {p: getattr(getattr(cfg, p.split(".")[0]), p.split(".")[1]) for p in VECTOR_FIELDS}
     fields["parallel.schedule"] = cfg.parallel.schedule
     plans = enumerate_plans({}, fields, cfg.system.num_devices)
     family = vector_family("gpt")
-    memory, _ = family.memory(family.prepare(cfg), plans)
-    assert memory[0] == pytest.approx(ddlsim.memory_per_device(cfg).total, rel=1e-12)
+    return family.memory(family.prepare(cfg), plans)[0][0]
 
 
 @pytest.mark.filterwarnings("ignore:.*not modelled by ddlsim")
@@ -87,19 +91,11 @@ def test_search_tier_times_per_tensor_zero3_as_the_exact_engine(prefetch):
 def test_search_tier_memory_counts_the_list_gather_buffer():
     """Per-tensor ZeRO-3 (deepspeed-2021) holds one gathered layer and a second flat copy of
     its largest tensor: the search tier's memory equals ddlsim.memory_per_device's."""
-    from ddlsim.search.family import vector_family
-    from ddlsim.search.plans import enumerate_plans, VECTOR_FIELDS
-
     data = {**BASE, "parallel": {"zero_stage": 3, "tensor_model_parallel_size": 2},
             "system": {**BASE["system"], "software": "deepspeed-2021"}}
     cfg = build_config(data, [])
-    fields = {p: getattr(getattr(cfg, p.split(".")[0]), p.split(".")[1]) for p in VECTOR_FIELDS}
-    fields["parallel.schedule"] = cfg.parallel.schedule
-    plans = enumerate_plans({}, fields, cfg.system.num_devices)
-    family = vector_family("gpt")
-    memory, _ = family.memory(family.prepare(cfg), plans)
     total = ddlsim.memory_per_device(cfg).total
-    assert memory[0] == pytest.approx(total, rel=1e-12)
+    assert _search_memory(cfg) == pytest.approx(total, rel=1e-12)
     h = cfg.model.hidden_size
     plain = ddlsim.memory_per_device(build_config(
         {**data, "system": {**BASE["system"], "software": "deepspeed"}}, [])).total
