@@ -190,8 +190,8 @@ def resolve_software(spec: SoftwareSpec | str | None, plan: Any = None) -> Softw
             if overlap[field]:
                 raise ConfigError(
                     f"{sources[field]}: {field} = {overlap[field]} applies to per-tensor "
-                    f"ZeRO-3 gathers only, and zero3_gather is 'per_layer' ({_where(sources, spec)})"
-                    f"; set zero3_gather: per_tensor, or {field}: 0")
+                    f"ZeRO-3 gathers only, and zero3_gather is 'per_layer' "
+                    f"({_where(sources, spec)}); set zero3_gather: per_tensor, or {field}: 0")
     return Software(spec.stack, kernels, overlap, sources)
 
 

@@ -291,8 +291,9 @@ class DecoderVectors:
 
     def _per_tensor(self, ctx: _Context, plans, on, coll, f, bw):
         """Per-tensor ZeRO-3 (:func:`ddlsim.workloads.decoder.zero3.per_tensor_fetch`), per
-        TP size and recomputation: a layer's forward and backward gathers and its reduce-scatters, one after
-        another on the ``dp`` stream, and the memory passes added to the layer's compute."""
+        TP size and recomputation: a layer's forward and backward gathers and its
+        reduce-scatters, one after another on the ``dp`` stream, and the memory passes added
+        to the layer's compute."""
         a, ab, r = (np.zeros(len(plans)) for _ in range(3))
         f, bw = f + np.zeros(len(plans)), bw + np.zeros(len(plans))
         full = plans["recompute"] == RECOMPUTE.index("full")

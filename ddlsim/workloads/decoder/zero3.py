@@ -27,9 +27,9 @@ Memory: ``k + 1`` gathered layers are alive at once (the one computing and ``k``
 
 **Per-tensor gathers** (``software.zero3_gather: per_tensor``, the ``deepspeed-2021`` stack):
 DeepSpeed of early 2021 (v0.3.13, the first with ZeRO-3) fetched parameters from each leaf
-module's hooks, one
-``torch.distributed.all_gather`` per parameter tensor, and reduce-scattered the gradients one
-tensor at a time (:func:`per_tensor_fetch`). Per dense layer (Megatron's six leaf modules,
+module's hooks, one ``torch.distributed.all_gather`` per parameter tensor, and
+reduce-scattered the gradients one tensor at a time (:func:`per_tensor_fetch`). Per dense
+layer (Megatron's six leaf modules,
 :meth:`~ddlsim.workloads.models.decoder.DecoderShape.layer_modules`):
 
 * tensors under ``zero3_persistence_threshold`` elements stay gathered (never fetched);
@@ -59,8 +59,8 @@ from ..trace import Block, Collective, Compute, Op, Wait
 from .builder import StageBuilder, as_ops
 
 __all__ = ["zero3_blocks", "zero3_shards", "gathered_layers", "zero3_gathered_bytes",
-           "list_gather_bytes",
-           "TensorFetch", "per_tensor_fetch", "FETCH_PASSES", "REDUCE_PASSES"]
+           "list_gather_bytes", "TensorFetch", "per_tensor_fetch", "FETCH_PASSES",
+           "REDUCE_PASSES"]
 
 #: memory passes over a gathered tensor: zero-filled flat buffer (write), then PyTorch 1.8's
 #: list all-gather copies each rank's chunk out of its own flat buffer (read + write)
@@ -116,7 +116,8 @@ def zero3_gathered_bytes(cfg, layer_bytes: float, shape=None, dt: float = 0.0) -
     parameters on the rank (``layer_bytes``, already TP-sharded), and with per-tensor gathers
     the second flat buffer of the largest tensor of ``dt`` bytes per element
     (:func:`list_gather_bytes`; needs ``shape``)."""
-    extra = list_gather_bytes(shape, cfg.parallel.tp, cfg.software, dt) if shape else 0.0
+    extra = (list_gather_bytes(shape, cfg.parallel.tp, cfg.software, dt)
+             if shape is not None else 0.0)
     return gathered_layers(cfg.software.zero3_prefetch_layers) * layer_bytes + extra
 
 
