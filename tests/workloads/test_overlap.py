@@ -209,6 +209,11 @@ def test_overlapped_grad_reduce_is_faster(engine):
     (["parallel.overlap_param_gather=true"], "it needs the distributed optimizer"),
     (["parallel.pipeline_model_parallel_size=2", "parallel.overlap_p2p_comm=true"],
      "it needs the interleaved schedule"),
+    (["parallel.pipeline_model_parallel_size=1", "parallel.zero_stage=3",
+      "parallel.overlap_grad_reduce=true"],
+     "parallel.overlap_grad_reduce = True cannot apply to this plan: ZeRO-3 reduce-scatters"),
+    (["parallel.dp_strategy=reduce_broadcast", "parallel.overlap_grad_reduce=true"],
+     "dp_strategy 'reduce_broadcast' updates after the whole backward"),
 ])
 def test_refused_when_the_plan_sets_an_option_that_cannot_apply(overrides, message):
     with pytest.raises(ddlsim.ConfigError) as err:
@@ -228,6 +233,18 @@ def test_stack_default_that_cannot_apply_is_inactive_and_said():
     old = _cfg("system.software=megatron-lm-2021", "parallel.pipeline_model_parallel_size=2")
     assert cfg.family.plan_summary(old).endswith("overlaps: none")
     ddlsim.build_workload(old)
+
+
+@pytest.mark.parametrize("stack, phrase", [
+    ("deepspeed", "inactive here: grad-reduce; ZeRO-3 gathers per layer, 1 layer ahead"),
+    ("deepspeed-2021", "inactive here: grad-reduce; ZeRO-3 gathers per tensor, on demand")])
+def test_zero3_plan_line_says_how_it_gathers(stack, phrase):
+    """Under ZeRO-3 the stack's overlap_grad_reduce does not apply (the reduce-scatters are
+    part of each layer's backward), and the plan line names the gather granularity and
+    prefetch."""
+    cfg = _cfg(f"system.software={stack}", "parallel.pipeline_model_parallel_size=1",
+               "parallel.zero_stage=3")
+    assert cfg.family.plan_summary(cfg).endswith(phrase)
 
 
 @pytest.mark.parametrize("engine", ["analytical", "des"])

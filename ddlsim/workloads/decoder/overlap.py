@@ -27,6 +27,12 @@ def inactive_reasons(cfg: Any) -> dict[str, str]:
         else:
             why = ("it is modelled for dense models with 1-D tensor parallelism and ZeRO 0-2")
         out["tp_comm_overlap"] = why
+    if sw.overlap_grad_reduce and p.zero_stage == 3:
+        out["overlap_grad_reduce"] = ("ZeRO-3 reduce-scatters each layer's gradients within "
+                                      "its backward (zero3_gather, zero3_prefetch_layers)")
+    elif sw.overlap_grad_reduce and p.dp_strategy != "ddp":
+        out["overlap_grad_reduce"] = (f"dp_strategy {p.dp_strategy!r} updates after the "
+                                      "whole backward")
     if sw.overlap_param_gather and (p.zero_stage not in (1, 2) or p.dp_strategy != "ddp"):
         out["overlap_param_gather"] = ("it needs the distributed optimizer (ZeRO-1/2 with "
                                        "dp_strategy 'ddp'; Megatron-LM asserts "
@@ -73,8 +79,12 @@ def overlap_phrase(cfg: Any) -> str:
     if sw.tp_comm_overlap != "off" and "tp_comm_overlap" not in off:
         on.append(f"tp-comm {sw.tp_comm_overlap}")
     short = {"tp_comm_overlap": "tp-comm", "overlap_param_gather": "param-gather",
-             "overlap_p2p_comm": "p2p"}
+             "overlap_p2p_comm": "p2p", "overlap_grad_reduce": "grad-reduce"}
     text = f"overlaps: {', '.join(on) or 'none'}"
     if off:
         text += "; inactive here: " + ", ".join(short[f] for f in off)
+    if cfg.parallel.zero_stage == 3:
+        k = sw.zero3_prefetch_layers
+        ahead = "on demand" if k == 0 else f"{k} layer{'s' if k > 1 else ''} ahead"
+        text += f"; ZeRO-3 gathers {sw.zero3_gather.replace('_', ' ')}, {ahead}"
     return text
