@@ -52,14 +52,25 @@ def _software_table() -> Table:
     from .software import resolve_software, stacks
 
     t = Table(title="software stacks (system.software)", title_justify="left")
-    for column in ("name", "attention", "overlaps on", "source of the attention default"):
+    for column in ("name", "attention", "overlaps on", "ZeRO-3 gathers",
+                   "source of the attention default"):
         t.add_column(column, style="bold" if column == "name" else None, overflow="fold")
     for name in stacks():
         sw = resolve_software(name)
         on = [k if v is True else f"{k}={v}" for k, v in sw.overlap.items()
-              if v is not False and v != "off"]
-        t.add_row(name, sw.attention, ", ".join(on), sw.sources["attention"])
+              if not k.startswith("zero3_") and v is not False and v != "off"]
+        t.add_row(name, sw.attention, ", ".join(on), _zero3_cell(sw), sw.sources["attention"])
     return t
+
+
+def _zero3_cell(sw) -> str:
+    """``per layer, 1 ahead`` or ``per tensor, on demand; kept under 1e+05 elements, …``."""
+    k = sw.zero3_prefetch_layers
+    text = f"{sw.zero3_gather.replace('_', ' ')}, {'on demand' if k == 0 else f'{k} ahead'}"
+    if sw.zero3_gather == "per_tensor":
+        text += (f"; kept under {sw.zero3_persistence_threshold:.0e} elements, reused within "
+                 f"{sw.zero3_max_reuse_distance:.0e}")
+    return text
 
 
 def _summary(section: str, name: str, v: dict) -> str:

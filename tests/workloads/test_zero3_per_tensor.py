@@ -80,3 +80,14 @@ def test_per_tensor_gathers_of_moe_layers_are_refused():
     cfg = build_config(data, [])
     with pytest.raises(ConfigError, match="per_tensor' is modelled for dense decoder layers"):
         ddlsim.predict(cfg, check_fit=False)
+
+
+def test_presets_lists_how_each_stack_gathers_under_zero3():
+    from typer.testing import CliRunner
+
+    from ddlsim.cli import app
+    res = CliRunner().invoke(app, ["presets", "software"], env={"COLUMNS": "250"})
+    assert res.exit_code == 0, res.output
+    row = next(line for line in res.output.splitlines() if "deepspeed-2021" in line)
+    assert "per tensor, on demand; kept under 1e+05 elements" in row
+    assert "zero3_persistence_threshold=0" not in res.output
