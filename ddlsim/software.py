@@ -28,7 +28,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, StrictBool, StrictInt, model_validator
 
-from .config_types import _Strict
+from .config_types import _Strict, reject_bool
 from .errors import ConfigError, did_you_mean
 
 __all__ = ["KernelSpec", "OverlapSpec", "SoftwareSpec", "Software", "stacks",
@@ -46,6 +46,9 @@ def _off_from_false(v: Any) -> Any:
     """YAML 1.1 reads an unquoted ``off`` as false: take false as ``"off"``."""
     return "off" if v is False else v
 
+
+#: A count of elements: a whole number ≥ 0, also written as DeepSpeed's configs do (``1e5``)
+Elements = Annotated[int, BeforeValidator(reject_bool), Field(ge=0, le=10**15)]
 
 #: ``tp_comm_overlap``'s values (``off`` also as YAML's false)
 TPCommOverlap = Annotated[Literal["off", "bulk", "pipelined"], BeforeValidator(_off_from_false)]
@@ -87,12 +90,12 @@ class OverlapSpec(_Strict):
         description="ZeRO-3/FSDP: per_layer (one flat all-gather and reduce-scatter per "
                     "layer, as FSDP units) or per_tensor (DeepSpeed 2021's module hooks: one "
                     "collective per parameter tensor, docs/overlap.md)")
-    zero3_persistence_threshold: StrictInt | None = Field(
-        default=None, ge=0,
+    zero3_persistence_threshold: Elements | None = Field(
+        default=None,
         description="per_tensor ZeRO-3: tensors of fewer elements stay gathered "
                     "(DeepSpeed stage3_param_persistence_threshold)")
-    zero3_max_reuse_distance: StrictInt | None = Field(
-        default=None, ge=0,
+    zero3_max_reuse_distance: Elements | None = Field(
+        default=None,
         description="per_tensor ZeRO-3: a tensor reused within this many elements of "
                     "fetches is kept gathered (DeepSpeed stage3_max_reuse_distance)")
 

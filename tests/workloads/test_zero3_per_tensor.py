@@ -91,3 +91,14 @@ def test_presets_lists_how_each_stack_gathers_under_zero3():
     row = next(line for line in res.output.splitlines() if "deepspeed-2021" in line)
     assert "per tensor, on demand; kept under 1e+05 elements" in row
     assert "zero3_persistence_threshold=0" not in res.output
+
+
+def test_thresholds_are_counts_written_as_deepspeed_configs_write_them():
+    """``1e5`` (a float in YAML) is the whole number 100,000; a fraction or a boolean is
+    refused with the field named."""
+    sw = resolve_software(SoftwareSpec(stack="deepspeed-2021",
+                                       overlap={"zero3_persistence_threshold": 1e5}))
+    assert sw.zero3_persistence_threshold == 100_000
+    for bad, why in ((1.5, "fractional part"), (True, "boolean"), (-1, "greater than or equal")):
+        with pytest.raises(ValueError, match=why):
+            SoftwareSpec(stack="deepspeed-2021", overlap={"zero3_max_reuse_distance": bad})
