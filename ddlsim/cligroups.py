@@ -67,7 +67,7 @@ def _zero3_cell(sw) -> str:
     """``per layer, 1 ahead`` or ``per tensor, on demand; kept under 1e+05 elements, …``."""
     k = sw.zero3_prefetch_layers
     text = f"{sw.zero3_gather.replace('_', ' ')}, {'on demand' if k == 0 else f'{k} ahead'}"
-    if sw.zero3_gather == "per_tensor":
+    if sw.zero3_gather != "per_layer":
         text += (f"; kept under {sw.zero3_persistence_threshold:.0e} elements, reused within "
                  f"{sw.zero3_max_reuse_distance:.0e}")
     return text

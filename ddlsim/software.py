@@ -38,7 +38,7 @@ __all__ = ["KernelSpec", "OverlapSpec", "SoftwareSpec", "Software", "stacks",
 DEFAULT_STACK = "megatron-core-2024"
 
 Attention = Literal["flash2", "flash3", "fused_softmax", "unfused"]
-Zero3Gather = Literal["per_layer", "per_tensor"]
+Zero3Gather = Literal["per_layer", "per_module", "per_tensor"]
 GradReduceDtype = Literal["param", "fp32", "fp32_if_bf16"]
 
 
@@ -88,15 +88,16 @@ class OverlapSpec(_Strict):
     zero3_gather: Zero3Gather | None = Field(
         default=None,
         description="ZeRO-3/FSDP: per_layer (one flat all-gather and reduce-scatter per "
-                    "layer, as FSDP units) or per_tensor (DeepSpeed 2021's module hooks: one "
-                    "collective per parameter tensor, docs/overlap.md)")
+                    "layer, as FSDP units), per_module (DeepSpeed's module hooks, one "
+                    "coalesced collective per leaf module) or per_tensor (DeepSpeed 2021: "
+                    "one per parameter tensor; docs/overlap.md)")
     zero3_persistence_threshold: Elements | None = Field(
         default=None,
-        description="per_tensor ZeRO-3: tensors of fewer elements stay gathered "
+        description="per_module/per_tensor ZeRO-3: tensors of fewer elements stay gathered "
                     "(DeepSpeed stage3_param_persistence_threshold)")
     zero3_max_reuse_distance: Elements | None = Field(
         default=None,
-        description="per_tensor ZeRO-3: a tensor reused within this many elements of "
+        description="per_module/per_tensor ZeRO-3: a module reused within this many elements of "
                     "fetches is kept gathered (DeepSpeed stage3_max_reuse_distance)")
 
 
@@ -192,9 +193,10 @@ def resolve_software(spec: SoftwareSpec | str | None, plan: Any = None) -> Softw
         for field in ("zero3_persistence_threshold", "zero3_max_reuse_distance"):
             if overlap[field]:
                 raise ConfigError(
-                    f"{sources[field]}: {field} = {overlap[field]} applies to per-tensor "
-                    f"ZeRO-3 gathers only, and zero3_gather is 'per_layer' "
-                    f"({_where(sources, spec)}); set zero3_gather: per_tensor, or {field}: 0")
+                    f"{sources[field]}: {field} = {overlap[field]} applies to ZeRO-3 "
+                    f"gathers from module hooks only, and zero3_gather is 'per_layer' "
+                    f"({_where(sources, spec)}); set zero3_gather: per_module or per_tensor, "
+                    f"or {field}: 0")
     return Software(spec.stack, kernels, overlap, sources)
 
 

@@ -24,7 +24,7 @@ from ..config import DTYPE_BYTES
 from ..errors import ConfigError
 from ..software import grad_dtype_bytes
 from ..workloads.decoder import tp_overlap as tpo
-from ..workloads.decoder.zero3 import gathered_layers, list_gather_bytes, per_tensor_fetch
+from ..workloads.decoder.zero3 import gathered_layers, list_gather_bytes, module_fetches
 from ..simulator.kernels import kernel_device, optimizer_bytes_per_param
 from ..simulator.kernels.elementwise import loss_bytes
 from ..workloads.decoder.layerkernels import activation_kinds, compute_dtype
@@ -273,8 +273,8 @@ class DecoderVectors:
         on = (plans["zero"] == 3) & (dp > 1)
         if not on.any():
             return np.full(len(plans), np.nan)
-        if ctx.cfg.software.zero3_gather == "per_tensor":
-            a, ab, r, f, bw = self._per_tensor(ctx, plans, on, coll, f, bw)
+        if ctx.cfg.software.zero3_gather != "per_layer":
+            a, ab, r, f, bw = self._module_hooks(ctx, plans, on, coll, f, bw)
         else:
             nbytes = ctx.shape.layer_params / plans["tp"] * ctx.dt
             a = ab = coll("all_gather", "dp", nbytes)
@@ -289,16 +289,17 @@ class DecoderVectors:
                                    / np.maximum(dp[on], 1))
         return out
 
-    def _per_tensor(self, ctx: _Context, plans, on, coll, f, bw):
-        """Per-tensor ZeRO-3 (:func:`ddlsim.workloads.decoder.zero3.per_tensor_fetch`), per
-        TP size and recomputation: a layer's forward and backward gathers and its
-        reduce-scatters, one after another on the ``dp`` stream, and the memory passes added
-        to the layer's compute."""
+    def _module_hooks(self, ctx: _Context, plans, on, coll, f, bw):
+        """ZeRO-3 fetched from module hooks, per tensor or per module
+        (:func:`ddlsim.workloads.decoder.zero3.module_fetches`), per TP size and
+        recomputation: a layer's forward and backward gathers and its reduce-scatters, one
+        after another on the ``dp`` stream, and the memory passes added to the layer's compute
+        (the gradients' to the reduce-scatters under ``per_module``)."""
         a, ab, r = (np.zeros(len(plans)) for _ in range(3))
         f, bw = f + np.zeros(len(plans)), bw + np.zeros(len(plans))
         full = plans["recompute"] == RECOMPUTE.index("full")
         for tp, rec in sorted({(int(t), bool(x)) for t, x in zip(plans["tp"][on], full[on])}):
-            fetch = per_tensor_fetch(ctx.shape, tp, ctx.cfg.software, rec)
+            fetch = module_fetches(ctx.shape, tp, ctx.cfg.software, rec)
             here = on & (plans["tp"] == tp) & (full == rec)
             for out, elems, op, dt in ((a, fetch.forward, "all_gather", ctx.dt),
                                        (ab, fetch.backward, "all_gather", ctx.dt),
@@ -306,8 +307,12 @@ class DecoderVectors:
                 for n in elems:
                     out[here] += coll(op, "dp", float(n * dt))[here]
             f[here] += fetch.forward_passes * ctx.dt / ctx.dev.memory_Bps
-            bw[here] += (fetch.backward_passes * ctx.dt
-                         + fetch.reduce_passes * ctx.gdt) / ctx.dev.memory_Bps
+            bw[here] += fetch.backward_passes * ctx.dt / ctx.dev.memory_Bps
+            grads = fetch.reduce_passes * ctx.gdt / ctx.dev.memory_Bps
+            if ctx.cfg.software.zero3_gather == "per_tensor":   # on the compute stream
+                bw[here] += grads
+            else:                                               # on the reduction stream
+                r[here] += grads
         return a, ab, r, f, bw
 
     # ------------------------------------------------------------------ memory

@@ -236,7 +236,9 @@ def test_stack_default_that_cannot_apply_is_inactive_and_said():
 
 
 @pytest.mark.parametrize("stack, phrase", [
-    ("deepspeed", "inactive here: grad-reduce; ZeRO-3 gathers per layer, 1 layer ahead"),
+    ("megatron-core-2024",
+     "inactive here: grad-reduce, param-gather, p2p; ZeRO-3 gathers per layer, 1 layer ahead"),
+    ("deepspeed", "inactive here: grad-reduce; ZeRO-3 gathers per module, 1 layer ahead"),
     ("deepspeed-2021", "inactive here: grad-reduce; ZeRO-3 gathers per tensor, on demand")])
 def test_zero3_plan_line_says_how_it_gathers(stack, phrase):
     """Under ZeRO-3 the stack's overlap_grad_reduce does not apply (the reduce-scatters are

@@ -28,7 +28,7 @@ Memory: ``k + 1`` gathered layers are alive at once (the one computing and ``k``
 **Per-tensor gathers** (``software.zero3_gather: per_tensor``, the ``deepspeed-2021`` stack):
 DeepSpeed of early 2021 (v0.3.13, the first with ZeRO-3) fetched parameters from each leaf
 module's hooks, one ``torch.distributed.all_gather`` per parameter tensor, and
-reduce-scattered the gradients one tensor at a time (:func:`per_tensor_fetch`). Per dense
+reduce-scattered the gradients one tensor at a time (:func:`module_fetches`). Per dense
 layer (Megatron's six leaf modules,
 :meth:`~ddlsim.workloads.models.decoder.DecoderShape.layer_modules`):
 
@@ -48,6 +48,15 @@ The gathers of a layer run one after another before it, its reduce-scatters afte
 (``zero3_prefetch_layers: 0`` in that stack: every gather follows a device synchronisation).
 Not modelled: the host time of those synchronisations and of the list-form collectives'
 per-rank copies (one ``copy_`` per rank and tensor), which grows with the data-parallel size.
+
+**Per-module gathers** (``per_module``, the ``deepspeed`` stack): DeepSpeed since v0.6 fetches
+the same way from the same hooks, with the same persistence and reuse rules, but gathers a
+module's parameters in one coalesced ``all_gather_into_tensor`` into the parameter's own buffer
+(no memory passes when the module has one gathered tensor, the usual case; the ``torch.cat``
+of several is not modelled), and prefetches (``zero3_prefetch_layers``). Gradients are
+reduce-scattered per module here (DeepSpeed: per ``reduce_bucket_size`` bucket of 5e8
+elements, ``reduce_scatter_coalesced``) with the same six memory passes (bucket copy,
+``torch.cat`` of the ranks' chunks, ``div_``).
 """
 
 from __future__ import annotations
@@ -59,7 +68,7 @@ from ..trace import Block, Collective, Compute, Op, Wait
 from .builder import StageBuilder, as_ops
 
 __all__ = ["zero3_blocks", "zero3_shards", "gathered_layers", "zero3_gathered_bytes",
-           "list_gather_bytes", "TensorFetch", "per_tensor_fetch", "FETCH_PASSES",
+           "list_gather_bytes", "TensorFetch", "module_fetches", "FETCH_PASSES",
            "REDUCE_PASSES"]
 
 #: memory passes over a gathered tensor: zero-filled flat buffer (write), then PyTorch 1.8's
@@ -87,22 +96,30 @@ class TensorFetch:
     reduce_passes: float
 
 
-def per_tensor_fetch(shape, tp: int, sw, full_recompute: bool) -> TensorFetch:
-    """DeepSpeed's per-tensor fetches of one dense layer (the module docstring)."""
+def module_fetches(shape, tp: int, sw, full_recompute: bool) -> TensorFetch:
+    """DeepSpeed's fetches of one dense layer from its leaf modules' hooks (the module
+    docstring): one collective per tensor (``per_tensor``, gathered with the list-form
+    collective's memory passes) or per module (``per_module``: coalesced, gathered into the
+    parameter's own buffer); the gradients' memory passes in both."""
     modules = shape.layer_modules(tp)
     threshold, reuse = sw.zero3_persistence_threshold, sw.zero3_max_reuse_distance
     sizes = [sum(m) for m in modules]
-    forward, backward = [], []
+    forward, backward, reduce = [], [], []
     for i, module in enumerate(modules):
         # recomputation fetches the modules after i, and the backward visits them again
-        kept = full_recompute and 2 * sum(sizes[i + 1:]) < reuse
-        for n in module:
-            if n >= threshold:
-                forward.append(n)
-                backward += [n] * (2 if full_recompute and not kept else 1)
-    reduce = tuple(n for m in modules for n in m)
-    return TensorFetch(tuple(forward), tuple(backward), reduce, FETCH_PASSES * sum(forward),
-                       FETCH_PASSES * sum(backward), REDUCE_PASSES * sum(reduce))
+        times = 2 if full_recompute and not 2 * sum(sizes[i + 1:]) < reuse else 1
+        fetched = [n for n in module if n >= threshold]
+        if sw.zero3_gather == "per_module":
+            fetched = [sum(fetched)] if fetched else []
+            reduce.append(sizes[i])
+        else:
+            reduce += module
+        forward += fetched
+        backward += fetched * times
+    copies = sw.zero3_gather == "per_tensor"   # PyTorch 1.8's list-form all_gather
+    return TensorFetch(tuple(forward), tuple(backward), tuple(reduce),
+                       copies * FETCH_PASSES * sum(forward), copies * FETCH_PASSES * sum(backward),
+                       REDUCE_PASSES * sum(reduce))
 
 
 def gathered_layers(prefetch: int) -> int:
@@ -143,14 +160,14 @@ def zero3_shards(b: StageBuilder, moe: bool) -> list[tuple[str, float]]:
 
 
 def _tensors(b: StageBuilder) -> TensorFetch | None:
-    """The per-tensor fetches of the stage's layers, or None for per-layer gathers."""
-    if b.sw.zero3_gather != "per_tensor":
+    """The module-hook fetches of the stage's layers, or None for per-layer gathers."""
+    if b.sw.zero3_gather == "per_layer":
         return None
     if b.shape.is_moe:
-        raise ConfigError("system.software: zero3_gather = 'per_tensor' is modelled for dense "
-                          "decoder layers; this model has Mixture-of-Experts layers. Use "
-                          "zero3_gather: per_layer")
-    return per_tensor_fetch(b.shape, b.tp, b.sw, b.cfg.train.recompute == "full")
+        raise ConfigError(f"system.software: zero3_gather = {b.sw.zero3_gather!r} is modelled "
+                          "for dense decoder layers; this model has Mixture-of-Experts layers. "
+                          "Use zero3_gather: per_layer")
+    return module_fetches(b.shape, b.tp, b.sw, b.cfg.train.recompute == "full")
 
 
 def _pass(b: StageBuilder, head: list, bodies: list[list], moe: list[bool], backward: bool,
@@ -160,13 +177,18 @@ def _pass(b: StageBuilder, head: list, bodies: list[list], moe: list[bool], back
     ops: list[Op] = [Op(Wait("zero3.start", "compute"))]
     pending: dict[int, tuple[int, ...]] = {}
     fetch = _tensors(b)
-    if fetch is not None:
-        passes = fetch.backward_passes if backward else fetch.forward_passes
+    passes = 0.0 if fetch is None else fetch.backward_passes if backward else fetch.forward_passes
+    if passes:
         bodies = [[Compute("zero3.fetch_passes", 0.0, passes * b.dt, kind="elementwise",
                            dtype=b.dtype), *body] for body in bodies]
-        if backward:
-            bodies = [[*body, Compute("zero3.reduce_passes", 0.0, fetch.reduce_passes * b.gdt,
-                                      kind="elementwise", dtype=b.dtype)] for body in bodies]
+    # the gradients' memory passes: before their reduce-scatters, on the reduction stream
+    # (today's DeepSpeed), or after the layer's backward on the compute stream (2021: every
+    # gather waits for a device synchronisation anyway)
+    reduce_passes = (Compute("zero3.reduce_passes", 0.0, fetch.reduce_passes * b.gdt,
+                             kind="elementwise", dtype=b.dtype)
+                     if fetch is not None and backward and fetch.reduce_passes else None)
+    if reduce_passes is not None and b.sw.zero3_gather == "per_tensor":
+        bodies, reduce_passes = [[*body, reduce_passes] for body in bodies], None
 
     def shards(j: int, grads: bool) -> list[tuple[str, float]]:
         if fetch is None:
@@ -188,6 +210,8 @@ def _pass(b: StageBuilder, head: list, bodies: list[list], moe: list[bool], back
     for j, body in enumerate(bodies):
         ops += [Op(x, deps=pending.pop(j) if i == 0 else ()) for i, x in enumerate(body)]
         last = len(ops) - 1
+        if reduce_passes is not None:
+            ops.append(Op(reduce_passes, "dp", deps=(last,)))
         if backward:
             for group, n in shards(j, True):
                 ops.append(Op(Collective("grad.reduce_scatter", "reduce_scatter", group,

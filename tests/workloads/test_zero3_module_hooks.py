@@ -9,7 +9,7 @@ import ddlsim
 from ddlsim.config import build_config
 from ddlsim.errors import ConfigError
 from ddlsim.software import SoftwareSpec, resolve_software
-from ddlsim.workloads.decoder.zero3 import FETCH_PASSES, REDUCE_PASSES, per_tensor_fetch
+from ddlsim.workloads.decoder.zero3 import FETCH_PASSES, REDUCE_PASSES, module_fetches
 from ddlsim.workloads.models.decoder import DecoderShape
 
 GPT3 = DecoderShape(layers=96, hidden=12288, heads=96, ffn=4 * 12288, vocab=51200,
@@ -22,7 +22,7 @@ def test_gpt3_layer_gathers_its_four_weights_and_keeps_the_small_tensors():
     """Biases and LayerNorms (≤ 49,152 elements) are under the 1e5 persistence threshold: the
     forward gathers the four weight matrices; every tensor's gradient is reduce-scattered."""
     sw = resolve_software("deepspeed-2021")
-    fetch = per_tensor_fetch(GPT3, 1, sw, full_recompute=False)
+    fetch = module_fetches(GPT3, 1, sw, full_recompute=False)
     assert fetch.forward == (QKV, PROJ, FC, FC)
     assert fetch.backward == fetch.forward
     assert len(fetch.reduce) == 12 and sum(fetch.reduce) == GPT3.dense_layer_params
@@ -36,17 +36,17 @@ def test_full_recompute_regathers_all_but_the_modules_reused_within_the_distance
     MLP GEMM's distance is twice the second's 604 M elements, over the 1e9 limit; with a
     limit of 1.3e9 it is kept too."""
     sw = resolve_software("deepspeed-2021")
-    fetch = per_tensor_fetch(GPT3, 1, sw, full_recompute=True)
+    fetch = module_fetches(GPT3, 1, sw, full_recompute=True)
     assert fetch.backward == (QKV, QKV, PROJ, PROJ, FC, FC, FC)
     assert fetch.backward_passes == FETCH_PASSES * sum(fetch.backward)
     wider = resolve_software(SoftwareSpec(stack="deepspeed-2021",
                                           overlap={"zero3_max_reuse_distance": 1_300_000_000}))
-    assert per_tensor_fetch(GPT3, 1, wider, True).backward == (QKV, QKV, PROJ, PROJ, FC, FC)
+    assert module_fetches(GPT3, 1, wider, True).backward == (QKV, QKV, PROJ, PROJ, FC, FC)
 
 
 def test_tensor_parallel_shards_the_weights_and_replicates_the_norms():
     sw = resolve_software("deepspeed-2021")
-    fetch = per_tensor_fetch(GPT3, 8, sw, full_recompute=False)
+    fetch = module_fetches(GPT3, 8, sw, full_recompute=False)
     assert fetch.forward == (QKV / 8, PROJ / 8, FC / 8, FC / 8)
     assert sum(fetch.reduce) == sum(sum(m) for m in GPT3.layer_modules(8))
     assert sum(sum(m) for m in GPT3.layer_modules(8)) * 8 > GPT3.dense_layer_params
@@ -54,7 +54,7 @@ def test_tensor_parallel_shards_the_weights_and_replicates_the_norms():
 
 def test_per_tensor_gathers_cost_more_than_per_layer_ones():
     """The same ZeRO-3 plan: one collective per tensor, gathered on demand, with the memory
-    passes, is slower than DeepSpeed's per-layer buckets gathered one layer ahead."""
+    passes, is slower than today's DeepSpeed's per-module gathers one layer ahead."""
     data = {"model": "gpt3-13b", "parallel": {"zero_stage": 3},
             "train": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 2048,
                       "recompute": "full"},
@@ -66,11 +66,31 @@ def test_per_tensor_gathers_cost_more_than_per_layer_ones():
     assert times["deepspeed-2021"] > 1.05 * times["deepspeed"]
 
 
-def test_thresholds_without_per_tensor_gathers_are_refused():
-    with pytest.raises(ConfigError, match="zero3_persistence_threshold = 10 applies to "
-                                          "per-tensor ZeRO-3 gathers only.*stack 'deepspeed'"):
-        resolve_software(SoftwareSpec(stack="deepspeed",
+def test_thresholds_without_module_hooks_are_refused():
+    with pytest.raises(ConfigError, match="zero3_persistence_threshold = 10 applies to ZeRO-3 "
+                                          "gathers from module hooks only.*stack "
+                                          "'megatron-core-2024'"):
+        resolve_software(SoftwareSpec(stack="megatron-core-2024",
                                       overlap={"zero3_persistence_threshold": 10}))
+
+
+def test_todays_deepspeed_gathers_each_module_once_coalesced():
+    """The deepspeed stack (DeepSpeed >= 0.6): one gather per module with a fetched tensor,
+    the same re-gathers under recomputation, one reduce-scatter per module, and the
+    gradients' six memory passes but no gather passes."""
+    sw = resolve_software("deepspeed")
+    assert sw.zero3_gather == "per_module"
+    fetch = module_fetches(GPT3, 1, sw, full_recompute=True)
+    assert fetch.forward == (QKV, PROJ, FC, FC)
+    assert fetch.backward == (QKV, QKV, PROJ, PROJ, FC, FC, FC)
+    assert fetch.reduce == tuple(sum(m) for m in GPT3.layer_modules(1))
+    assert fetch.forward_passes == fetch.backward_passes == 0
+    assert fetch.reduce_passes == REDUCE_PASSES * GPT3.dense_layer_params
+    # a huge QKV bias (3h >= 1e5) is fetched with its weight, in the same collective
+    wide = DecoderShape(layers=2, hidden=40960, heads=320, ffn=4 * 40960, vocab=51200,
+                        max_positions=2048)
+    h = 40960
+    assert module_fetches(wide, 1, sw, False).forward[0] == 3 * h * h + 3 * h
 
 
 def test_per_tensor_gathers_of_moe_layers_are_refused():
