@@ -64,9 +64,10 @@ def _software_table() -> Table:
 
 
 def _zero3_cell(sw) -> str:
-    """``per layer, 1 ahead`` or ``per tensor, on demand; kept under 1e+05 elements, …``."""
-    k = sw.zero3_prefetch_layers
-    text = f"{sw.zero3_gather.replace('_', ' ')}, {'on demand' if k == 0 else f'{k} ahead'}"
+    """``per layer, 1 layer ahead`` or ``per tensor, 1 module ahead; kept under 1e+05
+    elements, …``."""
+    from .workloads.decoder.zero3 import zero3_phrase
+    text = zero3_phrase(sw)
     if sw.zero3_gather != "per_layer":
         text += (f"; kept under {sw.zero3_persistence_threshold:.0e} elements, reused within "
                  f"{sw.zero3_max_reuse_distance:.0e}")

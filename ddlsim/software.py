@@ -85,6 +85,10 @@ class OverlapSpec(_Strict):
         default=None, ge=0, le=64,
         description="ZeRO-3/FSDP: layers whose parameter all-gather may run ahead of the "
                     "layer computing (0: gathered on demand)")
+    zero3_prefetch_modules: StrictInt | None = Field(
+        default=None, ge=0, le=1024,
+        description="ZeRO-3 from module hooks (per_module/per_tensor): modules whose "
+                    "parameters may be gathered ahead of the module computing")
     zero3_gather: Zero3Gather | None = Field(
         default=None,
         description="ZeRO-3/FSDP: per_layer (one flat all-gather and reduce-scatter per "
@@ -190,13 +194,20 @@ def resolve_software(spec: SoftwareSpec | str | None, plan: Any = None) -> Softw
         if value is not None:
             overlap[field], sources[field] = value, f"parallel.{field}"
     if overlap["zero3_gather"] == "per_layer":
-        for field in ("zero3_persistence_threshold", "zero3_max_reuse_distance"):
+        for field in ("zero3_persistence_threshold", "zero3_max_reuse_distance",
+                      "zero3_prefetch_modules"):
             if overlap[field]:
                 raise ConfigError(
                     f"{sources[field]}: {field} = {overlap[field]} applies to ZeRO-3 "
                     f"gathers from module hooks only, and zero3_gather is 'per_layer' "
                     f"({_where(sources, spec)}); set zero3_gather: per_module or per_tensor, "
                     f"or {field}: 0")
+    elif overlap["zero3_prefetch_layers"]:
+        raise ConfigError(
+            f"{sources['zero3_prefetch_layers']}: zero3_prefetch_layers = "
+            f"{overlap['zero3_prefetch_layers']} applies to per-layer ZeRO-3 gathers, and "
+            f"zero3_gather is {overlap['zero3_gather']!r} ({_where(sources, spec)}); gathers "
+            f"from module hooks prefetch by module: set zero3_prefetch_modules instead")
     return Software(spec.stack, kernels, overlap, sources)
 
 

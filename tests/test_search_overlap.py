@@ -47,7 +47,7 @@ def test_search_tier_memory_counts_the_gathered_layers():
     """ZeRO-3 with zero3_prefetch_layers = 3 holds 4 gathered layers: the search tier's
     memory equals ddlsim.memory_per_device's."""
     data = {**BASE, "parallel": {"zero_stage": 3, "tensor_model_parallel_size": 2},
-            "system": {**BASE["system"], "software": {"stack": "deepspeed",
+            "system": {**BASE["system"], "software": {"stack": "megatron-core-2024",
                                                       "overlap": {"zero3_prefetch_layers": 3}}}}
     cfg = build_config(data, [])
     assert _search_memory(cfg) == pytest.approx(ddlsim.memory_per_device(cfg).total, rel=1e-12)
@@ -67,12 +67,12 @@ def _search_memory(cfg) -> float:
 
 @pytest.mark.filterwarnings("ignore:.*not modelled by ddlsim")
 @pytest.mark.parametrize("stack, prefetch", [("deepspeed-2021", 0), ("deepspeed-2021", 1),
-                                             ("deepspeed", 1)])
+                                             ("deepspeed", 1), ("deepspeed", 2)])
 def test_search_tier_times_module_hook_zero3_as_the_exact_engine(stack, prefetch):
     """ZeRO-3 from module hooks (deepspeed-2021: one gather per tensor, with the memory
     passes; deepspeed: one per module), with the recomputation's re-gathers, on the search
     tier equals the exact engine, gathered on demand and one layer ahead."""
-    software = {"stack": stack, "overlap": {"zero3_prefetch_layers": prefetch}}
+    software = {"stack": stack, "overlap": {"zero3_prefetch_modules": prefetch}}
     data = {**BASE, "system": {**BASE["system"], "software": software}}
     axes = {"parallel.tensor_model_parallel_size": [1, 4],
             "parallel.zero_stage": [3],
@@ -90,8 +90,9 @@ def test_search_tier_times_module_hook_zero3_as_the_exact_engine(stack, prefetch
 
 
 def test_search_tier_memory_counts_the_list_gather_buffer():
-    """Per-tensor ZeRO-3 (deepspeed-2021) holds one gathered layer and a second flat copy of
-    its largest tensor: the search tier's memory equals ddlsim.memory_per_device's."""
+    """ZeRO-3 from module hooks holds the module computing and the one gathered ahead (at
+    most the two MLP GEMMs), and per tensor (deepspeed-2021) a second flat copy of the
+    largest tensor: the search tier's memory equals ddlsim.memory_per_device's."""
     data = {**BASE, "parallel": {"zero_stage": 3, "tensor_model_parallel_size": 2},
             "system": {**BASE["system"], "software": "deepspeed-2021"}}
     cfg = build_config(data, [])
@@ -100,6 +101,7 @@ def test_search_tier_memory_counts_the_list_gather_buffer():
     h = cfg.model.hidden_size
     plain = ddlsim.memory_per_device(build_config(
         {**data, "system": {**BASE["system"], "software": "deepspeed"}}, [])).total
-    # one layer gathered instead of two, plus the 4h x h MLP weight (TP 2) once more
-    layer = (12 * h * h + 13 * h) / 2 * 2
-    assert total - plain == pytest.approx(-layer + 4 * h * h / 2 * 2, rel=1e-3)
+    # the same stacks but for PyTorch 1.8's second buffer of the 4h x h MLP weight (TP 2)
+    assert total - plain == pytest.approx(4 * h * h / 2 * 2, rel=1e-12)
+    held = ddlsim.memory_per_device(cfg).other
+    assert held >= (4 * h * h / 2 * 2) * 2 * 2  # fc1 and fc2 (two modules), plus the copy

@@ -24,7 +24,8 @@ from ..config import DTYPE_BYTES
 from ..errors import ConfigError
 from ..software import grad_dtype_bytes
 from ..workloads.decoder import tp_overlap as tpo
-from ..workloads.decoder.zero3 import gathered_layers, list_gather_bytes, module_fetches
+from ..workloads.decoder.zero3 import (FETCH_PASSES, REDUCE_PASSES, gathered_layers,
+                                        list_gather_bytes, module_fetches, module_hook_bytes)
 from ..simulator.kernels import kernel_device, optimizer_bytes_per_param
 from ..simulator.kernels.elementwise import loss_bytes
 from ..workloads.decoder.layerkernels import activation_kinds, compute_dtype
@@ -33,7 +34,7 @@ from .kerneltimes import kernel_times
 from .netcost import collective_seconds, mesh_networks
 from .plans import RECOMPUTE, SCHEDULE
 from .pipeline import earlier_chunks, flow_shop_tail
-from .zero3 import zero3_time
+from .zero3 import zero3_time, zero3_units_time
 
 __all__ = ["DecoderVectors"]
 
@@ -157,7 +158,9 @@ class DecoderVectors:
         first_block = lc * fwd + emb + np.where(one & (v == 1), head_f, 0.0)
         delay = np.maximum(coll("all_gather", "dp", rest) - first_block, 0.0) * (rest > 0)
         upd_f, upd_l = upd_f + delay, upd_l + delay
-        whole = self._zero3(ctx, plans, (emb, fwd, head_f, head_b, bwd), coll)
+        whole = self._zero3(ctx, plans, (emb, fwd, head_f, head_b, bwd), coll,
+                            (k, tp_comm, tp_bwd, mem(sh.layer_params / t * acc),
+                             rec == RECOMPUTE.index("full")))
         # Megatron turns overlap_p2p_comm off without the interleaved schedule
         blocking = (v == 1) | (not ctx.cfg.software.overlap_p2p_comm)
         return StageCosts(fwd_first, fwd_mid, fwd_last, bwd_first, bwd_mid, bwd_last,
@@ -262,10 +265,11 @@ class DecoderVectors:
         tail = np.where((dp > 1) & (zero < 3), tail, 0.0)
         return update, tail
 
-    def _zero3(self, ctx: _Context, plans, parts, coll) -> np.ndarray:
+    def _zero3(self, ctx: _Context, plans, parts, coll, pieces) -> np.ndarray:
         """ZeRO-3 (one stage), as :mod:`ddlsim.workloads.decoder.zero3` builds it: the
         builder's two streams (compute; gathers and reduce-scatters in issue order on ``dp``)
-        run op by op over the layers of three micro-batches (:func:`zero3_time`), later
+        run op by op over the layers — or, from module hooks, the modules' parts of the
+        layers — of three micro-batches (:func:`zero3_time`, :func:`zero3_units_time`), later
         micro-batches repeat the third's period; then the optimizer on the 1/DP shard."""
         e, f, hf, hb, bw = parts
         dp = plans["dp"]
@@ -273,47 +277,80 @@ class DecoderVectors:
         on = (plans["zero"] == 3) & (dp > 1)
         if not on.any():
             return np.full(len(plans), np.nan)
-        if ctx.cfg.software.zero3_gather != "per_layer":
-            a, ab, r, f, bw = self._module_hooks(ctx, plans, on, coll, f, bw)
-        else:
-            nbytes = ctx.shape.layer_params / plans["tp"] * ctx.dt
-            a = ab = coll("all_gather", "dp", nbytes)
-            r = coll("reduce_scatter", "dp", nbytes * ctx.gdt / ctx.dt)
         # the op-by-op recurrence runs over the ZeRO-3 plans only (a few of the grid)
         sub = lambda x: np.broadcast_to(np.asarray(x, dtype=float), on.shape)[on]  # noqa: E731
         out = np.full(len(plans), np.nan)
-        out[on] = zero3_time(ctx.shape.layers, ctx.cfg.software.zero3_prefetch_layers, m[on],
-                             tuple(sub(x) for x in (e, f, hf, hb, bw)), sub(a), sub(r),
-                             sub(ab))
+        sw = ctx.cfg.software
+        if sw.zero3_gather == "per_layer":
+            nbytes = ctx.shape.layer_params / plans["tp"] * ctx.dt
+            a = coll("all_gather", "dp", nbytes)
+            r = coll("reduce_scatter", "dp", nbytes * ctx.gdt / ctx.dt)
+            out[on] = zero3_time(ctx.shape.layers, sw.zero3_prefetch_layers, m[on],
+                                 tuple(sub(x) for x in (e, f, hf, hb, bw)), sub(a), sub(r))
+        else:
+            fwd_u, rec_u, bwd_u = self._module_units(ctx, plans, on, coll, pieces)
+            full = pieces[-1]
+            for rec in (False, True):   # the recomputation's units exist under full only
+                sel = on & (full == rec)
+                if sel.any():
+                    pick = lambda x: np.broadcast_to(np.asarray(x), sel.shape)[sel]  # noqa: E731
+                    out[sel] = zero3_units_time(
+                        ctx.shape.layers, sw.zero3_prefetch_modules, m[sel], pick(e),
+                        pick(hf), pick(hb), [tuple(pick(x) for x in u) for u in fwd_u],
+                        [tuple(pick(x) for x in u) for u in (rec_u if rec else []) + bwd_u],
+                        sw.zero3_gather == "per_tensor")
         out[on] += self._optimizer(ctx, self.stage_params(ctx, plans, True)[on]
                                    / np.maximum(dp[on], 1))
         return out
 
-    def _module_hooks(self, ctx: _Context, plans, on, coll, f, bw):
-        """ZeRO-3 fetched from module hooks, per tensor or per module
-        (:func:`ddlsim.workloads.decoder.zero3.module_fetches`), per TP size and
-        recomputation: a layer's forward and backward gathers and its reduce-scatters, one
-        after another on the ``dp`` stream, and the memory passes added to the layer's compute
-        (the gradients' to the reduce-scatters under ``per_module``)."""
-        a, ab, r = (np.zeros(len(plans)) for _ in range(3))
-        f, bw = f + np.zeros(len(plans)), bw + np.zeros(len(plans))
-        full = plans["recompute"] == RECOMPUTE.index("full")
+    def _module_units(self, ctx: _Context, plans, on, coll, pieces):
+        """One layer's units under ZeRO-3 from module hooks, forward and backward, as
+        :func:`ddlsim.workloads.decoder.zero3._module_units` cuts the layer: per unit its
+        compute, its gathers (and their memory passes under ``per_tensor``) and its
+        reduce-scatters (with the gradients' passes, on the compute stream under
+        ``per_tensor``, before the reduce-scatters otherwise), per TP size and recomputation:
+        (forward units, the recomputed forward's units, the backward's units)."""
+        k, tp_f, tp_b, acc, full = pieces
+        n, sw = len(plans), ctx.cfg.software
+        zeros = lambda: np.zeros(n)  # noqa: E731
+        mem = lambda nbytes: nbytes / ctx.dev.memory_Bps  # noqa: E731
+        sel = np.where(plans["recompute"] == RECOMPUTE.index("selective"), k["recompute"], 0.0)
+        fwd_comp = {1: k["attn.qkv"], 2: k["attn.proj"] + tp_f, 4: k["mlp.fc1"],
+                    5: k["mlp.fc2"] + tp_f + k["ew"]}
+        bwd_comp = {5: sel + k["bwd.mlp.fc2"], 4: k["bwd.mlp.fc1"] + tp_b,
+                    2: k["bwd.attn.proj"], 1: k["bwd.attn.qkv"] + tp_b + k["bwd.ew"] + acc}
+        order_f, order_b = (1, 2, 4, 5), (5, 4, 2, 1)
+        # (module, visit): compute, gather s, has gathers, reduce s, has reduces
+        units = {key: [zeros(), zeros(), np.zeros(n, bool), zeros(), np.zeros(n, bool)]
+                 for key in [("f", mo) for mo in order_f] + [("r", mo) for mo in order_f]
+                 + [("b", mo) for mo in order_b]}
+        synced = sw.zero3_gather == "per_tensor"
         for tp, rec in sorted({(int(t), bool(x)) for t, x in zip(plans["tp"][on], full[on])}):
-            fetch = module_fetches(ctx.shape, tp, ctx.cfg.software, rec)
             here = on & (plans["tp"] == tp) & (full == rec)
-            for out, elems, op, dt in ((a, fetch.forward, "all_gather", ctx.dt),
-                                       (ab, fetch.backward, "all_gather", ctx.dt),
-                                       (r, fetch.reduce, "reduce_scatter", ctx.gdt)):
-                for n in elems:
-                    out[here] += coll(op, "dp", float(n * dt))[here]
-            f[here] += fetch.forward_passes * ctx.dt / ctx.dev.memory_Bps
-            bw[here] += fetch.backward_passes * ctx.dt / ctx.dev.memory_Bps
-            grads = fetch.reduce_passes * ctx.gdt / ctx.dev.memory_Bps
-            if ctx.cfg.software.zero3_gather == "per_tensor":   # on the compute stream
-                bw[here] += grads
-            else:                                               # on the reduction stream
-                r[here] += grads
-        return a, ab, r, f, bw
+            for fm in module_fetches(ctx.shape, tp, sw, rec):
+                for visit, need in (("f", fm.forward), ("r", fm.recompute), ("b", fm.backward)):
+                    u = units[(visit, fm.module)]
+                    for x in need:
+                        u[1][here] += coll("all_gather", "dp", float(x * ctx.dt))[here]
+                    if synced:
+                        u[1][here] += mem(FETCH_PASSES * sum(need) * ctx.dt)
+                    u[2][here] = bool(need)
+                b = units[("b", fm.module)]
+                passes = mem(REDUCE_PASSES * sum(fm.reduce) * ctx.gdt)
+                if synced:
+                    b[0][here] += passes
+                else:
+                    b[3][here] += passes
+                for x in fm.reduce:
+                    b[3][here] += coll("reduce_scatter", "dp", float(x * ctx.gdt))[here]
+                b[4][here] = bool(fm.reduce)
+        for mo in order_f:
+            units[("f", mo)][0] = units[("f", mo)][0] + fwd_comp[mo]
+            units[("r", mo)][0] = units[("r", mo)][0] + fwd_comp[mo]
+        for mo in order_b:
+            units[("b", mo)][0] = units[("b", mo)][0] + bwd_comp[mo]
+        return ([units[("f", mo)] for mo in order_f], [units[("r", mo)] for mo in order_f],
+                [units[("b", mo)] for mo in order_b])
 
     # ------------------------------------------------------------------ memory
     def memory(self, ctx: _Context, plans) -> tuple[np.ndarray, np.ndarray]:
@@ -354,12 +391,15 @@ class DecoderVectors:
         first_stage = np.bool_(first) | (pp == 1)
         other += np.where(last_stage, b * s * sh.vocab / t * (2 + 4), 0.0)
         other += np.where(first_stage, b * s * sh.hidden * chunks / v, 0.0)
-        k = gathered_layers(ctx.cfg.software.zero3_prefetch_layers)  # ZeRO-3 layers in flight
-        other += np.where(zero == 3, k * sh.layer_params / t * ctx.dt, 0.0)
-        if ctx.cfg.software.zero3_gather == "per_tensor":  # the list all-gather's flat copy
+        sw = ctx.cfg.software
+        if sw.zero3_gather == "per_layer":   # ZeRO-3's gathered layers in flight
+            k = gathered_layers(sw.zero3_prefetch_layers)
+            other += np.where(zero == 3, k * sh.layer_params / t * ctx.dt, 0.0)
+        else:                                # its gathered modules (and a list buffer)
             for tp in np.unique(plans["tp"]):
-                other += np.where((zero == 3) & (plans["tp"] == tp), list_gather_bytes(
-                    sh, int(tp), ctx.cfg.software, ctx.dt), 0.0)
+                held = (module_hook_bytes(sh, int(tp), sw, ctx.dt)
+                        + list_gather_bytes(sh, int(tp), sw, ctx.dt))
+                other += np.where((zero == 3) & (plans["tp"] == tp), held, 0.0)
         return weights + grads + opt + acts + other
 
 

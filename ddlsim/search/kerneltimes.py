@@ -15,7 +15,8 @@ from ..workloads.trace import Kernel
 __all__ = ["kernel_times"]
 
 _KEYS = ("attn", "mlp", "ew", "bwd.attn", "bwd.mlp", "bwd.ew", "recompute", "logits",
-         "bwd.logits")
+         "bwd.logits", "attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2", "bwd.mlp.fc2",
+         "bwd.mlp.fc1", "bwd.attn.proj", "bwd.attn.qkv")
 
 
 def _one(ctx, b: int, t: int, sp: bool, seen: dict) -> dict[str, float]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["zero3_time"]
+__all__ = ["zero3_time", "zero3_units_time"]
 
 
 def _pass(c, d, head, layer, a, r, L: int, k: int, backward: bool):
@@ -65,6 +65,62 @@ def zero3_time(L: int, k: int, m, parts, a, r, ab=None) -> np.ndarray:
         c, d = _pass(c, d, e, f, a, r, L, k, False)
         c = c + hf
         c, d = _pass(c, d, hb, bw, ab, r, L, k, True)
+        ends.append((c, d))
+    (c1, d1), (c2, d2), (c3, d3) = ends
+    mm = np.asarray(m, dtype=float)
+    extra = np.maximum(mm - 3, 0)
+    c = np.select([mm <= 1, mm == 2], [c1, c2], c3 + extra * (c3 - c2))
+    d = np.select([mm <= 1, mm == 2], [d1, d2], d3 + extra * (d3 - d2))
+    return np.maximum(c, d)
+
+
+def _units_pass(c, d, head, units, L: int, k: int, synced: bool):
+    """One pass over ``L`` layers of ``units`` (per unit: compute, gathers' seconds and
+    whether it has any, reduce-scatters' seconds and whether it has any), as
+    :func:`ddlsim.workloads.decoder.zero3._pass` issues them: a unit without gathers waits
+    for nothing on the ``dp`` stream; under ``synced`` a unit also waits for the
+    reduce-scatters of the unit before it."""
+    seq = units * L
+    n = len(seq)
+    ready = []
+
+    def gather(d, after, unit):
+        _, a, has, _, _ = unit
+        d2 = np.where(has, np.maximum(d, after) + a, d)
+        return d2, np.where(has, d2, -np.inf)
+
+    for j in range(min(k + 1, n)):
+        d, r = gather(d, c, seq[j])
+        ready.append(r)
+    c = c + head
+    rs_end = np.full_like(c, -np.inf)
+    for j in range(n):
+        comp, _, _, r, has_r = seq[j]
+        start = np.maximum(c, ready[j])
+        if synced:
+            start = np.maximum(start, rs_end)
+        c = start + comp
+        d = np.where(has_r, np.maximum(d, c) + r, d)
+        rs_end = np.where(has_r, d, -np.inf)
+        if j + k + 1 < n:
+            d, rd = gather(d, c, seq[j + k + 1])
+            ready.append(rd)
+    return c, d
+
+
+def zero3_units_time(L: int, k: int, m, e, hf, hb, fwd_units, bwd_units,
+                     synced: bool) -> np.ndarray:
+    """:func:`zero3_time` for ZeRO-3 from module hooks: the passes run over units (a module's
+    part of a layer) instead of layers, ``k`` units gathered ahead. ``fwd_units``/
+    ``bwd_units``: one layer's units, each (compute, gather seconds, has gathers,
+    reduce-scatter seconds, has reduce-scatters), arrays over the plans."""
+    c = np.zeros_like(np.asarray(fwd_units[0][0], dtype=float))
+    d = c.copy()
+    ends = []
+    for _ in range(3):
+        c, d = _units_pass(c, d, e, fwd_units, L, k, synced)
+        c = c + hf
+        c, d = _units_pass(c, d, hb, bwd_units, L, k, synced)
         ends.append((c, d))
     (c1, d1), (c2, d2), (c3, d3) = ends
     mm = np.asarray(m, dtype=float)

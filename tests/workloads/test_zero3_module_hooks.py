@@ -1,5 +1,6 @@
-"""Per-tensor ZeRO-3 (the deepspeed-2021 stack, docs/overlap.md): which tensors a layer
-gathers and reduce-scatters, derived by hand from DeepSpeed v0.3.13's rules, and its errors."""
+"""ZeRO-3 from module hooks (the deepspeed-2021 and deepspeed stacks, docs/overlap.md): which
+tensors a layer gathers and reduce-scatters, derived by hand from DeepSpeed's rules, the trace's
+units, and the errors."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import ddlsim
 from ddlsim.config import build_config
 from ddlsim.errors import ConfigError
 from ddlsim.software import SoftwareSpec, resolve_software
-from ddlsim.workloads.decoder.zero3 import FETCH_PASSES, REDUCE_PASSES, module_fetches
+from ddlsim.workloads.decoder.zero3 import module_fetches
 from ddlsim.workloads.models.decoder import DecoderShape
 
 GPT3 = DecoderShape(layers=96, hidden=12288, heads=96, ffn=4 * 12288, vocab=51200,
@@ -18,38 +19,76 @@ H = 12288
 QKV, PROJ, FC = 3 * H * H, H * H, 4 * H * H
 
 
+def _flat(fetches, field):
+    return tuple(n for f in fetches for n in getattr(f, field))
+
+
 def test_gpt3_layer_gathers_its_four_weights_and_keeps_the_small_tensors():
     """Biases and LayerNorms (≤ 49,152 elements) are under the 1e5 persistence threshold: the
-    forward gathers the four weight matrices; every tensor's gradient is reduce-scattered."""
+    forward gathers the four weight matrices, one per GEMM module; every tensor's gradient is
+    reduce-scattered, the norms' with the GEMM after them."""
     sw = resolve_software("deepspeed-2021")
-    fetch = module_fetches(GPT3, 1, sw, full_recompute=False)
-    assert fetch.forward == (QKV, PROJ, FC, FC)
-    assert fetch.backward == fetch.forward
-    assert len(fetch.reduce) == 12 and sum(fetch.reduce) == GPT3.dense_layer_params
-    assert fetch.forward_passes == FETCH_PASSES * sum(fetch.forward)
-    assert fetch.reduce_passes == REDUCE_PASSES * GPT3.dense_layer_params
+    fetches = module_fetches(GPT3, 1, sw, full_recompute=False)
+    assert [f.module for f in fetches] == [1, 2, 4, 5]
+    assert _flat(fetches, "forward") == (QKV, PROJ, FC, FC)
+    assert _flat(fetches, "backward") == (QKV, PROJ, FC, FC)
+    assert _flat(fetches, "recompute") == ()
+    assert len(_flat(fetches, "reduce")) == 12
+    assert sum(_flat(fetches, "reduce")) == GPT3.dense_layer_params
+    assert len(fetches[0].reduce) == 4          # LayerNorm weight and bias, QKV weight, bias
 
 
 def test_full_recompute_regathers_all_but_the_modules_reused_within_the_distance():
-    """Under full recomputation the backward gathers each weight for the recomputed forward
-    and again for its backward, except the second MLP GEMM (reused at distance 0). The first
-    MLP GEMM's distance is twice the second's 604 M elements, over the 1e9 limit; with a
-    limit of 1.3e9 it is kept too."""
+    """Under full recomputation each module is gathered for the recomputed forward and again
+    for its backward, except the second MLP GEMM (reused at distance 0). The first MLP
+    GEMM's distance is twice the second's 604 M elements, over the 1e9 limit; with a limit of
+    1.3e9 it is kept too."""
     sw = resolve_software("deepspeed-2021")
-    fetch = module_fetches(GPT3, 1, sw, full_recompute=True)
-    assert fetch.backward == (QKV, QKV, PROJ, PROJ, FC, FC, FC)
-    assert fetch.backward_passes == FETCH_PASSES * sum(fetch.backward)
+    fetches = module_fetches(GPT3, 1, sw, full_recompute=True)
+    assert _flat(fetches, "recompute") == (QKV, PROJ, FC, FC)
+    assert _flat(fetches, "backward") == (QKV, PROJ, FC)
     wider = resolve_software(SoftwareSpec(stack="deepspeed-2021",
                                           overlap={"zero3_max_reuse_distance": 1_300_000_000}))
-    assert module_fetches(GPT3, 1, wider, True).backward == (QKV, QKV, PROJ, PROJ, FC, FC)
+    assert _flat(module_fetches(GPT3, 1, wider, True), "backward") == (QKV, PROJ)
 
 
 def test_tensor_parallel_shards_the_weights_and_replicates_the_norms():
     sw = resolve_software("deepspeed-2021")
-    fetch = module_fetches(GPT3, 8, sw, full_recompute=False)
-    assert fetch.forward == (QKV / 8, PROJ / 8, FC / 8, FC / 8)
-    assert sum(fetch.reduce) == sum(sum(m) for m in GPT3.layer_modules(8))
+    fetches = module_fetches(GPT3, 8, sw, full_recompute=False)
+    assert _flat(fetches, "forward") == (QKV / 8, PROJ / 8, FC / 8, FC / 8)
+    assert sum(_flat(fetches, "reduce")) == sum(sum(m) for m in GPT3.layer_modules(8))
     assert sum(sum(m) for m in GPT3.layer_modules(8)) * 8 > GPT3.dense_layer_params
+
+
+def test_per_tensor_trace_overlaps_one_module_and_waits_for_the_reduce_scatters():
+    """deepspeed-2021's backward on one layer of GPT-3 1.3B: units per module part, each
+    module's gather issued one unit ahead, the compute of a unit after the reduce-scatters
+    of the unit before it (the device synchronisation), the passes where DeepSpeed runs them."""
+    data = {"model": "gpt3-1.3b", "parallel": {"zero_stage": 3},
+            "train": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 2048,
+                      "recompute": "full"},
+            "system": {"preset": "dgx-a100", "nodes": 2, "software": "deepspeed-2021"}}
+    w = ddlsim.build_workload(build_config(data, []))
+    ops = w.classes[0].program.blocks["F0"].flat.ops
+    names = [o.payload.name for o in ops]
+    # the first layer: QKV (+ core) gathered with the projection's weight ahead of it
+    first = names.index("fwd.attn.qkv")
+    assert names[1:3] == ["param.all_gather", "zero3.fetch_passes"]
+    assert names[3:5] == ["param.all_gather", "zero3.fetch_passes"]
+    assert ops[first].deps == (1, 2)
+    assert names[first + 1:first + 3] == ["param.all_gather", "zero3.fetch_passes"]
+    assert ops[first + 1].deps == (first,)        # fc1's gather: after QKV's compute
+    back = w.classes[0].program.blocks["B0"].flat.ops
+    names = [o.payload.name for o in back]
+    fc2, fc1 = names.index("bwd.mlp.fc2"), names.index("bwd.mlp.fc1")
+    # fc2's gradient passes (compute stream), its two reduce-scatters, then fc1 after them
+    assert names[fc2 + 1:fc1] == ["zero3.reduce_passes"] + ["grad.reduce_scatter"] * 2
+    assert back[fc2 + 1].stream == "compute" and back[fc2 + 2].deps == (fc2 + 1,)
+    assert back[fc1].deps == (fc2 + 2, fc2 + 3)
+    # GPT-3 1.3B's modules are all reused within 1e9 elements: no backward re-gathers
+    forward = w.classes[0].program.blocks["F0"].flat.ops
+    assert names.count("param.all_gather") == sum(
+        o.payload.name == "param.all_gather" for o in forward) == 4 * 24
 
 
 def test_per_tensor_gathers_cost_more_than_per_layer_ones():
@@ -76,21 +115,19 @@ def test_thresholds_without_module_hooks_are_refused():
 
 def test_todays_deepspeed_gathers_each_module_once_coalesced():
     """The deepspeed stack (DeepSpeed >= 0.6): one gather per module with a fetched tensor,
-    the same re-gathers under recomputation, one reduce-scatter per module, and the
-    gradients' six memory passes but no gather passes."""
+    the same re-gathers under recomputation, one reduce-scatter per module."""
     sw = resolve_software("deepspeed")
     assert sw.zero3_gather == "per_module"
-    fetch = module_fetches(GPT3, 1, sw, full_recompute=True)
-    assert fetch.forward == (QKV, PROJ, FC, FC)
-    assert fetch.backward == (QKV, QKV, PROJ, PROJ, FC, FC, FC)
-    assert fetch.reduce == tuple(sum(m) for m in GPT3.layer_modules(1))
-    assert fetch.forward_passes == fetch.backward_passes == 0
-    assert fetch.reduce_passes == REDUCE_PASSES * GPT3.dense_layer_params
+    fetches = module_fetches(GPT3, 1, sw, full_recompute=True)
+    assert _flat(fetches, "forward") == (QKV, PROJ, FC, FC)
+    assert _flat(fetches, "backward") == (QKV, PROJ, FC)
+    assert _flat(fetches, "reduce") == (2 * H + QKV + 3 * H, PROJ + H, 2 * H + FC + 4 * H,
+                                        FC + H)
     # a huge QKV bias (3h >= 1e5) is fetched with its weight, in the same collective
     wide = DecoderShape(layers=2, hidden=40960, heads=320, ffn=4 * 40960, vocab=51200,
                         max_positions=2048)
     h = 40960
-    assert module_fetches(wide, 1, sw, False).forward[0] == 3 * h * h + 3 * h
+    assert module_fetches(wide, 1, sw, False)[0].forward == (3 * h * h + 3 * h,)
 
 
 def test_per_tensor_gathers_of_moe_layers_are_refused():
@@ -109,7 +146,7 @@ def test_presets_lists_how_each_stack_gathers_under_zero3():
     res = CliRunner().invoke(app, ["presets", "software"], env={"COLUMNS": "250"})
     assert res.exit_code == 0, res.output
     row = next(line for line in res.output.splitlines() if "deepspeed-2021" in line)
-    assert "per tensor, on demand; kept under 1e+05 elements" in row
+    assert "per tensor, 1 module ahead; kept under 1e+05 elements" in row
     assert "zero3_persistence_threshold=0" not in res.output
 
 

@@ -18,7 +18,7 @@ from ..trace import Block, RankClass, Program, StepTable, Workload, WorkloadMeta
 from .builder import StageBuilder
 from .memory import stage_memory
 from . import param_gather
-from .zero3 import zero3_blocks
+from .zero3 import zero3_blocks, zero3_prefetch
 
 __all__ = ["build_decoder_workload", "decoder_memory"]
 
@@ -96,7 +96,7 @@ def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
         if blocks is None:
             blocks = {}
             if zero3:
-                blocks.update(zero3_blocks(b, cfg.software.zero3_prefetch_layers))
+                blocks.update(zero3_blocks(b, zero3_prefetch(cfg.software)))
             else:
                 for c in range(v):
                     sync = b.grad_sync_ops(stage, c) if overlap else None

@@ -26,7 +26,7 @@ from ...simulator.kernels.elementwise import layer_elementwise_kernels
 from ...simulator.kernels.gemm import gemm_kernels_backward
 from ..trace import Compute, Kernel
 
-__all__ = ["layer_kernels", "compute_dtype", "grad_bytes", "linear_gemms", "activation_kinds",
+__all__ = ["layer_kernels", "MODULE_PARTS", "compute_dtype", "grad_bytes", "linear_gemms", "activation_kinds",
            "logits_kernels", "recompute_op"]
 
 
@@ -73,13 +73,26 @@ def _linear(shape3: tuple[float, float, float], dtype: str, backward: bool) -> t
     return (_fp8_casts(M, N, K, backward) + out) if dtype == "fp8" else out
 
 
+#: The GEMM ops of a dense layer split by the module whose parameters each part uses, in
+#: execution order: op name → ((part key of :func:`layer_kernels`, module), …); modules index
+#: :meth:`~ddlsim.workloads.models.decoder.DecoderShape.layer_modules` (1 QKV, 2 output
+#: projection, 4 first MLP GEMM, 5 second).
+MODULE_PARTS = {
+    "attn": (("attn.qkv", 1), ("attn.proj", 2)),
+    "mlp": (("mlp.fc1", 4), ("mlp.fc2", 5)),
+    "bwd.mlp": (("bwd.mlp.fc2", 5), ("bwd.mlp.fc1", 4)),
+    "bwd.attn": (("bwd.attn.proj", 2), ("bwd.attn.qkv", 1)),
+}
+
+
 @lru_cache(maxsize=512)
 def layer_kernels(shape: Any, sw: Any, b: int, s: int, t: int, sp: bool,
                   train_dtype: str) -> dict[str, tuple[Kernel, ...]]:
     """Kernels of one dense layer on one TP rank: ``attn`` (qkv, core, proj), ``mlp``
     (fc1, fc2), ``ew`` (element-wise), their backwards ``bwd.attn``, ``bwd.mlp``, ``bwd.ew``,
-    and ``recompute`` (what selective recomputation redoes: the attention core's forward,
-    Korthikanti et al. 2022 §5)."""
+    ``recompute`` (what selective recomputation redoes: the attention core's forward,
+    Korthikanti et al. 2022 §5), and the GEMM ops' parts by module (``attn.qkv``,
+    ``attn.proj``, ``mlp.fc1``, …, ``bwd.attn.qkv``: :data:`MODULE_PARTS`)."""
     gd = train_dtype                      # linear GEMMs (fp8 under FP8)
     od = compute_dtype(train_dtype)       # attention and element-wise
     dt = DTYPE_BYTES[od]
@@ -87,14 +100,27 @@ def layer_kernels(shape: Any, sw: Any, b: int, s: int, t: int, sp: bool,
     core = [attention_kernels(sw.attention, b, shape.heads / t, s, shape.d, dt, shape.dropout,
                               bwd, od) for bwd in (False, True)]
     ew = layer_elementwise_kernels(shape, b, s, t, sp, dt, sw, od)
+    # each op's kernels by the module whose parameters they use (ZeRO-3's module hooks,
+    # .zero3): the attention core runs between the QKV and output projections' hooks
+    parts = {
+        "attn.qkv": _linear(g["qkv"], gd, False) + core[0],
+        "attn.proj": _linear(g["proj"], gd, False),
+        "mlp.fc1": _linear(g["fc1"], gd, False),
+        "mlp.fc2": _linear(g["fc2"], gd, False),
+        "bwd.mlp.fc2": _linear(g["fc2"], gd, True),
+        "bwd.mlp.fc1": _linear(g["fc1"], gd, True),
+        "bwd.attn.proj": _linear(g["proj"], gd, True) + core[1],
+        "bwd.attn.qkv": _linear(g["qkv"], gd, True),
+    }
     return {
-        "attn": _linear(g["qkv"], gd, False) + core[0] + _linear(g["proj"], gd, False),
-        "mlp": _linear(g["fc1"], gd, False) + _linear(g["fc2"], gd, False),
+        "attn": parts["attn.qkv"] + parts["attn.proj"],
+        "mlp": parts["mlp.fc1"] + parts["mlp.fc2"],
         "ew": ew,
-        "bwd.mlp": _linear(g["fc2"], gd, True) + _linear(g["fc1"], gd, True),
-        "bwd.attn": _linear(g["proj"], gd, True) + core[1] + _linear(g["qkv"], gd, True),
+        "bwd.mlp": parts["bwd.mlp.fc2"] + parts["bwd.mlp.fc1"],
+        "bwd.attn": parts["bwd.attn.proj"] + parts["bwd.attn.qkv"],
         "bwd.ew": tuple(Kernel("memory", bytes=2 * k.bytes, dtype=k.dtype) for k in ew),
         "recompute": core[0],
+        **parts,
     }
 
 

@@ -29,7 +29,7 @@ def inactive_reasons(cfg: Any) -> dict[str, str]:
         out["tp_comm_overlap"] = why
     if sw.overlap_grad_reduce and p.zero_stage == 3:
         out["overlap_grad_reduce"] = ("ZeRO-3 reduce-scatters each layer's gradients within "
-                                      "its backward (zero3_gather, zero3_prefetch_layers)")
+                                      "its backward (docs/overlap.md, ZeRO-3 / FSDP)")
     elif sw.overlap_grad_reduce and p.dp_strategy != "ddp":
         out["overlap_grad_reduce"] = (f"dp_strategy {p.dp_strategy!r} updates after the "
                                       "whole backward")
@@ -84,7 +84,6 @@ def overlap_phrase(cfg: Any) -> str:
     if off:
         text += "; inactive here: " + ", ".join(short[f] for f in off)
     if cfg.parallel.zero_stage == 3:
-        k = sw.zero3_prefetch_layers
-        ahead = "on demand" if k == 0 else f"{k} layer{'s' if k > 1 else ''} ahead"
-        text += f"; ZeRO-3 gathers {sw.zero3_gather.replace('_', ' ')}, {ahead}"
+        from .zero3 import zero3_phrase
+        text += f"; ZeRO-3 gathers {zero3_phrase(sw)}"
     return text

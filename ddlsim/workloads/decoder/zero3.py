@@ -61,14 +61,16 @@ elements, ``reduce_scatter_coalesced``) with the same six memory passes (bucket 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ...errors import ConfigError
 from ..trace import Block, Collective, Compute, Op, Wait
 from .builder import StageBuilder, as_ops
+from .layerkernels import MODULE_PARTS
 
 __all__ = ["zero3_blocks", "zero3_shards", "gathered_layers", "zero3_gathered_bytes",
-           "list_gather_bytes", "TensorFetch", "module_fetches", "FETCH_PASSES",
+           "zero3_prefetch", "zero3_phrase", "module_hook_bytes",
+           "list_gather_bytes", "ModuleFetch", "module_fetches", "FETCH_PASSES",
            "REDUCE_PASSES"]
 
 #: memory passes over a gathered tensor: zero-filled flat buffer (write), then PyTorch 1.8's
@@ -83,43 +85,61 @@ REDUCE_PASSES = 6
 
 
 @dataclass(frozen=True)
-class TensorFetch:
-    """One dense layer's per-tensor ZeRO-3 traffic on a rank (elements, TP-sharded):
-    the all-gathers of its forward and of its backward, its reduce-scatters, and the elements
-    the memory passes of each touch (:data:`FETCH_PASSES` etc. already applied)."""
+class ModuleFetch:
+    """One GEMM module of a dense layer under ZeRO-3 from module hooks (elements on a rank,
+    TP-sharded): what it gathers before its forward, before its recomputed forward (full
+    recomputation) and before its backward, and what it reduce-scatters after its backward.
+    ``module`` indexes :meth:`~ddlsim.workloads.models.decoder.DecoderShape.layer_modules`;
+    a norm's tensors go with the GEMM module after it."""
 
+    module: int
     forward: tuple[float, ...]
+    recompute: tuple[float, ...]
     backward: tuple[float, ...]
     reduce: tuple[float, ...]
-    forward_passes: float
-    backward_passes: float
-    reduce_passes: float
 
 
-def module_fetches(shape, tp: int, sw, full_recompute: bool) -> TensorFetch:
+#: the GEMM modules of a dense layer (layer_modules indices) and the norm folded into each
+_GEMM_MODULES = ((1, 0), (2, None), (4, 3), (5, None))
+
+
+def module_fetches(shape, tp: int, sw, full_recompute: bool) -> tuple[ModuleFetch, ...]:
     """DeepSpeed's fetches of one dense layer from its leaf modules' hooks (the module
-    docstring): one collective per tensor (``per_tensor``, gathered with the list-form
-    collective's memory passes) or per module (``per_module``: coalesced, gathered into the
-    parameter's own buffer); the gradients' memory passes in both."""
+    docstring): one collective per tensor (``per_tensor``) or per module (``per_module``,
+    coalesced), tensors under the persistence threshold never gathered, and under full
+    recomputation a module's backward re-gathers it unless it is reused within the reuse
+    distance (the modules after it, visited by the recomputed forward and again by the
+    backward: twice their elements)."""
     modules = shape.layer_modules(tp)
     threshold, reuse = sw.zero3_persistence_threshold, sw.zero3_max_reuse_distance
     sizes = [sum(m) for m in modules]
-    forward, backward, reduce = [], [], []
-    for i, module in enumerate(modules):
-        # recomputation fetches the modules after i, and the backward visits them again
-        times = 2 if full_recompute and not 2 * sum(sizes[i + 1:]) < reuse else 1
-        fetched = [n for n in module if n >= threshold]
-        if sw.zero3_gather == "per_module":
+    out = []
+    for gemm, norm in _GEMM_MODULES:
+        own = [i for i in (norm, gemm) if i is not None]
+        tensors = [n for i in own for n in modules[i]]
+        fetched = [n for n in tensors if n >= threshold]
+        reduce = tensors
+        if sw.zero3_gather == "per_module":   # one coalesced collective per module
             fetched = [sum(fetched)] if fetched else []
-            reduce.append(sizes[i])
-        else:
-            reduce += module
-        forward += fetched
-        backward += fetched * times
-    copies = sw.zero3_gather == "per_tensor"   # PyTorch 1.8's list-form all_gather
-    return TensorFetch(tuple(forward), tuple(backward), tuple(reduce),
-                       copies * FETCH_PASSES * sum(forward), copies * FETCH_PASSES * sum(backward),
-                       REDUCE_PASSES * sum(reduce))
+            reduce = [sum(tensors)]
+        kept = full_recompute and 2 * sum(sizes[gemm + 1:]) < reuse
+        out.append(ModuleFetch(gemm, tuple(fetched), tuple(fetched) if full_recompute else (),
+                               () if kept else tuple(fetched), tuple(reduce)))
+    return tuple(out)
+
+
+def zero3_prefetch(sw) -> int:
+    """Units gathered ahead of the unit computing: layers (``zero3_prefetch_layers``) for
+    per-layer gathers, modules (``zero3_prefetch_modules``) for gathers from module hooks."""
+    return sw.zero3_prefetch_layers if sw.zero3_gather == "per_layer" \
+        else sw.zero3_prefetch_modules
+
+
+def zero3_phrase(sw) -> str:
+    """``per layer, 1 layer ahead`` / ``per tensor, 1 module ahead`` / ``…, on demand``."""
+    k, unit = zero3_prefetch(sw), "layer" if sw.zero3_gather == "per_layer" else "module"
+    ahead = "on demand" if k == 0 else f"{k} {unit}{'s' if k > 1 else ''} ahead"
+    return f"{sw.zero3_gather.replace('_', ' ')}, {ahead}"
 
 
 def gathered_layers(prefetch: int) -> int:
@@ -133,9 +153,22 @@ def zero3_gathered_bytes(cfg, layer_bytes: float, shape=None, dt: float = 0.0) -
     parameters on the rank (``layer_bytes``, already TP-sharded), and with per-tensor gathers
     the second flat buffer of the largest tensor of ``dt`` bytes per element
     (:func:`list_gather_bytes`; needs ``shape``)."""
-    extra = (list_gather_bytes(shape, cfg.parallel.tp, cfg.software, dt)
-             if shape is not None else 0.0)
-    return gathered_layers(cfg.software.zero3_prefetch_layers) * layer_bytes + extra
+    sw = cfg.software
+    if sw.zero3_gather == "per_layer" or shape is None:
+        return gathered_layers(sw.zero3_prefetch_layers) * layer_bytes
+    return (module_hook_bytes(shape, cfg.parallel.tp, sw, dt)
+            + list_gather_bytes(shape, cfg.parallel.tp, sw, dt))
+
+
+def module_hook_bytes(shape, tp: int, sw, dt: float) -> float:
+    """Gathered parameters held at once under module hooks: the module computing and the
+    ``zero3_prefetch_modules`` gathered ahead, at most the largest such run of consecutive
+    GEMM modules (counted around the layer) — bounded by one layer when the prefetch spans
+    the layer's four modules."""
+    sizes = [sum(m.forward) for m in module_fetches(shape, tp, sw, False)]
+    k = min(sw.zero3_prefetch_modules + 1, len(sizes))
+    ring = sizes + sizes
+    return max(sum(ring[i:i + k]) for i in range(len(sizes))) * dt
 
 
 def list_gather_bytes(shape, tp: int, sw, dt: float) -> float:
@@ -159,64 +192,134 @@ def zero3_shards(b: StageBuilder, moe: bool) -> list[tuple[str, float]]:
     return [("dp", (dense + expert) * b.dt)]
 
 
-def _tensors(b: StageBuilder) -> TensorFetch | None:
-    """The module-hook fetches of the stage's layers, or None for per-layer gathers."""
-    if b.sw.zero3_gather == "per_layer":
+@dataclass
+class _Unit:
+    """A stretch of compute that one set of gathers feeds: a layer (per-layer gathers) or a
+    module's part of a layer (module hooks, ``module`` set). ``gathers``/``reduces``:
+    (group, bytes) before it and after it; ``gather_passes``/``reduce_passes``: bytes of the
+    memory passes after its gathers and before its reduce-scatters."""
+
+    ops: list
+    gathers: list
+    reduces: list = field(default_factory=list)
+    module: int | None = None
+    gather_passes: float = 0.0
+    reduce_passes: float = 0.0
+
+
+def _split(op: Compute, b: StageBuilder) -> list[tuple[Compute, int]] | None:
+    """A layer op cut into its modules' parts (:data:`.layerkernels.MODULE_PARTS`: the
+    forward, recomputed and backward attention and MLP ops), each part with its module; None
+    for other ops. FLOPs are shared out as the parts' GEMMs hold them (they only count; the
+    time is the kernels')."""
+    head, _, kind = op.name.partition(".")
+    parts = MODULE_PARTS.get(f"bwd.{kind}" if head == "bwd" else kind)
+    if parts is None or op.kernels is None:
         return None
+    kernels = b.kernels
+    work = [sum(2.0 * k.shape[0] * k.shape[1] * k.shape[2] * k.batch if k.kind == "gemm"
+                else k.flops for k in kernels[part]) for part, _ in parts]
+    total = sum(work) or 1.0
+    return [(Compute(f"{op.name}.{part.rsplit('.', 1)[1]}", op.flops * w / total,
+                     op.bytes * w / total, op.kind, op.dtype, kernels=kernels[part]), module)
+            for (part, module), w in zip(parts, work)]
+
+
+def _module_units(b: StageBuilder, ops: list, fetch: dict[int, ModuleFetch],
+                  backward: bool) -> list[_Unit]:
+    """One layer's ops (its forward, or its recomputation and backward) as one unit per
+    module part; ops before the first part join it, later ones join the part before them.
+    A unit gathers its module's forward tensors, or in the backward its recomputation's on
+    the module's first visit and its backward's on the last; a module's reduce-scatters
+    follow its last unit of the backward."""
+    units: list[_Unit] = []
+    pre: list = []
+    for op in ops:
+        parts = _split(op, b) if isinstance(op, Compute) else None
+        if parts is None:
+            (units[-1].ops if units else pre).append(op)
+            continue
+        for part, module in parts:
+            f = fetch[module]
+            first = not any(u.module == module for u in units)
+            need = (f.forward if not backward else
+                    f.recompute if f.recompute and first else f.backward)
+            units.append(_Unit([*pre, part], [("dp", n * b.dt) for n in need], module=module))
+            pre = []
+    if not units:
+        raise ConfigError("ZeRO-3 from module hooks (zero3_gather per_module or per_tensor) "
+                          "needs a layer built of Megatron's attention and MLP GEMMs")
+    if backward:
+        for module, f in fetch.items():
+            unit = [u for u in units if u.module == module][-1]
+            unit.reduces = [("dp", n * b.gdt) for n in f.reduce]
+            unit.reduce_passes = REDUCE_PASSES * sum(f.reduce) * b.gdt
+    if b.sw.zero3_gather == "per_tensor":   # PyTorch 1.8's list-form all_gather
+        for u in units:
+            u.gather_passes = FETCH_PASSES * sum(n for _, n in u.gathers)
+    return units
+
+
+def _units(b: StageBuilder, layers: list[list], moe: list[bool], backward: bool) -> list[_Unit]:
+    """The units of a pass over ``layers`` (their ops, in pass order)."""
+    if b.sw.zero3_gather == "per_layer":
+        return [_Unit(ops, zero3_shards(b, m),
+                      [(g, n * b.gdt / b.dt) for g, n in zero3_shards(b, m)] if backward else [])
+                for ops, m in zip(layers, moe)]
     if b.shape.is_moe:
         raise ConfigError(f"system.software: zero3_gather = {b.sw.zero3_gather!r} is modelled "
                           "for dense decoder layers; this model has Mixture-of-Experts layers. "
                           "Use zero3_gather: per_layer")
-    return module_fetches(b.shape, b.tp, b.sw, b.cfg.train.recompute == "full")
+    fetch = {f.module: f for f in module_fetches(b.shape, b.tp, b.sw,
+                                                  b.cfg.train.recompute == "full")}
+    return [u for ops in layers for u in _module_units(b, ops, fetch, backward)]
 
 
-def _pass(b: StageBuilder, head: list, bodies: list[list], moe: list[bool], backward: bool,
-          prefetch: int) -> list[Op]:
-    """One pass (forward or backward) over the layers ``bodies`` (in pass order) after the
-    ``head`` ops, with its gathers, prefetch limit and (backward) reduce-scatters."""
+def _pass(b: StageBuilder, head: list, units: list[_Unit], prefetch: int) -> list[Op]:
+    """One pass (forward or backward) over ``units`` (in pass order) after the ``head`` ops:
+    unit ``j``'s gathers start once unit ``j − prefetch − 1`` has ended, its reduce-scatters
+    follow it, all on the ``dp`` stream in issue order. Under ``per_tensor`` (DeepSpeed
+    2021) every fetch synchronises the device, so a unit also waits for the reduce-scatters
+    before it, and the gradients' passes run on the compute stream; otherwise on ``dp``."""
     ops: list[Op] = [Op(Wait("zero3.start", "compute"))]
     pending: dict[int, tuple[int, ...]] = {}
-    fetch = _tensors(b)
-    passes = 0.0 if fetch is None else fetch.backward_passes if backward else fetch.forward_passes
-    if passes:
-        bodies = [[Compute("zero3.fetch_passes", 0.0, passes * b.dt, kind="elementwise",
-                           dtype=b.dtype), *body] for body in bodies]
-    # the gradients' memory passes: before their reduce-scatters, on the reduction stream
-    # (today's DeepSpeed), or after the layer's backward on the compute stream (2021: every
-    # gather waits for a device synchronisation anyway)
-    reduce_passes = (Compute("zero3.reduce_passes", 0.0, fetch.reduce_passes * b.gdt,
-                             kind="elementwise", dtype=b.dtype)
-                     if fetch is not None and backward and fetch.reduce_passes else None)
-    if reduce_passes is not None and b.sw.zero3_gather == "per_tensor":
-        bodies, reduce_passes = [[*body, reduce_passes] for body in bodies], None
-
-    def shards(j: int, grads: bool) -> list[tuple[str, float]]:
-        if fetch is None:
-            return zero3_shards(b, moe[j])
-        elems = fetch.reduce if grads else fetch.backward if backward else fetch.forward
-        return [("dp", n * b.dt) for n in elems]
+    synced = b.sw.zero3_gather == "per_tensor"
 
     def gather(j: int, dep: int) -> None:
         idx = []
-        for group, n in shards(j, False):
+        for group, n in units[j].gathers:
             ops.append(Op(Collective("param.all_gather", "all_gather", group, n), group,
                           deps=(dep,)))
             idx.append(len(ops) - 1)
+        if units[j].gather_passes:
+            ops.append(Op(Compute("zero3.fetch_passes", 0.0, units[j].gather_passes,
+                                  kind="elementwise", dtype=b.dtype), "dp", deps=(dep,)))
+            idx.append(len(ops) - 1)
         pending[j] = tuple(idx)
 
-    for j in range(min(prefetch + 1, len(bodies))):
+    for j in range(min(prefetch + 1, len(units))):
         gather(j, 0)
     ops += as_ops(head)
-    for j, body in enumerate(bodies):
-        ops += [Op(x, deps=pending.pop(j) if i == 0 else ()) for i, x in enumerate(body)]
+    before: tuple[int, ...] = ()
+    for j, unit in enumerate(units):
+        ops += [Op(x, deps=pending.pop(j) + before if i == 0 else ())
+                for i, x in enumerate(unit.ops)]
         last = len(ops) - 1
-        if reduce_passes is not None:
-            ops.append(Op(reduce_passes, "dp", deps=(last,)))
-        if backward:
-            for group, n in shards(j, True):
-                ops.append(Op(Collective("grad.reduce_scatter", "reduce_scatter", group,
-                                         n * b.gdt / b.dt), group, deps=(last,)))
-        if j + prefetch + 1 < len(bodies):
+        if unit.reduce_passes:
+            ops.append(Op(Compute("zero3.reduce_passes", 0.0, unit.reduce_passes,
+                                  kind="elementwise", dtype=b.dtype),
+                          "compute" if synced else "dp", deps=(last,)))
+            last = len(ops) - 1 if synced else last
+            dep = len(ops) - 1
+        else:
+            dep = last
+        rs = []
+        for group, n in unit.reduces:
+            ops.append(Op(Collective("grad.reduce_scatter", "reduce_scatter", group, n), group,
+                          deps=(dep,)))
+            rs.append(len(ops) - 1)
+        before = tuple(rs) if synced else ()
+        if j + prefetch + 1 < len(units):
             gather(j + prefetch + 1, last)
     return ops
 
@@ -224,10 +327,10 @@ def _pass(b: StageBuilder, head: list, bodies: list[list], moe: list[bool], back
 def zero3_blocks(b: StageBuilder, prefetch: int) -> dict[str, Block]:
     """The ``F0`` and ``B0`` blocks of ZeRO-3 without pipelining (the module docstring)."""
     moe = [b.shape.is_moe_layer(i) for i in range(b.split[0][0])]
-    fwd = _pass(b, b.embedding_forward(), [b.layer_forward(moe=m) for m in moe], moe, False,
-                prefetch)
+    fwd = _pass(b, b.embedding_forward(),
+                _units(b, [b.layer_forward(moe=m) for m in moe], moe, False), prefetch)
     fwd += as_ops(b.head_forward())
     back = moe[::-1]
-    bwd = _pass(b, b.head_backward(), [b.layer_backward(moe=m) for m in back], back, True,
-                prefetch)
+    bwd = _pass(b, b.head_backward(),
+                _units(b, [b.layer_backward(moe=m) for m in back], back, True), prefetch)
     return {"F0": Block("F0", "forward", tuple(fwd)), "B0": Block("B0", "backward", tuple(bwd))}
