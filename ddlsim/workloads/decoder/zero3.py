@@ -22,8 +22,8 @@ DeepSpeed ZeRO-3 partitions gradients at every backward (``reduce_scatter`` in i
 backward hooks, gradient accumulation included; DeepSpeed docs, "ZeRO-3 Offload" and
 ``stage3.py``), i.e. ``3Ψ`` bytes per micro-batch (Rajbhandari et al. 2020, §7.2.2).
 
-Memory: ``k + 1`` gathered layers are alive at once (the one computing and ``k`` prefetched):
-:func:`gathered_layers_bytes`.
+Memory: ``k + 1`` gathered layers are alive at once (the one computing and ``k`` prefetched);
+under module hooks ``k + 1`` modules (:func:`zero3_gathered_bytes`).
 
 **Per-tensor gathers** (``software.zero3_gather: per_tensor``, the ``deepspeed-2021`` stack):
 DeepSpeed of early 2021 (v0.3.13, the first with ZeRO-3) fetched parameters from each leaf
@@ -44,19 +44,28 @@ layer (Megatron's six leaf modules,
   ``div_`` by the data-parallel size, and the list-form reduce-scatter's copy into a flat
   input.
 
-The gathers of a layer run one after another before it, its reduce-scatters after it
-(``zero3_prefetch_layers: 0`` in that stack: every gather follows a device synchronisation).
-Not modelled: the host time of those synchronisations and of the list-form collectives'
+**Units.** Under module hooks the passes run over *units* instead of layers: each layer's
+attention and MLP ops are cut by module (:data:`.layerkernels.MODULE_PARTS`: QKV with the
+attention core, the output projection, the two MLP GEMMs; other ops join the part before
+them), and the prefetch counts units (``zero3_prefetch_modules``). DeepSpeed v0.3.13 fetches a
+module (synchronising the device), then ``prefetch_next_sub_modules`` launches the next
+parameters' gather asynchronously and the module computes: one tensor in flight behind the
+compute, ``zero3_prefetch_modules: 1``. Every fetch synchronises the device, so under
+``per_tensor`` a unit also waits for the reduce-scatters of the unit before it, and the
+gradients' passes run on the compute stream; the gathers' passes follow each gather on the
+``dp`` stream (the zero-fill and the copy-out run on the communication stream).
+Not modelled: the host time of the synchronisations and of the list-form collectives'
 per-rank copies (one ``copy_`` per rank and tensor), which grows with the data-parallel size.
 
 **Per-module gathers** (``per_module``, the ``deepspeed`` stack): DeepSpeed since v0.6 fetches
 the same way from the same hooks, with the same persistence and reuse rules, but gathers a
 module's parameters in one coalesced ``all_gather_into_tensor`` into the parameter's own buffer
 (no memory passes when the module has one gathered tensor, the usual case; the ``torch.cat``
-of several is not modelled), and prefetches (``zero3_prefetch_layers``). Gradients are
-reduce-scattered per module here (DeepSpeed: per ``reduce_bucket_size`` bucket of 5e8
-elements, ``reduce_scatter_coalesced``) with the same six memory passes (bucket copy,
-``torch.cat`` of the ranks' chunks, ``div_``).
+of several is not modelled), prefetches ``stage3_prefetch_bucket_size`` = 5e7 elements (at
+least the next module: ``zero3_prefetch_modules: 1``) and synchronises only the streams it
+needs. Gradients are reduce-scattered per module here (DeepSpeed: per ``reduce_bucket_size``
+bucket of 5e8 elements, ``reduce_scatter_coalesced``), with the same six memory passes
+(bucket copy, ``torch.cat`` of the ranks' chunks, ``div_``) on the reduction stream before them.
 """
 
 from __future__ import annotations
