@@ -105,3 +105,17 @@ def test_search_tier_memory_counts_the_list_gather_buffer():
     assert total - plain == pytest.approx(4 * h * h / 2 * 2, rel=1e-12)
     held = ddlsim.memory_per_device(cfg).other
     assert held >= (4 * h * h / 2 * 2) * 2 * 2  # fc1 and fc2 (two modules), plus the copy
+
+
+def test_search_rejects_zero3_plans_that_set_overlap_grad_reduce():
+    """A grid sweeping parallel.overlap_grad_reduce and ZeRO stages: its ZeRO-3 plans with the
+    option on are rejected with the reason the exact engine gives, the others evaluated."""
+    axes = {"parallel.zero_stage": [0, 3], "parallel.overlap_grad_reduce": [True, False],
+            "parallel.tensor_model_parallel_size": [8]}
+    grid = evaluate_grid(BASE, None, [], axes, Constraints())
+    reason = [r for r in grid.rejected if "overlap_grad_reduce" in r]
+    assert reason and "ZeRO-3" in reason[0]
+    frame = grid.frame
+    zero3_on = frame[(frame["parallel.zero_stage"] == 3)
+                     & (frame["parallel.overlap_grad_reduce"] == True)]  # noqa: E712
+    assert zero3_on.empty and not frame[frame["parallel.zero_stage"] == 3].empty

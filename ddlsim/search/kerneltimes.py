@@ -15,8 +15,14 @@ from ..workloads.trace import Kernel
 __all__ = ["kernel_times"]
 
 _KEYS = ("attn", "mlp", "ew", "bwd.attn", "bwd.mlp", "bwd.ew", "recompute", "logits",
-         "bwd.logits", "attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2", "bwd.mlp.fc2",
-         "bwd.mlp.fc1", "bwd.attn.proj", "bwd.attn.qkv")
+         "bwd.logits")
+#: the GEMM ops' parts by module, for ZeRO-3 from module hooks only
+_PART_KEYS = ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2", "bwd.mlp.fc2", "bwd.mlp.fc1",
+              "bwd.attn.proj", "bwd.attn.qkv")
+
+
+def _keys(ctx) -> tuple[str, ...]:
+    return _KEYS if ctx.cfg.software.zero3_gather == "per_layer" else _KEYS + _PART_KEYS
 
 
 def _one(ctx, b: int, t: int, sp: bool, seen: dict) -> dict[str, float]:
@@ -35,12 +41,13 @@ def _one(ctx, b: int, t: int, sp: bool, seen: dict) -> dict[str, float]:
             got = seen[k] = kernel_time(k, ctx.dev)
         return got
 
-    return {key: sum(time(k) for k in lk[key]) for key in _KEYS}
+    return {key: sum(time(k) for k in lk[key]) for key in _keys(ctx)}
 
 
 def kernel_times(ctx, mbs: np.ndarray, tp: np.ndarray, sp: np.ndarray) -> dict[str, np.ndarray]:
     """Per plan: seconds of each compute op of a layer (keys as ``layer_kernels``, plus
-    ``logits`` and ``bwd.logits``)."""
+    ``logits`` and ``bwd.logits``; the ops' parts by module only under ZeRO-3 from module
+    hooks)."""
     mbs, tp = np.asarray(mbs, dtype=np.int64), np.asarray(tp, dtype=np.int64)
     # one integer per (mbs, tp, sp), ordered as the triples are: a 1-D unique is far cheaper
     # than np.unique(axis=0) on the stacked triples
@@ -48,8 +55,9 @@ def kernel_times(ctx, mbs: np.ndarray, tp: np.ndarray, sp: np.ndarray) -> dict[s
     codes = (mbs * span + tp) * 2 + np.asarray(sp, dtype=np.int64)
     uniq, inverse = np.unique(codes, return_inverse=True)
     seen: dict = {}
-    table = np.array([[row[k] for k in _KEYS] for row in
+    keys = _keys(ctx)
+    table = np.array([[row[k] for k in keys] for row in
                       (_one(ctx, int(c // 2 // span), int(c // 2 % span), bool(c % 2), seen)
-                       for c in uniq)]).reshape(len(uniq), len(_KEYS))
+                       for c in uniq)]).reshape(len(uniq), len(keys))
     per_plan = table[inverse.reshape(-1)]
-    return {k: per_plan[:, i] for i, k in enumerate(_KEYS)}
+    return {k: per_plan[:, i] for i, k in enumerate(keys)}
