@@ -37,7 +37,7 @@ def _pass(c, d, head, layer, a, r, L: int, k: int, backward: bool):
     return c, d
 
 
-def zero3_time(L: int, k: int, m, parts, a, r, ab=None) -> np.ndarray:
+def zero3_time(L: int, k: int, m, parts, a, r) -> np.ndarray:
     """When the last micro-batch's compute and reduce-scatters have both ended, per plan.
 
     Parameters
@@ -50,21 +50,25 @@ def zero3_time(L: int, k: int, m, parts, a, r, ab=None) -> np.ndarray:
         Seconds of the embedding, a layer's forward, the head's forward, the head's backward
         and a layer's backward (compute stream).
     a, r : arrays
-        Seconds of one layer's all-gathers (forward) and reduce-scatters, each run one after
-        another on the ``dp`` stream.
-    ab : array, optional
-        Seconds of one layer's all-gathers in the backward (default ``a``; per-tensor gathers
-        may fetch more there).
+        Seconds of one layer's all-gather and reduce-scatter.
     """
-    ab = a if ab is None else ab
     e, f, hf, hb, bw = parts
-    c = np.zeros_like(np.asarray(a, dtype=float))
-    d = c.copy()
+
+    def micro_batch(c, d):
+        c, d = _pass(c, d, e, f, a, r, L, k, False)
+        return _pass(c + hf, d, hb, bw, a, r, L, k, True)
+
+    return _over_micro_batches(m, np.zeros_like(np.asarray(a, dtype=float)), micro_batch)
+
+
+def _over_micro_batches(m, zero, micro_batch) -> np.ndarray:
+    """When both streams have ended after ``m`` micro-batches, each run by ``micro_batch``
+    (the compute and ``dp`` streams' times in, the same after it out): three are run, later
+    ones repeat the third's period."""
+    c, d = zero, zero.copy()
     ends = []
     for _ in range(3):
-        c, d = _pass(c, d, e, f, a, r, L, k, False)
-        c = c + hf
-        c, d = _pass(c, d, hb, bw, ab, r, L, k, True)
+        c, d = micro_batch(c, d)
         ends.append((c, d))
     (c1, d1), (c2, d2), (c3, d3) = ends
     mm = np.asarray(m, dtype=float)
@@ -114,17 +118,9 @@ def zero3_units_time(L: int, k: int, m, e, hf, hb, fwd_units, bwd_units,
     part of a layer) instead of layers, ``k`` units gathered ahead. ``fwd_units``/
     ``bwd_units``: one layer's units, each (compute, gather seconds, has gathers,
     reduce-scatter seconds, has reduce-scatters), arrays over the plans."""
-    c = np.zeros_like(np.asarray(fwd_units[0][0], dtype=float))
-    d = c.copy()
-    ends = []
-    for _ in range(3):
+    def micro_batch(c, d):
         c, d = _units_pass(c, d, e, fwd_units, L, k, synced)
-        c = c + hf
-        c, d = _units_pass(c, d, hb, bwd_units, L, k, synced)
-        ends.append((c, d))
-    (c1, d1), (c2, d2), (c3, d3) = ends
-    mm = np.asarray(m, dtype=float)
-    extra = np.maximum(mm - 3, 0)
-    c = np.select([mm <= 1, mm == 2], [c1, c2], c3 + extra * (c3 - c2))
-    d = np.select([mm <= 1, mm == 2], [d1, d2], d3 + extra * (d3 - d2))
-    return np.maximum(c, d)
+        return _units_pass(c + hf, d, hb, bwd_units, L, k, synced)
+
+    return _over_micro_batches(m, np.zeros_like(np.asarray(fwd_units[0][0], dtype=float)),
+                               micro_batch)
