@@ -1,7 +1,7 @@
 """ZeRO-3 against PTD-P (3-D parallelism): predicted vs published, and the ordering of each pair.
 
 Run:  python benchmarks/validate_zero3.py [--engine analytical|des] [--markdown] [--write-docs]
-      [--des-rank-ops N]
+      [--des-rank-ops N] [--zero3-software MAPPING]
 
 Narayanan et al. 2021 (SC'21, arXiv:2104.04473), Sec. 5.2 and Table 2, ran GPT-3 175B and the
 530B model on Selene (DGX A100) with ZeRO-3 and no model parallelism (DeepSpeed) and with PTD-P,
@@ -152,7 +152,35 @@ def summary(out: list[dict], engine: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_script("validate_zero3", __doc__, argv, evaluate, _print, summary)
+    """``--zero3-software MAPPING`` (YAML/JSON) runs the ZeRO-3 rows under another
+    ``system.software`` — the alternatives docs/validation.md compares; not with
+    ``--write-docs``, whose table is the default's."""
+    import argparse
+    import json
+
+    import yaml
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--zero3-software")
+    known, rest = ap.parse_known_args(sys.argv[1:] if argv is None else argv)
+    if known.zero3_software is not None:
+        if "--write-docs" in rest:
+            print("error: --zero3-software and --write-docs do not go together: the docs' "
+                  "table is the default stack's", file=sys.stderr)
+            return 2
+        try:
+            STACKS["zero3"] = yaml.safe_load(known.zero3_software)
+        except yaml.YAMLError as exc:
+            print(f"error: --zero3-software is not YAML or JSON: {exc}", file=sys.stderr)
+            return 2
+        from ddlsim.config import build_config
+        from ddlsim.errors import ConfigError
+        try:
+            build_config(config(next(r for r in rows() if r["scheme"] == "zero3")), [])
+        except ConfigError as exc:
+            print(f"error: --zero3-software: {exc}", file=sys.stderr)
+            return 2
+        print(f"ZeRO-3 rows under system.software = {json.dumps(STACKS['zero3'])}\n")
+    return run_script("validate_zero3", __doc__, rest, evaluate, _print, summary)
 
 
 if __name__ == "__main__":
