@@ -168,15 +168,17 @@ def main(argv: list[str] | None = None) -> int:
                   "table is the default stack's", file=sys.stderr)
             return 2
         try:
-            STACKS["zero3"] = yaml.safe_load(known.zero3_software)
+            software = yaml.safe_load(known.zero3_software)
         except yaml.YAMLError as exc:
             print(f"error: --zero3-software is not YAML or JSON: {exc}", file=sys.stderr)
             return 2
         from ddlsim.config import build_config
         from ddlsim.errors import ConfigError
+        default, STACKS["zero3"] = STACKS["zero3"], software
         try:
             build_config(config(next(r for r in rows() if r["scheme"] == "zero3")), [])
         except ConfigError as exc:
+            STACKS["zero3"] = default
             print(f"error: --zero3-software: {exc}", file=sys.stderr)
             return 2
         print(f"ZeRO-3 rows under system.software = {json.dumps(STACKS['zero3'])}\n")

@@ -193,3 +193,13 @@ def test_zero3_script_runs_one_pair(capsys):
     assert order["predicted"] == pytest.approx(p["tflops"] / z["tflops"])
     vz._print([z, p], markdown=False)
     assert "174.6B" in capsys.readouterr().out
+
+
+def test_zero3_script_takes_another_stack_for_the_zero3_rows(capsys):
+    """--zero3-software swaps the ZeRO-3 rows' stack (docs/validation.md's step table); a bad
+    stack is one error line, and the docs' table is only written for the default stack."""
+    assert vz.main(["--zero3-software", "{stack: nope}"]) == 2
+    assert "stack 'nope' is not a known software stack" in capsys.readouterr().err
+    assert vz.main(["--zero3-software", "{stack: deepspeed}", "--write-docs"]) == 2
+    assert "do not go together" in capsys.readouterr().err
+    assert vz.STACKS["zero3"] == "deepspeed-2021"
