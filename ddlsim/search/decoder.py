@@ -167,8 +167,7 @@ class DecoderVectors:
         delay = np.maximum(coll("all_gather", "dp", rest) - first_block, 0.0) * (rest > 0)
         upd_f, upd_l = upd_f + delay, upd_l + delay
         whole = self._zero3(ctx, plans, (emb, fwd, head_f, head_b, bwd), coll,
-                            (k, tp_comm, tp_bwd, mem(sh.layer_params / t * acc),
-                             rec == RECOMPUTE.index("full")))
+                            (k, tp_comm, tp_bwd, mem(sh.layer_params / t * acc)))
         # Megatron turns overlap_p2p_comm off without the interleaved schedule
         blocking = (v == 1) | (not ctx.cfg.software.overlap_p2p_comm)
         return StageCosts(fwd_first, fwd_mid, fwd_last, bwd_first, bwd_mid, bwd_last,
@@ -286,7 +285,6 @@ class DecoderVectors:
         if not on.any():
             return np.full(len(plans), np.nan)
         # the op-by-op recurrence runs over the ZeRO-3 plans only (a few of the grid)
-        sub = lambda x: np.broadcast_to(np.asarray(x, dtype=float), on.shape)[on]  # noqa: E731
         out = np.full(len(plans), np.nan)
         sw = ctx.cfg.software
         if sw.zero3_gather == "per_layer":
@@ -294,31 +292,31 @@ class DecoderVectors:
             a = coll("all_gather", "dp", nbytes)
             r = coll("reduce_scatter", "dp", nbytes * ctx.gdt / ctx.dt)
             out[on] = zero3_time(ctx.shape.layers, sw.zero3_prefetch_layers, m[on],
-                                 tuple(sub(x) for x in (e, f, hf, hb, bw)), sub(a), sub(r))
+                                 tuple(_take(x, on) for x in (e, f, hf, hb, bw)),
+                                 _take(a, on), _take(r, on))
         else:
-            fwd_u, rec_u, bwd_u = self._module_units(ctx, plans, on, coll, pieces)
-            full = pieces[-1]
+            full = plans["recompute"] == RECOMPUTE.index("full")
+            fwd_u, rec_u, bwd_u = self._module_units(ctx, plans, on, coll, pieces, full)
             for rec in (False, True):   # the recomputation's units exist under full only
                 sel = on & (full == rec)
                 if sel.any():
-                    pick = lambda x: np.broadcast_to(np.asarray(x), sel.shape)[sel]  # noqa: E731
+                    units = [fwd_u, (rec_u if rec else []) + bwd_u]
+                    fu, bu = ([tuple(_take(x, sel) for x in u) for u in us] for us in units)
                     out[sel] = zero3_units_time(
-                        ctx.shape.layers, sw.zero3_prefetch_modules, m[sel], pick(e),
-                        pick(hf), pick(hb), [tuple(pick(x) for x in u) for u in fwd_u],
-                        [tuple(pick(x) for x in u) for u in (rec_u if rec else []) + bwd_u],
-                        sw.zero3_gather == "per_tensor")
+                        ctx.shape.layers, sw.zero3_prefetch_modules, m[sel], _take(e, sel),
+                        _take(hf, sel), _take(hb, sel), fu, bu, sw.zero3_gather == "per_tensor")
         out[on] += self._optimizer(ctx, self.stage_params(ctx, plans, True)[on]
                                    / np.maximum(dp[on], 1))
         return out
 
-    def _module_units(self, ctx: _Context, plans, on, coll, pieces):
+    def _module_units(self, ctx: _Context, plans, on, coll, pieces, full):
         """One layer's units under ZeRO-3 from module hooks, forward and backward, as
         :func:`ddlsim.workloads.decoder.zero3._module_units` cuts the layer: per unit its
         compute, its gathers (and their memory passes under ``per_tensor``) and its
         reduce-scatters (with the gradients' passes, on the compute stream under
         ``per_tensor``, before the reduce-scatters otherwise), per TP size and recomputation:
         (forward units, the recomputed forward's units, the backward's units)."""
-        k, tp_f, tp_b, acc, full = pieces
+        k, tp_f, tp_b, acc = pieces
         n, sw = len(plans), ctx.cfg.software
         zeros = lambda: np.zeros(n)  # noqa: E731
         mem = lambda nbytes: nbytes / ctx.dev.memory_Bps  # noqa: E731
@@ -409,6 +407,11 @@ class DecoderVectors:
                         + list_gather_bytes(sh, int(tp), sw, ctx.dt))
                 other += np.where((zero == 3) & (plans["tp"] == tp), held, 0.0)
         return weights + grads + opt + acts + other
+
+
+def _take(x, mask: np.ndarray) -> np.ndarray:
+    """``x`` (an array over the plans, or a scalar) at the plans ``mask`` selects."""
+    return np.broadcast_to(np.asarray(x), mask.shape)[mask]
 
 
 def _unique_meshes(tp, pp, dp) -> tuple[np.ndarray, np.ndarray]:

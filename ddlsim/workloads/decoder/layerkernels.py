@@ -26,8 +26,8 @@ from ...simulator.kernels.elementwise import layer_elementwise_kernels
 from ...simulator.kernels.gemm import gemm_kernels_backward
 from ..trace import Compute, Kernel
 
-__all__ = ["layer_kernels", "MODULE_PARTS", "compute_dtype", "grad_bytes", "linear_gemms", "activation_kinds",
-           "logits_kernels", "recompute_op"]
+__all__ = ["layer_kernels", "MODULE_PARTS", "compute_dtype", "grad_bytes", "linear_gemms",
+           "activation_kinds", "logits_kernels", "recompute_op"]
 
 
 def compute_dtype(train_dtype: str) -> str:

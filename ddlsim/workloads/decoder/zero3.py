@@ -157,13 +157,13 @@ def gathered_layers(prefetch: int) -> int:
     return prefetch + 1
 
 
-def zero3_gathered_bytes(cfg, layer_bytes: float, shape=None, dt: float = 0.0) -> float:
-    """Memory of the gathered layers in flight: :func:`gathered_layers` × one layer's
-    parameters on the rank (``layer_bytes``, already TP-sharded), and with per-tensor gathers
-    the second flat buffer of the largest tensor of ``dt`` bytes per element
-    (:func:`list_gather_bytes`; needs ``shape``)."""
+def zero3_gathered_bytes(cfg, layer_bytes: float, shape, dt: float) -> float:
+    """Memory of the gathered parameters in flight: per layer, :func:`gathered_layers` × one
+    layer's parameters on the rank (``layer_bytes``, already TP-sharded); from module hooks,
+    :func:`module_hook_bytes` and, per tensor, the second flat buffer of the largest tensor
+    (:func:`list_gather_bytes`), ``dt`` bytes per element."""
     sw = cfg.software
-    if sw.zero3_gather == "per_layer" or shape is None:
+    if sw.zero3_gather == "per_layer":
         return gathered_layers(sw.zero3_prefetch_layers) * layer_bytes
     return (module_hook_bytes(shape, cfg.parallel.tp, sw, dt)
             + list_gather_bytes(shape, cfg.parallel.tp, sw, dt))
@@ -313,15 +313,13 @@ def _pass(b: StageBuilder, head: list, units: list[_Unit], prefetch: int) -> lis
     for j, unit in enumerate(units):
         ops += [Op(x, deps=pending.pop(j) + before if i == 0 else ())
                 for i, x in enumerate(unit.ops)]
-        last = len(ops) - 1
+        last = dep = len(ops) - 1
         if unit.reduce_passes:
             ops.append(Op(Compute("zero3.reduce_passes", 0.0, unit.reduce_passes,
                                   kind="elementwise", dtype=b.dtype),
                           "compute" if synced else "dp", deps=(last,)))
-            last = len(ops) - 1 if synced else last
             dep = len(ops) - 1
-        else:
-            dep = last
+            last = dep if synced else last
         rs = []
         for group, n in unit.reduces:
             ops.append(Op(Collective("grad.reduce_scatter", "reduce_scatter", group, n), group,
