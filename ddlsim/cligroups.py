@@ -65,12 +65,15 @@ def _software_table() -> Table:
 
 def _zero3_cell(sw) -> str:
     """``per layer, 1 layer ahead`` or ``per tensor, 1 module ahead; kept under 1e+05
-    elements, …``."""
+    elements, …; host per rank: …``."""
     from .workloads.decoder.zero3 import zero3_phrase
     text = zero3_phrase(sw)
     if sw.zero3_gather != "per_layer":
         text += (f"; kept under {sw.zero3_persistence_threshold:.0e} elements, reused within "
                  f"{sw.zero3_max_reuse_distance:.0e}")
+    if sw.zero3_host_python_op or sw.zero3_host_copy:
+        text += (f"; host per rank: {sw.zero3_host_python_op * 1e6:g} µs a Python op, "
+                 f"{sw.zero3_host_copy * 1e6:g} µs a copy_")
     return text
 
 

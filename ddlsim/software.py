@@ -50,6 +50,9 @@ def _off_from_false(v: Any) -> Any:
 #: A count of elements: a whole number ≥ 0, also written as DeepSpeed's configs do (``1e5``)
 Elements = Annotated[int, BeforeValidator(reject_bool), Field(ge=0, le=10**15)]
 
+#: Host seconds of one operation: a non-negative float, never a boolean, at most 10 ms
+HostSeconds = Annotated[float, BeforeValidator(reject_bool), Field(ge=0.0, le=0.01)]
+
 #: ``tp_comm_overlap``'s values (``off`` also as YAML's false)
 TPCommOverlap = Annotated[Literal["off", "bulk", "pipelined"], BeforeValidator(_off_from_false)]
 
@@ -103,6 +106,14 @@ class OverlapSpec(_Strict):
         default=None,
         description="per_module/per_tensor ZeRO-3: a module reused within this many elements of "
                     "fetches is kept gathered (DeepSpeed stage3_max_reuse_distance)")
+    zero3_host_python_op: HostSeconds | None = Field(
+        default=None,
+        description="per_tensor ZeRO-3: host seconds of one Python-level tensor operation "
+                    "(a view per rank in the list-form collectives' loops; docs/overlap.md)")
+    zero3_host_copy: HostSeconds | None = Field(
+        default=None,
+        description="per_tensor ZeRO-3: host seconds of one copy_ with its kernel launch "
+                    "(one per rank in PyTorch 1.8's list-form all_gather/reduce_scatter)")
 
 
 class SoftwareSpec(_Strict):
@@ -202,13 +213,25 @@ def resolve_software(spec: SoftwareSpec | str | None, plan: Any = None) -> Softw
                     f"gathers from module hooks only, and zero3_gather is 'per_layer' "
                     f"({_where(sources, spec)}); set zero3_gather: per_module or per_tensor, "
                     f"or {field}: 0")
-    elif overlap["zero3_prefetch_layers"]:
+    if overlap["zero3_gather"] != "per_tensor":
+        for field in _HOST_FIELDS:
+            if overlap[field]:
+                raise ConfigError(
+                    f"{sources[field]}: {field} = {overlap[field]:g} s applies to per-tensor "
+                    f"ZeRO-3 gathers only (the list-form collectives' per-rank host loops), "
+                    f"and zero3_gather is {overlap['zero3_gather']!r} ({_where(sources, spec)}); "
+                    f"set zero3_gather: per_tensor, or {field}: 0")
+    if overlap["zero3_gather"] != "per_layer" and overlap["zero3_prefetch_layers"]:
         raise ConfigError(
             f"{sources['zero3_prefetch_layers']}: zero3_prefetch_layers = "
             f"{overlap['zero3_prefetch_layers']} applies to per-layer ZeRO-3 gathers, and "
             f"zero3_gather is {overlap['zero3_gather']!r} ({_where(sources, spec)}); gathers "
             f"from module hooks prefetch by module: set zero3_prefetch_modules instead")
     return Software(spec.stack, kernels, overlap, sources)
+
+
+#: host costs of the list-form collectives, modelled under ``zero3_gather: per_tensor`` only
+_HOST_FIELDS = ("zero3_host_python_op", "zero3_host_copy")
 
 
 def _where(sources: dict[str, str], spec: SoftwareSpec) -> str:

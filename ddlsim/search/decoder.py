@@ -24,8 +24,9 @@ from ..config import DTYPE_BYTES
 from ..errors import ConfigError
 from ..software import grad_dtype_bytes
 from ..workloads.decoder import tp_overlap as tpo
-from ..workloads.decoder.zero3 import (FETCH_PASSES, REDUCE_PASSES, gathered_layers,
-                                        list_gather_bytes, module_fetches, module_hook_bytes)
+from ..workloads.decoder.zero3 import (FETCH_PASSES, GATHER_HOST_OPS, REDUCE_HOST_OPS,
+                                        REDUCE_PASSES, gathered_layers, list_gather_bytes,
+                                        list_host_seconds, module_fetches, module_hook_bytes)
 from ..simulator.kernels import kernel_device, optimizer_bytes_per_param
 from ..simulator.kernels.elementwise import loss_bytes
 from ..workloads.decoder.layerkernels import activation_kinds, compute_dtype
@@ -326,8 +327,10 @@ class DecoderVectors:
         bwd_comp = {5: sel + k["bwd.mlp.fc2"], 4: k["bwd.mlp.fc1"] + tp_b,
                     2: k["bwd.attn.proj"], 1: k["bwd.attn.qkv"] + tp_b + k["bwd.ew"] + acc}
         order_f, order_b = (1, 2, 4, 5), (5, 4, 2, 1)
-        # (module, visit): compute, gather s, has gathers, reduce s, has reduces
-        units = {key: [zeros(), zeros(), np.zeros(n, bool), zeros(), np.zeros(n, bool)]
+        # (module, visit): compute, gather s, has gathers, reduce s, has reduces, and the
+        # host's seconds to issue the gathers and the reduce-scatters
+        units = {key: [zeros(), zeros(), np.zeros(n, bool), zeros(), np.zeros(n, bool),
+                       zeros(), zeros()]
                  for key in [("f", mo) for mo in order_f] + [("r", mo) for mo in order_f]
                  + [("b", mo) for mo in order_b]}
         synced = sw.zero3_gather == "per_tensor"
@@ -340,11 +343,15 @@ class DecoderVectors:
                         u[1][here] += coll("all_gather", "dp", float(x * ctx.dt))[here]
                     if synced:
                         u[1][here] += mem(FETCH_PASSES * sum(need) * ctx.dt)
+                        u[5][here] = list_host_seconds(sw, plans["dp"][here], len(need),
+                                                       GATHER_HOST_OPS)
                     u[2][here] = bool(need)
                 b = units[("b", fm.module)]
                 passes = mem(REDUCE_PASSES * sum(fm.reduce) * ctx.gdt)
                 if synced:
                     b[0][here] += passes
+                    b[6][here] = list_host_seconds(sw, plans["dp"][here], len(fm.reduce),
+                                                   REDUCE_HOST_OPS)
                 else:
                     b[3][here] += passes
                 for x in fm.reduce:

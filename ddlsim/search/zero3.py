@@ -58,58 +58,73 @@ def zero3_time(L: int, k: int, m, parts, a, r) -> np.ndarray:
         c, d = _pass(c, d, e, f, a, r, L, k, False)
         return _pass(c + hf, d, hb, bw, a, r, L, k, True)
 
-    return _over_micro_batches(m, np.zeros_like(np.asarray(a, dtype=float)), micro_batch)
+    return _over_micro_batches(m, np.zeros_like(np.asarray(a, dtype=float)), micro_batch, 2)
 
 
-def _over_micro_batches(m, zero, micro_batch) -> np.ndarray:
-    """When both streams have ended after ``m`` micro-batches, each run by ``micro_batch``
-    (the compute and ``dp`` streams' times in, the same after it out): three are run, later
-    ones repeat the third's period."""
-    c, d = zero, zero.copy()
+def _over_micro_batches(m, zero, micro_batch, streams: int) -> np.ndarray:
+    """When every stream has ended after ``m`` micro-batches, each run by ``micro_batch``
+    (the ``streams`` streams' times in, the same after it out): three are run, later ones
+    repeat the third's period."""
+    state = tuple(zero.copy() for _ in range(streams))
     ends = []
     for _ in range(3):
-        c, d = micro_batch(c, d)
-        ends.append((c, d))
-    (c1, d1), (c2, d2), (c3, d3) = ends
+        state = micro_batch(*state)
+        ends.append(state)
     mm = np.asarray(m, dtype=float)
     extra = np.maximum(mm - 3, 0)
-    c = np.select([mm <= 1, mm == 2], [c1, c2], c3 + extra * (c3 - c2))
-    d = np.select([mm <= 1, mm == 2], [d1, d2], d3 + extra * (d3 - d2))
-    return np.maximum(c, d)
+    out = []
+    for s1, s2, s3 in zip(*ends):
+        out.append(np.select([mm <= 1, mm == 2], [s1, s2], s3 + extra * (s3 - s2)))
+    return np.maximum.reduce(out)
 
 
-def _units_pass(c, d, head, units, L: int, k: int, synced: bool):
+def _units_pass(c, d, h, head, units, L: int, k: int, synced: bool):
     """One pass over ``L`` layers of ``units`` (per unit: compute, gathers' seconds and
-    whether it has any, reduce-scatters' seconds and whether it has any), as
-    :func:`ddlsim.workloads.decoder.zero3._pass` issues them: a unit without gathers waits
-    for nothing on the ``dp`` stream; under ``synced`` a unit also waits for the
-    reduce-scatters of the unit before it."""
+    whether it has any, reduce-scatters' seconds and whether it has any, the host's seconds
+    to issue its gathers and its reduce-scatters), as
+    :func:`ddlsim.workloads.decoder.zero3._pass` issues them on the compute, ``dp`` and
+    ``host`` streams (times ``c``, ``d``, ``h``): a unit without gathers waits for nothing
+    on the ``dp`` stream; under ``synced`` a unit also waits for the reduce-scatters of the
+    unit before it, and the host issues the next gather once both have ended; a unit waits
+    for the host's issue of the gather launched before it."""
     seq = units * L
     n = len(seq)
     ready = []
+    issue = []
 
-    def gather(d, after, unit):
-        _, a, has, _, _ = unit
-        d2 = np.where(has, np.maximum(d, after) + a, d)
-        return d2, np.where(has, d2, -np.inf)
+    def gather(d, h, after, unit):
+        a, has, hg = unit[1], unit[2], unit[5]
+        hosted = hg > 0
+        h = np.where(hosted, np.maximum(h, after) + hg, h)
+        d2 = np.where(has, np.maximum(d, np.where(hosted, h, after)) + a, d)
+        return d2, h, np.where(has, d2, -np.inf), np.where(hosted, h, -np.inf)
 
+    first = np.full_like(c, -np.inf)
     for j in range(min(k + 1, n)):
-        d, r = gather(d, c, seq[j])
+        d, h, r, i = gather(d, h, c, seq[j])
         ready.append(r)
+        first = np.maximum(first, i)
+    issue.append(first)
     c = c + head
     rs_end = np.full_like(c, -np.inf)
     for j in range(n):
-        comp, _, _, r, has_r = seq[j]
-        start = np.maximum(c, ready[j])
+        comp, _, _, r, has_r, _, hr = seq[j]
+        start = np.maximum(np.maximum(c, ready[j]), issue[j])
         if synced:
             start = np.maximum(start, rs_end)
         c = start + comp
-        d = np.where(has_r, np.maximum(d, c) + r, d)
+        hosted = hr > 0
+        h = np.where(hosted, np.maximum(np.maximum(h, ready[j]), rs_end) + hr, h)
+        d = np.where(has_r, np.maximum(d, np.where(hosted, np.maximum(c, h), c)) + r, d)
         rs_end = np.where(has_r, d, -np.inf)
         if j + k + 1 < n:
-            d, rd = gather(d, c, seq[j + k + 1])
+            after = np.maximum(c, rs_end) if synced else c
+            d, h, rd, i = gather(d, h, after, seq[j + k + 1])
             ready.append(rd)
-    return c, d
+            issue.append(i)
+        else:
+            issue.append(np.full_like(c, -np.inf))
+    return c, d, h
 
 
 def zero3_units_time(L: int, k: int, m, e, hf, hb, fwd_units, bwd_units,
@@ -117,10 +132,11 @@ def zero3_units_time(L: int, k: int, m, e, hf, hb, fwd_units, bwd_units,
     """:func:`zero3_time` for ZeRO-3 from module hooks: the passes run over units (a module's
     part of a layer) instead of layers, ``k`` units gathered ahead. ``fwd_units``/
     ``bwd_units``: one layer's units, each (compute, gather seconds, has gathers,
-    reduce-scatter seconds, has reduce-scatters), arrays over the plans."""
-    def micro_batch(c, d):
-        c, d = _units_pass(c, d, e, fwd_units, L, k, synced)
-        return _units_pass(c + hf, d, hb, bwd_units, L, k, synced)
+    reduce-scatter seconds, has reduce-scatters, host seconds of the gathers, host seconds
+    of the reduce-scatters), arrays over the plans."""
+    def micro_batch(c, d, h):
+        c, d, h = _units_pass(c, d, h, e, fwd_units, L, k, synced)
+        return _units_pass(c + hf, d, h, hb, bwd_units, L, k, synced)
 
     return _over_micro_batches(m, np.zeros_like(np.asarray(fwd_units[0][0], dtype=float)),
-                               micro_batch)
+                               micro_batch, 3)

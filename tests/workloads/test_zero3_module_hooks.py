@@ -10,7 +10,8 @@ import ddlsim
 from ddlsim.config import build_config
 from ddlsim.errors import ConfigError
 from ddlsim.software import SoftwareSpec, resolve_software
-from ddlsim.workloads.decoder.zero3 import module_fetches
+from ddlsim.workloads.decoder.zero3 import (GATHER_HOST_OPS, REDUCE_HOST_OPS,
+                                            list_host_seconds, module_fetches)
 from ddlsim.workloads.models.decoder import DecoderShape
 
 GPT3 = DecoderShape(layers=96, hidden=12288, heads=96, ffn=4 * 12288, vocab=51200,
@@ -71,20 +72,28 @@ def test_per_tensor_trace_overlaps_one_module_and_waits_for_the_reduce_scatters(
     w = ddlsim.build_workload(build_config(data, []))
     ops = w.classes[0].program.blocks["F0"].flat.ops
     names = [o.payload.name for o in ops]
-    # the first layer: QKV (+ core) gathered with the projection's weight ahead of it
+    # the first layer: QKV (+ core) gathered with the projection's weight ahead of it, each
+    # gather issued by the host first
     first = names.index("fwd.attn.qkv")
-    assert names[1:3] == ["param.all_gather", "zero3.fetch_passes"]
-    assert names[3:5] == ["param.all_gather", "zero3.fetch_passes"]
-    assert ops[first].deps == (1, 2)
-    assert names[first + 1:first + 3] == ["param.all_gather", "zero3.fetch_passes"]
-    assert ops[first + 1].deps == (first,)        # fc1's gather: after QKV's compute
+    issue = ["zero3.host_gather", "param.all_gather", "zero3.fetch_passes"]
+    assert names[1:7] == issue * 2
+    assert [ops[i].stream for i in (1, 2, 3)] == ["host", "dp", "dp"]
+    assert ops[2].deps == ops[3].deps == (1,)
+    # QKV waits for its gather and for the host's issue of the projection's
+    assert ops[first].deps == (2, 3, 4)
+    assert names[first + 1:first + 4] == issue
+    assert ops[first + 1].deps == (first,)        # fc1's issue: after QKV's compute
+    assert ops[first + 4].deps == (5, 6, first + 1)
     back = w.classes[0].program.blocks["B0"].flat.ops
     names = [o.payload.name for o in back]
     fc2, fc1 = names.index("bwd.mlp.fc2"), names.index("bwd.mlp.fc1")
-    # fc2's gradient passes (compute stream), its two reduce-scatters, then fc1 after them
-    assert names[fc2 + 1:fc1] == ["zero3.reduce_passes"] + ["grad.reduce_scatter"] * 2
-    assert back[fc2 + 1].stream == "compute" and back[fc2 + 2].deps == (fc2 + 1,)
-    assert back[fc1].deps == (fc2 + 2, fc2 + 3)
+    # fc2's gradient passes (compute stream), the host's issue of its two reduce-scatters
+    # (beside the compute), the reduce-scatters, then fc1 after them
+    assert names[fc2 + 1:fc1] == ["zero3.reduce_passes", "zero3.host_reduce"] \
+        + ["grad.reduce_scatter"] * 2
+    assert back[fc2 + 1].stream == "compute" and back[fc2 + 2].stream == "host"
+    assert back[fc2 + 2].deps == () and back[fc2 + 3].deps == (fc2 + 1, fc2 + 2)
+    assert back[fc1].deps == (fc2 + 3, fc2 + 4)
     # GPT-3 1.3B's modules are all reused within 1e9 elements: no backward re-gathers
     forward = w.classes[0].program.blocks["F0"].flat.ops
     assert names.count("param.all_gather") == sum(
@@ -111,6 +120,51 @@ def test_thresholds_without_module_hooks_are_refused():
                                           "'megatron-core-2024'"):
         resolve_software(SoftwareSpec(stack="megatron-core-2024",
                                       overlap={"zero3_persistence_threshold": 10}))
+
+
+def test_host_fields_without_per_tensor_gathers_are_refused():
+    with pytest.raises(ConfigError, match="zero3_host_copy = 1e-05 s applies to per-tensor "
+                                          "ZeRO-3 gathers only.*stack 'deepspeed'"):
+        resolve_software(SoftwareSpec(stack="deepspeed", overlap={"zero3_host_copy": 1e-5}))
+    with pytest.raises(ValueError, match="expected a number, got the boolean true"):
+        SoftwareSpec(stack="deepspeed-2021", overlap={"zero3_host_python_op": True})
+    with pytest.raises(ValueError, match="less than or equal to 0.01"):
+        SoftwareSpec(stack="deepspeed-2021", overlap={"zero3_host_copy": 1.0})
+
+
+def test_list_collectives_host_time_counts_the_code_s_operations():
+    """deepspeed-2021: 2 us per Python tensor op, 10 us per copy_; a gather on 8 ranks is
+    8 narrows + 2 (narrow, view) and 8 copy-outs + 3 launches (zeros, own copy_, NCCL); a
+    reduce-scatter 8 × (view + narrow) and 8 flattening copies + the NCCL launch."""
+    sw = resolve_software("deepspeed-2021")
+    assert list_host_seconds(sw, 8, 1, GATHER_HOST_OPS) == pytest.approx(10 * 2e-6 + 11 * 1e-5)
+    assert list_host_seconds(sw, 8, 2, REDUCE_HOST_OPS) == pytest.approx(
+        2 * (16 * 2e-6 + 9 * 1e-5))
+    # linear in the ranks: 1,536 ranks cost 1536 × 12 us per gather, plus the call's 34 us
+    assert list_host_seconds(sw, 1536, 1, GATHER_HOST_OPS) == pytest.approx(
+        1536 * 12e-6 + 34e-6)
+    assert list_host_seconds(resolve_software("deepspeed"), 1536, 1, GATHER_HOST_OPS) == 0
+
+
+def test_the_host_issue_of_every_gather_after_the_first_is_exposed():
+    """Every fetch synchronises the device, so the host's issue of a prefetched gather
+    happens with the device idle: the forward pays each one (all but the two issued before
+    the embedding, which it hides)."""
+    data = {"model": "gpt3-1.3b", "parallel": {"zero_stage": 3},
+            "train": {"micro_batch_size": 1, "global_batch_size": 64, "seq_length": 2048,
+                      "recompute": "full"},
+            "system": {"preset": "dgx-a100", "nodes": 4, "software": "deepspeed-2021"}}
+    free = {**data, "system": {**data["system"], "software": {
+        "stack": "deepspeed-2021", "overlap": {"zero3_host_python_op": 0.0,
+                                               "zero3_host_copy": 0.0}}}}
+    cfg = build_config(data, [])
+    ops = ddlsim.build_workload(cfg).classes[0].program.blocks["F0"].flat.ops
+    issues = [o.payload.seconds for o in ops if o.payload.name == "zero3.host_gather"]
+    assert len(issues) == 4 * 24 and issues[0] == pytest.approx(
+        list_host_seconds(cfg.software, 32, 1, GATHER_HOST_OPS))
+    slower = (ddlsim.predict(cfg, check_fit=False).iteration_time_s
+              - ddlsim.predict(build_config(free, []), check_fit=False).iteration_time_s)
+    assert slower >= sum(issues[2:]) * (1 - 1e-9)
 
 
 def test_todays_deepspeed_gathers_each_module_once_coalesced():

@@ -54,8 +54,15 @@ compute, ``zero3_prefetch_modules: 1``. Every fetch synchronises the device, so 
 ``per_tensor`` a unit also waits for the reduce-scatters of the unit before it, and the
 gradients' passes run on the compute stream; the gathers' passes follow each gather on the
 ``dp`` stream (the zero-fill and the copy-out run on the communication stream).
-Not modelled: the host time of the synchronisations and of the list-form collectives'
-per-rank copies (one ``copy_`` per rank and tensor), which grows with the data-parallel size.
+
+**The host's issue** (``per_tensor``, on a ``host`` stream): each list-form collective costs
+the host a Python view and a ``copy_`` launch per rank (:data:`GATHER_HOST_OPS`,
+:data:`REDUCE_HOST_OPS`, at the stack's ``zero3_host_python_op`` and ``zero3_host_copy``
+seconds), so its issue grows with the data-parallel size. A gather is issued after the
+synchronisation, i.e. once the unit before has ended and its reduce-scatters too, and the
+next unit's compute is launched only after it: the device waits for the host. The
+reduce-scatters are issued from the gradient hooks while the unit's backward computes (the
+host launched it first); they start when both have ended.
 
 **Per-module gathers** (``per_module``, the ``deepspeed`` stack): DeepSpeed since v0.6 fetches
 the same way from the same hooks, with the same persistence and reuse rules, but gathers a
@@ -80,7 +87,7 @@ from .layerkernels import MODULE_PARTS
 __all__ = ["zero3_blocks", "zero3_shards", "gathered_layers", "zero3_gathered_bytes",
            "zero3_prefetch", "zero3_phrase", "module_hook_bytes",
            "list_gather_bytes", "ModuleFetch", "module_fetches", "FETCH_PASSES",
-           "REDUCE_PASSES"]
+           "REDUCE_PASSES", "GATHER_HOST_OPS", "REDUCE_HOST_OPS", "list_host_seconds"]
 
 #: memory passes over a gathered tensor: zero-filled flat buffer (write), then PyTorch 1.8's
 #: list all-gather copies each rank's chunk out of its own flat buffer (read + write)
@@ -91,6 +98,18 @@ FETCH_PASSES = 3
 #: each; stage3.py reduce_independent_p_g_buckets_and_remove_grads and average_tensor,
 #: ProcessGroupNCCL::reduce_scatter)
 REDUCE_PASSES = 6
+
+#: host operations of one list-form collective under ``per_tensor`` (DeepSpeed v0.3.13 on
+#: PyTorch 1.8), as (Python tensor ops, ``copy_``-class launches), per rank and per call:
+#: a gather builds one ``narrow`` view per rank in Python (``_allgather_param``) and PyTorch
+#: copies each rank's chunk out of its flat buffer with one ``copy_`` per rank
+#: (``ProcessGroupNCCL::allgather``); per call the zero-filled buffer, the own partition's
+#: ``copy_`` and the NCCL launch (three launches) and the final ``narrow`` + ``view``
+GATHER_HOST_OPS = ((1, 1), (2, 3))
+#: a reduce-scatter builds ``view`` + ``narrow`` per rank in Python
+#: (``_reduce_scatter_gradient``) and PyTorch copies each input into its flat buffer, one
+#: ``copy_`` per rank (``flattenForScatterGather``); per call the NCCL launch
+REDUCE_HOST_OPS = ((2, 1), (0, 1))
 
 
 @dataclass(frozen=True)
@@ -201,12 +220,23 @@ def zero3_shards(b: StageBuilder, moe: bool) -> list[tuple[str, float]]:
     return [("dp", (dense + expert) * b.dt)]
 
 
+def list_host_seconds(sw, ranks: int, calls: int, ops: tuple) -> float:
+    """Host seconds to issue ``calls`` list-form collectives over ``ranks`` ranks, each with
+    ``ops`` = ((Python ops, copies) per rank, (Python ops, copies) per call)
+    (:data:`GATHER_HOST_OPS`, :data:`REDUCE_HOST_OPS`) at the stack's
+    ``zero3_host_python_op`` and ``zero3_host_copy`` seconds."""
+    (py_rank, cp_rank), (py_call, cp_call) = ops
+    return calls * ((ranks * py_rank + py_call) * sw.zero3_host_python_op
+                    + (ranks * cp_rank + cp_call) * sw.zero3_host_copy)
+
+
 @dataclass
 class _Unit:
     """A stretch of compute that one set of gathers feeds: a layer (per-layer gathers) or a
     module's part of a layer (module hooks, ``module`` set). ``gathers``/``reduces``:
     (group, bytes) before it and after it; ``gather_passes``/``reduce_passes``: bytes of the
-    memory passes after its gathers and before its reduce-scatters."""
+    memory passes after its gathers and before its reduce-scatters; ``host_gather``/
+    ``host_reduce``: host seconds to issue its gathers and its reduce-scatters."""
 
     ops: list
     gathers: list
@@ -214,6 +244,8 @@ class _Unit:
     module: int | None = None
     gather_passes: float = 0.0
     reduce_passes: float = 0.0
+    host_gather: float = 0.0
+    host_reduce: float = 0.0
 
 
 def _split(op: Compute, b: StageBuilder) -> list[tuple[Compute, int]] | None:
@@ -266,6 +298,8 @@ def _module_units(b: StageBuilder, ops: list, fetch: dict[int, ModuleFetch],
     if b.sw.zero3_gather == "per_tensor":   # PyTorch 1.8's list-form all_gather
         for u in units:
             u.gather_passes = FETCH_PASSES * sum(n for _, n in u.gathers)
+            u.host_gather = list_host_seconds(b.sw, b.dp, len(u.gathers), GATHER_HOST_OPS)
+            u.host_reduce = list_host_seconds(b.sw, b.dp, len(u.reduces), REDUCE_HOST_OPS)
     return units
 
 
@@ -293,25 +327,36 @@ def _pass(b: StageBuilder, head: list, units: list[_Unit], prefetch: int) -> lis
     ops: list[Op] = [Op(Wait("zero3.start", "compute"))]
     pending: dict[int, tuple[int, ...]] = {}
     synced = b.sw.zero3_gather == "per_tensor"
+    issued: tuple[int, ...] = ()   # the host's issue of the gathers the next unit waits for
 
-    def gather(j: int, dep: int) -> None:
+    def host(name: str, seconds: float, deps: tuple[int, ...]) -> tuple[int, ...]:
+        if not seconds:
+            return deps
+        ops.append(Op(Compute(name, 0.0, kind="elementwise", dtype=b.dtype, seconds=seconds),
+                      "host", deps=deps))
+        return (len(ops) - 1,)
+
+    def gather(j: int, deps: tuple[int, ...]) -> tuple[int, ...]:
         idx = []
+        deps = host("zero3.host_gather", units[j].host_gather, deps)
         for group, n in units[j].gathers:
             ops.append(Op(Collective("param.all_gather", "all_gather", group, n), group,
-                          deps=(dep,)))
+                          deps=deps))
             idx.append(len(ops) - 1)
         if units[j].gather_passes:
             ops.append(Op(Compute("zero3.fetch_passes", 0.0, units[j].gather_passes,
-                                  kind="elementwise", dtype=b.dtype), "dp", deps=(dep,)))
+                                  kind="elementwise", dtype=b.dtype), "dp", deps=deps))
             idx.append(len(ops) - 1)
         pending[j] = tuple(idx)
+        return deps if units[j].host_gather else ()
 
     for j in range(min(prefetch + 1, len(units))):
-        gather(j, 0)
+        issued = gather(j, (0,)) or issued
     ops += as_ops(head)
     before: tuple[int, ...] = ()
     for j, unit in enumerate(units):
-        ops += [Op(x, deps=pending.pop(j) + before if i == 0 else ())
+        waits = pending.pop(j)
+        ops += [Op(x, deps=waits + before + issued if i == 0 else ())
                 for i, x in enumerate(unit.ops)]
         last = dep = len(ops) - 1
         if unit.reduce_passes:
@@ -320,14 +365,22 @@ def _pass(b: StageBuilder, head: list, units: list[_Unit], prefetch: int) -> lis
                           "compute" if synced else "dp", deps=(last,)))
             dep = len(ops) - 1
             last = dep if synced else last
+        # the host issues the reduce-scatters from the gradient hooks while the unit computes
+        # (once it has launched it: after its gathers and the reduce-scatters before it)
+        rs_deps = (dep,)
+        if unit.host_reduce:
+            rs_deps += host("zero3.host_reduce", unit.host_reduce, waits + before)
         rs = []
         for group, n in unit.reduces:
             ops.append(Op(Collective("grad.reduce_scatter", "reduce_scatter", group, n), group,
-                          deps=(dep,)))
+                          deps=rs_deps))
             rs.append(len(ops) - 1)
         before = tuple(rs) if synced else ()
+        issued = ()
         if j + prefetch + 1 < len(units):
-            gather(j + prefetch + 1, last)
+            # under per_tensor the fetch synchronises the device first: the host issues the
+            # next gather once the unit and its reduce-scatters have ended
+            issued = gather(j + prefetch + 1, (last,) + before)
     return ops
 
 
