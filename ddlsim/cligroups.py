@@ -71,9 +71,10 @@ def _zero3_cell(sw) -> str:
     if sw.zero3_gather != "per_layer":
         text += (f"; kept under {sw.zero3_persistence_threshold:.0e} elements, reused within "
                  f"{sw.zero3_max_reuse_distance:.0e}")
-    if sw.zero3_host_python_op or sw.zero3_host_copy:
+    if sw.zero3_host_python_op or sw.zero3_host_copy or sw.zero3_host_gather_call:
         text += (f"; host per rank: {sw.zero3_host_python_op * 1e6:g} µs a Python op, "
-                 f"{sw.zero3_host_copy * 1e6:g} µs a copy_")
+                 f"{sw.zero3_host_copy * 1e6:g} µs a copy_, and "
+                 f"{sw.zero3_host_gather_call * 1e6:g} µs per gather")
     return text
 
 

@@ -114,6 +114,10 @@ class OverlapSpec(_Strict):
         default=None,
         description="per_tensor ZeRO-3: host seconds of one copy_ with its kernel launch "
                     "(one per rank in PyTorch 1.8's list-form all_gather/reduce_scatter)")
+    zero3_host_gather_call: HostSeconds | None = Field(
+        default=None,
+        description="per_tensor ZeRO-3: host seconds of one parameter gather beyond its "
+                    "counted Python ops and copies (hooks, bookkeeping, allocation)")
 
 
 class SoftwareSpec(_Strict):
@@ -231,7 +235,7 @@ def resolve_software(spec: SoftwareSpec | str | None, plan: Any = None) -> Softw
 
 
 #: host costs of the list-form collectives, modelled under ``zero3_gather: per_tensor`` only
-_HOST_FIELDS = ("zero3_host_python_op", "zero3_host_copy")
+_HOST_FIELDS = ("zero3_host_python_op", "zero3_host_copy", "zero3_host_gather_call")
 
 
 def _where(sources: dict[str, str], spec: SoftwareSpec) -> str:

@@ -58,7 +58,8 @@ gradients' passes run on the compute stream; the gathers' passes follow each gat
 **The host's issue** (``per_tensor``, on a ``host`` stream): each list-form collective costs
 the host a Python view and a ``copy_`` launch per rank (:data:`GATHER_HOST_OPS`,
 :data:`REDUCE_HOST_OPS`, at the stack's ``zero3_host_python_op`` and ``zero3_host_copy``
-seconds), so its issue grows with the data-parallel size. A gather is issued after the
+seconds; a gather also ``zero3_host_gather_call``), so its issue grows with the
+data-parallel size. A gather is issued after the
 synchronisation, i.e. once the unit before has ended and its reduce-scatters too, and the
 next unit's compute is launched only after it: the device waits for the host. The
 reduce-scatters are issued from the gradient hooks while the unit's backward computes (the
@@ -220,14 +221,16 @@ def zero3_shards(b: StageBuilder, moe: bool) -> list[tuple[str, float]]:
     return [("dp", (dense + expert) * b.dt)]
 
 
-def list_host_seconds(sw, ranks: int, calls: int, ops: tuple) -> float:
-    """Host seconds to issue ``calls`` list-form collectives over ``ranks`` ranks, each with
-    ``ops`` = ((Python ops, copies) per rank, (Python ops, copies) per call)
-    (:data:`GATHER_HOST_OPS`, :data:`REDUCE_HOST_OPS`) at the stack's
-    ``zero3_host_python_op`` and ``zero3_host_copy`` seconds."""
+def list_host_seconds(sw, ranks, calls: int, ops: tuple) -> float:
+    """Host seconds to issue ``calls`` list-form collectives over ``ranks`` ranks (a number
+    or an array), each with ``ops`` = ((Python ops, copies) per rank, (Python ops, copies)
+    per call) (:data:`GATHER_HOST_OPS`, :data:`REDUCE_HOST_OPS`) at the stack's
+    ``zero3_host_python_op`` and ``zero3_host_copy`` seconds; a gather adds the stack's
+    ``zero3_host_gather_call``."""
     (py_rank, cp_rank), (py_call, cp_call) = ops
+    call = sw.zero3_host_gather_call if ops is GATHER_HOST_OPS else 0.0
     return calls * ((ranks * py_rank + py_call) * sw.zero3_host_python_op
-                    + (ranks * cp_rank + cp_call) * sw.zero3_host_copy)
+                    + (ranks * cp_rank + cp_call) * sw.zero3_host_copy + call)
 
 
 @dataclass
