@@ -239,7 +239,8 @@ def test_stack_default_that_cannot_apply_is_inactive_and_said():
     ("megatron-core-2024",
      "inactive here: grad-reduce, param-gather, p2p; ZeRO-3 gathers per layer, 1 layer ahead"),
     ("deepspeed", "inactive here: grad-reduce; ZeRO-3 gathers per module, 1 module ahead"),
-    ("deepspeed-2021", "inactive here: grad-reduce; ZeRO-3 gathers per tensor, 1 module ahead")])
+    ("deepspeed-2021", "inactive here: grad-reduce; ZeRO-3 gathers per tensor, 1 module ahead, "
+                       "host-issued per rank (the device's wait counts as 'bubble / wait')")])
 def test_zero3_plan_line_says_how_it_gathers(stack, phrase):
     """Under ZeRO-3 the stack's overlap_grad_reduce does not apply (the reduce-scatters are
     part of each layer's backward), and the plan line names the gather granularity and

@@ -86,4 +86,7 @@ def overlap_phrase(cfg: Any) -> str:
     if cfg.parallel.zero_stage == 3:
         from .zero3 import zero3_phrase
         text += f"; ZeRO-3 gathers {zero3_phrase(sw)}"
+        if sw.zero3_gather == "per_tensor" and (sw.zero3_host_python_op or sw.zero3_host_copy
+                                                 or sw.zero3_host_gather_call):
+            text += ", host-issued per rank (the device's wait counts as 'bubble / wait')"
     return text
