@@ -35,7 +35,7 @@ from .kerneltimes import kernel_times
 from .netcost import collective_seconds, mesh_networks
 from .plans import RECOMPUTE, SCHEDULE
 from .pipeline import earlier_chunks, flow_shop_tail
-from .zero3 import zero3_time, zero3_units_time
+from .zero3 import Unit, zero3_time, zero3_units_time
 
 __all__ = ["DecoderVectors"]
 
@@ -302,7 +302,7 @@ class DecoderVectors:
                 sel = on & (full == rec)
                 if sel.any():
                     units = [fwd_u, (rec_u if rec else []) + bwd_u]
-                    fu, bu = ([tuple(_take(x, sel) for x in u) for u in us] for us in units)
+                    fu, bu = ([Unit(*(_take(x, sel) for x in u)) for u in us] for us in units)
                     out[sel] = zero3_units_time(
                         ctx.shape.layers, sw.zero3_prefetch_modules, m[sel], _take(e, sel),
                         _take(hf, sel), _take(hb, sel), fu, bu, sw.zero3_gather == "per_tensor")
@@ -327,10 +327,8 @@ class DecoderVectors:
         bwd_comp = {5: sel + k["bwd.mlp.fc2"], 4: k["bwd.mlp.fc1"] + tp_b,
                     2: k["bwd.attn.proj"], 1: k["bwd.attn.qkv"] + tp_b + k["bwd.ew"] + acc}
         order_f, order_b = (1, 2, 4, 5), (5, 4, 2, 1)
-        # (module, visit): compute, gather s, has gathers, reduce s, has reduces, and the
-        # host's seconds to issue the gathers and the reduce-scatters
-        units = {key: [zeros(), zeros(), np.zeros(n, bool), zeros(), np.zeros(n, bool),
-                       zeros(), zeros()]
+        units = {key: Unit(zeros(), zeros(), np.zeros(n, bool), zeros(), np.zeros(n, bool),
+                           zeros(), zeros())
                  for key in [("f", mo) for mo in order_f] + [("r", mo) for mo in order_f]
                  + [("b", mo) for mo in order_b]}
         synced = sw.zero3_gather == "per_tensor"
@@ -340,28 +338,27 @@ class DecoderVectors:
                 for visit, need in (("f", fm.forward), ("r", fm.recompute), ("b", fm.backward)):
                     u = units[(visit, fm.module)]
                     for x in need:
-                        u[1][here] += coll("all_gather", "dp", float(x * ctx.dt))[here]
+                        u.gather[here] += coll("all_gather", "dp", float(x * ctx.dt))[here]
                     if synced:
-                        u[1][here] += mem(FETCH_PASSES * sum(need) * ctx.dt)
-                        u[5][here] = list_host_seconds(sw, plans["dp"][here], len(need),
-                                                       GATHER_HOST_OPS)
-                    u[2][here] = bool(need)
+                        u.gather[here] += mem(FETCH_PASSES * sum(need) * ctx.dt)
+                        u.host_gather[here] = list_host_seconds(
+                            sw, plans["dp"][here], len(need), GATHER_HOST_OPS)
+                    u.has_gather[here] = bool(need)
                 b = units[("b", fm.module)]
                 passes = mem(REDUCE_PASSES * sum(fm.reduce) * ctx.gdt)
                 if synced:
-                    b[0][here] += passes
-                    b[6][here] = list_host_seconds(sw, plans["dp"][here], len(fm.reduce),
-                                                   REDUCE_HOST_OPS)
+                    b.compute[here] += passes
+                    b.host_reduce[here] = list_host_seconds(
+                        sw, plans["dp"][here], len(fm.reduce), REDUCE_HOST_OPS)
                 else:
-                    b[3][here] += passes
+                    b.reduce[here] += passes
                 for x in fm.reduce:
-                    b[3][here] += coll("reduce_scatter", "dp", float(x * ctx.gdt))[here]
-                b[4][here] = bool(fm.reduce)
-        for mo in order_f:
-            units[("f", mo)][0] = units[("f", mo)][0] + fwd_comp[mo]
-            units[("r", mo)][0] = units[("r", mo)][0] + fwd_comp[mo]
-        for mo in order_b:
-            units[("b", mo)][0] = units[("b", mo)][0] + bwd_comp[mo]
+                    b.reduce[here] += coll("reduce_scatter", "dp", float(x * ctx.gdt))[here]
+                b.has_reduce[here] = bool(fm.reduce)
+        for visit, comp in (("f", fwd_comp), ("r", fwd_comp), ("b", bwd_comp)):
+            for mo in comp:
+                u = units[(visit, mo)]
+                units[(visit, mo)] = u._replace(compute=u.compute + comp[mo])
         return ([units[("f", mo)] for mo in order_f], [units[("r", mo)] for mo in order_f],
                 [units[("b", mo)] for mo in order_b])
 

@@ -15,9 +15,26 @@ same from the second one on).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
-__all__ = ["zero3_time", "zero3_units_time"]
+__all__ = ["zero3_time", "zero3_units_time", "Unit"]
+
+
+class Unit(NamedTuple):
+    """One ZeRO-3 unit (a module's part of a layer) of a pass, arrays over the plans: its
+    compute-stream seconds, its gathers' seconds on ``dp`` and whether it has any, its
+    reduce-scatters' seconds and whether it has any, and the host's seconds to issue its
+    gathers and its reduce-scatters (:func:`ddlsim.workloads.decoder.zero3._pass`)."""
+
+    compute: np.ndarray
+    gather: np.ndarray
+    has_gather: np.ndarray
+    reduce: np.ndarray
+    has_reduce: np.ndarray
+    host_gather: np.ndarray
+    host_reduce: np.ndarray
 
 
 def _pass(c, d, head, layer, a, r, L: int, k: int, backward: bool):
@@ -78,10 +95,8 @@ def _over_micro_batches(m, zero, micro_batch, streams: int) -> np.ndarray:
     return np.maximum.reduce(out)
 
 
-def _units_pass(c, d, h, head, units, L: int, k: int, synced: bool):
-    """One pass over ``L`` layers of ``units`` (per unit: compute, gathers' seconds and
-    whether it has any, reduce-scatters' seconds and whether it has any, the host's seconds
-    to issue its gathers and its reduce-scatters), as
+def _units_pass(c, d, h, head, units: list[Unit], L: int, k: int, synced: bool):
+    """One pass over ``L`` layers of ``units``, as
     :func:`ddlsim.workloads.decoder.zero3._pass` issues them on the compute, ``dp`` and
     ``host`` streams (times ``c``, ``d``, ``h``): a unit without gathers waits for nothing
     on the ``dp`` stream; under ``synced`` a unit also waits for the reduce-scatters of the
@@ -92,12 +107,12 @@ def _units_pass(c, d, h, head, units, L: int, k: int, synced: bool):
     ready = []
     issue = []
 
-    def gather(d, h, after, unit):
-        a, has, hg = unit[1], unit[2], unit[5]
-        hosted = hg > 0
-        h = np.where(hosted, np.maximum(h, after) + hg, h)
-        d2 = np.where(has, np.maximum(d, np.where(hosted, h, after)) + a, d)
-        return d2, h, np.where(has, d2, -np.inf), np.where(hosted, h, -np.inf)
+    def gather(d, h, after, unit: Unit):
+        hosted = unit.host_gather > 0
+        h = np.where(hosted, np.maximum(h, after) + unit.host_gather, h)
+        d2 = np.where(unit.has_gather,
+                      np.maximum(d, np.where(hosted, h, after)) + unit.gather, d)
+        return d2, h, np.where(unit.has_gather, d2, -np.inf), np.where(hosted, h, -np.inf)
 
     first = np.full_like(c, -np.inf)
     for j in range(min(k + 1, n)):
@@ -108,15 +123,16 @@ def _units_pass(c, d, h, head, units, L: int, k: int, synced: bool):
     c = c + head
     rs_end = np.full_like(c, -np.inf)
     for j in range(n):
-        comp, _, _, r, has_r, _, hr = seq[j]
+        u = seq[j]
         start = np.maximum(np.maximum(c, ready[j]), issue[j])
         if synced:
             start = np.maximum(start, rs_end)
-        c = start + comp
-        hosted = hr > 0
-        h = np.where(hosted, np.maximum(np.maximum(h, ready[j]), rs_end) + hr, h)
-        d = np.where(has_r, np.maximum(d, np.where(hosted, np.maximum(c, h), c)) + r, d)
-        rs_end = np.where(has_r, d, -np.inf)
+        c = start + u.compute
+        hosted = u.host_reduce > 0
+        h = np.where(hosted, np.maximum(np.maximum(h, ready[j]), rs_end) + u.host_reduce, h)
+        d = np.where(u.has_reduce,
+                     np.maximum(d, np.where(hosted, np.maximum(c, h), c)) + u.reduce, d)
+        rs_end = np.where(u.has_reduce, d, -np.inf)
         if j + k + 1 < n:
             after = np.maximum(c, rs_end) if synced else c
             d, h, rd, i = gather(d, h, after, seq[j + k + 1])
@@ -131,12 +147,10 @@ def zero3_units_time(L: int, k: int, m, e, hf, hb, fwd_units, bwd_units,
                      synced: bool) -> np.ndarray:
     """:func:`zero3_time` for ZeRO-3 from module hooks: the passes run over units (a module's
     part of a layer) instead of layers, ``k`` units gathered ahead. ``fwd_units``/
-    ``bwd_units``: one layer's units, each (compute, gather seconds, has gathers,
-    reduce-scatter seconds, has reduce-scatters, host seconds of the gathers, host seconds
-    of the reduce-scatters), arrays over the plans."""
+    ``bwd_units``: one layer's :class:`Unit` s, in pass order."""
     def micro_batch(c, d, h):
         c, d, h = _units_pass(c, d, h, e, fwd_units, L, k, synced)
         return _units_pass(c + hf, d, h, hb, bwd_units, L, k, synced)
 
-    return _over_micro_batches(m, np.zeros_like(np.asarray(fwd_units[0][0], dtype=float)),
+    return _over_micro_batches(m, np.zeros_like(np.asarray(fwd_units[0].compute, dtype=float)),
                                micro_batch, 3)
