@@ -28,7 +28,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, StrictBool, StrictInt, model_validator
 
-from .config_types import _Strict, reject_bool
+from .config_types import Seconds, _Strict, reject_bool
 from .errors import ConfigError, did_you_mean
 
 __all__ = ["KernelSpec", "OverlapSpec", "SoftwareSpec", "Software", "stacks",
@@ -49,9 +49,6 @@ def _off_from_false(v: Any) -> Any:
 
 #: A count of elements: a whole number ≥ 0, also written as DeepSpeed's configs do (``1e5``)
 Elements = Annotated[int, BeforeValidator(reject_bool), Field(ge=0, le=10**15)]
-
-#: Host seconds of one operation: a non-negative float, never a boolean, at most 10 ms
-HostSeconds = Annotated[float, BeforeValidator(reject_bool), Field(ge=0.0, le=0.01)]
 
 #: ``tp_comm_overlap``'s values (``off`` also as YAML's false)
 TPCommOverlap = Annotated[Literal["off", "bulk", "pipelined"], BeforeValidator(_off_from_false)]
@@ -106,17 +103,19 @@ class OverlapSpec(_Strict):
         default=None,
         description="per_module/per_tensor ZeRO-3: a module reused within this many elements of "
                     "fetches is kept gathered (DeepSpeed stage3_max_reuse_distance)")
-    zero3_host_python_op: HostSeconds | None = Field(
+    zero3_host_python_op: Seconds | None = Field(
         default=None,
-        description="per_tensor ZeRO-3: host seconds of one Python-level tensor operation "
-                    "(a view per rank in the list-form collectives' loops; docs/overlap.md)")
-    zero3_host_copy: HostSeconds | None = Field(
+        description="per_tensor ZeRO-3: host time of one Python-level tensor operation, "
+                    "e.g. '2 us' (a view per rank in the list-form collectives' loops; "
+                    "docs/overlap.md)")
+    zero3_host_copy: Seconds | None = Field(
         default=None,
-        description="per_tensor ZeRO-3: host seconds of one copy_ with its kernel launch "
-                    "(one per rank in PyTorch 1.8's list-form all_gather/reduce_scatter)")
-    zero3_host_gather_call: HostSeconds | None = Field(
+        description="per_tensor ZeRO-3: host time of one copy_ with its kernel launch, "
+                    "e.g. '10 us' (one per rank in PyTorch 1.8's list-form "
+                    "all_gather/reduce_scatter)")
+    zero3_host_gather_call: Seconds | None = Field(
         default=None,
-        description="per_tensor ZeRO-3: host seconds of one parameter gather beyond its "
+        description="per_tensor ZeRO-3: host time of one parameter gather beyond its "
                     "counted Python ops and copies (hooks, bookkeeping, allocation)")
 
 
