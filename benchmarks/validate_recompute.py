@@ -1,0 +1,142 @@
+"""Sequence parallelism and selective recomputation against full recomputation: predicted vs
+published iteration times (Korthikanti et al. 2022, Table 5).
+
+Run:  python benchmarks/validate_recompute.py [--engine analytical|des] [--markdown]
+      [--write-docs] [--des-rank-ops N]
+
+Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models" (MLSys 2023,
+arXiv:2205.05198) timed four GPT models (22B, 175B, 530B, 1T) on Selene (DGX A100 80 GB) two
+ways: full activation recomputation without sequence parallelism, and sequence parallelism with
+selective recomputation ("present work"); Section 6.3 adds the 530B model with 8-way data
+parallelism. ``data/korthikanti2022.csv`` holds Table 5 with Table 3's configurations and the
+settings Section 6 states (sequence 2,048, vocabulary 51,200, TP 8, three virtual stages for
+175B and 530B, no data parallelism). No per-row factors and nothing tuned: ``dgx-a100``
+preset, ``megatron-lm-2021`` stack.
+
+What the paper leaves unstated, and the choice made:
+
+* precision — "mixed precision": ``--fp16``, as Megatron-LM's own GPT-3 175B example of the
+  time (``examples/pretrain_gpt3_175B.sh`` at 739cb43dae21ec975938422949a449de654f15ab,
+  2022-05-24, a commit of the sequence-parallel work).
+  With fp16 and no ``--accumulate-allreduce-grads-in-fp32``, that commit's ``arguments.py``
+  (lines 182-188) turns gradient-accumulation fusion off, as the stack has it;
+* the schedule of the 1T model (no interleaving is stated for it): plain 1F1B;
+* the 2,240-GPU row's data-parallel all-reduce: not overlapped (the paper says so).
+
+Not modelled: Megatron's ``--async-tensor-model-parallel-allreduce`` (on by default there,
+off under sequence parallelism), which overlaps the backward's input-gradient all-reduce with
+the weight-gradient GEMM in the full-recomputation rows; ddlsim runs it blocking there.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from public_runs import DATA, error_stats, predict, print_notes, print_table, read_csv, run_script
+
+TABLE = DATA / "korthikanti2022.csv"
+SEQ = 2048                 # Section 6: s = 2048
+VOCAB = 51200              # Section 6: v = 51200 (a multiple of 128·TP for TP 8)
+GPUS_PER_NODE = 8          # DGX A100
+PEAK = 312e12              # A100 fp16/bf16 dense tensor-core FLOP/s (A100 datasheet), Table 5's MFU
+
+
+def rows() -> list[dict]:
+    """Table 5's rows (and Section 6.3's 2,240-GPU row) with Table 3's configurations."""
+    return read_csv(TABLE)
+
+
+def config(row: dict) -> dict:
+    """The ddlsim run config of one row."""
+    gpus, tp, pp = int(row["gpus"]), int(row["tp"]), int(row["pp"])
+    present = row["scheme"] == "present"
+    parallel = {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
+                "data_parallel_size": gpus // (tp * pp), "sequence_parallel": present,
+                "overlap_grad_reduce": False, "schedule": "1f1b"}
+    if row["virtual_stages"]:
+        parallel.update(schedule="interleaved",
+                        virtual_pipeline_model_parallel_size=int(row["virtual_stages"]))
+    model = {"name": f"gpt-{row['model']}", "architecture": "gpt",
+             "num_hidden_layers": int(row["layers"]), "hidden_size": int(row["hidden"]),
+             "num_attention_heads": int(row["heads"]), "vocab_size": VOCAB,
+             "max_position_embeddings": SEQ}
+    return {"model": model, "parallel": parallel,
+            "train": {"micro_batch_size": int(row["micro_batch"]),
+                      "global_batch_size": int(row["global_batch"]), "seq_length": SEQ,
+                      "dtype": "fp16", "recompute": "selective" if present else "full"},
+            "system": {"preset": "dgx-a100", "nodes": gpus // GPUS_PER_NODE,
+                       "software": "megatron-lm-2021"}}
+
+
+def model_flops(row: dict) -> float:
+    """The paper's model FLOPs of one iteration (its Appendix A):
+    ``72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h))``."""
+    B, l, h = int(row["global_batch"]), int(row["layers"]), int(row["hidden"])
+    return 72.0 * B * SEQ * l * h * h * (1 + SEQ / (6 * h) + VOCAB / (12 * l * h))
+
+
+def evaluate(engine: str = "analytical", only: list[dict] | None = None,
+             limits=None) -> list[dict]:
+    """One record per row: published and predicted iteration time, error, MFU."""
+    out = []
+    for row in rows() if only is None else only:
+        r, refused, skipped = predict(config(row), engine, limits)
+        published = float(row["iteration_s"])
+        rec = {"row": row, "result": r, "refused": refused, "skipped": skipped,
+               "published": published}
+        if r is not None:
+            rec["predicted"] = r.iteration_time_s
+            rec["error"] = r.iteration_time_s / published - 1
+            rec["mfu"] = model_flops(row) / r.iteration_time_s / int(row["gpus"]) / PEAK
+        out.append(rec)
+    return out
+
+
+def _label(o: dict) -> str:
+    return f"{o['row']['model']} {o['row']['scheme']} on {o['row']['gpus']} GPUs"
+
+
+def _print(out: list[dict], markdown: bool) -> None:
+    head = ["model", "scheme", "GPUs", "TP", "PP", "VPP", "DP", "batch", "published (s)",
+            "predicted (s)", "error", "published MFU", "predicted MFU"]
+    lines = []
+    for o in out:
+        row, r = o["row"], o["result"]
+        dp = int(row["gpus"]) // (int(row["tp"]) * int(row["pp"]))
+        cells = [row["model"], row["scheme"], row["gpus"], row["tp"], row["pp"],
+                 row["virtual_stages"] or "-", str(dp), row["global_batch"],
+                 f"{o['published']:.2f}"]
+        if r is None:
+            cells += ["not run (work limit)", "-", "-", "-"]
+        else:
+            note = " (does not fit; check_fit=False)" if o["refused"] else ""
+            cells += [f"{o['predicted']:.2f}{note}", f"{100 * o['error']:+.1f}%",
+                      f"{row['mfu_pct']}%" if row["mfu_pct"] else "-",
+                      f"{100 * o['mfu']:.1f}%"]
+        lines.append(cells)
+    print_table(head, lines, markdown)
+    print_notes(out, _label, markdown)
+
+
+def summary(out: list[dict], engine: str) -> str:
+    """Mean |error| and worst row, and the predicted gain of the present work over full
+    recomputation against the published one."""
+    ran = {(o["row"]["model"], o["row"]["gpus"], o["row"]["scheme"]): o for o in out
+           if o["result"] is not None}
+    gains = []
+    for (model, gpus, scheme), o in ran.items():
+        full = ran.get((model, gpus, "full"))
+        if scheme == "present" and full is not None:
+            gains.append(f"{model} {full['predicted'] / o['predicted'] - 1:+.1%} "
+                         f"(published {full['published'] / o['published'] - 1:+.1%})")
+    return (f"{error_stats(out, _label)} ({engine} engine, {len(ran)} of {len(out)} rows; "
+            f"positive error = ddlsim too slow); throughput gain of the present work: "
+            + ", ".join(gains))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_script("validate_recompute", __doc__, argv, evaluate, _print, summary)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
