@@ -35,6 +35,7 @@ import sys
 from public_runs import DATA, error_stats, predict, print_notes, print_table, read_csv, run_script
 
 TABLE = DATA / "korthikanti2022.csv"
+LAYER_TABLE = DATA / "korthikanti2022_layer.csv"
 SEQ = 2048                 # Section 6: s = 2048
 VOCAB = 51200              # Section 6: v = 51200 (a multiple of 128·TP for TP 8)
 GPUS_PER_NODE = 8          # DGX A100
@@ -66,6 +67,63 @@ def config(row: dict) -> dict:
                       "dtype": "fp16", "recompute": "selective" if present else "full"},
             "system": {"preset": "dgx-a100", "nodes": gpus // GPUS_PER_NODE,
                        "software": "megatron-lm-2021"}}
+
+
+def layer_rows() -> list[dict]:
+    """Table 4: one 22B layer's forward and backward milliseconds, five configurations."""
+    return read_csv(LAYER_TABLE)
+
+
+def layer_config(row: dict) -> dict:
+    """The 22B plan of Table 5 with Table 4's sequence parallelism and recomputation."""
+    base = next(r for r in rows() if r["model"] == "22B" and r["scheme"] == "full")
+    cfg = config(base)
+    cfg["parallel"]["sequence_parallel"] = row["sequence_parallel"] == "true"
+    cfg["train"]["recompute"] = row["recompute"]
+    return cfg
+
+
+def layer_seconds(cfg: dict) -> tuple[float, float, float]:
+    """(forward, backward) seconds of one layer, and the whole iteration's: the ops the trace
+    repeats once per layer, and all its ops, timed by the cost model both engines use. With
+    one micro-batch, one pipeline stage and no data parallelism every op runs one after
+    another on the compute stream (blocking TP collectives included), so the sums are the
+    engines' (the third equals ``ddlsim.predict``'s iteration; tests check it)."""
+    from ddlsim.api import _placement, build_workload
+    from ddlsim.config import build_config
+    from ddlsim.simulator.costs import CostModel
+    from ddlsim.workloads.trace import Collective, Compute
+
+    run = build_config(cfg)
+    workload = build_workload(run)
+    cost = CostModel(run.system, workload, run.parallel.collective_algorithm,
+                     devices=_placement(run, workload))
+    program = workload.classes[0].program
+    if list(getattr(program.steps, "names", ())) != ["F0", "B0", "update"]:
+        raise ValueError("layer_seconds times one micro-batch on one stage only")
+    layers = run.model.num_hidden_layers
+    per_layer, total = {}, 0.0
+    for name in ("F0", "B0", "update"):
+        for op in program.blocks[name].flat.ops:
+            p = op.payload
+            if op.stream != "compute" or not isinstance(p, (Compute, Collective)):
+                continue
+            t = op.repeat * (cost.compute(p) if isinstance(p, Compute) else cost.collective(p))
+            total += t
+            if op.repeat == layers:
+                per_layer[name] = per_layer.get(name, 0.0) + t / layers
+    return per_layer["F0"], per_layer["B0"], total
+
+
+def evaluate_layers() -> list[dict]:
+    """Table 4's rows with ddlsim's forward and backward milliseconds and their errors."""
+    out = []
+    for row in layer_rows():
+        fwd, bwd, _ = layer_seconds(layer_config(row))
+        out.append({"row": row, "forward": 1e3 * fwd, "backward": 1e3 * bwd,
+                    "forward_error": 1e3 * fwd / float(row["forward_ms"]) - 1,
+                    "backward_error": 1e3 * bwd / float(row["backward_ms"]) - 1})
+    return out
 
 
 def model_flops(row: dict) -> float:
@@ -116,6 +174,14 @@ def _print(out: list[dict], markdown: bool) -> None:
         lines.append(cells)
     print_table(head, lines, markdown)
     print_notes(out, _label, markdown)
+    print("\nOne layer of the 22B model (Table 4), milliseconds:\n")
+    head = ["experiment", "SP", "recompute", "published forward", "predicted forward", "error",
+            "published backward", "predicted backward", "error"]
+    lines = [[o["row"]["experiment"], o["row"]["sequence_parallel"], o["row"]["recompute"],
+              o["row"]["forward_ms"], f"{o['forward']:.2f}", f"{100 * o['forward_error']:+.1f}%",
+              o["row"]["backward_ms"], f"{o['backward']:.2f}",
+              f"{100 * o['backward_error']:+.1f}%"] for o in evaluate_layers()]
+    print_table(head, lines, markdown)
 
 
 def summary(out: list[dict], engine: str) -> str:

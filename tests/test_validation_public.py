@@ -259,3 +259,22 @@ def test_recompute_script_runs_the_22b_pair(capsys):
     print(vr.summary(out, "analytical"))
     text = capsys.readouterr().out
     assert "22B" in text and "throughput gain of the present work: 22B +" in text
+
+
+def test_recompute_layer_times_are_the_engines():
+    """Table 4's configurations run one micro-batch on one stage with no data parallelism,
+    so every op is serial on the compute stream: the script's per-layer sums come from the
+    same cost model, and all ops together equal ddlsim.predict's iteration."""
+    import ddlsim
+    for row in vr.layer_rows():
+        cfg = vr.layer_config(row)
+        fwd, bwd, total = vr.layer_seconds(cfg)
+        assert total == pytest.approx(ddlsim.predict(cfg, check_fit=False).iteration_time_s,
+                                      rel=1e-12)
+        assert 48 * (fwd + bwd) < total
+    table = {r["experiment"]: r for r in vr.layer_rows()}
+    assert float(table["Baseline with recompute"]["backward_ms"]) == 19.5   # 11.9 + 7.6
+    # sequence parallelism shortens the forward (LayerNorm and dropout on 1/t of the data)
+    sp = vr.layer_seconds(vr.layer_config(table["Sequence Parallelism"]))[0]
+    base = vr.layer_seconds(vr.layer_config(table["Baseline no recompute"]))[0]
+    assert sp < base
