@@ -81,6 +81,12 @@ class OverlapSpec(_Strict):
     overlap_param_gather: StrictBool | None = None
     tp_comm_overlap: TPCommOverlap | None = None
     overlap_p2p_comm: StrictBool | None = None
+    tp_async_backward: StrictBool | None = Field(
+        default=None,
+        description="Megatron's asynchronous TP communication in the backward without "
+                    "tp_comm_overlap: with sequence parallelism the input's re-gather runs "
+                    "beside the data-gradient GEMM and the input-gradient reduce-scatter "
+                    "beside the weight-gradient GEMM (docs/overlap.md)")
     zero3_prefetch_layers: StrictInt | None = Field(
         default=None, ge=0, le=64,
         description="ZeRO-3/FSDP: layers whose parameter all-gather may run ahead of the "

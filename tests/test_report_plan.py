@@ -30,12 +30,14 @@ def test_decoder_line_is_megatron_line_unchanged():
     # llama2-70b-64-h100.yaml: 8 nodes × 8 = 64 ranks = TP4 · PP4 · DP4; 1024 / (1 · 4) = 256
     # micro-batches per replica. The exact line the report printed before the hook existed,
     # then the overlaps of the default stack (megatron-core-2024: grad-reduce, param-gather
-    # and p2p on, all applicable to this ZeRO-1 pipelined plan; tp_comm_overlap off), after
-    # the gradient dtype when it is not the parameters' (bf16 on Megatron: fp32 main grads).
+    # and p2p on, all applicable to this ZeRO-1 pipelined plan; tp_comm_overlap off, so the
+    # backward's sequence-parallel collectives overlap through NCCL: tp-async backward),
+    # after the gradient dtype when it is not the parameters' (bf16 on Megatron: fp32 main
+    # grads).
     assert _plan("examples/llama2-70b-64-h100.yaml") == (
         "TP4 × PP4(v20) × DP4 = 64 ranks, interleaved, ZeRO-1, dp_strategy ddp, micro-batch "
         "1 × 256 per replica, global batch 1024, seq 4096, bf16, recompute selective, "
-        "fp32 grads, overlaps: grad-reduce, param-gather, p2p")
+        "fp32 grads, overlaps: grad-reduce, param-gather, p2p, tp-async backward")
 
 
 def test_fp16_on_megatron_keeps_fp16_grads_and_says_nothing():

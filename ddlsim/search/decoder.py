@@ -138,7 +138,7 @@ class DecoderVectors:
         tp_bwd = tp_comm + np.where(sp, coll("all_gather", "tp", act), 0.0) * multi
         bwd = (redo + k["bwd.mlp"] + tp_bwd + k["bwd.attn"] + tp_bwd + k["bwd.ew"]
                + mem(sh.layer_params / t * acc))
-        if ctx.cfg.software.tp_comm_overlap != "off":
+        if ctx.cfg.software.tp_comm_overlap != "off" or ctx.cfg.software.tp_async_backward:
             fwd, bwd = self._tp_overlap(ctx, plans, (coll, mem), k, (fwd, bwd, acc),
                                         sh.layer_gemm_flops(1, s))
         emb = mem(2 * act) + coll("all_reduce", "tp", act) * multi
@@ -176,11 +176,12 @@ class DecoderVectors:
                           blocking)
 
     def _tp_overlap(self, ctx: _Context, plans, fns, k, plain, g):
-        """A layer's forward and backward under ``tp_comm_overlap`` where it applies (TP > 1
-        with SP), as :mod:`ddlsim.workloads.decoder.tp_overlap` builds them: per GEMM op,
+        """A layer's forward and backward under ``tp_comm_overlap`` (or, with it off, the
+        ``async`` overlap of ``tp_async_backward``) where it applies (TP > 1 with SP), as
+        :mod:`ddlsim.workloads.decoder.tp_overlap` builds them: per GEMM op,
         ``exposed chunks + max(GEMM op + SM margin, overlapped rest)``; ``k`` the layer's
         kernel times (:func:`.kerneltimes.kernel_times`), the margins flops-only ops at the
-        device's matmul ceiling as the trace times them."""
+        device's matmul ceiling as the trace times them (none under ``async``)."""
         coll, mem = fns
         fwd, bwd, acc = plain
         sh, s, dt = ctx.shape, ctx.s, ctx.dt
@@ -195,7 +196,8 @@ class DecoderVectors:
         def gemm(flops):
             return roofline(flops, 0.0, peak, eff, ctx.dev.memory_Bps)
 
-        margin = {key: gemm(tpo.SM_MARGIN * f * b / t) for key, f in (
+        share = 0.0 if ctx.cfg.software.tp_comm_overlap == "off" else tpo.SM_MARGIN
+        margin = {key: gemm(share * f * b / t) for key, f in (
             ("fa", g["proj"]), ("fm", g["mlp"] / mm), ("ba", 2 * (g["q"] + g["kv"])),
             ("bm", 2 * g["mlp"] * (1 - 1 / mm)))}
         if ctx.cfg.software.tp_comm_overlap == "pipelined":

@@ -148,28 +148,36 @@ def _time(cfg, engine):
 def test_tp_comm_overlap_hides_tp_communication(engine):
     """GPT-3 13B, TP 8 with SP on one DGX-H100: bulk hides the backward's input all-gather
     and reduce-scatter behind the GEMMs, pipelined also the forward's (all but one chunk):
-    off > bulk > pipelined. (At h = 5,120 the hidden b·s·h collectives outweigh the 13.8 %
-    SM margin on the overlapped GEMMs; GEMMs grow as h², collectives as h, so a small model
-    such as 1.3B at TP 8 can come out slower with the overlap, as TE's users find.)"""
+    blocking > bulk > pipelined. (At h = 5,120 the hidden b·s·h collectives outweigh the
+    13.8 % SM margin on the overlapped GEMMs; GEMMs grow as h², collectives as h, so a small
+    model such as 1.3B at TP 8 can come out slower with the overlap, as TE's users find.)
+    Off, Megatron-Core's NCCL path overlaps the same backward collectives as bulk without
+    taking TE's SMs (``tp_async_backward``; NCCL's own SMs are not modelled): faster than
+    bulk by exactly bulk's SM margin, slower than blocking."""
     base = {"model": "gpt3-13b",
             "parallel": {"tensor_model_parallel_size": 8, "sequence_parallel": True},
             "train": {"micro_batch_size": 1, "global_batch_size": 2, "seq_length": 2048},
             "system": {"preset": "dgx-h100", "nodes": 1}}
     t = [_time(_cfg(f"parallel.tp_comm_overlap={m}", base=base), engine)
          for m in ("off", "bulk", "pipelined")]
-    assert t[0] > t[1] > t[2]
+    blocking = {**base, "system": {**base["system"], "software": {
+        "stack": "megatron-core-2024", "overlap": {"tp_async_backward": False}}}}
+    t_block = _time(_cfg("parallel.tp_comm_overlap=off", base=blocking), engine)
+    assert t_block > t[1] > t[2]
+    assert t_block > t[0] and t[0] < t[1]
 
 
 @pytest.mark.parametrize("engine", ["analytical", "des"])
 def test_tp_comm_overlap_under_context_parallelism(engine):
     """Llama 2 13B, TP 4 + SP with CP 2 on one DGX-H100 (the ring attention between the
-    GEMMs): the TP collectives are overlapped per GEMM, so off > bulk > pipelined, and the
-    exposed TP communication shrinks; the trace stays valid (the ring's deps remapped)."""
+    GEMMs): the TP collectives are overlapped per GEMM, so blocking > bulk > pipelined, and
+    the exposed TP communication shrinks; the trace stays valid (the ring's deps remapped)."""
     base = {"model": "llama2-13b",
             "parallel": {"tensor_model_parallel_size": 4, "sequence_parallel": True,
                          "context_parallel_size": 2},
             "train": {"micro_batch_size": 1, "global_batch_size": 2, "seq_length": 4096},
-            "system": {"preset": "dgx-h100", "nodes": 1}}
+            "system": {"preset": "dgx-h100", "nodes": 1, "software": {
+                "stack": "megatron-core-2024", "overlap": {"tp_async_backward": False}}}}
     runs = [ddlsim.predict(_cfg(f"parallel.tp_comm_overlap={m}", base=base), engine,
                            check_fit=False) for m in ("off", "bulk", "pipelined")]
     t = [r.iteration_time_s for r in runs]
@@ -323,3 +331,25 @@ def test_sequence_parallel_pipeline_message_is_the_rank_shard():
         cfg = _cfg("parallel.tensor_model_parallel_size=2",
                    f"parallel.sequence_parallel={str(sp).lower()}")
         assert StageBuilder(cfg, cfg.model.shape()).part.boundary(act) == want
+
+
+def test_async_backward_overlap_needs_sequence_parallelism_and_says_so():
+    """megatron-core-2024 overlaps the backward's SP collectives through NCCL; without SP
+    Megatron's async all-reduce is not modelled, and the plan line lists the option as
+    inactive with the reason. The 2021 stack has no such overlap and says nothing."""
+    from ddlsim.workloads.decoder import tp_overlap
+    from ddlsim.workloads.decoder.overlap import inactive_reasons
+    sp = _cfg("parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel=true")
+    assert tp_overlap.mode(sp) == "async"
+    assert "tp-async backward" in sp.family.plan_summary(sp).split("inactive here")[0]
+    plain = _cfg("parallel.tensor_model_parallel_size=2")
+    assert tp_overlap.mode(plain) is None
+    assert "without it Megatron overlaps the input-gradient all-reduce" in \
+        inactive_reasons(plain)["tp_async_backward"]
+    old = _cfg("parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel=true",
+               "system.software=megatron-lm-2021")
+    assert tp_overlap.mode(old) is None and "tp_async_backward" not in inactive_reasons(old)
+    # userbuffers take precedence over the NCCL path
+    bulk = _cfg("parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel=true",
+                "parallel.tp_comm_overlap=bulk")
+    assert tp_overlap.mode(bulk) == "bulk"

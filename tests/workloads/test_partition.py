@@ -194,15 +194,19 @@ def test_a_one_rank_grid_is_no_tensor_parallelism(spec):
 def test_megatron_template_reproduces_the_builder(monkeypatch):
     # The partitioner template (used by 1-D under context parallelism) with cp = 1 gives the
     # builder's own 1-D numbers: same FLOPs, bytes and collectives, only split into more ops.
+    # (Blocking TP collectives: an overlap pairs them with whole blocks in the builder and
+    # with single GEMMs in the template.)
     from ddlsim.workloads.decoder.partition.megatron_1d import Megatron1D
+    blocking = {"stack": "megatron-core-2024", "overlap": {"tp_async_backward": False}}
     for par in ({"tensor_model_parallel_size": 8, "data_parallel_size": 2},
                 {"tensor_model_parallel_size": 8, "sequence_parallel": True,
                  "pipeline_model_parallel_size": 2, "data_parallel_size": 1}):
         for recompute in ("none", "selective", "full"):
-            legacy = predict(par, train__recompute=recompute, train__global_batch_size=2 * B)
+            legacy = predict(par, train__recompute=recompute, train__global_batch_size=2 * B,
+                             system__software=blocking)
             monkeypatch.setattr(Megatron1D, "structured", property(lambda self: True))
             template = predict(par, train__recompute=recompute,
-                               train__global_batch_size=2 * B)
+                               train__global_batch_size=2 * B, system__software=blocking)
             monkeypatch.undo()
             assert template.iteration_time_s == pytest.approx(legacy.iteration_time_s,
                                                               rel=1e-9), (par, recompute)

@@ -27,6 +27,13 @@ def inactive_reasons(cfg: Any) -> dict[str, str]:
         else:
             why = ("it is modelled for dense models with 1-D tensor parallelism and ZeRO 0-2")
         out["tp_comm_overlap"] = why
+    elif (sw.tp_comm_overlap == "off" and sw.tp_async_backward and p.tp > 1
+          and not tp_overlap.active(cfg)):
+        out["tp_async_backward"] = (
+            "it is modelled with sequence parallelism (without it Megatron overlaps the "
+            "input-gradient all-reduce with the weight-gradient GEMM; ddlsim runs it blocking)"
+            if not p.sequence_parallel else
+            "it is modelled for dense models with 1-D tensor parallelism and ZeRO 0-2")
     if sw.overlap_grad_reduce and p.zero_stage == 3:
         out["overlap_grad_reduce"] = ("ZeRO-3 reduce-scatters each layer's gradients within "
                                       "its backward (docs/overlap.md, ZeRO-3 / FSDP)")
@@ -78,8 +85,11 @@ def overlap_phrase(cfg: Any) -> str:
             on.append(label)
     if sw.tp_comm_overlap != "off" and "tp_comm_overlap" not in off:
         on.append(f"tp-comm {sw.tp_comm_overlap}")
+    if tp_overlap.mode(cfg) == "async":
+        on.append("tp-async backward")
     short = {"tp_comm_overlap": "tp-comm", "overlap_param_gather": "param-gather",
-             "overlap_p2p_comm": "p2p", "overlap_grad_reduce": "grad-reduce"}
+             "overlap_p2p_comm": "p2p", "overlap_grad_reduce": "grad-reduce",
+             "tp_async_backward": "tp-async backward"}
     text = f"overlaps: {', '.join(on) or 'none'}"
     if off:
         text += "; inactive here: " + ", ".join(short[f] for f in off)

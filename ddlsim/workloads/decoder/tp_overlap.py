@@ -30,14 +30,23 @@ In the trace each GEMM compute op ``G`` with its collectives becomes: the expose
 the collectives feeding ``G`` (compute stream), the rest of every overlapped collective on
 the ``tp`` stream, ``G`` (and its SM-margin op), a ``Wait`` for ``tp``, the exposed chunk of
 the reduce-scatter after ``G``: ``pre + max(G + margin, rest) + post``.
+
+**Without userbuffers** (``tp_comm_overlap: off``) Megatron-Core still overlaps the backward's
+sequence-parallel collectives through NCCL (``software.tp_async_backward``; Megatron-LM
+900f1b76 ``megatron/core/tensor_parallel/layers.py``,
+``LinearWithGradAccumulationAndAsyncCommunication.backward``, and TransformerEngine's
+``Linear``): the input's all-gather is launched asynchronously before the data-gradient GEMM
+and the input-gradient reduce-scatter before the weight-gradient GEMM — the collectives
+``bulk`` overlaps, mode ``async`` here. NCCL's kernels take one SM per channel while they run;
+that is not modelled (no SM-margin op), so ``async`` is ``bulk`` without the margin.
 """
 
 from __future__ import annotations
 
 from ..trace import Collective, Compute, Loop, Op, Wait
 
-__all__ = ["TE_COMM_SMS", "H100_SMS", "SM_MARGIN", "RS_SPLITS", "active", "overlapped_layers",
-           "structured_body"]
+__all__ = ["TE_COMM_SMS", "H100_SMS", "SM_MARGIN", "RS_SPLITS", "active", "mode",
+           "overlapped_layers", "structured_body"]
 
 #: SMs of TransformerEngine's pipeline/bulk userbuffers kernels (``num_sm`` default, TE
 #: ``pytorch/module/base.py`` ``initialize_ub``)
@@ -50,33 +59,47 @@ SM_MARGIN = TE_COMM_SMS / (H100_SMS - TE_COMM_SMS)
 RS_SPLITS = 4
 
 
+def mode(cfg) -> str | None:
+    """How this plan's TP collectives overlap its GEMMs: the stack's or plan's
+    ``tp_comm_overlap`` (``bulk``/``pipelined``: TE userbuffers), else ``async`` with
+    ``tp_async_backward`` (Megatron's NCCL overlap in the backward), else None (blocking).
+    None too unless TP > 1 with sequence parallelism, 1-D (with or without context
+    parallelism), a dense model and not ZeRO-3 (whose per-layer blocks keep the blocking
+    collectives)."""
+    p, sw = cfg.parallel, cfg.software
+    if not (p.tp > 1 and p.sequence_parallel and p.tp_mode == "1d"
+            and not cfg.model.num_local_experts and p.zero_stage != 3):
+        return None
+    if sw.tp_comm_overlap != "off":
+        return sw.tp_comm_overlap
+    return "async" if sw.tp_async_backward else None
+
+
 def active(cfg) -> bool:
-    """Whether the stack's or plan's ``tp_comm_overlap`` applies to this plan: not ``off``,
-    TP > 1, sequence parallelism, 1-D (with or without context parallelism), a dense
-    model, not ZeRO-3 (whose per-layer blocks keep the blocking collectives)."""
-    p = cfg.parallel
-    return (cfg.software.tp_comm_overlap != "off" and p.tp > 1 and p.sequence_parallel
-            and p.tp_mode == "1d" and not cfg.model.num_local_experts
-            and p.zero_stage != 3)
+    """Whether any TP overlap (:func:`mode`) applies to this plan."""
+    return mode(cfg) is not None
 
 
-def _role(c: Collective, backward: bool, mode: str, tp: int) -> tuple[str, int] | None:
+def _role(c: Collective, backward: bool, how: str, tp: int) -> tuple[str, int] | None:
     """(``pre``/``post``, chunks of which one is exposed; 0: none exposed), or None when the
     collective stays blocking. ``post`` collectives are only the pipelined reduce-scatter
     and the bulk ones, i.e. those whose method takes SMs (the SM margin applies)."""
     name = c.name
     if not backward or name.startswith("recompute."):
         if c.op == "reduce_scatter":
-            return ("post", RS_SPLITS) if mode == "pipelined" else None
-        return ("pre", tp) if mode == "pipelined" else None
+            return ("post", RS_SPLITS) if how == "pipelined" else None
+        return ("pre", tp) if how == "pipelined" else None
     if name.endswith(".ag.input") or c.op == "reduce_scatter":
-        return "post", 0                       # bulk (both modes)
-    return ("pre", tp) if mode == "pipelined" else None
+        return "post", 0                       # bulk (every mode)
+    return ("pre", tp) if how == "pipelined" else None
 
 
 def _margin_flops(b, backward: bool, gemm: Compute) -> float:
     """FLOPs lost to the SM margin: 13.8 % of the GEMMs that ``pipeline``/``bulk`` overlap
-    (forward: the row-parallel ``proj``/``fc2``; backward: ``qkv``/``fc1`` dgrad + wgrad)."""
+    (forward: the row-parallel ``proj``/``fc2``; backward: ``qkv``/``fc1`` dgrad + wgrad);
+    none under ``async`` (NCCL's SMs are not modelled)."""
+    if mode(b.cfg) == "async":
+        return 0.0
     g = b.shape.layer_gemm_flops(b.b, b.s)
     attn = "attn" in gemm.name
     if backward:
@@ -117,13 +140,13 @@ def _overlap_around(ops: list[Op], pending: list, posts: list) -> tuple[list[Op]
 
 
 def layer_body(b, backward: bool, payloads: list) -> list[Op]:
-    """One layer's ops with the overlaps of ``b.cfg.software.tp_comm_overlap``."""
-    mode, tp = b.cfg.software.tp_comm_overlap, b.tp
+    """One layer's ops with the overlaps of :func:`mode`."""
+    how, tp = mode(b.cfg), b.tp
     items = list(payloads)
     last_gemm = max(i for i, x in enumerate(items) if isinstance(x, Compute)
                     and any(isinstance(y, Collective) for y in items[i + 1:]))
     trailing = [x for x in items[last_gemm + 1:] if isinstance(x, Collective)
-                and (_role(x, backward, mode, tp) or ("",))[0] == "pre"]
+                and (_role(x, backward, how, tp) or ("",))[0] == "pre"]
     items = trailing + [x for x in items if not any(x is t for t in trailing)]
     # group: each compute op with the collectives after it (its "post" and the next's "pre")
     ops: list[Op] = []
@@ -132,7 +155,7 @@ def layer_body(b, backward: bool, payloads: list) -> list[Op]:
     while i < len(items):
         x = items[i]
         if isinstance(x, Collective):
-            role = _role(x, backward, mode, tp)
+            role = _role(x, backward, how, tp)
             if role is None:
                 ops.append(Op(x))
             else:
@@ -142,7 +165,7 @@ def layer_body(b, backward: bool, payloads: list) -> list[Op]:
         j = i + 1
         posts = []
         while j < len(items) and isinstance(items[j], Collective):
-            role = _role(items[j], backward, mode, tp)
+            role = _role(items[j], backward, how, tp)
             if role is None or role[0] != "post":
                 break
             posts.append((items[j], role[1]))
@@ -154,8 +177,9 @@ def layer_body(b, backward: bool, payloads: list) -> list[Op]:
         exposed_after, _ = _overlap_around(ops, pending_pre, posts)
         ops.append(Op(x))
         fwd_type = not backward or x.name.startswith("recompute.")
-        ops.append(Op(Compute(f"{x.name}.tp_overlap.sm_margin",
-                              _margin_flops(b, not fwd_type, x), dtype=x.dtype)))
+        if how != "async":
+            ops.append(Op(Compute(f"{x.name}.tp_overlap.sm_margin",
+                                  _margin_flops(b, not fwd_type, x), dtype=x.dtype)))
         ops.append(Op(Wait(f"{x.name}.tp_overlap.wait", "tp")))
         ops += exposed_after
         pending_pre = []
@@ -198,8 +222,8 @@ def structured_body(b, backward: bool, body: list[Op]) -> list[Op]:
     Every other op (the ring, its waits, the element-wise work) keeps its place and its
     dependencies. Collectives left at the end of the layer feed the next layer's first GEMM
     and move to the front, as in :func:`layer_body`."""
-    mode, tp = b.cfg.software.tp_comm_overlap, b.tp
-    role = lambda op: _role(op.payload, backward, mode, tp)  # noqa: E731
+    how, tp = mode(b.cfg), b.tp
+    role = lambda op: _role(op.payload, backward, how, tp)  # noqa: E731
     last = max(i for i, op in enumerate(body) if _is_linear(op))
     trailing = [i for i in range(last + 1, len(body))
                 if _is_tp(body[i]) and (role(body[i]) or ("",))[0] == "pre"]
@@ -229,7 +253,7 @@ def structured_body(b, backward: bool, body: list[Op]) -> list[Op]:
         after, overlapped = _overlap_around(out, pending, posts)
         where[i] = len(out)
         out.append(Op(op.payload, op.stream, tuple(where[d] for d in op.deps), op.repeat))
-        if posts:
+        if posts and how != "async":
             out.append(Op(Compute(f"{op.payload.name}.tp_overlap.sm_margin",
                                   SM_MARGIN * op.payload.flops, dtype=op.payload.dtype)))
         if overlapped:
