@@ -234,7 +234,8 @@ def test_recompute_times_agree_with_the_papers_mfu():
 def test_recompute_rows_map_onto_ddlsim_configs():
     """Table 3's plans: no data parallelism but the 2,240-GPU row (DP 8), three virtual
     stages for 175B and 530B (96/8/3 = 4 and 105/35/3 = 1 layers each), sequence parallelism
-    and selective recomputation only in the present work, fp16, the 2021 kernels."""
+    and selective recomputation only in the present work, fp16, the 2021 kernels with 2022's
+    asynchronous sequence-parallel backward."""
     by = {(r["model"], r["gpus"], r["scheme"]): vr.config(r) for r in RECOMPUTE}
     assert len(by) == 9
     full, present = by[("175B", "64", "full")], by[("175B", "64", "present")]
@@ -245,7 +246,9 @@ def test_recompute_rows_map_onto_ddlsim_configs():
     assert by[("530B", "2240", "present")]["parallel"]["data_parallel_size"] == 8
     assert all(c["parallel"]["data_parallel_size"] == 1 for k, c in by.items() if k[1] != "2240")
     assert "virtual_pipeline_model_parallel_size" not in by[("1T", "512", "full")]["parallel"]
-    assert {c["system"]["software"] for c in by.values()} == {"megatron-lm-2021"}
+    assert all(c["system"]["software"] == {"stack": "megatron-lm-2021",
+                                           "overlap": {"tp_async_backward": True}}
+               for c in by.values())
     assert {c["train"]["dtype"] for c in by.values()} == {"fp16"}
 
 
@@ -261,10 +264,28 @@ def test_recompute_script_runs_the_22b_pair(capsys):
     assert "22B" in text and "throughput gain of the present work: 22B +" in text
 
 
+def _serial_backward(cfg) -> float:
+    """One layer's backward as the sum of its compute-stream ops (valid with no overlap)."""
+    from ddlsim.api import _placement, build_workload
+    from ddlsim.config import build_config
+    from ddlsim.simulator.costs import CostModel
+    from ddlsim.workloads.trace import Collective, Compute
+    run = build_config(cfg)
+    wl = build_workload(run)
+    cost = CostModel(run.system, wl, run.parallel.collective_algorithm,
+                     devices=_placement(run, wl))
+    ops = wl.classes[0].program.blocks["B0"].flat.ops
+    return sum(cost.compute(o.payload) if isinstance(o.payload, Compute)
+               else cost.collective(o.payload) for o in ops
+               if o.repeat == 48 and o.stream == "compute"
+               and isinstance(o.payload, (Compute, Collective)))
+
+
 def test_recompute_layer_times_are_the_engines():
-    """Table 4's configurations run one micro-batch on one stage with no data parallelism,
-    so every op is serial on the compute stream: the script's per-layer sums come from the
-    same cost model, and all ops together equal ddlsim.predict's iteration."""
+    """Table 4's configurations run one micro-batch on one stage with no data parallelism:
+    the forward's ops are serial, and the backward taken from the engine's iteration equals
+    the sum of its ops wherever nothing overlaps (no sequence parallelism: the async overlap
+    needs it); with it the overlap makes the backward shorter than its ops' sum."""
     import ddlsim
     for row in vr.layer_rows():
         cfg = vr.layer_config(row)
@@ -272,6 +293,11 @@ def test_recompute_layer_times_are_the_engines():
         assert total == pytest.approx(ddlsim.predict(cfg, check_fit=False).iteration_time_s,
                                       rel=1e-12)
         assert 48 * (fwd + bwd) < total
+        serial = _serial_backward(cfg) if row["sequence_parallel"] == "false" else None
+        if serial is not None:
+            assert bwd == pytest.approx(serial, rel=1e-9)
+    sp = vr.layer_config(next(r for r in vr.layer_rows() if r["sequence_parallel"] == "true"))
+    assert sp["system"]["software"]["overlap"]["tp_async_backward"] is True
     table = {r["experiment"]: r for r in vr.layer_rows()}
     assert float(table["Baseline with recompute"]["backward_ms"]) == 19.5   # 11.9 + 7.6
     # sequence parallelism shortens the forward (LayerNorm and dropout on 1/t of the data)
