@@ -209,8 +209,13 @@ def resolve_software(spec: SoftwareSpec | str | None, plan: Any = None) -> Softw
                                (overlap, spec.overlap, "system.software.overlap")):
         for field, value in given.model_dump(exclude_none=True).items():
             part[field], sources[field] = value, where
+    # the plan's own overlap options (a pydantic model's fields: no failed lookups for the
+    # stack fields it does not have — this runs for every ``cfg.software``)
+    known = getattr(type(plan), "model_fields", None) if plan is not None else None
     for field in list(overlap):
-        value = getattr(plan, field, None) if plan is not None else None
+        if plan is None or (known is not None and field not in known):
+            continue
+        value = getattr(plan, field, None)
         if value is not None:
             overlap[field], sources[field] = value, f"parallel.{field}"
     if overlap["zero3_gather"] == "per_layer":
