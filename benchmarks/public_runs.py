@@ -1,4 +1,5 @@
-"""Shared helpers of the public-measurement validations (validate_h100.py, validate_zero3.py).
+"""Shared helpers of the public-measurement validations (validate_h100.py, validate_bridge.py,
+validate_zero3.py, validate_recompute.py).
 
 Reading a provenance-headed CSV, Megatron's vocabulary padding, predicting a row with the fit
 check reported rather than fatal, and printing a plain or Markdown table.
@@ -52,6 +53,20 @@ def predict(config: dict, engine: str, limits: Limits | None = None
             return ddlsim.predict(config, engine, check_fit=False, limits=limits), str(exc), ""
     except WorkTooLargeError as exc:
         return None, "", str(exc)
+
+
+def time_record(row: dict, config: dict, engine: str, limits: Limits | None,
+                published: float) -> dict:
+    """One row's record: ``row``, the prediction of ``config`` (:func:`predict`: ``result``,
+    ``refused``, ``skipped``), the ``published`` iteration time and, when it ran,
+    ``predicted`` and ``error`` (predicted / published − 1, positive: ddlsim too slow)."""
+    r, refused, skipped = predict(config, engine, limits)
+    rec = {"row": row, "result": r, "refused": refused, "skipped": skipped,
+           "published": published}
+    if r is not None:
+        rec["predicted"] = r.iteration_time_s
+        rec["error"] = r.iteration_time_s / published - 1
+    return rec
 
 
 def print_table(head: list[str], lines: list[list[str]], markdown: bool) -> None:

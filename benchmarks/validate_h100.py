@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import sys
 
-from public_runs import (DATA, error_stats, padded_vocab, predict, print_notes, print_table,
-                         read_csv, run_script)
+from public_runs import (DATA, error_stats, padded_vocab, print_notes, print_table, read_csv,
+                         run_script, time_record)
 
 TABLE = DATA / "nemo_2407_h100_fp8.csv"
 SETTINGS = DATA / "nemo_2407_h100_settings.csv"
@@ -118,16 +118,8 @@ def published_time(row: dict) -> float:
 def evaluate(engine: str = "analytical", only: list[dict] | None = None,
              limits=None) -> list[dict]:
     """One record per row: published and predicted iteration time, error, fit note."""
-    out = []
-    for row in (rows() if only is None else only):
-        r, refused, skipped = predict(config(row), engine, limits)
-        rec = {"row": row, "result": r, "refused": refused, "skipped": skipped,
-               "published": published_time(row)}
-        if r is not None:
-            rec["predicted"] = r.iteration_time_s
-            rec["error"] = r.iteration_time_s / rec["published"] - 1
-        out.append(rec)
-    return out
+    return [time_record(row, config(row), engine, limits, published_time(row))
+            for row in (rows() if only is None else only)]
 
 
 def _label(o: dict) -> str:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import sys
 
-from public_runs import DATA, error_stats, predict, print_notes, print_table, read_csv, run_script
+from public_runs import DATA, error_stats, print_notes, print_table, read_csv, run_script, time_record
 
 TABLE = DATA / "korthikanti2022.csv"
 LAYER_TABLE = DATA / "korthikanti2022_layer.csv"
@@ -154,14 +154,9 @@ def evaluate(engine: str = "analytical", only: list[dict] | None = None,
     """One record per row: published and predicted iteration time, error, MFU."""
     out = []
     for row in rows() if only is None else only:
-        r, refused, skipped = predict(config(row), engine, limits)
-        published = float(row["iteration_s"])
-        rec = {"row": row, "result": r, "refused": refused, "skipped": skipped,
-               "published": published}
-        if r is not None:
-            rec["predicted"] = r.iteration_time_s
-            rec["error"] = r.iteration_time_s / published - 1
-            rec["mfu"] = model_flops(row) / r.iteration_time_s / int(row["gpus"]) / PEAK
+        rec = time_record(row, config(row), engine, limits, float(row["iteration_s"]))
+        if rec["result"] is not None:
+            rec["mfu"] = model_flops(row) / rec["predicted"] / int(row["gpus"]) / PEAK
         out.append(rec)
     return out
 

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import sys
 
-from public_runs import (DATA, error_stats, padded_vocab, predict, print_notes, print_table,
-                         read_csv, run_script)
+from public_runs import (DATA, error_stats, padded_vocab, print_notes, print_table, read_csv,
+                         run_script, time_record)
 
 TABLE = DATA / "megatron_sc21_zero3.csv"
 SEQ = 2048                 # sc21 CONFIG.sh: --seq-length 2048
@@ -73,14 +73,10 @@ def evaluate(engine: str = "analytical", only: list[dict] | None = None,
     out = []
     for row in rows() if only is None else only:
         gpus = int(row["gpus"])
-        r, refused, skipped = predict(config(row), engine, limits)
         published = paper_flops(row) / (float(row["tflops_per_gpu"]) * 1e12 * gpus)
-        rec = {"row": row, "result": r, "refused": refused, "skipped": skipped,
-               "published": published}
-        if r is not None:
-            rec["predicted"] = r.iteration_time_s
-            rec["error"] = r.iteration_time_s / published - 1
-            rec["tflops"] = paper_flops(row) / r.iteration_time_s / gpus / 1e12
+        rec = time_record(row, config(row), engine, limits, published)
+        if rec["result"] is not None:
+            rec["tflops"] = paper_flops(row) / rec["predicted"] / gpus / 1e12
         out.append(rec)
     return out
 
