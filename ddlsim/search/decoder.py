@@ -24,9 +24,9 @@ from ..config import DTYPE_BYTES
 from ..errors import ConfigError
 from ..software import grad_dtype_bytes
 from ..workloads.decoder import tp_overlap as tpo
-from ..workloads.decoder.zero3 import (FETCH_PASSES, GATHER_HOST_OPS, REDUCE_HOST_OPS,
-                                        REDUCE_PASSES, gathered_layers, list_gather_bytes,
-                                        list_host_seconds, module_fetches, module_hook_bytes)
+from ..workloads.decoder.zero3 import (FETCH_PASSES, REDUCE_PASSES, gathered_layers,
+                                        list_gather_bytes, list_host_seconds, module_fetches,
+                                        module_hook_bytes)
 from ..simulator.kernels import kernel_device, optimizer_bytes_per_param
 from ..simulator.kernels.elementwise import loss_bytes
 from ..workloads.decoder.layerkernels import activation_kinds, compute_dtype
@@ -344,14 +344,14 @@ class DecoderVectors:
                     if synced:
                         u.gather[here] += mem(FETCH_PASSES * sum(need) * ctx.dt)
                         u.host_gather[here] = list_host_seconds(
-                            sw, plans["dp"][here], len(need), GATHER_HOST_OPS)
+                            sw, plans["dp"][here], len(need), gather=True)
                     u.has_gather[here] = bool(need)
                 b = units[("b", fm.module)]
                 passes = mem(REDUCE_PASSES * sum(fm.reduce) * ctx.gdt)
                 if synced:
                     b.compute[here] += passes
                     b.host_reduce[here] = list_host_seconds(
-                        sw, plans["dp"][here], len(fm.reduce), REDUCE_HOST_OPS)
+                        sw, plans["dp"][here], len(fm.reduce), gather=False)
                 else:
                     b.reduce[here] += passes
                 for x in fm.reduce:

@@ -10,8 +10,7 @@ import ddlsim
 from ddlsim.config import build_config
 from ddlsim.errors import ConfigError
 from ddlsim.software import SoftwareSpec, resolve_software
-from ddlsim.workloads.decoder.zero3 import (GATHER_HOST_OPS, REDUCE_HOST_OPS,
-                                            list_host_seconds, module_fetches)
+from ddlsim.workloads.decoder.zero3 import list_host_seconds, module_fetches
 from ddlsim.workloads.models.decoder import DecoderShape
 
 GPT3 = DecoderShape(layers=96, hidden=12288, heads=96, ffn=4 * 12288, vocab=51200,
@@ -141,15 +140,15 @@ def test_list_collectives_host_time_counts_the_code_s_operations():
     250 us per call: 380 us in all, DeepSpeed #1069's profile; a reduce-scatter 8 × (view +
     narrow) and 8 flattening copies + the NCCL launch."""
     sw = resolve_software("deepspeed-2021")
-    assert list_host_seconds(sw, 8, 1, GATHER_HOST_OPS) == pytest.approx(380e-6)
-    assert list_host_seconds(sw, 8, 1, GATHER_HOST_OPS) == pytest.approx(
+    assert list_host_seconds(sw, 8, 1, gather=True) == pytest.approx(380e-6)
+    assert list_host_seconds(sw, 8, 1, gather=True) == pytest.approx(
         10 * 2e-6 + 11 * 1e-5 + 250e-6)
-    assert list_host_seconds(sw, 8, 2, REDUCE_HOST_OPS) == pytest.approx(
+    assert list_host_seconds(sw, 8, 2, gather=False) == pytest.approx(
         2 * (16 * 2e-6 + 9 * 1e-5))
     # linear in the ranks: 1,536 ranks cost 1536 × 12 us per gather, plus the call's 284 us
-    assert list_host_seconds(sw, 1536, 1, GATHER_HOST_OPS) == pytest.approx(
+    assert list_host_seconds(sw, 1536, 1, gather=True) == pytest.approx(
         1536 * 12e-6 + 284e-6)
-    assert list_host_seconds(resolve_software("deepspeed"), 1536, 1, GATHER_HOST_OPS) == 0
+    assert list_host_seconds(resolve_software("deepspeed"), 1536, 1, gather=True) == 0
 
 
 def test_the_host_issue_of_every_gather_after_the_first_is_exposed():
@@ -168,7 +167,7 @@ def test_the_host_issue_of_every_gather_after_the_first_is_exposed():
     ops = ddlsim.build_workload(cfg).classes[0].program.blocks["F0"].flat.ops
     issues = [o.payload.seconds for o in ops if o.payload.name == "zero3.host_gather"]
     assert len(issues) == 4 * 24 and issues[0] == pytest.approx(
-        list_host_seconds(cfg.software, 32, 1, GATHER_HOST_OPS))
+        list_host_seconds(cfg.software, 32, 1, gather=True))
     slower = (ddlsim.predict(cfg, check_fit=False).iteration_time_s
               - ddlsim.predict(build_config(free, []), check_fit=False).iteration_time_s)
     assert slower >= sum(issues[2:]) * (1 - 1e-9)

@@ -221,14 +221,14 @@ def zero3_shards(b: StageBuilder, moe: bool) -> list[tuple[str, float]]:
     return [("dp", (dense + expert) * b.dt)]
 
 
-def list_host_seconds(sw, ranks, calls: int, ops: tuple) -> float:
-    """Host seconds to issue ``calls`` list-form collectives over ``ranks`` ranks (a number
-    or an array), each with ``ops`` = ((Python ops, copies) per rank, (Python ops, copies)
-    per call) (:data:`GATHER_HOST_OPS`, :data:`REDUCE_HOST_OPS`) at the stack's
-    ``zero3_host_python_op`` and ``zero3_host_copy`` seconds; a gather adds the stack's
+def list_host_seconds(sw, ranks, calls: int, gather: bool) -> float:
+    """Host seconds to issue ``calls`` list-form all-gathers (``gather``) or reduce-scatters
+    over ``ranks`` ranks (a number or an array): their counted operations
+    (:data:`GATHER_HOST_OPS`, :data:`REDUCE_HOST_OPS`) at the stack's
+    ``zero3_host_python_op`` and ``zero3_host_copy`` seconds, and for a gather the stack's
     ``zero3_host_gather_call``."""
-    (py_rank, cp_rank), (py_call, cp_call) = ops
-    call = sw.zero3_host_gather_call if ops is GATHER_HOST_OPS else 0.0
+    (py_rank, cp_rank), (py_call, cp_call) = GATHER_HOST_OPS if gather else REDUCE_HOST_OPS
+    call = sw.zero3_host_gather_call if gather else 0.0
     return calls * ((ranks * py_rank + py_call) * sw.zero3_host_python_op
                     + (ranks * cp_rank + cp_call) * sw.zero3_host_copy + call)
 
@@ -301,8 +301,8 @@ def _module_units(b: StageBuilder, ops: list, fetch: dict[int, ModuleFetch],
     if b.sw.zero3_gather == "per_tensor":   # PyTorch 1.8's list-form all_gather
         for u in units:
             u.gather_passes = FETCH_PASSES * sum(n for _, n in u.gathers)
-            u.host_gather = list_host_seconds(b.sw, b.dp, len(u.gathers), GATHER_HOST_OPS)
-            u.host_reduce = list_host_seconds(b.sw, b.dp, len(u.reduces), REDUCE_HOST_OPS)
+            u.host_gather = list_host_seconds(b.sw, b.dp, len(u.gathers), gather=True)
+            u.host_reduce = list_host_seconds(b.sw, b.dp, len(u.reduces), gather=False)
     return units
 
 
