@@ -142,6 +142,31 @@ def evaluate_layers() -> list[dict]:
     return out
 
 
+def score_pass_efficiency() -> tuple[float, float, float]:
+    """The A100's score-pass efficiency (``device.score_pass_efficiency``) from Table 4: the
+    selective recomputation's cost in the 22B layer's backward (13.2 − 11.9 ms) is one forward
+    of its attention core, whose kernels are all memory-bound, so its bytes over that time
+    are the bandwidth they achieve. Returns (efficiency, low, high), the bounds from the
+    table's rounding to 0.1 ms (±0.05 on each time)."""
+    from ddlsim.api import build_workload
+    from ddlsim.config import build_config
+    from ddlsim.config_types import DTYPE_BYTES
+
+    rows = {r["experiment"]: r for r in layer_rows()}
+    row = rows["Selective Recompute"]
+    run = build_config(layer_config(row))
+    core = next(op.payload for op in build_workload(run).classes[0].program.blocks["B0"].ops
+                if op.payload.name == "recompute.attn_core")
+    nbytes = sum(k.bytes if k.kind == "memory" else
+                 (k.shape[0] * k.shape[2] + k.shape[2] * k.shape[1] + k.shape[0] * k.shape[1])
+                 * k.batch * DTYPE_BYTES[k.dtype] for k in core.kernels)
+    overhead = 1e-3 * (float(row["backward_ms"])
+                       - float(rows["Baseline no recompute"]["backward_ms"]))
+    peak = run.system.device.memory_bandwidth_Bps
+    return (nbytes / (peak * overhead), nbytes / (peak * (overhead + 1e-4)),
+            nbytes / (peak * (overhead - 1e-4)))
+
+
 def model_flops(row: dict) -> float:
     """The paper's model FLOPs of one iteration (its Appendix A):
     ``72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h))``."""

@@ -40,6 +40,10 @@ class DeviceSpec(_Strict):
     attention_efficiency: dict[Literal["flash2", "flash3"],
                                Annotated[float, Field(gt=0, le=1)]] | None = Field(
         default=None, description="FlashAttention kernel -> achieved / peak FLOP/s")
+    score_pass_efficiency: Annotated[float, Field(gt=0, le=1)] | None = Field(
+        default=None, description="achieved / peak memory bandwidth of the non-flash attention "
+                                  "core's s² kernels (scale-mask-softmax, dropout, the batched "
+                                  "QKᵀ and P·V GEMMs); default: memory_efficiency")
     source: str | None = None
 
     @model_validator(mode="after")

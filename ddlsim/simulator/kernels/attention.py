@@ -78,8 +78,8 @@ def attention_kernels(kind: str, b: float, heads: float, s: float, d: float, dty
             mem += [2 * dt * S] * 2                      # mask and scale backward
     if drop:
         mem.append(drop)
-    return (tuple(Kernel("gemm", g, batch, dtype=dtype) for g in gemms)
-            + tuple(Kernel("memory", bytes=m, dtype=dtype) for m in mem))
+    return (tuple(Kernel("gemm", g, batch, dtype=dtype, variant="scores") for g in gemms)
+            + tuple(Kernel("memory", bytes=m, dtype=dtype, variant="scores") for m in mem))
 
 
 def scores_activation_bytes(kind: str, b, heads, s, dropout: bool):

@@ -42,6 +42,8 @@ class KernelDevice:
     matmul: dict[str, float]
     attention: dict[str, float]
     override: float | None = None
+    #: achieved bandwidth of the non-flash attention core's s² kernels (``variant="scores"``)
+    scores_Bps: float | None = None
 
     def peak_flops(self, dtype: str) -> float:
         """Peak FLOP/s at ``dtype`` (the device's best when it lists no such dtype)."""
@@ -64,27 +66,31 @@ class KernelDevice:
 def kernel_device(system: Any) -> KernelDevice:
     """The :class:`KernelDevice` of ``system`` (a :class:`~ddlsim.config.SystemConfig`)."""
     dev = system.device
+    scores = dev.score_pass_efficiency or dev.memory_efficiency or 1.0
     return KernelDevice(dict(dev.peak_flops),
                         dev.memory_bandwidth_Bps * (dev.memory_efficiency or 1.0),
                         dev.sm_count, dict(dev.matmul_efficiency or {}),
-                        dict(dev.attention_efficiency or {}), system.compute_efficiency)
+                        dict(dev.attention_efficiency or {}), system.compute_efficiency,
+                        dev.memory_bandwidth_Bps * scores)
 
 
 def kernel_time(k: Kernel, dev: KernelDevice, efficiency: float | None = None) -> float:
     """Seconds of one kernel. ``efficiency``: a calibration profile's measured GEMM efficiency,
-    which replaces the shape model (ceiling × quantisation) for a GEMM."""
+    which replaces the shape model (ceiling × quantisation) for a GEMM. The non-flash
+    attention core's s² kernels (``variant="scores"``) move their bytes at the device's
+    score-pass bandwidth."""
+    bw = dev.scores_Bps if k.variant == "scores" and dev.scores_Bps else dev.memory_Bps
     if k.kind == "memory":
-        return k.bytes / dev.memory_Bps
+        return k.bytes / bw
     peak = dev.peak_flops(k.dtype)
     if k.kind == "flash":
-        return max(k.flops / (peak * dev.flash(k.variant, k.dtype)), k.bytes / dev.memory_Bps)
+        return max(k.flops / (peak * dev.flash(k.variant, k.dtype)), k.bytes / bw)
     M, N, K = k.shape
     if efficiency is not None:
         return max(2.0 * M * N * K * k.batch / (peak * efficiency),
-                   (M * K + K * N + M * N) * k.batch * DTYPE_BYTES.get(k.dtype, 2)
-                   / dev.memory_Bps)
+                   (M * K + K * N + M * N) * k.batch * DTYPE_BYTES.get(k.dtype, 2) / bw)
     return gemm_time(M, N, K, k.batch, DTYPE_BYTES.get(k.dtype, 2), peak, dev.ceiling(k.dtype),
-                     dev.sm_count, dev.memory_Bps)
+                     dev.sm_count, bw)
 
 
 def op_time(op: Compute, dev: KernelDevice,
