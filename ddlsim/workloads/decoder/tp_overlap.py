@@ -120,8 +120,10 @@ def _split(c: Collective, n: int) -> tuple[Collective | None, Collective]:
 def _overlap_around(ops: list[Op], pending: list, posts: list) -> tuple[list[Op], bool]:
     """Append to ``ops`` the exposed chunks of the ``pending`` collectives feeding the next
     GEMM and the overlapped rest of them and of its ``posts`` on the ``tp`` stream (anchored
-    on the last compute-stream op); return the posts' exposed chunks, to follow the GEMM,
-    and whether anything was overlapped."""
+    on the last compute-stream op, or — for a layer's first GEMM, with none before it in the
+    layer — on everything the compute stream has issued, so that a layer's collectives never
+    start before the compute before it has ended); return the posts' exposed chunks, to
+    follow the GEMM, and whether anything was overlapped."""
     rests, after = [], []
     for c, n in pending:
         chunk, rest = _split(c, n)
@@ -135,6 +137,8 @@ def _overlap_around(ops: list[Op], pending: list, posts: list) -> tuple[list[Op]
             after.append(chunk)
     anchor = next((k for k in range(len(ops) - 1, -1, -1) if ops[k].stream == "compute"), None)
     deps = () if anchor is None else (anchor,)
+    if anchor is None and rests:
+        ops.append(Op(Wait("tp_overlap.start", "compute"), "tp"))
     ops += [Op(r, "tp", deps) for r in rests]
     return [Op(c) for c in after], bool(rests)
 
