@@ -155,7 +155,7 @@ def score_pass_efficiency() -> tuple[float, float, float]:
     rows = {r["experiment"]: r for r in layer_rows()}
     row = rows["Selective Recompute"]
     run = build_config(layer_config(row))
-    core = next(op.payload for op in build_workload(run).classes[0].program.blocks["B0"].ops
+    core = next(op.payload for op in build_workload(run).classes[0].program.blocks["B0"].flat.ops
                 if op.payload.name == "recompute.attn_core")
     nbytes = sum(k.bytes if k.kind == "memory" else
                  (k.shape[0] * k.shape[2] + k.shape[2] * k.shape[1] + k.shape[0] * k.shape[1])

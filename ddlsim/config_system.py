@@ -16,7 +16,7 @@ from .config_types import (DTYPE_BYTES, Bandwidth, Bytes, DeviceId, Flops, Real,
 from .errors import did_you_mean
 from .limits import check_bound
 from .registered import node_fabrics, placements, registered, topologies
-from .software import DEFAULT_STACK, SoftwareSpec, stacks
+from .software import DEFAULT_STACK, GemmLibrary, SoftwareSpec, stacks
 
 __all__ = ["DeviceSpec", "LinkSpec", "IntraNodeSpec", "NetworkSpec", "check_shape",
            "CollectivesSpec", "SystemConfig"]
@@ -35,6 +35,14 @@ class DeviceSpec(_Strict):
         default=None, description="streaming multiprocessors (GEMM wave quantisation)")
     matmul_efficiency: dict[str, Annotated[float, Field(gt=0, le=1)]] | None = Field(
         default=None, description="dtype -> maximum achievable matmul FLOP/s / peak (MAMF)")
+    matmul_library: GemmLibrary | None = Field(
+        default=None, description="the GEMM library matmul_efficiency was measured with "
+                                  "(e.g. cublas-12); unset: the figure holds for any")
+    matmul_efficiency_by_library: dict[GemmLibrary, dict[str, Annotated[
+        float, Field(gt=0, le=1)]]] | None = Field(
+        default=None, description="GEMM library -> dtype -> matmul ceiling measured with that "
+                                  "library; a software stack naming one of them "
+                                  "(software.kernels.gemm_library) uses its figures")
     memory_efficiency: Annotated[float, Field(gt=0, le=1)] | None = Field(
         default=None, description="achieved / peak memory bandwidth of streaming kernels")
     attention_efficiency: dict[Literal["flash2", "flash3"],
@@ -48,8 +56,11 @@ class DeviceSpec(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "DeviceSpec":
-        for field in ("peak_flops", "matmul_efficiency"):
-            bad = [k for k in getattr(self, field) or {} if k not in DTYPE_BYTES]
+        tables = [("peak_flops", self.peak_flops), ("matmul_efficiency", self.matmul_efficiency)]
+        tables += [(f"matmul_efficiency_by_library.{lib}", t)
+                   for lib, t in (self.matmul_efficiency_by_library or {}).items()]
+        for field, table in tables:
+            bad = [k for k in table or {} if k not in DTYPE_BYTES]
             if bad:
                 raise ValueError(f"{field} has unknown dtype {bad[0]!r}"
                                  f"{did_you_mean(bad[0], DTYPE_BYTES)}; allowed: "

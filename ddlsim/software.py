@@ -40,6 +40,9 @@ DEFAULT_STACK = "megatron-core-2024"
 Attention = Literal["flash2", "flash3", "fused_softmax", "unfused"]
 Zero3Gather = Literal["per_layer", "per_module", "per_tensor"]
 GradReduceDtype = Literal["param", "fp32", "fp32_if_bf16"]
+#: a GEMM library and its major version, as the device presets name them (``cublas-12``)
+GemmLibrary = Annotated[str, Field(pattern=r"^[a-z][a-z0-9]*-[0-9]+(\.[0-9]+)*$",
+                                   max_length=40)]
 
 
 def _off_from_false(v: Any) -> Any:
@@ -72,6 +75,11 @@ class KernelSpec(_Strict):
         default=None, description="dtype of the gradient buffers and their data-parallel "
                                   "reduction: param (the 16-bit parameter dtype), fp32, or "
                                   "fp32_if_bf16 (Megatron-LM's rule)")
+    gemm_library: GemmLibrary | None = Field(
+        default=None, description="the GEMM library the stack's container ships (cublas-11, "
+                                  "cublas-12, …): picks the device's matmul ceiling measured "
+                                  "with it (device.matmul_efficiency_by_library; "
+                                  "docs/compute.md)")
 
 
 class OverlapSpec(_Strict):
@@ -86,7 +94,8 @@ class OverlapSpec(_Strict):
         description="Megatron's asynchronous TP communication in the backward without "
                     "tp_comm_overlap: with sequence parallelism the input's re-gather runs "
                     "beside the data-gradient GEMM and the input-gradient reduce-scatter "
-                    "beside the weight-gradient GEMM (docs/overlap.md)")
+                    "beside the weight-gradient GEMM; without it the input-gradient "
+                    "all-reduce runs beside the weight-gradient GEMM (docs/overlap.md)")
     zero3_prefetch_layers: StrictInt | None = Field(
         default=None, ge=0, le=64,
         description="ZeRO-3/FSDP: layers whose parameter all-gather may run ahead of the "

@@ -89,14 +89,30 @@ def test_pipeline_sends_a_tp_slice_per_micro_batch_then_gathers_it(per_rank):
 
 def test_tp_allreduces_four_per_layer_and_micro_batch(per_rank):
     # Megatron: attention and MLP each all-reduce once forward and once backward; plus the
-    # vocab-parallel embedding's all-reduce (first stage) or the loss's (last stage, b·s fp32)
+    # vocab-parallel embedding's all-reduce (first stage) or the loss's (last stage, b·s fp32).
+    # The default stack (megatron-core-2024, tp_async_backward) launches the backward's
+    # input-gradient all-reduces asynchronously (async_op=True): an MPI profiler sees them as
+    # iallreduce, the forward's as allreduce
     layers = L // PP
     first = _row(per_rank, rank=0, op="allreduce", group="tp")
-    assert first["calls"] == MB * (4 * layers + 1)
-    assert first["send_bytes"] == first["recv_bytes"] == MB * (4 * layers + 1) * ACT
+    assert first["calls"] == MB * (2 * layers + 1)
+    assert first["send_bytes"] == first["recv_bytes"] == MB * (2 * layers + 1) * ACT
     last = _row(per_rank, rank=4, op="allreduce", group="tp")
-    assert last["calls"] == MB * (4 * layers + 1)
-    assert last["send_bytes"] == MB * (4 * layers * ACT + 4 * B * S)
+    assert last["calls"] == MB * (2 * layers + 1)
+    assert last["send_bytes"] == MB * (2 * layers * ACT + 4 * B * S)
+    for rank in (0, 4):
+        bwd = _row(per_rank, rank=rank, op="iallreduce", group="tp")
+        assert bwd["calls"] == MB * 2 * layers
+        assert bwd["send_bytes"] == bwd["recv_bytes"] == MB * 2 * layers * ACT
+
+
+def test_tp_allreduces_all_block_without_the_async_backward():
+    cfg = ddlsim.load_config({**PLAN, "system": {**PLAN["system"], "software": {
+        "stack": "megatron-core-2024", "overlap": {"tp_async_backward": False}}}})
+    frame = comm_profile(build_workload(cfg), "rank")
+    layers = L // PP
+    assert _row(frame, rank=0, op="allreduce", group="tp")["calls"] == MB * (4 * layers + 1)
+    assert not ((frame["op"] == "iallreduce") & (frame["group"] == "tp")).any()
 
 
 def test_dp_allreduce_moves_the_stage_gradients(per_rank):

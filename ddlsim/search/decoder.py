@@ -177,7 +177,8 @@ class DecoderVectors:
 
     def _tp_overlap(self, ctx: _Context, plans, fns, k, plain, g):
         """A layer's forward and backward under ``tp_comm_overlap`` (or, with it off, the
-        ``async`` overlap of ``tp_async_backward``) where it applies (TP > 1 with SP), as
+        ``async`` overlap of ``tp_async_backward``) where it applies (TP > 1, with SP for the
+        userbuffers modes), as
         :mod:`ddlsim.workloads.decoder.tp_overlap` builds them: per GEMM op,
         ``exposed chunks + max(GEMM op + SM margin, overlapped rest)``; ``k`` the layer's
         kernel times (:func:`.kerneltimes.kernel_times`), the margins flops-only ops at the
@@ -186,7 +187,8 @@ class DecoderVectors:
         fwd, bwd, acc = plain
         sh, s, dt = ctx.shape, ctx.s, ctx.dt
         b, t = plans["mbs"].astype(float), plans["tp"].astype(float)
-        on = (t > 1) & plans["sp"].astype(bool) & (plans["zero"] != 3)
+        sp = plans["sp"].astype(bool)
+        on = (t > 1) & sp & (plans["zero"] != 3)
         act = b * s * sh.hidden * dt
         ag, rs = coll("all_gather", "tp", act), coll("reduce_scatter", "tp", act)
         mm = sh.mlp_matrices
@@ -217,6 +219,17 @@ class DecoderVectors:
         b_o = (redo + pre + np.maximum(k["bwd.mlp"] + margin["bm"], pre_rest + ag + rs)
                + pre + np.maximum(k["bwd.attn"] + margin["ba"], pre_rest + ag + rs)
                + k["bwd.ew"] + mem(sh.layer_params / t * acc))
+        if ctx.cfg.software.tp_comm_overlap == "off":
+            # tp_async_backward without SP: each block's input-gradient all-reduce runs beside
+            # its backward; the forward (and its recomputation) keeps the blocking ones
+            ar = coll("all_reduce", "tp", act)
+            plain_redo = np.select([rec == RECOMPUTE.index("full"),
+                                    rec == RECOMPUTE.index("selective")],
+                                   [fwd, k["recompute"]], 0.0)
+            b_ar = (plain_redo + np.maximum(k["bwd.mlp"], ar) + np.maximum(k["bwd.attn"], ar)
+                    + k["bwd.ew"] + mem(sh.layer_params / t * acc))
+            no_sp = (t > 1) & ~sp & (plans["zero"] != 3)
+            bwd = np.where(no_sp, b_ar, bwd)
         return np.where(on, f_o, fwd), np.where(on, b_o, bwd)
 
     def stage_params(self, ctx: _Context, plans, first: bool) -> np.ndarray:

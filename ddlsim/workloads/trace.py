@@ -203,6 +203,18 @@ class Block:
     phase: Phase
     ops: tuple[Op, ...]
     _flat: "Block | None" = field(default=None, init=False, repr=False, compare=False)
+    _lean: "Block | None" = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def lean(self) -> "Block":
+        """:attr:`flat`, except that a self-contained loop is written once with its ops
+        repeated (:func:`_lean`): what the analytical engine times, whose closed-form
+        durations scale with the repeat."""
+        if self._lean is None:
+            ops = _lean(self.ops)
+            object.__setattr__(self, "_lean", self if ops is self.ops
+                               else Block(self.name, self.phase, ops))
+        return self._lean
 
     @property
     def flat(self) -> "Block":
@@ -211,6 +223,63 @@ class Block:
             object.__setattr__(self, "_flat", self if ops is self.ops
                                else Block(self.name, self.phase, ops))
         return self._flat
+
+
+def _self_contained(body: tuple[Op, ...]) -> bool:
+    """Whether every iteration of a loop with this body runs alone: no point-to-point ops or
+    nested loops, each communication stream's first op in the body waits for a compute-stream
+    op of the body (or for the compute stream itself), and a compute-stream wait for the
+    stream follows its last op. Each iteration then starts with every stream free and ends
+    with them drained, so ``count`` iterations take ``count`` times one, op for op."""
+    pending: set[str] = set()
+    anchored: set[str] = set()
+    for b in body:
+        kind = type(b.payload)
+        if kind is P2P or kind is Loop:
+            return False
+        if b.stream == "compute":
+            if kind is Wait:
+                pending.discard(b.payload.stream)
+            continue
+        if b.stream not in anchored:
+            if not ((kind is Wait and b.payload.stream == "compute")
+                    or any(body[d].stream == "compute" for d in b.deps)):
+                return False
+            anchored.add(b.stream)
+        pending.add(b.stream)
+    return not pending
+
+
+def _lean(ops: tuple[Op, ...]) -> tuple[Op, ...]:
+    """``ops`` unrolled as :func:`_unrolled` does, except self-contained loops
+    (:func:`_self_contained`): written once, each body op repeated ``count × repeat`` times
+    (``ops`` itself when nothing changes)."""
+    if not any(type(op.payload) is Loop for op in ops):
+        return ops
+    out: list[Op] = []
+    ends: list[tuple[int, ...]] = []
+    for op in ops:
+        deps = tuple(sorted({d for i in op.deps for d in ends[i]}))
+        p = op.payload
+        if type(p) is not Loop:
+            out.append(Op(p, op.stream, deps, op.repeat))
+            ends.append((len(out) - 1,))
+            continue
+        if not _self_contained(p.body):   # every iteration written out, as in ``flat``
+            last: tuple[int, ...] = ()
+            body = _unrolled(p.body)
+            for it in range(p.count * op.repeat):
+                base = len(out)
+                out += [Op(b.payload, b.stream, tuple(base + d for d in b.deps)
+                           + (deps if it == 0 else ()), b.repeat) for b in body]
+                last = tuple(range(base, len(out)))
+            ends.append(last)
+            continue
+        base, k = len(out), p.count * op.repeat
+        out += [Op(b.payload, b.stream, tuple(base + d for d in b.deps) + deps, b.repeat * k)
+                for b in p.body]
+        ends.append(tuple(range(base, len(out))))
+    return tuple(out)
 
 
 def _unrolled(ops: tuple[Op, ...]) -> tuple[Op, ...]:

@@ -172,3 +172,48 @@ def test_the_solver_times_almost_every_step_of_a_deep_pipeline(monkeypatch):
     ddlsim.predict(d, check_fit=False)
     assert solved[0] is not None
     assert len(calls) < 0.05 * 8 * (2 * 128 + 1)
+
+
+# ---------------------------------------------------------------- closed streams
+def test_a_block_that_drains_its_own_stream_is_scalar():
+    """Compute 1 s, then a 3 s all-reduce on stream 2 beside 2 s of compute, joined by a
+    wait: the compute stream ends at 1 + max(2, 3) = 4 s, the wait's 1 s gap is exposed
+    ``tp`` (as the scheduler books it). A stream left running is not closed."""
+    block = (Instr(COMPUTE, 0, (), 1.0, "compute"),
+             Instr(COLL, 2, (0,), 3.0, "tp", nbytes=8.0),
+             Instr(COMPUTE, 0, (), 2.0, "compute"),
+             Instr(WAIT, 0, (), 0.0, "", target=2))
+    assert maxplus.summarise(block) is None                 # without knowing it is closed
+    s = maxplus.summarise(block, frozenset({2}))
+    assert (s.A, s.compute, dict(s.exposed), dict(s.nbytes), s.side) == \
+        (4.0, 3.0, {"tp": 1.0}, {"tp": 8.0}, False)
+    from types import SimpleNamespace as Prog
+    assert maxplus.closed_streams([Prog(blocks=(block,), shapes=(0,))]) == frozenset({2})
+    # block[:3] leaves the stream running: not closed anywhere
+    assert maxplus.closed_streams([Prog(blocks=(block, block[:3]), shapes=(0, 1))]) \
+        == frozenset()
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_async_tp_backward_solver_and_repeated_loop_match_the_scheduler(sp, monkeypatch):
+    """The async TP backward puts each layer's collectives on the ``tp`` stream: the solver
+    (closed streams) and the lowering that writes a self-contained layer loop once with its
+    ops repeated give the scheduler's timing over every layer written out, to rounding."""
+    from ddlsim.workloads.trace import Block as TraceBlock
+    d = {"model": "gpt3-2.7b", "parallel": {"tensor_model_parallel_size": 2,
+                                            "pipeline_model_parallel_size": 4,
+                                            "sequence_parallel": sp},
+         "train": {"micro_batch_size": 1, "global_batch_size": 64, "seq_length": 2048},
+         "system": {"preset": "dgx-a100", "nodes": 2}}
+    fast = ddlsim.predict(copy.deepcopy(d), check_fit=False).to_dict()
+    monkeypatch.setattr(engine, "SOLVER", False)
+    monkeypatch.setattr(TraceBlock, "lean", property(lambda self: self.flat))
+    slow = ddlsim.predict(copy.deepcopy(d), check_fit=False).to_dict()
+    assert fast["iteration_time_s"] == pytest.approx(slow["iteration_time_s"], rel=1e-12)
+    for part in ("compute_s", "bubble_s", "optimizer_s"):
+        assert fast["breakdown"][part] == pytest.approx(slow["breakdown"][part], rel=1e-10,
+                                                        abs=1e-15)
+    assert fast["breakdown"]["exposed_comm_s"] == pytest.approx(
+        slow["breakdown"]["exposed_comm_s"], rel=1e-10, abs=1e-15)
+    assert fast["comm_bytes"] == pytest.approx(slow["comm_bytes"], rel=1e-12)
+    assert fast["breakdown"]["exposed_comm_s"]["tp"] > 0   # the forward's blocking ones

@@ -179,3 +179,66 @@ def test_selective_recompute_redoes_the_attention_core_forward():
                      for k in ops[0].kernels if k.kind == "gemm")
     assert gemm_flops == ops[0].flops == 4 * b * s * s * h
     assert 2048 / (18 * 12288) / (1 + 2048 / (6 * 12288)) == pytest.approx(0.0090, abs=1e-4)
+
+
+# ---------------------------------------------------------------- GEMM library by stack
+def test_the_a100_cublas_11_ceiling_is_its_2022_measurement():
+    """mli/transformers-benchmarks (2022-08, NGC 22.07, CUDA 11.7): A100 80GB square GEMMs
+    of n = 8192 at 230 TFLOP/s fp16 and 116 TF32. The 8192³ GEMM's tiles fill 2,048 / 2,052
+    of 19 waves, so the ceiling behind the measurement is 230 / 312 / that fraction."""
+    dev = ddlsim.load_config(_cfg()).system.device
+    q = gemm_quantisation(8192, 8192, 1, SMS, 8192)
+    assert q == pytest.approx(2048 / (19 * 108))
+    table = dev.matmul_efficiency_by_library["cublas-11"]
+    assert table["fp16"] == table["bf16"] == round(230 / 312 / q, 3) == 0.739
+    assert table["tf32"] == round(116 / 156 / q, 3)
+    assert dev.matmul_library == "cublas-12" and dev.matmul_efficiency["bf16"] == ETA
+
+
+@pytest.mark.parametrize("stack, ceiling", [("megatron-lm-2021", 0.739),
+                                            ("deepspeed-2021", 0.739),
+                                            ("megatron-core-2024", ETA), ("deepspeed", ETA)])
+def test_the_stack_picks_the_ceiling_of_its_gemm_library(stack, ceiling):
+    d = _cfg()
+    d["system"]["software"] = stack
+    dev = kernel_device(ddlsim.load_config(d).system)
+    assert dev.ceiling("fp16") == dev.ceiling("bf16") == ceiling
+
+
+def test_a_stack_library_the_device_never_measured_warns_and_keeps_its_figure():
+    import warnings
+
+    from ddlsim.errors import DDLSimWarning
+    d = _cfg()
+    d["system"] = {"preset": "dgx-h100", "nodes": 1, "devices_per_node": 1,
+                   "software": "megatron-lm-2021"}
+    with pytest.warns(DDLSimWarning, match="'H100-SXM5-80GB' has no matmul ceiling measured "
+                                           "with cublas-11.*its cublas-12 figure is used"):
+        dev = kernel_device(ddlsim.load_config(d).system)
+    assert dev.ceiling("bf16") == 0.803
+    d["system"]["compute_efficiency"] = 0.7      # the user's own figure: nothing to say
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DDLSimWarning)
+        assert kernel_device(ddlsim.load_config(d).system).ceiling("bf16") == 0.7
+    # a device's own table for the stack's library is used
+    dev_spec = ddlsim.load_config(_cfg()).system.device.model_dump()
+    dev_spec["matmul_efficiency_by_library"] = {"cublas-11": {"bf16": 0.5}}
+    d = _cfg()
+    d["system"].update(device=dev_spec, software="megatron-lm-2021")
+    assert kernel_device(ddlsim.load_config(d).system).ceiling("bf16") == 0.5
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("matmul_efficiency_by_library", {"cublas-11": {"fp17": 0.5}},
+     "matmul_efficiency_by_library.cublas-11 has unknown dtype 'fp17'"),
+    ("matmul_efficiency_by_library", {"cuBLAS 11": {"fp16": 0.5}}, "cuBLAS 11"),
+    ("matmul_library", "12", "matmul_library"),
+])
+def test_bad_gemm_library_fields_are_refused(field, value, match):
+    from ddlsim.errors import ConfigError
+    dev_spec = ddlsim.load_config(_cfg()).system.device.model_dump()
+    dev_spec[field] = value
+    d = _cfg()
+    d["system"]["device"] = dev_spec
+    with pytest.raises(ConfigError, match=match):
+        ddlsim.load_config(d)

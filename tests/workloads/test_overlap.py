@@ -333,23 +333,40 @@ def test_sequence_parallel_pipeline_message_is_the_rank_shard():
         assert StageBuilder(cfg, cfg.model.shape()).part.boundary(act) == want
 
 
-def test_async_backward_overlap_needs_sequence_parallelism_and_says_so():
-    """megatron-core-2024 overlaps the backward's SP collectives through NCCL; without SP
-    Megatron's async all-reduce is not modelled, and the plan line lists the option as
-    inactive with the reason. The 2021 stack has no such overlap and says nothing."""
+def test_async_backward_overlap_applies_with_and_without_sequence_parallelism():
+    """megatron-core-2024 overlaps the backward's TP collectives through NCCL: with SP the
+    input re-gather and the input-gradient reduce-scatter, without SP the input-gradient
+    all-reduce (Megatron-LM 739cb43d megatron/mpu/layers.py, async_grad_allreduce). The
+    forward keeps its blocking all-reduces, the backward's run on the ``tp`` stream beside
+    the block's GEMMs, and the iteration is shorter than with the option off. The 2021 stack
+    has no such overlap and says nothing."""
     from ddlsim.workloads.decoder import tp_overlap
     from ddlsim.workloads.decoder.overlap import inactive_reasons
     sp = _cfg("parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel=true")
     assert tp_overlap.mode(sp) == "async"
     assert "tp-async backward" in sp.family.plan_summary(sp).split("inactive here")[0]
     plain = _cfg("parallel.tensor_model_parallel_size=2")
-    assert tp_overlap.mode(plain) is None
-    assert "without it Megatron overlaps the input-gradient all-reduce" in \
-        inactive_reasons(plain)["tp_async_backward"]
+    assert tp_overlap.mode(plain) == "async"
+    assert "tp_async_backward" not in inactive_reasons(plain)
+    assert "tp-async backward" in plain.family.plan_summary(plain).split("inactive here")[0]
+    wl = ddlsim.build_workload(plain)
+    fwd, bwd = (wl.classes[0].program.blocks[name].flat.ops for name in ("F0", "B0"))
+    on = {(op.stream, op.payload.name) for op in bwd if isinstance(op.payload, Collective)
+          and op.payload.group == "tp" and op.payload.op == "all_reduce"}
+    assert on == {("tp", "bwd.attn.ar"), ("tp", "bwd.mlp.ar")}
+    assert {op.stream for op in fwd if isinstance(op.payload, Collective)} == {"compute"}
+    off = _cfg("parallel.tensor_model_parallel_size=2",
+               "system.software={stack: megatron-core-2024, overlap: {tp_async_backward: false}}")
+    assert tp_overlap.mode(off) is None
+    t_on, t_off = (ddlsim.predict(c, check_fit=False).iteration_time_s for c in (plain, off))
+    assert t_on < t_off
     old = _cfg("parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel=true",
                "system.software=megatron-lm-2021")
     assert tp_overlap.mode(old) is None and "tp_async_backward" not in inactive_reasons(old)
-    # userbuffers take precedence over the NCCL path
+    # userbuffers take precedence over the NCCL path, and need SP
     bulk = _cfg("parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel=true",
                 "parallel.tp_comm_overlap=bulk")
     assert tp_overlap.mode(bulk) == "bulk"
+    assert tp_overlap.mode(_cfg("parallel.tensor_model_parallel_size=2",
+                                "system.software={stack: megatron-core-2024, overlap: "
+                                "{tp_comm_overlap: bulk}}")) is None

@@ -33,7 +33,7 @@ def describe_deadlock(workload: Workload, programs: list, st, done: list[bool]) 
         step = cls.program.steps[si]
         prog = programs[ci]
         ins = prog.blocks[int(prog.block[si])][oi]
-        op = cls.program.blocks[step.block].flat.ops[oi]
+        op = cls.program.blocks[step.block].lean.ops[oi]
         parts.append(f"class {cls.name} ({_ranks(cls.ranks)}) waits at step {si} (block "
                      f"{step.block!r}, micro-batch {step.microbatch}) on op {oi} "
                      f"{_what(op)}: {_why(workload, ci, ins, op, step, st)}")

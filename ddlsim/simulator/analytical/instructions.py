@@ -50,6 +50,11 @@ class Instr(NamedTuple):
     target: int = -1
 
 
+#: an :class:`Instr` from a full tuple of its fields (faster than ``_replace``)
+def _new_instr(fields: tuple) -> Instr:
+    return tuple.__new__(Instr, fields)
+
+
 class Program(NamedTuple):
     """One class's program: its steps (block index, micro-batch) and resolved blocks;
     ``shapes``: per block, a number shared by the blocks of every class that differ only in
@@ -84,7 +89,7 @@ def lower(workload: Workload, cost: CostModel) -> tuple[list[Program], dict[str,
             block = np.fromiter((index[s.block] for s in steps), np.int64, len(steps))
             mb = np.fromiter((s.microbatch for s in steps), np.int64, len(steps))
         rep = int(cls.ranks[0])
-        blocks, shapes = zip(*(lw.block(ci, rep, cls.program.blocks[n].flat) for n in names))
+        blocks, shapes = zip(*(lw.block(ci, rep, cls.program.blocks[n].lean) for n in names))
         programs.append(Program(names, block, mb, blocks, shapes))
     return programs, lw.streams, lw.choices
 
@@ -184,10 +189,13 @@ class _Lowering:
                 out.append(None)
                 p2p.append(i)
                 continue
-            key = (id(op), parts[p.group] if kind is Collective else None)
+            # by payload, not op: an unrolled Loop repeats its body's payloads with new deps
+            key = (id(p), op.stream, op.repeat, parts[p.group] if kind is Collective else None)
             hit = cache.get(key)
             if hit is None:
-                hit = cache[key] = self.op(op, key[1])
+                hit = cache[key] = self.op(op, key[3])
+            if hit[2] != op.deps:
+                hit = _new_instr((hit[0], hit[1], op.deps) + hit[3:])
             out.append(hit)
         return _share_concurrent(out, block.ops), p2p
 

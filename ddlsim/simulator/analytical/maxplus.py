@@ -78,10 +78,48 @@ class Summary(NamedTuple):
     blocking: bool = False
 
 
-def summarise(instrs: tuple[Instr, ...]) -> Summary | None:
-    """The max-plus form of a block, or None when it is not scalar."""
+def closed_streams(programs: list) -> frozenset[int]:
+    """Streams every block drains itself: wherever one is used, its ops are class-local
+    collectives, compute ops or waits, and a compute-stream wait for it follows its last op
+    in the block (the TP overlaps of ``ddlsim.workloads.decoder.tp_overlap``). Such a stream
+    is free when each block begins, so a block using it is still a max-plus affine map of the
+    compute stream (:func:`summarise`)."""
+    used: set[int] = set()
+    bad: set[int] = set()
+    seen: set[int] = set()
+    for p in programs:
+        for instrs, shape in zip(p.blocks, p.shapes):
+            if shape in seen:   # blocks of one shape differ only in p2p peers and times
+                continue
+            seen.add(shape)
+            pending: set[int] = set()   # streams with ops not yet waited for
+            for x in instrs:
+                sid = x.stream
+                if sid == 0:
+                    if x.code == WAIT:
+                        pending.discard(x.target)
+                    continue
+                used.add(sid)
+                if x.code == SEND or x.code == RECV or x.group is not None:
+                    bad.add(sid)
+                pending.add(sid)
+            bad |= pending
+    return frozenset(used - bad)
+
+
+def summarise(instrs: tuple[Instr, ...], closed: frozenset[int] = frozenset()) -> Summary | None:
+    """The max-plus form of a block, or None when it is not scalar.
+
+    Ops on a ``closed`` stream (:func:`closed_streams`) and the compute stream's waits for
+    them are timed here, by the timing rule from the block's start, provided they all come
+    after the first instruction that waits for the block's received message (if any): the
+    rest of the block then runs rigidly from that instruction's start, and ``A`` is the
+    compute stream's end with the waits' gaps, booked as exposed communication of the
+    awaited stream's last collective as the scheduler books them."""
     recvs = [i for i, x in enumerate(instrs) if x.code == RECV]
     sends = [i for i, x in enumerate(instrs) if x.code == SEND]
+    if closed and any(x.stream in closed for x in instrs):
+        return _summarise_closed(instrs, closed, recvs, sends)
     # a blocking receive: posted after a wait on the compute stream that opens the block,
     # i.e. when the compute stream is free (the step's f); see :func:`nodes`
     opens = bool(instrs) and instrs[0].code == WAIT and instrs[0].stream == 0 \
@@ -138,6 +176,107 @@ def summarise(instrs: tuple[Instr, ...]) -> Summary | None:
                    tuple(exposed.items()), tuple(nbytes.items()), blocking)
 
 
+def _summarise_closed(instrs: tuple[Instr, ...], closed: frozenset[int], recvs: list[int],
+                      sends: list[int]) -> Summary | None:
+    """:func:`summarise` of a block using closed streams: every op timed by the timing rule
+    from the block's start (the compute stream and the closed streams free at 0)."""
+    opens = bool(instrs) and instrs[0].code == WAIT and instrs[0].stream == 0 \
+        and instrs[0].target == 0 and not instrs[0].deps
+    blocking = bool(recvs) and opens and instrs[recvs[0]].deps == (0,)
+    if len(recvs) > 1 or len(sends) > 1 or (recvs and instrs[recvs[0]].deps and not blocking):
+        return None
+    r = recvs[0] if recvs else -1
+    # (end, label, duration) of each timed instruction, as the scheduler's ``loc``
+    loc: dict[int, tuple[float, str, float]] = {0: (0.0, "", 0.0)} if blocking else {}
+    free: dict[int, float] = dict.fromkeys(closed, 0.0)
+    last_kind: dict[int, str] = dict.fromkeys(closed, "")
+    t0 = F = 0.0
+    first_wait = -1
+    side = False
+    compute = optimizer = flops = 0.0
+    exposed: dict[str, float] = defaultdict(float)
+    nbytes: dict[str, float] = defaultdict(float)
+    for i, x in enumerate(instrs):
+        if x.group is not None:
+            return None
+        if x.code == COMPUTE:
+            flops += x.flops
+        if x.code in (SEND, RECV):
+            if x.code == SEND:
+                nbytes[x.label] += x.nbytes
+            continue
+        if x.code == COLL:
+            nbytes[x.label] += x.nbytes
+        if x.stream != 0 and x.stream not in closed:
+            side = True
+            continue
+        if x.stream in closed and first_wait < 0 and r >= 0:
+            return None   # issued before the message is waited for: not rigid after it
+        ready, why, why_dur = 0.0, "", 0.0
+        for d in x.deps:
+            if d == r:
+                continue
+            e = loc.get(d)
+            if e is None:
+                return None
+            if e[0] > ready:
+                ready, why, why_dur = e
+        if x.stream == 0 and first_wait < 0 and r >= 0 and r in x.deps:
+            first_wait, F = i, max(t0, ready)
+        if x.code == WAIT:
+            if i == 0 and blocking:   # the blocking receive's anchor: the step's own f
+                continue
+            if x.target == 0:
+                if x.stream == 0:
+                    return None
+                target_free, kind = t0, "compute"
+            elif x.target in closed:
+                if first_wait < 0 and r >= 0:
+                    return None
+                target_free, kind = free[x.target], last_kind[x.target]
+            else:
+                return None
+            if target_free > ready:
+                ready, why, why_dur = target_free, kind, float("inf")
+        f = t0 if x.stream == 0 else free[x.stream]
+        if ready > f:
+            if x.stream == 0:
+                gap = ready - f
+                exp = gap if why_dur >= gap else why_dur
+                if exp > 0 and why not in ("", "bubble", "compute"):
+                    exposed[why] += exp
+                    gap -= exp
+                if gap > 1e-300:
+                    return None   # a bubble inside the block: left to the scheduler
+            f = ready
+        end = f + x.dur
+        if x.stream == 0:
+            t0 = end
+            if x.code == COLL:
+                exposed[x.label] += x.dur
+            elif x.code == COMPUTE:
+                if x.label == "optimizer":
+                    optimizer += x.dur
+                else:
+                    compute += x.dur
+        else:
+            free[x.stream] = end
+            if x.code == COLL:
+                last_kind[x.stream] = x.label
+        loc[i] = (end, x.label, x.dur)
+    if any(v > t0 for v in free.values()):
+        return None
+    send = instrs[sends[0]] if sends else None
+    if send is not None and (not send.deps or any(d not in loc for d in send.deps)):
+        return None
+    last = max(send.deps) if send is not None else -1
+    E = max(loc[d][0] for d in send.deps) if send is not None else 0.0
+    return Summary(t0, F if first_wait >= 0 else t0, first_wait >= 0,
+                   instrs[r] if r >= 0 else None, send, E,
+                   0 <= first_wait <= last, side, compute, optimizer, flops,
+                   tuple(exposed.items()), tuple(nbytes.items()), blocking)
+
+
 class Nodes(NamedTuple):
     """Every step of every class as one flat array (class-major), up to each class's
     solvable prefix: ``lim[c]`` (absolute index) ends class ``c``'s."""
@@ -167,9 +306,10 @@ def nodes(programs: list) -> Nodes | None:
     sent_t = np.full(C * NB, -1, dtype=np.int64)
     recv_t = np.full(C * NB, -1, dtype=np.int64)
     cache: dict[tuple, Summary | None] = {}
+    closed = closed_streams(programs)
     for c, p in enumerate(programs):
         for b, (instrs, shape) in enumerate(zip(p.blocks, p.shapes)):
-            s = summaries[c * NB + b] = _summary(instrs, shape, cache)
+            s = summaries[c * NB + b] = _summary(instrs, shape, cache, closed)
             if s is None:
                 continue
             if s.send is not None:
@@ -232,12 +372,13 @@ def _or_none(s: Summary | None) -> Summary:
     return _NONE if s is None else s
 
 
-def _summary(instrs: tuple[Instr, ...], shape: int, cache: dict) -> Summary | None:
+def _summary(instrs: tuple[Instr, ...], shape: int, cache: dict,
+             closed: frozenset[int] = frozenset()) -> Summary | None:
     """:func:`summarise`, once per block shape (blocks that differ only in their
     point-to-point peers and transfer times, one per pipeline stage, share the work)."""
     hit = cache.get(shape)
     if hit is None:
-        s = summarise(instrs)
+        s = summarise(instrs, closed)
         where = (-1, -1) if s is None else tuple(
             next((i for i, x in enumerate(instrs) if x.code == code), -1) for code in (RECV, SEND))
         hit = cache[shape] = (s, where)

@@ -4,8 +4,11 @@ From ``system.device`` (ddlsim/data/systems.yaml cites each preset's values):
 
 * ``peak_flops[dtype]`` — datasheet dense peak;
 * ``matmul_efficiency[dtype]`` — ``η_max``, the maximum achievable matmul FLOP/s as a fraction
-  of peak, measured by a microbenchmark (MAMF); ``system.compute_efficiency``, when the user
-  sets it, overrides it for every dtype (an explicit override, e.g. a calibrated figure);
+  of peak, measured by a microbenchmark (MAMF) with the library ``matmul_library``; a stack
+  whose GEMM library (``software.kernels.gemm_library``) has its own measured figures in
+  ``matmul_efficiency_by_library`` uses those (:func:`matmul_ceilings`);
+  ``system.compute_efficiency``, when the user sets it, overrides it for every dtype (an
+  explicit override, e.g. a calibrated figure);
 * ``sm_count`` — for the wave quantisation of GEMMs;
 * ``memory_efficiency`` — achieved / datasheet memory bandwidth of streaming kernels;
 * ``attention_efficiency[flash2|flash3]`` — FlashAttention's measured fraction of peak.
@@ -25,7 +28,8 @@ from ...config_types import DTYPE_BYTES
 from ...workloads.trace import Compute, Kernel
 from .gemm import gemm_time
 
-__all__ = ["KernelDevice", "kernel_device", "kernel_time", "op_time", "DEFAULT_CEILING"]
+__all__ = ["KernelDevice", "kernel_device", "kernel_time", "op_time", "DEFAULT_CEILING",
+           "matmul_ceilings"]
 
 #: matmul ceiling of a device with no measured figure: ``system.compute_efficiency``'s former
 #: default (0.75, "achieved/peak of large bf16 GEMMs on A100")
@@ -63,13 +67,38 @@ class KernelDevice:
         return self.attention.get(variant) or self.ceiling(dtype)
 
 
+def matmul_ceilings(system: Any) -> dict[str, float]:
+    """dtype → matmul ceiling of ``system``'s device under its software stack: the figures
+    the device measured with the stack's GEMM library (``software.kernels.gemm_library``,
+    ``device.matmul_efficiency_by_library``), else its ``matmul_efficiency``. When the device
+    says which library that figure comes from and has none for the stack's, the figure is
+    used with a :class:`~ddlsim.errors.DDLSimWarning` naming both."""
+    from ...software import resolve_software
+    dev = system.device
+    library = resolve_software(system.software).gemm_library
+    table = dev.matmul_efficiency_by_library or {}
+    if library in table:
+        return dict(table[library])
+    if dev.matmul_library and library != dev.matmul_library \
+            and system.compute_efficiency is None:
+        import warnings
+
+        from ...errors import DDLSimWarning
+        warnings.warn(f"system.device {dev.name!r} has no matmul ceiling measured with "
+                      f"{library} (the GEMM library of software stack "
+                      f"{resolve_software(system.software).name!r}); its {dev.matmul_library} "
+                      f"figure is used (device.matmul_efficiency_by_library adds one)",
+                      DDLSimWarning, stacklevel=3)
+    return dict(dev.matmul_efficiency or {})
+
+
 def kernel_device(system: Any) -> KernelDevice:
     """The :class:`KernelDevice` of ``system`` (a :class:`~ddlsim.config.SystemConfig`)."""
     dev = system.device
     scores = dev.score_pass_efficiency or dev.memory_efficiency or 1.0
     return KernelDevice(dict(dev.peak_flops),
                         dev.memory_bandwidth_Bps * (dev.memory_efficiency or 1.0),
-                        dev.sm_count, dict(dev.matmul_efficiency or {}),
+                        dev.sm_count, matmul_ceilings(system),
                         dict(dev.attention_efficiency or {}), system.compute_efficiency,
                         dev.memory_bandwidth_Bps * scores)
 

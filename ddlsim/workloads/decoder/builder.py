@@ -108,7 +108,10 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
                     if f == 1 and tp_overlap.active(self.cfg) else None
                 ops = [self.part.layers(backward, repeat, self.grad_accumulate_bytes(
                     self.shape.layer_params / self.part.param_split), overlap)]
-            elif f == 1 and tp_overlap.active(self.cfg):  # TE userbuffers: per-layer loop
+            elif f == 1 and tp_overlap.active(self.cfg) and (
+                    backward or tp_overlap.mode(self.cfg) != "async"):
+                # TE userbuffers, or the async backward: per-layer loop (the async forward
+                # overlaps nothing and keeps the plain ops)
                 ops = [tp_overlap.overlapped_layers(
                     self, backward, repeat, self.bwd_layer if backward else self.fwd_layer)]
             elif f == 1:

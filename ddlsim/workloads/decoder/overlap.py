@@ -30,9 +30,6 @@ def inactive_reasons(cfg: Any) -> dict[str, str]:
     elif (sw.tp_comm_overlap == "off" and sw.tp_async_backward and p.tp > 1
           and not tp_overlap.active(cfg)):
         out["tp_async_backward"] = (
-            "it is modelled with sequence parallelism (without it Megatron overlaps the "
-            "input-gradient all-reduce with the weight-gradient GEMM; ddlsim runs it blocking)"
-            if not p.sequence_parallel else
             "it is modelled for dense models with 1-D tensor parallelism and ZeRO 0-2")
     if sw.overlap_grad_reduce and p.zero_stage == 3:
         out["overlap_grad_reduce"] = ("ZeRO-3 reduce-scatters each layer's gradients within "

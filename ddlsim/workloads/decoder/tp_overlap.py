@@ -37,8 +37,13 @@ sequence-parallel collectives through NCCL (``software.tp_async_backward``; Mega
 ``LinearWithGradAccumulationAndAsyncCommunication.backward``, and TransformerEngine's
 ``Linear``): the input's all-gather is launched asynchronously before the data-gradient GEMM
 and the input-gradient reduce-scatter before the weight-gradient GEMM — the collectives
-``bulk`` overlaps, mode ``async`` here. NCCL's kernels take one SM per channel while they run;
-that is not modelled (no SM-margin op), so ``async`` is ``bulk`` without the margin.
+``bulk`` overlaps, mode ``async`` here. Without sequence parallelism the same class launches
+the input-gradient all-reduce of a column-parallel layer (``qkv``/``fc1``: Megatron's ``f``
+operator's backward) asynchronously before the weight-gradient GEMM (Megatron-LM 739cb43d
+``megatron/mpu/layers.py`` lines 272-276, ``--no-async-tensor-model-parallel-allreduce`` off by
+default since 16c90445, 2021-09): it runs beside that block's backward, as the reduce-scatter
+does with SP. NCCL's kernels take one SM per channel while they run; that is not modelled (no
+SM-margin op), so ``async`` is ``bulk`` without the margin.
 """
 
 from __future__ import annotations
@@ -62,16 +67,16 @@ RS_SPLITS = 4
 def mode(cfg) -> str | None:
     """How this plan's TP collectives overlap its GEMMs: the stack's or plan's
     ``tp_comm_overlap`` (``bulk``/``pipelined``: TE userbuffers), else ``async`` with
-    ``tp_async_backward`` (Megatron's NCCL overlap in the backward), else None (blocking).
-    None too unless TP > 1 with sequence parallelism, 1-D (with or without context
+    ``tp_async_backward`` (Megatron's NCCL overlap in the backward, with or without sequence
+    parallelism), else None (blocking). None too unless TP > 1, 1-D (with or without context
     parallelism), a dense model and not ZeRO-3 (whose per-layer blocks keep the blocking
-    collectives)."""
+    collectives); the userbuffers modes need sequence parallelism as well."""
     p, sw = cfg.parallel, cfg.software
-    if not (p.tp > 1 and p.sequence_parallel and p.tp_mode == "1d"
-            and not cfg.model.num_local_experts and p.zero_stage != 3):
+    if not (p.tp > 1 and p.tp_mode == "1d" and not cfg.model.num_local_experts
+            and p.zero_stage != 3):
         return None
     if sw.tp_comm_overlap != "off":
-        return sw.tp_comm_overlap
+        return sw.tp_comm_overlap if p.sequence_parallel else None
     return "async" if sw.tp_async_backward else None
 
 
@@ -91,6 +96,8 @@ def _role(c: Collective, backward: bool, how: str, tp: int) -> tuple[str, int] |
         return ("pre", tp) if how == "pipelined" else None
     if name.endswith(".ag.input") or c.op == "reduce_scatter":
         return "post", 0                       # bulk (every mode)
+    if how == "async" and c.op == "all_reduce":
+        return "post", 0                       # without SP: the input-gradient all-reduce
     return ("pre", tp) if how == "pipelined" else None
 
 
