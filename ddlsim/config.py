@@ -256,6 +256,13 @@ class TrainConfig(_Strict):
 
 
 # ------------------------------------------------------------------------------------------ run
+#: :attr:`RunConfig.software`'s cache: (ids of the frozen ``system`` and ``parallel``) →
+#: (those objects, kept alive so that their ids stay theirs, and the resolved software); the
+#: oldest entries leave first
+_SOFTWARE: dict[tuple[int, int], tuple] = {}
+_SOFTWARE_SIZE = 256
+
+
 class RunConfig(_Strict):
     """model × parallel × train × system, checked together."""
 
@@ -288,9 +295,18 @@ class RunConfig(_Strict):
     @property
     def software(self) -> Any:
         """The resolved :class:`~ddlsim.software.Software`: ``system.software``'s stack, its
-        overrides, then the plan's overlap options."""
-        from .software import resolve_software
-        return resolve_software(self.system.software, self.parallel)
+        overrides, then the plan's overlap options. Resolved once per pair of (frozen)
+        ``system`` and ``parallel`` objects: a copy with either replaced resolves again."""
+        system, parallel = self.system, self.parallel
+        key = (id(system), id(parallel))
+        hit = _SOFTWARE.get(key)
+        if hit is None or hit[0] is not system or hit[1] is not parallel:
+            from .software import resolve_software
+            hit = (system, parallel, resolve_software(system.software, parallel))
+            _SOFTWARE[key] = hit
+            if len(_SOFTWARE) > _SOFTWARE_SIZE:
+                del _SOFTWARE[next(iter(_SOFTWARE))]
+        return hit[2]
 
     @property
     def num_microbatches(self) -> int:
