@@ -47,19 +47,21 @@ def presets_command(
 
 
 def _software_table() -> Table:
-    """The named software stacks: the attention kernel, the overlaps on, and where the
-    attention default comes from (every field's source is in ddlsim/data/software.yaml)."""
+    """The named software stacks: the attention kernel, the GEMM library (which picks the
+    device's matmul ceiling), the overlaps on, and where the attention default comes from
+    (every field's source is in ddlsim/data/software.yaml)."""
     from .software import resolve_software, stacks
 
     t = Table(title="software stacks (system.software)", title_justify="left")
-    for column in ("name", "attention", "overlaps on", "ZeRO-3 gathers",
+    for column in ("name", "attention", "GEMM library", "overlaps on", "ZeRO-3 gathers",
                    "source of the attention default"):
         t.add_column(column, style="bold" if column == "name" else None, overflow="fold")
     for name in stacks():
         sw = resolve_software(name)
         on = [k if v is True else f"{k}={v}" for k, v in sw.overlap.items()
               if not k.startswith("zero3_") and v is not False and v != "off"]
-        t.add_row(name, sw.attention, ", ".join(on), _zero3_cell(sw), sw.sources["attention"])
+        t.add_row(name, sw.attention, sw.gemm_library, ", ".join(on), _zero3_cell(sw),
+                  sw.sources["attention"])
     return t
 
 
