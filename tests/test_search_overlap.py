@@ -27,13 +27,16 @@ AXES = {"parallel.tensor_model_parallel_size": [4, 8],
 
 
 @pytest.mark.filterwarnings("ignore:.*not modelled by ddlsim")
-@pytest.mark.parametrize("mode", ["bulk", "pipelined"])
+@pytest.mark.parametrize("mode", ["off", "bulk", "pipelined"])
 def test_search_tier_times_the_overlaps_as_the_exact_engine(mode):
+    """With and without SP: without it the stack's userbuffers do not apply and the async
+    backward all-reduce does (``off``: the async overlap alone, with SP and without)."""
     software = {"stack": "megatron-core-2024", "overlap": {"tp_comm_overlap": mode}}
     data = {**BASE, "system": {**BASE["system"], "software": software}}
-    frame = evaluate_grid(data, None, [], AXES, Constraints()).frame
+    axes = {**AXES, "parallel.sequence_parallel": [True, False]}
+    frame = evaluate_grid(data, None, [], axes, Constraints()).frame
     columns = [c for c in frame.columns if "." in c]
-    assert len(frame) > 16
+    assert len(frame) > 32 and (~frame["parallel.sequence_parallel"]).sum() > 16
     for i in range(len(frame)):
         cfg = build_config(data, plan_overrides(frame.iloc[i], columns))
         exact = ddlsim.predict(cfg, check_fit=False).iteration_time_s

@@ -219,9 +219,10 @@ class DecoderVectors:
         b_o = (redo + pre + np.maximum(k["bwd.mlp"] + margin["bm"], pre_rest + ag + rs)
                + pre + np.maximum(k["bwd.attn"] + margin["ba"], pre_rest + ag + rs)
                + k["bwd.ew"] + mem(sh.layer_params / t * acc))
-        if ctx.cfg.software.tp_comm_overlap == "off":
-            # tp_async_backward without SP: each block's input-gradient all-reduce runs beside
-            # its backward; the forward (and its recomputation) keeps the blocking ones
+        if ctx.cfg.software.tp_async_backward:
+            # tp_async_backward without SP (userbuffers need SP): each block's input-gradient
+            # all-reduce runs beside its backward; the forward (and its recomputation) keeps
+            # the blocking ones
             ar = coll("all_reduce", "tp", act)
             plain_redo = np.select([rec == RECOMPUTE.index("full"),
                                     rec == RECOMPUTE.index("selective")],

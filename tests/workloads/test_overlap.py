@@ -363,10 +363,13 @@ def test_async_backward_overlap_applies_with_and_without_sequence_parallelism():
     old = _cfg("parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel=true",
                "system.software=megatron-lm-2021")
     assert tp_overlap.mode(old) is None and "tp_async_backward" not in inactive_reasons(old)
-    # userbuffers take precedence over the NCCL path, and need SP
+    # userbuffers take precedence over the NCCL path, and need SP: a stack's userbuffers
+    # without SP are inactive (and said so), and the NCCL path runs
     bulk = _cfg("parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel=true",
                 "parallel.tp_comm_overlap=bulk")
     assert tp_overlap.mode(bulk) == "bulk"
-    assert tp_overlap.mode(_cfg("parallel.tensor_model_parallel_size=2",
-                                "system.software={stack: megatron-core-2024, overlap: "
-                                "{tp_comm_overlap: bulk}}")) is None
+    no_sp = _cfg("parallel.tensor_model_parallel_size=2",
+                 "system.software={stack: megatron-core-2024, overlap: {tp_comm_overlap: bulk}}")
+    assert tp_overlap.mode(no_sp) == "async"
+    assert "needs sequence_parallel" in inactive_reasons(no_sp)["tp_comm_overlap"]
+    assert "tp_async_backward" not in inactive_reasons(no_sp)

@@ -18,7 +18,7 @@ __all__ = ["inactive_reasons", "check_overlap", "overlap_phrase"]
 def inactive_reasons(cfg: Any) -> dict[str, str]:
     """Option → why it does not apply to ``cfg`` (only options that are on)."""
     p, sw, out = cfg.parallel, cfg.software, {}
-    if sw.tp_comm_overlap != "off" and not tp_overlap.active(cfg):
+    if sw.tp_comm_overlap != "off" and tp_overlap.mode(cfg) != sw.tp_comm_overlap:
         if p.tp == 1:
             why = "tensor_model_parallel_size is 1"
         elif not p.sequence_parallel:
@@ -27,8 +27,7 @@ def inactive_reasons(cfg: Any) -> dict[str, str]:
         else:
             why = ("it is modelled for dense models with 1-D tensor parallelism and ZeRO 0-2")
         out["tp_comm_overlap"] = why
-    elif (sw.tp_comm_overlap == "off" and sw.tp_async_backward and p.tp > 1
-          and not tp_overlap.active(cfg)):
+    if sw.tp_async_backward and p.tp > 1 and tp_overlap.mode(cfg) is None:
         out["tp_async_backward"] = (
             "it is modelled for dense models with 1-D tensor parallelism and ZeRO 0-2")
     if sw.overlap_grad_reduce and p.zero_stage == 3:
