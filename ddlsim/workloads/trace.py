@@ -208,10 +208,10 @@ class Block:
     @property
     def lean(self) -> "Block":
         """:attr:`flat`, except that a self-contained loop is written once with its ops
-        repeated (:func:`_lean`): what the analytical engine times, whose closed-form
-        durations scale with the repeat."""
+        repeated (:func:`_unrolled` with ``lean``): what the analytical engine times, whose
+        closed-form durations scale with the repeat."""
         if self._lean is None:
-            ops = _lean(self.ops)
+            ops = _unrolled(self.ops, lean=True)
             object.__setattr__(self, "_lean", self if ops is self.ops
                                else Block(self.name, self.phase, ops))
         return self._lean
@@ -250,14 +250,14 @@ def _self_contained(body: tuple[Op, ...]) -> bool:
     return not pending
 
 
-def _lean(ops: tuple[Op, ...]) -> tuple[Op, ...]:
-    """``ops`` unrolled as :func:`_unrolled` does, except self-contained loops
-    (:func:`_self_contained`): written once, each body op repeated ``count × repeat`` times
-    (``ops`` itself when nothing changes)."""
+def _unrolled(ops: tuple[Op, ...], lean: bool = False) -> tuple[Op, ...]:
+    """``ops`` with every :class:`Loop` written out (``ops`` itself when there is none);
+    ``lean``: a self-contained loop (:func:`_self_contained`) written once instead, each body
+    op repeated ``count × repeat`` times."""
     if not any(type(op.payload) is Loop for op in ops):
         return ops
     out: list[Op] = []
-    ends: list[tuple[int, ...]] = []
+    ends: list[tuple[int, ...]] = []  # per original op: the flat ops a dependant waits for
     for op in ops:
         deps = tuple(sorted({d for i in op.deps for d in ends[i]}))
         p = op.payload
@@ -265,42 +265,14 @@ def _lean(ops: tuple[Op, ...]) -> tuple[Op, ...]:
             out.append(Op(p, op.stream, deps, op.repeat))
             ends.append((len(out) - 1,))
             continue
-        if not _self_contained(p.body):   # every iteration written out, as in ``flat``
-            last: tuple[int, ...] = ()
-            body = _unrolled(p.body)
-            for it in range(p.count * op.repeat):
-                base = len(out)
-                out += [Op(b.payload, b.stream, tuple(base + d for d in b.deps)
-                           + (deps if it == 0 else ()), b.repeat) for b in body]
-                last = tuple(range(base, len(out)))
-            ends.append(last)
-            continue
-        base, k = len(out), p.count * op.repeat
-        out += [Op(b.payload, b.stream, tuple(base + d for d in b.deps) + deps, b.repeat * k)
-                for b in p.body]
-        ends.append(tuple(range(base, len(out))))
-    return tuple(out)
-
-
-def _unrolled(ops: tuple[Op, ...]) -> tuple[Op, ...]:
-    """``ops`` with every :class:`Loop` written out (``ops`` itself when there is none)."""
-    if not any(type(op.payload) is Loop for op in ops):
-        return ops
-    out: list[Op] = []
-    ends: list[tuple[int, ...]] = []  # per original op: the flat ops a dependant waits for
-    for op in ops:
-        deps = tuple(sorted({d for i in op.deps for d in ends[i]}))
-        if type(op.payload) is not Loop:
-            out.append(Op(op.payload, op.stream, deps, op.repeat))
-            ends.append((len(out) - 1,))
-            continue
-        body = _unrolled(op.payload.body)
+        once = lean and _self_contained(p.body)
+        body = p.body if once else _unrolled(p.body)
+        k = p.count * op.repeat if once else 1
         last: tuple[int, ...] = ()
-        for it in range(op.payload.count * op.repeat):
+        for it in range(1 if once else p.count * op.repeat):
             base = len(out)
-            out += [Op(b.payload, b.stream, tuple(base + d for d in b.deps) + (deps if it == 0
-                                                                                else ()), b.repeat)
-                    for b in body]
+            out += [Op(b.payload, b.stream, tuple(base + d for d in b.deps)
+                       + (deps if it == 0 else ()), b.repeat * k) for b in body]
             last = tuple(range(base, len(out)))
         ends.append(last)
     return tuple(out)

@@ -125,6 +125,18 @@ def test_a_cycle_is_left_to_the_scheduler(small_cfg, monkeypatch):
         _run(wl, small_cfg, True, monkeypatch)
 
 
+def _same_to_rounding(fast: dict, slow: dict) -> None:
+    """Two results' timing, breakdown and bytes equal to rounding."""
+    assert fast["iteration_time_s"] == pytest.approx(slow["iteration_time_s"], rel=1e-12)
+    assert fast["per_class_time_s"] == pytest.approx(slow["per_class_time_s"], rel=1e-12)
+    for part in ("compute_s", "bubble_s", "optimizer_s"):
+        assert fast["breakdown"][part] == pytest.approx(slow["breakdown"][part], rel=1e-10,
+                                                        abs=1e-15)
+    assert fast["breakdown"]["exposed_comm_s"] == pytest.approx(
+        slow["breakdown"]["exposed_comm_s"], rel=1e-10, abs=1e-15)
+    assert fast["comm_bytes"] == pytest.approx(slow["comm_bytes"], rel=1e-12)
+
+
 @pytest.mark.parametrize("sched, v, pp, mbs, gbs", [
     ("1f1b", None, 4, 1, 64), ("gpipe", None, 2, 2, 64), ("interleaved", 2, 4, 1, 64),
     ("1f1b", None, 1, 1, 64), ("1f1b", None, 8, 1, 256), ("interleaved", 2, 8, 1, 256),
@@ -142,14 +154,7 @@ def test_solver_matches_the_scheduler_on_pipelines(sched, v, pp, mbs, gbs, monke
         monkeypatch.setattr(engine, "SOLVER", solver)
         got[solver] = ddlsim.predict(copy.deepcopy(d), check_fit=False).to_dict()
     fast, slow = got[True], got[False]
-    assert fast["iteration_time_s"] == pytest.approx(slow["iteration_time_s"], rel=1e-12)
-    assert fast["per_class_time_s"] == pytest.approx(slow["per_class_time_s"], rel=1e-12)
-    for part in ("compute_s", "bubble_s", "optimizer_s"):
-        assert fast["breakdown"][part] == pytest.approx(slow["breakdown"][part], rel=1e-10,
-                                                        abs=1e-15)
-    assert fast["breakdown"]["exposed_comm_s"] == pytest.approx(
-        slow["breakdown"]["exposed_comm_s"], rel=1e-10, abs=1e-15)
-    assert fast["comm_bytes"] == pytest.approx(slow["comm_bytes"], rel=1e-12)
+    _same_to_rounding(fast, slow)
 
 
 def test_the_solver_times_almost_every_step_of_a_deep_pipeline(monkeypatch):
@@ -209,11 +214,5 @@ def test_async_tp_backward_solver_and_repeated_loop_match_the_scheduler(sp, monk
     monkeypatch.setattr(engine, "SOLVER", False)
     monkeypatch.setattr(TraceBlock, "lean", property(lambda self: self.flat))
     slow = ddlsim.predict(copy.deepcopy(d), check_fit=False).to_dict()
-    assert fast["iteration_time_s"] == pytest.approx(slow["iteration_time_s"], rel=1e-12)
-    for part in ("compute_s", "bubble_s", "optimizer_s"):
-        assert fast["breakdown"][part] == pytest.approx(slow["breakdown"][part], rel=1e-10,
-                                                        abs=1e-15)
-    assert fast["breakdown"]["exposed_comm_s"] == pytest.approx(
-        slow["breakdown"]["exposed_comm_s"], rel=1e-10, abs=1e-15)
-    assert fast["comm_bytes"] == pytest.approx(slow["comm_bytes"], rel=1e-12)
+    _same_to_rounding(fast, slow)
     assert fast["breakdown"]["exposed_comm_s"]["tp"] > 0   # the forward's blocking ones

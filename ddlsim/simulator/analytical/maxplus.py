@@ -40,6 +40,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..timing import NOT_COMM
 from .instructions import COLL, COMPUTE, RECV, SEND, WAIT, Instr
 
 __all__ = ["Summary", "summarise", "MAX_SWEEPS"]
@@ -107,6 +108,21 @@ def closed_streams(programs: list) -> frozenset[int]:
     return frozenset(used - bad)
 
 
+def _volume(instrs: tuple[Instr, ...]) -> tuple[float, dict[str, float]] | None:
+    """A block's FLOPs and communication bytes by label (collectives and sends), or None
+    when a collective meets other classes (such a block is never scalar)."""
+    flops = 0.0
+    nbytes: dict[str, float] = defaultdict(float)
+    for x in instrs:
+        if x.group is not None:
+            return None
+        if x.code == COMPUTE:
+            flops += x.flops
+        elif x.code == COLL or x.code == SEND:
+            nbytes[x.label] += x.nbytes
+    return flops, nbytes
+
+
 def summarise(instrs: tuple[Instr, ...], closed: frozenset[int] = frozenset()) -> Summary | None:
     """The max-plus form of a block, or None when it is not scalar.
 
@@ -118,8 +134,6 @@ def summarise(instrs: tuple[Instr, ...], closed: frozenset[int] = frozenset()) -
     awaited stream's last collective as the scheduler books them."""
     recvs = [i for i, x in enumerate(instrs) if x.code == RECV]
     sends = [i for i, x in enumerate(instrs) if x.code == SEND]
-    if closed and any(x.stream in closed for x in instrs):
-        return _summarise_closed(instrs, closed, recvs, sends)
     # a blocking receive: posted after a wait on the compute stream that opens the block,
     # i.e. when the compute stream is free (the step's f); see :func:`nodes`
     opens = bool(instrs) and instrs[0].code == WAIT and instrs[0].stream == 0 \
@@ -127,25 +141,22 @@ def summarise(instrs: tuple[Instr, ...], closed: frozenset[int] = frozenset()) -
     blocking = bool(recvs) and opens and instrs[recvs[0]].deps == (0,)
     if len(recvs) > 1 or len(sends) > 1 or (recvs and instrs[recvs[0]].deps and not blocking):
         return None
+    volume = _volume(instrs)
+    if volume is None:
+        return None
     r = recvs[0] if recvs else -1
+    send = instrs[sends[0]] if sends else None
+    if closed and any(x.stream in closed for x in instrs):
+        return _summarise_closed(instrs, closed, r, send, blocking, volume)
     end_at: dict[int, float] = {0: 0.0} if blocking else {}   # compute-stream instr → end
     A = F = 0.0
     first_wait = -1
     side = False
-    compute = optimizer = flops = 0.0
+    compute = optimizer = 0.0
     exposed: dict[str, float] = defaultdict(float)
-    nbytes: dict[str, float] = defaultdict(float)
     for i, x in enumerate(instrs):
-        if x.group is not None:
-            return None
-        if x.code == COMPUTE:
-            flops += x.flops
-        if x.code in (SEND, RECV):
-            if x.code == SEND:
-                nbytes[x.label] += x.nbytes
+        if x.code == SEND or x.code == RECV:
             continue
-        if x.code == COLL:
-            nbytes[x.label] += x.nbytes
         if x.stream != 0:
             side = True
             continue
@@ -166,26 +177,20 @@ def summarise(instrs: tuple[Instr, ...], closed: frozenset[int] = frozenset()) -
             optimizer += x.dur
         else:
             compute += x.dur
-    send = instrs[sends[0]] if sends else None
     if send is not None and (not send.deps or any(d not in end_at for d in send.deps)):
         return None
     last = max(send.deps) if send is not None else -1
     return Summary(A, F if first_wait >= 0 else A, first_wait >= 0,
                    instrs[r] if r >= 0 else None, send, end_at.get(last, 0.0),
-                   0 <= first_wait <= last, side, compute, optimizer, flops,
-                   tuple(exposed.items()), tuple(nbytes.items()), blocking)
+                   0 <= first_wait <= last, side, compute, optimizer, volume[0],
+                   tuple(exposed.items()), tuple(volume[1].items()), blocking)
 
 
-def _summarise_closed(instrs: tuple[Instr, ...], closed: frozenset[int], recvs: list[int],
-                      sends: list[int]) -> Summary | None:
+def _summarise_closed(instrs: tuple[Instr, ...], closed: frozenset[int], r: int,
+                      send: Instr | None, blocking: bool,
+                      volume: tuple[float, dict[str, float]]) -> Summary | None:
     """:func:`summarise` of a block using closed streams: every op timed by the timing rule
     from the block's start (the compute stream and the closed streams free at 0)."""
-    opens = bool(instrs) and instrs[0].code == WAIT and instrs[0].stream == 0 \
-        and instrs[0].target == 0 and not instrs[0].deps
-    blocking = bool(recvs) and opens and instrs[recvs[0]].deps == (0,)
-    if len(recvs) > 1 or len(sends) > 1 or (recvs and instrs[recvs[0]].deps and not blocking):
-        return None
-    r = recvs[0] if recvs else -1
     # (end, label, duration) of each timed instruction, as the scheduler's ``loc``
     loc: dict[int, tuple[float, str, float]] = {0: (0.0, "", 0.0)} if blocking else {}
     free: dict[int, float] = dict.fromkeys(closed, 0.0)
@@ -193,20 +198,11 @@ def _summarise_closed(instrs: tuple[Instr, ...], closed: frozenset[int], recvs: 
     t0 = F = 0.0
     first_wait = -1
     side = False
-    compute = optimizer = flops = 0.0
+    compute = optimizer = 0.0
     exposed: dict[str, float] = defaultdict(float)
-    nbytes: dict[str, float] = defaultdict(float)
     for i, x in enumerate(instrs):
-        if x.group is not None:
-            return None
-        if x.code == COMPUTE:
-            flops += x.flops
-        if x.code in (SEND, RECV):
-            if x.code == SEND:
-                nbytes[x.label] += x.nbytes
+        if x.code == SEND or x.code == RECV:
             continue
-        if x.code == COLL:
-            nbytes[x.label] += x.nbytes
         if x.stream != 0 and x.stream not in closed:
             side = True
             continue
@@ -243,10 +239,10 @@ def _summarise_closed(instrs: tuple[Instr, ...], closed: frozenset[int], recvs: 
             if x.stream == 0:
                 gap = ready - f
                 exp = gap if why_dur >= gap else why_dur
-                if exp > 0 and why not in ("", "bubble", "compute"):
+                if exp > 0 and why not in NOT_COMM:
                     exposed[why] += exp
                     gap -= exp
-                if gap > 1e-300:
+                if gap > 0:
                     return None   # a bubble inside the block: left to the scheduler
             f = ready
         end = f + x.dur
@@ -266,15 +262,14 @@ def _summarise_closed(instrs: tuple[Instr, ...], closed: frozenset[int], recvs: 
         loc[i] = (end, x.label, x.dur)
     if any(v > t0 for v in free.values()):
         return None
-    send = instrs[sends[0]] if sends else None
     if send is not None and (not send.deps or any(d not in loc for d in send.deps)):
         return None
     last = max(send.deps) if send is not None else -1
     E = max(loc[d][0] for d in send.deps) if send is not None else 0.0
     return Summary(t0, F if first_wait >= 0 else t0, first_wait >= 0,
                    instrs[r] if r >= 0 else None, send, E,
-                   0 <= first_wait <= last, side, compute, optimizer, flops,
-                   tuple(exposed.items()), tuple(nbytes.items()), blocking)
+                   0 <= first_wait <= last, side, compute, optimizer, volume[0],
+                   tuple(exposed.items()), tuple(volume[1].items()), blocking)
 
 
 class Nodes(NamedTuple):

@@ -75,7 +75,8 @@ def matmul_ceilings(system: Any) -> dict[str, float]:
     used with a :class:`~ddlsim.errors.DDLSimWarning` naming both."""
     from ...software import resolve_software
     dev = system.device
-    library = resolve_software(system.software).gemm_library
+    software = resolve_software(system.software)
+    library = software.gemm_library
     table = dev.matmul_efficiency_by_library or {}
     if library in table:
         return dict(table[library])
@@ -85,9 +86,9 @@ def matmul_ceilings(system: Any) -> dict[str, float]:
 
         from ...errors import DDLSimWarning
         warnings.warn(f"system.device {dev.name!r} has no matmul ceiling measured with "
-                      f"{library} (the GEMM library of software stack "
-                      f"{resolve_software(system.software).name!r}); its {dev.matmul_library} "
-                      f"figure is used (device.matmul_efficiency_by_library adds one)",
+                      f"{library} (the GEMM library of software stack {software.name!r}); its "
+                      f"{dev.matmul_library} figure is used "
+                      f"(device.matmul_efficiency_by_library adds one)",
                       DDLSimWarning, stacklevel=3)
     return dict(dev.matmul_efficiency or {})
 
