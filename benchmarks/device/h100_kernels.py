@@ -18,6 +18,10 @@ It writes to OUTDIR:
 * ``memory.csv`` — streaming kernels: copy, LayerNorm / RMSNorm forward and backward, GeLU,
   softmax forward and backward over ``s²`` scores, dropout, the FP8 cast, and the fused AdamW
   step, each with the bytes it must move;
+* ``sustained.csv`` — square GEMMs (n = 4096, 8192, 16384; fp16, bf16, FP8) called back to
+  back for 3 s, the median call at sustained clocks beside the short-burst median, with the SM
+  clock, power and throttle reasons at the end: the protocol of the A100's cuBLAS 11 ceiling
+  (mli/transformers-benchmarks), for the same figure under this GPU's cuBLAS;
 * ``launch.csv`` — the per-call cost of small copies issued one after another, as PyTorch's
   list-form ``all_gather``/``reduce_scatter`` copy each rank's chunk out of (into) a flat
   buffer (``ProcessGroupNCCL::allgather``): ``chunks`` views of ``elements`` each, copied by one
@@ -294,6 +298,56 @@ def run_launch(device: str, rows: list, log, small: bool) -> None:
                  "seconds": timed(step_and_sync, device)})
 
 
+#: seconds of back-to-back calls per sustained sample (mli/transformers-benchmarks'
+#: ``blocked_autorange(min_run_time=3)``, the protocol of the A100's cuBLAS 11 ceiling)
+SUSTAINED_S = 3.0
+
+
+def _clocks() -> str:
+    """SM clock, power and throttle reasons now (``nvidia-smi``), or "" off a GPU."""
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,power.draw,"
+                               "clocks_throttle_reasons.active", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=20).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def run_sustained(device: str, rows: list, log, small: bool) -> None:
+    """Square GEMMs of n = 8192 (and 4096, 16384) run back to back for ``SUSTAINED_S``
+    seconds: the median call over that stretch, i.e. at the clocks the GPU holds under a
+    sustained load, beside :func:`timed`'s short-burst median, per dtype. The ratio to the
+    datasheet peak over the shape's wave quantisation is the GEMM ceiling ddlsim's presets
+    take per library (docs/compute.md); the sample's clocks and throttle reasons are kept."""
+    import time
+    sizes = (256,) if small else (4096, 8192, 16384)
+    dtypes = ("fp32",) if small else ("fp16", "bf16", "fp8")
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    for n in sizes:
+        for dtype in dtypes:
+            try:
+                fn, layout = gemm_fn(n, n, n, 1, dtype, device, "TN")
+                burst = timed(fn, device)
+                calls, t_end = [], time.perf_counter() + (0.05 if small else SUSTAINED_S)
+                while time.perf_counter() < t_end:
+                    t0 = time.perf_counter()
+                    fn()
+                    sync()
+                    calls.append(time.perf_counter() - t0)
+                clocks = _clocks() if device == "cuda" else ""
+                sec = statistics.median(calls)
+            except Exception as exc:  # noqa: BLE001 - one shape must not stop the sweep
+                log(f"sustained {n}^3 {dtype}: {str(exc)[:200]!r}")
+                burst = sec = float("nan")
+                calls, clocks, layout = [], "", "failed"
+            rows.append({"n": n, "dtype": dtype, "layout": layout, "calls": len(calls),
+                         "burst_seconds": burst, "sustained_seconds": sec,
+                         "burst_tflops": 2.0 * n ** 3 / burst / 1e12,
+                         "sustained_tflops": 2.0 * n ** 3 / sec / 1e12, "clocks": clocks})
+            if device == "cuda":
+                torch.cuda.empty_cache()
+
+
 def write_csv(path: str, rows: list[dict]) -> None:
     keys: list[str] = []
     for r in rows:
@@ -308,7 +362,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--only", default="gemm,attention,memory,launch")
+    ap.add_argument("--only", default="gemm,attention,memory,launch,sustained")
     ap.add_argument("--limit", type=int, default=0, help="first N shapes only (a dry run)")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -340,6 +394,8 @@ def main() -> int:
                 run_memory(device, rows, log, small=device != "cuda")
             elif part == "launch":
                 run_launch(device, rows, log, small=device != "cuda")
+            elif part == "sustained":
+                run_sustained(device, rows, log, small=device != "cuda")
         except Exception:  # noqa: BLE001 - keep what was measured
             log(traceback.format_exc())
         write_csv(os.path.join(args.out, f"{part}.csv"), rows)
