@@ -22,6 +22,7 @@ plan options) into a frozen :class:`Software`.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Annotated, Any, Literal
@@ -40,9 +41,17 @@ DEFAULT_STACK = "megatron-core-2024"
 Attention = Literal["flash2", "flash3", "fused_softmax", "unfused"]
 Zero3Gather = Literal["per_layer", "per_module", "per_tensor"]
 GradReduceDtype = Literal["param", "fp32", "fp32_if_bf16"]
+def _gemm_library(v: Any) -> Any:
+    """A GEMM library's name and major version, lower case (``cublas-12``), or the reason."""
+    if not (isinstance(v, str) and len(v) <= 40
+            and re.fullmatch(r"[a-z][a-z0-9]*-[0-9]+(\.[0-9]+)*", v)):
+        raise ValueError(f"expected a GEMM library and its version, lower case with a dash, "
+                         f"as the presets name them: cublas-11, cublas-12; got {v!r}")
+    return v
+
+
 #: a GEMM library and its major version, as the device presets name them (``cublas-12``)
-GemmLibrary = Annotated[str, Field(pattern=r"^[a-z][a-z0-9]*-[0-9]+(\.[0-9]+)*$",
-                                   max_length=40)]
+GemmLibrary = Annotated[str, BeforeValidator(_gemm_library)]
 
 
 def _off_from_false(v: Any) -> Any:
