@@ -131,7 +131,10 @@ def summarise(instrs: tuple[Instr, ...], closed: frozenset[int] = frozenset()) -
     after the first instruction that waits for the block's received message (if any): the
     rest of the block then runs rigidly from that instruction's start, and ``A`` is the
     compute stream's end with the waits' gaps, booked as exposed communication of the
-    awaited stream's last collective as the scheduler books them."""
+    awaited stream's last collective as the scheduler books them. Every instruction of the
+    compute stream and of the closed streams is timed by the timing rule from the block's
+    start, all streams free at 0; with no closed stream, ``A`` is the sum of the compute
+    stream's durations."""
     recvs = [i for i, x in enumerate(instrs) if x.code == RECV]
     sends = [i for i, x in enumerate(instrs) if x.code == SEND]
     # a blocking receive: posted after a wait on the compute stream that opens the block,
@@ -146,51 +149,6 @@ def summarise(instrs: tuple[Instr, ...], closed: frozenset[int] = frozenset()) -
         return None
     r = recvs[0] if recvs else -1
     send = instrs[sends[0]] if sends else None
-    if closed and any(x.stream in closed for x in instrs):
-        return _summarise_closed(instrs, closed, r, send, blocking, volume)
-    end_at: dict[int, float] = {0: 0.0} if blocking else {}   # compute-stream instr → end
-    A = F = 0.0
-    first_wait = -1
-    side = False
-    compute = optimizer = 0.0
-    exposed: dict[str, float] = defaultdict(float)
-    for i, x in enumerate(instrs):
-        if x.code == SEND or x.code == RECV:
-            continue
-        if x.stream != 0:
-            side = True
-            continue
-        if x.code == WAIT:
-            if i == 0 and blocking:   # the blocking receive's anchor: the step's own f
-                continue
-            return None
-        for d in x.deps:
-            if d not in end_at and d != r:
-                return None
-        if first_wait < 0 and r in x.deps:
-            first_wait, F = i, A
-        A += x.dur
-        end_at[i] = A
-        if x.code == COLL:
-            exposed[x.label] += x.dur
-        elif x.label == "optimizer":
-            optimizer += x.dur
-        else:
-            compute += x.dur
-    if send is not None and (not send.deps or any(d not in end_at for d in send.deps)):
-        return None
-    last = max(send.deps) if send is not None else -1
-    return Summary(A, F if first_wait >= 0 else A, first_wait >= 0,
-                   instrs[r] if r >= 0 else None, send, end_at.get(last, 0.0),
-                   0 <= first_wait <= last, side, compute, optimizer, volume[0],
-                   tuple(exposed.items()), tuple(volume[1].items()), blocking)
-
-
-def _summarise_closed(instrs: tuple[Instr, ...], closed: frozenset[int], r: int,
-                      send: Instr | None, blocking: bool,
-                      volume: tuple[float, dict[str, float]]) -> Summary | None:
-    """:func:`summarise` of a block using closed streams: every op timed by the timing rule
-    from the block's start (the compute stream and the closed streams free at 0)."""
     # (end, label, duration) of each timed instruction, as the scheduler's ``loc``
     loc: dict[int, tuple[float, str, float]] = {0: (0.0, "", 0.0)} if blocking else {}
     free: dict[int, float] = dict.fromkeys(closed, 0.0)
