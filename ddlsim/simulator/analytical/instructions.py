@@ -50,8 +50,8 @@ class Instr(NamedTuple):
     target: int = -1
 
 
-#: an :class:`Instr` from a full tuple of its fields (faster than ``_replace``)
 def _new_instr(fields: tuple) -> Instr:
+    """An :class:`Instr` from a full tuple of its fields (faster than ``_replace``)."""
     return tuple.__new__(Instr, fields)
 
 
