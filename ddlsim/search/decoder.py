@@ -145,7 +145,9 @@ class DecoderVectors:
         head_f = (k["logits"] + mem(loss_bytes(b * s, sh.vocab / t, dt,
                                                ctx.cfg.software.fused_cross_entropy))
                   + coll("all_reduce", "tp", 4.0 * b * s) * multi)
-        head_b = k["bwd.logits"] + mem(sh.vocab * sh.hidden / t * acc)
+        head_b = (mem(loss_bytes(b * s, sh.vocab / t, dt, ctx.cfg.software.fused_cross_entropy,
+                                 True))
+                  + k["bwd.logits"] + mem(sh.vocab * sh.hidden / t * acc))
         gather = coll("all_gather", "tp", act) * (multi & ~sp)
         lc = sh.layers // (pp * v)
         F, B = v * lc * fwd, v * lc * bwd

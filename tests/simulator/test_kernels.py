@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 import ddlsim
+from ddlsim.simulator.kernels.elementwise import loss_bytes
 from ddlsim.simulator.kernels import (attention_kernels, causal_fraction, gemm_quantisation,
                                       kernel_device, kernel_time, layer_elementwise_kernels)
 from ddlsim.workloads.trace import Kernel
@@ -131,6 +132,30 @@ def test_fused_and_unfused_elementwise_bytes():
     got = [k.bytes for k in layer_elementwise_kernels(sh, 1, 2048, 1, False, 2, plain)]
     # norm 5 passes; bias 2 + residual add 3 + dropout 2 (+ mask); bias 2 + GeLU 2
     assert got == [5 * x * 2] * 2 + [(2 + 3 + 2) * x * 2 + x] * 2 + [4 * y * 2]
+
+
+def test_cross_entropy_passes_over_the_fp32_logits():
+    # per logit, 16-bit logits (d = 2): unfused forward = cast (read 2, write 4) + max 4 + sub_ 8
+    # + exp 8 + sum 4 + div_ 8 = 38; backward = mul_ 8 + cast back (read 4, write 2) = 14.
+    # Fused: cast+max 6, sub+exp+sum 8, div 8 = 22; backward: read 4, write 2 = 6
+    n = 4096 * 50304
+    assert loss_bytes(4096, 50304, 2, False) == 38 * n
+    assert loss_bytes(4096, 50304, 2, False, backward=True) == 14 * n
+    assert loss_bytes(4096, 50304, 2, True) == 22 * n
+    assert loss_bytes(4096, 50304, 2, True, backward=True) == 6 * n
+    # fp32 logits: the casts are no-ops (the fused max still reads the logits once)
+    assert loss_bytes(1, 1, 4, False) == 32 and loss_bytes(1, 1, 4, False, backward=True) == 8
+    assert loss_bytes(1, 1, 4, True) == 20 and loss_bytes(1, 1, 4, True, backward=True) == 8
+
+
+def test_the_head_backward_carries_the_loss_backward():
+    d = _cfg()
+    d["system"]["software"] = "megatron-lm-2021"
+    wl = ddlsim.build_workload(ddlsim.load_config(d))
+    ops = {o.payload.name: o.payload for rc in wl.classes for blk in rc.program.blocks.values()
+           for o in blk.flat.ops if hasattr(o.payload, "name")}
+    assert ops["loss"].bytes == 38 * 2048 * 1024
+    assert ops["bwd.loss"].bytes == 14 * 2048 * 1024
 
 
 def test_fp8_runs_only_the_linear_gemms_in_fp8():

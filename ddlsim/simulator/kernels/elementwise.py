@@ -64,14 +64,33 @@ def layer_elementwise_kernels(shape: Any, b: float, s: float, t: int, sp: bool,
     return tuple(Kernel("memory", bytes=v, dtype=dtype) for v in out if v)
 
 
-def loss_bytes(tokens: float, vocab_local: float, dtype_bytes: float, fused: bool) -> float:
-    """Forward traffic of the vocab-parallel cross-entropy over ``tokens × vocab_local``
-    logits: unfused (Megatron's torch ops) casts to fp32 and runs max, subtract, exp, sum and
-    divide over the fp32 logits: 3 fp32 read + write passes (the count the builder always
-    used); fused (``--cross-entropy-loss-fusion``): one kernel reads the 16-bit logits and
-    writes the 16-bit softmax kept for the backward."""
+def loss_bytes(tokens: float, vocab_local: float, dtype_bytes: float, fused: bool,
+               backward: bool = False) -> float:
+    """Memory traffic of the vocab-parallel cross-entropy over ``tokens × vocab_local``
+    16-bit logits, forward (or its ``backward``), in bytes. Both Megatron paths work on an fp32
+    copy of the logits and keep the fp32 softmax for the backward (per logit, ``d`` =
+    ``dtype_bytes``):
+
+    * unfused, Megatron-LM's torch ops (6985e58 ``megatron/mpu/cross_entropy.py`` lines
+      28-105, called on ``output.float()`` by ``megatron/model/gpt_model.py`` line 56;
+      Megatron-Core 900f1b76 ``tensor_parallel/cross_entropy.py`` casts inside,
+      ``calculate_logits_max``): forward: the cast (read ``d``, write 4), ``max`` (read 4),
+      ``sub_`` (read + write 4), ``exp`` (read + write 4), ``sum`` (read 4), ``div_`` (read +
+      write 4): ``d + 36``. Backward: ``mul_`` by the loss gradient (read + write 4) and the
+      autograd cast back to 16 bits (read 4, write ``d``): ``d + 12``;
+    * fused (``--cross-entropy-loss-fusion``, Megatron-Core ``fusions/fused_cross_entropy.py``:
+      three ``jit_fuser`` kernels forward, one backward): cast + max (read ``d``, write 4),
+      subtract + exp + sum (read + write 4), divide (read + write 4): ``d + 20``; backward:
+      gradient and cast (read 4, write ``d``): ``d + 4``.
+
+    The target-logit gather and the one-hot subtraction touch one logit per token: not counted.
+    With fp32 logits (``d`` = 4) the casts are no-ops: their passes drop out (the fused
+    forward's max still reads the logits)."""
     n = tokens * vocab_local
-    return 2 * dtype_bytes * n if fused else 3 * 4 * n
+    cast = dtype_bytes + 4 if dtype_bytes < 4 else 0.0
+    if fused:
+        return n * (4 + dtype_bytes if backward else max(cast, 4.0) + 16)
+    return n * (cast + (8.0 if backward else 32.0))
 
 
 def optimizer_bytes_per_param(optimizer: str, fused: bool, param_bytes: float = 2,

@@ -45,7 +45,10 @@ class EdgeOps:
             return self.part.head_backward_ops(self.grad_accumulate_bytes(emb))
         bwd = logits_kernels(self.b * self.s, self.shape.vocab / self.tp, self.shape.hidden,
                              self.dtype, True)
-        return [Compute("bwd.logits", 2 * self.shape.logits_forward_flops(self.b, self.s) / self.tp,
+        return [Compute("bwd.loss", 0.0, loss_bytes(self.b * self.s, self.shape.vocab / self.tp,
+                                                    self.dt, self.sw.fused_cross_entropy, True),
+                        kind="elementwise", dtype=self.dtype),
+                Compute("bwd.logits", 2 * self.shape.logits_forward_flops(self.b, self.s) / self.tp,
                         dtype=self.dtype, kernels=bwd),
                 Compute("bwd.grad_accumulate.embedding", 0.0, self.grad_accumulate_bytes(emb),
                         kind="elementwise", dtype=self.dtype)]

@@ -306,8 +306,12 @@ class LayerPartitioner:
         return ops.ops
 
     def head_backward_ops(self, grad_accumulate_bytes: float) -> list[Op]:
-        """The logits GEMM's backward and the embedding gradient's accumulation."""
+        """The cross-entropy's backward, the logits GEMM's backward and the embedding
+        gradient's accumulation."""
         ops, sh = OpList(), self.shape
+        ops.add(Compute("bwd.loss", 0.0, loss_bytes(self.tokens, sh.vocab / self.size, self.dt,
+                                                    self.cfg.software.fused_cross_entropy, True),
+                        kind="elementwise", dtype=self.dtype))
         self.gemm_backward(ops, "bwd.logits", self.tokens, sh.vocab, sh.hidden, False)
         for stream in self.grad_streams:
             ops.add(Wait(f"bwd.logits.wait.{stream}", stream))

@@ -123,6 +123,9 @@ class Megatron1D(LayerPartitioner):
 
     def head_backward_ops(self, grad_accumulate_bytes: float) -> list[Op]:
         ops, sh = OpList(), self.shape
+        ops.add(Compute("bwd.loss", 0.0, loss_bytes(self.tokens, sh.vocab / self.size, self.dt,
+                                                    self.cfg.software.fused_cross_entropy, True),
+                        kind="elementwise", dtype=self.dtype))
         bwd = gemm_kernels_backward(self.tokens, sh.vocab / self.size, sh.hidden)
         ops.add(Compute("bwd.logits", 2 * sh.logits_forward_flops(self.b, self.s) / self.size
                         / self.cp, dtype=self.dtype,
