@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     errors = [o["error"] for o in out]
     worst = max(out, key=lambda o: abs(o["error"]))
     mean = sum(abs(e) for e in errors) / len(errors)
-    print(f"\nmean |error| {100 * mean:.1f}%, worst {100 * abs(worst['error']):.1f}% "
+    print(f"\nmean |error| {100 * mean:.2f}%, worst {100 * abs(worst['error']):.1f}% "
           f"({worst['row']['model']}), signed mean {100 * sum(errors) / len(errors):+.1f}% "
           f"({args.engine} engine, sc21 settings)")
     return 0

@@ -112,9 +112,20 @@ def test_fused_softmax_attention_is_two_gemms_and_score_passes():
     ks = attention_kernels("fused_softmax", b, a, s, d, 2, True, False)
     assert [k.shape for k in ks if k.kind == "gemm"] == [(s, s, d), (s, d, s)]
     assert all(k.batch == b * a for k in ks if k.kind == "gemm")
-    assert [k.bytes for k in ks if k.kind == "memory"] == [2 * 2 * S, (2 * 2 + 1) * S]
+    # ... and the context's permute().contiguous() into [s, b, a·d]: read + write b·s·a·d
+    x = b * s * a * d
+    assert [k.bytes for k in ks if k.kind == "memory"] == [2 * 2 * S, (2 * 2 + 1) * S, 2 * 2 * x]
+    assert [k.variant for k in ks if k.kind == "memory"] == ["scores", "scores", ""]
     unfused = attention_kernels("unfused", b, a, s, d, 2, True, False)
-    assert [k.bytes for k in unfused if k.kind == "memory"] == [4 * S] * 3 + [5 * S]
+    assert [k.bytes for k in unfused if k.kind == "memory"] == [4 * S] * 3 + [5 * S, 4 * x]
+    # backward: softmax backward (P, dP -> dS), dropout's, and the Q, K, V gradients
+    # concatenated for the QKV GEMM (torch.split's backward): read + write b·s·(a + 2g)·d,
+    # here with g = 4 key/value heads
+    bwd = attention_kernels("fused_softmax", b, a, s, d, 2, True, True, kv_heads=4)
+    assert [k.bytes for k in bwd if k.kind == "memory"] == [
+        3 * 2 * S, (2 * 2 + 1) * S, 2 * 2 * b * s * (a + 2 * 4) * d]
+    # FlashAttention (TransformerEngine) takes the fused layout: no copy
+    assert [k.kind for k in attention_kernels("flash2", b, a, s, d, 2, True, True)] == ["flash"]
 
 
 def test_fused_and_unfused_elementwise_bytes():

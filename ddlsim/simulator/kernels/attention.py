@@ -16,6 +16,20 @@ GEMMs (``b·a`` of them) and the ``b·a·s²`` scores written, read and kept: th
 scale + mask + softmax in one pass each way (read ``s²``, write ``s²``; backward reads the
 probabilities and their gradient and writes one), dropout is its own kernel (read, write, and a
 1-byte mask); unfused runs scale, mask and softmax as separate kernels (one read + write each).
+Both run inside Megatron's core attention, which also moves the attention's inputs and output
+in torch ops (Megatron-LM 6985e58 ``megatron/model/transformer.py``; the same code in
+Megatron-Core's non-flash ``DotProductAttention``, 900f1b76 lines 136-203):
+
+* forward: the context ``[b, np, s, d]`` is copied into the ``[s, b, np·d]`` layout the output
+  projection reads (``context_layer.permute(2, 0, 1, 3).contiguous()``, line 336): one read
+  and one write of the ``b·s·a·d`` output;
+* backward: Q, K and V are views of the fused QKV GEMM's output split along its last dimension
+  (``mpu.split_tensor_along_last_dim``, ``torch.split``, line 207), so autograd concatenates
+  their three gradients into one new tensor for the QKV GEMM's backward: one read and one
+  write of the ``b·s·(a + 2g)·d`` QKV width.
+
+FlashAttention runs in Megatron-Core through TransformerEngine, which takes Q, K and V in the
+fused layout and returns their gradients packed (its ``SplitAlongDim``): neither copy.
 """
 
 from __future__ import annotations
@@ -53,9 +67,10 @@ def flash_forward_flops(b: float, heads: float, s: float, d: float, causal: bool
 
 def attention_kernels(kind: str, b: float, heads: float, s: float, d: float, dtype_bytes: float,
                       dropout: bool, backward: bool, dtype: str = "bf16",
-                      causal: bool = True) -> tuple[Kernel, ...]:
+                      causal: bool = True, kv_heads: float | None = None) -> tuple[Kernel, ...]:
     """The kernels of one attention core (forward, or ``backward``) on one rank holding
-    ``heads`` query heads of ``b`` sequences of length ``s`` (module docstring)."""
+    ``heads`` query heads (``kv_heads`` key/value heads, default ``heads``) of ``b`` sequences
+    of length ``s`` (module docstring)."""
     dt = dtype_bytes
     if kind in FLASH_KINDS:
         fwd = flash_forward_flops(b, heads, s, d, causal)
@@ -67,6 +82,7 @@ def attention_kernels(kind: str, b: float, heads: float, s: float, d: float, dty
                          "or unfused")
     batch, S = b * heads, b * heads * s * s
     drop = (2 * dt + 1) * S if dropout else 0.0          # read, write, 1-byte mask
+    kv = heads if kv_heads is None else kv_heads
     mem: list[float] = []
     if not backward:
         gemms = [(s, s, d), (s, d, s)]                   # QKᵀ, P·V
@@ -78,8 +94,11 @@ def attention_kernels(kind: str, b: float, heads: float, s: float, d: float, dty
             mem += [2 * dt * S] * 2                      # mask and scale backward
     if drop:
         mem.append(drop)
+    layout = (b * s * heads * d if not backward           # context permute().contiguous()
+              else b * s * (heads + 2 * kv) * d)          # Q, K, V gradients concatenated
     return (tuple(Kernel("gemm", g, batch, dtype=dtype, variant="scores") for g in gemms)
-            + tuple(Kernel("memory", bytes=m, dtype=dtype, variant="scores") for m in mem))
+            + tuple(Kernel("memory", bytes=m, dtype=dtype, variant="scores") for m in mem)
+            + (Kernel("memory", bytes=2 * dt * layout, dtype=dtype),))   # a streaming copy
 
 
 def scores_activation_bytes(kind: str, b, heads, s, dropout: bool):

@@ -138,7 +138,8 @@ class LayerPartitioner:
             return None
         sh = self.shape
         return attention_kernels(self.cfg.software.attention, self.b, sh.heads / self.size,
-                                 self.s, sh.d, self.dt, sh.dropout, backward, self.dtype)
+                                 self.s, sh.d, self.dt, sh.dropout, backward, self.dtype,
+                                 kv_heads=sh.g / self.size)
 
     def cp_core_kernels(self, backward: bool, share: float) -> tuple | None:
         """Under context parallelism, the kernels of ``share`` of the rank's attention core
