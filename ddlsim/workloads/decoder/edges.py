@@ -6,9 +6,8 @@ its partitioner."""
 
 from __future__ import annotations
 
-from ...simulator.kernels.elementwise import loss_bytes
 from ..trace import Collective, Compute
-from .layerkernels import logits_kernels
+from .layerkernels import logits_kernels, loss_op
 
 __all__ = ["EdgeOps"]
 
@@ -33,8 +32,7 @@ class EdgeOps:
             Compute("logits", self.shape.logits_forward_flops(self.b, self.s) / t,
                     dtype=self.dtype, kernels=logits_kernels(n, V / t, self.shape.hidden,
                                                              self.dtype, False)),
-            Compute("loss", 0.0, loss_bytes(n, V / t, self.dt, self.sw.fused_cross_entropy),
-                    kind="elementwise", dtype=self.dtype)]
+            loss_op(n, V / t, self.dt, self.dtype, self.sw.fused_cross_entropy, False)]
         if t > 1:  # vocab-parallel cross-entropy: max, sum-exp and target logit across TP
             ops.append(Collective("loss.ar", "all_reduce", "tp", 4.0 * self.b * self.s))
         return ops
@@ -45,9 +43,8 @@ class EdgeOps:
             return self.part.head_backward_ops(self.grad_accumulate_bytes(emb))
         bwd = logits_kernels(self.b * self.s, self.shape.vocab / self.tp, self.shape.hidden,
                              self.dtype, True)
-        return [Compute("bwd.loss", 0.0, loss_bytes(self.b * self.s, self.shape.vocab / self.tp,
-                                                    self.dt, self.sw.fused_cross_entropy, True),
-                        kind="elementwise", dtype=self.dtype),
+        return [loss_op(self.b * self.s, self.shape.vocab / self.tp, self.dt, self.dtype,
+                        self.sw.fused_cross_entropy, True),
                 Compute("bwd.logits", 2 * self.shape.logits_forward_flops(self.b, self.s) / self.tp,
                         dtype=self.dtype, kernels=bwd),
                 Compute("bwd.grad_accumulate.embedding", 0.0, self.grad_accumulate_bytes(emb),

@@ -22,12 +22,12 @@ from typing import Any
 
 from ...config import DTYPE_BYTES
 from ...simulator.kernels.attention import attention_kernels
-from ...simulator.kernels.elementwise import layer_elementwise_kernels
+from ...simulator.kernels.elementwise import layer_elementwise_kernels, loss_bytes
 from ...simulator.kernels.gemm import gemm_kernels_backward
 from ..trace import Compute, Kernel
 
 __all__ = ["layer_kernels", "MODULE_PARTS", "compute_dtype", "grad_bytes", "linear_gemms",
-           "activation_kinds", "logits_kernels", "recompute_op"]
+           "activation_kinds", "logits_kernels", "loss_op", "recompute_op"]
 
 
 def compute_dtype(train_dtype: str) -> str:
@@ -131,6 +131,15 @@ def logits_kernels(tokens: float, vocab_local: float, hidden: float, dtype: str,
     g = (tokens, vocab_local, hidden)
     return tuple(Kernel("gemm", x, dtype=dtype)
                  for x in (gemm_kernels_backward(*g) if backward else (g,)))
+
+
+def loss_op(tokens: float, vocab_local: float, dt: int, dtype: str, fused: bool,
+            backward: bool) -> Compute:
+    """The vocab-parallel cross-entropy over ``tokens × vocab_local`` logits, forward
+    (``loss``) or backward (``bwd.loss``): its memory passes (:func:`.loss_bytes`)."""
+    return Compute("bwd.loss" if backward else "loss", 0.0,
+                   loss_bytes(tokens, vocab_local, dt, fused, backward), kind="elementwise",
+                   dtype=dtype)
 
 
 def recompute_op(shape: Any, kernels: dict, core_flops: float, b: int, s: int, t: int,

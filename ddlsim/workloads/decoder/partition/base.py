@@ -20,8 +20,8 @@ from typing import Any, ClassVar
 
 from ....config import DTYPE_BYTES
 from ....simulator.kernels.attention import attention_kernels
-from ....simulator.kernels.elementwise import layer_elementwise_kernels, loss_bytes
-from ..layerkernels import activation_kinds, compute_dtype
+from ....simulator.kernels.elementwise import layer_elementwise_kernels
+from ..layerkernels import activation_kinds, compute_dtype, loss_op
 from ...trace import Compute, Kernel, Loop, Op, Payload, Wait
 from . import context
 
@@ -299,9 +299,8 @@ class LayerPartitioner:
         the cross-entropy's reductions."""
         ops, sh = OpList(), self.shape
         self.gemm_forward(ops, "logits", self.tokens, sh.vocab, sh.hidden, False)
-        ops.add(Compute("loss", 0.0, loss_bytes(self.tokens, sh.vocab / self.size, self.dt,
-                                                self.cfg.software.fused_cross_entropy),
-                        kind="elementwise", dtype=self.dtype))
+        ops.add(loss_op(self.tokens, sh.vocab / self.size, self.dt, self.dtype,
+                        self.cfg.software.fused_cross_entropy, False))
         for c in self.loss_comm():
             ops.add(c)
         return ops.ops
@@ -310,9 +309,8 @@ class LayerPartitioner:
         """The cross-entropy's backward, the logits GEMM's backward and the embedding
         gradient's accumulation."""
         ops, sh = OpList(), self.shape
-        ops.add(Compute("bwd.loss", 0.0, loss_bytes(self.tokens, sh.vocab / self.size, self.dt,
-                                                    self.cfg.software.fused_cross_entropy, True),
-                        kind="elementwise", dtype=self.dtype))
+        ops.add(loss_op(self.tokens, sh.vocab / self.size, self.dt, self.dtype,
+                        self.cfg.software.fused_cross_entropy, True))
         self.gemm_backward(ops, "bwd.logits", self.tokens, sh.vocab, sh.hidden, False)
         for stream in self.grad_streams:
             ops.add(Wait(f"bwd.logits.wait.{stream}", stream))

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ....simulator.kernels.elementwise import loss_bytes
+from ..layerkernels import loss_op
 from ....simulator.kernels.gemm import gemm_kernels_backward
 from ...trace import Collective, Compute, Kernel, Op
 from . import register_partitioner
@@ -114,18 +114,16 @@ class Megatron1D(LayerPartitioner):
         ops.add(Compute("logits", sh.logits_forward_flops(self.b, self.s) / t / self.cp,
                         dtype=self.dtype, kernels=(Kernel("gemm", (n, sh.vocab / t, sh.hidden),
                                                           dtype=self.dtype),)))
-        ops.add(Compute("loss", 0.0, loss_bytes(n, sh.vocab / t, self.dt,
-                                                self.cfg.software.fused_cross_entropy),
-                        kind="elementwise", dtype=self.dtype))
+        ops.add(loss_op(n, sh.vocab / t, self.dt, self.dtype,
+                        self.cfg.software.fused_cross_entropy, False))
         if t > 1:
             ops.add(Collective("loss.ar", "all_reduce", "tp", 4.0 * n))
         return ops.ops
 
     def head_backward_ops(self, grad_accumulate_bytes: float) -> list[Op]:
         ops, sh = OpList(), self.shape
-        ops.add(Compute("bwd.loss", 0.0, loss_bytes(self.tokens, sh.vocab / self.size, self.dt,
-                                                    self.cfg.software.fused_cross_entropy, True),
-                        kind="elementwise", dtype=self.dtype))
+        ops.add(loss_op(self.tokens, sh.vocab / self.size, self.dt, self.dtype,
+                        self.cfg.software.fused_cross_entropy, True))
         bwd = gemm_kernels_backward(self.tokens, sh.vocab / self.size, sh.hidden)
         ops.add(Compute("bwd.logits", 2 * sh.logits_forward_flops(self.b, self.s) / self.size
                         / self.cp, dtype=self.dtype,
