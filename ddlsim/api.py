@@ -254,8 +254,11 @@ def _described(result: Result, cfg: RunConfig, workload: Workload, engine: str, 
         settings["des_audit"] = bool(options.get("audit", False))
         trace = options.get("trace_path")
         settings["trace_path"] = None if trace is None else str(trace)
+    from .stackrules import what_if_note
+    note = what_if_note(cfg)   # a plan its stack cannot run, predicted under what_if: true
+    extra = result.extra if note is None else {**result.extra, "what_if": note}
     return replace(result, config=cfg.model_dump(mode="json"), settings=settings,
-                   parameter_count=int(workload.meta.parameter_count))
+                   parameter_count=int(workload.meta.parameter_count), extra=extra)
 
 
 def _placement(cfg: RunConfig, workload: Workload):

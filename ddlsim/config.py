@@ -377,6 +377,8 @@ class RunConfig(_Strict):
         if t.dtype not in s.device.peak_flops:
             raise ValueError(f"train.dtype = {t.dtype!r} has no peak FLOP/s on device "
                              f"'{s.device.name}'; it lists {', '.join(s.device.peak_flops)}")
+        from .stackrules import check_stack_rules
+        check_stack_rules(self)  # what the software stack cannot run (system.software.what_if)
         return self
 
 

@@ -61,6 +61,11 @@ def _header(console: Console, cfg: RunConfig) -> None:
     console.print(f"on {s.nodes}×{s.devices_per_node} {escape(s.device.name)} "
                   f"({escape(s.name)}) — {escape(cfg.family.plan_summary(cfg))}",
                   highlight=False)
+    from .stackrules import what_if_note
+    note = what_if_note(cfg)   # set only under system.software.what_if (else refused)
+    if note:
+        console.print(f"[bold yellow]WHAT-IF:[/] {escape(note.removeprefix('what-if: '))} "
+                      "(system.software.what_if: true)", highlight=False)
 
 
 def _iteration_table(results: Sequence[Result]) -> Table:

@@ -149,6 +149,9 @@ class SoftwareSpec(_Strict):
     stack: str = DEFAULT_STACK
     kernels: KernelSpec = Field(default_factory=KernelSpec)
     overlap: OverlapSpec = Field(default_factory=OverlapSpec)
+    what_if: StrictBool = Field(
+        default=False, description="predict a plan the stack cannot run (its rules in "
+                                   "software.yaml) anyway, marked as a what-if")
     source: str | None = None
 
     @model_validator(mode="after")
@@ -169,6 +172,8 @@ class Software:
     kernels: dict[str, Any]
     overlap: dict[str, Any]
     sources: dict[str, str]
+    #: run plans the stack's rules refuse (:mod:`ddlsim.stackrules`), as a what-if
+    what_if: bool = False
 
     def __getattr__(self, field: str) -> Any:
         for part in (self.kernels, self.overlap):
@@ -178,7 +183,7 @@ class Software:
 
     def __hash__(self) -> int:
         return hash((self.name, tuple(sorted(self.kernels.items())),
-                     tuple(sorted(self.overlap.items()))))
+                     tuple(sorted(self.overlap.items())), self.what_if))
 
 
 @lru_cache(maxsize=1)
@@ -259,7 +264,7 @@ def resolve_software(spec: SoftwareSpec | str | None, plan: Any = None) -> Softw
             f"{overlap['zero3_prefetch_layers']} applies to per-layer ZeRO-3 gathers, and "
             f"zero3_gather is {overlap['zero3_gather']!r} ({_where(sources, spec)}); gathers "
             f"from module hooks prefetch by module: set zero3_prefetch_modules instead")
-    return Software(spec.stack, kernels, overlap, sources)
+    return Software(spec.stack, kernels, overlap, sources, spec.what_if)
 
 
 #: host costs of the list-form collectives, modelled under ``zero3_gather: per_tensor`` only

@@ -1,0 +1,220 @@
+"""What each software stack can run: named plan rules, declared beside the stacks.
+
+A :class:`StackRule` is a predicate over a plan (:class:`PlanFacts`) that is true where the
+framework refuses the plan (an assertion in its argument checks, a feature it does not have),
+with a short reason. The rules are registered here by name (:func:`stack_rule`); each stack of
+``ddlsim/data/software.yaml`` lists under ``rules:`` the names of those it obeys, each with
+its source (the framework's code at a named commit)::
+
+    deepspeed:
+      rules:
+        pipeline_zero: "DeepSpeed 38327e07 deepspeed/runtime/pipe/engine.py lines 77-78: ..."
+
+The same rule objects judge one config (``RunConfig`` validation, via
+:func:`check_stack_rules`: ``ddlsim predict``, ``sweep`` and ``ddlsim.predict``) and arrays of
+plans (:func:`stack_rejections`: ``ddlsim search``). ``system.software: {stack: …, what_if:
+true}`` lets a plan the stack cannot run be predicted anyway; the report says it is a what-if
+(:func:`broken_rules`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from .errors import ConfigError
+
+__all__ = ["PlanFacts", "StackRule", "stack_rule", "rules", "stack_rules", "broken_rules",
+           "check_stack_rules", "stack_rejections", "what_if_note"]
+
+
+@dataclass(frozen=True)
+class PlanFacts:
+    """The plan as the stack rules read it: numpy scalars for one config, or arrays that
+    broadcast together for many plans (the search's grid).
+
+    ``interleaved`` / ``one_f_one_b``: the schedule is Megatron's interleaved 1F1B / plain
+    1F1B; ``p2p_overlap``: the resolved ``overlap_p2p_comm`` (stack ← system ← plan).
+    """
+
+    tp: Any
+    pp: Any
+    cp: Any
+    zero: Any
+    sp: Any
+    interleaved: Any
+    one_f_one_b: Any
+    p2p_overlap: Any
+
+    @classmethod
+    def of(cls, **values: Any) -> "PlanFacts":
+        """Facts from ``values`` (scalars or arrays), each as a numpy array."""
+        return cls(**{f.name: np.asarray(values[f.name]) for f in fields(cls)})
+
+    @classmethod
+    def of_config(cls, cfg: Any) -> "PlanFacts":
+        """The facts of a :class:`~ddlsim.config.RunConfig`'s plan."""
+        p = cfg.parallel
+        return cls.of(tp=p.tp, pp=p.pp, cp=p.cp, zero=p.zero_stage, sp=p.sequence_parallel,
+                      interleaved=p.schedule == "interleaved", one_f_one_b=p.schedule == "1f1b",
+                      p2p_overlap=bool(cfg.software.overlap_p2p_comm))
+
+
+@dataclass(frozen=True)
+class StackRule:
+    """A plan a framework refuses: ``rejects(facts)`` is true (element-wise on arrays) where
+    the stack cannot run the plan; ``reason`` says what it cannot run, and ``fields`` names the
+    config fields the rule reads (for the error message)."""
+
+    name: str
+    reason: str
+    fields: tuple[str, ...]
+    rejects: Callable[[PlanFacts], Any]
+
+
+_RULES: dict[str, StackRule] = {}
+
+
+def stack_rule(name: str, reason: str, *fields_read: str):
+    """Decorator: register ``rejects(facts)`` as the stack rule ``name``."""
+    def wrap(fn: Callable[[PlanFacts], Any]) -> Callable[[PlanFacts], Any]:
+        _RULES[name] = StackRule(name, reason, fields_read, fn)
+        return fn
+    return wrap
+
+
+def rules() -> dict[str, StackRule]:
+    """Every registered rule, by name."""
+    return dict(_RULES)
+
+
+# ------------------------------------------------------------------------------- the rules
+# Each predicate is written once with numpy operators, so it runs on one plan (0-d arrays)
+# and on the search's arrays alike. Sources live beside each stack in software.yaml.
+@stack_rule("no_distributed_optimizer", "ZeRO-1/2 (it has no distributed optimizer)",
+            "parallel.zero_stage")
+def _no_distributed_optimizer(f: PlanFacts):
+    return (f.zero == 1) | (f.zero == 2)
+
+
+@stack_rule("distributed_optimizer_is_zero1",
+            "ZeRO-2 (its distributed optimizer shards the optimizer state, not the gradients)",
+            "parallel.zero_stage")
+def _distributed_optimizer_is_zero1(f: PlanFacts):
+    return f.zero == 2
+
+
+@stack_rule("pipeline_zero", "ZeRO-2/3 with pipeline parallelism",
+            "parallel.zero_stage", "parallel.pipeline_model_parallel_size")
+def _pipeline_zero(f: PlanFacts):
+    return (f.pp > 1) & (f.zero >= 2)
+
+
+@stack_rule("pipeline_1f1b_only", "a pipeline schedule other than 1F1B",
+            "parallel.schedule", "parallel.pipeline_model_parallel_size")
+def _pipeline_1f1b_only(f: PlanFacts):
+    return (f.pp > 1) & ~f.one_f_one_b
+
+
+@stack_rule("interleaved_needs_pp3", "the interleaved schedule with PP <= 2",
+            "parallel.schedule", "parallel.pipeline_model_parallel_size")
+def _interleaved_needs_pp3(f: PlanFacts):
+    return f.interleaved & (f.pp <= 2)
+
+
+@stack_rule("interleaved_blocking_needs_pp3",
+            "the interleaved schedule with PP <= 2 and overlap_p2p_comm off",
+            "parallel.schedule", "parallel.pipeline_model_parallel_size",
+            "parallel.overlap_p2p_comm")
+def _interleaved_blocking_needs_pp3(f: PlanFacts):
+    return f.interleaved & (f.pp <= 2) & ~f.p2p_overlap
+
+
+@stack_rule("no_sequence_parallel", "sequence parallelism", "parallel.sequence_parallel")
+def _no_sequence_parallel(f: PlanFacts):
+    return f.sp
+
+
+@stack_rule("no_context_parallel", "context parallelism (ring or all-gather attention)",
+            "parallel.context_parallel_size")
+def _no_context_parallel(f: PlanFacts):
+    return f.cp > 1
+
+
+# ------------------------------------------------------------------------ stacks and checks
+def stack_rules(stack: str) -> list[tuple[StackRule, str]]:
+    """``(rule, source)`` for each rule the stack ``stack`` declares, in file order.
+
+    Raises
+    ------
+    ConfigError
+        if software.yaml names a rule that is not registered, or gives it no source.
+    """
+    from .software import _stack_table
+    out = []
+    for name, source in (_stack_table()[stack].get("rules") or {}).items():
+        if name not in _RULES or not (isinstance(source, str) and source.strip()):
+            raise ConfigError(f"software.yaml: stack {stack!r} declares rule {name!r}, which "
+                              f"{'is not registered' if name not in _RULES else 'has no source'};"
+                              f" registered rules: {', '.join(_RULES)}")
+        out.append((_RULES[name], source))
+    return out
+
+
+def broken_rules(cfg: Any) -> list[tuple[StackRule, str]]:
+    """The rules of ``cfg``'s stack that its plan breaks, with their sources."""
+    facts = PlanFacts.of_config(cfg)
+    return [(rule, src) for rule, src in stack_rules(cfg.software.name)
+            if bool(np.any(rule.rejects(facts)))]
+
+
+def _shown(cfg: Any, path: str) -> str:
+    section, key = path.split(".")
+    value = getattr(cfg.software, key) if key == "overlap_p2p_comm" else \
+        getattr(getattr(cfg, section), key)
+    return f"{path} = {value!r}"
+
+
+def check_stack_rules(cfg: Any) -> None:
+    """Refuse a plan that ``cfg``'s software stack cannot run, naming the stack, the rule,
+    the plan's values and the rule's source; nothing when ``system.software.what_if`` is
+    true (the report marks the prediction as a what-if instead).
+
+    Raises
+    ------
+    ValueError
+        (inside ``RunConfig`` validation, which reports it as a ConfigError).
+    """
+    broken = broken_rules(cfg)
+    if not broken or cfg.software.what_if:
+        return
+    stack = cfg.software.name
+    rule, source = broken[0]
+    values = ", ".join(_shown(cfg, p) for p in rule.fields)
+    more = (f" (it also breaks: {', '.join(r.name for r, _ in broken[1:])})"
+            if len(broken) > 1 else "")
+    raise ValueError(
+        f"software stack {stack!r} cannot run {rule.reason}: {values} (rule {rule.name}"
+        f"{more}; source: {source}). Change the plan or system.software, or "
+        f"set system.software: {{stack: {stack}, what_if: true}} to predict it anyway as a "
+        f"what-if the stack cannot run")
+
+
+def what_if_note(cfg: Any) -> str | None:
+    """``what-if: megatron-core-2024 cannot run ZeRO-2 (…)`` for a what-if plan that breaks
+    its stack's rules; None when the stack runs the plan."""
+    broken = broken_rules(cfg)
+    if not broken:
+        return None
+    return (f"what-if: {cfg.software.name} cannot run "
+            + "; ".join(f"{r.reason} (rule {r.name})" for r, _ in broken))
+
+
+def stack_rejections(stack: str, facts: PlanFacts) -> list[tuple[str, np.ndarray]]:
+    """``(reason, rejected mask)`` of each rule of ``stack`` on the plans ``facts`` (arrays
+    that broadcast together): the search's form of :func:`check_stack_rules`."""
+    return [(f"{stack} cannot run {rule.reason} (rule {rule.name})",
+             np.asarray(rule.rejects(facts), dtype=bool)) for rule, _ in stack_rules(stack)]
