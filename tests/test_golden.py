@@ -41,7 +41,9 @@ VARIANTS = {
     "sp-selective": ["parallel.sequence_parallel=true", "train.recompute=selective"],
     "full-recompute-mb2": ["train.recompute=full", "train.micro_batch_size=2"],
     "zero1": ["parallel.zero_stage=1"],
-    "zero2-no-overlap": ["parallel.zero_stage=2", "parallel.overlap_grad_reduce=false"],
+    # Megatron-Core has no ZeRO-2 (ddlsim/data/software.yaml rules): pinned as a what-if
+    "zero2-no-overlap": ["parallel.zero_stage=2", "parallel.overlap_grad_reduce=false",
+                         "system.software={stack: megatron-core-2024, what_if: true}"],
     "zero3-pp1": ["parallel.zero_stage=3", "parallel.pipeline_model_parallel_size=1"],
     # DeepSpeed 2021's per-tensor ZeRO-3: gathers on demand, re-gathers under full recompute
     "zero3-deepspeed-2021": ["parallel.zero_stage=3", "parallel.pipeline_model_parallel_size=1",
