@@ -138,3 +138,5 @@ def register(app: typer.Typer) -> None:
     wrapped by :func:`ddlsim.cliutil.guarded`."""
     app.command("presets")(guarded(presets_command))
     _mount_subapps(app)
+    from .importers.cli import register as register_import   # ddlsim import
+    register_import(app)

@@ -1,0 +1,165 @@
+"""Configs as users have them → a ddlsim run config (``ddlsim import``).
+
+Readers, one registration each (:func:`register_importer`), keyed by the name ``--from``
+takes: ``megatron`` (a ``pretrain_gpt.py`` command line or launch script), ``deepspeed`` (a
+``ds_config.json``), ``torchtitan`` (a train TOML) and ``hf`` (a Hugging Face model folder or
+its ``config.json``). Each maps every argument it reads or refuses it by name
+(:mod:`.common`); :func:`import_config` merges the sources, adds the system the user names,
+applies ``--set`` overrides and validates the result as ``ddlsim predict`` would.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, NamedTuple
+
+from ..errors import ConfigError, did_you_mean
+from .common import Draft, merge_drafts, nested, refuse_unknown
+
+__all__ = ["Importer", "register_importer", "importers", "detect", "import_config",
+           "Imported"]
+
+
+class Importer(NamedTuple):
+    """A reader: ``read(path, ignore)`` → :class:`Draft`; ``what`` names its input."""
+
+    name: str
+    what: str
+    read: Callable[[Path], Draft]
+    known: Callable[[], list[str]]
+
+
+_IMPORTERS: dict[str, Importer] = {}
+
+
+def register_importer(name: str, what: str, known: Callable[[], list[str]]):
+    """Register ``read(path) -> Draft`` under ``name`` (what ``--from`` takes)."""
+    def wrap(read: Callable[[Path], Draft]) -> Callable[[Path], Draft]:
+        _IMPORTERS[name] = Importer(name, what, read, known)
+        return read
+    return wrap
+
+
+def importers() -> dict[str, Importer]:
+    """The registered readers by name (importing the modules that register them)."""
+    from . import readers  # noqa: F401  (registers)
+    return dict(_IMPORTERS)
+
+
+def detect(path: Path) -> str:
+    """The reader for ``path``: a folder or a JSON with ``model_type`` is a Hugging Face
+    model, other JSON a DeepSpeed config, ``.toml`` torchtitan, anything else Megatron-LM
+    arguments."""
+    if path.is_dir():
+        return "hf"
+    suffix = path.suffix.lower()
+    if suffix == ".toml":
+        return "torchtitan"
+    if suffix == ".json":
+        from ..documents import parse_json
+        from ..textio import read_text
+        doc = parse_json(read_text(path, what="JSON file"), str(path))
+        return "hf" if isinstance(doc, dict) and "model_type" in doc else "deepspeed"
+    return "megatron"
+
+
+class Imported(NamedTuple):
+    """An imported run config (sections as mappings) and the drafts it came from."""
+
+    config: dict[str, Any]
+    drafts: list[Draft]
+
+
+def import_config(paths: list[str | Path], *, kind: str | None = None,
+                  system: str | None = None, nodes: int | None = None,
+                  software: str | None = None, ignore: tuple[str, ...] = (),
+                  overrides: tuple[str, ...] = ()) -> Imported:
+    """Read ``paths`` (each with the reader ``kind`` names, or the one :func:`detect` picks)
+    into one run config.
+
+    Parameters
+    ----------
+    paths : list of path
+        Files (or a Hugging Face model folder) to read; fields two of them set must agree.
+    kind : str, optional
+        The reader for every path (``megatron``, ``deepspeed``, ``torchtitan``, ``hf``).
+    system : str, optional
+        The system preset (``dgx-h100``); required unless an override gives ``system``.
+    nodes : int, optional
+        Nodes of the system; replaces the launcher's ``--nnodes``.
+    software : str, optional
+        The software stack (``system.software``); a DeepSpeed config implies ``deepspeed``.
+    ignore : tuple of str
+        Arguments to leave out instead of refusing them (listed as ignored).
+    overrides : tuple of str
+        ``section.key=value`` items applied last, as ``predict --set``.
+
+    Returns
+    -------
+    Imported
+        The run config as a mapping (loads with :func:`ddlsim.load_config`) and the drafts.
+
+    Raises
+    ------
+    ConfigError
+        Naming each argument that cannot be mapped, a conflict between sources, or a field
+        of the result that ddlsim refuses.
+    """
+    table = importers()
+    if kind is not None and kind not in table:
+        raise ConfigError(f"--from {kind!r} is not a reader{did_you_mean(kind, table)}; "
+                          f"allowed: {', '.join(table)}")
+    drafts = []
+    for p in map(Path, paths):
+        if not p.exists():
+            raise ConfigError(f"{p}: no such file or folder")
+        reader = table[kind or detect(p)]
+        draft = reader.read(p)
+        refuse_unknown(draft, set(ignore), reader.known(), reader.what)
+        drafts.append(draft)
+    drafts.append(_system_draft(drafts, system, nodes, software))
+    fields = merge_drafts(drafts)
+    return Imported(_finish(fields, overrides), drafts)
+
+
+def _system_draft(drafts: list[Draft], system: str | None, nodes: int | None,
+                  software: str | None) -> Draft:
+    """The options' draft: the system preset, the nodes (over the launcher's) and the stack."""
+    d = Draft("the import options")
+    if system is not None:
+        d.set("system.preset", system, f"--system {system}")
+    if nodes is not None:
+        for other in drafts:
+            launcher = other.fields.pop("system.nodes", None)
+            if launcher is not None and launcher != nodes:
+                other.note("--nnodes", f"replaced by --nodes {nodes} (the launcher had "
+                                       f"{launcher})")
+        d.set("system.nodes", nodes, f"--nodes {nodes}")
+    if software is not None:
+        for other in drafts:
+            stack = other.fields.get("system.software.stack")
+            if stack is not None and stack != software:
+                raise ConfigError(f"--software {software} contradicts {other.source}, which "
+                                  f"is a {stack} config")
+        d.set("system.software.stack", software, f"--software {software}")
+    return d
+
+
+def _finish(fields: dict[str, Any], overrides: tuple[str, ...]) -> dict[str, Any]:
+    """Nested sections, the stack written by name when nothing overrides it, the overrides
+    applied; refused when the system has no preset or nodes, or when ddlsim rejects it."""
+    from ..config import apply_overrides, build_config
+
+    config = nested(fields)
+    sw = config.get("system", {}).get("software")
+    if isinstance(sw, dict) and set(sw) == {"stack"}:
+        config["system"]["software"] = sw["stack"]
+    config = apply_overrides(config, overrides)
+    system = config.get("system", {})
+    missing = [w for w, ok in (("--system PRESET (e.g. dgx-h100; `ddlsim presets system`)",
+                                "preset" in system or "device" in system),
+                               ("--nodes N", "nodes" in system)) if not ok]
+    if missing:
+        raise ConfigError("the system is not in these files: give " + " and ".join(missing))
+    build_config(config)        # refused here as predict would refuse it
+    return config

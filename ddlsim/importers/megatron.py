@@ -1,0 +1,250 @@
+"""Megatron-LM launch arguments (a ``pretrain_gpt.py`` command line or script) → ddlsim fields.
+
+Flag names and defaults are Megatron-LM's ``megatron/training/arguments.py`` (and, for the
+2021 flags ``--checkpoint-activations`` and ``--DDP-impl``, ``megatron/arguments.py`` of
+6985e58, the SC'21 code). Every argument is mapped, declared without effect on one
+iteration, accepted as not modelled, or refused by name (:mod:`.common`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .common import Draft
+from .shell import is_unset, read_command
+
+__all__ = ["read_megatron", "MEGATRON_FLAGS", "megatron_flag_names"]
+
+#: flags with one value → the ddlsim field it sets (the value read as its type)
+VALUE_FLAGS: dict[str, tuple[str, type]] = {
+    "tensor-model-parallel-size": ("parallel.tensor_model_parallel_size", int),
+    "pipeline-model-parallel-size": ("parallel.pipeline_model_parallel_size", int),
+    "virtual-pipeline-model-parallel-size": ("parallel.virtual_pipeline_model_parallel_size", int),
+    "context-parallel-size": ("parallel.context_parallel_size", int),
+    "expert-model-parallel-size": ("parallel.expert_model_parallel_size", int),
+    "decoder-first-pipeline-num-layers": ("parallel.num_layers_in_first_pipeline_stage", int),
+    "decoder-last-pipeline-num-layers": ("parallel.num_layers_in_last_pipeline_stage", int),
+    "micro-batch-size": ("train.micro_batch_size", int),
+    "global-batch-size": ("train.global_batch_size", int),
+    "seq-length": ("train.seq_length", int),
+    "num-layers": ("model.num_hidden_layers", int),
+    "hidden-size": ("model.hidden_size", int),
+    "num-attention-heads": ("model.num_attention_heads", int),
+    "ffn-hidden-size": ("model.intermediate_size", int),
+    "max-position-embeddings": ("model.max_position_embeddings", int),
+    "num-query-groups": ("model.num_key_value_heads", int),
+    "kv-channels": ("model.head_dim", int),
+    "num-experts": ("model.num_local_experts", int),
+    "moe-router-topk": ("model.num_experts_per_tok", int),
+    "moe-ffn-hidden-size": ("model.moe_intermediate_size", int),
+    "moe-expert-capacity-factor": ("model.capacity_factor", float),
+}
+
+_SW = "system.software"
+#: switches (no value) → (field, value)
+SWITCHES: dict[str, tuple[str, Any]] = {
+    "sequence-parallel": ("parallel.sequence_parallel", True),
+    # Megatron's distributed optimizer shards the optimizer states over data parallelism
+    "use-distributed-optimizer": ("parallel.zero_stage", 1),
+    "overlap-grad-reduce": ("parallel.overlap_grad_reduce", True),
+    "overlap-param-gather": ("parallel.overlap_param_gather", True),
+    "overlap-p2p-communication": ("parallel.overlap_p2p_comm", True),
+    # TE userbuffers, all three methods (docs/overlap.md: Megatron's --tp-comm-overlap default)
+    "tp-comm-overlap": ("parallel.tp_comm_overlap", "pipelined"),
+    "account-for-embedding-in-pipeline-split":
+        ("parallel.account_for_embedding_in_pipeline_split", True),
+    "account-for-loss-in-pipeline-split": ("parallel.account_for_loss_in_pipeline_split", True),
+    "bf16": ("train.dtype", "bf16"),
+    "fp16": ("train.dtype", "fp16"),
+    "recompute-activations": ("train.recompute", "selective"),
+    "checkpoint-activations": ("train.recompute", "full"),      # Megatron-LM 2021
+    "use-flash-attn": (f"{_SW}.kernels.attention", "flash2"),
+    "no-masked-softmax-fusion": (f"{_SW}.kernels.attention", "unfused"),
+    "no-bias-gelu-fusion": (f"{_SW}.kernels.fused_bias_gelu", False),
+    "no-bias-swiglu-fusion": (f"{_SW}.kernels.fused_bias_gelu", False),
+    "no-bias-dropout-fusion": (f"{_SW}.kernels.fused_bias_dropout_add", False),
+    "no-gradient-accumulation-fusion": (f"{_SW}.kernels.gradient_accumulation_fusion", False),
+    "apply-rope-fusion": (f"{_SW}.kernels.fused_rope", True),
+    "no-rope-fusion": (f"{_SW}.kernels.fused_rope", False),
+    "cross-entropy-loss-fusion": (f"{_SW}.kernels.fused_cross_entropy", True),
+    "accumulate-allreduce-grads-in-fp32": (f"{_SW}.kernels.grad_reduce_dtype", "fp32"),
+    "no-async-tensor-model-parallel-allreduce": (f"{_SW}.overlap.tp_async_backward", False),
+    "untie-embeddings-and-output-weights": ("model.tie_word_embeddings", False),
+}
+
+#: flags whose value picks fields: flag → value → [(field, value)]
+CHOICES: dict[str, dict[str, list[tuple[str, Any]]]] = {
+    "recompute-granularity": {"full": [("train.recompute", "full")],
+                              "selective": [("train.recompute", "selective")]},
+    # 2021: local = all-reduce after the backward; torch = PyTorch DDP's overlapped buckets
+    "DDP-impl": {"local": [("parallel.overlap_grad_reduce", False)],
+                 "torch": [("parallel.overlap_grad_reduce", True)]},
+    "cp-comm-type": {"p2p": [("parallel.cp_comm_type", "p2p")],
+                     "all_gather": [("parallel.cp_comm_type", "all_gather")]},
+    "attention-backend": {"flash": [(f"{_SW}.kernels.attention", "flash2")],
+                          "unfused": [(f"{_SW}.kernels.attention", "unfused")],
+                          "local": [(f"{_SW}.kernels.attention", "fused_softmax")],
+                          "auto": []},
+    "optimizer": {"adam": [("train.optimizer", "adam")], "sgd": [("train.optimizer", "sgd")]},
+    "fp8-format": {"hybrid": [("train.dtype", "fp8")], "e4m3": [("train.dtype", "fp8")]},
+    "recompute-method": {"uniform": []},
+    "transformer-impl": {"transformer_engine": []},
+}
+
+#: what a choice that sets no field means
+CHOICE_NOTES = {
+    "attention-backend auto": "TransformerEngine picks the kernel: the stack's attention "
+                              "default (system.software.kernels.attention)",
+    "recompute-method uniform": "every layer recomputed (in groups of --recompute-num-layers), "
+                                "as train.recompute full models it",
+    "transformer-impl transformer_engine": "TransformerEngine layers, as the stack's kernels "
+                                           "describe them",
+}
+
+#: flags read to build the model section (architecture, vocabulary)
+MODEL_FLAGS = ("normalization", "position-embedding-type", "swiglu", "group-query-attention",
+               "disable-bias-linear", "tokenizer-type", "vocab-size",
+               "make-vocab-size-divisible-by", "num-layers-per-virtual-pipeline-stage",
+               "attention-dropout", "hidden-dropout", "recompute-num-layers")
+
+#: flags that cannot change the time of one iteration, with why
+NO_EFFECT: dict[str, str] = {
+    **dict.fromkeys(("data-path", "split", "vocab-file", "merge-file", "tokenizer-model",
+                     "data-cache-path", "mock-data", "data-impl", "dataloader-type",
+                     "num-workers", "train-data-path", "valid-data-path", "test-data-path"),
+                    "data input"),
+    **dict.fromkeys(("save", "load", "save-interval", "no-load-optim", "no-load-rng",
+                     "no-save-optim", "no-save-rng", "finetune", "use-checkpoint-args",
+                     "ckpt-format", "async-save", "pretrained-checkpoint",
+                     "dist-ckpt-strictness"), "checkpointing, not part of an iteration"),
+    **dict.fromkeys(("log-interval", "tensorboard-dir", "tensorboard-log-interval",
+                     "log-throughput", "log-timers-to-tensorboard", "log-params-norm",
+                     "log-num-zeros-in-grad", "log-validation-ppl-to-tensorboard",
+                     "log-memory-to-tensorboard", "timing-log-level", "wandb-project",
+                     "wandb-exp-name", "wandb-save-dir", "eval-interval", "eval-iters",
+                     "exit-interval", "exit-duration-in-mins", "exit-signal-handler"),
+                    "logging, evaluation or exit, outside the training iteration"),
+    **dict.fromkeys(("lr", "min-lr", "lr-decay-style", "lr-decay-iters", "lr-decay-samples",
+                     "lr-warmup-fraction", "lr-warmup-iters", "lr-warmup-samples",
+                     "weight-decay", "adam-beta1", "adam-beta2", "adam-eps", "init-method-std",
+                     "seed", "train-iters", "train-samples", "rotary-base", "norm-epsilon",
+                     "layernorm-epsilon", "loss-scale", "initial-loss-scale", "min-loss-scale",
+                     "loss-scale-window", "hysteresis", "distributed-backend",
+                     "use-mcore-models", "eod-mask-loss", "reset-position-ids",
+                     "reset-attention-mask", "no-create-attention-mask-in-dataloader",
+                     "attention-softmax-in-fp32", "fp8-amax-history-len",
+                     "fp8-amax-compute-algo", "distributed-timeout-minutes"),
+                    "a value of the optimisation or of a kernel, not of its cost"),
+}
+
+#: accepted, with what ddlsim leaves out
+NOT_MODELLED: dict[str, str] = {
+    "clip-grad": "the gradient norm (one pass over the gradients and a scalar all-reduce)",
+    "rampup-batch-size": "the smaller batches of the first iterations; ddlsim predicts a "
+                         "steady iteration at --global-batch-size",
+}
+
+#: launcher (torchrun, torch.distributed.launch/run) flags
+LAUNCHER: dict[str, str | None] = {
+    "nproc_per_node": "system.devices_per_node", "nproc-per-node": "system.devices_per_node",
+    "nnodes": "system.nodes", **dict.fromkeys((
+        "node_rank", "node-rank", "master_addr", "master-addr", "master_port", "master-port",
+        "rdzv_id", "rdzv-id", "rdzv_backend", "rdzv-backend", "rdzv_endpoint", "rdzv-endpoint",
+        "max_restarts", "max-restarts", "standalone"))}
+
+MEGATRON_FLAGS = (*VALUE_FLAGS, *SWITCHES, *CHOICES, *MODEL_FLAGS, *NO_EFFECT, *NOT_MODELLED)
+
+
+def megatron_flag_names() -> list[str]:
+    """Every Megatron-LM flag the importer reads, as ``--name``."""
+    return [f"--{f}" for f in MEGATRON_FLAGS]
+
+
+def _groups(words: list[str]) -> list[tuple[str, list[str]]]:
+    """``[--flag, v, v, --flag2, …]`` as ``(flag, values)`` (``--flag=v`` too)."""
+    out: list[tuple[str, list[str]]] = []
+    for w in words:
+        if w.startswith("--") and len(w) > 2 and not w[2].isdigit():
+            name, eq, value = w[2:].partition("=")
+            out.append((name, [value] if eq else []))
+        elif out:
+            out[-1][1].append(w)
+        else:
+            out.append(("", [w]))
+    return out
+
+
+def read_megatron(text: str, where: str) -> Draft:
+    """A :class:`Draft` of the ddlsim fields a Megatron-LM command line or launch script
+    ``text`` sets (``where`` names it in messages)."""
+    cmd = read_command(text, where)
+    draft = Draft(where)
+    draft.set("model.name", where.replace("\\", "/").rsplit("/", 1)[-1].rsplit(".", 1)[0]
+              or "megatron", "the model's name: the file's")
+    _launcher(draft, cmd.launcher)
+    model: dict[str, list[str]] = {}
+    for flag, values in _groups(cmd.args):
+        _one(draft, flag, values, model)
+    from .megatron_model import model_fields
+    model_fields(draft, model, cmd.script)
+    return draft
+
+
+def _launcher(draft: Draft, words: list[str]) -> None:
+    for flag, values in _groups(words):
+        name = flag.replace("_", "-") if flag not in LAUNCHER else flag
+        arg = f"--{flag} {' '.join(values)}".strip()
+        if not flag:
+            draft.note(" ".join(values), "the launcher")
+        elif flag in LAUNCHER and LAUNCHER[flag] is None:
+            draft.note(arg, "no effect: the launcher's rendezvous")
+        elif flag in LAUNCHER:
+            _value(draft, arg, LAUNCHER[flag], values, int)
+        else:
+            draft.refuse(arg, f"a launcher flag ddlsim does not read ({name}); the launcher "
+                              "flags read are --nproc_per_node and --nnodes")
+
+
+def _value(draft: Draft, arg: str, path: str, values: list[str], kind: type) -> None:
+    if len(values) != 1:
+        draft.refuse(arg, f"expects one value, got {len(values)}")
+    elif is_unset(values[0]):
+        draft.refuse(arg, f"its value {values[0]} is a variable the script does not set; "
+                          "set it in the script, or give the field with --set")
+    else:
+        try:
+            draft.set(path, kind(values[0]), arg)
+        except ValueError:
+            draft.refuse(arg, f"expects {'a whole number' if kind is int else 'a number'}, "
+                              f"got {values[0]!r}")
+
+
+def _one(draft: Draft, flag: str, values: list[str], model: dict[str, list[str]]) -> None:
+    arg = f"--{flag} {' '.join(values)}".strip()
+    if flag in VALUE_FLAGS:
+        path, kind = VALUE_FLAGS[flag]
+        _value(draft, arg, path, values, kind)
+    elif flag in SWITCHES:
+        if values:
+            draft.refuse(arg, f"--{flag} takes no value")
+        else:
+            draft.set(*SWITCHES[flag], arg)
+    elif flag in CHOICES:
+        picked = CHOICES[flag].get(values[0] if len(values) == 1 else " ".join(values))
+        if picked is None:
+            draft.refuse(arg, f"ddlsim models --{flag} {' or '.join(CHOICES[flag])} only")
+        for path, value in picked or ():
+            draft.set(path, value, arg)
+        if picked == []:
+            draft.note(arg, CHOICE_NOTES[arg.removeprefix("--")])
+    elif flag in MODEL_FLAGS:
+        model[flag] = values
+    elif flag in NO_EFFECT:
+        draft.note(arg, f"no effect on one iteration: {NO_EFFECT[flag]}")
+    elif flag in NOT_MODELLED:
+        draft.unmodelled_arg(arg, NOT_MODELLED[flag])
+    else:
+        from ..errors import did_you_mean
+        draft.refuse(arg or " ".join(values), "not a Megatron-LM flag ddlsim reads"
+                     + did_you_mean(flag, MEGATRON_FLAGS) if flag else
+                     "a word that belongs to no --flag")

@@ -1,0 +1,174 @@
+"""The model section a Megatron-LM command line means: family, vocabulary, GQA, biases,
+virtual pipeline stages, dropout, from the flags :mod:`.megatron` set aside.
+
+Megatron-LM's rules used here (``megatron/training/arguments.py`` unless said):
+
+* ``pretrain_gpt.py`` passes ``args_defaults={'tokenizer_type': 'GPT2BPETokenizer'}``; the
+  GPT-2 BPE vocabulary has 50,257 tokens (Radford et al. 2019), padded up to a multiple of
+  ``--make-vocab-size-divisible-by`` (default 128) × TP (``_vocab_size_with_padding``);
+* ``--swiglu`` without ``--ffn-hidden-size``: ``int((4·h·2/3) / 64) · 64``; without
+  ``--swiglu``: ``4·h``;
+* ``--num-query-groups`` applies only with ``--group-query-attention`` (default 1 group);
+* embeddings are tied unless ``--untie-embeddings-and-output-weights``;
+* ``--num-layers-per-virtual-pipeline-stage L``: ``layers / PP / L`` virtual stages;
+* ``--attention-dropout`` and ``--hidden-dropout`` default to 0.1; ``--moe-router-topk`` to 2.
+"""
+
+from __future__ import annotations
+
+from .common import Draft
+
+__all__ = ["model_fields"]
+
+GPT2_BPE_VOCAB = 50257      # Radford et al. 2019; Megatron-LM GPT2BPETokenizer
+VOCAB_DIVISOR = 128         # arguments.py: --make-vocab-size-divisible-by default
+DROPOUT_DEFAULT = "0.1"     # arguments.py: --attention-dropout, --hidden-dropout defaults
+
+
+def _one_value(draft: Draft, model: dict, flag: str, default: str | None) -> str | None:
+    values = model.get(flag)
+    if values is None:
+        return default
+    if len(values) != 1:
+        draft.refuse(f"--{flag} {' '.join(values)}", f"expects one value, got {len(values)}")
+        return default
+    return values[0]
+
+
+def _architecture(draft: Draft, model: dict) -> str | None:
+    """``gpt`` or ``llama`` from the normalisation, positions and MLP flags."""
+    norm = _one_value(draft, model, "normalization", "LayerNorm")
+    pos = _one_value(draft, model, "position-embedding-type", "learned_absolute")
+    gated = "swiglu" in model
+    if (norm, pos, gated) == ("LayerNorm", "learned_absolute", False):
+        return "gpt"
+    if (norm, pos, gated) == ("RMSNorm", "rope", True):
+        return "llama"
+    draft.refuse(f"--normalization {norm} --position-embedding-type {pos}"
+                 + (" --swiglu" if gated else ""),
+                 "ddlsim's decoder families are gpt (LayerNorm, learned_absolute positions, "
+                 "GeLU MLP) and llama (RMSNorm, rope, --swiglu); this mix is neither "
+                 "(not modelled yet)")
+    return None
+
+
+def model_fields(draft: Draft, model: dict, script: str | None) -> None:
+    """Complete ``draft``'s model and plan fields from the flags in ``model``."""
+    if script is not None:
+        if script.rsplit("/", 1)[-1] == "pretrain_gpt.py":
+            draft.note(script, "the decoder-only GPT model of Megatron-LM")
+        else:
+            draft.refuse(script, "ddlsim reads pretrain_gpt.py's decoder (GPT, Llama-style "
+                                 "and MoE layers) only")
+    f = draft.fields
+    arch = _architecture(draft, model)
+    if arch is None:
+        return
+    f["model.architecture"] = arch
+    draft.note("--normalization/--position-embedding-type/--swiglu", f"model.architecture: {arch}")
+    _gqa(draft, model, arch)
+    _biases(draft, model, arch)
+    if arch == "llama" and "model.intermediate_size" not in f and "model.hidden_size" in f:
+        h = f["model.hidden_size"]
+        draft.set("model.intermediate_size", int((4 * h * 2 / 3) / 64) * 64,
+                  "--swiglu without --ffn-hidden-size (Megatron's default)")
+    if "model.tie_word_embeddings" not in f:
+        draft.set("model.tie_word_embeddings", True, "no --untie-embeddings-and-output-weights")
+    if "model.max_position_embeddings" not in f and "train.seq_length" in f:
+        draft.set("model.max_position_embeddings", f["train.seq_length"],
+                  "no --max-position-embeddings (the positions the run reaches)")
+    if f.get("model.num_local_experts") and "model.num_experts_per_tok" not in f:
+        draft.set("model.num_experts_per_tok", 2, "no --moe-router-topk (default 2)")
+    _vocab(draft, model)
+    _dropout(draft, model, arch)
+    _virtual_stages(draft, model)
+    if "recompute-num-layers" in model:
+        draft.note(f"--recompute-num-layers {' '.join(model['recompute-num-layers'])}",
+                   "with --recompute-method uniform every layer is recomputed (in groups)")
+
+
+def _gqa(draft: Draft, model: dict, arch: str) -> None:
+    f = draft.fields
+    if "group-query-attention" in model:
+        f.setdefault("model.num_key_value_heads", 1)
+    elif "model.num_key_value_heads" in f:
+        del f["model.num_key_value_heads"]
+        draft.note("--num-query-groups", "no effect: Megatron reads it only with "
+                                         "--group-query-attention")
+    if arch == "gpt":
+        for path, flag in (("model.num_key_value_heads", "--group-query-attention"),
+                           ("model.head_dim", "--kv-channels")):
+            if path in f:
+                draft.refuse(flag, "ddlsim's gpt family has multi-head attention of head size "
+                                   "hidden/heads (use the llama family's flags: --normalization "
+                                   "RMSNorm --position-embedding-type rope --swiglu)")
+                del f[path]
+
+
+def _biases(draft: Draft, model: dict, arch: str) -> None:
+    no_bias = "disable-bias-linear" in model
+    if arch == "gpt" and no_bias:
+        draft.refuse("--disable-bias-linear", "ddlsim's gpt family has biases (not modelled "
+                                              "yet without them)")
+    elif arch == "llama":
+        for path in ("model.attention_bias", "model.mlp_bias"):
+            draft.set(path, not no_bias, "--disable-bias-linear" if no_bias
+                      else "no --disable-bias-linear (Megatron's linear layers have biases)")
+
+
+def _vocab(draft: Draft, model: dict) -> None:
+    """Megatron's padded vocabulary: ``_vocab_size_with_padding``."""
+    given = _one_value(draft, model, "vocab-size", None)
+    tokenizer = _one_value(draft, model, "tokenizer-type", "GPT2BPETokenizer")
+    divisor = _one_value(draft, model, "make-vocab-size-divisible-by", str(VOCAB_DIVISOR))
+    if given is None and tokenizer != "GPT2BPETokenizer":
+        draft.refuse(f"--tokenizer-type {tokenizer}", "ddlsim cannot read a tokenizer: add "
+                                                      "--vocab-size N (its vocabulary) to the "
+                                                      "arguments")
+        return
+    try:
+        vocab, divisor_n = int(given or GPT2_BPE_VOCAB), int(divisor)
+    except ValueError:
+        draft.refuse(f"--vocab-size {given} --make-vocab-size-divisible-by {divisor}",
+                     "expects whole numbers")
+        return
+    multiple = divisor_n * draft.fields.get("parallel.tensor_model_parallel_size", 1)
+    padded = -(-vocab // multiple) * multiple
+    why = (f"--vocab-size {given}" if given else f"--tokenizer-type {tokenizer} "
+           f"({GPT2_BPE_VOCAB} tokens)") + f" padded to a multiple of {divisor_n}×TP"
+    draft.set("model.vocab_size", padded, why)
+
+
+def _dropout(draft: Draft, model: dict, arch: str) -> None:
+    """The gpt family counts dropout's kernels and masks; the llama family has none."""
+    for flag in ("attention-dropout", "hidden-dropout"):
+        value = _one_value(draft, model, flag, DROPOUT_DEFAULT)
+        try:
+            on = float(value) > 0
+        except ValueError:
+            draft.refuse(f"--{flag} {value}", "expects a probability")
+            continue
+        arg = f"--{flag} {value}" + ("" if flag in model else " (Megatron's default)")
+        if on == (arch == "gpt"):
+            draft.note(arg, f"as the {arch} family models it")
+        else:
+            draft.refuse(arg, f"the {arch} family models "
+                              f"{'dropout on' if arch == 'gpt' else 'no dropout'}; this run "
+                              f"has {'it' if on else 'none'} (not modelled yet)")
+
+
+def _virtual_stages(draft: Draft, model: dict) -> None:
+    f = draft.fields
+    per = _one_value(draft, model, "num-layers-per-virtual-pipeline-stage", None)
+    if per is not None:
+        layers = f.get("model.num_hidden_layers", 0)
+        pp = f.get("parallel.pipeline_model_parallel_size", 1)
+        arg = f"--num-layers-per-virtual-pipeline-stage {per}"
+        if not per.isdigit() or int(per) == 0 or layers % (pp * int(per)):
+            draft.refuse(arg, f"{layers} layers / PP {pp} is not a whole number of groups of "
+                              f"{per} layers")
+        else:
+            draft.set("parallel.virtual_pipeline_model_parallel_size",
+                      layers // pp // int(per), arg)
+    if f.get("parallel.virtual_pipeline_model_parallel_size", 1) > 1:
+        draft.set("parallel.schedule", "interleaved", "virtual pipeline stages")
