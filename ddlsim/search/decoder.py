@@ -23,18 +23,17 @@ import numpy as np
 from ..config import DTYPE_BYTES
 from ..errors import ConfigError
 from ..software import grad_dtype_bytes
-from ..workloads.decoder import tp_overlap as tpo
 from ..workloads.decoder.zero3 import (FETCH_PASSES, REDUCE_PASSES, gathered_layers,
                                         list_gather_bytes, list_host_seconds, module_fetches,
                                         module_hook_bytes)
 from ..simulator.kernels import kernel_device, optimizer_bytes_per_param
-from ..simulator.kernels.elementwise import loss_bytes
 from ..workloads.decoder.layerkernels import activation_kinds, compute_dtype
 from .family import StageCosts, register_vector_family, roofline
 from .kerneltimes import kernel_times
 from .netcost import collective_seconds, mesh_networks
 from .plans import RECOMPUTE, SCHEDULE
 from .pipeline import earlier_chunks, flow_shop_tail
+from .blocks import stage_pieces
 from .zero3 import Unit, zero3_time, zero3_units_time
 
 __all__ = ["DecoderVectors"]
@@ -101,12 +100,8 @@ class DecoderVectors:
 
     # ------------------------------------------------------------------ costs
     def costs(self, ctx: _Context, plans, nets) -> StageCosts:
-        sh, s, dt = ctx.shape, ctx.s, ctx.dt
-        b = plans["mbs"].astype(float)
-        t = plans["tp"].astype(float)
+        sh, dt = ctx.shape, ctx.dt
         pp, v, dp = plans["pp"], plans["v"], plans["dp"]
-        sp = plans["sp"].astype(bool)
-        rec = plans["recompute"]
         meshes, mi = _unique_meshes(plans["tp"], pp, dp)
         net = mesh_networks(ctx.cfg, meshes) if nets is None else nets(meshes)
         algos = ctx.cfg.parallel.collective_algorithm
@@ -115,40 +110,20 @@ class DecoderVectors:
             key = (op, family, id(nbytes))  # the same array asked again (act, grad bytes)
             if key not in done:
                 done[key] = (nbytes, collective_seconds(
-                    op, family, np.broadcast_to(nbytes, b.shape), mi, net.nets, algos, memo,
+                    op, family, np.broadcast_to(nbytes, pp.shape), mi, net.nets, algos, memo,
                     net.backend))
             return done[key][1]
 
         memo: dict = {}
         done: dict = {}
 
-        def mem(nbytes):
-            return np.asarray(nbytes, dtype=float) / ctx.dev.memory_Bps
+        def coll_at(op: str, family: str, nbytes: np.ndarray, index: np.ndarray):
+            return collective_seconds(op, family, nbytes, mi[index], net.nets, algos, memo,
+                                      net.backend)
 
-        k = kernel_times(ctx, plans["mbs"], plans["tp"], sp)
-        act = b * s * sh.hidden * dt
-        multi = t > 1
-        tp_comm = np.where(sp, coll("reduce_scatter", "tp", act) + coll("all_gather", "tp", act),
-                           coll("all_reduce", "tp", act)) * multi
-        fwd = k["attn"] + tp_comm + k["mlp"] + tp_comm + k["ew"]
-        redo = np.select([rec == RECOMPUTE.index("full"), rec == RECOMPUTE.index("selective")],
-                         [fwd, k["recompute"]], 0.0)
-        acc = 0.0 if ctx.cfg.software.gradient_accumulation_fusion else 2 * dt + 2 * ctx.gdt
-        # SP: the backward re-gathers each block's sequence-sharded input (Korthikanti §4.2.2)
-        tp_bwd = tp_comm + np.where(sp, coll("all_gather", "tp", act), 0.0) * multi
-        bwd = (redo + k["bwd.mlp"] + tp_bwd + k["bwd.attn"] + tp_bwd + k["bwd.ew"]
-               + mem(sh.layer_params / t * acc))
-        if ctx.cfg.software.tp_comm_overlap != "off" or ctx.cfg.software.tp_async_backward:
-            fwd, bwd = self._tp_overlap(ctx, plans, (coll, mem), k, (fwd, bwd, acc),
-                                        sh.layer_gemm_flops(1, s))
-        emb = mem(2 * act) + coll("all_reduce", "tp", act) * multi
-        head_f = (k["logits"] + mem(loss_bytes(b * s, sh.vocab / t, dt,
-                                               ctx.cfg.software.fused_cross_entropy))
-                  + coll("all_reduce", "tp", 4.0 * b * s) * multi)
-        head_b = (mem(loss_bytes(b * s, sh.vocab / t, dt, ctx.cfg.software.fused_cross_entropy,
-                                 True))
-                  + k["bwd.logits"] + mem(sh.vocab * sh.hidden / t * acc))
-        gather = coll("all_gather", "tp", act) * (multi & ~sp)
+        pieces = stage_pieces(ctx, plans, coll_at)
+        fwd, bwd, emb = pieces.fwd, pieces.bwd, pieces.emb
+        head_f, head_b, gather = pieces.head_f, pieces.head_b, pieces.gather
         lc = sh.layers // (pp * v)
         F, B = v * lc * fwd, v * lc * bwd
         one = pp == 1
@@ -159,9 +134,8 @@ class DecoderVectors:
         mid = pp >= 3
         fwd_mid = np.where(mid, F + v * gather, fwd_first)
         bwd_mid = np.where(mid, B + v * gather, bwd_first)
-        p2p_bytes = act / t   # scatter-gather, or SP's sequence shard: 1/t per TP rank
-        p2p = net.hop_alpha_s[mi] + p2p_bytes * net.hop_s_per_byte[mi]
-        wrap = net.wrap_alpha_s[mi] + p2p_bytes * net.wrap_s_per_byte[mi]
+        p2p = net.hop_alpha_s[mi] + pieces.p2p_bytes * net.hop_s_per_byte[mi]
+        wrap = net.wrap_alpha_s[mi] + pieces.p2p_bytes * net.wrap_s_per_byte[mi]
         upd_f, tail_f = self._update(ctx, plans, self.stage_params(ctx, plans, True), bwd, coll)
         upd_l, tail_l = self._update(ctx, plans, self.stage_params(ctx, plans, False), bwd, coll)
         # overlap_param_gather: stage 0's first forward block waits for the rest of the gather
@@ -169,71 +143,12 @@ class DecoderVectors:
         first_block = lc * fwd + emb + np.where(one & (v == 1), head_f, 0.0)
         delay = np.maximum(coll("all_gather", "dp", rest) - first_block, 0.0) * (rest > 0)
         upd_f, upd_l = upd_f + delay, upd_l + delay
-        whole = self._zero3(ctx, plans, (emb, fwd, head_f, head_b, bwd), coll,
-                            (k, tp_comm, tp_bwd, mem(sh.layer_params / t * acc)))
+        whole = self._zero3(ctx, plans, (emb, fwd, head_f, head_b, bwd), coll)
         # Megatron turns overlap_p2p_comm off without the interleaved schedule
         blocking = (v == 1) | (not ctx.cfg.software.overlap_p2p_comm)
         return StageCosts(fwd_first, fwd_mid, fwd_last, bwd_first, bwd_mid, bwd_last,
                           lc * bwd + gather, p2p, wrap, tail_f, tail_l, upd_f, upd_l, whole,
                           blocking)
-
-    def _tp_overlap(self, ctx: _Context, plans, fns, k, plain, g):
-        """A layer's forward and backward under ``tp_comm_overlap`` (or, with it off, the
-        ``async`` overlap of ``tp_async_backward``) where it applies (TP > 1, with SP for the
-        userbuffers modes), as
-        :mod:`ddlsim.workloads.decoder.tp_overlap` builds them: per GEMM op,
-        ``exposed chunks + max(GEMM op + SM margin, overlapped rest)``; ``k`` the layer's
-        kernel times (:func:`.kerneltimes.kernel_times`), the margins flops-only ops at the
-        device's matmul ceiling as the trace times them (none under ``async``)."""
-        coll, mem = fns
-        fwd, bwd, acc = plain
-        sh, s, dt = ctx.shape, ctx.s, ctx.dt
-        b, t = plans["mbs"].astype(float), plans["tp"].astype(float)
-        sp = plans["sp"].astype(bool)
-        on = (t > 1) & sp & (plans["zero"] != 3)
-        act = b * s * sh.hidden * dt
-        ag, rs = coll("all_gather", "tp", act), coll("reduce_scatter", "tp", act)
-        mm = sh.mlp_matrices
-        dtype = compute_dtype(ctx.cfg.train.dtype)
-        peak, eff = ctx.dev.peak_flops(dtype), ctx.dev.ceiling(dtype)
-
-        def gemm(flops):
-            return roofline(flops, 0.0, peak, eff, ctx.dev.memory_Bps)
-
-        share = 0.0 if ctx.cfg.software.tp_comm_overlap == "off" else tpo.SM_MARGIN
-        margin = {key: gemm(share * f * b / t) for key, f in (
-            ("fa", g["proj"]), ("fm", g["mlp"] / mm), ("ba", 2 * (g["q"] + g["kv"])),
-            ("bm", 2 * g["mlp"] * (1 - 1 / mm)))}
-        if ctx.cfg.software.tp_comm_overlap == "pipelined":
-            ring_x = coll("all_gather", "tp", act / t)
-            ring_r = coll("all_gather", "tp", act * (t - 1) / t)
-            rs_x = coll("reduce_scatter", "tp", act / tpo.RS_SPLITS)
-            rs_r = coll("reduce_scatter", "tp", act * (tpo.RS_SPLITS - 1) / tpo.RS_SPLITS)
-            f_o = (ring_x + np.maximum(k["attn"] + margin["fa"], ring_r + rs_r) + rs_x
-                   + ring_x + np.maximum(k["mlp"] + margin["fm"], ring_r + rs_r) + rs_x
-                   + k["ew"])
-            pre, pre_rest = ring_x, ring_r
-        else:
-            f_o, pre, pre_rest = fwd, ag, 0.0
-        rec = plans["recompute"]
-        redo = np.select([rec == RECOMPUTE.index("full"), rec == RECOMPUTE.index("selective")],
-                         [f_o, k["recompute"]], 0.0)
-        b_o = (redo + pre + np.maximum(k["bwd.mlp"] + margin["bm"], pre_rest + ag + rs)
-               + pre + np.maximum(k["bwd.attn"] + margin["ba"], pre_rest + ag + rs)
-               + k["bwd.ew"] + mem(sh.layer_params / t * acc))
-        if ctx.cfg.software.tp_async_backward:
-            # tp_async_backward without SP (userbuffers need SP): each block's input-gradient
-            # all-reduce runs beside its backward; the forward (and its recomputation) keeps
-            # the blocking ones
-            ar = coll("all_reduce", "tp", act)
-            plain_redo = np.select([rec == RECOMPUTE.index("full"),
-                                    rec == RECOMPUTE.index("selective")],
-                                   [fwd, k["recompute"]], 0.0)
-            b_ar = (plain_redo + np.maximum(k["bwd.mlp"], ar) + np.maximum(k["bwd.attn"], ar)
-                    + k["bwd.ew"] + mem(sh.layer_params / t * acc))
-            no_sp = (t > 1) & ~sp & (plans["zero"] != 3)
-            bwd = np.where(no_sp, b_ar, bwd)
-        return np.where(on, f_o, fwd), np.where(on, b_o, bwd)
 
     def stage_params(self, ctx: _Context, plans, first: bool) -> np.ndarray:
         """:meth:`StageBuilder.stage_params` of the first (or last) stage, per plan."""
@@ -291,7 +206,7 @@ class DecoderVectors:
         tail = np.where((dp > 1) & (zero < 3), tail, 0.0)
         return update, tail
 
-    def _zero3(self, ctx: _Context, plans, parts, coll, pieces) -> np.ndarray:
+    def _zero3(self, ctx: _Context, plans, parts, coll) -> np.ndarray:
         """ZeRO-3 (one stage), as :mod:`ddlsim.workloads.decoder.zero3` builds it: the
         builder's two streams (compute; gathers and reduce-scatters in issue order on ``dp``)
         run op by op over the layers — or, from module hooks, the modules' parts of the
@@ -315,7 +230,7 @@ class DecoderVectors:
                                  _take(a, on), _take(r, on))
         else:
             full = plans["recompute"] == RECOMPUTE.index("full")
-            fwd_u, rec_u, bwd_u = self._module_units(ctx, plans, on, coll, pieces, full)
+            fwd_u, rec_u, bwd_u = self._module_units(ctx, plans, on, coll, full)
             for rec in (False, True):   # the recomputation's units exist under full only
                 sel = on & (full == rec)
                 if sel.any():
@@ -328,14 +243,14 @@ class DecoderVectors:
                                    / np.maximum(dp[on], 1))
         return out
 
-    def _module_units(self, ctx: _Context, plans, on, coll, pieces, full):
+    def _module_units(self, ctx: _Context, plans, on, coll, full):
         """One layer's units under ZeRO-3 from module hooks, forward and backward, as
         :func:`ddlsim.workloads.decoder.zero3._module_units` cuts the layer: per unit its
         compute, its gathers (and their memory passes under ``per_tensor``) and its
         reduce-scatters (with the gradients' passes, on the compute stream under
         ``per_tensor``, before the reduce-scatters otherwise), per TP size and recomputation:
         (forward units, the recomputed forward's units, the backward's units)."""
-        k, tp_f, tp_b, acc = pieces
+        k, tp_f, tp_b, acc = _module_pieces(ctx, plans, coll)
         n, sw = len(plans), ctx.cfg.software
         zeros = lambda: np.zeros(n)  # noqa: E731
         mem = lambda nbytes: nbytes / ctx.dev.memory_Bps  # noqa: E731
@@ -429,6 +344,24 @@ class DecoderVectors:
                         + list_gather_bytes(sh, int(tp), sw, ctx.dt))
                 other += np.where((zero == 3) & (plans["tp"] == tp), held, 0.0)
         return weights + grads + opt + acts + other
+
+
+def _module_pieces(ctx: _Context, plans, coll):
+    """(ops' kernel times, TP collectives of a layer's forward and backward, gradient
+    accumulation) per plan, for ZeRO-3 from module hooks: the layer cut at its modules,
+    which :func:`.blocks.stage_pieces` does not time (it times whole layers)."""
+    sh, dt = ctx.shape, ctx.dt
+    b, t = plans["mbs"].astype(float), plans["tp"].astype(float)
+    sp = plans["sp"].astype(bool)
+    k = kernel_times(ctx, plans["mbs"], plans["tp"], sp)
+    act = b * ctx.s * sh.hidden * dt
+    multi = t > 1
+    tp_f = np.where(sp, coll("reduce_scatter", "tp", act) + coll("all_gather", "tp", act),
+                    coll("all_reduce", "tp", act)) * multi
+    # SP: the backward re-gathers each block's sequence-sharded input (Korthikanti §4.2.2)
+    tp_b = tp_f + np.where(sp, coll("all_gather", "tp", act), 0.0) * multi
+    acc = 0.0 if ctx.cfg.software.gradient_accumulation_fusion else 2 * dt + 2 * ctx.gdt
+    return k, tp_f, tp_b, sh.layer_params / t * acc / ctx.dev.memory_Bps
 
 
 def _take(x, mask: np.ndarray) -> np.ndarray:

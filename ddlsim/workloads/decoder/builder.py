@@ -232,12 +232,21 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
         return n
 
     # ------------------------------------------------------------------ blocks
+    def gather_ops(self, tag: str, deps: tuple[int, ...] = ()) -> list[Op]:
+        """What follows the receive of a stage's input: the all-gather of Megatron's
+        scatter-gather (Narayanan 2021 §4.1), or nothing (:meth:`.partition.base.Partitioner.
+        boundary`)."""
+        gather = self.part.boundary(self.act_bytes)[1]
+        if gather is None:
+            return []
+        return [Op(Collective(f"{tag}.gather", "all_gather", "tp", gather), deps=deps)]
+
     def chunk_blocks(self, stage: int, chunk: int, sync_ops: list[Op] | None) -> dict[str, Block]:
         """Forward and backward blocks of one model chunk of ``stage`` (and, if ``sync_ops``
         is given, the variant of the backward that overlaps the gradient sync)."""
         k = chunk * self.pp + stage           # virtual stage index
         last_k = self.pp * self.v - 1
-        p2p_bytes, gather = self.part.boundary(self.act_bytes)
+        p2p_bytes = self.part.boundary(self.act_bytes)[0]
         Lc = self.split[stage][chunk]
 
         blocking = not p2p_overlapped(self.cfg)
@@ -249,9 +258,7 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
                 ops = [Op(Wait("p2p.post", "compute"))] if blocking else []
                 ops.append(Op(P2P(f"recv.{tag}", "recv", "pp", peer, p2p_bytes, tag),
                               stream="pp", deps=(0,) if blocking else ()))
-                if gather is not None:  # scatter-gather (Narayanan 2021 §4.1)
-                    ops.append(Op(Collective(f"{tag}.gather", "all_gather", "tp", gather),
-                                  deps=(len(ops) - 1,)))
+                ops += self.gather_ops(tag, deps=(len(ops) - 1,))
                 return ops
             return self.cached(("recv", tag, peer, blocking), make)
 

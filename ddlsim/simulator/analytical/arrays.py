@@ -1,0 +1,113 @@
+"""A block timed for many plans at once: the engine's instructions with arrays of durations.
+
+The search tier (:mod:`ddlsim.search.blocks`) times the blocks a family's own builder makes,
+for every plan that shares them, where only the collectives' durations differ from plan to
+plan (each plan's groups sit on its own network). :func:`lower_ops` resolves a block's ops
+into the engine's :class:`~.instructions.Instr` records as :class:`~.instructions._Lowering`
+does (a repeated op holds its stream ``repeat`` times as long; collectives of one family
+issued together on separate streams share their links, :func:`~.instructions._share_concurrent`),
+its collectives left as symbols; :func:`with_collectives` gives them their seconds on each
+plan's network (arrays over the plans), and :func:`stream_ends` applies the timing rule of
+:mod:`ddlsim.simulator.timing` to them::
+
+    start = max(ready, stream free);   end = start + duration
+
+element-wise over the plans. A block without point-to-point ops and rendezvous (a layer, the
+embedding, the head) is timed here exactly as the scheduler times it, bit for bit when the
+durations are the same floats (``tests/test_search_blocks.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from ...workloads.trace import Block, Collective, Compute, P2P, Wait
+from .instructions import COLL, COMPUTE, WAIT, Instr, _share_concurrent
+
+__all__ = ["lower_ops", "with_collectives", "stream_ends"]
+
+
+def lower_ops(ops: Sequence, compute_s: Callable[[Compute], float]
+              ) -> tuple[tuple[Instr, ...], tuple[Collective | None, ...]]:
+    """Instructions of ``ops`` (a block's ops, any ``Loop`` unrolled as the analytical engine
+    unrolls it: :attr:`~ddlsim.workloads.trace.Block.lean`), collectives left symbolic.
+
+    Parameters
+    ----------
+    ops : the block's :class:`~ddlsim.workloads.trace.Op` list, without point-to-point ops.
+    compute_s : seconds of one issue of a compute op (the cost model's
+        :meth:`~ddlsim.simulator.costs.CostModel.compute`).
+
+    Returns
+    -------
+    instrs : tuple of Instr
+        ``dur`` in seconds; a collective's ``dur`` is the factor its one issue's seconds
+        take (its ``repeat``, times the collectives of its family issued with it: they share
+        the links); streams numbered in order of first use, the compute stream 0.
+    collectives : per instruction, its :class:`~ddlsim.workloads.trace.Collective` (None
+        for the others): :func:`with_collectives` puts their seconds in.
+    """
+    lean = Block("piece", "forward", tuple(ops)).lean.ops
+    streams = {"compute": 0}
+    out: list[Instr] = []
+    for op in lean:
+        p, k = op.payload, op.repeat
+        sid = streams.setdefault(op.stream, len(streams))
+        if isinstance(p, P2P):
+            raise ValueError(f"op {p.name!r}: point-to-point ops are timed by the pipeline's "
+                             "closed form, not in a block of arrays")
+        if isinstance(p, Collective):
+            out.append(Instr(COLL, sid, op.deps, float(k), p.group, nbytes=k * p.bytes))
+        elif isinstance(p, Compute):
+            label = "optimizer" if p.kind == "optimizer" else "compute"
+            out.append(Instr(COMPUTE, sid, op.deps, k * compute_s(p), label, flops=k * p.flops))
+        elif isinstance(p, Wait):
+            target = streams.setdefault(p.stream, len(streams))
+            out.append(Instr(WAIT, sid, op.deps, 0.0, "", target=target))
+        else:
+            raise TypeError(f"unexpected op payload {type(p).__name__}")
+    colls = tuple(op.payload if ins.code == COLL else None for ins, op in zip(out, lean))
+    return _share_concurrent(out, lean), colls
+
+
+def with_collectives(instrs: Sequence[Instr], collectives: Sequence[Collective | None],
+                     seconds: Callable[[Collective], np.ndarray | float]) -> list[Instr]:
+    """``instrs`` from :func:`lower_ops` with each collective's factor times ``seconds(op)``
+    (one issue, a float or an array over the plans; 0 on a group of one rank)."""
+    return [ins if c is None else ins._replace(dur=ins.dur * seconds(c))
+            for ins, c in zip(instrs, collectives)]
+
+
+def stream_ends(instrs: Sequence[Instr], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """When the block's compute stream, and its last stream, are free, per plan.
+
+    Every stream starts free at 0; an instruction starts at ``max(its deps' ends, the end of
+    a waited stream, its stream free)`` and holds its stream for ``dur``.
+
+    Parameters
+    ----------
+    instrs : from :func:`lower_ops`.
+    n : plans (the length of every array duration).
+
+    Returns
+    -------
+    (compute, last) : arrays of seconds from the block's start.
+    """
+    zero = np.zeros(n)
+    free: dict[int, np.ndarray] = {}
+    ends: list[np.ndarray] = []
+    for ins in instrs:
+        ready = zero
+        for d in ins.deps:
+            ready = np.maximum(ready, ends[d])
+        if ins.code == WAIT:
+            ready = np.maximum(ready, free.get(ins.target, zero))
+        end = np.maximum(ready, free.get(ins.stream, zero)) + ins.dur
+        free[ins.stream] = end
+        ends.append(end)
+    last = zero
+    for f in free.values():
+        last = np.maximum(last, f)
+    return free.get(0, zero), last
