@@ -119,7 +119,7 @@ def import_config(paths: list[str | Path], *, kind: str | None = None,
         drafts.append(draft)
     drafts.append(_system_draft(drafts, system, nodes, software))
     fields = merge_drafts(drafts)
-    return Imported(_finish(fields, overrides), drafts)
+    return Imported(_finish(fields, overrides, drafts), drafts)
 
 
 def _system_draft(drafts: list[Draft], system: str | None, nodes: int | None,
@@ -145,7 +145,8 @@ def _system_draft(drafts: list[Draft], system: str | None, nodes: int | None,
     return d
 
 
-def _finish(fields: dict[str, Any], overrides: tuple[str, ...]) -> dict[str, Any]:
+def _finish(fields: dict[str, Any], overrides: tuple[str, ...],
+            drafts: list[Draft]) -> dict[str, Any]:
     """Nested sections, the stack written by name when nothing overrides it, the overrides
     applied; refused when the system has no preset or nodes, or when ddlsim rejects it."""
     from ..config import apply_overrides, build_config
@@ -161,5 +162,43 @@ def _finish(fields: dict[str, Any], overrides: tuple[str, ...]) -> dict[str, Any
                                ("--nodes N", "nodes" in system)) if not ok]
     if missing:
         raise ConfigError("the system is not in these files: give " + " and ".join(missing))
+    for d in drafts:
+        if d.pending:
+            _accumulation(config, d)
     build_config(config)        # refused here as predict would refuse it
     return config
+
+
+def _accumulation(config: dict[str, Any], draft: Draft) -> None:
+    """DeepSpeed's rule ``train_batch_size = micro-batch × accumulation steps × DP`` (the
+    missing one of the three derived, or the three checked), or torchtitan's default global
+    batch, ``local_batch_size × DP``."""
+    from ..configload import resolve_section
+
+    system = resolve_section("system", config["system"])
+    p, train = config.get("parallel", {}), config.setdefault("train", {})
+    dp = p.get("data_parallel_size") or (system.get("nodes", 0) * system.get("devices_per_node", 0)
+                                         // (p.get("tensor_model_parallel_size", 1)
+                                             * p.get("pipeline_model_parallel_size", 1)
+                                             * p.get("context_parallel_size", 1)))
+    mbs, gbs = train.get("micro_batch_size"), train.get("global_batch_size")
+    if "batch_per_dp_rank" in draft.pending:     # torchtitan: global = local batch × DP
+        local = draft.pending["batch_per_dp_rank"]
+        train["global_batch_size"] = local * dp
+        draft.note("[training] local_batch_size", f"train.global_batch_size: {local} × DP {dp}")
+        return
+    gas = draft.pending["gradient_accumulation_steps"]
+    arg = f"gradient_accumulation_steps: {gas}"
+    if not isinstance(gas, int) or isinstance(gas, bool) or gas < 1 or not dp:
+        raise ConfigError(f"{draft.source}: {arg} must be a whole number >= 1 on a plan with "
+                          "data parallelism")
+    if gbs is None and mbs is not None:
+        train["global_batch_size"] = mbs * gas * dp
+        draft.note(arg, f"train.global_batch_size: {mbs} × {gas} × DP {dp}")
+    elif mbs is None and gbs is not None and gbs % (gas * dp) == 0:
+        train["micro_batch_size"] = gbs // (gas * dp)
+        draft.note(arg, f"train.micro_batch_size: {gbs} / ({gas} × DP {dp})")
+    elif mbs is None or gbs != mbs * gas * dp:
+        raise ConfigError(f"{draft.source}: train_batch_size {gbs} is not "
+                          f"train_micro_batch_size_per_gpu {mbs} × {arg} × DP {dp}, as "
+                          "DeepSpeed requires")

@@ -29,7 +29,8 @@ class Draft:
     """The ddlsim fields one source sets (dotted path → value) and the fate of its arguments.
 
     ``notes`` lists ``(argument, outcome)`` in the order read; ``unmodelled`` the arguments
-    accepted whose effect ddlsim does not model; ``refused`` ``(argument, reason)`` pairs.
+    accepted whose effect ddlsim does not model; ``refused`` ``(argument, reason)`` pairs;
+    ``pending`` values that need the whole config (DeepSpeed's gradient accumulation steps).
     """
 
     source: str
@@ -37,6 +38,7 @@ class Draft:
     notes: list[tuple[str, str]] = field(default_factory=list)
     unmodelled: list[str] = field(default_factory=list)
     refused: list[tuple[str, str]] = field(default_factory=list)
+    pending: dict[str, Any] = field(default_factory=dict)
 
     def set(self, path: str, value: Any, argument: str) -> None:
         """Set ``path`` to ``value`` because of ``argument``; two arguments of one source that
@@ -109,5 +111,6 @@ def nested(fields: dict[str, Any]) -> dict[str, Any]:
         node[last] = value
     first = ("name", "architecture", "preset")
     for k, section in out.items():   # the keys that say what a section is come first
-        out[k] = {**{f: section[f] for f in first if f in section}, **section}
+        if isinstance(section, dict):
+            out[k] = {**{f: section[f] for f in first if f in section}, **section}
     return {k: v for k, v in out.items() if v != {}}

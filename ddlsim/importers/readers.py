@@ -63,6 +63,7 @@ def hf(path: Path) -> Draft:
     draft = Draft(str(path))
     fields = expand_hf_config({"hf_config": str(file.absolute())})
     fields["source"] = f"HuggingFace config.json: {file}"
-    for key, value in fields.items():
-        draft.set(f"model.{key}", value, f"{file.name}")
+    draft.fields.update({f"model.{k}": v for k, v in fields.items() if v is not None})
+    draft.note(str(file), f"the model section ({fields.get('architecture')} family), read as "
+                          "model: {hf_config: …} reads it")
     return draft

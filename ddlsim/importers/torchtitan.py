@@ -1,0 +1,225 @@
+"""A torchtitan train config (TOML) → ddlsim fields.
+
+Key names and defaults are torchtitan's ``torchtitan/config/job_config.py`` (``[training]
+batch_size`` before its rename to ``local_batch_size``); the ``llama3`` flavors are the
+shapes of ``torchtitan/models/llama3/__init__.py`` (8B, 70B, 405B: Llama 3.1's). FSDP (a
+shard degree above 1) is ddlsim's ZeRO-3 with per-layer gathers; what ddlsim cannot express
+yet (HSDP, FSDP with pipelining, float8 rowwise, torch.compile, async TP, op-level selective
+checkpointing) is refused by name.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from .common import Draft
+
+__all__ = ["read_torchtitan", "torchtitan_key_names"]
+
+#: torchtitan model name → flavor → ddlsim model preset
+FLAVORS = {"llama3": {"8B": "llama-3.1-8b", "70B": "llama-3.1-70b", "405B": "llama-3.1-405b"}}
+
+#: sections that cannot change the time of one iteration
+NO_EFFECT_SECTIONS = ("job", "profiling", "metrics", "checkpoint", "lr_scheduler", "comm",
+                      "validation", "fault_tolerance", "memory_estimation")
+
+_NO_EFFECT_KEYS = {"tokenizer_path", "hf_assets_path", "lr", "eps", "weight_decay", "beta1",
+                   "beta2", "implementation", "early_step_in_backward", "steps",
+                   "warmup_steps", "dataset", "dataset_path", "seed", "deterministic",
+                   "gc_freq", "filter_fqns", "precompute_float8_dynamic_scale_for_fsdp",
+                   "enable_compiled_autograd"}
+
+
+def torchtitan_key_names() -> list[str]:
+    """The sections and keys the importer reads."""
+    return ["[model] name, flavor, converters", "[training] local_batch_size (batch_size), "
+            "global_batch_size, seq_len, mixed_precision_param, mixed_precision_reduce, "
+            "max_norm, compile, enable_cpu_offload", "[parallelism] data_parallel_*_degree, "
+            "tensor_parallel_degree, pipeline_parallel_degree, context_parallel_degree, "
+            "expert_parallel_degree, pipeline_parallel_schedule, "
+            "pipeline_parallel_microbatch_size, context_parallel_rotate_method, "
+            "enable_async_tensor_parallel", "[activation_checkpoint] mode, "
+            "selective_ac_option", "[float8] recipe_name, enable_fsdp_float8_all_gather",
+            "[compile] enable", "[optimizer] name", *(f"[{s}]" for s in NO_EFFECT_SECTIONS)]
+
+
+def read_torchtitan(text: str, where: str) -> Draft:
+    """A :class:`Draft` of the fields a torchtitan TOML ``text`` sets."""
+    draft = Draft(where)
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        draft.refuse(where, f"not valid TOML ({exc})")
+        return draft
+    readers = {"model": _model, "training": _training, "parallelism": _parallelism,
+               "activation_checkpoint": _checkpoint, "float8": _float8, "compile": _compile,
+               "optimizer": _optimizer}
+    for name, section in doc.items():
+        if name in NO_EFFECT_SECTIONS:
+            draft.note(f"[{name}]", "no effect on one iteration: logging, checkpoints, "
+                                    "schedule or evaluation")
+        elif name in readers and isinstance(section, dict):
+            readers[name](draft, section, doc)
+        else:
+            draft.refuse(f"[{name}]", "not a torchtitan section ddlsim reads")
+    draft.unmodelled_arg("the torchtitan runtime", "ddlsim has no torchtitan software stack "
+                         "yet: the default stack's kernels and overlaps apply (--software)")
+    return draft
+
+
+def _rest(draft: Draft, section: str, items: dict, done: set[str]) -> None:
+    """Note or refuse the keys of ``items`` that a reader did not take."""
+    for key, value in items.items():
+        if key in done:
+            continue
+        if key in _NO_EFFECT_KEYS:
+            draft.note(f"[{section}] {key} = {value!r}", "no effect on one iteration")
+        else:
+            draft.refuse(f"[{section}] {key} = {value!r}", "not a key ddlsim reads")
+
+
+def _model(draft: Draft, s: dict, doc: dict) -> None:
+    name, flavor = s.get("name"), str(s.get("flavor"))
+    preset = FLAVORS.get(name, {}).get(flavor)
+    if preset is None:
+        draft.refuse(f"[model] name = {name!r}, flavor = {flavor!r}", "ddlsim knows the "
+                     f"flavors {', '.join(f'{n} {f}' for n in FLAVORS for f in FLAVORS[n])}; "
+                     "give the model with a Hugging Face folder or --set model=PRESET")
+    else:
+        draft.set("model", preset, f"[model] {name} {flavor}")
+    converters = s.get("converters", [])
+    converters = [converters] if isinstance(converters, str) else list(converters)
+    for c in converters:
+        if c == "float8":
+            draft.set("train.dtype", "fp8", "[model] converters = float8")
+        else:
+            draft.refuse(f"[model] converters = {c!r}", "not modelled yet")
+    _rest(draft, "model", s, {"name", "flavor", "converters"})
+
+
+def _training(draft: Draft, s: dict, doc: dict) -> None:
+    local = s.get("local_batch_size", s.get("batch_size"))
+    pp = doc.get("parallelism", {}).get("pipeline_parallel_degree", 1)
+    if local is not None:
+        if pp == 1:
+            draft.set("train.micro_batch_size", local, "[training] local_batch_size")
+        if s.get("global_batch_size", -1) == -1:
+            draft.pending["batch_per_dp_rank"] = local
+            draft.note("[training] global_batch_size = -1", "local_batch_size × DP")
+    if s.get("global_batch_size", -1) != -1:
+        draft.set("train.global_batch_size", s["global_batch_size"],
+                  "[training] global_batch_size")
+    if "seq_len" in s:
+        draft.set("train.seq_length", s["seq_len"], "[training] seq_len")
+    dtypes = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}
+    param = s.get("mixed_precision_param", "bfloat16")
+    if draft.fields.get("train.dtype") != "fp8":
+        draft.set("train.dtype", dtypes.get(param, param), "[training] mixed_precision_param")
+    reduce = s.get("mixed_precision_reduce", "float32")
+    draft.set("system.software.kernels.grad_reduce_dtype",
+              "fp32" if reduce == "float32" else "param", "[training] mixed_precision_reduce")
+    if "max_norm" in s:
+        draft.unmodelled_arg(f"[training] max_norm = {s['max_norm']}", "the gradient norm "
+                             "(one pass over the gradients and a scalar all-reduce)")
+    for key in ("compile", "enable_cpu_offload"):
+        if s.get(key):
+            draft.refuse(f"[training] {key} = true", "not modelled yet")
+    _rest(draft, "training", s, {"local_batch_size", "batch_size", "global_batch_size",
+                                 "seq_len", "mixed_precision_param", "mixed_precision_reduce",
+                                 "max_norm", "compile", "enable_cpu_offload"})
+
+
+def _parallelism(draft: Draft, s: dict, doc: dict) -> None:
+    replicate = s.get("data_parallel_replicate_degree", 1)
+    shard = s.get("data_parallel_shard_degree", -1)
+    pp = s.get("pipeline_parallel_degree", 1)
+    for key, path in (("tensor_parallel_degree", "parallel.tensor_model_parallel_size"),
+                      ("pipeline_parallel_degree", "parallel.pipeline_model_parallel_size"),
+                      ("context_parallel_degree", "parallel.context_parallel_size"),
+                      ("expert_parallel_degree", "parallel.expert_model_parallel_size")):
+        if key in s:
+            draft.set(path, s[key], f"[parallelism] {key} = {s[key]}")
+    if replicate > 1 and shard != 1:
+        draft.refuse(f"[parallelism] data_parallel_replicate_degree = {replicate}, "
+                     f"data_parallel_shard_degree = {shard}", "HSDP (replicas of FSDP "
+                     "shards) is not modelled yet")
+    elif shard != 1 and pp > 1:
+        draft.refuse(f"[parallelism] data_parallel_shard_degree = {shard} with "
+                     f"pipeline_parallel_degree = {pp}", "FSDP with pipelining is not "
+                     "modelled yet (ddlsim's ZeRO-3 runs without pipeline stages)")
+    elif shard != 1:
+        draft.set("parallel.zero_stage", 3, f"[parallelism] data_parallel_shard_degree = "
+                  f"{shard} (FSDP: ZeRO-3)")
+        draft.set("system.software.overlap.zero3_gather", "per_layer", "FSDP2 shards each "
+                  "transformer block as one unit")
+    if shard > 1 or replicate > 1:
+        draft.set("parallel.data_parallel_size", max(shard, replicate),
+                  "[parallelism] data-parallel degree")
+    schedules = {"1F1B": "1f1b", "GPipe": "gpipe"}
+    if pp > 1:
+        name = s.get("pipeline_parallel_schedule", "1F1B")
+        if name in schedules:
+            draft.set("parallel.schedule", schedules[name], f"[parallelism] "
+                      f"pipeline_parallel_schedule = {name}")
+        else:
+            draft.refuse(f"[parallelism] pipeline_parallel_schedule = {name}",
+                         "ddlsim maps 1F1B and GPipe (not modelled yet)")
+        draft.set("train.micro_batch_size", s.get("pipeline_parallel_microbatch_size", 1),
+                  "[parallelism] pipeline_parallel_microbatch_size")
+    if s.get("context_parallel_degree", 1) > 1:
+        method = s.get("context_parallel_rotate_method", "allgather")
+        if method == "allgather":
+            draft.set("parallel.cp_comm_type", "all_gather", "context_parallel_rotate_method")
+        else:
+            draft.refuse(f"[parallelism] context_parallel_rotate_method = {method}",
+                         "not modelled yet")
+    if s.get("enable_async_tensor_parallel"):
+        draft.refuse("[parallelism] enable_async_tensor_parallel = true", "torch's "
+                     "micro-pipelined TP is not modelled yet")
+    if s.get("fsdp_reshard_after_forward", "default") == "never":
+        draft.refuse("[parallelism] fsdp_reshard_after_forward = never", "not modelled yet")
+    if s.get("disable_loss_parallel"):
+        draft.refuse("[parallelism] disable_loss_parallel = true", "not modelled yet")
+    _rest(draft, "parallelism", s, {
+        "data_parallel_replicate_degree", "data_parallel_shard_degree", "disable_loss_parallel",
+        "tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree",
+        "expert_parallel_degree", "pipeline_parallel_schedule", "fsdp_reshard_after_forward",
+        "pipeline_parallel_microbatch_size", "context_parallel_rotate_method",
+        "enable_async_tensor_parallel"})
+
+
+def _checkpoint(draft: Draft, s: dict, doc: dict) -> None:
+    mode, option = s.get("mode", "selective"), str(s.get("selective_ac_option", "2"))
+    arg = f"[activation_checkpoint] mode = {mode!r}"
+    if mode in ("none", "full"):
+        draft.set("train.recompute", mode, arg)
+    elif mode == "selective" and option == "1":
+        draft.set("train.recompute", "full", f"{arg}, selective_ac_option = 1 (every layer)")
+    else:
+        draft.refuse(f"{arg}, selective_ac_option = {option!r}", "torchtitan's selective "
+                     "checkpointing (by op, or every n-th layer) is not modelled yet")
+    _rest(draft, "activation_checkpoint", s, {"mode", "selective_ac_option"})
+
+
+def _float8(draft: Draft, s: dict, doc: dict) -> None:
+    if s.get("recipe_name") not in (None, "tensorwise"):
+        draft.refuse(f"[float8] recipe_name = {s['recipe_name']!r}", "not modelled yet "
+                     "(ddlsim's fp8 is per-tensor scaling)")
+    if s.get("enable_fsdp_float8_all_gather"):
+        draft.refuse("[float8] enable_fsdp_float8_all_gather = true", "not modelled yet")
+    _rest(draft, "float8", s, {"recipe_name", "enable_fsdp_float8_all_gather"})
+
+
+def _compile(draft: Draft, s: dict, doc: dict) -> None:
+    if s.get("enable"):
+        draft.refuse("[compile] enable = true", "torch.compile's fusions are not modelled yet")
+    _rest(draft, "compile", s, {"enable", "components"})
+
+
+def _optimizer(draft: Draft, s: dict, doc: dict) -> None:
+    name = str(s.get("name", "AdamW"))
+    if name.lower() in ("adam", "adamw"):
+        draft.set("train.optimizer", "adam", f"[optimizer] name = {name}")
+    else:
+        draft.refuse(f"[optimizer] name = {name}", "ddlsim models Adam(W) and SGD")
+    _rest(draft, "optimizer", s, {"name"})
+
