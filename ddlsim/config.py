@@ -163,7 +163,7 @@ class ParallelConfig(_Strict):
     @model_validator(mode="after")
     def _check(self) -> "ParallelConfig":
         self._resolve_tensor_parallel()
-        ALGORITHMS = algorithms()
+        ALGORITHMS = algorithms() if self.collective_algorithm else {}  # built per call: skip
         for op, algo in self.collective_algorithm.items():
             if op not in ALGORITHMS:
                 raise ValueError(f"collective_algorithm has unknown collective {op!r}"
