@@ -14,7 +14,8 @@ import typer
 from rich.console import Console
 
 from ._version import __version__
-from .cliutil import OptionError, check_outputs, guarded, refuse_negative, require
+from .cliutil import (OptionError, check_outputs, guarded, refuse_negative,
+                      refuse_overwriting_inputs, require)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Predict how long one training iteration takes on a cluster, and why.")
@@ -35,6 +36,10 @@ Backend = Annotated[Optional[str], typer.Option(
     help="With --calibration: backend to use, or 'auto' for the fastest per operation.")]
 AllowOOM = Annotated[bool, typer.Option(
     help="Predict even if the plan exceeds device memory (the result says fits: false).")]
+LimitOption = Annotated[Optional[list[str]], typer.Option(
+    "--limit", help="Raise a work budget, e.g. --limit des_rank_ops=1e8 (names: "
+                    "pipeline_steps, ranks, topology_links, trace_ops, des_rank_ops, sweep_runs, "
+                    "search_plans, axis_values; docs/robustness.md).")]
 
 
 def _version(value: bool) -> None:
@@ -135,9 +140,7 @@ def predict(
         help="Draw the breakdown as a stacked bar (PNG, PDF, SVG).")] = None,
     allow_oom: AllowOOM = False,
     force: Force = False,
-    limit: Annotated[Optional[list[str]], typer.Option(
-        "--limit", help="Raise a work budget, e.g. --limit des_rank_ops=1e8 (names: "
-                        "pipeline_steps, ranks, topology_links, trace_ops, des_rank_ops).")] = None,
+    limit: LimitOption = None,
     model: Annotated[Optional[str], typer.Option(
         "--model", help="A HuggingFace config.json (path, or a bundled name such as "
                         "llama-2-70b) replacing CONFIG's model section.")] = None,
@@ -147,6 +150,8 @@ def predict(
     from .report import dumps_json
 
     _check_predict_options(fmt, engine, backend, calibration, trace, links, timeline)
+    refuse_overwriting_inputs([config, calibration, model], output=output, trace=trace,
+                              timeline=timeline, plot=plot)
     _check_force(force, output=output, trace=trace, timeline=timeline, plot=plot)
     plots = _plots(timeline, plot)
     from .limits import Limits
@@ -235,20 +240,24 @@ def compare(
     backend: Backend = None,
     allow_oom: AllowOOM = False,
     force: Force = False,
+    limit: LimitOption = None,
 ) -> None:
     """Compare plans side by side: their breakdowns, with absolute and relative differences
     from the first. --set applies to every config compared."""
     from .compare import compare_inputs, render_comparison
+    from .limits import Limits
 
     check_choice("--format", fmt, FORMATS)
     if engine is not None:
         check_choice("--engine", engine, ENGINES)
     require(backend is None or calibration is not None,
             "--backend needs --calibration: it picks a backend of the calibration profile")
+    refuse_overwriting_inputs([*inputs, calibration], output=output, plot=plot)
     _check_force(force, output=output, plot=plot)
     plots = _plots(plot)
     runs = compare_inputs(inputs, overrides or [], engine, labels, calibration=calibration,
-                          backend=backend, allow_oom=allow_oom)
+                          backend=backend, allow_oom=allow_oom,
+                          limits=Limits.from_strings(limit))
     if plot is not None:
         plots.draw_breakdown([r for _, r in runs], plot, labels=[lab for lab, _ in runs],
                              force=force)
@@ -285,6 +294,7 @@ def comm(
 
     check_choice("--format", fmt, FORMATS)
     check_choice("--per", per, ("rank", "class"))
+    refuse_overwriting_inputs([config, model, diff_mpip], output=output)
     _check_force(force, output=output)
     cfg = load_config(config, overrides or [], model=model)
     workload = build_workload(cfg)
@@ -309,7 +319,8 @@ def sweep(
     overrides: Sets = None,
     engine: Engine = "analytical",
     allow_oom: Annotated[bool, typer.Option(help="Plans over device memory are valid.")] = False,
-    max_runs: Annotated[int, typer.Option(help="Most combinations allowed.")] = 10_000,
+    max_runs: Annotated[Optional[int], typer.Option(
+        help="Most combinations allowed (as --limit sweep_runs=N; default 10,000).")] = None,
     output: Annotated[Optional[Path], typer.Option(
         "-o", "--output", help="Write every row: CSV, or Parquet (.parquet) or JSON (.json).")] = None,
     plot: Annotated[Optional[Path], typer.Option(
@@ -320,22 +331,28 @@ def sweep(
         help="Run on Dask: 'local' (a local cluster) or a scheduler address.")] = None,
     dask_workers: Annotated[Optional[int], typer.Option(
         help="Worker processes of --dask local (default 2).")] = None,
+    limit: LimitOption = None,
 ) -> None:
     """Predict every combination of the --set-range values (first range slowest): a table,
     invalid combinations with their reason, counts per reason."""
     from . import sweepreport as report
+    from .limits import Limits
     from .sweeps import parse_ranges
 
     check_choice("--format", fmt, FORMATS)
     check_choice("--engine", engine, ENGINES)
     report.check_frame_output(output)
+    refuse_overwriting_inputs([config], output=output, plot=plot)
     _check_force(force, output=output, plot=plot)
     _plots(plot)
-    parsed = parse_ranges(ranges)
+    limits = Limits.from_strings(limit)
+    require(max_runs is None or limits.sweep_runs == Limits().sweep_runs,
+            "--max-runs and --limit sweep_runs= set the same budget; give one")
+    parsed = parse_ranges(ranges, limits=limits)
     require(dask_workers is None or dask == "local", "--dask-workers applies only with "
                                                       "--dask local")
     frame = report.run_with_progress(config, parsed, overrides or [], engine, not allow_oom,
-                                     max_runs, dask, dask_workers)
+                                     max_runs, dask, dask_workers, limits)
     if output is not None:
         report.write_frame(frame, output, force)
     if plot is not None:

@@ -18,7 +18,7 @@ from rich.markup import escape
 from .errors import DDLSimError
 
 __all__ = ["OptionError", "guarded", "require", "refuse_negative", "check_outputs",
-           "EXIT_ERROR", "EXIT_BUG"]
+           "refuse_overwriting_inputs", "EXIT_ERROR", "EXIT_BUG"]
 
 #: Exit status of a refused input or option (one ``error:`` paragraph on stderr).
 EXIT_ERROR = 2
@@ -146,3 +146,35 @@ def check_outputs(force: bool, **paths: Path | str | None) -> None:
                                   "give each output its own path")
             seen[key] = option
         check_output(path, force, what=f"{option} file")
+
+
+def refuse_overwriting_inputs(inputs: Iterable[Path | str | None], **outputs: Path | str | None
+                              ) -> None:
+    """Refuse an output that is one of the command's own inputs (the same file by path,
+    link or hard link), with or without ``--force``: a command never writes over what it
+    reads.
+
+    Parameters
+    ----------
+    inputs : the files the command reads (None and ``-`` are skipped).
+    outputs : option name → output path (``output`` is shown as ``-o``).
+    """
+    read = [Path(p) for p in inputs if p is not None and str(p) != "-"]
+    for name, path in outputs.items():
+        if path is None or str(path) == "-":
+            continue
+        for source in read:
+            if _same_file(Path(path), source):
+                option = "-o" if name == "output" else "--" + name.replace("_", "-")
+                raise OptionError(f"{option} {str(path)!r} is the input {str(source)!r}; a "
+                                  "command never writes over its own input, even with --force: "
+                                  "give the output another path")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return False

@@ -73,12 +73,38 @@ def load_result_file(path: Path) -> list[tuple[str, Result]] | None:
     out = []
     for suffix, d in saved:
         try:
-            out.append((suffix, Result.from_dict(d)))
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            result = Result.from_dict(d)
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise ResultFileError(f"{str(path)!r} looks like a saved ddlsim result but its "
                                   f"field {exc} is missing or malformed; save it again with "
                                   "ddlsim predict -f json") from None
+        _check_saved(result, f"{str(path)!r}{suffix}")
+        out.append((suffix, result))
     return out
+
+
+def _check_saved(r: Result, where: str) -> None:
+    """Refuse a saved result whose numbers no prediction gives: a time that is not positive
+    and finite, a rate, part or memory that is negative or not finite."""
+    t = r.iteration_time_s
+    if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
+        raise ResultFileError(f"{where}: iteration_time_s = {t!r} is not a time a prediction "
+                              "gives (allowed: a finite number > 0); save it again with "
+                              "ddlsim predict -f json")
+    b = r.breakdown
+    values = {"samples_per_s": r.samples_per_s,
+              "tokens_per_s": r.tokens_per_s, "mfu": r.mfu,
+              "tflops_per_device": r.tflops_per_device, "breakdown.compute_s": b.compute_s,
+              "breakdown.optimizer_s": b.optimizer_s, "breakdown.bubble_s": b.bubble_s,
+              **{f"breakdown.exposed_comm_s.{k}": v for k, v in b.exposed_comm_s.items()},
+              **{f"memory_per_device_bytes.{k}": getattr(r.memory, k)
+                 for k in ("weights", "gradients", "optimizer", "activations", "other",
+                           "total", "capacity")}}
+    for key, value in values.items():
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+            raise ResultFileError(f"{where}: {key} = {value!r} is not a number a prediction "
+                                  "gives (allowed: a finite number >= 0); save it again with "
+                                  "ddlsim predict -f json")
 
 
 def _labels(inputs: Sequence[Path], labels: Sequence[str] | None) -> list[str]:
@@ -110,7 +136,8 @@ def _strip_common_prefix(names: list[str]) -> list[str]:
 
 def compare_inputs(inputs: Sequence[Path], overrides: Sequence[str], engine: str | None,
                    labels: Sequence[str] | None = None, *, calibration=None,
-                   backend: str | None = None, allow_oom: bool = False) -> list[Run]:
+                   backend: str | None = None, allow_oom: bool = False,
+                   limits=None) -> list[Run]:
     """The labelled runs to compare: saved results as they are, configs predicted.
 
     Parameters
@@ -119,7 +146,7 @@ def compare_inputs(inputs: Sequence[Path], overrides: Sequence[str], engine: str
     overrides : ``--set`` overrides applied to every config.
     engine : ``analytical`` (default), ``des`` or ``both``, for configs.
     labels : one name per input (default: the file names).
-    calibration, backend, allow_oom : as for ``ddlsim predict``, for configs.
+    calibration, backend, allow_oom, limits : as for ``ddlsim predict``, for configs.
     """
     from .cli import run_predictions
     from .config import load_config
@@ -142,7 +169,7 @@ def compare_inputs(inputs: Sequence[Path], overrides: Sequence[str], engine: str
             continue
         cfg = load_config(path, list(overrides))
         results = run_predictions(cfg, engines, calibration=calibration, backend=backend,
-                                  allow_oom=allow_oom)
+                                  allow_oom=allow_oom, limits=limits)
         runs += [(name if len(results) == 1 else f"{name} ({r.engine})", r) for r in results]
     require(len(runs) >= 2, f"compare needs two runs or more; {len(runs)} given (pass another "
                             "input, or --engine both)")

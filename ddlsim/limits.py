@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from .config import RunConfig
 
 __all__ = ["Bound", "BOUNDS", "check_bound", "warn_unusual", "Limits", "check_work",
-           "estimate_work", "topology_links", "trace_ops", "check_topology"]
+           "estimate_work", "topology_links", "trace_ops", "check_topology", "check_budget"]
 
 
 @dataclass(frozen=True)
@@ -177,6 +177,24 @@ class Limits:
         build included (GPT-3 with 9,984 layers, ZeRO-3, 12 micro-batches: 1.8·10^6 ops, 12 s,
         195 MB); pipelines the solver times take ~0.05 µs (Megatron-LM 1T: 1.4·10^6 ops, 0.08 s
         CPU for the whole prediction, measured for issue 13). 5·10^6 is at most ~35 s.
+    sweep_runs
+        Combinations of a ``sweep``, counted from the ranges' lengths before any is built.
+        Each is one exact prediction (5-50 ms for the examples, seconds for the largest), so
+        10^4 is a few minutes at most.
+    search_plans
+        Plans of a ``search`` grid, the product of its axes' lengths, counted before the grid
+        is built. The vectorised tier holds ~115 bytes a plan (GPT-3 175B grid, 1.34·10^6
+        plans: 234 MB, 3.6 s; 1.34·10^7: 1.54 GB, 7.8 s, measured 2026-11-29), so 5·10^6 is
+        about 0.6 GB.
+    axis_values
+        Values of one ``--set-range`` / ``--axis`` / ``search.axes`` entry, counted before it
+        is expanded (``1:100000000`` is 10^8 values; 10^5 take ~5 MB and 0.1 s to read).
+    fit_segments
+        ``calibrate fit --max-segments``: the fit's dynamic programme costs one numpy pass
+        per segment count and measured size (nccl-tests' 25 sizes: 0.4 s more at 100
+        segments than at 3, 2.2 s more at 1,000, measured 2026-11-29; 10^6 on 50 rows: 59 s
+        and 2.2 GB, issue 31), and a measured curve has a handful of regimes, so 100 is
+        generous.
     des_rank_ops
         DES: ops executed over all ranks, Σ ranks × ops per step. The DES runs ~0.4-4 µs per
         rank-op since 2026-11-28 (GPT-3 175B on 1,024 GPUs: 3.8·10^6 in 2.0 s; Megatron-LM 1T
@@ -191,6 +209,10 @@ class Limits:
     topology_links: int = 1_000_000
     trace_ops: int = 5_000_000
     des_rank_ops: int = 10_000_000
+    sweep_runs: int = 10_000
+    search_plans: int = 5_000_000
+    axis_values: int = 100_000
+    fit_segments: int = 100
 
     @classmethod
     def from_strings(cls, items: list[str] | tuple[str, ...] | None) -> Limits:
@@ -200,7 +222,7 @@ class Limits:
         ------
         ConfigError
             For an item without ``=``, an unknown name (with the names allowed and the
-            closest one) or a value that is not a positive whole number.
+            closest one), a name given twice or a value that is not a positive whole number.
         """
         names = [f.name for f in dataclasses.fields(cls)]
         values: dict[str, int] = {}
@@ -213,6 +235,8 @@ class Limits:
             if name not in names:
                 raise ConfigError(f"--limit {item!r}: unknown limit {name!r}"
                                   f"{did_you_mean(name, names)}; allowed: {', '.join(names)}")
+            if name in values:
+                raise ConfigError(f"--limit {name} is given twice; give each limit once")
             values[name] = _positive_count(raw, item)
         return cls(**values)
 
@@ -230,14 +254,15 @@ def _positive_count(raw: str, item: str) -> int:
 
 def estimate_work(cfg: RunConfig, engine: str) -> dict[str, int]:
     """What running ``cfg`` on ``engine`` costs before the trace is built, in the units of
-    :class:`Limits` (the DES's ``des_rank_ops`` needs the trace: see :func:`check_work`)."""
+    :class:`Limits` (the DES's ``des_rank_ops`` needs the trace: see :func:`check_work`).
+    Both engines build the topology graph, so ``topology_links`` is counted for either."""
     p = cfg.parallel
     chunks = p.vpp if p.schedule == "interleaved" else 1
-    work = {"ranks": cfg.world_size,
-            "pipeline_steps": p.pp * (2 * cfg.num_microbatches * chunks + 1)}
-    if engine == "des":
-        work["topology_links"] = topology_links(cfg.system)
-    return work
+    return {"ranks": cfg.world_size,
+            "pipeline_steps": p.pp * (2 * cfg.num_microbatches * chunks + 1),
+            # both engines build the cluster graph (the analytical one measures the links a
+            # group crosses on it), so both are bounded by its size
+            "topology_links": topology_links(cfg.system)}
 
 
 def topology_links(system: Any) -> int:
@@ -292,7 +317,11 @@ _WHAT = {"pipeline_steps": "pipeline steps (PP × (2 × micro-batches × chunks 
          "ranks": "ranks (TP × PP × DP)",
          "topology_links": "directed links in the cluster graph",
          "trace_ops": "operations in the trace (Σ over rank classes of the ops of every step)",
-         "des_rank_ops": "operations executed by the DES over all ranks"}
+         "des_rank_ops": "operations executed by the DES over all ranks",
+         "sweep_runs": "combinations in the sweep (the product of the ranges' lengths)",
+         "search_plans": "plans in the search grid (the product of the axes' lengths)",
+         "axis_values": "values in one range or axis",
+         "fit_segments": "α-β segments per curve (--max-segments)"}
 
 
 def check_work(cfg: RunConfig, engine: str, limits: Limits | None = None,
@@ -337,19 +366,42 @@ def check_topology(spec: Any, limits: Limits | None = None) -> None:
     _refuse_over({"topology_links": topology_links(spec)}, limits or Limits())
 
 
-def _refuse_over(work: dict[str, int], limits: Limits) -> None:
+def check_budget(work: dict[str, int], limits: Limits | None = None, what: str = "") -> None:
+    """Refuse ``work`` (``{budget name: estimate}``, counted before anything is built) when
+    an estimate exceeds its budget in ``limits`` (default :class:`Limits`()).
+
+    Parameters
+    ----------
+    work : estimates in the units of :class:`Limits` (ranks, links, plans, values, …).
+    limits : the budgets.
+    what : what is estimated, for the message (e.g. ``"--set-range 'train.x=1:9'"``).
+
+    Raises
+    ------
+    WorkTooLargeError
+        Naming the budget, the estimate, the limit and the ``--limit`` option to raise it.
+    """
+    _refuse_over(work, limits or Limits(), what)
+
+
+def _refuse_over(work: dict[str, int], limits: Limits, what: str = "") -> None:
     for name, estimate in work.items():
         limit = getattr(limits, name)
         if estimate > limit:
+            where = f"{what}: " if what else ""
             raise WorkTooLargeError(
-                f"this run would take too much work: {estimate:,} {_WHAT[name]}, over the limit "
-                f"of {limit:,} (set so that a run stays under about 1 GB and a minute). Reduce "
-                f"the plan, or raise the limit with --limit {name}={_round_up(estimate)} "
-                f"(Python: limits=Limits({name}=...)).")
+                f"{where}this run would take too much work: {_fmt(estimate)} {_WHAT[name]}, over "
+                f"the limit of {limit:,} (set so that a run stays under about 1 GB and a "
+                f"minute). Reduce it, or raise the limit with --limit "
+                f"{name}={_round_up(estimate)} (Python: limits=Limits({name}=...)).")
 
 
 def _round_up(n: int) -> str:
     """A round number at least ``n``, for the suggestion: 3,140,000 → '4e6', 1,024 → '2000'."""
-    exp = int(math.floor(math.log10(max(n, 1))))
-    lead = math.ceil(n / 10**exp)
+    n = max(int(n), 1)
+    exp = int(math.log10(n))
+    exp -= 10**exp > n  # log10 of a huge int may round up
+    lead = -(-n // 10**exp)
+    if lead == 10:
+        lead, exp = 1, exp + 1
     return f"{lead}e{exp}" if exp >= 6 else str(lead * 10**exp)

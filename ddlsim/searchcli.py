@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .cliutil import OptionError, check_outputs, guarded, require
+from .cliutil import OptionError, check_outputs, guarded, refuse_overwriting_inputs, require
 
 __all__ = ["register", "search_command", "StageProgress"]
 
@@ -81,10 +81,15 @@ def search_command(
         help="Run the exact re-evaluations on Dask: 'local' or a scheduler address.")] = None,
     dask_workers: Annotated[Optional[int], typer.Option(
         help="Worker processes of --dask local (default 2).")] = None,
+    limit: Annotated[Optional[list[str]], typer.Option(
+        "--limit", help="Raise a work budget, e.g. --limit search_plans=2e7 (names: "
+                        "search_plans, axis_values, and predict's for the exact and DES "
+                        "re-evaluations: ranks, topology_links, des_rank_ops, …).")] = None,
 ) -> None:
     """Search the plans of CONFIG's search: section: enumerate, reject invalid plans (counted
     per reason), evaluate the rest as arrays, rank, re-evaluate the top K exactly."""
     from . import sweepreport
+    from .limits import Limits
     from .search import run as search_run
     from .search import report
 
@@ -97,16 +102,18 @@ def search_command(
     require(not force or output is not None or plot is not None,
             "--force lets an output file be replaced, but no output file is named (-o, --plot)")
     sweepreport.check_frame_output(output)
+    refuse_overwriting_inputs([config], output=output, plot=plot)
     check_outputs(force, output=output, plot=plot)
     if plot is not None:
         try:
             import matplotlib  # noqa: F401
         except ImportError as exc:
             raise OptionError(f"--plot needs matplotlib, which cannot be imported ({exc})") from None
+    limits = Limits.from_strings(limit)
     axes = None
     if axis:
         from .sweeps import parse_ranges
-        axes = parse_ranges(axis, "--axis")
+        axes = parse_ranges(axis, "--axis", limits)
     constraints = {}
     if max_gpus is not None:
         constraints["max_gpus"] = max_gpus
@@ -117,26 +124,28 @@ def search_command(
         frame = search_run.search(config, axes, constraints=constraints or None,
                                   objective=objective, price_per_gpu_hour=price_per_gpu_hour,
                                   top=top, verify=verify, overrides=overrides or [],
-                                  dask=dask, dask_workers=dask_workers, progress=bar)
+                                  dask=dask, dask_workers=dask_workers, progress=bar,
+                                  limits=limits)
     finally:
         bar.close()
     if output is not None:
         sweepreport.write_frame(frame, output, force)
     if plot is not None and len(frame):
-        report.draw_search(frame, _best_result(config, frame, overrides or []), plot, force)
+        report.draw_search(frame, _best_result(config, frame, overrides or [], limits), plot,
+                           force)
     _show(frame, fmt)
 
 
-def _best_result(config: Path, frame, overrides: list[str]):
+def _best_result(config: Path, frame, overrides: list[str], limits):
     """The exact result of the best plan (for the breakdown panel)."""
     from .api import predict
     from .configload import build_config
     from .search.run import plan_overrides, load_search
 
-    data, base_dir, _ = load_search(config)
+    data, base_dir, _ = load_search(config, limits)
     columns = [c for c in frame.columns if "." in c]
     cfg = build_config(data, [*overrides, *plan_overrides(frame.iloc[0], columns)], base_dir)
-    return predict(cfg, check_fit=False)
+    return predict(cfg, check_fit=False, limits=limits)
 
 
 def _show(frame, fmt: str) -> None:

@@ -222,14 +222,15 @@ class ProgressBar:
 
 
 def run_with_progress(config: Any, ranges: dict[str, list[Any]], overrides: Sequence[str],
-                      engine: str, check_fit: bool, max_runs: int, dask: str | None = None,
-                      dask_workers: int | None = None):
+                      engine: str, check_fit: bool, max_runs: int | None,
+                      dask: str | None = None, dask_workers: int | None = None,
+                      limits: Any = None):
     """:func:`ddlsim.sweeps.sweep` with a :class:`ProgressBar` on stderr (on a Dask cluster
     when ``dask`` is given: ``"local"`` or a scheduler address)."""
     bar = ProgressBar()
     try:
         return sweep(config, ranges, overrides, engine, check_fit, max_runs=max_runs,
-                     progress=bar, dask=dask, dask_workers=dask_workers)
+                     limits=limits, progress=bar, dask=dask, dask_workers=dask_workers)
     finally:
         bar.close()
 

@@ -30,7 +30,8 @@ from .errors import ConfigError, did_you_mean
 __all__ = ["sweep", "parse_range", "parse_ranges", "parse_values", "reason_counts", "SweepError", "MAX_RUNS",
            "RANGE_FORMS", "DOES_NOT_FIT"]
 
-#: Most combinations a sweep runs unless ``max_runs`` (``--max-runs``) raises it.
+#: Most combinations a sweep runs unless ``limits.sweep_runs`` (``--limit sweep_runs=N``)
+#: raises it: :class:`ddlsim.limits.Limits`'s default.
 MAX_RUNS = 10_000
 #: The allowed forms, as every message about a range states them.
 RANGE_FORMS = ("a comma list of YAML values (1,2,4 or ring,tree or true,false), where a unit "
@@ -45,6 +46,7 @@ _INT_RANGE = re.compile(r"^\s*([-+]?\d+)\s*:\s*([-+]?\d+)\s*(?::\s*(\*?)\s*(\d+)
 _WITH_UNIT = re.compile(r"^\s*[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?\s*"
                         r"(?P<unit>[A-Za-z\u00b5\u03bc][A-Za-z\u00b5\u03bc/]*)\s*$")
 _RANGE_LIKE = re.compile(r"^[-+\d.*\s]*:[-+\d.*:\s]*[A-Za-z\u00b5\u03bc/\s]*$")
+_PLAIN_INT = re.compile(r"^[-+]?[1-9]\d{0,17}$|^0$")
 _NUMBER = re.compile(r"^\s*[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?\s*$")
 
 
@@ -56,12 +58,16 @@ def _refuse(option: str, problem: str) -> SweepError:
     return SweepError(f"{option}: {problem}; a range is {RANGE_FORMS}")
 
 
-def _int_range(spec: str, option: str) -> list[int] | None:
+def _int_range(spec: str, option: str, limits: Any = None) -> list[int] | None:
+    from .limits import check_budget
+
     m = _INT_RANGE.match(spec)
     if m is None:
         return None
     start, stop = int(m[1]), int(m[2])
     geometric, step = m[3] == "*", int(m[4] or 1)
+    if step >= 1 and not geometric:  # counted before the list is built
+        check_budget({"axis_values": max(stop - start, 0) // step + 1}, limits, option)
     if stop < start:
         raise _refuse(option, f"the integer range {spec!r} ends ({stop}) before it starts "
                               f"({start})")
@@ -81,6 +87,8 @@ def _int_range(spec: str, option: str) -> list[int] | None:
 def _scalar(item: str, option: str) -> Any:
     from .documents import DocumentError, parse_yaml
 
+    if _PLAIN_INT.match(item):  # the common case, without a YAML parser per item
+        return int(item)
     if item.lstrip()[:1] in ("[", "{", "&", "*", "!", "|", ">"):
         raise _refuse(option, f"the item {item.strip()!r} is not a scalar value")
     try:
@@ -92,13 +100,15 @@ def _scalar(item: str, option: str) -> Any:
     return value
 
 
-def parse_values(spec: str, option: str = "--set-range") -> list[Any]:
+def parse_values(spec: str, option: str = "--set-range", limits: Any = None) -> list[Any]:
     """The values a range string names (the forms are in the module docstring).
 
     Parameters
     ----------
     spec : the text after ``PATH=``, e.g. ``"100,200,400 Gb/s"`` or ``"1:64:*2"``.
     option : how messages name the range.
+    limits : :class:`ddlsim.limits.Limits` whose ``axis_values`` bounds the values, counted
+        before any is built (default ``Limits()``).
 
     Returns
     -------
@@ -110,10 +120,16 @@ def parse_values(spec: str, option: str = "--set-range") -> list[Any]:
     ------
     SweepError
         An empty item, a collection, duplicated values, a bad integer range.
+    WorkTooLargeError
+        More values than ``limits.axis_values``.
     """
-    numbers = _int_range(spec, option)
+    from .limits import check_budget
+
+    spec = str(spec)
+    numbers = _int_range(spec, option, limits)
     if numbers is not None:
         return numbers
+    check_budget({"axis_values": spec.count(",") + 1}, limits, option)
     items = [s.strip() for s in spec.split(",")]
     if not spec.strip() or any(not s for s in items):
         raise _refuse(option, f"{spec!r} has an empty item")
@@ -138,24 +154,32 @@ def parse_values(spec: str, option: str = "--set-range") -> list[Any]:
     return values
 
 
-def parse_range(text: str, option: str = "--set-range") -> tuple[str, list[Any]]:
+def parse_range(text: str, option: str = "--set-range",
+                limits: Any = None) -> tuple[str, list[Any]]:
     """``'PATH=VALUES'`` → ``(PATH, values)`` (:func:`parse_values`); PATH is
     ``section.key[.key…]`` as for ``--set``."""
     path, sep, spec = str(text).partition("=")
     path = path.strip()
     if not sep or len(path.split(".")) < 2 or not all(k.strip() for k in path.split(".")):
-        raise _refuse(f"{option} {text!r}", "write PATH=VALUES with PATH a section and one or "
+        raise _refuse(f"{option} {_short(text)}", "write PATH=VALUES with PATH a section and one or "
                                             "more keys joined by dots, e.g. "
                                             "'system.nic.bandwidth_Bps=100,200,400 Gb/s'")
-    return path, parse_values(spec, f"{option} {text!r}")
+    return path, parse_values(spec, f"{option} {_short(text)}", limits)
 
 
-def parse_ranges(texts: Iterable[str], option: str = "--set-range") -> dict[str, list[Any]]:
+def _short(text: str, most: int = 60) -> str:
+    """``text`` quoted, cut to ``most`` characters for a message."""
+    text = str(text)
+    return repr(text if len(text) <= most else f"{text[:most]}…")
+
+
+def parse_ranges(texts: Iterable[str], option: str = "--set-range",
+                 limits: Any = None) -> dict[str, list[Any]]:
     """``{PATH: values}`` of several ``PATH=VALUES`` strings (:func:`parse_range`), in order;
     a path given twice is refused."""
     ranges: dict[str, list[Any]] = {}
     for text in texts:
-        path, values = parse_range(text, option)
+        path, values = parse_range(text, option, limits)
         if path in ranges:
             raise SweepError(f"{option} names {path!r} twice; give each field one range")
         ranges[path] = values
@@ -187,13 +211,14 @@ def _setting(path: str, value: Any) -> str:
 
 class _Source:
     """The config to sweep, read once: its mapping, the folder its paths start from, the
-    ``--set`` overrides every combination gets."""
+    ``--set`` overrides every combination gets, the work budgets every prediction runs under."""
 
-    def __init__(self, config: Any, overrides: Sequence[str]):
+    def __init__(self, config: Any, overrides: Sequence[str], limits: Any = None):
         from .config import RunConfig
         from .configload import read_document
 
         self.overrides = list(overrides)
+        self.limits = limits
         self.base_dir = None
         if isinstance(config, RunConfig):
             self.data = config.model_dump(mode="json")
@@ -211,25 +236,29 @@ class _Source:
 
 
 def _check_ranges(source: _Source, ranges: Mapping[str, Sequence[Any]],
-                  max_runs: int) -> dict[str, list[Any]]:
+                  limits: Any) -> dict[str, list[Any]]:
     """Ranges as lists, refused when empty, overlapping ``--set``, naming a field the config
-    does not have, or giving more than ``max_runs`` combinations."""
-    ranges = {str(p): list(v) for p, v in ranges.items()}
+    does not have, or giving more than ``limits.sweep_runs`` combinations (counted from the
+    ranges' lengths)."""
+    from .limits import check_budget
+
     if not ranges:
         raise SweepError("a sweep needs at least one range (--set-range PATH=VALUES)")
     total = 1
     for path, values in ranges.items():
+        if isinstance(values, (str, bytes, Mapping)) or not hasattr(values, "__len__"):
+            raise SweepError(f"the range of {path!r} must be a list of values; got "
+                             f"{type(values).__name__}")
+        check_budget({"axis_values": len(values)}, limits, f"the range of {path!r}")
         if not values:
             raise SweepError(f"the range of {path!r} has no values; {RANGE_FORMS}")
         total *= len(values)
         fixed = [o for o in source.overrides if str(o).partition("=")[0].strip() == path]
         if fixed:
             raise SweepError(f"{path!r} is both swept and set ({fixed[0]!r}); drop one")
-    if total > max_runs:
-        sizes = " × ".join(str(len(v)) for v in ranges.values())
-        raise SweepError(f"the sweep has {total:,} combinations ({sizes}), more than the "
-                         f"limit of {max_runs:,}; narrow the ranges or raise the limit with "
-                         f"--max-runs (max_runs=)")
+    sizes = " × ".join(str(len(v)) for v in ranges.values())
+    check_budget({"sweep_runs": total}, limits, f"the sweep ({sizes})")
+    ranges = {str(p): list(v) for p, v in ranges.items()}
     try:
         base = source.build().model_dump(mode="json")
     except ConfigError:  # valid only with swept values: each combination will say why
@@ -266,7 +295,7 @@ def _rows(source: _Source, combo: dict[str, Any], shown: dict[str, Any], engines
     rows = []
     for e in engines:
         try:
-            result = predict(cfg, e, check_fit=False)
+            result = predict(cfg, e, check_fit=False, limits=source.limits)
         except ConfigError as exc:
             rows.append({**shown, "engine": e, "valid": False, "reason": str(exc)})
             continue
@@ -288,7 +317,8 @@ def _describe(item: tuple[dict[str, Any], dict[str, Any]]) -> str:
 
 
 def sweep(config: Any, ranges: Mapping[str, Sequence[Any]], overrides: Sequence[str] = (),
-          engine: str = "analytical", check_fit: bool = False, *, max_runs: int = MAX_RUNS,
+          engine: str = "analytical", check_fit: bool = False, *, max_runs: int | None = None,
+          limits: Any = None,
           progress: Callable[[int, int], None] | None = None, dask: Any = None,
           dask_workers: int | None = None):
     """Predict every combination of ``ranges`` on ``config``.
@@ -303,7 +333,9 @@ def sweep(config: Any, ranges: Mapping[str, Sequence[Any]], overrides: Sequence[
     engine : ``"analytical"``, ``"des"`` or ``"both"`` (two rows per combination).
     check_fit : when True a plan that does not fit in memory is not valid (its reason is
         :data:`DOES_NOT_FIT`); its numbers are kept either way, with ``fits`` False.
-    max_runs : most combinations allowed.
+    max_runs : most combinations allowed (short for ``limits.sweep_runs``).
+    limits : :class:`ddlsim.limits.Limits`: ``sweep_runs`` and ``axis_values`` bound the
+        sweep, counted before it starts; every prediction runs under the others.
     progress : called with (combinations done, total) as combinations complete.
     dask : None to run here; ``"local"`` (a :class:`distributed.LocalCluster` started for
         the sweep and closed after it), a scheduler address, or a :class:`distributed.Client`
@@ -323,7 +355,10 @@ def sweep(config: Any, ranges: Mapping[str, Sequence[Any]], overrides: Sequence[
     ------
     SweepError
         No range, an empty range, a path the config does not have, a path both swept and
-        set, or more than ``max_runs`` combinations.
+        set.
+    WorkTooLargeError
+        More combinations than ``limits.sweep_runs`` (or ``max_runs``), or a range longer than
+        ``limits.axis_values``.
     ddlsim.distributed.DistributedError
         Dask missing, the scheduler unreachable, or a combination that raised an error other
         than a :class:`~ddlsim.errors.ConfigError` on a worker (the message names it).
@@ -333,8 +368,9 @@ def sweep(config: Any, ranges: Mapping[str, Sequence[Any]], overrides: Sequence[
     if engine not in ENGINES:
         raise ConfigError(f"engine = {engine!r} is not allowed; choose from {', '.join(ENGINES)}")
     engines = ["analytical", "des"] if engine == "both" else [engine]
-    source = _Source(config, overrides)
-    ranges = _check_ranges(source, ranges, max_runs)
+    limits = _sweep_limits(limits, max_runs)
+    source = _Source(config, overrides, limits)
+    ranges = _check_ranges(source, ranges, limits)
     paths = list(ranges)
     shown = {p: dict(zip(map(_json, v), _si_values(source, p, v)))
              for p, v in ranges.items()}
@@ -356,6 +392,18 @@ def sweep(config: Any, ranges: Mapping[str, Sequence[Any]], overrides: Sequence[
     rows = [row for combo_rows in per_combo for row in combo_rows]
     columns = list(dict.fromkeys(c for r in rows for c in r if c not in ("valid", "reason")))
     return pd.DataFrame(rows, columns=[*columns, "valid", "reason"])
+
+
+def _sweep_limits(limits: Any, max_runs: int | None) -> Any:
+    """``limits`` (default ``Limits()``) with ``sweep_runs`` set to ``max_runs`` if given."""
+    from dataclasses import replace
+
+    from .limits import Limits
+
+    limits = limits if limits is not None else Limits()
+    if not isinstance(limits, Limits):
+        raise ConfigError(f"limits must be a ddlsim.limits.Limits; got {type(limits).__name__}")
+    return limits if max_runs is None else replace(limits, sweep_runs=max_runs)
 
 
 def reason_counts(frame) -> list[tuple[str, int]]:

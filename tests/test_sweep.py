@@ -120,7 +120,9 @@ def test_plans_that_do_not_fit_are_predicted_and_marked():
 
 
 def test_too_large_sweeps_and_unknown_paths_are_refused():
-    with pytest.raises(SweepError, match="10,100 combinations"):
+    from ddlsim.errors import WorkTooLargeError
+
+    with pytest.raises(WorkTooLargeError, match="10,100 combinations"):
         ddlsim.sweep(WIKI, {"train.micro_batch_size": list(range(1, 102)),
                             "parallel.data_parallel_size": list(range(1, 101))})
     with pytest.raises(SweepError, match="did you mean 'bandwidth_Bps'"):
@@ -186,9 +188,9 @@ def test_cli_plot_is_a_png_with_labelled_axes(tmp_path):
     (["--set-range", "tp"], "write PATH=VALUES"),
     (["--set-range", f"{NIC}=1,2", "--set-range", f"{NIC}=3"], "names 'system.nic.bandwidth_Bps' twice"),
     (["--set-range", "train.micro_batch_size=1:101", "--set-range",
-      "parallel.data_parallel_size=1:100"], "10,100 combinations (101 × 100), more than the "
-                                            "limit of 10,000"),
-    (["--set-range", f"{NIC}=1,2,3", "--max-runs", "2"], "more than the limit of 2"),
+      "parallel.data_parallel_size=1:100"], "the sweep (101 × 100): this run would take too "
+                                            "much work: 10,100 combinations"),
+    (["--set-range", f"{NIC}=1,2,3", "--max-runs", "2"], "3 combinations in the sweep (the product of the ranges' lengths), over the limit of 2"),
     (["--set-range", f"{NIC}=1", "--engine", "fast"], "--engine 'fast' is not allowed"),
     (["--set-range", f"{NIC}=1", "-o", "-"], "-o - is not allowed for a sweep"),
     (["--set-range", f"{NIC}=1", "--force"], "no output file is named"),

@@ -276,11 +276,17 @@ def fit(results: list[Path] = typer.Argument(..., help="results files"),
         max_skipped_share: float = typer.Option(
             DEFAULT_MAX_SKIPPED_SHARE, help="largest share of a file's rows that may be "
             "unusable (each is listed with FILE:LINE and the reason) before the fit refuses"),
-        force: bool = typer.Option(False, help="overwrite an existing profile")) -> None:
+        force: bool = typer.Option(False, help="overwrite an existing profile"),
+        limit: list[str] = typer.Option([], "--limit", help="raise a work budget, e.g. "
+                                        "--limit fit_segments=500")) -> None:
+    from ..cliutil import refuse_overwriting_inputs
+    from ..limits import Limits, check_budget
     from .build import fit_profile
     from .outputs import guard_output
     from .readers import read_results
 
+    check_budget({"fit_segments": max_segments}, Limits.from_strings(limit), "--max-segments")
+    refuse_overwriting_inputs(results, output=output)
     guard_output(output, force)
     if scope is not None:
         _choice(scope, ("intra", "inter"), "--scope")

@@ -8,6 +8,7 @@ ranked by the vectorised objective; the exact columns sit beside it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,9 +23,10 @@ __all__ = ["search", "load_search", "plan_overrides", "exact_times", "VERIFY"]
 VERIFY = ("des",)
 
 
-def load_search(config: Any) -> tuple[dict, Any, SearchSpec]:
+def load_search(config: Any, limits: Any = None) -> tuple[dict, Any, SearchSpec]:
     """``(config mapping without its search section, its folder, the section)`` of a path,
-    a mapping or a :class:`~ddlsim.config.RunConfig` (which has no section)."""
+    a mapping or a :class:`~ddlsim.config.RunConfig` (which has no section); ``limits``
+    bounds the section's axes (:func:`~ddlsim.search.spec.parse_search_section`)."""
     from ..config import RunConfig
     from ..configload import read_document
 
@@ -42,14 +44,17 @@ def load_search(config: Any) -> tuple[dict, Any, SearchSpec]:
         raise ConfigError(f"{config}: a run config must be a mapping")
     section = data.pop("search", None)
     where = f"{config}: search" if isinstance(config, (str, Path)) else "search"
-    return data, base_dir, parse_search_section(section, where)
+    return data, base_dir, parse_search_section(section, where, limits)
 
 
-def _spec(spec: SearchSpec, axes, constraints, objective, price, top) -> SearchSpec:
+def _spec(spec: SearchSpec, axes, constraints, objective, price, top, limits) -> SearchSpec:
     """The section's spec with the explicit arguments in its place."""
     update: dict[str, Any] = {}
     if axes is not None:
-        update["axes"] = parse_search_section({"axes": dict(axes)}).axes
+        if not isinstance(axes, Mapping):
+            raise ConfigError(f"axes must be a mapping of config path to values; got "
+                              f"{type(axes).__name__}")
+        update["axes"] = parse_search_section({"axes": dict(axes)}, "search", limits).axes
     if constraints is not None:
         merged = {**spec.constraints.model_dump(), **dict(constraints)}
         update["constraints"] = parse_search_section({"constraints": merged}).constraints
@@ -58,7 +63,7 @@ def _spec(spec: SearchSpec, axes, constraints, objective, price, top) -> SearchS
             update[key] = value
     if not update:
         return spec
-    return parse_search_section({**spec.model_dump(), **update})
+    return parse_search_section({**spec.model_dump(), **update}, limits=limits)
 
 
 def search(config: Any, axes: Mapping[str, Sequence[Any]] | None = None, *,
@@ -66,7 +71,7 @@ def search(config: Any, axes: Mapping[str, Sequence[Any]] | None = None, *,
            price_per_gpu_hour: float | None = None, top: int | None = None,
            verify: str | None = None, overrides: Sequence[str] = (), dask: Any = None,
            dask_workers: int | None = None,
-           progress: Callable[[str, int, int], None] | None = None):
+           progress: Callable[[str, int, int], None] | None = None, limits: Any = None):
     """Search the plans of ``config``: every combination of the axes, evaluated as arrays,
     the best ``top`` predicted again exactly.
 
@@ -86,6 +91,10 @@ def search(config: Any, axes: Mapping[str, Sequence[Any]] | None = None, *,
     dask, dask_workers : run the re-evaluations on Dask (``"local"``, an address or a
         ``distributed.Client``), as :func:`ddlsim.sweep` does.
     progress : called with (stage, done, total); stage is ``"evaluate"`` or ``"verify"``.
+    limits : :class:`ddlsim.limits.Limits`: ``search_plans`` bounds the grid (the product of
+        the axes' lengths) and ``axis_values`` each axis, counted before anything is built;
+        the base system's ``topology_links`` and every exact prediction's budgets as for
+        :func:`ddlsim.predict`.
 
     Returns
     -------
@@ -98,13 +107,20 @@ def search(config: Any, axes: Mapping[str, Sequence[Any]] | None = None, *,
         ``verify="des"`` ``des_iteration_time_s``. ``frame.attrs`` holds ``rejected``
         (reason → plans), ``total`` (plans enumerated) and ``objective``.
     """
-    data, base_dir, spec = load_search(config)
-    spec = _spec(spec, axes, constraints, objective, price_per_gpu_hour, top)
+    from ..limits import Limits, check_budget, topology_links
+
+    limits = limits if limits is not None else Limits()
+    data, base_dir, spec = load_search(config, limits)
+    spec = _spec(spec, axes, constraints, objective, price_per_gpu_hour, top, limits)
+    sizes = [len(v) for v in spec.axes.values()]
+    check_budget({"search_plans": math.prod(sizes)}, limits,
+                 f"the search grid ({' × '.join(map(str, sizes)) or 'no axes'})")
     if verify not in (None, *VERIFY):
         raise ConfigError(f"verify = {verify!r} is not allowed; choose None or "
                           f"{', '.join(VERIFY)}")
     from .evaluate import base_config
     base, _ = base_config(data, base_dir, overrides, spec.axes)
+    check_budget({"topology_links": topology_links(base.system)}, limits)
     check_axes(spec.axes, base.model_dump(mode="json"),
                spec.constraints.global_batch_size is not None)
     step = None if progress is None else (lambda d, t: progress("evaluate", d, t))
@@ -114,7 +130,7 @@ def search(config: Any, axes: Mapping[str, Sequence[Any]] | None = None, *,
     k = min(spec.top, len(frame))
     if k:
         frame = _verified(frame, k, data, base_dir, overrides, verify, dask, dask_workers,
-                          progress)
+                          progress, limits)
     frame.attrs.update(rejected=grid.rejected, total=grid.total, objective=spec.objective,
                        top=k)
     return frame
@@ -140,15 +156,17 @@ def exact_times(source, engines: Sequence[str], sets: Sequence[str]) -> dict[str
     from ..api import predict
 
     cfg = source.build(sets)
-    return {e: predict(cfg, e, check_fit=False).iteration_time_s for e in engines}
+    return {e: predict(cfg, e, check_fit=False, limits=getattr(source, "limits", None))
+            .iteration_time_s for e in engines}
 
 
-def _verified(frame, k: int, data, base_dir, overrides, verify, dask, workers, progress):
+def _verified(frame, k: int, data, base_dir, overrides, verify, dask, workers, progress,
+              limits):
     from ..sweeps import _Source
 
     columns = [c for c in frame.columns if "." in c]
     items = [plan_overrides(frame.iloc[i], columns) for i in range(k)]
-    source = _Source(data, overrides)
+    source = _Source(data, overrides, limits)
     source.base_dir = base_dir
     engines = ["analytical", *([verify] if verify else [])]
     step = None if progress is None else (lambda d, t: progress("verify", d, t))

@@ -58,12 +58,17 @@ class SearchSpec(_Strict):
     top: Annotated[StrictInt, Field(ge=0, le=1000)] = 10
 
 
-def parse_search_section(section: Any, where: str = "search") -> SearchSpec:
+def parse_search_section(section: Any, where: str = "search", limits: Any = None) -> SearchSpec:
     """The ``search:`` mapping as a :class:`SearchSpec`; every problem in one paragraph.
 
     Axis values given as a string are read as ``ddlsim sweep --set-range`` reads them
-    (``"1:64:*2"``, ``"1,2,4"``); lists are taken as they are.
+    (``"1:64:*2"``, ``"1,2,4"``); every value, from a string or a list, is then checked by
+    its field's own validator (:func:`ddlsim.fieldcheck.check_field_values`: a boolean is no
+    count, 2.5 no tensor-parallel size). ``limits.axis_values`` bounds each axis's length,
+    counted before a range is expanded.
     """
+    from ..fieldcheck import check_field_values
+    from ..limits import check_budget
     from ..sweeps import SweepError, parse_values
 
     if section is None:
@@ -79,13 +84,15 @@ def parse_search_section(section: Any, where: str = "search") -> SearchSpec:
     for path, values in spec.axes.items():
         if isinstance(values, str):
             try:
-                values = parse_values(values, f"{where}.axes.{path}")
+                values = parse_values(values, f"{where}.axes.{path}", limits)
             except SweepError as exc:
                 raise ConfigError(str(exc)) from None
+        check_budget({"axis_values": len(values)}, limits, f"{where}.axes.{path}")
         if not values:
             raise ConfigError(f"{where}.axes.{path} has no values; give a list such as "
                               "[1, 2, 4] or a range such as '1:64:*2'")
-        axes[path] = list(values)
+        axes[path] = check_field_values(path, values, f"{where}.axes.{path}",
+                                        keep_text=False)
     if spec.objective == "cost" and spec.price_per_gpu_hour is None:
         raise ConfigError(f"{where}.objective = 'cost' needs {where}.price_per_gpu_hour (the "
                           "price of one GPU for one hour, e.g. 2.5)")

@@ -1,0 +1,170 @@
+"""Issue 31, first contact: every budget checked before the work is built, every value checked
+where it enters, no output written over an input. Each case answers within a second."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import ddlsim
+from ddlsim.cli import app
+from ddlsim.errors import ConfigError, WorkTooLargeError
+from ddlsim.limits import Limits
+
+WIKI = "examples/wiki-gpt2-9ranks-reduce_scatter.yaml"
+SEARCH = "examples/search-gpt3-175b-1024.yaml"
+runner = CliRunner()
+
+
+def run_cli(*args: str):
+    start = time.perf_counter()
+    res = runner.invoke(app, list(args))
+    return res, time.perf_counter() - start
+
+
+def one_error(res) -> str:
+    """The one ``error:`` paragraph of a refused command (exit 2)."""
+    text = res.output.strip()
+    assert res.exit_code == 2, res.output
+    assert text.startswith("error: ") and "Traceback" not in text, text
+    return text
+
+
+# ---------------------------------------------------------------------- budgets before build
+@pytest.mark.parametrize("args, budget", [
+    (["sweep", WIKI, "--set-range", "train.micro_batch_size=1:100000000"], "axis_values=1e8"),
+    (["sweep", WIKI, "--set-range",
+      "train.micro_batch_size=" + ",".join(map(str, range(1, 100_002)))], "axis_values=200000"),
+    (["search", SEARCH, "--axis", "train.micro_batch_size=1:100000000"], "axis_values=1e8"),
+    (["search", SEARCH, "--axis", "train.micro_batch_size=1:90000", "--axis",
+      "parallel.tensor_model_parallel_size=1:64"], "search_plans=6e6"),
+    (["predict", WIKI, "--set", "system.nodes=1000000"], "topology_links=1e7"),
+    (["calibrate", "fit", "tests/calibration/data/nccl_all_reduce_perf.txt", "-o",
+      "never-written.yaml", "--max-segments", "1000000"], "fit_segments=1e6"),
+])
+def test_work_is_refused_before_it_is_built_with_the_limit_to_raise(args, budget):
+    res, took = run_cli(*args)
+    text = one_error(res)
+    assert f"--limit {budget}" in text
+    assert took < 2.0, took  # ~0.1 s here; 2 s leaves room for a loaded CI machine
+    assert not Path("never-written.yaml").exists()
+
+
+def test_every_command_with_work_takes_limit():
+    for command in ("predict", "compare", "sweep", "search"):
+        res = runner.invoke(app, [command, "--help"])
+        assert "--limit" in res.output, command
+    res = runner.invoke(app, ["calibrate", "fit", "--help"])
+    assert "--limit" in res.output
+
+
+def test_a_raised_limit_lets_the_sweep_through():
+    ranges = {"train.micro_batch_size": [1, 2, 4]}
+    with pytest.raises(WorkTooLargeError, match="sweep_runs=3"):
+        ddlsim.sweep(WIKI, ranges, limits=Limits(sweep_runs=2))
+    frame = ddlsim.sweep(WIKI, ranges, limits=Limits(sweep_runs=3))
+    assert len(frame) == 3
+
+
+def test_sweep_predictions_run_under_the_given_limits():
+    frame = ddlsim.sweep(WIKI, {"train.micro_batch_size": [1]}, limits=Limits(ranks=8))
+    assert not frame["valid"][0] and "--limit ranks=" in frame["reason"][0]
+
+
+def test_search_and_sweep_refuse_a_range_without_materialising_it():
+    start = time.perf_counter()
+    with pytest.raises(WorkTooLargeError, match="10,000,000,000 values"):
+        ddlsim.sweep(WIKI, {"train.micro_batch_size": range(1, 10**10 + 1)})
+    with pytest.raises(WorkTooLargeError, match="axis_values"):
+        ddlsim.search(SEARCH, {"train.micro_batch_size": "1:10000000000"})
+    assert time.perf_counter() - start < 2.0
+
+
+def test_max_runs_and_limit_sweep_runs_are_one_budget():
+    text = one_error(runner.invoke(app, ["sweep", WIKI, "--set-range", "train.micro_batch_size=1,2",
+                                         "--max-runs", "5", "--limit", "sweep_runs=5"]))
+    assert "give one" in text
+
+
+def test_a_limit_given_twice_is_refused():
+    text = one_error(runner.invoke(app, ["predict", WIKI, "--limit", "ranks=10",
+                                         "--limit", "ranks=20"]))
+    assert "--limit ranks is given twice" in text
+
+
+# ----------------------------------------------------------------- values checked on entry
+@pytest.mark.parametrize("values, message", [
+    ([True, 2], "the value True is not valid for parallel.tensor_model_parallel_size: "
+                "expected a number, got the boolean true"),
+    ([2.5, 4], "the value 2.5 is not valid"),
+    ([[1, 2], 4], "the value [1, 2] is not valid"),
+    (["x", 2], "the value 'x' is not valid"),
+    ([None, 2], "the value None is not valid"),
+])
+def test_search_axis_values_go_through_the_field_validator(values, message):
+    with pytest.raises(ConfigError) as err:
+        ddlsim.search(SEARCH, {"parallel.tensor_model_parallel_size": values}, top=0)
+    assert "search.axes.parallel.tensor_model_parallel_size" in str(err.value)
+    assert message in str(err.value)
+
+
+def test_search_axis_booleans_on_the_command_line_are_refused():
+    text = one_error(runner.invoke(app, ["search", SEARCH, "--axis",
+                                         "parallel.tensor_model_parallel_size=true,2"]))
+    assert "boolean" in text
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"iteration_time_s": 0}, "iteration_time_s = 0"),
+    ({"iteration_time_s": -1.0}, "iteration_time_s = -1.0"),
+    ({"breakdown": {"compute_s": -3.0}}, "breakdown.compute_s = -3.0"),
+])
+def test_compare_validates_saved_results(tmp_path, change, message):
+    saved = tmp_path / "r.json"
+    res = runner.invoke(app, ["predict", WIKI, "-f", "json", "-o", str(saved)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(saved.read_text())
+    for key, value in change.items():
+        if isinstance(value, dict):
+            data[key].update(value)
+        else:
+            data[key] = value
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    text = one_error(runner.invoke(app, ["compare", str(saved), str(bad)]))
+    assert message in text and "bad.json" in text
+
+
+# ------------------------------------------------------------------ no output over an input
+@pytest.mark.parametrize("command", [
+    ["predict", "{c}", "-o", "{c}"],
+    ["predict", "{c}", "--plot", "{c}"],
+    ["comm", "{c}", "-o", "{c}"],
+    ["sweep", "{c}", "--set-range", "train.micro_batch_size=1,2", "-o", "{c}"],
+    ["compare", "{c}", "{c}", "-o", "{c}"],
+    ["calibrate", "fit", "{c}", "-o", "{c}"],
+])
+def test_no_output_overwrites_an_input_even_with_force(tmp_path, command):
+    config = tmp_path / "c.yaml"
+    shutil.copy(WIKI, config)
+    text = config.read_text().replace("../", str(Path.cwd()) + "/")
+    config.write_text(text)
+    args = [a.format(c=config) for a in command] + ["--force"]
+    message = one_error(runner.invoke(app, args))
+    assert "never writes over its own input" in message
+    assert config.read_text() == text
+
+
+def test_an_output_that_is_a_link_to_the_input_is_refused(tmp_path):
+    config = tmp_path / "c.yaml"
+    shutil.copy(WIKI, config)
+    link = tmp_path / "link.yaml"
+    link.symlink_to(config)
+    message = one_error(runner.invoke(app, ["predict", str(config), "-o", str(link),
+                                            "--force"]))
+    assert "never writes over its own input" in message
