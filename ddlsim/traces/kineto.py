@@ -1,0 +1,303 @@
+"""Read a PyTorch profiler (Kineto) trace of one training step into measured compute times.
+
+The trace is the Chrome JSON that ``torch.profiler.profile(with_stack=True)`` exports
+(``prof.export_chrome_trace``): ``traceEvents`` of complete events (``ph: "X"``, ``ts`` and
+``dur`` in microseconds) whose ``cat`` is ``cpu_op`` (ATen ops and autograd functions),
+``user_annotation`` (``record_function`` ranges such as ``Optimizer.step#AdamW.step``) and
+``python_function`` (with ``with_stack``: the Python call stack, ``nn.Module: Block_3`` for
+module calls). Chrome JSON is plain JSON, so the standard ``json`` module reads it
+(HolisticTraceAnalysis reads the same events into pandas for whole-trace analyses; ddlsim
+needs the outermost ops and their module stack, which a single pass finds).
+
+Every outermost op of the step is given a :class:`Label` (phase, part of the model, whether
+it lies inside a transformer layer) from its module stack; a backward op (``autograd::
+engine::evaluate_function: …``) takes the label of the forward op that created it, matched
+by the autograd ``Sequence number`` both carry. Each op is charged its duration **plus the
+idle time before it** since the previous outermost op ended (the host's dispatch gaps), so
+the charges add up to the measured step exactly. docs/traces.md describes the rules.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Literal
+
+from ..errors import ConfigError
+
+__all__ = ["Label", "ModuleRules", "MeasuredStep", "read_kineto", "parse_kineto"]
+
+Phase = Literal["forward", "backward", "optimizer"]
+
+
+@dataclass(frozen=True, order=True)
+class Label:
+    """What a measured op was: ``phase``, ``part`` of the model (``embedding``, ``attn``,
+    ``attn_core``, ``mlp``, ``elementwise``, ``logits``, ``loss``, ``grad_accumulate``,
+    ``step``, ``zero_grad``) and whether it ran inside a transformer layer."""
+
+    phase: Phase
+    part: str
+    in_layer: bool = False
+
+
+@dataclass(frozen=True)
+class ModuleRules:
+    """Regular expressions on module class names (``nn.Module: LlamaDecoderLayer_7`` gives
+    ``LlamaDecoderLayer``) that place an op; matched with :func:`re.search`, case-blind.
+
+    The defaults name the classes of nanoGPT, HuggingFace GPT-2/Llama/Mistral/Qwen2 and
+    Megatron-Core (``TransformerLayer``, ``SelfAttention``, ``MLP``).
+    """
+
+    layer: str = r"block$|layer$|decoderlayer|transformerlayer"
+    attention: str = r"attention|attn"
+    mlp: str = r"mlp|feedforward|ffn"
+    embedding: str = r"embedding"
+    head: str = r"linear|norm|head"
+    attention_core: str = r"scaled_dot_product|flash|efficient_attention|softmax|bmm|matmul"
+    communication: str = r"^(nccl|gloo|mpi|c10d)[:_]|allreduce|all_reduce|allgather|all_gather|reduce_scatter|broadcast_"
+
+    def match(self, rule: str, text: str) -> bool:
+        return re.search(getattr(self, rule), text, re.IGNORECASE) is not None
+
+
+@dataclass(frozen=True)
+class MeasuredStep:
+    """The compute of one profiled training step, by :class:`Label`.
+
+    Attributes
+    ----------
+    seconds : total seconds charged to each label over the step (s).
+    layers : transformer-layer instances the forward pass called.
+    microbatches : forward passes of the step (calls of the outermost module).
+    window_s : the step's measured span, first op start to last op end (s).
+    communication_s : seconds of communication ops seen (excluded from ``seconds``).
+    unlabelled_s : seconds of ops that fit no label (carried into the next op's charge).
+    input_shape : ``(batch, sequence)`` of the token embedding, when shapes were recorded.
+    source : where the trace came from.
+    """
+
+    seconds: MappingProxyType
+    layers: int
+    microbatches: int
+    window_s: float
+    communication_s: float = 0.0
+    unlabelled_s: float = 0.0
+    input_shape: tuple[int, int] | None = None
+    source: str = ""
+    ops: int = field(default=0)
+
+    @property
+    def compute_s(self) -> float:
+        """Seconds charged to labels (the step less its communication) (s)."""
+        return float(sum(self.seconds.values()))
+
+
+def read_kineto(path: str | Path, rules: ModuleRules | None = None) -> MeasuredStep:
+    """Read a Kineto/Chrome JSON trace file of one training step.
+
+    Parameters
+    ----------
+    path : the ``.json`` file ``torch.profiler`` exported (``.json.gz`` too).
+    rules : module class patterns (:class:`ModuleRules`; the defaults cover GPT-2 and Llama).
+
+    Returns
+    -------
+    MeasuredStep
+        Seconds per label, layer and micro-batch counts.
+    """
+    path = Path(path)
+    try:
+        if path.suffix == ".gz":
+            import gzip
+            text = gzip.open(path, "rt", encoding="utf-8").read()
+        else:
+            text = path.read_text(encoding="utf-8")
+        doc = json.loads(text)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, EOFError) as e:
+        raise ConfigError(f"Kineto trace {str(path)!r}: cannot be read as JSON ({e})") from None
+    return parse_kineto(doc, rules, source=str(path))
+
+
+def parse_kineto(doc: object, rules: ModuleRules | None = None, source: str = "the trace"
+                 ) -> MeasuredStep:
+    """:func:`read_kineto` on an already parsed JSON document."""
+    rules = rules or ModuleRules()
+    events = doc.get("traceEvents") if isinstance(doc, dict) else doc
+    if not isinstance(events, list):
+        raise ConfigError(f"Kineto trace {source}: no 'traceEvents' list; expected the JSON "
+                          "that torch.profiler's export_chrome_trace writes")
+    spans = [e for e in events if isinstance(e, dict) and e.get("ph") == "X"
+             and isinstance(e.get("ts"), (int, float)) and isinstance(e.get("dur"), (int, float))]
+    if any(e.get("cat") in ("kernel", "gpu_memcpy") for e in spans):
+        raise ConfigError(f"Kineto trace {source}: it has device kernels (cat 'kernel'); this "
+                          "version reads CPU-side profiles only (profile with "
+                          "activities=[ProfilerActivity.CPU] on the device the run uses)")
+    modules = [e for e in spans if e.get("cat") == "python_function"
+               and str(e.get("name", "")).startswith("nn.Module: ")]
+    if not modules:
+        raise ConfigError(f"Kineto trace {source}: no module events (nn.Module: …); profile "
+                          "with torch.profiler.profile(with_stack=True) so ops can be placed "
+                          "in the model")
+    return _measure(spans, modules, rules, source)
+
+
+_BACKWARD = "autograd::engine::evaluate_function: "
+_EPS_US = 1e-3  # Kineto rounds to nanoseconds: ends closer than this touch
+
+
+@dataclass
+class _Sweep:
+    """State of one pass over the events in time order."""
+
+    rules: ModuleRules
+    modules: list = field(default_factory=list)      # open module events: (end, class, id)
+    outer_end: float = float("-inf")                 # end of the open outermost op
+    outer_label: Label | None = None
+    seq_label: dict = field(default_factory=dict)    # autograd sequence number -> label
+    layers: set = field(default_factory=set)
+    roots: int = 0
+    shape: tuple[int, int] | None = None
+    seen_layer: bool = False
+    backward: bool = False
+    units: list = field(default_factory=list)        # (start, end, label | "comm" | None)
+
+
+def _class_of(event: dict) -> tuple[str, str]:
+    """``('Block', 'Block_3')`` from ``nn.Module: Block_3``."""
+    name = str(event["name"]).removeprefix("nn.Module: ")
+    return re.sub(r"_\d+$", "", name), name
+
+
+def _forward_label(sw: _Sweep, op_name: str) -> Label:
+    """The label of a forward op from the open module stack (outermost first)."""
+    chain = [c for _, c, _ in sw.modules]
+    ids = [i for _, _, i in sw.modules]
+    r = sw.rules
+    at = next((k for k, c in enumerate(chain) if r.match("layer", c)), None)
+    if at is not None:
+        sw.layers.add(ids[at])
+        sw.seen_layer = True
+        inner = chain[at + 1:]
+        if any(r.match("attention", c) for c in inner):
+            core = r.match("attention_core", op_name)
+            return Label("forward", "attn_core" if core else "attn", True)
+        if any(r.match("mlp", c) for c in inner):
+            return Label("forward", "mlp", True)
+        return Label("forward", "elementwise", True)
+    if any(r.match("embedding", c) for c in chain) or not sw.seen_layer:
+        return Label("forward", "embedding")
+    if len(chain) > 1 and r.match("head", chain[-1]):
+        return Label("forward", "logits")
+    return Label("forward", "loss")
+
+
+def _label(sw: _Sweep, e: dict) -> Label | str | None:
+    """An outermost op's label, ``"comm"`` for communication, None when it fits none."""
+    name, args = str(e.get("name", "")), e.get("args") or {}
+    if sw.rules.match("communication", name):
+        return "comm"
+    if e.get("cat") == "user_annotation":
+        if name.startswith("Optimizer."):
+            return Label("optimizer", "step" if ".step" in name else "zero_grad")
+        return None
+    if name.startswith(_BACKWARD):
+        sw.backward = True
+        if "AccumulateGrad" in name:
+            return Label("backward", "grad_accumulate")
+        fwd = sw.seq_label.get(args.get("Sequence number"))
+        return None if fwd is None else Label("backward", fwd.part, fwd.in_layer)
+    if sw.modules:
+        return _forward_label(sw, name)
+    if sw.seen_layer and not sw.backward:
+        return Label("forward", "loss")  # a loss computed outside the model
+    return None
+
+
+def _visit(sw: _Sweep, e: dict) -> None:
+    ts, end = float(e["ts"]), float(e["ts"]) + float(e["dur"])
+    while sw.modules and sw.modules[-1][0] <= ts + _EPS_US:
+        sw.modules.pop()
+    if e.get("cat") == "python_function":
+        if not sw.modules:
+            sw.roots += 1
+        sw.modules.append((end, *_class_of(e)))
+        return
+    if ts >= sw.outer_end - _EPS_US:  # an outermost op
+        sw.outer_end, sw.outer_label = end, _label(sw, e)
+        sw.units.append((ts, end, sw.outer_label))
+    args = e.get("args") or {}
+    seq = args.get("Sequence number")
+    if isinstance(sw.outer_label, Label) and sw.outer_label.phase == "forward" and seq is not None:
+        sw.seq_label.setdefault(seq, sw.outer_label)
+    if sw.shape is None and e.get("name") == "aten::embedding":
+        dims = args.get("Input Dims")
+        if isinstance(dims, list) and len(dims) > 1 and isinstance(dims[1], list) \
+                and len(dims[1]) == 2:
+            sw.shape = (int(dims[1][0]), int(dims[1][1]))
+
+
+def _overlap(lo: float, hi: float, intervals: list[tuple[float, float]]) -> float:
+    """Length of ``[lo, hi]`` covered by ``intervals`` (sorted, disjoint)."""
+    return sum(max(0.0, min(hi, b) - max(lo, a)) for a, b in intervals if a < hi and b > lo)
+
+
+def _merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _measure(spans: list, modules: list, rules: ModuleRules, source: str) -> MeasuredStep:
+    ops = [e for e in spans if e.get("cat") == "cpu_op"
+           or (e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith("Optimizer."))]
+    if not ops:
+        raise ConfigError(f"Kineto trace {source}: no cpu_op events; was the CPU activity "
+                          "profiled (activities=[ProfilerActivity.CPU])?")
+    main = Counter(e.get("tid") for e in ops).most_common(1)[0][0]
+    comm = _merged([(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in spans
+                    if e.get("cat") in ("cpu_op", "user_annotation")
+                    and rules.match("communication", str(e.get("name", "")))])
+    sw = _Sweep(rules)
+    for e in sorted([e for e in modules + ops if e.get("tid") == main],
+                    key=lambda e: (float(e["ts"]), -float(e["dur"]),
+                                   e.get("cat") != "python_function")):
+        _visit(sw, e)
+    if not sw.layers:
+        raise ConfigError(f"Kineto trace {source}: no transformer layer among the module "
+                          f"classes (layer pattern {rules.layer!r}); give the layer class "
+                          "with --layer-module REGEX")
+    return _charge(sw, comm, source)
+
+
+def _charge(sw: _Sweep, comm: list, source: str) -> MeasuredStep:
+    """Charge each outermost op its duration and the idle time before it; idle time spent
+    while a communication op runs (on any thread) is communication, not compute."""
+    seconds: dict[Label, float] = defaultdict(float)
+    comm_s = carry = 0.0
+    last = sw.units[0][0]
+    for ts, end, label in sw.units:
+        waiting = _overlap(last, ts, comm) if ts > last else 0.0
+        charge = max(0.0, end - max(last, ts)) + max(0.0, ts - last) - waiting
+        comm_s += waiting
+        last = max(last, end)
+        if label == "comm":
+            comm_s, carry = comm_s + charge + carry, 0.0
+        elif label is None:
+            carry += charge
+        else:
+            seconds[label] += charge + carry
+            carry = 0.0
+    window = last - sw.units[0][0]
+    return MeasuredStep(MappingProxyType({k: v * 1e-6 for k, v in sorted(seconds.items())}),
+                        len(sw.layers), max(sw.roots, 1), window * 1e-6, comm_s * 1e-6,
+                        carry * 1e-6, sw.shape, source, len(sw.units))
