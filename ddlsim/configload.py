@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from . import config as C
+from .configpresets import preset_alias, preset_overrides
 from .errors import ConfigError, did_you_mean
 
 __all__ = ["load_config", "build_config", "apply_overrides", "resolve_section",
@@ -101,7 +102,10 @@ def _clause(err: dict, where: str, model: Any) -> str:
         parent = ".".join([where, *[str(x) for x in err["loc"][:-1]]])
         allowed = _allowed_keys(model, err["loc"][:-1])
         key = err["loc"][-1]
-        return (f"unknown key {key!r} in {parent}{did_you_mean(key, allowed)}"
+        from .importers.hints import foreign_hint
+        hint = foreign_hint(key)
+        return (f"unknown key {key!r} in {parent}"
+                + (f"; {hint}" if hint else did_you_mean(key, allowed))
                 + (f"; allowed keys: {', '.join(allowed)}" if allowed else ""))
     if err["type"] == "literal_error":
         choices = re.findall(r"'([^']*)'", err.get("ctx", {}).get("expected", ""))
@@ -156,7 +160,7 @@ def _resolved(name: str, value: Any) -> dict:
     from .presets import get_preset  # local import: presets import config
 
     if isinstance(value, str):
-        return _named(name, value, copy.deepcopy(get_preset(name, value)))
+        return _named(name, value, copy.deepcopy(get_preset(name, preset_alias(name, value))))
     if isinstance(value, BaseModel):
         return value.model_dump()
     if not isinstance(value, dict):
@@ -170,7 +174,7 @@ def _resolved(name: str, value: Any) -> dict:
     if not isinstance(base, str):
         raise ConfigError(f"{name}.preset must be the name of a {name} preset; got "
                           f"{_kind(base)} {_shown(base)}")
-    merged = _named(name, base, copy.deepcopy(get_preset(name, base)))
+    merged = _named(name, base, copy.deepcopy(get_preset(name, preset_alias(name, base))))
     _deep_update(merged, value)
     return merged
 
@@ -218,10 +222,10 @@ def build_config(data: dict, overrides: list[str] | tuple[str, ...] = (),
     if not isinstance(data, dict):
         raise ConfigError(f"a run config must be a mapping with sections model, parallel, train, "
                           f"system; got {_kind(data)}")
-    problems = [_SEARCH_ONLY if k == "search" else
-                f"unknown section {k!r}{did_you_mean(k, _SECTIONS)}" for k in data
+    problems = [_SEARCH_ONLY if k == "search" else _unknown_section(k) for k in data
                 if k not in _SECTIONS]
     problems += [f"the config has no {k!r} section" for k in _REQUIRED if k not in data]
+    data, overrides = preset_overrides(data, overrides, _SECTIONS)
     sections = {}
     for name in (k for k in _SECTIONS if k in data):
         try:
@@ -254,6 +258,13 @@ def build_config(data: dict, overrides: list[str] | tuple[str, ...] = (),
     from .limits import warn_unusual
     warn_unusual(cfg)
     return cfg
+
+
+def _unknown_section(key: str) -> str:
+    """Why ``key`` is not a section: a misspelling, or another framework's config."""
+    from .importers.hints import foreign_hint
+    hint = foreign_hint(key)
+    return f"unknown section {key!r}" + (f"; {hint}" if hint else did_you_mean(key, _SECTIONS))
 
 
 def _validate_section(name: str, value: Any) -> BaseModel:

@@ -199,6 +199,12 @@ def _lookup(tree: Any, path: str) -> Any:
     return node
 
 
+def _is_preset(path: str) -> bool:
+    """``SECTION.preset``: the section becomes each preset (ddlsim/configpresets.py), a
+    field the resolved config does not have."""
+    return path.count(".") == 1 and path.endswith(".preset")
+
+
 def _json(value: Any) -> str:
     """``value`` as JSON (numpy scalars as Python numbers)."""
     return json.dumps(value, default=lambda v: v.item() if hasattr(v, "item") else str(v))
@@ -264,6 +270,8 @@ def _check_ranges(source: _Source, ranges: Mapping[str, Sequence[Any]],
     except ConfigError:  # valid only with swept values: each combination will say why
         return ranges
     for path in ranges:
+        if _is_preset(path):
+            continue
         try:
             _lookup(base, path)
         except KeyError as exc:
@@ -299,7 +307,7 @@ def _rows(source: _Source, combo: dict[str, Any], shown: dict[str, Any], engines
         except ConfigError as exc:
             rows.append({**shown, "engine": e, "valid": False, "reason": str(exc)})
             continue
-        here = {p: _lookup(result.config, p) for p in combo}
+        here = {p: v if _is_preset(p) else _lookup(result.config, p) for p, v in combo.items()}
         fits = bool(result.fits) or not check_fit
         rows.append({**here, **result.to_row(), "valid": fits,
                      "reason": None if fits else DOES_NOT_FIT})

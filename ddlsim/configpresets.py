@@ -1,0 +1,60 @@
+"""Model and system presets as users name them: a model by its Hugging Face repository, and
+``--set SECTION.preset=NAME`` (``system.preset=dgx-h100``, also swept by ``sweep --set-range``)
+replacing a section by a preset while keeping what the config gave beside its own preset."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .documents import DocumentError, parse_yaml
+from .errors import ConfigError
+
+__all__ = ["preset_alias", "preset_overrides"]
+
+
+def preset_alias(section: str, name: str) -> str:
+    """A model named as its Hugging Face repository (``meta-llama/Meta-Llama-3-70B``,
+    ``Mistral-7B-v0.1``): the model preset of that name in lower case, without the
+    organisation and a ``-hf`` suffix, when there is one; else ``name``."""
+    if section != "model" or not isinstance(name, str) or ("/" not in name
+                                                           and name == name.lower()):
+        return name
+    from .presets import list_presets
+    known = list_presets("model")["model"]
+    short = name.rsplit("/", 1)[-1].lower()
+    return next((n for n in (name, short, short.removesuffix("-hf")) if n in known), name)
+
+
+def preset_overrides(data: dict, overrides: Any, sections: Any) -> tuple[dict, list[str]]:
+    """``--set SECTION.preset=NAME`` (``system.preset=dgx-h100``): the section becomes that
+    preset with the keys the config gave beside its own ``preset`` (``nodes: 128``) and the
+    other overrides kept. A section written out in full (no preset) is refused: its keys
+    would override every value of the preset."""
+    chosen: dict[str, tuple[str, Any]] = {}
+    rest = []
+    for item in overrides or ():
+        path, sep, raw = str(item).partition("=")
+        keys = [k.strip() for k in path.split(".")]
+        if not (sep and len(keys) == 2 and keys[0] in sections and keys[1] == "preset"):
+            rest.append(item)
+            continue
+        try:
+            value = parse_yaml(raw, f"override {item!r}")
+        except DocumentError as exc:
+            raise ConfigError(f"{exc}; quote a string value that YAML cannot read") from None
+        if keys[0] in chosen and chosen[keys[0]][1] != value:
+            raise ConfigError(f"overrides {chosen[keys[0]][0]!r} and {item!r} name two "
+                              f"{keys[0]} presets; give one")
+        chosen[keys[0]] = (item, value)
+    data = dict(data)
+    for name, (item, value) in chosen.items():
+        given = data.get(name)
+        if isinstance(given, dict) and "preset" not in given and given:
+            raise ConfigError(
+                f"override {item!r}: the config's {name} section is written out in full (no "
+                f"preset), so its keys ({', '.join(map(str, given))}) would override every "
+                f"value of the preset; write it as `{name}: {{preset: NAME, …}}` with only "
+                f"the keys to keep (e.g. nodes), or set those keys with --set")
+        kept = {k: v for k, v in given.items() if k != "preset"} if isinstance(given, dict) else {}
+        data[name] = {"preset": value, **kept}
+    return data, rest
