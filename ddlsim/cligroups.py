@@ -138,5 +138,7 @@ def register(app: typer.Typer) -> None:
     wrapped by :func:`ddlsim.cliutil.guarded`."""
     app.command("presets")(guarded(presets_command))
     _mount_subapps(app)
+    from .traces.cli import register as register_traces  # ddlsim traces (docs/traces.md)
+    register_traces(app)
     from .importers.cli import register as register_import   # ddlsim import
     register_import(app)

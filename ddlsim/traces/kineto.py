@@ -119,7 +119,9 @@ def read_kineto(path: str | Path, rules: ModuleRules | None = None) -> MeasuredS
         else:
             text = path.read_text(encoding="utf-8")
         doc = json.loads(text)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, EOFError) as e:
+    except OSError as e:
+        raise ConfigError(f"Kineto trace {str(path)!r}: cannot be read ({e.strerror or e})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, EOFError) as e:
         raise ConfigError(f"Kineto trace {str(path)!r}: cannot be read as JSON ({e})") from None
     return parse_kineto(doc, rules, source=str(path))
 

@@ -1,0 +1,91 @@
+"""``ddlsim traces``: read profiles and traces, write and read Chakra execution traces.
+
+Mounted on the main app by :mod:`ddlsim.cligroups`; heavy imports happen inside the commands.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+__all__ = ["app"]
+
+app = typer.Typer(help="Traces in, traces out: PyTorch profiler, Chakra ET, MPI call logs.",
+                  no_args_is_help=True, add_completion=False)
+
+Sets = Annotated[Optional[list[str]], typer.Option(
+    "--set", help="Change the profiled plan into the target, e.g. --set "
+                  "parallel.data_parallel_size=8 (as predict's --set).")]
+Format = Annotated[str, typer.Option("--format", "-f", help="table or json")]
+Output = Annotated[Optional[Path], typer.Option("-o", "--output",
+                                                help="Write the report here ('-': stdout).")]
+Force = Annotated[bool, typer.Option(help="Replace existing output files.")]
+Engine = Annotated[str, typer.Option(help="analytical or des")]
+
+
+@app.callback()
+def _traces() -> None:
+    """Traces in, traces out: PyTorch profiler, Chakra ET, MPI call logs (docs/traces.md)."""
+
+
+def _choice(option: str, value: str, allowed: tuple[str, ...]) -> None:
+    from ..cliutil import require
+    require(value in allowed, f"{option} {value!r} is not allowed; allowed: {', '.join(allowed)}")
+
+
+def _emit(text: str, output: Path | None, force: bool) -> None:
+    from ..textio import write_output
+    write_output("-" if output is None else output, text, force=force, what="--output file")
+
+
+def kineto(
+    config: Annotated[Path, typer.Argument(help="Run config of the profiled run (YAML/JSON).")],
+    trace: Annotated[Path, typer.Argument(help="The profiler's Chrome JSON (.json or .json.gz), "
+                                               "exported with with_stack=True.")],
+    overrides: Sets = None,
+    engine: Engine = "analytical",
+    fmt: Format = "table",
+    output: Output = None,
+    force: Force = False,
+    layer_module: Annotated[Optional[str], typer.Option(
+        "--layer-module", help="Regular expression for the transformer layer's module class "
+                               "(default: block$|layer$|decoderlayer|transformerlayer).")] = None,
+) -> None:
+    """Predict with compute measured by a PyTorch profiler trace of one training step: the
+    profiled step re-predicted, then the plan changed by --set (more data-parallel ranks,
+    another network) with the same measured per-op times (docs/traces.md)."""
+    from ..cliutil import refuse_overwriting_inputs
+    from .kineto import ModuleRules, read_kineto
+    from .render import render_measured
+    from .replay import predict_measured
+
+    _choice("--format", fmt, ("table", "json"))
+    _choice("--engine", engine, ("analytical", "des"))
+    refuse_overwriting_inputs([config, trace], output=output)
+    if output is not None:
+        from ..textio import check_output
+        check_output(output, force, what="--output file")
+    rules = ModuleRules() if layer_module is None else ModuleRules(layer=_regex(layer_module))
+    measured = read_kineto(trace, rules)
+    result = predict_measured(config, measured, overrides or [], engine)
+    _emit(render_measured(result, fmt, changed=bool(overrides)), output, force)
+
+
+def _regex(text: str) -> str:
+    import re
+    from ..cliutil import OptionError
+    try:
+        re.compile(text)
+    except re.error as e:
+        raise OptionError(f"--layer-module {text!r} is not a regular expression ({e})") from None
+    return text
+
+
+def register(parent: typer.Typer) -> None:
+    """Mount ``traces`` on ``parent``, every command wrapped by :func:`ddlsim.cliutil.guarded`."""
+    from ..cliutil import guarded
+    app.command("kineto")(guarded(kineto))
+    parent.add_typer(app, name="traces", help="Traces in, traces out: PyTorch profiler (Kineto), "
+                                              "Chakra execution traces, MPI call logs.")

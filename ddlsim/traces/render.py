@@ -1,0 +1,62 @@
+"""Text and JSON reports of the ``ddlsim traces`` commands."""
+
+from __future__ import annotations
+
+import json
+
+__all__ = ["render_measured", "measured_payload"]
+
+
+def measured_payload(r) -> dict:
+    """The JSON mapping of a :class:`~ddlsim.traces.replay.MeasuredPrediction` (SI units)."""
+    m, b = r.measured, r.binding
+    return {
+        "trace": m.source,
+        "measured": {"step_s": m.window_s, "compute_s": m.compute_s,
+                     "communication_s": m.communication_s, "unlabelled_s": m.unlabelled_s,
+                     "layers": m.layers, "microbatches": m.microbatches,
+                     "labels": [{"phase": k.phase, "part": k.part, "in_layer": k.in_layer,
+                                 "seconds": v} for k, v in m.seconds.items()]},
+        "ops": [{"op": name, "measured_s": b.measured_s[name], "modelled_s": b.modelled_s[name],
+                 "factor": b.factor[name]} for name in sorted(b.measured_s)],
+        "unbound": [{"phase": k.phase, "part": k.part, "seconds": v} for k, v in b.unbound.items()],
+        "unmeasured_ops": list(b.unmeasured),
+        "profiled": r.profiled.to_dict(), "profiled_error": r.profiled_error,
+        "target": r.target.to_dict(),
+    }
+
+
+def _ms(x: float) -> str:
+    return f"{x * 1e3:.3f} ms"
+
+
+def render_measured(r, fmt: str, changed: bool) -> str:
+    """``fmt`` ``json`` (:func:`measured_payload`) or ``table``: the step measured and
+    re-predicted, the target predicted, and each op's measured and modelled seconds."""
+    if fmt == "json":
+        return json.dumps(measured_payload(r), indent=1) + "\n"
+    m, b = r.measured, r.binding
+    lines = [f"profile {m.source}: {m.layers} layers, {m.microbatches} micro-batch(es), "
+             f"{m.ops} outermost ops",
+             f"  measured step          {_ms(m.window_s)} (compute {_ms(m.compute_s)}, "
+             f"communication {_ms(m.communication_s)}, unlabelled {_ms(m.unlabelled_s)})",
+             f"  profiled plan, ddlsim  {_ms(r.profiled.iteration_time_s)} "
+             f"({r.profiled_error * 100:+.2f} % from the measured step)"]
+    if changed:
+        t = r.target.breakdown
+        comm = sum(t.exposed_comm_s.values())
+        lines.append(f"  target plan, ddlsim    {_ms(r.target.iteration_time_s)} (compute "
+                     f"{_ms(t.compute_s)}, optimizer {_ms(t.optimizer_s)}, exposed "
+                     f"communication {_ms(comm)}, bubble {_ms(t.bubble_s)}; "
+                     f"{r.target.config['parallel']['data_parallel_size']} data-parallel ranks)")
+    lines += ["", f"{'op':32} {'measured':>12} {'ddlsim model':>12} {'ratio':>8}"]
+    for name in sorted(b.measured_s):
+        k = b.factor[name]
+        lines.append(f"{name:32} {_ms(b.measured_s[name]):>12} {_ms(b.modelled_s[name]):>12} "
+                     f"{'-' if k is None else f'{k:.2f}':>8}")
+    if b.unbound:
+        lines.append("measured but in no op of the trace (left out): " + ", ".join(
+            f"{k.phase} {k.part} {_ms(v)}" for k, v in b.unbound.items()))
+    if b.unmeasured:
+        lines.append("ops the profile did not measure (ddlsim's model): " + ", ".join(b.unmeasured))
+    return "\n".join(lines) + "\n"

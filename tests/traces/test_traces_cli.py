@@ -1,0 +1,44 @@
+"""``ddlsim traces``: reports, JSON, and one-paragraph errors with exit status 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from ddlsim.cli import app
+
+DATA = Path(__file__).parent / "data"
+CONFIG, DP1 = str(DATA / "gpt2_tiny.yaml"), str(DATA / "gpt2_tiny_dp1.json.gz")
+runner = CliRunner()
+
+
+def test_kineto_table_and_json(tmp_path):
+    r = runner.invoke(app, ["traces", "kineto", CONFIG, DP1, "--set",
+                            "parallel.data_parallel_size=2", "--set", "train.global_batch_size=8"])
+    assert r.exit_code == 0, r.output
+    assert "+0.00 % from the measured step" in r.output and "target plan" in r.output
+    out = tmp_path / "r.json"
+    r = runner.invoke(app, ["traces", "kineto", CONFIG, DP1, "-f", "json", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(out.read_text())
+    assert abs(doc["profiled_error"]) < 0.05
+    assert {o["op"] for o in doc["ops"]} >= {"fwd.attn", "bwd.mlp", "optimizer"}
+    r = runner.invoke(app, ["traces", "kineto", CONFIG, DP1, "-f", "json", "-o", str(out)])
+    assert r.exit_code == 2 and "--force" in r.output
+
+
+def test_kineto_errors_are_one_paragraph(tmp_path):
+    cases = [
+        (["traces", "kineto", CONFIG, str(tmp_path / "none.json")], "cannot be read"),
+        (["traces", "kineto", CONFIG, DP1, "--engine", "fast"], "--engine 'fast'"),
+        (["traces", "kineto", CONFIG, DP1, "--layer-module", "("], "not a regular expression"),
+        (["traces", "kineto", CONFIG, DP1, "--layer-module", "nothing"], "no transformer layer"),
+        (["traces", "kineto", CONFIG, DP1, "-o", CONFIG, "--force"], "never writes over"),
+    ]
+    for args, match in cases:
+        r = runner.invoke(app, args)
+        assert r.exit_code == 2, (args, r.output)
+        assert "error:" in r.output and match in r.output.replace("\n", " "), (args, r.output)
+        assert "Traceback" not in r.output
