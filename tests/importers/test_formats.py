@@ -1,0 +1,109 @@
+"""``ddlsim import`` of DeepSpeed configs, torchtitan TOML and Hugging Face model folders."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+import ddlsim
+from ddlsim.errors import ConfigError, DDLSimWarning
+from ddlsim.importers import detect, import_config
+
+DATA = Path(__file__).with_name("data")
+HF = Path(ddlsim.__file__).parent / "data" / "hf"
+
+pytestmark = pytest.mark.filterwarnings("ignore::ddlsim.errors.DDLSimWarning")
+
+
+def _ds(tmp_path: Path, doc: dict) -> Path:
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_a_ds_config_with_a_hf_model_gives_a_deepspeed_zero3_run():
+    cfg = import_config([DATA / "ds_zero3.json", HF / "llama-3.1-8b.json"], system="dgx-h100",
+                        nodes=32, overrides=("train.seq_length=4096",)).config
+    assert cfg["parallel"]["zero_stage"] == 3
+    assert cfg["system"]["software"]["stack"] == "deepspeed"
+    assert cfg["train"] == {"global_batch_size": 512, "micro_batch_size": 1, "dtype": "bf16",
+                            "optimizer": "adam", "seq_length": 4096}
+    assert cfg["model"]["num_key_value_heads"] == 8
+    ddlsim.load_config(cfg)
+
+
+def test_deepspeeds_batch_rule_derives_the_global_batch_or_refuses_a_mismatch(tmp_path):
+    doc = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4}
+    cfg = import_config([_ds(tmp_path, doc)], system="dgx-h100", nodes=2,
+                        overrides=("model.preset=llama-3-8b", "train.seq_length=2048")).config
+    assert cfg["train"]["global_batch_size"] == 2 * 4 * 16
+    doc["train_batch_size"] = 100
+    with pytest.raises(ConfigError, match="is not train_micro_batch_size_per_gpu 2 × "
+                                          "gradient_accumulation_steps: 4 × DP 16"):
+        import_config([_ds(tmp_path, doc)], system="dgx-h100", nodes=2,
+                      overrides=("model.preset=llama-3-8b", "train.seq_length=2048"))
+
+
+def test_ds_config_keys_ddlsim_cannot_model_are_refused_by_name(tmp_path):
+    doc = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1,
+           "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+           "fp16": {"enabled": True, "loss_scale": 0}, "amp": {"enabled": True}}
+    with pytest.raises(ConfigError) as exc:
+        import_config([_ds(tmp_path, doc)], system="dgx-h100", nodes=2)
+    assert "zero_optimization.offload_optimizer" in str(exc.value)
+    assert "amp: not a ds_config key" in str(exc.value)
+
+
+def test_torchtitan_llama3_8b_is_fsdp_as_zero3_with_the_global_batch_of_torchtitan():
+    with pytest.warns(DDLSimWarning, match="no torchtitan software stack"):
+        cfg = import_config([DATA / "torchtitan_llama3_8b.toml"], system="dgx-a100",
+                            nodes=8).config
+    assert cfg["model"] == "llama-3.1-8b"
+    assert cfg["parallel"]["zero_stage"] == 3
+    assert cfg["train"]["global_batch_size"] == 1 * 64      # local batch × DP 64
+    assert cfg["train"]["recompute"] == "full"
+    ddlsim.load_config(cfg)
+
+
+@pytest.mark.parametrize("old, new, refused", [
+    ("data_parallel_replicate_degree = 1", "data_parallel_replicate_degree = 2", "HSDP"),
+    ("pipeline_parallel_degree = 1", "pipeline_parallel_degree = 2", "FSDP with pipelining"),
+    ("[parallelism]", "[parallelism]\nenable_async_tensor_parallel = true", "micro-pipelined"),
+    ("[float8]", "[float8]\nrecipe_name = 'rowwise'", "per-tensor scaling"),
+    ("compile = false", "compile = true", "not modelled yet"),
+    ("mode = 'full'", "mode = 'selective'\nselective_ac_option = 'op'", "by op"),
+])
+def test_torchtitan_settings_ddlsim_cannot_express_are_refused(tmp_path, old, new, refused):
+    text = (DATA / "torchtitan_llama3_8b.toml").read_text()
+    assert old in text
+    path = tmp_path / "t.toml"
+    path.write_text(text.replace(old, new, 1))
+    with pytest.raises(ConfigError, match=refused):
+        import_config([path], system="dgx-a100", nodes=8)
+
+
+def test_a_hugging_face_model_folder_is_the_model_section(tmp_path):
+    folder = tmp_path / "Llama-3.1-70B"
+    folder.mkdir()
+    shutil.copy(HF / "llama-3.1-70b.json", folder / "config.json")
+    assert detect(folder) == "hf"
+    cfg = import_config([folder], system="dgx-h100", nodes=8, overrides=(
+        "train.micro_batch_size=1", "train.global_batch_size=64", "train.seq_length=4096",
+        "parallel.tensor_model_parallel_size=8", "parallel.pipeline_model_parallel_size=4"
+    )).config
+    same = ddlsim.load_config(cfg).model
+    bundled = ddlsim.load_config({**cfg, "model": "llama-3.1-70b"}).model
+    assert same.shape() == bundled.shape()
+    with pytest.raises(ConfigError, match="holds config.json"):
+        import_config([tmp_path], kind="hf", system="dgx-h100", nodes=8)
+
+
+def test_two_sources_that_disagree_are_refused(tmp_path):
+    a = _ds(tmp_path, {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1})
+    script = tmp_path / "m.sh"
+    script.write_text("python pretrain_gpt.py --global-batch-size 128")
+    with pytest.raises(ConfigError, match="train.global_batch_size: .* gives 64 and .* gives 128"):
+        import_config([a, script], system="dgx-h100", nodes=2)

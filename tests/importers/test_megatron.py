@@ -1,0 +1,134 @@
+"""``ddlsim import`` of Megatron-LM launch scripts and command lines: every argument mapped,
+declared without effect, or refused by name; the bundled examples round-trip."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import ddlsim
+from ddlsim.errors import ConfigError, DDLSimWarning
+from ddlsim.importers import import_config
+from ddlsim.importers.megatron import read_megatron
+from ddlsim.importers.shell import read_command
+
+DATA = Path(__file__).with_name("data")
+EXAMPLES = Path(__file__).parents[2] / "examples"
+
+
+def _imported(tmp_path: Path, *args: str, **options) -> dict:
+    script = tmp_path / "run.sh"
+    script.write_text("torchrun --nproc_per_node 8 --nnodes 2 pretrain_gpt.py "
+                      + " ".join(args) + "\n")
+    return import_config([script], **{"system": "dgx-h100", **options}).config
+
+
+BASE = ("--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --seq-length 2048 "
+        "--max-position-embeddings 2048 --micro-batch-size 1 --global-batch-size 64 --bf16")
+
+
+def test_megatron_1t_script_round_trips_to_the_examples_prediction():
+    """The 1T row's arguments (examples/sc21 CONFIG.sh, interleaved as the example) give
+    the hand-written example's config and the same prediction, bit for bit."""
+    with pytest.warns(DDLSimWarning, match="not modelled by ddlsim: --clip-grad 1.0"):
+        imported = import_config([DATA / "megatron-1t-sc21.sh"], system="dgx-a100",
+                                 software="megatron-lm-2021").config
+    mine = ddlsim.predict(ddlsim.load_config(imported))
+    hand = ddlsim.predict(ddlsim.load_config(EXAMPLES / "megatron-1t-3072-a100.yaml"))
+    assert mine.iteration_time_s == hand.iteration_time_s
+    assert mine.memory == hand.memory
+    assert imported["model"]["vocab_size"] == 51200     # 50257 padded to 128 × TP8
+
+
+def test_gpt3_script_differs_from_the_example_only_by_megatrons_padded_vocabulary():
+    """Megatron-LM pads GPT-2's 50,257 tokens to 51,200 at TP 8; the example keeps 50,257.
+    With that one field made equal, the predictions are the same."""
+    with pytest.warns(DDLSimWarning, match="clip-grad"):
+        imported = import_config([DATA / "gpt3-175b.sh"], system="dgx-a100").config
+    hand = ddlsim.load_config(EXAMPLES / "gpt3-175b-1024-a100.yaml",
+                              overrides=["model.vocab_size=51200"])
+    mine = ddlsim.load_config(imported)
+    assert mine.parallel == hand.parallel and mine.train == hand.train
+    assert ddlsim.predict(mine).iteration_time_s == ddlsim.predict(hand).iteration_time_s
+
+
+def test_script_variables_arrays_and_arithmetic_are_expanded():
+    cmd = read_command(
+        "N=2\nG=${GPUS:-8}\nW=$(($G*$N))\nA=(\n  --num-layers 4 # four\n  --seq-length $W\n)\n"
+        "torchrun --nnodes $N run/pretrain_gpt.py ${A[@]} \\\n  --save $1\n", "s.sh")
+    assert cmd.launcher == ["torchrun", "--nnodes", "2"]
+    assert cmd.script == "run/pretrain_gpt.py"
+    assert cmd.args == ["--num-layers", "4", "--seq-length", "16", "--save", "<unset:1>"]
+
+
+def test_an_unset_variable_is_refused_only_where_its_value_matters(tmp_path):
+    with pytest.raises(ConfigError, match=r"--num-layers <unset:LAYERS>.*does not set"):
+        _imported(tmp_path, BASE.replace("--num-layers 32", "--num-layers $LAYERS"))
+    cfg = _imported(tmp_path, BASE, "--save $CHECKPOINT")     # a path: no effect
+    assert cfg["model"]["num_hidden_layers"] == 32
+
+
+def test_a_script_that_branches_is_refused():
+    with pytest.raises(ConfigError, match="branches or loops"):
+        read_command("if [ $X == 1 ]; then\n  TP=2\nfi\npython pretrain_gpt.py --num-layers 2",
+                     "s.sh")
+
+
+def test_unknown_flags_are_refused_by_name_unless_ignored(tmp_path):
+    with pytest.raises(ConfigError) as exc:
+        _imported(tmp_path, BASE, "--my-flag 3 --tensor-model-paralel-size 2")
+    text = str(exc.value)
+    assert "--my-flag 3" in text and "did you mean 'tensor-model-parallel-size'" in text
+    assert "--ignore" in text and "--use-distributed-optimizer" in text   # the flags read
+    cfg = _imported(tmp_path, BASE, "--my-flag 3", ignore=("my-flag",))
+    assert cfg["model"]["num_hidden_layers"] == 32
+
+
+@pytest.mark.parametrize("flags, path, value", [
+    ("--use-distributed-optimizer", ("parallel", "zero_stage"), 1),
+    ("--tensor-model-parallel-size 2 --sequence-parallel",
+     ("parallel", "sequence_parallel"), True),
+    ("--recompute-granularity selective", ("train", "recompute"), "selective"),
+    ("--use-flash-attn", ("system", "software", "kernels", "attention"), "flash2"),
+    ("--pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 2",
+     ("parallel", "virtual_pipeline_model_parallel_size"), 4),
+])
+def test_flags_map_to_ddlsim_fields(tmp_path, flags, path, value):
+    node = _imported(tmp_path, BASE, flags)
+    for key in path:
+        node = node[key]
+    assert node == value
+
+
+def test_llama_style_flags_give_the_llama_family_with_megatrons_defaults(tmp_path):
+    cfg = _imported(tmp_path, BASE, "--normalization RMSNorm --position-embedding-type rope "
+                    "--swiglu --group-query-attention --num-query-groups 8 "
+                    "--disable-bias-linear --untie-embeddings-and-output-weights "
+                    "--attention-dropout 0.0 --hidden-dropout 0.0 --vocab-size 128256")
+    m = cfg["model"]
+    assert m["architecture"] == "llama" and m["num_key_value_heads"] == 8
+    assert m["intermediate_size"] == int((4 * 4096 * 2 / 3) / 64) * 64 == 10880
+    assert m["attention_bias"] is False and m["tie_word_embeddings"] is False
+    assert m["vocab_size"] == 128256          # a multiple of 128 × TP1 already
+
+
+def test_a_half_llama_half_gpt_model_and_default_dropout_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="this mix is neither"):
+        _imported(tmp_path, BASE, "--normalization RMSNorm")
+    with pytest.raises(ConfigError, match=r"--attention-dropout 0.1 \(Megatron's default\)"):
+        _imported(tmp_path, BASE, "--normalization RMSNorm --position-embedding-type rope "
+                  "--swiglu --vocab-size 32000")
+
+
+def test_the_launcher_gives_the_nodes_and_nodes_replaces_it(tmp_path):
+    assert _imported(tmp_path, BASE)["system"]["nodes"] == 2
+    assert _imported(tmp_path, BASE, nodes=4)["system"]["nodes"] == 4
+
+
+def test_notes_say_what_became_of_every_argument():
+    draft = read_megatron("python pretrain_gpt.py --lr 1e-4 --clip-grad 1.0 --fp16", "x.sh")
+    notes = dict(draft.notes)
+    assert notes["--lr 1e-4"].startswith("no effect")
+    assert notes["--clip-grad 1.0"].startswith("not modelled")
+    assert notes["--fp16"] == "train.dtype: 'fp16'"

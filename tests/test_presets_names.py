@@ -1,0 +1,72 @@
+"""Model presets under the names users type, and ``--set SECTION.preset=NAME``."""
+
+from __future__ import annotations
+
+import pytest
+
+import ddlsim
+from ddlsim.errors import ConfigError
+
+pytestmark = pytest.mark.filterwarnings("ignore::ddlsim.errors.DDLSimWarning")
+
+RUN = {"parallel": {"tensor_model_parallel_size": 8},
+       "train": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 2048},
+       "system": {"preset": "dgx-a100", "nodes": 2}}
+
+
+@pytest.mark.parametrize("name, params", [
+    ("llama-3-8b", 8030261248), ("meta-llama-3-8b", 8030261248),
+    ("llama-3-70b", 70553706496), ("llama-3.1-8b", 8030261248),
+    ("llama-3.1-70b", 70553706496), ("llama-3.1-405b", 405853388800),
+    ("meta-llama-3.1-405b", 405853388800), ("llama-2-70b", 68976648192),
+    ("meta-llama/Meta-Llama-3-70B", 70553706496), ("meta-llama/Llama-2-7b-hf", 6738415616),
+    ("mistralai/Mistral-7B-v0.1", 7241732096),
+])
+def test_the_names_users_guess_resolve_to_the_published_shapes(name, params):
+    cfg = ddlsim.load_config({**RUN, "model": name})
+    assert cfg.model.shape().params == params
+
+
+def test_an_unknown_model_name_is_still_refused_with_a_suggestion():
+    with pytest.raises(ConfigError, match="did you mean"):
+        ddlsim.load_config({**RUN, "model": "llama-3-7b"})
+
+
+def test_set_system_preset_keeps_the_nodes_the_config_gave():
+    cfg = ddlsim.load_config({**RUN, "model": "llama-3-8b"},
+                             overrides=["system.preset=dgx-h100"])
+    assert cfg.system.name == "dgx-h100" and cfg.system.nodes == 2
+    assert cfg.system.device.name.startswith("H100")
+    both = ddlsim.load_config({**RUN, "model": "llama-3-8b"},
+                              overrides=["system.nodes=4", "system.preset=dgx-h100"])
+    assert both.system.nodes == 4
+
+
+def test_set_system_preset_on_a_system_written_in_full_is_refused():
+    from ddlsim.presets import get_preset
+    full = {**RUN, "model": "llama-3-8b", "system": {**get_preset("system", "dgx-a100"),
+                                                     "nodes": 2}}
+    with pytest.raises(ConfigError, match="written out in full"):
+        ddlsim.load_config(full, overrides=["system.preset=dgx-h100"])
+    with pytest.raises(ConfigError, match="two system presets"):
+        ddlsim.load_config({**RUN, "model": "llama-3-8b"},
+                           overrides=["system.preset=dgx-h100", "system.preset=dgx-a100"])
+
+
+def test_sweep_over_system_presets():
+    frame = ddlsim.sweep({**RUN, "model": "llama-3-8b"},
+                         {"system.preset": ["dgx-a100", "dgx-h100"]})
+    assert list(frame["system.preset"]) == ["dgx-a100", "dgx-h100"]
+    assert frame["valid"].all()
+    assert frame["iteration_time_s"].iloc[1] < frame["iteration_time_s"].iloc[0]
+
+
+def test_foreign_names_say_what_they_are_in_ddlsim():
+    with pytest.raises(ConfigError) as exc:
+        ddlsim.load_config({**RUN, "model": "llama-3-8b", "zero_optimization": {"stage": 1},
+                            "parallel": {"use_distributed_optimizer": True,
+                                         "num_layers_per_virtual_pipeline_stage": 2}})
+    text = str(exc.value)
+    assert "parallel.zero_stage: 1 (Megatron's distributed optimizer shards" in text
+    assert "virtual_pipeline_model_parallel_size = layers / PP / L" in text
+    assert "`ddlsim import ds_config.json`" in text
