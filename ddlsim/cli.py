@@ -14,10 +14,11 @@ import typer
 from rich.console import Console
 
 from ._version import __version__
-from .cliutil import (OptionError, check_outputs, guarded, refuse_negative,
+from .cliutil import (OnceGroup, OptionError, check_outputs, guarded, refuse_negative,
                       refuse_overwriting_inputs, require)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  cls=OnceGroup, context_settings={"help_option_names": ["-h", "--help"]},
                   help="Predict how long one training iteration takes on a cluster, and why.")
 out = Console()
 

@@ -13,12 +13,13 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
 from rich.markup import escape
 
 from .errors import DDLSimError
 
 __all__ = ["OptionError", "guarded", "require", "refuse_negative", "check_outputs",
-           "refuse_overwriting_inputs", "EXIT_ERROR", "EXIT_BUG"]
+           "refuse_overwriting_inputs", "OnceGroup", "EXIT_ERROR", "EXIT_BUG"]
 
 #: Exit status of a refused input or option (one ``error:`` paragraph on stderr).
 EXIT_ERROR = 2
@@ -178,3 +179,43 @@ def _same_file(a: Path, b: Path) -> bool:
         return os.path.samefile(a, b)
     except OSError:  # one of them does not exist (yet)
         return False
+
+
+def repeated_option(command: Any, args: list[str]) -> str | None:
+    """The first option of ``command`` that takes one value and appears twice in ``args``
+    (``-o a -o b``, ``--model=x --model y``), or None. Click keeps the last; ddlsim refuses."""
+    names: dict[str, str] = {}
+    for param in command.params:
+        if getattr(param, "param_type_name", "") == "option" and not param.multiple \
+                and not param.is_flag and not getattr(param, "count", False):
+            for opt in param.opts + param.secondary_opts:
+                names[opt] = "/".join(param.opts)
+    seen: set[str] = set()
+    for arg in args:
+        if arg == "--":
+            break
+        key = names.get(arg.split("=", 1)[0] if arg.startswith("--") else arg)
+        if key is None:
+            continue
+        if key in seen:
+            return key
+        seen.add(key)
+    return None
+
+
+class OnceGroup(TyperGroup):
+    """A command group that refuses an option taking one value given twice (click would keep
+    the last one silently): ``error: -o/--output is given twice; give it once``, exit 2."""
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        name, command, rest = super().resolve_command(ctx, args)
+        target, target_args = command, rest
+        if isinstance(command, TyperGroup) and rest:  # a group's command (calibrate fit)
+            target, target_args = command.get_command(ctx, rest[0]), rest[1:]
+        if target is not None and not isinstance(target, TyperGroup):
+            twice = repeated_option(target, target_args)
+            if twice is not None:
+                _stderr().print(f"[bold red]error:[/] {escape(twice)} is given twice; it "
+                                "takes one value, so give it once")
+                raise typer.Exit(EXIT_ERROR)
+        return name, command, rest

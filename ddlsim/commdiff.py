@@ -71,14 +71,36 @@ def read_mpip_sent(text: str, source: str = "the mpiP report"):
         name, _site, rank, count, *_, total = parts
         if rank == "*":
             continue
-        try:
-            rows.append((int(rank), name, int(count), float(total)))
-        except ValueError:
-            raise CommProfileError(f"{source}: cannot read the line {line.strip()!r} of the "
-                                   "message sent statistics (Name Site Rank Count Max Mean "
-                                   "Min Sum)") from None
-    frame = pd.DataFrame(rows, columns=["rank", "call", "calls", "sent_bytes"])
+        rows.append(_sent_row(line, name, rank, count, total, source))
+    frame = pd.DataFrame(rows, columns=["rank", "call", "calls", "sent_bytes"]).astype(
+        {"rank": np.int64, "call": object, "calls": np.int64, "sent_bytes": float})
     return frame.groupby(["rank", "call"], as_index=False)[["calls", "sent_bytes"]].sum()
+
+
+#: Largest rank and call count read (10^7 ranks is the most devices a config may have;
+#: 2^53 calls keeps every sum exact in float64 and int64).
+_MAX_RANK, _MAX_CALLS = 10**7, 2**53
+
+
+def _sent_row(line: str, name: str, rank: str, count: str, total: str,
+              source: str) -> tuple[int, str, int, float]:
+    """One line's (rank, call, calls, bytes sent), each checked: whole numbers in range, a
+    finite byte sum >= 0."""
+    def bad(why: str) -> CommProfileError:
+        return CommProfileError(f"{source}: cannot read the line {line.strip()[:120]!r} of the "
+                                f"message sent statistics (Name Site Rank Count Max Mean Min "
+                                f"Sum): {why}")
+    try:
+        r, n, b = int(rank), int(count), float(total)
+    except ValueError:
+        raise bad("Rank and Count must be whole numbers and Sum a number") from None
+    if not 0 <= r < _MAX_RANK:
+        raise bad(f"Rank {rank} is not between 0 and {_MAX_RANK - 1:,}")
+    if not 0 <= n <= _MAX_CALLS:
+        raise bad(f"Count {count} is not between 0 and 2^53")
+    if not (np.isfinite(b) and b >= 0):
+        raise bad(f"Sum {total} is not a finite number >= 0")
+    return r, name, n, b
 
 
 def mpip_expected(profile):
@@ -138,7 +160,7 @@ def diff_report(profile, path, iterations: int, fmt: str) -> tuple[str, bool]:
     ok = bool(frame["match"].all())
     for col in ("sent_bytes_ddlsim", "sent_bytes_mpip"):
         v = frame[col].to_numpy(dtype=float)
-        if np.all(v == np.round(v)):
+        if np.all(np.isfinite(v)) and np.all(v == np.round(v)) and np.all(np.abs(v) < 2**53):
             frame[col] = v.astype(np.int64)
     if fmt == "csv":
         return frame.to_csv(index=False, lineterminator="\n"), ok

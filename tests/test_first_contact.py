@@ -168,3 +168,45 @@ def test_an_output_that_is_a_link_to_the_input_is_refused(tmp_path):
     message = one_error(runner.invoke(app, ["predict", str(config), "-o", str(link),
                                             "--force"]))
     assert "never writes over its own input" in message
+
+
+# --------------------------------------------------------------- options and readers
+@pytest.mark.parametrize("args, option", [
+    (["predict", WIKI, "-o", "a.json", "-o", "b.json"], "-o/--output"),
+    (["predict", WIKI, "--model=gpt2", "--model", "llama-2-7b"], "--model"),
+    (["calibrate", "fit", "x.csv", "-o", "a.yaml", "--output", "b.yaml"], "-o/--output"),
+])
+def test_an_option_taking_one_value_given_twice_is_refused(args, option):
+    text = one_error(runner.invoke(app, args))
+    assert text == f"error: {option} is given twice; it takes one value, so give it once"
+    assert not Path("a.json").exists() and not Path("b.json").exists()
+
+
+def test_short_help_is_accepted():
+    for args in (["-h"], ["predict", "-h"], ["calibrate", "fit", "-h"]):
+        res = runner.invoke(app, args)
+        assert res.exit_code == 0 and "Usage" in res.output, args
+
+
+MPIP_HEAD = ("@--- Callsite Message Sent statistics (all, sent bytes) ----\n---------\n"
+             "Name Site Rank Count Max Mean Min Sum\n")
+
+
+@pytest.mark.parametrize("rows, message", [
+    ("Allreduce 1 0 10 1 1 1 nan\n", "Sum nan is not a finite number >= 0"),
+    ("Allreduce 1 0 10 1 1 1 -inf\n", "Sum -inf is not a finite number >= 0"),
+    ("Allreduce 1 0 99999999999999999999 1 1 1 1\n", "is not between 0 and 2^53"),
+    ("Allreduce 1 -3 1 1 1 1 1\n", "Rank -3 is not between 0"),
+])
+def test_mpip_lines_out_of_range_are_refused_naming_the_line(tmp_path, rows, message):
+    report = tmp_path / "r.mpip"
+    report.write_text(MPIP_HEAD + rows)
+    text = one_error(runner.invoke(app, ["comm", WIKI, "--diff-mpip", str(report)]))
+    assert message in text and "cannot read the line" in text
+
+
+def test_an_mpip_section_with_no_rows_is_a_diff_not_a_crash(tmp_path):
+    report = tmp_path / "r.mpip"
+    report.write_text(MPIP_HEAD)
+    res = runner.invoke(app, ["comm", WIKI, "--diff-mpip", str(report)])
+    assert res.exit_code == 1 and "rows differ" in res.output

@@ -18,7 +18,7 @@ from rich.markup import escape
 
 from ..errors import DDLSimError
 from ..units import UnitError, parse_bytes, parse_flops
-from .schema import DEFAULT_MAX_SKIPPED_SHARE, OPS, CalibrationError
+from .schema import DEFAULT_MAX_REL_RMSE, DEFAULT_MAX_SKIPPED_SHARE, OPS, CalibrationError
 
 __all__ = ["app"]
 
@@ -276,17 +276,21 @@ def fit(results: list[Path] = typer.Argument(..., help="results files"),
         max_skipped_share: float = typer.Option(
             DEFAULT_MAX_SKIPPED_SHARE, help="largest share of a file's rows that may be "
             "unusable (each is listed with FILE:LINE and the reason) before the fit refuses"),
+        max_rel_rmse: float = typer.Option(
+            DEFAULT_MAX_REL_RMSE, help="largest relative RMS error of a fitted curve against "
+            "its own points before the fit refuses ('inf': accept any)"),
         force: bool = typer.Option(False, help="overwrite an existing profile"),
         limit: list[str] = typer.Option([], "--limit", help="raise a work budget, e.g. "
                                         "--limit fit_segments=500")) -> None:
     from ..cliutil import refuse_overwriting_inputs
     from ..limits import Limits, check_budget
+
+    check_budget({"fit_segments": max_segments}, Limits.from_strings(limit), "--max-segments")
+    refuse_overwriting_inputs(results, output=output)
     from .build import fit_profile
     from .outputs import guard_output
     from .readers import read_results
 
-    check_budget({"fit_segments": max_segments}, Limits.from_strings(limit), "--max-segments")
-    refuse_overwriting_inputs(results, output=output)
     guard_output(output, force)
     if scope is not None:
         _choice(scope, ("intra", "inter"), "--scope")
@@ -300,8 +304,14 @@ def fit(results: list[Path] = typer.Argument(..., help="results files"),
     profile = fit_profile(read, max_skipped_share=max_skipped_share,
                           max_segments=max_segments, min_points=min_points,
                           bootstrap=bootstrap, seed=seed, peaks=_peaks(peak, system),
-                          name=name, statistic=statistic)
+                          name=name, statistic=statistic, max_rel_rmse=max_rel_rmse)
     profile.save(output, force)
+    for c in profile.doc.compute:
+        if c.peak_flops_per_s is None:
+            _err.print(escape(f"warning: the {c.backend}/{c.device} {c.kind} {c.dtype} compute "
+                              "fit has no peak FLOP/s, so `ddlsim predict --calibration` "
+                              f"cannot use it; fit again with --peak '{c.dtype}=<peak FLOP/s>' "
+                              "or --system PRESET"), highlight=False, soft_wrap=True)
     skipped = sum(len(r.skipped) for r in read)
     note = (f"; {skipped} row(s) skipped, listed above and in provenance.skipped"
             if skipped else "")
