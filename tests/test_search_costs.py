@@ -68,8 +68,10 @@ SAMPLES = {
                           "parallel.zero_stage=1", "train.recompute=selective"],
     "zero3 pp1 tp4": ["parallel.zero_stage=3", "parallel.pipeline_model_parallel_size=1",
                       "parallel.tensor_model_parallel_size=4"],
+    # ZeRO-2 (Megatron-Core has none: ddlsim/data/software.yaml rules) as an explicit what-if
     "two nodes pp4 no overlap": ["system.nodes=2", "parallel.pipeline_model_parallel_size=4",
-                                 "parallel.overlap_grad_reduce=false", "parallel.zero_stage=2"],
+                                 "parallel.overlap_grad_reduce=false", "parallel.zero_stage=2",
+                                 "system.software={stack: megatron-core-2024, what_if: true}"],
     "tree all-reduce": ["parallel.collective_algorithm={all_reduce: tree}"],
     "mpi backend two nodes": ["system.collectives.backend=mpi", "system.nodes=2"],
     "mpich backend two nodes": ["system.collectives.backend=mpich", "system.nodes=2",

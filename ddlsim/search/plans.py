@@ -194,8 +194,10 @@ def plan_rules(plans: PlanSet, shape, ctx_cfgs: list, devices: int,
     tp, pp, dp, v, mbs, gbs = (f[k] for k in ("tp", "pp", "dp", "v", "mbs", "gbs"))
     sp, zero, sched = f["sp"].astype(bool), f["zero"], f["schedule"]
     ctx = f["context"]
-    seq = np.array([c.train.seq_length for c in ctx_cfgs])[ctx]
-    ddp = np.array([c.parallel.dp_strategy == "ddp" for c in ctx_cfgs])[ctx]
+    # a context None (its config fails on the neutral plan alone) passes the rules that read
+    # the context: :func:`check_plan_configs` judges its plans through the config itself
+    seq = np.array([0 if c is None else c.train.seq_length for c in ctx_cfgs])[ctx]
+    ddp = np.array([c is None or c.parallel.dp_strategy == "ddp" for c in ctx_cfgs])[ctx]
     inter = sched == SCHEDULE.index("interleaved")
     safe_dp = np.maximum(dp, 1)
     m = gbs // np.maximum(mbs * safe_dp, 1)
@@ -218,8 +220,67 @@ def plan_rules(plans: PlanSet, shape, ctx_cfgs: list, devices: int,
         ("too many micro-batches", m > most_mb),
         ("interleaved needs micro-batches divisible by PP", inter & (m % pp != 0)),
     ]
+    rules += _stack_rules(f, ctx_cfgs, inter, sched == SCHEDULE.index("1f1b"))
     if max_gpus is not None:
         rules.append((f"more than max_gpus = {max_gpus} GPUs", tp * pp * dp > max_gpus))
     shape = np.shape(plans["tp"]) if plans.grid is None else \
         np.broadcast_shapes(*(a.shape for a in plans.grid.values()))
     return [(reason, flat(np.asarray(mask, dtype=bool), shape)) for reason, mask in rules]
+
+
+def _stack_rules(f, ctx_cfgs: list, inter, plain) -> list[tuple[str, np.ndarray]]:
+    """The software stack's rules (:mod:`ddlsim.stackrules`, the objects ``RunConfig``
+    applies) on the plans' arrays; none under ``what_if`` (the plans are predicted as
+    what-ifs), none for a context None (judged through its config)."""
+    from ..stackrules import PlanFacts, stack_rejections
+
+    known = [c for c in ctx_cfgs if c is not None]
+    if not known or known[0].software.what_if:
+        return []
+    ctx = f["context"]
+    has_cfg = np.array([c is not None for c in ctx_cfgs])[ctx]
+    p2p = np.array([c is not None and bool(c.software.overlap_p2p_comm) for c in ctx_cfgs])[ctx]
+    cp = np.array([1 if c is None else c.parallel.cp for c in ctx_cfgs])[ctx]
+    facts = PlanFacts.of(tp=f["tp"], pp=f["pp"], cp=cp, zero=f["zero"], sp=f["sp"].astype(bool),
+                         interleaved=inter, one_f_one_b=plain, p2p_overlap=p2p)
+    return [(reason, mask & has_cfg)
+            for reason, mask in stack_rejections(known[0].software.name, facts)]
+
+
+#: The fields of a plan that the config's structural rules read (the rest is batch arithmetic,
+#: which :func:`plan_rules` states on arrays)
+STRUCTURAL = ("tp", "pp", "v", "sp", "zero", "schedule", "context")
+
+
+def check_plan_configs(plans: PlanSet, alive: np.ndarray, build) -> tuple[dict, dict]:
+    """The config's own validation of the plans at ``alive``, once per distinct combination
+    of their :data:`STRUCTURAL` fields (on the first such plan, whose batch the array rules
+    accepted).
+
+    Parameters
+    ----------
+    plans : the plans.
+    alive : positions of the plans to judge.
+    build : ``build(overrides) -> RunConfig``, raising ConfigError.
+
+    Returns
+    -------
+    (rejected, configs): ``{message: positions it rejects}``, and ``{context: the first
+    config that validated}``.
+    """
+    rejected: dict[str, list[np.ndarray]] = {}
+    configs: dict[int, object] = {}
+    if not len(alive):
+        return {}, configs
+    keys = np.stack([plans[k][alive] for k in STRUCTURAL], axis=1)
+    _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    from ..errors import ConfigError
+    for j, i in enumerate(alive[first].tolist()):
+        try:
+            cfg = build(plans.overrides(i))
+        except ConfigError as exc:
+            rejected.setdefault(str(exc), []).append(alive[inverse == j])
+        else:
+            configs.setdefault(int(plans["context"][i]), cfg)
+    return {r: np.concatenate(p) for r, p in rejected.items()}, configs
