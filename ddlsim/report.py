@@ -61,6 +61,10 @@ def _header(console: Console, cfg: RunConfig) -> None:
     console.print(f"on {s.nodes}×{s.devices_per_node} {escape(s.device.name)} "
                   f"({escape(s.name)}) — {escape(cfg.family.plan_summary(cfg))}",
                   highlight=False)
+    from .planinfo import kernels_line   # what the software stack switches on and off
+    line = kernels_line(cfg)
+    if line:
+        console.print(escape(line), highlight=False)
     from .stackrules import what_if_note
     note = what_if_note(cfg)   # set only under system.software.what_if (else refused)
     if note:

@@ -153,6 +153,10 @@ class Result:
                   "peak_flops_per_device": self.peak_flops_per_device,
                   "ddlsim_version": self.ddlsim_version, "settings": dict(self.settings),
                   "config": self.config})
+        from ..planinfo import plan_of_dump   # the stack's kernels and overlaps, named
+        plan = plan_of_dump(self.config)
+        if plan is not None:
+            d["plan"] = plan
         return d
 
     @classmethod
