@@ -17,11 +17,14 @@ from .fit import fit_alpha_beta
 from ..textio import MAX_DATA_BYTES, InputFileError, read_bytes
 from .outputs import machine_info, utc_now
 from .profile import PROFILE_VERSION, CalibrationProfile, CommEntry, ComputeEntry
-from .schema import (DEFAULT_MAX_SKIPPED_SHARE, OPS, CalibrationError, ReadResult, SkippedRow,
+from .schema import (DEFAULT_MAX_REL_RMSE, DEFAULT_MAX_SKIPPED_SHARE, OPS, CalibrationError,
+                     ReadResult, SkippedRow,
                      representative_time_s)
 
 __all__ = ["GROUP_KEYS", "fit_comm_entries", "fit_compute_entries", "build_profile",
-           "describe_inputs", "check_skipped_share", "fit_profile"]
+           "describe_inputs", "check_skipped_share", "check_fit_error", "fit_profile",
+           "DEFAULT_MAX_REL_RMSE"]
+
 
 #: A profile entry per distinct communicator shape; in-place and out-of-place are pooled,
 #: streaming bandwidth (osu_bw) stays apart.
@@ -107,10 +110,14 @@ def _group_name(label: dict) -> str:
             f"{label['nodes']} nodes{mode})")
 
 
-def fit_compute_entries(df: pd.DataFrame, peaks: dict[str, float] | None = None
-                        ) -> list[ComputeEntry]:
+def fit_compute_entries(df: pd.DataFrame, peaks: dict[str, float] | None = None,
+                        statistic: str = "median") -> list[ComputeEntry]:
     """One compute entry per (backend, device, kind, dtype) of a compute table; a group
-    that cannot be fitted, or fits to a non-physical curve, stops the fit naming it."""
+    that cannot be fitted, or fits to a non-physical curve, stops the fit naming it.
+    ``statistic`` chooses the time per row whose rate ``flops / time`` is fitted
+    (:func:`~ddlsim.calibration.schema.representative_time_s`), as for communication."""
+    if statistic != "median" and "time_median_s" in df:
+        df = df.assign(flops_per_s=df["flops"] / representative_time_s(df, statistic))
     fits, failed = [], []
     for key, g in df.groupby(["backend", "device", "kind", "dtype"], sort=True):
         try:
@@ -138,6 +145,28 @@ def fit_compute_entries(df: pd.DataFrame, peaks: dict[str, float] | None = None
     except ValidationError as exc:
         raise CalibrationError(f"cannot make a compute profile entry: "
                                f"{exc.errors()[0]['msg']}") from None
+
+
+def check_fit_error(comm: Sequence[CommEntry], compute: Sequence[ComputeEntry],
+                    max_rel_rmse: float = DEFAULT_MAX_REL_RMSE) -> None:
+    """Refuse (:class:`CalibrationError`) every fitted curve whose relative RMS error
+    ``sqrt(mean((fit/measured − 1)²))`` over its own points exceeds ``max_rel_rmse``,
+    naming each one with its figure; ``math.inf`` accepts every fit."""
+    if isinstance(max_rel_rmse, bool) or not (isinstance(max_rel_rmse, (int, float))
+                                              and max_rel_rmse > 0):
+        raise CalibrationError(f"the largest relative RMS error of a fit must be a number "
+                               f"> 0, got {max_rel_rmse!r}")
+    bad = [f"{e.backend} {e.op} {e.scope} ({e.ranks} ranks): {e.rel_rmse:.1%}" for e in comm
+           if e.rel_rmse is not None and e.rel_rmse > max_rel_rmse]
+    bad += [f"{c.backend}/{c.device} {c.kind} {c.dtype}: {c.rel_rmse:.1%}" for c in compute
+            if c.rel_rmse is not None and c.rel_rmse > max_rel_rmse]
+    if bad:
+        raise CalibrationError(
+            f"{len(bad)} fitted curve(s) miss their own measurements by more than the "
+            f"{max_rel_rmse:.0%} allowed (relative RMS error), so no profile is written: "
+            f"{'; '.join(bad)}. Such a curve would move predictions arbitrarily; measure "
+            "again on a quieter machine or with more repetitions, fit the minimum "
+            "(--statistic min), or raise --max-rel-rmse to accept it")
 
 
 def describe_inputs(paths: Sequence[str | Path], formats: Sequence[str]) -> list[dict]:
@@ -194,7 +223,7 @@ def fit_profile(results: Sequence[ReadResult], *,
         Largest share of one file's data rows that may be unusable, in [0, 1].
     **options
         ``max_segments``, ``min_points``, ``bootstrap``, ``seed``, ``level``, ``peaks``,
-        ``name``, ``statistic`` of :func:`build_profile`.
+        ``name``, ``statistic``, ``max_rel_rmse`` of :func:`build_profile`.
 
     Returns
     -------
@@ -219,19 +248,23 @@ def build_profile(comm: pd.DataFrame | None = None, compute: pd.DataFrame | None
                   bootstrap: int = 200, seed: int = 0, level: float = 0.95,
                   peaks: dict[str, float] | None = None, name: str | None = None,
                   statistic: str = "median", skipped: Sequence[SkippedRow] = (),
-                  max_skipped_share: float | None = None) -> CalibrationProfile:
+                  max_skipped_share: float | None = None,
+                  max_rel_rmse: float = DEFAULT_MAX_REL_RMSE) -> CalibrationProfile:
     """Fit communication and compute tables into a versioned :class:`CalibrationProfile`.
 
     ``skipped`` (the rows the readers left out) and ``max_skipped_share`` (the limit they
-    were checked against) are recorded in the provenance.
+    were checked against) are recorded in the provenance; a curve whose relative RMS error
+    exceeds ``max_rel_rmse`` stops the fit (:func:`check_fit_error`).
     """
     entries, notes = ([], []) if comm is None or comm.empty else fit_comm_entries(
         comm, max_segments=max_segments, min_points=min_points, bootstrap=bootstrap,
         seed=seed, level=level, statistic=statistic)
-    comp = [] if compute is None or compute.empty else fit_compute_entries(compute, peaks)
+    comp = [] if compute is None or compute.empty else fit_compute_entries(compute, peaks,
+                                                                           statistic)
     if not entries and not comp:
         raise CalibrationError("nothing could be fitted" + (": " + "; ".join(notes)
                                                             if notes else ""))
+    check_fit_error(entries, comp, max_rel_rmse)
     machine = machine_info()
     provenance = {
         "created_utc": utc_now(), "ddlsim_version": machine.pop("ddlsim_version"),
@@ -241,6 +274,7 @@ def build_profile(comm: pd.DataFrame | None = None, compute: pd.DataFrame | None
                 "criterion": "BIC, 2 parameters per segment and per breakpoint",
                 "bootstrap": bootstrap, "seed": seed, "level": level,
                 "statistic": statistic,
+                "max_rel_rmse": max_rel_rmse if math.isfinite(max_rel_rmse) else None,
                 **({} if max_skipped_share is None else
                    {"max_skipped_share": max_skipped_share})},
         "skipped": [s.to_dict() for s in skipped],

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -28,7 +29,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DDLSimWarning
 from ..textio import MAX_DATA_BYTES, read_text
 from .outputs import write_yaml
 from ..documents import parse_yaml
@@ -178,6 +179,7 @@ class CalibrationProfile:
 
     def __init__(self, doc: ProfileDoc):
         self.doc = doc
+        self._warned: set[tuple] = set()  # compute fits said unusable, once each
 
     # ---------------------------------------------------------------------- construction
     @classmethod
@@ -350,10 +352,14 @@ class CalibrationProfile:
                            device: str | None = None, kind: str = "gemm") -> float:
         """η = achieved / peak FLOP/s for one call of ``flops`` FLOPs (needs the peak)."""
         c = self._compute(dtype, backend, device, kind)
-        if c.peak_flops_per_s is None:
-            raise CalibrationError(f"the {c.backend}/{c.device} {dtype} fit has no peak FLOP/s, "
-                                   "so no efficiency; refit with --peak or --system, or use "
-                                   "compute_rate_flops_per_s")
+        if c.peak_flops_per_s is None:  # a prediction cannot use it: say so, once per fit
+            msg = (f"the {c.backend}/{c.device} {kind} {dtype} compute fit has no peak FLOP/s, "
+                   "so no efficiency: predictions keep the device model's times; refit with "
+                   "--peak or --system, or use compute_rate_flops_per_s")
+            if (c.backend, c.device, kind, dtype) not in self._warned:
+                self._warned.add((c.backend, c.device, kind, dtype))
+                warnings.warn(msg, DDLSimWarning, stacklevel=2)
+            raise CalibrationError(msg)
         return self.compute_rate_flops_per_s(flops, dtype, backend=c.backend, device=c.device,
                                              kind=kind) / c.peak_flops_per_s
 

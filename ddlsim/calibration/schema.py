@@ -29,7 +29,7 @@ __all__ = ["OPS", "SCOPES", "BACKENDS", "COLUMNS", "COMPUTE_COLUMNS", "Calibrati
            "CalibrationLookupError", "ResultParseError", "busbw_factor", "check_op", "summarize", "tidy_frame",
            "representative_time_s", "comm_row", "STATISTICS", "SkippedRow", "ReadResult",
            "MAX_TIME_S", "MIN_TIME_S", "MAX_BYTES", "MAX_RECORDS",
-           "MAX_RANKS", "DEFAULT_MAX_SKIPPED_SHARE"]
+           "MAX_RANKS", "DEFAULT_MAX_SKIPPED_SHARE", "DEFAULT_MAX_REL_RMSE"]
 
 #: Operations the benchmarks run and the profiles describe (``sendrecv`` is the ping-pong).
 OPS = ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all",
@@ -64,6 +64,11 @@ MAX_RECORDS = 50_000
 #: captured output; more than one in ten suggests the wrong file, the wrong format or a broken
 #: run, whose remaining rows should not be trusted either.
 DEFAULT_MAX_SKIPPED_SHARE = 0.10
+#: Largest relative RMS error a fitted curve may have against its own points before the
+#: fit refuses it. A curve that misses its measurements by more than a quarter on average
+#: (one CPU compute fit missed by 58 % and moved a prediction from 1.26 s to 9.48 s, issue
+#: #30) predicts nothing; the noise of medians on a shared host is a few percent.
+DEFAULT_MAX_REL_RMSE = 0.25
 
 #: Columns of the compute (GEMM / attention) table, in order.
 COMPUTE_COLUMNS = ("backend", "library_version", "device", "kind", "dtype", "m", "n", "k",

@@ -92,7 +92,10 @@ def test_compute_command_writes_csv_and_fit_reads_it(tmp_path):
     csv = tmp_path / "c.csv"
     res = invoke("compute", "--max-dim", 64, "--min-dim", 16, "--reps", 2, "-o", csv)
     assert res.exit_code == 0, text(res)
-    res = invoke("fit", csv, "-o", tmp_path / "p.yaml", "--peak", "fp32=1 TFLOP/s")
+    # 2 repetitions of 16-64 wide GEMMs: the plumbing is tested, not the fit's quality,
+    # which a loaded host spoils (the --max-rel-rmse guard has its own tests)
+    res = invoke("fit", csv, "-o", tmp_path / "p.yaml", "--peak", "fp32=1 TFLOP/s",
+                 "--max-rel-rmse", "inf")
     assert res.exit_code == 0, text(res)
     prof = CalibrationProfile.load(tmp_path / "p.yaml")
     assert 0 < prof.compute_efficiency(2 * 64 ** 3, "fp32") < 1

