@@ -115,12 +115,15 @@ def test_bad_sections_are_one_paragraph(tmp_path, section, fragments):
     _one_paragraph_error(runner.invoke(app, ["search", str(path)]), *fragments)
 
 
-def test_moe_models_point_to_sweep():
+@pytest.mark.filterwarnings("ignore:.*not modelled by ddlsim")
+def test_moe_models_are_searched_by_the_exact_engine():
+    """A Mixture-of-Experts model has no vectorised tier: its plans are predicted one by one
+    (ddlsim/search/exact.py), the frame says so."""
     config = {"model": "mixtral-8x7b", "parallel": {},
               "train": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 1024},
               "system": {"preset": "dgx-h100", "nodes": 1}}
-    with pytest.raises(ConfigError, match="Mixture-of-Experts.*ddlsim sweep"):
-        ddlsim.search(config, {"parallel.tensor_model_parallel_size": [1, 2]})
+    frame = ddlsim.search(config, {"parallel.tensor_model_parallel_size": [4, 8]}, top=1)
+    assert frame.attrs["tier"] == "exact" and len(frame) + sum(frame.attrs["rejected"].values()) == 2
 
 
 @pytest.mark.parametrize("args, fragment", [

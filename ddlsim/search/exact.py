@@ -1,0 +1,117 @@
+"""Search by the exact engine: every plan of a grid built and predicted as ``ddlsim predict``
+would, for the families and plans that have no vectorised form.
+
+A family becomes searchable by registering its workload builder (:mod:`ddlsim.workloads.
+registry`): a plan here is a run config, so it is judged by the config's own validation and
+the software stack's rules (the reason a plan is rejected is the error ``predict`` gives),
+timed by :func:`ddlsim.predict` (the analytical engine) and its memory is the one
+``predict`` reports. Nothing is written twice; the price is speed (milliseconds per plan
+instead of microseconds), so the grid is bounded (:data:`EXACT_PLANS`).
+
+The decoder families keep their vectorised tier (:mod:`.decoder`) for the plans it covers;
+MoE models, context parallelism, the 2-D/2.5-D/3-D tensor modes, uneven pipeline splits and
+data-parallel strategies other than ``ddp`` come here, as do ResNet, BERT, DLRM and CosmoFlow.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import ConfigError
+from .plans import VECTOR_FIELDS
+
+__all__ = ["EXACT_PLANS", "evaluate_exact", "first_sentence", "plan_fields"]
+
+#: The most plans a grid searched by the exact engine may have (each takes milliseconds).
+EXACT_PLANS = 5000
+
+
+def first_sentence(message: str, limit: int = 160) -> str:
+    """A rejection reason: the first line of a config error, cut at ``limit`` characters."""
+    line = str(message).strip().splitlines()[0] if str(message).strip() else "rejected"
+    return line if len(line) <= limit else line[:limit - 1] + "…"
+
+
+def evaluate_exact(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[str, list],
+                   constraints, objective: str = "time", price_per_gpu_hour: float | None = None,
+                   progress: Callable[[int, int], None] | None = None):
+    """Every plan of ``axes`` on ``data``, predicted by the exact analytical engine.
+
+    Parameters and returns as :func:`ddlsim.search.evaluate.evaluate_grid` (a
+    :class:`~ddlsim.search.evaluate.Grid`; ``frame.attrs["tier"] = "exact"``).
+    """
+    from ..api import predict
+    from ..configload import build_config
+    from ..sweeps import _setting
+    from .evaluate import DOES_NOT_FIT, Grid, rank
+
+    sizes = [len(v) for v in axes.values()]
+    total = math.prod(sizes)
+    if total > EXACT_PLANS:
+        raise ConfigError(f"the search grid has {total:,} plans ({' × '.join(map(str, sizes))}) "
+                          f"and this model or plan has no vectorised tier, so each plan is "
+                          f"predicted by the exact engine: at most {EXACT_PLANS:,} plans; "
+                          "give fewer axis values")
+    fixed = [*overrides]
+    if constraints.global_batch_size is not None and "train.global_batch_size" not in axes:
+        fixed.append(_setting("train.global_batch_size", constraints.global_batch_size))
+    rows, reasons = [], {}
+    for i, combo in enumerate(itertools.product(*axes.values())):
+        sets = [*fixed, *(_setting(p, v) for p, v in zip(axes, combo))]
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                cfg = build_config(data, sets, base_dir)
+                if constraints.max_gpus is not None and cfg.world_size > constraints.max_gpus:
+                    raise ConfigError(f"more than max_gpus = {constraints.max_gpus} GPUs")
+                result = predict(cfg, check_fit=False)
+        except ConfigError as exc:
+            why = first_sentence(exc)
+            reasons[why] = reasons.get(why, 0) + 1
+        else:
+            memory = result.memory
+            if constraints.must_fit and not memory.fits:
+                reasons[DOES_NOT_FIT] = reasons.get(DOES_NOT_FIT, 0) + 1
+            else:
+                rows.append({"plan": i, **plan_fields(cfg), **dict(zip(axes, combo)),
+                             "gpus": result.world_size,
+                             "iteration_time_s": result.iteration_time_s,
+                             "memory_per_device_bytes": memory.total,
+                             "capacity_bytes": memory.capacity, "fits": memory.fits,
+                             "tokens_per_s": result.tokens_per_s, "mfu": result.mfu})
+        if progress is not None:
+            progress(i + 1, total)
+    paths = [*VECTOR_FIELDS, "parallel.schedule"]
+    frame = _frame(rows, [*paths, *(p for p in axes if p not in paths)], price_per_gpu_hour)
+    frame = rank(frame, objective)
+    frame.attrs["tier"] = "exact"
+    rejected = dict(sorted(reasons.items(), key=lambda x: -x[1]))
+    return Grid(frame, rejected, total)
+
+
+def plan_fields(cfg) -> dict:
+    """The plan's :data:`~.plans.VECTOR_FIELDS` and schedule as the config resolved them (a
+    derived DP included), the columns every search frame has."""
+    out = {}
+    for path in [*VECTOR_FIELDS, "parallel.schedule"]:
+        section, key = path.split(".")
+        out[path] = getattr(getattr(cfg, section), key)
+    return out
+
+
+def _frame(rows: list[dict], paths: list[str], price: float | None):
+    import pandas as pd
+
+    from .evaluate import METRICS
+
+    frame = pd.DataFrame(rows, columns=["plan", *paths, *METRICS])
+    if price is not None and len(frame):
+        frame["cost_per_iteration"] = frame["iteration_time_s"] * frame["gpus"] * price / 3600
+        tokens = frame["tokens_per_s"] * frame["iteration_time_s"]
+        frame["cost_per_million_tokens"] = frame["cost_per_iteration"] / tokens * 1e6
+    return frame.astype({"plan": np.int64}) if len(frame) else frame

@@ -1,0 +1,48 @@
+"""Every family is searchable: a model or plan without a vectorised form (ResNet, BERT, DLRM,
+CosmoFlow, MoE, context parallelism) is searched by the exact engine, plan by plan, with the
+config's own rules as the rejections (ddlsim/search/exact.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import ddlsim
+from ddlsim.config import build_config
+from ddlsim.errors import ConfigError
+from ddlsim.search.exact import EXACT_PLANS
+from ddlsim.search.run import load_search, plan_overrides, search
+
+ROOT = Path(__file__).resolve().parent.parent
+NEW_KINDS = ["search-resnet50-ddp.yaml", "search-bert-large-pp.yaml", "search-dlrm-dcnv2.yaml",
+             "search-cosmoflow.yaml", "search-mixtral-8x7b-ep.yaml", "search-llama3-8b-cp.yaml"]
+
+
+@pytest.mark.filterwarnings("ignore:.*not modelled by ddlsim")
+@pytest.mark.parametrize("name", NEW_KINDS)
+def test_each_bundled_search_of_a_new_kind_runs_and_its_best_plans_are_exact(name):
+    path = ROOT / "examples" / name
+    frame = search(path, top=2)
+    assert frame.attrs["tier"] == "exact"
+    assert len(frame) >= 3 and frame["iteration_time_s"].is_monotonic_increasing
+    data, base_dir, _ = load_search(path)
+    columns = [c for c in frame.columns if "." in c]
+    for i in range(2):   # the frame's figures are ddlsim.predict's, bit for bit
+        cfg = build_config(data, plan_overrides(frame.iloc[i], columns), base_dir)
+        assert ddlsim.predict(cfg, check_fit=False).iteration_time_s == \
+            frame["iteration_time_s"].iloc[i]
+        assert frame["exact_error"].iloc[i] == 0.0
+
+
+@pytest.mark.filterwarnings("ignore:.*not modelled by ddlsim")
+def test_a_plan_the_config_refuses_is_a_rejection_with_the_configs_reason():
+    frame = search(ROOT / "examples" / "search-mixtral-8x7b-ep.yaml", top=1)
+    reasons = frame.attrs["rejected"]
+    assert any("expert_model_parallel_size = 8 does not divide" in r for r in reasons)
+
+
+def test_an_exact_grid_over_its_bound_is_refused_before_it_runs():
+    axes = {"train.micro_batch_size": list(range(1, EXACT_PLANS + 2))}
+    with pytest.raises(ConfigError, match="at most 5,000 plans"):
+        search(ROOT / "examples" / "search-resnet50-ddp.yaml", axes=axes, top=1)
