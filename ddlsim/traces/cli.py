@@ -73,6 +73,67 @@ def kineto(
     _emit(render_measured(result, fmt, changed=bool(overrides)), output, force)
 
 
+def export_chakra(
+    config: Annotated[Path, typer.Argument(help="Run config (YAML or JSON).")],
+    out: Annotated[Path, typer.Option("--out", help="Directory for PREFIX.RANK.et and "
+                                                    "PREFIX.comm_groups.json.")],
+    overrides: Sets = None,
+    prefix: Annotated[str, typer.Option(help="File name prefix.")] = "ddlsim",
+    force: Force = False,
+) -> None:
+    """Write CONFIG's iteration as Chakra execution traces, one per rank, with ddlsim's
+    compute times, for ASTRA-sim or any Chakra reader (docs/traces.md)."""
+    from ..api import build_workload
+    from ..config import load_config
+    from .chakra import export_chakra as export
+    from .replay import _cost
+
+    cfg = load_config(config, overrides or [])
+    workload = build_workload(cfg)
+    paths = export(workload, _cost(cfg, workload), out, prefix, force=force)
+    print(f"wrote {len(paths) - 1} rank traces and {paths[-1].name} to {out}")
+
+
+def predict_chakra(
+    source: Annotated[Path, typer.Argument(help="Directory of PREFIX.RANK.et files, or one "
+                                                "of them.")],
+    system: Annotated[str, typer.Option(help="System to predict on: a preset name or a YAML "
+                                             "file with a system section.")],
+    nodes: Annotated[Optional[int], typer.Option(help="Override the system's nodes.")] = None,
+    comm_groups: Annotated[Optional[Path], typer.Option(
+        "--comm-groups", help="{\"pg_name\": [ranks]} JSON (default: "
+                              "PREFIX.comm_groups.json beside the traces).")] = None,
+    engine: Engine = "analytical",
+    fmt: Format = "table",
+    output: Output = None,
+    force: Force = False,
+) -> None:
+    """Read Chakra execution traces and predict their iteration on SYSTEM: compute takes the
+    nodes' durations, communication ddlsim's network model (docs/traces.md)."""
+    from ..cliutil import refuse_overwriting_inputs
+    from .chakra_read import read_chakra
+    from .render import render_result
+    from .replay import predict_workload
+
+    _choice("--format", fmt, ("table", "json"))
+    _choice("--engine", engine, ("analytical", "des"))
+    refuse_overwriting_inputs([source, comm_groups], output=output)
+    if output is not None:
+        from ..textio import check_output
+        check_output(output, force, what="--output file")
+    result = predict_workload(read_chakra(source, comm_groups), _system(system, nodes), engine)
+    _emit(render_result(result, fmt, f"Chakra traces {source}"), output, force)
+
+
+def _system(spec: str, nodes: int | None):
+    from ..topologies.cli import read_spec
+    data = read_spec(spec)
+    data = {"preset": data} if isinstance(data, str) else dict(data)
+    if nodes is not None:
+        data["nodes"] = nodes
+    return data
+
+
 def _regex(text: str) -> str:
     import re
     from ..cliutil import OptionError
@@ -87,5 +148,7 @@ def register(parent: typer.Typer) -> None:
     """Mount ``traces`` on ``parent``, every command wrapped by :func:`ddlsim.cliutil.guarded`."""
     from ..cliutil import guarded
     app.command("kineto")(guarded(kineto))
+    app.command("export-chakra")(guarded(export_chakra))
+    app.command("predict-chakra")(guarded(predict_chakra))
     parent.add_typer(app, name="traces", help="Traces in, traces out: PyTorch profiler (Kineto), "
                                               "Chakra execution traces, MPI call logs.")

@@ -60,3 +60,22 @@ def render_measured(r, fmt: str, changed: bool) -> str:
     if b.unmeasured:
         lines.append("ops the profile did not measure (ddlsim's model): " + ", ".join(b.unmeasured))
     return "\n".join(lines) + "\n"
+
+
+def render_result(result, fmt: str, what: str) -> str:
+    """One prediction of a trace read from files: ``json`` (the result's mapping) or a
+    ``table`` of the iteration time and its breakdown."""
+    if fmt == "json":
+        r = result
+        doc = {"source": what, "engine": r.engine, "iteration_time_s": r.iteration_time_s,
+               "breakdown": r.breakdown.to_dict(), "comm_bytes": dict(r.comm_bytes),
+               "world_size": r.world_size, "critical_class": r.critical_class,
+               "per_class_time_s": dict(r.per_class_time_s), "algorithms": dict(r.algorithms),
+               "memory_per_device_bytes": None}  # a trace file does not say
+        return json.dumps(doc, indent=1) + "\n"
+    b = result.breakdown
+    lines = [f"{what}: {result.iteration_time_s * 1e3:.3f} ms per iteration ({result.engine})",
+             f"  compute    {_ms(b.compute_s)}", f"  optimizer  {_ms(b.optimizer_s)}"]
+    lines += [f"  exposed {k:<3}{_ms(v)}" for k, v in b.exposed_comm_s.items() if v]
+    lines.append(f"  bubble     {_ms(b.bubble_s)}")
+    return "\n".join(lines) + "\n"

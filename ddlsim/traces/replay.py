@@ -81,3 +81,41 @@ def predict_measured(config, measured: MeasuredStep, overrides: list[str] | tupl
     target = build_workload(cfg)
     result = _predict(cfg, apply_measured(target, binding, _cost(cfg, target)), engine)
     return MeasuredPrediction(measured, binding, profiled, result)
+
+
+def predict_workload(workload, system, engine: str = "analytical",
+                     collective_algorithm: dict | None = None):
+    """Predict a workload read from a trace file (no run config) on ``system``.
+
+    Parameters
+    ----------
+    workload : e.g. :func:`ddlsim.traces.chakra_read.read_chakra`'s.
+    system : a :class:`ddlsim.config.SystemConfig`, a preset name or a mapping; it must have
+        a device for every rank.
+    engine : ``"analytical"`` or ``"des"``.
+    collective_algorithm : op -> algorithm, as ``parallel.collective_algorithm``.
+
+    Returns
+    -------
+    Result
+    """
+    from ..api import _result
+    from ..config import SystemConfig
+    from ..simulator.costs import CostModel
+
+    if engine not in ("analytical", "des"):
+        raise ConfigError(f"engine = {engine!r} is not an engine; allowed: analytical, des")
+    if not isinstance(system, SystemConfig):
+        from ..configload import resolve_section
+        system = SystemConfig.model_validate(resolve_section("system", system))
+    devices = system.nodes * system.devices_per_node
+    if devices < workload.world_size:
+        raise ConfigError(f"system has {devices} devices ({system.nodes} nodes × "
+                          f"{system.devices_per_node}); the trace has {workload.world_size} "
+                          "ranks: give a system with at least as many devices (nodes, --nodes N)")
+    cost = CostModel(system, workload, collective_algorithm or {})
+    if engine == "des":
+        from ..simulator.des import simulate_des
+        return simulate_des(workload, cost)
+    from ..simulator.analytical.engine import simulate_analytical
+    return _result("analytical", workload, cost, simulate_analytical(workload, cost))

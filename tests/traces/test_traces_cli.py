@@ -42,3 +42,23 @@ def test_kineto_errors_are_one_paragraph(tmp_path):
         assert r.exit_code == 2, (args, r.output)
         assert "error:" in r.output and match in r.output.replace("\n", " "), (args, r.output)
         assert "Traceback" not in r.output
+
+
+def test_chakra_export_then_predict(tmp_path):
+    import pytest
+    pytest.importorskip("google.protobuf")
+    sets = ["--set", "parallel.data_parallel_size=2", "--set", "train.global_batch_size=8"]
+    r = runner.invoke(app, ["traces", "export-chakra", CONFIG, "--out", str(tmp_path), *sets])
+    assert r.exit_code == 0, r.output
+    assert "wrote 2 rank traces" in r.output
+    r = runner.invoke(app, ["traces", "predict-chakra", str(tmp_path), "--system", CONFIG,
+                            "-f", "json"])
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.output)["iteration_time_s"]
+    want = runner.invoke(app, ["predict", CONFIG, *sets, "-f", "json"])
+    assert got == pytest.approx(json.loads(want.output)["iteration_time_s"], rel=1e-9)
+    r = runner.invoke(app, ["traces", "export-chakra", CONFIG, "--out", str(tmp_path), *sets])
+    assert r.exit_code == 2 and "force" in r.output
+    r = runner.invoke(app, ["traces", "predict-chakra", str(tmp_path), "--system", "cpu-10gbe",
+                            "--nodes", "0"])
+    assert r.exit_code == 2 and "error:" in r.output
