@@ -165,7 +165,12 @@ def _finish(fields: dict[str, Any], overrides: tuple[str, ...],
     for d in drafts:
         if d.pending:
             _accumulation(config, d)
-    build_config(config)        # refused here as predict would refuse it
+    try:
+        build_config(config)    # refused here as predict would refuse it
+    except ConfigError as exc:
+        raise type(exc)(f"the imported config: {exc}. Give what the sources do not say with "
+                        "--set (e.g. --set model.preset=llama-3-8b, --set train.seq_length="
+                        "4096) or another source (a Hugging Face model folder)") from None
     return config
 
 

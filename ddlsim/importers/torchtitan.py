@@ -11,6 +11,7 @@ checkpointing) is refused by name.
 from __future__ import annotations
 
 import tomllib
+from ..errors import ConfigError
 from .common import Draft
 
 __all__ = ["read_torchtitan", "torchtitan_key_names"]
@@ -44,12 +45,11 @@ def torchtitan_key_names() -> list[str]:
 
 def read_torchtitan(text: str, where: str) -> Draft:
     """A :class:`Draft` of the fields a torchtitan TOML ``text`` sets."""
-    draft = Draft(where)
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        draft.refuse(where, f"not valid TOML ({exc})")
-        return draft
+        raise ConfigError(f"{where}: not valid TOML ({exc})") from None
+    draft = Draft(where)
     readers = {"model": _model, "training": _training, "parallelism": _parallelism,
                "activation_checkpoint": _checkpoint, "float8": _float8, "compile": _compile,
                "optimizer": _optimizer}
