@@ -1,20 +1,27 @@
 """Fuzz ddlsim: ≥ 10,000 deterministic bad (and good) inputs, each judged ok, clean error,
 traceback, timeout or memory.
 
-    python benchmarks/fuzz.py --cases 10000 [--seed 0] [--jobs 2] [--timeout 60]
-                              [--only cli,cli_opts,api,calibration] [--show 3]
+    python benchmarks/fuzz.py --cases 10000 [--seed 0] [--jobs 2] [--timeout 60] [--rss-gb 1]
+                              [--only cli,cli_opts,api,calibration,work] [--show 3]
     python benchmarks/fuzz.py --case K [--seed 0] [--keep DIR]   # replay one case, print it
 
 Targets: ``cli`` (``ddlsim predict``/``topology show`` on generated files: mutated examples and
 presets, YAML/JSON tricks, encodings, special paths), ``cli_opts`` (malformed options of every
 command), ``api`` (``ddlsim.load_config``/``predict`` on mutated mappings) and ``calibration``
-(the nccl-tests/OSU/CSV readers and ``calibrate fit``/``show`` on corrupted result files).
+(the nccl-tests/OSU/CSV readers and ``calibrate fit``/``show`` on corrupted result files) and
+``work`` (issue 31's first contact: ``sweep``/``search`` ranges and axes that are huge, long,
+nested or of the wrong type, saved results and mpiP reports with impossible numbers,
+``calibrate fit --max-segments``, options given twice, outputs naming an input).
 
 Outcomes: ``ok`` (exit 0 / a return value), ``clean error`` (exit 2, a message whose line
 starts ``error:`` — or click's usage error — and no traceback; in the API a
-:class:`ddlsim.errors.DDLSimError`), ``traceback`` (any other exception or exit status),
+:class:`ddlsim.errors.DDLSimError`), ``bare message`` (refused, but with a message Python or a
+library wrote rather than ddlsim: the CLI runs with ``DDLSIM_DEBUG=1`` so that the exception
+itself is judged: a :class:`~ddlsim.errors.DDLSimError`, or an OS or decoding error the CLI
+describes, is clean unless its text is one of Python's own (:data:`BARE`); a plain
+``ValueError``/``OverflowError`` is bare), ``traceback`` (any other exception or exit status),
 ``timeout`` (past ``--timeout`` seconds of wall clock) and ``memory`` (``MemoryError`` under the
-worker's address-space cap, ``--mem-gb``). Each case runs in a reused worker process that is
+worker's address-space cap, ``--mem-gb``, or a peak resident set over ``--rss-gb``). Each case runs in a reused worker process that is
 killed and replaced on a timeout. Case K is generated from ``random.Random("SEED:K")`` alone, so
 ``--case K`` replays it anywhere. The exit status is 1 if any case is not ok or a clean error.
 See docs/robustness.md.
@@ -39,9 +46,16 @@ from multiprocessing.connection import wait
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-TARGETS = {"cli": 0.35, "cli_opts": 0.2, "api": 0.3, "calibration": 0.15}
-OUTCOMES = ("ok", "clean error", "traceback", "timeout", "memory")
-FAILURES = ("traceback", "timeout", "memory")
+TARGETS = {"cli": 0.3, "cli_opts": 0.17, "api": 0.25, "calibration": 0.13, "work": 0.15}
+OUTCOMES = ("ok", "clean error", "bare message", "traceback", "timeout", "memory")
+FAILURES = ("bare message", "traceback", "timeout", "memory")
+#: Fragments of messages that Python, numpy or pandas write: an error showing one of these
+#: tells the user nothing about their input (issue 31: "tuple.index(x): x not in tuple").
+BARE = re.compile(r"not in tuple|not in list|too large to convert|invalid literal for|"
+                  r"could not convert|has no attribute|unsupported operand|object is not|"
+                  r"index out of range|division by zero|unhashable type|must be real number|"
+                  r"argument must be|cannot convert float|out of bounds for|NoneType|"
+                  r"^\W*\w*\W*$", re.I)
 EXAMPLES = sorted(p.stem for p in (REPO / "examples").glob("*.yaml"))
 SMALL = [e for e in EXAMPLES if e.startswith(("wiki", "gpt2"))]
 DATA = REPO / "tests" / "calibration" / "data"
@@ -607,8 +621,117 @@ def _profile_mutation(rng: random.Random, doc: dict) -> tuple[dict, str]:
     return doc, f"{'.'.join(map(str, path))}={_short(value, 30)}"
 
 
+
+# ------------------------------------------------------------------ work (issue 31)
+WIKI = "@examples/wiki-gpt2-9ranks-reduce_scatter.yaml"
+SEARCH = "@examples/search-gpt3-175b-1024.yaml"
+SWEPT = ["train.micro_batch_size", "parallel.tensor_model_parallel_size", "parallel.zero_stage",
+         "system.nic.bandwidth_Bps", "system.nodes", "train.recompute", "parallel.sequence_parallel",
+         "model.hidden_size", "parallel.collective_algorithm", "no.such_field", "train"]
+SPECS = ["1:100000000", "1:" + "9" * 30, "1:8", "-5:5", "0:0", "5:1", "1:64:*1", "1:64:*2",
+         "1:8:0", "1:2**9", "1.5:3", "true,false", "true,2", "2.5,4", "1,1", "1,,2", ",", "",
+         "[1,2],4", "{a: 1}", "1,[2]", "99999999999999999999", "-1,2", "0", "null,2", "x,y",
+         "none,full", "1,2 Gb/s", "100,200,400 Gb/s", "10 furlongs", "nan,1", ".inf", "1e400",
+         "!!python/name:os.system", "&a 1,*a", "1:3 Gb/s", "ring,tree", "{all_reduce: ring}"]
+AXIS_VALUES = [[True, 2], [2.5, 4], [[1, 2], 4], ["x", 2], [None, 2], [1, {"a": 1}], [],
+               list(range(1, 200_002)), [10**30], [-1, 2], [float("nan")], "1:100000000",
+               "1:8", [1, 2, 4], "none,full", [0, 1, 2, 3]]
+RESULT_FIELDS = [("iteration_time_s",), ("samples_per_s",), ("mfu",), ("tflops_per_device",),
+                 ("breakdown", "compute_s"), ("breakdown", "bubble_s"), ("breakdown",),
+                 ("memory_per_device_bytes", "total"), ("world_size",), ("config",),
+                 ("breakdown", "exposed_comm_s"), ("comm_bytes",), ("engine",)]
+RESULT_VALUES = [0, -1.0, 1e400, "NaN", "x", None, [], {}, True, 10**30, -0.0, 2**63]
+MPIP_HEAD = ("@--- Callsite Message Sent statistics (all, sent bytes) ----\n---------\n"
+             "Name Site Rank Count Max Mean Min Sum\n")
+MPIP_ROWS = ["Allreduce 1 0 10 1 1 1 {sum}", "Allreduce 1 {rank} 10 1 1 1 8",
+             "Allreduce 1 0 {count} 1 1 1 8", "Allreduce 1 * 10 1 1 1 8", "Allreduce 1 0 10",
+             "Iallreduce 1 3 1 1 1 1 1e18", "Bcast 2 1 4 8 8 8 32"]
+
+
+def _saved_result() -> dict:
+    """The JSON ``predict -f json`` saves for the small wiki example (made once per worker)."""
+    global _SAVED
+    try:
+        return _SAVED
+    except NameError:
+        import ddlsim
+        _SAVED = ddlsim.predict(str(REPO / WIKI[1:])).to_dict()
+        return _SAVED
+
+
+def gen_work(rng: random.Random, light: bool = False) -> dict:
+    """Issue 31's classes: budgets, value checks, saved inputs, repeated options, outputs
+    over inputs (module docstring)."""
+    c = rng.choice
+    kind = c(["sweep", "sweep", "search", "search_file", "compare", "mpip", "segments",
+              "twice", "over_input"])
+    files: dict = {}
+    cap = ["--limit", "sweep_runs=32"] if rng.random() < 0.9 else []  # keep valid cases short
+    if kind == "sweep":
+        spec = c(SPECS) if rng.random() < 0.8 else ",".join(
+            map(str, range(1, c([10, 1000, 100_001, 100_002]))))
+        argv = ["sweep", WIKI, "--set-range", f"{c(SWEPT)}={spec}", *cap]
+        argv += c([[], [], ["--max-runs", c(["0", "1", "-1", "1e3"])], ["--engine", "des"],
+                   ["--limit", c(["axis_values=5", "sweep_runs=1", "nope=1", "sweep_runs=0"])]])
+    elif kind == "search":
+        spec = c(SPECS)
+        argv = ["search", SEARCH, "--axis", f"{c(SWEPT[:3] + SWEPT[5:7])}={spec}",
+                "--top", c(["0", "1"])]
+        argv += c([[], ["--limit", "search_plans=10"], ["--limit", "axis_values=3"],
+                   ["--axis", f"{c(SWEPT[:3])}={c(SPECS)}"]])
+    elif kind == "search_file":
+        import yaml
+        doc = yaml.safe_load((REPO / SEARCH[1:]).read_text())
+        doc["search"]["axes"] = {c(SWEPT[:3] + SWEPT[5:7]): copy.deepcopy(c(AXIS_VALUES))}
+        doc["search"]["top"] = c([0, 1, -1, 1e9, True])
+        files = {"search.yaml": json.dumps(doc)}
+        argv = ["search", "search.yaml"]
+    elif kind == "compare":
+        doc = copy.deepcopy(_saved_result())
+        path = c(RESULT_FIELDS)
+        value = c(RESULT_VALUES)
+        if len(path) == 1:
+            doc[path[0]] = value
+        elif isinstance(doc.get(path[0]), dict):
+            doc[path[0]][path[1]] = value
+        text = json.dumps(doc, default=str).replace('"NaN"', "NaN")
+        files = {"r.json": json.dumps(_saved_result()), "bad.json": text}
+        argv = ["compare", "r.json", "bad.json", *c([[], ["-f", "json"], ["-f", "csv"]])]
+    elif kind == "mpip":
+        rows = [c(MPIP_ROWS).format(sum=c(["8", "nan", "inf", "-inf", "-8", "1e400", "x"]),
+                                    rank=c(["0", "-1", "99999999", "x", "1.5"]),
+                                    count=c(["1", "99999999999999999999", "-1", "0"]))
+                for _ in range(c([0, 1, 3]))]
+        files = {"r.mpip": MPIP_HEAD + "\n".join(rows) + "\n"}
+        argv = ["comm", WIKI, "--diff-mpip", "r.mpip", *c([[], ["-f", "json"], ["-f", "csv"],
+                                                          ["--iterations", c(["0", "-1", "2"])]])]
+    elif kind == "segments":
+        argv = ["calibrate", "fit", "@tests/calibration/data/nccl_all_reduce_perf.txt", "-o",
+                "p.yaml", "--bootstrap", "0", "--max-segments",
+                c(["1000000", "101", "100", "3", "0", "-1", "1e9"])]
+        argv += c([[], ["--limit", "fit_segments=1000"], ["--limit", "fit_segments=x"]])
+    elif kind == "twice":
+        argv = c([["predict", WIKI, "-o", "a.json", "-o", "b.json"],
+                  ["predict", WIKI, "--model", "gpt2", "--model=llama-2-7b"],
+                  ["predict", WIKI, "--engine", "des", "--engine", "analytical"],
+                  ["sweep", WIKI, "--set-range", "train.micro_batch_size=1,2", "-o", "a.csv",
+                   "--output", "b.csv"],
+                  ["calibrate", "fit", "x.csv", "-o", "a.yaml", "-o", "b.yaml"],
+                  ["predict", WIKI, "--limit", "ranks=10", "--limit", "ranks=20"]])
+    else:
+        text = (REPO / WIKI[1:]).read_text()
+        files = {"c.yaml": text, "prof.yaml": "x: 1\n"}
+        argv = c([["predict", "c.yaml", "-o", "c.yaml"], ["predict", "c.yaml", "--plot", "c.yaml"],
+                  ["comm", "c.yaml", "-o", "c.yaml"], ["compare", "c.yaml", "c.yaml", "-o", "c.yaml"],
+                  ["sweep", "c.yaml", "--set-range", "train.micro_batch_size=1", "-o", "c.yaml"],
+                  ["calibrate", "fit", "prof.yaml", "-o", "prof.yaml"]])
+        argv += ["--force"] if rng.random() < 0.7 else []
+    return {"target": "work", "kind": kind, "files": files, "argv": argv,
+            "desc": " ".join(a if len(a) < 80 else a[:80] + f"…({len(a)} chars)" for a in argv)}
+
+
 GENERATORS = {"cli": gen_cli, "cli_opts": gen_cli_opts, "api": gen_api,
-              "calibration": gen_calibration}
+              "calibration": gen_calibration, "work": gen_work}
 
 
 def generate(rng: random.Random, target: str | None = None, light: bool = False) -> dict:
@@ -690,6 +813,23 @@ def _from_exception(exc: BaseException) -> dict:
 _NONFINITE = re.compile(r"\b(NaN|-?Infinity|nan|-?inf)\b")
 
 
+def _judged(exc: BaseException) -> dict:
+    """The outcome of an exception the CLI would print as its ``error:`` paragraph (the
+    worker runs it with ``DDLSIM_DEBUG=1``, so it arrives here whole)."""
+    from ddlsim.errors import DDLSimError
+
+    described = (isinstance(exc, OSError) and exc.strerror) or isinstance(
+        exc, (UnicodeDecodeError, RecursionError))
+    if isinstance(exc, DDLSimError) or described:
+        text = str(exc)[:2000]
+        if isinstance(exc, DDLSimError) and BARE.search(text):
+            return {**_from_exception(exc), "outcome": "bare message"}
+        return {"outcome": "clean error"}
+    if isinstance(exc, (ValueError, OverflowError)) and not isinstance(exc, MemoryError):
+        return {**_from_exception(exc), "outcome": "bare message"}
+    return _from_exception(exc)
+
+
 def _run_cli(argv: list[str]) -> dict:
     from typer.testing import CliRunner
 
@@ -697,9 +837,10 @@ def _run_cli(argv: list[str]) -> dict:
     res = CliRunner().invoke(app, argv)
     out = res.output
     if res.exception is not None and not isinstance(res.exception, SystemExit):
-        return _from_exception(res.exception)
+        return _judged(res.exception)
     lines = [ln.strip(" │╭╮╰╯─") for ln in out.splitlines()]
-    if res.exit_code == 0:
+    differs = res.exit_code == 1 and "--diff-mpip" in argv  # a diff that found differences
+    if res.exit_code == 0 or differs:
         return {"outcome": "ok", "nonfinite": argv[:1] == ["predict"] and bool(
             _NONFINITE.search(out))}
     # ddlsim's "error: …", click's usage error (an "Error" box) or the help of a bare group
@@ -723,8 +864,8 @@ def _run_api(call: dict) -> dict:
         value = fn(*call["args"], **call["kwargs"])
         text = json.dumps(value.to_dict()) if hasattr(value, "to_dict") else (
             value.to_csv() if hasattr(value, "to_csv") else repr(value))
-    except DDLSimError:
-        return {"outcome": "clean error"}
+    except DDLSimError as exc:
+        return _judged(exc)
     except Exception as exc:  # noqa: BLE001 - anything else is what we are looking for
         return _from_exception(exc)
     return {"outcome": "ok", "nonfinite": call["fn"] == "predict" and bool(
@@ -754,12 +895,13 @@ def run_case(case: dict, scratch: str | None = None) -> dict:
 
 
 # ================================================================================= workers
-def _worker(conn, mem_bytes: int, seed: int, scratch: str) -> None:
+def _worker(conn, mem_bytes: int, seed: int, scratch: str, rss_bytes: int = 0) -> None:
     import resource
     import warnings
 
     if mem_bytes:
         resource.setrlimit(resource.RLIMIT_AS, (mem_bytes, mem_bytes))
+    os.environ["DDLSIM_DEBUG"] = "1"  # errors arrive whole, to be judged (_judged)
     warnings.simplefilter("ignore")
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 1000))
     _warm()
@@ -771,6 +913,10 @@ def _worker(conn, mem_bytes: int, seed: int, scratch: str) -> None:
             res = run_case(case, scratch)
         except BaseException as exc:  # noqa: BLE001
             res = _from_exception(exc)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
+        if rss_bytes and peak > rss_bytes and res["outcome"] != "memory":
+            res = {"outcome": "memory", "error": f"peak RSS {peak / 2**30:.2f} GiB",
+                   "frame": res["outcome"], "last": "-", "tail": "", "seconds": res.get("seconds")}
         conn.send(res)
         if res["outcome"] == "memory":
             return  # a fresh process for the next case
@@ -790,14 +936,17 @@ def _warm() -> None:
     import ddlsim.simulator.des  # noqa: F401
     import ddlsim.topologies.build  # noqa: F401
     _bases()
+    _saved_result()
 
 
 class Pool:
     """``jobs`` worker processes, each with an address-space cap; a case past ``timeout``
     seconds has its worker killed and replaced."""
 
-    def __init__(self, jobs: int = 2, timeout: float = 60, mem_gb: float = 1.5, seed: int = 0):
+    def __init__(self, jobs: int = 2, timeout: float = 60, mem_gb: float = 1.5, seed: int = 0,
+                 rss_gb: float = 0.0):
         self.timeout, self.mem, self.seed = timeout, int(mem_gb * 2**30), seed
+        self.rss = int(rss_gb * 2**30)
         self.ctx = mp.get_context("fork")
         # case directories live here, so that those of killed workers are removed too
         self.scratch = tempfile.mkdtemp(prefix="ddlsim-fuzz-")
@@ -806,8 +955,8 @@ class Pool:
 
     def _start(self) -> dict:
         parent, child = self.ctx.Pipe()
-        proc = self.ctx.Process(target=_worker, args=(child, self.mem, self.seed, self.scratch),
-                                daemon=True)
+        proc = self.ctx.Process(target=_worker, daemon=True,
+                                args=(child, self.mem, self.seed, self.scratch, self.rss))
         proc.start()
         child.close()
         if not parent.poll(120) or parent.recv() != "ready":
@@ -950,6 +1099,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per case")
     ap.add_argument("--mem-gb", type=float, default=1.5, help="address-space cap per worker")
+    ap.add_argument("--rss-gb", type=float, default=1.0,
+                    help="a case whose worker's peak resident set passes this is 'memory'")
     ap.add_argument("--only", help=f"comma-separated targets: {', '.join(TARGETS)}")
     ap.add_argument("--show", type=int, default=3, help="examples printed per failure class")
     ap.add_argument("--case", type=int, help="replay case K: print its input and outcome")
@@ -965,7 +1116,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--only: unknown target(s) {sorted(only - set(TARGETS))}; allowed: {list(TARGETS)}")
     t0 = time.perf_counter()
     cases = {c["k"]: c for c in _selected(args.seed, args.cases, only)}
-    pool = Pool(args.jobs, args.timeout, args.mem_gb, args.seed)
+    pool = Pool(args.jobs, args.timeout, args.mem_gb, args.seed, args.rss_gb)
     results, step = [], max(1, args.cases // 20)
     try:
         for k, res in pool.run(sorted(cases)):
@@ -990,7 +1141,7 @@ def _replay(args) -> int:
         finally:
             os.chdir(here)
         print(f"(files written to {args.keep})")
-    pool = Pool(1, args.timeout, args.mem_gb, args.seed)
+    pool = Pool(1, args.timeout, args.mem_gb, args.seed, args.rss_gb)
     try:
         (_, res), = pool.run([case])
     finally:

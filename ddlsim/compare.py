@@ -72,6 +72,7 @@ def load_result_file(path: Path) -> list[tuple[str, Result]] | None:
         return None
     out = []
     for suffix, d in saved:
+        _check_shape(d, f"{str(path)!r}{suffix}")
         try:
             result = Result.from_dict(d)
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
@@ -83,14 +84,64 @@ def load_result_file(path: Path) -> list[tuple[str, Result]] | None:
     return out
 
 
+#: What a saved result holds (``Result.to_dict``): key → kind; ``?`` marks an optional key.
+_SHAPE = {"engine": "text", "iteration_time_s": "number", "world_size": "whole",
+          "samples_per_s": "number", "tokens_per_s": "number", "mfu": "number",
+          "tflops_per_device": "number", "breakdown": "mapping",
+          "memory_per_device_bytes": "mapping", "comm_bytes?": "numbers",
+          "samples?": "whole", "tokens?": "whole", "model_flops?": "number",
+          "hardware_flops?": "number", "peak_flops_per_device?": "number",
+          "parameter_count?": "whole", "per_class_time_s?": "numbers", "algorithms?": "mapping",
+          "settings?": "mapping", "links?": "list", "critical_class?": "text"}
+_BREAKDOWN = {"compute_s": "number", "optimizer_s": "number", "bubble_s": "number",
+              "exposed_comm_s": "numbers"}
+_MEMORY = {k: "number" for k in ("weights", "gradients", "optimizer", "activations", "other",
+                                 "capacity")} | {"stage?": "whole"}
+
+
+def _kind_ok(value: Any, kind: str) -> bool:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return {"number": number, "whole": number and float(value).is_integer(),
+            "text": isinstance(value, str), "mapping": isinstance(value, dict),
+            "list": isinstance(value, list),
+            "numbers": isinstance(value, dict) and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in value.values())
+            }[kind]
+
+
+def _check_shape(d: dict, where: str) -> None:
+    """Refuse a saved result with a key missing or of the wrong kind, naming it."""
+    for shape, node, prefix in ((_SHAPE, d, ""), (_BREAKDOWN, d.get("breakdown"), "breakdown."),
+                                (_MEMORY, d.get("memory_per_device_bytes"),
+                                 "memory_per_device_bytes.")):
+        for key, kind in shape.items():
+            name, optional = key.rstrip("?"), key.endswith("?")
+            if name not in node:
+                if optional:
+                    continue
+                raise ResultFileError(f"{where} looks like a saved ddlsim result but has no "
+                                      f"{prefix}{name}; save it again with ddlsim predict -f json")
+            if not _kind_ok(node[name], kind):
+                what = {"numbers": "a mapping of numbers", "whole": "a whole number"}.get(
+                    kind, f"a {kind}")
+                raise ResultFileError(f"{where}: {prefix}{name} = {_short(node[name])} is not "
+                                      f"{what}; save it again with ddlsim predict -f json")
+
+
+def _short(value: Any, most: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= most else text[:most] + "…"
+
+
 def _check_saved(r: Result, where: str) -> None:
     """Refuse a saved result whose numbers no prediction gives: a time that is not positive
     and finite, a rate, part or memory that is negative or not finite."""
-    t = r.iteration_time_s
-    if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
-        raise ResultFileError(f"{where}: iteration_time_s = {t!r} is not a time a prediction "
-                              "gives (allowed: a finite number > 0); save it again with "
-                              "ddlsim predict -f json")
+    for key, value in (("iteration_time_s", r.iteration_time_s), ("world_size", r.world_size),
+                       ("peak_flops_per_device", r.peak_flops_per_device)):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise ResultFileError(f"{where}: {key} = {value!r} is not a number a prediction "
+                                  "gives (allowed: a finite number > 0); save it again with "
+                                  "ddlsim predict -f json")
     b = r.breakdown
     values = {"samples_per_s": r.samples_per_s,
               "tokens_per_s": r.tokens_per_s, "mfu": r.mfu,
