@@ -161,17 +161,14 @@ def _inter_flows(topo, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np
     keep = node[src] != node[dst]
     na, nb = node[src[keep]], node[dst[keep]]
     pairs, mult, first = _unique_pairs(na, nb)
-    stripes = topo.rail_stripes
-    links, lengths, lat = zip(*[stripes(a, b) for a, b in pairs.tolist()])
-    counts = [len(per_rail) for per_rail in lengths]
+    links, lengths, counts, lat = topo.rail_stripes_flat(pairs[:, 0], pairs[:, 1])
     # the hops inside the two nodes, alike on every node: on rail 0 or another (one more hop)
     i, (a, b) = first, pairs[0].tolist()
     ends = (int(src[keep][i]), int(dst[keep][i]))
     rails = max(1, len(topo.nics_of_node[a]))
     inside = max(topo.path_latency_s(topo.route_rail(*ends, c))
                  - topo.path_latency_s(topo.rail_fabric_route(a, b, c)) for c in {0, 1 % rails})
-    return (np.concatenate(links), np.concatenate(lengths), np.repeat(mult.astype(float), counts),
-            np.asarray(lat) + inside)
+    return links, lengths, np.repeat(mult.astype(float), counts), lat + inside
 
 
 def p2p_node_bw(topo, devices: np.ndarray, members: np.ndarray) -> float:
@@ -199,9 +196,9 @@ def p2p_node_bw(topo, devices: np.ndarray, members: np.ndarray) -> float:
     n_rail, n_node = int(table.max()) + 1, len(node)
     # distinct (source node, rail) × (rails used, destination node), with their counts
     pairs, mult, _ = _unique_pairs(na * n_rail + rails, np.repeat(k, k) * n_node + nb)
-    routes = [topo.rail_fabric_route(int(a // n_rail), int(b % n_node), int(a % n_rail))
-              for a, b in pairs.tolist()]
-    rate = fair_rates(routes, mult.astype(float), np.asarray(topo.edge_bandwidth_Bps))
+    links, lengths = topo.rail_routes_flat(pairs[:, 0] // n_rail, pairs[:, 1] % n_node,
+                                           pairs[:, 0] % n_rail)
+    rate = _fill(links, lengths, mult.astype(float), np.asarray(topo.edge_bandwidth_Bps))
     return float((rate * (pairs[:, 1] // n_node)).min())
 
 

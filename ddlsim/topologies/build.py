@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from pydantic import ValidationError
 
 from ..config import SystemConfig
 from ..errors import ConfigError
 from . import direct, fabrics, intra  # noqa: F401  (register the builders)
 from .graph import Topology
+from .builder import NODE_KINDS, renamed_value
 from .registry import NODE_FABRICS, TOPOLOGIES, GraphBuilder, lookup
 from .spec import TopologySpec, format_validation_error, parse_spec
 
@@ -61,10 +64,59 @@ def from_spec(spec: TopologySpec) -> Topology:
     node_fabric = lookup(NODE_FABRICS, "intra_node.kind", spec.intra_node.kind)
     fabric = lookup(TOPOLOGIES, "network.topology", spec.network.topology)
     b = GraphBuilder(switch_latency_s=spec.network.switch_latency_s)
-    nics_by_node = [_add_node(b, spec, n, node_fabric) for n in range(spec.nodes)]
+    nics_by_node = _add_nodes(b, spec, node_fabric)
     router = fabric(b, spec, nics_by_node)
-    b.graph.graph["spec"] = spec
+    b.attrs["spec"] = spec
     return Topology(b.graph, name=spec.name, router=router)
+
+
+def _add_nodes(b: GraphBuilder, spec: TopologySpec, node_fabric) -> list[list[str]]:
+    """Every compute node (:func:`_add_node`); returns each node's NIC names. Nodes are
+    copies of node 0 (:meth:`GraphBuilder.add_copies`, no Python call per vertex or link)
+    when nodes 1 and N−1 built alone are node 0 renamed, as every node fabric builds them."""
+    template = _node_template(spec, node_fabric) if spec.nodes > 2 else None
+    if template is None:
+        return [_add_node(b, spec, n, node_fabric) for n in range(spec.nodes)]
+    base = b.add_copies(template, spec.nodes, _prefix).tolist()
+    kind = template.columns()[0]
+    nic = [i for i, k in enumerate(kind.tolist()) if k == NODE_KINDS.index("nic")]
+    return [[b.names[first + i] for i in nic] for first in base]
+
+
+def _prefix(node: int) -> str:
+    """What the names of compute node ``node``'s vertices start with."""
+    return f"node{node}/"
+
+
+def _node_template(spec: TopologySpec, node_fabric) -> GraphBuilder | None:
+    """Node 0 built alone, when nodes 1 and N−1 built alone are the same graph renamed."""
+    def alone(node: int) -> GraphBuilder:
+        one = GraphBuilder(switch_latency_s=spec.network.switch_latency_s)
+        _add_node(one, spec, node, node_fabric)
+        return one
+
+    template = alone(0)
+    if not all(name.startswith("node0/") for name in template.names):
+        return None
+    for node in (1, spec.nodes - 1):
+        if not _same_renamed(template, alone(node), node):
+            return None
+    return template
+
+
+def _same_renamed(template: GraphBuilder, other: GraphBuilder, node: int) -> bool:
+    """Whether ``other`` is ``template`` with its vertices renamed into compute node ``node``."""
+    if other.names != [_prefix(node) + name[6:] for name in template.names]:
+        return False
+    (k0, n0, l0), (k1, n1, l1) = template.columns(), other.columns()
+    if not (np.array_equal(k0, k1) and np.array_equal(l0, l1) and (n0 == 0).all()
+            and (n1 == node).all()):
+        return False
+    own = {name: name[6:] for name in template.names}
+    extra = {key: {i: renamed_value(v, _prefix(node), own) for i, v in values.items()}
+             for key, values in template.extra.items()}
+    return extra == other.extra and template.nics == other.nics and all(
+        np.array_equal(a, c) for a, c in zip(template.arrays(), other.arrays()))
 
 
 def _add_node(b: GraphBuilder, spec: TopologySpec, node: int, node_fabric) -> list[str]:
@@ -75,7 +127,7 @@ def _add_node(b: GraphBuilder, spec: TopologySpec, node: int, node_fabric) -> li
     nics = [b.add_node(nic_name(node, j), "nic", node=node, local=j, rail=j) for j in range(k)]
     for i, dev in enumerate(devices):
         mine = _nics_of(i, dpn, nics)
-        b.graph.nodes[dev]["nics"] = tuple(mine)
+        b.add_node(dev, "device", nics=tuple(mine))
         if hub is None:
             for nic in mine:
                 b.add_link(dev, nic, bandwidth_Bps=spec.nic.bandwidth_Bps, link_kind="pcie")

@@ -58,7 +58,7 @@ def torus(b: GraphBuilder, spec: TopologySpec, nics_by_node: list[list[str]]) ->
             if size > 1:
                 nxt = coord[:axis] + ((coord[axis] + 1) % size,) + coord[axis + 1:]
                 _link_routers(b, spec, router, of_coord[nxt])
-    b.graph.graph["fabric"] = {"topology": "torus", "torus_dims": list(dims)}
+    b.attrs["fabric"] = {"topology": "torus", "torus_dims": list(dims)}
     return TorusRouter(dims, of_coord)
 
 
@@ -82,9 +82,14 @@ def dragonfly(b: GraphBuilder, spec: TopologySpec, nics_by_node: list[list[str]]
     for (g1, a), (g2, c) in itertools.combinations(enumerate(groups), 2):
         for j in range(spec.network.global_links):
             _link_routers(b, spec, routers[a[(g2 + j) % len(a)]], routers[c[(g1 + j) % len(c)]])
-    b.graph.graph["fabric"] = {"topology": "dragonfly", "groups": len(groups),
+    b.attrs["fabric"] = {"topology": "dragonfly", "groups": len(groups),
                                "routers_per_group": per_group,
                                "global_links": spec.network.global_links}
-    fabric = {r: [(w, b.graph.succ[r][w]["latency_s"]) for w in b.graph.succ[r]
-                  if b.graph.nodes[w]["kind"] == "router"] for r in routers}
+    u, v, _, lat, _ = b.arrays()
+    kind = b.columns()[0]
+    code = kind[b.index[routers[0]]]
+    router = (kind[u] == code) & (kind[v] == code)
+    fabric = {r: [] for r in routers}
+    for x, y, t in zip(u[router].tolist(), v[router].tolist(), lat[router].tolist()):
+        fabric[b.names[x]].append((b.names[y], t))
     return GraphRouter(fabric)

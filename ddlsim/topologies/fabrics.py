@@ -18,7 +18,7 @@ from .registry import GraphBuilder, register_topology
 from .routing import TreeRouter
 from .spec import TopologySpec
 
-__all__ = ["link_nic", "single_switch", "fat_tree", "rail_optimized", "DEFAULT_LEAF_PORTS"]
+__all__ = ["link_nic", "link_nics", "single_switch", "fat_tree", "rail_optimized", "DEFAULT_LEAF_PORTS"]
 
 #: Down-ports of a leaf when ``network.nodes_per_leaf`` is not given (half of a 64-port switch).
 DEFAULT_LEAF_PORTS = 32
@@ -30,6 +30,12 @@ def link_nic(b: GraphBuilder, nic: str, switch: str, spec: TopologySpec) -> None
                link_kind="nic")
 
 
+def link_nics(b: GraphBuilder, nics: list[str], switches: list[str], spec: TopologySpec) -> None:
+    """:func:`link_nic` for each ``nics[i]`` ↔ ``switches[i]``, all at once."""
+    b.add_links(nics, switches, bandwidth_Bps=spec.nic.bandwidth_Bps,
+                latency_s=spec.nic.latency_s / 2, link_kind="nic")
+
+
 def _add_switches(b: GraphBuilder, names: list[str], level: int) -> list[str]:
     return [b.add_node(name, "switch", level=level) for name in names]
 
@@ -38,10 +44,9 @@ def _add_switches(b: GraphBuilder, names: list[str], level: int) -> list[str]:
 def single_switch(b: GraphBuilder, spec: TopologySpec, nics_by_node: list[list[str]]) -> TreeRouter:
     """Every NIC on one switch (``switch0``): a non-blocking crossbar."""
     (switch,) = _add_switches(b, ["switch0"], level=1)
-    for nics in nics_by_node:
-        for nic in nics:
-            link_nic(b, nic, switch, spec)
-    b.graph.graph["fabric"] = {"topology": "single_switch", "levels": 1, "leaves": 1}
+    nics = [nic for per_node in nics_by_node for nic in per_node]
+    link_nics(b, nics, [switch] * len(nics), spec)
+    b.attrs["fabric"] = {"topology": "single_switch", "levels": 1, "leaves": 1}
     return TreeRouter()
 
 
@@ -53,9 +58,8 @@ def fat_tree(b: GraphBuilder, spec: TopologySpec, nics_by_node: list[list[str]])
     npl = spec.network.nodes_per_leaf or max(1, DEFAULT_LEAF_PORTS // per_node)
     count = math.ceil(spec.nodes / npl)
     leaves = _add_switches(b, [f"leaf{i}" for i in range(count)], level=1)
-    for n, nics in enumerate(nics_by_node):
-        for nic in nics:
-            link_nic(b, nic, leaves[n // npl], spec)
+    link_nics(b, [nic for nics in nics_by_node for nic in nics],
+              [leaves[n // npl] for n, nics in enumerate(nics_by_node) for _ in nics], spec)
     return _upper_levels(b, spec, leaves, down_ports=npl * per_node, nodes_per_leaf=npl)
 
 
@@ -69,9 +73,9 @@ def rail_optimized(b: GraphBuilder, spec: TopologySpec,
     groups = math.ceil(spec.nodes / npl)
     names = [f"rail{r}.leaf{g}" for g in range(groups) for r in range(spec.nics_per_node)]
     leaves = _add_switches(b, names, level=1)
-    for n, nics in enumerate(nics_by_node):
-        for rail, nic in enumerate(nics):
-            link_nic(b, nic, leaves[(n // npl) * spec.nics_per_node + rail], spec)
+    link_nics(b, [nic for nics in nics_by_node for nic in nics],
+              [leaves[(n // npl) * spec.nics_per_node + rail]
+               for n, nics in enumerate(nics_by_node) for rail in range(len(nics))], spec)
     return _upper_levels(b, spec, leaves, down_ports=npl, nodes_per_leaf=npl)
 
 
@@ -94,7 +98,7 @@ def _upper_levels(b: GraphBuilder, spec: TopologySpec, leaves: list[str], down_p
             "uplink_bandwidth_Bps": link_bw if levels > 1 else None,
             "oversubscription": (down_ports * spec.nic.bandwidth_Bps / (uplinks * link_bw)
                                  if levels > 1 else 1.0)}
-    b.graph.graph["fabric"] = info
+    b.attrs["fabric"] = info
     if levels == 1:
         return TreeRouter()
     if levels == 2:
@@ -105,9 +109,8 @@ def _upper_levels(b: GraphBuilder, spec: TopologySpec, leaves: list[str], down_p
 
 def _two_level(b: GraphBuilder, leaves: list[str], spines: int, link_bw: float) -> TreeRouter:
     names = _add_switches(b, [f"spine{j}" for j in range(spines)], level=2)
-    for leaf in leaves:
-        for spine in names:
-            b.add_link(leaf, spine, bandwidth_Bps=link_bw, link_kind="fabric")
+    b.add_links([leaf for leaf in leaves for _ in names], names * len(leaves),
+                bandwidth_Bps=link_bw, link_kind="fabric")
     return TreeRouter(spines=names)
 
 
@@ -118,14 +121,12 @@ def _three_level(b: GraphBuilder, leaves: list[str], aggs_per_pod: int, leaves_p
             for p in range(pods)]
     cores = [_add_switches(b, [f"core{j}.{c}" for c in range(leaves_per_pod)], level=3)
              for j in range(aggs_per_pod)]
-    pod_of_leaf = {}
-    for i, leaf in enumerate(leaves):
-        pod_of_leaf[leaf] = i // leaves_per_pod
-        for agg in aggs[i // leaves_per_pod]:
-            b.add_link(leaf, agg, bandwidth_Bps=link_bw, link_kind="fabric")
-    for pod in aggs:
-        for j, agg in enumerate(pod):
-            for core in cores[j]:
-                b.add_link(agg, core, bandwidth_Bps=link_bw, link_kind="fabric")
-    b.graph.graph["fabric"].update(pods=pods, cores=aggs_per_pod * leaves_per_pod)
+    pod_of_leaf = {leaf: i // leaves_per_pod for i, leaf in enumerate(leaves)}
+    b.add_links([leaf for leaf in leaves for _ in aggs[pod_of_leaf[leaf]]],
+                [agg for leaf in leaves for agg in aggs[pod_of_leaf[leaf]]],
+                bandwidth_Bps=link_bw, link_kind="fabric")
+    b.add_links([agg for pod in aggs for j, agg in enumerate(pod) for _ in cores[j]],
+                [core for pod in aggs for j in range(len(pod)) for core in cores[j]],
+                bandwidth_Bps=link_bw, link_kind="fabric")
+    b.attrs["fabric"].update(pods=pods, cores=aggs_per_pod * leaves_per_pod)
     return TreeRouter(pod_of_leaf=pod_of_leaf, aggs=aggs, cores=cores)

@@ -14,26 +14,36 @@ Routes
 A route between devices of one node stays inside the node (NVSwitch, NVLink, PCIe, shared
 memory, never a NIC). Between nodes it runs device → its NIC → fabric → the destination
 device's NIC → device, each piece a shortest path with ECMP (see :mod:`.routing`).
+
+Inside, vertices are integer ids (the builder's order) and edges numpy arrays sorted by source
+vertex, so a cluster of 10^5 devices is built and routed without a Python object per link; the
+name-keyed views (:attr:`Topology.edges`, :attr:`Topology.edge_id`, :attr:`Topology.graph`,
+…) are built on first use.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import ConfigError
-from .registry import FABRIC_KINDS, LINK_KINDS, NODE_KINDS, NODE_LOCAL_KINDS, GraphRecord
+from .builder import FABRIC_CODES, LINK_KINDS, NODE_KINDS, NODE_LOCAL_KINDS, GraphRecord
+from .checks import builder_of
 from .routing import GraphRouter, Router, ShortestPaths, flow_hash, pick
+from .tree_routes import TreeRoutes
 
 if TYPE_CHECKING:
     import networkx as nx
 
 __all__ = ["Topology"]
+
+_DEVICE, _NIC = NODE_KINDS.index("device"), NODE_KINDS.index("nic")
+_LOCAL_CODES = np.array([NODE_KINDS.index(k) for k in NODE_LOCAL_KINDS])
 
 
 class Topology:
@@ -43,8 +53,9 @@ class Topology:
     ----------
     graph : nx.DiGraph or GraphRecord
         Vertices and edges as described in the module docstring: an ``nx.DiGraph`` (frozen,
-        not copied) or the builders' :class:`~.registry.GraphRecord` (no networkx needed;
-        :attr:`graph` builds the ``nx.DiGraph`` on first use).
+        not copied), a :class:`~.registry.GraphRecord`, or a
+        :class:`~.registry.GraphBuilder`'s ``graph`` (its arrays are used as they are; no
+        networkx needed: :attr:`graph` builds the ``nx.DiGraph`` on first use).
     name : str
         Shown in summaries.
     router : Router, optional
@@ -69,43 +80,86 @@ class Topology:
 
     def __init__(self, graph: nx.DiGraph | GraphRecord, name: str = "custom",
                  router: Router | None = None):
-        record = _record_of(graph)
-        _validate_graph(record)
-        self._graph = None if graph is record else _freeze(graph)
-        self._record = record
+        builder, given = builder_of(graph)
+        self._graph = None if given is None else _freeze(given)
+        self._builder = builder
         self.name = name
-        data = [(u, v, a) for u, out in record.succ.items() for v, a in out.items()]
-        self.edges: list[tuple[Any, Any]] = [(u, v) for u, v, _ in data]
-        self.edge_id = {e: i for i, e in enumerate(self.edges)}
-        self.edge_bandwidth_Bps = _frozen([a["bandwidth_Bps"] for _, _, a in data])
-        self.edge_latency_s = _frozen([a["latency_s"] for _, _, a in data])
-        self.edge_kind = tuple(a["link_kind"] for _, _, a in data)
-        self._latency_list = self.edge_latency_s.tolist()
-        nodes = record.nodes
-        self.devices = sorted((v for v, a in nodes.items() if a["kind"] == "device"),
-                              key=lambda v: (nodes[v]["node"], nodes[v]["local"]))
-        self.device_index = {v: i for i, v in enumerate(self.devices)}
-        self.node_of_device = _frozen([nodes[v]["node"] for v in self.devices], np.int64)
+        self._names = builder.names
+        self._u, self._v, bw, lat, self._kind_code = builder.arrays()
+        self._offsets = np.searchsorted(self._u, np.arange(len(self._names) + 1))
+        self.edge_bandwidth_Bps = _frozen(bw)
+        self.edge_latency_s = _frozen(lat)
+        self._vkind, vnode, vlocal = builder.columns()
+        dev = np.flatnonzero(self._vkind == _DEVICE)
+        self._dev = dev[np.lexsort((vlocal[dev], vnode[dev]))]
+        self.devices = [self._names[i] for i in self._dev.tolist()]
+        self.node_of_device = _frozen(vnode[self._dev], np.int64)
         self.num_devices = len(self.devices)
         self.num_nodes, self.devices_per_node = _node_counts(self.node_of_device)
-        self.nics_of_device = _nics_of_devices(record, self.devices)
-        self.attach_of_nic = _attachments(record)
-        self.nics_of_node = _nics_by_node(record, self.num_nodes)
+        self._node_nics = _nics_by_node(self._vkind, vnode, self.num_nodes)
+        self._dev_nics = _nics_of_devices(builder, self._dev, vnode, self._node_nics)
+        self._fabric = np.isin(self._vkind, FABRIC_CODES)
+        self._attached: dict[int, tuple[int, ...]] = {}
+        self._out: dict[int, dict[int, int]] = {}
         _check_nics(self)
-        self._local = ShortestPaths(_adjacency(record, local=True),
-                                    no_transit=self.attach_of_nic, cache_size=1 << 16)
-        self.router = router or GraphRouter(_adjacency(record, local=False))
+        self._local = ShortestPaths(_LocalLinks(self, vnode), no_transit=_NicSet(self._vkind),
+                                    cache_size=1 << 16, pred="symmetric")
+        self.router = router or GraphRouter(self._fabric_adjacency())
+        self._trees = TreeRoutes.of(self)
         self._route = lru_cache(maxsize=1 << 18)(self._compute_route)
 
+    # ------------------------------------------------------------------- name-keyed views
     @cached_property
     def graph(self) -> nx.DiGraph:
-        """The cluster as a frozen ``nx.DiGraph`` (built on first use from the builders'
-        record: routing and the network model never need it)."""
-        return self._graph if self._graph is not None else _freeze(self._record.to_networkx())
+        """The cluster as a frozen ``nx.DiGraph`` (built on first use from the builder's
+        arrays: routing and the network model never need it)."""
+        return self._graph if self._graph is not None else _freeze(
+            self._builder.graph.to_networkx())
+
+    @cached_property
+    def edges(self) -> list[tuple[Any, Any]]:
+        """Directed edges as ``(u, v)`` vertex names; index = edge id."""
+        names = self._names
+        return [(names[a], names[b]) for a, b in zip(self._u.tolist(), self._v.tolist())]
+
+    @cached_property
+    def edge_id(self) -> dict[tuple[Any, Any], int]:
+        """``(u, v)`` → edge id."""
+        return {e: i for i, e in enumerate(self.edges)}
+
+    @cached_property
+    def edge_kind(self) -> tuple[str, ...]:
+        """Per edge id, the ``link_kind``."""
+        return tuple(LINK_KINDS[k] for k in self._kind_code.tolist())
+
+    @cached_property
+    def device_index(self) -> dict[Any, int]:
+        """Device vertex → device id."""
+        return {v: i for i, v in enumerate(self.devices)}
+
+    @cached_property
+    def nics_of_device(self) -> list[list[Any]]:
+        """Per device id, the NIC vertices its inter-node traffic uses."""
+        return [[self._names[n] for n in nics] for nics in self._dev_nics]
+
+    @cached_property
+    def nics_of_node(self) -> list[list[Any]]:
+        """Per compute node, its NIC vertices in vertex order."""
+        return [[self._names[n] for n in nics] for nics in self._node_nics]
+
+    @cached_property
+    def attach_of_nic(self) -> dict[Any, list[Any]]:
+        """NIC vertex → the switches or routers it links to."""
+        nics = np.flatnonzero(self._vkind == _NIC).tolist()
+        return {self._names[n]: [self._names[w] for w in self._attach(n)] for n in nics}
+
+    def edge_name(self, edge: int) -> tuple[Any, Any]:
+        """``(u, v)`` vertex names of edge id ``edge`` (without building :attr:`edges`)."""
+        return self._names[self._u[edge]], self._names[self._v[edge]]
 
     def __repr__(self) -> str:
         return (f"Topology({self.name!r}: {self.num_nodes} nodes × {self.devices_per_node} "
-                f"devices, {len(self._record.nodes)} vertices, {len(self.edges)} edges)")
+                f"devices, {len(self._names)} vertices, {len(self._u)} edges)")
 
     # ------------------------------------------------------------------------------ routing
     def route(self, src_device: int, dst_device: int, flow_key: int = 0) -> tuple[int, ...]:
@@ -124,14 +178,14 @@ class Topology:
         if src == dst:
             return ()
         h = flow_hash(src, dst, flow_key)
-        a, b = self.devices[src], self.devices[dst]
+        a, b = int(self._dev[src]), int(self._dev[dst])
         if self.node_of_device[src] == self.node_of_device[dst]:
             return self._edge_ids(self._local.path(a, b, h))
-        nic_a = _choose(self.nics_of_device[src], h, 1001)
-        nic_b = _choose(self.nics_of_device[dst], h, 1002)
-        sw_a = _choose(self.attach_of_nic[nic_a], h, 1003)
-        sw_b = _choose(self.attach_of_nic[nic_b], h, 1004)
-        vertices = (self._local.path(a, nic_a, h) + self.router.path(sw_a, sw_b, h)
+        nic_a = _choose(self._dev_nics[src], h, 1001)
+        nic_b = _choose(self._dev_nics[dst], h, 1002)
+        sw_a = _choose(self._attach(nic_a), h, 1003)
+        sw_b = _choose(self._attach(nic_b), h, 1004)
+        vertices = (self._local.path(a, nic_a, h) + self._fabric_path(sw_a, sw_b, h)
                     + self._local.path(nic_b, b, h))
         return self._edge_ids(vertices)
 
@@ -143,7 +197,7 @@ class Topology:
         node, or on a node with one NIC, this is :meth:`route`."""
         src, dst = int(src_device), int(dst_device)
         na, nb = int(self.node_of_device[src]), int(self.node_of_device[dst])
-        nics_a, nics_b = self.nics_of_node[na], self.nics_of_node[nb]
+        nics_a, nics_b = self._node_nics[na], self._node_nics[nb]
         if na == nb or (len(nics_a) <= 1 and len(nics_b) <= 1):
             return self.route(src, dst, rail)
         return self._rail(src, dst, int(rail))
@@ -152,64 +206,37 @@ class Topology:
     def _rail(self, src: int, dst: int, rail: int) -> tuple[int, ...]:
         h = flow_hash(src, dst, rail)
         na, nb = int(self.node_of_device[src]), int(self.node_of_device[dst])
-        nic_a = self.nics_of_node[na][rail % len(self.nics_of_node[na])]
-        nic_b = self.nics_of_node[nb][rail % len(self.nics_of_node[nb])]
-        sw_a = _choose(self.attach_of_nic[nic_a], h, 1003)
-        sw_b = _choose(self.attach_of_nic[nic_b], h, 1004)
-        by_dest = getattr(self.router, "path_to", None)  # trees route rails by destination
-        dest = nb * len(self.nics_of_node[nb]) + rail % len(self.nics_of_node[nb])
-        fabric = by_dest(sw_a, sw_b, dest) if by_dest else self.router.path(sw_a, sw_b, h)
-        vertices = (self._local.path(self.devices[src], nic_a, h) + fabric
-                    + self._local.path(nic_b, self.devices[dst], h))
+        nics_a, nics_b = self._node_nics[na], self._node_nics[nb]
+        nic_a, nic_b = nics_a[rail % len(nics_a)], nics_b[rail % len(nics_b)]
+        sw_a = _choose(self._attach(nic_a), h, 1003)
+        sw_b = _choose(self._attach(nic_b), h, 1004)
+        dest = nb * len(nics_b) + rail % len(nics_b)
+        vertices = (self._local.path(int(self._dev[src]), nic_a, h)
+                    + self._fabric_path(sw_a, sw_b, h, dest)
+                    + self._local.path(nic_b, int(self._dev[dst]), h))
         return self._edge_ids(vertices)
 
     @cached_property
     def p2p_rail_table(self) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`p2p_rails` of every device as arrays: (devices × most rails) rail ids,
-        padded with −1, and the count per device."""
-        rails = [self.p2p_rails(d) for d in range(self.num_devices)]
-        width = max((len(r) for r in rails), default=1)
-        table = np.full((self.num_devices, width), -1, dtype=np.int64)
-        for d, r in enumerate(rails):
-            table[d, :len(r)] = r
-        return table, np.array([len(r) for r in rails], dtype=np.int64)
+        padded with −1, and the count per device (:func:`.p2p.rail_table`)."""
+        from .p2p import rail_table
+        return rail_table(self)
 
-    @lru_cache(maxsize=1 << 16)  # noqa: B019
     def p2p_rails(self, dst_device: int) -> tuple[int, ...]:
         """The rails (NIC positions in :attr:`nics_of_node`) a point-to-point transfer to
-        ``dst_device`` from another node crosses, as NCCL picks them for send/recv.
-
-        NCCL runs a send/recv between nodes on the NIC local to a GPU (``ncclTopoGetNetDev``
-        with no collective graph → ``ncclTopoGetLocalNet``, NCCL ``src/graph/search.cc`` and
-        ``topo.cc``), not striped over every NIC of the node as a collective's channels
-        are. With PXN (on by default since NCCL 2.12) the sender goes over NVLink to the GPU
-        with the receiver's local index and out through that GPU's NIC, so both ends use the
-        receiver's rail. The NICs local to a GPU are shared among the GPUs local to them,
-        each using ``⌈NICs / GPUs⌉`` of them (``NCCL_NETDEVS_POLICY=AUTO``). NCCL 2.9 (2021,
-        no PXN) did the same from the sender's side: one of the NICs closest to the sender,
-        picked round-robin by the receiver's device index (``src/transport/net.cc``,
-        ``ncclTopoGetLocalNet`` in ``src/graph/topo.cc``), the same rail whenever sender and
-        receiver have the same local index, as in Megatron's pipelines. A node with no NIC
-        gives ``(0,)``."""
-        node = int(self.node_of_device[dst_device])
-        nics = self.nics_of_node[node]
-        local = list(self.nics_of_device[dst_device])
-        if not nics or not local:
-            return (0,)
-        sharers = [d for d in np.flatnonzero(self.node_of_device == node).tolist()
-                   if list(self.nics_of_device[d]) == local]
-        each = -(-len(local) // len(sharers))
-        first = sharers.index(dst_device) * each
-        chosen = [local[(first + i) % len(local)] for i in range(each)]
-        return tuple(sorted({nics.index(n) for n in chosen}))
+        ``dst_device`` from another node crosses, as NCCL picks them for send/recv
+        (:func:`.p2p.rails_of`, which gives NCCL's rule and its sources)."""
+        from .p2p import rails_of
+        return rails_of(self, dst_device)
 
     @lru_cache(maxsize=1 << 16)  # noqa: B019
     def rail_fabric_route(self, src_node: int, dst_node: int, rail: int) -> tuple[int, ...]:
         """Edge ids from NIC ``rail`` of compute node ``src_node`` to NIC ``rail`` of
         ``dst_node`` (NIC → fabric → NIC, the part of :meth:`route_rail` outside the nodes)."""
-        nics_a, nics_b = self.nics_of_node[src_node], self.nics_of_node[dst_node]
+        nics_a, nics_b = self._node_nics[src_node], self._node_nics[dst_node]
         nic_a, nic_b = nics_a[rail % len(nics_a)], nics_b[rail % len(nics_b)]
-        up_a, up_b = self.attach_of_nic[nic_a], self.attach_of_nic[nic_b]
+        up_a, up_b = self._attach(nic_a), self._attach(nic_b)
         by_dest = getattr(self.router, "path_to", None)
         # the flow hash only breaks ties: none when each NIC has one switch and trees route
         # by destination (most clusters), so skip computing it then
@@ -217,23 +244,83 @@ class Topology:
              if len(up_a) > 1 or len(up_b) > 1 or not by_dest else 0)
         sw_a, sw_b = _choose(up_a, h, 1003), _choose(up_b, h, 1004)
         dest = dst_node * len(nics_b) + rail % len(nics_b)
-        fabric = by_dest(sw_a, sw_b, dest) if by_dest else self.router.path(sw_a, sw_b, h)
-        return self._edge_ids([nic_a, *fabric, nic_b])
+        return self._edge_ids([nic_a, *self._fabric_path(sw_a, sw_b, h, dest), nic_b])
 
     @lru_cache(maxsize=1 << 16)  # noqa: B019
     def rail_stripes(self, src_node: int, dst_node: int) -> tuple[np.ndarray, np.ndarray, float]:
         """The :meth:`rail_fabric_route` of every rail of ``src_node`` (one when it has no
         NIC), flat: (edge ids of rail 0's route, then rail 1's, …; edges per route; the
         largest route latency, seconds). Arrays read-only."""
-        rails = max(1, len(self.nics_of_node[src_node]))
+        rails = max(1, len(self._node_nics[src_node]))
         routes = [self.rail_fabric_route(src_node, dst_node, c) for c in range(rails)]
         edges = _frozen([e for r in routes for e in r], np.int64)
         lengths = _frozen([len(r) for r in routes], np.int64)
         return edges, lengths, max(self.path_latency_s(r) for r in routes)
 
-    def _edge_ids(self, vertices: Sequence[Any]) -> tuple[int, ...]:
-        edge_id = self.edge_id
-        return tuple(edge_id[e] for e in zip(vertices[:-1], vertices[1:]))
+    def rail_stripes_flat(self, src_nodes: np.ndarray, dst_nodes: np.ndarray
+                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`rail_stripes` of each pair ``(src_nodes[i], dst_nodes[i])`` (compute node
+        ids) flat: edge ids, edges per route, routes per pair and each pair's largest route
+        latency (seconds); all pairs at once where the fabric is a tree
+        (:class:`~.tree_routes.TreeRoutes`)."""
+        if self._trees is not None:
+            return self._trees.stripes(src_nodes, dst_nodes)
+        got = [self.rail_stripes(a, b) for a, b in zip(np.asarray(src_nodes).tolist(),
+                                                        np.asarray(dst_nodes).tolist())]
+        return _flat_routes([g[0] for g in got], [g[1] for g in got],
+                            [g[2] for g in got])
+
+    def rail_routes_flat(self, src_nodes: np.ndarray, dst_nodes: np.ndarray,
+                         rails: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`rail_fabric_route` of each ``(src_nodes[i], dst_nodes[i], rails[i])``
+        flat: edge ids, route after route, and edges per route."""
+        if self._trees is not None:
+            return self._trees.routes(np.asarray(src_nodes, dtype=np.int64),
+                                      np.asarray(dst_nodes, dtype=np.int64),
+                                      np.asarray(rails, dtype=np.int64))[:2]
+        routes = [self.rail_fabric_route(a, b, c) for a, b, c in
+                  zip(*(np.asarray(x).tolist() for x in (src_nodes, dst_nodes, rails)))]
+        return (np.fromiter((e for r in routes for e in r), dtype=np.int64),
+                np.fromiter((len(r) for r in routes), dtype=np.int64, count=len(routes)))
+
+    # ---------------------------------------------------------------------- vertex ids
+    def _attach(self, nic: int) -> tuple[int, ...]:
+        """The switches or routers NIC vertex ``nic`` links to, in edge order."""
+        got = self._attached.get(nic)
+        if got is None:
+            out = self._v[self._offsets[nic]:self._offsets[nic + 1]]
+            got = self._attached[nic] = tuple(out[self._fabric[out]].tolist())
+        return got
+
+    def _fabric_path(self, sw_a: int, sw_b: int, h: int, dest: int | None = None) -> list[int]:
+        """Switch vertex ids from ``sw_a`` to ``sw_b``: by destination where the router
+        routes so (trees, for rails) and ``dest`` is given, else by the flow hash ``h``."""
+        names, index = self._names, self._builder.index
+        by_dest = getattr(self.router, "path_to", None) if dest is not None else None
+        path = (by_dest(names[sw_a], names[sw_b], dest) if by_dest
+                else self.router.path(names[sw_a], names[sw_b], h))
+        return [index[s] for s in path]
+
+    def _fabric_adjacency(self) -> dict[Any, list[tuple[Any, float]]]:
+        """Successor lists (names, latencies) of the fabric's switches and routers."""
+        names, fabric = self._names, np.isin(self._vkind, FABRIC_CODES)
+        lat = self.edge_latency_s
+        out = {}
+        for s in np.flatnonzero(fabric).tolist():
+            lo, hi = self._offsets[s], self._offsets[s + 1]
+            out[names[s]] = [(names[w], float(lat[e])) for e, w in
+                             zip(range(lo, hi), self._v[lo:hi].tolist()) if fabric[w]]
+        return out
+
+    def _edge_ids(self, vertices: Sequence[int]) -> tuple[int, ...]:
+        out = []
+        for a, b in zip(vertices[:-1], vertices[1:]):
+            succ = self._out.get(a)
+            if succ is None:
+                lo, hi = int(self._offsets[a]), int(self._offsets[a + 1])
+                succ = self._out[a] = {w: lo + j for j, w in enumerate(self._v[lo:hi].tolist())}
+            out.append(succ[b])
+        return tuple(out)
 
     def _check_device(self, device: int, field: str) -> None:
         if not isinstance(device, (int, np.integer)) or not 0 <= device < self.num_devices:
@@ -242,8 +329,8 @@ class Topology:
 
     def path_latency_s(self, edge_ids: Sequence[int]) -> float:
         """Sum of the latencies of ``edge_ids``, seconds (0 for an empty path)."""
-        lat = self._latency_list
-        return float(sum(lat[e] for e in edge_ids))
+        lat = self.edge_latency_s
+        return float(sum(float(lat[e]) for e in edge_ids))
 
     def path_bandwidth_Bps(self, edge_ids: Sequence[int]) -> float:
         """Bottleneck bandwidth of ``edge_ids``, bytes/s (``inf`` for an empty path)."""
@@ -255,17 +342,62 @@ class Topology:
         """The vertices a path of edge ids visits, in order."""
         if len(edge_ids) == 0:
             return []
-        return [self.edges[edge_ids[0]][0], *(self.edges[e][1] for e in edge_ids)]
+        names = self._names
+        return [names[self._u[edge_ids[0]]], *(names[self._v[e]] for e in edge_ids)]
 
 
 # ---------------------------------------------------------------------------------- helpers
-def _frozen(values: list, dtype: type = np.float64) -> np.ndarray:
-    array = np.asarray(values, dtype=dtype)
+class _LocalLinks(Mapping):
+    """Successors ``(vertex id, latency)`` of each node-local vertex over the links inside its
+    own node, read from the edge arrays on first use (the local router's adjacency)."""
+
+    def __init__(self, topo: Topology, vnode: np.ndarray):
+        self._topo, self._node = topo, vnode
+        self._local = np.isin(topo._vkind, _LOCAL_CODES)
+        self._memo: dict[int, list[tuple[int, float]]] = {}
+
+    def __getitem__(self, v: int) -> list[tuple[int, float]]:
+        got = self._memo.get(v)
+        if got is None:
+            if not self._local[v]:
+                raise KeyError(v)
+            t = self._topo
+            lo, hi = int(t._offsets[v]), int(t._offsets[v + 1])
+            out = t._v[lo:hi]
+            keep = self._local[out] & (self._node[out] == self._node[v])
+            lat = t.edge_latency_s[lo:hi]
+            got = self._memo[v] = list(zip(out[keep].tolist(), lat[keep].tolist()))
+        return got
+
+    def __iter__(self):
+        return iter(np.flatnonzero(self._local).tolist())
+
+    def __len__(self) -> int:
+        return int(self._local.sum())
+
+
+class _NicSet:
+    """The NIC vertex ids, as a container (``v in nics``)."""
+
+    def __init__(self, vkind: np.ndarray):
+        self._vkind = vkind
+
+    def __contains__(self, v: int) -> bool:
+        return bool(self._vkind[v] == _NIC)
+
+
+def _flat_routes(edges: list, lengths: list, latency: list) -> tuple[np.ndarray, ...]:
+    return (np.concatenate(edges), np.concatenate(lengths),
+            np.array([len(n) for n in lengths], dtype=np.int64), np.array(latency))
+
+
+def _frozen(values, dtype: type = np.float64) -> np.ndarray:
+    array = np.array(values, dtype=dtype)
     array.flags.writeable = False
     return array
 
 
-def _choose(options: list, h: int, salt: int) -> Any:
+def _choose(options: Sequence, h: int, salt: int) -> Any:
     return options[pick(h, salt, len(options))]
 
 
@@ -286,131 +418,42 @@ def _freeze(graph: nx.DiGraph) -> nx.DiGraph:
     return nx.freeze(graph)
 
 
-def _record_of(graph: Any) -> GraphRecord:
-    """``graph`` itself, or an ``nx.DiGraph``'s vertices and edges as a :class:`GraphRecord`
-    (its own attribute dicts, in its order)."""
-    if isinstance(graph, GraphRecord):
-        return graph
-    import networkx as nx
-
-    if not isinstance(graph, nx.DiGraph) or graph.is_multigraph():
-        raise ConfigError(f"a topology graph must be an nx.DiGraph; got {type(graph).__name__}")
-    record = GraphRecord()
-    record.graph = graph.graph
-    record.nodes = dict(graph.nodes(data=True))
-    record.succ = {v: dict(out) for v, out in graph.succ.items()}
-    return record
+def _nics_by_node(vkind: np.ndarray, vnode: np.ndarray, num_nodes: int) -> list[tuple[int, ...]]:
+    """NIC vertex ids of every compute node, in vertex order."""
+    nics = np.flatnonzero(vkind == _NIC)
+    nics = nics[np.argsort(vnode[nics], kind="stable")]
+    counts = np.bincount(vnode[nics], minlength=num_nodes)
+    if len(counts) == num_nodes and (counts == counts[0]).all():  # as many on every node
+        return list(map(tuple, nics.reshape(num_nodes, -1).tolist()))
+    cuts = np.searchsorted(vnode[nics], np.arange(1, num_nodes))
+    return [tuple(part.tolist()) for part in np.split(nics, cuts)]
 
 
-def _nics_of_devices(graph: GraphRecord, devices: list[Any]) -> list[list[Any]]:
-    """Each device's ``nics`` attribute, else every NIC of its node (in vertex order)."""
-    by_node: dict[int, list[Any]] = {}
-    for v, attrs in graph.nodes.items():
-        if attrs["kind"] == "nic":
-            by_node.setdefault(attrs["node"], []).append(v)
-    nodes = graph.nodes
-    return [list(nodes[d]["nics"]) if "nics" in nodes[d] else by_node.get(nodes[d]["node"], [])
-            for d in devices]
-
-
-def _nics_by_node(graph: GraphRecord, num_nodes: int) -> list[list[Any]]:
-    """NIC vertices of every compute node, in vertex order."""
-    out: list[list[Any]] = [[] for _ in range(num_nodes)]
-    for v, attrs in graph.nodes.items():
-        if attrs["kind"] == "nic":
-            out[attrs["node"]].append(v)
-    return out
-
-
-def _attachments(graph: GraphRecord) -> dict[Any, list[Any]]:
-    """NIC → the switches or routers it links to."""
-    nodes = graph.nodes
-    return {v: [w for w in graph.succ[v] if nodes[w]["kind"] in FABRIC_KINDS]
-            for v, attrs in nodes.items() if attrs["kind"] == "nic"}
+def _nics_of_devices(builder, devices: np.ndarray, vnode: np.ndarray,
+                     by_node: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """Each device's ``nics`` attribute (as vertex ids), else every NIC of its node."""
+    given = builder.nics
+    return [given[d] if d in given else by_node[n]
+            for d, n in zip(devices.tolist(), vnode[devices].tolist())]
 
 
 def _check_nics(topo: Topology) -> None:
     if topo.num_nodes == 1:
         return
-    for d, nics in enumerate(topo.nics_of_device):
+    linked = np.bincount(topo._u[topo._fabric[topo._v]], minlength=len(topo._names)) > 0
+    count = np.fromiter(map(len, topo._dev_nics), dtype=np.int64, count=topo.num_devices)
+    flat = np.fromiter(itertools.chain.from_iterable(topo._dev_nics), dtype=np.int64,
+                       count=int(count.sum()))
+    bad = count == 0
+    if len(flat):
+        bad[count > 0] |= ~np.logical_and.reduceat(linked[flat], (np.cumsum(count) - count)
+                                                   [count > 0])
+    for d in np.flatnonzero(bad)[:1].tolist():
+        nics = topo._dev_nics[d]
         if not nics:
             raise ConfigError(f"device {topo.devices[d]!r} has no NIC; with "
                               f"{topo.num_nodes} nodes every device needs one to leave its node")
         for nic in nics:
-            if not topo.attach_of_nic.get(nic):
-                raise ConfigError(f"NIC {nic!r} is not linked to any switch or router")
-
-
-def _adjacency(graph: GraphRecord, *, local: bool) -> dict[Any, list[tuple[Any, float]]]:
-    """Successor lists of the node-internal edges (``local``) or of the fabric edges."""
-    kinds = NODE_LOCAL_KINDS if local else FABRIC_KINDS
-    nodes = graph.nodes
-    succ: dict[Any, list[tuple[Any, float]]] = {}
-    for v, attrs in nodes.items():
-        if attrs["kind"] not in kinds:
-            continue
-        succ[v] = [(w, a["latency_s"]) for w, a in graph.succ[v].items()
-                   if nodes[w]["kind"] in kinds
-                   and (not local or nodes[w].get("node") == attrs.get("node"))]
-    return succ
-
-
-def _validate_graph(graph: GraphRecord) -> None:
-    """Raise :class:`ConfigError` naming the first vertex or edge that breaks the model."""
-    for v, attrs in graph.nodes.items():
-        _validate_vertex(v, attrs)
-    succ = graph.succ
-    for u, out in succ.items():
-        for v, attrs in out.items():
-            _validate_edge(u, v, attrs)
-            if u not in succ.get(v, ()):
-                raise ConfigError(f"edge ({u!r}, {v!r}) has no reverse edge; every link is "
-                                  "full duplex: add both directions")
-    if not any(a["kind"] == "device" for a in graph.nodes.values()):
-        raise ConfigError("the topology has no vertex of kind 'device'")
-    if len(_reachable(succ, next(iter(succ)))) < len(graph.nodes):
-        # every link is two edges, so reaching every vertex from one is strong connectivity
-        import networkx as nx
-
-        parts = sorted(nx.strongly_connected_components(graph.to_networkx()), key=len)
-        raise ConfigError(f"the topology is not connected: {len(parts)} parts, e.g. "
-                          f"{sorted(map(str, parts[0]))[:5]} cannot reach the rest")
-
-
-def _reachable(succ: dict[Any, dict], start: Any) -> set:
-    """Vertices reachable from ``start`` (breadth first)."""
-    seen, queue = {start}, deque([start])
-    while queue:
-        for w in succ[queue.popleft()]:
-            if w not in seen:
-                seen.add(w)
-                queue.append(w)
-    return seen
-
-
-def _validate_vertex(v: Any, attrs: dict) -> None:
-    kind = attrs.get("kind")
-    if kind not in NODE_KINDS:
-        raise ConfigError(f"vertex {v!r} has kind = {kind!r}; allowed: {', '.join(NODE_KINDS)}")
-    if kind in NODE_LOCAL_KINDS and not isinstance(attrs.get("node"), int):
-        raise ConfigError(f"vertex {v!r} (kind {kind!r}) needs an integer 'node' attribute "
-                          f"(its compute node); got {attrs.get('node')!r}")
-    if kind == "device" and not isinstance(attrs.get("local"), int):
-        raise ConfigError(f"device {v!r} needs an integer 'local' attribute (its index in the "
-                          f"node); got {attrs.get('local')!r}")
-    if kind == "switch" and attrs.get("level") not in (1, 2, 3):
-        raise ConfigError(f"switch {v!r} has level = {attrs.get('level')!r}; allowed: "
-                          "1 (leaf), 2 (spine/aggregation), 3 (core)")
-
-
-def _validate_edge(u: Any, v: Any, attrs: dict) -> None:
-    bw, lat, kind = attrs.get("bandwidth_Bps"), attrs.get("latency_s"), attrs.get("link_kind")
-    if not isinstance(bw, (int, float)) or not 0 < bw < math.inf:
-        raise ConfigError(f"edge ({u!r}, {v!r}) has bandwidth_Bps = {bw!r}; it must be a finite "
-                          "number > 0 (bytes/s)")
-    if not isinstance(lat, (int, float)) or not 0 <= lat < math.inf:
-        raise ConfigError(f"edge ({u!r}, {v!r}) has latency_s = {lat!r}; it must be a finite "
-                          "number >= 0 (seconds)")
-    if kind not in LINK_KINDS:
-        raise ConfigError(f"edge ({u!r}, {v!r}) has link_kind = {kind!r}; allowed: "
-                          f"{', '.join(LINK_KINDS)}")
+            if not topo._attach(nic):
+                raise ConfigError(f"NIC {topo._names[nic]!r} is not linked to any switch or "
+                                  "router")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import zlib
 from collections import deque
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from functools import lru_cache
 from typing import Protocol
 
@@ -76,16 +76,25 @@ class ShortestPaths:
         intra-node paths).
     cache_size : int
         Destinations whose hop tables are kept.
+    pred : "symmetric", optional
+        Every edge's reverse is an edge too, so a vertex's predecessors are its successors:
+        ``succ`` may then be a lazy mapping (read per vertex, never iterated), and
+        ``no_transit`` any container.
     """
 
-    def __init__(self, succ: dict[Hashable, list[tuple[Hashable, float]]],
-                 no_transit: Iterable[Hashable] = (), cache_size: int = 65536):
+    def __init__(self, succ: Mapping[Hashable, list[tuple[Hashable, float]]],
+                 no_transit: Iterable[Hashable] = (), cache_size: int = 65536,
+                 pred: str | None = None):
         self._succ = succ
-        self._pred: dict[Hashable, list[Hashable]] = {v: [] for v in succ}
-        for u, outs in succ.items():
-            for v, _ in outs:
-                self._pred.setdefault(v, []).append(u)
-        self._no_transit = frozenset(no_transit)
+        if pred == "symmetric":
+            self._pred = _Successors(succ)
+            self._no_transit = no_transit
+        else:
+            self._pred = {v: [] for v in succ}
+            for u, outs in succ.items():
+                for v, _ in outs:
+                    self._pred.setdefault(v, []).append(u)
+            self._no_transit = frozenset(no_transit)
         self._tables = lru_cache(maxsize=cache_size)(self._table)
         #: paths with no tie on the way: the same for every flow hash, so built once
         self._untied: dict[tuple[Hashable, Hashable], tuple[Hashable, ...]] = {}
@@ -138,6 +147,19 @@ class ShortestPaths:
         if untied and len(self._untied) < _UNTIED_MAX:
             self._untied[(src, dst)] = tuple(path)
         return path
+
+
+class _Successors:
+    """The successor vertices of a ``succ`` mapping, read as predecessors (``get``)."""
+
+    def __init__(self, succ: Mapping[Hashable, list[tuple[Hashable, float]]]):
+        self._succ = succ
+
+    def get(self, v: Hashable, default=()) -> list[Hashable]:
+        try:
+            return [w for w, _ in self._succ[v]]
+        except KeyError:
+            return default
 
 
 class TreeRouter:
