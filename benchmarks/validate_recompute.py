@@ -44,8 +44,11 @@ SEQ = 2048                 # Section 6: s = 2048
 VOCAB = 51200              # Section 6: v = 51200 (a multiple of 128·TP for TP 8)
 GPUS_PER_NODE = 8          # DGX A100
 PEAK = 312e12              # A100 fp16/bf16 dense tensor-core FLOP/s (A100 datasheet), Table 5's MFU
-#: Megatron-LM of May 2022: the 2021 layers plus the asynchronous SP backward (module docstring)
-SOFTWARE = {"stack": "megatron-lm-2021", "overlap": {"tp_async_backward": True}}
+#: Megatron-LM of May 2022: the 2021 layers plus the asynchronous SP backward (module docstring);
+#: a what-if of the 2021 stack, whose commit (6985e58) has no sequence parallelism (its rule
+#: no_sequence_parallel, docs/stacks.md), which 739cb43 had
+SOFTWARE = {"stack": "megatron-lm-2021", "overlap": {"tp_async_backward": True},
+            "what_if": True}
 
 
 def rows() -> list[dict]:

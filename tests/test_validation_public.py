@@ -247,7 +247,8 @@ def test_recompute_rows_map_onto_ddlsim_configs():
     assert all(c["parallel"]["data_parallel_size"] == 1 for k, c in by.items() if k[1] != "2240")
     assert "virtual_pipeline_model_parallel_size" not in by[("1T", "512", "full")]["parallel"]
     assert all(c["system"]["software"] == {"stack": "megatron-lm-2021",
-                                           "overlap": {"tp_async_backward": True}}
+                                           "overlap": {"tp_async_backward": True},
+                                           "what_if": True}   # SP: not in the 2021 commit
                for c in by.values())
     assert {c["train"]["dtype"] for c in by.values()} == {"fp16"}
 
