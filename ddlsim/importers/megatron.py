@@ -68,6 +68,7 @@ SWITCHES: dict[str, tuple[str, Any]] = {
     "no-rope-fusion": (f"{_SW}.kernels.fused_rope", False),
     "cross-entropy-loss-fusion": (f"{_SW}.kernels.fused_cross_entropy", True),
     "accumulate-allreduce-grads-in-fp32": (f"{_SW}.kernels.grad_reduce_dtype", "fp32"),
+    "grad-reduce-in-bf16": (f"{_SW}.kernels.grad_reduce_dtype", "param"),
     "no-async-tensor-model-parallel-allreduce": (f"{_SW}.overlap.tp_async_backward", False),
     "untie-embeddings-and-output-weights": ("model.tie_word_embeddings", False),
 }
@@ -89,6 +90,9 @@ CHOICES: dict[str, dict[str, list[tuple[str, Any]]]] = {
     "fp8-format": {"hybrid": [("train.dtype", "fp8")], "e4m3": [("train.dtype", "fp8")]},
     "recompute-method": {"uniform": []},
     "transformer-impl": {"transformer_engine": []},
+    "fp8-recipe": {"delayed": [], "tensorwise": []},
+    "moe-token-dispatcher-type": {"alltoall": []},
+    "rotary-percent": {"1.0": [], "1": []},
 }
 
 #: what a choice that sets no field means
@@ -99,6 +103,11 @@ CHOICE_NOTES = {
                                 "as train.recompute full models it",
     "transformer-impl transformer_engine": "TransformerEngine layers, as the stack's kernels "
                                            "describe them",
+    "fp8-recipe delayed": "per-tensor scaling, as ddlsim's fp8 models it",
+    "fp8-recipe tensorwise": "per-tensor scaling, as ddlsim's fp8 models it",
+    "moe-token-dispatcher-type alltoall": "all-to-all token dispatch, as ddlsim models it",
+    "rotary-percent 1.0": "every head dimension rotated, as ddlsim models RoPE",
+    "rotary-percent 1": "every head dimension rotated, as ddlsim models RoPE",
 }
 
 #: flags read to build the model section (architecture, vocabulary)
@@ -133,6 +142,9 @@ NO_EFFECT: dict[str, str] = {
                      "use-mcore-models", "eod-mask-loss", "reset-position-ids",
                      "reset-attention-mask", "no-create-attention-mask-in-dataloader",
                      "attention-softmax-in-fp32", "fp8-amax-history-len",
+                     "use-cpu-initialization", "calculate-per-token-loss",
+                     "moe-router-load-balancing-type", "moe-aux-loss-coeff",
+                     "moe-z-loss-coeff",
                      "fp8-amax-compute-algo", "distributed-timeout-minutes"),
                     "a value of the optimisation or of a kernel, not of its cost"),
 }
@@ -142,6 +154,12 @@ NOT_MODELLED: dict[str, str] = {
     "clip-grad": "the gradient norm (one pass over the gradients and a scalar all-reduce)",
     "rampup-batch-size": "the smaller batches of the first iterations; ddlsim predicts a "
                          "steady iteration at --global-batch-size",
+    "ddp-bucket-size": "the gradient bucket size in elements (ddlsim's "
+                       "parallel.grad_bucket_size, in bytes, keeps its default)",
+    "manual-gc": "the host's garbage-collection pauses, with or without it",
+    "manual-gc-interval": "the host's garbage-collection pauses",
+    "empty-unused-memory-level": "the allocator's cache flushes",
+    "moe-grouped-gemm": "grouped GEMMs of the experts (ddlsim times each expert's GEMMs)",
 }
 
 #: launcher (torchrun, torch.distributed.launch/run) flags

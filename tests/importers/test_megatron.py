@@ -41,6 +41,18 @@ def test_megatron_1t_script_round_trips_to_the_examples_prediction():
     assert imported["model"]["vocab_size"] == 51200     # 50257 padded to 128 × TP8
 
 
+def test_llama2_70b_arguments_round_trip_to_the_examples_prediction():
+    """Llama-style flags (RMSNorm, rope, SwiGLU, GQA, no biases, untied) give the llama family
+    with the published config.json's shape, and the example's prediction bit for bit."""
+    with pytest.warns(DDLSimWarning, match="clip-grad"):
+        imported = import_config([DATA / "llama2-70b-nemo.sh"], system="dgx-h100").config
+    mine = ddlsim.predict(ddlsim.load_config(imported))
+    with pytest.warns(DDLSimWarning, match="not modelled"):
+        hand = ddlsim.predict(ddlsim.load_config(EXAMPLES / "llama2-70b-64-h100.yaml"))
+    assert mine.iteration_time_s == hand.iteration_time_s
+    assert mine.memory == hand.memory
+
+
 def test_gpt3_script_differs_from_the_example_only_by_megatrons_padded_vocabulary():
     """Megatron-LM pads GPT-2's 50,257 tokens to 51,200 at TP 8; the example keeps 50,257.
     With that one field made equal, the predictions are the same."""
