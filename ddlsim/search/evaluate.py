@@ -15,6 +15,7 @@ import numpy as np
 from ..errors import ConfigError
 from .family import vector_family
 from .pipeline import iteration_time
+from .planconfig import judge_failed_contexts, plan_config, plan_sections
 from .plans import RECOMPUTE, SCHEDULE, VECTOR_FIELDS, PlanSet, context_overrides, \
     enumerate_plans, plan_rules
 from .spec import OBJECTIVES
@@ -105,6 +106,10 @@ def evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[
     Grid
     """
     base, fields = base_config(data, base_dir, overrides, axes)
+    if not vectorised(data, base_dir, overrides, axes, base):
+        from .exact import evaluate_exact
+        return evaluate_exact(data, base_dir, overrides, axes, constraints, objective,
+                              price_per_gpu_hour, progress)
     if constraints.global_batch_size is not None:
         fields["train.global_batch_size"] = constraints.global_batch_size
     devices = base.system.num_devices
@@ -121,15 +126,14 @@ def evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[
                 reasons.append(text)
             reason[mask] = reasons.index(text)
 
-    for i, cfg in enumerate(ctx_cfgs):
-        if isinstance(cfg, ConfigError):
-            reject(str(cfg), plans["context"] == i)
-    good = [c if not isinstance(c, ConfigError) else base for c in ctx_cfgs]
+    good = [None if isinstance(c, ConfigError) else c for c in ctx_cfgs]
     family = vector_family(base.model.architecture)
-    for cfg in {id(c): c for c in good}.values():
-        family.prepare(cfg)   # what the vectorised form does not cover is refused up front
     for text, mask in plan_rules(plans, base.model.shape(), good, devices, constraints.max_gpus):
         reject(text, mask)
+    # a context whose config fails on the neutral plan alone: its plans judged by the config
+    sections = plan_sections(data, base_dir, overrides)
+    judge_failed_contexts(plans, ctx_cfgs, reason, reject,
+                          lambda plan: plan_config(sections, base, plan), family.prepare)
     parts = []
     for i, cfg in enumerate(ctx_cfgs):
         here = (plans["context"] == i) & (reason < 0)
@@ -163,6 +167,29 @@ def evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[
     return Grid(frame, rejected, len(plans))
 
 
+def vectorised(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[str, list],
+               base) -> bool:
+    """Whether the grid's every context has a vectorised form: the model's family registers
+    one and its ``prepare`` accepts each context's base config (else the grid is searched by
+    the exact engine, :mod:`.exact`)."""
+    try:
+        family = vector_family(base.model.architecture)
+    except ConfigError:
+        return False
+    import itertools
+    context_axes = {p: v for p, v in axes.items() if p not in VECTOR_FIELDS}
+    contexts = [dict(zip(context_axes, combo))
+                for combo in itertools.product(*context_axes.values())]
+    for cfg in _contexts(data, base_dir, overrides, contexts):
+        if isinstance(cfg, ConfigError):
+            continue
+        try:
+            family.prepare(cfg)
+        except ConfigError:
+            return False
+    return True
+
+
 def base_config(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[str, list]):
     """``(config, fields)``: the config without its search section, built with the vector
     fields set to a plan every rule accepts (:func:`~ddlsim.search.plans.context_overrides`:
@@ -185,14 +212,13 @@ def base_config(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[st
             own[name] = schema.model_validate(sections.get(name, {}))
         except ValidationError as exc:
             raise ConfigError(format_validation_error(exc, name)) from None
-    if own["parallel"].context_parallel_size > 1:
-        raise ConfigError(f"parallel.context_parallel_size = "
-                          f"{own['parallel'].context_parallel_size}: the vectorised search tier "
-                          "covers plans without context parallelism (its ring attention is in "
-                          "the exact engines only); use ddlsim sweep to compare such plans, or "
-                          "set it to 1 to search")
     neutral = [_setting(p, v) for p, v in context_overrides({}).items()]
-    cfg = build_config(data, [*overrides, *neutral], base_dir)
+    try:
+        cfg = build_config(data, [*overrides, *neutral], base_dir)
+    except ConfigError:
+        # a plan that needs more than one device as given (expert parallelism, a 2-D tensor
+        # grid): the config as written is the base, and the exact tier searches it
+        cfg = build_config(data, overrides, base_dir)
     fields = {p: _field(own, p) for p in VECTOR_FIELDS}
     fields["parallel.schedule"] = own["parallel"].schedule
     return cfg, fields

@@ -1,0 +1,232 @@
+"""What each software stack can run (ddlsim/stackrules.py, the `rules:` of software.yaml):
+refused by predict with the stack, the rule and its source, run as an explicit what-if, and
+rejected by the search through the same rule objects."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import ddlsim
+from ddlsim.cli import app
+from ddlsim.config import build_config
+from ddlsim.errors import ConfigError
+from ddlsim.search.evaluate import evaluate_grid
+from ddlsim.search.plans import enumerate_plans
+from ddlsim.search.spec import Constraints
+from ddlsim.software import stacks
+from ddlsim.stackrules import PlanFacts, broken_rules, rules, stack_rules
+from ddlsim.sweeps import _setting
+
+#: gpt3-1.3b (24 layers, 32 heads) on one DGX A100: TP2 × PP2 × DP2
+BASE = {"model": "gpt3-1.3b",
+        "parallel": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2},
+        "train": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 1024},
+        "system": {"preset": "dgx-a100", "nodes": 1}}
+
+
+def _cfg(*sets: str):
+    return build_config(copy.deepcopy(BASE), list(sets))
+
+
+def _what_if(stack: str) -> str:
+    return f"system.software={{stack: {stack}, what_if: true}}"
+
+
+def test_every_stack_declares_registered_rules_with_sources():
+    used = set()
+    for stack in stacks():
+        declared = stack_rules(stack)
+        assert declared, stack
+        for rule, source in declared:
+            assert len(source) > 40 and any(c.isdigit() for c in source), (stack, rule.name)
+            used.add(rule.name)
+    assert used == set(rules())   # no rule registered that no stack declares
+
+
+@pytest.mark.parametrize("sets, stack, rule", [
+    (["parallel.zero_stage=2"], "megatron-core-2024", "distributed_optimizer_is_zero1"),
+    (["parallel.zero_stage=1", "system.software=megatron-lm-2021"], "megatron-lm-2021",
+     "no_distributed_optimizer"),
+    (["parallel.sequence_parallel=true", "system.software=megatron-lm-2021"],
+     "megatron-lm-2021", "no_sequence_parallel"),
+    (["parallel.zero_stage=2", "system.software=deepspeed"], "deepspeed", "pipeline_zero"),
+    (["parallel.schedule=gpipe", "system.software=deepspeed"], "deepspeed",
+     "pipeline_1f1b_only"),
+    (["parallel.schedule=interleaved", "parallel.virtual_pipeline_model_parallel_size=2",
+      "parallel.overlap_p2p_comm=false"], "megatron-core-2024",
+     "interleaved_blocking_needs_pp3"),
+    (["parallel.schedule=interleaved", "parallel.virtual_pipeline_model_parallel_size=2",
+      "system.software=megatron-lm-2021"], "megatron-lm-2021", "interleaved_needs_pp3"),
+])
+def test_predict_refuses_what_the_stack_cannot_run(sets, stack, rule):
+    """The message names the stack, the rule, the plan's values, the source and the opt-in;
+    the same plan as a what-if is predicted, and the result says so."""
+    with pytest.raises(ConfigError) as exc:
+        _cfg(*sets)
+    text = str(exc.value)
+    assert f"software stack {stack!r} cannot run" in text and f"rule {rule}" in text
+    source = dict((r.name, s) for r, s in stack_rules(stack))[rule]
+    assert source in text and "what_if: true" in text
+    cfg = _cfg(*[s for s in sets if not s.startswith("system.software")], _what_if(stack))
+    assert [r.name for r, _ in broken_rules(cfg)][0] == rule
+    result = ddlsim.predict(cfg, check_fit=False)
+    assert result.extra["what_if"].startswith(f"what-if: {stack} cannot run")
+    assert result.iteration_time_s > 0
+
+
+def test_what_if_changes_no_figure():
+    """A plan the stack runs predicts the same bit for bit with or without what_if."""
+    plain = ddlsim.predict(_cfg("parallel.zero_stage=1"))
+    marked = ddlsim.predict(_cfg("parallel.zero_stage=1", _what_if("megatron-core-2024")))
+    assert plain.iteration_time_s == marked.iteration_time_s
+    assert "what_if" not in plain.extra and "what_if" not in marked.extra
+
+
+def test_the_stacks_run_what_their_frameworks_run():
+    _cfg("parallel.zero_stage=2", "parallel.pipeline_model_parallel_size=1",
+         "system.software=deepspeed")                      # DeepSpeed: ZeRO-2 without a pipeline
+    _cfg("parallel.zero_stage=1", "system.software=deepspeed")   # ZeRO-1 with its pipeline
+    _cfg("parallel.schedule=interleaved", "parallel.virtual_pipeline_model_parallel_size=2")
+    _cfg("parallel.zero_stage=1", "parallel.sequence_parallel=true")
+
+
+def test_cli_predict_refuses_in_one_paragraph_and_runs_the_what_if(tmp_path):
+    runner = CliRunner()
+    path = tmp_path / "run.yaml"
+    import yaml
+    path.write_text(yaml.safe_dump(BASE))
+    bad = runner.invoke(app, ["predict", str(path), "--set", "parallel.zero_stage=2"])
+    assert bad.exit_code == 2 and "error:" in bad.output and "Traceback" not in bad.output
+    assert "distributed_optimizer_is_zero1" in bad.output
+    ok = runner.invoke(app, ["predict", str(path), "--set", "parallel.zero_stage=2",
+                             "--set", _what_if("megatron-core-2024")])
+    assert ok.exit_code == 0, ok.output
+    assert "WHAT-IF" in ok.output and "distributed_optimizer_is_zero1" in ok.output
+
+
+def test_memory_advice_proposes_no_plan_the_stack_cannot_run():
+    """An OOM plan's alternatives are built as configs, so none breaks the stack's rules."""
+    from ddlsim.api import memory_alternatives
+    cfg = build_config({"model": "gpt3-13b", "parallel": {"pipeline_model_parallel_size": 2},
+                        "train": {"micro_batch_size": 4, "global_batch_size": 64,
+                                  "seq_length": 2048},
+                        "system": {"preset": "dgx-a100", "nodes": 1}})
+    changes = [text for text, _ in memory_alternatives(cfg, limit=20)]
+    assert changes and not any("zero_stage = 2" in c for c in changes)
+    assert any("zero_stage = 1" in c for c in changes)
+
+
+# ------------------------------------------------------------------- one rule, two forms
+def test_rules_on_arrays_equal_rules_on_configs():
+    """Each rule on the arrays of every combination (the search's form) equals the rule on
+    each combination alone (0-d arrays, the form PlanFacts.of_config gives a RunConfig)."""
+    combos = list(itertools.product([1, 2], [1, 2, 4], [0, 1, 2, 3], [False, True],
+                                    ["1f1b", "interleaved", "gpipe"], [False, True]))
+    cols = list(zip(*combos))
+    facts = PlanFacts.of(tp=np.array(cols[0]), pp=np.array(cols[1]), cp=np.ones(len(combos)),
+                         zero=np.array(cols[2]), sp=np.array(cols[3]),
+                         interleaved=np.array([s == "interleaved" for s in cols[4]]),
+                         one_f_one_b=np.array([s == "1f1b" for s in cols[4]]),
+                         p2p_overlap=np.array(cols[5]))
+    for rule in rules().values():
+        on_arrays = np.broadcast_to(rule.rejects(facts), (len(combos),))
+        for k, (tp, pp, zero, sp, sched, p2p) in enumerate(combos):
+            one = PlanFacts.of(tp=tp, pp=pp, cp=1, zero=zero, sp=sp,
+                               interleaved=sched == "interleaved", one_f_one_b=sched == "1f1b",
+                               p2p_overlap=p2p)
+            assert bool(rule.rejects(one)) == bool(on_arrays[k]), (rule.name, combos[k])
+
+
+GRID = {"parallel.tensor_model_parallel_size": [1, 2],
+        "parallel.pipeline_model_parallel_size": [1, 2, 4],
+        "parallel.virtual_pipeline_model_parallel_size": [None, 2],
+        "parallel.sequence_parallel": [False, True],
+        "parallel.zero_stage": [0, 1, 2, 3]}
+
+
+@pytest.mark.parametrize("stack, extra_axes", [
+    ("megatron-core-2024", {}),
+    ("megatron-lm-2021", {}),
+    ("deepspeed", {"parallel.schedule": ["1f1b", "gpipe", "interleaved"]}),
+    ("megatron-core-2024", {"parallel.overlap_p2p_comm": [False, True]}),
+    ("megatron-core-2024", {"parallel.schedule": ["interleaved"]}),
+])
+def test_search_rejects_exactly_what_building_the_config_refuses(stack, extra_axes):
+    """Every plan of a grid on 8 GPUs: evaluated by the search iff build_config accepts it
+    (the stack's rules, the overlap options and the schedule axes included)."""
+    data = copy.deepcopy(BASE)
+    data["system"]["software"] = stack
+    axes = {**GRID, **extra_axes}
+    grid = evaluate_grid(data, None, [], axes, Constraints(must_fit=False))
+    valid = set(grid.frame["plan"].tolist())
+    fields = {"parallel.tensor_model_parallel_size": 1, "parallel.pipeline_model_parallel_size": 1,
+              "parallel.data_parallel_size": None,
+              "parallel.virtual_pipeline_model_parallel_size": None,
+              "parallel.sequence_parallel": False, "parallel.zero_stage": 0,
+              "train.micro_batch_size": 1, "train.global_batch_size": 16,
+              "train.recompute": "none", "parallel.schedule": "1f1b"}
+    plans = enumerate_plans(axes, fields, 8)
+    assert grid.total == len(plans) and 0 < len(valid) < len(plans)
+    for i in range(len(plans)):
+        sets = [_setting(p, v) for p, v in plans.overrides(i).items()]
+        try:
+            build_config(data, sets)
+            ok = True
+        except ConfigError:
+            ok = False
+        assert ok == (i in valid), (i, sets)
+    if stack == "megatron-core-2024" and not extra_axes:
+        reason = ("megatron-core-2024 cannot run ZeRO-2 (its distributed optimizer shards the "
+                  "optimizer state, not the gradients) (rule distributed_optimizer_is_zero1)")
+        assert grid.rejected[reason] > 0
+
+
+# ------------------------------------------------------------ the search's context bugs
+def test_overlap_p2p_comm_axis_keeps_its_pipelined_plans():
+    """issue #27: every plan with overlap_p2p_comm: true was rejected as 'PP is 1' (the
+    context was built on a one-device plan); now the interleaved plans at PP > 1 are
+    evaluated, and only the plans predict refuses are rejected, with predict's reason."""
+    axes = {"parallel.pipeline_model_parallel_size": [1, 4],
+            "parallel.virtual_pipeline_model_parallel_size": [None, 2],
+            "parallel.overlap_p2p_comm": [True]}
+    data = copy.deepcopy(BASE)
+    grid = evaluate_grid(data, None, [], axes, Constraints(must_fit=False))
+    frame = grid.frame
+    assert len(frame) == 1
+    row = frame.iloc[0]
+    assert (row["parallel.pipeline_model_parallel_size"], row["parallel.schedule"]) == \
+        (4, "interleaved")
+    assert any("pipeline_model_parallel_size is 1" in r for r in grid.rejected)
+    assert any("needs the interleaved schedule" in r for r in grid.rejected)
+    cfg = build_config(data, [_setting(p, v) for p, v in
+                              {"parallel.pipeline_model_parallel_size": 4,
+                               "parallel.virtual_pipeline_model_parallel_size": 2,
+                               "parallel.schedule": "interleaved",
+                               "parallel.overlap_p2p_comm": True}.items()])
+    assert row["iteration_time_s"] == pytest.approx(
+        ddlsim.predict(cfg, check_fit=False).iteration_time_s, rel=0.03)
+
+
+def test_interleaved_schedule_axis_with_a_vpp_axis():
+    """issue #27: axes schedule: [interleaved] and VPP: [2] were rejected as 'needs VPP >= 2
+    (got None)'; they are one valid plan per pipeline size that can interleave."""
+    axes = {"parallel.pipeline_model_parallel_size": [2, 4],
+            "parallel.schedule": ["interleaved"],
+            "parallel.virtual_pipeline_model_parallel_size": [2]}
+    grid = evaluate_grid(copy.deepcopy(BASE), None, [], axes, Constraints(must_fit=False))
+    assert sorted(grid.frame["parallel.pipeline_model_parallel_size"]) == [2, 4]
+    assert grid.rejected == {}
+
+
+def test_a_context_no_plan_can_run_keeps_its_reason():
+    """fp8 has no peak on an A100: every plan of that context is rejected with the config's
+    message (now judged through the config once per structural combination)."""
+    axes = {"train.dtype": ["bf16", "fp8"], "parallel.tensor_model_parallel_size": [1, 2]}
+    grid = evaluate_grid(copy.deepcopy(BASE), None, [], axes, Constraints(must_fit=False))
+    assert set(grid.frame["train.dtype"]) == {"bf16"}
+    assert sum(c for r, c in grid.rejected.items() if "fp8" in r) == 2
