@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from . import config as C
-from .configpresets import preset_alias, preset_overrides
+from .configpresets import hf_folder, preset_alias, preset_overrides
 from .errors import ConfigError, did_you_mean
 
 __all__ = ["load_config", "build_config", "apply_overrides", "resolve_section",
@@ -152,7 +152,7 @@ def resolve_section(name: str, value: Any, base_dir: Any = None, expand: bool = 
     data = _resolved(name, value)
     if name == "model" and "hf_config" in data and expand:
         from .workloads.registry import expand_hf_config
-        return expand_hf_config(data, base_dir)
+        return expand_hf_config(hf_folder(data, base_dir), base_dir)
     return data
 
 
@@ -237,7 +237,7 @@ def build_config(data: dict, overrides: list[str] | tuple[str, ...] = (),
     if isinstance(model, dict) and "hf_config" in model:  # after --set: it may name one
         from .workloads.registry import expand_hf_config
         try:
-            sections["model"] = expand_hf_config(model, base_dir)
+            sections["model"] = expand_hf_config(hf_folder(model, base_dir), base_dir)
         except ConfigError as exc:
             problems.append(str(exc))
             del sections["model"]

@@ -1,4 +1,5 @@
-"""Model and system presets as users name them: a model by its Hugging Face repository, and
+"""Model and system presets as users name them: a model by its Hugging Face repository or
+its downloaded folder, and
 ``--set SECTION.preset=NAME`` (``system.preset=dgx-h100``, also swept by ``sweep --set-range``)
 replacing a section by a preset while keeping what the config gave beside its own preset."""
 
@@ -9,7 +10,7 @@ from typing import Any
 from .documents import DocumentError, parse_yaml
 from .errors import ConfigError
 
-__all__ = ["preset_alias", "preset_overrides"]
+__all__ = ["preset_alias", "preset_overrides", "hf_folder"]
 
 
 def preset_alias(section: str, name: str) -> str:
@@ -58,3 +59,19 @@ def preset_overrides(data: dict, overrides: Any, sections: Any) -> tuple[dict, l
         kept = {k: v for k, v in given.items() if k != "preset"} if isinstance(given, dict) else {}
         data[name] = {"preset": value, **kept}
     return data, rest
+
+
+def hf_folder(section: dict, base_dir: Any = None) -> dict:
+    """A model section whose ``hf_config`` names a Hugging Face model folder (as downloaded
+    from the hub) with its ``config.json`` named instead; other sections unchanged."""
+    from pathlib import Path
+
+    spec = section.get("hf_config")
+    if not isinstance(spec, str) or not spec:
+        return section
+    path = Path(spec).expanduser()
+    if not path.is_absolute() and base_dir is not None:
+        path = Path(base_dir) / path
+    if path.is_dir() and (path / "config.json").is_file():
+        return {**section, "hf_config": str(Path(spec) / "config.json")}
+    return section

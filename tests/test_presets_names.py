@@ -70,3 +70,16 @@ def test_foreign_names_say_what_they_are_in_ddlsim():
     assert "parallel.zero_stage: 1 (Megatron's distributed optimizer shards" in text
     assert "virtual_pipeline_model_parallel_size = layers / PP / L" in text
     assert "`ddlsim import ds_config.json`" in text
+
+
+def test_a_hugging_face_model_folder_is_read_where_a_config_json_is(tmp_path):
+    import shutil
+    from pathlib import Path
+    folder = tmp_path / "Llama-3.1-8B"
+    folder.mkdir()
+    shutil.copy(Path(ddlsim.__file__).parent / "data" / "hf" / "llama-3.1-8b.json",
+                folder / "config.json")
+    by_option = ddlsim.load_config({**RUN, "model": "gpt2-124m"}, model=folder)
+    by_key = ddlsim.load_config({**RUN, "model": {"hf_config": str(folder)}})
+    assert by_option.model.shape() == by_key.model.shape()
+    assert by_key.model.shape().params == 8030261248 and by_key.model.name == "Llama-3.1-8B"
