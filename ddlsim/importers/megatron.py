@@ -210,7 +210,6 @@ def read_megatron(text: str, where: str) -> Draft:
 
 def _launcher(draft: Draft, words: list[str]) -> None:
     for flag, values in _groups(words):
-        name = flag.replace("_", "-") if flag not in LAUNCHER else flag
         arg = f"--{flag} {' '.join(values)}".strip()
         if not flag:
             draft.note(" ".join(values), "the launcher")
@@ -219,8 +218,8 @@ def _launcher(draft: Draft, words: list[str]) -> None:
         elif flag in LAUNCHER:
             _value(draft, arg, LAUNCHER[flag], values, int)
         else:
-            draft.refuse(arg, f"a launcher flag ddlsim does not read ({name}); the launcher "
-                              "flags read are --nproc_per_node and --nnodes")
+            draft.refuse(arg, "a launcher flag ddlsim does not read; it reads --nproc_per_node "
+                              "and --nnodes, and knows the rendezvous flags")
 
 
 def _value(draft: Draft, arg: str, path: str, values: list[str], kind: type) -> None:

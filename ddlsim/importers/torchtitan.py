@@ -128,16 +128,45 @@ def _training(draft: Draft, s: dict, doc: dict) -> None:
                                  "max_norm", "compile", "enable_cpu_offload"})
 
 
+_DEGREES = {"tensor_parallel_degree": "parallel.tensor_model_parallel_size",
+            "pipeline_parallel_degree": "parallel.pipeline_model_parallel_size",
+            "context_parallel_degree": "parallel.context_parallel_size",
+            "expert_parallel_degree": "parallel.expert_model_parallel_size"}
+
+
 def _parallelism(draft: Draft, s: dict, doc: dict) -> None:
+    for key, path in _DEGREES.items():
+        if key in s:
+            draft.set(path, s[key], f"[parallelism] {key} = {s[key]}")
+    _data_parallel(draft, s)
+    _pipeline(draft, s)
+    if s.get("context_parallel_degree", 1) > 1:
+        method = s.get("context_parallel_rotate_method", "allgather")
+        if method == "allgather":
+            draft.set("parallel.cp_comm_type", "all_gather", "context_parallel_rotate_method")
+        else:
+            draft.refuse(f"[parallelism] context_parallel_rotate_method = {method}",
+                         "not modelled yet")
+    for key, why in (("enable_async_tensor_parallel", "torch's micro-pipelined TP is not "
+                                                      "modelled yet"),
+                     ("disable_loss_parallel", "not modelled yet")):
+        if s.get(key):
+            draft.refuse(f"[parallelism] {key} = true", why)
+    if s.get("fsdp_reshard_after_forward", "default") == "never":
+        draft.refuse("[parallelism] fsdp_reshard_after_forward = never", "not modelled yet")
+    _rest(draft, "parallelism", s, {
+        *_DEGREES, "data_parallel_replicate_degree", "data_parallel_shard_degree",
+        "disable_loss_parallel", "pipeline_parallel_schedule", "fsdp_reshard_after_forward",
+        "pipeline_parallel_microbatch_size", "context_parallel_rotate_method",
+        "enable_async_tensor_parallel"})
+
+
+def _data_parallel(draft: Draft, s: dict) -> None:
+    """FSDP (a shard degree other than 1) is ZeRO-3 with per-layer gathers; replicas alone
+    are DDP; both (HSDP), or FSDP with pipelining, are refused."""
     replicate = s.get("data_parallel_replicate_degree", 1)
     shard = s.get("data_parallel_shard_degree", -1)
     pp = s.get("pipeline_parallel_degree", 1)
-    for key, path in (("tensor_parallel_degree", "parallel.tensor_model_parallel_size"),
-                      ("pipeline_parallel_degree", "parallel.pipeline_model_parallel_size"),
-                      ("context_parallel_degree", "parallel.context_parallel_size"),
-                      ("expert_parallel_degree", "parallel.expert_model_parallel_size")):
-        if key in s:
-            draft.set(path, s[key], f"[parallelism] {key} = {s[key]}")
     if replicate > 1 and shard != 1:
         draft.refuse(f"[parallelism] data_parallel_replicate_degree = {replicate}, "
                      f"data_parallel_shard_degree = {shard}", "HSDP (replicas of FSDP "
@@ -154,37 +183,22 @@ def _parallelism(draft: Draft, s: dict, doc: dict) -> None:
     if shard > 1 or replicate > 1:
         draft.set("parallel.data_parallel_size", max(shard, replicate),
                   "[parallelism] data-parallel degree")
+
+
+def _pipeline(draft: Draft, s: dict) -> None:
+    """The pipeline schedule and micro-batch when there are pipeline stages."""
+    if s.get("pipeline_parallel_degree", 1) == 1:
+        return
     schedules = {"1F1B": "1f1b", "GPipe": "gpipe"}
-    if pp > 1:
-        name = s.get("pipeline_parallel_schedule", "1F1B")
-        if name in schedules:
-            draft.set("parallel.schedule", schedules[name], f"[parallelism] "
-                      f"pipeline_parallel_schedule = {name}")
-        else:
-            draft.refuse(f"[parallelism] pipeline_parallel_schedule = {name}",
-                         "ddlsim maps 1F1B and GPipe (not modelled yet)")
-        draft.set("train.micro_batch_size", s.get("pipeline_parallel_microbatch_size", 1),
-                  "[parallelism] pipeline_parallel_microbatch_size")
-    if s.get("context_parallel_degree", 1) > 1:
-        method = s.get("context_parallel_rotate_method", "allgather")
-        if method == "allgather":
-            draft.set("parallel.cp_comm_type", "all_gather", "context_parallel_rotate_method")
-        else:
-            draft.refuse(f"[parallelism] context_parallel_rotate_method = {method}",
-                         "not modelled yet")
-    if s.get("enable_async_tensor_parallel"):
-        draft.refuse("[parallelism] enable_async_tensor_parallel = true", "torch's "
-                     "micro-pipelined TP is not modelled yet")
-    if s.get("fsdp_reshard_after_forward", "default") == "never":
-        draft.refuse("[parallelism] fsdp_reshard_after_forward = never", "not modelled yet")
-    if s.get("disable_loss_parallel"):
-        draft.refuse("[parallelism] disable_loss_parallel = true", "not modelled yet")
-    _rest(draft, "parallelism", s, {
-        "data_parallel_replicate_degree", "data_parallel_shard_degree", "disable_loss_parallel",
-        "tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree",
-        "expert_parallel_degree", "pipeline_parallel_schedule", "fsdp_reshard_after_forward",
-        "pipeline_parallel_microbatch_size", "context_parallel_rotate_method",
-        "enable_async_tensor_parallel"})
+    name = s.get("pipeline_parallel_schedule", "1F1B")
+    if name in schedules:
+        draft.set("parallel.schedule", schedules[name],
+                  f"[parallelism] pipeline_parallel_schedule = {name}")
+    else:
+        draft.refuse(f"[parallelism] pipeline_parallel_schedule = {name}",
+                     "ddlsim maps 1F1B and GPipe (not modelled yet)")
+    draft.set("train.micro_batch_size", s.get("pipeline_parallel_microbatch_size", 1),
+              "[parallelism] pipeline_parallel_microbatch_size")
 
 
 def _checkpoint(draft: Draft, s: dict, doc: dict) -> None:
