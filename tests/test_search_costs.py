@@ -13,7 +13,6 @@ import pytest
 import ddlsim
 from ddlsim.api import _placement, build_workload
 from ddlsim.config import load_config
-from ddlsim.search.decoder import inflight
 from ddlsim.search.family import vector_family
 from ddlsim.search.netcost import affine_form, check_affine, collective_seconds, mesh_networks
 from ddlsim.search.pipeline import flow_shop_tail, iteration_time
@@ -212,11 +211,14 @@ def test_roofline_is_the_cost_models_compute(small_cfg):
                                    rel=1e-12)
 
 
-def test_inflight_is_the_schedules_peak():
+def test_inflight_on_arrays_is_the_schedules_peak():
+    """The search tier's memory calls peak_inflight with arrays of plans: element for
+    element the scalar rule's counts."""
     cases = list(itertools.product(SCHEDULE, (0, 1, 3), (4,), (1, 3, 8, 16), (1, 2, 4)))
     sched = np.array([SCHEDULE.index(c[0]) for c in cases])
     stage, pp, m, v = (np.array([c[i] for c in cases]) for i in range(1, 5))
-    got = inflight(sched, stage, pp, m, v)
+    got = np.select([sched == k for k in range(len(SCHEDULE))],
+                    [peak_inflight(name, stage, pp, m, v) for name in SCHEDULE])
     want = [peak_inflight(name, s, p, mm, vv) for name, s, p, mm, vv in cases]
     assert got.tolist() == want
 

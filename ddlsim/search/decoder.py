@@ -23,9 +23,8 @@ import numpy as np
 from ..config import DTYPE_BYTES
 from ..errors import ConfigError
 from ..software import grad_dtype_bytes
-from ..workloads.decoder.zero3 import (FETCH_PASSES, REDUCE_PASSES, gathered_layers,
-                                        list_gather_bytes, list_host_seconds, module_fetches,
-                                        module_hook_bytes)
+from ..workloads.decoder.zero3 import (FETCH_PASSES, REDUCE_PASSES, list_host_seconds,
+                                        module_fetches, zero3_gathered_bytes)
 from ..simulator.kernels import kernel_device, optimizer_bytes_per_param
 from ..workloads.decoder.layerkernels import activation_kinds, compute_dtype
 from .family import StageCosts, register_vector_family, roofline
@@ -33,7 +32,11 @@ from .kerneltimes import kernel_times
 from .netcost import collective_seconds, mesh_networks
 from .plans import RECOMPUTE, SCHEDULE
 from .pipeline import earlier_chunks, flow_shop_tail
-from .blocks import stage_pieces
+from .blocks import plan_config, stage_pieces
+from ..workloads.decoder.builder import with_edges
+from ..workloads.decoder.memory import stage_activations
+from ..workloads.memory import model_state_bytes
+from ..workloads.schedules import peak_inflight
 from .zero3 import Unit, zero3_time, zero3_units_time
 
 __all__ = ["DecoderVectors"]
@@ -151,16 +154,14 @@ class DecoderVectors:
                           blocking)
 
     def stage_params(self, ctx: _Context, plans, first: bool) -> np.ndarray:
-        """:meth:`StageBuilder.stage_params` of the first (or last) stage, per plan."""
+        """:meth:`StageBuilder.stage_params` of the first (or last) stage, per plan: its
+        layers (an even split, ``L/(PP·VPP)`` per chunk) and the builder's own
+        :func:`~ddlsim.workloads.decoder.builder.with_edges`."""
         sh = ctx.shape
         t, pp, v = plans["tp"].astype(float), plans["pp"], plans["v"]
-        vh = sh.vocab * sh.hidden / t
-        n = (sh.layers // (pp * v)) * v * sh.layer_params / t
-        pos = sh.max_positions * sh.hidden if sh.positions == "learned" else 0
-        head = sh.norm_params + np.where((pp > 1) | (not sh.tied_embeddings), vh, 0.0)
-        if first:
-            return n + vh + pos + np.where(pp == 1, head, 0.0)
-        return n + head + np.where(pp == 1, vh + pos, 0.0)
+        layers = (sh.layers // (pp * v)) * v * sh.layer_params / t
+        one, every = pp == 1, np.full(len(plans), True)
+        return with_edges(sh, t, layers, every if first else one, one if first else every, pp)
 
     def _gathered(self, ctx: _Context, plans, param_bytes):
         """(exposed, overlapped) bytes of the ZeRO-1/2 parameter gather
@@ -304,45 +305,44 @@ class DecoderVectors:
         return np.maximum(first, last), np.full(len(plans), ctx.capacity)
 
     def _stage_memory(self, ctx: _Context, plans, first: bool) -> np.ndarray:
-        sh, s, t_cfg = ctx.shape, ctx.s, ctx.cfg.train
+        """:func:`ddlsim.workloads.decoder.memory.stage_memory` on arrays: the same rules
+        (:func:`~ddlsim.workloads.memory.model_state_bytes`, the shape's per-layer activations,
+        :func:`~ddlsim.workloads.schedules.peak_inflight`,
+        :func:`~ddlsim.workloads.decoder.memory.stage_activations`,
+        :func:`~ddlsim.workloads.decoder.zero3.zero3_gathered_bytes`) with the plans' fields."""
+        sh, s, cfg = ctx.shape, ctx.s, ctx.cfg
         b, t = plans["mbs"].astype(float), plans["tp"].astype(float)
         pp, v, dp, zero = plans["pp"], plans["v"], np.maximum(plans["dp"], 1), plans["zero"]
         sp, rec = plans["sp"].astype(bool), plans["recompute"]
-        kinds = activation_kinds(ctx.cfg)
-        params = self.stage_params(ctx, plans, first)
-        mixed = ctx.dt < 4
-        k = (12 if mixed else 8) if t_cfg.optimizer == "adam" else (8 if mixed else 4)
-        weights = ctx.dt * params / np.where(zero >= 3, dp, 1)
-        grads = ctx.gdt * params / np.where(zero >= 2, dp, 1)
-        opt = k * params / np.where(zero >= 1, dp, 1)
+        kinds = activation_kinds(cfg)
+        weights, grads, opt = model_state_bytes(self.stage_params(ctx, plans, first), dp, zero,
+                                                compute_dtype(cfg.train.dtype),
+                                                cfg.train.optimizer, ctx.gdt)
         per_layer = np.zeros_like(b)
+        full = np.zeros_like(b)
         for spv in (False, True):
             for code, name in enumerate(RECOMPUTE):
                 here = (sp == spv) & (rec == code)
                 if here.any():
                     per_layer = np.where(here, sh.layer_activation_bytes(b, s, t, spv, name,
-                                                                         **kinds),
-                                         per_layer)
-        full = np.where(sp, sh.layer_activation_bytes(b, s, t, True, "none", **kinds),
-                        sh.layer_activation_bytes(b, s, t, False, "none", **kinds))
+                                                                         **kinds), per_layer)
+            full = np.where(sp == spv, sh.layer_activation_bytes(b, s, t, spv, "none", **kinds),
+                            full)
         m = plans["gbs"] // np.maximum(plans["mbs"] * dp, 1)
-        chunks = inflight(plans["schedule"], np.where(first, 0, pp - 1), pp, m, v)
-        acts = per_layer * (sh.layers // (pp * v)) * chunks
-        acts += np.where(rec == RECOMPUTE.index("full"), full, 0.0)
-        other = np.zeros_like(b)
-        last_stage = ~np.bool_(first) | (pp == 1)
-        first_stage = np.bool_(first) | (pp == 1)
-        other += np.where(last_stage, b * s * sh.vocab / t * (2 + 4), 0.0)
-        other += np.where(first_stage, b * s * sh.hidden * chunks / v, 0.0)
-        sw = ctx.cfg.software
-        if sw.zero3_gather == "per_layer":   # ZeRO-3's gathered layers in flight
-            k = gathered_layers(sw.zero3_prefetch_layers)
-            other += np.where(zero == 3, k * sh.layer_params / t * ctx.dt, 0.0)
-        else:                                # its gathered modules (and a list buffer)
-            for tp in np.unique(plans["tp"]):
-                held = (module_hook_bytes(sh, int(tp), sw, ctx.dt)
-                        + list_gather_bytes(sh, int(tp), sw, ctx.dt))
-                other += np.where((zero == 3) & (plans["tp"] == tp), held, 0.0)
+        stage = np.zeros_like(pp) if first else pp - 1
+        chunks = np.select([plans["schedule"] == k for k in range(len(SCHEDULE))],
+                           [peak_inflight(name, stage, pp, m, v) for name in SCHEDULE])
+        gathered = np.zeros_like(b)
+        for tp in np.unique(plans["tp"][zero == 3]):
+            cfg_tp = plan_config(cfg, int(tp), False, 1, "none", 3)
+            gathered[(zero == 3) & (plans["tp"] == tp)] = zero3_gathered_bytes(
+                cfg_tp, sh.layer_params / tp * ctx.dt, sh, ctx.dt)
+        one = pp == 1
+        acts, other = stage_activations(
+            sh, b, s, t, v, per_layer * (sh.layers // (pp * v)), chunks,
+            np.where(rec == RECOMPUTE.index("full"), full, 0.0),
+            np.full(len(plans), True) if first else one,
+            one if first else np.full(len(plans), True), 1, gathered)
         return weights + grads + opt + acts + other
 
 
@@ -376,14 +376,3 @@ def _unique_meshes(tp, pp, dp) -> tuple[np.ndarray, np.ndarray]:
     keys, index = np.unique((tp * k + pp) * k + dp, return_inverse=True)
     meshes = np.stack([keys // (k * k), keys // k % k, keys % k], axis=1)
     return meshes, index.ravel()
-
-
-def inflight(schedule, stage, pp, m, v) -> np.ndarray:
-    """:func:`ddlsim.workloads.schedules.peak_inflight` on arrays."""
-    inter = schedule == SCHEDULE.index("interleaved")
-    gpipe = schedule == SCHEDULE.index("gpipe")
-    total = m * np.where(inter, v, 1)
-    warm = np.where(gpipe, m, np.where(inter, np.minimum((pp - stage - 1) * 2 + (v - 1) * pp,
-                                                         m * v),
-                                       np.minimum(pp - stage - 1, m)))
-    return np.minimum(warm + 1, total)

@@ -16,12 +16,14 @@ interleaving adds a factor ``1 + (p − 1)/(p·v)``).
 
 from __future__ import annotations
 
+import numpy as np
+
 from dataclasses import asdict, dataclass
 
 from ..config import DTYPE_BYTES, RunConfig
 from .schedules import peak_inflight
 
-__all__ = ["MemoryBreakdown", "model_state_bytes", "inflight_chunks"]
+__all__ = ["MemoryBreakdown", "model_state_bytes", "sharded", "inflight_chunks"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +56,8 @@ def model_state_bytes(params: float, dp: int, zero_stage: int, dtype: str,
                       optimizer: str = "adam", grad_bytes: float | None = None
                       ) -> tuple[float, float, float]:
     """(weights, gradients, optimizer states) in bytes for ``params`` parameters on one rank;
-    ``grad_bytes`` per gradient element (default: the parameter dtype's)."""
+    ``grad_bytes`` per gradient element (default: the parameter dtype's). ``params``, ``dp``
+    and ``zero_stage`` may be arrays over plans."""
     w = DTYPE_BYTES[dtype]
     mixed = w < 4
     if optimizer == "adam":
@@ -63,13 +66,16 @@ def model_state_bytes(params: float, dp: int, zero_stage: int, dtype: str,
         k = 8 if mixed else 4       # fp32 master + momentum, or momentum
     g = w if grad_bytes is None else grad_bytes
     weights, grads, opt = w * params, g * params, k * params
-    if zero_stage >= 1:
-        opt /= dp
-    if zero_stage >= 2:
-        grads /= dp
-    if zero_stage >= 3:
-        weights /= dp
-    return weights, grads, opt
+    return (sharded(weights, zero_stage >= 3, dp), sharded(grads, zero_stage >= 2, dp),
+            sharded(opt, zero_stage >= 1, dp))
+
+
+def sharded(x, on, dp):
+    """``x / dp`` where ``on``: a plain branch for one plan, element-wise for arrays of plans
+    (the search tier calls the same rules with arrays)."""
+    if isinstance(on, (bool, np.bool_)):
+        return x / dp if on else x
+    return np.where(on, x / dp, x)
 
 
 def inflight_chunks(cfg: RunConfig, stage: int) -> int:

@@ -100,15 +100,23 @@ def warmup(name: str, stage: int, p: int, m: int, v: int = 1) -> int:
     if name == "gpipe":
         return m
     if name == "1f1b":
-        return min(p - stage - 1, m)
-    return min((p - stage - 1) * 2 + (v - 1) * p, m * v)
+        return _min(p - stage - 1, m)
+    return _min((p - stage - 1) * 2 + (v - 1) * p, m * v)
+
+
+def _min(a, b):
+    """``min`` of two counts, element-wise when either is an array of plans."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.minimum(a, b)
+    return min(a, b)
 
 
 def peak_inflight(name: str, stage: int, p: int, m: int, v: int = 1) -> int:
     """Most (micro-batch, chunk) forwards whose activations a stage holds at once: the warm-up
-    forwards plus the first steady-state one, or all of them when warm-up covers everything."""
+    forwards plus the first steady-state one, or all of them when warm-up covers everything.
+    ``stage``, ``p``, ``m`` and ``v`` may be arrays over plans."""
     total = m * (v if name == "interleaved" else 1)
-    return min(warmup(name, stage, p, m, v) + 1, total)
+    return _min(warmup(name, stage, p, m, v) + 1, total)
 
 
 def schedule_arrays(name: str, p: int, m: int, v: int = 1):

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from functools import cached_property
 
+import numpy as np
+
 from ...config import DTYPE_BYTES, RunConfig
 from ..models.decoder import DecoderShape
 from ...simulator.kernels.elementwise import optimizer_bytes_per_param
@@ -24,7 +26,7 @@ from .moe import MoEOps
 from .partition import make_partitioner
 from .split import chunk_layers
 
-__all__ = ["StageBuilder", "ADAM_BYTES_PER_PARAM", "as_ops"]
+__all__ = ["StageBuilder", "ADAM_BYTES_PER_PARAM", "as_ops", "with_edges"]
 
 
 def as_ops(items: list) -> list[Op]:
@@ -35,6 +37,26 @@ def as_ops(items: list) -> list[Op]:
 #: Bytes the optimizer step reads and writes per parameter (mixed-precision Adam: fp32 master
 #: weights, momentum and variance read and written, 16-bit gradient read, 16-bit weight written).
 ADAM_BYTES_PER_PARAM = 3 * 4 * 2 + 2 + 2
+
+
+def with_edges(shape: DecoderShape, param_split, layer_params, first, last, pp):
+    """Parameters on one rank of a stage: its layers' ``layer_params`` (TP-sharded), the input
+    embedding (and learned positions) on the first stage, the final norm and the output head on
+    the last: an untied head is its own ``V·h``; a tied one is Megatron's copy of the embedding
+    on the last stage when PP > 1 (``share_embeddings_and_output_weights``). ``first``,
+    ``last``, ``pp`` and ``param_split`` may be arrays over plans (the search tier's)."""
+    vh = shape.vocab * shape.hidden / param_split
+    n = layer_params
+    pos = shape.max_positions * shape.hidden if shape.positions == "learned" else 0
+    if isinstance(first, (bool, np.bool_)):
+        if first:
+            n += vh + pos
+        if last:
+            n += shape.norm_params + (vh if pp > 1 or not shape.tied_embeddings else 0)
+        return n
+    n = n + np.where(first, vh + pos, 0.0)
+    head = shape.norm_params + np.where((pp > 1) | (not shape.tied_embeddings), vh, 0.0)
+    return n + np.where(last, head, 0.0)
 
 
 class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
@@ -220,16 +242,11 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
         an untied head is its own ``V·h``; a tied one is Megatron's copy of the embedding on
         the last stage when PP > 1 (``share_embeddings_and_output_weights``)."""
         sh, t = self.shape, self.part.param_split
-        vh = sh.vocab * sh.hidden / t
         if sh.is_moe:
             n = self.stage_expert_params(stage) + self._stage_nonexpert_layer_params(stage)
         else:
             n = sum(self.split[stage]) * sh.layer_params / t
-        if stage == 0:
-            n += vh + (sh.max_positions * sh.hidden if sh.positions == "learned" else 0)
-        if stage == self.pp - 1:
-            n += sh.norm_params + (vh if self.pp > 1 or not sh.tied_embeddings else 0)
-        return n
+        return with_edges(sh, t, n, stage == 0, stage == self.pp - 1, self.pp)
 
     # ------------------------------------------------------------------ blocks
     def gather_ops(self, tag: str, deps: tuple[int, ...] = ()) -> list[Op]:

@@ -5,12 +5,14 @@ the embedding output on the first."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from ...config import DTYPE_BYTES, RunConfig
 from ..memory import MemoryBreakdown, inflight_chunks, model_state_bytes
 from ..models.decoder import DecoderShape
 from .layerkernels import activation_kinds, compute_dtype, grad_bytes
 
-__all__ = ["stage_memory"]
+__all__ = ["stage_memory", "stage_activations"]
 
 
 def stage_memory(cfg: RunConfig, shape: DecoderShape, stage: int, params: float,
@@ -52,20 +54,52 @@ def stage_memory(cfg: RunConfig, shape: DecoderShape, stage: int, params: float,
             part = make_partitioner(cfg, shape)
         per_chunk = part.activation_bytes(t.recompute) * lpc
     chunks = inflight_chunks(cfg, stage)
-    acts = per_chunk * chunks
+    rebuilt = 0.0
     if t.recompute == "full":  # one layer's full activations are rebuilt during its backward
-        acts += (part.activation_bytes("none") if part is not None else
-                 shape.layer_activation_bytes(*args, "none", moe=shape.is_moe or None,
-                                               **kinds))
-    sbh = t.micro_batch_size * t.seq_length * shape.hidden
-    other = 0.0
-    if stage == p.pp - 1:  # logits (16-bit) and fp32 softmax of the vocab-parallel loss
-        other += t.micro_batch_size * t.seq_length * shape.vocab / (p.tp * p.cp) * (2 + 4)
-    if stage == 0:  # embedding output kept for dropout
-        other += sbh * chunks / p.vpp / (part.embedding_split if part is not None else 1)
+        rebuilt = (part.activation_bytes("none") if part is not None else
+                   shape.layer_activation_bytes(*args, "none", moe=shape.is_moe or None,
+                                                 **kinds))
+    gathered = 0.0
     if p.zero_stage == 3:  # ZeRO-3's gathered layers in flight (.zero3.zero3_gathered_bytes)
         from .zero3 import zero3_gathered_bytes
-        other += zero3_gathered_bytes(cfg, layer_bytes if layer_bytes is not None
-                                      else shape.layer_params / p.tp * DTYPE_BYTES[state],
-                                      shape, DTYPE_BYTES[state])
+        gathered = zero3_gathered_bytes(cfg, layer_bytes if layer_bytes is not None
+                                        else shape.layer_params / p.tp * DTYPE_BYTES[state],
+                                        shape, DTYPE_BYTES[state])
+    acts, other = stage_activations(shape, t.micro_batch_size, t.seq_length, p.tp * p.cp,
+                                    p.vpp, per_chunk, chunks, rebuilt, stage == 0,
+                                    stage == p.pp - 1,
+                                    part.embedding_split if part is not None else 1, gathered)
     return MemoryBreakdown(weights, grads, opt, acts, other, cfg.system.device.memory_bytes, stage)
+
+
+def stage_activations(shape: DecoderShape, b, s: int, tp_cp, vpp, per_chunk, chunks, rebuilt,
+                      first, last, embedding_split, gathered) -> tuple:
+    """(activations, other buffers) in bytes on one rank of a stage; every argument but
+    ``shape`` and ``s`` may be an array over plans (the search tier's memory is this rule).
+
+    Parameters
+    ----------
+    b, s : micro-batch size, sequence length.
+    tp_cp : the ranks the vocabulary-parallel logits are split over (TP·CP).
+    vpp : model chunks per stage.
+    per_chunk : activation bytes one chunk's layers keep for one micro-batch.
+    chunks : (micro-batch, chunk) forwards in flight at the peak.
+    rebuilt : a layer's activations rebuilt during its backward (full recomputation), else 0.
+    first, last : the stage holds the embedding / the head.
+    embedding_split : ranks the embedding output is split over.
+    gathered : ZeRO-3's gathered parameters in flight, else 0.
+    """
+    acts = per_chunk * chunks + rebuilt
+    sbh = b * s * shape.hidden
+    # logits (16-bit) and fp32 softmax of the vocab-parallel loss on the last stage; the
+    # embedding output kept for dropout on the first
+    other = (_on(last, b * s * shape.vocab / tp_cp * (2 + 4))
+             + _on(first, sbh * chunks / vpp / embedding_split) + gathered)
+    return acts, other
+
+
+def _on(flag, x):
+    """``x`` where ``flag``, else 0 (element-wise for arrays of plans)."""
+    if isinstance(flag, (bool, np.bool_)):
+        return x if flag else 0.0
+    return np.where(flag, x, 0.0)
