@@ -8,8 +8,12 @@ a *context* axis: the plans are grouped by its values and each group gets its ow
 
 :func:`plan_rules` is the vectorised mirror of the config's rules (``RunConfig`` and the
 decoder family's ``check``): each rule is a mask of the plans it rejects and a short reason,
-so the search can count rejections per reason. ``tests/test_search_plans.py`` checks on
-samples that it accepts exactly the plans ``RunConfig`` accepts.
+so the search can count rejections per reason. The software stack's rules are not mirrored:
+they are the rule objects of :mod:`ddlsim.stackrules` that ``RunConfig`` applies, evaluated on
+the arrays. :func:`check_plan_configs` judges plans by the config itself, once per distinct
+structural combination (for contexts whose config fails on the neutral plan,
+:mod:`.planconfig`). ``tests/test_search_plans.py`` and ``tests/test_stack_rules.py`` check,
+plan by plan on grids, that the search accepts exactly the plans ``RunConfig`` accepts.
 """
 
 from __future__ import annotations
@@ -180,13 +184,17 @@ def context_overrides(context: Mapping[str, Any]) -> dict[str, Any]:
 
 def plan_rules(plans: PlanSet, shape, ctx_cfgs: list, devices: int,
                max_gpus: int | None) -> list[tuple[str, np.ndarray]]:
-    """``(reason, rejected mask)`` of every config rule, in the order the config checks them.
+    """``(reason, rejected mask)`` of every config rule, in the order the config checks them,
+    then the software stack's (:mod:`ddlsim.stackrules`). A context whose dp_strategy is not
+    ``ddp`` never reaches here (the family's ``prepare`` sends its grid to the exact tier).
 
     Parameters
     ----------
     plans : the plans.
     shape : the model's :class:`~ddlsim.workloads.models.decoder.DecoderShape`.
-    ctx_cfgs : each context's base :class:`~ddlsim.config.RunConfig`.
+    ctx_cfgs : each context's base :class:`~ddlsim.config.RunConfig`, or None for a context
+        whose config fails on the neutral plan (the rules that read the context pass its
+        plans; :func:`check_plan_configs` judges them).
     devices : the system's devices.
     max_gpus : the search's limit on TP·PP·DP, or None.
     """
@@ -197,7 +205,6 @@ def plan_rules(plans: PlanSet, shape, ctx_cfgs: list, devices: int,
     # a context None (its config fails on the neutral plan alone) passes the rules that read
     # the context: :func:`check_plan_configs` judges its plans through the config itself
     seq = np.array([0 if c is None else c.train.seq_length for c in ctx_cfgs])[ctx]
-    ddp = np.array([c is None or c.parallel.dp_strategy == "ddp" for c in ctx_cfgs])[ctx]
     inter = sched == SCHEDULE.index("interleaved")
     safe_dp = np.maximum(dp, 1)
     m = gbs // np.maximum(mbs * safe_dp, 1)
@@ -208,7 +215,6 @@ def plan_rules(plans: PlanSet, shape, ctx_cfgs: list, devices: int,
         ("interleaved schedule needs VPP >= 2 and PP >= 2", inter & ((v < 2) | (pp < 2))),
         ("VPP > 1 needs the interleaved schedule", ~inter & (v > 1)),
         ("ZeRO-3 cannot combine with PP > 1", (zero == 3) & (pp > 1)),
-        ("ZeRO needs dp_strategy ddp", (zero > 0) & ~ddp),
         ("attention heads not divisible by TP", shape.heads % tp != 0),
         ("key/value heads not divisible by TP", shape.g % tp != 0),
         ("FFN size not divisible by TP", shape.ffn % tp != 0),
