@@ -16,14 +16,17 @@ __all__ = ["preset_alias", "preset_overrides", "hf_folder"]
 def preset_alias(section: str, name: str) -> str:
     """A model named as its Hugging Face repository (``meta-llama/Meta-Llama-3-70B``,
     ``Mistral-7B-v0.1``): the model preset of that name in lower case, without the
-    organisation and a ``-hf`` suffix, when there is one; else ``name``."""
+    organisation and a ``-hf`` suffix, when there is one; a chat or instruction-tuned
+    release (``Llama-3.1-8B-Instruct``, ``Llama-2-7b-chat-hf``) is its base model's shape
+    (their config.json files differ in token ids only); else ``name``."""
     if section != "model" or not isinstance(name, str) or ("/" not in name
                                                            and name == name.lower()):
         return name
     from .presets import list_presets
     known = list_presets("model")["model"]
-    short = name.rsplit("/", 1)[-1].lower()
-    return next((n for n in (name, short, short.removesuffix("-hf")) if n in known), name)
+    short = name.rsplit("/", 1)[-1].lower().removesuffix("-hf")
+    tuned = short.removesuffix("-instruct").removesuffix("-chat")   # the base model's shape
+    return next((n for n in (name, short, tuned) if n in known), name)
 
 
 def preset_overrides(data: dict, overrides: Any, sections: Any) -> tuple[dict, list[str]]:

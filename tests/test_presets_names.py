@@ -20,7 +20,9 @@ RUN = {"parallel": {"tensor_model_parallel_size": 8},
     ("llama-3.1-70b", 70553706496), ("llama-3.1-405b", 405853388800),
     ("meta-llama-3.1-405b", 405853388800), ("llama-2-70b", 68976648192),
     ("meta-llama/Meta-Llama-3-70B", 70553706496), ("meta-llama/Llama-2-7b-hf", 6738415616),
-    ("mistralai/Mistral-7B-v0.1", 7241732096),
+    ("mistralai/Mistral-7B-v0.1", 7241732096), ("gpt2", 124439808),
+    ("openai-community/gpt2-xl", 1557611200),
+    ("meta-llama/Llama-3.1-8B-Instruct", 8030261248), ("Llama-2-7b-chat-hf", 6738415616),
 ])
 def test_the_names_users_guess_resolve_to_the_published_shapes(name, params):
     cfg = ddlsim.load_config({**RUN, "model": name})
