@@ -230,3 +230,17 @@ def test_a_context_no_plan_can_run_keeps_its_reason():
     grid = evaluate_grid(copy.deepcopy(BASE), None, [], axes, Constraints(must_fit=False))
     assert set(grid.frame["train.dtype"]) == {"bf16"}
     assert sum(c for r, c in grid.rejected.items() if "fp8" in r) == 2
+
+
+def test_a_what_if_search_ranks_and_marks_the_plans_the_stack_cannot_run():
+    """Under what_if: true the stack's rules reject nothing, and the frame says which plans
+    are what-ifs (the rule objects again): here the ZeRO-2 ones."""
+    axes = {"parallel.zero_stage": [0, 1, 2]}
+    strict = evaluate_grid(copy.deepcopy(BASE), None, [], axes, Constraints(must_fit=False))
+    data = copy.deepcopy(BASE)
+    data["system"]["software"] = {"stack": "megatron-core-2024", "what_if": True}
+    loose = evaluate_grid(data, None, [], axes, Constraints(must_fit=False))
+    assert len(strict.frame) == 2 and "what_if" not in strict.frame
+    assert len(loose.frame) == 3
+    marked = loose.frame.set_index("parallel.zero_stage")["what_if"]
+    assert marked.to_dict() == {0: False, 1: False, 2: True}

@@ -17,7 +17,7 @@ from .family import vector_family
 from .pipeline import iteration_time
 from .planconfig import judge_failed_contexts, plan_config, plan_sections
 from .plans import RECOMPUTE, SCHEDULE, VECTOR_FIELDS, PlanSet, context_overrides, \
-    enumerate_plans, plan_rules
+    enumerate_plans, plan_rules, what_if_plans
 from .spec import OBJECTIVES
 
 __all__ = ["Grid", "base_config", "evaluate_grid", "evaluate_plans", "DOES_NOT_FIT"]
@@ -161,6 +161,9 @@ def evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[
         if progress is not None:
             progress(i + 1, len(ctx_cfgs))
     frame = _frame(plans, parts, reason, base.train.seq_length, price_per_gpu_hour)
+    if base.software.what_if:   # plans the stack cannot run were evaluated: say which
+        frame["what_if"] = what_if_plans(plans.take(frame["plan"].to_numpy()), [
+            None if isinstance(c, ConfigError) else c for c in ctx_cfgs])
     frame = rank(frame, objective)
     counts = {r: int((reason == k).sum()) for k, r in enumerate(reasons)}
     rejected = dict(sorted(counts.items(), key=lambda x: -x[1]))

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["VECTOR_FIELDS", "RECOMPUTE", "SCHEDULE", "PlanSet", "enumerate_plans", "plan_rules",
-           "context_overrides"]
+           "context_overrides", "check_plan_configs", "what_if_plans"]
 
 #: Config path → PlanSet field, for the fields varied as arrays.
 VECTOR_FIELDS = {
@@ -234,14 +234,16 @@ def plan_rules(plans: PlanSet, shape, ctx_cfgs: list, devices: int,
     return [(reason, flat(np.asarray(mask, dtype=bool), shape)) for reason, mask in rules]
 
 
-def _stack_rules(f, ctx_cfgs: list, inter, plain) -> list[tuple[str, np.ndarray]]:
+def _stack_rules(f, ctx_cfgs: list, inter, plain,
+                 what_ifs: bool = False) -> list[tuple[str, np.ndarray]]:
     """The software stack's rules (:mod:`ddlsim.stackrules`, the objects ``RunConfig``
     applies) on the plans' arrays; none under ``what_if`` (the plans are predicted as
-    what-ifs), none for a context None (judged through its config)."""
+    what-ifs) unless ``what_ifs`` asks which plans they are, none for a context None
+    (judged through its config)."""
     from ..stackrules import PlanFacts, stack_rejections
 
     known = [c for c in ctx_cfgs if c is not None]
-    if not known or known[0].software.what_if:
+    if not known or (known[0].software.what_if and not what_ifs):
         return []
     ctx = f["context"]
     has_cfg = np.array([c is not None for c in ctx_cfgs])[ctx]
@@ -290,3 +292,14 @@ def check_plan_configs(plans: PlanSet, alive: np.ndarray, build) -> tuple[dict, 
         else:
             configs.setdefault(int(plans["context"][i]), cfg)
     return {r: np.concatenate(p) for r, p in rejected.items()}, configs
+
+
+def what_if_plans(plans: PlanSet, ctx_cfgs: list) -> np.ndarray:
+    """Per plan, whether its software stack cannot run it (a what-if, evaluated because the
+    stack says ``what_if: true``): any rule of :mod:`ddlsim.stackrules` rejects it."""
+    inter = plans["schedule"] == SCHEDULE.index("interleaved")
+    plain = plans["schedule"] == SCHEDULE.index("1f1b")
+    out = np.zeros(len(plans), dtype=bool)
+    for _, mask in _stack_rules(plans, ctx_cfgs, inter, plain, what_ifs=True):
+        out |= np.broadcast_to(mask, out.shape)
+    return out
