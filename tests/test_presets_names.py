@@ -25,7 +25,8 @@ RUN = {"parallel": {"tensor_model_parallel_size": 8},
     ("meta-llama/Llama-3.1-8B-Instruct", 8030261248), ("Llama-2-7b-chat-hf", 6738415616),
 ])
 def test_the_names_users_guess_resolve_to_the_published_shapes(name, params):
-    cfg = ddlsim.load_config({**RUN, "model": name, "parallel": {}})
+    cfg = ddlsim.load_config({**RUN, "model": name, "parallel": {}},
+                             overrides=["train.seq_length=1024"])
     assert cfg.model.shape().params == params
 
 
