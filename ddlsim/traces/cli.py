@@ -125,6 +125,56 @@ def predict_chakra(
     _emit(render_result(result, fmt, f"Chakra traces {source}"), output, force)
 
 
+def replay_mpi(
+    source: Annotated[Path, typer.Argument(help="Directory of PREFIX.RANK.jsonl MPI call logs "
+                                                "(python -m ddlsim.traces.mpirecord writes them).")],
+    system: Annotated[str, typer.Option(help="System to replay on: a preset name or a YAML "
+                                             "file with a system section.")],
+    nodes: Annotated[Optional[int], typer.Option(help="Override the system's nodes.")] = None,
+    window: Annotated[Optional[str], typer.Option(
+        help="CALL:FIRST:LAST: replay from the FIRST-th CALL of each rank (from 0) up to the "
+             "LAST-th, e.g. barrier:2:4.")] = None,
+    iterations: Annotated[int, typer.Option(
+        help="Iterations the replayed span holds: times are also given per iteration.")] = 1,
+    calibration: Annotated[Optional[Path], typer.Option(
+        help="Calibration profile whose fitted collective costs replace the system's.")] = None,
+    engine: Engine = "analytical",
+    fmt: Format = "table",
+    output: Output = None,
+    force: Force = False,
+) -> None:
+    """Replay MPI call logs on SYSTEM: the time between a rank's calls is its measured work,
+    the calls are timed by ddlsim's network model (docs/traces.md)."""
+    from ..cliutil import OptionError, refuse_overwriting_inputs
+    from .mpilog import measured_span, read_mpilog
+    from .render import render_replay
+    from .replay import predict_workload
+
+    _choice("--format", fmt, ("table", "json"))
+    _choice("--engine", engine, ("analytical", "des"))
+    if iterations < 1:
+        raise OptionError(f"--iterations {iterations}: give a count >= 1")
+    refuse_overwriting_inputs([source, calibration], output=output)
+    if output is not None:
+        from ..textio import check_output
+        check_output(output, force, what="--output file")
+    span = _window(window)
+    result = predict_workload(read_mpilog(source, span), _system(system, nodes), engine,
+                              calibration=calibration)
+    _emit(render_replay(result, measured_span(source, span), iterations, fmt,
+                        f"MPI logs {source}"), output, force)
+
+
+def _window(text: str | None) -> tuple[str, int, int] | None:
+    from ..cliutil import OptionError
+    if text is None:
+        return None
+    parts = text.split(":")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts[1:]):
+        raise OptionError(f"--window {text!r}: write CALL:FIRST:LAST, e.g. barrier:2:4")
+    return parts[0], int(parts[1]), int(parts[2])
+
+
 def _system(spec: str, nodes: int | None):
     from ..topologies.cli import read_spec
     data = read_spec(spec)
@@ -150,5 +200,6 @@ def register(parent: typer.Typer) -> None:
     app.command("kineto")(guarded(kineto))
     app.command("export-chakra")(guarded(export_chakra))
     app.command("predict-chakra")(guarded(predict_chakra))
+    app.command("replay-mpi")(guarded(replay_mpi))
     parent.add_typer(app, name="traces", help="Traces in, traces out: PyTorch profiler (Kineto), "
                                               "Chakra execution traces, MPI call logs.")

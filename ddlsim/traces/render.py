@@ -74,8 +74,25 @@ def render_result(result, fmt: str, what: str) -> str:
                "memory_per_device_bytes": None}  # a trace file does not say
         return json.dumps(doc, indent=1) + "\n"
     b = result.breakdown
-    lines = [f"{what}: {result.iteration_time_s * 1e3:.3f} ms per iteration ({result.engine})",
-             f"  compute    {_ms(b.compute_s)}", f"  optimizer  {_ms(b.optimizer_s)}"]
-    lines += [f"  exposed {k:<3}{_ms(v)}" for k, v in b.exposed_comm_s.items() if v]
-    lines.append(f"  bubble     {_ms(b.bubble_s)}")
+    lines = [f"{what}: {result.iteration_time_s * 1e3:.3f} ms ({result.engine})",
+             f"  compute: {_ms(b.compute_s)}", f"  optimizer: {_ms(b.optimizer_s)}"]
+    lines += [f"  exposed {k} communication: {_ms(v)}" for k, v in b.exposed_comm_s.items() if v]
+    lines.append(f"  bubble: {_ms(b.bubble_s)}")
     return "\n".join(lines) + "\n"
+
+
+def render_replay(result, measured_s: float, iterations: int, fmt: str, what: str) -> str:
+    """A replayed MPI log: the measured span beside the prediction, in total and per
+    iteration, with the prediction's breakdown (``table``) or as JSON."""
+    error = result.iteration_time_s / measured_s - 1.0 if measured_s > 0 else None
+    if fmt == "json":
+        doc = json.loads(render_result(result, "json", what))
+        doc.update(measured_span_s=measured_s, iterations=iterations,
+                   predicted_per_iteration_s=result.iteration_time_s / iterations,
+                   measured_per_iteration_s=measured_s / iterations, error=error)
+        return json.dumps(doc, indent=1) + "\n"
+    head = (f"{what}: measured {_ms(measured_s / iterations)}, predicted "
+            f"{_ms(result.iteration_time_s / iterations)} per iteration"
+            + (f" ({error * 100:+.1f} %)" if error is not None else "")
+            + f" over {iterations} iteration(s)\n")
+    return head + render_result(result, "table", "  replayed span")

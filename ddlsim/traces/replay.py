@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..errors import ConfigError
 from .kineto import MeasuredStep
@@ -84,7 +85,7 @@ def predict_measured(config, measured: MeasuredStep, overrides: list[str] | tupl
 
 
 def predict_workload(workload, system, engine: str = "analytical",
-                     collective_algorithm: dict | None = None):
+                     collective_algorithm: dict | None = None, calibration=None):
     """Predict a workload read from a trace file (no run config) on ``system``.
 
     Parameters
@@ -94,6 +95,8 @@ def predict_workload(workload, system, engine: str = "analytical",
         a device for every rank.
     engine : ``"analytical"`` or ``"des"``.
     collective_algorithm : op -> algorithm, as ``parallel.collective_algorithm``.
+    calibration : a calibration profile (or its path) whose fitted collective costs replace
+        the system's constants, as ``ddlsim predict --calibration``.
 
     Returns
     -------
@@ -113,7 +116,10 @@ def predict_workload(workload, system, engine: str = "analytical",
         raise ConfigError(f"system has {devices} devices ({system.nodes} nodes × "
                           f"{system.devices_per_node}); the trace has {workload.world_size} "
                           "ranks: give a system with at least as many devices (nodes, --nodes N)")
-    cost = CostModel(system, workload, collective_algorithm or {})
+    if isinstance(calibration, (str, Path)):
+        from ..calibration import CalibrationProfile
+        calibration = CalibrationProfile.load(calibration)
+    cost = CostModel(system, workload, collective_algorithm or {}, profile=calibration)
     if engine == "des":
         from ..simulator.des import simulate_des
         return simulate_des(workload, cost)

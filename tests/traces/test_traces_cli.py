@@ -62,3 +62,21 @@ def test_chakra_export_then_predict(tmp_path):
     r = runner.invoke(app, ["traces", "predict-chakra", str(tmp_path), "--system", "cpu-10gbe",
                             "--nodes", "0"])
     assert r.exit_code == 2 and "error:" in r.output
+
+
+def test_replay_mpi(tmp_path):
+    for rank in (0, 1):
+        lines = [{"ddlsim_mpilog": 1, "rank": rank, "size": 2}] + [
+            {"call": "barrier", "t0": t, "t1": t + 0.001} for t in (0.0, 0.1, 0.2, 0.3)]
+        (tmp_path / f"m.{rank}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    r = runner.invoke(app, ["traces", "replay-mpi", str(tmp_path), "--system", "cpu-10gbe",
+                            "--window", "barrier:1:3", "--iterations", "2", "-f", "json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["measured_per_iteration_s"] == 0.1 or abs(doc["measured_per_iteration_s"] - 0.1) < 1e-9
+    assert abs(doc["predicted_per_iteration_s"] - 0.1) < 1e-3
+    for args, match in [(["--window", "x"], "CALL:FIRST:LAST"), (["--iterations", "0"], ">= 1"),
+                        (["--window", "barrier:0:9"], "window barrier:0:9")]:
+        r = runner.invoke(app, ["traces", "replay-mpi", str(tmp_path), "--system", "cpu-10gbe",
+                                *args])
+        assert r.exit_code == 2 and match in r.output.replace("\n", " "), (args, r.output)
