@@ -38,6 +38,7 @@ VALUE_FLAGS: dict[str, tuple[str, type]] = {
     "moe-router-topk": ("model.num_experts_per_tok", int),
     "moe-ffn-hidden-size": ("model.moe_intermediate_size", int),
     "moe-expert-capacity-factor": ("model.capacity_factor", float),
+    "zero-stage": ("parallel.zero_stage", int),                # Megatron-DeepSpeed
 }
 
 _SW = "system.software"
@@ -71,6 +72,7 @@ SWITCHES: dict[str, tuple[str, Any]] = {
     "grad-reduce-in-bf16": (f"{_SW}.kernels.grad_reduce_dtype", "param"),
     "no-async-tensor-model-parallel-allreduce": (f"{_SW}.overlap.tp_async_backward", False),
     "untie-embeddings-and-output-weights": ("model.tie_word_embeddings", False),
+    "deepspeed": ("system.software.stack", "deepspeed"),       # Megatron-DeepSpeed
 }
 
 #: flags whose value picks fields: flag → value → [(field, value)]
@@ -160,14 +162,21 @@ NOT_MODELLED: dict[str, str] = {
     "manual-gc-interval": "the host's garbage-collection pauses",
     "empty-unused-memory-level": "the allocator's cache flushes",
     "moe-grouped-gemm": "grouped GEMMs of the experts (ddlsim times each expert's GEMMs)",
+    "deepspeed_config": "the DeepSpeed config's settings, which count only when the file is "
+                        "imported too (ddlsim import SCRIPT ds_config.json)",
+    "deepspeed-config": "the DeepSpeed config's settings, which count only when the file is "
+                        "imported too (ddlsim import SCRIPT ds_config.json)",
 }
 
-#: launcher (torchrun, torch.distributed.launch/run) flags
+#: launcher (torchrun, torch.distributed.launch/run, deepspeed) flags
 LAUNCHER: dict[str, str | None] = {
     "nproc_per_node": "system.devices_per_node", "nproc-per-node": "system.devices_per_node",
-    "nnodes": "system.nodes", **dict.fromkeys((
-        "node_rank", "node-rank", "master_addr", "master-addr", "master_port", "master-port",
-        "rdzv_id", "rdzv-id", "rdzv_backend", "rdzv-backend", "rdzv_endpoint", "rdzv-endpoint",
+    "nnodes": "system.nodes",
+    "num_gpus": "system.devices_per_node", "num_nodes": "system.nodes",   # the deepspeed launcher
+    **dict.fromkeys((
+        "hostfile", "include", "exclude", "launcher", "no_local_rank", "node_rank",
+        "node-rank", "master_addr", "master-addr", "master_port", "master-port", "rdzv_id",
+        "rdzv-id", "rdzv_backend", "rdzv-backend", "rdzv_endpoint", "rdzv-endpoint",
         "max_restarts", "max-restarts", "standalone"))}
 
 MEGATRON_FLAGS = (*VALUE_FLAGS, *SWITCHES, *CHOICES, *MODEL_FLAGS, *NO_EFFECT, *NOT_MODELLED)

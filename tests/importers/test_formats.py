@@ -107,3 +107,21 @@ def test_two_sources_that_disagree_are_refused(tmp_path):
     script.write_text("python pretrain_gpt.py --global-batch-size 128")
     with pytest.raises(ConfigError, match="train.global_batch_size: .* gives 64 and .* gives 128"):
         import_config([a, script], system="dgx-h100", nodes=2)
+
+
+def test_megatron_deepspeed_script_and_its_ds_config_combine(tmp_path):
+    script = tmp_path / "run.sh"
+    script.write_text("deepspeed --num_gpus 8 --num_nodes 2 pretrain_gpt.py --num-layers 24 "
+                      "--hidden-size 2048 --num-attention-heads 16 --seq-length 2048 "
+                      "--max-position-embeddings 2048 --micro-batch-size 4 "
+                      "--global-batch-size 512 --bf16 --deepspeed --deepspeed_config "
+                      "ds.json --zero-stage 1\n")
+    ds = _ds(tmp_path, {"train_batch_size": 512, "train_micro_batch_size_per_gpu": 4,
+                        "gradient_accumulation_steps": 8, "zero_optimization": {"stage": 1},
+                        "bf16": {"enabled": True}})
+    cfg = import_config([script, ds], system="dgx-h100").config
+    assert cfg["system"]["software"] == "deepspeed" and cfg["system"]["nodes"] == 2
+    assert cfg["parallel"]["zero_stage"] == 1
+    ds.write_text(json.dumps({"zero_optimization": {"stage": 2}}))
+    with pytest.raises(ConfigError, match="parallel.zero_stage: .* gives 1 and .* gives 2"):
+        import_config([script, ds], system="dgx-h100")
