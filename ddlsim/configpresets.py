@@ -30,10 +30,31 @@ def preset_alias(section: str, name: str) -> str:
 
 
 def preset_overrides(data: dict, overrides: Any, sections: Any) -> tuple[dict, list[str]]:
-    """``--set SECTION.preset=NAME`` (``system.preset=dgx-h100``): the section becomes that
-    preset with the keys the config gave beside its own ``preset`` (``nodes: 128``) and the
-    other overrides kept. A section written out in full (no preset) is refused: its keys
-    would override every value of the preset."""
+    """Apply ``--set SECTION.preset=NAME`` overrides (``system.preset=dgx-h100``).
+
+    The section becomes that preset with the keys the config gave beside its own ``preset``
+    (``nodes: 128``); the other overrides are returned to be applied after it.
+
+    Parameters
+    ----------
+    data : dict
+        The run config's sections as read (before presets are resolved).
+    overrides : list of str
+        ``path=value`` items, as ``--set`` takes them.
+    sections : collection of str
+        The section names.
+
+    Returns
+    -------
+    (dict, list of str)
+        The sections with presets swapped in, and the overrides left.
+
+    Raises
+    ------
+    ConfigError
+        For a section written out in full (no preset: its keys would override every value of
+        the preset), two different presets for one section, or a value YAML cannot read.
+    """
     chosen: dict[str, tuple[str, Any]] = {}
     rest = []
     for item in overrides or ():

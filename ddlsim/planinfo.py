@@ -74,9 +74,22 @@ def _overlaps(cfg: Any, kernels: bool) -> tuple[list[str], dict[str, str]]:
 
 
 def plan_fields(cfg: Any) -> dict[str, Any]:
-    """The JSON result's ``plan``: ``software_stack``, ``overlaps`` (on and active),
-    ``overlaps_inactive`` (on, with why they do not apply) and, for families whose compute reads the stack's kernels,
-    ``attention``, ``gemm_library``, ``precision``, ``fused`` and ``not_fused``."""
+    """What the run's software stack switches on and off (the JSON result's ``plan``).
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        A validated run config.
+
+    Returns
+    -------
+    dict
+        ``software_stack``; ``overlaps`` (on and active here) and ``overlaps_inactive`` (on,
+        each with why it does not apply); and, for the families whose compute reads the
+        stack's kernels (docs/compute.md), ``attention``, ``gemm_library`` (with the ceiling
+        it picks when the device has no figure for it), ``precision``, ``fused`` and
+        ``not_fused`` (kernel names).
+    """
     sw = cfg.software
     kernels = cfg.model.architecture in _KERNEL_FAMILIES and \
         getattr(cfg.model, "compute", None) != "proxy"

@@ -78,7 +78,21 @@ def deepspeed_key_names() -> list[str]:
 
 
 def read_deepspeed(doc: Any, where: str) -> Draft:
-    """A :class:`Draft` of the fields the ds_config ``doc`` sets."""
+    """The ddlsim fields a DeepSpeed ds_config sets.
+
+    Parameters
+    ----------
+    doc : object
+        The parsed ``ds_config.json``.
+    where : str
+        The source's name in notes and messages.
+
+    Returns
+    -------
+    Draft
+        The fields, the fate of every key, and the gradient accumulation steps pending the
+        data-parallel size (``Draft.pending``).
+    """
     draft = Draft(where)
     if not isinstance(doc, dict):
         draft.refuse(where, "a ds_config is a JSON object")

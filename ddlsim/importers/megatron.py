@@ -202,8 +202,21 @@ def _groups(words: list[str]) -> list[tuple[str, list[str]]]:
 
 
 def read_megatron(text: str, where: str) -> Draft:
-    """A :class:`Draft` of the ddlsim fields a Megatron-LM command line or launch script
-    ``text`` sets (``where`` names it in messages)."""
+    """The ddlsim fields a Megatron-LM command line or launch script sets.
+
+    Parameters
+    ----------
+    text : str
+        A ``pretrain_gpt.py`` launch script, its command line, or its arguments alone.
+    where : str
+        The source's name in notes and messages (its path).
+
+    Returns
+    -------
+    Draft
+        The fields (dotted paths, SI units as the run config takes them) and the fate of
+        every argument; refused arguments are in ``Draft.refused``, not raised here.
+    """
     cmd = read_command(text, where)
     draft = Draft(where)
     draft.set("model.name", where.replace("\\", "/").rsplit("/", 1)[-1].rsplit(".", 1)[0]

@@ -44,7 +44,25 @@ def torchtitan_key_names() -> list[str]:
 
 
 def read_torchtitan(text: str, where: str) -> Draft:
-    """A :class:`Draft` of the fields a torchtitan TOML ``text`` sets."""
+    """The ddlsim fields a torchtitan train config sets.
+
+    Parameters
+    ----------
+    text : str
+        The TOML text.
+    where : str
+        The source's name in notes and messages.
+
+    Returns
+    -------
+    Draft
+        The fields and the fate of every section and key.
+
+    Raises
+    ------
+    ConfigError
+        If ``text`` is not valid TOML.
+    """
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
