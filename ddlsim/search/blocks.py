@@ -53,13 +53,14 @@ class Pieces(NamedTuple):
     p2p_bytes: np.ndarray
 
 
-def plan_config(cfg, tp: int, sp: bool, mbs: int, recompute: str, zero: int):
+def plan_config(cfg, tp: int, sp: bool, mbs: int, recompute: str, zero: int, dp: int = 1):
     """``cfg`` (a context's base config: one device, one stage) with a plan's layer fields.
 
     A copy without validation: the search's rules have judged the plan already; the resolved
     software follows the new ``parallel`` section (:attr:`~ddlsim.config.RunConfig.software`)."""
     parallel = cfg.parallel.model_copy(update={"tensor_model_parallel_size": tp,
-                                               "sequence_parallel": sp, "zero_stage": zero})
+                                               "sequence_parallel": sp, "zero_stage": zero,
+                                               "data_parallel_size": dp})
     train = cfg.train.model_copy(update={"micro_batch_size": mbs, "recompute": recompute})
     return cfg.model_copy(update={"parallel": parallel, "train": train})
 

@@ -25,15 +25,17 @@ from ..errors import ConfigError
 from ..software import grad_dtype_bytes
 from ..workloads.decoder.zero3 import (FETCH_PASSES, REDUCE_PASSES, list_host_seconds,
                                         module_fetches, zero3_gathered_bytes)
-from ..simulator.kernels import kernel_device, optimizer_bytes_per_param
+from ..simulator.kernels import kernel_device, op_time
 from ..workloads.decoder.layerkernels import activation_kinds, compute_dtype
-from .family import StageCosts, register_vector_family, roofline
+from .family import StageCosts, register_vector_family
 from .kerneltimes import kernel_times
 from .netcost import collective_seconds, mesh_networks
 from .plans import RECOMPUTE, SCHEDULE
 from .pipeline import earlier_chunks, flow_shop_tail
 from .blocks import plan_config, stage_pieces
-from ..workloads.decoder.builder import with_edges
+from ..workloads.decoder import param_gather
+from ..workloads.decoder.builder import StageBuilder, with_edges
+from ..workloads.decoder.dpsync import bucket_runs, buckets
 from ..workloads.decoder.memory import stage_activations
 from ..workloads.memory import model_state_bytes
 from ..workloads.schedules import peak_inflight
@@ -50,7 +52,7 @@ class _Context:
     dt: int
     gdt: int             # bytes per gradient element (the stack's grad_reduce_dtype)
     dev: object          # the kernel model's device (ddlsim.simulator.kernels.KernelDevice)
-    per_param: float
+    step_s: float        # the optimizer step's seconds per parameter
     capacity: float
 
 
@@ -83,9 +85,9 @@ class DecoderVectors:
         t, sw = cfg.train, cfg.software
         dtype = compute_dtype(t.dtype)
         dt, gdt = DTYPE_BYTES[dtype], grad_dtype_bytes(sw.grad_reduce_dtype, dtype)
-        return _Context(cfg, shape, t.seq_length, dt, gdt, kernel_device(cfg.system),
-                        optimizer_bytes_per_param(t.optimizer, sw.fused_optimizer, dt, gdt,
-                                                  t.dtype == "fp16"),
+        dev = kernel_device(cfg.system)
+        step = StageBuilder(cfg, shape).optimizer_op(1.0).payload
+        return _Context(cfg, shape, t.seq_length, dt, gdt, dev, op_time(step, dev),
                         cfg.system.device.memory_bytes)
 
     def rules(self, ctx: _Context, plans) -> list[tuple[str, np.ndarray]]:
@@ -164,18 +166,23 @@ class DecoderVectors:
         return with_edges(sh, t, layers, every if first else one, one if first else every, pp)
 
     def _gathered(self, ctx: _Context, plans, param_bytes):
-        """(exposed, overlapped) bytes of the ZeRO-1/2 parameter gather
-        (:mod:`ddlsim.workloads.decoder.param_gather`: the first bucket stays exposed)."""
-        zero, dp = plans["zero"], plans["dp"]
-        on = (bool(ctx.cfg.software.overlap_param_gather) & ((zero == 1) | (zero == 2))
-              & (dp > 1))
-        exposed = np.where(on, np.minimum(param_bytes, float(ctx.cfg.parallel.grad_bucket_size)),
-                           param_bytes)
+        """(exposed, overlapped) bytes of the ZeRO-1/2 parameter gather: where
+        :func:`ddlsim.workloads.decoder.param_gather.active` holds for the plan (asked once per
+        distinct ZeRO stage and DP > 1), its first bucket stays exposed
+        (:func:`~ddlsim.workloads.decoder.param_gather.first_bucket`)."""
+        zero, multi = plans["zero"], plans["dp"] > 1
+        on = np.zeros(len(plans), dtype=bool)
+        for z in np.unique(zero):
+            for dp in (1, 2):
+                if param_gather.active(plan_config(ctx.cfg, 1, False, 1, "none", int(z), dp)):
+                    on |= (zero == z) & (multi == (dp > 1))
+        exposed = param_gather.first_bucket(on, param_bytes, ctx.cfg.parallel.grad_bucket_size)
         return exposed, np.where(on, param_bytes - exposed, 0.0)
 
     def _optimizer(self, ctx: _Context, n_params) -> np.ndarray:
-        return roofline(10.0 * n_params, ctx.per_param * n_params, ctx.dev.peak_flops("fp32"),
-                        1.0, ctx.dev.memory_Bps, gemm=False)
+        """The builder's optimizer step (:meth:`StageBuilder.optimizer_op`) over ``n_params``
+        parameters: its op is linear in them, so one parameter's seconds times the count."""
+        return ctx.step_s * np.asarray(n_params, dtype=float)
 
     def _update(self, ctx: _Context, plans, params, bwd_layer, coll):
         """(update block, data-parallel tail) of a stage holding ``params`` per rank."""
@@ -191,9 +198,7 @@ class DecoderVectors:
         if ctx.cfg.software.overlap_grad_reduce:
             lc = ctx.shape.layers // (plans["pp"] * v)
             chunk = grad / v
-            n_b = np.maximum(1, np.ceil(chunk / bucket))
-            n_seg = np.minimum(n_b, lc)
-            per_seg = np.ceil(n_b / n_seg)
+            n_seg, per_seg = bucket_runs(chunk, bucket, lc)
             size = chunk / (n_seg * per_seg)
             d = per_seg * np.where(op_rs, coll("reduce_scatter", "dp", size),
                                    coll("all_reduce", "dp", size))
@@ -201,7 +206,7 @@ class DecoderVectors:
                                   backlog=earlier_chunks(v, plans["pp"] * lc * bwd_layer,
                                                          n_seg * d, lc, n_seg, bwd_layer))
         else:
-            n = np.maximum(1, np.ceil(grad / bucket))
+            n = buckets(grad, bucket)
             tail = n * np.where(op_rs, coll("reduce_scatter", "dp", grad / n),
                                 coll("all_reduce", "dp", grad / n))
         tail = np.where((dp > 1) & (zero < 3), tail, 0.0)

@@ -5,9 +5,10 @@ A family that wants ``ddlsim search`` registers a :class:`VectorFamily` under th
 update closed forms (:mod:`.pipeline`) are shared; the family supplies the rules its plans
 obey, the costs of its stages (:class:`StageCosts`), and its memory per device.
 
-The costs are those of :class:`ddlsim.simulator.costs.CostModel`, evaluated on arrays:
-:func:`roofline` is ``CostModel.compute`` and :func:`ddlsim.search.netcost.collective_seconds`
-``CostModel.collective`` (tested equal on samples in ``tests/test_search_costs.py``).
+The costs are those of :class:`ddlsim.simulator.costs.CostModel`: a family builds its pieces
+with its own builder and times them with :mod:`ddlsim.simulator.analytical.arrays` (the
+decoders: :mod:`.blocks`), collectives by :func:`ddlsim.search.netcost.collective_seconds`,
+``CostModel.collective`` on arrays (tested equal in ``tests/test_search_costs.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 
 from ..errors import ConfigError
 
-__all__ = ["StageCosts", "VectorFamily", "register_vector_family", "vector_family", "roofline"]
+__all__ = ["StageCosts", "VectorFamily", "register_vector_family", "vector_family"]
 
 
 class StageCosts(NamedTuple):
@@ -95,14 +96,3 @@ def vector_family(architecture: str) -> VectorFamily:
                           f"ddlsim search cannot evaluate it; families with one: "
                           f"{', '.join(sorted(_FAMILIES))}. Use ddlsim sweep (the exact "
                           "engine) for this model") from None
-
-
-def roofline(flops, nbytes, peak: float, efficiency: float, memory_bw: float,
-             gemm: bool = True):
-    """:meth:`CostModel.compute` on arrays: ``max(FLOPs / (peak·η), bytes / memory BW)``
-    for GEMMs, ``max(bytes / memory BW, FLOPs / peak)`` for element-wise and optimizer ops."""
-    flops = np.asarray(flops, dtype=float)
-    t_mem = np.asarray(nbytes, dtype=float) / memory_bw
-    if gemm:
-        return np.maximum(flops / (peak * efficiency), t_mem)
-    return np.maximum(t_mem, flops / peak)

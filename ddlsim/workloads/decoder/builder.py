@@ -329,20 +329,21 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
             blocks[f"B{chunk}.sync"] = Block(f"B{chunk}.sync", "backward", tuple(backward(True)))
         return blocks
 
+    def optimizer_op(self, n_params: float) -> Op:
+        """The optimizer step over ``n_params`` parameters: 10 FLOPs and the optimizer's bytes
+        (:func:`~ddlsim.simulator.kernels.optimizer_bytes_per_param`) per parameter."""
+        per_param = optimizer_bytes_per_param(self.cfg.train.optimizer, self.sw.fused_optimizer,
+                                              self.dt, self.gdt, self.cfg.train.dtype == "fp16")
+        return Op(Compute("optimizer", 10.0 * n_params, per_param * n_params, kind="optimizer",
+                          dtype="fp32"))
+
     def update_block(self, stage: int, root: bool, overlapped: bool) -> Block:
         """Gradient synchronisation not overlapped with backward, the optimizer step, and the
         parameter redistribution of the chosen data-parallel update."""
         p = self.cfg.parallel
         params = self.stage_params(stage)
         grad_bytes, dp = params * self.gdt, self.gdp
-        opt = self.cfg.train.optimizer
-        per_param = optimizer_bytes_per_param(opt, self.sw.fused_optimizer, self.dt, self.gdt,
-                                              self.cfg.train.dtype == "fp16")
-
-        def step(n_params: float) -> Op:
-            return Op(Compute("optimizer", 10.0 * n_params, per_param * n_params,
-                              kind="optimizer", dtype="fp32"))
-
+        step = self.optimizer_op
         if dp == 1:
             return Block("update", "optimizer", (step(params),))
         if self.split_experts:

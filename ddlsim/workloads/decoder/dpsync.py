@@ -7,9 +7,32 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from ..trace import Collective, Op
 
-__all__ = ["GradSyncOps"]
+__all__ = ["GradSyncOps", "buckets", "bucket_runs"]
+
+
+def buckets(grad_bytes, bucket_bytes):
+    """Buckets of at most ``bucket_bytes`` the gradients fill (at least one); element-wise on
+    arrays of plans (the search tier's)."""
+    if np.ndim(grad_bytes) == 0:
+        return max(1, math.ceil(grad_bytes / bucket_bytes))
+    return np.maximum(1, np.ceil(grad_bytes / bucket_bytes))
+
+
+def bucket_runs(grad_bytes, bucket_bytes, runs):
+    """(segments, buckets per segment) of a chunk whose gradients are issued after runs of
+    backward layers: one segment per run, at most one per bucket, the buckets spread evenly
+    (the last segments may be a bucket short: each issues ``per_seg`` buckets of
+    ``grad_bytes / (segments·per_seg)``). Element-wise on arrays of plans."""
+    n = buckets(grad_bytes, bucket_bytes)
+    if np.ndim(n) == 0 and np.ndim(runs) == 0:
+        n_seg = min(n, runs)
+        return n_seg, math.ceil(n / n_seg)
+    n_seg = np.minimum(n, runs)
+    return n_seg, np.ceil(n / n_seg)
 
 
 class GradSyncOps:
@@ -44,10 +67,8 @@ class GradSyncOps:
         layers = self.split[stage][chunk]
         share = layers / sum(self.split[stage])
         grad_bytes = self.stage_params(stage) * share * self.gdt
-        bucket = self.cfg.parallel.grad_bucket_size
-        n_buckets = max(1, math.ceil(grad_bytes / bucket))
-        n_seg = min(n_buckets, layers // self.period)
-        per_seg = math.ceil(n_buckets / n_seg)
+        n_seg, per_seg = bucket_runs(grad_bytes, self.cfg.parallel.grad_bucket_size,
+                                     layers // self.period)
         op = "reduce_scatter" if self.cfg.parallel.zero_stage in (1, 2) else "all_reduce"
         if self.split_experts:  # dense gradients over dp, expert gradients over edp
             e_bytes = self.stage_expert_params(stage) * share * self.gdt
@@ -60,7 +81,7 @@ class GradSyncOps:
                    repeat=per_seg)] * n_seg
 
     def grad_sync_ops_flat(self, grad_bytes: float, op: str, group: str = "dp") -> list[Op]:
-        n = max(1, math.ceil(grad_bytes / self.cfg.parallel.grad_bucket_size))
+        n = buckets(grad_bytes, self.cfg.parallel.grad_bucket_size)
         name = f"grad.expert.{op}" if group == "edp" else f"grad.{op}"
         stream = "dp" if group == "dp_cp" else group
         return [Op(Collective(name, op, group, grad_bytes / n), stream=stream, repeat=n)]

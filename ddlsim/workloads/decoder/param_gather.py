@@ -17,9 +17,11 @@ every bucket before it ends, and the next stage needs the forward's output). It 
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..trace import P2P, Block, Collective, Op, Wait
 
-__all__ = ["active", "exposed_bytes", "overlapped_bytes", "prologue_block", "BLOCK"]
+__all__ = ["active", "exposed_bytes", "first_bucket", "overlapped_bytes", "prologue_block", "BLOCK"]
 
 #: the first forward's block name with the gather beside it
 BLOCK = "F0.pg"
@@ -35,9 +37,15 @@ def active(cfg) -> bool:
 
 def exposed_bytes(cfg, param_bytes: float) -> float:
     """Bytes of the gather left after the optimizer step: all of them, or the first bucket."""
-    if not active(cfg):
-        return param_bytes
-    return min(param_bytes, float(cfg.parallel.grad_bucket_size))
+    return first_bucket(active(cfg), param_bytes, cfg.parallel.grad_bucket_size)
+
+
+def first_bucket(on, param_bytes, bucket_bytes):
+    """Bytes of the gather left exposed: the first bucket where the overlap is ``on``, else
+    all of them; element-wise on arrays of plans (the search tier's)."""
+    if isinstance(on, (bool, np.bool_)):
+        return min(param_bytes, float(bucket_bytes)) if on else param_bytes
+    return np.where(on, np.minimum(param_bytes, float(bucket_bytes)), param_bytes)
 
 
 def overlapped_bytes(cfg, param_bytes: float) -> float:
