@@ -195,7 +195,11 @@ def parse_yaml(text: str, name: str, *, max_nodes: int = MAX_NODES) -> Any:
     depth, line = _flow_depth(text)
     if depth > MAX_DEPTH:
         raise DocumentError(f"{name}, line {line}: nested more than {MAX_DEPTH} levels deep")
-    loader = _BoundedLoader(text, name, max_nodes)
+    try:
+        loader = _BoundedLoader(text, name, max_nodes)
+    except yaml.YAMLError as exc:  # the reader refuses control characters before parsing
+        raise DocumentError(f"{name}: not valid YAML: {str(exc).splitlines()[0]} (at offset "
+                            f"{getattr(exc, 'position', '?')})") from None
     try:
         return loader.get_single_data()
     except yaml.MarkedYAMLError as exc:
