@@ -26,6 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--small", action="store_true", help="the CI test's smaller model")
     ap.add_argument("--statistic", choices=("median", "min"), default="median",
                     help="time calibrated and compared: median or minimum of repetitions")
+    ap.add_argument("--max-rel-rmse", type=float, default=None,
+                    help="passed to calibrate fit (default: its own bound)")
     args = ap.parse_args(argv)
     try:
         ranks = tuple(int(r) for r in args.ranks.split(","))
@@ -37,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--strategies must be among {', '.join(STRATEGY_NAMES)} (got {bad}) and "
                  f"--ranks >= 1 (got {ranks})")
     rows = run_loop(args.output, SMALL if args.small else REFERENCE, ranks, strategies,
-                    args.statistic)
+                    args.statistic, args.max_rel_rmse)
     print(summary_line(rows))
     return 0
 

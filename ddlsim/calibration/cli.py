@@ -134,8 +134,10 @@ def comm(backend: str = typer.Option("mpi", help="mpi (mpi4py) | nccl | gloo (to
          split: bool = typer.Option(True, help="also measure intra/inter-node sub-communicators"),
          output: Path = typer.Option(Path("ddlsim-comm.csv"), "-o", "--output"),
          force: bool = typer.Option(False, help="overwrite existing output files"),
-         progress: bool = typer.Option(True, help="progress bar on rank 0")) -> None:
-    from .comm_bench import (TAPER_FROM_BYTES, default_sizes, planned_steps,
+         progress: bool = typer.Option(True, help="progress bar on rank 0"),
+         allow_shared_cores: bool = typer.Option(False, help="measure even when ranks on a "
+                                                 "node outnumber its usable CPU cores")) -> None:
+    from .comm_bench import (TAPER_FROM_BYTES, check_cores, default_sizes, planned_steps,
                              run_scoped_benchmarks, scoped_communicators)
 
     _choice(backend, ("mpi", "nccl", "gloo"), "--backend")
@@ -144,6 +146,7 @@ def comm(backend: str = typer.Option("mpi", help="mpi (mpi4py) | nccl | gloo (to
     adapter = _adapter(backend)
     try:
         _agree_on_outputs(adapter, output, force)
+        check_cores(adapter, allow_shared_cores)
         comms = scoped_communicators(adapter, split)
         with _progress_bar(progress and adapter.rank == 0,
                            planned_steps(op_list, sizes, len(comms))) as tick:

