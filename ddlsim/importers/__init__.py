@@ -182,10 +182,14 @@ def _accumulation(config: dict[str, Any], draft: Draft) -> None:
 
     system = resolve_section("system", config["system"])
     p, train = config.get("parallel", {}), config.setdefault("train", {})
-    dp = p.get("data_parallel_size") or (system.get("nodes", 0) * system.get("devices_per_node", 0)
-                                         // (p.get("tensor_model_parallel_size", 1)
-                                             * p.get("pipeline_model_parallel_size", 1)
-                                             * p.get("context_parallel_size", 1)))
+    counts = [system.get("nodes", 0), system.get("devices_per_node", 0),
+              p.get("tensor_model_parallel_size", 1), p.get("pipeline_model_parallel_size", 1),
+              p.get("context_parallel_size", 1), p.get("data_parallel_size") or 0,
+              train.get("micro_batch_size") or 0, train.get("global_batch_size") or 0]
+    if not all(type(c) is int and c >= 0 for c in counts):
+        return      # a count of the wrong kind: the config's own check names it
+    nodes, per_node, tp, pp, cp = counts[:5]
+    dp = p.get("data_parallel_size") or nodes * per_node // max(1, tp * pp * cp)
     mbs, gbs = train.get("micro_batch_size"), train.get("global_batch_size")
     if "batch_per_dp_rank" in draft.pending:     # torchtitan: global = local batch × DP
         local = draft.pending["batch_per_dp_rank"]

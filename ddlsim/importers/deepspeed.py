@@ -184,9 +184,11 @@ def _precision(name: str):
             arg = f"{name}.{key}: {value}"
             if key == "enabled" and value is True:
                 draft.set("train.dtype", name, arg)
-            elif key == "enabled" and value in (False, "auto"):
-                draft.note(arg, "off" if value is False else
-                           "'auto' (set by the HF Trainer): give train.dtype with --set")
+            elif key == "enabled" and value is False:
+                draft.note(arg, "off")
+            elif key == "enabled":
+                draft.refuse(arg, "expects true or false ('auto' is the HF Trainer's: give "
+                                  "train.dtype with --set and drop it)")
             else:
                 draft.note(arg, "no effect on one iteration: loss scaling")
     return read
@@ -217,7 +219,7 @@ def _checkpointing(draft: Draft, section: Any) -> None:
 
 def _communication(draft: Draft, value: Any) -> None:
     kinds = {"fp32": "fp32", "fp16": "param", "bf16": "param"}
-    if value in kinds:
+    if isinstance(value, str) and value in kinds:
         draft.set(f"{_SW}.kernels.grad_reduce_dtype", kinds[value],
                   f"communication_data_type: {value}")
     else:

@@ -76,12 +76,38 @@ def read_torchtitan(text: str, where: str) -> Draft:
             draft.note(f"[{name}]", "no effect on one iteration: logging, checkpoints, "
                                     "schedule or evaluation")
         elif name in readers and isinstance(section, dict):
-            readers[name](draft, section, doc)
+            readers[name](draft, _typed(draft, name, section), doc)
         else:
             draft.refuse(f"[{name}]", "not a torchtitan section ddlsim reads")
     draft.unmodelled_arg("the torchtitan runtime", "ddlsim has no torchtitan software stack "
                          "yet: the default stack's kernels and overlaps apply (--software)")
     return draft
+
+
+#: keys whose value is a whole number, and keys whose value is a string
+_INTS = {"local_batch_size", "batch_size", "global_batch_size", "seq_len",
+         "data_parallel_replicate_degree", "data_parallel_shard_degree",
+         "tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree",
+         "expert_parallel_degree", "pipeline_parallel_microbatch_size"}
+_STRINGS = {"name", "flavor", "mode", "recipe_name", "mixed_precision_param",
+            "mixed_precision_reduce", "pipeline_parallel_schedule",
+            "context_parallel_rotate_method", "fsdp_reshard_after_forward"}
+
+
+def _typed(draft: Draft, section: str, items: dict) -> dict:
+    """``items`` without the values of the wrong type, each refused by name."""
+    out = {}
+    for key, value in items.items():
+        if key in _INTS and (type(value) is not int):
+            draft.refuse(f"[{section}] {key} = {value!r}", "expects a whole number")
+        elif key in _STRINGS and not isinstance(value, str):
+            draft.refuse(f"[{section}] {key} = {value!r}", "expects a string")
+        elif key == "converters" and not (isinstance(value, str) or (
+                isinstance(value, list) and all(isinstance(v, str) for v in value))):
+            draft.refuse(f"[{section}] {key} = {value!r}", "expects a list of names")
+        else:
+            out[key] = value
+    return out
 
 
 def _rest(draft: Draft, section: str, items: dict, done: set[str]) -> None:
@@ -116,7 +142,8 @@ def _model(draft: Draft, s: dict, doc: dict) -> None:
 
 def _training(draft: Draft, s: dict, doc: dict) -> None:
     local = s.get("local_batch_size", s.get("batch_size"))
-    pp = doc.get("parallelism", {}).get("pipeline_parallel_degree", 1)
+    par = doc.get("parallelism")
+    pp = par.get("pipeline_parallel_degree", 1) if isinstance(par, dict) else 1
     if local is not None:
         if pp == 1:
             draft.set("train.micro_batch_size", local, "[training] local_batch_size")
@@ -130,8 +157,11 @@ def _training(draft: Draft, s: dict, doc: dict) -> None:
         draft.set("train.seq_length", s["seq_len"], "[training] seq_len")
     dtypes = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}
     param = s.get("mixed_precision_param", "bfloat16")
-    if draft.fields.get("train.dtype") != "fp8":
-        draft.set("train.dtype", dtypes.get(param, param), "[training] mixed_precision_param")
+    if param not in dtypes:
+        draft.refuse(f"[training] mixed_precision_param = {param!r}",
+                     f"ddlsim models {', '.join(dtypes)}")
+    elif draft.fields.get("train.dtype") != "fp8":
+        draft.set("train.dtype", dtypes[param], "[training] mixed_precision_param")
     reduce = s.get("mixed_precision_reduce", "float32")
     draft.set("system.software.kernels.grad_reduce_dtype",
               "fp32" if reduce == "float32" else "param", "[training] mixed_precision_reduce")
