@@ -222,8 +222,7 @@ def build_config(data: dict, overrides: list[str] | tuple[str, ...] = (),
     if not isinstance(data, dict):
         raise ConfigError(f"a run config must be a mapping with sections model, parallel, train, "
                           f"system; got {_kind(data)}")
-    problems = [_SEARCH_ONLY if k == "search" else _unknown_section(k) for k in data
-                if k not in _SECTIONS]
+    problems = _unknown_sections([k for k in data if k not in _SECTIONS])
     problems += [f"the config has no {k!r} section" for k in _REQUIRED if k not in data]
     data, overrides = preset_overrides(data, overrides, _SECTIONS)
     sections = {}
@@ -260,11 +259,26 @@ def build_config(data: dict, overrides: list[str] | tuple[str, ...] = (),
     return cfg
 
 
-def _unknown_section(key: str) -> str:
-    """Why ``key`` is not a section: a misspelling, or another framework's config."""
-    from .importers.hints import foreign_hint
-    hint = foreign_hint(key)
-    return f"unknown section {key!r}" + (f"; {hint}" if hint else did_you_mean(key, _SECTIONS))
+def _unknown_sections(keys: list) -> list[str]:
+    """Why each of ``keys`` is not a section: a misspelling, or another framework's config
+    (the keys of one framework told in one clause)."""
+    from .importers.hints import foreign_group
+    out, groups = [], {}
+    for key in keys:
+        group = foreign_group(key)
+        if key == "search":
+            out.append(_SEARCH_ONLY)
+        elif group:
+            groups.setdefault(group, []).append(key)
+        else:
+            out.append(f"unknown section {key!r}{did_you_mean(key, _SECTIONS)}")
+    for (kind, advice), names in groups.items():
+        listed = ", ".join(map(repr, names))
+        many = len(names) > 1
+        close = "" if many else did_you_mean(names[0], _SECTIONS)
+        out.append(f"unknown section{'s' if many else ''} {listed}{close}: "
+                   f"{f'they are {kind}s' if many else f'it is a {kind}'}; {advice}")
+    return out
 
 
 def _validate_section(name: str, value: Any) -> BaseModel:

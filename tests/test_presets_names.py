@@ -86,3 +86,12 @@ def test_a_hugging_face_model_folder_is_read_where_a_config_json_is(tmp_path):
     by_key = ddlsim.load_config({**RUN, "model": {"hf_config": str(folder)}})
     assert by_option.model.shape() == by_key.model.shape()
     assert by_key.model.shape().params == 8030261248 and by_key.model.name == "Llama-3.1-8B"
+
+
+def test_a_ds_config_given_as_a_run_config_is_told_once():
+    with pytest.raises(ConfigError) as exc:
+        ddlsim.load_config({"train_batch_size": 64, "zero_optimization": {"stage": 3},
+                            "bf16": {"enabled": True}})
+    text = str(exc.value)
+    assert text.count("ddlsim import ds_config.json") == 1
+    assert "'train_batch_size', 'zero_optimization', 'bf16': they are DeepSpeed" in text

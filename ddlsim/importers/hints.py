@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from functools import cache
 
-__all__ = ["foreign_hint"]
+__all__ = ["foreign_hint", "foreign_group"]
 
 #: Megatron-LM names whose ddlsim meaning is more than one field
 _SPECIAL = {
@@ -53,3 +53,21 @@ def foreign_hint(key: object) -> str:
     """What ``key`` means if it is another framework's name (Megatron-LM flag with
     underscores, DeepSpeed key, torchtitan section), else ``""``."""
     return _table().get(str(key), "") if isinstance(key, str) else ""
+
+
+def foreign_group(key: object) -> tuple[str, str] | None:
+    """``(noun, advice)`` when ``key`` is a DeepSpeed key or a torchtitan section (a config
+    of another framework given as a ddlsim one), else None."""
+    from .deepspeed import TOP
+    from .torchtitan import NO_EFFECT_SECTIONS
+
+    if not isinstance(key, str):
+        return None
+    if key in TOP:
+        return ("DeepSpeed ds_config key", "convert the file with `ddlsim import "
+                "ds_config.json` (docs/import.md)")
+    if key in (*NO_EFFECT_SECTIONS, "training", "parallelism", "activation_checkpoint",
+               "float8", "compile"):
+        return ("torchtitan TOML section", "convert the file with `ddlsim import FILE.toml` "
+                "(docs/import.md)")
+    return None
