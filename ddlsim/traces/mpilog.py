@@ -132,6 +132,7 @@ def _rank_ops(records: list, rank: int, comms: _Comms, where: str,
     ops: list[Op] = []
     mine: dict[str, tuple[int, ...]] = {"world": tuple(range(comms.world))}
     sent: dict[tuple, int] = {}
+    pending: set[str] = set()  # streams of non-blocking calls not yet waited for
     last_end = None
     for line, rec in records:
         at = f"{where} line {line}"
@@ -154,18 +155,38 @@ def _rank_ops(records: list, rank: int, comms: _Comms, where: str,
         last_end = t1
         after = (len(ops) - 1,) if ops else ()
         if call == "wait":
-            ops.append(Op(Wait("wait", "nb"), deps=after))
+            ops += _waits(rec, pending, after, at)
             continue
         payload = _payload(rec, call, rank, mine, sent, at)
-        ops.append(Op(payload, "nb" if rec.get("nb") else "compute", after))
+        stream = "compute"
+        if rec.get("nb"):
+            stream = f"nb.{rec['req']}" if "req" in rec else "nb"
+            pending.add(stream)
+        ops.append(Op(payload, stream, after))
     if until is not None and last_end is not None and until > last_end:
         ops.append(Op(Compute("compute", 0.0, kind="elementwise", seconds=until - last_end),
                       deps=(len(ops) - 1,)))
-    if any(op.stream == "nb" for op in ops):
-        ops.append(Op(Wait("end.nb", "nb"), deps=(len(ops) - 1,)))
+    for stream in sorted(pending):  # never waited for in the log: joined at its end
+        ops.append(Op(Wait("end." + stream, stream), deps=(len(ops) - 1,)))
     if ops:
         ops.append(Op(Compute("end", 0.0, seconds=0.0), deps=(len(ops) - 1,)))
     return ops
+
+
+def _waits(rec: dict, pending: set[str], after: tuple, at: str) -> list[Op]:
+    """A ``wait`` as joins of the streams of the requests it names (``"reqs"``), or of
+    every non-blocking call not yet waited for."""
+    if "reqs" in rec:
+        ids = rec["reqs"]
+        if not isinstance(ids, list):
+            raise ConfigError(f"{at}: reqs = {ids!r}; expected a list of request ids")
+        streams = [f"nb.{i}" for i in ids if f"nb.{i}" in pending]
+    else:
+        streams = sorted(pending)
+    pending.difference_update(streams)
+    if not streams:  # nothing of the log's to wait for: the wait is a point in time
+        return [Op(Compute("wait", 0.0, seconds=0.0), deps=after)]
+    return [Op(Wait("wait", s), deps=after) for s in streams]
 
 
 def _payload(rec: dict, call: str, rank: int, mine: dict, sent: dict, at: str):

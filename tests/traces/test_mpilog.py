@@ -139,3 +139,39 @@ def test_recorded_mpi4py_program(tmp_path):
     assert max(sleep) >= 0.02   # the 20 ms of "compute" is a measured gap
     r = predict_workload(wl, SYSTEM)
     assert r.iteration_time_s >= 0.02
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(_mpirun() is None or shutil.which("mpicc") is None,
+                    reason="needs mpirun and mpicc (pip install 'ddlsim[mpi]')")
+def test_c_pmpi_recorder(tmp_path):
+    from ddlsim.traces.pmpi import build
+    lib = build(tmp_path)
+    exe = tmp_path / "prog"
+    subprocess.run(["mpicc", "-O1", "-o", str(exe), str(HERE / "pmpi_program.c")], check=True,
+                   timeout=300)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "DDLSIM_MPILOG_DIR": str(logs)}
+    proc = subprocess.run(_mpirun() + ["-x", f"LD_PRELOAD={lib}", "-x", "DDLSIM_MPILOG_DIR",
+                                       str(exe)], capture_output=True, text=True, timeout=180,
+                          env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    log = [json.loads(x) for x in (logs / "mpilog.0.jsonl").read_text().splitlines()]
+    calls = [(r["call"], r.get("bytes"), r.get("root"), r.get("peer"), r.get("nb"))
+             for r in log if "call" in r]
+    assert calls == [("barrier", 0, None, None, None), ("allreduce", 8000, None, None, None),
+                     ("reduce", 8000, 0, None, None), ("bcast", 8000, 1, None, None),
+                     ("allgather", 8000, None, None, None),
+                     ("reduce_scatter", 8000, None, None, None),
+                     ("alltoall", 8000, None, None, None), ("send", 80, None, 1, None),
+                     ("allreduce", 4000, None, None, True), ("send", 32, None, 1, True),
+                     ("wait", None, None, None, None), ("allreduce", 8000, None, None, None)]
+    assert {"comm": "world.1", "ranks": [0]} in log
+    assert [r for r in log if r.get("call") == "wait"][0]["reqs"] == [0, 1]
+    wl = read_mpilog(logs)
+    gaps = [op.payload.seconds for op in wl.classes[0].program.blocks["calls"].ops
+            if op.payload.name == "compute"]
+    assert max(gaps) >= 0.02   # the usleep(20000)
+    assert predict_workload(wl, SYSTEM).iteration_time_s >= 0.02
