@@ -14,7 +14,9 @@ it lies inside a transformer layer) from its module stack; a backward op (``auto
 engine::evaluate_function: …``) takes the label of the forward op that created it, matched
 by the autograd ``Sequence number`` both carry. Each op is charged its duration **plus the
 idle time before it** since the previous outermost op ended (the host's dispatch gaps), so
-the charges add up to the measured step exactly. docs/traces.md describes the rules.
+the charges add up to the measured step exactly. With device activity (``kernel``,
+``gpu_memcpy``, ``gpu_memset`` events) the device's timeline is charged instead, each kernel
+labelled by the CPU op that launched it (``External id``). docs/traces.md describes the rules.
 """
 
 from __future__ import annotations
@@ -60,7 +62,8 @@ class ModuleRules:
     embedding: str = r"embedding"
     head: str = r"linear|norm|head"
     attention_core: str = r"scaled_dot_product|flash|efficient_attention|softmax|bmm|matmul"
-    communication: str = r"^(nccl|gloo|mpi|c10d)[:_]|allreduce|all_reduce|allgather|all_gather|reduce_scatter|broadcast_"
+    communication: str = (r"^(nccl|gloo|mpi|c10d)|allreduce|all_reduce|allgather|all_gather|"
+                          r"reduce_scatter|reducescatter|broadcast_|sendrecv")
 
     def match(self, rule: str, text: str) -> bool:
         return re.search(getattr(self, rule), text, re.IGNORECASE) is not None
@@ -136,10 +139,6 @@ def parse_kineto(doc: object, rules: ModuleRules | None = None, source: str = "t
                           "that torch.profiler's export_chrome_trace writes")
     spans = [e for e in events if isinstance(e, dict) and e.get("ph") == "X"
              and isinstance(e.get("ts"), (int, float)) and isinstance(e.get("dur"), (int, float))]
-    if any(e.get("cat") in ("kernel", "gpu_memcpy") for e in spans):
-        raise ConfigError(f"Kineto trace {source}: it has device kernels (cat 'kernel'); this "
-                          "version reads CPU-side profiles only (profile with "
-                          "activities=[ProfilerActivity.CPU] on the device the run uses)")
     modules = [e for e in spans if e.get("cat") == "python_function"
                and str(e.get("name", "")).startswith("nn.Module: ")]
     if not modules:
@@ -168,6 +167,7 @@ class _Sweep:
     seen_layer: bool = False
     backward: bool = False
     units: list = field(default_factory=list)        # (start, end, label | "comm" | None)
+    ext_label: dict = field(default_factory=dict)    # External id -> its outermost op's label
 
 
 def _class_of(event: dict) -> tuple[str, str]:
@@ -234,6 +234,8 @@ def _visit(sw: _Sweep, e: dict) -> None:
         sw.outer_end, sw.outer_label = end, _label(sw, e)
         sw.units.append((ts, end, sw.outer_label))
     args = e.get("args") or {}
+    if "External id" in args:  # device kernels launched from this op take its label
+        sw.ext_label.setdefault(args["External id"], sw.outer_label)
     seq = args.get("Sequence number")
     if isinstance(sw.outer_label, Label) and sw.outer_label.phase == "forward" and seq is not None:
         sw.seq_label.setdefault(seq, sw.outer_label)
@@ -278,7 +280,32 @@ def _measure(spans: list, modules: list, rules: ModuleRules, source: str) -> Mea
         raise ConfigError(f"Kineto trace {source}: no transformer layer among the module "
                           f"classes (layer pattern {rules.layer!r}); give the layer class "
                           "with --layer-module REGEX")
+    kernels = [e for e in spans if e.get("cat") in _DEVICE]
+    if kernels:
+        return _charge(sw, _device_units(sw, kernels, rules), source)
     return _charge(sw, comm, source)
+
+
+_DEVICE = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def _device_units(sw: _Sweep, kernels: list, rules: ModuleRules) -> list:
+    """With device activity, the device's timeline is the step: every kernel, copy and
+    memset takes the label of the CPU op that launched it (matched by ``External id``);
+    communication kernels (NCCL's) are communication."""
+    units, comm = [], []
+    for k in sorted(kernels, key=lambda e: (float(e["ts"]), -float(e["dur"]))):
+        ts, end = float(k["ts"]), float(k["ts"]) + float(k["dur"])
+        label = sw.ext_label.get((k.get("args") or {}).get("External id"))
+        if label == "comm" or rules.match("communication", str(k.get("name", ""))):
+            comm.append((ts, end))
+        else:
+            units.append((ts, end, label))
+    if not units:
+        raise ConfigError("Kineto trace: its device activity is communication only; nothing "
+                          "to measure compute from")
+    sw.units = units
+    return _merged(comm)
 
 
 def _charge(sw: _Sweep, comm: list, source: str) -> MeasuredStep:

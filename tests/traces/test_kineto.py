@@ -109,8 +109,6 @@ def test_recorded_shapes_are_checked(dp1):
     ({"foo": 1}, "no 'traceEvents' list"),
     ({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 1}]},
      "with_stack=True"),
-    ({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "sgemm", "ts": 0, "dur": 1}]},
-     "device kernels"),
     ({"traceEvents": [{"ph": "X", "cat": "python_function", "name": "nn.Module: Net_0",
                        "ts": 0, "dur": 9},
                       {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1, "dur": 1}]},
@@ -126,3 +124,34 @@ def test_unreadable_file_is_a_clean_error(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(ConfigError, match="cannot be read as JSON"):
         read_kineto(bad)
+
+
+def _x(cat, name, ts, dur, ext=None):
+    e = {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": 1}
+    if ext is not None:
+        e["args"] = {"External id": ext}
+    return e
+
+
+def test_device_kernels_take_the_label_of_their_launching_op():
+    """A synthetic GPU trace (hand-made, not profiled): kernels are matched to the CPU ops
+    that launched them by External id; an idle device gap is charged to the next kernel,
+    except while a communication kernel runs."""
+    doc = {"traceEvents": [
+        _x("python_function", "nn.Module: Net_0", 0, 100),
+        _x("python_function", "nn.Module: Block_0", 1, 50),
+        _x("python_function", "nn.Module: MLP_0", 2, 20),
+        _x("cpu_op", "aten::linear", 3, 7, 1), _x("cpu_op", "aten::addmm", 4, 5, 2),
+        _x("cpu_op", "aten::add", 30, 2, 3),
+        _x("cpu_op", "nccl:all_reduce", 60, 1, 4),
+        _x("kernel", "sgemm_128x64", 100, 40, 2),                 # forward mlp: 40 µs
+        _x("kernel", "elementwise_add", 150, 10, 3),              # 10 idle + 10: 20 µs
+        _x("kernel", "ncclDevKernel_AllReduce_Sum", 160, 30, 4),  # communication: 30 µs
+        _x("kernel", "elementwise_add", 200, 5, 3),               # 10 idle + 5: 15 µs
+    ]}
+    m = parse_kineto(doc)
+    assert m.seconds[Label("forward", "mlp", True)] == pytest.approx(40e-6)
+    assert m.seconds[Label("forward", "elementwise", True)] == pytest.approx(35e-6)
+    assert m.communication_s == pytest.approx(30e-6)
+    assert m.window_s == pytest.approx(105e-6)
+    assert m.compute_s + m.communication_s == pytest.approx(m.window_s)
