@@ -66,18 +66,24 @@ def test_rules_accept_exactly_what_runconfig_accepts(base_dict):
 
 
 def test_rules_on_the_grid_match_rules_plan_by_plan(base_dict):
-    """plan_rules on the product's axes (each rule once per distinct value of its fields)
-    gives every rule's mask exactly as on the flat arrays, context and derived DP included."""
-    from ddlsim.search.plans import PlanSet, plan_rules
+    """plan_rules and the config's group rules on the product's axes (each rule once per
+    distinct value of its fields) give every rule's mask exactly as on the flat arrays,
+    context and derived DP included."""
+    from ddlsim.search.planconfig import group_rules, plan_sections
+    from ddlsim.search.plans import PlanSet, plan_rules, stack_plan_rules
 
     axes = {**AXES, "train.dtype": ["bf16", "fp16"], "parallel.data_parallel_size": [None, 2]}
     plans = enumerate_plans(axes, {**BASE, "train.global_batch_size": 16}, 8)
     flat = PlanSet(dict(plans), plans.contexts)  # the same arrays, no grid
     cfgs = [build_config(base_dict, [_setting(p, v) for p, v in c.items()])
             for c in plans.contexts]
-    shape = cfgs[0].model.shape()
-    on_grid, one_by_one = plan_rules(plans, shape, cfgs, 8, 4), plan_rules(flat, shape, cfgs, 8, 4)
+    sections = plan_sections(base_dict, None, [])
+    on_grid = plan_rules(plans, cfgs, 8, 4) + group_rules(plans, cfgs, cfgs[0], sections) + \
+        stack_plan_rules(plans, cfgs)
+    one_by_one = plan_rules(flat, cfgs, 8, 4) + group_rules(flat, cfgs, cfgs[0], sections) + \
+        stack_plan_rules(flat, cfgs)
     assert [r for r, _ in on_grid] == [r for r, _ in one_by_one]
+    assert any("num_hidden_layers = 24" in r for r, _ in on_grid)   # e.g. PP 3 × VPP 3
     for (reason, a), (_, b) in zip(on_grid, one_by_one):
         assert a.shape == (len(plans),) and np.array_equal(a, b), reason
 
@@ -87,7 +93,8 @@ def test_rejections_are_counted_per_reason(base_dict):
     grid = evaluate_grid(base_dict, None, [], axes, Constraints(must_fit=False, max_gpus=4))
     assert sum(grid.rejected.values()) + len(grid.frame) == grid.total
     assert "more than max_gpus = 4 GPUs" in grid.rejected
-    assert grid.rejected["sequence_parallel needs TP > 1"] > 0
+    sp = "parallel: sequence_parallel = true needs tensor_model_parallel_size > 1 (got 1)"
+    assert sum(c for r, c in grid.rejected.items() if r.startswith(sp)) > 0   # predict's words
     counts = list(grid.rejected.values())
     assert counts == sorted(counts, reverse=True)
     assert (grid.frame["gpus"] <= 4).all()

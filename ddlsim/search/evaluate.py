@@ -15,9 +15,9 @@ import numpy as np
 from ..errors import ConfigError
 from .family import vector_family
 from .pipeline import iteration_time
-from .planconfig import judge_failed_contexts, plan_config, plan_sections
+from .planconfig import group_rules, judge_failed_contexts, plan_config, plan_sections
 from .plans import RECOMPUTE, SCHEDULE, VECTOR_FIELDS, PlanSet, context_overrides, \
-    enumerate_plans, plan_rules, what_if_plans
+    enumerate_plans, plan_rules, stack_plan_rules, what_if_plans
 from .spec import OBJECTIVES
 
 __all__ = ["Grid", "base_config", "evaluate_grid", "evaluate_plans", "DOES_NOT_FIT"]
@@ -128,12 +128,17 @@ def evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[
 
     good = [None if isinstance(c, ConfigError) else c for c in ctx_cfgs]
     family = vector_family(base.model.architecture)
-    for text, mask in plan_rules(plans, base.model.shape(), good, devices, constraints.max_gpus):
+    sections = plan_sections(data, base_dir, overrides)
+
+    def build(plan):
+        return plan_config(sections, base, plan)
+
+    for text, mask in [*group_rules(plans, good, base, sections),   # the config's own rules
+                       *plan_rules(plans, good, devices, constraints.max_gpus),  # batches
+                       *stack_plan_rules(plans, good)]:       # what the stack cannot run
         reject(text, mask)
     # a context whose config fails on the neutral plan alone: its plans judged by the config
-    sections = plan_sections(data, base_dir, overrides)
-    judge_failed_contexts(plans, ctx_cfgs, reason, reject,
-                          lambda plan: plan_config(sections, base, plan), family.prepare)
+    judge_failed_contexts(plans, ctx_cfgs, reason, reject, build, family.prepare)
     parts = []
     for i, cfg in enumerate(ctx_cfgs):
         here = (plans["context"] == i) & (reason < 0)

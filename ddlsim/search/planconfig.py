@@ -22,7 +22,8 @@ import numpy as np
 from ..errors import ConfigError
 from .plans import PlanSet, check_plan_configs
 
-__all__ = ["plan_sections", "plan_config", "judge_failed_contexts"]
+__all__ = ["plan_sections", "plan_config", "judge_failed_contexts", "RULE_GROUPS", "group_rules",
+           "first_clause"]
 
 
 def plan_sections(data: dict, base_dir: Any, overrides: Sequence[str]) -> dict:
@@ -114,3 +115,102 @@ def judge_failed_contexts(plans: PlanSet, ctx_cfgs: list, reason: np.ndarray,
     for i in failed:   # no plan of the context validates: the rest go with its own reason
         if isinstance(ctx_cfgs[i], ConfigError):
             reject(str(ctx_cfgs[i]), plans["context"] == i)
+
+
+#: The plan fields that each group of the config's own rules reads beside the context: the
+#: tensor group (heads, key/value heads and FFN divisible by TP; sequence parallelism and
+#: TP), the pipeline group (PP·VPP divides the layers; the interleaved schedule's VPP and
+#: PP; the stacks' schedule rules) and the sharding group (ZeRO-3 and PP; the stacks' ZeRO
+#: rules). No config rule reads fields of two groups, except the batch arithmetic (DP,
+#: micro-batch, global batch), which :func:`~ddlsim.search.plans.plan_rules` states on
+#: arrays, and the overlap options set in ``parallel.*`` (a context with one the neutral
+#: plan cannot take fails alone, and :func:`judge_failed_contexts` judges its plans).
+RULE_GROUPS = {"tensor": ("tp", "sp"), "pipeline": ("pp", "v", "schedule"),
+               "sharding": ("zero", "pp")}
+
+
+def _probe(context: Mapping[str, Any], fields: Sequence[str], values: Sequence[int]) -> dict:
+    """The neutral plan of ``context`` (one device, one micro-batch per stage) with the
+    group's ``fields`` set to ``values`` (PlanSet codes)."""
+    from .plans import SCHEDULE, VECTOR_FIELDS, context_overrides
+
+    path = {field: p for p, field in VECTOR_FIELDS.items()}
+    plan = {**context_overrides(context), "parallel.schedule": "1f1b",
+            "parallel.virtual_pipeline_model_parallel_size": None}
+    for field, value in zip(fields, (int(x) for x in values)):
+        if field == "schedule":
+            plan["parallel.schedule"] = SCHEDULE[value]
+        elif field == "v":
+            plan[path["v"]] = None if value == 1 else value
+        elif field == "sp":
+            plan[path["sp"]] = bool(value)
+        else:
+            plan[path[field]] = value
+    # one micro-batch per stage: the interleaved schedule's batch rule holds
+    plan["train.global_batch_size"] = plan["parallel.pipeline_model_parallel_size"]
+    return plan
+
+
+def first_clause(message: str) -> str:
+    """A config message up to its first ``; `` or ``. ``: what the plan breaks and why,
+    without the advice ``ddlsim predict`` adds after it."""
+    cuts = [i for i in (message.find("; "), message.find(". ")) if i >= 0]
+    return message[:min(cuts)] if cuts else message
+
+
+def group_rules(plans: PlanSet, ctx_cfgs: list, base: Any,
+                sections: dict) -> list[tuple[str, np.ndarray]]:
+    """``(reason, rejected mask)`` of the config's own rules, as ``RunConfig`` validates
+    them: for each group of :data:`RULE_GROUPS`, the neutral plan of each context with the
+    group's fields set, built once per distinct combination of them (on the grid's axes);
+    a combination the config refuses rejects every plan that has it, with the config's
+    message less its advice (:func:`first_clause`). The software stack's rules are left to
+    :func:`~ddlsim.search.plans.stack_plan_rules` (built here as what-ifs), and contexts None
+    to :func:`judge_failed_contexts`.
+
+    Parameters
+    ----------
+    plans : the plans.
+    ctx_cfgs : each context's base config, or None.
+    base, sections : as :func:`plan_config` takes them.
+    """
+    from .plans import flat
+
+    base = _as_what_if(base)
+
+    def build(plan: Mapping[str, Any]) -> Any:
+        return plan_config(sections, base, plan)
+
+    f = plans if plans.grid is None else plans.grid
+    full = np.shape(plans["tp"]) if plans.grid is None else \
+        np.broadcast_shapes(*(a.shape for a in plans.grid.values()))
+    out: list[tuple[str, np.ndarray]] = []
+    for fields in RULE_GROUPS.values():
+        arrays = np.broadcast_arrays(*(f[k] for k in fields), f["context"])
+        rows = np.stack([a.reshape(-1) for a in arrays], axis=1)
+        combos, inverse = np.unique(rows, axis=0, return_inverse=True)
+        verdict = np.full(len(combos), -1)
+        texts: list[str] = []
+        for j, combo in enumerate(combos.tolist()):
+            if ctx_cfgs[combo[-1]] is None:
+                continue
+            try:
+                build(_probe(plans.contexts[combo[-1]], fields, combo[:-1]))
+            except ConfigError as exc:
+                text = first_clause(str(exc))
+                if text not in texts:
+                    texts.append(text)
+                verdict[j] = texts.index(text)
+        verdict = verdict[inverse.reshape(-1)].reshape(arrays[0].shape)
+        out += [(text, flat(verdict == k, full)) for k, text in enumerate(texts)]
+    return out
+
+
+def _as_what_if(cfg: Any) -> Any:
+    """``cfg`` with its software stack marked ``what_if`` (its rules not applied)."""
+    from ..software import SoftwareSpec
+
+    spec = cfg.system.software
+    spec = SoftwareSpec(stack=spec) if isinstance(spec, str) else spec
+    system = cfg.system.model_copy(update={"software": spec.model_copy(update={"what_if": True})})
+    return cfg.model_copy(update={"system": system})

@@ -6,14 +6,16 @@ vectorised tier varies inside one evaluation are :data:`VECTOR_FIELDS`; any othe
 a *context* axis: the plans are grouped by its values and each group gets its own base config
 (:func:`context_overrides`).
 
-:func:`plan_rules` is the vectorised mirror of the config's rules (``RunConfig`` and the
-decoder family's ``check``): each rule is a mask of the plans it rejects and a short reason,
-so the search can count rejections per reason. The software stack's rules are not mirrored:
-they are the rule objects of :mod:`ddlsim.stackrules` that ``RunConfig`` applies, evaluated on
-the arrays. :func:`check_plan_configs` judges plans by the config itself, once per distinct
-structural combination (for contexts whose config fails on the neutral plan,
-:mod:`.planconfig`). ``tests/test_search_plans.py`` and ``tests/test_stack_rules.py`` check,
-plan by plan on grids, that the search accepts exactly the plans ``RunConfig`` accepts.
+Each rule gives a mask of the plans it rejects and a reason, so the search can count
+rejections per reason. Most of the config's rules are judged by the config itself, once per
+distinct combination of the fields they read (:func:`~ddlsim.search.planconfig.group_rules`);
+:func:`plan_rules` states on arrays only the batch arithmetic, whose fields (DP, micro-batch,
+global batch) take too many combinations to build each; :func:`stack_plan_rules` evaluates
+the software stack's rule objects (:mod:`ddlsim.stackrules`, the ones ``RunConfig`` applies)
+on the arrays; :func:`check_plan_configs` judges plans by the config, once per structural
+combination, for contexts whose config fails on the neutral plan. ``tests/test_search_plans.py``
+and ``tests/test_stack_rules.py`` check, plan by plan on grids, that the search accepts
+exactly the plans ``RunConfig`` accepts.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["VECTOR_FIELDS", "RECOMPUTE", "SCHEDULE", "PlanSet", "enumerate_plans", "plan_rules",
-           "context_overrides", "check_plan_configs", "what_if_plans"]
+           "context_overrides", "check_plan_configs", "what_if_plans", "stack_plan_rules"]
 
 #: Config path → PlanSet field, for the fields varied as arrays.
 VECTOR_FIELDS = {
@@ -182,16 +184,17 @@ def context_overrides(context: Mapping[str, Any]) -> dict[str, Any]:
     return {**neutral, **context}
 
 
-def plan_rules(plans: PlanSet, shape, ctx_cfgs: list, devices: int,
+def plan_rules(plans: PlanSet, ctx_cfgs: list, devices: int,
                max_gpus: int | None) -> list[tuple[str, np.ndarray]]:
-    """``(reason, rejected mask)`` of every config rule, in the order the config checks them,
-    then the software stack's (:mod:`ddlsim.stackrules`). A context whose dp_strategy is not
-    ``ddp`` never reaches here (the family's ``prepare`` sends its grid to the exact tier).
+    """``(reason, rejected mask)`` of the config's batch arithmetic (the rules that read DP,
+    the micro-batch and the global batch: too many combinations to build each), then the
+    search's ``max_gpus``. The software stack's rules are :func:`stack_plan_rules`; the
+    config's other rules are judged by the config itself
+    (:func:`~ddlsim.search.planconfig.group_rules`).
 
     Parameters
     ----------
     plans : the plans.
-    shape : the model's :class:`~ddlsim.workloads.models.decoder.DecoderShape`.
     ctx_cfgs : each context's base :class:`~ddlsim.config.RunConfig`, or None for a context
         whose config fails on the neutral plan (the rules that read the context pass its
         plans; :func:`check_plan_configs` judges them).
@@ -199,39 +202,38 @@ def plan_rules(plans: PlanSet, shape, ctx_cfgs: list, devices: int,
     max_gpus : the search's limit on TP·PP·DP, or None.
     """
     f = plans if plans.grid is None else plans.grid  # the grid's: once per distinct value
-    tp, pp, dp, v, mbs, gbs = (f[k] for k in ("tp", "pp", "dp", "v", "mbs", "gbs"))
-    sp, zero, sched = f["sp"].astype(bool), f["zero"], f["schedule"]
-    ctx = f["context"]
-    # a context None (its config fails on the neutral plan alone) passes the rules that read
-    # the context: :func:`check_plan_configs` judges its plans through the config itself
-    seq = np.array([0 if c is None else c.train.seq_length for c in ctx_cfgs])[ctx]
+    tp, pp, dp, mbs, gbs = (f[k] for k in ("tp", "pp", "dp", "mbs", "gbs"))
+    sched = f["schedule"]
     inter = sched == SCHEDULE.index("interleaved")
     safe_dp = np.maximum(dp, 1)
     m = gbs // np.maximum(mbs * safe_dp, 1)
     from ..limits import BOUNDS
     most_mb = BOUNDS["microbatches"].high
     rules = [
-        ("sequence_parallel needs TP > 1", sp & (tp == 1)),
-        ("interleaved schedule needs VPP >= 2 and PP >= 2", inter & ((v < 2) | (pp < 2))),
-        ("VPP > 1 needs the interleaved schedule", ~inter & (v > 1)),
-        ("ZeRO-3 cannot combine with PP > 1", (zero == 3) & (pp > 1)),
-        ("attention heads not divisible by TP", shape.heads % tp != 0),
-        ("key/value heads not divisible by TP", shape.g % tp != 0),
-        ("FFN size not divisible by TP", shape.ffn % tp != 0),
-        ("layers not divisible by PP x VPP", shape.layers % (pp * v) != 0),
-        ("sequence_parallel needs seq_length divisible by TP", sp & (seq % tp != 0)),
         ("devices not a multiple of TP x PP", dp == 0),
         ("more ranks than the system has devices", tp * pp * dp > devices),
         ("global batch not divisible by micro-batch x DP", gbs % np.maximum(mbs * safe_dp, 1) != 0),
         ("too many micro-batches", m > most_mb),
         ("interleaved needs micro-batches divisible by PP", inter & (m % pp != 0)),
     ]
-    rules += _stack_rules(f, ctx_cfgs, inter, sched == SCHEDULE.index("1f1b"))
     if max_gpus is not None:
         rules.append((f"more than max_gpus = {max_gpus} GPUs", tp * pp * dp > max_gpus))
     shape = np.shape(plans["tp"]) if plans.grid is None else \
         np.broadcast_shapes(*(a.shape for a in plans.grid.values()))
     return [(reason, flat(np.asarray(mask, dtype=bool), shape)) for reason, mask in rules]
+
+
+def stack_plan_rules(plans: PlanSet, ctx_cfgs: list) -> list[tuple[str, np.ndarray]]:
+    """``(reason, rejected mask)`` of the software stack's rules (:mod:`ddlsim.stackrules`,
+    the objects ``RunConfig`` applies) on the plans, once per distinct value on the grid's
+    axes; none under ``what_if``, none for a context None."""
+    f = plans if plans.grid is None else plans.grid
+    shape = np.shape(plans["tp"]) if plans.grid is None else \
+        np.broadcast_shapes(*(a.shape for a in plans.grid.values()))
+    sched = f["schedule"]
+    rules = _stack_rules(f, ctx_cfgs, sched == SCHEDULE.index("interleaved"),
+                         sched == SCHEDULE.index("1f1b"))
+    return [(reason, flat(mask, shape)) for reason, mask in rules]
 
 
 def _stack_rules(f, ctx_cfgs: list, inter, plain,
