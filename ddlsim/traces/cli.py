@@ -52,6 +52,8 @@ def kineto(
     layer_module: Annotated[Optional[str], typer.Option(
         "--layer-module", help="Regular expression for the transformer layer's module class "
                                "(default: block$|layer$|decoderlayer|transformerlayer).")] = None,
+    calibration: Annotated[Optional[Path], typer.Option(
+        help="Calibration profile whose fitted collective costs replace the system's.")] = None,
 ) -> None:
     """Predict with compute measured by a PyTorch profiler trace of one training step: the
     profiled step re-predicted, then the plan changed by --set (more data-parallel ranks,
@@ -63,13 +65,13 @@ def kineto(
 
     _choice("--format", fmt, ("table", "json"))
     _choice("--engine", engine, ("analytical", "des"))
-    refuse_overwriting_inputs([config, trace], output=output)
+    refuse_overwriting_inputs([config, trace, calibration], output=output)
     if output is not None:
         from ..textio import check_output
         check_output(output, force, what="--output file")
     rules = ModuleRules() if layer_module is None else ModuleRules(layer=_regex(layer_module))
     measured = read_kineto(trace, rules)
-    result = predict_measured(config, measured, overrides or [], engine)
+    result = predict_measured(config, measured, overrides or [], engine, calibration)
     _emit(render_measured(result, fmt, changed=bool(overrides)), output, force)
 
 

@@ -42,16 +42,16 @@ def _cost(cfg, workload):
                      devices=_placement(cfg, workload))
 
 
-def _predict(cfg, workload, engine: str):
+def _predict(cfg, workload, engine: str, calibration=None):
     from ..api import _described, _placement, check_memory, _run_engine
     check_memory(cfg, workload.peak_memory)
-    result = _run_engine(engine, cfg, workload, None, None, None, {},
+    result = _run_engine(engine, cfg, workload, calibration, None, None, {},
                          devices=_placement(cfg, workload))
-    return _described(result, cfg, workload, engine, None, None, True, {})
+    return _described(result, cfg, workload, engine, calibration, None, True, {})
 
 
 def predict_measured(config, measured: MeasuredStep, overrides: list[str] | tuple = (),
-                     engine: str = "analytical") -> MeasuredPrediction:
+                     engine: str = "analytical", calibration=None) -> MeasuredPrediction:
     """Re-predict the profiled step and predict a changed plan with the measured compute.
 
     Parameters
@@ -62,6 +62,8 @@ def predict_measured(config, measured: MeasuredStep, overrides: list[str] | tupl
     overrides : ``FIELD=VALUE`` changes that make the target plan (more data-parallel ranks,
         another system), as ``ddlsim predict --set`` takes them.
     engine : ``"analytical"`` or ``"des"``.
+    calibration : a calibration profile (or its path) whose fitted collective costs replace
+        the system's constants in both predictions (``ddlsim calibrate``).
 
     Returns
     -------
@@ -76,11 +78,16 @@ def predict_measured(config, measured: MeasuredStep, overrides: list[str] | tupl
     check_profiled_plan(measured, base)
     reference = build_workload(base)
     binding = bind_measured(measured, reference, _cost(base, reference))
-    profiled = _predict(base, apply_measured(reference, binding, _cost(base, reference)), engine)
+    if isinstance(calibration, (str, Path)):
+        from ..calibration import CalibrationProfile
+        calibration = CalibrationProfile.load(calibration)
+    profiled = _predict(base, apply_measured(reference, binding, _cost(base, reference)), engine,
+                        calibration)
     cfg = load_config(base.model_dump(mode="json"), overrides=list(overrides)) if overrides \
         else base
     target = build_workload(cfg)
-    result = _predict(cfg, apply_measured(target, binding, _cost(cfg, target)), engine)
+    result = _predict(cfg, apply_measured(target, binding, _cost(cfg, target)), engine,
+                      calibration)
     return MeasuredPrediction(measured, binding, profiled, result)
 
 
