@@ -18,6 +18,9 @@ Two parts, each with its defaults cited in the YAML:
 
 :func:`resolve_software` merges the three layers (stack ← ``system.software`` overrides ←
 plan options) into a frozen :class:`Software`.
+
+Each stack also lists, under ``rules:``, the plans its framework cannot run, each rule with its
+source (:mod:`ddlsim.stackrules`); ``{stack: …, what_if: true}`` predicts such a plan anyway.
 """
 
 from __future__ import annotations
