@@ -14,7 +14,7 @@ place and takes the new attributes (:meth:`GraphBuilder.arrays`).
 
 from __future__ import annotations
 
-import itertools
+from array import array
 from collections.abc import Sequence
 from functools import cached_property
 from typing import Any
@@ -35,6 +35,7 @@ FABRIC_KINDS = ("switch", "router")
 #: Kinds of links (every link is two directed edges, one per direction).
 LINK_KINDS = ("nvlink", "pcie", "shm", "nic", "fabric")
 
+_MISSING = object()
 #: the ``node``/``local`` column's value for a vertex without that attribute
 ABSENT = -(1 << 62)
 _KIND_CODE = {k: i for i, k in enumerate(NODE_KINDS)}
@@ -129,13 +130,16 @@ class GraphBuilder:
         self.names: list[str] = []
         self.index: dict[str, int] = {}
         self.attrs: dict[str, Any] = {}
-        self._kind: list[int] = []
-        self._node: list[int] = []
-        self._local: list[int] = []
+        self._kind = array("q")    # per vertex id; C arrays, so copies extend them in bulk
+        self._node = array("q")
+        self._local = array("q")
         #: attribute name → {vertex id: value}, for the attributes without a column
         self.extra: dict[str, dict[int, Any]] = {}
         #: device vertex id → the vertex ids of its ``nics`` attribute
         self.nics: dict[int, tuple[int, ...]] = {}
+        #: blocks of :meth:`add_copies`: (first id, vertices a copy, copies, template,
+        #: template name → tail, prefix)
+        self._copies: list[tuple] = []
         self._chunks: list[tuple[np.ndarray, ...]] = []   # (u, v, bandwidth, latency, kind)
         self._pending: list[tuple[int, int, float, float, int]] = []
         self._arrays: tuple[np.ndarray, ...] | None = None
@@ -188,18 +192,69 @@ class GraphBuilder:
             out["node"] = self._node[i]
         if self._local[i] != ABSENT:
             out["local"] = self._local[i]
-        if i in self.nics:
-            out["nics"] = tuple(self.names[j] for j in self.nics[i])
-        for key, values in self.extra.items():
-            if i in values:
-                out[key] = values[i]
+        nics = self.nics_of(i)
+        if nics is not None:
+            out["nics"] = tuple(self.names[j] for j in nics)
+        block = self._block_of(i)
+        keys = dict.fromkeys([*(block[0].extra if block else ()), *self.extra])
+        for key in keys:
+            value = self.attr(key, i)
+            if value is not _MISSING:
+                out[key] = value
         return out
+
+    def attr(self, key: str, i: int) -> Any:
+        """Attribute ``key`` of vertex id ``i`` outside the columns (``_MISSING`` if none)."""
+        values = self.extra.get(key)
+        if values is not None and i in values:
+            return values[i]
+        block = self._block_of(i)
+        if block is None:
+            return _MISSING
+        template, copy, j, own, prefix = block
+        value = template.extra.get(key, {}).get(j, _MISSING)
+        return value if value is _MISSING else renamed_value(value, prefix(copy), own)
+
+    def nics_of(self, i: int) -> tuple[int, ...] | None:
+        """The ``nics`` of vertex id ``i`` as vertex ids (None where it has none)."""
+        if i in self.nics:
+            return self.nics[i]
+        block = self._block_of(i)
+        if block is None or block[2] not in block[0].nics:
+            return None
+        template, copy, j = block[:3]
+        first = i - j
+        return tuple(first + x for x in template.nics[j])
+
+    def all_nics(self) -> tuple[np.ndarray, list[tuple[int, ...]]]:
+        """Every vertex with ``nics``: its id and its NIC ids (copies' computed together)."""
+        ids, nics = [], []
+        for start, k, copies, template, _, _ in self._copies:
+            first = start + k * np.arange(copies, dtype=np.int64)
+            for j, t in template.nics.items():
+                ids.append(first + j)
+                nics.extend(map(tuple, (first[:, None] + np.array(t, dtype=np.int64))
+                                .tolist()) if t else [()] * copies)
+        own = np.fromiter(self.nics, dtype=np.int64, count=len(self.nics))
+        ids.append(own)
+        nics.extend(self.nics.values())
+        ids = np.concatenate(ids) if ids else own
+        # a vertex set by hand after it was copied: its own entry wins (it comes last)
+        return ids, nics
+
+    def _block_of(self, i: int):
+        """(template, copy number, template vertex id, template names → tails, prefix) of a
+        vertex added by :meth:`add_copies`, else None."""
+        for start, k, copies, template, own, prefix in self._copies:
+            if start <= i < start + k * copies:
+                return template, (i - start) // k, (i - start) % k, own, prefix
+        return None
 
     def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per vertex id: kind code (into :data:`NODE_KINDS`), compute node and local index
         (:data:`ABSENT` where the vertex has no integer one), as int64 arrays."""
-        return (np.asarray(self._kind, dtype=np.int64), np.asarray(self._node, dtype=np.int64),
-                np.asarray(self._local, dtype=np.int64))
+        return (np.array(self._kind, dtype=np.int64), np.array(self._node, dtype=np.int64),
+                np.array(self._local, dtype=np.int64))
 
     # ------------------------------------------------------------------------------- links
     def add_link(self, u: str, v: str, *, bandwidth_Bps: float, link_kind: str,
@@ -224,7 +279,7 @@ class GraphBuilder:
         order, as :meth:`add_link` adds each."""
         a, b = self._ids(u), self._ids(v)
         code = _link_code(u[0] if len(u) else "", v[0] if len(v) else "", link_kind)
-        kind = np.asarray(self._kind, dtype=np.int64)
+        kind = np.array(self._kind, dtype=np.int64)
         switch = self.switch_latency_s
         lat_ab = float(latency_s) + np.where(np.isin(kind[a], FABRIC_CODES), switch, 0.0)
         lat_ba = float(latency_s) + np.where(np.isin(kind[b], FABRIC_CODES), switch, 0.0)
@@ -248,23 +303,13 @@ class GraphBuilder:
         self.index.update(zip(names, range(start, start + len(names))))
         self.names.extend(names)
         kind, node, local = template.columns()
-        self._kind.extend(np.tile(kind, copies).tolist())
+        self._kind.frombytes(np.tile(kind, copies).tobytes())
         copy_of = np.repeat(np.arange(copies, dtype=np.int64), k)
-        self._node.extend(np.where(np.tile(node, copies) == ABSENT, ABSENT, copy_of).tolist())
-        self._local.extend(np.tile(local, copies).tolist())
-        for i, nics in template.nics.items():
-            ids = (base[:, None] + np.array(nics, dtype=np.int64)[None, :]).tolist()
-            self.nics.update(zip((base + i).tolist(), map(tuple, ids)))
+        self._node.frombytes(np.where(np.tile(node, copies) == ABSENT, ABSENT, copy_of).tobytes())
+        self._local.frombytes(np.tile(local, copies).tobytes())
+        # the copies' other attributes and nics are read from the template when asked
         own = {name: tail for name, tail in zip(template.names, tails)}
-        for key, values in template.extra.items():
-            col = self.extra.setdefault(key, {})
-            for i, value in values.items():
-                ids = (base + i).tolist()
-                if renamed_value(value, prefix(0), own) is value:   # names no vertex
-                    col.update(zip(ids, itertools.repeat(value)))
-                else:
-                    col.update(zip(ids, (renamed_value(value, prefix(n), own)
-                                         for n in range(copies))))
+        self._copies.append((start, k, copies, template, own, prefix))
         u, v, bw, lat, code = template.arrays()
         off = np.repeat(base, len(u))
         self._add_chunk(np.tile(u, copies) + off, np.tile(v, copies) + off,
@@ -274,8 +319,7 @@ class GraphBuilder:
     def _ids(self, names: Sequence[str] | np.ndarray) -> np.ndarray:
         if isinstance(names, np.ndarray):
             return names.astype(np.int64)
-        index = self.index
-        return np.fromiter((index[n] for n in names), dtype=np.int64, count=len(names))
+        return np.fromiter(map(self.index.__getitem__, names), dtype=np.int64, count=len(names))
 
     def _flush(self) -> None:
         if self._pending:
@@ -323,13 +367,13 @@ def renamed_value(value: Any, prefix: str, own: dict[str, str]) -> Any:
 def _successor_order(u, v, bw, lat, code, vertices: int) -> tuple[np.ndarray, ...]:
     """Edges as a dict of successor dicts holds them: an edge added twice keeps its first
     place and its last attributes; sources in vertex order, each source's edges in order."""
-    key = u * vertices + v
-    first = np.unique(key, return_index=True)[1]
-    if len(first) < len(key):   # repeated edges: the last attributes at the first place
+    key = np.sort(u * vertices + v)
+    if (key[1:] == key[:-1]).any():   # repeated edges: the last attributes at the first place
+        key = u * vertices + v
+        first = np.unique(key, return_index=True)[1]
         last = len(key) - 1 - np.unique(key[::-1], return_index=True)[1]
         u, v, bw, lat, code = u[first], v[first], bw[last], lat[last], code[last]
-        seq = first
-    else:
-        seq = np.arange(len(key))
-    order = np.lexsort((seq, u))
+        order = np.lexsort((first, u))
+    else:   # in the order added within each source
+        order = np.argsort(u, kind="stable")
     return u[order], v[order], bw[order], lat[order], code[order]

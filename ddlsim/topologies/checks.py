@@ -89,8 +89,7 @@ def validate_builder(b: GraphBuilder) -> None:
     device = kind == NODE_KINDS.index("device")
     bad = (local_kind & (node == ABSENT)) | (device & (local == ABSENT))
     switch = np.flatnonzero(kind == NODE_KINDS.index("switch"))
-    level = b.extra.get("level", {})
-    bad[[i for i in switch.tolist() if level.get(i) not in (1, 2, 3)]] = True
+    bad[[i for i in switch.tolist() if b.attr("level", i) not in (1, 2, 3)]] = True
     if bad.any():
         i = int(np.argmax(bad))
         _validate_vertex(b.names[i], b.vertex_attrs(i))

@@ -432,9 +432,14 @@ def _nics_by_node(vkind: np.ndarray, vnode: np.ndarray, num_nodes: int) -> list[
 def _nics_of_devices(builder, devices: np.ndarray, vnode: np.ndarray,
                      by_node: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
     """Each device's ``nics`` attribute (as vertex ids), else every NIC of its node."""
-    given = builder.nics
-    return [given[d] if d in given else by_node[n]
-            for d, n in zip(devices.tolist(), vnode[devices].tolist())]
+    out = [by_node[n] for n in vnode[devices].tolist()]
+    ids, nics = builder.all_nics()
+    position = np.full(len(vnode), -1, dtype=np.int64)
+    position[devices] = np.arange(len(devices))
+    for p, t in zip(position[ids].tolist(), nics):
+        if p >= 0:
+            out[p] = t
+    return out
 
 
 def _check_nics(topo: Topology) -> None:

@@ -36,7 +36,7 @@ class TreeRoutes:
         self.pod = pods
         self.aggs = np.array([[index[s] for s in row] for row in router.aggs], dtype=np.int64)
         self.cores = np.array([[index[s] for s in row] for row in router.cores], dtype=np.int64)
-        self._keys: tuple[np.ndarray, np.ndarray] | None = None
+        self._hops: dict[str, np.ndarray] | None = None
 
     @classmethod
     def of(cls, topo: Topology) -> TreeRoutes | None:
@@ -64,24 +64,62 @@ class TreeRoutes:
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Edge ids (flat, route after route), edges per route and latency per route
         (seconds) of :meth:`~.graph.Topology.rail_fabric_route` ``(src[i], dst[i],
-        rail[i])``."""
+        rail[i])``: NIC → leaf (→ spine, or → aggregation (→ core → aggregation)) → leaf →
+        NIC, the up-ports chosen by the destination as :meth:`~.routing.TreeRouter.path_to`
+        chooses them."""
+        t = self._tables()
         k = self.nic.shape[1]
         c = rail % k
-        nic_a, nic_b = self.nic[src, c], self.nic[dst, c]
         sw_a, sw_b = self.leaf[src, c], self.leaf[dst, c]
         dest = dst * k + c
-        hops = self._switch_paths(sw_a, sw_b, dest)          # rows × up to 5 switches
-        vertices = np.concatenate([nic_a[:, None], hops, np.full((len(c), 1), -1)], axis=1)
-        width = (hops >= 0).sum(axis=1)
-        vertices[np.arange(len(c)), width + 1] = nic_b        # NIC, switches…, NIC
-        edges = self._edge_ids(vertices[:, :-1], vertices[:, 1:])
+        edges = np.full((len(c), 6), -1, dtype=np.int64)
+        edges[:, 0] = t["nic_up"][src, c]
+        same = sw_a == sw_b
+        last = np.where(same, 1, 3)                           # the column of leaf → NIC
+        if len(t["up1"][0]):
+            j = dest % t["up1"].shape[1]
+            up = ~same
+            edges[up, 1] = t["up1"][t["leaf_ix"][sw_a[up]], j[up]]
+            if "up2" in t:
+                far = self.pod[sw_a] != self.pod[sw_b]
+                ci = (dest[far] // t["up1"].shape[1]) % t["up2"].shape[1]
+                edges[far, 2] = t["up2"][t["agg_ix"][self.aggs[self.pod[sw_a[far]], j[far]]], ci]
+                edges[far, 3] = t["down2"][t["agg_ix"][self.aggs[self.pod[sw_b[far]], j[far]]],
+                                           ci]
+                last[far] = 5
+            edges[up, last[up] - 1] = t["down1"][t["leaf_ix"][sw_b[up]], j[up]]
+        edges[np.arange(len(c)), last] = t["nic_down"][dst, c]
         lat_of = self._topo.edge_latency_s
         latency = np.zeros(len(c))
         for col in range(edges.shape[1]):                     # in route order, as sum() adds
             e = edges[:, col]
             latency = latency + np.where(e >= 0, lat_of[np.maximum(e, 0)], 0.0)
-        flat = edges[edges >= 0]                              # row-major: route by route
-        return flat, width + 1, latency
+        return edges[edges >= 0], last + 1, latency
+
+    def _tables(self) -> dict[str, np.ndarray]:
+        """Edge ids of every hop a route can take, by position: NIC ↔ its leaf (nodes ×
+        rails), leaf ↔ its up-port j (leaves × ports), aggregation ↔ core c of its plane
+        (aggregation switches × cores); built once."""
+        if self._hops is not None:
+            return self._hops
+        t: dict[str, np.ndarray] = {"nic_up": self._edge_ids(self.nic, self.leaf),
+                                    "nic_down": self._edge_ids(self.leaf, self.nic)}
+        leaves = np.unique(self.leaf)
+        t["leaf_ix"] = np.full(len(self.pod), -1, dtype=np.int64)
+        t["leaf_ix"][leaves] = np.arange(len(leaves))
+        ups = (self.aggs[self.pod[leaves]] if len(self.aggs)
+               else np.broadcast_to(self.spines, (len(leaves), len(self.spines))))
+        t["up1"] = self._edge_ids(np.broadcast_to(leaves[:, None], ups.shape), ups)
+        t["down1"] = self._edge_ids(ups, np.broadcast_to(leaves[:, None], ups.shape))
+        if len(self.aggs):
+            aggs = self.aggs.ravel()
+            t["agg_ix"] = np.full(len(self.pod), -1, dtype=np.int64)
+            t["agg_ix"][aggs] = np.arange(len(aggs))
+            cores = self.cores[np.tile(np.arange(self.aggs.shape[1]), self.aggs.shape[0])]
+            below = np.broadcast_to(aggs[:, None], cores.shape)
+            t["up2"], t["down2"] = self._edge_ids(below, cores), self._edge_ids(cores, below)
+        self._hops = t
+        return t
 
     def stripes(self, src_nodes: np.ndarray, dst_nodes: np.ndarray
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -95,38 +133,15 @@ class TreeRoutes:
         return (flat, lengths, np.full(len(src_nodes), k, dtype=np.int64),
                 latency.reshape(-1, k).max(axis=1))
 
-    def _switch_paths(self, sw_a: np.ndarray, sw_b: np.ndarray, dest: np.ndarray) -> np.ndarray:
-        """:meth:`~.routing.TreeRouter.path_to` of each row as switch ids, padded with −1."""
-        out = np.full((len(sw_a), 5), -1, dtype=np.int64)
-        out[:, 0] = sw_a
-        same = sw_a == sw_b
-        if not len(self.aggs):            # one switch, or leaves under spines
-            if len(self.spines):
-                out[~same, 1] = self.spines[dest[~same] % len(self.spines)]
-                out[~same, 2] = sw_b[~same]
-            return out
-        pod_a, pod_b = self.pod[sw_a], self.pod[sw_b]
-        u = self.aggs.shape[1]
-        j = dest % u
-        near = ~same & (pod_a == pod_b)
-        out[near, 1] = self.aggs[pod_a[near], j[near]]
-        out[near, 2] = sw_b[near]
-        far = ~same & (pod_a != pod_b)
-        core = self.cores[j[far], (dest[far] // u) % self.cores.shape[1]]
-        out[far, 1] = self.aggs[pod_a[far], j[far]]
-        out[far, 2] = core
-        out[far, 3] = self.aggs[pod_b[far], j[far]]
-        out[far, 4] = sw_b[far]
-        return out
-
     def _edge_ids(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """Edge id of each ``a → b`` (−1 where ``b`` is −1)."""
+        """Edge id of each ``a → b`` (arrays of vertex ids of one shape)."""
         topo = self._topo
-        if self._keys is None:
-            key = topo._u * len(topo._names) + topo._v
-            order = np.argsort(key, kind="stable")
-            self._keys = (key[order], order)
-        keys, order = self._keys
-        want = a * len(topo._names) + b
-        at = np.searchsorted(keys, want)
-        return np.where(b >= 0, order[np.minimum(at, len(keys) - 1)], -1)
+        n = len(topo._names)
+        key = topo._u * n + topo._v
+        order = np.argsort(key)
+        want = (np.asarray(a) * n + np.asarray(b)).ravel()
+        at = np.minimum(np.searchsorted(key[order], want), len(key) - 1)
+        found = order[at]
+        if (key[found] != want).any():
+            raise ValueError("a tree route takes a hop that is not an edge")
+        return found.reshape(np.shape(a))
