@@ -8,6 +8,12 @@ micro-batch ∈ {1, 2, 4, 8} × schedule ∈ {gpipe, 1f1b, interleaved v=2, inte
 those the config validator accepts. Each is predicted in process through the Python API
 (memory is computed and reported, plans that do not fit are still timed).
 
+The scale target (issue 27): GPT-3 175B on 131,072 H100s (16,384 DGX H100, TP8 × PP16 × DP1024,
+192 micro-batches per pipeline: ``des_speed.config(131072, system="dgx-h100")``) predicted in
+a fresh process on one core in ≤ 2 s and ≤ 500 MB (``--scale``; the CPU time of the
+``ddlsim.predict`` call, cluster graph included, and the process's peak resident memory;
+the imports are reported apart).
+
 Every prediction of the first pass is compared with the recorded sweep,
 ``benchmarks/data/analytical_sweep.json`` (the predicted fields of ``Result.to_dict()`` of
 every plan, recorded with the engine before its rewrite), to 1e-9 relative (1e-12 absolute),
@@ -85,6 +91,44 @@ def _cold_start(example: Path, runs: int = 5) -> None:
           "compiles the modules")
 
 
+#: issue 27: seconds (CPU) and MB allowed for the 131,072-GPU prediction
+SCALE_TARGET = (2.0, 500.0)
+
+
+def _scale_one() -> None:
+    """Predict the 131,072-GPU case in this process; print its times and memory as JSON."""
+    import resource
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from des_speed import TARGET_LIMITS, config
+
+    cfg = config(131072, system="dgx-h100")
+    c1, t1 = time.process_time(), time.perf_counter()
+    r = ddlsim.predict(cfg, check_fit=False, limits=TARGET_LIMITS)
+    cpu, wall = time.process_time() - c1, time.perf_counter() - t1
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    print(json.dumps({"cpu_s": cpu, "wall_s": wall, "iteration_s": r.iteration_time_s,
+                      "process_cpu_s": use.ru_utime + use.ru_stime,
+                      "peak_rss_MB": use.ru_maxrss / 1024}))
+
+
+def _scale() -> None:
+    """:func:`_scale_one` in a fresh process on one core, against :data:`SCALE_TARGET`."""
+    import os
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+           "MKL_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, __file__, "--scale-one"], check=True,
+                         capture_output=True, text=True, env=env).stdout
+    r = json.loads(out.strip().splitlines()[-1])
+    sec, mb = SCALE_TARGET
+    met = r["cpu_s"] <= sec and r["peak_rss_MB"] <= mb
+    print(f"GPT-3 175B on 131,072 H100 (TP8 PP16 DP1024): predict {r['cpu_s']:.2f} s CPU "
+          f"({r['wall_s']:.2f} s wall), peak {r['peak_rss_MB']:.0f} MB; the whole process "
+          f"(Python, imports, config) {r['process_cpu_s']:.2f} s CPU; target {sec:.0f} s, {mb:.0f} MB: "
+          f"{'met' if met else 'NOT met'} (iteration {r['iteration_s']:.3f} s)")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--limit", type=int, default=0, help="time only the first N configs")
@@ -103,7 +147,17 @@ def main(argv: list[str] | None = None) -> int:
                     default=["gpt3-175b-1024-a100.yaml", "gpt2-2ranks-one-node.yaml"],
                     help="examples/ files whose `ddlsim predict -f json` cold start is timed "
                          "(none: skip)")
+    ap.add_argument("--scale", action="store_true",
+                    help="only the 131,072-GPU target (issue 27), in a fresh process")
+    ap.add_argument("--no-scale", action="store_true", help="skip the 131,072-GPU target")
+    ap.add_argument("--scale-one", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.scale_one:
+        _scale_one()
+        return 0
+    if args.scale:
+        _scale()
+        return 0
     CLOCK[0] = time.process_time if args.clock == "cpu" else time.perf_counter
     t0 = time.perf_counter()
     configs = sweep()
@@ -157,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{f' v{p.vpp}' if p.vpp > 1 else ''} micro-batch {best[2]}: {best[0]:.2f} s/iteration")
     for name in args.cold:
         _cold_start(ROOT / "examples" / name)
+    if not args.no_scale:
+        _scale()
     return 0
 
 
