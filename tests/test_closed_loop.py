@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -21,8 +22,8 @@ import yaml
 
 import ddlsim
 from ddlsim.reference.gpt2 import GPT2, Adam, GPTShape
-from ddlsim.reference.loop import (SMALL, STRATEGY_NAMES, _cores, _env, mpirun, run_loop,
-                                   summary_line)
+from ddlsim.reference.loop import (MIN_CPU_SHARE, SMALL, STRATEGY_NAMES, _cores, _env, mpirun,
+                                   run_loop, summary_line)
 from ddlsim.reference.train import check_plan
 
 try:
@@ -155,10 +156,19 @@ def test_more_ranks_than_cores_are_refused_naming_ranks_cores_and_the_option(tmp
 @needs_mpi
 @pytest.mark.mpi
 def test_closed_loop_predicts_the_measured_runs_within_the_bound(tmp_path):
+    load, cores = os.getloadavg()[0], _cores()
+    if load > cores:  # the loop measures this machine: it needs the cores to itself
+        pytest.skip(f"the machine is busy (load average {load:.1f} on {cores} cores): "
+                    "calibration and runs would measure the other work")
     rows = run_loop(tmp_path, SMALL, ranks=(1, 2), log=lambda line: print(line))
     print(summary_line(rows))
     ran = [r for r in rows if "refused" not in r]
     assert len(ran) == 1 + len(STRATEGY_NAMES)  # 1 rank: one run; 2 ranks: each update
+    starved = [r for r in ran if not r["compared"]]
+    if starved:
+        pytest.skip(f"{len(starved)} run(s) got a CPU share of "
+                    f"{min(r['cpu_share'] for r in starved):.2f} < {MIN_CPU_SHARE}: other "
+                    "work took turns on their cores, so their times measure that work")
     for row in ran:
         for engine in ("analytical", "des"):
             assert abs(row[f"error_{engine}"]) <= BOUND, row

@@ -1,9 +1,13 @@
 """The closed loop on one machine: calibrate, predict, run, compare.
 
-1. ``ddlsim calibrate compute`` (numpy GEMMs, one BLAS thread) and, under ``mpirun`` at
-   every rank count of the loop, ``ddlsim calibrate comm --backend mpi`` over the sizes the
-   reference run's collectives move; :func:`~.machine.measure_stream_Bps` for element-wise
-   passes; ``ddlsim calibrate fit`` into one profile;
+For each rank count N of the loop, with N ranks at once under ``mpirun -n N`` (a core is
+measured while its neighbours work, sharing caches and memory bandwidth with it, as in the
+run):
+
+1. ``ddlsim calibrate compute`` (numpy GEMMs, one BLAS thread per rank), the element-wise
+   rate (:func:`~.machine.measure_stream_Bps` on the gradient buffer's size) and, for N > 1,
+   ``ddlsim calibrate comm --backend mpi`` over the sizes the reference run's collectives
+   move; ``ddlsim calibrate fit`` into the profile of N ranks;
 2. ``ddlsim predict --calibration`` of each run (both engines), on a system made of those
    measurements (:func:`~.machine.local_system`);
 3. the run itself, ``mpirun -n N python -m ddlsim.reference.train`` (median iteration);
@@ -31,6 +35,11 @@ from .gpt2 import GPTShape
 
 __all__ = ["LoopModel", "REFERENCE", "SMALL", "mpirun", "run_loop", "summary_line",
            "STRATEGY_NAMES", "COMM_OPS"]
+
+#: A run whose ranks got less CPU time than this share of its wall time (other work on the
+#: machine took turns on their cores) is reported but not compared: a calibration's short
+#: samples are not slowed as much as a run's seconds, so their error measures the load.
+MIN_CPU_SHARE = 0.9
 
 STRATEGY_NAMES = ("ddp", "reduce_broadcast", "sliced_reduce_broadcast", "reduce_scatter")
 #: what the four updates call, plus sendrecv for the system's point-to-point link
@@ -111,46 +120,51 @@ def _comm_sizes(shape: GPTShape) -> tuple[int, int]:
     return max(8, top // 256), top
 
 
-def calibrate(work: Path, model: LoopModel, ranks: list[int], log) -> dict:
-    """Measure this machine (module docstring, step 1); returns the files and figures."""
-    py = sys.executable
-    compute_csv = work / "compute.csv"
-    _check(_run([py, "-m", "ddlsim.calibration", "compute", "--backend", "numpy",
-                 "--dtypes", "fp32", "--min-dim", "64", "--max-dim", "1024", "--reps", "7",
-                 "-o", str(compute_csv), "--force"], 300), "calibrate compute")
-    lo, hi = _comm_sizes(model.shape)
+def calibrate(work: Path, model: LoopModel, n: int, log) -> dict:
+    """Measure this machine with ``n`` ranks at once (module docstring, step 1): GEMMs and
+    element-wise passes on every rank together (a core is timed while its neighbours work,
+    sharing caches and memory with them, as in the run), MPI collectives on ``n`` ranks.
+    Returns the files and the element-wise rate."""
+    py, t0 = sys.executable, time.perf_counter()
+    rank_csv = work / f"compute{n}-rank$OMPI_COMM_WORLD_RANK.csv"
+    _check(_run(mpirun(n) + ["sh", "-c", " ".join([
+        py, "-m", "ddlsim.calibration", "compute", "--backend", "numpy", "--dtypes", "fp32",
+        "--min-dim", "64", "--max-dim", "1024", "--reps", "7", "-o", str(rank_csv),
+        "--force"])], 300), f"calibrate compute on {n} ranks")
+    stream_json = work / f"stream{n}.json"
+    _check(_run(mpirun(n) + [py, "-m", "ddlsim.reference.machine", str(model.shape.padded * 4),
+                             str(stream_json)], 300), f"element-wise rate on {n} ranks")
     comm_csvs = []
-    for n in (r for r in ranks if r > 1):
-        csv = work / f"mpi{n}.csv"
-        t0 = time.perf_counter()
+    if n > 1:
+        lo, hi = _comm_sizes(model.shape)
+        comm_csvs.append(work / f"mpi{n}.csv")
         _check(_run(mpirun(n) + [py, "-m", "ddlsim.calibration", "comm", "--backend", "mpi",
                                  "--ops", ",".join(COMM_OPS), "--min-bytes", str(lo),
                                  "--max-bytes", str(hi), "--warmup", "2", "--reps", "20",
-                                 "--no-progress", "-o", str(csv), "--force"], 600),
+                                 "--no-progress", "-o", str(comm_csvs[0]), "--force"], 600),
                f"calibrate comm on {n} ranks")
-        log(f"calibrated MPI on {n} ranks, {lo}..{hi} B, in {time.perf_counter() - t0:.0f} s")
-        comm_csvs.append(csv)
-    from .machine import measure_stream_Bps
-    stream = measure_stream_Bps(model.shape.padded * 4)
-    return {"compute_csv": compute_csv, "comm_csvs": comm_csvs, "stream_Bps": stream}
+    log(f"calibrated {n} rank(s) in {time.perf_counter() - t0:.0f} s")
+    return {"compute_csv": work / f"compute{n}-rank0.csv", "comm_csvs": comm_csvs,
+            "stream_Bps": json.loads(stream_json.read_text())["stream_Bps"], "ranks": n}
 
 
 def fit(work: Path, cal: dict, statistic: str = "median",
         max_rel_rmse: float | None = None) -> tuple[Path, float]:
-    """``ddlsim calibrate fit`` of everything measured; the peak given to it is the GEMM
-    plateau R_max of a first fit of the compute CSV, so that η·peak is the measured rate."""
+    """``ddlsim calibrate fit`` of what :func:`calibrate` measured; the peak given to it is
+    the GEMM plateau R_max of a first fit of the compute CSV, so that η·peak is the
+    measured rate."""
     import pandas as pd
 
     from ..calibration.efficiency import fit_efficiency
     from ..calibration.schema import representative_time_s
     df = pd.read_csv(cal["compute_csv"])
     r_max, _, _ = fit_efficiency(df["flops"], df["flops"] / representative_time_s(df, statistic))
-    profile = work / "profile.yaml"
+    profile = work / f"profile{cal['ranks']}.yaml"
     _check(_run([sys.executable, "-m", "ddlsim.calibration", "fit",
                  *map(str, [cal["compute_csv"], *cal["comm_csvs"]]), "-o", str(profile),
                  "--peak", f"fp32={r_max}", "--statistic", statistic, "--bootstrap", "0",
                  *([] if max_rel_rmse is None else ["--max-rel-rmse", str(max_rel_rmse)]),
-                 "--force"], 300), "calibrate fit")
+                 "--force"], 300), f"calibrate fit ({cal['ranks']} ranks)")
     return profile, r_max
 
 
@@ -234,17 +248,20 @@ def run_loop(work: Path, model: LoopModel = REFERENCE, ranks: tuple[int, ...] = 
     log(f"load average (1, 5, 15 min) at the start: {load[0]:.2f}, {load[1]:.2f}, "
         f"{load[2]:.2f} on {cores} cores (other work on them slows both the calibration and "
         "the runs)")
-    fits = [n for n in ranks if n <= cores]
-    t0 = time.perf_counter()
-    cal = calibrate(work, model, fits, log)
-    profile, r_max = fit(work, cal, statistic, max_rel_rmse)
-    log(f"calibrated in {time.perf_counter() - t0:.0f} s: GEMM plateau {r_max / 1e9:.1f} "
-        f"GFLOP/s, element-wise {cal['stream_Bps'] / 1e9:.2f} GB/s; profile {profile}")
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     rows = []
     for n in ranks:
+        runs = strategies if n > 1 else strategies[:1]
+        if n > cores:  # the trainer refuses; its message is the row
+            rows += [_one(work, model, n, s, "cpu-10gbe", None, statistic) for s in runs]
+            log(_row_line(rows[-1]))
+            continue
+        cal = calibrate(work, model, n, log)
+        profile, r_max = fit(work, cal, statistic, max_rel_rmse)
+        log(f"  {n} rank(s): GEMM plateau {r_max / 1e9:.1f} GFLOP/s, element-wise "
+            f"{cal['stream_Bps'] / 1e9:.2f} GB/s per rank")
         system = _system(n, r_max, cal["stream_Bps"], profile, when)
-        for strategy in (strategies if n > 1 else strategies[:1]):
+        for strategy in runs:
             rows.append(_one(work, model, n, strategy, system, profile, statistic))
             log(_row_line(rows[-1]))
     load = os.getloadavg()
@@ -261,21 +278,25 @@ def _system(n: int, r_max: float, stream: float, profile: Path, when: str) -> di
     return local_system(n, r_max, stream, _p2p(profile), _memory_bytes() / n, when)
 
 
-def _one(work: Path, model: LoopModel, n: int, strategy: str, system: dict, profile: Path,
-         statistic: str) -> dict:
+def _one(work: Path, model: LoopModel, n: int, strategy: str, system: dict | str,
+         profile: Path | None, statistic: str) -> dict:
     cfg_path = work / f"run-{strategy}-{n}.yaml"
     cfg_path.write_text(yaml.safe_dump(model.run_config(n, strategy, system), sort_keys=False))
     measured = run_reference(cfg_path, n, model, work / f"measured-{strategy}-{n}.json")
     row = {"strategy": strategy, "ranks": n}
-    if "refused" in measured:
-        return {**row, "refused": measured["refused"]}
+    if "refused" in measured or profile is None:
+        return {**row, "refused": measured.get("refused", "not run")}
     pred = predict(cfg_path, profile, work / f"predicted-{strategy}-{n}.json")
-    row.update(statistic=statistic, measured_s=measured[f"{statistic}_s"],
+    row.update(statistic=statistic, cpu_share=measured["cpu_share_median"],
+               compared=measured["cpu_share_median"] >= MIN_CPU_SHARE,
+               measured_s=measured[f"{statistic}_s"],
                measured_median_s=measured["median_s"], measured_min_s=measured["min_s"],
+               measured_cpu_s=measured["cpu_median_s"],
                measured_forward_backward_s=measured[f"forward_backward_{statistic}_s"])
     for engine, t in sorted(pred.items()):
         row[f"predicted_{engine}_s"] = t
         row[f"error_{engine}"] = t / row["measured_s"] - 1.0
+        row[f"cpu_error_{engine}"] = t / row["measured_cpu_s"] - 1.0  # a diagnostic only
     return row
 
 
@@ -285,15 +306,24 @@ def _row_line(row: dict) -> str:
         return head + f"refused: {row['refused']}"
     errs = ", ".join(f"{k[6:]} {row[f'predicted_{k[6:]}_s'] * 1e3:.1f} ms ({row[k]:+.1%})"
                      for k in sorted(row) if k.startswith("error_"))
-    return head + f"measured {row['measured_s'] * 1e3:.1f} ms; predicted {errs}"
+    note = "" if row["compared"] else (
+        f" (not compared: starved by other load; against its CPU time "
+        f"{row['measured_cpu_s'] * 1e3:.1f} ms: {row['cpu_error_analytical']:+.1%})")
+    return (head + f"measured {row['measured_s'] * 1e3:.1f} ms at CPU share "
+            f"{row['cpu_share']:.2f}; predicted {errs}{note}")
 
 
 def summary_line(rows: list[dict]) -> str:
     """``closed loop: N runs, max |error| X %, mean Y %`` over every engine's error of every
-    run that was not refused (the mean of the absolute errors)."""
-    errs = [abs(v) for r in rows for k, v in r.items() if k.startswith("error_")]
-    runs = sum(1 for r in rows if "refused" not in r)
+    run compared (not refused, CPU share >= :data:`MIN_CPU_SHARE`; the mean of the absolute
+    errors), then how many runs were left out for want of CPU."""
+    ran = [r for r in rows if "refused" not in r]
+    compared = [r for r in ran if r["compared"]]
+    errs = [abs(v) for r in compared for k, v in r.items() if k.startswith("error_")]
+    starved = len(ran) - len(compared)
+    tail = (f"; {starved} run(s) not compared: CPU share below {MIN_CPU_SHARE:.0%} (other "
+            "load)" if starved else "")
     if not errs:
-        return f"closed loop: {runs} runs, no error measured"
-    return (f"closed loop: {runs} runs, max |error| {100 * max(errs):.1f} %, "
-            f"mean {100 * sum(errs) / len(errs):.1f} %")
+        return f"closed loop: 0 runs, no error measured{tail}"
+    return (f"closed loop: {len(compared)} runs, max |error| {100 * max(errs):.1f} %, "
+            f"mean {100 * sum(errs) / len(errs):.1f} %{tail}")

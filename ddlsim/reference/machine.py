@@ -105,3 +105,30 @@ def local_system(ranks: int, gemm_flops_peak: float, stream_Bps: float, p2p: tup
         "software": NUMPY_STACK,
         "source": src,
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``mpirun -n N python -m ddlsim.reference.machine BYTES OUT.json``: every rank measures
+    :func:`measure_stream_Bps` at once (after a barrier), as the ranks of a run stream
+    together; rank 0 writes the median over ranks to OUT.json."""
+    import json
+    import sys
+    from pathlib import Path
+
+    from mpi4py import MPI
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2 or not args[0].isdigit():
+        print("usage: python -m ddlsim.reference.machine BYTES OUT.json", file=sys.stderr)
+        return 2
+    comm = MPI.COMM_WORLD
+    comm.Barrier()
+    every = comm.gather(measure_stream_Bps(int(args[0])), root=0)
+    if comm.Get_rank() == 0:
+        Path(args[1]).write_text(json.dumps({"ranks": comm.Get_size(), "bytes": int(args[0]),
+                                             "stream_Bps": float(np.median(every)),
+                                             "per_rank_Bps": every}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -18,7 +18,10 @@ layers, hidden, heads, vocab, positions), the micro-batch and sequence, and
   the parameters.
 
 Each iteration starts after a barrier; its time is the slowest rank's time from the start of
-the forward to the end of the update. The program prints the median over ``--iters`` timed
+the forward to the end of the update. Its CPU share is the least, over ranks, of the CPU
+time the rank's process got over that wall time: about 1 when each rank had its core (MPI
+waits by polling, which counts), less when other work on the machine took turns on it; its
+CPU time is the most CPU time a rank's process used in it. The program prints the median over ``--iters`` timed
 iterations after ``--warmup`` untimed ones, and the loss, which falls: every rank trains on
 its own fixed batch of random tokens. BLAS runs one thread per rank unless the environment
 says otherwise (``OPENBLAS_NUM_THREADS``, ``OMP_NUM_THREADS``).
@@ -174,22 +177,23 @@ def train(cfg, comm, iters: int, warmup: int, seed: int = 0, save: Path | None =
     rng = np.random.default_rng([seed, me])
     idx = rng.integers(0, shape.vocab, (shape.batch, shape.seq))
     tgt = rng.integers(0, shape.vocab, (shape.batch, shape.seq))
-    times, compute, losses = [], [], []
+    times, compute, losses, shares, cpu = [], [], [], [], []
     for it in range(warmup + iters):
         comm.Barrier()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         loss, acts = model.forward(idx, tgt)
         model.backward(acts)
         t1 = time.perf_counter()
         exchange(comm, model, opt, cfg.parallel.grad_bucket_size)
-        t2 = time.perf_counter()
-        spans = np.array([t2 - t0, t1 - t0])
-        comm.Allreduce(MPI.IN_PLACE, spans, op=MPI.MAX)
-        total, fwd_bwd = float(spans[0]), float(spans[1])
+        t2, c2 = time.perf_counter(), time.process_time()
+        spans = np.array([t2 - t0, t1 - t0, -(c2 - c0) / (t2 - t0), c2 - c0])
+        comm.Allreduce(MPI.IN_PLACE, spans, op=MPI.MAX)  # the share: min over ranks
         losses.append(loss)
         if it >= warmup:
-            times.append(total)
-            compute.append(fwd_bwd)
+            times.append(float(spans[0]))
+            compute.append(float(spans[1]))
+            shares.append(-float(spans[2]))
+            cpu.append(float(spans[3]))
     if save is not None:
         np.save(str(save).replace("{rank}", str(me)), model.p[:shape.params])
     return {"strategy": cfg.parallel.dp_strategy, "ranks": comm.Get_size(),
@@ -199,6 +203,8 @@ def train(cfg, comm, iters: int, warmup: int, seed: int = 0, save: Path | None =
             "forward_backward_median_s": float(np.median(compute)),
             "forward_backward_min_s": float(np.min(compute)),
             "loss_first": losses[0], "loss_last": losses[-1],
+            "cpu_share_median": float(np.median(shares)),
+            "cpu_median_s": float(np.median(cpu)),
             "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS")}
 
 
