@@ -37,6 +37,8 @@ Backend = Annotated[Optional[str], typer.Option(
     help="With --calibration: backend to use, or 'auto' for the fastest per operation.")]
 AllowOOM = Annotated[bool, typer.Option(
     help="Predict even if the plan exceeds device memory (the result says fits: false).")]
+Width = Annotated[Optional[int], typer.Option(
+    help="Characters per line of the table (default: the terminal's, 80 when piped).")]
 LimitOption = Annotated[Optional[list[str]], typer.Option(
     "--limit", help="Raise a work budget, e.g. --limit des_rank_ops=1e8 (names: "
                     "pipeline_steps, ranks, topology_links, trace_ops, des_rank_ops, sweep_runs, "
@@ -96,6 +98,7 @@ def run_predictions(cfg, engines: list[str], *, calibration, backend, allow_oom:
     go to :func:`ddlsim.api.predict` for every engine."""
     from .api import predict as run_predict
 
+    _warn_unused_devices(cfg)
     results = []
     for e in engines:
         opts = {"trace_path": trace, "force": force} if e == "des" and trace is not None else {}
@@ -106,6 +109,23 @@ def run_predictions(cfg, engines: list[str], *, calibration, backend, allow_oom:
                                    check_fit=not allow_oom, record_spans=record_spans,
                                    **predict_options, **opts))
     return results
+
+
+def _warn_unused_devices(cfg) -> None:
+    """Warn when the plan leaves half the system's devices or more unused (``--set
+    parallel.pipeline_model_parallel_size=8`` on a plan of 1,024 ranks with its data
+    parallelism fixed runs on 512): a smaller plan is allowed, but never silently."""
+    import warnings
+
+    from .errors import DDLSimWarning
+
+    world, devices = cfg.world_size, cfg.system.num_devices
+    if 2 * world <= devices:
+        p = cfg.parallel
+        warnings.warn(f"the plan runs on {world:,} of the system's {devices:,} devices "
+                      f"(TP {p.tp} × CP {p.cp} × PP {p.pp} × DP {cfg.dp}); to use them all, "
+                      "raise parallel.data_parallel_size or leave it unset (it then fills the "
+                      "system)", DDLSimWarning, stacklevel=3)
 
 
 def _plots(*paths: Path | None):
@@ -333,6 +353,7 @@ def sweep(
     dask_workers: Annotated[Optional[int], typer.Option(
         help="Worker processes of --dask local (default 2).")] = None,
     limit: LimitOption = None,
+    width: Width = None,
 ) -> None:
     """Predict every combination of the --set-range values (first range slowest): a table,
     invalid combinations with their reason, counts per reason."""
@@ -358,7 +379,16 @@ def sweep(
         report.write_frame(frame, output, force)
     if plot is not None:
         report.draw_sweep(frame, list(parsed), plot, force)
-    report.show(frame, list(parsed), fmt, out)
+    report.show(frame, list(parsed), fmt, table_console(width))
+
+
+def table_console(width: int | None) -> Console:
+    """The console tables print on: ``out``, or one ``width`` characters wide (``--width``,
+    at least 40)."""
+    if width is None:
+        return out
+    require(width >= 40, f"--width {width} is too narrow for a table; give 40 or more")
+    return Console(width=width)
 
 
 def _table_text(renderable) -> str:

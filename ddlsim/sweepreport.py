@@ -20,8 +20,13 @@ __all__ = ["sweep_table", "summary_text", "frame_text", "check_frame_output", "w
 GIB = 2.0**30
 
 
-def _value(path: str, v: Any) -> str:
-    """A swept value in the unit its path names (``_Bps``, ``_bytes``, ``_s``)."""
+def _value(path: str, v: Any, typed: dict | None = None) -> str:
+    """A swept value as it was typed (``typed``: SI value → text, from ``frame.attrs``), else
+    in the unit its path names (``_Bps``, ``_bytes``, ``_s``)."""
+    if typed and path in typed:
+        text = typed[path].get(_key(v))
+        if text is not None:
+            return text
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return str(v)
     for suffix, fmt in (("_Bps", format_bandwidth), ("_bytes", format_bytes), ("_s", format_time)):
@@ -30,35 +35,84 @@ def _value(path: str, v: Any) -> str:
     return format_count(v) if isinstance(v, float) else str(v)
 
 
-def sweep_table(frame, paths: Sequence[str]):
-    """A rich Table: the swept values, then iteration time, tokens/s, MFU, memory per device,
-    fits, or the reason of an invalid combination; rows in sweep order."""
+def _key(v: Any) -> str:
+    """A swept value as a lookup key (floats by their shortest repr)."""
+    return repr(float(v)) if isinstance(v, (int, float)) and not isinstance(v, bool) else repr(v)
+
+
+def _header(path: str, paths: Sequence[str]) -> str:
+    """The column name of a swept path: its last key without a unit suffix (the cells carry
+    the unit), the whole path when two paths end alike."""
+    short = path.rpartition(".")[2]
+    if [q.rpartition(".")[2] for q in paths].count(short) > 1:
+        return path
+    for suffix in ("_Bps", "_bytes", "_s"):
+        if short.endswith(suffix) and len(short) > len(suffix):
+            return short[:-len(suffix)]
+    return short
+
+
+def sweep_table(frame, paths: Sequence[str], width: int | None = None):
+    """A rich Table: the swept values (as typed), then iteration time, tokens/s, MFU, memory
+    per device, fits, or the reason of an invalid combination; rows in sweep order.
+
+    Cells never wrap and the layout is narrow (no outer box, one space between columns).
+    When the columns need more than ``width`` characters, tokens/s and then MFU are left out
+    (the caption says so; ``-f csv`` has every column) rather than cut.
+    """
+    from rich import box
     from rich.markup import escape
     from rich.table import Table
 
     both = frame["engine"].nunique() > 1
+    typed = frame.attrs.get("typed")
     number = {r: i for i, (r, _) in enumerate(reason_counts(frame), 1)}
-    t = Table(title=f"Sweep of {', '.join(paths)}", title_justify="left")
-    for p in paths:
-        short = p.rpartition(".")[2]
-        t.add_column(escape(short if [q.rpartition(".")[2] for q in paths].count(short) == 1
-                            else p), justify="right")
-    if both:
-        t.add_column("engine")
-    for name in ("iteration", "tokens/s", "MFU", "memory", "fits"):
-        t.add_column(name, justify="right", no_wrap=True)
-    t.add_column("valid")
-    for row in frame.to_dict(orient="records"):
-        cells = [escape(_value(p, row[p])) for p in paths] + ([row["engine"]] if both else [])
-        if not _number(row.get("iteration_time_s")):
-            t.add_row(*cells, *["-"] * 5, f"[red]no ({number[row['reason']]})[/]")
-            continue
-        fits = "yes" if row["fits"] else "[bold red]NO[/]"
-        valid = "yes" if row["valid"] else f"[red]no ({number[row['reason']]})[/]"
-        t.add_row(*cells, format_time(row["iteration_time_s"]), format_count(row["tokens_per_s"]),
-                  format_percent(row["mfu"]), format_bytes(row["memory_total_bytes"]), fits,
-                  valid)
+    names = [_header(p, paths) for p in paths] + (["engine"] if both else []) + [
+        "iteration", "tokens/s", "MFU", "memory", "fits", "valid"]
+    rows = [_cells(row, paths, typed, both, number) for row in frame.to_dict(orient="records")]
+    keep = list(range(len(names)))
+    dropped = []
+    for name in ("tokens/s", "MFU"):
+        if width is None or _width(names, rows, keep) <= width:
+            break
+        keep.remove(names.index(name))
+        dropped.append(name)
+    caption = (f"{' and '.join(dropped)} left out at {width} columns (--width, or -f csv for "
+               "every column)") if dropped else None
+    t = Table(title=f"Sweep of {', '.join(paths)}", title_justify="left", box=box.SIMPLE_HEAD,
+              pad_edge=False, padding=(0, 1, 0, 0), caption=caption, caption_justify="left")
+    for i in keep:
+        left = i < len(paths) and not _number_column(rows, i) or names[i] in ("engine", "valid")
+        t.add_column(escape(names[i]), justify="left" if left else "right", no_wrap=True)
+    for cells in rows:
+        t.add_row(*(_styled(cells[i]) for i in keep))
     return t
+
+
+def _cells(row: dict, paths: Sequence[str], typed, both: bool, number: dict) -> list[str]:
+    """One row's cells as plain text (``!`` marks a cell to show in red)."""
+    cells = [_value(p, row[p], typed) for p in paths] + ([str(row["engine"])] if both else [])
+    if not _number(row.get("iteration_time_s")):
+        return cells + ["-"] * 5 + [f"!no ({number[row['reason']]})"]
+    valid = "yes" if row["valid"] else f"!no ({number[row['reason']]})"
+    return cells + [format_time(row["iteration_time_s"]), format_count(row["tokens_per_s"]),
+                    format_percent(row["mfu"]), format_bytes(row["memory_total_bytes"]),
+                    "yes" if row["fits"] else "!NO", valid]
+
+
+def _styled(cell: str) -> str:
+    from rich.markup import escape
+
+    return f"[red]{escape(cell[1:])}[/]" if cell.startswith("!") else escape(cell)
+
+
+def _width(names: list[str], rows: list[list[str]], keep: list[int]) -> int:
+    """Characters the kept columns take: the widest cell or header of each, plus a space."""
+    return sum(max([len(names[i])] + [len(r[i].lstrip("!")) for r in rows]) + 1 for i in keep)
+
+
+def _number_column(rows: list[list[str]], i: int) -> bool:
+    return all(r[i][:1].isdigit() or r[i][:1] == "-" for r in rows)
 
 
 def _number(v: Any) -> bool:
@@ -143,6 +197,25 @@ def _unit(path: str) -> str:
                  if path.endswith(s)), "")
 
 
+def _typed_scale(frame, path: str) -> tuple[float, str] | None:
+    """``(SI per typed unit, unit)`` when every value of ``path`` was typed with one unit
+    (``100,200,400 Gb/s`` → (1.25e8, "Gb/s")), so the plot's axis reads as the input did."""
+    typed = frame.attrs.get("typed", {}).get(path, {})
+    if not typed:
+        return None
+    units, scales = set(), set()
+    for si, text in typed.items():
+        number, _, unit = text.strip().partition(" ")
+        try:
+            scales.add(float(si) / float(number))
+        except (ValueError, ZeroDivisionError):
+            return None
+        units.add(unit.strip())
+    if len(units) != 1 or max(scales) > min(scales) * (1 + 1e-9):
+        return None
+    return scales.pop(), units.pop()
+
+
 def draw_sweep(frame, paths: Sequence[str], path: Path, force: bool = False):
     """Iteration time (and memory per device when it varies) against the first numeric swept
     field, one line per combination of the other fields (and engine); log x for bandwidths
@@ -168,21 +241,25 @@ def draw_sweep(frame, paths: Sequence[str], path: Path, force: bool = False):
     FigureCanvasAgg(fig)
     axes = fig.subplots(2 if memory else 1, 1, sharex=True, squeeze=False)[:, 0]
     groups = ok.groupby(keys, sort=False) if keys else [((), ok)]
+    typed = frame.attrs.get("typed")
+    scale, unit = _typed_scale(frame, x) or (1.0, _unit(x).strip(" ()"))
     for key, g in groups:
         key = key if isinstance(key, tuple) else (key,)
-        label = ", ".join(f"{k}={_value(k, v)}" for k, v in zip(keys, key)) or None
-        axes[0].plot(g[x], g["iteration_time_s"], marker="o", label=label)
+        label = ", ".join(f"{k}={_value(k, v, typed)}" for k, v in zip(keys, key)) or None
+        axes[0].plot(g[x] / scale, g["iteration_time_s"], marker="o", label=label)
         if memory:
-            axes[1].plot(g[x], g["memory_total_bytes"] / GIB, marker="o", label=label)
+            axes[1].plot(g[x] / scale, g["memory_total_bytes"] / GIB, marker="o", label=label)
     values = [float(v) for v in ok[x]]
     if x.endswith("_Bps") or (min(values) > 0 and max(values) >= 8 * min(values)):
         for ax in axes:
             ax.set_xscale("log")
     axes[0].set_ylabel("iteration time (s)")
     if memory:
-        axes[1].plot(ok[x], ok["memory_capacity_bytes"] / GIB, "k--", lw=1, label="capacity")
+        axes[1].plot(ok[x] / scale, ok["memory_capacity_bytes"] / GIB, "k--", lw=1,
+                     label="capacity")
         axes[1].set_ylabel("memory per device (GiB)")
-    axes[-1].set_xlabel(x + _unit(x))
+    name = next((x[:-len(u)] for u in ("_Bps", "_bytes", "_s") if x.endswith(u)), x)
+    axes[-1].set_xlabel(f"{name} ({unit})" if unit else x)
     if keys and len(groups) <= 12:
         axes[0].legend(fontsize=8)
     if memory:
@@ -243,7 +320,7 @@ def show(frame, paths: Sequence[str], fmt: str, console) -> None:
     from .textio import write_output
 
     if fmt == "table":
-        console.print(sweep_table(frame, paths))
+        console.print(sweep_table(frame, paths, console.width))
         console.print(summary_text(frame), highlight=False)
         return
     write_output("-", frame_text(frame, fmt), what="standard output")

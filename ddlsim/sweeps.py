@@ -355,7 +355,8 @@ def sweep(config: Any, ranges: Mapping[str, Sequence[Any]], overrides: Sequence[
     -------
     pandas.DataFrame
         One row per combination (and engine), in sweep order: a column per swept path
-        (SI values as the config stores them: ``system.nic.bandwidth_Bps`` in B/s), the
+        (SI values as the config stores them: ``system.nic.bandwidth_Bps`` in B/s;
+        ``frame.attrs["typed"]`` maps them back to the text typed, ``"200 Gb/s"``), the
         columns of :meth:`ddlsim.Result.to_row` (empty for invalid combinations), ``valid``
         and ``reason`` (the config's message for an invalid combination, else None).
 
@@ -399,7 +400,22 @@ def sweep(config: Any, ranges: Mapping[str, Sequence[Any]], overrides: Sequence[
                                 describe=_describe, progress=progress)
     rows = [row for combo_rows in per_combo for row in combo_rows]
     columns = list(dict.fromkeys(c for r in rows for c in r if c not in ("valid", "reason")))
-    return pd.DataFrame(rows, columns=[*columns, "valid", "reason"])
+    frame = pd.DataFrame(rows, columns=[*columns, "valid", "reason"])
+    frame.attrs["typed"] = _typed(ranges, shown)
+    return frame
+
+
+def _typed(ranges: Mapping[str, list[Any]], shown: dict[str, dict[str, Any]]) -> dict:
+    """``{path: {repr of the SI value: the text typed}}`` for values given with a unit
+    (``"200 Gb/s"`` → 2.5e10): the table and the plot show what was typed, the frame's columns
+    hold SI values (B/s, s, bytes) as the config stores them."""
+    out: dict[str, dict[str, str]] = {}
+    for path, values in ranges.items():
+        for v in values:
+            si = shown[path][_json(v)]
+            if isinstance(v, str) and isinstance(si, (int, float)) and not isinstance(si, bool):
+                out.setdefault(path, {})[repr(float(si))] = v
+    return out
 
 
 def _sweep_limits(limits: Any, max_runs: int | None) -> Any:

@@ -4,6 +4,7 @@ where it enters, no output written over an input. Each case answers within a sec
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -31,8 +32,10 @@ def one_error(res) -> str:
     """The one ``error:`` paragraph of a refused command (exit 2)."""
     text = res.output.strip()
     assert res.exit_code == 2, res.output
-    assert text.startswith("error: ") and "Traceback" not in text, text
-    return text
+    assert "Traceback" not in text and "\nerror: " in "\n" + text, text
+    before, _, error = ("\n" + text).partition("\nerror: ")
+    assert all(ln.startswith("warning: ") for ln in before.splitlines() if ln), text
+    return "error: " + error
 
 
 # ---------------------------------------------------------------------- budgets before build
@@ -210,3 +213,29 @@ def test_an_mpip_section_with_no_rows_is_a_diff_not_a_crash(tmp_path):
     report.write_text(MPIP_HEAD)
     res = runner.invoke(app, ["comm", WIKI, "--diff-mpip", str(report)])
     assert res.exit_code == 1 and "rows differ" in res.output
+
+
+# ------------------------------------------------------------------ what a person reads
+def test_a_sweep_shows_values_as_typed_and_keeps_si_in_the_frame():
+    from ddlsim.sweepreport import sweep_table
+    from rich.console import Console
+
+    frame = ddlsim.sweep(WIKI, {"system.nic.bandwidth_Bps": ["200 Gb/s", "400 Gb/s"]})
+    assert list(frame["system.nic.bandwidth_Bps"]) == [2.5e10, 5e10]  # SI: B/s
+    console = Console(width=80, record=True, file=open(os.devnull, "w"), color_system=None)
+    console.print(sweep_table(frame, ["system.nic.bandwidth_Bps"], 80))
+    text = console.export_text()
+    assert "200 Gb/s" in text and "400 Gb/s" in text and "GB/s" not in text
+
+
+def test_sweep_tables_fit_80_columns_without_wrapping():
+    res = runner.invoke(app, ["sweep", WIKI, "--set-range",
+                              "system.nic.bandwidth_Bps=200,400 Gb/s", "--set-range",
+                              "parallel.dp_strategy=ddp,reduce_scatter", "--engine", "both",
+                              "--width", "80"])
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert max(map(len, lines)) <= 80
+    rows = [ln for ln in lines if "Gb/s" in ln]
+    assert len(rows) == 8 and all("…" not in ln for ln in rows)  # one line a row, nothing cut
+    assert "tokens/s left out at 80 columns" in res.output

@@ -177,7 +177,8 @@ def test_cli_plot_is_a_png_with_labelled_axes(tmp_path):
                                 "parallel.dp_strategy": ["ddp", "reduce_scatter"]})
     fig = draw_sweep(frame, paths, tmp_path / "again.png")
     ax = fig.axes[0]
-    assert ax.get_xlabel() == "system.nic.bandwidth_Bps (B/s)"
+    assert ax.get_xlabel() == "system.nic.bandwidth (Gb/s)"  # as typed (issue 31)
+    assert sorted(ax.get_lines()[0].get_xdata()) == [1.0, 10.0, 100.0]
     assert ax.get_ylabel() == "iteration time (s)" and ax.get_xscale() == "log"
     assert len(ax.get_lines()) == 2  # one line per dp_strategy
 
