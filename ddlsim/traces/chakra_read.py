@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -157,24 +158,42 @@ class _Families:
         return out
 
 
+def _int(a: dict, key: str, default: int, node, where: str) -> int:
+    """An integer attribute (``default`` when absent)."""
+    v = a.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ConfigError(f"Chakra trace {where}: node {node.id} ({node.name!r}) has {key} = "
+                          f"{v!r}; expected an integer")
+    return v
+
+
+def _size(a: dict, key: str, node, where: str) -> float:
+    """A non-negative finite number attribute (0 when absent)."""
+    v = a.get(key, 0)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        raise ConfigError(f"Chakra trace {where}: node {node.id} ({node.name!r}) has {key} = "
+                          f"{v!r}; expected a number >= 0")
+    return float(v)
+
+
 def _op(node, a: dict, rank: int, fams: _Families, where: str):
     """The ddlsim payload of one node."""
     kind = _TYPE_NAME.get(node.type, "INVALID_NODE")
     name = node.name or f"node{node.id}"
     if kind == "COMM_COLL_NODE":
-        ctype = _COLL_NAME.get(int(a.get("comm_type", -1)))
+        ctype = _COLL_NAME.get(_int(a, "comm_type", -1, node, where))
         if ctype is None:
             raise ConfigError(f"Chakra trace {where}: node {node.id} ({name!r}) has comm_type "
                               f"{a.get('comm_type')!r}; allowed: {sorted(COLLECTIVES.values())}")
         family = fams.collective(a, rank, where)
         members = sorted(next(g for g in fams.found[family] if rank in g))
-        root = int(a.get("ddlsim_root", members[0]))
-        return Collective(name, OP_OF[ctype], family, float(a.get("comm_size", 0)),
+        root = _int(a, "ddlsim_root", members[0], node, where)
+        return Collective(name, OP_OF[ctype], family, _size(a, "comm_size", node, where),
                           root=members.index(root) if root in members else 0,
                           algorithm=a.get("ddlsim_algorithm") or None)
     if kind in ("COMM_SEND_NODE", "COMM_RECV_NODE"):
         send = kind == "COMM_SEND_NODE"
-        peer = int(a.get("comm_dst" if send else "comm_src", -1))
+        peer = _int(a, "comm_dst" if send else "comm_src", -1, node, where)
         if not 0 <= peer < fams.world or peer == rank:
             raise ConfigError(f"Chakra trace {where}: node {node.id} ({name!r}) sends to or "
                               f"receives from rank {peer}; allowed: another rank of 0 … "
@@ -182,7 +201,7 @@ def _op(node, a: dict, rank: int, fams: _Families, where: str):
         tag = a.get("ddlsim_tag") or str(a.get("comm_tag", 0))
         if not a.get("pg_name"):  # a pair of ranks of its own
             return P2P(name, "send" if send else "recv", fams.pair(rank, peer), 1,
-                       float(a.get("comm_size", 0)), tag)
+                       _size(a, "comm_size", node, where), tag)
         family = fams.collective(a, rank, where)  # within a process group: a relative peer
         members = sorted(next(g for g in fams.found[family] if rank in g))
         if peer not in members:
@@ -190,9 +209,12 @@ def _op(node, a: dict, rank: int, fams: _Families, where: str):
                               f"{peer} outside its group {a['pg_name']!r} = {members[:8]}")
         return P2P(name, "send" if send else "recv", family,
                    members.index(peer) - members.index(rank),
-                   float(a.get("comm_size", 0)), tag)
+                   _size(a, "comm_size", node, where), tag)
     seconds = a.get("ddlsim_seconds", node.duration_micros * 1e-6)
-    flops, nbytes = float(a.get("num_ops", 0)), float(a.get("tensor_size", 0))
+    flops, nbytes = _size(a, "num_ops", node, where), _size(a, "tensor_size", node, where)
+    if not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds >= 0):
+        raise ConfigError(f"Chakra trace {where}: node {node.id} ({name!r}) lasts "
+                          f"{seconds!r} s; expected a finite duration >= 0")
     if "ddlsim_seconds" not in a and node.duration_micros == 0 and flops > 0:
         seconds = None  # no measured duration: ddlsim's roofline of num_ops / tensor_size
     return Compute(name, flops, nbytes, kind=a.get("ddlsim_kind", "gemm"), seconds=seconds)

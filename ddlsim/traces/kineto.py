@@ -22,6 +22,7 @@ labelled by the CPU op that launched it (``External id``). docs/traces.md descri
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -138,7 +139,7 @@ def parse_kineto(doc: object, rules: ModuleRules | None = None, source: str = "t
         raise ConfigError(f"Kineto trace {source}: no 'traceEvents' list; expected the JSON "
                           "that torch.profiler's export_chrome_trace writes")
     spans = [e for e in events if isinstance(e, dict) and e.get("ph") == "X"
-             and isinstance(e.get("ts"), (int, float)) and isinstance(e.get("dur"), (int, float))]
+             and _finite(e.get("ts")) and _finite(e.get("dur")) and e["dur"] >= 0]
     modules = [e for e in spans if e.get("cat") == "python_function"
                and str(e.get("name", "")).startswith("nn.Module: ")]
     if not modules:
@@ -168,6 +169,16 @@ class _Sweep:
     backward: bool = False
     units: list = field(default_factory=list)        # (start, end, label | "comm" | None)
     ext_label: dict = field(default_factory=dict)    # External id -> its outermost op's label
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _args(event: dict) -> dict:
+    """An event's ``args`` mapping (empty when absent or not a mapping)."""
+    args = event.get("args")
+    return args if isinstance(args, dict) else {}
 
 
 def _class_of(event: dict) -> tuple[str, str]:
@@ -201,7 +212,7 @@ def _forward_label(sw: _Sweep, op_name: str) -> Label:
 
 def _label(sw: _Sweep, e: dict) -> Label | str | None:
     """An outermost op's label, ``"comm"`` for communication, None when it fits none."""
-    name, args = str(e.get("name", "")), e.get("args") or {}
+    name, args = str(e.get("name", "")), _args(e)
     if sw.rules.match("communication", name):
         return "comm"
     if e.get("cat") == "user_annotation":
@@ -233,7 +244,7 @@ def _visit(sw: _Sweep, e: dict) -> None:
     if ts >= sw.outer_end - _EPS_US:  # an outermost op
         sw.outer_end, sw.outer_label = end, _label(sw, e)
         sw.units.append((ts, end, sw.outer_label))
-    args = e.get("args") or {}
+    args = _args(e)
     if "External id" in args:  # device kernels launched from this op take its label
         sw.ext_label.setdefault(args["External id"], sw.outer_label)
     seq = args.get("Sequence number")
@@ -296,7 +307,7 @@ def _device_units(sw: _Sweep, kernels: list, rules: ModuleRules) -> list:
     units, comm = [], []
     for k in sorted(kernels, key=lambda e: (float(e["ts"]), -float(e["dur"]))):
         ts, end = float(k["ts"]), float(k["ts"]) + float(k["dur"])
-        label = sw.ext_label.get((k.get("args") or {}).get("External id"))
+        label = sw.ext_label.get(_args(k).get("External id"))
         if label == "comm" or rules.match("communication", str(k.get("name", ""))):
             comm.append((ts, end))
         else:

@@ -25,6 +25,7 @@ The format (docs/traces.md), ``PREFIX.RANK.jsonl``, one JSON object per line:
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -85,8 +86,9 @@ def _files(source: Path) -> list[Path]:
 
 def _number(rec: dict, key: str, where: str, minimum: float = 0.0) -> float:
     v = rec.get(key)
-    if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= minimum:
-        raise ConfigError(f"{where}: {key} = {v!r}; expected a number >= {minimum:g}")
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= minimum \
+            or not math.isfinite(v):
+        raise ConfigError(f"{where}: {key} = {v!r}; expected a finite number >= {minimum:g}")
     return float(v)
 
 
@@ -195,18 +197,21 @@ def _payload(rec: dict, call: str, rank: int, mine: dict, sent: dict, at: str):
         raise ConfigError(f"{at}: communicator {comm!r} is used before a "
                           '{"comm": …, "ranks": […]} line declares it')
     members = mine[comm]
-    nbytes = _number(rec, "bytes", at) if call != "barrier" else float(rec.get("bytes", 0))
+    nbytes = _number(rec, "bytes", at) if call != "barrier" or "bytes" in rec else 0.0
     if CALLS[call] is not None:
-        root = int(rec.get("root", members[0]))
-        if root not in members:
+        root = rec.get("root", members[0])
+        if root not in members or isinstance(root, bool):
             raise ConfigError(f"{at}: root {root} is not in communicator {comm!r} {members[:8]}")
         return Collective(call, CALLS[call], comm, nbytes, root=members.index(root))
     peer = rec.get("peer")
-    if peer not in members or peer == rank:
+    if isinstance(peer, bool) or not isinstance(peer, int) or peer not in members or peer == rank:
         raise ConfigError(f"{at}: {call} peer = {peer!r}; expected another rank of "
                           f"communicator {comm!r} {members[:8]}")
+    tag = rec.get("tag", 0)
+    if not isinstance(tag, (int, str)) or isinstance(tag, bool):
+        raise ConfigError(f"{at}: tag = {tag!r}; expected an integer")
     src, dst = (rank, peer) if call == "send" else (peer, rank)
-    key = (comm, src, dst, rec.get("tag", 0))
+    key = (comm, src, dst, tag)
     seq = sent[key] = sent.get(key, -1) + 1  # MPI's non-overtaking order on (pair, tag)
     return P2P(call, call, comm, members.index(peer) - members.index(rank), nbytes,
                f"{key[3]}#{seq}")
