@@ -12,7 +12,7 @@ from ddlsim.errors import ConfigError
 from ddlsim.traces.kineto import parse_kineto
 from ddlsim.traces.mpilog import read_mpilog
 
-SETTINGS = settings(max_examples=150, deadline=None,
+SETTINGS = settings(max_examples=100, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture])
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 10**6),
                     st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12))
