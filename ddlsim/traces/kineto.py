@@ -132,7 +132,18 @@ def read_kineto(path: str | Path, rules: ModuleRules | None = None) -> MeasuredS
 
 def parse_kineto(doc: object, rules: ModuleRules | None = None, source: str = "the trace"
                  ) -> MeasuredStep:
-    """:func:`read_kineto` on an already parsed JSON document."""
+    """:func:`read_kineto` on an already parsed JSON document.
+
+    Parameters
+    ----------
+    doc : the trace's JSON: a mapping with ``traceEvents`` (or the event list itself).
+    rules : module class patterns (:class:`ModuleRules`).
+    source : how errors name the trace.
+
+    Returns
+    -------
+    MeasuredStep
+    """
     rules = rules or ModuleRules()
     events = doc.get("traceEvents") if isinstance(doc, dict) else doc
     if not isinstance(events, list):

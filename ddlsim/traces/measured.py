@@ -21,7 +21,8 @@ from ..errors import ConfigError
 from ..workloads.trace import Block, Compute, Loop, Op, Program, Workload
 from .kineto import Label, MeasuredStep
 
-__all__ = ["DECODER_BINDING", "Binding", "bind_measured", "apply_measured"]
+__all__ = ["DECODER_BINDING", "Binding", "bind_measured", "apply_measured",
+           "check_profiled_plan"]
 
 #: label (phase, part) -> ddlsim op names, first present wins (the decoder families' names,
 #: ddlsim/workloads/decoder/: a separate attention core when the trace has one)
@@ -143,9 +144,21 @@ def _measured_ops(ops: tuple[Op, ...], binding: Binding, cost) -> tuple[Op, ...]
 
 
 def apply_measured(target: Workload, binding: Binding, cost) -> Workload:
-    """``target`` with every bound compute op's duration given: ``factor ×`` its modelled
-    seconds under ``cost`` (a cost model of ``target``), or the measured seconds per occurrence
-    for ops the model gives no time. Blocks shared by rank classes stay shared."""
+    """``target`` with every bound compute op's duration given.
+
+    Parameters
+    ----------
+    target : the trace of the plan to predict.
+    binding : :func:`bind_measured`'s, from the profiled plan.
+    cost : a cost model of ``target``.
+
+    Returns
+    -------
+    Workload
+        Each bound op with ``seconds = factor ×`` its modelled seconds under ``cost``, or the
+        measured seconds per occurrence for ops the model gives no time; blocks shared by
+        rank classes stay shared.
+    """
     done: dict[int, Block] = {}
 
     def block(b: Block) -> Block:
@@ -159,8 +172,20 @@ def apply_measured(target: Workload, binding: Binding, cost) -> Workload:
 
 
 def check_profiled_plan(measured: MeasuredStep, cfg) -> None:
-    """Refuse a profiled plan that cannot be the one profiled: another number of layers, or
-    (when the trace recorded shapes) another micro-batch size or sequence length."""
+    """Refuse a profiled plan that cannot be the one profiled.
+
+    Parameters
+    ----------
+    measured : the profile.
+    cfg : the run config said to describe the profiled run.
+
+    Raises
+    ------
+    ConfigError
+        When the config's transformer layers per rank differ from the layers the trace ran,
+        or (with recorded shapes) its micro-batch size or sequence length differ from the
+        token embedding's input.
+    """
     layers = getattr(cfg.model, "num_hidden_layers", None)
     pp = getattr(cfg.parallel, "pipeline_model_parallel_size", 1) or 1
     if layers is not None and measured.layers != layers // pp:
