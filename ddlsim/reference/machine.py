@@ -17,16 +17,16 @@ import numpy as np
 
 __all__ = ["measure_stream_Bps", "local_system", "NUMPY_STACK"]
 
-#: How numpy runs the reference model: every op its own kernel (no fusion anywhere, the
-#: attention core as separate matmul, scale, mask and softmax passes), Adam as separate
-#: element-wise passes over the whole buffers, gradients written (not accumulated) by the
-#: backward's GEMMs; the 2021 Megatron-LM stack is the one whose other fields fit (no
-#: overlap of the gradient exchange with the backward).
+#: How numpy runs the reference model: every op its own kernel (no fusion, the attention
+#: core as separate matmul, scale, mask and softmax passes); Adam a cache block at a time,
+#: so memory sees a fused Adam's 28 B per parameter (ddlsim/reference/gpt2.py, ``Adam``); the
+#: 2021 Megatron-LM stack is the one whose other fields fit (no overlap of the gradient
+#: exchange with the backward).
 NUMPY_STACK = {
     "stack": "megatron-lm-2021",
     "kernels": {"attention": "unfused", "fused_bias_gelu": False,
                 "fused_bias_dropout_add": False, "fused_layernorm": False,
-                "fused_cross_entropy": False, "fused_optimizer": False,
+                "fused_cross_entropy": False, "fused_optimizer": True,
                 "gradient_accumulation_fusion": False},
     "source": "ddlsim/reference/gpt2.py: numpy, one kernel per op, nothing fused"}
 
