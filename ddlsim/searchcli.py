@@ -70,6 +70,8 @@ def search_command(
         help="time, tokens_per_s, mfu or cost (needs --price-per-gpu-hour).")] = None,
     price_per_gpu_hour: Annotated[Optional[float], typer.Option(
         help="Price of one GPU for one hour: adds cost columns.")] = None,
+    currency: Annotated[Optional[str], typer.Option(
+        help="What --price-per-gpu-hour is in (default: the section's, USD).")] = None,
     max_gpus: Annotated[Optional[int], typer.Option(help="Most GPUs a plan may use.")] = None,
     allow_oom: Annotated[bool, typer.Option(
         help="Keep plans over device memory (must_fit: false).")] = False,
@@ -85,6 +87,8 @@ def search_command(
         "--limit", help="Raise a work budget, e.g. --limit search_plans=2e7 (names: "
                         "search_plans, axis_values, and predict's for the exact and DES "
                         "re-evaluations: ranks, topology_links, des_rank_ops, …).")] = None,
+    width: Annotated[Optional[int], typer.Option(
+        help="Characters per line of the tables (default: the terminal's, 80 when piped).")] = None,
 ) -> None:
     """Search the plans of CONFIG's search: section: enumerate, reject invalid plans (counted
     per reason), evaluate the rest as arrays, rank, re-evaluate the top K exactly."""
@@ -125,15 +129,15 @@ def search_command(
                                   objective=objective, price_per_gpu_hour=price_per_gpu_hour,
                                   top=top, verify=verify, overrides=overrides or [],
                                   dask=dask, dask_workers=dask_workers, progress=bar,
-                                  limits=limits)
+                                  limits=limits, currency=currency)
     finally:
         bar.close()
     if output is not None:
-        sweepreport.write_frame(frame, output, force)
+        sweepreport.write_frame(report.plan_text_frame(frame), output, force)
     if plot is not None and len(frame):
         report.draw_search(frame, _best_result(config, frame, overrides or [], limits), plot,
                            force)
-    _show(frame, fmt)
+    _show(frame, fmt, width)
 
 
 def _best_result(config: Path, frame, overrides: list[str], limits):
@@ -148,7 +152,7 @@ def _best_result(config: Path, frame, overrides: list[str], limits):
     return predict(cfg, check_fit=False, limits=limits)
 
 
-def _show(frame, fmt: str) -> None:
+def _show(frame, fmt: str, width: int | None = None) -> None:
     from rich.console import Console
 
     from .search import report
@@ -156,13 +160,16 @@ def _show(frame, fmt: str) -> None:
     from .textio import write_output
 
     if fmt != "table":
-        write_output("-", frame_text(frame, fmt), what="standard output")
+        write_output("-", frame_text(report.plan_text_frame(frame), fmt),
+                     what="standard output")
         Console(stderr=True, highlight=False).print(report.summary_text(frame))
         return
-    out = Console()
+    require(width is None or width >= 40, f"--width {width} is too narrow for a table; give "
+                                          "40 or more")
+    out = Console(width=width)
     if len(frame):
-        out.print(report.ranked_table(frame, max(frame.attrs.get("top", 10), 1)))
-        out.print(report.pareto_table(frame))
+        out.print(report.ranked_table(frame, max(frame.attrs.get("top", 10), 1), out.width))
+        out.print(report.pareto_table(frame, width=out.width))
     out.print(report.summary_text(frame), highlight=False)
 
 

@@ -80,7 +80,8 @@ def sweep_table(frame, paths: Sequence[str], width: int | None = None):
     caption = (f"{' and '.join(dropped)} left out at {width} columns (--width, or -f csv for "
                "every column)") if dropped else None
     t = Table(title=f"Sweep of {', '.join(paths)}", title_justify="left", box=box.SIMPLE_HEAD,
-              pad_edge=False, padding=(0, 1, 0, 0), caption=caption, caption_justify="left")
+              pad_edge=False, show_edge=False, padding=(0, 1, 0, 0), caption=caption,
+              caption_justify="left")
     for i in keep:
         left = i < len(paths) and not _number_column(rows, i) or names[i] in ("engine", "valid")
         t.add_column(escape(names[i]), justify="left" if left else "right", no_wrap=True)
@@ -107,8 +108,8 @@ def _styled(cell: str) -> str:
 
 
 def _width(names: list[str], rows: list[list[str]], keep: list[int]) -> int:
-    """Characters the kept columns take: the widest cell or header of each, plus a space."""
-    return sum(max([len(names[i])] + [len(r[i].lstrip("!")) for r in rows]) + 1 for i in keep)
+    """Characters the kept columns take: the widest cell or header of each, plus two (padding and the separator)."""
+    return sum(max([len(names[i])] + [len(r[i].lstrip("!")) for r in rows]) + 2 for i in keep) - 1
 
 
 def _number_column(rows: list[list[str]], i: int) -> bool:

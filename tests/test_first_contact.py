@@ -239,3 +239,36 @@ def test_sweep_tables_fit_80_columns_without_wrapping():
     rows = [ln for ln in lines if "Gb/s" in ln]
     assert len(rows) == 8 and all("…" not in ln for ln in rows)  # one line a row, nothing cut
     assert "tokens/s left out at 80 columns" in res.output
+
+
+def test_search_tables_explain_every_abbreviation_and_name_the_currency():
+    from ddlsim.search import report
+
+    frame = ddlsim.search(SEARCH, {"parallel.tensor_model_parallel_size": [4, 8],
+                                   "parallel.pipeline_model_parallel_size": [8],
+                                   "parallel.virtual_pipeline_model_parallel_size": [None, 6],
+                                   "train.recompute": ["none", "selective", "full"]},
+                          objective="cost", price_per_gpu_hour=2.0, currency="EUR", top=0)
+    text = report.legend(frame, exact=True, front=True)
+    for words in ("PP8×6 8 stages of 6 virtual stages", "b micro-batch size", "Z ZeRO stage",
+                  "SP sequence parallelism", "none/sel/full recomputation",
+                  "EUR/Mtok cost of a million tokens at 2 EUR per GPU-hour", "exact Δ",
+                  "* on the Pareto front"):
+        assert words in text, words
+    labels = {report.plan_label(r) for r in frame.to_dict(orient="records")}
+    assert all(label.split()[-1] in ("none", "sel", "full") for label in labels)
+
+
+def test_search_files_hold_the_plan_in_words(tmp_path):
+    out = tmp_path / "plans.csv"
+    res = runner.invoke(app, ["search", SEARCH, "--axis", "parallel.tensor_model_parallel_size=4,8",
+                              "--axis", "parallel.pipeline_model_parallel_size=8,16",
+                              "--top", "0", "-o", str(out), "--width", "80"])
+    assert res.exit_code == 0, res.output
+    import pandas as pd
+
+    frame = pd.read_csv(out)
+    assert frame["plan"].str.startswith("TP").all() and "plan_index" in frame
+    assert frame["plan"].str.contains(" mbs").all()
+    assert max(map(len, res.output.splitlines())) <= 80
+    assert "*" in res.output.splitlines()[1]  # the Pareto column survives 80 columns

@@ -9,11 +9,16 @@ from typing import Any
 
 from ..formatting import format_bytes, format_percent, format_time
 
-__all__ = ["ranked_table", "pareto_table", "summary_text", "draw_search", "plan_label"]
+__all__ = ["ranked_table", "pareto_table", "summary_text", "draw_search", "plan_label", "legend",
+           "plan_text_frame"]
+
+#: How a short plan label writes ``train.recompute``.
+RECOMPUTE_SHORT = {"none": "none", "selective": "sel", "full": "full"}
+
 
 def plan_label(row: dict, extra: Sequence[str] = (), short: bool = True) -> str:
-    """``'TP8 PP16×2 DP8 b1 Z1 SP sel'`` (``short``) or ``'TP8 PP16×2 DP8 mbs1 ZeRO1 SP
-    selective'``: one plan in a few characters."""
+    """``'TP8 PP16×2 DP8 b1 Z1 SP sel'`` (``short``, explained by :func:`legend`) or
+    ``'TP8 PP16×2 DP8 mbs1 ZeRO1 SP selective'``: one plan in a few characters."""
     v = row["parallel.virtual_pipeline_model_parallel_size"]
     mbs, zero = ("b", "Z") if short else ("mbs", "ZeRO")
     rec = row["train.recompute"]
@@ -21,8 +26,25 @@ def plan_label(row: dict, extra: Sequence[str] = (), short: bool = True) -> str:
             f"PP{row['parallel.pipeline_model_parallel_size']}{f'×{v}' if v and v > 1 else ''} "
             f"DP{row['parallel.data_parallel_size']} {mbs}{row['train.micro_batch_size']} "
             f"{zero}{row['parallel.zero_stage']}{' SP' if row['parallel.sequence_parallel'] else ''}"
-            f" {rec[:3] if short else rec}")
+            f" {RECOMPUTE_SHORT.get(rec, rec) if short else rec}")
     return text + "".join(f" {p.rpartition('.')[2]}={row[p]}" for p in extra)
+
+
+def legend(frame, exact: bool, front: bool) -> str:
+    """Every abbreviation of the search tables, in words."""
+    parts = ["TP/PP/DP tensor-, pipeline-, data-parallel size; PP8×6 8 stages of 6 virtual "
+             "stages each (interleaved schedule); b micro-batch size; Z ZeRO stage; SP sequence "
+             "parallelism; none/sel/full recomputation"]
+    if frame.attrs.get("objective") == "cost":
+        cur = frame.attrs.get("currency", "USD")
+        price = frame.attrs.get("price_per_gpu_hour")
+        parts.append(f"{cur}/Mtok cost of a million tokens"
+                     + (f" at {price:g} {cur} per GPU-hour" if price else ""))
+    if exact:
+        parts.append("exact Δ vectorised tier's time / exact engine's − 1")
+    if front:
+        parts.append("* on the Pareto front of time against memory")
+    return "; ".join(parts)
 
 
 def _context_columns(frame) -> list[str]:
@@ -31,28 +53,21 @@ def _context_columns(frame) -> list[str]:
             and c != "parallel.schedule"]
 
 
-def _table(frame, title: str, exact: bool, front: bool = True):
-    from rich import box
-    from rich.markup import escape
-    from rich.table import Table
-
+def _rows(frame, exact: bool, front: bool) -> tuple[list[str], list[list[str]]]:
+    """Column names and every row's cells as text."""
     extra = _context_columns(frame)
-    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1),
-              caption="b micro-batch, Z ZeRO stage, SP sequence parallel" + (
-                  "; * on the Pareto front of time against memory" if front else ""),
-              caption_justify="left")
     gpus = frame["gpus"].nunique() > 1
     cost = frame.attrs.get("objective") == "cost"
     des = "des_iteration_time_s" in frame
-    columns = ["#", "plan", *(["GPUs"] if gpus else []), "iteration", "MFU", "memory",
-               *(["cost/Mtok"] if cost else []), *(["exact Δ"] if exact else []),
-               *(["DES"] if des else []), *(["*"] if front else [])]
-    for name in columns:
-        t.add_column(name, justify="left" if name == "plan" else "right", no_wrap=True)
+    names = ["#", *(["*"] if front else []), "plan", *(["GPUs"] if gpus else []), "iteration",
+             "MFU", "memory", *([f"{frame.attrs.get('currency', 'USD')}/Mtok"] if cost else []),
+             *(["exact Δ"] if exact else []), *(["DES"] if des else [])]
+    rows = []
     for row in frame.to_dict(orient="records"):
-        cells = [str(row["rank"]), escape(plan_label(row, extra)),
-                 *([str(row["gpus"])] if gpus else []), format_time(row["iteration_time_s"]),
-                 format_percent(row["mfu"]), format_bytes(row["memory_per_device_bytes"])]
+        cells = [str(row["rank"]), *(("*" if row["pareto"] else "",) if front else ()),
+                 plan_label(row, extra), *([str(row["gpus"])] if gpus else []),
+                 format_time(row["iteration_time_s"]), format_percent(row["mfu"]),
+                 format_bytes(row["memory_per_device_bytes"])]
         if cost:
             cells.append(f"{row['cost_per_million_tokens']:.3g}")
         if exact:
@@ -61,29 +76,73 @@ def _table(frame, title: str, exact: bool, front: bool = True):
         if des:
             d = row.get("des_iteration_time_s")
             cells.append(format_time(d) if d is not None and math.isfinite(d) else "-")
-        if front:
-            cells.append("*" if row["pareto"] else "")
-        t.add_row(*cells)
+        rows.append(cells)
+    return names, rows
+
+
+def _table(frame, title: str, exact: bool, front: bool = True, width: int | None = None):
+    """A narrow table (no outer box, one space between columns, cells never wrap); when the
+    columns need more than ``width`` characters, MFU and then memory are left out (the legend
+    says so) rather than cut."""
+    from rich import box
+    from rich.markup import escape
+    from rich.table import Table
+
+    names, rows = _rows(frame, exact, front)
+    keep = list(range(len(names)))
+    dropped = []
+    for name in ("MFU", "memory"):
+        if width is None or _width(names, rows, keep) <= width:
+            break
+        keep.remove(names.index(name))
+        dropped.append(name)
+    caption = legend(frame, exact, front) + (
+        f" ({' and '.join(dropped)} left out at {width} columns: --width, or -f csv)"
+        if dropped else "")
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+              show_edge=False, padding=(0, 1, 0, 0), caption=caption, caption_justify="left")
+    for i in keep:
+        t.add_column(escape(names[i]), justify="left" if names[i] == "plan" else "right",
+                     no_wrap=True)
+    for cells in rows:
+        t.add_row(*(escape(cells[i]) for i in keep))
     return t
 
 
-def ranked_table(frame, top: int):
+def _width(names: list[str], rows: list[list[str]], keep: list[int]) -> int:
+    return sum(max([len(names[i])] + [len(r[i]) for r in rows]) + 2 for i in keep) - 1
+
+
+def plan_text_frame(frame):
+    """``frame`` for a file: ``plan`` as the plan in words (``TP8 PP16×2 DP8 mbs1 ZeRO1 SP
+    selective``), its position in the grid as ``plan_index``; the other columns as they are
+    (SI units, named by config path or with the unit in the name)."""
+    out = frame.copy()
+    extra = _context_columns(frame)
+    labels = [plan_label(row, extra, short=False) for row in frame.to_dict(orient="records")]
+    out.insert(list(out.columns).index("plan") + 1, "plan_index", out["plan"])
+    out["plan"] = labels
+    out.attrs = dict(frame.attrs)
+    return out
+
+
+def ranked_table(frame, top: int, width: int | None = None):
     """The ``top`` best plans, with their exact (and DES) times where re-evaluated."""
     title = f"The best {min(top, len(frame))} of {len(frame):,} plans by " \
             f"{frame.attrs.get('objective', 'time')}"
     head = frame.head(top)
     head.attrs = frame.attrs
-    return _table(head, title, "exact_iteration_time_s" in frame)
+    return _table(head, title, "exact_iteration_time_s" in frame, width=width)
 
 
-def pareto_table(frame, limit: int = 15):
+def pareto_table(frame, limit: int = 15, width: int | None = None):
     """The Pareto front of iteration time against memory per device, fastest first."""
     front = frame[frame["pareto"]].sort_values(["iteration_time_s", "plan"]).head(limit)
     n = int(frame["pareto"].sum())
     title = (f"Pareto front of time against memory per device ({n} plans"
              f"{f', the fastest {limit}' if n > limit else ''})")
     front.attrs = frame.attrs
-    return _table(front, title, False, front=False)
+    return _table(front, title, False, front=False, width=width)
 
 
 def summary_text(frame) -> str:

@@ -47,7 +47,8 @@ def load_search(config: Any, limits: Any = None) -> tuple[dict, Any, SearchSpec]
     return data, base_dir, parse_search_section(section, where, limits)
 
 
-def _spec(spec: SearchSpec, axes, constraints, objective, price, top, limits) -> SearchSpec:
+def _spec(spec: SearchSpec, axes, constraints, objective, price, top, limits,
+          currency=None) -> SearchSpec:
     """The section's spec with the explicit arguments in its place."""
     update: dict[str, Any] = {}
     if axes is not None:
@@ -58,7 +59,8 @@ def _spec(spec: SearchSpec, axes, constraints, objective, price, top, limits) ->
     if constraints is not None:
         merged = {**spec.constraints.model_dump(), **dict(constraints)}
         update["constraints"] = parse_search_section({"constraints": merged}).constraints
-    for key, value in (("objective", objective), ("price_per_gpu_hour", price), ("top", top)):
+    for key, value in (("objective", objective), ("price_per_gpu_hour", price), ("top", top),
+                       ("currency", currency)):
         if value is not None:
             update[key] = value
     if not update:
@@ -71,7 +73,8 @@ def search(config: Any, axes: Mapping[str, Sequence[Any]] | None = None, *,
            price_per_gpu_hour: float | None = None, top: int | None = None,
            verify: str | None = None, overrides: Sequence[str] = (), dask: Any = None,
            dask_workers: int | None = None,
-           progress: Callable[[str, int, int], None] | None = None, limits: Any = None):
+           progress: Callable[[str, int, int], None] | None = None, limits: Any = None,
+           currency: str | None = None):
     """Search the plans of ``config``: every combination of the axes, evaluated as arrays,
     the best ``top`` predicted again exactly.
 
@@ -84,7 +87,8 @@ def search(config: Any, axes: Mapping[str, Sequence[Any]] | None = None, *,
         file, or a range string (``"1:64:*2"``).
     constraints : ``must_fit`` (default True), ``max_gpus``, ``global_batch_size`` (fixed).
     objective : ``"time"`` (default), ``"tokens_per_s"``, ``"mfu"`` or ``"cost"``.
-    price_per_gpu_hour : USD (or any currency) per GPU-hour; adds the cost columns.
+    price_per_gpu_hour : price of one GPU for one hour, in ``currency``; adds the cost columns.
+    currency : what the price is in (default the section's, ``"USD"``): the tables name it.
     top : plans re-evaluated by the exact engine (default 10).
     verify : ``"des"`` to also run the discrete-event engine on those plans.
     overrides : ``--set`` overrides applied first.
@@ -111,7 +115,7 @@ def search(config: Any, axes: Mapping[str, Sequence[Any]] | None = None, *,
 
     limits = limits if limits is not None else Limits()
     data, base_dir, spec = load_search(config, limits)
-    spec = _spec(spec, axes, constraints, objective, price_per_gpu_hour, top, limits)
+    spec = _spec(spec, axes, constraints, objective, price_per_gpu_hour, top, limits, currency)
     sizes = [len(v) for v in spec.axes.values()]
     check_budget({"search_plans": math.prod(sizes)}, limits,
                  f"the search grid ({' × '.join(map(str, sizes)) or 'no axes'})")
@@ -132,7 +136,7 @@ def search(config: Any, axes: Mapping[str, Sequence[Any]] | None = None, *,
         frame = _verified(frame, k, data, base_dir, overrides, verify, dask, dask_workers,
                           progress, limits)
     frame.attrs.update(rejected=grid.rejected, total=grid.total, objective=spec.objective,
-                       top=k)
+                       top=k, currency=spec.currency, price_per_gpu_hour=spec.price_per_gpu_hour)
     return frame
 
 

@@ -12,7 +12,8 @@
         max_gpus: 1024                        # TP·PP·DP at most this
         global_batch_size: 1536               # fixed (default: the train section's)
       objective: time                         # time | tokens_per_s | mfu | cost
-      price_per_gpu_hour: 2.5                 # USD per GPU-hour (cost; optional otherwise)
+      price_per_gpu_hour: 2.5                 # per GPU-hour (cost; optional otherwise)
+      currency: USD                           # what the price is in (default USD), shown by the tables
       top: 10                                 # plans re-evaluated by the exact engine
 
 Only ``ddlsim search`` (and :func:`ddlsim.search`) reads this section; ``ddlsim predict``
@@ -55,6 +56,7 @@ class SearchSpec(_Strict):
     constraints: Constraints = Constraints()
     objective: Literal["time", "tokens_per_s", "mfu", "cost"] = "time"
     price_per_gpu_hour: Annotated[float, Field(gt=0)] | None = None
+    currency: Annotated[str, Field(pattern=r"^[A-Za-z€$£¥]{1,8}$")] = "USD"
     top: Annotated[StrictInt, Field(ge=0, le=1000)] = 10
 
 
@@ -75,7 +77,7 @@ def parse_search_section(section: Any, where: str = "search", limits: Any = None
         section = {}
     if not isinstance(section, dict):
         raise ConfigError(f"{where} must be a mapping with keys axes, constraints, objective, "
-                          f"price_per_gpu_hour, top; got {type(section).__name__}")
+                          f"price_per_gpu_hour, currency, top; got {type(section).__name__}")
     try:
         spec = SearchSpec.model_validate(section)
     except ValidationError as exc:
