@@ -272,3 +272,17 @@ def test_search_files_hold_the_plan_in_words(tmp_path):
     assert frame["plan"].str.contains(" mbs").all()
     assert max(map(len, res.output.splitlines())) <= 80
     assert "*" in res.output.splitlines()[1]  # the Pareto column survives 80 columns
+
+
+def test_a_result_shows_itself_compactly_and_as_html():
+    r = ddlsim.predict(WIKI)
+    text = repr(r)
+    assert text.startswith("<Result analytical: ") and len(text) < 200 and "\n" not in text
+    assert "9 ranks" in text and "gpt2-124m on cpu-10gbe" in text
+    html = r._repr_html_()
+    assert len(html) < 3000 and "<table>" in html and "display:flex" in html
+    from ddlsim.simulator.result_html import breakdown_parts
+
+    shares = [s for _, s in breakdown_parts(r)]
+    assert abs(sum(shares) - r.iteration_time_s) <= 1e-9 * r.iteration_time_s
+    assert r.to_frame().shape[0] == 1

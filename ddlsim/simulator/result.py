@@ -100,6 +100,15 @@ class Result:
     settings: dict[str, Any] = field(default_factory=dict)
     ddlsim_version: str = __version__
 
+    def __repr__(self) -> str:
+        from .result_html import result_repr
+        return result_repr(self)
+
+    def _repr_html_(self) -> str:
+        """Jupyter's view: a compact table and the breakdown as a stacked bar."""
+        from .result_html import result_html
+        return result_html(self)
+
     @property
     def fits(self) -> bool:
         """Whether the most loaded device's memory fits its capacity (``False`` for a plan
