@@ -8,8 +8,8 @@ issue order. A compute op is a ``COMP_NODE`` whose ``duration_micros`` is ddlsim
 ``PREFIX.comm_groups.json``, ``{"id": [ranks]}`` as ASTRA-sim's
 ``--comm-group-configuration`` reads it); a send/recv a ``COMM_SEND_NODE``/``COMM_RECV_NODE``
 (``comm_src``, ``comm_dst``, ``comm_size``, ``comm_tag``). ddlsim's streams become
-dependencies: each node has a control dependency on the previous node of its stream, and data
-dependencies on the nodes of its op's ``deps``; a ``Wait`` becomes a zero-length
+dependencies: each node's ``data_deps`` (the list ASTRA-sim's feeder waits for) hold the
+previous node of its stream and the nodes of its op's ``deps``; a ``Wait`` becomes a zero-length
 ``COMP_NODE`` after the last node of the stream it waits for. ``ddlsim_*`` attributes keep
 what Chakra has no field for (exact seconds, the stream, the group family), so a file read
 back gives the same prediction.
@@ -76,9 +76,8 @@ class _RankWriter:
     def _node(self, name: str, kind: str, stream: str, deps: list[int], attrs: list,
               duration_s: float | None = None) -> int:
         node = self.s["Node"](id=len(self.nodes), name=name, type=NODE_TYPES[kind])
-        if stream in self.last:
-            node.ctrl_deps.append(self.last[stream])
-        node.data_deps.extend(sorted(set(deps)))
+        before = [self.last[stream]] if stream in self.last else []
+        node.data_deps.extend(sorted({*deps, *before}))  # ASTRA-sim's feeder reads data_deps
         if duration_s is not None:
             node.duration_micros = round(duration_s * 1e6)
             attrs.append(self._attr("ddlsim_seconds", double_val=duration_s))
