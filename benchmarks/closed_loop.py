@@ -38,8 +38,12 @@ def main(argv: list[str] | None = None) -> int:
     if bad or not strategies or any(r < 1 for r in ranks):
         ap.error(f"--strategies must be among {', '.join(STRATEGY_NAMES)} (got {bad}) and "
                  f"--ranks >= 1 (got {ranks})")
-    rows = run_loop(args.output, SMALL if args.small else REFERENCE, ranks, strategies,
-                    args.statistic, args.max_rel_rmse)
+    try:
+        rows = run_loop(args.output, SMALL if args.small else REFERENCE, ranks, strategies,
+                        args.statistic, args.max_rel_rmse)
+    except (RuntimeError, FileNotFoundError) as exc:  # a step refused or failed: say which
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(summary_line(rows))
     return 0
 
