@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
 
 from .cliutil import guarded, require
 
@@ -27,42 +26,39 @@ def presets_command(
 
     if section is not None:
         check_choice("section", section, (*SECTIONS, "software"))
+    from .cliutil import print_records
+
     if section in (None, "software"):
-        out.print(_software_table())
+        print_records(out, "software stacks (system.software)", *_software_rows())
     if section == "software":
         return
     for sec, entries in list_presets(section).items():
-        t = Table(title=f"{sec} presets", title_justify="left")
-        t.add_column("name", style="bold")
+        family = {}
         if sec == "model":
             from .presets import model_preset_families
             family = model_preset_families()
-            t.add_column("family")
-        t.add_column("summary")
-        t.add_column("source", overflow="fold")
-        for name, v in entries.items():
-            cells = [family[name]] if sec == "model" else []
-            t.add_row(name, *cells, _summary(sec, name, v), str(v.get("source", "")))
-        out.print(t)
+        columns = ["name", *(["family"] if sec == "model" else []), "summary", "source"]
+        rows = [[name, *([family[name]] if sec == "model" else []), _summary(sec, name, v),
+                 str(v.get("source", ""))] for name, v in entries.items()]
+        print_records(out, f"{sec} presets", columns, rows)
 
 
-def _software_table() -> Table:
+def _software_rows() -> tuple[list[str], list[list[str]]]:
     """The named software stacks: the attention kernel, the GEMM library (which picks the
     device's matmul ceiling), the overlaps on, and where the attention default comes from
-    (every field's source is in ddlsim/data/software.yaml)."""
+    (every field's source is in ddlsim/data/software.yaml): (columns, rows)."""
     from .software import resolve_software, stacks
 
-    t = Table(title="software stacks (system.software)", title_justify="left")
-    for column in ("name", "attention", "GEMM library", "overlaps on", "ZeRO-3 gathers",
-                   "source of the attention default"):
-        t.add_column(column, style="bold" if column == "name" else None, overflow="fold")
+    columns = ["name", "attention", "GEMM library", "overlaps on", "ZeRO-3 gathers",
+               "source of the attention default"]
+    rows = []
     for name in stacks():
         sw = resolve_software(name)
         on = [k if v is True else f"{k}={v}" for k, v in sw.overlap.items()
               if not k.startswith("zero3_") and v is not False and v != "off"]
-        t.add_row(name, sw.attention, sw.gemm_library, ", ".join(on), _zero3_cell(sw),
-                  sw.sources["attention"])
-    return t
+        rows.append([name, sw.attention, sw.gemm_library, ", ".join(on), _zero3_cell(sw),
+                     sw.sources["attention"]])
+    return columns, rows
 
 
 def _zero3_cell(sw) -> str:

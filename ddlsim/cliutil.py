@@ -19,7 +19,8 @@ from rich.markup import escape
 from .errors import DDLSimError
 
 __all__ = ["OptionError", "guarded", "require", "refuse_negative", "check_outputs",
-           "refuse_overwriting_inputs", "OnceGroup", "EXIT_ERROR", "EXIT_BUG"]
+           "refuse_overwriting_inputs", "OnceGroup", "print_records", "EXIT_ERROR",
+           "EXIT_BUG"]
 
 #: Exit status of a refused input or option (one ``error:`` paragraph on stderr).
 EXIT_ERROR = 2
@@ -219,3 +220,28 @@ class OnceGroup(TyperGroup):
                                 "takes one value, so give it once")
                 raise typer.Exit(EXIT_ERROR)
         return name, command, rest
+
+
+def print_records(console: Console, title: str, columns: list[str], rows: list[list[str]],
+                  min_table_width: int = 120) -> None:
+    """Print ``rows`` as a table when ``console`` is at least ``min_table_width`` wide, else
+    as one indented block per row (the first column as its heading, then ``column: value``
+    lines that wrap under their indent), so long sources stay readable at 80 columns."""
+    from rich.padding import Padding
+    from rich.table import Table
+
+    if console.width >= min_table_width:
+        t = Table(title=title, title_justify="left")
+        for i, name in enumerate(columns):
+            t.add_column(name, style="bold" if i == 0 else None, overflow="fold")
+        for row in rows:
+            t.add_row(*(escape(c) for c in row))
+        console.print(t)
+        return
+    console.print(f"[bold]{escape(title)}[/]")
+    for row in rows:
+        console.print(Padding(f"[bold]{escape(row[0])}[/]", (0, 0, 0, 2)))
+        for name, cell in zip(columns[1:], row[1:]):
+            if cell:
+                console.print(Padding(f"{escape(name)}: {escape(cell)}", (0, 0, 0, 4)),
+                              highlight=False)

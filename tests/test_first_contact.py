@@ -286,3 +286,12 @@ def test_a_result_shows_itself_compactly_and_as_html():
     shares = [s for _, s in breakdown_parts(r)]
     assert abs(sum(shares) - r.iteration_time_s) <= 1e-9 * r.iteration_time_s
     assert r.to_frame().shape[0] == 1
+
+
+def test_presets_read_at_80_columns():
+    res = runner.invoke(app, ["presets", "model"], terminal_width=80)
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert max(map(len, lines)) <= 80 and not any("│" in ln for ln in lines)
+    assert "  gpt2-124m" in [ln.rstrip() for ln in lines]
+    assert any(ln.startswith("    source: ") for ln in lines)
