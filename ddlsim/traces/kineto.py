@@ -180,6 +180,8 @@ class _Sweep:
     backward: bool = False
     units: list = field(default_factory=list)        # (start, end, label | "comm" | None)
     ext_label: dict = field(default_factory=dict)    # External id -> its outermost op's label
+    main: object = None                              # the thread whose ops are the step
+    threads: dict = field(default_factory=dict)      # tid -> (modules, outer_end, outer_label)
 
 
 def _finite(v) -> bool:
@@ -244,17 +246,27 @@ def _label(sw: _Sweep, e: dict) -> Label | str | None:
 
 
 def _visit(sw: _Sweep, e: dict) -> None:
+    """One event, on its thread's module stack and outermost op (the backward of a GPU run
+    has its own thread); only the main thread's outermost ops are units of the step."""
+    tid = e.get("tid")
+    sw.modules, sw.outer_end, sw.outer_label = sw.threads.get(tid, ([], float("-inf"), None))
+    _visit_thread(sw, e, tid == sw.main)
+    sw.threads[tid] = (sw.modules, sw.outer_end, sw.outer_label)
+
+
+def _visit_thread(sw: _Sweep, e: dict, main: bool) -> None:
     ts, end = float(e["ts"]), float(e["ts"]) + float(e["dur"])
     while sw.modules and sw.modules[-1][0] <= ts + _EPS_US:
         sw.modules.pop()
     if e.get("cat") == "python_function":
-        if not sw.modules:
+        if not sw.modules and main:
             sw.roots += 1
         sw.modules.append((end, *_class_of(e)))
         return
     if ts >= sw.outer_end - _EPS_US:  # an outermost op
         sw.outer_end, sw.outer_label = end, _label(sw, e)
-        sw.units.append((ts, end, sw.outer_label))
+        if main:
+            sw.units.append((ts, end, sw.outer_label))
     args = _args(e)
     if "External id" in args:  # device kernels launched from this op take its label
         sw.ext_label.setdefault(args["External id"], sw.outer_label)
@@ -293,10 +305,9 @@ def _measure(spans: list, modules: list, rules: ModuleRules, source: str) -> Mea
     comm = _merged([(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in spans
                     if e.get("cat") in ("cpu_op", "user_annotation")
                     and rules.match("communication", str(e.get("name", "")))])
-    sw = _Sweep(rules)
-    for e in sorted([e for e in modules + ops if e.get("tid") == main],
-                    key=lambda e: (float(e["ts"]), -float(e["dur"]),
-                                   e.get("cat") != "python_function")):
+    sw = _Sweep(rules, main=main)
+    for e in sorted(modules + ops, key=lambda e: (float(e["ts"]), -float(e["dur"]),
+                                                  e.get("cat") != "python_function")):
         _visit(sw, e)
     if not sw.layers:
         raise ConfigError(f"Kineto trace {source}: no transformer layer among the module "

@@ -126,10 +126,12 @@ def test_unreadable_file_is_a_clean_error(tmp_path):
         read_kineto(bad)
 
 
-def _x(cat, name, ts, dur, ext=None):
-    e = {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": 1}
+def _x(cat, name, ts, dur, ext=None, tid=1, seq=None):
+    e = {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid}
     if ext is not None:
         e["args"] = {"External id": ext}
+    if seq is not None:
+        e["args"]["Sequence number"] = seq
     return e
 
 
@@ -141,17 +143,22 @@ def test_device_kernels_take_the_label_of_their_launching_op():
         _x("python_function", "nn.Module: Net_0", 0, 100),
         _x("python_function", "nn.Module: Block_0", 1, 50),
         _x("python_function", "nn.Module: MLP_0", 2, 20),
-        _x("cpu_op", "aten::linear", 3, 7, 1), _x("cpu_op", "aten::addmm", 4, 5, 2),
+        _x("cpu_op", "aten::linear", 3, 7, 1), _x("cpu_op", "aten::addmm", 4, 5, 2, seq=7),
+        # the backward runs on the autograd engine's own thread, as in GPU runs
+        _x("cpu_op", "autograd::engine::evaluate_function: AddmmBackward0", 70, 5, 5, tid=2,
+           seq=7),
         _x("cpu_op", "aten::add", 30, 2, 3),
         _x("cpu_op", "nccl:all_reduce", 60, 1, 4),
         _x("kernel", "sgemm_128x64", 100, 40, 2),                 # forward mlp: 40 µs
         _x("kernel", "elementwise_add", 150, 10, 3),              # 10 idle + 10: 20 µs
         _x("kernel", "ncclDevKernel_AllReduce_Sum", 160, 30, 4),  # communication: 30 µs
         _x("kernel", "elementwise_add", 200, 5, 3),               # 10 idle + 5: 15 µs
+        _x("kernel", "sgemm_backward", 205, 8, 5),                # backward mlp: 8 µs
     ]}
     m = parse_kineto(doc)
     assert m.seconds[Label("forward", "mlp", True)] == pytest.approx(40e-6)
     assert m.seconds[Label("forward", "elementwise", True)] == pytest.approx(35e-6)
+    assert m.seconds[Label("backward", "mlp", True)] == pytest.approx(8e-6)
     assert m.communication_s == pytest.approx(30e-6)
-    assert m.window_s == pytest.approx(105e-6)
+    assert m.window_s == pytest.approx(113e-6)
     assert m.compute_s + m.communication_s == pytest.approx(m.window_s)
