@@ -116,6 +116,11 @@ def bind_measured(measured: MeasuredStep, reference: Workload, cost,
             unbound[label] = seconds
         else:
             measured_s[name] += seconds
+    if not measured_s:
+        raise ConfigError(f"the profile {measured.source}: none of its labels names an op of "
+                          f"the trace of {reference.meta.architecture or reference.name!r} "
+                          f"(ops such as {sorted(present)[:4]}); measured compute binds to the "
+                          "decoder families' ops (gpt, llama)")
     modelled: dict[str, float] = defaultdict(float)
     count: Counter = Counter()
     for p, n in occ:

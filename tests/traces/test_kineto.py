@@ -162,3 +162,9 @@ def test_device_kernels_take_the_label_of_their_launching_op():
     assert m.communication_s == pytest.approx(30e-6)
     assert m.window_s == pytest.approx(113e-6)
     assert m.compute_s + m.communication_s == pytest.approx(m.window_s)
+
+
+def test_a_family_without_the_decoder_ops_is_refused(dp1):
+    root = Path(__file__).parents[2]
+    with pytest.raises(ConfigError, match="none of its labels names an op"):
+        predict_measured(root / "examples" / "proxies" / "resnet50.yaml", dp1)
