@@ -89,7 +89,6 @@ CHOICES: dict[str, dict[str, list[tuple[str, Any]]]] = {
                           "local": [(f"{_SW}.kernels.attention", "fused_softmax")],
                           "auto": []},
     "optimizer": {"adam": [("train.optimizer", "adam")], "sgd": [("train.optimizer", "sgd")]},
-    "fp8-format": {"hybrid": [("train.dtype", "fp8")], "e4m3": [("train.dtype", "fp8")]},
     "recompute-method": {"uniform": []},
     "transformer-impl": {"transformer_engine": []},
     "fp8-recipe": {"delayed": [], "tensorwise": []},
@@ -116,7 +115,7 @@ CHOICE_NOTES = {
 MODEL_FLAGS = ("normalization", "position-embedding-type", "swiglu", "group-query-attention",
                "disable-bias-linear", "tokenizer-type", "vocab-size",
                "make-vocab-size-divisible-by", "num-layers-per-virtual-pipeline-stage",
-               "attention-dropout", "hidden-dropout", "recompute-num-layers")
+               "attention-dropout", "hidden-dropout", "recompute-num-layers", "fp8-format")
 
 #: flags that cannot change the time of one iteration, with why
 NO_EFFECT: dict[str, str] = {

@@ -80,6 +80,7 @@ def model_fields(draft: Draft, model: dict, script: str | None) -> None:
     if f.get("model.num_local_experts") and "model.num_experts_per_tok" not in f:
         draft.set("model.num_experts_per_tok", 2, "no --moe-router-topk (default 2)")
     _vocab(draft, model)
+    _fp8(draft, model)
     _dropout(draft, model, arch)
     _virtual_stages(draft, model)
     if "recompute-num-layers" in model:
@@ -137,6 +138,22 @@ def _vocab(draft: Draft, model: dict) -> None:
     why = (f"--vocab-size {given}" if given else f"--tokenizer-type {tokenizer} "
            f"({GPT2_BPE_VOCAB} tokens)") + f" padded to a multiple of {divisor_n}×TP"
     draft.set("model.vocab_size", padded, why)
+
+
+def _fp8(draft: Draft, model: dict) -> None:
+    """``--fp8-format`` with ``--bf16``: FP8 GEMMs over bf16 parameters, ddlsim's ``fp8``."""
+    fmt = _one_value(draft, model, "fp8-format", None)
+    if fmt is None:
+        return
+    arg = f"--fp8-format {fmt}"
+    if fmt not in ("hybrid", "e4m3"):
+        draft.refuse(arg, "ddlsim models --fp8-format hybrid or e4m3")
+    elif draft.fields.get("train.dtype", "bf16") != "bf16":
+        draft.refuse(arg, f"FP8 over {draft.fields['train.dtype']} parameters is not modelled "
+                          "(ddlsim's fp8 keeps bf16 parameters: give --bf16)")
+    else:
+        draft.fields["train.dtype"] = "fp8"
+        draft.note(arg, "train.dtype: 'fp8' (FP8 GEMMs, bf16 elsewhere)")
 
 
 def _dropout(draft: Draft, model: dict, arch: str) -> None:

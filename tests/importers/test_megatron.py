@@ -144,3 +144,10 @@ def test_notes_say_what_became_of_every_argument():
     assert notes["--lr 1e-4"].startswith("no effect")
     assert notes["--clip-grad 1.0"].startswith("not modelled")
     assert notes["--fp16"] == "train.dtype: 'fp16'"
+
+
+def test_fp8_runs_pass_bf16_and_an_fp8_format(tmp_path):
+    cfg = _imported(tmp_path, BASE, "--fp8-format hybrid", system="dgx-h100")
+    assert cfg["train"]["dtype"] == "fp8"
+    with pytest.raises(ConfigError, match="FP8 over fp16 parameters"):
+        _imported(tmp_path, BASE.replace("--bf16", "--fp16"), "--fp8-format hybrid")
