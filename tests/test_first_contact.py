@@ -295,3 +295,19 @@ def test_presets_read_at_80_columns():
     assert max(map(len, lines)) <= 80 and not any("│" in ln for ln in lines)
     assert "  gpt2-124m" in [ln.rstrip() for ln in lines]
     assert any(ln.startswith("    source: ") for ln in lines)
+
+
+def test_des_progress_prints_lines_off_a_terminal():
+    import io
+
+    from ddlsim.simulator.des.progress import ConsoleProgress
+
+    buf = io.StringIO()  # not a terminal: a pipe or a CI log
+    p = ConsoleProgress(buf)
+    p._t0, p._estimate = time.perf_counter() - 5.0, 50.0  # 5 s into a 50 s run
+    p.update(1.5, 1000)
+    p.update(1.6, 1100)  # the next line is due a tenth of the estimate later
+    p.stop()
+    lines = buf.getvalue().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("DES: 5 s elapsed of an estimated 50 s")
+    assert "simulated 1.500 s, 1,000 events" in lines[0]

@@ -6,7 +6,8 @@ at the end (:meth:`Progress.stop`). :class:`ConsoleProgress`, what ``ddlsim pred
 des`` uses, prints nothing for runs that end within :data:`QUIET_S` seconds; a run estimated
 to take longer than :data:`ESTIMATE_ABOVE_S` is announced with its estimate first; a run
 still going after :data:`QUIET_S` seconds shows a rich progress bar (simulated time, events,
-elapsed). The estimate is the trace's rank-ops (:func:`ddlsim.limits.trace_ops`) times
+elapsed) on a terminal, and on a pipe or a CI log one line each tenth of the estimate (at
+least every :data:`LINE_EVERY_S` seconds). The estimate is the trace's rank-ops (:func:`ddlsim.limits.trace_ops`) times
 :data:`SECONDS_PER_RANK_OP`.
 """
 
@@ -31,6 +32,8 @@ FASTEST_SECONDS_PER_RANK_OP = 0.4e-6
 QUIET_S = 3.0
 #: A run estimated to take longer than this is announced before it starts.
 ESTIMATE_ABOVE_S = 10.0
+#: Off a terminal, the most wall seconds between two progress lines.
+LINE_EVERY_S = 30.0
 
 
 class Progress(Protocol):
@@ -57,6 +60,7 @@ class ConsoleProgress:
         self._bar = None
         self._task = None
         self._estimate = 0.0
+        self._next_line = QUIET_S
 
     def start(self, workload: Any) -> None:
         self._t0 = time.perf_counter()
@@ -69,8 +73,12 @@ class ConsoleProgress:
 
     def update(self, sim_time_s: float, events: int) -> None:
         elapsed = time.perf_counter() - self._t0
+        if self._bar is None and not self.stream.isatty():
+            if elapsed >= self._next_line:
+                self._line(elapsed, sim_time_s, events)
+            return
         if self._bar is None:
-            if elapsed < QUIET_S or not self.stream.isatty():
+            if elapsed < QUIET_S:
                 return
             from rich.console import Console
             from rich.progress import (BarColumn, Progress as Bar, TextColumn,
@@ -83,6 +91,14 @@ class ConsoleProgress:
         self._bar.update(self._task, completed=min(elapsed, 0.99 * max(self._estimate, elapsed)),
                          total=max(self._estimate, elapsed),
                          description=f"simulated {sim_time_s:.3f} s, {events:,} events")
+
+    def _line(self, elapsed: float, sim_time_s: float, events: int) -> None:
+        """One plain progress line (off a terminal), then the time of the next one."""
+        of = f" of an estimated {_duration(self._estimate)}" if self._estimate else ""
+        print(f"DES: {_duration(elapsed)} elapsed{of}; simulated {sim_time_s:.3f} s, "
+              f"{events:,} events", file=self.stream, flush=True)
+        step = min(max(self._estimate / 10, QUIET_S), LINE_EVERY_S)
+        self._next_line = elapsed + step
 
     def stop(self) -> None:
         if self._bar is not None:
