@@ -168,9 +168,11 @@ def _finish(fields: dict[str, Any], overrides: tuple[str, ...],
     try:
         build_config(config)    # refused here as predict would refuse it
     except ConfigError as exc:
-        raise type(exc)(f"the imported config: {exc}. Give what the sources do not say with "
-                        "--set (e.g. --set model.preset=llama-3-8b, --set train.seq_length="
-                        "4096) or another source (a Hugging Face model folder)") from None
+        missing = "Field required" in str(exc) or "section" in str(exc)
+        raise type(exc)(f"the imported config: {exc}" + (
+            ". Give what the sources do not say with --set (e.g. --set model.preset="
+            "llama-3-8b, --set train.seq_length=4096) or another source (a Hugging Face "
+            "model folder)" if missing else "")) from None
     return config
 
 

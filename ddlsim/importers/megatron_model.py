@@ -11,7 +11,8 @@ Megatron-LM's rules used here (``megatron/training/arguments.py`` unless said):
 * ``--num-query-groups`` applies only with ``--group-query-attention`` (default 1 group);
 * embeddings are tied unless ``--untie-embeddings-and-output-weights``;
 * ``--num-layers-per-virtual-pipeline-stage L``: ``layers / PP / L`` virtual stages;
-* ``--attention-dropout`` and ``--hidden-dropout`` default to 0.1; ``--moe-router-topk`` to 2.
+* ``--attention-dropout`` and ``--hidden-dropout`` default to 0.1; ``--moe-router-topk`` to 2;
+* ``--sequence-parallel`` is turned off when TP is 1 (``validate_args``).
 """
 
 from __future__ import annotations
@@ -81,6 +82,12 @@ def model_fields(draft: Draft, model: dict, script: str | None) -> None:
         draft.set("model.num_experts_per_tok", 2, "no --moe-router-topk (default 2)")
     _vocab(draft, model)
     _fp8(draft, model)
+    if f.get("parallel.sequence_parallel") and f.get("parallel.tensor_model_parallel_size",
+                                                      1) == 1:
+        del f["parallel.sequence_parallel"]     # Megatron's validate_args turns it off
+        draft.notes = [n for n in draft.notes if n[0] != "--sequence-parallel"]
+        draft.note("--sequence-parallel", "off: Megatron disables sequence parallelism when "
+                                          "tensor parallelism is 1 (arguments.py)")
     _dropout(draft, model, arch)
     _virtual_stages(draft, model)
     if "recompute-num-layers" in model:

@@ -151,3 +151,8 @@ def test_fp8_runs_pass_bf16_and_an_fp8_format(tmp_path):
     assert cfg["train"]["dtype"] == "fp8"
     with pytest.raises(ConfigError, match="FP8 over fp16 parameters"):
         _imported(tmp_path, BASE.replace("--bf16", "--fp16"), "--fp8-format hybrid")
+
+
+def test_sequence_parallelism_is_off_at_tp1_as_megatron_turns_it_off(tmp_path):
+    cfg = _imported(tmp_path, BASE, "--sequence-parallel")
+    assert "sequence_parallel" not in cfg.get("parallel", {})
