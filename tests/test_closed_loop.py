@@ -35,8 +35,9 @@ needs_mpi = pytest.mark.skipif(MPIRUN is None, reason="mpi4py or mpirun is not i
                                                       "(pip install 'ddlsim[mpi]')")
 
 #: |predicted / measured − 1| allowed in CI, per run and engine, for the SMALL loop on one
-#: or two ranks (docs/validation.md, "Closed loop"): the 10 % target of issue #30 plus the
-#: run-to-run spread of medians measured on a 2-core host shared with other jobs.
+#: or two ranks (docs/validation.md, "Closed loop"): set by hand, the 10 % target of issue
+#: #30 plus room for numpy's overhead in a small model and a shared runner; not yet backed
+#: by a quiet measurement.
 BOUND = 0.35
 
 TINY = GPTShape(layers=2, hidden=8, heads=2, vocab=11, seq=5, batch=2)

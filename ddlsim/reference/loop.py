@@ -82,7 +82,7 @@ class LoopModel:
 REFERENCE = LoopModel(layers=2, hidden=512, heads=8, vocab=4096, seq=128, batch=4,
                       iters=10, warmup=2)
 #: the CI test's loop (tests/test_closed_loop.py): seconds per run
-SMALL = LoopModel(layers=1, hidden=256, heads=4, vocab=2048, seq=64, batch=4, iters=8,
+SMALL = LoopModel(layers=1, hidden=384, heads=6, vocab=4096, seq=64, batch=4, iters=8,
                   warmup=2)
 
 
