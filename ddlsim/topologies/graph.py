@@ -35,7 +35,7 @@ from ..errors import ConfigError
 from .builder import FABRIC_CODES, LINK_KINDS, NODE_KINDS, NODE_LOCAL_KINDS, GraphRecord
 from .checks import builder_of
 from .routing import GraphRouter, Router, ShortestPaths, flow_hash, pick
-from .tree_routes import TreeRoutes
+from .tree_routes import NodeCopies, TreeRoutes
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -106,6 +106,7 @@ class Topology:
                                     cache_size=1 << 16, pred="symmetric")
         self.router = router or GraphRouter(self._fabric_adjacency())
         self._trees = TreeRoutes.of(self)
+        self._copies: NodeCopies | None | bool = False   # built on first use
         self._route = lru_cache(maxsize=1 << 18)(self._compute_route)
 
     # ------------------------------------------------------------------- name-keyed views
@@ -201,6 +202,20 @@ class Topology:
         if na == nb or (len(nics_a) <= 1 and len(nics_b) <= 1):
             return self.route(src, dst, rail)
         return self._rail(src, dst, int(rail))
+
+    def route_rail_many(self, src_devices: np.ndarray, dst_devices: np.ndarray,
+                        rails: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """:meth:`route_rail` of each ``(src_devices[i], dst_devices[i], rails[i])`` at
+        once, as padded edge-id rows (−1 after a route's end) and route latencies (seconds),
+        where the nodes are copies of node 0 under a tree fabric
+        (:class:`~.tree_routes.NodeCopies`); None elsewhere (route them one by one)."""
+        if self._copies is False:
+            self._copies = NodeCopies.of(self)
+        if self._copies is None:
+            return None
+        return self._copies.routes(np.asarray(src_devices, dtype=np.int64),
+                                   np.asarray(dst_devices, dtype=np.int64),
+                                   np.asarray(rails, dtype=np.int64))
 
     @lru_cache(maxsize=1 << 18)  # noqa: B019  (one topology lives as long as its routes)
     def _rail(self, src: int, dst: int, rail: int) -> tuple[int, ...]:

@@ -125,6 +125,12 @@ class ShortestPaths:
         return [(w, lat) for w, lat in self._succ.get(v, ())
                 if hops.get(w) == want and (want == 0 or w not in self._no_transit)]
 
+    def untied_path(self, src: Hashable, dst: Hashable) -> tuple[Hashable, ...] | None:
+        """The path from ``src`` to ``dst`` when it has no tie on the way (the same for every
+        flow hash), else None."""
+        self.path(src, dst, 0)
+        return self._untied.get((src, dst))
+
     def path(self, src: Hashable, dst: Hashable, h: int) -> list[Hashable]:
         """Vertices of the ECMP-chosen shortest path from ``src`` to ``dst`` (inclusive).
 

@@ -145,3 +145,106 @@ class TreeRoutes:
         if (key[found] != want).any():
             raise ValueError("a tree route takes a hop that is not an edge")
         return found.reshape(np.shape(a))
+
+
+class NodeCopies:
+    """Device-to-device routes of many pairs at once, where every compute node is a copy of
+    node 0 (same vertices and links, ids shifted by a constant per node, as
+    :meth:`~.builder.GraphBuilder.add_copies` lays them out) and the routes inside a node
+    have no tie (so no flow hash changes them): a route is node 0's segment inside the
+    source node, shifted, then the fabric's rail route (:class:`TreeRoutes`), then node 0's
+    segment inside the destination node, shifted. Build with :meth:`of`."""
+
+    def __init__(self, topo: Topology, trees: TreeRoutes, edge_step: int,
+                 out_seg: np.ndarray, in_seg: np.ndarray, inside: np.ndarray):
+        self._topo, self._trees, self._step = topo, trees, edge_step
+        self._out, self._in, self._inside = out_seg, in_seg, inside
+
+    @classmethod
+    def of(cls, topo: Topology) -> NodeCopies | None:
+        """The segments of ``topo``, or None where its nodes are not such copies."""
+        trees, b = topo._trees, topo._builder
+        if trees is None or len(b._copies) != 1 or trees.nic.shape[1] < 2:
+            return None
+        start, k, copies = b._copies[0][:3]
+        if copies != topo.num_nodes or not _shifted(topo, start, k):
+            return None
+        step = int(topo._offsets[start + k] - topo._offsets[start])
+        dpn, rails = topo.devices_per_node, trees.nic.shape[1]
+        dev, nic = topo._dev[:dpn].tolist(), trees.nic[0].tolist()
+        paths = [[_segment(topo, a, c) for c in nic] for a in dev]          # device → NIC
+        back = [[_segment(topo, c, a) for a in dev] for c in nic]           # NIC → device
+        inside = [[_segment(topo, a, z) for z in dev] for a in dev]         # device → device
+        if any(p is None for rows in (paths, back, inside) for row in rows for p in row):
+            return None
+        return cls(topo, trees, step, _padded(paths, (dpn, rails)), _padded(back, (rails, dpn)),
+                   _padded(inside, (dpn, dpn)))
+
+    def routes(self, src: np.ndarray, dst: np.ndarray, rail: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """Padded edge-id rows (−1 after the route's end) and latencies (seconds, added hop
+        by hop in route order) of :meth:`~.graph.Topology.route_rail` ``(src[i], dst[i],
+        rail[i])`` (device ids)."""
+        topo, dpn = self._topo, self._topo.devices_per_node
+        na, nb = topo.node_of_device[src], topo.node_of_device[dst]
+        i, j = src - na * dpn, dst - nb * dpn
+        c = rail % self._trees.nic.shape[1]
+        flat, lengths, _ = self._trees.routes(na, nb, c)
+        fabric = np.full((len(src), int(lengths.max(initial=0))), -1, dtype=np.int64)
+        fabric[np.repeat(np.arange(len(src)), lengths),
+               np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)] = flat
+        out, back = self._out[i, c], self._in[c, j]
+        rows = np.concatenate([_shift(out, na * self._step), fabric,
+                               _shift(back, nb * self._step)], axis=1)
+        same = na == nb
+        if same.any():
+            inner = _shift(self._inside[i[same], j[same]], na[same] * self._step)
+            rows[same] = -1
+            rows[same, :inner.shape[1]] = inner
+        rows = np.take_along_axis(rows, np.argsort(rows < 0, axis=1, kind="stable"), axis=1)
+        width = int((rows >= 0).sum(axis=1).max(initial=1))
+        rows = rows[:, :max(width, 1)]
+        lat_of, latency = topo.edge_latency_s, np.zeros(len(src))
+        for col in range(rows.shape[1]):
+            e = rows[:, col]
+            latency = latency + np.where(e >= 0, lat_of[np.maximum(e, 0)], 0.0)
+        return rows, latency
+
+
+def _segment(topo: Topology, a: int, b: int) -> tuple[int, ...] | None:
+    """Edge ids of the tie-free node-local path between vertex ids ``a`` and ``b`` (None
+    where the path has ties; ``()`` from a vertex to itself)."""
+    if a == b:
+        return ()
+    path = topo._local.untied_path(a, b)
+    return None if path is None else topo._edge_ids(list(path))
+
+
+def _padded(rows: list[list[tuple[int, ...]]], shape: tuple[int, int]) -> np.ndarray:
+    width = max(1, max(len(p) for row in rows for p in row))
+    out = np.full((*shape, width), -1, dtype=np.int64)
+    for x, row in enumerate(rows):
+        for y, p in enumerate(row):
+            out[x, y, :len(p)] = p
+    return out
+
+
+def _shift(rows: np.ndarray, by: np.ndarray) -> np.ndarray:
+    return np.where(rows >= 0, rows + by[:, None], -1)
+
+
+def _shifted(topo: Topology, start: int, k: int) -> bool:
+    """Whether node n's vertices are ``start + n·k …`` and its edges node 0's, shifted by n
+    vertex blocks (sources and node-local targets) and n edge blocks."""
+    n = topo.num_nodes
+    first = topo._offsets[start + k * np.arange(n + 1)] - topo._offsets[start]
+    step = int(first[1])
+    if not np.array_equal(first, step * np.arange(n + 1)):
+        return False
+    span = np.arange(int(topo._offsets[start]), int(topo._offsets[start]) + n * step)
+    u = topo._u[span].reshape(n, step) - (k * np.arange(n))[:, None]
+    v = topo._v[span].reshape(n, step)
+    local = ~topo._fabric[v]
+    shift = (k * np.arange(n))[:, None]
+    return bool((u == u[0]).all() and (local == local[0]).all()
+                and (np.where(local, v - shift, 0) == np.where(local[0], v[0], 0)).all())
