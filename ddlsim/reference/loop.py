@@ -124,7 +124,24 @@ def calibrate(work: Path, model: LoopModel, n: int, log) -> dict:
     """Measure this machine with ``n`` ranks at once (module docstring, step 1): GEMMs and
     element-wise passes on every rank together (a core is timed while its neighbours work,
     sharing caches and memory with them, as in the run), MPI collectives on ``n`` ranks.
-    Returns the files and the element-wise rate."""
+
+    Parameters
+    ----------
+    work : Path
+        Folder for the CSVs and JSON written.
+    model : LoopModel
+        The run, whose gradient buffer sets the sizes measured.
+    n : int
+        Ranks.
+    log : callable
+        Progress lines.
+
+    Returns
+    -------
+    dict
+        ``compute_csv`` (rank 0's), ``comm_csvs``, ``stream_Bps`` (bytes/s, median over
+        ranks), ``ranks``.
+    """
     py, t0 = sys.executable, time.perf_counter()
     rank_csv = work / f"compute{n}-rank$OMPI_COMM_WORLD_RANK.csv"
     _check(_run(mpirun(n) + ["sh", "-c", " ".join([
@@ -152,7 +169,13 @@ def fit(work: Path, cal: dict, statistic: str = "median",
         max_rel_rmse: float | None = None) -> tuple[Path, float]:
     """``ddlsim calibrate fit`` of what :func:`calibrate` measured; the peak given to it is
     the GEMM plateau R_max of a first fit of the compute CSV, so that η·peak is the
-    measured rate."""
+    measured rate.
+
+    Returns
+    -------
+    (Path, float)
+        The profile of ``cal["ranks"]`` ranks and R_max in FLOP/s.
+    """
     import pandas as pd
 
     from ..calibration.efficiency import fit_efficiency

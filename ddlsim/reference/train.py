@@ -62,7 +62,19 @@ def strategy(name: str) -> Callable[[Exchange], Exchange]:
 
 
 def shape_of(cfg) -> GPTShape:
-    """The :class:`GPTShape` of a run config's model and micro-batch."""
+    """The :class:`GPTShape` of a run config's model and micro-batch.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        A ``gpt``-family run config.
+
+    Returns
+    -------
+    GPTShape
+        Layers, hidden, heads, vocab, positions from the model; sequence and micro-batch
+        from ``train``.
+    """
     m, t = cfg.model, cfg.train
     return GPTShape(layers=m.num_hidden_layers, hidden=m.hidden_size,
                     heads=m.num_attention_heads, vocab=m.vocab_size, seq=t.seq_length,
@@ -70,7 +82,20 @@ def shape_of(cfg) -> GPTShape:
 
 
 def check_plan(cfg, world: int) -> None:
-    """Refuse, naming the field, a run config this trainer does not run as ddlsim models it."""
+    """Refuse, naming the field, a run config this trainer does not run as ddlsim models it.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The run config.
+    world : int
+        MPI ranks of the run.
+
+    Raises
+    ------
+    ValueError
+        ``the reference trainer cannot run FIELD = VALUE; allowed: ...``.
+    """
     p, t, m = cfg.parallel, cfg.train, cfg.model
     rules = [
         (m.architecture == "gpt", "model.architecture", m.architecture, "'gpt'"),
@@ -166,9 +191,31 @@ def _reduce_scatter(comm, model: GPT2, opt: Adam, bucket_bytes: float) -> None:
 
 # ---------------------------------------------------------------------------- the run
 def train(cfg, comm, iters: int, warmup: int, seed: int = 0, save: Path | None = None) -> dict:
-    """Train ``warmup + iters`` iterations; returns the timings (seconds, max over ranks)
-    and the loss of rank 0 before and after. ``save``: every rank writes its parameters
-    there at the end (``.npy``, ``{rank}`` in the name replaced by the rank)."""
+    """Train ``warmup + iters`` iterations of ``cfg`` on the ranks of ``comm``.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The run (checked by :func:`check_plan`).
+    comm : mpi4py.MPI.Comm
+        The data-parallel ranks.
+    iters, warmup : int
+        Timed and untimed iterations.
+    seed : int
+        Seed of the parameters (the same on every rank) and of each rank's batch
+        (``default_rng([seed, rank])``).
+    save : Path, optional
+        Every rank writes its final parameters there (``.npy``; ``{rank}`` in the name is
+        replaced by the rank).
+
+    Returns
+    -------
+    dict
+        ``median_s``, ``min_s``, ``times_s`` (seconds per iteration, the slowest rank's),
+        ``forward_backward_*_s``, ``cpu_share_median`` (least over ranks of CPU time over
+        wall time), ``cpu_median_s``, the first and last loss of this rank, the parameter
+        count and the settings.
+    """
     from mpi4py import MPI
     shape, me = shape_of(cfg), comm.Get_rank()
     model = GPT2(shape, seed=seed)  # every rank starts from the same parameters
