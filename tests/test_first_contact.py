@@ -311,3 +311,11 @@ def test_des_progress_prints_lines_off_a_terminal():
     lines = buf.getvalue().splitlines()
     assert len(lines) == 1 and lines[0].startswith("DES: 5 s elapsed of an estimated 50 s")
     assert "simulated 1.500 s, 1,000 events" in lines[0]
+
+
+def test_search_verify_des_over_budget_names_an_option_search_has():
+    args = ["search", SEARCH, "--axis", "parallel.tensor_model_parallel_size=8", "--axis",
+            "parallel.pipeline_model_parallel_size=16", "--top", "1", "--verify", "des"]
+    text = one_error(runner.invoke(app, [*args, "--limit", "des_rank_ops=1000"]))
+    assert "--limit des_rank_ops=" in text
+    assert "--limit" in runner.invoke(app, ["search", "--help"]).output
