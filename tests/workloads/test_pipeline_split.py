@@ -106,20 +106,25 @@ def test_both_engines_agree_on_an_uneven_interleaved_plan():
     assert d.iteration_time_s == pytest.approx(a.iteration_time_s, rel=0.01)
 
 
-def test_the_search_tier_refuses_an_uneven_split_with_the_reason():
+def test_an_uneven_split_is_searched_by_the_exact_tier():
+    """The vectorised tier assumes L/(PP·VPP) layers per chunk: an uneven split's grid is
+    searched plan by plan by the exact engine (ddlsim/search/exact.py), its figures
+    ddlsim.predict's."""
     cfg = _cfg(31, 4, account_for_loss_in_pipeline_split=True)   # (31 + 1) / 4 = 8
     cfg["search"] = {"axes": {"train.micro_batch_size": [1, 2]}}
-    with pytest.raises(ddlsim.ConfigError, match=r"account_for_loss_in_pipeline_split = True: "
-                                                 r"the vectorised search tier"):
-        ddlsim.search(cfg)
+    frame = ddlsim.search(cfg, top=1)
+    assert frame.attrs["tier"] == "exact" and len(frame) == 2
+    plan = {k: v for k, v in cfg.items() if k != "search"}
+    best = frame.iloc[0]
+    plan["train"] = {**plan["train"], "micro_batch_size": int(best["train.micro_batch_size"])}
+    assert best["iteration_time_s"] == ddlsim.predict(plan, check_fit=False).iteration_time_s
 
 
-def test_the_search_tier_refuses_context_parallelism_with_the_reason():
+def test_context_parallelism_is_searched_by_the_exact_tier():
     cfg = _cfg(32, 1, context_parallel_size=2)
     cfg["search"] = {"axes": {"train.micro_batch_size": [1]}}
-    with pytest.raises(ddlsim.ConfigError, match=r"context_parallel_size = 2: the vectorised "
-                                                 r"search tier covers plans without context"):
-        ddlsim.search(cfg)
+    frame = ddlsim.search(cfg, top=1)
+    assert frame.attrs["tier"] == "exact" and len(frame) == 1
 
 
 def test_the_plan_line_gives_each_stage_its_layers():
