@@ -28,8 +28,9 @@ _PLAIN = (bool, int, float, str, type(None))
 @functools.lru_cache(maxsize=256)
 def field_adapter(path: str) -> TypeAdapter | None:
     """The validator of the config field at ``path`` (``section.key[.key…]``), or None when
-    the path leaves the typed sections (the ``model`` section, whose type is its family's, a
-    mapping field such as ``collective_algorithm``) or names no field."""
+    the path leaves the typed sections (the ``model`` section, whose type is its family's) or
+    names a section itself (``system.device``, which a preset name may stand for) or no
+    field."""
     from .config import RunConfig
 
     model: Any = RunConfig
@@ -40,6 +41,8 @@ def field_adapter(path: str) -> TypeAdapter | None:
             return None
         info = fields[key]
         if i == len(keys) - 1:
+            if _has_model(info.annotation):  # a section: preset names resolve before it
+                return None
             if not info.metadata:
                 return TypeAdapter(info.annotation)
             return TypeAdapter(Annotated[info.annotation, *info.metadata])
@@ -47,6 +50,16 @@ def field_adapter(path: str) -> TypeAdapter | None:
         if not (isinstance(model, type) and issubclass(model, BaseModel)):
             return None
     return None
+
+
+def _has_model(tp: Any) -> bool:
+    """Whether the type ``tp`` is, or holds, a pydantic model (a section that may also be
+    named by a preset, resolved before validation)."""
+    from typing import get_args
+
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return True
+    return any(_has_model(a) for a in get_args(tp))
 
 
 def check_field_values(path: str, values: Sequence[Any], where: str, *,

@@ -246,6 +246,7 @@ def _check_ranges(source: _Source, ranges: Mapping[str, Sequence[Any]],
     """Ranges as lists, refused when empty, overlapping ``--set``, naming a field the config
     does not have, or giving more than ``limits.sweep_runs`` combinations (counted from the
     ranges' lengths)."""
+    from .fieldcheck import check_field_values
     from .limits import check_budget
 
     if not ranges:
@@ -264,7 +265,8 @@ def _check_ranges(source: _Source, ranges: Mapping[str, Sequence[Any]],
             raise SweepError(f"{path!r} is both swept and set ({fixed[0]!r}); drop one")
     sizes = " × ".join(str(len(v)) for v in ranges.values())
     check_budget({"sweep_runs": total}, limits, f"the sweep ({sizes})")
-    ranges = {str(p): list(v) for p, v in ranges.items()}
+    ranges = {str(p): check_field_values(str(p), list(v), f"the range of {str(p)!r}")
+              for p, v in ranges.items()}
     try:
         base = source.build().model_dump(mode="json")
     except ConfigError:  # valid only with swept values: each combination will say why

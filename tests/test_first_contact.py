@@ -319,3 +319,13 @@ def test_search_verify_des_over_budget_names_an_option_search_has():
     text = one_error(runner.invoke(app, [*args, "--limit", "des_rank_ops=1000"]))
     assert "--limit des_rank_ops=" in text
     assert "--limit" in runner.invoke(app, ["search", "--help"]).output
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("true,2", "the value True is not valid"),
+    ("2.5,4", "the value 2.5 is not valid"),
+])
+def test_sweep_ranges_go_through_the_field_validator(spec, message):
+    text = one_error(runner.invoke(app, ["sweep", WIKI, "--set-range",
+                                         f"parallel.tensor_model_parallel_size={spec}"]))
+    assert message in text and "the range of 'parallel.tensor_model_parallel_size'" in text
