@@ -15,7 +15,7 @@ from rich.console import Console
 
 from ._version import __version__
 from .cliutil import (OnceGroup, OptionError, check_outputs, guarded, refuse_negative,
-                      refuse_overwriting_inputs, require)
+                      refuse_overwriting_inputs, require, warn_unused_devices)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   cls=OnceGroup, context_settings={"help_option_names": ["-h", "--help"]},
@@ -98,7 +98,7 @@ def run_predictions(cfg, engines: list[str], *, calibration, backend, allow_oom:
     go to :func:`ddlsim.api.predict` for every engine."""
     from .api import predict as run_predict
 
-    _warn_unused_devices(cfg)
+    warn_unused_devices(cfg)
     results = []
     for e in engines:
         opts = {"trace_path": trace, "force": force} if e == "des" and trace is not None else {}
@@ -109,23 +109,6 @@ def run_predictions(cfg, engines: list[str], *, calibration, backend, allow_oom:
                                    check_fit=not allow_oom, record_spans=record_spans,
                                    **predict_options, **opts))
     return results
-
-
-def _warn_unused_devices(cfg) -> None:
-    """Warn when the plan leaves half the system's devices or more unused (``--set
-    parallel.pipeline_model_parallel_size=8`` on a plan of 1,024 ranks with its data
-    parallelism fixed runs on 512): a smaller plan is allowed, but never silently."""
-    import warnings
-
-    from .errors import DDLSimWarning
-
-    world, devices = cfg.world_size, cfg.system.num_devices
-    if 2 * world <= devices:
-        p = cfg.parallel
-        warnings.warn(f"the plan runs on {world:,} of the system's {devices:,} devices "
-                      f"(TP {p.tp} × CP {p.cp} × PP {p.pp} × DP {cfg.dp}); to use them all, "
-                      "raise parallel.data_parallel_size or leave it unset (it then fills the "
-                      "system)", DDLSimWarning, stacklevel=3)
 
 
 def _plots(*paths: Path | None):

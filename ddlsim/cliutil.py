@@ -19,8 +19,8 @@ from rich.markup import escape
 from .errors import DDLSimError
 
 __all__ = ["OptionError", "guarded", "require", "refuse_negative", "check_outputs",
-           "refuse_overwriting_inputs", "OnceGroup", "print_records", "EXIT_ERROR",
-           "EXIT_BUG"]
+           "refuse_overwriting_inputs", "OnceGroup", "print_records", "warn_unused_devices",
+           "EXIT_ERROR", "EXIT_BUG"]
 
 #: Exit status of a refused input or option (one ``error:`` paragraph on stderr).
 EXIT_ERROR = 2
@@ -245,3 +245,20 @@ def print_records(console: Console, title: str, columns: list[str], rows: list[l
             if cell:
                 console.print(Padding(f"{escape(name)}: {escape(cell)}", (0, 0, 0, 4)),
                               highlight=False)
+
+
+def warn_unused_devices(cfg: Any) -> None:
+    """Warn when the plan leaves half the system's devices or more unused (``--set
+    parallel.pipeline_model_parallel_size=8`` on a plan of 1,024 ranks with its data
+    parallelism fixed runs on 512): a smaller plan is allowed, but never silently."""
+    import warnings
+
+    from .errors import DDLSimWarning
+
+    world, devices = cfg.world_size, cfg.system.num_devices
+    if 2 * world <= devices:
+        p = cfg.parallel
+        warnings.warn(f"the plan runs on {world:,} of the system's {devices:,} devices "
+                      f"(TP {p.tp} × CP {p.cp} × PP {p.pp} × DP {cfg.dp}); to use them all, "
+                      "raise parallel.data_parallel_size or leave it unset (it then fills the "
+                      "system)", DDLSimWarning, stacklevel=3)

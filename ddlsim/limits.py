@@ -178,23 +178,19 @@ class Limits:
         195 MB); pipelines the solver times take ~0.05 µs (Megatron-LM 1T: 1.4·10^6 ops, 0.08 s
         CPU for the whole prediction, measured for issue 13). 5·10^6 is at most ~35 s.
     sweep_runs
-        Combinations of a ``sweep``, counted from the ranges' lengths before any is built.
-        Each is one exact prediction (5-50 ms for the examples, seconds for the largest), so
-        10^4 is a few minutes at most.
+        Combinations of a ``sweep`` (the product of the ranges' lengths), each one exact
+        prediction (5-50 ms for the examples), so 10^4 is a few minutes at most.
     search_plans
-        Plans of a ``search`` grid, the product of its axes' lengths, counted before the grid
-        is built. The vectorised tier holds ~115 bytes a plan (GPT-3 175B grid, 1.34·10^6
-        plans: 234 MB, 3.6 s; 1.34·10^7: 1.54 GB, 7.8 s, measured 2026-11-29), so 5·10^6 is
-        about 0.6 GB.
+        Plans of a ``search`` grid (the product of its axes' lengths). The vectorised tier
+        holds ~115 bytes a plan (GPT-3 175B, 1.34·10^6 plans: 234 MB, 3.6 s; 1.34·10^7:
+        1.54 GB, 7.8 s; 2026-11-29), so 5·10^6 is about 0.6 GB.
     axis_values
         Values of one ``--set-range`` / ``--axis`` / ``search.axes`` entry, counted before it
         is expanded (``1:100000000`` is 10^8 values; 10^5 take ~5 MB and 0.1 s to read).
     fit_segments
-        ``calibrate fit --max-segments``: the fit's dynamic programme costs one numpy pass
-        per segment count and measured size (nccl-tests' 25 sizes: 0.4 s more at 100
-        segments than at 3, 2.2 s more at 1,000, measured 2026-11-29; 10^6 on 50 rows: 59 s
-        and 2.2 GB, issue 31), and a measured curve has a handful of regimes, so 100 is
-        generous.
+        ``calibrate fit --max-segments``: one numpy pass per segment count and size (25
+        sizes: +0.4 s at 100 segments, +2.2 s at 1,000; 10^6 on 50 rows: 59 s, 2.2 GB); a
+        measured curve has a handful of regimes, so 100 is generous.
     des_rank_ops
         DES: ops executed over all ranks, Σ ranks × ops per step. The DES runs ~0.4-4 µs per
         rank-op since 2026-11-28 (GPT-3 175B on 1,024 GPUs: 3.8·10^6 in 2.0 s; Megatron-LM 1T

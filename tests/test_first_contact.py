@@ -329,3 +329,10 @@ def test_sweep_ranges_go_through_the_field_validator(spec, message):
     text = one_error(runner.invoke(app, ["sweep", WIKI, "--set-range",
                                          f"parallel.tensor_model_parallel_size={spec}"]))
     assert message in text and "the range of 'parallel.tensor_model_parallel_size'" in text
+
+
+def test_a_plan_on_half_the_system_or_less_is_said_not_silent():
+    res = runner.invoke(app, ["predict", "examples/gpt3-175b-1024-a100.yaml", "-f", "csv",
+                              "--allow-oom", "--set", "parallel.pipeline_model_parallel_size=8"])
+    assert res.exit_code == 0, res.output
+    assert "the plan runs on 512 of the system's 1,024 devices" in res.output
