@@ -84,3 +84,35 @@ def test_timeouts_and_memory_blowups_are_caught_and_the_worker_replaced():
     finally:
         p.close()
     assert got == ["timeout", "memory", "ok"]
+
+
+@pytest.fixture(scope="module")
+def work_pool():
+    """Issue 31's cases (sweeps, searches, saved results) take up to a few seconds each;
+    a resident set over 1 GiB is a failure (``memory``)."""
+    p = fuzz.Pool(jobs=1, timeout=30, mem_gb=2.0, rss_gb=1.0)
+    yield p
+    p.close()
+
+
+@settings(max_examples=15, deadline=None, derandomize=True, database=None,
+          phases=[Phase.explicit, Phase.generate],
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(case=_cases(["work"]))
+def test_budgets_values_and_outputs_answer_in_ddlsim_words(work_pool, case):
+    _check(work_pool, case)
+
+
+def test_bare_python_messages_are_a_failure_class():
+    from ddlsim.errors import ConfigError
+
+    assert fuzz._judged(ValueError("tuple.index(x): x not in tuple"))["outcome"] == "bare message"
+    assert fuzz._judged(OverflowError("Python int too large to convert to C long"))[
+        "outcome"] == "bare message"
+    wrapped = ConfigError("'r.json': field 'int' object is not subscriptable is missing")
+    assert fuzz._judged(wrapped)["outcome"] == "bare message"
+    assert fuzz._judged(ConfigError("train.micro_batch_size = 3: allowed 1, 2, 4"))[
+        "outcome"] == "clean error"
+    assert fuzz._judged(FileNotFoundError(2, "No such file or directory", "x.yaml"))[
+        "outcome"] == "clean error"
+    assert "bare message" in fuzz.FAILURES and "work" in fuzz.TARGETS
