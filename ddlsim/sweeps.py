@@ -200,8 +200,10 @@ def sweep(config: Any, ranges: Mapping[str, Sequence[Any]], overrides: Sequence[
 
     Returns
     -------
-    pandas.DataFrame
-        One row per combination (and engine), in sweep order: a column per swept path
+    ddlsim.framehtml.ResultFrame
+        A :class:`pandas.DataFrame` that Jupyter shows compactly, with each row's breakdown
+        as a bar (``.to_frame()``: the plain DataFrame). One row per combination (and
+        engine), in sweep order: a column per swept path
         (SI values as the config stores them: ``system.nic.bandwidth_Bps`` in B/s;
         ``frame.attrs["typed"]`` maps them back to the text typed, ``"200 Gb/s"``), the
         columns of :meth:`ddlsim.Result.to_row` (empty for invalid combinations), ``valid``
@@ -247,7 +249,9 @@ def sweep(config: Any, ranges: Mapping[str, Sequence[Any]], overrides: Sequence[
                                 describe=_describe, progress=progress)
     rows = [row for combo_rows in per_combo for row in combo_rows]
     columns = list(dict.fromkeys(c for r in rows for c in r if c not in ("valid", "reason")))
-    frame = pd.DataFrame(rows, columns=[*columns, "valid", "reason"])
+    from .framehtml import ResultFrame
+
+    frame = ResultFrame(pd.DataFrame(rows, columns=[*columns, "valid", "reason"]))
     frame.attrs["typed"] = _typed(ranges, shown)
     return frame
 

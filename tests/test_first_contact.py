@@ -336,3 +336,16 @@ def test_a_plan_on_half_the_system_or_less_is_said_not_silent():
                               "--allow-oom", "--set", "parallel.pipeline_model_parallel_size=8"])
     assert res.exit_code == 0, res.output
     assert "the plan runs on 512 of the system's 1,024 devices" in res.output
+
+
+def test_sweep_and_search_frames_show_compact_html():
+    sweep = ddlsim.sweep(WIKI, {"system.nic.bandwidth_Bps": ["10 Gb/s", "100 Gb/s"]})
+    html = sweep._repr_html_()
+    assert "10 Gb/s" in html and "display:flex" in html and html.count("<tr>") == 3
+    plain = sweep.to_frame()
+    assert type(plain).__name__ == "DataFrame" and plain.attrs == sweep.attrs
+    assert list(plain["iteration_time_s"]) == list(sweep["iteration_time_s"])
+    search = ddlsim.search(SEARCH, {"parallel.tensor_model_parallel_size": [4, 8],
+                                    "parallel.pipeline_model_parallel_size": [8, 16]}, top=0)
+    html = search._repr_html_()
+    assert "<th>Pareto</th>" in html and " mbs" in html and len(html) < 20_000

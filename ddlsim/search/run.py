@@ -102,8 +102,9 @@ def search(config: Any, axes: Mapping[str, Sequence[Any]] | None = None, *,
 
     Returns
     -------
-    pandas.DataFrame
-        One row per evaluated plan, best first: ``rank``, ``plan`` (its index in the grid),
+    ddlsim.framehtml.ResultFrame
+        A :class:`pandas.DataFrame` that Jupyter shows compactly (``.to_frame()``: the plain
+        DataFrame). One row per evaluated plan, best first: ``rank``, ``plan`` (its index in the grid),
         the config paths of the plan, ``gpus``, ``iteration_time_s``, ``tokens_per_s``,
         ``mfu``, ``memory_per_device_bytes``, ``capacity_bytes``, ``fits``, ``pareto`` (on
         the front of time against memory), the cost columns with a price, and for the top
@@ -135,6 +136,10 @@ def search(config: Any, axes: Mapping[str, Sequence[Any]] | None = None, *,
     if k:
         frame = _verified(frame, k, data, base_dir, overrides, verify, dask, dask_workers,
                           progress, limits)
+    from ..framehtml import ResultFrame
+
+    frame, attrs = ResultFrame(frame), dict(frame.attrs)
+    frame.attrs.update(attrs)
     frame.attrs.update(rejected=grid.rejected, total=grid.total, objective=spec.objective,
                        top=k, currency=spec.currency, price_per_gpu_hour=spec.price_per_gpu_hour)
     return frame
