@@ -173,3 +173,38 @@ def test_closed_loop_predicts_the_measured_runs_within_the_bound(tmp_path):
     for row in ran:
         for engine in ("analytical", "des"):
             assert abs(row[f"error_{engine}"]) <= BOUND, row
+
+
+def _has_torch_gloo() -> bool:
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return False
+    return dist.is_available() and dist.is_gloo_available()
+
+
+@pytest.mark.skipif(not _has_torch_gloo(), reason="PyTorch with Gloo is not installed "
+                                                  "(optional: pip install 'ddlsim[torch]')")
+@pytest.mark.parametrize("plan, change", [
+    ("ddp", {"parallel": {"overlap_grad_reduce": True}}),
+    ("fsdp", {"parallel": {"zero_stage": 3}}),
+    ("pipeline", {"parallel": {"data_parallel_size": 1, "pipeline_model_parallel_size": 2,
+                               "schedule": "gpipe"}, "train": {"global_batch_size": 8}}),
+])
+def test_torch_reference_runs_the_plan_its_config_describes(tmp_path, plan, change):
+    doc = SMALL.run_config(2, "ddp", {"preset": "cpu-10gbe", "nodes": 1})
+    doc["model"]["num_hidden_layers"] = 2  # two stages
+    for key, part in change.items():
+        doc[key].update(part)
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(doc))
+    assert ddlsim.predict(ddlsim.load_config(tmp_path / "run.yaml")).iteration_time_s > 0
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node", "2", "-m", "ddlsim.reference.torch_train",
+                           str(tmp_path / "run.yaml"), "--iters", "2", "--warmup", "1",
+                           "--json", str(tmp_path / "r.json")],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    out = json.loads((tmp_path / "r.json").read_text())
+    assert out["plan"] == plan and out["loss_last"] < out["loss_first"]
+    assert len(out["times_s"]) == 2 and out["median_s"] > 0
