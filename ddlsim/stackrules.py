@@ -188,8 +188,10 @@ def check_stack_rules(cfg: Any) -> None:
     ValueError
         (inside ``RunConfig`` validation, which reports it as a ConfigError).
     """
+    if cfg.software.what_if:
+        return
     broken = broken_rules(cfg)
-    if not broken or cfg.software.what_if:
+    if not broken:
         return
     stack = cfg.software.name
     rule, source = broken[0]

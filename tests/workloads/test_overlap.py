@@ -361,7 +361,8 @@ def test_async_backward_overlap_applies_with_and_without_sequence_parallelism():
     t_on, t_off = (ddlsim.predict(c, check_fit=False).iteration_time_s for c in (plain, off))
     assert t_on < t_off
     old = _cfg("parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel=true",
-               "system.software=megatron-lm-2021")
+               # the 2021 stack has no sequence parallelism either (docs/stacks.md): a what-if
+               "system.software={stack: megatron-lm-2021, what_if: true}")
     assert tp_overlap.mode(old) is None and "tp_async_backward" not in inactive_reasons(old)
     # userbuffers take precedence over the NCCL path, and need SP: a stack's userbuffers
     # without SP are inactive (and said so), and the NCCL path runs
