@@ -15,7 +15,8 @@ from rich.console import Console
 
 from ._version import __version__
 from .cliutil import (OnceGroup, OptionError, check_outputs, guarded, refuse_negative,
-                      refuse_overwriting_inputs, require, warn_unused_devices)
+                      refuse_overwriting_inputs, require, warn_unused_devices,
+                      check_dask_workers)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   cls=OnceGroup, context_settings={"help_option_names": ["-h", "--help"]},
@@ -356,6 +357,7 @@ def sweep(
     parsed = parse_ranges(ranges, limits=limits)
     require(dask_workers is None or dask == "local", "--dask-workers applies only with "
                                                       "--dask local")
+    check_dask_workers(dask_workers)
     frame = report.run_with_progress(config, parsed, overrides or [], engine, not allow_oom,
                                      max_runs, dask, dask_workers, limits)
     if output is not None:

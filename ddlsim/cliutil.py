@@ -20,7 +20,7 @@ from .errors import DDLSimError
 
 __all__ = ["OptionError", "guarded", "require", "refuse_negative", "check_outputs",
            "refuse_overwriting_inputs", "OnceGroup", "print_records", "warn_unused_devices",
-           "EXIT_ERROR", "EXIT_BUG"]
+           "check_dask_workers", "EXIT_ERROR", "EXIT_BUG"]
 
 #: Exit status of a refused input or option (one ``error:`` paragraph on stderr).
 EXIT_ERROR = 2
@@ -262,3 +262,13 @@ def warn_unused_devices(cfg: Any) -> None:
                       f"(TP {p.tp} × CP {p.cp} × PP {p.pp} × DP {cfg.dp}); to use them all, "
                       "raise parallel.data_parallel_size or leave it unset (it then fills the "
                       "system)", DDLSimWarning, stacklevel=3)
+
+
+def check_dask_workers(workers: int | None) -> None:
+    """Refuse ``--dask-workers`` above 4 × this machine's cores: a local cluster of more
+    processes than that only adds memory (each worker imports ddlsim, ~150 MB) and start-up
+    time; 10^20 of them was a machine brought to its knees, not a sweep."""
+    cores = os.cpu_count() or 1
+    require(workers is None or workers <= 4 * cores,
+            f"--dask-workers {workers} is more than 4 × the {cores} cores of this machine "
+            f"({4 * cores}); a local cluster gains nothing past its cores")

@@ -191,6 +191,9 @@ class Limits:
         ``calibrate fit --max-segments``: one numpy pass per segment count and size (25
         sizes: +0.4 s at 100 segments, +2.2 s at 1,000; 10^6 on 50 rows: 59 s, 2.2 GB); a
         measured curve has a handful of regimes, so 100 is generous.
+    fit_bootstrap
+        ``calibrate fit --bootstrap`` resamples, ~2.7 kB each per curve (25 sizes: 2·10^4 took
+        +0.7 s and +48 MB), so 10^5 stays near 0.3 GB a curve.
     des_rank_ops
         DES: ops executed over all ranks, Σ ranks × ops per step. The DES runs ~0.4-4 µs per
         rank-op since 2026-11-28 (GPT-3 175B on 1,024 GPUs: 3.8·10^6 in 2.0 s; Megatron-LM 1T
@@ -209,6 +212,7 @@ class Limits:
     search_plans: int = 5_000_000
     axis_values: int = 100_000
     fit_segments: int = 100
+    fit_bootstrap: int = 100_000
 
     @classmethod
     def from_strings(cls, items: list[str] | tuple[str, ...] | None) -> Limits:
@@ -317,7 +321,8 @@ _WHAT = {"pipeline_steps": "pipeline steps (PP × (2 × micro-batches × chunks 
          "sweep_runs": "combinations in the sweep (the product of the ranges' lengths)",
          "search_plans": "plans in the search grid (the product of the axes' lengths)",
          "axis_values": "values in one range or axis",
-         "fit_segments": "α-β segments per curve (--max-segments)"}
+         "fit_segments": "α-β segments per curve (--max-segments)",
+         "fit_bootstrap": "bootstrap resamples per curve (--bootstrap)"}
 
 
 def check_work(cfg: RunConfig, engine: str, limits: Limits | None = None,

@@ -12,7 +12,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from .cliutil import OptionError, check_outputs, guarded, refuse_overwriting_inputs, require
+from .cliutil import (OptionError, check_dask_workers, check_outputs, guarded,
+                      refuse_overwriting_inputs, require)
 
 __all__ = ["register", "search_command", "StageProgress"]
 
@@ -103,6 +104,7 @@ def search_command(
     require(verify in (None, "des"), f"--verify {verify!r} is not allowed; choose des")
     require(dask_workers is None or dask == "local",
             "--dask-workers applies only with --dask local")
+    check_dask_workers(dask_workers)
     require(not force or output is not None or plot is not None,
             "--force lets an output file be replaced, but no output file is named (-o, --plot)")
     sweepreport.check_frame_output(output)

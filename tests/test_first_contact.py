@@ -349,3 +349,16 @@ def test_sweep_and_search_frames_show_compact_html():
                                     "parallel.pipeline_model_parallel_size": [8, 16]}, top=0)
     html = search._repr_html_()
     assert "<th>Pareto</th>" in html and " mbs" in html and len(html) < 20_000
+
+
+@pytest.mark.parametrize("args", [
+    ["sweep", WIKI, "--set-range", "train.micro_batch_size=1", "--dask", "local",
+     "--dask-workers", "99999999999999999999"],
+    ["calibrate", "fit", "tests/calibration/data/nccl_all_reduce_perf.txt", "-o",
+     "never-written.yaml", "--bootstrap", "99999999999999999999"],
+])
+def test_worker_and_resample_counts_are_bounded_before_they_start(args):
+    res, took = run_cli(*args)
+    text = one_error(res)
+    assert "99999999999999999999" in text or "~10^20" in text
+    assert took < 5.0 and not Path("never-written.yaml").exists()

@@ -288,7 +288,9 @@ def fit(results: list[Path] = typer.Argument(..., help="results files"),
     from ..cliutil import refuse_overwriting_inputs
     from ..limits import Limits, check_budget
 
-    check_budget({"fit_segments": max_segments}, Limits.from_strings(limit), "--max-segments")
+    limits = Limits.from_strings(limit)
+    check_budget({"fit_segments": max_segments}, limits, "--max-segments")
+    check_budget({"fit_bootstrap": bootstrap}, limits, "--bootstrap")
     refuse_overwriting_inputs(results, output=output)
     from .build import fit_profile
     from .outputs import guard_output
