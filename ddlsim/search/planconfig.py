@@ -119,12 +119,14 @@ def judge_failed_contexts(plans: PlanSet, ctx_cfgs: list, reason: np.ndarray,
 
 #: The plan fields that each group of the config's own rules reads beside the context: the
 #: tensor group (heads, key/value heads and FFN divisible by TP; sequence parallelism and
-#: TP), the pipeline group (PP·VPP divides the layers; the interleaved schedule's VPP and
-#: PP; the stacks' schedule rules) and the sharding group (ZeRO-3 and PP; the stacks' ZeRO
-#: rules). No config rule reads fields of two groups, except the batch arithmetic (DP,
-#: micro-batch, global batch), which :func:`~ddlsim.search.plans.plan_rules` states on
-#: arrays, and the overlap options set in ``parallel.*`` (a context with one the neutral
-#: plan cannot take fails alone, and :func:`judge_failed_contexts` judges its plans).
+#: TP; SP's sequence), the pipeline group (PP·VPP divides the layers; the interleaved
+#: schedule's VPP and PP; VPP without it) and the sharding group (ZeRO-3 and PP; an explicit
+#: ``overlap_grad_reduce`` with ZeRO-3). No config rule reads fields of two groups, except
+#: the batch arithmetic (DP, micro-batch, global batch), which
+#: :func:`~ddlsim.search.plans.plan_rules` states on arrays, and the other overlap options set
+#: in ``parallel.*`` (a context with one that the neutral plan cannot take fails alone, and
+#: :func:`judge_failed_contexts` judges its plans). The stacks' rules, which read within one
+#: group too, are applied on arrays (:func:`~ddlsim.search.plans.stack_plan_rules`).
 RULE_GROUPS = {"tensor": ("tp", "sp"), "pipeline": ("pp", "v", "schedule"),
                "sharding": ("zero", "pp")}
 
