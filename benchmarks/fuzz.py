@@ -55,6 +55,7 @@ BARE = re.compile(r"not in tuple|not in list|too large to convert|invalid litera
                   r"could not convert|has no attribute|unsupported operand|object is not|"
                   r"index out of range|division by zero|unhashable type|must be real number|"
                   r"argument must be|cannot convert float|out of bounds for|NoneType|"
+                  r"Maximum allowed dimension|array is too big|"
                   r"^\W*\w*\W*$", re.I)
 EXAMPLES = sorted(p.stem for p in (REPO / "examples").glob("*.yaml"))
 SMALL = [e for e in EXAMPLES if e.startswith(("wiki", "gpt2"))]
@@ -664,7 +665,7 @@ def gen_work(rng: random.Random, light: bool = False) -> dict:
     over inputs (module docstring)."""
     c = rng.choice
     kind = c(["sweep", "sweep", "search", "search_file", "compare", "mpip", "segments",
-              "twice", "over_input"])
+              "twice", "over_input", "huge_option"])
     files: dict = {}
     cap = ["--limit", "sweep_runs=32"] if rng.random() < 0.9 else []  # keep valid cases short
     if kind == "sweep":
@@ -710,6 +711,20 @@ def gen_work(rng: random.Random, light: bool = False) -> dict:
                 "p.yaml", "--bootstrap", "0", "--max-segments",
                 c(["1000000", "101", "100", "3", "0", "-1", "1e9"])]
         argv += c([[], ["--limit", "fit_segments=1000"], ["--limit", "fit_segments=x"]])
+    elif kind == "huge_option":  # every count option of the commands with work, 10^20
+        big = c(["99999999999999999999", "1e400", "-99999999999999999999"])
+        argv = c([["predict", WIKI, "--engine", "des", "--links", big],
+                  ["sweep", WIKI, "--set-range", "train.micro_batch_size=1", "--dask", "local",
+                   "--dask-workers", big],
+                  ["sweep", WIKI, "--set-range", "train.micro_batch_size=1", "--max-runs", big],
+                  ["search", SEARCH, "--top", big], ["search", SEARCH, "--max-gpus", big],
+                  ["search", SEARCH, "--price-per-gpu-hour", big, "--top", "0"],
+                  ["comm", WIKI, "--iterations", big],
+                  ["calibrate", "fit", "@tests/calibration/data/nccl_all_reduce_perf.txt",
+                   "-o", "p.yaml", c(["--bootstrap", "--seed", "--min-points", "--ranks",
+                                      "--max-skipped-share"]), big],
+                  ["topology", "show", "dgx-a100", "--nodes", big],
+                  ["predict", WIKI, "--limit", f"ranks={big}"]])
     elif kind == "twice":
         argv = c([["predict", WIKI, "-o", "a.json", "-o", "b.json"],
                   ["predict", WIKI, "--model", "gpt2", "--model=llama-2-7b"],
