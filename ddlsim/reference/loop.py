@@ -4,7 +4,8 @@ For each rank count N of the loop, with N ranks at once under ``mpirun -n N`` (a
 measured while its neighbours work, sharing caches and memory bandwidth with it, as in the
 run):
 
-1. ``ddlsim calibrate compute`` (numpy GEMMs, one BLAS thread per rank), the element-wise
+1. numpy GEMMs through ``ddlsim calibrate compute``'s benchmark (its square shapes and the
+   run's own, :func:`~.machine.gemm_shapes`; one BLAS thread per rank), the element-wise
    rate (:func:`~.machine.measure_stream_Bps` on the gradient buffer's size) and, for N > 1,
    ``ddlsim calibrate comm --backend mpi`` over the sizes the reference run's collectives
    move; ``ddlsim calibrate fit`` into the profile of N ranks;
@@ -143,14 +144,10 @@ def calibrate(work: Path, model: LoopModel, n: int, log) -> dict:
         ranks), ``ranks``.
     """
     py, t0 = sys.executable, time.perf_counter()
-    rank_csv = work / f"compute{n}-rank$OMPI_COMM_WORLD_RANK.csv"
-    _check(_run(mpirun(n) + ["sh", "-c", " ".join([
-        py, "-m", "ddlsim.calibration", "compute", "--backend", "numpy", "--dtypes", "fp32",
-        "--min-dim", "64", "--max-dim", "1024", "--reps", "7", "-o", str(rank_csv),
-        "--force"])], 300), f"calibrate compute on {n} ranks")
-    stream_json = work / f"stream{n}.json"
-    _check(_run(mpirun(n) + [py, "-m", "ddlsim.reference.machine", str(model.shape.padded * 4),
-                             str(stream_json)], 300), f"element-wise rate on {n} ranks")
+    cfg_path = work / f"calibrate-{n}.yaml"
+    cfg_path.write_text(yaml.safe_dump(model.run_config(n, "ddp", "cpu-10gbe")))
+    _check(_run(mpirun(n) + [py, "-m", "ddlsim.reference.machine", str(cfg_path),
+                             str(work / f"compute{n}")], 600), f"compute rates on {n} ranks")
     comm_csvs = []
     if n > 1:
         lo, hi = _comm_sizes(model.shape)
@@ -161,8 +158,9 @@ def calibrate(work: Path, model: LoopModel, n: int, log) -> dict:
                                  "--no-progress", "-o", str(comm_csvs[0]), "--force"], 600),
                f"calibrate comm on {n} ranks")
     log(f"calibrated {n} rank(s) in {time.perf_counter() - t0:.0f} s")
-    return {"compute_csv": work / f"compute{n}-rank0.csv", "comm_csvs": comm_csvs,
-            "stream_Bps": json.loads(stream_json.read_text())["stream_Bps"], "ranks": n}
+    return {"compute_csv": work / f"compute{n}.csv", "comm_csvs": comm_csvs,
+            "stream_Bps": json.loads((work / f"compute{n}.json").read_text())["stream_Bps"],
+            "ranks": n}
 
 
 def fit(work: Path, cal: dict, statistic: str = "median",
@@ -276,8 +274,9 @@ def run_loop(work: Path, model: LoopModel = REFERENCE, ranks: tuple[int, ...] = 
     for n in ranks:
         runs = strategies if n > 1 else strategies[:1]
         if n > cores:  # the trainer refuses; its message is the row
-            rows += [_one(work, model, n, s, "cpu-10gbe", None, statistic) for s in runs]
-            log(_row_line(rows[-1]))
+            for strategy in runs:
+                rows.append(_one(work, model, n, strategy, "cpu-10gbe", None, statistic))
+                log(_row_line(rows[-1]))
             continue
         cal = calibrate(work, model, n, log)
         profile, r_max = fit(work, cal, statistic, max_rel_rmse)
@@ -319,7 +318,9 @@ def _one(work: Path, model: LoopModel, n: int, strategy: str, system: dict | str
     for engine, t in sorted(pred.items()):
         row[f"predicted_{engine}_s"] = t
         row[f"error_{engine}"] = t / row["measured_s"] - 1.0
-        row[f"cpu_error_{engine}"] = t / row["measured_cpu_s"] - 1.0  # a diagnostic only
+        # a diagnostic only, for one rank: with MPI a rank's CPU time includes its polling
+        # while another rank waits for its core
+        row[f"cpu_error_{engine}"] = t / row["measured_cpu_s"] - 1.0
     return row
 
 
@@ -329,9 +330,9 @@ def _row_line(row: dict) -> str:
         return head + f"refused: {row['refused']}"
     errs = ", ".join(f"{k[6:]} {row[f'predicted_{k[6:]}_s'] * 1e3:.1f} ms ({row[k]:+.1%})"
                      for k in sorted(row) if k.startswith("error_"))
-    note = "" if row["compared"] else (
-        f" (not compared: starved by other load; against its CPU time "
-        f"{row['measured_cpu_s'] * 1e3:.1f} ms: {row['cpu_error_analytical']:+.1%})")
+    note = "" if row["compared"] else " (not compared: starved by other load" + (
+        f"; against its CPU time {row['measured_cpu_s'] * 1e3:.1f} ms: "
+        f"{row['cpu_error_analytical']:+.1%})" if row["ranks"] == 1 else ")")
     return (head + f"measured {row['measured_s'] * 1e3:.1f} ms at CPU share "
             f"{row['cpu_share']:.2f}; predicted {errs}{note}")
 

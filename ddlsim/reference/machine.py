@@ -107,26 +107,50 @@ def local_system(ranks: int, gemm_flops_peak: float, stream_Bps: float, p2p: tup
     }
 
 
+def gemm_shapes(shape) -> list[tuple[int, int, int]]:
+    """(m, n, k) of every distinct GEMM one training iteration of the reference model runs
+    (``shape``: a :class:`~.gpt2.GPTShape`): per linear layer ``[T, K]·[K, N]`` with
+    ``T = batch · seq`` tokens, the forward ``(T, N, K)``, the data gradient ``(T, K, N)``
+    and the weight gradient ``(K, N, T)``; the tied head is the layer ``(h → vocab)``."""
+    t, h = shape.batch * shape.seq, shape.hidden
+    out = []
+    for k, n in ((h, 3 * h), (h, h), (h, 4 * h), (4 * h, h), (h, shape.vocab)):
+        out += [(t, n, k), (t, k, n), (k, n, t)]
+    return sorted(set(out))
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``mpirun -n N python -m ddlsim.reference.machine BYTES OUT.json``: every rank measures
-    :func:`measure_stream_Bps` at once (after a barrier), as the ranks of a run stream
-    together; rank 0 writes the median over ranks to OUT.json."""
+    """``mpirun -n N python -m ddlsim.reference.machine RUN.yaml OUT`` measures on every rank
+    at once (after a barrier, as the ranks of a run work together): numpy GEMMs over
+    ``calibrate compute``'s square shapes (64-1024) and the run's own (:func:`gemm_shapes`),
+    then :func:`measure_stream_Bps` on the gradient buffer's size. Rank 0 writes its GEMM
+    rows to OUT.csv (the ``calibrate compute`` format) and the median element-wise rate
+    over ranks to OUT.json."""
     import json
     import sys
     from pathlib import Path
 
     from mpi4py import MPI
+
+    from ..calibration.compute_bench import default_gemm_shapes, run_gemm_benchmark
+    from ..calibration.outputs import write_csv
+    from ..config import load_config
+    from .train import shape_of
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2 or not args[0].isdigit():
-        print("usage: python -m ddlsim.reference.machine BYTES OUT.json", file=sys.stderr)
+    if len(args) != 2:
+        print("usage: python -m ddlsim.reference.machine RUN.yaml OUT", file=sys.stderr)
         return 2
+    shape, out = shape_of(load_config(args[0])), Path(args[1])
     comm = MPI.COMM_WORLD
     comm.Barrier()
-    every = comm.gather(measure_stream_Bps(int(args[0])), root=0)
+    shapes = sorted(set(default_gemm_shapes(1024, 64)) | set(gemm_shapes(shape)))
+    gemm = run_gemm_benchmark("numpy", "cpu", ["fp32"], shapes, warmup=2, reps=7)
+    every = comm.gather(measure_stream_Bps(shape.padded * 4), root=0)
     if comm.Get_rank() == 0:
-        Path(args[1]).write_text(json.dumps({"ranks": comm.Get_size(), "bytes": int(args[0]),
-                                             "stream_Bps": float(np.median(every)),
-                                             "per_rank_Bps": every}))
+        write_csv(out.with_suffix(".csv"), gemm, force=True)
+        out.with_suffix(".json").write_text(json.dumps({
+            "ranks": comm.Get_size(), "bytes": shape.padded * 4,
+            "stream_Bps": float(np.median(every)), "per_rank_Bps": every}))
     return 0
 
 
