@@ -184,23 +184,31 @@ def _same_file(a: Path, b: Path) -> bool:
 
 def repeated_option(command: Any, args: list[str]) -> str | None:
     """The first option of ``command`` that takes one value and appears twice in ``args``
-    (``-o a -o b``, ``--model=x --model y``), or None. Click keeps the last; ddlsim refuses."""
-    names: dict[str, str] = {}
+    (``-o a -o b``, ``--model=x --model y``), or None. Click keeps the last; ddlsim refuses.
+    The value after an option is skipped (``--set -o`` is a value, not ``-o``)."""
+    once: dict[str, str] = {}
+    takes: dict[str, int] = {}  # option → values it takes
     for param in command.params:
-        if getattr(param, "param_type_name", "") == "option" and not param.multiple \
-                and not param.is_flag and not getattr(param, "count", False):
-            for opt in param.opts + param.secondary_opts:
-                names[opt] = "/".join(param.opts)
-    seen: set[str] = set()
-    for arg in args:
-        if arg == "--":
-            break
-        key = names.get(arg.split("=", 1)[0] if arg.startswith("--") else arg)
-        if key is None:
+        if getattr(param, "param_type_name", "") != "option":
             continue
-        if key in seen:
-            return key
-        seen.add(key)
+        flag = param.is_flag or getattr(param, "count", False)
+        for opt in param.opts + param.secondary_opts:
+            takes[opt] = 0 if flag else max(param.nargs, 1)
+            if not flag and not param.multiple:
+                once[opt] = "/".join(param.opts)
+    seen: set[str] = set()
+    i = 0
+    while i < len(args) and args[i] != "--":
+        name, eq, _ = args[i].partition("=") if args[i].startswith("--") else (args[i], "", "")
+        i += 1
+        if name not in takes:
+            continue
+        i += 0 if eq else takes[name]
+        key = once.get(name)
+        if key is not None:
+            if key in seen:
+                return key
+            seen.add(key)
     return None
 
 
