@@ -90,19 +90,6 @@ class DecoderVectors:
         return _Context(cfg, shape, t.seq_length, dt, gdt, dev, op_time(step, dev),
                         cfg.system.device.memory_bytes)
 
-    def rules(self, ctx: _Context, plans) -> list[tuple[str, np.ndarray]]:
-        mp = ctx.shape.max_positions
-        too_long = ctx.s > mp if mp is not None else False
-        out = [("seq_length exceeds max_position_embeddings", np.full(len(plans), too_long))]
-        sw = ctx.cfg.software
-        if sw.overlap_grad_reduce and \
-                sw.sources.get("overlap_grad_reduce") == "parallel.overlap_grad_reduce":
-            # as the exact engine refuses it (workloads/decoder/overlap.py)
-            out.append(("parallel.overlap_grad_reduce = True cannot apply to ZeRO-3 plans "
-                        "(their reduce-scatters belong to each layer's backward)",
-                        plans["zero"] == 3))
-        return out
-
     # ------------------------------------------------------------------ costs
     def costs(self, ctx: _Context, plans, nets) -> StageCosts:
         sh, dt = ctx.shape, ctx.dt

@@ -144,12 +144,6 @@ def evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[
         here = (plans["context"] == i) & (reason < 0)
         if here.any():
             ctx = family.prepare(cfg)
-            for text, mask in family.rules(ctx, plans.take(here)):
-                sub = np.zeros(len(plans), dtype=bool)
-                sub[np.flatnonzero(here)[mask]] = True
-                reject(text, sub)
-            here &= reason < 0
-        if here.any():
             index = np.flatnonzero(here)
             sub = plans.take(index)
             # memory first: a plan that must fit and does not is not timed

@@ -1,9 +1,11 @@
 """What a workload family gives the vectorised tier: per-stage costs for arrays of plans.
 
-A family that wants ``ddlsim search`` registers a :class:`VectorFamily` under the names of its
+Every registered family is searchable (plan by plan, :mod:`.exact`); a family whose grids run
+to millions of plans may also register a :class:`VectorFamily` under the names of its
 ``model.architecture`` values with :func:`register_vector_family`. The pipeline, overlap and
-update closed forms (:mod:`.pipeline`) are shared; the family supplies the rules its plans
-obey, the costs of its stages (:class:`StageCosts`), and its memory per device.
+update closed forms (:mod:`.pipeline`) are shared; the plans' rules are the config's own
+(:mod:`.planconfig`, :mod:`ddlsim.stackrules`); the family supplies the costs of its stages
+(:class:`StageCosts`) and its memory per device.
 
 The costs are those of :class:`ddlsim.simulator.costs.CostModel`: a family builds its pieces
 with its own builder and times them with :mod:`ddlsim.simulator.analytical.arrays` (the
@@ -62,9 +64,6 @@ class VectorFamily(Protocol):
     def prepare(self, cfg) -> object:
         """Scalars of one context's base config (model shape, system constants); raise
         :class:`ConfigError` for a model the vectorised form does not cover."""
-
-    def rules(self, ctx: object, plans) -> list[tuple[str, np.ndarray]]:
-        """``(reason, rejected mask)`` of the family's own plan rules."""
 
     def costs(self, ctx: object, plans, nets) -> StageCosts:
         """Stage costs of ``plans`` (one context), ``nets`` from :func:`.netcost.mesh_networks`."""
