@@ -10,7 +10,7 @@ with the tanh GeLU of GPT-2 (Hendrycks & Gimpel 2016, eq. for the approximation)
 Parameters and gradients each live in one contiguous float32 buffer (views per tensor), so
 a data-parallel gradient exchange is one collective on one buffer, as in llm.c. The buffer
 is padded with zeros to a multiple of :data:`PAD_MULTIPLE` elements so that it splits into
-equal shards for 1-4 ranks (the pad is at most 11 elements, 44 bytes).
+equal shards for 1-8 ranks (the pad is at most 839 elements, 3.3 KiB).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import numpy as np
 
 __all__ = ["GPTShape", "GPT2", "Adam", "PAD_MULTIPLE"]
 
-#: lcm(1, 2, 3, 4): the flat buffers split into equal shards on 1-4 ranks
-PAD_MULTIPLE = 12
+#: lcm(1, …, 8): the flat buffers split into equal shards on 1-8 ranks
+PAD_MULTIPLE = 840
 _LN_EPS = 1e-5
 _GELU_C = math.sqrt(2.0 / math.pi)
 

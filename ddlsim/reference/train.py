@@ -118,6 +118,8 @@ def check_plan(cfg, world: int) -> None:
         (t.recompute == "none", "train.recompute", t.recompute, "none"),
         (p.dp_strategy in STRATEGIES, "parallel.dp_strategy", p.dp_strategy,
          ", ".join(STRATEGIES)),
+        (shape_of(cfg).padded % world == 0, "parallel.data_parallel_size", world,
+         "a number of ranks that divides the padded parameter buffer (1-8 always do)"),
     ]
     for ok, field, value, allowed in rules:
         if not ok:
