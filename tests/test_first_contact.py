@@ -151,6 +151,7 @@ def test_compare_validates_saved_results(tmp_path, change, message):
     ["sweep", "{c}", "--set-range", "train.micro_batch_size=1,2", "-o", "{c}"],
     ["compare", "{c}", "{c}", "-o", "{c}"],
     ["calibrate", "fit", "{c}", "-o", "{c}"],
+    ["calibrate", "show", "{c}", "--plot", "{c}"],
 ])
 def test_no_output_overwrites_an_input_even_with_force(tmp_path, command):
     config = tmp_path / "c.yaml"

@@ -333,9 +333,11 @@ def fit(results: list[Path] = typer.Argument(..., help="results files"),
 def show(profile: Path = typer.Argument(..., help="profile YAML"),
          plot: Path | None = typer.Option(None, help="write a plot (PNG, PDF, SVG)"),
          force: bool = typer.Option(False, help="overwrite an existing plot file")) -> None:
+    from ..cliutil import refuse_overwriting_inputs
     from .profile import CalibrationProfile
     from .report import comm_table, compute_table, plot_profile
 
+    refuse_overwriting_inputs([profile], plot=plot)
     prof = CalibrationProfile.load(profile)
     console = Console()
     if prof.doc.comm:
