@@ -44,7 +44,7 @@ def link_table(run: DESRun, topology, iteration_time_s: float) -> tuple[dict[str
     rows = []
     for i in order:
         e = int(used[i])
-        u, v = topology.edges[e]
+        u, v = topology.edge_name(e)
         rows.append({"link": f"{u}->{v}", "kind": topology.edge_kind[e],
                      "bandwidth_Bps": float(bw[e]), "busy_s": float(busy[e]),
                      "utilisation": float(util[i]), "bytes": float(carried[e])})
