@@ -27,7 +27,8 @@ _PLAIN = (bool, int, float, str, type(None))
 
 @functools.lru_cache(maxsize=256)
 def field_adapter(path: str) -> TypeAdapter | None:
-    """The validator of the config field at ``path`` (``section.key[.key…]``), or None when
+    """The validator of a list of values of the config field at ``path``
+    (``section.key[.key…]``; one pass in pydantic's core for the whole list), or None when
     the path leaves the typed sections (the ``model`` section, whose type is its family's) or
     names a section itself (``system.device``, which a preset name may stand for) or no
     field."""
@@ -43,9 +44,9 @@ def field_adapter(path: str) -> TypeAdapter | None:
         if i == len(keys) - 1:
             if _has_model(info.annotation):  # a section: preset names resolve before it
                 return None
-            if not info.metadata:
-                return TypeAdapter(info.annotation)
-            return TypeAdapter(Annotated[info.annotation, *info.metadata])
+            item = Annotated[info.annotation, *info.metadata] if info.metadata else \
+                info.annotation
+            return TypeAdapter(list[item])
         model = info.annotation
         if not (isinstance(model, type) and issubclass(model, BaseModel)):
             return None
@@ -84,20 +85,23 @@ def check_field_values(path: str, values: Sequence[Any], where: str, *,
     adapter = field_adapter(path)
     if adapter is None:
         return list(values)
+    values = list(values)
+    try:
+        checked = adapter.validate_python(values)
+    except ValidationError as exc:
+        errors = exc.errors()
+        first = errors[0]["loc"][0] if errors and errors[0]["loc"] else 0
+        reason = "; ".join(e["msg"].removeprefix("Value error, ") for e in errors
+                           if e["loc"][:1] == (first,)) or "refused"
+        value = values[first] if isinstance(first, int) and first < len(values) else values
+        raise ConfigError(f"{where}: the value {_short(value)} is not valid for {path}: "
+                          f"{reason}") from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: a value is not valid for {path}: {exc}") from None
     out = []
-    for value in values:
-        try:
-            checked = adapter.validate_python(value)
-        except ValidationError as exc:
-            reason = "; ".join(e["msg"].removeprefix("Value error, ")
-                               for e in exc.errors()) or "refused"
-            raise ConfigError(f"{where}: the value {_short(value)} is not valid for {path}: "
-                              f"{reason}") from None
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"{where}: the value {_short(value)} is not valid for {path}: "
-                              f"{exc}") from None
+    for value, result in zip(values, checked):
         keep = keep_text and isinstance(value, str)
-        out.append(checked if isinstance(checked, _PLAIN) and not keep else value)
+        out.append(result if isinstance(result, _PLAIN) and not keep else value)
     return out
 
 

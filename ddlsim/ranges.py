@@ -13,7 +13,6 @@ A range's length is counted against ``Limits.axis_values`` before it is expanded
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -133,9 +132,16 @@ def parse_values(spec: str, option: str = "--set-range", limits: Any = None) -> 
         values: list[Any] = [f"{s} {unit['unit']}" if _NUMBER.match(s) else s for s in items]
     else:
         values = [_scalar(s, option) for s in items]
-    keys = [json.dumps(v, default=str) for v in values]
-    if len(set(keys)) != len(keys):
-        twice = next(v for v, k in zip(values, keys) if keys.count(k) > 1)
+    seen: set = set()
+    for v in values:  # scalars: (type, value) tells 1 from true and 1.0
+        key = (type(v).__name__, v)
+        if key in seen:
+            twice = v
+            break
+        seen.add(key)
+    else:
+        twice = None
+    if twice is not None:
         raise _refuse(option, f"the value {twice!r} is given twice")
     return values
 

@@ -54,7 +54,7 @@ def test_work_is_refused_before_it_is_built_with_the_limit_to_raise(args, budget
     res, took = run_cli(*args)
     text = one_error(res)
     assert f"--limit {budget}" in text
-    assert took < 2.0, took  # ~0.1 s here; 2 s leaves room for a loaded CI machine
+    assert took < 5.0, took  # ~0.1-1 s here (without the check: 16-90 s); 5 s for a loaded CI
     assert not Path("never-written.yaml").exists()
 
 
@@ -85,7 +85,7 @@ def test_search_and_sweep_refuse_a_range_without_materialising_it():
         ddlsim.sweep(WIKI, {"train.micro_batch_size": range(1, 10**10 + 1)})
     with pytest.raises(WorkTooLargeError, match="axis_values"):
         ddlsim.search(SEARCH, {"train.micro_batch_size": "1:10000000000"})
-    assert time.perf_counter() - start < 2.0
+    assert time.perf_counter() - start < 5.0  # without the check: minutes and GBs
 
 
 def test_max_runs_and_limit_sweep_runs_are_one_budget():
