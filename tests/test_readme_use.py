@@ -2,7 +2,9 @@
 
 The tracked files are copied to a new folder (what ``git clone`` gives: no outputs left from
 an earlier run), and every ``ddlsim`` line of the block runs there in order, through the
-command line in this process (later lines read what earlier ones wrote: ``r.json``).
+command line in this process (later lines read what earlier ones wrote: ``r.json``). The one
+line that is not a ``ddlsim`` command, ``python benchmarks/closed_loop.py`` (MPI training,
+minutes), is left to ``tests/test_closed_loop.py``.
 """
 
 from __future__ import annotations
@@ -53,6 +55,10 @@ def test_the_use_block_is_what_the_readme_says():
     commands = use_block_commands((REPO / "README.md").read_text(encoding="utf-8"))
     assert commands[0] == "ddlsim predict examples/gpt3-175b-1024-a100.yaml"
     assert all(c.startswith("ddlsim ") for c in commands) and len(commands) >= 20
+    block = (REPO / "README.md").read_text(encoding="utf-8").split("\n## Use", 1)[1]
+    others = [ln.split("#")[0].strip() for ln in block.split("```", 2)[1].splitlines()[1:]
+              if ln.strip() and not ln.startswith((" ", "ddlsim"))]
+    assert others == ["python benchmarks/closed_loop.py"], others  # see the module docstring
     outputs = [c.split(" -o ")[1].split()[0] for c in commands if " -o " in c]
     written = [o for o in outputs if o != "-"]
     assert len(written) == len(set(written)), f"two commands write the same file: {written}"
