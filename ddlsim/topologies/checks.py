@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
-from .builder import (ABSENT, FABRIC_KINDS, LINK_KINDS, NODE_KINDS, NODE_LOCAL_KINDS,
+from .builder import (ABSENT, LINK_KINDS, NODE_KINDS, NODE_LOCAL_KINDS,
                       BuilderRecord, GraphBuilder, GraphRecord)
 
 __all__ = ["builder_of", "validate_record", "validate_builder", "reachable_count"]

@@ -23,17 +23,17 @@ name-keyed views (:attr:`Topology.edges`, :attr:`Topology.edge_id`, :attr:`Topol
 
 from __future__ import annotations
 
-import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import ConfigError
-from .builder import FABRIC_CODES, LINK_KINDS, NODE_KINDS, NODE_LOCAL_KINDS, GraphRecord
+from .builder import FABRIC_CODES, LINK_KINDS, NODE_KINDS, GraphRecord
 from .checks import builder_of
+from .layout import LocalLinks, NicSet, check_nics, nics_by_node, nics_of_devices, node_counts
 from .routing import GraphRouter, Router, ShortestPaths, flow_hash, pick
 from .tree_routes import NodeCopies, TreeRoutes
 
@@ -43,7 +43,6 @@ if TYPE_CHECKING:
 __all__ = ["Topology"]
 
 _DEVICE, _NIC = NODE_KINDS.index("device"), NODE_KINDS.index("nic")
-_LOCAL_CODES = np.array([NODE_KINDS.index(k) for k in NODE_LOCAL_KINDS])
 
 
 class Topology:
@@ -95,14 +94,14 @@ class Topology:
         self.devices = [self._names[i] for i in self._dev.tolist()]
         self.node_of_device = _frozen(vnode[self._dev], np.int64)
         self.num_devices = len(self.devices)
-        self.num_nodes, self.devices_per_node = _node_counts(self.node_of_device)
-        self._node_nics = _nics_by_node(self._vkind, vnode, self.num_nodes)
-        self._dev_nics = _nics_of_devices(builder, self._dev, vnode, self._node_nics)
+        self.num_nodes, self.devices_per_node = node_counts(self.node_of_device)
+        self._node_nics = nics_by_node(self._vkind, vnode, self.num_nodes)
+        self._dev_nics = nics_of_devices(builder, self._dev, vnode, self._node_nics)
         self._fabric = np.isin(self._vkind, FABRIC_CODES)
         self._attached: dict[int, tuple[int, ...]] = {}
         self._out: dict[int, dict[int, int]] = {}
-        _check_nics(self)
-        self._local = ShortestPaths(_LocalLinks(self, vnode), no_transit=_NicSet(self._vkind),
+        check_nics(self)
+        self._local = ShortestPaths(LocalLinks(self, vnode), no_transit=NicSet(self._vkind),
                                     cache_size=1 << 16, pred="symmetric")
         self.router = router or GraphRouter(self._fabric_adjacency())
         self._trees = TreeRoutes.of(self)
@@ -362,45 +361,6 @@ class Topology:
 
 
 # ---------------------------------------------------------------------------------- helpers
-class _LocalLinks(Mapping):
-    """Successors ``(vertex id, latency)`` of each node-local vertex over the links inside its
-    own node, read from the edge arrays on first use (the local router's adjacency)."""
-
-    def __init__(self, topo: Topology, vnode: np.ndarray):
-        self._topo, self._node = topo, vnode
-        self._local = np.isin(topo._vkind, _LOCAL_CODES)
-        self._memo: dict[int, list[tuple[int, float]]] = {}
-
-    def __getitem__(self, v: int) -> list[tuple[int, float]]:
-        got = self._memo.get(v)
-        if got is None:
-            if not self._local[v]:
-                raise KeyError(v)
-            t = self._topo
-            lo, hi = int(t._offsets[v]), int(t._offsets[v + 1])
-            out = t._v[lo:hi]
-            keep = self._local[out] & (self._node[out] == self._node[v])
-            lat = t.edge_latency_s[lo:hi]
-            got = self._memo[v] = list(zip(out[keep].tolist(), lat[keep].tolist()))
-        return got
-
-    def __iter__(self):
-        return iter(np.flatnonzero(self._local).tolist())
-
-    def __len__(self) -> int:
-        return int(self._local.sum())
-
-
-class _NicSet:
-    """The NIC vertex ids, as a container (``v in nics``)."""
-
-    def __init__(self, vkind: np.ndarray):
-        self._vkind = vkind
-
-    def __contains__(self, v: int) -> bool:
-        return bool(self._vkind[v] == _NIC)
-
-
 def _flat_routes(edges: list, lengths: list, latency: list) -> tuple[np.ndarray, ...]:
     return (np.concatenate(edges), np.concatenate(lengths),
             np.array([len(n) for n in lengths], dtype=np.int64), np.array(latency))
@@ -416,64 +376,7 @@ def _choose(options: Sequence, h: int, salt: int) -> Any:
     return options[pick(h, salt, len(options))]
 
 
-def _node_counts(node_of_device: np.ndarray) -> tuple[int, int]:
-    nodes, counts = np.unique(node_of_device, return_counts=True)
-    if not np.array_equal(nodes, np.arange(len(nodes))):
-        raise ConfigError(f"device 'node' attributes must number the compute nodes 0..N-1; "
-                          f"got {nodes.tolist()}")
-    if len(set(counts.tolist())) != 1:
-        raise ConfigError(f"every compute node must hold the same number of devices; got "
-                          f"{dict(zip(nodes.tolist(), counts.tolist()))}")
-    return len(nodes), int(counts[0])
-
-
 def _freeze(graph: nx.DiGraph) -> nx.DiGraph:
     import networkx as nx
 
     return nx.freeze(graph)
-
-
-def _nics_by_node(vkind: np.ndarray, vnode: np.ndarray, num_nodes: int) -> list[tuple[int, ...]]:
-    """NIC vertex ids of every compute node, in vertex order."""
-    nics = np.flatnonzero(vkind == _NIC)
-    nics = nics[np.argsort(vnode[nics], kind="stable")]
-    counts = np.bincount(vnode[nics], minlength=num_nodes)
-    if len(counts) == num_nodes and (counts == counts[0]).all():  # as many on every node
-        return list(map(tuple, nics.reshape(num_nodes, -1).tolist()))
-    cuts = np.searchsorted(vnode[nics], np.arange(1, num_nodes))
-    return [tuple(part.tolist()) for part in np.split(nics, cuts)]
-
-
-def _nics_of_devices(builder, devices: np.ndarray, vnode: np.ndarray,
-                     by_node: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
-    """Each device's ``nics`` attribute (as vertex ids), else every NIC of its node."""
-    out = [by_node[n] for n in vnode[devices].tolist()]
-    ids, nics = builder.all_nics()
-    position = np.full(len(vnode), -1, dtype=np.int64)
-    position[devices] = np.arange(len(devices))
-    for p, t in zip(position[ids].tolist(), nics):
-        if p >= 0:
-            out[p] = t
-    return out
-
-
-def _check_nics(topo: Topology) -> None:
-    if topo.num_nodes == 1:
-        return
-    linked = np.bincount(topo._u[topo._fabric[topo._v]], minlength=len(topo._names)) > 0
-    count = np.fromiter(map(len, topo._dev_nics), dtype=np.int64, count=topo.num_devices)
-    flat = np.fromiter(itertools.chain.from_iterable(topo._dev_nics), dtype=np.int64,
-                       count=int(count.sum()))
-    bad = count == 0
-    if len(flat):
-        bad[count > 0] |= ~np.logical_and.reduceat(linked[flat], (np.cumsum(count) - count)
-                                                   [count > 0])
-    for d in np.flatnonzero(bad)[:1].tolist():
-        nics = topo._dev_nics[d]
-        if not nics:
-            raise ConfigError(f"device {topo.devices[d]!r} has no NIC; with "
-                              f"{topo.num_nodes} nodes every device needs one to leave its node")
-        for nic in nics:
-            if not topo._attach(nic):
-                raise ConfigError(f"NIC {topo._names[nic]!r} is not linked to any switch or "
-                                  "router")
