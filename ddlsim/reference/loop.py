@@ -286,6 +286,8 @@ def run_loop(work: Path, model: LoopModel = REFERENCE, ranks: tuple[int, ...] = 
         for strategy in runs:
             rows.append(_one(work, model, n, strategy, system, profile, statistic))
             log(_row_line(rows[-1]))
+            # kept as it grows: a later step that fails leaves the runs compared so far
+            (work / "closed_loop.json").write_text(json.dumps(rows, indent=1))
     load = os.getloadavg()
     log(f"load average (1, 5, 15 min) at the end: {load[0]:.2f}, {load[1]:.2f}, "
         f"{load[2]:.2f} on {cores} cores")
