@@ -18,6 +18,7 @@ send/recv). The analytical engine measures its group nets on the same flows
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -110,14 +111,16 @@ class RouteTable:
                 fresh.append(path)
             routes.append(hit[0])
             latency[i] = hit[1]
-        width = max(1, max((len(r) for r in routes), default=1))
-        edges = np.full((len(routes), width), self.network.pad, dtype=np.int64)
-        for i, r in enumerate(routes):
-            edges[i, :len(r)] = r
+        lengths = np.fromiter(map(len, routes), dtype=np.int64, count=len(routes))
+        edges = np.full((len(routes), max(1, int(lengths.max(initial=1)))), self.network.pad,
+                        dtype=np.int64)
+        flat = np.fromiter(itertools.chain.from_iterable(routes), dtype=np.int64,
+                           count=int(lengths.sum()))
+        edges[np.repeat(np.arange(len(routes)), lengths),
+              np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)] = flat
         if fresh:
             self.network.join([np.asarray(r, dtype=np.int64) for r in fresh])
         return edges, latency
-
 
     def _route_many(self, src: np.ndarray, dst: np.ndarray, rail: np.ndarray) -> None:
         """Route the rail flows not yet cached all at once, where the topology can
