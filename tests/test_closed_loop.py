@@ -210,21 +210,24 @@ def test_torch_reference_runs_the_plan_its_config_describes(tmp_path, plan, chan
     assert len(out["times_s"]) == 2 and out["median_s"] > 0
 
 
-@pytest.mark.parametrize("run", ["a", "b"])
-def test_the_recorded_runs_predict_as_docs_validation_says(run):
-    """docs/validation.md's two compared runs, from their saved files: the run config and
+@pytest.mark.parametrize("run, name, error", [
+    ("a", "ddp-1", -1.5), ("b", "ddp-1", 12.3), ("c", "ddp-2", -39.6),
+    ("c", "reduce_scatter-2", -40.5)])
+def test_the_recorded_runs_predict_as_docs_validation_says(run, name, error):
+    """docs/validation.md's compared runs, from their saved files: the run config and
     profile give the recorded prediction (within 2 %, room for later model changes that
     docs/validation.md would then restate), and the recorded error follows."""
     from pathlib import Path
 
     from ddlsim.calibration import CalibrationProfile
     root = Path(__file__).parents[1] / "benchmarks" / "data" / "closed_loop_2026-11-29" / run
-    cfg = ddlsim.load_config(root / "run-ddp-1.yaml")
-    got = ddlsim.predict(cfg, calibration=CalibrationProfile.load(root / "profile1.yaml"))
-    recorded = json.loads((root / "predicted-ddp-1.json").read_text())
+    cfg = ddlsim.load_config(root / f"run-{name}.yaml")
+    profile = CalibrationProfile.load(root / f"profile{name[-1]}.yaml")
+    got = ddlsim.predict(cfg, calibration=profile)
+    recorded = json.loads((root / f"predicted-{name}.json").read_text())
     assert got.iteration_time_s == pytest.approx(recorded["analytical"]["iteration_time_s"],
                                                  rel=0.02)
-    measured = json.loads((root / "measured-ddp-1.json").read_text())
-    error = recorded["analytical"]["iteration_time_s"] / measured["median_s"] - 1
-    assert round(100 * error, 1) == {"a": -1.5, "b": 12.3}[run]
+    measured = json.loads((root / f"measured-{name}.json").read_text())
+    got_error = recorded["analytical"]["iteration_time_s"] / measured["median_s"] - 1
+    assert round(100 * got_error, 1) == error
     assert measured["cpu_share_median"] >= MIN_CPU_SHARE
