@@ -53,14 +53,22 @@ class Pieces(NamedTuple):
     p2p_bytes: np.ndarray
 
 
-def plan_config(cfg, tp: int, sp: bool, mbs: int, recompute: str, zero: int, dp: int = 1):
+def plan_config(cfg, tp: int, sp: bool, mbs: int, recompute: str, zero: int, dp: int = 1,
+                sections: dict | None = None):
     """``cfg`` (a context's base config: one device, one stage) with a plan's layer fields.
 
     A copy without validation: the search's rules have judged the plan already; the resolved
-    software follows the new ``parallel`` section (:attr:`~ddlsim.config.RunConfig.software`)."""
-    parallel = cfg.parallel.model_copy(update={"tensor_model_parallel_size": tp,
-                                               "sequence_parallel": sp, "zero_stage": zero,
-                                               "data_parallel_size": dp})
+    software follows the new ``parallel`` section (:attr:`~ddlsim.config.RunConfig.software`,
+    resolved once per ``parallel`` object: ``sections``, a dict kept by the caller, hands the
+    same object to every plan that shares it)."""
+    key = (tp, sp, zero, dp)
+    parallel = None if sections is None else sections.get(key)
+    if parallel is None:
+        parallel = cfg.parallel.model_copy(update={"tensor_model_parallel_size": tp,
+                                                   "sequence_parallel": sp, "zero_stage": zero,
+                                                   "data_parallel_size": dp})
+        if sections is not None:
+            sections[key] = parallel
     train = cfg.train.model_copy(update={"micro_batch_size": mbs, "recompute": recompute})
     return cfg.model_copy(update={"parallel": parallel, "train": train})
 
@@ -91,23 +99,19 @@ def stage_pieces(ctx, plans, coll_at) -> Pieces:
     order = np.argsort(inverse, kind="stable")
     bounds = np.searchsorted(inverse[order], np.arange(len(codes) + 1))
     groups = [order[bounds[j]:bounds[j + 1]] for j in range(len(codes))]
-    memo: dict = {}
+    kernels: dict = {}
+    sections: dict = {}
 
     def compute_s(op) -> float:
-        if op.seconds is not None:
-            return op.seconds
-        got = memo.get(op)
-        if got is None:
-            got = memo[op] = op_time(op, ctx.dev)
-        return got
+        return op.seconds if op.seconds is not None else op_time(op, ctx.dev, memo=kernels)
 
     # 1. each signature's pieces, built by the builder, collectives symbolic
-    lowered, asked = [], {}
+    built, asked = [], {}
     for j, index in enumerate(groups):
         i0 = int(index[0])
         cfg = plan_config(ctx.cfg, int(plans["tp"][i0]), bool(plans["sp"][i0]),
                           int(plans["mbs"][i0]), RECOMPUTE[int(plans["recompute"][i0])],
-                          int(plans["zero"][i0]))
+                          int(plans["zero"][i0]), sections=sections)
         sb = StageBuilder(cfg, ctx.shape)
         pieces = {name: lower_ops(ops, compute_s) for name, ops in (
             ("fwd", sb.layer_ops(False, 1)), ("bwd", sb.layer_ops(True, 1)),
@@ -117,7 +121,7 @@ def stage_pieces(ctx, plans, coll_at) -> Pieces:
             for c in colls:
                 if c is not None:
                     asked.setdefault((c.op, c.group), {})[(j, c.bytes)] = None
-        lowered.append((pieces, sb.part.boundary(sb.act_bytes)[0]))
+        built.append((pieces, sb.part.boundary(sb.act_bytes)[0]))
     # 2. every collective asked, on each plan's network: one array call per (op, family)
     seconds: dict[tuple, np.ndarray] = {}
     for (op, family), wanted in asked.items():
@@ -129,7 +133,7 @@ def stage_pieces(ctx, plans, coll_at) -> Pieces:
             seconds[(j, op, family, b)] = part
     # 3. each piece timed by the timing rule, on arrays over its plans
     out = {name: np.zeros(n) for name in Pieces._fields}
-    for j, (pieces, p2p_bytes) in enumerate(lowered):
+    for j, (pieces, p2p_bytes) in enumerate(built):
         index = groups[j]
         for name, (instrs, colls) in pieces.items():
             timed = with_collectives(instrs, colls,

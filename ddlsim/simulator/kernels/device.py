@@ -124,19 +124,27 @@ def kernel_time(k: Kernel, dev: KernelDevice, efficiency: float | None = None) -
 
 
 def op_time(op: Compute, dev: KernelDevice,
-            measured: Callable[[float, str], float | None] | None = None) -> float:
+            measured: Callable[[float, str], float | None] | None = None,
+            memo: dict | None = None) -> float:
     """Seconds of one compute op: the sum of its kernels (they run one after another on the
     stream), or — an op with no kernels — the roofline ``max(FLOPs / (peak · η_max),
     bytes / achieved bandwidth)`` (element-wise and optimizer ops: ``max(bytes / bandwidth,
     FLOPs / peak)``). ``measured(flops, dtype)``: a calibration profile's GEMM efficiency, or
-    None where it has none."""
+    None where it has none. ``memo``: a dict kept by a caller that times many ops on one
+    device, so a kernel met again (the same GEMM in several plans) is timed once."""
     if op.kernels is not None:
         total = 0.0
         for k in op.kernels:
             eff = None
             if measured is not None and k.kind == "gemm":
                 eff = measured(2.0 * k.shape[0] * k.shape[1] * k.shape[2] * k.batch, k.dtype)
-            total += kernel_time(k, dev, eff)
+            if memo is None:
+                total += kernel_time(k, dev, eff)
+                continue
+            t = memo.get((k, eff))
+            if t is None:
+                t = memo[(k, eff)] = kernel_time(k, dev, eff)
+            total += t
         return total
     peak = dev.peak_flops(op.dtype)
     t_mem = op.bytes / dev.memory_Bps

@@ -172,9 +172,10 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
         ]
         return ops
 
-    @property
+    @cached_property
     def kernels(self) -> dict:
-        """One dense layer's kernels on this rank (:func:`.layerkernels.layer_kernels`)."""
+        """One dense layer's kernels on this rank (:func:`.layerkernels.layer_kernels`),
+        computed once per builder (its plan is fixed)."""
         return layer_kernels(self.shape, self.sw, self.b, self.s, self.tp, self.sp,
                              self.cfg.train.dtype)
 
