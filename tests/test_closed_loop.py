@@ -22,8 +22,9 @@ import yaml
 
 import ddlsim
 from ddlsim.reference.gpt2 import GPT2, Adam, GPTShape
-from ddlsim.reference.loop import (MIN_CPU_SHARE, SMALL, STRATEGY_NAMES, _cores, _env, mpirun,
-                                   run_loop, summary_line)
+from ddlsim.reference.loop import (MAX_GEMM_DRIFT, MIN_CPU_SHARE, SMALL, STRATEGY_NAMES,
+                                   CalibrationRefused, _cores, _env, mpirun, run_loop,
+                                   summary_line)
 from ddlsim.reference.train import check_plan
 
 try:
@@ -161,15 +162,19 @@ def test_closed_loop_predicts_the_measured_runs_within_the_bound(tmp_path):
     if load > cores:  # the loop measures this machine: it needs the cores to itself
         pytest.skip(f"the machine is busy (load average {load:.1f} on {cores} cores): "
                     "calibration and runs would measure the other work")
-    rows = run_loop(tmp_path, SMALL, ranks=(1, 2), log=lambda line: print(line))
+    try:
+        rows = run_loop(tmp_path, SMALL, ranks=(1, 2), log=lambda line: print(line))
+    except CalibrationRefused as exc:  # the guard worked: this machine measured too noisily
+        pytest.skip(str(exc))
     print(summary_line(rows))
     ran = [r for r in rows if "refused" not in r]
     assert len(ran) == 1 + len(STRATEGY_NAMES)  # 1 rank: one run; 2 ranks: each update
-    starved = [r for r in ran if not r["compared"]]
-    if starved:
-        pytest.skip(f"{len(starved)} run(s) got a CPU share of "
-                    f"{min(r['cpu_share'] for r in starved):.2f} < {MIN_CPU_SHARE}: other "
-                    "work took turns on their cores, so their times measure that work")
+    left_out = [r for r in ran if not r["compared"]]
+    if left_out:
+        pytest.skip(f"{len(left_out)} run(s) not compared: CPU share as low as "
+                    f"{min(r['cpu_share'] for r in left_out):.2f} (< {MIN_CPU_SHARE}) or GEMM "
+                    f"plateau moved up to {max(abs(r['gemm_drift']) for r in left_out):.0%} "
+                    f"(> {MAX_GEMM_DRIFT:.0%}): their times measure other work on the machine")
     for row in ran:
         for engine in ("analytical", "des"):
             assert abs(row[f"error_{engine}"]) <= BOUND, row

@@ -34,13 +34,18 @@ import yaml
 
 from .gpt2 import GPTShape
 
-__all__ = ["LoopModel", "REFERENCE", "SMALL", "mpirun", "run_loop", "summary_line",
+__all__ = ["CalibrationRefused", "LoopModel", "REFERENCE", "SMALL", "mpirun", "run_loop", "summary_line",
            "STRATEGY_NAMES", "COMM_OPS"]
 
 #: A run whose ranks got less CPU time than this share of its wall time (other work on the
 #: machine took turns on their cores) is reported but not compared: a calibration's short
 #: samples are not slowed as much as a run's seconds, so their error measures the load.
 MIN_CPU_SHARE = 0.9
+#: Nor is a run after which the GEMM plateau, measured again, moved more than this from the
+#: calibration's: on a virtual machine the host's other tenants change the speed of a core
+#: without the guest's CPU share showing it (one rank at CPU share 1.00 took 316 ms and, a
+#: minute later, 434 ms for the same forward and backward, docs/validation.md).
+MAX_GEMM_DRIFT = 0.10
 
 STRATEGY_NAMES = ("ddp", "reduce_broadcast", "sliced_reduce_broadcast", "reduce_scatter")
 #: what the four updates call, plus sendrecv for the system's point-to-point link
@@ -144,10 +149,7 @@ def calibrate(work: Path, model: LoopModel, n: int, log) -> dict:
         ranks), ``ranks``.
     """
     py, t0 = sys.executable, time.perf_counter()
-    cfg_path = work / f"calibrate-{n}.yaml"
-    cfg_path.write_text(yaml.safe_dump(model.run_config(n, "ddp", "cpu-10gbe")))
-    _check(_run(mpirun(n) + [py, "-m", "ddlsim.reference.machine", str(cfg_path),
-                             str(work / f"compute{n}")], 600), f"compute rates on {n} ranks")
+    compute_csv = _rates(work, model, n)
     comm_csvs = []
     if n > 1:
         lo, hi = _comm_sizes(model.shape)
@@ -158,9 +160,34 @@ def calibrate(work: Path, model: LoopModel, n: int, log) -> dict:
                                  "--no-progress", "-o", str(comm_csvs[0]), "--force"], 600),
                f"calibrate comm on {n} ranks")
     log(f"calibrated {n} rank(s) in {time.perf_counter() - t0:.0f} s")
-    return {"compute_csv": work / f"compute{n}.csv", "comm_csvs": comm_csvs,
+    return {"compute_csv": compute_csv, "comm_csvs": comm_csvs,
             "stream_Bps": json.loads((work / f"compute{n}.json").read_text())["stream_Bps"],
             "ranks": n}
+
+
+class CalibrationRefused(RuntimeError):
+    """``calibrate fit`` refused a curve that misses its own measurements (the machine
+    could not be measured well enough; its message names the curves)."""
+
+
+def _rates(work: Path, model: LoopModel, n: int, tag: str = "") -> Path:
+    """GEMM rates and the element-wise rate on ``n`` ranks at once (``compute{n}{tag}``
+    .csv and .json, :func:`~.machine.main`); returns the CSV."""
+    cfg_path = work / f"calibrate-{n}.yaml"
+    cfg_path.write_text(yaml.safe_dump(model.run_config(n, "ddp", "cpu-10gbe")))
+    _check(_run(mpirun(n) + [sys.executable, "-m", "ddlsim.reference.machine", str(cfg_path),
+                             str(work / f"compute{n}{tag}")], 600), f"compute rates on {n} ranks")
+    return work / f"compute{n}{tag}.csv"
+
+
+def _plateau(csv: Path, statistic: str) -> float:
+    """R_max (FLOP/s) of the saturation fit of a GEMM CSV (the calibration's own fitter)."""
+    import pandas as pd
+
+    from ..calibration.efficiency import fit_efficiency
+    from ..calibration.schema import representative_time_s
+    df = pd.read_csv(csv)
+    return fit_efficiency(df["flops"], df["flops"] / representative_time_s(df, statistic))[0]
 
 
 def fit(work: Path, cal: dict, statistic: str = "median",
@@ -174,18 +201,17 @@ def fit(work: Path, cal: dict, statistic: str = "median",
     (Path, float)
         The profile of ``cal["ranks"]`` ranks and R_max in FLOP/s.
     """
-    import pandas as pd
-
-    from ..calibration.efficiency import fit_efficiency
-    from ..calibration.schema import representative_time_s
-    df = pd.read_csv(cal["compute_csv"])
-    r_max, _, _ = fit_efficiency(df["flops"], df["flops"] / representative_time_s(df, statistic))
+    r_max = _plateau(cal["compute_csv"], statistic)
     profile = work / f"profile{cal['ranks']}.yaml"
-    _check(_run([sys.executable, "-m", "ddlsim.calibration", "fit",
+    proc = _run([sys.executable, "-m", "ddlsim.calibration", "fit",
                  *map(str, [cal["compute_csv"], *cal["comm_csvs"]]), "-o", str(profile),
                  "--peak", f"fp32={r_max}", "--statistic", statistic, "--bootstrap", "0",
                  *([] if max_rel_rmse is None else ["--max-rel-rmse", str(max_rel_rmse)]),
-                 "--force"], 300), f"calibrate fit ({cal['ranks']} ranks)")
+                 "--force"], 300)
+    if proc.returncode == 2 and "miss their own measurements" in proc.stderr:
+        raise CalibrationRefused(f"calibrate fit ({cal['ranks']} ranks) refused: "
+                                 f"{proc.stderr.strip()}")
+    _check(proc, f"calibrate fit ({cal['ranks']} ranks)")
     return profile, r_max
 
 
@@ -283,11 +309,15 @@ def run_loop(work: Path, model: LoopModel = REFERENCE, ranks: tuple[int, ...] = 
         log(f"  {n} rank(s): GEMM plateau {r_max / 1e9:.1f} GFLOP/s, element-wise "
             f"{cal['stream_Bps'] / 1e9:.2f} GB/s per rank")
         system = _system(n, r_max, cal["stream_Bps"], profile, when)
-        for strategy in runs:
-            rows.append(_one(work, model, n, strategy, system, profile, statistic))
-            log(_row_line(rows[-1]))
-            # kept as it grows: a later step that fails leaves the runs compared so far
-            (work / "closed_loop.json").write_text(json.dumps(rows, indent=1))
+        ours = [_one(work, model, n, strategy, system, profile, statistic) for strategy in runs]
+        drift = _plateau(_rates(work, model, n, "-after"), statistic) / r_max - 1.0
+        for row in ours:
+            row.update(gemm_drift=drift,
+                       compared=row["compared"] and abs(drift) <= MAX_GEMM_DRIFT)
+            log(_row_line(row))
+        log(f"  GEMM plateau after the runs: {drift:+.1%} from the calibration's")
+        rows += ours  # kept as it grows: a later failure leaves the runs so far
+        (work / "closed_loop.json").write_text(json.dumps(rows, indent=1))
     load = os.getloadavg()
     log(f"load average (1, 5, 15 min) at the end: {load[0]:.2f}, {load[1]:.2f}, "
         f"{load[2]:.2f} on {cores} cores")
@@ -332,7 +362,9 @@ def _row_line(row: dict) -> str:
         return head + f"refused: {row['refused']}"
     errs = ", ".join(f"{k[6:]} {row[f'predicted_{k[6:]}_s'] * 1e3:.1f} ms ({row[k]:+.1%})"
                      for k in sorted(row) if k.startswith("error_"))
-    note = "" if row["compared"] else " (not compared: starved by other load" + (
+    why = "starved by other load" if row["cpu_share"] < MIN_CPU_SHARE else \
+        f"GEMM rate moved {row.get('gemm_drift', 0):+.0%} by the end"
+    note = "" if row["compared"] else f" (not compared: {why}" + (
         f"; against its CPU time {row['measured_cpu_s'] * 1e3:.1f} ms: "
         f"{row['cpu_error_analytical']:+.1%})" if row["ranks"] == 1 else ")")
     return (head + f"measured {row['measured_s'] * 1e3:.1f} ms at CPU share "
@@ -341,14 +373,14 @@ def _row_line(row: dict) -> str:
 
 def summary_line(rows: list[dict]) -> str:
     """``closed loop: N runs, max |error| X %, mean Y %`` over every engine's error of every
-    run compared (not refused, CPU share >= :data:`MIN_CPU_SHARE`; the mean of the absolute
-    errors), then how many runs were left out for want of CPU."""
+    run compared (not refused, CPU share >= :data:`MIN_CPU_SHARE`, GEMM drift within
+    :data:`MAX_GEMM_DRIFT`; the mean of the absolute errors), then how many were left out."""
     ran = [r for r in rows if "refused" not in r]
     compared = [r for r in ran if r["compared"]]
     errs = [abs(v) for r in compared for k, v in r.items() if k.startswith("error_")]
     starved = len(ran) - len(compared)
-    tail = (f"; {starved} run(s) not compared: CPU share below {MIN_CPU_SHARE:.0%} (other "
-            "load)" if starved else "")
+    tail = (f"; {starved} run(s) not compared: CPU share below {MIN_CPU_SHARE:.0%} or GEMM "
+            f"rate moved over {MAX_GEMM_DRIFT:.0%} (other load)" if starved else "")
     if not errs:
         return f"closed loop: 0 runs, no error measured{tail}"
     return (f"closed loop: {len(compared)} runs, max |error| {100 * max(errs):.1f} %, "

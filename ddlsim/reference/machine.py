@@ -97,7 +97,8 @@ def local_system(ranks: int, gemm_flops_peak: float, stream_Bps: float, p2p: tup
                    "source": f"{src}: peak = the numpy GEMM plateau R_max of the compute "
                              "fit, bandwidth = numpy z = x + y on the gradient buffer's size"},
         "intra_node": {"kind": "shared_memory", "bandwidth_Bps": bw, "latency_s": latency_s,
-                       "source": f"{src}: MPI sendrecv fit: α of its first, 1/β of its last segment"},
+                       "source": f"{src}: MPI sendrecv fit: α of its first, 1/β of its last "
+                                 "segment"},
         "nic": {"bandwidth_Bps": bw, "latency_s": latency_s,
                 "source": "one node: no NIC is used; the intra-node figures repeated"},
         "network": {"topology": "single_switch", "source": "one node"},

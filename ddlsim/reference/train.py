@@ -21,10 +21,10 @@ Each iteration starts after a barrier; its time is the slowest rank's time from 
 the forward to the end of the update. Its CPU share is the least, over ranks, of the CPU
 time the rank's process got over that wall time: about 1 when each rank had its core (MPI
 waits by polling, which counts), less when other work on the machine took turns on it; its
-CPU time is the most CPU time a rank's process used in it. The program prints the median over ``--iters`` timed
-iterations after ``--warmup`` untimed ones, and the loss, which falls: every rank trains on
-its own fixed batch of random tokens. BLAS runs one thread per rank unless the environment
-says otherwise (``OPENBLAS_NUM_THREADS``, ``OMP_NUM_THREADS``).
+CPU time is the most CPU time a rank's process used in it. The program prints the median
+over ``--iters`` timed iterations after ``--warmup`` untimed ones, and the loss, which
+falls: every rank trains on its own fixed batch of random tokens. BLAS runs one thread per
+rank unless the environment says otherwise (``OPENBLAS_NUM_THREADS``, ``OMP_NUM_THREADS``).
 """
 
 from __future__ import annotations
