@@ -34,8 +34,8 @@ import yaml
 
 from .gpt2 import GPTShape
 
-__all__ = ["CalibrationRefused", "LoopModel", "REFERENCE", "SMALL", "mpirun", "run_loop", "summary_line",
-           "STRATEGY_NAMES", "COMM_OPS"]
+__all__ = ["CalibrationRefused", "LoopModel", "REFERENCE", "SMALL", "mpirun", "run_loop",
+           "summary_line", "STRATEGY_NAMES", "COMM_OPS", "MIN_CPU_SHARE", "MAX_GEMM_DRIFT"]
 
 #: A run whose ranks got less CPU time than this share of its wall time (other work on the
 #: machine took turns on their cores) is reported but not compared: a calibration's short
