@@ -354,7 +354,7 @@ def text_mutation(rng: random.Random, text: str) -> tuple[str | bytes | tuple, s
             return t.encode() + b"\x00\n", "NUL byte"
         if enc == "bad-utf8":
             return t.encode() + b"\n# \xc3\x28 \xed\xa0\x80\n", "invalid UTF-8"
-        return t.encode(enc), enc
+        return t.encode(enc, errors="replace"), enc  # a μ has no Latin-1 byte
     if op == "shape":
         return rng.choice(["", "   \n", "# only a comment\n", "---\n", "---\na: 1\n---\nb: 2\n",
                            "42\n", "[1, 2]\n", "null\n", "'just a string'\n", "...\n", "?\n",
