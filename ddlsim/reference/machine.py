@@ -15,7 +15,8 @@ import time
 
 import numpy as np
 
-__all__ = ["measure_stream_Bps", "local_system", "NUMPY_STACK"]
+__all__ = ["measure_stream_Bps", "local_system", "NUMPY_STACK", "gemm_shapes", "warm_up",
+           "WARM_UP_S"]
 
 #: How numpy runs the reference model: every op its own kernel (no fusion, the attention
 #: core as separate matmul, scale, mask and softmax passes); Adam a cache block at a time,
@@ -108,6 +109,21 @@ def local_system(ranks: int, gemm_flops_peak: float, stream_Bps: float, p2p: tup
     }
 
 
+#: Seconds of GEMMs before the rates are timed. A core that has idled runs faster for a
+#: while (turbo, the host's power budget): rates timed at once were 29-34 % above those
+#: timed right after a run's seconds of work (docs/validation.md), so the calibration times
+#: the sustained state a run is in.
+WARM_UP_S = 20.0
+
+
+def warm_up(seconds: float, n: int = 1024) -> None:
+    """Run ``n``-cubed float32 GEMMs for ``seconds`` (the machine's sustained state)."""
+    a = np.ones((n, n), dtype=np.float32)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        a @ a
+
+
 def gemm_shapes(shape) -> list[tuple[int, int, int]]:
     """(m, n, k) of every distinct GEMM one training iteration of the reference model runs
     (``shape``: a :class:`~.gpt2.GPTShape`): per linear layer ``[T, K]·[K, N]`` with
@@ -122,7 +138,8 @@ def gemm_shapes(shape) -> list[tuple[int, int, int]]:
 
 def main(argv: list[str] | None = None) -> int:
     """``mpirun -n N python -m ddlsim.reference.machine RUN.yaml OUT`` measures on every rank
-    at once (after a barrier, as the ranks of a run work together): numpy GEMMs over
+    at once (after a barrier and :data:`WARM_UP_S` of GEMMs, as the ranks of a run work
+    together): numpy GEMMs over
     ``calibrate compute``'s square shapes (64-1024) and the run's own (:func:`gemm_shapes`),
     then :func:`measure_stream_Bps` on the gradient buffer's size. Rank 0 writes its GEMM
     rows to OUT.csv (the ``calibrate compute`` format) and the median element-wise rate
@@ -143,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     shape, out = shape_of(load_config(args[0])), Path(args[1])
     comm = MPI.COMM_WORLD
+    comm.Barrier()
+    warm_up(WARM_UP_S)
     comm.Barrier()
     shapes = sorted(set(default_gemm_shapes(1024, 64)) | set(gemm_shapes(shape)))
     gemm = run_gemm_benchmark("numpy", "cpu", ["fp32"], shapes, warmup=2, reps=7)
