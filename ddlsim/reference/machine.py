@@ -137,9 +137,9 @@ def gemm_shapes(shape) -> list[tuple[int, int, int]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``mpirun -n N python -m ddlsim.reference.machine RUN.yaml OUT`` measures on every rank
-    at once (after a barrier and :data:`WARM_UP_S` of GEMMs, as the ranks of a run work
-    together): numpy GEMMs over
+    """``mpirun -n N python -m ddlsim.reference.machine RUN.yaml OUT [WARM_UP_S]`` measures on
+    every rank at once (after a barrier and WARM_UP_S seconds of GEMMs, :data:`WARM_UP_S` by
+    default, as the ranks of a run work together): numpy GEMMs over
     ``calibrate compute``'s square shapes (64-1024) and the run's own (:func:`gemm_shapes`),
     then :func:`measure_stream_Bps` on the gradient buffer's size. Rank 0 writes its GEMM
     rows to OUT.csv (the ``calibrate compute`` format) and the median element-wise rate
@@ -155,13 +155,14 @@ def main(argv: list[str] | None = None) -> int:
     from ..config import load_config
     from .train import shape_of
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2:
-        print("usage: python -m ddlsim.reference.machine RUN.yaml OUT", file=sys.stderr)
+    if len(args) not in (2, 3):
+        print("usage: python -m ddlsim.reference.machine RUN.yaml OUT [WARM_UP_S]",
+              file=sys.stderr)
         return 2
     shape, out = shape_of(load_config(args[0])), Path(args[1])
     comm = MPI.COMM_WORLD
     comm.Barrier()
-    warm_up(WARM_UP_S)
+    warm_up(float(args[2]) if len(args) == 3 else WARM_UP_S)
     comm.Barrier()
     shapes = sorted(set(default_gemm_shapes(1024, 64)) | set(gemm_shapes(shape)))
     gemm = run_gemm_benchmark("numpy", "cpu", ["fp32"], shapes, warmup=2, reps=7)
