@@ -167,9 +167,12 @@ class Limits:
         Ranks (TP·PP·DP). Each costs ~130 bytes in rank tables and groups (10^7 ranks took
         1.3 GB and 5 s in the analytical engine), so 4·10^6 keeps them under ~0.6 GB.
     topology_links
-        DES: directed links of the cluster graph. networkx takes ~33 µs and ~0.6 kB per
-        link to build and route (DGX A100 × 4,096 nodes: 327,680 links, 11 s, 270 MB), so
-        10^6 is ~35 s and ~0.6 GB before the DES starts.
+        Directed links of the cluster graph, which both engines build. The array builder
+        (``topologies/builder.py``, 2026-11-29) takes under 1 µs and ~350 bytes a link to
+        build and route (DGX H100 × 16,384 nodes, GPT-3 175B on 131,072 GPUs: 1.3·10^6
+        links, 0.8 s and 455 MB for the graph, 2.1-2.5 s and 365 MB for the whole analytical
+        prediction), so 2.5·10^6 stays under ~1 GB and a few seconds before an engine
+        starts. (With networkx's dicts it was ~33 µs and ~0.6 kB a link.)
     trace_ops
         Ops of the trace the analytical engine times, Σ over rank classes of the ops of every
         step. Where the engine's max-plus solver cannot time the steps (ZeRO-3: the compute
@@ -200,14 +203,16 @@ class Limits:
         on 3,072 GPUs: 7.6·10^7 in 46 s and 0.93 GB; the slowest seen, Llama-2 70B with
         sequence parallelism and 20 virtual stages on 64 GPUs, README's `--engine both`
         example: 7.2·10^6 in 28 s and 0.29 GB; before that day 4-9 µs, and the limit 7·10^6
-        refused that example), so 10^7 is at most about 40 s.
+        refused that example). The bundled GPT-3 175B example has grown to 1.32·10^7 (the
+        asynchronous TP all-reduces' ops: 6.2 s on a loaded machine, 2026-11-29), so 2·10^7,
+        at most about a minute at the slowest rate seen.
     """
 
     pipeline_steps: int = 2_000_000
     ranks: int = 4_000_000
-    topology_links: int = 1_000_000
+    topology_links: int = 2_500_000
     trace_ops: int = 5_000_000
-    des_rank_ops: int = 10_000_000
+    des_rank_ops: int = 20_000_000
     sweep_runs: int = 10_000
     search_plans: int = 5_000_000
     axis_values: int = 100_000
