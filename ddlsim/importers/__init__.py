@@ -11,33 +11,14 @@ applies ``--set`` overrides and validates the result as ``ddlsim predict`` would
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 from ..errors import ConfigError, did_you_mean
-from .common import Draft, merge_drafts, nested, refuse_unknown
+from .common import _IMPORTERS, Draft, Importer, merge_drafts, nested, refuse_unknown, \
+    register_importer
 
 __all__ = ["Importer", "register_importer", "importers", "detect", "import_config",
            "Imported"]
-
-
-class Importer(NamedTuple):
-    """A reader: ``read(path, ignore)`` → :class:`Draft`; ``what`` names its input."""
-
-    name: str
-    what: str
-    read: Callable[[Path], Draft]
-    known: Callable[[], list[str]]
-
-
-_IMPORTERS: dict[str, Importer] = {}
-
-
-def register_importer(name: str, what: str, known: Callable[[], list[str]]):
-    """Register ``read(path) -> Draft`` under ``name`` (what ``--from`` takes)."""
-    def wrap(read: Callable[[Path], Draft]) -> Callable[[Path], Draft]:
-        _IMPORTERS[name] = Importer(name, what, read, known)
-        return read
-    return wrap
 
 
 def importers() -> dict[str, Importer]:

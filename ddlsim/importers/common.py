@@ -16,12 +16,14 @@ An importer maps each argument it reads to one of four outcomes, and says which:
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
 
 from ..errors import ConfigError, DDLSimWarning
 
-__all__ = ["Draft", "merge_drafts", "nested", "refuse_unknown"]
+__all__ = ["Draft", "merge_drafts", "nested", "refuse_unknown", "Importer", "register_importer"]
 
 
 @dataclass
@@ -114,3 +116,26 @@ def nested(fields: dict[str, Any]) -> dict[str, Any]:
         if isinstance(section, dict):
             out[k] = {**{f: section[f] for f in first if f in section}, **section}
     return {k: v for k, v in out.items() if v != {}}
+
+
+# ------------------------------------------------------------------ the readers' registry
+class Importer(NamedTuple):
+    """A reader: ``read(path, ignore)`` → :class:`Draft`; ``what`` names its input (the
+    registry lives here, beside :class:`Draft`, so that the readers import no package
+    module that imports them)."""
+
+    name: str
+    what: str
+    read: Callable[[Path], Draft]
+    known: Callable[[], list[str]]
+
+
+_IMPORTERS: dict[str, Importer] = {}
+
+
+def register_importer(name: str, what: str, known: Callable[[], list[str]]):
+    """Register ``read(path) -> Draft`` under ``name`` (what ``--from`` takes)."""
+    def wrap(read: Callable[[Path], Draft]) -> Callable[[Path], Draft]:
+        _IMPORTERS[name] = Importer(name, what, read, known)
+        return read
+    return wrap

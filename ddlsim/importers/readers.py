@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..textio import read_text
-from . import register_importer
-from .common import Draft
+from .common import Draft, register_importer
 
 __all__ = ["megatron", "deepspeed", "torchtitan", "hf"]
 

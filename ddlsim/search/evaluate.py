@@ -8,7 +8,7 @@ reason.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -18,30 +18,15 @@ from .pipeline import iteration_time
 from .planconfig import group_rules, judge_failed_contexts, plan_config, plan_sections
 from .plans import RECOMPUTE, SCHEDULE, VECTOR_FIELDS, PlanSet, context_overrides, \
     enumerate_plans, plan_rules, stack_plan_rules, what_if_plans
-from .spec import OBJECTIVES
+from . import decoder  # noqa: F401  (registers the gpt and llama vectorised forms)
+from .ranking import DOES_NOT_FIT, METRICS, Grid, pareto_mask, rank
 
-__all__ = ["Grid", "base_config", "evaluate_grid", "evaluate_plans", "DOES_NOT_FIT"]
-
-#: The reason of a plan over device memory when the search must fit.
-DOES_NOT_FIT = "does not fit in device memory"
-
-
-class Grid(NamedTuple):
-    """The outcome of :func:`evaluate_grid`."""
-
-    frame: Any                  # pandas.DataFrame of the evaluated plans, best first
-    rejected: dict[str, int]    # reason → plans, most frequent first
-    total: int                  # plans enumerated
-
+__all__ = ["Grid", "base_config", "evaluate_grid", "evaluate_plans", "DOES_NOT_FIT", "METRICS", "rank",
+           "pareto_mask"]
 
 def _setting(path: str, value: Any) -> str:
     from ..sweeps import _setting as setting
     return setting(path, value)
-
-
-#: the columns :func:`evaluate_plans` adds for each plan
-METRICS = ("iteration_time_s", "memory_per_device_bytes", "capacity_bytes", "fits", "gpus",
-           "tokens_per_s", "mfu")
 
 
 def evaluate_plans(cfg, plans: PlanSet, memory: tuple[np.ndarray, np.ndarray] | None = None
@@ -258,31 +243,3 @@ def _frame(plans: PlanSet, parts, reason: np.ndarray, seq: int, price: float | N
         tokens = frame["train.global_batch_size"] * seq
         frame["cost_per_million_tokens"] = frame["cost_per_iteration"] / tokens * 1e6
     return frame
-
-
-def rank(frame, objective: str):
-    """``frame`` sorted by ``objective`` (ties by plan number), with ``rank`` from 1 and
-    ``pareto``: no other plan is both faster and lighter on memory."""
-    column, sense = OBJECTIVES[objective]
-    if len(frame) == 0:
-        return frame.assign(rank=[], pareto=[])
-    if column not in frame:
-        raise ConfigError(f"objective {objective!r} needs price_per_gpu_hour")
-    key = frame[column] if sense == "min" else -frame[column]
-    order = np.lexsort((frame["plan"].to_numpy(), key.to_numpy()))
-    frame = frame.iloc[order].reset_index(drop=True)
-    frame.insert(0, "rank", np.arange(1, len(frame) + 1))
-    frame["pareto"] = pareto_mask(frame["iteration_time_s"].to_numpy(),
-                                  frame["memory_per_device_bytes"].to_numpy())
-    return frame
-
-
-def pareto_mask(time_s: np.ndarray, memory: np.ndarray) -> np.ndarray:
-    """True for the plans no other plan beats on both time and memory (ties kept once: the
-    first in time, then memory order)."""
-    order = np.lexsort((memory, time_s))
-    best = np.minimum.accumulate(memory[order])
-    prev = np.concatenate([[np.inf], best[:-1]])
-    on = np.zeros(len(time_s), dtype=bool)
-    on[order] = memory[order] < prev
-    return on

@@ -48,7 +48,7 @@ def evaluate_exact(data: dict, base_dir, overrides: Sequence[str], axes: Mapping
     from ..api import predict
     from ..configload import build_config
     from ..sweeps import _setting
-    from .evaluate import DOES_NOT_FIT, Grid, rank
+    from .ranking import DOES_NOT_FIT, Grid, rank
 
     sizes = [len(v) for v in axes.values()]
     total = math.prod(sizes)
@@ -107,7 +107,7 @@ def plan_fields(cfg) -> dict:
 def _frame(rows: list[dict], paths: list[str], price: float | None):
     import pandas as pd
 
-    from .evaluate import METRICS
+    from .ranking import METRICS
 
     frame = pd.DataFrame(rows, columns=["plan", *paths, *METRICS])
     if price is not None and len(frame):

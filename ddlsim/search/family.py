@@ -85,9 +85,8 @@ def register_vector_family(*architectures: str):
 
 
 def vector_family(architecture: str) -> VectorFamily:
-    """The vectorised family of ``architecture``, or a one-paragraph ConfigError."""
-    from . import decoder  # noqa: F401  (registers gpt, llama)
-
+    """The vectorised family of ``architecture`` (the bundled ones register when
+    :mod:`ddlsim.search` is imported), or a one-paragraph ConfigError."""
     try:
         return _FAMILIES[architecture]
     except KeyError:
