@@ -46,3 +46,24 @@ def test_an_exact_grid_over_its_bound_is_refused_before_it_runs():
     axes = {"train.micro_batch_size": list(range(1, EXACT_PLANS + 2))}
     with pytest.raises(ConfigError, match="at most 5,000 plans"):
         search(ROOT / "examples" / "search-resnet50-ddp.yaml", axes=axes, top=1)
+
+
+@pytest.mark.filterwarnings("ignore:.*not modelled by ddlsim")
+def test_the_software_stack_and_the_cluster_preset_are_search_axes():
+    """``system.software`` and ``system.preset`` vary as contexts of the vectorised tier: each
+    plan is judged by its own stack's rules and timed on its own cluster, as predict would."""
+    config = {"model": "gpt3-1.3b",
+              "train": {"micro_batch_size": 1, "global_batch_size": 32, "seq_length": 2048},
+              "system": {"preset": "dgx-a100", "nodes": 2}}
+    axes = {"parallel.tensor_model_parallel_size": [2, 4],
+            "parallel.zero_stage": [0, 1],
+            "system.software": ["megatron-lm-2021", "megatron-core-2024"],
+            "system.preset": ["dgx-a100", "dgx-h100"]}
+    frame = search(config, axes=axes, top=3)
+    assert frame.attrs["tier"] == "vectorised"
+    assert any("megatron-lm-2021 cannot run ZeRO-1/2" in r for r in frame.attrs["rejected"])
+    assert set(frame["system.preset"]) == {"dgx-a100", "dgx-h100"}
+    assert frame["exact_error"].head(3).abs().max() < 1e-6
+    h100 = frame[frame["system.preset"] == "dgx-h100"]["iteration_time_s"].min()
+    a100 = frame[frame["system.preset"] == "dgx-a100"]["iteration_time_s"].min()
+    assert h100 < a100

@@ -149,6 +149,7 @@ def evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[
         frame["what_if"] = what_if_plans(plans.take(frame["plan"].to_numpy()), [
             None if isinstance(c, ConfigError) else c for c in ctx_cfgs])
     frame = rank(frame, objective)
+    frame.attrs["tier"] = "vectorised"
     counts = {r: int((reason == k).sum()) for k, r in enumerate(reasons)}
     rejected = dict(sorted(counts.items(), key=lambda x: -x[1]))
     return Grid(frame, rejected, len(plans))

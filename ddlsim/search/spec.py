@@ -3,7 +3,7 @@
 .. code-block:: yaml
 
     search:
-      axes:                                   # any parallel.* or train.* field
+      axes:                                   # parallel.*, train.*, system.software, system.preset
         parallel.tensor_model_parallel_size: [1, 2, 4, 8]
         parallel.pipeline_model_parallel_size: "1:64:*2"   # a range, as ddlsim sweep reads it
         train.recompute: [none, selective, full]
@@ -35,6 +35,9 @@ OBJECTIVES = {"time": ("iteration_time_s", "min"), "tokens_per_s": ("tokens_per_
               "mfu": ("mfu", "max"), "cost": ("cost_per_million_tokens", "min")}
 #: Sections an axis may vary.
 AXIS_SECTIONS = ("parallel", "train")
+#: System fields an axis may vary as a whole: the software stack (a name, or a mapping with
+#: ``stack`` and overrides) and the cluster preset (``dgx-a100``, ``dgx-h100``, …)
+SYSTEM_AXES = ("system.software", "system.preset")
 
 
 class _Strict(BaseModel):
@@ -118,16 +121,20 @@ def _paragraph(exc: ValidationError, where: str) -> str:
 
 
 def check_axes(axes: dict[str, list[Any]], base: dict, fixed_batch: bool) -> None:
-    """Refuse an axis outside ``parallel.*`` / ``train.*``, a field the config does not have,
-    or ``train.global_batch_size`` together with the fixed-batch constraint."""
+    """Refuse an axis outside ``parallel.*`` / ``train.*`` / :data:`SYSTEM_AXES`, a field the
+    config does not have, or ``train.global_batch_size`` together with the fixed-batch
+    constraint."""
     from ..sweeps import _lookup
 
     for path in axes:
+        if path in SYSTEM_AXES:
+            continue
         section = path.split(".", 1)[0]
         if section not in AXIS_SECTIONS or "." not in path:
-            raise ConfigError(f"search.axes: {path!r} is not a parallel.* or train.* field; "
-                              "a search varies the plan and the training settings (use ddlsim "
-                              "sweep --set-range for system what-ifs)")
+            raise ConfigError(f"search.axes: {path!r} is not a parallel.* or train.* field, "
+                              f"nor one of {', '.join(SYSTEM_AXES)}; a search varies the plan, "
+                              "the training settings, the software stack and the cluster preset "
+                              "(use ddlsim sweep --set-range for other system what-ifs)")
         try:
             _lookup(base, path)
         except KeyError as exc:
