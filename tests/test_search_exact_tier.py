@@ -16,7 +16,8 @@ from ddlsim.search.run import load_search, plan_overrides, search
 
 ROOT = Path(__file__).resolve().parent.parent
 NEW_KINDS = ["search-resnet50-ddp.yaml", "search-bert-large-pp.yaml", "search-dlrm-dcnv2.yaml",
-             "search-cosmoflow.yaml", "search-mixtral-8x7b-ep.yaml", "search-llama3-8b-cp.yaml"]
+             "search-cosmoflow.yaml", "search-mixtral-8x7b-ep.yaml", "search-llama3-8b-cp.yaml",
+             "search-tp-modes-64.yaml"]
 
 
 @pytest.mark.filterwarnings("ignore:.*not modelled by ddlsim")

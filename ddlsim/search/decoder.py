@@ -78,6 +78,10 @@ class DecoderVectors:
                               "per model chunk and does not model Megatron-Core's uneven "
                               "pipeline splits; use ddlsim sweep (the exact engine) to compare "
                               "such plans, or remove the option to search even splits")
+        if cfg.parallel.tp_mode != "1d":
+            raise ConfigError(f"parallel.tensor_parallel.mode = {cfg.parallel.tp_mode!r}: the "
+                              "vectorised search tier covers Megatron's 1-D tensor parallelism; "
+                              "such plans are searched by the exact engine")
         if cfg.parallel.dp_strategy != "ddp":
             raise ConfigError(f"parallel.dp_strategy = {cfg.parallel.dp_strategy!r}: the "
                               "vectorised search tier covers dp_strategy 'ddp' (with ZeRO "

@@ -168,9 +168,16 @@ def vectorised(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[str
     context_axes = {p: v for p, v in axes.items() if p not in VECTOR_FIELDS}
     contexts = [dict(zip(context_axes, combo))
                 for combo in itertools.product(*context_axes.values())]
-    for cfg in _contexts(data, base_dir, overrides, contexts):
+    from ..configload import build_config
+    for ctx, cfg in zip(contexts, _contexts(data, base_dir, overrides, contexts)):
         if isinstance(cfg, ConfigError):
-            continue
+            # a context that needs more than the one-device plan (a 2-D tensor grid): the
+            # config as written with the context's values, if that builds, tells its form
+            try:
+                cfg = build_config(data, [*overrides, *(_setting(p, v) for p, v in ctx.items())],
+                                   base_dir)
+            except ConfigError:
+                continue      # rejected plan by plan (planconfig.judge_failed_contexts)
         try:
             family.prepare(cfg)
         except ConfigError:
