@@ -19,7 +19,7 @@ from .planconfig import group_rules, judge_failed_contexts, plan_config, plan_se
 from .plans import RECOMPUTE, SCHEDULE, VECTOR_FIELDS, PlanSet, context_overrides, \
     enumerate_plans, plan_rules, stack_plan_rules, what_if_plans
 from . import decoder  # noqa: F401  (registers the gpt and llama vectorised forms)
-from .ranking import DOES_NOT_FIT, METRICS, Grid, pareto_mask, rank
+from .ranking import DOES_NOT_FIT, METRICS, Grid, pareto_mask, rank, with_costs
 
 __all__ = ["Grid", "base_config", "evaluate_grid", "evaluate_plans", "DOES_NOT_FIT", "METRICS", "rank",
            "pareto_mask"]
@@ -246,8 +246,4 @@ def _frame(plans: PlanSet, parts, reason: np.ndarray, seq: int, price: float | N
     frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
         columns=["plan", *(plans.contexts[0] if plans.contexts else {}), *VECTOR_FIELDS,
                  "parallel.schedule", *METRICS])
-    if price is not None and len(frame):
-        frame["cost_per_iteration"] = frame["iteration_time_s"] * frame["gpus"] * price / 3600
-        tokens = frame["train.global_batch_size"] * seq
-        frame["cost_per_million_tokens"] = frame["cost_per_iteration"] / tokens * 1e6
-    return frame
+    return with_costs(frame, frame["train.global_batch_size"] * seq, price)

@@ -107,11 +107,8 @@ def plan_fields(cfg) -> dict:
 def _frame(rows: list[dict], paths: list[str], price: float | None):
     import pandas as pd
 
-    from .ranking import METRICS
+    from .ranking import METRICS, with_costs
 
     frame = pd.DataFrame(rows, columns=["plan", *paths, *METRICS])
-    if price is not None and len(frame):
-        frame["cost_per_iteration"] = frame["iteration_time_s"] * frame["gpus"] * price / 3600
-        tokens = frame["tokens_per_s"] * frame["iteration_time_s"]
-        frame["cost_per_million_tokens"] = frame["cost_per_iteration"] / tokens * 1e6
+    frame = with_costs(frame, frame["tokens_per_s"] * frame["iteration_time_s"], price)
     return frame.astype({"plan": np.int64}) if len(frame) else frame

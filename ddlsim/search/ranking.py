@@ -13,7 +13,7 @@ import numpy as np
 from ..errors import ConfigError
 from .spec import OBJECTIVES
 
-__all__ = ["Grid", "DOES_NOT_FIT", "METRICS", "rank", "pareto_mask"]
+__all__ = ["Grid", "DOES_NOT_FIT", "METRICS", "rank", "pareto_mask", "with_costs"]
 
 #: The reason of a plan over device memory when the search must fit.
 DOES_NOT_FIT = "does not fit in device memory"
@@ -29,6 +29,16 @@ class Grid(NamedTuple):
     frame: Any                  # pandas.DataFrame of the evaluated plans, best first
     rejected: dict[str, int]    # reason → plans, most frequent first
     total: int                  # plans enumerated
+
+
+def with_costs(frame, tokens, price: float | None):
+    """``frame`` with ``cost_per_iteration`` (GPU-hours × ``price``) and
+    ``cost_per_million_tokens`` (``tokens``: each plan's tokens per iteration), when a
+    price is given and there are plans."""
+    if price is not None and len(frame):
+        frame["cost_per_iteration"] = frame["iteration_time_s"] * frame["gpus"] * price / 3600
+        frame["cost_per_million_tokens"] = frame["cost_per_iteration"] / tokens * 1e6
+    return frame
 
 
 def rank(frame, objective: str):
