@@ -32,7 +32,7 @@ from ..simulator.kernels import op_time
 from ..workloads.decoder.builder import StageBuilder, as_ops
 from .plans import RECOMPUTE
 
-__all__ = ["Pieces", "stage_pieces", "plan_config"]
+__all__ = ["Pieces", "stage_pieces", "piece_config"]
 
 
 class Pieces(NamedTuple):
@@ -53,11 +53,12 @@ class Pieces(NamedTuple):
     p2p_bytes: np.ndarray
 
 
-def plan_config(cfg, tp: int, sp: bool, mbs: int, recompute: str, zero: int, dp: int = 1,
+def piece_config(cfg, tp: int, sp: bool, mbs: int, recompute: str, zero: int, dp: int = 1,
                 sections: dict | None = None):
     """``cfg`` (a context's base config: one device, one stage) with a plan's layer fields.
 
-    A copy without validation: the search's rules have judged the plan already; the resolved
+    A copy without validation (unlike :func:`.planconfig.plan_config`, which validates a plan
+    to judge it): the search's rules have judged the plan already; the resolved
     software follows the new ``parallel`` section (:attr:`~ddlsim.config.RunConfig.software`,
     resolved once per ``parallel`` object: ``sections``, a dict kept by the caller, hands the
     same object to every plan that shares it)."""
@@ -109,7 +110,7 @@ def stage_pieces(ctx, plans, coll_at) -> Pieces:
     built, asked = [], {}
     for j, index in enumerate(groups):
         i0 = int(index[0])
-        cfg = plan_config(ctx.cfg, int(plans["tp"][i0]), bool(plans["sp"][i0]),
+        cfg = piece_config(ctx.cfg, int(plans["tp"][i0]), bool(plans["sp"][i0]),
                           int(plans["mbs"][i0]), RECOMPUTE[int(plans["recompute"][i0])],
                           int(plans["zero"][i0]), sections=sections)
         sb = StageBuilder(cfg, ctx.shape)

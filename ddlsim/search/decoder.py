@@ -32,7 +32,7 @@ from .kerneltimes import kernel_times
 from .netcost import collective_seconds, mesh_networks
 from .plans import RECOMPUTE, SCHEDULE
 from .pipeline import earlier_chunks, flow_shop_tail
-from .blocks import plan_config, stage_pieces
+from .blocks import piece_config, stage_pieces
 from ..workloads.decoder import param_gather
 from ..workloads.decoder.builder import StageBuilder, with_edges
 from ..workloads.decoder.dpsync import bucket_runs, buckets
@@ -165,7 +165,7 @@ class DecoderVectors:
         on = np.zeros(len(plans), dtype=bool)
         for z in np.unique(zero):
             for dp in (1, 2):
-                if param_gather.active(plan_config(ctx.cfg, 1, False, 1, "none", int(z), dp)):
+                if param_gather.active(piece_config(ctx.cfg, 1, False, 1, "none", int(z), dp)):
                     on |= (zero == z) & (multi == (dp > 1))
         exposed = param_gather.first_bucket(on, param_bytes, ctx.cfg.parallel.grad_bucket_size)
         return exposed, np.where(on, param_bytes - exposed, 0.0)
@@ -330,7 +330,7 @@ class DecoderVectors:
                            [peak_inflight(name, stage, pp, m, v) for name in SCHEDULE])
         gathered = np.zeros_like(b)
         for tp in np.unique(plans["tp"][zero == 3]):
-            cfg_tp = plan_config(cfg, int(tp), False, 1, "none", 3)
+            cfg_tp = piece_config(cfg, int(tp), False, 1, "none", 3)
             gathered[(zero == 3) & (plans["tp"] == tp)] = zero3_gathered_bytes(
                 cfg_tp, sh.layer_params / tp * ctx.dt, sh, ctx.dt)
         one = pp == 1
