@@ -52,6 +52,8 @@ class DecoderFamily(WorkloadFamily):
             raise ValueError(f"sequence_parallel needs train.seq_length = {t.seq_length} divisible "
                              f"by tensor_model_parallel_size = {tp}")
         _check_experts(cfg)
+        from .fsdp import check_fsdp
+        check_fsdp(cfg)
         from .overlap import check_overlap
         check_overlap(cfg)
         from .proxy import check_proxy_plan
@@ -168,6 +170,8 @@ def _section(f: dict) -> dict:
                "shared_expert_intermediate_size": f.get("shared_expert_ffn"),
                "shared_expert_gate": f.get("shared_expert_gate", False)}
         out.update({k: v for k, v in moe.items() if v is not None})
+    from .variants import variant_section
+    out.update(variant_section(f))   # MLA, query/key norms, sinks, window, dense prefix
     return out
 
 
@@ -195,14 +199,17 @@ def _check_partition(cfg: Any) -> None:
     plan = (f"tensor_parallel.mode = {mode!r}" if mode != "1d" else "") + \
         (" with " if mode != "1d" and cp > 1 else "") + \
         (f"context_parallel_size = {cp}" if cp > 1 else "")
-    if m.num_local_experts:
+    if m.num_local_experts and mode != "1d":
         raise ValueError(f"{plan} is modelled for dense models; model {m.name!r} has "
                          f"{m.num_local_experts} experts (Mixture-of-Experts layers keep the "
-                         "1-D scheme without context parallelism); use a dense model or the "
-                         "1-D plan")
-    if p.zero_stage == 3 or p.dp_strategy != "ddp":
-        raise ValueError(f"{plan} is modelled with dp_strategy = 'ddp' and zero_stage 0 to 2; "
-                         f"got dp_strategy = {p.dp_strategy!r}, zero_stage = {p.zero_stage}; "
+                         "1-D scheme, with or without context parallelism); use a dense model "
+                         "or the 1-D plan")
+    fsdp = mode == "1d" and cfg.software.zero3_gather == "per_layer"   # FSDP units with CP
+    if (p.zero_stage == 3 and not fsdp) or p.dp_strategy != "ddp":
+        raise ValueError(f"{plan} is modelled with dp_strategy = 'ddp' and zero_stage 0 to 2, "
+                         "or ZeRO-3 as per-layer FSDP units (zero3_gather: per_layer) with 1-D "
+                         f"tensor parallelism; got dp_strategy = {p.dp_strategy!r}, zero_stage "
+                         f"= {p.zero_stage}, zero3_gather = {cfg.software.zero3_gather!r}; "
                          "change one of them")
     if cp > 1 and t.seq_length % (2 * cp):
         raise ValueError(f"train.seq_length = {t.seq_length} is not divisible by 2 × "
@@ -215,27 +222,26 @@ def _check_partition(cfg: Any) -> None:
 
 
 def _check_experts(cfg: Any) -> None:
-    """Expert parallelism: EP divides the experts and the data-parallel ranks (EP is carved
-    out of TP·DP with expert TP = TP, as in Megatron-Core), and each model chunk holds whole
-    periods of ``decoder_sparse_step`` layers."""
+    """Expert parallelism: EP divides the experts (EP × expert TP is carved out of TP·CP·DP,
+    Megatron-Core's MoE parallel folding: checked by the mesh; what a stack's code further
+    refuses, such as EP dividing DP in 2024, is a rule of the stack), the MoE options
+    (:func:`.moeplan.check_moe_plan`), and each model chunk holds whole periods of
+    ``decoder_sparse_step`` layers."""
     m, p = cfg.model, cfg.parallel
     E, ep = m.num_local_experts, p.ep
+    from .moeplan import check_moe_plan
     if not E:
         if ep > 1:
             raise ValueError(f"parallel.expert_model_parallel_size = {ep} needs a "
                              f"Mixture-of-Experts model, but model {m.name!r} has no experts "
                              "(num_local_experts = 0); use 1")
+        check_moe_plan(cfg)
         return
     if E % ep:
         raise ValueError(f"parallel.expert_model_parallel_size = {ep} does not divide "
                          f"model.num_local_experts = {E}: each expert-parallel rank holds "
                          f"E/EP whole experts; use a divisor of {E}")
-    dp = p.data_parallel_size or cfg.system.num_devices // (p.tp * p.pp)
-    if dp and dp % ep:
-        raise ValueError(f"parallel.expert_model_parallel_size = {ep} does not divide the "
-                         f"data-parallel size {dp}: expert parallelism is carved out of "
-                         f"TP·DP = {p.tp}·{dp} with expert TP = TP (Megatron-Core), so EP must "
-                         f"divide DP = {dp}")
+    check_moe_plan(cfg)
     from .split import chunk_layers
     odd = sorted({n for row in chunk_layers(cfg) for n in row if n % m.decoder_sparse_step})
     if odd:
@@ -264,7 +270,8 @@ class LlamaFamily(DecoderFamily):
     ``data/decoders.yaml``, Mixtral included)."""
 
     schema = LlamaModel
-    hf_model_types = ("llama", "mistral", "qwen2", "mixtral", "qwen2_moe")
+    hf_model_types = ("llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3", "qwen3_moe",
+                      "deepseek_v3", "gpt_oss")
 
     def presets(self) -> dict[str, dict]:
         import json
@@ -274,7 +281,7 @@ class LlamaFamily(DecoderFamily):
         out = {}
         for name, p in read_presets("decoders.yaml").items():
             doc = json.loads(data.joinpath(p["hf_config"]).read_text())
-            if doc.get("model_type") in ("llama", "mistral", "qwen2", "mixtral"):
+            if doc.get("model_type") in self.hf_model_types:
                 out[name] = {"architecture": "llama",
                              "hf_config": p["hf_config"].removeprefix("hf/").removesuffix(".json"),
                              "source": p["source"]}

@@ -14,7 +14,16 @@ Both take Mixture-of-Experts fields (:class:`MoEFields`, HuggingFace names where
 ``num_local_experts`` (Mixtral), ``num_experts_per_tok``, ``moe_intermediate_size``
 (Qwen2-MoE), ``capacity_factor`` (GShard/Switch; null: dropless), ``decoder_sparse_step``
 (Qwen2-MoE: every n-th layer is an MoE layer), ``n_shared_experts`` (DeepSeek) of
-``shared_expert_intermediate_size`` (Qwen2-MoE) with an optional ``shared_expert_gate``.
+``shared_expert_intermediate_size`` (Qwen2-MoE) with an optional ``shared_expert_gate``,
+``first_k_dense_replace`` (DeepSeek-V3: the first layers keep a dense MLP) and ``router_bias``
+(GPT-OSS).
+
+The ``llama`` arm also takes the attention variants of today's models: Multi-head Latent
+Attention (DeepSeek-V3: ``kv_lora_rank``, ``q_lora_rank``, ``qk_nope_head_dim``,
+``qk_rope_head_dim``, ``v_head_dim``; :mod:`ddlsim.workloads.models.mla`), query/key norms
+(Qwen3: ``qk_norm``), attention sinks (GPT-OSS: ``attention_sinks``) and sliding-window
+attention (``sliding_window`` keys on ``window_layers`` of the layers, default all;
+:mod:`ddlsim.simulator.kernels.window`).
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from pydantic import BeforeValidator, Field, StrictBool, model_validator
 from ...config import ModelBase, count_type, reject_bool
 from ..models.decoder import DecoderShape
 from .programs import ProgramFields
+from .variants import variant_shape_fields
 
 __all__ = ["GPTModel", "LlamaModel", "MoEFields", "GATED_ACTIVATIONS"]
 
@@ -52,6 +62,9 @@ class MoEFields(ModelBase):
     shared_expert_intermediate_size: count_type("intermediate_size") | None = Field(
         default=None, description="shared expert FFN size; default moe_intermediate_size")
     shared_expert_gate: StrictBool = False
+    first_k_dense_replace: Annotated[int, BeforeValidator(reject_bool), Field(ge=0, le=2**20)] \
+        = Field(default=0, description="the first layers keep a dense MLP (DeepSeek-V3)")
+    router_bias: StrictBool = Field(default=False, description="a bias of E on the router")
 
     @model_validator(mode="after")
     def _check_moe(self) -> "MoEFields":
@@ -63,6 +76,8 @@ class MoEFields(ModelBase):
                          if getattr(self, n)})
         if self.decoder_sparse_step != 1:
             moe_only["decoder_sparse_step"] = self.decoder_sparse_step
+        moe_only.update({n: getattr(self, n) for n in ("first_k_dense_replace", "router_bias")
+                         if getattr(self, n)})
         if E == 0:
             if moe_only:
                 raise ValueError(f"model fields {moe_only} describe Mixture-of-Experts layers "
@@ -78,6 +93,10 @@ class MoEFields(ModelBase):
                              "MoE layer")
         if self.shared_expert_gate and not self.n_shared_experts:
             raise ValueError("model.shared_expert_gate = true needs n_shared_experts >= 1")
+        if self.first_k_dense_replace >= self.num_hidden_layers:
+            raise ValueError(f"model.first_k_dense_replace = {self.first_k_dense_replace} leaves "
+                             f"no MoE layer of num_hidden_layers = {self.num_hidden_layers}; use "
+                             f"0 to {self.num_hidden_layers - 1}, or a dense model")
         return self
 
     def moe_shape_fields(self) -> dict:
@@ -90,7 +109,8 @@ class MoEFields(ModelBase):
                     shared_experts=self.n_shared_experts,
                     shared_expert_ffn=self.shared_expert_intermediate_size,
                     shared_expert_gate=self.shared_expert_gate,
-                    capacity_factor=self.capacity_factor)
+                    capacity_factor=self.capacity_factor,
+                    first_dense_layers=self.first_k_dense_replace, router_bias=self.router_bias)
 
 
 class DecoderFields(MoEFields, ProgramFields):
@@ -139,6 +159,19 @@ class LlamaModel(DecoderFields):
     qkv_bias: StrictBool | None = Field(
         default=None, description="biases on q, k, v only (Qwen2); default attention_bias")
     mlp_bias: StrictBool = False
+    q_lora_rank: count_type("hidden_size") | None = Field(
+        default=None, description="MLA query latent width; null: direct query projection")
+    kv_lora_rank: count_type("hidden_size") | None = Field(
+        default=None, description="MLA key/value latent width (sets Multi-head Latent Attention)")
+    qk_nope_head_dim: count_type("hidden_size") | None = None
+    qk_rope_head_dim: count_type("hidden_size") | None = None
+    v_head_dim: count_type("hidden_size") | None = None
+    qk_norm: StrictBool = Field(default=False, description="RMSNorm of query and key heads")
+    attention_sinks: StrictBool = Field(default=False, description="one sink logit per head")
+    sliding_window: count_type("seq_length") | None = Field(
+        default=None, description="keys a query sees in a sliding-window layer")
+    window_layers: count_type("layers") | None = Field(
+        default=None, description="layers with the window; default all with sliding_window")
 
     @model_validator(mode="after")
     def _check(self) -> "LlamaModel":
@@ -147,9 +180,11 @@ class LlamaModel(DecoderFields):
             raise ValueError(f"num_attention_heads = {a} is not a multiple of "
                              f"num_key_value_heads = {g}: each key/value head serves a whole "
                              "group of query heads")
-        if self.head_dim is None and self.hidden_size % a:
+        if self.head_dim is None and self.hidden_size % a and self.kv_lora_rank is None:
             raise ValueError(f"hidden_size = {self.hidden_size} is not a multiple of "
                              f"num_attention_heads = {a}; give head_dim")
+        from .variants import check_variants
+        check_variants(self)
         return self
 
     @property
@@ -166,4 +201,4 @@ class LlamaModel(DecoderFields):
             activation=self.hidden_act, norm="rmsnorm", positions="rotary",
             tied_embeddings=self.tie_word_embeddings, qkv_bias=qkv,
             out_bias=self.attention_bias, mlp_bias=self.mlp_bias, dropout=False,
-            **self.moe_shape_fields())
+            **self.moe_shape_fields(), **variant_shape_fields(self))

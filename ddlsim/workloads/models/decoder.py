@@ -66,8 +66,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ...errors import ConfigError
+from ...simulator.kernels.window import window_keys
+from .mla import MLA
 
-__all__ = ["DecoderShape"]
+__all__ = ["DecoderShape", "MLA"]
 
 Norm = Literal["layernorm", "rmsnorm"]
 Positions = Literal["learned", "rotary"]
@@ -120,6 +122,21 @@ class DecoderShape:
         (default ``f_e``); ``shared_expert_gate`` adds Qwen2-MoE's ``h×1`` sigmoid gate.
     capacity_factor : float or None
         Expert capacity factor (GShard/Switch); None: dropless.
+    first_dense_layers : int
+        The first layers keep the dense MLP (DeepSeek-V3's ``first_k_dense_replace``).
+    router_bias : bool
+        The router has a bias of ``E`` (GPT-OSS; DeepSeek-V3's ``e_score_correction_bias``).
+    mla : MLA or None
+        Multi-head Latent Attention's sizes (:mod:`.mla`); None: Q, K, V projections.
+    qk_norm : bool
+        RMSNorm of each head's query and key (Qwen3: ``q_norm``, ``k_norm`` of ``d`` each).
+    attention_sinks : bool
+        One learned softmax sink logit per query head (GPT-OSS): ``a`` parameters per layer.
+    sliding_window : int or None
+        Keys a query sees in a sliding-window layer (:mod:`ddlsim.simulator.kernels.window`).
+    window_layers : int
+        How many of the ``L`` layers use the window (GPT-OSS: every other one; Mistral: all).
+        The FLOPs of a layer's attention core are the stack's mean over its layer types.
     """
 
     layers: int
@@ -147,6 +164,13 @@ class DecoderShape:
     shared_expert_ffn: int | None = None
     shared_expert_gate: bool = False
     capacity_factor: float | None = None
+    first_dense_layers: int = 0
+    router_bias: bool = False
+    mla: MLA | None = None
+    qk_norm: bool = False
+    attention_sinks: bool = False
+    sliding_window: int | None = None
+    window_layers: int = 0
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "ffn", "vocab", "moe_layer_freq"):
@@ -176,6 +200,23 @@ class DecoderShape:
         if self.capacity_factor is not None and not self.capacity_factor > 0:
             raise ConfigError(f"capacity_factor = {self.capacity_factor!r} must be > 0, or null "
                               "for dropless routing")
+        self._check_variants()
+
+    def _check_variants(self) -> None:
+        """The attention variants' and dense-prefix fields against each other."""
+        if not 0 <= self.first_dense_layers < self.layers:
+            raise ConfigError(f"first_dense_layers = {self.first_dense_layers!r} must be between "
+                              f"0 and layers - 1 = {self.layers - 1}")
+        if self.sliding_window is not None:
+            _positive("sliding_window", self.sliding_window)
+        if not 0 <= self.window_layers <= self.layers or (
+                self.window_layers and self.sliding_window is None):
+            raise ConfigError(f"window_layers = {self.window_layers!r} must be between 0 and "
+                              f"layers = {self.layers}, and needs sliding_window")
+        if self.mla is not None and (self.kv_heads not in (None, self.heads) or self.qk_norm):
+            raise ConfigError("Multi-head Latent Attention (mla) has one key and value per query "
+                              f"head: kv_heads = {self.kv_heads!r} and qk_norm = {self.qk_norm} "
+                              "are not allowed with it")
 
     # ------------------------------------------------------------------ derived sizes
     @property
@@ -184,19 +225,50 @@ class DecoderShape:
         return self.kv_heads or self.heads
 
     @property
-    def d(self) -> int:
-        """Head size."""
+    def d(self) -> float:
+        """Head size the attention core sees; with MLA the mean of the query/key and value
+        head sizes, ``(d_n + d_r + d_v)/2`` (QKᵀ is linear in the first, P·V in the second,
+        so the core's FLOPs and bytes are those of this mean)."""
+        if self.mla is not None:
+            m = self.mla
+            half = (m.qk_head_dim + m.v_head_dim) / 2
+            return int(half) if half == int(half) else half
         return self.head_dim or self.hidden // self.heads
 
     @property
     def q_width(self) -> int:
-        """``a·d``: width of Q and of the attention output."""
+        """``a·d``: width of Q and of the attention output (MLA: ``a·(d_n + d_r)``)."""
+        if self.mla is not None:
+            return self.heads * self.mla.qk_head_dim
         return self.heads * self.d
 
     @property
     def kv_width(self) -> int:
-        """``g·d``: width of K and of V."""
+        """``g·d``: width of K and of V (MLA: ``a·d_v``, so that Q, K, V and the output
+        projection's input sum as ``2·(q_width + kv_width)``)."""
+        if self.mla is not None:
+            return self.heads * self.mla.v_head_dim
         return self.g * self.d
+
+    @property
+    def rope_width(self) -> int:
+        """Width of the rotary embedding's pass per token: Q and K (``q_width + kv_width``);
+        MLA rotates only the decoupled parts, ``a·d_r`` of the queries and the shared ``d_r``
+        key."""
+        if self.mla is not None:
+            return (self.heads + 1) * self.mla.qk_rope_head_dim
+        return self.q_width + self.kv_width
+
+    @property
+    def window_share(self) -> float:
+        """Fraction of the layers that use the sliding window."""
+        return self.window_layers / self.layers
+
+    def core_keys(self, s: int) -> float:
+        """Keys per query in one layer's attention-core FLOPs, the mean over the stack's layer
+        types: ``s`` (full) or ``min(w, s)`` (window) (:func:`.window_keys`)."""
+        w = self.window_share
+        return (1 - w) * window_keys(s, None) + w * window_keys(s, self.sliding_window)
 
     @property
     def is_moe(self) -> bool:
@@ -216,13 +288,18 @@ class DecoderShape:
         return 3 if self.gated_mlp else 2
 
     def is_moe_layer(self, i: int) -> bool:
-        """Whether layer ``i`` (0-based) is a Mixture-of-Experts layer."""
-        return self.is_moe and (i + 1) % self.moe_layer_freq == 0
+        """Whether layer ``i`` (0-based) is a Mixture-of-Experts layer: past the first
+        ``first_dense_layers`` and every ``moe_layer_freq``-th."""
+        return (self.is_moe and i >= self.first_dense_layers
+                and (i + 1) % self.moe_layer_freq == 0)
 
     @property
     def moe_layers(self) -> int:
         """Number of MoE layers."""
-        return self.layers // self.moe_layer_freq if self.is_moe else 0
+        if not self.is_moe:
+            return 0
+        f, k = self.moe_layer_freq, self.first_dense_layers
+        return self.layers // f - k // f
 
     @property
     def dense_layers(self) -> int:
@@ -246,9 +323,20 @@ class DecoderShape:
 
     @property
     def attention_params(self) -> int:
+        """Q, K, V and output projections with their biases (or MLA's, :meth:`MLA.params`),
+        Qwen3's query and key norms (``2d``) and GPT-OSS's sinks (``a``)."""
         h, qw, kvw = self.hidden, self.q_width, self.kv_width
+        extra = (2 * self.d if self.qk_norm else 0) + (self.heads if self.attention_sinks else 0)
+        if self.mla is not None:
+            return self.mla.params(h, self.heads) + extra
         qkv = h * (qw + 2 * kvw) + ((qw + 2 * kvw) if self.qkv_bias else 0)
-        return qkv + qw * h + (h if self.out_bias else 0)
+        return qkv + qw * h + (h if self.out_bias else 0) + extra
+
+    @property
+    def out_proj_params(self) -> int:
+        """The attention output projection's weight and bias."""
+        width = self.heads * self.mla.v_head_dim if self.mla is not None else self.q_width
+        return width * self.hidden + (self.hidden if self.out_bias else 0)
 
     @property
     def norm_params(self) -> int:
@@ -257,7 +345,7 @@ class DecoderShape:
 
     @property
     def router_params(self) -> int:
-        return self.hidden * self.experts
+        return self.hidden * self.experts + (self.experts if self.router_bias else 0)
 
     @property
     def shared_params(self) -> int:
@@ -278,9 +366,12 @@ class DecoderShape:
         def linear(weight: float, bias: float, has_bias: bool) -> tuple[float, ...]:
             return (weight, bias) if has_bias else (weight,)
 
-        return (norm,
-                linear(h * (qw + 2 * kvw) / tp, (qw + 2 * kvw) / tp, self.qkv_bias),
-                linear(qw * h / tp, float(h), self.out_bias),
+        qkv = linear(h * (qw + 2 * kvw) / tp, (qw + 2 * kvw) / tp, self.qkv_bias)
+        if self.mla is not None or self.qk_norm or self.attention_sinks:
+            qkv = ((self.attention_params - self.out_proj_params) / tp,)   # one module's worth
+        return (norm, qkv,
+                linear((self.out_proj_params - (h if self.out_bias else 0)) / tp, float(h),
+                       self.out_bias),
                 norm,
                 linear(h * up / tp, up / tp, self.mlp_bias),
                 linear(f * h / tp, float(h), self.mlp_bias))
@@ -332,11 +423,17 @@ class DecoderShape:
         Keys: ``q``, ``kv``, ``attn_core``, ``proj`` and either ``mlp`` (dense layer) or
         ``router``, ``experts``, ``shared_experts`` (MoE layer; ``experts`` counts the
         ``top_k`` experts each token meets, without capacity padding). ``moe`` picks the kind
-        of layer; by default the kind every layer has.
+        of layer; by default the kind every layer has. ``attn_core`` is ``4·b·s·n_k·a·d`` with
+        ``n_k`` keys per query (:meth:`core_keys`: ``s``, or the window's band); with MLA
+        ``q``, ``kv`` and ``proj`` are its projections' (:meth:`MLA.forward_flops`).
         """
         h, qw, kvw, t = self.hidden, self.q_width, self.kv_width, float(b * s)
-        out = {"q": 2 * t * h * qw, "kv": 2 * t * h * 2 * kvw,
-               "attn_core": 4.0 * b * s * s * qw, "proj": 2 * t * qw * h}
+        core = 4.0 * b * s * self.core_keys(s) * self.heads * self.d
+        if self.mla is not None:
+            out = {**self.mla.forward_flops(t, h, self.heads), "attn_core": core}
+        else:
+            out = {"q": 2 * t * h * qw, "kv": 2 * t * h * 2 * kvw, "attn_core": core,
+                   "proj": 2 * t * qw * h}
         m = self.mlp_matrices
         if not self._uniform(moe):
             out["mlp"] = 2 * m * t * h * self.ffn
@@ -382,7 +479,9 @@ class DecoderShape:
         seq = b * s * self.hidden / (t if sp else 1)
         hidden = 2 * 2 * seq + 2 * 3 * seq + (3 * 2 * seq if self.dropout else 0)
         act = (3 if self.gated_mlp else 2) * b * s / t
-        rope = 2 * b * s * (self.q_width + self.kv_width) / t if self.positions == "rotary" else 0
+        rope = 2 * b * s * self.rope_width / t if self.positions == "rotary" else 0
+        if self.qk_norm:   # Qwen3's RMSNorm of every query and key head: read + write
+            rope += 2 * b * s * (self.q_width + self.kv_width) / t
         scores = (3 if self.dropout else 2) * 2 * b * self.heads * s * s / t
         if self._uniform(moe):
             mlp = act * (self.top_k * self.f_e + self.shared_experts * self.f_s)
@@ -404,6 +503,8 @@ class DecoderShape:
             return 2.0 * sb * h / (t if sp else 1)
         per_tok = 4 if not self.gated_mlp else 6                 # MLP tensors, × sb·f
         replicated = sb * h * (4 + 2 + 2 + (2 if self.dropout else 0))   # norms, GEMM inputs, masks
+        if self.mla is not None:   # the normalised latents the up projections read
+            replicated += 2 * sb * self.mla.latent_width()
         split = 4.0 * sb * (self.q_width + self.kv_width)       # Q, K, V, projection input
         if self._uniform(moe):
             k = self.top_k

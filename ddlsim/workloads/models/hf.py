@@ -2,10 +2,14 @@
 
 Covered styles (``model_type``): ``gpt2`` (``n_layer``, ``n_embd``, ``n_head``,
 ``n_positions``, ``n_inner``, ``activation_function``), ``llama``, ``mistral``, ``mixtral``
-(``num_local_experts``, ``num_experts_per_tok``), ``qwen2`` (bias on q/k/v only) and
-``qwen2_moe`` (``num_experts``, ``moe_intermediate_size``, one gated shared expert). What each
-architecture fixes in code rather than in its config (gated MLP, norm, positions, biases) is
-taken from the HuggingFace ``modeling_<type>.py`` of that architecture.
+(``num_local_experts``, ``num_experts_per_tok``), ``qwen2`` (bias on q/k/v only),
+``qwen2_moe`` (``num_experts``, ``moe_intermediate_size``, one gated shared expert), ``qwen3``
+and ``qwen3_moe`` (query/key norms, explicit ``head_dim``), ``deepseek_v3`` (Multi-head Latent
+Attention, ``n_routed_experts`` + ``n_shared_experts``, ``first_k_dense_replace`` dense layers)
+and ``gpt_oss`` (biases everywhere, attention sinks, sliding-window attention on the layers
+``layer_types`` names). What each architecture fixes in code rather than in its config (gated
+MLP, norm, positions, biases) is taken from the HuggingFace ``modeling_<type>.py`` of that
+architecture (transformers 4.56).
 
 Keys that do not change performance (token ids, epsilons, initialisation, RoPE base and
 scaling, dtype, versions, …) and keys ddlsim does not know are returned in a list, to be
@@ -21,6 +25,7 @@ from pathlib import Path
 
 from ...errors import ConfigError
 from .decoder import DecoderShape
+from .mla import MLA
 
 __all__ = ["from_hf_config", "read_hf_config", "unmodelled_warning", "MODEL_TYPES"]
 
@@ -38,6 +43,13 @@ MODEL_TYPES: dict[str, tuple[tuple[str, ...], dict]] = {
     "mixtral": (_LLAMA_KEYS, dict(_ROTARY_GATED, tied_embeddings=False)),
     "qwen2": (_LLAMA_KEYS, dict(_ROTARY_GATED, qkv_bias=True, tied_embeddings=False)),
     "qwen2_moe": (_LLAMA_KEYS, dict(_ROTARY_GATED, qkv_bias=True, tied_embeddings=False)),
+    "qwen3": (_LLAMA_KEYS, dict(_ROTARY_GATED, qk_norm=True, tied_embeddings=False)),
+    "qwen3_moe": (_LLAMA_KEYS, dict(_ROTARY_GATED, qk_norm=True, tied_embeddings=False)),
+    "deepseek_v3": (_LLAMA_KEYS, dict(_ROTARY_GATED, tied_embeddings=False)),
+    # modeling_gpt_oss.py: q/k/v/o biases (the config class sets attention_bias = True), expert
+    # biases (gate_up_proj_bias, down_proj_bias), a router bias and one sink per head
+    "gpt_oss": (_LLAMA_KEYS, dict(_ROTARY_GATED, qkv_bias=True, out_bias=True, mlp_bias=True,
+                                  router_bias=True, attention_sinks=True, tied_embeddings=False)),
 }
 
 #: Activations HuggingFace's ACT2FN knows that these architectures use.
@@ -49,12 +61,15 @@ _READ = {"model_type", "vocab_size", "num_key_value_heads", "head_dim", "hidden_
          "activation_function", "tie_word_embeddings", "attention_bias", "mlp_bias",
          "num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
          "shared_expert_intermediate_size", "decoder_sparse_step", "resid_pdrop",
-         "embd_pdrop", "attn_pdrop"}
+         "embd_pdrop", "attn_pdrop", "sliding_window", "use_sliding_window", "max_window_layers",
+         "layer_types", "n_routed_experts", "n_shared_experts", "first_k_dense_replace",
+         "moe_layer_freq", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+         "qk_rope_head_dim", "v_head_dim"}
 
 #: Keys that change the model when set, and what ddlsim does instead.
 _NOT_MODELLED = {
-    "sliding_window": "sliding-window attention not modelled: attention cost and memory are "
-                      "those of full causal attention",
+    "num_nextn_predict_layers": "DeepSeek-V3's multi-token prediction module not modelled: "
+                                "the iteration trains the main model only",
     "mlp_only_layers": "per-layer dense/MoE list not modelled: MoE layers follow "
                        "decoder_sparse_step only",
     "attention_dropout": "attention dropout not modelled for this architecture",
@@ -128,16 +143,66 @@ def _sizes(doc: dict, mt: str, source: str) -> dict:
         fields["head_dim"] = _int(doc, "head_dim", source, required=False)
     fields["tied_embeddings"] = _bool(doc, "tie_word_embeddings", source,
                                       fixed["tied_embeddings"])
-    if mt in ("llama", "mistral", "mixtral"):
+    if mt in ("llama", "mistral", "mixtral", "qwen3", "qwen3_moe"):
         bias = _bool(doc, "attention_bias", source, False)
         fields.update(qkv_bias=bias, out_bias=bias, mlp_bias=_bool(doc, "mlp_bias", source, False))
+    fields.update(_window(doc, mt, fields["layers"], source))
+    if mt == "deepseek_v3":
+        fields["mla"] = _mla(doc, source)
     return fields
 
 
+def _mla(doc: dict, source: str) -> MLA:
+    """DeepSeek-V3's attention sizes (:class:`~.mla.MLA`); ``q_lora_rank`` may be null."""
+    return MLA(kv_lora_rank=_int(doc, "kv_lora_rank", source),
+               qk_nope_head_dim=_int(doc, "qk_nope_head_dim", source),
+               qk_rope_head_dim=_int(doc, "qk_rope_head_dim", source),
+               v_head_dim=_int(doc, "v_head_dim", source),
+               q_lora_rank=_int(doc, "q_lora_rank", source, required=False),
+               bias=_bool(doc, "attention_bias", source, False))
+
+
+#: layer_types entries (transformers' ``layer_type_validation``) with and without a window
+_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def _window(doc: dict, mt: str, layers: int, source: str) -> dict:
+    """``sliding_window`` and how many layers use it: those ``layer_types`` names
+    ``sliding_attention`` (GPT-OSS); with Qwen2/Qwen3 the layers from ``max_window_layers``
+    on, and only with ``use_sliding_window: true``; else all (Mistral, Mixtral)."""
+    w = _int(doc, "sliding_window", source, required=False)
+    types = doc.get("layer_types")
+    if types is not None:
+        if (not isinstance(types, list) or len(types) != layers
+                or any(x not in _LAYER_TYPES for x in types)):
+            raise _err(source, "layer_types", types, f"expected a list of {layers} entries "
+                       f"(num_hidden_layers), each one of {', '.join(_LAYER_TYPES)}")
+        n = types.count("sliding_attention")
+    elif mt.startswith("qwen"):
+        use = _bool(doc, "use_sliding_window", source, False)
+        full = _int(doc, "max_window_layers", source, required=False) or 0
+        n = max(0, layers - full) if use else 0
+    else:
+        n = layers
+    if w is None or n == 0:
+        if types is not None and n:
+            raise ConfigError(f"{source}: layer_types names {n} sliding_attention layers but "
+                              "sliding_window is missing; give the window in keys")
+        return {}
+    return {"sliding_window": w, "window_layers": n}
+
+
 def _moe(doc: dict, mt: str, source: str) -> dict:
-    if mt == "mixtral":
+    if mt in ("mixtral", "gpt_oss"):   # GPT-OSS's experts are intermediate_size wide
         return dict(experts=_int(doc, "num_local_experts", source),
                     top_k=_int(doc, "num_experts_per_tok", source))
+    if mt == "deepseek_v3":
+        return _deepseek_moe(doc, source)
+    if mt == "qwen3_moe":
+        freq = _int(doc, "decoder_sparse_step", source, required=False) or 1
+        return dict(experts=_int(doc, "num_experts", source),
+                    top_k=_int(doc, "num_experts_per_tok", source),
+                    expert_ffn=_int(doc, "moe_intermediate_size", source), moe_layer_freq=freq)
     if mt != "qwen2_moe":
         return {}
     shared = _int(doc, "shared_expert_intermediate_size", source, required=False)
@@ -148,20 +213,51 @@ def _moe(doc: dict, mt: str, source: str) -> dict:
                 shared_expert_gate=bool(shared))
 
 
+def _deepseek_moe(doc: dict, source: str) -> dict:
+    """DeepSeek-V3's MoE fields (``modeling_deepseek_v3.py``): ``n_routed_experts`` of
+    ``moe_intermediate_size``, ``n_shared_experts`` of the same size (its shared MLP is one
+    MLP of ``n_shared × moe_intermediate_size``: the same parameters and FLOPs), the router's
+    ``e_score_correction_bias`` (``E``), the first ``first_k_dense_replace`` layers dense."""
+    freq = doc.get("moe_layer_freq", 1)
+    if freq != 1:
+        raise _err(source, "moe_layer_freq", freq, "only 1 (every layer past "
+                   "first_k_dense_replace is an MoE layer) is modelled")
+    first = doc.get("first_k_dense_replace", 0)
+    if isinstance(first, bool) or not isinstance(first, int) or first < 0:
+        raise _err(source, "first_k_dense_replace", first, "expected an integer >= 0")
+    shared = doc.get("n_shared_experts") or 0
+    if isinstance(shared, bool) or not isinstance(shared, int) or shared < 0:
+        raise _err(source, "n_shared_experts", shared, "expected an integer >= 0")
+    f_e = _int(doc, "moe_intermediate_size", source)
+    return dict(experts=_int(doc, "n_routed_experts", source),
+                top_k=_int(doc, "num_experts_per_tok", source), expert_ffn=f_e,
+                shared_experts=shared, shared_expert_ffn=f_e if shared else None,
+                first_dense_layers=first, router_bias=True)
+
+
 def _active(doc: dict, mt: str, key: str, source: str) -> bool:
     """Whether a key of :data:`_NOT_MODELLED` changes this model."""
-    if key == "sliding_window":
-        default = mt not in ("qwen2", "qwen2_moe")   # Qwen2 applies it only when asked
-        return doc[key] is not None and doc.get("use_sliding_window", default) is not False
     if key == "attention_dropout":
         return _prob(doc, key, source) > 0
     return bool(doc[key])
+
+
+#: Expert keys, and the model types whose HuggingFace modelling code reads them
+_MOE_KEYS = {"num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+             "shared_expert_intermediate_size", "decoder_sparse_step", "n_routed_experts",
+             "n_shared_experts", "first_k_dense_replace", "moe_layer_freq"}
+_MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "gpt_oss")
 
 
 def _unmodelled(doc: dict, mt: str, source: str) -> list[str]:
     sizes = set(MODEL_TYPES[mt][0])
     out = []
     for key in doc:
+        if key in _MOE_KEYS and mt not in _MOE_TYPES and doc[key]:
+            out.append(f"{key}={doc[key]!r} (model_type {mt!r} has no experts: transformers' "
+                       f"{mt} model ignores this key, so ddlsim counts a dense model; use "
+                       f"model_type 'mixtral' for a Mixture-of-Experts model)")
+            continue
         if key in sizes or key in _READ:
             continue
         if key in _NOT_MODELLED and _active(doc, mt, key, source):
