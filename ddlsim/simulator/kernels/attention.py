@@ -9,7 +9,9 @@ with a causal mask the kernel skips the key blocks wholly above the diagonal, so
 "Causal masking": blocks entirely masked are skipped; 128 is FA2's block size for head
 dimensions 64-128 on A100, §3.3). Its backward does 5 GEMMs to the forward's 2, i.e. 2.5× the
 forward FLOPs, the recomputation of ``P`` included (FA2 §4.1, the FLOP count of its benchmarks).
-It runs at the measured fraction of peak in ``device.attention_efficiency``.
+It runs at the measured fraction of peak in ``device.attention_efficiency``. With a sliding
+window it computes only the tiles the band crosses (:mod:`.window`); the batched-GEMM kinds
+below compute every score and mask the rest, so a window changes nothing for them.
 
 ``fused_softmax`` (Megatron-LM's FusedScaleMaskSoftmax) and ``unfused``: QKᵀ and PV as batched
 GEMMs (``b·a`` of them) and the ``b·a·s²`` scores written, read and kept: the fused kernel does
@@ -37,6 +39,7 @@ from __future__ import annotations
 import math
 
 from ...workloads.trace import Kernel
+from .window import window_fraction
 
 __all__ = ["FLASH_BACKWARD_FACTOR", "FLASH_BLOCK", "causal_fraction", "flash_forward_flops",
            "attention_kernels", "scores_activation_bytes", "FLASH_KINDS"]
@@ -56,24 +59,33 @@ def causal_fraction(s: float, block: int = FLASH_BLOCK) -> float:
 
 
 def flash_forward_flops(b: float, heads: float, s: float, d: float, causal: bool = True,
-                        s_k: float | None = None) -> float:
+                        s_k: float | None = None, window: int | None = None,
+                        window_share: float = 1.0) -> float:
     """Forward FLOPs of FlashAttention for ``b`` sequences, ``heads`` query heads of
     dimension ``d``, ``s`` queries against ``s_k`` (default ``s``) keys:
-    ``4·b·heads·s·s_k·d``, times :func:`causal_fraction` with a causal mask."""
+    ``4·b·heads·s·s_k·d``, times :func:`causal_fraction` with a causal mask, or with a
+    sliding ``window`` on a ``window_share`` of the layers, the mean of
+    :func:`.window_fraction` and the causal fraction over them."""
     s_k = s if s_k is None else s_k
     frac = causal_fraction(s) if causal and s_k == s else 1.0
+    if window is not None and causal and s_k == s:
+        frac = (window_share * window_fraction(s, window, FLASH_BLOCK)
+                + (1 - window_share) * frac)
     return 4.0 * b * heads * s * s_k * d * frac
 
 
 def attention_kernels(kind: str, b: float, heads: float, s: float, d: float, dtype_bytes: float,
                       dropout: bool, backward: bool, dtype: str = "bf16",
-                      causal: bool = True, kv_heads: float | None = None) -> tuple[Kernel, ...]:
+                      causal: bool = True, kv_heads: float | None = None,
+                      window: int | None = None, window_share: float = 1.0) -> tuple[Kernel, ...]:
     """The kernels of one attention core (forward, or ``backward``) on one rank holding
     ``heads`` query heads (``kv_heads`` key/value heads, default ``heads``) of ``b`` sequences
-    of length ``s`` (module docstring)."""
+    of length ``s`` (module docstring); ``window``, ``window_share`` as
+    :func:`flash_forward_flops`."""
     dt = dtype_bytes
     if kind in FLASH_KINDS:
-        fwd = flash_forward_flops(b, heads, s, d, causal)
+        fwd = flash_forward_flops(b, heads, s, d, causal, window=window,
+                                  window_share=window_share)
         io = (8 if backward else 4) * b * s * heads * d * dt   # Q K V O (+ dO dQ dK dV)
         return (Kernel("flash", flops=fwd * (FLASH_BACKWARD_FACTOR if backward else 1.0),
                        bytes=io, dtype=dtype, variant=kind),)

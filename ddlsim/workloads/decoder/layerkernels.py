@@ -51,7 +51,11 @@ def activation_kinds(cfg: Any) -> dict[str, bool]:
 
 def linear_gemms(shape: Any, M: float, t: int) -> dict[str, tuple[float, float, float]]:
     """``(M, N, K)`` of the layer's four linear GEMMs on one of ``t`` Megatron 1-D ranks:
-    ``qkv`` and ``fc1`` split by columns, ``proj`` and ``fc2`` by rows."""
+    ``qkv`` and ``fc1`` split by columns, ``proj`` and ``fc2`` by rows. MLA: ``qkv`` is the
+    tuple of its four projections (:func:`.variants.mla_linear_gemms`)."""
+    if shape.mla is not None:
+        from .variants import mla_linear_gemms
+        return mla_linear_gemms(shape, M, t)
     h = shape.hidden
     return {"qkv": (M, (shape.q_width + 2 * shape.kv_width) / t, h),
             "proj": (M, h, shape.q_width / t),
@@ -66,7 +70,9 @@ def _fp8_casts(M: float, N: float, K: float, backward: bool) -> tuple[Kernel, ..
             Kernel("memory", bytes=3 * K * N, dtype="bf16"))
 
 
-def _linear(shape3: tuple[float, float, float], dtype: str, backward: bool) -> tuple[Kernel, ...]:
+def _linear(shape3: tuple, dtype: str, backward: bool) -> tuple[Kernel, ...]:
+    if isinstance(shape3[0], tuple):   # several GEMMs in a row (MLA's projections)
+        return sum((_linear(x, dtype, backward) for x in shape3), ())
     M, N, K = shape3
     shapes = gemm_kernels_backward(M, N, K) if backward else ((M, N, K),)
     out = tuple(Kernel("gemm", g, dtype=dtype) for g in shapes)
@@ -98,7 +104,8 @@ def layer_kernels(shape: Any, sw: Any, b: int, s: int, t: int, sp: bool,
     dt = DTYPE_BYTES[od]
     g = linear_gemms(shape, b * s, t)
     core = [attention_kernels(sw.attention, b, shape.heads / t, s, shape.d, dt, shape.dropout,
-                              bwd, od, kv_heads=shape.g / t) for bwd in (False, True)]
+                              bwd, od, kv_heads=shape.g / t, window=shape.sliding_window,
+                              window_share=shape.window_share) for bwd in (False, True)]
     ew = layer_elementwise_kernels(shape, b, s, t, sp, dt, sw, od)
     # each op's kernels by the module whose parameters they use (ZeRO-3's module hooks,
     # .zero3): the attention core runs between the QKV and output projections' hooks

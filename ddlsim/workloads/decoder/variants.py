@@ -12,7 +12,8 @@ from typing import Any
 
 from ..models.mla import MLA
 
-__all__ = ["check_variants", "variant_shape_fields", "variant_section", "MLA_FIELDS"]
+__all__ = ["check_variants", "variant_shape_fields", "variant_section", "mla_linear_gemms",
+           "MLA_FIELDS"]
 
 #: The section fields of Multi-head Latent Attention (HuggingFace ``deepseek_v3`` names)
 MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
@@ -75,3 +76,14 @@ def variant_section(f: dict) -> dict:
         out["sliding_window"] = f["sliding_window"]
         out["window_layers"] = f["window_layers"]
     return out
+
+
+def mla_linear_gemms(shape: Any, M: float, t: int) -> dict:
+    """:func:`.layerkernels.linear_gemms` of an MLA layer: ``qkv`` is the tuple of its four
+    projections' ``(M, N, K)`` (:meth:`MLA.gemms`: down projections replicated, up ones split
+    by heads), ``proj`` the output projection, ``fc1``/``fc2`` the dense MLP's."""
+    g = shape.mla.gemms(M, shape.hidden, shape.heads, t)
+    f = shape.ffn
+    return {"qkv": tuple(v for k, v in g.items() if k != "proj"), "proj": g["proj"],
+            "fc1": (M, (shape.mlp_matrices - 1) * f / t, shape.hidden),
+            "fc2": (M, shape.hidden, f / t)}

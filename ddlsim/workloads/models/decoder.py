@@ -428,7 +428,7 @@ class DecoderShape:
         ``q``, ``kv`` and ``proj`` are its projections' (:meth:`MLA.forward_flops`).
         """
         h, qw, kvw, t = self.hidden, self.q_width, self.kv_width, float(b * s)
-        core = 4.0 * b * s * self.core_keys(s) * self.heads * self.d
+        core = 4.0 * b * s * self.core_keys(s) * (self.heads * self.d)
         if self.mla is not None:
             out = {**self.mla.forward_flops(t, h, self.heads), "attn_core": core}
         else:
