@@ -18,8 +18,24 @@ from .limits import check_bound
 from .registered import node_fabrics, placements, registered, topologies
 from .software import DEFAULT_STACK, GemmLibrary, SoftwareSpec, stacks
 
-__all__ = ["DeviceSpec", "LinkSpec", "IntraNodeSpec", "NetworkSpec", "check_shape",
+__all__ = ["DeviceSpec", "LaunchSpec", "LinkSpec", "IntraNodeSpec", "NetworkSpec", "check_shape",
            "CollectivesSpec", "SystemConfig"]
+
+
+class LaunchSpec(_Strict):
+    """How kernels reach a device from its host (docs/compute.md, "Host and launch time"):
+    the host's CPU time per kernel and the device's idle time between back-to-back kernels,
+    each a microbenchmark figure with its source."""
+
+    host_launch_s: Seconds = Field(description="host CPU time of one kernel launch from C++ "
+                                               "(cudaLaunchKernel and the driver)")
+    eager_op_s: Seconds = Field(description="host CPU time an eager framework adds per op: "
+                                            "Python, the dispatcher, autograd bookkeeping")
+    stream_gap_s: Seconds = Field(description="device idle time between two kernels launched "
+                                              "back to back on one stream")
+    graph_gap_s: Seconds = Field(description="device idle time between two kernels of one "
+                                             "CUDA graph")
+    source: str | None = None
 
 
 class DeviceSpec(_Strict):
@@ -52,6 +68,9 @@ class DeviceSpec(_Strict):
         default=None, description="achieved / peak memory bandwidth of the non-flash attention "
                                   "core's s² kernels (scale-mask-softmax, dropout, the batched "
                                   "QKᵀ and P·V GEMMs); default: memory_efficiency")
+    launch: LaunchSpec | None = Field(
+        default=None, description="host and launch time per kernel (docs/compute.md); unset: "
+                                  "kernels cost only their device time")
     source: str | None = None
 
     @model_validator(mode="after")

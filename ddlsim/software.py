@@ -44,6 +44,8 @@ DEFAULT_STACK = "megatron-core-2024"
 Attention = Literal["flash2", "flash3", "fused_softmax", "unfused"]
 Zero3Gather = Literal["per_layer", "per_module", "per_tensor"]
 GradReduceDtype = Literal["param", "fp32", "fp32_if_bf16"]
+#: how the stack hands kernels to the device (ddlsim/simulator/kernels/host.py)
+HostDispatch = Literal["eager", "compiled", "cuda_graphs"]
 def _gemm_library(v: Any) -> Any:
     """A GEMM library's name and major version, lower case (``cublas-12``), or the reason."""
     if not (isinstance(v, str) and len(v) <= 40
@@ -92,6 +94,11 @@ class KernelSpec(_Strict):
                                   "cublas-12, …): picks the device's matmul ceiling measured "
                                   "with it (device.matmul_efficiency_by_library; "
                                   "docs/compute.md)")
+    host_dispatch: HostDispatch | None = Field(
+        default=None, description="how kernels are dispatched: eager (PyTorch from Python, op "
+                                  "by op), compiled (torch.compile: a compiled wrapper "
+                                  "launches them) or cuda_graphs (captured graphs); sets the "
+                                  "host time per kernel (docs/compute.md)")
 
 
 class OverlapSpec(_Strict):

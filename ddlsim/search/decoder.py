@@ -16,7 +16,7 @@ points to ``ddlsim sweep``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from ..software import grad_dtype_bytes
 from ..workloads.decoder.zero3 import (FETCH_PASSES, REDUCE_PASSES, list_host_seconds,
                                         module_fetches, zero3_gathered_bytes)
 from ..simulator.kernels import kernel_device, op_time
+from ..simulator.kernels.host import NO_LAUNCH, stream_times
 from ..workloads.decoder.layerkernels import activation_kinds, compute_dtype
 from .family import StageCosts, register_vector_family
 from .kerneltimes import kernel_times
@@ -91,7 +92,9 @@ class DecoderVectors:
         dt, gdt = DTYPE_BYTES[dtype], grad_dtype_bytes(sw.grad_reduce_dtype, dtype)
         dev = kernel_device(cfg.system)
         step = StageBuilder(cfg, shape).optimizer_op(1.0).payload
-        return _Context(cfg, shape, t.seq_length, dt, gdt, dev, op_time(step, dev),
+        # the step's device seconds per parameter; its one launch is added per stage
+        per_param = op_time(step, replace(dev, launch=NO_LAUNCH))
+        return _Context(cfg, shape, t.seq_length, dt, gdt, dev, per_param,
                         cfg.system.device.memory_bytes)
 
     # ------------------------------------------------------------------ costs
@@ -172,8 +175,10 @@ class DecoderVectors:
 
     def _optimizer(self, ctx: _Context, n_params) -> np.ndarray:
         """The builder's optimizer step (:meth:`StageBuilder.optimizer_op`) over ``n_params``
-        parameters: its op is linear in them, so one parameter's seconds times the count."""
-        return ctx.step_s * np.asarray(n_params, dtype=float)
+        parameters: its op's device time is linear in them, so one parameter's seconds times
+        the count, and the op's one launch (:func:`~ddlsim.simulator.kernels.host.stream_times`)."""
+        n = np.asarray(n_params, dtype=float)
+        return stream_times(ctx.step_s * n, (n > 0).astype(float), ctx.dev.launch)
 
     def _update(self, ctx: _Context, plans, params, bwd_layer, coll):
         """(update block, data-parallel tail) of a stage holding ``params`` per rank."""
@@ -250,7 +255,9 @@ class DecoderVectors:
         k, tp_f, tp_b, acc = _module_pieces(ctx, plans, coll)
         n, sw = len(plans), ctx.cfg.software
         zeros = lambda: np.zeros(n)  # noqa: E731
-        mem = lambda nbytes: nbytes / ctx.dev.memory_Bps  # noqa: E731
+        def mem(nbytes: float) -> float:   # one memory-pass op: its kernel and launch
+            return float(stream_times(nbytes / ctx.dev.memory_Bps, float(nbytes > 0),
+                                      ctx.dev.launch))
         sel = np.where(plans["recompute"] == RECOMPUTE.index("selective"), k["recompute"], 0.0)
         fwd_comp = {1: k["attn.qkv"], 2: k["attn.proj"] + tp_f, 4: k["mlp.fc1"],
                     5: k["mlp.fc2"] + tp_f + k["ew"]}
@@ -357,7 +364,9 @@ def _module_pieces(ctx: _Context, plans, coll):
     # SP: the backward re-gathers each block's sequence-sharded input (Korthikanti §4.2.2)
     tp_b = tp_f + np.where(sp, coll("all_gather", "tp", act), 0.0) * multi
     acc = 0.0 if ctx.cfg.software.gradient_accumulation_fusion else 2 * dt + 2 * ctx.gdt
-    return k, tp_f, tp_b, sh.layer_params / t * acc / ctx.dev.memory_Bps
+    acc_s = stream_times(sh.layer_params / t * acc / ctx.dev.memory_Bps, float(acc > 0),
+                         ctx.dev.launch)
+    return k, tp_f, tp_b, acc_s
 
 
 def _take(x, mask: np.ndarray) -> np.ndarray:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..simulator.kernels import gemm_kernels_backward, kernel_time
+from ..simulator.kernels.host import stream_time
 from ..workloads.decoder.layerkernels import compute_dtype, layer_kernels
 from ..workloads.trace import Kernel
 
@@ -41,7 +42,9 @@ def _one(ctx, b: int, t: int, sp: bool, seen: dict) -> dict[str, float]:
             got = seen[k] = kernel_time(k, ctx.dev)
         return got
 
-    return {key: sum(time(k) for k in lk[key]) for key in _keys(ctx)}
+    # each key is one op of the builder: its kernels' host and launch time as op_time adds it
+    return {key: stream_time(sum(time(k) for k in lk[key]), len(lk[key]), ctx.dev.launch)
+            for key in _keys(ctx)}
 
 
 def kernel_times(ctx, mbs: np.ndarray, tp: np.ndarray, sp: np.ndarray) -> dict[str, np.ndarray]:

@@ -11,7 +11,9 @@ From ``system.device`` (ddlsim/data/systems.yaml cites each preset's values):
   explicit override, e.g. a calibrated figure);
 * ``sm_count`` — for the wave quantisation of GEMMs;
 * ``memory_efficiency`` — achieved / datasheet memory bandwidth of streaming kernels;
-* ``attention_efficiency[flash2|flash3]`` — FlashAttention's measured fraction of peak.
+* ``attention_efficiency[flash2|flash3]`` — FlashAttention's measured fraction of peak;
+* ``launch`` — host and launch time per kernel, under the stack's ``host_dispatch``
+  (:mod:`.host`): an op's time is ``max(Σ kernel time + n·gap, n·host)``.
 
 A device without a fact falls back, each time in the same documented way (docs/compute.md):
 no ``sm_count``: no quantisation; no ``matmul_efficiency``: 0.75, the former default of
@@ -27,6 +29,7 @@ from typing import Any, Callable
 from ...config_types import DTYPE_BYTES
 from ...workloads.trace import Compute, Kernel
 from .gemm import gemm_time
+from .host import NO_LAUNCH, Launch, launch_costs, stream_time
 
 __all__ = ["KernelDevice", "kernel_device", "kernel_time", "op_time", "DEFAULT_CEILING",
            "matmul_ceilings"]
@@ -48,6 +51,8 @@ class KernelDevice:
     override: float | None = None
     #: achieved bandwidth of the non-flash attention core's s² kernels (``variant="scores"``)
     scores_Bps: float | None = None
+    #: host time and device gap per kernel under the stack's dispatch mode (:mod:`.host`)
+    launch: Launch = NO_LAUNCH
 
     def peak_flops(self, dtype: str) -> float:
         """Peak FLOP/s at ``dtype`` (the device's best when it lists no such dtype)."""
@@ -95,13 +100,15 @@ def matmul_ceilings(system: Any) -> dict[str, float]:
 
 def kernel_device(system: Any) -> KernelDevice:
     """The :class:`KernelDevice` of ``system`` (a :class:`~ddlsim.config.SystemConfig`)."""
+    from ...software import resolve_software
     dev = system.device
     scores = dev.score_pass_efficiency or dev.memory_efficiency or 1.0
+    launch = launch_costs(dev.launch, resolve_software(system.software).host_dispatch)
     return KernelDevice(dict(dev.peak_flops),
                         dev.memory_bandwidth_Bps * (dev.memory_efficiency or 1.0),
                         dev.sm_count, matmul_ceilings(system),
                         dict(dev.attention_efficiency or {}), system.compute_efficiency,
-                        dev.memory_bandwidth_Bps * scores)
+                        dev.memory_bandwidth_Bps * scores, launch)
 
 
 def kernel_time(k: Kernel, dev: KernelDevice, efficiency: float | None = None) -> float:
@@ -126,12 +133,14 @@ def kernel_time(k: Kernel, dev: KernelDevice, efficiency: float | None = None) -
 def op_time(op: Compute, dev: KernelDevice,
             measured: Callable[[float, str], float | None] | None = None,
             memo: dict | None = None) -> float:
-    """Seconds of one compute op: the sum of its kernels (they run one after another on the
-    stream), or — an op with no kernels — the roofline ``max(FLOPs / (peak · η_max),
+    """Seconds of one compute op: its kernels one after another on the stream, or — an op
+    with no kernels — one kernel timed by the roofline ``max(FLOPs / (peak · η_max),
     bytes / achieved bandwidth)`` (element-wise and optimizer ops: ``max(bytes / bandwidth,
-    FLOPs / peak)``). ``measured(flops, dtype)``: a calibration profile's GEMM efficiency, or
-    None where it has none. ``memo``: a dict kept by a caller that times many ops on one
-    device, so a kernel met again (the same GEMM in several plans) is timed once."""
+    FLOPs / peak)``; an op with neither FLOPs nor bytes launches nothing); with their host
+    and launch time, ``max(Σ kernel time + n·gap, n·host)`` (:func:`.host.stream_time`).
+    ``measured(flops, dtype)``: a calibration profile's GEMM efficiency, or None where it has
+    none. ``memo``: a dict kept by a caller that times many ops on one device, so a kernel met
+    again (the same GEMM in several plans) is timed once."""
     if op.kernels is not None:
         total = 0.0
         for k in op.kernels:
@@ -145,7 +154,14 @@ def op_time(op: Compute, dev: KernelDevice,
             if t is None:
                 t = memo[(k, eff)] = kernel_time(k, dev, eff)
             total += t
-        return total
+        return stream_time(total, len(op.kernels), dev.launch)
+    return stream_time(_roofline(op, dev, measured), 1 if op.flops or op.bytes else 0,
+                       dev.launch)
+
+
+def _roofline(op: Compute, dev: KernelDevice,
+              measured: Callable[[float, str], float | None] | None) -> float:
+    """Device seconds of an op given by its FLOPs and bytes alone (:func:`op_time`)."""
     peak = dev.peak_flops(op.dtype)
     t_mem = op.bytes / dev.memory_Bps
     if op.kind in ("elementwise", "optimizer"):
