@@ -156,3 +156,30 @@ def test_bad_variant_keys_are_refused(change, match):
     doc = {k: v for k, v in {**doc, **change}.items() if v is not None}
     with pytest.raises(ConfigError, match=match):
         from_hf_config(doc, source="cfg.json")
+
+
+def test_moe_layers_per_chunk_follow_model_order():
+    """DeepSeek-V3 on 16 stages of 4 layers but the last (1): layers 0-2 are dense, so stage 0
+    holds 1 MoE layer; with two interleaved chunks per stage the model order is chunk-major
+    (virtual stage k = chunk·PP + stage)."""
+    from ddlsim.workloads.decoder.layerkinds import (chunk_first_layer, moe_layers_in_chunk,
+                                                     moe_layers_in_stage)
+    sh = shape("deepseek-v3")
+    split = [[4]] * 15 + [[1]]
+    assert [moe_layers_in_stage(sh, split, s) for s in (0, 1, 15)] == [1, 4, 1]
+    assert sum(moe_layers_in_stage(sh, split, s) for s in range(16)) == sh.moe_layers == 58
+    interleaved = [[2, 2], [2, 2]]
+    assert [chunk_first_layer(interleaved, s, c) for s in (0, 1) for c in (0, 1)] == [0, 4, 2, 6]
+    assert moe_layers_in_chunk(sh, interleaved, 1, 0) == 1      # layers 2 (dense) and 3
+
+
+def test_attention_projections_of_mla_and_gqa():
+    from ddlsim.workloads.decoder.layerkinds import attention_projections
+    before, after = attention_projections(shape("deepseek-v3"))
+    assert [(n, N, K) for n, N, K, _ in before] == [
+        ("q_down", 1536, 7168), ("q_up", 128 * 192, 1536), ("kv_down", 576, 7168),
+        ("kv_up", 128 * 256, 512)]
+    assert after == (("proj", 7168, 128 * 128, True),)
+    before, after = attention_projections(shape("qwen3-30b-a3b"))
+    assert before == (("qkv", 32 * 128 + 2 * 4 * 128, 2048, False),)
+    assert after == (("proj", 2048, 4096, True),)
