@@ -6,10 +6,13 @@ Each row of ``benchmarks/data/nccl_tests_published.csv`` (sources cited in its h
 nccl-tests measurement: an operation on ``gpus`` GPUs over ``nodes`` nodes at one size. ddlsim
 times the same operation, one group of all the GPUs, on the system preset of that GPU
 (``dgx-a100``, ``dgx-h100``; 4 NICs a node for the 4-HDR servers of nccl-tests issue #119) with
-its default collective backend (NCCL's tuning model on these GPUs), and reports the bus
+its default collective backend (NCCL's tuning model on these GPUs, with the NVLS plateau and
+pipeline fill as measured: ``ddlsim/simulator/nccl/measured.py``), and reports the bus
 bandwidth nccl-tests would print: ``busbw = size / time × factor`` (nccl-tests
-doc/PERFORMANCE.md). Nothing is fitted to these numbers. ``--write-docs`` replaces the
-nccl-tests section of ``docs/validation.md`` with the table printed.
+doc/PERFORMANCE.md). Rows whose ``role`` is ``fitted`` are the calibration data of
+``measured.py``'s three fitted constants; the summary gives them apart from the ``held-out``
+rows, which set nothing and are the validation. ``--write-docs`` replaces the nccl-tests
+section of ``docs/validation.md`` with the table printed.
 """
 
 from __future__ import annotations
@@ -64,19 +67,21 @@ def predicted_busbw(row: dict, engine: str) -> tuple[float, str]:
     return size / t * FACTOR[op](p) / 1e9, cost.choice(coll).label
 
 
-def table(engine: str) -> tuple[list[str], list[float]]:
+def table(engine: str) -> tuple[list[str], dict[str, list[float]]]:
+    """The markdown table, and the errors (ddlsim / measured − 1) per row role."""
     lines = ["| source | GPU | GPUs | nodes | op | size | measured busbw (GB/s) | ddlsim busbw "
-             "(GB/s) | error | ddlsim algorithm |", "|---|---|---|---|---|---|---|---|---|---|"]
-    errors = []
+             "(GB/s) | error | ddlsim algorithm | role |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    errors: dict[str, list[float]] = {"fitted": [], "held-out": []}
     for row in rows():
         got, label = predicted_busbw(row, engine)
         pub = float(row["busbw_GBps"])
         err = got / pub - 1
-        errors.append(err)
+        errors[row["role"]].append(err)
         size = float(row["size_bytes"])
         lines.append(f"| {row['source']} | {row['gpu']} | {row['gpus']} | {row['nodes']} | "
                      f"{row['op']} | {_size(size)} | {pub:.1f} | {got:.1f} | {100 * err:+.1f}% | "
-                     f"{label} |")
+                     f"{label} | {row['role']} |")
     return lines, errors
 
 
@@ -87,11 +92,19 @@ def _size(b: float) -> str:
     return f"{b:g} B"
 
 
-def summary(errors: list[float], engine: str) -> str:
-    a = np.abs(errors)
-    return (f"{len(errors)} measurements: mean |error| {100 * a.mean():.1f}%, median "
-            f"{100 * np.median(a):.1f}%, worst {100 * a.max():.1f}% ({engine} engine; error = "
-            "ddlsim busbw / measured − 1, so + is optimistic)")
+def summary(errors: dict[str, list[float]], engine: str) -> str:
+    """One line per role (held-out first: the validation) and one for all rows."""
+    parts = [("held-out (validation)", errors["held-out"]),
+             ("fitted (calibration data)", errors["fitted"]),
+             ("all", errors["held-out"] + errors["fitted"])]
+    out = []
+    for name, errs in parts:
+        a = np.abs(errs)
+        out.append(f"{name}: {len(errs)} measurements, mean |error| {100 * a.mean():.1f}%, "
+                   f"median {100 * np.median(a):.1f}%, worst {100 * a.max():.1f}%, signed mean "
+                   f"{100 * np.mean(errs):+.1f}%")
+    return "\n".join(out) + (f"\n({engine} engine; error = ddlsim busbw / measured − 1, so + is "
+                             "optimistic)")
 
 
 def write_docs(lines: list[str], text: str) -> None:

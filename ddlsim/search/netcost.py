@@ -194,6 +194,7 @@ def _nccl_forms(op: str, name: str, distinct: list[GroupNet], spread: np.ndarray
     """One entry per protocol NCCL may run ``name`` with (all of them with ``auto``); a
     group of one rank costs 0, an algorithm NCCL would not run there ``inf``. The forms are
     computed once per distinct network (:func:`_distinct`) and spread over the meshes."""
+    from ..simulator.nccl.measured import FILL_EDGES
     from ..simulator.nccl.model import nccl_form
     from ..simulator.nccl.tuning import PROTOCOLS
 
@@ -202,8 +203,9 @@ def _nccl_forms(op: str, name: str, distinct: list[GroupNet], spread: np.ndarray
     for env in envs:
         protos |= set(PROTOCOLS if env.protocol == "auto" else (env.protocol,))
     out = []
+    no_fill = (math.inf,) * FILL_EDGES + (0.0,) * (FILL_EDGES + 1)
     for proto in sorted(protos, key=PROTOCOLS.index):
-        parts = np.empty((4, len(distinct)))
+        parts = np.empty((4 + len(no_fill), len(distinct)))  # the form's 4 parts, its fill
         corrected = False
         for j, net in enumerate(distinct):
             env = net.nccl
@@ -211,11 +213,11 @@ def _nccl_forms(op: str, name: str, distinct: list[GroupNet], spread: np.ndarray
             form = nccl_form(op, name[len("nccl_"):], proto, net, env) if runs and net.p > 1 \
                 else None
             if net.p <= 1:
-                parts[:, j] = (0.0, 0.0, math.inf, math.inf)
+                parts[:, j] = (0.0, 0.0, math.inf, math.inf, *no_fill)
             elif form is None:
-                parts[:, j] = (math.inf, math.inf, math.inf, 1.0)
+                parts[:, j] = (math.inf, math.inf, math.inf, 1.0, *no_fill)
             else:
-                parts[:, j] = form[:4]
+                parts[:, j] = (*form[:4], *form.fill_edges, *form.fill_us)
                 corrected = form.corrected
         if np.all(np.isinf(parts[0])):
             continue
@@ -291,9 +293,11 @@ def _min_time_each(forms: _Forms, nbytes: np.ndarray, mesh_index: np.ndarray) ->
     best = np.full(nbytes.shape, math.inf)
     if len(forms.a):
         best = (forms.a[:, mesh_index] + forms.b[:, mesh_index] * nbytes).min(axis=0)
-    for proto, lat, high, div, bw in forms.nccl:
-        best = np.minimum(best, nccl_seconds_array(nbytes, lat[mesh_index], high[mesh_index],
-                                                   div[mesh_index], bw[mesh_index], proto))
+    for proto, lat, high, div, bw, *fill in forms.nccl:
+        edges, fills = fill[:len(fill) // 2], fill[len(fill) // 2:]
+        best = np.minimum(best, nccl_seconds_array(
+            nbytes, lat[mesh_index], high[mesh_index], div[mesh_index], bw[mesh_index], proto,
+            [e[mesh_index] for e in edges], [f[mesh_index] for f in fills]))
     return best
 
 

@@ -1,7 +1,8 @@
 """NCCL's tuning model on arrays of sizes (:func:`ddlsim.simulator.nccl.model.nccl_seconds_array`,
 used by the search tier) is the scalar :func:`nccl_time`, element for element: on a dense set
 of sizes that straddles every threshold of the scalar code (the tree correction's powers of
-two from 64 B to 512 MiB and one ulp either side, the ring plateau at ``64·nch·p`` bytes), for
+two from 64 B to 512 MiB and one ulp either side, the ring plateau at ``64·nch·p`` bytes, the
+NVLS pipeline fill's chunk-size edges and one ulp below), for
 every collective, algorithm and protocol, on one node, two nodes and many, with and without
 SHARP, NVLink and PCIe."""
 
@@ -36,23 +37,30 @@ def _sizes() -> np.ndarray:
 @pytest.mark.parametrize("env", ENVS, ids=lambda e: e.arch)
 def test_array_form_equals_the_scalar_time(env):
     sizes = _sizes()
-    checked, plateaus, corrected = 0, 0, 0
+    checked, plateaus, corrected, filled = 0, 0, 0, 0
     for p, g, nodes, bw_intra, bw_node in NETS:
         net = GroupNet(p, g, 1e-6, bw_intra, 5e-6, bw_node, nodes, nccl=env)
         for op, algos in ALGORITHMS.items():
             for algo in algos:
                 for proto in PROTOCOLS:
-                    want = np.array([nccl_time(op, algo, proto, n, net, env) for n in sizes])
                     form = nccl_form(op, algo, proto, net, env)
+                    steps = np.array([] if form is None else form.fill_edges)
+                    steps = steps[np.isfinite(steps)]  # the fill's edges and one ulp below
+                    at = np.unique(np.concatenate([sizes, steps, np.nextafter(steps, 0)]))
+                    want = np.array([nccl_time(op, algo, proto, n, net, env) for n in at])
                     if form is None:
                         assert np.all(np.isinf(want))
                         continue
-                    got = nccl_seconds_array(sizes, form.latency_us, form.plateau_latency_us,
+                    got = nccl_seconds_array(at, form.latency_us, form.plateau_latency_us,
                                              form.plateau_div, form.algbw_GBps,
-                                             proto if form.corrected else None)
+                                             proto if form.corrected else None,
+                                             form.fill_edges, form.fill_us)
                     np.testing.assert_array_equal(got, want, err_msg=f"{op} {algo} {proto} {p}")
                     checked += 1
                     plateaus += math.isfinite(form.plateau_div)
                     corrected += form.corrected
+                    filled += math.isfinite(form.fill_edges[0])
     assert checked > 40 and corrected > 0
+    if env.arch == "hopper":
+        assert filled > 0  # the NVLS pipeline fill's steps are checked too
     assert plateaus > 0  # the ring Simple all-reduce across nodes

@@ -31,6 +31,7 @@ import numpy as np
 
 from ..collectives.base import GroupNet, Phase, _ring_pairs, register
 from . import tuning as T
+from .measured import FILL_CHUNKS, FILL_EDGES, achieved_algbw_GBps, fill_levels, fill_us
 
 __all__ = ["NcclEnv", "nccl_time", "busbw_GBps", "algbw_GBps", "latency_us", "best_protocol",
            "available", "ALGORITHMS", "env_for_system", "NcclForm", "nccl_form",
@@ -204,7 +205,20 @@ def _log2i(n: int) -> int:
 
 
 def nccl_time(op: str, algo: str, proto: str, n: float, net: GroupNet, env: NcclEnv) -> float:
-    """Seconds for ``algo``/``proto``, ``inf`` where NCCL would not run it."""
+    """Seconds for ``algo``/``proto`` as nccl-tests measures it, ``inf`` where NCCL would not
+    run it: NCCL's estimate (latency + bytes / algBw), with the NVLS all-reduce's measured
+    plateau and pipeline fill (:mod:`.measured`) where NCCL's estimate misses them."""
+    if not available(op, algo, proto, net, env):
+        return math.inf
+    bw, levels = _achieved(op, algo, proto, n, net, env)
+    if bw <= 0:
+        return math.inf
+    return (latency_us(op, algo, proto, n, net, env) + fill_us(n, levels) + n / (1e3 * bw)) * 1e-6
+
+
+def estimate_time(op: str, algo: str, proto: str, n: float, net: GroupNet, env: NcclEnv) -> float:
+    """Seconds NCCL's tuning model estimates for ``algo``/``proto`` (``ncclTopoGetAlgoTime``),
+    what NCCL chooses by; ``inf`` where NCCL would not run it."""
     if not available(op, algo, proto, net, env):
         return math.inf
     bw = algbw_GBps(op, algo, proto, n, net, env)
@@ -213,18 +227,37 @@ def nccl_time(op: str, algo: str, proto: str, n: float, net: GroupNet, env: Nccl
     return (latency_us(op, algo, proto, n, net, env) + n / (1e3 * bw)) * 1e-6
 
 
+def _achieved(op: str, algo: str, proto: str, n: float, net: GroupNet, env: NcclEnv):
+    """(algorithm bandwidth GB/s as measured, fill levels or None) of ``algo``/``proto``."""
+    if algo not in FILL_CHUNKS:  # ring, tree, CollNet: NCCL's estimate as measured
+        return algbw_GBps(op, algo, proto, n, net, env), None
+    return _achieved_nvls(op, algo, proto, net, env)
+
+
+@lru_cache(maxsize=1 << 12)
+def _achieved_nvls(op: str, algo: str, proto: str, net: GroupNet, env: NcclEnv):
+    estimate = algbw_GBps(op, algo, proto, 0.0, net, env)  # NVLS: no size dependence
+    bw = achieved_algbw_GBps(op, algo, estimate, net, env)
+    return bw, fill_levels(op, algo, net, env, bw, estimate)
+
+
 class NcclForm(NamedTuple):
     """:func:`nccl_time` of one algorithm and protocol on one group, as its size-independent
     parts: ``latency_us`` below the ring's plateau threshold and ``plateau_latency_us`` at
     or above it (``n / plateau_div >= 64``; ``plateau_div`` is ``inf`` where there is no
-    plateau), ``algbw_GBps`` before the tree's size correction, and ``corrected``: whether
-    that correction (``TREE_CORRECTION[protocol]`` by ``floor(log2(n / 64))``) applies."""
+    plateau), ``algbw_GBps`` (as measured) before the tree's size correction,
+    ``corrected``: whether that correction (``TREE_CORRECTION[protocol]`` by
+    ``floor(log2(n / 64))``) applies, and the pipeline fill (:func:`.measured.fill_levels`)
+    as :data:`~.measured.FILL_EDGES` size edges and one more fill in µs (``inf`` edges and
+    zero fills where none is modelled)."""
 
     latency_us: float
     plateau_latency_us: float
     plateau_div: float
     algbw_GBps: float
     corrected: bool
+    fill_edges: tuple = (math.inf,) * FILL_EDGES
+    fill_us: tuple = (0.0,) * (FILL_EDGES + 1)
 
 
 @lru_cache(maxsize=1 << 16)
@@ -235,7 +268,7 @@ def nccl_form(op: str, algo: str, proto: str, net: GroupNet, env: NcclEnv) -> Nc
     machine): a search's meshes share most of their groups."""
     if not available(op, algo, proto, net, env):
         return None
-    bw = algbw_GBps(op, algo, proto, 0.0, net, env)  # below 64 B: no tree correction
+    bw, levels = _achieved(op, algo, proto, 0.0, net, env)  # below 64 B: no tree correction
     if bw <= 0:
         return None
     lat = latency_us(op, algo, proto, 0.0, net, env)
@@ -243,14 +276,17 @@ def nccl_form(op: str, algo: str, proto: str, net: GroupNet, env: NcclEnv) -> Nc
     div = math.inf
     if high != lat:  # the ring plateau of latency_us, whose threshold is n / (nch·p) >= 64
         div = _channels(_link(net, env)[1], net, env) * net.p
-    return NcclForm(lat, high, div, bw, algo == "tree" and op == "all_reduce")
+    form = NcclForm(lat, high, div, bw, algo == "tree" and op == "all_reduce")
+    return form if levels is None else form._replace(fill_edges=levels[0], fill_us=levels[1])
 
 
-def nccl_seconds_array(n, latency_us_, plateau_latency_us, plateau_div, algbw, proto=None):
+def nccl_seconds_array(n, latency_us_, plateau_latency_us, plateau_div, algbw, proto=None,
+                       fill_edges=None, fill_us_=None):
     """:func:`nccl_time` on arrays: ``n`` bytes, and the :class:`NcclForm` parts per element
     (arrays or scalars that broadcast with ``n``); ``proto`` names the tree-correction table
-    to apply (None: no correction). The same arithmetic as the scalar code, in the same order
-    (``tests/test_nccl_vector.py`` checks equality on a dense set of sizes)."""
+    to apply (None: no correction); ``fill_edges`` and ``fill_us_`` the form's fill (one
+    array per edge and per fill; None: no fill). The same arithmetic as the scalar code, in
+    the same order (``tests/test_nccl_vector.py`` checks equality on a dense set of sizes)."""
     n = np.asarray(n, dtype=float)
     bw = np.asarray(algbw, dtype=float)
     if proto is not None:
@@ -260,7 +296,11 @@ def nccl_seconds_array(n, latency_us_, plateau_latency_us, plateau_div, algbw, p
         table = np.asarray(T.TREE_CORRECTION[proto])
         bw = bw * np.where(ok, table[np.clip(log_size, 0, 22).astype(np.int64)], 1.0)
     lat = np.where(n / plateau_div >= 64, plateau_latency_us, latency_us_)
-    return (lat + n / (1e3 * bw)) * 1e-6
+    fill = 0.0
+    if fill_edges is not None:
+        level = sum((n >= np.asarray(e)).astype(np.int64) for e in fill_edges)
+        fill = np.choose(level, [np.asarray(f, dtype=float) for f in fill_us_])
+    return (lat + fill + n / (1e3 * bw)) * 1e-6
 
 
 def best_protocol(op: str, algo: str, n: float, net: GroupNet, env: NcclEnv) -> tuple[str, float]:
@@ -292,8 +332,9 @@ def _layout_fn(op: str, algo: str):
         if not math.isfinite(t):
             raise ValueError(f"NCCL {algo} does not run {op} here")
         bottleneck, _ = _link(net, env)
-        lat_s = latency_us(op, algo, proto, n, net, env) * 1e-6
-        per_byte = bottleneck / (algbw_GBps(op, algo, proto, n, net, env) * 1e9)
+        bw, levels = _achieved(op, algo, proto, n, net, env)
+        lat_s = (latency_us(op, algo, proto, n, net, env) + fill_us(n, levels)) * 1e-6
+        per_byte = bottleneck / (bw * 1e9)
         return _phases(op, algo, net.p, per_byte, lat_s)
     return layout
 

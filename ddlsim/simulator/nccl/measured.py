@@ -1,0 +1,150 @@
+"""What NCCL's NVLink SHARP (NVLS) all-reduce takes as nccl-tests measures it, beyond the
+estimate its tuning model makes (:mod:`.model`).
+
+NCCL's tuner estimates each algorithm and protocol to choose one (``ncclTopoGetAlgoTime``);
+it does not claim the estimate is the time. For ring and tree the estimate matches published
+nccl-tests plateaus (A100 ring all-reduce 240 vs 230 GB/s, H100 ring all-gather 370 vs 370), so
+ddlsim keeps it. For NVLS it does not, in two ways, both modelled here:
+
+1. **The plateau.** NCCL estimates an 8-GPU H100 NVLS all-reduce at 551 GB/s bus bandwidth; it
+   reaches ~480 (algorithm bandwidth ~275 GB/s, NCCL maintainer, NVIDIA/nccl-tests#212). The
+   achieved algorithm bandwidth is a fraction of the NVLink line rate per GPU and direction
+   (:data:`NVLS_ALGBW_FRACTION`), the same at 5–8 GPUs (NVIDIA/nccl#1455: algbw 258–273 GB/s).
+2. **The pipeline fill.** NVLS moves ``chunk`` bytes per (channel, NVLS head) at a time
+   (``concurrentOps = nvlsChannels × nHeads``), with the chunk size NCCL picks by message size
+   (``calcCollChunking``, src/enqueue.cc of NCCL 2.26.2, lines 1877–1900: 16–128 KiB for NVLS,
+   32–128 KiB for NVLS-tree, at most 64 KiB from 4 nodes). Before the first chunk leaves the
+   last stage, :data:`FILL_CHUNKS` rounds of ``concurrentOps × chunk`` bytes are in flight: a
+   latency of ``FILL_CHUNKS × concurrentOps × chunk / algBw`` that grows with the chunk, which
+   is why a 128 MiB NVLS all-reduce reaches only 80 % of the plateau (NVIDIA/nccl-tests#290).
+
+Fitted constants (each says the rows of ``benchmarks/data/nccl_tests_published.csv`` it was
+fitted to; ``benchmarks/validate_nccl.py`` reports those rows apart from the held-out ones):
+:data:`NVLS_ALGBW_FRACTION` and :data:`FILL_CHUNKS`. NCCL's own constants (channels, chunk
+sizes, thresholds) are read from its source at tag v2.26.2-1, the version of
+NVIDIA/nccl-tests#309's measurements.
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["NVLS_CHANNELS", "NVLS_CHUNK_BYTES", "NVLS_ALGBW_FRACTION", "FILL_CHUNKS",
+           "nvls_chunk_bytes", "achieved_algbw_GBps", "fill_levels", "fill_us", "FILL_EDGES"]
+
+#: src/transport/nvls.cc (v2.26.2-1, lines 144–145): ``NVLS_NCHANNELS_SM90`` 16,
+#: ``NVLS_NCHANNELS_SM100`` 32 (``comm->nvlsChannels``, all of which NVLS runs on: enqueue.cc
+#: line 1750 "NVLS should not need more than 16 channels")
+NVLS_CHANNELS = {"hopper": 16, "blackwell": 32}
+
+#: src/transport/nvls.cc (v2.26.2-1, line 149): ``NCCL_NVLS_CHUNKSIZE`` default 128 KiB
+NVLS_CHUNK_BYTES = 128 * 1024
+
+#: achieved NVLS all-reduce algorithm bandwidth over the NVLink line rate per GPU and
+#: direction. FITTED to row ``nccl212`` all_reduce 8 GiB (8 x H100: busbw ~480 GB/s, "algbw
+#: ~275GB/s", NCCL maintainer) with H100's 450 GB/s line rate (NVIDIA H100 datasheet: 900 GB/s
+#: bidirectional): 275 / 450. Measured on Hopper only; other generations keep NCCL's estimate.
+NVLS_ALGBW_FRACTION = {"hopper": 275.0 / 450.0}
+
+#: chunks of every concurrent op (channel x head) in flight before the pipeline delivers: the
+#: fill latency in units of ``concurrentOps x chunk / algBw``. FITTED (the half-integer value
+#: of least mean |error|): ``nvls`` to rows ``nccl290`` (1 node, 128 MiB-4 GiB), ``nvls_tree``
+#: to rows ``nccl309a`` (2 nodes, 4 MiB-16 GiB). NCCL's single-node NVLS all-reduce kernel has
+#: three stages (scatter, reduce, gather warp groups: src/device/all_reduce.h, v2.26.2-1,
+#: lines 390-510), which the fitted 3 matches.
+FILL_CHUNKS = {"nvls": 3.0, "nvls_tree": 2.0}
+
+#: number of size edges of the fill's step function (NCCL picks among at most 4 chunk sizes)
+FILL_EDGES = 3
+
+
+def _nvls_rules(nodes: int, algbw_estimate_GBps: float) -> tuple[int, tuple]:
+    """enqueue.cc lines 1877–1887: the largest chunk and (factor, chunk) shrink rules."""
+    top = NVLS_CHUNK_BYTES
+    if nodes > 1 and algbw_estimate_GBps < 150:
+        top = 32768
+    return top, ((64, 65536), (8, 32768), (2, 16384))
+
+
+def _nvls_tree_rules(nodes: int) -> tuple[int, tuple]:
+    """enqueue.cc lines 1888–1900 (``NCCL_NVLSTREE_MAX_CHUNKSIZE`` unset: 64 KiB from 4 nodes)."""
+    top = min(NVLS_CHUNK_BYTES, 65536 if nodes >= 4 else NVLS_CHUNK_BYTES)
+    return top, ((32, 262144), (16, 131072), (4, 65536), (1, 32768))
+
+
+def nvls_chunk_bytes(algo: str, n: float, ops: int, nodes: int,
+                     algbw_estimate_GBps: float = math.inf) -> int:
+    """The chunk (bytes) NCCL's ``calcCollChunking`` picks for an NVLS or NVLS-tree
+    all-reduce of ``n`` bytes with ``ops`` concurrent ops (channels x NVLS heads).
+
+    Parameters
+    ----------
+    algo : ``nvls`` or ``nvls_tree``.
+    n : message size (bytes, nccl-tests convention).
+    ops : ``nvlsChannels x nHeads``.
+    nodes : nodes of the communicator.
+    algbw_estimate_GBps : NCCL's estimated NVLS all-reduce bandwidth (GB/s); below 150 on
+        several nodes NCCL caps the NVLS chunk at 32 KiB.
+
+    Returns
+    -------
+    int
+        Chunk size (bytes).
+
+    References
+    ----------
+    NVIDIA/nccl v2.26.2-1, src/enqueue.cc, ``calcCollChunking``, lines 1877–1900.
+    """
+    chunk, rules = (_nvls_rules(nodes, algbw_estimate_GBps) if algo == "nvls"
+                    else _nvls_tree_rules(nodes))
+    for factor, smaller in rules:
+        if n < factor * ops * chunk and chunk > smaller:
+            chunk = smaller
+    return chunk
+
+
+def _concurrent_ops(net, env) -> int:
+    heads = max(1, int(round(net.p / net.nodes)))  # NVLS graph: one head per GPU of a node
+    return NVLS_CHANNELS.get(env.arch, NVLS_CHANNELS["hopper"]) * heads
+
+
+def achieved_algbw_GBps(op: str, algo: str, estimate_GBps: float, net, env) -> float:
+    """The algorithm bandwidth (GB/s) nccl-tests measures: NCCL's estimate, capped for the
+    NVLS all-reduce at :data:`NVLS_ALGBW_FRACTION` of the NVLink line rate where measured."""
+    frac = NVLS_ALGBW_FRACTION.get(env.arch)
+    if algo in ("nvls", "nvls_tree") and op == "all_reduce" and frac is not None:
+        return min(estimate_GBps, frac * net.bw_intra_Bps / 1e9)
+    return estimate_GBps
+
+
+def fill_levels(op: str, algo: str, net, env, algbw_GBps: float,
+                estimate_GBps: float) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    """The pipeline fill (µs) as a step function of the size: ``(edges, fills)`` with
+    :data:`FILL_EDGES` ascending edges (``inf`` pads) and one more fill, ``fills[k]`` applying
+    from ``edges[k-1]`` (inclusive) to ``edges[k]``; None where no fill is modelled."""
+    depth = FILL_CHUNKS.get(algo)
+    if depth is None or op != "all_reduce" or algbw_GBps <= 0:
+        return None
+    ops = _concurrent_ops(net, env)
+    chunk_at = lambda n: nvls_chunk_bytes(algo, n, ops, net.nodes, estimate_GBps)  # noqa: E731
+    top, rules = (_nvls_rules(net.nodes, estimate_GBps) if algo == "nvls"
+                  else _nvls_tree_rules(net.nodes))
+    sizes = {0.0} | {float(f * ops * c) for f, _ in rules for c in (top, *(s for _, s in rules))}
+    edges, chunks = [], [chunk_at(0.0)]
+    for n in sorted(sizes):
+        c = chunk_at(n)
+        if c != chunks[-1]:
+            edges.append(n)
+            chunks.append(c)
+    edges += [math.inf] * (FILL_EDGES - len(edges))
+    chunks += [chunks[-1]] * (FILL_EDGES + 1 - len(chunks))
+    fills = tuple(depth * ops * c / (1e3 * algbw_GBps) for c in chunks)
+    return tuple(edges), fills
+
+
+def fill_us(n: float, levels: tuple[tuple[float, ...], tuple[float, ...]] | None) -> float:
+    """The fill (µs) of :func:`fill_levels` at ``n`` bytes (0 where there is none)."""
+    if levels is None:
+        return 0.0
+    edges, fills = levels
+    return fills[sum(n >= e for e in edges)]
