@@ -186,12 +186,8 @@ class ParallelConfig(_Strict):
         elif vpp not in (None, 1):
             raise ValueError(f"virtual_pipeline_model_parallel_size = {vpp} needs schedule = "
                              f"'interleaved' (got {self.schedule!r})")
-        if self.zero_stage == 3 and self.pipeline_model_parallel_size > 1:
-            raise ValueError(f"zero_stage = 3 cannot combine with pipeline_model_parallel_size = "
-                             f"{self.pipeline_model_parallel_size}: ZeRO-3 gathers every layer's "
-                             "parameters per micro-batch and is not used with pipelining "
-                             "(DeepSpeed's pipeline engine supports ZeRO-1 only); use zero_stage "
-                             "<= 2, or pipeline_model_parallel_size = 1")
+        # ZeRO-3 with pipelining: the stacks that cannot run it say so in their rules
+        # (software.yaml: pipeline_zero, zero3_pipeline); torchtitan runs FSDP in its stages
         if self.dp_strategy != "ddp" and self.zero_stage != 0:
             raise ValueError(f"dp_strategy = {self.dp_strategy!r} is a plain data-parallel update "
                              f"and cannot combine with zero_stage = {self.zero_stage}; "

@@ -43,6 +43,13 @@ DEFAULT_STACK = "megatron-core-2024"
 
 Attention = Literal["flash2", "flash3", "fused_softmax", "unfused"]
 Zero3Gather = Literal["per_layer", "per_module", "per_tensor"]
+#: when a ZeRO-3/FSDP unit frees its gathered parameters after the forward
+#: (:mod:`ddlsim.workloads.decoder.fsdp`): after every forward, never, or torchtitan's
+#: defaults (not with pipelining; and, in 2024, never for the last transformer block)
+Reshard = Literal["always", "never", "not_with_pp", "not_with_pp_nor_last"]
+GradReduceDtype = Literal["param", "fp32", "fp32_if_bf16"]
+#: how the stack hands kernels to the device (ddlsim/simulator/kernels/host.py)
+HostDispatch = Literal["eager", "compiled", "cuda_graphs"]
 GradReduceDtype = Literal["param", "fp32", "fp32_if_bf16"]
 #: how the stack hands kernels to the device (ddlsim/simulator/kernels/host.py)
 HostDispatch = Literal["eager", "compiled", "cuda_graphs"]
@@ -89,6 +96,9 @@ class KernelSpec(_Strict):
         default=None, description="dtype of the gradient buffers and their data-parallel "
                                   "reduction: param (the 16-bit parameter dtype), fp32, or "
                                   "fp32_if_bf16 (Megatron-LM's rule)")
+    compile: StrictBool | None = Field(
+        default=None, description="torch.compile of each transformer block (torchtitan): "
+                                  "Inductor fuses the element-wise ops (COMPILE_FUSIONS)")
     gemm_library: GemmLibrary | None = Field(
         default=None, description="the GEMM library the stack's container ships (cublas-11, "
                                   "cublas-12, …): picks the device's matmul ceiling measured "
@@ -129,6 +139,19 @@ class OverlapSpec(_Strict):
                     "layer, as FSDP units), per_module (DeepSpeed's module hooks, one "
                     "coalesced collective per leaf module) or per_tensor (DeepSpeed 2021: "
                     "one per parameter tensor; docs/overlap.md)")
+    zero3_reshard_after_forward: Reshard | None = Field(
+        default=None,
+        description="per_layer ZeRO-3/FSDP: when a layer's gathered parameters are freed "
+                    "after its forward: always (gathered again for the backward), never "
+                    "(kept for the backward), not_with_pp (torchtitan 2025: never under "
+                    "pipelining, else always), not_with_pp_nor_last (torchtitan 2024: also "
+                    "never for the last layer); docs/stacks.md")
+    zero3_copy_out: StrictBool | None = Field(
+        default=None,
+        description="per_layer ZeRO-3/FSDP2: the gathered parameters are copied out of the "
+                    "all-gather buffer on the compute stream (read + write), and the "
+                    "gradients into the reduce-scatter input on its stream, cast to the "
+                    "reduce dtype (PyTorch FSDP2's foreach_all_gather_copy_out, chunk_cat)")
     zero3_persistence_threshold: Elements | None = Field(
         default=None,
         description="per_module/per_tensor ZeRO-3: tensors of fewer elements stay gathered "
@@ -162,10 +185,19 @@ class SoftwareSpec(_Strict):
     what_if: StrictBool = Field(
         default=False, description="predict a plan the stack cannot run (its rules in "
                                    "software.yaml) anyway, marked as a what-if")
+    compile: StrictBool | None = Field(
+        default=None, description="short for kernels.compile (torch.compile of each "
+                                  "transformer block, torchtitan)")
     source: str | None = None
 
     @model_validator(mode="after")
     def _known(self) -> "SoftwareSpec":
+        if self.compile is not None:
+            if self.kernels.compile not in (None, self.compile):
+                raise ValueError(f"compile = {self.compile} contradicts kernels.compile = "
+                                 f"{self.kernels.compile}; give one of them")
+            object.__setattr__(self, "kernels",
+                               self.kernels.model_copy(update={"compile": self.compile}))
         known = stacks()
         if self.stack not in known:
             raise ValueError(f"stack {self.stack!r} is not a known software stack"
@@ -251,6 +283,8 @@ def resolve_software(spec: SoftwareSpec | str | None, plan: Any = None) -> Softw
         value = getattr(plan, field, None)
         if value is not None:
             overlap[field], sources[field] = value, f"parallel.{field}"
+    if kernels["compile"]:
+        _compiled(kernels, sources)
     if overlap["zero3_gather"] == "per_layer":
         for field in ("zero3_persistence_threshold", "zero3_max_reuse_distance",
                       "zero3_prefetch_modules"):
@@ -268,6 +302,14 @@ def resolve_software(spec: SoftwareSpec | str | None, plan: Any = None) -> Softw
                     f"ZeRO-3 gathers only (the list-form collectives' per-rank host loops), "
                     f"and zero3_gather is {overlap['zero3_gather']!r} ({_where(sources, spec)}); "
                     f"set zero3_gather: per_tensor, or {field}: 0")
+    if overlap["zero3_gather"] != "per_layer":
+        for field, plain in (("zero3_reshard_after_forward", "always"), ("zero3_copy_out", False)):
+            if overlap[field] != plain:
+                raise ConfigError(
+                    f"{sources[field]}: {field} = {overlap[field]!r} applies to per-layer "
+                    f"ZeRO-3/FSDP units only, and zero3_gather is {overlap['zero3_gather']!r} "
+                    f"({_where(sources, spec)}); set zero3_gather: per_layer, or "
+                    f"{field}: {plain!r}")
     if overlap["zero3_gather"] != "per_layer" and overlap["zero3_prefetch_layers"]:
         raise ConfigError(
             f"{sources['zero3_prefetch_layers']}: zero3_prefetch_layers = "
@@ -275,6 +317,31 @@ def resolve_software(spec: SoftwareSpec | str | None, plan: Any = None) -> Softw
             f"zero3_gather is {overlap['zero3_gather']!r} ({_where(sources, spec)}); gathers "
             f"from module hooks prefetch by module: set zero3_prefetch_modules instead")
     return Software(spec.stack, kernels, overlap, sources, spec.what_if)
+
+
+#: what ``compile: true`` fuses, field -> why: torch.compile's Inductor fuses chains of
+#: point-wise ops and reductions into one generated kernel each (Ansel et al., "PyTorch 2",
+#: ASPLOS 2024, sec. 5: "horizontal and vertical fusion" of pointwise and reduction ops);
+#: torchtitan compiles each transformer block whole (fullgraph=True) and, from 2025, the loss
+COMPILE_FUSIONS = {
+    "fused_layernorm": "the RMSNorm's pow, mean, rsqrt and mul in one kernel",
+    "fused_bias_gelu": "SwiGLU's silu and mul in one kernel",
+    "fused_rope": "the rotary embedding's complex multiply in one kernel",
+    "fused_bias_dropout_add": "each residual add fused with the op before it",
+}
+
+
+def _compiled(kernels: dict, sources: dict) -> None:
+    """Switch on the fusions of :data:`COMPILE_FUSIONS` that ``compile: true`` brings, except
+    those the config sets itself (a field given under ``system.software.kernels`` stays)."""
+    for field, what in COMPILE_FUSIONS.items():
+        if not sources[field].startswith("system.software"):
+            kernels[field] = True
+            sources[field] = f"compile: true ({sources['compile']}): Inductor fuses {what}"
+    if "host_dispatch" in kernels and not sources["host_dispatch"].startswith("system.software"):
+        kernels["host_dispatch"] = "compiled"
+        sources["host_dispatch"] = (f"compile: true ({sources['compile']}): the compiled "
+                                    "blocks launch Inductor's generated kernels")
 
 
 #: host costs of the list-form collectives, modelled under ``zero3_gather: per_tensor`` only

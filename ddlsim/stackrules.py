@@ -37,7 +37,10 @@ class PlanFacts:
     broadcast together for many plans (the search's grid).
 
     ``interleaved`` / ``one_f_one_b``: the schedule is Megatron's interleaved 1F1B / plain
-    1F1B; ``p2p_overlap``: the resolved ``overlap_p2p_comm`` (stack ← system ← plan).
+    1F1B; ``p2p_overlap``: the resolved ``overlap_p2p_comm`` (stack ← system ← plan);
+    ``tp_overlap``: the resolved ``tp_comm_overlap`` is not ``off``; ``compiled``: the
+    stack's ``compile``. The last two are properties of a search context, not of a plan:
+    facts made without them take False.
     """
 
     tp: Any
@@ -48,11 +51,14 @@ class PlanFacts:
     interleaved: Any
     one_f_one_b: Any
     p2p_overlap: Any
+    tp_overlap: Any = False
+    compiled: Any = False
 
     @classmethod
     def of(cls, **values: Any) -> "PlanFacts":
-        """Facts from ``values`` (scalars or arrays), each as a numpy array."""
-        return cls(**{f.name: np.asarray(values[f.name]) for f in fields(cls)})
+        """Facts from ``values`` (scalars or arrays), each as a numpy array; ``tp_overlap``
+        and ``compiled`` default to False."""
+        return cls(**{f.name: np.asarray(values.get(f.name, f.default)) for f in fields(cls)})
 
     @classmethod
     def of_config(cls, cfg: Any) -> "PlanFacts":
@@ -60,7 +66,9 @@ class PlanFacts:
         p = cfg.parallel
         return cls.of(tp=p.tp, pp=p.pp, cp=p.cp, zero=p.zero_stage, sp=p.sequence_parallel,
                       interleaved=p.schedule == "interleaved", one_f_one_b=p.schedule == "1f1b",
-                      p2p_overlap=bool(cfg.software.overlap_p2p_comm))
+                      p2p_overlap=bool(cfg.software.overlap_p2p_comm),
+                      tp_overlap=p.tp > 1 and cfg.software.tp_comm_overlap != "off",
+                      compiled=bool(cfg.software.compile))
 
 
 @dataclass(frozen=True)
@@ -144,6 +152,24 @@ def _no_context_parallel(f: PlanFacts):
     return f.cp > 1
 
 
+@stack_rule("zero3_pipeline", "ZeRO-3 with pipeline parallelism",
+            "parallel.zero_stage", "parallel.pipeline_model_parallel_size")
+def _zero3_pipeline(f: PlanFacts):
+    return (f.pp > 1) & (f.zero == 3)
+
+
+@stack_rule("no_zero12", "ZeRO-1/2 (its data parallelism is FSDP, i.e. ZeRO-3, or DDP)",
+            "parallel.zero_stage")
+def _no_zero12(f: PlanFacts):
+    return (f.zero == 1) | (f.zero == 2)
+
+
+@stack_rule("async_tp_needs_compile", "asynchronous TP without torch.compile",
+            "parallel.tp_comm_overlap", "system.software.kernels.compile")
+def _async_tp_needs_compile(f: PlanFacts):
+    return f.tp_overlap & ~f.compiled
+
+
 # ------------------------------------------------------------------------ stacks and checks
 def stack_rules(stack: str) -> list[tuple[StackRule, str]]:
     """``(rule, source)`` for each rule the stack ``stack`` declares, in file order.
@@ -172,10 +198,14 @@ def broken_rules(cfg: Any) -> list[tuple[StackRule, str]]:
 
 
 def _shown(cfg: Any, path: str) -> str:
-    section, key = path.split(".")
-    value = getattr(cfg.software, key) if key == "overlap_p2p_comm" else \
+    section, key = path.rsplit(".", 1)
+    value = getattr(cfg.software, key) if key in _SOFTWARE_FIELDS else \
         getattr(getattr(cfg, section), key)
     return f"{path} = {value!r}"
+
+
+#: fields the rules name whose value is the resolved stack's (stack ← system ← plan)
+_SOFTWARE_FIELDS = ("overlap_p2p_comm", "tp_comm_overlap", "compile")
 
 
 def check_stack_rules(cfg: Any) -> None:

@@ -17,7 +17,7 @@ from ..schedules import schedule_arrays
 from ..trace import Block, RankClass, Program, StepTable, Workload, WorkloadMeta
 from .builder import StageBuilder
 from .memory import stage_memory
-from . import param_gather
+from . import fsdp, param_gather
 from .zero3 import zero3_blocks, zero3_prefetch
 
 __all__ = ["build_decoder_workload", "decoder_memory"]
@@ -81,7 +81,8 @@ def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
     groups = {**mesh.families(), **b.part.families(mesh)}
     overlap = cfg.software.overlap_grad_reduce and par.dp_strategy == "ddp" and par.zero_stage in (0, 1, 2)
     split_root = par.dp_strategy == "reduce_broadcast" and dp > 1
-    zero3 = par.zero_stage == 3 and dp > 1
+    zero3 = par.zero_stage == 3 and b.gdp > 1       # FSDP shards over dp × cp
+    staged = zero3 and fsdp.per_iteration(cfg.software, pp)   # FSDP inside pipeline stages
     classes: list[RankClass] = []
     if b.cp == 1:
         stage_, d_, t_ = np.meshgrid(np.arange(pp), np.arange(dp), np.arange(tp), indexing="ij")
@@ -95,7 +96,7 @@ def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
         blocks = shared.get(role)
         if blocks is None:
             blocks = {}
-            if zero3:
+            if zero3 and not staged:
                 blocks.update(zero3_blocks(b, zero3_prefetch(cfg.software)))
             else:
                 for c in range(v):
@@ -105,6 +106,8 @@ def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
                 blocks[param_gather.BLOCK] = param_gather.prologue_block(
                     blocks["F0"], b.grad_group, param_gather.overlapped_bytes(
                         cfg, b.stage_params(stage) * b.dt))
+            elif staged:
+                blocks[param_gather.BLOCK] = fsdp.pipeline_prologue(b, blocks["F0"], stage)
             shared[role] = blocks
         if tables is None:
             sync_blocks = any(name.endswith(".sync") for name in blocks)
@@ -116,7 +119,10 @@ def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
             key = (*role, root, "update")
             update = shared.get(key)
             if update is None:
-                update = shared[key] = {"update": b.update_block(stage, root, overlap)}
+                block = b.update_block(stage, root, overlap)
+                if staged:
+                    block = fsdp.with_stage_reduce_scatters(b, block, stage)
+                update = shared[key] = {"update": block}
             program = Program({**blocks, **update}, tables[stage])
             name = f"stage{stage}" + ("" if len(splits) == 1 else (".root" if root else ".rest"))
             classes.append(RankClass(name, tuple(members.ravel().tolist()), program))

@@ -25,7 +25,8 @@ def inactive_reasons(cfg: Any) -> dict[str, str]:
             why = ("it needs sequence_parallel (Megatron-LM arguments.py asserts it: TE "
                    "overlaps the SP all-gathers and reduce-scatters)")
         else:
-            why = ("it is modelled for dense models with 1-D tensor parallelism and ZeRO 0-2")
+            why = ("it is modelled for dense models with 1-D tensor parallelism and ZeRO 0-2 "
+                   "or per-layer ZeRO-3 (FSDP)")
         out["tp_comm_overlap"] = why
     if sw.tp_async_backward and p.tp > 1 and tp_overlap.mode(cfg) is None:
         out["tp_async_backward"] = (
@@ -91,7 +92,8 @@ def overlap_phrase(cfg: Any) -> str:
         text += "; inactive here: " + ", ".join(short[f] for f in off)
     if cfg.parallel.zero_stage == 3:
         from .zero3 import zero3_phrase
-        text += f"; ZeRO-3 gathers {zero3_phrase(sw)}"
+        from .fsdp import reshard_phrase
+        text += f"; ZeRO-3 gathers {zero3_phrase(sw)}{reshard_phrase(cfg)}"
         if sw.zero3_gather == "per_tensor" and (sw.zero3_host_python_op or sw.zero3_host_copy
                                                  or sw.zero3_host_gather_call):
             text += ", host-issued per rank (the device's wait counts as 'bubble / wait')"

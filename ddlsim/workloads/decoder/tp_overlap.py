@@ -69,16 +69,18 @@ def mode(cfg) -> str | None:
     ``tp_comm_overlap`` (``bulk``/``pipelined``: TE userbuffers), else ``async`` with
     ``tp_async_backward`` (Megatron's NCCL overlap in the backward, with or without sequence
     parallelism), else None (blocking). None too unless TP > 1, 1-D (with or without context
-    parallelism), a dense model and not ZeRO-3 (whose per-layer blocks keep the blocking
-    collectives); the userbuffers modes need sequence parallelism as well (without it the
-    NCCL path runs, as in Megatron when TransformerEngine's userbuffers are not set up)."""
+    parallelism) and a dense model; under ZeRO-3 only ``tp_comm_overlap`` with per-layer (FSDP)
+    units (torchtitan's async TP), never the async backward; the userbuffers modes need
+    sequence parallelism as well (without it the NCCL path runs, as in Megatron when
+    TransformerEngine's userbuffers are not set up)."""
     p, sw = cfg.parallel, cfg.software
-    if not (p.tp > 1 and p.tp_mode == "1d" and not cfg.model.num_local_experts
-            and p.zero_stage != 3):
+    if not (p.tp > 1 and p.tp_mode == "1d" and not cfg.model.num_local_experts):
+        return None
+    if p.zero_stage == 3 and sw.zero3_gather != "per_layer":
         return None
     if sw.tp_comm_overlap != "off" and p.sequence_parallel:
-        return sw.tp_comm_overlap
-    return "async" if sw.tp_async_backward else None
+        return sw.tp_comm_overlap      # under ZeRO-3 too: FSDP's per-layer units (.fsdp)
+    return "async" if sw.tp_async_backward and p.zero_stage != 3 else None
 
 
 def active(cfg) -> bool:

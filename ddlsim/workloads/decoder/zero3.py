@@ -82,7 +82,7 @@ from dataclasses import dataclass, field
 
 from ...errors import ConfigError
 from ..trace import Block, Collective, Compute, Op, Wait
-from .builder import StageBuilder, as_ops
+from .builder import StageBuilder
 from .layerkernels import MODULE_PARTS
 
 __all__ = ["zero3_blocks", "zero3_shards", "gathered_layers", "zero3_gathered_bytes",
@@ -213,12 +213,13 @@ def list_gather_bytes(shape, tp: int, sw, dt: float) -> float:
 
 def zero3_shards(b: StageBuilder, moe: bool) -> list[tuple[str, float]]:
     """(group, bytes) of one layer's parameters for ZeRO-3's gathers and reduce-scatters."""
+    group = b.grad_group       # FSDP shards over dp × cp (torchtitan's dp_shard_cp mesh)
     if not b.shape.is_moe:
-        return [("dp", b.shape.layer_params / b.tp * b.dt)]
+        return [(group, b.shape.layer_params / b.part.param_split * b.dt)]
     dense, expert = b.layer_rank_params(moe)
     if b.split_experts and expert:
-        return [("dp", dense * b.dt), ("edp", expert * b.dt)]
-    return [("dp", (dense + expert) * b.dt)]
+        return [(group, dense * b.dt), ("edp", expert * b.dt)]
+    return [(group, (dense + expert) * b.dt)]
 
 
 def list_host_seconds(sw, ranks, calls: int, gather: bool) -> float:
@@ -249,6 +250,8 @@ class _Unit:
     reduce_passes: float = 0.0
     host_gather: float = 0.0
     host_reduce: float = 0.0
+    #: bytes of the compute stream's pass after the gathers (FSDP2's copy-out)
+    copy_out: float = 0.0
 
 
 def _split(op: Compute, b: StageBuilder) -> list[tuple[Compute, int]] | None:
@@ -309,9 +312,8 @@ def _module_units(b: StageBuilder, ops: list, fetch: dict[int, ModuleFetch],
 def _units(b: StageBuilder, layers: list[list], moe: list[bool], backward: bool) -> list[_Unit]:
     """The units of a pass over ``layers`` (their ops, in pass order)."""
     if b.sw.zero3_gather == "per_layer":
-        return [_Unit(ops, zero3_shards(b, m),
-                      [(g, n * b.gdt / b.dt) for g, n in zero3_shards(b, m)] if backward else [])
-                for ops, m in zip(layers, moe)]
+        from .fsdp import layer_units
+        return layer_units(b, layers, moe, backward)
     if b.shape.is_moe:
         raise ConfigError(f"system.software: zero3_gather = {b.sw.zero3_gather!r} is modelled "
                           "for dense decoder layers; this model has Mixture-of-Experts layers. "
@@ -343,8 +345,8 @@ def _pass(b: StageBuilder, head: list, units: list[_Unit], prefetch: int) -> lis
         idx = []
         deps = host("zero3.host_gather", units[j].host_gather, deps)
         for group, n in units[j].gathers:
-            ops.append(Op(Collective("param.all_gather", "all_gather", group, n), group,
-                          deps=deps))
+            ops.append(Op(Collective("param.all_gather", "all_gather", group, n),
+                          _stream(group), deps=deps))
             idx.append(len(ops) - 1)
         if units[j].gather_passes:
             ops.append(Op(Compute("zero3.fetch_passes", 0.0, units[j].gather_passes,
@@ -355,12 +357,15 @@ def _pass(b: StageBuilder, head: list, units: list[_Unit], prefetch: int) -> lis
 
     for j in range(min(prefetch + 1, len(units))):
         issued = gather(j, (0,)) or issued
-    ops += as_ops(head)
+    _extend(ops, head)
     before: tuple[int, ...] = ()
     for j, unit in enumerate(units):
-        waits = pending.pop(j)
-        ops += [Op(x, deps=waits + before + issued if i == 0 else ())
-                for i, x in enumerate(unit.ops)]
+        waits = pending.pop(j) + before + issued
+        if unit.copy_out and unit.gathers:
+            ops.append(Op(Compute("zero3.copy_out", 0.0, unit.copy_out, kind="elementwise",
+                                  dtype=b.dtype), deps=waits))
+            waits = (len(ops) - 1,)
+        ops += [_placed(x, waits if i == 0 else ()) for i, x in enumerate(unit.ops)]
         last = dep = len(ops) - 1
         if unit.reduce_passes:
             ops.append(Op(Compute("zero3.reduce_passes", 0.0, unit.reduce_passes,
@@ -375,8 +380,8 @@ def _pass(b: StageBuilder, head: list, units: list[_Unit], prefetch: int) -> lis
             rs_deps += host("zero3.host_reduce", unit.host_reduce, waits + before)
         rs = []
         for group, n in unit.reduces:
-            ops.append(Op(Collective("grad.reduce_scatter", "reduce_scatter", group, n), group,
-                          deps=rs_deps))
+            ops.append(Op(Collective("grad.reduce_scatter", "reduce_scatter", group, n),
+                          _stream(group), deps=rs_deps))
             rs.append(len(ops) - 1)
         before = tuple(rs) if synced else ()
         issued = ()
@@ -387,13 +392,35 @@ def _pass(b: StageBuilder, head: list, units: list[_Unit], prefetch: int) -> lis
     return ops
 
 
+def _stream(group: str) -> str:
+    """The stream of a group's ZeRO-3 collectives: ``dp`` for ``dp_cp`` (one NIC queue with
+    the update's wait on ``dp``), else the group's own."""
+    return "dp" if group == "dp_cp" else group
+
+
+def _placed(x, deps: tuple[int, ...]) -> Op:
+    """A unit's op (a payload, or a self-contained op: a layer's loop) with ``deps``."""
+    if isinstance(x, Op):
+        return Op(x.payload, x.stream, tuple(deps) + x.deps, x.repeat)
+    return Op(x, deps=deps)
+
+
 def zero3_blocks(b: StageBuilder, prefetch: int) -> dict[str, Block]:
     """The ``F0`` and ``B0`` blocks of ZeRO-3 without pipelining (the module docstring)."""
+    from .fsdp import one_layer
     moe = [b.shape.is_moe_layer(i) for i in range(b.split[0][0])]
     fwd = _pass(b, b.embedding_forward(),
-                _units(b, [b.layer_forward(moe=m) for m in moe], moe, False), prefetch)
-    fwd += as_ops(b.head_forward())
+                _units(b, [one_layer(b, False, m) for m in moe], moe, False), prefetch)
+    _extend(fwd, b.head_forward())
     back = moe[::-1]
     bwd = _pass(b, b.head_backward(),
-                _units(b, [b.layer_backward(moe=m) for m in back], back, True), prefetch)
+                _units(b, [one_layer(b, True, m) for m in back], back, True), prefetch)
     return {"F0": Block("F0", "forward", tuple(fwd)), "B0": Block("B0", "backward", tuple(bwd))}
+
+
+def _extend(ops: list[Op], items: list) -> None:
+    """Append ``items`` to ``ops``: payloads on the compute stream, or ops whose deps index
+    ``items`` (a partitioner's body), shifted."""
+    base = len(ops)
+    ops.extend(Op(x.payload, x.stream, tuple(d + base for d in x.deps), x.repeat)
+               if isinstance(x, Op) else Op(x) for x in items)

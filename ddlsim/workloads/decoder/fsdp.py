@@ -1,0 +1,190 @@
+"""FSDP (ZeRO-3 with per-layer units) as PyTorch FSDP2 runs it, within pipeline stages too.
+
+**When parameters are gathered** follows the stack's ``zero3_reshard_after_forward``
+(torchtitan's ``fully_shard(..., reshard_after_forward=…)``, docs/stacks.md):
+
+* without pipelining, every micro-batch gathers every layer for its forward; the backward
+  gathers it again unless the layer was kept gathered (``never``; ``not_with_pp_nor_last``
+  keeps the last layer, whose backward comes first). Gradients are reduce-scattered after
+  every micro-batch's backward of a layer (torchtitan's gradient accumulation leaves
+  ``set_requires_gradient_sync`` on: ``train.py`` ``train_step``).
+* with pipelining (``never``, ``not_with_pp``, ``not_with_pp_nor_last``), a stage gathers
+  its parameters once per iteration, in its first forward, and keeps them until after its
+  last backward: torch.distributed.pipelining turns off FSDP's resharding and gradient sync
+  for every backward (``set_reshard_after_backward(False)``,
+  ``set_requires_gradient_sync(False)``) and reduce-scatters every unit's gradients after
+  the stage's last backward (``_PipelineStageBase._post_backward``: pytorch/pytorch
+  0138610 ``torch/distributed/pipelining/stage.py``). ``always`` with pipelining is not
+  modelled (refused).
+
+**In the trace** (pipelining): the first forward of the stage (block ``F0.pg``, the
+prologue of :mod:`.param_gather`) issues the gather of its first layer, on which its first
+layer waits, then the gather of the rest of the stage (other model chunks included) on the
+``dp`` stream beside the forward; the forward's send waits for all of it (an approximation
+of the one-layer-ahead prefetch: the forward may run ahead of gathers it needs). The update
+block reduce-scatters each layer's gradients (and the stage's edge parameters', one more
+collective) on ``dp`` after the last backward, exposed, then steps the optimizer on the
+shard.
+
+**Copy passes** (``zero3_copy_out``, FSDP2): each gathered unit's parameters are copied
+out of the all-gather buffer on the compute stream (``foreach_all_gather_copy_out`` in
+``FSDPParamGroup.wait_for_unshard``: read + write of the unit's 16-bit parameters), and each
+unit's gradients are copied into the reduce-scatter input with ``torch._chunk_cat``, cast to
+the reduce dtype, on the reduce-scatter stream (``foreach_reduce``: read 16-bit, write the
+reduce dtype's bytes) before the collective.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..trace import Block, Collective, Compute, Op, Wait
+from . import param_gather
+
+__all__ = ["one_layer", "layer_units", "kept_in_backward", "per_iteration", "check_fsdp",
+           "pipeline_prologue", "with_stage_reduce_scatters", "reshard_phrase"]
+
+
+def per_iteration(sw: Any, pp: int) -> bool:
+    """Whether a stage gathers its parameters once per iteration (FSDP under pipelining
+    with resharding after forward off) rather than per micro-batch."""
+    return pp > 1 and sw.zero3_gather == "per_layer" and sw.zero3_reshard_after_forward != "always"
+
+
+def kept_in_backward(sw: Any, layer: int, layers: int) -> bool:
+    """Whether layer ``layer`` of ``layers`` (forward order) stays gathered from its forward
+    to its backward, without pipelining."""
+    policy = sw.zero3_reshard_after_forward
+    return policy == "never" or (policy == "not_with_pp_nor_last" and layer == layers - 1)
+
+
+def one_layer(b: Any, backward: bool, moe: bool) -> list:
+    """One layer's forward or backward ops: for dense layers under per-layer units the
+    builder's own one-layer ops (plain, a partitioner's loop, or the TP overlap's loop), else
+    the payloads (MoE layers; module hooks, which cut them by module)."""
+    if b.period == 1 and not b.shape.is_moe and b.sw.zero3_gather == "per_layer":
+        return list(b.layer_ops(backward, 1))     # module hooks cut the payloads (.zero3)
+    return b.layer_backward(moe=moe) if backward else b.layer_forward(moe=moe)
+
+
+def layer_units(b: Any, layers: list[list], moe: list[bool], backward: bool) -> list:
+    """The per-layer units of one pass (:class:`.zero3._Unit`): each layer's gathers (none
+    in the backward for a layer kept gathered, :func:`kept_in_backward`), its gradients'
+    reduce-scatters in the backward, and FSDP2's copy passes (module docstring)."""
+    from .zero3 import _Unit, zero3_shards
+    sw, n = b.sw, len(layers)
+    out = []
+    for k, (ops, m) in enumerate(zip(layers, moe)):
+        shards = zero3_shards(b, m)
+        layer = n - 1 - k if backward else k           # forward order
+        gathers = [] if backward and kept_in_backward(sw, layer, n) else shards
+        unit = _Unit(ops, gathers)
+        if backward:
+            unit.reduces = [(g, x * b.gdt / b.dt) for g, x in shards]
+        if sw.zero3_copy_out:
+            params = sum(x for _, x in shards) / b.dt
+            unit.copy_out = 2 * params * b.dt if gathers else 0.0
+            unit.reduce_passes = params * (b.dt + b.gdt) if backward else 0.0
+        out.append(unit)
+    return out
+
+
+def check_fsdp(cfg: Any) -> None:
+    """What FSDP within pipeline stages models (ValueError, one paragraph)."""
+    p, sw = cfg.parallel, cfg.software
+    if p.zero_stage != 3 or p.pp == 1:
+        return
+    from ...stackrules import broken_rules
+    if not sw.what_if and broken_rules(cfg):
+        return          # the stack cannot run the plan: its rule says so, with its source
+    if sw.zero3_gather != "per_layer":
+        raise ValueError(f"zero_stage = 3 with pipeline_model_parallel_size = {p.pp} is "
+                         "modelled with per-layer units (FSDP, zero3_gather: per_layer); "
+                         f"the stack {sw.name!r} gathers {sw.zero3_gather.replace('_', ' ')}."
+                         " Use a torchtitan stack, or pipeline_model_parallel_size = 1")
+    if sw.zero3_reshard_after_forward == "always":
+        raise ValueError(f"zero_stage = 3 with pipeline_model_parallel_size = {p.pp} and "
+                         "zero3_reshard_after_forward = 'always' is not modelled (FSDP "
+                         "under torch.distributed.pipelining keeps the gathered parameters "
+                         "through the backward: torchtitan's default). Set "
+                         "system.software.overlap.zero3_reshard_after_forward: not_with_pp")
+    if p.dp_strategy != "ddp":
+        raise ValueError(f"zero_stage = 3 needs dp_strategy = 'ddp' (got {p.dp_strategy!r})")
+
+
+def _stage_bytes(b: Any, stage: int) -> tuple[float, float]:
+    """(bytes of one rank's first layer, bytes of the rest of the stage) on this rank."""
+    total = b.stage_params(stage) * b.dt
+    first = sum(x for _, x in _shards(b))
+    return first, max(total - first, 0.0)
+
+
+def _shards(b: Any) -> list[tuple[str, float]]:
+    from .zero3 import zero3_shards
+    return zero3_shards(b, b.shape.is_moe_layer(0) if b.shape.is_moe else False)
+
+
+def pipeline_prologue(b: Any, first: Block, stage: int) -> Block:
+    """The stage's first forward (``F0``) with FSDP's once-per-iteration gathers (module
+    docstring): the first layer's gather before the block's compute, the rest on ``dp``
+    beside it, and the send after them all."""
+    head, rest = _stage_bytes(b, stage)
+    group = b.grad_group
+    block = param_gather.prologue_block(first, group, rest)
+    ops = list(block.ops)
+    gather = Op(Collective("param.all_gather.first", "all_gather", group, head), "dp")
+    shifted = [Op(o.payload, o.stream, tuple(d + 1 for d in o.deps), o.repeat) for o in ops]
+    # the first compute op of the block waits for the first layer's gather (op 0)
+    at = next(i for i, o in enumerate(shifted) if o.stream == "compute")
+    o = shifted[at]
+    shifted[at] = Op(o.payload, o.stream, o.deps + (0,), o.repeat)
+    body = [gather, *shifted]
+    if b.sw.zero3_copy_out:
+        body = _with_copy_out(body, at + 1, 2 * (head + rest))
+    return Block(block.name, block.phase, tuple(body))
+
+
+def _with_copy_out(ops: list[Op], at: int, nbytes: float) -> list[Op]:
+    """``ops`` with FSDP2's copy-out pass (``nbytes``) on the compute stream before op
+    ``at``, after the gathers it copies (op 0, the first layer's)."""
+    copy = Op(Compute("zero3.copy_out", 0.0, nbytes, kind="elementwise", dtype="bf16"),
+              deps=(0,))
+    out = [Op(o.payload, o.stream, tuple(d + 1 if d >= at else d for d in o.deps), o.repeat)
+           for o in ops]
+    return out[:at] + [copy] + out[at:]
+
+
+def with_stage_reduce_scatters(b: Any, update: Block, stage: int) -> Block:
+    """``update`` with the stage's gradient reduce-scatters after its last backward: one per
+    layer and one for the edge parameters (the first or last stage's embedding and head), on
+    ``dp`` before the update's wait for it, each after its ``chunk_cat`` pass (FSDP2)."""
+    layer = sum(x for _, x in _shards(b)) / b.dt
+    layers = sum(b.split[stage])
+    edge = max(b.stage_params(stage) - layers * layer, 0.0)
+    sizes = [layer] * layers + ([edge] if edge else [])
+    rs: list[Op] = []
+    for n in sizes:
+        if b.sw.zero3_copy_out:
+            rs.append(Op(Compute("zero3.reduce_passes", 0.0, n * (b.dt + b.gdt),
+                                 kind="elementwise", dtype=b.dtype), "dp", deps=(0,)))
+        rs.append(Op(Collective("grad.reduce_scatter", "reduce_scatter", b.grad_group,
+                                n * b.gdt), "dp", deps=(0,)))
+    ops = list(update.ops)
+    assert isinstance(ops[0].payload, Wait)
+    k = len(rs)
+    rest = [Op(o.payload, o.stream, tuple(d + k if d >= 1 else d for d in o.deps), o.repeat)
+            for o in ops[1:]]
+    return Block(update.name, update.phase, (ops[0], *rs, *rest))
+
+
+def reshard_phrase(cfg: Any) -> str:
+    """``, gathered once per iteration`` under pipelining, ``, kept for the backward`` /
+    ``, last layer kept`` without; empty for the plain policy."""
+    sw = cfg.software
+    if sw.zero3_gather != "per_layer":
+        return ""
+    if per_iteration(sw, cfg.parallel.pp):
+        return ", gathered once per iteration (pipelined)"
+    return {"never": ", kept for the backward",
+            "not_with_pp_nor_last": ", last layer kept for the backward"}.get(
+        sw.zero3_reshard_after_forward, "")
