@@ -54,6 +54,9 @@ class DeviceSpec(_Strict):
     matmul_library: GemmLibrary | None = Field(
         default=None, description="the GEMM library matmul_efficiency was measured with "
                                   "(e.g. cublas-12); unset: the figure holds for any")
+    gemm_overhead: "GemmOverheadSpec | None" = Field(
+        default=None, description="a GEMM kernel's fixed device time (docs/compute.md, GEMMs "
+                                  "by shape); unset: none")
     matmul_efficiency_by_library: dict[GemmLibrary, dict[str, Annotated[
         float, Field(gt=0, le=1)]]] | None = Field(
         default=None, description="GEMM library -> dtype -> matmul ceiling measured with that "
@@ -93,6 +96,19 @@ class LinkSpec(_Strict):
     bandwidth_Bps: Bandwidth
     latency_s: Seconds = 0.0
     source: str | None = None
+
+
+class GemmOverheadSpec(_Strict):
+    """A GEMM kernel's device time that no FLOP count sees (``kernels/gemm.py``), each from a
+    measured kernel table named in ``source``."""
+
+    floor_s: Seconds = Field(description="once per GEMM: the kernel's start and drain")
+    wave_s: Seconds = Field(description="once per wave of tiles: each tile's pipeline fill "
+                                        "and epilogue")
+    source: str | None = None
+
+
+DeviceSpec.model_rebuild()
 
 
 class IntraNodeSpec(LinkSpec):

@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from ...config_types import DTYPE_BYTES
 from ...workloads.trace import Compute, Kernel
-from .gemm import gemm_time
+from .gemm import GemmOverhead, gemm_time
 from .host import NO_LAUNCH, Launch, launch_costs, stream_time
 
 __all__ = ["KernelDevice", "kernel_device", "kernel_time", "op_time", "DEFAULT_CEILING",
@@ -53,6 +53,8 @@ class KernelDevice:
     scores_Bps: float | None = None
     #: host time and device gap per kernel under the stack's dispatch mode (:mod:`.host`)
     launch: Launch = NO_LAUNCH
+    #: a GEMM kernel's fixed device time, where measured (``device.gemm_overhead``)
+    gemm_overhead: GemmOverhead | None = None
 
     def peak_flops(self, dtype: str) -> float:
         """Peak FLOP/s at ``dtype`` (the device's best when it lists no such dtype)."""
@@ -98,6 +100,11 @@ def matmul_ceilings(system: Any) -> dict[str, float]:
     return dict(dev.matmul_efficiency or {})
 
 
+def _gemm_overhead(dev: Any) -> GemmOverhead | None:
+    spec = dev.gemm_overhead
+    return None if spec is None else GemmOverhead(spec.floor_s, spec.wave_s)
+
+
 def kernel_device(system: Any) -> KernelDevice:
     """The :class:`KernelDevice` of ``system`` (a :class:`~ddlsim.config.SystemConfig`)."""
     from ...software import resolve_software
@@ -108,7 +115,8 @@ def kernel_device(system: Any) -> KernelDevice:
                         dev.memory_bandwidth_Bps * (dev.memory_efficiency or 1.0),
                         dev.sm_count, matmul_ceilings(system),
                         dict(dev.attention_efficiency or {}), system.compute_efficiency,
-                        dev.memory_bandwidth_Bps * scores, launch)
+                        dev.memory_bandwidth_Bps * scores, launch,
+                        gemm_overhead=_gemm_overhead(dev))
 
 
 def kernel_time(k: Kernel, dev: KernelDevice, efficiency: float | None = None) -> float:
@@ -127,7 +135,7 @@ def kernel_time(k: Kernel, dev: KernelDevice, efficiency: float | None = None) -
         return max(2.0 * M * N * K * k.batch / (peak * efficiency),
                    (M * K + K * N + M * N) * k.batch * DTYPE_BYTES.get(k.dtype, 2) / bw)
     return gemm_time(M, N, K, k.batch, DTYPE_BYTES.get(k.dtype, 2), peak, dev.ceiling(k.dtype),
-                     dev.sm_count, bw)
+                     dev.sm_count, bw, dev.gemm_overhead)
 
 
 def op_time(op: Compute, dev: KernelDevice,

@@ -21,27 +21,61 @@ and keep the better one (cuBLAS's heuristic chooses among its kernels). A full w
 tiles runs at the device's maximum achievable matmul FLOP/s (``η_max``, a measured fraction of
 peak: :mod:`.device`). The GEMM also cannot be faster than moving its operands once:
 ``(M·K + K·N + M·N)·batch`` elements at the achieved memory bandwidth (a roofline).
+
+**Fixed costs** (:class:`GemmOverhead`, a device fact where it was measured): a GEMM kernel
+also pays time that no FLOP count sees, which the measured kernel tables show plainly (the
+XLA sm_90 table, ``ddlsim/data/gemm_measured.csv``: a 256³ bf16 GEMM takes 5.2 µs of device
+time on H100 where its arithmetic needs 0.03 µs; over ``m = n = 4096`` the time grows
+linearly in ``K`` from an intercept of 12 µs):
+
+* ``floor_s`` once per GEMM: the first tiles' operand loads and the last wave's epilogue
+  that nothing overlaps, the kernel's start and drain;
+* ``wave_s`` once per wave: each tile's prologue (filling the software pipeline's stages
+  before the first MMA) and epilogue (converting and storing its ``Tm×Tn`` outputs), which a
+  one-tile-per-SM kernel does not overlap with its main loop.
+
+``t = floor_s + waves·wave_s + max(2MNK·batch / (peak·η_main·q), bytes / bandwidth)``. The
+measured ceiling ``η_max`` keeps its meaning, the whole-GEMM efficiency at the reference
+shape :data:`GEMM_REFERENCE` (8192³, where the ceilings were measured or, for a best-shape
+search, near it): ``η_main`` is the main loop's efficiency that gives exactly ``η_max`` there
+once the fixed costs are added (:func:`main_loop_efficiency`), so the fixed costs are not
+counted twice. A device without the fact pays none (``t`` as above without the two terms).
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
-__all__ = ["GEMM_TILE", "gemm_quantisation", "gemm_time", "gemm_kernels_backward"]
+__all__ = ["GEMM_TILE", "GEMM_REFERENCE", "GemmOverhead", "gemm_quantisation", "gemm_time",
+           "gemm_kernels_backward", "main_loop_efficiency"]
 
 #: thread-block tile (rows, columns of C): the NVIDIA guide's wave-quantisation example on A100
 GEMM_TILE = (256, 128)
 
+#: the GEMM (M, N, K) at which a device's matmul ceiling is taken to hold whole: the shape of
+#: the A100's cuBLAS 11 measurement (n = 8192 squares) and of the square GEMMs of MAMF tables
+GEMM_REFERENCE = (8192.0, 8192.0, 8192.0)
 
 #: shortest K slice of a split-K GEMM
 SPLIT_K_MIN = 128
 
 
-def _useful(M, N, K, batch, sms, tm: int, tn: int):
+class GemmOverhead(NamedTuple):
+    """A GEMM kernel's fixed device time, in seconds: ``floor_s`` once per GEMM, ``wave_s``
+    once per wave of tiles (module docstring)."""
+
+    floor_s: float
+    wave_s: float
+
+
+def _tiling(M, N, K, batch, sms, tm: int, tn: int):
+    """(useful fraction, waves) of one tile orientation, split-K included."""
     tiles = np.ceil(M / tm) * np.ceil(N / tn) * batch
     splits = np.maximum(1.0, np.minimum(np.floor(sms / tiles), np.ceil(K / SPLIT_K_MIN)))
     waves = np.ceil(tiles * splits / sms)
-    return M * N * batch * splits / (waves * sms * tm * tn)
+    return M * N * batch * splits / (waves * sms * tm * tn), waves
 
 
 def gemm_quantisation(M, N, batch, sm_count, K=np.inf):
@@ -56,23 +90,85 @@ def gemm_quantisation(M, N, batch, sm_count, K=np.inf):
     K : the reduction dimension (bounds split-K; default: unbounded).
     """
     tm, tn = GEMM_TILE
-    return np.minimum(1.0, np.maximum(_useful(M, N, K, batch, sm_count, tm, tn),
-                                      _useful(M, N, K, batch, sm_count, tn, tm)))
+    return np.minimum(1.0, np.maximum(_tiling(M, N, K, batch, sm_count, tm, tn)[0],
+                                      _tiling(M, N, K, batch, sm_count, tn, tm)[0]))
+
+
+def main_loop_efficiency(ceiling: float, peak: float, sm_count: int,
+                         overhead: GemmOverhead) -> float:
+    """The main loop's fraction of peak ``η_main`` that makes the reference GEMM
+    (:data:`GEMM_REFERENCE`) run at exactly ``ceiling`` once its fixed costs are added:
+    ``η_main = ceiling · t_ref / (t_ref − floor_s − waves_ref·wave_s)``, ``t_ref`` the
+    reference's time at ``ceiling``.
+
+    Parameters
+    ----------
+    ceiling : the measured whole-GEMM efficiency ``η_max`` (fraction of peak).
+    peak : dense peak FLOP/s at the dtype.
+    sm_count : streaming multiprocessors.
+    overhead : the device's fixed GEMM costs.
+
+    Returns
+    -------
+    float : ``η_main`` (fraction of peak).
+    """
+    M, N, K = GEMM_REFERENCE
+    q, waves = _tiling(M, N, K, 1.0, sm_count, *GEMM_TILE)
+    t_ref = 2.0 * M * N * K / (peak * ceiling * q)
+    fixed = overhead.floor_s + waves * overhead.wave_s
+    if fixed >= t_ref:
+        raise ValueError(f"device.gemm_overhead ({overhead.floor_s:g} s + {overhead.wave_s:g} "
+                         f"s per wave) exceeds the whole time of the reference 8192³ GEMM at "
+                         f"its matmul ceiling ({t_ref:g} s)")
+    return float(ceiling * t_ref / (t_ref - fixed))
 
 
 def gemm_time(M, N, K, batch, dtype_bytes: float, peak: float, ceiling: float,
-              sm_count, memory_Bps: float):
-    """Seconds of ``batch`` GEMMs ``[M,K]·[K,N]``: ``max(2MNK·batch / (peak · η_max ·
-    quantisation), (MK + KN + MN)·batch·bytes / achieved memory bandwidth)``.
+              sm_count, memory_Bps: float, overhead: GemmOverhead | None = None):
+    """Seconds of ``batch`` GEMMs ``[M,K]·[K,N]``.
 
-    ``sm_count`` None: no quantisation (a device without the fact). ``memory_Bps`` is the
-    achieved bandwidth (datasheet × memory efficiency).
+    ``max(2MNK·batch / (peak · η_max · q), bytes moved / bandwidth)``, the bytes
+    ``((MK + KN)·b + MN·max(b, 2))·batch`` (an 8-bit GEMM writes 16-bit outputs), plus,
+    on a device with measured fixed costs, ``floor_s + waves·wave_s`` with the main loop at
+    ``η_main`` (module docstring); the tile orientation giving the shorter time is kept.
+
+    Parameters
+    ----------
+    M, N, K : GEMM dimensions (floats or arrays).
+    batch : independent GEMMs in the launch.
+    dtype_bytes : bytes per element.
+    peak : dense peak FLOP/s at the dtype.
+    ceiling : ``η_max``, the whole-GEMM matmul ceiling (fraction of peak).
+    sm_count : SMs, or None: no quantisation and no fixed costs (a device without the fact).
+    memory_Bps : achieved memory bandwidth (datasheet × memory efficiency), B/s.
+    overhead : the device's fixed GEMM costs, or None.
+
+    Returns
+    -------
+    float or array : seconds.
+
+    References
+    ----------
+    NVIDIA, Matrix Multiplication Background User's Guide (tile and wave quantisation).
     """
     M, N, K = (np.asarray(x, dtype=float) for x in (M, N, K))
-    q = 1.0 if sm_count is None else gemm_quantisation(M, N, batch, sm_count, K)
-    t_flops = 2.0 * M * N * K * batch / (peak * ceiling * q)
-    t_mem = (M * K + K * N + M * N) * batch * dtype_bytes / memory_Bps
-    out = np.maximum(t_flops, t_mem)
+    # an fp8 GEMM writes 16-bit outputs (Transformer Engine, torch._scaled_mm: bf16 out)
+    out_bytes = max(dtype_bytes, 2.0)
+    t_mem = ((M * K + K * N) * dtype_bytes + M * N * out_bytes) * batch / memory_Bps
+    flops = 2.0 * M * N * K * batch
+    if sm_count is None:
+        out = np.maximum(flops / (peak * ceiling), t_mem)
+    elif overhead is None:
+        q = gemm_quantisation(M, N, batch, sm_count, K)
+        out = np.maximum(flops / (peak * ceiling * q), t_mem)
+    else:
+        eta = main_loop_efficiency(ceiling, peak, sm_count, overhead)
+        times = []
+        for tm, tn in (GEMM_TILE, GEMM_TILE[::-1]):
+            q, waves = _tiling(M, N, K, batch, sm_count, tm, tn)
+            times.append(overhead.floor_s + waves * overhead.wave_s
+                         + np.maximum(flops / (peak * eta * np.minimum(q, 1.0)), t_mem))
+        out = np.minimum(*times)
     return float(out) if out.ndim == 0 else out
 
 
