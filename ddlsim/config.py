@@ -28,6 +28,7 @@ from .config_types import (  # noqa: F401  (re-exported)
 from .errors import ConfigError, did_you_mean
 from .limits import check_bound
 from .software import TPCommOverlap
+from .config_moe import MoESpec
 from .registered import algorithms, collective_ops, registered, schedules
 from .workloads.registry import validate_model
 
@@ -121,7 +122,15 @@ class ParallelConfig(_Strict):
         default=None, description="layers of the last pipeline stage (the rest split evenly)")
     sequence_parallel: StrictBool = False
     expert_model_parallel_size: count_type("parallel_size") = Field(
-        default=1, description="EP: experts split over this many ranks, carved out of TP·DP")
+        default=1, description="EP: experts split over this many ranks, carved out of "
+                               "TP·CP·DP (Megatron-Core's MoE parallel folding)")
+    expert_tensor_parallel_size: count_type("parallel_size") | None = Field(
+        default=None, description="expert TP: each expert's GEMMs split over this many "
+                                  "ranks; default (null): tensor_model_parallel_size, as "
+                                  "Megatron-LM's arguments.py sets it")
+    moe: MoESpec | None = Field(
+        default=None, description="Megatron-Core's --moe-* options (docs/moe.md); unset "
+                                  "fields: the software stack's")
     data_parallel_size: count_type("parallel_size") | None = Field(
         default=None, description="default: devices // (TP·PP)")
     zero_stage: Annotated[Literal[0, 1, 2, 3], BeforeValidator(reject_bool)] = 0
@@ -235,6 +244,12 @@ class ParallelConfig(_Strict):
         return self.expert_model_parallel_size
 
     @property
+    def etp(self) -> int:
+        """Expert tensor-parallel size: ``expert_tensor_parallel_size``, or TP when unset
+        (Megatron-LM 9c1a5351 megatron/training/arguments.py lines 403-404)."""
+        return self.expert_tensor_parallel_size or self.tensor_model_parallel_size
+
+    @property
     def vpp(self) -> int:
         return self.virtual_pipeline_model_parallel_size or 1
 
@@ -282,6 +297,7 @@ class RunConfig(_Strict):
                                         pipeline_model_parallel_size=self.parallel.pp,
                                         data_parallel_size=self.dp,
                                         expert_model_parallel_size=self.parallel.ep,
+                                        expert_tensor_parallel_size=self.parallel.etp,
                                         order=self.parallel.rank_order)
 
     @property

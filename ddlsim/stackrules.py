@@ -53,6 +53,12 @@ class PlanFacts:
     p2p_overlap: Any
     tp_overlap: Any = False
     compiled: Any = False
+    #: the model has routed experts; its expert-parallel, expert-TP and data-parallel sizes
+    #: (facts made without them are of a dense plan: the MoE rules hold)
+    moe: Any = False
+    ep: Any = 1
+    etp: Any = 1
+    dp: Any = 1
 
     @classmethod
     def of(cls, **values: Any) -> "PlanFacts":
@@ -67,6 +73,8 @@ class PlanFacts:
         return cls.of(tp=p.tp, pp=p.pp, cp=p.cp, zero=p.zero_stage, sp=p.sequence_parallel,
                       interleaved=p.schedule == "interleaved", one_f_one_b=p.schedule == "1f1b",
                       p2p_overlap=bool(cfg.software.overlap_p2p_comm),
+                      moe=bool(getattr(cfg.model, "num_local_experts", 0)), ep=p.ep,
+                      etp=p.etp, dp=p.data_parallel_size or 1,
                       tp_overlap=p.tp > 1 and cfg.software.tp_comm_overlap != "off",
                       compiled=bool(cfg.software.compile))
 
@@ -168,6 +176,31 @@ def _no_zero12(f: PlanFacts):
             "parallel.tp_comm_overlap", "system.software.kernels.compile")
 def _async_tp_needs_compile(f: PlanFacts):
     return f.tp_overlap & ~f.compiled
+
+
+@stack_rule("moe_ep_divides_dp", "expert parallelism that does not divide data parallelism "
+            "(EP is carved out of DP alone)",
+            "parallel.expert_model_parallel_size", "parallel.data_parallel_size")
+def _moe_ep_divides_dp(f: PlanFacts):
+    return f.moe & (f.ep > 1) & (f.dp % f.ep != 0)
+
+
+@stack_rule("moe_ep_no_context_parallel", "expert parallelism with context parallelism",
+            "parallel.expert_model_parallel_size", "parallel.context_parallel_size")
+def _moe_ep_no_context_parallel(f: PlanFacts):
+    return f.moe & (f.ep > 1) & (f.cp > 1)
+
+
+@stack_rule("no_expert_tensor_parallel", "an expert tensor-parallel size other than TP",
+            "parallel.expert_tensor_parallel_size", "parallel.tensor_model_parallel_size")
+def _no_expert_tensor_parallel(f: PlanFacts):
+    return f.moe & (f.etp != f.tp)
+
+
+@stack_rule("moe_tp_needs_sp", "MoE layers with tensor parallelism but no sequence "
+            "parallelism", "parallel.tensor_model_parallel_size", "parallel.sequence_parallel")
+def _moe_tp_needs_sp(f: PlanFacts):
+    return f.moe & (f.tp > 1) & ~f.sp
 
 
 # ------------------------------------------------------------------------ stacks and checks

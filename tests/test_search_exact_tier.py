@@ -40,7 +40,8 @@ def test_each_bundled_search_of_a_new_kind_runs_and_its_best_plans_are_exact(nam
 def test_a_plan_the_config_refuses_is_a_rejection_with_the_configs_reason():
     frame = search(ROOT / "examples" / "search-mixtral-8x7b-ep.yaml", top=1)
     reasons = frame.attrs["rejected"]
-    assert any("expert_model_parallel_size = 8 does not divide" in r for r in reasons)
+    # EP8 × expert TP (= TP 4) = 32 ranks cannot be carved out of TP·DP = 4·4 at PP4
+    assert any("expert_tensor_parallel_size = 8 × 4 = 32 must divide" in r for r in reasons)
 
 
 def test_an_exact_grid_over_its_bound_is_refused_before_it_runs():

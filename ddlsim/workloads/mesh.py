@@ -293,15 +293,25 @@ class DeviceMesh:
 
     def families(self) -> dict[str, GroupFamily]:
         """The standard families: ``tp dp pp`` always; ``cp`` and ``dp_cp`` (the gradient
-        group) when cp > 1; ``ep``, ``etp`` and ``edp`` (expert gradients) when ep > 1."""
+        group) when cp > 1. When the expert layout differs from the dense one (ep > 1, or
+        etp ≠ tp): ``ep`` when ep > 1, ``etp`` (an expert's tensor-parallel ranks) when
+        etp > 1, ``tp_ep`` (Megatron-Core's ``tp_ep`` group, etp × ep: the allgather
+        dispatcher's) when etp·ep > 1, and ``edp`` (expert gradients). Otherwise those
+        groups are ``tp``, ``tp`` and the gradient group."""
         out = {n: self.family(n, AXES[n], n) for n in ("tp", "dp", "pp")}
-        if self.size("cp") > 1:
+        s = self.sizes
+        if s["cp"] > 1:
             out["cp"] = self.family("cp", "cp", "cp")
             out["dp_cp"] = self.family("dp_cp", "dp", ("dp", "cp"))
-        if self.size("ep") > 1:
+        if s["ep"] == 1 and s["etp"] == s["tp"]:
+            return out   # one layout: the expert groups are the dense ones (tp, dp × cp)
+        if s["ep"] > 1:
             out["ep"] = self.family("ep", "ep", "ep")
+        if s["etp"] > 1:
             out["etp"] = self.family("etp", "tp", "etp")
-            out["edp"] = self.family("edp", "dp", "edp")
+        if s["etp"] * s["ep"] > 1:
+            out["tp_ep"] = self.family("tp_ep", "ep", ("etp", "ep"))
+        out["edp"] = self.family("edp", "dp", "edp")
         return out
 
 

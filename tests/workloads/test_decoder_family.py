@@ -162,8 +162,10 @@ def test_tied_embedding_copy_on_the_last_stage_as_before():
 def test_mixture_of_experts_config_is_read_from_the_cli(tmp_path):
     # Mixtral's config.json through --model: an MoE decoder (tests/workloads/test_moe.py pins
     # its counts and trace)
+    # (MoE layers with TP need sequence parallelism in Megatron-Core: the stack's rule)
     r = runner.invoke(app, ["predict", str(run_config(tmp_path, "gpt2-124m")), "--model",
-                            str(HF / "mixtral-8x7b-v0.1.json"), "-f", "json", "--allow-oom"])
+                            str(HF / "mixtral-8x7b-v0.1.json"), "-f", "json", "--allow-oom",
+                            "--set", "parallel.sequence_parallel=true"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["parameter_count"] == 46_702_792_704
 

@@ -115,8 +115,20 @@ def test_expert_groups_with_pipeline():
     assert mesh.groups("dp").tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert mesh.groups("pp").tolist() == [[0, 4], [1, 5], [2, 6], [3, 7]]
     fams = mesh.families()
-    assert set(fams) == {"tp", "dp", "pp", "ep", "etp", "edp"}
-    assert (fams["ep"].kind, fams["edp"].kind, fams["etp"].kind) == ("ep", "dp", "tp")
+    # etp = 1: no expert-TP family; tp_ep (etp × ep, the allgather dispatcher's) is ep here
+    assert set(fams) == {"tp", "dp", "pp", "ep", "tp_ep", "edp"}
+    assert (fams["ep"].kind, fams["edp"].kind, fams["tp_ep"].kind) == ("ep", "dp", "ep")
+    assert fams["tp_ep"].members.tolist() == fams["ep"].members.tolist()
+
+
+def test_expert_tp_independent_of_tp_folds_ep_over_tp_and_dp():
+    # tp=2 dp=4 (8 ranks), etp=1 ep=8: the expert layout etp(1)-ep(8)-edp(1) spans all 8
+    # ranks as one EP group (MoE parallel folding: EP need not divide DP = 4)
+    mesh = DeviceMesh.from_megatron(2, 1, 4, expert_model_parallel_size=8,
+                                    expert_tensor_parallel_size=1)
+    assert mesh.groups("ep").tolist() == [list(range(8))]
+    assert (mesh.size("edp"), mesh.size("etp")) == (1, 1)
+    assert set(mesh.families()) == {"tp", "dp", "pp", "ep", "tp_ep", "edp"}
 
 
 def test_expert_groups_with_context_parallel():

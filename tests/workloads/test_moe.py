@@ -32,7 +32,8 @@ def mixtral(layers: int = 4, ep: int = 8, tp: int = 1, pp: int = 1, nodes: int =
     """Mixtral 8x7B shortened to ``layers`` layers on ``nodes`` DGX H100s (DP = 8·nodes/(TP·PP))."""
     return {"model": {"preset": "mixtral-8x7b", "num_hidden_layers": layers, **model},
             "parallel": {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
-                         "expert_model_parallel_size": ep},
+                         "expert_model_parallel_size": ep, "sequence_parallel": tp > 1,
+                         "moe": {"token_dispatcher_type": "alltoall"}},
             "train": {"micro_batch_size": MB, "global_batch_size": 32, "seq_length": SEQ,
                       "recompute": "full"},
             "system": {"preset": "dgx-h100", "nodes": nodes}}
@@ -65,14 +66,17 @@ def test_mixtral_8x7b_parameters_as_printed(tmp_path):
 
 
 # ---------------------------------------------------------------- the trace
-@pytest.mark.parametrize("cf", [None, 1.25])
-def test_all_to_all_bytes_per_moe_layer(cf):
-    # tokens of one micro-batch × top-k × hidden × 2 bytes (bf16) × capacity factor:
-    # 1·4096 × 2 × 4096 × 2 = 67,108,864 B (× 1.25 = 83,886,080 B), per dispatch and combine
+@pytest.mark.parametrize("cf, pad", [(None, False), (1.25, False), (1.25, True)])
+def test_all_to_all_bytes_per_moe_layer(cf, pad):
+    # tokens of one micro-batch × top-k × hidden × 2 bytes (bf16): 1·4096 × 2 × 4096 × 2 =
+    # 67,108,864 B per dispatch and combine; a capacity factor drops tokens (balanced routing
+    # drops none: the same bytes), padded to capacity every slot travels (× 1.25 =
+    # 83,886,080 B; Megatron-Core num_out_tokens = capacity·E)
     extra = {} if cf is None else {"capacity_factor": cf}
-    cfg = ddlsim.load_config(mixtral(layers=4, **extra))
+    cfg = ddlsim.load_config(mixtral(layers=4, **extra),
+                             ["parallel.moe.pad_expert_input_to_capacity=true"] if pad else [])
     w = ddlsim.build_workload(cfg)
-    want = MB * SEQ * K * H * 2 * (cf or 1.0)
+    want = MB * SEQ * K * H * 2 * (cf if pad else 1.0)
     a2a = list(collectives(w, "all_to_all"))
     assert a2a and {p.bytes for *_, p in a2a} == {want}
     assert {p.group for *_, p in a2a} == {"ep"} and w.groups["ep"].size == 8
@@ -86,13 +90,17 @@ def test_all_to_all_bytes_per_moe_layer(cf):
 
 def test_expert_gemms_sized_by_the_tokens_each_expert_receives():
     # EP8 over 8 experts: one local expert receiving k·(8 ranks · b·s)/E = 2·4096 tokens,
-    # forward 2 · 3 · h · f_e FLOPs per token (× 1.5 with a capacity factor of 1.5)
+    # forward 2 · 3 · h · f_e FLOPs per token (× 1.5 with a capacity factor of 1.5, padded:
+    # Megatron-Core's pad_expert_input_to_capacity; dropping at capacity under balanced
+    # routing drops nothing)
     for cf in (None, 1.5):
         extra = {} if cf is None else {"capacity_factor": cf}
-        w = ddlsim.build_workload(ddlsim.load_config(mixtral(**extra)))
+        pad = [] if cf is None else ["parallel.moe.pad_expert_input_to_capacity=true"]
+        w = ddlsim.build_workload(ddlsim.load_config(mixtral(**extra), pad))
         fwd = w.classes[0].program.blocks["F0"].flat.ops
-        experts = [o.payload for o in fwd if o.payload.name == "fwd.experts"]
-        assert experts[0].flops == pytest.approx(
+        experts = sum(o.payload.flops * o.repeat for o in fwd
+                      if o.payload.name.startswith("fwd.experts.")) / 4   # per layer
+        assert experts == pytest.approx(
             K * 8 * MB * SEQ / E * (E // 8) * 2 * 3 * H * F_E * (cf or 1.0), rel=1e-12)
 
 
@@ -157,7 +165,8 @@ def test_every_other_layer_moe_counts_half_the_layers():
     cfg = ddlsim.load_config({
         "model": {"preset": "gpt3-1.3b", "num_local_experts": 8, "num_experts_per_tok": 1,
                   "decoder_sparse_step": 2},
-        "parallel": {"expert_model_parallel_size": 8},
+        "parallel": {"expert_model_parallel_size": 8,
+                     "moe": {"token_dispatcher_type": "alltoall"}},
         "train": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 2048},
         "system": {"preset": "dgx-h100", "nodes": 1}})
     w = ddlsim.build_workload(cfg)
@@ -170,7 +179,15 @@ def test_every_other_layer_moe_counts_half_the_layers():
 @pytest.mark.parametrize("change, match", [
     (["parallel.expert_model_parallel_size=3"], r"does not divide model.num_local_experts = 8"),
     (["system.nodes=1", "parallel.tensor_model_parallel_size=2",
-      "parallel.expert_model_parallel_size=8"], r"does not divide the data-parallel size 4"),
+      "parallel.expert_model_parallel_size=8"],
+     r"expert_tensor_parallel_size = 8 × 2 = 16 must divide the ranks of one pipeline stage"),
+    (["system.nodes=1", "parallel.tensor_model_parallel_size=2",
+      "parallel.expert_model_parallel_size=8", "parallel.expert_tensor_parallel_size=1"],
+     r"megatron-core-2024' cannot run expert parallelism that does not divide data"),
+    (["parallel.moe.router_imbalance=1.5", "parallel.moe.router_force_load_balancing=true"],
+     r"router_force_load_balancing = true"),
+    (["parallel.moe.pad_expert_input_to_capacity=true"], r"needs a capacity factor"),
+    (["parallel.expert_tensor_parallel_size=3"], r"does not divide the expert FFN size 14336"),
     (["model.num_experts_per_tok=9"], r"num_experts_per_tok = 9"),
     (["parallel.dp_strategy=reduce_broadcast"], r"dp_strategy = 'reduce_broadcast'"),
 ])
@@ -246,5 +263,6 @@ def test_qwen2_moe_config_json_predicts_with_its_shared_expert(tmp_path):
     assert r["parameter_count"] == 14_315_784_192
     # shared expert: a dense MLP of 5632 on every token, forward 2·3·b·s·h·5632 FLOPs (TP1)
     fwd = ddlsim.build_workload(cfg).classes[0].program.blocks["F0"].flat.ops
-    shared = [o.payload.flops for o in fwd if o.payload.name == "fwd.shared_experts"]
-    assert shared == [pytest.approx(2 * 3 * 2048 * 2048 * 5632, rel=1e-12)]
+    shared = sum(o.payload.flops * o.repeat for o in fwd
+                 if o.payload.name.startswith("fwd.shared.")) / 24   # per layer
+    assert shared == pytest.approx(2 * 3 * 2048 * 2048 * 5632, rel=1e-12)

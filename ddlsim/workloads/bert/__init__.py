@@ -24,6 +24,8 @@ class BertFamily(WorkloadFamily):
     #: generic plan fields this family's trace never reads (refused when set)
     ignores = ("parallel.sequence_parallel",
                "parallel.tensor_parallel",
+               "parallel.expert_tensor_parallel_size",
+               "parallel.moe",
                "parallel.context_parallel_size",
                "parallel.cp_comm_type",
                "train.recompute",

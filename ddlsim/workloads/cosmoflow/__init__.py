@@ -30,6 +30,8 @@ class CosmoFlowFamily(WorkloadFamily):
                "parallel.overlap_grad_reduce",
                "parallel.grad_bucket_size",
                "parallel.tensor_parallel",
+               "parallel.expert_tensor_parallel_size",
+               "parallel.moe",
                "parallel.context_parallel_size",
                "parallel.cp_comm_type",
                "train.recompute",

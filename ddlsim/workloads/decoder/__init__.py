@@ -113,7 +113,10 @@ class DecoderFamily(WorkloadFamily):
         if p.ep > 1:
             line = line.replace(f"× DP{cfg.dp} =", f"× DP{cfg.dp} (EP{p.ep}) =", 1)
         from .overlap import overlap_phrase
-        return axes + line + _grad_phrase(cfg) + f", {overlap_phrase(cfg)}"
+        from .moeplan import resolve_moe
+        moe = resolve_moe(cfg)
+        return (axes + line + _grad_phrase(cfg) + f", {overlap_phrase(cfg)}"
+                + ("" if moe is None else f"; {moe.phrase()}"))
 
     def group_labels(self, cfg: Any) -> dict[str, str]:
         """``tp`` with the grid's group families when the scheme is not 1-D (their bytes

@@ -82,9 +82,9 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
         self.split = chunk_layers(cfg)
         self.act_bytes = self.b * self.s * shape.hidden * self.dt
         self.ep = p.ep
-        #: expert gradients sync over their own group (edp) only when EP > 1; with EP = 1
-        #: the expert-data-parallel group is the data-parallel group
-        self.split_experts = shape.is_moe and self.ep > 1
+        #: expert gradients sync over their own group (edp) when the expert layout differs
+        #: from the dense one (EP > 1 or expert TP ≠ TP); otherwise edp is the gradient group
+        self.split_experts = shape.is_moe and (self.ep > 1 or p.etp != p.tp)
         #: layers per dense…MoE period (1: all layers alike)
         self.period = shape.moe_layer_freq if shape.is_moe else 1
         self._layer_ops: dict[tuple[bool, int], list[Op]] = {}
@@ -119,33 +119,40 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
         """``repeat`` layers' forward (or backward) ops, each op repeated (ops are immutable,
         so every block and stage shares these lists). With MoE every ``period``-th layer is an
         MoE layer: ``repeat`` (a multiple of the period) layers are the dense layer's ops
-        repeated ``repeat − repeat/period`` times and the MoE layer's ``repeat/period`` times
-        (nothing overlaps consecutive layers, so the order within the run does not matter)."""
+        repeated ``repeat − repeat/period`` times and a loop of ``repeat/period`` MoE layers
+        (:meth:`.moe.MoEOps.moe_layers`; nothing overlaps consecutive layers, so the order
+        within the run does not matter)."""
         key = (backward, repeat)
         ops = self._layer_ops.get(key)
         if ops is None:
-            f = self.period
-            if self.structured:
-                overlap = (lambda body: tp_overlap.structured_body(self, backward, body)) \
-                    if f == 1 and tp_overlap.active(self.cfg) else None
-                ops = [self.part.layers(backward, repeat, self.grad_accumulate_bytes(
-                    self.shape.layer_params / self.part.param_split), overlap)]
-            elif f == 1 and tp_overlap.active(self.cfg) and (
-                    backward or tp_overlap.mode(self.cfg) != "async"):
-                # TE userbuffers, or the async backward: per-layer loop (the async forward
-                # overlaps nothing and keeps the plain ops)
-                ops = [tp_overlap.overlapped_layers(
-                    self, backward, repeat, self.bwd_layer if backward else self.fwd_layer)]
-            elif f == 1:
-                ops = [Op(x, repeat=repeat) for x in
-                       (self.bwd_layer if backward else self.fwd_layer)]
-            else:
-                dense = self.layer_backward(moe=False) if backward else self.layer_forward(moe=False)
-                moe = self.layer_backward(moe=True) if backward else self.layer_forward(moe=True)
-                ops = ([Op(x, repeat=repeat - repeat // f) for x in dense]
-                       + [Op(x, repeat=repeat // f) for x in moe])
+            n_moe = repeat // self.period if self.shape.is_moe else 0
+            ops = self._dense_layer_ops(backward, repeat - n_moe) if repeat > n_moe else []
+            if n_moe:
+                ops = [*ops, self.moe_layers(backward, n_moe)]
             self._layer_ops[key] = ops
         return ops
+
+    def _dense_layer_ops(self, backward: bool, repeat: int) -> list[Op]:
+        """``repeat`` dense layers: the partitioner's loop, TP-overlapped layers, or the
+        builder's ops repeated."""
+        overlap_on = not self.shape.is_moe and tp_overlap.active(self.cfg)
+        if self.structured:
+            overlap = (lambda body: tp_overlap.structured_body(self, backward, body)) \
+                if overlap_on else None
+            params = self.shape.dense_layer_params if self.shape.is_moe \
+                else self.shape.layer_params
+            return [self.part.layers(backward, repeat, self.grad_accumulate_bytes(
+                params / self.part.param_split), overlap)]
+        if overlap_on and (backward or tp_overlap.mode(self.cfg) != "async"):
+            # TE userbuffers, or the async backward: per-layer loop (the async forward
+            # overlaps nothing and keeps the plain ops)
+            return [tp_overlap.overlapped_layers(
+                self, backward, repeat, self.bwd_layer if backward else self.fwd_layer)]
+        if not self.shape.is_moe:
+            return [Op(x, repeat=repeat) for x in
+                    (self.bwd_layer if backward else self.fwd_layer)]
+        dense = self.layer_backward(moe=False) if backward else self.layer_forward(moe=False)
+        return [Op(x, repeat=repeat) for x in dense]
 
     # ------------------------------------------------------------------ per-layer ops
     def _tp_comm(self, name: str) -> list[Collective]:
@@ -157,7 +164,7 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
         """One layer's forward; ``moe`` picks an MoE layer (default: the kind all layers have)."""
         moe = self.shape.is_moe and self.period == 1 if moe is None else moe
         if moe:
-            return self.moe_layer_forward(tag)
+            return self.moe_layer_payloads(False, tag)
         g = self.shape.layer_gemm_flops(self.b, self.s, moe=False if self.shape.is_moe else None)
         t, k = self.tp, self.kernels
         ew = sum(x.bytes for x in k["ew"])
@@ -187,30 +194,26 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
     def layer_backward(self, moe: bool | None = None) -> list[Compute | Collective]:
         """One layer's backward (after recomputation); ``moe`` as :meth:`layer_forward`."""
         moe = self.shape.is_moe and self.period == 1 if moe is None else moe
-        g = self.shape.layer_gemm_flops(self.b, self.s, moe=moe if self.shape.is_moe else None)
-        t, dt = self.tp, self.dt
+        if moe:
+            return self.moe_layer_payloads(True)
+        g = self.shape.layer_gemm_flops(self.b, self.s, moe=False if self.shape.is_moe else None)
+        t = self.tp
         recompute = self.cfg.train.recompute
         ops: list[Compute | Collective] = []
         if recompute == "full":
-            ops += self.layer_forward("recompute", moe)
+            ops += self.layer_forward("recompute", False)
         elif recompute == "selective":   # the attention core (Korthikanti et al. 2022 §5)
-            ops.append(self._recompute_core(g, moe))
-        if moe:
-            ew = 2 * self.shape.layer_elementwise_bytes(self.b, self.s, t, self.sp, dt,
-                                                        moe=True)
-            ops += self._moe_backward(g)
-            ew_kernels = None
-        else:
-            ew_kernels = self.kernels["bwd.ew"]
-            ew = sum(x.bytes for x in ew_kernels)
-            ops.append(Compute("bwd.mlp", 2 * g["mlp"] / t, dtype=self.dtype,
-                               kernels=self.kernels["bwd.mlp"]))
-        dense_p, expert_p = self.layer_rank_params(moe) if self.shape.is_moe \
+            ops.append(self._recompute_core(g, False))
+        ew_kernels = self.kernels["bwd.ew"]
+        ew = sum(x.bytes for x in ew_kernels)
+        ops.append(Compute("bwd.mlp", 2 * g["mlp"] / t, dtype=self.dtype,
+                           kernels=self.kernels["bwd.mlp"]))
+        dense_p, expert_p = self.layer_rank_params(False) if self.shape.is_moe \
             else (self.shape.layer_params / t, 0.0)
         ops += [
             *self.part.tp_comm_backward("bwd.mlp", self.act_bytes),
             Compute("bwd.attn", 2 * self._attn_flops(g) / t, dtype=self.dtype,
-                    kernels=None if moe else self.kernels["bwd.attn"]),
+                    kernels=self.kernels["bwd.attn"]),
             *self.part.tp_comm_backward("bwd.attn", self.act_bytes),
             Compute("bwd.elementwise", 0.0, ew, kind="elementwise", dtype=self.dtype,
                     kernels=ew_kernels),
@@ -345,10 +348,12 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
         params = self.stage_params(stage)
         grad_bytes, dp = params * self.gdt, self.gdp
         step = self.optimizer_op
+        if self.split_experts:
+            if dp == 1 and self.cfg.mesh.size("edp") == 1:
+                return Block("update", "optimizer", (step(params),))
+            return self._expert_update_block(stage, overlapped, step)
         if dp == 1:
             return Block("update", "optimizer", (step(params),))
-        if self.split_experts:
-            return self._expert_update_block(stage, overlapped, step)
         # ops[0] marks "backward finished": communication-stream ops below depend on it
         ops: list[Op] = [Op(Wait("backward.done", "compute"))]
         if p.dp_strategy == "ddp":

@@ -47,7 +47,7 @@ class GradSyncOps:
         return self.cached(key, lambda: self._segments(sync_ops, start, layers))
 
     def _segments(self, sync_ops: list[Op], start: int, layers: int) -> list[Op]:
-        w = 2 if self.split_experts else 1   # per segment: dense (dp) [and expert (edp)] sync
+        w = max(1, len({o.stream for o in sync_ops}))   # per segment: dense [and expert]
         f, n_seg = self.period, len(sync_ops) // w
         periods = layers // f
         ops: list[Op] = []
@@ -62,7 +62,8 @@ class GradSyncOps:
         """Bucketed gradient collectives of one model chunk (all-reduce, or reduce-scatter
         under ZeRO-1/2), one per segment of layers, on the ``dp`` stream. The chunk's share of
         the stage's parameters is its share of the stage's layers (1/VPP when even)."""
-        if self.gdp == 1:
+        edp = self.cfg.mesh.size("edp") if self.split_experts else self.gdp
+        if self.gdp == 1 and edp == 1:
             return []
         layers = self.split[stage][chunk]
         share = layers / sum(self.split[stage])
@@ -70,17 +71,25 @@ class GradSyncOps:
         n_seg, per_seg = bucket_runs(grad_bytes, self.cfg.parallel.grad_bucket_size,
                                      layers // self.period)
         op = "reduce_scatter" if self.cfg.parallel.zero_stage in (1, 2) else "all_reduce"
-        if self.split_experts:  # dense gradients over dp, expert gradients over edp
+        if self.split_experts:  # dense gradients over dp (× cp), expert gradients over edp
             e_bytes = self.stage_expert_params(stage) * share * self.gdt
             size = (grad_bytes - e_bytes) / (n_seg * per_seg)
-            return [Op(Collective(f"grad.{op}", op, "dp", size), stream="dp", repeat=per_seg),
-                    Op(Collective(f"grad.expert.{op}", op, "edp", e_bytes / (n_seg * per_seg)),
-                       stream="edp", repeat=per_seg)] * n_seg
+            dense = [Op(Collective(f"grad.{op}", op, self.grad_group, size), stream="dp",
+                        repeat=per_seg)] if self.gdp > 1 else []
+            expert = [Op(Collective(f"grad.expert.{op}", op, "edp", e_bytes / (n_seg * per_seg)),
+                         stream="edp", repeat=per_seg)] if edp > 1 else []
+            return [*dense, *expert] * n_seg
         size = grad_bytes / (n_seg * per_seg)
         return [Op(Collective(f"grad.{op}", op, self.grad_group, size), stream="dp",
                    repeat=per_seg)] * n_seg
 
-    def grad_sync_ops_flat(self, grad_bytes: float, op: str, group: str = "dp") -> list[Op]:
+    def grad_sync_ops_flat(self, grad_bytes: float, op: str, group: str = "dp",
+                           stage: int = 0) -> list[Op]:
+        """The stage's gradients reduced after the backward, bucket by bucket, on ``group``
+        (none on a group of one rank)."""
+        size = self.cfg.mesh.size("edp") if group == "edp" else self.gdp
+        if size == 1:
+            return []
         n = buckets(grad_bytes, self.cfg.parallel.grad_bucket_size)
         name = f"grad.expert.{op}" if group == "edp" else f"grad.{op}"
         stream = "dp" if group == "dp_cp" else group

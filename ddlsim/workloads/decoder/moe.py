@@ -1,43 +1,116 @@
-"""The Mixture-of-Experts parts of a decoder stage: MoE layer ops (router, dispatch and combine
-all-to-all on ``ep``, the local experts' GEMMs, shared experts), the tokens each expert
-receives, parameters split into expert and non-expert, and the update that reduces expert
-gradients over ``edp`` and the rest over ``dp`` (ZeRO per group). Mixed into
-:class:`~ddlsim.workloads.decoder.builder.StageBuilder`, whose attributes (``shape``, ``tp``,
-``ep``, ``b``, ``s``, ``dt``, ``period``, …) these methods read; docs/models.md tabulates the
-sizes.
+"""The Mixture-of-Experts parts of a decoder stage, as Megatron-Core runs them: the MoE
+layer's ops (attention from the layer partitioner, router, token permutation, the token
+dispatcher's collectives, the local experts' grouped GEMM, shared experts), parameters split
+into expert and non-expert, and the update that reduces expert gradients over ``edp`` and the
+rest over ``dp`` (ZeRO per group). Mixed into
+:class:`~ddlsim.workloads.decoder.builder.StageBuilder`, whose attributes (``shape``, ``part``,
+``tp``, ``cp``, ``b``, ``s``, ``dt``, ``period``, …) these methods read; the options come
+resolved from :mod:`.moeplan`; docs/moe.md derives every size.
+
+One MoE layer's forward on one rank (alltoall dispatcher; Megatron-LM 9c1a5351
+``token_dispatcher.py`` ``MoEAlltoAllTokenDispatcher.token_permutation`` /
+``token_unpermutation``, ``moe_layer.py`` ``MoELayer.forward``):
+
+1. attention (qkv, core, proj and its TP reduce-scatter/all-gather) from the partitioner,
+   over the rank's ``T = b·s/(cp·tp)`` tokens (sequence parallel; ``b·s/cp`` at TP 1);
+2. the router GEMM ``T × E``; permutation 1 (``T`` tokens → ``T·k`` copies, by expert);
+3. dispatch all-to-all over ``ep`` (``T·k·h`` elements, × the capacity factor when padded;
+   the hottest rank receives ``load`` × the mean: ``split_bytes``); all-gather over ``etp``;
+4. permutation 2 (sort by local expert) when a rank holds several experts;
+5. the experts: ``E/EP`` GEMMs of ``n`` tokens each, ``n = etp·ep·T·k/E × load``, widths
+   ``f_e/etp``: one grouped GEMM launch (``batch = E/EP``) or one launch per expert;
+6. the reverse: un-sort, reduce-scatter over ``etp``, combine all-to-all, un-permute;
+7. shared experts (all-gather over TP, their GEMMs, reduce-scatter), after the routed experts
+   or, with ``shared_expert_overlap``, beside the dispatch and combine.
+
+The allgather dispatcher instead all-gathers the ``T·h`` hidden states over ``tp_ep`` (etp ×
+ep ranks), permutes the gathered tokens to the local experts, and reduce-scatters the output.
 """
 
 from __future__ import annotations
 
-from ..trace import Block, Collective, Compute, Op, Wait
+from functools import cached_property
+
+from ...simulator.kernels.gemm import gemm_kernels_backward
+from ..trace import Block, Collective, Compute, Kernel, Loop, Op, Wait
+from .moeplan import MoEPlan, resolve_moe
+from .partition import context
+from .partition.base import OpList
 
 __all__ = ["MoEOps"]
+
+
+class _MoECore:
+    """The layer partitioner seen from an MoE layer: its attention core counts the MoE
+    layer's FLOPs (a model of mixed dense and MoE layers must say which), all else is the
+    partitioner's."""
+
+    def __init__(self, part):
+        self._part = part
+
+    def __getattr__(self, name: str):
+        return getattr(self._part, name)
+
+    def attn_core_flops(self) -> float:
+        p = self._part
+        core = p.shape.layer_gemm_flops(p.b, p.s, moe=True)["attn_core"]
+        return core / (p.size * p.cp)
 
 
 class MoEOps:
     """MoE layer ops and sizes of one pipeline stage (a mixin of ``StageBuilder``)."""
 
     # ------------------------------------------------------------------ MoE sizes
+    @cached_property
+    def moe(self) -> MoEPlan:
+        """The plan's resolved MoE options (:func:`.moeplan.resolve_moe`)."""
+        return resolve_moe(self.cfg)
+
+    @property
+    def etp(self) -> int:
+        return self.cfg.parallel.etp
+
     def tokens(self) -> float:
-        """Tokens of one micro-batch on one rank as the MoE layer routes them: ``b·s``, or
-        ``b·s/t`` with sequence parallelism."""
-        return self.b * self.s / (self.tp if self.sp else 1)
+        """``T``: tokens of one micro-batch the rank routes: ``b·s/cp``, ``/t`` with sequence
+        parallelism (Megatron-Core's MoE layer takes the sequence-parallel shard)."""
+        return self.b * self.s / self.cp / (self.tp if self.sp else 1)
+
+    def expert_tokens(self) -> float:
+        """``n``: tokens each local expert of the most loaded rank computes per micro-batch:
+        the ``etp·ep`` ranks of its ``tp_ep`` group each send ``T·k/E``, times the plan's
+        load (capacity, padding, hot rank: :attr:`.moeplan.MoEPlan.load`)."""
+        sh = self.shape
+        return self.etp * self.ep * self.tokens() * sh.top_k / sh.experts * self.moe.load
+
+    @property
+    def local_experts(self) -> int:
+        return self.shape.experts // self.ep
 
     def a2a_bytes(self) -> float:
         """Bytes one rank sends in one dispatch (or combine) all-to-all, nccl-tests
-        convention: tokens × top-k × hidden × dtype bytes, × the capacity factor when not
-        dropless (every expert slot is sent, padded or not; GShard, Switch)."""
+        convention: ``T·k·h`` × dtype bytes, × the capacity factor when padded (every slot
+        travels; Megatron-Core ``num_out_tokens = capacity·E``)."""
         sh = self.shape
-        return self.tokens() * sh.top_k * sh.hidden * self.dt * (sh.capacity_factor or 1.0)
+        return self.tokens() * sh.top_k * sh.hidden * self.dt * self.moe.sent_factor
+
+    def a2a_split(self, total: float) -> tuple[float, ...] | None:
+        """Bytes to each EP member when one rank (member 0) is hot: ``load`` × the mean to
+        it, the rest shared by the others; None when balanced."""
+        plan, ep = self.moe, self.ep
+        hot = plan.load / plan.sent_factor
+        if hot == 1.0 or ep == 1:
+            return None
+        mean = total / ep
+        rest = max(0.0, (ep - plan.imbalance) / (ep - 1)) * mean
+        first = hot * mean
+        return (first, *([rest] * (ep - 1)))
 
     def expert_flops(self) -> float:
-        """Forward FLOPs of the routed experts on one rank: the tokens each expert receives,
-        ``expert_capacity(EP · b·s)`` (``k·tokens/E``, × capacity factor), times the ``E/EP``
-        local experts, times ``2·m·h·f_e``, split over the expert-TP (= TP) ranks."""
+        """Forward FLOPs of the routed experts on the most loaded rank: ``E/EP`` experts ×
+        ``n`` tokens × ``2·m·h·f_e/etp``."""
         sh = self.shape
-        per_expert = sh.expert_capacity(self.ep * self.b * self.s)
-        return (per_expert * (sh.experts // self.ep) * 2 * sh.mlp_matrices * sh.hidden * sh.f_e
-                / self.tp)
+        return (self.local_experts * self.expert_tokens() * 2 * sh.mlp_matrices * sh.hidden
+                * sh.f_e / self.etp)
 
     def layer_rank_params(self, moe: bool) -> tuple[float, float]:
         """(non-expert, expert) parameters of one layer on one rank: the non-expert ones
@@ -47,48 +120,222 @@ class MoEOps:
         if not moe:
             return sh.dense_layer_params / t, 0.0
         experts = sh.experts * sh.mlp_params(sh.f_e)
-        return (sh.moe_layer_params - experts) / t, experts / (self.ep * t)
+        return (sh.moe_layer_params - experts) / t, experts / (self.ep * self.etp)
 
-    def _a2a(self, name: str) -> list[Collective]:
-        if self.ep == 1:
+    # ------------------------------------------------------------------ op pieces
+    def _gemm(self, name: str, M: float, N: float, K: float, backward: bool,
+              batch: int = 1, launches: int = 1) -> Compute:
+        """``launches × batch`` local GEMMs ``[M,K]·[K,N]`` (backward: data and weight
+        gradients) as one op with its kernels; the linear layers run in the training dtype."""
+        shapes = gemm_kernels_backward(M, N, K) if backward else ((M, N, K),)
+        k = tuple(Kernel("gemm", g, batch=batch, dtype=self.cfg.train.dtype) for g in shapes)
+        return Compute(name, (4 if backward else 2) * M * N * K * batch * launches,
+                       dtype=self.dtype, kernels=k * launches)
+
+    def _memory(self, name: str, nbytes: float) -> Compute:
+        return Compute(name, 0.0, nbytes, kind="elementwise", dtype=self.dtype,
+                       kernels=(Kernel("memory", bytes=nbytes, dtype=self.dtype),))
+
+    def _permute_bytes(self, unpermute: bool) -> float:
+        """Traffic of permutation 1 (or un-permutation) of the ``T`` tokens into their
+        ``T·k`` routed copies: fused, one kernel reading one side and writing the other
+        (``(T + T·k')·h``); unfused, a gather of the copies (read + write ``T·k'·h``) and, to
+        un-permute, the probabilities' product (read + write) and a scatter-add back to
+        ``T`` (Megatron-Core ``moe_utils.permute``/``unpermute``, ``fused`` or not).
+        ``k' = k ×`` the padding factor."""
+        T, h = self.tokens(), self.shape.hidden
+        copies = T * self.shape.top_k * self.moe.sent_factor
+        if self.moe.permute_fusion:
+            return (T + copies) * h * self.dt
+        return (2 * copies + (2 * copies + copies + T if unpermute else 0)) * h * self.dt
+
+    def _sort_bytes(self) -> float:
+        """Permutation 2 (sort the received tokens by local expert): read + write them; none
+        with one local expert."""
+        if self.local_experts == 1:
+            return 0.0
+        return 2 * self.local_experts * self.expert_tokens() * self.shape.hidden * self.dt
+
+    def _expert_compute(self, tag: str, backward: bool) -> list[Compute]:
+        """The local experts: fc1 (``(m−1)·f_e/etp`` wide), the non-linearity, fc2; one
+        grouped launch of ``E/EP`` problems or one launch per expert."""
+        sh, n, e = self.shape, self.expert_tokens(), self.local_experts
+        f = sh.f_e / self.etp
+        batch, launches = (e, 1) if self.moe.grouped_gemm else (1, e)
+        act = e * n * f * sh.mlp_matrices * self.dt * (2 if backward else 1)
+        pre = "bwd" if backward else tag
+        gemms = [self._gemm(f"{pre}.experts.fc1", n, (sh.mlp_matrices - 1) * f, sh.hidden,
+                            backward, batch, launches),
+                 self._memory(f"{pre}.experts.act", act),
+                 self._gemm(f"{pre}.experts.fc2", n, sh.hidden, f, backward, batch, launches)]
+        return gemms[::-1] if backward else gemms
+
+    def _shared(self, tag: str, backward: bool) -> list[Compute | Collective]:
+        """Shared experts (Megatron-Core ``SharedExpertMLP``): TP-split like a dense MLP over
+        the micro-batch's ``b·s/cp`` tokens: all-gather the sequence shard, fc1, fc2,
+        reduce-scatter (sequence parallel), or an all-reduce of the output without it."""
+        sh = self.shape
+        if not sh.shared_experts:
             return []
-        return [Collective(name, "all_to_all", "ep", self.a2a_bytes())]
+        M, t, f = self.b * self.s / self.cp, self.tp, sh.shared_experts * sh.f_s
+        pre = "bwd" if backward else tag
+        comp = [self._gemm(f"{pre}.shared.fc1", M, (sh.mlp_matrices - 1) * f / t, sh.hidden,
+                           backward),
+                self._gemm(f"{pre}.shared.fc2", M, sh.hidden, f / t, backward)]
+        act = self.act_bytes / self.cp
+        if t == 1:
+            return comp
+        if self.sp:
+            return [Collective(f"{pre}.shared.ag", "all_gather", "tp", act), *comp,
+                    Collective(f"{pre}.shared.rs", "reduce_scatter", "tp", act)]
+        return [*comp, Collective(f"{pre}.shared.ar", "all_reduce", "tp", act)]
 
-    def moe_layer_forward(self, tag: str = "fwd") -> list[Compute | Collective]:
-        """An MoE layer's forward: attention as in a dense layer; the router GEMM on the
-        rank's tokens; dispatch all-to-all on ``ep``; the local experts' GEMMs; combine
-        all-to-all; the shared experts as a dense MLP; TP communication around the block as
-        around a dense MLP (expert TP = TP)."""
-        sh, t, dt = self.shape, self.tp, self.dt
-        g = sh.layer_gemm_flops(self.b, self.s, moe=True)
-        ew = sh.layer_elementwise_bytes(self.b, self.s, t, self.sp, dt, moe=True)
-        ops: list[Compute | Collective] = [
-            Compute(f"{tag}.attn", self._attn_flops(g) / t, dtype=self.dtype),
-            *self._tp_comm(f"{tag}.attn"),
-            Compute(f"{tag}.router", g["router"] / (t if self.sp else 1), dtype=self.dtype),
-            *self._a2a(f"{tag}.dispatch"),
-            Compute(f"{tag}.experts", self.expert_flops(), dtype=self.dtype),
-            *self._a2a(f"{tag}.combine"),
-        ]
-        if sh.shared_experts:
-            ops.append(Compute(f"{tag}.shared_experts", g["shared_experts"] / t, dtype=self.dtype))
-        ops += [*self._tp_comm(f"{tag}.mlp"),
-                Compute(f"{tag}.elementwise", 0.0, ew, kind="elementwise", dtype=self.dtype)]
-        return ops
+    def _dispatch(self, name: str, combine: bool) -> list[Collective]:
+        """The alltoall dispatcher's collectives of one direction: all-to-all over ``ep``
+        (the hot member's share as ``split_bytes``), then all-gather over ``etp`` of the
+        received tokens (combine: reduce-scatter first, then the all-to-all back)."""
+        out: list[Collective] = []
+        if self.ep > 1:
+            split = self.a2a_split(self.a2a_bytes())
+            total = sum(split) if split else self.a2a_bytes()   # less what capacity drops
+            out.append(Collective(name, "all_to_all", "ep", total, split_bytes=split,
+                                  split_by="sender" if combine and split else "receiver"))
+        if self.etp > 1:
+            rows = self.local_experts * self.expert_tokens() * self.shape.hidden * self.dt
+            op = "reduce_scatter" if combine else "all_gather"
+            group = "etp" if self.split_experts else "tp"   # etp = tp, one layout
+            coll = Collective(f"{name}.{'rs' if combine else 'ag'}", op, group, rows)
+            out = [coll, *out] if combine else [*out, coll]
+        return out
 
-    def _moe_backward(self, g: dict[str, float]) -> list[Compute | Collective]:
-        """The MoE block's backward in reverse order: shared experts, combine's gradient
-        (all-to-all), the experts (2 × forward), dispatch's gradient (all-to-all), router."""
-        t = self.tp
-        ops: list[Compute | Collective] = []
-        if self.shape.shared_experts:
-            ops.append(Compute("bwd.shared_experts", 2 * g["shared_experts"] / t, dtype=self.dtype))
-        return ops + [
-            *self._a2a("bwd.combine"),
-            Compute("bwd.experts", 2 * self.expert_flops(), dtype=self.dtype),
-            *self._a2a("bwd.dispatch"),
-            Compute("bwd.router", 2 * g["router"] / (t if self.sp else 1), dtype=self.dtype)]
+    def _gathered(self, name: str, combine: bool) -> list[Collective]:
+        """The allgather dispatcher: the ``T·h`` hidden states all-gathered over ``tp_ep``
+        (combine: the output reduce-scattered back)."""
+        n = self.etp * self.ep
+        if n == 1:
+            return []
+        nbytes = n * self.tokens() * self.shape.hidden * self.dt
+        group = "tp_ep" if self.split_experts else "tp"   # ep 1, etp = tp: one layout
+        return [Collective(name, "reduce_scatter" if combine else "all_gather", group, nbytes)]
 
+    # ------------------------------------------------------------------ the MoE layer
+    def _attention(self, ops: OpList, tag: str, backward: bool) -> None:
+        """qkv, the attention core (ring or all-gather over ``cp``) and proj, from the layer
+        partitioner, as a dense layer has them."""
+        part, sh = _MoECore(self.part), self.shape
+        M, qkv = part.tokens, sh.q_width + 2 * sh.kv_width
+        if backward:
+            part.gemm_backward(ops, "bwd.proj", M, sh.hidden, sh.q_width, True)
+            context.attention_backward(part, ops)
+            part.gemm_backward(ops, "bwd.qkv", M, qkv, sh.hidden, False)
+            return
+        part.gemm_forward(ops, f"{tag}.qkv", M, qkv, sh.hidden, False)
+        context.attention_forward(part, ops, tag)
+        part.gemm_forward(ops, f"{tag}.proj", M, sh.hidden, sh.q_width, True)
+
+    def _attn_elementwise_bytes(self) -> float:
+        """Forward traffic of the layer's non-MLP element-wise ops (norms, residuals, rotary,
+        scores) on the rank's ``s/cp`` positions: DecoderShape's dense count less its MLP
+        non-linearity (the MoE block's passes are counted op by op), the ``s/cp × s`` scores
+        as the partitioner counts them."""
+        sh, t, cp = self.shape, self.tp, self.cp
+        s_loc = self.s // cp
+        dense = sh.layer_elementwise_bytes(self.b, s_loc, t, self.sp, self.dt, moe=False)
+        act = (3 if sh.gated_mlp else 2) * self.b * s_loc / t * sh.ffn * self.dt
+        scores = (3 if sh.dropout else 2) * 2 * self.b * sh.heads / t * self.dt
+        return dense - act + scores * (self.s * self.s / cp - s_loc * s_loc)
+
+    def _beside(self, ops: OpList, comm: list[Collective], work: list) -> None:
+        """``comm`` on the ``ep`` stream while ``work`` (the shared experts) computes, then
+        joined (``shared_expert_overlap``); in order on the compute stream otherwise."""
+        if not work or not comm or not self.moe.shared_expert_overlap:
+            for x in (*comm, *work):
+                ops.add(x)
+            return
+        prev = ops.last_compute()
+        for c in comm:
+            prev = ops.add(c, "ep", () if prev is None else (prev,))
+        for x in work:
+            ops.add(x)
+        ops.add(Wait("moe.dispatch.wait", "ep"))
+
+    def _moe_block(self, ops: OpList, tag: str, backward: bool) -> None:
+        """Router, permutation, dispatch, experts, combine, un-permutation and shared experts
+        of one MoE layer (backward: the same in reverse, each collective's gradient its
+        mirror)."""
+        sh, plan = self.shape, self.moe
+        pre = "bwd" if backward else tag
+        T = self.tokens()
+        router = self._gemm(f"{pre}.router", T, sh.experts, sh.hidden, backward)
+        shared = self._shared(tag, backward)
+        overlap = plan.shared_expert_overlap
+        if plan.dispatcher == "alltoall":
+            first = self._dispatch(f"{pre}.{'combine' if backward else 'dispatch'}", False)
+            second = self._dispatch(f"{pre}.{'dispatch' if backward else 'combine'}", True)
+            perm = (self._permute_bytes(backward), self._permute_bytes(not backward))
+        else:
+            first = self._gathered(f"{pre}.gather", False)
+            second = self._gathered(f"{pre}.scatter", True)
+            rows = 2 * self.local_experts * self.expert_tokens() * sh.hidden * self.dt
+            perm = (rows, 2 * rows)
+        sort = self._sort_bytes()
+        body: list = [] if backward else [router]
+        body.append(self._memory(f"{pre}.permute", perm[0]))
+        for x in body:
+            ops.add(x)
+        self._beside(ops, first, shared if overlap else [])
+        middle = [self._memory(f"{pre}.sort", sort)] if sort else []
+        middle += self._expert_compute(tag, backward)
+        middle += [self._memory(f"{pre}.unsort", sort)] if sort else []
+        for x in middle:
+            ops.add(x)
+        for x in second:
+            ops.add(x)
+        ops.add(self._memory(f"{pre}.unpermute", perm[1]))
+        if backward:
+            ops.add(router)
+        if not overlap:
+            for x in shared:
+                ops.add(x)
+
+    def moe_layer_body(self, backward: bool, tag: str = "fwd") -> list[Op]:
+        """One MoE layer's forward (or backward, after recomputation) on this rank, as ops
+        with their streams (a :class:`~ddlsim.workloads.trace.Loop` body)."""
+        ops = OpList()
+        ew = self._attn_elementwise_bytes()
+        if not backward:
+            self._attention(ops, tag, False)
+            self._moe_block(ops, tag, False)
+            ops.add(Compute(f"{tag}.elementwise", 0.0, ew, kind="elementwise", dtype=self.dtype))
+            return ops.ops
+        recompute = self.cfg.train.recompute
+        if recompute == "full":
+            ops.extend(self.moe_layer_body(False, "recompute"))
+        elif recompute == "selective":
+            g = self.shape.layer_gemm_flops(self.b, self.s, moe=True)
+            ops.add(self._recompute_core(g, True))
+        ops.add(Compute("bwd.elementwise", 0.0, 2 * ew, kind="elementwise", dtype=self.dtype))
+        self._moe_block(ops, "bwd", True)
+        self._attention(ops, "bwd", True)
+        dense_p, expert_p = self.layer_rank_params(True)
+        ops.add(Compute("bwd.grad_accumulate", 0.0, self.grad_accumulate_bytes(dense_p + expert_p),
+                        kind="elementwise", dtype=self.dtype))
+        return ops.ops
+
+    def moe_layers(self, backward: bool, count: int) -> Op:
+        """``count`` MoE layers as one loop op."""
+        key = ("moe_layers", backward, count)
+        return self.cached(key, lambda: Op(Loop("layers.moe.bwd" if backward else
+                                                "layers.moe.fwd",
+                                                tuple(self.moe_layer_body(backward)), count)))
+
+    def moe_layer_payloads(self, backward: bool, tag: str = "fwd") -> list:
+        """The MoE layer's ops as plain payloads in issue order (ZeRO-3's per-layer units,
+        which run on one stream)."""
+        return [o.payload for o in self.moe_layer_body(backward, tag)
+                if not isinstance(o.payload, Wait)]
+
+    # ------------------------------------------------------------------ parameters
     def _stage_nonexpert_layer_params(self, stage: int) -> float:
         L, f = sum(self.split[stage]), self.period
         return ((L - L // f) * self.layer_rank_params(False)[0]
@@ -96,15 +343,16 @@ class MoEOps:
 
     def stage_expert_params(self, stage: int) -> float:
         """Routed-expert parameters held by one rank of ``stage``: ``E/EP`` experts of each
-        of its MoE layers, split over expert TP (= TP). 0 for a dense model."""
+        of its MoE layers, split over expert TP. 0 for a dense model."""
         if not self.shape.is_moe:
             return 0.0
         return (sum(self.split[stage]) // self.period) * self.layer_rank_params(True)[1]
 
     def _expert_update_block(self, stage: int, overlapped: bool, step) -> Block:
-        """DDP/ZeRO update of an MoE stage with EP > 1: the dense parameters' gradients are
-        reduced (ZeRO: sharded, re-gathered) over ``dp``, the experts' over ``edp``, each on
-        its own stream; the optimizer steps the dense shard ``1/DP`` and the expert shard
+        """DDP/ZeRO update of an MoE stage whose expert layout differs from the dense one:
+        the dense parameters' gradients are reduced (ZeRO: sharded, re-gathered) over the
+        gradient group (``dp``, or ``dp × cp``), the experts' over ``edp``, each on its own
+        stream; the optimizer steps the dense shard ``1/(DP·CP)`` and the expert shard
         ``1/EDP`` (ZeRO stages applied to each over its own group)."""
         zero = self.cfg.parallel.zero_stage
         expert = self.stage_expert_params(stage)
@@ -115,14 +363,15 @@ class MoEOps:
             ops += [Op(Wait("wait.grad", "dp")), Op(Wait("wait.grad.expert", "edp"))]
         elif zero in (0, 1, 2):
             op = "all_reduce" if zero == 0 else "reduce_scatter"
-            ops += [*self.grad_sync_ops_flat(dense * self.gdt, op),
-                    *self.grad_sync_ops_flat(expert * self.gdt, op, "edp"),
+            ops += [*self.grad_sync_ops_flat(dense * self.gdt, op, self.grad_group, stage),
+                    *self.grad_sync_ops_flat(expert * self.gdt, op, "edp", stage),
                     Op(Wait("wait.grad", "dp")), Op(Wait("wait.grad.expert", "edp"))]
         if zero == 3:
             ops += [Op(Wait("wait.grad", "dp")), Op(Wait("wait.grad.expert", "edp"))]
-        ops.append(step(dense / self.dp + expert / edp if zero else dense + expert))
+        ops.append(step(dense / self.gdp + expert / edp if zero else dense + expert))
         if zero in (1, 2):
-            ops += [Op(Collective("params.all_gather", "all_gather", "dp", dense * self.dt)),
+            ops += [Op(Collective("params.all_gather", "all_gather", self.grad_group,
+                                  dense * self.dt)),
                     Op(Collective("params.expert.all_gather", "all_gather", "edp",
                                   expert * self.dt))]
         anchored = tuple(Op(o.payload, o.stream, o.deps or (0,), o.repeat)

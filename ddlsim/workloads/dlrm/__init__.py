@@ -39,6 +39,8 @@ class DLRMFamily(WorkloadFamily):
                "parallel.schedule",
                "parallel.grad_bucket_size",
                "parallel.tensor_parallel",
+               "parallel.expert_tensor_parallel_size",
+               "parallel.moe",
                "parallel.context_parallel_size",
                "parallel.cp_comm_type",
                "parallel.account_for_embedding_in_pipeline_split",

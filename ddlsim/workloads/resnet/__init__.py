@@ -25,6 +25,8 @@ class ResNetFamily(WorkloadFamily):
                "parallel.sequence_parallel",
                "parallel.schedule",
                "parallel.tensor_parallel",
+               "parallel.expert_tensor_parallel_size",
+               "parallel.moe",
                "parallel.context_parallel_size",
                "parallel.cp_comm_type",
                "train.recompute",

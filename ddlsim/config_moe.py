@@ -1,0 +1,58 @@
+"""``parallel.moe``: how Megatron-Core runs the Mixture-of-Experts layers of a plan.
+
+The fields are Megatron-LM's ``--moe-*`` arguments without the prefix (NVIDIA/Megatron-LM
+9c1a5351, 2025-06-02, ``megatron/training/arguments.py`` ``_add_moe_args``, lines 2601-2702).
+A field left unset takes the software stack's value (the ``moe:`` section of its entry in
+``ddlsim/data/software.yaml``); a stack without one must be told
+(:func:`ddlsim.workloads.decoder.moeplan.resolve_moe`). What each one changes in the trace is
+in docs/moe.md.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BeforeValidator, Field, StrictBool
+
+from .config_types import _Strict, reject_bool
+
+__all__ = ["MoESpec", "TokenDispatcher", "LoadBalancing"]
+
+#: Megatron-Core's token dispatchers ddlsim models (``flex``/DeepEP and the deprecated
+#: ``alltoall_seq`` are not modelled)
+TokenDispatcher = Literal["alltoall", "allgather"]
+#: ``--moe-router-load-balancing-type``'s choices
+LoadBalancing = Literal["aux_loss", "seq_aux_loss", "sinkhorn", "none"]
+
+
+class MoESpec(_Strict):
+    """Megatron-Core's MoE options of one plan (unset: the software stack's value)."""
+
+    token_dispatcher_type: TokenDispatcher | None = Field(
+        default=None, description="alltoall (dispatch/combine all-to-all over EP, then "
+                                  "all-gather/reduce-scatter over expert TP) or allgather "
+                                  "(all-gather the tokens over TP×EP); default: the stack's")
+    grouped_gemm: StrictBool | None = Field(
+        default=None, description="the local experts' GEMMs as one grouped GEMM (TE "
+                                  "GroupedLinear) instead of one GEMM per expert; default: "
+                                  "the stack's")
+    permute_fusion: StrictBool | None = Field(
+        default=None, description="token permute/unpermute as one fused kernel each instead "
+                                  "of separate gather/scatter passes; default: the stack's")
+    shared_expert_overlap: StrictBool = Field(
+        default=False, description="shared experts computed while the dispatch/combine "
+                                   "all-to-alls run (alltoall dispatcher only)")
+    router_load_balancing_type: LoadBalancing = Field(
+        default="aux_loss", description="Megatron's default aux_loss; sinkhorn adds its "
+                                        "normalisation passes to the router")
+    router_force_load_balancing: StrictBool = Field(
+        default=False, description="benchmark mode: random logits, every expert gets the "
+                                   "same number of tokens (router_imbalance must be 1)")
+    router_imbalance: Annotated[float, BeforeValidator(reject_bool), Field(ge=1.0, le=1e3)] = \
+        Field(default=1.0, description="tokens of the most loaded expert-parallel rank over "
+                                       "the mean (1: balanced); that rank sets the MoE "
+                                       "layer's time")
+    pad_expert_input_to_capacity: StrictBool = Field(
+        default=False, description="every expert gets exactly its capacity (padded): needs "
+                                   "model.capacity_factor (Megatron's "
+                                   "--moe-expert-capacity-factor)")

@@ -1,0 +1,159 @@
+"""How Megatron-Core runs a plan's Mixture-of-Experts layers, resolved once.
+
+``parallel.moe`` (:class:`~ddlsim.config_moe.MoESpec`) over the software stack's ``moe:``
+section of ``ddlsim/data/software.yaml``, with the expert grid of the mesh (expert TP, EP,
+expert DP: Megatron-Core's "MoE parallel folding", the expert layout of
+:class:`~ddlsim.workloads.mesh.DeviceMesh`) and the routing (dropless, dropped to a capacity,
+or padded to it; balanced or with a hot expert-parallel rank).
+
+References
+----------
+NVIDIA/Megatron-LM 9c1a5351 (2025-06-02): ``megatron/core/transformer/moe/token_dispatcher.py``
+(``MoEAlltoAllTokenDispatcher.preprocess`` lines 335-456: capacity ``get_capacity(T·k, E, cf)``
+per expert when padding, ``num_out_tokens = capacity·E``; ``token_permutation`` lines 458-576:
+permute, all-to-all over ``ep``, all-gather over the expert-TP group, sort by local expert;
+``MoEAllGatherTokenDispatcher`` lines 103-245: all-gather over ``tp_ep``),
+``moe_utils.py`` ``get_capacity`` lines 163-179 (``ceil(tokens/E · cf)``),
+``transformer_config.py`` lines 684-707 (shared-expert overlap needs the alltoall dispatcher;
+a capacity factor needs aux_loss, seq_aux_loss or none; padding needs a capacity factor).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ...errors import ConfigError
+
+__all__ = ["MoEPlan", "resolve_moe", "check_moe_plan", "STACK_FIELDS"]
+
+#: ``parallel.moe`` fields whose default is the stack's (its ``moe:`` section)
+STACK_FIELDS = ("token_dispatcher_type", "grouped_gemm", "permute_fusion")
+
+
+@dataclass(frozen=True)
+class MoEPlan:
+    """The resolved MoE options of one plan.
+
+    ``ep``, ``etp``: expert-parallel and expert tensor-parallel sizes; ``load``: tokens of
+    the most loaded expert-parallel rank over the mean, after capacity (:meth:`hot_load`);
+    ``sources``: where each stack field came from.
+    """
+
+    dispatcher: str
+    grouped_gemm: bool
+    permute_fusion: bool
+    shared_expert_overlap: bool
+    balancing: str
+    imbalance: float
+    capacity_factor: float | None
+    pad: bool
+    ep: int
+    etp: int
+    sources: dict
+
+    @property
+    def load(self) -> float:
+        """Tokens of the hottest expert-parallel rank over the mean: padded to capacity →
+        exactly the capacity factor; dropped at capacity → ``min(imbalance, cf)``; dropless →
+        the imbalance."""
+        if self.pad:
+            return float(self.capacity_factor)
+        if self.capacity_factor is not None:
+            return min(self.imbalance, self.capacity_factor)
+        return self.imbalance
+
+    @property
+    def sent_factor(self) -> float:
+        """Token copies each rank sends, per token and top-k slot: the capacity factor when
+        padded (every expert slot travels), else 1 (balanced routing drops nothing)."""
+        return float(self.capacity_factor) if self.pad else 1.0
+
+    def phrase(self) -> str:
+        """``alltoall dispatch, grouped GEMM, fused permute, dropless`` for the plan line."""
+        route = ("dropless" if self.capacity_factor is None else
+                 f"capacity {self.capacity_factor:g}{', padded' if self.pad else ''}")
+        hot = f", hot EP rank ×{self.imbalance:g}" if self.imbalance != 1.0 else ""
+        return (f"MoE {self.dispatcher} dispatch, "
+                f"{'grouped GEMM' if self.grouped_gemm else 'one GEMM per expert'}, "
+                f"{'fused' if self.permute_fusion else 'unfused'} permute, ETP{self.etp}, "
+                f"{route}{hot}"
+                + (", shared experts overlapped" if self.shared_expert_overlap else ""))
+
+
+def _stack_moe(stack: str) -> dict:
+    from ...software import _stack_table
+    return _stack_table()[stack].get("moe") or {}
+
+
+def resolve_moe(cfg: Any) -> MoEPlan | None:
+    """The MoE plan of ``cfg`` (None for a dense model): ``parallel.moe``'s fields, each unset
+    one from the stack's ``moe:`` section.
+
+    Raises
+    ------
+    ConfigError
+        When a field is unset and the stack does not say it (e.g. a stack without MoE code).
+    """
+    shape = cfg.model.shape()
+    if not shape.is_moe:
+        return None
+    spec, p = cfg.parallel.moe, cfg.parallel
+    stack = cfg.software.name
+    given = {} if spec is None else spec.model_dump()
+    table, values, sources = _stack_moe(stack), {}, {}
+    for field in STACK_FIELDS:
+        if given.get(field) is not None:
+            values[field], sources[field] = given[field], f"parallel.moe.{field}"
+        elif field in table:
+            values[field], sources[field] = table[field]["value"], table[field]["source"]
+        else:
+            raise ConfigError(
+                f"parallel.moe.{field} is unset and software stack {stack!r} does not say how "
+                f"it runs MoE layers (no moe.{field} in its software.yaml entry); set "
+                f"parallel.moe.{field}")
+    return MoEPlan(values["token_dispatcher_type"], values["grouped_gemm"],
+                   values["permute_fusion"], bool(given.get("shared_expert_overlap", False)),
+                   given.get("router_load_balancing_type", "aux_loss"),
+                   float(given.get("router_imbalance", 1.0)), shape.capacity_factor,
+                   bool(given.get("pad_expert_input_to_capacity", False)), p.ep, p.etp, sources)
+
+
+def check_moe_plan(cfg: Any) -> None:
+    """Megatron-Core's rules on the MoE options (ValueError, one paragraph each): the options
+    need an MoE model; expert TP divides the expert FFN; padding needs a capacity factor;
+    a capacity factor needs aux_loss, seq_aux_loss or none balancing; shared-expert overlap
+    needs shared experts and the alltoall dispatcher; forced balance means no hot rank."""
+    m, p = cfg.model, cfg.parallel
+    if not m.num_local_experts:
+        for name in ("moe", "expert_tensor_parallel_size"):
+            if getattr(p, name) is not None:
+                raise ValueError(f"parallel.{name} = {getattr(p, name)!r} describes "
+                                 f"Mixture-of-Experts layers, but model {m.name!r} has none "
+                                 "(num_local_experts = 0); remove it")
+        return
+    sh = m.shape()
+    if sh.f_e % p.etp:
+        raise ValueError(f"parallel.expert_tensor_parallel_size = {p.etp} does not divide the "
+                         f"expert FFN size {sh.f_e} (moe_intermediate_size): each expert-TP "
+                         "rank holds an equal slice of every expert; use a divisor of it")
+    try:
+        plan = resolve_moe(cfg)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+    if plan.pad and plan.capacity_factor is None:
+        raise ValueError("parallel.moe.pad_expert_input_to_capacity = true needs a capacity "
+                         "factor (model.capacity_factor, Megatron's --moe-expert-capacity-"
+                         "factor); set one or drop the padding")
+    if plan.capacity_factor is not None and plan.balancing == "sinkhorn":
+        raise ValueError(f"model.capacity_factor = {plan.capacity_factor} with "
+                         "parallel.moe.router_load_balancing_type = 'sinkhorn': Megatron-Core "
+                         "drops tokens with aux_loss, seq_aux_loss or none balancing only")
+    if plan.shared_expert_overlap and (not sh.shared_experts or plan.dispatcher != "alltoall"):
+        raise ValueError(f"parallel.moe.shared_expert_overlap = true needs shared experts "
+                         f"(the model has {sh.shared_experts}) and token_dispatcher_type = "
+                         f"'alltoall' (got {plan.dispatcher!r})")
+    spec = p.moe
+    if spec is not None and spec.router_force_load_balancing and plan.imbalance != 1.0:
+        raise ValueError(f"parallel.moe.router_force_load_balancing = true gives every expert "
+                         f"the same tokens, but router_imbalance = {plan.imbalance}; use 1")
