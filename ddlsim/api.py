@@ -11,7 +11,7 @@ from .errors import ConfigError, DDLSimWarning, PlanDoesNotFitError
 from .limits import Limits, check_work
 from .simulator.result import Result, assemble_result
 from .formatting import format_bytes
-from .workloads.memory import MemoryBreakdown
+from .workloads.memory import PARTS as MEMORY_PARTS, MemoryBreakdown
 from .workloads.trace import Workload
 
 __all__ = ["build_workload", "predict", "memory_per_device", "check_memory",
@@ -47,7 +47,7 @@ def check_memory(cfg: RunConfig, mem: MemoryBreakdown) -> None:
     if mem.fits:
         return
     parts = ", ".join(f"{k} {format_bytes(getattr(mem, k))}"
-                      for k in ("weights", "gradients", "optimizer", "activations", "other"))
+                      for k in MEMORY_PARTS)
     options = memory_alternatives(cfg, mem)
     if options:
         advice = "; ".join(f"{change}: {format_bytes(total)} per device"

@@ -18,6 +18,7 @@ from .errors import DDLSimError
 from .formatting import (format_bytes, format_change, format_count, format_flops,
                          format_percent, format_time)
 from .simulator.result import Result
+from .workloads.memory import PARTS as MEMORY_PARTS
 
 __all__ = ["compare_inputs", "comparison_metrics", "comparison_payload", "render_comparison",
            "load_result_file", "Run"]
@@ -96,7 +97,8 @@ _SHAPE = {"engine": "text", "iteration_time_s": "number", "world_size": "whole",
 _BREAKDOWN = {"compute_s": "number", "optimizer_s": "number", "bubble_s": "number",
               "exposed_comm_s": "numbers"}
 _MEMORY = {k: "number" for k in ("weights", "gradients", "optimizer", "activations", "other",
-                                 "capacity")} | {"stage?": "whole"}
+                                 "capacity")} | {"stage?": "whole", "buffers?": "number",
+                                                 "context?": "number"}
 
 
 def _kind_ok(value: Any, kind: str) -> bool:
@@ -149,8 +151,7 @@ def _check_saved(r: Result, where: str) -> None:
               "breakdown.optimizer_s": b.optimizer_s, "breakdown.bubble_s": b.bubble_s,
               **{f"breakdown.exposed_comm_s.{k}": v for k, v in b.exposed_comm_s.items()},
               **{f"memory_per_device_bytes.{k}": getattr(r.memory, k)
-                 for k in ("weights", "gradients", "optimizer", "activations", "other",
-                           "total", "capacity")}}
+                 for k in (*MEMORY_PARTS, "total", "capacity")}}
     for key, value in values.items():
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
             raise ResultFileError(f"{where}: {key} = {value!r} is not a number a prediction "

@@ -17,11 +17,11 @@ from .errors import DDLSimError
 from .formatting import (format_bandwidth, format_bytes, format_change, format_count,
                          format_flops, format_percent, format_time)
 from .simulator.result import Result
+from .workloads.memory import PARTS as _MEMORY_PARTS
 
 __all__ = ["render_results", "group_links", "dumps_json", "find_non_finite", "displayed",
            "RESIDUE"]
 
-_MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "other")
 #: Parts of the iteration below this fraction of it are shown as 0 (and their rows hidden):
 #: floating-point residues of summed times, far below any modelled effect.
 RESIDUE = 1e-9
@@ -150,6 +150,8 @@ def _memory_table(cfg: RunConfig, r: Result) -> Table:
     mem.add_column("part")
     mem.add_column("bytes", justify="right")
     for k in _MEMORY_PARTS:
+        if k == "context":  # what the caching allocator holds (max_memory_reserved), then
+            mem.add_row("reserved", format_bytes(r.memory.reserved))  # what it does not
         mem.add_row(k, format_bytes(getattr(r.memory, k)))
     mark = "" if r.fits else " [bold red]✗ does not fit[/]"
     mem.add_row("[bold]total[/]", f"[bold]{format_bytes(r.memory.total)}[/]{mark}")

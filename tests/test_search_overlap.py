@@ -106,8 +106,8 @@ def test_search_tier_memory_counts_the_list_gather_buffer():
         {**data, "system": {**BASE["system"], "software": "deepspeed"}}, [])).total
     # the same stacks but for PyTorch 1.8's second buffer of the 4h x h MLP weight (TP 2)
     assert total - plain == pytest.approx(4 * h * h / 2 * 2, rel=1e-12)
-    held = ddlsim.memory_per_device(cfg).other
-    assert held >= (4 * h * h / 2 * 2) * 2 * 2  # fc1 and fc2 (two modules), plus the copy
+    held = ddlsim.memory_per_device(cfg).buffers   # the gathered parameters, alone here
+    assert held == pytest.approx((4 * h * h / 2 * 2) * 3, rel=1e-12)  # fc1, fc2 and the copy
 
 
 def test_search_rejects_zero3_plans_that_set_overlap_grad_reduce():

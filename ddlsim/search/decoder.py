@@ -37,7 +37,8 @@ from .blocks import piece_config, stage_pieces
 from ..workloads.decoder import param_gather
 from ..workloads.decoder.builder import StageBuilder, with_edges
 from ..workloads.decoder.dpsync import bucket_runs, buckets
-from ..workloads.decoder.memory import stage_activations
+from ..workloads.allocator import context_bytes, framework
+from ..workloads.decoder.memory import stage_activations, stage_buffers
 from ..workloads.memory import model_state_bytes
 from ..workloads.schedules import peak_inflight
 from .zero3 import Unit, zero3_time, zero3_units_time
@@ -341,12 +342,18 @@ class DecoderVectors:
             gathered[(zero == 3) & (plans["tp"] == tp)] = zero3_gathered_bytes(
                 cfg_tp, sh.layer_params / tp * ctx.dt, sh, ctx.dt)
         one = pp == 1
+        is_first = np.full(len(plans), True) if first else one
+        is_last = one if first else np.full(len(plans), True)
+        fm = framework(cfg.software.name)
         acts, other = stage_activations(
             sh, b, s, t, v, per_layer * (sh.layers // (pp * v)), chunks,
-            np.where(rec == RECOMPUTE.index("full"), full, 0.0),
-            np.full(len(plans), True) if first else one,
-            one if first else np.full(len(plans), True), 1, gathered)
-        return weights + grads + opt + acts + other
+            np.where(rec == RECOMPUTE.index("full"), full, 0.0), is_first, is_last, 1,
+            fm.logit_bytes)
+        buffers = stage_buffers(cfg.software, fm, sh, zero, dp, gathered, sh.layer_params / t,
+                                t, is_first, is_last, pp, ctx.dt, ctx.gdt,
+                                self.stage_params(ctx, plans, first))
+        return (weights + grads + opt + acts + other + buffers
+                + context_bytes(cfg.system.device))
 
 
 def _module_pieces(ctx: _Context, plans, coll):

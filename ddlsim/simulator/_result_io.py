@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..workloads.memory import MemoryBreakdown
+from ..workloads.memory import PARTS as _MEMORY, MemoryBreakdown
 
-_MEMORY = ("weights", "gradients", "optimizer", "activations", "other")
+#: parts a result saved before they were modelled may lack (they were 0 then)
+_LATER_PARTS = ("buffers", "context")
 
 
 def result_row(r) -> dict[str, Any]:
@@ -35,7 +36,7 @@ def result_row(r) -> dict[str, Any]:
     row["bubble_s"] = r.breakdown.bubble_s
     for k, v in r.comm_bytes.items():
         row[f"comm_{k}_bytes"] = v
-    for k in (*_MEMORY, "total", "capacity"):
+    for k in (*_MEMORY, "reserved", "total", "capacity"):
         row[f"memory_{k}_bytes"] = getattr(r.memory, k)
     row.update({"memory_stage": r.memory.stage, "fits": r.fits,
                 "critical_class": r.critical_class, "ddlsim_version": r.ddlsim_version})
@@ -69,7 +70,8 @@ def result_from_dict(cls, d: dict[str, Any]):
                             {k: float(v) for k, v in b["exposed_comm_s"].items()},
                             float(b["bubble_s"])),
         comm_bytes={k: float(v) for k, v in d.get("comm_bytes", {}).items()},
-        memory=MemoryBreakdown(*(float(m[k]) for k in _MEMORY), capacity=float(m["capacity"]),
+        memory=MemoryBreakdown(**{k: float(m[k] if k in m or k not in _LATER_PARTS else 0.0)
+                                  for k in _MEMORY}, capacity=float(m["capacity"]),
                                stage=int(m.get("stage", 0))),
         samples=int(d.get("samples", round(float(d["samples_per_s"]) * T))),
         tokens=int(d.get("tokens", round(float(d["tokens_per_s"]) * T))),

@@ -23,12 +23,19 @@ from dataclasses import asdict, dataclass
 from ..config import DTYPE_BYTES, RunConfig
 from .schedules import peak_inflight
 
-__all__ = ["MemoryBreakdown", "model_state_bytes", "sharded", "inflight_chunks"]
+__all__ = ["MemoryBreakdown", "PARTS", "model_state_bytes", "sharded", "inflight_chunks"]
 
 
 @dataclass(frozen=True, slots=True)
 class MemoryBreakdown:
-    """Bytes on one device, by part."""
+    """Bytes on one device, by part (:data:`PARTS`).
+
+    ``weights`` … ``other`` (temporaries such as the loss's logits) and ``buffers``
+    (communication buffers: ZeRO-3/FSDP's gathered units and gradient buffers, ZeRO-1/2
+    buckets) live in PyTorch's caching allocator and add up to :attr:`reserved`, what
+    ``torch.cuda.max_memory_reserved()`` reports; ``context`` (the CUDA context and its
+    kernels, :mod:`ddlsim.workloads.allocator`) is held outside it. :attr:`total`, the figure
+    compared with ``capacity``, counts both."""
 
     weights: float
     gradients: float
@@ -37,10 +44,18 @@ class MemoryBreakdown:
     other: float
     capacity: float
     stage: int = 0
+    buffers: float = 0.0
+    context: float = 0.0
+
+    @property
+    def reserved(self) -> float:
+        """Bytes in the caching allocator's segments (``max_memory_reserved``)."""
+        return (self.weights + self.gradients + self.optimizer + self.activations + self.other
+                + self.buffers)
 
     @property
     def total(self) -> float:
-        return self.weights + self.gradients + self.optimizer + self.activations + self.other
+        return self.reserved + self.context
 
     @property
     def fits(self) -> bool:
@@ -48,8 +63,13 @@ class MemoryBreakdown:
 
     def to_dict(self) -> dict[str, float]:
         d = asdict(self)
+        d["reserved"] = self.reserved
         d["total"] = self.total
         return d
+
+
+#: the parts of a :class:`MemoryBreakdown`, in the order reports list them
+PARTS = ("weights", "gradients", "optimizer", "activations", "other", "buffers", "context")
 
 
 def model_state_bytes(params: float, dp: int, zero_stage: int, dtype: str,

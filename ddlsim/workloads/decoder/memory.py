@@ -1,18 +1,20 @@
 """Memory per device of a decoder-only transformer's pipeline stage: model states by ZeRO stage
 (:func:`~ddlsim.workloads.memory.model_state_bytes`), activations per layer after Korthikanti
 et al. 2022 (:meth:`DecoderShape.layer_activation_bytes`), the loss's logits on the last stage,
-the embedding output on the first."""
+the embedding output on the first, and the framework's communication buffers and the CUDA
+context (:mod:`ddlsim.workloads.allocator`)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from ...config import DTYPE_BYTES, RunConfig
+from ..allocator import comm_buffer_bytes, context_bytes, framework, loss_bytes
 from ..memory import MemoryBreakdown, inflight_chunks, model_state_bytes
 from ..models.decoder import DecoderShape
 from .layerkernels import activation_kinds, compute_dtype, grad_bytes
 
-__all__ = ["stage_memory", "stage_activations"]
+__all__ = ["stage_memory", "stage_activations", "stage_buffers"]
 
 
 def stage_memory(cfg: RunConfig, shape: DecoderShape, stage: int, params: float,
@@ -59,21 +61,46 @@ def stage_memory(cfg: RunConfig, shape: DecoderShape, stage: int, params: float,
         rebuilt = (part.activation_bytes("none") if part is not None else
                    shape.layer_activation_bytes(*args, "none", moe=shape.is_moe or None,
                                                  **kinds))
+    fm = framework(cfg.software.name)
+    pb = DTYPE_BYTES[state]
+    unit_bytes = layer_bytes if layer_bytes is not None else shape.layer_params / p.tp * pb
     gathered = 0.0
     if p.zero_stage == 3:  # ZeRO-3's gathered layers in flight (.zero3.zero3_gathered_bytes)
         from .zero3 import zero3_gathered_bytes
-        gathered = zero3_gathered_bytes(cfg, layer_bytes if layer_bytes is not None
-                                        else shape.layer_params / p.tp * DTYPE_BYTES[state],
-                                        shape, DTYPE_BYTES[state])
+        gathered = zero3_gathered_bytes(cfg, unit_bytes, shape, pb)
+    first, last = stage == 0, stage == p.pp - 1
+    split = part.param_split if part is not None else p.tp
     acts, other = stage_activations(shape, t.micro_batch_size, t.seq_length, p.tp * p.cp,
-                                    p.vpp, per_chunk, chunks, rebuilt, stage == 0,
-                                    stage == p.pp - 1,
-                                    part.embedding_split if part is not None else 1, gathered)
-    return MemoryBreakdown(weights, grads, opt, acts, other, cfg.system.device.memory_bytes, stage)
+                                    p.vpp, per_chunk, chunks, rebuilt, first, last,
+                                    part.embedding_split if part is not None else 1,
+                                    fm.logit_bytes)
+    buffers = stage_buffers(cfg.software, fm, shape, p.zero_stage, cfg.dp, gathered,
+                            unit_bytes / pb, split, first, last, p.pp, pb, gb, params)
+    return MemoryBreakdown(weights, grads, opt, acts, other, cfg.system.device.memory_bytes, stage,
+                           buffers, context_bytes(cfg.system.device))
+
+
+def stage_buffers(sw, fm, shape: DecoderShape, zero_stage, dp, gathered, unit_params,
+                  param_split, first, last, pp, param_bytes: float, reduce_bytes: float,
+                  stage_params):
+    """Communication buffers on one rank of a stage, in bytes
+    (:func:`~ddlsim.workloads.allocator.comm_buffer_bytes`) under the software stack ``sw``
+    and its framework's rules ``fm``: the edges FSDP2 keeps gathered are the stage's embedding
+    and head, or its head alone (:func:`.builder.with_edges` of no layer). Every argument but
+    ``sw``, ``fm``, ``shape`` and the two byte counts may be an array over plans."""
+    from .builder import with_edges
+    from .fsdp import per_iteration
+    kept = 0.0
+    if fm.kept_root != "none":
+        kept = with_edges(shape, param_split, 0.0, first if fm.kept_root == "edges"
+                          else first & False, last, pp)
+    whole = per_iteration(sw, 2) & (np.asarray(pp) > 1)
+    return comm_buffer_bytes(fm, zero_stage, dp, gathered, unit_params, kept, param_bytes,
+                             reduce_bytes, stage_params, sw.overlap_grad_reduce, whole)
 
 
 def stage_activations(shape: DecoderShape, b, s: int, tp_cp, vpp, per_chunk, chunks, rebuilt,
-                      first, last, embedding_split, gathered) -> tuple:
+                      first, last, embedding_split, logit_bytes: float) -> tuple:
     """(activations, other buffers) in bytes on one rank of a stage; every argument but
     ``shape`` and ``s`` may be an array over plans (the search tier's memory is this rule).
 
@@ -87,14 +114,15 @@ def stage_activations(shape: DecoderShape, b, s: int, tp_cp, vpp, per_chunk, chu
     rebuilt : a layer's activations rebuilt during its backward (full recomputation), else 0.
     first, last : the stage holds the embedding / the head.
     embedding_split : ranks the embedding output is split over.
-    gathered : ZeRO-3's gathered parameters in flight, else 0.
+    logit_bytes : bytes per logit the loss holds at its peak (the framework's,
+        :attr:`~ddlsim.workloads.allocator.FrameworkMemory.logit_bytes`).
     """
     acts = per_chunk * chunks + rebuilt
     sbh = b * s * shape.hidden
-    # logits (16-bit) and fp32 softmax of the vocab-parallel loss on the last stage; the
-    # embedding output kept for dropout on the first
-    other = (_on(last, b * s * shape.vocab / tp_cp * (2 + 4))
-             + _on(first, sbh * chunks / vpp / embedding_split) + gathered)
+    # the loss's logits and their fp32 temporaries on the last stage; the embedding output
+    # kept for dropout on the first
+    other = (_on(last, loss_bytes(logit_bytes, b, s, shape.vocab, tp_cp))
+             + _on(first, sbh * chunks / vpp / embedding_split))
     return acts, other
 
 

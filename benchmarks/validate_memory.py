@@ -1,0 +1,152 @@
+"""Predicted vs published peak memory per GPU of torchtitan's Llama 3.1 runs on H100.
+
+Run:  python benchmarks/validate_memory.py [--markdown]
+
+The published tables (pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md, the
+runs of torchtitan 9dec370, 2024-12) and their provenance are in
+``data/torchtitan_h100_memory.csv``. torchtitan's "Memory(GiB)" is the caching allocator's
+peak reserved bytes (``torch.cuda.max_memory_reserved``), so the prediction compared is
+ddlsim's ``memory.reserved`` (every part but the CUDA context, which the allocator does not
+hold: docs/memory.md); the error is ``predicted / published − 1``.
+
+Each row runs as torchtitan ran it, as far as ddlsim can say it: the ``torchtitan-2024`` stack
+(with ``compile: true`` where the row names torch.compile), ZeRO-3 (FSDP2) over the FSDP
+degree, context parallelism, TP with sequence parallelism, and pipelining with torchtitan's
+defaults (one micro-batch per stage; two stages per rank for the interleaved schedule; the
+layer split of its ``generate_split_points``); Float8 as ``train.dtype: fp8``. The rows'
+``selective`` checkpointing is torchtitan's per-op policy, which ddlsim has no option for: it
+runs as ddlsim's ``selective`` (Korthikanti et al. 2022), which keeps more, and such rows are
+marked ``≈``. Async TP changes no memory ddlsim models and is not set. Nothing is tuned.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from public_runs import DATA, print_table, read_csv  # noqa: E402
+
+TABLE = DATA / "torchtitan_h100_memory.csv"
+GPUS_PER_NODE = 8
+STACK = "torchtitan-2024"
+GIB = 2**30
+#: the layers of a decoder preset (Llama 3.1: 32, 80, 126), for torchtitan's split
+LAYERS = {"llama-3.1-8b": 32, "llama-3.1-70b": 80, "llama-3.1-405b": 126}
+
+
+def split_points(layers: int, stages: int) -> tuple[int, int]:
+    """(first, last) stage sizes of torchtitan 9dec370's ``generate_split_points``
+    (torchtitan/parallelisms/pipelining_utils.py lines 37-52): ``layers // stages`` each, the
+    remainder one more to the middle stages in order, the rest to the last."""
+    base, extra = divmod(layers, stages)
+    middle = [base + (1 if i < extra else 0) for i in range(stages - 2)]
+    return base, layers - base - sum(middle)
+
+
+def config(row: dict) -> dict:
+    """The run config of one published row (module docstring)."""
+    pp, tp, lbs = int(row["pp"]), int(row["tp"]), int(row["local_batch"])
+    v = 2 if row["schedule"] == "interleaved" else 1
+    par = {"zero_stage": 3, "data_parallel_size": int(row["dp_shard"]),
+           "context_parallel_size": int(row["cp"]), "tensor_model_parallel_size": tp,
+           "sequence_parallel": tp > 1, "pipeline_model_parallel_size": pp}
+    mbs = lbs
+    if pp > 1:
+        mbs = lbs // (pp * v)               # one micro-batch per stage (pp·v stages)
+        par["schedule"] = row["schedule"]
+        if v > 1:
+            par["virtual_pipeline_model_parallel_size"] = v
+        layers = LAYERS[row["model"]]
+        if layers % (pp * v):
+            first, last = split_points(layers, pp * v)
+            par["num_layers_in_first_pipeline_stage"] = first
+            par["num_layers_in_last_pipeline_stage"] = last
+    software = {"stack": STACK, "compile": row["compile"] == "1"}
+    # torchtitan 9dec370 train.py line 107: model_config.max_seq_len = training.seq_len (the
+    # rotary table is built for the run's sequence, past the HF config's 131,072 positions)
+    model = {"preset": row["model"], "max_position_embeddings": int(row["seq"])}
+    return {"model": model, "parallel": par,
+            "train": {"micro_batch_size": mbs, "global_batch_size": int(row["global_batch"]),
+                      "seq_length": int(row["seq"]), "recompute": row["ac"],
+                      "dtype": "fp8" if row["float8"] == "1" else "bf16"},
+            "system": {"preset": "dgx-h100", "nodes": int(row["gpus"]) // GPUS_PER_NODE,
+                       "software": software}}
+
+
+def evaluate(table: Path = TABLE) -> list[dict]:
+    """Each published row with ddlsim's memory breakdown (``memory``) or why it was not
+    predicted (``skipped``)."""
+    import ddlsim
+    out = []
+    for row in read_csv(table):
+        rec = {**row, "memory": None, "skipped": None}
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                cfg = ddlsim.load_config(config(row))
+                rec["memory"] = ddlsim.memory_per_device(cfg)
+        except (ddlsim.errors.DDLSimError, ValueError) as e:
+            rec["skipped"] = str(e).split(". ")[0]
+        if rec["memory"] is not None:
+            rec["error"] = rec["memory"].reserved / (float(row["memory_gib"]) * GIB) - 1
+        out.append(rec)
+    return out
+
+
+def label(o: dict) -> str:
+    mark = " ≈" if o["ac"] == "selective" else ""
+    return f"T{o['table']} {o['model'].removeprefix('llama-3.1-')} {o['techniques']}{mark}"
+
+
+def show(out: list[dict], markdown: bool) -> None:
+    """The table: published and predicted reserved GiB, the error, and the parts."""
+    head = ["row", "published GiB", "predicted GiB", "error", "states", "activations",
+            "other", "buffers"]
+    lines = []
+    for o in out:
+        m = o["memory"]
+        if m is None:
+            lines.append([label(o), o["memory_gib"], "-", "not run", "", "", "", ""])
+            continue
+        states = m.weights + m.gradients + m.optimizer
+        lines.append([label(o), o["memory_gib"], f"{m.reserved / GIB:.1f}",
+                      f"{100 * o['error']:+.1f}%",
+                      *(f"{x / GIB:.1f}" for x in (states, m.activations, m.other, m.buffers))])
+    print_table(head, lines, markdown)
+    for o in out:
+        if o["skipped"]:
+            print(f"\n{label(o)}: not run: {o['skipped']}")
+
+
+def summary(out: list[dict]) -> str:
+    """Mean |error| over the rows run, over those without ``≈``, and the worst row."""
+    ran = [o for o in out if o["memory"] is not None]
+    exact = [o for o in ran if o["ac"] != "selective"]
+    parts = []
+    for name, rows in (("all rows run", ran), ("rows as run (no ≈)", exact)):
+        if rows:
+            errs = [o["error"] for o in rows]
+            worst = max(rows, key=lambda o: abs(o["error"]))
+            parts.append(f"{name} ({len(rows)}): mean |error| "
+                         f"{100 * sum(map(abs, errs)) / len(errs):.1f}%, signed "
+                         f"{100 * sum(errs) / len(errs):+.1f}%, worst "
+                         f"{100 * abs(worst['error']):.1f}% ({label(worst)})")
+    return "; ".join(parts) + f"; not run: {len(out) - len(ran)} of {len(out)}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    args = ap.parse_args(argv)
+    out = evaluate()
+    show(out, args.markdown)
+    print("\n" + summary(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+"""Memory a training process holds beyond its model states and kept activations: the
+communication buffers and loss temporaries its framework allocates through PyTorch's caching
+allocator, and the CUDA context outside it.
+
+``torch.cuda.max_memory_reserved()`` (what torchtitan logs as a step's memory) counts the
+caching allocator's segments: model states, activations, temporaries and buffers. It does not
+count the CUDA context (driver state and the loaded kernels) or what NCCL allocates itself, yet
+both take device memory, so "does it fit?" adds them (:func:`context_bytes`).
+
+How each framework lays its buffers out differs, so the rules are keyed by the framework a
+software stack belongs to (:func:`framework`, a registry whose keys prefix the stack names of
+``ddlsim/data/software.yaml``). Every function takes scalars or numpy arrays over plans (the
+search tier calls the same rules).
+
+Not modelled (named so that nobody reads them into the figures): the caching allocator's
+fragmentation (the reserve beyond the live blocks; runs with ``expandable_segments:True``, as
+torchtitan's launch script sets, keep it small, and Guo et al. 2024 (GMLake, ASPLOS) measured
+15 % on average without it on LLM fine-tuning with recomputation), NCCL's own buffers
+(``NCCL_BUFFSIZE``, 4 MiB per channel and peer, NCCL environment docs: the channel counts are
+not known per system here), and PyTorch DDP's gradient buckets (no decoder stack uses PyTorch
+DDP: Megatron's buckets are views into its contiguous gradient buffer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ConfigError
+
+__all__ = ["FrameworkMemory", "FRAMEWORKS", "framework", "loss_bytes", "comm_buffer_bytes",
+           "context_bytes", "CUDA_CONTEXT_BYTES"]
+
+#: CUDA context with PyTorch's kernels loaded, measured with NVML after the first CUDA tensor
+#: of a PyTorch process: 1,343 MiB (Hugging Face transformers docs, "Model training anatomy",
+#: docs/source/en/model_memory_anatomy.md: ``torch.ones((1, 1)).to("cuda")`` then
+#: ``nvmlDeviceGetMemoryInfo(...).used // 1024**2`` prints 1343 MB). Outside the allocator.
+CUDA_CONTEXT_BYTES = 1343 * 2**20
+
+
+@dataclass(frozen=True)
+class FrameworkMemory:
+    """How one training framework holds its loss temporaries and communication buffers.
+
+    Attributes
+    ----------
+    name : the framework (a prefix of its stacks' names).
+    logit_bytes : bytes per logit element (micro-batch × sequence × vocabulary on one rank)
+        held at the loss's peak, beside the kept activations.
+    fsdp2 : ZeRO-3 runs as PyTorch FSDP2 (``fully_shard``): a unit's backward holds its
+        unsharded gradients and its reduce-scatter input in the reduce dtype; under pipelining
+        the stage keeps its parameters gathered and accumulates unsharded gradients in the
+        reduce dtype (:func:`comm_buffer_bytes`).
+    kept_root : the edge parameters FSDP2 keeps gathered from the forward to the backward:
+        ``edges`` (embedding and head: the root unit), ``head`` (the [norm, output] unit), or
+        ``none``.
+    reduce_bucket_elements : elements of a ZeRO-1/2 gradient bucket allocated beside the
+        gradients (one, two when the reduction overlaps the backward), 0 where the buckets
+        are views into the gradients.
+    sources : field → where it was read.
+    """
+
+    name: str
+    logit_bytes: float
+    fsdp2: bool
+    kept_root: str
+    reduce_bucket_elements: float
+    sources: dict
+
+
+#: framework name → its memory rules; a stack belongs to the longest name that prefixes it
+FRAMEWORKS: dict[str, FrameworkMemory] = {}
+
+
+def _register(fm: FrameworkMemory) -> None:
+    FRAMEWORKS[fm.name] = fm
+
+
+_MEGATRON_LOSS = ("Megatron-LM megatron/core/tensor_parallel/cross_entropy.py "
+                  "(_VocabParallelCrossEntropy): the 16-bit vocab-parallel logits and one fp32 "
+                  "tensor of their size (the logits cast to fp32, exponentiated in place, kept "
+                  "for the backward, whose softmax gradient reuses it)")
+_TITAN_LOSS = ("cross_entropy(pred.flatten(0, 1).float(), labels), pred deleted before the "
+               "backward: the loss's backward holds the saved fp32 log-softmax output, "
+               "nll_loss's dense fp32 gradient and log_softmax's fp32 input gradient (3 x 4 B "
+               "per logit; the forward's peak, 2 + 4 + 4 B, is lower)")
+_FSDP2 = ("PyTorch torch/distributed/fsdp/_fully_shard: _fsdp_collectives.py foreach_reduce "
+          "copies a unit's unsharded gradients into a reduce-scatter input of the unit's size in "
+          "reduce_dtype (fp32 in torchtitan); _fsdp_param.py to_accumulated_grad_if_needed: "
+          "without gradient sync (pipelining) the unsharded gradients accumulate in "
+          "reduce_dtype")
+
+_register(FrameworkMemory(
+    "megatron", logit_bytes=2 + 4, fsdp2=False, kept_root="none", reduce_bucket_elements=0,
+    sources={
+        "logit_bytes": _MEGATRON_LOSS,
+        "reduce_bucket_elements": "Megatron-Core distributed/param_and_grad_buffer.py: the "
+                                  "buckets are views into the contiguous gradient buffer "
+                                  "(counted as the gradients)"}))
+
+_register(FrameworkMemory(
+    "deepspeed", logit_bytes=2 + 4, fsdp2=False, kept_root="none", reduce_bucket_elements=5e8,
+    sources={
+        "logit_bytes": "Megatron-DeepSpeed keeps Megatron-LM's vocab-parallel cross-entropy: "
+                       + _MEGATRON_LOSS,
+        "reduce_bucket_elements": "DeepSpeed runtime/zero/stage_1_and_2.py backward(): with "
+                                  "contiguous_gradients, ipg_buffer = torch.empty("
+                                  "reduce_bucket_size) in the model dtype, and a second "
+                                  "('double buffers') when overlap_comm; reduce_bucket_size "
+                                  "defaults to 5e8 (DeepSpeed config docs, "
+                                  "zero_optimization.reduce_bucket_size)"}))
+
+_register(FrameworkMemory(
+    "torchtitan", logit_bytes=4 + 4 + 4, fsdp2=True, kept_root="edges",
+    reduce_bucket_elements=0,
+    sources={
+        "logit_bytes": "torchtitan 9dec370 train.py lines 131-133 and 303-308: " + _TITAN_LOSS,
+        "fsdp2": _FSDP2,
+        "kept_root": "torchtitan 9dec370 torchtitan/parallelisms/parallelize_llama.py lines "
+                     "325-339: fully_shard per transformer block, then the root (embeddings, "
+                     "norm, output); PyTorch _fsdp_state.py _lazy_init: 'For the root, do not "
+                     "reshard after forward' (post_forward_mesh_info = None)"}))
+
+_register(FrameworkMemory(
+    "torchtitan-2025", logit_bytes=4 + 4 + 4, fsdp2=True, kept_root="head",
+    reduce_bucket_elements=0,
+    sources={
+        "logit_bytes": "torchtitan 07c00d9 torchtitan/components/loss.py lines 18-22 "
+                       "(eager; compile.components 'loss' is not modelled): " + _TITAN_LOSS,
+        "fsdp2": _FSDP2,
+        "kept_root": "torchtitan 07c00d9 torchtitan/models/llama3/infra/parallelize.py lines "
+                     "279-299: the embedding is its own unit, resharded after forward; "
+                     "[norm, output] one unit with reshard_after_forward only under 'always' "
+                     "('FSDP would prefetch them immediately after the forward pass')"}))
+
+
+def framework(stack: str) -> FrameworkMemory:
+    """The memory rules of the framework a software stack belongs to: the registered name
+    that prefixes ``stack`` (the longest, should two).
+
+    Raises
+    ------
+    ConfigError
+        When no registered framework prefixes the stack's name.
+    """
+    hits = [k for k in FRAMEWORKS if stack.startswith(k)]
+    if not hits:
+        raise ConfigError(f"system.software: the stack {stack!r} belongs to no framework whose "
+                          f"memory ddlsim models; allowed: stacks named after "
+                          f"{', '.join(sorted(FRAMEWORKS))}")
+    return FRAMEWORKS[max(hits, key=len)]
+
+
+def loss_bytes(logit_bytes: float, b, s: int, vocab: int, tp_cp):
+    """Bytes the loss holds at its peak on one rank of the last stage: ``logit_bytes`` (a
+    framework's :attr:`FrameworkMemory.logit_bytes`) per logit of the micro-batch
+    (``b·s·V/(t·c)`` logits: the head is split over TP and the sequence over CP). ``b`` and
+    ``tp_cp`` may be arrays over plans."""
+    return b * s * vocab / tp_cp * logit_bytes
+
+
+def comm_buffer_bytes(fm: FrameworkMemory, zero_stage, dp, gathered, unit_params, kept_params,
+                      param_bytes: float, reduce_bytes: float, stage_params, overlap: bool,
+                      per_iteration):
+    """Communication buffers on one rank at the peak, in bytes.
+
+    Parameters
+    ----------
+    fm : the framework's rules (:func:`framework`).
+    zero_stage, dp : the plan's ZeRO stage and data-parallel size (arrays allowed).
+    gathered : ZeRO-3's gathered parameters in flight (bytes; 0 outside ZeRO-3).
+    unit_params : parameters of the largest ZeRO-3 unit (a layer) on the rank.
+    kept_params : edge parameters FSDP2 keeps gathered (:attr:`FrameworkMemory.kept_root`).
+    param_bytes, reduce_bytes : bytes per unsharded parameter and per reduced gradient.
+    stage_params : parameters on the rank before sharding.
+    overlap : the gradient reduction overlaps the backward (DeepSpeed's overlap_comm: two
+        buckets).
+    per_iteration : FSDP gathers the stage once per iteration (pipelining,
+        :func:`ddlsim.workloads.decoder.fsdp.per_iteration`; arrays allowed).
+
+    Returns
+    -------
+    Bytes. ZeRO-3: ``gathered``; under FSDP2 per micro-batch also the kept edges and one
+    unit's unsharded gradients and reduce-scatter input, ``kept·p + unit·(p + r)``, and per
+    iteration the whole stage gathered with its gradients accumulated, ``stage·(p + r)``.
+    ZeRO-1/2 with separate buckets: ``(1 + overlap) · min(bucket, stage params) · p``.
+    """
+    zero_stage = np.asarray(zero_stage)
+    z3 = zero_stage == 3
+    out = np.where(z3, gathered, 0.0)
+    if fm.fsdp2:
+        per_mb = gathered + kept_params * param_bytes + unit_params * (param_bytes + reduce_bytes)
+        whole = stage_params * (param_bytes + reduce_bytes)
+        out = np.where(z3, np.where(per_iteration, whole, per_mb), 0.0)
+    if fm.reduce_bucket_elements:
+        zero12 = (zero_stage >= 1) & ~z3 & (np.asarray(dp) > 1)
+        bucket = (1 + bool(overlap)) * np.minimum(fm.reduce_bucket_elements, stage_params)
+        out = out + np.where(zero12, bucket * param_bytes, 0.0)
+    return _scalar(out)
+
+
+def context_bytes(device) -> float:
+    """Device memory a process holds outside the caching allocator: the CUDA context with its
+    kernels (:data:`CUDA_CONTEXT_BYTES`) on a GPU (a device with streaming multiprocessors,
+    ``sm_count``), 0 on a CPU socket acting as a rank."""
+    return float(CUDA_CONTEXT_BYTES) if device.sm_count else 0.0
+
+
+def _scalar(x):
+    """A 0-d array back to a float (one plan); arrays over plans unchanged."""
+    a = np.asarray(x)
+    return float(a) if a.ndim == 0 else a
