@@ -157,7 +157,10 @@ def test_both_engines_time_the_ring_alike():
 
 @pytest.mark.parametrize("over, words", [
     ({"train__seq_length": 8196}, ["seq_length = 8196", "2 × context_parallel_size = 8"]),
-    ({"parallel__zero_stage": 3}, ["zero_stage = 3"]),
+    # ZeRO-3 from module hooks (DeepSpeed's, as a what-if past its no-CP rule); per-layer
+    # FSDP units with CP are modelled (tests/test_torchtitan_stack.py)
+    ({"parallel__zero_stage": 3, "system__software": {"stack": "deepspeed", "what_if": True}},
+     ["zero_stage = 3", "zero3_gather = 'per_module'"]),
     ({"parallel__dp_strategy": "reduce_scatter"}, ["dp_strategy = 'reduce_scatter'"]),
     ({"parallel__cp_comm_type": "a2a"}, ["cp_comm_type"]),
 ])
