@@ -14,7 +14,15 @@ settings Section 6 states (sequence 2,048, vocabulary 51,200, TP 8, three virtua
 preset, the ``megatron-lm-2021`` stack with the one feature of its layers that Megatron-LM
 had gained by then: the backward's asynchronous sequence-parallel communication
 (``tp_async_backward``; ``megatron/mpu/layers.py`` lines 239-308 at
-739cb43dae21ec975938422949a449de654f15ab, ``LinearWithGradAccumulationAndAsyncCommunication``).
+739cb43dae21ec975938422949a449de654f15ab, ``LinearWithGradAccumulationAndAsyncCommunication``),
+and the GEMM library of 2022's container: 739cb43's README asks for "the latest release of NGC's
+PyTorch container" (22.04/22.05 at that commit: CUDA 11.6-11.7), where the 2021 runs' README
+named NGC 20.12 (CUDA 11.1), so ``gemm_library: cublas-11.6``, whose A100 ceiling is a 2022
+measurement at the DGX A100's 400 W (ddlsim/data/systems.yaml; docs/compute.md, "Sustained
+clocks"). Table 1 of 2021 and this table ran the same plan per pipeline for 530B and 1T (TP 8,
+PP 35/64, the same virtual stages, micro-batch 1, 280/512 micro-batches per pipeline) and differ
+only in data parallelism and software, yet 2022's times are 7-8 % shorter after its measured
+data-parallel cost (Section 6.3: 1.32 s for DP 8 on 530B).
 
 What the paper leaves unstated, and the choice made:
 
@@ -48,7 +56,7 @@ PEAK = 312e12              # A100 fp16/bf16 dense tensor-core FLOP/s (A100 datas
 #: a what-if of the 2021 stack, whose commit (6985e58) has no sequence parallelism (its rule
 #: no_sequence_parallel, docs/stacks.md), which 739cb43 had
 SOFTWARE = {"stack": "megatron-lm-2021", "overlap": {"tp_async_backward": True},
-            "what_if": True}
+            "kernels": {"gemm_library": "cublas-11.6"}, "what_if": True}
 
 
 def rows() -> list[dict]:

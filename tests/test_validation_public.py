@@ -235,7 +235,7 @@ def test_recompute_rows_map_onto_ddlsim_configs():
     """Table 3's plans: no data parallelism but the 2,240-GPU row (DP 8), three virtual
     stages for 175B and 530B (96/8/3 = 4 and 105/35/3 = 1 layers each), sequence parallelism
     and selective recomputation only in the present work, fp16, the 2021 kernels with 2022's
-    asynchronous sequence-parallel backward."""
+    asynchronous sequence-parallel backward and 2022's GEMM library (CUDA 11.6)."""
     by = {(r["model"], r["gpus"], r["scheme"]): vr.config(r) for r in RECOMPUTE}
     assert len(by) == 9
     full, present = by[("175B", "64", "full")], by[("175B", "64", "present")]
@@ -248,6 +248,7 @@ def test_recompute_rows_map_onto_ddlsim_configs():
     assert "virtual_pipeline_model_parallel_size" not in by[("1T", "512", "full")]["parallel"]
     assert all(c["system"]["software"] == {"stack": "megatron-lm-2021",
                                            "overlap": {"tp_async_backward": True},
+                                           "kernels": {"gemm_library": "cublas-11.6"},
                                            "what_if": True}   # SP: not in the 2021 commit
                for c in by.values())
     assert {c["train"]["dtype"] for c in by.values()} == {"fp16"}

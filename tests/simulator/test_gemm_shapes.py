@@ -111,3 +111,21 @@ def test_overhead_larger_than_the_reference_is_refused():
     from ddlsim.simulator.kernels.gemm import GemmOverhead
     with pytest.raises(ValueError, match="gemm_overhead"):
         main_loop_efficiency(0.8, 989.4e12, 132, GemmOverhead(1.0, 0.0))
+
+
+def test_the_a100_2022_library_ceiling_is_its_400_w_measurement():
+    """H. He (2024, set in 2022): an A100 at its 400 W limit runs a @ b of n = 8192 with
+    randn inputs at 258 TFLOP/s (zeros: 295, the clock the power limit allows); the 8192³
+    GEMM fills 2,048 of 19 × 108 tile slots, so the ceiling behind it is 258 / 312 / q."""
+    rows = [p for p in read_gemm_table() if p.source == "horace-he"]
+    tflops = min(p.flops / p.seconds for p in rows) / 1e12      # randn: the slower row
+    assert max(p.flops / p.seconds for p in rows) / 1e12 == pytest.approx(295)   # zeros
+    assert tflops == pytest.approx(258)
+    q = gemm_quantisation(8192, 8192, 1, 108, 8192)
+    table = ddlsim.load_config({
+        "model": {"num_hidden_layers": 2, "hidden_size": 1024, "num_attention_heads": 16,
+                  "vocab_size": 1024, "max_position_embeddings": 2048},
+        "train": {"micro_batch_size": 1, "global_batch_size": 1, "seq_length": 2048},
+        "system": {"preset": "dgx-a100", "nodes": 1, "devices_per_node": 1}},
+    ).system.device.matmul_efficiency_by_library["cublas-11.6"]
+    assert table["fp16"] == table["bf16"] == round(tflops / 312 / q, 3) == 0.829
