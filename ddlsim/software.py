@@ -50,9 +50,6 @@ Reshard = Literal["always", "never", "not_with_pp", "not_with_pp_nor_last"]
 GradReduceDtype = Literal["param", "fp32", "fp32_if_bf16"]
 #: how the stack hands kernels to the device (ddlsim/simulator/kernels/host.py)
 HostDispatch = Literal["eager", "compiled", "cuda_graphs"]
-GradReduceDtype = Literal["param", "fp32", "fp32_if_bf16"]
-#: how the stack hands kernels to the device (ddlsim/simulator/kernels/host.py)
-HostDispatch = Literal["eager", "compiled", "cuda_graphs"]
 def _gemm_library(v: Any) -> Any:
     """A GEMM library's name and major version, lower case (``cublas-12``), or the reason."""
     if not (isinstance(v, str) and len(v) <= 40
@@ -104,6 +101,10 @@ class KernelSpec(_Strict):
                                   "cublas-12, …): picks the device's matmul ceiling measured "
                                   "with it (device.matmul_efficiency_by_library; "
                                   "docs/compute.md)")
+    softmax_in_fp32: StrictBool | None = Field(
+        default=None, description="attention: unfused runs its softmax in fp32 (Megatron's "
+                                  "query-key layer scaling: cast, scale, mask, softmax, cast "
+                                  "back; docs/compute.md)")
     host_dispatch: HostDispatch | None = Field(
         default=None, description="how kernels are dispatched: eager (PyTorch from Python, op "
                                   "by op), compiled (torch.compile: a compiled wrapper "

@@ -116,8 +116,14 @@ def test_fused_softmax_attention_is_two_gemms_and_score_passes():
     x = b * s * a * d
     assert [k.bytes for k in ks if k.kind == "memory"] == [2 * 2 * S, (2 * 2 + 1) * S, 2 * 2 * x]
     assert [k.variant for k in ks if k.kind == "memory"] == ["scores", "scores", ""]
+    # unfused in 16 bits (Megatron-Core: no layer scaling): masked_fill_ and softmax, read +
+    # write each; in fp32 (Megatron-LM 2021's query-key layer scaling): cast to fp32 (2 + 4),
+    # scale, mask, softmax (4 + 4 each), cast back (4 + 2)
     unfused = attention_kernels("unfused", b, a, s, d, 2, True, False)
-    assert [k.bytes for k in unfused if k.kind == "memory"] == [4 * S] * 3 + [5 * S, 4 * x]
+    assert [k.bytes for k in unfused if k.kind == "memory"] == [4 * S] * 2 + [5 * S, 4 * x]
+    fp32 = attention_kernels("unfused", b, a, s, d, 2, True, False, softmax_fp32=True)
+    assert [k.bytes for k in fp32 if k.kind == "memory"] == (
+        [6 * S, 8 * S, 8 * S, 8 * S, 6 * S, 5 * S, 4 * x])
     # backward: softmax backward (P, dP -> dS), dropout's, and the Q, K, V gradients
     # concatenated for the QKV GEMM (torch.split's backward): read + write b·s·(a + 2g)·d,
     # here with g = 4 key/value heads

@@ -17,7 +17,8 @@ below compute every score and mask the rest, so a window changes nothing for the
 GEMMs (``b·a`` of them) and the ``b·a·s²`` scores written, read and kept: the fused kernel does
 scale + mask + softmax in one pass each way (read ``s²``, write ``s²``; backward reads the
 probabilities and their gradient and writes one), dropout is its own kernel (read, write, and a
-1-byte mask); unfused runs scale, mask and softmax as separate kernels (one read + write each).
+1-byte mask); unfused runs the torch ops one kernel each, in fp32 with the stack's
+``softmax_in_fp32`` (:func:`.elementwise.unfused_softmax_passes`).
 Both run inside Megatron's core attention, which also moves the attention's inputs and output
 in torch ops (Megatron-LM 6985e58 ``megatron/model/transformer.py``; the same code in
 Megatron-Core's non-flash ``DotProductAttention``, 900f1b76 lines 136-203):
@@ -39,6 +40,7 @@ from __future__ import annotations
 import math
 
 from ...workloads.trace import Kernel
+from .elementwise import unfused_softmax_passes
 from .window import window_fraction
 
 __all__ = ["FLASH_BACKWARD_FACTOR", "FLASH_BLOCK", "causal_fraction", "flash_forward_flops",
@@ -77,11 +79,13 @@ def flash_forward_flops(b: float, heads: float, s: float, d: float, causal: bool
 def attention_kernels(kind: str, b: float, heads: float, s: float, d: float, dtype_bytes: float,
                       dropout: bool, backward: bool, dtype: str = "bf16",
                       causal: bool = True, kv_heads: float | None = None,
-                      window: int | None = None, window_share: float = 1.0) -> tuple[Kernel, ...]:
+                      window: int | None = None, window_share: float = 1.0,
+                      softmax_fp32: bool = False) -> tuple[Kernel, ...]:
     """The kernels of one attention core (forward, or ``backward``) on one rank holding
     ``heads`` query heads (``kv_heads`` key/value heads, default ``heads``) of ``b`` sequences
     of length ``s`` (module docstring); ``window``, ``window_share`` as
-    :func:`flash_forward_flops`."""
+    :func:`flash_forward_flops`; ``softmax_fp32``: the unfused softmax runs in fp32 (the
+    stack's ``softmax_in_fp32``)."""
     dt = dtype_bytes
     if kind in FLASH_KINDS:
         fwd = flash_forward_flops(b, heads, s, d, causal, window=window,
@@ -95,15 +99,14 @@ def attention_kernels(kind: str, b: float, heads: float, s: float, d: float, dty
     batch, S = b * heads, b * heads * s * s
     drop = (2 * dt + 1) * S if dropout else 0.0          # read, write, 1-byte mask
     kv = heads if kv_heads is None else kv_heads
-    mem: list[float] = []
     if not backward:
         gemms = [(s, s, d), (s, d, s)]                   # QKᵀ, P·V
-        mem = [2 * dt * S] if kind == "fused_softmax" else [2 * dt * S] * 3  # scale, mask, softmax
     else:
         gemms = [(s, d, s), (s, s, d), (s, d, s), (s, d, s)]   # dV=Pᵀ·dO, dP=dO·Vᵀ, dQ, dK
-        mem = [3 * dt * S]                               # softmax backward: P, dP -> dS
-        if kind == "unfused":
-            mem += [2 * dt * S] * 2                      # mask and scale backward
+    if kind == "fused_softmax":                          # one kernel: read + write (backward:
+        mem = [(3 if backward else 2) * dt * S]          # P, dP -> dS)
+    else:
+        mem = [x * S for x in unfused_softmax_passes(dt, softmax_fp32, backward)]
     if drop:
         mem.append(drop)
     layout = (b * s * heads * d if not backward           # context permute().contiguous()

@@ -29,7 +29,8 @@ from typing import Any
 
 from ...workloads.trace import Kernel
 
-__all__ = ["layer_elementwise_kernels", "optimizer_bytes_per_param", "loss_bytes"]
+__all__ = ["layer_elementwise_kernels", "optimizer_bytes_per_param", "loss_bytes",
+           "unfused_softmax_passes"]
 
 
 def _norm(fused: bool) -> int:
@@ -127,3 +128,32 @@ def optimizer_bytes_per_param(optimizer: str, fused: bool, param_bytes: float = 
         update = 4 * 4 + 3 * 4 if fused else 19 * 4
     master = 4 + param_bytes if mixed else 0.0
     return to_fp32 + unscale + norm + update + master
+
+
+def unfused_softmax_passes(dtype_bytes: float, in_fp32: bool, backward: bool) -> list[float]:
+    """Bytes per score element of each kernel of the non-fused softmax over the ``s²``
+    scores (Megatron's ``FusedScaleMaskSoftmax`` with the fusion off: its torch path, Megatron-LM
+    6985e58 ``megatron/model/fused_softmax.py`` ``forward``, the ``else`` branch), forward (or
+    its autograd ``backward``); ``d`` = ``dtype_bytes``.
+
+    * ``in_fp32`` (``softmax_in_fp32``: Megatron-LM turns it on with query-key layer scaling,
+      on by default in 2021, 6985e58 ``megatron/model/transformer.py`` lines 119-122, and then
+      scales by the layer number): ``input.float()`` (read ``d``, write 4), ``* scale`` (read
+      + write 4), ``masked_fill_`` (read + write 4), softmax (read + write 4), ``.half()``
+      (read 4, write ``d``). Backward: the cast's (read ``d``, write 4), softmax's (read the
+      output and its gradient, write one: 12), the mask's and the scale's (read + write 4
+      each), the cast back (read 4, write ``d``);
+    * otherwise (Megatron-Core: no layer scaling, the ``1/√d`` applied in the QKᵀ GEMM):
+      ``masked_fill_`` and softmax in 16 bits (read + write ``d`` each); backward: softmax's
+      (``3d``) and the mask's (``2d``).
+
+    The boolean mask is ``[b, 1, s, s]``, broadcast over the heads: a ``1/heads`` share of a
+    byte per element, not counted. With ``d`` = 4 (fp32 training) the casts are no-ops: they
+    drop out."""
+    d = dtype_bytes
+    if not in_fp32:
+        return [3 * d, 2 * d] if backward else [2 * d, 2 * d]
+    middle = [12.0, 8.0, 8.0] if backward else [8.0, 8.0, 8.0]
+    if d >= 4:
+        return middle
+    return [d + 4, *middle, 4 + d]

@@ -105,7 +105,8 @@ def layer_kernels(shape: Any, sw: Any, b: int, s: int, t: int, sp: bool,
     g = linear_gemms(shape, b * s, t)
     core = [attention_kernels(sw.attention, b, shape.heads / t, s, shape.d, dt, shape.dropout,
                               bwd, od, kv_heads=shape.g / t, window=shape.sliding_window,
-                              window_share=shape.window_share) for bwd in (False, True)]
+                              window_share=shape.window_share, softmax_fp32=sw.softmax_in_fp32)
+            for bwd in (False, True)]
     ew = layer_elementwise_kernels(shape, b, s, t, sp, dt, sw, od)
     # each op's kernels by the module whose parameters they use (ZeRO-3's module hooks,
     # .zero3): the attention core runs between the QKV and output projections' hooks

@@ -139,7 +139,8 @@ class LayerPartitioner:
         sh = self.shape
         return attention_kernels(self.cfg.software.attention, self.b, sh.heads / self.size,
                                  self.s, sh.d, self.dt, sh.dropout, backward, self.dtype,
-                                 kv_heads=sh.g / self.size)
+                                 kv_heads=sh.g / self.size,
+                                 softmax_fp32=self.cfg.software.softmax_in_fp32)
 
     def cp_core_kernels(self, backward: bool, share: float) -> tuple | None:
         """Under context parallelism, the kernels of ``share`` of the rank's attention core
