@@ -1,0 +1,183 @@
+"""The torchtitan stacks (FSDP2) and ZeRO-3 inside pipeline stages, with context parallelism
+and asynchronous TP (ddlsim/workloads/decoder/fsdp.py, docs/stacks.md)."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+
+import ddlsim
+from ddlsim.software import COMPILE_FUSIONS, SoftwareSpec, resolve_software, stacks
+from ddlsim.stackrules import stack_rules
+from ddlsim.workloads.decoder.builder import StageBuilder
+from ddlsim.workloads.decoder.overlap import overlap_phrase
+
+STACKS = ("torchtitan-2024", "torchtitan-2025")
+
+#: Llama 3.1 8B shortened to 8 layers on 2 DGX H100 nodes, FSDP over every rank
+BASE = {"model": {"preset": "llama-3.1-8b", "num_hidden_layers": 8},
+        "parallel": {"zero_stage": 3},
+        "train": {"micro_batch_size": 1, "global_batch_size": 32, "seq_length": 4096,
+                  "recompute": "full"},
+        "system": {"preset": "dgx-h100", "nodes": 2, "software": "torchtitan-2025"}}
+
+#: parameters of one Llama 3.1 8B layer: attention 2·4096² + 2·1024·4096, SwiGLU
+#: 3·4096·14336, two RMSNorm weights of 4096
+LAYER = 2 * 4096 ** 2 + 2 * 1024 * 4096 + 3 * 4096 * 14336 + 2 * 4096
+
+
+def config(software=None, **parallel):
+    d = copy.deepcopy(BASE)
+    d["parallel"].update(parallel)
+    if software is not None:
+        d["system"]["software"] = software
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ddlsim.load_config(d)
+
+
+def predict(cfg, engine="analytical"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ddlsim.predict(cfg, engine=engine, check_fit=False)
+
+
+def test_layer_parameters_match_the_shape():
+    assert config().model.shape().layer_params == LAYER
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_stacks_are_named_with_a_source_for_every_field_and_rule(stack):
+    assert stack in stacks()
+    sw = resolve_software(stack)
+    assert sw.zero3_gather == "per_layer" and sw.zero3_copy_out
+    assert sw.grad_reduce_dtype == "fp32" and sw.attention == "flash2"
+    assert all(isinstance(s, str) and s.strip() for s in sw.sources.values())
+    for field in ("attention", "fused_layernorm", "fused_optimizer", "grad_reduce_dtype",
+                  "zero3_gather", "zero3_reshard_after_forward", "compile"):
+        assert ("torchtitan " + ("9dec370" if stack.endswith("2024") else "07c00d9")
+                in sw.sources[field]), field
+    names = [rule.name for rule, _ in stack_rules(stack)]
+    assert names == ["async_tp_needs_compile", "no_zero12"]
+
+
+def test_eager_fusions_and_the_optimizer_follow_each_commit():
+    old, new = resolve_software("torchtitan-2024"), resolve_software("torchtitan-2025")
+    for sw in (old, new):
+        assert not any(getattr(sw, f) for f in COMPILE_FUSIONS)
+        assert sw.host_dispatch == "eager"
+    # 2024: optimizer.fused off by default (foreach); 2025: implementation 'fused'
+    assert not old.fused_optimizer and new.fused_optimizer
+    assert old.zero3_reshard_after_forward == "not_with_pp_nor_last"
+    assert new.zero3_reshard_after_forward == "not_with_pp"
+
+
+def test_compile_switches_on_its_fusions_but_not_a_field_the_config_sets():
+    sw = resolve_software(SoftwareSpec(stack="torchtitan-2025", compile=True))
+    assert all(getattr(sw, f) for f in COMPILE_FUSIONS)
+    assert sw.host_dispatch == "compiled"
+    assert "compile: true" in sw.sources["fused_layernorm"]
+    kept = resolve_software(SoftwareSpec(stack="torchtitan-2025", compile=True,
+                                         kernels={"fused_rope": False}))
+    assert kept.fused_rope is False and kept.fused_layernorm is True
+    with pytest.raises(ddlsim.ConfigError, match="contradicts kernels.compile"):
+        config({"stack": "torchtitan-2025", "compile": True, "kernels": {"compile": False}})
+
+
+def test_compile_makes_the_step_faster_and_moves_no_bytes():
+    eager, compiled = config(), config({"stack": "torchtitan-2025", "compile": True})
+    a, b = predict(eager), predict(compiled)
+    assert b.iteration_time_s < a.iteration_time_s
+    assert b.comm_bytes == a.comm_bytes
+
+
+@pytest.mark.parametrize("stack, backward_gathers", [
+    ("torchtitan-2025", 8),          # every layer gathered again for its backward
+    ("torchtitan-2024", 7),          # the last layer stays gathered (reshard_after_forward)
+    ({"stack": "torchtitan-2025",
+      "overlap": {"zero3_reshard_after_forward": "never"}}, 0)])
+def test_fsdp_without_pipelining_gathers_per_micro_batch(stack, backward_gathers):
+    """Per rank and micro-batch: 8 forward gathers of a layer's bf16 parameters, the
+    backward's, and 8 reduce-scatters of its fp32 gradients (trace bytes: the gathered
+    output and the full input, docs/comm.md)."""
+    cfg = config(stack)
+    m = cfg.num_microbatches
+    per_micro_batch = LAYER * (2 * 8 + 2 * backward_gathers + 4 * 8)
+    assert predict(cfg).comm_bytes["dp"] == pytest.approx(m * per_micro_batch, rel=1e-12)
+
+
+def test_fsdp_in_pipeline_stages_gathers_once_per_iteration():
+    """PP 2 with 4 micro-batches: each stage gathers its parameters once (bf16) and
+    reduce-scatters them once (fp32) per iteration, whatever the micro-batch count."""
+    cfg = config(pipeline_model_parallel_size=2, data_parallel_size=8)
+    assert cfg.num_microbatches == 4
+    b = StageBuilder(cfg, cfg.model.shape())
+    stages = [b.stage_params(s) * (2 + 4) for s in range(2)]
+    got = predict(cfg).comm_bytes["dp"]
+    assert min(abs(got - x) / x for x in stages) < 1e-12
+    assert "gathered once per iteration" in overlap_phrase(cfg)
+
+
+@pytest.mark.parametrize("par", [
+    {"pipeline_model_parallel_size": 2, "data_parallel_size": 8},
+    {"pipeline_model_parallel_size": 2, "data_parallel_size": 4,
+     "tensor_model_parallel_size": 2, "sequence_parallel": True},
+    {"context_parallel_size": 2, "data_parallel_size": 8},
+    {"tensor_model_parallel_size": 2, "sequence_parallel": True, "data_parallel_size": 8},
+])
+def test_engines_agree_on_fsdp_with_pp_cp_and_tp(par):
+    cfg = config(**par)
+    a, d = predict(cfg), predict(cfg, "des")
+    assert d.iteration_time_s == pytest.approx(a.iteration_time_s, rel=3e-2)
+
+
+def test_fsdp_with_cp_shards_over_dp_times_cp():
+    """FSDP under CP shards over the dp × cp ranks (torchtitan's dp_shard_cp mesh): the
+    same bytes per micro-batch as without CP, on the dp_cp group."""
+    cfg = config(context_parallel_size=2, data_parallel_size=8)
+    per_micro_batch = LAYER * (2 * 8 + 2 * 8 + 4 * 8)
+    got = predict(cfg).comm_bytes["dp"]
+    assert got == pytest.approx(cfg.num_microbatches * per_micro_batch, rel=1e-12)
+
+
+def test_async_tp_needs_compile_and_hides_tp_communication():
+    par = {"tensor_model_parallel_size": 2, "sequence_parallel": True, "data_parallel_size": 8,
+           "tp_comm_overlap": "pipelined"}
+    with pytest.raises(ddlsim.ConfigError, match="async_tp_needs_compile"):
+        config(**par)
+    on = config({"stack": "torchtitan-2025", "compile": True}, **par)
+    off = config({"stack": "torchtitan-2025", "compile": True},
+                 **{k: v for k, v in par.items() if k != "tp_comm_overlap"})
+    exposed = [predict(c).breakdown.exposed_comm_s["tp"] for c in (on, off)]
+    assert exposed[0] < exposed[1]
+
+
+@pytest.mark.parametrize("stack, rule", [("megatron-core-2024", "zero3_pipeline"),
+                                         ("megatron-lm-2021", "zero3_pipeline"),
+                                         ("deepspeed", "pipeline_zero")])
+def test_stacks_that_cannot_run_fsdp_with_pp_say_so(stack, rule):
+    with pytest.raises(ddlsim.ConfigError, match=rule):
+        config(stack, pipeline_model_parallel_size=2, data_parallel_size=8)
+
+
+def test_fsdp_with_pp_resharded_every_forward_is_refused_by_name():
+    sw = {"stack": "torchtitan-2025", "overlap": {"zero3_reshard_after_forward": "always"}}
+    with pytest.raises(ddlsim.ConfigError, match="zero3_reshard_after_forward = 'always'"):
+        config(sw, pipeline_model_parallel_size=2, data_parallel_size=8)
+
+
+def test_torchtitan_runs_no_zero1():
+    with pytest.raises(ddlsim.ConfigError, match="no_zero12"):
+        config(zero_stage=1)
+
+
+def test_bundled_example_predicts():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = ddlsim.load_config("examples/llama3-8b-fsdp2-h100.yaml")
+    r = predict(cfg)
+    # one micro-batch per rank: 32 forward gathers, 31 backward ones (torchtitan 2024 keeps
+    # the last block), 32 fp32 reduce-scatters
+    assert r.comm_bytes["dp"] == pytest.approx(LAYER * (2 * 32 + 2 * 31 + 4 * 32), rel=1e-12)
