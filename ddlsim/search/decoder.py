@@ -319,9 +319,11 @@ class DecoderVectors:
         pp, v, dp, zero = plans["pp"], plans["v"], np.maximum(plans["dp"], 1), plans["zero"]
         sp, rec = plans["sp"].astype(bool), plans["recompute"]
         kinds = activation_kinds(cfg)
+        fm = framework(cfg.software.name)
         weights, grads, opt = model_state_bytes(self.stage_params(ctx, plans, first), dp, zero,
                                                 compute_dtype(cfg.train.dtype),
-                                                cfg.train.optimizer, ctx.gdt)
+                                                cfg.train.optimizer, ctx.gdt,
+                                                fm.fsdp2 & (zero == 3))
         per_layer = np.zeros_like(b)
         full = np.zeros_like(b)
         for spv in (False, True):
@@ -344,7 +346,6 @@ class DecoderVectors:
         one = pp == 1
         is_first = np.full(len(plans), True) if first else one
         is_last = one if first else np.full(len(plans), True)
-        fm = framework(cfg.software.name)
         acts, other = stage_activations(
             sh, b, s, t, v, per_layer * (sh.layers // (pp * v)), chunks,
             np.where(rec == RECOMPUTE.index("full"), full, 0.0), is_first, is_last, 1,

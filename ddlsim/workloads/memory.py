@@ -73,11 +73,18 @@ PARTS = ("weights", "gradients", "optimizer", "activations", "other", "buffers",
 
 
 def model_state_bytes(params: float, dp: int, zero_stage: int, dtype: str,
-                      optimizer: str = "adam", grad_bytes: float | None = None
-                      ) -> tuple[float, float, float]:
+                      optimizer: str = "adam", grad_bytes: float | None = None,
+                      fp32_params=False) -> tuple[float, float, float]:
     """(weights, gradients, optimizer states) in bytes for ``params`` parameters on one rank;
     ``grad_bytes`` per gradient element (default: the parameter dtype's). ``params``, ``dp``
-    and ``zero_stage`` may be arrays over plans."""
+    and ``zero_stage`` may be arrays over plans.
+
+    ``fp32_params`` (mixed precision only; an array over plans allowed): the parameters
+    themselves are kept in fp32 and are the optimizer's master copy, cast to ``dtype`` only
+    when gathered, as PyTorch FSDP2 keeps its sharded parameters (``MixedPrecisionPolicy``:
+    ``param_dtype`` is the dtype of the unsharded parameters, the sharded ones keep their
+    original fp32): the weights take 4 B and the optimizer only its moments.
+    """
     w = DTYPE_BYTES[dtype]
     mixed = w < 4
     if optimizer == "adam":
@@ -85,9 +92,19 @@ def model_state_bytes(params: float, dp: int, zero_stage: int, dtype: str,
     else:
         k = 8 if mixed else 4       # fp32 master + momentum, or momentum
     g = w if grad_bytes is None else grad_bytes
-    weights, grads, opt = w * params, g * params, k * params
-    return (sharded(weights, zero_stage >= 3, dp), sharded(grads, zero_stage >= 2, dp),
-            sharded(opt, zero_stage >= 1, dp))
+    fp32 = np.where(fp32_params, 1.0, 0.0) if mixed else 0.0
+    weights = (w + fp32 * (4 - w)) * params     # fp32 parameters take 4 B ...
+    grads, opt = g * params, (k - 4 * fp32) * params    # ... and are the master copy
+    out = (sharded(weights, zero_stage >= 3, dp), sharded(grads, zero_stage >= 2, dp),
+           sharded(opt, zero_stage >= 1, dp))
+    return tuple(_plain(x) for x in out)
+
+
+def _plain(x):
+    """A 0-d array as a float (one plan); arrays and floats as they are."""
+    if isinstance(x, np.generic) or (isinstance(x, np.ndarray) and x.ndim == 0):
+        return float(x)
+    return x
 
 
 def sharded(x, on, dp):

@@ -29,15 +29,17 @@ def stage_memory(cfg: RunConfig, shape: DecoderShape, stage: int, params: float,
     p, t = cfg.parallel, cfg.train
     state = compute_dtype(t.dtype)   # FP8 (Transformer Engine) keeps 16-bit weights and grads
     gb = grad_bytes(cfg)             # fp32 main grads with bf16 under Megatron
+    fm = framework(cfg.software.name)
+    fp32 = fm.fsdp2 and p.zero_stage == 3    # FSDP2's sharded fp32 parameters are the master
     if expert_params:
         dense = model_state_bytes(params - expert_params, cfg.dp, p.zero_stage, state,
-                                  t.optimizer, gb)
+                                  t.optimizer, gb, fp32)
         expert = model_state_bytes(expert_params, cfg.mesh.size("edp"), p.zero_stage, state,
-                                   t.optimizer, gb)
+                                   t.optimizer, gb, fp32)
         weights, grads, opt = (a + b for a, b in zip(dense, expert))
     else:
         weights, grads, opt = model_state_bytes(params, cfg.dp * p.cp, p.zero_stage, state,
-                                                t.optimizer, gb)
+                                                t.optimizer, gb, fp32)
     # the stage's layers per model chunk: L/(PP·VPP), or their mean under an uneven split
     from .split import chunk_layers
     row = chunk_layers(cfg)[stage]
@@ -61,7 +63,6 @@ def stage_memory(cfg: RunConfig, shape: DecoderShape, stage: int, params: float,
         rebuilt = (part.activation_bytes("none") if part is not None else
                    shape.layer_activation_bytes(*args, "none", moe=shape.is_moe or None,
                                                  **kinds))
-    fm = framework(cfg.software.name)
     pb = DTYPE_BYTES[state]
     unit_bytes = layer_bytes if layer_bytes is not None else shape.layer_params / p.tp * pb
     gathered = 0.0
