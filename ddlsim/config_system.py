@@ -57,6 +57,12 @@ class DeviceSpec(_Strict):
     gemm_overhead: "GemmOverheadSpec | None" = Field(
         default=None, description="a GEMM kernel's fixed device time (docs/compute.md, GEMMs "
                                   "by shape); unset: none")
+    power_limit_W: Annotated[Real, Field(gt=0, le=10000)] | None = Field(
+        default=None, description="board power limit, W (datasheet TDP); dense GEMMs on random "
+                                  "data run at the clock it allows (docs/compute.md)")
+    matmul_power_limit_W: Annotated[Real, Field(gt=0, le=10000)] | None = Field(
+        default=None, description="the power limit, W, under which the matmul ceilings were "
+                                  "measured; must equal power_limit_W where both are set")
     matmul_efficiency_by_library: dict[GemmLibrary, dict[str, Annotated[
         float, Field(gt=0, le=1)]]] | None = Field(
         default=None, description="GEMM library -> dtype -> matmul ceiling measured with that "
@@ -87,6 +93,14 @@ class DeviceSpec(_Strict):
                 raise ValueError(f"{field} has unknown dtype {bad[0]!r}"
                                  f"{did_you_mean(bad[0], DTYPE_BYTES)}; allowed: "
                                  f"{', '.join(DTYPE_BYTES)}")
+        if None not in (self.power_limit_W, self.matmul_power_limit_W) \
+                and self.power_limit_W != self.matmul_power_limit_W:
+            raise ValueError(
+                f"power_limit_W = {self.power_limit_W:g} W but the device's matmul ceilings "
+                f"were measured at {self.matmul_power_limit_W:g} W (matmul_power_limit_W): "
+                f"ddlsim has no model of the clock a GEMM sustains at another power limit; "
+                f"give ceilings measured at {self.power_limit_W:g} W (matmul_efficiency, "
+                f"e.g. from `ddlsim calibrate compute`) and set matmul_power_limit_W to match")
         return self
 
 

@@ -129,3 +129,34 @@ def test_the_a100_2022_library_ceiling_is_its_400_w_measurement():
         "system": {"preset": "dgx-a100", "nodes": 1, "devices_per_node": 1}},
     ).system.device.matmul_efficiency_by_library["cublas-11.6"]
     assert table["fp16"] == table["bf16"] == round(tflops / 312 / q, 3) == 0.829
+
+
+# ---------------------------------------------------------------- power limits
+def _system(preset: str, **device):
+    cfg = {"model": {"num_hidden_layers": 2, "hidden_size": 1024, "num_attention_heads": 16,
+                     "vocab_size": 1024, "max_position_embeddings": 2048},
+           "train": {"micro_batch_size": 1, "global_batch_size": 1, "seq_length": 2048,
+                     "dtype": "fp16"},
+           "system": {"preset": preset, "nodes": 1, "devices_per_node": 1}}
+    if device:
+        cfg["system"]["device"] = device
+    return ddlsim.load_config(cfg).system
+
+
+@pytest.mark.parametrize("preset, watts, measured_at", [
+    ("dgx-a100", 400, 400), ("dgx-h100", 700, 700), ("dgx1-v100", 300, None),
+    ("dgx2-v100", 350, None)])
+def test_presets_carry_their_power_limit(preset, watts, measured_at):
+    dev = _system(preset).device
+    assert (dev.power_limit_W, dev.matmul_power_limit_W) == (watts, measured_at)
+
+
+def test_another_power_limit_than_the_ceilings_is_refused():
+    from ddlsim.errors import ConfigError
+    with pytest.raises(ConfigError, match=r"power_limit_W = 300 W but the device's matmul "
+                                          r"ceilings were measured at 400 W"):
+        _system("dgx-a100", power_limit_W=300)
+    # ceilings measured at the new limit: accepted
+    dev = _system("dgx-a100", power_limit_W=300, matmul_power_limit_W=300,
+                  matmul_efficiency={"fp16": 0.7}).device
+    assert dev.power_limit_W == 300
