@@ -117,6 +117,11 @@ def test_torchtitan_fsdp_breakdown_by_hand():
     root = edges + sh.norm_params
     assert m.buffers == pytest.approx(2 * layer * 2 + root * 2 + layer * (2 + 4), rel=1e-12)
     assert m.other == pytest.approx(2048 * V * 12 + 2048 * h, rel=1e-12)   # + embedding out
+    # FSDP2 keeps the shards in fp32, the optimizer's master: 4 B weights, 8 B Adam moments,
+    # 4 B gradients (reduced in fp32), each over the 16 ranks
+    n = sh.params
+    assert (m.weights, m.optimizer, m.gradients) == pytest.approx(
+        (4 * n / 16, 8 * n / 16, 4 * n / 16), rel=1e-12)
 
 
 @pytest.mark.parametrize("software, zero", [("torchtitan-2024", 3), ("deepspeed", 1),
