@@ -2,10 +2,13 @@
 
 Key names and defaults are torchtitan's ``torchtitan/config/job_config.py`` (``[training]
 batch_size`` before its rename to ``local_batch_size``); the ``llama3`` flavors are the
-shapes of ``torchtitan/models/llama3/__init__.py`` (8B, 70B, 405B: Llama 3.1's). FSDP (a
-shard degree above 1) is ddlsim's ZeRO-3 with per-layer gathers; what ddlsim cannot express
-yet (HSDP, FSDP with pipelining, float8 rowwise, torch.compile, async TP, op-level selective
-checkpointing) is refused by name.
+shapes of ``torchtitan/models/llama3/__init__.py`` (8B, 70B, 405B: Llama 3.1's). The run's stack is
+``torchtitan-2025`` (this config format's; ``ddlsim/data/software.yaml``): FSDP (a shard or
+context-parallel degree above 1) is ddlsim's ZeRO-3 with the stack's per-block FSDP2 units,
+with pipelining too; tensor parallelism is torchtitan's, with sequence parallelism;
+``[compile] enable`` is the stack's ``compile``; async TP is ``tp_comm_overlap: pipelined``.
+What ddlsim cannot express yet (HSDP, float8 rowwise, op-level selective checkpointing) is
+refused by name.
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ __all__ = ["read_torchtitan", "torchtitan_key_names"]
 
 #: torchtitan model name → flavor → ddlsim model preset
 FLAVORS = {"llama3": {"8B": "llama-3.1-8b", "70B": "llama-3.1-70b", "405B": "llama-3.1-405b"}}
+
+#: the software stack of this config format (torchtitan/config/job_config.py, 2025)
+STACK = "torchtitan-2025"
 
 #: sections that cannot change the time of one iteration
 NO_EFFECT_SECTIONS = ("job", "profiling", "metrics", "checkpoint", "lr_scheduler", "comm",
@@ -79,8 +85,9 @@ def read_torchtitan(text: str, where: str) -> Draft:
             readers[name](draft, _typed(draft, name, section), doc)
         else:
             draft.refuse(f"[{name}]", "not a torchtitan section ddlsim reads")
-    draft.unmodelled_arg("the torchtitan runtime", "ddlsim has no torchtitan software stack "
-                         "yet: the default stack's kernels and overlaps apply (--software)")
+    draft.set("system.software.stack", STACK, "torchtitan's config format (job_config.py of "
+              "2025): the torchtitan-2025 stack; set system.software.stack: torchtitan-2024 "
+              "for a run of late 2024")
     return draft
 
 
@@ -168,9 +175,10 @@ def _training(draft: Draft, s: dict, doc: dict) -> None:
     if "max_norm" in s:
         draft.unmodelled_arg(f"[training] max_norm = {s['max_norm']}", "the gradient norm "
                              "(one pass over the gradients and a scalar all-reduce)")
-    for key in ("compile", "enable_cpu_offload"):
-        if s.get(key):
-            draft.refuse(f"[training] {key} = true", "not modelled yet")
+    if s.get("compile"):
+        draft.set("system.software.compile", True, "[training] compile = true")
+    if s.get("enable_cpu_offload"):
+        draft.refuse("[training] enable_cpu_offload = true", "not modelled yet")
     _rest(draft, "training", s, {"local_batch_size", "batch_size", "global_batch_size",
                                  "seq_len", "mixed_precision_param", "mixed_precision_reduce",
                                  "max_norm", "compile", "enable_cpu_offload"})
@@ -186,6 +194,9 @@ def _parallelism(draft: Draft, s: dict, doc: dict) -> None:
     for key, path in _DEGREES.items():
         if key in s:
             draft.set(path, s[key], f"[parallelism] {key} = {s[key]}")
+    if s.get("tensor_parallel_degree", 1) > 1:
+        draft.set("parallel.sequence_parallel", True, "torchtitan's TP plan shards the norms "
+                  "over the sequence (SequenceParallel: parallelize.py apply_tp)")
     _data_parallel(draft, s)
     _pipeline(draft, s)
     if s.get("context_parallel_degree", 1) > 1:
@@ -195,13 +206,18 @@ def _parallelism(draft: Draft, s: dict, doc: dict) -> None:
         else:
             draft.refuse(f"[parallelism] context_parallel_rotate_method = {method}",
                          "not modelled yet")
-    for key, why in (("enable_async_tensor_parallel", "torch's micro-pipelined TP is not "
-                                                      "modelled yet"),
-                     ("disable_loss_parallel", "not modelled yet")):
-        if s.get(key):
-            draft.refuse(f"[parallelism] {key} = true", why)
-    if s.get("fsdp_reshard_after_forward", "default") == "never":
-        draft.refuse("[parallelism] fsdp_reshard_after_forward = never", "not modelled yet")
+    if s.get("enable_async_tensor_parallel"):
+        draft.set("parallel.tp_comm_overlap", "pipelined", "[parallelism] "
+                  "enable_async_tensor_parallel = true (torch's micro-pipelined TP)")
+    if s.get("disable_loss_parallel"):
+        draft.refuse("[parallelism] disable_loss_parallel = true", "not modelled yet")
+    policy = s.get("fsdp_reshard_after_forward", "default")
+    if policy in ("always", "never"):
+        draft.set("system.software.overlap.zero3_reshard_after_forward", policy,
+                  f"[parallelism] fsdp_reshard_after_forward = {policy}")
+    elif policy != "default":
+        draft.refuse(f"[parallelism] fsdp_reshard_after_forward = {policy!r}",
+                     "torchtitan takes default, always or never")
     _rest(draft, "parallelism", s, {
         *_DEGREES, "data_parallel_replicate_degree", "data_parallel_shard_degree",
         "disable_loss_parallel", "pipeline_parallel_schedule", "fsdp_reshard_after_forward",
@@ -210,24 +226,19 @@ def _parallelism(draft: Draft, s: dict, doc: dict) -> None:
 
 
 def _data_parallel(draft: Draft, s: dict) -> None:
-    """FSDP (a shard degree other than 1) is ZeRO-3 with per-layer gathers; replicas alone
-    are DDP; both (HSDP), or FSDP with pipelining, are refused."""
+    """FSDP (a shard degree other than 1, or context parallelism: torchtitan shards over
+    dp_shard × cp) is ZeRO-3 with the stack's per-block units, with pipelining too;
+    replicas alone are DDP; both (HSDP) are refused."""
     replicate = s.get("data_parallel_replicate_degree", 1)
     shard = s.get("data_parallel_shard_degree", -1)
-    pp = s.get("pipeline_parallel_degree", 1)
+    cp = s.get("context_parallel_degree", 1)
     if replicate > 1 and shard != 1:
         draft.refuse(f"[parallelism] data_parallel_replicate_degree = {replicate}, "
                      f"data_parallel_shard_degree = {shard}", "HSDP (replicas of FSDP "
-                     "shards) is not modelled yet")
-    elif shard != 1 and pp > 1:
-        draft.refuse(f"[parallelism] data_parallel_shard_degree = {shard} with "
-                     f"pipeline_parallel_degree = {pp}", "FSDP with pipelining is not "
-                     "modelled yet (ddlsim's ZeRO-3 runs without pipeline stages)")
-    elif shard != 1:
+                     "shards, gradients all-reduced across replicas) is not modelled yet")
+    elif shard != 1 or cp > 1:
         draft.set("parallel.zero_stage", 3, f"[parallelism] data_parallel_shard_degree = "
-                  f"{shard} (FSDP: ZeRO-3)")
-        draft.set("system.software.overlap.zero3_gather", "per_layer", "FSDP2 shards each "
-                  "transformer block as one unit")
+                  f"{shard} (FSDP2 per transformer block: ZeRO-3)")
     if shard > 1 or replicate > 1:
         draft.set("parallel.data_parallel_size", max(shard, replicate),
                   "[parallelism] data-parallel degree")

@@ -58,22 +58,66 @@ def test_ds_config_keys_ddlsim_cannot_model_are_refused_by_name(tmp_path):
 
 
 def test_torchtitan_llama3_8b_is_fsdp_as_zero3_with_the_global_batch_of_torchtitan():
-    with pytest.warns(DDLSimWarning, match="no torchtitan software stack"):
-        cfg = import_config([DATA / "torchtitan_llama3_8b.toml"], system="dgx-a100",
-                            nodes=8).config
+    cfg = import_config([DATA / "torchtitan_llama3_8b.toml"], system="dgx-a100",
+                        nodes=8).config
     assert cfg["model"] == "llama-3.1-8b"
     assert cfg["parallel"]["zero_stage"] == 3
+    assert cfg["system"]["software"]["stack"] == "torchtitan-2025"
     assert cfg["train"]["global_batch_size"] == 1 * 64      # local batch × DP 64
     assert cfg["train"]["recompute"] == "full"
     ddlsim.load_config(cfg)
 
 
+def test_torchtitan_import_round_trips_to_the_hand_written_config():
+    """import → YAML → predict gives what the hand-written config of the same run gives."""
+    imported = import_config([DATA / "torchtitan_llama3_8b.toml"], system="dgx-h100",
+                             nodes=8).config
+    hand = {"model": "llama-3.1-8b", "parallel": {"zero_stage": 3},
+            "train": {"micro_batch_size": 1, "global_batch_size": 64, "seq_length": 8192,
+                      "recompute": "full"},
+            "system": {"preset": "dgx-h100", "nodes": 8, "software": "torchtitan-2025"}}
+    a = ddlsim.predict(ddlsim.load_config(imported), check_fit=False)
+    b = ddlsim.predict(ddlsim.load_config(hand), check_fit=False)
+    assert a.iteration_time_s == b.iteration_time_s
+    assert a.comm_bytes == b.comm_bytes
+
+
+@pytest.mark.parametrize("old, new, path, value", [
+    ("pipeline_parallel_degree = 1", "pipeline_parallel_degree = 2",
+     ("parallel", "pipeline_model_parallel_size"), 2),
+    ("tensor_parallel_degree = 1", "tensor_parallel_degree = 2",
+     ("parallel", "sequence_parallel"), True),
+    ("compile = false", "compile = true", ("system", "software", "compile"), True),
+    ("[parallelism]", "[parallelism]\nfsdp_reshard_after_forward = 'never'",
+     ("system", "software", "overlap", "zero3_reshard_after_forward"), "never"),
+])
+def test_torchtitan_fsdp_with_pp_tp_and_compile_are_imported(tmp_path, old, new, path, value):
+    text = (DATA / "torchtitan_llama3_8b.toml").read_text()
+    assert old in text
+    (tmp_path / "t.toml").write_text(text.replace(old, new, 1))
+    cfg = import_config([tmp_path / "t.toml"], system="dgx-a100", nodes=8).config
+    got = cfg
+    for key in path:
+        got = got[key]
+    assert got == value
+    assert cfg["parallel"]["zero_stage"] == 3
+
+
+def test_torchtitan_async_tp_is_imported_and_needs_compile(tmp_path):
+    text = (DATA / "torchtitan_llama3_8b.toml").read_text().replace(
+        "tensor_parallel_degree = 1",
+        "tensor_parallel_degree = 2\nenable_async_tensor_parallel = true", 1)
+    (tmp_path / "t.toml").write_text(text)
+    with pytest.raises(ConfigError, match="async_tp_needs_compile"):
+        import_config([tmp_path / "t.toml"], system="dgx-a100", nodes=8)
+    (tmp_path / "t.toml").write_text(text.replace("compile = false", "compile = true"))
+    cfg = import_config([tmp_path / "t.toml"], system="dgx-a100", nodes=8).config
+    assert cfg["parallel"]["tp_comm_overlap"] == "pipelined"
+
+
 @pytest.mark.parametrize("old, new, refused", [
     ("data_parallel_replicate_degree = 1", "data_parallel_replicate_degree = 2", "HSDP"),
-    ("pipeline_parallel_degree = 1", "pipeline_parallel_degree = 2", "FSDP with pipelining"),
-    ("[parallelism]", "[parallelism]\nenable_async_tensor_parallel = true", "micro-pipelined"),
     ("[float8]", "[float8]\nrecipe_name = 'rowwise'", "per-tensor scaling"),
-    ("compile = false", "compile = true", "not modelled yet"),
     ("mode = 'full'", "mode = 'selective'\nselective_ac_option = 'op'", "by op"),
 ])
 def test_torchtitan_settings_ddlsim_cannot_express_are_refused(tmp_path, old, new, refused):
