@@ -30,7 +30,7 @@ from typing import Any
 from ...workloads.trace import Kernel
 
 __all__ = ["layer_elementwise_kernels", "optimizer_bytes_per_param", "loss_bytes",
-           "unfused_softmax_passes"]
+           "loss_passes", "unfused_softmax_passes"]
 
 
 def _norm(fused: bool) -> int:
@@ -86,12 +86,22 @@ def loss_bytes(tokens: float, vocab_local: float, dtype_bytes: float, fused: boo
 
     The target-logit gather and the one-hot subtraction touch one logit per token: not counted.
     With fp32 logits (``d`` = 4) the casts are no-ops: their passes drop out (the fused
-    forward's max still reads the logits)."""
-    n = tokens * vocab_local
-    cast = dtype_bytes + 4 if dtype_bytes < 4 else 0.0
+    forward's max still reads the logits). The sum of :func:`loss_passes`."""
+    return tokens * vocab_local * sum(loss_passes(dtype_bytes, fused, backward))
+
+
+def loss_passes(dtype_bytes: float, fused: bool, backward: bool = False) -> list[float]:
+    """Bytes per logit of each kernel of the cross-entropy (:func:`loss_bytes`, whose passes
+    these are, one kernel each): unfused forward cast, ``max``, ``sub_``, ``exp``, ``sum``,
+    ``div_``, backward ``mul_`` and the cast back; fused forward cast + max, subtract + exp
+    + sum, divide, backward one kernel."""
+    d = dtype_bytes
+    cast = [d + 4] if d < 4 else []
     if fused:
-        return n * (4 + dtype_bytes if backward else max(cast, 4.0) + 16)
-    return n * (cast + (8.0 if backward else 32.0))
+        return [4 + d] if backward else [max(d + 4 if d < 4 else 0.0, 4.0), 8.0, 8.0]
+    if backward:
+        return [8.0] + ([4 + d] if d < 4 else [])
+    return cast + [4.0, 8.0, 8.0, 4.0, 8.0]
 
 
 def optimizer_bytes_per_param(optimizer: str, fused: bool, param_bytes: float = 2,

@@ -22,7 +22,8 @@ from typing import Any
 
 from ...config import DTYPE_BYTES
 from ...simulator.kernels.attention import attention_kernels
-from ...simulator.kernels.elementwise import layer_elementwise_kernels, loss_bytes
+from ...simulator.kernels.elementwise import (layer_elementwise_kernels, loss_bytes,
+                                                 loss_passes)
 from ...simulator.kernels.gemm import gemm_kernels_backward
 from ..trace import Compute, Kernel
 
@@ -144,10 +145,14 @@ def logits_kernels(tokens: float, vocab_local: float, hidden: float, dtype: str,
 def loss_op(tokens: float, vocab_local: float, dt: int, dtype: str, fused: bool,
             backward: bool) -> Compute:
     """The vocab-parallel cross-entropy over ``tokens × vocab_local`` logits, forward
-    (``loss``) or backward (``bwd.loss``): its memory passes (:func:`.loss_bytes`)."""
+    (``loss``) or backward (``bwd.loss``): its memory passes (:func:`.loss_bytes`), one
+    kernel each (:func:`.loss_passes`: their launches count)."""
+    n = tokens * vocab_local
+    kernels = tuple(Kernel("memory", bytes=n * x, dtype=dtype)
+                    for x in loss_passes(dt, fused, backward))
     return Compute("bwd.loss" if backward else "loss", 0.0,
                    loss_bytes(tokens, vocab_local, dt, fused, backward), kind="elementwise",
-                   dtype=dtype)
+                   dtype=dtype, kernels=kernels)
 
 
 def recompute_op(shape: Any, kernels: dict, core_flops: float, b: int, s: int, t: int,
