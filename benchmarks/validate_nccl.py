@@ -1,6 +1,6 @@
 """ddlsim's collective bus bandwidth against published nccl-tests results (A100, H100).
 
-Run:  python benchmarks/validate_nccl.py [--engine analytical|des] [--write-docs]
+Run:  python benchmarks/validate_nccl.py [--engine analytical|des] [--write-docs] [--fit]
 
 Each row of ``benchmarks/data/nccl_tests_published.csv`` (sources cited in its header) is one
 nccl-tests measurement: an operation on ``gpus`` GPUs over ``nodes`` nodes at one size. ddlsim
@@ -117,12 +117,37 @@ def write_docs(lines: list[str], text: str) -> None:
     DOC.write_text(doc)
 
 
+def fit_fill() -> list[str]:
+    """The scan that set ``measured.FILL_CHUNKS``: per algorithm, the mean |error| over its
+    calibration rows (``nccl290`` for NVLS, ``nccl309a`` for NVLS-tree) at depths 1-5."""
+    from ddlsim.simulator.nccl import measured, model
+    out = []
+    for algo, source in (("nvls", "nccl290"), ("nvls_tree", "nccl309a")):
+        kept, scan = measured.FILL_CHUNKS[algo], []
+        for depth in np.arange(1.0, 5.01, 0.5):
+            measured.FILL_CHUNKS[algo] = float(depth)
+            model._achieved_nvls.cache_clear()
+            errs = [predicted_busbw(r, "analytical")[0] / float(r["busbw_GBps"]) - 1
+                    for r in rows() if r["source"] == source]
+            scan.append((float(np.mean(np.abs(errs))), float(depth)))
+        measured.FILL_CHUNKS[algo] = kept
+        model._achieved_nvls.cache_clear()
+        out.append(f"{algo} on {source}: " + ", ".join(f"{d:g}: {100 * e:.2f}%" for e, d in scan)
+                   + f" -> best {min(scan)[1]:g} (kept {kept:g})")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--engine", default="analytical", choices=["analytical", "des"])
     ap.add_argument("--write-docs", action="store_true",
                     help="replace the nccl-tests section of docs/validation.md")
+    ap.add_argument("--fit", action="store_true",
+                    help="print the scan that fitted the NVLS pipeline depths, and exit")
     args = ap.parse_args(argv)
+    if args.fit:
+        print("\n".join(fit_fill()))
+        return 0
     lines, errors = table(args.engine)
     text = summary(errors, args.engine)
     print("\n".join(lines))

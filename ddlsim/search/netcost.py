@@ -167,8 +167,10 @@ def _hops(cost, group: str, stages: np.ndarray) -> tuple[float, float]:
 
 class _Forms(NamedTuple):
     """The candidate forms of one (op, family, choice) over the meshes: affine ``a + b·n``
-    (arrays of shape (forms, meshes)) and NCCL's per protocol (``(proto or None, lat, plateau
-    latency, plateau divisor, algBw)``, arrays of shape (meshes,)); the time is their minimum."""
+    (arrays of shape (forms, meshes)) and NCCL's per algorithm and protocol, in the order
+    NCCL's tuner scans them (``(order, proto or None, lat, plateau latency, plateau divisor,
+    algBw, NCCL's estimated algBw, *fill edges, *fills)``, arrays of shape (meshes,)); the
+    time is the minimum of the affine forms and of the NCCL form NCCL's estimate picks."""
 
     a: np.ndarray
     b: np.ndarray
@@ -195,7 +197,7 @@ def _nccl_forms(op: str, name: str, distinct: list[GroupNet], spread: np.ndarray
     group of one rank costs 0, an algorithm NCCL would not run there ``inf``. The forms are
     computed once per distinct network (:func:`_distinct`) and spread over the meshes."""
     from ..simulator.nccl.measured import FILL_EDGES
-    from ..simulator.nccl.model import nccl_form
+    from ..simulator.nccl.model import NCCL_ORDER, nccl_form
     from ..simulator.nccl.tuning import PROTOCOLS
 
     envs = {net.nccl for net in distinct if net.nccl is not None}
@@ -204,24 +206,26 @@ def _nccl_forms(op: str, name: str, distinct: list[GroupNet], spread: np.ndarray
         protos |= set(PROTOCOLS if env.protocol == "auto" else (env.protocol,))
     out = []
     no_fill = (math.inf,) * FILL_EDGES + (0.0,) * (FILL_EDGES + 1)
+    algo = name[len("nccl_"):]
     for proto in sorted(protos, key=PROTOCOLS.index):
-        parts = np.empty((4 + len(no_fill), len(distinct)))  # the form's 4 parts, its fill
+        parts = np.empty((5 + len(no_fill), len(distinct)))  # 4 parts, estimate, fill
         corrected = False
         for j, net in enumerate(distinct):
             env = net.nccl
             runs = env is not None and (env.protocol in ("auto", proto))
-            form = nccl_form(op, name[len("nccl_"):], proto, net, env) if runs and net.p > 1 \
-                else None
+            form = nccl_form(op, algo, proto, net, env) if runs and net.p > 1 else None
             if net.p <= 1:
-                parts[:, j] = (0.0, 0.0, math.inf, math.inf, *no_fill)
+                parts[:, j] = (0.0, 0.0, math.inf, math.inf, math.inf, *no_fill)
             elif form is None:
-                parts[:, j] = (math.inf, math.inf, math.inf, 1.0, *no_fill)
+                parts[:, j] = (math.inf, math.inf, math.inf, 1.0, 1.0, *no_fill)
             else:
-                parts[:, j] = (*form[:4], *form.fill_edges, *form.fill_us)
+                parts[:, j] = (*form[:4], form.estimate_algbw_GBps, *form.fill_edges,
+                               *form.fill_us)
                 corrected = form.corrected
         if np.all(np.isinf(parts[0])):
             continue
-        out.append((proto if corrected else None, *parts[:, spread]))
+        order = (NCCL_ORDER.index(algo), PROTOCOLS.index(proto))
+        out.append((order, proto if corrected else None, *parts[:, spread]))
     return out
 
 
@@ -243,8 +247,8 @@ def _forms(op: str, family: str, nets: list[dict[str, GroupNet]], names: list[st
             if not any(np.all(a[i] >= a[k]) and np.all(b[i] >= b[k])
                        and (np.any(a[i] > a[k]) or np.any(b[i] > b[k]) or k < i)
                        for k in range(len(affine)) if k != i)]
-    nccl = [f for n in names if get_algorithm(op, n).backend == "nccl"
-            for f in _nccl_forms(op, n, distinct, spread)]
+    nccl = sorted((f for n in names if get_algorithm(op, n).backend == "nccl"
+                   for f in _nccl_forms(op, n, distinct, spread)), key=lambda f: f[0])
     return _Forms(a[keep], b[keep], nccl)
 
 
@@ -293,12 +297,16 @@ def _min_time_each(forms: _Forms, nbytes: np.ndarray, mesh_index: np.ndarray) ->
     best = np.full(nbytes.shape, math.inf)
     if len(forms.a):
         best = (forms.a[:, mesh_index] + forms.b[:, mesh_index] * nbytes).min(axis=0)
-    for proto, lat, high, div, bw, *fill in forms.nccl:
+    picked, least = np.full(nbytes.shape, math.inf), np.full(nbytes.shape, math.inf)
+    for _, proto, lat, high, div, bw, estimate, *fill in forms.nccl:  # NCCL's scan order
+        lat, high, div = lat[mesh_index], high[mesh_index], div[mesh_index]
+        guess = nccl_seconds_array(nbytes, lat, high, div, estimate[mesh_index], proto)
         edges, fills = fill[:len(fill) // 2], fill[len(fill) // 2:]
-        best = np.minimum(best, nccl_seconds_array(
-            nbytes, lat[mesh_index], high[mesh_index], div[mesh_index], bw[mesh_index], proto,
-            [e[mesh_index] for e in edges], [f[mesh_index] for f in fills]))
-    return best
+        took = nccl_seconds_array(nbytes, lat, high, div, bw[mesh_index], proto,
+                                  [e[mesh_index] for e in edges], [f[mesh_index] for f in fills])
+        better = guess < least  # NCCL keeps the first of equal estimates
+        least, picked = np.where(better, guess, least), np.where(better, took, picked)
+    return np.minimum(best, picked)
 
 
 def _library_time(backend: str, op: str, family: str, nbytes: np.ndarray,

@@ -26,6 +26,7 @@ from ...errors import ConfigError
 
 __all__ = ["GroupNet", "Phase", "Algorithm", "register", "get_algorithm", "algorithms_for",
            "collective_time", "best_algorithm", "BUSBW_FACTOR", "register_uneven",
+           "register_chooser",
            "split_matrix", "uneven_time", "best_uneven_algorithm", "BACKENDS", "LayoutFn"]
 
 
@@ -190,13 +191,33 @@ def collective_time(op: str, algorithm: str, nbytes: float, net: GroupNet) -> fl
     return _REGISTRY[(op, algorithm)].time(nbytes, net)
 
 
+#: backend -> its library's own choice among its algorithms, ``choose(op, n, net)`` -> name
+#: or None (a backend without one, or a None, takes the cheapest)
+_CHOOSERS: dict[str, Callable[[str, float, GroupNet], str | None]] = {}
+
+
+def register_chooser(backend: str):
+    """Register ``choose(op, n, net)``: the algorithm ``backend``'s library picks itself (NCCL
+    by its tuning model's estimate, which is not the time it then takes)."""
+    def wrap(fn):
+        _CHOOSERS[backend] = fn
+        return fn
+    return wrap
+
+
 def best_algorithm(op: str, nbytes: float, net: GroupNet,
                    backend: str = "mpi") -> tuple[str, float]:
-    """The cheapest of ``backend``'s algorithms for ``op`` (ties broken by name,
-    deterministically); an algorithm that cannot run here times ``inf``."""
+    """``backend``'s own choice for ``op`` where it has a chooser (:func:`register_chooser`),
+    else the cheapest of its algorithms (ties broken by name, deterministically); an
+    algorithm that cannot run here times ``inf``."""
     names = algorithms_for(op, backend) or algorithms_for(op, "mpi")
     if net.p <= 1:
         return names[0], 0.0
+    choose = _CHOOSERS.get(backend)
+    picked = choose(op, nbytes, net) if choose is not None and names == algorithms_for(
+        op, backend) else None
+    if picked is not None:
+        return picked, _REGISTRY[(op, picked)].time(nbytes, net)
     best = min((_REGISTRY[(op, name)].time(nbytes, net), name) for name in names)
     return best[1], best[0]
 

@@ -47,12 +47,13 @@ NVLS_CHUNK_BYTES = 128 * 1024
 NVLS_ALGBW_FRACTION = {"hopper": 275.0 / 450.0}
 
 #: chunks of every concurrent op (channel x head) in flight before the pipeline delivers: the
-#: fill latency in units of ``concurrentOps x chunk / algBw``. FITTED (the half-integer value
-#: of least mean |error|): ``nvls`` to rows ``nccl290`` (1 node, 128 MiB-4 GiB), ``nvls_tree``
-#: to rows ``nccl309a`` (2 nodes, 4 MiB-16 GiB). NCCL's single-node NVLS all-reduce kernel has
-#: three stages (scatter, reduce, gather warp groups: src/device/all_reduce.h, v2.26.2-1,
-#: lines 390-510), which the fitted 3 matches.
-FILL_CHUNKS = {"nvls": 3.0, "nvls_tree": 2.0}
+#: fill latency in units of ``concurrentOps x chunk / algBw``. FITTED, the half-integer in
+#: 1-5 of least mean |error| (``python benchmarks/validate_nccl.py --fit`` prints the scan):
+#: ``nvls`` to rows ``nccl290`` (1 node, 128 MiB-4 GiB), ``nvls_tree`` to rows ``nccl309a``
+#: (2 nodes, 1 MiB-16 GiB), with NCCL's own choice of algorithm. Of the order of the stages
+#: of NCCL's NVLS all-reduce kernel (scatter, reduce, gather warp groups, each holding
+#: chunks: src/device/all_reduce.h, v2.26.2-1, lines 390-510); not derived from them.
+FILL_CHUNKS = {"nvls": 3.5, "nvls_tree": 1.5}
 
 #: number of size edges of the fill's step function (NCCL picks among at most 4 chunk sizes)
 FILL_EDGES = 3

@@ -29,13 +29,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..collectives.base import GroupNet, Phase, _ring_pairs, register
+from ..collectives.base import GroupNet, Phase, _ring_pairs, register, register_chooser
 from . import tuning as T
 from .measured import FILL_CHUNKS, FILL_EDGES, achieved_algbw_GBps, fill_levels, fill_us
 
 __all__ = ["NcclEnv", "nccl_time", "busbw_GBps", "algbw_GBps", "latency_us", "best_protocol",
            "available", "ALGORITHMS", "env_for_system", "NcclForm", "nccl_form",
-           "nccl_seconds_array"]
+           "nccl_seconds_array", "estimate_time", "nccl_choice", "NCCL_ORDER"]
 
 #: NCCL algorithm per collective (tuning.cc: broadcast/reduce run ring only; all-gather and
 #: reduce-scatter ring, NVLS, CollNet, PAT; all-reduce every algorithm but PAT)
@@ -247,17 +247,19 @@ class NcclForm(NamedTuple):
     or above it (``n / plateau_div >= 64``; ``plateau_div`` is ``inf`` where there is no
     plateau), ``algbw_GBps`` (as measured) before the tree's size correction,
     ``corrected``: whether that correction (``TREE_CORRECTION[protocol]`` by
-    ``floor(log2(n / 64))``) applies, and the pipeline fill (:func:`.measured.fill_levels`)
+    ``floor(log2(n / 64))``) applies, the pipeline fill (:func:`.measured.fill_levels`)
     as :data:`~.measured.FILL_EDGES` size edges and one more fill in µs (``inf`` edges and
-    zero fills where none is modelled)."""
+    zero fills where none is modelled), and ``estimate_algbw_GBps``: NCCL's own estimate of
+    the bandwidth, whose time (no fill) is what NCCL chooses by (:func:`estimate_time`)."""
 
     latency_us: float
     plateau_latency_us: float
     plateau_div: float
     algbw_GBps: float
     corrected: bool
-    fill_edges: tuple = (math.inf,) * FILL_EDGES
-    fill_us: tuple = (0.0,) * (FILL_EDGES + 1)
+    fill_edges: tuple
+    fill_us: tuple
+    estimate_algbw_GBps: float
 
 
 @lru_cache(maxsize=1 << 16)
@@ -276,8 +278,9 @@ def nccl_form(op: str, algo: str, proto: str, net: GroupNet, env: NcclEnv) -> Nc
     div = math.inf
     if high != lat:  # the ring plateau of latency_us, whose threshold is n / (nch·p) >= 64
         div = _channels(_link(net, env)[1], net, env) * net.p
-    form = NcclForm(lat, high, div, bw, algo == "tree" and op == "all_reduce")
-    return form if levels is None else form._replace(fill_edges=levels[0], fill_us=levels[1])
+    edges, fills = levels or ((math.inf,) * FILL_EDGES, (0.0,) * (FILL_EDGES + 1))
+    return NcclForm(lat, high, div, bw, algo == "tree" and op == "all_reduce", edges, fills,
+                    algbw_GBps(op, algo, proto, 0.0, net, env))
 
 
 def nccl_seconds_array(n, latency_us_, plateau_latency_us, plateau_div, algbw, proto=None,
@@ -304,10 +307,44 @@ def nccl_seconds_array(n, latency_us_, plateau_latency_us, plateau_div, algbw, p
 
 
 def best_protocol(op: str, algo: str, n: float, net: GroupNet, env: NcclEnv) -> tuple[str, float]:
-    """(protocol, seconds): the configured protocol, or NCCL's fastest (ties: LL first)."""
+    """(protocol, seconds as measured): the configured protocol, or the one NCCL's estimate
+    makes fastest (:func:`estimate_time`; ties: LL first, as NCCL keeps the first)."""
     protos = T.PROTOCOLS if env.protocol == "auto" else (env.protocol,)
-    return min(((nccl_time(op, algo, pr, n, net, env), pr) for pr in protos),
-               key=lambda tp: tp[0])[::-1]
+    proto = min(protos, key=lambda pr: estimate_time(op, algo, pr, n, net, env))
+    return proto, nccl_time(op, algo, proto, n, net, env)
+
+
+#: NCCL's algorithm indices (src/include/device.h ``NCCL_ALGO_TREE`` 0, ``_RING`` 1,
+#: ``_COLLNET_DIRECT`` 2, ``_NVLS`` 4, ``_NVLS_TREE`` 5): its tuner scans them in this order
+#: and keeps the first of equal estimates (enqueue.cc ``topoGetAlgoInfo``: ``< minTime``)
+NCCL_ORDER = ("tree", "ring", "collnet", "nvls", "nvls_tree")
+
+
+def nccl_choice(op: str, n: float, net: GroupNet, env: NcclEnv) -> tuple[str, str] | None:
+    """(algorithm, protocol) NCCL's tuner picks for ``op`` of ``n`` bytes: the least
+    :func:`estimate_time` (not the time it then takes), or None where none runs.
+
+    References
+    ----------
+    NVIDIA/nccl v2.26.2-1, src/enqueue.cc ``topoGetAlgoInfo`` (lines 1690–1710).
+    """
+    protos = T.PROTOCOLS if env.protocol == "auto" else (env.protocol,)
+    best, best_t = None, math.inf
+    for algo in NCCL_ORDER:
+        if algo not in ALGORITHMS.get(op, ()):
+            continue
+        for proto in protos:
+            t = estimate_time(op, algo, proto, n, net, env)
+            if t < best_t:
+                best, best_t = (algo, proto), t
+    return best
+
+
+@register_chooser("nccl")
+def _choose(op: str, n: float, net: GroupNet) -> str | None:
+    """The registered NCCL algorithm NCCL's tuner picks (None without an NCCL machine)."""
+    got = None if net.nccl is None else nccl_choice(op, n, net, net.nccl)
+    return None if got is None else f"nccl_{got[0]}"
 
 
 def _env(net: GroupNet) -> NcclEnv:
