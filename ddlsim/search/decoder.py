@@ -88,6 +88,9 @@ class DecoderVectors:
             raise ConfigError(f"parallel.dp_strategy = {cfg.parallel.dp_strategy!r}: the "
                               "vectorised search tier covers dp_strategy 'ddp' (with ZeRO "
                               "0-3) only; use ddlsim sweep for the others")
+        from ..workloads.decoder.fsdp import vector_refusal
+        if vector_refusal(cfg.software):
+            raise ConfigError(vector_refusal(cfg.software))
         t, sw = cfg.train, cfg.software
         dtype = compute_dtype(t.dtype)
         dt, gdt = DTYPE_BYTES[dtype], grad_dtype_bytes(sw.grad_reduce_dtype, dtype)

@@ -42,7 +42,8 @@ from ..trace import Block, Collective, Compute, Op, Wait
 from . import param_gather
 
 __all__ = ["one_layer", "layer_units", "kept_in_backward", "per_iteration", "check_fsdp",
-           "pipeline_prologue", "with_stage_reduce_scatters", "reshard_phrase"]
+           "pipeline_prologue", "with_stage_reduce_scatters", "reshard_phrase",
+           "vector_refusal"]
 
 
 def per_iteration(sw: Any, pp: int) -> bool:
@@ -188,3 +189,15 @@ def reshard_phrase(cfg: Any) -> str:
     return {"never": ", kept for the backward",
             "not_with_pp_nor_last": ", last layer kept for the backward"}.get(
         sw.zero3_reshard_after_forward, "")
+
+
+def vector_refusal(sw: Any) -> str | None:
+    """Why the search's vectorised tier cannot time plans of stack ``sw`` (its ZeRO-3 model
+    is FSDP1's: resharded after every forward, no copy passes, never inside pipeline
+    stages), or None. Such grids are searched by the exact engine."""
+    if sw.zero3_reshard_after_forward != "always" or sw.zero3_copy_out:
+        return (f"system.software = {sw.name!r} runs FSDP2 (zero3_reshard_after_forward = "
+                f"{sw.zero3_reshard_after_forward!r}, zero3_copy_out = {sw.zero3_copy_out}), "
+                "which the vectorised search tier does not model; its plans are searched by "
+                "the exact engine")
+    return None
