@@ -32,6 +32,10 @@ PUBLISHED = [
     ("qwen3-30b-a3b", 30.5e9, 3.3e9, False, "Qwen3-30B-A3B model card: 30.5B, 3.3B activated"),
     ("gpt-oss-120b", 116.83e9, 5.13e9, True, "gpt-oss model card (arXiv:2508.10925) Table 1"),
     ("gpt-oss-20b", 20.91e9, 3.61e9, True, "gpt-oss model card (arXiv:2508.10925) Table 1"),
+    ("mixtral-8x7b-v0.1", 47e9, 13e9, False,
+     "Jiang et al. 2024, 'Mixtral of Experts' (arXiv:2401.04088) §2.1: 47B, 13B active"),
+    ("mixtral-8x22b-v0.1", 141e9, 39e9, False,
+     "Mixtral 8x22B model card / Mistral AI announcement: 141B, 39B active"),
 ]
 
 
