@@ -47,23 +47,35 @@ class GemmPoint:
 
 
 def read_gemm_table(path: Path | str = GEMM_TABLE) -> list[GemmPoint]:
-    """The rows of a GEMM table (``#`` lines are its provenance header), TFLOP/s turned into
-    seconds.
+    """The GEMM rows of a measured table (``#`` lines are a provenance header), in any of three
+    forms: ``ddlsim/data/gemm_measured.csv`` (``tflops``, ``source``, ``role``), the CSV of
+    ``ddlsim calibrate compute`` (rows of ``kind`` gemm, ``time_median_s``) or the ``gemm.csv``
+    of ``benchmarks/device/h100_kernels.py`` (``seconds``). The last two have no source or role:
+    the file's name is the source and every row's role is ``measured``.
 
     Parameters
     ----------
-    path : a CSV with the columns of ``ddlsim/data/gemm_measured.csv``.
+    path : the CSV.
 
     Returns
     -------
     list of GemmPoint.
     """
-    lines = [ln for ln in Path(path).read_text().splitlines() if ln and not ln.startswith("#")]
+    path = Path(path)
+    lines = [ln for ln in path.read_text().splitlines() if ln and not ln.startswith("#")]
     out = []
     for r in csv.DictReader(lines):
-        b, m, n, k = (int(r[c]) for c in ("batch", "m", "n", "k"))
-        out.append(GemmPoint(r["source"], r["device"], r["dtype"], b, m, n, k,
-                             2.0 * m * n * k * b / (float(r["tflops"]) * 1e12), r["role"]))
+        if r.get("kind", "gemm") != "gemm":
+            continue
+        b, m, n, k = (int(float(r.get(c) or 1)) for c in ("batch", "m", "n", "k"))
+        if "tflops" in r:
+            seconds = 2.0 * m * n * k * b / (float(r["tflops"]) * 1e12)
+        else:
+            seconds = float(r["time_median_s"] if "time_median_s" in r else r["seconds"])
+        if not np.isfinite(seconds) or seconds <= 0:
+            continue                    # a shape the sweep could not run
+        out.append(GemmPoint(r.get("source") or path.name, r.get("device") or "",
+                             r["dtype"], b, m, n, k, seconds, r.get("role") or "measured"))
     return out
 
 

@@ -160,3 +160,32 @@ def test_another_power_limit_than_the_ceilings_is_refused():
     dev = _system("dgx-a100", power_limit_W=300, matmul_power_limit_W=300,
                   matmul_efficiency={"fp16": 0.7}).device
     assert dev.power_limit_W == 300
+
+
+# ---------------------------------------------------------------- a user's own sweep
+def test_a_sweep_in_either_benchmark_format_is_read(tmp_path):
+    bench = tmp_path / "gemm.csv"          # benchmarks/device/h100_kernels.py
+    bench.write_text("m,n,k,batch,dtype,layout,origin,seconds,tflops\n"
+                     "4096,4096,4096,1,bf16,TN,grid,0.0002,687.2\n"
+                     "256,256,256,1,bf16,failed,grid,nan,nan\n")
+    calib = tmp_path / "compute.csv"       # ddlsim calibrate compute
+    calib.write_text("backend,kind,dtype,m,n,k,batch,time_median_s\n"
+                     "torch,gemm,fp16,1024,1024,1024,,1e-05\n"
+                     "torch,attention,fp16,,,,1,1e-04\n")
+    a, = read_gemm_table(bench)
+    assert (a.m, a.dtype, a.role, a.source) == (4096, "bf16", "measured", "gemm.csv")
+    assert a.seconds == pytest.approx(2 * 4096 ** 3 / 687.2e12)
+    b, = read_gemm_table(calib)
+    assert (b.m, b.batch, b.seconds) == (1024, 1, 1e-05)
+
+
+def test_the_fit_script_reproduces_the_preset(capsys):
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "device" / "fit_gemm_overhead.py"
+    spec = importlib.util.spec_from_file_location("fit_gemm_overhead", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--source", "xla-sm90"]) == 0
+    out = capsys.readouterr().out
+    assert "floor_s: 5.13 us, wave_s: 0.99 us" in out and "held-out tf32, with" in out
