@@ -140,7 +140,8 @@ class LayerPartitioner:
         return attention_kernels(self.cfg.software.attention, self.b, sh.heads / self.size,
                                  self.s, sh.d, self.dt, sh.dropout, backward, self.dtype,
                                  kv_heads=sh.g / self.size,
-                                 softmax_fp32=self.cfg.software.softmax_in_fp32)
+                                 softmax_fp32=self.cfg.software.softmax_in_fp32,
+                                 window=sh.sliding_window, window_share=sh.window_share)
 
     def cp_core_kernels(self, backward: bool, share: float) -> tuple | None:
         """Under context parallelism, the kernels of ``share`` of the rank's attention core
@@ -195,6 +196,9 @@ class LayerPartitioner:
         ops, M = OpList(), self.tokens
         if self.recompute == "full":
             ops.extend(self.layer_forward("recompute"))
+        elif self.recompute == "selective" and \
+                self.cfg.software.selective_recompute == "every_second_mm":
+            ops.add(self._op_sac())
         elif self.recompute == "selective":
             ops.add(Compute("recompute.attn_core", self.attn_core_flops(),
                             self.scores_bytes(), dtype=self.dtype,
@@ -223,6 +227,17 @@ class LayerPartitioner:
         if transform is not None:
             body = transform(body)
         return Op(Loop("layers.bwd" if backward else "layers.fwd", tuple(body), count))
+
+    def _op_sac(self) -> Compute:
+        """torchtitan's op-level selective recomputation on this grid (:mod:`..sac`): the
+        every-second mm of a 1-D rank over this rank's tokens, and the element-wise ops."""
+        from ..sac import every_second_mm_op
+        from ..layerkernels import layer_kernels
+        sp = self.cfg.parallel.sequence_parallel
+        kernels = layer_kernels(self.shape, self.cfg.software, self.b, self.s // self.cp,
+                                self.size, sp, self.cfg.train.dtype)
+        return every_second_mm_op(self.shape, kernels, self.b, self.s // self.cp, self.size,
+                                  self.dtype, self.cfg.train.dtype)
 
     # ------------------------------------------------------------------ per-rank counts
     def attn_core_flops(self) -> float:
