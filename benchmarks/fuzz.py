@@ -637,7 +637,7 @@ SPECS = ["1:100000000", "1:" + "9" * 30, "1:8", "-5:5", "0:0", "5:1", "1:64:*1",
 AXIS_VALUES = [[True, 2], [2.5, 4], [[1, 2], 4], ["x", 2], [None, 2], [1, {"a": 1}], [],
                list(range(1, 200_002)), [10**30], [-1, 2], [float("nan")], "1:100000000",
                "1:8", [1, 2, 4], "none,full", [0, 1, 2, 3]]
-RESULT_FIELDS = [("iteration_time_s",), ("samples_per_s",), ("mfu",), ("tflops_per_device",),
+RESULT_FIELDS = [("iteration_time_s",), ("samples_per_s",), ("mfu",), ("flops_per_device",),
                  ("breakdown", "compute_s"), ("breakdown", "bubble_s"), ("breakdown",),
                  ("memory_per_device_bytes", "total"), ("world_size",), ("config",),
                  ("breakdown", "exposed_comm_s"), ("comm_bytes",), ("engine",)]

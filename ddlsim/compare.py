@@ -86,10 +86,13 @@ def load_result_file(path: Path) -> list[tuple[str, Result]] | None:
 
 
 #: What a saved result holds (``Result.to_dict``): key → kind; ``?`` marks an optional key.
+#: ``tflops_per_device`` (TFLOP/s) is what files saved before 2026-11-29 hold instead of
+#: ``flops_per_device`` (FLOP/s); one of the two is required. ``memory_per_device_bytes`` is
+#: null when the memory is unknown (a trace read from Chakra files).
 _SHAPE = {"engine": "text", "iteration_time_s": "number", "world_size": "whole",
           "samples_per_s": "number", "tokens_per_s": "number", "mfu": "number",
-          "tflops_per_device": "number", "breakdown": "mapping",
-          "memory_per_device_bytes": "mapping", "comm_bytes?": "numbers",
+          "flops_per_device?": "number", "tflops_per_device?": "number", "breakdown": "mapping",
+          "memory_per_device_bytes": "mapping or null", "comm_bytes?": "numbers",
           "samples?": "whole", "tokens?": "whole", "model_flops?": "number",
           "hardware_flops?": "number", "peak_flops_per_device?": "number",
           "parameter_count?": "whole", "per_class_time_s?": "numbers", "algorithms?": "mapping",
@@ -105,6 +108,7 @@ def _kind_ok(value: Any, kind: str) -> bool:
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     return {"number": number, "whole": number and float(value).is_integer(),
             "text": isinstance(value, str), "mapping": isinstance(value, dict),
+            "mapping or null": value is None or isinstance(value, dict),
             "list": isinstance(value, list),
             "numbers": isinstance(value, dict) and all(
                 isinstance(v, (int, float)) and not isinstance(v, bool) for v in value.values())
@@ -113,9 +117,14 @@ def _kind_ok(value: Any, kind: str) -> bool:
 
 def _check_shape(d: dict, where: str) -> None:
     """Refuse a saved result with a key missing or of the wrong kind, naming it."""
+    if "flops_per_device" not in d and "tflops_per_device" not in d:
+        raise ResultFileError(f"{where} looks like a saved ddlsim result but has no "
+                              "flops_per_device; save it again with ddlsim predict -f json")
     for shape, node, prefix in ((_SHAPE, d, ""), (_BREAKDOWN, d.get("breakdown"), "breakdown."),
                                 (_MEMORY, d.get("memory_per_device_bytes"),
                                  "memory_per_device_bytes.")):
+        if node is None and prefix:   # a null memory (checked above as allowed)
+            continue
         for key, kind in shape.items():
             name, optional = key.rstrip("?"), key.endswith("?")
             if name not in node:
@@ -147,11 +156,11 @@ def _check_saved(r: Result, where: str) -> None:
     b = r.breakdown
     values = {"samples_per_s": r.samples_per_s,
               "tokens_per_s": r.tokens_per_s, "mfu": r.mfu,
-              "tflops_per_device": r.tflops_per_device, "breakdown.compute_s": b.compute_s,
+              "flops_per_device": r.flops_per_device, "breakdown.compute_s": b.compute_s,
               "breakdown.optimizer_s": b.optimizer_s, "breakdown.bubble_s": b.bubble_s,
               **{f"breakdown.exposed_comm_s.{k}": v for k, v in b.exposed_comm_s.items()},
               **{f"memory_per_device_bytes.{k}": getattr(r.memory, k)
-                 for k in (*MEMORY_PARTS, "total", "capacity")}}
+                 for k in (*MEMORY_PARTS, "total", "capacity") if r.memory is not None}}
     for key, value in values.items():
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
             raise ResultFileError(f"{where}: {key} = {value!r} is not a number a prediction "
@@ -237,16 +246,17 @@ def comparison_metrics(results: Sequence[Result]) -> list[tuple[str, str, list[f
         ("samples_per_s", "count", lambda r: r.samples_per_s),
         ("tokens_per_s", "count", lambda r: r.tokens_per_s),
         ("mfu", "fraction", lambda r: r.mfu),
-        ("flops_per_device", "flops", lambda r: r.tflops_per_device * 1e12),
+        ("flops_per_device", "flops", lambda r: r.flops_per_device),
         ("compute_s", "time", lambda r: r.breakdown.compute_s),
         ("optimizer_s", "time", lambda r: r.breakdown.optimizer_s)]
     rows += [(f"exposed_comm_{k}_s", "time",
               (lambda k: lambda r: r.breakdown.exposed_comm_s.get(k, 0.0))(k)) for k in kinds]
     rows += [("exposed_comm_total_s", "time", lambda r: sum(r.breakdown.exposed_comm_s.values())),
-             ("bubble_s", "time", lambda r: r.breakdown.bubble_s),
-             ("memory_total_bytes", "bytes", lambda r: r.memory.total),
-             ("memory_capacity_bytes", "bytes", lambda r: r.memory.capacity),
-             ("fits", "bool", lambda r: r.fits)]
+             ("bubble_s", "time", lambda r: r.breakdown.bubble_s)]
+    if all(r.memory is not None for r in results):   # unknown for a trace read from files
+        rows += [("memory_total_bytes", "bytes", lambda r: r.memory.total),
+                 ("memory_capacity_bytes", "bytes", lambda r: r.memory.capacity),
+                 ("fits", "bool", lambda r: r.fits)]
     return [(name, kind, [get(r) for r in results]) for name, kind, get in rows]
 
 

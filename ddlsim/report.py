@@ -94,7 +94,7 @@ def _iteration_table(results: Sequence[Result]) -> Table:
     row("samples/s", [r.samples_per_s for r in results], format_count)
     row("tokens/s", [r.tokens_per_s for r in results], format_count)
     row("MFU", [r.mfu for r in results], format_percent)
-    row("FLOP/s per device", [r.tflops_per_device * 1e12 for r in results], format_flops)
+    row("FLOP/s per device", [r.flops_per_device for r in results], format_flops)
     return main
 
 

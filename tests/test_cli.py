@@ -14,7 +14,7 @@ EXAMPLES = ["examples/gpt3-175b-1024-a100.yaml", "examples/megatron-1t-3072-a100
             "examples/wiki-gpt2-9ranks-reduce_broadcast.yaml",
             "examples/wiki-gpt2-9ranks-sliced_reduce_broadcast.yaml",
             "examples/wiki-gpt2-9ranks-reduce_scatter.yaml", "examples/wiki-gpt2-9ranks-ddp.yaml"]
-KEYS = {"iteration_time_s", "tokens_per_s", "samples_per_s", "mfu", "tflops_per_device",
+KEYS = {"iteration_time_s", "tokens_per_s", "samples_per_s", "mfu", "flops_per_device",
         "breakdown", "comm_bytes", "memory_per_device_bytes"}
 
 

@@ -72,7 +72,7 @@ MOE_VARIANT = {
     "system": {"preset": "dgx-h100", "nodes": 2},
 }
 #: The keys of ``Result.to_dict()`` that are predictions (not metadata).
-PREDICTED = ("iteration_time_s", "samples_per_s", "tokens_per_s", "mfu", "tflops_per_device",
+PREDICTED = ("iteration_time_s", "samples_per_s", "tokens_per_s", "mfu", "flops_per_device",
              "breakdown", "comm_bytes", "memory_per_device_bytes", "world_size",
              "critical_class", "per_class_time_s", "algorithms")
 

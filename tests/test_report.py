@@ -76,7 +76,7 @@ def test_report_numbers_use_the_formatter():
     r = ddlsim.predict(cfg)
     # three significant figures: "911 ms", "2.93%", "210 GFLOP/s"
     assert f"{r.iteration_time_s * 1e3:.0f} ms" in text
-    assert f"{100 * r.mfu:.2f}%" in text and f"{r.tflops_per_device * 1e3:.0f} GFLOP/s" in text
+    assert f"{100 * r.mfu:.2f}%" in text and f"{r.flops_per_device / 1e9:.0f} GFLOP/s" in text
     assert "0.0%" not in text and "-0.0" not in text
 
 
@@ -102,7 +102,7 @@ def test_old_result_json_without_raw_counts_gives_the_same_rates():
     for k in ("samples", "tokens", "model_flops", "hardware_flops", "peak_flops_per_device"):
         del d[k]
     back = ddlsim.Result.from_dict(d)
-    for k in ("mfu", "tflops_per_device", "samples_per_s", "tokens_per_s"):
+    for k in ("mfu", "flops_per_device", "samples_per_s", "tokens_per_s"):
         assert getattr(back, k) == pytest.approx(getattr(r, k), rel=1e-12)
 
 

@@ -28,7 +28,7 @@ def result_row(r) -> dict[str, Any]:
     if r.interval_s is not None:
         row["iteration_time_low_s"], row["iteration_time_high_s"] = r.interval_s
     row.update({"samples_per_s": r.samples_per_s, "tokens_per_s": r.tokens_per_s,
-                "mfu": r.mfu, "tflops_per_device": r.tflops_per_device,
+                "mfu": r.mfu, "flops_per_device": r.flops_per_device,
                 "compute_s": r.breakdown.compute_s, "optimizer_s": r.breakdown.optimizer_s})
     for k, v in r.breakdown.exposed_comm_s.items():
         row[f"exposed_comm_{k}_s"] = v
@@ -36,9 +36,9 @@ def result_row(r) -> dict[str, Any]:
     row["bubble_s"] = r.breakdown.bubble_s
     for k, v in r.comm_bytes.items():
         row[f"comm_{k}_bytes"] = v
-    for k in (*_MEMORY, "reserved", "total", "capacity"):
-        row[f"memory_{k}_bytes"] = getattr(r.memory, k)
-    row.update({"memory_stage": r.memory.stage, "fits": r.fits,
+    for k in (*_MEMORY, "reserved", "total", "capacity"):   # None: memory unknown
+        row[f"memory_{k}_bytes"] = None if r.memory is None else getattr(r.memory, k)
+    row.update({"memory_stage": None if r.memory is None else r.memory.stage, "fits": r.fits,
                 "critical_class": r.critical_class, "ddlsim_version": r.ddlsim_version})
     return row
 
@@ -47,7 +47,9 @@ def result_from_dict(cls, d: dict[str, Any]):
     """Rebuild a Result from :meth:`Result.to_dict`'s mapping.
 
     Files written before the raw counts were saved (``samples``, ``model_flops``…) are
-    rebuilt from the rates: every derived figure (MFU, TFLOP/s, tokens/s) comes out the same.
+    rebuilt from the rates: every derived figure (MFU, FLOP/s, tokens/s) comes out the same.
+    Files written before 2026-11-29 give the FLOP/s per device as ``tflops_per_device`` in
+    TFLOP/s; it is read as such.
     """
     from .result import Breakdown
 
@@ -58,9 +60,9 @@ def result_from_dict(cls, d: dict[str, Any]):
     peak = float(d.get("peak_flops_per_device", 1.0))
     interval = d.get("iteration_time_interval_s")
     known = {"engine", "iteration_time_s", "samples_per_s", "tokens_per_s", "mfu",
-             "tflops_per_device", "breakdown", "comm_bytes", "memory_per_device_bytes",
-             "world_size", "critical_class", "per_class_time_s", "algorithms",
-             "iteration_time_interval_s", "links", "fits", "parameter_count", "samples",
+             "flops_per_device", "tflops_per_device", "breakdown", "comm_bytes",
+             "memory_per_device_bytes", "world_size", "critical_class", "per_class_time_s",
+             "algorithms", "iteration_time_interval_s", "links", "fits", "parameter_count", "samples",
              "tokens", "model_flops", "hardware_flops", "peak_flops_per_device",
              "ddlsim_version", "settings", "config"}
     return cls(
@@ -70,14 +72,14 @@ def result_from_dict(cls, d: dict[str, Any]):
                             {k: float(v) for k, v in b["exposed_comm_s"].items()},
                             float(b["bubble_s"])),
         comm_bytes={k: float(v) for k, v in d.get("comm_bytes", {}).items()},
-        memory=MemoryBreakdown(**{k: float(m[k] if k in m or k not in _LATER_PARTS else 0.0)
-                                  for k in _MEMORY}, capacity=float(m["capacity"]),
-                               stage=int(m.get("stage", 0))),
+        memory=None if m is None else MemoryBreakdown(
+            **{k: float(m[k] if k in m or k not in _LATER_PARTS else 0.0) for k in _MEMORY},
+            capacity=float(m["capacity"]), stage=int(m.get("stage", 0))),
         samples=int(d.get("samples", round(float(d["samples_per_s"]) * T))),
         tokens=int(d.get("tokens", round(float(d["tokens_per_s"]) * T))),
         model_flops=float(d.get("model_flops", float(d["mfu"]) * T * world * peak)),
-        hardware_flops=float(d.get("hardware_flops",
-                                   float(d["tflops_per_device"]) * 1e12 * T * world)),
+        hardware_flops=float(d["hardware_flops"] if "hardware_flops" in d
+                             else _flops_per_device(d) * T * world),
         world_size=world,
         peak_flops_per_device=peak,
         critical_class=str(d.get("critical_class", "")),
@@ -91,3 +93,11 @@ def result_from_dict(cls, d: dict[str, Any]):
         settings=dict(d.get("settings", {})),
         ddlsim_version=str(d.get("ddlsim_version", "unknown")),
     )
+
+
+def _flops_per_device(d: dict[str, Any]) -> float:
+    """FLOP/s per device of a saved result: ``flops_per_device``, or the ``tflops_per_device``
+    (TFLOP/s) of files saved before 2026-11-29."""
+    if "flops_per_device" in d:
+        return float(d["flops_per_device"])
+    return float(d["tflops_per_device"]) * 1e12

@@ -81,7 +81,7 @@ class Result:
     iteration_time_s: float
     breakdown: Breakdown
     comm_bytes: dict[str, float]
-    memory: MemoryBreakdown
+    memory: MemoryBreakdown | None
     samples: int
     tokens: int
     model_flops: float
@@ -110,10 +110,11 @@ class Result:
         return result_html(self)
 
     @property
-    def fits(self) -> bool:
+    def fits(self) -> bool | None:
         """Whether the most loaded device's memory fits its capacity (``False`` for a plan
-        predicted with ``check_fit=False`` / ``--allow-oom`` that does not fit)."""
-        return self.memory.fits
+        predicted with ``check_fit=False`` / ``--allow-oom`` that does not fit; ``None`` when
+        the memory is unknown, as for a trace read from Chakra files)."""
+        return None if self.memory is None else self.memory.fits
 
     @property
     def samples_per_s(self) -> float:
@@ -124,10 +125,10 @@ class Result:
         return self.tokens / self.iteration_time_s
 
     @property
-    def tflops_per_device(self) -> float:
-        """Achieved hardware TFLOP/s per device, recomputation included (Megatron-LM's
-        convention, Narayanan et al. 2021 Table 1)."""
-        return self.hardware_flops / self.iteration_time_s / self.world_size / 1e12
+    def flops_per_device(self) -> float:
+        """Achieved hardware FLOP/s per device, recomputation included (Megatron-LM's
+        convention, Narayanan et al. 2021 Table 1, which prints it in TFLOP/s)."""
+        return self.hardware_flops / self.iteration_time_s / self.world_size
 
     @property
     def mfu(self) -> float:
@@ -142,10 +143,10 @@ class Result:
             "samples_per_s": self.samples_per_s,
             "tokens_per_s": self.tokens_per_s,
             "mfu": self.mfu,
-            "tflops_per_device": self.tflops_per_device,
+            "flops_per_device": self.flops_per_device,
             "breakdown": self.breakdown.to_dict(),
             "comm_bytes": dict(self.comm_bytes),
-            "memory_per_device_bytes": self.memory.to_dict(),
+            "memory_per_device_bytes": None if self.memory is None else self.memory.to_dict(),
             "world_size": self.world_size,
             "critical_class": self.critical_class,
             "per_class_time_s": dict(self.per_class_time_s),
@@ -202,7 +203,7 @@ class EngineRun:
 
 
 def assemble_result(engine: str, workload: "Workload", timings: Sequence[ClassTiming],
-                    memory: MemoryBreakdown, peak_flops_per_device: float,
+                    memory: MemoryBreakdown | None, peak_flops_per_device: float,
                     algorithms: dict[str, str], **fields: Any) -> Result:
     """The :class:`Result` of an engine's per-class timings; both engines call this.
 
@@ -212,7 +213,7 @@ def assemble_result(engine: str, workload: "Workload", timings: Sequence[ClassTi
     workload : the trace that was timed (its classes name the timings; its
         :class:`~ddlsim.workloads.trace.WorkloadMeta` gives samples, tokens, model FLOPs).
     timings : one per rank class, in ``workload.classes`` order (seconds, FLOPs, bytes).
-    memory : the most loaded device's memory.
+    memory : the most loaded device's memory (None when unknown: a trace read from files).
     peak_flops_per_device : FLOP/s of one device at the workload's dtype (MFU's denominator).
     algorithms : the engine's collective choices (``EngineRun.algorithms``,
         ``DESRun.algorithms``).

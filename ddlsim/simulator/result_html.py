@@ -36,10 +36,11 @@ def result_repr(r: Any) -> str:
     """``<Result analytical: 812 ms per iteration, 9 ranks, MFU 3.29%, 1.89 GiB per device
     (fits); gpt2-124m on cpu-10gbe>``: what a result is, in one line."""
     model, system = _names(r)
-    fits = "fits" if r.fits else "DOES NOT FIT"
+    memory = ("memory unknown" if r.memory is None else f"{format_bytes(r.memory.total)} per "
+              f"device ({'fits' if r.fits else 'DOES NOT FIT'})")
     return (f"<Result {r.engine}: {format_time(r.iteration_time_s)} per iteration, "
-            f"{r.world_size:,} ranks, MFU {format_percent(r.mfu)}, "
-            f"{format_bytes(r.memory.total)} per device ({fits}); {model} on {system}>")
+            f"{r.world_size:,} ranks, MFU {format_percent(r.mfu)}, {memory}; {model} on "
+            f"{system}>")
 
 
 def result_html(r: Any) -> str:
@@ -48,9 +49,9 @@ def result_html(r: Any) -> str:
     model, system = _names(r)
     rows = [("iteration", format_time(r.iteration_time_s)),
             ("tokens/s", format_count(r.tokens_per_s)), ("MFU", format_percent(r.mfu)),
-            ("memory per device", f"{format_bytes(r.memory.total)} of "
-                                  f"{format_bytes(r.memory.capacity)}"
-                                  + ("" if r.fits else " — DOES NOT FIT")),
+            ("memory per device", "unknown" if r.memory is None else
+             f"{format_bytes(r.memory.total)} of {format_bytes(r.memory.capacity)}"
+             + ("" if r.fits else " — DOES NOT FIT")),
             ("ranks", f"{r.world_size:,}")]
     cells = "".join(f"<tr><th style='text-align:left'>{escape(k)}</th>"
                     f"<td style='text-align:right'>{escape(v)}</td></tr>" for k, v in rows)
