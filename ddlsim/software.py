@@ -93,6 +93,11 @@ class KernelSpec(_Strict):
         default=None, description="dtype of the gradient buffers and their data-parallel "
                                   "reduction: param (the 16-bit parameter dtype), fp32, or "
                                   "fp32_if_bf16 (Megatron-LM's rule)")
+    selective_recompute: Literal["attention_core", "every_second_mm"] | None = Field(
+        default=None, description="what recompute: selective recomputes: the attention "
+                                  "core (Megatron, Korthikanti et al. 2022) or torchtitan's "
+                                  "op-level policy (every second mm and the element-wise "
+                                  "ops; workloads/decoder/sac.py)")
     compile: StrictBool | None = Field(
         default=None, description="torch.compile of each transformer block (torchtitan): "
                                   "Inductor fuses the element-wise ops (COMPILE_FUSIONS)")

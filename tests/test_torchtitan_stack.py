@@ -28,9 +28,11 @@ BASE = {"model": {"preset": "llama-3.1-8b", "num_hidden_layers": 8},
 LAYER = 2 * 4096 ** 2 + 2 * 1024 * 4096 + 3 * 4096 * 14336 + 2 * 4096
 
 
-def config(software=None, **parallel):
+def config(software=None, recompute=None, **parallel):
     d = copy.deepcopy(BASE)
     d["parallel"].update(parallel)
+    if recompute is not None:
+        d["train"]["recompute"] = recompute
     if software is not None:
         d["system"]["software"] = software
     with warnings.catch_warnings():
@@ -181,3 +183,21 @@ def test_bundled_example_predicts():
     # one micro-batch per rank: 32 forward gathers, 31 backward ones (torchtitan 2024 keeps
     # the last block), 32 fp32 reduce-scatters
     assert r.comm_bytes["dp"] == pytest.approx(LAYER * (2 * 32 + 2 * 31 + 4 * 32), rel=1e-12)
+
+
+def test_op_level_selective_recompute_redoes_every_second_mm_and_the_elementwise_ops():
+    """torchtitan's op SAC on Llama: wk, wo and w3 are recomputed (the 2nd, 4th and 6th of
+    wq wk wv wo w1 w3 w2), i.e. 2·M·h·(kv + q + ffn) FLOPs on one rank, where Megatron's
+    selective recomputation redoes the attention core only."""
+    cfg = config(recompute="selective")
+    b = StageBuilder(cfg, cfg.model.shape())
+    op = b._recompute_core(b.shape.layer_gemm_flops(b.b, b.s), False)
+    M, h = 1 * 4096, 4096
+    assert op.flops == pytest.approx(2 * M * h * (1024 + 4096 + 14336), rel=1e-12)
+    assert op.bytes == pytest.approx(sum(k.bytes for k in b.kernels["ew"]), rel=1e-12)
+    megatron = config("megatron-core-2024", recompute="selective")
+    mb = StageBuilder(megatron, megatron.model.shape())
+    assert mb._recompute_core(mb.shape.layer_gemm_flops(1, 4096), False).name == \
+        "recompute.attn_core"
+    # the recomputation costs time: op SAC is slower than no recomputation
+    assert predict(cfg).iteration_time_s > predict(config(recompute="none")).iteration_time_s

@@ -223,7 +223,12 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
         return ops
 
     def _recompute_core(self, g: dict, moe: bool) -> Compute:
-        """Selective recomputation's op (:func:`.layerkernels.recompute_op`)."""
+        """Selective recomputation's op (:func:`.layerkernels.recompute_op`), or the stack's
+        op-level policy (:mod:`.sac`)."""
+        if self.sw.selective_recompute == "every_second_mm" and not moe:
+            from .sac import every_second_mm_op
+            return every_second_mm_op(self.shape, self.kernels, self.b, self.s, self.tp,
+                                      self.dtype, self.cfg.train.dtype)
         return recompute_op(self.shape, self.kernels, g["attn_core"] / self.tp, self.b, self.s,
                             self.tp, self.dt, self.dtype, moe)
 

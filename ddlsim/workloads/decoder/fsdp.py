@@ -195,6 +195,10 @@ def vector_refusal(sw: Any) -> str | None:
     """Why the search's vectorised tier cannot time plans of stack ``sw`` (its ZeRO-3 model
     is FSDP1's: resharded after every forward, no copy passes, never inside pipeline
     stages), or None. Such grids are searched by the exact engine."""
+    if sw.selective_recompute != "attention_core":
+        return (f"system.software = {sw.name!r} recomputes {sw.selective_recompute!r} under "
+                "recompute: selective, which the vectorised search tier does not model; its "
+                "plans are searched by the exact engine")
     if sw.zero3_reshard_after_forward != "always" or sw.zero3_copy_out:
         return (f"system.software = {sw.name!r} runs FSDP2 (zero3_reshard_after_forward = "
                 f"{sw.zero3_reshard_after_forward!r}, zero3_copy_out = {sw.zero3_copy_out}), "

@@ -233,6 +233,12 @@ class LayerPartitioner:
         every-second mm of a 1-D rank over this rank's tokens, and the element-wise ops."""
         from ..sac import every_second_mm_op
         from ..layerkernels import layer_kernels
+        if self.mode != "1d":
+            from ....errors import ConfigError
+            raise ConfigError(f"software.selective_recompute = 'every_second_mm' (torchtitan's "
+                              f"op-level policy) is modelled for 1-D tensor parallelism; "
+                              f"tensor_parallel.mode is {self.mode!r}: use recompute 'full' or "
+                              "'none', or the 1-D scheme")
         sp = self.cfg.parallel.sequence_parallel
         kernels = layer_kernels(self.shape, self.cfg.software, self.b, self.s // self.cp,
                                 self.size, sp, self.cfg.train.dtype)
