@@ -33,6 +33,7 @@ from functools import cached_property
 
 from ...simulator.kernels.gemm import gemm_kernels_backward
 from ..trace import Block, Collective, Compute, Kernel, Loop, Op, Wait
+from .layerkinds import attention_projections
 from .moeplan import MoEPlan, resolve_moe
 from .partition import context
 from .partition.base import OpList
@@ -222,16 +223,21 @@ class MoEOps:
     def _attention(self, ops: OpList, tag: str, backward: bool) -> None:
         """qkv, the attention core (ring or all-gather over ``cp``) and proj, from the layer
         partitioner, as a dense layer has them."""
-        part, sh = _MoECore(self.part), self.shape
-        M, qkv = part.tokens, sh.q_width + 2 * sh.kv_width
+        part, M = _MoECore(self.part), self.part.tokens
+        # the fused QKV and proj, or MLA's four projections and its a·d_v output (.layerkinds)
+        before, after = attention_projections(self.shape)
         if backward:
-            part.gemm_backward(ops, "bwd.proj", M, sh.hidden, sh.q_width, True)
+            for name, N, K, row in reversed(after):
+                part.gemm_backward(ops, f"bwd.{name}", M, N, K, row)
             context.attention_backward(part, ops)
-            part.gemm_backward(ops, "bwd.qkv", M, qkv, sh.hidden, False)
+            for name, N, K, row in reversed(before):
+                part.gemm_backward(ops, f"bwd.{name}", M, N, K, row)
             return
-        part.gemm_forward(ops, f"{tag}.qkv", M, qkv, sh.hidden, False)
+        for name, N, K, row in before:
+            part.gemm_forward(ops, f"{tag}.{name}", M, N, K, row)
         context.attention_forward(part, ops, tag)
-        part.gemm_forward(ops, f"{tag}.proj", M, sh.hidden, sh.q_width, True)
+        for name, N, K, row in after:
+            part.gemm_forward(ops, f"{tag}.{name}", M, N, K, row)
 
     def _attn_elementwise_bytes(self) -> float:
         """Forward traffic of the layer's non-MLP element-wise ops (norms, residuals, rotary,
