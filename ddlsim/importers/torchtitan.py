@@ -7,8 +7,9 @@ shapes of ``torchtitan/models/llama3/__init__.py`` (8B, 70B, 405B: Llama 3.1's).
 context-parallel degree above 1) is ddlsim's ZeRO-3 with the stack's per-block FSDP2 units,
 with pipelining too; tensor parallelism is torchtitan's, with sequence parallelism;
 ``[compile] enable`` is the stack's ``compile``; async TP is ``tp_comm_overlap: pipelined``.
-What ddlsim cannot express yet (HSDP, float8 rowwise, op-level selective checkpointing) is
-refused by name.
+Op-level selective checkpointing is ``recompute: selective`` under the stack's
+``selective_recompute``. What ddlsim cannot express yet (HSDP, float8 rowwise, checkpointing
+of every n-th layer) is refused by name.
 """
 
 from __future__ import annotations
@@ -267,9 +268,13 @@ def _checkpoint(draft: Draft, s: dict, doc: dict) -> None:
         draft.set("train.recompute", mode, arg)
     elif mode == "selective" and option == "1":
         draft.set("train.recompute", "full", f"{arg}, selective_ac_option = 1 (every layer)")
+    elif mode == "selective" and option == "op":
+        draft.set("train.recompute", "selective", f"{arg}, selective_ac_option = 'op' (the "
+                  "stack's selective_recompute: every second mm and the element-wise ops)")
     else:
         draft.refuse(f"{arg}, selective_ac_option = {option!r}", "torchtitan's selective "
-                     "checkpointing (by op, or every n-th layer) is not modelled yet")
+                     "checkpointing of every n-th layer is not modelled yet (op-level, 1 "
+                     "(every layer) and full are)")
     _rest(draft, "activation_checkpoint", s, {"mode", "selective_ac_option"})
 
 

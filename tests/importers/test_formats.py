@@ -88,6 +88,8 @@ def test_torchtitan_import_round_trips_to_the_hand_written_config():
     ("tensor_parallel_degree = 1", "tensor_parallel_degree = 2",
      ("parallel", "sequence_parallel"), True),
     ("compile = false", "compile = true", ("system", "software", "compile"), True),
+    ("mode = 'full'", "mode = 'selective'\nselective_ac_option = 'op'",
+     ("train", "recompute"), "selective"),
     ("[parallelism]", "[parallelism]\nfsdp_reshard_after_forward = 'never'",
      ("system", "software", "overlap", "zero3_reshard_after_forward"), "never"),
 ])
@@ -118,7 +120,7 @@ def test_torchtitan_async_tp_is_imported_and_needs_compile(tmp_path):
 @pytest.mark.parametrize("old, new, refused", [
     ("data_parallel_replicate_degree = 1", "data_parallel_replicate_degree = 2", "HSDP"),
     ("[float8]", "[float8]\nrecipe_name = 'rowwise'", "per-tensor scaling"),
-    ("mode = 'full'", "mode = 'selective'\nselective_ac_option = 'op'", "by op"),
+    ("mode = 'full'", "mode = 'selective'\nselective_ac_option = '2'", "every n-th layer"),
 ])
 def test_torchtitan_settings_ddlsim_cannot_express_are_refused(tmp_path, old, new, refused):
     text = (DATA / "torchtitan_llama3_8b.toml").read_text()
