@@ -1,4 +1,5 @@
-"""Predicted vs published peak memory per GPU of torchtitan's Llama 3.1 runs on H100.
+"""Predicted vs published peak memory per GPU (torchtitan's Llama 3.1 runs on H100) and whether
+a model fits (DeepSpeed's ZeRO tutorial on 32 GB V100s), with the largest model that fits.
 
 Run:  python benchmarks/validate_memory.py [--markdown]
 
@@ -17,6 +18,13 @@ layer split of its ``generate_split_points``); Float8 as ``train.dtype: fp8``. T
 ``selective`` checkpointing is torchtitan's per-op policy, which ddlsim has no option for: it
 runs as ddlsim's ``selective`` (Korthikanti et al. 2022), which keeps more, and such rows are
 marked ``≈``. Async TP changes no memory ddlsim models and is not set. Nothing is tuned.
+
+**Does it fit?** ``data/deepspeed_zero_tutorial_fits.csv`` records, from DeepSpeed's ZeRO
+tutorial, a GPT-2 1.5B that runs out of memory on 8 V100-SXM3 32GB without ZeRO and trains with
+ZeRO-1, and a 10B that trains on 32 with ZeRO-2. Each runs on the ``dgx2-v100`` preset with the
+``deepspeed-2021`` stack (the nearest ddlsim has to the DeepSpeed of 2020) and is compared on
+``fits``; the script also scans the layer count at the row's width for the largest model ddlsim
+says fits, printed beside the published bound (an OOM bounds it from above, a run from below).
 """
 
 from __future__ import annotations
@@ -31,6 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from public_runs import DATA, print_table, read_csv  # noqa: E402
 
 TABLE = DATA / "torchtitan_h100_memory.csv"
+FITS = DATA / "deepspeed_zero_tutorial_fits.csv"
+V100_STACK = "deepspeed-2021"
+GPT2_VOCAB = 50304              # GPT-2's 50,257 BPE tokens padded to a multiple of 128
+GPUS_PER_DGX2 = 16
 GPUS_PER_NODE = 8
 STACK = "torchtitan-2024"
 GIB = 2**30
@@ -138,13 +150,83 @@ def summary(out: list[dict]) -> str:
     return "; ".join(parts) + f"; not run: {len(out) - len(ran)} of {len(out)}"
 
 
+def fits_config(row: dict, layers: int | None = None) -> dict:
+    """The run config of one tutorial row (``layers`` overrides its layer count)."""
+    n, gpus = layers or int(row["layers"]), int(row["gpus"])
+    return {"model": {"architecture": "gpt", "name": f"gpt2-{n}x{row['hidden']}",
+                      "num_hidden_layers": n, "hidden_size": int(row["hidden"]),
+                      "num_attention_heads": int(row["heads"]), "vocab_size": GPT2_VOCAB,
+                      "max_position_embeddings": 1024},
+            "parallel": {"data_parallel_size": gpus, "zero_stage": int(row["zero_stage"])},
+            "train": {"micro_batch_size": int(row["micro_batch"]),
+                      "global_batch_size": int(row["micro_batch"]) * gpus, "seq_length": 1024,
+                      "dtype": "fp16", "recompute": "full"},
+            "system": {"preset": "dgx2-v100", "nodes": -(-gpus // GPUS_PER_DGX2),
+                       "software": V100_STACK}}
+
+
+def _memory(config: dict):
+    import ddlsim
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ddlsim.memory_per_device(ddlsim.load_config(config))
+
+
+def largest_layers(row: dict, limit: int = 400) -> int:
+    """The most layers (at the row's width) whose plan ddlsim says fits: memory grows with
+    the layer count, so a bisection over 1…limit."""
+    lo, hi = 0, limit
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if _memory(fits_config(row, mid)).fits:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def evaluate_fits(table: Path = FITS) -> list[dict]:
+    """Each tutorial row with ddlsim's memory, its verdict, and the largest model that fits."""
+    out = []
+    for row in read_csv(table):
+        m = _memory(fits_config(row))
+        n = largest_layers(row)
+        shape = _shape(fits_config(row, n))
+        out.append({**row, "memory": m, "agrees": m.fits == (row["fits"] == "1"),
+                    "largest_layers": n, "largest_params": shape.params})
+    return out
+
+
+def _shape(config: dict):
+    import ddlsim
+    return ddlsim.load_config(config).model.shape()
+
+
+def show_fits(out: list[dict], markdown: bool) -> None:
+    head = ["row", "GPUs", "ZeRO", "published", "predicted GiB", "capacity GiB", "ddlsim",
+            "agrees", "largest that fits (ddlsim)", "published bound"]
+    lines = []
+    for o in out:
+        m, params = o["memory"], float(_shape(fits_config(o)).params)
+        bound = (f"< {params / 1e9:.2f}B" if o["fits"] == "0" else f">= {params / 1e9:.2f}B")
+        lines.append([o["model"], o["gpus"], o["zero_stage"],
+                      "fits" if o["fits"] == "1" else "OOM", f"{m.total / GIB:.1f}",
+                      f"{m.capacity / GIB:.1f}", "fits" if m.fits else "OOM",
+                      "yes" if o["agrees"] else "NO",
+                      f"{o['largest_params'] / 1e9:.2f}B ({o['largest_layers']} layers)", bound])
+    print_table(head, lines, markdown)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
     args = ap.parse_args(argv)
     out = evaluate()
     show(out, args.markdown)
-    print("\n" + summary(out))
+    print("\n" + summary(out) + "\n")
+    fits = evaluate_fits()
+    show_fits(fits, args.markdown)
+    print(f"\nfits as published: {sum(o['agrees'] for o in fits)} of {len(fits)}")
     return 0
 
 

@@ -71,3 +71,19 @@ def test_every_row_ddlsim_can_express_runs():
     skipped = [vm.label(o) for o in out if o["memory"] is None]
     assert skipped == ["T5 405b Interleaved 1F1B"]
     assert all(o["memory"].reserved > 0 for o in out if o["memory"] is not None)
+
+
+def test_the_zero_tutorial_rows_and_their_verdicts():
+    """The tutorial's three runs: 1.5B (48 x 1600) OOM without ZeRO and trained with ZeRO-1
+    on 8 GPUs, 10B (50 x 4096) trained with ZeRO-2 on 32; each row's config says so and the
+    script reports ddlsim's verdict and its largest fitting model for each."""
+    rows = pr.read_csv(vm.FITS)
+    assert [(r["layers"], r["hidden"], r["zero_stage"], r["fits"]) for r in rows] == [
+        ("48", "1600", "0", "0"), ("48", "1600", "1", "1"), ("50", "4096", "2", "1")]
+    cfg = vm.fits_config(rows[0])
+    assert cfg["train"]["seq_length"] == 1024 and cfg["train"]["recompute"] == "full"
+    assert cfg["system"]["preset"] == "dgx2-v100" and cfg["model"]["vocab_size"] == 50304
+    out = vm.evaluate_fits()
+    assert len(out) == 3 and all(o["largest_layers"] > 0 for o in out)
+    # more ZeRO, more layers fit at the same width (the scan is monotone)
+    assert out[1]["largest_layers"] > out[0]["largest_layers"]

@@ -37,7 +37,7 @@ from .blocks import piece_config, stage_pieces
 from ..workloads.decoder import param_gather
 from ..workloads.decoder.builder import StageBuilder, with_edges
 from ..workloads.decoder.dpsync import bucket_runs, buckets
-from ..workloads.allocator import context_bytes, framework
+from ..workloads.allocator import context_bytes, framework, step_temporaries
 from ..workloads.decoder.memory import stage_activations, stage_buffers
 from ..workloads.memory import model_state_bytes
 from ..workloads.schedules import peak_inflight
@@ -323,7 +323,8 @@ class DecoderVectors:
         sp, rec = plans["sp"].astype(bool), plans["recompute"]
         kinds = activation_kinds(cfg)
         fm = framework(cfg.software.name)
-        weights, grads, opt = model_state_bytes(self.stage_params(ctx, plans, first), dp, zero,
+        stage_params = self.stage_params(ctx, plans, first)
+        weights, grads, opt = model_state_bytes(stage_params, dp, zero,
                                                 compute_dtype(cfg.train.dtype),
                                                 cfg.train.optimizer, ctx.gdt,
                                                 fm.fsdp2 & (zero == 3))
@@ -352,10 +353,9 @@ class DecoderVectors:
         acts, other = stage_activations(
             sh, b, s, t, v, per_layer * (sh.layers // (pp * v)), chunks,
             np.where(rec == RECOMPUTE.index("full"), full, 0.0), is_first, is_last, 1,
-            fm.logit_bytes)
+            fm.logit_bytes, step_temporaries(fm, zero, ctx.dt < 4, stage_params))
         buffers = stage_buffers(cfg.software, fm, sh, zero, dp, gathered, sh.layer_params / t,
-                                t, is_first, is_last, pp, ctx.dt, ctx.gdt,
-                                self.stage_params(ctx, plans, first))
+                                t, is_first, is_last, pp, ctx.dt, ctx.gdt, stage_params)
         return (weights + grads + opt + acts + other + buffers
                 + context_bytes(cfg.system.device))
 

@@ -30,7 +30,7 @@ import numpy as np
 from ..errors import ConfigError
 
 __all__ = ["FrameworkMemory", "FRAMEWORKS", "framework", "loss_bytes", "comm_buffer_bytes",
-           "context_bytes", "CUDA_CONTEXT_BYTES"]
+           "step_temporaries", "context_bytes", "CUDA_CONTEXT_BYTES"]
 
 #: CUDA context with PyTorch's kernels loaded, measured with NVML after the first CUDA tensor
 #: of a PyTorch process: 1,343 MiB (Hugging Face transformers docs, "Model training anatomy",
@@ -58,6 +58,8 @@ class FrameworkMemory:
     reduce_bucket_elements : elements of a ZeRO-1/2 gradient bucket allocated beside the
         gradients (one, two when the reduction overlaps the backward), 0 where the buckets
         are views into the gradients.
+    step_bytes : bytes per parameter the optimizer step allocates for the time of the step
+        without ZeRO in mixed precision (:func:`step_temporaries`), 0 where it allocates none.
     sources : field → where it was read.
     """
 
@@ -67,6 +69,7 @@ class FrameworkMemory:
     kept_root: str
     reduce_bucket_elements: float
     sources: dict
+    step_bytes: float = 0.0
 
 
 #: framework name → its memory rules; a stack belongs to the longest name that prefixes it
@@ -109,7 +112,12 @@ _register(FrameworkMemory(
                                   "reduce_bucket_size) in the model dtype, and a second "
                                   "('double buffers') when overlap_comm; reduce_bucket_size "
                                   "defaults to 5e8 (DeepSpeed config docs, "
-                                  "zero_optimization.reduce_bucket_size)"}))
+                                  "zero_optimization.reduce_bucket_size)",
+        "step_bytes": "DeepSpeed runtime/fp16/fused_optimizer.py FP16_Optimizer.step() (ZeRO "
+                      "off): _flatten_dense_tensors([p.grad.to(fp32) for p in group]) builds "
+                      "an fp32 copy of every gradient, then their flat fp32 concatenation, "
+                      "before the 16-bit gradients are dropped: 4 + 4 B per parameter"},
+    step_bytes=4 + 4))
 
 _register(FrameworkMemory(
     "torchtitan", logit_bytes=4 + 4 + 4, fsdp2=True, kept_root="edges",
@@ -198,6 +206,20 @@ def comm_buffer_bytes(fm: FrameworkMemory, zero_stage, dp, gathered, unit_params
         bucket = (1 + bool(overlap)) * np.minimum(fm.reduce_bucket_elements, stage_params)
         out = out + np.where(zero12, bucket * param_bytes, 0.0)
     return _scalar(out)
+
+
+def step_temporaries(fm: FrameworkMemory, zero_stage, mixed: bool, params):
+    """Bytes the optimizer step allocates on one rank for the time of the step:
+    ``fm.step_bytes`` per parameter without ZeRO in mixed precision, else 0 (arrays allowed).
+
+    The step runs after the backward has freed the activations, so it raises the peak only by
+    what exceeds them: the caching allocator reuses freed blocks and, when cudaMalloc fails,
+    frees its cached blocks and retries (PyTorch c10/cuda/CUDACachingAllocator.cpp, header
+    comment) — the peak is the larger phase (:func:`ddlsim.workloads.decoder.memory.
+    stage_activations` takes the larger of the two as the temporaries)."""
+    if not (mixed and fm.step_bytes):
+        return 0.0
+    return _scalar(np.where(np.asarray(zero_stage) == 0, fm.step_bytes * params, 0.0))
 
 
 def context_bytes(device) -> float:

@@ -153,3 +153,20 @@ def test_a_result_saved_before_the_new_parts_reads_them_as_zero(tmp_path):
     back = type(r).from_dict(json.loads(json.dumps(d)))
     assert back.memory.buffers == 0.0 and back.memory.context == 0.0
     assert back.memory.weights == r.memory.weights
+
+
+def test_deepspeed_fp16_step_temporaries_by_hand():
+    """DeepSpeed without ZeRO: the step builds fp32 copies of the gradients and their flat
+    concatenation (8 B per parameter) after the backward freed the activations, so the
+    temporaries are the larger of the loss's and the step's beyond the activations."""
+    from ddlsim.workloads.allocator import step_temporaries
+    fm = framework("deepspeed-2021")
+    assert step_temporaries(fm, 0, True, 1e9) == 8e9
+    assert step_temporaries(fm, 1, True, 1e9) == 0.0
+    assert step_temporaries(fm, 0, False, 1e9) == 0.0          # fp32 training: no copy
+    assert step_temporaries(framework("megatron-core-2024"), 0, True, 1e9) == 0.0
+    cfg = _cfg("deepspeed-2021", zero_stage=0)
+    m = ddlsim.memory_per_device(cfg)
+    n = cfg.model.shape().params
+    assert m.other == pytest.approx(8 * n - m.activations, rel=1e-12)
+    assert type(m.other) is float

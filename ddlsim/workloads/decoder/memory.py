@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from ...config import DTYPE_BYTES, RunConfig
-from ..allocator import comm_buffer_bytes, context_bytes, framework, loss_bytes
+from ..allocator import (comm_buffer_bytes, context_bytes, framework, loss_bytes,
+                         step_temporaries)
 from ..memory import MemoryBreakdown, inflight_chunks, model_state_bytes
 from ..models.decoder import DecoderShape
 from .layerkernels import activation_kinds, compute_dtype, grad_bytes
@@ -46,8 +47,9 @@ def stage_memory(cfg: RunConfig, shape: DecoderShape, stage: int, params: float,
     lpc = row[0] if len(set(row)) == 1 else sum(row) / len(row)
     args = (t.micro_batch_size, t.seq_length, p.tp, p.sequence_parallel)
     kinds = activation_kinds(cfg)
-    if shape.is_moe:    # MoE layers: every moe_layer_freq-th one (whole periods per chunk)
-        n_moe = sum(n // shape.moe_layer_freq for n in row) / len(row)
+    if shape.is_moe:    # MoE layers per chunk, in model order (.layerkinds: dense first layers)
+        from .layerkinds import moe_layers_in_stage
+        n_moe = moe_layers_in_stage(shape, chunk_layers(cfg), stage) / len(row)
         per_chunk = (n_moe * shape.layer_activation_bytes(*args, t.recompute, moe=True, **kinds)
                      + (lpc - n_moe) * (shape.layer_activation_bytes(
                          *args, t.recompute, moe=False, **kinds)
@@ -74,7 +76,8 @@ def stage_memory(cfg: RunConfig, shape: DecoderShape, stage: int, params: float,
     acts, other = stage_activations(shape, t.micro_batch_size, t.seq_length, p.tp * p.cp,
                                     p.vpp, per_chunk, chunks, rebuilt, first, last,
                                     part.embedding_split if part is not None else 1,
-                                    fm.logit_bytes)
+                                    fm.logit_bytes,
+                                    step_temporaries(fm, p.zero_stage, pb < 4, params))
     buffers = stage_buffers(cfg.software, fm, shape, p.zero_stage, cfg.dp, gathered,
                             unit_bytes / pb, split, first, last, p.pp, pb, gb, params)
     return MemoryBreakdown(weights, grads, opt, acts, other, cfg.system.device.memory_bytes, stage,
@@ -101,7 +104,7 @@ def stage_buffers(sw, fm, shape: DecoderShape, zero_stage, dp, gathered, unit_pa
 
 
 def stage_activations(shape: DecoderShape, b, s: int, tp_cp, vpp, per_chunk, chunks, rebuilt,
-                      first, last, embedding_split, logit_bytes: float) -> tuple:
+                      first, last, embedding_split, logit_bytes: float, step) -> tuple:
     """(activations, other buffers) in bytes on one rank of a stage; every argument but
     ``shape`` and ``s`` may be an array over plans (the search tier's memory is this rule).
 
@@ -117,6 +120,9 @@ def stage_activations(shape: DecoderShape, b, s: int, tp_cp, vpp, per_chunk, chu
     embedding_split : ranks the embedding output is split over.
     logit_bytes : bytes per logit the loss holds at its peak (the framework's,
         :attr:`~ddlsim.workloads.allocator.FrameworkMemory.logit_bytes`).
+    step : bytes the optimizer step allocates after the backward
+        (:func:`~ddlsim.workloads.allocator.step_temporaries`): the temporaries are the larger
+        of the two phases' beside the kept activations, ``max(other, step − activations)``.
     """
     acts = per_chunk * chunks + rebuilt
     sbh = b * s * shape.hidden
@@ -124,6 +130,9 @@ def stage_activations(shape: DecoderShape, b, s: int, tp_cp, vpp, per_chunk, chu
     # kept for dropout on the first
     other = (_on(last, loss_bytes(logit_bytes, b, s, shape.vocab, tp_cp))
              + _on(first, sbh * chunks / vpp / embedding_split))
+    if np.any(step):
+        other = np.maximum(other, step - acts)
+        other = float(other) if np.ndim(other) == 0 else other
     return acts, other
 
 
