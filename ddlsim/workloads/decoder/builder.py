@@ -22,6 +22,7 @@ from .overlap import p2p_overlapped
 from .dpsync import GradSyncOps
 from .edges import EdgeOps
 from .layerkernels import compute_dtype, grad_bytes, layer_kernels, recompute_op
+from .layerkinds import moe_layers_in_chunk
 from .moe import MoEOps
 from .partition import make_partitioner
 from .split import chunk_layers
@@ -115,17 +116,19 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
             hit = self._ops[key] = make()
         return hit
 
-    def layer_ops(self, backward: bool, repeat: int) -> list[Op]:
+    def layer_ops(self, backward: bool, repeat: int, n_moe: int | None = None) -> list[Op]:
         """``repeat`` layers' forward (or backward) ops, each op repeated (ops are immutable,
         so every block and stage shares these lists). With MoE every ``period``-th layer is an
         MoE layer: ``repeat`` (a multiple of the period) layers are the dense layer's ops
         repeated ``repeat − repeat/period`` times and a loop of ``repeat/period`` MoE layers
         (:meth:`.moe.MoEOps.moe_layers`; nothing overlaps consecutive layers, so the order
-        within the run does not matter)."""
-        key = (backward, repeat)
+        within the run does not matter); ``n_moe`` gives a chunk's own count (DeepSeek-V3's
+        dense first layers: :func:`.layerkinds.moe_layers_in_chunk`)."""
+        if n_moe is None:
+            n_moe = repeat // self.period if self.shape.is_moe else 0
+        key = (backward, repeat, n_moe)
         ops = self._layer_ops.get(key)
         if ops is None:
-            n_moe = repeat // self.period if self.shape.is_moe else 0
             ops = self._dense_layer_ops(backward, repeat - n_moe) if repeat > n_moe else []
             if n_moe:
                 ops = [*ops, self.moe_layers(backward, n_moe)]
@@ -303,7 +306,9 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
         if k == 0:
             fwd += self.cached(("embedding",), lambda: as_ops(self.embedding_forward()))
         first = len(fwd)
-        fwd += self.layer_ops(False, Lc)
+        n_moe = (moe_layers_in_chunk(self.shape, self.split, stage, chunk)
+                 if self.shape.is_moe else 0)
+        fwd += self.layer_ops(False, Lc, n_moe)
         if fwd[:first]:
             fwd[first] = after(fwd[first], first - 1)
         if k == last_k:
@@ -322,7 +327,7 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
             if with_sync and sync_ops:
                 ops += self._overlapped_layers(sync_ops, start, Lc)
             else:
-                ops += self.layer_ops(True, Lc)
+                ops += self.layer_ops(True, Lc, n_moe)
             if ops[:start]:
                 ops[start] = after(ops[start], start - 1)
             if k > 0:

@@ -33,7 +33,7 @@ from functools import cached_property
 
 from ...simulator.kernels.gemm import gemm_kernels_backward
 from ..trace import Block, Collective, Compute, Kernel, Loop, Op, Wait
-from .layerkinds import attention_projections
+from .layerkinds import attention_projections, moe_layers_in_stage
 from .moeplan import MoEPlan, resolve_moe
 from .partition import context
 from .partition.base import OpList
@@ -343,16 +343,15 @@ class MoEOps:
 
     # ------------------------------------------------------------------ parameters
     def _stage_nonexpert_layer_params(self, stage: int) -> float:
-        L, f = sum(self.split[stage]), self.period
-        return ((L - L // f) * self.layer_rank_params(False)[0]
-                + L // f * self.layer_rank_params(True)[0])
+        L, n = sum(self.split[stage]), moe_layers_in_stage(self.shape, self.split, stage)
+        return (L - n) * self.layer_rank_params(False)[0] + n * self.layer_rank_params(True)[0]
 
     def stage_expert_params(self, stage: int) -> float:
         """Routed-expert parameters held by one rank of ``stage``: ``E/EP`` experts of each
         of its MoE layers, split over expert TP. 0 for a dense model."""
         if not self.shape.is_moe:
             return 0.0
-        return (sum(self.split[stage]) // self.period) * self.layer_rank_params(True)[1]
+        return moe_layers_in_stage(self.shape, self.split, stage) * self.layer_rank_params(True)[1]
 
     def _expert_update_block(self, stage: int, overlapped: bool, step) -> Block:
         """DDP/ZeRO update of an MoE stage whose expert layout differs from the dense one:
