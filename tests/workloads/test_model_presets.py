@@ -187,3 +187,27 @@ def test_attention_projections_of_mla_and_gqa():
     before, after = attention_projections(shape("qwen3-30b-a3b"))
     assert before == (("qkv", 32 * 128 + 2 * 4 * 128, 2048, False),)
     assert after == (("proj", 2048, 4096, True),)
+
+
+def test_deepseek_v3_example_stage_zero_holds_the_dense_layers():
+    """examples/deepseek-v3-h800.yaml (PP16, EP64): stage 0 runs DeepSeek-V3's three dense
+    layers and one MoE layer, and holds the embedding, three dense layers, one MoE layer's
+    non-expert part and 256/64 = 4 of its experts; stage 1 holds four MoE layers."""
+    import warnings
+
+    import ddlsim
+    from ddlsim.workloads.decoder.builder import StageBuilder
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = ddlsim.load_config(Path(__file__).resolve().parents[2] / "examples"
+                                 / "deepseek-v3-h800.yaml")
+    sh = cfg.model.shape()
+    b = StageBuilder(cfg, sh)
+    expert = sh.mlp_params(2048)
+    moe_rank = sh.moe_layer_params - 256 * expert + 4 * expert
+    assert b.stage_params(0) == sh.vocab * sh.hidden + 3 * sh.dense_layer_params + moe_rank
+    assert b.stage_params(1) == 4 * moe_rank
+    ops = b.layer_ops(False, 4, 1)
+    assert [(o.payload.name, o.repeat) for o in ops] == [
+        ("fwd.attn", 3), ("fwd.mlp", 3), ("fwd.elementwise", 3), ("layers.moe.fwd", 1)]
