@@ -59,7 +59,7 @@ class FrameworkMemory:
         gradients (one, two when the reduction overlaps the backward), 0 where the buckets
         are views into the gradients.
     step_bytes : bytes per parameter the optimizer step allocates for the time of the step
-        without ZeRO in mixed precision (:func:`step_temporaries`), 0 where it allocates none.
+        without ZeRO in fp16 (:func:`step_temporaries`), 0 where it allocates none.
     sources : field → where it was read.
     """
 
@@ -208,16 +208,17 @@ def comm_buffer_bytes(fm: FrameworkMemory, zero_stage, dp, gathered, unit_params
     return _scalar(out)
 
 
-def step_temporaries(fm: FrameworkMemory, zero_stage, mixed: bool, params):
+def step_temporaries(fm: FrameworkMemory, zero_stage, fp16: bool, params):
     """Bytes the optimizer step allocates on one rank for the time of the step:
-    ``fm.step_bytes`` per parameter without ZeRO in mixed precision, else 0 (arrays allowed).
+    ``fm.step_bytes`` per parameter without ZeRO in fp16 (DeepSpeed's FP16_Optimizer; its bf16
+    optimizer is another code path, not modelled), else 0 (arrays allowed).
 
     The step runs after the backward has freed the activations, so it raises the peak only by
     what exceeds them: the caching allocator reuses freed blocks and, when cudaMalloc fails,
     frees its cached blocks and retries (PyTorch c10/cuda/CUDACachingAllocator.cpp, header
     comment) — the peak is the larger phase (:func:`ddlsim.workloads.decoder.memory.
     stage_activations` takes the larger of the two as the temporaries)."""
-    if not (mixed and fm.step_bytes):
+    if not (fp16 and fm.step_bytes):
         return 0.0
     return _scalar(np.where(np.asarray(zero_stage) == 0, fm.step_bytes * params, 0.0))
 

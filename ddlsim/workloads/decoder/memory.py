@@ -77,7 +77,7 @@ def stage_memory(cfg: RunConfig, shape: DecoderShape, stage: int, params: float,
                                     p.vpp, per_chunk, chunks, rebuilt, first, last,
                                     part.embedding_split if part is not None else 1,
                                     fm.logit_bytes,
-                                    step_temporaries(fm, p.zero_stage, pb < 4, params))
+                                    step_temporaries(fm, p.zero_stage, state == "fp16", params))
     buffers = stage_buffers(cfg.software, fm, shape, p.zero_stage, cfg.dp, gathered,
                             unit_bytes / pb, split, first, last, p.pp, pb, gb, params)
     return MemoryBreakdown(weights, grads, opt, acts, other, cfg.system.device.memory_bytes, stage,
