@@ -147,8 +147,11 @@ def test_fused_and_unfused_elementwise_bytes():
         "fused_layernorm": False, "fused_bias_dropout_add": False, "fused_bias_gelu": False}}
     plain = ddlsim.load_config(d).software
     got = [k.bytes for k in layer_elementwise_kernels(sh, 1, 2048, 1, False, 2, plain)]
-    # norm 5 passes; bias 2 + residual add 3 + dropout 2 (+ mask); bias 2 + GeLU 2
-    assert got == [5 * x * 2] * 2 + [(2 + 3 + 2) * x * 2 + x] * 2 + [4 * y * 2]
+    # one kernel per torch op: norm 5 passes (statistics 1, normalise 2, affine 2); bias 2,
+    # dropout 2 (+ mask), residual add 3; bias 2, GeLU 2
+    norm, residual = [1 * x * 2, 2 * x * 2, 2 * x * 2], [2 * x * 2, 2 * x * 2 + x, 3 * x * 2]
+    assert got == norm * 2 + residual * 2 + [2 * y * 2, 2 * y * 2]
+    assert sum(got) == 2 * 5 * x * 2 + 2 * ((2 + 3 + 2) * x * 2 + x) + 4 * y * 2
 
 
 def test_cross_entropy_passes_over_the_fp32_logits():

@@ -33,8 +33,9 @@ __all__ = ["layer_elementwise_kernels", "optimizer_bytes_per_param", "loss_bytes
            "loss_passes", "unfused_softmax_passes"]
 
 
-def _norm(fused: bool) -> int:
-    return 2 if fused else 5
+def _norm(fused: bool) -> list[int]:
+    """Passes of each LayerNorm/RMSNorm kernel: one fused, or statistics, normalise, affine."""
+    return [2] if fused else [1, 2, 2]
 
 
 def layer_elementwise_kernels(shape: Any, b: float, s: float, t: int, sp: bool,
@@ -42,26 +43,29 @@ def layer_elementwise_kernels(shape: Any, b: float, s: float, t: int, sp: bool,
                               ) -> tuple[Kernel, ...]:
     """The forward element-wise kernels of one dense layer on one tensor-parallel rank
     (``shape``: a :class:`~ddlsim.workloads.models.decoder.DecoderShape`; ``sw``: the resolved
-    software stack, read for its ``fused_*`` fields)."""
+    software stack, read for its ``fused_*`` fields): one kernel per fused op, or one per torch
+    op of the unfused sequence (the table above), so each pays its launch (:mod:`.host`)."""
     dt = dtype_bytes
     x = b * s * shape.hidden / (t if sp else 1)
     y = b * s * shape.ffn / t
-    out: list[float] = [_norm(sw.fused_layernorm) * x * dt] * 2
     mask = x if shape.dropout else 0.0                       # 1-byte dropout mask
+    out: list[float] = [p * x * dt for p in _norm(sw.fused_layernorm)] * 2
     if sw.fused_bias_dropout_add:
-        residual = 3 * x * dt + mask
+        residual = [3 * x * dt + mask]
     else:
-        residual = (2 * x * dt if shape.out_bias or shape.mlp_bias else 0.0) + 3 * x * dt
-        residual += (2 * x * dt + mask) if shape.dropout else 0.0
-    out += [residual] * 2
-    if shape.gated_mlp:
-        act = (3 if sw.fused_bias_gelu else 5) * y * dt
-    else:
-        act = (2 if sw.fused_bias_gelu else (4 if shape.mlp_bias else 2)) * y * dt
-    out.append(act)
-    if shape.positions == "rotary":
+        residual = [2 * x * dt] if shape.out_bias or shape.mlp_bias else []
+        residual += [2 * x * dt + mask] if shape.dropout else []
+        residual += [3 * x * dt]
+    out += residual * 2
+    if shape.gated_mlp:                                      # SiLU, multiply
+        out += [3 * y * dt] if sw.fused_bias_gelu else [2 * y * dt, 3 * y * dt]
+    elif sw.fused_bias_gelu or not shape.mlp_bias:
+        out += [2 * y * dt]
+    else:                                                    # bias add, GeLU
+        out += [2 * y * dt, 2 * y * dt]
+    if shape.positions == "rotary":                          # ·cos, negate, cat, ·sin, add
         qk = b * s * (shape.q_width + shape.kv_width) / t
-        out.append((2 if sw.fused_rope else 11) * qk * dt)
+        out += [2 * qk * dt] if sw.fused_rope else [p * qk * dt for p in (2, 2, 2, 2, 3)]
     return tuple(Kernel("memory", bytes=v, dtype=dtype) for v in out if v)
 
 
