@@ -1,0 +1,153 @@
+"""Predicted vs published iteration time of torchtitan's Llama 3.1 runs (FSDP2) on H100.
+
+Run:  python benchmarks/validate_torchtitan.py [--engine analytical|des] [--markdown]
+      [--write-docs] [--des-rank-ops N]
+
+The published throughputs and their provenance are in ``data/torchtitan_h100_tps.csv``
+(torchtitan's own benchmark files of 2024-12 and 2025-06). Each row runs on the software stack
+of its date (``torchtitan-2024`` for 9dec370's runs, ``torchtitan-2025`` for the June 2025
+ones; ``ddlsim/data/software.yaml``) with the row's settings: FSDP over ``dp_shard × cp``
+(ZeRO-3, inside the pipeline stages where PP > 1), TP with sequence parallelism, async TP as
+``tp_comm_overlap: pipelined``, CP's default ``allgather`` rotation as ``cp_comm_type:
+all_gather``, ``compile`` as the stack's ``compile``, op-level selective AC
+as ``recompute: selective`` under the stack's ``every_second_mm`` policy, the pipelined rows'
+micro-batches and layer split as torchtitan derives them (CSV header). No per-row factors and
+nothing tuned.
+
+The published iteration time is ``global_batch · seq / (tokens/s/GPU · GPUs)``; the error is
+``predicted / published − 1`` (positive: ddlsim too slow). Rows are marked:
+
+* ``≈ fp8``: float8 runs as ddlsim's ``fp8`` (Transformer Engine's per-tensor casts and FP8
+  GEMM ceilings), not torchao's tensorwise recipe, and FSDP's float8 all-gather is not
+  modelled (its gathers stay bf16);
+* ``not expressed``: float8 rowwise (no rowwise recipe yet) and the interleaved 405B row
+  (torchtitan's uneven split over 16 virtual stages has no ddlsim form); listed, not run.
+
+The hardware differs from the ``dgx-h100`` preset the rows run on: Grand Teton hosts of H100s
+with 96 GB HBM2e at a 500 W power limit (the preset: SXM5 80 GB HBM3 at 700 W, whose matmul
+ceilings were measured at 700 W; ddlsim has no measured ceiling at 500 W), so the predictions
+are for DGX H100s and the errors include that difference.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from public_runs import DATA, error_stats, print_notes, print_table, read_csv, run_script, \
+    time_record
+
+TABLE = DATA / "torchtitan_h100_tps.csv"
+GPUS_PER_NODE = 8
+STACKS = {"2024": "torchtitan-2024", "2025": "torchtitan-2025"}
+#: Llama 3.1 405B's 126 layers over 8 stages as torchtitan 9dec370 splits them (CSV header)
+SPLIT_405B_PP8 = {"num_layers_in_first_pipeline_stage": 15,
+                  "num_layers_in_last_pipeline_stage": 15}
+
+
+def rows(table=TABLE) -> list[dict]:
+    return read_csv(table)
+
+
+def _int(row: dict, *keys: str) -> list[int]:
+    return [int(row[k]) for k in keys]
+
+
+def not_expressed(row: dict) -> str:
+    """Why ddlsim cannot express the row as run, or empty."""
+    if row["float8"] == "rowwise":
+        return "float8 rowwise scaling (no rowwise recipe in ddlsim yet)"
+    if row["schedule"] == "interleaved":
+        return "torchtitan's uneven split over 16 virtual stages"
+    return ""
+
+
+def config(row: dict) -> dict:
+    """The ddlsim run config of one row (module docstring)."""
+    gpus, shard, cp, tp, pp, local, gbs, seq = _int(
+        row, "gpus", "dp_shard", "cp", "tp", "pp", "local_batch", "global_batch", "seq")
+    parallel = {"zero_stage": 3, "data_parallel_size": shard, "context_parallel_size": cp,
+                "tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp}
+    if tp > 1:
+        parallel["sequence_parallel"] = True
+    if cp > 1:      # context_parallel_rotate_method 'allgather' (9dec370 config_manager.py
+        parallel["cp_comm_type"] = "all_gather"     # lines 365-367; 07c00d9's default too)
+    if row["async_tp"] == "1":
+        parallel["tp_comm_overlap"] = "pipelined"
+    mbs = local
+    if pp > 1:
+        mbs = local // pp            # one micro-batch per stage (CSV header)
+        parallel.update(SPLIT_405B_PP8 if row["model"] == "llama-3.1-405b" else {})
+    software = {"stack": STACKS[row["set"]], "compile": row["compile"] == "1"}
+    return {"model": {"preset": row["model"], "max_position_embeddings": max(seq, 8192)},
+            "parallel": parallel,
+            "train": {"micro_batch_size": mbs, "global_batch_size": gbs, "seq_length": seq,
+                      "dtype": "fp8" if row["float8"] != "none" else "bf16",
+                      "recompute": row["ac"]},
+            "system": {"preset": "dgx-h100", "nodes": gpus // GPUS_PER_NODE,
+                       "software": software}}
+
+
+def published_time(row: dict) -> float:
+    """Seconds per iteration implied by the published tokens/s/GPU."""
+    gpus, gbs, seq = _int(row, "gpus", "global_batch", "seq")
+    return gbs * seq / (float(row["tps_per_gpu"]) * gpus)
+
+
+def evaluate(engine: str = "analytical", only: list[dict] | None = None,
+             limits=None) -> list[dict]:
+    """One record per row: published and predicted iteration time, error, fit note; rows
+    ddlsim cannot express get no prediction (``skipped`` says why)."""
+    out = []
+    for row in rows() if only is None else only:
+        why = not_expressed(row)
+        if why:
+            out.append({"row": row, "result": None, "refused": "", "published":
+                        published_time(row), "skipped": f"not expressed: {why}"})
+        else:
+            out.append(time_record(row, config(row), engine, limits, published_time(row)))
+    return out
+
+
+def _label(o: dict) -> str:
+    row = o["row"]
+    return f"{row['set']} table {row['table']} {row['techniques']} ({row['model']})"
+
+
+def _print(out: list[dict], markdown: bool) -> None:
+    head = ["set", "table", "row", "model", "GPUs", "FSDP", "CP", "TP", "PP", "seq",
+            "published tok/s/GPU", "published (s)", "predicted (s)", "error"]
+    lines = []
+    for o in out:
+        row = o["row"]
+        mark = " ≈ fp8" if row["float8"] == "tensorwise" else ""
+        cells = [row["set"], row["table"], row["techniques"] + mark, row["model"], row["gpus"],
+                 row["dp_shard"], row["cp"], row["tp"], row["pp"], row["seq"],
+                 row["tps_per_gpu"], f"{o['published']:.3f}"]
+        if o["result"] is None:
+            cells += ["not expressed" if o["skipped"].startswith("not expressed")
+                      else "not run (work limit)", "-"]
+        else:
+            note = " (does not fit; check_fit=False)" if o["refused"] else ""
+            cells += [f"{o['predicted']:.3f}{note}", f"{100 * o['error']:+.1f}%"]
+        lines.append(cells)
+    print_table(head, lines, markdown)
+    print_notes([o for o in out if not o["refused"]], _label, markdown)
+
+
+def summary(out: list[dict], engine: str) -> str:
+    """Mean |error|, worst row and signed mean over the rows that ran, also without fp8."""
+    ran = [o for o in out if o["result"] is not None]
+    bf16 = [o for o in ran if o["row"]["float8"] == "none"]
+    text = (f"{error_stats(out, _label)} ({engine} engine, {len(ran)} of {len(out)} rows; "
+            "positive = ddlsim too slow)")
+    if bf16:
+        text += f"; bf16 rows only: {error_stats(bf16, _label)}"
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_script("validate_torchtitan", __doc__, argv, evaluate, _print, summary)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

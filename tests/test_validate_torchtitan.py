@@ -1,0 +1,56 @@
+"""benchmarks/validate_torchtitan.py: torchtitan's published H100 runs, mapped onto ddlsim."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCH))          # the script imports its shared helper, public_runs
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+vt = _load("validate_torchtitan")
+ROWS = vt.rows()
+
+
+def test_data_carries_its_provenance():
+    text = (BENCH / "data" / "torchtitan_h100_tps.csv").read_text()
+    for must in ("pytorch/torchtitan", "llama3_h100_202412_torchtitan.md", "9dec370",
+                 "asyncTP_llama3_h100_2025-06_torchtitan.md", "820504e", "500 W"):
+        assert must in text, must
+
+
+def test_published_time_of_the_first_row_by_hand():
+    """Table 1 FSDP: 16 sequences of 8192 tokens at 5,762 tokens/s on each of 8 GPUs."""
+    assert vt.published_time(ROWS[0]) == pytest.approx(16 * 8192 / (5762 * 8), rel=1e-12)
+
+
+def test_pipelined_405b_rows_take_torchtitans_split_and_micro_batches():
+    row = next(r for r in ROWS if r["table"] == "5" and r["schedule"] == "1f1b")
+    cfg = vt.config(row)
+    p, t = cfg["parallel"], cfg["train"]
+    assert p["num_layers_in_first_pipeline_stage"] == 15 == p["num_layers_in_last_pipeline_stage"]
+    assert t["micro_batch_size"] == 32 // 8 and p["zero_stage"] == 3
+    assert p["tp_comm_overlap"] == "pipelined" and cfg["system"]["software"]["compile"]
+
+
+def test_rows_ddlsim_cannot_express_are_listed_not_run():
+    out = vt.evaluate("analytical", only=[r for r in ROWS if r["float8"] == "rowwise"][:1])
+    assert out[0]["result"] is None and "rowwise" in out[0]["skipped"]
+
+
+def test_one_row_runs_on_its_dated_stack():
+    (rec,) = vt.evaluate("analytical", only=[ROWS[0]])
+    assert vt.config(ROWS[0])["system"]["software"]["stack"] == "torchtitan-2024"
+    assert math.isfinite(rec["error"]) and rec["predicted"] > 0
