@@ -175,3 +175,21 @@ def test_deepspeed_fp16_step_temporaries_by_hand():
     n = cfg.model.shape().params
     assert m.other == pytest.approx(8 * n - m.activations, rel=1e-12)
     assert type(m.other) is float
+
+
+def test_torchtitan_op_level_sac_keeps_by_hand():
+    """Llama 3.1 8B (h 4096, 32 heads, 8 KV heads, f 14336) under torchtitan's op-level SAC,
+    one rank: the block input, wq (4096), wv (1024), w1 (14336) and w2 (4096) outputs, SDPA's
+    output (4096) in 16 bits, its log-sum-exp in fp32 per head; with TP 2 and sequence
+    parallelism the column outputs halve, w2's stays whole, and the two reduce-scatter
+    outputs are added."""
+    from ddlsim.workloads.decoder.memory import sac_activation_bytes
+    cfg = ddlsim.load_config("examples/llama3-8b-fsdp2-h100.yaml")
+    sh, M = cfg.model.shape(), 2 * 8192
+    widths = 4096 + 4096 + 1024 + 14336 + 4096 + 4096
+    assert sac_activation_bytes(sh, 2, 8192, 1, False) == 2 * M * widths + 4 * M * 32
+    widths_tp2 = 2048 + 2048 + 512 + 7168 + 4096 + 2048 + 2 * 2048
+    assert sac_activation_bytes(sh, 2, 8192, 2, True) == 2 * M * widths_tp2 + 4 * M * 16
+    m = ddlsim.memory_per_device(cfg)
+    assert m.activations == pytest.approx(32 * sac_activation_bytes(sh, 2, 8192, 1, False),
+                                          rel=1e-12)

@@ -15,7 +15,7 @@ from ..memory import MemoryBreakdown, inflight_chunks, model_state_bytes
 from ..models.decoder import DecoderShape
 from .layerkernels import activation_kinds, compute_dtype, grad_bytes
 
-__all__ = ["stage_memory", "stage_activations", "stage_buffers"]
+__all__ = ["stage_memory", "stage_activations", "stage_buffers", "sac_activation_bytes"]
 
 
 def stage_memory(cfg: RunConfig, shape: DecoderShape, stage: int, params: float,
@@ -58,7 +58,11 @@ def stage_memory(cfg: RunConfig, shape: DecoderShape, stage: int, params: float,
         if part is None:
             from .partition import make_partitioner
             part = make_partitioner(cfg, shape)
-        per_chunk = part.activation_bytes(t.recompute) * lpc
+        if t.recompute == "selective" and cfg.software.selective_recompute == "every_second_mm":
+            per_chunk = sac_activation_bytes(shape, t.micro_batch_size, t.seq_length // p.cp,
+                                             p.tp, p.sequence_parallel) * lpc
+        else:
+            per_chunk = part.activation_bytes(t.recompute) * lpc
     chunks = inflight_chunks(cfg, stage)
     rebuilt = 0.0
     if t.recompute == "full":  # one layer's full activations are rebuilt during its backward
@@ -82,6 +86,41 @@ def stage_memory(cfg: RunConfig, shape: DecoderShape, stage: int, params: float,
                             unit_bytes / pb, split, first, last, p.pp, pb, gb, params)
     return MemoryBreakdown(weights, grads, opt, acts, other, cfg.system.device.memory_bytes, stage,
                            buffers, context_bytes(cfg.system.device))
+
+
+def sac_activation_bytes(shape: DecoderShape, b: int, s: int, t: int, sp: bool) -> float:
+    """Bytes one dense layer keeps for its backward on one of ``t`` 1-D TP ranks under
+    torchtitan's op-level selective checkpointing (:mod:`.sac`): what the policy saves, 16-bit
+    unless said.
+
+    * the block's input, which the checkpoint keeps (``h``, ``h/t`` with sequence
+      parallelism);
+    * the outputs of every second ``aten.mm`` from the first (``wq wv w1 w2`` of a gated
+      MLP, :func:`.sac.layer_mms`: column-parallel outputs are ``N/t`` wide, row-parallel ones
+      the whole ``h`` before their reduction), FP8 runs too: ``aten._scaled_mm`` is not on the
+      save list, so the policy alone would keep none, yet torchtitan's published FP8 runs hold
+      as much as its BF16 ones (benchmarks/llama3_h100_202412_torchtitan.md Tables 1 and 3:
+      76.8 vs 77.0 and 61.8 vs 62.0 GiB); the larger count is kept, so that a plan said to fit
+      is not one the policy's reading alone would fit;
+    * SDPA's output (``q/t``) and its fp32 log-sum-exp (one per head and token);
+    * with sequence parallelism, the outputs of the attention's and the MLP's
+      reduce-scatters (``h/t`` each, ``c10d.reduce_scatter_tensor`` is on the save list).
+
+    ``s`` is the rank's sequence (``s/cp``), ``b`` the micro-batch.
+
+    References
+    ----------
+    torchtitan 9dec370 ``torchtitan/parallelisms/parallelize_llama.py`` lines 213-276
+    (``_save_list`` and the every-other-mm policy).
+    """
+    from .sac import layer_mms
+    M = b * s
+    widths = shape.hidden / t if sp else shape.hidden           # the block's input
+    widths += sum(n for _, n, _ in layer_mms(shape, M, t)[0::2])
+    widths += shape.q_width / t                                  # SDPA's output
+    if sp and t > 1:
+        widths += 2 * shape.hidden / t                           # the two reduce-scatters
+    return 2.0 * M * widths + 4.0 * M * shape.heads / t         # + fp32 log-sum-exp
 
 
 def stage_buffers(sw, fm, shape: DecoderShape, zero_stage, dp, gathered, unit_params,
