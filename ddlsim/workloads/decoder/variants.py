@@ -87,3 +87,25 @@ def mla_linear_gemms(shape: Any, M: float, t: int) -> dict:
     return {"qkv": tuple(v for k, v in g.items() if k != "proj"), "proj": g["proj"],
             "fc1": (M, (shape.mlp_matrices - 1) * f / t, shape.hidden),
             "fc2": (M, shape.hidden, f / t)}
+
+
+def variant_phrases(shape: Any) -> tuple[str, str]:
+    """What the one-line model summary adds for the variants: after the heads (MLA's ranks,
+    query/key norms, sinks, the window and its layers) and after the MoE block (the dense
+    first layers); empty strings for a model without them."""
+    attn = []
+    if shape.mla is not None:
+        m = shape.mla
+        attn.append(f"MLA (q {m.q_lora_rank or 'full'}, kv {m.kv_lora_rank}, "
+                    f"qk {m.qk_nope_head_dim}+{m.qk_rope_head_dim}, v {m.v_head_dim})")
+    if shape.qk_norm:
+        attn.append("qk-norm")
+    if shape.attention_sinks:
+        attn.append("sinks")
+    if shape.sliding_window is not None and shape.window_layers:
+        where = "" if shape.window_layers == shape.layers else \
+            f" on {shape.window_layers} layers"
+        attn.append(f"window {shape.sliding_window}{where}")
+    dense = f", first {shape.first_dense_layers} dense" if shape.first_dense_layers else ""
+    return ("".join(f" {x}" if i == 0 and x.startswith("MLA") else f", {x}"
+                    for i, x in enumerate(attn)), dense)
