@@ -85,6 +85,9 @@ class DecoderFamily(WorkloadFamily):
             every = "" if sh.moe_layer_freq == 1 else f" every {sh.moe_layer_freq} layers"
             mlp = (f"MoE {sh.experts}×{mlp.split()[0]} {sh.f_e} top-{sh.top_k}{every}"
                    + (f" +{sh.shared_experts} shared" if sh.shared_experts else ""))
+        from .variants import variant_phrases
+        extra_attn, extra_mlp = variant_phrases(sh)   # MLA, qk-norm, sinks, window, dense
+        attn, mlp = attn + extra_attn, mlp + extra_mlp
 
         def count(n: int) -> str:
             return f"{n / 1e9:.3g} B" if n >= 1e9 else f"{n / 1e6:.3g} M"
