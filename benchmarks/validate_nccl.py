@@ -54,7 +54,7 @@ def predicted_busbw(row: dict, engine: str) -> tuple[float, str]:
     from ddlsim.workloads.trace import (Block, Collective, GroupFamily, Op, Program, RankClass,
                                         Step, Workload, WorkloadMeta)
     p, op, size = int(row["gpus"]), row["op"], float(row["size_bytes"])
-    coll = Collective("x", op, "g", size)
+    coll = Collective("x", op, "g", size, algorithm=row["algorithm"] or None)
     program = Program({"b": Block("b", "other", (Op(coll),))}, (Step("b"),))
     wl = Workload("nccl-test", p, {"g": GroupFamily("g", "dp", np.arange(p).reshape(1, p))},
                   (RankClass("all", tuple(range(p)), program),), WorkloadMeta(1, 1))
@@ -81,7 +81,7 @@ def table(engine: str) -> tuple[list[str], dict[str, list[float]]]:
         size = float(row["size_bytes"])
         lines.append(f"| {row['source']} | {row['gpu']} | {row['gpus']} | {row['nodes']} | "
                      f"{row['op']} | {_size(size)} | {pub:.1f} | {got:.1f} | {100 * err:+.1f}% | "
-                     f"{label} | {row['role']} |")
+                     f"{label}{' (forced)' if row['algorithm'] else ''} | {row['role']} |")
     return lines, errors
 
 
