@@ -37,7 +37,7 @@ from .blocks import piece_config, stage_pieces
 from ..workloads.decoder import param_gather
 from ..workloads.decoder.builder import StageBuilder, with_edges
 from ..workloads.decoder.dpsync import bucket_runs, buckets
-from ..workloads.allocator import context_bytes, framework, step_temporaries
+from ..workloads.allocator import context_bytes, framework, head_bytes, step_temporaries
 from ..workloads.decoder.memory import stage_activations, stage_buffers
 from ..workloads.memory import model_state_bytes
 from ..workloads.schedules import peak_inflight
@@ -354,7 +354,8 @@ class DecoderVectors:
             sh, b, s, t, v, per_layer * (sh.layers // (pp * v)), chunks,
             np.where(rec == RECOMPUTE.index("full"), full, 0.0), is_first, is_last, 1,
             fm.logit_bytes, step_temporaries(
-                fm, zero, compute_dtype(cfg.train.dtype) == "fp16", stage_params))
+                fm, zero, compute_dtype(cfg.train.dtype) == "fp16", stage_params),
+            head_bytes(fm, sh.hidden, t, sp))
         buffers = stage_buffers(cfg.software, fm, sh, zero, dp, gathered, sh.layer_params / t,
                                 t, is_first, is_last, pp, ctx.dt, ctx.gdt, stage_params)
         return (weights + grads + opt + acts + other + buffers

@@ -29,8 +29,8 @@ import numpy as np
 
 from ..errors import ConfigError
 
-__all__ = ["FrameworkMemory", "FRAMEWORKS", "framework", "loss_bytes", "comm_buffer_bytes",
-           "step_temporaries", "context_bytes", "CUDA_CONTEXT_BYTES"]
+__all__ = ["FrameworkMemory", "FRAMEWORKS", "framework", "loss_bytes", "head_bytes",
+           "comm_buffer_bytes", "step_temporaries", "context_bytes", "CUDA_CONTEXT_BYTES"]
 
 #: CUDA context with PyTorch's kernels loaded, measured with NVML after the first CUDA tensor
 #: of a PyTorch process: 1,343 MiB (Hugging Face transformers docs, "Model training anatomy",
@@ -60,6 +60,10 @@ class FrameworkMemory:
         are views into the gradients.
     step_bytes : bytes per parameter the optimizer step allocates for the time of the step
         without ZeRO in fp16 (:func:`step_temporaries`), 0 where it allocates none.
+    head_widths : (split, whole): 16-bit tensors of width ``h`` per token that the final norm
+        and the output head keep for the backward outside the checkpointed blocks, split over
+        TP under sequence parallelism or whole (:func:`head_bytes`); (0, 0) where they are
+        not counted apart from the layers.
     sources : field → where it was read.
     """
 
@@ -70,6 +74,7 @@ class FrameworkMemory:
     reduce_bucket_elements: float
     sources: dict
     step_bytes: float = 0.0
+    head_widths: tuple = (0, 0)
 
 
 #: framework name → its memory rules; a stack belongs to the longest name that prefixes it
@@ -88,6 +93,11 @@ _TITAN_LOSS = ("cross_entropy(pred.flatten(0, 1).float(), labels), pred deleted 
                "backward: the loss's backward holds the saved fp32 log-softmax output, "
                "nll_loss's dense fp32 gradient and log_softmax's fp32 input gradient (3 x 4 B "
                "per logit; the forward's peak, 2 + 4 + 4 B, is lower)")
+_TITAN_HEAD = ("torchtitan's Transformer.forward runs h = norm(h); output(h) outside the "
+               "checkpointed blocks (apply_ac wraps model.layers only): the RMSNorm in torch ops "
+               "(norms.py: x * rsqrt(mean(x^2) + eps) * weight) keeps its input and its "
+               "normalised output, split over TP by SequenceParallel; the head's mm keeps its "
+               "input, gathered to the whole sequence by ColwiseParallel(input_layouts=Shard(1))")
 _FSDP2 = ("PyTorch torch/distributed/fsdp/_fully_shard: _fsdp_collectives.py foreach_reduce "
           "copies a unit's unsharded gradients into a reduce-scatter input of the unit's size in "
           "reduce_dtype (fp32 in torchtitan); _fsdp_param.py to_accumulated_grad_if_needed: "
@@ -128,7 +138,9 @@ _register(FrameworkMemory(
         "kept_root": "torchtitan 9dec370 torchtitan/parallelisms/parallelize_llama.py lines "
                      "325-339: fully_shard per transformer block, then the root (embeddings, "
                      "norm, output); PyTorch _fsdp_state.py _lazy_init: 'For the root, do not "
-                     "reshard after forward' (post_forward_mesh_info = None)"}))
+                     "reshard after forward' (post_forward_mesh_info = None)",
+        "head_widths": _TITAN_HEAD},
+    head_widths=(2, 1)))
 
 _register(FrameworkMemory(
     "torchtitan-2025", logit_bytes=4 + 4 + 4, fsdp2=True, kept_root="head",
@@ -140,7 +152,9 @@ _register(FrameworkMemory(
         "kept_root": "torchtitan 07c00d9 torchtitan/models/llama3/infra/parallelize.py lines "
                      "279-299: the embedding is its own unit, resharded after forward; "
                      "[norm, output] one unit with reshard_after_forward only under 'always' "
-                     "('FSDP would prefetch them immediately after the forward pass')"}))
+                     "('FSDP would prefetch them immediately after the forward pass')",
+        "head_widths": _TITAN_HEAD},
+    head_widths=(2, 1)))
 
 
 def framework(stack: str) -> FrameworkMemory:
@@ -166,6 +180,17 @@ def loss_bytes(logit_bytes: float, b, s: int, vocab: int, tp_cp):
     (``b·s·V/(t·c)`` logits: the head is split over TP and the sequence over CP). ``b`` and
     ``tp_cp`` may be arrays over plans."""
     return b * s * vocab / tp_cp * logit_bytes
+
+
+def head_bytes(fm: FrameworkMemory, hidden: int, t, sp):
+    """Bytes per token of the rank's sequence that the final norm and the head keep on the
+    last stage (:attr:`FrameworkMemory.head_widths`): ``2·h·(split/t' + whole)`` with ``t' = t``
+    under sequence parallelism, else 1 (``t`` and ``sp`` may be arrays over plans)."""
+    split, whole = fm.head_widths
+    if not (split or whole):
+        return 0.0
+    t_sp = np.where(sp, t, 1)
+    return _scalar(2.0 * hidden * (split / t_sp + whole))
 
 
 def comm_buffer_bytes(fm: FrameworkMemory, zero_stage, dp, gathered, unit_params, kept_params,

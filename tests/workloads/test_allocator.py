@@ -116,7 +116,9 @@ def test_torchtitan_fsdp_breakdown_by_hand():
     layer, edges = sh.layer_params, sh.embedding_params
     root = edges + sh.norm_params
     assert m.buffers == pytest.approx(2 * layer * 2 + root * 2 + layer * (2 + 4), rel=1e-12)
-    assert m.other == pytest.approx(2048 * V * 12 + 2048 * h, rel=1e-12)   # + embedding out
+    # the loss, the final norm's input and output and the head's input (16-bit), and the
+    # embedding output (one stage: first and last)
+    assert m.other == pytest.approx(2048 * V * 12 + 2048 * 2 * h * 3 + 2048 * h, rel=1e-12)
     # FSDP2 keeps the shards in fp32, the optimizer's master: 4 B weights, 8 B Adam moments,
     # 4 B gradients (reduced in fp32), each over the 16 ranks
     n = sh.params

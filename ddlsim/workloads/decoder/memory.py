@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from ...config import DTYPE_BYTES, RunConfig
-from ..allocator import (comm_buffer_bytes, context_bytes, framework, loss_bytes,
-                         step_temporaries)
+from ..allocator import (comm_buffer_bytes, context_bytes, framework, head_bytes,
+                         loss_bytes, step_temporaries)
 from ..memory import MemoryBreakdown, inflight_chunks, model_state_bytes
 from ..models.decoder import DecoderShape
 from .layerkernels import activation_kinds, compute_dtype, grad_bytes
@@ -81,7 +81,8 @@ def stage_memory(cfg: RunConfig, shape: DecoderShape, stage: int, params: float,
                                     p.vpp, per_chunk, chunks, rebuilt, first, last,
                                     part.embedding_split if part is not None else 1,
                                     fm.logit_bytes,
-                                    step_temporaries(fm, p.zero_stage, state == "fp16", params))
+                                    step_temporaries(fm, p.zero_stage, state == "fp16", params),
+                                    head_bytes(fm, shape.hidden, p.tp, p.sequence_parallel) / p.cp)
     buffers = stage_buffers(cfg.software, fm, shape, p.zero_stage, cfg.dp, gathered,
                             unit_bytes / pb, split, first, last, p.pp, pb, gb, params)
     return MemoryBreakdown(weights, grads, opt, acts, other, cfg.system.device.memory_bytes, stage,
@@ -143,7 +144,8 @@ def stage_buffers(sw, fm, shape: DecoderShape, zero_stage, dp, gathered, unit_pa
 
 
 def stage_activations(shape: DecoderShape, b, s: int, tp_cp, vpp, per_chunk, chunks, rebuilt,
-                      first, last, embedding_split, logit_bytes: float, step) -> tuple:
+                      first, last, embedding_split, logit_bytes: float, step,
+                      head) -> tuple:
     """(activations, other buffers) in bytes on one rank of a stage; every argument but
     ``shape`` and ``s`` may be an array over plans (the search tier's memory is this rule).
 
@@ -159,6 +161,8 @@ def stage_activations(shape: DecoderShape, b, s: int, tp_cp, vpp, per_chunk, chu
     embedding_split : ranks the embedding output is split over.
     logit_bytes : bytes per logit the loss holds at its peak (the framework's,
         :attr:`~ddlsim.workloads.allocator.FrameworkMemory.logit_bytes`).
+    head : bytes per token of the micro-batch that the final norm and the head keep on the
+        last stage (:func:`~ddlsim.workloads.allocator.head_bytes`, already over CP).
     step : bytes the optimizer step allocates after the backward
         (:func:`~ddlsim.workloads.allocator.step_temporaries`): the temporaries are the larger
         of the two phases' beside the kept activations, ``max(other, step − activations)``.
@@ -167,7 +171,7 @@ def stage_activations(shape: DecoderShape, b, s: int, tp_cp, vpp, per_chunk, chu
     sbh = b * s * shape.hidden
     # the loss's logits and their fp32 temporaries on the last stage; the embedding output
     # kept for dropout on the first
-    other = (_on(last, loss_bytes(logit_bytes, b, s, shape.vocab, tp_cp))
+    other = (_on(last, loss_bytes(logit_bytes, b, s, shape.vocab, tp_cp) + b * s * head)
              + _on(first, sbh * chunks / vpp / embedding_split))
     if np.any(step):
         other = np.maximum(other, step - acts)
