@@ -39,13 +39,15 @@ def _gemm(cfg: Any) -> str:
 
 
 def _precision(cfg: Any) -> str:
-    """``bf16``, ``fp8 GEMMs, bf16 elsewhere``, each with the gradients' reduction dtype."""
+    """``bf16``, ``fp8 GEMMs (RECIPE scaling), bf16 elsewhere``, each with the gradients'
+    reduction dtype."""
     from .config_types import DTYPE_BYTES
     from .software import grad_dtype_bytes
 
     dtype = cfg.train.dtype
     params = "bf16" if dtype == "fp8" else dtype
-    text = "fp8 GEMMs, bf16 elsewhere" if dtype == "fp8" else dtype
+    text = (f"fp8 GEMMs ({cfg.software.fp8_recipe} scaling), bf16 elsewhere"
+            if dtype == "fp8" else dtype)
     grads = grad_dtype_bytes(cfg.software.grad_reduce_dtype, params)
     if grads != DTYPE_BYTES[params]:
         text += ", fp32 gradients and their reduction"

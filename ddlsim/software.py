@@ -93,6 +93,11 @@ class KernelSpec(_Strict):
         default=None, description="dtype of the gradient buffers and their data-parallel "
                                   "reduction: param (the 16-bit parameter dtype), fp32, or "
                                   "fp32_if_bf16 (Megatron-LM's rule)")
+    fp8_recipe: Literal["te_delayed", "tensorwise", "rowwise"] | None = Field(
+        default=None, description="how FP8 runs (train.dtype fp8) scale and cast the linear "
+                                  "layers' GEMM inputs: Transformer Engine's delayed "
+                                  "scaling, or torchao's dynamic tensorwise or rowwise "
+                                  "scaling (simulator/kernels/fp8recipe.py)")
     selective_recompute: Literal["attention_core", "every_second_mm"] | None = Field(
         default=None, description="what recompute: selective recomputes: the attention "
                                   "core (Megatron, Korthikanti et al. 2022) or torchtitan's "

@@ -49,7 +49,7 @@ def test_plan_overlaps_are_the_active_ones_with_why_others_are_not():
     assert plan["precision"] == "bf16, fp32 gradients and their reduction"
     fp8 = plan_fields(ddlsim.load_config(EXAMPLES / "gpt3-175b-1024-a100.yaml", overrides=[
         "system.preset=dgx-h100", "train.dtype=fp8"]))
-    assert fp8["precision"].startswith("fp8 GEMMs, bf16 elsewhere")
+    assert fp8["precision"].startswith("fp8 GEMMs (te_delayed scaling), bf16 elsewhere")
 
 
 def test_families_that_read_only_the_overlaps_get_no_kernel_fields():

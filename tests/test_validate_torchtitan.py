@@ -46,8 +46,14 @@ def test_pipelined_405b_rows_take_torchtitans_split_and_micro_batches():
 
 
 def test_rows_ddlsim_cannot_express_are_listed_not_run():
-    out = vt.evaluate("analytical", only=[r for r in ROWS if r["float8"] == "rowwise"][:1])
-    assert out[0]["result"] is None and "rowwise" in out[0]["skipped"]
+    out = vt.evaluate("analytical", only=[r for r in ROWS if r["schedule"] == "interleaved"])
+    assert out[0]["result"] is None and "virtual stages" in out[0]["skipped"]
+
+
+def test_float8_rows_name_their_recipe():
+    rowwise = next(r for r in ROWS if r["float8"] == "rowwise")
+    assert vt.config(rowwise)["system"]["software"]["kernels"]["fp8_recipe"] == "rowwise"
+    assert vt.config(rowwise)["train"]["dtype"] == "fp8"
 
 
 def test_one_row_runs_on_its_dated_stack():

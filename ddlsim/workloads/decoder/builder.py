@@ -231,7 +231,7 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
         if self.sw.selective_recompute == "every_second_mm" and not moe:
             from .sac import every_second_mm_op
             return every_second_mm_op(self.shape, self.kernels, self.b, self.s, self.tp,
-                                      self.dtype, self.cfg.train.dtype)
+                                      self.dtype, self.cfg.train.dtype, self.sw)
         return recompute_op(self.shape, self.kernels, g["attn_core"] / self.tp, self.b, self.s,
                             self.tp, self.dt, self.dtype, moe)
 

@@ -24,6 +24,7 @@ from ...config import DTYPE_BYTES
 from ...simulator.kernels.attention import attention_kernels
 from ...simulator.kernels.elementwise import (layer_elementwise_kernels, loss_bytes,
                                                  loss_passes)
+from ...simulator.kernels.fp8recipe import fp8_cast_kernels
 from ...simulator.kernels.gemm import gemm_kernels_backward
 from ..trace import Compute, Kernel
 
@@ -64,20 +65,17 @@ def linear_gemms(shape: Any, M: float, t: int) -> dict[str, tuple[float, float, 
             "fc2": (M, h, shape.ffn / t)}
 
 
-def _fp8_casts(M: float, N: float, K: float, backward: bool) -> tuple[Kernel, ...]:
-    if backward:
-        return (Kernel("memory", bytes=4 * M * N, dtype="bf16"),)
-    return (Kernel("memory", bytes=4 * M * K, dtype="bf16"),
-            Kernel("memory", bytes=3 * K * N, dtype="bf16"))
-
-
-def _linear(shape3: tuple, dtype: str, backward: bool) -> tuple[Kernel, ...]:
+def _linear(shape3: tuple, dtype: str, backward: bool, recipe: str = "te_delayed",
+            compiled: bool = False) -> tuple[Kernel, ...]:
     if isinstance(shape3[0], tuple):   # several GEMMs in a row (MLA's projections)
-        return sum((_linear(x, dtype, backward) for x in shape3), ())
+        return sum((_linear(x, dtype, backward, recipe, compiled) for x in shape3), ())
     M, N, K = shape3
     shapes = gemm_kernels_backward(M, N, K) if backward else ((M, N, K),)
     out = tuple(Kernel("gemm", g, dtype=dtype) for g in shapes)
-    return (_fp8_casts(M, N, K, backward) + out) if dtype == "fp8" else out
+    if dtype != "fp8":
+        return out
+    # the stack's FP8 recipe's scaling and cast passes (simulator/kernels/fp8recipe.py)
+    return fp8_cast_kernels(recipe, M, N, K, backward, compiled) + out
 
 
 #: The GEMM ops of a dense layer split by the module whose parameters each part uses, in
@@ -111,15 +109,18 @@ def layer_kernels(shape: Any, sw: Any, b: int, s: int, t: int, sp: bool,
     ew = layer_elementwise_kernels(shape, b, s, t, sp, dt, sw, od)
     # each op's kernels by the module whose parameters they use (ZeRO-3's module hooks,
     # .zero3): the attention core runs between the QKV and output projections' hooks
+    def lin(shape3, backward):
+        return _linear(shape3, gd, backward, sw.fp8_recipe, bool(sw.compile))
+
     parts = {
-        "attn.qkv": _linear(g["qkv"], gd, False) + core[0],
-        "attn.proj": _linear(g["proj"], gd, False),
-        "mlp.fc1": _linear(g["fc1"], gd, False),
-        "mlp.fc2": _linear(g["fc2"], gd, False),
-        "bwd.mlp.fc2": _linear(g["fc2"], gd, True),
-        "bwd.mlp.fc1": _linear(g["fc1"], gd, True),
-        "bwd.attn.proj": _linear(g["proj"], gd, True) + core[1],
-        "bwd.attn.qkv": _linear(g["qkv"], gd, True),
+        "attn.qkv": lin(g["qkv"], False) + core[0],
+        "attn.proj": lin(g["proj"], False),
+        "mlp.fc1": lin(g["fc1"], False),
+        "mlp.fc2": lin(g["fc2"], False),
+        "bwd.mlp.fc2": lin(g["fc2"], True),
+        "bwd.mlp.fc1": lin(g["fc1"], True),
+        "bwd.attn.proj": lin(g["proj"], True) + core[1],
+        "bwd.attn.qkv": lin(g["qkv"], True),
     }
     return {
         "attn": parts["attn.qkv"] + parts["attn.proj"],

@@ -37,14 +37,16 @@ def layer_mms(shape: Any, M: float, t: int) -> list[tuple[float, float, float]]:
 
 
 def every_second_mm_op(shape: Any, kernels: dict, b: int, s: int, t: int, dtype: str,
-                       train_dtype: str) -> Compute:
+                       train_dtype: str, sw: Any = None) -> Compute:
     """The recomputation of torchtitan's op-level selective AC for one dense layer on one
     TP rank (module docstring): the forward's element-wise kernels (``kernels['ew']``) and
-    its every-second ``mm`` (all linear GEMMs and their casts under FP8)."""
+    its every-second ``mm`` (all linear GEMMs and the stack ``sw``'s FP8 casts under FP8)."""
     if train_dtype == "fp8":
         from .layerkernels import _linear, linear_gemms
+        recipe = sw.fp8_recipe if sw is not None else "te_delayed"
+        compiled = bool(sw.compile) if sw is not None else False
         gemms = tuple(k for g in linear_gemms(shape, b * s, t).values()
-                      for k in _linear(g, train_dtype, False))
+                      for k in _linear(g, train_dtype, False, recipe, compiled))
     else:
         mms = layer_mms(shape, b * s, t)[1::2]
         gemms = tuple(Kernel("gemm", g, dtype=train_dtype) for g in mms)

@@ -243,7 +243,7 @@ class LayerPartitioner:
         kernels = layer_kernels(self.shape, self.cfg.software, self.b, self.s // self.cp,
                                 self.size, sp, self.cfg.train.dtype)
         return every_second_mm_op(self.shape, kernels, self.b, self.s // self.cp, self.size,
-                                  self.dtype, self.cfg.train.dtype)
+                                  self.dtype, self.cfg.train.dtype, self.cfg.software)
 
     # ------------------------------------------------------------------ per-rank counts
     def attn_core_flops(self) -> float:
