@@ -153,6 +153,11 @@ def check_moe_plan(cfg: Any) -> None:
         raise ValueError(f"parallel.moe.shared_expert_overlap = true needs shared experts "
                          f"(the model has {sh.shared_experts}) and token_dispatcher_type = "
                          f"'alltoall' (got {plan.dispatcher!r})")
+    if plan.imbalance != 1.0 and not 1 < plan.ep >= plan.imbalance:
+        raise ValueError(f"parallel.moe.router_imbalance = {plan.imbalance} is the most loaded "
+                         f"expert-parallel rank's tokens over the mean, so it needs "
+                         f"expert_model_parallel_size > 1 and at most EP = {plan.ep} (one rank "
+                         "receiving every token)")
     spec = p.moe
     if spec is not None and spec.router_force_load_balancing and plan.imbalance != 1.0:
         raise ValueError(f"parallel.moe.router_force_load_balancing = true gives every expert "
