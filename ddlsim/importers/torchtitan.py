@@ -2,14 +2,15 @@
 
 Key names and defaults are torchtitan's ``torchtitan/config/job_config.py`` (``[training]
 batch_size`` before its rename to ``local_batch_size``); the ``llama3`` flavors are the
-shapes of ``torchtitan/models/llama3/__init__.py`` (8B, 70B, 405B: Llama 3.1's). The run's stack is
-``torchtitan-2025`` (this config format's; ``ddlsim/data/software.yaml``): FSDP (a shard or
-context-parallel degree above 1) is ddlsim's ZeRO-3 with the stack's per-block FSDP2 units,
-with pipelining too; tensor parallelism is torchtitan's, with sequence parallelism;
-``[compile] enable`` is the stack's ``compile``; async TP is ``tp_comm_overlap: pipelined``.
-Op-level selective checkpointing is ``recompute: selective`` under the stack's
-``selective_recompute``. What ddlsim cannot express yet (HSDP, float8 rowwise, checkpointing
-of every n-th layer) is refused by name.
+shapes of ``torchtitan/models/llama3/__init__.py`` (8B, 70B, 405B: Llama 3.1's). The run's
+stack is ``torchtitan-2025`` (this config format's; ``ddlsim/data/software.yaml``): FSDP (a
+shard or context-parallel degree above 1) is ddlsim's ZeRO-3 with the stack's per-block
+FSDP2 units, with pipelining too; tensor parallelism is torchtitan's, with sequence
+parallelism; ``[compile] enable`` is the stack's ``compile``; async TP is
+``tp_comm_overlap: pipelined``. Op-level selective checkpointing is ``recompute: selective``
+under the stack's ``selective_recompute``; ``[float8] recipe_name`` is the stack's
+``fp8_recipe``. What ddlsim cannot express yet (HSDP, rowwise_with_gw_hp, FSDP's float8
+all-gather, checkpointing of every n-th layer) is refused by name.
 """
 
 from __future__ import annotations
@@ -279,9 +280,13 @@ def _checkpoint(draft: Draft, s: dict, doc: dict) -> None:
 
 
 def _float8(draft: Draft, s: dict, doc: dict) -> None:
-    if s.get("recipe_name") not in (None, "tensorwise"):
-        draft.refuse(f"[float8] recipe_name = {s['recipe_name']!r}", "not modelled yet "
-                     "(ddlsim's fp8 is per-tensor scaling)")
+    recipe = s.get("recipe_name")
+    if recipe in ("tensorwise", "rowwise"):
+        draft.set("system.software.kernels.fp8_recipe", recipe,
+                  f"[float8] recipe_name = {recipe!r}")
+    elif recipe is not None:
+        draft.refuse(f"[float8] recipe_name = {recipe!r}", "not modelled yet (ddlsim's "
+                     "recipes: tensorwise, rowwise; simulator/kernels/fp8recipe.py)")
     if s.get("enable_fsdp_float8_all_gather"):
         draft.refuse("[float8] enable_fsdp_float8_all_gather = true", "not modelled yet")
     _rest(draft, "float8", s, {"recipe_name", "enable_fsdp_float8_all_gather"})

@@ -90,6 +90,8 @@ def test_torchtitan_import_round_trips_to_the_hand_written_config():
     ("compile = false", "compile = true", ("system", "software", "compile"), True),
     ("mode = 'full'", "mode = 'selective'\nselective_ac_option = 'op'",
      ("train", "recompute"), "selective"),
+    ("[float8]", "[float8]\nrecipe_name = 'rowwise'",
+     ("system", "software", "kernels", "fp8_recipe"), "rowwise"),
     ("[parallelism]", "[parallelism]\nfsdp_reshard_after_forward = 'never'",
      ("system", "software", "overlap", "zero3_reshard_after_forward"), "never"),
 ])
@@ -119,7 +121,7 @@ def test_torchtitan_async_tp_is_imported_and_needs_compile(tmp_path):
 
 @pytest.mark.parametrize("old, new, refused", [
     ("data_parallel_replicate_degree = 1", "data_parallel_replicate_degree = 2", "HSDP"),
-    ("[float8]", "[float8]\nrecipe_name = 'rowwise'", "per-tensor scaling"),
+    ("[float8]", "[float8]\nrecipe_name = 'rowwise_with_gw_hp'", "recipes: tensorwise"),
     ("mode = 'full'", "mode = 'selective'\nselective_ac_option = '2'", "every n-th layer"),
 ])
 def test_torchtitan_settings_ddlsim_cannot_express_are_refused(tmp_path, old, new, refused):
