@@ -108,6 +108,26 @@ class Topology:
         self._copies: NodeCopies | None | bool = False   # built on first use
         self._route = lru_cache(maxsize=1 << 18)(self._compute_route)
 
+    # ------------------------------------------------------------------- arrays
+    @property
+    def attrs(self) -> dict[str, Any]:
+        """The graph's attributes (``spec``, ``fabric``), without building :attr:`graph`."""
+        return self._graph.graph if self._graph is not None else self._builder.attrs
+
+    def vertex_columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per vertex id: kind code (into ``NODE_KINDS``), compute node (negative where the
+        vertex has none) and switch level (0 for other vertices), as int64 arrays."""
+        kind, node, _ = self._builder.columns()
+        level = np.zeros(len(kind), dtype=np.int64)
+        for i in np.flatnonzero(kind == NODE_KINDS.index("switch")).tolist():
+            level[i] = self._builder.attr("level", i)
+        return kind, node, level
+
+    def edge_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per edge id: source and target vertex ids, bytes/s and link-kind code (into
+        ``LINK_KINDS``)."""
+        return self._u, self._v, self.edge_bandwidth_Bps, self._kind_code
+
     # ------------------------------------------------------------------- name-keyed views
     @cached_property
     def graph(self) -> nx.DiGraph:
