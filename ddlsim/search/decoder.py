@@ -353,7 +353,7 @@ class DecoderVectors:
         acts, other = stage_activations(
             sh, b, s, t, v, per_layer * (sh.layers // (pp * v)), chunks,
             np.where(rec == RECOMPUTE.index("full"), full, 0.0), is_first, is_last, 1,
-            fm.logit_bytes, step_temporaries(
+            fm.logits_at(t), step_temporaries(
                 fm, zero, compute_dtype(cfg.train.dtype) == "fp16", stage_params),
             head_bytes(fm, sh.hidden, t, sp))
         buffers = stage_buffers(cfg.software, fm, sh, zero, dp, gathered, sh.layer_params / t,

@@ -60,6 +60,8 @@ class FrameworkMemory:
         are views into the gradients.
     step_bytes : bytes per parameter the optimizer step allocates for the time of the step
         without ZeRO in fp16 (:func:`step_temporaries`), 0 where it allocates none.
+    logit_bytes_tp : bytes per logit under tensor parallelism where the loss runs another
+        code path there (torchtitan's loss parallelism), None where it is the same.
     head_widths : (split, whole): 16-bit tensors of width ``h`` per token that the final norm
         and the output head keep for the backward outside the checkpointed blocks, split over
         TP under sequence parallelism or whole (:func:`head_bytes`); (0, 0) where they are
@@ -75,6 +77,15 @@ class FrameworkMemory:
     sources: dict
     step_bytes: float = 0.0
     head_widths: tuple = (0, 0)
+    logit_bytes_tp: float | None = None
+
+    def logits_at(self, t):
+        """Bytes per logit with ``t`` tensor-parallel ranks: :attr:`logit_bytes_tp` where
+        ``t > 1`` and the framework's loss differs under TP, else :attr:`logit_bytes`
+        (``t`` may be an array over plans)."""
+        if self.logit_bytes_tp is None:
+            return self.logit_bytes
+        return _scalar(np.where(np.asarray(t) > 1, self.logit_bytes_tp, self.logit_bytes))
 
 
 #: framework name → its memory rules; a stack belongs to the longest name that prefixes it
@@ -98,6 +109,11 @@ _TITAN_HEAD = ("torchtitan's Transformer.forward runs h = norm(h); output(h) out
                "(norms.py: x * rsqrt(mean(x^2) + eps) * weight) keeps its input and its "
                "normalised output, split over TP by SequenceParallel; the head's mm keeps its "
                "input, gathered to the whole sequence by ColwiseParallel(input_layouts=Shard(1))")
+_TITAN_LOSS_TP = ("with TP, torchtitan's loss_parallel (parallelize_llama.py: loss_parallel "
+                  "when TP > 1) runs torch/distributed/tensor/parallel/loss.py _log_softmax on "
+                  "the vocab shards: beside the 16-bit logits (pred, alive in train.py), the "
+                  "fp32 logits, shifted = x - max and exp(shifted) exist at once (2 + 3 x 4 B "
+                  "per logit, the forward's peak; the backward's is not counted above it)")
 _FSDP2 = ("PyTorch torch/distributed/fsdp/_fully_shard: _fsdp_collectives.py foreach_reduce "
           "copies a unit's unsharded gradients into a reduce-scatter input of the unit's size in "
           "reduce_dtype (fp32 in torchtitan); _fsdp_param.py to_accumulated_grad_if_needed: "
@@ -139,8 +155,8 @@ _register(FrameworkMemory(
                      "325-339: fully_shard per transformer block, then the root (embeddings, "
                      "norm, output); PyTorch _fsdp_state.py _lazy_init: 'For the root, do not "
                      "reshard after forward' (post_forward_mesh_info = None)",
-        "head_widths": _TITAN_HEAD},
-    head_widths=(2, 1)))
+        "head_widths": _TITAN_HEAD, "logit_bytes_tp": _TITAN_LOSS_TP},
+    head_widths=(2, 1), logit_bytes_tp=2 + 4 + 4 + 4))
 
 _register(FrameworkMemory(
     "torchtitan-2025", logit_bytes=4 + 4 + 4, fsdp2=True, kept_root="head",
@@ -153,8 +169,8 @@ _register(FrameworkMemory(
                      "279-299: the embedding is its own unit, resharded after forward; "
                      "[norm, output] one unit with reshard_after_forward only under 'always' "
                      "('FSDP would prefetch them immediately after the forward pass')",
-        "head_widths": _TITAN_HEAD},
-    head_widths=(2, 1)))
+        "head_widths": _TITAN_HEAD, "logit_bytes_tp": _TITAN_LOSS_TP},
+    head_widths=(2, 1), logit_bytes_tp=2 + 4 + 4 + 4))
 
 
 def framework(stack: str) -> FrameworkMemory:

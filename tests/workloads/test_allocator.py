@@ -51,6 +51,11 @@ def test_loss_bytes_per_framework():
     b, s, v = 2, 4096, 128256
     assert loss_bytes(framework("megatron-core-2024").logit_bytes, b, s, v, 4) == b * s * v / 4 * 6
     assert loss_bytes(framework("torchtitan-2024").logit_bytes, b, s, v, 1) == b * s * v * 12
+    # torchtitan's loss parallelism under TP: 16-bit logits and three fp32 tensors at once
+    titan = framework("torchtitan-2024")
+    assert (titan.logits_at(1), titan.logits_at(8)) == (12, 14)
+    assert list(titan.logits_at(np.array([1, 2]))) == [12, 14]
+    assert framework("megatron-core-2024").logits_at(8) == 6
 
 
 def test_fsdp2_buffers_by_hand():
@@ -193,5 +198,6 @@ def test_torchtitan_op_level_sac_keeps_by_hand():
     widths_tp2 = 2048 + 2048 + 512 + 7168 + 4096 + 2048 + 2 * 2048
     assert sac_activation_bytes(sh, 2, 8192, 2, True) == 2 * M * widths_tp2 + 4 * M * 16
     m = ddlsim.memory_per_device(cfg)
-    assert m.activations == pytest.approx(32 * sac_activation_bytes(sh, 2, 8192, 1, False),
+    b, s = cfg.train.micro_batch_size, cfg.train.seq_length
+    assert m.activations == pytest.approx(32 * sac_activation_bytes(sh, b, s, 1, False),
                                           rel=1e-12)

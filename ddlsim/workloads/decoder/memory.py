@@ -80,7 +80,7 @@ def stage_memory(cfg: RunConfig, shape: DecoderShape, stage: int, params: float,
     acts, other = stage_activations(shape, t.micro_batch_size, t.seq_length, p.tp * p.cp,
                                     p.vpp, per_chunk, chunks, rebuilt, first, last,
                                     part.embedding_split if part is not None else 1,
-                                    fm.logit_bytes,
+                                    fm.logits_at(p.tp),
                                     step_temporaries(fm, p.zero_stage, state == "fp16", params),
                                     head_bytes(fm, shape.hidden, p.tp, p.sequence_parallel) / p.cp)
     buffers = stage_buffers(cfg.software, fm, shape, p.zero_stage, cfg.dp, gathered,
@@ -144,7 +144,7 @@ def stage_buffers(sw, fm, shape: DecoderShape, zero_stage, dp, gathered, unit_pa
 
 
 def stage_activations(shape: DecoderShape, b, s: int, tp_cp, vpp, per_chunk, chunks, rebuilt,
-                      first, last, embedding_split, logit_bytes: float, step,
+                      first, last, embedding_split, logit_bytes, step,
                       head) -> tuple:
     """(activations, other buffers) in bytes on one rank of a stage; every argument but
     ``shape`` and ``s`` may be an array over plans (the search tier's memory is this rule).
@@ -160,7 +160,7 @@ def stage_activations(shape: DecoderShape, b, s: int, tp_cp, vpp, per_chunk, chu
     first, last : the stage holds the embedding / the head.
     embedding_split : ranks the embedding output is split over.
     logit_bytes : bytes per logit the loss holds at its peak (the framework's,
-        :attr:`~ddlsim.workloads.allocator.FrameworkMemory.logit_bytes`).
+        :meth:`~ddlsim.workloads.allocator.FrameworkMemory.logits_at`).
     head : bytes per token of the micro-batch that the final norm and the head keep on the
         last stage (:func:`~ddlsim.workloads.allocator.head_bytes`, already over CP).
     step : bytes the optimizer step allocates after the backward
