@@ -22,6 +22,7 @@ from ....config import DTYPE_BYTES
 from ....simulator.kernels.attention import attention_kernels
 from ....simulator.kernels.elementwise import layer_elementwise_kernels
 from ..layerkernels import activation_kinds, compute_dtype, loss_op
+from ..layerkinds import attention_projections
 from ...trace import Compute, Kernel, Loop, Op, Payload, Wait
 from . import context
 
@@ -173,16 +174,21 @@ class LayerPartitioner:
         sh = self.shape
         mlp = [("fc1", (sh.mlp_matrices - 1) * sh.ffn, sh.hidden, False),
                ("fc2", sh.hidden, sh.ffn, True)]
-        attn = [("qkv", sh.q_width + 2 * sh.kv_width, sh.hidden, False),
-                ("proj", sh.hidden, sh.q_width, True)]
+        before, after = attention_projections(sh)   # the fused QKV, or MLA's four
+        attn = [*before, *after]
         return list(reversed(attn + mlp)) if backward else attn + mlp
+
+    @property
+    def _core_after(self) -> str:
+        """The GEMM the attention core follows (``qkv``; MLA: ``kv_up``)."""
+        return attention_projections(self.shape)[0][-1][0]
 
     def layer_forward(self, tag: str = "fwd") -> list[Op]:
         """One dense layer's forward: qkv, attention core, proj, fc1, fc2, elementwise."""
         ops, M = OpList(), self.tokens
         for name, N, K, row in self._gemms(False):
             self.gemm_forward(ops, f"{tag}.{name}", M, N, K, row)
-            if name == "qkv":
+            if name == self._core_after:
                 context.attention_forward(self, ops, tag)
         ew = self.ew_kernels()
         ops.add(Compute(f"{tag}.elementwise", 0.0, self.elementwise_bytes() if ew is None
@@ -204,7 +210,7 @@ class LayerPartitioner:
                             self.scores_bytes(), dtype=self.dtype,
                             kernels=self.core_kernels(False)))
         for name, N, K, row in self._gemms(True):
-            if name == "qkv":
+            if name == self._core_after:
                 context.attention_backward(self, ops)
             self.gemm_backward(ops, f"bwd.{name}", M, N, K, row)
         ew = self.ew_kernels()
