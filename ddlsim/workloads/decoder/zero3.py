@@ -83,6 +83,7 @@ from dataclasses import dataclass, field
 from ...errors import ConfigError
 from ..trace import Block, Collective, Compute, Op, Wait
 from .builder import StageBuilder
+from .oplists import comm_stream as _stream, extend_ops as _extend, placed as _placed
 from .layerkernels import MODULE_PARTS
 
 __all__ = ["zero3_blocks", "zero3_shards", "gathered_layers", "zero3_gathered_bytes",
@@ -392,19 +393,6 @@ def _pass(b: StageBuilder, head: list, units: list[_Unit], prefetch: int) -> lis
     return ops
 
 
-def _stream(group: str) -> str:
-    """The stream of a group's ZeRO-3 collectives: ``dp`` for ``dp_cp`` (one NIC queue with
-    the update's wait on ``dp``), else the group's own."""
-    return "dp" if group == "dp_cp" else group
-
-
-def _placed(x, deps: tuple[int, ...]) -> Op:
-    """A unit's op (a payload, or a self-contained op: a layer's loop) with ``deps``."""
-    if isinstance(x, Op):
-        return Op(x.payload, x.stream, tuple(deps) + x.deps, x.repeat)
-    return Op(x, deps=deps)
-
-
 def zero3_blocks(b: StageBuilder, prefetch: int) -> dict[str, Block]:
     """The ``F0`` and ``B0`` blocks of ZeRO-3 without pipelining (the module docstring)."""
     from .fsdp import one_layer
@@ -416,11 +404,3 @@ def zero3_blocks(b: StageBuilder, prefetch: int) -> dict[str, Block]:
     bwd = _pass(b, b.head_backward(),
                 _units(b, [one_layer(b, True, m) for m in back], back, True), prefetch)
     return {"F0": Block("F0", "forward", tuple(fwd)), "B0": Block("B0", "backward", tuple(bwd))}
-
-
-def _extend(ops: list[Op], items: list) -> None:
-    """Append ``items`` to ``ops``: payloads on the compute stream, or ops whose deps index
-    ``items`` (a partitioner's body), shifted."""
-    base = len(ops)
-    ops.extend(Op(x.payload, x.stream, tuple(d + base for d in x.deps), x.repeat)
-               if isinstance(x, Op) else Op(x) for x in items)
