@@ -197,7 +197,8 @@ def _nccl_forms(op: str, name: str, distinct: list[GroupNet], spread: np.ndarray
     group of one rank costs 0, an algorithm NCCL would not run there ``inf``. The forms are
     computed once per distinct network (:func:`_distinct`) and spread over the meshes."""
     from ..simulator.nccl.measured import FILL_EDGES
-    from ..simulator.nccl.model import NCCL_ORDER, nccl_form
+    from ..simulator.nccl.choice import NCCL_ORDER
+    from ..simulator.nccl.model import nccl_form
     from ..simulator.nccl.tuning import PROTOCOLS
 
     envs = {net.nccl for net in distinct if net.nccl is not None}

@@ -11,7 +11,8 @@ import pytest
 from ddlsim.simulator.collectives import GroupNet, best_algorithm, collective_time
 from ddlsim.simulator.nccl import NcclEnv, nccl_time
 from ddlsim.simulator.nccl.measured import FILL_CHUNKS, nvls_chunk_bytes
-from ddlsim.simulator.nccl.model import ALGORITHMS, estimate_time, nccl_choice
+from ddlsim.simulator.nccl.choice import nccl_choice
+from ddlsim.simulator.nccl.model import ALGORITHMS, estimate_time
 from ddlsim.simulator.nccl.tuning import PROTOCOLS
 
 KIB, MIB, GIB = 2**10, 2**20, 2**30

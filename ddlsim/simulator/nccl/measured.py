@@ -105,13 +105,27 @@ def nvls_chunk_bytes(algo: str, n: float, ops: int, nodes: int,
 
 
 def _concurrent_ops(net, env) -> int:
+    """``nvlsChannels x nHeads`` (NVLS runs on Hopper and later: other classes take Hopper's)."""
     heads = max(1, int(round(net.p / net.nodes)))  # NVLS graph: one head per GPU of a node
     return NVLS_CHANNELS.get(env.arch, NVLS_CHANNELS["hopper"]) * heads
 
 
 def achieved_algbw_GBps(op: str, algo: str, estimate_GBps: float, net, env) -> float:
-    """The algorithm bandwidth (GB/s) nccl-tests measures: NCCL's estimate, capped for the
-    NVLS all-reduce at :data:`NVLS_ALGBW_FRACTION` of the NVLink line rate where measured."""
+    """The algorithm bandwidth nccl-tests measures.
+
+    Parameters
+    ----------
+    op, algo : collective and NCCL algorithm.
+    estimate_GBps : NCCL's estimated algorithm bandwidth (GB/s).
+    net : the group's links (``bw_intra_Bps``: NVLink line rate per GPU and direction, B/s).
+    env : the machine as NCCL sees it (``arch``).
+
+    Returns
+    -------
+    float
+        GB/s: the estimate, capped for the NVLS and NVLS-tree all-reduce at
+        :data:`NVLS_ALGBW_FRACTION` of the line rate where that fraction was measured.
+    """
     frac = NVLS_ALGBW_FRACTION.get(env.arch)
     if algo in ("nvls", "nvls_tree") and op == "all_reduce" and frac is not None:
         return min(estimate_GBps, frac * net.bw_intra_Bps / 1e9)
@@ -120,20 +134,33 @@ def achieved_algbw_GBps(op: str, algo: str, estimate_GBps: float, net, env) -> f
 
 def fill_levels(op: str, algo: str, net, env, algbw_GBps: float,
                 estimate_GBps: float) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
-    """The pipeline fill (µs) as a step function of the size: ``(edges, fills)`` with
-    :data:`FILL_EDGES` ascending edges (``inf`` pads) and one more fill, ``fills[k]`` applying
-    from ``edges[k-1]`` (inclusive) to ``edges[k]``; None where no fill is modelled."""
+    """The pipeline fill (µs) as a step function of the message size.
+
+    Parameters
+    ----------
+    op, algo : collective and NCCL algorithm (a fill is modelled for the NVLS all-reduce).
+    net, env : the group's links and the machine as NCCL sees it.
+    algbw_GBps : the achieved algorithm bandwidth (GB/s, :func:`achieved_algbw_GBps`).
+    estimate_GBps : NCCL's estimate of it (GB/s), which one of NCCL's chunk rules reads.
+
+    Returns
+    -------
+    tuple or None
+        ``(edges, fills)``: :data:`FILL_EDGES` ascending sizes (bytes; ``inf`` pads) and one
+        more fill (µs), ``fills[k]`` applying from ``edges[k-1]`` (inclusive) to ``edges[k]``:
+        ``FILL_CHUNKS[algo] x concurrentOps x chunk / algBw``; None where none is modelled.
+    """
     depth = FILL_CHUNKS.get(algo)
     if depth is None or op != "all_reduce" or algbw_GBps <= 0:
         return None
     ops = _concurrent_ops(net, env)
-    chunk_at = lambda n: nvls_chunk_bytes(algo, n, ops, net.nodes, estimate_GBps)  # noqa: E731
     top, rules = (_nvls_rules(net.nodes, estimate_GBps) if algo == "nvls"
                   else _nvls_tree_rules(net.nodes))
+    # the chunk changes only where a rule's threshold factor x ops x chunk is crossed
     sizes = {0.0} | {float(f * ops * c) for f, _ in rules for c in (top, *(s for _, s in rules))}
-    edges, chunks = [], [chunk_at(0.0)]
+    edges, chunks = [], [nvls_chunk_bytes(algo, 0.0, ops, net.nodes, estimate_GBps)]
     for n in sorted(sizes):
-        c = chunk_at(n)
+        c = nvls_chunk_bytes(algo, n, ops, net.nodes, estimate_GBps)
         if c != chunks[-1]:
             edges.append(n)
             chunks.append(c)

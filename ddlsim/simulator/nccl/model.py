@@ -29,13 +29,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..collectives.base import GroupNet, Phase, _ring_pairs, register, register_chooser
+from ..collectives.base import GroupNet, Phase, _ring_pairs, register
 from . import tuning as T
 from .measured import FILL_CHUNKS, FILL_EDGES, achieved_algbw_GBps, fill_levels, fill_us
 
 __all__ = ["NcclEnv", "nccl_time", "busbw_GBps", "algbw_GBps", "latency_us", "best_protocol",
            "available", "ALGORITHMS", "env_for_system", "NcclForm", "nccl_form",
-           "nccl_seconds_array", "estimate_time", "nccl_choice", "NCCL_ORDER"]
+           "nccl_seconds_array", "estimate_time"]
 
 #: NCCL algorithm per collective (tuning.cc: broadcast/reduce run ring only; all-gather and
 #: reduce-scatter ring, NVLS, CollNet, PAT; all-reduce every algorithm but PAT)
@@ -312,39 +312,6 @@ def best_protocol(op: str, algo: str, n: float, net: GroupNet, env: NcclEnv) -> 
     protos = T.PROTOCOLS if env.protocol == "auto" else (env.protocol,)
     proto = min(protos, key=lambda pr: estimate_time(op, algo, pr, n, net, env))
     return proto, nccl_time(op, algo, proto, n, net, env)
-
-
-#: NCCL's algorithm indices (src/include/device.h ``NCCL_ALGO_TREE`` 0, ``_RING`` 1,
-#: ``_COLLNET_DIRECT`` 2, ``_NVLS`` 4, ``_NVLS_TREE`` 5): its tuner scans them in this order
-#: and keeps the first of equal estimates (enqueue.cc ``topoGetAlgoInfo``: ``< minTime``)
-NCCL_ORDER = ("tree", "ring", "collnet", "nvls", "nvls_tree")
-
-
-def nccl_choice(op: str, n: float, net: GroupNet, env: NcclEnv) -> tuple[str, str] | None:
-    """(algorithm, protocol) NCCL's tuner picks for ``op`` of ``n`` bytes: the least
-    :func:`estimate_time` (not the time it then takes), or None where none runs.
-
-    References
-    ----------
-    NVIDIA/nccl v2.26.2-1, src/enqueue.cc ``topoGetAlgoInfo`` (lines 1690–1710).
-    """
-    protos = T.PROTOCOLS if env.protocol == "auto" else (env.protocol,)
-    best, best_t = None, math.inf
-    for algo in NCCL_ORDER:
-        if algo not in ALGORITHMS.get(op, ()):
-            continue
-        for proto in protos:
-            t = estimate_time(op, algo, proto, n, net, env)
-            if t < best_t:
-                best, best_t = (algo, proto), t
-    return best
-
-
-@register_chooser("nccl")
-def _choose(op: str, n: float, net: GroupNet) -> str | None:
-    """The registered NCCL algorithm NCCL's tuner picks (None without an NCCL machine)."""
-    got = None if net.nccl is None else nccl_choice(op, n, net, net.nccl)
-    return None if got is None else f"nccl_{got[0]}"
 
 
 def _env(net: GroupNet) -> NcclEnv:
