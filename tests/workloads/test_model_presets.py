@@ -211,3 +211,36 @@ def test_deepseek_v3_example_stage_zero_holds_the_dense_layers():
     ops = b.layer_ops(False, 4, 1)
     assert [(o.payload.name, o.repeat) for o in ops] == [
         ("fwd.attn", 3), ("fwd.mlp", 3), ("fwd.elementwise", 3), ("layers.moe.fwd", 1)]
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3", "qwen3-235b-a22b", "qwen3-30b-a3b",
+                                  "gpt-oss-120b", "gpt-oss-20b", "mistral-7b-v0.1"])
+def test_config_json_round_trips_through_the_model_section(name):
+    """A run config's ``hf_config`` becomes a ``llama`` model section (HuggingFace names):
+    the section's shape is the file's, field for field."""
+    import json
+
+    from ddlsim.workloads.decoder import LlamaFamily, LlamaModel
+
+    doc = json.loads((HF / f"{name}.json").read_text())
+    section, _ = LlamaFamily().from_hf(doc, name)
+    model = LlamaModel(name=name, **{k: v for k, v in section.items() if k != "architecture"})
+    assert model.shape() == shape(name)
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"qk_rope_head_dim": 64}, "describe Multi-head Latent Attention but kv_lora_rank"),
+    ({"kv_lora_rank": 512, "qk_nope_head_dim": 128}, "needs qk_rope_head_dim, v_head_dim"),
+    ({"window_layers": 2}, "window_layers = 2 needs sliding_window"),
+    ({"sliding_window": 128, "window_layers": 9}, "window_layers = 9 exceeds"),
+    ({"first_k_dense_replace": 1}, "describe Mixture-of-Experts layers"),
+])
+def test_bad_variant_fields_of_a_model_section(change, match):
+    import ddlsim
+
+    model = {"architecture": "llama", "num_hidden_layers": 4, "hidden_size": 512,
+             "num_attention_heads": 8, "intermediate_size": 1024, "vocab_size": 1000, **change}
+    run = {"model": model, "parallel": {}, "train": {"micro_batch_size": 1,
+           "global_batch_size": 8, "seq_length": 512}, "system": {"preset": "dgx-h100"}}
+    with pytest.raises(ddlsim.ConfigError, match=match):
+        ddlsim.load_config(run)
