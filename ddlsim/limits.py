@@ -197,6 +197,13 @@ class Limits:
     fit_bootstrap
         ``calibrate fit --bootstrap`` resamples, ~2.7 kB each per curve (25 sizes: 2·10^4 took
         +0.7 s and +48 MB), so 10^5 stays near 0.3 GB a curve.
+    bench_samples
+        ``calibrate compute``: timed calls, (``--warmup`` + ``--reps``) × shapes × dtypes
+        (+ attention shapes × dtypes). A timed sample repeats its call for at least 1 ms; the
+        default shapes (32-1024, 10 GEMMs, ~13 GFLOP per round) take ~0.13 s a round on one
+        core at ~100 GFLOP/s (5 reps: 18 s and 107 MB on the loaded 2-core machine,
+        2026-11-29; 100 reps: 93 s), so 5,000 is about a minute at the default shapes.
+        ``--reps 10^12`` asked for a 8 TB array of samples.
     des_rank_ops
         DES: ops executed over all ranks, Σ ranks × ops per step. The DES runs ~0.4-4 µs per
         rank-op since 2026-11-28 (GPT-3 175B on 1,024 GPUs: 3.8·10^6 in 2.0 s; Megatron-LM 1T
@@ -218,6 +225,7 @@ class Limits:
     axis_values: int = 100_000
     fit_segments: int = 100
     fit_bootstrap: int = 100_000
+    bench_samples: int = 5_000
 
     @classmethod
     def from_strings(cls, items: list[str] | tuple[str, ...] | None) -> Limits:
@@ -327,7 +335,8 @@ _WHAT = {"pipeline_steps": "pipeline steps (PP × (2 × micro-batches × chunks 
          "search_plans": "plans in the search grid (the product of the axes' lengths)",
          "axis_values": "values in one range or axis",
          "fit_segments": "α-β segments per curve (--max-segments)",
-         "fit_bootstrap": "bootstrap resamples per curve (--bootstrap)"}
+         "fit_bootstrap": "bootstrap resamples per curve (--bootstrap)",
+         "bench_samples": "timed calls ((--warmup + --reps) × shapes × dtypes)"}
 
 
 def check_work(cfg: RunConfig, engine: str, limits: Limits | None = None,

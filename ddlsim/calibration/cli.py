@@ -211,23 +211,30 @@ def compute(backend: str = typer.Option("numpy", help="numpy | torch"),
             warmup: int = typer.Option(2), reps: int = typer.Option(5),
             seed: int = typer.Option(0, help="seed of the random operands"),
             output: Path = typer.Option(Path("ddlsim-compute.csv"), "-o", "--output"),
-            force: bool = typer.Option(False, help="overwrite an existing output file")) -> None:
+            force: bool = typer.Option(False, help="overwrite an existing output file"),
+            limit: list[str] = typer.Option([], "--limit", help="raise a work budget, e.g. "
+                                            "--limit bench_samples=20000")) -> None:
     import pandas as pd
 
+    from ..limits import Limits, check_budget
     from .compute_bench import (default_attention_shapes, default_gemm_shapes,
                                 run_attention_benchmark, run_gemm_benchmark)
     from .outputs import guard_output, write_csv
 
     _choice(backend, ("numpy", "torch"), "--backend")
-    guard_output(output, force)
+    if reps < 1 or warmup < 0:
+        raise CalibrationError(f"need --reps >= 1 and --warmup >= 0, got {reps}, {warmup}")
     dts = [d.strip() for d in dtypes.split(",") if d.strip()]
-    frames = [run_gemm_benchmark(backend, device, dts, default_gemm_shapes(max_dim, min_dim),
-                                 warmup, reps, seed)]
+    shapes = default_gemm_shapes(max_dim, min_dim)
+    if attention and backend != "torch":
+        raise CalibrationError("--attention needs --backend torch")
+    att = default_attention_shapes(max_seq) if attention else []
+    check_budget({"bench_samples": (warmup + reps) * (len(shapes) + len(att)) * len(dts)},
+                 Limits.from_strings(limit), f"--warmup {warmup} --reps {reps}")
+    guard_output(output, force)
+    frames = [run_gemm_benchmark(backend, device, dts, shapes, warmup, reps, seed)]
     if attention:
-        if backend != "torch":
-            raise CalibrationError("--attention needs --backend torch")
-        frames.append(run_attention_benchmark(device, dts, default_attention_shapes(max_seq),
-                                              warmup, reps, seed))
+        frames.append(run_attention_benchmark(device, dts, att, warmup, reps, seed))
     df = pd.concat(frames, ignore_index=True)
     write_csv(output, df, force)
     best = df.loc[df["flops_per_s"].idxmax()]
