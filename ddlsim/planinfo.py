@@ -89,7 +89,8 @@ def plan_fields(cfg: Any) -> dict[str, Any]:
         ``software_stack``; ``overlaps`` (on and active here) and ``overlaps_inactive`` (on,
         each with why it does not apply); and, for the families whose compute reads the
         stack's kernels (docs/compute.md), ``attention``, ``gemm_library`` (with the ceiling
-        it picks when the device has no figure for it), ``precision``, ``fused`` and
+        it picks when the device has no figure for it), ``precision``, ``host_dispatch`` (how
+        kernels are launched: eager, compiled, cuda_graphs; docs/compute.md), ``fused`` and
         ``not_fused`` (kernel names).
     """
     sw = cfg.software
@@ -99,19 +100,22 @@ def plan_fields(cfg: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"software_stack": sw.name, "overlaps": on, "overlaps_inactive": off}
     if kernels:
         out.update(attention=sw.attention, gemm_library=_gemm(cfg), precision=_precision(cfg),
+                   host_dispatch=sw.host_dispatch,
                    fused=[n for f, n in _FUSIONS.items() if sw.kernels.get(f)],
                    not_fused=[n for f, n in _FUSIONS.items() if not sw.kernels.get(f)])
     return out
 
 
 def kernels_line(cfg: Any) -> str | None:
-    """``software megatron-core-2024: attention flash2, GEMMs cublas-12, bf16, fused: …;
-    not fused: …`` for the report, or None for families that do not read the kernels."""
+    """``software megatron-core-2024: attention flash2, GEMMs cublas-12, bf16, eager dispatch;
+    fused: …; not fused: …`` for the report, or None for families that do not read the
+    kernels."""
     plan = plan_fields(cfg)
     if "attention" not in plan:
         return None
     text = (f"software {plan['software_stack']}: attention {plan['attention']}, GEMMs "
-            f"{plan['gemm_library']}, {plan['precision']}; fused: "
+            f"{plan['gemm_library']}, {plan['precision']}, {plan['host_dispatch']} dispatch; "
+            f"fused: "
             f"{', '.join(plan['fused']) or 'none'}")
     if plan["not_fused"]:
         text += f"; not fused: {', '.join(plan['not_fused'])}"

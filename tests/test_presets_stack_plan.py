@@ -36,8 +36,8 @@ def test_the_plan_line_names_kernels_gemm_library_and_precision():
     r = CliRunner().invoke(app, ["predict", str(EXAMPLES / "megatron-1t-3072-a100.yaml")])
     assert r.exit_code == 0, r.output
     text = " ".join(r.output.split())
-    assert ("software megatron-lm-2021: attention fused_softmax, GEMMs cublas-11, fp16; "
-            "fused: bias-gelu, bias-dropout-add, layernorm, optimizer; not fused: rope, "
+    assert ("software megatron-lm-2021: attention fused_softmax, GEMMs cublas-11, fp16, eager "
+            "dispatch; fused: bias-gelu, bias-dropout-add, layernorm, optimizer; not fused: rope, "
             "cross-entropy, grad-accumulation") in text
 
 
