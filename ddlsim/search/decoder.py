@@ -359,7 +359,8 @@ class DecoderVectors:
         buffers = stage_buffers(cfg.software, fm, sh, zero, dp, gathered, sh.layer_params / t,
                                 t, is_first, is_last, pp, ctx.dt, ctx.gdt, stage_params)
         return (weights + grads + opt + acts + other + buffers
-                + context_bytes(cfg.system.device))
+                + context_bytes(cfg.system.device,   # .memory.comm_groups (CP 1, dense here)
+                                (plans["tp"], pp, cfg.parallel.cp, dp * cfg.parallel.cp)))
 
 
 def _module_pieces(ctx: _Context, plans, coll):

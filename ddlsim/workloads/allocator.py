@@ -30,13 +30,21 @@ import numpy as np
 from ..errors import ConfigError
 
 __all__ = ["FrameworkMemory", "FRAMEWORKS", "framework", "loss_bytes", "head_bytes",
-           "comm_buffer_bytes", "step_temporaries", "context_bytes", "CUDA_CONTEXT_BYTES"]
+           "comm_buffer_bytes", "step_temporaries", "context_bytes", "CUDA_CONTEXT_BYTES",
+           "NCCL_COMM_BYTES"]
 
 #: CUDA context with PyTorch's kernels loaded, measured with NVML after the first CUDA tensor
 #: of a PyTorch process: 1,343 MiB (Hugging Face transformers docs, "Model training anatomy",
 #: docs/source/en/model_memory_anatomy.md: ``torch.ones((1, 1)).to("cuda")`` then
 #: ``nvmlDeviceGetMemoryInfo(...).used // 1024**2`` prints 1343 MB). Outside the allocator.
 CUDA_CONTEXT_BYTES = 1343 * 2**20
+
+#: Device memory of one NCCL communicator on one rank after its first all-reduce, measured with
+#: PyTorch on 4 A100s with NVLink: 544 MB for a group of 2 ranks, 688 MB for more (NVIDIA/nccl
+#: issue #964, 2023-08; taken as MiB). NCCL's maintainers (issue #986): the memory grows with
+#: the channels, a ring's with its 2 connections whatever the scale, not beyond 2 nodes.
+#: Outside the caching allocator.
+NCCL_COMM_BYTES = {2: 544 * 2**20, "more": 688 * 2**20}
 
 
 @dataclass(frozen=True)
@@ -264,11 +272,25 @@ def step_temporaries(fm: FrameworkMemory, zero_stage, fp16: bool, params):
     return _scalar(np.where(np.asarray(zero_stage) == 0, fm.step_bytes * params, 0.0))
 
 
-def context_bytes(device) -> float:
-    """Device memory a process holds outside the caching allocator: the CUDA context with its
-    kernels (:data:`CUDA_CONTEXT_BYTES`) on a GPU (a device with streaming multiprocessors,
-    ``sm_count``), 0 on a CPU socket acting as a rank."""
-    return float(CUDA_CONTEXT_BYTES) if device.sm_count else 0.0
+def context_bytes(device, groups=()):
+    """Device memory a process holds outside the caching allocator, on a GPU (a device with
+    streaming multiprocessors, ``sm_count``; 0 on a CPU socket acting as a rank): the CUDA
+    context with its kernels (:data:`CUDA_CONTEXT_BYTES`) and one NCCL communicator per
+    process group of more than one rank the plan communicates over (:data:`NCCL_COMM_BYTES`).
+
+    Parameters
+    ----------
+    device : the system's device spec.
+    groups : the sizes of the rank's process groups (ints or arrays over plans).
+    """
+    if not device.sm_count:
+        return 0.0
+    out = float(CUDA_CONTEXT_BYTES)
+    for n in groups:
+        n = np.asarray(n)
+        out = out + np.where(n == 2, NCCL_COMM_BYTES[2],
+                             np.where(n > 2, NCCL_COMM_BYTES["more"], 0))
+    return _scalar(out)
 
 
 def _scalar(x):

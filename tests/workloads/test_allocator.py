@@ -103,8 +103,17 @@ def test_breakdown_parts_reserved_and_total():
 
 
 def test_gpu_ranks_hold_a_cuda_context_cpu_ranks_none():
+    """A GPU rank: the CUDA context and one NCCL communicator per group of more than one rank
+    (DP 16: 688 MiB; a TP pair: 544 MiB); a CPU socket: none."""
+    from ddlsim.workloads.allocator import NCCL_COMM_BYTES, context_bytes
     m = ddlsim.memory_per_device(_cfg("megatron-core-2024"))
-    assert m.context == CUDA_CONTEXT_BYTES == 1343 * 2**20
+    assert m.context == CUDA_CONTEXT_BYTES + NCCL_COMM_BYTES["more"] == (1343 + 688) * 2**20
+    tp2 = ddlsim.memory_per_device(_cfg("megatron-core-2024", tensor_model_parallel_size=2,
+                                        data_parallel_size=8))
+    assert tp2.context == (1343 + 544 + 688) * 2**20
+    dev = _cfg("megatron-core-2024").system.device
+    assert list(context_bytes(dev, (np.array([1, 2, 8]),))) == [
+        1343 * 2**20, (1343 + 544) * 2**20, (1343 + 688) * 2**20]
     cpu = ddlsim.memory_per_device(ddlsim.load_config("examples/wiki-gpt2-9ranks-ddp.yaml"))
     assert cpu.context == 0.0
 

@@ -15,7 +15,8 @@ from ..memory import MemoryBreakdown, inflight_chunks, model_state_bytes
 from ..models.decoder import DecoderShape
 from .layerkernels import activation_kinds, compute_dtype, grad_bytes
 
-__all__ = ["stage_memory", "stage_activations", "stage_buffers", "sac_activation_bytes"]
+__all__ = ["stage_memory", "stage_activations", "stage_buffers", "sac_activation_bytes",
+           "comm_groups"]
 
 
 def stage_memory(cfg: RunConfig, shape: DecoderShape, stage: int, params: float,
@@ -86,7 +87,18 @@ def stage_memory(cfg: RunConfig, shape: DecoderShape, stage: int, params: float,
     buffers = stage_buffers(cfg.software, fm, shape, p.zero_stage, cfg.dp, gathered,
                             unit_bytes / pb, split, first, last, p.pp, pb, gb, params)
     return MemoryBreakdown(weights, grads, opt, acts, other, cfg.system.device.memory_bytes, stage,
-                           buffers, context_bytes(cfg.system.device))
+                           buffers, context_bytes(cfg.system.device, comm_groups(cfg, shape)))
+
+
+def comm_groups(cfg: RunConfig, shape: DecoderShape) -> tuple[int, ...]:
+    """Sizes of the process groups a rank communicates over, one NCCL communicator each:
+    TP, PP (its sends and receives), CP, the data-parallel gradient group (DP·CP), and for
+    MoE models EP and the expert-data-parallel group."""
+    p, mesh = cfg.parallel, cfg.mesh
+    groups = (p.tp, p.pp, p.cp, cfg.dp * p.cp)
+    if shape.is_moe:
+        groups += (mesh.size("ep"), mesh.size("edp"))
+    return groups
 
 
 def sac_activation_bytes(shape: DecoderShape, b: int, s: int, t: int, sp: bool) -> float:
