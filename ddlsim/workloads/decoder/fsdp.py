@@ -18,11 +18,13 @@
   modelled (refused).
 
 **In the trace** (pipelining): the first forward of the stage (block ``F0.pg``, the
-prologue of :mod:`.param_gather`) issues the gather of its first layer, on which its first
-layer waits, then the gather of the rest of the stage (other model chunks included) on the
-``dp`` stream beside the forward; the forward's send waits for all of it (an approximation
-of the one-layer-ahead prefetch: the forward may run ahead of gathers it needs). The update
-block reduce-scatters each layer's gradients (and the stage's edge parameters', one more
+prologue of :mod:`.param_gather`) issues, once its input has arrived (the stage's forward
+runs after its receive), the gather of its first layer, on which its first layer waits, then
+the gather of the rest of the stage (other model chunks included) on the ``dp`` stream beside
+the forward; the forward's send waits for all of it (an approximation of the one-layer-ahead
+prefetch: the forward may run ahead of gathers it needs). FSDP2's copy-out of the whole
+stage is one pass on the compute stream after the first gather. The update block
+reduce-scatters each layer's gradients (and the stage's edge parameters', one more
 collective) on ``dp`` after the last backward, exposed, then steps the optimizer on the
 shard.
 
@@ -38,7 +40,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..trace import Block, Collective, Compute, Op, Wait
+from ..trace import Block, Collective, Compute, Loop, Op, P2P, Wait
 from . import param_gather
 
 __all__ = ["one_layer", "layer_units", "kept_in_backward", "per_iteration", "check_fsdp",
@@ -127,32 +129,38 @@ def _shards(b: Any) -> list[tuple[str, float]]:
 
 def pipeline_prologue(b: Any, first: Block, stage: int) -> Block:
     """The stage's first forward (``F0``) with FSDP's once-per-iteration gathers (module
-    docstring): the first layer's gather before the block's compute, the rest on ``dp``
-    beside it, and the send after them all."""
+    docstring). The stage's forward pre-hook runs once its input has arrived (torch
+    pipelining calls the stage's forward after the receive): both gathers depend on the
+    block's receives; the first layer's compute waits for the first gather (and FSDP2's
+    copy-out of the stage's parameters on the compute stream); the rest of the stage is
+    gathered on ``dp`` beside the forward, whose send waits for it."""
     head, rest = _stage_bytes(b, stage)
+    body = list(first.ops)
+    at = next(i for i, o in enumerate(body) if isinstance(o.payload, (Compute, Loop)))
+    recvs = tuple(i for i, o in enumerate(body[:at])
+                  if isinstance(o.payload, P2P) and o.payload.kind == "recv")
     group = b.grad_group
-    block = param_gather.prologue_block(first, group, rest)
-    ops = list(block.ops)
-    gather = Op(Collective("param.all_gather.first", "all_gather", group, head), "dp")
-    shifted = [Op(o.payload, o.stream, tuple(d + 1 for d in o.deps), o.repeat) for o in ops]
-    # the first compute op of the block waits for the first layer's gather (op 0)
-    at = next(i for i, o in enumerate(shifted) if o.stream == "compute")
-    o = shifted[at]
-    shifted[at] = Op(o.payload, o.stream, o.deps + (0,), o.repeat)
-    body = [gather, *shifted]
+    new = [Op(Collective("param.all_gather.first", "all_gather", group, head), "dp", recvs),
+           Op(Collective("params.all_gather.overlapped", "all_gather", group, rest), "dp",
+              recvs)]
     if b.sw.zero3_copy_out:
-        body = _with_copy_out(body, at + 1, 2 * (head + rest))
-    return Block(block.name, block.phase, tuple(body))
-
-
-def _with_copy_out(ops: list[Op], at: int, nbytes: float) -> list[Op]:
-    """``ops`` with FSDP2's copy-out pass (``nbytes``) on the compute stream before op
-    ``at``, after the gathers it copies (op 0, the first layer's)."""
-    copy = Op(Compute("zero3.copy_out", 0.0, nbytes, kind="elementwise", dtype="bf16"),
-              deps=(0,))
-    out = [Op(o.payload, o.stream, tuple(d + 1 if d >= at else d for d in o.deps), o.repeat)
-           for o in ops]
-    return out[:at] + [copy] + out[at:]
+        new.append(Op(Compute("zero3.copy_out", 0.0, 2 * (head + rest), kind="elementwise",
+                              dtype=b.dtype), deps=(at,)))
+    k = len(new)
+    moved = [Op(o.payload, o.stream, tuple(d + k if d >= at else d for d in o.deps), o.repeat)
+             for o in body[at:]]
+    wait = next((j for j, o in enumerate(moved) if isinstance(o.payload, P2P)
+                 and o.payload.kind == "send"), len(moved))
+    ops = body[:at] + new
+    first_op = moved[0]
+    ready = at + 2 if b.sw.zero3_copy_out else at     # the copy-out, or the first gather
+    moved[0] = Op(first_op.payload, first_op.stream, first_op.deps + (ready,),
+                  first_op.repeat)
+    tail = [Op(o.payload, o.stream, tuple(d + 1 if d >= at + k + wait else d for d in o.deps)
+               + ((at + k + wait,) if isinstance(o.payload, P2P) and o.payload.kind == "send"
+                  else ()), o.repeat) for o in moved[wait:]]
+    ops += moved[:wait] + [Op(Wait("params.gather.wait", "dp"))] + tail
+    return Block(param_gather.BLOCK, first.phase, tuple(ops))
 
 
 def with_stage_reduce_scatters(b: Any, update: Block, stage: int) -> Block:
