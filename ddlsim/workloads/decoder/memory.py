@@ -32,16 +32,7 @@ def stage_memory(cfg: RunConfig, shape: DecoderShape, stage: int, params: float,
     state = compute_dtype(t.dtype)   # FP8 (Transformer Engine) keeps 16-bit weights and grads
     gb = grad_bytes(cfg)             # fp32 main grads with bf16 under Megatron
     fm = framework(cfg.software.name)
-    fp32 = fm.fsdp2 and p.zero_stage == 3    # FSDP2's sharded fp32 parameters are the master
-    if expert_params:
-        dense = model_state_bytes(params - expert_params, cfg.dp, p.zero_stage, state,
-                                  t.optimizer, gb, fp32)
-        expert = model_state_bytes(expert_params, cfg.mesh.size("edp"), p.zero_stage, state,
-                                   t.optimizer, gb, fp32)
-        weights, grads, opt = (a + b for a, b in zip(dense, expert))
-    else:
-        weights, grads, opt = model_state_bytes(params, cfg.dp * p.cp, p.zero_stage, state,
-                                                t.optimizer, gb, fp32)
+    weights, grads, opt = _model_states(cfg, fm, params, expert_params, state, gb)
     # the stage's layers per model chunk: L/(PP·VPP), or their mean under an uneven split
     from .split import chunk_layers
     row = chunk_layers(cfg)[stage]
@@ -72,10 +63,7 @@ def stage_memory(cfg: RunConfig, shape: DecoderShape, stage: int, params: float,
                                                  **kinds))
     pb = DTYPE_BYTES[state]
     unit_bytes = layer_bytes if layer_bytes is not None else shape.layer_params / p.tp * pb
-    gathered = 0.0
-    if p.zero_stage == 3:  # ZeRO-3's gathered layers in flight (.zero3.zero3_gathered_bytes)
-        from .zero3 import zero3_gathered_bytes
-        gathered = zero3_gathered_bytes(cfg, unit_bytes, shape, pb)
+    gathered = _gathered(cfg, shape, unit_bytes, pb)
     first, last = stage == 0, stage == p.pp - 1
     split = part.param_split if part is not None else p.tp
     acts, other = stage_activations(shape, t.micro_batch_size, t.seq_length, p.tp * p.cp,
@@ -88,6 +76,31 @@ def stage_memory(cfg: RunConfig, shape: DecoderShape, stage: int, params: float,
                             unit_bytes / pb, split, first, last, p.pp, pb, gb, params)
     return MemoryBreakdown(weights, grads, opt, acts, other, cfg.system.device.memory_bytes, stage,
                            buffers, context_bytes(cfg.system.device, comm_groups(cfg, shape)))
+
+
+def _model_states(cfg: RunConfig, fm, params: float, expert_params: float, state: str,
+                  gb: float) -> tuple:
+    """(weights, gradients, optimizer) of a rank (:func:`~ddlsim.workloads.memory.
+    model_state_bytes`): dense shards over DP·CP, routed experts' over the expert-data-parallel
+    group; FSDP2's sharded fp32 parameters are the optimizer's master."""
+    p, t = cfg.parallel, cfg.train
+    fp32 = fm.fsdp2 and p.zero_stage == 3
+    if not expert_params:
+        return model_state_bytes(params, cfg.dp * p.cp, p.zero_stage, state, t.optimizer, gb,
+                                 fp32)
+    dense = model_state_bytes(params - expert_params, cfg.dp, p.zero_stage, state,
+                              t.optimizer, gb, fp32)
+    expert = model_state_bytes(expert_params, cfg.mesh.size("edp"), p.zero_stage, state,
+                               t.optimizer, gb, fp32)
+    return tuple(a + b for a, b in zip(dense, expert))
+
+
+def _gathered(cfg: RunConfig, shape: DecoderShape, unit_bytes: float, pb: float) -> float:
+    """ZeRO-3's gathered parameters in flight (:func:`.zero3.zero3_gathered_bytes`), else 0."""
+    if cfg.parallel.zero_stage != 3:
+        return 0.0
+    from .zero3 import zero3_gathered_bytes
+    return zero3_gathered_bytes(cfg, unit_bytes, shape, pb)
 
 
 def comm_groups(cfg: RunConfig, shape: DecoderShape) -> tuple[int, ...]:
