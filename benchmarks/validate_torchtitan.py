@@ -1,12 +1,14 @@
-"""Predicted vs published iteration time of torchtitan's Llama 3.1 runs (FSDP2) on H100.
+"""Predicted vs published iteration time of torchtitan's Llama 3 runs (FSDP2) on H100 and A100.
 
 Run:  python benchmarks/validate_torchtitan.py [--engine analytical|des] [--markdown]
       [--write-docs] [--des-rank-ops N]
 
-The published throughputs and their provenance are in ``data/torchtitan_h100_tps.csv``
-(torchtitan's own benchmark files of 2024-12 and 2025-06). Each row runs on the software stack
-of its date (``torchtitan-2024`` for 9dec370's runs, ``torchtitan-2025`` for the June 2025
-ones; ``ddlsim/data/software.yaml``) with the row's settings: FSDP over ``dp_shard × cp``
+The published throughputs and their provenance are in ``data/torchtitan_tps.csv``
+(torchtitan's own benchmark files of 2024-12 and 2025-06, and its docs/performance.md of
+2024-04 on A100). Each row runs on the software stack of its date (``torchtitan-2024`` for
+9dec370's runs and for April 2024's, whose code runs FSDP2, op-level AC and AdamW the same
+way; ``torchtitan-2025`` for the June 2025 ones; ``ddlsim/data/software.yaml``), on the
+row's system preset, with the row's settings (a ``fused_rmsnorm`` row: ``fused_layernorm``): FSDP over ``dp_shard × cp``
 (ZeRO-3, inside the pipeline stages where PP > 1), TP with sequence parallelism, async TP as
 ``tp_comm_overlap: pipelined``, CP's default ``allgather`` rotation as ``cp_comm_type:
 all_gather``, ``compile`` as the stack's ``compile``, op-level selective AC
@@ -22,12 +24,14 @@ The published iteration time is ``global_batch · seq / (tokens/s/GPU · GPUs)``
   FP8 GEMM at the device's one FP8 ceiling (a rowwise-scaled GEMM is not slower here), and
   FSDP's float8 all-gather is not modelled (its gathers stay bf16);
 * ``not expressed``: the interleaved 405B row (torchtitan's uneven split over 16 virtual
-  stages has no ddlsim form); listed, not run.
+  stages has no ddlsim form) and the A100 row with every second block checkpointed; listed,
+  not run.
 
-The hardware differs from the ``dgx-h100`` preset the rows run on: Grand Teton hosts of H100s
+The H100 rows' hardware differs from the ``dgx-h100`` preset they run on: Grand Teton hosts of H100s
 with 96 GB HBM2e at a 500 W power limit (the preset: SXM5 80 GB HBM3 at 700 W, whose matmul
 ceilings were measured at 700 W; ddlsim has no measured ceiling at 500 W), so the predictions
-are for DGX H100s and the errors include that difference.
+are for DGX H100s and the errors include that difference. The A100 rows run on ``dgx-a100``
+(A100 SXM 80 GB, 400 W, 8 per node; the runs' network is not stated).
 """
 
 from __future__ import annotations
@@ -37,9 +41,9 @@ import sys
 from public_runs import DATA, error_stats, print_notes, print_table, read_csv, run_script, \
     time_record
 
-TABLE = DATA / "torchtitan_h100_tps.csv"
+TABLE = DATA / "torchtitan_tps.csv"
 GPUS_PER_NODE = 8
-STACKS = {"2024": "torchtitan-2024", "2025": "torchtitan-2025"}
+STACKS = {"2024-04": "torchtitan-2024", "2024": "torchtitan-2024", "2025": "torchtitan-2025"}
 #: Llama 3.1 405B's 126 layers over 8 stages as torchtitan 9dec370 splits them (CSV header)
 SPLIT_405B_PP8 = {"num_layers_in_first_pipeline_stage": 15,
                   "num_layers_in_last_pipeline_stage": 15}
@@ -55,6 +59,8 @@ def _int(row: dict, *keys: str) -> list[int]:
 
 def not_expressed(row: dict) -> str:
     """Why ddlsim cannot express the row as run, or empty."""
+    if row["ac"] == "selective_layer":
+        return "checkpointing of every second block (selective_ac_option '2')"
     if row["schedule"] == "interleaved":
         return "torchtitan's uneven split over 16 virtual stages"
     return ""
@@ -77,14 +83,19 @@ def config(row: dict) -> dict:
         mbs = local // pp            # one micro-batch per stage (CSV header)
         parallel.update(SPLIT_405B_PP8 if row["model"] == "llama-3.1-405b" else {})
     software = {"stack": STACKS[row["set"]], "compile": row["compile"] == "1"}
+    kernels = {}
     if row["float8"] != "none":
-        software["kernels"] = {"fp8_recipe": row["float8"]}
+        kernels["fp8_recipe"] = row["float8"]
+    if row["norm_type"] == "fused_rmsnorm":     # torchtitan's Triton RMSNorm kernel
+        kernels["fused_layernorm"] = True
+    if kernels:
+        software["kernels"] = kernels
     return {"model": {"preset": row["model"], "max_position_embeddings": max(seq, 8192)},
             "parallel": parallel,
             "train": {"micro_batch_size": mbs, "global_batch_size": gbs, "seq_length": seq,
                       "dtype": "fp8" if row["float8"] != "none" else "bf16",
                       "recompute": row["ac"]},
-            "system": {"preset": "dgx-h100", "nodes": gpus // GPUS_PER_NODE,
+            "system": {"preset": row["system"], "nodes": gpus // GPUS_PER_NODE,
                        "software": software}}
 
 

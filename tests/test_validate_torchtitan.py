@@ -25,7 +25,7 @@ ROWS = vt.rows()
 
 
 def test_data_carries_its_provenance():
-    text = (BENCH / "data" / "torchtitan_h100_tps.csv").read_text()
+    text = (BENCH / "data" / "torchtitan_tps.csv").read_text()
     for must in ("pytorch/torchtitan", "llama3_h100_202412_torchtitan.md", "9dec370",
                  "asyncTP_llama3_h100_2025-06_torchtitan.md", "820504e", "500 W"):
         assert must in text, must
