@@ -36,7 +36,7 @@ from .pipeline import earlier_chunks, flow_shop_tail
 from .blocks import piece_config, stage_pieces
 from ..workloads.decoder import param_gather
 from ..workloads.decoder.builder import StageBuilder, with_edges
-from ..workloads.decoder.dpsync import bucket_runs, buckets
+from ..workloads.decoder.dpsync import bucket_runs, buckets, grad_bucket_bytes
 from ..workloads.allocator import context_bytes, framework, head_bytes, step_temporaries
 from ..workloads.decoder.memory import stage_activations, stage_buffers
 from ..workloads.memory import model_state_bytes
@@ -174,7 +174,8 @@ class DecoderVectors:
             for dp in (1, 2):
                 if param_gather.active(piece_config(ctx.cfg, 1, False, 1, "none", int(z), dp)):
                     on |= (zero == z) & (multi == (dp > 1))
-        exposed = param_gather.first_bucket(on, param_bytes, ctx.cfg.parallel.grad_bucket_size)
+        exposed = param_gather.first_bucket(on, param_bytes, grad_bucket_bytes(
+            ctx.cfg, plans["dp"], 2))
         return exposed, np.where(on, param_bytes - exposed, 0.0)
 
     def _optimizer(self, ctx: _Context, n_params) -> np.ndarray:
@@ -194,7 +195,7 @@ class DecoderVectors:
         update += coll("all_gather", "dp", self._gathered(ctx, plans, params * ctx.dt)[0]) \
             * ((zero == 1) | (zero == 2)) * (dp > 1)
         op_rs = (zero == 1) | (zero == 2)
-        bucket = p.grad_bucket_size
+        bucket = grad_bucket_bytes(ctx.cfg, dp, ctx.gdt)   # the first stage's first chunk
         if ctx.cfg.software.overlap_grad_reduce:
             lc = ctx.shape.layers // (plans["pp"] * v)
             chunk = grad / v

@@ -284,15 +284,16 @@ def test_yaml_off_is_off():
 @pytest.mark.parametrize("engine", ["analytical", "des"])
 def test_overlapped_param_gather_leaves_one_bucket_exposed(engine):
     """ZeRO-1 on two nodes (DP 8, TP 2): off, the update gathers all the stage's parameters
-    after the step; on, only the first 25 MiB bucket (grad_bucket_size) stays there and the
-    rest runs beside the first forward, which is faster."""
+    after the step; on, only the first bucket stays there and the rest runs beside the first
+    forward, which is faster. The bucket is Megatron-Core's (the stack's ddp.grad_buckets):
+    max(40e6, 1e6 · DP 8) = 40e6 parameters, gathered in bf16: 80,000,000 bytes."""
     base = ("system.nodes=2", "parallel.tensor_model_parallel_size=2",
             "parallel.pipeline_model_parallel_size=1", "parallel.zero_stage=1",
             "train.global_batch_size=32")
     on_cfg = _cfg(*base, "parallel.overlap_param_gather=true")
     update = ddlsim.build_workload(on_cfg).classes[0].program.blocks["update"]
     gather = [o.payload for o in update.ops if getattr(o.payload, "name", "") == "params.all_gather"]
-    assert [g.bytes for g in gather] == [25 * 2**20]
+    assert [g.bytes for g in gather] == [40_000_000 * 2]
     off = _time(_cfg(*base, "parallel.overlap_param_gather=false"), engine)
     assert _time(on_cfg, engine) < off
 

@@ -11,7 +11,44 @@ import numpy as np
 
 from ..trace import Collective, Op
 
-__all__ = ["GradSyncOps", "buckets", "bucket_runs"]
+__all__ = ["GradSyncOps", "buckets", "bucket_runs", "grad_bucket_bytes", "MEGATRON_BUCKET"]
+
+#: Megatron-Core's default bucket, in parameters: ``max(40000000, 1000000 · dp)``
+#: (NVIDIA/Megatron-LM 900f1b76 and 9c1a5351, megatron/core/distributed/
+#: distributed_data_parallel.py, lines 51-54 and 62-65: "if using very large dp_sizes, make
+#: buckets larger to ensure that chunks used in NCCL ring-reduce implementations are large
+#: enough to remain bandwidth-bound rather than latency-bound")
+MEGATRON_BUCKET = (40_000_000, 1_000_000)
+
+
+def _stack_rule(cfg) -> str:
+    """The stack's ``ddp.grad_buckets`` rule (software.yaml): ``megatron_core``, or
+    ``pytorch_ddp`` (``parallel.grad_bucket_size``, PyTorch DDP's bucket_cap_mb) when the
+    stack does not name one."""
+    from ...software import _stack_table
+    entry = (_stack_table()[cfg.software.name].get("ddp") or {}).get("grad_buckets")
+    return entry["value"] if entry else "pytorch_ddp"
+
+
+def grad_bucket_bytes(cfg, dp, grad_dtype_bytes, stage=0, chunk=0):
+    """Bytes of one gradient bucket of model chunk ``chunk`` on pipeline ``stage``.
+
+    ``parallel.grad_bucket_size`` when the config sets it; else the stack's rule: PyTorch
+    DDP's ``bucket_cap_mb`` (the field's default, 25 MiB), or Megatron-Core's
+    ``max(40e6, 1e6 · dp)`` parameters of ``grad_dtype_bytes`` each, and one bucket (infinite
+    size) where Megatron-Core turns bucketing off: without ``overlap_grad_reduce``, on
+    pipeline ranks after the first (``pp_rank > 0``, the same file lines 186-187 at 9c1a5351)
+    and for model chunks after the first (``disable_bucketing=(model_chunk_idx > 0)``,
+    megatron/training/training.py line 1138 at 9c1a5351, line 431 at 900f1b76). ``dp`` may
+    be an array of plans (the search tier's).
+    """
+    p = cfg.parallel
+    if "grad_bucket_size" in p.model_fields_set or _stack_rule(cfg) != "megatron_core":
+        return p.grad_bucket_size
+    if not cfg.software.overlap_grad_reduce or stage > 0 or chunk > 0:
+        return math.inf
+    floor, per_rank = MEGATRON_BUCKET
+    return np.maximum(floor, per_rank * np.asarray(dp, dtype=float)) * grad_dtype_bytes
 
 
 def buckets(grad_bytes, bucket_bytes):
@@ -37,6 +74,10 @@ def bucket_runs(grad_bytes, bucket_bytes, runs):
 
 class GradSyncOps:
     """Gradient-bucket ops; needs the builder's ``cfg``, ``layer_ops``, ``stage_params``."""
+
+    def bucket_bytes(self, stage: int = 0, chunk: int = 0) -> float:
+        """This plan's gradient bucket on ``stage``'s ``chunk`` (:func:`grad_bucket_bytes`)."""
+        return float(grad_bucket_bytes(self.cfg, self.dp, self.gdt, stage, chunk))
 
     def _overlapped_layers(self, sync_ops: list[Op], start: int, layers: int) -> list[Op]:
         """The chunk's ``layers`` backward layers split into bucket segments; after each
@@ -68,7 +109,7 @@ class GradSyncOps:
         layers = self.split[stage][chunk]
         share = layers / sum(self.split[stage])
         grad_bytes = self.stage_params(stage) * share * self.gdt
-        n_seg, per_seg = bucket_runs(grad_bytes, self.cfg.parallel.grad_bucket_size,
+        n_seg, per_seg = bucket_runs(grad_bytes, self.bucket_bytes(stage, chunk),
                                      layers // self.period)
         op = "reduce_scatter" if self.cfg.parallel.zero_stage in (1, 2) else "all_reduce"
         if self.split_experts:  # dense gradients over dp (× cp), expert gradients over edp
@@ -90,7 +131,7 @@ class GradSyncOps:
         size = self.cfg.mesh.size("edp") if group == "edp" else self.gdp
         if size == 1:
             return []
-        n = buckets(grad_bytes, self.cfg.parallel.grad_bucket_size)
+        n = buckets(grad_bytes, self.bucket_bytes(stage))
         name = f"grad.expert.{op}" if group == "edp" else f"grad.{op}"
         stream = "dp" if group == "dp_cp" else group
         return [Op(Collective(name, op, group, grad_bytes / n), stream=stream, repeat=n)]

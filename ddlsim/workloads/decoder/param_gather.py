@@ -36,8 +36,11 @@ def active(cfg) -> bool:
 
 
 def exposed_bytes(cfg, param_bytes: float) -> float:
-    """Bytes of the gather left after the optimizer step: all of them, or the first bucket."""
-    return first_bucket(active(cfg), param_bytes, cfg.parallel.grad_bucket_size)
+    """Bytes of the gather left after the optimizer step: all of them, or the first bucket
+    (the gradient buckets' parameters in the 16-bit parameter dtype:
+    :func:`.dpsync.grad_bucket_bytes`)."""
+    from .dpsync import grad_bucket_bytes
+    return first_bucket(active(cfg), param_bytes, grad_bucket_bytes(cfg, cfg.dp, 2))
 
 
 def first_bucket(on, param_bytes, bucket_bytes):
@@ -45,7 +48,8 @@ def first_bucket(on, param_bytes, bucket_bytes):
     all of them; element-wise on arrays of plans (the search tier's)."""
     if isinstance(on, (bool, np.bool_)):
         return min(param_bytes, float(bucket_bytes)) if on else param_bytes
-    return np.where(on, np.minimum(param_bytes, float(bucket_bytes)), param_bytes)
+    return np.where(on, np.minimum(param_bytes, np.asarray(bucket_bytes, dtype=float)),
+                    param_bytes)
 
 
 def overlapped_bytes(cfg, param_bytes: float) -> float:
