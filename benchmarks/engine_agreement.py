@@ -9,8 +9,9 @@ step gets the bandwidth the formula gives it) they must agree within 1 %; where 
 
 Run:  python benchmarks/engine_agreement.py [--full]   (from the repository root)
 
-It prints the tables quoted in docs/engines.md: single collectives, GPT on one DGX node, and
-the wiki's 9-rank case. The cases are built by ``tests/simulator/scenarios.py``, whose
+It prints the tables quoted in docs/engines.md: single collectives, GPT on one DGX node, the
+wiki's 9-rank case, NCCL across nodes, single-node plans, and the bundled examples (``--full``
+adds the examples whose DES takes a minute or more). The cases are built by ``tests/simulator/scenarios.py``, whose
 assertions are ``tests/simulator/test_agreement.py``.
 """
 
@@ -181,6 +182,67 @@ def single_node_plans_table(per_preset: int = 6) -> tuple[str, float]:
     return "\n".join(lines), worst_all
 
 
+#: The bundled examples, both engines: each example's reason when they differ by over 2 %
+#: (docs/engines.md, "The bundled examples"). Under ``--full`` also the slow DES runs.
+EXAMPLES = {
+    "proxies/bert_large.yaml": "sharing bound",
+    "proxies/gpt2_large.yaml": "sharing bound",
+    "proxies/gpt3_one_pipe_step.yaml": "sharing bound",
+    "proxies/gpt3_moe_one_pipe_step.yaml": "sharing bound",
+    "proxies/resnet50.yaml": "", "proxies/resnet50_ring.yaml": "",
+    "proxies/resnet152.yaml": "", "proxies/resnet152_scal.yaml": "",
+    "proxies/cosmoflow.yaml": "", "proxies/dlrm.yaml": "",
+    "gpt2-2ranks-one-node.yaml": "", "gpt2-dp32-4-dgx-h100.yaml": "",
+    "wiki-gpt2-9ranks-ddp.yaml": "", "wiki-gpt2-9ranks-reduce_broadcast.yaml": "",
+    "wiki-gpt2-9ranks-reduce_scatter.yaml": "",
+    "wiki-gpt2-9ranks-sliced_reduce_broadcast.yaml": "slices stretched 9×",
+    "cp-ring-llama3-8b-128k.yaml": "", "mixtral-8x7b-ep8.yaml": "",
+    "tp-2d-64.yaml": "", "tp-2p5d-64.yaml": "row and column broadcasts together",
+    "tp-3d-64.yaml": "row and column broadcasts together",
+}
+#: DES runs of a minute or more on the 2-core machine: only with ``--full``.
+SLOW_EXAMPLES = {"gpt3-175b-1024-a100.yaml": "", "llama2-70b-64-h100.yaml": "",
+                 "proxies/gpt3.yaml": "", "proxies/gpt3_moe.yaml": ""}
+
+
+def collective_durations(result) -> dict[tuple[str, str, str], list[float]]:
+    """Seconds of each collective span of each class's representative rank, in order, keyed
+    by (class, stream, group kind): the two engines run the same ops in the same order on a
+    stream, so the lists of an analytical and a DES result line up op for op."""
+    first: dict[str, int] = {}
+    for s in result.spans:
+        first.setdefault(s.class_name, s.rank)
+    out: dict[tuple[str, str, str], list[float]] = {}
+    for s in sorted(result.spans, key=lambda s: (s.class_name, s.stream, s.start_s)):
+        if s.rank == first[s.class_name] and s.kind not in (
+                "compute", "optimizer", "send", "recv"):
+            out.setdefault((s.class_name, s.stream, s.kind), []).append(s.end_s - s.start_s)
+    return out
+
+
+def _bound(a, d) -> str:
+    """The largest DES / analytical − 1 over the collectives, op for op."""
+    ta, td = collective_durations(a), collective_durations(d)
+    worst = max((y / x - 1 for k in ta for x, y in zip(ta[k], td.get(k, ())) if x > 0),
+                default=0.0)
+    return f"{100 * worst:+.2f}%"
+
+
+def examples_table(full: bool = False) -> str:
+    """Every bundled example on both engines, with the largest per-collective DES excess."""
+    lines = ["| example | analytical | DES | Δ | worst collective Δ | reason |",
+             "|---|---:|---:|---:|---:|---|"]
+    for name, why in {**EXAMPLES, **(SLOW_EXAMPLES if full else {})}.items():
+        path = ROOT / "examples" / name
+        a = predict(path, "analytical", check_fit=False, record_spans=True)
+        d = predict(path, "des", check_fit=False, spans="representative")
+        delta = d.iteration_time_s / a.iteration_time_s - 1
+        lines.append(f"| {name} | {a.iteration_time_s * 1e3:.3f} ms | "
+                     f"{d.iteration_time_s * 1e3:.3f} ms | {100 * delta:+.2f}% | "
+                     f"{_bound(a, d)} | {why if abs(delta) > 0.02 else ''} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     import sys
 
@@ -202,7 +264,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nmulti-node NCCL collectives: largest |Δ| {100 * worst:.4f}%\n")
     table, worst = single_node_plans_table()
     print(table)
-    print(f"\nsingle-node plans on every preset: largest |Δ| {100 * worst:.4f}%")
+    print(f"\nsingle-node plans on every preset: largest |Δ| {100 * worst:.4f}%\n")
+    print(examples_table("--full" in argv))
 
 
 if __name__ == "__main__":

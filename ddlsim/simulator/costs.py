@@ -318,6 +318,14 @@ class CostModel:
             return net.alpha_inter_s + op.bytes / min(net.bw_intra_Bps, self._p2p_bw(op.group))
         return net.alpha_intra_s + op.bytes / net.bw_intra_Bps
 
+    def p2p_slowest(self, op: P2P, src: np.ndarray, dst: np.ndarray) -> float:
+        """Seconds of the slowest of the transfers ``src[i] → dst[i]`` (ranks) of ``op``:
+        the longer of the intra- and the inter-node time, among the kinds that occur (the
+        group family's nets time every transfer of a kind alike)."""
+        cross = self.node_of_rank[src] != self.node_of_rank[dst]
+        firsts = {int(np.argmax(cross)), int(np.argmin(cross))}   # one of each kind present
+        return max(self.p2p(op, int(src[i]), int(dst[i])) for i in firsts)
+
     def _p2p_bw(self, group: str) -> float:
         """:func:`.netmodel.p2p_node_bw` of family ``group``, cached like the group nets."""
         got = self._p2p_memo.get(group)

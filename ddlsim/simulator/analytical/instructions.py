@@ -171,10 +171,23 @@ class _Lowering:
             send = p.kind == "send"
             hit = self._p2p[key] = Instr(
                 SEND if send else RECV, sid, op.deps,
-                self.cost.p2p(p, rep, peer) if send else 0.0, self.cost.kind[p.group],
+                self.transfer(ci, p) if send else 0.0, self.cost.kind[p.group],
                 nbytes=p.bytes if send else 0.0, peer=(int(self.class_of[peer]), p.tag))
         self._p2p[(ci, id(op))] = hit
         return hit
+
+    def transfer(self, ci: int, p: P2P) -> float:
+        """Seconds of send ``p`` for class ``ci``: the slowest of its ranks' transfers
+        (:meth:`CostModel.p2p_slowest`), as the discrete-event engine ends a class's send
+        when the last of its ranks' flows lands (class lockstep, docs/engines.md). A ring
+        over 4 nodes has one rank per node sending across (resnet50_ring's proxy): its first
+        rank's intra-node hop alone would time the class 11× too fast."""
+        members = self.workload.groups[p.group].members
+        self.row(p.group, int(self.workload.classes[ci].ranks[0]))   # fills the inverse
+        g_of, i_of = self._inverse[p.group]
+        ranks = np.asarray(self.workload.classes[ci].ranks, dtype=np.int64)
+        peers = members[g_of[ranks], (i_of[ranks] + p.peer) % members.shape[1]]
+        return self.cost.p2p_slowest(p, ranks, peers)
 
     def _template(self, block, parts: dict) -> tuple[tuple, list[int]]:
         """(instructions with None for point-to-point ops, their positions)."""
