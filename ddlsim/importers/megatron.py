@@ -22,6 +22,7 @@ VALUE_FLAGS: dict[str, tuple[str, type]] = {
     "virtual-pipeline-model-parallel-size": ("parallel.virtual_pipeline_model_parallel_size", int),
     "context-parallel-size": ("parallel.context_parallel_size", int),
     "expert-model-parallel-size": ("parallel.expert_model_parallel_size", int),
+    "expert-tensor-parallel-size": ("parallel.expert_tensor_parallel_size", int),
     "decoder-first-pipeline-num-layers": ("parallel.num_layers_in_first_pipeline_stage", int),
     "decoder-last-pipeline-num-layers": ("parallel.num_layers_in_last_pipeline_stage", int),
     "micro-batch-size": ("train.micro_batch_size", int),
@@ -58,6 +59,11 @@ SWITCHES: dict[str, tuple[str, Any]] = {
     "bf16": ("train.dtype", "bf16"),
     "fp16": ("train.dtype", "fp16"),
     "recompute-activations": ("train.recompute", "selective"),
+    "moe-grouped-gemm": ("parallel.moe.grouped_gemm", True),
+    "moe-permute-fusion": ("parallel.moe.permute_fusion", True),
+    "moe-shared-expert-overlap": ("parallel.moe.shared_expert_overlap", True),
+    "moe-pad-expert-input-to-capacity": ("parallel.moe.pad_expert_input_to_capacity", True),
+    "moe-router-force-load-balancing": ("parallel.moe.router_force_load_balancing", True),
     "checkpoint-activations": ("train.recompute", "full"),      # Megatron-LM 2021
     "use-flash-attn": (f"{_SW}.kernels.attention", "flash2"),
     "no-masked-softmax-fusion": (f"{_SW}.kernels.attention", "unfused"),
@@ -92,7 +98,11 @@ CHOICES: dict[str, dict[str, list[tuple[str, Any]]]] = {
     "recompute-method": {"uniform": []},
     "transformer-impl": {"transformer_engine": []},
     "fp8-recipe": {"delayed": [], "tensorwise": []},
-    "moe-token-dispatcher-type": {"alltoall": []},
+    "moe-token-dispatcher-type": {d: [("parallel.moe.token_dispatcher_type", d)]
+                                  for d in ("alltoall", "allgather")},
+    "moe-router-load-balancing-type": {t: [("parallel.moe.router_load_balancing_type", t)]
+                                       for t in ("aux_loss", "seq_aux_loss", "sinkhorn",
+                                                 "none")},
     "rotary-percent": {"1.0": [], "1": []},
 }
 
@@ -106,7 +116,6 @@ CHOICE_NOTES = {
                                            "describe them",
     "fp8-recipe delayed": "per-tensor scaling, as ddlsim's fp8 models it",
     "fp8-recipe tensorwise": "per-tensor scaling, as ddlsim's fp8 models it",
-    "moe-token-dispatcher-type alltoall": "all-to-all token dispatch, as ddlsim models it",
     "rotary-percent 1.0": "every head dimension rotated, as ddlsim models RoPE",
     "rotary-percent 1": "every head dimension rotated, as ddlsim models RoPE",
 }
@@ -144,7 +153,7 @@ NO_EFFECT: dict[str, str] = {
                      "reset-attention-mask", "no-create-attention-mask-in-dataloader",
                      "attention-softmax-in-fp32", "fp8-amax-history-len",
                      "use-cpu-initialization", "calculate-per-token-loss",
-                     "moe-router-load-balancing-type", "moe-aux-loss-coeff",
+                     "moe-aux-loss-coeff",
                      "moe-z-loss-coeff",
                      "fp8-amax-compute-algo", "distributed-timeout-minutes"),
                     "a value of the optimisation or of a kernel, not of its cost"),
@@ -160,7 +169,6 @@ NOT_MODELLED: dict[str, str] = {
     "manual-gc": "the host's garbage-collection pauses, with or without it",
     "manual-gc-interval": "the host's garbage-collection pauses",
     "empty-unused-memory-level": "the allocator's cache flushes",
-    "moe-grouped-gemm": "grouped GEMMs of the experts (ddlsim times each expert's GEMMs)",
     "deepspeed_config": "the DeepSpeed config's settings, which count only when the file is "
                         "imported too (ddlsim import SCRIPT ds_config.json)",
     "deepspeed-config": "the DeepSpeed config's settings, which count only when the file is "
