@@ -115,3 +115,20 @@ def test_moe_options_on_a_dense_model_are_refused():
                             "train": {"micro_batch_size": 1, "global_batch_size": 8,
                                       "seq_length": 2048},
                             "system": {"preset": "dgx-h100", "nodes": 1}})
+
+
+def test_shared_experts_beside_the_dispatch_when_overlapped():
+    # one shared expert (f_e wide) on Mixtral cut to 2 layers: with shared_expert_overlap its
+    # GEMMs run while the dispatch all-to-all is on the ep stream, so the iteration is shorter
+    def cfg(overlap: bool):
+        c = plan(shared_expert_overlap=overlap)
+        c["model"]["n_shared_experts"] = 1
+        return ddlsim.load_config(c)
+    on, off = cfg(True), cfg(False)
+    body = ddlsim.build_workload(on).classes[0].program.blocks["F0"].flat.ops
+    assert any(o.stream == "ep" and isinstance(o.payload, Collective) for o in body)
+    t_on = ddlsim.predict(on, check_fit=False).iteration_time_s
+    t_off = ddlsim.predict(off, check_fit=False).iteration_time_s
+    assert t_on < t_off
+    with pytest.raises(ConfigError, match="shared_expert_overlap = true needs shared experts"):
+        ddlsim.load_config(plan(shared_expert_overlap=True))

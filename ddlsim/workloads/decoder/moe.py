@@ -106,13 +106,6 @@ class MoEOps:
         first = hot * mean
         return (first, *([rest] * (ep - 1)))
 
-    def expert_flops(self) -> float:
-        """Forward FLOPs of the routed experts on the most loaded rank: ``E/EP`` experts ×
-        ``n`` tokens × ``2·m·h·f_e/etp``."""
-        sh = self.shape
-        return (self.local_experts * self.expert_tokens() * 2 * sh.mlp_matrices * sh.hidden
-                * sh.f_e / self.etp)
-
     def layer_rank_params(self, moe: bool) -> tuple[float, float]:
         """(non-expert, expert) parameters of one layer on one rank: the non-expert ones
         (attention, norms, router, shared experts) split over TP, the routed experts over
