@@ -43,8 +43,9 @@ class MoESpec(_Strict):
         default=False, description="shared experts computed while the dispatch/combine "
                                    "all-to-alls run (alltoall dispatcher only)")
     router_load_balancing_type: LoadBalancing = Field(
-        default="aux_loss", description="Megatron's default aux_loss; sinkhorn adds its "
-                                        "normalisation passes to the router")
+        default="aux_loss", description="Megatron's default aux_loss; checked against the "
+                                        "capacity factor (sinkhorn drops no tokens); its own "
+                                        "router-sized compute is not modelled")
     router_force_load_balancing: StrictBool = Field(
         default=False, description="benchmark mode: random logits, every expert gets the "
                                    "same number of tokens (router_imbalance must be 1)")
