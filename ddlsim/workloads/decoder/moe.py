@@ -21,7 +21,7 @@ One MoE layer's forward on one rank (alltoall dispatcher; Megatron-LM 9c1a5351
    ``f_e/etp``: one grouped GEMM launch (``batch = E/EP``) or one launch per expert;
 6. the reverse: un-sort, reduce-scatter over ``etp``, combine all-to-all, un-permute;
 7. shared experts (all-gather over TP, their GEMMs, reduce-scatter), after the routed experts
-   or, with ``shared_expert_overlap``, beside the dispatch and combine.
+   or, with ``shared_expert_overlap``, beside the dispatch (the combine is not overlapped).
 
 The allgather dispatcher instead all-gathers the ``T·h`` hidden states over ``tp_ep`` (etp ×
 ep ranks), permutes the gathered tokens to the local experts, and reduce-scatters the output.
