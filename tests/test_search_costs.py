@@ -110,6 +110,10 @@ def test_collectives_match_the_cost_model(sample):
 
 
 BACKENDS = {"nccl": [], "nccl 4 nodes": ["system.nodes=4"],
+            # H100: NVLS and NVLS-tree, chosen by NCCL's estimate, timed with their fill
+            "nccl h100": ["system.preset=dgx-h100"],
+            "nccl h100 2 nodes": ["system.preset=dgx-h100", "system.nodes=2"],
+            "nccl h100 4 nodes": ["system.preset=dgx-h100", "system.nodes=4"],
             "nccl ring": ["system.nodes=2", "parallel.collective_algorithm={all_reduce: nccl_ring}"],
             "mpi": ["system.collectives.backend=mpi", "system.nodes=2"],
             "mpich": ["system.collectives.backend=mpich", "system.nodes=2"],
