@@ -15,10 +15,11 @@ search tier calls the same rules).
 Not modelled (named so that nobody reads them into the figures): the caching allocator's
 fragmentation (the reserve beyond the live blocks; runs with ``expandable_segments:True``, as
 torchtitan's launch script sets, keep it small, and Guo et al. 2024 (GMLake, ASPLOS) measured
-15 % on average without it on LLM fine-tuning with recomputation), NCCL's own buffers
-(``NCCL_BUFFSIZE``, 4 MiB per channel and peer, NCCL environment docs: the channel counts are
-not known per system here), and PyTorch DDP's gradient buckets (no decoder stack uses PyTorch
-DDP: Megatron's buckets are views into its contiguous gradient buffer).
+15 % on average without it on LLM fine-tuning with recomputation), NCCL's buffers per system
+(``NCCL_BUFFSIZE``, 4 MiB per channel and peer: the channel counts are not known per system
+here, so one measured communicator size is used everywhere, :data:`NCCL_COMM_BYTES`), and
+PyTorch DDP's gradient buckets (no decoder stack uses PyTorch DDP: Megatron's buckets are views
+into its contiguous gradient buffer). docs/memory.md lists the rest.
 """
 
 from __future__ import annotations
