@@ -15,11 +15,15 @@ from ddlsim.simulator.costs import CostModel
 from ddlsim.workloads.trace import (Block, Compute, GroupFamily, Op, P2P, Program, RankClass,
                                     Step, Workload, WorkloadMeta)
 
-# a GPT whose embedding and head are negligible, so pipeline stages are equal
+# a GPT whose embedding and head are negligible, so pipeline stages are equal: a vocabulary of
+# 8, and its kernels launched from CUDA graphs (eagerly, the head's and loss's eleven launches
+# would cost the last stage 64 µs of host time per micro-batch: docs/compute.md)
 UNIFORM = {"model": {"num_hidden_layers": 8, "hidden_size": 4096, "num_attention_heads": 32,
                      "vocab_size": 8, "max_position_embeddings": 2048},
            "train": {"micro_batch_size": 1, "seq_length": 2048},
-           "system": {"preset": "dgx-a100", "nodes": 1, "devices_per_node": 4}}
+           "system": {"preset": "dgx-a100", "nodes": 1, "devices_per_node": 4,
+                      "software": {"stack": "megatron-core-2024",
+                                   "kernels": {"host_dispatch": "cuda_graphs"}}}}
 
 
 def pipeline(schedule: str, m: int, v: int | None = None, free_p2p: bool = False):
