@@ -4,21 +4,25 @@ a model fits (DeepSpeed's ZeRO tutorial on 32 GB V100s), with the largest model 
 Run:  python benchmarks/validate_memory.py [--markdown]
 
 The published tables (pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md, the
-runs of torchtitan 9dec370, 2024-12) and their provenance are in
-``data/torchtitan_h100_memory.csv``. torchtitan's "Memory(GiB)" is the caching allocator's
+runs of torchtitan 9dec370, 2024-12, on the ``torchtitan-2024`` stack; and
+llama3-8b_h200_202506_trainy-whitefiber.md, torchtitan e7c0cae, 2025-06, on
+``torchtitan-2025``) and their provenance are in ``data/torchtitan_h100_memory.csv`` and
+``data/torchtitan_h200_memory.csv``. torchtitan's "Memory(GiB)" is the caching allocator's
 peak reserved bytes (``torch.cuda.max_memory_reserved``), so the prediction compared is
 ddlsim's ``memory.reserved`` (every part but the CUDA context, which the allocator does not
 hold: docs/memory.md); the error is ``predicted / published − 1``.
 
-Each row runs as torchtitan ran it, as far as ddlsim can say it: the ``torchtitan-2024`` stack
-(with ``compile: true`` where the row names torch.compile), ZeRO-3 (FSDP2) over the FSDP
+Each row runs as torchtitan ran it, as far as ddlsim can say it: its table's stack (with
+``compile: true`` where the row names torch.compile), ZeRO-3 (FSDP2) over the FSDP
 degree, context parallelism, TP with sequence parallelism, and pipelining with torchtitan's
 defaults (one micro-batch per stage; two stages per rank for the interleaved schedule; the
 layer split of its ``generate_split_points``); Float8 as ``train.dtype: fp8``. The rows'
 ``selective`` checkpointing is torchtitan's per-op policy, which the stack names
 (``selective_recompute: every_second_mm``) and whose kept tensors ddlsim counts
 (:func:`ddlsim.workloads.decoder.memory.sac_activation_bytes`). Async TP changes no memory
-ddlsim models and is not set. Nothing is tuned.
+ddlsim models and is not set; nor is FSDP's float8 all-gather of the H200 runs (ddlsim counts
+gathered units in 16 bits). The H200 rows run on the ``dgx-h100`` preset (ddlsim has no H200):
+the reserved bytes compared do not depend on the device. Nothing is tuned.
 
 **Does it fit?** ``data/deepspeed_zero_tutorial_fits.csv`` records, from DeepSpeed's ZeRO
 tutorial, a GPT-2 1.5B that runs out of memory on 8 V100-SXM3 32GB without ZeRO and trains with
@@ -40,12 +44,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from public_runs import DATA, print_table, read_csv  # noqa: E402
 
 TABLE = DATA / "torchtitan_h100_memory.csv"
+#: the same form for the H200 runs of torchtitan e7c0cae (2025-06), run on torchtitan-2025
+H200 = DATA / "torchtitan_h200_memory.csv"
+#: each published table with the stack its runs used
+TABLES = ((TABLE, "torchtitan-2024"), (H200, "torchtitan-2025"))
 FITS = DATA / "deepspeed_zero_tutorial_fits.csv"
 V100_STACK = "deepspeed-2021"
 GPT2_VOCAB = 50304              # GPT-2's 50,257 BPE tokens padded to a multiple of 128
 GPUS_PER_DGX2 = 16
 GPUS_PER_NODE = 8
-STACK = "torchtitan-2024"
 GIB = 2**30
 #: the layers of a decoder preset (Llama 3.1: 32, 80, 126), for torchtitan's split
 LAYERS = {"llama-3.1-8b": 32, "llama-3.1-70b": 80, "llama-3.1-405b": 126}
@@ -60,8 +67,8 @@ def split_points(layers: int, stages: int) -> tuple[int, int]:
     return base, layers - base - sum(middle)
 
 
-def config(row: dict) -> dict:
-    """The run config of one published row (module docstring)."""
+def config(row: dict, stack: str = "torchtitan-2024") -> dict:
+    """The run config of one published row on ``stack`` (module docstring)."""
     pp, tp, lbs = int(row["pp"]), int(row["tp"]), int(row["local_batch"])
     v = 2 if row["schedule"] == "interleaved" else 1
     par = {"zero_stage": 3, "data_parallel_size": int(row["dp_shard"]),
@@ -78,7 +85,7 @@ def config(row: dict) -> dict:
             first, last = split_points(layers, pp * v)
             par["num_layers_in_first_pipeline_stage"] = first
             par["num_layers_in_last_pipeline_stage"] = last
-    software = {"stack": STACK, "compile": row["compile"] == "1"}
+    software = {"stack": stack, "compile": row["compile"] == "1"}
     # torchtitan 9dec370 train.py line 107: model_config.max_seq_len = training.seq_len (the
     # rotary table is built for the run's sequence, past the HF config's 131,072 positions)
     model = {"preset": row["model"], "max_position_embeddings": int(row["seq"])}
@@ -90,28 +97,33 @@ def config(row: dict) -> dict:
                        "software": software}}
 
 
-def evaluate(table: Path = TABLE) -> list[dict]:
+def evaluate(tables=TABLES) -> list[dict]:
     """Each published row with ddlsim's memory breakdown (``memory``) or why it was not
     predicted (``skipped``)."""
     import ddlsim
     out = []
-    for row in read_csv(table):
-        rec = {**row, "memory": None, "skipped": None}
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                cfg = ddlsim.load_config(config(row))
-                rec["memory"] = ddlsim.memory_per_device(cfg)
-        except (ddlsim.errors.DDLSimError, ValueError) as e:
-            rec["skipped"] = str(e).split(". ")[0]
-        if rec["memory"] is not None:
-            rec["error"] = rec["memory"].reserved / (float(row["memory_gib"]) * GIB) - 1
-        out.append(rec)
+    for table, stack in tables:
+        out += [_evaluate_row(ddlsim, row, stack) for row in read_csv(table)]
     return out
 
 
+def _evaluate_row(ddlsim, row: dict, stack: str) -> dict:
+    """One row: its memory on ``stack`` and the error, or why it was not run."""
+    rec = {**row, "memory": None, "skipped": None}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            rec["memory"] = ddlsim.memory_per_device(ddlsim.load_config(config(row, stack)))
+    except (ddlsim.errors.DDLSimError, ValueError) as e:
+        rec["skipped"] = str(e).split(". ")[0]
+    if rec["memory"] is not None:
+        rec["error"] = rec["memory"].reserved / (float(row["memory_gib"]) * GIB) - 1
+    return rec
+
+
 def label(o: dict) -> str:
-    return f"T{o['table']} {o['model'].removeprefix('llama-3.1-')} {o['techniques']}"
+    table = o["table"] if not o["table"].isdigit() else f"T{o['table']}"
+    return f"{table} {o['model'].removeprefix('llama-3.1-')} {o['techniques']}"
 
 
 def show(out: list[dict], markdown: bool) -> None:

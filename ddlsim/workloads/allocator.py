@@ -71,6 +71,8 @@ class FrameworkMemory:
         without ZeRO in fp16 (:func:`step_temporaries`), 0 where it allocates none.
     logit_bytes_tp : bytes per logit under tensor parallelism where the loss runs another
         code path there (torchtitan's loss parallelism), None where it is the same.
+    logit_bytes_compiled : bytes per logit when the stack's ``compile`` compiles the loss
+        too, None where compiling leaves the loss eager.
     head_widths : (split, whole): 16-bit tensors of width ``h`` per token that the final norm
         and the output head keep for the backward outside the checkpointed blocks, split over
         TP under sequence parallelism or whole (:func:`head_bytes`); (0, 0) where they are
@@ -87,11 +89,15 @@ class FrameworkMemory:
     step_bytes: float = 0.0
     head_widths: tuple = (0, 0)
     logit_bytes_tp: float | None = None
+    logit_bytes_compiled: float | None = None
 
-    def logits_at(self, t):
-        """Bytes per logit with ``t`` tensor-parallel ranks: :attr:`logit_bytes_tp` where
-        ``t > 1`` and the framework's loss differs under TP, else :attr:`logit_bytes`
-        (``t`` may be an array over plans)."""
+    def logits_at(self, t, compiled: bool = False):
+        """Bytes per logit with ``t`` tensor-parallel ranks: :attr:`logit_bytes_compiled`
+        when the stack compiles the loss (``compiled``) and the framework says what that
+        keeps, else :attr:`logit_bytes_tp` where ``t > 1`` and the loss differs under TP, else
+        :attr:`logit_bytes` (``t`` may be an array over plans)."""
+        if compiled and self.logit_bytes_compiled is not None:
+            return self.logit_bytes_compiled
         if self.logit_bytes_tp is None:
             return self.logit_bytes
         return _scalar(np.where(np.asarray(t) > 1, self.logit_bytes_tp, self.logit_bytes))
@@ -169,6 +175,7 @@ _register(FrameworkMemory(
 
 _register(FrameworkMemory(
     "torchtitan-2025", logit_bytes=4 + 4 + 4, fsdp2=True, kept_root="head",
+    logit_bytes_compiled=2 + 2,
     reduce_bucket_elements=0,
     sources={
         "logit_bytes": "torchtitan 07c00d9 torchtitan/components/loss.py lines 18-22 "
@@ -178,7 +185,13 @@ _register(FrameworkMemory(
                      "279-299: the embedding is its own unit, resharded after forward; "
                      "[norm, output] one unit with reshard_after_forward only under 'always' "
                      "('FSDP would prefetch them immediately after the forward pass')",
-        "head_widths": _TITAN_HEAD, "logit_bytes_tp": _TITAN_LOSS_TP},
+        "head_widths": _TITAN_HEAD, "logit_bytes_tp": _TITAN_LOSS_TP,
+        "logit_bytes_compiled": "torchtitan 07c00d9 config/job_config.py lines 554-561 "
+                                "(compile.components default ['model', 'loss']) and "
+                                "components/loss.py line 27: with compile the loss function is "
+                                "torch.compile'd; derived, not measured: Inductor fuses the fp32 "
+                                "cast, log-softmax and nll into row reductions, keeping the "
+                                "16-bit logits and writing their 16-bit gradient (2 + 2 B)"},
     head_widths=(2, 1), logit_bytes_tp=2 + 4 + 4 + 4))
 
 

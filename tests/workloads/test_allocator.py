@@ -56,6 +56,10 @@ def test_loss_bytes_per_framework():
     assert (titan.logits_at(1), titan.logits_at(8)) == (12, 14)
     assert list(titan.logits_at(np.array([1, 2]))) == [12, 14]
     assert framework("megatron-core-2024").logits_at(8) == 6
+    # torchtitan 2025 compiles the loss with the model: the 16-bit logits and gradient; 2024
+    # left the loss eager
+    assert framework("torchtitan-2025").logits_at(1, True) == 4
+    assert framework("torchtitan-2024").logits_at(1, True) == 12
 
 
 def test_fsdp2_buffers_by_hand():

@@ -69,7 +69,7 @@ def stage_memory(cfg: RunConfig, shape: DecoderShape, stage: int, params: float,
     acts, other = stage_activations(shape, t.micro_batch_size, t.seq_length, p.tp * p.cp,
                                     p.vpp, per_chunk, chunks, rebuilt, first, last,
                                     part.embedding_split if part is not None else 1,
-                                    fm.logits_at(p.tp),
+                                    fm.logits_at(p.tp, cfg.software.compile),
                                     step_temporaries(fm, p.zero_stage, state == "fp16", params),
                                     head_bytes(fm, shape.hidden, p.tp, p.sequence_parallel) / p.cp)
     buffers = stage_buffers(cfg.software, fm, shape, p.zero_stage, cfg.dp, gathered,
