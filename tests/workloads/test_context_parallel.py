@@ -171,8 +171,18 @@ def test_plans_context_parallelism_cannot_run_are_refused(over, words):
         assert w in str(err.value), (w, str(err.value))
 
 
-def test_moe_with_cp_is_refused():
+def test_moe_with_cp_is_a_limit_of_the_2024_stack_only():
+    # TP2 × CP4 on 8 GPUs (DP 1), EP 4 with expert TP 2: EP × expert TP = 8 folds over
+    # TP × CP × DP = 8 (Megatron-Core's MoE parallel folding). Megatron-Core of 2024 refused
+    # EP with CP (its rule, with the source); 2025 runs it, on both engines (docs/moe.md)
     d = copy.deepcopy(BASE)
     d["model"].update({"num_local_experts": 4, "num_experts_per_tok": 2})
-    with pytest.raises(ddlsim.ConfigError, match="experts"):
+    d["parallel"].update({"expert_model_parallel_size": 4, "sequence_parallel": True,
+                          "moe": {"token_dispatcher_type": "alltoall"}})
+    with pytest.raises(ddlsim.ConfigError, match="moe_ep_no_context_parallel"):
         ddlsim.load_config(d)
+    d["system"]["software"] = "megatron-core-2025"
+    cfg = ddlsim.load_config(d)
+    assert (cfg.mesh.size("ep"), cfg.mesh.size("etp"), cfg.mesh.size("edp")) == (4, 2, 1)
+    for engine in ("analytical", "des"):
+        assert ddlsim.predict(cfg, engine, check_fit=False).iteration_time_s > 0
