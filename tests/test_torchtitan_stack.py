@@ -218,3 +218,59 @@ def test_the_example_is_what_ddlsim_import_makes_of_torchtitans_toml(tmp_path):
         a = ddlsim.predict(ddlsim.load_config(imported))
         b = ddlsim.predict(ddlsim.load_config("examples/llama3-8b-fsdp2-h100.yaml"))
     assert a.iteration_time_s == b.iteration_time_s and a.comm_bytes == b.comm_bytes
+
+
+#: torchtitan 9dec370 train_configs/llama3_405b.toml (2024 format), the keys that shape one
+#: iteration
+TOML_2024 = """
+[model]
+name = "llama3"
+flavor = "405B"
+norm_type = "rmsnorm"
+[optimizer]
+name = "AdamW"
+[training]
+batch_size = 2
+seq_len = 8192
+data_parallel_replicate_degree = 1
+data_parallel_shard_degree = -1
+tensor_parallel_degree = 8
+compile = true
+[experimental]
+context_parallel_degree = 1
+pipeline_parallel_degree = 1
+enable_async_tensor_parallel = true
+[activation_checkpoint]
+mode = 'full'
+[float8]
+enable_float8_linear = true
+"""
+
+
+def test_torchtitans_2024_config_format_is_read_onto_the_2024_stack(tmp_path):
+    from ddlsim.importers import import_config
+    (tmp_path / "llama3_405b.toml").write_text(TOML_2024)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = import_config([tmp_path / "llama3_405b.toml"], system="dgx-h100",
+                            nodes=16).config
+    assert cfg["system"]["software"]["stack"] == "torchtitan-2024"
+    assert cfg["system"]["software"]["compile"] is True
+    p, t = cfg["parallel"], cfg["train"]
+    assert (p["tensor_model_parallel_size"], p["sequence_parallel"], p["zero_stage"],
+            p["tp_comm_overlap"]) == (8, True, 3, "pipelined")
+    assert (t["dtype"], t["micro_batch_size"], t["global_batch_size"], t["recompute"]) == \
+        ("fp8", 2, 32, "full")
+
+
+def test_2024_pipelining_takes_one_micro_batch_per_stage_by_default(tmp_path):
+    from ddlsim.importers import import_config
+    text = TOML_2024.replace("pipeline_parallel_degree = 1", "pipeline_parallel_degree = 2")
+    text = text.replace('norm_type = "rmsnorm"', 'norm_type = "fused_rmsnorm"')
+    (tmp_path / "t.toml").write_text(text)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = import_config([tmp_path / "t.toml"], system="dgx-h100", nodes=16).config
+    assert cfg["parallel"]["pipeline_model_parallel_size"] == 2
+    assert cfg["train"]["micro_batch_size"] == 2 // 2
+    assert cfg["system"]["software"]["kernels"]["fused_layernorm"] is True

@@ -1,4 +1,5 @@
-"""A torchtitan train config (TOML) → ddlsim fields.
+"""A torchtitan train config (TOML) → ddlsim fields (the 2024 format through
+:mod:`.torchtitan2024`, on the ``torchtitan-2024`` stack).
 
 Key names and defaults are torchtitan's ``torchtitan/config/job_config.py`` (``[training]
 batch_size`` before its rename to ``local_batch_size``); the ``llama3`` flavors are the
@@ -76,6 +77,10 @@ def read_torchtitan(text: str, where: str) -> Draft:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{where}: not valid TOML ({exc})") from None
     draft = Draft(where)
+    from .torchtitan2024 import STACK_2024, is_2024, to_2025
+    old = is_2024(doc)
+    if old:
+        doc = to_2025(doc, draft)
     readers = {"model": _model, "training": _training, "parallelism": _parallelism,
                "activation_checkpoint": _checkpoint, "float8": _float8, "compile": _compile,
                "optimizer": _optimizer}
@@ -87,9 +92,14 @@ def read_torchtitan(text: str, where: str) -> Draft:
             readers[name](draft, _typed(draft, name, section), doc)
         else:
             draft.refuse(f"[{name}]", "not a torchtitan section ddlsim reads")
-    draft.set("system.software.stack", STACK, "torchtitan's config format (job_config.py of "
-              "2025): the torchtitan-2025 stack; set system.software.stack: torchtitan-2024 "
-              "for a run of late 2024")
+    if old:
+        draft.set("system.software.stack", STACK_2024, "torchtitan's config format of 2024 "
+                  "(config_manager.py: [experimental], degrees under [training]): the "
+                  "torchtitan-2024 stack")
+    else:
+        draft.set("system.software.stack", STACK, "torchtitan's config format "
+                  "(job_config.py of 2025): the torchtitan-2025 stack; set "
+                  "system.software.stack: torchtitan-2024 for a run of late 2024")
     return draft
 
 
