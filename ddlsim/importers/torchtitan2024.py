@@ -42,6 +42,8 @@ def to_2025(doc: dict, draft: Draft) -> dict:
     out = {k: dict(v) if isinstance(v, dict) else v for k, v in doc.items()}
     training = out.get("training", {})
     parallelism = out.setdefault("parallelism", {})
+    if not (isinstance(training, dict) and isinstance(parallelism, dict)):
+        return out          # the reader refuses a section that is not a table, by name
     for key in _TRAINING_TO_PARALLELISM:
         if key in training:
             parallelism[key] = training.pop(key)
@@ -99,7 +101,8 @@ def _float8(doc: dict, draft: Draft) -> None:
         return
     if float8.pop("enable_float8_linear", False):
         model = doc.setdefault("model", {})
-        model["converters"] = ["float8"]
+        if isinstance(model, dict):        # else the reader refuses [model] by name
+            model["converters"] = ["float8"]
     for key in ("scaling_type_input", "scaling_type_weight", "scaling_type_grad_output"):
         value = float8.pop(key, "dynamic")
         if value != "dynamic":
