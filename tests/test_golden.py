@@ -66,7 +66,8 @@ LLAMA_VARIANT = {
 MOE_VARIANT = {
     "model": {"preset": "mixtral-8x7b", "num_hidden_layers": 4, "capacity_factor": 1.25},
     "parallel": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 1,
-                 "expert_model_parallel_size": 4, "sequence_parallel": True, "zero_stage": 1},
+                 "expert_model_parallel_size": 4, "sequence_parallel": True, "zero_stage": 1,
+                 "moe": {"token_dispatcher_type": "alltoall"}},   # Megatron's default: allgather
     "train": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 4096,
               "recompute": "selective"},
     "system": {"preset": "dgx-h100", "nodes": 2},
