@@ -221,11 +221,16 @@ def collective_durations(result) -> dict[tuple[str, str, str], list[float]]:
 
 
 def _bound(a, d) -> str:
-    """The largest DES / analytical − 1 over the collectives, op for op."""
+    """The largest DES / analytical − 1 over the collectives, op for op, on the streams
+    whose collectives line up (the analytical engine writes a loop whose iterations start
+    and end with every stream drained once, its ops repeated: ``Block.lean``); ``n/a``
+    where none does, ``*`` where some do not."""
     ta, td = collective_durations(a), collective_durations(d)
-    worst = max((y / x - 1 for k in ta for x, y in zip(ta[k], td.get(k, ())) if x > 0),
-                default=0.0)
-    return f"{100 * worst:+.2f}%"
+    same = [k for k in ta if len(ta[k]) == len(td.get(k, ()))]
+    worst = max((y / x - 1 for k in same for x, y in zip(ta[k], td[k]) if x > 0), default=None)
+    if worst is None:
+        return "n/a"
+    return f"{100 * worst:+.2f}%" + ("*" if len(same) < len(set(ta) | set(td)) else "")
 
 
 def examples_table(full: bool = False) -> str:
