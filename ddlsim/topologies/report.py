@@ -82,8 +82,8 @@ def bisection_bandwidth(topology: Topology) -> tuple[float | None, str]:
     capacity its bandwidth (``nx.minimum_cut_value``). Graphs above
     :data:`FULL_CUT_VERTICES` vertices are cut with each compute node contracted to one vertex
     linked to its switches by the sum of its NIC bandwidths — the same value whenever a node's
-    internal links outrun its NICs. Returns the value (``None`` for one device) and a sentence
-    naming the method.
+    internal links outrun its NICs — from the edge arrays (:func:`contracted_cut`). Returns
+    the value (``None`` for one device) and a sentence naming the method.
     """
     if topology.num_devices < 2:
         return None, "one device: no bisection"
