@@ -13,7 +13,8 @@ from .builder import FABRIC_CODES
 from .graph import Topology
 from .registry import LINK_KINDS, NODE_KINDS
 
-__all__ = ["summary", "bisection_bandwidth", "draw", "MAX_DRAW_VERTICES", "FULL_CUT_VERTICES"]
+__all__ = ["summary", "bisection_bandwidth", "contracted_cut", "draw", "MAX_DRAW_VERTICES",
+           "FULL_CUT_VERTICES"]
 
 #: ``draw`` refuses graphs with more vertices than this (the picture would be unreadable).
 MAX_DRAW_VERTICES = 300
