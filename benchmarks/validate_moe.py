@@ -10,12 +10,15 @@ with their provenance. Each row is predicted on ``dgx-h100`` with the ``megatron
 stack: expert TP 1 with EP folded over TP x DP (Megatron-Core's MoE parallel folding), the
 alltoall dispatcher, grouped GEMM, fused permutation, forced load balance (router imbalance 1),
 distributed optimizer (ZeRO-1) with both overlaps, bf16 gradient reduction, no recomputation.
-What the runs do that is not modelled: the overlap of one micro-batch's expert all-to-alls with
-another micro-batch's compute (``a2a_overlap``, marked per row: ddlsim exposes them), the flex
-dispatcher's DeepEP/HybridEP kernels (marked per row: predicted as alltoall), and, on every
-row, the distributed optimizer's overlapped parameter all-gather (ddlsim refuses that overlap
-with EP > 1, so the gather after the step is exposed). No per-row factors
-and nothing tuned.
+What the runs do that is not modelled: Megatron-Core's expert-parallel communication overlap
+(``a2a_overlap``: Bridge's moe_a2a_overlap, i.e. overlap_moe_expert_parallel_comm with
+delay_wgrad_compute, the combined 1F1B schedule that runs one micro-batch's dispatch/combine
+all-to-alls beside another micro-batch's backward compute; marked per row, read in the recipes
+and in the Megatron-LM commit each Bridge tag pins: ddlsim exposes them, docs/moe.md says what
+modelling it needs), the flex dispatcher's DeepEP/HybridEP kernels (marked per row: predicted
+as alltoall), and, on every row, the distributed optimizer's overlapped parameter all-gather
+(ddlsim refuses that overlap with EP > 1, so the gather after the step is exposed). No
+per-row factors and nothing tuned.
 """
 
 from __future__ import annotations
@@ -66,7 +69,8 @@ def approximated(row: dict) -> str:
     """What the row's run does that ddlsim does not model ('' when nothing)."""
     notes = []
     if row["a2a_overlap"] == "true":
-        notes.append("a2a overlap")
+        notes.append("a2a overlap" + (" + delayed wgrad" if row["delay_wgrad_compute"] == "true"
+                                      else ""))
     if row["dispatcher_as_run"] != "alltoall":
         notes.append(row["dispatcher_as_run"])
     return ", ".join(notes)

@@ -59,3 +59,32 @@ def test_the_script_runs_one_row(capsys):
     assert math.isfinite(rec["predicted"]) and rec["predicted"] > 0
     vm._print([rec], markdown=True)
     assert "| 26.02.01 | Qwen3_30B_a3B | 16 |" in capsys.readouterr().out
+
+
+def test_each_rows_ep_overlap_settings_name_their_source():
+    """The a2a-overlap columns come from Bridge's recipes and the Megatron-LM commit each tag pins
+    (v0.3.0: b0cc2706, v0.4.0: d7288711)."""
+    text = pr.header(vm.TABLE)
+    for cite in ("_set_moe_a2a_overlap_overrides", "overlap_moe_expert_parallel_comm",
+                 "b0cc2706ddc60d2aefd5fff346445b5c013036a8",
+                 "d7288711ba278d160d2a5a22c099915c9fe1395c", "model_chunk_schedule_plan.py"):
+        assert cite in text
+    assert {r["recipes_at"] for r in vm.rows()} == {"v0.3.0", "v0.4.0"}
+
+
+@pytest.mark.parametrize("row", vm.rows(), ids=lambda r: f"{r['model']}-{r['release']}")
+def test_overlapped_rows_are_plans_megatron_core_accepts_for_the_overlap(row):
+    """Bridge's override sets delay_wgrad_compute with the overlap and switches off the shared-
+    expert overlap; Megatron-Core (transformer_config.py __post_init__ at d7288711, lines
+    2081-2144) then asserts EP > 1, an alltoall or flex dispatcher, and VP when PP > 1, and
+    refuses delay_wgrad_compute without the overlap."""
+    overlap = row["a2a_overlap"] == "true"
+    assert (row["delay_wgrad_compute"] == "true") == overlap
+    assert row["moe_shared_expert_overlap"] == "false"
+    if overlap:
+        assert int(row["ep"]) > 1
+        assert row["dispatcher_as_run"].split("-")[0] in ("alltoall", "flex")
+        assert int(row["pp"]) == 1 or int(row["vp"]) > 1
+        assert "a2a overlap + delayed wgrad" in vm.approximated(row)
+    else:
+        assert "a2a overlap" not in vm.approximated(row)
