@@ -10,7 +10,8 @@ The published throughputs and their provenance are in ``data/torchtitan_tps.csv`
 way; ``torchtitan-2025`` for the June 2025 ones; ``ddlsim/data/software.yaml``), on the
 row's system preset, with the row's settings (a ``fused_rmsnorm`` row: ``fused_layernorm``): FSDP over ``dp_shard × cp``
 (ZeRO-3, inside the pipeline stages where PP > 1), TP with sequence parallelism, async TP as
-``tp_comm_overlap: pipelined``, CP's default ``allgather`` rotation as ``cp_comm_type:
+``tp_comm_overlap: torch_async`` (torch's fused all-gather-matmul and matmul-reduce-scatter,
+``ddlsim/workloads/decoder/torch_tp.py``), CP's default ``allgather`` rotation as ``cp_comm_type:
 all_gather``, ``compile`` as the stack's ``compile``, op-level selective AC
 as ``recompute: selective`` under the stack's ``every_second_mm`` policy, the pipelined rows'
 micro-batches and layer split as torchtitan derives them (CSV header). No per-row factors and
@@ -77,7 +78,7 @@ def config(row: dict) -> dict:
     if cp > 1:      # context_parallel_rotate_method 'allgather' (9dec370 config_manager.py
         parallel["cp_comm_type"] = "all_gather"     # lines 365-367; 07c00d9's default too)
     if row["async_tp"] == "1":
-        parallel["tp_comm_overlap"] = "pipelined"
+        parallel["tp_comm_overlap"] = "torch_async"
     mbs = local
     if pp > 1:
         mbs = local // pp            # one micro-batch per stage (CSV header)

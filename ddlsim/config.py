@@ -144,7 +144,8 @@ class ParallelConfig(_Strict):
         default=None, description="ZeRO/distributed-optimizer parameter all-gathers during "
                                   "the forward; default: system.software's")
     tp_comm_overlap: TPCommOverlap | None = Field(
-        default=None, description="TP communication hidden behind GEMMs (TE userbuffers); "
+        default=None, description="TP communication hidden behind GEMMs (bulk/pipelined: TE "
+                                  "userbuffers; torch_async: PyTorch's micro-pipelined TP); "
                                   "default: system.software's")
     overlap_p2p_comm: StrictBool | None = Field(
         default=None, description="pipeline sends/receives overlapped with compute; default: "

@@ -72,7 +72,9 @@ def _off_from_false(v: Any) -> Any:
 Elements = Annotated[int, BeforeValidator(reject_bool), Field(ge=0, le=10**15)]
 
 #: ``tp_comm_overlap``'s values (``off`` also as YAML's false)
-TPCommOverlap = Annotated[Literal["off", "bulk", "pipelined"], BeforeValidator(_off_from_false)]
+#: (``torch_async``: PyTorch's micro-pipelined async TP, :mod:`ddlsim.workloads.decoder.torch_tp`)
+TPCommOverlap = Annotated[Literal["off", "bulk", "pipelined", "torch_async"],
+                          BeforeValidator(_off_from_false)]
 
 
 class KernelSpec(_Strict):

@@ -53,6 +53,8 @@ class PlanFacts:
     p2p_overlap: Any
     tp_overlap: Any = False
     compiled: Any = False
+    #: the resolved ``tp_comm_overlap`` is TransformerEngine's userbuffers (``bulk``/``pipelined``)
+    te_tp_overlap: Any = False
     #: the model has routed experts; its expert-parallel, expert-TP and data-parallel sizes
     #: (facts made without them are of a dense plan: the MoE rules hold)
     moe: Any = False
@@ -76,6 +78,8 @@ class PlanFacts:
                       moe=bool(getattr(cfg.model, "num_local_experts", 0)), ep=p.ep,
                       etp=p.etp, dp=p.data_parallel_size or 1,
                       tp_overlap=p.tp > 1 and cfg.software.tp_comm_overlap != "off",
+                      te_tp_overlap=p.tp > 1
+                      and cfg.software.tp_comm_overlap in ("bulk", "pipelined"),
                       compiled=bool(cfg.software.compile))
 
 
@@ -176,6 +180,13 @@ def _no_zero12(f: PlanFacts):
             "parallel.tp_comm_overlap", "system.software.kernels.compile")
 def _async_tp_needs_compile(f: PlanFacts):
     return f.tp_overlap & ~f.compiled
+
+
+@stack_rule("async_tp_is_torchs", "TransformerEngine's userbuffers TP overlap (tp_comm_overlap "
+            "bulk or pipelined; this stack's async TP is torch_async)",
+            "parallel.tp_comm_overlap")
+def _async_tp_is_torchs(f: PlanFacts):
+    return f.te_tp_overlap
 
 
 @stack_rule("moe_ep_divides_dp", "expert parallelism that does not divide data parallelism "

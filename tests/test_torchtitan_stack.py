@@ -62,7 +62,7 @@ def test_stacks_are_named_with_a_source_for_every_field_and_rule(stack):
         assert ("torchtitan " + ("9dec370" if stack.endswith("2024") else "07c00d9")
                 in sw.sources[field]), field
     names = [rule.name for rule, _ in stack_rules(stack)]
-    assert names == ["async_tp_needs_compile", "no_zero12"]
+    assert names == ["async_tp_needs_compile", "async_tp_is_torchs", "no_zero12"]
 
 
 def test_eager_fusions_and_the_optimizer_follow_each_commit():
@@ -146,7 +146,7 @@ def test_fsdp_with_cp_shards_over_dp_times_cp():
 
 def test_async_tp_needs_compile_and_hides_tp_communication():
     par = {"tensor_model_parallel_size": 2, "sequence_parallel": True, "data_parallel_size": 8,
-           "tp_comm_overlap": "pipelined"}
+           "tp_comm_overlap": "torch_async"}
     with pytest.raises(ddlsim.ConfigError, match="async_tp_needs_compile"):
         config(**par)
     on = config({"stack": "torchtitan-2025", "compile": True}, **par)
@@ -154,6 +154,14 @@ def test_async_tp_needs_compile_and_hides_tp_communication():
                  **{k: v for k, v in par.items() if k != "tp_comm_overlap"})
     exposed = [predict(c).breakdown.exposed_comm_s["tp"] for c in (on, off)]
     assert exposed[0] < exposed[1]
+
+
+@pytest.mark.parametrize("how", ["bulk", "pipelined"])
+def test_torchtitan_refuses_transformer_engines_userbuffers(how):
+    par = {"tensor_model_parallel_size": 2, "sequence_parallel": True, "data_parallel_size": 8,
+           "tp_comm_overlap": how}
+    with pytest.raises(ddlsim.ConfigError, match="async_tp_is_torchs"):
+        config({"stack": "torchtitan-2025", "compile": True}, **par)
 
 
 @pytest.mark.parametrize("stack, rule", [("megatron-core-2024", "zero3_pipeline"),
@@ -258,7 +266,7 @@ def test_torchtitans_2024_config_format_is_read_onto_the_2024_stack(tmp_path):
     assert cfg["system"]["software"]["compile"] is True
     p, t = cfg["parallel"], cfg["train"]
     assert (p["tensor_model_parallel_size"], p["sequence_parallel"], p["zero_stage"],
-            p["tp_comm_overlap"]) == (8, True, 3, "pipelined")
+            p["tp_comm_overlap"]) == (8, True, 3, "torch_async")
     assert (t["dtype"], t["micro_batch_size"], t["global_batch_size"], t["recompute"]) == \
         ("fp8", 2, 32, "full")
 

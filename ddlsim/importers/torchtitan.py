@@ -8,7 +8,7 @@ stack is ``torchtitan-2025`` (this config format's; ``ddlsim/data/software.yaml`
 shard or context-parallel degree above 1) is ddlsim's ZeRO-3 with the stack's per-block
 FSDP2 units, with pipelining too; tensor parallelism is torchtitan's, with sequence
 parallelism; ``[compile] enable`` is the stack's ``compile``; async TP is
-``tp_comm_overlap: pipelined``. Op-level selective checkpointing is ``recompute: selective``
+``tp_comm_overlap: torch_async``. Op-level selective checkpointing is ``recompute: selective``
 under the stack's ``selective_recompute``; ``[float8] recipe_name`` is the stack's
 ``fp8_recipe``. What ddlsim cannot express yet (HSDP, rowwise_with_gw_hp, FSDP's float8
 all-gather, checkpointing of every n-th layer) is refused by name.
@@ -219,7 +219,7 @@ def _parallelism(draft: Draft, s: dict, doc: dict) -> None:
             draft.refuse(f"[parallelism] context_parallel_rotate_method = {method}",
                          "not modelled yet")
     if s.get("enable_async_tensor_parallel"):
-        draft.set("parallel.tp_comm_overlap", "pipelined", "[parallelism] "
+        draft.set("parallel.tp_comm_overlap", "torch_async", "[parallelism] "
                   "enable_async_tensor_parallel = true (torch's micro-pipelined TP)")
     if s.get("disable_loss_parallel"):
         draft.refuse("[parallelism] disable_loss_parallel = true", "not modelled yet")

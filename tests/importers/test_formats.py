@@ -116,7 +116,7 @@ def test_torchtitan_async_tp_is_imported_and_needs_compile(tmp_path):
         import_config([tmp_path / "t.toml"], system="dgx-a100", nodes=8)
     (tmp_path / "t.toml").write_text(text.replace("compile = false", "compile = true"))
     cfg = import_config([tmp_path / "t.toml"], system="dgx-a100", nodes=8).config
-    assert cfg["parallel"]["tp_comm_overlap"] == "pipelined"
+    assert cfg["parallel"]["tp_comm_overlap"] == "torch_async"
 
 
 @pytest.mark.parametrize("old, new, refused", [

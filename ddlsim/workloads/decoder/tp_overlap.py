@@ -49,6 +49,7 @@ SM-margin op), so ``async`` is ``bulk`` without the margin.
 from __future__ import annotations
 
 from ..trace import Collective, Compute, Loop, Op, Wait
+from . import torch_tp
 
 __all__ = ["TE_COMM_SMS", "H100_SMS", "SM_MARGIN", "RS_SPLITS", "active", "mode",
            "overlapped_layers", "structured_body"]
@@ -66,7 +67,8 @@ RS_SPLITS = 4
 
 def mode(cfg) -> str | None:
     """How this plan's TP collectives overlap its GEMMs: the stack's or plan's
-    ``tp_comm_overlap`` (``bulk``/``pipelined``: TE userbuffers), else ``async`` with
+    ``tp_comm_overlap`` (``bulk``/``pipelined``: TE userbuffers; ``torch_async``: PyTorch's
+    micro-pipelined TP, :mod:`.torch_tp`), else ``async`` with
     ``tp_async_backward`` (Megatron's NCCL overlap in the backward, with or without sequence
     parallelism), else None (blocking). None too unless TP > 1, 1-D (with or without context
     parallelism) and a dense model; under ZeRO-3 only ``tp_comm_overlap`` with per-layer (FSDP)
@@ -154,8 +156,10 @@ def _overlap_around(ops: list[Op], pending: list, posts: list) -> tuple[list[Op]
 
 
 def layer_body(b, backward: bool, payloads: list) -> list[Op]:
-    """One layer's ops with the overlaps of :func:`mode`."""
+    """One layer's ops with the overlaps of :func:`mode` (``torch_async``: :mod:`.torch_tp`)."""
     how, tp = mode(b.cfg), b.tp
+    if how == "torch_async":
+        return torch_tp.layer_body(b, backward, payloads)
     items = list(payloads)
     last_gemm = max(i for i, x in enumerate(items) if isinstance(x, Compute)
                     and any(isinstance(y, Collective) for y in items[i + 1:]))
@@ -237,6 +241,8 @@ def structured_body(b, backward: bool, body: list[Op]) -> list[Op]:
     dependencies. Collectives left at the end of the layer feed the next layer's first GEMM
     and move to the front, as in :func:`layer_body`."""
     how, tp = mode(b.cfg), b.tp
+    if how == "torch_async":
+        return torch_tp.structured_body(b, backward, body, _is_linear, _is_tp)
     role = lambda op: _role(op.payload, backward, how, tp)  # noqa: E731
     last = max(i for i, op in enumerate(body) if _is_linear(op))
     trailing = [i for i in range(last + 1, len(body))
