@@ -93,3 +93,27 @@ def test_torch_async_hides_tp_communication_on_both_engines(cp):
     assert ana[1].hardware_flops == pytest.approx(ana[0].hardware_flops, rel=1e-12)
     des = ddlsim.predict(cfgs[1], "des", check_fit=False).iteration_time_s
     assert des == pytest.approx(ana[1].iteration_time_s, rel=0.02)
+
+
+@pytest.mark.filterwarnings("ignore:.*not modelled by ddlsim")
+def test_the_search_tier_times_torch_async_as_the_exact_engine():
+    import ddlsim
+    from ddlsim.config import build_config
+    from ddlsim.search.evaluate import evaluate_grid
+    from ddlsim.search.run import plan_overrides
+    from ddlsim.search.spec import Constraints
+    data = {"model": "gpt3-13b",
+            "train": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 2048},
+            "system": {"preset": "dgx-h100", "nodes": 2, "software": {
+                "stack": "torchtitan-2025", "compile": True,
+                "overlap": {"tp_comm_overlap": "torch_async"}}}}
+    axes = {"parallel.tensor_model_parallel_size": [4, 8], "parallel.sequence_parallel": [True],
+            "parallel.zero_stage": [3], "parallel.pipeline_model_parallel_size": [1]}
+    frame = evaluate_grid(data, None, [], axes, Constraints()).frame
+    columns = [c for c in frame.columns if "." in c]
+    assert len(frame) == 2
+    for i in range(len(frame)):
+        cfg = build_config(data, plan_overrides(frame.iloc[i], columns))
+        assert cfg.software.tp_comm_overlap == "torch_async"
+        exact = ddlsim.predict(cfg, check_fit=False).iteration_time_s
+        assert frame["iteration_time_s"].iloc[i] == pytest.approx(exact, rel=1e-9)
