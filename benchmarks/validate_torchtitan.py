@@ -28,11 +28,14 @@ The published iteration time is ``global_batch · seq / (tokens/s/GPU · GPUs)``
   stages has no ddlsim form) and the A100 row with every second block checkpointed; listed,
   not run.
 
-The H100 rows' hardware differs from the ``dgx-h100`` preset they run on: Grand Teton hosts of H100s
-with 96 GB HBM2e at a 500 W power limit (the preset: SXM5 80 GB HBM3 at 700 W, whose matmul
-ceilings were measured at 700 W; ddlsim has no measured ceiling at 500 W), so the predictions
-are for DGX H100s and the errors include that difference. The A100 rows run on ``dgx-a100``
-(A100 SXM 80 GB, 400 W, 8 per node; the runs' network is not stated).
+The H100 rows run on ``grand-teton-h100``: the runs' H100s with 96 GB of HBM2e (94 GiB
+visible) at 2.4 TB/s, 8 per host on NVLink, 400 Gb/s RDMA per GPU (``ddlsim/data/systems.yaml``,
+from torchtitan's Hardware section and Ujeniya et al. 2026). Its matmul ceilings are the
+700 W ones of the H100 SXM (MAMF); the runs used their default 500 W limit, and no published
+measurement of H100 GEMM throughput at 500 W was found to derive a ceiling there, so the
+predictions are for the part at 700 W and the H100 errors include that difference (too fast).
+The A100 rows run on ``dgx-a100`` (A100 SXM 80 GB, 400 W, 8 per node; the runs' network is not
+stated).
 """
 
 from __future__ import annotations

@@ -86,3 +86,18 @@ def test_async_tp_rows_agree_between_engines():
     ana = [o["predicted"] for o in vt.evaluate("analytical", rows)]
     des = [o["predicted"] for o in vt.evaluate("des", rows)]
     assert des == pytest.approx(ana, rel=0.01)
+
+
+def test_h100_rows_run_on_the_runs_hbm2e_hosts():
+    """torchtitan's H100s have 96 GB of HBM2e at 2.4 TB/s (its Hardware section), not the
+    DGX H100's 80 GB of HBM3 at 3.35 TB/s: the memory-bound kernels of a row take
+    3.35 / 2.4 times longer, so every H100 row is slower on grand-teton-h100."""
+    from ddlsim.presets import get_preset
+    h100 = [r for r in ROWS if r["set"] != "2024-04"]
+    assert {r["system"] for r in h100} == {"grand-teton-h100"}
+    dev = get_preset("system", "grand-teton-h100")["device"]
+    assert dev["memory_bandwidth_Bps"] == "2.4 TB/s" and dev["memory_bytes"] == "94 GiB"
+    assert dev["power_limit_W"] == dev["matmul_power_limit_W"] == 700   # 500 W: not measured
+    row = ROWS[0]
+    times = [o["predicted"] for o in vt.evaluate("analytical", [dict(row, system="dgx-h100"), row])]
+    assert times[1] > times[0]
