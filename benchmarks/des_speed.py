@@ -52,7 +52,8 @@ TARGET_LIMITS = Limits(des_rank_ops=10**11, topology_links=10**7)
 
 #: Smaller cases of the same plans for before/after comparisons that fit a working session
 #: (run by name: ``--targets megatron-1t-1024``); the seconds are not targets, only a scale.
-PROXIES = {"megatron-1t-1024": ("megatron_1t(2, 128)", 60.0)}
+PROXIES = {"megatron-1t-1024": ("megatron_1t(2, 128)", 60.0),
+           "qwen3-moe-256": ("qwen3_moe(8, 2, 256)", 60.0)}
 CASES = {**TARGETS, **PROXIES}
 
 SIZES = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
@@ -72,6 +73,20 @@ def megatron_1t(dp: int, global_batch: int) -> dict:
     cfg["parallel"]["data_parallel_size"] = dp
     cfg["train"]["global_batch_size"] = global_batch
     cfg["system"]["nodes"] = 64 * dp
+    return cfg
+
+
+def qwen3_moe(layers: int, pp: int, global_batch: int) -> dict:
+    """``examples/qwen3-235b-moe-h100.yaml`` (256 H100s, EP 32 all-to-alls over 4 nodes: 992
+    flows each) cut to ``layers`` layers, PP ``pp`` with 1F1B and ``global_batch`` sequences:
+    an expert-parallel case small enough to time (issue 28)."""
+    from ddlsim.documents import parse_yaml
+    path = ROOT / "examples" / "qwen3-235b-moe-h100.yaml"
+    cfg = parse_yaml(path.read_text(), str(path))
+    cfg["model"] = {"preset": cfg["model"], "num_hidden_layers": layers}
+    cfg["parallel"].pop("virtual_pipeline_model_parallel_size")
+    cfg["parallel"].update(pipeline_model_parallel_size=pp, schedule="1f1b")
+    cfg["train"]["global_batch_size"] = global_batch
     return cfg
 
 
@@ -97,7 +112,7 @@ def time_des(cfg: dict) -> tuple[float, ddlsim.predict]:
 def one_target(name: str) -> dict:
     """Run target ``name`` in this process: wall and CPU seconds, events, peak RSS."""
     import resource
-    cfg = eval(CASES[name][0])   # a literal path or a call of config() / megatron_1t() above
+    cfg = eval(CASES[name][0])   # a literal path or a call of a config function above
     t0, c0 = time.perf_counter(), time.process_time()
     r = ddlsim.predict(cfg, "des", check_fit=False, spans="representative",
                        limits=TARGET_LIMITS)

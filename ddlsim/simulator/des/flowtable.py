@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["FlowTable", "LinkLedger", "pad_to"]
+from .uniq import unique_counts
+
+__all__ = ["FlowTable", "LinkLedger", "link_counts", "pad_to"]
 
 
 class FlowTable:
@@ -102,18 +104,16 @@ class LinkLedger:
         self._pending_rows = 0
 
     def start(self, edges: np.ndarray, now: float) -> None:
-        flat = edges.ravel()
-        idle = flat[self.users[flat] == 0]
-        self.since[idle] = now
-        np.add.at(self.users, flat, 1)
+        links, counts = link_counts(edges, len(self.users))
+        self.since[links[self.users[links] == 0]] = now
+        self.users[links] += counts
 
     def finish(self, edges: np.ndarray, now: float) -> None:
         """Flows ``edges`` ended (their bytes were booked when they started)."""
-        flat = edges.ravel()
-        np.subtract.at(self.users, flat, 1)
-        idle = flat[self.users[flat] == 0]
-        # a link listed twice gets the same sum twice, not the busy time twice
-        self.busy_s[idle] = self.busy_s[idle] + (now - self.since[idle])
+        links, counts = link_counts(edges, len(self.users))
+        self.users[links] -= counts
+        idle = links[self.users[links] == 0]
+        self.busy_s[idle] += now - self.since[idle]
 
     def carry(self, edges: np.ndarray, nbytes: np.ndarray) -> None:
         """Bytes ``nbytes[i]`` moved over the links of row ``edges[i]``."""
@@ -149,6 +149,18 @@ class LinkLedger:
         self._phases = {}
         self._flush()
         return self._bytes[:-1].copy()
+
+
+def link_counts(edges: np.ndarray, n_links: int) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct link ids in ``edges`` (ascending) and how often each occurs: a bincount
+    when the ids are dense enough, a sort otherwise (an all-to-all lists each link hundreds
+    of times; one link per id replaces ``np.add.at`` over every entry)."""
+    flat = edges.ravel()
+    if flat.size * 8 >= n_links:
+        counts = np.bincount(flat, minlength=n_links)
+        links = np.flatnonzero(counts)
+        return links, counts[links]
+    return unique_counts(flat)
 
 
 def pad_to(edges: np.ndarray, width: int, pad: int) -> np.ndarray:

@@ -25,10 +25,10 @@ from typing import Protocol
 import numpy as np
 import simpy
 
-from .flowtable import FlowTable, LinkLedger, pad_to
+from .flowtable import FlowTable, LinkLedger, link_counts, pad_to
 from .components import LinkedFlows
 from .maxmin import max_min_rates
-from .uniq import unique_counts
+from .uniq import unique_counts, unique_inverse
 
 __all__ = ["FlowNetwork", "FlowOwner"]
 
@@ -96,7 +96,7 @@ class FlowNetwork:
         self._removed: list[np.ndarray] = []  # routes of flows ended since the last solve
         self._slots = FlowTable(width=1, pad=n_links)
         self._linked = LinkedFlows(n_links)
-        self._count = np.zeros(n_links + 1, dtype=np.int64)  # scratch, zero between uses
+        self._lut = np.zeros(n_links + 1, dtype=np.int64)  # scratch, link id -> local index
         self._owners: dict[int, tuple[FlowOwner, int]] = {}
         self._next_owner = 0
         self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray, int, np.ndarray]] = []
@@ -295,8 +295,7 @@ class FlowNetwork:
             taken = np.flatnonzero(self._linked(edges, seeds, full))
             sub, mult = edges[taken], mults[taken]
             rate = self._rates(sub, mult)
-            links, at = np.unique(sub, return_inverse=True)
-            at = at.reshape(-1)
+            links, at = unique_inverse(sub.ravel(), self._lut)
             mine = np.bincount(at, minlength=len(links))
             was = np.bincount(at, weights=np.repeat(held[taken], width), minlength=len(links))
             now = np.bincount(at, weights=np.repeat(rate * mult, width), minlength=len(links))
@@ -336,12 +335,9 @@ class FlowNetwork:
                 return False
         if added:
             flat = np.concatenate([edges.ravel() for edges, _ in added])
-            count = self._count
-            np.add.at(count, flat, 1)
-            count[self.pad] = users[self.pad]
-            alone = bool(np.array_equal(users[flat], count[flat]))
-            count[flat] = 0
-            return alone
+            links, count = link_counts(flat, self.pad + 1)
+            count[links == self.pad] = users[self.pad]
+            return bool(np.array_equal(users[links], count))
         return True
 
     def _advance(self, idx: np.ndarray, now: float) -> None:

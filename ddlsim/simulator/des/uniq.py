@@ -41,9 +41,18 @@ def unique_counts(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return a[starts], counts
 
 
-def unique_inverse(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``np.unique(a, return_inverse=True)`` for a 1-d ``a``."""
+def unique_inverse(a: np.ndarray, lut: np.ndarray | None = None
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(a, return_inverse=True)`` for a 1-d ``a``.
+
+    With ``lut``, a scratch integer array longer than ``a.max()``, non-negative integers
+    dense enough in ``range(len(lut))`` are counted instead of sorted (the DES's link ids:
+    an all-to-all's routes list each link hundreds of times)."""
     n = len(a)
+    if lut is not None and n * 8 >= len(lut):
+        values = np.flatnonzero(np.bincount(a, minlength=len(lut)))
+        lut[values] = np.arange(len(values))
+        return values, lut[a]
     if n and a[0] == a[-1] and (a == a[0]).all():
         return a[:1].copy(), np.zeros(n, dtype=np.intp)
     order = np.argsort(a, kind="stable")
