@@ -9,6 +9,8 @@ sequence length with ``--set train.seq_length=N``. It implies the ``deepspeed`` 
 
 from __future__ import annotations
 
+import math
+
 from typing import Any
 
 from .common import Draft
@@ -118,7 +120,8 @@ def read_deepspeed(doc: Any, where: str) -> Draft:
 
 
 def _count(draft: Draft, arg: str, path: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not math.isfinite(value) or value != int(value)):
         draft.refuse(arg, "expects a whole number")
     else:
         draft.set(path, int(value), arg)
