@@ -55,6 +55,8 @@ class PlanFacts:
     compiled: Any = False
     #: the resolved ``tp_comm_overlap`` is TransformerEngine's userbuffers (``bulk``/``pipelined``)
     te_tp_overlap: Any = False
+    #: the resolved ``tp_comm_overlap`` is PyTorch's symmetric-memory async TP (``torch_async``)
+    torch_tp_overlap: Any = False
     #: the model has routed experts; its expert-parallel, expert-TP and data-parallel sizes
     #: (facts made without them are of a dense plan: the MoE rules hold)
     moe: Any = False
@@ -80,6 +82,7 @@ class PlanFacts:
                       tp_overlap=p.tp > 1 and cfg.software.tp_comm_overlap != "off",
                       te_tp_overlap=p.tp > 1
                       and cfg.software.tp_comm_overlap in ("bulk", "pipelined"),
+                      torch_tp_overlap=p.tp > 1 and cfg.software.tp_comm_overlap == "torch_async",
                       compiled=bool(cfg.software.compile))
 
 
@@ -187,6 +190,13 @@ def _async_tp_needs_compile(f: PlanFacts):
             "parallel.tp_comm_overlap")
 def _async_tp_is_torchs(f: PlanFacts):
     return f.te_tp_overlap
+
+
+@stack_rule("no_torch_async_tp", "PyTorch's symmetric-memory async TP (tp_comm_overlap "
+            "torch_async; this stack's TP overlap, if any, is its own)",
+            "parallel.tp_comm_overlap")
+def _no_torch_async_tp(f: PlanFacts):
+    return f.torch_tp_overlap
 
 
 @stack_rule("moe_ep_divides_dp", "expert parallelism that does not divide data parallelism "

@@ -62,6 +62,10 @@ def test_every_stack_declares_registered_rules_with_sources():
      "interleaved_blocking_needs_pp3"),
     (["parallel.schedule=interleaved", "parallel.virtual_pipeline_model_parallel_size=2",
       "system.software=megatron-lm-2021"], "megatron-lm-2021", "interleaved_needs_pp3"),
+    (["parallel.tp_comm_overlap=torch_async", "parallel.sequence_parallel=true"],
+     "megatron-core-2024", "no_torch_async_tp"),
+    (["parallel.tp_comm_overlap=torch_async", "parallel.sequence_parallel=true",
+      "system.software=megatron-core-2025"], "megatron-core-2025", "no_torch_async_tp"),
 ])
 def test_predict_refuses_what_the_stack_cannot_run(sets, stack, rule):
     """The message names the stack, the rule, the plan's values, the source and the opt-in;
