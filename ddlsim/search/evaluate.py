@@ -118,9 +118,11 @@ def evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[
     def build(plan):
         return plan_config(sections, base, plan)
 
-    for text, mask in [*group_rules(plans, good, base, sections),   # the config's own rules
-                       *plan_rules(plans, good, devices, constraints.max_gpus),  # batches
-                       *stack_plan_rules(plans, good)]:       # what the stack cannot run
+    # what the stack cannot run first: predict names the stack's rule before any of the
+    # config's own (a model's limit on a plan no framework runs is not the reason)
+    for text, mask in [*stack_plan_rules(plans, good),        # what the stack cannot run
+                       *group_rules(plans, good, base, sections),   # the config's own rules
+                       *plan_rules(plans, good, devices, constraints.max_gpus)]:  # batches
         reject(text, mask)
     # a context whose config fails on the neutral plan alone: its plans judged by the config
     judge_failed_contexts(plans, ctx_cfgs, reason, reject, build, family.prepare)
