@@ -137,6 +137,23 @@ def error_stats(out: list[dict], label) -> str:
             f"{100 * sum(errors) / len(errors):+.1f}%")
 
 
+def result_cells(o: dict, digits: int = 3, missing: str = "not run (work limit)") -> list[str]:
+    """A row's predicted time (marked when the plan does not fit) and its error cells, or
+    ``missing`` and a dash for a row that did not run."""
+    if o["result"] is None:
+        return [missing, "-"]
+    note = " (does not fit; check_fit=False)" if o["refused"] else ""
+    return [f"{o['predicted']:.{digits}f}{note}", f"{100 * o['error']:+.1f}%"]
+
+
+def rows_summary(out: list[dict], engine: str, label) -> str:
+    """The summary line of a table of iteration times: :func:`error_stats`, the engine and how
+    many rows ran."""
+    ran = [o for o in out if o["result"] is not None]
+    return (f"{error_stats(out, label)} ({engine} engine, {len(ran)} of {len(out)} rows; "
+            "positive = ddlsim too slow)")
+
+
 def run_script(name: str, doc: str, argv, evaluate, show, summary) -> int:
     """The command line both scripts share: evaluate every row with ``--engine``, print the
     table (``show(out, markdown)``) and ``summary(out, engine)``, and with ``--write-docs``

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import sys
 
-from public_runs import (DATA, error_stats, padded_vocab, print_notes, print_table, read_csv,
-                         run_script, time_record)
+from public_runs import (DATA, padded_vocab, print_notes, print_table, read_csv, result_cells,
+                         rows_summary, run_script, time_record)
 
 TABLE = DATA / "nemo_2407_h100_fp8.csv"
 SETTINGS = DATA / "nemo_2407_h100_settings.csv"
@@ -139,21 +139,14 @@ def _print(out: list[dict], markdown: bool) -> None:
         cells = [name, row["gpus"], row["tp"], row["pp"], row["cp"], row["vp"],
                  str(gpus // (tp * pp * cp)), row["mbs"], row["gbs"], row["seq"],
                  row["tokens_per_s_per_gpu"], f"{o['published']:.3f}"]
-        if o["result"] is None:
-            cells += ["not run (work limit)", "-"]
-        else:
-            note = " (does not fit; check_fit=False)" if o["refused"] else ""
-            cells += [f"{o['predicted']:.3f}{note}", f"{100 * o['error']:+.1f}%"]
-        lines.append(cells)
+        lines.append(cells + result_cells(o))
     print_table(head, lines, markdown)
     print_notes(out, _label, markdown)
 
 
 def summary(out: list[dict], engine: str) -> str:
     """Mean |error|, worst row and signed mean over the rows that ran."""
-    ran = [o for o in out if o["result"] is not None]
-    return (f"{error_stats(out, _label)} ({engine} engine, {len(ran)} of {len(out)} rows; "
-            "positive = ddlsim too slow)")
+    return rows_summary(out, engine, _label)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import sys
 
-from public_runs import DATA, error_stats, print_notes, print_table, read_csv, run_script, \
-    time_record
+from public_runs import (DATA, print_notes, print_table, read_csv, result_cells, rows_summary,
+                         run_script, time_record)
 
 TABLE = DATA / "bridge_h100_moe.csv"
 STACK = "megatron-core-2025"
@@ -100,20 +100,13 @@ def _print(out: list[dict], markdown: bool) -> None:
         cells = [row["release"], row["model"], row["gpus"], row["tp"], row["pp"], row["vp"],
                  row["ep"], row["gbs"], approximated(row) or "-", row["tokens_per_s_per_gpu"],
                  f"{o['published']:.2f}"]
-        if o["result"] is None:
-            cells += ["not run (work limit)", "-"]
-        else:
-            note = " (does not fit; check_fit=False)" if o["refused"] else ""
-            cells += [f"{o['predicted']:.2f}{note}", f"{100 * o['error']:+.1f}%"]
-        lines.append(cells)
+        lines.append(cells + result_cells(o, 2))
     print_table(head, lines, markdown)
     print_notes(out, _label, markdown)
 
 
 def summary(out: list[dict], engine: str) -> str:
-    ran = [o for o in out if o["result"] is not None]
-    return (f"{error_stats(out, _label)} ({engine} engine, {len(ran)} of {len(out)} rows; "
-            "positive = ddlsim too slow)")
+    return rows_summary(out, engine, _label)
 
 
 def main(argv: list[str] | None = None) -> int:

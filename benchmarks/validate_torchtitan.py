@@ -42,8 +42,8 @@ from __future__ import annotations
 
 import sys
 
-from public_runs import DATA, error_stats, print_notes, print_table, read_csv, run_script, \
-    time_record
+from public_runs import (DATA, error_stats, print_notes, print_table, read_csv, result_cells,
+                         rows_summary, run_script, time_record)
 
 TABLE = DATA / "torchtitan_tps.csv"
 GPUS_PER_NODE = 8
@@ -139,23 +139,17 @@ def _print(out: list[dict], markdown: bool) -> None:
         cells = [row["set"], row["table"], row["techniques"] + mark, row["model"], row["gpus"],
                  row["dp_shard"], row["cp"], row["tp"], row["pp"], row["seq"],
                  row["tps_per_gpu"], f"{o['published']:.3f}"]
-        if o["result"] is None:
-            cells += ["not expressed" if o["skipped"].startswith("not expressed")
-                      else "not run (work limit)", "-"]
-        else:
-            note = " (does not fit; check_fit=False)" if o["refused"] else ""
-            cells += [f"{o['predicted']:.3f}{note}", f"{100 * o['error']:+.1f}%"]
-        lines.append(cells)
+        expressed = not o.get("skipped", "").startswith("not expressed")
+        lines.append(cells + result_cells(o, missing="not run (work limit)" if expressed
+                                          else "not expressed"))
     print_table(head, lines, markdown)
     print_notes([o for o in out if not o["refused"]], _label, markdown)
 
 
 def summary(out: list[dict], engine: str) -> str:
     """Mean |error|, worst row and signed mean over the rows that ran, also without fp8."""
-    ran = [o for o in out if o["result"] is not None]
-    bf16 = [o for o in ran if o["row"]["float8"] == "none"]
-    text = (f"{error_stats(out, _label)} ({engine} engine, {len(ran)} of {len(out)} rows; "
-            "positive = ddlsim too slow)")
+    bf16 = [o for o in out if o["result"] is not None and o["row"]["float8"] == "none"]
+    text = rows_summary(out, engine, _label)
     if bf16:
         text += f"; bf16 rows only: {error_stats(bf16, _label)}"
     return text
