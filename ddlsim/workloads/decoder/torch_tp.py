@@ -34,6 +34,7 @@ contraction dimension) is no ``all_gather → mm`` on the gathered rows and stay
 from __future__ import annotations
 
 from ..trace import Collective, Compute, Kernel, Op, Wait
+from .gemm_groups import gemm_groups
 
 __all__ = ["role", "block", "layer_body"]
 
@@ -152,38 +153,21 @@ def structured_body(b, backward: bool, body: list[Op], is_linear, is_tp) -> list
     own streams) under ``torch_async``: each linear GEMM takes the TP all-gathers before it
     and the reduce-scatters after it (:func:`block`); every other op keeps its place and its
     dependencies (on a GEMM: on the last op of its block)."""
-    r = lambda op: role(op.payload, backward) if is_tp(op) else None  # noqa: E731
-    last = max(i for i, op in enumerate(body) if is_linear(op))
-    trailing = [i for i in range(last + 1, len(body)) if r(body[i]) == "pre"]
-    order = trailing + [i for i in range(len(body)) if i not in trailing]
+    def of(kind: str):
+        return lambda op: op.payload if is_tp(op) and role(op.payload, backward) == kind \
+            else None
+
     out: list[Op] = []
     where: dict[int, int] = {}
-    pres: list[Collective] = []
-    k = 0
-    while k < len(order):
-        i = order[k]
-        op = body[i]
-        if r(op) == "pre":
-            pres.append(op.payload)
-            k += 1
-            continue
-        if not is_linear(op):
-            where[i] = len(out)
-            out.append(Op(op.payload, op.stream, tuple(where[d] for d in op.deps), op.repeat))
-            k += 1
-            continue
-        j, posts = k + 1, []
-        while j < len(order) and r(body[order[j]]) == "post":
-            posts.append(body[order[j]].payload)
-            j += 1
-        if op.deps or op.stream != "compute" or op.repeat != 1:
+    for i, op, pres, posts in gemm_groups(body, is_linear, of("pre"), of("post")):
+        if op is None:                        # collectives after the last GEMM
             out += [Op(c) for c in pres]
+        elif pres is None or op.deps or op.stream != "compute" or op.repeat != 1:
+            out += [Op(c) for c in pres or ()]
             where[i] = len(out)
             out.append(Op(op.payload, op.stream, tuple(where[d] for d in op.deps), op.repeat))
-            out += [Op(c) for c in posts]
+            out += [Op(c) for c in posts or ()]
         else:
             block(op.payload, pres, posts, b.tp, out)
             where[i] = len(out) - 1
-        pres, k = [], j
-    out += [Op(c) for c in pres]
     return out

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 from ..trace import Collective, Compute, Loop, Op, Wait
 from . import torch_tp
+from .gemm_groups import gemm_groups
 
 __all__ = ["TE_COMM_SMS", "H100_SMS", "SM_MARGIN", "RS_SPLITS", "active", "mode",
            "overlapped_layers", "structured_body"]
@@ -243,33 +244,22 @@ def structured_body(b, backward: bool, body: list[Op]) -> list[Op]:
     how, tp = mode(b.cfg), b.tp
     if how == "torch_async":
         return torch_tp.structured_body(b, backward, body, _is_linear, _is_tp)
-    role = lambda op: _role(op.payload, backward, how, tp)  # noqa: E731
-    last = max(i for i, op in enumerate(body) if _is_linear(op))
-    trailing = [i for i in range(last + 1, len(body))
-                if _is_tp(body[i]) and (role(body[i]) or ("",))[0] == "pre"]
-    order = trailing + [i for i in range(len(body)) if i not in trailing]
+    def of(kind: str):
+        def item(op: Op):
+            r = _role(op.payload, backward, how, tp) if _is_tp(op) else None
+            return (op.payload, r[1]) if r is not None and r[0] == kind else None
+        return item
+
     out: list[Op] = []
     where: dict[int, int] = {}         # old index -> new index of every op kept whole
-    pending: list[tuple[Collective, int]] = []
-    k = 0
-    while k < len(order):
-        i = order[k]
-        op = body[i]
-        if _is_tp(op) and role(op) is not None and role(op)[0] == "pre":
-            pending.append((op.payload, role(op)[1]))
-            k += 1
+    for i, op, pending, posts in gemm_groups(body, _is_linear, of("pre"), of("post")):
+        if op is None:                 # collectives after the last GEMM
+            out += [Op(c) for c, _ in pending]
             continue
-        if not _is_linear(op):
+        if pending is None:            # not a GEMM: kept whole, in place
             where[i] = len(out)
             out.append(Op(op.payload, op.stream, tuple(where[d] for d in op.deps), op.repeat))
-            k += 1
             continue
-        posts = []
-        j = k + 1
-        while j < len(order) and _is_tp(body[order[j]]) and role(body[order[j]]) is not None \
-                and role(body[order[j]])[0] == "post":
-            posts.append((body[order[j]].payload, role(body[order[j]])[1]))
-            j += 1
         after, overlapped = _overlap_around(out, pending, posts)
         where[i] = len(out)
         out.append(Op(op.payload, op.stream, tuple(where[d] for d in op.deps), op.repeat))
@@ -279,7 +269,4 @@ def structured_body(b, backward: bool, body: list[Op]) -> list[Op]:
         if overlapped:
             out.append(Op(Wait(f"{op.payload.name}.tp_overlap.wait", "tp")))
         out += after
-        pending = []
-        k = j
-    out += [Op(c) for c, _ in pending]
     return out
