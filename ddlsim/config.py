@@ -29,8 +29,7 @@ from .errors import ConfigError, did_you_mean
 from .limits import check_bound
 from .software import TPCommOverlap
 from .config_moe import MoESpec
-from .registered import algorithms, collective_ops, registered, schedules
-from .workloads.registry import validate_model
+from .registered import algorithms, collective_ops, registered, schedules, tensor_parallel_modes
 
 __all__ = [
     "ModelConfig", "ModelBase", "validate_model", "ParallelConfig", "TrainConfig",
@@ -41,7 +40,19 @@ __all__ = [
 ]
 
 
+#: names of :mod:`ddlsim.configload` (which imports this module) that this module re-exports,
+#: looked up on first use so that either module can be imported first
+_LOADING = frozenset({"apply_overrides", "build_config", "format_validation_error",
+                      "load_config", "read_document", "resolve_section"})
+
+
 def __getattr__(name: str) -> Any:
+    if name in _LOADING:
+        from . import configload
+        return getattr(configload, name)
+    if name == "validate_model":  # the family registry's, re-exported
+        from .workloads.registry import validate_model
+        return validate_model
     if name == "ModelConfig":  # the GPT family's schema, under its historical name
         from .workloads.registry import get_family
         return get_family("gpt").schema
@@ -70,7 +81,7 @@ class TensorParallelSpec(_Strict):
     """A tensor-parallel scheme and its grid, e.g. ``{mode: 2.5d, q: 4, d: 4}``.
 
     ``mode`` is a key of the layer-partitioner registry
-    (:func:`ddlsim.workloads.decoder.partition.partitioners`: ``1d``, ``2d``, ``2.5d``,
+    (:func:`ddlsim.registered.tensor_parallel_modes`: ``1d``, ``2d``, ``2.5d``,
     ``3d``); each mode says which grid fields it takes (``size`` for 1d, ``q`` for 2d and 3d,
     ``q`` and ``d`` for 2.5d) and how many ranks its grid has (docs/tensor_parallel.md).
     """
@@ -83,8 +94,7 @@ class TensorParallelSpec(_Strict):
     @field_validator("mode")
     @classmethod
     def _known(cls, v: str) -> str:
-        from .workloads.decoder.partition import partitioners
-        known = partitioners()
+        known = tensor_parallel_modes()
         if v not in known:
             raise ValueError(f"tensor_parallel.mode = {v!r} is not a tensor-parallel scheme"
                              f"{did_you_mean(v, known)}; allowed: {', '.join(known)}")
@@ -92,15 +102,13 @@ class TensorParallelSpec(_Strict):
 
     @model_validator(mode="after")
     def _grid(self) -> "TensorParallelSpec":
-        from .workloads.decoder.partition import partitioners
-        partitioners()[self.mode].check_grid(self)
+        tensor_parallel_modes()[self.mode].check_grid(self)
         return self
 
     @property
     def grid_size(self) -> int:
         """Ranks of the grid (the size of the ``tp`` mesh axis)."""
-        from .workloads.decoder.partition import partitioners
-        return partitioners()[self.mode].grid_size(self)
+        return tensor_parallel_modes()[self.mode].grid_size(self)
 
 
 class ParallelConfig(_Strict):
@@ -334,6 +342,7 @@ class RunConfig(_Strict):
     @field_validator("model", mode="before")
     @classmethod
     def _dispatch(cls, value: Any) -> Any:
+        from .workloads.registry import validate_model
         try:
             return validate_model(value)
         except ConfigError as exc:  # pydantic reports ValueErrors only
@@ -394,8 +403,3 @@ class RunConfig(_Strict):
         check_stack_rules(self)  # what the software stack cannot run (system.software.what_if)
         return self
 
-
-# ------------------------------------------------------------------------------------ loading
-# Re-exported from ddlsim.configload, imported last: it needs the models above.
-from .configload import (apply_overrides, build_config, format_validation_error,  # noqa: E402
-                         load_config, read_document, resolve_section)

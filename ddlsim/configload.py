@@ -283,7 +283,8 @@ def _unknown_sections(keys: list) -> list[str]:
 
 def _validate_section(name: str, value: Any) -> BaseModel:
     if name == "model":  # the schema of the family that model.architecture names
-        return C.validate_model(value)
+        from .workloads.registry import validate_model
+        return validate_model(value)
     return _SECTIONS[name].model_validate(value)
 
 

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator
 
 __all__ = ["registered", "collective_ops", "algorithms", "schedules", "topologies",
-           "node_fabrics", "placements"]
+           "node_fabrics", "placements", "tensor_parallel_modes"]
 
 # One source of truth: a field that names an algorithm, a schedule, a topology, a node fabric
 # or a placement policy is checked against the registry the engines and builders use (looked
@@ -55,6 +55,14 @@ def node_fabrics() -> tuple[str, ...]:
 def placements() -> tuple[str, ...]:
     from .topologies.placement import PLACEMENT_POLICIES
     return tuple(PLACEMENT_POLICIES)
+
+
+def tensor_parallel_modes() -> dict[str, Any]:
+    """Tensor-parallel schemes (``parallel.tensor_parallel.mode``) → their layer partitioner
+    class, which says the grid fields the scheme takes (``check_grid``) and its ranks
+    (``grid_size``)."""
+    from .workloads.decoder.partition import partitioners
+    return partitioners()
 
 
 def registered(names: Any) -> Any:
