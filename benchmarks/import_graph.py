@@ -58,6 +58,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("report", ("ddlsim.report", "ddlsim.sweepreport", "ddlsim.plots", "ddlsim.framehtml")),
     ("cli", ("ddlsim.cli", "ddlsim.cligroups", "ddlsim.cliutil", "ddlsim.searchcli",
              "ddlsim.topologies.cli", "ddlsim.calibration.cli", "ddlsim.importers.cli",
+             "ddlsim.traces.cli",
              "ddlsim.calibration.__main__")),
     ("package", ("ddlsim",)),
 )

@@ -16,7 +16,7 @@ from rich.console import Console
 from typer.core import TyperGroup
 from rich.markup import escape
 
-from .errors import DDLSimError
+from .errors import DDLSimError, OptionError, require  # noqa: F401  (re-exported)
 
 __all__ = ["OptionError", "guarded", "require", "refuse_negative", "check_outputs",
            "refuse_overwriting_inputs", "OnceGroup", "print_records", "warn_unused_devices",
@@ -31,10 +31,6 @@ EXIT_BUG = 3
 #: Errors that mean "this input cannot be used": answered with one paragraph and status 2.
 _INPUT_ERRORS: tuple[type[BaseException], ...] = (DDLSimError, OSError, ValueError,
                                                   RecursionError, MemoryError, OverflowError)
-
-
-class OptionError(DDLSimError, ValueError):
-    """A command-line option that is invalid, or does not apply with the other options."""
 
 
 def _stderr() -> Console:
@@ -116,12 +112,6 @@ def guarded(fn: Callable[..., Any],
             finally:
                 _report_warnings(caught)
     return run
-
-
-def require(condition: bool, message: str) -> None:
-    """Raise :class:`OptionError` with ``message`` unless ``condition``."""
-    if not condition:
-        raise OptionError(message)
 
 
 def refuse_negative(**counts: int | None) -> None:

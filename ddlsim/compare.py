@@ -13,8 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .cliutil import OptionError, require
-from .errors import DDLSimError
+from .errors import DDLSimError, OptionError, require
 from .formatting import (format_bytes, format_change, format_count, format_flops,
                          format_percent, format_time)
 from .simulator.result import Result

@@ -24,6 +24,16 @@ class PlanDoesNotFitError(ConfigError):
         self.memory = memory
 
 
+class OptionError(DDLSimError, ValueError):
+    """A command-line option that is invalid, or does not apply with the other options."""
+
+
+def require(condition: bool, message: str) -> None:
+    """Raise :class:`OptionError` with ``message`` unless ``condition``."""
+    if not condition:
+        raise OptionError(message)
+
+
 class DeadlockError(DDLSimError, RuntimeError):
     """A simulated program can make no progress (unmatched send/recv or a cycle of waits)."""
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .cliutil import OptionError
+from .errors import OptionError
 from .formatting import format_bandwidth, format_bytes, format_count, format_percent, format_time
 from .sweeps import reason_counts, sweep
 
