@@ -272,7 +272,20 @@ class TrainConfig(_Strict):
     seq_length: count_type("seq_length")
     dtype: Dtype = "bf16"
     recompute: Literal["none", "selective", "full"] = "none"
+    recompute_every_n_layers: count_type("layers") = Field(
+        default=1, description="with recompute: full, only every n-th transformer layer of a "
+                               "rank is checkpointed (torchtitan's selective_ac_option = 'n': "
+                               "the rank's n-th, 2n-th, … layer); 1: every layer")
     optimizer: Literal["adam", "sgd"] = "adam"
+
+    @model_validator(mode="after")
+    def _check(self) -> "TrainConfig":
+        n = self.recompute_every_n_layers
+        if n != 1 and self.recompute != "full":
+            raise ValueError(f"recompute_every_n_layers = {n} checkpoints every {n}-th layer "
+                             f"fully and needs recompute = 'full' (got {self.recompute!r}); "
+                             "set recompute: full, or recompute_every_n_layers: 1")
+        return self
 
 
 # ------------------------------------------------------------------------------------------ run

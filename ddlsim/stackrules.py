@@ -63,6 +63,8 @@ class PlanFacts:
     ep: Any = 1
     etp: Any = 1
     dp: Any = 1
+    #: only every n-th layer is checkpointed (``train.recompute_every_n_layers`` > 1)
+    layer_ac: Any = False
 
     @classmethod
     def of(cls, **values: Any) -> "PlanFacts":
@@ -83,7 +85,8 @@ class PlanFacts:
                       te_tp_overlap=p.tp > 1
                       and cfg.software.tp_comm_overlap in ("bulk", "pipelined"),
                       torch_tp_overlap=p.tp > 1 and cfg.software.tp_comm_overlap == "torch_async",
-                      compiled=bool(cfg.software.compile))
+                      compiled=bool(cfg.software.compile),
+                      layer_ac=cfg.train.recompute_every_n_layers > 1)
 
 
 @dataclass(frozen=True)
@@ -216,6 +219,12 @@ def _moe_ep_no_context_parallel(f: PlanFacts):
             "parallel.expert_tensor_parallel_size", "parallel.tensor_model_parallel_size")
 def _no_expert_tensor_parallel(f: PlanFacts):
     return f.moe & (f.etp != f.tp)
+
+
+@stack_rule("no_every_nth_layer_recompute", "checkpointing of every n-th layer only "
+            "(torchtitan's selective_ac_option = 'n')", "train.recompute_every_n_layers")
+def _no_every_nth_layer_recompute(f: PlanFacts):
+    return f.layer_ac
 
 
 @stack_rule("moe_tp_needs_sp", "MoE layers with tensor parallelism but no sequence "

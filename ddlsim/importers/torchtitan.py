@@ -10,8 +10,9 @@ FSDP2 units, with pipelining too; tensor parallelism is torchtitan's, with seque
 parallelism; ``[compile] enable`` is the stack's ``compile``; async TP is
 ``tp_comm_overlap: torch_async``. Op-level selective checkpointing is ``recompute: selective``
 under the stack's ``selective_recompute``; ``[float8] recipe_name`` is the stack's
-``fp8_recipe``. What ddlsim cannot express yet (HSDP, rowwise_with_gw_hp, FSDP's float8
-all-gather, checkpointing of every n-th layer) is refused by name.
+``fp8_recipe``; ``selective_ac_option = 'n'`` (every n-th block checkpointed) is
+``recompute: full`` with ``recompute_every_n_layers: n``. What ddlsim cannot express yet
+(HSDP, rowwise_with_gw_hp, FSDP's float8 all-gather) is refused by name.
 """
 
 from __future__ import annotations
@@ -277,15 +278,21 @@ def _checkpoint(draft: Draft, s: dict, doc: dict) -> None:
     arg = f"[activation_checkpoint] mode = {mode!r}"
     if mode in ("none", "full"):
         draft.set("train.recompute", mode, arg)
-    elif mode == "selective" and option == "1":
-        draft.set("train.recompute", "full", f"{arg}, selective_ac_option = 1 (every layer)")
+    elif mode == "selective" and option in ("0", "1"):
+        draft.set("train.recompute", "full", f"{arg}, selective_ac_option = {option} (every "
+                  "layer)")
+    elif mode == "selective" and option.isdigit():
+        draft.set("train.recompute", "full", f"{arg}, selective_ac_option = {option} (every "
+                  f"{option}-th layer checkpointed fully)")
+        draft.set("train.recompute_every_n_layers", int(option),
+                  f"{arg}, selective_ac_option = {option}: the rank's {option}-th, "
+                  f"{2 * int(option)}-th, … block (torchtitan's layer counter)")
     elif mode == "selective" and option == "op":
         draft.set("train.recompute", "selective", f"{arg}, selective_ac_option = 'op' (the "
                   "stack's selective_recompute: every second mm and the element-wise ops)")
     else:
-        draft.refuse(f"{arg}, selective_ac_option = {option!r}", "torchtitan's selective "
-                     "checkpointing of every n-th layer is not modelled yet (op-level, 1 "
-                     "(every layer) and full are)")
+        draft.refuse(f"{arg}, selective_ac_option = {option!r}", "torchtitan takes mode "
+                     "none, full or selective, and selective_ac_option 'op' or a whole number")
     _rest(draft, "activation_checkpoint", s, {"mode", "selective_ac_option"})
 
 

@@ -104,7 +104,9 @@ class WorkloadFamily(ABC):
         return (f"TP{p.tp} × PP{p.pp}{f'(v{p.vpp})' if p.vpp > 1 else ''} × DP{cfg.dp} = "
                 f"{cfg.world_size} ranks, {p.schedule}, ZeRO-{p.zero_stage}, dp_strategy "
                 f"{p.dp_strategy}, {batch_phrase(cfg)}, seq {t.seq_length}, {t.dtype}, "
-                f"recompute {t.recompute}")
+                f"recompute {t.recompute}"
+                + (f" every {t.recompute_every_n_layers} layers" if t.recompute_every_n_layers > 1
+                   else ""))
 
     def group_labels(self, cfg: "RunConfig") -> dict[str, str]:
         """Group kind → how the report names it for ``cfg`` (e.g. ``tp`` → ``tp (2-D grid:

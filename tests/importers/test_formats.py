@@ -90,6 +90,10 @@ def test_torchtitan_import_round_trips_to_the_hand_written_config():
     ("compile = false", "compile = true", ("system", "software", "compile"), True),
     ("mode = 'full'", "mode = 'selective'\nselective_ac_option = 'op'",
      ("train", "recompute"), "selective"),
+    ("mode = 'full'", "mode = 'selective'\nselective_ac_option = '2'",
+     ("train", "recompute_every_n_layers"), 2),
+    ("mode = 'full'", "mode = 'selective'\nselective_ac_option = '2'",
+     ("train", "recompute"), "full"),
     ("[float8]", "[float8]\nrecipe_name = 'rowwise'",
      ("system", "software", "kernels", "fp8_recipe"), "rowwise"),
     ("[parallelism]", "[parallelism]\nfsdp_reshard_after_forward = 'never'",
@@ -122,7 +126,8 @@ def test_torchtitan_async_tp_is_imported_and_needs_compile(tmp_path):
 @pytest.mark.parametrize("old, new, refused", [
     ("data_parallel_replicate_degree = 1", "data_parallel_replicate_degree = 2", "HSDP"),
     ("[float8]", "[float8]\nrecipe_name = 'rowwise_with_gw_hp'", "recipes: tensorwise"),
-    ("mode = 'full'", "mode = 'selective'\nselective_ac_option = '2'", "every n-th layer"),
+    ("mode = 'full'", "mode = 'selective'\nselective_ac_option = 'layer'",
+     "'op' or a whole number"),
 ])
 def test_torchtitan_settings_ddlsim_cannot_express_are_refused(tmp_path, old, new, refused):
     text = (DATA / "torchtitan_llama3_8b.toml").read_text()

@@ -116,14 +116,21 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
             hit = self._ops[key] = make()
         return hit
 
-    def layer_ops(self, backward: bool, repeat: int, n_moe: int | None = None) -> list[Op]:
+    def layer_ops(self, backward: bool, repeat: int, n_moe: int | None = None,
+                  first: int | None = None) -> list[Op]:
         """``repeat`` layers' forward (or backward) ops, each op repeated (ops are immutable,
         so every block and stage shares these lists). With MoE every ``period``-th layer is an
         MoE layer: ``repeat`` (a multiple of the period) layers are the dense layer's ops
         repeated ``repeat − repeat/period`` times and a loop of ``repeat/period`` MoE layers
         (:meth:`.moe.MoEOps.moe_layers`; nothing overlaps consecutive layers, so the order
         within the run does not matter); ``n_moe`` gives a chunk's own count (DeepSeek-V3's
-        dense first layers: :func:`.layerkinds.moe_layers_in_chunk`)."""
+        dense first layers: :func:`.layerkinds.moe_layers_in_chunk`). Under
+        ``train.recompute_every_n_layers`` above 1, ``first`` (the rank's count of the first of
+        these layers, from 0) says which are checkpointed (:func:`.sac.checkpointed_layers`);
+        the others' backward is the plan's without recomputation."""
+        if backward and self.cfg.train.recompute_every_n_layers > 1:
+            from .sac import mixed_backward
+            return mixed_backward(self, repeat, first)
         if n_moe is None:
             n_moe = repeat // self.period if self.shape.is_moe else 0
         key = (backward, repeat, n_moe)
@@ -308,6 +315,7 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
         first = len(fwd)
         n_moe = (moe_layers_in_chunk(self.shape, self.split, stage, chunk)
                  if self.shape.is_moe else 0)
+        offset = sum(self.split[stage][:chunk])    # the rank's layers before this chunk
         fwd += self.layer_ops(False, Lc, n_moe)
         if fwd[:first]:
             fwd[first] = after(fwd[first], first - 1)
@@ -325,9 +333,9 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
                 ops += self.cached(("head.bwd",), lambda: as_ops(self.head_backward()))
             start = len(ops)
             if with_sync and sync_ops:
-                ops += self._overlapped_layers(sync_ops, start, Lc)
+                ops += self._overlapped_layers(sync_ops, start, Lc, offset)
             else:
-                ops += self.layer_ops(True, Lc, n_moe)
+                ops += self.layer_ops(True, Lc, n_moe, offset)
             if ops[:start]:
                 ops[start] = after(ops[start], start - 1)
             if k > 0:

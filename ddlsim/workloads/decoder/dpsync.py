@@ -79,21 +79,25 @@ class GradSyncOps:
         """This plan's gradient bucket on ``stage``'s ``chunk`` (:func:`grad_bucket_bytes`)."""
         return float(grad_bucket_bytes(self.cfg, self.dp, self.gdt, stage, chunk))
 
-    def _overlapped_layers(self, sync_ops: list[Op], start: int, layers: int) -> list[Op]:
+    def _overlapped_layers(self, sync_ops: list[Op], start: int, layers: int,
+                           offset: int = 0) -> list[Op]:
         """The chunk's ``layers`` backward layers split into bucket segments; after each
         segment its gradients' collective is issued on the dp stream (PyTorch DDP buckets,
-        overlap with backward)."""
+        overlap with backward). ``offset``: the rank's layers before the chunk."""
         key = ("overlapped", tuple((o.payload, o.repeat) for o in set(sync_ops)), len(sync_ops),
-               start, layers)
-        return self.cached(key, lambda: self._segments(sync_ops, start, layers))
+               start, layers, offset)
+        return self.cached(key, lambda: self._segments(sync_ops, start, layers, offset))
 
-    def _segments(self, sync_ops: list[Op], start: int, layers: int) -> list[Op]:
+    def _segments(self, sync_ops: list[Op], start: int, layers: int, offset: int) -> list[Op]:
         w = max(1, len({o.stream for o in sync_ops}))   # per segment: dense [and expert]
         f, n_seg = self.period, len(sync_ops) // w
         periods = layers // f
         ops: list[Op] = []
+        done = 0                     # layers of the chunk behind, in backward order
         for seg in range(n_seg):
-            ops += self.layer_ops(True, f * (periods // n_seg + (1 if seg < periods % n_seg else 0)))
+            n = f * (periods // n_seg + (1 if seg < periods % n_seg else 0))
+            done += n
+            ops += self.layer_ops(True, n, first=offset + layers - done)
             last = start + len(ops) - 1
             for s in sync_ops[w * seg:w * seg + w]:
                 ops.append(Op(s.payload, stream=s.stream, deps=(last,), repeat=s.repeat))

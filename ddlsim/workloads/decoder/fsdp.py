@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...errors import ConfigError
 from ..trace import Block, Collective, Compute, Loop, Op, P2P, Wait
 from . import param_gather
 
@@ -61,12 +62,19 @@ def kept_in_backward(sw: Any, layer: int, layers: int) -> bool:
     return policy == "never" or (policy == "not_with_pp_nor_last" and layer == layers - 1)
 
 
-def one_layer(b: Any, backward: bool, moe: bool) -> list:
-    """One layer's forward or backward ops: for dense layers under per-layer units the
-    builder's own one-layer ops (plain, a partitioner's loop, or the TP overlap's loop), else
-    the payloads (MoE layers; module hooks, which cut them by module)."""
+def one_layer(b: Any, backward: bool, moe: bool, index: int) -> list:
+    """One layer's forward or backward ops (``index``: the layer's, from 0): for dense layers
+    under per-layer units the builder's own one-layer ops (plain, a partitioner's loop, or
+    the TP overlap's loop; checkpointed or not under ``recompute_every_n_layers``), else the
+    payloads (MoE layers; module hooks, which cut them by module)."""
     if b.period == 1 and not b.shape.is_moe and b.sw.zero3_gather == "per_layer":
-        return list(b.layer_ops(backward, 1))     # module hooks cut the payloads (.zero3)
+        return list(b.layer_ops(backward, 1, first=index))  # module hooks cut the payloads
+    every = b.cfg.train.recompute_every_n_layers
+    if backward and every > 1:
+        raise ConfigError(f"train.recompute_every_n_layers = {every} is modelled for dense "
+                          "layers under FSDP's per-layer units (zero3_gather: per_layer); "
+                          f"the stack {b.sw.name!r} gathers {b.sw.zero3_gather.replace('_', ' ')}"
+                          ": use recompute_every_n_layers: 1")
     return b.layer_backward(moe=moe) if backward else b.layer_forward(moe=moe)
 
 

@@ -53,6 +53,11 @@ def stage_memory(cfg: RunConfig, shape: DecoderShape, stage: int, params: float,
         if t.recompute == "selective" and cfg.software.selective_recompute == "every_second_mm":
             per_chunk = sac_activation_bytes(shape, t.micro_batch_size, t.seq_length // p.cp,
                                              p.tp, p.sequence_parallel) * lpc
+        elif t.recompute_every_n_layers > 1:     # every n-th layer checkpointed (.sac)
+            from .sac import checkpointed_share
+            share = checkpointed_share(cfg, stage)
+            per_chunk = (share * part.activation_bytes("full")
+                         + (1 - share) * part.activation_bytes("none")) * lpc
         else:
             per_chunk = part.activation_bytes(t.recompute) * lpc
     chunks = inflight_chunks(cfg, stage)

@@ -14,15 +14,41 @@ the backward recomputes ``wk``, ``wo`` and ``w3`` and every element-wise op of t
 (norms, rotary embedding, SiLU and product, residual adds). FP8 linears (torchao) run
 ``aten._scaled_mm``, which is not on the save list: every FP8 GEMM and its casts are
 recomputed. MoE layers keep the attention-core form.
+
+**Every n-th layer** (``train.recompute: full`` with ``recompute_every_n_layers: n``,
+torchtitan's ``selective_ac_option = 'n'``: 9dec370 ``parallelize_llama.py`` lines 282-290,
+1ea476e9 lines 82-99, 07c00d9 ``activation_checkpoint.py`` lines 115-123): torchtitan wraps a
+rank's transformer blocks one by one, in the order it builds them (its model chunks in order,
+each chunk's layers in order), counting them in one process-wide counter that is incremented
+before the test, and checkpoints a block fully when the count is divisible by ``n``: the
+rank's ``n``-th, ``2n``-th, … block (layers ``n − 1, 2n − 1, …`` counted from 0). The other
+blocks keep all their activations and recompute nothing.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ...errors import ConfigError
 from ..trace import Compute, Kernel
 
-__all__ = ["layer_mms", "every_second_mm_op"]
+__all__ = ["layer_mms", "every_second_mm_op", "checkpointed_layers", "checkpointed_share",
+           "mixed_backward"]
+
+
+def checkpointed_layers(every: int, first: int, count: int) -> int:
+    """How many of a rank's layers ``first … first + count − 1`` (counted from 0 in the order
+    the rank builds them) torchtitan checkpoints with ``selective_ac_option = every``: those
+    whose 1-based count is divisible by ``every`` (module docstring)."""
+    return (first + count) // every - first // every
+
+
+def checkpointed_share(cfg: Any, stage: int) -> float:
+    """The fraction of pipeline ``stage``'s layers that are checkpointed (1 unless
+    ``train.recompute_every_n_layers`` is above 1)."""
+    from .split import chunk_layers
+    layers = sum(chunk_layers(cfg)[stage])
+    return checkpointed_layers(cfg.train.recompute_every_n_layers, 0, layers) / layers
 
 
 def layer_mms(shape: Any, M: float, t: int) -> list[tuple[float, float, float]]:
@@ -55,3 +81,39 @@ def every_second_mm_op(shape: Any, kernels: dict, b: int, s: int, t: int, dtype:
                 for k in gemms if k.kind == "gemm")
     nbytes = sum(k.bytes for k in ew + gemms if k.kind == "memory")
     return Compute("recompute.sac", flops, nbytes, dtype=dtype, kernels=gemms + ew)
+
+
+def mixed_backward(b: Any, repeat: int, first: int | None) -> list:
+    """The backward ops of ``repeat`` dense layers of builder ``b``'s stage, the first of
+    them the rank's layer ``first`` (from 0), under ``train.recompute_every_n_layers``: the
+    checkpointed layers' ops (:func:`checkpointed_layers`), then the others', built by a
+    builder of the same stage for the plan without recomputation. Nothing overlaps
+    consecutive layers, so the order within the pass does not change its time.
+
+    Raises
+    ------
+    ConfigError
+        For a model with Mixture-of-Experts layers (not modelled).
+    """
+    every = b.cfg.train.recompute_every_n_layers
+    if b.shape.is_moe:
+        raise ConfigError(f"train.recompute_every_n_layers = {every} is modelled for dense "
+                          "decoders; this model has Mixture-of-Experts layers: use "
+                          "recompute_every_n_layers: 1")
+    assert first is not None, "a pass under recompute_every_n_layers names its first layer"
+    full = checkpointed_layers(every, first, repeat)
+
+    def make() -> list:
+        ops = list(b._dense_layer_ops(True, full)) if full else []
+        if repeat > full:
+            ops += b.cached(("uncheckpointed",), lambda: _uncheckpointed(b))._dense_layer_ops(
+                True, repeat - full)
+        return ops
+    return b.cached(("mixed backward", repeat, full), make)
+
+
+def _uncheckpointed(b: Any) -> Any:
+    """A builder of ``b``'s stage for the plan without recomputation."""
+    from .builder import StageBuilder
+    train = b.cfg.train.model_copy(update={"recompute": "none", "recompute_every_n_layers": 1})
+    return StageBuilder(b.cfg.model_copy(update={"train": train}), b.shape)

@@ -396,11 +396,14 @@ def _pass(b: StageBuilder, head: list, units: list[_Unit], prefetch: int) -> lis
 def zero3_blocks(b: StageBuilder, prefetch: int) -> dict[str, Block]:
     """The ``F0`` and ``B0`` blocks of ZeRO-3 without pipelining (the module docstring)."""
     from .fsdp import one_layer
-    moe = [b.shape.is_moe_layer(i) for i in range(b.split[0][0])]
+    n = b.split[0][0]
+    moe = [b.shape.is_moe_layer(i) for i in range(n)]
     fwd = _pass(b, b.embedding_forward(),
-                _units(b, [one_layer(b, False, m) for m in moe], moe, False), prefetch)
+                _units(b, [one_layer(b, False, m, i) for i, m in enumerate(moe)], moe, False),
+                prefetch)
     _extend(fwd, b.head_forward())
     back = moe[::-1]
     bwd = _pass(b, b.head_backward(),
-                _units(b, [one_layer(b, True, m) for m in back], back, True), prefetch)
+                _units(b, [one_layer(b, True, m, n - 1 - i) for i, m in enumerate(back)],
+                       back, True), prefetch)
     return {"F0": Block("F0", "forward", tuple(fwd)), "B0": Block("B0", "backward", tuple(bwd))}
