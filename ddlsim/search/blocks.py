@@ -102,9 +102,19 @@ def stage_pieces(ctx, plans, coll_at) -> Pieces:
     groups = [order[bounds[j]:bounds[j + 1]] for j in range(len(codes))]
     kernels: dict = {}
     sections: dict = {}
+    lowered: dict[tuple, tuple] = {}
 
     def compute_s(op) -> float:
         return op.seconds if op.seconds is not None else op_time(op, ctx.dev, memo=kernels)
+
+    def lower(ops) -> tuple:
+        """:func:`lower_ops` once per distinct op list: signatures share many pieces (the
+        embedding and the head do not depend on recomputation, …), equal ops time alike."""
+        ops = tuple(ops)
+        hit = lowered.get(ops)
+        if hit is None:
+            hit = lowered[ops] = lower_ops(ops, compute_s)
+        return hit
 
     # 1. each signature's pieces, built by the builder, collectives symbolic
     built, asked = [], {}
@@ -114,7 +124,7 @@ def stage_pieces(ctx, plans, coll_at) -> Pieces:
                           int(plans["mbs"][i0]), RECOMPUTE[int(plans["recompute"][i0])],
                           int(plans["zero"][i0]), sections=sections)
         sb = StageBuilder(cfg, ctx.shape)
-        pieces = {name: lower_ops(ops, compute_s) for name, ops in (
+        pieces = {name: lower(ops) for name, ops in (
             ("fwd", sb.layer_ops(False, 1)), ("bwd", sb.layer_ops(True, 1)),
             ("emb", as_ops(sb.embedding_forward())), ("head_f", as_ops(sb.head_forward())),
             ("head_b", as_ops(sb.head_backward())), ("gather", sb.gather_ops("act")))}

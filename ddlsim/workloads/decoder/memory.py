@@ -112,9 +112,10 @@ def comm_groups(cfg: RunConfig, shape: DecoderShape) -> tuple[int, ...]:
     """Sizes of the process groups a rank communicates over, one NCCL communicator each:
     TP, PP (its sends and receives), CP, the data-parallel gradient group (DP·CP), and for
     MoE models EP and the expert-data-parallel group."""
-    p, mesh = cfg.parallel, cfg.mesh
+    p = cfg.parallel
     groups = (p.tp, p.pp, p.cp, cfg.dp * p.cp)
-    if shape.is_moe:
+    if shape.is_moe:    # the mesh only here: building it costs more than the rest
+        mesh = cfg.mesh
         groups += (mesh.size("ep"), mesh.size("edp"))
     return groups
 
