@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from ddlsim.simulator.collectives import GroupNet, best_algorithm, collective_time
+from ddlsim.simulator.collectives import GroupNet, best_algorithm
 from ddlsim.simulator.nccl import NcclEnv, nccl_time
 from ddlsim.simulator.nccl.measured import FILL_CHUNKS, nvls_chunk_bytes
 from ddlsim.simulator.nccl.choice import nccl_choice
@@ -60,17 +60,18 @@ def test_nvls_fill_makes_mid_sizes_slower_than_the_plateau():
     assert busbw == sorted(busbw) and busbw[0] < 0.7 * busbw[-1]
 
 
-@pytest.mark.parametrize("algo", ["ring", "tree"])
-def test_ring_and_tree_take_nccls_estimate(algo):
+@pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter"])
+def test_ring_takes_nccls_estimate(op):
     for proto in PROTOCOLS:
         for n in (1 * KIB, 4 * MIB, 1 * GIB):
-            assert nccl_time("all_reduce", algo, proto, n, TWO_NODES, HOPPER) == \
-                estimate_time("all_reduce", algo, proto, n, TWO_NODES, HOPPER)
+            assert nccl_time(op, "ring", proto, n, TWO_NODES, HOPPER) == \
+                estimate_time(op, "ring", proto, n, TWO_NODES, HOPPER)
 
 
 def test_nccl_chooses_by_its_estimate_not_by_the_time_taken():
     """2 x 8 H100 at 4 MiB: NCCL's estimate picks NVLS-tree, which then takes longer than
-    the tree would (its pipeline fill is not in the estimate): ddlsim picks what NCCL picks."""
+    the ring LL128 would (its pipeline fill is not in the estimate): ddlsim picks what NCCL
+    picks."""
     n = 4 * MIB
     algo, proto = nccl_choice("all_reduce", n, TWO_NODES, HOPPER)
     estimates = {(a, p): estimate_time("all_reduce", a, p, n, TWO_NODES, HOPPER)
@@ -78,7 +79,8 @@ def test_nccl_chooses_by_its_estimate_not_by_the_time_taken():
     assert estimates[(algo, proto)] == min(estimates.values())
     name, t = best_algorithm("all_reduce", n, TWO_NODES, "nccl")
     assert name == f"nccl_{algo}" == "nccl_nvls_tree"
-    assert t > collective_time("all_reduce", "nccl_tree", n, TWO_NODES)
+    assert t > nccl_time("all_reduce", "ring", "LL128", n, TWO_NODES, HOPPER)
+    assert estimates[("ring", "LL128")] > estimates[(algo, proto)]
 
 
 def test_no_choice_without_an_nccl_machine():

@@ -55,8 +55,9 @@ NVLS_ALGBW_FRACTION = {"hopper": 275.0 / 450.0}
 #: chunks: src/device/all_reduce.h, v2.26.2-1, lines 390-510); not derived from them.
 FILL_CHUNKS = {"nvls": 3.5, "nvls_tree": 1.5}
 
-#: number of size edges of the fill's step function (NCCL picks among at most 4 chunk sizes)
-FILL_EDGES = 3
+#: number of size edges of a fill's step function (NCCL picks among at most 4 NVLS chunk
+#: sizes, and 6 LL128 tree chunk sizes: :mod:`.tree`)
+FILL_EDGES = 5
 
 
 def _nvls_rules(nodes: int, algbw_estimate_GBps: float) -> tuple[int, tuple]:
@@ -146,9 +147,10 @@ def fill_levels(op: str, algo: str, net, env, algbw_GBps: float,
     Returns
     -------
     tuple or None
-        ``(edges, fills)``: :data:`FILL_EDGES` ascending sizes (bytes; ``inf`` pads) and one
-        more fill (µs), ``fills[k]`` applying from ``edges[k-1]`` (inclusive) to ``edges[k]``:
-        ``FILL_CHUNKS[algo] x concurrentOps x chunk / algBw``; None where none is modelled.
+        ``(edges, fills, slope)``: :data:`FILL_EDGES` ascending sizes (bytes; ``inf`` pads) and
+        one more fill (µs), ``fills[k]`` applying from ``edges[k-1]`` (inclusive) to
+        ``edges[k]``: ``FILL_CHUNKS[algo] x concurrentOps x chunk / algBw``, and ``slope``
+        ``inf`` (no cap: :func:`fill_us`); None where none is modelled.
     """
     depth = FILL_CHUNKS.get(algo)
     if depth is None or op != "all_reduce" or algbw_GBps <= 0:
@@ -167,12 +169,15 @@ def fill_levels(op: str, algo: str, net, env, algbw_GBps: float,
     edges += [math.inf] * (FILL_EDGES - len(edges))
     chunks += [chunks[-1]] * (FILL_EDGES + 1 - len(chunks))
     fills = tuple(depth * ops * c / (1e3 * algbw_GBps) for c in chunks)
-    return tuple(edges), fills
+    return tuple(edges), fills, math.inf
 
 
-def fill_us(n: float, levels: tuple[tuple[float, ...], tuple[float, ...]] | None) -> float:
-    """The fill (µs) of :func:`fill_levels` at ``n`` bytes (0 where there is none)."""
+def fill_us(n: float, levels: tuple | None) -> float:
+    """The fill (µs) at ``n`` bytes of ``(edges, fills, slope)`` levels (:func:`fill_levels`,
+    :func:`.tree.tree_fill_levels`): the step's fill, capped at ``slope·n`` where the slope is
+    finite; 0 where there is none."""
     if levels is None:
         return 0.0
-    edges, fills = levels
-    return fills[sum(n >= e for e in edges)]
+    edges, fills, slope = levels
+    fill = fills[sum(n >= e for e in edges)]
+    return fill if slope == math.inf else min(fill, slope * n)

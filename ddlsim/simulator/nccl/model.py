@@ -32,6 +32,7 @@ import numpy as np
 from ..collectives.base import GroupNet, Phase, _ring_pairs, register
 from . import tuning as T
 from .measured import FILL_CHUNKS, FILL_EDGES, achieved_algbw_GBps, fill_levels, fill_us
+from .tree import tree_fill_levels
 
 __all__ = ["NcclEnv", "nccl_time", "busbw_GBps", "algbw_GBps", "latency_us", "best_protocol",
            "available", "ALGORITHMS", "env_for_system", "NcclForm", "nccl_form",
@@ -228,10 +229,21 @@ def estimate_time(op: str, algo: str, proto: str, n: float, net: GroupNet, env: 
 
 
 def _achieved(op: str, algo: str, proto: str, n: float, net: GroupNet, env: NcclEnv):
-    """(algorithm bandwidth GB/s as measured, fill levels or None) of ``algo``/``proto``."""
-    if algo not in FILL_CHUNKS:  # ring, tree, CollNet: NCCL's estimate as measured
+    """(algorithm bandwidth GB/s as measured, fill levels or None) of ``algo``/``proto``: the
+    NVLS plateau and fill (:mod:`.measured`), the tree all-reduce's fill (:mod:`.tree`); ring
+    and CollNet as NCCL estimates them."""
+    if algo == "tree" and op == "all_reduce":
+        return algbw_GBps(op, algo, proto, n, net, env), _tree_levels(proto, net, env)
+    if algo not in FILL_CHUNKS:
         return algbw_GBps(op, algo, proto, n, net, env), None
     return _achieved_nvls(op, algo, proto, net, env)
+
+
+@lru_cache(maxsize=1 << 12)
+def _tree_levels(proto: str, net: GroupNet, env: NcclEnv):
+    raw = algbw_GBps("all_reduce", "tree", proto, 0.0, net, env)  # before the size correction
+    nch = _channels(_link(net, env)[1], net, env)
+    return tree_fill_levels(proto, net.p, net.nodes, nch, raw, FILL_EDGES)
 
 
 @lru_cache(maxsize=1 << 12)
@@ -249,8 +261,10 @@ class NcclForm(NamedTuple):
     ``corrected``: whether that correction (``TREE_CORRECTION[protocol]`` by
     ``floor(log2(n / 64))``) applies, the pipeline fill (:func:`.measured.fill_levels`)
     as :data:`~.measured.FILL_EDGES` size edges and one more fill in µs (``inf`` edges and
-    zero fills where none is modelled), and ``estimate_algbw_GBps``: NCCL's own estimate of
-    the bandwidth, whose time (no fill) is what NCCL chooses by (:func:`estimate_time`)."""
+    zero fills where none is modelled), ``estimate_algbw_GBps``: NCCL's own estimate of
+    the bandwidth, whose time (no fill) is what NCCL chooses by (:func:`estimate_time`), and
+    ``fill_slope``: µs per byte that caps the fill (:func:`.tree.tree_fill_levels`; ``inf``:
+    no cap)."""
 
     latency_us: float
     plateau_latency_us: float
@@ -260,6 +274,7 @@ class NcclForm(NamedTuple):
     fill_edges: tuple
     fill_us: tuple
     estimate_algbw_GBps: float
+    fill_slope: float = math.inf
 
 
 @lru_cache(maxsize=1 << 16)
@@ -278,17 +293,19 @@ def nccl_form(op: str, algo: str, proto: str, net: GroupNet, env: NcclEnv) -> Nc
     div = math.inf
     if high != lat:  # the ring plateau of latency_us, whose threshold is n / (nch·p) >= 64
         div = _channels(_link(net, env)[1], net, env) * net.p
-    edges, fills = levels or ((math.inf,) * FILL_EDGES, (0.0,) * (FILL_EDGES + 1))
+    edges, fills, slope = levels or ((math.inf,) * FILL_EDGES, (0.0,) * (FILL_EDGES + 1),
+                                     math.inf)
     return NcclForm(lat, high, div, bw, algo == "tree" and op == "all_reduce", edges, fills,
-                    algbw_GBps(op, algo, proto, 0.0, net, env))
+                    algbw_GBps(op, algo, proto, 0.0, net, env), slope)
 
 
 def nccl_seconds_array(n, latency_us_, plateau_latency_us, plateau_div, algbw, proto=None,
-                       fill_edges=None, fill_us_=None):
+                       fill_edges=None, fill_us_=None, fill_slope=None):
     """:func:`nccl_time` on arrays: ``n`` bytes, and the :class:`NcclForm` parts per element
     (arrays or scalars that broadcast with ``n``); ``proto`` names the tree-correction table
     to apply (None: no correction); ``fill_edges`` and ``fill_us_`` the form's fill (one
-    array per edge and per fill; None: no fill). The same arithmetic as the scalar code, in
+    array per edge and per fill; None: no fill), ``fill_slope`` its cap in µs per byte (None
+    or ``inf``: none). The same arithmetic as the scalar code, in
     the same order (``tests/test_nccl_vector.py`` checks equality on a dense set of sizes)."""
     n = np.asarray(n, dtype=float)
     bw = np.asarray(algbw, dtype=float)
@@ -303,6 +320,10 @@ def nccl_seconds_array(n, latency_us_, plateau_latency_us, plateau_div, algbw, p
     if fill_edges is not None:
         level = sum((n >= np.asarray(e)).astype(np.int64) for e in fill_edges)
         fill = np.choose(level, [np.asarray(f, dtype=float) for f in fill_us_])
+        if fill_slope is not None:
+            slope = np.asarray(fill_slope, dtype=float)
+            with np.errstate(invalid="ignore"):
+                fill = np.where(np.isinf(slope), fill, np.minimum(fill, slope * n))
     return (lat + fill + n / (1e3 * bw)) * 1e-6
 
 
