@@ -10,13 +10,12 @@ with their provenance. Each row is predicted on ``dgx-h100`` with the ``megatron
 stack: expert TP 1 with EP folded over TP x DP (Megatron-Core's MoE parallel folding), the
 alltoall dispatcher, grouped GEMM, fused permutation, forced load balance (router imbalance 1),
 distributed optimizer (ZeRO-1) with both overlaps, bf16 gradient reduction, no recomputation.
-What the runs do that is not modelled: Megatron-Core's expert-parallel communication overlap
+Megatron-Core's expert-parallel communication overlap is set per row as the recipes set it
 (``a2a_overlap``: Bridge's moe_a2a_overlap, i.e. overlap_moe_expert_parallel_comm with
 delay_wgrad_compute, the combined 1F1B schedule that runs one micro-batch's dispatch/combine
-all-to-alls beside another micro-batch's backward compute; marked per row, read in the recipes
-and in the Megatron-LM commit each Bridge tag pins: ddlsim exposes them, docs/moe.md says what
-modelling it needs), the flex dispatcher's DeepEP/HybridEP kernels (marked per row: predicted
-as alltoall), and, on every row, the distributed optimizer's overlapped parameter all-gather
+all-to-alls beside another micro-batch's compute: docs/moe.md). What the runs do that is not
+modelled: the flex dispatcher's DeepEP/HybridEP kernels (marked per row: predicted as
+alltoall), and, on every row, the distributed optimizer's overlapped parameter all-gather
 (ddlsim refuses that overlap with EP > 1, so the gather after the step is exposed). No
 per-row factors and nothing tuned.
 """
@@ -51,7 +50,11 @@ def config(row: dict) -> dict:
                 # overlap with EP > 1 (docs/overlap.md) and refuses it: the gather is exposed
                 "zero_stage": 1, "overlap_grad_reduce": True, "overlap_param_gather": False,
                 "moe": {"token_dispatcher_type": "alltoall", "grouped_gemm": True,
-                        "permute_fusion": True, "router_force_load_balancing": True}}
+                        "permute_fusion": True, "router_force_load_balancing": True,
+                        # Bridge's moe_a2a_overlap: Megatron-Core's combined 1F1B
+                        "overlap_expert_parallel_comm": row["a2a_overlap"] == "true",
+                        "delay_wgrad_compute": row["delay_wgrad_compute"] == "true",
+                        "shared_expert_overlap": row["moe_shared_expert_overlap"] == "true"}}
     if vp > 1:
         parallel.update(schedule="interleaved", virtual_pipeline_model_parallel_size=vp)
     if row["split"] == "embedding+loss":
@@ -68,9 +71,6 @@ def config(row: dict) -> dict:
 def approximated(row: dict) -> str:
     """What the row's run does that ddlsim does not model ('' when nothing)."""
     notes = []
-    if row["a2a_overlap"] == "true":
-        notes.append("a2a overlap" + (" + delayed wgrad" if row["delay_wgrad_compute"] == "true"
-                                      else ""))
     if row["dispatcher_as_run"] != "alltoall":
         notes.append(row["dispatcher_as_run"])
     return ", ".join(notes)

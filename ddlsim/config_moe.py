@@ -42,6 +42,16 @@ class MoESpec(_Strict):
     shared_expert_overlap: StrictBool = Field(
         default=False, description="shared experts computed while the dispatch/combine "
                                    "all-to-alls run (alltoall dispatcher only)")
+    overlap_expert_parallel_comm: StrictBool | None = Field(
+        default=None, description="Megatron-Core's overlap_moe_expert_parallel_comm: the "
+                                  "combined 1F1B schedule, one micro-batch's dispatch/combine "
+                                  "all-to-alls on a communication stream beside another "
+                                  "micro-batch's attention and expert compute (docs/moe.md); "
+                                  "default: the stack's")
+    delay_wgrad_compute: StrictBool | None = Field(
+        default=None, description="with the overlap: the experts' weight gradients computed "
+                                  "after their data gradients, beside the backward dispatch "
+                                  "(Megatron-Core's delay_wgrad_compute); default: the stack's")
     router_load_balancing_type: LoadBalancing = Field(
         default="aux_loss", description="Megatron's default aux_loss; checked against the "
                                         "capacity factor (sinkhorn drops no tokens); its own "

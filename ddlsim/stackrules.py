@@ -63,6 +63,14 @@ class PlanFacts:
     ep: Any = 1
     etp: Any = 1
     dp: Any = 1
+    #: the resolved ``parallel.moe`` options the expert-parallel overlap rules read (facts
+    #: made without them: overlap off), the full recomputation and a 32-bit model
+    a2a_overlap: Any = False
+    delay_wgrad: Any = False
+    allgather_dispatch: Any = False
+    shared_overlap: Any = False
+    full_recompute: Any = False
+    fp32: Any = False
     #: only every n-th layer is checkpointed (``train.recompute_every_n_layers`` > 1)
     layer_ac: Any = False
 
@@ -85,8 +93,25 @@ class PlanFacts:
                       te_tp_overlap=p.tp > 1
                       and cfg.software.tp_comm_overlap in ("bulk", "pipelined"),
                       torch_tp_overlap=p.tp > 1 and cfg.software.tp_comm_overlap == "torch_async",
-                      compiled=bool(cfg.software.compile),
+                      compiled=bool(cfg.software.compile), **_moe_facts(cfg),
                       layer_ac=cfg.train.recompute_every_n_layers > 1)
+
+
+def _moe_facts(cfg: Any) -> dict:
+    """The MoE options the overlap rules read, resolved as the trace resolves them
+    (:func:`~ddlsim.workloads.decoder.moeplan.resolve_moe`); none for a dense model or a
+    stack that does not say how it runs MoE layers (the MoE checks refuse that plan)."""
+    from .workloads.decoder.moeplan import resolve_moe
+    try:
+        plan = resolve_moe(cfg)
+    except ConfigError:
+        plan = None
+    out = {"full_recompute": cfg.train.recompute == "full", "fp32": cfg.train.dtype == "fp32"}
+    if plan is not None:
+        out.update(a2a_overlap=plan.a2a_overlap, delay_wgrad=plan.delay_wgrad,
+                   allgather_dispatch=plan.dispatcher == "allgather",
+                   shared_overlap=plan.shared_expert_overlap)
+    return out
 
 
 @dataclass(frozen=True)
@@ -233,6 +258,59 @@ def _moe_tp_needs_sp(f: PlanFacts):
     return f.moe & (f.tp > 1) & ~f.sp
 
 
+_A2A = "parallel.moe.overlap_expert_parallel_comm"
+
+
+@stack_rule("no_ep_a2a_overlap", "the expert-parallel all-to-all overlap or delayed weight "
+            "gradients (it has neither option)", _A2A, "parallel.moe.delay_wgrad_compute")
+def _no_ep_a2a_overlap(f: PlanFacts):
+    return f.a2a_overlap | f.delay_wgrad
+
+
+@stack_rule("ep_a2a_overlap_needs_ep", "the expert-parallel all-to-all overlap without expert "
+            "parallelism", _A2A, "parallel.expert_model_parallel_size")
+def _ep_a2a_overlap_needs_ep(f: PlanFacts):
+    return f.a2a_overlap & (f.ep <= 1)
+
+
+@stack_rule("ep_a2a_overlap_dispatcher", "the expert-parallel all-to-all overlap with the "
+            "allgather dispatcher (alltoall or flex only)", _A2A,
+            "parallel.moe.token_dispatcher_type")
+def _ep_a2a_overlap_dispatcher(f: PlanFacts):
+    return f.a2a_overlap & f.allgather_dispatch
+
+
+@stack_rule("ep_a2a_overlap_schedule", "the expert-parallel all-to-all overlap outside the "
+            "interleaved schedule with PP > 1, or with GPipe", _A2A, "parallel.schedule",
+            "parallel.pipeline_model_parallel_size")
+def _ep_a2a_overlap_schedule(f: PlanFacts):
+    return f.a2a_overlap & ~f.interleaved & ((f.pp > 1) | ~f.one_f_one_b)
+
+
+@stack_rule("ep_a2a_overlap_no_full_recompute", "the expert-parallel all-to-all overlap with "
+            "full recomputation", _A2A, "train.recompute")
+def _ep_a2a_overlap_no_full_recompute(f: PlanFacts):
+    return f.a2a_overlap & f.full_recompute
+
+
+@stack_rule("ep_a2a_overlap_16bit", "the expert-parallel all-to-all overlap with an fp32 model "
+            "(bf16 or fp16 only)", _A2A, "train.dtype")
+def _ep_a2a_overlap_16bit(f: PlanFacts):
+    return f.a2a_overlap & f.fp32
+
+
+@stack_rule("ep_a2a_overlap_no_shared_expert_overlap", "the expert-parallel all-to-all overlap "
+            "with shared_expert_overlap", _A2A, "parallel.moe.shared_expert_overlap")
+def _ep_a2a_overlap_no_shared_expert_overlap(f: PlanFacts):
+    return f.a2a_overlap & f.shared_overlap
+
+
+@stack_rule("delay_wgrad_needs_ep_a2a_overlap", "delay_wgrad_compute without the "
+            "expert-parallel all-to-all overlap", "parallel.moe.delay_wgrad_compute", _A2A)
+def _delay_wgrad_needs_ep_a2a_overlap(f: PlanFacts):
+    return f.delay_wgrad & ~f.a2a_overlap
+
+
 # ------------------------------------------------------------------------ stacks and checks
 def stack_rules(stack: str) -> list[tuple[StackRule, str]]:
     """``(rule, source)`` for each rule the stack ``stack`` declares, in file order.
@@ -262,6 +340,14 @@ def broken_rules(cfg: Any) -> list[tuple[StackRule, str]]:
 
 def _shown(cfg: Any, path: str) -> str:
     section, key = path.rsplit(".", 1)
+    if section == "parallel.moe":   # the resolved value (unset: the stack's)
+        from .workloads.decoder.moeplan import resolve_moe
+        plan = resolve_moe(cfg)
+        value = {"overlap_expert_parallel_comm": plan.a2a_overlap,
+                 "delay_wgrad_compute": plan.delay_wgrad,
+                 "token_dispatcher_type": plan.dispatcher,
+                 "shared_expert_overlap": plan.shared_expert_overlap}[key]
+        return f"{path} = {value!r}"
     value = getattr(cfg.software, key) if key in _SOFTWARE_FIELDS else \
         getattr(getattr(cfg, section), key)
     return f"{path} = {value!r}"

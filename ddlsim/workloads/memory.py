@@ -117,5 +117,6 @@ def sharded(x, on, dp):
 
 def inflight_chunks(cfg: RunConfig, stage: int) -> int:
     """Largest number of (micro-batch, chunk) forwards held at once by ``stage``."""
+    from .decoder.combined import active   # Megatron-Core's combined 1F1B: one more
     p = cfg.parallel
-    return peak_inflight(p.schedule, stage, p.pp, cfg.num_microbatches, p.vpp)
+    return peak_inflight(p.schedule, stage, p.pp, cfg.num_microbatches, p.vpp, active(cfg))

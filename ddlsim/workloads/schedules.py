@@ -22,7 +22,8 @@ import numpy as np
 
 from ..errors import ConfigError
 
-__all__ = ["schedule", "SCHEDULES", "warmup", "peak_inflight", "schedule_arrays"]
+__all__ = ["schedule", "SCHEDULES", "warmup", "peak_inflight", "schedule_arrays",
+           "combined_schedule"]
 
 Order = list[tuple[str, int, int]]
 SCHEDULES: dict[str, Callable[[int, int, int, int], Order]] = {}
@@ -95,8 +96,12 @@ def _interleaved(stage: int, p: int, m: int, v: int) -> Order:
     return order
 
 
-def warmup(name: str, stage: int, p: int, m: int, v: int = 1) -> int:
-    """Forwards a stage issues before its first backward."""
+def warmup(name: str, stage: int, p: int, m: int, v: int = 1, combined: bool = False) -> int:
+    """Forwards a stage issues before its first backward; ``combined``: Megatron-Core's
+    combined 1F1B (:func:`combined_schedule`), one more (at most all of them)."""
+    if combined:
+        total = m * (v if name == "interleaved" else 1)
+        return _min(warmup(name, stage, p, m, v) + 1, total)
     if name == "gpipe":
         return m
     if name == "1f1b":
@@ -111,12 +116,44 @@ def _min(a, b):
     return min(a, b)
 
 
-def peak_inflight(name: str, stage: int, p: int, m: int, v: int = 1) -> int:
+def peak_inflight(name: str, stage: int, p: int, m: int, v: int = 1,
+                  combined: bool = False) -> int:
     """Most (micro-batch, chunk) forwards whose activations a stage holds at once: the warm-up
-    forwards plus the first steady-state one, or all of them when warm-up covers everything.
+    forwards plus the first steady-state one, or all of them when warm-up covers everything
+    (``combined``: one warm-up forward more, :func:`combined_schedule`).
     ``stage``, ``p``, ``m`` and ``v`` may be arrays over plans."""
     total = m * (v if name == "interleaved" else 1)
-    return _min(warmup(name, stage, p, m, v) + 1, total)
+    return _min(warmup(name, stage, p, m, v, combined) + 1, total)
+
+
+def combined_schedule(name: str, stage: int, p: int, m: int,
+                      v: int = 1) -> tuple[tuple, ...]:
+    """Megatron-Core's combined 1F1B order of stage ``stage`` (``overlap_moe_expert_parallel_
+    comm``): the schedule's warm-up plus one forward, then each steady-state forward and the
+    backward issued after it as one combined step ``("FB", mb_f, chunk_f, mb_b, chunk_b)``,
+    then the remaining backwards; other entries are ``(kind, microbatch, chunk)`` as in
+    :func:`schedule`. With PP = 1: ``F(0)``, ``B(i) + F(i + 1)`` for ``i < m − 1``, ``B(m − 1)``.
+
+    References
+    ----------
+    NVIDIA/Megatron-LM d7288711 ``megatron/core/pipeline_parallel/schedules.py`` lines 966-970
+    (``num_warmup_microbatches + 1`` "to ensure the forward and backward computations are
+    independent in all 1f1b steps"), 778 (PP = 1: ``combined_1f1b_schedule_for_no_pipelining``
+    in ``combined_1f1b.py``) and 1485 (interleaved: ``combined_1f1b_schedule_for_interleaved_
+    pipelining``); the steady state pairs forward ``k + warm-up`` with backward ``k``.
+    """
+    if name not in ("1f1b", "interleaved"):
+        raise ConfigError(f"pipeline schedule {name!r} has no combined 1F1B form (Megatron-Core "
+                          "runs it in the 1F1B and interleaved schedules only)")
+    v = v if name == "interleaved" else 1
+    total = m * v
+    ids = (lambda k, fwd: _interleaved_id(k, p, v, fwd)) if name == "interleaved" \
+        else (lambda k, fwd: (k, 0))
+    w = warmup(name, stage, p, m, v, combined=True)
+    order: list[tuple] = [("F", *ids(k, True)) for k in range(w)]
+    order += [("FB", *ids(w + k, True), *ids(k, False)) for k in range(total - w)]
+    order += [("B", *ids(k, False)) for k in range(total - w, total)]
+    return tuple(order)
 
 
 def schedule_arrays(name: str, p: int, m: int, v: int = 1):

@@ -11,13 +11,14 @@ from __future__ import annotations
 import numpy as np
 
 from ...config import RunConfig
+from ...errors import ConfigError
 from ..memory import MemoryBreakdown
 from ..models.decoder import DecoderShape
 from ..schedules import schedule_arrays
 from ..trace import Block, RankClass, Program, StepTable, Workload, WorkloadMeta
 from .builder import StageBuilder
 from .memory import stage_memory
-from . import fsdp, param_gather
+from . import combined, fsdp, param_gather
 from .zero3 import zero3_blocks, zero3_prefetch
 
 __all__ = ["build_decoder_workload", "decoder_memory"]
@@ -90,6 +91,11 @@ def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
     else:  # the ranks of each stage (row s of the tp·cp·dp groups: pp is the other axis)
         ranks = mesh.groups(("tp", "cp", "dp"))[:, None, :]
     tables = None
+    a2a_overlap = combined.active(cfg)      # Megatron-Core's combined 1F1B (.combined)
+    if a2a_overlap and (zero3 or staged):
+        raise ConfigError("parallel.moe.overlap_expert_parallel_comm = true with ZeRO-3 "
+                          f"(parallel.zero_stage = {par.zero_stage}): the combined 1F1B over "
+                          "FSDP-sharded layers is not modelled; use zero_stage 0, 1 or 2")
     shared: dict[tuple, dict[str, Block]] = {}
     for stage in range(pp):
         role = (stage == 0, stage == pp - 1, b.split[stage])
@@ -102,6 +108,9 @@ def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
                 for c in range(v):
                     sync = b.grad_sync_ops(stage, c) if overlap else None
                     blocks.update(b.chunk_blocks(stage, c, sync))
+                if a2a_overlap:
+                    blocks.update(combined.combined_blocks(b, stage, blocks,
+                                                           b.moe.delay_wgrad))
             if param_gather.active(cfg):
                 blocks[param_gather.BLOCK] = param_gather.prologue_block(
                     blocks["F0"], b.grad_group, param_gather.overlapped_bytes(
@@ -111,8 +120,8 @@ def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
             shared[role] = blocks
         if tables is None:
             sync_blocks = any(name.endswith(".sync") for name in blocks)
-            tables = _step_tables(par.schedule, pp, m, v, sync_blocks,
-                                  param_gather.BLOCK in blocks)
+            tables = (combined.combined_step_tables if a2a_overlap else _step_tables)(
+                par.schedule, pp, m, v, sync_blocks, param_gather.BLOCK in blocks)
         splits = [(True, ranks[stage, :1]), (False, ranks[stage, 1:])] if split_root \
             else [(True, ranks[stage])]
         for root, members in splits:

@@ -28,7 +28,8 @@ from ...errors import ConfigError
 __all__ = ["MoEPlan", "resolve_moe", "check_moe_plan", "STACK_FIELDS"]
 
 #: ``parallel.moe`` fields whose default is the stack's (its ``moe:`` section)
-STACK_FIELDS = ("token_dispatcher_type", "grouped_gemm", "permute_fusion")
+STACK_FIELDS = ("token_dispatcher_type", "grouped_gemm", "permute_fusion",
+                "overlap_expert_parallel_comm", "delay_wgrad_compute")
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,10 @@ class MoEPlan:
     ep: int
     etp: int
     sources: dict
+    #: Megatron-Core's expert-parallel all-to-all overlap (the combined 1F1B schedule,
+    #: :mod:`.combined`) and, with it, the experts' weight gradients delayed
+    a2a_overlap: bool = False
+    delay_wgrad: bool = False
 
     @property
     def load(self) -> float:
@@ -78,7 +83,10 @@ class MoEPlan:
                 f"{'grouped GEMM' if self.grouped_gemm else 'one GEMM per expert'}, "
                 f"{'fused' if self.permute_fusion else 'unfused'} permute, ETP{self.etp}, "
                 f"{route}{hot}"
-                + (", shared experts overlapped" if self.shared_expert_overlap else ""))
+                + (", shared experts overlapped" if self.shared_expert_overlap else "")
+                + (", EP all-to-alls overlapped (combined 1F1B"
+                   + (", delayed wgrad)" if self.delay_wgrad else ")") if self.a2a_overlap
+                   else ""))
 
 
 def _stack_moe(stack: str) -> dict:
@@ -116,7 +124,9 @@ def resolve_moe(cfg: Any) -> MoEPlan | None:
                    values["permute_fusion"], bool(given.get("shared_expert_overlap", False)),
                    given.get("router_load_balancing_type", "aux_loss"),
                    float(given.get("router_imbalance", 1.0)), shape.capacity_factor,
-                   bool(given.get("pad_expert_input_to_capacity", False)), p.ep, p.etp, sources)
+                   bool(given.get("pad_expert_input_to_capacity", False)), p.ep, p.etp, sources,
+                   a2a_overlap=bool(values["overlap_expert_parallel_comm"]),
+                   delay_wgrad=bool(values["delay_wgrad_compute"]))
 
 
 def check_moe_plan(cfg: Any) -> None:

@@ -1,0 +1,298 @@
+"""Megatron-Core's expert-parallel communication overlap (``overlap_moe_expert_parallel_comm``):
+the combined 1F1B schedule, in which the forward of one micro-batch and the backward of another
+run as one step, layer by layer, so that each one's dispatch/combine all-to-alls (``ep``
+stream) run beside the other's attention and expert compute (compute stream). docs/moe.md
+says what is modelled and what is not.
+
+The trace encoding (no new trace format): a combined step of forward ``(mb_f, c_f)`` and
+backward ``(mb_b, c_b)`` is up to five steps, ``R.F{c_f}`` (micro-batch ``mb_f``: the
+forward's pipeline receive), ``R.B{c_b}`` (``mb_b``: the backward's), ``C{c_f}.{c_b}`` (the
+paired layers), ``S.F{c_f}`` (``mb_f``: the activation send) and ``S.B{c_b}`` (``mb_b``: the
+gradient send); each point-to-point op thus keys by its own micro-batch. Megatron-Core waits
+for both receives before the first layer (``pre_forward`` and ``pre_backward`` in
+``TransformerModelChunkSchedulePlan.run``) and sends after the last, as here.
+
+One layer pair (forward layer ``i`` of ``c_f`` with backward layer ``L_b − 1 − i`` of ``c_b``;
+``TransformerLayerSchedulePlan.run``), in issue order with what each node waits for:
+
+=================  ==============  ====================================================
+compute stream     ``ep`` stream   waits for
+=================  ==============  ====================================================
+                   combine bwd     the backward's previous node (attn bwd of the pair before)
+attn fwd                           the forward's previous node (combine fwd before)
+mlp bwd (dgrad)                    combine bwd
+                   dispatch fwd    attn fwd
+mlp bwd (wgrad)                    (delay_wgrad_compute: no event, stream order only)
+                   dispatch bwd    mlp bwd (dgrad; without the delay, dgrad and wgrad)
+mlp fwd                            dispatch fwd
+                   combine fwd     mlp fwd
+attn bwd                           dispatch bwd
+=================  ==============  ====================================================
+
+References
+----------
+NVIDIA/Megatron-LM d7288711 (2026-04-09): ``megatron/core/models/common/
+model_chunk_schedule_plan.py`` ``TransformerLayerSchedulePlan.run`` (line 189) and
+``TransformerModelChunkSchedulePlan.run`` (line 413); ``megatron/core/pipeline_parallel/
+utils.py`` ``ScheduleNode`` (one event per micro-batch and chunk; ``backward_dw`` records
+none); ``megatron/core/pipeline_parallel/schedules.py`` (warm-up + 1).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ...errors import ConfigError
+from ..schedules import combined_schedule
+from ..trace import Block, Compute, Op, P2P, StepTable, Wait
+from . import param_gather
+from .partition.base import OpList
+
+__all__ = ["active", "moe_layer_nodes", "combined_blocks", "combined_step_tables"]
+
+#: the forward's and the backward's nodes of one layer pair, in Megatron-Core's issue order
+#: (``TransformerLayerSchedulePlan.run``); ``mlp_wgrad`` joins no chain (no event)
+PAIR_ORDER = (("b", "combine"), ("f", "attn"), ("b", "mlp"), ("f", "dispatch"),
+              ("b", "mlp_wgrad"), ("b", "dispatch"), ("f", "mlp"), ("f", "combine"),
+              ("b", "attn"))
+
+
+def active(cfg: Any) -> bool:
+    """Whether ``cfg`` runs Megatron-Core's combined 1F1B (the resolved
+    ``parallel.moe.overlap_expert_parallel_comm``; False for a dense model)."""
+    if not getattr(cfg.model, "num_local_experts", 0):
+        return False
+    from .moeplan import resolve_moe
+    plan = resolve_moe(cfg)
+    return plan is not None and plan.a2a_overlap
+
+
+def _dispatcher_ops(b, pre: str, backward: bool):
+    """The dispatcher's collectives of one MoE layer, ``(first, second, permutation bytes,
+    sort bytes)`` in execution order (backward: the combine's gradient first), as
+    :meth:`.moe.MoEOps._moe_block` chooses them: alltoall, or flex (:mod:`.moe_dispatch`)."""
+    if b.moe.dispatcher == "flex":     # permuted inside the dispatch kernels
+        from .moe_dispatch import flex_ops
+        first, second, sorts = flex_ops(b, pre, backward)
+        return first, second, (0.0, 0.0), sorts
+    sort = b._sort_bytes()
+    return (b._dispatch(f"{pre}.{'combine' if backward else 'dispatch'}", False),
+            b._dispatch(f"{pre}.{'dispatch' if backward else 'combine'}", True),
+            (b._permute_bytes(backward), b._permute_bytes(not backward)), (sort, sort))
+
+
+def moe_layer_nodes(b, backward: bool, delay_wgrad: bool = False) -> dict[str, list[Op]]:
+    """One MoE layer of builder ``b`` as Megatron-Core's schedule nodes: ``attn`` (attention,
+    shared experts, router, permutation: compute stream), ``dispatch`` and ``combine`` (the
+    dispatcher's collectives, combine with the un-permutation: ``ep`` stream), ``mlp`` (sort,
+    experts, un-sort: compute), and with ``delay_wgrad`` in the backward ``mlp_wgrad``, the
+    experts' weight gradients split from ``mlp``. Each is a list of ops whose deps index it.
+    The sizes are :class:`.moe.MoEOps`'s, op for op.
+
+    References
+    ----------
+    NVIDIA/Megatron-LM d7288711 ``megatron/core/models/gpt/fine_grained_callables.py``
+    ``submodule_attn_forward`` (attention, pre-MLP norm, shared experts, router, dispatch
+    pre-process), ``submodule_dispatch_forward``, ``submodule_moe_forward`` (post-dispatch,
+    experts, combine pre-process), ``submodule_combine_forward`` (combine, post-process,
+    ``mlp_bda``).
+    """
+    sh, pre = b.shape, "bwd" if backward else "fwd"
+    router = b._gemm(f"{pre}.router", b.tokens(), sh.experts, sh.hidden, backward)
+    first, second, perm, sorts = _dispatcher_ops(b, pre, backward)
+    mem = lambda name, n: [b._memory(f"{pre}.{name}", n)] if n else []   # noqa: E731
+    experts = b._expert_compute("fwd", backward)
+    wgrad = []
+    if backward and delay_wgrad:
+        split = [_split_wgrad(c) if c.kernels and c.kernels[0].kind == "gemm" else (c, None)
+                 for c in experts]
+        experts, wgrad = [d for d, _ in split], [w for _, w in split if w is not None]
+    mlp = [*mem("sort", sorts[0]), *experts, *mem("unsort", sorts[1])]
+    ew = b._attn_elementwise_bytes()
+    attn = OpList()
+    if not backward:
+        b._attention(attn, "fwd", False)
+        for x in (*b._shared("fwd", False), router, *mem("permute", perm[0]),
+                  Compute("fwd.elementwise", 0.0, ew, kind="elementwise", dtype=b.dtype)):
+            attn.add(x)
+        comm = (first, [*second, *mem("unpermute", perm[1])])
+    else:
+        if b.cfg.train.recompute == "selective":
+            g = sh.layer_gemm_flops(b.b, b.s, moe=True)
+            attn.add(b._recompute_core(g, True))
+        for x in (*mem("unpermute", perm[1]), router, *b._shared("bwd", True),
+                  Compute("bwd.elementwise", 0.0, 2 * ew, kind="elementwise", dtype=b.dtype)):
+            attn.add(x)
+        b._attention(attn, "bwd", True)
+        dense_p, expert_p = b.layer_rank_params(True)
+        attn.add(Compute("bwd.grad_accumulate", 0.0, b.grad_accumulate_bytes(dense_p + expert_p),
+                         kind="elementwise", dtype=b.dtype))
+        comm = (second, [*mem("permute", perm[0]), *first])
+    nodes = {"attn": attn.ops, "dispatch": [Op(x, "ep") for x in comm[0]],
+             "mlp": [Op(x) for x in mlp], "combine": [Op(x, "ep") for x in comm[1]]}
+    if wgrad:
+        nodes["mlp_wgrad"] = [Op(x) for x in wgrad]
+    return nodes
+
+
+def _split_wgrad(c: Compute) -> tuple[Compute, Compute]:
+    """A backward GEMM op (kernels: data gradient, weight gradient, per launch:
+    :func:`~ddlsim.simulator.kernels.gemm.gemm_kernels_backward`) as two ops, ``.dgrad`` and
+    ``.wgrad``, each with half the FLOPs."""
+    half = c.flops / 2
+    return (Compute(f"{c.name}.dgrad", half, c.bytes, c.kind, c.dtype, kernels=c.kernels[0::2]),
+            Compute(f"{c.name}.wgrad", half, 0.0, c.kind, c.dtype, kernels=c.kernels[1::2]))
+
+
+def _merge(pairs: list[tuple[dict | None, dict | None]], ops: list[Op]) -> None:
+    """Append the layer pairs' nodes to ``ops`` in :data:`PAIR_ORDER`, each node's first op
+    waiting for its side's previous node (the chain of events of Megatron-Core's
+    ``ScheduleNode``); the chains start at the block's last op so far."""
+    chain = {"f": len(ops) - 1 if ops else None, "b": len(ops) - 1 if ops else None}
+    for f_nodes, b_nodes in pairs:
+        for side, node in PAIR_ORDER:
+            nodes = f_nodes if side == "f" else b_nodes
+            body = (nodes or {}).get(node)
+            if not body:
+                continue
+            base = len(ops)
+            for j, op in enumerate(body):
+                deps = tuple(d + base for d in op.deps)
+                if j == 0 and node != "mlp_wgrad" and chain[side] is not None:
+                    deps = tuple(sorted({*deps, chain[side]}))
+                ops.append(Op(op.payload, op.stream, deps, op.repeat))
+            if node != "mlp_wgrad":
+                chain[side] = len(ops) - 1
+
+
+def _layer_nodes(b, backward: bool, moe: bool, delay: bool) -> dict:
+    """One layer's nodes: an MoE layer's four (:func:`moe_layer_nodes`), or a
+    dense layer as one ``attn`` node on the compute stream."""
+    key = ("combined.nodes", backward, moe, delay)
+    if moe:
+        return b.cached(key, lambda: moe_layer_nodes(b, backward, delay))
+    return b.cached(key, lambda: {"attn": b.layer_ops(backward, 1, 0)})
+
+
+def _split(block: Block, layers: list[Op]) -> tuple[list[Op], list[Op]]:
+    """A chunk block's ops before and after its layers (``layers``, the builder's)."""
+    ops = list(block.ops)
+    first = next(i for i, op in enumerate(ops) if op.payload is layers[0].payload)
+    return ops[:first], ops[first + len(layers):]
+
+
+def _chunk_parts(b, stage: int, chunk: int, blocks: dict) -> dict:
+    """The parts of chunk ``chunk``'s forward and backward blocks around their layers: the
+    receive (a P2P prefix) or compute prefix (embedding, head backward), the send or compute
+    suffix (head forward), and which layers are MoE layers."""
+    from .layerkinds import chunk_first_layer, moe_layers_in_chunk
+    Lc = b.split[stage][chunk]
+    n_moe = moe_layers_in_chunk(b.shape, b.split, stage, chunk) if b.shape.is_moe else 0
+    first = chunk_first_layer(b.split, stage, chunk)
+    out = {"moe": [b.shape.is_moe_layer(first + i) for i in range(Lc)]}
+    for side, name in (("f", f"F{chunk}"), ("b", f"B{chunk}")):
+        pre, post = _split(blocks[name], b.layer_ops(side == "b", Lc, n_moe))
+        p2p_pre = any(type(op.payload) is P2P for op in pre)
+        out[side] = {"recv": pre if p2p_pre else [], "pre": [] if p2p_pre else pre,
+                     "send": [op for op in post if type(op.payload) is P2P],
+                     "post": [op for op in post if type(op.payload) is not P2P]}
+    return out
+
+
+def _body(b, parts_f: dict, parts_b: dict, delay: bool) -> tuple[Op, ...]:
+    """The combined step's own ops: both receives waited for, the forward's pre-process, the
+    backward's post-process (head backward), the layer pairs, the leftover layers, then the
+    forward's post-process (head forward) after its last combine."""
+    ops: list[Op] = [Op(Wait("combined.recv", "pp"))]
+    for pre in (parts_f["f"]["pre"], parts_b["b"]["pre"]):
+        base = len(ops)
+        ops += [Op(o.payload, o.stream, tuple(d + base for d in o.deps), o.repeat) for o in pre]
+    fl, bl = parts_f["moe"], parts_b["moe"][::-1]
+    pairs = [(_layer_nodes(b, False, fl[i], delay) if i < len(fl) else None,
+              _layer_nodes(b, True, bl[i], delay) if i < len(bl) else None)
+             for i in range(max(len(fl), len(bl)))]
+    # Megatron-Core runs the pairs, then the backward's leftover layers, then the forward's
+    k = min(len(fl), len(bl))
+    order = pairs[:k] + [(None, bw) for _, bw in pairs[k:]] + [(f, None) for f, _ in pairs[k:]]
+    _merge(order, ops)
+    ops.append(Op(Wait("combined.join", "ep")))
+    base = len(ops)
+    ops += [Op(o.payload, o.stream, tuple(d + base for d in o.deps), o.repeat)
+            for o in parts_f["f"]["post"]]
+    return tuple(ops)
+
+
+def combined_blocks(b, stage: int, blocks: dict, delay: bool) -> dict[str, Block]:
+    """The blocks of the combined steps of ``stage``, from its chunk blocks ``blocks``
+    (``F{c}``, ``B{c}``): ``R.F{c}``/``R.B{c}`` (receives), ``S.F{c}``/``S.B{c}`` (sends,
+    after the compute stream), ``C{cf}.{cb}`` for every pair of chunks."""
+    v = b.v
+    parts = [_chunk_parts(b, stage, c, blocks) for c in range(v)]
+    out: dict[str, Block] = {}
+    for c, part in enumerate(parts):
+        for side, phase in (("f", "forward"), ("b", "backward")):
+            tag = f"{side.upper()}{c}"
+            if part[side]["recv"]:
+                out[f"R.{tag}"] = Block(f"R.{tag}", phase, tuple(part[side]["recv"]))
+            if part[side]["send"]:
+                send = part[side]["send"][0].payload
+                out[f"S.{tag}"] = Block(f"S.{tag}", phase, (
+                    Op(Wait("p2p.send", "compute")), Op(send, "pp", (0,))))
+    for cf in range(v):
+        for cb in range(v):
+            name = f"C{cf}.{cb}"
+            out[name] = Block(name, "backward", _body(b, parts[cf], parts[cb], delay))
+    return out
+
+
+def combined_step_tables(sched: str, pp: int, m: int, v: int, sync: bool,
+                         prologue: bool = False) -> list[StepTable]:
+    """Each stage's steps under the combined 1F1B (:func:`~ddlsim.workloads.schedules.
+    combined_schedule`), in the encoding of this module's docstring; the last backward of
+    each chunk uses its ``.sync`` block, ``update`` ends the iteration, ``prologue`` as in
+    :func:`.build._step_tables`.
+
+    Raises
+    ------
+    ConfigError
+        if a chunk's last backward fell in a combined step (its gradient-sync variant is not
+        modelled there; Megatron-Core's warm-up + 1 leaves it to the cool-down).
+    """
+    v = v if sched == "interleaved" else 1
+    last_k = pp * v - 1
+    tables = []
+    for s in range(pp):
+        order = combined_schedule(sched, s, pp, m, v)
+        last_b = {}
+        for j, e in enumerate(order):
+            if e[0] != "F":
+                last_b[e[-1]] = j
+        steps: list[tuple[str, int, int]] = []
+        for j, e in enumerate(order):
+            if e[0] == "F":
+                steps.append((f"F{e[2]}", e[1], e[2]))
+            elif e[0] == "B":
+                sync_here = sync and last_b[e[2]] == j
+                steps.append((f"B{e[2]}" + (".sync" if sync_here else ""), e[1], e[2]))
+            else:
+                _, mf, cf, mb, cb = e
+                if sync and last_b[cb] == j:
+                    raise ConfigError(f"combined 1F1B: stage {s}'s last backward of chunk {cb} "
+                                      "falls in a combined step; its gradient-sync overlap is "
+                                      "not modelled there")
+                kf, kb = cf * pp + s, cb * pp + s
+                steps += [(f"R.F{cf}", mf, cf)] if kf > 0 else []
+                steps += [(f"R.B{cb}", mb, cb)] if kb < last_k else []
+                steps.append((f"C{cf}.{cb}", mf, cf))
+                steps += [(f"S.F{cf}", mf, cf)] if kf < last_k else []
+                steps += [(f"S.B{cb}", mb, cb)] if kb > 0 else []
+        if prologue:
+            steps[0] = (param_gather.BLOCK, *steps[0][1:])
+        steps.append(("update", 0, 0))
+        names = list(dict.fromkeys(name for name, _, _ in steps))
+        index = {n: i for i, n in enumerate(names)}
+        arr = np.array([(index[n], mb, c) for n, mb, c in steps], dtype=np.int64)
+        tables.append(StepTable(names, arr[:, 0], arr[:, 1], arr[:, 2]))
+    return tables
