@@ -366,8 +366,8 @@ class RunConfig(_Strict):
         p, t, s = self.parallel, self.train, self.system
         tp, pp, cp = p.tp, p.pp, p.cp
         devices = s.num_devices
-        from .workloads.registry import check_ignored
-        check_ignored(self, self.family)  # a plan field the family never reads is an error
+        from .workloads.registry import check_plan_fields
+        check_plan_fields(self, self.family)  # a plan field the family never reads is an error
         self.family.check(self)  # the rules that involve the model (heads, layers, positions)
         if p.data_parallel_size is None:
             if devices % (tp * cp * pp):

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from .trace import Workload
 
 __all__ = ["WorkloadFamily", "register_workload", "batch_phrase", "get_family", "families",
-           "iter_families",
+           "iter_families", "BASE_PLAN_FIELDS", "check_plan_fields",
            "hf_family", "read_presets", "expand_hf_config", "validate_model",
            "BUILTIN_FAMILIES", "ARCHITECTURE_DEFAULT"]
 
@@ -45,6 +45,17 @@ BUILTIN_FAMILIES: tuple[str, ...] = (
 )
 #: The architecture of a model section that names none (today's configs are all GPT).
 ARCHITECTURE_DEFAULT = "gpt"
+
+#: The plan fields every bundled family reads: the mesh's sizes (a family without tensor,
+#: pipeline or expert parallelism reads them to refuse a size above 1), the data-parallel
+#: update, the collective choices and the rank order (read by the engines and the mesh), and
+#: the batch. A family lists these and its own in :attr:`WorkloadFamily.plan_fields`.
+BASE_PLAN_FIELDS: tuple[str, ...] = (
+    "parallel.tensor_model_parallel_size", "parallel.pipeline_model_parallel_size",
+    "parallel.expert_model_parallel_size", "parallel.data_parallel_size",
+    "parallel.zero_stage", "parallel.dp_strategy", "parallel.collective_algorithm",
+    "parallel.rank_order", "train.micro_batch_size", "train.global_batch_size",
+    "train.seq_length", "train.dtype", "train.optimizer")
 
 _FAMILIES: dict[str, "WorkloadFamily"] = {}
 _HF_TYPES: dict[str, "WorkloadFamily"] = {}
@@ -67,17 +78,20 @@ class WorkloadFamily(ABC):
     hf_model_types : tuple of str
         HuggingFace ``model_type`` values whose ``config.json`` this family reads
         (:meth:`from_hf`).
-    ignores : tuple of str
-        The generic plan fields (``parallel.…``, ``train.…``) this family's trace never reads.
-        A run config that sets one of them to anything but its default is refused
-        (:func:`check_ignored`), so no option is ignored silently.
+    plan_fields : tuple of str or None
+        The plan fields (``"parallel.…"``, ``"train.…"``) this family's rules or trace read,
+        e.g. :data:`BASE_PLAN_FIELDS` and its own. A run config that sets any other one to
+        anything but its default is refused (:func:`check_plan_fields`), so no option is
+        ignored silently, and a field added to the plan later is refused until the family
+        says it reads it. ``None`` (the default): every field (the decoder families, whose
+        plan the ``parallel`` section is).
     """
 
     architecture: ClassVar[str] = ""
     schema: ClassVar[type["BaseModel"]]
     presets_file: ClassVar[str | None] = None
     hf_model_types: ClassVar[tuple[str, ...]] = ()
-    ignores: ClassVar[tuple[str, ...]] = ()
+    plan_fields: ClassVar[tuple[str, ...] | None] = None
 
     def check(self, cfg: "RunConfig") -> None:
         """Raise ``ValueError`` (one paragraph: field, value, what is allowed) when the plan
@@ -139,6 +153,10 @@ def register_workload(architecture: str) -> Callable[[type[WorkloadFamily]], typ
     silently replace another); registering the same class again is a no-op.
     """
     def decorate(cls: type[WorkloadFamily]) -> type[WorkloadFamily]:
+        if "ignores" in vars(cls):
+            raise ConfigError(f"workload family {cls.__qualname__} sets 'ignores', a list of the "
+                              "plan fields it does not read; declare those it reads instead, "
+                              "as plan_fields (docs/extending.md)")
         old = _FAMILIES.get(architecture)
         if old is not None and type(old) is not cls:
             raise ConfigError(f"workload architecture {architecture!r} is already registered "
@@ -320,17 +338,25 @@ def expand_hf_config(section: dict, base_dir: Any = None) -> dict:
     return out
 
 
-def check_ignored(cfg: "RunConfig", family: WorkloadFamily) -> None:
-    """Raise ``ValueError`` naming every field of ``family.ignores`` that ``cfg`` sets to a
-    value other than its default (the family would not read it)."""
-    bad = []
-    for path in family.ignores:
-        section, name = path.split(".")
+def check_plan_fields(cfg: "RunConfig", family: WorkloadFamily) -> None:
+    """Raise ``ValueError`` naming every plan field outside ``family.plan_fields`` that ``cfg``
+    sets to a value other than its default (the family would not read it).
+
+    Every field of ``cfg.parallel`` and ``cfg.train`` is judged, except those a run config must
+    give (they have no default to leave them at).
+    """
+    if family.plan_fields is None:
+        return
+    read, bad = set(family.plan_fields), []
+    for section in ("parallel", "train"):
         sec = getattr(cfg, section)
-        default = type(sec).model_fields[name].get_default(call_default_factory=True)
-        value = getattr(sec, name)
-        if value != default:
-            bad.append(f"{path} = {value!r}")
+        for name, field in type(sec).model_fields.items():
+            path = f"{section}.{name}"
+            if path in read or field.is_required():
+                continue
+            value = getattr(sec, name)
+            if value != field.get_default(call_default_factory=True):
+                bad.append(f"{path} = {value!r}")
     if bad:
         raise ValueError(f"{'; '.join(bad)}: the {family.architecture} family does not use "
                          f"{'this option' if len(bad) == 1 else 'these options'} (its trace "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..registry import WorkloadFamily, batch_phrase, register_workload
+from ..registry import BASE_PLAN_FIELDS, WorkloadFamily, batch_phrase, register_workload
 from .schema import BertModel
 
 __all__ = ["BertFamily", "BertModel"]
@@ -21,18 +21,10 @@ class BertFamily(WorkloadFamily):
     """BERT-base and BERT-large (presets in ``data/bert.yaml``)."""
 
     schema = BertModel
-    #: generic plan fields this family's trace never reads (refused when set)
-    ignores = ("parallel.sequence_parallel",
-               "parallel.tensor_parallel",
-               "parallel.expert_tensor_parallel_size",
-               "parallel.moe",
-               "parallel.context_parallel_size",
-               "parallel.cp_comm_type",
-               "train.recompute",
-               "parallel.account_for_embedding_in_pipeline_split",
-               "parallel.account_for_loss_in_pipeline_split",
-               "parallel.num_layers_in_first_pipeline_stage",
-               "parallel.num_layers_in_last_pipeline_stage")
+    #: the plan fields its rules and trace read (any other is refused when set)
+    plan_fields = (*BASE_PLAN_FIELDS, "parallel.virtual_pipeline_model_parallel_size",
+                   "parallel.schedule", "parallel.overlap_grad_reduce",
+                   "parallel.grad_bucket_size")
     presets_file = "bert.yaml"
 
     def check(self, cfg: Any) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..registry import WorkloadFamily, batch_phrase, register_workload
+from ..registry import BASE_PLAN_FIELDS, WorkloadFamily, batch_phrase, register_workload
 from .schema import CosmoFlowModel
 from .shapes import conv_layers, dense_layers, halo_widths, parameter_count
 
@@ -23,22 +23,8 @@ class CosmoFlowFamily(WorkloadFamily):
     """CosmoFlow: conv layers split over a spatial grid, dense layers split over its ranks."""
 
     schema = CosmoFlowModel
-    #: generic plan fields this family's trace never reads (refused when set)
-    ignores = ("parallel.virtual_pipeline_model_parallel_size",
-               "parallel.sequence_parallel",
-               "parallel.schedule",
-               "parallel.overlap_grad_reduce",
-               "parallel.grad_bucket_size",
-               "parallel.tensor_parallel",
-               "parallel.expert_tensor_parallel_size",
-               "parallel.moe",
-               "parallel.context_parallel_size",
-               "parallel.cp_comm_type",
-               "train.recompute",
-               "parallel.account_for_embedding_in_pipeline_split",
-               "parallel.account_for_loss_in_pipeline_split",
-               "parallel.num_layers_in_first_pipeline_stage",
-               "parallel.num_layers_in_last_pipeline_stage")
+    #: the plan fields its rules and trace read (any other is refused when set)
+    plan_fields = BASE_PLAN_FIELDS
     presets_file = "cosmoflow.yaml"
 
     def check(self, cfg: Any) -> None:

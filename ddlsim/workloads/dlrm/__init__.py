@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..registry import WorkloadFamily, batch_phrase, register_workload
+from ..registry import BASE_PLAN_FIELDS, WorkloadFamily, batch_phrase, register_workload
 from .schema import DLRMModel
 
 __all__ = ["DLRMFamily", "DLRMModel"]
@@ -33,20 +33,8 @@ class DLRMFamily(WorkloadFamily):
     """Embedding tables model-parallel over all ranks, MLPs data-parallel."""
 
     schema = DLRMModel
-    #: generic plan fields this family's trace never reads (refused when set)
-    ignores = ("parallel.virtual_pipeline_model_parallel_size",
-               "parallel.sequence_parallel",
-               "parallel.schedule",
-               "parallel.grad_bucket_size",
-               "parallel.tensor_parallel",
-               "parallel.expert_tensor_parallel_size",
-               "parallel.moe",
-               "parallel.context_parallel_size",
-               "parallel.cp_comm_type",
-               "parallel.account_for_embedding_in_pipeline_split",
-               "parallel.account_for_loss_in_pipeline_split",
-               "parallel.num_layers_in_first_pipeline_stage",
-               "parallel.num_layers_in_last_pipeline_stage")
+    #: the plan fields its rules and trace read (any other is refused when set)
+    plan_fields = (*BASE_PLAN_FIELDS, "parallel.overlap_grad_reduce", "train.recompute")
     presets_file = "dlrm.yaml"
 
     def check(self, cfg: Any) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..registry import WorkloadFamily, batch_phrase, register_workload
+from ..registry import BASE_PLAN_FIELDS, WorkloadFamily, batch_phrase, register_workload
 from .schema import ResNetModel
 
 __all__ = ["ResNetFamily", "ResNetModel", "bucket_phrase"]
@@ -20,20 +20,8 @@ class ResNetFamily(WorkloadFamily):
     """ResNet-50/101/152, data parallel (presets in ``data/resnet.yaml``)."""
 
     schema = ResNetModel
-    #: generic plan fields this family's trace never reads (refused when set)
-    ignores = ("parallel.virtual_pipeline_model_parallel_size",
-               "parallel.sequence_parallel",
-               "parallel.schedule",
-               "parallel.tensor_parallel",
-               "parallel.expert_tensor_parallel_size",
-               "parallel.moe",
-               "parallel.context_parallel_size",
-               "parallel.cp_comm_type",
-               "train.recompute",
-               "parallel.account_for_embedding_in_pipeline_split",
-               "parallel.account_for_loss_in_pipeline_split",
-               "parallel.num_layers_in_first_pipeline_stage",
-               "parallel.num_layers_in_last_pipeline_stage")
+    #: the plan fields its rules and trace read (any other is refused when set)
+    plan_fields = (*BASE_PLAN_FIELDS, "parallel.overlap_grad_reduce", "parallel.grad_bucket_size")
     presets_file = "resnet.yaml"
 
     def check(self, cfg: Any) -> None:
