@@ -68,7 +68,8 @@ def predicted_busbw(row: dict, engine: str) -> tuple[float, str]:
 
 
 def table(engine: str) -> tuple[list[str], dict[str, list[float]]]:
-    """The markdown table, and the errors (ddlsim / measured − 1) per row role."""
+    """The markdown table, and the errors (ddlsim / measured − 1) per row role, and per size
+    (key ``size:<bytes>``: every row of that size, whatever its role)."""
     lines = ["| source | GPU | GPUs | nodes | op | size | measured busbw (GB/s) | ddlsim busbw "
              "(GB/s) | error | ddlsim algorithm | role |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -79,6 +80,7 @@ def table(engine: str) -> tuple[list[str], dict[str, list[float]]]:
         err = got / pub - 1
         errors[row["role"]].append(err)
         size = float(row["size_bytes"])
+        errors.setdefault(f"size:{size:.0f}", []).append(err)
         lines.append(f"| {row['source']} | {row['gpu']} | {row['gpus']} | {row['nodes']} | "
                      f"{row['op']} | {_size(size)} | {pub:.1f} | {got:.1f} | {100 * err:+.1f}% | "
                      f"{label}{' (forced)' if row['algorithm'] else ''} | {row['role']} |")
@@ -103,6 +105,9 @@ def summary(errors: dict[str, list[float]], engine: str) -> str:
         out.append(f"{name}: {len(errs)} measurements, mean |error| {100 * a.mean():.1f}%, "
                    f"median {100 * np.median(a):.1f}%, worst {100 * a.max():.1f}%, signed mean "
                    f"{100 * np.mean(errs):+.1f}%")
+    sizes = sorted((float(k[5:]), v) for k, v in errors.items() if k.startswith("size:"))
+    out.append("worst per size: " + ", ".join(
+        f"{_size(b)} {100 * max(errs, key=abs):+.1f}% ({len(errs)})" for b, errs in sizes))
     return "\n".join(out) + (f"\n({engine} engine; error = ddlsim busbw / measured − 1, so + is "
                              "optimistic)")
 
