@@ -12,8 +12,8 @@ Where NCCL measures its machine, ddlsim derives it from the topology graph: the 
 ``nChannels × bw`` is the bottleneck bandwidth of the group's links (:class:`GroupNet`, the
 same links the discrete-event engine shares), times the share of an NVLink link NCCL expects
 to fill (``NVLINK_EFFICIENCY``); the channel count is that bandwidth over the search's first
-per-channel speed. Not modelled: PAT, NVLS-tree, the 0.85 tree-pattern factor (NCCL uses
-balanced trees by default), graph ``latencyInter`` (0 here) and user tuner plugins.
+per-channel speed. Not modelled: PAT, the 0.85 tree-pattern factor (NCCL uses balanced trees
+by default), graph ``latencyInter`` (0 here) and user tuner plugins.
 
 Each algorithm's flows (its ``layout``) carry its bytes inflated by ``bottleneck / algBw``
 and a given latency per step, so the discrete-event engine, replaying them over the same
@@ -35,7 +35,7 @@ from .measured import FILL_CHUNKS, FILL_EDGES, achieved_algbw_GBps, fill_levels,
 from .tree import tree_fill_levels
 
 __all__ = ["NcclEnv", "nccl_time", "busbw_GBps", "algbw_GBps", "latency_us", "best_protocol",
-           "available", "ALGORITHMS", "env_for_system", "NcclForm", "nccl_form",
+           "available", "ALGORITHMS", "NcclForm", "nccl_form",
            "nccl_seconds_array", "estimate_time"]
 
 #: NCCL algorithm per collective (tuning.cc: broadcast/reduce run ring only; all-gather and
@@ -383,30 +383,3 @@ for _op, _algos in ALGORITHMS.items():
     for _algo in _algos:
         register(_op, f"nccl_{_algo}", backend="nccl",
                  layout=_layout_fn(_op, _algo))(_time_fn(_op, _algo))
-
-
-#: device-name fragments → NCCL's compute-capability class (NVIDIA datasheets: V100 sm70,
-#: A100/A800 sm80, H100/H200/H800/GH200 sm90, B200/GB200 sm100)
-_ARCH_OF_NAME = (("gb200", "blackwell"), ("b200", "blackwell"), ("h100", "hopper"),
-                 ("h200", "hopper"), ("h800", "hopper"), ("gh200", "hopper"),
-                 ("a100", "ampere"), ("a800", "ampere"), ("v100", "volta"))
-
-
-def gpu_arch(system) -> str | None:
-    """``system.collectives.gpu_arch``, or the class named by the device's name, or None."""
-    spec = system.collectives
-    if spec.gpu_arch != "auto":
-        return spec.gpu_arch
-    name = system.device.name.lower()
-    return next((arch for frag, arch in _ARCH_OF_NAME if frag in name), None)
-
-
-def env_for_system(system) -> NcclEnv | None:
-    """The :class:`NcclEnv` of ``system``, or None where its GPU generation is unknown."""
-    arch = gpu_arch(system)
-    if arch is None:
-        return None
-    kind = system.intra_node.kind
-    spec = system.collectives
-    return NcclEnv(arch, "nvlink" if kind.startswith("nv") else "pci", kind == "nvswitch",
-                   spec.cpu_vendor, spec.sharp, spec.nccl_protocol, system.nics_per_node)
