@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = ["WorkloadFamily", "register_workload", "batch_phrase", "get_family", "families",
            "iter_families", "BASE_PLAN_FIELDS", "check_plan_fields",
-           "hf_family", "read_presets", "expand_hf_config", "validate_model",
+           "hf_family", "read_presets", "expand_hf_config", "unmodelled_warning", "validate_model",
            "BUILTIN_FAMILIES", "ARCHITECTURE_DEFAULT"]
 
 #: Packages whose import registers the bundled families (one line per family).
@@ -304,6 +304,15 @@ def _hf_document(spec: Any, base_dir: Any) -> tuple[dict, str]:
     return doc, label
 
 
+def unmodelled_warning(source: str, unmodelled: list[str]) -> str | None:
+    """The one warning line listing the keys of a ``config.json`` that a family's
+    :meth:`~WorkloadFamily.from_hf` did not model, or None."""
+    if not unmodelled:
+        return None
+    return (f"{source}: {len(unmodelled)} config.json key(s) not modelled by ddlsim, ignored: "
+            + ", ".join(unmodelled))
+
+
 def expand_hf_config(section: dict, base_dir: Any = None) -> dict:
     """A model section ``{hf_config: PATH or NAME, …}`` as its family's fields.
 
@@ -317,7 +326,6 @@ def expand_hf_config(section: dict, base_dir: Any = None) -> dict:
     from pathlib import PurePath
 
     from ..errors import DDLSimWarning
-    from .models.hf import unmodelled_warning
 
     doc, label = _hf_document(section["hf_config"], base_dir)
     model_type = doc.get("model_type") or ("gpt2" if "n_embd" in doc else "llama")

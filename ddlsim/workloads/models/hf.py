@@ -24,6 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...errors import ConfigError
+from ..registry import unmodelled_warning  # noqa: F401  (re-exported)
 from .decoder import DecoderShape
 from .mla import MLA
 
@@ -302,14 +303,6 @@ def from_hf_config(doc: dict, *, source: str) -> tuple[dict, list[str]]:
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
     return fields, _unmodelled(doc, mt, source)
-
-
-def unmodelled_warning(source: str, unmodelled: list[str]) -> str | None:
-    """The one warning line listing what :func:`from_hf_config` did not model, or None."""
-    if not unmodelled:
-        return None
-    return (f"{source}: {len(unmodelled)} config.json key(s) not modelled by ddlsim, ignored: "
-            + ", ".join(unmodelled))
 
 
 def read_hf_config(path: str | Path) -> tuple[dict, list[str]]:
