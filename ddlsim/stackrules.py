@@ -101,11 +101,13 @@ def _moe_facts(cfg: Any) -> dict:
     """The MoE options the overlap rules read, resolved as the trace resolves them
     (:func:`~ddlsim.workloads.decoder.moeplan.resolve_moe`); none for a dense model or a
     stack that does not say how it runs MoE layers (the MoE checks refuse that plan)."""
-    from .workloads.decoder.moeplan import resolve_moe
-    try:
-        plan = resolve_moe(cfg)
-    except ConfigError:
-        plan = None
+    plan = None
+    if getattr(cfg.model, "num_local_experts", 0):
+        from .workloads.decoder.moeplan import resolve_moe
+        try:
+            plan = resolve_moe(cfg)
+        except ConfigError:
+            pass
     out = {"full_recompute": cfg.train.recompute == "full", "fp32": cfg.train.dtype == "fp32"}
     if plan is not None:
         out.update(a2a_overlap=plan.a2a_overlap, delay_wgrad=plan.delay_wgrad,
