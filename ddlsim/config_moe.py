@@ -16,11 +16,13 @@ from pydantic import BeforeValidator, Field, StrictBool
 
 from .config_types import _Strict, reject_bool
 
-__all__ = ["MoESpec", "TokenDispatcher", "LoadBalancing"]
+__all__ = ["MoESpec", "TokenDispatcher", "FlexBackend", "LoadBalancing"]
 
-#: Megatron-Core's token dispatchers ddlsim models (``flex``/DeepEP and the deprecated
-#: ``alltoall_seq`` are not modelled)
-TokenDispatcher = Literal["alltoall", "allgather"]
+#: Megatron-Core's token dispatchers ddlsim models (the deprecated ``alltoall_seq`` is not)
+TokenDispatcher = Literal["alltoall", "allgather", "flex"]
+#: ``--moe-flex-dispatcher-backend``'s choices (Megatron-LM d7288711
+#: ``transformer_config.py`` line 757)
+FlexBackend = Literal["deepep", "hybridep"]
 #: ``--moe-router-load-balancing-type``'s choices
 LoadBalancing = Literal["aux_loss", "seq_aux_loss", "sinkhorn", "none"]
 
@@ -30,8 +32,15 @@ class MoESpec(_Strict):
 
     token_dispatcher_type: TokenDispatcher | None = Field(
         default=None, description="alltoall (dispatch/combine all-to-all over EP, then "
-                                  "all-gather/reduce-scatter over expert TP) or allgather "
-                                  "(all-gather the tokens over TP×EP); default: the stack's")
+                                  "all-gather/reduce-scatter over expert TP), allgather "
+                                  "(all-gather the tokens over TP×EP) or flex (DeepEP/HybridEP "
+                                  "kernels over TP×EP, each token once per node and GPU); "
+                                  "default: the stack's")
+    flex_dispatcher_backend: FlexBackend | None = Field(
+        default=None, description="the flex dispatcher's kernels: deepep or hybridep "
+                                  "(--moe-flex-dispatcher-backend); only with "
+                                  "token_dispatcher_type flex; default there: deepep, "
+                                  "Megatron-Core's")
     grouped_gemm: StrictBool | None = Field(
         default=None, description="the local experts' GEMMs as one grouped GEMM (TE "
                                   "GroupedLinear) instead of one GEMM per expert; default: "

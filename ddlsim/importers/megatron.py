@@ -64,6 +64,8 @@ SWITCHES: dict[str, tuple[str, Any]] = {
     "moe-shared-expert-overlap": ("parallel.moe.shared_expert_overlap", True),
     "moe-pad-expert-input-to-capacity": ("parallel.moe.pad_expert_input_to_capacity", True),
     "moe-router-force-load-balancing": ("parallel.moe.router_force_load_balancing", True),
+    # Megatron-LM 9c1a5351 arguments.py line 2692 (deprecated at d7288711 for the backend flag)
+    "moe-enable-deepep": ("parallel.moe.flex_dispatcher_backend", "deepep"),
     "checkpoint-activations": ("train.recompute", "full"),      # Megatron-LM 2021
     "use-flash-attn": (f"{_SW}.kernels.attention", "flash2"),
     "no-masked-softmax-fusion": (f"{_SW}.kernels.attention", "unfused"),
@@ -99,7 +101,9 @@ CHOICES: dict[str, dict[str, list[tuple[str, Any]]]] = {
     "transformer-impl": {"transformer_engine": []},
     "fp8-recipe": {"delayed": [], "tensorwise": []},
     "moe-token-dispatcher-type": {d: [("parallel.moe.token_dispatcher_type", d)]
-                                  for d in ("alltoall", "allgather")},
+                                  for d in ("alltoall", "allgather", "flex")},
+    "moe-flex-dispatcher-backend": {b: [("parallel.moe.flex_dispatcher_backend", b)]
+                                    for b in ("deepep", "hybridep")},
     "moe-router-load-balancing-type": {t: [("parallel.moe.router_load_balancing_type", t)]
                                        for t in ("aux_loss", "seq_aux_loss", "sinkhorn",
                                                  "none")},
@@ -161,6 +165,11 @@ NO_EFFECT: dict[str, str] = {
 
 #: accepted, with what ddlsim leaves out
 NOT_MODELLED: dict[str, str] = {
+    "moe-deepep-num-sms": "the SMs DeepEP's kernels take: ddlsim times them at the rates of "
+                          "DeepEP's published table (24 SMs) and leaves the compute's SMs whole",
+    "moe-hybridep-num-sms": "the SMs HybridEP's kernels take: ddlsim times them at the rates "
+                            "of HybridEP's published table (16 SMs) and leaves the compute's "
+                            "SMs whole",
     "clip-grad": "the gradient norm (one pass over the gradients and a scalar all-reduce)",
     "rampup-batch-size": "the smaller batches of the first iterations; ddlsim predicts a "
                          "steady iteration at --global-batch-size",

@@ -8,6 +8,7 @@ from .base import (BACKENDS, BUSBW_FACTOR, Algorithm, GroupNet, Phase, algorithm
 from . import mpi  # noqa: F401,E402  (registers the generic algorithms)
 from . import openmpi  # noqa: F401,E402  (registers Open MPI's allgather_reduce)
 from .. import nccl  # noqa: F401,E402  (registers NCCL's algorithms)
+from . import flex  # noqa: F401,E402  (resolves the flex dispatcher's kernels by name)
 
 __all__ = ["GroupNet", "Phase", "Algorithm", "register", "get_algorithm", "algorithms_for",
            "collective_time", "best_algorithm", "BUSBW_FACTOR", "register_uneven",

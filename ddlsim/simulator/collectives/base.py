@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -27,7 +28,8 @@ from ...errors import ConfigError
 __all__ = ["GroupNet", "Phase", "Algorithm", "register", "get_algorithm", "algorithms_for",
            "collective_time", "best_algorithm", "BUSBW_FACTOR", "register_uneven",
            "register_chooser",
-           "split_matrix", "uneven_time", "best_uneven_algorithm", "BACKENDS", "LayoutFn"]
+           "split_matrix", "uneven_time", "best_uneven_algorithm", "BACKENDS", "LayoutFn",
+           "register_parametric"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,12 +172,33 @@ def register_uneven(op: str, name: str, time: UnevenTimeFn, phases: UnevenPhaseF
     _REGISTRY[(op, name)] = replace(_REGISTRY[(op, name)], uneven_time=time, uneven_phases=phases)
 
 
+#: name prefix → ``resolve(op, name)``: algorithms whose name carries their parameters (the
+#: flex dispatcher's kernels per routing, :mod:`.flex`), made on first lookup from the name
+#: alone; :func:`algorithms_for` does not list them and ``auto`` never picks them
+_PARAMETRIC: dict[str, Callable[[str, str], Algorithm | None]] = {}
+
+
+def register_parametric(prefix: str):
+    """Register ``resolve(op, name)`` -> :class:`Algorithm` (or None) for the algorithm names
+    starting with ``prefix``."""
+    def wrap(fn):
+        _PARAMETRIC[prefix] = fn
+        return fn
+    return wrap
+
+
+@lru_cache(maxsize=None)
+def _parametric(op: str, name: str) -> Algorithm | None:
+    return next((resolve(op, name) for prefix, resolve in _PARAMETRIC.items()
+                 if name.startswith(prefix)), None)
+
+
 def get_algorithm(op: str, name: str) -> Algorithm:
-    try:
-        return _REGISTRY[(op, name)]
-    except KeyError:
+    found = _REGISTRY.get((op, name)) or _parametric(op, name)
+    if found is None:
         raise ConfigError(f"no algorithm {name!r} for collective {op!r}; allowed: "
-                          f"{', '.join(algorithms_for(op))}") from None
+                          f"{', '.join(algorithms_for(op))}")
+    return found
 
 
 def algorithms_for(op: str, backend: str | None = None) -> list[str]:
@@ -188,7 +211,7 @@ def collective_time(op: str, algorithm: str, nbytes: float, net: GroupNet) -> fl
     """Seconds for one collective of ``nbytes`` (nccl-tests size convention) on ``net``."""
     if net.p <= 1:
         return 0.0
-    return _REGISTRY[(op, algorithm)].time(nbytes, net)
+    return get_algorithm(op, algorithm).time(nbytes, net)
 
 
 #: backend -> its library's own choice among its algorithms, ``choose(op, n, net)`` -> name
@@ -237,7 +260,7 @@ def uneven_time(op: str, algorithm: str, matrix: np.ndarray, net: GroupNet) -> f
     ``algorithm`` has no uneven form."""
     if net.p <= 1:
         return 0.0
-    fn = _REGISTRY[(op, algorithm)].uneven_time
+    fn = get_algorithm(op, algorithm).uneven_time
     return math.inf if fn is None else fn(matrix, net)
 
 

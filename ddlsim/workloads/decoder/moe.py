@@ -34,6 +34,7 @@ from functools import cached_property
 from ...simulator.kernels.gemm import gemm_kernels_backward
 from ..trace import Block, Collective, Compute, Kernel, Loop, Op, Wait
 from .layerkinds import attention_projections, moe_layers_in_stage
+from .moe_dispatch import flex_ops
 from .moeplan import MoEPlan, resolve_moe
 from .partition import context
 from .partition.base import OpList
@@ -268,29 +269,35 @@ class MoEOps:
         router = self._gemm(f"{pre}.router", T, sh.experts, sh.hidden, backward)
         shared = self._shared(tag, backward)
         overlap = plan.shared_expert_overlap
+        sort = self._sort_bytes()
+        sorts = (sort, sort)
         if plan.dispatcher == "alltoall":
             first = self._dispatch(f"{pre}.{'combine' if backward else 'dispatch'}", False)
             second = self._dispatch(f"{pre}.{'dispatch' if backward else 'combine'}", True)
             perm = (self._permute_bytes(backward), self._permute_bytes(not backward))
+        elif plan.dispatcher == "flex":   # permuted after the dispatch kernel (.moe_dispatch)
+            first, second, sorts = flex_ops(self, pre, backward)
+            perm = (0.0, 0.0)
         else:
             first = self._gathered(f"{pre}.gather", False)
             second = self._gathered(f"{pre}.scatter", True)
             rows = 2 * self.local_experts * self.expert_tokens() * sh.hidden * self.dt
             perm = (rows, 2 * rows)
-        sort = self._sort_bytes()
         body: list = [] if backward else [router]
-        body.append(self._memory(f"{pre}.permute", perm[0]))
+        if perm[0]:
+            body.append(self._memory(f"{pre}.permute", perm[0]))
         for x in body:
             ops.add(x)
         self._beside(ops, first, shared if overlap else [])
-        middle = [self._memory(f"{pre}.sort", sort)] if sort else []
+        middle = [self._memory(f"{pre}.sort", sorts[0])] if sorts[0] else []
         middle += self._expert_compute(tag, backward)
-        middle += [self._memory(f"{pre}.unsort", sort)] if sort else []
+        middle += [self._memory(f"{pre}.unsort", sorts[1])] if sorts[1] else []
         for x in middle:
             ops.add(x)
         for x in second:
             ops.add(x)
-        ops.add(self._memory(f"{pre}.unpermute", perm[1]))
+        if perm[1]:
+            ops.add(self._memory(f"{pre}.unpermute", perm[1]))
         if backward:
             ops.add(router)
         if not overlap:

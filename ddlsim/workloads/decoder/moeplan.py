@@ -57,6 +57,9 @@ class MoEPlan:
     a2a_overlap: bool = False
     delay_wgrad: bool = False
 
+    #: the flex dispatcher's kernels (``deepep``, ``hybridep``; None for other dispatchers)
+    flex_backend: str | None = None
+
     @property
     def load(self) -> float:
         """Tokens of the hottest expert-parallel rank over the mean: padded to capacity →
@@ -79,7 +82,8 @@ class MoEPlan:
         route = ("dropless" if self.capacity_factor is None else
                  f"capacity {self.capacity_factor:g}{', padded' if self.pad else ''}")
         hot = f", hot EP rank ×{self.imbalance:g}" if self.imbalance != 1.0 else ""
-        return (f"MoE {self.dispatcher} dispatch, "
+        flex = f"/{self.flex_backend}" if self.flex_backend else ""
+        return (f"MoE {self.dispatcher}{flex} dispatch, "
                 f"{'grouped GEMM' if self.grouped_gemm else 'one GEMM per expert'}, "
                 f"{'fused' if self.permute_fusion else 'unfused'} permute, ETP{self.etp}, "
                 f"{route}{hot}"
@@ -126,7 +130,40 @@ def resolve_moe(cfg: Any) -> MoEPlan | None:
                    float(given.get("router_imbalance", 1.0)), shape.capacity_factor,
                    bool(given.get("pad_expert_input_to_capacity", False)), p.ep, p.etp, sources,
                    a2a_overlap=bool(values["overlap_expert_parallel_comm"]),
-                   delay_wgrad=bool(values["delay_wgrad_compute"]))
+                   delay_wgrad=bool(values["delay_wgrad_compute"]),
+                   flex_backend=_flex_backend(given, values, sources))
+
+
+#: Megatron-Core's flex backend when none is given
+FLEX_DEFAULT = ("deepep", "Megatron-LM d7288711 megatron/core/transformer/transformer_config.py "
+                "line 757: moe_flex_dispatcher_backend = 'deepep' (b0cc2706 line 682)")
+
+
+def _flex_backend(given: dict, values: dict, sources: dict) -> str | None:
+    """The flex dispatcher's backend (given, or Megatron-Core's default, recorded in
+    ``sources``); None for the other dispatchers."""
+    if values["token_dispatcher_type"] != "flex":
+        return None
+    if given.get("flex_dispatcher_backend") is not None:
+        sources["flex_dispatcher_backend"] = "parallel.moe.flex_dispatcher_backend"
+        return given["flex_dispatcher_backend"]
+    sources["flex_dispatcher_backend"] = FLEX_DEFAULT[1]
+    return FLEX_DEFAULT[0]
+
+
+def _check_flex(plan: MoEPlan, spec: Any) -> None:
+    """The flex options ddlsim refuses: a backend without the flex dispatcher (Megatron-Core
+    would ignore it), and a hot rank with it (not modelled)."""
+    backend = None if spec is None else spec.flex_dispatcher_backend
+    if backend is not None and plan.dispatcher != "flex":
+        raise ValueError(f"parallel.moe.flex_dispatcher_backend = {backend!r} selects the flex "
+                         f"dispatcher's kernels, but token_dispatcher_type = "
+                         f"{plan.dispatcher!r}; set token_dispatcher_type: flex or drop it")
+    if plan.dispatcher == "flex" and plan.imbalance != 1.0:
+        raise ValueError(f"parallel.moe.router_imbalance = {plan.imbalance} with "
+                         "token_dispatcher_type = 'flex': the DeepEP/HybridEP kernels are "
+                         "modelled under balanced routing only (docs/moe.md); use 1 or the "
+                         "alltoall dispatcher")
 
 
 def check_moe_plan(cfg: Any) -> None:
@@ -172,3 +209,4 @@ def check_moe_plan(cfg: Any) -> None:
     if spec is not None and spec.router_force_load_balancing and plan.imbalance != 1.0:
         raise ValueError(f"parallel.moe.router_force_load_balancing = true gives every expert "
                          f"the same tokens, but router_imbalance = {plan.imbalance}; use 1")
+    _check_flex(plan, spec)
