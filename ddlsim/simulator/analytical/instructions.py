@@ -109,6 +109,7 @@ class _Lowering:
         self._ops: dict[tuple, Instr] = {}
         self._p2p: dict[tuple, Instr] = {}
         self._parts: dict[tuple, tuple] = {}
+        self._transfers: dict[tuple, float] = {}
 
     def row(self, group: str, rank: int) -> tuple[tuple[int, ...], int, frozenset]:
         """(members of ``rank``'s group of family ``group``, its index there, their classes)."""
@@ -181,7 +182,15 @@ class _Lowering:
         (:meth:`CostModel.p2p_slowest`), as the discrete-event engine ends a class's send
         when the last of its ranks' flows lands (class lockstep, docs/engines.md). A ring
         over 4 nodes has one rank per node sending across (resnet50_ring's proxy): its first
-        rank's intra-node hop alone would time the class 11× too fast."""
+        rank's intra-node hop alone would time the class 11× too fast. Once per class,
+        family, peer offset and size (what the transfer depends on)."""
+        key = (ci, p.group, p.peer, p.bytes)
+        hit = self._transfers.get(key)
+        if hit is None:
+            hit = self._transfers[key] = self._transfer(ci, p)
+        return hit
+
+    def _transfer(self, ci: int, p: P2P) -> float:
         members = self.workload.groups[p.group].members
         self.row(p.group, int(self.workload.classes[ci].ranks[0]))   # fills the inverse
         g_of, i_of = self._inverse[p.group]

@@ -12,12 +12,13 @@ import numpy as np
 
 from ...config import RunConfig
 from ...errors import ConfigError
+from ..allocator import context_bytes
 from ..memory import MemoryBreakdown
 from ..models.decoder import DecoderShape
 from ..schedules import schedule_arrays
 from ..trace import Block, RankClass, Program, StepTable, Workload, WorkloadMeta
 from .builder import StageBuilder
-from .memory import stage_memory
+from .memory import comm_groups, stage_memory
 from . import combined, fsdp, param_gather
 from .zero3 import zero3_blocks, zero3_prefetch
 
@@ -151,8 +152,10 @@ def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
 def decoder_memory(cfg: RunConfig, shape: DecoderShape) -> list[MemoryBreakdown]:
     """Memory of one rank of each pipeline stage (:func:`.memory.stage_memory`)."""
     b = StageBuilder(cfg, shape)
+    context = context_bytes(cfg.system.device, comm_groups(cfg, shape))   # every stage's
     if not shape.is_moe:
-        return [stage_memory(cfg, shape, s, b.stage_params(s), part=b.part) for s in range(b.pp)]
+        return [stage_memory(cfg, shape, s, b.stage_params(s), part=b.part, context=context)
+                for s in range(b.pp)]
     layer_bytes = max(sum(b.layer_rank_params(m)) for m in (False, True)) * b.dt
-    return [stage_memory(cfg, shape, s, b.stage_params(s), b.stage_expert_params(s), layer_bytes)
-            for s in range(b.pp)]
+    return [stage_memory(cfg, shape, s, b.stage_params(s), b.stage_expert_params(s), layer_bytes,
+                         context=context) for s in range(b.pp)]

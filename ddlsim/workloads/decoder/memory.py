@@ -21,13 +21,16 @@ __all__ = ["stage_memory", "stage_activations", "stage_buffers", "sac_activation
 
 def stage_memory(cfg: RunConfig, shape: DecoderShape, stage: int, params: float,
                  expert_params: float = 0.0, layer_bytes: float | None = None,
-                 part=None) -> MemoryBreakdown:
+                 part=None, context: float | None = None) -> MemoryBreakdown:
     """Memory of one rank of pipeline ``stage`` holding ``params`` parameters, of which
     ``expert_params`` are routed experts (already split by EP × expert TP; their ZeRO shards
     are taken over the expert-data-parallel group). ``layer_bytes``: the largest layer's
     parameters on one rank in bytes (ZeRO-3's gathered buffers; default ``layer_params/t``).
     ``part``: the layer partitioner of a dense model (default: the plan's), whose split of
-    the activations (and ``1/cp``) applies; the ZeRO shards are over ``dp·cp``."""
+    the activations (and ``1/cp``) applies; the ZeRO shards are over ``dp·cp``.
+    ``context``: the CUDA context and communicators' bytes when the caller has them
+    (the same on every stage; default :func:`~ddlsim.workloads.allocator.context_bytes` of
+    :func:`comm_groups`)."""
     p, t = cfg.parallel, cfg.train
     state = compute_dtype(t.dtype)   # FP8 (Transformer Engine) keeps 16-bit weights and grads
     gb = grad_bytes(cfg)             # fp32 main grads with bf16 under Megatron
@@ -80,7 +83,8 @@ def stage_memory(cfg: RunConfig, shape: DecoderShape, stage: int, params: float,
     buffers = stage_buffers(cfg.software, fm, shape, p.zero_stage, cfg.dp, gathered,
                             unit_bytes / pb, split, first, last, p.pp, pb, gb, params)
     return MemoryBreakdown(weights, grads, opt, acts, other, cfg.system.device.memory_bytes, stage,
-                           buffers, context_bytes(cfg.system.device, comm_groups(cfg, shape)))
+                           buffers, context if context is not None else
+                           context_bytes(cfg.system.device, comm_groups(cfg, shape)))
 
 
 def _model_states(cfg: RunConfig, fm, params: float, expert_params: float, state: str,
