@@ -25,8 +25,6 @@ The published iteration time is ``global_batch · seq / (tokens/s/GPU · GPUs)``
   passes (``fp8_recipe``: tensorwise or rowwise, from torchao's roofline model), but every
   FP8 GEMM at the device's one FP8 ceiling (a rowwise-scaled GEMM is not slower here), and
   FSDP's float8 all-gather is not modelled (its gathers stay bf16);
-* ``not expressed``: the interleaved 405B row (torchtitan's uneven split over 16 virtual
-  stages has no ddlsim form); listed, not run.
 
 The H100 rows run on ``grand-teton-h100``: the runs' H100s with 96 GB of HBM2e (94 GiB
 visible) at 2.4 TB/s, 8 per host on NVLink, 400 Gb/s RDMA per GPU (``ddlsim/data/systems.yaml``,
@@ -42,15 +40,13 @@ from __future__ import annotations
 
 import sys
 
+from ddlsim.importers.torchtitan_split import split_2024, split_2025
 from public_runs import (DATA, error_stats, print_notes, print_table, read_csv, result_cells,
                          rows_summary, run_script, time_record)
 
 TABLE = DATA / "torchtitan_tps.csv"
 GPUS_PER_NODE = 8
 STACKS = {"2024-04": "torchtitan-2024", "2024": "torchtitan-2024", "2025": "torchtitan-2025"}
-#: Llama 3.1 405B's 126 layers over 8 stages as torchtitan 9dec370 splits them (CSV header)
-SPLIT_405B_PP8 = {"num_layers_in_first_pipeline_stage": 15,
-                  "num_layers_in_last_pipeline_stage": 15}
 
 
 def rows(table=TABLE) -> list[dict]:
@@ -59,13 +55,6 @@ def rows(table=TABLE) -> list[dict]:
 
 def _int(row: dict, *keys: str) -> list[int]:
     return [int(row[k]) for k in keys]
-
-
-def not_expressed(row: dict) -> str:
-    """Why ddlsim cannot express the row as run, or empty."""
-    if row["schedule"] == "interleaved":
-        return "torchtitan's uneven split over 16 virtual stages"
-    return ""
 
 
 def config(row: dict) -> dict:
@@ -83,7 +72,7 @@ def config(row: dict) -> dict:
     mbs = local
     if pp > 1:
         mbs = local // pp            # one micro-batch per stage (CSV header)
-        parallel.update(SPLIT_405B_PP8 if row["model"] == "llama-3.1-405b" else {})
+        parallel.update(_pipeline(row, pp))
     software = {"stack": STACKS[row["set"]], "compile": row["compile"] == "1"}
     kernels = {}
     if row["float8"] != "none":
@@ -99,6 +88,21 @@ def config(row: dict) -> dict:
                       **_recompute(row["ac"])},
             "system": {"preset": row["system"], "nodes": gpus // GPUS_PER_NODE,
                        "software": software}}
+
+
+def _pipeline(row: dict, pp: int) -> dict:
+    """The schedule and the layer split of a pipelined row as torchtitan of the row's date
+    derives them (``ddlsim/importers/torchtitan_split.py``): 1F1B over ``pp`` stages, or
+    Interleaved1F1B over two virtual stages per rank (Llama 3.1 405B: 15, 16, …, 16, 15 over
+    8 stages; 7, 8, …, 8, 7 over 16)."""
+    from ddlsim.configload import resolve_section
+    layers = resolve_section("model", row["model"])["num_hidden_layers"]
+    v = 2 if row["schedule"] == "interleaved" else 1
+    split = split_2025(layers, pp * v) if row["set"] == "2025" else split_2024(layers, pp * v)
+    out = {"schedule": row["schedule"], "layers_per_virtual_stage": split}
+    if v > 1:
+        out["virtual_pipeline_model_parallel_size"] = v
+    return out
 
 
 def _recompute(ac: str) -> dict:
@@ -118,17 +122,9 @@ def published_time(row: dict) -> float:
 
 def evaluate(engine: str = "analytical", only: list[dict] | None = None,
              limits=None) -> list[dict]:
-    """One record per row: published and predicted iteration time, error, fit note; rows
-    ddlsim cannot express get no prediction (``skipped`` says why)."""
-    out = []
-    for row in rows() if only is None else only:
-        why = not_expressed(row)
-        if why:
-            out.append({"row": row, "result": None, "refused": "", "published":
-                        published_time(row), "skipped": f"not expressed: {why}"})
-        else:
-            out.append(time_record(row, config(row), engine, limits, published_time(row)))
-    return out
+    """One record per row: published and predicted iteration time, error, fit note."""
+    return [time_record(row, config(row), engine, limits, published_time(row))
+            for row in (rows() if only is None else only)]
 
 
 def _label(o: dict) -> str:
@@ -146,9 +142,7 @@ def _print(out: list[dict], markdown: bool) -> None:
         cells = [row["set"], row["table"], row["techniques"] + mark, row["model"], row["gpus"],
                  row["dp_shard"], row["cp"], row["tp"], row["pp"], row["seq"],
                  row["tps_per_gpu"], f"{o['published']:.3f}"]
-        expressed = not o.get("skipped", "").startswith("not expressed")
-        lines.append(cells + result_cells(o, missing="not run (work limit)" if expressed
-                                          else "not expressed"))
+        lines.append(cells + result_cells(o, missing="not run (work limit)"))
     print_table(head, lines, markdown)
     print_notes([o for o in out if not o["refused"]], _label, markdown)
 

@@ -128,6 +128,10 @@ class ParallelConfig(_Strict):
         default=None, description="layers of the first pipeline stage (the rest split evenly)")
     num_layers_in_last_pipeline_stage: count_type("layers") | None = Field(
         default=None, description="layers of the last pipeline stage (the rest split evenly)")
+    layers_per_virtual_stage: list[count_type("layers")] | None = Field(
+        default=None, description="transformer layers of each virtual pipeline stage, in "
+                                  "stage order (PP·VPP numbers; virtual stage k on rank k mod "
+                                  "PP): torchtitan's split of its model into stages")
     sequence_parallel: StrictBool = False
     expert_model_parallel_size: count_type("parallel_size") = Field(
         default=1, description="EP: experts split over this many ranks, carved out of "

@@ -73,6 +73,8 @@ class PlanFacts:
     fp32: Any = False
     #: only every n-th layer is checkpointed (``train.recompute_every_n_layers`` > 1)
     layer_ac: Any = False
+    #: every virtual stage's layers are given (``parallel.layers_per_virtual_stage``)
+    given_split: Any = False
 
     @classmethod
     def of(cls, **values: Any) -> "PlanFacts":
@@ -94,7 +96,8 @@ class PlanFacts:
                       and cfg.software.tp_comm_overlap in ("bulk", "pipelined"),
                       torch_tp_overlap=p.tp > 1 and cfg.software.tp_comm_overlap == "torch_async",
                       compiled=bool(cfg.software.compile), **_moe_facts(cfg),
-                      layer_ac=cfg.train.recompute_every_n_layers > 1)
+                      layer_ac=cfg.train.recompute_every_n_layers > 1,
+                      given_split=p.layers_per_virtual_stage is not None)
 
 
 def _moe_facts(cfg: Any) -> dict:
@@ -252,6 +255,12 @@ def _no_expert_tensor_parallel(f: PlanFacts):
             "(torchtitan's selective_ac_option = 'n')", "train.recompute_every_n_layers")
 def _no_every_nth_layer_recompute(f: PlanFacts):
     return f.layer_ac
+
+
+@stack_rule("no_per_virtual_stage_split", "a layer count given for each virtual pipeline "
+            "stage", "parallel.layers_per_virtual_stage")
+def _no_per_virtual_stage_split(f: PlanFacts):
+    return f.given_split
 
 
 @stack_rule("moe_tp_needs_sp", "MoE layers with tensor parallelism but no sequence "

@@ -40,14 +40,21 @@ def test_pipelined_405b_rows_take_torchtitans_split_and_micro_batches():
     row = next(r for r in ROWS if r["table"] == "5" and r["schedule"] == "1f1b")
     cfg = vt.config(row)
     p, t = cfg["parallel"], cfg["train"]
-    assert p["num_layers_in_first_pipeline_stage"] == 15 == p["num_layers_in_last_pipeline_stage"]
+    # torchtitan 9dec370 generate_split_points: 126 layers over 8 stages
+    assert p["layers_per_virtual_stage"] == [15] + [16] * 6 + [15]
     assert t["micro_batch_size"] == 32 // 8 and p["zero_stage"] == 3
     assert p["tp_comm_overlap"] == "torch_async" and cfg["system"]["software"]["compile"]
 
 
-def test_rows_ddlsim_cannot_express_are_listed_not_run():
-    out = vt.evaluate("analytical", only=[r for r in ROWS if r["schedule"] == "interleaved"])
-    assert out[0]["result"] is None and "virtual stages" in out[0]["skipped"]
+def test_the_interleaved_row_takes_torchtitans_uneven_virtual_stages():
+    """126 layers over 16 virtual stages, two per rank (stages r and r + 8 on rank r): 7 on
+    the first and the last, 8 on the others (9dec370 generate_split_points); it runs."""
+    (row,) = [r for r in ROWS if r["schedule"] == "interleaved"]
+    p = vt.config(row)["parallel"]
+    assert p["virtual_pipeline_model_parallel_size"] == 2
+    assert p["layers_per_virtual_stage"] == [7] + [8] * 14 + [7]
+    (rec,) = vt.evaluate("analytical", only=[row])
+    assert rec["result"] is not None and rec["result"].iteration_time_s > 0
 
 
 def test_float8_rows_name_their_recipe():

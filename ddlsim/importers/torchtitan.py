@@ -47,7 +47,8 @@ def torchtitan_key_names() -> list[str]:
             "max_norm, compile, enable_cpu_offload", "[parallelism] data_parallel_*_degree, "
             "tensor_parallel_degree, pipeline_parallel_degree, context_parallel_degree, "
             "expert_parallel_degree, pipeline_parallel_schedule, "
-            "pipeline_parallel_microbatch_size, context_parallel_rotate_method, "
+            "pipeline_parallel_microbatch_size, pipeline_parallel_layers_per_stage, "
+            "pipeline_parallel_first/last_stage_less_layers, context_parallel_rotate_method, "
             "enable_async_tensor_parallel", "[activation_checkpoint] mode, "
             "selective_ac_option", "[float8] recipe_name, enable_fsdp_float8_all_gather",
             "[compile] enable", "[optimizer] name", *(f"[{s}]" for s in NO_EFFECT_SECTIONS)]
@@ -82,7 +83,8 @@ def read_torchtitan(text: str, where: str) -> Draft:
     old = is_2024(doc)
     if old:
         doc = to_2025(doc, draft)
-    readers = {"model": _model, "training": _training, "parallelism": _parallelism,
+    readers = {"model": _model, "training": _training,
+               "parallelism": lambda d, sec, whole: _parallelism(d, sec, whole, old),
                "activation_checkpoint": _checkpoint, "float8": _float8, "compile": _compile,
                "optimizer": _optimizer}
     for name, section in doc.items():
@@ -108,7 +110,9 @@ def read_torchtitan(text: str, where: str) -> Draft:
 _INTS = {"local_batch_size", "batch_size", "global_batch_size", "seq_len",
          "data_parallel_replicate_degree", "data_parallel_shard_degree",
          "tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree",
-         "expert_parallel_degree", "pipeline_parallel_microbatch_size"}
+         "expert_parallel_degree", "pipeline_parallel_microbatch_size",
+         "pipeline_parallel_layers_per_stage", "pipeline_parallel_first_stage_less_layers",
+         "pipeline_parallel_last_stage_less_layers"}
 _STRINGS = {"name", "flavor", "mode", "recipe_name", "mixed_precision_param",
             "mixed_precision_reduce", "pipeline_parallel_schedule",
             "context_parallel_rotate_method", "fsdp_reshard_after_forward"}
@@ -203,7 +207,7 @@ _DEGREES = {"tensor_parallel_degree": "parallel.tensor_model_parallel_size",
             "expert_parallel_degree": "parallel.expert_model_parallel_size"}
 
 
-def _parallelism(draft: Draft, s: dict, doc: dict) -> None:
+def _parallelism(draft: Draft, s: dict, doc: dict, old: bool = False) -> None:
     for key, path in _DEGREES.items():
         if key in s:
             draft.set(path, s[key], f"[parallelism] {key} = {s[key]}")
@@ -211,7 +215,7 @@ def _parallelism(draft: Draft, s: dict, doc: dict) -> None:
         draft.set("parallel.sequence_parallel", True, "torchtitan's TP plan shards the norms "
                   "over the sequence (SequenceParallel: parallelize.py apply_tp)")
     _data_parallel(draft, s)
-    _pipeline(draft, s)
+    _pipeline(draft, s, doc, old)
     if s.get("context_parallel_degree", 1) > 1:
         method = s.get("context_parallel_rotate_method", "allgather")
         if method == "allgather":
@@ -235,7 +239,7 @@ def _parallelism(draft: Draft, s: dict, doc: dict) -> None:
         *_DEGREES, "data_parallel_replicate_degree", "data_parallel_shard_degree",
         "disable_loss_parallel", "pipeline_parallel_schedule", "fsdp_reshard_after_forward",
         "pipeline_parallel_microbatch_size", "context_parallel_rotate_method",
-        "enable_async_tensor_parallel"})
+        "enable_async_tensor_parallel", *_SPLIT_KEYS})
 
 
 def _data_parallel(draft: Draft, s: dict) -> None:
@@ -257,20 +261,63 @@ def _data_parallel(draft: Draft, s: dict) -> None:
                   "[parallelism] data-parallel degree")
 
 
-def _pipeline(draft: Draft, s: dict) -> None:
-    """The pipeline schedule and micro-batch when there are pipeline stages."""
-    if s.get("pipeline_parallel_degree", 1) == 1:
+#: [parallelism] keys of torchtitan's layer split (2025)
+_SPLIT_KEYS = ("pipeline_parallel_layers_per_stage", "pipeline_parallel_first_stage_less_layers",
+               "pipeline_parallel_last_stage_less_layers")
+#: torchtitan's pipeline schedules ddlsim runs → (ddlsim's schedule, multi-stage)
+_SCHEDULES = {"1F1B": ("1f1b", False), "GPipe": ("gpipe", False),
+              "Interleaved1F1B": ("interleaved", True)}
+
+
+def _pipeline(draft: Draft, s: dict, doc: dict, old: bool) -> None:
+    """The pipeline schedule, micro-batch and layer split when there are pipeline stages."""
+    pp = s.get("pipeline_parallel_degree", 1)
+    if pp == 1:
         return
-    schedules = {"1F1B": "1f1b", "GPipe": "gpipe"}
     name = s.get("pipeline_parallel_schedule", "1F1B")
-    if name in schedules:
-        draft.set("parallel.schedule", schedules[name],
-                  f"[parallelism] pipeline_parallel_schedule = {name}")
-    else:
+    if name not in _SCHEDULES:
         draft.refuse(f"[parallelism] pipeline_parallel_schedule = {name}",
-                     "ddlsim maps 1F1B and GPipe (not modelled yet)")
+                     f"ddlsim maps {', '.join(_SCHEDULES)} (not modelled yet)")
+        return
+    schedule, multi = _SCHEDULES[name]
+    draft.set("parallel.schedule", schedule, f"[parallelism] pipeline_parallel_schedule = {name}")
     draft.set("train.micro_batch_size", s.get("pipeline_parallel_microbatch_size", 1),
               "[parallelism] pipeline_parallel_microbatch_size")
+    _layer_split(draft, s, doc, old, pp, multi)
+
+
+def _layer_split(draft: Draft, s: dict, doc: dict, old: bool, pp: int, multi: bool) -> None:
+    """torchtitan's split of the layers over the virtual stages (:mod:`.torchtitan_split`)
+    as ``parallel.layers_per_virtual_stage``, for a model of a known flavor."""
+    from .torchtitan_split import split_2024, split_2025, virtual_stages_2025
+    model = doc.get("model") if isinstance(doc.get("model"), dict) else {}
+    preset = FLAVORS.get(model.get("name"), {}).get(str(model.get("flavor")))
+    keys = f"[parallelism] pipeline_parallel_degree = {pp}" + (
+        "" if old else ", pipeline_parallel_layers_per_stage, *_stage_less_layers")
+    if preset is None:
+        draft.refuse(keys, "torchtitan splits the layers by the model's layer count; for a "
+                     "model without a known flavor give the split with --set "
+                     "parallel.layers_per_virtual_stage=[...]")
+        return
+    from ..configload import resolve_section
+    layers = resolve_section("model", preset)["num_hidden_layers"]
+    first = s.get("pipeline_parallel_first_stage_less_layers", 1)
+    last = s.get("pipeline_parallel_last_stage_less_layers", 1)
+    try:
+        if old:
+            split = split_2024(layers, pp * (2 if multi else 1))
+        else:
+            split = split_2025(layers, virtual_stages_2025(
+                layers, pp, multi, s.get("pipeline_parallel_layers_per_stage"), first, last),
+                first, last)
+    except ValueError as exc:
+        draft.refuse(keys, str(exc))
+        return
+    if len(split) > pp:
+        draft.set("parallel.virtual_pipeline_model_parallel_size", len(split) // pp,
+                  f"{keys}: {len(split)} virtual stages")
+    draft.set("parallel.layers_per_virtual_stage", split, f"{keys}: torchtitan's split of "
+              f"{layers} layers ({'9dec370' if old else '07c00d9'})")
 
 
 def _checkpoint(draft: Draft, s: dict, doc: dict) -> None:

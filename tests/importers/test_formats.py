@@ -123,6 +123,18 @@ def test_torchtitan_async_tp_is_imported_and_needs_compile(tmp_path):
     assert cfg["parallel"]["tp_comm_overlap"] == "torch_async"
 
 
+def test_torchtitans_interleaved_schedule_takes_its_uneven_virtual_stages(tmp_path):
+    """Interleaved1F1B on PP 2: four virtual stages; torchtitan 07c00d9 splits Llama 3 8B's
+    32 layers with the embedding and the output as one layer each: 8, 9, 8, 7."""
+    text = (DATA / "torchtitan_llama3_8b.toml").read_text()
+    text = text.replace("pipeline_parallel_degree = 1", "pipeline_parallel_degree = 2\n"
+                        "pipeline_parallel_schedule = 'Interleaved1F1B'", 1)
+    (tmp_path / "t.toml").write_text(text.replace("batch_size = 1", "batch_size = 4", 1))
+    p = import_config([tmp_path / "t.toml"], system="dgx-a100", nodes=2).config["parallel"]
+    assert (p["schedule"], p["virtual_pipeline_model_parallel_size"]) == ("interleaved", 2)
+    assert p["layers_per_virtual_stage"] == [8, 9, 8, 7]
+
+
 @pytest.mark.parametrize("old, new, refused", [
     ("data_parallel_replicate_degree = 1", "data_parallel_replicate_degree = 2", "HSDP"),
     ("[float8]", "[float8]\nrecipe_name = 'rowwise_with_gw_hp'", "recipes: tensorwise"),

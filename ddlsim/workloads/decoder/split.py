@@ -14,6 +14,11 @@ d98e8a64, 2026-08):
   (last) stage holds that many layers, the others share the rest evenly; with VPP each stage's
   layers are split evenly over its chunks. These two cannot be combined with the two above.
 
+``layers_per_virtual_stage`` gives every virtual stage's layers outright, in stage order
+(virtual stage ``k`` on pipeline rank ``k mod PP``, chunk ``k // PP``: torchtitan's ``loop``
+placement, ``stage_ids_this_rank``), as torchtitan splits its model: an uneven first and last
+stage (``ddlsim/importers/torchtitan_split.py``). It combines with none of the above.
+
 Every rule Megatron-Core asserts is checked here, with the field, the value and what would do.
 """
 
@@ -26,12 +31,15 @@ __all__ = ["chunk_layers", "is_uneven", "UNEVEN_FIELDS"]
 
 #: the plan fields of an uneven split (``parallel.*``)
 UNEVEN_FIELDS = ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
-                 "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage")
+                 "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
+                 "layers_per_virtual_stage")
 
 
 def is_uneven(parallel: Any) -> bool:
-    """True when the plan asks for any of Megatron-Core's uneven splits."""
-    return bool(parallel.account_for_embedding_in_pipeline_split
+    """True when the plan asks for any of Megatron-Core's uneven splits or gives every
+    virtual stage's layers."""
+    return bool(parallel.layers_per_virtual_stage is not None
+                or parallel.account_for_embedding_in_pipeline_split
                 or parallel.account_for_loss_in_pipeline_split
                 or parallel.num_layers_in_first_pipeline_stage is not None
                 or parallel.num_layers_in_last_pipeline_stage is not None)
@@ -41,6 +49,8 @@ def chunk_layers(cfg: Any) -> tuple[tuple[int, ...], ...]:
     """Transformer layers of each chunk: ``out[stage][virtual stage]`` (module docstring).
     Raises ``ValueError`` naming the field when the split is impossible."""
     p = cfg.parallel
+    if p.layers_per_virtual_stage is not None:
+        return _given(p, cfg.model.num_hidden_layers)
     out = _split(cfg.model.num_hidden_layers, p.pp, p.vpp,
                  p.num_layers_in_first_pipeline_stage, p.num_layers_in_last_pipeline_stage,
                  bool(p.account_for_embedding_in_pipeline_split),
@@ -51,6 +61,25 @@ def chunk_layers(cfg: Any) -> tuple[tuple[int, ...], ...]:
                          "models chunks of at least one layer: use fewer pipeline stages or "
                          "virtual stages")
     return out
+
+
+def _given(p: Any, layers: int) -> tuple[tuple[int, ...], ...]:
+    """``layers_per_virtual_stage`` as ``out[stage][chunk]`` (module docstring), checked."""
+    given, n = list(p.layers_per_virtual_stage), p.pp * p.vpp
+    other = [f for f in UNEVEN_FIELDS[:-1] if getattr(p, f) not in (None, False)]
+    if other:
+        raise ValueError(f"parallel.layers_per_virtual_stage cannot be set together with "
+                         f"{', '.join(other)}: give each virtual stage's layers, or one of "
+                         "Megatron-Core's uneven splits")
+    if len(given) != n:
+        raise ValueError(f"parallel.layers_per_virtual_stage has {len(given)} numbers; the "
+                         f"plan has pipeline_model_parallel_size × virtual_pipeline_model_"
+                         f"parallel_size = {p.pp} × {p.vpp} = {n} virtual stages: give one "
+                         "number per virtual stage")
+    if sum(given) != layers:
+        raise ValueError(f"parallel.layers_per_virtual_stage = {given} adds up to "
+                         f"{sum(given)} layers; model.num_hidden_layers = {layers}")
+    return tuple(tuple(given[c * p.pp + s] for c in range(p.vpp)) for s in range(p.pp))
 
 
 @lru_cache(maxsize=256)

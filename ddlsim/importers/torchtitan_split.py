@@ -1,0 +1,93 @@
+"""How torchtitan splits a decoder's transformer layers over its virtual pipeline stages,
+as ``parallel.layers_per_virtual_stage`` (``ddlsim/workloads/decoder/split.py``).
+
+* **2024** (torchtitan 9dec370 ``torchtitan/parallelisms/pipelining_utils.py``
+  ``generate_split_points``, lines 18-57): ``PP`` stages for a single-stage schedule (1F1B,
+  GPipe), ``2·PP`` for a multi-stage one (Interleaved1F1B); with ``L`` layers over ``S``
+  stages, the first stage gets ``L // S``, each middle stage ``L // S + 1`` while the
+  remainder ``L mod S`` lasts, then ``L // S``, and the last stage what is left.
+* **2025** (torchtitan 07c00d9 ``torchtitan/distributed/pipeline_parallel.py``
+  ``generate_llm_fqn_per_model_part``, lines 127-226, with the stage count of
+  ``torchtitan/models/llama3/infra/pipeline.py`` lines 64-110): the embedding counts as
+  ``pipeline_parallel_first_stage_less_layers`` layers and the norm and output as
+  ``pipeline_parallel_last_stage_less_layers`` (1 each by default); ``S`` is
+  ``ceil((L + first + last) / pipeline_parallel_layers_per_stage)`` when that is given, else
+  ``PP`` or ``2·PP``; the ``L + first + last`` effective layers split evenly, the first
+  ``(L + first + last) mod S`` stages one more, and the first (last) stage gives up ``first``
+  (``last``) of its share.
+
+Llama 3.1 405B's 126 layers over 16 virtual stages are ``7, 8, …, 8, 7`` by both.
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["split_2024", "split_2025", "virtual_stages_2025"]
+
+
+def split_2024(layers: int, stages: int) -> list[int]:
+    """Transformer layers of each of ``stages`` virtual stages, torchtitan 9dec370's split
+    (module docstring).
+
+    Raises
+    ------
+    ValueError
+        If there are more stages than layers (torchtitan raises it too).
+    """
+    if stages > layers:
+        raise ValueError(f"{stages} pipeline stages for {layers} layers: torchtitan needs at "
+                         "least one layer per stage")
+    base, extra = divmod(layers, stages)
+    out = [base]
+    for _ in range(1, stages - 1):
+        out.append(base + 1 if extra > 0 else base)
+        extra -= 1 if extra > 0 else 0
+    return out + [layers - sum(out)] if stages > 1 else [layers]
+
+
+def virtual_stages_2025(layers: int, pp: int, multi_stage: bool, per_stage: int | None,
+                        first: int = 1, last: int = 1) -> int:
+    """Virtual stages of torchtitan 07c00d9: ``ceil((layers + first + last) / per_stage)``
+    when ``pipeline_parallel_layers_per_stage`` is given, else ``2·pp`` for a multi-stage
+    schedule, ``pp`` otherwise. Raises ``ValueError`` where torchtitan does (stages not a
+    multiple of ``pp``; one stage per rank for a single-stage schedule, two or more for a
+    multi-stage one)."""
+    if per_stage is None:
+        return 2 * pp if multi_stage else pp
+    stages = math.ceil((layers + first + last) / per_stage)
+    if stages % pp:
+        raise ValueError(f"pipeline_parallel_layers_per_stage = {per_stage} gives {stages} "
+                         f"virtual stages, not a multiple of pipeline_parallel_degree = {pp}")
+    if (stages // pp != 1) if not multi_stage else (stages // pp < 2):
+        raise ValueError(f"pipeline_parallel_layers_per_stage = {per_stage} gives "
+                         f"{stages // pp} stages per rank; a "
+                         f"{'multi' if multi_stage else 'single'}-stage schedule needs "
+                         f"{'two or more' if multi_stage else 'exactly one'}")
+    return stages
+
+
+def split_2025(layers: int, stages: int, first: int = 1, last: int = 1) -> list[int]:
+    """Transformer layers of each of ``stages`` virtual stages, torchtitan 07c00d9's split
+    with the embedding weighing ``first`` layers and the output ``last`` (module docstring).
+
+    Raises
+    ------
+    ValueError
+        Where torchtitan raises (empty stages, a weight above a stage's share).
+    """
+    if stages == 1:
+        return [layers]
+    effective = layers + first + last
+    base, extra = divmod(effective, stages)
+    if base == 0 or first > base or last > base:
+        raise ValueError(f"{layers} layers (+{first} for the embedding, +{last} for the "
+                         f"output) over {stages} pipeline stages leave {base} per stage: "
+                         "torchtitan refuses it")
+    out, left = [], layers
+    for k in range(stages):
+        share = base + (1 if k < extra else 0)
+        share -= first if k == 0 else last if k == stages - 1 else 0
+        out.append(min(share, left))
+        left -= out[-1]
+    return out
