@@ -23,8 +23,9 @@ from pydantic import (BeforeValidator, Field, SerializeAsAny, StrictBool, Strict
 from .config_system import (  # noqa: F401  (re-exported)
     CollectivesSpec, DeviceSpec, IntraNodeSpec, LinkSpec, NetworkSpec, SystemConfig, check_shape)
 from .config_types import (  # noqa: F401  (re-exported)
-    DTYPE_BYTES, Bandwidth, BucketBytes, Bytes, DeviceId, Dtype, Flops, Real, Seconds, _bounded,
-    _quantity, _Strict, count_type, reject_bool)
+    DTYPE_BYTES, Bandwidth, BucketBytes, Bytes, DeviceId, Dtype, Flops, ModelBase, Real, Seconds,
+    _bounded, _quantity, _Strict, count_type, reject_bool)
+from ._lazy import lazy_exports
 from .errors import ConfigError, did_you_mean
 from .limits import check_bound
 from .software import TPCommOverlap
@@ -40,19 +41,16 @@ __all__ = [
 ]
 
 
-#: names of :mod:`ddlsim.configload` (which imports this module) that this module re-exports,
-#: looked up on first use so that either module can be imported first
-_LOADING = frozenset({"apply_overrides", "build_config", "format_validation_error",
-                      "load_config", "read_document", "resolve_section"})
+#: Names re-exported from the modules that read and validate a config (which import this
+#: module), resolved by name on first use so that either module can be imported first: a
+#: re-export for the callers' convenience, not a dependency of the config.
+_reexported = lazy_exports(__name__, {
+    **dict.fromkeys(("apply_overrides", "build_config", "format_validation_error",
+                     "load_config", "read_document", "resolve_section"), "ddlsim.configload"),
+    "validate_model": "ddlsim.workloads.registry"})
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LOADING:
-        from . import configload
-        return getattr(configload, name)
-    if name == "validate_model":  # the family registry's, re-exported
-        from .workloads.registry import validate_model
-        return validate_model
     if name == "ModelConfig":  # the GPT family's schema, under its historical name
         from .workloads.registry import get_family
         return get_family("gpt").schema
@@ -60,17 +58,7 @@ def __getattr__(name: str) -> Any:
         return collective_ops()
     if name == "ALGORITHMS":
         return algorithms()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-# ---------------------------------------------------------------------------------------- model
-class ModelBase(_Strict):
-    """What every model section has; each workload family's schema (an arm of the union
-    discriminated on ``architecture``, see :mod:`ddlsim.workloads.registry`) extends it."""
-
-    name: str = "custom"
-    architecture: str
-    source: str | None = None
+    return _reexported(name)
 
 
 # ------------------------------------------------------------------------------------- parallel

@@ -15,7 +15,7 @@ from . import units
 from .limits import check_bound
 
 __all__ = ["Dtype", "DTYPE_BYTES", "reject_bool", "count_type", "Bytes", "Bandwidth", "Seconds",
-           "Flops", "BucketBytes", "Real", "DeviceId"]
+           "Flops", "BucketBytes", "Real", "DeviceId", "ModelBase"]
 
 Dtype = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
@@ -65,3 +65,13 @@ DeviceId = Annotated[int, BeforeValidator(reject_bool), Field(ge=0, le=10**7)]
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True,
                               allow_inf_nan=False)
+
+
+class ModelBase(_Strict):
+    """What every model section has; each workload family's schema (an arm of the union
+    discriminated on ``architecture``, see :mod:`ddlsim.workloads.registry`) extends it.
+    Re-exported by :mod:`ddlsim.config`."""
+
+    name: str = "custom"
+    architecture: str
+    source: str | None = None

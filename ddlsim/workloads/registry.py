@@ -227,7 +227,7 @@ def validate_model(value: Any) -> Any:
         An unknown architecture (with the registered ones); pydantic's ``ValidationError``
         for the family schema's own problems.
     """
-    from ..config import ModelBase
+    from ..config_types import ModelBase
 
     if isinstance(value, ModelBase):
         return value
