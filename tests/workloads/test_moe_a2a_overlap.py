@@ -128,10 +128,26 @@ def test_layer_pair_issue_order_and_waits_follow_megatron():
         [o.payload.name for o in program.blocks["F0"].ops[-(len(ops) - join - 1):]]
 
 
+def test_delayed_attention_weight_gradients_run_after_its_backward_with_no_event():
+    # self_attention.backward_dw: the qkv and proj weight gradients follow the attention
+    # backward on the compute stream, and the next pair's combine backward (its first op, the
+    # un-permutation's gradient) waits for the attention's data-gradient path only
+    program, _ = _steps(run(layers=2), 0)
+    ops = program.blocks["C0.0"].ops
+    names = [o.payload.name for o in ops]
+    for gemm in ("bwd.qkv", "bwd.proj"):
+        d, w = names.index(f"{gemm}.dgrad"), names.index(f"{gemm}.wgrad")
+        assert d < w and ops[w].deps == () and ops[w].stream == "compute"
+    second_combine = [j for j, n in enumerate(names) if n == "bwd.permute"][1]
+    (dep,) = ops[second_combine].deps
+    assert names[dep] == "bwd.grad_accumulate" and dep < names.index("bwd.qkv.wgrad")
+
+
 def test_without_delay_the_weight_gradients_stay_in_the_expert_backward():
     program, _ = _steps(run(layers=2, delay=False), 0)
     names = [o.payload.name for o in program.blocks["C0.0"].ops]
-    assert "bwd.experts.fc1" in names and not any(n.endswith("wgrad") for n in names)
+    assert "bwd.experts.fc1" in names and "bwd.qkv" in names
+    assert not any(n.endswith("wgrad") for n in names)
 
 
 def test_a_run_without_the_overlap_has_no_combined_steps():

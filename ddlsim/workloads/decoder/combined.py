@@ -26,7 +26,8 @@ mlp bwd (wgrad)                    (delay_wgrad_compute: no event, stream order 
                    dispatch bwd    mlp bwd (dgrad; without the delay, dgrad and wgrad)
 mlp fwd                            dispatch fwd
                    combine fwd     mlp fwd
-attn bwd                           dispatch bwd
+attn bwd (dgrad)                   dispatch bwd
+attn bwd (wgrad)                   (delay_wgrad_compute: no event, stream order only)
 =================  ==============  ====================================================
 
 References
@@ -53,10 +54,10 @@ from .partition.base import OpList
 __all__ = ["active", "moe_layer_nodes", "combined_blocks", "combined_step_tables"]
 
 #: the forward's and the backward's nodes of one layer pair, in Megatron-Core's issue order
-#: (``TransformerLayerSchedulePlan.run``); ``mlp_wgrad`` joins no chain (no event)
+#: (``TransformerLayerSchedulePlan.run``); the ``*_wgrad`` nodes join no chain (no event)
 PAIR_ORDER = (("b", "combine"), ("f", "attn"), ("b", "mlp"), ("f", "dispatch"),
               ("b", "mlp_wgrad"), ("b", "dispatch"), ("f", "mlp"), ("f", "combine"),
-              ("b", "attn"))
+              ("b", "attn"), ("b", "attn_wgrad"))
 
 
 def active(cfg: Any) -> bool:
@@ -87,8 +88,9 @@ def moe_layer_nodes(b, backward: bool, delay_wgrad: bool = False) -> dict[str, l
     """One MoE layer of builder ``b`` as Megatron-Core's schedule nodes: ``attn`` (attention,
     shared experts, router, permutation: compute stream), ``dispatch`` and ``combine`` (the
     dispatcher's collectives, combine with the un-permutation: ``ep`` stream), ``mlp`` (sort,
-    experts, un-sort: compute), and with ``delay_wgrad`` in the backward ``mlp_wgrad``, the
-    experts' weight gradients split from ``mlp``. Each is a list of ops whose deps index it.
+    experts, un-sort: compute), and with ``delay_wgrad`` in the backward ``mlp_wgrad`` and
+    ``attn_wgrad``, the weight gradients of the experts and of the attention's (and shared
+    experts') linear layers split from ``mlp`` and ``attn``. Each is a list of ops whose deps index it.
     The sizes are :class:`.moe.MoEOps`'s, op for op.
 
     References
@@ -134,7 +136,29 @@ def moe_layer_nodes(b, backward: bool, delay_wgrad: bool = False) -> dict[str, l
              "mlp": [Op(x) for x in mlp], "combine": [Op(x, "ep") for x in comm[1]]}
     if wgrad:
         nodes["mlp_wgrad"] = [Op(x) for x in wgrad]
+        nodes["attn"], nodes["attn_wgrad"] = _attn_wgrad_split(sh, attn.ops)
     return nodes
+
+
+def _attn_wgrad_split(shape, ops: list[Op]) -> tuple[list[Op], list[Op]]:
+    """The attention node's backward with its linear layers' weight gradients (the attention
+    projections and the shared experts: ``self_attention.backward_dw`` and the shared
+    experts' ``backward_dw`` in ``fine_grained_callables.py``, lines 372-400) split off, to
+    run after it with no event."""
+    from .layerkinds import attention_projections
+    before, after = attention_projections(shape)
+    names = {f"bwd.{n}" for n, *_ in (*before, *after)} | {"bwd.shared.fc1", "bwd.shared.fc2"}
+    kept, wgrad = [], []
+    for op in ops:
+        p = op.payload
+        if type(p) is Compute and p.name in names and p.kernels \
+                and all(k.kind == "gemm" for k in p.kernels) and len(p.kernels) % 2 == 0:
+            d, w = _split_wgrad(p)
+            kept.append(Op(d, op.stream, op.deps, op.repeat))
+            wgrad.append(Op(w, op.stream, (), op.repeat))
+        else:
+            kept.append(op)
+    return kept, wgrad
 
 
 def _split_wgrad(c: Compute) -> tuple[Compute, Compute]:
@@ -160,10 +184,10 @@ def _merge(pairs: list[tuple[dict | None, dict | None]], ops: list[Op]) -> None:
             base = len(ops)
             for j, op in enumerate(body):
                 deps = tuple(d + base for d in op.deps)
-                if j == 0 and node != "mlp_wgrad" and chain[side] is not None:
+                if j == 0 and not node.endswith("wgrad") and chain[side] is not None:
                     deps = tuple(sorted({*deps, chain[side]}))
                 ops.append(Op(op.payload, op.stream, deps, op.repeat))
-            if node != "mlp_wgrad":
+            if not node.endswith("wgrad"):
                 chain[side] = len(ops) - 1
 
 
