@@ -239,7 +239,8 @@ class CostModel:
         t = collective_time(kind, choice, nbytes, net) if matrix is None \
             else uneven_time(kind, choice, matrix, net)
         if not math.isfinite(t):
-            why = ("NCCL does not run it here (NVLS needs Hopper or later with NVSwitch, "
+            why = ("NCCL does not run it here (NVLS needs Hopper or later with NVSwitch and "
+                   "more than 2 of the group's GPUs on a node, "
                    "CollNet needs system.collectives.sharp and several nodes; LL128 needs "
                    "NVLink)") if algorithm.backend == "nccl" \
                 else "its ranks are not spread evenly over nodes" if matrix is None \

@@ -86,3 +86,15 @@ def test_nccl_chooses_by_its_estimate_not_by_the_time_taken():
 def test_no_choice_without_an_nccl_machine():
     net = GroupNet(8, 8, 1e-6, 450e9)
     assert math.isinf(best_algorithm("all_reduce", MIB, net, "nccl")[1])
+
+
+@pytest.mark.parametrize("gpus", [2, 3])
+def test_nvls_needs_more_than_two_gpus_on_a_node(gpus):
+    """src/transport/nvls.cc ncclNvlsInit (NCCL 2.18.1 to 2.26.2): no NVLS with ``gpuCount
+    <= 2``; with 3 GPUs it runs."""
+    net = GroupNet(gpus, gpus, 1e-6, 450e9, nccl=HOPPER)
+    t = nccl_time("all_reduce", "nvls", "Simple", GIB, net, HOPPER)
+    assert math.isinf(t) == (gpus == 2)
+    two_nodes = GroupNet(2 * gpus, gpus, 1e-6, 450e9, 5e-6, 400e9, nodes=2, nccl=HOPPER)
+    t = nccl_time("all_reduce", "nvls_tree", "Simple", GIB, two_nodes, HOPPER)
+    assert math.isinf(t) == (gpus == 2)

@@ -110,8 +110,8 @@ def available(op: str, algo: str, proto: str, net: GroupNet, env: NcclEnv) -> bo
         return False
     if proto == "LL128" and env.intra != "nvlink":  # LL128 needs NVLink inside (≤ PATH_NVB)
         return False
-    if algo in ("nvls", "nvls_tree") and _nvls_channels(net) < 2:
-        return False  # tuning.cc: NVLS needs at least 2 channels
+    if algo in ("nvls", "nvls_tree") and _nvls_channels(net) <= 2:
+        return False  # src/transport/nvls.cc (2.26.2) ncclNvlsInit: none on <= 2 GPUs a node
     if algo == "nvls":
         ok = T.NVLS_EFFICIENCY[env.arch] > 0 and env.nvswitch
         return ok and (not net.multi_node or (env.sharp and op == "all_reduce"))
