@@ -69,6 +69,10 @@ class PlanFacts:
     delay_wgrad: Any = False
     allgather_dispatch: Any = False
     shared_overlap: Any = False
+    #: the flex token dispatcher, its DeepEP backend, and padding to capacity
+    flex_dispatch: Any = False
+    deepep: Any = False
+    pad: Any = False
     full_recompute: Any = False
     fp32: Any = False
     #: only every n-th layer is checkpointed (``train.recompute_every_n_layers`` > 1)
@@ -115,7 +119,9 @@ def _moe_facts(cfg: Any) -> dict:
     if plan is not None:
         out.update(a2a_overlap=plan.a2a_overlap, delay_wgrad=plan.delay_wgrad,
                    allgather_dispatch=plan.dispatcher == "allgather",
-                   shared_overlap=plan.shared_expert_overlap)
+                   shared_overlap=plan.shared_expert_overlap,
+                   flex_dispatch=plan.dispatcher == "flex", deepep=plan.flex_backend == "deepep",
+                   pad=plan.pad)
     return out
 
 
@@ -322,6 +328,25 @@ def _delay_wgrad_needs_ep_a2a_overlap(f: PlanFacts):
     return f.delay_wgrad & ~f.a2a_overlap
 
 
+@stack_rule("no_flex_dispatcher", "the flex token dispatcher (DeepEP/HybridEP kernels)",
+            "parallel.moe.token_dispatcher_type")
+def _no_flex_dispatcher(f: PlanFacts):
+    return f.flex_dispatch
+
+
+@stack_rule("flex_needs_tp_ep", "the flex token dispatcher on one rank (expert TP x EP = 1)",
+            "parallel.moe.token_dispatcher_type", "parallel.expert_model_parallel_size",
+            "parallel.expert_tensor_parallel_size")
+def _flex_needs_tp_ep(f: PlanFacts):
+    return f.flex_dispatch & (f.ep * f.etp <= 1)
+
+
+@stack_rule("deepep_no_pad", "the flex dispatcher's DeepEP backend with padding to capacity",
+            "parallel.moe.flex_dispatcher_backend", "parallel.moe.pad_expert_input_to_capacity")
+def _deepep_no_pad(f: PlanFacts):
+    return f.flex_dispatch & f.deepep & f.pad
+
+
 # ------------------------------------------------------------------------ stacks and checks
 def stack_rules(stack: str) -> list[tuple[StackRule, str]]:
     """``(rule, source)`` for each rule the stack ``stack`` declares, in file order.
@@ -357,7 +382,9 @@ def _shown(cfg: Any, path: str) -> str:
         value = {"overlap_expert_parallel_comm": plan.a2a_overlap,
                  "delay_wgrad_compute": plan.delay_wgrad,
                  "token_dispatcher_type": plan.dispatcher,
-                 "shared_expert_overlap": plan.shared_expert_overlap}[key]
+                 "shared_expert_overlap": plan.shared_expert_overlap,
+                 "flex_dispatcher_backend": plan.flex_backend,
+                 "pad_expert_input_to_capacity": plan.pad}[key]
         return f"{path} = {value!r}"
     value = getattr(cfg.software, key) if key in _SOFTWARE_FIELDS else \
         getattr(getattr(cfg, section), key)

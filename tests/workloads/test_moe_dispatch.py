@@ -233,3 +233,27 @@ def test_flex_defaults_to_megatrons_deepep_and_says_where_that_came_from():
     plan = resolve_moe(ddlsim.load_config(qwen3_30b({"token_dispatcher_type": "flex"})))
     assert plan.flex_backend == "deepep"
     assert "d7288711" in plan.sources["flex_dispatcher_backend"]
+
+
+@pytest.mark.parametrize("stack, change, rule", [
+    ("megatron-core-2024", {}, "no_flex_dispatcher"),          # 900f1b76: allgather, alltoall
+    ("deepspeed", {}, "no_flex_dispatcher"),                   # DeepSpeed's _AllToAll only
+    ("megatron-core-2025", {"ep": 1, "nodes": 1}, "flex_needs_tp_ep"),   # TP x EP > 1
+    ("megatron-core-2025", {"pad": True}, "deepep_no_pad")])
+def test_what_the_stacks_code_refuses_is_refused(stack, change, rule):
+    cfg = qwen3_30b({"token_dispatcher_type": "flex"}, nodes=change.get("nodes", 2),
+                    ep=change.get("ep", 16))
+    cfg["system"]["software"] = {"stack": stack}
+    if change.get("pad"):
+        cfg["model"]["capacity_factor"] = 1.25
+        cfg["parallel"]["moe"]["pad_expert_input_to_capacity"] = True
+    with pytest.raises(ConfigError, match=f"rule {rule}"):
+        ddlsim.load_config(cfg)
+
+
+def test_hybridep_pads_to_capacity_where_deepep_cannot():
+    # Megatron-LM d7288711 _HybridEPManager: drop_and_pad permutes to capacity · p · local
+    # experts; the expert GEMMs compute the padded slots, the kernels move the routed tokens
+    cfg = qwen3_30b({**HYBRIDEP, "pad_expert_input_to_capacity": True})
+    cfg["model"]["capacity_factor"] = 1.25
+    ddlsim.load_config(cfg)
