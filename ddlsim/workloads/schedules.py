@@ -132,7 +132,8 @@ def combined_schedule(name: str, stage: int, p: int, m: int,
     comm``): the schedule's warm-up plus one forward, then each steady-state forward and the
     backward issued after it as one combined step ``("FB", mb_f, chunk_f, mb_b, chunk_b)``,
     then the remaining backwards; other entries are ``(kind, microbatch, chunk)`` as in
-    :func:`schedule`. With PP = 1: ``F(0)``, ``B(i) + F(i + 1)`` for ``i < m − 1``, ``B(m − 1)``.
+    :func:`schedule`. With PP = 1: ``F(0)``, ``B(i) + F(i + 1)`` for ``i < m − 1``,
+    ``B(m − 1)``.
 
     References
     ----------

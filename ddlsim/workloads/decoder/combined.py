@@ -90,7 +90,8 @@ def moe_layer_nodes(b, backward: bool, delay_wgrad: bool = False) -> dict[str, l
     dispatcher's collectives, combine with the un-permutation: ``ep`` stream), ``mlp`` (sort,
     experts, un-sort: compute), and with ``delay_wgrad`` in the backward ``mlp_wgrad`` and
     ``attn_wgrad``, the weight gradients of the experts and of the attention's (and shared
-    experts') linear layers split from ``mlp`` and ``attn``. Each is a list of ops whose deps index it.
+    experts') linear layers split from ``mlp`` and ``attn``. Each is a list of ops whose deps
+    index it.
     The sizes are :class:`.moe.MoEOps`'s, op for op.
 
     References
