@@ -87,8 +87,12 @@ class FlowNetwork:
         self._parent = np.arange(n_links + 1)
         self.root = self._parent.copy()
         self._users = np.zeros(n_links + 1, dtype=np.int64)  # per domain root
-        self._reserved: dict[int, Reserver] = {}
-        self._held = np.zeros(n_links + 1, dtype=bool)  # roots in _reserved
+        #: per domain root, the id of the run that holds it (−1: none); runs by id, in the
+        #: order they reserved (arrays, not a dict per root: a tensor-parallel collective at
+        #: 131,072 GPUs holds 16,384 node domains at once)
+        self._holder = np.full(n_links + 1, -1, dtype=np.int64)
+        self._runs: dict[int, Reserver] = {}
+        self._next_run = 0
         #: bumped whenever domains merge (their roots change)
         self.epoch = 0
         self._dirty = np.zeros(n_links + 1, dtype=bool)
@@ -147,9 +151,9 @@ class FlowNetwork:
         live = self._slots.live()
         doms = [self._slots.dom[live]] + [p[4] for p in self._pending]
         self._users = np.bincount(np.concatenate(doms), minlength=self.pad + 1)
-        held = list(dict.fromkeys(self._reserved.values()))
-        self._reserved = {}
-        self._held[:] = False
+        held = list(self._runs.values())
+        self._runs = {}
+        self._holder[:] = -1
         self.epoch += 1
         for run in held:
             run.materialise()
@@ -161,17 +165,22 @@ class FlowNetwork:
 
     def idle(self, roots: np.ndarray) -> bool:
         """No flow is active or pending and no run holds any of ``roots``."""
-        return not self._users[roots].any() and not self._held[roots].any()
+        return not self._users[roots].any() and not (self._holder[roots] >= 0).any()
 
     def reserve(self, roots: np.ndarray, run: Reserver) -> None:
-        self._held[roots] = True
-        for r in roots.tolist():
-            self._reserved[r] = run
+        """``run`` holds the idle domains ``roots`` until it releases them."""
+        if len(roots):
+            self._holder[roots] = rid = self._next_run
+            self._next_run += 1
+            self._runs[rid] = run
 
     def release(self, roots: np.ndarray) -> None:
-        self._held[roots] = False
-        for r in roots.tolist():
-            self._reserved.pop(r, None)
+        """Give back the domains ``roots`` (all of one run's, or none held any more)."""
+        if len(roots):
+            rid = int(self._holder[roots[0]])
+            if rid >= 0:
+                self._holder[roots] = -1
+                del self._runs[rid]
 
     def account(self, key: object, edges: np.ndarray, mult: np.ndarray, flow_bytes: float,
                 links: np.ndarray, busy_s: float, new_flows: bool = True) -> None:
@@ -196,11 +205,11 @@ class FlowNetwork:
             self.links.carry(edges, nbytes * mult)
         dom = self.root[edges[:, 0]]
         doms, counts = unique_counts(dom)
-        if self._reserved:
-            for r in doms.tolist():
-                run = self._reserved.get(r)
-                if run is not None:
-                    run.materialise()
+        if self._runs:  # runs holding these domains go on as flows, smallest root first
+            for r in doms[self._holder[doms] >= 0].tolist():
+                rid = int(self._holder[r])
+                if rid >= 0:
+                    self._runs[rid].materialise()
         self._users[doms] += counts
         oid = self._next_owner
         self._next_owner += 1
