@@ -16,6 +16,11 @@ With ``--deferred`` the imports inside functions count too (those made on first 
 start-up fast or to step around a circle): the graph of what depends on what, whatever the
 order of loading. A circle there is a design circle even when every import succeeds.
 
+Loads by name are not imports here: a string naming a module, resolved on use by
+``importlib.import_module`` (the lists of built-in plugins a registry loads, such as
+``BUILTIN_FAMILIES``) or by a lazy re-export table (``ddlsim._lazy.lazy_exports``). They are
+counted and listed apart, so that a circle broken by turning an import into a name shows.
+
 * **Circles**: the strongly connected components of more than one module
   (:func:`networkx.strongly_connected_components`). In a circle, which module can be imported
   first depends on which one was; ``from a import b`` then fails with "partially initialized
@@ -136,6 +141,29 @@ def import_graph(root: Path = ROOT, deferred: bool = False) -> nx.DiGraph:
     return graph
 
 
+def loads_by_name(root: Path = ROOT) -> list[tuple[str, int, str]]:
+    """``(module, line, named)`` for each string in a module's source that names another
+    ddlsim module (absolute, or relative to the module's package as ``lazy_exports`` tables
+    write them; the first line per pair; not the root package nor the ``ddlsim.data``
+    resources): loads by name (``importlib.import_module``, lazy re-exports, lists of
+    built-in plugins), which :func:`import_graph` does not count as imports."""
+    files = modules(root)
+    out = []
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+                continue
+            text = node.value
+            named = package + text if text.startswith(".") and text[1:2].isalpha() else text
+            if named in files and named not in (name, "ddlsim", "ddlsim.data"):
+                out.append((name, node.lineno, named))      # ddlsim.data: resources only
+    first = {}
+    for module, line, named in sorted(out):
+        first.setdefault((module, named), line)
+    return sorted((m, line, n) for (m, n), line in first.items())
+
+
 def layer(module: str) -> int:
     """The index in :data:`LAYERS` of the layer whose longest prefix names ``module``."""
     best, index = -1, None
@@ -174,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
           f"circles {len(found)} of {', '.join(str(len(c)) for c in found) or 'no'} modules; "
           f"through ddlsim.config: {f'one of {config} modules' if config else 'none'}; "
           f"upward imports {len(up)}")
+    named = loads_by_name()
+    print(f"loads by name (a string naming a module; not counted above): {len(named)} in "
+          f"{len({m for m, _, _ in named})} modules")
     if args.quiet:
         return 0
     for i, comp in enumerate(found, 1):
@@ -185,6 +216,10 @@ def main(argv: list[str] | None = None) -> int:
         print("\nupward imports (importer:line -> imported, layers):")
     for a, b, line in up:
         print(f"  {a}:{line} -> {b}  ({LAYERS[layer(a)][0]} -> {LAYERS[layer(b)][0]})")
+    if named:
+        print("\nloads by name (module:line -> named):")
+    for a, line, b in named:
+        print(f"  {a}:{line} -> {b}")
     return 0
 
 

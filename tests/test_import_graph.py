@@ -54,8 +54,10 @@ def test_the_reader_sees_a_circle_and_skips_deferred_and_type_checking_imports(t
     (pkg / "sub" / "b.py").write_text(
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .. import c\n"
         "from ..a import y\n\ndef f():\n    from .. import c\n")
-    (pkg / "c.py").write_text("")
+    (pkg / "c.py").write_text('PLUGINS = ("ddlsim.a",)  # loaded by name\n')
     graph = ig.import_graph(pkg)
     assert ig.circles(graph) == [["ddlsim.a", "ddlsim.sub", "ddlsim.sub.b"]]
     assert not graph.has_edge("ddlsim.sub.b", "ddlsim.c")
     assert ig.import_graph(pkg, deferred=True).has_edge("ddlsim.sub.b", "ddlsim.c")
+    assert not graph.has_edge("ddlsim.c", "ddlsim.a")       # a load by name is listed apart
+    assert ig.loads_by_name(pkg) == [("ddlsim.c", 1, "ddlsim.a")]
