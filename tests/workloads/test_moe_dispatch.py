@@ -257,3 +257,21 @@ def test_hybridep_pads_to_capacity_where_deepep_cannot():
     cfg = qwen3_30b({**HYBRIDEP, "pad_expert_input_to_capacity": True})
     cfg["model"]["capacity_factor"] = 1.25
     ddlsim.load_config(cfg)
+
+
+# ---------------------------------------------------------------- the importer
+def test_megatron_flex_arguments_are_read():
+    from ddlsim.importers.megatron import read_megatron
+    # Megatron-LM d7288711 (the backend flag) and 9c1a5351 (--moe-enable-deepep)
+    new = read_megatron("torchrun pretrain_gpt.py --num-experts 128 --moe-router-topk 8 "
+                        "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend "
+                        "hybridep --moe-hybridep-num-sms 16 --expert-model-parallel-size 16",
+                        "run.sh")
+    assert new.fields["parallel.moe.token_dispatcher_type"] == "flex"
+    assert new.fields["parallel.moe.flex_dispatcher_backend"] == "hybridep"
+    assert not new.refused
+    old = read_megatron("torchrun pretrain_gpt.py --moe-token-dispatcher-type flex "
+                        "--moe-enable-deepep", "run.sh")
+    assert old.fields["parallel.moe.flex_dispatcher_backend"] == "deepep"
+    bad = read_megatron("torchrun pretrain_gpt.py --moe-flex-dispatcher-backend nccl", "run.sh")
+    assert bad.refused
