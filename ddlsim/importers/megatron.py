@@ -64,6 +64,10 @@ SWITCHES: dict[str, tuple[str, Any]] = {
     "moe-shared-expert-overlap": ("parallel.moe.shared_expert_overlap", True),
     "moe-pad-expert-input-to-capacity": ("parallel.moe.pad_expert_input_to_capacity", True),
     "moe-router-force-load-balancing": ("parallel.moe.router_force_load_balancing", True),
+    # Megatron-LM d7288711 megatron/core/transformer/moe/README.md lines 557-558 (the combined
+    # 1F1B, workloads/decoder/combined.py)
+    "overlap-moe-expert-parallel-comm": ("parallel.moe.overlap_expert_parallel_comm", True),
+    "delay-wgrad-compute": ("parallel.moe.delay_wgrad_compute", True),
     # Megatron-LM 9c1a5351 arguments.py line 2692 (deprecated at d7288711 for the backend flag)
     "moe-enable-deepep": ("parallel.moe.flex_dispatcher_backend", "deepep"),
     "checkpoint-activations": ("train.recompute", "full"),      # Megatron-LM 2021

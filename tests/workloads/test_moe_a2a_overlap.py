@@ -234,3 +234,13 @@ def test_zero3_with_the_overlap_is_refused_not_ignored():
     d["parallel"]["zero_stage"] = 3
     with pytest.raises(ConfigError, match="overlap_expert_parallel_comm"):
         ddlsim.build_workload(ddlsim.load_config(d))
+
+
+def test_megatron_arguments_import_as_the_two_options():
+    # Megatron-LM's MoE README (d7288711, lines 557-558) names both flags
+    from ddlsim.importers.megatron import read_megatron
+    draft = read_megatron("torchrun pretrain_gpt.py --num-experts 8 --expert-model-parallel-size 8"
+                          " --overlap-moe-expert-parallel-comm --delay-wgrad-compute\n", "run.sh")
+    assert draft.fields["parallel.moe.overlap_expert_parallel_comm"] is True
+    assert draft.fields["parallel.moe.delay_wgrad_compute"] is True
+    assert not draft.refused
