@@ -36,7 +36,17 @@ __all__ = ["flex_ops", "flex_received_tokens", "flex_permute_bytes"]
 def flex_received_tokens(builder: Any) -> float:
     """``R``: distinct tokens one rank receives per dispatch: ``p·q_gpu·T`` over the
     ``p = etp·ep`` ranks of the group (:func:`~ddlsim.simulator.collectives.flex.flex_traffic`,
-    node layout aside; balanced routing: check_moe_plan refuses a hot rank with flex)."""
+    node layout aside; balanced routing: check_moe_plan refuses a hot rank with flex).
+
+    Parameters
+    ----------
+    builder : the stage builder (:class:`~.moe.MoEOps`): its shape, ``etp``, ``ep``, tokens.
+
+    Returns
+    -------
+    float
+        Tokens.
+    """
     sh, p = builder.shape, builder.etp * builder.ep
     return flex_traffic(builder.tokens(), sh.experts, sh.top_k, builder.etp, p, p).nvl_bytes
 
@@ -47,7 +57,18 @@ def flex_permute_bytes(builder: Any, unpermute: bool) -> float:
     Fused (HybridEP always; DeepEP with ``permute_fusion``): one kernel reading one side and
     writing the other, ``(R + copies)·h``; unfused: a gather of the copies (read + write), and
     to un-permute the probabilities' product and a scatter-add back to ``R`` (Megatron-Core
-    ``moe_utils.permute``/``unpermute``, as :meth:`~.moe.MoEOps._permute_bytes` counts them)."""
+    ``moe_utils.permute``/``unpermute``, as :meth:`~.moe.MoEOps._permute_bytes` counts them).
+
+    Parameters
+    ----------
+    builder : the stage builder (:class:`~.moe.MoEOps`).
+    unpermute : the pass before the combine (True) or after the dispatch (False).
+
+    Returns
+    -------
+    float
+        Bytes read and written.
+    """
     h, dt = builder.shape.hidden, builder.dt
     R = flex_received_tokens(builder)
     copies = builder.local_experts * builder.expert_tokens()
@@ -62,7 +83,21 @@ def flex_ops(builder: Any, pre: str, backward: bool) -> tuple[list[Collective],
     forward, the dispatch kernel then the combine kernel; backward (``combine`` gradient
     first), the dispatch kernel for the combine's gradient and the combine kernel for the
     dispatch's. Each is one ``all_to_all`` of the alltoall dispatcher's bytes (``T·k·h``)
-    on ``tp_ep``, timed by the backend's kernel (:func:`.flex_algorithm`)."""
+    on ``tp_ep``, timed by the backend's kernel
+    (:func:`~ddlsim.simulator.collectives.flex.flex_algorithm`).
+
+    Parameters
+    ----------
+    builder : the stage builder (:class:`~.moe.MoEOps`).
+    pre : the ops' name prefix (``fwd``, ``recompute``, ``bwd``).
+    backward : the backward's collectives (kernels swapped, gradients' order).
+
+    Returns
+    -------
+    tuple
+        ``(first, second, (bytes after the first, bytes before the second))``: the
+        collectives before and after the experts, and the permutation passes beside them.
+    """
     sh, plan = builder.shape, builder.moe
     group = "tp_ep" if builder.split_experts else "tp"
     nbytes = builder.tokens() * sh.top_k * sh.hidden * builder.dt
