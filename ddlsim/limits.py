@@ -367,17 +367,15 @@ def check_work(cfg: RunConfig, engine: str, limits: Limits | None = None,
 
 
 def check_topology(spec: Any, limits: Limits | None = None) -> None:
-    """Refuse to build the graph of ``spec`` (a system section or topology spec) when its
-    estimated links exceed ``limits.topology_links``: for ``ddlsim topology show``.
+    """Refuse to build the graph of ``spec`` (a validated system section or topology spec,
+    :func:`ddlsim.topologies.spec.parse_spec`) when its estimated links exceed
+    ``limits.topology_links``: for ``ddlsim topology show``.
 
     Raises
     ------
     WorkTooLargeError
         With the estimate, the limit and the ``--limit`` option to raise it.
     """
-    from .topologies.spec import parse_spec
-
-    spec = parse_spec({"preset": spec} if isinstance(spec, str) else spec)
     _refuse_over({"topology_links": topology_links(spec)}, limits or Limits())
 
 

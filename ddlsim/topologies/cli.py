@@ -55,8 +55,10 @@ def show(
         from ..limits import Limits, check_topology
         from .build import build_topology
         from .report import draw, summary
+        from .spec import parse_spec
 
-        check_topology(data, Limits.from_strings(limit))
+        check_topology(parse_spec({"preset": data} if isinstance(data, str) else data),
+                       Limits.from_strings(limit))
         topo = build_topology(data)
         info = summary(topo)
         if draw_to is not None:
