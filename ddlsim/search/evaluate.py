@@ -29,11 +29,12 @@ def _setting(path: str, value: Any) -> str:
     return setting(path, value)
 
 
-def evaluate_plans(cfg, plans: PlanSet, memory: tuple[np.ndarray, np.ndarray] | None = None
-                   ) -> dict[str, np.ndarray]:
+def evaluate_plans(cfg, plans: PlanSet, memory: tuple[np.ndarray, np.ndarray] | None = None,
+                   ctx: Any = None) -> dict[str, np.ndarray]:
     """Iteration time, memory and throughput of ``plans`` (all valid, one context) on the
     base config ``cfg``; ``memory``: their ``(bytes per device, capacity)`` when the caller
-    has them (the family's ``memory``, as :func:`evaluate_grid` computes it first).
+    has them (the family's ``memory``, as :func:`evaluate_grid` computes it first); ``ctx``:
+    the family's ``prepare(cfg)`` when the caller has it.
 
     Returns
     -------
@@ -41,7 +42,7 @@ def evaluate_plans(cfg, plans: PlanSet, memory: tuple[np.ndarray, np.ndarray] | 
     ``fits``, ``gpus``, ``tokens_per_s``, ``mfu``.
     """
     family = vector_family(cfg.model.architecture)
-    ctx = family.prepare(cfg)
+    ctx = family.prepare(cfg) if ctx is None else ctx
     costs = family.costs(ctx, plans, None)
     t = iteration_time(costs, plans)
     memory, capacity = family.memory(ctx, plans) if memory is None else memory
@@ -91,7 +92,9 @@ def evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[
     Grid
     """
     base, fields = base_config(data, base_dir, overrides, axes)
-    if not vectorised(data, base_dir, overrides, axes, base):
+    ctx_cfgs = _contexts(data, base_dir, overrides, _context_combinations(axes))
+    prepared = _prepared(data, base_dir, overrides, axes, base, ctx_cfgs)
+    if prepared is None:
         from .exact import evaluate_exact
         return evaluate_exact(data, base_dir, overrides, axes, constraints, objective,
                               price_per_gpu_hour, progress)
@@ -100,7 +103,6 @@ def evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[
     devices = base.system.num_devices
     fill = min(devices, constraints.max_gpus or devices)
     plans = enumerate_plans(axes, fields, fill)
-    ctx_cfgs = _contexts(data, base_dir, overrides, plans.contexts)
     reason = np.full(len(plans), -1, dtype=np.int64)
     reasons: list[str] = []
 
@@ -130,7 +132,8 @@ def evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[
     for i, cfg in enumerate(ctx_cfgs):
         here = (plans["context"] == i) & (reason < 0)
         if here.any():
-            ctx = family.prepare(cfg)
+            # prepared above, or a failed context given a plan's config by the judge
+            ctx = prepared[i] if prepared[i] is not None else family.prepare(cfg)
             index = np.flatnonzero(here)
             sub = plans.take(index)
             # memory first: a plan that must fit and does not is not timed
@@ -143,7 +146,7 @@ def evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[
                 index, sub = index[fits], sub.take(fits)
                 memory, capacity = memory[fits], capacity[fits]
             if len(index):
-                parts.append((index, sub, evaluate_plans(cfg, sub, (memory, capacity))))
+                parts.append((index, sub, evaluate_plans(cfg, sub, (memory, capacity), ctx)))
         if progress is not None:
             progress(i + 1, len(ctx_cfgs))
     frame = _frame(plans, parts, reason, base.train.seq_length, price_per_gpu_hour)
@@ -162,17 +165,36 @@ def vectorised(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[str
     """Whether the grid's every context has a vectorised form: the model's family registers
     one and its ``prepare`` accepts each context's base config (else the grid is searched by
     the exact engine, :mod:`.exact`)."""
+    cfgs = _contexts(data, base_dir, overrides, _context_combinations(axes))
+    return _prepared(data, base_dir, overrides, axes, base, cfgs) is not None
+
+
+def _context_combinations(axes: Mapping[str, list]) -> list[dict]:
+    """Every combination of the axes that are not vector fields (the contexts), in the
+    order of :func:`~ddlsim.search.plans.enumerate_plans`."""
+    import itertools
+    context_axes = {p: v for p, v in axes.items() if p not in VECTOR_FIELDS}
+    return [dict(zip(context_axes, combo))
+            for combo in itertools.product(*context_axes.values())]
+
+
+def _prepared(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[str, list], base,
+              cfgs: list) -> list | None:
+    """Each context's ``family.prepare`` (None for a context whose base config failed,
+    ``cfgs[i]`` a ConfigError), or None when the grid has no vectorised form
+    (:func:`vectorised`)."""
     try:
         family = vector_family(base.model.architecture)
     except ConfigError:
-        return False
-    import itertools
-    context_axes = {p: v for p, v in axes.items() if p not in VECTOR_FIELDS}
-    contexts = [dict(zip(context_axes, combo))
-                for combo in itertools.product(*context_axes.values())]
+        return None
     from ..configload import build_config
-    for ctx, cfg in zip(contexts, _contexts(data, base_dir, overrides, contexts)):
-        if isinstance(cfg, ConfigError):
+    out = []
+    for ctx, cfg in zip(_context_combinations(axes), cfgs):
+        try:
+            if not isinstance(cfg, ConfigError):
+                out.append(family.prepare(cfg))
+                continue
+            out.append(None)
             # a context that needs more than the one-device plan (a 2-D tensor grid): the
             # config as written with the context's values, if that builds, tells its form
             try:
@@ -180,11 +202,10 @@ def vectorised(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[str
                                    base_dir)
             except ConfigError:
                 continue      # rejected plan by plan (planconfig.judge_failed_contexts)
-        try:
             family.prepare(cfg)
         except ConfigError:
-            return False
-    return True
+            return None
+    return out
 
 
 def base_config(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[str, list]):
