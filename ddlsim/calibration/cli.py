@@ -136,11 +136,18 @@ def comm(backend: str = typer.Option("mpi", help="mpi (mpi4py) | nccl | gloo (to
          force: bool = typer.Option(False, help="overwrite existing output files"),
          progress: bool = typer.Option(True, help="progress bar on rank 0"),
          allow_shared_cores: bool = typer.Option(False, help="measure even when ranks on a "
-                                                 "node outnumber its usable CPU cores")) -> None:
-    from .comm_bench import (TAPER_FROM_BYTES, check_cores, default_sizes, planned_steps,
+                                                 "node outnumber its usable CPU cores"),
+         clock: str = typer.Option("wall", help="wall | cpu: the CPU time each rank got (mpi, "
+                                   "gloo; not inflated while other processes hold a core; "
+                                   "the max over ranks)")) -> None:
+    from .comm_bench import (CLOCKS, TAPER_FROM_BYTES, check_cores, default_sizes, planned_steps,
                              run_scoped_benchmarks, scoped_communicators)
 
     _choice(backend, ("mpi", "nccl", "gloo"), "--backend")
+    _choice(clock, tuple(CLOCKS), "--clock")
+    if clock == "cpu" and backend == "nccl":
+        raise CalibrationError("--clock cpu times the host's CPU, not the GPU's work: use it "
+                               "with --backend mpi or gloo, or --clock wall with nccl")
     op_list = _split_list(ops, OPS, "operation")
     sizes = default_sizes(parse_bytes(max_bytes), parse_bytes(min_bytes), factor)
     adapter = _adapter(backend)
@@ -152,11 +159,11 @@ def comm(backend: str = typer.Option("mpi", help="mpi (mpi4py) | nccl | gloo (to
                            planned_steps(op_list, sizes, len(comms))) as tick:
             rows = run_scoped_benchmarks(adapter, op_list, sizes, warmup, reps, batch=batch,
                                          comms=comms, progress=tick,
-                                         taper_from=TAPER_FROM_BYTES)
+                                         taper_from=TAPER_FROM_BYTES, clock=CLOCKS[clock])
         if adapter.rank == 0:
             _write_comm(adapter, rows, comms[0][2], output, force,
                         {"ops": op_list, "sizes_bytes": sizes, "warmup": warmup, "reps": reps,
-                         "batch": batch, "split": split,
+                         "batch": batch, "split": split, "clock": clock,
                          "reps_taper_from_bytes": TAPER_FROM_BYTES})
     finally:
         adapter.close()

@@ -32,7 +32,8 @@ import numpy as np
 from .adapters import CommAdapter
 from .schema import OPS, CalibrationError, check_op, comm_row, summarize
 
-__all__ = ["check_cores", "default_sizes", "reps_at", "DEFAULT_MAX_BYTES", "TAPER_FROM_BYTES", "Placement", "placement", "run_comm_benchmark",
+__all__ = ["CLOCKS", "check_cores", "default_sizes", "reps_at", "DEFAULT_MAX_BYTES",
+           "TAPER_FROM_BYTES", "Placement", "placement", "run_comm_benchmark",
            "run_scoped_benchmarks", "scoped_communicators"]
 
 Progress = Callable[[str], None]
@@ -152,26 +153,37 @@ def _warm(comm: CommAdapter, call, warmup: int) -> None:
     comm.synchronize()
 
 
-def _batches(comm: CommAdapter, call, reps: int, batch: int) -> np.ndarray:
-    """``reps`` timed batches of ``call`` on this rank (seconds per call)."""
+#: ``--clock`` → the timer: wall time, or the CPU time this process got (host-side
+#: backends only: a rank's CPU time is not inflated while other processes hold its core,
+#: and the max over ranks still counts a rank's polling while it waits for another)
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def _batches(comm: CommAdapter, call, reps: int, batch: int,
+             clock: Callable[[], float] | None = None) -> np.ndarray:
+    """``reps`` timed batches of ``call`` on this rank (seconds per call), timed by ``clock``
+    (None: wall time, ``time.perf_counter``)."""
+    clock = clock or time.perf_counter
     samples = np.empty(reps)
     for i in range(reps):
         comm.barrier()
-        t0 = time.perf_counter()
+        t0 = clock()
         for _ in range(batch):
             call.run()
         comm.synchronize()
-        samples[i] = (time.perf_counter() - t0) / batch * call.time_scale
+        samples[i] = max(clock() - t0, 1e-9) / batch * call.time_scale
     return samples
 
 
-def _time_batches(comm: CommAdapter, call, warmup: int, reps: int, batch: int) -> np.ndarray:
+def _time_batches(comm: CommAdapter, call, warmup: int, reps: int, batch: int,
+                  clock: Callable[[], float] | None = None) -> np.ndarray:
     _warm(comm, call, warmup)
-    return comm.reduce_max(_batches(comm, call, reps, batch))
+    return comm.reduce_max(_batches(comm, call, reps, batch, clock))
 
 
 def _time_interleaved(comm: CommAdapter, calls: list, warmup: int, reps: list[int],
-                      batch: int) -> list[np.ndarray]:
+                      batch: int, clock: Callable[[], float] | None = None
+                      ) -> list[np.ndarray]:
     """:func:`_time_batches` of several calls, their batches split into interleaved rounds."""
     for call in calls:
         _warm(comm, call, warmup)
@@ -180,7 +192,7 @@ def _time_interleaved(comm: CommAdapter, calls: list, warmup: int, reps: list[in
     for r in range(rounds):
         for i, call in enumerate(calls):
             n = reps[i] * (r + 1) // rounds - reps[i] * r // rounds
-            parts[i].append(_batches(comm, call, n, batch))
+            parts[i].append(_batches(comm, call, n, batch, clock))
     return [comm.reduce_max(np.concatenate(p)) for p in parts]
 
 
@@ -194,7 +206,8 @@ def run_comm_benchmark(comm_adapter: CommAdapter, ops: Sequence[str], sizes: Seq
                        warmup: int, reps: int, *, batch: int = 1, scope: str | None = None,
                        where: Placement | None = None,
                        progress: Progress | None = None,
-                       taper_from: float | None = None) -> list[dict]:
+                       taper_from: float | None = None,
+                       clock: Callable[[], float] | None = None) -> list[dict]:
     """Time each operation at each message size on ``comm_adapter``; one tidy row per pair.
 
     Parameters
@@ -216,6 +229,8 @@ def run_comm_benchmark(comm_adapter: CommAdapter, ops: Sequence[str], sizes: Seq
         Called with a label after each (op, size).
     taper_from : float, optional
         Fewer timed batches above this size (:func:`reps_at`); None: ``reps`` at every size.
+    clock : callable
+        Timer in seconds (:data:`CLOCKS`); None: wall time.
 
     Returns
     -------
@@ -259,7 +274,7 @@ def run_comm_benchmark(comm_adapter: CommAdapter, ops: Sequence[str], sizes: Seq
             calls = [c for _, c in small]
             timed = _time_interleaved(comm_adapter, calls, warmup,
                                       [reps_at(c.nbytes, reps, taper_from) for c in calls],
-                                      batch)
+                                      batch, clock)
             for (size, call), samples in zip(small, timed):
                 rows.append(row(op, call.nbytes, samples))
                 tick(op, size)
@@ -271,7 +286,7 @@ def run_comm_benchmark(comm_adapter: CommAdapter, ops: Sequence[str], sizes: Seq
                 done.add(call.nbytes)
                 rows.append(row(op, call.nbytes, _time_batches(
                     comm_adapter, call, warmup, reps_at(call.nbytes, reps, taper_from),
-                    batch)))
+                    batch, clock)))
             tick(op, size)
     return rows
 
@@ -298,7 +313,8 @@ def run_scoped_benchmarks(comm: CommAdapter, ops: Sequence[str], sizes: Sequence
                           warmup: int, reps: int, *, batch: int = 1, split: bool = True,
                           comms: list[tuple[str, CommAdapter, Placement]] | None = None,
                           progress: Progress | None = None,
-                          taper_from: float | None = None) -> list[dict]:
+                          taper_from: float | None = None,
+                          clock: Callable[[], float] | None = None) -> list[dict]:
     """:func:`run_comm_benchmark` on the world and (multi-node) on intra/inter sub-communicators.
 
     Rows from sub-communicators carry the sub-communicator's ranks, nodes and scope. All groups
@@ -309,7 +325,7 @@ def run_scoped_benchmarks(comm: CommAdapter, ops: Sequence[str], sizes: Sequence
     rows: list[dict] = []
     for label, sub, where in comms or scoped_communicators(comm, split):
         got = run_comm_benchmark(sub, ops, sizes, warmup, reps, batch=batch, where=where,
-                                 progress=progress, taper_from=taper_from)
+                                 progress=progress, taper_from=taper_from, clock=clock)
         rows.extend(got if comm.rank == 0 or label == "world" else [])
     return rows
 

@@ -53,21 +53,22 @@ def default_attention_shapes(max_seq: int = 2048) -> list[tuple[int, int, int, i
 
 
 def _time(fn: Callable[[], object], sync: Callable[[], None], warmup: int,
-          reps: int) -> np.ndarray:
+          reps: int, clock: Callable[[], float] | None = None) -> np.ndarray:
+    clock = clock or time.perf_counter
     for _ in range(max(warmup, 1)):
         fn()
     sync()
-    t0 = time.perf_counter()
+    t0 = clock()
     fn()
     sync()
-    inner = max(1, min(1000, math.ceil(_MIN_SAMPLE_S / max(time.perf_counter() - t0, 1e-9))))
+    inner = max(1, min(1000, math.ceil(_MIN_SAMPLE_S / max(clock() - t0, 1e-9))))
     samples = np.empty(reps)
     for i in range(reps):
-        t0 = time.perf_counter()
+        t0 = clock()
         for _ in range(inner):
             fn()
         sync()
-        samples[i] = (time.perf_counter() - t0) / inner
+        samples[i] = max(clock() - t0, 1e-9) / inner
     return samples
 
 
@@ -115,8 +116,13 @@ def run_gemm_benchmark(backend: str = "numpy", device: str = "cpu",
                        dtypes: Sequence[str] = ("fp32",),
                        shapes: Sequence[tuple[int, int, int]] | None = None, warmup: int = 2,
                        reps: int = 5, seed: int = 0,
-                       progress: Callable[[str], None] | None = None) -> pd.DataFrame:
-    """Time GEMMs over shapes × dtypes; one row of :data:`COMPUTE_COLUMNS` per pair."""
+                       progress: Callable[[str], None] | None = None,
+                       clock: Callable[[], float] | None = None) -> pd.DataFrame:
+    """Time GEMMs over shapes × dtypes; one row of :data:`COMPUTE_COLUMNS` per pair.
+
+    ``clock`` (seconds) is wall time when None; ``time.process_time`` (numpy only) times
+    the CPU this process got, which other processes taking turns on its core do not inflate
+    (the closed loop on a shared machine, ddlsim/reference/interleaved.py)."""
     shapes = list(shapes or default_gemm_shapes())
     if reps < 1 or warmup < 0:
         raise CalibrationError(f"need reps >= 1 and warmup >= 0, got {reps}, {warmup}")
@@ -132,7 +138,7 @@ def run_gemm_benchmark(backend: str = "numpy", device: str = "cpu",
             for m, n, k in shapes:
                 a = rng.standard_normal((m, k)).astype(NUMPY_DTYPES[dtype])
                 b = rng.standard_normal((k, n)).astype(NUMPY_DTYPES[dtype])
-                samples = _time(lambda: a @ b, lambda: None, warmup, reps)
+                samples = _time(lambda: a @ b, lambda: None, warmup, reps, clock)
                 rows.append(_row("numpy", version, "cpu", "gemm", dtype,
                                  {"m": m, "n": n, "k": k}, gemm_flops(m, n, k), samples))
                 if progress:

@@ -164,3 +164,15 @@ def test_compute_rejects_unknown_dtype_and_backend():
         run_gemm_benchmark("numpy", "cpu", ["bf16"], [(8, 8, 8)])
     with pytest.raises(CalibrationError, match="numpy"):
         run_gemm_benchmark("jax", "cpu", ["fp32"], [(8, 8, 8)])
+
+
+def test_the_gemm_benchmark_times_with_the_clock_it_is_given():
+    """``clock=time.process_time`` (the closed loop on a shared machine) must time every
+    sample: a clock that advances 0.5 s per reading gives 0.5 s per call."""
+    from itertools import count
+
+    from ddlsim.calibration.compute_bench import run_gemm_benchmark
+    ticks = count()
+    df = run_gemm_benchmark("numpy", "cpu", ["fp32"], [(8, 8, 8)], warmup=1, reps=3,
+                            clock=lambda: 0.5 * next(ticks))
+    assert df["time_median_s"].tolist() == [0.5] and df["reps"].tolist() == [3]

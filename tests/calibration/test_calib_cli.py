@@ -78,6 +78,8 @@ def test_existing_output_is_never_overwritten_without_force(tmp_path):
     (["comm", "--ops", "all_reduce,allgather"], "'allgather'"),
     (["comm", "--max-bytes", "64 parsecs"], "64 parsecs"),
     (["compute", "--backend", "jax"], "'jax'"),
+    (["comm", "--clock", "tsc"], "'tsc'"),
+    (["comm", "--backend", "nccl", "--clock", "cpu"], "--clock cpu times the host's CPU"),
     (["compute", "--backend", "torch"] if _no_torch() else ["compute", "--device", "tpu"],
      "ddlsim[torch]" if _no_torch() else "'tpu'"),
 ])
