@@ -18,8 +18,9 @@ convention), so ``T·h·b = n/k``. With routing uniform over the experts (or for
 Time: ``α + max(RDMA bytes / (η_nic · NIC per member), NVLink bytes / (η_nvl · NVLink per
 member))`` (the two stages run pipelined in one kernel), the efficiencies of :data:`KERNELS`
 derived from the published kernel tables below (measured at hidden 7168, with the SM counts
-named there). The discrete-event engine replays the same flows (one
-phase: the RDMA pairs and the NVLink forwarding pairs at once) at the links' own rates.
+named there). The discrete-event engine replays the same flows as one phase (the RDMA pairs
+and the NVLink forwarding pairs at once), each pair's bytes divided by the kernel's
+efficiency on its link.
 
 One algorithm per backend, kernel and routing (``k``, ``E``, ``r``), named by
 :func:`flex_algorithm` and made from its name on lookup; ``auto`` never picks one.
@@ -184,19 +185,23 @@ def flex_time(traffic: FlexTraffic, kernel: FlexKernel, net: GroupNet) -> float:
     return net.alpha_inter_s + max(traffic.rdma_bytes / nic, traffic.nvl_bytes / nvl)
 
 
-def _pairs(p: int, g: int, traffic: FlexTraffic, nbytes: float) -> Phase:
-    """The flows of one flex kernel as one phase, weights in bytes per collective byte: each
-    member to the same-index member of every other node (RDMA), and to each node-mate its
-    forwarded share of the NVLink bytes."""
+def _pairs(p: int, g: int, traffic: FlexTraffic, nbytes: float, kernel: FlexKernel) -> Phase:
+    """The flows of one flex kernel as one phase, weights in bytes per collective byte, each
+    divided by the kernel's efficiency on its link so that the links' own rates replay the
+    kernel's time (:func:`flex_time`): each member to the same-index member of every other
+    node (RDMA), and its NVLink bytes (own share included, as the tables count them) spread
+    over its ``g − 1`` node-mates."""
     i, j = np.meshgrid(np.arange(p), np.arange(p), indexing="ij")
     same_node = i // g == j // g
     rdma = ~same_node & (i % g == j % g)
     intra = same_node & (i != j)
     nodes = p // g
+    nvl_eff = kernel.nvl_efficiency if nodes > 1 else kernel.intra_efficiency
     w = np.zeros((p, p))
     if nodes > 1:
-        w[rdma] = traffic.rdma_bytes / (nodes - 1)
-    w[intra] = traffic.nvl_bytes / g
+        w[rdma] = traffic.rdma_bytes / (nodes - 1) / kernel.nic_efficiency
+    if g > 1:
+        w[intra] = traffic.nvl_bytes / (g - 1) / nvl_eff
     w /= nbytes
     src, dst = np.nonzero(w > 0)
     return Phase(np.stack([src, dst], axis=1), 1.0, weights=w[src, dst])
@@ -247,7 +252,7 @@ def _resolve(op: str, name: str) -> Algorithm | None:
         return flex_time(traffic(n, net), rates, net)
 
     def layout(n: float, net: GroupNet) -> list[Phase]:
-        return [_pairs(net.p, net.g, traffic(n, net), n)]
+        return [_pairs(net.p, net.g, traffic(n, net), n, rates)]
 
     return Algorithm(op, name, time, _no_phases, backend="flex", layout=layout)
 
