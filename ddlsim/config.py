@@ -133,6 +133,11 @@ class ParallelConfig(_Strict):
                                   "fields: the software stack's")
     data_parallel_size: count_type("parallel_size") | None = Field(
         default=None, description="default: devices // (TP·PP)")
+    data_parallel_replicate_size: count_type("parallel_size") = Field(
+        default=1, description="HSDP (torchtitan's data_parallel_replicate_degree): the data-"
+                               "parallel ranks are this many replicas of FSDP shards over "
+                               "data_parallel_size / this (× CP); gradients reduce-scattered "
+                               "in a shard group, then all-reduced across the replicas")
     zero_stage: Annotated[Literal[0, 1, 2, 3], BeforeValidator(reject_bool)] = 0
     schedule: registered(schedules) = "1f1b"
     dp_strategy: DPStrategy = "ddp"

@@ -79,6 +79,8 @@ class PlanFacts:
     layer_ac: Any = False
     #: every virtual stage's layers are given (``parallel.layers_per_virtual_stage``)
     given_split: Any = False
+    #: replicas of FSDP shards (``parallel.data_parallel_replicate_size`` > 1)
+    hsdp: Any = False
 
     @classmethod
     def of(cls, **values: Any) -> "PlanFacts":
@@ -101,7 +103,8 @@ class PlanFacts:
                       torch_tp_overlap=p.tp > 1 and cfg.software.tp_comm_overlap == "torch_async",
                       compiled=bool(cfg.software.compile), **_moe_facts(cfg),
                       layer_ac=cfg.train.recompute_every_n_layers > 1,
-                      given_split=p.layers_per_virtual_stage is not None)
+                      given_split=p.layers_per_virtual_stage is not None,
+                      hsdp=p.data_parallel_replicate_size > 1)
 
 
 def _moe_facts(cfg: Any) -> dict:
@@ -267,6 +270,11 @@ def _no_every_nth_layer_recompute(f: PlanFacts):
             "stage", "parallel.layers_per_virtual_stage")
 def _no_per_virtual_stage_split(f: PlanFacts):
     return f.given_split
+
+
+@stack_rule("no_hsdp", "HSDP (replicas of FSDP shards)", "parallel.data_parallel_replicate_size")
+def _no_hsdp(f: PlanFacts):
+    return f.hsdp
 
 
 @stack_rule("moe_tp_needs_sp", "MoE layers with tensor parallelism but no sequence "

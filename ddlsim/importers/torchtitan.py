@@ -11,8 +11,9 @@ parallelism; ``[compile] enable`` is the stack's ``compile``; async TP is
 ``tp_comm_overlap: torch_async``. Op-level selective checkpointing is ``recompute: selective``
 under the stack's ``selective_recompute``; ``[float8] recipe_name`` is the stack's
 ``fp8_recipe``; ``selective_ac_option = 'n'`` (every n-th block checkpointed) is
-``recompute: full`` with ``recompute_every_n_layers: n``. What ddlsim cannot express yet
-(HSDP, rowwise_with_gw_hp, FSDP's float8 all-gather) is refused by name.
+``recompute: full`` with ``recompute_every_n_layers: n``; HSDP (a replicate degree with a
+shard degree) is ``data_parallel_replicate_size``. What ddlsim cannot express yet
+(rowwise_with_gw_hp, FSDP's float8 all-gather) is refused by name.
 """
 
 from __future__ import annotations
@@ -244,19 +245,24 @@ def _parallelism(draft: Draft, s: dict, doc: dict, old: bool = False) -> None:
 
 def _data_parallel(draft: Draft, s: dict) -> None:
     """FSDP (a shard degree other than 1, or context parallelism: torchtitan shards over
-    dp_shard × cp) is ZeRO-3 with the stack's per-block units, with pipelining too;
-    replicas alone are DDP; both (HSDP) are refused."""
+    dp_shard × cp) is ZeRO-3 with the stack's per-block units, with pipelining too; replicas
+    alone are DDP; both are HSDP (``data_parallel_replicate_size``: replicas of the shards)."""
     replicate = s.get("data_parallel_replicate_degree", 1)
     shard = s.get("data_parallel_shard_degree", -1)
     cp = s.get("context_parallel_degree", 1)
-    if replicate > 1 and shard != 1:
-        draft.refuse(f"[parallelism] data_parallel_replicate_degree = {replicate}, "
-                     f"data_parallel_shard_degree = {shard}", "HSDP (replicas of FSDP "
-                     "shards, gradients all-reduced across replicas) is not modelled yet")
-    elif shard != 1 or cp > 1:
+    keys = (f"[parallelism] data_parallel_replicate_degree = {replicate}, "
+            f"data_parallel_shard_degree = {shard}")
+    if shard != 1 or cp > 1:
         draft.set("parallel.zero_stage", 3, f"[parallelism] data_parallel_shard_degree = "
                   f"{shard} (FSDP2 per transformer block: ZeRO-3)")
-    if shard > 1 or replicate > 1:
+    if replicate > 1 and (shard != 1 or cp > 1):
+        draft.set("parallel.data_parallel_replicate_size", replicate, f"{keys} (HSDP: "
+                  "gradients reduce-scattered in a shard group, all-reduced across replicas)")
+        if shard == -1:     # the shards fill the rest of the ranks: DP is what is left
+            return
+        draft.set("parallel.data_parallel_size", replicate * shard,
+                  f"{keys}: data parallelism is replicas × shards")
+    elif shard > 1 or replicate > 1:
         draft.set("parallel.data_parallel_size", max(shard, replicate),
                   "[parallelism] data-parallel degree")
 

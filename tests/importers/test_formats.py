@@ -94,6 +94,8 @@ def test_torchtitan_import_round_trips_to_the_hand_written_config():
      ("train", "recompute_every_n_layers"), 2),
     ("mode = 'full'", "mode = 'selective'\nselective_ac_option = '2'",
      ("train", "recompute"), "full"),
+    ("data_parallel_replicate_degree = 1", "data_parallel_replicate_degree = 2",
+     ("parallel", "data_parallel_replicate_size"), 2),
     ("[float8]", "[float8]\nrecipe_name = 'rowwise'",
      ("system", "software", "kernels", "fp8_recipe"), "rowwise"),
     ("[parallelism]", "[parallelism]\nfsdp_reshard_after_forward = 'never'",
@@ -136,7 +138,6 @@ def test_torchtitans_interleaved_schedule_takes_its_uneven_virtual_stages(tmp_pa
 
 
 @pytest.mark.parametrize("old, new, refused", [
-    ("data_parallel_replicate_degree = 1", "data_parallel_replicate_degree = 2", "HSDP"),
     ("[float8]", "[float8]\nrecipe_name = 'rowwise_with_gw_hp'", "recipes: tensorwise"),
     ("mode = 'full'", "mode = 'selective'\nselective_ac_option = 'layer'",
      "'op' or a whole number"),

@@ -19,7 +19,7 @@ from ..schedules import schedule_arrays
 from ..trace import Block, RankClass, Program, StepTable, Workload, WorkloadMeta
 from .builder import StageBuilder
 from .memory import comm_groups, stage_memory
-from . import combined, fsdp, param_gather
+from . import combined, fsdp, hsdp, param_gather
 from .zero3 import zero3_blocks, zero3_prefetch
 
 __all__ = ["build_decoder_workload", "decoder_memory"]
@@ -80,7 +80,7 @@ def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
     par = cfg.parallel
     tp, dp, pp, v, m = b.tp, b.dp, b.pp, b.v, cfg.num_microbatches
     mesh = cfg.mesh
-    groups = {**mesh.families(), **b.part.families(mesh)}
+    groups = {**mesh.families(), **b.part.families(mesh), **hsdp.families(cfg, mesh)}
     overlap = cfg.software.overlap_grad_reduce and par.dp_strategy == "ddp" and par.zero_stage in (0, 1, 2)
     split_root = par.dp_strategy == "reduce_broadcast" and dp > 1
     zero3 = par.zero_stage == 3 and b.gdp > 1       # FSDP shards over dp × cp
@@ -132,6 +132,8 @@ def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
                 block = b.update_block(stage, root, overlap)
                 if staged:
                     block = fsdp.with_stage_reduce_scatters(b, block, stage)
+                if hsdp.active(cfg):    # the optimizer waits for the replicas' all-reduces
+                    block = hsdp.with_replica_wait(block)
                 update = shared[key] = {"update": block}
             program = Program({**blocks, **update}, tables[stage])
             name = f"stage{stage}" + ("" if len(splits) == 1 else (".root" if root else ".rest"))

@@ -96,9 +96,10 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
         self.part = make_partitioner(cfg, shape)
         self.structured = self.part.structured
         self.cp = p.cp
-        #: the gradient group: dp, or dp × cp under context parallelism (Megatron-Core)
-        self.grad_group = "dp_cp" if self.cp > 1 else "dp"
-        self.gdp = self.dp * self.cp
+        #: the gradient group: dp, or dp × cp under context parallelism (Megatron-Core), or
+        #: under HSDP FSDP's shard group (.hsdp); gdp: its ranks
+        from .hsdp import shard_group
+        self.grad_group, self.gdp = shard_group(cfg)
 
     @cached_property
     def fwd_layer(self) -> list[Compute | Collective]:

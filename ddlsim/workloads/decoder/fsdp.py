@@ -92,6 +92,9 @@ def layer_units(b: Any, layers: list[list], moe: list[bool], backward: bool) -> 
         unit = _Unit(ops, gathers)
         if backward:
             unit.reduces = [(g, x * b.gdt / b.dt) for g, x in shards]
+            if b.cfg.parallel.data_parallel_replicate_size > 1:    # HSDP (.hsdp)
+                from .hsdp import replica_reduces
+                unit.replica_reduces = replica_reduces(unit.reduces, b.gdp)
         if sw.zero3_copy_out:
             params = sum(x for _, x in shards) / b.dt
             unit.copy_out = 2 * params * b.dt if gathers else 0.0
@@ -103,6 +106,8 @@ def layer_units(b: Any, layers: list[list], moe: list[bool], backward: bool) -> 
 def check_fsdp(cfg: Any) -> None:
     """What FSDP within pipeline stages models (ValueError, one paragraph)."""
     p, sw = cfg.parallel, cfg.software
+    from .hsdp import check_hsdp
+    check_hsdp(cfg)
     if p.zero_stage != 3 or p.pp == 1:
         return
     from ...stackrules import broken_rules
@@ -174,7 +179,9 @@ def pipeline_prologue(b: Any, first: Block, stage: int) -> Block:
 def with_stage_reduce_scatters(b: Any, update: Block, stage: int) -> Block:
     """``update`` with the stage's gradient reduce-scatters after its last backward: one per
     layer and one for the edge parameters (the first or last stage's embedding and head), on
-    ``dp`` before the update's wait for it, each after its ``chunk_cat`` pass (FSDP2)."""
+    ``dp`` before the update's wait for it, each after its ``chunk_cat`` pass (FSDP2), and
+    under HSDP each followed by its all-reduce over the replicas (:mod:`.hsdp`)."""
+    from .hsdp import replica_ops
     layer = sum(x for _, x in _shards(b)) / b.dt
     layers = sum(b.split[stage])
     edge = max(b.stage_params(stage) - layers * layer, 0.0)
@@ -186,6 +193,8 @@ def with_stage_reduce_scatters(b: Any, update: Block, stage: int) -> Block:
                                  kind="elementwise", dtype=b.dtype), "dp", deps=(0,)))
         rs.append(Op(Collective("grad.reduce_scatter", "reduce_scatter", b.grad_group,
                                 n * b.gdt), "dp", deps=(0,)))
+        if b.cfg.parallel.data_parallel_replicate_size > 1:
+            rs += replica_ops([n * b.gdt / b.gdp], (len(rs),))
     ops = list(update.ops)
     assert isinstance(ops[0].payload, Wait)
     k = len(rs)
@@ -196,15 +205,19 @@ def with_stage_reduce_scatters(b: Any, update: Block, stage: int) -> Block:
 
 def reshard_phrase(cfg: Any) -> str:
     """``, gathered once per iteration`` under pipelining, ``, kept for the backward`` /
-    ``, last layer kept`` without; empty for the plain policy."""
+    ``, last layer kept`` without; empty for the plain policy; then under HSDP ``, HSDP: R
+    replicas of N-rank shards``."""
     sw = cfg.software
     if sw.zero3_gather != "per_layer":
         return ""
+    from .hsdp import active, shard_group
+    hsdp = (f", HSDP: {cfg.parallel.data_parallel_replicate_size} replicas of "
+            f"{shard_group(cfg)[1]}-rank shards") if active(cfg) else ""
     if per_iteration(sw, cfg.parallel.pp):
-        return ", gathered once per iteration (pipelined)"
+        return ", gathered once per iteration (pipelined)" + hsdp
     return {"never": ", kept for the backward",
             "not_with_pp_nor_last": ", last layer kept for the backward"}.get(
-        sw.zero3_reshard_after_forward, "")
+        sw.zero3_reshard_after_forward, "") + hsdp
 
 
 def vector_refusal(sw: Any) -> str | None:

@@ -94,9 +94,10 @@ def _model_states(cfg: RunConfig, fm, params: float, expert_params: float, state
     group; FSDP2's sharded fp32 parameters are the optimizer's master."""
     p, t = cfg.parallel, cfg.train
     fp32 = fm.fsdp2 and p.zero_stage == 3
-    if not expert_params:
-        return model_state_bytes(params, cfg.dp * p.cp, p.zero_stage, state, t.optimizer, gb,
-                                 fp32)
+    if not expert_params:     # shards over DP·CP, or HSDP's shard group (.hsdp)
+        from .hsdp import shard_group
+        return model_state_bytes(params, shard_group(cfg)[1], p.zero_stage, state,
+                                 t.optimizer, gb, fp32)
     dense = model_state_bytes(params - expert_params, cfg.dp, p.zero_stage, state,
                               t.optimizer, gb, fp32)
     expert = model_state_bytes(expert_params, cfg.mesh.size("edp"), p.zero_stage, state,
@@ -118,6 +119,9 @@ def comm_groups(cfg: RunConfig, shape: DecoderShape) -> tuple[int, ...]:
     MoE models EP and the expert-data-parallel group."""
     p = cfg.parallel
     groups = (p.tp, p.pp, p.cp, cfg.dp * p.cp)
+    if p.data_parallel_replicate_size > 1:     # HSDP: the shard group and the replicas
+        from .hsdp import shard_group
+        groups += (shard_group(cfg)[1], p.data_parallel_replicate_size)
     if shape.is_moe:    # the mesh only here: building it costs more than the rest
         mesh = cfg.mesh
         groups += (mesh.size("ep"), mesh.size("edp"))

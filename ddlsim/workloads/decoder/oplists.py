@@ -8,9 +8,9 @@ __all__ = ["comm_stream", "placed", "extend_ops"]
 
 
 def comm_stream(group: str) -> str:
-    """The stream of a group's ZeRO-3 collectives: ``dp`` for ``dp_cp`` (one NIC queue with
-    the update's wait on ``dp``), else the group's own."""
-    return "dp" if group == "dp_cp" else group
+    """The stream of a group's ZeRO-3 collectives: ``dp`` for ``dp_cp`` and HSDP's
+    ``dp_shard`` (one NIC queue with the update's wait on ``dp``), else the group's own."""
+    return "dp" if group in ("dp_cp", "dp_shard") else group
 
 
 def placed(x, deps: tuple[int, ...]) -> Op:

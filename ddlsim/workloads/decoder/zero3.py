@@ -253,6 +253,8 @@ class _Unit:
     host_reduce: float = 0.0
     #: bytes of the compute stream's pass after the gathers (FSDP2's copy-out)
     copy_out: float = 0.0
+    #: HSDP: (group, bytes) of the all-reduces over the replicas after the reduce-scatters
+    replica_reduces: list = field(default_factory=list)
 
 
 def _split(op: Compute, b: StageBuilder) -> list[tuple[Compute, int]] | None:
@@ -384,6 +386,9 @@ def _pass(b: StageBuilder, head: list, units: list[_Unit], prefetch: int) -> lis
             ops.append(Op(Collective("grad.reduce_scatter", "reduce_scatter", group, n),
                           _stream(group), deps=rs_deps))
             rs.append(len(ops) - 1)
+        if unit.replica_reduces:
+            from .hsdp import replica_ops
+            ops += replica_ops([n for _, n in unit.replica_reduces], tuple(rs))
         before = tuple(rs) if synced else ()
         issued = ()
         if j + prefetch + 1 < len(units):
