@@ -15,8 +15,9 @@ hold: docs/memory.md); the error is ``predicted / published − 1``.
 Each row runs as torchtitan ran it, as far as ddlsim can say it: its table's stack (with
 ``compile: true`` where the row names torch.compile), ZeRO-3 (FSDP2) over the FSDP
 degree, context parallelism, TP with sequence parallelism, and pipelining with torchtitan's
-defaults (one micro-batch per stage; two stages per rank for the interleaved schedule; the
-layer split of its ``generate_split_points``); Float8 as ``train.dtype: fp8``. The rows'
+defaults (``pipeline_parallel_degree`` micro-batches: 9dec370 ``pipelining_utils.py`` lines
+79-81; two stages per rank for the interleaved schedule; the layer split of its
+``generate_split_points`` as ``parallel.layers_per_virtual_stage``); Float8 as ``train.dtype: fp8``. The rows'
 ``selective`` checkpointing is torchtitan's per-op policy, which the stack names
 (``selective_recompute: every_second_mm``) and whose kept tensors ddlsim counts
 (:func:`ddlsim.workloads.decoder.memory.sac_activation_bytes`). Async TP changes no memory
@@ -43,6 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from public_runs import DATA, print_table, read_csv  # noqa: E402
 
+from ddlsim.importers.torchtitan_split import split_2024  # noqa: E402
+
 TABLE = DATA / "torchtitan_h100_memory.csv"
 #: the same form for the H200 runs of torchtitan e7c0cae (2025-06), run on torchtitan-2025
 H200 = DATA / "torchtitan_h200_memory.csv"
@@ -58,15 +61,6 @@ GIB = 2**30
 LAYERS = {"llama-3.1-8b": 32, "llama-3.1-70b": 80, "llama-3.1-405b": 126}
 
 
-def split_points(layers: int, stages: int) -> tuple[int, int]:
-    """(first, last) stage sizes of torchtitan 9dec370's ``generate_split_points``
-    (torchtitan/parallelisms/pipelining_utils.py lines 37-52): ``layers // stages`` each, the
-    remainder one more to the middle stages in order, the rest to the last."""
-    base, extra = divmod(layers, stages)
-    middle = [base + (1 if i < extra else 0) for i in range(stages - 2)]
-    return base, layers - base - sum(middle)
-
-
 def config(row: dict, stack: str = "torchtitan-2024") -> dict:
     """The run config of one published row on ``stack`` (module docstring)."""
     pp, tp, lbs = int(row["pp"]), int(row["tp"]), int(row["local_batch"])
@@ -76,15 +70,11 @@ def config(row: dict, stack: str = "torchtitan-2024") -> dict:
            "sequence_parallel": tp > 1, "pipeline_model_parallel_size": pp}
     mbs = lbs
     if pp > 1:
-        mbs = lbs // (pp * v)               # one micro-batch per stage (pp·v stages)
+        mbs = lbs // pp                     # pipeline_parallel_degree micro-batches
         par["schedule"] = row["schedule"]
         if v > 1:
             par["virtual_pipeline_model_parallel_size"] = v
-        layers = LAYERS[row["model"]]
-        if layers % (pp * v):
-            first, last = split_points(layers, pp * v)
-            par["num_layers_in_first_pipeline_stage"] = first
-            par["num_layers_in_last_pipeline_stage"] = last
+        par["layers_per_virtual_stage"] = split_2024(LAYERS[row["model"]], pp * v)
     software = {"stack": stack, "compile": row["compile"] == "1"}
     # torchtitan 9dec370 train.py line 107: model_config.max_seq_len = training.seq_len (the
     # rotary table is built for the run's sequence, past the HF config's 131,072 positions)

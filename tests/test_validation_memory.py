@@ -45,32 +45,26 @@ def test_the_rows_are_the_published_tables():
         assert int(r["global_batch"]) == int(r["local_batch"]) * int(r["dp_shard"]), r
 
 
-def test_torchtitans_split_points():
-    """generate_split_points at 9dec370: 126 layers over 8 stages is 15, 16 × 6, 15; 32
-    over 4 is even."""
-    assert vm.split_points(126, 8) == (15, 15)
-    assert vm.split_points(32, 4) == (8, 8)
-
-
 def test_a_pipelined_row_maps_onto_torchtitans_defaults():
     row = next(r for r in ROWS if r["table"] == "5" and r["schedule"] == "1f1b")
     cfg = vm.config(row)
     par, train = cfg["parallel"], cfg["train"]
-    assert train["micro_batch_size"] == 32 // 8          # one micro-batch per stage
-    assert (par["num_layers_in_first_pipeline_stage"],
-            par["num_layers_in_last_pipeline_stage"]) == (15, 15)
+    assert train["micro_batch_size"] == 32 // 8          # pipeline_parallel_degree of them
+    assert par["layers_per_virtual_stage"] == [15] + [16] * 6 + [15]
     assert par["zero_stage"] == 3 and par["sequence_parallel"] is True
     assert cfg["system"]["software"] == {"stack": "torchtitan-2024", "compile": True}
     assert train["dtype"] == "fp8" and train["recompute"] == "full"
 
 
-def test_every_row_ddlsim_can_express_runs():
-    """The script evaluates every row; the one left out is the interleaved 405B row, whose
-    torchtitan split (7, 8 × 14, 7 over 16 stages) ddlsim's interleaved schedule cannot say."""
+def test_every_row_runs_the_interleaved_one_with_torchtitans_split():
+    """The interleaved 405B row: 16 virtual stages, two per rank, 7, 8 × 14, 7 layers
+    (9dec370 generate_split_points), 8 micro-batches of 4."""
+    row = next(r for r in ROWS if r["schedule"] == "interleaved")
+    cfg = vm.config(row)
+    assert cfg["parallel"]["layers_per_virtual_stage"] == [7] + [8] * 14 + [7]
+    assert cfg["train"]["micro_batch_size"] == 4
     out = vm.evaluate()
-    skipped = [vm.label(o) for o in out if o["memory"] is None]
-    assert skipped == ["T5 405b Interleaved 1F1B"]
-    assert all(o["memory"].reserved > 0 for o in out if o["memory"] is not None)
+    assert all(o["memory"] is not None and o["memory"].reserved > 0 for o in out)
 
 
 def test_the_zero_tutorial_rows_and_their_verdicts():
