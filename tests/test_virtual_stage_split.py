@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, strategies as st
 
 import ddlsim
-from ddlsim.importers.torchtitan_split import split_2024, split_2025, virtual_stages_2025
+from ddlsim.importers.torchtitan_split import (split_2024, split_2025, split_from_fqns,
+                                               split_from_points, virtual_stages_2025)
 from ddlsim.workloads.decoder.split import chunk_layers
 
 #: Llama 3.1 8B cut to 10 layers, PP 2 × 2 virtual stages, FSDP, torchtitan of 2025
@@ -45,6 +46,19 @@ def test_torchtitans_splits_of_llama_405b():
     with pytest.raises(ValueError, match="not a multiple"):
         virtual_stages_2025(32, 2, True, 5)
     assert virtual_stages_2025(32, 2, True, 9) == 4
+
+
+def test_a_split_the_run_gives_itself():
+    """9dec370's split points begin stages; 07c00d9's module names list each stage's."""
+    assert split_from_points("layers.6,layers.16,layers.26", 32) == [6, 10, 10, 6]
+    assert split_from_points(["layers.16"], 32) == [16, 16]
+    with pytest.raises(ValueError, match="every stage needs a layer"):
+        split_from_points(["layers.16", "layers.8"], 32)
+    with pytest.raises(ValueError, match="not a transformer block's name"):
+        split_from_points(["norm"], 32)
+    parts = [["tok_embeddings", "layers.0"], ["layers.1", "layers.2"],
+             ["layers.3", "norm", "output"]]
+    assert split_from_fqns(parts) == [1, 2, 1]
 
 
 @given(st.integers(2, 200), st.integers(1, 40))
@@ -94,3 +108,39 @@ def test_it_does_not_combine_with_megatrons_uneven_fields():
 def test_megatron_cannot_give_each_virtual_stage_its_layers():
     with pytest.raises(ddlsim.ConfigError, match="rule no_per_virtual_stage_split"):
         config([2, 3, 4, 1], stack="megatron-core-2025", zero_stage=1)
+
+
+#: a 2024-format torchtitan config (9dec370 config_manager.py) with an interleaved schedule
+TOML_2024 = """
+[model]
+name = "llama3"
+flavor = "405B"
+[training]
+batch_size = 8
+seq_len = 2048
+data_parallel_shard_degree = -1
+tensor_parallel_degree = 8
+[experimental]
+pipeline_parallel_degree = 8
+pipeline_parallel_schedule = "Interleaved1F1B"
+[activation_checkpoint]
+mode = "full"
+"""
+
+
+@pytest.mark.parametrize("extra, split", [
+    ("", [7] + [8] * 14 + [7]),                 # generate_split_points over 2 x 8 stages
+    ("pipeline_parallel_split_points = '" + ",".join(f"layers.{8 * k}" for k in range(1, 16))
+     + "'\n", [8] * 15 + [6]),
+])
+def test_a_2024_interleaved_config_imports_torchtitans_split(tmp_path, extra, split):
+    from ddlsim.importers import import_config
+    (tmp_path / "t.toml").write_text(TOML_2024.replace("[activation_checkpoint]",
+                                                       extra + "[activation_checkpoint]"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = import_config([tmp_path / "t.toml"], system="dgx-h100", nodes=64).config
+    p = cfg["parallel"]
+    assert (p["schedule"], p["virtual_pipeline_model_parallel_size"]) == ("interleaved", 2)
+    assert p["layers_per_virtual_stage"] == split
+    assert cfg["train"]["micro_batch_size"] == 8 // 8     # pipeline_parallel_degree of them

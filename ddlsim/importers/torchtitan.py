@@ -49,7 +49,8 @@ def torchtitan_key_names() -> list[str]:
             "tensor_parallel_degree, pipeline_parallel_degree, context_parallel_degree, "
             "expert_parallel_degree, pipeline_parallel_schedule, "
             "pipeline_parallel_microbatch_size, pipeline_parallel_layers_per_stage, "
-            "pipeline_parallel_first/last_stage_less_layers, context_parallel_rotate_method, "
+            "pipeline_parallel_first/last_stage_less_layers, module_fqns_per_model_part, "
+            "pipeline_parallel_split_points (2024), context_parallel_rotate_method, "
             "enable_async_tensor_parallel", "[activation_checkpoint] mode, "
             "selective_ac_option", "[float8] recipe_name, enable_fsdp_float8_all_gather",
             "[compile] enable", "[optimizer] name", *(f"[{s}]" for s in NO_EFFECT_SECTIONS)]
@@ -267,9 +268,10 @@ def _data_parallel(draft: Draft, s: dict) -> None:
                   "[parallelism] data-parallel degree")
 
 
-#: [parallelism] keys of torchtitan's layer split (2025)
+#: [parallelism] keys of torchtitan's layer split (2025; split points: 2024's, moved here)
 _SPLIT_KEYS = ("pipeline_parallel_layers_per_stage", "pipeline_parallel_first_stage_less_layers",
-               "pipeline_parallel_last_stage_less_layers")
+               "pipeline_parallel_last_stage_less_layers", "pipeline_parallel_split_points",
+               "module_fqns_per_model_part")
 #: torchtitan's pipeline schedules ddlsim runs → (ddlsim's schedule, multi-stage)
 _SCHEDULES = {"1F1B": ("1f1b", False), "GPipe": ("gpipe", False),
               "Interleaved1F1B": ("interleaved", True)}
@@ -279,6 +281,9 @@ def _pipeline(draft: Draft, s: dict, doc: dict, old: bool) -> None:
     """The pipeline schedule, micro-batch and layer split when there are pipeline stages."""
     pp = s.get("pipeline_parallel_degree", 1)
     if pp == 1:
+        for key in _SPLIT_KEYS:
+            if key in s:
+                draft.note(f"[parallelism] {key}", "no effect without pipeline stages")
         return
     name = s.get("pipeline_parallel_schedule", "1F1B")
     if name not in _SCHEDULES:
@@ -293,37 +298,63 @@ def _pipeline(draft: Draft, s: dict, doc: dict, old: bool) -> None:
 
 
 def _layer_split(draft: Draft, s: dict, doc: dict, old: bool, pp: int, multi: bool) -> None:
-    """torchtitan's split of the layers over the virtual stages (:mod:`.torchtitan_split`)
-    as ``parallel.layers_per_virtual_stage``, for a model of a known flavor."""
-    from .torchtitan_split import split_2024, split_2025, virtual_stages_2025
+    """torchtitan's split of the layers over the virtual stages (:mod:`.torchtitan_split`):
+    the run's own (split points, module names) or the one torchtitan derives for a model of a
+    known flavor, as ``parallel.layers_per_virtual_stage``."""
     model = doc.get("model") if isinstance(doc.get("model"), dict) else {}
     preset = FLAVORS.get(model.get("name"), {}).get(str(model.get("flavor")))
-    keys = f"[parallelism] pipeline_parallel_degree = {pp}" + (
-        "" if old else ", pipeline_parallel_layers_per_stage, *_stage_less_layers")
-    if preset is None:
+    keys = f"[parallelism] pipeline_parallel_degree = {pp}" + "".join(
+        f", {k}" for k in _SPLIT_KEYS if k in s)
+    layers = None
+    if preset is not None:
+        from ..configload import resolve_section
+        layers = resolve_section("model", preset)["num_hidden_layers"]
+    try:
+        split = _stages(s, old, layers, pp, multi)
+    except ValueError as exc:
+        draft.refuse(keys, str(exc))
+        return
+    if split is None:
         draft.refuse(keys, "torchtitan splits the layers by the model's layer count; for a "
                      "model without a known flavor give the split with --set "
                      "parallel.layers_per_virtual_stage=[...]")
         return
-    from ..configload import resolve_section
-    layers = resolve_section("model", preset)["num_hidden_layers"]
-    first = s.get("pipeline_parallel_first_stage_less_layers", 1)
-    last = s.get("pipeline_parallel_last_stage_less_layers", 1)
-    try:
-        if old:
-            split = split_2024(layers, pp * (2 if multi else 1))
-        else:
-            split = split_2025(layers, virtual_stages_2025(
-                layers, pp, multi, s.get("pipeline_parallel_layers_per_stage"), first, last),
-                first, last)
-    except ValueError as exc:
-        draft.refuse(keys, str(exc))
-        return
     if len(split) > pp:
         draft.set("parallel.virtual_pipeline_model_parallel_size", len(split) // pp,
                   f"{keys}: {len(split)} virtual stages")
-    draft.set("parallel.layers_per_virtual_stage", split, f"{keys}: torchtitan's split of "
-              f"{layers} layers ({'9dec370' if old else '07c00d9'})")
+    draft.set("parallel.layers_per_virtual_stage", split, f"{keys}: torchtitan's split "
+              f"({'9dec370' if old else '07c00d9'})")
+
+
+def _stages(s: dict, old: bool, layers: int | None, pp: int, multi: bool) -> list[int] | None:
+    """Layers of each virtual stage as torchtitan of the config's date splits them (None
+    when that needs the model's layer count and it is unknown); ValueError where torchtitan
+    refuses the split."""
+    from .torchtitan_split import (split_2024, split_2025, split_from_fqns, split_from_points,
+                                   virtual_stages_2025)
+    points, fqns = s.get("pipeline_parallel_split_points"), s.get("module_fqns_per_model_part")
+    first = s.get("pipeline_parallel_first_stage_less_layers", 1)
+    last = s.get("pipeline_parallel_last_stage_less_layers", 1)
+    if points and not old:
+        raise ValueError("torchtitan 07c00d9 refuses pipeline_parallel_split_points "
+                         "(deprecated): give module_fqns_per_model_part")
+    if fqns is not None and not old:
+        split = split_from_fqns(fqns)
+    elif layers is None:
+        return None
+    elif points:
+        split = split_from_points(points, layers)
+    elif old:
+        split = split_2024(layers, pp * (2 if multi else 1))
+    else:
+        split = split_2025(layers, virtual_stages_2025(
+            layers, pp, multi, s.get("pipeline_parallel_layers_per_stage"), first, last),
+            first, last)
+    if len(split) % pp or (len(split) != pp if not multi else len(split) < 2 * pp):
+        raise ValueError(f"{len(split)} stages over pipeline_parallel_degree = {pp}: a "
+                         f"{'multi' if multi else 'single'}-stage schedule needs "
+                         f"{'a multiple of it, two or more per rank' if multi else 'one per rank'}")
+    return split
 
 
 def _checkpoint(draft: Draft, s: dict, doc: dict) -> None:

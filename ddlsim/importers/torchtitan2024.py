@@ -24,7 +24,7 @@ _TRAINING_TO_PARALLELISM = ("data_parallel_replicate_degree", "data_parallel_sha
 #: [experimental] keys of 2024 that moved to [parallelism] under the same name
 _EXPERIMENTAL_TO_PARALLELISM = ("pipeline_parallel_degree", "context_parallel_degree",
                                 "pipeline_parallel_schedule", "context_parallel_rotate_method",
-                                "enable_async_tensor_parallel")
+                                "enable_async_tensor_parallel", "pipeline_parallel_split_points")
 
 
 def is_2024(doc: dict) -> bool:

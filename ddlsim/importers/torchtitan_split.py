@@ -17,13 +17,20 @@ as ``parallel.layers_per_virtual_stage`` (``ddlsim/workloads/decoder/split.py``)
   (``last``) of its share.
 
 Llama 3.1 405B's 126 layers over 16 virtual stages are ``7, 8, …, 8, 7`` by both.
+
+A split the run gives itself: 9dec370's ``[experimental] pipeline_parallel_split_points``
+(``layers.N`` begins a stage: ``pipeline_llama.py`` lines 70-72) and 07c00d9's ``[parallelism]
+module_fqns_per_model_part`` (each stage's module names; its ``pipeline_parallel_split_points``
+is refused there: ``models/llama3/infra/pipeline.py`` lines 41-45).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
-__all__ = ["split_2024", "split_2025", "virtual_stages_2025"]
+__all__ = ["split_2024", "split_2025", "virtual_stages_2025", "split_from_points",
+           "split_from_fqns"]
 
 
 def split_2024(layers: int, stages: int) -> list[int]:
@@ -91,3 +98,34 @@ def split_2025(layers: int, stages: int, first: int = 1, last: int = 1) -> list[
         out.append(min(share, left))
         left -= out[-1]
     return out
+
+
+def _layer_index(name: Any, where: str) -> int:
+    """``N`` of a module name ``layers.N`` (ValueError naming ``where`` otherwise)."""
+    head, _, tail = str(name).partition(".")
+    if head != "layers" or not tail.isdigit():
+        raise ValueError(f"{where}: {name!r} is not a transformer block's name (layers.N)")
+    return int(tail)
+
+
+def split_from_points(points: Any, layers: int) -> list[int]:
+    """Layers of each stage from 9dec370's split points (each ``layers.N`` begins a stage;
+    a comma-separated string or a list, as its config reader takes them)."""
+    names = points.split(",") if isinstance(points, str) else list(points)
+    starts = [_layer_index(n.strip() if isinstance(n, str) else n,
+                           "pipeline_parallel_split_points") for n in names]
+    bounds = [0, *starts, layers]
+    if any(b <= a for a, b in zip(bounds, bounds[1:])):
+        raise ValueError(f"pipeline_parallel_split_points {names} must rise from layers.1 to "
+                         f"below layers.{layers}: every stage needs a layer")
+    return [b - a for a, b in zip(bounds, bounds[1:])]
+
+
+def split_from_fqns(parts: Any) -> list[int]:
+    """Layers of each stage from 07c00d9's ``module_fqns_per_model_part``: the ``layers.N``
+    names of each part (the embedding, norm and output are not layers)."""
+    if not (isinstance(parts, list) and all(isinstance(p, list) for p in parts)):
+        raise ValueError("module_fqns_per_model_part expects a list of lists of module names")
+    other = {"tok_embeddings", "norm", "output"}
+    return [sum(1 for n in part if n not in other and _layer_index(
+        n, "module_fqns_per_model_part") >= 0) for part in parts]

@@ -137,6 +137,23 @@ def test_torchtitans_interleaved_schedule_takes_its_uneven_virtual_stages(tmp_pa
     assert p["layers_per_virtual_stage"] == [8, 9, 8, 7]
 
 
+def test_torchtitans_own_module_split_is_the_split_and_split_points_are_refused(tmp_path):
+    """07c00d9: module_fqns_per_model_part lists each stage's modules; its deprecated
+    pipeline_parallel_split_points raise there (models/llama3/infra/pipeline.py 41-45)."""
+    text = (DATA / "torchtitan_llama3_8b.toml").read_text()
+    parts = [[f"layers.{i}" for i in range(a, b)] for a, b in ((0, 12), (12, 32))]
+    given = text.replace("pipeline_parallel_degree = 1", "pipeline_parallel_degree = 2\n"
+                         f"module_fqns_per_model_part = {parts!r}", 1)
+    (tmp_path / "t.toml").write_text(given)
+    p = import_config([tmp_path / "t.toml"], system="dgx-a100", nodes=2).config["parallel"]
+    assert p["layers_per_virtual_stage"] == [12, 20]
+    (tmp_path / "t.toml").write_text(text.replace(
+        "pipeline_parallel_degree = 1", "pipeline_parallel_degree = 2\n"
+        "pipeline_parallel_split_points = ['layers.16']", 1))
+    with pytest.raises(ConfigError, match="refuses pipeline_parallel_split_points"):
+        import_config([tmp_path / "t.toml"], system="dgx-a100", nodes=2)
+
+
 @pytest.mark.parametrize("old, new, refused", [
     ("[float8]", "[float8]\nrecipe_name = 'rowwise_with_gw_hp'", "recipes: tensorwise"),
     ("mode = 'full'", "mode = 'selective'\nselective_ac_option = 'layer'",
