@@ -8,12 +8,14 @@ a value is validated (so a plugin registered later is accepted), with the messag
 
 from __future__ import annotations
 
+import importlib
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator
 
 __all__ = ["registered", "collective_ops", "algorithms", "schedules", "topologies",
-           "node_fabrics", "placements", "tensor_parallel_modes"]
+           "node_fabrics", "placements", "tensor_parallel_modes", "TENSOR_PARALLEL_SCHEMES",
+           "BUILTIN_TOPOLOGY_BUILDERS", "BUILTIN_TENSOR_PARALLEL"]
 
 # One source of truth: a field that names an algorithm, a schedule, a topology, a node fabric
 # or a placement policy is checked against the registry the engines and builders use (looked
@@ -36,8 +38,33 @@ def schedules() -> tuple[str, ...]:
     return tuple(SCHEDULES)
 
 
+#: Modules whose import registers the bundled topology and node-fabric builders in
+#: :mod:`ddlsim.topologies.registry`. Loaded by name, as :data:`BUILTIN_FAMILIES
+#: <ddlsim.workloads.registry.BUILTIN_FAMILIES>` are: the builders validate their own sections
+#: with the config, and the config only looks their names up.
+BUILTIN_TOPOLOGY_BUILDERS: tuple[str, ...] = (
+    "ddlsim.topologies.direct", "ddlsim.topologies.fabrics", "ddlsim.topologies.intra")
+
+#: Modules whose import registers the bundled tensor-parallel schemes (layer partitioners of
+#: the decoder family) in :data:`TENSOR_PARALLEL_SCHEMES`, loaded by name.
+BUILTIN_TENSOR_PARALLEL: tuple[str, ...] = (
+    "ddlsim.workloads.decoder.partition.megatron_1d",
+    "ddlsim.workloads.decoder.partition.summa_2d",
+    "ddlsim.workloads.decoder.partition.tesseract_2_5d",
+    "ddlsim.workloads.decoder.partition.agarwal_3d")
+
+#: ``parallel.tensor_parallel.mode`` → the partitioner class that registered it
+#: (:func:`ddlsim.workloads.decoder.partition.register_partitioner` fills it).
+TENSOR_PARALLEL_SCHEMES: dict[str, Any] = {}
+
+
+def _load(modules: tuple[str, ...]) -> None:
+    for module in modules:
+        importlib.import_module(module)
+
+
 def _topology_registry(table: str) -> tuple[str, ...]:
-    from .topologies import direct, fabrics, intra  # noqa: F401  (builders register on import)
+    _load(BUILTIN_TOPOLOGY_BUILDERS)
     from .topologies import registry
     return tuple(getattr(registry, table))
 
@@ -60,9 +87,9 @@ def placements() -> tuple[str, ...]:
 def tensor_parallel_modes() -> dict[str, Any]:
     """Tensor-parallel schemes (``parallel.tensor_parallel.mode``) → their layer partitioner
     class, which says the grid fields the scheme takes (``check_grid``) and its ranks
-    (``grid_size``)."""
-    from .workloads.decoder.partition import partitioners
-    return partitioners()
+    (``grid_size``); the bundled ones are loaded first."""
+    _load(BUILTIN_TENSOR_PARALLEL)
+    return dict(TENSOR_PARALLEL_SCHEMES)
 
 
 def registered(names: Any) -> Any:

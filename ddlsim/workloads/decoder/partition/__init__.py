@@ -20,12 +20,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from ....registered import TENSOR_PARALLEL_SCHEMES, tensor_parallel_modes
 from .base import LayerPartitioner, OpList
 
 __all__ = ["LayerPartitioner", "OpList", "partitioners", "register_partitioner",
            "make_partitioner"]
 
-_REGISTRY: dict[str, type[LayerPartitioner]] = {}
+#: the registry the config validates ``parallel.tensor_parallel.mode`` against
+_REGISTRY: dict[str, type[LayerPartitioner]] = TENSOR_PARALLEL_SCHEMES
 
 
 def register_partitioner(mode: str):
@@ -38,9 +40,9 @@ def register_partitioner(mode: str):
 
 
 def partitioners() -> dict[str, type[LayerPartitioner]]:
-    """The registered schemes, ``mode`` → class (importing the built-in ones)."""
-    from . import agarwal_3d, megatron_1d, summa_2d, tesseract_2_5d  # noqa: F401
-    return dict(_REGISTRY)
+    """The registered schemes, ``mode`` → class (importing the built-in ones,
+    :data:`ddlsim.registered.BUILTIN_TENSOR_PARALLEL`)."""
+    return tensor_parallel_modes()
 
 
 def make_partitioner(cfg: Any, shape: Any) -> LayerPartitioner:
