@@ -9,6 +9,7 @@ a value is validated (so a plugin registered later is accepted), with the messag
 from __future__ import annotations
 
 import importlib
+from functools import cache
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator
@@ -58,7 +59,9 @@ BUILTIN_TENSOR_PARALLEL: tuple[str, ...] = (
 TENSOR_PARALLEL_SCHEMES: dict[str, Any] = {}
 
 
+@cache
 def _load(modules: tuple[str, ...]) -> None:
+    """Import ``modules`` (once: their import registers them)."""
     for module in modules:
         importlib.import_module(module)
 
