@@ -70,9 +70,14 @@ class DeviceSpec(_Strict):
                                   "(software.kernels.gemm_library) uses its figures")
     memory_efficiency: Annotated[float, Field(gt=0, le=1)] | None = Field(
         default=None, description="achieved / peak memory bandwidth of streaming kernels")
-    attention_efficiency: dict[Literal["flash2", "flash3"],
+    attention_efficiency: dict[Literal["flash2", "flash3", "cudnn"],
                                Annotated[float, Field(gt=0, le=1)]] | None = Field(
-        default=None, description="FlashAttention kernel -> achieved / peak FLOP/s")
+        default=None, description="fused attention kernel -> achieved / peak FLOP/s, where "
+                                  "attention_measured has no curve for it")
+    attention_measured: str | None = Field(
+        default=None, description="the GPU of ddlsim/data/attention_measured.csv whose "
+                                  "published kernel measurements time the fused attention "
+                                  "kernels by pass, mask, head dim and sequence length")
     score_pass_efficiency: Annotated[float, Field(gt=0, le=1)] | None = Field(
         default=None, description="achieved / peak memory bandwidth of the non-flash attention "
                                   "core's s² kernels (scale-mask-softmax, dropout, the batched "
@@ -101,6 +106,14 @@ class DeviceSpec(_Strict):
                 f"ddlsim has no model of the clock a GEMM sustains at another power limit; "
                 f"give ceilings measured at {self.power_limit_W:g} W (matmul_efficiency, "
                 f"e.g. from `ddlsim calibrate compute`) and set matmul_power_limit_W to match")
+        if self.attention_measured is not None:
+            from .simulator.kernels.attention_measured import measured_gpus
+            gpus = sorted(measured_gpus())
+            if self.attention_measured not in gpus:
+                raise ValueError(f"attention_measured = {self.attention_measured!r} has no rows "
+                                 f"in ddlsim/data/attention_measured.csv"
+                                 f"{did_you_mean(self.attention_measured, gpus)}; allowed: "
+                                 f"{', '.join(gpus)}")
         return self
 
 

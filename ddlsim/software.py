@@ -41,7 +41,7 @@ __all__ = ["KernelSpec", "OverlapSpec", "SoftwareSpec", "Software", "stacks",
 #: The stack a system without ``software`` runs: what a user training a decoder today runs.
 DEFAULT_STACK = "megatron-core-2024"
 
-Attention = Literal["flash2", "flash3", "fused_softmax", "unfused"]
+Attention = Literal["flash2", "flash3", "cudnn", "fused_softmax", "unfused"]
 Zero3Gather = Literal["per_layer", "per_module", "per_tensor"]
 #: when a ZeRO-3/FSDP unit frees its gathered parameters after the forward
 #: (:mod:`ddlsim.workloads.decoder.fsdp`): after every forward, never, or torchtitan's
@@ -81,8 +81,10 @@ class KernelSpec(_Strict):
     """How the compute runs (every field optional: unset fields come from the stack)."""
 
     attention: Attention | None = Field(
-        default=None, description="flash2/flash3 (FlashAttention: no s² tensors), "
-                                  "fused_softmax (Megatron's fused scale-mask-softmax), unfused")
+        default=None, description="flash2/flash3 (FlashAttention: no s² tensors), cudnn "
+                                  "(cuDNN fused attention, as TransformerEngine runs it on "
+                                  "Hopper), fused_softmax (Megatron's fused "
+                                  "scale-mask-softmax), unfused")
     fused_bias_gelu: StrictBool | None = None
     fused_bias_dropout_add: StrictBool | None = None
     fused_layernorm: StrictBool | None = None

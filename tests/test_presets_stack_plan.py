@@ -19,13 +19,13 @@ LLAMA = ["parallel.schedule=1f1b", "parallel.virtual_pipeline_model_parallel_siz
 
 
 def test_the_deepspeed_stack_names_its_attention_kernel():
-    """DeepSpeed keeps Megatron's fused softmax where the default stack runs FlashAttention-2
-    (ddlsim/data/software.yaml); the choice is named, and the prediction is unchanged by
+    """DeepSpeed keeps Megatron's fused softmax where the default stack runs cuDNN's fused
+    attention through TransformerEngine on Hopper (ddlsim/data/software.yaml); the choice is named, and the prediction is unchanged by
     naming it."""
     base = ddlsim.load_config(EXAMPLES / "llama2-70b-64-h100.yaml", overrides=LLAMA)
     ds = ddlsim.load_config(EXAMPLES / "llama2-70b-64-h100.yaml",
                             overrides=[*LLAMA, "system.software=deepspeed"])
-    assert plan_fields(base)["attention"] == "flash2"
+    assert plan_fields(base)["attention"] == "cudnn"
     assert plan_fields(ds)["attention"] == "fused_softmax"
     assert "rope" in plan_fields(ds)["not_fused"] and "rope" in plan_fields(base)["fused"]
     r = ddlsim.predict(ds)

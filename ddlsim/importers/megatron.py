@@ -71,7 +71,6 @@ SWITCHES: dict[str, tuple[str, Any]] = {
     # Megatron-LM 9c1a5351 arguments.py line 2692 (deprecated at d7288711 for the backend flag)
     "moe-enable-deepep": ("parallel.moe.flex_dispatcher_backend", "deepep"),
     "checkpoint-activations": ("train.recompute", "full"),      # Megatron-LM 2021
-    "use-flash-attn": (f"{_SW}.kernels.attention", "flash2"),
     "no-masked-softmax-fusion": (f"{_SW}.kernels.attention", "unfused"),
     "no-bias-gelu-fusion": (f"{_SW}.kernels.fused_bias_gelu", False),
     "no-bias-swiglu-fusion": (f"{_SW}.kernels.fused_bias_gelu", False),
@@ -97,6 +96,7 @@ CHOICES: dict[str, dict[str, list[tuple[str, Any]]]] = {
     "cp-comm-type": {"p2p": [("parallel.cp_comm_type", "p2p")],
                      "all_gather": [("parallel.cp_comm_type", "all_gather")]},
     "attention-backend": {"flash": [(f"{_SW}.kernels.attention", "flash2")],
+                          "fused": [(f"{_SW}.kernels.attention", "cudnn")],
                           "unfused": [(f"{_SW}.kernels.attention", "unfused")],
                           "local": [(f"{_SW}.kernels.attention", "fused_softmax")],
                           "auto": []},
@@ -136,6 +136,11 @@ MODEL_FLAGS = ("normalization", "position-embedding-type", "swiglu", "group-quer
 
 #: flags that cannot change the time of one iteration, with why
 NO_EFFECT: dict[str, str] = {
+    # Megatron-LM 900f1b76: args.use_flash_attn is read by megatron/legacy/model only
+    "use-flash-attn": "read by Megatron's legacy model only (Megatron-LM 900f1b76 "
+                      "megatron/legacy/model/transformer.py line 523); a Megatron-Core model "
+                      "runs TransformerEngine's attention, which picks its kernel itself "
+                      "(system.software.kernels.attention)",
     **dict.fromkeys(("data-path", "split", "vocab-file", "merge-file", "tokenizer-model",
                      "data-cache-path", "mock-data", "data-impl", "dataloader-type",
                      "num-workers", "train-data-path", "valid-data-path", "test-data-path"),

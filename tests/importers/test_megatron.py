@@ -102,7 +102,8 @@ def test_unknown_flags_are_refused_by_name_unless_ignored(tmp_path):
     ("--tensor-model-parallel-size 2 --sequence-parallel",
      ("parallel", "sequence_parallel"), True),
     ("--recompute-granularity selective", ("train", "recompute"), "selective"),
-    ("--use-flash-attn", ("system", "software", "kernels", "attention"), "flash2"),
+    ("--attention-backend flash", ("system", "software", "kernels", "attention"), "flash2"),
+    ("--attention-backend fused", ("system", "software", "kernels", "attention"), "cudnn"),
     ("--pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 2",
      ("parallel", "virtual_pipeline_model_parallel_size"), 4),
 ])

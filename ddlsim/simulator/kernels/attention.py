@@ -9,7 +9,12 @@ with a causal mask the kernel skips the key blocks wholly above the diagonal, so
 "Causal masking": blocks entirely masked are skipped; 128 is FA2's block size for head
 dimensions 64-128 on A100, §3.3). Its backward does 5 GEMMs to the forward's 2, i.e. 2.5× the
 forward FLOPs, the recomputation of ``P`` included (FA2 §4.1, the FLOP count of its benchmarks).
-It runs at the measured fraction of peak in ``device.attention_efficiency``. With a sliding
+``cudnn`` is cuDNN's fused attention (TransformerEngine's FusedAttention, sub-backend
+F16_arbitrary_seqlen): the same tiled algorithm, FLOPs and traffic, its own kernels. Each
+pass is one kernel whose ``shape`` is ``(s, s_k, d)`` and whose ``variant`` names the kernel,
+the pass and the mask (:func:`flash_variant`), so the device times it at the fraction of peak
+measured for that kernel, pass, mask, head dim and length where its GPU has a table
+(:mod:`.attention_measured`), else at ``device.attention_efficiency``. With a sliding
 window it computes only the tiles the band crosses (:mod:`.window`); the batched-GEMM kinds
 below compute every score and mask the rest, so a window changes nothing for them.
 
@@ -38,19 +43,44 @@ fused layout and returns their gradients packed (its ``SplitAlongDim``): neither
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 from ...workloads.trace import Kernel
 from .elementwise import unfused_softmax_passes
 from .window import window_fraction
 
 __all__ = ["FLASH_BACKWARD_FACTOR", "FLASH_BLOCK", "causal_fraction", "flash_forward_flops",
-           "attention_kernels", "scores_activation_bytes", "FLASH_KINDS"]
+           "attention_kernels", "scores_activation_bytes", "FLASH_KINDS", "flash_variant",
+           "FlashVariant", "parse_flash_variant"]
 
 #: backward FLOPs / forward FLOPs of FlashAttention (FA2 paper §4.1: 5 GEMMs against 2)
 FLASH_BACKWARD_FACTOR = 2.5
 #: FlashAttention-2's key/query block (FA2 §3.3: 128×128 blocks for head dim 64-128)
 FLASH_BLOCK = 128
-FLASH_KINDS = ("flash2", "flash3")
+#: the fused attention kernels (no ``s²`` tensor in memory): FlashAttention-2/3, cuDNN's
+FLASH_KINDS = ("flash2", "flash3", "cudnn")
+
+
+class FlashVariant(NamedTuple):
+    """A fused attention kernel's ``variant``, parsed: kernel, pass (``fwd``/``bwd``), mask."""
+
+    kernel: str
+    pass_: str
+    causal: bool
+
+
+def flash_variant(kind: str, backward: bool, causal: bool) -> str:
+    """The ``variant`` of a fused attention kernel: ``kind/pass/mask``, e.g.
+    ``flash2/bwd/causal`` (:func:`parse_flash_variant` reads it back)."""
+    return f"{kind}/{'bwd' if backward else 'fwd'}/{'causal' if causal else 'full'}"
+
+
+def parse_flash_variant(variant: str) -> FlashVariant:
+    """The kernel, pass and mask of a fused attention kernel's ``variant``; a bare kernel
+    name (``flash2``) reads as its causal forward."""
+    kernel, _, rest = variant.partition("/")
+    pass_, _, mask = rest.partition("/")
+    return FlashVariant(kernel, pass_ or "fwd", mask != "full")
 
 
 def causal_fraction(s: float, block: int = FLASH_BLOCK) -> float:
@@ -91,11 +121,12 @@ def attention_kernels(kind: str, b: float, heads: float, s: float, d: float, dty
         fwd = flash_forward_flops(b, heads, s, d, causal, window=window,
                                   window_share=window_share)
         io = (8 if backward else 4) * b * s * heads * d * dt   # Q K V O (+ dO dQ dK dV)
-        return (Kernel("flash", flops=fwd * (FLASH_BACKWARD_FACTOR if backward else 1.0),
-                       bytes=io, dtype=dtype, variant=kind),)
+        flops = fwd * (FLASH_BACKWARD_FACTOR if backward else 1.0)
+        return (Kernel("flash", (s, s, d), flops=flops, bytes=io, dtype=dtype,
+                       variant=flash_variant(kind, backward, causal)),)
     if kind not in ("fused_softmax", "unfused"):
-        raise ValueError(f"attention kernel {kind!r}: expected flash2, flash3, fused_softmax "
-                         "or unfused")
+        raise ValueError(f"attention kernel {kind!r}: expected flash2, flash3, cudnn, "
+                         "fused_softmax or unfused")
     batch, S = b * heads, b * heads * s * s
     drop = (2 * dt + 1) * S if dropout else 0.0          # read, write, 1-byte mask
     kv = heads if kv_heads is None else kv_heads
@@ -118,8 +149,8 @@ def attention_kernels(kind: str, b: float, heads: float, s: float, d: float, dty
 
 def scores_activation_bytes(kind: str, b, heads, s, dropout: bool):
     """Bytes of the ``s²`` tensors one layer keeps for its backward (16-bit): none with
-    FlashAttention (only its 4-byte log-sum-exp per query row); the softmax output, the 1-byte
-    dropout mask and the dropout output otherwise (Korthikanti et al. 2022, §4.1:
+    the fused kernels (only their 4-byte log-sum-exp per query row); the softmax output,
+    the 1-byte dropout mask and the dropout output otherwise (Korthikanti et al. 2022, §4.1:
     ``5·a·s²·b`` with dropout, ``2·a·s²·b`` without)."""
     if kind in FLASH_KINDS:
         return 4.0 * b * heads * s

@@ -11,14 +11,20 @@ From ``system.device`` (ddlsim/data/systems.yaml cites each preset's values):
   explicit override, e.g. a calibrated figure);
 * ``sm_count`` — for the wave quantisation of GEMMs;
 * ``memory_efficiency`` — achieved / datasheet memory bandwidth of streaming kernels;
-* ``attention_efficiency[flash2|flash3]`` — FlashAttention's measured fraction of peak;
+* ``attention_measured`` — the GPU whose published attention-kernel measurements time the
+  fused attention kernels by kernel, pass, mask, head dim and length
+  (:mod:`.attention_measured`);
+* ``attention_efficiency[flash2|flash3|cudnn]`` — a fused attention kernel's fraction of
+  peak where the table has no curve for it;
 * ``launch`` — host and launch time per kernel, under the stack's ``host_dispatch``
   (:mod:`.host`): an op's time is ``max(Σ kernel time + n·gap, n·host)``.
 
 A device without a fact falls back, each time in the same documented way (docs/compute.md):
 no ``sm_count``: no quantisation; no ``matmul_efficiency``: 0.75, the former default of
 ``compute_efficiency``; a dtype without its own figure: the device's best one; no
-``memory_efficiency``: the datasheet bandwidth; no FlashAttention figure: ``η_max``.
+``memory_efficiency``: the datasheet bandwidth; no attention figure: ``η_max``, except
+that ``cudnn`` with neither a curve nor its own figure takes ``flash2``'s (TransformerEngine
+prefers cuDNN's kernel on Hopper only and runs FlashAttention-2 elsewhere, docs/compute.md).
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from typing import Any, Callable
 
 from ...config_types import DTYPE_BYTES
 from ...workloads.trace import Compute, Kernel
+from .attention import parse_flash_variant
+from .attention_measured import measured_efficiency
 from .gemm import GemmOverhead, gemm_time
 from .host import NO_LAUNCH, Launch, launch_costs, stream_time
 
@@ -55,6 +63,8 @@ class KernelDevice:
     launch: Launch = NO_LAUNCH
     #: a GEMM kernel's fixed device time, where measured (``device.gemm_overhead``)
     gemm_overhead: GemmOverhead | None = None
+    #: the GPU of the measured attention table timing the fused attention kernels
+    attention_gpu: str | None = None
 
     def peak_flops(self, dtype: str) -> float:
         """Peak FLOP/s at ``dtype`` (the device's best when it lists no such dtype)."""
@@ -69,9 +79,22 @@ class KernelDevice:
             return self.matmul[dtype]
         return max(self.matmul.values()) if self.matmul else DEFAULT_CEILING
 
-    def flash(self, variant: str, dtype: str) -> float:
-        """FlashAttention's fraction of peak (``η_max`` when the device has no figure)."""
-        return self.attention.get(variant) or self.ceiling(dtype)
+    def flash(self, variant: str, dtype: str, shape: tuple[float, float, float] = (0, 0, 0)
+              ) -> float:
+        """A fused attention kernel's fraction of peak: the measured curve of its kernel, pass
+        and mask at its head dim and length (``shape = (s, s_k, d)``) where the device has a
+        table, else the device's figure for the kernel (``cudnn``: else ``flash2``'s), else
+        ``η_max``."""
+        v = parse_flash_variant(variant)
+        if self.attention_gpu is not None and shape[0] > 0:
+            eta = measured_efficiency(self.attention_gpu, v.kernel, v.pass_, v.causal,
+                                      shape[2], shape[0])
+            if eta is not None:
+                return eta
+        scalar = self.attention.get(v.kernel)
+        if scalar is None and v.kernel == "cudnn":
+            scalar = self.attention.get("flash2")
+        return scalar or self.ceiling(dtype)
 
 
 def matmul_ceilings(system: Any) -> dict[str, float]:
@@ -116,7 +139,8 @@ def kernel_device(system: Any) -> KernelDevice:
                         dev.sm_count, matmul_ceilings(system),
                         dict(dev.attention_efficiency or {}), system.compute_efficiency,
                         dev.memory_bandwidth_Bps * scores, launch,
-                        gemm_overhead=_gemm_overhead(dev))
+                        gemm_overhead=_gemm_overhead(dev),
+                        attention_gpu=dev.attention_measured)
 
 
 def kernel_time(k: Kernel, dev: KernelDevice, efficiency: float | None = None) -> float:
@@ -129,7 +153,7 @@ def kernel_time(k: Kernel, dev: KernelDevice, efficiency: float | None = None) -
         return k.bytes / bw
     peak = dev.peak_flops(k.dtype)
     if k.kind == "flash":
-        return max(k.flops / (peak * dev.flash(k.variant, k.dtype)), k.bytes / bw)
+        return max(k.flops / (peak * dev.flash(k.variant, k.dtype, k.shape)), k.bytes / bw)
     M, N, K = k.shape
     if efficiency is not None:
         return max(2.0 * M * N * K * k.batch / (peak * efficiency),

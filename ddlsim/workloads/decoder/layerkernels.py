@@ -21,7 +21,7 @@ from functools import lru_cache
 from typing import Any
 
 from ...config import DTYPE_BYTES
-from ...simulator.kernels.attention import attention_kernels
+from ...simulator.kernels.attention import FLASH_KINDS, attention_kernels
 from ...simulator.kernels.elementwise import (layer_elementwise_kernels, loss_bytes,
                                                  loss_passes)
 from ...simulator.kernels.fp8recipe import fp8_cast_kernels
@@ -47,7 +47,7 @@ def grad_bytes(cfg: Any) -> int:
 def activation_kinds(cfg: Any) -> dict[str, bool]:
     """Keywords of :meth:`DecoderShape.layer_activation_bytes` the run's stack and dtype set:
     ``flash`` (FlashAttention keeps no ``s²`` tensor) and ``fp8`` (1-byte GEMM inputs)."""
-    return {"flash": cfg.software.attention in ("flash2", "flash3"),
+    return {"flash": cfg.software.attention in FLASH_KINDS,
             "fp8": cfg.train.dtype == "fp8"}
 
 
