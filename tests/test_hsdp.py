@@ -59,6 +59,26 @@ def test_context_parallelism_is_inside_the_shard_group():
     assert wl.groups["dp_replicate"].members[0].tolist() == [0, 8]
 
 
+def test_the_groups_follow_the_mesh_coordinates_under_any_rank_order():
+    """rank_order tp-dp-cp: rank = d + 4·c. Replica 0 is d in {0, 1} with both CP ranks."""
+    wl = build_workload(_order_config())
+    assert sorted(map(sorted, wl.groups["dp_shard"].members.tolist())) == [[0, 1, 4, 5],
+                                                                           [2, 3, 6, 7]]
+    assert sorted(map(sorted, wl.groups["dp_replicate"].members.tolist())) == [
+        [0, 2], [1, 3], [4, 6], [5, 7]]
+
+
+def _order_config():
+    d = copy.deepcopy(BASE)
+    d["parallel"].update(data_parallel_size=4, context_parallel_size=2,
+                         data_parallel_replicate_size=2, rank_order="tp-dp-cp-ep-pp")
+    d["train"]["global_batch_size"] = 8
+    d["system"]["nodes"] = 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ddlsim.load_config(d)
+
+
 def test_gradients_are_reduce_scattered_in_the_shard_then_all_reduced_over_replicas():
     """Per layer and micro-batch: a reduce-scatter of the layer's fp32 gradients over the 8
     ranks of a replica, then an all-reduce of the rank's shard (1/8) over the 2 replicas."""

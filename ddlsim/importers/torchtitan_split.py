@@ -37,6 +37,16 @@ def split_2024(layers: int, stages: int) -> list[int]:
     """Transformer layers of each of ``stages`` virtual stages, torchtitan 9dec370's split
     (module docstring).
 
+    Parameters
+    ----------
+    layers, stages : int
+        The model's transformer layers and the virtual stages.
+
+    Returns
+    -------
+    list of int
+        Layers per virtual stage, in stage order.
+
     Raises
     ------
     ValueError
@@ -77,6 +87,18 @@ def virtual_stages_2025(layers: int, pp: int, multi_stage: bool, per_stage: int 
 def split_2025(layers: int, stages: int, first: int = 1, last: int = 1) -> list[int]:
     """Transformer layers of each of ``stages`` virtual stages, torchtitan 07c00d9's split
     with the embedding weighing ``first`` layers and the output ``last`` (module docstring).
+
+    Parameters
+    ----------
+    layers, stages : int
+        The model's transformer layers and the virtual stages.
+    first, last : int
+        ``pipeline_parallel_first/last_stage_less_layers``.
+
+    Returns
+    -------
+    list of int
+        Layers per virtual stage, in stage order.
 
     Raises
     ------

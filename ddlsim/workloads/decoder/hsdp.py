@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from ...errors import ConfigError
 from ..trace import Block, Collective, GroupFamily, Op, Wait
 
@@ -47,8 +49,19 @@ def active(cfg: Any) -> bool:
 
 
 def shard_group(cfg: Any) -> tuple[str, int]:
-    """(family, ranks) of the group ZeRO-3 shards over: ``dp`` (``dp_cp`` under CP) of
-    ``DP·CP`` ranks, or under HSDP ``dp_shard`` of ``DP/R · CP``."""
+    """The group ZeRO-3 shards over.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The run (its ``data_parallel_size`` derived).
+
+    Returns
+    -------
+    tuple of (str, int)
+        The family and its ranks: ``dp`` (``dp_cp`` under CP) of ``DP·CP`` ranks, or under
+        HSDP ``dp_shard`` of ``DP/R · CP``.
+    """
     p = cfg.parallel
     if not active(cfg):
         return ("dp_cp" if p.cp > 1 else "dp"), cfg.dp * p.cp
@@ -56,22 +69,55 @@ def shard_group(cfg: Any) -> tuple[str, int]:
 
 
 def families(cfg: Any, mesh: Any) -> dict[str, GroupFamily]:
-    """The ``dp_shard`` and ``dp_replicate`` families under HSDP (none otherwise): the data-
-    parallel coordinate ``d = s + (D/R)·r`` (shard index ``s`` innermost, as torchtitan's
-    mesh nests ``dp_shard`` inside ``dp_replicate``), context parallelism inside the shard."""
+    """The HSDP group families of the plan.
+
+    The data-parallel coordinate is ``d = s + (D/R)·r``: the shard index ``s`` inner to the
+    replica index ``r``, as torchtitan's mesh nests ``dp_shard`` inside ``dp_replicate``;
+    context parallelism joins the shard group (``dp_shard_cp``). Ranks are read from their
+    mesh coordinates, so any ``parallel.rank_order`` places them.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The run.
+    mesh : DeviceMesh
+        Its mesh (``cfg.mesh``).
+
+    Returns
+    -------
+    dict
+        ``dp_shard`` (groups of ``D/R · CP`` ranks) and ``dp_replicate`` (groups of ``R``
+        ranks), both of kind ``dp``; empty without HSDP.
+    """
     if not active(cfg):
         return {}
-    r = cfg.parallel.data_parallel_replicate_size
-    grad = mesh.groups(("dp", "cp")) if cfg.parallel.cp > 1 else mesh.groups("dp")
-    n, size = grad.shape          # members c + CP·d: one replica is a contiguous run
-    shard = grad.reshape(n * r, size // r)
-    replicas = grad.reshape(n, r, size // r).transpose(0, 2, 1).reshape(n * size // r, r)
-    return {SHARD: GroupFamily(SHARD, "dp", shard), REPLICATE: GroupFamily(REPLICATE, "dp",
-                                                                          replicas)}
+    r, cp = cfg.parallel.data_parallel_replicate_size, cfg.parallel.cp
+    grad = mesh.groups(("dp", "cp")) if cp > 1 else mesh.groups("dp")
+    n, size = grad.shape
+    shard = size // (r * cp)                       # data-parallel ranks of one replica
+    d = mesh.coords(grad, ("dp",))[..., 0]
+    c = mesh.coords(grad, ("cp",))[..., 0] if cp > 1 else np.zeros_like(d)
+    replica, inside = d // shard, c + cp * (d % shard)
+    by_replica = np.take_along_axis(grad, np.argsort(replica * shard * cp + inside, axis=1), 1)
+    by_inside = np.take_along_axis(grad, np.argsort(inside * r + replica, axis=1), 1)
+    return {SHARD: GroupFamily(SHARD, "dp", by_replica.reshape(n * r, size // r)),
+            REPLICATE: GroupFamily(REPLICATE, "dp", by_inside.reshape(n * size // r, r))}
 
 
 def check_hsdp(cfg: Any) -> None:
-    """What HSDP needs (ValueError, one paragraph naming the field and value)."""
+    """Check what HSDP needs: ZeRO-3, ``R`` dividing ``data_parallel_size``, more than one
+    rank per replica, a dense model and FSDP2's per-layer units.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The run, during its validation (``data_parallel_size`` may be unset yet).
+
+    Raises
+    ------
+    ValueError
+        One paragraph naming the field, its value and what would do.
+    """
     p = cfg.parallel
     r = p.data_parallel_replicate_size
     if r == 1:
@@ -99,21 +145,56 @@ def check_hsdp(cfg: Any) -> None:
 
 
 def replica_reduces(reduces: list[tuple[str, float]], shard_ranks: int) -> list:
-    """(group, bytes) of the replicas' all-reduces after a unit's reduce-scatters
-    ``reduces`` (group, input bytes) over ``shard_ranks`` ranks: each reduce-scatter's output."""
+    """The all-reduces over the replicas that follow a unit's reduce-scatters.
+
+    Parameters
+    ----------
+    reduces : list of (str, float)
+        The reduce-scatters: group and input bytes.
+    shard_ranks : int
+        Ranks of the shard group.
+
+    Returns
+    -------
+    list of (str, float)
+        ``dp_replicate`` and the bytes of each reduce-scatter's output (input / ranks).
+    """
     return [(REPLICATE, n / shard_ranks) for _, n in reduces]
 
 
 def replica_ops(sizes: list[float], deps: tuple[int, ...]) -> list[Op]:
-    """The all-reduces over the replicas of ``sizes`` bytes each, on :data:`STREAM`, after
-    the ops ``deps`` (the reduce-scatters they reduce)."""
+    """The all-reduces over the replicas as trace ops.
+
+    Parameters
+    ----------
+    sizes : list of float
+        Bytes of each all-reduce.
+    deps : tuple of int
+        Indices (in the block) of the reduce-scatters they follow.
+
+    Returns
+    -------
+    list of Op
+        One ``all_reduce`` on ``dp_replicate`` per size, on :data:`STREAM`.
+    """
     return [Op(Collective("grad.all_reduce.replicas", "all_reduce", REPLICATE, n), STREAM,
                deps=deps) for n in sizes]
 
 
 def with_replica_wait(update: Block) -> Block:
-    """``update`` with a wait for the replicas' all-reduces (:data:`STREAM`) before its
-    optimizer step."""
+    """An update block whose optimizer step waits for the replicas' all-reduces.
+
+    Parameters
+    ----------
+    update : Block
+        The stage's update block.
+
+    Returns
+    -------
+    Block
+        ``update`` with a :class:`Wait` on :data:`STREAM` before its optimizer op (the deps
+        after it shifted).
+    """
     ops = list(update.ops)
     at = next((i for i, o in enumerate(ops) if getattr(o.payload, "kind", "") == "optimizer"),
               None)

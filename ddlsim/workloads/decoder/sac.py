@@ -37,15 +37,42 @@ __all__ = ["layer_mms", "every_second_mm_op", "checkpointed_layers", "checkpoint
 
 
 def checkpointed_layers(every: int, first: int, count: int) -> int:
-    """How many of a rank's layers ``first … first + count − 1`` (counted from 0 in the order
-    the rank builds them) torchtitan checkpoints with ``selective_ac_option = every``: those
-    whose 1-based count is divisible by ``every`` (module docstring)."""
+    """How many of a run of a rank's layers torchtitan checkpoints with
+    ``selective_ac_option = every``: those whose 1-based count is divisible by ``every``
+    (module docstring).
+
+    Parameters
+    ----------
+    every : int
+        ``train.recompute_every_n_layers``.
+    first : int
+        The rank's count of the run's first layer, from 0, in the order it builds them.
+    count : int
+        Layers in the run.
+
+    Returns
+    -------
+    int
+        ``(first + count) // every − first // every``.
+    """
     return (first + count) // every - first // every
 
 
 def checkpointed_share(cfg: Any, stage: int) -> float:
-    """The fraction of pipeline ``stage``'s layers that are checkpointed (1 unless
-    ``train.recompute_every_n_layers`` is above 1)."""
+    """The fraction of a pipeline stage's layers that are checkpointed.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The run.
+    stage : int
+        The pipeline stage.
+
+    Returns
+    -------
+    float
+        Checkpointed layers over the stage's layers (1 when every layer is).
+    """
     from .split import chunk_layers
     layers = sum(chunk_layers(cfg)[stage])
     return checkpointed_layers(cfg.train.recompute_every_n_layers, 0, layers) / layers
@@ -89,6 +116,20 @@ def mixed_backward(b: Any, repeat: int, first: int | None) -> list:
     checkpointed layers' ops (:func:`checkpointed_layers`), then the others', built by a
     builder of the same stage for the plan without recomputation. Nothing overlaps
     consecutive layers, so the order within the pass does not change its time.
+
+    Parameters
+    ----------
+    b : StageBuilder
+        The stage's builder.
+    repeat : int
+        Layers in the pass.
+    first : int
+        The rank's count of the pass's first layer (from 0).
+
+    Returns
+    -------
+    list of Op
+        The pass's backward ops.
 
     Raises
     ------
