@@ -279,7 +279,7 @@ class TrainConfig(_Strict):
     def _check(self) -> "TrainConfig":
         n = self.recompute_every_n_layers
         if n != 1 and self.recompute != "full":
-            raise ValueError(f"recompute_every_n_layers = {n} checkpoints every {n}-th layer "
+            raise ValueError(f"recompute_every_n_layers = {n} checkpoints one layer in {n} "
                              f"fully and needs recompute = 'full' (got {self.recompute!r}); "
                              "set recompute: full, or recompute_every_n_layers: 1")
         return self

@@ -71,6 +71,9 @@ def _given(p: Any, layers: int) -> tuple[tuple[int, ...], ...]:
         raise ValueError(f"parallel.layers_per_virtual_stage cannot be set together with "
                          f"{', '.join(other)}: give each virtual stage's layers, or one of "
                          "Megatron-Core's uneven splits")
+    if p.pp == 1:
+        raise ValueError("parallel.layers_per_virtual_stage needs a pipeline: "
+                         "pipeline_model_parallel_size is 1")
     if len(given) != n:
         raise ValueError(f"parallel.layers_per_virtual_stage has {len(given)} numbers; the "
                          f"plan has pipeline_model_parallel_size × virtual_pipeline_model_"
