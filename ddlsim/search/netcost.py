@@ -213,7 +213,8 @@ def _nccl_forms(op: str, name: str, distinct: list[GroupNet], spread: np.ndarray
     for env in envs:
         protos |= set(PROTOCOLS if env.protocol == "auto" else (env.protocol,))
     out = []
-    no_fill = (math.inf,) * FILL_EDGES + (0.0,) * (FILL_EDGES + 1) + (math.inf,)  # + slope
+    # the fill's edges, levels and slope, then the channel rule (bytes a channel, channels)
+    no_fill = (math.inf,) * FILL_EDGES + (0.0,) * (FILL_EDGES + 1) + (math.inf, 0.0, 1.0)
     algo = name[len("nccl_"):]
     for proto in sorted(protos, key=PROTOCOLS.index):
         parts = np.empty((5 + len(no_fill), len(distinct)))  # 4 parts, estimate, fill
@@ -228,7 +229,8 @@ def _nccl_forms(op: str, name: str, distinct: list[GroupNet], spread: np.ndarray
                 parts[:, j] = (math.inf, math.inf, math.inf, 1.0, 1.0, *no_fill)
             else:
                 parts[:, j] = (*form[:4], form.estimate_algbw_GBps, *form.fill_edges,
-                               *form.fill_us, form.fill_slope)
+                               *form.fill_us, form.fill_slope, form.channel_bytes,
+                               form.channels)
                 corrected = form.corrected
         if np.all(np.isinf(parts[0])):
             continue
@@ -306,13 +308,13 @@ def _min_time_each(forms: _Forms, nbytes: np.ndarray, mesh_index: np.ndarray) ->
     if len(forms.a):
         best = (forms.a[:, mesh_index] + forms.b[:, mesh_index] * nbytes).min(axis=0)
     picked, least = np.full(nbytes.shape, math.inf), np.full(nbytes.shape, math.inf)
-    for _, proto, lat, high, div, bw, estimate, *fill, slope in forms.nccl:  # NCCL's order
+    for _, proto, lat, high, div, bw, estimate, *fill, slope, q, nch in forms.nccl:
         lat, high, div = lat[mesh_index], high[mesh_index], div[mesh_index]
         guess = nccl_seconds_array(nbytes, lat, high, div, estimate[mesh_index], proto)
         edges, fills = fill[:len(fill) // 2], fill[len(fill) // 2:]
         took = nccl_seconds_array(nbytes, lat, high, div, bw[mesh_index], proto,
                                   [e[mesh_index] for e in edges], [f[mesh_index] for f in fills],
-                                  slope[mesh_index])
+                                  slope[mesh_index], q[mesh_index], nch[mesh_index])
         better = guess < least  # NCCL keeps the first of equal estimates
         least, picked = np.where(better, guess, least), np.where(better, took, picked)
     return np.minimum(best, picked)

@@ -64,12 +64,15 @@ def test_ring_tree_crossover():
 def test_protocols_ll_ll128_simple():
     """Ring LL: busBw × 1/2 capped at llMaxBw (Intel, 2 nodes: 39 GB/s); LL128: × 0.92 capped
     at channels × 20 GB/s (Ampere); their latencies: base 6.6 / 14.0 plus steps at the LL /
-    LL128 hardware latencies."""
+    LL128 hardware latencies. NCCL runs 64 KiB of ring LL on 16 ranks on one of its
+    round(4.17) = 4 channels (a channel needs 512 threads × 8 B × 16 ranks = 64 KiB:
+    enqueue.cc topoGetAlgoInfo), at a quarter of the bandwidth; LL128 keeps all 4 (5 KiB a
+    channel)."""
     env = NcclEnv("ampere", nics_per_node=8)
     net = GroupNet(16, 8, 3.4e-6, 300e9, 16.8e-6, 200e9, nodes=2, nccl=env)
     n = 2**16
     ll_lat = 6.6 + 28 * max(0.6, 1.0) + 2 * 2.7
-    ll = (ll_lat + n / (1e3 * min(39.0, 100.0) * 16 / 30)) * 1e-6
+    ll = (ll_lat + n / (1e3 * min(39.0, 100.0) * 16 / 30 * (1 / 4))) * 1e-6
     assert nccl_time("all_reduce", "ring", "LL", n, net, env) == pytest.approx(ll)
     ll128_lat = 14.0 + 28 * max(1.9, 1.0) + 2 * 4.0
     ll128 = (ll128_lat + n / (1e3 * min(200 * 0.92, CHANNELS * 20.0) * 16 / 30)) * 1e-6

@@ -62,8 +62,9 @@ def test_nvls_fill_makes_mid_sizes_slower_than_the_plateau():
 
 @pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter"])
 def test_ring_takes_nccls_estimate(op):
+    """Where NCCL keeps all its channels (below, :mod:`.channels` drops some)."""
     for proto in PROTOCOLS:
-        for n in (1 * KIB, 4 * MIB, 1 * GIB):
+        for n in (4 * MIB, 1 * GIB):
             assert nccl_time(op, "ring", proto, n, TWO_NODES, HOPPER) == \
                 estimate_time(op, "ring", proto, n, TWO_NODES, HOPPER)
 

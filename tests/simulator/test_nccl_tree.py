@@ -56,15 +56,16 @@ def test_ll128_fill_by_hand():
 
 
 def test_fill_of_a_message_under_one_chunk_per_channel_is_capped():
-    """8,000 B is 1,000 B a channel, less than a chunk: the fill moves that share 19 times."""
-    n = 8000.0
+    """80,000 B is 10,000 B a channel, less than a chunk: the fill moves that share 19 times
+    (and NCCL keeps its 8 channels: 640 threads × 8 B = 5,120 B a channel is enough)."""
+    n = 80000.0
     fill_s = (DEPTH - 1) * n / (ALGBW * 1e9)
     assert nccl_time("all_reduce", "tree", "LL128", n, EIGHT_NODES, HOPPER) == pytest.approx(
         estimate_time("all_reduce", "tree", "LL128", n, EIGHT_NODES, HOPPER) + fill_s)
 
 
 def test_ll_forwards_each_word_and_pays_no_fill():
-    for n in (8.0, 64 * KIB, 4 * MIB):
+    for n in (64 * KIB, 4 * MIB):
         assert nccl_time("all_reduce", "tree", "LL", n, EIGHT_NODES, HOPPER) == \
             estimate_time("all_reduce", "tree", "LL", n, EIGHT_NODES, HOPPER)
 
@@ -76,3 +77,15 @@ def test_fill_grows_with_depth():
              - estimate_time("all_reduce", "tree", "Simple", 64 * MIB, net, HOPPER)
              for net in (two, EIGHT_NODES)]
     assert 0 < extra[0] < extra[1]
+
+
+@pytest.mark.parametrize("n,used", [
+    # ring LL on 64 ranks: a channel needs 512 threads × 8 B × 64 ranks = 256 KiB
+    (8 * 256 * KIB, 8), (8 * 256 * KIB - 1, 7), (3 * 256 * KIB, 3), (256 * KIB - 1, 1), (8, 1)])
+def test_small_ring_ll_runs_on_fewer_channels(n, used):
+    """NCCL drops channels below 256 KiB a channel (enqueue.cc topoGetAlgoInfo): the
+    bandwidth term grows by 8 / channels used; the estimate NCCL chose by does not."""
+    bw = estimate_time("all_reduce", "ring", "LL", n, EIGHT_NODES, HOPPER)
+    lat = estimate_time("all_reduce", "ring", "LL", 0.0, EIGHT_NODES, HOPPER)
+    took = nccl_time("all_reduce", "ring", "LL", n, EIGHT_NODES, HOPPER)
+    assert took - lat == pytest.approx((bw - lat) * 8 / used)

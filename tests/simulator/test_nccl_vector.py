@@ -54,7 +54,8 @@ def test_array_form_equals_the_scalar_time(env):
                     got = nccl_seconds_array(at, form.latency_us, form.plateau_latency_us,
                                              form.plateau_div, form.algbw_GBps,
                                              proto if form.corrected else None,
-                                             form.fill_edges, form.fill_us, form.fill_slope)
+                                             form.fill_edges, form.fill_us, form.fill_slope,
+                                             form.channel_bytes, form.channels)
                     np.testing.assert_array_equal(got, want, err_msg=f"{op} {algo} {proto} {p}")
                     checked += 1
                     plateaus += math.isfinite(form.plateau_div)

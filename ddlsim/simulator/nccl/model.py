@@ -29,14 +29,15 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..collectives.base import GroupNet, Phase, _ring_pairs, register
+from ..collectives.base import GroupNet
 from . import tuning as T
 from .measured import FILL_CHUNKS, FILL_EDGES, achieved_algbw_GBps, fill_levels, fill_us
+from .channels import channel_bytes, channels_used
 from .tree import tree_fill_levels
 
 __all__ = ["NcclEnv", "nccl_time", "busbw_GBps", "algbw_GBps", "latency_us", "best_protocol",
            "available", "ALGORITHMS", "NcclForm", "nccl_form",
-           "nccl_seconds_array", "estimate_time"]
+           "nccl_seconds_array", "estimate_time", "taken_parts"]
 
 #: NCCL algorithm per collective (tuning.cc: broadcast/reduce run ring only; all-gather and
 #: reduce-scatter ring, NVLS, CollNet, PAT; all-reduce every algorithm but PAT)
@@ -208,13 +209,23 @@ def _log2i(n: int) -> int:
 def nccl_time(op: str, algo: str, proto: str, n: float, net: GroupNet, env: NcclEnv) -> float:
     """Seconds for ``algo``/``proto`` as nccl-tests measures it, ``inf`` where NCCL would not
     run it: NCCL's estimate (latency + bytes / algBw), with the NVLS all-reduce's measured
-    plateau and pipeline fill (:mod:`.measured`) where NCCL's estimate misses them."""
+    plateau and pipeline fill (:mod:`.measured`), the tree's pipeline fill (:mod:`.tree`) and
+    the channels NCCL drops for a small message (:mod:`.channels`), which the estimate misses."""
     if not available(op, algo, proto, net, env):
         return math.inf
-    bw, levels = _achieved(op, algo, proto, n, net, env)
+    bw, lat = taken_parts(op, algo, proto, n, net, env)
     if bw <= 0:
         return math.inf
-    return (latency_us(op, algo, proto, n, net, env) + fill_us(n, levels) + n / (1e3 * bw)) * 1e-6
+    return (lat + n / (1e3 * bw)) * 1e-6
+
+
+def taken_parts(op: str, algo: str, proto: str, n: float, net: GroupNet,
+                env: NcclEnv) -> tuple[float, float]:
+    """(algorithm bandwidth GB/s, latency µs) of the time taken (:func:`nccl_time`): NCCL's
+    estimate with the fills and the channels it drops; the DES's flows carry the same."""
+    bw, levels = _achieved(op, algo, proto, n, net, env)
+    bw = bw * _used_fraction(algo, proto, n, net, env)
+    return bw, latency_us(op, algo, proto, n, net, env) + fill_us(n, levels)
 
 
 def estimate_time(op: str, algo: str, proto: str, n: float, net: GroupNet, env: NcclEnv) -> float:
@@ -237,6 +248,20 @@ def _achieved(op: str, algo: str, proto: str, n: float, net: GroupNet, env: Nccl
     if algo not in FILL_CHUNKS:
         return algbw_GBps(op, algo, proto, n, net, env), None
     return _achieved_nvls(op, algo, proto, net, env)
+
+
+@lru_cache(maxsize=1 << 12)
+def _channel_rule(algo: str, proto: str, net: GroupNet, env: NcclEnv) -> tuple[float, int]:
+    """(bytes a channel must get, NCCL's channels) of :mod:`.channels` for this group."""
+    eff = T.NVLINK_EFFICIENCY[env.arch] if env.intra == "nvlink" else 1.0
+    nch = max(1, int(round(_channels(_link(net, env)[1], net, env))))
+    return channel_bytes(algo, proto, net.p, net.bw_intra_Bps * eff / 1e9), nch
+
+
+def _used_fraction(algo: str, proto: str, n: float, net: GroupNet, env: NcclEnv) -> float:
+    """Channels NCCL runs ``n`` bytes on over its channels (1 where it keeps them all)."""
+    per_channel, nch = _channel_rule(algo, proto, net, env)
+    return channels_used(n, per_channel, nch) / nch
 
 
 @lru_cache(maxsize=1 << 12)
@@ -264,7 +289,8 @@ class NcclForm(NamedTuple):
     zero fills where none is modelled), ``estimate_algbw_GBps``: NCCL's own estimate of
     the bandwidth, whose time (no fill) is what NCCL chooses by (:func:`estimate_time`), and
     ``fill_slope``: µs per byte that caps the fill (:func:`.tree.tree_fill_levels`; ``inf``:
-    no cap)."""
+    no cap), ``channel_bytes`` and ``channels``: below ``channels × channel_bytes`` NCCL runs
+    on ``max(1, ⌊n / channel_bytes⌋)`` of its ``channels`` (:mod:`.channels`; 0: never)."""
 
     latency_us: float
     plateau_latency_us: float
@@ -275,6 +301,8 @@ class NcclForm(NamedTuple):
     fill_us: tuple
     estimate_algbw_GBps: float
     fill_slope: float = math.inf
+    channel_bytes: float = 0.0
+    channels: float = 1.0
 
 
 @lru_cache(maxsize=1 << 16)
@@ -296,16 +324,19 @@ def nccl_form(op: str, algo: str, proto: str, net: GroupNet, env: NcclEnv) -> Nc
     edges, fills, slope = levels or ((math.inf,) * FILL_EDGES, (0.0,) * (FILL_EDGES + 1),
                                      math.inf)
     return NcclForm(lat, high, div, bw, algo == "tree" and op == "all_reduce", edges, fills,
-                    algbw_GBps(op, algo, proto, 0.0, net, env), slope)
+                    algbw_GBps(op, algo, proto, 0.0, net, env), slope,
+                    *_channel_rule(algo, proto, net, env))
 
 
 def nccl_seconds_array(n, latency_us_, plateau_latency_us, plateau_div, algbw, proto=None,
-                       fill_edges=None, fill_us_=None, fill_slope=None):
+                       fill_edges=None, fill_us_=None, fill_slope=None, channel_bytes=None,
+                       channels=None):
     """:func:`nccl_time` on arrays: ``n`` bytes, and the :class:`NcclForm` parts per element
     (arrays or scalars that broadcast with ``n``); ``proto`` names the tree-correction table
     to apply (None: no correction); ``fill_edges`` and ``fill_us_`` the form's fill (one
     array per edge and per fill; None: no fill), ``fill_slope`` its cap in µs per byte (None
-    or ``inf``: none). The same arithmetic as the scalar code, in
+    or ``inf``: none), ``channel_bytes`` and ``channels`` the channels NCCL drops for small
+    messages (None: none). The same arithmetic as the scalar code, in
     the same order (``tests/test_nccl_vector.py`` checks equality on a dense set of sizes)."""
     n = np.asarray(n, dtype=float)
     bw = np.asarray(algbw, dtype=float)
@@ -315,6 +346,11 @@ def nccl_seconds_array(n, latency_us_, plateau_latency_us, plateau_div, algbw, p
         ok = (log_size >= 0) & (log_size < 23)
         table = np.asarray(T.TREE_CORRECTION[proto])
         bw = bw * np.where(ok, table[np.clip(log_size, 0, 22).astype(np.int64)], 1.0)
+    if channel_bytes is not None:
+        q, nch = np.asarray(channel_bytes, dtype=float), np.asarray(channels, dtype=float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            used = np.where(q > 0, np.clip(np.floor(n / np.where(q > 0, q, 1.0)), 1.0, nch), nch)
+        bw = bw * (used / nch)
     lat = np.where(n / plateau_div >= 64, plateau_latency_us, latency_us_)
     fill = 0.0
     if fill_edges is not None:
@@ -334,52 +370,3 @@ def best_protocol(op: str, algo: str, n: float, net: GroupNet, env: NcclEnv) -> 
     proto = min(protos, key=lambda pr: estimate_time(op, algo, pr, n, net, env))
     return proto, nccl_time(op, algo, proto, n, net, env)
 
-
-def _env(net: GroupNet) -> NcclEnv:
-    if net.nccl is None:
-        raise ValueError("no NCCL environment on this group net")
-    return net.nccl
-
-
-def _time_fn(op: str, algo: str):
-    def time(n: float, net: GroupNet) -> float:
-        if net.nccl is None:
-            return math.inf
-        return best_protocol(op, algo, n, net, net.nccl)[1]
-    time.__doc__ = f"NCCL {algo} {op}, its best (or configured) protocol."
-    return time
-
-
-def _layout_fn(op: str, algo: str):
-    def layout(n: float, net: GroupNet) -> list[Phase]:
-        env = _env(net)
-        proto, t = best_protocol(op, algo, n, net, env)
-        if not math.isfinite(t):
-            raise ValueError(f"NCCL {algo} does not run {op} here")
-        bottleneck, _ = _link(net, env)
-        bw, levels = _achieved(op, algo, proto, n, net, env)
-        lat_s = (latency_us(op, algo, proto, n, net, env) + fill_us(n, levels)) * 1e-6
-        per_byte = bottleneck / (bw * 1e9)
-        return _phases(op, algo, net.p, per_byte, lat_s)
-    return layout
-
-
-def _phases(op: str, algo: str, p: int, per_byte: float, lat_s: float) -> list[Phase]:
-    """Flows whose bytes at the bottleneck rate take ``per_byte`` s per byte of bytes/B."""
-    if algo == "ring" and op in ("all_reduce", "all_gather", "reduce_scatter"):
-        steps = _nsteps(op, p)
-        return [Phase(_ring_pairs(p), per_byte / steps, repeat=steps, latency_s=lat_s / steps)]
-    chain = np.stack([np.arange(0, p - 1), np.arange(1, p)], axis=1)
-    if algo == "ring":  # broadcast: a pipelined chain from the root; reduce: toward it
-        pairs = chain if op == "broadcast" else chain[:, ::-1].copy()
-        return [Phase(pairs, per_byte, latency_s=lat_s)]
-    if algo == "tree":  # reduce up the tree, broadcast down, pipelined: every edge busy
-        return [Phase(chain[:, ::-1].copy(), per_byte / 2, latency_s=lat_s / 2),
-                Phase(chain, per_byte / 2, latency_s=lat_s / 2)]
-    return [Phase(_ring_pairs(p), per_byte, latency_s=lat_s)]  # NVLS, CollNet: every link once
-
-
-for _op, _algos in ALGORITHMS.items():
-    for _algo in _algos:
-        register(_op, f"nccl_{_algo}", backend="nccl",
-                 layout=_layout_fn(_op, _algo))(_time_fn(_op, _algo))
