@@ -310,7 +310,8 @@ def _layer_split(draft: Draft, s: dict, doc: dict, old: bool, pp: int, multi: bo
         from ..configload import resolve_section
         layers = resolve_section("model", preset)["num_hidden_layers"]
     try:
-        split = _stages(s, old, layers, pp, multi)
+        from .torchtitan_split import run_split
+        split = run_split(s, old, layers, pp, multi)
     except ValueError as exc:
         draft.refuse(keys, str(exc))
         return
@@ -324,37 +325,6 @@ def _layer_split(draft: Draft, s: dict, doc: dict, old: bool, pp: int, multi: bo
                   f"{keys}: {len(split)} virtual stages")
     draft.set("parallel.layers_per_virtual_stage", split, f"{keys}: torchtitan's split "
               f"({'9dec370' if old else '07c00d9'})")
-
-
-def _stages(s: dict, old: bool, layers: int | None, pp: int, multi: bool) -> list[int] | None:
-    """Layers of each virtual stage as torchtitan of the config's date splits them (None
-    when that needs the model's layer count and it is unknown); ValueError where torchtitan
-    refuses the split."""
-    from .torchtitan_split import (split_2024, split_2025, split_from_fqns, split_from_points,
-                                   virtual_stages_2025)
-    points, fqns = s.get("pipeline_parallel_split_points"), s.get("module_fqns_per_model_part")
-    first = s.get("pipeline_parallel_first_stage_less_layers", 1)
-    last = s.get("pipeline_parallel_last_stage_less_layers", 1)
-    if points and not old:
-        raise ValueError("torchtitan 07c00d9 refuses pipeline_parallel_split_points "
-                         "(deprecated): give module_fqns_per_model_part")
-    if fqns is not None and not old:
-        split = split_from_fqns(fqns)
-    elif layers is None:
-        return None
-    elif points:
-        split = split_from_points(points, layers)
-    elif old:
-        split = split_2024(layers, pp * (2 if multi else 1))
-    else:
-        split = split_2025(layers, virtual_stages_2025(
-            layers, pp, multi, s.get("pipeline_parallel_layers_per_stage"), first, last),
-            first, last)
-    if len(split) % pp or (len(split) != pp if not multi else len(split) < 2 * pp):
-        raise ValueError(f"{len(split)} stages over pipeline_parallel_degree = {pp}: a "
-                         f"{'multi' if multi else 'single'}-stage schedule needs "
-                         f"{'a multiple of it, two or more per rank' if multi else 'one per rank'}")
-    return split
 
 
 def _checkpoint(draft: Draft, s: dict, doc: dict) -> None:

@@ -30,7 +30,7 @@ import math
 from typing import Any
 
 __all__ = ["split_2024", "split_2025", "virtual_stages_2025", "split_from_points",
-           "split_from_fqns"]
+           "split_from_fqns", "run_split"]
 
 
 def split_2024(layers: int, stages: int) -> list[int]:
@@ -151,3 +151,54 @@ def split_from_fqns(parts: Any) -> list[int]:
     other = {"tok_embeddings", "norm", "output"}
     return [sum(1 for n in part if n not in other and _layer_index(
         n, "module_fqns_per_model_part") >= 0) for part in parts]
+
+
+def run_split(s: dict, old: bool, layers: int | None, pp: int, multi: bool) -> list[int] | None:
+    """Layers of each virtual stage as torchtitan of the config's date splits them.
+
+    Parameters
+    ----------
+    s : dict
+        The config's ``[parallelism]`` section (2024's keys moved there).
+    old : bool
+        The 2024 format (torchtitan 9dec370) rather than 2025's (07c00d9).
+    layers : int or None
+        The model's transformer layers, if known.
+    pp : int
+        ``pipeline_parallel_degree``.
+    multi : bool
+        The schedule is a multi-stage one (Interleaved1F1B).
+
+    Returns
+    -------
+    list of int or None
+        Layers per virtual stage; None when the split needs ``layers`` and it is unknown.
+
+    Raises
+    ------
+    ValueError
+        Where torchtitan refuses the split, or the schedule cannot take its stage count.
+    """
+    points, fqns = s.get("pipeline_parallel_split_points"), s.get("module_fqns_per_model_part")
+    first = s.get("pipeline_parallel_first_stage_less_layers", 1)
+    last = s.get("pipeline_parallel_last_stage_less_layers", 1)
+    if points and not old:
+        raise ValueError("torchtitan 07c00d9 refuses pipeline_parallel_split_points "
+                         "(deprecated): give module_fqns_per_model_part")
+    if fqns is not None and not old:
+        split = split_from_fqns(fqns)
+    elif layers is None:
+        return None
+    elif points:
+        split = split_from_points(points, layers)
+    elif old:
+        split = split_2024(layers, pp * (2 if multi else 1))
+    else:
+        split = split_2025(layers, virtual_stages_2025(
+            layers, pp, multi, s.get("pipeline_parallel_layers_per_stage"), first, last),
+            first, last)
+    if len(split) % pp or (len(split) != pp if not multi else len(split) < 2 * pp):
+        raise ValueError(f"{len(split)} stages over pipeline_parallel_degree = {pp}: a "
+                         f"{'multi' if multi else 'single'}-stage schedule needs "
+                         f"{'a multiple of it, two or more per rank' if multi else 'one per rank'}")
+    return split
