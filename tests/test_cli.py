@@ -73,10 +73,10 @@ def test_presets_lists_the_software_stacks_with_their_attention_kernel():
     rows = {line.split("│")[1].strip(): line for line in r.output.splitlines()
             if line.startswith("│") and line.split("│")[1].strip()}
     # ddlsim/data/software.yaml: 2021 Megatron ran the fused softmax and no overlap; 2024's
-    # stack FlashAttention with the DP overlaps on
+    # stack cuDNN's fused attention through TransformerEngine with the DP overlaps on
     assert set(rows) >= {"megatron-lm-2021", "megatron-core-2024", "deepspeed"}
     assert "fused_softmax" in rows["megatron-lm-2021"]
     assert "overlap_grad_reduce" not in rows["megatron-lm-2021"]
-    assert "flash2" in rows["megatron-core-2024"]
+    assert "cudnn" in rows["megatron-core-2024"]
     assert "overlap_grad_reduce" in rows["megatron-core-2024"]
     assert "system presets" not in r.output        # only the stacks were asked for
