@@ -1,6 +1,8 @@
 """ddlsim's collective bus bandwidth against published nccl-tests results (A100, H100).
 
 Run:  python benchmarks/validate_nccl.py [--engine analytical|des] [--write-docs] [--fit]
+      python benchmarks/validate_nccl.py --nccl-tests OUTPUT --gpu A100|H100 [--op OP]
+                                         [--nodes N] [--ranks N] [--algorithm nccl_ring|...]
 
 Each row of ``benchmarks/data/nccl_tests_published.csv`` (sources cited in its header) is one
 nccl-tests measurement: an operation on ``gpus`` GPUs over ``nodes`` nodes at one size. ddlsim
@@ -12,7 +14,9 @@ bandwidth nccl-tests would print: ``busbw = size / time × factor`` (nccl-tests
 doc/PERFORMANCE.md). Rows whose ``role`` is ``fitted`` are the calibration data of
 ``measured.py``'s three fitted constants; the summary gives them apart from the ``held-out``
 rows, which set nothing and are the validation. ``--write-docs`` replaces the nccl-tests
-section of ``docs/validation.md`` with the table printed.
+section of ``docs/validation.md`` with the table printed. ``--nccl-tests`` compares one's own
+nccl-tests output (text or ``-J`` JSON, read by ``ddlsim.calibration.readers``; every size,
+out-of-place) instead, on the preset of ``--gpu`` (``--algorithm``: the ``NCCL_ALGO`` it ran).
 """
 
 from __future__ import annotations
@@ -67,14 +71,36 @@ def predicted_busbw(row: dict, engine: str) -> tuple[float, str]:
     return size / t * FACTOR[op](p) / 1e9, cost.choice(coll).label
 
 
-def table(engine: str) -> tuple[list[str], dict[str, list[float]]]:
+def output_rows(path: str, gpu: str, nodes: int | None = None, ranks: int | None = None,
+                algorithm: str = "", op: str | None = None) -> list[dict]:
+    """The rows of one nccl-tests output, as the CSV's (out-of-place time, role held-out)."""
+    from ddlsim.calibration.readers.nccl_json import read_nccl_tests_json
+    from ddlsim.calibration.readers.nccl_tests import read_nccl_tests_text
+    reader = read_nccl_tests_json if path.endswith(".json") else read_nccl_tests_text
+    got = reader(path, op=op, ranks=ranks, nodes=nodes).table
+    got = got[(got["variant"] == "out_of_place") & (got["bytes"] > 0)]
+    wrong = sorted(set(got["op"]) - set(FACTOR))
+    if wrong:
+        raise ValueError(f"{path}: op {', '.join(wrong)} is not compared; allowed: "
+                         f"{', '.join(FACTOR)}")
+    from ddlsim.simulator.collectives import algorithms_for
+    for name in sorted(set(got["op"])):
+        if algorithm and algorithm not in algorithms_for(name, "nccl"):
+            raise ValueError(f"--algorithm {algorithm!r} is not one of NCCL's for {name}; "
+                             f"allowed: {', '.join(algorithms_for(name, 'nccl'))}")
+    return [{"source": Path(path).stem, "gpu": gpu, "gpus": str(r.ranks), "nodes": str(r.nodes),
+             "op": r.op, "size_bytes": str(r.bytes), "busbw_GBps": str(r.busbw_Bps / 1e9),
+             "role": "held-out", "algorithm": algorithm} for r in got.itertuples()]
+
+
+def table(engine: str, data: list[dict] | None = None) -> tuple[list[str], dict[str, list[float]]]:
     """The markdown table, and the errors (ddlsim / measured − 1) per row role, and per size
     (key ``size:<bytes>``: every row of that size, whatever its role)."""
     lines = ["| source | GPU | GPUs | nodes | op | size | measured busbw (GB/s) | ddlsim busbw "
              "(GB/s) | error | ddlsim algorithm | role |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     errors: dict[str, list[float]] = {"fitted": [], "held-out": []}
-    for row in rows():
+    for row in rows() if data is None else data:
         got, label = predicted_busbw(row, engine)
         pub = float(row["busbw_GBps"])
         err = got / pub - 1
@@ -101,6 +127,8 @@ def summary(errors: dict[str, list[float]], engine: str) -> str:
              ("all", errors["held-out"] + errors["fitted"])]
     out = []
     for name, errs in parts:
+        if not errs:
+            continue
         a = np.abs(errs)
         out.append(f"{name}: {len(errs)} measurements, mean |error| {100 * a.mean():.1f}%, "
                    f"median {100 * np.median(a):.1f}%, worst {100 * a.max():.1f}%, signed mean "
@@ -149,11 +177,36 @@ def main(argv: list[str] | None = None) -> int:
                     help="replace the nccl-tests section of docs/validation.md")
     ap.add_argument("--fit", action="store_true",
                     help="print the scan that fitted the NVLS pipeline depths, and exit")
+    ap.add_argument("--nccl-tests", metavar="OUTPUT",
+                    help="an nccl-tests output (text, or .json from -J) to compare instead")
+    ap.add_argument("--gpu", choices=sorted(PRESET), help="the GPU of --nccl-tests' run")
+    ap.add_argument("--nodes", type=int, help="nodes of --nccl-tests' run (else its hosts)")
+    ap.add_argument("--ranks", type=int, help="ranks of --nccl-tests' run (else its '# Rank' lines)")
+    ap.add_argument("--op", help="the collective of --nccl-tests' run, where the output does not "
+                    "name it (all_reduce, all_gather, reduce_scatter)")
+    ap.add_argument("--algorithm", default="", help="the NCCL_ALGO --nccl-tests' run forced, as "
+                    "ddlsim names it (nccl_ring, nccl_tree, nccl_nvls, …); default NCCL's choice")
     args = ap.parse_args(argv)
     if args.fit:
         print("\n".join(fit_fill()))
         return 0
-    lines, errors = table(args.engine)
+    data = None
+    if args.nccl_tests:
+        if args.gpu is None or args.write_docs:
+            ap.error("--nccl-tests needs --gpu, and does not write the docs")
+        try:
+            data = output_rows(args.nccl_tests, args.gpu, args.nodes, args.ranks, args.algorithm,
+                               args.op)
+        except Exception as exc:  # the readers' CalibrationError, a bad --algorithm, …
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    try:
+        lines, errors = table(args.engine, data)
+    except ValueError as exc:  # ConfigError: e.g. an NCCL_ALGO NCCL does not run there
+        if data is None:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     text = summary(errors, args.engine)
     print("\n".join(lines))
     print("\n" + text)

@@ -49,3 +49,43 @@ def test_summary_gives_roles_and_the_worst_per_size():
     text = vn.summary(errors, "analytical")
     assert "held-out (validation): 2 measurements" in text
     assert "worst per size: 1 MiB -20.0% (2), 4 MiB +1.0% (1)" in text
+
+
+#: a made-up nccl-tests output (8 ranks on one host, two sizes), the format of all_reduce_perf
+OUTPUT = """\
+# nThread 1 nGpus 1 minBytes 32768 maxBytes 33554432 step: 1024(factor) warmup iters: 5 iters: 20
+#
+# Using devices
+""" + "".join(f"#  Rank  {r} Group  0 Pid  {100 + r} on   node-a device  {r} [0x0{r}] NVIDIA "
+              "A100-SXM4-80GB\n" for r in range(8)) + """\
+#
+#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
+#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)
+       32768          8192     float     sum      -1    20.00    1.64    2.87      0    21.00    1.56    2.73      0
+    33554432       8388608     float     sum      -1    200.0  167.77  293.60      0    201.0  166.94  292.14      0
+"""
+
+
+def test_an_nccl_tests_output_becomes_rows(tmp_path):
+    """busbw of the out-of-place time: 32768 B / 20 µs × 2·7/8 = 2.867 GB/s."""
+    path = tmp_path / "a100.txt"
+    path.write_text(OUTPUT)
+    got = vn.output_rows(str(path), "A100", op="all_reduce")
+    assert [(r["gpus"], r["nodes"], r["op"], r["size_bytes"]) for r in got] == [
+        ("8", "1", "all_reduce", "32768"), ("8", "1", "all_reduce", "33554432")]
+    assert float(got[0]["busbw_GBps"]) == pytest.approx(32768 / 20e-6 * 2 * 7 / 8 / 1e9)
+
+
+def test_main_compares_an_output_and_refuses_bad_options(tmp_path, capsys):
+    path = tmp_path / "a100.txt"
+    path.write_text(OUTPUT)
+    assert vn.main(["--nccl-tests", str(path), "--gpu", "A100", "--op", "all_reduce"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("| a100 | A100 | 8 | 1 | all_reduce |") == 2
+    assert "worst per size: 32 KiB" in out
+    assert vn.main(["--nccl-tests", str(path), "--gpu", "A100", "--op", "all_reduce",
+                    "--algorithm", "nccl_bogus"]) == 2
+    assert "not one of NCCL's for all_reduce" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        vn.main(["--nccl-tests", str(path)])  # no --gpu
+    assert exit_.value.code == 2
