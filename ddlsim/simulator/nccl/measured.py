@@ -2,9 +2,11 @@
 estimate its tuning model makes (:mod:`.model`).
 
 NCCL's tuner estimates each algorithm and protocol to choose one (``ncclTopoGetAlgoTime``);
-it does not claim the estimate is the time. For ring and tree the estimate matches published
+it does not claim the estimate is the time. For the ring the estimate matches published
 nccl-tests plateaus (A100 ring all-reduce 240 vs 230 GB/s, H100 ring all-gather 370 vs 370), so
-ddlsim keeps it. For NVLS it does not, in two ways, both modelled here:
+ddlsim keeps it (the tree's pipeline fill, derived from NCCL's code, is in :mod:`.tree`; the
+channels NCCL drops for small messages in :mod:`.channels`). For NVLS it does not, in two
+ways, both modelled here:
 
 1. **The plateau.** NCCL estimates an 8-GPU H100 NVLS all-reduce at 551 GB/s bus bandwidth; it
    reaches ~480 (algorithm bandwidth ~275 GB/s, NCCL maintainer, NVIDIA/nccl-tests#212). The
