@@ -65,6 +65,13 @@ def test_the_nearest_head_dim_is_used():
     assert eta(64) == pytest.approx(279 / 989.4) and eta(128) == pytest.approx(310 / 989.4)
 
 
+def test_the_causal_head_dim_64_forward_is_its_own_curve():
+    # Fig. 5, causal, head dim 64: cuDNN at 8k = 379 TFLOP/s (not the head dim 128 curve)
+    s = 8192
+    assert measured_efficiency(GPU, "cudnn", "fwd", True, 64, s) == pytest.approx(
+        379 / 989.4 * causal_fraction(s) / 0.5, rel=1e-12)
+
+
 def test_a_causal_backward_takes_the_forward_mask_ratio():
     # no causal backward is published: the non-causal backward × causal/non-causal forward
     s = 4096
