@@ -223,7 +223,8 @@ def fit_profile(results: Sequence[ReadResult], *,
         Largest share of one file's data rows that may be unusable, in [0, 1].
     **options
         ``max_segments``, ``min_points``, ``bootstrap``, ``seed``, ``level``, ``peaks``,
-        ``name``, ``statistic``, ``max_rel_rmse`` of :func:`build_profile`.
+        ``name``, ``statistic``, ``compute_statistic``, ``max_rel_rmse`` of
+        :func:`build_profile`.
 
     Returns
     -------
@@ -249,8 +250,14 @@ def build_profile(comm: pd.DataFrame | None = None, compute: pd.DataFrame | None
                   peaks: dict[str, float] | None = None, name: str | None = None,
                   statistic: str = "median", skipped: Sequence[SkippedRow] = (),
                   max_skipped_share: float | None = None,
-                  max_rel_rmse: float = DEFAULT_MAX_REL_RMSE) -> CalibrationProfile:
+                  max_rel_rmse: float = DEFAULT_MAX_REL_RMSE,
+                  compute_statistic: str | None = None) -> CalibrationProfile:
     """Fit communication and compute tables into a versioned :class:`CalibrationProfile`.
+
+    ``statistic`` is the time fitted per row (:func:`~.schema.representative_time_s`);
+    ``compute_statistic``, when given, the one of the compute rows instead (the closed loop
+    fits the least GEMM time of its rounds and the median of each collective's repetitions,
+    docs/validation.md).
 
     ``skipped`` (the rows the readers left out) and ``max_skipped_share`` (the limit they
     were checked against) are recorded in the provenance; a curve whose relative RMS error
@@ -259,8 +266,9 @@ def build_profile(comm: pd.DataFrame | None = None, compute: pd.DataFrame | None
     entries, notes = ([], []) if comm is None or comm.empty else fit_comm_entries(
         comm, max_segments=max_segments, min_points=min_points, bootstrap=bootstrap,
         seed=seed, level=level, statistic=statistic)
+    compute_statistic = compute_statistic or statistic
     comp = [] if compute is None or compute.empty else fit_compute_entries(compute, peaks,
-                                                                           statistic)
+                                                                           compute_statistic)
     if not entries and not comp:
         raise CalibrationError("nothing could be fitted" + (": " + "; ".join(notes)
                                                             if notes else ""))
@@ -274,6 +282,8 @@ def build_profile(comm: pd.DataFrame | None = None, compute: pd.DataFrame | None
                 "criterion": "BIC, 2 parameters per segment and per breakpoint",
                 "bootstrap": bootstrap, "seed": seed, "level": level,
                 "statistic": statistic,
+                **({} if compute_statistic == statistic else
+                   {"compute_statistic": compute_statistic}),
                 "max_rel_rmse": max_rel_rmse if math.isfinite(max_rel_rmse) else None,
                 **({} if max_skipped_share is None else
                    {"max_skipped_share": max_skipped_share})},

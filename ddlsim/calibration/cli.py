@@ -287,6 +287,8 @@ def fit(results: list[Path] = typer.Argument(..., help="results files"),
         seed: int = typer.Option(0, help="bootstrap seed"),
         statistic: str = typer.Option("median", help="time fitted per size: median | mean | "
                                                      "min (min resists noise on shared hosts)"),
+        compute_statistic: str | None = typer.Option(
+            None, help="the compute rows' statistic, when it differs from --statistic"),
         peak: list[str] = typer.Option([], help="dtype=peak, e.g. 'fp32=7.17 TFLOP/s'"),
         system: str | None = typer.Option(None, help="system preset supplying peak FLOP/s"),
         name: str | None = typer.Option(None, help="profile name"),
@@ -323,7 +325,8 @@ def fit(results: list[Path] = typer.Argument(..., help="results files"),
     profile = fit_profile(read, max_skipped_share=max_skipped_share,
                           max_segments=max_segments, min_points=min_points,
                           bootstrap=bootstrap, seed=seed, peaks=_peaks(peak, system),
-                          name=name, statistic=statistic, max_rel_rmse=max_rel_rmse)
+                          name=name, statistic=statistic, max_rel_rmse=max_rel_rmse,
+                          compute_statistic=compute_statistic)
     profile.save(output, force)
     for c in profile.doc.compute:
         if c.peak_flops_per_s is None:

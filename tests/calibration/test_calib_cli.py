@@ -102,6 +102,17 @@ def test_compute_command_writes_csv_and_fit_reads_it(tmp_path):
     prof = CalibrationProfile.load(tmp_path / "p.yaml")
     assert 0 < prof.compute_efficiency(2 * 64 ** 3, "fp32") < 1
     assert prof.doc.compute[0].peak_flops_per_s == 1e12
+    # the compute rows may take their own statistic: the same fit as --statistic min
+    fits = {}
+    for name, opts in (("min", ["--statistic", "min"]),
+                       ("mixed", ["--statistic", "median", "--compute-statistic", "min"])):
+        res = invoke("fit", csv, DATA / "nccl_all_reduce_perf.txt", "-o", tmp_path / f"{name}.yaml",
+                     "--peak", "fp32=1 TFLOP/s", "--max-rel-rmse", "inf", "--bootstrap", 0,
+                     *opts)
+        assert res.exit_code == 0, text(res)
+        fits[name] = CalibrationProfile.load(tmp_path / f"{name}.yaml")
+    assert fits["mixed"].doc.compute == fits["min"].doc.compute
+    assert fits["mixed"].doc.provenance["fit"]["compute_statistic"] == "min"
 
 
 def test_help_shows_launch_command_lines():
