@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ConfigError
+from .workloads.registry import get_family
 
 __all__ = ["PlanFacts", "StackRule", "stack_rule", "rules", "stack_rules", "broken_rules",
            "check_stack_rules", "stack_rejections", "what_if_note"]
@@ -108,16 +109,14 @@ class PlanFacts:
 
 
 def _moe_facts(cfg: Any) -> dict:
-    """The MoE options the overlap rules read, resolved as the trace resolves them
-    (:func:`~ddlsim.workloads.decoder.moeplan.resolve_moe`); none for a dense model or a
-    stack that does not say how it runs MoE layers (the MoE checks refuse that plan)."""
-    plan = None
-    if getattr(cfg.model, "num_local_experts", 0):
-        from .workloads.decoder.moeplan import resolve_moe
-        try:
-            plan = resolve_moe(cfg)
-        except ConfigError:
-            pass
+    """The MoE options the overlap rules read, resolved as the trace resolves them (the
+    family's :meth:`~ddlsim.workloads.registry.WorkloadFamily.moe_plan`); none for a dense
+    model or a stack that does not say how it runs MoE layers (the MoE checks refuse that
+    plan)."""
+    try:
+        plan = get_family(cfg.model.architecture).moe_plan(cfg)
+    except ConfigError:
+        plan = None
     out = {"full_recompute": cfg.train.recompute == "full", "fp32": cfg.train.dtype == "fp32"}
     if plan is not None:
         out.update(a2a_overlap=plan.a2a_overlap, delay_wgrad=plan.delay_wgrad,
@@ -385,8 +384,7 @@ def broken_rules(cfg: Any) -> list[tuple[StackRule, str]]:
 def _shown(cfg: Any, path: str) -> str:
     section, key = path.rsplit(".", 1)
     if section == "parallel.moe":   # the resolved value (unset: the stack's)
-        from .workloads.decoder.moeplan import resolve_moe
-        plan = resolve_moe(cfg)
+        plan = get_family(cfg.model.architecture).moe_plan(cfg)
         value = {"overlap_expert_parallel_comm": plan.a2a_overlap,
                  "delay_wgrad_compute": plan.delay_wgrad,
                  "token_dispatcher_type": plan.dispatcher,

@@ -127,6 +127,18 @@ class WorkloadFamily(ABC):
         tp_col, tp_row)``); kinds not listed are shown as they are."""
         return {}
 
+    def moe_plan(self, cfg: "RunConfig") -> Any | None:
+        """The resolved Mixture-of-Experts options of ``cfg`` (the dispatcher, the overlap
+        flags, ...) that the stack rules read (:mod:`ddlsim.stackrules`); None (the default)
+        for a family without expert layers or a dense model.
+
+        Raises
+        ------
+        ConfigError
+            When an option is unset and the stack does not say it.
+        """
+        return None
+
     def from_hf(self, doc: dict, source: str) -> tuple[dict, list[str]]:
         """A model section from a HuggingFace ``config.json`` of one of
         :attr:`hf_model_types`, and the keys not modelled (for one warning line)."""

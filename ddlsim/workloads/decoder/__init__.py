@@ -121,6 +121,11 @@ class DecoderFamily(WorkloadFamily):
         return (axes + line + _grad_phrase(cfg) + f", {overlap_phrase(cfg)}"
                 + ("" if moe is None else f"; {moe.phrase()}"))
 
+    def moe_plan(self, cfg: Any) -> Any | None:
+        """The plan's MoE options (:func:`.moeplan.resolve_moe`); None for a dense model."""
+        from .moeplan import resolve_moe
+        return resolve_moe(cfg)
+
     def group_labels(self, cfg: Any) -> dict[str, str]:
         """``tp`` with the grid's group families when the scheme is not 1-D (their bytes
         are counted as ``tp``), ``cp`` with its comm type."""

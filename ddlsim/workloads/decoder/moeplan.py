@@ -93,6 +93,18 @@ class MoEPlan:
                    else ""))
 
 
+#: stack fields that are off, unset, on a stack declaring the rule that refuses turning them
+#: on (it has no such option), so a stack without MoE code need not list them
+OFF_BY_RULE = {"overlap_expert_parallel_comm": "no_ep_a2a_overlap",
+               "delay_wgrad_compute": "no_ep_a2a_overlap"}
+
+
+def _stack_refusals(stack: str) -> dict:
+    """Rule name → source of each rule ``stack`` declares (its ``rules:`` section)."""
+    from ...software import _stack_table
+    return _stack_table()[stack].get("rules") or {}
+
+
 def _stack_moe(stack: str) -> dict:
     from ...software import _stack_table
     return _stack_table()[stack].get("moe") or {}
@@ -114,11 +126,14 @@ def resolve_moe(cfg: Any) -> MoEPlan | None:
     stack = cfg.software.name
     given = {} if spec is None else spec.model_dump()
     table, values, sources = _stack_moe(stack), {}, {}
+    refused = _stack_refusals(stack)
     for field in STACK_FIELDS:
         if given.get(field) is not None:
             values[field], sources[field] = given[field], f"parallel.moe.{field}"
         elif field in table:
             values[field], sources[field] = table[field]["value"], table[field]["source"]
+        elif OFF_BY_RULE.get(field) in refused:   # the stack has no such option: off
+            values[field], sources[field] = False, refused[OFF_BY_RULE[field]]
         else:
             raise ConfigError(
                 f"parallel.moe.{field} is unset and software stack {stack!r} does not say how "
