@@ -80,3 +80,15 @@ def test_a_profile_without_mpi_is_refused(tmp_path, capsys):
 def test_bad_arguments_are_named(argv, needle, capsys):
     assert v.main(argv) == 2
     assert needle in capsys.readouterr().err
+
+
+def test_write_docs_replaces_only_its_block(tmp_path, monkeypatch, capsys):
+    import public_runs
+    doc = tmp_path / "validation.md"
+    doc.write_text("before\n<!-- validate_mcrdl: begin -->\nold\n<!-- validate_mcrdl: end -->\nafter\n")
+    monkeypatch.setattr(public_runs, "DOC", doc)
+    assert v.main(["--only", "dlrm", "--profiles", str(tmp_path), "--write-docs"]) == 0
+    text = doc.read_text()
+    assert text.startswith("before\n<!-- validate_mcrdl: begin -->\n\n| workload |")
+    assert "old" not in text and text.endswith("<!-- validate_mcrdl: end -->\nafter\n")
+    assert "| dlrm | thetagpu (4 nodes) | +25 % |" in text
