@@ -43,13 +43,17 @@ PROFILES = Path(__file__).with_name("data") / "mcrdl"
 #: the seed's systems as ddlsim system configs, each field with its source
 SYSTEMS = {
     # LLNL Lassen: IBM Power AC922 nodes, 4 x V100-SXM2-16GB per node on NVLink 2, two EDR
-    # InfiniBand (100 Gb/s) ports per node (LLNL hpc.llnl.gov "Lassen" system page; the same
-    # node as Sierra, Top500 #10 June 2019 entry). The V100 and NVLink 2 constants are the
-    # dgx1-v100 preset's (datasheets); its 32 GB device is Lassen's 16 GB one here.
+    # InfiniBand (100 Gb/s) ports per node, as LLNL's public system page (hpc.llnl.gov,
+    # "Lassen") describes it; that page is not in this project's library and was not re-read
+    # here. The V100 and NVLink 2 constants are the dgx1-v100 preset's (datasheets), with
+    # Lassen's 16 GB device; an AC922's GPUs give part of their NVLink 2 links to the POWER9
+    # CPUs, so the preset's GPU-to-GPU bandwidth is an upper bound for Lassen.
     "lassen": {"preset": "dgx1-v100", "devices_per_node": 4, "nics_per_node": 2,
                "device": {"name": "V100-SXM2-16GB", "memory_bytes": "16 GiB"}},
-    # ALCF ThetaGPU: 24 NVIDIA DGX A100 nodes, 8 x A100 on NVSwitch, 8 x HDR InfiniBand per
-    # node (ALCF docs "ThetaGPU machine overview"): the dgx-a100 preset (40 GB A100s there).
+    # ALCF ThetaGPU: 24 NVIDIA DGX A100 nodes, 8 x A100 per node with 320 GB of GPU memory
+    # (40 GB A100s), 8 HDR200 compute ports per node, a fat tree of QM9700 HDR switches
+    # (argonne-lcf/ThetaGPU-Docs @2628ad8, doc_staging/system_overview_and_node_information.md,
+    # Tables 1-2): the dgx-a100 preset with its 40 GB device.
     "thetagpu": {"preset": "dgx-a100",
                  "device": {"name": "A100-SXM4-40GB", "memory_bytes": "40 GiB"}},
 }
