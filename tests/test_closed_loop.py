@@ -5,8 +5,9 @@
 * each of the wiki's four updates, run under ``mpirun -n 2``, leaves every rank with the
   parameters of serial training on the average gradient of both ranks' batches;
 * the trainer refuses what it does not run, and more ranks than cores, naming why;
-* the loop itself, small (1-2 ranks, the four updates, seconds per run): ddlsim's prediction
-  after calibrating this machine is within :data:`BOUND` of the measured iteration time.
+* the loop itself, small (1-2 ranks, the four updates, calibration samples and runs taking
+  turns, timed in CPU time): ddlsim's prediction after calibrating this machine is within
+  :data:`BOUND` of the measured iteration time, on a busy machine too.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ import yaml
 
 import ddlsim
 from ddlsim.reference.gpt2 import GPT2, Adam, GPTShape
-from ddlsim.reference.loop import (MAX_GEMM_DRIFT, MIN_CPU_SHARE, SMALL, STRATEGY_NAMES,
-                                   CalibrationRefused, _cores, _env, mpirun, run_loop,
-                                   summary_line)
+from ddlsim.reference.interleaved import measured_s
+from ddlsim.reference.loop import (SMALL, STRATEGY_NAMES, _cores, _env, comm_ops, comm_sizes,
+                                   mpirun, run_loop, summary_line)
 from ddlsim.reference.train import check_plan
 
 try:
@@ -36,11 +37,23 @@ needs_mpi = pytest.mark.skipif(MPIRUN is None, reason="mpi4py or mpirun is not i
                                                       "(pip install 'ddlsim[mpi]')")
 
 #: |predicted / measured − 1| allowed in CI, per run and engine, for the SMALL loop on one
-#: or two ranks (docs/validation.md, "Closed loop"). Not the issue's 10 % target (the
-#: reference model's): this session's checks found the small model 25-40 % short (numpy's
-#: per-call overhead, which ddlsim does not model, weighs more in it), so 50 % lets that
-#: through and catches a loop that breaks: a unit slip, a missing or doubled exchange.
-BOUND = 0.5
+#: and two ranks (docs/validation.md, "Closed loop"). Five loops here (2026-11-29, 05:05-05:37
+#: UTC, load average 5-13 on 2 cores; 25 runs, each engine) gave −17.9 … −31.2 % (analytical)
+#: and −17.9 … −37.1 % (DES): ddlsim too fast, by about the same every time. 45 % keeps 8
+#: points above the worst; it is not the issue's 10 % target, which ddlsim does not meet here.
+BOUND = 0.45
+#: … for the forward and backward alone (predicted compute / measured CPU time − 1): −10.2 …
+#: −26.9 % in those loops. A compute counted twice (+50 % or more) or half fails it.
+COMPUTE_BOUND = 0.35
+#: … for the exchange and update (predicted iteration − compute against the measured part):
+#: −37.6 … −57.8 % (numpy's Adam, in-cache passes ddlsim does not model, is most of it). An
+#: exchange or update left out (−100 %) fails it.
+EXCHANGE_BOUND = 0.7
+#: ``calibrate fit --max-rel-rmse`` of the loop: its default, 25 %, refused one 2-rank
+#: calibration of three at load 9 (an all-gather curve at 27.3 %); each curve's error is
+#: kept in the rows (``fit_rel_rmse``), and what an error of the curves does to the
+#: prediction is what the bounds above measure.
+FIT_BOUND = 0.5
 
 TINY = GPTShape(layers=2, hidden=8, heads=2, vocab=11, seq=5, batch=2)
 
@@ -143,13 +156,16 @@ def test_each_update_trains_as_serial_training_on_the_mean_gradient(tmp_path, st
 
 @needs_mpi
 @pytest.mark.mpi
-def test_more_ranks_than_cores_are_refused_naming_ranks_cores_and_the_option(tmp_path):
+@pytest.mark.parametrize("program", ["train", "interleaved"])
+def test_more_ranks_than_cores_are_refused_naming_ranks_cores_and_the_option(tmp_path,
+                                                                            program):
     n = _cores() + 1
     doc = SMALL.run_config(n, "ddp", {"preset": "cpu-10gbe", "nodes": 1,
                                       "devices_per_node": n})
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(doc))
-    proc = subprocess.run(mpirun(n) + [sys.executable, "-m", "ddlsim.reference.train",
-                                       str(tmp_path / "run.yaml")],
+    out = [str(tmp_path)] if program == "interleaved" else []
+    proc = subprocess.run(mpirun(n) + [sys.executable, "-m", f"ddlsim.reference.{program}",
+                                       *out, str(tmp_path / "run.yaml")],
                           capture_output=True, text=True, timeout=120, env=_env())
     assert proc.returncode != 0
     assert f"error: {n} ranks on this node share {n - 1} usable CPU cores" in proc.stderr
@@ -159,26 +175,35 @@ def test_more_ranks_than_cores_are_refused_naming_ranks_cores_and_the_option(tmp
 @needs_mpi
 @pytest.mark.mpi
 def test_closed_loop_predicts_the_measured_runs_within_the_bound(tmp_path):
-    load, cores = os.getloadavg()[0], _cores()
-    if load > cores:  # the loop measures this machine: it needs the cores to itself
-        pytest.skip(f"the machine is busy (load average {load:.1f} on {cores} cores): "
-                    "calibration and runs would measure the other work")
-    try:
-        rows = run_loop(tmp_path, SMALL, ranks=(1, 2), log=lambda line: print(line))
-    except CalibrationRefused as exc:  # the guard worked: this machine measured too noisily
-        pytest.skip(str(exc))
+    rows = run_loop(tmp_path, SMALL, ranks=(1, 2), statistic="min",
+                    max_rel_rmse=FIT_BOUND, log=print)
     print(summary_line(rows))
-    ran = [r for r in rows if "refused" not in r]
-    assert len(ran) == 1 + len(STRATEGY_NAMES)  # 1 rank: one run; 2 ranks: each update
-    left_out = [r for r in ran if not r["compared"]]
-    if left_out:
-        pytest.skip(f"{len(left_out)} run(s) not compared: CPU share as low as "
-                    f"{min(r['cpu_share'] for r in left_out):.2f} (< {MIN_CPU_SHARE}) or GEMM "
-                    f"plateau moved up to {max(abs(r['gemm_drift']) for r in left_out):.0%} "
-                    f"(> {MAX_GEMM_DRIFT:.0%}): their times measure other work on the machine")
-    for row in ran:
+    assert [(r["ranks"], r["strategy"]) for r in rows] == \
+        [(1, "ddp")] + [(2, s) for s in STRATEGY_NAMES]  # none refused
+    for row in rows:
+        assert row["loss_last"] < row["loss_first"]  # it trained
         for engine in ("analytical", "des"):
             assert abs(row[f"error_{engine}"]) <= BOUND, row
+        assert abs(row["predicted_compute_s"] / row["measured_compute_s"] - 1) <= COMPUTE_BOUND
+        exchange = row["predicted_analytical_s"] - row["predicted_compute_s"]
+        assert abs(exchange / row["measured_exchange_s"] - 1) <= EXCHANGE_BOUND, row
+
+
+def test_the_calibrated_sizes_reach_past_a_cliff_above_the_gradient_buffer():
+    buffer = SMALL.shape.padded * 4  # 13.5 MB
+    for ranks in (2, 3, 4):
+        lo, hi = comm_sizes(SMALL.shape, ranks)
+        assert lo <= buffer / ranks / 2 < 2 * lo and hi == 128 * 2 ** 20  # 32-128 MiB past
+    assert comm_ops(("ddp",)) == ["all_reduce", "sendrecv"]
+    assert comm_ops(STRATEGY_NAMES) == ["all_reduce", "reduce", "broadcast", "reduce_scatter",
+                                        "all_gather", "sendrecv"]
+
+
+def test_the_measured_time_is_the_statistic_of_each_part():
+    run = {"compute_cpu_s": [0.3, 0.1, 0.2], "exchange_s": [0.05, 0.01, 0.03]}
+    assert measured_s(run, "min") == pytest.approx(0.13)  # the exchange's median
+    assert measured_s(run, "median", "median") == pytest.approx(0.23)
+    assert measured_s(run, "min", "min") == pytest.approx(0.11)
 
 
 def _has_torch_gloo() -> bool:
@@ -236,4 +261,4 @@ def test_the_recorded_runs_predict_as_docs_validation_says(run, name, error):
     measured = json.loads((root / f"measured-{name}.json").read_text())
     got_error = recorded["analytical"]["iteration_time_s"] / measured["median_s"] - 1
     assert round(100 * got_error, 1) == error
-    assert measured["cpu_share_median"] >= MIN_CPU_SHARE
+    assert measured["cpu_share_median"] >= 0.9  # compared by the loop of the time

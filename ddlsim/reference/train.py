@@ -46,7 +46,8 @@ import numpy as np  # noqa: E402
 
 from .gpt2 import GPT2, Adam, GPTShape  # noqa: E402
 
-__all__ = ["shape_of", "check_plan", "STRATEGIES", "usable_cores", "train", "main"]
+__all__ = ["shape_of", "check_plan", "STRATEGIES", "usable_cores", "refuse_shared_cores",
+           "train", "main"]
 
 Exchange = Callable[..., None]
 #: dp_strategy → the gradient exchange and update (one registry: the names users type)
@@ -138,6 +139,28 @@ def usable_cores(local_comm=None) -> int:
     if local_comm is None:
         return len(mine)
     return len(set().union(*local_comm.allgather(mine)))
+
+
+def refuse_shared_cores(comm, allow: bool) -> None:
+    """Raise ValueError when the ranks of a node outnumber its usable cores (unless
+    ``allow``): ddlsim models one rank per core.
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Comm
+        Every rank of the run (collective: all call it).
+    allow : bool
+        ``--allow-shared-cores``: measure anyway.
+    """
+    from mpi4py import MPI
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    local, cores = node.Get_size(), usable_cores(node)
+    if local > cores and not allow:
+        raise ValueError(f"{local} ranks on this node share {cores} usable CPU cores: "
+                         "ddlsim models one rank per core (ranks sharing a core compete "
+                         "for it in compute and in MPI's polling, which no system preset "
+                         f"describes); run at most {cores} ranks per node, or pass "
+                         "--allow-shared-cores to measure it anyway")
 
 
 # ------------------------------------------------------------------ the four updates
@@ -280,20 +303,13 @@ def main(argv: list[str] | None = None) -> int:
     from ..errors import ConfigError
     args = _parse(argv)
     comm = MPI.COMM_WORLD
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    local, cores = node.Get_size(), usable_cores(node)
     try:
         if args.iters < 1 or args.warmup < 0:
             raise ValueError(f"--iters must be >= 1 and --warmup >= 0, got {args.iters}, "
                              f"{args.warmup}")
         cfg = load_config(args.config)
         check_plan(cfg, comm.Get_size())
-        if local > cores and not args.allow_shared_cores:
-            raise ValueError(f"{local} ranks on this node share {cores} usable CPU cores: "
-                             "ddlsim models one rank per core (ranks sharing a core compete "
-                             "for it in compute and in MPI's polling, which no system preset "
-                             f"describes); run at most {cores} ranks per node, or pass "
-                             "--allow-shared-cores to measure it anyway")
+        refuse_shared_cores(comm, args.allow_shared_cores)
     except (ValueError, ConfigError) as exc:
         if comm.Get_rank() == 0:
             print(f"error: {exc}", file=sys.stderr)

@@ -1,0 +1,233 @@
+"""Calibration samples and training iterations taking turns, in one MPI job.
+
+    mpirun -n N python -m ddlsim.reference.interleaved OUT RUN.yaml [RUN2.yaml ...] \\
+        --rounds 8 --warmup 2
+
+Every rank does, round after round (a barrier before each step):
+
+1. one sample per GEMM shape of ``ddlsim calibrate compute``'s numpy benchmark, over the
+   run's own shapes (:func:`~.machine.gemm_shapes`) and a few squares, timed in **process
+   CPU time** (``clock=time.process_time``);
+2. one sample of the element-wise rate: numpy ``z = x + y`` on arrays of the gradient
+   buffer's size, counted as ddlsim counts a pass (read x, read y, write z: 3 · nbytes; the
+   STREAM "Add" kernel, McCalpin 1995), the least CPU time of three calls;
+3. one training iteration of each run config (one rank count, one model, each config one
+   ``parallel.dp_strategy``; one model and one Adam serve them all, in turn), timed in two
+   parts, each in CPU time and the most over ranks: the forward and backward, then, after a
+   barrier, the gradient exchange and update (its wall time is kept too).
+
+Why: on a shared machine other processes take turns on the cores and the host changes a
+core's speed from minute to minute (docs/validation.md, "Closed loop"). CPU time is not
+inflated by the turns; samples that alternate with the iterations see the same speed as
+they do. In the exchange a rank that waits for another polls (Open MPI's shared-memory
+transport), and polling is CPU time: the most over ranks still counts the wait for a rank
+that is working (its update, a slower copy), and counts a wait for a rank that another
+process holds off its core only while the waiting rank itself has its core. So under load
+the exchange is still inflated, less than its wall time; the MPI curves
+(``calibrate comm --clock cpu``) are measured the same way.
+
+Rank 0 writes ``OUT/compute{N}.csv`` (the ``calibrate compute`` format, one row per shape
+with the statistics over rounds) and ``OUT/interleaved{N}.json`` (the element-wise rate and
+the per-round times per config).
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")  # before numpy loads its BLAS
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+__all__ = ["SQUARES", "phase_times", "measured_s", "main"]
+
+#: Square GEMMs measured beside the run's own shapes, so the saturation fit sees small and
+#: large calls too (a subset of ``calibrate compute``'s defaults).
+SQUARES = ((64, 64, 64), (128, 128, 128), (256, 256, 256), (512, 512, 512))
+
+
+def _gemm_round(shapes, seed: int):
+    """One CPU-time sample per GEMM shape (``calibrate compute``'s numpy benchmark)."""
+    from ..calibration.compute_bench import run_gemm_benchmark
+    return run_gemm_benchmark("numpy", "cpu", ["fp32"], shapes, warmup=1, reps=1, seed=seed,
+                              clock=time.process_time)
+
+
+def _merge_rounds(frames):
+    """One row per shape: the statistics over the rounds' single samples."""
+    from ..calibration.schema import summarize
+    first = frames[0].copy()
+    samples = np.array([f["time_median_s"].to_numpy() for f in frames])  # rounds × shapes
+    for i in range(len(first)):
+        stats = summarize(samples[:, i])
+        first.loc[i, "reps"] = stats.pop("n")
+        for key, value in stats.items():
+            first.loc[i, key] = value
+    return first
+
+
+def _stream_cpu_Bps(x: np.ndarray, y: np.ndarray, z: np.ndarray, reps: int = 3) -> float:
+    """Bytes/s of ``z = x + y`` (3 passes of ``x.nbytes``), the least CPU time of ``reps``."""
+    best = np.inf
+    for _ in range(reps):
+        c = time.process_time()
+        np.add(x, y, out=z)
+        best = min(best, time.process_time() - c)
+    return 3.0 * x.nbytes / max(best, 1e-9)
+
+
+def _iteration(comm, model, opt, exchange, bucket_bytes, idx, tgt) -> tuple[float, ...]:
+    """(loss, forward + backward CPU s, exchange + update CPU s, its wall s), each the most
+    over ranks."""
+    from mpi4py import MPI
+    comm.Barrier()
+    c0 = time.process_time()
+    loss, acts = model.forward(idx, tgt)
+    model.backward(acts)
+    c1 = time.process_time()
+    comm.Barrier()
+    t0, c2 = time.perf_counter(), time.process_time()
+    exchange(comm, model, opt, bucket_bytes)
+    spans = np.array([c1 - c0, time.process_time() - c2, time.perf_counter() - t0])
+    comm.Allreduce(MPI.IN_PLACE, spans, op=MPI.MAX)
+    return (loss, *map(float, spans))
+
+
+def phase_times(cfgs, comm, rounds: int, warmup: int, seed: int = 0):
+    """Run the rounds (module docstring) on the ranks of ``comm``.
+
+    Parameters
+    ----------
+    cfgs : list of RunConfig
+        Configs of one model and rank count (checked by :func:`~.train.check_plan`).
+    comm : mpi4py.MPI.Comm
+        The data-parallel ranks.
+    rounds, warmup : int
+        Timed and untimed rounds.
+    seed : int
+        Seed of the parameters and of each rank's batch.
+
+    Returns
+    -------
+    (pandas.DataFrame, list of float, list of dict)
+        GEMM samples of every timed round, element-wise rates (bytes/s, this rank's), and per
+        config its ``compute_cpu_s`` and ``exchange_s`` lists (seconds per timed round) and
+        first and last loss.
+    """
+    from .gpt2 import GPT2, Adam
+    from .machine import gemm_shapes
+    from .train import STRATEGIES, shape_of
+    shape = shape_of(cfgs[0])
+    model, opt = GPT2(shape, seed=seed), Adam(shape.padded)
+    rng = np.random.default_rng([seed, comm.Get_rank()])
+    idx = rng.integers(0, shape.vocab, (shape.batch, shape.seq))
+    tgt = rng.integers(0, shape.vocab, (shape.batch, shape.seq))
+    shapes = sorted(set(SQUARES) | set(gemm_shapes(shape)))
+    x = np.ones(shape.padded, dtype=np.float32)
+    y, z = x.copy(), np.empty_like(x)
+    gemms, stream = [], []
+    runs = [{"compute_cpu_s": [], "exchange_s": [], "exchange_wall_s": [], "losses": []}
+            for _ in cfgs]
+    for r in range(warmup + rounds):
+        comm.Barrier()
+        frame = _gemm_round(shapes, seed + r)
+        comm.Barrier()
+        rate = _stream_cpu_Bps(x, y, z)
+        for cfg, run in zip(cfgs, runs):
+            loss, *spans = _iteration(comm, model, opt, STRATEGIES[cfg.parallel.dp_strategy],
+                                      cfg.parallel.grad_bucket_size, idx, tgt)
+            run["losses"].append(loss)
+            if r >= warmup:
+                for key, value in zip(("compute_cpu_s", "exchange_s", "exchange_wall_s"),
+                                      spans):
+                    run[key].append(value)
+        if r >= warmup:
+            gemms.append(frame)
+            stream.append(rate)
+    return _merge_rounds(gemms), stream, runs
+
+
+def measured_s(run: dict, statistic: str, exchange_statistic: str = "median") -> float:
+    """The iteration time a run measured: ``statistic`` over the rounds of the forward and
+    backward's CPU time plus ``exchange_statistic`` of the exchange and update's.
+
+    Parameters
+    ----------
+    run : dict
+        One config's entry of ``interleaved{N}.json`` (``compute_cpu_s``, ``exchange_s``).
+    statistic, exchange_statistic : {"median", "min"}
+        Which time of the rounds, for each part.
+
+    Returns
+    -------
+    float
+        Seconds.
+    """
+    reduce = {"median": np.median, "min": np.min}
+    return float(reduce[statistic](run["compute_cpu_s"])
+                 + reduce[exchange_statistic](run["exchange_s"]))
+
+
+def _parse(argv):
+    ap = argparse.ArgumentParser(prog="python -m ddlsim.reference.interleaved",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("output", type=Path, help="folder for compute{N}.csv, interleaved{N}.json")
+    ap.add_argument("configs", type=Path, nargs="+", help="run configs, one model and size")
+    ap.add_argument("--rounds", type=int, default=8, help="timed rounds (>= 1)")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed rounds first (>= 0)")
+    return ap.parse_args(argv)
+
+
+def _load(paths, world: int):
+    from ..config import load_config
+    from .train import check_plan, shape_of
+    cfgs = [load_config(p) for p in paths]
+    for cfg in cfgs:
+        check_plan(cfg, world)
+    if len({shape_of(c) for c in cfgs}) != 1:
+        raise ValueError("every run config of one interleaved job must have the same model, "
+                         f"sequence and micro-batch; got {len(cfgs)} configs that differ")
+    return cfgs
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point under ``mpirun``; returns the exit status (2: refused input)."""
+    from mpi4py import MPI
+
+    from ..calibration.outputs import write_csv
+    from ..errors import ConfigError
+    from .train import refuse_shared_cores
+    args = _parse(argv)
+    comm = MPI.COMM_WORLD
+    try:
+        if args.rounds < 1 or args.warmup < 0:
+            raise ValueError(f"--rounds must be >= 1 and --warmup >= 0, got {args.rounds}, "
+                             f"{args.warmup}")
+        cfgs = _load(args.configs, comm.Get_size())
+        refuse_shared_cores(comm, allow=False)
+    except (ValueError, ConfigError) as exc:
+        if comm.Get_rank() == 0:
+            print(f"error: {exc}", file=sys.stderr)
+        return 2
+    gemm, stream, runs = phase_times(cfgs, comm, args.rounds, args.warmup)
+    every = comm.gather(float(np.median(stream)), root=0)
+    if comm.Get_rank() == 0:
+        n = comm.Get_size()
+        write_csv(args.output / f"compute{n}.csv", gemm, force=True)
+        out = {"ranks": n, "rounds": args.rounds, "warmup": args.warmup,
+               "stream_Bps": float(np.median(every)), "per_rank_stream_Bps": every,
+               "runs": {c.parallel.dp_strategy: {**r, "config": str(p)}
+                        for c, r, p in zip(cfgs, runs, args.configs)}}
+        (args.output / f"interleaved{n}.json").write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
