@@ -35,6 +35,11 @@ GPUS_PER_NODE = 8          # DGX H100: 8 GPUs per node
 STACK = "megatron-core-2024"
 #: Kernel switches the launcher configs set differently from model to model (settings CSV).
 KERNEL_SWITCHES = ("fused_cross_entropy", "fused_bias_gelu", "fused_bias_dropout_add")
+#: The runs' attention kernel: the launcher exports NVTE_FUSED_ATTN=0 to every job
+#: (NeMo-Framework-Launcher 24.07 launcher_scripts/conf/config.yaml line 72, "Disable cudnn FA
+#: until we've tested it more"; no training config of the table's models overrides it), so
+#: TransformerEngine runs FlashAttention-2, not the stack's default cuDNN fused attention.
+ATTENTION = "flash2"
 #: NeMo's optim.grad_sync_dtype -> ddlsim's software.kernels.grad_reduce_dtype
 GRAD_SYNC = {"bf16": "param", "fp32": "fp32"}
 
@@ -104,6 +109,7 @@ def config(row: dict) -> dict:
                   "seq_length": int(row["seq"]), "dtype": "fp8", "recompute": row["recompute"]},
         "system": {"preset": "dgx-h100", "nodes": gpus // GPUS_PER_NODE,
                    "software": {"stack": STACK, "kernels": {
+                       "attention": ATTENTION,
                        **{k: row[k] == "true" for k in KERNEL_SWITCHES},
                        "grad_reduce_dtype": GRAD_SYNC[row["grad_sync_dtype"]]}}},
     }
