@@ -13,7 +13,9 @@ pipeline fill as measured: ``ddlsim/simulator/nccl/measured.py``), and reports t
 bandwidth nccl-tests would print: ``busbw = size / time × factor`` (nccl-tests
 doc/PERFORMANCE.md). Rows whose ``role`` is ``fitted`` are the calibration data of
 ``measured.py``'s three fitted constants; the summary gives them apart from the ``held-out``
-rows, which set nothing and are the validation. ``--write-docs`` replaces the nccl-tests
+rows, which set nothing and are the validation. Small messages (under 1 MiB) are recorded by
+nccl-tests' out-of-place ``time`` (``time_us``: their printed busbw is 0.00) and summarised
+on a line of their own, so that the figures from 1 MiB up stay comparable. ``--write-docs`` replaces the nccl-tests
 section of ``docs/validation.md`` with the table printed. ``--nccl-tests`` compares one's own
 nccl-tests output (text or ``-J`` JSON, read by ``ddlsim.calibration.readers``; every size,
 out-of-place) instead, on the preset of ``--gpu`` (``--algorithm``: the ``NCCL_ALGO`` it ran).
@@ -36,11 +38,29 @@ PRESET = {"A100": "dgx-a100", "H100": "dgx-h100"}
 #: nccl-tests doc/PERFORMANCE.md bus-bandwidth factors
 FACTOR = {"all_reduce": lambda p: 2 * (p - 1) / p, "all_gather": lambda p: (p - 1) / p,
           "reduce_scatter": lambda p: (p - 1) / p}
+#: rows under this size (bytes) are summarised apart: the small-message regime, where a
+#: collective's time is its latency, not its bandwidth
+SMALL_BYTES = 2**20
 
 
 def rows() -> list[dict]:
     lines = [ln for ln in DATA.read_text().splitlines() if ln and not ln.startswith("#")]
     return list(csv.DictReader(lines))
+
+
+def measured_busbw(row: dict) -> float:
+    """The row's measured bus bandwidth (GB/s): ``busbw_GBps`` where recorded, else nccl-tests'
+    own formula on the out-of-place ``time_us``: ``size / time × factor`` (doc/PERFORMANCE.md)."""
+    if row.get("busbw_GBps"):
+        return float(row["busbw_GBps"])
+    size, p = float(row["size_bytes"]), int(row["gpus"])
+    return size / (float(row["time_us"]) * 1e-6) * FACTOR[row["op"]](p) / 1e9
+
+
+def time_us(row: dict, busbw_GBps: float) -> float:
+    """The time (µs) of one collective of the row's size at ``busbw_GBps`` of bus bandwidth."""
+    size, p = float(row["size_bytes"]), int(row["gpus"])
+    return size * FACTOR[row["op"]](p) / (busbw_GBps * 1e9) * 1e6
 
 
 def system(row: dict):
@@ -97,20 +117,25 @@ def table(engine: str, data: list[dict] | None = None) -> tuple[list[str], dict[
     """The markdown table, and the errors (ddlsim / measured − 1) per row role, and per size
     (key ``size:<bytes>``: every row of that size, whatever its role)."""
     lines = ["| source | GPU | GPUs | nodes | op | size | measured busbw (GB/s) | ddlsim busbw "
-             "(GB/s) | error | ddlsim algorithm | role |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    errors: dict[str, list[float]] = {"fitted": [], "held-out": []}
+             "(GB/s) | measured time (µs) | ddlsim time (µs) | error | ddlsim algorithm | role |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    errors: dict[str, list[float]] = {"fitted": [], "held-out": [], "small": []}
     for row in rows() if data is None else data:
         got, label = predicted_busbw(row, engine)
-        pub = float(row["busbw_GBps"])
+        pub = measured_busbw(row)
         err = got / pub - 1
-        errors[row["role"]].append(err)
         size = float(row["size_bytes"])
+        errors["small" if size < SMALL_BYTES else row["role"]].append(err)
         errors.setdefault(f"size:{size:.0f}", []).append(err)
         lines.append(f"| {row['source']} | {row['gpu']} | {row['gpus']} | {row['nodes']} | "
-                     f"{row['op']} | {_size(size)} | {pub:.1f} | {got:.1f} | {100 * err:+.1f}% | "
+                     f"{row['op']} | {_size(size)} | {_bw(pub)} | {_bw(got)} | "
+                     f"{time_us(row, pub):.1f} | {time_us(row, got):.1f} | {100 * err:+.1f}% | "
                      f"{label}{' (forced)' if row['algorithm'] else ''} | {row['role']} |")
     return lines, errors
+
+
+def _bw(GBps: float) -> str:
+    return f"{GBps:.1f}" if GBps >= 1 else f"{GBps:.3g}"
 
 
 def _size(b: float) -> str:
@@ -121,10 +146,12 @@ def _size(b: float) -> str:
 
 
 def summary(errors: dict[str, list[float]], engine: str) -> str:
-    """One line per role (held-out first: the validation) and one for all rows."""
+    """One line per role (held-out first: the validation) and one for all rows, from 1 MiB up;
+    one for the small messages (under 1 MiB, all held out); the worst error per size."""
     parts = [("held-out (validation)", errors["held-out"]),
              ("fitted (calibration data)", errors["fitted"]),
-             ("all", errors["held-out"] + errors["fitted"])]
+             ("all", errors["held-out"] + errors["fitted"]),
+             ("small messages (< 1 MiB, held-out)", errors.get("small", []))]
     out = []
     for name, errs in parts:
         if not errs:

@@ -27,7 +27,12 @@ def test_every_source_is_cited_in_the_header():
 
 def test_roles_and_sizes():
     assert {r["role"] for r in ROWS} == {"fitted", "held-out"}
-    assert all(int(r["size_bytes"]) > 0 and float(r["busbw_GBps"]) > 0 for r in ROWS)
+    assert all(int(r["size_bytes"]) > 0 for r in ROWS)
+    # exactly one measurement a row: busbw from 1 MiB up, the out-of-place time below
+    for r in ROWS:
+        small = int(r["size_bytes"]) < vn.SMALL_BYTES
+        assert bool(r["busbw_GBps"]) != small and bool(r["time_us"]) == small, r
+        assert float(r["time_us"] if small else r["busbw_GBps"]) > 0
     # the fitted rows are those measured.py names: nccl212's all-reduce, nccl290, nccl309a
     fitted = {(r["source"], r["op"]) for r in ROWS if r["role"] == "fitted"}
     assert fitted == {("nccl212", "all_reduce"), ("nccl290", "all_reduce"),
@@ -41,6 +46,26 @@ def test_a_forced_algorithm_is_one_nccl_runs_there(row):
     than 2 GPUs of a node, src/transport/nvls.cc), so ddlsim times it rather than refusing."""
     busbw, label = vn.predicted_busbw(row, "analytical")
     assert busbw > 0 and label.startswith(row["algorithm"] + "/")
+
+
+def test_a_time_row_is_compared_by_nccl_tests_busbw_formula():
+    """busbw = size / time × 2(p−1)/p (nccl-tests doc/PERFORMANCE.md): 4096 B in 16.69 µs on
+    8 GPUs is 0.4295 GB/s (the issue prints 0.43), and time_us inverts it."""
+    row = next(r for r in ROWS if r["source"] == "deepep303" and r["op"] == "all_reduce"
+               and r["size_bytes"] == "4096")
+    assert vn.measured_busbw(row) == pytest.approx(4096 / 16.69e-6 * 2 * 7 / 8 / 1e9)
+    assert round(vn.measured_busbw(row), 2) == 0.43
+    assert vn.time_us(row, vn.measured_busbw(row)) == pytest.approx(16.69)
+
+
+def test_small_messages_are_summarised_apart():
+    """Rows under 1 MiB get their own line; the role lines stay those from 1 MiB up."""
+    errors = {"fitted": [], "held-out": [0.1], "small": [-0.5, 0.1], "size:8": [-0.5],
+              "size:1048576": [0.1]}
+    text = vn.summary(errors, "analytical")
+    assert "held-out (validation): 1 measurements, mean |error| 10.0%" in text
+    assert "small messages (< 1 MiB, held-out): 2 measurements, mean |error| 30.0%" in text
+    assert "worst per size: 8 B -50.0% (1), 1 MiB +10.0% (1)" in text
 
 
 def test_summary_gives_roles_and_the_worst_per_size():
