@@ -1,0 +1,117 @@
+"""Predicted vs published training throughput of ResNet-50 v1.5 with PyTorch DDP (NVIDIA
+DeepLearningExamples) on DGX A100 and DGX-1 V100, 1 and 8 GPUs.
+
+Run:  python benchmarks/validate_resnet.py [--engine analytical|des] [--markdown] [--write-docs]
+      [--des-rank-ops N]
+
+The published rows (NVIDIA/DeepLearningExamples PyTorch/Classification/ConvNets/resnet50v1.5
+README, "Training performance results", pytorch-21.03 NGC container) and the run settings read in
+that repository's configs.yml and code are in ``data/dle_resnet50_pytorch.csv``, with their
+provenance. Each row is ddlsim's ``resnet50`` (torchvision v1.5) on the row's preset
+(``dgx-a100``, ``dgx1-v100``), data parallel over the row's GPUs (DDP's 25 MiB buckets,
+all-reduced as they fill; one GPU runs no DDP), the row's batch per GPU as one micro-batch, SGD
+with momentum, the row's precision (AMP: fp16; TF32; FP32). The software stack is the default
+one with what the 21.03 container ran: CUDA 11's cuBLAS (``gemm_library: cublas-11``), eager
+dispatch, DDP's overlapped gradient all-reduce. What the runs do that ddlsim does not model, on
+every row: the data loader (the published figure is ``total_ips``, loading included, with real
+JPEG decoding on the host), the label-smoothing loss and GradScaler's checks. No per-row factors
+and nothing tuned. The 8-GPU scaling (8-GPU img/s over 1-GPU img/s) is printed beside.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from public_runs import (DATA, print_notes, print_table, read_csv, result_cells, rows_summary,
+                         run_script, time_record)
+
+TABLE = DATA / "dle_resnet50_pytorch.csv"
+#: what the pytorch-21.03 container runs, over the default stack (data file's header)
+SOFTWARE = {"kernels": {"gemm_library": "cublas-11", "host_dispatch": "eager"}}
+
+
+def rows() -> list[dict]:
+    return read_csv(TABLE)
+
+
+def config(row: dict) -> dict:
+    """The ddlsim run config of one row (its preset, GPUs, batch per GPU and precision)."""
+    gpus, batch = int(row["gpus"]), int(row["batch_per_gpu"])
+    return {"model": "resnet50",
+            "parallel": {"data_parallel_size": gpus, "overlap_grad_reduce": True},
+            "train": {"micro_batch_size": batch, "global_batch_size": batch * gpus,
+                      "seq_length": 1, "dtype": row["dtype"], "optimizer": "sgd"},
+            "system": {"preset": row["preset"], "nodes": 1, "devices_per_node": gpus,
+                       "software": SOFTWARE}}
+
+
+def published_time(row: dict) -> float:
+    """Seconds per iteration: ``gpus · batch_per_gpu / img_s``."""
+    return int(row["gpus"]) * int(row["batch_per_gpu"]) / float(row["img_s"])
+
+
+def evaluate(engine: str = "analytical", only: list[dict] | None = None,
+             limits=None) -> list[dict]:
+    return [time_record(row, config(row), engine, limits, published_time(row))
+            for row in (rows() if only is None else only)]
+
+
+def _label(o: dict) -> str:
+    r = o["row"]
+    return f"{r['system']} {r['precision']} on {r['gpus']} GPU(s)"
+
+
+def scaling(out: list[dict]) -> dict[tuple[str, str], tuple[float, float | None]]:
+    """(system, precision) → (published, predicted) 8-GPU speed-up over one GPU, in img/s."""
+    by = {(o["row"]["system"], o["row"]["precision"], o["row"]["gpus"]): o for o in out}
+    res = {}
+    for (system, precision, gpus), o8 in by.items():
+        o1 = by.get((system, precision, "1"))
+        if gpus != "8" or o1 is None:
+            continue
+        pub = float(o8["row"]["img_s"]) / float(o1["row"]["img_s"])
+        pred = (8 * o1["predicted"] / o8["predicted"]
+                if "predicted" in o1 and "predicted" in o8 else None)
+        res[(system, precision)] = (pub, pred)
+    return res
+
+
+def _print(out: list[dict], markdown: bool) -> None:
+    head = ["system", "precision", "GPUs", "batch/GPU", "layout", "published img/s",
+            "predicted img/s", "published (ms)", "predicted (ms)", "error"]
+    lines = []
+    for o in out:
+        r = o["row"]
+        n = int(r["gpus"]) * int(r["batch_per_gpu"])
+        pred = f"{n / o['predicted']:.0f}" if "predicted" in o else "-"
+        cells = [r["system"], r["precision"], r["gpus"], r["batch_per_gpu"], r["memory_format"],
+                 r["img_s"], pred, f"{o['published'] * 1e3:.1f}"]
+        lines.append(cells + [c.replace(" s", "") for c in _ms_cells(o)])
+    print_table(head, lines, markdown)
+    print()
+    sc = [[s, p, f"{pub:.2f}x", "-" if pred is None else f"{pred:.2f}x"]
+          for (s, p), (pub, pred) in scaling(out).items()]
+    print_table(["system", "precision", "published 8-GPU scaling", "predicted"], sc, markdown)
+    print_notes(out, _label, markdown)
+
+
+def _ms_cells(o: dict) -> list[str]:
+    cells = result_cells(o, 3)
+    if "predicted" in o:
+        cells[0] = f"{o['predicted'] * 1e3:.1f}"
+    return cells
+
+
+def summary(out: list[dict], engine: str) -> str:
+    sc = [(pub, pred) for pub, pred in scaling(out).values() if pred is not None]
+    mean = sum(abs(pred / pub - 1) for pub, pred in sc) / len(sc) if sc else float("nan")
+    return (rows_summary(out, engine, _label)
+            + f"; 8-GPU scaling mean |error| {100 * mean:.1f} %")
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_script("validate_resnet", __doc__, argv, evaluate, _print, summary)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
