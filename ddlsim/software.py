@@ -175,6 +175,12 @@ class OverlapSpec(_Strict):
         default=None,
         description="per_module/per_tensor ZeRO-3: a module reused within this many elements of "
                     "fetches is kept gathered (DeepSpeed stage3_max_reuse_distance)")
+    zero3_max_live_parameters: Elements | None = Field(
+        default=None,
+        description="per_module/per_tensor ZeRO-3: the next module is prefetched only while fewer "
+                    "elements than this are gathered (the module computing and those kept "
+                    "for reuse), else gathered on demand (DeepSpeed "
+                    "stage3_max_live_parameters); 0: no cap")
     zero3_host_python_op: Seconds | None = Field(
         default=None,
         description="per_tensor ZeRO-3: host time of one Python-level tensor operation, "
@@ -302,7 +308,7 @@ def resolve_software(spec: SoftwareSpec | str | None, plan: Any = None) -> Softw
         _compiled(kernels, sources)
     if overlap["zero3_gather"] == "per_layer":
         for field in ("zero3_persistence_threshold", "zero3_max_reuse_distance",
-                      "zero3_prefetch_modules"):
+                      "zero3_prefetch_modules", "zero3_max_live_parameters"):
             if overlap[field]:
                 raise ConfigError(
                     f"{sources[field]}: {field} = {overlap[field]} applies to ZeRO-3 "

@@ -255,6 +255,9 @@ class _Unit:
     copy_out: float = 0.0
     #: HSDP: (group, bytes) of the all-reduces over the replicas after the reduce-scatters
     replica_reduces: list = field(default_factory=list)
+    #: module hooks: elements gathered while it computes (its module's and those kept for
+    #: reuse), which gate the prefetch issued before it (:func:`_live_elements`)
+    live: float = 0.0
 
 
 def _split(op: Compute, b: StageBuilder) -> list[tuple[Compute, int]] | None:
@@ -304,12 +307,34 @@ def _module_units(b: StageBuilder, ops: list, fetch: dict[int, ModuleFetch],
             unit = [u for u in units if u.module == module][-1]
             unit.reduces = [("dp", n * b.gdt) for n in f.reduce]
             unit.reduce_passes = REDUCE_PASSES * sum(f.reduce) * b.gdt
+    _live_elements(units, fetch, backward)
     if b.sw.zero3_gather == "per_tensor":   # PyTorch 1.8's list-form all_gather
         for u in units:
             u.gather_passes = FETCH_PASSES * sum(n for _, n in u.gathers)
             u.host_gather = list_host_seconds(b.sw, b.dp, len(u.gathers), gather=True)
             u.host_reduce = list_host_seconds(b.sw, b.dp, len(u.reduces), gather=False)
     return units
+
+
+def _live_elements(units: list[_Unit], fetch: dict[int, ModuleFetch], backward: bool) -> None:
+    """Set each unit's ``live``: the elements DeepSpeed counts as gathered when the unit's
+    pre-hook decides whether to prefetch (v0.3.13 stage3.py ``total_available_parameter_numel``:
+    ``fetch_sub_module`` adds a module's gathered tensors, ``release_sub_module`` subtracts
+    them unless kept for reuse). The module's own tensors, and in the backward those of the
+    modules whose recomputed forward kept them (:attr:`ModuleFetch.backward` empty) until
+    their backward has run; persistent tensors are never fetched, so never counted."""
+    held: dict[int, float] = {}
+    for i, u in enumerate(units):
+        f = fetch[u.module]
+        own = sum(f.forward)
+        u.live = own + sum(n for m, n in held.items() if m != u.module)
+        if not backward:
+            continue
+        later = any(v.module == u.module for v in units[i + 1:])
+        if later and f.recompute and not f.backward:
+            held[u.module] = own
+        elif not later:
+            held.pop(u.module, None)
 
 
 def _units(b: StageBuilder, layers: list[list], moe: list[bool], backward: bool) -> list[_Unit]:
@@ -358,8 +383,20 @@ def _pass(b: StageBuilder, head: list, units: list[_Unit], prefetch: int) -> lis
         pending[j] = tuple(idx)
         return deps if units[j].host_gather else ()
 
+    cap = b.sw.zero3_max_live_parameters if b.sw.zero3_gather != "per_layer" else 0
+
+    def blocked(t: int) -> bool:
+        """Whether the prefetch of unit ``t`` is refused: the unit whose pre-hook would
+        issue it holds ``cap`` or more gathered elements (then ``t`` is gathered on demand,
+        from its own pre-hook)."""
+        return bool(cap) and t >= prefetch and units[t - prefetch].live >= cap
+
+    deferred: set[int] = set()
     for j in range(min(prefetch + 1, len(units))):
-        issued = gather(j, (0,)) or issued
+        if j and blocked(j):
+            deferred.add(j)
+        else:
+            issued = gather(j, (0,)) or issued
     _extend(ops, head)
     before: tuple[int, ...] = ()
     for j, unit in enumerate(units):
@@ -390,11 +427,18 @@ def _pass(b: StageBuilder, head: list, units: list[_Unit], prefetch: int) -> lis
             from .hsdp import replica_ops
             ops += replica_ops([n for _, n in unit.replica_reduces], tuple(rs))
         before = tuple(rs) if synced else ()
-        issued = ()
+        issued, after = (), (last,) + before
+        if j + 1 in deferred:   # gathered on demand from the next unit's pre-hook
+            deferred.discard(j + 1)
+            issued = gather(j + 1, after)
+            after += pending[j + 1]   # then its prefetch, once that gather has ended
         if j + prefetch + 1 < len(units):
             # under per_tensor the fetch synchronises the device first: the host issues the
             # next gather once the unit and its reduce-scatters have ended
-            issued = gather(j + prefetch + 1, (last,) + before)
+            if blocked(j + prefetch + 1):
+                deferred.add(j + prefetch + 1)
+            else:
+                issued = gather(j + prefetch + 1, after) + issued
     return ops
 
 
