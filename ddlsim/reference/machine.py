@@ -5,8 +5,8 @@ A rank is one CPU core running numpy with one BLAS thread. Its GEMM rate comes f
 calibration profile's compute fit (``ddlsim calibrate compute``'s benchmark); its
 element-wise rate from numpy's ``z = x + y`` (:mod:`.interleaved`); its collectives from the
 profile's MPI fits; the point-to-point link (used only for what the profile does not
-cover) from the profile's ``sendrecv`` fit. Every figure here is measured on the machine that runs the prediction's
-run; none is a datasheet value.
+cover) from the profile's ``sendrecv`` fit. Every figure here is measured on the machine
+that runs the prediction's run; none is a datasheet value.
 """
 
 from __future__ import annotations
