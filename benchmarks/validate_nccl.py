@@ -68,6 +68,8 @@ def system(row: dict):
     spec = {"preset": PRESET[row["gpu"]], "nodes": int(row["nodes"])}
     if row["source"] == "nccl119":
         spec["nics_per_node"] = 4  # 4 x HDR 200 Gb/s per server (the hardware)
+    if row["source"] == "nccl812":  # DGX A100: 2 x AMD EPYC 7742 (NVIDIA DGX A100 user guide)
+        spec["collectives"] = {"cpu_vendor": "amd"}
     return SystemConfig.model_validate(resolve_section("system", spec))
 
 

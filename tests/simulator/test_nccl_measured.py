@@ -53,6 +53,16 @@ def test_nvls_plateau_and_fill_by_hand():
     assert 470 < n / want * 2 * 7 / 8 / 1e9 < 481
 
 
+@pytest.mark.parametrize("n", [8, 64 * KIB, MIB])
+def test_nvls_fill_of_a_message_under_one_round_is_its_bytes(n):
+    """Under concurrentOps x chunk (128 ops x 16 KiB, NCCL's smallest NVLS chunk, = 2 MiB on
+    8 H100) each op holds n / 128 bytes, not a chunk: the fill is FILL_CHUNKS x n / algBw, so
+    a few bytes take NCCL's 25 µs NVLS latency and nothing more."""
+    fill_us = FILL_CHUNKS["nvls"] * n / (1e3 * 275.0)
+    want = (25.0 + fill_us + n / (1e3 * 275.0)) * 1e-6
+    assert nccl_time("all_reduce", "nvls", "Simple", n, ONE_NODE, HOPPER) == pytest.approx(want)
+
+
 def test_nvls_fill_makes_mid_sizes_slower_than_the_plateau():
     """The fill is a latency that grows with NCCL's chunk: bus bandwidth rises with size."""
     busbw = [n / nccl_time("all_reduce", "nvls", "Simple", n, ONE_NODE, HOPPER) / 1e9

@@ -152,7 +152,11 @@ def fill_levels(op: str, algo: str, net, env, algbw_GBps: float,
         ``(edges, fills, slope)``: :data:`FILL_EDGES` ascending sizes (bytes; ``inf`` pads) and
         one more fill (µs), ``fills[k]`` applying from ``edges[k-1]`` (inclusive) to
         ``edges[k]``: ``FILL_CHUNKS[algo] x concurrentOps x chunk / algBw``, and ``slope``
-        ``inf`` (no cap: :func:`fill_us`); None where none is modelled.
+        ``FILL_CHUNKS[algo] / algBw`` (µs per byte), which caps the fill at
+        ``FILL_CHUNKS[algo] x n / algBw`` (:func:`fill_us`): a message smaller than
+        ``concurrentOps x chunk`` gives each concurrent op ``n / concurrentOps`` bytes, not a
+        chunk (the cap of the tree's fill, :mod:`.tree`; nothing fitted). None where no fill
+        is modelled.
     """
     depth = FILL_CHUNKS.get(algo)
     if depth is None or op != "all_reduce" or algbw_GBps <= 0:
@@ -171,7 +175,7 @@ def fill_levels(op: str, algo: str, net, env, algbw_GBps: float,
     edges += [math.inf] * (FILL_EDGES - len(edges))
     chunks += [chunks[-1]] * (FILL_EDGES + 1 - len(chunks))
     fills = tuple(depth * ops * c / (1e3 * algbw_GBps) for c in chunks)
-    return tuple(edges), fills, math.inf
+    return tuple(edges), fills, depth / (1e3 * algbw_GBps)
 
 
 def fill_us(n: float, levels: tuple | None) -> float:
