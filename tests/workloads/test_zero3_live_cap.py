@@ -62,6 +62,12 @@ def test_a_cap_every_module_reaches_gathers_everything_on_demand():
         _run(2048, {"zero3_prefetch_modules": 0})
 
 
+def test_without_prefetch_the_cap_changes_nothing():
+    """Gathered on demand (zero3_prefetch_modules 0), there is no prefetch to refuse."""
+    assert _run(2048, {"zero3_prefetch_modules": 0, "zero3_max_live_parameters": 1}) == \
+        _run(2048, {"zero3_prefetch_modules": 0})
+
+
 def test_the_cap_refuses_only_the_prefetch_after_a_module_over_it():
     """h = 2,048: modules of 4.2 M (the attention output) to 16.8 M elements (the MLP GEMMs).
     The stack's 1e9 is never reached (same as no cap); a cap of 1e7 refuses the prefetch

@@ -389,7 +389,7 @@ def _pass(b: StageBuilder, head: list, units: list[_Unit], prefetch: int) -> lis
         """Whether the prefetch of unit ``t`` is refused: the unit whose pre-hook would
         issue it holds ``cap`` or more gathered elements (then ``t`` is gathered on demand,
         from its own pre-hook)."""
-        return bool(cap) and t >= prefetch and units[t - prefetch].live >= cap
+        return bool(cap and prefetch) and t >= prefetch and units[t - prefetch].live >= cap
 
     deferred: set[int] = set()
     for j in range(min(prefetch + 1, len(units))):
