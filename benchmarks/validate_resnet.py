@@ -37,7 +37,9 @@ def rows() -> list[dict]:
 def config(row: dict) -> dict:
     """The ddlsim run config of one row (its preset, GPUs, batch per GPU and precision)."""
     gpus, batch = int(row["gpus"]), int(row["batch_per_gpu"])
-    return {"model": "resnet50",
+    model = {"preset": "resnet50", "weight_decay": "no_bn",
+             "memory_format": "channels_last" if row["memory_format"] == "nhwc" else "contiguous"}
+    return {"model": model,
             "parallel": {"data_parallel_size": gpus, "overlap_grad_reduce": True},
             "train": {"micro_batch_size": batch, "global_batch_size": batch * gpus,
                       "seq_length": 1, "dtype": row["dtype"], "optimizer": "sgd"},

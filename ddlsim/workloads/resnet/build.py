@@ -15,19 +15,30 @@ from ...config import DTYPE_BYTES, RunConfig
 from ..buckets import BackwardUnit, backward_with_buckets, buckets_by_count, ddp_buckets
 from ..memory import MemoryBreakdown, model_state_bytes
 from ..trace import P2P, Block, Compute, Op, Program, RankClass, Step, Workload, WorkloadMeta
+from .kernels import TENSOR_CORE_DTYPES, autocast_casts, conv_kernels, ddp_copies, pointwise_kernels, sgd_kernels
 from .layers import Layer
 
 __all__ = ["build_resnet", "resnet_memory", "grad_bucket_ranges", "ready_grad_bytes",
-           "model_flops"]
+           "grad_dtype_bytes", "model_flops"]
 
 #: Optimizer FLOPs and bytes per parameter (an element-wise update; the GEMMs dominate).
 _OPT_FLOPS = {"sgd": 4.0, "adam": 10.0}
 _OPT_BYTES = {"sgd": 16.0, "adam": 32.0}
 
 
+def grad_dtype_bytes(cfg: RunConfig) -> int:
+    """Bytes of a gradient element: 4 for a modelled run in fp16/bf16 (``torch.autocast``
+    keeps the fp32 parameters, so their ``.grad`` and DDP's buckets are fp32), else the
+    dtype's (a proxy's message dtype)."""
+    t = cfg.train
+    if cfg.model.compute == "model" and t.dtype in ("fp16", "bf16"):
+        return 4
+    return DTYPE_BYTES[t.dtype]
+
+
 def ready_grad_bytes(cfg: RunConfig) -> list[float]:
     """Gradient bytes per tensor in gradient-ready order (reverse registration order)."""
-    w = DTYPE_BYTES[cfg.train.dtype]
+    w = grad_dtype_bytes(cfg)
     return [w * t.numel for t in reversed(cfg.model.tensors)]
 
 
@@ -40,19 +51,34 @@ def grad_bucket_ranges(cfg: RunConfig) -> list[range]:
     return buckets_by_count(m.grad_buckets, len(grads), "model.grad_buckets")
 
 
-def _compute(layer: Layer, mb: int, dtype: str, backward: bool) -> Compute:
-    """One layer's forward (or backward: 2× the FLOPs, 2× the traffic) on ``mb`` images."""
+def _compute(layer: Layer, cfg: RunConfig, backward: bool, first: bool = False) -> Compute:
+    """One layer's forward (or backward: 2× the FLOPs, 2× the traffic) on a micro-batch, with
+    the kernels PyTorch runs for it (:mod:`.kernels`); the first layer computes no data
+    gradient."""
+    mb, dtype = cfg.train.micro_batch_size, cfg.train.dtype
     w = DTYPE_BYTES[dtype]
     k = 2.0 if backward else 1.0
     traffic = w * (mb * (layer.inp + layer.out) + sum(t.numel for t in layer.params))
-    kind = "gemm" if layer.gemm else "elementwise"
+    if layer.gemm and dtype not in TENSOR_CORE_DTYPES:
+        kernels = None      # CUDA-core convolutions: the roofline at η_max (docs/workloads/resnet.md)
+    elif layer.gemm:
+        nhwc = cfg.model.memory_format == "channels_last"
+        kernels = conv_kernels(layer, mb, dtype, backward, nhwc, not first) \
+            + autocast_casts(layer, dtype, backward)
+    else:
+        kernels = pointwise_kernels(layer, mb, dtype, backward)
+    if backward and first:
+        k = 1.0
     return Compute(f"{'bwd' if backward else 'fwd'}.{layer.name}", k * mb * layer.flops,
-                   k * traffic, kind=kind, dtype=dtype)
+                   k * traffic, kind="gemm" if layer.gemm else "elementwise", dtype=dtype,
+                   kernels=kernels)
 
 
-def _units(cfg: RunConfig, buckets: list[range]) -> list[BackwardUnit]:
+def _units(cfg: RunConfig, buckets: list[range], copies: bool = False) -> list[BackwardUnit]:
     """Backward compute in gradient-ready order: one unit per layer, or with ``compute:
-    proxy`` one ``backward_per_bucket`` sleep per bucket (resnet152.cpp:44-51)."""
+    proxy`` one ``backward_per_bucket`` sleep per bucket (resnet152.cpp:44-51). ``copies``:
+    each layer's gradients are then copied into DDP's buckets (the synchronised micro-batch;
+    ``no_sync`` ones accumulate in ``.grad`` alone)."""
     m, t = cfg.model, cfg.train
     mb = t.micro_batch_size
     if m.compute == "proxy":
@@ -60,8 +86,36 @@ def _units(cfg: RunConfig, buckets: list[range]) -> list[BackwardUnit]:
         flops = 2.0 * mb * m.forward_flops / len(buckets) if s > 0 else 0.0
         return [BackwardUnit((Compute(f"bwd.bucket{k}", flops, dtype=t.dtype, seconds=s),),
                              len(r)) for k, r in enumerate(buckets)]
-    return [BackwardUnit((_compute(layer, mb, t.dtype, True),), len(layer.params))
-            for layer in reversed(m.layers)]
+    gb = grad_dtype_bytes(cfg)
+    units = []
+    for i, layer in reversed(list(enumerate(m.layers))):
+        ops = (_compute(layer, cfg, True, first=i == 0),)
+        if copies and layer.params:
+            ops += (_copies(f"bwd.{layer.name}.to_bucket", layer.params, gb),)
+        units.append(BackwardUnit(ops, len(layer.params)))
+    return units
+
+
+def _copies(name: str, tensors, grad_bytes: int) -> Compute:
+    """DDP's per-tensor gradient copies into or out of the buckets (:func:`.kernels.ddp_copies`)."""
+    kernels = ddp_copies(tuple(tensors), grad_bytes)
+    return Compute(name, 0.0, sum(k.bytes for k in kernels), kind="elementwise", dtype="fp32",
+                   kernels=kernels)
+
+
+def _optimizer(cfg: RunConfig) -> Compute:
+    """The update: SGD one tensor at a time with its kernels (:func:`.kernels.sgd_kernels`),
+    Adam as one element-wise pass."""
+    m, t = cfg.model, cfg.train
+    n = m.params
+    kernels = None
+    if t.optimizer == "sgd":
+        decayed = tuple(m.weight_decay == "all" or (m.weight_decay == "no_bn"
+                                                    and layer.kind != "bn")
+                        for layer in m.layers for _ in layer.params)
+        kernels = sgd_kernels(m.tensors, decayed)
+    return Compute("optimizer", _OPT_FLOPS[t.optimizer] * n, _OPT_BYTES[t.optimizer] * n,
+                   kind="optimizer", dtype="fp32", kernels=kernels)
 
 
 def _ring_sync(buckets: list[range], grads: list[float], base: int) -> tuple[Op, ...]:
@@ -102,21 +156,21 @@ def _blocks(cfg: RunConfig) -> dict[str, Block]:
         fwd = (Op(Compute("fwd.model", mb * m.forward_flops if s > 0 else 0.0, dtype=t.dtype,
                           seconds=s)),)
     else:
-        fwd = tuple(Op(_compute(layer, mb, t.dtype, False)) for layer in m.layers)
+        fwd = tuple(Op(_compute(layer, cfg, False)) for layer in m.layers)
     plain = tuple(Op(c) for u in units for c in u.ops)
     if cfg.dp == 1:   # nothing to synchronise (an all-reduce over one rank moves nothing)
         sync = plain
     elif m.grad_sync == "ring_sendrecv":
         sync = plain + _ring_sync(buckets, grads, len(plain))
     else:
-        sync = backward_with_buckets(units, buckets, grads, "dp", cfg.software.overlap_grad_reduce)
+        synced = _units(cfg, buckets, copies=m.compute == "model")
+        sync = backward_with_buckets(synced, buckets, grads, "dp", cfg.software.overlap_grad_reduce)
+        if m.compute == "model":    # the all-reduced buckets copied back into each .grad
+            sync += (Op(_copies("grad.from_bucket", m.tensors, grad_dtype_bytes(cfg))),)
     blocks = {"F": Block("F", "forward", fwd), "B": Block("B", "backward", plain),
               "B.sync": Block("B.sync", "backward", sync)}
     if m.compute == "model":
-        n = m.params
-        blocks["update"] = Block("update", "optimizer", (Op(Compute(
-            "optimizer", _OPT_FLOPS[t.optimizer] * n, _OPT_BYTES[t.optimizer] * n,
-            kind="optimizer", dtype="fp32")),))
+        blocks["update"] = Block("update", "optimizer", (Op(_optimizer(cfg)),))
     return blocks
 
 

@@ -54,7 +54,9 @@ class Layer:
 
     ``kind`` is ``conv``, ``bn``, ``relu``, ``maxpool``, ``add``, ``avgpool`` or ``fc``;
     ``flops`` the forward FLOPs per sample; ``out`` and ``inp`` the output and input
-    elements per sample; ``params`` its trainable tensors in registration order.
+    elements per sample; ``params`` its trainable tensors in registration order;
+    ``geometry`` of a convolution ``(C_in, C_out, k, H_out)`` (a ``k×k`` filter, an
+    ``H_out×H_out`` output), of the fully connected layer ``(in, out, 1, 1)``, else empty.
     """
 
     name: str
@@ -63,6 +65,7 @@ class Layer:
     inp: int
     out: int
     params: tuple[Tensor, ...] = ()
+    geometry: tuple[int, ...] = ()
 
     @property
     def gemm(self) -> bool:
@@ -80,7 +83,8 @@ class _Net:
         h_out = (self.h + 2 * (k // 2) - k) // stride + 1
         w = Tensor(f"{name}.weight", self.c * k * k * c_out)
         self.layers.append(Layer(name, "conv", 2.0 * w.numel * h_out * h_out,
-                                 self.c * self.h ** 2, c_out * h_out ** 2, (w,)))
+                                 self.c * self.h ** 2, c_out * h_out ** 2, (w,),
+                                 (self.c, c_out, k, h_out)))
         self.c, self.h = c_out, h_out
 
     def bn(self, name: str) -> None:
@@ -157,5 +161,5 @@ def resnet_layers(depth: int, num_classes: int = 1000, image_size: int = 224,
                             pooled * net.h ** 2, pooled))
     w = Tensor("fc.weight", pooled * num_classes)
     net.layers.append(Layer("fc", "fc", 2.0 * w.numel + num_classes, pooled, num_classes,
-                            (w, Tensor("fc.bias", num_classes))))
+                            (w, Tensor("fc.bias", num_classes)), (pooled, num_classes, 1, 1)))
     return tuple(net.layers)

@@ -50,6 +50,14 @@ class ResNetModel(ModelBase):
     grad_sync: Literal["allreduce", "ring_sendrecv"] = Field(
         default="allreduce", description="ring_sendrecv: per bucket, receive from the previous "
                                          "and send to the next data-parallel rank instead")
+    memory_format: Literal["contiguous", "channels_last"] = Field(
+        default="contiguous", description="activation layout: contiguous (NCHW, PyTorch's "
+                                          "default) or channels_last (NHWC: no transposes "
+                                          "around Tensor Core convolutions)")
+    weight_decay: Literal["none", "all", "no_bn"] = Field(
+        default="none", description="which tensors SGD decays: none (torch.optim.SGD's default "
+                                    "weight_decay=0), all, or no_bn (not the batch norms' "
+                                    "weight and bias)")
     compute: ComputeMode = "model"
     proxy_timings: ProxyTimings = TIMINGS_FIELD
 

@@ -1,0 +1,134 @@
+"""The device kernels of a ResNet layer as PyTorch runs it: cuDNN implicit-GEMM convolutions,
+memory-bound passes, autocast's casts, DDP's gradient copies and the SGD update.
+
+Each function returns :class:`~ddlsim.workloads.trace.Kernel` records that the kernel model
+times (``ddlsim/simulator/kernels``: a GEMM by its shape, with tile and wave quantisation; a
+memory kernel at the device's achieved bandwidth) and launches one by one (host and launch
+time, ``kernels/host.py``). Nothing here is fitted.
+
+* **Convolution as implicit GEMM** (NVIDIA, "Convolutional Layers User's Guide", section
+  "Convolution Algorithms", the implicit-GEMM dimensions): forward ``M = N·P·Q``, ``N = K``,
+  ``K = C·R·S``; data gradient ``M = N·H·W``, ``N = C``, ``K = K·R·S``; weight gradient
+  ``M = C·R·S``, ``N = K``, ``K = N·P·Q`` (``N`` images, ``C`` input and ``K`` output channels,
+  ``R×S`` filter, ``H×W`` input, ``P×Q`` output). A strided convolution's data gradient is
+  taken at ``N·P·Q`` rows, so that it has the forward's FLOPs (cuDNN's strided dgrad kernels
+  skip the zeros a stride inserts). The first convolution computes no data gradient: the
+  image does not require one (autograd's ``output_mask`` of ``convolution_backward``).
+* **Layout** (the same guide, "Tensor Layouts In Memory: NCHW vs NHWC"): Tensor Core
+  convolutions run on NHWC; with PyTorch's default NCHW (``contiguous``) tensors, cuDNN
+  transposes a convolution's input to NHWC and its output back, a read and a write of each.
+  Counted for the Tensor Core dtypes (fp16, bf16, tf32) only: FP32 convolutions run without
+  Tensor Cores in either layout. Backward: the incoming gradient and the input (for the
+  weight gradient) are transposed in, the data gradient out.
+* **Memory passes** (element counts × the activation dtype), per PyTorch's kernels: batch
+  norm forward reads its input twice (the batch statistics first, then the normalisation)
+  and writes once; its backward reads input and gradient for the two reductions and again to
+  write the input gradient (5); ReLU in place reads and writes (2), its backward
+  (``threshold_backward``) reads gradient and output and writes (3); the residual add reads
+  two and writes one (3), and its backward is the sum of the two gradients where the block's
+  input forked (3); max pooling writes int64 indices beside its output
+  (``max_pool2d_with_indices``) and its backward zeroes the input gradient before scattering.
+"""
+
+from __future__ import annotations
+
+from ...config import DTYPE_BYTES
+from ..trace import Kernel
+from .layers import Layer, Tensor
+
+__all__ = ["TENSOR_CORE_DTYPES", "conv_kernels", "pointwise_kernels", "autocast_casts",
+           "ddp_copies", "sgd_kernels"]
+
+#: dtypes whose convolutions run on Tensor Cores (NHWC kernels); fp32 runs on the CUDA cores
+TENSOR_CORE_DTYPES = frozenset({"fp16", "bf16", "tf32"})
+#: bytes of a max-pooling index (``max_pool2d_with_indices`` returns int64 indices)
+_INDEX_BYTES = 8
+#: tensor passes (reads + writes) of each point-wise layer: (forward, backward), see above
+_PASSES = {"bn": (3, 5), "relu": (2, 3), "add": (3, 3), "avgpool": (1, 1)}
+
+
+def _mem(nbytes: float) -> Kernel:
+    return Kernel("memory", bytes=float(nbytes))
+
+
+def conv_kernels(layer: Layer, mb: int, dtype: str, backward: bool, channels_last: bool,
+                 input_grad: bool = True) -> tuple[Kernel, ...]:
+    """A convolution's (or the fully connected layer's) kernels on ``mb`` images.
+
+    Parameters
+    ----------
+    layer : Layer
+        a ``conv`` or ``fc`` layer (its ``geometry``: C, K, R, P).
+    mb : int
+        images in the micro-batch.
+    dtype : str
+        ``train.dtype``: the GEMMs' arithmetic (fp16, bf16, tf32, fp32).
+    backward : bool
+        the data- and weight-gradient GEMMs instead of the forward one.
+    channels_last : bool
+        NHWC activations (``torch.channels_last``): no layout transposes.
+    input_grad : bool
+        compute the data gradient (False for the first layer: the image needs none).
+
+    Returns
+    -------
+    tuple of Kernel
+    """
+    c, k, r, p = layer.geometry
+    npq, crs, w = float(mb * p * p), float(c * r * r), DTYPE_BYTES[dtype]
+    if not backward:
+        gemms = [Kernel("gemm", (npq, float(k), crs), dtype=dtype)]
+    else:
+        gemms = [Kernel("gemm", (npq, float(c), float(k * r * r)), dtype=dtype)] \
+            if input_grad else []
+        gemms.append(Kernel("gemm", (crs, float(k), npq), dtype=dtype))
+    if channels_last or dtype not in TENSOR_CORE_DTYPES or layer.kind != "conv":
+        return tuple(gemms)
+    x, y = mb * layer.inp * w, mb * layer.out * w
+    moved = [x, y] if not backward else [y, x] + ([x] if input_grad else [])
+    return tuple(gemms) + tuple(_mem(2 * b) for b in moved)
+
+
+def pointwise_kernels(layer: Layer, mb: int, dtype: str, backward: bool) -> tuple[Kernel, ...]:
+    """A batch norm, ReLU, residual add or pooling layer as one memory kernel (two for the
+    max-pooling backward: zero, then scatter), its bytes by the passes above."""
+    w = DTYPE_BYTES[dtype]
+    x, y = mb * layer.inp * w, mb * layer.out * w
+    if layer.kind == "maxpool":
+        idx = mb * layer.out * _INDEX_BYTES
+        return (_mem(x + y + idx),) if not backward else (_mem(x), _mem(y + idx + x))
+    if layer.kind == "avgpool":
+        return (_mem(x + y),)
+    fwd, bwd = _PASSES[layer.kind]
+    return (_mem((bwd if backward else fwd) * y),)
+
+
+def autocast_casts(layer: Layer, dtype: str, backward: bool) -> tuple[Kernel, ...]:
+    """``torch.autocast``'s weight casts of a convolution or linear layer: forward, its fp32
+    weight cast to ``dtype`` (read 4, write 2 bytes a parameter; once per forward, autocast's
+    cast cache); backward, the 16-bit weight gradient cast back to the fp32 ``.grad`` (read 2,
+    write 4). None for other layers or dtypes."""
+    if dtype not in ("fp16", "bf16") or layer.kind not in ("conv", "fc"):
+        return ()
+    return (_mem((4 + DTYPE_BYTES[dtype]) * layer.params[0].numel),)
+
+
+def ddp_copies(tensors: tuple[Tensor, ...], grad_bytes: float) -> tuple[Kernel, ...]:
+    """DDP's copy of each gradient into its bucket, or back out of it after the all-reduce,
+    one kernel per tensor (``gradient_as_bucket_view=False``, DDP's default: the gradient and
+    the bucket are separate memory; PyTorch ``torch/csrc/distributed/c10d/reducer.cpp``,
+    ``mark_variable_ready_dense`` and ``finalize_bucket_dense``)."""
+    return tuple(_mem(2 * grad_bytes * t.numel) for t in tensors)
+
+
+def sgd_kernels(tensors: tuple[Tensor, ...], decayed: tuple[bool, ...]) -> tuple[Kernel, ...]:
+    """``torch.optim.SGD`` with momentum, one parameter at a time (PyTorch 1.9
+    ``torch/optim/_functional.py`` ``sgd``: no multi-tensor path by default), fp32: the weight
+    decay ``d_p.add(param, alpha=wd)`` (read 2, write 1) where the tensor is decayed, the
+    momentum ``buf.mul_(m).add_(d_p)`` (two kernels: read 1 write 1, read 2 write 1) and the
+    step ``param.add_(d_p, alpha=-lr)`` (read 2, write 1); 4 bytes an element each."""
+    out: list[Kernel] = []
+    for t, wd in zip(tensors, decayed):
+        passes = ((3,) if wd else ()) + (2, 3, 3)
+        out += [_mem(4 * p * t.numel) for p in passes]
+    return tuple(out)
