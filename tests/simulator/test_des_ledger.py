@@ -67,3 +67,42 @@ def test_unique_inverse_by_counting_is_numpys():
     want_values, want_inverse = np.unique(a, return_inverse=True)
     assert values.tolist() == want_values.tolist()
     assert inverse.tolist() == want_inverse.tolist()
+
+
+def test_busy_time_of_link_sets_is_added_link_by_link():
+    """Busy time added to whole link sets (runs on idle links), interleaved with flows
+    starting and ending on some of the same links, equals adding it to each link in turn,
+    bit for bit: a set's common busy time is kept as one number only while that is exact."""
+    rng = np.random.default_rng(11)
+    n_links = 24
+    ledger = LinkLedger(n_links)
+    want = np.zeros(n_links + 1)
+    users = np.zeros(n_links + 1, np.int64)
+    since = np.zeros(n_links + 1)
+    sets = [np.arange(0, 8), np.arange(8, 16), np.arange(16, 24)]
+    sets.append(sets[1].copy())  # the same links in another array: one set
+    sets.append(np.arange(4, 12))  # overlapping two others: rarely used
+    live, now = [], 0.0
+    for _ in range(400):
+        now += float(rng.random())
+        roll = rng.random()
+        if roll < 0.5:
+            links = sets[int(rng.integers(len(sets) - (rng.random() > 0.05)))]
+            dt = float(rng.random()) / 3.0
+            ledger.add_busy(links, dt)
+            want[links] += dt
+        elif live and roll < 0.75:
+            edges = live.pop(int(rng.integers(len(live))))
+            ledger.finish(edges, now)
+            np.subtract.at(users, edges.ravel(), 1)
+            idle = np.unique(edges.ravel()[users[edges.ravel()] == 0])
+            want[idle] += now - since[idle]
+        else:
+            edges = (rng.integers(12, n_links + 1, size=(int(rng.integers(1, 4)), 3))
+                     if rng.random() < 0.3 else sets[int(rng.integers(len(sets) - 1))][None, :])
+            live.append(edges)
+            ledger.start(edges, now)
+            flat = edges.ravel()
+            since[flat[users[flat] == 0]] = now
+            np.add.at(users, flat, 1)
+    assert ledger.busy_s.tolist() == want.tolist()

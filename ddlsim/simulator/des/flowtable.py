@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .uniq import unique_counts
+from .uniq import unique_counts, unique_values
 
 __all__ = ["FlowTable", "LinkLedger", "link_counts", "pad_to"]
 
@@ -92,10 +92,19 @@ class LinkLedger:
 
     Bytes are booked lazily: rows of links with their bytes are kept by width (and repeated
     phases of one template summed per phase) and folded into per-link totals in bulk.
+    Busy time that runs on idle links add to a whole set of links at once
+    (:meth:`add_busy`) is kept as one number per set while every link of the set has the
+    same busy time and nothing else has touched them: adding to that number is the same
+    floating-point operation as adding to each link, so the totals are the same bit for bit.
     """
 
     def __init__(self, n_links: int):
-        self.busy_s = np.zeros(n_links + 1)
+        self._busy = np.zeros(n_links + 1)
+        self._bound = np.full(n_links + 1, -1, dtype=np.int64)  # link → its set's id, or −1
+        self._sets: dict[int, list] = {}   # id(links) → [links, set id]
+        self._set_ids: dict[bytes, int] = {}  # a set's links (bytes) → its id
+        self._set_busy: list[float] = []   # per set id: the busy time of each of its links
+        self._set_links: list[np.ndarray | None] = []  # per set id: its links while bound
         self.users = np.zeros(n_links + 1, dtype=np.int64)
         self.since = np.zeros(n_links + 1)
         self._carried: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
@@ -113,7 +122,46 @@ class LinkLedger:
         links, counts = link_counts(edges, len(self.users))
         self.users[links] -= counts
         idle = links[self.users[links] == 0]
-        self.busy_s[idle] += now - self.since[idle]
+        self._unbind(idle)
+        self._busy[idle] += now - self.since[idle]
+
+    @property
+    def busy_s(self) -> np.ndarray:
+        """Seconds each link carried at least one flow (the pad last)."""
+        self._unbind(None)
+        return self._busy
+
+    def add_busy(self, links: np.ndarray, seconds: float) -> None:
+        """Links ``links`` (an array kept unchanged, distinct ids) were busy ``seconds`` more."""
+        got = self._sets.get(id(links))
+        if got is None:
+            got = self._sets[id(links)] = [links, self._set_ids.setdefault(
+                links.tobytes(), len(self._set_ids))]
+            self._set_busy.append(0.0)
+            self._set_links.append(None)
+        sid = got[1]
+        if self._set_links[sid] is not None:
+            self._set_busy[sid] += seconds
+            return
+        self._unbind(links)
+        busy = self._busy
+        busy[links] += seconds
+        if len(links) and (busy[links] == busy[links[0]]).all():
+            self._set_busy[sid] = float(busy[links[0]])
+            self._set_links[sid] = links
+            self._bound[links] = sid
+
+    def _unbind(self, links: np.ndarray | None) -> None:
+        """Write the busy time of the sets bound on ``links`` (None: every set) to their
+        links, and unbind them."""
+        if not self._set_ids:
+            return
+        bound = self._bound if links is None else self._bound[links]
+        for sid in unique_values(bound[bound >= 0]).tolist():
+            own = self._set_links[sid]
+            self._busy[own] = self._set_busy[sid]
+            self._bound[own] = -1
+            self._set_links[sid] = None
 
     def carry(self, edges: np.ndarray, nbytes: np.ndarray) -> None:
         """Bytes ``nbytes[i]`` moved over the links of row ``edges[i]``."""

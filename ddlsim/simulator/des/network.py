@@ -117,24 +117,38 @@ class FlowNetwork:
         """Declare that each route's links share a domain (a domain's root is its smallest
         link id; all routes are merged in one connected-components pass)."""
         chains = [r for r in routes if len(r) >= 2]
-        if not chains:
-            return
+        if chains:
+            self._merge(np.concatenate([r[:-1] for r in chains]),
+                        np.concatenate([r[1:] for r in chains]))
+
+    def join_rows(self, edges: np.ndarray) -> None:
+        """:meth:`join` of routes given as padded link-id rows (k, w)."""
+        linked = edges[:, 1:] != self.pad  # a route's links come first, the pad after
+        self._merge(edges[:, :-1][linked], edges[:, 1:][linked])
+
+    def _merge(self, first: np.ndarray, second: np.ndarray) -> None:
+        """Merge the domains of links ``first[i]`` and ``second[i]``: connected components
+        over the roots the pairs join (numbered compactly, so a merge costs what it joins,
+        not the whole network), each component's new root its smallest."""
         root = self.root
-        a = root[np.concatenate([r[:-1] for r in chains])]
-        b = root[np.concatenate([r[1:] for r in chains])]
+        a, b = root[first], root[second]
         apart = a != b
         if not apart.any():
             return
         from scipy.sparse import coo_matrix
         from scipy.sparse.csgraph import connected_components
 
-        n = self.pad + 1
-        graph = coo_matrix((np.ones(int(apart.sum()), dtype=np.int8), (a[apart], b[apart])),
+        roots, at = unique_inverse(np.concatenate([a[apart], b[apart]]), self._lut)
+        half = len(at) // 2
+        n = len(roots)
+        graph = coo_matrix((np.ones(half, dtype=np.int8), (at[:half], at[half:])),
                            shape=(n, n))
         count, label = connected_components(graph, directed=False)
-        low = np.full(count, n)
-        np.minimum.at(low, label, np.arange(n))
-        self._parent[:] = low[label][root]
+        low = np.full(count, self.pad + 1)
+        np.minimum.at(low, label, roots)
+        moved = np.arange(self.pad + 1)
+        moved[roots] = low[label]
+        self._parent[:] = moved[root]
         self._refresh_roots()
 
     def _refresh_roots(self) -> None:
@@ -187,7 +201,7 @@ class FlowNetwork:
         """Book bytes and busy time of flows a reserving run moved without the flow table
         (``key`` names the row set, e.g. the template phase, so repeats are summed)."""
         self.links.carry_phase(key, edges, mult, flow_bytes)
-        self.links.busy_s[links] += busy_s
+        self.links.add_busy(links, busy_s)
         moved = flow_bytes * float(mult.sum())
         self.bytes_sent += moved
         self.bytes_delivered += moved

@@ -30,6 +30,10 @@ from .network import FlowNetwork
 
 __all__ = ["PhaseFlows", "FlowTemplate", "RouteTable", "collective_template", "p2p_template"]
 
+#: From this many flows a lookup routes them all at once where the topology can
+#: (:meth:`Topology.route_rail_many`: the same routes and latencies as one by one).
+_BULK = 64
+
 
 @dataclass(frozen=True, slots=True)
 class PhaseFlows:
@@ -97,9 +101,11 @@ class RouteTable:
                ) -> tuple[np.ndarray, np.ndarray]:
         """Padded link-id rows (k, w) and path latencies (k,) of flows ``src[i] → dst[i]``
         (through NIC ``rail[i]`` of both nodes when given, :meth:`Topology.route_rail`)."""
+        if rail is not None and len(src) >= _BULK:
+            got = self.topology.route_rail_many(src, dst, rail)
+            if got is not None:
+                return self._bulk(*got)
         topo, cache = self.topology, self._cache
-        if rail is not None:
-            self._route_many(src, dst, rail)
         routes, latency, fresh = [], np.empty(len(src)), []
         rails = [0] * len(src) if rail is None else rail.tolist()
         for i, (a, b, c) in enumerate(zip(src.tolist(), dst.tolist(), rails)):
@@ -122,23 +128,13 @@ class RouteTable:
             self.network.join([np.asarray(r, dtype=np.int64) for r in fresh])
         return edges, latency
 
-    def _route_many(self, src: np.ndarray, dst: np.ndarray, rail: np.ndarray) -> None:
-        """Route the rail flows not yet cached all at once, where the topology can
-        (:meth:`Topology.route_rail_many`: the same routes and latencies as one by one)."""
-        cache = self._cache
-        keys = list(zip(src.tolist(), dst.tolist(), rail.tolist()))
-        new = [i for i, key in enumerate(keys) if key not in cache]
-        if len(new) < 64:
-            return
-        new = np.asarray(new)
-        got = self.topology.route_rail_many(src[new], dst[new], rail[new])
-        if got is None:
-            return
-        rows, latency = got
-        paths = [tuple(r[:n]) for r, n in zip(rows.tolist(), (rows >= 0).sum(axis=1).tolist())]
-        for i, path, lat in zip(new.tolist(), paths, latency.tolist()):
-            cache[keys[i]] = (path, lat)
-        self.network.join([np.asarray(p, dtype=np.int64) for p in set(paths)])
+    def _bulk(self, rows: np.ndarray, latency: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Routes from :meth:`Topology.route_rail_many` (−1 after a route's end) as padded
+        link-id rows, their domains joined; nothing is cached per route (at 131,072 GPUs a
+        template has up to 10^6 rail flows, and a dict entry per route cost gigabytes)."""
+        edges = np.where(rows >= 0, rows, self.network.pad)
+        self.network.join_rows(edges)
+        return edges, latency
 
 
 def _rails(topo: Topology) -> int:
