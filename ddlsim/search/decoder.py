@@ -24,7 +24,8 @@ from ..config import DTYPE_BYTES
 from ..errors import ConfigError
 from ..software import grad_dtype_bytes
 from ..workloads.decoder.zero3 import (FETCH_PASSES, REDUCE_PASSES, list_host_seconds,
-                                        module_fetches, zero3_gathered_bytes)
+                                        module_fetches, unit_live_elements,
+                                        zero3_gathered_bytes)
 from ..simulator.kernels import kernel_device, op_time
 from ..simulator.kernels.host import NO_LAUNCH, stream_times
 from ..workloads.decoder.layerkernels import activation_kinds, compute_dtype
@@ -245,7 +246,8 @@ class DecoderVectors:
                     fu, bu = ([Unit(*(_take(x, sel) for x in u)) for u in us] for us in units)
                     out[sel] = zero3_units_time(
                         ctx.shape.layers, sw.zero3_prefetch_modules, m[sel], _take(e, sel),
-                        _take(hf, sel), _take(hb, sel), fu, bu, sw.zero3_gather == "per_tensor")
+                        _take(hf, sel), _take(hb, sel), fu, bu, sw.zero3_gather == "per_tensor",
+                        sw.zero3_max_live_parameters)
         out[on] += self._optimizer(ctx, self.stage_params(ctx, plans, True)[on]
                                    / np.maximum(dp[on], 1))
         return out
@@ -270,12 +272,14 @@ class DecoderVectors:
                     2: k["bwd.attn.proj"], 1: k["bwd.attn.qkv"] + tp_b + k["bwd.ew"] + acc}
         order_f, order_b = (1, 2, 4, 5), (5, 4, 2, 1)
         units = {key: Unit(zeros(), zeros(), np.zeros(n, bool), zeros(), np.zeros(n, bool),
-                           zeros(), zeros())
+                           zeros(), zeros(), zeros())
                  for key in [("f", mo) for mo in order_f] + [("r", mo) for mo in order_f]
                  + [("b", mo) for mo in order_b]}
         synced = sw.zero3_gather == "per_tensor"
         for tp, rec in sorted({(int(t), bool(x)) for t, x in zip(plans["tp"][on], full[on])}):
             here = on & (plans["tp"] == tp) & (full == rec)
+            for key, live in unit_live_elements(ctx.shape, tp, sw, rec).items():
+                units[key].live[here] = live
             for fm in module_fetches(ctx.shape, tp, sw, rec):
                 for visit, need in (("f", fm.forward), ("r", fm.recompute), ("b", fm.backward)):
                     u = units[(visit, fm.module)]

@@ -35,6 +35,9 @@ class Unit(NamedTuple):
     has_reduce: np.ndarray
     host_gather: np.ndarray
     host_reduce: np.ndarray
+    #: elements gathered while it computes, which gate the prefetch its pre-hook issues
+    #: (:func:`ddlsim.workloads.decoder.zero3.unit_live_elements`)
+    live: np.ndarray
 
 
 def _pass(c, d, head, layer, a, r, L: int, k: int, backward: bool):
@@ -95,17 +98,26 @@ def _over_micro_batches(m, zero, micro_batch, streams: int) -> np.ndarray:
     return np.maximum.reduce(out)
 
 
-def _units_pass(c, d, h, head, units: list[Unit], L: int, k: int, synced: bool):
+def _units_pass(c, d, h, head, units: list[Unit], L: int, k: int, synced: bool,
+                cap: float = 0.0):
     """One pass over ``L`` layers of ``units``, as
     :func:`ddlsim.workloads.decoder.zero3._pass` issues them on the compute, ``dp`` and
     ``host`` streams (times ``c``, ``d``, ``h``): a unit without gathers waits for nothing
     on the ``dp`` stream; under ``synced`` a unit also waits for the reduce-scatters of the
     unit before it, and the host issues the next gather once both have ended; a unit waits
-    for the host's issue of the gather launched before it."""
+    for the host's issue of the gather launched before it. A prefetch refused by the cap on
+    live parameters (``cap`` elements, 0: none) is issued on demand after the unit before
+    its own, and the next prefetch after it has ended."""
     seq = units * L
     n = len(seq)
     ready = []
     issue = []
+    never = np.zeros_like(c, dtype=bool)
+
+    def blocked(t: int) -> np.ndarray:
+        if not (cap and k) or t < k:
+            return never
+        return np.asarray(seq[t - k].live) >= cap
 
     def gather(d, h, after, unit: Unit):
         hosted = unit.host_gather > 0
@@ -114,9 +126,16 @@ def _units_pass(c, d, h, head, units: list[Unit], L: int, k: int, synced: bool):
                       np.maximum(d, np.where(hosted, h, after)) + unit.gather, d)
         return d2, h, np.where(unit.has_gather, d2, -np.inf), np.where(hosted, h, -np.inf)
 
+    def prefetch(d, h, after, t: int):
+        """The gather of unit ``t`` where its prefetch is not refused."""
+        bl = blocked(t)
+        d2, h2, r, i = gather(d, h, after, seq[t])
+        return (np.where(bl, d, d2), np.where(bl, h, h2), np.where(bl, -np.inf, r),
+                np.where(bl, -np.inf, i))
+
     first = np.full_like(c, -np.inf)
     for j in range(min(k + 1, n)):
-        d, h, r, i = gather(d, h, c, seq[j])
+        d, h, r, i = prefetch(d, h, c, j) if j else gather(d, h, c, seq[j])
         ready.append(r)
         first = np.maximum(first, i)
     issue.append(first)
@@ -133,24 +152,31 @@ def _units_pass(c, d, h, head, units: list[Unit], L: int, k: int, synced: bool):
         d = np.where(u.has_reduce,
                      np.maximum(d, np.where(hosted, np.maximum(c, h), c)) + u.reduce, d)
         rs_end = np.where(u.has_reduce, d, -np.inf)
+        after = np.maximum(c, rs_end) if synced else c
+        now = np.full_like(c, -np.inf)
+        if j + 1 < n and (bl := blocked(j + 1)).any():   # gathered on demand
+            d2, h2, rd, i = gather(d, h, after, seq[j + 1])
+            d, h = np.where(bl, d2, d), np.where(bl, h2, h)
+            ready[j + 1] = np.where(bl, rd, ready[j + 1])
+            now = np.where(bl, i, now)
+            after = np.where(bl, np.maximum(after, rd), after)
         if j + k + 1 < n:
-            after = np.maximum(c, rs_end) if synced else c
-            d, h, rd, i = gather(d, h, after, seq[j + k + 1])
+            d, h, rd, i = prefetch(d, h, after, j + k + 1)
             ready.append(rd)
-            issue.append(i)
-        else:
-            issue.append(np.full_like(c, -np.inf))
+            now = np.maximum(now, i)
+        issue.append(now)
     return c, d, h
 
 
 def zero3_units_time(L: int, k: int, m, e, hf, hb, fwd_units, bwd_units,
-                     synced: bool) -> np.ndarray:
+                     synced: bool, cap: float = 0.0) -> np.ndarray:
     """:func:`zero3_time` for ZeRO-3 from module hooks: the passes run over units (a module's
     part of a layer) instead of layers, ``k`` units gathered ahead. ``fwd_units``/
-    ``bwd_units``: one layer's :class:`Unit` s, in pass order."""
+    ``bwd_units``: one layer's :class:`Unit` s, in pass order; ``cap``: the stack's
+    ``zero3_max_live_parameters``."""
     def micro_batch(c, d, h):
-        c, d, h = _units_pass(c, d, h, e, fwd_units, L, k, synced)
-        return _units_pass(c + hf, d, h, hb, bwd_units, L, k, synced)
+        c, d, h = _units_pass(c, d, h, e, fwd_units, L, k, synced, cap)
+        return _units_pass(c + hf, d, h, hb, bwd_units, L, k, synced, cap)
 
     return _over_micro_batches(m, np.zeros_like(np.asarray(fwd_units[0].compute, dtype=float)),
                                micro_batch, 3)

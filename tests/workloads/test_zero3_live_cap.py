@@ -84,3 +84,27 @@ def test_the_cap_is_refused_with_per_layer_gathers():
     with pytest.raises(ConfigError, match="zero3_max_live_parameters = 5"):
         resolve_software(SoftwareSpec(stack="megatron-lm-2021",
                                       overlap={"zero3_max_live_parameters": 5}))
+
+
+@pytest.mark.filterwarnings("ignore:.*not modelled by ddlsim")
+def test_search_tier_refuses_the_same_prefetches_as_the_exact_engine():
+    """GPT-3 13B (h = 5,120: QKV 78.6 M, MLP GEMMs 104.9 M elements at TP 1) with a cap of
+    1e8: at TP 1 the prefetches after the MLP GEMMs are refused, at TP 4 none; the search
+    tier's times equal the exact engine's, with and without recomputation's re-gathers."""
+    from ddlsim.search.evaluate import evaluate_grid
+    from ddlsim.search.run import plan_overrides
+    from ddlsim.search.spec import Constraints
+    software = {"stack": "deepspeed-2021", "overlap": {"zero3_max_live_parameters": 100_000_000}}
+    data = {"model": "gpt3-13b",
+            "train": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 2048},
+            "system": {"preset": "dgx-h100", "nodes": 2, "software": software}}
+    axes = {"parallel.tensor_model_parallel_size": [1, 4], "parallel.zero_stage": [3],
+            "train.recompute": ["none", "full"]}
+    frame = evaluate_grid(data, None, [], axes, Constraints()).frame
+    columns = [c for c in frame.columns if "." in c]
+    assert len(frame) == 4
+    for i in range(len(frame)):
+        cfg = build_config(data, plan_overrides(frame.iloc[i], columns))
+        exact = ddlsim.predict(cfg, check_fit=False).iteration_time_s
+        assert frame["iteration_time_s"].iloc[i] == pytest.approx(exact, rel=1e-9), \
+            (cfg.parallel.tp, cfg.train.recompute)

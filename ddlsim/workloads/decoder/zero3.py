@@ -89,7 +89,8 @@ from .layerkernels import MODULE_PARTS
 __all__ = ["zero3_blocks", "zero3_shards", "gathered_layers", "zero3_gathered_bytes",
            "zero3_prefetch", "zero3_phrase", "module_hook_bytes",
            "list_gather_bytes", "ModuleFetch", "module_fetches", "FETCH_PASSES",
-           "REDUCE_PASSES", "GATHER_HOST_OPS", "REDUCE_HOST_OPS", "list_host_seconds"]
+           "REDUCE_PASSES", "GATHER_HOST_OPS", "REDUCE_HOST_OPS", "list_host_seconds",
+           "unit_live_elements"]
 
 #: memory passes over a gathered tensor: zero-filled flat buffer (write), then PyTorch 1.8's
 #: list all-gather copies each rank's chunk out of its own flat buffer (read + write)
@@ -335,6 +336,22 @@ def _live_elements(units: list[_Unit], fetch: dict[int, ModuleFetch], backward: 
             held[u.module] = own
         elif not later:
             held.pop(u.module, None)
+
+
+def unit_live_elements(shape, tp: int, sw, full_recompute: bool) -> dict[tuple[str, int], float]:
+    """:func:`_live_elements` of one dense layer's units by ``(visit, module)``: visit ``f``
+    (the forward), ``r`` (the recomputed forward) or ``b`` (the backward) — the search
+    tier's form."""
+    fetch = {f.module: f for f in module_fetches(shape, tp, sw, full_recompute)}
+    order = [m for m, _ in _GEMM_MODULES]
+    forward = [_Unit([], [], module=m) for m in order]
+    _live_elements(forward, fetch, backward=False)
+    visits = ["r"] * len(order) if full_recompute else []
+    backward = [_Unit([], [], module=m) for m in (order if full_recompute else []) + order[::-1]]
+    _live_elements(backward, fetch, backward=True)
+    out = {("f", u.module): u.live for u in forward}
+    out.update(((v, u.module), u.live) for v, u in zip(visits + ["b"] * len(order), backward))
+    return out
 
 
 def _units(b: StageBuilder, layers: list[list], moe: list[bool], backward: bool) -> list[_Unit]:
