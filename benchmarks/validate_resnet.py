@@ -31,6 +31,7 @@ SOFTWARE = {"kernels": {"gemm_library": "cublas-11", "host_dispatch": "eager"}}
 
 
 def rows() -> list[dict]:
+    """The published rows of :data:`TABLE`."""
     return read_csv(TABLE)
 
 
@@ -54,6 +55,7 @@ def published_time(row: dict) -> float:
 
 def evaluate(engine: str = "analytical", only: list[dict] | None = None,
              limits=None) -> list[dict]:
+    """Each row's record (:func:`public_runs.time_record`): ``only`` a sample of the rows."""
     return [time_record(row, config(row), engine, limits, published_time(row))
             for row in (rows() if only is None else only)]
 
@@ -105,6 +107,7 @@ def _ms_cells(o: dict) -> list[str]:
 
 
 def summary(out: list[dict], engine: str) -> str:
+    """The summary line: the rows' errors and the 8-GPU scaling's mean error."""
     sc = [(pub, pred) for pub, pred in scaling(out).values() if pred is not None]
     mean = sum(abs(pred / pub - 1) for pub, pred in sc) / len(sc) if sc else float("nan")
     return (rows_summary(out, engine, _label)

@@ -15,7 +15,8 @@ from ...config import DTYPE_BYTES, RunConfig
 from ..buckets import BackwardUnit, backward_with_buckets, buckets_by_count, ddp_buckets
 from ..memory import MemoryBreakdown, model_state_bytes
 from ..trace import P2P, Block, Compute, Op, Program, RankClass, Step, Workload, WorkloadMeta
-from .kernels import TENSOR_CORE_DTYPES, autocast_casts, conv_kernels, ddp_copies, pointwise_kernels, sgd_kernels
+from .kernels import (TENSOR_CORE_DTYPES, autocast_casts, conv_kernels, ddp_copies,
+                      pointwise_kernels, sgd_kernels)
 from .layers import Layer
 
 __all__ = ["build_resnet", "resnet_memory", "grad_bucket_ranges", "ready_grad_bytes",
@@ -60,7 +61,7 @@ def _compute(layer: Layer, cfg: RunConfig, backward: bool, first: bool = False) 
     k = 2.0 if backward else 1.0
     traffic = w * (mb * (layer.inp + layer.out) + sum(t.numel for t in layer.params))
     if layer.gemm and dtype not in TENSOR_CORE_DTYPES:
-        kernels = None      # CUDA-core convolutions: the roofline at η_max (docs/workloads/resnet.md)
+        kernels = None      # CUDA-core convolutions: the roofline at η_max (resnet.md)
     elif layer.gemm:
         nhwc = cfg.model.memory_format == "channels_last"
         kernels = conv_kernels(layer, mb, dtype, backward, nhwc, not first) \

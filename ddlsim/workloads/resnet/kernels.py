@@ -44,7 +44,7 @@ TENSOR_CORE_DTYPES = frozenset({"fp16", "bf16", "tf32"})
 #: bytes of a max-pooling index (``max_pool2d_with_indices`` returns int64 indices)
 _INDEX_BYTES = 8
 #: tensor passes (reads + writes) of each point-wise layer: (forward, backward), see above
-_PASSES = {"bn": (3, 5), "relu": (2, 3), "add": (3, 3), "avgpool": (1, 1)}
+_PASSES = {"bn": (3, 5), "relu": (2, 3), "add": (3, 3)}
 
 
 def _mem(nbytes: float) -> Kernel:
@@ -91,7 +91,24 @@ def conv_kernels(layer: Layer, mb: int, dtype: str, backward: bool, channels_las
 
 def pointwise_kernels(layer: Layer, mb: int, dtype: str, backward: bool) -> tuple[Kernel, ...]:
     """A batch norm, ReLU, residual add or pooling layer as one memory kernel (two for the
-    max-pooling backward: zero, then scatter), its bytes by the passes above."""
+    max-pooling backward: zero, then scatter), its bytes by the passes above.
+
+    Parameters
+    ----------
+    layer : Layer
+        a ``bn``, ``relu``, ``add``, ``maxpool`` or ``avgpool`` layer.
+    mb : int
+        images in the micro-batch.
+    dtype : str
+        ``train.dtype`` (the activations' element size).
+    backward : bool
+        the layer's backward kernels instead of its forward ones.
+
+    Returns
+    -------
+    tuple of Kernel
+        ``memory`` kernels, bytes read + written each.
+    """
     w = DTYPE_BYTES[dtype]
     x, y = mb * layer.inp * w, mb * layer.out * w
     if layer.kind == "maxpool":
@@ -107,7 +124,22 @@ def autocast_casts(layer: Layer, dtype: str, backward: bool) -> tuple[Kernel, ..
     """``torch.autocast``'s weight casts of a convolution or linear layer: forward, its fp32
     weight cast to ``dtype`` (read 4, write 2 bytes a parameter; once per forward, autocast's
     cast cache); backward, the 16-bit weight gradient cast back to the fp32 ``.grad`` (read 2,
-    write 4). None for other layers or dtypes."""
+    write 4). None for other layers or dtypes.
+
+    Parameters
+    ----------
+    layer : Layer
+        any layer (only ``conv`` and ``fc`` have casts).
+    dtype : str
+        ``train.dtype``: fp16 or bf16 run under autocast.
+    backward : bool
+        the gradient's cast back (same bytes as the forward's).
+
+    Returns
+    -------
+    tuple of Kernel
+        one ``memory`` kernel of ``(4 + 2)·parameters`` bytes, or none.
+    """
     if dtype not in ("fp16", "bf16") or layer.kind not in ("conv", "fc"):
         return ()
     return (_mem((4 + DTYPE_BYTES[dtype]) * layer.params[0].numel),)
@@ -117,16 +149,44 @@ def ddp_copies(tensors: tuple[Tensor, ...], grad_bytes: float) -> tuple[Kernel, 
     """DDP's copy of each gradient into its bucket, or back out of it after the all-reduce,
     one kernel per tensor (``gradient_as_bucket_view=False``, DDP's default: the gradient and
     the bucket are separate memory; PyTorch ``torch/csrc/distributed/c10d/reducer.cpp``,
-    ``mark_variable_ready_dense`` and ``finalize_bucket_dense``)."""
+    ``mark_variable_ready_dense``, whose ``copy_grad_to_bucket`` divides by the world size as
+    it copies, and ``finalize_bucket_dense``).
+
+    Parameters
+    ----------
+    tensors : tuple of Tensor
+        the parameters whose gradients are copied.
+    grad_bytes : float
+        bytes of a gradient element (4 under autocast).
+
+    Returns
+    -------
+    tuple of Kernel
+        one ``memory`` kernel per tensor, ``2·grad_bytes·numel`` bytes (read + write).
+    """
     return tuple(_mem(2 * grad_bytes * t.numel) for t in tensors)
 
 
 def sgd_kernels(tensors: tuple[Tensor, ...], decayed: tuple[bool, ...]) -> tuple[Kernel, ...]:
-    """``torch.optim.SGD`` with momentum, one parameter at a time (PyTorch 1.9
-    ``torch/optim/_functional.py`` ``sgd``: no multi-tensor path by default), fp32: the weight
+    """``torch.optim.SGD`` with momentum, one parameter at a time (PyTorch 1.x's per-parameter
+    loop, ``torch/optim/_functional.py`` ``sgd`` in 1.9; the multi-tensor ``foreach`` path
+    became the default in 2.0), fp32: the weight
     decay ``d_p.add(param, alpha=wd)`` (read 2, write 1) where the tensor is decayed, the
     momentum ``buf.mul_(m).add_(d_p)`` (two kernels: read 1 write 1, read 2 write 1) and the
-    step ``param.add_(d_p, alpha=-lr)`` (read 2, write 1); 4 bytes an element each."""
+    step ``param.add_(d_p, alpha=-lr)`` (read 2, write 1); 4 bytes an element each.
+
+    Parameters
+    ----------
+    tensors : tuple of Tensor
+        the parameters, in registration order.
+    decayed : tuple of bool
+        per tensor, whether weight decay applies to it.
+
+    Returns
+    -------
+    tuple of Kernel
+        3 or 4 ``memory`` kernels per tensor.
+    """
     out: list[Kernel] = []
     for t, wd in zip(tensors, decayed):
         passes = ((3,) if wd else ()) + (2, 3, 3)
