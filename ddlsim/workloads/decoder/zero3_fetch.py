@@ -1,0 +1,134 @@
+"""ZeRO-3 from module hooks (``zero3_gather: per_module`` or ``per_tensor``): what DeepSpeed
+fetches and reduce-scatters per module of a dense layer, the elements it holds gathered when it
+decides whether to prefetch, and the host's cost of PyTorch 1.8's list-form collectives.
+:mod:`.zero3` builds the passes from these; the module docstring there says why each holds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["FETCH_PASSES", "REDUCE_PASSES", "GATHER_HOST_OPS", "REDUCE_HOST_OPS", "ModuleFetch",
+           "module_fetches", "list_host_seconds", "unit_live_elements"]
+
+#: memory passes over a gathered tensor: zero-filled flat buffer (write), then PyTorch 1.8's
+#: list all-gather copies each rank's chunk out of its own flat buffer (read + write)
+#: (ProcessGroupNCCL::allgather; DeepSpeed v0.3.13 partition_parameters.py _allgather_param)
+FETCH_PASSES = 3
+#: memory passes over a reduce-scattered gradient: copy into the contiguous bucket, ``div_``
+#: by the data-parallel size, list reduce-scatter's copy into its flat input (read + write
+#: each; stage3.py reduce_independent_p_g_buckets_and_remove_grads and average_tensor,
+#: ProcessGroupNCCL::reduce_scatter)
+REDUCE_PASSES = 6
+
+#: host operations of one list-form collective under ``per_tensor`` (DeepSpeed v0.3.13 on
+#: PyTorch 1.8), as (Python tensor ops, ``copy_``-class launches), per rank and per call:
+#: a gather builds one ``narrow`` view per rank in Python (``_allgather_param``) and PyTorch
+#: copies each rank's chunk out of its flat buffer with one ``copy_`` per rank
+#: (``ProcessGroupNCCL::allgather``); per call the zero-filled buffer, the own partition's
+#: ``copy_`` and the NCCL launch (three launches) and the final ``narrow`` + ``view``
+GATHER_HOST_OPS = ((1, 1), (2, 3))
+#: a reduce-scatter builds ``view`` + ``narrow`` per rank in Python
+#: (``_reduce_scatter_gradient``) and PyTorch copies each input into its flat buffer, one
+#: ``copy_`` per rank (``flattenForScatterGather``); per call the NCCL launch
+REDUCE_HOST_OPS = ((2, 1), (0, 1))
+
+
+@dataclass(frozen=True)
+class ModuleFetch:
+    """One GEMM module of a dense layer under ZeRO-3 from module hooks (elements on a rank,
+    TP-sharded): what it gathers before its forward, before its recomputed forward (full
+    recomputation) and before its backward, and what it reduce-scatters after its backward.
+    ``module`` indexes :meth:`~ddlsim.workloads.models.decoder.DecoderShape.layer_modules`;
+    a norm's tensors go with the GEMM module after it."""
+
+    module: int
+    forward: tuple[float, ...]
+    recompute: tuple[float, ...]
+    backward: tuple[float, ...]
+    reduce: tuple[float, ...]
+
+
+#: the GEMM modules of a dense layer (layer_modules indices) and the norm folded into each
+_GEMM_MODULES = ((1, 0), (2, None), (4, 3), (5, None))
+
+
+def module_fetches(shape, tp: int, sw, full_recompute: bool) -> tuple[ModuleFetch, ...]:
+    """DeepSpeed's fetches of one dense layer from its leaf modules' hooks (the module
+    docstring): one collective per tensor (``per_tensor``) or per module (``per_module``,
+    coalesced), tensors under the persistence threshold never gathered, and under full
+    recomputation a module's backward re-gathers it unless it is reused within the reuse
+    distance (the modules after it, visited by the recomputed forward and again by the
+    backward: twice their elements)."""
+    modules = shape.layer_modules(tp)
+    threshold, reuse = sw.zero3_persistence_threshold, sw.zero3_max_reuse_distance
+    sizes = [sum(m) for m in modules]
+    out = []
+    for gemm, norm in _GEMM_MODULES:
+        own = [i for i in (norm, gemm) if i is not None]
+        tensors = [n for i in own for n in modules[i]]
+        fetched = [n for n in tensors if n >= threshold]
+        reduce = tensors
+        if sw.zero3_gather == "per_module":   # one coalesced collective per module
+            fetched = [sum(fetched)] if fetched else []
+            reduce = [sum(tensors)]
+        kept = full_recompute and 2 * sum(sizes[gemm + 1:]) < reuse
+        out.append(ModuleFetch(gemm, tuple(fetched), tuple(fetched) if full_recompute else (),
+                               () if kept else tuple(fetched), tuple(reduce)))
+    return tuple(out)
+
+
+def list_host_seconds(sw, ranks, calls: int, gather: bool) -> float:
+    """Host seconds to issue ``calls`` list-form all-gathers (``gather``) or reduce-scatters
+    over ``ranks`` ranks (a number or an array): their counted operations
+    (:data:`GATHER_HOST_OPS`, :data:`REDUCE_HOST_OPS`) at the stack's
+    ``zero3_host_python_op`` and ``zero3_host_copy`` seconds, and for a gather the stack's
+    ``zero3_host_gather_call``."""
+    (py_rank, cp_rank), (py_call, cp_call) = GATHER_HOST_OPS if gather else REDUCE_HOST_OPS
+    call = sw.zero3_host_gather_call if gather else 0.0
+    return calls * ((ranks * py_rank + py_call) * sw.zero3_host_python_op
+                    + (ranks * cp_rank + cp_call) * sw.zero3_host_copy + call)
+
+
+def _live_elements(units: list, fetch: dict[int, ModuleFetch], backward: bool) -> None:
+    """Set each unit's ``live``: the elements DeepSpeed counts as gathered when the unit's
+    pre-hook decides whether to prefetch (v0.3.13 stage3.py ``total_available_parameter_numel``:
+    ``fetch_sub_module`` adds a module's gathered tensors, ``release_sub_module`` subtracts
+    them unless kept for reuse). The module's own tensors, and in the backward those of the
+    modules whose recomputed forward kept them (:attr:`ModuleFetch.backward` empty) until
+    their backward has run; persistent tensors are never fetched, so never counted."""
+    held: dict[int, float] = {}
+    for i, u in enumerate(units):
+        f = fetch[u.module]
+        own = sum(f.forward)
+        u.live = own + sum(n for m, n in held.items() if m != u.module)
+        if not backward:
+            continue
+        later = any(v.module == u.module for v in units[i + 1:])
+        if later and f.recompute and not f.backward:
+            held[u.module] = own
+        elif not later:
+            held.pop(u.module, None)
+
+
+def unit_live_elements(shape, tp: int, sw, full_recompute: bool) -> dict[tuple[str, int], float]:
+    """:func:`_live_elements` of one dense layer's units by ``(visit, module)``: visit ``f``
+    (the forward), ``r`` (the recomputed forward) or ``b`` (the backward) — the search
+    tier's form."""
+    fetch = {f.module: f for f in module_fetches(shape, tp, sw, full_recompute)}
+    order = [m for m, _ in _GEMM_MODULES]
+    forward = [_Visit(m) for m in order]
+    _live_elements(forward, fetch, backward=False)
+    visits = ["r"] * len(order) if full_recompute else []
+    backward = [_Visit(m) for m in (order if full_recompute else []) + order[::-1]]
+    _live_elements(backward, fetch, backward=True)
+    out = {("f", u.module): u.live for u in forward}
+    out.update(((v, u.module), u.live) for v, u in zip(visits + ["b"] * len(order), backward))
+    return out
+
+
+@dataclass
+class _Visit:
+    """One visit of a module in a pass, for :func:`unit_live_elements`."""
+
+    module: int
+    live: float = 0.0
