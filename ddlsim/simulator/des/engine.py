@@ -133,6 +133,7 @@ class _Engine:
             if progress is not None and not events % PROGRESS_EVERY:
                 progress.update(env.now, events)
         self._check_finished()
+        self.network.close()
         return DESRun(self.programs, [s.timing for s in self.states], self.streams,
                       [s.spans for s in self.states], self.network, self.records, self.devices,
                       events, self.choices)

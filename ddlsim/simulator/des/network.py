@@ -112,6 +112,13 @@ class FlowNetwork:
         self.bytes_sent = self.bytes_delivered = 0.0
         self.flows_started = self.rate_updates = 0
 
+    def close(self) -> None:
+        """The run is over (no flow left): give back the flow table and the rate memo,
+        which grew with the most flows ever in flight; the link ledger and the counters
+        stay for the result."""
+        self._slots = FlowTable(width=1, pad=self.pad)
+        self._rate_memo, self._rate_memo_bytes = {}, 0
+
     # ------------------------------------------------------------------ domains
     def join(self, routes: list[np.ndarray]) -> None:
         """Declare that each route's links share a domain (a domain's root is its smallest
