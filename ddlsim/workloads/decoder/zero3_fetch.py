@@ -22,11 +22,14 @@ REDUCE_PASSES = 6
 
 #: host operations of one list-form collective under ``per_tensor`` (DeepSpeed v0.3.13 on
 #: PyTorch 1.8), as (Python tensor ops, ``copy_``-class launches), per rank and per call:
-#: a gather builds one ``narrow`` view per rank in Python (``_allgather_param``) and PyTorch
+#: a gather builds one ``narrow`` view per rank in Python and calls
+#: ``torch.distributed.get_rank(group)`` once per rank (``_allgather_param``, v0.3.13
+#: partition_parameters.py line 626; PyTorch 1.8's ``get_rank`` is four Python calls, dict
+#: look-ups and a pybind call, priced as one Python op), and PyTorch
 #: copies each rank's chunk out of its flat buffer with one ``copy_`` per rank
 #: (``ProcessGroupNCCL::allgather``); per call the zero-filled buffer, the own partition's
 #: ``copy_`` and the NCCL launch (three launches) and the final ``narrow`` + ``view``
-GATHER_HOST_OPS = ((1, 1), (2, 3))
+GATHER_HOST_OPS = ((2, 1), (2, 3))
 #: a reduce-scatter builds ``view`` + ``narrow`` per rank in Python
 #: (``_reduce_scatter_gradient``) and PyTorch copies each input into its flat buffer, one
 #: ``copy_`` per rank (``flattenForScatterGather``); per call the NCCL launch
