@@ -22,9 +22,11 @@ inflated by the turns; samples that alternate with the iterations see the same s
 they do. In the exchange a rank that waits for another polls (Open MPI's shared-memory
 transport), and polling is CPU time: the most over ranks still counts the wait for a rank
 that is working (its update, a slower copy), and counts a wait for a rank that another
-process holds off its core only while the waiting rank itself has its core. So under load
-the exchange is still inflated, less than its wall time; the MPI curves
-(``calibrate comm --clock cpu``) are measured the same way.
+process holds off its core only while the waiting rank itself has its core, and with
+``OMPI_MCA_mpi_yield_when_idle=1`` (set by :mod:`.loop`) little more than its polls. So
+under load the exchange is still inflated, far less than its wall time (median 24 against
+143 ms, 2 ranks, load 9); the MPI curves (``calibrate comm --clock cpu``) are measured the
+same way.
 
 Rank 0 writes ``OUT/compute{N}.csv`` (the ``calibrate compute`` format, one row per shape
 with the statistics over rounds) and ``OUT/interleaved{N}.json`` (the element-wise rate and
