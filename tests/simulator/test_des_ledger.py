@@ -106,3 +106,16 @@ def test_busy_time_of_link_sets_is_added_link_by_link():
             since[flat[users[flat] == 0]] = now
             np.add.at(users, flat, 1)
     assert ledger.busy_s.tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("high", [[3, 5, 2, 8], [131_072, 131_072, 8], [2**40, 2**30]])
+def test_unique_rows_is_numpys(high):
+    """Packed rows (and numpy's own sort where a packed row would not fit in 62 bits)."""
+    from ddlsim.simulator.des.uniq import unique_rows
+    rng = np.random.default_rng(len(high))
+    keys = np.stack([rng.integers(0, h, size=3000) for h in high], axis=1)
+    keys = np.concatenate([keys, keys[::7]])  # repeated rows
+    rows, counts = unique_rows(keys)
+    want_rows, want_counts = np.unique(keys, axis=0, return_counts=True)
+    assert rows.tolist() == want_rows.tolist()
+    assert counts.tolist() == want_counts.tolist()

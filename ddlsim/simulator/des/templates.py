@@ -27,6 +27,7 @@ from ...errors import ConfigError
 from ...topologies import Topology
 from ..collectives import Phase, get_algorithm
 from .network import FlowNetwork
+from .uniq import unique_rows
 
 __all__ = ["PhaseFlows", "FlowTemplate", "RouteTable", "collective_template", "p2p_template"]
 
@@ -175,7 +176,7 @@ def _phase_flows(routes: RouteTable, src: np.ndarray, dst: np.ndarray, bytes_per
     inst = np.repeat(np.arange(n_inst), src.shape[1])
     keys = np.stack([inst, src.ravel(), dst.ravel(), rail.ravel()], axis=1)
     if weights is None:
-        keys, mult = np.unique(keys, axis=0, return_counts=True)
+        keys, mult = unique_rows(keys)
         weight = None
     else:  # rows are instance-major already; every message is its own flow
         mult = np.ones(len(keys), dtype=np.int64)
@@ -254,7 +255,7 @@ def p2p_template(routes: RouteTable, devices: np.ndarray, src_ranks: np.ndarray,
                      np.fromiter((c for rail in rails for c in rail), np.int64,
                                  int(count.sum())),
                      np.repeat(count, count)], axis=1)
-    keys, same = np.unique(keys, axis=0, return_counts=True)
+    keys, same = unique_rows(keys)
     edges, lat = routes.lookup(keys[:, 0], keys[:, 1], keys[:, 2] if multi_rail else None)
     mult = same * (r / keys[:, 3])  # r flows per transfer, over its k rails
     phase = PhaseFlows(edges, mult.astype(np.float64), np.array([0, len(keys)]),

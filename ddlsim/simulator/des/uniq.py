@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["unique_counts", "unique_inverse", "unique_values"]
+__all__ = ["unique_counts", "unique_inverse", "unique_rows", "unique_values"]
 
 
 def _runs(sorted_a: np.ndarray) -> np.ndarray:
@@ -61,3 +61,25 @@ def unique_inverse(a: np.ndarray, lut: np.ndarray | None = None
     inverse = np.empty(n, dtype=np.intp)
     inverse[order] = np.cumsum(first) - 1
     return s[first], inverse
+
+
+def unique_rows(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(keys, axis=0, return_counts=True)`` for a 2-d array of non-negative
+    integers: each row packed into one int64 in mixed radix (column c's digit below its
+    largest value + 1, so the packed order is the rows' lexicographic order) and the packed
+    keys sorted, instead of a sort of structured rows (a template at 131,072 GPUs has 10^6
+    rows); numpy's own where the packed key would not fit."""
+    if not keys.size or keys.min() < 0:
+        return np.unique(keys, axis=0, return_counts=True)
+    radix = (keys.max(axis=0) + 1).tolist()
+    if np.prod([float(r) for r in radix]) >= 2.0 ** 62:
+        return np.unique(keys, axis=0, return_counts=True)
+    packed = keys[:, 0].astype(np.int64)
+    for c in range(1, keys.shape[1]):
+        packed = packed * radix[c] + keys[:, c]
+    values, counts = unique_counts(packed)
+    rows = np.empty((len(values), keys.shape[1]), dtype=keys.dtype)
+    for c in range(keys.shape[1] - 1, 0, -1):
+        values, rows[:, c] = np.divmod(values, radix[c])
+    rows[:, 0] = values
+    return rows, counts
