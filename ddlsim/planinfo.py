@@ -1,8 +1,10 @@
-"""What a run's software stack switches on and off, named: the attention kernel, the GEMM
-library and the ceiling it picks, the precision recipe, the fused kernels on and off and the
-overlaps on. Shown on the report's plan line and in the JSON result (``plan``), so that
-nothing a stack decides is silent (``system.software: deepspeed`` runs Megatron's fused
-softmax where the default stack runs FlashAttention-2).
+"""What a run's software stack and plan switch on and off, named: the attention kernel, the
+GEMM library and the ceiling it picks, the precision recipe, the fused kernels on and off, the
+overlaps on, and the plan options that change how a run executes (the MoE dispatcher, its
+backend and expert grid; HSDP replicas; checkpointing of every n-th layer; given virtual-stage
+layers; ResNet's autocast and memory format). Shown on the report's plan line and in the JSON
+result (``plan``), so that nothing a stack or plan decides is silent (``system.software:
+deepspeed`` runs Megatron's fused softmax where the default stack runs FlashAttention-2).
 """
 
 from __future__ import annotations
@@ -75,6 +77,58 @@ def _overlaps(cfg: Any, kernels: bool) -> tuple[list[str], dict[str, str]]:
     return on, {labels[f]: why for f, why in off.items()}
 
 
+def _moe_fields(cfg: Any) -> tuple[dict[str, Any], list[str]]:
+    """The MoE block (dispatcher with its backend, expert grid, GEMMs, permute, routing) and
+    the MoE overlaps on (``shared-experts``, ``ep-a2a (combined 1F1B)``); empty for a model
+    without experts or a family without MoE."""
+    plan = cfg.family.moe_plan(cfg) if hasattr(cfg.family, "moe_plan") else None
+    if plan is None:
+        return {}, []
+    moe: dict[str, Any] = {"dispatcher": plan.dispatcher}
+    if plan.flex_backend:
+        moe["flex_backend"] = plan.flex_backend
+    moe.update(ep=plan.ep, etp=plan.etp, grouped_gemm=plan.grouped_gemm,
+               permute_fusion=plan.permute_fusion,
+               routing=("dropless" if plan.capacity_factor is None else
+                        f"capacity {plan.capacity_factor:g}{', padded' if plan.pad else ''}"),
+               router_imbalance=plan.imbalance, delay_wgrad_compute=plan.delay_wgrad)
+    on = (["shared-experts"] if plan.shared_expert_overlap else []) + \
+        (["ep-a2a (combined 1F1B)"] if plan.a2a_overlap else [])
+    return moe, on
+
+
+def _layout_fields(cfg: Any) -> dict[str, Any]:
+    """The plan options off their default that change how the run executes: HSDP's replicas
+    and shard size, checkpointing of every n-th layer, each virtual stage's layers given."""
+    p, out = cfg.parallel, {}
+    if p.data_parallel_replicate_size > 1:
+        from .workloads.decoder.hsdp import shard_group
+        out["hsdp"] = {"replicas": p.data_parallel_replicate_size,
+                       "shard_ranks": shard_group(cfg)[1]}
+    if cfg.train.recompute_every_n_layers > 1:
+        out["recompute_every_n_layers"] = cfg.train.recompute_every_n_layers
+    if p.layers_per_virtual_stage is not None:
+        out["layers_per_virtual_stage"] = list(p.layers_per_virtual_stage)
+    return out
+
+
+def _resnet_fields(cfg: Any) -> dict[str, Any]:
+    """ResNet's precision (16-bit dtypes run under ``torch.autocast`` with fp32 weights and
+    gradients, docs/resnet.md) and activation memory format; nothing for a proxy (its dtype
+    is the messages')."""
+    if cfg.model.compute != "model":
+        return {}
+    dtype = cfg.train.dtype
+    return {"precision": (f"{dtype} autocast (AMP), fp32 weights and gradients"
+                          if dtype in ("fp16", "bf16") else dtype),
+            "memory_format": cfg.model.memory_format}
+
+
+#: family → its own plan fields, for the families whose options the stack's kernel fields
+#: do not cover
+_FAMILY_FIELDS = {"resnet": _resnet_fields}
+
+
 def plan_fields(cfg: Any) -> dict[str, Any]:
     """What the run's software stack switches on and off (the JSON result's ``plan``).
 
@@ -91,13 +145,26 @@ def plan_fields(cfg: Any) -> dict[str, Any]:
         stack's kernels (docs/compute.md), ``attention``, ``gemm_library`` (with the ceiling
         it picks when the device has no figure for it), ``precision``, ``host_dispatch`` (how
         kernels are launched: eager, compiled, cuda_graphs; docs/compute.md), ``fused`` and
-        ``not_fused`` (kernel names).
+        ``not_fused`` (kernel names); for a MoE model ``moe`` (``dispatcher``, with
+        ``flex_backend`` for the flex dispatcher, ``ep``, ``etp``, ``grouped_gemm``,
+        ``permute_fusion``, ``routing``, ``router_imbalance``, ``delay_wgrad_compute``) and
+        its overlaps among ``overlaps``; when set, ``hsdp`` (``replicas``, ``shard_ranks``),
+        ``recompute_every_n_layers`` and ``layers_per_virtual_stage``; ResNet's
+        ``precision`` and ``memory_format``.
     """
     sw = cfg.software
     kernels = cfg.model.architecture in _KERNEL_FAMILIES and \
         getattr(cfg.model, "compute", None) != "proxy"
     on, off = _overlaps(cfg, kernels)
-    out: dict[str, Any] = {"software_stack": sw.name, "overlaps": on, "overlaps_inactive": off}
+    moe, moe_on = _moe_fields(cfg)
+    out: dict[str, Any] = {"software_stack": sw.name, "overlaps": on + moe_on,
+                           "overlaps_inactive": off}
+    if moe:
+        out["moe"] = moe
+    out.update(_layout_fields(cfg))
+    family = _FAMILY_FIELDS.get(cfg.model.architecture)
+    if family is not None:
+        out.update(family(cfg))
     if kernels:
         out.update(attention=sw.attention, gemm_library=_gemm(cfg), precision=_precision(cfg),
                    host_dispatch=sw.host_dispatch,

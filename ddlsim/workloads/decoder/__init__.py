@@ -98,9 +98,10 @@ class DecoderFamily(WorkloadFamily):
 
     def plan_summary(self, cfg: Any) -> str:
         """Megatron-LM's plan line, with the tensor-parallel scheme and grid when it is not
-        1-D (``TP64 2.5-D [4,4,4]``) and the context-parallel axis when there is one
-        (``CP4 ring``, ``CP4 all-gather``), and expert parallelism, carved out of data
-        parallelism as in Megatron-Core (``DP16 (EP8)``)."""
+        1-D (``TP64 2.5-D [4,4,4]``), an uneven split's layers per stage (each virtual
+        stage's when ``layers_per_virtual_stage`` gives them), the context-parallel axis when
+        there is one (``CP4 ring``, ``CP4 all-gather``), and expert parallelism, carved out
+        of data parallelism as in Megatron-Core (``DP16 (EP8)``)."""
         p = cfg.parallel
         axes = f"TP{p.tp}"
         if p.tp_mode != "1d":
@@ -111,8 +112,12 @@ class DecoderFamily(WorkloadFamily):
         from .split import chunk_layers, is_uneven
         if is_uneven(p):   # Megatron-Core's uneven split: the layers of each stage
             per_stage = [sum(row) for row in chunk_layers(cfg)]
+            split = f"{_stage_layers(per_stage)} layers"
+            if p.layers_per_virtual_stage is not None:    # given outright: say each one
+                split = f"{_stage_layers(list(p.layers_per_virtual_stage))} layers per " \
+                        "virtual stage"
             pp_label = f"PP{p.pp}{f'(v{p.vpp})' if p.vpp > 1 else ''}"
-            line = line.replace(pp_label, f"{pp_label} [{_stage_layers(per_stage)} layers]", 1)
+            line = line.replace(pp_label, f"{pp_label} [{split}]", 1)
         if p.ep > 1:
             line = line.replace(f"× DP{cfg.dp} =", f"× DP{cfg.dp} (EP{p.ep}) =", 1)
         from .overlap import overlap_phrase

@@ -59,12 +59,16 @@ class ResNetFamily(WorkloadFamily):
 
     def plan_summary(self, cfg: Any) -> str:
         """``DP32 = 32 ranks``, the gradient buckets and how they are synchronised, the batch
-        and the dtype."""
-        m, p = cfg.model, cfg.parallel
+        and the dtype; a modelled (not proxy) run's 16-bit dtype as ``fp16 autocast (AMP)``
+        and ``channels_last`` when set (:mod:`.kernels`: no NCHW/NHWC transposes)."""
+        m, p, dtype = cfg.model, cfg.parallel, cfg.train.dtype
         sync = "ring send/recv" if m.grad_sync == "ring_sendrecv" else "all-reduce"
         when = "overlapped" if cfg.software.overlap_grad_reduce else "after the backward"
+        if m.compute == "model":
+            dtype += " autocast (AMP)" if dtype in ("fp16", "bf16") else ""
+            dtype += ", channels_last" if m.memory_format == "channels_last" else ""
         return (f"DP{cfg.dp} = {cfg.world_size} ranks, {bucket_phrase(m.grad_buckets, p)}, "
-                f"{sync} {when}, {batch_phrase(cfg)}, {cfg.train.dtype}")
+                f"{sync} {when}, {batch_phrase(cfg)}, {dtype}")
 
     def summary(self, model: Any) -> str:
         return model.summary_line()
