@@ -18,7 +18,6 @@ is materialised into real flows with the bytes it has left, before rates are rec
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 from typing import Protocol
 
@@ -27,7 +26,7 @@ import simpy
 
 from .flowtable import FlowTable, LinkLedger, link_counts, pad_to
 from .components import LinkedFlows
-from .maxmin import max_min_rates
+from .maxmin import RateMemo
 from .uniq import unique_counts, unique_inverse
 
 __all__ = ["FlowNetwork", "FlowOwner"]
@@ -38,15 +37,6 @@ _FINISH_TOL = 1e-12
 #: A link whose load is within this relative distance of its capacity counts as saturated
 #: when choosing which flows to re-solve (counting a link too many only re-solves more).
 _SATURATED = 1e-9
-#: Bytes of rates one network may remember. A training iteration repeats the same few hundred
-#: sets of concurrent flows (every micro-batch's sends, every bucket's ring), so a solve is
-#: looked up far more often than computed; the budget bounds the memory where sets rarely
-#: repeat.
-_RATE_MEMO_BYTES = 64 << 20
-#: Flow sets larger than this are solved, not looked up: at 16,384 GPUs sets of thousands of
-#: flows hardly ever repeat, and hashing them cost more than it saved (GPT-3 on 1,024 GPUs:
-#: 165 sets of 2,049–8,192 flows, all distinct; on 16,384: 5,927 such solves).
-_RATE_MEMO_ROWS = 2048
 
 
 class FlowOwner(Protocol):
@@ -107,8 +97,7 @@ class FlowNetwork:
         self._update_armed = False
         self._timers: list[float] = []
         self.links = LinkLedger(n_links)
-        self._rate_memo: dict[tuple, np.ndarray] = {}
-        self._rate_memo_bytes = 0
+        self._rates = RateMemo(self.capacity_Bps)
         self.bytes_sent = self.bytes_delivered = 0.0
         self.flows_started = self.rate_updates = 0
 
@@ -117,7 +106,7 @@ class FlowNetwork:
         which grew with the most flows ever in flight; the link ledger and the counters
         stay for the result."""
         self._slots = FlowTable(width=1, pad=self.pad)
-        self._rate_memo, self._rate_memo_bytes = {}, 0
+        self._rates = RateMemo(self.capacity_Bps)
 
     # ------------------------------------------------------------------ domains
     def join(self, routes: list[np.ndarray]) -> None:
@@ -336,24 +325,6 @@ class FlowNetwork:
             if not filled.any():
                 return pool[taken], rate
             seeds = seeds + [links[filled]]
-
-    def _rates(self, edges: np.ndarray, mult: np.ndarray) -> np.ndarray:
-        """:func:`~.maxmin.max_min_rates` of these flows, remembered under a 128-bit BLAKE2b
-        digest of their exact routes and multiplicities (the capacities are the network's,
-        fixed): the same flows in the same order get the same rates, bit for bit, whether
-        solved or recalled (two different sets would have to share a digest, p ≈ 2⁻¹²⁸)."""
-        if len(edges) > _RATE_MEMO_ROWS:   # large sets rarely repeat: solving beats hashing
-            return max_min_rates(edges, mult, self.capacity_Bps)
-        digest = hashlib.blake2b(edges.tobytes(), digest_size=16)
-        digest.update(mult.tobytes())
-        key = (edges.shape[1], digest.digest())
-        rate = self._rate_memo.get(key)
-        if rate is None:
-            rate = max_min_rates(edges, mult, self.capacity_Bps)
-            if self._rate_memo_bytes + rate.nbytes <= _RATE_MEMO_BYTES:
-                self._rate_memo[key] = rate
-                self._rate_memo_bytes += rate.nbytes
-        return rate
 
     def _isolated(self, added: list, removed: list[np.ndarray]) -> bool:
         """No flow other than the new ones crosses any link a flow entered or left: then
