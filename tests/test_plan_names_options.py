@@ -6,6 +6,7 @@ report's plan line and in the JSON result's ``plan`` (ddlsim/planinfo.py)."""
 from __future__ import annotations
 
 import copy
+import math
 import warnings
 
 import pytest
@@ -150,3 +151,26 @@ def test_the_report_and_json_carry_them(cfg, words):
     cfg = cfg()
     assert words in header(cfg)
     assert ddlsim.predict(cfg).to_dict()["plan"] == plan_fields(cfg)
+
+
+# ------------------------------------------------------------------------------- search
+@pytest.mark.parametrize("base, axes", [
+    (MOE, {"parallel.moe.token_dispatcher_type": ["flex"],
+           "parallel.moe.flex_dispatcher_backend": ["deepep", "hybridep"],
+           "parallel.moe.overlap_expert_parallel_comm": [False, True]}),
+    (FSDP, {"parallel.data_parallel_replicate_size": [1, 2],
+            "train.recompute_every_n_layers": [1, 2],
+            "parallel.layers_per_virtual_stage": [None, [2, 4, 4, 2]]}),
+], ids=["moe", "fsdp"])
+def test_a_search_names_each_of_them_it_varies(base, axes):
+    """Each plan's text (``ddlsim search -f csv``'s ``plan``) names the value of every axis
+    varied among these options."""
+    from ddlsim.search.report import plan_text_frame
+    from ddlsim.search.run import search
+
+    frame = search(copy.deepcopy(base), axes=axes, constraints={"must_fit": False}, top=1)
+    texts = plan_text_frame(frame)["plan"].tolist()
+    assert len(texts) == math.prod(len(v) for v in axes.values())   # every plan runs
+    for text, row in zip(texts, frame.to_dict(orient="records")):
+        for path in axes:
+            assert f"{path.rpartition('.')[2]}={row[path]}" in text
