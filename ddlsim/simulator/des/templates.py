@@ -245,15 +245,10 @@ def p2p_template(routes: RouteTable, devices: np.ndarray, src_ranks: np.ndarray,
     so a transfer weighs on its NIC as a collective's channels there do."""
     topo = routes.topology
     src, dst = devices[src_ranks], devices[dst_ranks]
-    node = topo.node_of_device
     r = _rails(topo)
     multi_rail = r > 1
-    rails = [topo.p2p_rails(d) if multi_rail and node[a] != node[d] else (0,)
-             for a, d in zip(src.tolist(), dst.tolist())]
-    count = np.array([len(c) for c in rails])
-    keys = np.stack([np.repeat(src, count), np.repeat(dst, count),
-                     np.fromiter((c for rail in rails for c in rail), np.int64,
-                                 int(count.sum())),
+    count, rails = _p2p_rails(topo, src, dst, multi_rail)
+    keys = np.stack([np.repeat(src, count), np.repeat(dst, count), rails,
                      np.repeat(count, count)], axis=1)
     keys, same = unique_rows(keys)
     edges, lat = routes.lookup(keys[:, 0], keys[:, 1], keys[:, 2] if multi_rail else None)
@@ -261,3 +256,20 @@ def p2p_template(routes: RouteTable, devices: np.ndarray, src_ranks: np.ndarray,
     phase = PhaseFlows(edges, mult.astype(np.float64), np.array([0, len(keys)]),
                        np.array([lat.max() if len(lat) else 0.0]), 1.0 / r, 1)
     return FlowTemplate(name, np.asarray(src_ranks)[None, :], (phase,))
+
+
+def _p2p_rails(topo: Topology, src: np.ndarray, dst: np.ndarray, multi_rail: bool
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Per transfer ``src[i] → dst[i]`` (devices), how many rails it takes, and all their
+    rails in transfer order: :meth:`Topology.p2p_rails` of the receiver between nodes (read
+    from :attr:`Topology.p2p_rail_table`), rail 0 inside a node or with one rail."""
+    cross = np.zeros(len(src), dtype=bool)
+    if multi_rail:
+        cross = topo.node_of_device[src] != topo.node_of_device[dst]
+    if not cross.any():
+        return np.ones(len(src), dtype=np.int64), np.zeros(len(src), dtype=np.int64)
+    table = topo.p2p_rail_table[0][dst]
+    table[~cross] = -1
+    table[~cross, 0] = 0
+    taken = table >= 0
+    return taken.sum(axis=1), table[taken]
