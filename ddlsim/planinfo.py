@@ -149,7 +149,8 @@ def plan_fields(cfg: Any) -> dict[str, Any]:
         ``flex_backend`` for the flex dispatcher, ``ep``, ``etp``, ``grouped_gemm``,
         ``permute_fusion``, ``routing``, ``router_imbalance``, ``delay_wgrad_compute``) and
         its overlaps among ``overlaps``; when set, ``hsdp`` (``replicas``, ``shard_ranks``),
-        ``recompute_every_n_layers`` and ``layers_per_virtual_stage``; ResNet's
+        ``recompute_every_n_layers`` and ``layers_per_virtual_stage``; under ZeRO-3 in the
+        families that read the kernels ``zero3_gathers`` (the plan line's words); ResNet's
         ``precision`` and ``memory_format``.
     """
     sw = cfg.software
@@ -170,7 +171,18 @@ def plan_fields(cfg: Any) -> dict[str, Any]:
                    host_dispatch=sw.host_dispatch,
                    fused=[n for f, n in _FUSIONS.items() if sw.kernels.get(f)],
                    not_fused=[n for f, n in _FUSIONS.items() if not sw.kernels.get(f)])
+        if cfg.parallel.zero_stage == 3:
+            out["zero3_gathers"] = _zero3(cfg)
     return out
+
+
+def _zero3(cfg: Any) -> str:
+    """How ZeRO-3 gathers, as the plan line says it (``per layer, 1 layer ahead, gathered
+    once per iteration (pipelined)``; ``per tensor, 1 module ahead``; then HSDP's replicas
+    when there are)."""
+    from .workloads.decoder.fsdp import reshard_phrase
+    from .workloads.decoder.zero3 import zero3_phrase
+    return zero3_phrase(cfg.software) + reshard_phrase(cfg)
 
 
 def kernels_line(cfg: Any) -> str | None:

@@ -122,6 +122,11 @@ def test_hsdp_every_nth_layer_and_given_virtual_stages_are_named():
     assert plan["hsdp"] == {"replicas": 2, "shard_ranks": 4}
     assert plan["recompute_every_n_layers"] == 2
     assert plan["layers_per_virtual_stage"] == [2, 4, 4, 2]
+    # torchtitan's FSDP2: one layer's gather ahead; under PP the parameters stay gathered
+    assert plain["zero3_gathers"] == "per layer, 1 layer ahead, gathered once per iteration " \
+        "(pipelined)"
+    assert plan["zero3_gathers"].endswith("(pipelined), HSDP: 2 replicas of 4-rank shards")
+    assert "zero3_gathers" not in plan_fields(moe())            # ZeRO-0: nothing to gather
     text = line(cfg)
     assert "HSDP: 2 replicas of 4-rank shards" in text
     assert "recompute full every 2 layers" in text
