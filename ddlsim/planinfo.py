@@ -81,7 +81,7 @@ def _moe_fields(cfg: Any) -> tuple[dict[str, Any], list[str]]:
     """The MoE block (dispatcher with its backend, expert grid, GEMMs, permute, routing) and
     the MoE overlaps on (``shared-experts``, ``ep-a2a (combined 1F1B)``); empty for a model
     without experts or a family without MoE."""
-    plan = cfg.family.moe_plan(cfg) if hasattr(cfg.family, "moe_plan") else None
+    plan = cfg.family.moe_plan(cfg)
     if plan is None:
         return {}, []
     moe: dict[str, Any] = {"dispatcher": plan.dispatcher}
