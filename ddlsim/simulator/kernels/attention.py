@@ -97,9 +97,16 @@ def flash_forward_flops(b: float, heads: float, s: float, d: float, causal: bool
     dimension ``d``, ``s`` queries against ``s_k`` (default ``s``) keys:
     ``4·b·heads·s·s_k·d``, times :func:`causal_fraction` with a causal mask, or with a
     sliding ``window`` on a ``window_share`` of the layers, the mean of
-    :func:`.window_fraction` and the causal fraction over them."""
+    :func:`.window_fraction` and the causal fraction over them. A causal mask with more
+    keys than queries is aligned bottom-right (the last query sees every key; FlashAttention
+    >= 2.1, TransformerEngine's ``causal_bottom_right``): each query block computes the
+    ``s_k − s`` keys before the square whole and the square as causal."""
     s_k = s if s_k is None else s_k
-    frac = causal_fraction(s) if causal and s_k == s else 1.0
+    if causal and s_k != s:
+        if s_k < s:
+            raise ValueError(f"causal attention with {s_k} keys < {s} queries: expected s_k >= s")
+        return 4.0 * b * heads * d * s * ((s_k - s) + s * causal_fraction(s))
+    frac = causal_fraction(s) if causal else 1.0
     if window is not None and causal and s_k == s:
         frac = (window_share * window_fraction(s, window, FLASH_BLOCK)
                 + (1 - window_share) * frac)
@@ -110,20 +117,27 @@ def attention_kernels(kind: str, b: float, heads: float, s: float, d: float, dty
                       dropout: bool, backward: bool, dtype: str = "bf16",
                       causal: bool = True, kv_heads: float | None = None,
                       window: int | None = None, window_share: float = 1.0,
-                      softmax_fp32: bool = False) -> tuple[Kernel, ...]:
+                      softmax_fp32: bool = False, s_k: float | None = None
+                      ) -> tuple[Kernel, ...]:
     """The kernels of one attention core (forward, or ``backward``) on one rank holding
     ``heads`` query heads (``kv_heads`` key/value heads, default ``heads``) of ``b`` sequences
     of length ``s`` (module docstring); ``window``, ``window_share`` as
     :func:`flash_forward_flops`; ``softmax_fp32``: the unfused softmax runs in fp32 (the
-    stack's ``softmax_in_fp32``)."""
+    stack's ``softmax_in_fp32``); ``s_k``: keys per sequence when they differ from the
+    ``s`` queries (a context-parallel step; fused kernels only)."""
     dt = dtype_bytes
+    s_k = s if s_k is None else s_k
     if kind in FLASH_KINDS:
-        fwd = flash_forward_flops(b, heads, s, d, causal, window=window,
+        fwd = flash_forward_flops(b, heads, s, d, causal, s_k=s_k, window=window,
                                   window_share=window_share)
-        io = (8 if backward else 4) * b * s * heads * d * dt   # Q K V O (+ dO dQ dK dV)
+        # Q O at s, K V at s_k (backward also dO dQ at s, dK dV at s_k)
+        io = (4 if backward else 2) * b * (s + s_k) * heads * d * dt
         flops = fwd * (FLASH_BACKWARD_FACTOR if backward else 1.0)
-        return (Kernel("flash", (s, s, d), flops=flops, bytes=io, dtype=dtype,
+        return (Kernel("flash", (s, s_k, d), flops=flops, bytes=io, dtype=dtype,
                        variant=flash_variant(kind, backward, causal)),)
+    if s_k != s:
+        raise ValueError(f"attention kernel {kind!r} with {s_k} keys against {s} queries: "
+                         "only the fused kinds (flash2, flash3, cudnn) take s_k")
     if kind not in ("fused_softmax", "unfused"):
         raise ValueError(f"attention kernel {kind!r}: expected flash2, flash3, cudnn, "
                          "fused_softmax or unfused")

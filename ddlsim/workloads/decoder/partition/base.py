@@ -134,7 +134,7 @@ class LayerPartitioner:
 
     def core_kernels(self, backward: bool) -> tuple | None:
         """The attention core's kernels on this rank (``cfg.software.attention``), or None
-        under context parallelism (its ring steps keep the FLOPs roofline)."""
+        under context parallelism (its steps take :meth:`cp_core_kernels`)."""
         if self.cp > 1:
             return None
         sh = self.shape
@@ -144,19 +144,36 @@ class LayerPartitioner:
                                  softmax_fp32=self.cfg.software.softmax_in_fp32,
                                  window=sh.sliding_window, window_share=sh.window_share)
 
-    def cp_core_kernels(self, backward: bool, share: float) -> tuple | None:
-        """Under context parallelism, the kernels of ``share`` of the rank's attention core
-        when the stack runs FlashAttention: the full-sequence kernel over the rank's heads,
-        FLOPs times ``share / cp`` (the rank's load-balanced queries, Megatron-Core's
-        ``get_batch_on_this_cp_rank``) and its Q/K/V/O traffic times ``1 / cp``. None for
-        the unfused paths (the ring steps keep the FLOPs roofline)."""
+    def cp_core_kernels(self, backward: bool, step: int | None = None) -> tuple | None:
+        """Under context parallelism, the fused attention kernels of ring step ``step`` of
+        cp rank 0, or with ``step`` None of its all-gather core, at the shapes the stack
+        launches them (docs/tensor_parallel.md, "Context parallelism"). None for the unfused
+        paths (the ring steps keep the FLOPs roofline).
+
+        The rank holds chunks ``0`` and ``2cp − 1`` of ``c = s/(2cp)`` tokens each
+        (``get_batch_on_this_cp_rank``). Ring (TransformerEngine ``AttnFuncWithCPAndKVP2P``;
+        torch ``_templated_ring_attention``): step 0 is one causal call of its ``2c`` queries
+        on its ``2c`` keys; a later step ``i`` of rank ``r`` is one unmasked call, of all
+        ``2c`` queries on the first key chunk when ``i <= r``, else of the second query chunk
+        on both key chunks. Rank 0 takes the latter at every step, the shorter query length
+        of the two (the other ranks' steps do the same FLOPs). All-gather (TE
+        ``AttnFuncWithCPAndKVAllGather``): one causal call per query chunk ``k`` on the
+        gathered keys ``0 … (k+1)c`` (bottom-right mask), ``(c, c)`` and ``(c, s)`` on rank 0.
+        """
         from ....simulator.kernels.attention import FLASH_KINDS
         if self.cfg.software.attention not in FLASH_KINDS:
             return None
-        sh, cp = self.shape, self.cp
-        full = attention_kernels(self.cfg.software.attention, self.b, sh.heads / self.size,
-                                 self.s, sh.d, self.dt, sh.dropout, backward, self.dtype)
-        return tuple(replace(k, flops=k.flops * share / cp, bytes=k.bytes / cp) for k in full)
+        c = self.s / (2 * self.cp)
+        if step is None:
+            calls = ((c, c, True), (c, self.s, True))
+        elif step == 0:
+            calls = ((2 * c, 2 * c, True),)
+        else:
+            calls = ((c, 2 * c, False),)
+        sh = self.shape
+        return tuple(k for s_q, s_k, causal in calls for k in attention_kernels(
+            self.cfg.software.attention, self.b, sh.heads / self.size, s_q, sh.d, self.dt,
+            sh.dropout, backward, self.dtype, causal=causal, s_k=s_k))
 
     def gemm_forward(self, ops: OpList, name: str, M: float, N: float, K: float,
                      row_parallel: bool) -> None:

@@ -51,16 +51,17 @@ def attention_forward(part: Any, ops: Any, tag: str) -> None:
     if part.cp_comm == "all_gather":
         ops.add(Collective(f"{tag}.kv.all_gather", "all_gather", "cp", kv * cp))
         ops.add(Compute(f"{tag}.attn_core", flops, dtype=part.dtype,
-                        kernels=part.cp_core_kernels(False, 1.0)))
+                        kernels=part.cp_core_kernels(False)))
         return
     prev = ops.last_compute()            # the qkv GEMM: K/V exist from here on
-    step = part.cp_core_kernels(False, 1.0 / cp)
-    ops.add(Compute(f"{tag}.attn_core.step", flops / cp, dtype=part.dtype, kernels=step))
+    ops.add(Compute(f"{tag}.attn_core.step", flops / cp, dtype=part.dtype,
+                    kernels=part.cp_core_kernels(False, 0)))
+    later = part.cp_core_kernels(False, 1)      # every later step launches the same shape
     for _ in range(1, cp):
         sent = ops.add(P2P(f"{tag}.kv.send", "send", "cp", +1, kv, "kv"), "cp",
                        () if prev is None else (prev,))
         prev = ops.add(P2P(f"{tag}.kv.recv", "recv", "cp", -1, kv, "kv"), "cp", (sent,))
-        ops.add(Compute(f"{tag}.attn_core.step", flops / cp, dtype=part.dtype, kernels=step),
+        ops.add(Compute(f"{tag}.attn_core.step", flops / cp, dtype=part.dtype, kernels=later),
                 deps=(prev,))
 
 
@@ -75,11 +76,11 @@ def attention_backward(part: Any, ops: Any) -> None:
     if part.cp_comm == "all_gather":
         ops.add(Collective("bwd.kv.all_gather", "all_gather", "cp", kv * cp))
         ops.add(Compute("bwd.attn_core", flops, dtype=part.dtype,
-                        kernels=part.cp_core_kernels(True, 1.0)))
+                        kernels=part.cp_core_kernels(True)))
         ops.add(Collective("bwd.dkv.reduce_scatter", "reduce_scatter", "cp", kv * cp))
         return
     prev_kv, prev_dkv = ops.last_compute(), None
-    bwd_step = part.cp_core_kernels(True, 1.0 / cp)
+    steps = (part.cp_core_kernels(True, 0), part.cp_core_kernels(True, 1))   # step 0, later
     for i in range(cp):
         deps: tuple[int, ...] = ()
         if i > 0:
@@ -89,7 +90,7 @@ def attention_backward(part: Any, ops: Any) -> None:
                               (sent,))
             deps = (prev_kv,)
         step = ops.add(Compute("bwd.attn_core.step", flops / cp, dtype=part.dtype,
-                               kernels=bwd_step), deps=deps)
+                               kernels=steps[min(i, 1)]), deps=deps)
         sent = ops.add(P2P("bwd.dkv.send", "send", "cp", +1, kv, "dkv"), "cp.dkv",
                        (step,) if prev_dkv is None else (step, prev_dkv))
         prev_dkv = ops.add(P2P("bwd.dkv.recv", "recv", "cp", -1, kv, "dkv"), "cp.dkv",
