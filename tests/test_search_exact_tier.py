@@ -69,3 +69,21 @@ def test_the_software_stack_and_the_cluster_preset_are_search_axes():
     h100 = frame[frame["system.preset"] == "dgx-h100"]["iteration_time_s"].min()
     a100 = frame[frame["system.preset"] == "dgx-a100"]["iteration_time_s"].min()
     assert h100 < a100
+
+
+@pytest.mark.filterwarnings("ignore:.*not modelled by ddlsim")
+def test_a_null_axis_value_beside_text_stays_the_default_not_the_text_nan():
+    """pandas 3 stores a column of text and None as strings, None read back as NaN; a plan
+    rebuilt from such a row set ``flex_dispatcher_backend: 'NaN'`` and was refused."""
+    config = {"model": "mixtral-8x7b",
+              "parallel": {"pipeline_model_parallel_size": 4, "tensor_model_parallel_size": 2,
+                           "expert_model_parallel_size": 8, "sequence_parallel": True,
+                           "zero_stage": 1, "moe": {"token_dispatcher_type": "flex"}},
+              "train": {"micro_batch_size": 1, "global_batch_size": 128, "seq_length": 4096,
+                        "recompute": "full"},
+              "system": {"preset": "dgx-h100", "nodes": 8, "software": "megatron-core-2025"}}
+    axes = {"parallel.moe.flex_dispatcher_backend": [None, "hybridep"]}
+    frame = search(config, axes=axes, top=2)
+    column = frame["parallel.moe.flex_dispatcher_backend"].tolist()
+    assert sorted(column, key=str) == [None, "hybridep"]
+    assert frame["exact_error"].abs().max() < 1e-9

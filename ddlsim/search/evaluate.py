@@ -19,7 +19,8 @@ from .planconfig import group_rules, judge_failed_contexts, plan_config, plan_se
 from .plans import RECOMPUTE, SCHEDULE, VECTOR_FIELDS, PlanSet, context_overrides, \
     enumerate_plans, plan_rules, stack_plan_rules, what_if_plans
 from . import decoder  # noqa: F401  (registers the gpt and llama vectorised forms)
-from .ranking import DOES_NOT_FIT, METRICS, Grid, pareto_mask, rank, with_costs
+from .ranking import DOES_NOT_FIT, METRICS, Grid, pareto_mask, rank, setting_column, \
+    with_costs
 
 __all__ = ["Grid", "base_config", "evaluate_grid", "evaluate_plans", "DOES_NOT_FIT", "METRICS", "rank",
            "pareto_mask"]
@@ -256,8 +257,7 @@ def _frame(plans: PlanSet, parts, reason: np.ndarray, seq: int, price: float | N
         cols: dict[str, Any] = {"plan": index[keep]}
         ctx = sub["context"][keep]
         for path in (plans.contexts[0] if plans.contexts else {}):
-            values = [plans.contexts[c][path] for c in ctx]
-            cols[path] = values
+            cols[path] = setting_column(plans.contexts[c][path] for c in ctx)
         for path, field in VECTOR_FIELDS.items():
             a = sub[field][keep]
             cols[path] = (np.array(RECOMPUTE, dtype=object)[a] if field == "recompute"

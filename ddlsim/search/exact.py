@@ -107,8 +107,12 @@ def plan_fields(cfg) -> dict:
 def _frame(rows: list[dict], paths: list[str], price: float | None):
     import pandas as pd
 
-    from .ranking import METRICS, with_costs
+    from .ranking import METRICS, setting_column, with_costs
 
     frame = pd.DataFrame(rows, columns=["plan", *paths, *METRICS])
+    for path in paths:
+        column = setting_column(row.get(path) for row in rows)
+        if not isinstance(column, list):
+            frame[path] = column
     frame = with_costs(frame, frame["tokens_per_s"] * frame["iteration_time_s"], price)
     return frame.astype({"plan": np.int64}) if len(frame) else frame

@@ -13,7 +13,8 @@ import numpy as np
 from ..errors import ConfigError
 from .spec import OBJECTIVES
 
-__all__ = ["Grid", "DOES_NOT_FIT", "METRICS", "rank", "pareto_mask", "with_costs"]
+__all__ = ["Grid", "DOES_NOT_FIT", "METRICS", "rank", "pareto_mask", "with_costs",
+           "setting_column"]
 
 #: The reason of a plan over device memory when the search must fit.
 DOES_NOT_FIT = "does not fit in device memory"
@@ -29,6 +30,19 @@ class Grid(NamedTuple):
     frame: Any                  # pandas.DataFrame of the evaluated plans, best first
     rejected: dict[str, int]    # reason → plans, most frequent first
     total: int                  # plans enumerated
+
+
+def setting_column(values):
+    """A frame column of a config setting's values as given: a column mixing ``None`` (the
+    setting left to its default) and text is kept as Python objects, since pandas would store
+    it as a string column whose ``None`` reads back as NaN (and a plan rebuilt from the row
+    would set the text ``'NaN'``); other columns are pandas' own inference."""
+    import pandas as pd
+
+    values = list(values)
+    if any(v is None for v in values) and any(isinstance(v, str) for v in values):
+        return pd.Series(values, dtype=object)
+    return values
 
 
 def with_costs(frame, tokens, price: float | None):
