@@ -85,6 +85,12 @@ class KernelSpec(_Strict):
                                   "(cuDNN fused attention, as TransformerEngine runs it on "
                                   "Hopper), fused_softmax (Megatron's fused "
                                   "scale-mask-softmax), unfused")
+    cp_attention: Literal["te", "torch"] | None = Field(
+        default=None, description="whose context-parallel attention runs the fused kernels: "
+                                  "te (TransformerEngine; cp_comm_type all_gather runs one "
+                                  "causal call per query chunk) or torch (torch's ring "
+                                  "attention: the all-gather rotation keeps the ring's "
+                                  "per-step calls); docs/tensor_parallel.md")
     fused_bias_gelu: StrictBool | None = None
     fused_bias_dropout_add: StrictBool | None = None
     fused_layernorm: StrictBool | None = None

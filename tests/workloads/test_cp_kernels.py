@@ -96,3 +96,18 @@ def test_bottom_right_causal_needs_at_least_as_many_keys_as_queries():
 def test_unfused_kernels_refuse_a_key_length_of_their_own():
     with pytest.raises(ValueError, match="only the fused kinds"):
         attention_kernels("fused_softmax", 1, 8, 1024, 64, 2, False, False, s_k=2048)
+
+
+def test_torch_all_gather_rotation_runs_the_ring_steps_in_one_core():
+    # torch's _AllGatherRotater gathers K/V once and feeds _templated_ring_attention's steps:
+    # one causal (2c, 2c) call and cp − 1 unmasked (c, 2c) calls, FLOPs as the ring's.
+    d = copy.deepcopy(BASE)
+    d["parallel"]["cp_comm_type"] = "all_gather"
+    d["system"]["software"] = "torchtitan-2024"
+    d["parallel"]["zero_stage"] = 3
+    cfg = ddlsim.load_config(d)
+    part = make_partitioner(cfg, cfg.model.shape())
+    kernels = core_kernels(part.layer_forward(), "fwd.attn_core")
+    assert [(k.shape, k.variant) for k in kernels] == \
+        [((2 * C, 2 * C, D), "flash2/fwd/causal")] + [((C, 2 * C, D), "flash2/fwd/full")] * 3
+    assert sum(k.flops for k in kernels) == pytest.approx(RANK_FORWARD, rel=1e-12)
