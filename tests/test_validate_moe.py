@@ -3,30 +3,19 @@ provenance, and their plans as ddlsim reads them (parallel folding: EP over TP x
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import re
-import sys
-from pathlib import Path
 
 import pytest
 
 import ddlsim
+from benchscripts import load_script
 
-BENCH = Path(__file__).parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCH))          # the scripts import their shared helper, public_runs
 pytestmark = pytest.mark.filterwarnings("ignore::ddlsim.errors.DDLSimWarning")
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-vm = _load("validate_moe")
-pr = _load("public_runs")
+vm = load_script("validate_moe")
+pr = load_script("public_runs")
 
 
 def test_the_table_names_its_source_and_commit():

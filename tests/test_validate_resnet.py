@@ -4,29 +4,18 @@ a sample of its rows."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
-from pathlib import Path
 
 import pytest
 
 import ddlsim
+from benchscripts import load_script
 
-BENCH = Path(__file__).parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCH))          # the scripts import their shared helper, public_runs
 pytestmark = pytest.mark.filterwarnings("ignore::ddlsim.errors.DDLSimWarning")
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-vr = _load("validate_resnet")
-pr = _load("public_runs")
+vr = load_script("validate_resnet")
+pr = load_script("public_runs")
 
 
 def test_the_table_names_its_source_commit_and_settings():

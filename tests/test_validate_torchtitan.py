@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCH))          # the script imports its shared helper, public_runs
+from benchscripts import BENCH, load_script
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-vt = _load("validate_torchtitan")
+vt = load_script("validate_torchtitan")
 ROWS = vt.rows()
 
 

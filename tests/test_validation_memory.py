@@ -7,23 +7,10 @@ Like tests/test_validation_public.py, no accuracy bound: the figures are reporte
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from benchscripts import load_script
 
-BENCH = Path(__file__).parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCH))
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-vm = _load("validate_memory")
-pr = _load("public_runs")
+vm = load_script("validate_memory")
+pr = load_script("public_runs")
 ROWS = pr.read_csv(vm.TABLE)
 
 

@@ -8,29 +8,17 @@ by hand, as written beside it) and the mapping of each setting onto ddlsim's con
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import re
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCH))          # the scripts import their shared helper, public_runs
+from benchscripts import load_script
 
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-vh = _load("validate_h100")
-vb = _load("validate_bridge")
-vz = _load("validate_zero3")
-pr = _load("public_runs")
+vh = load_script("validate_h100")
+vb = load_script("validate_bridge")
+vz = load_script("validate_zero3")
+pr = load_script("public_runs")
 
 H100 = {(r["model"], int(r["gpus"])): r for r in vh.rows()}
 ZERO3 = vz.rows()
@@ -205,7 +193,7 @@ def test_zero3_script_takes_another_stack_for_the_zero3_rows(capsys):
     assert vz.STACKS["zero3"] == "deepspeed-2021"
 
 
-vr = _load("validate_recompute")
+vr = load_script("validate_recompute")
 RECOMPUTE = vr.rows()
 
 
