@@ -44,3 +44,70 @@ def test_every_stack_names_a_registered_recipe():
         assert resolve_software(name).fp8_recipe in FP8_RECIPES
     sw = resolve_software(SoftwareSpec(stack="torchtitan-2025", kernels={"fp8_recipe": "rowwise"}))
     assert sw.fp8_recipe == "rowwise"
+
+
+# --- the recipes' GEMM kernels, rescale passes and per-module casts (torchao 6243040) -------
+
+from ddlsim.simulator.kernels.fp8recipe import (FP8_GEMM_KERNELS, fp8_gemm_variants,  # noqa: E402
+                                                fp8_rescale_kernels)
+from ddlsim.workloads.decoder.layerkernels import _linear  # noqa: E402
+
+
+def test_gemm_kernels_follow_the_accumulation_and_scaling_of_each_gemm():
+    # forward fast-accumulated, backward split accumulator; rowwise's forward in CUTLASS
+    assert fp8_gemm_variants("tensorwise", False) == ("cublas_fast",)
+    assert fp8_gemm_variants("tensorwise", True) == ("cublas_split", "cublas_split")
+    assert fp8_gemm_variants("rowwise", False) == ("cutlass_rowwise",)
+    assert fp8_gemm_variants("rowwise", True) == ("cublas_split", "cublas_split")
+    assert fp8_gemm_variants("te_delayed", True) == ("cublas_split", "cublas_split")
+    # the device's FP8 ceiling is MAMF's, cuBLAS with the split accumulator
+    assert FP8_GEMM_KERNELS["cublas_split"] == 1.0
+    assert FP8_GEMM_KERNELS["cutlass_rowwise"] == 0.95
+
+
+def test_rowwise_rescales_both_backward_outputs_and_the_others_none():
+    # grad_input M x K and grad_weight K x N, bf16 read + written: 4 bytes per element
+    assert sum(k.bytes for k in fp8_rescale_kernels("rowwise", M, N, K)) == \
+        pytest.approx(4 * M * K + 4 * K * N)
+    assert fp8_rescale_kernels("tensorwise", M, N, K) == ()
+    assert fp8_rescale_kernels("te_delayed", M, N, K) == ()
+    bwd = _linear((M, N, K), "fp8", True, "rowwise", True)
+    assert [k.kind for k in bwd][-2:] == ["memory", "memory"]
+
+
+def test_the_cast_of_an_input_shared_by_modules_runs_once_when_compiled():
+    x_passes = 4 * M * K            # tensorwise, compiled: the input's cast (amax fused before)
+    q, kv = (M, 1024.0, K), (M, 128.0, K)
+    one = sum(k.bytes for k in _linear((q, kv, kv), "fp8", False, "tensorwise", True, True)
+              if k.kind == "memory")
+    each = sum(k.bytes for k in _linear((q, kv, kv), "fp8", False, "tensorwise", True, False)
+               if k.kind == "memory")
+    assert each - one == pytest.approx(2 * x_passes)
+    eager = sum(k.bytes for k in _linear((q, kv, kv), "fp8", False, "tensorwise", False, True)
+                if k.kind == "memory")
+    assert eager == pytest.approx(each + 3 * 2 * M * K)    # eager: each module's amax read too
+
+
+def test_torchao_recipes_run_one_gemm_per_module_and_te_one_fused_projection():
+    import ddlsim
+    from ddlsim.workloads.decoder.layerkernels import layer_kernels
+    import warnings
+
+    from ddlsim.errors import DDLSimWarning
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DDLSimWarning)
+        shape = ddlsim.load_config({
+            "model": {"preset": "llama-3.1-70b"}, "parallel": {"tensor_model_parallel_size": 8},
+            "train": {"micro_batch_size": 1, "global_batch_size": 1, "seq_length": 8192},
+            "system": {"preset": "grand-teton-h100"}}).model.shape()
+    counts = {}
+    for recipe in ("tensorwise", "rowwise", "te_delayed"):
+        sw = resolve_software(SoftwareSpec(stack="torchtitan-2025",
+                                           kernels={"fp8_recipe": recipe}))
+        ks = layer_kernels(shape, sw, 1, 8192, 8, True, "fp8")
+        counts[recipe] = [[k.shape[1] for k in ks[part] if k.kind == "gemm"]
+                          for part in ("attn.qkv", "mlp.fc1")]
+    # Llama 3.1 70B on TP 8: wq 64 x 128 / 8 = 1024 columns, wk and wv 8 x 128 / 8 = 128;
+    # w1 and w3 28672 / 8 = 3584 each
+    assert counts["tensorwise"] == counts["rowwise"] == [[1024, 128, 128], [3584, 3584]]
+    assert counts["te_delayed"] == [[1280], [7168]]

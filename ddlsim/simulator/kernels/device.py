@@ -36,6 +36,7 @@ from ...config_types import DTYPE_BYTES
 from ...workloads.trace import Compute, Kernel
 from .attention import parse_flash_variant
 from .attention_measured import measured_efficiency
+from .fp8recipe import fp8_gemm_efficiency
 from .gemm import GemmOverhead, gemm_time
 from .host import NO_LAUNCH, Launch, launch_costs, stream_time
 
@@ -158,7 +159,10 @@ def kernel_time(k: Kernel, dev: KernelDevice, efficiency: float | None = None) -
     if efficiency is not None:
         return max(2.0 * M * N * K * k.batch / (peak * efficiency),
                    (M * K + K * N + M * N) * k.batch * DTYPE_BYTES.get(k.dtype, 2) / bw)
-    return gemm_time(M, N, K, k.batch, DTYPE_BYTES.get(k.dtype, 2), peak, dev.ceiling(k.dtype),
+    ceiling = dev.ceiling(k.dtype)
+    if k.variant:       # an FP8 recipe's GEMM kernel (.fp8recipe: its share of the ceiling)
+        ceiling *= fp8_gemm_efficiency(k.variant)
+    return gemm_time(M, N, K, k.batch, DTYPE_BYTES.get(k.dtype, 2), peak, ceiling,
                      dev.sm_count, bw, dev.gemm_overhead)
 
 

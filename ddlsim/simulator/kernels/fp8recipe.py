@@ -1,8 +1,9 @@
-"""FP8 training recipes: the memory passes that scale and cast each linear layer's GEMM
-inputs to FP8, per recipe (``software.kernels.fp8_recipe``; docs/compute.md).
+"""FP8 training recipes as run: the memory passes that scale and cast each linear layer's GEMM
+inputs to FP8, the GEMM kernel each of its three GEMMs runs, and the passes after them, per
+recipe (``software.kernels.fp8_recipe``; docs/compute.md).
 
 For a linear ``[M, K] · [K, N]`` (input ``x``, weight ``w``, output gradient ``g``), bytes
-moved per element (bf16 in, FP8 out) by the recipe's kernels, forward and backward:
+moved per element (bf16 in, FP8 out) by the recipe's cast kernels, forward and backward:
 
 ``te_delayed`` (Transformer Engine, delayed scaling: the scale comes from an amax history, so
 no pass computes it; "Using FP8 with Transformer Engine", docs.nvidia.com)
@@ -18,61 +19,130 @@ no pass computes it; "Using FP8 with Transformer Engine", docs.nvidia.com)
     when compiled), then the transpose's cast (2 + 1); ``w``: cast (2 + 1) forward, transpose
     (2 + 2) and its cast (2 + 1) backward.
 
+The GEMMs (:data:`FP8_GEMM_KERNELS`), output, grad_input and grad_weight in that order:
+
+``te_delayed``
+    cuBLASLt, fast accumulation in the forward and the split (promoted) accumulator in both
+    backward GEMMs (TransformerEngine ``module/base.py``: ``_2X_ACC_FPROP = False``,
+    ``_2X_ACC_DGRAD = _2X_ACC_WGRAD = True``).
+``tensorwise``
+    ``torch._scaled_mm`` with per-tensor scales, i.e. cuBLASLt: ``use_fast_accum`` in the
+    forward only (torchao 6243040 ``config.py`` lines 174-176: ``gemm_config_output`` fast,
+    ``gemm_config_grad_input``/``grad_weight`` default, slow; the same at eab345c, the 2024
+    runs' torchao).
+``rowwise``
+    the forward (fast accumulation, per-row scales) in PyTorch's CUTLASS row-wise kernel;
+    the backward GEMMs slow-accumulated, which torchao does not send to that kernel ("so
+    slow without fast-accum"): it runs cuBLAS's per-tensor kernel with unit scales and
+    multiplies the bf16 output by the outer product of the scales afterwards (torchao
+    6243040 ``float8_ops.py`` ``addmm_float8_unwrapped`` lines 46-75, pytorch/ao#1325): one
+    more pass over each backward output (read 2 + write 2 bytes per element; the code only
+    "hopes Inductor will be able to fuse it", which no published trace confirms, so it is
+    kept as its own pass).
+
+``per_module``: torchao swaps every ``nn.Linear`` for a ``Float8Linear``, so a model whose
+projections are separate modules (torchtitan's Llama: ``wq``, ``wk``, ``wv``; ``w1``, ``w3``)
+runs one FP8 GEMM per module (a ``k``/``v`` projection is ``kv_width / t`` columns wide: 128
+on Llama 3 70B with TP 8) with its own weight and output-gradient casts; torchtitan#1207
+(2025-06-18) found ``attention.wk`` and ``attention.wv`` about 40 % slower under rowwise FP8
+than in bf16. The modules' casts of their common input are the same computation on the same
+tensor; under torch.compile AOTAutograd's common-subexpression pass (``fx_graph_cse``,
+functorch ``config.cse``, on by default) keeps one of them, so a compiled block casts that
+input once, an eager one once per module.
+
 References
 ----------
 pytorch/ao 6243040 (2025-06-13) ``torchao/testing/float8/roofline_utils.py``
-``get_tensor_memory_traffic_ovhd_s`` (lines 72-205): the kernels and bytes above for
+``get_tensor_memory_traffic_ovhd_s`` (lines 72-205): the cast kernels and bytes above for
 ``tensorwise`` and ``rowwise``, with ``fuse_with_prev`` for the input and the output gradient
-under compilation (``get_float8_mem_sympy``, lines 306-334). The recipes' GEMMs themselves
-(rowwise-scaled ``_scaled_mm``) are timed by the device's FP8 ceiling (docs/compute.md).
+under compilation (``get_float8_mem_sympy``, lines 306-334). The GEMM kernels: module text.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 from ...workloads.trace import Kernel
 
-__all__ = ["FP8_RECIPES", "fp8_recipe", "fp8_cast_kernels"]
+__all__ = ["FP8_RECIPES", "FP8_GEMM_KERNELS", "Fp8Recipe", "fp8_recipe", "fp8_cast_kernels",
+           "fp8_gemm_variants", "fp8_rescale_kernels", "fp8_gemm_efficiency"]
 
-#: recipe name → ``bytes(M, N, K, backward, compiled)``: the passes' bytes, in launch order
-FP8_RECIPES: dict[str, Callable[..., tuple[float, ...]]] = {}
+#: FP8 GEMM kernel (``Kernel.variant`` of an ``fp8`` GEMM) → its throughput as a fraction of
+#: the device's FP8 matmul ceiling. That ceiling is MAMF's (stas00/ml-engineering
+#: ``mamf-finder.py``: ``torch._scaled_mm(A, B, scale, scale, out=C)``, per-tensor scales and
+#: ``use_fast_accum`` left False), i.e. cuBLASLt with the split accumulator: 1 by definition.
+FP8_GEMM_KERNELS: dict[str, float] = {
+    "cublas_split": 1.0,
+    # cuBLASLt with fast accumulation: no published H100 kernel table of fast vs split
+    # accumulation by shape was found (pytorch/ao#1325 and #2377 show theirs as images only),
+    # so its gain over the measured ceiling is not modelled
+    "cublas_fast": 1.0,
+    # PyTorch's CUTLASS row-wise kernel, fast accumulation: "most shapes are within 90-100% of
+    # tensor-wise efficiency, but there's a long tail going down to 50%" (pytorch/pytorch#147971,
+    # 2025-02-26, H100, after the tile heuristics of #134781): the middle of that range, 0.95
+    # (derived from the stated range, not fitted)
+    "cutlass_rowwise": 0.95,
+}
 
 
-def fp8_recipe(name: str):
-    """Decorator: register a recipe's cast passes under ``name``."""
+class Fp8Recipe(NamedTuple):
+    """One FP8 recipe as run (module docstring)."""
+
+    #: ``passes(M, N, K, backward, compiled)``: the cast passes in launch order, each
+    #: ``(tensor, bytes)``, the tensor ``x`` (input), ``w`` (weight) or ``g`` (output gradient)
+    passes: Callable[..., tuple[float, ...]]
+    #: GEMM kernel (:data:`FP8_GEMM_KERNELS`) of the output, grad_input and grad_weight GEMMs
+    gemms: tuple[str, str, str]
+    #: backward GEMMs (grad_input, grad_weight) whose output is rescaled by a separate pass
+    rescaled: tuple[bool, bool]
+    #: each ``nn.Linear`` casts its own input (torchao), not one fused projection
+    per_module: bool
+
+
+#: recipe name → :class:`Fp8Recipe`
+FP8_RECIPES: dict[str, Fp8Recipe] = {}
+
+
+def fp8_recipe(name: str, gemms: tuple[str, str, str], rescaled: tuple[bool, bool] = (False,
+               False), per_module: bool = False):
+    """Decorator: register a recipe's cast passes (the decorated function) under ``name``,
+    with its GEMM kernels, rescaled backward outputs and ``per_module`` casting."""
     def wrap(fn):
-        FP8_RECIPES[name] = fn
+        FP8_RECIPES[name] = Fp8Recipe(fn, gemms, rescaled, per_module)
         return fn
     return wrap
 
 
-@fp8_recipe("te_delayed")
+@fp8_recipe("te_delayed", ("cublas_fast", "cublas_split", "cublas_split"))
 def _te_delayed(M, N, K, backward, compiled):
-    return (4 * M * N,) if backward else (4 * M * K, 3 * K * N)
+    return (("g", 4 * M * N),) if backward else (("x", 4 * M * K), ("w", 3 * K * N))
 
 
-@fp8_recipe("tensorwise")
+@fp8_recipe("tensorwise", ("cublas_fast", "cublas_split", "cublas_split"), per_module=True)
 def _tensorwise(M, N, K, backward, compiled):
     amax = 0 if compiled else 2
     if backward:
-        return tuple(x for x in (amax * M * N, 4 * M * N, 3 * K * N) if x)
-    return tuple(x for x in (amax * M * K, 4 * M * K, 2 * K * N, 3 * K * N) if x)
+        return (("g", amax * M * N), ("g", 4 * M * N), ("w", 3 * K * N))
+    return (("x", amax * M * K), ("x", 4 * M * K), ("w", 2 * K * N), ("w", 3 * K * N))
 
 
-@fp8_recipe("rowwise")
+@fp8_recipe("rowwise", ("cutlass_rowwise", "cublas_split", "cublas_split"), (True, True),
+            per_module=True)
 def _rowwise(M, N, K, backward, compiled):
     first = 3 if compiled else 5
     if backward:
-        return (first * M * N, 3 * M * N, 3 * M * K, 4 * K * N, 3 * K * N)
-    return (first * M * K, 3 * K * N)
+        return (("g", first * M * N), ("g", 3 * M * N), ("x", 3 * M * K), ("w", 4 * K * N),
+                ("w", 3 * K * N))
+    return (("x", first * M * K), ("w", 3 * K * N))
 
 
 def fp8_cast_kernels(recipe: str, M: float, N: float, K: float, backward: bool,
-                     compiled: bool = False) -> tuple[Kernel, ...]:
+                     compiled: bool = False, input_cast: bool = True) -> tuple[Kernel, ...]:
     """The memory kernels of ``recipe`` around one FP8 linear ``[M, K] · [K, N]``, forward
     or ``backward`` (module docstring); ``compiled``: torch.compile fuses the first read of
-    the input and the output gradient with the op before.
+    the input and the output gradient with the op before; ``input_cast`` False: the input's
+    passes are left out (another module's cast of the same input serves this one).
 
     Returns
     -------
@@ -86,4 +156,27 @@ def fp8_cast_kernels(recipe: str, M: float, N: float, K: float, backward: bool,
         names).
     """
     return tuple(Kernel("memory", bytes=b, dtype="bf16")
-                 for b in FP8_RECIPES[recipe](M, N, K, backward, compiled))
+                 for role, b in FP8_RECIPES[recipe].passes(M, N, K, backward, compiled)
+                 if b and (input_cast or role != "x"))
+
+
+def fp8_gemm_variants(recipe: str, backward: bool) -> tuple[str, ...]:
+    """The GEMM kernels (:data:`FP8_GEMM_KERNELS`) of ``recipe``'s forward GEMM, or of its
+    two backward GEMMs (grad_input, grad_weight)."""
+    gemms = FP8_RECIPES[recipe].gemms
+    return gemms[1:] if backward else gemms[:1]
+
+
+def fp8_rescale_kernels(recipe: str, M: float, N: float, K: float) -> tuple[Kernel, ...]:
+    """The passes that rescale ``recipe``'s backward GEMM outputs of one linear
+    ``[M, K] · [K, N]`` (grad_input ``M·K``, grad_weight ``K·N`` elements, bf16 read and
+    written: 4 bytes each); none for a recipe whose GEMMs apply the scales themselves."""
+    sizes = (M * K, K * N)
+    return tuple(Kernel("memory", bytes=4 * n, dtype="bf16")
+                 for n, on in zip(sizes, FP8_RECIPES[recipe].rescaled) if on)
+
+
+def fp8_gemm_efficiency(variant: str) -> float:
+    """Fraction of the device's FP8 matmul ceiling an FP8 GEMM of kernel ``variant`` runs at
+    (:data:`FP8_GEMM_KERNELS`; 1 for an unnamed variant: the ceiling's own kernel)."""
+    return FP8_GEMM_KERNELS.get(variant, 1.0)

@@ -24,7 +24,8 @@ from ...config import DTYPE_BYTES
 from ...simulator.kernels.attention import FLASH_KINDS, attention_kernels
 from ...simulator.kernels.elementwise import (layer_elementwise_kernels, loss_bytes,
                                                  loss_passes)
-from ...simulator.kernels.fp8recipe import fp8_cast_kernels
+from ...simulator.kernels.fp8recipe import (FP8_RECIPES, fp8_cast_kernels, fp8_gemm_variants,
+                                               fp8_rescale_kernels)
 from ...simulator.kernels.gemm import gemm_kernels_backward
 from ..trace import Compute, Kernel
 
@@ -51,31 +52,46 @@ def activation_kinds(cfg: Any) -> dict[str, bool]:
             "fp8": cfg.train.dtype == "fp8"}
 
 
-def linear_gemms(shape: Any, M: float, t: int) -> dict[str, tuple[float, float, float]]:
+def linear_gemms(shape: Any, M: float, t: int, per_module: bool = False
+                 ) -> dict[str, tuple[float, float, float]]:
     """``(M, N, K)`` of the layer's four linear GEMMs on one of ``t`` Megatron 1-D ranks:
     ``qkv`` and ``fc1`` split by columns, ``proj`` and ``fc2`` by rows. MLA: ``qkv`` is the
-    tuple of its four projections (:func:`.variants.mla_linear_gemms`)."""
+    tuple of its four projections (:func:`.variants.mla_linear_gemms`). ``per_module``: the
+    projections as separate modules (torchtitan's ``wq``, ``wk``, ``wv``; ``w1``, ``w3``),
+    ``qkv`` and a gated ``fc1`` then tuples of their modules' GEMMs (an FP8 recipe that
+    casts per module, :mod:`~ddlsim.simulator.kernels.fp8recipe`)."""
     if shape.mla is not None:
         from .variants import mla_linear_gemms
         return mla_linear_gemms(shape, M, t)
     h = shape.hidden
-    return {"qkv": (M, (shape.q_width + 2 * shape.kv_width) / t, h),
-            "proj": (M, h, shape.q_width / t),
-            "fc1": (M, (shape.mlp_matrices - 1) * shape.ffn / t, h),
-            "fc2": (M, h, shape.ffn / t)}
+    q, kv, f = shape.q_width / t, shape.kv_width / t, shape.ffn / t
+    if per_module:
+        return {"qkv": ((M, q, h), (M, kv, h), (M, kv, h)), "proj": (M, h, q),
+                "fc1": ((M, f, h),) * (shape.mlp_matrices - 1), "fc2": (M, h, f)}
+    return {"qkv": (M, q + 2 * kv, h), "proj": (M, h, q),
+            "fc1": (M, (shape.mlp_matrices - 1) * f, h), "fc2": (M, h, f)}
 
 
 def _linear(shape3: tuple, dtype: str, backward: bool, recipe: str = "te_delayed",
-            compiled: bool = False) -> tuple[Kernel, ...]:
-    if isinstance(shape3[0], tuple):   # several GEMMs in a row (MLA's projections)
-        return sum((_linear(x, dtype, backward, recipe, compiled) for x in shape3), ())
+            compiled: bool = False, shared_input: bool = False,
+            input_cast: bool = True) -> tuple[Kernel, ...]:
+    """Kernels of one linear ``(M, N, K)``, or of a tuple of them in a row; ``shared_input``:
+    the tuple's modules read one input, which a compiled block casts to FP8 once
+    (:mod:`~ddlsim.simulator.kernels.fp8recipe`, ``per_module``)."""
+    if isinstance(shape3[0], tuple):   # several GEMMs in a row (MLA's, per-module projections)
+        once = shared_input and compiled
+        return sum((_linear(x, dtype, backward, recipe, compiled, input_cast=not (once and i))
+                    for i, x in enumerate(shape3)), ())
     M, N, K = shape3
     shapes = gemm_kernels_backward(M, N, K) if backward else ((M, N, K),)
-    out = tuple(Kernel("gemm", g, dtype=dtype) for g in shapes)
     if dtype != "fp8":
-        return out
-    # the stack's FP8 recipe's scaling and cast passes (simulator/kernels/fp8recipe.py)
-    return fp8_cast_kernels(recipe, M, N, K, backward, compiled) + out
+        return tuple(Kernel("gemm", g, dtype=dtype) for g in shapes)
+    # the stack's FP8 recipe as run (simulator/kernels/fp8recipe.py): its scaling and cast
+    # passes, its GEMM kernels, and the passes rescaling its backward outputs
+    out = tuple(Kernel("gemm", g, dtype=dtype, variant=v)
+                for g, v in zip(shapes, fp8_gemm_variants(recipe, backward)))
+    rescale = fp8_rescale_kernels(recipe, M, N, K) if backward else ()
+    return fp8_cast_kernels(recipe, M, N, K, backward, compiled, input_cast) + out + rescale
 
 
 #: The GEMM ops of a dense layer split by the module whose parameters each part uses, in
@@ -101,7 +117,8 @@ def layer_kernels(shape: Any, sw: Any, b: int, s: int, t: int, sp: bool,
     gd = train_dtype                      # linear GEMMs (fp8 under FP8)
     od = compute_dtype(train_dtype)       # attention and element-wise
     dt = DTYPE_BYTES[od]
-    g = linear_gemms(shape, b * s, t)
+    per_module = gd == "fp8" and FP8_RECIPES[sw.fp8_recipe].per_module
+    g = linear_gemms(shape, b * s, t, per_module)
     core = [attention_kernels(sw.attention, b, shape.heads / t, s, shape.d, dt, shape.dropout,
                               bwd, od, kv_heads=shape.g / t, window=shape.sliding_window,
                               window_share=shape.window_share, softmax_fp32=sw.softmax_in_fp32)
@@ -110,7 +127,7 @@ def layer_kernels(shape: Any, sw: Any, b: int, s: int, t: int, sp: bool,
     # each op's kernels by the module whose parameters they use (ZeRO-3's module hooks,
     # .zero3): the attention core runs between the QKV and output projections' hooks
     def lin(shape3, backward):
-        return _linear(shape3, gd, backward, sw.fp8_recipe, bool(sw.compile))
+        return _linear(shape3, gd, backward, sw.fp8_recipe, bool(sw.compile), per_module)
 
     parts = {
         "attn.qkv": lin(g["qkv"], False) + core[0],
