@@ -8,8 +8,10 @@ parallelism), ``y`` = the ``b·s·f/t`` MLP activations, ``q``/``k`` the rotary 
 =====================  ==============================  ==========================================
 op                     fused (one kernel)              unfused (its torch op sequence)
 =====================  ==============================  ==========================================
-LayerNorm / RMSNorm    read x, write x: 2              statistics (read), normalise (read, write),
- (×2 per layer)                                        affine (read, write): 5
+LayerNorm (×2)         read x, write x: 2              statistics (read), normalise (read, write),
+                                                       affine (read, write): 5
+RMSNorm (×2)           read x, write x: 2              torch's composite RMSNorm in fp32 (below):
+                                                       8 kernels, 36 bytes per element (bf16)
 bias-dropout-add       read x and the residual, write  bias add 2 (with a bias), dropout 2 + 1-byte
  (×2 per layer)        the sum, 1-byte mask: 3 (+mask)  mask, residual add 3: up to 7 (+mask)
 bias-GeLU / SwiGLU     read y (gate and up), write y:  bias add 2 (with a bias) + GeLU 2; SwiGLU:
@@ -17,6 +19,17 @@ bias-GeLU / SwiGLU     read y (gate and up), write y:  bias add 2 (with a bias) 
 RoPE on q and k        read, write: 2                  ·cos 2, rotate-half (negate 2, concatenate
                                                        2), ·sin 2, add 3: 11
 =====================  ==============================  ==========================================
+
+The unfused RMSNorm is the composite torch runs in eager mode, torchtitan's
+``RMSNorm._norm(x.float()).type_as(x) * weight`` (pytorch/torchtitan 9dec370
+``torchtitan/models/norms.py`` line 97) and ``torch.rms_norm``'s composite path, which
+``nn.RMSNorm`` takes before its fused CUDA kernel (pytorch/pytorch
+``aten/src/ATen/native/layer_norm.cpp`` ``rms_norm``: ``input.to(opmath)``, ``pow(2)``,
+``mean``, ``add_(eps)``, ``rsqrt``, ``mul``, ``type_as``, ``mul_(weight)``; the fused kernel
+came with pytorch/pytorch#153666, 2025-05): bytes per element of ``x``, ``d`` the 16-bit
+dtype's size: the upcast ``d + 4``, ``pow`` 8, ``mean`` 4, the two per-row kernels on the
+row statistics (``4·2/h``), the normalising ``mul`` 8, the cast back ``4 + d``, the weight
+``2d``: ``36`` bytes in bf16 where a fused kernel moves 4 (:func:`norm_passes`).
 
 The backward of each is taken as twice its forward traffic (it reads the saved inputs and the
 incoming gradient and writes the outgoing one), as the builder always has. Softmax, mask and
@@ -29,13 +42,76 @@ from typing import Any
 
 from ...workloads.trace import Kernel
 
-__all__ = ["layer_elementwise_kernels", "optimizer_bytes_per_param", "loss_bytes",
+__all__ = ["layer_elementwise_kernels", "norm_passes", "activation_passes", "optimizer_bytes_per_param", "loss_bytes",
            "loss_passes", "unfused_softmax_passes"]
 
 
-def _norm(fused: bool) -> list[int]:
-    """Passes of each LayerNorm/RMSNorm kernel: one fused, or statistics, normalise, affine."""
-    return [2] if fused else [1, 2, 2]
+def norm_passes(fused: bool, norm: str, dtype_bytes: float, hidden: float) -> list[float]:
+    """Bytes per element of the normalised tensor moved by each kernel of one norm (the
+    module docstring): one fused kernel (read, write); an unfused ``layernorm`` as
+    statistics, normalise, affine; an unfused ``rmsnorm`` as torch's composite in fp32
+    (upcast, ``pow``, ``mean``, ``add_(eps)`` and ``rsqrt`` on the ``1/hidden`` row
+    statistics, ``mul``, cast back, ``mul_(weight)``).
+
+    Parameters
+    ----------
+    fused : bool
+        the stack's ``fused_layernorm``.
+    norm : {"layernorm", "rmsnorm"}
+        the model's norm.
+    dtype_bytes : float
+        bytes per element of the activations (B).
+    hidden : float
+        elements per normalised row (the hidden size).
+
+    Returns
+    -------
+    list of float
+        bytes per element, one entry per kernel.
+
+    References
+    ----------
+    pytorch/torchtitan 9dec370 ``torchtitan/models/norms.py`` line 97; pytorch/pytorch
+    ``aten/src/ATen/native/layer_norm.cpp`` (``rms_norm``, its composite path).
+    """
+    d = dtype_bytes
+    if fused:
+        return [2 * d]
+    if norm != "rmsnorm":
+        return [d, 2 * d, 2 * d]
+    up = [d + 4, 8.0] if d < 4 else [8.0]            # the upcast is a no-op in fp32
+    down = [4 + d] if d < 4 else []
+    row = 2 * 4 / hidden                             # add_(eps), rsqrt on the row means
+    return up + [4.0, row, row, 8.0] + down + [2 * d]
+
+
+def activation_passes(gated: bool, bias: bool, fused: bool, dtype_bytes: float
+                      ) -> list[float]:
+    """Bytes per element of the MLP activation ``y`` moved by each kernel of the activation
+    (the module docstring's table): SwiGLU (``gated``) fused read gate and up, write ``y``,
+    or SiLU then multiply; GeLU fused (or without a bias) read, write, or bias add then
+    GeLU.
+
+    Parameters
+    ----------
+    gated : bool
+        a gated MLP (SwiGLU).
+    bias : bool
+        the first MLP GEMM has a bias.
+    fused : bool
+        the stack's ``fused_bias_gelu``.
+    dtype_bytes : float
+        bytes per element (B).
+
+    Returns
+    -------
+    list of float
+        bytes per element of ``y``, one entry per kernel.
+    """
+    d = dtype_bytes
+    if gated:
+        return [3 * d] if fused else [2 * d, 3 * d]
+    return [2 * d] if fused or not bias else [2 * d, 2 * d]
 
 
 def layer_elementwise_kernels(shape: Any, b: float, s: float, t: int, sp: bool,
@@ -49,7 +125,8 @@ def layer_elementwise_kernels(shape: Any, b: float, s: float, t: int, sp: bool,
     x = b * s * shape.hidden / (t if sp else 1)
     y = b * s * shape.ffn / t
     mask = x if shape.dropout else 0.0                       # 1-byte dropout mask
-    out: list[float] = [p * x * dt for p in _norm(sw.fused_layernorm)] * 2
+    norm = norm_passes(sw.fused_layernorm, shape.norm, dt, shape.hidden)
+    out: list[float] = [p * x for p in norm] * 2
     if sw.fused_bias_dropout_add:
         residual = [3 * x * dt + mask]
     else:
@@ -57,12 +134,8 @@ def layer_elementwise_kernels(shape: Any, b: float, s: float, t: int, sp: bool,
         residual += [2 * x * dt + mask] if shape.dropout else []
         residual += [3 * x * dt]
     out += residual * 2
-    if shape.gated_mlp:                                      # SiLU, multiply
-        out += [3 * y * dt] if sw.fused_bias_gelu else [2 * y * dt, 3 * y * dt]
-    elif sw.fused_bias_gelu or not shape.mlp_bias:
-        out += [2 * y * dt]
-    else:                                                    # bias add, GeLU
-        out += [2 * y * dt, 2 * y * dt]
+    out += [p * y for p in activation_passes(shape.gated_mlp, shape.mlp_bias,
+                                              sw.fused_bias_gelu, dt)]
     if shape.positions == "rotary":                          # ·cos, negate, cat, ·sin, add
         qk = b * s * (shape.q_width + shape.kv_width) / t
         out += [2 * qk * dt] if sw.fused_rope else [p * qk * dt for p in (2, 2, 2, 2, 3)]
