@@ -109,8 +109,8 @@ def moe_layer_nodes(b, backward: bool, delay_wgrad: bool = False) -> dict[str, l
     experts = b._expert_compute("fwd", backward)
     wgrad = []
     if backward and delay_wgrad:
-        split = [_split_wgrad(c) if c.kernels and c.kernels[0].kind == "gemm" else (c, None)
-                 for c in experts]
+        split = [_split_wgrad(c) if any(k.kind == "gemm" for k in c.kernels or ())
+                 else (c, None) for c in experts]
         experts, wgrad = [d for d, _ in split], [w for _, w in split if w is not None]
     mlp = [*mem("sort", sorts[0]), *experts, *mem("unsort", sorts[1])]
     ew = b._attn_elementwise_bytes()
@@ -152,8 +152,8 @@ def _attn_wgrad_split(shape, ops: list[Op]) -> tuple[list[Op], list[Op]]:
     kept, wgrad = [], []
     for op in ops:
         p = op.payload
-        if type(p) is Compute and p.name in names and p.kernels \
-                and all(k.kind == "gemm" for k in p.kernels) and len(p.kernels) % 2 == 0:
+        gemms = sum(k.kind == "gemm" for k in p.kernels or ()) if type(p) is Compute else 0
+        if p.name in names and gemms and gemms % 2 == 0:
             d, w = _split_wgrad(p)
             kept.append(Op(d, op.stream, op.deps, op.repeat))
             wgrad.append(Op(w, op.stream, (), op.repeat))
@@ -163,12 +163,16 @@ def _attn_wgrad_split(shape, ops: list[Op]) -> tuple[list[Op], list[Op]]:
 
 
 def _split_wgrad(c: Compute) -> tuple[Compute, Compute]:
-    """A backward GEMM op (kernels: data gradient, weight gradient, per launch:
+    """A backward GEMM op (GEMM kernels: data gradient, weight gradient, per launch:
     :func:`~ddlsim.simulator.kernels.gemm.gemm_kernels_backward`) as two ops, ``.dgrad`` and
-    ``.wgrad``, each with half the FLOPs."""
+    ``.wgrad``, each with half the FLOPs; its memory kernels (the FP8 output gradient's
+    casts, which both GEMMs read) stay with the data gradient, which runs first."""
     half = c.flops / 2
-    return (Compute(f"{c.name}.dgrad", half, c.bytes, c.kind, c.dtype, kernels=c.kernels[0::2]),
-            Compute(f"{c.name}.wgrad", half, 0.0, c.kind, c.dtype, kernels=c.kernels[1::2]))
+    gemms = tuple(k for k in c.kernels if k.kind == "gemm")
+    casts = tuple(k for k in c.kernels if k.kind != "gemm")
+    return (Compute(f"{c.name}.dgrad", half, c.bytes, c.kind, c.dtype,
+                    kernels=casts + gemms[0::2]),
+            Compute(f"{c.name}.wgrad", half, 0.0, c.kind, c.dtype, kernels=gemms[1::2]))
 
 
 def _merge(pairs: list[tuple[dict | None, dict | None]], ops: list[Op]) -> None:

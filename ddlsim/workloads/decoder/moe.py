@@ -33,6 +33,7 @@ from functools import cached_property
 
 from ...simulator.kernels.gemm import gemm_kernels_backward
 from ..trace import Block, Collective, Compute, Kernel, Loop, Op, Wait
+from .fp8linear import with_fp8_casts
 from .layerkinds import attention_projections, moe_layers_in_stage
 from .moe_dispatch import flex_ops
 from .moeplan import MoEPlan, resolve_moe
@@ -159,10 +160,13 @@ class MoEOps:
         batch, launches = (e, 1) if self.moe.grouped_gemm else (1, e)
         act = e * n * f * sh.mlp_matrices * self.dt * (2 if backward else 1)
         pre = "bwd" if backward else tag
-        gemms = [self._gemm(f"{pre}.experts.fc1", n, (sh.mlp_matrices - 1) * f, sh.hidden,
-                            backward, batch, launches),
+        fc1 = (n, (sh.mlp_matrices - 1) * f, sh.hidden)
+        fc2 = (n, sh.hidden, f)
+        gemms = [with_fp8_casts(self._gemm(f"{pre}.experts.fc1", *fc1, backward, batch,
+                                           launches), self.sw, *fc1, backward, batch, launches),
                  self._memory(f"{pre}.experts.act", act),
-                 self._gemm(f"{pre}.experts.fc2", n, sh.hidden, f, backward, batch, launches)]
+                 with_fp8_casts(self._gemm(f"{pre}.experts.fc2", *fc2, backward, batch,
+                                           launches), self.sw, *fc2, backward, batch, launches)]
         return gemms[::-1] if backward else gemms
 
     def _shared(self, tag: str, backward: bool) -> list[Compute | Collective]:
@@ -235,15 +239,16 @@ class MoEOps:
 
     def _attn_elementwise_bytes(self) -> float:
         """Forward traffic of the layer's non-MLP element-wise ops (norms, residuals, rotary,
-        scores) on the rank's ``s/cp`` positions: DecoderShape's dense count less its MLP
-        non-linearity (the MoE block's passes are counted op by op), the ``s/cp × s`` scores
-        as the partitioner counts them."""
+        q/k norms) on the rank's ``s/cp`` positions: DecoderShape's dense count less its MLP
+        non-linearity (the MoE block's passes are counted op by op) and less its softmax,
+        mask and dropout passes over the scores, which belong to the attention core (its
+        kernels, as a dense layer's: ``simulator/kernels/elementwise.py``)."""
         sh, t, cp = self.shape, self.tp, self.cp
         s_loc = self.s // cp
         dense = sh.layer_elementwise_bytes(self.b, s_loc, t, self.sp, self.dt, moe=False)
         act = (3 if sh.gated_mlp else 2) * self.b * s_loc / t * sh.ffn * self.dt
-        scores = (3 if sh.dropout else 2) * 2 * self.b * sh.heads / t * self.dt
-        return dense - act + scores * (self.s * self.s / cp - s_loc * s_loc)
+        scores = (3 if sh.dropout else 2) * 2 * self.b * sh.heads / t * self.dt * s_loc * s_loc
+        return dense - act - scores
 
     def _beside(self, ops: OpList, comm: list[Collective], work: list) -> None:
         """``comm`` on the ``ep`` stream while ``work`` (the shared experts) computes, then
