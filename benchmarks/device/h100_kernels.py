@@ -239,6 +239,7 @@ def run_memory(device: str, rows: list, log, small: bool) -> None:
         if hasattr(F, "rms_norm"):
             add("rmsnorm_fwd", lambda: F.rms_norm(x.detach(), (hidden,), w.detach()),
                 4 * el, elements=el, hidden=hidden)
+        run_eager_passes(x.detach(), w.detach(), add)
         del x, y, g
     bh, s = (2, 128) if small else (64, 2048)          # b·heads score matrices of s × s
     sc = _randn((bh, s, s), bf, device)
@@ -265,6 +266,30 @@ def run_memory(device: str, rows: list, log, small: bool) -> None:
         add("adamw_fused" if fused else "adamw_foreach", opt.step, 28 * params,
             elements=params, note="fp32 p, g, m, v: read 16 B, write 12 B per parameter")
     torch.cuda.empty_cache() if device == "cuda" else None
+
+
+def run_eager_passes(x, w, add) -> None:
+    """Torch eager element-wise kernels as an unfused stack runs them, with the bytes ddlsim
+    gives each (ddlsim/simulator/kernels/elementwise.py): torch's composite RMSNorm in fp32
+    (torchtitan's, 8 kernels, 36 B per element), its broadcasting multiply alone (the
+    non-vectorised TensorIterator path), and SiLU times up on contiguous tensors (torchtitan's
+    w1/w3 outputs) against the same on the two halves of one tensor (Megatron's fc1 chunks,
+    strided: the path Liger-Kernel's megatron_swiglu 'torch' rows measured)."""
+    hidden, el = x.shape[-1], x.numel()
+
+    def composite():
+        h = x.float()
+        return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).type_as(x) * w
+    add("rmsnorm_composite_fwd", composite, 36 * el, elements=el, hidden=hidden)
+    h, r = x.float(), torch.rand(x.shape[0], 1, device=x.device)
+    add("mul_row_broadcast_fp32", lambda: h * r, 8 * el, elements=el, hidden=hidden)
+    up = torch.randn_like(x)
+    add("silu_mul_contiguous", lambda: F.silu(x) * up, 10 * el, elements=el, hidden=hidden,
+        note="two kernels: silu (read, write), mul (read two, write)")
+    both = torch.cat([x, up], dim=-1)
+    gate, lin = torch.chunk(both, 2, -1)
+    add("silu_mul_chunked", lambda: F.silu(gate) * lin, 10 * el, elements=el, hidden=hidden,
+        note="as silu_mul_contiguous on strided halves of one tensor")
 
 
 def run_launch(device: str, rows: list, log, small: bool) -> None:
