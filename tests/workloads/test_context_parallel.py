@@ -264,12 +264,94 @@ def test_unfused_kernels_refuse_a_key_length_of_their_own():
         attention_kernels("fused_softmax", 1, 8, 1024, 64, 2, False, False, s_k=2048)
 
 
-def test_torch_all_gather_rotation_runs_the_ring_steps_in_one_core():
-    # torch's _AllGatherRotater gathers K/V once and feeds _templated_ring_attention's steps:
-    # one causal (2c, 2c) call and cp − 1 unmasked (c, 2c) calls, FLOPs as the ring's.
-    _, fwd, _ = layer(config(parallel__cp_comm_type="all_gather", parallel__zero_stage=3,
-                             system__software="torchtitan-2024"))
-    kernels = core_kernels(fwd, "fwd.attn_core")
-    assert [(k.shape, k.variant) for k in kernels] == \
-        [((2 * C, 2 * C, D), "flash2/fwd/causal")] + [((C, 2 * C, D), "flash2/fwd/full")] * 3
-    assert sum(k.flops for k in kernels) == pytest.approx(RANK_FORWARD, rel=1e-12)
+# PyTorch's ring (software.cp_attention: torch; ddlsim/workloads/decoder/partition/torch_cp.py),
+# as torchtitan runs it. Its Llama repeats K/V to the 16 query heads before SDPA, so one rank's
+# bf16 query-side tensor (Q, O, or K, V at the query heads) is E = b·(s/cp)·(a/t)·d·2 bytes and
+# the K/V it moves is 2E: four times the TE ring's B_kv (16 query heads over 4 K/V heads).
+E = 1 * 2048 * 8 * 64 * 2
+L = 1 * 2048 * 8 * 4                  # the fp32 log-sum-exp of those rows
+
+
+def torch_layer(comm: str = "all_gather", compile: bool = False):
+    return layer(config(parallel__cp_comm_type=comm, parallel__zero_stage=3,
+                        system__software={"stack": "torchtitan-2024", "compile": compile}))
+
+
+def test_torch_all_gather_rotation_gathers_repeated_kv_once_per_pass_overlapping_step_zero():
+    # _AllGatherRotater: one all-gather of the flat K/V (2E per rank, 4 · 2E gathered) at
+    # step 0, on its own stream; step 0 runs on the local block, steps 1-3 wait for it.
+    # Backward: gathered again, and no reduce-scatter (dK/dV travel the ring instead).
+    _, fwd, bwd = torch_layer()
+    assert 2 * E == 4 * B_KV
+    colls = [(op.payload.name, op.payload.op, op.payload.bytes, op.stream) for op in fwd + bwd
+             if isinstance(op.payload, Collective) and op.payload.group == "cp"]
+    assert colls == [("fwd.kv.all_gather", "all_gather", 4 * 2 * E, "cp"),
+                     ("bwd.kv.all_gather", "all_gather", 4 * 2 * E, "cp")]
+    gather = next(i for i, op in enumerate(fwd) if op.payload.name == "fwd.kv.all_gather")
+    steps = [op for op in fwd if op.payload.name == "fwd.attn_core.step"]
+    assert gather not in steps[0].deps
+    assert [op.deps for op in steps[1:]] == [(gather,)] * 3
+
+
+def test_torch_ring_sends_fp32_kv_gradients_to_the_next_rank_after_every_step():
+    # _templated_ring_attention_backward: dK/dV accumulate in fp32 (2 · 2E bytes) and go to
+    # rank +1 by the all-to-all rotater after each of the cp = 4 steps; each accumulation
+    # after step 0 first waits for the accumulators from rank −1.
+    _, _, bwd = torch_layer()
+    sends = [(op.payload.bytes, op.payload.peer, op.stream) for op in bwd
+             if isinstance(op.payload, P2P) and op.payload.kind == "send"]
+    assert sends == [(4 * E, 1, "cp.dkv")] * 4
+    recvs = [i for i, op in enumerate(bwd) if op.payload.name == "bwd.dkv.recv"]
+    accs = [op for op in bwd if op.payload.name == "bwd.attn_core.accumulate"]
+    assert [r in op.deps for op, r in zip(accs[1:], recvs)] == [True] * 3
+    assert all(r not in accs[0].deps for r in recvs)
+
+
+def test_torch_all_to_all_rotation_permutes_repeated_kv_every_step():
+    # _AllToAllRotater (torchtitan's 'alltoall', ddlsim's p2p): cp − 1 = 3 permutes of 2E to
+    # rank +1 each pass (forward and backward), plus the 4 fp32 dK/dV sends.
+    _, fwd, bwd = torch_layer("p2p")
+    sends = Counter((op.payload.name, op.payload.bytes) for op in fwd + bwd
+                    if isinstance(op.payload, P2P) and op.payload.kind == "send")
+    assert sends == {("fwd.kv.send", 2 * E): 3, ("bwd.kv.send", 2 * E): 3,
+                     ("bwd.dkv.send", 4 * E): 4}
+
+
+@pytest.mark.parametrize("comm", ["all_gather", "p2p"])
+def test_torch_ring_runs_the_ring_steps_flops_as_the_whole_sequence(comm):
+    # One causal (2c, 2c) call, then cp − 1 unmasked (c, 2c) calls of rank 0, FlashAttention-2
+    # (torchtitan's sdpa_kernel([FLASH, EFFICIENT])); FLOPs as the whole-sequence count.
+    _, fwd, bwd = torch_layer(comm)
+    for ops, tag, pass_, factor in ((fwd, "fwd.attn_core", "fwd", 1.0),
+                                    (bwd, "bwd.attn_core", "bwd", 2.5)):
+        flash = [k for k in core_kernels(ops, tag) if k.kind == "flash"]
+        assert [(k.shape, k.variant) for k in flash] == \
+            [((2 * C, 2 * C, D), f"flash2/{pass_}/causal")] + \
+            [((C, 2 * C, D), f"flash2/{pass_}/full")] * 3
+        assert sum(k.flops for k in flash) == pytest.approx(factor * RANK_FORWARD, rel=1e-12)
+
+
+@pytest.mark.parametrize("compile, merge", [
+    # eager: cast 1.5E, three fp32 ops 3E + 2E + 3E, the output's cat 4E; six lse kernels
+    (False, [1.5 * E, 3 * E, 2 * E, 3 * E, 4 * E, 0.75 * L, L, 0.75 * L, L, 0.75 * L, 2 * L]),
+    # compiled: one pass (read E/2 bf16 and the 2E fp32 output, write 2E), one over the lse
+    (True, [4.5 * E, 2.5 * L]),
+])
+def test_torch_merge_of_a_later_step_in_fp32(compile, merge):
+    # _SDPAMerger of rank 0's partial steps (c of its 2c queries), after the flash call.
+    _, fwd, _ = torch_layer(compile=compile)
+    steps = [op.payload for op in fwd if op.payload.name == "fwd.attn_core.step"]
+    for step in steps[1:3]:
+        memory = [k.bytes for k in step.kernels if k.kind == "memory"]
+        assert memory == merge + ([] if compile else [4 * E])   # eager: the unused K/V cat
+    last = [k.bytes for k in steps[3].kernels if k.kind == "memory"]
+    assert last == merge + [E if compile else 3 * E]              # results(): back to bf16
+
+
+@pytest.mark.parametrize("comm", ["all_gather", "p2p"])
+def test_both_engines_time_the_torch_ring_alike(comm):
+    cfg = config(parallel__cp_comm_type=comm, parallel__zero_stage=3,
+                 system__software="torchtitan-2024")
+    a = ddlsim.predict(cfg, check_fit=False)
+    d = ddlsim.predict(cfg, engine="des", check_fit=False)
+    assert d.iteration_time_s == pytest.approx(a.iteration_time_s, rel=1e-2)

@@ -158,17 +158,15 @@ class LayerPartitioner:
         on both key chunks. Rank 0 takes the latter at every step, the shorter query length
         of the two (the other ranks' steps do the same FLOPs). All-gather (TE
         ``AttnFuncWithCPAndKVAllGather``): one causal call per query chunk ``k`` on the
-        gathered keys ``0 … (k+1)c`` (bottom-right mask), ``(c, c)`` and ``(c, s)`` on rank 0;
-        torch's all-gather rotation (``software.cp_attention: torch``) gathers K/V once and
-        runs the ring's steps, all ``cp`` of them in the one core.
+        gathered keys ``0 … (k+1)c`` (bottom-right mask), ``(c, c)`` and ``(c, s)`` on rank 0.
+        torch's ring (``software.cp_attention: torch``, either rotation) takes the ring's
+        steps (:mod:`.torch_cp`).
         """
         from ....simulator.kernels.attention import FLASH_KINDS
         if self.cfg.software.attention not in FLASH_KINDS:
             return None
         c = self.s / (2 * self.cp)
-        if step is None and self.cfg.software.cp_attention == "torch":
-            calls = ((2 * c, 2 * c, True),) + ((c, 2 * c, False),) * (self.cp - 1)
-        elif step is None:
+        if step is None:
             calls = ((c, c, True), (c, self.s, True))
         elif step == 0:
             calls = ((2 * c, 2 * c, True),)

@@ -29,6 +29,10 @@ core and every rank does ``1/cp`` of the layer's. ddlsim counts the core as
 step of one rank is ``4bs²·ad / (p·cp²)`` FLOPs and the balance shows as equal steps on all
 ranks (one rank class). Without it the last rank would do ``(2cp − 1)/cp`` times the mean;
 that variant is not offered.
+
+Both are TransformerEngine's and Megatron-Core's way. PyTorch's context parallelism
+(``software.cp_attention: torch``, torchtitan's stacks) is a ring of its own whichever the
+rotation: :mod:`.torch_cp`.
 """
 
 from __future__ import annotations
@@ -36,8 +40,18 @@ from __future__ import annotations
 from typing import Any
 
 from ...trace import Collective, Compute, P2P, Wait
+from . import torch_cp
 
 __all__ = ["attention_forward", "attention_backward"]
+
+
+def _torch_ring(part: Any) -> bool:
+    """Whether torch's ring attention runs the core (``software.cp_attention: torch`` with a
+    fused kernel: :mod:`.torch_cp`); its handler dispatches only the flash, efficient and
+    cuDNN SDPA ops, so an unfused core keeps the generic ring below."""
+    from ....simulator.kernels.attention import FLASH_KINDS
+    sw = part.cfg.software
+    return sw.cp_attention == "torch" and sw.attention in FLASH_KINDS
 
 
 def attention_forward(part: Any, ops: Any, tag: str) -> None:
@@ -46,6 +60,9 @@ def attention_forward(part: Any, ops: Any, tag: str) -> None:
     if cp == 1:
         ops.add(Compute(f"{tag}.attn_core", flops, dtype=part.dtype,
                         kernels=part.core_kernels(False)))
+        return
+    if _torch_ring(part):
+        torch_cp.attention_forward(part, ops, tag)
         return
     kv = part.kv_block_bytes()
     if part.cp_comm == "all_gather":
@@ -71,6 +88,9 @@ def attention_backward(part: Any, ops: Any) -> None:
     if cp == 1:
         ops.add(Compute("bwd.attn_core", flops, dtype=part.dtype,
                         kernels=part.core_kernels(True)))
+        return
+    if _torch_ring(part):
+        torch_cp.attention_backward(part, ops)
         return
     kv = part.kv_block_bytes()
     if part.cp_comm == "all_gather":

@@ -1,0 +1,205 @@
+"""PyTorch's context-parallel attention (``software.cp_attention: torch``) as torchtitan runs it.
+
+Read in ``torch/distributed/tensor/experimental/_attention.py`` (two stored versions, one of
+late 2024 — ``mesh.get_group()``, a ``PRE_ALL_GATHER`` rotate method — and one of 2025 with
+flex attention; the ring, the merger and both rotaters are the same code in each) and in
+torchtitan 9dec370 (2024-12) and 07c00d9 (2025-08):
+
+* **Backend.** torchtitan enters ``sdpa_kernel([FLASH_ATTENTION, EFFICIENT_ATTENTION])``
+  around the CP context (9dec370 ``torchtitan/utils.py`` ``get_train_context``; 07c00d9
+  ``models/attention.py``: FLASH, EFFICIENT, MATH with priority, cuDNN first on B200 only),
+  so on H100/A100 every step is ``aten._scaled_dot_product_flash_attention`` (the stack's
+  ``attention``, flash2).
+* **Head counts.** torchtitan's Llama repeats K and V to the query heads before SDPA
+  (``repeat_kv``, model.py of both commits), so every K/V buffer the ring moves or copies
+  has the query heads' width ``(a/p)·d``, not ``(g/p)·d``.
+* **Forward** (``_templated_ring_attention``, round-robin load balance on): K and V are made
+  contiguous, then at each step ``i < cp − 1`` concatenated into one flat buffer
+  (``torch.cat``) and handed to the rotater. ``_AllGatherRotater`` (torchtitan's default
+  ``allgather``) all-gathers that buffer once, asynchronously, at step 0, and the first
+  ``next_buffer`` (step 1) waits for it: the gather overlaps step 0. ``_AllToAllRotater``
+  (``alltoall``, ddlsim's ``cp_comm_type: p2p``) permutes it to rank ``+1`` at every step,
+  overlapping that step. Step 0 is one causal call on both chunks ``(2c, 2c)``; a later step
+  of rank 0 (``i > rank``) is one unmasked call of the second query chunk on both key chunks
+  ``(c, 2c)`` (other ranks: ``(2c, c)``, the same FLOPs). ``_SDPAMerger`` (``convert_to_f32``
+  on) casts each step's output and log-sum-exp to fp32 and merges them in torch element-wise
+  ops: ``out − sigmoid(lse_b − lse)·(out − out_b)`` and ``lse − logsigmoid(lse − lse_b)``,
+  a partial step writing its half back with ``torch.cat`` (``_partial_update``); the result
+  is cast back to bf16.
+* **Backward** (``_templated_ring_attention_backward``): fp32 zeros for dQ, dK, dV; K/V
+  gathered (or rotated) again as in the forward; at each step the flash backward, then dK/dV
+  added into the fp32 accumulators that arrived from rank ``−1`` (waited for first, except at
+  step 0), concatenated and sent on to rank ``+1`` — always by ``_AllToAllRotater`` and in
+  fp32 — and dQ added (a partial step through ``_partial_update``). After the last step the
+  accumulated dK/dV arrive home and are cast back to bf16, as dQ is.
+
+Eager (``compile`` off) each torch op is one kernel, counted with the bytes it reads and
+writes. With ``compile`` the ring runs inside the compiled block (its functional collectives
+are traceable: ``_maybe_wait`` exists for that case); ddlsim takes Inductor to fuse each
+merge and each accumulation into one pass reading each input and writing each output once,
+to drop the concatenations whose result nothing uses (the all-gather rotater ignores every
+buffer after the first), and to fold the fp32 zeros into the first accumulation — our
+reading of what Inductor does with such chains, not a measurement.
+
+Rank 0 is timed (one rank class); its partial steps move half the query-side tensors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...trace import Collective, Compute, Kernel, P2P, Wait
+
+__all__ = ["attention_forward", "attention_backward", "kv_bytes"]
+
+
+def _sizes(part: Any) -> tuple[float, float]:
+    """``(E, L)``: bytes of one bf16 query-side tensor of the rank (``b·(s/cp)·(a/p)·d``
+    elements: Q, O, or K/V repeated to the query heads) and of its fp32 log-sum-exp
+    (``b·(a/p)·(s/cp)`` rows)."""
+    sh = part.shape
+    rows = part.b * part.s / part.cp * sh.heads / part.size
+    return rows * sh.d * part.dt, rows * 4.0
+
+
+def kv_bytes(part: Any) -> float:
+    """Bytes of the rank's K and V as the ring moves them: ``2·b·(s/cp)·(a/p)·d`` elements
+    of the training dtype (K/V repeated to the query heads by torchtitan's ``repeat_kv``)."""
+    return 2 * _sizes(part)[0]
+
+
+def _memory(bytes_list: list[float], dtype: str) -> tuple[Kernel, ...]:
+    """One streaming kernel per entry (its bytes read + written)."""
+    return tuple(Kernel("memory", bytes=b, dtype=dtype) for b in bytes_list)
+
+
+def _passes(name: str, kernels: tuple[Kernel, ...], dtype: str) -> Compute:
+    """An element-wise op made of ``kernels`` (its bytes their sum)."""
+    return Compute(name, 0.0, sum(k.bytes for k in kernels), kind="elementwise", dtype=dtype,
+                   kernels=kernels)
+
+
+def _pack_kernels(part: Any, first: bool, backward: bool = False) -> tuple[Kernel, ...]:
+    """Before the flat K/V buffer is handed to the rotater: eager, ``key.contiguous()`` and
+    ``value.contiguous()`` (``first`` only; backward also the three fp32 zeros of dQ, dK,
+    dV) and the ``torch.cat`` (read + write ``2E``); compiled, the concatenation alone."""
+    E, _ = _sizes(part)
+    cat = [4 * E]
+    if part.cfg.software.compile:
+        return _memory(cat, part.dtype)
+    front = ([2 * E, 2 * E] + ([2 * E] * 3 if backward else [])) if first else []
+    return _memory(front + cat, part.dtype)
+
+
+def _merge_kernels(part: Any) -> tuple[Kernel, ...]:
+    """``_SDPAMerger.step`` of a partial step (rank 0, ``c`` of its ``2c`` queries): eager,
+    cast (read ``E/2``, write ``E`` fp32), ``out − out_b``, the product with
+    ``sigmoid(lse_b − lse)``, the subtraction (read ``2E``, write ``E`` each, fp32 halves),
+    the ``torch.cat`` of the whole fp32 output (``4E``) and six small log-sum-exp kernels;
+    compiled, one pass (read ``E/2`` bf16 and the ``2E`` fp32 output, write ``2E``) and
+    one over the log-sum-exp."""
+    E, L = _sizes(part)
+    if part.cfg.software.compile:
+        return _memory([E / 2 + 4 * E, 2.5 * L], part.dtype)
+    lse = [1.5 * L / 2, L, 1.5 * L / 2, L, 1.5 * L / 2, 2 * L]   # sub, sigmoid, sub, ..., cat
+    return _memory([1.5 * E, 3 * E, 2 * E, 3 * E, 4 * E] + lse, part.dtype)
+
+
+def _accumulate_kernels(part: Any, step: int) -> tuple[Kernel, ...]:
+    """dK/dV and dQ of one backward step into the fp32 accumulators (rank 0: ``i > rank``
+    after step 0, dK/dV whole, dQ on its second half): eager, the two in-place adds (read
+    ``2E`` fp32 + ``E`` bf16, write ``2E`` each), the fp32 ``torch.cat`` for the send
+    (``8E``) and dQ's add (step 0: ``5E``; later: the half add ``2.5E`` and the cat ``4E``);
+    compiled, one pass for dK/dV (read the received ``4E`` after step 0, the ``2E`` of
+    dK/dV; write ``4E``) and one for dQ."""
+    E, _ = _sizes(part)
+    if part.cfg.software.compile:
+        dkv = (4 * E if step else 0.0) + 2 * E + 4 * E
+        dq = 3 * E if step == 0 else 4.5 * E
+        return _memory([dkv, dq], part.dtype)
+    dq = [5 * E] if step == 0 else [2.5 * E, 4 * E]
+    return _memory([5 * E, 5 * E, 8 * E] + dq, part.dtype)
+
+
+def _step_kernels(part: Any, backward: bool, step: int) -> tuple[Kernel, ...]:
+    """The flash call of ring step ``step`` (base ``cp_core_kernels``), after a later
+    forward step its merge; eager, a forward step ``0 < i < cp − 1`` also concatenates the
+    K/V it holds (the all-gather rotater ignores the copy, the all-to-all one sends it:
+    counted with the send in :func:`attention_forward`)."""
+    flash = part.cp_core_kernels(backward, min(step, 1))
+    if backward:
+        return flash
+    E, _ = _sizes(part)
+    if step == 0:
+        return flash + (() if part.cfg.software.compile else _memory([3 * E], part.dtype))
+    return flash + _merge_kernels(part)
+
+
+def _transfers(part: Any, ops: Any, tag: str, deps: tuple[int, ...]) -> list[int | None]:
+    """The K/V each step ``i ≥ 1`` waits for, indexed by step (``None`` at step 0): one
+    all-gather on stream ``cp`` after the first pack (all-gather rotater), or a pack and a
+    permute to ``+1`` per step (all-to-all rotater: send, and the receive from ``−1``)."""
+    cp, kv = part.cp, kv_bytes(part)
+    pack = ops.add(_passes(f"{tag}.kv.pack", _pack_kernels(part, True, tag == "bwd"),
+                           part.dtype), deps=deps)
+    if part.cp_comm == "all_gather":
+        gather = ops.add(Collective(f"{tag}.kv.all_gather", "all_gather", "cp", kv * cp),
+                         "cp", (pack,))
+        return [None] + [gather] * (cp - 1)
+    out: list[int | None] = [None]
+    for i in range(1, cp):
+        if i > 1:
+            pack = ops.add(_passes(f"{tag}.kv.pack", _pack_kernels(part, False), part.dtype),
+                           deps=(out[-1],))
+        sent = ops.add(P2P(f"{tag}.kv.send", "send", "cp", +1, kv, f"kv.{tag}"), "cp", (pack,))
+        out.append(ops.add(P2P(f"{tag}.kv.recv", "recv", "cp", -1, kv, f"kv.{tag}"), "cp",
+                           (sent,)))
+    return out
+
+
+def attention_forward(part: Any, ops: Any, tag: str) -> None:
+    """Append torch's ring attention forward (module docstring): the K/V transfers, step 0
+    on the local block, ``cp − 1`` later steps each with its fp32 merge, the cast back."""
+    cp, flops = part.cp, part.attn_core_flops()
+    prev = ops.last_compute()                   # the qkv GEMM: K/V exist from here on
+    arrive = _transfers(part, ops, tag, () if prev is None else (prev,))
+    E, _ = _sizes(part)
+    eager_cats = part.cp_comm == "all_gather" and not part.cfg.software.compile
+    for i in range(cp):
+        kernels = _step_kernels(part, False, i)
+        if eager_cats and 0 < i < cp - 1:
+            kernels += _memory([4 * E], part.dtype)
+        if i == cp - 1:                          # results(): the fp32 output back to bf16
+            kernels += _memory([E if part.cfg.software.compile else 3 * E], part.dtype)
+        deps = () if arrive[i] is None else (arrive[i],)
+        ops.add(Compute(f"{tag}.attn_core.step", flops / cp, dtype=part.dtype,
+                        kernels=kernels), deps=deps)
+
+
+def attention_backward(part: Any, ops: Any) -> None:
+    """Append torch's ring attention backward (module docstring): K/V again, per step the
+    flash backward and the fp32 accumulation, dK/dV sent on to ``+1`` in fp32 after every
+    step (stream ``cp.dkv``), and the casts back to bf16 once they are home."""
+    cp, flops = part.cp, 2 * part.attn_core_flops()
+    E, _ = _sizes(part)
+    prev = ops.last_compute()
+    arrive = _transfers(part, ops, "bwd", () if prev is None else (prev,))
+    eager_cats = part.cp_comm == "all_gather" and not part.cfg.software.compile
+    dkv, dkv_bytes = None, 2 * kv_bytes(part)   # fp32 dK/dV
+    for i in range(cp):
+        deps = () if arrive[i] is None else (arrive[i],)
+        kernels = _step_kernels(part, True, i)
+        if eager_cats and 0 < i < cp - 1:
+            kernels += _memory([4 * E], part.dtype)
+        step = ops.add(Compute("bwd.attn_core.step", flops / cp, dtype=part.dtype,
+                               kernels=kernels), deps=deps)
+        acc = ops.add(_passes("bwd.attn_core.accumulate", _accumulate_kernels(part, i),
+                              part.dtype), deps=(step,) if dkv is None else (step, dkv))
+        sent = ops.add(P2P("bwd.dkv.send", "send", "cp", +1, dkv_bytes, "dkv"), "cp.dkv",
+                       (acc,) if dkv is None else (acc, dkv))
+        dkv = ops.add(P2P("bwd.dkv.recv", "recv", "cp", -1, dkv_bytes, "dkv"), "cp.dkv",
+                      (sent,))
+    ops.add(Wait("bwd.dkv.wait", "cp.dkv"))
+    casts = [3 * E, 6 * E]                      # dQ fp32 -> bf16; dK/dV fp32 -> bf16
+    ops.add(_passes("bwd.attn_core.cast", _memory(casts, part.dtype), part.dtype),
+            deps=(dkv,))
