@@ -115,7 +115,7 @@ def test_fsdp_in_pipeline_stages_gathers_once_per_iteration():
     reduce-scatters them once (fp32) per iteration, whatever the micro-batch count."""
     cfg = config(pipeline_model_parallel_size=2, data_parallel_size=8)
     assert cfg.num_microbatches == 4
-    b = StageBuilder(cfg, cfg.model.shape())
+    b = StageBuilder.from_config(cfg, cfg.model.shape())
     stages = [b.stage_params(s) * (2 + 4) for s in range(2)]
     got = predict(cfg).comm_bytes["dp"]
     assert min(abs(got - x) / x for x in stages) < 1e-12

@@ -123,7 +123,7 @@ def stage_pieces(ctx, plans, coll_at) -> Pieces:
         cfg = piece_config(ctx.cfg, int(plans["tp"][i0]), bool(plans["sp"][i0]),
                           int(plans["mbs"][i0]), RECOMPUTE[int(plans["recompute"][i0])],
                           int(plans["zero"][i0]), sections=sections)
-        sb = StageBuilder(cfg, ctx.shape)
+        sb = StageBuilder.from_config(cfg, ctx.shape)
         pieces = {name: lower(ops) for name, ops in (
             ("fwd", sb.layer_ops(False, 1)), ("bwd", sb.layer_ops(True, 1)),
             ("emb", as_ops(sb.embedding_forward())), ("head_f", as_ops(sb.head_forward())),

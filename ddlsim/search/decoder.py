@@ -96,7 +96,7 @@ class DecoderVectors:
         dtype = compute_dtype(t.dtype)
         dt, gdt = DTYPE_BYTES[dtype], grad_dtype_bytes(sw.grad_reduce_dtype, dtype)
         dev = kernel_device(cfg.system)
-        step = StageBuilder(cfg, shape).optimizer_op(1.0).payload
+        step = StageBuilder.from_config(cfg, shape).optimizer_op(1.0).payload
         # the step's device seconds per parameter; its one launch is added per stage
         per_param = op_time(step, replace(dev, launch=NO_LAUNCH))
         return _Context(cfg, shape, t.seq_length, dt, gdt, dev, per_param,

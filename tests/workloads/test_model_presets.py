@@ -203,7 +203,7 @@ def test_deepseek_v3_example_stage_zero_holds_the_dense_layers():
         cfg = ddlsim.load_config(Path(__file__).resolve().parents[2] / "examples"
                                  / "deepseek-v3-h800.yaml")
     sh = cfg.model.shape()
-    b = StageBuilder(cfg, sh)
+    b = StageBuilder.from_config(cfg, sh)
     expert = sh.mlp_params(2048)
     moe_rank = sh.moe_layer_params - 256 * expert + 4 * expert
     assert b.stage_params(0) == sh.vocab * sh.hidden + 3 * sh.dense_layer_params + moe_rank

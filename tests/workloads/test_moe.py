@@ -150,7 +150,7 @@ def test_zero_shards_experts_over_edp_and_dense_over_dp():
     cfg0 = ddlsim.load_config(mixtral(ep=8))
     cfg1 = ddlsim.load_config(mixtral(ep=8), ["parallel.zero_stage=1"])
     from ddlsim.workloads.decoder.builder import StageBuilder
-    b = StageBuilder(cfg0, cfg0.model.shape())
+    b = StageBuilder.from_config(cfg0, cfg0.model.shape())
     X = b.stage_expert_params(0)
     D = b.stage_params(0) - X
     assert X == 4 * 3 * H * F_E            # one local expert per layer

@@ -60,7 +60,7 @@ def test_expert_tp_gathers_over_etp_and_splits_expert_weights():
     names = {(p.op, p.group) for p in colls(w)}
     assert {("all_gather", "etp"), ("reduce_scatter", "etp")} <= names
     from ddlsim.workloads.decoder.builder import StageBuilder
-    b = StageBuilder(cfg, cfg.model.shape())
+    b = StageBuilder.from_config(cfg, cfg.model.shape())
     assert b.stage_expert_params(0) == 2 * 2 * 3 * H * F_E / 2
 
 

@@ -55,7 +55,7 @@ def _zero3_parts(cfg):
     forward / backward, one layer's gather and reduce-scatter, the optimizer."""
     wl = ddlsim.build_workload(cfg)
     cost = CostModel(cfg.system, wl)
-    b = StageBuilder(cfg, cfg.model.shape())
+    b = StageBuilder.from_config(cfg, cfg.model.shape())
 
     def t(items):
         return sum(cost.compute(x) if isinstance(x, Compute) else cost.collective(x)
@@ -117,7 +117,7 @@ def test_sequence_parallel_backward_regathers_the_input():
     weight gradient (Korthikanti et al. 2022 §4.2.2): 4 all-gathers + 2 reduce-scatters,
     each of b·s·h·2 bytes."""
     cfg = _cfg("parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel=true")
-    b = StageBuilder(cfg, cfg.model.shape())
+    b = StageBuilder.from_config(cfg, cfg.model.shape())
     bwd = [x for x in b.layer_backward() if isinstance(x, Collective)]
     fwd = [x for x in b.layer_forward() if isinstance(x, Collective)]
     assert [c.op for c in fwd].count("all_gather") == 2
@@ -331,7 +331,7 @@ def test_sequence_parallel_pipeline_message_is_the_rank_shard():
     for sp, want in ((True, (act / 2, None)), (False, (act / 2, act))):
         cfg = _cfg("parallel.tensor_model_parallel_size=2",
                    f"parallel.sequence_parallel={str(sp).lower()}")
-        assert StageBuilder(cfg, cfg.model.shape()).part.boundary(act) == want
+        assert StageBuilder.from_config(cfg, cfg.model.shape()).part.boundary(act) == want
 
 
 def test_async_backward_overlap_applies_with_and_without_sequence_parallelism():

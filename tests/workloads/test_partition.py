@@ -83,7 +83,7 @@ def test_megatron_1d_layer_volume_at_p64():
     # all-reduces of b·s·h·e per layer: 4·M·h·e.
     cfg = config({"tensor_model_parallel_size": 64})
     from ddlsim.workloads.decoder.builder import StageBuilder
-    b = StageBuilder(cfg, cfg.model.shape())
+    b = StageBuilder.from_config(cfg, cfg.model.shape())
     fwd = [type("O", (), {"payload": x, "repeat": 1}) for x in b.layer_forward()]
     bwd = [type("O", (), {"payload": x, "repeat": 1}) for x in b.layer_backward()]
     assert volumes(fwd, bwd) == {"tp": pytest.approx(4 * M * H * E, rel=1e-12)}

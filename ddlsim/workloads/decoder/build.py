@@ -19,6 +19,7 @@ from ..schedules import schedule_arrays
 from ..trace import Block, RankClass, Program, StepTable, Workload, WorkloadMeta
 from .builder import StageBuilder
 from .memory import comm_groups, stage_memory
+from .plan import resolve_plan
 from . import combined, fsdp, hsdp, param_gather
 from .zero3 import zero3_blocks, zero3_prefetch
 
@@ -76,7 +77,7 @@ def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
     and every stage's steps are a :class:`StepTable`, so building a 32-stage plan with 384
     micro-batches costs a few arrays rather than 25,000 objects.
     """
-    b = StageBuilder(cfg, shape)
+    b = StageBuilder(resolve_plan(cfg, shape))
     par = cfg.parallel
     tp, dp, pp, v, m = b.tp, b.dp, b.pp, b.v, cfg.num_microbatches
     mesh = cfg.mesh
@@ -153,7 +154,7 @@ def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
 
 def decoder_memory(cfg: RunConfig, shape: DecoderShape) -> list[MemoryBreakdown]:
     """Memory of one rank of each pipeline stage (:func:`.memory.stage_memory`)."""
-    b = StageBuilder(cfg, shape)
+    b = StageBuilder(resolve_plan(cfg, shape))
     context = context_bytes(cfg.system.device, comm_groups(cfg, shape))   # every stage's
     if not shape.is_moe:
         return [stage_memory(cfg, shape, s, b.stage_params(s), part=b.part, context=context)

@@ -13,19 +13,17 @@ from functools import cached_property
 
 import numpy as np
 
-from ...config import DTYPE_BYTES, RunConfig
+from ...config import RunConfig
 from ..models.decoder import DecoderShape
 from ...simulator.kernels.elementwise import optimizer_bytes_per_param
 from ..trace import Block, Collective, Compute, Op, P2P, Wait
 from . import param_gather, tp_overlap
-from .overlap import p2p_overlapped
 from .dpsync import GradSyncOps
 from .edges import EdgeOps
-from .layerkernels import compute_dtype, grad_bytes, layer_kernels, recompute_op
+from .layerkernels import layer_kernels, recompute_op
 from .layerkinds import moe_layers_in_chunk
 from .moe import MoEOps
-from .partition import make_partitioner
-from .split import chunk_layers
+from .plan import DecoderPlan, resolve_plan
 
 __all__ = ["StageBuilder", "ADAM_BYTES_PER_PARAM", "as_ops", "with_edges"]
 
@@ -62,44 +60,25 @@ def with_edges(shape: DecoderShape, param_split, layer_params, first, last, pp):
 
 class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
     """Builds the blocks of one pipeline stage (MoE layers: :class:`.moe.MoEOps`; gradient
-    buckets: :class:`.dpsync.GradSyncOps`; embedding and head: :class:`.edges.EdgeOps`)."""
+    buckets: :class:`.dpsync.GradSyncOps`; embedding and head: :class:`.edges.EdgeOps`).
 
-    def __init__(self, cfg: RunConfig, shape: DecoderShape):
-        self.cfg = cfg
-        self.shape = shape
-        p, t = cfg.parallel, cfg.train
-        self.tp, self.pp, self.v, self.dp = p.tp, p.pp, p.vpp, cfg.dp
-        self.sp = p.sequence_parallel
-        self.b, self.s = t.micro_batch_size, t.seq_length
-        #: FP8 runs the linear GEMMs in FP8 only: the rest (and every byte) is bf16
-        self.dtype = compute_dtype(t.dtype)
-        self.dt = DTYPE_BYTES[self.dtype]
-        self.sw = cfg.software
-        #: bytes per gradient element in the gradient buffers and their data-parallel
-        #: reduction (the stack's grad_reduce_dtype: fp32 main grads with bf16 in Megatron)
-        self.gdt = grad_bytes(cfg)
-        #: transformer layers of each model chunk, ``split[stage][virtual stage]``: L/(PP·VPP)
-        #: each, or Megatron-Core's uneven split (:mod:`.split`)
-        self.split = chunk_layers(cfg)
-        self.act_bytes = self.b * self.s * shape.hidden * self.dt
-        self.ep = p.ep
-        #: expert gradients sync over their own group (edp) when the expert layout differs
-        #: from the dense one (EP > 1 or expert TP ≠ TP); otherwise edp is the gradient group
-        self.split_experts = shape.is_moe and (self.ep > 1 or p.etp != p.tp)
-        #: layers per dense…MoE period (1: all layers alike)
-        self.period = shape.moe_layer_freq if shape.is_moe else 1
+    Parameters
+    ----------
+    plan : DecoderPlan
+        The resolved plan (:func:`.plan.resolve_plan`; :meth:`from_config` resolves it): the
+        builder and its mixins read it, through the names :class:`.stage.StageBase` declares,
+        and nothing else of the run config.
+    """
+
+    def __init__(self, plan: DecoderPlan):
+        super().__init__(plan)
         self._layer_ops: dict[tuple[bool, int], list[Op]] = {}
-        self._ops: dict[tuple, object] = {}
-        #: the tensor-parallel scheme (docs/tensor_parallel.md); Megatron 1-D without
-        #: context parallelism keeps the ops below, every other plan takes its layers,
-        #: embedding and head from the partitioner
-        self.part = make_partitioner(cfg, shape)
-        self.structured = self.part.structured
-        self.cp = p.cp
-        #: the gradient group: dp, or dp × cp under context parallelism (Megatron-Core), or
-        #: under HSDP FSDP's shard group (.hsdp); gdp: its ranks
-        from .hsdp import shard_group
-        self.grad_group, self.gdp = shard_group(cfg)
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, shape: DecoderShape) -> StageBuilder:
+        """The builder of run ``cfg`` for a decoder of ``shape`` (its plan resolved once:
+        :func:`.plan.resolve_plan`)."""
+        return cls(resolve_plan(cfg, shape))
 
     @cached_property
     def fwd_layer(self) -> list[Compute | Collective]:
@@ -108,14 +87,6 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
     @cached_property
     def bwd_layer(self) -> list[Compute | Collective]:
         return self.layer_backward()
-
-    def cached(self, key: tuple, make):
-        """``make()``, built once per key: ops are immutable, so stages and chunks that need the
-        same op share one object."""
-        hit = self._ops.get(key)
-        if hit is None:
-            hit = self._ops[key] = make()
-        return hit
 
     def layer_ops(self, backward: bool, repeat: int, n_moe: int | None = None,
                   first: int | None = None) -> list[Op]:
@@ -129,7 +100,7 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
         ``train.recompute_every_n_layers`` above 1, ``first`` (the rank's count of the first of
         these layers, from 0) says which are checkpointed (:func:`.sac.checkpointed_layers`);
         the others' backward is the plan's without recomputation."""
-        if backward and self.cfg.train.recompute_every_n_layers > 1:
+        if backward and self.plan.recompute_every_n_layers > 1:
             from .sac import mixed_backward
             return mixed_backward(self, repeat, first)
         if n_moe is None:
@@ -146,7 +117,7 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
     def _dense_layer_ops(self, backward: bool, repeat: int) -> list[Op]:
         """``repeat`` dense layers: the partitioner's loop, TP-overlapped layers, or the
         builder's ops repeated."""
-        overlap_on = not self.shape.is_moe and tp_overlap.active(self.cfg)
+        overlap_on = not self.shape.is_moe and self.plan.tp_overlap is not None
         if self.structured:
             overlap = (lambda body: tp_overlap.structured_body(self, backward, body)) \
                 if overlap_on else None
@@ -154,7 +125,7 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
                 else self.shape.layer_params
             return [self.part.layers(backward, repeat, self.grad_accumulate_bytes(
                 params / self.part.param_split), overlap)]
-        if overlap_on and (backward or tp_overlap.mode(self.cfg) != "async"):
+        if overlap_on and (backward or self.plan.tp_overlap != "async"):
             # TE userbuffers, or the async backward: per-layer loop (the async forward
             # overlaps nothing and keeps the plain ops)
             return [tp_overlap.overlapped_layers(
@@ -195,7 +166,7 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
         """One dense layer's kernels on this rank (:func:`.layerkernels.layer_kernels`),
         computed once per builder (its plan is fixed)."""
         return layer_kernels(self.shape, self.sw, self.b, self.s, self.tp, self.sp,
-                             self.cfg.train.dtype)
+                             self.plan.train_dtype)
 
     @staticmethod
     def _attn_flops(g: dict[str, float]) -> float:
@@ -209,7 +180,7 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
             return self.moe_layer_payloads(True)
         g = self.shape.layer_gemm_flops(self.b, self.s, moe=False if self.shape.is_moe else None)
         t = self.tp
-        recompute = self.cfg.train.recompute
+        recompute = self.plan.recompute
         ops: list[Compute | Collective] = []
         if recompute == "full":
             ops += self.layer_forward("recompute", False)
@@ -239,21 +210,9 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
         if self.sw.selective_recompute == "every_second_mm" and not moe:
             from .sac import every_second_mm_op
             return every_second_mm_op(self.shape, self.kernels, self.b, self.s, self.tp,
-                                      self.dtype, self.cfg.train.dtype, self.sw)
+                                      self.dtype, self.plan.train_dtype, self.sw)
         return recompute_op(self.shape, self.kernels, g["attn_core"] / self.tp, self.b, self.s,
                             self.tp, self.dt, self.dtype, moe)
-
-    def grad_accumulate_bytes(self, params: float) -> float:
-        """Memory traffic of adding one micro-batch's weight gradients into the accumulated
-        gradients: the GEMM writes them in the training dtype, then they are read and added
-        into the gradient buffer (read + write) of the stack's ``grad_reduce_dtype``: fp32
-        with Megatron-LM's ``main_grad`` hook (``param.main_grad.add_(param.grad)``), 16-bit
-        where autograd accumulates ``param.grad`` itself (Megatron-LM 2021 with fp16).
-        With ``gradient_accumulation_fusion`` the weight-gradient GEMM accumulates into the
-        fp32 buffer itself (Megatron's fused_weight_gradient_mlp_cuda): no separate pass."""
-        if self.sw.gradient_accumulation_fusion:
-            return 0.0
-        return params * (2 * self.dt + 2 * self.gdt)
 
     # ------------------------------------------------------------------ parameters per stage
     def stage_params(self, stage: int) -> float:
@@ -286,7 +245,7 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
         p2p_bytes = self.part.boundary(self.act_bytes)[0]
         Lc = self.split[stage][chunk]
 
-        blocking = not p2p_overlapped(self.cfg)
+        blocking = not self.plan.p2p_overlap
 
         def recv(tag: str, peer: int) -> list[Op]:
             def make() -> list[Op]:
@@ -355,20 +314,20 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
     def optimizer_op(self, n_params: float) -> Op:
         """The optimizer step over ``n_params`` parameters: 10 FLOPs and the optimizer's bytes
         (:func:`~ddlsim.simulator.kernels.optimizer_bytes_per_param`) per parameter."""
-        per_param = optimizer_bytes_per_param(self.cfg.train.optimizer, self.sw.fused_optimizer,
-                                              self.dt, self.gdt, self.cfg.train.dtype == "fp16")
+        per_param = optimizer_bytes_per_param(self.plan.optimizer, self.sw.fused_optimizer,
+                                              self.dt, self.gdt, self.plan.train_dtype == "fp16")
         return Op(Compute("optimizer", 10.0 * n_params, per_param * n_params, kind="optimizer",
                           dtype="fp32"))
 
     def update_block(self, stage: int, root: bool, overlapped: bool) -> Block:
         """Gradient synchronisation not overlapped with backward, the optimizer step, and the
         parameter redistribution of the chosen data-parallel update."""
-        p = self.cfg.parallel
+        p = self.plan
         params = self.stage_params(stage)
         grad_bytes, dp = params * self.gdt, self.gdp
         step = self.optimizer_op
         if self.split_experts:
-            if dp == 1 and self.cfg.mesh.size("edp") == 1:
+            if dp == 1 and p.edp == 1:
                 return Block("update", "optimizer", (step(params),))
             return self._expert_update_block(stage, overlapped, step)
         if dp == 1:
@@ -387,8 +346,10 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
             shard = params / dp if p.zero_stage else params
             ops.append(step(shard))
             if p.zero_stage in (1, 2):  # all of it, or its first bucket (.param_gather)
+                gather = param_gather.first_bucket(p.param_gather_overlap, params * self.dt,
+                                                   p.param_bucket_bytes)
                 ops.append(Op(Collective("params.all_gather", "all_gather", self.grad_group,
-                                         param_gather.exposed_bytes(self.cfg, params * self.dt))))
+                                         gather)))
         elif p.dp_strategy == "reduce_broadcast":
             ops.append(Op(Collective("grad.reduce", "reduce", "dp", grad_bytes, root=0)))
             if root:

@@ -122,7 +122,7 @@ def moe_layer_nodes(b, backward: bool, delay_wgrad: bool = False) -> dict[str, l
             attn.add(x)
         comm = (first, [*second, *mem("unpermute", perm[1])])
     else:
-        if b.cfg.train.recompute == "selective":
+        if b.plan.recompute == "selective":
             g = sh.layer_gemm_flops(b.b, b.s, moe=True)
             attn.add(b._recompute_core(g, True))
         for x in (*mem("unpermute", perm[1]), router, *b._shared("bwd", True),

@@ -10,6 +10,7 @@ import math
 import numpy as np
 
 from ..trace import Collective, Op
+from .stage import StageBase
 
 __all__ = ["GradSyncOps", "buckets", "bucket_runs", "grad_bucket_bytes", "MEGATRON_BUCKET"]
 
@@ -72,12 +73,14 @@ def bucket_runs(grad_bytes, bucket_bytes, runs):
     return n_seg, np.ceil(n / n_seg)
 
 
-class GradSyncOps:
-    """Gradient-bucket ops; needs the builder's ``cfg``, ``layer_ops``, ``stage_params``."""
+class GradSyncOps(StageBase):
+    """Gradient-bucket ops; reads the plan and the builder's ``layer_ops``, ``stage_params``
+    and ``stage_expert_params`` (declared in :class:`.stage.StageBase`)."""
 
     def bucket_bytes(self, stage: int = 0, chunk: int = 0) -> float:
-        """This plan's gradient bucket on ``stage``'s ``chunk`` (:func:`grad_bucket_bytes`)."""
-        return float(grad_bucket_bytes(self.cfg, self.dp, self.gdt, stage, chunk))
+        """This plan's gradient bucket on ``stage``'s ``chunk`` (:func:`grad_bucket_bytes`,
+        resolved in the plan)."""
+        return self.plan.bucket_bytes(stage, chunk)
 
     def _overlapped_layers(self, sync_ops: list[Op], start: int, layers: int,
                            offset: int = 0) -> list[Op]:
@@ -107,7 +110,7 @@ class GradSyncOps:
         """Bucketed gradient collectives of one model chunk (all-reduce, or reduce-scatter
         under ZeRO-1/2), one per segment of layers, on the ``dp`` stream. The chunk's share of
         the stage's parameters is its share of the stage's layers (1/VPP when even)."""
-        edp = self.cfg.mesh.size("edp") if self.split_experts else self.gdp
+        edp = self.plan.edp if self.split_experts else self.gdp
         if self.gdp == 1 and edp == 1:
             return []
         layers = self.split[stage][chunk]
@@ -115,7 +118,7 @@ class GradSyncOps:
         grad_bytes = self.stage_params(stage) * share * self.gdt
         n_seg, per_seg = bucket_runs(grad_bytes, self.bucket_bytes(stage, chunk),
                                      layers // self.period)
-        op = "reduce_scatter" if self.cfg.parallel.zero_stage in (1, 2) else "all_reduce"
+        op = "reduce_scatter" if self.plan.zero_stage in (1, 2) else "all_reduce"
         if self.split_experts:  # dense gradients over dp (× cp), expert gradients over edp
             e_bytes = self.stage_expert_params(stage) * share * self.gdt
             size = (grad_bytes - e_bytes) / (n_seg * per_seg)
@@ -132,7 +135,7 @@ class GradSyncOps:
                            stage: int = 0) -> list[Op]:
         """The stage's gradients reduced after the backward, bucket by bucket, on ``group``
         (none on a group of one rank)."""
-        size = self.cfg.mesh.size("edp") if group == "edp" else self.gdp
+        size = self.plan.edp if group == "edp" else self.gdp
         if size == 1:
             return []
         n = buckets(grad_bytes, self.bucket_bytes(stage))

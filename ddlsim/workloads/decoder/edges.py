@@ -1,6 +1,7 @@
 """The embedding and the output head of a decoder's pipeline stage: a mixin of
-:class:`~ddlsim.workloads.decoder.builder.StageBuilder`, whose attributes (``shape``, ``tp``,
-``b``, ``s``, ``dt``, ``dtype``, ``sw``, ``part``, ``structured``, ``act_bytes``) it reads.
+:class:`~ddlsim.workloads.decoder.builder.StageBuilder`; the attributes it reads (``shape``,
+``tp``, ``b``, ``s``, ``dt``, ``dtype``, ``sw``, ``part``, ``structured``, ``act_bytes``) are
+declared in :class:`.stage.StageBase`.
 Megatron 1-D without context parallelism builds them here; every other plan takes them from
 its partitioner."""
 
@@ -8,11 +9,12 @@ from __future__ import annotations
 
 from ..trace import Collective, Compute
 from .layerkernels import logits_kernels, loss_op
+from .stage import StageBase
 
 __all__ = ["EdgeOps"]
 
 
-class EdgeOps:
+class EdgeOps(StageBase):
     """Embedding lookup, logits GEMM, loss, and their backward."""
 
     def embedding_forward(self) -> list:

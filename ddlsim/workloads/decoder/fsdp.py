@@ -69,7 +69,7 @@ def one_layer(b: Any, backward: bool, moe: bool, index: int) -> list:
     payloads (MoE layers; module hooks, which cut them by module)."""
     if b.period == 1 and not b.shape.is_moe and b.sw.zero3_gather == "per_layer":
         return list(b.layer_ops(backward, 1, first=index))  # module hooks cut the payloads
-    every = b.cfg.train.recompute_every_n_layers
+    every = b.plan.recompute_every_n_layers
     if backward and every > 1:
         raise ConfigError(f"train.recompute_every_n_layers = {every} is modelled for dense "
                           "layers under FSDP's per-layer units (zero3_gather: per_layer); "
@@ -92,7 +92,7 @@ def layer_units(b: Any, layers: list[list], moe: list[bool], backward: bool) -> 
         unit = _Unit(ops, gathers)
         if backward:
             unit.reduces = [(g, x * b.gdt / b.dt) for g, x in shards]
-            if b.cfg.parallel.data_parallel_replicate_size > 1:    # HSDP (.hsdp)
+            if b.plan.hsdp_replicas > 1:    # HSDP (.hsdp)
                 from .hsdp import replica_reduces
                 unit.replica_reduces = replica_reduces(unit.reduces, b.gdp)
         if sw.zero3_copy_out:
@@ -193,7 +193,7 @@ def with_stage_reduce_scatters(b: Any, update: Block, stage: int) -> Block:
                                  kind="elementwise", dtype=b.dtype), "dp", deps=(0,)))
         rs.append(Op(Collective("grad.reduce_scatter", "reduce_scatter", b.grad_group,
                                 n * b.gdt), "dp", deps=(0,)))
-        if b.cfg.parallel.data_parallel_replicate_size > 1:
+        if b.plan.hsdp_replicas > 1:
             rs += replica_ops([n * b.gdt / b.gdp], (len(rs),))
     ops = list(update.ops)
     assert isinstance(ops[0].payload, Wait)

@@ -3,9 +3,10 @@ layer's ops (attention from the layer partitioner, router, token permutation, th
 dispatcher's collectives, the local experts' grouped GEMM, shared experts), parameters split
 into expert and non-expert, and the update that reduces expert gradients over ``edp`` and the
 rest over ``dp`` (ZeRO per group). Mixed into
-:class:`~ddlsim.workloads.decoder.builder.StageBuilder`, whose attributes (``shape``, ``part``,
-``tp``, ``cp``, ``b``, ``s``, ``dt``, ``period``, …) these methods read; the options come
-resolved from :mod:`.moeplan`; docs/moe.md derives every size.
+:class:`~ddlsim.workloads.decoder.builder.StageBuilder`; the attributes these methods read
+(``shape``, ``part``, ``tp``, ``cp``, ``b``, ``s``, ``dt``, ``period``, ``moe``, …) are declared
+in :class:`.stage.StageBase`, the options resolved by :mod:`.moeplan`; docs/moe.md derives
+every size.
 
 One MoE layer's forward on one rank (alltoall dispatcher; Megatron-LM 9c1a5351
 ``token_dispatcher.py`` ``MoEAlltoAllTokenDispatcher.token_permutation`` /
@@ -29,16 +30,14 @@ ep ranks), permutes the gathered tokens to the local experts, and reduce-scatter
 
 from __future__ import annotations
 
-from functools import cached_property
-
 from ...simulator.kernels.gemm import gemm_kernels_backward
 from ..trace import Block, Collective, Compute, Kernel, Loop, Op, Wait
 from .fp8linear import with_fp8_casts
 from .layerkinds import attention_projections, moe_layers_in_stage
 from .moe_dispatch import flex_ops
-from .moeplan import MoEPlan, resolve_moe
 from .partition import context
 from .partition.base import OpList
+from .stage import StageBase
 
 __all__ = ["MoEOps"]
 
@@ -60,19 +59,10 @@ class _MoECore:
         return core / (p.size * p.cp)
 
 
-class MoEOps:
+class MoEOps(StageBase):
     """MoE layer ops and sizes of one pipeline stage (a mixin of ``StageBuilder``)."""
 
     # ------------------------------------------------------------------ MoE sizes
-    @cached_property
-    def moe(self) -> MoEPlan:
-        """The plan's resolved MoE options (:func:`.moeplan.resolve_moe`)."""
-        return resolve_moe(self.cfg)
-
-    @property
-    def etp(self) -> int:
-        return self.cfg.parallel.etp
-
     def tokens(self) -> float:
         """``T``: tokens of one micro-batch the rank routes: ``b·s/cp``, ``/t`` with sequence
         parallelism (Megatron-Core's MoE layer takes the sequence-parallel shard)."""
@@ -124,7 +114,7 @@ class MoEOps:
         """``launches × batch`` local GEMMs ``[M,K]·[K,N]`` (backward: data and weight
         gradients) as one op with its kernels; the linear layers run in the training dtype."""
         shapes = gemm_kernels_backward(M, N, K) if backward else ((M, N, K),)
-        k = tuple(Kernel("gemm", g, batch=batch, dtype=self.cfg.train.dtype) for g in shapes)
+        k = tuple(Kernel("gemm", g, batch=batch, dtype=self.plan.train_dtype) for g in shapes)
         return Compute(name, (4 if backward else 2) * M * N * K * batch * launches,
                        dtype=self.dtype, kernels=k * launches)
 
@@ -319,7 +309,7 @@ class MoEOps:
             self._moe_block(ops, tag, False)
             ops.add(Compute(f"{tag}.elementwise", 0.0, ew, kind="elementwise", dtype=self.dtype))
             return ops.ops
-        recompute = self.cfg.train.recompute
+        recompute = self.plan.recompute
         if recompute == "full":
             ops.extend(self.moe_layer_body(False, "recompute"))
         elif recompute == "selective":
@@ -364,10 +354,10 @@ class MoEOps:
         gradient group (``dp``, or ``dp × cp``), the experts' over ``edp``, each on its own
         stream; the optimizer steps the dense shard ``1/(DP·CP)`` and the expert shard
         ``1/EDP`` (ZeRO stages applied to each over its own group)."""
-        zero = self.cfg.parallel.zero_stage
+        zero = self.plan.zero_stage
         expert = self.stage_expert_params(stage)
         dense = self.stage_params(stage) - expert
-        edp = self.cfg.mesh.size("edp")
+        edp = self.plan.edp
         ops: list[Op] = [Op(Wait("backward.done", "compute"))]
         if overlapped:
             ops += [Op(Wait("wait.grad", "dp")), Op(Wait("wait.grad.expert", "edp"))]

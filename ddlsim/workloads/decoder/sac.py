@@ -136,7 +136,7 @@ def mixed_backward(b: Any, repeat: int, first: int | None) -> list:
     ConfigError
         For a model with Mixture-of-Experts layers (not modelled).
     """
-    every = b.cfg.train.recompute_every_n_layers
+    every = b.plan.recompute_every_n_layers
     if b.shape.is_moe:
         raise ConfigError(f"train.recompute_every_n_layers = {every} is modelled for dense "
                           "decoders; this model has Mixture-of-Experts layers: use "
@@ -154,7 +154,7 @@ def mixed_backward(b: Any, repeat: int, first: int | None) -> list:
 
 
 def _uncheckpointed(b: Any) -> Any:
-    """A builder of ``b``'s stage for the plan without recomputation."""
+    """A builder of ``b``'s stage for the plan without recomputation (resolved with the
+    plan: :attr:`.plan.DecoderPlan.uncheckpointed`)."""
     from .builder import StageBuilder
-    train = b.cfg.train.model_copy(update={"recompute": "none", "recompute_every_n_layers": 1})
-    return StageBuilder(b.cfg.model_copy(update={"train": train}), b.shape)
+    return StageBuilder(b.plan.uncheckpointed)

@@ -111,7 +111,7 @@ def _margin_flops(b, backward: bool, gemm: Compute) -> float:
     """FLOPs lost to the SM margin: 13.8 % of the GEMMs that ``pipeline``/``bulk`` overlap
     (forward: the row-parallel ``proj``/``fc2``; backward: ``qkv``/``fc1`` dgrad + wgrad);
     none under ``async`` (NCCL's SMs are not modelled)."""
-    if mode(b.cfg) == "async":
+    if b.plan.tp_overlap == "async":
         return 0.0
     g = b.shape.layer_gemm_flops(b.b, b.s)
     attn = "attn" in gemm.name
@@ -158,7 +158,7 @@ def _overlap_around(ops: list[Op], pending: list, posts: list) -> tuple[list[Op]
 
 def layer_body(b, backward: bool, payloads: list) -> list[Op]:
     """One layer's ops with the overlaps of :func:`mode` (``torch_async``: :mod:`.torch_tp`)."""
-    how, tp = mode(b.cfg), b.tp
+    how, tp = b.plan.tp_overlap, b.tp
     if how == "torch_async":
         return torch_tp.layer_body(b, backward, payloads)
     items = list(payloads)
@@ -232,8 +232,8 @@ def _is_tp(op: Op) -> bool:
 
 def structured_body(b, backward: bool, body: list[Op]) -> list[Op]:
     """A partitioner's layer ops (1-D TP with context parallelism: one op per linear GEMM,
-    the attention core's ring on the ``cp`` streams) with the overlaps of
-    ``b.cfg.software.tp_comm_overlap``, per GEMM as TransformerEngine runs them: an
+    the attention core's ring on the ``cp`` streams) with the overlaps of ``b.plan.tp_overlap``
+    (the plan's ``tp_comm_overlap``), per GEMM as TransformerEngine runs them: an
     all-gather feeding a GEMM (``ring_exchange``) is overlapped with that GEMM, one of TP
     chunks exposed before it; the collectives after a GEMM (``pipeline`` reduce-scatter,
     ``bulk`` backward ones) are overlapped with it, the pipelined reduce-scatter's last
@@ -241,7 +241,7 @@ def structured_body(b, backward: bool, body: list[Op]) -> list[Op]:
     Every other op (the ring, its waits, the element-wise work) keeps its place and its
     dependencies. Collectives left at the end of the layer feed the next layer's first GEMM
     and move to the front, as in :func:`layer_body`."""
-    how, tp = mode(b.cfg), b.tp
+    how, tp = b.plan.tp_overlap, b.tp
     if how == "torch_async":
         return torch_tp.structured_body(b, backward, body, _is_linear, _is_tp)
     def of(kind: str):

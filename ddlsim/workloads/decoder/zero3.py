@@ -251,7 +251,7 @@ def _units(b: StageBuilder, layers: list[list], moe: list[bool], backward: bool)
                           "for dense decoder layers; this model has Mixture-of-Experts layers. "
                           "Use zero3_gather: per_layer")
     fetch = {f.module: f for f in module_fetches(b.shape, b.tp, b.sw,
-                                                  b.cfg.train.recompute == "full")}
+                                                  b.plan.recompute == "full")}
     return [u for ops in layers for u in _module_units(b, ops, fetch, backward)]
 
 

@@ -1,0 +1,161 @@
+"""The resolved plan of one decoder run: what the stage builder needs, computed once.
+
+:func:`resolve_plan` reads the run config once and hands
+:class:`~ddlsim.workloads.decoder.builder.StageBuilder` a :class:`DecoderPlan`: the parallel
+dimensions, the batch, the dtypes, the layer split, the data-parallel update, recomputation,
+the stack's resolved features, the MoE options and the layer partitioner. The builder and its
+mixins (:mod:`.dpsync`, :mod:`.moe`, :mod:`.edges`) read the plan and nothing else of the
+config; every rule that turns config fields into a plan field is the one its own module
+states (:func:`.split.chunk_layers`, :func:`.hsdp.shard_group`, :func:`.moeplan.resolve_moe`,
+:func:`.dpsync.grad_bucket_bytes`, …), called here once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ...config import DTYPE_BYTES
+from . import param_gather, tp_overlap
+from .dpsync import grad_bucket_bytes
+from .hsdp import shard_group
+from .layerkernels import compute_dtype, grad_bytes
+from .moeplan import MoEPlan, resolve_moe
+from .overlap import p2p_overlapped
+from .partition import LayerPartitioner, make_partitioner
+from .split import chunk_layers
+
+__all__ = ["DecoderPlan", "resolve_plan"]
+
+
+@dataclass(frozen=True, eq=False)
+class DecoderPlan:
+    """One decoder run as the stage builder needs it, every field resolved.
+
+    Parallel sizes are rank counts; ``micro_batch`` is sequences, ``seq_length`` tokens;
+    byte sizes are bytes. Plans compare by identity (the partitioner is an object).
+    """
+
+    #: the model's closed-form counts (:class:`~ddlsim.workloads.models.decoder.DecoderShape`)
+    shape: Any
+    #: ranks of the tensor-parallel grid (the ``tp`` mesh axis, any scheme)
+    tp: int
+    #: pipeline stages
+    pp: int
+    #: model chunks per stage (virtual stages; 1 without interleaving)
+    vpp: int
+    #: data-parallel ranks (``data_parallel_size``)
+    dp: int
+    #: context-parallel ranks
+    cp: int
+    #: expert-parallel ranks
+    ep: int
+    #: expert tensor-parallel ranks
+    etp: int
+    #: ranks of the expert data-parallel group, over which expert gradients sync
+    edp: int
+    #: Megatron's sequence parallelism (activations split over TP between the GEMMs)
+    sp: bool
+    #: sequences per micro-batch
+    micro_batch: int
+    #: tokens per sequence
+    seq_length: int
+    #: ``train.dtype`` as given (``fp8`` runs the linear GEMMs in FP8)
+    train_dtype: str
+    #: dtype of everything but the linear GEMMs (bf16 under FP8, :func:`.compute_dtype`)
+    dtype: str
+    #: bytes per element of ``dtype``
+    dtype_bytes: int
+    #: bytes per gradient element in the gradient buffers and their reduction (the stack's
+    #: ``grad_reduce_dtype``: fp32 main grads with bf16 in Megatron, :func:`.grad_bytes`)
+    grad_dtype_bytes: int
+    #: transformer layers of each model chunk, ``split[stage][chunk]`` (:mod:`.split`)
+    split: tuple[tuple[int, ...], ...]
+    #: ``parallel.dp_strategy`` (``ddp``, ``reduce_broadcast``, …)
+    dp_strategy: str
+    #: ZeRO stage, 0 to 3
+    zero_stage: int
+    #: the gradient group's family: ``dp``, ``dp_cp`` under CP, ``dp_shard`` under HSDP
+    grad_group: str
+    #: ranks of the gradient group (:func:`.hsdp.shard_group`)
+    grad_group_size: int
+    #: FSDP replicas under HSDP (``data_parallel_replicate_size``; 1 without)
+    hsdp_replicas: int
+    #: bytes of one gradient bucket: of the first chunk of the first stage, and of every other
+    #: chunk (:func:`.dpsync.grad_bucket_bytes`; ``inf``: one bucket)
+    grad_buckets: tuple[float, float]
+    #: whether the parameter all-gather overlaps the next forward (:func:`.param_gather.active`)
+    param_gather_overlap: bool
+    #: bytes of the parameter gather's first bucket, 16-bit parameters (:mod:`.param_gather`)
+    param_bucket_bytes: float
+    #: ``train.optimizer``
+    optimizer: str
+    #: ``train.recompute``: ``none``, ``selective`` or ``full``
+    recompute: str
+    #: ``train.recompute_every_n_layers`` (1: every layer alike)
+    recompute_every_n_layers: int
+    #: the same run without recomputation, for the layers ``recompute_every_n_layers`` leaves
+    #: un-checkpointed (:mod:`.sac`); None when every layer is checkpointed alike
+    uncheckpointed: DecoderPlan | None
+    #: the resolved software stack (:class:`~ddlsim.software.Software`)
+    software: Any
+    #: how TP collectives overlap their GEMMs (:func:`.tp_overlap.mode`); None: blocking
+    tp_overlap: str | None
+    #: whether pipeline sends and receives overlap compute (:func:`.overlap.p2p_overlapped`)
+    p2p_overlap: bool
+    #: the resolved MoE options (:func:`.moeplan.resolve_moe`); None for a dense model
+    moe: MoEPlan | None
+    #: the tensor-parallel scheme of the layers (:func:`.partition.make_partitioner`)
+    partitioner: LayerPartitioner
+
+    def bucket_bytes(self, stage: int = 0, chunk: int = 0) -> float:
+        """Bytes of one gradient bucket of ``chunk`` on pipeline ``stage``."""
+        return self.grad_buckets[0] if stage == 0 and chunk == 0 else self.grad_buckets[1]
+
+
+def resolve_plan(cfg: Any, shape: Any) -> DecoderPlan:
+    """The plan of run ``cfg`` for a decoder of ``shape``, every field resolved once.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The validated run.
+    shape : DecoderShape
+        Its model's closed-form counts (``cfg.model.shape()``).
+
+    Returns
+    -------
+    DecoderPlan
+        What the stage builder reads.
+
+    Raises
+    ------
+    ValueError
+        When the pipeline split is impossible (:func:`.split.chunk_layers`).
+    ConfigError
+        When an MoE option is unset and the stack does not say it
+        (:func:`.moeplan.resolve_moe`).
+    """
+    p, t, sw = cfg.parallel, cfg.train, cfg.software
+    dtype, gdt = compute_dtype(t.dtype), grad_bytes(cfg)
+    group, gdp = shard_group(cfg)
+    uncheckpointed = None
+    if t.recompute_every_n_layers > 1:
+        plain = t.model_copy(update={"recompute": "none", "recompute_every_n_layers": 1})
+        uncheckpointed = resolve_plan(cfg.model_copy(update={"train": plain}), shape)
+    return DecoderPlan(
+        shape=shape, tp=p.tp, pp=p.pp, vpp=p.vpp, dp=cfg.dp, cp=p.cp, ep=p.ep, etp=p.etp,
+        edp=cfg.mesh.size("edp"), sp=p.sequence_parallel, micro_batch=t.micro_batch_size,
+        seq_length=t.seq_length, train_dtype=t.dtype, dtype=dtype,
+        dtype_bytes=DTYPE_BYTES[dtype], grad_dtype_bytes=gdt, split=chunk_layers(cfg),
+        dp_strategy=p.dp_strategy, zero_stage=p.zero_stage, grad_group=group,
+        grad_group_size=gdp, hsdp_replicas=p.data_parallel_replicate_size,
+        grad_buckets=(float(grad_bucket_bytes(cfg, cfg.dp, gdt, 0, 0)),
+                      float(grad_bucket_bytes(cfg, cfg.dp, gdt, 1, 0))),
+        param_gather_overlap=param_gather.active(cfg),
+        param_bucket_bytes=float(grad_bucket_bytes(cfg, cfg.dp, 2)),
+        optimizer=t.optimizer, recompute=t.recompute,
+        recompute_every_n_layers=t.recompute_every_n_layers, uncheckpointed=uncheckpointed,
+        software=sw, tp_overlap=tp_overlap.mode(cfg), p2p_overlap=p2p_overlapped(cfg),
+        moe=resolve_moe(cfg) if shape.is_moe else None,
+        partitioner=make_partitioner(cfg, shape))

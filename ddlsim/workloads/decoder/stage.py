@@ -1,0 +1,105 @@
+"""What every part of a decoder's stage builder reads, declared once.
+
+:class:`~ddlsim.workloads.decoder.builder.StageBuilder` is assembled from mixins
+(:class:`.dpsync.GradSyncOps`, :class:`.moe.MoEOps`, :class:`.edges.EdgeOps`); each subclasses
+:class:`StageBase`, so every attribute a mixin reads is declared here: the resolved
+:class:`~.plan.DecoderPlan` (``plan``), its fields under the short names the formulas use,
+what the stage derives from them, and the methods one part calls on another.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..trace import Compute, Op
+    from .plan import DecoderPlan
+
+__all__ = ["StageBase"]
+
+
+class StageBase:
+    """The plan of one stage builder and the names its formulas use.
+
+    Parameters
+    ----------
+    plan : DecoderPlan
+        The resolved plan (:func:`.plan.resolve_plan`).
+    """
+
+    def __init__(self, plan: DecoderPlan):
+        #: the resolved plan: the only input of the builder and its mixins
+        self.plan = plan
+        self.shape = plan.shape
+        #: ranks of the tp, pp, dp, cp, ep and expert-tp axes; ``v``: model chunks per stage
+        self.tp, self.pp, self.v, self.dp = plan.tp, plan.pp, plan.vpp, plan.dp
+        self.cp, self.ep, self.etp = plan.cp, plan.ep, plan.etp
+        self.sp: bool = plan.sp
+        #: sequences per micro-batch and tokens per sequence
+        self.b, self.s = plan.micro_batch, plan.seq_length
+        #: FP8 runs the linear GEMMs in FP8 only: the rest (and every byte) is bf16
+        self.dtype: str = plan.dtype
+        #: bytes per element of ``dtype``, and per gradient element (``grad_dtype_bytes``)
+        self.dt, self.gdt = plan.dtype_bytes, plan.grad_dtype_bytes
+        self.sw = plan.software
+        #: transformer layers of each model chunk, ``split[stage][chunk]``
+        self.split = plan.split
+        #: the gradient group and its ranks (dp; dp × cp under CP; FSDP's shard group)
+        self.grad_group, self.gdp = plan.grad_group, plan.grad_group_size
+        #: one micro-batch's activations on one rank, bytes (``b·s·h`` × dtype bytes)
+        self.act_bytes = self.b * self.s * plan.shape.hidden * self.dt
+        #: expert gradients sync over their own group (edp) when the expert layout differs
+        #: from the dense one (EP > 1 or expert TP ≠ TP); otherwise edp is the gradient group
+        self.split_experts: bool = plan.shape.is_moe and (self.ep > 1 or self.etp != self.tp)
+        #: layers per dense…MoE period (1: all layers alike)
+        self.period: int = plan.shape.moe_layer_freq if plan.shape.is_moe else 1
+        #: the resolved MoE options (None for a dense model)
+        self.moe = plan.moe
+        #: the tensor-parallel scheme: Megatron 1-D without context parallelism keeps the
+        #: builder's own ops, every other plan takes its layers, embedding and head from it
+        self.part = plan.partitioner
+        self.structured: bool = self.part.structured
+        self._ops: dict[tuple, Any] = {}
+
+    def cached(self, key: tuple, make):
+        """``make()``, built once per key: ops are immutable, so stages and chunks that need the
+        same op share one object."""
+        hit = self._ops.get(key)
+        if hit is None:
+            hit = self._ops[key] = make()
+        return hit
+
+    def grad_accumulate_bytes(self, params: float) -> float:
+        """Memory traffic of adding one micro-batch's weight gradients into the accumulated
+        gradients: the GEMM writes them in the training dtype, then they are read and added
+        into the gradient buffer (read + write) of the stack's ``grad_reduce_dtype``: fp32
+        with Megatron-LM's ``main_grad`` hook (``param.main_grad.add_(param.grad)``), 16-bit
+        where autograd accumulates ``param.grad`` itself (Megatron-LM 2021 with fp16).
+        With ``gradient_accumulation_fusion`` the weight-gradient GEMM accumulates into the
+        fp32 buffer itself (Megatron's fused_weight_gradient_mlp_cuda): no separate pass."""
+        if self.sw.gradient_accumulation_fusion:
+            return 0.0
+        return params * (2 * self.dt + 2 * self.gdt)
+
+    # ---------------------------------------------------- provided by the builder and mixins
+    def layer_ops(self, backward: bool, repeat: int, n_moe: int | None = None,
+                  first: int | None = None) -> list[Op]:
+        """``repeat`` layers' ops (:meth:`.builder.StageBuilder.layer_ops`)."""
+        raise NotImplementedError
+
+    def stage_params(self, stage: int) -> float:
+        """Parameters on one rank of ``stage`` (:meth:`.builder.StageBuilder.stage_params`)."""
+        raise NotImplementedError
+
+    def stage_expert_params(self, stage: int) -> float:
+        """Routed-expert parameters on one rank of ``stage`` (:class:`.moe.MoEOps`)."""
+        raise NotImplementedError
+
+    def grad_sync_ops_flat(self, grad_bytes: float, op: str, group: str = "dp",
+                           stage: int = 0) -> list[Op]:
+        """Gradients reduced after the backward (:class:`.dpsync.GradSyncOps`)."""
+        raise NotImplementedError
+
+    def _recompute_core(self, g: dict, moe: bool) -> Compute:
+        """Selective recomputation's op (:meth:`.builder.StageBuilder._recompute_core`)."""
+        raise NotImplementedError
