@@ -195,6 +195,52 @@ def test_closed_loop_predicts_the_measured_runs_within_the_bound(tmp_path):
             <= EXCHANGE_BOUND[1], row
 
 
+_FAULTS = """
+import resource, numpy as np
+from ddlsim.reference.machine import cache_allocations
+cached = {cache}
+x = np.ones(2 ** 21, dtype=np.float32)  # 8 MiB temporaries, four alive at once (32 MiB)
+y = [x + x for _ in range(4)]; del y
+f = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(5):
+    y = [x + x for _ in range(4)]; del y
+print(cached, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt: Linux")
+def test_cached_allocations_fault_no_pages_in_again():
+    """With :func:`cache_allocations` four temporaries of 8 MiB made again take their pages
+    from the heap (no page faults); with glibc's defaults the freed heap top (32 MiB, over
+    its trim threshold) goes back to the system and its pages are faulted in anew (10,168
+    in the five rounds here, 2026-11-29; a separate process each: the setting is
+    process-wide)."""
+    got = {}
+    for cache in (False, True):
+        code = _FAULTS.replace("{cache}", "cache_allocations()" if cache else "False")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=60, check=True).stdout.split()
+        got[cache] = (out[0] == "True", int(out[1]))
+    if not got[True][0]:
+        pytest.skip("the C library is not glibc (no mallopt)")
+    assert got[True][1] < 100 and got[False][1] >= 5 * 1000
+
+
+def test_the_accounting_marks_only_ops_of_the_trace_and_every_one_it_charges(tmp_path):
+    """Each numpy step of the reference model is charged to an op ddlsim's trace of the same
+    run has (ddlsim/reference/accounting.py), and every compute op of that trace gets some
+    numpy work: a renamed or new trace op fails here, not silently in the accounting."""
+    from ddlsim.reference.accounting import account, measured_ops, predicted_ops
+    doc = SMALL.run_config(1, "ddp", {"preset": "cpu-10gbe", "nodes": 1})
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(doc))
+    predicted = predicted_ops(ddlsim.load_config(tmp_path / "run.yaml"))
+    measured = measured_ops(SMALL.shape, iters=1, warmup=0)
+    assert set(measured) - {"iteration"} == set(predicted)
+    rows = account(measured, predicted)
+    assert rows[-1]["op"] == "total" and rows[-1]["measured_s"] == pytest.approx(
+        measured["iteration"] + measured["optimizer"])
+
+
 def test_the_calibrated_sizes_reach_past_a_cliff_above_the_gradient_buffer():
     buffer = SMALL.shape.padded * 4  # 13.5 MB
     for ranks in (2, 3, 4):

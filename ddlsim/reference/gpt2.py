@@ -133,76 +133,136 @@ class GPT2:
         self._mask = np.where(np.triu(np.ones((shape.seq, shape.seq), dtype=bool), k=1),
                               -np.inf, 0.0).astype(dtype)
 
+    #: ``mark(name)`` after each step, ``name`` the op of ddlsim's trace that charges the
+    #: work since the last mark (``fwd.attn``, ``bwd.elementwise``, …): the op-by-op
+    #: accounting of :mod:`.accounting` sets it; None (the default) marks nothing
+    mark = None
+
+    def _mark(self, name: str) -> None:
+        if self.mark is not None:
+            self.mark(name)
+
     # ------------------------------------------------------------------ forward
     def forward(self, idx: np.ndarray, targets: np.ndarray) -> tuple[float, list]:
         """Mean cross-entropy loss of a ``(batch, seq)`` batch of token ids, and the
         activations the backward needs."""
-        s, P = self.shape, self.P
-        B, T, h, a = idx.shape[0], idx.shape[1], s.hidden, s.heads
+        s, P, m = self.shape, self.P, self._mark
+        B, T, h = idx.shape[0], idx.shape[1], s.hidden
         x = (P["wte"][idx] + P["wpe"][:T]).reshape(B * T, h)
+        m("embedding")
         caches = []
         for i in range(s.layers):
             ln1, c1 = _layernorm(x, P[f"{i}.ln1_w"], P[f"{i}.ln1_b"])
-            qkv = ln1 @ P[f"{i}.qkv_w"] + P[f"{i}.qkv_b"]
-            q, k, v = (qkv.reshape(B, T, 3, a, h // a).transpose(2, 0, 3, 1, 4))
-            att = (q @ k.transpose(0, 1, 3, 2)) * np.float32(1.0 / math.sqrt(h // a))
-            att += self._mask[:T, :T]
-            att = np.exp(att - att.max(axis=-1, keepdims=True))
-            att /= att.sum(axis=-1, keepdims=True)
-            y = (att @ v).transpose(0, 2, 1, 3).reshape(B * T, h)
-            x1 = x + y @ P[f"{i}.proj_w"] + P[f"{i}.proj_b"]
+            m("fwd.elementwise")
+            q, k, v, att, y = self._attention(ln1, i, B, T)
+            proj = y @ P[f"{i}.proj_w"]
+            m("fwd.attn")
+            x1 = x + proj + P[f"{i}.proj_b"]
             ln2, c2 = _layernorm(x1, P[f"{i}.ln2_w"], P[f"{i}.ln2_b"])
-            pre = ln2 @ P[f"{i}.fc_w"] + P[f"{i}.fc_b"]
+            m("fwd.elementwise")
+            pre = ln2 @ P[f"{i}.fc_w"]
+            m("fwd.mlp")
+            pre += P[f"{i}.fc_b"]
             act, t = _gelu(pre)
-            x2 = x1 + act @ P[f"{i}.fcproj_w"] + P[f"{i}.fcproj_b"]
+            m("fwd.elementwise")
+            out = act @ P[f"{i}.fcproj_w"]
+            m("fwd.mlp")
+            x = x1 + out + P[f"{i}.fcproj_b"]
+            m("fwd.elementwise")
             caches.append((ln1, c1, q, k, v, att, y, ln2, c2, pre, act, t))
-            x = x2
         lnf, cf = _layernorm(x, P["lnf_w"], P["lnf_b"])
         logits = lnf @ P["wte"].T
+        m("logits")
         logits -= logits.max(axis=-1, keepdims=True)
         np.exp(logits, out=logits)
         logits /= logits.sum(axis=-1, keepdims=True)  # now the probabilities
         flat_t = targets.reshape(-1)
         loss = float(-np.log(logits[np.arange(B * T), flat_t]).mean())
+        m("loss")
         return loss, [idx, flat_t, caches, lnf, cf, logits]
+
+    def _attention(self, ln1: np.ndarray, i: int, B: int, T: int):
+        """Layer ``i``'s QKV projection and causal attention core: q, k, v, the
+        probabilities and the heads' outputs as ``(B·T, h)``."""
+        s, P = self.shape, self.P
+        h, a = s.hidden, s.heads
+        qkv = ln1 @ P[f"{i}.qkv_w"] + P[f"{i}.qkv_b"]
+        q, k, v = (qkv.reshape(B, T, 3, a, h // a).transpose(2, 0, 3, 1, 4))
+        att = (q @ k.transpose(0, 1, 3, 2)) * np.float32(1.0 / math.sqrt(h // a))
+        att += self._mask[:T, :T]
+        att = np.exp(att - att.max(axis=-1, keepdims=True))
+        att /= att.sum(axis=-1, keepdims=True)
+        y = (att @ v).transpose(0, 2, 1, 3).reshape(B * T, h)
+        return q, k, v, att, y
 
     # ----------------------------------------------------------------- backward
     def backward(self, acts: list) -> None:
         """Gradients of the mean loss into :attr:`g` (overwritten, not accumulated)."""
-        s, P, G = self.shape, self.P, self.G
+        s, P, G, m = self.shape, self.P, self.G, self._mark
         idx, flat_t, caches, lnf, cf, probs = acts
-        B, T, h, a = idx.shape[0], idx.shape[1], s.hidden, s.heads
+        B, T, h = idx.shape[0], idx.shape[1], s.hidden
         self.g[:] = 0.0
+        m("bwd.grad_accumulate")
         dlogits = probs  # softmax − one-hot, / tokens: in place on the probabilities
         dlogits[np.arange(B * T), flat_t] -= 1.0
         dlogits /= B * T
-        G["wte"] += dlogits.T @ lnf
+        m("bwd.loss")
+        wgrad = dlogits.T @ lnf
+        m("bwd.logits")
+        G["wte"] += wgrad
+        m("bwd.grad_accumulate.embedding")
         dx = _layernorm_back(dlogits @ P["wte"], P["lnf_w"], cf, G["lnf_w"], G["lnf_b"])
+        m("bwd.logits")
         for i in reversed(range(s.layers)):
-            ln1, c1, q, k, v, att, y, ln2, c2, pre, act, t = caches[i]
-            G[f"{i}.fcproj_w"] += act.T @ dx
-            G[f"{i}.fcproj_b"] += dx.sum(axis=0)
-            dpre = _gelu_back(dx @ P[f"{i}.fcproj_w"].T, pre, t)
-            G[f"{i}.fc_w"] += ln2.T @ dpre
-            G[f"{i}.fc_b"] += dpre.sum(axis=0)
-            dx = dx + _layernorm_back(dpre @ P[f"{i}.fc_w"].T, P[f"{i}.ln2_w"], c2,
-                                      G[f"{i}.ln2_w"], G[f"{i}.ln2_b"])
-            G[f"{i}.proj_w"] += y.T @ dx
-            G[f"{i}.proj_b"] += dx.sum(axis=0)
-            dy = (dx @ P[f"{i}.proj_w"].T).reshape(B, T, a, h // a).transpose(0, 2, 1, 3)
-            datt = dy @ v.transpose(0, 1, 3, 2)
-            dv = att.transpose(0, 1, 3, 2) @ dy
-            datt = att * (datt - (datt * att).sum(axis=-1, keepdims=True))
-            datt *= np.float32(1.0 / math.sqrt(h // a))
-            dq, dk = datt @ k, datt.transpose(0, 1, 3, 2) @ q
-            dqkv = np.stack([dq, dk, dv]).transpose(1, 3, 0, 2, 4).reshape(B * T, 3 * h)
-            G[f"{i}.qkv_w"] += ln1.T @ dqkv
-            G[f"{i}.qkv_b"] += dqkv.sum(axis=0)
-            dx = dx + _layernorm_back(dqkv @ P[f"{i}.qkv_w"].T, P[f"{i}.ln1_w"], c1,
-                                      G[f"{i}.ln1_w"], G[f"{i}.ln1_b"])
+            dx = self._block_backward(dx, i, caches[i], B, T)
         dx = dx.reshape(B, T, h)
         G["wpe"][:T] += dx.sum(axis=0)
         np.add.at(G["wte"], idx.reshape(-1), dx.reshape(B * T, h))
+        m("bwd.grad_accumulate.embedding")
+
+    def _accumulate(self, name: str, wgrad: np.ndarray, op: str) -> None:
+        """``G[name] += wgrad``: the weight gradient ``op``'s GEMM made, then accumulated."""
+        self._mark(op)
+        self.G[name] += wgrad
+        self._mark("bwd.grad_accumulate")
+
+    def _block_backward(self, dx: np.ndarray, i: int, cache: tuple, B: int, T: int):
+        """Layer ``i``'s backward from the gradient ``dx`` of its output (``(B·T, h)``) to
+        that of its input; weight gradients accumulated into :attr:`G`."""
+        P, G, m = self.P, self.G, self._mark
+        h, a = self.shape.hidden, self.shape.heads
+        ln1, c1, q, k, v, att, y, ln2, c2, pre, act, t = cache
+        self._accumulate(f"{i}.fcproj_w", act.T @ dx, "bwd.mlp")
+        G[f"{i}.fcproj_b"] += dx.sum(axis=0)
+        m("bwd.elementwise")
+        dact = dx @ P[f"{i}.fcproj_w"].T
+        m("bwd.mlp")
+        dpre = _gelu_back(dact, pre, t)
+        m("bwd.elementwise")
+        self._accumulate(f"{i}.fc_w", ln2.T @ dpre, "bwd.mlp")
+        G[f"{i}.fc_b"] += dpre.sum(axis=0)
+        m("bwd.elementwise")
+        dln2 = dpre @ P[f"{i}.fc_w"].T
+        m("bwd.mlp")
+        dx = dx + _layernorm_back(dln2, P[f"{i}.ln2_w"], c2, G[f"{i}.ln2_w"], G[f"{i}.ln2_b"])
+        m("bwd.elementwise")
+        self._accumulate(f"{i}.proj_w", y.T @ dx, "bwd.attn")
+        G[f"{i}.proj_b"] += dx.sum(axis=0)
+        m("bwd.elementwise")
+        dy = (dx @ P[f"{i}.proj_w"].T).reshape(B, T, a, h // a).transpose(0, 2, 1, 3)
+        datt = dy @ v.transpose(0, 1, 3, 2)
+        dv = att.transpose(0, 1, 3, 2) @ dy
+        datt = att * (datt - (datt * att).sum(axis=-1, keepdims=True))
+        datt *= np.float32(1.0 / math.sqrt(h // a))
+        dq, dk = datt @ k, datt.transpose(0, 1, 3, 2) @ q
+        dqkv = np.stack([dq, dk, dv]).transpose(1, 3, 0, 2, 4).reshape(B * T, 3 * h)
+        self._accumulate(f"{i}.qkv_w", ln1.T @ dqkv, "bwd.attn")
+        G[f"{i}.qkv_b"] += dqkv.sum(axis=0)
+        dln1 = dqkv @ P[f"{i}.qkv_w"].T
+        m("bwd.attn")
+        dx = dx + _layernorm_back(dln1, P[f"{i}.ln1_w"], c1, G[f"{i}.ln1_w"], G[f"{i}.ln1_b"])
+        m("bwd.elementwise")
+        return dx
 
 
 class Adam:

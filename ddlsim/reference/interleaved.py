@@ -28,9 +28,13 @@ under load the exchange is still inflated, far less than its wall time (median 2
 143 ms, 2 ranks, load 9); the MPI curves (``calibrate comm --clock cpu``) are measured the
 same way.
 
+Every rank first keeps freed memory for reuse (:func:`~.machine.cache_allocations`, a
+framework's caching allocator: numpy's temporaries are then not faulted in anew each
+iteration); the minor page faults of each forward and backward are kept, to show it.
+
 Rank 0 writes ``OUT/compute{N}.csv`` (the ``calibrate compute`` format, one row per shape
 with the statistics over rounds) and ``OUT/interleaved{N}.json`` (the element-wise rate and
-the per-round times per config).
+the per-round times and page faults per config).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import resource  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -85,19 +90,24 @@ def _stream_cpu_Bps(x: np.ndarray, y: np.ndarray, z: np.ndarray, reps: int = 3) 
     return 3.0 * x.nbytes / max(best, 1e-9)
 
 
+def _faults() -> int:
+    """Minor page faults of this process so far (``getrusage``'s ``ru_minflt``)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def _iteration(comm, model, opt, exchange, bucket_bytes, idx, tgt) -> tuple[float, ...]:
-    """(loss, forward + backward CPU s, exchange + update CPU s, its wall s), each the most
-    over ranks."""
+    """(loss, forward + backward CPU s, exchange + update CPU s, its wall s, minor page
+    faults of the forward and backward), each the most over ranks."""
     from mpi4py import MPI
     comm.Barrier()
-    c0 = time.process_time()
+    f0, c0 = _faults(), time.process_time()
     loss, acts = model.forward(idx, tgt)
     model.backward(acts)
-    c1 = time.process_time()
+    c1, f1 = time.process_time(), _faults()
     comm.Barrier()
     t0, c2 = time.perf_counter(), time.process_time()
     exchange(comm, model, opt, bucket_bytes)
-    spans = np.array([c1 - c0, time.process_time() - c2, time.perf_counter() - t0])
+    spans = np.array([c1 - c0, time.process_time() - c2, time.perf_counter() - t0, f1 - f0])
     comm.Allreduce(MPI.IN_PLACE, spans, op=MPI.MAX)
     return (loss, *map(float, spans))
 
@@ -135,8 +145,8 @@ def phase_times(cfgs, comm, rounds: int, warmup: int, seed: int = 0):
     x = np.ones(shape.padded, dtype=np.float32)
     y, z = x.copy(), np.empty_like(x)
     gemms, stream = [], []
-    runs = [{"compute_cpu_s": [], "exchange_s": [], "exchange_wall_s": [], "losses": []}
-            for _ in cfgs]
+    runs = [{"compute_cpu_s": [], "exchange_s": [], "exchange_wall_s": [],
+             "compute_minor_faults": [], "losses": []} for _ in cfgs]
     for r in range(warmup + rounds):
         comm.Barrier()
         frame = _gemm_round(shapes, seed + r)
@@ -147,8 +157,8 @@ def phase_times(cfgs, comm, rounds: int, warmup: int, seed: int = 0):
                                       cfg.parallel.grad_bucket_size, idx, tgt)
             run["losses"].append(loss)
             if r >= warmup:
-                for key, value in zip(("compute_cpu_s", "exchange_s", "exchange_wall_s"),
-                                      spans):
+                for key, value in zip(("compute_cpu_s", "exchange_s", "exchange_wall_s",
+                                       "compute_minor_faults"), spans):
                     run[key].append(value)
         if r >= warmup:
             gemms.append(frame)
@@ -205,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from ..calibration.outputs import write_csv
     from ..errors import ConfigError
+    from .machine import cache_allocations
     from .train import refuse_shared_cores
     args = _parse(argv)
     comm = MPI.COMM_WORLD
@@ -218,12 +229,14 @@ def main(argv: list[str] | None = None) -> int:
         if comm.Get_rank() == 0:
             print(f"error: {exc}", file=sys.stderr)
         return 2
+    cached = cache_allocations()
     gemm, stream, runs = phase_times(cfgs, comm, args.rounds, args.warmup)
     every = comm.gather(float(np.median(stream)), root=0)
     if comm.Get_rank() == 0:
         n = comm.Get_size()
         write_csv(args.output / f"compute{n}.csv", gemm, force=True)
         out = {"ranks": n, "rounds": args.rounds, "warmup": args.warmup,
+               "cached_allocations": cached,
                "stream_Bps": float(np.median(every)), "per_rank_stream_Bps": every,
                "runs": {c.parallel.dp_strategy: {**r, "config": str(p)}
                         for c, r, p in zip(cfgs, runs, args.configs)}}

@@ -11,7 +11,17 @@ that runs the prediction's run; none is a datasheet value.
 
 from __future__ import annotations
 
-__all__ = ["local_system", "NUMPY_STACK", "gemm_shapes"]
+import ctypes
+import ctypes.util
+
+__all__ = ["local_system", "NUMPY_STACK", "gemm_shapes", "cache_allocations"]
+
+#: glibc ``mallopt`` parameters (``<malloc.h>``: ``M_TRIM_THRESHOLD`` −1, ``M_MMAP_THRESHOLD``
+#: −3) and the values :func:`cache_allocations` sets: blocks up to 32 MiB (glibc's largest
+#: ``M_MMAP_THRESHOLD``, ``DEFAULT_MMAP_THRESHOLD_MAX`` on 64-bit) come from the heap, which
+#: is not given back to the system below 1 GiB of free space at its top
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_MMAP_THRESHOLD_BYTES, _TRIM_THRESHOLD_BYTES = 32 * 2 ** 20, 2 ** 30
 
 #: How numpy runs the reference model: every op its own kernel (no fusion, the attention
 #: core as separate matmul, scale, mask and softmax passes); Adam a cache block at a time,
@@ -72,6 +82,33 @@ def local_system(ranks: int, gemm_flops_peak: float, stream_Bps: float, p2p: tup
         "software": NUMPY_STACK,
         "source": src,
     }
+
+
+def cache_allocations() -> bool:
+    """Keep freed memory in the process for reuse, as a deep-learning framework's caching
+    allocator does (PyTorch's CUDA caching allocator, docs "CUDA semantics: memory
+    management"); returns whether it could (glibc only).
+
+    numpy allocates every temporary anew. With glibc's defaults a temporary above the mmap
+    threshold is a fresh ``mmap`` and its pages are faulted in and zeroed on first touch, and
+    heap memory above the trim threshold goes back to the system: one iteration of the loop's
+    model took 8,700-13,600 minor page faults (35-55 MB first touched) and 20 ms more CPU
+    time (280 against 256-262 ms, least of 10, 2026-11-29) than with this call, which left
+    none. ddlsim counts no allocation cost, as on a GPU framework none is paid per kernel, so
+    the trainer pays none either.
+
+    Returns
+    -------
+    bool
+        True when both ``mallopt`` calls succeeded (the C library is glibc).
+    """
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        mallopt = libc.mallopt
+    except (OSError, AttributeError, TypeError):  # not glibc (macOS, musl): nothing to set
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
+                and mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD_BYTES))
 
 
 def gemm_shapes(shape) -> list[tuple[int, int, int]]:

@@ -23,7 +23,9 @@ time the rank's process got over that wall time: about 1 when each rank had its 
 waits by polling, which counts), less when other work on the machine took turns on it; its
 CPU time is the most CPU time a rank's process used in it. The program prints the median
 over ``--iters`` timed iterations after ``--warmup`` untimed ones, and the loss, which
-falls: every rank trains on its own fixed batch of random tokens. BLAS runs one thread per
+falls: every rank trains on its own fixed batch of random tokens. Freed memory stays in
+the process for reuse, as under a framework's caching allocator
+(:func:`~.machine.cache_allocations`). BLAS runs one thread per
 rank unless the environment says otherwise (``OPENBLAS_NUM_THREADS``, ``OMP_NUM_THREADS``).
 """
 
@@ -301,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from ..config import load_config
     from ..errors import ConfigError
+    from .machine import cache_allocations
     args = _parse(argv)
     comm = MPI.COMM_WORLD
     try:
@@ -314,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         if comm.Get_rank() == 0:
             print(f"error: {exc}", file=sys.stderr)
         return 2
+    cache_allocations()
     out = train(cfg, comm, args.iters, args.warmup, args.seed, args.save_params)
     if comm.Get_rank() == 0:
         print(f"reference: {out['strategy']} on {out['ranks']} rank(s): median iteration "
