@@ -51,8 +51,13 @@ def test_published_kernels_are_slower_than_the_pass_model_never_faster():
     from benchscripts import load_script
     kb = load_script("kernel_breakdown")
     rows = kb.kernel_table()
-    assert len(rows) == 24
+    assert len(rows) == 27
     ratios = {(r["kernel"], r["mode"], r["x"]): r["measured/ddlsim"] for r in rows}
     assert all(1.1 <= v <= 3.5 for v in ratios.values()), ratios
     ce = [v for (k, m, _), v in ratios.items() if k.endswith("unfused")]
     assert max(ce) < 1.25
+    # the small composite norm (8 kernels of ~3 us) is bound by its eager dispatch (8 x 5.8 us)
+    # in ddlsim, and the measured call (60 us, with its module call) within 1.35x of that
+    host = [r for r in rows if r["ddlsim bound"] == "host"]
+    assert [(r["kernel"], r["x"]) for r in host] == [("rms_norm huggingface", "H=1024")]
+    assert host[0]["measured/ddlsim"] < 1.35
