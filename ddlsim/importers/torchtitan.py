@@ -222,6 +222,9 @@ def _parallelism(draft: Draft, s: dict, doc: dict, old: bool = False) -> None:
         method = s.get("context_parallel_rotate_method", "allgather")
         if method == "allgather":
             draft.set("parallel.cp_comm_type", "all_gather", "context_parallel_rotate_method")
+        elif method == "alltoall":   # torch's _AllToAllRotater: a permute to +1 per ring step
+            draft.set("parallel.cp_comm_type", "p2p", "context_parallel_rotate_method "
+                      "'alltoall' (torch's per-step K/V permute: partition/torch_cp.py)")
         else:
             draft.refuse(f"[parallelism] context_parallel_rotate_method = {method}",
                          "not modelled yet")

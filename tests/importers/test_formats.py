@@ -100,6 +100,11 @@ def test_torchtitan_import_round_trips_to_the_hand_written_config():
      ("system", "software", "kernels", "fp8_recipe"), "rowwise"),
     ("[parallelism]", "[parallelism]\nfsdp_reshard_after_forward = 'never'",
      ("system", "software", "overlap", "zero3_reshard_after_forward"), "never"),
+    ("context_parallel_degree = 1", "context_parallel_degree = 2",
+     ("parallel", "cp_comm_type"), "all_gather"),
+    ("context_parallel_degree = 1",
+     "context_parallel_degree = 2\ncontext_parallel_rotate_method = 'alltoall'",
+     ("parallel", "cp_comm_type"), "p2p"),
 ])
 def test_torchtitan_fsdp_with_pp_tp_and_compile_are_imported(tmp_path, old, new, path, value):
     text = (DATA / "torchtitan_llama3_8b.toml").read_text()
