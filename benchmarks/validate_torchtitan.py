@@ -21,10 +21,13 @@ nothing tuned.
 The published iteration time is ``global_batch · seq / (tokens/s/GPU · GPUs)``; the error is
 ``predicted / published − 1`` (positive: ddlsim too slow). Rows are marked:
 
-* ``≈ fp8``: float8 runs as ddlsim's ``fp8`` with the row's recipe's scaling and cast
-  passes (``fp8_recipe``: tensorwise or rowwise, from torchao's roofline model), but every
-  FP8 GEMM at the device's one FP8 ceiling (a rowwise-scaled GEMM is not slower here), and
-  FSDP's float8 all-gather is not modelled (its gathers stay bf16);
+* ``≈ fp8``: float8 runs as ddlsim's ``fp8`` with the row's recipe as torchao runs it
+  (``fp8_recipe``: tensorwise or rowwise; docs/compute.md, "FP8": its cast passes from
+  torchao's roofline model, each GEMM's kernel, rowwise's rescale passes, one FP8 linear per
+  ``nn.Linear``), but the cast kernels at the roofline of their bytes (torchao's per-linear
+  table measures rowwise's slower where they dominate: ``validate_fp8_linear.py``), fast
+  accumulation at the split accumulator's ceiling, and FSDP's float8 all-gather not
+  modelled (its gathers stay bf16; the 2024 405B rows' config turns it on);
 
 The H100 rows run on ``grand-teton-h100``: the runs' H100s with 96 GB of HBM2e (94 GiB
 visible) at 2.4 TB/s, 8 per host on NVLink, 400 Gb/s RDMA per GPU (``ddlsim/data/systems.yaml``,
