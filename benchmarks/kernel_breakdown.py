@@ -162,7 +162,8 @@ def step_rows() -> list[tuple[str, dict, float]]:
     for row in vt.rows():
         if row["model"] == "llama-3.1-8b" and row["set"] == "2024" and row["table"] == "1" \
                 and row["float8"] == "none":
-            out.append((f"torchtitan 2024 8B {row['techniques']}", vt.config(row), vt.published_time(row)))
+            out.append((f"torchtitan 2024 8B {row['techniques']}", vt.config(row),
+                        vt.published_time(row)))
     for row in vh.rows():
         if row["model"] in ("GPT3-5B", "LLAMA3-8B"):
             out.append((f"NeMo 24.07 {row['model']}", vh.config(row), vh.published_time(row)))

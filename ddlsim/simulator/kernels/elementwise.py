@@ -42,8 +42,8 @@ from typing import Any
 
 from ...workloads.trace import Kernel
 
-__all__ = ["layer_elementwise_kernels", "norm_passes", "activation_passes", "optimizer_bytes_per_param", "loss_bytes",
-           "loss_passes", "unfused_softmax_passes"]
+__all__ = ["layer_elementwise_kernels", "norm_passes", "activation_passes",
+           "optimizer_bytes_per_param", "loss_bytes", "loss_passes", "unfused_softmax_passes"]
 
 
 def norm_passes(fused: bool, norm: str, dtype_bytes: float, hidden: float) -> list[float]:
