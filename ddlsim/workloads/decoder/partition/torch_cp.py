@@ -42,6 +42,11 @@ buffer after the first), and to fold the fp32 zeros into the first accumulation 
 reading of what Inductor does with such chains, not a measurement.
 
 Rank 0 is timed (one rank class); its partial steps move half the query-side tensors.
+
+References
+----------
+The merge is the numerically stable form of the log-sum-exp combination that torch's code
+cites: zhuzilin/ring-flash-attention pull request 34, comment 2076126795.
 """
 
 from __future__ import annotations
@@ -63,8 +68,19 @@ def _sizes(part: Any) -> tuple[float, float]:
 
 
 def kv_bytes(part: Any) -> float:
-    """Bytes of the rank's K and V as the ring moves them: ``2·b·(s/cp)·(a/p)·d`` elements
-    of the training dtype (K/V repeated to the query heads by torchtitan's ``repeat_kv``)."""
+    """Bytes of the rank's K and V as the ring moves them (K/V repeated to the query heads
+    by torchtitan's ``repeat_kv``).
+
+    Parameters
+    ----------
+    part : LayerPartitioner
+        The layer's partitioner (``b``, ``s``, ``cp``, the grid size ``p``, the dtype).
+
+    Returns
+    -------
+    float
+        ``2·b·(s/cp)·(a/p)·d`` elements of the training dtype, in bytes.
+    """
     return 2 * _sizes(part)[0]
 
 
@@ -159,7 +175,17 @@ def _transfers(part: Any, ops: Any, tag: str, deps: tuple[int, ...]) -> list[int
 
 def attention_forward(part: Any, ops: Any, tag: str) -> None:
     """Append torch's ring attention forward (module docstring): the K/V transfers, step 0
-    on the local block, ``cp − 1`` later steps each with its fp32 merge, the cast back."""
+    on the local block, ``cp − 1`` later steps each with its fp32 merge, the cast back.
+
+    Parameters
+    ----------
+    part : LayerPartitioner
+        The layer's partitioner under context parallelism (``cp > 1``, a fused kernel).
+    ops : OpList
+        The layer body the ops are appended to; its last compute op is the QKV projection.
+    tag : str
+        Name prefix of the pass (``fwd``, or ``recompute`` under full recomputation).
+    """
     cp, flops = part.cp, part.attn_core_flops()
     prev = ops.last_compute()                   # the qkv GEMM: K/V exist from here on
     arrive = _transfers(part, ops, tag, () if prev is None else (prev,))
@@ -179,7 +205,15 @@ def attention_forward(part: Any, ops: Any, tag: str) -> None:
 def attention_backward(part: Any, ops: Any) -> None:
     """Append torch's ring attention backward (module docstring): K/V again, per step the
     flash backward and the fp32 accumulation, dK/dV sent on to ``+1`` in fp32 after every
-    step (stream ``cp.dkv``), and the casts back to bf16 once they are home."""
+    step (stream ``cp.dkv``), and the casts back to bf16 once they are home.
+
+    Parameters
+    ----------
+    part : LayerPartitioner
+        The layer's partitioner under context parallelism (``cp > 1``, a fused kernel).
+    ops : OpList
+        The layer's backward body; its last compute op precedes the core's backward.
+    """
     cp, flops = part.cp, 2 * part.attn_core_flops()
     E, _ = _sizes(part)
     prev = ops.last_compute()
