@@ -1,7 +1,8 @@
 """The MoE layer's own kernels: its element-wise passes (no ``s²`` score passes: those are the
 attention core's kernels, as in a dense layer) and the FP8 recipe's casts around the routed
-experts' grouped GEMMs (``ddlsim/workloads/decoder/fp8linear.py``), which stay with the data
-gradient when the weight gradients are delayed. Expected bytes are derived in the comments.
+experts' grouped GEMMs and the attention projections (``ddlsim/workloads/decoder/fp8linear.py``),
+which stay with the data gradient when the weight gradients are delayed. Expected bytes are
+derived in the comments.
 """
 
 from __future__ import annotations
@@ -91,3 +92,14 @@ def test_delayed_weight_gradients_leave_the_casts_with_the_data_gradient():
     assert [k.kind for k in dgrad.kernels] == ["memory"] * 4 + ["gemm"] * 4
     assert list(dgrad.kernels[4:]) == gemms[0::2] and list(wgrad.kernels) == gemms[1::2]
     assert dgrad.flops + wgrad.flops == op.flops
+
+
+
+def test_fp8_attention_projections_carry_the_casts_a_dense_layer_has():
+    # qkv of Mixtral at TP1: [s, h]·[h, 4096 + 2·1024]; TE delayed scaling: input cast and
+    # transpose 4·s·h, weight cast 3·h·6144 bytes (the passes a dense layer's qkv has)
+    s = 4096
+    qkv = _ops(run(dtype="fp8"))["fwd.qkv"].kernels
+    assert [k.kind for k in qkv] == ["memory", "memory", "gemm"]
+    assert [k.bytes for k in qkv if k.kind == "memory"] == [4 * s * H, 3 * H * 6144]
+    assert [k.kind for k in _ops(run())["fwd.qkv"].kernels] == ["gemm"]

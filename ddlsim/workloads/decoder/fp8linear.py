@@ -1,6 +1,7 @@
-"""The FP8 recipe's scaling and cast kernels around the linear GEMMs that an MoE layer builds
-itself (the routed experts' grouped GEMMs), as a dense layer's linears have them
-(:func:`.layerkernels.layer_kernels`); the passes per recipe are
+"""The kernels of the linear layers that a layer partitioner or an MoE layer builds itself (the
+attention projections of 1-D tensor parallelism, the routed experts' grouped GEMMs): in FP8
+the recipe's scaling and cast passes, GEMM kernels and rescaling passes, as a dense layer's
+linears have them (:func:`.layerkernels.layer_kernels`); the passes per recipe are
 :mod:`ddlsim.simulator.kernels.fp8recipe`'s.
 
 Transformer Engine's ``GroupedLinear`` (what Megatron-Core's ``TEGroupedMLP`` runs with
@@ -16,52 +17,60 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ...simulator.kernels.fp8recipe import fp8_cast_kernels
+from ...simulator.kernels.fp8recipe import (fp8_cast_kernels, fp8_gemm_variants,
+                                            fp8_rescale_kernels)
+from ...simulator.kernels.gemm import gemm_kernels_backward
 from ..trace import Compute, Kernel
 
-__all__ = ["fp8_linear_casts", "with_fp8_casts"]
+__all__ = ["linear_kernels", "with_fp8_casts"]
 
 
-def fp8_linear_casts(sw: Any, dtype: str, M: float, N: float, K: float, backward: bool,
-                     batch: float = 1.0) -> tuple[Kernel, ...]:
-    """The cast kernels of ``batch`` FP8 linears ``[M, K]·[K, N]`` quantized together.
+def _times(kernels: tuple[Kernel, ...], batch: float) -> tuple[Kernel, ...]:
+    return tuple(replace(k, bytes=k.bytes * batch) for k in kernels)
+
+
+def linear_kernels(sw: Any, dtype: str, M: float, N: float, K: float, backward: bool,
+                   batch: float = 1.0) -> tuple[Kernel, ...]:
+    """The kernels of ``batch`` linears ``[M, K]·[K, N]`` launched as one (a grouped GEMM):
+    the GEMMs (backward: data and weight gradients); in FP8, the recipe's cast passes before
+    them over all ``batch`` problems at once, its GEMM kernels and its rescaling passes.
 
     Parameters
     ----------
     sw : Software
         the resolved software stack (``fp8_recipe``, ``compile``).
     dtype : str
-        the linears' dtype; anything but ``fp8`` has no casts.
+        the linears' dtype (``train.dtype``); only ``fp8`` has casts.
     M, N, K : float
         one problem's GEMM shape (elements).
     backward : bool
-        the backward's casts (output gradient) instead of the forward's (input, weight).
+        the backward's kernels instead of the forward's.
     batch : float
-        problems quantized in one call (their bytes add up in one kernel per pass).
+        problems in the launch (``Kernel.batch``; their cast bytes add up in one kernel per
+        pass).
 
     Returns
     -------
     tuple of Kernel
-        ``memory`` kernels, bytes read + written each (B); empty for a 16-bit linear.
+        ``memory`` kernels (bytes read + written, B) and ``gemm`` kernels, in launch order.
     """
+    shapes = gemm_kernels_backward(M, N, K) if backward else ((M, N, K),)
     if dtype != "fp8":
-        return ()
-    return tuple(Kernel("memory", bytes=k.bytes * batch, dtype=k.dtype)
-                 for k in fp8_cast_kernels(sw.fp8_recipe, M, N, K, backward, bool(sw.compile)))
+        return tuple(Kernel("gemm", g, batch=batch, dtype=dtype) for g in shapes)
+    recipe, compiled = sw.fp8_recipe, bool(sw.compile)
+    gemms = tuple(Kernel("gemm", g, batch=batch, dtype=dtype, variant=v)
+                  for g, v in zip(shapes, fp8_gemm_variants(recipe, backward)))
+    rescale = fp8_rescale_kernels(recipe, M, N, K, compiled) if backward else ()
+    return (_times(fp8_cast_kernels(recipe, M, N, K, backward, compiled), batch) + gemms
+            + _times(rescale, batch))
 
 
 def with_fp8_casts(op: Compute, sw: Any, M: float, N: float, K: float, backward: bool,
                    batch: float = 1.0, launches: int = 1) -> Compute:
     """``op`` (``launches`` launches of ``batch`` GEMMs ``[M,K]·[K,N]`` in its kernels' dtype,
-    :meth:`.moe.MoEOps._gemm`) with its FP8 casts before each launch's GEMMs; ``op`` itself
-    when its GEMMs are not FP8."""
+    :meth:`.moe.MoEOps._gemm`) with each launch's kernels as :func:`linear_kernels` gives
+    them; ``op`` itself when its GEMMs are not FP8."""
     kernels = op.kernels or ()
-    casts = fp8_linear_casts(sw, kernels[0].dtype if kernels else "", M, N, K, backward,
-                             batch)
-    if not casts:
+    if not kernels or kernels[0].dtype != "fp8":
         return op
-    per = len(kernels) // launches
-    out: tuple[Kernel, ...] = ()
-    for i in range(launches):
-        out += casts + kernels[i * per:(i + 1) * per]
-    return replace(op, kernels=out)
+    return replace(op, kernels=linear_kernels(sw, "fp8", M, N, K, backward, batch) * launches)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..fp8linear import linear_kernels
 from ..layerkernels import loss_op
 from ....simulator.kernels.gemm import gemm_kernels_backward
 from ...trace import Collective, Compute, Kernel, Op
@@ -76,8 +77,8 @@ class Megatron1D(LayerPartitioner):
         return (M, N, K / t) if row_parallel else (M, N / t, K)
 
     def _kernels(self, shape3: tuple, backward: bool) -> tuple[Kernel, ...]:
-        shapes = gemm_kernels_backward(*shape3) if backward else (shape3,)
-        return tuple(Kernel("gemm", g, dtype=self.cfg.train.dtype) for g in shapes)
+        """The rank's GEMMs of one linear, in FP8 with the recipe's casts (:mod:`..fp8linear`)."""
+        return linear_kernels(self.cfg.software, self.cfg.train.dtype, *shape3, backward)
 
     def gemm_forward(self, ops: OpList, name: str, M: float, N: float, K: float,
                      row_parallel: bool) -> None:
