@@ -1,0 +1,107 @@
+"""The decoder builder's resolved plan (issue 27, item 5): ``resolve_plan`` reads the run config
+once; ``StageBuilder`` and its mixins read the plan and nothing else of the config, and every
+attribute a mixin reads is declared (``decoder/stage.py``)."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+
+import ddlsim
+from ddlsim.config import RunConfig
+from ddlsim.workloads.decoder.builder import StageBuilder
+from ddlsim.workloads.decoder.plan import DecoderPlan, resolve_plan
+
+DECODER = Path(__file__).resolve().parents[2] / "ddlsim" / "workloads" / "decoder"
+#: GPT-3 1.3B, TP2 PP2 on two DGX A100 (16 GPUs: DP 4), Megatron-Core's stack, bf16
+BASE = {"model": "gpt3-1.3b",
+        "parallel": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2,
+                     "zero_stage": 1},
+        "train": {"micro_batch_size": 1, "global_batch_size": 32, "seq_length": 2048,
+                  "dtype": "bf16"},
+        "system": {"preset": "dgx-a100", "nodes": 2, "software": "megatron-core-2024"}}
+
+
+def plan_of(overrides: list[str] | None = None) -> tuple[RunConfig, DecoderPlan]:
+    cfg = ddlsim.load_config(BASE, overrides or [])
+    return cfg, resolve_plan(cfg, cfg.model.shape())
+
+
+def test_plan_fields_come_from_the_config():
+    cfg, plan = plan_of()
+    assert (plan.tp, plan.pp, plan.vpp, plan.dp, plan.cp, plan.ep) == (2, 2, 1, 4, 1, 1)
+    assert (plan.micro_batch, plan.seq_length, plan.dtype, plan.dtype_bytes) == (1, 2048, "bf16", 2)
+    # Megatron-Core with bf16: fp32 main grads (grad_reduce_dtype fp32_if_bf16)
+    assert plan.grad_dtype_bytes == 4
+    assert plan.split == ((12,), (12,))          # 24 layers over 2 stages
+    assert (plan.grad_group, plan.grad_group_size) == ("dp", 4)
+    assert plan.edp == cfg.mesh.size("edp")
+    assert (plan.zero_stage, plan.dp_strategy, plan.recompute) == (1, "ddp", "none")
+    assert plan.moe is None and plan.uncheckpointed is None
+
+
+def test_gradient_buckets_are_megatron_cores_rule():
+    # max(40e6, 1e6 · DP 4) parameters of 4 bytes on the first chunk of the first stage; one
+    # bucket (infinite) elsewhere; the parameter gather's first bucket in 16-bit parameters
+    _, plan = plan_of()
+    assert plan.grad_buckets == (40e6 * 4, math.inf)
+    assert plan.bucket_bytes(0, 0) == 160e6
+    assert plan.bucket_bytes(1, 0) == plan.bucket_bytes(0, 1) == math.inf
+    assert plan.param_bucket_bytes == 80e6
+
+
+def test_layer_checkpointing_resolves_the_plan_without_recomputation():
+    # Megatron-Core cannot checkpoint every n-th layer (torchtitan can): a what-if here
+    _, plan = plan_of(["train.recompute=full", "train.recompute_every_n_layers=2",
+                       "system.software={stack: megatron-core-2024, what_if: true}"])
+    plain = plan.uncheckpointed
+    assert plain is not None and plain.uncheckpointed is None
+    assert (plain.recompute, plain.recompute_every_n_layers) == ("none", 1)
+    assert plain.split == plan.split and plain.partitioner.recompute == "none"
+
+
+def test_the_plan_is_frozen():
+    _, plan = plan_of()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.tp = 4
+
+
+@pytest.mark.parametrize("overrides", [[], ["parallel.sequence_parallel=true",
+                                             "parallel.tp_comm_overlap=pipelined"]])
+def test_the_builder_holds_no_run_config(overrides):
+    cfg, plan = plan_of(overrides)
+    b = StageBuilder(plan)
+    b.chunk_blocks(0, 0, b.grad_sync_ops(0, 0))
+    b.update_block(1, True, True)
+    assert not hasattr(b, "cfg")
+    assert not [k for k, v in vars(b).items() if isinstance(v, RunConfig)]
+
+
+def _reads(cls: ast.ClassDef) -> tuple[set[str], set[str]]:
+    """(attributes ``cls`` defines, attributes its methods read from ``self``)."""
+    defined = {n.name for n in cls.body if isinstance(n, ast.FunctionDef)}
+    read = set()
+    for n in ast.walk(cls):
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self":
+            (defined if isinstance(n.ctx, ast.Store) else read).add(n.attr)
+    return defined, read
+
+
+def _class(module: str, name: str) -> ast.ClassDef:
+    tree = ast.parse((DECODER / module).read_text())
+    return next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == name)
+
+
+@pytest.mark.parametrize("module, name", [("dpsync.py", "GradSyncOps"), ("moe.py", "MoEOps"),
+                                          ("edges.py", "EdgeOps")])
+def test_each_mixin_reads_only_what_it_or_the_stage_base_declares(module, name):
+    cls = _class(module, name)
+    assert [b.id for b in cls.bases] == ["StageBase"]
+    base, _ = _reads(_class("stage.py", "StageBase"))
+    own, read = _reads(cls)
+    assert sorted(read - own - base) == []
+    assert "cfg" not in read
