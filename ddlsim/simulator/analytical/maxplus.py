@@ -26,24 +26,18 @@ settle the first ``PREFIXES[0]`` steps of every class, then the first ``PREFIXES
 then all: the pipeline's warm-up settles on short arrays, and the steady state that follows,
 whose steps the compute stream binds, settles in a few sweeps of windows.
 
-A step is scalar when its block has at most one recv (without deps) and at most one send
-(after compute-stream instructions only), no collective across classes, no wait on the
-compute stream, and no compute-stream instruction waiting for another stream. Instructions on
-other streams (gradient buckets hanging off the backward) may be present: they cannot change
-the compute stream, so they are replayed by the scheduler afterwards, in step order.
+Which steps are scalar, and their summaries: :mod:`.summaries`.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import NamedTuple
 
 import numpy as np
 
-from ..timing import NOT_COMM
-from .instructions import COLL, COMPUTE, RECV, SEND, WAIT, Instr
+from .summaries import Summary, closed_streams, shape_summary, summarise
 
-__all__ = ["Summary", "summarise", "MAX_SWEEPS"]
+__all__ = ["Summary", "summarise", "closed_streams", "Nodes", "nodes", "solve", "MAX_SWEEPS"]
 
 #: Sweeps of one prefix after which the solver gives up (the scheduler then times every step).
 MAX_SWEEPS = 256
@@ -54,185 +48,10 @@ MAX_SWEEPS = 256
 PREFIXES = (64,)
 
 
-class Summary(NamedTuple):
-    """A scalar step's max-plus form and its accounting (see the module docstring).
-
-    ``E`` is the compute-stream seconds up to and including the send's last dep, ``after``
-    whether that dep comes after the first instruction waiting for the message; ``exposed``
-    and ``nbytes`` are (label, seconds or bytes) pairs; ``side``: the block also uses other
-    streams (replayed by the scheduler, which then does its accounting).
-    """
-
-    A: float
-    F: float
-    waits: bool
-    recv: Instr | None
-    send: Instr | None
-    E: float
-    after: bool
-    side: bool
-    compute: float
-    optimizer: float
-    flops: float
-    exposed: tuple[tuple[str, float], ...]
-    nbytes: tuple[tuple[str, float], ...]
-    blocking: bool = False
-
-
-def closed_streams(programs: list) -> frozenset[int]:
-    """Streams every block drains itself: wherever one is used, its ops are class-local
-    collectives, compute ops or waits, and a compute-stream wait for it follows its last op
-    in the block (the TP overlaps of ``ddlsim.workloads.decoder.tp_overlap``). Such a stream
-    is free when each block begins, so a block using it is still a max-plus affine map of the
-    compute stream (:func:`summarise`)."""
-    used: set[int] = set()
-    bad: set[int] = set()
-    seen: set[int] = set()
-    for p in programs:
-        for instrs, shape in zip(p.blocks, p.shapes):
-            if shape in seen:   # blocks of one shape differ only in p2p peers and times
-                continue
-            seen.add(shape)
-            pending: set[int] = set()   # streams with ops not yet waited for
-            for x in instrs:
-                sid = x.stream
-                if sid == 0:
-                    if x.code == WAIT:
-                        pending.discard(x.target)
-                    continue
-                used.add(sid)
-                if x.code == SEND or x.code == RECV or x.group is not None:
-                    bad.add(sid)
-                pending.add(sid)
-            bad |= pending
-    return frozenset(used - bad)
-
-
-def _volume(instrs: tuple[Instr, ...]) -> tuple[float, dict[str, float]] | None:
-    """A block's FLOPs and communication bytes by label (collectives and sends), or None
-    when a collective meets other classes (such a block is never scalar)."""
-    flops = 0.0
-    nbytes: dict[str, float] = defaultdict(float)
-    for x in instrs:
-        if x.group is not None:
-            return None
-        if x.code == COMPUTE:
-            flops += x.flops
-        elif x.code == COLL or x.code == SEND:
-            nbytes[x.label] += x.nbytes
-    return flops, nbytes
-
-
-def summarise(instrs: tuple[Instr, ...], closed: frozenset[int] = frozenset()) -> Summary | None:
-    """The max-plus form of a block, or None when it is not scalar.
-
-    Ops on a ``closed`` stream (:func:`closed_streams`) and the compute stream's waits for
-    them are timed here, by the timing rule from the block's start, provided they all come
-    after the first instruction that waits for the block's received message (if any): the
-    rest of the block then runs rigidly from that instruction's start, and ``A`` is the
-    compute stream's end with the waits' gaps, booked as exposed communication of the
-    awaited stream's last collective as the scheduler books them. Every instruction of the
-    compute stream and of the closed streams is timed by the timing rule from the block's
-    start, all streams free at 0; with no closed stream, ``A`` is the sum of the compute
-    stream's durations."""
-    recvs = [i for i, x in enumerate(instrs) if x.code == RECV]
-    sends = [i for i, x in enumerate(instrs) if x.code == SEND]
-    # a blocking receive: posted after a wait on the compute stream that opens the block,
-    # i.e. when the compute stream is free (the step's f); see :func:`nodes`
-    opens = bool(instrs) and instrs[0].code == WAIT and instrs[0].stream == 0 \
-        and instrs[0].target == 0 and not instrs[0].deps
-    blocking = bool(recvs) and opens and instrs[recvs[0]].deps == (0,)
-    if len(recvs) > 1 or len(sends) > 1 or (recvs and instrs[recvs[0]].deps and not blocking):
-        return None
-    volume = _volume(instrs)
-    if volume is None:
-        return None
-    r = recvs[0] if recvs else -1
-    send = instrs[sends[0]] if sends else None
-    # (end, label, duration) of each timed instruction, as the scheduler's ``loc``
-    loc: dict[int, tuple[float, str, float]] = {0: (0.0, "", 0.0)} if blocking else {}
-    free: dict[int, float] = dict.fromkeys(closed, 0.0)
-    last_kind: dict[int, str] = dict.fromkeys(closed, "")
-    t0 = F = 0.0
-    first_wait = -1
-    side = False
-    compute = optimizer = 0.0
-    exposed: dict[str, float] = defaultdict(float)
-    for i, x in enumerate(instrs):
-        if x.code == SEND or x.code == RECV:
-            continue
-        if x.stream != 0 and x.stream not in closed:
-            side = True
-            continue
-        if x.stream in closed and first_wait < 0 and r >= 0:
-            return None   # issued before the message is waited for: not rigid after it
-        ready, why, why_dur = 0.0, "", 0.0
-        for d in x.deps:
-            if d == r:
-                continue
-            e = loc.get(d)
-            if e is None:
-                return None
-            if e[0] > ready:
-                ready, why, why_dur = e
-        if x.stream == 0 and first_wait < 0 and r >= 0 and r in x.deps:
-            first_wait, F = i, max(t0, ready)
-        if x.code == WAIT:
-            if i == 0 and blocking:   # the blocking receive's anchor: the step's own f
-                continue
-            if x.target == 0:
-                if x.stream == 0:
-                    return None
-                target_free, kind = t0, "compute"
-            elif x.target in closed:
-                if first_wait < 0 and r >= 0:
-                    return None
-                target_free, kind = free[x.target], last_kind[x.target]
-            else:
-                return None
-            if target_free > ready:
-                ready, why, why_dur = target_free, kind, float("inf")
-        f = t0 if x.stream == 0 else free[x.stream]
-        if ready > f:
-            if x.stream == 0:
-                gap = ready - f
-                exp = gap if why_dur >= gap else why_dur
-                if exp > 0 and why not in NOT_COMM:
-                    exposed[why] += exp
-                    gap -= exp
-                if gap > 0:
-                    return None   # a bubble inside the block: left to the scheduler
-            f = ready
-        end = f + x.dur
-        if x.stream == 0:
-            t0 = end
-            if x.code == COLL:
-                exposed[x.label] += x.dur
-            elif x.code == COMPUTE:
-                if x.label == "optimizer":
-                    optimizer += x.dur
-                else:
-                    compute += x.dur
-        else:
-            free[x.stream] = end
-            if x.code == COLL:
-                last_kind[x.stream] = x.label
-        loc[i] = (end, x.label, x.dur)
-    if any(v > t0 for v in free.values()):
-        return None
-    if send is not None and (not send.deps or any(d not in loc for d in send.deps)):
-        return None
-    last = max(send.deps) if send is not None else -1
-    E = max(loc[d][0] for d in send.deps) if send is not None else 0.0
-    return Summary(t0, F if first_wait >= 0 else t0, first_wait >= 0,
-                   instrs[r] if r >= 0 else None, send, E,
-                   0 <= first_wait <= last, side, compute, optimizer, volume[0],
-                   tuple(exposed.items()), tuple(volume[1].items()), blocking)
-
-
 class Nodes(NamedTuple):
     """Every step of every class as one flat array (class-major), up to each class's
-    solvable prefix: ``lim[c]`` (absolute index) ends class ``c``'s."""
+    solvable prefix: ``lim[c]`` (absolute index) ends class ``c``'s, ``live`` marks the
+    nodes of the prefixes."""
 
     off: np.ndarray
     lim: np.ndarray
@@ -248,98 +67,105 @@ class Nodes(NamedTuple):
     t: np.ndarray            # transfer seconds of the received message
     blocking: np.ndarray     # the receive is posted when the compute stream is free
     F0: np.ndarray           # F before the blocking shift (the gap accounting's)
+    live: np.ndarray         # the node lies in its class's solvable prefix
 
 
 def nodes(programs: list) -> Nodes | None:
     """The nodes of every class's solvable prefix, or None when there is nothing to solve."""
     C = len(programs)
     NB = max((len(p.blocks) for p in programs), default=0)
-    summaries: list[Summary | None] = [None] * (C * NB)
-    msgs: dict[tuple, int] = {}
-    sent_t = np.full(C * NB, -1, dtype=np.int64)
-    recv_t = np.full(C * NB, -1, dtype=np.int64)
-    cache: dict[tuple, Summary | None] = {}
-    closed = closed_streams(programs)
-    for c, p in enumerate(programs):
-        for b, (instrs, shape) in enumerate(zip(p.blocks, p.shapes)):
-            s = summaries[c * NB + b] = _summary(instrs, shape, cache, closed)
-            if s is None:
-                continue
-            if s.send is not None:
-                dest, tag = s.send.peer
-                sent_t[c * NB + b] = msgs.setdefault((c, dest, tag), len(msgs))
-            if s.recv is not None:
-                srcc, tag = s.recv.peer
-                recv_t[c * NB + b] = msgs.setdefault((srcc, c, tag), len(msgs))
-                if srcc == c:
-                    summaries[c * NB + b] = None
-    lens = np.array([len(p.block) for p in programs], dtype=np.int64)
-    off = np.concatenate([[0], np.cumsum(lens)])
+    summaries, sent_k, got_k, n_msgs = _block_summaries(programs, NB)
+    lens = np.fromiter((len(p.block) for p in programs), np.int64, C)
+    off = np.zeros(C + 1, dtype=np.int64)
+    np.cumsum(lens, out=off[1:])
     N = int(off[-1])
     if N == 0:
         return None
     cls = np.repeat(np.arange(C), lens)
-    mb = np.concatenate([p.microbatch for p in programs]).astype(np.int64)
-    key = cls * NB + np.concatenate([p.block for p in programs])
+    key = cls * NB
+    key += np.concatenate([p.block for p in programs])
+    mb = np.concatenate([p.microbatch for p in programs], dtype=np.int64)
     ok = np.array([s is not None for s in summaries])[key]
-    sent, got = sent_t[key], recv_t[key]
-    mb = mb - mb.min()          # message slots: (message, micro-batch) → node
+    sent, got = sent_k[key], got_k[key]
+    lowest = int(mb.min())       # message slots: (message, micro-batch) → node
+    if lowest:
+        mb -= lowest
     M = int(mb.max()) + 1
-    sending = np.flatnonzero(ok & (sent >= 0))
+    sending = np.flatnonzero(sent >= 0)
     slot = sent[sending] * M + mb[sending]
-    where = np.full(max(1, len(msgs)) * M, -1, dtype=np.int64)
+    # M slots more at the end: a node that receives nothing (got -1) reads one of them
+    where = np.full((n_msgs + 1) * M, -1, dtype=np.int64)
     where[slot] = sending
     if not np.array_equal(where[slot], sending):   # a message posted twice: not solved
         return None
-    need = ok & (got >= 0)
-    src = np.where(need, where[np.maximum(got, 0) * M + mb], -1)
-    # each class's prefix ends at its first unsolvable step or at a step whose message is
-    # sent beyond its sender's prefix
-    lim = _prefix(off, np.flatnonzero(~ok | (need & (src < 0))))
-    while True:
-        beyond = need & (src >= 0) & (np.arange(N) < lim[cls]) & (src >= lim[cls[np.maximum(src, 0)]])
-        if not beyond.any():
-            break
-        lim = np.minimum(lim, _prefix(off, np.flatnonzero(beyond)))
-    table = np.array([(s.A, s.F, s.waits, s.E, s.after,
-                        s.send.dur if s.send is not None else 0.0, s.blocking)
-                      for s in map(_or_none, summaries)])
-    A, F, waits, E, after, send_dur, blocking = np.take(np.ascontiguousarray(table.T), key,
-                                                        axis=1)
-    t = np.where(src >= 0, send_dur[np.maximum(src, 0)], 0.0)
-    # a blocking receive's transfer starts at max(f, posted): the step is the scalar map of
-    # A' = A + max(0, t − F), F' = max(F, t) (the sends after the message shift alike)
-    blocking = (blocking > 0) & (src >= 0)
-    extra = np.where(blocking, np.maximum(0.0, t - F), 0.0)
-    E = np.where(blocking & (after > 0), E + extra, E)
+    src = where[got * M + mb]
+    r = np.flatnonzero(src >= 0)                   # the nodes that receive a message
+    lim = _limits(off, cls, ok, got, src, r)
+    table = _table(summaries)
+    A, F, E = (np.take(table[:, i], key) for i in range(3))
+    waits, after, blocking = (np.take(table[:, i] > 0, key) for i in range(4, 7))
+    t = np.zeros(N)
+    t[r] = table[key[src[r]], 3]
     F0 = F
-    A, F = A + extra, np.where(blocking, np.maximum(F, t), F)
-    return Nodes(off, lim, cls, key, src, summaries, A, F, waits.astype(bool), E,
-                 after.astype(bool), t, blocking, F0)
+    if blocking.any():
+        # a blocking receive's transfer starts at max(f, posted): the step is the scalar map
+        # of A' = A + max(0, t − F), F' = max(F, t) (the sends after the message shift alike)
+        blocking &= src >= 0
+        extra = np.where(blocking, np.maximum(0.0, t - F), 0.0)
+        E = np.where(blocking & after, E + extra, E)
+        A, F = A + extra, np.where(blocking, np.maximum(F, t), F)
+    live = np.zeros(N, dtype=bool)
+    for a, b in zip(off[:-1].tolist(), lim.tolist()):
+        live[a:b] = True
+    return Nodes(off, lim, cls, key, src, summaries, A, F, waits, E, after, t, blocking, F0,
+                 live)
 
 
-_NONE = Summary(0.0, 0.0, False, None, None, 0.0, False, False, 0.0, 0.0, 0.0, (), (), False)
+def _block_summaries(programs: list, NB: int) -> tuple[list, np.ndarray, np.ndarray, int]:
+    """Per key (class · NB + block): the block's :class:`Summary` (None: not solvable, as a
+    block receiving from its own class), the number of the message it sends and of the one
+    it receives (-1: none); and how many messages there are."""
+    C = len(programs)
+    summaries: list[Summary | None] = [None] * (C * NB)
+    msgs: dict[tuple, int] = {}
+    sent_k = np.full(C * NB, -1, dtype=np.int64)
+    got_k = np.full(C * NB, -1, dtype=np.int64)
+    cache: dict[tuple, Summary | None] = {}
+    closed = closed_streams(programs)
+    for c, p in enumerate(programs):
+        for k, (instrs, shape) in enumerate(zip(p.blocks, p.shapes), c * NB):
+            s = shape_summary(instrs, shape, cache, closed)
+            if s is None or (s.recv is not None and s.recv.peer[0] == c):
+                continue
+            summaries[k] = s
+            if s.send is not None:
+                sent_k[k] = msgs.setdefault((c, *s.send.peer), len(msgs))
+            if s.recv is not None:
+                got_k[k] = msgs.setdefault((s.recv.peer[0], c, s.recv.peer[1]), len(msgs))
+    return summaries, sent_k, got_k, len(msgs)
 
 
-def _or_none(s: Summary | None) -> Summary:
-    return _NONE if s is None else s
+def _limits(off: np.ndarray, cls: np.ndarray, ok: np.ndarray, got: np.ndarray,
+            src: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """Each class's prefix end: its first unsolvable step, its first step whose message is
+    not sent by a solvable step, or its first step whose message is sent beyond the
+    sender's prefix (``r``: the nodes that receive a message)."""
+    lim = _prefix(off, np.flatnonzero(~ok | ((got >= 0) & (src < 0))))
+    rs = src[r]
+    rc, sc = cls[r], cls[rs]
+    while True:
+        beyond = (r < lim[rc]) & (rs >= lim[sc])
+        if not beyond.any():
+            return lim
+        lim = np.minimum(lim, _prefix(off, r[beyond]))
 
 
-def _summary(instrs: tuple[Instr, ...], shape: int, cache: dict,
-             closed: frozenset[int] = frozenset()) -> Summary | None:
-    """:func:`summarise`, once per block shape (blocks that differ only in their
-    point-to-point peers and transfer times, one per pipeline stage, share the work)."""
-    hit = cache.get(shape)
-    if hit is None:
-        s = summarise(instrs, closed)
-        where = (-1, -1) if s is None else tuple(
-            next((i for i, x in enumerate(instrs) if x.code == code), -1) for code in (RECV, SEND))
-        hit = cache[shape] = (s, where)
-    s, (r, snd) = hit
-    if s is None or (r < 0 and snd < 0):
-        return s
-    return Summary(s[0], s[1], s[2], instrs[r] if r >= 0 else None,   # (faster than _replace)
-                   instrs[snd] if snd >= 0 else None, *s[5:])
+def _table(summaries: list) -> np.ndarray:
+    """Per key, the columns A, F, E, the send's seconds (0: none), waits, after, blocking of
+    its summary (zeros for none)."""
+    rows = [(s.A, s.F, s.E, s.send.dur if s.send is not None else 0.0, s.waits, s.after,
+             s.blocking) if s is not None else (0.0,) * 7 for s in summaries]
+    return np.array(rows, dtype=float).reshape(len(summaries), 7)
 
 
 def _prefix(off: np.ndarray, bad: np.ndarray) -> np.ndarray:
@@ -359,96 +185,101 @@ def solve(nd: Nodes) -> tuple[np.ndarray, np.ndarray] | None:
     """
     N = len(nd.cls)
     C = len(nd.off) - 1
-    live = np.arange(N) < nd.lim[nd.cls]
-    if not ((nd.A > 0) & (~nd.waits | (nd.t + nd.A - nd.F > 0)))[live].all():
+    if not ((nd.A > 0) & (~nd.waits | (nd.t + nd.A - nd.F > 0)))[nd.live].all():
         return None               # a zero-length node: cycles could settle; not solved
-    ends = np.zeros(N)
+    # every class's ends after a 0 (the end before its first step): its step j reads j
+    ends = np.zeros(N + C)
     rm = np.zeros(N)                 # per class, the running maximum of ``ends - P``
     post = np.full(N + 1, -np.inf)   # post[-1]: the message of nodes that receive none
     src = np.where(nd.src >= 0, nd.src, N)
-    early = nd.waits & ~nd.after
-    arrival = nd.t + np.where(nd.waits, nd.A - nd.F, -np.inf)   # post → step end (or none)
-    chains = [_Chain(nd, c, src, early, arrival) for c in range(C)]
-    sender = np.append(nd.cls, C)[src]           # the class of each node's message, or C
-    for ch in chains:
-        of = sender[ch.a:ch.b]
-        for s in np.bincount(of, minlength=C + 1)[:C].nonzero()[0].tolist():
-            chains[s].readers.append((ch, *_window_map(ch.sc, of == s, int(nd.off[s]))))
-    order = ([ch for ch in chains if ch.b > ch.a],)
+    P = np.zeros(N)
+    for a, b in zip(nd.off[:-1].tolist(), nd.lim.tolist()):
+        np.cumsum(nd.A[a:b], out=P[a:b])
+    lag = nd.t + np.where(nd.waits, nd.A - nd.F, -np.inf)   # post → step end (or none)
+    lag -= P
+    late = np.flatnonzero(nd.waits & ~nd.after & nd.live)  # posted before the message
+    arrays = (src, ends, rm, post, P, lag, nd.A - nd.E, late, nd.E[late])
+    chains = [_Chain(nd, c, arrays) for c in range(C)]
+    for reader, sender, ri, M, m in _reads(nd, src):
+        chains[sender].readers.append((chains[reader], ri, M, m))
+    order = ([ch for ch in chains if ch.n],)
     order += (order[0][::-1],)
-    longest = max((ch.b - ch.a for ch in order[0]), default=0)
+    longest = max((ch.n for ch in order[0]), default=0)
     for W in [w for w in PREFIXES if w < longest] + [longest]:
         for ch in order[0]:
             ch.grow(W)
         for sweep in range(MAX_SWEEPS):
             changed = False
             for ch in order[sweep & 1]:
-                if ch.lo <= ch.hi and ch.run(post, ends, rm):
+                if ch.lo <= ch.hi and ch.run(post):
                     changed = True
             if not changed:
                 break
         else:
             return None
-    return ends, post[:N]
+    return np.delete(ends, nd.off[:-1] + np.arange(C)), post[:N]
 
 
 class _Chain:
     """One class's solvable prefix as a max-plus chain, and the window (``lo``..``hi``,
-    local step indices) of the steps whose received messages changed since its last solve."""
+    local step indices) of the steps whose received messages changed since its last solve.
+    Its arrays are views of the solver's, indexed by the class's step."""
 
-    def __init__(self, nd: Nodes, c: int, src: np.ndarray, early: np.ndarray,
-                 arrival: np.ndarray):
-        a, b = self.a, self.b = int(nd.off[c]), int(nd.lim[c])
+    def __init__(self, nd: Nodes, c: int, arrays: tuple):
+        src, ends, rm, post, P, lag, AmE, late, Ee = arrays
+        a, b = int(nd.off[c]), int(nd.lim[c])
+        self.n = b - a
         self.sc = src[a:b]
-        self.P = np.cumsum(nd.A[a:b])
-        self.lag = arrival[a:b] - self.P
-        self.AmE = nd.A[a:b] - nd.E[a:b]
-        self.late = np.flatnonzero(early[a:b])
-        self.Ee = nd.E[a:b][self.late]
-        self.lo, self.hi, self.cur = b - a, -1, a
+        self.endz = ends[a + c:b + c + 1]   # endz[j]: the end of step j - 1 (0 before the first)
+        self.rm, self.post, self.P = rm[a:b], post[a:b], P[a:b]
+        self.lag, self.AmE = lag[a:b], AmE[a:b]
+        l0, l1 = late.searchsorted((a, b)).tolist()
+        self.late, self.Ee = late[l0:l1] - a, Ee[l0:l1]
+        self.lo, self.hi, self.L = self.n, -1, 0
         self.readers: list = []
 
     def grow(self, W: int) -> None:
         """Extend the solved prefix to the first ``W`` steps (the new ones join the window)."""
-        new = min(self.b, self.a + W)
-        if new > self.cur:
-            self.lo, self.hi = min(self.lo, self.cur - self.a), max(self.hi, new - self.a - 1)
-            self.cur = new
+        new = min(self.n, W)
+        if new > self.L:
+            self.lo, self.hi = min(self.lo, self.L), max(self.hi, new - 1)
+            self.L = new
 
-    def run(self, post: np.ndarray, ends: np.ndarray, rm: np.ndarray) -> bool:
+    def run(self, post: np.ndarray) -> bool:
         """Re-solve the window (and the steps after it whose running maximum it raises);
         widen the windows of the classes reading the messages that changed. Whether any
-        did."""
-        a, lo, L = self.a, self.lo, self.cur - self.a
+        did. ``post``: when every node posts its message (``post[-1]``: never)."""
+        lo, L, rm = self.lo, self.L, self.rm
         hi = min(self.hi, L - 1)
-        self.lo, self.hi = self.b - a, -1
+        self.lo, self.hi = self.n, -1
         if lo > hi:
             return False
-        prev = rm[a + lo - 1] if lo > 0 else 0.0
+        prev = rm[lo - 1] if lo > 0 else 0.0
+        last = rm[hi]                    # the running maximum before this solve
         while True:
-            x = post.take(self.sc[lo:hi + 1], mode="clip")
+            x = rm[lo:hi + 1]            # solved in place
+            post.take(self.sc[lo:hi + 1], out=x, mode="clip")
             x += self.lag[lo:hi + 1]     # message arrival + what follows it, - P
             if x[0] < prev:              # max(stream free, running max): a full sweep's value
                 x[0] = prev
             np.maximum.accumulate(x, out=x)
             v, k = x[-1], hi + 1
-            if k == L or v == rm[a + hi]:
+            if k == L or v == last:
                 break
-            if v > rm[a + hi]:           # later steps whose running maximum was below v take v
-                k += int(rm[a + k:a + L].searchsorted(v))
-                rm[a + hi + 1:a + k] = v
+            if v > last:                 # later steps whose running maximum was below v take v
+                k += int(rm[k:L].searchsorted(v))
+                rm[hi + 1:k] = v
                 break
             hi = L - 1                   # lower (never, from lower bounds): redo to the end
-        rm[a + lo:a + hi + 1] = x
         K = min(k + 1, L)            # a send posted early reads the previous step's end
-        e = ends[a + lo:a + K]
-        np.add(rm[a + lo:a + K], self.P[lo:K], out=e)
+        e = self.endz[lo + 1:K + 1]
+        np.add(rm[lo:K], self.P[lo:K], out=e)
         new = e - self.AmE[lo:K]
         if len(self.late):           # posted before the wait: previous end + E
             l0, l1 = self.late.searchsorted((lo, K)).tolist()
             li = self.late[l0:l1]
-            new[li - lo] = np.where(li > 0, ends[a + np.maximum(li - 1, 0)], 0.0) + self.Ee[l0:l1]
-        old = post[a + lo:a + K]
+            new[li - lo] = self.endz[li] + self.Ee[l0:l1]
+        old = self.post[lo:K]
         diff = (new != old).nonzero()[0]
         if not len(diff):
             return False
@@ -462,14 +293,26 @@ class _Chain:
         return True
 
 
-def _window_map(sc: np.ndarray, mine: np.ndarray, a: int) -> tuple[np.ndarray, ...]:
-    """For a reader's sources ``sc`` of which ``mine`` come from the sender whose nodes start
-    at ``a``: (the reader's steps that read the sender, the running maximum and the suffix
-    minimum of the sender steps they read), so that the reader's steps reading sender steps
-    ``g0``..``g1`` lie between ``ri[searchsorted(M, g0)]`` and
+def _reads(nd: Nodes, src: np.ndarray) -> list[tuple]:
+    """Which class reads which: per reader class and each class it reads from (``src``:
+    the node each node reads, ``N`` for none), ``(reader, sender, *_window_map(...))`` of
+    the reader's solvable steps that receive the sender's messages."""
+    C = len(nd.off) - 1
+    sender = np.append(nd.cls, C)[src]           # the class of each node's message, or C
+    out = []
+    for c, (a, b) in enumerate(zip(nd.off[:-1].tolist(), nd.lim.tolist())):
+        of = sender[a:b]
+        for s in np.bincount(of, minlength=C + 1)[:C].nonzero()[0].tolist():
+            ri = np.flatnonzero(of == s)
+            out.append((c, s, *_window_map(ri, src[a:b][ri] - int(nd.off[s]))))
+    return out
+
+
+def _window_map(ri: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, ...]:
+    """For a reader's steps ``ri`` that read a sender's steps ``pos``: (``ri``, the running
+    maximum and the suffix minimum of ``pos``), so that the reader's steps reading sender
+    steps ``g0``..``g1`` lie between ``ri[searchsorted(M, g0)]`` and
     ``ri[searchsorted(m, g1, 'right') - 1]``."""
-    ri = np.flatnonzero(mine)
-    pos = sc[ri] - a
     if (pos[1:] >= pos[:-1]).all():   # read in the sender's order (as pipelines do)
         return ri, pos, pos
     return ri, np.maximum.accumulate(pos), np.minimum.accumulate(pos[::-1])[::-1]
