@@ -113,3 +113,26 @@ def test_torchao_recipes_run_one_gemm_per_module_and_te_one_fused_projection():
     # w1 and w3 28672 / 8 = 3584 each
     assert counts["tensorwise"] == counts["rowwise"] == [[1024, 128, 128], [3584, 3584]]
     assert counts["te_delayed"] == [[1280], [7168]]
+
+
+def test_selective_recompute_redoes_the_per_module_fp8_linears():
+    # torchtitan's op-level AC under FP8 recomputes every linear GEMM (sac.py): with torchao's
+    # recipes that is one GEMM per module, wq wk wv wo w1 w3 w2
+    import warnings
+
+    import ddlsim
+    from ddlsim.errors import DDLSimWarning
+    from ddlsim.workloads.decoder.layerkernels import layer_kernels
+    from ddlsim.workloads.decoder.sac import every_second_mm_op
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DDLSimWarning)
+        shape = ddlsim.load_config({
+            "model": {"preset": "llama-3.1-8b"}, "parallel": {},
+            "train": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 8192},
+            "system": {"preset": "grand-teton-h100"}}).model.shape()
+    for recipe, n in (("tensorwise", 7), ("te_delayed", 4)):
+        sw = resolve_software(SoftwareSpec(stack="torchtitan-2025", compile=True,
+                                           kernels={"fp8_recipe": recipe}))
+        ks = layer_kernels(shape, sw, 1, 8192, 1, False, "fp8")
+        op = every_second_mm_op(shape, ks, 1, 8192, 1, "bf16", "fp8", sw)
+        assert len([k for k in op.kernels if k.kind == "gemm"]) == n

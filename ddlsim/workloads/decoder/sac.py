@@ -95,11 +95,13 @@ def every_second_mm_op(shape: Any, kernels: dict, b: int, s: int, t: int, dtype:
     TP rank (module docstring): the forward's element-wise kernels (``kernels['ew']``) and
     its every-second ``mm`` (all linear GEMMs and the stack ``sw``'s FP8 casts under FP8)."""
     if train_dtype == "fp8":
+        from ...simulator.kernels.fp8recipe import FP8_RECIPES
         from .layerkernels import _linear, linear_gemms
         recipe = sw.fp8_recipe if sw is not None else "te_delayed"
         compiled = bool(sw.compile) if sw is not None else False
-        gemms = tuple(k for g in linear_gemms(shape, b * s, t).values()
-                      for k in _linear(g, train_dtype, False, recipe, compiled))
+        per_module = FP8_RECIPES[recipe].per_module     # torchao: one FP8 linear per module
+        gemms = tuple(k for g in linear_gemms(shape, b * s, t, per_module).values()
+                      for k in _linear(g, train_dtype, False, recipe, compiled, per_module))
     else:
         mms = layer_mms(shape, b * s, t)[1::2]
         gemms = tuple(Kernel("gemm", g, dtype=train_dtype) for g in mms)
