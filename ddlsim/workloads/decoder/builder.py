@@ -76,8 +76,20 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
 
     @classmethod
     def from_config(cls, cfg: RunConfig, shape: DecoderShape) -> StageBuilder:
-        """The builder of run ``cfg`` for a decoder of ``shape`` (its plan resolved once:
-        :func:`.plan.resolve_plan`)."""
+        """The builder of run ``cfg`` for a decoder of ``shape``.
+
+        Parameters
+        ----------
+        cfg : RunConfig
+            The validated run.
+        shape : DecoderShape
+            Its model's closed-form counts (``cfg.model.shape()``).
+
+        Returns
+        -------
+        StageBuilder
+            The builder of the plan :func:`.plan.resolve_plan` resolves, once.
+        """
         return cls(resolve_plan(cfg, shape))
 
     @cached_property

@@ -109,7 +109,20 @@ class DecoderPlan:
     partitioner: LayerPartitioner
 
     def bucket_bytes(self, stage: int = 0, chunk: int = 0) -> float:
-        """Bytes of one gradient bucket of ``chunk`` on pipeline ``stage``."""
+        """Bytes of one gradient bucket of model chunk ``chunk`` on pipeline ``stage``.
+
+        Parameters
+        ----------
+        stage : int
+            Pipeline stage, from 0.
+        chunk : int
+            Model chunk (virtual stage) of that stage, from 0.
+
+        Returns
+        -------
+        float
+            Bytes (``inf``: the chunk's gradients are one bucket).
+        """
         return self.grad_buckets[0] if stage == 0 and chunk == 0 else self.grad_buckets[1]
 
 
