@@ -82,6 +82,23 @@ def test_backward_is_the_gradient_of_the_forward():
     assert not model.g[TINY.params:].any()  # the pad gets no gradient
 
 
+def test_adam_is_kingma_and_ba_algorithm_1():
+    """The blocked, rearranged update (ddlsim/reference/gpt2.py ``Adam``) is Algorithm 1 of
+    Kingma & Ba 2015 step for step, over more than one block."""
+    rng = np.random.default_rng(0)
+    n = Adam.BLOCK + 100
+    p = rng.normal(size=n).astype(np.float32)
+    opt, want = Adam(n, lr=1e-2), p.astype(np.float64)
+    m = v = np.zeros(n)
+    for t in range(1, 4):
+        g = rng.normal(size=n).astype(np.float32)
+        opt.step(p, g)
+        m = 0.9 * m + 0.1 * g
+        v = 0.999 * v + 0.001 * g.astype(np.float64) ** 2
+        want -= 1e-2 * (m / (1 - 0.9 ** t)) / (np.sqrt(v / (1 - 0.999 ** t)) + 1e-8)
+    np.testing.assert_allclose(p, want, rtol=0, atol=2e-6)
+
+
 def test_the_model_is_the_one_ddlsim_predicts(tmp_path):
     cfg = ddlsim.load_config(SMALL.run_config(1, "ddp", "cpu-10gbe"))
     assert ddlsim.predict(cfg).parameter_count == SMALL.shape.params
