@@ -90,7 +90,7 @@ def _linear(shape3: tuple, dtype: str, backward: bool, recipe: str = "te_delayed
     # passes, its GEMM kernels, and the passes rescaling its backward outputs
     out = tuple(Kernel("gemm", g, dtype=dtype, variant=v)
                 for g, v in zip(shapes, fp8_gemm_variants(recipe, backward)))
-    rescale = fp8_rescale_kernels(recipe, M, N, K, compiled) if backward else ()
+    rescale = fp8_rescale_kernels(recipe, M, N, K) if backward else ()
     return fp8_cast_kernels(recipe, M, N, K, backward, compiled, input_cast) + out + rescale
 
 
