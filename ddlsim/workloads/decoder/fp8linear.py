@@ -60,7 +60,7 @@ def linear_kernels(sw: Any, dtype: str, M: float, N: float, K: float, backward: 
     recipe, compiled = sw.fp8_recipe, bool(sw.compile)
     gemms = tuple(Kernel("gemm", g, batch=batch, dtype=dtype, variant=v)
                   for g, v in zip(shapes, fp8_gemm_variants(recipe, backward)))
-    rescale = fp8_rescale_kernels(recipe, M, N, K, compiled) if backward else ()
+    rescale = fp8_rescale_kernels(recipe, M, N, K) if backward else ()
     return (_times(fp8_cast_kernels(recipe, M, N, K, backward, compiled), batch) + gemms
             + _times(rescale, batch))
 
