@@ -134,3 +134,31 @@ def test_selective_recompute_redoes_the_per_module_fp8_linears():
         ks = layer_kernels(shape, sw, 1, 8192, 1, False, "fp8")
         op = every_second_mm_op(shape, ks, 1, 8192, 1, "bf16", "fp8", sw)
         assert len([k for k in op.kernels if k.kind == "gemm"]) == n
+
+
+def test_compiled_torchao_casts_that_write_a_transpose_run_at_inductors_measured_bandwidth():
+    from ddlsim.simulator.kernels.fp8recipe import FP8_PASS_KERNELS, fp8_pass_efficiency
+    # pytorch/pytorch#133242: ~1.4 TB/s for the cast + transpose, ~2.2 for the other casts
+    assert fp8_pass_efficiency("inductor_transpose") == pytest.approx(1.4 / 2.2)
+    assert fp8_pass_efficiency("") == 1.0 and list(FP8_PASS_KERNELS) == ["inductor_transpose"]
+
+    def slow(recipe, compiled):
+        return sum(k.bytes for bwd in (False, True)
+                   for k in fp8_cast_kernels(recipe, M, N, K, bwd, compiled)
+                   if k.variant == "inductor_transpose")
+    # tensorwise: x and g cast to both layouts (4 B each), w's backward cast (3 B)
+    assert slow("tensorwise", True) == pytest.approx(4 * M * K + 4 * M * N + 3 * K * N)
+    # rowwise: x and g with their bf16 transposes (3 B compiled), w's bf16 transpose (4 B)
+    assert slow("rowwise", True) == pytest.approx(3 * M * K + 3 * M * N + 4 * K * N)
+    # eager ops and Transformer Engine's own cast-transpose kernel: no such pass
+    assert slow("tensorwise", False) == slow("te_delayed", True) == 0
+
+
+def test_a_slower_pass_takes_longer_by_its_bandwidth_share():
+    from ddlsim.simulator.kernels.device import KernelDevice, kernel_time
+    from ddlsim.workloads.trace import Kernel
+    dev = KernelDevice({"bf16": 1e15}, 2e12, None, {}, {})
+    plain = kernel_time(Kernel("memory", bytes=1e9), dev)
+    slow = kernel_time(Kernel("memory", bytes=1e9, variant="inductor_transpose"), dev)
+    assert plain == pytest.approx(1e9 / 2e12)
+    assert slow == pytest.approx(plain * 2.2 / 1.4)

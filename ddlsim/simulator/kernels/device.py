@@ -36,7 +36,7 @@ from ...config_types import DTYPE_BYTES
 from ...workloads.trace import Compute, Kernel
 from .attention import parse_flash_variant
 from .attention_measured import measured_efficiency
-from .fp8recipe import fp8_gemm_efficiency
+from .fp8recipe import fp8_gemm_efficiency, fp8_pass_efficiency
 from .gemm import GemmOverhead, gemm_time
 from .host import NO_LAUNCH, Launch, launch_costs, stream_time
 
@@ -150,8 +150,8 @@ def kernel_time(k: Kernel, dev: KernelDevice, efficiency: float | None = None) -
     attention core's s² kernels (``variant="scores"``) move their bytes at the device's
     score-pass bandwidth."""
     bw = dev.scores_Bps if k.variant == "scores" and dev.scores_Bps else dev.memory_Bps
-    if k.kind == "memory":
-        return k.bytes / bw
+    if k.kind == "memory":      # an FP8 cast pass may name its slower kernel (.fp8recipe)
+        return k.bytes / (bw * fp8_pass_efficiency(k.variant) if k.variant else bw)
     peak = dev.peak_flops(k.dtype)
     if k.kind == "flash":
         return max(k.flops / (peak * dev.flash(k.variant, k.dtype, k.shape)), k.bytes / bw)

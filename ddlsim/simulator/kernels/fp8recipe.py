@@ -39,9 +39,15 @@ The GEMMs (:data:`FP8_GEMM_KERNELS`), output, grad_input and grad_weight in that
     "hoping Inductor will be able to fuse it". Each rescale is kept as a pass of its own
     (read 2 + write 2 bytes per element), compiled or not: torchao's compiled per-linear
     measurement (``benchmarks/validate_fp8_linear.py``) agrees better with the grad_input's
-    rescale as a pass (large shapes 5.4 % mean |error|, 196 of 216 shapes on the measured
-    side of bf16) than fused into the next op (6.9 %, 179 of 216); the grad_weight leaves
-    the compiled graph (to the optimizer or FSDP's reduce-scatter) in any case.
+    rescale as a pass (20.0 % mean |error|, 209 of 216 shapes on the measured side of bf16)
+    than fused into the next op (24.8 %, 200 of 216); the grad_weight leaves the compiled
+    graph (to the optimizer or FSDP's reduce-scatter) in any case.
+
+Under torch.compile torchao's casts are kernels Inductor generates; those that also write a
+transposed copy (``x`` and ``g`` to both layouts, the weight's backward copy; rowwise's bf16
+transposes) move their bytes at Inductor's measured bandwidth for that pattern
+(:data:`FP8_PASS_KERNELS`), the others at the device's streaming bandwidth. Transformer
+Engine's ``cast_transpose`` is its own CUDA kernel: no such share.
 
 ``per_module``: torchao swaps every ``nn.Linear`` for a ``Float8Linear``, so a model whose
 projections are separate modules (torchtitan's Llama: ``wq``, ``wk``, ``wv``; ``w1``, ``w3``)
@@ -68,8 +74,9 @@ from typing import NamedTuple
 
 from ...workloads.trace import Kernel
 
-__all__ = ["FP8_RECIPES", "FP8_GEMM_KERNELS", "Fp8Recipe", "fp8_recipe", "fp8_cast_kernels",
-           "fp8_gemm_variants", "fp8_rescale_kernels", "fp8_gemm_efficiency"]
+__all__ = ["FP8_RECIPES", "FP8_GEMM_KERNELS", "FP8_PASS_KERNELS", "Fp8Recipe", "fp8_recipe",
+           "fp8_cast_kernels", "fp8_gemm_variants", "fp8_rescale_kernels",
+           "fp8_gemm_efficiency", "fp8_pass_efficiency"]
 
 #: FP8 GEMM kernel (``Kernel.variant`` of an ``fp8`` GEMM) → its throughput as a fraction of
 #: the device's FP8 matmul ceiling. That ceiling is MAMF's (stas00/ml-engineering
@@ -89,11 +96,30 @@ FP8_GEMM_KERNELS: dict[str, float] = {
 }
 
 
+#: memory-pass kernel (``Kernel.variant`` of a cast pass) → its bandwidth as a fraction of the
+#: device's streaming bandwidth. ``inductor_transpose``: a kernel torch.compile generates to
+#: write a tensor cast to FP8 and its transposed copy (torchao's casts of ``x``, ``w`` and
+#: ``g`` that feed a GEMM in the other layout): "the maximum bandwidth I can achieve with
+#: the cast to float8 + transpose of grad_output ... is ~1.4 [TB/s] on an H100, while other
+#: float8 overhead kernels top out at ~2.2" (V. Kuznetsov, pytorch/pytorch#133242,
+#: 2024-08-12: Inductor reads the input twice and writes the transpose uncoalesced; the
+#: kernel pattern of pytorch/pytorch#130015, still open): 1.4 / 2.2 = 0.64 of the streaming
+#: bandwidth, which ddlsim's H100 presets put at 2.16 TB/s (0.90 × 2.4) for the others
+FP8_PASS_KERNELS: dict[str, float] = {"inductor_transpose": 1.4 / 2.2}
+
+
+def fp8_pass_efficiency(variant: str) -> float:
+    """Fraction of the device's streaming bandwidth a memory pass of kernel ``variant``
+    moves its bytes at (:data:`FP8_PASS_KERNELS`; 1 for any other pass)."""
+    return FP8_PASS_KERNELS.get(variant, 1.0)
+
+
 class Fp8Recipe(NamedTuple):
     """One FP8 recipe as run (module docstring)."""
 
     #: ``passes(M, N, K, backward, compiled)``: the cast passes in launch order, each
-    #: ``(tensor, bytes)``, the tensor ``x`` (input), ``w`` (weight) or ``g`` (output gradient)
+    #: ``(tensor, bytes)``, the tensor ``x`` (input), ``w`` (weight) or ``g`` (output
+    #: gradient), ``T`` appended where the pass also writes a transposed copy
     passes: Callable[..., tuple[float, ...]]
     #: GEMM kernel (:data:`FP8_GEMM_KERNELS`) of the output, grad_input and grad_weight GEMMs
     gemms: tuple[str, str, str]
@@ -101,6 +127,9 @@ class Fp8Recipe(NamedTuple):
     rescaled: tuple[bool, bool]
     #: each ``nn.Linear`` casts its own input (torchao), not one fused projection
     per_module: bool
+    #: its casts are torch ops whose kernels torch.compile generates (torchao), not the
+    #: framework's own CUDA kernels (Transformer Engine)
+    inductor: bool
 
 
 #: recipe name → :class:`Fp8Recipe`
@@ -108,36 +137,37 @@ FP8_RECIPES: dict[str, Fp8Recipe] = {}
 
 
 def fp8_recipe(name: str, gemms: tuple[str, str, str], rescaled: tuple[bool, bool] = (False,
-               False), per_module: bool = False):
+               False), torchao: bool = False):
     """Decorator: register a recipe's cast passes (the decorated function) under ``name``,
-    with its GEMM kernels, rescaled backward outputs and ``per_module`` casting."""
+    with its GEMM kernels and rescaled backward outputs; ``torchao``: per-module casting by
+    torch ops (``per_module`` and ``inductor``)."""
     def wrap(fn):
-        FP8_RECIPES[name] = Fp8Recipe(fn, gemms, rescaled, per_module)
+        FP8_RECIPES[name] = Fp8Recipe(fn, gemms, rescaled, torchao, torchao)
         return fn
     return wrap
 
 
 @fp8_recipe("te_delayed", ("cublas_fast", "cublas_split", "cublas_split"))
 def _te_delayed(M, N, K, backward, compiled):
-    return (("g", 4 * M * N),) if backward else (("x", 4 * M * K), ("w", 3 * K * N))
+    return (("gT", 4 * M * N),) if backward else (("xT", 4 * M * K), ("w", 3 * K * N))
 
 
-@fp8_recipe("tensorwise", ("cublas_fast", "cublas_split", "cublas_split"), per_module=True)
+@fp8_recipe("tensorwise", ("cublas_fast", "cublas_split", "cublas_split"), torchao=True)
 def _tensorwise(M, N, K, backward, compiled):
     amax = 0 if compiled else 2
     if backward:
-        return (("g", amax * M * N), ("g", 4 * M * N), ("w", 3 * K * N))
-    return (("x", amax * M * K), ("x", 4 * M * K), ("w", 2 * K * N), ("w", 3 * K * N))
+        return (("g", amax * M * N), ("gT", 4 * M * N), ("wT", 3 * K * N))
+    return (("x", amax * M * K), ("xT", 4 * M * K), ("w", 2 * K * N), ("w", 3 * K * N))
 
 
 @fp8_recipe("rowwise", ("cutlass_rowwise", "cublas_split", "cublas_split"), (True, True),
-            per_module=True)
+            torchao=True)
 def _rowwise(M, N, K, backward, compiled):
     first = 3 if compiled else 5
     if backward:
-        return (("g", first * M * N), ("g", 3 * M * N), ("x", 3 * M * K), ("w", 4 * K * N),
+        return (("gT", first * M * N), ("g", 3 * M * N), ("x", 3 * M * K), ("wT", 4 * K * N),
                 ("w", 3 * K * N))
-    return (("x", first * M * K), ("w", 3 * K * N))
+    return (("xT", first * M * K), ("w", 3 * K * N))
 
 
 def fp8_cast_kernels(recipe: str, M: float, N: float, K: float, backward: bool,
@@ -158,9 +188,11 @@ def fp8_cast_kernels(recipe: str, M: float, N: float, K: float, backward: bool,
         for a recipe that is not registered (the software schema allows only registered
         names).
     """
-    return tuple(Kernel("memory", bytes=b, dtype="bf16")
-                 for role, b in FP8_RECIPES[recipe].passes(M, N, K, backward, compiled)
-                 if b and (input_cast or role != "x"))
+    spec = FP8_RECIPES[recipe]
+    slow = "inductor_transpose" if compiled and spec.inductor else ""
+    return tuple(Kernel("memory", bytes=b, dtype="bf16", variant=slow if role[-1] == "T" else "")
+                 for role, b in spec.passes(M, N, K, backward, compiled)
+                 if b and (input_cast or role[0] != "x"))
 
 
 def fp8_gemm_variants(recipe: str, backward: bool) -> tuple[str, ...]:
