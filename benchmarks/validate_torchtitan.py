@@ -31,10 +31,12 @@ The published iteration time is ``global_batch · seq / (tokens/s/GPU · GPUs)``
 
 The H100 rows run on ``grand-teton-h100``: the runs' H100s with 96 GB of HBM2e (94 GiB
 visible) at 2.4 TB/s, 8 per host on NVLink, 400 Gb/s RDMA per GPU (``ddlsim/data/systems.yaml``,
-from torchtitan's Hardware section and Ujeniya et al. 2026). Its matmul ceilings are the
-700 W ones of the H100 SXM (MAMF); the runs used their default 500 W limit, and no published
-measurement of H100 GEMM throughput at 500 W was found to derive a ceiling there, so the
-predictions are for the part at 700 W and the H100 errors include that difference (too fast).
+from torchtitan's Hardware section and Ujeniya et al. 2026), at the runs' default 500 W
+limit: its matmul ceilings are the 700 W ones of the H100 SXM (MAMF), and at 500 W no GEMM
+runs faster than the rate a cuBLAS 8192³ GEMM sustained on an H100 capped at 500 W (557
+TFLOP/s, 0.563 of peak; fp8 derived by the same clock ratio) and the attention kernels run at
+0.86 of their 700 W curves (``device.power_limits``; docs/compute.md, "The H100 of
+torchtitan's runs").
 The A100 rows run on ``dgx-a100`` (A100 SXM 80 GB, 400 W, 8 per node; the runs' network is not
 stated).
 """

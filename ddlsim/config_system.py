@@ -18,7 +18,7 @@ from .limits import check_bound
 from .registered import node_fabrics, placements, registered, topologies
 from .software import DEFAULT_STACK, GemmLibrary, SoftwareSpec, stacks
 
-__all__ = ["DeviceSpec", "LaunchSpec", "LinkSpec", "IntraNodeSpec", "NetworkSpec", "check_shape",
+__all__ = ["DeviceSpec", "PowerLimitSpec", "LaunchSpec", "LinkSpec", "IntraNodeSpec", "NetworkSpec", "check_shape",
            "CollectivesSpec", "SystemConfig"]
 
 
@@ -35,6 +35,21 @@ class LaunchSpec(_Strict):
                                               "back to back on one stream")
     graph_gap_s: Seconds = Field(description="device idle time between two kernels of one "
                                              "CUDA graph")
+    source: str | None = None
+
+
+class PowerLimitSpec(_Strict):
+    """What a compute-bound kernel sustains at a board power limit other than the one the
+    device's ceilings were measured at (``device.power_limits``; docs/compute.md, "Sustained
+    clocks and power limits"), each figure a measurement with its source."""
+
+    matmul_efficiency: dict[str, Annotated[float, Field(gt=0, le=1)]] = Field(
+        min_length=1, description="dtype -> GEMM ceiling (fraction of peak) measured at this "
+                                  "limit; a dtype not listed takes the smallest ratio of these "
+                                  "to the device's own matmul_efficiency (the same clock)")
+    attention: Annotated[float, Field(gt=0, le=1)] = Field(
+        description="fused attention kernels' rate at this limit / at matmul_power_limit_W, "
+                    "measured on the same kernels")
     source: str | None = None
 
 
@@ -61,8 +76,13 @@ class DeviceSpec(_Strict):
         default=None, description="board power limit, W (datasheet TDP); dense GEMMs on random "
                                   "data run at the clock it allows (docs/compute.md)")
     matmul_power_limit_W: Annotated[Real, Field(gt=0, le=10000)] | None = Field(
-        default=None, description="the power limit, W, under which the matmul ceilings were "
-                                  "measured; must equal power_limit_W where both are set")
+        default=None, description="the power limit, W, under which the matmul ceilings and "
+                                  "attention figures were measured; a power_limit_W other "
+                                  "than it needs its power_limits entry")
+    power_limits: dict[Annotated[Real, Field(gt=0, le=10000)], PowerLimitSpec] | None = Field(
+        default=None, description="power limit, W -> the GEMM ceilings and attention rate "
+                                  "measured there, used where power_limit_W differs from "
+                                  "matmul_power_limit_W (ddlsim.simulator.kernels.power)")
     matmul_efficiency_by_library: dict[GemmLibrary, dict[str, Annotated[
         float, Field(gt=0, le=1)]]] | None = Field(
         default=None, description="GEMM library -> dtype -> matmul ceiling measured with that "
@@ -98,14 +118,7 @@ class DeviceSpec(_Strict):
                 raise ValueError(f"{field} has unknown dtype {bad[0]!r}"
                                  f"{did_you_mean(bad[0], DTYPE_BYTES)}; allowed: "
                                  f"{', '.join(DTYPE_BYTES)}")
-        if None not in (self.power_limit_W, self.matmul_power_limit_W) \
-                and self.power_limit_W != self.matmul_power_limit_W:
-            raise ValueError(
-                f"power_limit_W = {self.power_limit_W:g} W but the device's matmul ceilings "
-                f"were measured at {self.matmul_power_limit_W:g} W (matmul_power_limit_W): "
-                f"ddlsim has no model of the clock a GEMM sustains at another power limit; "
-                f"give ceilings measured at {self.power_limit_W:g} W (matmul_efficiency, "
-                f"e.g. from `ddlsim calibrate compute`) and set matmul_power_limit_W to match")
+        self._check_power_limits()
         if self.attention_measured is not None:
             from .simulator.kernels.attention_measured import measured_gpus
             gpus = sorted(measured_gpus())
@@ -115,6 +128,37 @@ class DeviceSpec(_Strict):
                                  f"{did_you_mean(self.attention_measured, gpus)}; allowed: "
                                  f"{', '.join(gpus)}")
         return self
+
+    def _check_power_limits(self) -> None:
+        """A power_limit_W other than matmul_power_limit_W needs ceilings measured there
+        (power_limits); each entry's dtypes are known and share one with matmul_efficiency."""
+        limits = self.power_limits or {}
+        if limits and self.matmul_power_limit_W is None:
+            raise ValueError("power_limits needs matmul_power_limit_W, the limit its ratios are "
+                             "taken against")
+        for watts, entry in limits.items():
+            bad = [k for k in entry.matmul_efficiency if k not in DTYPE_BYTES]
+            if bad:
+                raise ValueError(f"power_limits.{watts:g}.matmul_efficiency has unknown dtype "
+                                 f"{bad[0]!r}{did_you_mean(bad[0], DTYPE_BYTES)}; allowed: "
+                                 f"{', '.join(DTYPE_BYTES)}")
+            if not set(entry.matmul_efficiency) & set(self.matmul_efficiency or {}):
+                raise ValueError(f"power_limits.{watts:g}.matmul_efficiency has no dtype of "
+                                 f"matmul_efficiency ({', '.join(self.matmul_efficiency or {})}"
+                                 f"): ddlsim scales the ceilings by their ratio")
+        if None in (self.power_limit_W, self.matmul_power_limit_W) \
+                or self.power_limit_W == self.matmul_power_limit_W \
+                or self.power_limit_W in limits:
+            return
+        measured = ", ".join(f"{w:g}" for w in sorted({self.matmul_power_limit_W, *limits}))
+        raise ValueError(
+            f"power_limit_W = {self.power_limit_W:g} W but the device's matmul ceilings were "
+            f"measured at {self.matmul_power_limit_W:g} W (matmul_power_limit_W) and "
+            f"power_limits has no entry for {self.power_limit_W:g} W; allowed: {measured} W. "
+            f"ddlsim has no model of the clock a GEMM sustains at an unmeasured limit: give "
+            f"the ceilings measured at {self.power_limit_W:g} W (power_limits, or "
+            f"matmul_efficiency with matmul_power_limit_W, e.g. from `ddlsim calibrate "
+            f"compute`)")
 
 
 class LinkSpec(_Strict):

@@ -17,7 +17,10 @@ From ``system.device`` (ddlsim/data/systems.yaml cites each preset's values):
 * ``attention_efficiency[flash2|flash3|cudnn]`` — a fused attention kernel's fraction of
   peak where the table has no curve for it;
 * ``launch`` — host and launch time per kernel, under the stack's ``host_dispatch``
-  (:mod:`.host`): an op's time is ``max(Σ kernel time + n·gap, n·host)``.
+  (:mod:`.host`): an op's time is ``max(Σ kernel time + n·gap, n·host)``;
+* ``power_limit_W`` other than ``matmul_power_limit_W`` — the rate dense GEMMs sustain at
+  that limit, a ceiling on every GEMM, and the attention kernels' rate there, from
+  ``power_limits`` (:mod:`.power`).
 
 A device without a fact falls back, each time in the same documented way (docs/compute.md):
 no ``sm_count``: no quantisation; no ``matmul_efficiency``: 0.75, the former default of
@@ -39,6 +42,7 @@ from .attention_measured import measured_efficiency
 from .fp8recipe import fp8_gemm_efficiency, fp8_pass_efficiency
 from .gemm import GemmOverhead, gemm_time
 from .host import NO_LAUNCH, Launch, launch_costs, stream_time
+from .power import attention_scale, sustained_rates
 
 __all__ = ["KernelDevice", "kernel_device", "kernel_time", "op_time", "DEFAULT_CEILING",
            "matmul_ceilings"]
@@ -58,6 +62,12 @@ class KernelDevice:
     matmul: dict[str, float]
     attention: dict[str, float]
     override: float | None = None
+    #: the fused attention kernels' rate at the device's power limit over their rate at the
+    #: limit its attention figures were measured at (:mod:`.power`)
+    attention_scale: float = 1.0
+    #: dtype → the fraction of peak a dense GEMM sustains at the device's power limit, where
+    #: it is not the limit of the ceilings (:mod:`.power`); None: no such cap
+    sustained: dict[str, float] | None = None
     #: achieved bandwidth of the non-flash attention core's s² kernels (``variant="scores"``)
     scores_Bps: float | None = None
     #: host time and device gap per kernel under the stack's dispatch mode (:mod:`.host`)
@@ -80,6 +90,14 @@ class KernelDevice:
             return self.matmul[dtype]
         return max(self.matmul.values()) if self.matmul else DEFAULT_CEILING
 
+    def sustained_rate(self, dtype: str) -> float | None:
+        """The fraction of peak a dense GEMM at ``dtype`` sustains at the device's power
+        limit (the device's best for an unlisted dtype), or None where the limit is the one
+        its ceilings were measured at."""
+        if not self.sustained:
+            return None
+        return self.sustained.get(dtype) or max(self.sustained.values())
+
     def flash(self, variant: str, dtype: str, shape: tuple[float, float, float] = (0, 0, 0)
               ) -> float:
         """A fused attention kernel's fraction of peak: the measured curve of its kernel, pass
@@ -91,11 +109,11 @@ class KernelDevice:
             eta = measured_efficiency(self.attention_gpu, v.kernel, v.pass_, v.causal,
                                       shape[2], shape[0])
             if eta is not None:
-                return eta
+                return eta * self.attention_scale
         scalar = self.attention.get(v.kernel)
         if scalar is None and v.kernel == "cudnn":
             scalar = self.attention.get("flash2")
-        return scalar or self.ceiling(dtype)
+        return (scalar or self.ceiling(dtype)) * self.attention_scale
 
 
 def matmul_ceilings(system: Any) -> dict[str, float]:
@@ -135,10 +153,14 @@ def kernel_device(system: Any) -> KernelDevice:
     dev = system.device
     scores = dev.score_pass_efficiency or dev.memory_efficiency or 1.0
     launch = launch_costs(dev.launch, resolve_software(system.software).host_dispatch)
+    ceilings = matmul_ceilings(system)
+    own = system.compute_efficiency is None     # a user's figure is taken as it is
     return KernelDevice(dict(dev.peak_flops),
                         dev.memory_bandwidth_Bps * (dev.memory_efficiency or 1.0),
-                        dev.sm_count, matmul_ceilings(system),
+                        dev.sm_count, ceilings,
                         dict(dev.attention_efficiency or {}), system.compute_efficiency,
+                        attention_scale(dev) if own else 1.0,
+                        sustained_rates(dev, ceilings) if own else None,
                         dev.memory_bandwidth_Bps * scores, launch,
                         gemm_overhead=_gemm_overhead(dev),
                         attention_gpu=dev.attention_measured)
@@ -162,8 +184,10 @@ def kernel_time(k: Kernel, dev: KernelDevice, efficiency: float | None = None) -
     ceiling = dev.ceiling(k.dtype)
     if k.variant:       # an FP8 recipe's GEMM kernel (.fp8recipe: its share of the ceiling)
         ceiling *= fp8_gemm_efficiency(k.variant)
-    return gemm_time(M, N, K, k.batch, DTYPE_BYTES.get(k.dtype, 2), peak, ceiling,
-                     dev.sm_count, bw, dev.gemm_overhead)
+    t = gemm_time(M, N, K, k.batch, DTYPE_BYTES.get(k.dtype, 2), peak, ceiling,
+                  dev.sm_count, bw, dev.gemm_overhead)
+    rate = dev.sustained_rate(k.dtype)      # the power limit's ceiling on any GEMM (.power)
+    return t if rate is None else max(t, 2.0 * M * N * K * k.batch / (peak * rate))
 
 
 def op_time(op: Compute, dev: KernelDevice,
@@ -203,4 +227,6 @@ def _roofline(op: Compute, dev: KernelDevice,
     if op.kind in ("elementwise", "optimizer"):
         return max(t_mem, op.flops / peak)
     eff = measured(op.flops, op.dtype) if measured is not None else None
-    return max(op.flops / (peak * (eff or dev.ceiling(op.dtype))), t_mem)
+    rate = dev.sustained_rate(op.dtype)
+    ceiling = dev.ceiling(op.dtype) if rate is None else min(dev.ceiling(op.dtype), rate)
+    return max(op.flops / (peak * (eff or ceiling)), t_mem)
