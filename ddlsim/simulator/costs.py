@@ -194,8 +194,20 @@ class CostModel:
         """Seconds of one compute op (:func:`.kernels.op_time`; ``op.seconds`` as given)."""
         if op.seconds is not None:  # a given duration (proxy sleep, measured kernel)
             return op.seconds
+        if op.contention is not None:  # overlapped GEMMs' extra time (.kernels.contention)
+            return self._contention(op)
         from .kernels import op_time
         return op_time(op, self._dev, self._measured)
+
+    def _contention(self, op: Compute) -> float:
+        """Seconds of a contention op: its collectives' time on their groups, one after
+        another (:func:`.kernels.contention.contention_seconds`)."""
+        from .kernels.contention import contention_seconds, nccl_ring_ctas
+        colls = op.contention.collectives
+        comm = sum(self.collective(c) for c in colls)
+        nccl = colls and self.comm_backend == "nccl"
+        return contention_seconds(op, self._dev, nccl_ring_ctas(self.system) if nccl else 0,
+                                  comm)
 
     def _profile_efficiency(self, flops: float, dtype: str) -> float | None:
         """The calibration profile's GEMM efficiency at ``flops``, None for an uncalibrated

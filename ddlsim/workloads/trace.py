@@ -35,7 +35,7 @@ import numpy as np
 
 from .steps import Step, StepTable
 
-__all__ = ["Compute", "Kernel", "Collective", "P2P", "Wait", "Loop", "Op", "Block", "Step", "StepTable", "Program",
+__all__ = ["Compute", "Contention", "Kernel", "Collective", "P2P", "Wait", "Loop", "Op", "Block", "Step", "StepTable", "Program",
            "GroupFamily", "RankClass", "Workload", "WorkloadMeta", "CollectiveOp", "GroupKind",
            "Phase"]
 
@@ -89,6 +89,9 @@ class Compute:
     dtype: str = "bf16"
     seconds: float | None = None
     kernels: tuple[Kernel, ...] | None = None
+    #: set on an op that stands for the *extra* time of GEMMs overlapped with communication
+    #: kernels holding SMs (:class:`Contention`, :mod:`ddlsim.simulator.kernels.contention`)
+    contention: Contention | None = None
 
     def __post_init__(self) -> None:
         if self.seconds is not None and not (math.isfinite(self.seconds) and self.seconds >= 0):
@@ -129,6 +132,18 @@ class Collective:
                              f"sum(split_bytes) = {sum(split)} (split_by receiver: the total "
                              "each rank sends; sender: the total each rank receives)")
         object.__setattr__(self, "split_bytes", split)
+
+
+@dataclass(frozen=True, slots=True)
+class Contention:
+    """What holds SMs while ``gemm_flops`` of overlapped GEMMs run (the op carrying it takes
+    the GEMMs' extra time, :mod:`ddlsim.simulator.kernels.contention`): ``sms`` SMs for the
+    GEMMs' whole duration (TransformerEngine's ``set_sm_margin``), or — with
+    ``collectives`` — NCCL's channels for as long as those collectives run."""
+
+    gemm_flops: float
+    sms: int = 0
+    collectives: tuple[Collective, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

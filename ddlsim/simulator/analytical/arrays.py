@@ -46,8 +46,10 @@ def lower_ops(ops: Sequence, compute_s: Callable[[Compute], float]
         ``dur`` in seconds; a collective's ``dur`` is the factor its one issue's seconds
         take (its ``repeat``, times the collectives of its family issued with it: they share
         the links); streams numbered in order of first use, the compute stream 0.
-    collectives : per instruction, its :class:`~ddlsim.workloads.trace.Collective` (None
-        for the others): :func:`with_collectives` puts their seconds in.
+    collectives : per instruction, its :class:`~ddlsim.workloads.trace.Collective`, or the
+        :class:`~ddlsim.workloads.trace.Compute` of a contention op with collectives (whose
+        seconds follow theirs; None for the others): :func:`with_collectives` puts their
+        seconds in.
     """
     lean = Block("piece", "forward", tuple(ops)).lean.ops
     streams = {"compute": 0}
@@ -60,6 +62,9 @@ def lower_ops(ops: Sequence, compute_s: Callable[[Compute], float]
                              "closed form, not in a block of arrays")
         if isinstance(p, Collective):
             out.append(Instr(COLL, sid, op.deps, float(k), p.group, nbytes=k * p.bytes))
+        elif isinstance(p, Compute) and p.contention is not None and p.contention.collectives:
+            # overlapped GEMMs' extra time, which depends on the collectives' (per plan)
+            out.append(Instr(COMPUTE, sid, op.deps, float(k), "compute", flops=k * p.flops))
         elif isinstance(p, Compute):
             label = "optimizer" if p.kind == "optimizer" else "compute"
             out.append(Instr(COMPUTE, sid, op.deps, k * compute_s(p), label, flops=k * p.flops))
@@ -68,14 +73,21 @@ def lower_ops(ops: Sequence, compute_s: Callable[[Compute], float]
             out.append(Instr(WAIT, sid, op.deps, 0.0, "", target=target))
         else:
             raise TypeError(f"unexpected op payload {type(p).__name__}")
-    colls = tuple(op.payload if ins.code == COLL else None for ins, op in zip(out, lean))
+    colls = tuple(op.payload if ins.code == COLL or _symbolic(op.payload) else None
+                  for ins, op in zip(out, lean))
     return _share_concurrent(out, lean), colls
+
+
+def _symbolic(p) -> bool:
+    """A contention op whose seconds follow its collectives' (left symbolic, as they are)."""
+    return isinstance(p, Compute) and p.contention is not None and bool(p.contention.collectives)
 
 
 def with_collectives(instrs: Sequence[Instr], collectives: Sequence[Collective | None],
                      seconds: Callable[[Collective], np.ndarray | float]) -> list[Instr]:
     """``instrs`` from :func:`lower_ops` with each collective's factor times ``seconds(op)``
-    (one issue, a float or an array over the plans; 0 on a group of one rank)."""
+    (one issue, a float or an array over the plans; 0 on a group of one rank; for a
+    contention op, its seconds)."""
     return [ins if c is None else ins._replace(dur=ins.dur * seconds(c))
             for ins, c in zip(instrs, collectives)]
 

@@ -200,7 +200,15 @@ def op_time(op: Compute, dev: KernelDevice,
     and launch time, ``max(Σ kernel time + n·gap, n·host)`` (:func:`.host.stream_time`).
     ``measured(flops, dtype)``: a calibration profile's GEMM efficiency, or None where it has
     none. ``memo``: a dict kept by a caller that times many ops on one device, so a kernel met
-    again (the same GEMM in several plans) is timed once."""
+    again (the same GEMM in several plans) is timed once. A contention op with a fixed SM
+    margin takes its GEMMs' extra time (:mod:`.contention`); one whose time follows its
+    collectives' is timed by :meth:`~ddlsim.simulator.costs.CostModel.compute`."""
+    if op.contention is not None:
+        if op.contention.collectives:
+            raise ValueError(f"compute op {op.name!r}: its time follows its collectives' "
+                             "(CostModel.compute times it)")
+        from .contention import contention_seconds
+        return contention_seconds(op, dev, 0)
     if op.kernels is not None:
         total = 0.0
         for k in op.kernels:

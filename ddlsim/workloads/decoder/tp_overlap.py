@@ -16,8 +16,9 @@ each sequence-parallel collective with a GEMM by one of three methods:
 
 ``pipeline`` and ``bulk`` run on ``num_sm = 16`` SMs with ``set_sm_margin``: the GEMM they
 overlap gets the device's SMs less 16 for its whole duration, a slowdown of
-``16 / (132 − 16) = 13.8 %`` on an H100 SXM (132 SMs, NVIDIA H100 whitepaper) — added as a
-compute op ``<gemm>.tp_overlap.sm_margin`` of ``13.8 %`` of the overlapped GEMMs' FLOPs.
+``16 / (S − 16)`` (13.8 % on an H100 SXM's 132 SMs, 17.4 % on an A100's 108) — added as a
+contention op ``<gemm>.tp_overlap.sm_contention`` beside the GEMM
+(:mod:`ddlsim.simulator.kernels.contention`, timed from the device's ``sm_count``).
 
 ``tp_comm_overlap: bulk`` is Megatron's ``--tp-comm-overlap`` with
 ``--disable-tp-comm-overlap-ag --disable-tp-comm-overlap-rs`` (only the backward's bulk
@@ -42,26 +43,24 @@ the input-gradient all-reduce of a column-parallel layer (``qkv``/``fc1``: Megat
 operator's backward) asynchronously before the weight-gradient GEMM (Megatron-LM 739cb43d
 ``megatron/mpu/layers.py`` lines 272-276, ``--no-async-tensor-model-parallel-allreduce`` off by
 default since 16c90445, 2021-09): it runs beside that block's backward, as the reduce-scatter
-does with SP. NCCL's kernels take one SM per channel while they run; that is not modelled (no
-SM-margin op), so ``async`` is ``bulk`` without the margin.
+does with SP. NCCL's kernels take one SM per channel while they run (24 on a DGX A100:
+:func:`~ddlsim.simulator.kernels.contention.nccl_ring_ctas`), so the overlapped GEMMs get a
+contention op too, for as long as the collectives run beside them: ``async`` is ``bulk``
+with NCCL's channels in place of TE's fixed margin.
 """
 
 from __future__ import annotations
 
-from ..trace import Collective, Compute, Loop, Op, Wait
+from ..trace import Collective, Compute, Contention, Loop, Op, Wait
 from . import torch_tp
 from .gemm_groups import gemm_groups
 
-__all__ = ["TE_COMM_SMS", "H100_SMS", "SM_MARGIN", "RS_SPLITS", "active", "mode",
-           "overlapped_layers", "structured_body"]
+__all__ = ["TE_COMM_SMS", "RS_SPLITS", "active", "mode", "overlapped_layers",
+           "structured_body"]
 
 #: SMs of TransformerEngine's pipeline/bulk userbuffers kernels (``num_sm`` default, TE
 #: ``pytorch/module/base.py`` ``initialize_ub``)
 TE_COMM_SMS = 16
-#: SMs of an H100 SXM5 (NVIDIA H100 Tensor Core GPU Architecture whitepaper, 2022)
-H100_SMS = 132
-#: the overlapped GEMM's slowdown with ``set_sm_margin``: it runs on 132 − 16 SMs
-SM_MARGIN = TE_COMM_SMS / (H100_SMS - TE_COMM_SMS)
 #: chunks of the pipelined reduce-scatter (TE ``num_splits`` default for ``pipeline``)
 RS_SPLITS = 4
 
@@ -107,19 +106,26 @@ def _role(c: Collective, backward: bool, how: str, tp: int) -> tuple[str, int] |
     return ("pre", tp) if how == "pipelined" else None
 
 
-def _margin_flops(b, backward: bool, gemm: Compute) -> float:
-    """FLOPs lost to the SM margin: 13.8 % of the GEMMs that ``pipeline``/``bulk`` overlap
-    (forward: the row-parallel ``proj``/``fc2``; backward: ``qkv``/``fc1`` dgrad + wgrad);
-    none under ``async`` (NCCL's SMs are not modelled)."""
-    if b.plan.tp_overlap == "async":
-        return 0.0
+def _overlapped_flops(b, backward: bool, gemm: Compute) -> float:
+    """FLOPs of the GEMMs the collectives after ``gemm``'s block run beside (forward: the
+    row-parallel ``proj``/``fc2``; backward: ``qkv``/``fc1`` dgrad + wgrad)."""
     g = b.shape.layer_gemm_flops(b.b, b.s)
     attn = "attn" in gemm.name
     if backward:
         f = 2 * ((g["q"] + g["kv"]) if attn else g["mlp"] * (1 - 1 / b.shape.mlp_matrices))
     else:
         f = g["proj"] if attn else g["mlp"] / b.shape.mlp_matrices
-    return SM_MARGIN * f / b.tp
+    return f / b.tp
+
+
+def _contention(name: str, flops: float, dtype: str, how: str, posts: list) -> Op:
+    """The contention op of GEMMs of ``flops`` overlapped under ``how``: TE's ``num_sm`` for
+    their whole duration, or (``async``) NCCL's channels while the ``posts`` run."""
+    if how == "async":
+        c = Contention(flops, collectives=tuple(x for x, _ in posts))
+    else:
+        c = Contention(flops, sms=TE_COMM_SMS)
+    return Op(Compute(f"{name}.tp_overlap.sm_contention", 0.0, dtype=dtype, contention=c))
 
 
 def _split(c: Collective, n: int) -> tuple[Collective | None, Collective]:
@@ -196,9 +202,8 @@ def layer_body(b, backward: bool, payloads: list) -> list[Op]:
         exposed_after, _ = _overlap_around(ops, pending_pre, posts)
         ops.append(Op(x))
         fwd_type = not backward or x.name.startswith("recompute.")
-        if how != "async":
-            ops.append(Op(Compute(f"{x.name}.tp_overlap.sm_margin",
-                                  _margin_flops(b, not fwd_type, x), dtype=x.dtype)))
+        ops.append(_contention(x.name, _overlapped_flops(b, not fwd_type, x), x.dtype, how,
+                               posts))
         ops.append(Op(Wait(f"{x.name}.tp_overlap.wait", "tp")))
         ops += exposed_after
         pending_pre = []
@@ -237,7 +242,7 @@ def structured_body(b, backward: bool, body: list[Op]) -> list[Op]:
     all-gather feeding a GEMM (``ring_exchange``) is overlapped with that GEMM, one of TP
     chunks exposed before it; the collectives after a GEMM (``pipeline`` reduce-scatter,
     ``bulk`` backward ones) are overlapped with it, the pipelined reduce-scatter's last
-    chunk exposed after it, and the GEMM pays the SM margin (``SM_MARGIN`` of its FLOPs).
+    chunk exposed after it, and the GEMM pays the SMs the collectives take (a contention op).
     Every other op (the ring, its waits, the element-wise work) keeps its place and its
     dependencies. Collectives left at the end of the layer feed the next layer's first GEMM
     and move to the front, as in :func:`layer_body`."""
@@ -263,9 +268,9 @@ def structured_body(b, backward: bool, body: list[Op]) -> list[Op]:
         after, overlapped = _overlap_around(out, pending, posts)
         where[i] = len(out)
         out.append(Op(op.payload, op.stream, tuple(where[d] for d in op.deps), op.repeat))
-        if posts and how != "async":
-            out.append(Op(Compute(f"{op.payload.name}.tp_overlap.sm_margin",
-                                  SM_MARGIN * op.payload.flops, dtype=op.payload.dtype)))
+        if posts:
+            out.append(_contention(op.payload.name, op.payload.flops, op.payload.dtype, how,
+                                   posts))
         if overlapped:
             out.append(Op(Wait(f"{op.payload.name}.tp_overlap.wait", "tp")))
         out += after

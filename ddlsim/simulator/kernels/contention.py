@@ -1,0 +1,132 @@
+"""SMs taken from overlapped GEMMs by the communication kernels that run beside them.
+
+A GEMM that runs while a communication kernel holds ``k`` of the device's ``S`` SMs runs on
+the other ``S − k``: for as long as both run it does ``(S − k)/S`` of its work per second.
+A trace marks such a pairing with a compute op carrying a
+:class:`~ddlsim.workloads.trace.Contention` (the overlapped GEMMs' FLOPs and what holds the
+SMs); the op's duration is the *extra* time the GEMMs take, placed beside them on the
+compute stream, so both engines (which time every compute op by
+:meth:`~ddlsim.simulator.costs.CostModel.compute`) and the search tier see the same physics.
+
+With ``G`` the GEMMs' time on all SMs, ``G_k = G·S/(S − k)`` on ``S − k`` and ``C`` the time
+the communication kernels run, the GEMMs lose ``k/S`` of their rate for ``min(C, G_k)``:
+
+    extra = (k / S) · min(C, G_k)          (= G_k − G when C ≥ G_k)
+
+* **TransformerEngine userbuffers** (``pipeline``/``bulk``, ``set_sm_margin``): the GEMM is
+  launched on ``S − num_sm`` SMs for its whole duration (``C = ∞``), ``num_sm = 16``
+  (TE ``pytorch/module/base.py`` ``initialize_ub`` defaults).
+* **NCCL** (Megatron's asynchronous TP backward): an NCCL collective is one CUDA block per
+  channel (``ncclLaunchKernel``'s grid is the channel count, NCCL ``src/enqueue.cc``), and a
+  channel's block (512–640 threads, ``NCCL_*_MAX_NTHREADS``) holds its SM against a GEMM's
+  CTA (a CUTLASS/cuBLAS tile of 128×256 takes most of an SM's registers and shared memory),
+  so ``k`` is the communicator's channels (:func:`nccl_ring_ctas`), for ``C`` the collective's
+  time as the cost model gives it.
+
+Not modelled: the HBM bandwidth the communication kernels move (they copy at link speed,
+tens of GB/s against 2–3 TB/s), the GEMM's wave quantisation on ``S − k`` SMs, and the
+channels NCCL drops for messages under ``channels × threads × threshold`` bytes
+(:mod:`ddlsim.simulator.nccl.channels`: kilobytes, not the MiB collectives overlapped here).
+
+References
+----------
+NCCL ``src/graph/search.cc`` ``ncclTopoCompute`` (speed arrays; ``ncclTopoDupChannels``:
+channels doubled where a channel moves ≥ 25 GB/s, except on compute capability > 8.0 below
+50 GB/s with more than 4 channels) and ``src/graph/connect.cc`` ``ncclTopoPostset`` ("Duplication
+should be complete now": ``nChannels = min(MAXCHANNELS, nChannels*2)``), NCCL 2.18–2.26.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+__all__ = ["MAXCHANNELS", "nccl_ring_ctas", "extra_seconds", "contention_seconds"]
+
+#: NCCL's most channels per communicator (``MAXCHANNELS``, src/include/device.h)
+MAXCHANNELS = 32
+#: compute capability above which the duplication rule also asks for ≥ 50 GB/s per channel
+_CC = {"volta": 70, "ampere": 80, "hopper": 90, "blackwell": 100}
+
+
+def nccl_ring_ctas(system: Any) -> int:
+    """SMs an NCCL ring collective inside one NVLink node holds: its channels, one CUDA block
+    each.
+
+    The topology search's channels are the node's NVLink bandwidth over the first per-channel
+    speed it tries (ddlsim's NCCL model: :func:`ddlsim.simulator.nccl.model` ``_channels``;
+    DGX A100: 300 GB/s × 0.8 / 40 GB/s = 6), doubled by ``ncclTopoDupChannels`` where a channel
+    moves ≥ 25 GB/s (not on compute capability > 8.0 below 50 GB/s with more than 4 channels),
+    and doubled again by ``ncclTopoPostset``, at most :data:`MAXCHANNELS`: 24 on a DGX A100.
+
+    Parameters
+    ----------
+    system : a :class:`~ddlsim.config.SystemConfig`.
+
+    Returns
+    -------
+    int : SMs (0 where NCCL's model does not apply: no known GPU generation or no NVLink).
+    """
+    from ..nccl import tuning as T
+    from ..nccl.system import env_for_system
+    env = env_for_system(system)
+    if env is None or env.intra != "nvlink":
+        return 0
+    link_GBps = system.intra_node.bandwidth_Bps * T.NVLINK_EFFICIENCY[env.arch] / 1e9
+    speed = T.TOP_SPEED_GBPS[env.arch][0]
+    channels = max(1, math.floor(link_GBps / speed))
+    if speed >= 25.0 and not (_CC[env.arch] > 80 and speed < 50.0 and channels > 4):
+        channels = min(2 * channels, MAXCHANNELS)
+    return min(2 * channels, MAXCHANNELS)
+
+
+def extra_seconds(gemm_s, comm_s, sms_taken: int, sm_count: int):
+    """Extra seconds of GEMMs of ``gemm_s`` (on all SMs) while ``sms_taken`` SMs are held
+    for ``comm_s`` seconds (``inf``: for the GEMMs' whole duration): ``(k/S)·min(C, G_k)``,
+    ``G_k = G·S/(S − k)``.
+
+    Parameters
+    ----------
+    gemm_s : seconds of the overlapped GEMMs on all ``sm_count`` SMs (float or array).
+    comm_s : seconds the communication kernels hold their SMs (float or array).
+    sms_taken : SMs they hold, ``k``.
+    sm_count : the device's SMs, ``S``.
+
+    Returns
+    -------
+    float or array : seconds (0 where nothing is taken).
+    """
+    import numpy as np
+    if sms_taken <= 0 or not sm_count:
+        return 0.0 * np.asarray(comm_s) if np.ndim(comm_s) else 0.0
+    if sms_taken >= sm_count:
+        raise ValueError(f"communication kernels holding {sms_taken} SMs leave none of the "
+                         f"device's {sm_count} to the GEMMs beside them")
+    g_k = gemm_s * sm_count / (sm_count - sms_taken)
+    out = sms_taken / sm_count * np.minimum(comm_s, g_k)
+    return float(out) if np.ndim(out) == 0 else out
+
+
+def contention_seconds(op: Any, dev: Any, nccl_ctas: int, comm_s=math.inf):
+    """Seconds of a contention op (a compute op carrying a
+    :class:`~ddlsim.workloads.trace.Contention`): :func:`extra_seconds` of its GEMM FLOPs at
+    the device's matmul ceiling.
+
+    Parameters
+    ----------
+    op : the :class:`~ddlsim.workloads.trace.Compute` op.
+    dev : the :class:`~.device.KernelDevice`.
+    nccl_ctas : SMs an NCCL collective holds (:func:`nccl_ring_ctas`), for a contention by
+        collectives.
+    comm_s : seconds of its collectives, one after another (float or array over plans);
+        ignored for a fixed margin (``Contention.sms``).
+
+    Returns
+    -------
+    float or array : seconds.
+    """
+    c = op.contention
+    gemm_s = c.gemm_flops / (dev.peak_flops(op.dtype) * dev.ceiling(op.dtype))
+    if c.collectives:
+        return extra_seconds(gemm_s, comm_s, nccl_ctas, dev.sm_count)
+    return extra_seconds(gemm_s, math.inf, c.sms, dev.sm_count)
