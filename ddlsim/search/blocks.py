@@ -29,6 +29,8 @@ import numpy as np
 
 from ..simulator.analytical.arrays import lower_ops, stream_ends, with_collectives
 from ..simulator.kernels import op_time
+from ..simulator.kernels.contention import contention_seconds
+from ..workloads.trace import Compute
 from ..workloads.decoder.builder import StageBuilder, as_ops
 from .plans import RECOMPUTE
 
@@ -84,7 +86,7 @@ def _signatures(plans) -> tuple[np.ndarray, np.ndarray]:
     return np.unique(code, return_inverse=True)
 
 
-def stage_pieces(ctx, plans, coll_at) -> Pieces:
+def stage_pieces(ctx, plans, coll_at, backend: str = "mpi") -> Pieces:
     """The :class:`Pieces` of every plan.
 
     Parameters
@@ -93,62 +95,113 @@ def stage_pieces(ctx, plans, coll_at) -> Pieces:
     plans : the plans (a :class:`~ddlsim.search.plans.PlanSet`).
     coll_at : ``coll_at(op, family, nbytes, index)``: seconds of one collective of
         ``nbytes[i]`` bytes for the plan at position ``index[i]``, on its network (arrays).
+    backend : the system's collective backend (:attr:`~ddlsim.simulator.costs.CostModel.comm_backend`):
+        NCCL's channels hold SMs beside the GEMMs they overlap (:mod:`~ddlsim.simulator.kernels.contention`).
     """
-    n = len(plans)
     codes, inverse = _signatures(plans)
     inverse = inverse.reshape(-1)
     order = np.argsort(inverse, kind="stable")
     bounds = np.searchsorted(inverse[order], np.arange(len(codes) + 1))
     groups = [order[bounds[j]:bounds[j + 1]] for j in range(len(codes))]
+    # 1. each signature's pieces, built by the builder, collectives symbolic; each distinct
+    # op list lowered once, with the (piece, signature) pairs that have it
+    distinct, p2p_bytes = _built_pieces(ctx, plans, groups)
+    # 2. every collective asked, on each plan's network: one array call per (op, family)
+    shared = [np.concatenate([groups[j] for _, j in users]) for _, _, users in distinct]
+    seconds = _collective_seconds(distinct, shared, coll_at)
+    _contention_seconds(ctx, distinct, seconds, backend)
+    # 3. each distinct piece timed by the timing rule once, on arrays over every plan that
+    # has it (element by element, as over each signature's plans apart)
+    out = {name: np.zeros(len(plans)) for name in Pieces._fields}
+    for k, (instrs, colls, users) in enumerate(distinct):
+        timed = with_collectives(instrs, colls, lambda c: seconds[_key(k, c)])
+        ends = stream_ends(timed, len(shared[k]))[0]
+        start = 0
+        for name, j in users:
+            out[name][groups[j]] = ends[start:start + len(groups[j])]
+            start += len(groups[j])
+    for j, index in enumerate(groups):
+        out["p2p_bytes"][index] = p2p_bytes[j]
+    return Pieces(**out)
+
+
+def _built_pieces(ctx, plans, groups: list[np.ndarray]) -> tuple[list, list[float]]:
+    """``(distinct, p2p_bytes)``: each distinct lowered piece as ``(instrs, collectives,
+    [(piece, signature), ...])`` (:func:`lower_ops` once per distinct op list: signatures
+    share many pieces, the embedding and the head do not depend on recomputation, …), and
+    each signature's bytes sent to the next stage."""
     kernels: dict = {}
     sections: dict = {}
-    lowered: dict[tuple, tuple] = {}
+    lowered: dict[tuple, list] = {}
 
-    def compute_s(op) -> float:
-        return op.seconds if op.seconds is not None else op_time(op, ctx.dev, memo=kernels)
+    def compute_s(op) -> float:   # as CostModel.compute times it
+        if op.seconds is not None:
+            return op.seconds
+        if op.contention is not None:   # SMs held for the GEMMs' whole duration
+            return contention_seconds(op, ctx.dev, 0)
+        return op_time(op, ctx.dev, memo=kernels)
 
-    def lower(ops) -> tuple:
-        """:func:`lower_ops` once per distinct op list: signatures share many pieces (the
-        embedding and the head do not depend on recomputation, …), equal ops time alike."""
-        ops = tuple(ops)
-        hit = lowered.get(ops)
-        if hit is None:
-            hit = lowered[ops] = lower_ops(ops, compute_s)
-        return hit
-
-    # 1. each signature's pieces, built by the builder, collectives symbolic
-    built, asked = [], {}
+    p2p_bytes = []
     for j, index in enumerate(groups):
         i0 = int(index[0])
         cfg = piece_config(ctx.cfg, int(plans["tp"][i0]), bool(plans["sp"][i0]),
-                          int(plans["mbs"][i0]), RECOMPUTE[int(plans["recompute"][i0])],
-                          int(plans["zero"][i0]), sections=sections)
+                           int(plans["mbs"][i0]), RECOMPUTE[int(plans["recompute"][i0])],
+                           int(plans["zero"][i0]), sections=sections)
         sb = StageBuilder.from_config(cfg, ctx.shape)
-        pieces = {name: lower(ops) for name, ops in (
-            ("fwd", sb.layer_ops(False, 1)), ("bwd", sb.layer_ops(True, 1)),
-            ("emb", as_ops(sb.embedding_forward())), ("head_f", as_ops(sb.head_forward())),
-            ("head_b", as_ops(sb.head_backward())), ("gather", sb.gather_ops("act")))}
-        for _, colls in pieces.values():
-            for c in colls:
-                if c is not None:
-                    asked.setdefault((c.op, c.group), {})[(j, c.bytes)] = None
-        built.append((pieces, sb.part.boundary(sb.act_bytes)[0]))
-    # 2. every collective asked, on each plan's network: one array call per (op, family)
+        for name, ops in (
+                ("fwd", sb.layer_ops(False, 1)), ("bwd", sb.layer_ops(True, 1)),
+                ("emb", as_ops(sb.embedding_forward())), ("head_f", as_ops(sb.head_forward())),
+                ("head_b", as_ops(sb.head_backward())), ("gather", sb.gather_ops("act"))):
+            ops = tuple(ops)
+            entry = lowered.get(ops)
+            if entry is None:
+                entry = lowered[ops] = [*lower_ops(ops, compute_s), []]
+            entry[2].append((name, j))
+        p2p_bytes.append(sb.part.boundary(sb.act_bytes)[0])
+    return list(lowered.values()), p2p_bytes
+
+
+def _collective_seconds(distinct: list, shared: list[np.ndarray], coll_at) -> dict:
+    """Seconds of each collective of each distinct piece ``k`` on the networks of its plans
+    ``shared[k]``, as ``{(k, op, family, bytes): array}``: one :func:`coll_at` call per
+    (op, family) over every piece's plans."""
+    asked: dict[tuple, dict] = {}
+    for k, (_, colls, _) in enumerate(distinct):
+        for c in colls:
+            # a contention op's seconds follow those of its collectives
+            for x in (() if c is None else c.contention.collectives if _contends(c) else (c,)):
+                asked.setdefault((x.op, x.group), {})[(k, x.bytes)] = None
     seconds: dict[tuple, np.ndarray] = {}
     for (op, family), wanted in asked.items():
         keys = list(wanted)
-        sizes = [len(groups[j]) for j, _ in keys]
+        sizes = [len(shared[k]) for k, _ in keys]
         t = coll_at(op, family, np.repeat([float(b) for _, b in keys], sizes),
-                    np.concatenate([groups[j] for j, _ in keys]))
-        for (j, b), part in zip(keys, np.split(t, np.cumsum(sizes)[:-1])):
-            seconds[(j, op, family, b)] = part
-    # 3. each piece timed by the timing rule, on arrays over its plans
-    out = {name: np.zeros(n) for name in Pieces._fields}
-    for j, (pieces, p2p_bytes) in enumerate(built):
-        index = groups[j]
-        for name, (instrs, colls) in pieces.items():
-            timed = with_collectives(instrs, colls,
-                                     lambda c: seconds[(j, c.op, c.group, c.bytes)])
-            out[name][index] = stream_ends(timed, len(index))[0]
-        out["p2p_bytes"][index] = p2p_bytes
-    return Pieces(**out)
+                    np.concatenate([shared[k] for k, _ in keys]))
+        for (k, b), part in zip(keys, np.split(t, np.cumsum(sizes)[:-1])):
+            seconds[(k, op, family, b)] = part
+    return seconds
+
+
+def _contends(op) -> bool:
+    """Whether ``op`` (a collective, or a compute op left symbolic by :func:`lower_ops`) is
+    a contention op, whose seconds follow its collectives'."""
+    return isinstance(op, Compute)
+
+
+def _key(k: int, op) -> tuple:
+    """The key of ``op``'s seconds in distinct piece ``k``."""
+    return (k, op) if _contends(op) else (k, op.op, op.group, op.bytes)
+
+
+def _contention_seconds(ctx, distinct: list, seconds: dict, backend: str) -> None:
+    """Add to ``seconds`` each contention op's, on arrays over its piece's plans: the GEMMs'
+    extra time while NCCL's channels (with the ``nccl`` backend) hold SMs for as long as its
+    collectives run, one after another (:meth:`~ddlsim.simulator.costs.CostModel.compute`)."""
+    from ..simulator.kernels.contention import nccl_ring_ctas
+
+    for k, (_, colls, _) in enumerate(distinct):
+        for c in colls:
+            if c is not None and _contends(c) and _key(k, c) not in seconds:
+                comm = sum(seconds[_key(k, x)] for x in c.contention.collectives)
+                ctas = nccl_ring_ctas(ctx.cfg.system) if backend == "nccl" else 0
+                seconds[_key(k, c)] = contention_seconds(c, ctx.dev, ctas, comm)

@@ -125,7 +125,7 @@ class DecoderVectors:
             return collective_seconds(op, family, nbytes, mi[index], net.nets, algos, memo,
                                       net.backend)
 
-        pieces = stage_pieces(ctx, plans, coll_at)
+        pieces = stage_pieces(ctx, plans, coll_at, net.backend)
         fwd, bwd, emb = pieces.fwd, pieces.bwd, pieces.emb
         head_f, head_b, gather = pieces.head_f, pieces.head_b, pieces.gather
         lc = sh.layers // (pp * v)

@@ -19,6 +19,7 @@ from .planconfig import group_rules, judge_failed_contexts, plan_config, plan_se
 from .plans import RECOMPUTE, SCHEDULE, VECTOR_FIELDS, PlanSet, context_overrides, \
     enumerate_plans, plan_rules, stack_plan_rules, what_if_plans
 from . import decoder  # noqa: F401  (registers the gpt and llama vectorised forms)
+from .rejections import Rejections
 from .ranking import DOES_NOT_FIT, METRICS, Grid, pareto_mask, rank, setting_column, \
     with_costs
 
@@ -58,13 +59,19 @@ def evaluate_plans(cfg, plans: PlanSet, memory: tuple[np.ndarray, np.ndarray] | 
             "tokens_per_s": tokens / t, "mfu": model_flops / (t * gpus * peak)}
 
 
-def _contexts(data: dict, base_dir, overrides: Sequence[str], contexts: list[dict]):
-    """Each context's base config, or the ConfigError that rejects it."""
+def _contexts(data: dict, base_dir, overrides: Sequence[str], contexts: list[dict],
+              built: tuple[list, Any] | None = None):
+    """Each context's base config, or the ConfigError that rejects it; ``built``: a config
+    already built with these settings, ``(settings, config)`` (the grid's base config: the
+    context of a grid without context axes)."""
     from ..configload import build_config
 
     out = []
     for ctx in contexts:
         sets = [*overrides, *(_setting(p, v) for p, v in context_overrides(ctx).items())]
+        if built is not None and sets == built[0]:
+            out.append(built[1])
+            continue
         try:
             out.append(build_config(data, sets, base_dir))
         except ConfigError as exc:
@@ -92,8 +99,10 @@ def evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[
     -------
     Grid
     """
-    base, fields = base_config(data, base_dir, overrides, axes)
-    ctx_cfgs = _contexts(data, base_dir, overrides, _context_combinations(axes))
+    base, fields, on_neutral = _base_config(data, base_dir, overrides, axes)
+    neutral = [*overrides, *(_setting(p, v) for p, v in context_overrides({}).items())]
+    ctx_cfgs = _contexts(data, base_dir, overrides, _context_combinations(axes),
+                         (neutral, base) if on_neutral else None)
     prepared = _prepared(data, base_dir, overrides, axes, base, ctx_cfgs)
     if prepared is None:
         from .exact import evaluate_exact
@@ -103,17 +112,10 @@ def evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[
         fields["train.global_batch_size"] = constraints.global_batch_size
     devices = base.system.num_devices
     fill = min(devices, constraints.max_gpus or devices)
-    plans = enumerate_plans(axes, fields, fill)
-    reason = np.full(len(plans), -1, dtype=np.int64)
-    reasons: list[str] = []
-
-    def reject(text: str, mask: np.ndarray) -> None:
-        mask = mask & (reason < 0)
-        if mask.any():
-            if text not in reasons:
-                reasons.append(text)
-            reason[mask] = reasons.index(text)
-
+    # the fields are laid out flat for the plans the rules pass only (the rules read the grid)
+    plans = enumerate_plans(axes, fields, fill, lazy=True)
+    verdicts = Rejections(plans.shape)
+    reason, reject = verdicts.reason, verdicts.reject
     good = [None if isinstance(c, ConfigError) else c for c in ctx_cfgs]
     family = vector_family(base.model.architecture)
     sections = plan_sections(data, base_dir, overrides)
@@ -123,20 +125,24 @@ def evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[
 
     # what the stack cannot run first: predict names the stack's rule before any of the
     # config's own (a model's limit on a plan no framework runs is not the reason)
-    for text, mask in [*stack_plan_rules(plans, good),        # what the stack cannot run
-                       *group_rules(plans, good, base, sections),   # the config's own rules
-                       *plan_rules(plans, good, devices, constraints.max_gpus)]:  # batches
+    for text, mask in stack_plan_rules(plans, good, True):     # what the stack cannot run
+        reject(text, mask)
+    # the config's own rules (on the plans still pending), then the batch arithmetic
+    for text, mask in [*group_rules(plans, good, base, sections, True, verdicts.pending),
+                       *plan_rules(plans, good, devices, constraints.max_gpus, True)]:
         reject(text, mask)
     # a context whose config fails on the neutral plan alone: its plans judged by the config
     judge_failed_contexts(plans, ctx_cfgs, reason, reject, build, family.prepare)
+    alive = verdicts.alive()
+    alive_plans = plans.take(alive)
     parts = []
     for i, cfg in enumerate(ctx_cfgs):
-        here = (plans["context"] == i) & (reason < 0)
+        here = alive_plans["context"] == i
         if here.any():
             # prepared above, or a failed context given a plan's config by the judge
             ctx = prepared[i] if prepared[i] is not None else family.prepare(cfg)
-            index = np.flatnonzero(here)
-            sub = plans.take(index)
+            index = alive[here]
+            sub = alive_plans.take(here) if len(ctx_cfgs) > 1 else alive_plans
             # memory first: a plan that must fit and does not is not timed
             memory, capacity = family.memory(ctx, sub)
             if constraints.must_fit:
@@ -156,9 +162,7 @@ def evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[
             None if isinstance(c, ConfigError) else c for c in ctx_cfgs])
     frame = rank(frame, objective)
     frame.attrs["tier"] = "vectorised"
-    counts = {r: int((reason == k).sum()) for k, r in enumerate(reasons)}
-    rejected = dict(sorted(counts.items(), key=lambda x: -x[1]))
-    return Grid(frame, rejected, len(plans))
+    return Grid(frame, verdicts.counts(), len(plans))
 
 
 def vectorised(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[str, list],
@@ -215,6 +219,13 @@ def base_config(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[st
     the plan is the search's, the rest must be valid alone), and the config's own values of
     the vector fields and the schedule (the parallel and train sections validated alone, so a
     batch that does not divide over the default DP is no error: the plans' rules judge it)."""
+    cfg, fields, _ = _base_config(data, base_dir, overrides, axes)
+    return cfg, fields
+
+
+def _base_config(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[str, list]):
+    """:func:`base_config`, and whether the config is the one built on the neutral plan
+    (else the config as written)."""
     from ..config import ParallelConfig, TrainConfig
     from pydantic import ValidationError
 
@@ -233,14 +244,14 @@ def base_config(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[st
             raise ConfigError(format_validation_error(exc, name)) from None
     neutral = [_setting(p, v) for p, v in context_overrides({}).items()]
     try:
-        cfg = build_config(data, [*overrides, *neutral], base_dir)
+        cfg, on_neutral = build_config(data, [*overrides, *neutral], base_dir), True
     except ConfigError:
         # a plan that needs more than one device as given (expert parallelism, a 2-D tensor
         # grid): the config as written is the base, and the exact tier searches it
-        cfg = build_config(data, overrides, base_dir)
+        cfg, on_neutral = build_config(data, overrides, base_dir), False
     fields = {p: _field(own, p) for p in VECTOR_FIELDS}
     fields["parallel.schedule"] = own["parallel"].schedule
-    return cfg, fields
+    return cfg, fields, on_neutral
 
 
 def _field(sections: dict, path: str) -> Any:

@@ -160,8 +160,9 @@ def first_clause(message: str) -> str:
     return message[:min(cuts)] if cuts else message
 
 
-def group_rules(plans: PlanSet, ctx_cfgs: list, base: Any,
-                sections: dict) -> list[tuple[str, np.ndarray]]:
+def group_rules(plans: PlanSet, ctx_cfgs: list, base: Any, sections: dict,
+                shaped: bool = False, pending: np.ndarray | None = None
+                ) -> list[tuple[str, np.ndarray]]:
     """``(reason, rejected mask)`` of the config's own rules, as ``RunConfig`` validates
     them: for each group of :data:`RULE_GROUPS`, the neutral plan of each context with the
     group's fields set, built once per distinct combination of them (on the grid's axes);
@@ -175,6 +176,10 @@ def group_rules(plans: PlanSet, ctx_cfgs: list, base: Any,
     plans : the plans.
     ctx_cfgs : each context's base config, or None.
     base, sections : as :func:`plan_config` takes them.
+    shaped : masks that broadcast to the grid's shape rather than one flag per plan
+        (:func:`~ddlsim.search.plans.plan_rules`).
+    pending : the plans no earlier rule rejected (flags in the grid's shape, or one per
+        plan); a combination none of them has is not built (its plans have their reason).
     """
     from .plans import flat
 
@@ -184,17 +189,19 @@ def group_rules(plans: PlanSet, ctx_cfgs: list, base: Any,
         return plan_config(sections, base, plan)
 
     f = plans if plans.grid is None else plans.grid
-    full = np.shape(plans["tp"]) if plans.grid is None else \
-        np.broadcast_shapes(*(a.shape for a in plans.grid.values()))
+    full = np.shape(plans["tp"]) if plans.grid is None else plans.shape
+    shaped = shaped and plans.grid is not None
     out: list[tuple[str, np.ndarray]] = []
     for fields in RULE_GROUPS.values():
         arrays = np.broadcast_arrays(*(f[k] for k in fields), f["context"])
         rows = np.stack([a.reshape(-1) for a in arrays], axis=1)
         combos, inverse = np.unique(rows, axis=0, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        wanted = _pending_combos(pending, arrays[0].shape, inverse, len(combos))
         verdict = np.full(len(combos), -1)
         texts: list[str] = []
         for j, combo in enumerate(combos.tolist()):
-            if ctx_cfgs[combo[-1]] is None:
+            if ctx_cfgs[combo[-1]] is None or not wanted[j]:
                 continue
             try:
                 build(_probe(plans.contexts[combo[-1]], fields, combo[:-1]))
@@ -203,9 +210,23 @@ def group_rules(plans: PlanSet, ctx_cfgs: list, base: Any,
                 if text not in texts:
                     texts.append(text)
                 verdict[j] = texts.index(text)
-        verdict = verdict[inverse.reshape(-1)].reshape(arrays[0].shape)
-        out += [(text, flat(verdict == k, full)) for k, text in enumerate(texts)]
+        verdict = verdict[inverse].reshape(arrays[0].shape)
+        out += [(text, verdict == k if shaped else flat(verdict == k, full))
+                for k, text in enumerate(texts)]
     return out
+
+
+def _pending_combos(pending: np.ndarray | None, shape: tuple[int, ...], inverse: np.ndarray,
+                    combos: int) -> np.ndarray:
+    """Per combination of a rule group, whether a plan ``pending`` holds has it (every one
+    without ``pending``); ``shape``: the group's arrays' (the grid's, 1 on the axes the
+    group does not read), ``inverse``: each of their cells' combination."""
+    if pending is None:
+        return np.ones(combos, dtype=bool)
+    if pending.ndim == len(shape):  # the grid's flags: any over the axes the group ignores
+        pending = pending.any(axis=tuple(k for k, n in enumerate(shape) if n == 1),
+                              keepdims=True)
+    return np.bincount(inverse, weights=pending.reshape(-1), minlength=combos) > 0
 
 
 def _as_what_if(cfg: Any) -> Any:

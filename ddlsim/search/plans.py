@@ -63,16 +63,33 @@ class PlanSet(dict):
         #: broadcasts to the product's shape (axis k of the shape is the k-th search axis):
         #: a rule computed on these is computed once per distinct value of the fields it reads
         self.grid = grid
+        #: the product's shape (None without a grid)
+        self.shape = None if grid is None else np.broadcast_shapes(*(a.shape for a in
+                                                                     grid.values()))
+
+    def __missing__(self, field: str) -> np.ndarray:
+        """A field of a lazy product (:func:`enumerate_plans` with ``lazy``), laid out flat in
+        plan order on first use."""
+        if self.grid is None or field not in self.grid:
+            raise KeyError(field)
+        self[field] = out = flat(self.grid[field], self.shape)
+        return out
 
     def __len__(self) -> int:  # plans, not fields
-        return len(self["tp"])
+        return len(self["tp"]) if self.grid is None else math.prod(self.shape)
 
     def take(self, index: np.ndarray) -> "PlanSet":
         """The plans at ``index`` (a boolean mask or integer positions)."""
         index = np.asarray(index)
         if index.dtype == bool:  # positions once, not a mask pass per field
             index = np.flatnonzero(index)
-        return PlanSet({k: v[index] for k, v in self.items()}, self.contexts)
+        if self.grid is None:
+            return PlanSet({k: v[index] for k, v in self.items()}, self.contexts)
+        # a product's fields read at the plans' coordinates, none laid out in full
+        at = np.unravel_index(index, self.shape)
+        none = np.zeros(len(index), dtype=np.intp)   # an axis the field does not vary on
+        return PlanSet({k: g[tuple(c if n > 1 else none for c, n in zip(at, g.shape))]
+                        for k, g in self.grid.items()}, self.contexts)
 
     def overrides(self, i: int) -> dict[str, Any]:
         """Plan ``i`` as ``{config path: value}`` (its context's values included), the form
@@ -92,7 +109,7 @@ class PlanSet(dict):
 
 
 def enumerate_plans(axes: Mapping[str, Sequence[Any]], base: Mapping[str, Any],
-                    devices: int) -> PlanSet:
+                    devices: int, lazy: bool = False) -> PlanSet:
     """Every combination of ``axes`` (the first varying slowest), as a :class:`PlanSet`.
 
     Parameters
@@ -100,6 +117,9 @@ def enumerate_plans(axes: Mapping[str, Sequence[Any]], base: Mapping[str, Any],
     axes : ``{config path: values}`` (values already in the config's units).
     base : the base config's values of the :data:`VECTOR_FIELDS` and ``parallel.schedule``.
     devices : the devices a derived data-parallel size fills (``devices // (TP·PP)``).
+    lazy : lay a field out flat only when it is asked for (:meth:`PlanSet.__missing__`;
+        :meth:`PlanSet.take` reads the grid): the rules read the grid, so the fields of a
+        large product are laid out for the plans that pass them only.
 
     Returns
     -------
@@ -141,7 +161,7 @@ def enumerate_plans(axes: Mapping[str, Sequence[Any]], base: Mapping[str, Any],
         tpp = grid["tp"] * grid["pp"]
         grid["dp"] = np.where(devices % tpp == 0, devices // tpp, 0)
     grid["schedule"] = _schedules(grid["v"], ctx, contexts, base["parallel.schedule"])
-    out = {field: flat(a, sizes) for field, a in grid.items()}
+    out = {} if lazy else {field: flat(a, sizes) for field, a in grid.items()}
     return PlanSet(out, contexts, grid)
 
 
@@ -184,8 +204,8 @@ def context_overrides(context: Mapping[str, Any]) -> dict[str, Any]:
     return {**neutral, **context}
 
 
-def plan_rules(plans: PlanSet, ctx_cfgs: list, devices: int,
-               max_gpus: int | None) -> list[tuple[str, np.ndarray]]:
+def plan_rules(plans: PlanSet, ctx_cfgs: list, devices: int, max_gpus: int | None,
+               shaped: bool = False) -> list[tuple[str, np.ndarray]]:
     """``(reason, rejected mask)`` of the config's batch arithmetic (the rules that read DP,
     the micro-batch and the global batch: too many combinations to build each), then the
     search's ``max_gpus``. The software stack's rules are :func:`stack_plan_rules`; the
@@ -200,6 +220,8 @@ def plan_rules(plans: PlanSet, ctx_cfgs: list, devices: int,
         plans; :func:`check_plan_configs` judges them).
     devices : the system's devices.
     max_gpus : the search's limit on TP·PP·DP, or None.
+    shaped : masks that broadcast to the grid's shape (:attr:`PlanSet.shape`) rather than
+        one flag per plan, for plans with a grid.
     """
     f = plans if plans.grid is None else plans.grid  # the grid's: once per distinct value
     tp, pp, dp, mbs, gbs = (f[k] for k in ("tp", "pp", "dp", "mbs", "gbs"))
@@ -218,22 +240,28 @@ def plan_rules(plans: PlanSet, ctx_cfgs: list, devices: int,
     ]
     if max_gpus is not None:
         rules.append((f"more than max_gpus = {max_gpus} GPUs", tp * pp * dp > max_gpus))
-    shape = np.shape(plans["tp"]) if plans.grid is None else \
-        np.broadcast_shapes(*(a.shape for a in plans.grid.values()))
+    return _laid_out(plans, rules, shaped)
+
+
+def _laid_out(plans: PlanSet, rules, shaped: bool) -> list[tuple[str, np.ndarray]]:
+    """``rules``' masks one flag per plan, or as computed on the grid with ``shaped``."""
+    if shaped and plans.grid is not None:
+        return [(reason, np.asarray(mask, dtype=bool)) for reason, mask in rules]
+    shape = np.shape(plans["tp"]) if plans.grid is None else plans.shape
     return [(reason, flat(np.asarray(mask, dtype=bool), shape)) for reason, mask in rules]
 
 
-def stack_plan_rules(plans: PlanSet, ctx_cfgs: list) -> list[tuple[str, np.ndarray]]:
+def stack_plan_rules(plans: PlanSet, ctx_cfgs: list,
+                     shaped: bool = False) -> list[tuple[str, np.ndarray]]:
     """``(reason, rejected mask)`` of the software stack's rules (:mod:`ddlsim.stackrules`,
     the objects ``RunConfig`` applies) on the plans, once per distinct value on the grid's
-    axes; none under ``what_if``, none for a context None."""
+    axes; none under ``what_if``, none for a context None; ``shaped`` as
+    :func:`plan_rules` takes it."""
     f = plans if plans.grid is None else plans.grid
-    shape = np.shape(plans["tp"]) if plans.grid is None else \
-        np.broadcast_shapes(*(a.shape for a in plans.grid.values()))
     sched = f["schedule"]
     rules = _stack_rules(f, ctx_cfgs, sched == SCHEDULE.index("interleaved"),
                          sched == SCHEDULE.index("1f1b"))
-    return [(reason, flat(mask, shape)) for reason, mask in rules]
+    return _laid_out(plans, rules, shaped)
 
 
 def _stack_rules(f, ctx_cfgs: list, inter, plain,

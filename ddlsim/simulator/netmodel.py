@@ -36,6 +36,9 @@ _TOPOLOGIES: OrderedDict[str, object] = OrderedDict()
 #: per topology, node-local flow pattern → (slowest fair rate, slowest latency)
 _INTRA: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _INTRA_MAX = 4096
+#: per topology, node pairs → their rail stripes (:func:`_stripes`)
+_STRIPES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_STRIPES_MAX, _STRIPES_PAIRS = 256, 4096
 
 
 def topology_of(system, key: str | None = None):
@@ -79,7 +82,7 @@ def _fill(link: np.ndarray, lengths: np.ndarray, mult: np.ndarray,
     while True:
         load = np.bincount(link if on is None else link[on],
                            weights=w if on is None else w[on], minlength=len(cap))
-        used = np.flatnonzero(load)
+        used = np.flatnonzero(load != 0)   # a boolean's positions: far cheaper than a float's
         if not len(used):
             break
         share = cap[used] / load[used]
@@ -89,12 +92,12 @@ def _fill(link: np.ndarray, lengths: np.ndarray, mult: np.ndarray,
         hit = np.zeros(n, dtype=bool)
         hit[flow_of[tight[link] if on is None else on & tight[link]]] = True
         rate[hit] = level
+        live &= ~hit
+        if not live.any():   # every flow frozen (often in the first round): done
+            break
         crossed = hit[flow_of]
         cap -= np.bincount(link[crossed], weights=w[crossed] * level, minlength=len(cap))
         np.maximum(cap, 0.0, out=cap)
-        live &= ~hit
-        if not live.any():
-            break
         on = live[flow_of]
     return rate
 
@@ -123,9 +126,30 @@ def _intra_part(topo, src: np.ndarray, dst: np.ndarray, node0: int) -> tuple[flo
 
 
 def cache_clear() -> None:
-    """Forget the node-local fair shares :func:`family_net` remembers (for timing a cold
-    run)."""
+    """Forget the node-local fair shares and the stripes :func:`family_net` remembers (for
+    timing a cold run)."""
     _INTRA.clear()
+    _STRIPES.clear()
+
+
+def _stripes(topo, pairs: np.ndarray) -> tuple[np.ndarray, ...]:
+    """:meth:`Topology.rail_stripes_flat` of the node pairs ``pairs`` (rows), remembered per
+    topology for a few thousand pairs or fewer: the families of a search's meshes repeat
+    the same node pairs (a ring over the same nodes) with other multiplicities. Arrays
+    read-only."""
+    if len(pairs) > _STRIPES_PAIRS:
+        return topo.rail_stripes_flat(pairs[:, 0], pairs[:, 1])
+    memo = _STRIPES.setdefault(topo, {})
+    key = pairs.tobytes()
+    got = memo.get(key)
+    if got is None:
+        got = topo.rail_stripes_flat(pairs[:, 0], pairs[:, 1])
+        for a in got:
+            a.setflags(write=False)
+        if len(memo) >= _STRIPES_MAX:
+            memo.clear()
+        memo[key] = got
+    return got
 
 
 def _unique_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
@@ -133,16 +157,17 @@ def _unique_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray,
     how often each occurs, and the index of the first occurrence of the smallest pair: as
     ``np.unique(np.stack([a, b], axis=1), axis=0, return_counts=True)``, through one integer
     per pair (a 1-D unique is far cheaper than ``axis=0``'s), counted by ``np.bincount`` when
-    the codes are few (ring steps on one node, or between a few hundred nodes)."""
+    the codes span 65,536 or fewer (ring steps on one node, or between 256 nodes): cheaper
+    than sorting them."""
     a, b = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
     if not len(a):
         return np.empty((0, 2), dtype=np.int64), np.empty(0, dtype=np.int64), 0
     a_lo, b_lo = int(a.min()), int(b.min())
     span = int(b.max()) - b_lo + 1
     codes = (a - a_lo) * span + (b - b_lo)
-    if (int(a.max()) - a_lo + 1) * span <= max(1024, 4 * len(codes)):
+    if (int(a.max()) - a_lo + 1) * span <= max(1 << 16, 4 * len(codes)):
         every = np.bincount(codes)
-        u = np.flatnonzero(every)
+        u = np.flatnonzero(every != 0)
         counts = every[u]
     else:
         u, counts = np.unique(codes, return_counts=True)
@@ -161,7 +186,7 @@ def _inter_flows(topo, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np
     keep = node[src] != node[dst]
     na, nb = node[src[keep]], node[dst[keep]]
     pairs, mult, first = _unique_pairs(na, nb)
-    links, lengths, counts, lat = topo.rail_stripes_flat(pairs[:, 0], pairs[:, 1])
+    links, lengths, counts, lat = _stripes(topo, pairs)
     # the hops inside the two nodes, alike on every node: on rail 0 or another (one more hop)
     i, (a, b) = first, pairs[0].tolist()
     ends = (int(src[keep][i]), int(dst[keep][i]))
