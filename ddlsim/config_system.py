@@ -102,6 +102,23 @@ class DeviceSpec(_Strict):
         default=None, description="achieved / peak memory bandwidth of the non-flash attention "
                                   "core's s² kernels (scale-mask-softmax, dropout, the batched "
                                   "QKᵀ and P·V GEMMs); default: memory_efficiency")
+    elementwise_efficiency: dict[str, Annotated[float, Field(gt=0, le=1)]] | None = Field(
+        default=None, description="element-wise kernel class (ddlsim.simulator.kernels."
+                                  "elementwise.ELEMENTWISE_CLASSES) -> achieved / peak memory "
+                                  "bandwidth of its kernels; a class without one: "
+                                  "memory_efficiency (docs/compute.md)")
+
+    @field_validator("elementwise_efficiency")
+    @classmethod
+    def _elementwise_classes(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        from .simulator.kernels.elementwise import ELEMENTWISE_CLASSES
+        bad = [k for k in v or {} if k not in ELEMENTWISE_CLASSES]
+        if bad:
+            raise ValueError(f"elementwise_efficiency has unknown kernel class {bad[0]!r}"
+                             f"{did_you_mean(bad[0], ELEMENTWISE_CLASSES)}; allowed: "
+                             f"{', '.join(ELEMENTWISE_CLASSES)}")
+        return v
+
     launch: LaunchSpec | None = Field(
         default=None, description="host and launch time per kernel (docs/compute.md); unset: "
                                   "kernels cost only their device time")

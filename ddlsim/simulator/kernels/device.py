@@ -11,6 +11,8 @@ From ``system.device`` (ddlsim/data/systems.yaml cites each preset's values):
   explicit override, e.g. a calibrated figure);
 * ``sm_count`` — for the wave quantisation of GEMMs;
 * ``memory_efficiency`` — achieved / datasheet memory bandwidth of streaming kernels;
+* ``elementwise_efficiency[class]`` — the same for the element-wise kernels of a class that
+  published kernel tables time slower (:data:`.elementwise.ELEMENTWISE_CLASSES`);
 * ``attention_measured`` — the GPU whose published attention-kernel measurements time the
   fused attention kernels by kernel, pass, mask, head dim and length
   (:mod:`.attention_measured`);
@@ -76,6 +78,20 @@ class KernelDevice:
     gemm_overhead: GemmOverhead | None = None
     #: the GPU of the measured attention table timing the fused attention kernels
     attention_gpu: str | None = None
+    #: (class, achieved B/s) of the element-wise kernel classes the device measured
+    #: (``device.elementwise_efficiency``, :data:`.elementwise.ELEMENTWISE_CLASSES`)
+    elementwise_Bps: tuple[tuple[str, float], ...] = ()
+
+    def pass_Bps(self, variant: str) -> float:
+        """Achieved bandwidth of a memory pass of kernel ``variant``, B/s: the non-flash
+        attention core's s² kernels (``scores``) and the element-wise classes the device
+        measured at their own, any other at the streaming bandwidth."""
+        if variant == "scores" and self.scores_Bps:
+            return self.scores_Bps
+        for name, bw in self.elementwise_Bps:
+            if name == variant:
+                return bw
+        return self.memory_Bps
 
     def peak_flops(self, dtype: str) -> float:
         """Peak FLOP/s at ``dtype`` (the device's best when it lists no such dtype)."""
@@ -163,15 +179,19 @@ def kernel_device(system: Any) -> KernelDevice:
                         sustained_rates(dev, ceilings) if own else None,
                         dev.memory_bandwidth_Bps * scores, launch,
                         gemm_overhead=_gemm_overhead(dev),
-                        attention_gpu=dev.attention_measured)
+                        attention_gpu=dev.attention_measured,
+                        elementwise_Bps=tuple(
+                            (c, dev.memory_bandwidth_Bps * f)
+                            for c, f in sorted((dev.elementwise_efficiency or {}).items())))
 
 
 def kernel_time(k: Kernel, dev: KernelDevice, efficiency: float | None = None) -> float:
     """Seconds of one kernel. ``efficiency``: a calibration profile's measured GEMM efficiency,
     which replaces the shape model (ceiling × quantisation) for a GEMM. The non-flash
     attention core's s² kernels (``variant="scores"``) move their bytes at the device's
-    score-pass bandwidth."""
-    bw = dev.scores_Bps if k.variant == "scores" and dev.scores_Bps else dev.memory_Bps
+    score-pass bandwidth, an element-wise kernel of a measured class
+    (``device.elementwise_efficiency``) at its class's."""
+    bw = dev.pass_Bps(k.variant) if k.variant else dev.memory_Bps
     if k.kind == "memory":      # an FP8 cast pass may name its slower kernel (.fp8recipe)
         return k.bytes / (bw * fp8_pass_efficiency(k.variant) if k.variant else bw)
     peak = dev.peak_flops(k.dtype)

@@ -32,8 +32,18 @@ row statistics (``4·2/h``), the normalising ``mul`` 8, the cast back ``4 + d``,
 ``2d``: ``36`` bytes in bf16 where a fused kernel moves 4 (:func:`norm_passes`).
 
 The backward of each is taken as twice its forward traffic (it reads the saved inputs and the
-incoming gradient and writes the outgoing one), as the builder always has. Softmax, mask and
-dropout over the ``s²`` scores belong to the attention core (:mod:`.attention`).
+incoming gradient and writes the outgoing one), as the builder always has
+(:func:`backward_kernels`). Softmax, mask and dropout over the ``s²`` scores belong to the
+attention core (:mod:`.attention`).
+
+**Kernel classes.** Most of these kernels stream contiguous tensors and run at the device's
+streaming bandwidth (``memory_efficiency``). Two kinds measure slower in published kernel
+tables, and carry a class (``Kernel.variant``, :data:`ELEMENTWISE_CLASSES`) whose achieved
+fraction of the datasheet bandwidth a device may give (``device.elementwise_efficiency``,
+fitted to those tables by ``benchmarks/kernel_breakdown.py --fit``; docs/compute.md): torch's
+own norm kernels, and Megatron-Core's fused SwiGLU, which reads the two halves of fc1's
+output as strided views. A device without a class's figure runs it at its streaming
+bandwidth.
 """
 
 from __future__ import annotations
@@ -42,8 +52,22 @@ from typing import Any
 
 from ...workloads.trace import Kernel
 
-__all__ = ["layer_elementwise_kernels", "norm_passes", "activation_passes",
-           "optimizer_bytes_per_param", "loss_bytes", "loss_passes", "unfused_softmax_passes"]
+__all__ = ["ELEMENTWISE_CLASSES", "layer_elementwise_kernels", "backward_kernels",
+           "norm_passes", "activation_passes", "optimizer_bytes_per_param", "loss_bytes",
+           "loss_passes", "unfused_softmax_passes"]
+
+#: the element-wise kernel classes a device may time at their own achieved bandwidth
+#: (``device.elementwise_efficiency``), class -> the kernels it names; a backward class is
+#: the backward of the forward class before it (:func:`backward_kernels`)
+ELEMENTWISE_CLASSES = {
+    "norm": "torch's own norm kernels (a stack without a fused norm: the composite RMSNorm's "
+            "8 kernels, an unfused LayerNorm's 3), forward",
+    "norm_backward": "their backward",
+    "gated": "Megatron-Core's fused SwiGLU (bias_swiglu_impl, a jit_fuser kernel on the two "
+             "halves of fc1's output), forward",
+    "gated_backward": "its backward",
+}
+_BACKWARD_CLASS = {"norm": "norm_backward", "gated": "gated_backward"}
 
 
 def norm_passes(fused: bool, norm: str, dtype_bytes: float, hidden: float) -> list[float]:
@@ -120,26 +144,50 @@ def layer_elementwise_kernels(shape: Any, b: float, s: float, t: int, sp: bool,
     """The forward element-wise kernels of one dense layer on one tensor-parallel rank
     (``shape``: a :class:`~ddlsim.workloads.models.decoder.DecoderShape`; ``sw``: the resolved
     software stack, read for its ``fused_*`` fields): one kernel per fused op, or one per torch
-    op of the unfused sequence (the table above), so each pays its launch (:mod:`.host`)."""
+    op of the unfused sequence (the table above), so each pays its launch (:mod:`.host`).
+    torch's norm kernels carry the class ``norm``, a fused SwiGLU ``gated``
+    (:data:`ELEMENTWISE_CLASSES`)."""
     dt = dtype_bytes
     x = b * s * shape.hidden / (t if sp else 1)
     y = b * s * shape.ffn / t
     mask = x if shape.dropout else 0.0                       # 1-byte dropout mask
     norm = norm_passes(sw.fused_layernorm, shape.norm, dt, shape.hidden)
-    out: list[float] = [p * x for p in norm] * 2
+    norm_class = "" if sw.fused_layernorm else "norm"
+    out: list[tuple[float, str]] = [(p * x, norm_class) for p in norm] * 2
     if sw.fused_bias_dropout_add:
         residual = [3 * x * dt + mask]
     else:
         residual = [2 * x * dt] if shape.out_bias or shape.mlp_bias else []
         residual += [2 * x * dt + mask] if shape.dropout else []
         residual += [3 * x * dt]
-    out += residual * 2
-    out += [p * y for p in activation_passes(shape.gated_mlp, shape.mlp_bias,
-                                              sw.fused_bias_gelu, dt)]
+    out += [(v, "") for v in residual] * 2
+    act_class = "gated" if shape.gated_mlp and sw.fused_bias_gelu else ""
+    out += [(p * y, act_class) for p in activation_passes(shape.gated_mlp, shape.mlp_bias,
+                                                           sw.fused_bias_gelu, dt)]
     if shape.positions == "rotary":                          # ·cos, negate, cat, ·sin, add
         qk = b * s * (shape.q_width + shape.kv_width) / t
-        out += [2 * qk * dt] if sw.fused_rope else [p * qk * dt for p in (2, 2, 2, 2, 3)]
-    return tuple(Kernel("memory", bytes=v, dtype=dtype) for v in out if v)
+        rope = [2 * qk * dt] if sw.fused_rope else [p * qk * dt for p in (2, 2, 2, 2, 3)]
+        out += [(v, "") for v in rope]
+    return tuple(Kernel("memory", bytes=v, dtype=dtype, variant=c) for v, c in out if v)
+
+
+def backward_kernels(forward: tuple[Kernel, ...]) -> tuple[Kernel, ...]:
+    """The backward of element-wise ``forward`` kernels: each twice its forward traffic (the
+    module docstring), in its class's backward class (``norm`` -> ``norm_backward``, ``gated``
+    -> ``gated_backward``; an unclassed kernel stays unclassed).
+
+    Parameters
+    ----------
+    forward : tuple of Kernel
+        memory kernels, as :func:`layer_elementwise_kernels` gives them.
+
+    Returns
+    -------
+    tuple of Kernel
+        one memory kernel per forward kernel, bytes doubled.
+    """
+    return tuple(Kernel("memory", bytes=2 * k.bytes, dtype=k.dtype,
+                        variant=_BACKWARD_CLASS.get(k.variant, k.variant)) for k in forward)
 
 
 def loss_bytes(tokens: float, vocab_local: float, dtype_bytes: float, fused: bool,

@@ -22,8 +22,8 @@ from typing import Any
 
 from ...config import DTYPE_BYTES
 from ...simulator.kernels.attention import FLASH_KINDS, attention_kernels
-from ...simulator.kernels.elementwise import (layer_elementwise_kernels, loss_bytes,
-                                                 loss_passes)
+from ...simulator.kernels.elementwise import (backward_kernels, layer_elementwise_kernels,
+                                                 loss_bytes, loss_passes)
 from ...simulator.kernels.fp8recipe import (FP8_RECIPES, fp8_cast_kernels, fp8_gemm_variants,
                                                fp8_rescale_kernels)
 from ...simulator.kernels.gemm import gemm_kernels_backward
@@ -145,7 +145,7 @@ def layer_kernels(shape: Any, sw: Any, b: int, s: int, t: int, sp: bool,
         "ew": ew,
         "bwd.mlp": parts["bwd.mlp.fc2"] + parts["bwd.mlp.fc1"],
         "bwd.attn": parts["bwd.attn.proj"] + parts["bwd.attn.qkv"],
-        "bwd.ew": tuple(Kernel("memory", bytes=2 * k.bytes, dtype=k.dtype) for k in ew),
+        "bwd.ew": backward_kernels(ew),
         "recompute": core[0],
         **parts,
     }

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 from ....config import DTYPE_BYTES
 from ....simulator.kernels.attention import attention_kernels
-from ....simulator.kernels.elementwise import layer_elementwise_kernels
+from ....simulator.kernels.elementwise import backward_kernels, layer_elementwise_kernels
 from ..layerkernels import activation_kinds, compute_dtype, loss_op
 from ..layerkinds import attention_projections
 from ...trace import Compute, Kernel, Loop, Op, Payload, Wait
@@ -235,8 +235,7 @@ class LayerPartitioner:
         ew = self.ew_kernels()
         ops.add(Compute("bwd.elementwise", 0.0, 2 * (self.elementwise_bytes() if ew is None
                         else sum(k.bytes for k in ew)), kind="elementwise", dtype=self.dtype,
-                        kernels=None if ew is None else tuple(
-                            Kernel("memory", bytes=2 * k.bytes, dtype=k.dtype) for k in ew)))
+                        kernels=None if ew is None else backward_kernels(ew)))
         for stream in self.grad_streams:
             ops.add(Wait(f"bwd.wait.{stream}", stream))
         ops.add(Compute("bwd.grad_accumulate", 0.0, grad_accumulate_bytes,
