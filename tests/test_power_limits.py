@@ -88,6 +88,8 @@ def test_dgx_h100_and_a_users_efficiency_unchanged():
 
 
 def test_unmeasured_limit_refused_with_the_allowed_ones():
+    assert _loaded().system.device.power_limit_W == 500
+    assert _loaded(power_limit_W=700).system.device.power_limit_W == 700
     with pytest.raises(ConfigError, match=r"power_limit_W = 600 W .* no entry for 600 W; "
                                           r"allowed: 500, 700 W"):
         _loaded(power_limit_W=600)
@@ -112,5 +114,6 @@ def _loaded(**device):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return load_config({"model": "llama-3.1-8b", "system": spec,
-                            "parallel": {"data": 8}, "train": {"global_batch_size": 8,
-                                                               "seq_len": 2048}})
+                            "parallel": {"data_parallel_size": 8},
+                            "train": {"global_batch_size": 8, "micro_batch_size": 1,
+                                      "seq_length": 2048}})
