@@ -18,8 +18,8 @@ from .limits import check_bound
 from .registered import node_fabrics, placements, registered, topologies
 from .software import DEFAULT_STACK, GemmLibrary, SoftwareSpec, stacks
 
-__all__ = ["DeviceSpec", "PowerLimitSpec", "LaunchSpec", "LinkSpec", "IntraNodeSpec", "NetworkSpec", "check_shape",
-           "CollectivesSpec", "SystemConfig"]
+__all__ = ["DeviceSpec", "PowerLimitSpec", "LaunchSpec", "LinkSpec", "IntraNodeSpec",
+           "NetworkSpec", "check_shape", "CollectivesSpec", "SystemConfig"]
 
 
 class LaunchSpec(_Strict):
