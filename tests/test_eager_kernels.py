@@ -68,6 +68,10 @@ def test_kernel_classes_follow_the_implementation():
     bwd = backward_kernels(ks)
     assert [k.bytes for k in bwd] == [2 * k.bytes for k in ks]
     assert [k.variant for k in bwd if k.variant] == ["gated_backward"]
+    # torch.compile (torchtitan): Inductor's fused norm and SwiGLU, on contiguous tensors: none
+    _, ks = _layer("llama3-8b-fsdp2-h100.yaml",
+                   ["system.software={stack: torchtitan-2025, compile: true}"])
+    assert {k.variant for k in ks} == {""}
 
 
 def test_kernel_time_uses_the_class_bandwidth():

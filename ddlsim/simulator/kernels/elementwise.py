@@ -145,8 +145,9 @@ def layer_elementwise_kernels(shape: Any, b: float, s: float, t: int, sp: bool,
     (``shape``: a :class:`~ddlsim.workloads.models.decoder.DecoderShape`; ``sw``: the resolved
     software stack, read for its ``fused_*`` fields): one kernel per fused op, or one per torch
     op of the unfused sequence (the table above), so each pays its launch (:mod:`.host`).
-    torch's norm kernels carry the class ``norm``, a fused SwiGLU ``gated``
-    (:data:`ELEMENTWISE_CLASSES`)."""
+    torch's norm kernels carry the class ``norm``, a fused SwiGLU not compiled (Megatron-Core's
+    jit_fuser kernel) ``gated`` (:data:`ELEMENTWISE_CLASSES`); torch.compile's generated
+    kernels (``sw.compile``, which fuses the norm and the activation) none."""
     dt = dtype_bytes
     x = b * s * shape.hidden / (t if sp else 1)
     y = b * s * shape.ffn / t
@@ -161,7 +162,8 @@ def layer_elementwise_kernels(shape: Any, b: float, s: float, t: int, sp: bool,
         residual += [2 * x * dt + mask] if shape.dropout else []
         residual += [3 * x * dt]
     out += [(v, "") for v in residual] * 2
-    act_class = "gated" if shape.gated_mlp and sw.fused_bias_gelu else ""
+    # Megatron's fused SwiGLU reads fc1's halves; Inductor's (compile) two contiguous outputs
+    act_class = "gated" if shape.gated_mlp and sw.fused_bias_gelu and not sw.compile else ""
     out += [(p * y, act_class) for p in activation_passes(shape.gated_mlp, shape.mlp_bias,
                                                            sw.fused_bias_gelu, dt)]
     if shape.positions == "rotary":                          # ·cos, negate, cat, ·sin, add
