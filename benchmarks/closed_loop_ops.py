@@ -1,54 +1,47 @@
-"""The closed loop's iteration op by op: numpy's CPU time against ddlsim's charge per trace op.
+"""The closed loop's runs op by op: numpy's CPU time against ddlsim's charge per trace op.
 
-    python benchmarks/closed_loop.py --ranks 1 -o closed-loop   # calibrate, predict, run
-    python benchmarks/closed_loop_ops.py closed-loop            # then account for one rank
+    python benchmarks/closed_loop.py -o closed-loop      # calibrate, predict, run, compare
+    python benchmarks/closed_loop_ops.py closed-loop     # then each run's account
 
-Reads the loop's run config and profile of one rank (``run-ddp-1.yaml``, ``profile1.yaml``
-in the folder), times each trace op's numpy work in this process (one BLAS thread, freed
-memory cached as in the loop; the least of ``--iters``) and prints, per op of the trace, the
-measured and predicted milliseconds and the error (ddlsim/reference/accounting.py).
+Prints, for each run the loop compared (``closed_loop.json`` in the folder), every compute op
+of ddlsim's trace: the least CPU time of its numpy work over the interleaved job's rounds
+(the most over ranks), the cost model's time with the loop's own profile, and the error
+(ddlsim/reference/accounting.py says which numpy step each op is charged).
 """
 
 from __future__ import annotations
 
-import os
+import argparse
+import json
+import sys
+from pathlib import Path
 
-for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")  # before numpy loads its BLAS
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
+def table(row: dict) -> str:
+    """The account of one loop row as text."""
+    lines = [f"{row['strategy']} on {row['ranks']} rank(s): {'trace op':>20s} "
+             f"{'numpy (ms)':>10s} {'ddlsim (ms)':>11s} {'error':>8s}"]
+    for r in row["ops"]:
+        lines.append(f"  {r['op']:44s} {r['measured_s'] * 1e3:10.2f} "
+                     f"{r['predicted_s'] * 1e3:11.2f} {r['error']:+8.1%}")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("folder", type=Path, help="a closed loop's output folder (-o)")
-    ap.add_argument("--iters", type=int, default=10, help="timed iterations (>= 1)")
-    ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    ap.add_argument("--ranks", type=int, default=None, help="only the runs of this many ranks")
     args = ap.parse_args(argv)
-    cfg_path, prof_path = args.folder / "run-ddp-1.yaml", args.folder / "profile1.yaml"
-    if not (cfg_path.exists() and prof_path.exists()) or args.iters < 1:
-        ap.error(f"needs {cfg_path} and {prof_path} (python benchmarks/closed_loop.py "
-                 f"--ranks 1 -o {args.folder}) and --iters >= 1 (got {args.iters})")
-    import ddlsim
-    from ddlsim.calibration import CalibrationProfile
-    from ddlsim.reference.accounting import account, measured_ops, predicted_ops
-    from ddlsim.reference.machine import cache_allocations
-    from ddlsim.reference.train import shape_of
-    cfg = ddlsim.load_config(cfg_path)
-    cached = cache_allocations()
-    load = os.getloadavg()[0]
-    rows = account(measured_ops(shape_of(cfg), iters=args.iters),
-                   predicted_ops(cfg, CalibrationProfile.load(prof_path)))
-    print(f"load average {load:.2f}; freed memory cached: {cached}")
-    print(f"{'trace op':32s} {'numpy (ms)':>10s} {'ddlsim (ms)':>11s} {'error':>8s}")
-    for r in rows:
-        print(f"{r['op']:32s} {r['measured_s'] * 1e3:10.2f} {r['predicted_s'] * 1e3:11.2f} "
-              f"{r['error']:+8.1%}")
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+    path = args.folder / "closed_loop.json"
+    if not path.exists():
+        ap.error(f"{path} does not exist: run python benchmarks/closed_loop.py -o "
+                 f"{args.folder} first")
+    rows = [r for r in json.loads(path.read_text()) if "ops" in r
+            and args.ranks in (None, r["ranks"])]
+    if not rows:
+        ap.error(f"{path} has no compared run with an op-by-op account"
+                 + (f" on {args.ranks} rank(s)" if args.ranks else ""))
+    print("\n\n".join(table(r) for r in rows))
     return 0
 
 

@@ -22,11 +22,31 @@ from collections import defaultdict
 
 import numpy as np
 
-__all__ = ["measured_ops", "predicted_ops", "account"]
+__all__ = ["OpTimer", "measured_ops", "least_ops", "predicted_ops", "account", "account_run"]
+
+
+class OpTimer:
+    """The ``mark`` of :class:`~.gpt2.GPT2` and :class:`~.gpt2.Adam`: each call charges the
+    CPU time since the previous call (or :meth:`start`) to the op it names, in
+    :attr:`spent` (seconds by name)."""
+
+    def __init__(self) -> None:
+        self.spent: dict[str, float] = defaultdict(float)
+        self._last = time.process_time()
+
+    def start(self) -> None:
+        """Charge nothing for the time so far (a barrier, another op's work)."""
+        self._last = time.process_time()
+
+    def __call__(self, name: str) -> None:
+        now = time.process_time()
+        self.spent[name] += now - self._last
+        self._last = now
 
 
 def measured_ops(shape, iters: int = 10, warmup: int = 2, seed: int = 0) -> dict[str, float]:
-    """Least CPU time (s) over ``iters`` iterations of each trace op's numpy work.
+    """Least CPU time (s) over ``iters`` iterations of each trace op's numpy work, in this
+    process alone (the loop measures the same in its interleaved job, on every rank).
 
     Parameters
     ----------
@@ -40,9 +60,9 @@ def measured_ops(shape, iters: int = 10, warmup: int = 2, seed: int = 0) -> dict
     Returns
     -------
     dict
-        Trace op name → seconds (``time.process_time``), plus ``optimizer`` (the Adam step)
-        and ``iteration`` (the least of the whole forward and backward, timed as a sum of the
-        marks: the least of a sum is at least the sum of the least parts).
+        Trace op name → seconds (``time.process_time``), ``optimizer`` the Adam step, and
+        ``iteration``: the least of the whole forward and backward (the sum of its marks;
+        the least of a sum is at least the sum of the least parts).
     """
     from .gpt2 import GPT2, Adam
     model, opt = GPT2(shape, seed=seed), Adam(shape.padded)
@@ -51,23 +71,15 @@ def measured_ops(shape, iters: int = 10, warmup: int = 2, seed: int = 0) -> dict
     tgt = rng.integers(0, shape.vocab, (shape.batch, shape.seq))
     best: dict[str, float] = defaultdict(lambda: np.inf)
     for it in range(warmup + iters):
-        spent: dict[str, float] = defaultdict(float)
-        last = [time.process_time()]
-
-        def mark(name: str) -> None:
-            now = time.process_time()
-            spent[name] += now - last[0]
-            last[0] = now
-
-        model.mark = mark
+        model.mark = opt.mark = timer = OpTimer()
         _, acts = model.forward(idx, tgt)
         model.backward(acts)
-        spent["iteration"] = sum(spent.values())
-        c = time.process_time()
+        timer.spent["iteration"] = sum(timer.spent.values())
+        timer.start()
         opt.step(model.p, model.g)
-        spent["optimizer"] = time.process_time() - c
+        timer.spent.pop("exchange")  # none here: the step alone
         if it >= warmup:
-            for name, value in spent.items():
+            for name, value in timer.spent.items():
                 best[name] = min(best[name], value)
     return dict(best)
 
@@ -101,6 +113,15 @@ def predicted_ops(cfg, profile=None) -> dict[str, float]:
     return dict(out)
 
 
+def least_ops(ops_cpu_s: dict[str, list[float]], statistic: str = "min") -> dict[str, float]:
+    """Each compute op's ``statistic`` (``min`` or ``median``) over the rounds of the
+    interleaved job's ``ops_cpu_s`` (seconds per round, the most over ranks), without the
+    ``exchange`` (collectives: no compute op of the trace)."""
+    reduce = {"median": np.median, "min": np.min}[statistic]
+    return {name: float(reduce(times)) for name, times in ops_cpu_s.items()
+            if name != "exchange"}
+
+
 def account(measured: dict[str, float], predicted: dict[str, float]) -> list[dict]:
     """One row per trace op: measured and predicted seconds and ``predicted / measured − 1``,
     in the trace's order of the forward, backward and update; a last row ``total``."""
@@ -116,3 +137,13 @@ def account(measured: dict[str, float], predicted: dict[str, float]) -> list[dic
     rows.append({"op": "total", "measured_s": got, "predicted_s": want,
                  "error": want / got - 1})
     return rows
+
+
+def account_run(cfg_path, profile_path, run: dict, statistic: str = "min") -> list[dict]:
+    """A loop run's op-by-op account: :func:`account` of each trace op's ``statistic`` over
+    the interleaved job's rounds (``run``: one config's entry of ``interleaved{N}.json``)
+    against the cost model's time for the run config with the loop's profile."""
+    from ..calibration import CalibrationProfile
+    from ..config import load_config
+    predicted = predicted_ops(load_config(cfg_path), CalibrationProfile.load(profile_path))
+    return account(least_ops(run["ops_cpu_s"], statistic), predicted)

@@ -324,8 +324,13 @@ class Adam:
         self.lr, self.b1, self.b2, self.eps, self.t = lr, betas[0], betas[1], eps, 0
         self._tmp = np.empty((2, self.BLOCK), dtype=np.float32)
 
+    #: ``mark("optimizer")`` at the end of each step, when set (:attr:`GPT2.mark`)
+    mark = None
+
     def step(self, p: np.ndarray, g: np.ndarray, lo: int = 0, hi: int | None = None) -> None:
         """Update ``p[lo:hi]`` from ``g[lo:hi]`` (the slice this rank owns)."""
+        if self.mark is not None:
+            self.mark("exchange")
         self.t += 1
         hi = p.size if hi is None else hi
         step = self.lr / (1.0 - self.b1 ** self.t)
@@ -346,3 +351,5 @@ class Adam:
             np.divide(m, u, out=u)
             u *= step * root_c2
             w -= u
+        if self.mark is not None:
+            self.mark("optimizer")

@@ -10,7 +10,8 @@ Every rank does, round after round (a barrier before each step):
    CPU time** (``clock=time.process_time``);
 2. one sample of the element-wise rate: numpy ``z = x + y`` on arrays of the gradient
    buffer's size, counted as ddlsim counts a pass (read x, read y, write z: 3 · nbytes; the
-   STREAM "Add" kernel, McCalpin 1995), the least CPU time of three calls;
+   STREAM "Add" kernel, McCalpin 1995), the least CPU time of three calls; the same on the
+   sizes of the activations' passes (:func:`tensor_sizes`), kept beside it;
 3. one training iteration of each run config (one rank count, one model, each config one
    ``parallel.dp_strategy``; one model and one Adam serve them all, in turn), timed in two
    parts, each in CPU time and the most over ranks: the forward and backward, then, after a
@@ -53,7 +54,7 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-__all__ = ["SQUARES", "phase_times", "measured_s", "main"]
+__all__ = ["SQUARES", "tensor_sizes", "phase_times", "measured_s", "main"]
 
 #: Square GEMMs measured beside the run's own shapes, so the saturation fit sees small and
 #: large calls too (a subset of ``calibrate compute``'s defaults).
@@ -95,21 +96,43 @@ def _faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def _iteration(comm, model, opt, exchange, bucket_bytes, idx, tgt) -> tuple[float, ...]:
+def tensor_sizes(shape) -> dict[str, int]:
+    """Elements of the tensors the trainer's element-wise passes run over (``shape``: a
+    :class:`~.gpt2.GPTShape`, ``T = batch · seq`` tokens): ``hidden`` (``T·h``: LayerNorms,
+    residual adds), ``mlp`` (``T·4h``: GeLU), ``scores`` (``batch·heads·seq²``: softmax),
+    ``logits`` (``T·vocab``: the loss) and ``gradients``, the padded parameter buffer (the
+    gradient exchange and the optimizer), whose rate is the system's memory bandwidth."""
+    t = shape.batch * shape.seq
+    return {"hidden": t * shape.hidden, "mlp": t * 4 * shape.hidden,
+            "scores": shape.batch * shape.heads * shape.seq ** 2, "logits": t * shape.vocab,
+            "gradients": shape.padded}
+
+
+def _iteration(comm, model, opt, exchange, bucket_bytes, idx, tgt) -> tuple:
     """(loss, forward + backward CPU s, exchange + update CPU s, its wall s, minor page
-    faults of the forward and backward), each the most over ranks."""
+    faults of the forward and backward, CPU s per trace op), each the most over ranks; the
+    ops as :mod:`.accounting` marks them, the collectives before the Adam step as
+    ``exchange``."""
     from mpi4py import MPI
+
+    from .accounting import OpTimer
+    model.mark = opt.mark = timer = OpTimer()
     comm.Barrier()
     f0, c0 = _faults(), time.process_time()
+    timer.start()
     loss, acts = model.forward(idx, tgt)
     model.backward(acts)
     c1, f1 = time.process_time(), _faults()
     comm.Barrier()
     t0, c2 = time.perf_counter(), time.process_time()
+    timer.start()
     exchange(comm, model, opt, bucket_bytes)
-    spans = np.array([c1 - c0, time.process_time() - c2, time.perf_counter() - t0, f1 - f0])
+    # every rank's op names (a rank that does not step Adam has no "optimizer")
+    names = sorted(set().union(*comm.allgather(sorted(timer.spent))))
+    spans = np.array([c1 - c0, time.process_time() - c2, time.perf_counter() - t0, f1 - f0,
+                      *(timer.spent.get(n, 0.0) for n in names)])
     comm.Allreduce(MPI.IN_PLACE, spans, op=MPI.MAX)
-    return (loss, *map(float, spans))
+    return (loss, *map(float, spans[:4]), dict(zip(names, map(float, spans[4:]))))
 
 
 def phase_times(cfgs, comm, rounds: int, warmup: int, seed: int = 0):
@@ -128,10 +151,11 @@ def phase_times(cfgs, comm, rounds: int, warmup: int, seed: int = 0):
 
     Returns
     -------
-    (pandas.DataFrame, list of float, list of dict)
-        GEMM samples of every timed round, element-wise rates (bytes/s, this rank's), and per
-        config its ``compute_cpu_s`` and ``exchange_s`` lists (seconds per timed round) and
-        first and last loss.
+    (pandas.DataFrame, dict, list of dict)
+        GEMM samples of every timed round, element-wise rates per round by tensor
+        (:func:`tensor_sizes`; bytes/s, this rank's), and per
+        config its ``compute_cpu_s`` and ``exchange_s`` lists (seconds per timed round), its
+        ``ops_cpu_s`` (the same per trace op, :mod:`.accounting`), page faults and losses.
     """
     from .gpt2 import GPT2, Adam
     from .machine import gemm_shapes
@@ -142,27 +166,31 @@ def phase_times(cfgs, comm, rounds: int, warmup: int, seed: int = 0):
     idx = rng.integers(0, shape.vocab, (shape.batch, shape.seq))
     tgt = rng.integers(0, shape.vocab, (shape.batch, shape.seq))
     shapes = sorted(set(SQUARES) | set(gemm_shapes(shape)))
-    x = np.ones(shape.padded, dtype=np.float32)
-    y, z = x.copy(), np.empty_like(x)
-    gemms, stream = [], []
+    arrays = {name: (np.ones(n, dtype=np.float32), np.ones(n, dtype=np.float32),
+                     np.empty(n, dtype=np.float32)) for name, n in tensor_sizes(shape).items()}
+    gemms, stream = [], {name: [] for name in arrays}
     runs = [{"compute_cpu_s": [], "exchange_s": [], "exchange_wall_s": [],
-             "compute_minor_faults": [], "losses": []} for _ in cfgs]
+             "compute_minor_faults": [], "ops_cpu_s": {}, "losses": []} for _ in cfgs]
     for r in range(warmup + rounds):
         comm.Barrier()
         frame = _gemm_round(shapes, seed + r)
         comm.Barrier()
-        rate = _stream_cpu_Bps(x, y, z)
+        rates = {name: _stream_cpu_Bps(*xyz) for name, xyz in arrays.items()}
         for cfg, run in zip(cfgs, runs):
-            loss, *spans = _iteration(comm, model, opt, STRATEGIES[cfg.parallel.dp_strategy],
-                                      cfg.parallel.grad_bucket_size, idx, tgt)
+            loss, *spans, ops = _iteration(comm, model, opt,
+                                           STRATEGIES[cfg.parallel.dp_strategy],
+                                           cfg.parallel.grad_bucket_size, idx, tgt)
             run["losses"].append(loss)
             if r >= warmup:
                 for key, value in zip(("compute_cpu_s", "exchange_s", "exchange_wall_s",
                                        "compute_minor_faults"), spans):
                     run[key].append(value)
+                for name, value in ops.items():
+                    run["ops_cpu_s"].setdefault(name, []).append(value)
         if r >= warmup:
             gemms.append(frame)
-            stream.append(rate)
+            for name, rate in rates.items():
+                stream[name].append(rate)
     return _merge_rounds(gemms), stream, runs
 
 
@@ -231,13 +259,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     cached = cache_allocations()
     gemm, stream, runs = phase_times(cfgs, comm, args.rounds, args.warmup)
-    every = comm.gather(float(np.median(stream)), root=0)
+    every = comm.gather({name: float(np.median(r)) for name, r in stream.items()}, root=0)
     if comm.Get_rank() == 0:
         n = comm.Get_size()
         write_csv(args.output / f"compute{n}.csv", gemm, force=True)
         out = {"ranks": n, "rounds": args.rounds, "warmup": args.warmup,
                "cached_allocations": cached,
-               "stream_Bps": float(np.median(every)), "per_rank_stream_Bps": every,
+               "stream_Bps": float(np.median([e["gradients"] for e in every])),
+               "stream_Bps_by_tensor": {name: float(np.median([e[name] for e in every]))
+                                        for name in stream},
+               "per_rank_stream_Bps": every,
                "runs": {c.parallel.dp_strategy: {**r, "config": str(p)}
                         for c, r, p in zip(cfgs, runs, args.configs)}}
         (args.output / f"interleaved{n}.json").write_text(json.dumps(out, indent=1))

@@ -291,6 +291,7 @@ def loop_ranks(work: Path, model: LoopModel, n: int, runs: tuple[str, ...], stat
                          max_rel_rmse)
     log(f"  {n} rank(s): measured in {time.perf_counter() - t0:.0f} s; GEMM plateau "
         f"{r_max / 1e9:.1f} GFLOP/s, element-wise {got['stream_Bps'] / 1e9:.2f} GB/s per rank")
+    from .accounting import account_run
     from .interleaved import measured_s
     system = local_system_of(n, r_max, got["stream_Bps"], profile, when)
     rows = []
@@ -305,11 +306,13 @@ def loop_ranks(work: Path, model: LoopModel, n: int, runs: tuple[str, ...], stat
                                                  COMM_STATISTIC),
                "loss_first": run["losses"][0], "loss_last": run["losses"][-1],
                "gemm_plateau_flops_per_s": r_max, "stream_Bps": got["stream_Bps"],
+               "stream_Bps_by_tensor": got["stream_Bps_by_tensor"],
                "fit_rel_rmse": fit_errors(profile)}
         for engine, res in sorted(pred.items()):
             row[f"predicted_{engine}_s"] = res["iteration_time_s"]
             row[f"error_{engine}"] = res["iteration_time_s"] / row["measured_s"] - 1.0
         row["predicted_compute_s"] = pred["analytical"]["breakdown"]["compute_s"]
+        row["ops"] = account_run(cfg_path, profile, run, statistic)
         rows.append(row)
         log(_row_line(row))
     return rows

@@ -173,7 +173,8 @@ def _ddp(comm, model: GPT2, opt: Adam, bucket_bytes: float) -> None:
     chunks = max(1, math.ceil(g.nbytes / bucket_bytes))
     for part in np.array_split(g, chunks):
         comm.Allreduce(MPI.IN_PLACE, part, op=MPI.SUM)
-    g /= n
+    if n > 1:  # the mean of the ranks' gradients (one rank: it is its own)
+        g /= n
     opt.step(model.p, g)
 
 
