@@ -131,15 +131,21 @@ def _built_pieces(ctx, plans, groups: list[np.ndarray]) -> tuple[list, list[floa
     share many pieces, the embedding and the head do not depend on recomputation, …), and
     each signature's bytes sent to the next stage."""
     kernels: dict = {}
+    timed: dict = {}
     sections: dict = {}
     lowered: dict[tuple, list] = {}
 
-    def compute_s(op) -> float:   # as CostModel.compute times it
-        if op.seconds is not None:
-            return op.seconds
-        if op.contention is not None:   # SMs held for the GEMMs' whole duration
-            return contention_seconds(op, ctx.dev, 0)
-        return op_time(op, ctx.dev, memo=kernels)
+    def compute_s(op) -> float:   # as CostModel.compute times it, once per distinct op
+        got = timed.get(op)
+        if got is None:
+            if op.seconds is not None:
+                got = op.seconds
+            elif op.contention is not None:   # SMs held for the GEMMs' whole duration
+                got = contention_seconds(op, ctx.dev, 0)
+            else:
+                got = op_time(op, ctx.dev, memo=kernels)
+            timed[op] = got
+        return got
 
     p2p_bytes = []
     for j, index in enumerate(groups):

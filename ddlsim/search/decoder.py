@@ -110,15 +110,25 @@ class DecoderVectors:
         net = mesh_networks(ctx.cfg, meshes) if nets is None else nets(meshes)
         algos = ctx.cfg.parallel.collective_algorithm
 
-        def coll(op: str, family: str, nbytes) -> np.ndarray:
-            key = (op, family, id(nbytes))  # the same array asked again (act, grad bytes)
+        def coll(op: str, family: str, nbytes, where=None) -> np.ndarray:
+            """Seconds of one ``op`` of ``nbytes`` on each plan's ``family``; with ``where``
+            (a mask), at those plans only (0 elsewhere), their networks' forms only."""
+            # the same array asked again (act, grad bytes)
+            key = (op, family, id(nbytes), None if where is None else id(where))
             if key not in done:
-                done[key] = (nbytes, collective_seconds(
-                    op, family, np.broadcast_to(nbytes, pp.shape), mi, net.nets, algos, memo,
-                    net.backend))
-            return done[key][1]
+                size = np.broadcast_to(nbytes, pp.shape)
+                if where is None:
+                    t = collective_seconds(op, family, size, mi, net.nets, algos, memo,
+                                           net.backend)
+                else:
+                    index = np.flatnonzero(where)
+                    t = np.zeros(len(pp))
+                    t[index] = _on_meshes(op, family, size[index], mi[index], net, algos, memos)
+                done[key] = (nbytes, where, t)
+            return done[key][-1]
 
         memo: dict = {}
+        memos: dict = {}
         done: dict = {}
 
         def coll_at(op: str, family: str, nbytes: np.ndarray, index: np.ndarray):
@@ -145,7 +155,8 @@ class DecoderVectors:
         # overlap_param_gather: stage 0's first forward block waits for the rest of the gather
         rest = self._gathered(ctx, plans, self.stage_params(ctx, plans, True) * dt)[1]
         first_block = lc * fwd + emb + np.where(one & (v == 1), head_f, 0.0)
-        delay = np.maximum(coll("all_gather", "dp", rest) - first_block, 0.0) * (rest > 0)
+        late = rest > 0
+        delay = np.maximum(coll("all_gather", "dp", rest, late) - first_block, 0.0) * late
         upd_f, upd_l = upd_f + delay, upd_l + delay
         whole = self._zero3(ctx, plans, (emb, fwd, head_f, head_b, bwd), coll)
         # Megatron turns overlap_p2p_comm off without the interleaved schedule
@@ -193,24 +204,28 @@ class DecoderVectors:
         grad = params * ctx.gdt
         sharded = (zero > 0) & (dp > 1)
         update = self._optimizer(ctx, np.where(sharded, params / np.maximum(dp, 1), params))
-        update += coll("all_gather", "dp", self._gathered(ctx, plans, params * ctx.dt)[0]) \
-            * ((zero == 1) | (zero == 2)) * (dp > 1)
         op_rs = (zero == 1) | (zero == 2)
+        gathers = op_rs & (dp > 1)
+        update += coll("all_gather", "dp", self._gathered(ctx, plans, params * ctx.dt)[0],
+                       gathers) * gathers
+        # each plan asks the collective it runs (the others' tails are 0 below)
+        rs, ar = gathers, ~op_rs & (dp > 1) & (zero < 3)
         bucket = grad_bucket_bytes(ctx.cfg, dp, ctx.gdt)   # the first stage's first chunk
         if ctx.cfg.software.overlap_grad_reduce:
             lc = ctx.shape.layers // (plans["pp"] * v)
             chunk = grad / v
             n_seg, per_seg = bucket_runs(chunk, bucket, lc)
             size = chunk / (n_seg * per_seg)
-            d = per_seg * np.where(op_rs, coll("reduce_scatter", "dp", size),
-                                   coll("all_reduce", "dp", size))
+            d = per_seg * np.where(op_rs, coll("reduce_scatter", "dp", size, rs),
+                                   coll("all_reduce", "dp", size, ar))
             tail = flow_shop_tail(lc, n_seg, bwd_layer, d,
                                   backlog=earlier_chunks(v, plans["pp"] * lc * bwd_layer,
                                                          n_seg * d, lc, n_seg, bwd_layer))
         else:
             n = buckets(grad, bucket)
-            tail = n * np.where(op_rs, coll("reduce_scatter", "dp", grad / n),
-                                coll("all_reduce", "dp", grad / n))
+            per_bucket = grad / n
+            tail = n * np.where(op_rs, coll("reduce_scatter", "dp", per_bucket, rs),
+                                coll("all_reduce", "dp", per_bucket, ar))
         tail = np.where((dp > 1) & (zero < 3), tail, 0.0)
         return update, tail
 
@@ -231,8 +246,8 @@ class DecoderVectors:
         sw = ctx.cfg.software
         if sw.zero3_gather == "per_layer":
             nbytes = ctx.shape.layer_params / plans["tp"] * ctx.dt
-            a = coll("all_gather", "dp", nbytes)
-            r = coll("reduce_scatter", "dp", nbytes * ctx.gdt / ctx.dt)
+            a = coll("all_gather", "dp", nbytes, on)
+            r = coll("reduce_scatter", "dp", nbytes * ctx.gdt / ctx.dt, on)
             out[on] = zero3_time(ctx.shape.layers, sw.zero3_prefetch_layers, m[on],
                                  tuple(_take(x, on) for x in (e, f, hf, hb, bw)),
                                  _take(a, on), _take(r, on))
@@ -284,7 +299,7 @@ class DecoderVectors:
                 for visit, need in (("f", fm.forward), ("r", fm.recompute), ("b", fm.backward)):
                     u = units[(visit, fm.module)]
                     for x in need:
-                        u.gather[here] += coll("all_gather", "dp", float(x * ctx.dt))[here]
+                        u.gather[here] += coll("all_gather", "dp", float(x * ctx.dt), here)[here]
                     if synced:
                         u.gather[here] += mem(FETCH_PASSES * sum(need) * ctx.dt)
                         u.host_gather[here] = list_host_seconds(
@@ -299,7 +314,8 @@ class DecoderVectors:
                 else:
                     b.reduce[here] += passes
                 for x in fm.reduce:
-                    b.reduce[here] += coll("reduce_scatter", "dp", float(x * ctx.gdt))[here]
+                    b.reduce[here] += coll("reduce_scatter", "dp", float(x * ctx.gdt),
+                                           here)[here]
                 b.has_reduce[here] = bool(fm.reduce)
         for visit, comp in (("f", fwd_comp), ("r", fwd_comp), ("b", bwd_comp)):
             for mo in comp:
@@ -386,6 +402,17 @@ def _module_pieces(ctx: _Context, plans, coll):
     acc_s = stream_times(sh.layer_params / t * acc / ctx.dev.memory_Bps, float(acc > 0),
                          ctx.dev.launch)
     return k, tp_f, tp_b, acc_s
+
+
+def _on_meshes(op: str, family: str, nbytes: np.ndarray, mesh_index: np.ndarray, net,
+               algos, memos: dict) -> np.ndarray:
+    """:func:`collective_seconds` of plans on the meshes ``mesh_index`` (into ``net.nets``)
+    with the forms of those meshes' networks only (kept in ``memos`` per set of meshes): the
+    same seconds, element by element, as over every mesh."""
+    used, sub = np.unique(mesh_index, return_inverse=True)
+    memo = memos.setdefault(used.tobytes(), {})
+    return collective_seconds(op, family, nbytes, sub.reshape(-1), [net.nets[u] for u in used],
+                              algos, memo, net.backend)
 
 
 def _take(x, mask: np.ndarray) -> np.ndarray:
