@@ -139,7 +139,8 @@ class Contention:
     """What holds SMs while ``gemm_flops`` of overlapped GEMMs run (the op carrying it takes
     the GEMMs' extra time, :mod:`ddlsim.simulator.kernels.contention`): ``sms`` SMs for the
     GEMMs' whole duration (TransformerEngine's ``set_sm_margin``), or — with
-    ``collectives`` — NCCL's channels for as long as those collectives run."""
+    ``collectives`` — for as long as those collectives run, ``sms`` SMs (a kernel with its
+    own SM count: DeepEP's ``num_sms``) or, with ``sms`` 0, NCCL's channels."""
 
     gemm_flops: float
     sms: int = 0

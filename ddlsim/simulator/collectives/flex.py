@@ -51,8 +51,8 @@ import numpy as np
 
 from .base import Algorithm, GroupNet, Phase, register_parametric
 
-__all__ = ["FlexKernel", "KERNELS", "hit_probability", "FlexTraffic", "flex_traffic",
-           "flex_time", "flex_algorithm"]
+__all__ = ["FlexKernel", "KERNELS", "KERNEL_SMS", "flex_sms", "hit_probability", "FlexTraffic",
+           "flex_traffic", "flex_time", "flex_algorithm"]
 
 
 def hit_probability(experts: int, held: int, top_k: int) -> float:
@@ -116,6 +116,35 @@ KERNELS: dict[tuple[str, str], FlexKernel] = {
     ("hybridep", "dispatch"): FlexKernel(0.710, 0.400, 0.611, _HYBRIDEP),
     ("hybridep", "combine"): FlexKernel(0.788, 0.392, 0.598, _HYBRIDEP),
 }
+
+
+#: backend → (SMs its dispatch and combine kernels hold while they run, source): each kernel
+#: launches one CUDA block per SM it is given and holds it to the end (DeepEP's ``num_sms``
+#: blocks; HybridEP's ``num_sms_dispatch_api``/``num_sms_combine_api``)
+KERNEL_SMS: dict[str, tuple[int, str]] = {
+    "deepep": (20, "Megatron-LM d7288711 transformer_config.py line 803, moe_deepep_num_sms "
+                   "= 20, set on DeepEP's Buffer by token_dispatcher.py line 1158 "
+                   "(set_deepep_num_sms); DeepEP's own Buffer.num_sms default is 20 too"),
+    "hybridep": (16, "Megatron-LM d7288711 transformer_config.py line 806, "
+                     "moe_hybridep_num_sms = 16, passed as num_sms_dispatch_api and "
+                     "num_sms_combine_api (token_dispatcher.py lines 1049-1050)"),
+}
+
+
+def flex_sms(backend: str) -> int:
+    """SMs the ``backend``'s dispatch and combine kernels hold while they run, as
+    Megatron-Core launches them (:data:`KERNEL_SMS`).
+
+    Parameters
+    ----------
+    backend : ``deepep`` or ``hybridep``.
+
+    Returns
+    -------
+    int
+        SMs.
+    """
+    return KERNEL_SMS[backend][0]
 
 
 @dataclass(frozen=True)

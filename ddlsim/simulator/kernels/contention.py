@@ -117,7 +117,7 @@ def contention_seconds(op: Any, dev: Any, nccl_ctas: int, comm_s=math.inf):
     op : the :class:`~ddlsim.workloads.trace.Compute` op.
     dev : the :class:`~.device.KernelDevice`.
     nccl_ctas : SMs an NCCL collective holds (:func:`nccl_ring_ctas`), for a contention by
-        collectives.
+        collectives that names no SM count of its own (``Contention.sms`` 0).
     comm_s : seconds of its collectives, one after another (float or array over plans);
         ignored for a fixed margin (``Contention.sms``).
 
@@ -127,6 +127,6 @@ def contention_seconds(op: Any, dev: Any, nccl_ctas: int, comm_s=math.inf):
     """
     c = op.contention
     gemm_s = c.gemm_flops / (dev.peak_flops(op.dtype) * dev.ceiling(op.dtype))
-    if c.collectives:
-        return extra_seconds(gemm_s, comm_s, nccl_ctas, dev.sm_count)
+    if c.collectives:   # their kernels' own SM count (DeepEP's num_sms), else NCCL's channels
+        return extra_seconds(gemm_s, comm_s, c.sms or nccl_ctas, dev.sm_count)
     return extra_seconds(gemm_s, math.inf, c.sms, dev.sm_count)

@@ -47,11 +47,12 @@ import numpy as np
 
 from ...errors import ConfigError
 from ..schedules import combined_schedule
-from ..trace import Block, Compute, Op, P2P, StepTable, Wait
+from ..trace import Block, Collective, Compute, Contention, Op, P2P, StepTable, Wait
 from . import param_gather
 from .partition.base import OpList
 
-__all__ = ["active", "moe_layer_nodes", "combined_blocks", "combined_step_tables"]
+__all__ = ["active", "moe_layer_nodes", "pair_contention", "combined_blocks",
+           "combined_step_tables"]
 
 #: the forward's and the backward's nodes of one layer pair, in Megatron-Core's issue order
 #: (``TransformerLayerSchedulePlan.run``); the ``*_wgrad`` nodes join no chain (no event)
@@ -175,17 +176,89 @@ def _split_wgrad(c: Compute) -> tuple[Compute, Compute]:
             Compute(f"{c.name}.wgrad", half, 0.0, c.kind, c.dtype, kernels=gemms[1::2]))
 
 
-def _merge(pairs: list[tuple[dict | None, dict | None]], ops: list[Op]) -> None:
+#: the overlap windows of one layer pair, as Megatron-Core's ``TransformerLayerSchedulePlan.run``
+#: states them ("comm_stream: combine_bwd | dispatch_fwd->dispatch_bwd | combine_fwd;
+#: comp_stream: attn_fwd | mlp_bwd->mlp_bwd_dw->mlp_fwd | attn_bwd"): (communication nodes,
+#: the compute nodes beside them)
+WINDOWS = (((("b", "combine"),), (("f", "attn"),)),
+           ((("f", "dispatch"), ("b", "dispatch")),
+            (("b", "mlp"), ("b", "mlp_wgrad"), ("f", "mlp"))),
+           ((("f", "combine"),), (("b", "attn"), ("b", "attn_wgrad"))))
+
+
+def _dispatcher_sms(b) -> int:
+    """SMs the dispatcher's communication kernels hold while they run: the flex backend's
+    (:func:`~ddlsim.simulator.collectives.flex.flex_sms`), or 0 for NCCL's all-to-all (its
+    channels, :func:`~ddlsim.simulator.kernels.contention.nccl_ring_ctas`, as the cost model
+    gives them)."""
+    if b.moe.dispatcher == "flex":
+        from ...simulator.collectives.flex import flex_sms
+        return flex_sms(b.moe.flex_backend)
+    return 0
+
+
+def pair_contention(b, f_nodes: dict, b_nodes: dict) -> dict[tuple[str, str], Op]:
+    """The SMs the dispatcher's kernels take from the compute beside them in one layer pair:
+    per window of :data:`WINDOWS` with both communication and compute, a contention op
+    (:class:`~ddlsim.workloads.trace.Contention`: the compute nodes' FLOPs, the window's
+    collectives, :func:`_dispatcher_sms`) keyed by the window's last compute node present,
+    to run after it on the compute stream, so that it takes the extra time
+    :func:`~ddlsim.simulator.kernels.contention.extra_seconds` gives: ``(k/S)·min(C, G_k)``.
+    Only between two MoE layers (a dense layer's node is not beside the other's all-to-alls).
+    The FLOPs are timed at the training dtype's GEMM rate (attention cores included).
+
+    Parameters
+    ----------
+    b : the stage builder (:class:`~.moe.MoEOps`).
+    f_nodes, b_nodes : the forward's and the backward's nodes of the pair
+        (:func:`moe_layer_nodes`; a dense layer's: ``attn`` only).
+
+    Returns
+    -------
+    dict
+        ``(side, node)`` → the contention op (no entry for a window with nothing beside it).
+
+    References
+    ----------
+    NVIDIA/Megatron-LM d7288711 ``megatron/core/models/common/model_chunk_schedule_plan.py``
+    ``TransformerLayerSchedulePlan.run`` (docstring and issue order);
+    ``megatron/core/models/gpt/fine_grained_callables.py`` ``submodule_combine_forward``
+    (its comment: work beside another micro-batch's "would compete for SM resources").
+    """
+    side_nodes = {"f": f_nodes, "b": b_nodes}
+    out = {}
+    if not ("dispatch" in f_nodes and "dispatch" in b_nodes):
+        return out     # a dense layer on either side: its node is not beside the other's
+    for comm, comp in WINDOWS:
+        colls = tuple(op.payload for s, n in comm for op in side_nodes[s].get(n, ())
+                      if type(op.payload) is Collective)
+        present = [(s, n) for s, n in comp if side_nodes[s].get(n)]
+        flops = sum(op.payload.flops * op.repeat for s, n in present for op in side_nodes[s][n]
+                    if type(op.payload) is Compute and op.stream == "compute")
+        if colls and flops > 0:
+            c = Contention(flops, sms=_dispatcher_sms(b), collectives=colls)
+            name = f"combined.{present[-1][1]}.ep_sm_contention"
+            out[present[-1]] = Op(Compute(name, 0.0, dtype=b.plan.train_dtype, contention=c))
+    return out
+
+
+def _merge(pairs: list[tuple[dict | None, dict | None]], ops: list[Op],
+           contention: list[dict] | None = None) -> None:
     """Append the layer pairs' nodes to ``ops`` in :data:`PAIR_ORDER`, each node's first op
     waiting for its side's previous node (the chain of events of Megatron-Core's
-    ``ScheduleNode``); the chains start at the block's last op so far."""
+    ``ScheduleNode``); the chains start at the block's last op so far. ``contention[j]``:
+    pair ``j``'s contention ops (:func:`pair_contention`), each appended to the node it is
+    keyed by."""
     chain = {"f": len(ops) - 1 if ops else None, "b": len(ops) - 1 if ops else None}
-    for f_nodes, b_nodes in pairs:
+    for j, (f_nodes, b_nodes) in enumerate(pairs):
+        extra = contention[j] if contention and j < len(contention) else {}
         for side, node in PAIR_ORDER:
             nodes = f_nodes if side == "f" else b_nodes
             body = (nodes or {}).get(node)
             if not body:
                 continue
+            if (side, node) in extra:
+                body = [*body, extra[side, node]]
             base = len(ops)
             for j, op in enumerate(body):
                 deps = tuple(d + base for d in op.deps)
@@ -245,7 +318,10 @@ def _body(b, parts_f: dict, parts_b: dict, delay: bool) -> tuple[Op, ...]:
     # Megatron-Core runs the pairs, then the backward's leftover layers, then the forward's
     k = min(len(fl), len(bl))
     order = pairs[:k] + [(None, bw) for _, bw in pairs[k:]] + [(f, None) for f, _ in pairs[k:]]
-    _merge(order, ops)
+    cont = [b.cached(("combined.contention", fl[i], bl[i], delay),
+                     lambda f=f, bw=bw: pair_contention(b, f, bw))
+            for i, (f, bw) in enumerate(pairs[:k])]
+    _merge(order, ops, cont)
     ops.append(Op(Wait("combined.join", "ep")))
     base = len(ops)
     ops += [Op(o.payload, o.stream, tuple(d + base for d in o.deps), o.repeat)
