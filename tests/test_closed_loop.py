@@ -108,6 +108,7 @@ def test_the_model_is_the_one_ddlsim_predicts(tmp_path):
     ("parallel.tensor_model_parallel_size", 2),
     ("train.dtype", "bf16"),
     ("parallel.overlap_grad_reduce", True),
+    ("model.dropout", True),
     ("parallel.dp_strategy", "reduce_scatter"),  # allowed: the control case
 ])
 def test_the_trainer_refuses_what_it_does_not_run(field, value):

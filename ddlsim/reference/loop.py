@@ -83,7 +83,8 @@ class LoopModel:
         return {
             "model": {"architecture": "gpt", "num_hidden_layers": self.layers,
                       "hidden_size": self.hidden, "num_attention_heads": self.heads,
-                      "vocab_size": self.vocab, "max_position_embeddings": self.seq},
+                      "vocab_size": self.vocab, "max_position_embeddings": self.seq,
+                      "dropout": False},
             "parallel": {"data_parallel_size": ranks, "dp_strategy": strategy,
                          "overlap_grad_reduce": False},
             "train": {"micro_batch_size": self.batch,

@@ -105,6 +105,8 @@ def check_plan(cfg, world: int) -> None:
         (m.tie_word_embeddings and not m.intermediate_size
          and m.num_local_experts == 0 and m.program == "megatron",
          "model", "an untied, MoE, proxy or non-4h GPT", "GPT-2's shape"),
+        (not m.dropout, "model.dropout", m.dropout, "false (the reference model has no "
+         "dropout)"),
         (p.tensor_model_parallel_size == 1 and p.pipeline_model_parallel_size == 1
          and p.context_parallel_size == 1 and p.zero_stage == 0,
          "parallel", f"TP{p.tensor_model_parallel_size} PP{p.pipeline_model_parallel_size} "

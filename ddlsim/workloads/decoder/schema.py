@@ -131,6 +131,12 @@ class GPTModel(DecoderFields):
         default=None, description="default 4·hidden_size")
     max_position_embeddings: count_type("seq_length")
     tie_word_embeddings: StrictBool = True
+    dropout: StrictBool = Field(
+        default=True, description="dropout on the attention probabilities and after the "
+                                  "attention and the MLP (GPT-2's attn_pdrop and resid_pdrop, "
+                                  "Megatron-LM's --attention-dropout and --hidden-dropout, "
+                                  "0.1 by default); false: trained without (no dropout "
+                                  "kernels or masks)")
 
     @property
     def ffn_size(self) -> int:
@@ -140,7 +146,8 @@ class GPTModel(DecoderFields):
         """The closed-form counts of this model."""
         return DecoderShape(self.num_hidden_layers, self.hidden_size, self.num_attention_heads,
                             self.ffn_size, self.vocab_size, self.max_position_embeddings,
-                            tied_embeddings=self.tie_word_embeddings, **self.moe_shape_fields())
+                            tied_embeddings=self.tie_word_embeddings, dropout=self.dropout,
+                            **self.moe_shape_fields())
 
 
 class LlamaModel(DecoderFields):
