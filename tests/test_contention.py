@@ -13,6 +13,7 @@ import pytest
 
 import ddlsim
 from ddlsim.config import build_config
+from ddlsim.errors import ConfigError
 from ddlsim.simulator.costs import CostModel
 from ddlsim.simulator.kernels import kernel_device
 from ddlsim.simulator.kernels.contention import (contention_seconds, extra_seconds,
@@ -59,7 +60,7 @@ def test_extra_time_is_the_lost_rate_while_both_run():
     assert extra_seconds(G, 5.0, k, S) == pytest.approx(G_k - G, rel=1e-12)   # C >= G_k
     assert extra_seconds(G, 1.0, 0, S) == 0.0
     assert extra_seconds(G, 1.0, k, None) == 0.0       # a device without the fact
-    with pytest.raises(ValueError, match="leave none"):
+    with pytest.raises(ConfigError, match="system.device.sm_count = 108"):
         extra_seconds(G, 1.0, S, S)
 
 

@@ -100,8 +100,10 @@ def extra_seconds(gemm_s, comm_s, sms_taken: int, sm_count: int):
     if sms_taken <= 0 or not sm_count:
         return 0.0 * np.asarray(comm_s) if np.ndim(comm_s) else 0.0
     if sms_taken >= sm_count:
-        raise ValueError(f"communication kernels holding {sms_taken} SMs leave none of the "
-                         f"device's {sm_count} to the GEMMs beside them")
+        from ...errors import ConfigError
+        raise ConfigError(f"system.device.sm_count = {sm_count}: the communication kernels "
+                          f"overlapped with GEMMs hold {sms_taken} SMs, leaving none to the "
+                          f"GEMMs; sm_count must exceed {sms_taken} (or turn the overlap off)")
     g_k = gemm_s * sm_count / (sm_count - sms_taken)
     out = sms_taken / sm_count * np.minimum(comm_s, g_k)
     return float(out) if np.ndim(out) == 0 else out
