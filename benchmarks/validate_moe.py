@@ -21,16 +21,23 @@ parameter all-gather (ddlsim refuses that overlap with EP > 1, so the gather aft
 exposed), FP8 current scaling (the tables' FP8-CS, run with the stack's delayed-scaling casts:
 no amax passes) and Bridge's ``moe_router_fusion`` (the router is its GEMM alone here). No
 per-row factors and nothing tuned.
+
+A second table: the Qwen3-235B step times that Megatron-LM's MoE developers publish on 256 H100s
+(yanring/Megatron-MoE-ModelZoo, BF16; ``data/modelzoo_h100_moe.csv`` with its provenance), among
+them the same plan without and with the expert-parallel overlap (its A/B), each row with the
+settings of that repository's scripts; a row ddlsim does not model is listed, not predicted.
 """
 
 from __future__ import annotations
 
 import sys
 
+from ddlsim.errors import ConfigError
 from public_runs import (DATA, print_notes, print_table, read_csv, result_cells, rows_summary,
                          run_script, time_record)
 
 TABLE = DATA / "bridge_h100_moe.csv"
+ZOO_TABLE = DATA / "modelzoo_h100_moe.csv"
 STACK = "megatron-core-2025"
 GPUS_PER_NODE = 8
 #: the CSV's dispatcher_as_run -> parallel.moe's dispatcher fields
@@ -42,7 +49,13 @@ DISPATCHERS = {"alltoall": {"token_dispatcher_type": "alltoall"},
 
 
 def rows() -> list[dict]:
-    return read_csv(TABLE)
+    """The Megatron-Bridge rows (``set`` = ``bridge``)."""
+    return [{**r, "set": "bridge"} for r in read_csv(TABLE)]
+
+
+def zoo_rows() -> list[dict]:
+    """The Megatron-MoE-ModelZoo rows (``set`` = ``modelzoo``)."""
+    return [{**r, "set": "modelzoo"} for r in read_csv(ZOO_TABLE)]
 
 
 def _int(row: dict, *keys: str) -> list[int]:
@@ -50,7 +63,9 @@ def _int(row: dict, *keys: str) -> list[int]:
 
 
 def config(row: dict) -> dict:
-    """The ddlsim run config of one row (the table's plan, the recipes' options)."""
+    """The ddlsim run config of one row (the table's plan, the recipes' or scripts' options)."""
+    if row["set"] == "modelzoo":
+        return zoo_config(row)
     gpus, tp, pp, cp, vp, ep = _int(row, "gpus", "tp", "pp", "cp", "vp", "ep")
     parallel = {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
                 "context_parallel_size": cp, "expert_model_parallel_size": ep,
@@ -77,29 +92,96 @@ def config(row: dict) -> dict:
                            "grad_reduce_dtype": "param", "fused_cross_entropy": True}}}}
 
 
+def zoo_config(row: dict) -> dict:
+    """A ModelZoo row's run config: the table's plan with the settings its scripts give
+    (``data/modelzoo_h100_moe.csv``'s header): BF16, the overlap where the row ran it, the
+    distributed optimizer with both overlaps (the parameter gather exposed, as above), fp32
+    gradient reduction (the stack's default with --bf16), TE cross-entropy fusion. Full
+    recomputation where the table says ``full``; its selective ``norm, act`` is not modelled
+    (a few element-wise passes): no recomputation."""
+    gpus, tp, pp, cp, vp, ep = _int(row, "gpus", "tp", "pp", "cp", "vp", "ep")
+    overlap = row["a2a_overlap"] == "true"
+    parallel = {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
+                "context_parallel_size": cp, "expert_model_parallel_size": ep,
+                "expert_tensor_parallel_size": int(row["etp"]), "sequence_parallel": tp > 1,
+                "zero_stage": 1, "overlap_grad_reduce": True, "overlap_param_gather": False,
+                "moe": {**DISPATCHERS[row["dispatcher_as_run"]], "grouped_gemm": True,
+                        "permute_fusion": True,
+                        "router_force_load_balancing": row["forced_balance"] != "false",
+                        "overlap_expert_parallel_comm": overlap, "delay_wgrad_compute": overlap}}
+    if vp > 1:
+        parallel.update(schedule="interleaved", virtual_pipeline_model_parallel_size=vp)
+    if row["split"] == "embedding+loss":
+        parallel.update(account_for_embedding_in_pipeline_split=True,
+                        account_for_loss_in_pipeline_split=True)
+    return {"model": row["preset"], "parallel": parallel,
+            "train": {"micro_batch_size": int(row["mbs"]), "global_batch_size": int(row["gbs"]),
+                      "seq_length": int(row["seq"]), "dtype": row["precision"],
+                      "recompute": "full" if row["recompute"] == "full" else "none"},
+            "system": {"preset": "dgx-h100", "nodes": gpus // GPUS_PER_NODE,
+                       "software": {"stack": STACK, "kernels": {"fused_cross_entropy": True}}}}
+
+
 def approximated(row: dict) -> str:
     """What the row's run does that ddlsim does not model, on every row: the distributed
     optimizer's parameter all-gather overlapped with the next forward (exposed here), FP8
     current scaling's amax passes (timed as delayed scaling) and the fused router kernels."""
+    if row["set"] == "modelzoo":
+        recompute = {"norm, act": ", recompute of norm and act"}.get(row["recompute"], "")
+        return f"param-gather overlap, router kernels{recompute}"
     return "param-gather overlap, FP8-CS amax, router kernels"
 
 
 def published_time(row: dict) -> float:
+    if row["set"] == "modelzoo":
+        return float(row["step_time_s"])
     gpus, gbs, seq, tput = _int(row, "gpus", "gbs", "seq", "tokens_per_s_per_gpu")
     return gbs * seq / (tput * gpus)
 
 
+def _record(row: dict, engine: str, limits) -> dict:
+    """One row's record (:func:`public_runs.time_record`); a row ddlsim does not model (the
+    table says so, or ddlsim refuses its plan) gets none, with the reason as ``skipped``."""
+    why = row["modelled"].removeprefix("no: ") if row.get("modelled", "yes") != "yes" else ""
+    if not why:
+        try:
+            return time_record(row, config(row), engine, limits, published_time(row))
+        except ConfigError as exc:
+            why = f"ddlsim refuses the plan: {exc}"
+    return {"row": row, "result": None, "refused": "", "skipped": why,
+            "published": published_time(row)}
+
+
 def evaluate(engine: str = "analytical", only: list[dict] | None = None,
              limits=None) -> list[dict]:
-    return [time_record(row, config(row), engine, limits, published_time(row))
-            for row in (rows() if only is None else only)]
+    """Every row's record (Bridge's, then the ModelZoo's), or those of ``only``."""
+    return [_record(row, engine, limits)
+            for row in (rows() + zoo_rows() if only is None else only)]
 
 
 def _label(o: dict) -> str:
-    return f"{o['row']['model']} on {o['row']['gpus']} GPUs ({o['row']['release']})"
+    row = o["row"]
+    if row["set"] == "modelzoo":
+        return f"ModelZoo Qwen3-{row['model']} row {row['row']}"
+    return f"{row['model']} on {row['gpus']} GPUs ({row['release']})"
+
+
+def _print_zoo(out: list[dict], markdown: bool) -> None:
+    head = ["row", "dispatcher", "TP", "PP", "VP", "EP", "DP", "MBS", "GBS", "recompute",
+            "a2a overlap", "not modelled", "published (s)", "predicted (s)", "error"]
+    lines = []
+    for o in out:
+        row = o["row"]
+        cells = [row["row"], row["dispatcher_as_run"], row["tp"], row["pp"], row["vp"],
+                 row["ep"], row["dp"], row["mbs"], row["gbs"], row["recompute"] or "-",
+                 row["a2a_overlap"], approximated(row), f"{o['published']:.1f}"]
+        lines.append(cells + result_cells(o, 2, missing="not modelled"))
+    print_table(head, lines, markdown)
 
 
 def _print(out: list[dict], markdown: bool) -> None:
+    zoo = [o for o in out if o["row"]["set"] == "modelzoo"]
+    out = [o for o in out if o["row"]["set"] != "modelzoo"]
     head = ["release", "model", "GPUs", "TP", "PP", "VP", "EP", "GBS", "not modelled",
             "published tok/s/GPU", "published (s)", "predicted (s)", "error"]
     lines = []
@@ -109,12 +191,32 @@ def _print(out: list[dict], markdown: bool) -> None:
                  row["ep"], row["gbs"], approximated(row) or "-", row["tokens_per_s_per_gpu"],
                  f"{o['published']:.2f}"]
         lines.append(cells + result_cells(o, 2))
-    print_table(head, lines, markdown)
-    print_notes(out, _label, markdown)
+    if lines:
+        print_table(head, lines, markdown)
+        print_notes(out, _label, markdown)
+    if zoo:
+        print("\nMegatron-MoE-ModelZoo, Qwen3-235B-A22B, BF16, 256 H100s:\n")
+        _print_zoo(zoo, markdown)
+        print_notes(zoo, _label, markdown)
 
 
 def summary(out: list[dict], engine: str) -> str:
-    return rows_summary(out, engine, _label)
+    """The Bridge rows' summary line, then the ModelZoo rows' and their overlap A/B."""
+    parts = []
+    for name, rows_ in (("Bridge", [o for o in out if o["row"]["set"] != "modelzoo"]),
+                        ("ModelZoo", [o for o in out if o["row"]["set"] == "modelzoo"])):
+        if any(o["result"] is not None for o in rows_):
+            parts.append(f"{name}: {rows_summary(rows_, engine, _label)}")
+    ab = {o["row"]["a2a_overlap"]: o for o in out if o["row"]["set"] == "modelzoo"
+          and o["row"]["row"] in ("1", "2") and o["result"] is not None}
+    if len(ab) == 2:
+        off, on = ab["false"], ab["true"]
+        parts.append("ModelZoo overlap A/B (rows 1, 2): published "
+                     f"{off['published']:.1f} -> {on['published']:.1f} s "
+                     f"({100 * (1 - on['published'] / off['published']):.1f} % faster), "
+                     f"predicted {off['predicted']:.2f} -> {on['predicted']:.2f} s "
+                     f"({100 * (1 - on['predicted'] / off['predicted']):.1f} % faster)")
+    return "\n".join(parts)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -78,3 +78,49 @@ def test_overlapped_rows_are_plans_megatron_core_accepts_for_the_overlap(row):
     moe = ddlsim.load_config(vm.config(row)).parallel.moe
     assert moe.overlap_expert_parallel_comm is overlap and moe.delay_wgrad_compute is overlap
     assert "a2a overlap" not in vm.approximated(row)
+
+
+# ---------------------------------------------------------------- Megatron-MoE-ModelZoo
+def test_the_modelzoo_table_names_its_source_commit_and_scripts():
+    text = pr.header(vm.ZOO_TABLE)
+    for cite in ("yanring/Megatron-MoE-ModelZoo", "c1ad0b5c89f425d60febddc38e7f741a16f08bd1",
+                 "best_practice/Qwen3/readme.md", "run_235b.sh", "sbatch_benchmarking.sh",
+                 "Qwen3-235B-A22B.yaml", "--overlap-moe-expert-parallel-comm"):
+        assert cite in text
+
+
+def test_modelzoo_rows_are_the_tables_plans_and_rows_1_2_differ_only_in_the_overlap():
+    rows = vm.zoo_rows()
+    assert [r["row"] for r in rows] == ["1", "2", "3", "4", "5"]
+    for row in rows:
+        assert int(row["tp"]) * int(row["cp"]) * int(row["pp"]) * int(row["dp"]) == 256
+        assert int(row["ep"]) * int(row["etp"]) * int(row["edp"]) == \
+            int(row["tp"]) * int(row["dp"])
+        if row["modelled"] != "yes" or row["row"] == "4":   # 4: one layer per chunk, refused
+            continue
+        cfg = ddlsim.load_config(vm.config(row))
+        assert cfg.world_size == 256 and cfg.dp == int(row["dp"])
+        assert cfg.train.dtype == "bf16"
+        assert cfg.parallel.moe.overlap_expert_parallel_comm is (row["a2a_overlap"] == "true")
+    a, b = rows[0], rows[1]
+    differ = {k for k in a if a[k] != b[k]}
+    assert differ == {"row", "a2a_overlap", "notes", "step_time_s", "per_gpu_tflops"}
+    assert (float(a["step_time_s"]), float(b["step_time_s"])) == (19.7, 17.6)
+
+
+def test_a_row_ddlsim_does_not_model_is_listed_not_predicted():
+    fsdp, pp32 = vm.zoo_rows()[2], vm.zoo_rows()[3]
+    recs = vm.evaluate("analytical", only=[fsdp, pp32])
+    assert [r["result"] for r in recs] == [None, None]
+    assert "Megatron-FSDP" in recs[0]["skipped"]
+    assert "without a transformer layer" in recs[1]["skipped"]
+
+
+def test_the_summary_gives_the_overlap_ab_predicted_and_published():
+    rows = vm.zoo_rows()[:2]
+    recs = [{"row": r, "result": object(), "refused": "", "skipped": "",
+             "published": vm.published_time(r), "predicted": p,
+             "error": p / vm.published_time(r) - 1} for r, p in zip(rows, (16.0, 12.0))]
+    text = vm.summary(recs, "analytical")
+    assert "published 19.7 -> 17.6 s (10.7 % faster)" in text
+    assert "predicted 16.00 -> 12.00 s (25.0 % faster)" in text
