@@ -23,10 +23,17 @@ the communication kernels run, the GEMMs lose ``k/S`` of their rate for ``min(C,
   so ``k`` is the communicator's channels (:func:`nccl_ring_ctas`), for ``C`` the collective's
   time as the cost model gives it.
 
-Not modelled: the HBM bandwidth the communication kernels move (they copy at link speed,
-tens of GB/s against 2–3 TB/s), the GEMM's wave quantisation on ``S − k`` SMs, and the
-channels NCCL drops for messages under ``channels × threads × threshold`` bytes
-(:mod:`ddlsim.simulator.nccl.channels`: kilobytes, not the MiB collectives overlapped here).
+The 24 channels of an 8-GPU A100 NVSwitch node are what NCCL prints there ("Channel 23/24",
+NVIDIA/nccl-tests issue 100, an HGX A100 all-reduce log).
+
+Not modelled: the HBM bandwidth the communication kernels move (hundreds of GB/s against
+2–3 TB/s, which matters for memory-bound kernels beside them, not for the GEMMs charged
+here), the GEMM's wave quantisation on ``S − k`` SMs, the channels NCCL drops for messages
+under ``channels × threads × threshold`` bytes (:mod:`ddlsim.simulator.nccl.channels`:
+kilobytes, not the MiB collectives overlapped here), NVLS's own channel count (16 by default
+on Hopper; the ring's is counted for every collective inside a node), and groups across
+nodes (the ring's channels there follow the NICs: 16 on 3 × 8 H100s, NVIDIA/nccl issue
+1453's log; no contention op has such a group today).
 
 References
 ----------
