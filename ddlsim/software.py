@@ -108,6 +108,17 @@ class KernelSpec(_Strict):
                                   "layers' GEMM inputs: Transformer Engine's delayed "
                                   "scaling, or torchao's dynamic tensorwise or rowwise "
                                   "scaling (simulator/kernels/fp8recipe.py)")
+    enable_fsdp_float8_all_gather: StrictBool | None = Field(
+        default=None, description="torchao's FSDP2 float8 all-gather (torchtitan's [float8] "
+                                  "key): each float8 linear's weight shard is cast to FP8 "
+                                  "before FSDP gathers it, so the gather moves one byte per "
+                                  "weight; tensorwise recipe under ZeRO-3 only "
+                                  "(workloads/decoder/fsdp_float8.py)")
+    precompute_float8_dynamic_scale_for_fsdp: StrictBool | None = Field(
+        default=None, description="with enable_fsdp_float8_all_gather: the weights' scales "
+                                  "come from one amax all-reduce after the optimizer step "
+                                  "instead of one per weight and gather (torchtitan's "
+                                  "[float8] key)")
     selective_recompute: Literal["attention_core", "every_second_mm"] | None = Field(
         default=None, description="what recompute: selective recomputes: the attention "
                                   "core (Megatron, Korthikanti et al. 2022) or torchtitan's "

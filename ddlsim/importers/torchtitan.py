@@ -12,8 +12,11 @@ parallelism; ``[compile] enable`` is the stack's ``compile``; async TP is
 under the stack's ``selective_recompute``; ``[float8] recipe_name`` is the stack's
 ``fp8_recipe``; ``selective_ac_option = 'n'`` (every n-th block checkpointed) is
 ``recompute: full`` with ``recompute_every_n_layers: n``; HSDP (a replicate degree with a
-shard degree) is ``data_parallel_replicate_size``. What ddlsim cannot express yet
-(rowwise_with_gw_hp, FSDP's float8 all-gather) is refused by name.
+shard degree) is ``data_parallel_replicate_size``; ``[float8] enable_fsdp_float8_all_gather``
+and ``precompute_float8_dynamic_scale_for_fsdp`` are the stack's fields of those names where
+torchtitan passes them to torchao (float8 converted, no ``recipe_name``, a shard degree other
+than 1), else noted as without effect. What ddlsim cannot express yet (rowwise_with_gw_hp)
+is refused by name.
 """
 
 from __future__ import annotations
@@ -37,8 +40,7 @@ NO_EFFECT_SECTIONS = ("job", "profiling", "metrics", "checkpoint", "lr_scheduler
 _NO_EFFECT_KEYS = {"tokenizer_path", "hf_assets_path", "lr", "eps", "weight_decay", "beta1",
                    "beta2", "implementation", "early_step_in_backward", "steps",
                    "warmup_steps", "dataset", "dataset_path", "seed", "deterministic",
-                   "gc_freq", "filter_fqns", "precompute_float8_dynamic_scale_for_fsdp",
-                   "enable_compiled_autograd"}
+                   "gc_freq", "filter_fqns", "enable_compiled_autograd"}
 
 
 def torchtitan_key_names() -> list[str]:
@@ -52,7 +54,8 @@ def torchtitan_key_names() -> list[str]:
             "pipeline_parallel_first/last_stage_less_layers, module_fqns_per_model_part, "
             "pipeline_parallel_split_points (2024), context_parallel_rotate_method, "
             "enable_async_tensor_parallel", "[activation_checkpoint] mode, "
-            "selective_ac_option", "[float8] recipe_name, enable_fsdp_float8_all_gather",
+            "selective_ac_option", "[float8] recipe_name, enable_fsdp_float8_all_gather, "
+            "precompute_float8_dynamic_scale_for_fsdp",
             "[compile] enable", "[optimizer] name", *(f"[{s}]" for s in NO_EFFECT_SECTIONS)]
 
 
@@ -305,7 +308,8 @@ def _layer_split(draft: Draft, s: dict, doc: dict, old: bool, pp: int, multi: bo
     the run's own (split points, module names) or the one torchtitan derives for a model of a
     known flavor, as ``parallel.layers_per_virtual_stage``."""
     model = doc.get("model") if isinstance(doc.get("model"), dict) else {}
-    preset = FLAVORS.get(model.get("name"), {}).get(str(model.get("flavor")))
+    name = model.get("name")      # [model] refuses a name that is not a string, by name
+    preset = FLAVORS.get(name if isinstance(name, str) else "", {}).get(str(model.get("flavor")))
     keys = f"[parallelism] pipeline_parallel_degree = {pp}" + "".join(
         f", {k}" for k in _SPLIT_KEYS if k in s)
     layers = None
@@ -361,9 +365,10 @@ def _float8(draft: Draft, s: dict, doc: dict) -> None:
     elif recipe is not None:
         draft.refuse(f"[float8] recipe_name = {recipe!r}", "not modelled yet (ddlsim's "
                      "recipes: tensorwise, rowwise; simulator/kernels/fp8recipe.py)")
-    if s.get("enable_fsdp_float8_all_gather"):
-        draft.refuse("[float8] enable_fsdp_float8_all_gather = true", "not modelled yet")
-    _rest(draft, "float8", s, {"recipe_name", "enable_fsdp_float8_all_gather"})
+    from .torchtitan_float8 import fsdp_float8
+    fsdp_float8(draft, s, doc, recipe)
+    _rest(draft, "float8", s, {"recipe_name", "enable_fsdp_float8_all_gather",
+                               "precompute_float8_dynamic_scale_for_fsdp"})
 
 
 def _compile(draft: Draft, s: dict, doc: dict) -> None:

@@ -171,11 +171,18 @@ def _rowwise(M, N, K, backward, compiled):
 
 
 def fp8_cast_kernels(recipe: str, M: float, N: float, K: float, backward: bool,
-                     compiled: bool = False, input_cast: bool = True) -> tuple[Kernel, ...]:
+                     compiled: bool = False, input_cast: bool = True,
+                     weight_fp8: bool = False) -> tuple[Kernel, ...]:
     """The memory kernels of ``recipe`` around one FP8 linear ``[M, K] · [K, N]``, forward
     or ``backward`` (module docstring); ``compiled``: torch.compile fuses the first read of
     the input and the output gradient with the op before; ``input_cast`` False: the input's
-    passes are left out (another module's cast of the same input serves this one).
+    passes are left out (another module's cast of the same input serves this one);
+    ``weight_fp8``: the weight arrives in FP8 (FSDP's float8 all-gather,
+    :mod:`ddlsim.workloads.decoder.fsdp_float8`): no weight pass in the forward
+    (``cast_weight_to_float8_t`` returns the gathered ``Float8Tensor`` as it is), and the
+    backward's weight pass is the FP8 copy into the other layout (read 1 + write 1 bytes per
+    element: torchao eab345c ``float8_ops.py`` ``preprocess_addmm`` line 253,
+    ``b_data.t().contiguous().t()``) instead of a cast from bf16.
 
     Returns
     -------
@@ -190,9 +197,12 @@ def fp8_cast_kernels(recipe: str, M: float, N: float, K: float, backward: bool,
     """
     spec = FP8_RECIPES[recipe]
     slow = "inductor_transpose" if compiled and spec.inductor else ""
+    passes = spec.passes(M, N, K, backward, compiled)
+    if weight_fp8:
+        passes = tuple((r, 2 * K * N if backward else 0) if r[0] == "w" else (r, b)
+                       for r, b in passes)
     return tuple(Kernel("memory", bytes=b, dtype="bf16", variant=slow if role[-1] == "T" else "")
-                 for role, b in spec.passes(M, N, K, backward, compiled)
-                 if b and (input_cast or role[0] != "x"))
+                 for role, b in passes if b and (input_cast or role[0] != "x"))
 
 
 def fp8_gemm_variants(recipe: str, backward: bool) -> tuple[str, ...]:

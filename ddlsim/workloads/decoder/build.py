@@ -135,6 +135,8 @@ def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
                     block = fsdp.with_stage_reduce_scatters(b, block, stage)
                 if hsdp.active(cfg):    # the optimizer waits for the replicas' all-reduces
                     block = hsdp.with_replica_wait(block)
+                if zero3:               # torchao's float8 scales after the step (.fsdp_float8)
+                    block = fsdp.with_float8_precompute(b, block, stage)
                 update = shared[key] = {"update": block}
             program = Program({**blocks, **update}, tables[stage])
             name = f"stage{stage}" + ("" if len(splits) == 1 else (".root" if root else ".rest"))

@@ -38,7 +38,8 @@ def linear_kernels(sw: Any, dtype: str, M: float, N: float, K: float, backward: 
     Parameters
     ----------
     sw : Software
-        the resolved software stack (``fp8_recipe``, ``compile``).
+        the resolved software stack (``fp8_recipe``, ``compile``,
+        ``enable_fsdp_float8_all_gather``: the weights arrive in FP8).
     dtype : str
         the linears' dtype (``train.dtype``); only ``fp8`` has casts.
     M, N, K : float
@@ -61,7 +62,9 @@ def linear_kernels(sw: Any, dtype: str, M: float, N: float, K: float, backward: 
     gemms = tuple(Kernel("gemm", g, batch=batch, dtype=dtype, variant=v)
                   for g, v in zip(shapes, fp8_gemm_variants(recipe, backward)))
     rescale = fp8_rescale_kernels(recipe, M, N, K) if backward else ()
-    return (_times(fp8_cast_kernels(recipe, M, N, K, backward, compiled), batch) + gemms
+    casts = fp8_cast_kernels(recipe, M, N, K, backward, compiled,
+                             weight_fp8=sw.enable_fsdp_float8_all_gather)
+    return (_times(casts, batch) + gemms
             + _times(rescale, batch))
 
 

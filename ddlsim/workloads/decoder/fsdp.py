@@ -34,6 +34,12 @@ out of the all-gather buffer on the compute stream (``foreach_all_gather_copy_ou
 unit's gradients are copied into the reduce-scatter input with ``torch._chunk_cat``, cast to
 the reduce dtype, on the reduce-scatter stream (``foreach_reduce``: read 16-bit, write the
 reduce dtype's bytes) before the collective.
+
+**Float8 all-gather** (``enable_fsdp_float8_all_gather``, torchao's, :mod:`.fsdp_float8`):
+the float8 linears' weights are gathered at 1 byte per element, each gather after the cast of
+the rank's shard (and, without precomputed scales, one amax all-reduce per weight); the
+copy-out copies the gathered bytes; the update block ends with the scale precompute when
+``precompute_float8_dynamic_scale_for_fsdp`` is on (:func:`with_float8_precompute`).
 """
 
 from __future__ import annotations
@@ -42,11 +48,11 @@ from typing import Any
 
 from ...errors import ConfigError
 from ..trace import Block, Collective, Compute, Loop, Op, P2P, Wait
-from . import param_gather
+from . import fsdp_float8, param_gather
 
 __all__ = ["one_layer", "layer_units", "kept_in_backward", "per_iteration", "check_fsdp",
-           "pipeline_prologue", "with_stage_reduce_scatters", "reshard_phrase",
-           "vector_refusal"]
+           "pipeline_prologue", "with_stage_reduce_scatters", "with_float8_precompute",
+           "reshard_phrase", "vector_refusal"]
 
 
 def per_iteration(sw: Any, pp: int) -> bool:
@@ -84,12 +90,17 @@ def layer_units(b: Any, layers: list[list], moe: list[bool], backward: bool) -> 
     reduce-scatters in the backward, and FSDP2's copy passes (module docstring)."""
     from .zero3 import _Unit, zero3_shards
     sw, n = b.sw, len(layers)
+    float8 = fsdp_float8.active(sw)
     out = []
     for k, (ops, m) in enumerate(zip(layers, moe)):
         shards = zero3_shards(b, m)
         layer = n - 1 - k if backward else k           # forward order
         gathers = [] if backward and kept_in_backward(sw, layer, n) else shards
+        if float8 and gathers:     # dense layers only (fsdp_float8.check)
+            gathers = [(g, _gathered(b, x / b.dt)) for g, x in gathers]
         unit = _Unit(ops, gathers)
+        if float8 and gathers:
+            unit.pre_gather = _cast_ops(b, 1)
         if backward:
             unit.reduces = [(g, x * b.gdt / b.dt) for g, x in shards]
             if b.plan.hsdp_replicas > 1:    # HSDP (.hsdp)
@@ -97,10 +108,25 @@ def layer_units(b: Any, layers: list[list], moe: list[bool], backward: bool) -> 
                 unit.replica_reduces = replica_reduces(unit.reduces, b.gdp)
         if sw.zero3_copy_out:
             params = sum(x for _, x in shards) / b.dt
-            unit.copy_out = 2 * params * b.dt if gathers else 0.0
+            unit.copy_out = 2 * sum(x for _, x in gathers)
             unit.reduce_passes = params * (b.dt + b.gdt) if backward else 0.0
         out.append(unit)
     return out
+
+
+def _gathered(b: Any, elements: float) -> float:
+    """Bytes gathered for ``elements`` 16-bit parameters of one dense layer on this rank,
+    float8 weights at 1 byte (:func:`.fsdp_float8.gathered_bytes`)."""
+    return fsdp_float8.gathered_bytes(b.shape, elements, b.part.param_split, b.dt)
+
+
+def _cast_ops(b: Any, layers: float):
+    """The pre-gather casts of ``layers`` layers' float8 weight shards, as a function of the
+    first op's dependencies (:func:`.fsdp_float8.cast_ops`)."""
+    def ops(deps: tuple[int, ...]) -> list:
+        return fsdp_float8.cast_ops(b.sw, b.shape, b.part.param_split, b.gdp, b.grad_group,
+                                    layers, b.dtype, deps)
+    return ops
 
 
 def check_fsdp(cfg: Any) -> None:
@@ -108,6 +134,7 @@ def check_fsdp(cfg: Any) -> None:
     p, sw = cfg.parallel, cfg.software
     from .hsdp import check_hsdp
     check_hsdp(cfg)
+    fsdp_float8.check(cfg)
     if p.zero_stage != 3 or p.pp == 1:
         return
     from ...stackrules import broken_rules
@@ -129,15 +156,45 @@ def check_fsdp(cfg: Any) -> None:
 
 
 def _stage_bytes(b: Any, stage: int) -> tuple[float, float]:
-    """(bytes of one rank's first layer, bytes of the rest of the stage) on this rank."""
+    """(bytes of one rank's first layer, bytes of the rest of the stage) on this rank, as
+    gathered (float8 weights at 1 byte under the float8 all-gather)."""
     total = b.stage_params(stage) * b.dt
     first = sum(x for _, x in _shards(b))
+    if fsdp_float8.active(b.sw):
+        layers = sum(b.split[stage])
+        fp8 = _gathered(b, first / b.dt)
+        return fp8, max(total - layers * first, 0.0) + (layers - 1) * fp8
     return first, max(total - first, 0.0)
 
 
 def _shards(b: Any) -> list[tuple[str, float]]:
     from .zero3 import zero3_shards
     return zero3_shards(b, b.shape.is_moe_layer(0) if b.shape.is_moe else False)
+
+
+def _prologue_gathers(b: Any, stage: int, recvs: tuple[int, ...], at: int
+                      ) -> tuple[list, int]:
+    """The prologue's ops from index ``at`` on (module docstring): the first layer's gather,
+    the rest of the stage's, each after its float8 casts under the float8 all-gather, then
+    FSDP2's copy-out after the first; and the index of the op the first layer waits for."""
+    head, rest = _stage_bytes(b, stage)
+    layers = sum(b.split[stage])
+    group = b.grad_group
+    new: list = []
+    first = None
+    for name, nbytes, count in (("param.all_gather.first", head, 1),
+                                ("params.all_gather.overlapped", rest, layers - 1)):
+        deps = recvs
+        if fsdp_float8.active(b.sw) and count:
+            new += _cast_ops(b, count)(recvs)
+            deps = (at + len(new) - 1,)
+        new.append(Op(Collective(name, "all_gather", group, nbytes), "dp", deps))
+        first = at + len(new) - 1 if first is None else first
+    if b.sw.zero3_copy_out:
+        new.append(Op(Compute("zero3.copy_out", 0.0, 2 * (head + rest), kind="elementwise",
+                              dtype=b.dtype), deps=(first,)))
+        return new, at + len(new) - 1
+    return new, first
 
 
 def pipeline_prologue(b: Any, first: Block, stage: int) -> Block:
@@ -147,18 +204,11 @@ def pipeline_prologue(b: Any, first: Block, stage: int) -> Block:
     block's receives; the first layer's compute waits for the first gather (and FSDP2's
     copy-out of the stage's parameters on the compute stream); the rest of the stage is
     gathered on ``dp`` beside the forward, whose send waits for it."""
-    head, rest = _stage_bytes(b, stage)
     body = list(first.ops)
     at = next(i for i, o in enumerate(body) if isinstance(o.payload, (Compute, Loop)))
     recvs = tuple(i for i, o in enumerate(body[:at])
                   if isinstance(o.payload, P2P) and o.payload.kind == "recv")
-    group = b.grad_group
-    new = [Op(Collective("param.all_gather.first", "all_gather", group, head), "dp", recvs),
-           Op(Collective("params.all_gather.overlapped", "all_gather", group, rest), "dp",
-              recvs)]
-    if b.sw.zero3_copy_out:
-        new.append(Op(Compute("zero3.copy_out", 0.0, 2 * (head + rest), kind="elementwise",
-                              dtype=b.dtype), deps=(at,)))
+    new, ready = _prologue_gathers(b, stage, recvs, at)
     k = len(new)
     moved = [Op(o.payload, o.stream, tuple(d + k if d >= at else d for d in o.deps), o.repeat)
              for o in body[at:]]
@@ -166,7 +216,6 @@ def pipeline_prologue(b: Any, first: Block, stage: int) -> Block:
                  and o.payload.kind == "send"), len(moved))
     ops = body[:at] + new
     first_op = moved[0]
-    ready = at + 2 if b.sw.zero3_copy_out else at     # the copy-out, or the first gather
     moved[0] = Op(first_op.payload, first_op.stream, first_op.deps + (ready,),
                   first_op.repeat)
     tail = [Op(o.payload, o.stream, tuple(d + 1 if d >= at + k + wait else d for d in o.deps)
@@ -203,16 +252,32 @@ def with_stage_reduce_scatters(b: Any, update: Block, stage: int) -> Block:
     return Block(update.name, update.phase, (ops[0], *rs, *rest))
 
 
+def with_float8_precompute(b: Any, update: Block, stage: int) -> Block:
+    """``update`` followed by the float8 scale precompute of the stage's weights after the
+    optimizer step (:func:`.fsdp_float8.precompute_ops`), when the stack precomputes them;
+    else ``update`` itself."""
+    sw = b.sw
+    if not (fsdp_float8.active(sw) and sw.precompute_float8_dynamic_scale_for_fsdp):
+        return update
+    n = len(update.ops)
+    extra = fsdp_float8.precompute_ops(b.shape, b.part.param_split, b.gdp, sum(b.split[stage]),
+                                       b.tp, b.grad_group, b.dtype)
+    shifted = [Op(o.payload, o.stream, tuple(d + n for d in o.deps), o.repeat) for o in extra]
+    return Block(update.name, update.phase, (*update.ops, *shifted))
+
+
 def reshard_phrase(cfg: Any) -> str:
     """``, gathered once per iteration`` under pipelining, ``, kept for the backward`` /
     ``, last layer kept`` without; empty for the plain policy; then under HSDP ``, HSDP: R
-    replicas of N-rank shards``."""
+    replicas of N-rank shards``, and the float8 all-gather when on
+    (:func:`.fsdp_float8.phrase`)."""
     sw = cfg.software
     if sw.zero3_gather != "per_layer":
         return ""
     from .hsdp import active, shard_group
     hsdp = (f", HSDP: {cfg.parallel.data_parallel_replicate_size} replicas of "
             f"{shard_group(cfg)[1]}-rank shards") if active(cfg) else ""
+    hsdp += fsdp_float8.phrase(sw)
     if per_iteration(sw, cfg.parallel.pp):
         return ", gathered once per iteration (pipelined)" + hsdp
     return {"never": ", kept for the backward",
@@ -228,6 +293,10 @@ def vector_refusal(sw: Any) -> str | None:
         return (f"system.software = {sw.name!r} recomputes {sw.selective_recompute!r} under "
                 "recompute: selective, which the vectorised search tier does not model; its "
                 "plans are searched by the exact engine")
+    if fsdp_float8.active(sw):
+        return (f"system.software = {sw.name!r} gathers float8 weights "
+                "(enable_fsdp_float8_all_gather), which the vectorised search tier does not "
+                "model; its plans are searched by the exact engine")
     if sw.zero3_reshard_after_forward != "always" or sw.zero3_copy_out:
         return (f"system.software = {sw.name!r} runs FSDP2 (zero3_reshard_after_forward = "
                 f"{sw.zero3_reshard_after_forward!r}, zero3_copy_out = {sw.zero3_copy_out}), "

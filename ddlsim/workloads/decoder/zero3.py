@@ -79,6 +79,7 @@ bucket of 5e8 elements, ``reduce_scatter_coalesced``), with the same six memory 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ...errors import ConfigError
 from ..trace import Block, Collective, Compute, Op, Wait
@@ -122,6 +123,10 @@ def zero3_gathered_bytes(cfg, layer_bytes: float, shape, dt: float) -> float:
     (:func:`list_gather_bytes`), ``dt`` bytes per element."""
     sw = cfg.software
     if sw.zero3_gather == "per_layer":
+        if sw.enable_fsdp_float8_all_gather:   # float8 weights held at 1 byte (.fsdp_float8)
+            from .fsdp_float8 import float8_weights
+            share = sum(float8_weights(shape)) / shape.dense_layer_params
+            layer_bytes *= 1 - share + share / dt
         return gathered_layers(sw.zero3_prefetch_layers) * layer_bytes
     return (module_hook_bytes(shape, cfg.parallel.tp, sw, dt)
             + list_gather_bytes(shape, cfg.parallel.tp, sw, dt))
@@ -180,6 +185,9 @@ class _Unit:
     copy_out: float = 0.0
     #: HSDP: (group, bytes) of the all-reduces over the replicas after the reduce-scatters
     replica_reduces: list = field(default_factory=list)
+    #: ops on ``dp`` before its gathers, as a function of the first one's dependencies
+    #: (FSDP's float8 all-gather: the shard's cast, :mod:`.fsdp_float8`); None: none
+    pre_gather: Any = None
     #: module hooks: elements gathered while it computes (its module's and those kept for
     #: reuse), which gate the prefetch issued before it (:func:`_live_elements`)
     live: float = 0.0
@@ -276,6 +284,9 @@ def _pass(b: StageBuilder, head: list, units: list[_Unit], prefetch: int) -> lis
     def gather(j: int, deps: tuple[int, ...]) -> tuple[int, ...]:
         idx = []
         deps = host("zero3.host_gather", units[j].host_gather, deps)
+        if units[j].pre_gather is not None:     # the casts before a float8 all-gather
+            ops.extend(units[j].pre_gather(deps))
+            deps = (len(ops) - 1,)
         for group, n in units[j].gathers:
             ops.append(Op(Collective("param.all_gather", "all_gather", group, n),
                           _stream(group), deps=deps))
