@@ -213,3 +213,64 @@ def test_megatron_deepspeed_script_and_its_ds_config_combine(tmp_path):
     ds.write_text(json.dumps({"zero_optimization": {"stage": 2}}))
     with pytest.raises(ConfigError, match="parallel.zero_stage: .* gives 1 and .* gives 2"):
         import_config([script, ds], system="dgx-h100")
+
+
+def _float8_toml(tmp_path: Path, *edits: tuple[str, str]) -> Path:
+    """The 8B TOML converted to float8 (torchao tensorwise) with the FSDP float8 keys on,
+    then ``edits``."""
+    text = (DATA / "torchtitan_llama3_8b.toml").read_text().replace(
+        'flavor = "8B"', 'flavor = "8B"\nconverters = ["float8"]', 1)
+    for old, new in (("enable_fsdp_float8_all_gather = false",
+                      "enable_fsdp_float8_all_gather = true"),
+                     ("precompute_float8_dynamic_scale_for_fsdp = false",
+                      "precompute_float8_dynamic_scale_for_fsdp = true"), *edits):
+        assert old in text
+        text = text.replace(old, new, 1)
+    path = tmp_path / "t.toml"
+    path.write_text(text)
+    return path
+
+
+def test_torchtitans_fsdp_float8_all_gather_is_the_stacks_field(tmp_path):
+    imported = import_config([_float8_toml(tmp_path)], system="dgx-h100", nodes=1)
+    kernels = imported.config["system"]["software"]["kernels"]
+    assert kernels["enable_fsdp_float8_all_gather"] is True
+    assert kernels["precompute_float8_dynamic_scale_for_fsdp"] is True
+    assert imported.config["train"]["dtype"] == "fp8"
+
+
+@pytest.mark.parametrize("edit, outcome", [
+    (("data_parallel_shard_degree = -1", "data_parallel_shard_degree = 1\n"
+      "context_parallel_degree = 8"), "data_parallel_shard_degree > 1"),
+    (('converters = ["float8"]', "converters = []"), "does not convert to float8"),
+])
+def test_fsdp_float8_keys_torchtitan_does_not_pass_on_are_noted(tmp_path, edit, outcome):
+    text = _float8_toml(tmp_path, edit).read_text().replace("context_parallel_degree = 1\n", "")
+    (tmp_path / "t.toml").write_text(text)
+    imported = import_config([tmp_path / "t.toml"], system="dgx-h100", nodes=1)
+    notes = [o for d in imported.drafts for a, o in d.notes if "fsdp_float8" in a]
+    assert any(outcome in o for o in notes)
+    assert "enable_fsdp_float8_all_gather" not in imported.config["system"]["software"].get(
+        "kernels", {})
+
+
+def test_fsdp_float8_all_gather_with_a_recipe_name_is_refused_as_torchtitan_does(tmp_path):
+    path = _float8_toml(tmp_path, ("[float8]", "[float8]\nrecipe_name = 'tensorwise'"))
+    with pytest.raises(ConfigError, match="refuses it with \\[float8\\] recipe_name"):
+        import_config([path], system="dgx-h100", nodes=1)
+
+
+def test_the_2024_405b_toml_gathers_in_float8(tmp_path):
+    """torchtitan 9dec370 train_configs/llama3_405b.toml's [float8] section, in the 2024
+    format (enable_float8_linear)."""
+    text = (DATA / "torchtitan_llama3_8b.toml").read_text().replace(
+        "enable_fsdp_float8_all_gather = false", "enable_float8_linear = true\n"
+        "enable_fsdp_float8_all_gather = true").replace(
+        "precompute_float8_dynamic_scale_for_fsdp = false",
+        "precompute_float8_dynamic_scale_for_fsdp = true").replace(
+        "[parallelism]", "[experimental]\npipeline_parallel_degree = 1\n[parallelism]")
+    (tmp_path / "t.toml").write_text(text)
+    imported = import_config([tmp_path / "t.toml"], system="dgx-h100", nodes=1)
+    assert imported.config["system"]["software"]["stack"] == "torchtitan-2024"
+    assert imported.config["system"]["software"]["kernels"][
+        "enable_fsdp_float8_all_gather"] is True
