@@ -25,9 +25,11 @@ The published iteration time is ``global_batch · seq / (tokens/s/GPU · GPUs)``
   (``fp8_recipe``: tensorwise or rowwise; docs/compute.md, "FP8": its cast passes from
   torchao's roofline model, each GEMM's kernel, rowwise's rescale passes, one FP8 linear per
   ``nn.Linear``), but the cast kernels at the roofline of their bytes (torchao's per-linear
-  table measures rowwise's slower where they dominate: ``validate_fp8_linear.py``), fast
-  accumulation at the split accumulator's ceiling, and FSDP's float8 all-gather not
-  modelled (its gathers stay bf16; the 2024 405B rows' config turns it on);
+  table measures rowwise's slower where they dominate: ``validate_fp8_linear.py``) and fast
+  accumulation at the split accumulator's ceiling. The rows whose config turns on FSDP's
+  float8 all-gather with precomputed scales (CSV column ``fsdp_float8_all_gather``: the 2024
+  405B rows but ``FSDP 1, CP 8``) set the stack's ``enable_fsdp_float8_all_gather`` and
+  ``precompute_float8_dynamic_scale_for_fsdp`` (``ddlsim/workloads/decoder/fsdp_float8.py``);
 
 The H100 rows run on ``grand-teton-h100``: the runs' H100s with 96 GB of HBM2e (94 GiB
 visible) at 2.4 TB/s, 8 per host on NVLink, 400 Gb/s RDMA per GPU (``ddlsim/data/systems.yaml``,
@@ -82,6 +84,9 @@ def config(row: dict) -> dict:
     kernels = {}
     if row["float8"] != "none":
         kernels["fp8_recipe"] = row["float8"]
+    if row["fsdp_float8_all_gather"] == "1":     # torchao's float8 all-gather (CSV header)
+        kernels["enable_fsdp_float8_all_gather"] = True
+        kernels["precompute_float8_dynamic_scale_for_fsdp"] = True
     if row["norm_type"] == "fused_rmsnorm":     # torchtitan's Triton RMSNorm kernel
         kernels["fused_layernorm"] = True
     if kernels:

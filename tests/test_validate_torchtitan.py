@@ -98,3 +98,16 @@ def test_h100_rows_run_on_the_runs_hbm2e_hosts():
     row = ROWS[0]
     times = [o["predicted"] for o in vt.evaluate("analytical", [dict(row, system="dgx-h100"), row])]
     assert times[1] > times[0]
+
+
+def test_the_405b_rows_gather_in_float8_as_their_config_says():
+    """9dec370 train_configs/llama3_405b.toml turns on the float8 all-gather and its scale
+    precompute; torchtitan passes it to torchao only with a data-parallel shard degree > 1."""
+    on = [r for r in ROWS if r["fsdp_float8_all_gather"] == "1"]
+    assert {r["model"] for r in on} == {"llama-3.1-405b"}
+    assert all(int(r["dp_shard"]) > 1 for r in on)
+    assert [r["techniques"] for r in ROWS if r["model"] == "llama-3.1-405b"
+            and r["fsdp_float8_all_gather"] == "0"] == ["FSDP 1, CP 8"]
+    kernels = vt.config(on[0])["system"]["software"]["kernels"]
+    assert kernels["enable_fsdp_float8_all_gather"] and \
+        kernels["precompute_float8_dynamic_scale_for_fsdp"]
