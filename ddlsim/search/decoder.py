@@ -24,25 +24,22 @@ from ..config import DTYPE_BYTES
 from ..errors import ConfigError
 from ..software import grad_dtype_bytes
 from ..workloads.decoder.zero3 import (FETCH_PASSES, REDUCE_PASSES, list_host_seconds,
-                                        module_fetches, unit_live_elements,
-                                        zero3_gathered_bytes)
+                                        module_fetches, unit_live_elements)
 from ..simulator.kernels import kernel_device, op_time
 from ..simulator.kernels.host import NO_LAUNCH, stream_times
-from ..workloads.decoder.layerkernels import activation_kinds, compute_dtype
+from ..workloads.decoder.layerkernels import compute_dtype
 from .family import StageCosts, register_vector_family
 from .kerneltimes import kernel_times
 from .netcost import collective_seconds, mesh_networks
-from .plans import RECOMPUTE, SCHEDULE
+from .plans import RECOMPUTE
 from .pipeline import earlier_chunks, flow_shop_tail
 from .blocks import piece_config, stage_pieces
 from ..workloads.decoder import param_gather
 from ..workloads.decoder.builder import StageBuilder, with_edges
 from ..workloads.decoder.dpsync import bucket_runs, buckets, grad_bucket_bytes
-from ..workloads.allocator import context_bytes, framework, head_bytes, step_temporaries
-from ..workloads.decoder.memory import stage_activations, stage_buffers
-from ..workloads.memory import model_state_bytes
-from ..workloads.schedules import peak_inflight
 from .zero3 import Unit, zero3_time, zero3_units_time
+from ..workloads.decoder.zero3_fetch import persistent_gather_seconds, persistent_tensors
+from .decodermemory import plans_memory
 
 __all__ = ["DecoderVectors"]
 
@@ -199,7 +196,6 @@ class DecoderVectors:
 
     def _update(self, ctx: _Context, plans, params, bwd_layer, coll):
         """(update block, data-parallel tail) of a stage holding ``params`` per rank."""
-        p = ctx.cfg.parallel
         dp, zero, v = plans["dp"], plans["zero"], plans["v"]
         grad = params * ctx.gdt
         sharded = (zero > 0) & (dp > 1)
@@ -265,6 +261,10 @@ class DecoderVectors:
                         sw.zero3_max_live_parameters)
         out[on] += self._optimizer(ctx, self.stage_params(ctx, plans, True)[on]
                                    / np.maximum(dp[on], 1))
+        for tp in np.unique(plans["tp"][on]):   # DeepSpeed 2021's persistent parameters
+            here = on & (plans["tp"] == tp)
+            tensors = persistent_tensors(ctx.shape, int(tp), sw, ctx.shape.layers, True)
+            out[here] += persistent_gather_seconds(sw, tensors, dp[here])
         return out
 
     def _module_units(self, ctx: _Context, plans, on, coll, full):
@@ -327,61 +327,9 @@ class DecoderVectors:
     # ------------------------------------------------------------------ memory
     def memory(self, ctx: _Context, plans) -> tuple[np.ndarray, np.ndarray]:
         """:func:`ddlsim.workloads.decoder.memory.stage_memory` of the first and last stages
-        (the others hold less), the larger per plan."""
-        first = self._stage_memory(ctx, plans, True)
-        last = self._stage_memory(ctx, plans, False)
-        return np.maximum(first, last), np.full(len(plans), ctx.capacity)
-
-    def _stage_memory(self, ctx: _Context, plans, first: bool) -> np.ndarray:
-        """:func:`ddlsim.workloads.decoder.memory.stage_memory` on arrays: the same rules
-        (:func:`~ddlsim.workloads.memory.model_state_bytes`, the shape's per-layer activations,
-        :func:`~ddlsim.workloads.schedules.peak_inflight`,
-        :func:`~ddlsim.workloads.decoder.memory.stage_activations`,
-        :func:`~ddlsim.workloads.decoder.zero3.zero3_gathered_bytes`) with the plans' fields."""
-        sh, s, cfg = ctx.shape, ctx.s, ctx.cfg
-        b, t = plans["mbs"].astype(float), plans["tp"].astype(float)
-        pp, v, dp, zero = plans["pp"], plans["v"], np.maximum(plans["dp"], 1), plans["zero"]
-        sp, rec = plans["sp"].astype(bool), plans["recompute"]
-        kinds = activation_kinds(cfg)
-        fm = framework(cfg.software.name)
-        stage_params = self.stage_params(ctx, plans, first)
-        weights, grads, opt = model_state_bytes(stage_params, dp, zero,
-                                                compute_dtype(cfg.train.dtype),
-                                                cfg.train.optimizer, ctx.gdt,
-                                                fm.fsdp2 & (zero == 3))
-        per_layer = np.zeros_like(b)
-        full = np.zeros_like(b)
-        for spv in (False, True):
-            for code, name in enumerate(RECOMPUTE):
-                here = (sp == spv) & (rec == code)
-                if here.any():
-                    per_layer = np.where(here, sh.layer_activation_bytes(b, s, t, spv, name,
-                                                                         **kinds), per_layer)
-            full = np.where(sp == spv, sh.layer_activation_bytes(b, s, t, spv, "none", **kinds),
-                            full)
-        m = plans["gbs"] // np.maximum(plans["mbs"] * dp, 1)
-        stage = np.zeros_like(pp) if first else pp - 1
-        chunks = np.select([plans["schedule"] == k for k in range(len(SCHEDULE))],
-                           [peak_inflight(name, stage, pp, m, v) for name in SCHEDULE])
-        gathered = np.zeros_like(b)
-        for tp in np.unique(plans["tp"][zero == 3]):
-            cfg_tp = piece_config(cfg, int(tp), False, 1, "none", 3)
-            gathered[(zero == 3) & (plans["tp"] == tp)] = zero3_gathered_bytes(
-                cfg_tp, sh.layer_params / tp * ctx.dt, sh, ctx.dt)
-        one = pp == 1
-        is_first = np.full(len(plans), True) if first else one
-        is_last = one if first else np.full(len(plans), True)
-        acts, other = stage_activations(
-            sh, b, s, t, v, per_layer * (sh.layers // (pp * v)), chunks,
-            np.where(rec == RECOMPUTE.index("full"), full, 0.0), is_first, is_last, 1,
-            fm.logits_at(t), step_temporaries(
-                fm, zero, compute_dtype(cfg.train.dtype) == "fp16", stage_params),
-            head_bytes(fm, sh.hidden, t, sp))
-        buffers = stage_buffers(cfg.software, fm, sh, zero, dp, gathered, sh.layer_params / t,
-                                t, is_first, is_last, pp, ctx.dt, ctx.gdt, stage_params)
-        return (weights + grads + opt + acts + other + buffers
-                + context_bytes(cfg.system.device,   # .memory.comm_groups (CP 1, dense here)
-                                (plans["tp"], pp, cfg.parallel.cp, dp * cfg.parallel.cp)))
+        (the others hold less), the larger per plan (:func:`.decodermemory.plans_memory`)."""
+        used = plans_memory(ctx, plans, lambda first: self.stage_params(ctx, plans, first))
+        return used, np.full(len(plans), ctx.capacity)
 
 
 def _module_pieces(ctx: _Context, plans, coll):

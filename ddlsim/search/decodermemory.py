@@ -1,0 +1,113 @@
+"""Memory per device of decoder plans on arrays: the first and the last pipeline stage.
+
+:func:`ddlsim.workloads.decoder.memory.stage_memory` on arrays of plans: the same rules
+(:func:`~ddlsim.workloads.memory.model_state_bytes`, the shape's per-layer activations,
+:func:`~ddlsim.workloads.schedules.peak_inflight`,
+:func:`~ddlsim.workloads.decoder.memory.stage_activations`,
+:func:`~ddlsim.workloads.decoder.memory.stage_buffers`,
+:func:`~ddlsim.workloads.decoder.zero3.zero3_gathered_bytes`,
+:func:`~ddlsim.workloads.allocator.context_bytes`) with the plans' fields. What does not
+depend on the stage (a layer's activations, ZeRO-3's gathered layer, the communicators) is
+computed once for both.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ..workloads.allocator import context_bytes, framework, head_bytes, step_temporaries
+from ..workloads.decoder.layerkernels import activation_kinds, compute_dtype
+from ..workloads.decoder.memory import stage_activations, stage_buffers
+from ..workloads.decoder.zero3 import zero3_gathered_bytes
+from ..workloads.memory import model_state_bytes
+from ..workloads.schedules import peak_inflight
+from .blocks import piece_config
+from .plans import RECOMPUTE, SCHEDULE
+
+__all__ = ["plans_memory"]
+
+
+class _Shared(NamedTuple):
+    """Per plan, the terms both stages share (bytes; ``m``: micro-batches)."""
+
+    per_layer: np.ndarray   # one layer's activations kept for the backward
+    full: np.ndarray        # one layer's activations without recomputation (full's buffer)
+    gathered: np.ndarray    # ZeRO-3's gathered layer
+    context: np.ndarray     # the CUDA context and the communicators
+    m: np.ndarray
+
+
+def plans_memory(ctx: Any, plans, stage_params) -> np.ndarray:
+    """Bytes per device of each plan: the larger of its first and last stage's (the others
+    hold less).
+
+    Parameters
+    ----------
+    ctx : the decoder family's context (``cfg``, ``shape``, ``s``, ``dt``, ``gdt``).
+    plans : a :class:`~ddlsim.search.plans.PlanSet`.
+    stage_params : ``stage_params(first) -> parameters per rank`` of the first (or last)
+        stage, per plan.
+    """
+    shared = _shared(ctx, plans)
+    return np.maximum(_stage_memory(ctx, plans, True, stage_params(True), shared),
+                      _stage_memory(ctx, plans, False, stage_params(False), shared))
+
+
+def _shared(ctx: Any, plans) -> _Shared:
+    """The stage-independent terms (:class:`_Shared`)."""
+    sh, s, cfg = ctx.shape, ctx.s, ctx.cfg
+    b, t = plans["mbs"].astype(float), plans["tp"].astype(float)
+    dp, zero = np.maximum(plans["dp"], 1), plans["zero"]
+    sp, rec = plans["sp"].astype(bool), plans["recompute"]
+    kinds = activation_kinds(cfg)
+    per_layer = np.zeros_like(b)
+    full = np.zeros_like(b)
+    for spv in (False, True):
+        for code, name in enumerate(RECOMPUTE):
+            here = (sp == spv) & (rec == code)
+            if here.any():
+                per_layer = np.where(here, sh.layer_activation_bytes(b, s, t, spv, name,
+                                                                     **kinds), per_layer)
+        full = np.where(sp == spv, sh.layer_activation_bytes(b, s, t, spv, "none", **kinds),
+                        full)
+    gathered = np.zeros_like(b)
+    for tp in np.unique(plans["tp"][zero == 3]):
+        cfg_tp = piece_config(cfg, int(tp), False, 1, "none", 3)
+        gathered[(zero == 3) & (plans["tp"] == tp)] = zero3_gathered_bytes(
+            cfg_tp, sh.layer_params / tp * ctx.dt, sh, ctx.dt)
+    context = context_bytes(cfg.system.device,   # .memory.comm_groups (CP 1, dense here)
+                            (plans["tp"], plans["pp"], cfg.parallel.cp, dp * cfg.parallel.cp))
+    m = plans["gbs"] // np.maximum(plans["mbs"] * dp, 1)
+    return _Shared(per_layer, full, gathered, context, m)
+
+
+def _stage_memory(ctx: Any, plans, first: bool, stage_params: np.ndarray,
+                  shared: _Shared) -> np.ndarray:
+    """Bytes per device of the first (or last) stage of each plan."""
+    sh, s, cfg = ctx.shape, ctx.s, ctx.cfg
+    b, t = plans["mbs"].astype(float), plans["tp"].astype(float)
+    pp, v, dp, zero = plans["pp"], plans["v"], np.maximum(plans["dp"], 1), plans["zero"]
+    rec = plans["recompute"]
+    fm = framework(cfg.software.name)
+    weights, grads, opt = model_state_bytes(stage_params, dp, zero,
+                                            compute_dtype(cfg.train.dtype),
+                                            cfg.train.optimizer, ctx.gdt,
+                                            fm.fsdp2 & (zero == 3))
+    stage = np.zeros_like(pp) if first else pp - 1
+    chunks = np.select([plans["schedule"] == k for k in range(len(SCHEDULE))],
+                       [peak_inflight(name, stage, pp, shared.m, v) for name in SCHEDULE])
+    one = pp == 1
+    is_first = np.full(len(plans), True) if first else one
+    is_last = one if first else np.full(len(plans), True)
+    acts, other = stage_activations(
+        sh, b, s, t, v, shared.per_layer * (sh.layers // (pp * v)), chunks,
+        np.where(rec == RECOMPUTE.index("full"), shared.full, 0.0), is_first, is_last, 1,
+        fm.logits_at(t), step_temporaries(
+            fm, zero, compute_dtype(cfg.train.dtype) == "fp16", stage_params),
+        head_bytes(fm, sh.hidden, t, plans["sp"].astype(bool)))
+    buffers = stage_buffers(cfg.software, fm, sh, zero, dp, shared.gathered,
+                            sh.layer_params / t, t, is_first, is_last, pp, ctx.dt, ctx.gdt,
+                            stage_params)
+    return weights + grads + opt + acts + other + buffers + shared.context
