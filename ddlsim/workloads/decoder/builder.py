@@ -357,6 +357,9 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
                 ops.append(Op(Wait("wait.grad", "dp")))  # ZeRO-3: gathers and RS share it
             shard = params / dp if p.zero_stage else params
             ops.append(step(shard))
+            if p.zero_stage == 3:   # DeepSpeed 2021 regathers its persistent parameters
+                from .zero3_fetch import persistent_gather_ops
+                ops += persistent_gather_ops(self, stage, len(ops) - 1)
             if p.zero_stage in (1, 2):  # all of it, or its first bucket (.param_gather)
                 gather = param_gather.first_bucket(p.param_gather_overlap, params * self.dt,
                                                    p.param_bucket_bytes)

@@ -7,8 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
+from ..trace import Compute, Op, Wait
+
 __all__ = ["FETCH_PASSES", "REDUCE_PASSES", "GATHER_HOST_OPS", "REDUCE_HOST_OPS", "ModuleFetch",
-           "module_fetches", "list_host_seconds", "unit_live_elements"]
+           "module_fetches", "list_host_seconds", "unit_live_elements", "PERSISTENT_HOST_OPS",
+           "persistent_tensors", "persistent_gather_seconds", "persistent_gather_ops"]
 
 #: memory passes over a gathered tensor: zero-filled flat buffer (write), then PyTorch 1.8's
 #: list all-gather copies each rank's chunk out of its own flat buffer (read + write)
@@ -34,6 +39,14 @@ GATHER_HOST_OPS = ((2, 1), (2, 3))
 #: (``_reduce_scatter_gradient``) and PyTorch copies each input into its flat buffer, one
 #: ``copy_`` per rank (``flattenForScatterGather``); per call the NCCL launch
 REDUCE_HOST_OPS = ((2, 1), (0, 1))
+#: host operations of the gather of the persistent parameters after every optimizer step
+#: (DeepSpeed v0.3.13 stage3.py ``_post_step``: ``persistent_parameters[0].all_gather(...)``,
+#: synchronous, so partition_parameters.py ``_allgather_params``), as (Python tensor ops,
+#: ``copy_``-class launches): per tensor and rank whose slice holds elements, ``narrow``,
+#: ``view`` and ``narrow`` in Python and a ``copy_`` into the tensor; per tensor its own
+#: slice's ``narrow`` + ``copy_`` into the flat buffer; per rank the flat buffer's ``narrow``
+#: and PyTorch 1.8's ``copy_`` out of its own flat buffer (``ProcessGroupNCCL::allgather``)
+PERSISTENT_HOST_OPS = ((3, 1), (1, 1), (1, 1))
 
 
 @dataclass(frozen=True)
@@ -135,3 +148,55 @@ class _Visit:
 
     module: int
     live: float = 0.0
+
+
+def persistent_tensors(shape, tp: int, sw, layers: int, last: bool) -> dict[float, int]:
+    """The persistent tensors of a stage of ``layers`` dense layers (and, on the ``last``
+    stage, the final norm, shaped as the layer's input norm): elements on a rank (TP-sharded)
+    → how many, for those under ``zero3_persistence_threshold`` (v0.3.13 stage3.py
+    ``persistent_parameters``: ``ds_numel < persistence_threshold``)."""
+    threshold = sw.zero3_persistence_threshold
+    modules = shape.layer_modules(tp)
+    count: dict[float, int] = {}
+    for n in [n for m in modules for n in m] * layers + list(modules[0] if last else ()):
+        if n < threshold:
+            count[n] = count.get(n, 0) + 1
+    return count
+
+
+def persistent_gather_seconds(sw, tensors: dict[float, int], ranks):
+    """Host seconds of DeepSpeed v0.3.13's gather of the persistent ``tensors``
+    (:func:`persistent_tensors`) over ``ranks`` ranks (a number or an array) after each
+    optimizer step: the counted operations (:data:`PERSISTENT_HOST_OPS`) at the stack's
+    ``zero3_host_python_op`` and ``zero3_host_copy`` seconds, and one
+    ``zero3_host_gather_call``; 0 unless ``zero3_gather`` is ``per_tensor``.
+
+    A tensor of ``n`` elements is split into slices of ``⌈n / ranks⌉`` (the partition padded
+    to a multiple of the ranks, ``_aligned_size``), of which ``⌈n / ⌈n / ranks⌉⌉`` hold
+    elements: those ranks' slices are copied into it one by one (``_allgather_params``:
+    ``if param_start < param_size``). The collective itself (the persistent partitions, a
+    few tens of MB) runs on the device beside this loop and is not counted."""
+    if sw.zero3_gather != "per_tensor" or not tensors:
+        return 0.0
+    ranks = np.asarray(ranks, dtype=float)
+    (py_slice, cp_slice), (py_tensor, cp_tensor), (py_rank, cp_rank) = PERSISTENT_HOST_OPS
+    slices = sum(count * np.ceil(n / np.ceil(n / ranks)) for n, count in tensors.items())
+    total = sum(tensors.values())
+    python = slices * py_slice + total * py_tensor + ranks * py_rank
+    copies = slices * cp_slice + total * cp_tensor + ranks * cp_rank
+    out = python * sw.zero3_host_python_op + copies * sw.zero3_host_copy + sw.zero3_host_gather_call
+    return float(out) if out.ndim == 0 else out
+
+
+def persistent_gather_ops(b, stage: int, after: int) -> list:
+    """The update block's ops after the optimizer step (op ``after``) under ``per_tensor``:
+    the host's gather of the stage's persistent parameters
+    (:func:`persistent_gather_seconds`) on the ``host`` stream, which the compute stream
+    then waits for (the next iteration's forward starts after it); none otherwise."""
+    tensors = persistent_tensors(b.shape, b.tp, b.sw, sum(b.split[stage]), stage == b.pp - 1)
+    seconds = persistent_gather_seconds(b.sw, tensors, b.dp)
+    if not seconds:
+        return []
+    return [Op(Compute("zero3.persistent_gather", 0.0, kind="elementwise", dtype=b.dtype,
+                       seconds=seconds), "host", deps=(after,)),
+            Op(Wait("zero3.persistent_gather", "host"))]
