@@ -172,3 +172,22 @@ def test_moe_expert_casts_keep_the_compiled_transposing_kernel():
         assert [k.variant for k in casts] == [k.variant for k in plain]
         assert "inductor_transpose" in [k.variant for k in casts]
         assert [k.bytes for k in casts] == [4 * k.bytes for k in plain]
+
+
+def test_moe_expert_casts_in_the_trace_keep_their_kernel():
+    """The same through the MoE builder (moe.py → fp8linear.with_fp8_casts): every routed
+    expert GEMM's cast that also writes a transposed copy is Inductor's transposing kernel."""
+    import yaml
+    example = Path(__file__).parents[1] / "examples" / "mixtral-8x7b-ep8.yaml"
+    doc = yaml.safe_load(example.read_text())
+    doc["model"] = {"preset": "mixtral-8x7b"}
+    doc["train"]["dtype"] = "fp8"
+    doc["system"].update(preset="dgx-h100", software={
+        "stack": "megatron-core-2024", "compile": True, "kernels": {"fp8_recipe": "tensorwise"}})
+    cfg = load_config(doc)
+    program = cfg.family.build(cfg).classes[0].program
+    variants = {o.name: [k.variant for k in o.payload.kernels if k.kind == "memory"]
+                for block in program.blocks.values() for o in block.flat.ops
+                if ".experts.fc" in o.name and getattr(o.payload, "kernels", None)}
+    assert variants["fwd.experts.fc1"][0] == "inductor_transpose"      # x to both layouts
+    assert variants["bwd.experts.fc2"] == ["inductor_transpose"] * 2      # gT, wT

@@ -100,10 +100,10 @@ def every_second_mm_op(shape: Any, kernels: dict, b: int, s: int, t: int, dtype:
         recipe = sw.fp8_recipe if sw is not None else "te_delayed"
         compiled = bool(sw.compile) if sw is not None else False
         per_module = FP8_RECIPES[recipe].per_module     # torchao: one FP8 linear per module
+        gathered = bool(sw is not None and sw.enable_fsdp_float8_all_gather)   # .fsdp_float8
         gemms = tuple(k for g in linear_gemms(shape, b * s, t, per_module).values()
                       for k in _linear(g, train_dtype, False, recipe, compiled, per_module,
-                                       weight_fp8=bool(sw is not None
-                                                       and sw.enable_fsdp_float8_all_gather)))
+                                       weight_fp8=gathered))
     else:
         mms = layer_mms(shape, b * s, t)[1::2]
         gemms = tuple(Kernel("gemm", g, dtype=train_dtype) for g in mms)
