@@ -43,10 +43,11 @@ REDUCE_HOST_OPS = ((2, 1), (0, 1))
 #: (DeepSpeed v0.3.13 stage3.py ``_post_step``: ``persistent_parameters[0].all_gather(...)``,
 #: synchronous, so partition_parameters.py ``_allgather_params``), as (Python tensor ops,
 #: ``copy_``-class launches): per tensor and rank whose slice holds elements, ``narrow``,
-#: ``view`` and ``narrow`` in Python and a ``copy_`` into the tensor; per tensor its own
-#: slice's ``narrow`` + ``copy_`` into the flat buffer; per rank the flat buffer's ``narrow``
-#: and PyTorch 1.8's ``copy_`` out of its own flat buffer (``ProcessGroupNCCL::allgather``)
-PERSISTENT_HOST_OPS = ((3, 1), (1, 1), (1, 1))
+#: ``view`` and ``narrow`` in Python and a ``copy_`` into the tensor; per tensor the
+#: ``torch.empty`` it is copied into and its own slice's ``narrow`` + ``copy_`` into the flat
+#: buffer; per rank the flat buffer's ``narrow`` and PyTorch 1.8's ``copy_`` out of its own
+#: flat buffer (``ProcessGroupNCCL::allgather``)
+PERSISTENT_HOST_OPS = ((3, 1), (2, 1), (1, 1))
 
 
 @dataclass(frozen=True)
