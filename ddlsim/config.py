@@ -291,6 +291,8 @@ class TrainConfig(_Strict):
 #: oldest entries leave first
 _SOFTWARE: dict[tuple[int, int], tuple] = {}
 _SOFTWARE_SIZE = 256
+#: :attr:`RunConfig.mesh`'s cache: id of the frozen ``parallel`` → (``parallel``, its mesh)
+_MESHES: dict[int, tuple] = {}
 
 
 class RunConfig(_Strict):
@@ -309,15 +311,22 @@ class RunConfig(_Strict):
     @property
     def mesh(self) -> Any:
         """The plan as a :class:`~ddlsim.workloads.mesh.DeviceMesh` in ``parallel.rank_order``
-        (Megatron-LM's by default)."""
-        from .workloads.mesh import DeviceMesh
-        return DeviceMesh.from_megatron(tensor_model_parallel_size=self.parallel.tp,
-                                        context_parallel_size=self.parallel.cp,
-                                        pipeline_model_parallel_size=self.parallel.pp,
-                                        data_parallel_size=self.dp,
-                                        expert_model_parallel_size=self.parallel.ep,
-                                        expert_tensor_parallel_size=self.parallel.etp,
-                                        order=self.parallel.rank_order)
+        (Megatron-LM's by default). Built once per (frozen) ``parallel`` object, which holds
+        every field it reads: the search builds a config per plan signature, and the stage
+        builder's plan, the validation and the memory each ask for it."""
+        parallel = self.parallel
+        hit = _MESHES.get(id(parallel))
+        if hit is None or hit[0] is not parallel:
+            from .workloads.mesh import DeviceMesh
+            hit = (parallel, DeviceMesh.from_megatron(
+                tensor_model_parallel_size=parallel.tp, context_parallel_size=parallel.cp,
+                pipeline_model_parallel_size=parallel.pp, data_parallel_size=self.dp,
+                expert_model_parallel_size=parallel.ep, expert_tensor_parallel_size=parallel.etp,
+                order=parallel.rank_order))
+            _MESHES[id(parallel)] = hit
+            if len(_MESHES) > _SOFTWARE_SIZE:
+                del _MESHES[next(iter(_MESHES))]
+        return hit[1]
 
     @property
     def world_size(self) -> int:
