@@ -1,6 +1,7 @@
 """ZeRO-3 from module hooks (``zero3_gather: per_module`` or ``per_tensor``): what DeepSpeed
 fetches and reduce-scatters per module of a dense layer, the elements it holds gathered when it
-decides whether to prefetch, and the host's cost of PyTorch 1.8's list-form collectives.
+decides whether to prefetch, the host's cost of PyTorch 1.8's list-form collectives, and of
+DeepSpeed 2021's regather of the persistent parameters after every optimizer step.
 :mod:`.zero3` builds the passes from these; the module docstring there says why each holds."""
 
 from __future__ import annotations
