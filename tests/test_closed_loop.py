@@ -259,6 +259,25 @@ def test_the_accounting_marks_only_ops_of_the_trace_and_every_one_it_charges(tmp
         measured["iteration"] + measured["optimizer"])
 
 
+def test_closed_loop_ops_prints_each_compared_runs_account(tmp_path, capsys):
+    """``benchmarks/closed_loop_ops.py`` prints the account the loop stored per run, skips
+    refused runs, and refuses a folder without a loop, naming the command that makes one."""
+    from benchscripts import load_script
+    from ddlsim.reference.accounting import account
+    script = load_script("closed_loop_ops")
+    ops = account({"fwd.mlp": 0.010, "optimizer": 0.004}, {"fwd.mlp": 0.009, "optimizer": 0.002})
+    (tmp_path / "closed_loop.json").write_text(json.dumps([
+        {"strategy": "ddp", "ranks": 1, "ops": ops},
+        {"strategy": "ddp", "ranks": 3, "refused": "3 ranks on this node share 2 cores"}]))
+    assert script.main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "ddp on 1 rank(s)" in out and "3 rank" not in out
+    assert [ln.split()[-1] for ln in out.splitlines()[1:]] == ["-10.0%", "-50.0%", "-21.4%"]
+    with pytest.raises(SystemExit):
+        script.main([str(tmp_path / "none")])
+    assert "benchmarks/closed_loop.py -o" in capsys.readouterr().err
+
+
 def test_the_calibrated_sizes_reach_past_a_cliff_above_the_gradient_buffer():
     buffer = SMALL.shape.padded * 4  # 13.5 MB
     for ranks in (2, 3, 4):

@@ -15,7 +15,9 @@ For each rank count N of the loop, with N ranks at once under ``mpirun -n N``:
 3. ``ddlsim predict --engine both --calibration`` of each run, on a system made of those
    measurements (:func:`~.machine.local_system`);
 4. the error ``predicted / measured − 1`` per strategy, rank count and engine, the measured
-   time being the chosen statistic over the rounds (:func:`~.interleaved.measured_s`).
+   time being the chosen statistic over the rounds (:func:`~.interleaved.measured_s`), and
+   each run's account op by op (:func:`~.accounting.account_run`: every compute op of the
+   trace, its numpy CPU time against the cost model's; ``benchmarks/closed_loop_ops.py``).
 
 Why CPU time and turns: on a shared machine other processes take turns on the cores (a
 run's wall time measures them too) and the host changes a core's speed from minute to minute
