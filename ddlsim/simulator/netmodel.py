@@ -44,11 +44,10 @@ _STRIPES_MAX, _STRIPES_PAIRS = 256, 4096
 def topology_of(system, key: str | None = None):
     """The topology graph of ``system``, built once per distinct system (a few kept);
     ``key`` is ``system.model_dump_json()`` when the caller has it already."""
-    from ..topologies import from_system
-
     key = system.model_dump_json() if key is None else key
     topo = _TOPOLOGIES.get(key)
     if topo is None:
+        from ..topologies.build import from_system   # the module: not the package's lazy name
         topo = _TOPOLOGIES[key] = from_system(system)
         while len(_TOPOLOGIES) > 4:
             _TOPOLOGIES.popitem(last=False)
