@@ -175,7 +175,8 @@ def kernel_table() -> list[dict]:
         pred, host = predicted_s(row, _dev(row["gpu"]))
         out.append({"kernel": f"{row['kernel_name']} {row['provider']}", "mode": row["mode"],
                     "x": f"{row['x_name']}={row['x_value']}", "gpu": row["gpu"][7:],
-                    "use": row["use"], "class": _classes(row), "measured_ms": ms, "ddlsim_ms": round(pred * 1e3, 4),
+                    "use": row["use"], "class": _classes(row), "measured_ms": ms,
+                    "ddlsim_ms": round(pred * 1e3, 4),
                     "before": round(ms / (before * 1e3), 2),
                     "measured/ddlsim": round(ms / (pred * 1e3), 2),
                     "ddlsim bound": "host" if host else "device"})
