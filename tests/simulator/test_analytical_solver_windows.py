@@ -65,7 +65,7 @@ def test_windowed_prefix_solve_equals_full_sweeps(sched, v, pp, gbs, prefixes, m
     want_ends, want_post = _full_sweeps(nd)
     live = np.arange(len(nd.cls)) < nd.lim[nd.cls]
     assert np.array_equal(ends[live], want_ends[live])
-    assert np.array_equal(post[live], want_post[live])
+    assert np.array_equal(post[:-1][live], want_post[live])
 
 
 def test_window_map_covers_the_readers_of_changed_steps_read_out_of_order():

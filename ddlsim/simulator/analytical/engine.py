@@ -94,16 +94,14 @@ def _solve_prefix(programs: list, st: State) -> None:
     if solved is None:
         return
     ends, post = solved
-    C, N = len(programs), len(nd.cls)
-    sent = np.where(nd.src >= 0, post[np.maximum(nd.src, 0)], -np.inf)   # message posted at
-    arrive = sent + nd.t
-    live = np.arange(N) < nd.lim[nd.cls]
-    first = np.zeros(N, dtype=bool)
-    first[nd.off[:-1][nd.off[:-1] < N]] = True
-    prev = np.where(first, 0.0, np.concatenate([[0.0], ends[:-1]]))
+    C = len(programs)
+    sent = post[nd.src]                      # message posted at (-inf: none)
+    prev = np.empty_like(ends)               # the compute stream free before each node
+    prev[0], prev[1:] = 0.0, ends[:-1]
+    prev[nd.off[:-1][nd.off[:-1] < len(ends)]] = 0.0
     side = np.array([s is not None and s.side for s in nd.summaries], dtype=bool)[nd.key]
-    _account(nd, st, live & ~side, prev, arrive)
-    replay = live & (side | (st.rec is not None))
+    _account(nd, st, nd.live & ~side, prev, sent + nd.t)
+    replay = nd.live & (side | (st.rec is not None))
     scratch = State(0, 0)   # the replays' own messages
     scratch.rec = st.rec
     for n in np.flatnonzero(replay).tolist():
@@ -113,11 +111,15 @@ def _solve_prefix(programs: list, st: State) -> None:
         st.pos[c] = [b - a, 0]
         if b > a:
             st.free[c][0] = float(ends[b - 1])
-    # sends no solved recv consumed: the scheduler's recvs will find them posted
-    consumed = np.zeros(N, dtype=bool)
-    consumed[nd.src[live & (nd.src >= 0)]] = True
+    _post_unread(programs, nd, st, post)
+
+
+def _post_unread(programs: list, nd: maxplus.Nodes, st: State, post: np.ndarray) -> None:
+    """Post the solved sends no solved recv consumed: the scheduler's recvs will find them."""
+    consumed = np.zeros(len(nd.cls), dtype=bool)
+    consumed[nd.src[nd.live & (nd.src >= 0)]] = True
     has_send = np.array([s is not None and s.send is not None for s in nd.summaries])[nd.key]
-    for n in np.flatnonzero(live & has_send & ~consumed).tolist():
+    for n in np.flatnonzero(nd.live & has_send & ~consumed).tolist():
         c = int(nd.cls[n])
         s = nd.summaries[int(nd.key[n])]
         mb = int(programs[c].microbatch[n - int(nd.off[c])])
@@ -142,17 +144,20 @@ def _account(nd: maxplus.Nodes, st: State, mine: np.ndarray, prev: np.ndarray,
                 T.exposed[label] += n * v
             for label, v in s.nbytes:
                 T.comm_bytes[label] += n * v
+    w = np.flatnonzero(mine & nd.waits)       # the nodes whose compute stream may wait
+    arrive, prev, t = arrive[w], prev[w], nd.t[w]
     # a blocking receive's transfer starts when both the message and the stream are ready
-    arrive = np.where(nd.blocking, np.maximum(arrive - nd.t, prev) + nd.t, arrive)
-    gap = np.maximum(arrive - (prev + nd.F0), 0.0)
-    n = np.flatnonzero(mine & nd.waits & (gap > 0))   # the gaps (zeros would add nothing)
-    exp, rest = split_gaps(gap[n], nd.t[n])
+    blocking = nd.blocking[w]
+    arrive = np.where(blocking, np.maximum(arrive - t, prev) + t, arrive)
+    gap = np.maximum(arrive - (prev + nd.F0[w]), 0.0)
+    n = np.flatnonzero(gap > 0)               # the gaps (zeros would add nothing)
+    exp, rest = split_gaps(gap[n], t[n])
     label_of = {}
     lab = np.array([label_of.setdefault(s.recv.label, len(label_of))
                     if s is not None and s.recv is not None else 0
-                    for s in nd.summaries], dtype=np.int64)[nd.key[n]]
+                    for s in nd.summaries], dtype=np.int64)[nd.key[w[n]]]
     L = max(1, len(label_of))
-    cls = nd.cls[n]
+    cls = nd.cls[w[n]]
     bubble = np.bincount(cls, weights=rest, minlength=C)
     exposed = np.bincount(cls * L + lab, weights=exp, minlength=C * L).reshape(C, L)
     names = list(label_of)

@@ -102,10 +102,10 @@ def nodes(programs: list) -> Nodes | None:
     r = np.flatnonzero(src >= 0)                   # the nodes that receive a message
     lim = _limits(off, cls, ok, got, src, r)
     table = _table(summaries)
-    A, F, E = (np.take(table[:, i], key) for i in range(3))
-    waits, after, blocking = (np.take(table[:, i] > 0, key) for i in range(4, 7))
+    A, F, E = (np.take(table[i], key) for i in range(3))
+    waits, after, blocking = (np.take(table[i] > 0, key) for i in range(4, 7))
     t = np.zeros(N)
-    t[r] = table[key[src[r]], 3]
+    t[r] = table[3, key[src[r]]]
     F0 = F
     if blocking.any():
         # a blocking receive's transfer starts at max(f, posted): the step is the scalar map
@@ -161,11 +161,11 @@ def _limits(off: np.ndarray, cls: np.ndarray, ok: np.ndarray, got: np.ndarray,
 
 
 def _table(summaries: list) -> np.ndarray:
-    """Per key, the columns A, F, E, the send's seconds (0: none), waits, after, blocking of
-    its summary (zeros for none)."""
+    """Per key (columns), the rows A, F, E, the send's seconds (0: none), waits, after,
+    blocking of its summary (zeros for none)."""
     rows = [(s.A, s.F, s.E, s.send.dur if s.send is not None else 0.0, s.waits, s.after,
              s.blocking) if s is not None else (0.0,) * 7 for s in summaries]
-    return np.array(rows, dtype=float).reshape(len(summaries), 7)
+    return np.ascontiguousarray(np.array(rows, dtype=float).reshape(len(summaries), 7).T)
 
 
 def _prefix(off: np.ndarray, bad: np.ndarray) -> np.ndarray:
@@ -175,8 +175,9 @@ def _prefix(off: np.ndarray, bad: np.ndarray) -> np.ndarray:
 
 
 def solve(nd: Nodes) -> tuple[np.ndarray, np.ndarray] | None:
-    """(end of each node's compute stream, when each posts its message) over the prefixes,
-    or None when the sweeps do not settle.
+    """(end of each node's compute stream, when each posts its message, with ``-inf`` after
+    the last node: ``post[nd.src]`` is when a node's message was posted, ``-inf`` for none)
+    over the prefixes, or None when the sweeps do not settle.
 
     A send after the instruction waiting for the message (or in a step without one) is
     posted ``A - E`` before the step ends; one before it, ``E`` after the step starts.
@@ -202,11 +203,22 @@ def solve(nd: Nodes) -> tuple[np.ndarray, np.ndarray] | None:
     chains = [_Chain(nd, c, arrays) for c in range(C)]
     for reader, sender, ri, M, m in _reads(nd, src):
         chains[sender].readers.append((chains[reader], ri, M, m))
-    order = ([ch for ch in chains if ch.n],)
-    order += (order[0][::-1],)
-    longest = max((ch.n for ch in order[0]), default=0)
+    settled = _sweeps([ch for ch in chains if ch.n], post)
+    for ch in chains:       # the chains read each other: free them without the cycle collector
+        ch.readers.clear()
+    if not settled:
+        return None
+    return np.delete(ends, nd.off[:-1] + np.arange(C)), post
+
+
+def _sweeps(chains: list, post: np.ndarray) -> bool:
+    """Gauss–Seidel sweeps over ``chains``, alternately up and down, over each prefix of
+    :data:`PREFIXES` and then all their steps, until nothing changes (False: a prefix did
+    not settle in :data:`MAX_SWEEPS` sweeps)."""
+    order = (chains, chains[::-1])
+    longest = max((ch.n for ch in chains), default=0)
     for W in [w for w in PREFIXES if w < longest] + [longest]:
-        for ch in order[0]:
+        for ch in chains:
             ch.grow(W)
         for sweep in range(MAX_SWEEPS):
             changed = False
@@ -216,8 +228,8 @@ def solve(nd: Nodes) -> tuple[np.ndarray, np.ndarray] | None:
             if not changed:
                 break
         else:
-            return None
-    return np.delete(ends, nd.off[:-1] + np.arange(C)), post[:N]
+            return False
+    return True
 
 
 class _Chain:
