@@ -18,6 +18,7 @@ import pytest
 import ddlsim
 from ddlsim.simulator.kernels.attention import attention_kernels, flash_forward_flops
 from ddlsim.workloads.decoder.partition import make_partitioner
+from ddlsim.workloads.decoder.plan import resolve_plan
 from ddlsim.workloads.trace import P2P, Collective, Compute
 
 B_KV = 2 * 1 * 2048 * 256 * 2 / 2
@@ -40,7 +41,7 @@ def config(**over) -> ddlsim.RunConfig:
 
 
 def layer(cfg):
-    part = make_partitioner(cfg, cfg.model.shape())
+    part = make_partitioner(resolve_plan(cfg, cfg.model.shape()))
     return part, part.layer_forward(), part.layer_backward(0.0)
 
 

@@ -105,3 +105,63 @@ def test_each_mixin_reads_only_what_it_or_the_stage_base_declares(module, name):
     own, read = _reads(cls)
     assert sorted(read - own - base) == []
     assert "cfg" not in read
+
+
+# ------------------------------------------------ the partitioners and the memory model
+#: modules that take the resolved plan and must not read the run config
+PLAN_ONLY = ["memory.py",
+             *sorted(f"partition/{p.name}" for p in (DECODER / "partition").glob("*.py"))]
+
+
+def _config_reads(module: str, root: Path = DECODER) -> list[str]:
+    """Every place ``module`` names the run config: a ``cfg`` name, argument or attribute,
+    or ``RunConfig``, as ``line: what``."""
+    out = []
+    for n in ast.walk(ast.parse((root / module).read_text())):
+        if isinstance(n, ast.Name) and n.id in ("cfg", "RunConfig"):
+            out.append(f"{n.lineno}: {n.id}")
+        elif isinstance(n, ast.arg) and n.arg == "cfg":
+            out.append(f"{n.lineno}: argument cfg")
+        elif isinstance(n, ast.Attribute) and n.attr == "cfg":
+            out.append(f"{n.lineno}: {ast.unparse(n)}")
+        elif isinstance(n, ast.alias) and n.name == "RunConfig":
+            out.append(f"{n.lineno}: import RunConfig")
+    return out
+
+
+@pytest.mark.parametrize("module", PLAN_ONLY)
+def test_partitioners_and_memory_read_only_the_plan(module):
+    assert _config_reads(module) == []
+
+
+def test_the_ast_check_sees_a_config_read(tmp_path):
+    # the check above can fail: a method reading self.cfg, a function taking cfg
+    (tmp_path / "bad.py").write_text("from x import RunConfig\n"
+                                     "def f(self, cfg):\n    return self.cfg.train\n")
+    found = _config_reads("bad.py", tmp_path)
+    assert sorted(found) == ["1: import RunConfig", "2: argument cfg", "3: self.cfg"]
+
+
+@pytest.mark.parametrize("overrides", [
+    [], ["parallel.context_parallel_size=2", "parallel.tensor_model_parallel_size=1"],
+    ["parallel.tensor_parallel={mode: 2d, q: 2}", "parallel.tensor_model_parallel_size=4",
+     "train.micro_batch_size=2", "train.global_batch_size=32"]])
+def test_the_partitioner_is_built_from_the_plan_once(overrides):
+    cfg, plan = plan_of(overrides)
+    part = plan.partitioner
+    assert part is plan.partitioner and part.plan is plan
+    assert not hasattr(part, "cfg")
+    assert not [k for k, v in vars(part).items() if isinstance(v, RunConfig)]
+    part.layer_forward(), part.layer_backward(0.0)
+
+
+def test_memory_resolves_the_plan_once_for_all_stages(monkeypatch):
+    from ddlsim.workloads.decoder import build, split
+    cfg = ddlsim.load_config(BASE, ["parallel.pipeline_model_parallel_size=4",
+                                    "parallel.tensor_model_parallel_size=1"])
+    calls = []
+    real = split.chunk_layers
+    monkeypatch.setattr("ddlsim.workloads.decoder.plan.chunk_layers",
+                        lambda c: calls.append(1) or real(c))
+    mem = build.decoder_memory(cfg, cfg.model.shape())
+    assert len(mem) == 4 and len(calls) == 1

@@ -21,6 +21,7 @@ import pytest
 
 import ddlsim
 from ddlsim.workloads.decoder.partition import make_partitioner, partitioners
+from ddlsim.workloads.decoder.plan import resolve_plan
 from ddlsim.workloads.trace import Collective, Compute, Loop
 
 H, B, S, E = 1024, 16, 512, 2
@@ -45,7 +46,7 @@ def config(parallel: dict, **over) -> ddlsim.RunConfig:
 
 
 def layer(cfg) -> tuple[list, list]:
-    part = make_partitioner(cfg, cfg.model.shape())
+    part = make_partitioner(resolve_plan(cfg, cfg.model.shape()))
     return part.layer_forward(), part.layer_backward(0.0)
 
 

@@ -136,8 +136,8 @@ class DecoderFamily(WorkloadFamily):
         are counted as ``tp``), ``cp`` with its comm type."""
         p, out = cfg.parallel, {}
         if p.tp_mode != "1d":
-            from .partition import partitioners
-            names = partitioners()[p.tp_mode](cfg, cfg.model.shape()).families(cfg.mesh)
+            from .plan import resolve_plan
+            names = resolve_plan(cfg, cfg.model.shape()).partitioner.families(cfg.mesh)
             out["tp"] = f"tp ({_grid_label(p.tensor_parallel)}: {', '.join(names)})"
         if p.cp > 1:
             out["cp"] = f"cp ({'ring' if p.cp_comm_type == 'p2p' else 'all-gather'})"
@@ -206,7 +206,7 @@ def _grid_label(spec: Any) -> str:
 def _check_partition(cfg: Any) -> None:
     """What the tensor-parallel schemes and context parallelism model (docs/tensor_parallel.md):
     dense layers, DDP with ZeRO 0-2, and the grid's and the ring's divisibility."""
-    from .partition import make_partitioner
+    from .partition import partitioners
 
     m, p, t = cfg.model, cfg.parallel, cfg.train
     mode, cp = p.tp_mode, p.cp
@@ -232,9 +232,8 @@ def _check_partition(cfg: Any) -> None:
                          f"context_parallel_size = {2 * cp}: the causal load balance cuts each "
                          f"sequence into 2·cp chunks (Megatron-Core) and rank r holds chunks r "
                          f"and 2·cp−1−r; use a multiple of {2 * cp}")
-    shape = m.shape()
     if mode != "1d":
-        make_partitioner(cfg, shape).check(cfg)
+        partitioners()[mode].check(p.tensor_parallel, m.shape(), t.micro_batch_size)
 
 
 def _check_experts(cfg: Any) -> None:

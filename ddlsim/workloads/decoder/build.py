@@ -77,15 +77,17 @@ def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
     and every stage's steps are a :class:`StepTable`, so building a 32-stage plan with 384
     micro-batches costs a few arrays rather than 25,000 objects.
     """
-    b = StageBuilder(resolve_plan(cfg, shape))
-    par = cfg.parallel
-    tp, dp, pp, v, m = b.tp, b.dp, b.pp, b.v, cfg.num_microbatches
+    plan = resolve_plan(cfg, shape)
+    b = StageBuilder(plan)
+    tp, dp, pp, v, m = b.tp, b.dp, b.pp, b.v, plan.microbatches
     mesh = cfg.mesh
     groups = {**mesh.families(), **b.part.families(mesh), **hsdp.families(cfg, mesh)}
-    overlap = cfg.software.overlap_grad_reduce and par.dp_strategy == "ddp" and par.zero_stage in (0, 1, 2)
-    split_root = par.dp_strategy == "reduce_broadcast" and dp > 1
-    zero3 = par.zero_stage == 3 and b.gdp > 1       # FSDP shards over dp × cp
-    staged = zero3 and fsdp.per_iteration(cfg.software, pp)   # FSDP inside pipeline stages
+    overlap = (b.sw.overlap_grad_reduce and plan.dp_strategy == "ddp"
+               and plan.zero_stage in (0, 1, 2))
+    split_root = plan.dp_strategy == "reduce_broadcast" and dp > 1
+    zero3 = plan.zero_stage == 3 and b.gdp > 1       # FSDP shards over dp × cp
+    staged = zero3 and fsdp.per_iteration(b.sw, pp)   # FSDP inside pipeline stages
+    replicated = hsdp.active(cfg)       # HSDP: the optimizer waits for the replicas
     classes: list[RankClass] = []
     if b.cp == 1:
         stage_, d_, t_ = np.meshgrid(np.arange(pp), np.arange(dp), np.arange(tp), indexing="ij")
@@ -93,10 +95,10 @@ def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
     else:  # the ranks of each stage (row s of the tp·cp·dp groups: pp is the other axis)
         ranks = mesh.groups(("tp", "cp", "dp"))[:, None, :]
     tables = None
-    a2a_overlap = combined.active(cfg)      # Megatron-Core's combined 1F1B (.combined)
+    a2a_overlap = plan.combined_1f1b      # Megatron-Core's combined 1F1B (.combined)
     if a2a_overlap and (zero3 or staged):
         raise ConfigError("parallel.moe.overlap_expert_parallel_comm = true with ZeRO-3 "
-                          f"(parallel.zero_stage = {par.zero_stage}): the combined 1F1B over "
+                          f"(parallel.zero_stage = {plan.zero_stage}): the combined 1F1B over "
                           "FSDP-sharded layers is not modelled; use zero_stage 0, 1 or 2")
     shared: dict[tuple, dict[str, Block]] = {}
     for stage in range(pp):
@@ -105,7 +107,7 @@ def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
         if blocks is None:
             blocks = {}
             if zero3 and not staged:
-                blocks.update(zero3_blocks(b, zero3_prefetch(cfg.software)))
+                blocks.update(zero3_blocks(b, zero3_prefetch(b.sw)))
             else:
                 for c in range(v):
                     sync = b.grad_sync_ops(stage, c) if overlap else None
@@ -113,17 +115,18 @@ def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
                 if a2a_overlap:
                     blocks.update(combined.combined_blocks(b, stage, blocks,
                                                            b.moe.delay_wgrad))
-            if param_gather.active(cfg):
+            if plan.param_gather_overlap:   # all but the first bucket beside F0
+                nbytes = b.stage_params(stage) * b.dt
                 blocks[param_gather.BLOCK] = param_gather.prologue_block(
-                    blocks["F0"], b.grad_group, param_gather.overlapped_bytes(
-                        cfg, b.stage_params(stage) * b.dt))
+                    blocks["F0"], b.grad_group, nbytes - param_gather.first_bucket(
+                        True, nbytes, plan.param_bucket_bytes))
             elif staged:
                 blocks[param_gather.BLOCK] = fsdp.pipeline_prologue(b, blocks["F0"], stage)
             shared[role] = blocks
         if tables is None:
             sync_blocks = any(name.endswith(".sync") for name in blocks)
             tables = (combined.combined_step_tables if a2a_overlap else _step_tables)(
-                par.schedule, pp, m, v, sync_blocks, param_gather.BLOCK in blocks)
+                plan.schedule, pp, m, v, sync_blocks, param_gather.BLOCK in blocks)
         splits = [(True, ranks[stage, :1]), (False, ranks[stage, 1:])] if split_root \
             else [(True, ranks[stage])]
         for root, members in splits:
@@ -133,7 +136,7 @@ def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
                 block = b.update_block(stage, root, overlap)
                 if staged:
                     block = fsdp.with_stage_reduce_scatters(b, block, stage)
-                if hsdp.active(cfg):    # the optimizer waits for the replicas' all-reduces
+                if replicated:          # the optimizer waits for the replicas' all-reduces
                     block = hsdp.with_replica_wait(block)
                 if zero3:               # torchao's float8 scales after the step (.fsdp_float8)
                     block = fsdp.with_float8_precompute(b, block, stage)
@@ -148,19 +151,21 @@ def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
         parameter_count=int(shape.params), model_flops=float(model_flops),
         tokens=t.global_batch_size * t.seq_length, samples=t.global_batch_size,
         microbatches=m, dtype=t.dtype)
-    plan = (f"tp{tp}" if par.tp_mode == "1d" else f"tp{par.tp_mode}x{tp}") \
+    label = (f"tp{tp}" if plan.tp_mode == "1d" else f"tp{plan.tp_mode}x{tp}") \
         + (f"-cp{b.cp}" if b.cp > 1 else "")
-    return Workload(f"{cfg.model.name}-{plan}-pp{pp}-dp{dp}", mesh.world_size, groups,
+    return Workload(f"{cfg.model.name}-{label}-pp{pp}-dp{dp}", mesh.world_size, groups,
                     tuple(classes), meta)
 
 
 def decoder_memory(cfg: RunConfig, shape: DecoderShape) -> list[MemoryBreakdown]:
-    """Memory of one rank of each pipeline stage (:func:`.memory.stage_memory`)."""
-    b = StageBuilder(resolve_plan(cfg, shape))
-    context = context_bytes(cfg.system.device, comm_groups(cfg, shape))   # every stage's
+    """Memory of one rank of each pipeline stage (:func:`.memory.stage_memory`), the plan
+    resolved once for all of them."""
+    plan = resolve_plan(cfg, shape)
+    b = StageBuilder(plan)
+    context = context_bytes(plan.device, comm_groups(plan))   # every stage's
     if not shape.is_moe:
-        return [stage_memory(cfg, shape, s, b.stage_params(s), part=b.part, context=context)
+        return [stage_memory(plan, s, b.stage_params(s), context=context)
                 for s in range(b.pp)]
     layer_bytes = max(sum(b.layer_rank_params(m)) for m in (False, True)) * b.dt
-    return [stage_memory(cfg, shape, s, b.stage_params(s), b.stage_expert_params(s), layer_bytes,
+    return [stage_memory(plan, s, b.stage_params(s), b.stage_expert_params(s), layer_bytes,
                          context=context) for s in range(b.pp)]

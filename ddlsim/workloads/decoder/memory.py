@@ -6,125 +6,159 @@ context (:mod:`ddlsim.workloads.allocator`)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from ...config import DTYPE_BYTES, RunConfig
+from ...config import DTYPE_BYTES
 from ..allocator import (comm_buffer_bytes, context_bytes, framework, head_bytes,
                          loss_bytes, step_temporaries)
-from ..memory import MemoryBreakdown, inflight_chunks, model_state_bytes
+from ..memory import MemoryBreakdown, model_state_bytes
 from ..models.decoder import DecoderShape
-from .layerkernels import activation_kinds, compute_dtype, grad_bytes
+from ..schedules import peak_inflight
+
+if TYPE_CHECKING:
+    from .plan import DecoderPlan
 
 __all__ = ["stage_memory", "stage_activations", "stage_buffers", "sac_activation_bytes",
            "comm_groups"]
 
 
-def stage_memory(cfg: RunConfig, shape: DecoderShape, stage: int, params: float,
-                 expert_params: float = 0.0, layer_bytes: float | None = None,
-                 part=None, context: float | None = None) -> MemoryBreakdown:
-    """Memory of one rank of pipeline ``stage`` holding ``params`` parameters, of which
-    ``expert_params`` are routed experts (already split by EP × expert TP; their ZeRO shards
-    are taken over the expert-data-parallel group). ``layer_bytes``: the largest layer's
-    parameters on one rank in bytes (ZeRO-3's gathered buffers; default ``layer_params/t``).
-    ``part``: the layer partitioner of a dense model (default: the plan's), whose split of
-    the activations (and ``1/cp``) applies; the ZeRO shards are over ``dp·cp``.
-    ``context``: the CUDA context and communicators' bytes when the caller has them
-    (the same on every stage; default :func:`~ddlsim.workloads.allocator.context_bytes` of
-    :func:`comm_groups`)."""
-    p, t = cfg.parallel, cfg.train
-    state = compute_dtype(t.dtype)   # FP8 (Transformer Engine) keeps 16-bit weights and grads
-    gb = grad_bytes(cfg)             # fp32 main grads with bf16 under Megatron
-    fm = framework(cfg.software.name)
-    weights, grads, opt = _model_states(cfg, fm, params, expert_params, state, gb)
-    # the stage's layers per model chunk: L/(PP·VPP), or their mean under an uneven split
-    from .split import chunk_layers
-    row = chunk_layers(cfg)[stage]
+def stage_memory(plan: DecoderPlan, stage: int, params: float, expert_params: float = 0.0,
+                 layer_bytes: float | None = None,
+                 context: float | None = None) -> MemoryBreakdown:
+    """Memory of one rank of pipeline ``stage``.
+
+    Parameters
+    ----------
+    plan : DecoderPlan
+        The run's resolved plan (:func:`.plan.resolve_plan`), resolved once for all stages;
+        a dense model's activations take its layer partitioner's split (and ``1/cp``), the
+        ZeRO shards are over its gradient group (``dp·cp``, or HSDP's shard group).
+    stage : int
+        Pipeline stage, from 0.
+    params : float
+        Parameters on the rank, of which ``expert_params`` are routed experts (already split
+        by EP × expert TP; their ZeRO shards are over the expert-data-parallel group).
+    expert_params : float
+        Routed-expert parameters on the rank.
+    layer_bytes : float, optional
+        The largest layer's parameters on one rank, bytes (ZeRO-3's gathered buffers;
+        default ``layer_params/t`` in the parameter dtype).
+    context : float, optional
+        The CUDA context and communicators, bytes, when the caller has them (the same on
+        every stage; default :func:`~ddlsim.workloads.allocator.context_bytes` of
+        :func:`comm_groups`).
+
+    Returns
+    -------
+    MemoryBreakdown
+        Model states, activations, other buffers and communication buffers, bytes.
+    """
+    shape, fm, gb = plan.shape, framework(plan.software.name), plan.grad_dtype_bytes
+    weights, grads, opt = _model_states(plan, fm, params, expert_params)
+    part = None if shape.is_moe else plan.partitioner
+    per_chunk = _chunk_activations(plan, part, stage)
+    chunks = peak_inflight(plan.schedule, stage, plan.pp, plan.microbatches, plan.vpp,
+                           plan.combined_1f1b)    # as :func:`..memory.inflight_chunks`
+    rebuilt = 0.0
+    if plan.recompute == "full":  # one layer's full activations are rebuilt in its backward
+        rebuilt = (part.activation_bytes("none") if part is not None else
+                   shape.layer_activation_bytes(*_layer_args(plan), "none",
+                                                moe=shape.is_moe or None,
+                                                **plan.activation_kinds))
+    # FP8 (Transformer Engine) keeps 16-bit weights and grads: the plan's ``dtype``
+    pb = DTYPE_BYTES[plan.dtype]
+    unit_bytes = layer_bytes if layer_bytes is not None else shape.layer_params / plan.tp * pb
+    gathered = _gathered(plan, unit_bytes, pb)
+    first, last = stage == 0, stage == plan.pp - 1
+    split = part.param_split if part is not None else plan.tp
+    sw, b, tp, cp = plan.software, plan.micro_batch, plan.tp, plan.cp
+    acts, other = stage_activations(shape, b, plan.seq_length, tp * cp, plan.vpp, per_chunk,
+                                    chunks, rebuilt, first, last,
+                                    part.embedding_split if part is not None else 1,
+                                    fm.logits_at(tp, sw.compile),
+                                    step_temporaries(fm, plan.zero_stage, plan.dtype == "fp16",
+                                                     params),
+                                    head_bytes(fm, shape.hidden, tp, plan.sp) / cp)
+    buffers = stage_buffers(sw, fm, shape, plan.zero_stage, plan.dp, gathered,
+                            unit_bytes / pb, split, first, last, plan.pp, pb, gb, params)
+    return MemoryBreakdown(weights, grads, opt, acts, other, plan.device.memory_bytes, stage,
+                           buffers, context if context is not None else
+                           context_bytes(plan.device, comm_groups(plan)))
+
+
+def _layer_args(plan: DecoderPlan) -> tuple:
+    """``(b, s, t, sp)`` of :meth:`DecoderShape.layer_activation_bytes` on a 1-D rank."""
+    return plan.micro_batch, plan.seq_length, plan.tp, plan.sp
+
+
+def _chunk_activations(plan: DecoderPlan, part, stage: int) -> float:
+    """Activation bytes one model chunk of ``stage`` keeps for one micro-batch: its layers
+    per chunk (``L/(PP·VPP)``, or their mean under an uneven split) times one layer's
+    (Korthikanti et al. 2022; a dense model's with the partitioner ``part``'s split)."""
+    shape, row, kinds = plan.shape, plan.split[stage], plan.activation_kinds
     lpc = row[0] if len(set(row)) == 1 else sum(row) / len(row)
-    args = (t.micro_batch_size, t.seq_length, p.tp, p.sequence_parallel)
-    kinds = activation_kinds(cfg)
     if shape.is_moe:    # MoE layers per chunk, in model order (.layerkinds: dense first layers)
         from .layerkinds import moe_layers_in_stage
-        n_moe = moe_layers_in_stage(shape, chunk_layers(cfg), stage) / len(row)
-        per_chunk = (n_moe * shape.layer_activation_bytes(*args, t.recompute, moe=True, **kinds)
-                     + (lpc - n_moe) * (shape.layer_activation_bytes(
-                         *args, t.recompute, moe=False, **kinds)
-                         if n_moe < lpc else 0.0))
-    else:
-        if part is None:
-            from .partition import make_partitioner
-            part = make_partitioner(cfg, shape)
-        if t.recompute == "selective" and cfg.software.selective_recompute == "every_second_mm":
-            per_chunk = sac_activation_bytes(shape, t.micro_batch_size, t.seq_length // p.cp,
-                                             p.tp, p.sequence_parallel) * lpc
-        elif t.recompute_every_n_layers > 1:     # every n-th layer checkpointed (.sac)
-            from .sac import checkpointed_share
-            share = checkpointed_share(cfg, stage)
-            per_chunk = (share * part.activation_bytes("full")
-                         + (1 - share) * part.activation_bytes("none")) * lpc
-        else:
-            per_chunk = part.activation_bytes(t.recompute) * lpc
-    chunks = inflight_chunks(cfg, stage)
-    rebuilt = 0.0
-    if t.recompute == "full":  # one layer's full activations are rebuilt during its backward
-        rebuilt = (part.activation_bytes("none") if part is not None else
-                   shape.layer_activation_bytes(*args, "none", moe=shape.is_moe or None,
-                                                 **kinds))
-    pb = DTYPE_BYTES[state]
-    unit_bytes = layer_bytes if layer_bytes is not None else shape.layer_params / p.tp * pb
-    gathered = _gathered(cfg, shape, unit_bytes, pb)
-    first, last = stage == 0, stage == p.pp - 1
-    split = part.param_split if part is not None else p.tp
-    acts, other = stage_activations(shape, t.micro_batch_size, t.seq_length, p.tp * p.cp,
-                                    p.vpp, per_chunk, chunks, rebuilt, first, last,
-                                    part.embedding_split if part is not None else 1,
-                                    fm.logits_at(p.tp, cfg.software.compile),
-                                    step_temporaries(fm, p.zero_stage, state == "fp16", params),
-                                    head_bytes(fm, shape.hidden, p.tp, p.sequence_parallel) / p.cp)
-    buffers = stage_buffers(cfg.software, fm, shape, p.zero_stage, cfg.dp, gathered,
-                            unit_bytes / pb, split, first, last, p.pp, pb, gb, params)
-    return MemoryBreakdown(weights, grads, opt, acts, other, cfg.system.device.memory_bytes, stage,
-                           buffers, context if context is not None else
-                           context_bytes(cfg.system.device, comm_groups(cfg, shape)))
+        args = _layer_args(plan)
+        n_moe = moe_layers_in_stage(shape, plan.split, stage) / len(row)
+        return (n_moe * shape.layer_activation_bytes(*args, plan.recompute, moe=True, **kinds)
+                + (lpc - n_moe) * (shape.layer_activation_bytes(
+                    *args, plan.recompute, moe=False, **kinds) if n_moe < lpc else 0.0))
+    if plan.recompute == "selective" and plan.software.selective_recompute == "every_second_mm":
+        return sac_activation_bytes(shape, plan.micro_batch, plan.seq_length // plan.cp,
+                                    plan.tp, plan.sp) * lpc
+    if plan.recompute_every_n_layers > 1:     # every n-th layer checkpointed (.sac)
+        from .sac import checkpointed_share
+        share = checkpointed_share(plan, stage)
+        return (share * part.activation_bytes("full")
+                + (1 - share) * part.activation_bytes("none")) * lpc
+    return part.activation_bytes(plan.recompute) * lpc
 
 
-def _model_states(cfg: RunConfig, fm, params: float, expert_params: float, state: str,
-                  gb: float) -> tuple:
+def _model_states(plan: DecoderPlan, fm, params: float, expert_params: float) -> tuple:
     """(weights, gradients, optimizer) of a rank (:func:`~ddlsim.workloads.memory.
-    model_state_bytes`): dense shards over DP·CP, routed experts' over the expert-data-parallel
-    group; FSDP2's sharded fp32 parameters are the optimizer's master."""
-    p, t = cfg.parallel, cfg.train
-    fp32 = fm.fsdp2 and p.zero_stage == 3
-    if not expert_params:     # shards over DP·CP, or HSDP's shard group (.hsdp)
-        from .hsdp import shard_group
-        return model_state_bytes(params, shard_group(cfg)[1], p.zero_stage, state,
-                                 t.optimizer, gb, fp32)
-    dense = model_state_bytes(params - expert_params, cfg.dp, p.zero_stage, state,
-                              t.optimizer, gb, fp32)
-    expert = model_state_bytes(expert_params, cfg.mesh.size("edp"), p.zero_stage, state,
-                               t.optimizer, gb, fp32)
+    model_state_bytes`): dense shards over the gradient group (DP·CP, or HSDP's shard
+    group), routed experts' over the expert-data-parallel group; FSDP2's sharded fp32
+    parameters are the optimizer's master."""
+    zero, state, opt, gb = plan.zero_stage, plan.dtype, plan.optimizer, plan.grad_dtype_bytes
+    fp32 = fm.fsdp2 and zero == 3
+    if not expert_params:
+        return model_state_bytes(params, plan.grad_group_size, zero, state, opt, gb, fp32)
+    dense = model_state_bytes(params - expert_params, plan.dp, zero, state, opt, gb, fp32)
+    expert = model_state_bytes(expert_params, plan.edp, zero, state, opt, gb, fp32)
     return tuple(a + b for a, b in zip(dense, expert))
 
 
-def _gathered(cfg: RunConfig, shape: DecoderShape, unit_bytes: float, pb: float) -> float:
-    """ZeRO-3's gathered parameters in flight (:func:`.zero3.zero3_gathered_bytes`), else 0."""
-    if cfg.parallel.zero_stage != 3:
+def _gathered(plan: DecoderPlan, unit_bytes: float, pb: float) -> float:
+    """ZeRO-3's gathered parameters in flight (:func:`.zero3.gathered_bytes`), else 0."""
+    if plan.zero_stage != 3:
         return 0.0
-    from .zero3 import zero3_gathered_bytes
-    return zero3_gathered_bytes(cfg, unit_bytes, shape, pb)
+    from .zero3 import gathered_bytes
+    return gathered_bytes(plan.software, plan.tp, unit_bytes, plan.shape, pb)
 
 
-def comm_groups(cfg: RunConfig, shape: DecoderShape) -> tuple[int, ...]:
-    """Sizes of the process groups a rank communicates over, one NCCL communicator each:
-    TP, PP (its sends and receives), CP, the data-parallel gradient group (DP·CP), and for
-    MoE models EP and the expert-data-parallel group."""
-    p = cfg.parallel
-    groups = (p.tp, p.pp, p.cp, cfg.dp * p.cp)
-    if p.data_parallel_replicate_size > 1:     # HSDP: the shard group and the replicas
-        from .hsdp import shard_group
-        groups += (shard_group(cfg)[1], p.data_parallel_replicate_size)
-    if shape.is_moe:    # the mesh only here: building it costs more than the rest
-        mesh = cfg.mesh
-        groups += (mesh.size("ep"), mesh.size("edp"))
+def comm_groups(plan: DecoderPlan) -> tuple[int, ...]:
+    """Sizes of the process groups a rank communicates over, one NCCL communicator each.
+
+    Parameters
+    ----------
+    plan : DecoderPlan
+        The run's resolved plan.
+
+    Returns
+    -------
+    tuple of int
+        Ranks of TP, PP (its sends and receives), CP and the data-parallel gradient group
+        (DP·CP); under HSDP the shard group and the replicas; for MoE models EP and the
+        expert-data-parallel group.
+    """
+    groups = (plan.tp, plan.pp, plan.cp, plan.dp * plan.cp)
+    if plan.hsdp_replicas > 1:     # HSDP: the shard group and the replicas (.hsdp)
+        groups += (plan.grad_group_size, plan.hsdp_replicas)
+    if plan.shape.is_moe:
+        groups += (plan.ep, plan.edp)
     return groups
 
 

@@ -3,23 +3,27 @@
 :func:`resolve_plan` reads the run config once and hands
 :class:`~ddlsim.workloads.decoder.builder.StageBuilder` a :class:`DecoderPlan`: the parallel
 dimensions, the batch, the dtypes, the layer split, the data-parallel update, recomputation,
-the stack's resolved features, the MoE options and the layer partitioner. The builder and its
-mixins (:mod:`.dpsync`, :mod:`.moe`, :mod:`.edges`) read the plan and nothing else of the
-config; every rule that turns config fields into a plan field is the one its own module
-states (:func:`.split.chunk_layers`, :func:`.hsdp.shard_group`, :func:`.moeplan.resolve_moe`,
-:func:`.dpsync.grad_bucket_bytes`, …), called here once.
+the stack's resolved features, the MoE options, the schedule, the device and the layer
+partitioner. The builder and its mixins (:mod:`.dpsync`, :mod:`.moe`, :mod:`.edges`), the
+layer partitioners (:mod:`.partition`) and the memory model (:mod:`.memory`) read the plan and
+nothing else of the config; every rule that turns config fields into a plan field is the one
+its own module states (:func:`.split.chunk_layers`, :func:`.hsdp.shard_group`,
+:func:`.moeplan.resolve_moe`, :func:`.dpsync.grad_bucket_bytes`,
+:func:`.layerkernels.activation_kinds`, :func:`.combined.active`, …), called here once.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from functools import cached_property
+from types import MappingProxyType
+from typing import Any, Mapping
 
 from ...config import DTYPE_BYTES
-from . import param_gather, tp_overlap
+from . import combined, param_gather, tp_overlap
 from .dpsync import grad_bucket_bytes
 from .hsdp import shard_group
-from .layerkernels import compute_dtype, grad_bytes
+from .layerkernels import activation_kinds, compute_dtype, grad_bytes
 from .moeplan import MoEPlan, resolve_moe
 from .overlap import p2p_overlapped
 from .partition import LayerPartitioner, make_partitioner
@@ -34,12 +38,19 @@ class DecoderPlan:
 
     Parallel sizes are rank counts; ``micro_batch`` is sequences, ``seq_length`` tokens;
     byte sizes are bytes. Plans compare by identity (the partitioner is an object).
+    The layer partitioner (:attr:`partitioner`) is built from the plan on first use.
     """
 
     #: the model's closed-form counts (:class:`~ddlsim.workloads.models.decoder.DecoderShape`)
     shape: Any
     #: ranks of the tensor-parallel grid (the ``tp`` mesh axis, any scheme)
     tp: int
+    #: the tensor-parallel scheme, a key of the layer-partitioner registry
+    #: (``parallel.tp_mode``: ``1d`` unless ``tensor_parallel`` says)
+    tp_mode: str
+    #: its grid (``parallel.tensor_parallel``: ``mode``, ``size``, ``q``, ``d``); None when
+    #: only ``tensor_model_parallel_size`` is given (1-D)
+    tensor_parallel: Any
     #: pipeline stages
     pp: int
     #: model chunks per stage (virtual stages; 1 without interleaving)
@@ -48,6 +59,9 @@ class DecoderPlan:
     dp: int
     #: context-parallel ranks
     cp: int
+    #: how the attention core reaches the other cp ranks' keys and values
+    #: (``parallel.cp_comm_type``: ``p2p``, a ring, or ``all_gather``)
+    cp_comm: str
     #: expert-parallel ranks
     ep: int
     #: expert tensor-parallel ranks
@@ -69,8 +83,17 @@ class DecoderPlan:
     #: bytes per gradient element in the gradient buffers and their reduction (the stack's
     #: ``grad_reduce_dtype``: fp32 main grads with bf16 in Megatron, :func:`.grad_bytes`)
     grad_dtype_bytes: int
+    #: keywords of :meth:`~ddlsim.workloads.models.decoder.DecoderShape.layer_activation_bytes`
+    #: the stack and dtype set (``flash``, ``fp8``: :func:`.layerkernels.activation_kinds`)
+    activation_kinds: Mapping[str, bool]
     #: transformer layers of each model chunk, ``split[stage][chunk]`` (:mod:`.split`)
     split: tuple[tuple[int, ...], ...]
+    #: ``parallel.schedule`` (``gpipe``, ``1f1b``, ``interleaved``)
+    schedule: str
+    #: micro-batches per iteration and pipeline (``num_microbatches``)
+    microbatches: int
+    #: whether Megatron-Core's combined 1F1B runs (:func:`.combined.active`)
+    combined_1f1b: bool
     #: ``parallel.dp_strategy`` (``ddp``, ``reduce_broadcast``, …)
     dp_strategy: str
     #: ZeRO stage, 0 to 3
@@ -105,8 +128,14 @@ class DecoderPlan:
     p2p_overlap: bool
     #: the resolved MoE options (:func:`.moeplan.resolve_moe`); None for a dense model
     moe: MoEPlan | None
-    #: the tensor-parallel scheme of the layers (:func:`.partition.make_partitioner`)
-    partitioner: LayerPartitioner
+    #: the system's device (``system.device``: memory capacity in bytes, the CUDA context)
+    device: Any
+
+    @cached_property
+    def partitioner(self) -> LayerPartitioner:
+        """The tensor-parallel scheme of the layers (:func:`.partition.make_partitioner` of
+        this plan), built once, on first use."""
+        return make_partitioner(self)
 
     def bucket_bytes(self, stage: int = 0, chunk: int = 0) -> float:
         """Bytes of one gradient bucket of model chunk ``chunk`` on pipeline ``stage``.
@@ -139,7 +168,7 @@ def resolve_plan(cfg: Any, shape: Any) -> DecoderPlan:
     Returns
     -------
     DecoderPlan
-        What the stage builder reads.
+        What the stage builder, the layer partitioner and the memory model read.
 
     Raises
     ------
@@ -157,10 +186,14 @@ def resolve_plan(cfg: Any, shape: Any) -> DecoderPlan:
         plain = t.model_copy(update={"recompute": "none", "recompute_every_n_layers": 1})
         uncheckpointed = resolve_plan(cfg.model_copy(update={"train": plain}), shape)
     return DecoderPlan(
-        shape=shape, tp=p.tp, pp=p.pp, vpp=p.vpp, dp=cfg.dp, cp=p.cp, ep=p.ep, etp=p.etp,
+        shape=shape, tp=p.tp, tp_mode=p.tp_mode, tensor_parallel=p.tensor_parallel,
+        pp=p.pp, vpp=p.vpp, dp=cfg.dp, cp=p.cp, cp_comm=p.cp_comm_type, ep=p.ep, etp=p.etp,
         edp=cfg.mesh.size("edp"), sp=p.sequence_parallel, micro_batch=t.micro_batch_size,
         seq_length=t.seq_length, train_dtype=t.dtype, dtype=dtype,
-        dtype_bytes=DTYPE_BYTES[dtype], grad_dtype_bytes=gdt, split=chunk_layers(cfg),
+        dtype_bytes=DTYPE_BYTES[dtype], grad_dtype_bytes=gdt,
+        activation_kinds=MappingProxyType(activation_kinds(cfg)), split=chunk_layers(cfg),
+        schedule=p.schedule, microbatches=cfg.num_microbatches,
+        combined_1f1b=combined.active(cfg),
         dp_strategy=p.dp_strategy, zero_stage=p.zero_stage, grad_group=group,
         grad_group_size=gdp, hsdp_replicas=p.data_parallel_replicate_size,
         grad_buckets=(float(grad_bucket_bytes(cfg, cfg.dp, gdt, 0, 0)),
@@ -170,5 +203,4 @@ def resolve_plan(cfg: Any, shape: Any) -> DecoderPlan:
         optimizer=t.optimizer, recompute=t.recompute,
         recompute_every_n_layers=t.recompute_every_n_layers, uncheckpointed=uncheckpointed,
         software=sw, tp_overlap=tp_overlap.mode(cfg), p2p_overlap=p2p_overlapped(cfg),
-        moe=resolve_moe(cfg) if shape.is_moe else None,
-        partitioner=make_partitioner(cfg, shape))
+        moe=resolve_moe(cfg) if shape.is_moe else None, device=cfg.system.device)

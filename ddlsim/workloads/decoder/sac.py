@@ -58,13 +58,13 @@ def checkpointed_layers(every: int, first: int, count: int) -> int:
     return (first + count) // every - first // every
 
 
-def checkpointed_share(cfg: Any, stage: int) -> float:
+def checkpointed_share(plan: Any, stage: int) -> float:
     """The fraction of a pipeline stage's layers that are checkpointed.
 
     Parameters
     ----------
-    cfg : RunConfig
-        The run.
+    plan : DecoderPlan
+        The run's resolved plan (its layer split and ``recompute_every_n_layers``).
     stage : int
         The pipeline stage.
 
@@ -73,9 +73,8 @@ def checkpointed_share(cfg: Any, stage: int) -> float:
     float
         Checkpointed layers over the stage's layers (1 when every layer is).
     """
-    from .split import chunk_layers
-    layers = sum(chunk_layers(cfg)[stage])
-    return checkpointed_layers(cfg.train.recompute_every_n_layers, 0, layers) / layers
+    layers = sum(plan.split[stage])
+    return checkpointed_layers(plan.recompute_every_n_layers, 0, layers) / layers
 
 
 def layer_mms(shape: Any, M: float, t: int) -> list[tuple[float, float, float]]:

@@ -91,6 +91,7 @@ from .zero3_fetch import (FETCH_PASSES, GATHER_HOST_OPS, REDUCE_HOST_OPS, REDUCE
                           unit_live_elements)
 
 __all__ = ["zero3_blocks", "zero3_shards", "gathered_layers", "zero3_gathered_bytes",
+           "gathered_bytes",
            "zero3_prefetch", "zero3_phrase", "module_hook_bytes",
            "list_gather_bytes", "ModuleFetch", "module_fetches", "FETCH_PASSES",
            "REDUCE_PASSES", "GATHER_HOST_OPS", "REDUCE_HOST_OPS", "list_host_seconds",
@@ -117,19 +118,23 @@ def gathered_layers(prefetch: int) -> int:
 
 
 def zero3_gathered_bytes(cfg, layer_bytes: float, shape, dt: float) -> float:
-    """Memory of the gathered parameters in flight: per layer, :func:`gathered_layers` × one
-    layer's parameters on the rank (``layer_bytes``, already TP-sharded); from module hooks,
-    :func:`module_hook_bytes` and, per tensor, the second flat buffer of the largest tensor
-    (:func:`list_gather_bytes`), ``dt`` bytes per element."""
-    sw = cfg.software
+    """:func:`gathered_bytes` under run ``cfg``'s stack and TP size."""
+    return gathered_bytes(cfg.software, cfg.parallel.tp, layer_bytes, shape, dt)
+
+
+def gathered_bytes(sw, tp: int, layer_bytes: float, shape, dt: float) -> float:
+    """Memory of the gathered parameters in flight under stack ``sw`` on ``tp`` TP ranks:
+    per layer, :func:`gathered_layers` × one layer's parameters on the rank (``layer_bytes``,
+    already TP-sharded); from module hooks, :func:`module_hook_bytes` and, per tensor, the
+    second flat buffer of the largest tensor (:func:`list_gather_bytes`), ``dt`` bytes per
+    element."""
     if sw.zero3_gather == "per_layer":
         if sw.enable_fsdp_float8_all_gather:   # float8 weights held at 1 byte (.fsdp_float8)
             from .fsdp_float8 import float8_weights
             share = sum(float8_weights(shape)) / shape.dense_layer_params
             layer_bytes *= 1 - share + share / dt
         return gathered_layers(sw.zero3_prefetch_layers) * layer_bytes
-    return (module_hook_bytes(shape, cfg.parallel.tp, sw, dt)
-            + list_gather_bytes(shape, cfg.parallel.tp, sw, dt))
+    return module_hook_bytes(shape, tp, sw, dt) + list_gather_bytes(shape, tp, sw, dt)
 
 
 def module_hook_bytes(shape, tp: int, sw, dt: float) -> float:

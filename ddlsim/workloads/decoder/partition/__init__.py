@@ -45,6 +45,18 @@ def partitioners() -> dict[str, type[LayerPartitioner]]:
     return tensor_parallel_modes()
 
 
-def make_partitioner(cfg: Any, shape: Any) -> LayerPartitioner:
-    """The partitioner of ``cfg.parallel`` for a decoder of ``shape``."""
-    return partitioners()[cfg.parallel.tp_mode](cfg, shape)
+def make_partitioner(plan: Any) -> LayerPartitioner:
+    """The partitioner of a resolved decoder plan.
+
+    Parameters
+    ----------
+    plan : DecoderPlan
+        The run's resolved plan (:func:`..plan.resolve_plan`); its ``tp_mode`` names the
+        registered scheme.
+
+    Returns
+    -------
+    LayerPartitioner
+        The scheme's partitioner, reading the plan and nothing else.
+    """
+    return partitioners()[plan.tp_mode](plan)

@@ -58,8 +58,8 @@ class Agarwal3D(LayerPartitioner):
     def grad_streams(self) -> tuple[str, ...]:
         return ("tp_y",) if self.q > 1 else ()
 
-    def __init__(self, cfg: Any, shape: Any):
-        super().__init__(cfg, shape)
+    def __init__(self, plan: Any):
+        super().__init__(plan)
         self.q = self.spec.q
         self.param_split = self.q ** 3
 
@@ -75,8 +75,10 @@ class Agarwal3D(LayerPartitioner):
     def families(self, mesh: Any) -> dict:
         return grid_families(mesh, (self.q, self.q, self.q), ("tp_z", "tp_y", "tp_x"))
 
-    def check(self, cfg: Any) -> None:
-        sh, q, what = self.shape, self.q, "tensor_parallel.mode = '3d'"
+    @classmethod
+    def check(cls, spec: Any, shape: Any, micro_batch: int) -> None:
+        sh, q, what = shape, spec.q, "tensor_parallel.mode = '3d'"
+        rows = q * q
         for field, n, k in (("num_attention_heads", sh.heads, q),
                             ("num_key_value_heads", sh.g, q),
                             ("hidden_size", sh.hidden, q * q),
@@ -85,11 +87,11 @@ class Agarwal3D(LayerPartitioner):
                 raise ValueError(f"model.{field} = {n} is not divisible by {k}: {what} with "
                                  f"q = {q} splits it {k} ways (heads over one cube axis, weight "
                                  "rows over two); choose a q for which it divides")
-        if self.b % self.rows:
-            raise ValueError(f"train.micro_batch_size = {self.b} is not divisible by q² = "
-                             f"{self.rows}: {what} splits the batch over two axes of its cube "
+        if micro_batch % rows:
+            raise ValueError(f"train.micro_batch_size = {micro_batch} is not divisible by q² = "
+                             f"{rows}: {what} splits the batch over two axes of its cube "
                              "(whole sequences per rank, so attention stays local); use a "
-                             f"multiple of {self.rows}")
+                             f"multiple of {rows}")
 
     def _sizes(self, M: float, N: float, K: float) -> tuple[float, float, float, float]:
         """Bytes of gathered ``A`` (``MK/q²``), ``B`` (``KN/q²``), the partial ``C``

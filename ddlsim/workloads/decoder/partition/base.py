@@ -18,10 +18,9 @@ from dataclasses import replace
 
 from typing import Any, ClassVar
 
-from ....config import DTYPE_BYTES
 from ....simulator.kernels.attention import attention_kernels
 from ....simulator.kernels.elementwise import backward_kernels, layer_elementwise_kernels
-from ..layerkernels import activation_kinds, compute_dtype, loss_op
+from ..layerkernels import loss_op
 from ..layerkinds import attention_projections
 from ...trace import Compute, Kernel, Loop, Op, Payload, Wait
 from . import context
@@ -56,25 +55,27 @@ class LayerPartitioner:
 
     Parameters
     ----------
-    cfg : RunConfig
-        The run; ``cfg.parallel`` gives the grid (``tensor_parallel``) and the cp axis.
-    shape : DecoderShape
-        The model's closed-form counts.
+    plan : DecoderPlan
+        The run's resolved plan (:func:`..plan.resolve_plan`): the grid
+        (``tensor_parallel``, ``tp``), the cp axis, the micro-batch, the dtypes, recomputation
+        and the software stack; the model's closed-form counts are ``plan.shape``. A
+        partitioner reads the plan and nothing else of the run.
     """
 
     mode: ClassVar[str] = ""
     #: grid fields of ``parallel.tensor_parallel`` the scheme takes
     grid_keys: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, cfg: Any, shape: Any):
-        p, t = cfg.parallel, cfg.train
-        self.cfg, self.shape, self.spec = cfg, shape, p.tensor_parallel
-        self.size = p.tp
-        self.cp, self.cp_comm = p.cp, p.cp_comm_type
-        self.b, self.s = t.micro_batch_size, t.seq_length
-        self.dtype = compute_dtype(t.dtype)     # FP8: only the linear GEMMs run in FP8
-        self.dt = DTYPE_BYTES[self.dtype]
-        self.recompute = t.recompute
+    def __init__(self, plan: Any):
+        self.plan, self.shape, self.spec = plan, plan.shape, plan.tensor_parallel
+        #: the software stack (:class:`~ddlsim.software.Software`)
+        self.sw = plan.software
+        self.size = plan.tp
+        self.cp, self.cp_comm = plan.cp, plan.cp_comm
+        self.b, self.s = plan.micro_batch, plan.seq_length
+        self.dtype = plan.dtype                 # FP8: only the linear GEMMs run in FP8
+        self.dt = plan.dtype_bytes
+        self.recompute = plan.recompute
 
     # ------------------------------------------------------------------ the grid
     @classmethod
@@ -101,8 +102,19 @@ class LayerPartitioner:
         """Group families of the grid's axes (besides the mesh's ``tp``, ``cp``, …)."""
         return {}
 
-    def check(self, cfg: Any) -> None:
-        """Divisibility of the model and batch by the grid (ValueError, one paragraph)."""
+    @classmethod
+    def check(cls, spec: Any, shape: Any, micro_batch: int) -> None:
+        """Divisibility of the model and batch by the grid (ValueError, one paragraph).
+
+        Parameters
+        ----------
+        spec : TensorParallelSpec
+            The grid (``parallel.tensor_parallel``).
+        shape : DecoderShape
+            The model's closed-form counts.
+        micro_batch : int
+            Sequences per micro-batch (``train.micro_batch_size``).
+        """
 
     #: ranks over which a layer's weights are split
     param_split: int = 1
@@ -130,18 +142,18 @@ class LayerPartitioner:
         """One local GEMM ``[M,K]·[K,N]`` as an op carrying its shape (the kernel model;
         the linear layers run in the training dtype, FP8 included)."""
         return Compute(name, 2 * M * N * K, dtype=self.dtype,
-                       kernels=(Kernel("gemm", (M, N, K), dtype=self.cfg.train.dtype),))
+                       kernels=(Kernel("gemm", (M, N, K), dtype=self.plan.train_dtype),))
 
     def core_kernels(self, backward: bool) -> tuple | None:
-        """The attention core's kernels on this rank (``cfg.software.attention``), or None
+        """The attention core's kernels on this rank (``software.attention``), or None
         under context parallelism (its steps take :meth:`cp_core_kernels`)."""
         if self.cp > 1:
             return None
         sh = self.shape
-        return attention_kernels(self.cfg.software.attention, self.b, sh.heads / self.size,
+        return attention_kernels(self.sw.attention, self.b, sh.heads / self.size,
                                  self.s, sh.d, self.dt, sh.dropout, backward, self.dtype,
                                  kv_heads=sh.g / self.size,
-                                 softmax_fp32=self.cfg.software.softmax_in_fp32,
+                                 softmax_fp32=self.sw.softmax_in_fp32,
                                  window=sh.sliding_window, window_share=sh.window_share)
 
     def cp_core_kernels(self, backward: bool, step: int | None = None) -> tuple | None:
@@ -163,7 +175,7 @@ class LayerPartitioner:
         steps (:mod:`.torch_cp`).
         """
         from ....simulator.kernels.attention import FLASH_KINDS
-        if self.cfg.software.attention not in FLASH_KINDS:
+        if self.sw.attention not in FLASH_KINDS:
             return None
         c = self.s / (2 * self.cp)
         if step is None:
@@ -174,7 +186,7 @@ class LayerPartitioner:
             calls = ((c, 2 * c, False),)
         sh = self.shape
         return tuple(k for s_q, s_k, causal in calls for k in attention_kernels(
-            self.cfg.software.attention, self.b, sh.heads / self.size, s_q, sh.d, self.dt,
+            self.sw.attention, self.b, sh.heads / self.size, s_q, sh.d, self.dt,
             sh.dropout, backward, self.dtype, causal=causal, s_k=s_k))
 
     def gemm_forward(self, ops: OpList, name: str, M: float, N: float, K: float,
@@ -222,7 +234,7 @@ class LayerPartitioner:
         if self.recompute == "full":
             ops.extend(self.layer_forward("recompute"))
         elif self.recompute == "selective" and \
-                self.cfg.software.selective_recompute == "every_second_mm":
+                self.sw.selective_recompute == "every_second_mm":
             ops.add(self._op_sac())
         elif self.recompute == "selective":
             ops.add(Compute("recompute.attn_core", self.attn_core_flops(),
@@ -263,11 +275,11 @@ class LayerPartitioner:
                               f"op-level policy) is modelled for 1-D tensor parallelism; "
                               f"tensor_parallel.mode is {self.mode!r}: use recompute 'full' or "
                               "'none', or the 1-D scheme")
-        sp = self.cfg.parallel.sequence_parallel
-        kernels = layer_kernels(self.shape, self.cfg.software, self.b, self.s // self.cp,
-                                self.size, sp, self.cfg.train.dtype)
+        plan = self.plan
+        kernels = layer_kernels(self.shape, self.sw, self.b, self.s // self.cp,
+                                self.size, plan.sp, plan.train_dtype)
         return every_second_mm_op(self.shape, kernels, self.b, self.s // self.cp, self.size,
-                                  self.dtype, self.cfg.train.dtype, self.cfg.software)
+                                  self.dtype, plan.train_dtype, self.sw)
 
     # ------------------------------------------------------------------ per-rank counts
     def attn_core_flops(self) -> float:
@@ -287,11 +299,11 @@ class LayerPartitioner:
         context parallelism without FlashAttention, whose count keeps the ``s²`` scores
         passes in :meth:`elementwise_bytes`)."""
         from ....simulator.kernels.attention import FLASH_KINDS
-        if self.cp > 1 and self.cfg.software.attention not in FLASH_KINDS:
+        if self.cp > 1 and self.sw.attention not in FLASH_KINDS:
             return None
         t, sp = self.ew_split()
         return layer_elementwise_kernels(self.shape, self.b, self.s // self.cp, t, sp, self.dt,
-                                         self.cfg.software, self.dtype)
+                                         self.sw, self.dtype)
 
     def elementwise_bytes(self) -> float:
         """Forward elementwise traffic of one layer on one rank: DecoderShape's count for
@@ -310,7 +322,7 @@ class LayerPartitioner:
         ``1/cp`` of the queries)."""
         t, sp = self.ew_split()
         return self.shape.layer_activation_bytes(self.b, self.s, t, sp, recompute, moe=moe,
-                                                 **activation_kinds(self.cfg)) / self.cp
+                                                 **self.plan.activation_kinds) / self.cp
 
     def kv_block_bytes(self) -> float:
         """K and V of one cp rank's sequence block on one grid rank: ``2·b·(s/cp)·gd / p``."""
@@ -346,7 +358,7 @@ class LayerPartitioner:
         ops, sh = OpList(), self.shape
         self.gemm_forward(ops, "logits", self.tokens, sh.vocab, sh.hidden, False)
         ops.add(loss_op(self.tokens, sh.vocab / self.size, self.dt, self.dtype,
-                        self.cfg.software.fused_cross_entropy, False))
+                        self.sw.fused_cross_entropy, False))
         for c in self.loss_comm():
             ops.add(c)
         return ops.ops
@@ -356,7 +368,7 @@ class LayerPartitioner:
         gradient's accumulation."""
         ops, sh = OpList(), self.shape
         ops.add(loss_op(self.tokens, sh.vocab / self.size, self.dt, self.dtype,
-                        self.cfg.software.fused_cross_entropy, True))
+                        self.sw.fused_cross_entropy, True))
         self.gemm_backward(ops, "bwd.logits", self.tokens, sh.vocab, sh.hidden, False)
         for stream in self.grad_streams:
             ops.add(Wait(f"bwd.logits.wait.{stream}", stream))

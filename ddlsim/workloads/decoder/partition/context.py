@@ -50,7 +50,7 @@ def _torch_ring(part: Any) -> bool:
     fused kernel: :mod:`.torch_cp`); its handler dispatches only the flash, efficient and
     cuDNN SDPA ops, so an unfused core keeps the generic ring below."""
     from ....simulator.kernels.attention import FLASH_KINDS
-    sw = part.cfg.software
+    sw = part.sw
     return sw.cp_attention == "torch" and sw.attention in FLASH_KINDS
 
 

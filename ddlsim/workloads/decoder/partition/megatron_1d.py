@@ -34,9 +34,9 @@ class Megatron1D(LayerPartitioner):
 
     grid_keys = ("size",)
 
-    def __init__(self, cfg: Any, shape: Any):
-        super().__init__(cfg, shape)
-        self.sp = cfg.parallel.sequence_parallel
+    def __init__(self, plan: Any):
+        super().__init__(plan)
+        self.sp = plan.sp
         self.param_split = self.size
 
     @classmethod
@@ -78,7 +78,7 @@ class Megatron1D(LayerPartitioner):
 
     def _kernels(self, shape3: tuple, backward: bool) -> tuple[Kernel, ...]:
         """The rank's GEMMs of one linear, in FP8 with the recipe's casts (:mod:`..fp8linear`)."""
-        return linear_kernels(self.cfg.software, self.cfg.train.dtype, *shape3, backward)
+        return linear_kernels(self.sw, self.plan.train_dtype, *shape3, backward)
 
     def gemm_forward(self, ops: OpList, name: str, M: float, N: float, K: float,
                      row_parallel: bool) -> None:
@@ -116,7 +116,7 @@ class Megatron1D(LayerPartitioner):
                         dtype=self.dtype, kernels=(Kernel("gemm", (n, sh.vocab / t, sh.hidden),
                                                           dtype=self.dtype),)))
         ops.add(loss_op(n, sh.vocab / t, self.dt, self.dtype,
-                        self.cfg.software.fused_cross_entropy, False))
+                        self.sw.fused_cross_entropy, False))
         if t > 1:
             ops.add(Collective("loss.ar", "all_reduce", "tp", 4.0 * n))
         return ops.ops
@@ -124,7 +124,7 @@ class Megatron1D(LayerPartitioner):
     def head_backward_ops(self, grad_accumulate_bytes: float) -> list[Op]:
         ops, sh = OpList(), self.shape
         ops.add(loss_op(self.tokens, sh.vocab / self.size, self.dt, self.dtype,
-                        self.cfg.software.fused_cross_entropy, True))
+                        self.sw.fused_cross_entropy, True))
         bwd = gemm_kernels_backward(self.tokens, sh.vocab / self.size, sh.hidden)
         ops.add(Compute("bwd.logits", 2 * sh.logits_forward_flops(self.b, self.s) / self.size
                         / self.cp, dtype=self.dtype,

@@ -55,11 +55,16 @@ class Summa2D(LayerPartitioner):
     #: layers of the grid (Tesseract's ``d``; 1 here)
     depth = 1
 
-    def __init__(self, cfg: Any, shape: Any):
-        super().__init__(cfg, shape)
+    def __init__(self, plan: Any):
+        super().__init__(plan)
         self.q = self.spec.q
-        self.depth = getattr(self.spec, "d", None) or 1
+        self.depth = self._depth(self.spec)
         self.param_split = self.q * self.q
+
+    @staticmethod
+    def _depth(spec: Any) -> int:
+        """Layers of the grid: Tesseract's ``d``, 1 for SUMMA."""
+        return getattr(spec, "d", None) or 1
 
     @classmethod
     def grid_size(cls, spec: Any) -> int:
@@ -76,19 +81,21 @@ class Summa2D(LayerPartitioner):
         fam = grid_families(mesh, (self.depth, self.q, self.q), ("tp_dep", "tp_col", "tp_row"))
         return fam
 
-    def check(self, cfg: Any) -> None:
-        sh, q, what = self.shape, self.q, f"tensor_parallel.mode = {self.mode!r}"
+    @classmethod
+    def check(cls, spec: Any, shape: Any, micro_batch: int) -> None:
+        sh, q, what = shape, spec.q, f"tensor_parallel.mode = {cls.mode!r}"
+        rows = cls._depth(spec) * q
         for field, n in (("num_attention_heads", sh.heads), ("num_key_value_heads", sh.g),
                          ("hidden_size", sh.hidden), ("intermediate_size", sh.ffn)):
             if n % q:
                 raise ValueError(f"model.{field} = {n} is not divisible by q = {q}: {what} "
                                  f"splits it over the {q} columns of its grid (whole heads per "
                                  "column); choose a q that divides it")
-        if self.b % self.rows:
-            raise ValueError(f"train.micro_batch_size = {self.b} is not divisible by the "
-                             f"{self.rows} rows of the {what} grid: the batch is split over "
+        if micro_batch % rows:
+            raise ValueError(f"train.micro_batch_size = {micro_batch} is not divisible by the "
+                             f"{rows} rows of the {what} grid: the batch is split over "
                              "them (whole sequences per rank, so that attention stays local, "
-                             f"as in Optimus and Tesseract); use a multiple of {self.rows}")
+                             f"as in Optimus and Tesseract); use a multiple of {rows}")
 
     # ------------------------------------------------------------------ SUMMA
     def _steps(self, ops: OpList, name: str, bcasts: list[tuple[str, str, float]],

@@ -101,7 +101,7 @@ def _pack_kernels(part: Any, first: bool, backward: bool = False) -> tuple[Kerne
     dV) and the ``torch.cat`` (read + write ``2E``); compiled, the concatenation alone."""
     E, _ = _sizes(part)
     cat = [4 * E]
-    if part.cfg.software.compile:
+    if part.sw.compile:
         return _memory(cat, part.dtype)
     front = ([2 * E, 2 * E] + ([2 * E] * 3 if backward else [])) if first else []
     return _memory(front + cat, part.dtype)
@@ -115,7 +115,7 @@ def _merge_kernels(part: Any) -> tuple[Kernel, ...]:
     compiled, one pass (read ``E/2`` bf16 and the ``2E`` fp32 output, write ``2E``) and
     one over the log-sum-exp."""
     E, L = _sizes(part)
-    if part.cfg.software.compile:
+    if part.sw.compile:
         return _memory([E / 2 + 4 * E, 2.5 * L], part.dtype)
     lse = [1.5 * L / 2, L, 1.5 * L / 2, L, 1.5 * L / 2, 2 * L]   # sub, sigmoid, sub, ..., cat
     return _memory([1.5 * E, 3 * E, 2 * E, 3 * E, 4 * E] + lse, part.dtype)
@@ -129,7 +129,7 @@ def _accumulate_kernels(part: Any, step: int) -> tuple[Kernel, ...]:
     compiled, one pass for dK/dV (read the received ``4E`` after step 0, the ``2E`` of
     dK/dV; write ``4E``) and one for dQ."""
     E, _ = _sizes(part)
-    if part.cfg.software.compile:
+    if part.sw.compile:
         dkv = (4 * E if step else 0.0) + 2 * E + 4 * E
         dq = 3 * E if step == 0 else 4.5 * E
         return _memory([dkv, dq], part.dtype)
@@ -147,7 +147,7 @@ def _step_kernels(part: Any, backward: bool, step: int) -> tuple[Kernel, ...]:
         return flash
     E, _ = _sizes(part)
     if step == 0:
-        return flash + (() if part.cfg.software.compile else _memory([3 * E], part.dtype))
+        return flash + (() if part.sw.compile else _memory([3 * E], part.dtype))
     return flash + _merge_kernels(part)
 
 
@@ -190,13 +190,13 @@ def attention_forward(part: Any, ops: Any, tag: str) -> None:
     prev = ops.last_compute()                   # the qkv GEMM: K/V exist from here on
     arrive = _transfers(part, ops, tag, () if prev is None else (prev,))
     E, _ = _sizes(part)
-    eager_cats = part.cp_comm == "all_gather" and not part.cfg.software.compile
+    eager_cats = part.cp_comm == "all_gather" and not part.sw.compile
     for i in range(cp):
         kernels = _step_kernels(part, False, i)
         if eager_cats and 0 < i < cp - 1:
             kernels += _memory([4 * E], part.dtype)
         if i == cp - 1:                          # results(): the fp32 output back to bf16
-            kernels += _memory([E if part.cfg.software.compile else 3 * E], part.dtype)
+            kernels += _memory([E if part.sw.compile else 3 * E], part.dtype)
         deps = () if arrive[i] is None else (arrive[i],)
         ops.add(Compute(f"{tag}.attn_core.step", flops / cp, dtype=part.dtype,
                         kernels=kernels), deps=deps)
@@ -218,7 +218,7 @@ def attention_backward(part: Any, ops: Any) -> None:
     E, _ = _sizes(part)
     prev = ops.last_compute()
     arrive = _transfers(part, ops, "bwd", () if prev is None else (prev,))
-    eager_cats = part.cp_comm == "all_gather" and not part.cfg.software.compile
+    eager_cats = part.cp_comm == "all_gather" and not part.sw.compile
     dkv, dkv_bytes = None, 2 * kv_bytes(part)   # fp32 dK/dV
     for i in range(cp):
         deps = () if arrive[i] is None else (arrive[i],)
