@@ -265,6 +265,11 @@ class DecoderVectors:
             here = on & (plans["tp"] == tp)
             tensors = persistent_tensors(ctx.shape, int(tp), sw, ctx.shape.layers, True)
             out[here] += persistent_gather_seconds(sw, tensors, dp[here])
+            if sw.zero3_gather == "per_tensor":   # refetched by the later micro-batches
+                refetch = list_host_seconds(sw, dp[here], sum(tensors.values()), gather=True)
+                for n, count in tensors.items():
+                    refetch = refetch + count * coll("all_gather", "dp", n * ctx.dt, here)[here]
+                out[here] += (m[here] - 1) * refetch
         return out
 
     def _module_units(self, ctx: _Context, plans, on, coll, full):

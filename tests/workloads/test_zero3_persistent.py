@@ -9,7 +9,8 @@ import pytest
 import ddlsim
 from ddlsim.config import build_config
 from ddlsim.software import resolve_software
-from ddlsim.workloads.decoder.zero3_fetch import persistent_gather_seconds, persistent_tensors
+from ddlsim.workloads.decoder.zero3_fetch import (list_host_seconds, persistent_gather_seconds,
+                                                  persistent_tensors)
 from ddlsim.workloads.models.decoder import DecoderShape
 
 H = 12288
@@ -30,8 +31,8 @@ def test_host_seconds_count_the_code_s_loops():
     """One 12,288-element tensor on 8 ranks: 8 slices of 1,536, each narrow + view + narrow
     and a copy_ (24 Python ops, 8 copies); the torch.empty it is copied into and its own
     slice's narrow + copy_; per rank the flat buffer's narrow and PyTorch's copy-out (8 + 8):
-    34 Python ops at 2 us, 17 copies at 10 us, and the call's 234 us. A 5-element tensor on 8 ranks has slices of 1: 5 hold
-    elements."""
+    34 Python ops at 2 us, 17 copies at 10 us, and the call's 234 us. A 5-element tensor on 8
+    ranks has slices of 1: 5 hold elements."""
     sw = resolve_software("deepspeed-2021")
     assert persistent_gather_seconds(sw, {H: 1}, 8) == pytest.approx(
         34 * 2e-6 + 17 * 1e-5 + 234e-6)
@@ -54,17 +55,32 @@ def _config(software: str, accumulation: int) -> dict:
 @pytest.mark.parametrize("accumulation", [1, 2])
 def test_the_update_block_pays_it_once_per_iteration_after_the_step(accumulation):
     """One op per iteration (not per micro-batch), on the host after the optimizer step, and
-    the compute stream waits for it; today's DeepSpeed (coalesced gathers) has none."""
+    the compute stream waits for it; with two micro-batches the second forward's fetches of
+    the persistent tensors too; today's DeepSpeed (coalesced gathers) has none."""
     cfg = build_config(_config("deepspeed-2021", accumulation), [])
     program = ddlsim.build_workload(cfg).classes[0].program
     update = program.blocks["update"].flat.ops
     names = [o.payload.name for o in update]
     at = names.index("zero3.persistent_gather")
     assert names[at - 1] == "optimizer" and update[at].stream == "host"
-    assert update[at].deps == (at - 1,) and update[at + 1].stream == "compute"
+    assert update[at].deps == (at - 1,)
+    assert update[-1].payload.name == "zero3.persistent_gather" and update[-1].stream == "compute"
     expected = persistent_gather_seconds(
         cfg.software, persistent_tensors(cfg.model.shape(), 1, cfg.software, 24, True), 32)
     assert update[at].payload.seconds == pytest.approx(expected)
+    # the later micro-batches' forwards fetch each persistent tensor on its own (194 here:
+    # 8 per layer and the final norm's 2), one list-form gather each, charged after it
+    fetch = [o for o in update if o.payload.name == "zero3.persistent_fetch"]
+    gathers = [o for o in update if o.payload.name == "persistent.all_gather"]
+    if accumulation == 1:
+        assert not fetch and not gathers
+    else:
+        assert fetch[0].payload.seconds == pytest.approx(
+            (accumulation - 1) * list_host_seconds(cfg.software, 32, 194, gather=True))
+        assert sum(o.repeat for o in gathers) == (accumulation - 1) * 194
+        assert all(o.stream == "dp" and o.payload.group == "dp" for o in gathers)
+        assert update[-2].payload.name == "zero3.persistent_fetch"
+        assert update[-2].stream == "compute"
     for block in program.blocks.values():
         if block.name != "update":
             assert "zero3.persistent_gather" not in [o.payload.name for o in block.flat.ops]

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..trace import Compute, Op, Wait
+from ..trace import Collective, Compute, Op, Wait
 
 __all__ = ["FETCH_PASSES", "REDUCE_PASSES", "GATHER_HOST_OPS", "REDUCE_HOST_OPS", "ModuleFetch",
            "module_fetches", "list_host_seconds", "unit_live_elements", "PERSISTENT_HOST_OPS",
@@ -194,11 +194,28 @@ def persistent_gather_ops(b, stage: int, after: int) -> list:
     """The update block's ops after the optimizer step (op ``after``) under ``per_tensor``:
     the host's gather of the stage's persistent parameters
     (:func:`persistent_gather_seconds`) on the ``host`` stream, which the compute stream
-    then waits for (the next iteration's forward starts after it); none otherwise."""
+    then waits for (the next iteration's forward starts after it); none otherwise.
+
+    With ``m > 1`` micro-batches the forwards after the first also fetch every persistent
+    tensor on its own: ``backward`` releases them at each micro-batch
+    (``_partition_all_parameters``) and only the step regathers them, so each later forward's
+    hooks gather them one list-form all-gather at a time, each after a device
+    synchronisation (``_allgather_param``) with the device idle. Their host issue
+    (:func:`list_host_seconds`) and their collectives are serial, so the ``m − 1`` forwards'
+    worth is charged here, after the regather: the iteration's length is the same."""
     tensors = persistent_tensors(b.shape, b.tp, b.sw, sum(b.split[stage]), stage == b.pp - 1)
     seconds = persistent_gather_seconds(b.sw, tensors, b.dp)
     if not seconds:
         return []
-    return [Op(Compute("zero3.persistent_gather", 0.0, kind="elementwise", dtype=b.dtype,
-                       seconds=seconds), "host", deps=(after,)),
-            Op(Wait("zero3.persistent_gather", "host"))]
+    ops = [Op(Compute("zero3.persistent_gather", 0.0, kind="elementwise", dtype=b.dtype,
+                      seconds=seconds), "host", deps=(after,))]
+    later = b.plan.microbatches - 1
+    if later > 0:
+        issue = later * list_host_seconds(b.sw, b.dp, sum(tensors.values()), gather=True)
+        ops.append(Op(Compute("zero3.persistent_fetch", 0.0, kind="elementwise",
+                              dtype=b.dtype, seconds=issue), "host", deps=(after + 1,)))
+        host = after + len(ops)
+        ops += [Op(Collective("persistent.all_gather", "all_gather", "dp", n * b.dt), "dp",
+                   deps=(host,), repeat=later * count) for n, count in tensors.items()]
+        ops.append(Op(Wait("zero3.persistent_fetch", "dp")))
+    return ops + [Op(Wait("zero3.persistent_gather", "host"))]
