@@ -40,7 +40,8 @@ TFLOP/s, 0.563 of peak; fp8 derived by the same clock ratio) and the attention k
 0.86 of their 700 W curves (``device.power_limits``; docs/compute.md, "The H100 of
 torchtitan's runs").
 The A100 rows run on ``dgx-a100`` (A100 SXM 80 GB, 400 W, 8 per node; the runs' network is not
-stated).
+stated, and the rows are compute-bound: docs/compute.md, "The A100 of torchtitan's April 2024
+runs", with their breakdown and what was checked).
 """
 
 from __future__ import annotations
