@@ -107,7 +107,7 @@ class _Lowering:
         self._groups: dict[int, tuple[str, ...]] = {}
         self._blocks: dict[tuple, tuple] = {}
         self._ops: dict[tuple, Instr] = {}
-        self._p2p: dict[tuple, Instr] = {}
+        self._peers: dict[tuple, int] = {}
         self._parts: dict[tuple, tuple] = {}
         self._transfers: dict[tuple, float] = {}
 
@@ -153,29 +153,21 @@ class _Lowering:
         if not p2p:
             return instrs, id(instrs)
         out = list(instrs)
-        for i in p2p:
-            out[i] = self.p2p(ci, rep, block.ops[i])
+        for i, fields, p in p2p:
+            out[i] = self.p2p(ci, rep, fields, p)
         return tuple(out), id(instrs)
 
-    def p2p(self, ci: int, rep: int, op) -> Instr:
-        """A send or recv of class ``ci``: its peer class and (a send) transfer seconds."""
-        hit = self._p2p.get((ci, id(op)))   # the same op again (the op itself is kept alive)
-        if hit is not None:
-            return hit
-        p = op.payload
-        key = (ci, p.group, p.peer, p.kind, p.bytes, p.tag, op.stream, op.deps)
-        hit = self._p2p.get(key)
-        if hit is None:
-            sid = self.streams.setdefault(op.stream, len(self.streams))
+    def p2p(self, ci: int, rep: int, fields: tuple, p: P2P) -> Instr:
+        """A send or recv of class ``ci``: ``fields`` (:meth:`_template`'s) with its peer
+        class and (a send) transfer seconds filled in."""
+        peer = self._peers.get((p.group, rep, p.peer))
+        if peer is None:
             row, i, _ = self.row(p.group, rep)
-            peer = row[(i + p.peer) % len(row)]
-            send = p.kind == "send"
-            hit = self._p2p[key] = Instr(
-                SEND if send else RECV, sid, op.deps,
-                self.transfer(ci, p) if send else 0.0, self.cost.kind[p.group],
-                nbytes=p.bytes if send else 0.0, peer=(int(self.class_of[peer]), p.tag))
-        self._p2p[(ci, id(op))] = hit
-        return hit
+            peer = self._peers[(p.group, rep, p.peer)] = int(self.class_of[row[(i + p.peer)
+                                                                              % len(row)]])
+        code, sid, deps, _, label, flops, nbytes = fields
+        return _new_instr((code, sid, deps, self.transfer(ci, p) if code == SEND else 0.0,
+                           label, flops, nbytes, (peer, p.tag), None, -1))
 
     def transfer(self, ci: int, p: P2P) -> float:
         """Seconds of send ``p`` for class ``ci``: the slowest of its ranks' transfers
@@ -198,8 +190,9 @@ class _Lowering:
         peers = members[g_of[ranks], (i_of[ranks] + p.peer) % members.shape[1]]
         return self.cost.p2p_slowest(p, ranks, peers)
 
-    def _template(self, block, parts: dict) -> tuple[tuple, list[int]]:
-        """(instructions with None for point-to-point ops, their positions)."""
+    def _template(self, block, parts: dict) -> tuple[tuple, list[tuple]]:
+        """(instructions with None for point-to-point ops; per such op, its position, its
+        instruction's fields but the transfer seconds and the peer, and its payload)."""
         streams, cache = self.streams, self._ops
         out: list = []
         p2p = []
@@ -207,9 +200,11 @@ class _Lowering:
             streams.setdefault(op.stream, len(streams))   # numbered in order of first use
             p = op.payload
             kind = type(p)
-            if kind is P2P:
+            if kind is P2P:   # filled per class (:meth:`p2p`)
                 out.append(None)
-                p2p.append(i)
+                send = p.kind == "send"
+                p2p.append((i, (SEND if send else RECV, streams[op.stream], op.deps, 0.0,
+                                self.cost.kind[p.group], 0.0, p.bytes if send else 0.0), p))
                 continue
             # by payload, not op: an unrolled Loop repeats its body's payloads with new deps
             key = (id(p), op.stream, op.repeat, parts[p.group] if kind is Collective else None)
