@@ -89,3 +89,20 @@ def test_the_sms_slow_the_step_by_at_most_their_share_of_the_compute(monkeypatch
     assert free.iteration_time_s < held.iteration_time_s
     extra = held.iteration_time_s - free.iteration_time_s
     assert extra <= 20 / (132 - 20) * free.breakdown.compute_s
+
+
+def test_both_engines_time_the_contention_alike_inside_one_node():
+    # EP8 inside one node: no link shared by two flows at once, so the DES and the analytical
+    # engine agree on the trace (test_moe_a2a_overlap.py), contention ops included
+    cfg = run("deepep", layers=2)
+    cfg["parallel"]["expert_model_parallel_size"] = 8
+    cfg["system"]["nodes"] = 1
+    cfg["train"]["global_batch_size"] = 16
+    a, d = (ddlsim.predict(ddlsim.load_config(cfg), engine=e) for e in ("analytical", "des"))
+    assert any(o.payload.contention for o in _block_ops(cfg))
+    assert d.iteration_time_s == pytest.approx(a.iteration_time_s, rel=0.01)
+
+
+def _block_ops(cfg: dict) -> list:
+    w = ddlsim.build_workload(ddlsim.load_config(cfg))
+    return [o for o in w.classes[0].program.blocks["C0.0"].ops if type(o.payload) is Compute]
