@@ -23,7 +23,8 @@ import numpy as np
 from ..config import DTYPE_BYTES
 from ..errors import ConfigError
 from ..software import grad_dtype_bytes
-from ..workloads.decoder.zero3 import (FETCH_PASSES, REDUCE_PASSES, list_host_seconds,
+from ..workloads.decoder.zero3 import (FETCH_FILL_PASSES, FETCH_PASSES, REDUCE_PASSES,
+                                        list_host_seconds,
                                         module_fetches, unit_live_elements)
 from ..simulator.kernels import kernel_device, op_time
 from ..simulator.kernels.host import NO_LAUNCH, stream_times
@@ -306,8 +307,9 @@ class DecoderVectors:
                     for x in need:
                         u.gather[here] += coll("all_gather", "dp", float(x * ctx.dt), here)[here]
                     if synced:
-                        u.gather[here] += mem(FETCH_PASSES * sum(need) * ctx.dt)
-                        u.host_gather[here] = list_host_seconds(
+                        fill = FETCH_FILL_PASSES * sum(need) * ctx.dt   # waited for
+                        u.gather[here] += mem(FETCH_PASSES * sum(need) * ctx.dt - fill)
+                        u.host_gather[here] = mem(fill) + list_host_seconds(
                             sw, plans["dp"][here], len(need), gather=True)
                     u.has_gather[here] = bool(need)
                 b = units[("b", fm.module)]

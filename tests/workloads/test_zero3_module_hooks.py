@@ -72,17 +72,18 @@ def test_per_tensor_trace_overlaps_one_module_and_waits_for_the_reduce_scatters(
     ops = w.classes[0].program.blocks["F0"].flat.ops
     names = [o.payload.name for o in ops]
     # the first layer: QKV (+ core) gathered with the projection's weight ahead of it, each
-    # gather issued by the host first
+    # gather's buffer zero-filled and waited for, then issued by the host
     first = names.index("fwd.attn.qkv")
-    issue = ["zero3.host_gather", "param.all_gather", "zero3.fetch_passes"]
-    assert names[1:7] == issue * 2
-    assert [ops[i].stream for i in (1, 2, 3)] == ["host", "dp", "dp"]
-    assert ops[2].deps == ops[3].deps == (1,)
+    issue = ["zero3.zero_fill", "zero3.host_gather", "param.all_gather", "zero3.fetch_passes"]
+    assert names[1:9] == issue * 2
+    assert [ops[i].stream for i in (1, 2, 3, 4)] == ["host", "host", "dp", "dp"]
+    assert ops[2].deps == (1,) and ops[3].deps == ops[4].deps == (2,)
     # QKV waits for its gather and for the host's issue of the projection's
-    assert ops[first].deps == (2, 3, 4)
-    assert names[first + 1:first + 4] == issue
-    assert ops[first + 1].deps == (first,)        # fc1's issue: after QKV's compute
-    assert ops[first + 4].deps == (5, 6, first + 1)
+    assert ops[first].deps == (3, 4, 6)
+    assert names[first + 1:first + 5] == issue
+    assert ops[first + 1].deps == (first,)        # fc1's fill and issue: after QKV's compute
+    assert ops[first + 2].deps == (first + 1,)
+    assert ops[first + 5].deps == (7, 8, first + 2)
     back = w.classes[0].program.blocks["B0"].flat.ops
     names = [o.payload.name for o in back]
     fc2, fc1 = names.index("bwd.mlp.fc2"), names.index("bwd.mlp.fc1")

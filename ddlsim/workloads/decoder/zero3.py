@@ -52,8 +52,9 @@ module (synchronising the device), then ``prefetch_next_sub_modules`` launches t
 parameters' gather asynchronously and the module computes: one tensor in flight behind the
 compute, ``zero3_prefetch_modules: 1``. Every fetch synchronises the device, so under
 ``per_tensor`` a unit also waits for the reduce-scatters of the unit before it, and the
-gradients' passes run on the compute stream; the gathers' passes follow each gather on the
-``dp`` stream (the zero-fill and the copy-out run on the communication stream).
+gradients' passes run on the compute stream. A gather's zero-fill comes before its issue
+(``_allgather_param`` calls ``torch.cuda.synchronize()`` after ``torch.zeros``, so the host
+waits for it: a pass on the ``host`` stream), its copy-out follows it on ``dp``.
 
 **The host's issue** (``per_tensor``, on a ``host`` stream): each list-form collective costs
 the host a Python view and a ``copy_`` launch per rank (:data:`GATHER_HOST_OPS`,
@@ -86,16 +87,16 @@ from ..trace import Block, Collective, Compute, Op, Wait
 from .builder import StageBuilder
 from .oplists import comm_stream as _stream, extend_ops as _extend, placed as _placed
 from .layerkernels import MODULE_PARTS
-from .zero3_fetch import (FETCH_PASSES, GATHER_HOST_OPS, REDUCE_HOST_OPS, REDUCE_PASSES,
-                          ModuleFetch, _live_elements, list_host_seconds, module_fetches,
-                          unit_live_elements)
+from .zero3_fetch import (FETCH_FILL_PASSES, FETCH_PASSES, GATHER_HOST_OPS, REDUCE_HOST_OPS,
+                          REDUCE_PASSES, ModuleFetch, _live_elements, list_host_seconds,
+                          module_fetches, unit_live_elements)
 
 __all__ = ["zero3_blocks", "zero3_shards", "gathered_layers", "zero3_gathered_bytes",
            "gathered_bytes",
            "zero3_prefetch", "zero3_phrase", "module_hook_bytes",
            "list_gather_bytes", "ModuleFetch", "module_fetches", "FETCH_PASSES",
-           "REDUCE_PASSES", "GATHER_HOST_OPS", "REDUCE_HOST_OPS", "list_host_seconds",
-           "unit_live_elements"]
+           "FETCH_FILL_PASSES", "REDUCE_PASSES", "GATHER_HOST_OPS", "REDUCE_HOST_OPS",
+           "list_host_seconds", "unit_live_elements"]
 
 def zero3_prefetch(sw) -> int:
     """Units gathered ahead of the unit computing: layers (``zero3_prefetch_layers``) for
@@ -185,6 +186,9 @@ class _Unit:
     gather_passes: float = 0.0
     reduce_passes: float = 0.0
     host_gather: float = 0.0
+    #: bytes of the zero-fill before the host issues its gathers (``per_tensor``), on the
+    #: ``host`` stream: the host waits for it (``_allgather_param``'s synchronisation)
+    fill: float = 0.0
     host_reduce: float = 0.0
     #: bytes of the compute stream's pass after the gathers (FSDP2's copy-out)
     copy_out: float = 0.0
@@ -248,7 +252,8 @@ def _module_units(b: StageBuilder, ops: list, fetch: dict[int, ModuleFetch],
     _live_elements(units, fetch, backward)
     if b.sw.zero3_gather == "per_tensor":   # PyTorch 1.8's list-form all_gather
         for u in units:
-            u.gather_passes = FETCH_PASSES * sum(n for _, n in u.gathers)
+            u.fill = FETCH_FILL_PASSES * sum(n for _, n in u.gathers)
+            u.gather_passes = (FETCH_PASSES - FETCH_FILL_PASSES) * sum(n for _, n in u.gathers)
             u.host_gather = list_host_seconds(b.sw, b.dp, len(u.gathers), gather=True)
             u.host_reduce = list_host_seconds(b.sw, b.dp, len(u.reduces), gather=False)
     return units
@@ -288,6 +293,10 @@ def _pass(b: StageBuilder, head: list, units: list[_Unit], prefetch: int) -> lis
 
     def gather(j: int, deps: tuple[int, ...]) -> tuple[int, ...]:
         idx = []
+        if units[j].fill:   # the zero-filled buffers, waited for before the issue
+            ops.append(Op(Compute("zero3.zero_fill", 0.0, units[j].fill, kind="elementwise",
+                                  dtype=b.dtype), "host", deps=deps))
+            deps = (len(ops) - 1,)
         deps = host("zero3.host_gather", units[j].host_gather, deps)
         if units[j].pre_gather is not None:     # the casts before a float8 all-gather
             ops.extend(units[j].pre_gather(deps))
@@ -301,7 +310,7 @@ def _pass(b: StageBuilder, head: list, units: list[_Unit], prefetch: int) -> lis
                                   kind="elementwise", dtype=b.dtype), "dp", deps=deps))
             idx.append(len(ops) - 1)
         pending[j] = tuple(idx)
-        return deps if units[j].host_gather else ()
+        return deps if units[j].host_gather or units[j].fill else ()
 
     cap = b.sw.zero3_max_live_parameters if b.sw.zero3_gather != "per_layer" else 0
 

@@ -12,7 +12,8 @@ import numpy as np
 
 from ..trace import Collective, Compute, Op, Wait
 
-__all__ = ["FETCH_PASSES", "REDUCE_PASSES", "GATHER_HOST_OPS", "REDUCE_HOST_OPS", "ModuleFetch",
+__all__ = ["FETCH_PASSES", "FETCH_FILL_PASSES", "REDUCE_PASSES", "GATHER_HOST_OPS",
+           "REDUCE_HOST_OPS", "ModuleFetch",
            "module_fetches", "list_host_seconds", "unit_live_elements", "PERSISTENT_HOST_OPS",
            "persistent_tensors", "persistent_gather_seconds", "persistent_gather_ops"]
 
@@ -20,6 +21,10 @@ __all__ = ["FETCH_PASSES", "REDUCE_PASSES", "GATHER_HOST_OPS", "REDUCE_HOST_OPS"
 #: list all-gather copies each rank's chunk out of its own flat buffer (read + write)
 #: (ProcessGroupNCCL::allgather; DeepSpeed v0.3.13 partition_parameters.py _allgather_param)
 FETCH_PASSES = 3
+#: of which before the gather is issued: the zero-fill (``_allgather_param`` calls
+#: ``torch.zeros`` and then ``torch.cuda.synchronize()`` before its Python loop), so the host
+#: waits for it with the device otherwise idle
+FETCH_FILL_PASSES = 1
 #: memory passes over a reduce-scattered gradient: copy into the contiguous bucket, ``div_``
 #: by the data-parallel size, list reduce-scatter's copy into its flat input (read + write
 #: each; stage3.py reduce_independent_p_g_buckets_and_remove_grads and average_tensor,
