@@ -124,6 +124,72 @@ def test_nccl_sms_slow_the_async_backward(engine, monkeypatch):
     cfg = _async_plan()
     with_sms = ddlsim.predict(cfg, engine, check_fit=False).iteration_time_s
     from ddlsim.simulator.kernels import contention
-    monkeypatch.setattr(contention, "nccl_ring_ctas", lambda system: 0)
+    monkeypatch.setattr(contention, "nccl_ring_ctas", lambda system, net=None: 0)
     without = ddlsim.predict(cfg, engine, check_fit=False).iteration_time_s
     assert without < with_sms < without * 1.05
+
+
+def _dp_plan(preset="dgx-a100", tp=1, nodes=2, **parallel):
+    dp = 8 * nodes // tp
+    return build_config({
+        "model": "gpt3-1.3b",
+        "parallel": {"tensor_model_parallel_size": tp, "data_parallel_size": dp,
+                     "overlap_grad_reduce": True, **parallel},
+        "train": {"micro_batch_size": 1, "global_batch_size": dp, "seq_length": 2048},
+        "system": {"preset": preset, "nodes": nodes}})
+
+
+@pytest.mark.parametrize("preset, tp, ctas", [
+    # 8 GPUs a node, 8 HDR NICs: 200 GB/s / 48 GB/s = 4 channels; doubled (cc 8.0); x2 by
+    # ncclTopoPostset: 16
+    ("dgx-a100", 1, 16),
+    # 8 NDR NICs: min(450 × 20.6/25, 400) / 48 = 7 channels; cc 9.0 > 80, 48 < 50 GB/s and
+    # 7 > 4: not duplicated; x2: 14 (NCCL printed 16 on 3 × 8 H100s, NVIDIA/nccl issue 1453)
+    ("dgx-h100", 1, 14),
+    # one GPU a node (TP 8): its one NIC, 25 GB/s / 48 -> 1 channel; doubled, x2: 4
+    ("dgx-a100", 8, 4),
+    # 50 GB/s / 48 -> 1; on Hopper doubled (1 channel is not > 4), x2: 4
+    ("dgx-h100", 8, 4),
+])
+def test_nccl_channels_across_nodes_follow_the_nics(preset, tp, ctas):
+    cfg = _dp_plan(preset, tp)
+    cost = CostModel(cfg.system, ddlsim.build_workload(cfg))
+    assert cost.nets["dp"].multi_node
+    assert nccl_ring_ctas(cfg.system, cost.nets["dp"]) == ctas
+    assert nccl_ring_ctas(cfg.system, None) == 24   # inside one node
+
+
+def test_overlapped_grad_buckets_pay_nccls_sms_beside_the_next_layers():
+    """Megatron-Core's overlapped gradient buckets: a run's buckets run beside the next run
+    of backward layers, whose GEMMs get a contention op with those buckets (the first run has
+    none: nothing was issued before it); timed (16/108)·min(C, G_k) across DGX A100 nodes."""
+    cfg = _dp_plan()
+    wl = ddlsim.build_workload(cfg)
+    ops = [op for op in _contention_ops(wl) if op.name.startswith("grad.")]
+    assert ops and all(c.group == "dp" and c.op == "all_reduce"
+                       for op in ops for c in op.contention.collectives)
+    cost, dev = CostModel(cfg.system, wl), kernel_device(cfg.system)
+    for op in ops:
+        C = sum(cost.collective(c) for c in op.contention.collectives)
+        G = op.contention.gemm_flops / (dev.peak_flops(op.dtype) * dev.ceiling(op.dtype))
+        assert cost.compute(op) == pytest.approx(16 / 108 * min(C, G * 108 / 92), rel=1e-12)
+    off = ddlsim.build_workload(_dp_plan(overlap_grad_reduce=False))
+    assert not any(op.name.startswith("grad.") for op in _contention_ops(off))
+
+
+def test_ddp_buckets_pay_nccls_sms_beside_the_backward_after_them():
+    """PyTorch DDP (ResNet-50): the buckets issued at one point run beside the backward up
+    to the next; one contention op per window, in the engines' compute."""
+    from ddlsim.workloads.buckets import BackwardUnit, backward_with_buckets
+    from ddlsim.workloads.trace import Collective as Coll
+    units = [BackwardUnit((Compute(f"l{i}", 1e9),), 1) for i in range(4)]
+    ops = backward_with_buckets(units, [range(0, 1), range(1, 3), range(3, 4)],
+                                [1e6] * 4, "dp", True)
+    cont = [o.payload.contention for o in ops
+            if isinstance(o.payload, Compute) and o.payload.contention is not None]
+    # bucket 0 beside l1 + l2, bucket 1 beside l3; bucket 2 (after l3) beside nothing
+    assert [(c.gemm_flops, [x.name for x in c.collectives]) for c in cont] == [
+        (2e9, ["grad.bucket0"]), (1e9, ["grad.bucket1"])]
+    assert all(isinstance(x, Coll) for c in cont for x in c.collectives)
+    blocking = backward_with_buckets(units, [range(0, 4)], [1e6] * 4, "dp", False)
+    assert not any(isinstance(o.payload, Compute) and o.payload.contention for o in blocking)

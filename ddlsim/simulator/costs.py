@@ -201,13 +201,14 @@ class CostModel:
 
     def _contention(self, op: Compute) -> float:
         """Seconds of a contention op: its collectives' time on their groups, one after
-        another (:func:`.kernels.contention.contention_seconds`)."""
+        another, NCCL's channels the most any of their groups has
+        (:func:`.kernels.contention.contention_seconds`)."""
         from .kernels.contention import contention_seconds, nccl_ring_ctas
         colls = op.contention.collectives
         comm = sum(self.collective(c) for c in colls)
-        nccl = colls and self.comm_backend == "nccl"
-        return contention_seconds(op, self._dev, nccl_ring_ctas(self.system) if nccl else 0,
-                                  comm)
+        ctas = max((nccl_ring_ctas(self.system, self.nets[c.group]) for c in colls), default=0) \
+            if self.comm_backend == "nccl" else 0
+        return contention_seconds(op, self._dev, ctas, comm)
 
     def _profile_efficiency(self, flops: float, dtype: str) -> float | None:
         """The calibration profile's GEMM efficiency at ``flops``, None for an uncalibrated

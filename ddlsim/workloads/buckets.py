@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from .smcontention import beside
 from .trace import Collective, Compute, Op, Wait
 
 __all__ = ["FIRST_BUCKET_BYTES", "ddp_buckets", "buckets_by_count", "BackwardUnit",
@@ -101,23 +102,48 @@ def backward_with_buckets(units: Sequence[BackwardUnit], buckets: Sequence[range
     the unit that produces its last gradient has finished, and the block ends with a
     ``Wait`` on that stream (DDP's ``finalize_backward``). Without it, every all-reduce runs
     blocking on the compute stream after the whole backward, in bucket order.
+
+    Overlapped, the buckets issued at one point hold NCCL's channels beside the backward
+    compute up to the next issue point (or the end of the backward), whose GEMMs get a
+    contention op (:func:`.smcontention.beside`; docs/overlap.md "SMs taken by
+    communication"); the buckets issued after the last unit run beside nothing.
     """
     ops: list[Op] = []
     colls = [Collective(f"{prefix}.bucket{k}", "all_reduce", group,
                         float(sum(grad_bytes[i] for i in r))) for k, r in enumerate(buckets)]
     ends = [r.stop for r in buckets]
     ready, k, last = 0, 0, ()
+    issued, window = [], []     # the last buckets issued; the compute issued after them
     for u in units:
         for c in u.ops:
             ops.append(Op(c))
+            window.append(ops[-1])
             last = (len(ops) - 1,)
         ready += u.n_grads
+        if overlap and k < len(ends) and ends[k] <= ready:
+            extra = _contention(prefix, issued, window)
+            if extra is not None:   # the window's GEMMs ran beside the buckets before them
+                ops.append(extra)
+                last = (len(ops) - 1,)
+            issued, window = [], []
         while overlap and k < len(ends) and ends[k] <= ready:
             ops.append(Op(colls[k], stream=group, deps=last))
+            issued.append(colls[k])
             k += 1
+    if overlap and (extra := _contention(prefix, issued, window)) is not None:
+        ops.append(extra)
     if overlap:
         ops += [Op(c, stream=group) for c in colls[k:]]
         ops.append(Op(Wait(f"{prefix}.wait", group)))
     else:
         ops += [Op(c) for c in colls]
     return tuple(ops)
+
+
+def _contention(prefix: str, issued: list[Collective], window: list[Op]) -> Op | None:
+    """The contention op of the compute ``window`` beside the buckets ``issued`` before it
+    (in the dtype of its first compute op), None when either is empty."""
+    if not issued or not window:
+        return None
+    first = issued[0].name.rsplit(".bucket", 1)[-1]
+    return beside(f"{prefix}.all_reduce{first}", window, issued, window[0].payload.dtype)

@@ -167,7 +167,7 @@ def test_tp_comm_overlap_hides_tp_communication(engine, monkeypatch):
     assert t_block > t[1] > t[2]
     assert t_block > t[0]
     from ddlsim.simulator.kernels import contention
-    monkeypatch.setattr(contention, "nccl_ring_ctas", lambda system: 0)
+    monkeypatch.setattr(contention, "nccl_ring_ctas", lambda system, net=None: 0)
     t_free = _time(_cfg("parallel.tp_comm_overlap=off", base=base), engine)
     assert t_free < t[1] and t_free < t[0]
 

@@ -56,32 +56,45 @@ MAXCHANNELS = 32
 _CC = {"volta": 70, "ampere": 80, "hopper": 90, "blackwell": 100}
 
 
-def nccl_ring_ctas(system: Any) -> int:
-    """SMs an NCCL ring collective inside one NVLink node holds: its channels, one CUDA block
-    each.
+def nccl_ring_ctas(system: Any, net: Any = None) -> int:
+    """SMs an NCCL ring collective holds: its channels, one CUDA block each.
 
-    The topology search's channels are the node's NVLink bandwidth over the first per-channel
-    speed it tries (ddlsim's NCCL model: :func:`ddlsim.simulator.nccl.model` ``_channels``;
-    DGX A100: 300 GB/s × 0.8 / 40 GB/s = 6), doubled by ``ncclTopoDupChannels`` where a channel
-    moves ≥ 25 GB/s (not on compute capability > 8.0 below 50 GB/s with more than 4 channels),
-    and doubled again by ``ncclTopoPostset``, at most :data:`MAXCHANNELS`: 24 on a DGX A100.
+    The topology search's channels are the group's link bandwidth over the first per-channel
+    speed it tries (ddlsim's NCCL model: :func:`ddlsim.simulator.nccl.model` ``_link`` and
+    ``_channels``; inside a DGX A100: 300 GB/s × 0.8 / 40 GB/s = 6; across nodes the NICs'
+    bandwidth over the inter-node speed, 200 GB/s / 48 GB/s = 4 from 8 HDR NICs), doubled by
+    ``ncclTopoDupChannels`` where a channel moves ≥ 25 GB/s (not on compute capability > 8.0
+    below 50 GB/s with more than 4 channels), and doubled again by ``ncclTopoPostset``, at
+    most :data:`MAXCHANNELS`: 24 inside a DGX A100 or H100 node, 16 across DGX A100 nodes,
+    14 across DGX H100 nodes (7 channels at 48 GB/s are not duplicated on Hopper; NCCL
+    printed 16 on 3 × 8 H100s, NVIDIA/nccl issue 1453).
 
     Parameters
     ----------
     system : a :class:`~ddlsim.config.SystemConfig`.
+    net : the group's :class:`~ddlsim.simulator.netmodel.GroupNet`, or None for a group
+        inside one NVLink node.
 
     Returns
     -------
-    int : SMs (0 where NCCL's model does not apply: no known GPU generation or no NVLink).
+    int : SMs (0 where NCCL's model does not apply: no known GPU generation, or no NVLink
+    inside the node for a group inside one).
     """
     from ..nccl import tuning as T
+    from ..nccl.model import _channels, _link
     from ..nccl.system import env_for_system
     env = env_for_system(system)
-    if env is None or env.intra != "nvlink":
+    if env is None:
         return 0
-    link_GBps = system.intra_node.bandwidth_Bps * T.NVLINK_EFFICIENCY[env.arch] / 1e9
-    speed = T.TOP_SPEED_GBPS[env.arch][0]
-    channels = max(1, math.floor(link_GBps / speed))
+    if net is None or not net.multi_node:
+        if env.intra != "nvlink":
+            return 0
+        link_GBps = system.intra_node.bandwidth_Bps * T.NVLINK_EFFICIENCY[env.arch] / 1e9
+        speed = T.TOP_SPEED_GBPS[env.arch][0]
+        channels = max(1, math.floor(link_GBps / speed))
+    else:   # the model's own channel count across nodes (its busBw uses the same)
+        speed = T.TOP_SPEED_GBPS[env.arch][1]
+        channels = max(1, math.floor(_channels(_link(net, env)[1], net, env)))
     if speed >= 25.0 and not (_CC[env.arch] > 80 and speed < 50.0 and channels > 4):
         channels = min(2 * channels, MAXCHANNELS)
     return min(2 * channels, MAXCHANNELS)

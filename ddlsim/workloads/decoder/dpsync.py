@@ -1,7 +1,13 @@
 """Data-parallel gradient buckets of a decoder stage (a mixin of
 :class:`~ddlsim.workloads.decoder.builder.StageBuilder`): the bucketed all-reduce or
 reduce-scatter of one model chunk, issued on the ``dp`` stream after each run of backward
-layers (``overlap_grad_reduce``) or all at once after the backward."""
+layers (``overlap_grad_reduce``) or all at once after the backward.
+
+Overlapped, a run's buckets hold NCCL's channels beside the next run of layers: that run
+gets a contention op (:func:`~ddlsim.workloads.smcontention.beside`, docs/overlap.md "SMs
+taken by communication"), its GEMMs' extra time ``(k/S)·min(C, G_k)``, ``C`` the buckets'.
+The last run's buckets run beside what follows the backward (the next chunk's or
+micro-batch's work, the optimizer), which is not charged."""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ import math
 
 import numpy as np
 
+from ..smcontention import beside
 from ..trace import Collective, Op
 from .stage import StageBase
 
@@ -100,7 +107,13 @@ class GradSyncOps(StageBase):
         for seg in range(n_seg):
             n = f * (periods // n_seg + (1 if seg < periods % n_seg else 0))
             done += n
-            ops += self.layer_ops(True, n, first=offset + layers - done)
+            run = self.layer_ops(True, n, first=offset + layers - done)
+            ops += run
+            if seg:                  # the previous run's buckets hold SMs beside this run
+                prev = sync_ops[w * (seg - 1):w * seg]
+                extra = beside(f"grad.bucket{seg - 1}", run, tuple(
+                    o.payload for o in prev for _ in range(o.repeat)), self.plan.train_dtype)
+                ops += [extra] if extra is not None else []
             last = start + len(ops) - 1
             for s in sync_ops[w * seg:w * seg + w]:
                 ops.append(Op(s.payload, stream=s.stream, deps=(last,), repeat=s.repeat))

@@ -1,0 +1,67 @@
+"""Contention ops for compute overlapped with data-parallel communication.
+
+A collective issued on its own stream runs beside whatever the compute stream runs next; its
+NCCL kernels hold one SM per channel, so the GEMMs beside it lose ``k/S`` of their rate while
+both run. :func:`beside` writes that as a contention op after those ops (a compute op carrying
+a :class:`~ddlsim.workloads.trace.Contention`), timed by the cost model as the GEMMs' extra
+time ``(k/S)·min(C, G_k)`` (:mod:`ddlsim.simulator.kernels.contention`, docs/overlap.md "SMs
+taken by communication"). Used by the decoder's gradient buckets and parameter gathers and
+by PyTorch DDP's buckets (:mod:`.buckets`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .trace import Collective, Compute, Contention, Loop, Op
+
+__all__ = ["gemm_flops", "beside"]
+
+
+def gemm_flops(ops: Iterable[Op]) -> float:
+    """FLOPs of the GEMMs among ``ops`` (loops and repeats counted): a kernel-level op's GEMM
+    kernels (``2·M·N·K`` per batch), an op without kernels of kind ``gemm`` whole.
+
+    Parameters
+    ----------
+    ops : iterable of :class:`~ddlsim.workloads.trace.Op`.
+
+    Returns
+    -------
+    float : FLOPs.
+    """
+    total = 0.0
+    for o in ops:
+        p = o.payload
+        if isinstance(p, Loop):
+            total += o.repeat * p.count * gemm_flops(p.body)
+        elif isinstance(p, Compute) and p.contention is None and p.seconds is None:
+            if p.kernels is None:
+                total += o.repeat * p.flops * (p.kind == "gemm")
+            else:
+                total += o.repeat * sum(2.0 * k.shape[0] * k.shape[1] * k.shape[2] * k.batch
+                                        for k in p.kernels if k.kind == "gemm")
+    return total
+
+
+def beside(name: str, ops: Iterable[Op], collectives: Iterable[Collective],
+           dtype: str) -> Op | None:
+    """The contention op of the GEMMs of ``ops`` run while ``collectives`` (one after another,
+    on their own stream) hold NCCL's channels, None when nothing overlaps.
+
+    Parameters
+    ----------
+    name : the op's name is ``<name>.sm_contention``.
+    ops : the compute-stream ops issued after the collectives.
+    collectives : the collectives, in issue order.
+    dtype : the GEMMs' arithmetic precision (a key of the device's ``peak_flops``).
+
+    Returns
+    -------
+    Op or None : a compute-stream op to place after ``ops``.
+    """
+    flops, colls = gemm_flops(ops), tuple(collectives)
+    if not colls or flops <= 0.0:
+        return None
+    c = Contention(flops, collectives=colls)
+    return Op(Compute(f"{name}.sm_contention", 0.0, dtype=dtype, contention=c))
