@@ -165,3 +165,16 @@ def test_memory_resolves_the_plan_once_for_all_stages(monkeypatch):
                         lambda c: calls.append(1) or real(c))
     mem = build.decoder_memory(cfg, cfg.model.shape())
     assert len(mem) == 4 and len(calls) == 1
+
+
+def test_a_workload_carries_the_memory_of_its_own_plan(monkeypatch):
+    # build_workload resolves the plan once: the trace and every stage's memory from it
+    from ddlsim.api import build_workload
+    from ddlsim.workloads.decoder import build
+    cfg = ddlsim.load_config(BASE)
+    calls = []
+    real = build.resolve_plan
+    monkeypatch.setattr(build, "resolve_plan", lambda c, s: calls.append(1) or real(c, s))
+    wl = build_workload(cfg)
+    assert len(calls) == 1 and len(wl.memory) == 2
+    assert list(wl.memory) == build.decoder_memory(cfg, cfg.model.shape())

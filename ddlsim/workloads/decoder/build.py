@@ -71,7 +71,8 @@ def _step_tables(sched: str, pp: int, m: int, v: int, sync: bool,
 
 
 def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
-    """The trace of one training iteration of ``cfg``, a decoder of ``shape``.
+    """The trace of one training iteration of ``cfg``, a decoder of ``shape``, with the memory
+    of one rank of each stage (:func:`decoder_memory`, from the same plan).
 
     Stages that play the same role (first, last, or in between) share their block objects,
     and every stage's steps are a :class:`StepTable`, so building a 32-stage plan with 384
@@ -154,16 +155,21 @@ def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
     label = (f"tp{tp}" if plan.tp_mode == "1d" else f"tp{plan.tp_mode}x{tp}") \
         + (f"-cp{b.cp}" if b.cp > 1 else "")
     return Workload(f"{cfg.model.name}-{label}-pp{pp}-dp{dp}", mesh.world_size, groups,
-                    tuple(classes), meta)
+                    tuple(classes), meta, memory=tuple(_stage_memories(b)))
 
 
 def decoder_memory(cfg: RunConfig, shape: DecoderShape) -> list[MemoryBreakdown]:
     """Memory of one rank of each pipeline stage (:func:`.memory.stage_memory`), the plan
-    resolved once for all of them."""
-    plan = resolve_plan(cfg, shape)
-    b = StageBuilder(plan)
+    resolved once for all of them (:func:`build_decoder_workload` carries the same list)."""
+    return _stage_memories(StageBuilder(resolve_plan(cfg, shape)))
+
+
+def _stage_memories(b: StageBuilder) -> list[MemoryBreakdown]:
+    """:func:`.memory.stage_memory` of every stage of builder ``b``'s plan, with the stage's
+    parameters (and routed experts') from ``b``."""
+    plan = b.plan
     context = context_bytes(plan.device, comm_groups(plan))   # every stage's
-    if not shape.is_moe:
+    if not plan.shape.is_moe:
         return [stage_memory(plan, s, b.stage_params(s), context=context)
                 for s in range(b.pp)]
     layer_bytes = max(sum(b.layer_rank_params(m)) for m in (False, True)) * b.dt
