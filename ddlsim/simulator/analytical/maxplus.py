@@ -85,7 +85,8 @@ def nodes(programs: list) -> Nodes | None:
     key = cls * NB
     key += np.concatenate([p.block for p in programs])
     mb = np.concatenate([p.microbatch for p in programs], dtype=np.int64)
-    ok = np.array([s is not None for s in summaries])[key]
+    table = _table(summaries)
+    flags = np.take(_flags(summaries), key)
     sent, got = sent_k[key], got_k[key]
     lowest = int(mb.min())       # message slots: (message, micro-batch) → node
     if lowest:
@@ -100,10 +101,9 @@ def nodes(programs: list) -> Nodes | None:
         return None
     src = where[got * M + mb]
     r = np.flatnonzero(src >= 0)                   # the nodes that receive a message
-    lim = _limits(off, cls, ok, got, src, r)
-    table = _table(summaries)
+    lim = _limits(off, flags & NONE > 0, got, src, r)
     A, F, E = (np.take(table[i], key) for i in range(3))
-    waits, after, blocking = (np.take(table[i] > 0, key) for i in range(4, 7))
+    waits, after, blocking = (flags & bit > 0 for bit in (WAITS, AFTER, BLOCKING))
     t = np.zeros(N)
     t[r] = table[3, key[src[r]]]
     F0 = F
@@ -145,27 +145,40 @@ def _block_summaries(programs: list, NB: int) -> tuple[list, np.ndarray, np.ndar
     return summaries, sent_k, got_k, len(msgs)
 
 
-def _limits(off: np.ndarray, cls: np.ndarray, ok: np.ndarray, got: np.ndarray,
-            src: np.ndarray, r: np.ndarray) -> np.ndarray:
-    """Each class's prefix end: its first unsolvable step, its first step whose message is
-    not sent by a solvable step, or its first step whose message is sent beyond the
-    sender's prefix (``r``: the nodes that receive a message)."""
-    lim = _prefix(off, np.flatnonzero(~ok | ((got >= 0) & (src < 0))))
+def _limits(off: np.ndarray, none: np.ndarray, got: np.ndarray, src: np.ndarray,
+            r: np.ndarray) -> np.ndarray:
+    """Each class's prefix end: its first unsolvable step (``none``: no summary), its first
+    step whose message is not sent by a solvable step, or its first step whose message is
+    sent beyond the sender's prefix (``r``: the nodes that receive a message)."""
+    lim = _prefix(off, np.flatnonzero(none | ((got >= 0) & (src < 0))))
     rs = src[r]
-    rc, sc = cls[r], cls[rs]
     while True:
-        beyond = (r < lim[rc]) & (rs >= lim[sc])
+        past = np.ones(len(src), dtype=bool)      # beyond its class's prefix
+        for a, b in zip(off[:-1].tolist(), lim.tolist()):
+            past[a:b] = False
+        beyond = past[rs]
+        beyond &= ~past[r]
         if not beyond.any():
             return lim
         lim = np.minimum(lim, _prefix(off, r[beyond]))
 
 
 def _table(summaries: list) -> np.ndarray:
-    """Per key (columns), the rows A, F, E, the send's seconds (0: none), waits, after,
-    blocking of its summary (zeros for none)."""
-    rows = [(s.A, s.F, s.E, s.send.dur if s.send is not None else 0.0, s.waits, s.after,
-             s.blocking) if s is not None else (0.0,) * 7 for s in summaries]
-    return np.ascontiguousarray(np.array(rows, dtype=float).reshape(len(summaries), 7).T)
+    """Per key (columns), the rows A, F, E and the send's seconds (0: none) of its summary
+    (zeros for none)."""
+    rows = [(s.A, s.F, s.E, s.send.dur if s.send is not None else 0.0)
+            if s is not None else (0.0,) * 4 for s in summaries]
+    return np.ascontiguousarray(np.array(rows, dtype=float).reshape(len(summaries), 4).T)
+
+
+#: Bits of :func:`_flags`.
+WAITS, AFTER, BLOCKING, NONE = 1, 2, 4, 8
+
+
+def _flags(summaries: list) -> np.ndarray:
+    """Per key, its summary's ``waits``, ``after`` and ``blocking`` as bits, or ``NONE``."""
+    return np.array([NONE if s is None else WAITS * s.waits | AFTER * s.after
+                     | BLOCKING * s.blocking for s in summaries], dtype=np.uint8)
 
 
 def _prefix(off: np.ndarray, bad: np.ndarray) -> np.ndarray:
@@ -292,11 +305,12 @@ class _Chain:
             li = self.late[l0:l1]
             new[li - lo] = self.endz[li] + self.Ee[l0:l1]
         old = self.post[lo:K]
-        diff = (new != old).nonzero()[0]
-        if not len(diff):
+        diff = new != old
+        first = int(diff.argmax())
+        if not diff[first]:
             return False
         old[:] = new
-        g0, g1 = lo + int(diff[0]), lo + int(diff[-1])
+        g0, g1 = lo + first, K - 1 - int(diff[::-1].argmax())
         for r, ri, M, m in self.readers:
             i = int(M.searchsorted(g0))
             j = int(m.searchsorted(g1, side="right")) - 1
