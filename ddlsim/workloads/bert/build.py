@@ -90,7 +90,7 @@ class _Stage:
                        k * w * 6 * b * s * m.hidden_size, kind="elementwise",
                        dtype=self.dtype),) if self.first else ()
         head = (Compute(f"{tag}.heads", k * m.head_flops(b, s),
-                        k * w * (sum(m.head_tensors()) + b * s * m.vocab_size),
+                        k * w * (sum(m.head_tensors()) + b * m.mlm_tokens(s) * m.vocab_size),
                         dtype=self.dtype),) if self.last else ()
         return emb, head
 
@@ -216,6 +216,7 @@ def bert_memory(cfg: RunConfig) -> list[MemoryBreakdown]:
         n = sum(m.stage_tensors(stage, p.pp))
         w, g, o = model_state_bytes(n, cfg.dp, p.zero_stage, t.dtype, t.optimizer)
         acts = layer * (m.num_hidden_layers // p.pp) * inflight_chunks(cfg, stage)
-        logits = DTYPE_BYTES[t.dtype] * b * s * m.vocab_size if stage == p.pp - 1 else 0.0
+        logits = (DTYPE_BYTES[t.dtype] * b * m.mlm_tokens(s) * m.vocab_size
+                  if stage == p.pp - 1 else 0.0)
         out.append(MemoryBreakdown(w, g, o, acts, logits, cfg.system.device.memory_bytes, stage))
     return out

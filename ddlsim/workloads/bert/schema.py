@@ -55,6 +55,11 @@ class BertModel(ModelBase):
     stage_exchange: Literal["dependent", "paired"] = Field(
         default="dependent", description="paired: post a micro-batch's send and receive "
                                          "together and wait for both")
+    mlm_predictions_per_seq: count_type("seq_length") | None = Field(
+        default=None, description="tokens per sequence the MLM transform and decoder run "
+                                  "over: the masked ones only, gathered before the head "
+                                  "(NVIDIA DeepLearningExamples' dense sequence output); "
+                                  "default: every token")
     compute: ComputeMode = "model"
     proxy_timings: ProxyTimings = TIMINGS_FIELD
 
@@ -105,10 +110,18 @@ class BertModel(ModelBase):
         h = self.hidden_size
         return 2.0 * b * s * (4 * h * h + 2 * h * self.ffn), 4.0 * b * s * s * h
 
+    def mlm_tokens(self, s: int) -> int:
+        """Tokens per sequence of ``s`` the MLM head runs over: every one, or the
+        ``mlm_predictions_per_seq`` masked ones gathered before it."""
+        m = self.mlm_predictions_per_seq
+        return s if m is None else min(s, m)
+
     def head_flops(self, b: int, s: int) -> float:
-        """Forward FLOPs of the pooler, the MLM transform and decoder over every token, NSP."""
+        """Forward FLOPs of the pooler, the MLM transform and decoder over
+        :meth:`mlm_tokens` tokens per sequence, NSP."""
         h = self.hidden_size
-        return 2.0 * b * (h * h + 2 * h) + 2.0 * b * s * (h * h + h * self.vocab_size)
+        return (2.0 * b * (h * h + 2 * h)
+                + 2.0 * b * self.mlm_tokens(s) * (h * h + h * self.vocab_size))
 
     def forward_flops(self, s: int) -> float:
         """Forward FLOPs of one sequence of ``s`` tokens."""
