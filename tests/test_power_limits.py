@@ -1,6 +1,8 @@
 """Sustained rates at a board power limit (ddlsim/simulator/kernels/power.py): the H100 of
 torchtitan's runs at its 500 W limit, from the measurement its preset cites
-(facebookexperimental/triton PR 854: cuBLAS fp16 8192³ at 557.2 TFLOP/s, attention × 0.86)."""
+(facebookexperimental/triton PR 854: cuBLAS fp16 8192³ at 557.2 TFLOP/s, attention × 0.86),
+and the sustained (power-saturated) rates at the ceilings' own limit: MSMF of the H200 SXM at
+700 W (stas00/ml-engineering 996698d) and H. He's A100 at 400 W."""
 
 import warnings
 
@@ -42,10 +44,13 @@ def test_preset_runs_at_torchtitans_500_w_with_ceilings_from_700_w():
 
 
 def test_8192_gemm_at_500_w_runs_at_the_measured_rate():
-    """The shape model gives 770 TFLOP/s at 700 W (989.4 × 0.803 × 0.970, the wave
-    quantisation of 8192³ on 132 SMs); the 500 W rate 0.563 of peak caps it at 557 TFLOP/s."""
+    """The burst shape model gives 770 TFLOP/s at 700 W (989.4 × 0.803 × 0.970, the wave
+    quantisation of 8192³ on 132 SMs), which the 700 W sustained rate 0.716 caps at 708
+    TFLOP/s; the 500 W rate 0.563 of peak caps it at 557 TFLOP/s."""
+    burst = 989.4 * 0.803 * 2048 / (16 * 132)
+    assert burst == pytest.approx(770.4, abs=0.05)
     assert _gemm_tflops(_device(power_limit_W=700), 8192) == pytest.approx(
-        989.4 * 0.803 * 2048 / (16 * 132), rel=1e-6)
+        989.4 * 0.716, rel=1e-9)
     assert _gemm_tflops(_device(), 8192) == pytest.approx(989.4 * 0.563, rel=1e-9)
     assert _gemm_tflops(_device(), 8192) == pytest.approx(MEASURED_8192_TFLOPS, rel=1e-3)
 
@@ -67,8 +72,10 @@ def test_a_gemm_slower_than_the_cap_at_700_w_is_not_slowed():
 
 
 def test_fp8_takes_the_measured_clock_ratio_derived():
+    """fp8 is not measured at 500 W: its sustained 700 W rate × bf16's 500 W / 700 W ratio
+    (sustained against sustained, not against the burst ceilings)."""
     dev = kernel_device(_device())
-    assert dev.sustained["fp8"] == pytest.approx(0.709 * 0.563 / 0.803, rel=1e-12)
+    assert dev.sustained["fp8"] == pytest.approx(0.651 * 0.563 / 0.716, rel=1e-12)
 
 
 def test_attention_scaled_memory_kernels_not():
@@ -80,11 +87,59 @@ def test_attention_scaled_memory_kernels_not():
     assert kernel_time(mem, d500) == kernel_time(mem, d700)
 
 
-def test_dgx_h100_and_a_users_efficiency_unchanged():
-    assert kernel_device(_device("dgx-h100")).sustained == {}
+def test_a_users_efficiency_unchanged():
     own = _device().model_copy(update={"compute_efficiency": 0.5})
     dev = kernel_device(own)
     assert dev.sustained is None and dev.attention_scale == 1.0
+
+
+#: MSMF of "NVIDIA H200 SXM", stas00/ml-engineering compute/accelerator/README.md at 996698d:
+#: TFLOP/s and the table's Theory (BF16 8192x8448x20480, FP8 8448x8192x16384; ~693 W)
+MSMF_H200 = {"bf16": (708.5, 989), "fp8": (1288.7, 1979)}
+
+
+@pytest.mark.parametrize("preset", ["dgx-h100", "grand-teton-h100"])
+def test_the_h100_sustains_the_msmf_of_the_same_die_at_700_w(preset):
+    dev = _device(preset, power_limit_W=700).device
+    entry = dev.power_limits[700]
+    for dtype, (tflops, theory) in MSMF_H200.items():
+        assert entry.matmul_efficiency[dtype] == round(tflops / theory, 3)
+    assert entry.matmul_efficiency["fp16"] == entry.matmul_efficiency["bf16"]
+    assert entry.attention == 1.0
+    # both MSMF shapes fill whole waves of 256x128 tiles: the rate is the ceiling, q = 1
+    from ddlsim.simulator.kernels.gemm import gemm_quantisation
+    assert gemm_quantisation(8192, 8448, 1, 132, 20480) == 1.0
+    assert gemm_quantisation(8448, 8192, 1, 132, 16384) == 1.0
+    k = kernel_device(_device(preset, power_limit_W=700))
+    assert k.sustained == {"bf16": 0.716, "fp16": 0.716, "fp8": 0.651}
+    assert k.attention_scale == 1.0
+
+
+def test_the_a100_sustains_its_400_w_randn_measurement():
+    """H. He: an A100 at 400 W runs randn 8192³ at 258 TFLOP/s; 258 / 312 / q."""
+    from ddlsim.simulator.kernels.gemm import gemm_quantisation
+    dev = _device("dgx-a100").device
+    q = gemm_quantisation(8192, 8192, 1, 108, 8192)
+    assert dev.power_limits[400].matmul_efficiency == {"fp16": round(258 / 312 / q, 3),
+                                                        "bf16": 0.829}
+    a100 = _device("dgx-a100")
+    assert _gemm_tflops(a100, 16384, "bf16") == pytest.approx(312 * 0.829, rel=1e-9)
+    # the 2021 stack's cuBLAS 11 ceiling (0.739) is below the cap: not slowed
+    k11 = kernel_device(a100.model_copy(update={"software": "megatron-lm-2021"}))
+    big = Kernel("gemm", (16384, 16384, 16384), dtype="bf16")
+    assert 2 * 16384 ** 3 / kernel_time(big, k11) / 312e12 == pytest.approx(0.739 * 0.998,
+                                                                          rel=2e-3)
+
+
+def test_a_gemm_below_the_sustained_rate_is_not_slowed_at_700_w():
+    """The cap slows only GEMMs the burst shape model puts above it (a skinny one is not)."""
+    skinny = Kernel("gemm", (128, 4096, 4096), dtype="bf16")
+    capped = kernel_device(_device("dgx-h100"))
+    burst = kernel_device(_device("dgx-h100", power_limits=None))
+    assert burst.sustained == {}
+    assert kernel_time(skinny, capped) == kernel_time(skinny, burst)
+    big = Kernel("gemm", (8192, 8448, 20480), dtype="bf16")
+    assert kernel_time(big, capped) > kernel_time(big, burst)
 
 
 def test_unmeasured_limit_refused_with_the_allowed_ones():
