@@ -99,7 +99,7 @@ def _solve_prefix(programs: list, st: State) -> None:
     prev = np.empty_like(ends)               # the compute stream free before each node
     prev[0], prev[1:] = 0.0, ends[:-1]
     prev[nd.off[:-1][nd.off[:-1] < len(ends)]] = 0.0
-    side = np.array([s is not None and s.side for s in nd.summaries], dtype=bool)[nd.key]
+    side = nd.flags & maxplus.SIDE > 0
     _account(nd, st, nd.live & ~side, prev, sent + nd.t)
     replay = nd.live & (side | (st.rec is not None))
     scratch = State(0, 0)   # the replays' own messages
@@ -118,7 +118,7 @@ def _post_unread(programs: list, nd: maxplus.Nodes, st: State, post: np.ndarray)
     """Post the solved sends no solved recv consumed: the scheduler's recvs will find them."""
     consumed = np.zeros(len(nd.cls), dtype=bool)
     consumed[nd.src[nd.live & (nd.src >= 0)]] = True
-    has_send = np.array([s is not None and s.send is not None for s in nd.summaries])[nd.key]
+    has_send = nd.flags & maxplus.SENDS > 0
     for n in np.flatnonzero(nd.live & has_send & ~consumed).tolist():
         c = int(nd.cls[n])
         s = nd.summaries[int(nd.key[n])]

@@ -68,6 +68,7 @@ class Nodes(NamedTuple):
     blocking: np.ndarray     # the receive is posted when the compute stream is free
     F0: np.ndarray           # F before the blocking shift (the gap accounting's)
     live: np.ndarray         # the node lies in its class's solvable prefix
+    flags: np.ndarray        # its block's bits (WAITS, AFTER, BLOCKING, NONE, SIDE, SENDS)
 
 
 def nodes(programs: list) -> Nodes | None:
@@ -118,7 +119,7 @@ def nodes(programs: list) -> Nodes | None:
     for a, b in zip(off[:-1].tolist(), lim.tolist()):
         live[a:b] = True
     return Nodes(off, lim, cls, key, src, summaries, A, F, waits, E, after, t, blocking, F0,
-                 live)
+                 live, flags)
 
 
 def _block_summaries(programs: list, NB: int) -> tuple[list, np.ndarray, np.ndarray, int]:
@@ -171,14 +172,16 @@ def _table(summaries: list) -> np.ndarray:
     return np.ascontiguousarray(np.array(rows, dtype=float).reshape(len(summaries), 4).T)
 
 
-#: Bits of :func:`_flags`.
-WAITS, AFTER, BLOCKING, NONE = 1, 2, 4, 8
+#: Bits of :func:`_flags` (``Nodes.flags``).
+WAITS, AFTER, BLOCKING, NONE, SIDE, SENDS = 1, 2, 4, 8, 16, 32
 
 
 def _flags(summaries: list) -> np.ndarray:
-    """Per key, its summary's ``waits``, ``after`` and ``blocking`` as bits, or ``NONE``."""
+    """Per key, its summary's ``waits``, ``after``, ``blocking`` and ``side`` and whether it
+    sends, as bits, or ``NONE``."""
     return np.array([NONE if s is None else WAITS * s.waits | AFTER * s.after
-                     | BLOCKING * s.blocking for s in summaries], dtype=np.uint8)
+                     | BLOCKING * s.blocking | SIDE * s.side | SENDS * (s.send is not None)
+                     for s in summaries], dtype=np.uint8)
 
 
 def _prefix(off: np.ndarray, bad: np.ndarray) -> np.ndarray:
