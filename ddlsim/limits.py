@@ -303,16 +303,16 @@ def trace_ops(workload: Any) -> tuple[int, int]:
     per_class = per_rank = 0
     seen: dict[int, int] = {}   # ops per block, a block shared by classes counted once
     for c in workload.classes:
-        for block in c.program.blocks.values():
+        blocks = c.program.blocks
+        for block in blocks.values():
             if id(block) not in seen:
                 seen[id(block)] = _unrolled_ops(block.ops)
-        ops = {name: seen[id(block)] for name, block in c.program.blocks.items()}
         steps = c.program.steps
-        if hasattr(steps, "names"):  # a StepTable: count blocks by their index
-            counts = np.bincount(steps.block, minlength=len(steps.names))
-            n = sum(int(k) * ops[name] for name, k in zip(steps.names, counts))
+        if hasattr(steps, "names"):  # a StepTable: each step's ops by its block index
+            ops = np.array([seen[id(blocks[name])] for name in steps.names], dtype=np.int64)
+            n = int(ops.take(steps.block).sum())
         else:
-            n = sum(ops[s.block] for s in steps)
+            n = sum(seen[id(blocks[s.block])] for s in steps)
         per_class += n
         per_rank += len(c.ranks) * n
     return per_class, per_rank
@@ -322,8 +322,11 @@ def _unrolled_ops(ops: Any) -> int:
     """How many ops ``ops`` unroll to (a Loop: count × repeat × its body's)."""
     from .workloads.trace import Loop
 
-    return sum(op.payload.count * op.repeat * _unrolled_ops(op.payload.body)
-               if type(op.payload) is Loop else 1 for op in ops)
+    n = len(ops)
+    for op in ops:
+        if type(op.payload) is Loop:
+            n += op.payload.count * op.repeat * _unrolled_ops(op.payload.body) - 1
+    return n
 
 
 _WHAT = {"pipeline_steps": "pipeline steps (PP × (2 × micro-batches × chunks + 1))",
