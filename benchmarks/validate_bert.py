@@ -26,8 +26,9 @@ eager dispatch. A100 40 GB rows use ``dgx-a100`` with the 40 GB part's memory an
 (:data:`A100_40GB`). What the runs do that ddlsim does not model, on every row: LAMB's
 per-tensor trust-ratio norms (ddlsim times Adam's update: same moments and master weights; the
 update is once per 32-16,384 micro-batches, < 0.1 % of a step), the data loader, the loss
-scaler's checks, the fused LayerNorm/bias-GeLU kernels as such (the family's element-wise op
-is one memory pass per tensor). Phase-2 rows of 21.11 are approximated (≈): their batches are
+scaler's checks, the GEMMs' bias adds and bias gradients; the layer's kernels are those of
+``ddlsim/workloads/bert/kernels.py`` (both commits' ``modeling.py``: fused LayerNorm and
+bias-GeLU, the rest one torch kernel each). Phase-2 rows of 21.11 are approximated (≈): their batches are
 binned by sequence length (LDDL, bin size 64) and padded to the bin, not to 512, and the bins'
 mix is not published. No per-row factors and nothing tuned.
 """

@@ -21,6 +21,7 @@ from ..memory import MemoryBreakdown, inflight_chunks, model_state_bytes
 from ..schedules import schedule
 from ..resnet.build import model_flops
 from ..trace import P2P, Block, Compute, Op, Program, RankClass, Step, Workload, WorkloadMeta
+from .kernels import embedding_kernels, head_kernels, layer_kernels
 from .schema import LAYER_TENSORS
 
 __all__ = ["build_bert", "bert_memory", "stage_buckets", "p2p_bytes"]
@@ -69,30 +70,36 @@ class _Stage:
         self.proxy = m.compute == "proxy"
 
     def _layer(self, k: float) -> tuple[Compute, ...]:
+        """One layer's dense GEMMs, attention core and element-wise passes, each an op of
+        its kernels (:func:`.kernels.layer_kernels`), scaled by ``k`` (1 forward, 2
+        backward) in FLOPs."""
         m, b, s, w = self.cfg.model, self.b, self.s, DTYPE_BYTES[self.dtype]
         gemm, attn = m.layer_flops(b, s)
         h, f, a = m.hidden_size, m.ffn, m.num_attention_heads
         weights = w * sum(m.layer_tensors())
         elems = 12 * b * s * h + 4 * b * s * f + 3 * b * a * s * s   # LN, GeLU, softmax, dropout
         tag = "bwd" if k > 1 else "fwd"
+        dense, core, passes = layer_kernels(m, b, s, w, self.dtype, k > 1)
         return (Compute(f"{tag}.layer.gemm", k * gemm, k * (weights + 8 * w * b * s * h),
-                        dtype=self.dtype),
-                Compute(f"{tag}.layer.attention", k * attn, k * w * 2 * b * a * s * s,
-                        dtype=self.dtype),
-                Compute(f"{tag}.layer.elementwise", k * 2 * elems, k * 2 * w * elems,
-                        kind="elementwise", dtype=self.dtype))
+                        dtype=self.dtype, kernels=dense),
+                Compute(f"{tag}.layer.attention", k * attn, _bytes(core), dtype=self.dtype,
+                        kernels=core),
+                Compute(f"{tag}.layer.elementwise", k * 2 * elems, _bytes(passes),
+                        kind="elementwise", dtype=self.dtype, kernels=passes))
 
     def _ends(self, k: float) -> tuple[tuple[Compute, ...], tuple[Compute, ...]]:
-        """(embedding ops, head ops) of this stage, scaled by ``k`` (1 forward, 2 backward)."""
+        """(embedding ops, head ops) of this stage, scaled by ``k`` (1 forward, 2 backward)
+        in FLOPs, each an op of its kernels (:mod:`.kernels`)."""
         m, b, s, w = self.cfg.model, self.b, self.s, DTYPE_BYTES[self.dtype]
-        tag = "bwd" if k > 1 else "fwd"
-        emb = (Compute(f"{tag}.embedding", k * 8 * b * s * m.hidden_size,
-                       k * w * 6 * b * s * m.hidden_size, kind="elementwise",
-                       dtype=self.dtype),) if self.first else ()
-        head = (Compute(f"{tag}.heads", k * m.head_flops(b, s),
-                        k * w * (sum(m.head_tensors()) + b * m.mlm_tokens(s) * m.vocab_size),
-                        dtype=self.dtype),) if self.last else ()
-        return emb, head
+        tag, back = ("bwd", True) if k > 1 else ("fwd", False)
+        emb = embedding_kernels(m, b, s, w, self.dtype, back)
+        head = head_kernels(m, b, s, w, self.dtype, back)
+        return ((Compute(f"{tag}.embedding", k * 8 * b * s * m.hidden_size, _bytes(emb),
+                         kind="elementwise", dtype=self.dtype, kernels=emb),)
+                if self.first else (),
+                (Compute(f"{tag}.heads", k * m.head_flops(b, s),
+                         k * w * (sum(m.head_tensors()) + b * m.mlm_tokens(s) * m.vocab_size),
+                         dtype=self.dtype, kernels=head),) if self.last else ())
 
     def forward(self) -> tuple[Op, ...]:
         if self.proxy:
@@ -124,6 +131,11 @@ class _Stage:
         m = self.cfg.model
         gemm, attn = m.layer_flops(self.b, self.s)
         return self.layers * (gemm + attn) + (m.head_flops(self.b, self.s) if self.last else 0)
+
+
+def _bytes(kernels) -> float:
+    """Bytes the memory kernels of ``kernels`` move (B)."""
+    return sum(k.bytes for k in kernels if k.kind == "memory")
 
 
 def _exchange(ops: tuple[Op, ...], recv: int | None, send: int | None, nbytes: float,
