@@ -193,3 +193,34 @@ def test_ddp_buckets_pay_nccls_sms_beside_the_backward_after_them():
     assert all(isinstance(x, Coll) for c in cont for x in c.collectives)
     blocking = backward_with_buckets(units, [range(0, 4)], [1e6] * 4, "dp", False)
     assert not any(isinstance(o.payload, Compute) and o.payload.contention for o in blocking)
+
+
+def _fsdp_plan(prefetch):
+    return build_config({
+        "model": "gpt3-1.3b", "parallel": {"data_parallel_size": 8, "zero_stage": 3},
+        "train": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 2048},
+        "system": {"preset": "dgx-a100", "nodes": 1,
+                   "software": {"stack": "megatron-core-2024",
+                                "overlap": {"zero3_prefetch_layers": prefetch}}}})
+
+
+def test_fsdp_layers_pay_nccls_sms_beside_the_prefetch_and_the_reduce_scatter():
+    """Per-layer ZeRO-3 gathering one layer ahead: forward layer j runs beside the gather of
+    layer j + 1 (layer 0 beside it too: issued with its own), the last layer beside nothing;
+    backward layer j beside the reduce-scatter of layer j − 1 and the gather of j + 1."""
+    wl = ddlsim.build_workload(_fsdp_plan(1))
+    blocks = wl.classes[0].program.blocks
+    def kinds(name):
+        return [[c.op for c in op.payload.contention.collectives] for op in blocks[name].flat.ops
+                if isinstance(op.payload, Compute) and op.payload.contention is not None]
+    L = 24
+    assert kinds("F0") == [["all_gather"]] * (L - 1)
+    assert kinds("B0") == [["all_gather"]] + [["reduce_scatter", "all_gather"]] * (L - 2) \
+        + [["reduce_scatter"]]
+
+
+def test_fsdp_without_prefetch_overlaps_nothing():
+    """Gathered on demand, a layer waits for its gather, queued behind the reduce-scatter
+    before it on the same stream: nothing runs beside a layer, no contention op."""
+    wl = ddlsim.build_workload(_fsdp_plan(0))
+    assert not list(_contention_ops(wl))

@@ -30,6 +30,7 @@ import numpy as np
 from ..simulator.analytical.arrays import lower_ops, stream_ends, with_collectives
 from ..simulator.kernels import op_time
 from ..simulator.kernels.contention import contention_seconds
+from ..workloads.smcontention import gemm_flops
 from ..workloads.trace import Compute
 from ..workloads.decoder.builder import StageBuilder, as_ops
 from .plans import RECOMPUTE
@@ -43,7 +44,10 @@ class Pieces(NamedTuple):
     ``fwd``/``bwd``: one transformer layer (the backward with its recomputation, gradient
     accumulation and overlapped TP collectives); ``emb``: the embedding; ``head_f``/``head_b``:
     the output head and loss; ``gather``: the all-gather after a received activation (0 where
-    nothing is gathered); ``p2p_bytes``: bytes each rank sends to the next stage.
+    nothing is gathered); ``p2p_bytes``: bytes each rank sends to the next stage;
+    ``fwd_gemm``/``bwd_gemm``: FLOPs of one layer's GEMMs
+    (:func:`~ddlsim.workloads.smcontention.gemm_flops`), which lose SMs beside overlapped
+    data-parallel collectives.
     """
 
     fwd: np.ndarray
@@ -53,6 +57,8 @@ class Pieces(NamedTuple):
     head_b: np.ndarray
     gather: np.ndarray
     p2p_bytes: np.ndarray
+    fwd_gemm: np.ndarray
+    bwd_gemm: np.ndarray
 
 
 def piece_config(cfg, tp: int, sp: bool, mbs: int, recompute: str, zero: int, dp: int = 1,
@@ -121,7 +127,7 @@ def stage_pieces(ctx, plans, coll_at, backend: str = "mpi") -> Pieces:
             out[name][groups[j]] = ends[start:start + len(groups[j])]
             start += len(groups[j])
     for j, index in enumerate(groups):
-        out["p2p_bytes"][index] = p2p_bytes[j]
+        out["p2p_bytes"][index], out["fwd_gemm"][index], out["bwd_gemm"][index] = p2p_bytes[j]
     return Pieces(**out)
 
 
@@ -129,23 +135,25 @@ def _built_pieces(ctx, plans, groups: list[np.ndarray]) -> tuple[list, list[floa
     """``(distinct, p2p_bytes)``: each distinct lowered piece as ``(instrs, collectives,
     [(piece, signature), ...])`` (:func:`lower_ops` once per distinct op list: signatures
     share many pieces, the embedding and the head do not depend on recomputation, …), and
-    each signature's bytes sent to the next stage."""
+    each signature's (bytes sent to the next stage, a layer's forward and backward GEMM
+    FLOPs)."""
     kernels: dict = {}
     timed: dict = {}
     sections: dict = {}
     lowered: dict[tuple, list] = {}
 
     def compute_s(op) -> float:   # as CostModel.compute times it, once per distinct op
-        got = timed.get(op)
-        if got is None:
+        # one dict cell per op, filled on first use: the op (a nested frozen dataclass,
+        # hashed afresh on every lookup) is hashed once per call, not twice on a miss
+        got = timed.setdefault(op, [])
+        if not got:
             if op.seconds is not None:
-                got = op.seconds
+                got.append(op.seconds)
             elif op.contention is not None:   # SMs held for the GEMMs' whole duration
-                got = contention_seconds(op, ctx.dev, 0)
+                got.append(contention_seconds(op, ctx.dev, 0))
             else:
-                got = op_time(op, ctx.dev, memo=kernels)
-            timed[op] = got
-        return got
+                got.append(op_time(op, ctx.dev, memo=kernels))
+        return got[0]
 
     p2p_bytes = []
     for j, index in enumerate(groups):
@@ -159,11 +167,12 @@ def _built_pieces(ctx, plans, groups: list[np.ndarray]) -> tuple[list, list[floa
                 ("emb", as_ops(sb.embedding_forward())), ("head_f", as_ops(sb.head_forward())),
                 ("head_b", as_ops(sb.head_backward())), ("gather", sb.gather_ops("act"))):
             ops = tuple(ops)
-            entry = lowered.get(ops)
-            if entry is None:
-                entry = lowered[ops] = [*lower_ops(ops, compute_s), []]
+            entry = lowered.setdefault(ops, [])   # the op list hashed once, as in compute_s
+            if not entry:
+                entry += [*lower_ops(ops, compute_s), []]
             entry[2].append((name, j))
-        p2p_bytes.append(sb.part.boundary(sb.act_bytes)[0])
+        p2p_bytes.append((sb.part.boundary(sb.act_bytes)[0], gemm_flops(sb.layer_ops(False, 1)),
+                          gemm_flops(sb.layer_ops(True, 1))))
     return list(lowered.values()), p2p_bytes
 
 

@@ -148,7 +148,11 @@ class DecoderVectors:
         bwd_mid = np.where(mid, B + v * gather, bwd_first)
         p2p = net.hop_alpha_s[mi] + pieces.p2p_bytes * net.hop_s_per_byte[mi]
         wrap = net.wrap_alpha_s[mi] + pieces.p2p_bytes * net.wrap_s_per_byte[mi]
-        upd_f, tail_f = self._update(ctx, plans, self.stage_params(ctx, plans, True), bwd, coll)
+        ctas = _nccl_ctas(ctx, net, mi)
+        # the buckets' SMs: charged on the first stage (Megatron-Core buckets it alone)
+        sm = _sm_taken(ctx, pieces.fwd_gemm, pieces.bwd_gemm, ctas)[1]
+        upd_f, tail_f = self._update(ctx, plans, self.stage_params(ctx, plans, True), bwd, coll,
+                                     sm)
         upd_l, tail_l = self._update(ctx, plans, self.stage_params(ctx, plans, False), bwd, coll)
         # overlap_param_gather: stage 0's first forward block waits for the rest of the gather
         rest = self._gathered(ctx, plans, self.stage_params(ctx, plans, True) * dt)[1]
@@ -156,7 +160,8 @@ class DecoderVectors:
         late = rest > 0
         delay = np.maximum(coll("all_gather", "dp", rest, late) - first_block, 0.0) * late
         upd_f, upd_l = upd_f + delay, upd_l + delay
-        whole = self._zero3(ctx, plans, (emb, fwd, head_f, head_b, bwd), coll)
+        whole = self._zero3(ctx, plans, (emb, fwd, head_f, head_b, bwd), coll,
+                            (pieces.fwd_gemm, pieces.bwd_gemm, ctas))
         # Megatron turns overlap_p2p_comm off without the interleaved schedule
         blocking = (v == 1) | (not ctx.cfg.software.overlap_p2p_comm)
         return StageCosts(fwd_first, fwd_mid, fwd_last, bwd_first, bwd_mid, bwd_last,
@@ -195,8 +200,10 @@ class DecoderVectors:
         n = np.asarray(n_params, dtype=float)
         return stream_times(ctx.step_s * n, (n > 0).astype(float), ctx.dev.launch)
 
-    def _update(self, ctx: _Context, plans, params, bwd_layer, coll):
-        """(update block, data-parallel tail) of a stage holding ``params`` per rank."""
+    def _update(self, ctx: _Context, plans, params, bwd_layer, coll, sm=None):
+        """(update block, data-parallel tail) of a stage holding ``params`` per rank;
+        ``sm(C, layers)``: a run of backward layers' extra seconds beside ``C`` seconds of
+        overlapped buckets (:func:`_sm_taken`; None: not charged)."""
         dp, zero, v = plans["dp"], plans["zero"], plans["v"]
         grad = params * ctx.gdt
         sharded = (zero > 0) & (dp > 1)
@@ -215,9 +222,12 @@ class DecoderVectors:
             size = chunk / (n_seg * per_seg)
             d = per_seg * np.where(op_rs, coll("reduce_scatter", "dp", size, rs),
                                    coll("all_reduce", "dp", size, ar))
+            q = np.floor_divide(lc, n_seg)
+            extra = None if sm is None else (sm(d, q + 1), sm(d, q))
             tail = flow_shop_tail(lc, n_seg, bwd_layer, d,
                                   backlog=earlier_chunks(v, plans["pp"] * lc * bwd_layer,
-                                                         n_seg * d, lc, n_seg, bwd_layer))
+                                                         n_seg * d, lc, n_seg, bwd_layer),
+                                  extra=extra)
         else:
             n = buckets(grad, bucket)
             per_bucket = grad / n
@@ -226,12 +236,15 @@ class DecoderVectors:
         tail = np.where((dp > 1) & (zero < 3), tail, 0.0)
         return update, tail
 
-    def _zero3(self, ctx: _Context, plans, parts, coll) -> np.ndarray:
+    def _zero3(self, ctx: _Context, plans, parts, coll, gemm=None) -> np.ndarray:
         """ZeRO-3 (one stage), as :mod:`ddlsim.workloads.decoder.zero3` builds it: the
         builder's two streams (compute; gathers and reduce-scatters in issue order on ``dp``)
         run op by op over the layers — or, from module hooks, the modules' parts of the
         layers — of three micro-batches (:func:`zero3_time`, :func:`zero3_units_time`), later
-        micro-batches repeat the third's period; then the optimizer on the 1/DP shard."""
+        micro-batches repeat the third's period; then the optimizer on the 1/DP shard.
+        ``gemm``: (a layer's forward and backward GEMM FLOPs, NCCL's channels on ``dp``)
+        per plan: per-layer gathers take the layers' SMs as the builder's contention ops do
+        (:mod:`ddlsim.workloads.smcontention`)."""
         e, f, hf, hb, bw = parts
         dp = plans["dp"]
         m = plans["gbs"] // np.maximum(plans["mbs"] * np.maximum(dp, 1), 1)
@@ -245,9 +258,10 @@ class DecoderVectors:
             nbytes = ctx.shape.layer_params / plans["tp"] * ctx.dt
             a = coll("all_gather", "dp", nbytes, on)
             r = coll("reduce_scatter", "dp", nbytes * ctx.gdt / ctx.dt, on)
+            sm = None if gemm is None else _sm_taken(ctx, *(_take(x, on) for x in gemm))
             out[on] = zero3_time(ctx.shape.layers, sw.zero3_prefetch_layers, m[on],
                                  tuple(_take(x, on) for x in (e, f, hf, hb, bw)),
-                                 _take(a, on), _take(r, on))
+                                 _take(a, on), _take(r, on), sm)
         else:
             full = plans["recompute"] == RECOMPUTE.index("full")
             fwd_u, rec_u, bwd_u = self._module_units(ctx, plans, on, coll, full)
@@ -382,3 +396,36 @@ def _unique_meshes(tp, pp, dp) -> tuple[np.ndarray, np.ndarray]:
     keys, index = np.unique((tp * k + pp) * k + dp, return_inverse=True)
     meshes = np.stack([keys // (k * k), keys // k % k, keys % k], axis=1)
     return meshes, index.ravel()
+
+
+def _nccl_ctas(ctx: _Context, net, mi: np.ndarray) -> np.ndarray:
+    """SMs NCCL's channels hold on each plan's ``dp`` group
+    (:func:`~ddlsim.simulator.kernels.contention.nccl_ring_ctas`; 0 under another backend)."""
+    from ..simulator.kernels.contention import nccl_ring_ctas
+    if net.backend != "nccl":
+        return np.zeros(len(mi))
+    per_mesh = np.array([nccl_ring_ctas(ctx.cfg.system, n["dp"]) for n in net.nets], dtype=float)
+    return per_mesh[mi]
+
+
+def _sm_taken(ctx: _Context, fwd_flops, bwd_flops, ctas):
+    """(forward, backward) functions of ``C`` (and ``layers``, 1 by default): the extra
+    seconds of that many layers beside ``C`` seconds of collectives per plan
+    (:func:`~ddlsim.simulator.kernels.contention.extra_seconds`, the GEMMs at the device's
+    matmul ceiling, as :func:`~ddlsim.simulator.kernels.contention.contention_seconds` times
+    them)."""
+    from ..simulator.kernels.contention import extra_seconds
+    dev, dtype = ctx.dev, compute_dtype(ctx.cfg.train.dtype)
+    rate = dev.peak_flops(dtype) * dev.ceiling(dtype)
+
+    def taken(flops):
+        def extra(C, layers=1):
+            C = np.broadcast_to(np.asarray(C, dtype=float), np.shape(flops))
+            g = np.broadcast_to(layers * flops / rate, np.shape(flops))
+            out = np.zeros(np.shape(flops))
+            for k in np.unique(ctas):
+                at = ctas == k
+                out[at] = extra_seconds(g[at], C[at], int(k), dev.sm_count)
+            return out
+        return extra
+    return taken(fwd_flops), taken(bwd_flops)

@@ -27,21 +27,27 @@ from .plans import SCHEDULE
 __all__ = ["flow_shop_tail", "earlier_chunks", "iteration_time"]
 
 
-def flow_shop_tail(layers, segments, layer_s, comm_s, backlog=None) -> np.ndarray:
+def flow_shop_tail(layers, segments, layer_s, comm_s, backlog=None, extra=None) -> np.ndarray:
     """Seconds the gradient communication runs past the end of the backward's layers.
 
     The layers are cut into ``segments`` runs (the first ``layers % segments`` one layer
     longer, as the builder cuts them); after each run its buckets (``comm_s`` seconds) go on
     the data-parallel stream. A two-machine flow shop: the stream ends at
     ``max_k (compute of runs 1..k + comm of runs k..n)``, piecewise linear in k, so maximal at
-    ``k ∈ {1, r, r + 1, n}``. ``backlog``: when the stream is busy until then (seconds from
+    ``k ∈ {1, 2, r, r + 1, n}``. ``backlog``: when the stream is busy until then (seconds from
     the start of the layers) with earlier chunks' buckets, the first run's buckets wait for it.
+    ``extra``: (long, short) seconds each run after the first gains beside the buckets before
+    it (NCCL's SMs taken, :mod:`ddlsim.workloads.smcontention`), for a run of ``q + 1`` and of
+    ``q`` layers; they are part of the tail (the layers' own seconds are not).
     """
     n = np.asarray(segments, dtype=float)
     q, r = np.floor_divide(layers, n), np.mod(layers, n)
+    e_long, e_short = (0.0, 0.0) if extra is None else extra
     best = np.full(np.broadcast(n, layer_s, comm_s).shape, -np.inf)
-    for k in (np.ones_like(n), np.maximum(r, 1), np.minimum(r + 1, n), n):
-        f = (k * q + np.minimum(k, r)) * layer_s + (n - k + 1) * comm_s
+    for k in (np.ones_like(n), np.minimum(2, n), np.maximum(r, 1), np.minimum(r + 1, n), n):
+        gained = (np.maximum(np.minimum(k, r) - 1, 0) * e_long
+                  + np.maximum(k - np.maximum(r, 1), 0) * e_short)
+        f = (k * q + np.minimum(k, r)) * layer_s + gained + (n - k + 1) * comm_s
         best = np.maximum(best, f)
     if backlog is not None:
         first = (q + np.minimum(r, 1)) * layer_s

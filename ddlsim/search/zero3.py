@@ -40,8 +40,9 @@ class Unit(NamedTuple):
     live: np.ndarray
 
 
-def _pass(c, d, head, layer, a, r, L: int, k: int, backward: bool):
-    """One pass from compute-stream time ``c`` (the block's start) and ``dp`` free at ``d``."""
+def _pass(c, d, head, layer, a, r, L: int, k: int, backward: bool, sm=None):
+    """One pass from compute-stream time ``c`` (the block's start) and ``dp`` free at ``d``;
+    ``sm(C)``: a layer's extra seconds beside ``C`` seconds of collectives (None: none)."""
     ready = []
     for _ in range(min(k + 1, L)):
         d = np.maximum(d, c) + a
@@ -49,6 +50,8 @@ def _pass(c, d, head, layer, a, r, L: int, k: int, backward: bool):
     c = c + head
     for j in range(L):
         c = np.maximum(c, ready[j]) + layer
+        if sm is not None:
+            c = c + sm(_beside(j, L, k, a, r if backward else 0.0))
         if backward:
             d = np.maximum(d, c) + r
         if j + k + 1 < L:
@@ -57,7 +60,21 @@ def _pass(c, d, head, layer, a, r, L: int, k: int, backward: bool):
     return c, d
 
 
-def zero3_time(L: int, k: int, m, parts, a, r) -> np.ndarray:
+def _beside(j: int, L: int, k: int, a, r):
+    """Seconds of the collectives layer ``j`` runs beside (as
+    :func:`ddlsim.workloads.decoder.zero3._pass` pairs them): those issued after the layer
+    before it — its reduce-scatter ``r`` (none before layer 0) and the gather of layer
+    ``j + k`` — or, for layer 0, the gathers of layers ``1..k``
+    issued with its own. Without a prefetch (``k = 0``) a layer's gather, which it waits
+    for, queues behind everything before it on the stream: nothing runs beside a layer."""
+    if k == 0:
+        return 0.0
+    if j == 0:
+        return min(k, L - 1) * a
+    return r + (a if k >= 1 and j + k < L else 0.0)
+
+
+def zero3_time(L: int, k: int, m, parts, a, r, sm=None) -> np.ndarray:
     """When the last micro-batch's compute and reduce-scatters have both ended, per plan.
 
     Parameters
@@ -71,12 +88,16 @@ def zero3_time(L: int, k: int, m, parts, a, r) -> np.ndarray:
         and a layer's backward (compute stream).
     a, r : arrays
         Seconds of one layer's all-gather and reduce-scatter.
+    sm : (forward, backward) functions or None
+        A layer's extra seconds beside ``C`` seconds of collectives (NCCL's SMs taken from
+        its GEMMs, :mod:`ddlsim.workloads.smcontention`).
     """
     e, f, hf, hb, bw = parts
+    sm_f, sm_b = (None, None) if sm is None else sm
 
     def micro_batch(c, d):
-        c, d = _pass(c, d, e, f, a, r, L, k, False)
-        return _pass(c + hf, d, hb, bw, a, r, L, k, True)
+        c, d = _pass(c, d, e, f, a, r, L, k, False, sm_f)
+        return _pass(c + hf, d, hb, bw, a, r, L, k, True, sm_b)
 
     return _over_micro_batches(m, np.zeros_like(np.asarray(a, dtype=float)), micro_batch, 2)
 

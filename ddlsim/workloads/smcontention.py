@@ -15,16 +15,16 @@ from collections.abc import Iterable
 
 from .trace import Collective, Compute, Contention, Loop, Op
 
-__all__ = ["gemm_flops", "beside"]
+__all__ = ["gemm_flops", "beside", "issued_since"]
 
 
-def gemm_flops(ops: Iterable[Op]) -> float:
+def gemm_flops(ops: Iterable) -> float:
     """FLOPs of the GEMMs among ``ops`` (loops and repeats counted): a kernel-level op's GEMM
     kernels (``2·M·N·K`` per batch), an op without kernels of kind ``gemm`` whole.
 
     Parameters
     ----------
-    ops : iterable of :class:`~ddlsim.workloads.trace.Op`.
+    ops : iterable of :class:`~ddlsim.workloads.trace.Op` (or bare payloads, once each).
 
     Returns
     -------
@@ -32,15 +32,15 @@ def gemm_flops(ops: Iterable[Op]) -> float:
     """
     total = 0.0
     for o in ops:
-        p = o.payload
+        p, n = (o.payload, o.repeat) if isinstance(o, Op) else (o, 1)
         if isinstance(p, Loop):
-            total += o.repeat * p.count * gemm_flops(p.body)
+            total += n * p.count * gemm_flops(p.body)
         elif isinstance(p, Compute) and p.contention is None and p.seconds is None:
             if p.kernels is None:
-                total += o.repeat * p.flops * (p.kind == "gemm")
+                total += n * p.flops * (p.kind == "gemm")
             else:
-                total += o.repeat * sum(2.0 * k.shape[0] * k.shape[1] * k.shape[2] * k.batch
-                                        for k in p.kernels if k.kind == "gemm")
+                total += n * sum(2.0 * k.shape[0] * k.shape[1] * k.shape[2] * k.batch
+                                 for k in p.kernels if k.kind == "gemm")
     return total
 
 
@@ -65,3 +65,27 @@ def beside(name: str, ops: Iterable[Op], collectives: Iterable[Collective],
         return None
     c = Contention(flops, collectives=colls)
     return Op(Compute(f"{name}.sm_contention", 0.0, dtype=dtype, contention=c))
+
+
+def issued_since(ops: list[Op], start: int, exclude: Iterable[int] = ()) -> list[Collective]:
+    """The collectives issued off the compute stream among ``ops[start:]`` that can run beside
+    the compute issued next: not the ops at the indices ``exclude`` (what that compute waits
+    for) nor, on the same stream, anything issued before them (a stream runs in issue order,
+    so those have ended before the compute starts).
+
+    Parameters
+    ----------
+    ops : a block's ops so far.
+    start : the first index to look at.
+    exclude : indices of the ops the next compute waits for.
+
+    Returns
+    -------
+    list of :class:`~ddlsim.workloads.trace.Collective`, in issue order (repeats written out).
+    """
+    waited: dict[str, int] = {}
+    for i in exclude:
+        waited[ops[i].stream] = max(waited.get(ops[i].stream, -1), i)
+    return [o.payload for i in range(start, len(ops))
+            for o in (ops[i],) if isinstance(o.payload, Collective) and o.stream != "compute"
+            and i > waited.get(o.stream, -1) for _ in range(o.repeat)]

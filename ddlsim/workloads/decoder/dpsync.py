@@ -112,7 +112,7 @@ class GradSyncOps(StageBase):
             if seg:                  # the previous run's buckets hold SMs beside this run
                 prev = sync_ops[w * (seg - 1):w * seg]
                 extra = beside(f"grad.bucket{seg - 1}", run, tuple(
-                    o.payload for o in prev for _ in range(o.repeat)), self.plan.train_dtype)
+                    o.payload for o in prev for _ in range(o.repeat)), self.dtype)
                 ops += [extra] if extra is not None else []
             last = start + len(ops) - 1
             for s in sync_ops[w * seg:w * seg + w]:

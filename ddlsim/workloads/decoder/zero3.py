@@ -83,6 +83,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import ConfigError
+from ..smcontention import issued_since as _beside
 from ..trace import Block, Collective, Compute, Op, Wait
 from .builder import StageBuilder
 from .oplists import comm_stream as _stream, extend_ops as _extend, placed as _placed
@@ -328,13 +329,19 @@ def _pass(b: StageBuilder, head: list, units: list[_Unit], prefetch: int) -> lis
             issued = gather(j, (0,)) or issued
     _extend(ops, head)
     before: tuple[int, ...] = ()
+    seen = 0    # the collectives issued before ops[seen] ran beside earlier compute
     for j, unit in enumerate(units):
-        waits = pending.pop(j) + before + issued
+        own = pending.pop(j)
+        waits = own + before + issued
         if unit.copy_out and unit.gathers:
             ops.append(Op(Compute("zero3.copy_out", 0.0, unit.copy_out, kind="elementwise",
                                   dtype=b.dtype), deps=waits))
             waits = (len(ops) - 1,)
+        beside_colls = _beside(ops, seen, own)
         ops += [_placed(x, waits if i == 0 else ()) for i, x in enumerate(unit.ops)]
+        if b.sw.zero3_gather == "per_layer":   # not yet under DeepSpeed's module hooks
+            ops += _sm_contention(f"zero3.unit{j}", beside_colls, unit.ops, b.dtype)
+        seen = len(ops)
         last = dep = len(ops) - 1
         if unit.reduce_passes:
             ops.append(Op(Compute("zero3.reduce_passes", 0.0, unit.reduce_passes,
@@ -369,6 +376,14 @@ def _pass(b: StageBuilder, head: list, units: list[_Unit], prefetch: int) -> lis
             else:
                 issued = gather(j + prefetch + 1, after) + issued
     return ops
+
+
+def _sm_contention(name: str, colls: list, unit_ops: list, dtype: str) -> list[Op]:
+    """The contention op of a unit's GEMMs beside the collectives ``colls``
+    (:mod:`ddlsim.workloads.smcontention`), in a list (empty when nothing overlaps)."""
+    from ..smcontention import beside
+    extra = beside(name, unit_ops, colls, dtype)
+    return [extra] if extra is not None else []
 
 
 def zero3_blocks(b: StageBuilder, prefetch: int) -> dict[str, Block]:
