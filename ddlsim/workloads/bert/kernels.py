@@ -4,9 +4,9 @@ query, key and value projections), for the kernel-level compute model
 (:mod:`ddlsim.simulator.kernels`): each GEMM timed by its shape, each element-wise op one memory
 pass paying its launch (:mod:`ddlsim.simulator.kernels.host`).
 
-Per layer and micro-batch of ``b`` sequences of ``s`` tokens (``x`` = ``b·s·h`` hidden states,
-``y`` = ``b·s·f`` FFN activations, ``S`` = ``b·a·s²`` attention scores, ``d`` bytes per element),
-forward, in ``BertSelfAttention.forward``, ``BertSelfOutput``, ``BertIntermediate`` and
+Per layer and micro-batch of ``b`` sequences of ``s`` tokens (``x`` = ``b·s·h`` hidden
+states, ``y`` = ``b·s·f`` FFN activations, ``S`` = ``b·a·s²`` attention scores, ``d`` bytes
+per element), forward, in ``BertSelfAttention.forward``, ``BertSelfOutput``, ``BertIntermediate`` and
 ``BertOutput`` order (DeepLearningExamples 729963dd ``PyTorch/LanguageModeling/BERT/modeling.py``
 lines 340-435; the same sequence at 78ec6802):
 
@@ -104,7 +104,26 @@ def head_kernels(model, b: int, s: int, d: float, dtype: str, backward: bool
                  ) -> tuple[Kernel, ...]:
     """The pre-training heads' kernels (module docstring), forward or ``backward``; the
     cross-entropy's ``log_softmax`` reads and writes the logits, its backward reads the output
-    and its gradient and writes one, ``nll_loss``'s backward writes the logits' gradient."""
+    and its gradient and writes one, ``nll_loss``'s backward writes the logits' gradient.
+
+    Parameters
+    ----------
+    model : BertModel
+        the model section (hidden size, vocabulary, :meth:`~.schema.BertModel.mlm_tokens`).
+    b, s : int
+        sequences per micro-batch and tokens per sequence.
+    d : float
+        bytes per activation element (B).
+    dtype : str
+        the GEMMs' arithmetic precision.
+    backward : bool
+        the backward's kernels instead of the forward's.
+
+    Returns
+    -------
+    tuple of Kernel
+        GEMMs (MLM transform, decoder, pooler, NSP), then memory passes.
+    """
     h, v = model.hidden_size, model.vocab_size
     tokens = b * model.mlm_tokens(s)
     gemms = _gemms([(tokens, h, h), (tokens, v, h), (b, h, h), (b, 2, h)], dtype, backward)
@@ -119,7 +138,26 @@ def head_kernels(model, b: int, s: int, d: float, dtype: str, backward: bool
 def embedding_kernels(model, b: int, s: int, d: float, dtype: str, backward: bool
                       ) -> tuple[Kernel, ...]:
     """The embeddings' kernels: word, position and token-type gathers (each writes ``x``),
-    two adds, LayerNorm and dropout; their backward at twice the traffic."""
+    two adds, LayerNorm and dropout; their backward at twice the traffic.
+
+    Parameters
+    ----------
+    model : BertModel
+        the model section (hidden size).
+    b, s : int
+        sequences per micro-batch and tokens per sequence.
+    d : float
+        bytes per activation element (B).
+    dtype : str
+        the activations' dtype.
+    backward : bool
+        the backward's kernels instead of the forward's.
+
+    Returns
+    -------
+    tuple of Kernel
+        memory kernels.
+    """
     x = b * s * model.hidden_size
     return _memory([d * x] * 3 + [3 * d * x] * 2 + [2 * d * x, (2 * d + 1) * x], dtype,
                    backward)
