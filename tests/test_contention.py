@@ -224,3 +224,18 @@ def test_fsdp_without_prefetch_overlaps_nothing():
     before it on the same stream: nothing runs beside a layer, no contention op."""
     wl = ddlsim.build_workload(_fsdp_plan(0))
     assert not list(_contention_ops(wl))
+
+
+def test_overlapped_param_gather_pays_nccls_sms_beside_the_first_forward():
+    """overlap_param_gather: the first forward's compute before its wait for the gather runs
+    beside it; one contention op there, with that gather, placed before the wait."""
+    cfg = _dp_plan(zero_stage=1, overlap_param_gather=True)
+    wl = ddlsim.build_workload(cfg)
+    block = wl.classes[0].program.blocks["F0.pg"]
+    names = [op.payload.name for op in block.ops]
+    at = names.index("params.all_gather.sm_contention")
+    assert names[at + 1] == "params.gather.wait"
+    c = block.ops[at].payload.contention
+    assert [x.name for x in c.collectives] == ["params.all_gather.overlapped"]
+    from ddlsim.workloads.smcontention import gemm_flops
+    assert c.gemm_flops == gemm_flops(wl.classes[0].program.blocks["F0"].ops) > 0

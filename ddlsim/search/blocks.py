@@ -45,7 +45,8 @@ class Pieces(NamedTuple):
     accumulation and overlapped TP collectives); ``emb``: the embedding; ``head_f``/``head_b``:
     the output head and loss; ``gather``: the all-gather after a received activation (0 where
     nothing is gathered); ``p2p_bytes``: bytes each rank sends to the next stage;
-    ``fwd_gemm``/``bwd_gemm``: FLOPs of one layer's GEMMs
+    ``fwd_gemm``/``bwd_gemm``/``emb_gemm``/``head_gemm``: FLOPs of the GEMMs of one layer's
+    forward and backward, of the embedding and of the head's forward
     (:func:`~ddlsim.workloads.smcontention.gemm_flops`), which lose SMs beside overlapped
     data-parallel collectives.
     """
@@ -59,6 +60,8 @@ class Pieces(NamedTuple):
     p2p_bytes: np.ndarray
     fwd_gemm: np.ndarray
     bwd_gemm: np.ndarray
+    emb_gemm: np.ndarray
+    head_gemm: np.ndarray
 
 
 def piece_config(cfg, tp: int, sp: bool, mbs: int, recompute: str, zero: int, dp: int = 1,
@@ -127,7 +130,9 @@ def stage_pieces(ctx, plans, coll_at, backend: str = "mpi") -> Pieces:
             out[name][groups[j]] = ends[start:start + len(groups[j])]
             start += len(groups[j])
     for j, index in enumerate(groups):
-        out["p2p_bytes"][index], out["fwd_gemm"][index], out["bwd_gemm"][index] = p2p_bytes[j]
+        for name, value in zip(("p2p_bytes", "fwd_gemm", "bwd_gemm", "emb_gemm", "head_gemm"),
+                               p2p_bytes[j]):
+            out[name][index] = value
     return Pieces(**out)
 
 
@@ -135,8 +140,8 @@ def _built_pieces(ctx, plans, groups: list[np.ndarray]) -> tuple[list, list[floa
     """``(distinct, p2p_bytes)``: each distinct lowered piece as ``(instrs, collectives,
     [(piece, signature), ...])`` (:func:`lower_ops` once per distinct op list: signatures
     share many pieces, the embedding and the head do not depend on recomputation, …), and
-    each signature's (bytes sent to the next stage, a layer's forward and backward GEMM
-    FLOPs)."""
+    each signature's (bytes sent to the next stage, GEMM FLOPs of a layer's forward and
+    backward, the embedding and the head's forward)."""
     kernels: dict = {}
     timed: dict = {}
     sections: dict = {}
@@ -172,7 +177,9 @@ def _built_pieces(ctx, plans, groups: list[np.ndarray]) -> tuple[list, list[floa
                 entry += [*lower_ops(ops, compute_s), []]
             entry[2].append((name, j))
         p2p_bytes.append((sb.part.boundary(sb.act_bytes)[0], gemm_flops(sb.layer_ops(False, 1)),
-                          gemm_flops(sb.layer_ops(True, 1))))
+                          gemm_flops(sb.layer_ops(True, 1)),
+                          gemm_flops(as_ops(sb.embedding_forward())),
+                          gemm_flops(as_ops(sb.head_forward()))))
     return list(lowered.values()), p2p_bytes
 
 

@@ -158,7 +158,12 @@ class DecoderVectors:
         rest = self._gathered(ctx, plans, self.stage_params(ctx, plans, True) * dt)[1]
         first_block = lc * fwd + emb + np.where(one & (v == 1), head_f, 0.0)
         late = rest > 0
-        delay = np.maximum(coll("all_gather", "dp", rest, late) - first_block, 0.0) * late
+        # its compute pays NCCL's SMs while the gather runs (.workloads.smcontention)
+        g = coll("all_gather", "dp", rest, late)
+        first_gemm = lc * pieces.fwd_gemm + pieces.emb_gemm + np.where(
+            one & (v == 1), pieces.head_gemm, 0.0)
+        taken = _extra_seconds(ctx, first_gemm, g, ctas)
+        delay = np.maximum(g - first_block, taken) * late
         upd_f, upd_l = upd_f + delay, upd_l + delay
         whole = self._zero3(ctx, plans, (emb, fwd, head_f, head_b, bwd), coll,
                             (pieces.fwd_gemm, pieces.bwd_gemm, ctas))
@@ -411,21 +416,25 @@ def _nccl_ctas(ctx: _Context, net, mi: np.ndarray) -> np.ndarray:
 def _sm_taken(ctx: _Context, fwd_flops, bwd_flops, ctas):
     """(forward, backward) functions of ``C`` (and ``layers``, 1 by default): the extra
     seconds of that many layers beside ``C`` seconds of collectives per plan
-    (:func:`~ddlsim.simulator.kernels.contention.extra_seconds`, the GEMMs at the device's
-    matmul ceiling, as :func:`~ddlsim.simulator.kernels.contention.contention_seconds` times
-    them)."""
+    (:func:`_extra_seconds`)."""
+    def taken(flops):
+        return lambda C, layers=1: _extra_seconds(ctx, layers * flops, C, ctas)
+    return taken(fwd_flops), taken(bwd_flops)
+
+
+def _extra_seconds(ctx: _Context, flops, C, ctas) -> np.ndarray:
+    """Per plan, the extra seconds of GEMMs of ``flops`` beside ``C`` seconds of collectives
+    holding ``ctas`` SMs (:func:`~ddlsim.simulator.kernels.contention.extra_seconds`, the
+    GEMMs at the device's matmul ceiling as
+    :func:`~ddlsim.simulator.kernels.contention.contention_seconds` times them)."""
     from ..simulator.kernels.contention import extra_seconds
     dev, dtype = ctx.dev, compute_dtype(ctx.cfg.train.dtype)
-    rate = dev.peak_flops(dtype) * dev.ceiling(dtype)
-
-    def taken(flops):
-        def extra(C, layers=1):
-            C = np.broadcast_to(np.asarray(C, dtype=float), np.shape(flops))
-            g = np.broadcast_to(layers * flops / rate, np.shape(flops))
-            out = np.zeros(np.shape(flops))
-            for k in np.unique(ctas):
-                at = ctas == k
-                out[at] = extra_seconds(g[at], C[at], int(k), dev.sm_count)
-            return out
-        return extra
-    return taken(fwd_flops), taken(bwd_flops)
+    shape = np.shape(ctas)
+    C = np.broadcast_to(np.asarray(C, dtype=float), shape)
+    g = np.broadcast_to(np.asarray(flops, dtype=float) / (dev.peak_flops(dtype)
+                                                          * dev.ceiling(dtype)), shape)
+    out = np.zeros(shape)
+    for k in np.unique(ctas):
+        at = ctas == k
+        out[at] = extra_seconds(g[at], C[at], int(k), dev.sm_count)
+    return out

@@ -120,7 +120,7 @@ def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
                 nbytes = b.stage_params(stage) * b.dt
                 blocks[param_gather.BLOCK] = param_gather.prologue_block(
                     blocks["F0"], b.grad_group, nbytes - param_gather.first_bucket(
-                        True, nbytes, plan.param_bucket_bytes))
+                        True, nbytes, plan.param_bucket_bytes), b.dtype)
             elif staged:
                 blocks[param_gather.BLOCK] = fsdp.pipeline_prologue(b, blocks["F0"], stage)
             shared[role] = blocks

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..smcontention import beside
 from ..trace import P2P, Block, Collective, Op, Wait
 
 __all__ = ["active", "exposed_bytes", "first_bucket", "overlapped_bytes", "prologue_block", "BLOCK"]
@@ -57,15 +58,35 @@ def overlapped_bytes(cfg, param_bytes: float) -> float:
     return param_bytes - exposed_bytes(cfg, param_bytes)
 
 
-def prologue_block(first: Block, group: str, nbytes: float) -> Block:
+def _first_send(ops: list[Op]) -> int:
+    """Index of the first send among ``ops`` (their count when none)."""
+    sends = [i for i, o in enumerate(ops)
+             if isinstance(o.payload, P2P) and o.payload.kind == "send"]
+    return sends[0] if sends else len(ops)
+
+
+def _with_contention(ops: list[Op], gather: Collective, dtype: str) -> list[Op]:
+    """``ops`` with the contention op of their GEMMs before the first send beside the
+    overlapped ``gather`` (:func:`~ddlsim.workloads.smcontention.beside`) inserted there."""
+    at = _first_send(ops)
+    extra = beside("params.all_gather", ops[:at], (gather,), dtype)
+    if extra is None:
+        return ops
+    later = [Op(o.payload, o.stream, tuple(d + 1 if d >= at else d for d in o.deps), o.repeat)
+             for o in ops[at:]]
+    return [*ops[:at], extra, *later]
+
+
+def prologue_block(first: Block, group: str, nbytes: float, dtype: str) -> Block:
     """``first`` (the stage's ``F0`` block) with the overlapped gather of ``nbytes`` issued
     at its start on the ``dp`` stream and a wait for it after its compute, before it sends
     its activation on: the forward cannot finish its layers before their parameters arrive,
-    so what it sends depends on the whole gather."""
-    body = [Op(o.payload, o.stream, tuple(d + 1 for d in o.deps), o.repeat) for o in first.ops]
-    sends = [i for i, o in enumerate(body) if isinstance(o.payload, P2P)
-             and o.payload.kind == "send"]
-    at = sends[0] if sends else len(body)           # the wait goes before the first send
+    so what it sends depends on the whole gather. The compute before the wait runs beside
+    the gather and pays NCCL's SMs (a contention op, in the GEMMs' ``dtype``)."""
+    gather = Collective("params.all_gather.overlapped", "all_gather", group, nbytes)
+    body = _with_contention(list(first.ops), gather, dtype)
+    body = [Op(o.payload, o.stream, tuple(d + 1 for d in o.deps), o.repeat) for o in body]
+    at = _first_send(body)                          # the wait goes before the first send
     wait = at + 1                                   # its index once the gather is op 0
 
     def shifted(o: Op) -> Op:
@@ -74,6 +95,6 @@ def prologue_block(first: Block, group: str, nbytes: float) -> Block:
             deps += (wait,)
         return Op(o.payload, o.stream, deps, o.repeat)
 
-    ops = [Op(Collective("params.all_gather.overlapped", "all_gather", group, nbytes), "dp")]
+    ops = [Op(gather, "dp")]
     ops += [*body[:at], Op(Wait("params.gather.wait", "dp")), *(shifted(o) for o in body[at:])]
     return Block(BLOCK, first.phase, tuple(ops))
