@@ -20,9 +20,10 @@ From ``system.device`` (ddlsim/data/systems.yaml cites each preset's values):
   peak where the table has no curve for it;
 * ``launch`` — host and launch time per kernel, under the stack's ``host_dispatch``
   (:mod:`.host`): an op's time is ``max(Σ kernel time + n·gap, n·host)``;
-* ``power_limit_W`` other than ``matmul_power_limit_W`` — the rate dense GEMMs sustain at
-  that limit, a ceiling on every GEMM, and the attention kernels' rate there, from
-  ``power_limits`` (:mod:`.power`).
+* ``power_limits[power_limit_W]`` — the rate dense GEMMs sustain at the board's limit once
+  it is saturated, a ceiling on every GEMM over the burst ``η_max`` (at
+  ``matmul_power_limit_W`` itself: MSMF against MAMF), and at another limit the attention
+  kernels' rate there (:mod:`.power`).
 
 A device without a fact falls back, each time in the same documented way (docs/compute.md):
 no ``sm_count``: no quantisation; no ``matmul_efficiency``: 0.75, the former default of
