@@ -39,9 +39,10 @@ class LaunchSpec(_Strict):
 
 
 class PowerLimitSpec(_Strict):
-    """What a compute-bound kernel sustains at a board power limit other than the one the
-    device's ceilings were measured at (``device.power_limits``; docs/compute.md, "Sustained
-    clocks and power limits"), each figure a measurement with its source."""
+    """What a compute-bound kernel sustains at a board power limit, saturated: at another limit
+    than the one the device's ceilings were measured at, or at that limit itself (the
+    sustained rate beside a burst ceiling) (``device.power_limits``; docs/compute.md,
+    "Sustained clocks and power limits"), each figure a measurement with its source."""
 
     matmul_efficiency: dict[str, Annotated[float, Field(gt=0, le=1)]] = Field(
         min_length=1, description="dtype -> GEMM ceiling (fraction of peak) measured at this "
@@ -159,6 +160,10 @@ class DeviceSpec(_Strict):
                 raise ValueError(f"power_limits.{watts:g}.matmul_efficiency has unknown dtype "
                                  f"{bad[0]!r}{did_you_mean(bad[0], DTYPE_BYTES)}; allowed: "
                                  f"{', '.join(DTYPE_BYTES)}")
+            if watts == self.matmul_power_limit_W and entry.attention != 1:
+                raise ValueError(f"power_limits.{watts:g}.attention = {entry.attention:g} but "
+                                 f"{watts:g} W is matmul_power_limit_W, the limit the attention "
+                                 f"figures were measured at; allowed: 1")
             if not set(entry.matmul_efficiency) & set(self.matmul_efficiency or {}):
                 raise ValueError(f"power_limits.{watts:g}.matmul_efficiency has no dtype of "
                                  f"matmul_efficiency ({', '.join(self.matmul_efficiency or {})}"

@@ -156,6 +156,9 @@ def test_power_limits_entry_checked():
         _loaded(power_limits={500: {"matmul_efficiency": {"bf61": 0.5}, "attention": 0.9}})
     with pytest.raises(ConfigError, match=r"has no dtype of matmul_efficiency"):
         _loaded(power_limits={500: {"matmul_efficiency": {"tf32": 0.5}, "attention": 0.9}})
+    with pytest.raises(ConfigError, match=r"power_limits.700.attention = 0.9 but 700 W is "
+                                          r"matmul_power_limit_W.*allowed: 1"):
+        _loaded(power_limits={700: {"matmul_efficiency": {"bf16": 0.7}, "attention": 0.9}})
     with pytest.raises(ConfigError, match=r"power_limits needs matmul_power_limit_W"):
         _loaded(matmul_power_limit_W=None, power_limit_W=None)
 
