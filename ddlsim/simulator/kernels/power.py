@@ -13,9 +13,9 @@ compute-bound kernels sustain there, measured: ``device.power_limits[power_limit
   takes ``max(t, 2MNK·batch / (peak · rate))``, ``t`` its time at ``matmul_power_limit_W``
   by the shape model (:mod:`.gemm`), so a GEMM that runs below the rate at the higher limit
   (a small or skinny one: fixed costs, quantisation) is not slowed. A dtype not measured at
-  the limit takes its ceiling at ``matmul_power_limit_W`` times the smallest ratio of the
-  measured rates to the device's own ``matmul_efficiency`` (derived: a power-limited GEMM of
-  any dtype runs at the clock the limit leaves);
+  the limit takes its rate at ``matmul_power_limit_W`` (the sustained figure there where
+  measured, below, else its ceiling) times the smallest ratio of the measured rates to those
+  same rates (derived: a power-limited GEMM of any dtype runs at the clock the limit leaves);
 * ``attention``: the fused attention kernels' rate at the limit over their rate at
   ``matmul_power_limit_W``, measured on the same kernels: it scales every attention figure
   (those kernels spend power off the tensor cores too, softmax, so a rate cap in FLOP/s does
