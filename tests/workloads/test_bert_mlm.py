@@ -39,3 +39,8 @@ def test_fewer_head_tokens_make_a_shorter_step():
 def test_a_non_positive_count_is_refused_naming_the_field():
     with pytest.raises(ConfigError, match="mlm_predictions_per_seq"):
         _cfg(mlm_predictions_per_seq=0)
+
+
+def test_the_model_line_names_the_masked_head():
+    assert "MLM head over 20 masked tokens" in _cfg(mlm_predictions_per_seq=20).model.summary_line()
+    assert "masked" not in _cfg().model.summary_line()

@@ -130,6 +130,9 @@ class BertModel(ModelBase):
 
     def summary_line(self) -> str:
         tied = "tied" if self.tie_word_embeddings else "untied"
+        masked = ("" if self.mlm_predictions_per_seq is None else
+                  f", MLM head over {self.mlm_predictions_per_seq} masked tokens per sequence")
         return (f"{self.name}: BERT encoder, {self.num_hidden_layers} layers, h "
                 f"{self.hidden_size}, {self.num_attention_heads} heads, FFN {self.ffn}, vocab "
-                f"{self.vocab_size} ({tied} MLM decoder), {self.params / 1e6:.1f} M params")
+                f"{self.vocab_size} ({tied} MLM decoder{masked}), "
+                f"{self.params / 1e6:.1f} M params")
