@@ -67,8 +67,12 @@ def _first_send(ops: list[Op]) -> int:
 
 def _with_contention(ops: list[Op], gather: Collective, dtype: str) -> list[Op]:
     """``ops`` with the contention op of their GEMMs before the first send beside the
-    overlapped ``gather`` (:func:`~ddlsim.workloads.smcontention.beside`) inserted there."""
+    overlapped ``gather`` (:func:`~ddlsim.workloads.smcontention.beside`) inserted there;
+    unchanged where they first receive an activation (a later pipeline stage: the gather,
+    issued at the block's start, runs while the stage waits for it, not beside its compute)."""
     at = _first_send(ops)
+    if any(isinstance(o.payload, P2P) and o.payload.kind == "recv" for o in ops[:at]):
+        return ops
     extra = beside("params.all_gather", ops[:at], (gather,), dtype)
     if extra is None:
         return ops
@@ -81,8 +85,9 @@ def prologue_block(first: Block, group: str, nbytes: float, dtype: str) -> Block
     """``first`` (the stage's ``F0`` block) with the overlapped gather of ``nbytes`` issued
     at its start on the ``dp`` stream and a wait for it after its compute, before it sends
     its activation on: the forward cannot finish its layers before their parameters arrive,
-    so what it sends depends on the whole gather. The compute before the wait runs beside
-    the gather and pays NCCL's SMs (a contention op, in the GEMMs' ``dtype``)."""
+    so what it sends depends on the whole gather. On the first stage the compute before the
+    wait runs beside the gather and pays NCCL's SMs (a contention op, in the GEMMs'
+    ``dtype``)."""
     gather = Collective("params.all_gather.overlapped", "all_gather", group, nbytes)
     body = _with_contention(list(first.ops), gather, dtype)
     body = [Op(o.payload, o.stream, tuple(d + 1 for d in o.deps), o.repeat) for o in body]
