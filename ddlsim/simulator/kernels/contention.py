@@ -30,10 +30,11 @@ Not modelled: the HBM bandwidth the communication kernels move (hundreds of GB/s
 2–3 TB/s, which matters for memory-bound kernels beside them, not for the GEMMs charged
 here), the GEMM's wave quantisation on ``S − k`` SMs, the channels NCCL drops for messages
 under ``channels × threads × threshold`` bytes (:mod:`ddlsim.simulator.nccl.channels`:
-kilobytes, not the MiB collectives overlapped here), NVLS's own channel count (16 by default
-on Hopper; the ring's is counted for every collective inside a node), and groups across
-nodes (the ring's channels there follow the NICs: 16 on 3 × 8 H100s, NVIDIA/nccl issue
-1453's log; no contention op has such a group today).
+kilobytes, not the MiB collectives overlapped here) and NVLS's own channel count (16 by
+default on Hopper; the ring's is counted for every collective inside a node). Across nodes
+the ring's channels follow the NICs (:func:`nccl_ring_ctas` with the group's net; 16 on
+3 × 8 H100s in NVIDIA/nccl issue 1453's log): data-parallel and FSDP collectives
+(:mod:`ddlsim.workloads.smcontention`).
 
 References
 ----------
