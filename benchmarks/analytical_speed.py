@@ -32,6 +32,7 @@ from pathlib import Path
 import ddlsim
 from ddlsim.config import build_config
 from ddlsim.errors import ConfigError
+from ddlsim.hostmemory import keep_freed_memory
 
 ROOT = Path(__file__).resolve().parents[1]
 #: What the sweep and the deepest plan are timed with (``--clock``).
@@ -151,7 +152,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="only the 131,072-GPU target (issue 27), in a fresh process")
     ap.add_argument("--no-scale", action="store_true", help="skip the 131,072-GPU target")
     ap.add_argument("--scale-one", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--release-freed-memory", action="store_true",
+                    help="leave glibc's defaults, which hand freed heap back to the system "
+                         "between predictions (the `ddlsim` command keeps it: "
+                         "ddlsim/hostmemory.py; this loop does the same unless this is given)")
     args = ap.parse_args(argv)
+    if not args.release_freed_memory:
+        keep_freed_memory()
     if args.scale_one:
         _scale_one()
         return 0

@@ -384,11 +384,13 @@ def _table_text(renderable) -> str:
 
 from .cligroups import register as _register_groups  # noqa: E402  (presets, topology, calibrate)
 from .searchcli import register as _register_search  # noqa: E402  (ddlsim search)
+from .hostmemory import keep_freed_memory  # noqa: E402
 _register_groups(app)
 _register_search(app)
 
 
 def main() -> None:
+    keep_freed_memory()  # the command owns its process: freed C heap stays for the next call
     app()
 
 

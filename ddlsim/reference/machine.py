@@ -11,17 +11,10 @@ that runs the prediction's run; none is a datasheet value.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
+from ..hostmemory import keep_freed_memory
 
 __all__ = ["local_system", "NUMPY_STACK", "gemm_shapes", "cache_allocations"]
 
-#: glibc ``mallopt`` parameters (``<malloc.h>``: ``M_TRIM_THRESHOLD`` −1, ``M_MMAP_THRESHOLD``
-#: −3) and the values :func:`cache_allocations` sets: blocks up to 32 MiB (glibc's largest
-#: ``M_MMAP_THRESHOLD``, ``DEFAULT_MMAP_THRESHOLD_MAX`` on 64-bit) come from the heap, which
-#: is not given back to the system below 1 GiB of free space at its top
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-_MMAP_THRESHOLD_BYTES, _TRIM_THRESHOLD_BYTES = 32 * 2 ** 20, 2 ** 30
 
 #: How numpy runs the reference model: every op its own kernel (no fusion, the attention
 #: core as separate matmul, scale, mask and softmax passes); Adam a cache block at a time,
@@ -102,13 +95,7 @@ def cache_allocations() -> bool:
     bool
         True when both ``mallopt`` calls succeeded (the C library is glibc).
     """
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"))
-        mallopt = libc.mallopt
-    except (OSError, AttributeError, TypeError):  # not glibc (macOS, musl): nothing to set
-        return False
-    return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
-                and mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD_BYTES))
+    return keep_freed_memory()
 
 
 def gemm_shapes(shape) -> list[tuple[int, int, int]]:
