@@ -34,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,7 +78,7 @@ class Proxy:
     source: str
     line: str
     ranks: tuple[int, ...]
-    sets: object
+    sets: Callable[[int], list[str]]
     args: tuple[str, ...] = field(default=())
 
 
@@ -112,7 +113,20 @@ def _system_sets() -> list[str]:
 
 
 def build(checkout: Path, work: Path) -> dict[str, Path]:
-    """``mpicxx -O2`` of every proxy source :data:`PROXIES` names; source -> executable."""
+    """``mpicxx -O2`` of every proxy source :data:`PROXIES` names.
+
+    Parameters
+    ----------
+    checkout : Path
+        A checkout of spcl/DNN-cpp-proxies (its ``proxies/`` folder is read).
+    work : Path
+        Folder for the executables.
+
+    Returns
+    -------
+    dict
+        Source path in the checkout -> executable.
+    """
     exes = {}
     for src in sorted({p.source for p in PROXIES.values()}):
         exe = work / Path(src).stem
@@ -135,8 +149,20 @@ def _sizes(ops, out: set) -> None:
 
 
 def comm_calls(proxy: Proxy, n: int) -> set[tuple[str, float]]:
-    """(calibrated op, bytes per call) of every call of the n-rank run's trace (the sizes
-    ``ddlsim comm`` counts, in ``ddlsim calibrate comm``'s names)."""
+    """The distinct calls of the n-rank run's trace (the sizes ``ddlsim comm`` counts).
+
+    Parameters
+    ----------
+    proxy : Proxy
+        The proxy, its config resized by ``proxy.sets(n)`` on :data:`SYSTEM`.
+    n : int
+        Ranks.
+
+    Returns
+    -------
+    set of (str, float)
+        (op in ``ddlsim calibrate comm``'s names, bytes per call).
+    """
     import ddlsim
     cfg = ddlsim.load_config(CONFIGS / f"{proxy.config}.yaml",
                              overrides=proxy.sets(n) + _system_sets())
@@ -148,9 +174,20 @@ def comm_calls(proxy: Proxy, n: int) -> set[tuple[str, float]]:
 
 
 def calibration_range(sizes: list[float]) -> tuple[int, int]:
-    """(min, max) bytes to calibrate: the closed loop's rule (``loop.comm_sizes``): the power
-    of two at or below half the smallest message, eight times the next power of two above the
-    largest (three sizes past any cache cliff for ``calibrate fit --min-points 3``)."""
+    """Bytes to calibrate, by the closed loop's rule (``ddlsim.reference.loop.comm_sizes``).
+
+    Parameters
+    ----------
+    sizes : list of float
+        Bytes per call of the runs' collectives.
+
+    Returns
+    -------
+    (int, int)
+        The power of two at or below half the smallest size (at least 8 B), and eight times
+        the next power of two above the largest (three sizes past any cache cliff for
+        ``calibrate fit --min-points 3``), in bytes.
+    """
     low = 2 ** math.floor(math.log2(max(min(sizes) / 2, 8)))
     return low, 8 * 2 ** math.ceil(math.log2(max(sizes)))
 
@@ -183,10 +220,25 @@ def calibrate(work: Path, names: list[str], attempts: int = 3, ranks: int = 2) -
 
 
 def predict(proxy: Proxy, n: int, profile: Path | None) -> dict[str, float]:
-    """Seconds per iteration by engine: ``ddlsim predict --engine both`` of the n-rank run on
-    :data:`SYSTEM` with the profile (None: the preset's link alone). ``--allow-oom``: a
-    proxy allocates its message buffers only, not the memory ddlsim counts for the model it
-    replays."""
+    """``ddlsim predict --engine both`` of the n-rank run on :data:`SYSTEM`.
+
+    ``--allow-oom``: a proxy allocates its message buffers only, not the memory ddlsim
+    counts for the model it replays.
+
+    Parameters
+    ----------
+    proxy : Proxy
+        The proxy whose config is predicted, resized by ``proxy.sets(n)``.
+    n : int
+        Ranks.
+    profile : Path or None
+        Calibration profile (``--calibration``, backend mpi); None: the preset's link alone.
+
+    Returns
+    -------
+    dict
+        Engine name -> seconds per iteration.
+    """
     cmd = DDLSIM + ["predict", str(CONFIGS / f"{proxy.config}.yaml"), "--engine", "both",
                     "--allow-oom", "-f", "json"]
     if profile is not None:
@@ -230,8 +282,26 @@ def sleep_us() -> float:
 
 
 def measure(exe: Path, proxy: Proxy, n: int, repeats: int, cache: dict) -> list[float]:
-    """Seconds per iteration the proxy printed, one per ``nice mpirun`` of ``repeats``
-    (runs of one executable at one rank count are shared by the proxies it prints)."""
+    """Run the proxy ``repeats`` times under ``nice mpirun -n n``.
+
+    Parameters
+    ----------
+    exe : Path
+        The built proxy.
+    proxy : Proxy
+        Which of its printed lines to read (``proxy.line``).
+    n : int
+        Ranks.
+    repeats : int
+        Launches.
+    cache : dict
+        (exe, n) -> the launches' outputs, shared by the proxies one executable prints.
+
+    Returns
+    -------
+    list of float
+        Seconds per iteration, as the proxy printed them, one per launch.
+    """
     from ddlsim.reference.loop import _check, _run, mpirun
     key = (exe, n)
     if key not in cache:
@@ -244,8 +314,18 @@ def measure(exe: Path, proxy: Proxy, n: int, repeats: int, cache: dict) -> list[
 
 
 def refusal(config: Path) -> str | None:
-    """ddlsim's own refusal (its ``error:`` paragraph) of the config at its own rank count on
-    :data:`SYSTEM`, or None when ddlsim predicts it."""
+    """ddlsim's own refusal of the config at its own rank count on :data:`SYSTEM`.
+
+    Parameters
+    ----------
+    config : Path
+        A proxy config (examples/proxies/NAME.yaml).
+
+    Returns
+    -------
+    str or None
+        The CLI's ``error:`` paragraph on one line, or None when ddlsim predicts the run.
+    """
     cmd = DDLSIM + ["predict", str(config), "--allow-oom"]
     for s in _system_sets():
         cmd += ["--set", s]
