@@ -239,3 +239,26 @@ def test_overlapped_param_gather_pays_nccls_sms_beside_the_first_forward():
     assert [x.name for x in c.collectives] == ["params.all_gather.overlapped"]
     from ddlsim.workloads.smcontention import gemm_flops
     assert c.gemm_flops == gemm_flops(wl.classes[0].program.blocks["F0"].ops) > 0
+
+
+def test_fsdp_in_pipeline_stages_pays_nccls_sms_beside_the_rest_of_the_gather():
+    """torchtitan's FSDP2 inside pipeline stages: each stage's first forward runs beside the
+    gather of the rest of its parameters (its first layer waits for its own, queued first),
+    so a contention op with that gather goes before the forward's wait for it, on every
+    stage; both engines time the trace alike."""
+    d = {"model": {"preset": "llama3-8b", "num_hidden_layers": 8},
+         "parallel": {"pipeline_model_parallel_size": 2, "data_parallel_size": 4,
+                      "zero_stage": 3},
+         "train": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 4096},
+         "system": {"preset": "dgx-h100", "nodes": 1, "software": "torchtitan-2025"}}
+    cfg = build_config(d)
+    wl = ddlsim.build_workload(cfg)
+    for cls in wl.classes:
+        ops = cls.program.blocks["F0.pg"].ops
+        names = [o.payload.name for o in ops]
+        at = names.index("fsdp.params.all_gather.sm_contention")
+        assert names[at + 1] == "params.gather.wait"
+        assert [c.name for c in ops[at].payload.contention.collectives] == [
+            "params.all_gather.overlapped"]
+    times = [ddlsim.predict(cfg, engine).iteration_time_s for engine in ("analytical", "des")]
+    assert times[0] == pytest.approx(times[1], rel=1e-9)

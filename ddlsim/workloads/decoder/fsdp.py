@@ -47,6 +47,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...errors import ConfigError
+from ..smcontention import beside
 from ..trace import Block, Collective, Compute, Loop, Op, P2P, Wait
 from . import fsdp_float8, param_gather
 
@@ -214,6 +215,7 @@ def pipeline_prologue(b: Any, first: Block, stage: int) -> Block:
              for o in body[at:]]
     wait = next((j for j, o in enumerate(moved) if isinstance(o.payload, P2P)
                  and o.payload.kind == "send"), len(moved))
+    moved, wait = _with_contention(b, moved, wait, new, at + k + wait)
     ops = body[:at] + new
     first_op = moved[0]
     moved[0] = Op(first_op.payload, first_op.stream, first_op.deps + (ready,),
@@ -223,6 +225,22 @@ def pipeline_prologue(b: Any, first: Block, stage: int) -> Block:
                   else ()), o.repeat) for o in moved[wait:]]
     ops += moved[:wait] + [Op(Wait("params.gather.wait", "dp"))] + tail
     return Block(param_gather.BLOCK, first.phase, tuple(ops))
+
+
+def _with_contention(b: Any, moved: list, wait: int, new: list, p: int) -> tuple[list, int]:
+    """``(moved, wait)`` with the contention op of the forward's GEMMs before its wait (the
+    ``wait`` ops of ``moved``) beside the rest of the stage's gather
+    (:func:`~ddlsim.workloads.smcontention.beside`) inserted at absolute index ``p``: the
+    first layer waits for its own gather, queued before the rest on ``dp``, so the rest runs
+    beside the forward's layers."""
+    rest = [o.payload for o in new if isinstance(o.payload, Collective)
+            and o.payload.name == "params.all_gather.overlapped"]
+    extra = beside("fsdp.params.all_gather", moved[:wait], rest, b.dtype)
+    if extra is None:
+        return moved, wait
+    later = [Op(o.payload, o.stream, tuple(d + 1 if d >= p else d for d in o.deps), o.repeat)
+             for o in moved[wait:]]
+    return [*moved[:wait], extra, *later], wait + 1
 
 
 def with_stage_reduce_scatters(b: Any, update: Block, stage: int) -> Block:
