@@ -53,6 +53,14 @@ def _dp(n: int, micro: int) -> list[str]:
             f"train.global_batch_size={micro * n}"]
 
 
+def _pipe(n: int, micro: int) -> list[str]:
+    """``--set`` values of the comm-only pipelines run as ``PROXY 4 2 2``: 4 layers on n = 2
+    stages, 2 micro-batches of ``micro`` samples (the config's), one pipeline."""
+    return ["model.num_hidden_layers=4", f"parallel.pipeline_model_parallel_size={n}",
+            "parallel.data_parallel_size=1", f"train.micro_batch_size={micro}",
+            f"train.global_batch_size={2 * micro}"]
+
+
 def _dlrm(n: int) -> list[str]:
     """dlrm.cpp takes no arguments: whatever the ranks, each sends EMB_ALL2ALL_SIZE floats per
     all-to-all (dlrm.cpp:28) of the 2048-sample batch (dlrm.cpp:125). ddlsim's all-to-all is
@@ -99,6 +107,14 @@ PROXIES: dict[str, Proxy] = {
     "resnet50_ring": Proxy("resnet50_ring", "proxies/comm_only/resnet50.cpp",
                            r"\(neighbors in ring\) runtime for each iteration " + _SECONDS,
                            (2,), lambda n: _dp(n, 32)),
+    # comm_only/{gpt2,bert}_large.cpp ARGV "layers stages grad_acc_step" (main, :138-146):
+    # 4 layers on 2 stages of one pipeline, 2 micro-batches
+    "gpt2_large": Proxy("gpt2_large", "proxies/comm_only/gpt2_large.cpp",
+                        r"parallelism runtime for each iteration " + _SECONDS, (2,),
+                        lambda n: _pipe(n, 1), ("4", "2", "2")),
+    "bert_large": Proxy("bert_large", "proxies/comm_only/bert_large.cpp",
+                        r"parallelism runtime for each iteration " + _SECONDS, (2,),
+                        lambda n: _pipe(n, 8), ("4", "2", "2")),
 }
 
 
