@@ -165,7 +165,7 @@ def test_overlapped_grad_buckets_pay_nccls_sms_beside_the_next_layers():
     none: nothing was issued before it); timed (16/108)·min(C, G_k) across DGX A100 nodes."""
     cfg = _dp_plan()
     wl = ddlsim.build_workload(cfg)
-    ops = [op for op in _contention_ops(wl) if op.name.startswith("grad.")]
+    ops = [op for op in _contention_ops(wl) if op.name.startswith("dp.run")]
     assert ops and all(c.group == "dp" and c.op == "all_reduce"
                        for op in ops for c in op.contention.collectives)
     cost, dev = CostModel(cfg.system, wl), kernel_device(cfg.system)
@@ -174,7 +174,7 @@ def test_overlapped_grad_buckets_pay_nccls_sms_beside_the_next_layers():
         G = op.contention.gemm_flops / (dev.peak_flops(op.dtype) * dev.ceiling(op.dtype))
         assert cost.compute(op) == pytest.approx(16 / 108 * min(C, G * 108 / 92), rel=1e-12)
     off = ddlsim.build_workload(_dp_plan(overlap_grad_reduce=False))
-    assert not any(op.name.startswith("grad.") for op in _contention_ops(off))
+    assert not any(op.name.startswith("dp.run") for op in _contention_ops(off))
 
 
 def test_ddp_buckets_pay_nccls_sms_beside_the_backward_after_them():

@@ -146,4 +146,4 @@ def _contention(prefix: str, issued: list[Collective], window: list[Op]) -> Op |
     if not issued or not window:
         return None
     first = issued[0].name.rsplit(".bucket", 1)[-1]
-    return beside(f"{prefix}.all_reduce{first}", window, issued, window[0].payload.dtype)
+    return beside(f"ddp.after{first}", window, issued, window[0].payload.dtype)

@@ -111,7 +111,7 @@ class GradSyncOps(StageBase):
             ops += run
             if seg:                  # the previous run's buckets hold SMs beside this run
                 prev = sync_ops[w * (seg - 1):w * seg]
-                extra = beside(f"grad.bucket{seg - 1}", run, tuple(
+                extra = beside(f"dp.run{seg}", run, tuple(
                     o.payload for o in prev for _ in range(o.repeat)), self.dtype)
                 ops += [extra] if extra is not None else []
             last = start + len(ops) - 1
