@@ -48,10 +48,16 @@ def _pass(c, d, head, layer, a, r, L: int, k: int, backward: bool, sm=None):
         d = np.maximum(d, c) + a
         ready.append(d)
     c = c + head
+    # what runs beside layer j takes three values in a pass (:func:`_beside`: the first
+    # layer, a layer with a gather issued after it, one without), so sm is asked once each
+    extra: dict[tuple[bool, bool], np.ndarray] = {}
     for j in range(L):
         c = np.maximum(c, ready[j]) + layer
         if sm is not None:
-            c = c + sm(_beside(j, L, k, a, r if backward else 0.0))
+            kind = (j == 0, j + k < L)
+            if kind not in extra:
+                extra[kind] = sm(_beside(j, L, k, a, r if backward else 0.0))
+            c = c + extra[kind]
         if backward:
             d = np.maximum(d, c) + r
         if j + k + 1 < L:
