@@ -69,6 +69,13 @@ def time_record(row: dict, config: dict, engine: str, limits: Limits | None,
     return rec
 
 
+def records(rows: list[dict], config, published_time, engine: str,
+            limits: Limits | None = None) -> list[dict]:
+    """One :func:`time_record` per row: ``config(row)`` predicted by ``engine`` against
+    ``published_time(row)`` (seconds)."""
+    return [time_record(row, config(row), engine, limits, published_time(row)) for row in rows]
+
+
 def print_table(head: list[str], lines: list[list[str]], markdown: bool) -> None:
     """Print ``lines`` under ``head``, aligned, or as a Markdown table."""
     if markdown:

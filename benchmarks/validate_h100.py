@@ -27,7 +27,7 @@ from __future__ import annotations
 import sys
 
 from public_runs import (DATA, padded_vocab, print_notes, print_table, read_csv, result_cells,
-                         rows_summary, run_script, time_record)
+                         rows_summary, run_script, records)
 
 TABLE = DATA / "nemo_2407_h100_fp8.csv"
 SETTINGS = DATA / "nemo_2407_h100_settings.csv"
@@ -124,8 +124,7 @@ def published_time(row: dict) -> float:
 def evaluate(engine: str = "analytical", only: list[dict] | None = None,
              limits=None) -> list[dict]:
     """One record per row: published and predicted iteration time, error, fit note."""
-    return [time_record(row, config(row), engine, limits, published_time(row))
-            for row in (rows() if only is None else only)]
+    return records(rows() if only is None else only, config, published_time, engine, limits)
 
 
 def _label(o: dict) -> str:

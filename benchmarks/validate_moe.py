@@ -79,17 +79,25 @@ def config(row: dict) -> dict:
                         "overlap_expert_parallel_comm": row["a2a_overlap"] == "true",
                         "delay_wgrad_compute": row["delay_wgrad_compute"] == "true",
                         "shared_expert_overlap": row["moe_shared_expert_overlap"] == "true"}}
-    if vp > 1:
-        parallel.update(schedule="interleaved", virtual_pipeline_model_parallel_size=vp)
-    if row["split"] == "embedding+loss":
-        parallel.update(account_for_embedding_in_pipeline_split=True,
-                        account_for_loss_in_pipeline_split=True)
+    parallel.update(_pipeline_layout(row, vp))
     return {"model": row["preset"], "parallel": parallel,
             "train": {"micro_batch_size": int(row["mbs"]), "global_batch_size": int(row["gbs"]),
                       "seq_length": int(row["seq"]), "dtype": "fp8", "recompute": "none"},
             "system": {"preset": "dgx-h100", "nodes": gpus // GPUS_PER_NODE,
                        "software": {"stack": STACK, "kernels": {
                            "grad_reduce_dtype": "param", "fused_cross_entropy": True}}}}
+
+
+def _pipeline_layout(row: dict, vp: int) -> dict:
+    """The row's interleaving and, where its recipe says so, Megatron-Core's account of the
+    embedding and the loss in the pipeline split."""
+    out: dict = {}
+    if vp > 1:
+        out.update(schedule="interleaved", virtual_pipeline_model_parallel_size=vp)
+    if row["split"] == "embedding+loss":
+        out.update(account_for_embedding_in_pipeline_split=True,
+                   account_for_loss_in_pipeline_split=True)
+    return out
 
 
 def zoo_config(row: dict) -> dict:
@@ -109,11 +117,7 @@ def zoo_config(row: dict) -> dict:
                         "permute_fusion": True,
                         "router_force_load_balancing": row["forced_balance"] != "false",
                         "overlap_expert_parallel_comm": overlap, "delay_wgrad_compute": overlap}}
-    if vp > 1:
-        parallel.update(schedule="interleaved", virtual_pipeline_model_parallel_size=vp)
-    if row["split"] == "embedding+loss":
-        parallel.update(account_for_embedding_in_pipeline_split=True,
-                        account_for_loss_in_pipeline_split=True)
+    parallel.update(_pipeline_layout(row, vp))
     return {"model": row["preset"], "parallel": parallel,
             "train": {"micro_batch_size": int(row["mbs"]), "global_batch_size": int(row["gbs"]),
                       "seq_length": int(row["seq"]), "dtype": row["precision"],

@@ -23,7 +23,7 @@ from __future__ import annotations
 import sys
 
 from public_runs import (DATA, print_notes, print_table, read_csv, result_cells, rows_summary,
-                         run_script, time_record)
+                         run_script, records)
 
 TABLE = DATA / "dle_resnet50_pytorch.csv"
 #: what the pytorch-21.03 container runs, over the default stack (data file's header)
@@ -56,8 +56,7 @@ def published_time(row: dict) -> float:
 def evaluate(engine: str = "analytical", only: list[dict] | None = None,
              limits=None) -> list[dict]:
     """Each row's record (:func:`public_runs.time_record`): ``only`` a sample of the rows."""
-    return [time_record(row, config(row), engine, limits, published_time(row))
-            for row in (rows() if only is None else only)]
+    return records(rows() if only is None else only, config, published_time, engine, limits)
 
 
 def _label(o: dict) -> str:

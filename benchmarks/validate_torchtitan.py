@@ -50,7 +50,7 @@ import sys
 
 from ddlsim.importers.torchtitan_split import split_2024, split_2025
 from public_runs import (DATA, error_stats, print_notes, print_table, read_csv, result_cells,
-                         rows_summary, run_script, time_record)
+                         rows_summary, run_script, records)
 
 TABLE = DATA / "torchtitan_tps.csv"
 GPUS_PER_NODE = 8
@@ -134,8 +134,7 @@ def published_time(row: dict) -> float:
 def evaluate(engine: str = "analytical", only: list[dict] | None = None,
              limits=None) -> list[dict]:
     """One record per row: published and predicted iteration time, error, fit note."""
-    return [time_record(row, config(row), engine, limits, published_time(row))
-            for row in (rows() if only is None else only)]
+    return records(rows() if only is None else only, config, published_time, engine, limits)
 
 
 def _label(o: dict) -> str:
