@@ -170,7 +170,7 @@ def test_overlapped_grad_buckets_pay_nccls_sms_beside_the_next_layers():
                        for op in ops for c in op.contention.collectives)
     cost, dev = CostModel(cfg.system, wl), kernel_device(cfg.system)
     for op in ops:
-        C = sum(cost.collective(c) for c in op.contention.collectives)
+        C = sum(k * cost.collective(c) for c, k in op.contention.issues())
         G = op.contention.gemm_flops / (dev.peak_flops(op.dtype) * dev.ceiling(op.dtype))
         assert cost.compute(op) == pytest.approx(16 / 108 * min(C, G * 108 / 92), rel=1e-12)
     off = ddlsim.build_workload(_dp_plan(overlap_grad_reduce=False))

@@ -224,6 +224,6 @@ def _contention_seconds(ctx, distinct: list, seconds: dict, backend: str) -> Non
     for k, (_, colls, _) in enumerate(distinct):
         for c in colls:
             if c is not None and _contends(c) and _key(k, c) not in seconds:
-                comm = sum(seconds[_key(k, x)] for x in c.contention.collectives)
+                comm = sum(n * seconds[_key(k, x)] for x, n in c.contention.issues())
                 ctas = nccl_ring_ctas(ctx.cfg.system) if backend == "nccl" else 0
                 seconds[_key(k, c)] = contention_seconds(c, ctx.dev, ctas, comm)

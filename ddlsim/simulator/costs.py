@@ -205,7 +205,7 @@ class CostModel:
         (:func:`.kernels.contention.contention_seconds`)."""
         from .kernels.contention import contention_seconds, nccl_ring_ctas
         colls = op.contention.collectives
-        comm = sum(self.collective(c) for c in colls)
+        comm = sum(k * self.collective(c) for c, k in op.contention.issues())
         ctas = max((nccl_ring_ctas(self.system, self.nets[c.group]) for c in colls), default=0) \
             if self.comm_backend == "nccl" else 0
         return contention_seconds(op, self._dev, ctas, comm)

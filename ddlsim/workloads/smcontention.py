@@ -60,11 +60,27 @@ def beside(name: str, ops: Iterable[Op], collectives: Iterable[Collective],
     -------
     Op or None : a compute-stream op to place after ``ops``.
     """
-    flops, colls = gemm_flops(ops), tuple(collectives)
+    flops, (colls, counts) = gemm_flops(ops), _runs(collectives)
     if not colls or flops <= 0.0:
         return None
-    c = Contention(flops, collectives=colls)
+    c = Contention(flops, collectives=colls, counts=counts)
     return Op(Compute(f"{name}.sm_contention", 0.0, dtype=dtype, contention=c))
+
+
+def _runs(collectives) -> tuple[tuple[Collective, ...], tuple[int, ...]]:
+    """``collectives`` (each a collective or a ``(collective, issues)`` pair) with their issue
+    counts (a repeated op's ``issues`` joins an equal one before it); counts empty when every
+    collective is issued once."""
+    colls: list[Collective] = []
+    counts: list[int] = []
+    for item in collectives:
+        c, k = item if isinstance(item, tuple) else (item, 1)
+        if colls and k != 1 and colls[-1] == c:
+            counts[-1] += k
+        else:
+            colls.append(c)
+            counts.append(k)
+    return tuple(colls), (tuple(counts) if any(k != 1 for k in counts) else ())
 
 
 def issued_since(ops: list[Op], start: int, exclude: Iterable[int] = ()) -> list[Collective]:
@@ -81,11 +97,11 @@ def issued_since(ops: list[Op], start: int, exclude: Iterable[int] = ()) -> list
 
     Returns
     -------
-    list of :class:`~ddlsim.workloads.trace.Collective`, in issue order (repeats written out).
+    list of ``(Collective, issues)`` pairs, in issue order (an op's repeats as its count).
     """
     waited: dict[str, int] = {}
     for i in exclude:
         waited[ops[i].stream] = max(waited.get(ops[i].stream, -1), i)
-    return [o.payload for i in range(start, len(ops))
+    return [(o.payload, o.repeat) for i in range(start, len(ops))
             for o in (ops[i],) if isinstance(o.payload, Collective) and o.stream != "compute"
-            and i > waited.get(o.stream, -1) for _ in range(o.repeat)]
+            and i > waited.get(o.stream, -1)]

@@ -145,6 +145,13 @@ class Contention:
     gemm_flops: float
     sms: int = 0
     collectives: tuple[Collective, ...] = ()
+    #: issues of each of ``collectives`` one after another (empty: one each), so a bucket
+    #: issued a million times is one entry, not a million
+    counts: tuple[int, ...] = ()
+
+    def issues(self) -> tuple[tuple[Collective, int], ...]:
+        """Each collective with how many times it is issued."""
+        return tuple(zip(self.collectives, self.counts or (1,) * len(self.collectives)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -111,8 +111,8 @@ class GradSyncOps(StageBase):
             ops += run
             if seg:                  # the previous run's buckets hold SMs beside this run
                 prev = sync_ops[w * (seg - 1):w * seg]
-                extra = beside(f"dp.run{seg}", run, tuple(
-                    o.payload for o in prev for _ in range(o.repeat)), self.dtype)
+                extra = beside(f"dp.run{seg}", run,
+                               [(o.payload, o.repeat) for o in prev], self.dtype)
                 ops += [extra] if extra is not None else []
             last = start + len(ops) - 1
             for s in sync_ops[w * seg:w * seg + w]:
