@@ -27,7 +27,7 @@ class DecoderFamily(WorkloadFamily):
     def check(self, cfg: Any) -> None:
         """Megatron-LM's divisibility rules and the sequence against the positions."""
         m, p, t = cfg.model, cfg.parallel, cfg.train
-        tp, pp, vpp = p.tp, p.pp, p.vpp
+        tp = p.tp
         _check_partition(cfg)
         if p.tp_mode != "1d":
             tp = 1   # the scheme's own grid rules replace Megatron's (checked above)

@@ -14,8 +14,6 @@ others); across the ``cp`` axis it is a ring or an all-gather (:mod:`.context`).
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from typing import Any, ClassVar
 
 from ....simulator.kernels.attention import attention_kernels
