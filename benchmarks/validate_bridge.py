@@ -10,19 +10,29 @@ tables leave out, read from that repository's performance recipes at the same re
 ``data/bridge_h100_settings.csv``. The rows are predicted exactly as ``validate_h100.py``
 predicts NeMo 24.07's (``dgx-h100``, ``megatron-core-2024`` stack, the same config mapping and
 the same marks), and 405B with Megatron-Core's uneven pipeline split (embedding and loss
-counted as layers: 126 layers on PP 8 × VPP 8). No per-row factors and nothing tuned.
+counted as layers: 126 layers on PP 8 × VPP 8). One difference from NeMo 24.07: the attention
+kernel (:data:`ATTENTION`). No per-row factors and nothing tuned.
 """
 
 from __future__ import annotations
 
 import sys
 
-from public_runs import DATA, run_script
+from public_runs import DATA, records, run_script
 
 import validate_h100 as h100
 
 TABLE = DATA / "bridge_h100_fp8.csv"
 SETTINGS = DATA / "bridge_h100_settings.csv"
+#: The runs' attention kernel: cuDNN's fused attention, not NeMo 24.07's FlashAttention-2
+#: (``validate_h100.ATTENTION``, which the launcher forced with NVTE_FUSED_ATTN=0). Megatron-
+#: Bridge's performance scripts export NVTE_FLASH_ATTN=1 and NVTE_FUSED_ATTN=1 ("Enable cuDNN
+#: fused attention") at 25.09 (fa0315ae scripts/performance/utils/executors.py lines 43-44) and
+#: set neither at 25.11 (97ad8cc6) or 26.02 (c0b9a000), where TransformerEngine's default
+#: holds; with both backends available TE's get_attention_backend disables FlashAttention on
+#: compute capability >= 9.0 for the F16_arbitrary_seqlen sub-backend ("give FusedAttention
+#: preference on Hopper+"): cuDNN on H100 in every release, the stack's own default.
+ATTENTION = "cudnn"
 
 
 def rows() -> list[dict]:
@@ -30,8 +40,16 @@ def rows() -> list[dict]:
     return h100.rows(TABLE, SETTINGS)
 
 
+def config(row: dict) -> dict:
+    """The ddlsim run config of one row: ``validate_h100.config`` with the runs' attention."""
+    cfg = h100.config(row)
+    cfg["system"]["software"]["kernels"]["attention"] = ATTENTION
+    return cfg
+
+
 def evaluate(engine: str = "analytical", limits=None) -> list[dict]:
-    return h100.evaluate(engine, rows(), limits)
+    """One record per row: published and predicted iteration time, error, fit note."""
+    return records(rows(), config, h100.published_time, engine, limits)
 
 
 def main(argv: list[str] | None = None) -> int:
