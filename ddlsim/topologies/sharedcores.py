@@ -1,0 +1,105 @@
+"""Ranks sharing the cores of a CPU node: the system each rank sees when a node runs more MPI
+ranks than it has cores (``mpirun --oversubscribe``).
+
+A CPU system preset is one device per core (``kvm-2core``: 2 cores, 2 devices). A node whose
+``c`` cores run ``r > c`` ranks time-shares them: Linux's CFS scheduler gives every runnable
+task of equal weight an equal share of the CPU (the kernel's CFS design document,
+``Documentation/scheduler/sched-design-CFS.rst``: "an 'ideal, precise multi-tasking CPU'
+... each task runs at 1/nr_running speed"), so a rank that computes gets ``c / r`` of a
+core: its device is the core's peak FLOP/s, memory bandwidth and memory scaled by ``c / r``.
+
+What this does *not* derive is communication. Open MPI's shared-memory transport progresses
+a collective only while a rank polls inside MPI, and a rank that waits polls on a core that
+another rank needs; with ``mpi_yield_when_idle`` it gives the core up at each poll
+(``ompi_info --param mpi all``). How long a collective takes then depends on the scheduler,
+the algorithm Open MPI's ``coll/tuned`` picks for the size and how many ranks wait, which no
+closed form here captures: it is *measured* at ``r`` ranks on the same cores
+(``ddlsim calibrate comm --backend mpi --allow-shared-cores --clock wall``) and given to
+``predict`` as a profile (``--calibration``), whose fits are kept per rank count. Without
+such a profile the link figures of the preset (measured at one rank per core) would be used,
+which is why :func:`share_cores` alone is not a prediction of the MPI time.
+"""
+
+from __future__ import annotations
+
+from ..config_system import SystemConfig
+from ..errors import ConfigError
+
+__all__ = ["share_cores", "shared_core_overrides"]
+
+
+def _check(system: SystemConfig, ranks_per_node: int) -> float:
+    """``cores / ranks`` of one node, or a ConfigError naming the field and what is allowed."""
+    if system.nodes != 1:
+        raise ConfigError(f"system.nodes = {system.nodes}: ranks sharing cores are modelled on "
+                          f"one node only (a calibration at that rank count measures them)")
+    cores = system.devices_per_node
+    if isinstance(ranks_per_node, bool) or not isinstance(ranks_per_node, int) \
+            or ranks_per_node < cores:
+        raise ConfigError(f"ranks per node = {ranks_per_node!r}: sharing the {cores} cores of "
+                          f"'{system.name}' needs an integer of at least {cores}")
+    return cores / ranks_per_node
+
+
+def share_cores(system: SystemConfig, ranks_per_node: int) -> SystemConfig:
+    """The system of one CPU node whose cores are time-shared by ``ranks_per_node`` ranks.
+
+    Parameters
+    ----------
+    system : SystemConfig
+        One node, one device per core (``devices_per_node`` = cores).
+    ranks_per_node : int
+        MPI ranks started on the node, at least its cores.
+
+    Returns
+    -------
+    SystemConfig
+        ``devices_per_node`` = ``ranks_per_node``; each device's peak FLOP/s (every dtype),
+        memory bandwidth (B/s) and memory (bytes) × cores / ranks; links and the rest
+        unchanged (communication comes from a calibration at this rank count).
+
+    Raises
+    ------
+    ConfigError
+        More than one node, or fewer ranks than cores.
+
+    References
+    ----------
+    Linux CFS design (Documentation/scheduler/sched-design-CFS.rst): equal-weight runnable
+    tasks share a CPU equally.
+    """
+    share = _check(system, ranks_per_node)
+    d = system.device
+    device = d.model_copy(update={
+        "peak_flops": {k: v * share for k, v in d.peak_flops.items()},
+        "memory_bandwidth_Bps": d.memory_bandwidth_Bps * share,
+        "memory_bytes": d.memory_bytes * share})
+    data = system.model_dump()
+    data.update(devices_per_node=ranks_per_node, device=device.model_dump(),
+                name=f"{system.name}-x{ranks_per_node}")
+    return SystemConfig.model_validate(data)
+
+
+def shared_core_overrides(system: SystemConfig, ranks_per_node: int) -> list[str]:
+    """:func:`share_cores` as ``--set`` values on a run config whose ``system.preset`` is
+    ``system`` (for ``ddlsim predict``).
+
+    Parameters
+    ----------
+    system : SystemConfig
+        The preset's one-device-per-core system.
+    ranks_per_node : int
+        MPI ranks on its node.
+
+    Returns
+    -------
+    list of str
+        ``system.devices_per_node=…`` and ``system.device.…=…`` in SI units (FLOP/s, B/s,
+        bytes).
+    """
+    shared = share_cores(system, ranks_per_node)
+    d = shared.device
+    return ([f"system.devices_per_node={ranks_per_node}"]
+            + [f"system.device.peak_flops.{k}={v!r}" for k, v in sorted(d.peak_flops.items())]
+            + [f"system.device.memory_bandwidth_Bps={d.memory_bandwidth_Bps!r}",
+               f"system.device.memory_bytes={d.memory_bytes!r}"])
