@@ -35,6 +35,7 @@ from ..trace import Block, Collective, Compute, Kernel, Loop, Op, Wait
 from .fp8linear import with_fp8_casts
 from .layerkinds import attention_projections, moe_layers_in_stage
 from .moe_dispatch import flex_ops
+from .moe_host import add_dispatch_sync, dispatch_sync
 from .partition import context
 from .partition.base import OpList
 from .stage import StageBase
@@ -240,16 +241,20 @@ class MoEOps(StageBase):
         scores = (3 if sh.dropout else 2) * 2 * self.b * sh.heads / t * self.dt * s_loc * s_loc
         return dense - act - scores
 
-    def _beside(self, ops: OpList, comm: list[Collective], work: list) -> None:
+    def _beside(self, ops: OpList, comm: list[Collective], work: list,
+                issued: tuple[int, ...] = ()) -> None:
         """``comm`` on the ``ep`` stream while ``work`` (the shared experts) computes, then
-        joined (``shared_expert_overlap``); in order on the compute stream otherwise."""
+        joined (``shared_expert_overlap``); in order on the compute stream otherwise.
+        ``issued``: deps of the first collective (the host's issue after a wait,
+        :mod:`.moe_host`)."""
         if not work or not comm or not self.moe.shared_expert_overlap:
-            for x in (*comm, *work):
-                ops.add(x)
+            for j, x in enumerate((*comm, *work)):
+                ops.add(x, deps=issued if j == 0 else ())
             return
         prev = ops.last_compute()
-        for c in comm:
-            prev = ops.add(c, "ep", () if prev is None else (prev,))
+        for j, c in enumerate(comm):
+            deps = (() if prev is None else (prev,)) + (issued if j == 0 else ())
+            prev = ops.add(c, "ep", deps)
         for x in work:
             ops.add(x)
         ops.add(Wait("moe.dispatch.wait", "ep"))
@@ -278,17 +283,20 @@ class MoEOps(StageBase):
             second = self._gathered(f"{pre}.scatter", True)
             rows = 2 * self.local_experts * self.expert_tokens() * sh.hidden * self.dt
             perm = (rows, 2 * rows)
-        body: list = [] if backward else [router]
+        routed = None if backward else ops.add(router)
         if perm[0]:
-            body.append(self._memory(f"{pre}.permute", perm[0]))
-        for x in body:
-            ops.add(x)
-        self._beside(ops, first, shared if overlap else [])
+            ops.add(self._memory(f"{pre}.permute", perm[0]))
+        sync = None if backward else dispatch_sync(plan)   # the host's wait (.moe_host)
+        gather = sync is not None and sync.after == "gather" and bool(first)
+        issued = () if gather else add_dispatch_sync(ops, pre, sync, routed, self.dtype)
+        self._beside(ops, first, shared if overlap else [], issued)
+        if gather:      # allgather: the host waits for the gather, then permutes
+            issued = add_dispatch_sync(ops, pre, sync, len(ops.ops) - 1, self.dtype)
         middle = [self._memory(f"{pre}.sort", sorts[0])] if sorts[0] else []
         middle += self._expert_compute(tag, backward)
         middle += [self._memory(f"{pre}.unsort", sorts[1])] if sorts[1] else []
-        for x in middle:
-            ops.add(x)
+        for j, x in enumerate(middle):
+            ops.add(x, deps=issued if gather and j == 0 else ())
         for x in second:
             ops.add(x)
         if perm[1]:
@@ -334,7 +342,7 @@ class MoEOps(StageBase):
         """The MoE layer's ops as plain payloads in issue order (ZeRO-3's per-layer units,
         which run on one stream)."""
         return [o.payload for o in self.moe_layer_body(backward, tag)
-                if not isinstance(o.payload, Wait)]
+                if not isinstance(o.payload, Wait) and o.stream != "host"]
 
     # ------------------------------------------------------------------ parameters
     def _stage_nonexpert_layer_params(self, stage: int) -> float:
