@@ -134,7 +134,11 @@ def moe_layer_nodes(b, backward: bool, delay_wgrad: bool = False) -> dict[str, l
         attn.add(Compute("bwd.grad_accumulate", 0.0, b.grad_accumulate_bytes(dense_p + expert_p),
                          kind="elementwise", dtype=b.dtype))
         comm = (second, [*mem("permute", perm[0]), *first])
-    nodes = {"attn": attn.ops, "dispatch": [Op(x, "ep") for x in comm[0]],
+    dispatch = [Op(x, "ep") for x in comm[0]]
+    if not backward:    # the host's wait for the counts, then its issue (.moe_host)
+        from .moe_host import dispatch_sync, node_with_sync
+        dispatch = node_with_sync(pre, dispatch_sync(b.moe), b.dtype, dispatch)
+    nodes = {"attn": attn.ops, "dispatch": dispatch,
              "mlp": [Op(x) for x in mlp], "combine": [Op(x, "ep") for x in comm[1]]}
     if wgrad:
         nodes["mlp_wgrad"] = [Op(x) for x in wgrad]

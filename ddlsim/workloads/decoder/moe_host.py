@@ -54,7 +54,7 @@ from typing import Any
 from ..trace import Compute, Kernel, Op
 
 __all__ = ["DispatchSync", "DISPATCH_SYNCS", "SYNC_WAKE_S", "dispatch_sync",
-           "add_dispatch_sync", "node_sync_ops", "sync_ops"]
+           "add_dispatch_sync", "node_with_sync", "sync_ops"]
 
 #: Seconds from the device's completion of the awaited work to the host running again after a
 #: device→host copy and its event's synchronisation: a PyTorch microbenchmark of a
@@ -172,11 +172,31 @@ def add_dispatch_sync(ops: Any, pre: str, sync: DispatchSync | None, awaited: in
     return (ops.add(issue, "host", (w,)),)
 
 
-def node_sync_ops(pre: str, sync: DispatchSync | None, dtype: str) -> list[Op]:
-    """The wait and issue as the first two ops of a schedule node (the combined 1F1B's
-    forward ``dispatch`` node, whose first op waits for the node before it): ``[wait,
-    issue]`` on the ``host`` stream, or ``[]`` without a wait."""
-    if sync is None:
-        return []
+def node_with_sync(pre: str, sync: DispatchSync | None, dtype: str,
+                   dispatch: list[Op]) -> list[Op]:
+    """A combined-1F1B forward ``dispatch`` node (:mod:`.combined`) with the host's wait and
+    issue first, on the ``host`` stream: the node's first op waits for the node before it
+    (the ``attn`` node, whose router gives the counts), and the dispatch's first collective
+    waits for the issue. Without a wait (or an empty node), ``dispatch`` as it is.
+
+    Parameters
+    ----------
+    pre : str
+        the ops' name prefix.
+    sync : DispatchSync or None
+        the dispatcher's wait.
+    dtype : str
+        the ops' dtype label.
+    dispatch : list of Op
+        the node's collectives, with no deps.
+
+    Returns
+    -------
+    list of Op
+    """
+    if sync is None or not dispatch:
+        return dispatch
     wait, issue = sync_ops(pre, sync, dtype)
-    return [Op(wait, "host"), Op(issue, "host", (0,))]
+    first, *rest = dispatch
+    return [Op(wait, "host"), Op(issue, "host", (0,)),
+            Op(first.payload, first.stream, (1,), first.repeat), *rest]
