@@ -12,10 +12,11 @@ its default collective backend (NCCL's tuning model on these GPUs, with the NVLS
 pipeline fill as measured: ``ddlsim/simulator/nccl/measured.py``), and reports the bus
 bandwidth nccl-tests would print: ``busbw = size / time × factor`` (nccl-tests
 doc/PERFORMANCE.md). Rows whose ``role`` is ``fitted`` are the calibration data of
-``measured.py``'s three fitted constants; the summary gives them apart from the ``held-out``
-rows, which set nothing and are the validation. Small messages (under 1 MiB) are recorded by
-nccl-tests' out-of-place ``time`` (``time_us``: their printed busbw is 0.00) and summarised
-on a line of their own, so that the figures from 1 MiB up stay comparable. ``--write-docs`` replaces the nccl-tests
+``measured.py``'s three fitted constants and of ``hops.py``'s one; the summary gives them apart
+from the ``held-out`` rows, which set nothing and are the validation. Small messages (under 1
+MiB) are recorded by nccl-tests' out-of-place ``time`` (``time_us``: their printed busbw is
+0.00) and summarised on lines of their own (held-out, fitted), so that the figures from 1 MiB
+up stay comparable. ``--write-docs`` replaces the nccl-tests
 section of ``docs/validation.md`` with the table printed. ``--nccl-tests`` compares one's own
 nccl-tests output (text or ``-J`` JSON, read by ``ddlsim.calibration.readers``; every size,
 out-of-place) instead, on the preset of ``--gpu`` (``--algorithm``: the ``NCCL_ALGO`` it ran).
@@ -121,19 +122,28 @@ def table(engine: str, data: list[dict] | None = None) -> tuple[list[str], dict[
     lines = ["| source | GPU | GPUs | nodes | op | size | measured busbw (GB/s) | ddlsim busbw "
              "(GB/s) | measured time (µs) | ddlsim time (µs) | error | ddlsim algorithm | role |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    errors: dict[str, list[float]] = {"fitted": [], "held-out": [], "small": []}
+    errors: dict[str, list[float]] = {"fitted": [], "held-out": [], "small": [],
+                                      "small fitted": []}
     for row in rows() if data is None else data:
         got, label = predicted_busbw(row, engine)
         pub = measured_busbw(row)
         err = got / pub - 1
         size = float(row["size_bytes"])
-        errors["small" if size < SMALL_BYTES else row["role"]].append(err)
+        errors[_role_key(row["role"], size)].append(err)
         errors.setdefault(f"size:{size:.0f}", []).append(err)
         lines.append(f"| {row['source']} | {row['gpu']} | {row['gpus']} | {row['nodes']} | "
                      f"{row['op']} | {_size(size)} | {_bw(pub)} | {_bw(got)} | "
                      f"{time_us(row, pub):.1f} | {time_us(row, got):.1f} | {100 * err:+.1f}% | "
                      f"{label}{' (forced)' if row['algorithm'] else ''} | {row['role']} |")
     return lines, errors
+
+
+def _role_key(role: str, size: float) -> str:
+    """The summary line a row counts in: its role from 1 MiB up, ``small`` (held-out) or
+    ``small fitted`` below."""
+    if size >= SMALL_BYTES:
+        return role
+    return "small" if role == "held-out" else "small fitted"
 
 
 def _bw(GBps: float) -> str:
@@ -149,11 +159,13 @@ def _size(b: float) -> str:
 
 def summary(errors: dict[str, list[float]], engine: str) -> str:
     """One line per role (held-out first: the validation) and one for all rows, from 1 MiB up;
-    one for the small messages (under 1 MiB, all held out); the worst error per size."""
+    one for the small messages (under 1 MiB) held out, one for those fitted; the worst error
+    per size (every role)."""
     parts = [("held-out (validation)", errors["held-out"]),
              ("fitted (calibration data)", errors["fitted"]),
              ("all", errors["held-out"] + errors["fitted"]),
-             ("small messages (< 1 MiB, held-out)", errors.get("small", []))]
+             ("small messages (< 1 MiB, held-out)", errors.get("small", [])),
+             ("small messages (< 1 MiB, fitted)", errors.get("small fitted", []))]
     out = []
     for name, errs in parts:
         if not errs:
@@ -199,13 +211,23 @@ def fit_fill() -> list[str]:
     return out
 
 
+def fit_hop() -> str:
+    """The fit that set ``hops.LL_HOP_US["ampere"]``: the least-squares LL step of the
+    ``nccl123`` rows (:func:`ddlsim.simulator.nccl.hops.fit_ll_hop_us`)."""
+    from ddlsim.simulator.nccl import hops
+    points = [(int(r["gpus"]), float(r["time_us"])) for r in rows() if r["source"] == "nccl123"]
+    return (f"ring LL NVLink step on nccl123 ({len(points)} rows): "
+            f"{hops.fit_ll_hop_us(points):.4f} us (kept {hops.LL_HOP_US['ampere']:g})")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--engine", default="analytical", choices=["analytical", "des"])
     ap.add_argument("--write-docs", action="store_true",
                     help="replace the nccl-tests section of docs/validation.md")
     ap.add_argument("--fit", action="store_true",
-                    help="print the scan that fitted the NVLS pipeline depths, and exit")
+                    help="print the fits of the fitted constants (NVLS pipeline depths, "
+                         "A100 ring LL step), and exit")
     ap.add_argument("--nccl-tests", metavar="OUTPUT",
                     help="an nccl-tests output (text, or .json from -J) to compare instead")
     ap.add_argument("--gpu", choices=sorted(PRESET), help="the GPU of --nccl-tests' run")
@@ -217,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
                     "ddlsim names it (nccl_ring, nccl_tree, nccl_nvls, …); default NCCL's choice")
     args = ap.parse_args(argv)
     if args.fit:
-        print("\n".join(fit_fill()))
+        print("\n".join([*fit_fill(), fit_hop()]))
         return 0
     data = None
     if args.nccl_tests:

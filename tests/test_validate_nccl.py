@@ -33,10 +33,20 @@ def test_roles_and_sizes():
         small = int(r["size_bytes"]) < vn.SMALL_BYTES
         assert bool(r["busbw_GBps"]) != small and bool(r["time_us"]) == small, r
         assert float(r["time_us"] if small else r["busbw_GBps"]) > 0
-    # the fitted rows are those measured.py names: nccl212's all-reduce, nccl290, nccl309a
+    # the fitted rows are those measured.py and hops.py name: nccl212's all-reduce, nccl290,
+    # nccl309a; nccl123
     fitted = {(r["source"], r["op"]) for r in ROWS if r["role"] == "fitted"}
     assert fitted == {("nccl212", "all_reduce"), ("nccl290", "all_reduce"),
-                      ("nccl309a", "all_reduce")}
+                      ("nccl309a", "all_reduce"), ("nccl123", "all_reduce")}
+
+
+def test_the_a100_ring_ll_step_is_the_fit_of_its_rows():
+    """hops.LL_HOP_US["ampere"] is the least-squares step of the nccl123 rows, as --fit prints."""
+    from ddlsim.simulator.nccl.hops import LL_HOP_US, fit_ll_hop_us
+    points = [(int(r["gpus"]), float(r["time_us"])) for r in ROWS if r["source"] == "nccl123"]
+    assert len(points) == 7
+    assert LL_HOP_US["ampere"] == pytest.approx(fit_ll_hop_us(points), abs=5e-4)
+    assert "kept 1.877" in vn.fit_hop()
 
 
 @pytest.mark.parametrize("row", [r for r in ROWS if r["algorithm"]],
@@ -65,6 +75,10 @@ def test_small_messages_are_summarised_apart():
     text = vn.summary(errors, "analytical")
     assert "held-out (validation): 1 measurements, mean |error| 10.0%" in text
     assert "small messages (< 1 MiB, held-out): 2 measurements, mean |error| 30.0%" in text
+    assert "small messages (< 1 MiB, fitted)" not in text  # none in errors: no line
+    errors["small fitted"] = [0.02]
+    assert ("small messages (< 1 MiB, fitted): 1 measurements, mean |error| 2.0%"
+            in vn.summary(errors, "analytical"))
     assert "worst per size: 8 B -50.0% (1), 1 MiB +10.0% (1)" in text
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from ddlsim.simulator.collectives import GroupNet, algorithms_for, best_algorithm
 from ddlsim.simulator.nccl import NcclEnv, best_protocol, latency_us, nccl_time
+from ddlsim.simulator.nccl.model import estimate_time
 
 ENV = NcclEnv("ampere", nics_per_node=8, protocol="Simple")
 NET = GroupNet(16, 8, 3.4e-6, 300e9, 16.8e-6, 200e9, nodes=2, nccl=ENV)
@@ -67,13 +68,17 @@ def test_protocols_ll_ll128_simple():
     LL128 hardware latencies. NCCL runs 64 KiB of ring LL on 16 ranks on one of its
     round(4.17) = 4 channels (a channel needs 512 threads × 8 B × 16 ranks = 64 KiB:
     enqueue.cc topoGetAlgoInfo), at a quarter of the bandwidth; LL128 keeps all 4 (5 KiB a
-    channel)."""
+    channel). The LL time taken counts each NVLink step at the A100's measured 1.877 µs
+    (ddlsim/simulator/nccl/hops.py), NCCL's estimate at its 0.6 µs."""
     env = NcclEnv("ampere", nics_per_node=8)
     net = GroupNet(16, 8, 3.4e-6, 300e9, 16.8e-6, 200e9, nodes=2, nccl=env)
     n = 2**16
-    ll_lat = 6.6 + 28 * max(0.6, 1.0) + 2 * 2.7
-    ll = (ll_lat + n / (1e3 * min(39.0, 100.0) * 16 / 30 * (1 / 4))) * 1e-6
+    ll_bw = min(39.0, 100.0) * 16 / 30
+    ll_lat = 6.6 + 28 * max(1.877, 1.0) + 2 * 2.7
+    ll = (ll_lat + n / (1e3 * ll_bw * (1 / 4))) * 1e-6
     assert nccl_time("all_reduce", "ring", "LL", n, net, env) == pytest.approx(ll)
+    guess = (6.6 + 28 * max(0.6, 1.0) + 2 * 2.7 + n / (1e3 * ll_bw)) * 1e-6
+    assert estimate_time("all_reduce", "ring", "LL", n, net, env) == pytest.approx(guess)
     ll128_lat = 14.0 + 28 * max(1.9, 1.0) + 2 * 4.0
     ll128 = (ll128_lat + n / (1e3 * min(200 * 0.92, CHANNELS * 20.0) * 16 / 30)) * 1e-6
     assert nccl_time("all_reduce", "ring", "LL128", n, net, env) == pytest.approx(ll128)

@@ -33,6 +33,7 @@ from ..collectives.base import GroupNet
 from . import tuning as T
 from .measured import FILL_CHUNKS, FILL_EDGES, achieved_algbw_GBps, fill_levels, fill_us
 from .channels import channel_bytes, channels_used
+from .hops import ring_ll_levels
 from .tree import tree_fill_levels
 
 __all__ = ["NcclEnv", "nccl_time", "busbw_GBps", "algbw_GBps", "latency_us", "best_protocol",
@@ -184,7 +185,7 @@ def latency_us(op: str, algo: str, proto: str, n: float, net: GroupNet, env: Ncc
         cls = "net" if nodes > 1 else env.intra
         lat += nsteps * hw[cls]["tree" if proto == "Simple" else "ring"][pi]
     elif algo == "ring":
-        overhead = (1.0 if env.cpu == "intel" else 2.0) * (3 if proto == "Simple" else 1)
+        overhead = T.NET_OVERHEAD_US[env.cpu] * (3 if proto == "Simple" else 1)
         intra = max(intra, overhead) if nodes > 1 else intra
         n_inter = 0 if nodes == 1 else 2 * (nodes - 1) if op == "all_reduce" else nodes - 1
         lat += (nsteps - n_inter) * intra + n_inter * inter
@@ -209,8 +210,9 @@ def _log2i(n: int) -> int:
 def nccl_time(op: str, algo: str, proto: str, n: float, net: GroupNet, env: NcclEnv) -> float:
     """Seconds for ``algo``/``proto`` as nccl-tests measures it, ``inf`` where NCCL would not
     run it: NCCL's estimate (latency + bytes / algBw), with the NVLS all-reduce's measured
-    plateau and pipeline fill (:mod:`.measured`), the tree's pipeline fill (:mod:`.tree`) and
-    the channels NCCL drops for a small message (:mod:`.channels`), which the estimate misses."""
+    plateau and pipeline fill (:mod:`.measured`), the tree's pipeline fill (:mod:`.tree`), the
+    ring LL's NVLink steps as measured (:mod:`.hops`) and the channels NCCL drops for a small
+    message (:mod:`.channels`), which the estimate misses."""
     if not available(op, algo, proto, net, env):
         return math.inf
     bw, lat = taken_parts(op, algo, proto, n, net, env)
@@ -241,10 +243,14 @@ def estimate_time(op: str, algo: str, proto: str, n: float, net: GroupNet, env: 
 
 def _achieved(op: str, algo: str, proto: str, n: float, net: GroupNet, env: NcclEnv):
     """(algorithm bandwidth GB/s as measured, fill levels or None) of ``algo``/``proto``: the
-    NVLS plateau and fill (:mod:`.measured`), the tree all-reduce's fill (:mod:`.tree`); ring
-    and CollNet as NCCL estimates them."""
+    NVLS plateau and fill (:mod:`.measured`), the tree all-reduce's fill (:mod:`.tree`), the
+    ring LL's NVLink steps as measured (:mod:`.hops`); other rings and CollNet as NCCL
+    estimates them."""
     if algo == "tree" and op == "all_reduce":
         return algbw_GBps(op, algo, proto, n, net, env), _tree_levels(proto, net, env)
+    if algo == "ring" and proto == "LL":
+        levels = ring_ll_levels(op, net.p, net.nodes, env.arch, env.intra, env.cpu, FILL_EDGES)
+        return algbw_GBps(op, algo, proto, n, net, env), levels
     if algo not in FILL_CHUNKS:
         return algbw_GBps(op, algo, proto, n, net, env), None
     return _achieved_nvls(op, algo, proto, net, env)
@@ -284,7 +290,8 @@ class NcclForm(NamedTuple):
     or above it (``n / plateau_div >= 64``; ``plateau_div`` is ``inf`` where there is no
     plateau), ``algbw_GBps`` (as measured) before the tree's size correction,
     ``corrected``: whether that correction (``TREE_CORRECTION[protocol]`` by
-    ``floor(log2(n / 64))``) applies, the pipeline fill (:func:`.measured.fill_levels`)
+    ``floor(log2(n / 64))``) applies, the pipeline fill (:func:`.measured.fill_levels`;
+    for the ring LL the latency of its measured steps, :func:`.hops.ring_ll_levels`)
     as :data:`~.measured.FILL_EDGES` size edges and one more fill in µs (``inf`` edges and
     zero fills where none is modelled), ``estimate_algbw_GBps``: NCCL's own estimate of
     the bandwidth, whose time (no fill) is what NCCL chooses by (:func:`estimate_time`), and

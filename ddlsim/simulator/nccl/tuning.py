@@ -11,7 +11,8 @@ bandwidths in GB/s (10⁹ B/s) as in NCCL; :mod:`.model` converts them at its ed
 from __future__ import annotations
 
 __all__ = ["ARCHS", "PROTOCOLS", "BASE_LATENCY_US", "HW_LATENCY_US", "LL_MAX_BW", "PER_CH_MAX_BW",
-           "NVLS_EFFICIENCY", "NVLINK_EFFICIENCY", "TOP_SPEED_GBPS", "TREE_CORRECTION"]
+           "NVLS_EFFICIENCY", "NVLINK_EFFICIENCY", "TOP_SPEED_GBPS", "TREE_CORRECTION",
+           "NET_OVERHEAD_US"]
 
 #: compute-capability classes NCCL indexes its tables by (tuning.cc, ``compCapIndex``)
 ARCHS = ("volta", "ampere", "hopper", "blackwell")
@@ -35,6 +36,10 @@ HW_LATENCY_US = {
             "collnet": (0.0, 0.0, 31.0), "nvls": (0.0, 0.0, 18.0),
             "nvls_tree": (0.0, 0.0, 20.9)},
 }
+
+#: tuning.cc ``getNetOverhead`` (lines 228–233, µs): the least a ring step of an inter-node
+#: ring takes (``intraLat = max(intraLat, netOverhead)``, × 3 for Simple), by CPU vendor
+NET_OVERHEAD_US = {"intel": 1.0, "amd": 2.0}
 
 #: tuning.cc ``llMaxBws`` (GB/s): rows Volta/Ampere/Hopper/Blackwell for one node, and for
 #: several nodes rows 0 (Intel CPU) and 1 (AMD CPU); columns 1, 2, ≥ 3 nodes
