@@ -1,0 +1,160 @@
+"""The host's wait for the device in each forward dispatch of Megatron-Core's MoE layer
+(decoder/moe_host.py, docs/moe.md "The dispatcher's host synchronisation")."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import ddlsim
+from ddlsim.workloads.decoder import moe_host
+from ddlsim.workloads.decoder.moe_host import DISPATCH_SYNCS, SYNC_WAKE_S, dispatch_sync
+from ddlsim.workloads.decoder.moeplan import resolve_moe
+
+pytestmark = pytest.mark.filterwarnings("ignore::ddlsim.errors.DDLSimWarning")
+
+ALLTOALL = {"token_dispatcher_type": "alltoall"}
+DEEPEP = {"token_dispatcher_type": "flex", "flex_dispatcher_backend": "deepep"}
+HYBRIDEP = {"token_dispatcher_type": "flex", "flex_dispatcher_backend": "hybridep"}
+ALLGATHER = {"token_dispatcher_type": "allgather"}
+#: the dgx-h100 preset's eager host time per operation: eager_op_s 2 µs + host_launch_s 3.8 µs
+HOST_OP_S = 5.8e-6
+
+
+def qwen3_30b(dispatcher: dict, layers: int = 2, pad: bool = False, **parallel) -> dict:
+    """Qwen3-30B-A3B cut to ``layers`` layers on one DGX H100, EP8, one micro-batch."""
+    moe = {**dispatcher, "grouped_gemm": True, "permute_fusion": True,
+           "router_force_load_balancing": True}
+    model = {"preset": "qwen3-30b-a3b", "num_hidden_layers": layers}
+    if pad:
+        moe["pad_expert_input_to_capacity"] = True
+        model["capacity_factor"] = 1.0
+    return {"model": model,
+            "parallel": {"expert_model_parallel_size": 8, "expert_tensor_parallel_size": 1,
+                         "moe": moe, **parallel},
+            "train": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 4096,
+                      "dtype": "bf16"},
+            "system": {"preset": "dgx-h100", "nodes": 1,
+                       "software": {"stack": "megatron-core-2025"}}}
+
+
+def _ops(cfg: dict) -> list:
+    w = ddlsim.build_workload(ddlsim.load_config(cfg))
+    return [o for b in w.classes[0].program.blocks.values() for o in b.flat.ops]
+
+
+def _iteration(cfg: dict) -> float:
+    return ddlsim.predict(cfg, "analytical").to_dict()["iteration_time_s"]
+
+
+@pytest.fixture
+def no_waits(monkeypatch):
+    """Every dispatcher as if it never waited (its sizes known on the host)."""
+    for key, sync in list(DISPATCH_SYNCS.items()):
+        monkeypatch.setitem(DISPATCH_SYNCS, key,
+                            dataclasses.replace(sync, waits=lambda plan: False))
+
+
+# ---------------------------------------------------------------- which dispatcher waits
+@pytest.mark.parametrize("dispatcher, pad, after, issue", [
+    (ALLTOALL, False, "router", 3), (ALLTOALL, True, None, 0),
+    (ALLGATHER, False, "gather", 3), (DEEPEP, False, "router", 4),
+    (HYBRIDEP, False, "router", 4), (HYBRIDEP, True, None, 0)])
+def test_dispatchers_wait_as_their_code_does(dispatcher, pad, after, issue):
+    # Megatron-LM d7288711: alltoall and HybridEP know every size on the host only when padded
+    # to capacity; DeepEP's dispatch always waits (and cannot pad); allgather's .cpu() always
+    cfg = ddlsim.load_config(qwen3_30b(dispatcher, pad=pad))
+    sync = dispatch_sync(resolve_moe(cfg))
+    if after is None:
+        assert sync is None
+    else:
+        assert (sync.after, sync.issue_ops) == (after, issue)
+        assert "line" in sync.source
+
+
+def test_every_dispatcher_names_its_source():
+    assert set(DISPATCH_SYNCS) == {"alltoall", "allgather", "deepep", "hybridep"}
+    assert all(s.source and s.issue_ops > 0 for s in DISPATCH_SYNCS.values())
+
+
+# ---------------------------------------------------------------- the trace
+def test_the_forward_waits_for_the_router_and_the_dispatch_for_the_issue():
+    w = ddlsim.build_workload(ddlsim.load_config(qwen3_30b(DEEPEP, layers=1)))
+    block = w.classes[0].program.blocks["F0"].flat.ops
+    names = [o.payload.name for o in block]
+    wait, issue = names.index("fwd.dispatch.sync"), names.index("fwd.dispatch.issue")
+    dispatch = names.index("fwd.dispatch")
+    assert block[wait].stream == block[issue].stream == "host"
+    assert names[block[wait].deps[0]] == "fwd.router"
+    assert wait in block[issue].deps and issue in block[dispatch].deps
+    assert block[wait].payload.seconds == SYNC_WAKE_S
+    assert len(block[issue].payload.kernels) == 4
+
+
+def test_no_backward_pass_waits():
+    names = [o.payload.name for o in _ops(qwen3_30b(ALLTOALL))]
+    assert names.count("fwd.dispatch.sync") == 2          # one per MoE layer's forward
+    assert not any(n.startswith("bwd.") and n.endswith(".sync") for n in names)
+
+
+def test_a_recomputed_forward_waits_again():
+    cfg = qwen3_30b(ALLTOALL)
+    cfg["train"]["recompute"] = "full"
+    blocks = ddlsim.build_workload(ddlsim.load_config(cfg)).classes[0].program.blocks
+    names = [o.payload.name for o in blocks["B0"].flat.ops]
+    assert names.count("recompute.dispatch.sync") == 2   # the backward's recomputed forwards'
+    assert not [n for n in names if n.startswith("bwd.") and n.endswith(".sync")]
+
+
+def test_padded_to_capacity_the_trace_has_no_host_op():
+    assert not [o for o in _ops(qwen3_30b(ALLTOALL, pad=True)) if o.stream == "host"]
+
+
+# ---------------------------------------------------------------- the time
+def test_a_wait_exposes_the_wake_and_the_issue_per_forward_layer(no_waits, monkeypatch):
+    # DeepEP: nothing is queued on the device after the router, so each of the 2 forward
+    # layers idles the device for the wake plus 4 host operations of 5.8 µs
+    cfg = qwen3_30b(DEEPEP)
+    without = _iteration(cfg)
+    monkeypatch.undo()
+    assert _iteration(cfg) - without == pytest.approx(2 * (SYNC_WAKE_S + 4 * HOST_OP_S),
+                                                      rel=1e-6)
+
+
+def test_without_a_wait_nothing_changes(no_waits):
+    # padded to capacity the dispatcher never waits: the same trace with or without the model
+    cfg = qwen3_30b(ALLTOALL, pad=True)
+    assert not [o for o in _ops(cfg) if o.stream == "host"]
+    assert _iteration(cfg) == _iteration(qwen3_30b(ALLTOALL, pad=True))
+
+
+def test_alltoall_hides_the_wait_behind_permutation_1_where_it_is_longer(no_waits,
+                                                                         monkeypatch):
+    # the host waits for the router's counts, not for permutation 1 issued after them: the
+    # device idles for the wake and issue less the permutation
+    cfg = qwen3_30b(ALLTOALL)
+    without = _iteration(cfg)
+    monkeypatch.undo()
+    delta = _iteration(cfg) - without
+    assert 0 <= delta <= 2 * (SYNC_WAKE_S + 3 * HOST_OP_S) * (1 + 1e-9)
+
+
+def test_both_engines_time_the_wait():
+    cfg = qwen3_30b(DEEPEP, layers=1)
+    ana, des = (ddlsim.predict(cfg, e).to_dict()["iteration_time_s"]
+                for e in ("analytical", "des"))
+    assert des == pytest.approx(ana, rel=0.01)
+
+
+def test_the_combined_1f1b_dispatch_node_opens_with_the_wait():
+    from ddlsim.workloads.decoder.combined import moe_layer_nodes
+    from ddlsim.workloads.decoder.builder import StageBuilder
+    cfg = ddlsim.load_config(qwen3_30b(DEEPEP))
+    b = StageBuilder.from_config(cfg, cfg.model.shape())
+    node = moe_layer_nodes(b, False)["dispatch"]
+    assert [(o.payload.name, o.stream, o.deps) for o in node[:3]] == [
+        ("fwd.dispatch.sync", "host", ()), ("fwd.dispatch.issue", "host", (0,)),
+        ("fwd.dispatch", "ep", (1,))]
+    assert not [o for o in moe_layer_nodes(b, True)["dispatch"] if o.stream == "host"]
+    assert moe_host.node_with_sync("fwd", None, "bf16", node[2:]) == node[2:]
