@@ -31,6 +31,7 @@ from .limits import check_bound
 from .software import TPCommOverlap
 from .config_moe import MoESpec
 from .registered import algorithms, collective_ops, registered, schedules, tensor_parallel_modes
+from .registered import recompute_modules as recompute_module_names
 
 __all__ = [
     "ModelConfig", "ModelBase", "validate_model", "ParallelConfig", "TrainConfig",
@@ -273,10 +274,22 @@ class TrainConfig(_Strict):
         default=1, description="with recompute: full, only every n-th transformer layer of a "
                                "rank is checkpointed (torchtitan's selective_ac_option = 'n': "
                                "the rank's n-th, 2n-th, … layer); 1: every layer")
+    recompute_modules: tuple[registered(recompute_module_names), ...] | None = Field(
+        default=None, description="with recompute: selective, Megatron-Core's "
+                                  "--recompute-modules (core_attn, layernorm, moe_act, …: "
+                                  "ddlsim/workloads/decoder/recompute_modules.py); unset: the "
+                                  "stack's selective recomputation")
     optimizer: Literal["adam", "sgd"] = "adam"
 
     @model_validator(mode="after")
     def _check(self) -> "TrainConfig":
+        mods = self.recompute_modules
+        if mods is not None and (self.recompute != "selective" or not mods
+                                 or len(set(mods)) != len(mods)):
+            raise ValueError(f"recompute_modules = {list(mods)!r} names the modules of "
+                             "Megatron-Core's selective recomputation: it needs recompute = "
+                             f"'selective' (got {self.recompute!r}) and a non-empty list "
+                             f"without repeats of {', '.join(recompute_module_names())}")
         n = self.recompute_every_n_layers
         if n != 1 and self.recompute != "full":
             raise ValueError(f"recompute_every_n_layers = {n} checkpoints one layer in {n} "

@@ -16,7 +16,7 @@ from pydantic import BeforeValidator
 
 __all__ = ["registered", "collective_ops", "algorithms", "schedules", "topologies",
            "node_fabrics", "placements", "tensor_parallel_modes", "TENSOR_PARALLEL_SCHEMES",
-           "BUILTIN_TOPOLOGY_BUILDERS", "BUILTIN_TENSOR_PARALLEL"]
+           "BUILTIN_TOPOLOGY_BUILDERS", "BUILTIN_TENSOR_PARALLEL", "recompute_modules"]
 
 # One source of truth: a field that names an algorithm, a schedule, a topology, a node fabric
 # or a placement policy is checked against the registry the engines and builders use (looked
@@ -93,6 +93,12 @@ def tensor_parallel_modes() -> dict[str, Any]:
     (``grid_size``); the bundled ones are loaded first."""
     _load(BUILTIN_TENSOR_PARALLEL)
     return dict(TENSOR_PARALLEL_SCHEMES)
+
+
+def recompute_modules() -> tuple[str, ...]:
+    """Megatron-Core's selectively recomputed modules (``train.recompute_modules``)."""
+    from .workloads.decoder.recompute_modules import module_names
+    return module_names()
 
 
 def registered(names: Any) -> Any:

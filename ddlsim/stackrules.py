@@ -82,6 +82,12 @@ class PlanFacts:
     given_split: Any = False
     #: replicas of FSDP shards (``parallel.data_parallel_replicate_size`` > 1)
     hsdp: Any = False
+    #: ``train.recompute_modules`` is given; it names ``moe_act`` or ``layernorm``; it names
+    #: ``shared_experts``; FP8 under Transformer Engine's delayed scaling
+    recompute_modules: Any = False
+    norm_act_recompute: Any = False
+    shared_recompute: Any = False
+    fp8_delayed: Any = False
 
     @classmethod
     def of(cls, **values: Any) -> "PlanFacts":
@@ -105,7 +111,16 @@ class PlanFacts:
                       compiled=bool(cfg.software.compile), **_moe_facts(cfg),
                       layer_ac=cfg.train.recompute_every_n_layers > 1,
                       given_split=p.layers_per_virtual_stage is not None,
-                      hsdp=p.data_parallel_replicate_size > 1)
+                      hsdp=p.data_parallel_replicate_size > 1, **_recompute_facts(cfg))
+
+
+def _recompute_facts(cfg: Any) -> dict:
+    """The facts of ``train.recompute_modules`` the stack rules read."""
+    mods = set(cfg.train.recompute_modules or ())
+    return {"recompute_modules": cfg.train.recompute_modules is not None,
+            "norm_act_recompute": bool(mods & {"moe_act", "layernorm"}),
+            "shared_recompute": "shared_experts" in mods,
+            "fp8_delayed": cfg.train.dtype == "fp8" and cfg.software.fp8_recipe == "te_delayed"}
 
 
 def _moe_facts(cfg: Any) -> dict:
@@ -352,6 +367,24 @@ def _flex_needs_tp_ep(f: PlanFacts):
             "parallel.moe.flex_dispatcher_backend", "parallel.moe.pad_expert_input_to_capacity")
 def _deepep_no_pad(f: PlanFacts):
     return f.flex_dispatch & f.deepep & f.pad
+
+
+@stack_rule("no_recompute_modules", "Megatron-Core's selective recomputation by module "
+            "(train.recompute_modules)", "train.recompute_modules")
+def _no_recompute_modules(f: PlanFacts):
+    return f.recompute_modules
+
+
+@stack_rule("recompute_norm_act_not_delayed_fp8", "recomputation of moe_act or layernorm "
+            "under FP8 delayed scaling", "train.recompute_modules", "train.dtype")
+def _recompute_norm_act_not_delayed_fp8(f: PlanFacts):
+    return f.norm_act_recompute & f.fp8_delayed
+
+
+@stack_rule("recompute_shared_experts_no_overlap", "recomputation of the shared experts with "
+            "shared_expert_overlap", "train.recompute_modules", "parallel.moe.shared_expert_overlap")
+def _recompute_shared_experts_no_overlap(f: PlanFacts):
+    return f.shared_recompute & f.shared_overlap
 
 
 # ------------------------------------------------------------------------ stacks and checks

@@ -87,6 +87,10 @@ class DecoderVectors:
             raise ConfigError(f"parallel.dp_strategy = {cfg.parallel.dp_strategy!r}: the "
                               "vectorised search tier covers dp_strategy 'ddp' (with ZeRO "
                               "0-3) only; use ddlsim sweep for the others")
+        if cfg.train.recompute_modules is not None:
+            raise ConfigError(f"train.recompute_modules = {list(cfg.train.recompute_modules)!r}"
+                              ": the vectorised search tier times the stack's selective "
+                              "recomputation only; such plans are searched by the exact engine")
         from ..workloads.decoder.fsdp import vector_refusal
         if vector_refusal(cfg.software):
             raise ConfigError(vector_refusal(cfg.software))

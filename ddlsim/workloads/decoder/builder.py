@@ -217,8 +217,16 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
         return ops
 
     def _recompute_core(self, g: dict, moe: bool) -> Compute:
-        """Selective recomputation's op (:func:`.layerkernels.recompute_op`), or the stack's
-        op-level policy (:mod:`.sac`)."""
+        """Selective recomputation's op: of ``train.recompute_modules`` when given
+        (:func:`.recompute_modules.recompute_op`), else :meth:`_plain_recompute_core`."""
+        if self.plan.recompute_modules is not None:
+            from .recompute_modules import recompute_op as modules_op
+            return modules_op(self, g, moe)
+        return self._plain_recompute_core(g, moe)
+
+    def _plain_recompute_core(self, g: dict, moe: bool) -> Compute:
+        """The stack's selective recomputation (:func:`.layerkernels.recompute_op`: the
+        attention core), or its op-level policy (:mod:`.sac`)."""
         if self.sw.selective_recompute == "every_second_mm" and not moe:
             from .sac import every_second_mm_op
             return every_second_mm_op(self.shape, self.kernels, self.b, self.s, self.tp,

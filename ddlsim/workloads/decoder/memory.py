@@ -99,13 +99,20 @@ def _chunk_activations(plan: DecoderPlan, part, stage: int) -> float:
     (Korthikanti et al. 2022; a dense model's with the partitioner ``part``'s split)."""
     shape, row, kinds = plan.shape, plan.split[stage], plan.activation_kinds
     lpc = row[0] if len(set(row)) == 1 else sum(row) / len(row)
+    args = _layer_args(plan)
+
+    def layer(moe: bool) -> float:   # one layer's bytes, of Megatron-Core's modules if given
+        if plan.recompute_modules is not None:
+            from .recompute_modules import layer_bytes
+            return layer_bytes(shape, plan.recompute_modules, plan.software, *args, moe=moe,
+                               **kinds)
+        return shape.layer_activation_bytes(*args, plan.recompute, moe=moe, **kinds)
     if shape.is_moe:    # MoE layers per chunk, in model order (.layerkinds: dense first layers)
         from .layerkinds import moe_layers_in_stage
-        args = _layer_args(plan)
         n_moe = moe_layers_in_stage(shape, plan.split, stage) / len(row)
-        return (n_moe * shape.layer_activation_bytes(*args, plan.recompute, moe=True, **kinds)
-                + (lpc - n_moe) * (shape.layer_activation_bytes(
-                    *args, plan.recompute, moe=False, **kinds) if n_moe < lpc else 0.0))
+        return n_moe * layer(True) + (lpc - n_moe) * (layer(False) if n_moe < lpc else 0.0)
+    if plan.recompute_modules is not None:
+        return layer(False) * lpc
     if plan.recompute == "selective" and plan.software.selective_recompute == "every_second_mm":
         return sac_activation_bytes(shape, plan.micro_batch, plan.seq_length // plan.cp,
                                     plan.tp, plan.sp) * lpc

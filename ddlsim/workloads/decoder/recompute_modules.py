@@ -1,0 +1,326 @@
+"""Megatron-Core's selective recomputation by module (``train.recompute_modules``).
+
+``--recompute-granularity selective --recompute-modules …`` (NVIDIA/Megatron-LM d7288711,
+2026-04-09, the commit Megatron-Bridge v0.4.0 pins; ``megatron/core/transformer/
+transformer_config.py`` lines 483-497 list the choices, lines 1360-1378 check them): each named
+submodule of a transformer layer is checkpointed, its activations freed after the forward and
+rebuilt in the backward. Two kinds of checkpoint (the config's docstring):
+
+* **output-discarding** (``tensor_parallel.CheckpointWithoutOutput``: ``moe_act``,
+  ``layernorm``, ``mla_up_proj``): the module's *output* is freed once the next module has
+  read it, and the module is run again from its saved input just before the backward needs it;
+* **normal** (``tensor_parallel.checkpoint``: ``core_attn``, ``mlp``, ``moe``,
+  ``shared_experts``): only the module's input is kept; its whole forward runs again in the
+  backward.
+
+What each registered module frees per layer and rank (in the terms of
+:meth:`~ddlsim.workloads.models.decoder_traffic.DecoderTraffic.layer_activation_bytes`, 16-bit,
+``sb`` tokens of the micro-batch, ``t`` the TP size, replicated tensors ``/t`` only with
+sequence parallelism) and what its backward runs again:
+
+==============  =================================================  ==============================
+module          frees                                              runs again
+==============  =================================================  ==============================
+core_attn       the attention core's ``s²`` tensors (Korthikanti   the core's forward (as
+                et al. 2022 §5: ``train.recompute: selective``)    ``selective`` always has)
+layernorm       each norm's output that is a module of its own:    each such norm's forward
+                ``2sbh`` (the pre-MLP norm of an MoE layer; the
+                input norm only when the stack does not fuse it
+                into the QKV GEMM, ``kernels.fused_layernorm``)
+moe_act         the routed experts' activation output, fc2's       the experts' activation
+                input: ``2sb·k·f_e/t``                             (SwiGLU/GeLU) forward
+mlp             a dense layer's MLP input and intermediates:       fc1, the activation, fc2
+                ``2sbh`` + ``(4|6)·sb·f/t``                        (TP 1 only, below)
+shared_experts  the shared experts' intermediates                  their fc1, activation, fc2
+                ``(4|6)·sb·n_s·f_s/t``                             (TP 1 only, below)
+==============  =================================================  ==============================
+
+Sources, d7288711: ``transformer_layer.py`` lines 404-473 (``layernorm``: only a norm that is
+not ``IdentityOp``; ``gpt_layer_specs.py`` lines 286-330 make the TE layer's input norm part of
+``linear_qkv``, TELayerNormColumnParallelLinear, and give a separate pre-MLP norm to MoE layers
+only; ``mlp``: dense layers only, line 472), lines 580-634 and 716-866 (the norms'
+CheckpointWithoutOutput), 781-800 (the MLP's checkpoint); ``attention.py`` lines 328-331 and
+1143 (``core_attn``); ``moe/experts.py`` lines 230-234 and 379-390 (``moe_act`` in
+TEGroupedMLP; config lines 1380-1383: grouped GEMM only); ``moe/moe_layer.py`` lines 230-232
+and 450-465 (``shared_experts``). ``moe`` (the whole MoE layer, its dispatch all-to-alls
+included) and ``mla_up_proj`` are Megatron's choices too but not modelled here, nor ``mlp`` and
+``shared_experts`` under tensor parallelism (their recomputed forward re-runs TP collectives,
+which a one-op recomputation cannot carry): such a plan is refused with that reason.
+
+The freed bytes come off the layer's activations in the memory model (:func:`layer_bytes`);
+the backward's extra work is one op of the modules' kernels (:func:`recompute_op`), the same
+op in the analytical and the event-driven engine and in the search's exact tier. The short
+copy of a module's rebuilt output, live only during its layer's backward, is not counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ...errors import ConfigError
+from ...simulator.kernels.elementwise import activation_passes, norm_passes
+from ..trace import Compute, Kernel
+
+__all__ = ["RecomputeModule", "RECOMPUTE_MODULES", "recompute_module", "module_names",
+           "check_modules", "layer_bytes", "recompute_op", "separate_norms"]
+
+
+@dataclass(frozen=True)
+class RecomputeModule:
+    """One of Megatron-Core's ``--recompute-modules``: which layers it applies to
+    (``dense``, ``moe`` or ``any``), whether the model must have MLA or shared experts,
+    ``freed(shape, ctx)`` the activation bytes it frees per layer and rank (``ctx``: a
+    :class:`LayerContext`), and ``kernels(builder, ctx)`` what its backward runs again (None:
+    not modelled, ``why`` says so)."""
+
+    name: str
+    layers: str
+    freed: Callable[[Any, "LayerContext"], float]
+    kernels: Callable[[Any, "LayerContext"], tuple[Kernel, ...]] | None
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class LayerContext:
+    """One layer on one rank as the modules read it: ``b`` sequences of ``s`` tokens, TP
+    size ``t``, sequence parallelism ``sp``, a MoE layer or not, FP8 GEMM inputs, and the
+    norms that are modules of their own (:func:`separate_norms`)."""
+
+    b: int
+    s: int
+    t: int
+    sp: bool
+    moe: bool
+    fp8: bool
+    norms: int
+    dt: int = 2
+
+
+#: Megatron-Core's recompute modules, by the name users give (:func:`recompute_module`)
+RECOMPUTE_MODULES: dict[str, RecomputeModule] = {}
+
+
+def recompute_module(name: str, layers: str, kernels=None, why: str = ""):
+    """Decorator: register ``freed(shape, ctx)`` as the module ``name``."""
+    def wrap(freed):
+        RECOMPUTE_MODULES[name] = RecomputeModule(name, layers, freed, kernels, why)
+        return freed
+    return wrap
+
+
+def module_names() -> tuple[str, ...]:
+    """The names ``train.recompute_modules`` accepts (Megatron-Core's choices at d7288711)."""
+    return tuple(RECOMPUTE_MODULES)
+
+
+def separate_norms(shape: Any, sw: Any, moe: bool) -> int:
+    """Norms of a layer that are modules of their own, which ``layernorm`` recomputes: the
+    input norm unless the stack fuses it into the QKV GEMM (``fused_layernorm``, TE's
+    LayerNormColumnParallelLinear) or the model has MLA (its input norm is a TENorm), and
+    the pre-MLP norm in an MoE layer (the router reads it) or when not fused."""
+    fused = bool(sw.fused_layernorm)
+    return int(not fused or shape.mla is not None) + int(moe or not fused)
+
+
+def _replicated(ctx: LayerContext) -> int:
+    return ctx.t if ctx.sp else 1
+
+
+def _core_kernels(b: Any, ctx: LayerContext) -> tuple[Kernel, ...]:
+    return tuple(b.kernels["recompute"])
+
+
+def _norm_kernels(b: Any, ctx: LayerContext) -> tuple[Kernel, ...]:
+    sh, sw = b.shape, b.sw
+    x = ctx.b * ctx.s * sh.hidden / _replicated(ctx)
+    cls = "" if sw.fused_layernorm else "norm"
+    one = [Kernel("memory", bytes=p * x, dtype=b.dtype, variant=cls)
+           for p in norm_passes(bool(sw.fused_layernorm), sh.norm, ctx.dt, sh.hidden)]
+    return tuple(one * ctx.norms)
+
+
+def _act_kernels(b: Any, ctx: LayerContext) -> tuple[Kernel, ...]:
+    """The routed experts' activation forward, as the MoE layer's ``experts.act`` op moves
+    it (:meth:`.moe.MoEOps._expert_compute`)."""
+    sh = b.shape
+    nbytes = (b.local_experts * b.expert_tokens() * sh.f_e / b.etp * sh.mlp_matrices
+              * ctx.dt)
+    return (Kernel("memory", bytes=nbytes, dtype=b.dtype),)
+
+
+def _mlp_kernels(b: Any, ctx: LayerContext) -> tuple[Kernel, ...]:
+    sh, sw = b.shape, b.sw
+    y = ctx.b * ctx.s * sh.ffn / ctx.t
+    cls = "gated" if sh.gated_mlp and sw.fused_bias_gelu and not sw.compile else ""
+    act = tuple(Kernel("memory", bytes=p * y, dtype=b.dtype, variant=cls) for p in
+                activation_passes(sh.gated_mlp, sh.mlp_bias, bool(sw.fused_bias_gelu), ctx.dt))
+    return tuple(b.kernels["mlp.fc1"]) + act + tuple(b.kernels["mlp.fc2"])
+
+
+def _shared_kernels(b: Any, ctx: LayerContext) -> tuple[Kernel, ...]:
+    sh = b.shape
+    ops = [c for c in b._shared("recompute", False) if isinstance(c, Compute)]
+    y = ctx.b * ctx.s * sh.shared_experts * sh.f_s / ctx.t
+    act = tuple(Kernel("memory", bytes=p * y, dtype=b.dtype) for p in
+                activation_passes(sh.gated_mlp, sh.mlp_bias, bool(b.sw.fused_bias_gelu),
+                                  ctx.dt))
+    return tuple(ops[0].kernels) + act + tuple(ops[1].kernels)
+
+
+def _per_token(shape: Any) -> int:
+    """MLP bytes kept per token and intermediate column (16-bit): gate ‖ up and the down
+    projection's input (6), or the GeLU input and output (4)."""
+    return 6 if shape.gated_mlp else 4
+
+
+@recompute_module("core_attn", "any", _core_kernels)
+def _core_attn(shape: Any, ctx: LayerContext) -> float:
+    """Taken by the selective formula itself (its ``s²`` term): nothing more here."""
+    return 0.0
+
+
+@recompute_module("layernorm", "any", _norm_kernels)
+def _layernorm(shape: Any, ctx: LayerContext) -> float:
+    # a dense layer's norm output under FP8 is the GEMM's 1-byte input (decoder_traffic)
+    per = 1 if ctx.fp8 and not ctx.moe else ctx.dt
+    return ctx.norms * per * ctx.b * ctx.s * shape.hidden / _replicated(ctx)
+
+
+@recompute_module("moe_act", "moe", _act_kernels)
+def _moe_act(shape: Any, ctx: LayerContext) -> float:
+    return ctx.dt * ctx.b * ctx.s * shape.top_k * shape.f_e / ctx.t
+
+
+@recompute_module("mlp", "dense", _mlp_kernels)
+def _mlp(shape: Any, ctx: LayerContext) -> float:
+    sb = ctx.b * ctx.s
+    inputs = (1 if ctx.fp8 else ctx.dt) * sb * shape.hidden / _replicated(ctx)
+    inner = _per_token(shape) * sb * shape.ffn - (sb * shape.ffn if ctx.fp8 else 0.0)
+    return inputs + inner / ctx.t
+
+
+@recompute_module("shared_experts", "moe", _shared_kernels)
+def _shared_experts(shape: Any, ctx: LayerContext) -> float:
+    return _per_token(shape) * ctx.b * ctx.s * shape.shared_experts * shape.f_s / ctx.t
+
+
+@recompute_module("moe", "moe", why="its recomputed forward re-runs the token dispatch and "
+                  "combine collectives, which ddlsim's one-op recomputation does not carry")
+def _moe(shape: Any, ctx: LayerContext) -> float:
+    return 0.0
+
+
+@recompute_module("mla_up_proj", "any", why="MLA's up projections and RoPE are not split "
+                  "out of its attention here")
+def _mla_up_proj(shape: Any, ctx: LayerContext) -> float:
+    return 0.0
+
+
+def check_modules(modules: tuple[str, ...], shape: Any, sw: Any, tp: int,
+                  moe_plan: Any = None) -> None:
+    """Refuse a module list this model or plan cannot take: a module not modelled, one that
+    applies to no layer of the model (Megatron-Core would run it as a no-op, which ddlsim
+    does not let pass silently), ``mla_up_proj`` without MLA, ``moe_act`` without grouped
+    GEMM (d7288711 transformer_config.py lines 1380-1388), ``mlp``/``shared_experts`` under
+    TP > 1.
+
+    Raises
+    ------
+    ConfigError
+        Naming ``train.recompute_modules``, the module and what is allowed.
+    """
+    field = f"train.recompute_modules = {list(modules)!r}"
+    has_moe = shape.is_moe
+    has_dense = not all(shape.is_moe_layer(i) for i in range(shape.layers))
+    for name in modules:
+        mod = RECOMPUTE_MODULES[name]
+        if mod.kernels is None:
+            raise ConfigError(f"{field}: {name!r} is not modelled ({mod.why}); modelled: "
+                              f"{', '.join(n for n, m in RECOMPUTE_MODULES.items() if m.kernels)}")
+        applies = {"any": True, "moe": has_moe, "dense": has_dense}[mod.layers]
+        if name == "layernorm":
+            applies = any(separate_norms(shape, sw, m) for m in (False, True)
+                          if (has_moe if m else has_dense))
+        if not applies:
+            raise ConfigError(f"{field}: {name!r} recomputes nothing in this model "
+                              f"({_nothing(name)}); remove it")
+        if name == "moe_act" and moe_plan is not None and not moe_plan.grouped_gemm:
+            raise ConfigError(f"{field}: 'moe_act' needs parallel.moe.grouped_gemm: true "
+                              "(Megatron-LM d7288711 transformer_config.py lines 1380-1383)")
+        if name in ("mlp", "shared_experts") and tp > 1:
+            raise ConfigError(f"{field}: {name!r} is modelled with tensor_model_parallel_size "
+                              f"1 only (TP is {tp}: its recomputed forward re-runs TP "
+                              "collectives); use TP 1 or drop the module")
+
+
+def _nothing(name: str) -> str:
+    return {"moe_act": "it has no Mixture-of-Experts layers",
+            "shared_experts": "it has no Mixture-of-Experts layers",
+            "mlp": "it has no dense MLP layers",
+            "layernorm": "every norm is fused into the next GEMM by the stack "
+                         "(kernels.fused_layernorm) and no layer has a separate pre-MLP norm"
+            }.get(name, "")
+
+
+def layer_bytes(shape: Any, modules: tuple[str, ...], sw: Any, b: int, s: int, t: int,
+                sp: bool, moe: bool, flash: bool = False, fp8: bool = False) -> float:
+    """Activation bytes one layer keeps for its backward on one TP rank when ``modules``
+    are recomputed (module docstring): the layer's bytes without recomputation (or with the
+    attention core's, ``core_attn``) less what each other module frees.
+
+    Parameters
+    ----------
+    shape : DecoderShape
+        The model's closed-form counts.
+    modules : tuple of str
+        ``train.recompute_modules``.
+    sw : Software
+        The resolved stack (its ``fused_layernorm``).
+    b, s, t : int
+        Sequences per micro-batch, tokens per sequence on the rank, TP size.
+    sp : bool
+        Sequence parallelism.
+    moe : bool
+        An MoE layer (else a dense one).
+    flash, fp8 : bool
+        :func:`.layerkernels.activation_kinds`.
+
+    Returns
+    -------
+    float
+        Bytes.
+    """
+    base = "selective" if "core_attn" in modules else "none"
+    kept = shape.layer_activation_bytes(b, s, t, sp, base, moe=moe, flash=flash, fp8=fp8)
+    ctx = LayerContext(b, s, t, sp, moe, fp8, separate_norms(shape, sw, moe))
+    return kept - sum(_applied(name, moe) and RECOMPUTE_MODULES[name].freed(shape, ctx)
+                      for name in modules)
+
+
+def _applied(name: str, moe: bool) -> bool:
+    layers = RECOMPUTE_MODULES[name].layers
+    return layers == "any" or (layers == "moe") == moe
+
+
+def recompute_op(b: Any, g: dict, moe: bool) -> Compute:
+    """The backward's recomputation of builder ``b``'s layer under ``plan.recompute_modules``:
+    one op of the modules' kernels in Megatron's order (norms, attention core, MLP parts).
+    ``["core_attn"]`` alone is the attention core's op as ``selective`` builds it, bit for
+    bit (:func:`.layerkernels.recompute_op`)."""
+    modules = b.plan.recompute_modules
+    if modules == ("core_attn",):
+        return b._plain_recompute_core(g, moe)
+    ctx = LayerContext(b.b, b.s, b.tp, b.sp, moe, b.plan.train_dtype == "fp8",
+                       separate_norms(b.shape, b.sw, moe), b.dt)
+    order = ("layernorm", "core_attn", "mlp", "shared_experts", "moe_act")
+    kernels = tuple(k for name in order if name in modules and _applied(name, moe)
+                    for k in RECOMPUTE_MODULES[name].kernels(b, ctx))
+    flops = sum(k.flops if k.kind == "flash" else 2.0 * k.shape[0] * k.shape[1] * k.shape[2]
+                * k.batch if k.kind == "gemm" else 0.0 for k in kernels)
+    nbytes = sum(k.bytes for k in kernels if k.kind == "memory")
+    if not kernels:   # e.g. moe_act alone on a dense layer of an MoE model
+        return Compute("recompute.modules", 0.0, 0.0, kind="elementwise", dtype=b.dtype,
+                       seconds=0.0)
+    return Compute("recompute.modules", flops, nbytes, dtype=b.dtype, kernels=kernels)

@@ -1,0 +1,137 @@
+"""Megatron-Core's selective recomputation by module (``train.recompute_modules``,
+``ddlsim/workloads/decoder/recompute_modules.py``): what each module frees and what its
+backward runs again, in both engines; the names checked against the registry; stacks without
+the option refuse it."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+import ddlsim
+from ddlsim.errors import ConfigError
+from ddlsim.workloads.decoder.recompute_modules import RECOMPUTE_MODULES
+
+pytestmark = pytest.mark.filterwarnings("ignore::ddlsim.errors.DDLSimWarning")
+
+
+def moe_run(modules=None, stack: str = "megatron-core-2025", **train) -> dict:
+    """Qwen3-30B-A3B cut to two layers, EP8 and TP2 with SP on one DGX H100, BF16."""
+    rec = ({"recompute": "selective", "recompute_modules": list(modules)}
+           if modules is not None else {"recompute": "none"})
+    return {"model": {"preset": "qwen3-30b-a3b", "num_hidden_layers": 2},
+            "parallel": {"tensor_model_parallel_size": 2, "sequence_parallel": True,
+                         "expert_model_parallel_size": 4, "expert_tensor_parallel_size": 1,
+                         "moe": {"token_dispatcher_type": "alltoall", "grouped_gemm": True,
+                                 "permute_fusion": True, "router_force_load_balancing": True}},
+            "train": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 4096,
+                      **rec, **train},
+            "system": {"preset": "dgx-h100", "nodes": 1, "software": {"stack": stack}}}
+
+
+def dense_run(modules=None) -> dict:
+    """Llama-2 7B cut to two layers on one GPU of a DGX H100 (TP 1)."""
+    rec = ({"recompute": "selective", "recompute_modules": list(modules)}
+           if modules is not None else {"recompute": "none"})
+    return {"model": {"preset": "llama-2-7b", "num_hidden_layers": 2},
+            "parallel": {},
+            "train": {"micro_batch_size": 1, "global_batch_size": 4, "seq_length": 4096,
+                      **rec},
+            "system": {"preset": "dgx-h100", "nodes": 1, "devices_per_node": 1,
+                       "software": {"stack": "megatron-core-2025"}}}
+
+
+def _predict(cfg: dict, engine: str = "analytical"):
+    return ddlsim.predict(cfg, engine=engine, check_fit=False)
+
+
+@pytest.mark.parametrize("modules", [["moe_act"], ["layernorm"], ["moe_act", "layernorm"]])
+def test_a_recomputed_moe_module_frees_memory_and_costs_time(modules):
+    base, rec = _predict(moe_run()), _predict(moe_run(modules))
+    assert rec.memory.activations < base.memory.activations
+    assert rec.iteration_time_s > base.iteration_time_s
+
+
+def test_what_moe_act_and_layernorm_free_is_their_outputs():
+    """Per MoE layer and rank (TP2 with SP, bf16): moe_act frees fc2's input, 2·sb·k·f_e/t;
+    layernorm the pre-MLP norm's output, 2·sb·h/t (the input norm is fused into QKV)."""
+    cfg = ddlsim.load_config(moe_run())
+    sh = cfg.model.shape()
+    s, t = 4096, 2
+    from ddlsim.workloads.decoder.recompute_modules import layer_bytes
+    sw = cfg.software
+    none = sh.layer_activation_bytes(1, s, t, True, "none", moe=True, flash=True)
+    act = layer_bytes(sh, ("moe_act",), sw, 1, s, t, True, moe=True, flash=True)
+    norm = layer_bytes(sh, ("layernorm",), sw, 1, s, t, True, moe=True, flash=True)
+    assert none - act == pytest.approx(2 * s * sh.top_k * sh.f_e / t)
+    assert none - norm == pytest.approx(2 * s * sh.hidden / t)
+
+
+def test_mlp_recomputation_of_a_dense_model_frees_memory_and_costs_time():
+    base, rec = _predict(dense_run()), _predict(dense_run(["mlp"]))
+    assert rec.memory.activations < base.memory.activations
+    assert rec.iteration_time_s > base.iteration_time_s
+
+
+def test_the_event_driven_engine_sees_the_same_recomputation():
+    base, rec = _predict(moe_run(), "des"), _predict(moe_run(["moe_act", "layernorm"]), "des")
+    assert rec.iteration_time_s > base.iteration_time_s
+    ana = _predict(moe_run(["moe_act", "layernorm"]))
+    assert rec.iteration_time_s == pytest.approx(ana.iteration_time_s, rel=0.05)
+
+
+def test_core_attn_alone_is_the_stacks_selective_recomputation_bit_for_bit():
+    plain = moe_run()
+    plain["train"]["recompute"] = "selective"
+    a, b = _predict(plain), _predict(moe_run(["core_attn"]))
+    assert a.iteration_time_s == b.iteration_time_s
+    assert a.memory.total == b.memory.total
+
+
+def test_an_unknown_module_is_refused_naming_the_allowed_ones():
+    with pytest.raises(ConfigError) as e:
+        ddlsim.load_config(moe_run(["moe_actt"]))
+    msg = str(e.value)
+    assert "recompute_modules" in msg and "moe_actt" in msg
+    assert all(name in msg for name in RECOMPUTE_MODULES)
+
+
+def test_modules_need_selective_recomputation():
+    cfg = moe_run(["moe_act"])
+    cfg["train"]["recompute"] = "full"
+    with pytest.raises(ConfigError, match="needs recompute = 'selective'"):
+        ddlsim.load_config(cfg)
+
+
+@pytest.mark.parametrize("stack", ["megatron-core-2024", "torchtitan-2025"])
+def test_stacks_without_the_option_refuse_it(stack):
+    cfg = dense_run(["core_attn"])
+    cfg["system"]["software"]["stack"] = stack
+    with pytest.raises(ConfigError, match="no_recompute_modules"):
+        ddlsim.load_config(cfg)
+
+
+def test_delayed_fp8_refuses_norm_and_act_recomputation():
+    cfg = moe_run(["moe_act"], dtype="fp8")
+    with pytest.raises(ConfigError, match="recompute_norm_act_not_delayed_fp8"):
+        ddlsim.load_config(cfg)
+
+
+@pytest.mark.parametrize("modules, match", [
+    (["moe_act"], "no Mixture-of-Experts layers"),
+    (["layernorm"], "fused into the next GEMM"),
+    (["moe"], "not modelled"),
+])
+def test_a_module_with_nothing_to_recompute_or_not_modelled_is_refused(modules, match):
+    with pytest.raises(ConfigError, match=match):
+        _predict(dense_run(modules))
+
+
+def test_mlp_under_tensor_parallelism_is_refused_not_approximated():
+    cfg = dense_run(["mlp"])
+    cfg["system"]["devices_per_node"] = 2
+    cfg["parallel"] = {"tensor_model_parallel_size": 2}
+    cfg["train"]["global_batch_size"] = 4
+    with pytest.raises(ConfigError, match="tensor_model_parallel_size 1 only"):
+        _predict(copy.deepcopy(cfg))
