@@ -147,7 +147,8 @@ def _time(cfg, engine):
 @pytest.mark.parametrize("engine", ["analytical", "des"])
 def test_tp_comm_overlap_hides_tp_communication(engine, monkeypatch):
     """GPT-3 13B, TP 8 with SP on one DGX-H100: bulk hides the backward's input all-gather
-    and reduce-scatter behind the GEMMs, pipelined also the forward's (all but one chunk):
+    and reduce-scatter behind the GEMMs, pipelined also the forward's (all but the last
+    chunk of each reduce-scatter):
     blocking > bulk > pipelined. (At h = 5,120 the hidden b·s·h collectives outweigh the
     13.8 % SM margin on the overlapped GEMMs; GEMMs grow as h², collectives as h, so a small
     model such as 1.3B at TP 8 can come out slower with the overlap, as TE's users find.)

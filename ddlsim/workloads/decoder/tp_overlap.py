@@ -6,8 +6,11 @@ each sequence-parallel collective with a GEMM by one of three methods:
 
 * ``ring_exchange`` — the all-gather feeding a column-parallel GEMM (``qkv``/``fc1`` forward)
   and the output-gradient all-gather feeding a row-parallel dgrad (``proj``/``fc2``): the
-  GEMM runs in ``num_splits = TP`` chunks while the next chunk travels, so one chunk
-  (``1/TP`` of the bytes) is exposed; copy engines, 1 SM (``num_sm = 1``).
+  GEMM runs in ``TP`` chunks, the first on the rank's own chunk while it is sent on and the
+  next one received, each later chunk once its part has arrived (TransformerEngine
+  ``CommOverlapP2PBase::split_overlap_ag``, ``aggregate`` off: TE's default and every
+  published NeMo/Megatron-Bridge H100 config), so nothing is exposed unless the exchange
+  outlasts the GEMM; copy engines, 1 SM (``num_sm = 1``).
 * ``pipeline`` — the reduce-scatter after a row-parallel GEMM (``proj``/``fc2`` forward):
   ``num_splits = 4`` chunks, the last chunk's reduce-scatter exposed.
 * ``bulk`` — the backward's all-gather of the saved input (for the weight gradient) and the
@@ -90,20 +93,21 @@ def active(cfg) -> bool:
     return mode(cfg) is not None
 
 
-def _role(c: Collective, backward: bool, how: str, tp: int) -> tuple[str, int] | None:
+def _role(c: Collective, backward: bool, how: str) -> tuple[str, int] | None:
     """(``pre``/``post``, chunks of which one is exposed; 0: none exposed), or None when the
     collective stays blocking. ``post`` collectives are only the pipelined reduce-scatter
-    and the bulk ones, i.e. those whose method takes SMs (the SM margin applies)."""
+    and the bulk ones, i.e. those whose method takes SMs (the SM margin applies); ``pre``
+    ones are the ring exchanges, none of whose chunks waits before its GEMM starts."""
     name = c.name
     if not backward or name.startswith("recompute."):
         if c.op == "reduce_scatter":
             return ("post", RS_SPLITS) if how == "pipelined" else None
-        return ("pre", tp) if how == "pipelined" else None
+        return ("pre", 0) if how == "pipelined" else None
     if name.endswith(".ag.input") or c.op == "reduce_scatter":
         return "post", 0                       # bulk (every mode)
     if how == "async" and c.op == "all_reduce":
         return "post", 0                       # without SP: the input-gradient all-reduce
-    return ("pre", tp) if how == "pipelined" else None
+    return ("pre", 0) if how == "pipelined" else None
 
 
 def _overlapped_flops(b, backward: bool, gemm: Compute) -> float:
@@ -164,14 +168,14 @@ def _overlap_around(ops: list[Op], pending: list, posts: list) -> tuple[list[Op]
 
 def layer_body(b, backward: bool, payloads: list) -> list[Op]:
     """One layer's ops with the overlaps of :func:`mode` (``torch_async``: :mod:`.torch_tp`)."""
-    how, tp = b.plan.tp_overlap, b.tp
+    how = b.plan.tp_overlap
     if how == "torch_async":
         return torch_tp.layer_body(b, backward, payloads)
     items = list(payloads)
     last_gemm = max(i for i, x in enumerate(items) if isinstance(x, Compute)
                     and any(isinstance(y, Collective) for y in items[i + 1:]))
     trailing = [x for x in items[last_gemm + 1:] if isinstance(x, Collective)
-                and (_role(x, backward, how, tp) or ("",))[0] == "pre"]
+                and (_role(x, backward, how) or ("",))[0] == "pre"]
     items = trailing + [x for x in items if not any(x is t for t in trailing)]
     # group: each compute op with the collectives after it (its "post" and the next's "pre")
     ops: list[Op] = []
@@ -180,7 +184,7 @@ def layer_body(b, backward: bool, payloads: list) -> list[Op]:
     while i < len(items):
         x = items[i]
         if isinstance(x, Collective):
-            role = _role(x, backward, how, tp)
+            role = _role(x, backward, how)
             if role is None:
                 ops.append(Op(x))
             else:
@@ -190,7 +194,7 @@ def layer_body(b, backward: bool, payloads: list) -> list[Op]:
         j = i + 1
         posts = []
         while j < len(items) and isinstance(items[j], Collective):
-            role = _role(items[j], backward, how, tp)
+            role = _role(items[j], backward, how)
             if role is None or role[0] != "post":
                 break
             posts.append((items[j], role[1]))
@@ -239,19 +243,19 @@ def structured_body(b, backward: bool, body: list[Op]) -> list[Op]:
     """A partitioner's layer ops (1-D TP with context parallelism: one op per linear GEMM,
     the attention core's ring on the ``cp`` streams) with the overlaps of ``b.plan.tp_overlap``
     (the plan's ``tp_comm_overlap``), per GEMM as TransformerEngine runs them: an
-    all-gather feeding a GEMM (``ring_exchange``) is overlapped with that GEMM, one of TP
-    chunks exposed before it; the collectives after a GEMM (``pipeline`` reduce-scatter,
+    all-gather feeding a GEMM (``ring_exchange``) is overlapped with that GEMM, nothing
+    exposed before it; the collectives after a GEMM (``pipeline`` reduce-scatter,
     ``bulk`` backward ones) are overlapped with it, the pipelined reduce-scatter's last
     chunk exposed after it, and the GEMM pays the SMs the collectives take (a contention op).
     Every other op (the ring, its waits, the element-wise work) keeps its place and its
     dependencies. Collectives left at the end of the layer feed the next layer's first GEMM
     and move to the front, as in :func:`layer_body`."""
-    how, tp = b.plan.tp_overlap, b.tp
+    how = b.plan.tp_overlap
     if how == "torch_async":
         return torch_tp.structured_body(b, backward, body, _is_linear, _is_tp)
     def of(kind: str):
         def item(op: Op):
-            r = _role(op.payload, backward, how, tp) if _is_tp(op) else None
+            r = _role(op.payload, backward, how) if _is_tp(op) else None
             return (op.payload, r[1]) if r is not None and r[0] == kind else None
         return item
 
