@@ -103,11 +103,12 @@ class DeviceSpec(_Strict):
         default=None, description="achieved / peak memory bandwidth of the non-flash attention "
                                   "core's s² kernels (scale-mask-softmax, dropout, the batched "
                                   "QKᵀ and P·V GEMMs); default: memory_efficiency")
-    elementwise_efficiency: dict[str, Annotated[float, Field(gt=0, le=1)]] | None = Field(
+    elementwise_efficiency: dict[str, Annotated[float, Field(gt=0, le=10)]] | None = Field(
         default=None, description="element-wise kernel class (ddlsim.simulator.kernels."
                                   "elementwise.ELEMENTWISE_CLASSES) -> achieved / peak memory "
-                                  "bandwidth of its kernels; a class without one: "
-                                  "memory_efficiency (docs/compute.md)")
+                                  "bandwidth of its kernels (above 1 where a class's tensors "
+                                  "stay in a CPU's caches: ddlsim/reference/kernels.py); a "
+                                  "class without one: memory_efficiency (docs/compute.md)")
 
     @field_validator("elementwise_efficiency")
     @classmethod

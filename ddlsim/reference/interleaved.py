@@ -11,7 +11,10 @@ Every rank does, round after round (a barrier before each step):
 2. one sample of the element-wise rate: numpy ``z = x + y`` on arrays of the gradient
    buffer's size, counted as ddlsim counts a pass (read x, read y, write z: 3 · nbytes; the
    STREAM "Add" kernel, McCalpin 1995), the least CPU time of three calls; the same on the
-   sizes of the activations' passes (:func:`tensor_sizes`), kept beside it;
+   sizes of the activations' passes (:func:`tensor_sizes`), kept beside it; and one sample
+   of each element-wise kernel class ddlsim times apart (:mod:`.kernels`: the model's own
+   numpy LayerNorm, GeLU and Adam on the run's sizes, the bytes ddlsim counts over their
+   least CPU time);
 3. one training iteration of each run config (one rank count, one model, each config one
    ``parallel.dp_strategy``; one model and one Adam serve them all, in turn), timed in two
    parts, each in CPU time and the most over ranks: the forward and backward, then, after a
@@ -34,8 +37,9 @@ framework's caching allocator: numpy's temporaries are then not faulted in anew 
 iteration); the minor page faults of each forward and backward are kept, to show it.
 
 Rank 0 writes ``OUT/compute{N}.csv`` (the ``calibrate compute`` format, one row per shape
-with the statistics over rounds) and ``OUT/interleaved{N}.json`` (the element-wise rate and
-the per-round times and page faults per config).
+with the statistics over rounds) and ``OUT/interleaved{N}.json`` (the element-wise rate, the
+kernel classes' rates and their ``elementwise_efficiency``, each the median over rounds and
+then over ranks, and the per-round times and page faults per config).
 """
 
 from __future__ import annotations
@@ -153,11 +157,13 @@ def phase_times(cfgs, comm, rounds: int, warmup: int, seed: int = 0):
     -------
     (pandas.DataFrame, dict, list of dict)
         GEMM samples of every timed round, element-wise rates per round by tensor
-        (:func:`tensor_sizes`; bytes/s, this rank's), and per
+        (:func:`tensor_sizes`) and by kernel class (``class.<name>``, :mod:`.kernels`;
+        bytes/s, this rank's), and per
         config its ``compute_cpu_s`` and ``exchange_s`` lists (seconds per timed round), its
         ``ops_cpu_s`` (the same per trace op, :mod:`.accounting`), page faults and losses.
     """
     from .gpt2 import GPT2, Adam
+    from .kernels import class_kernels, class_rates
     from .machine import gemm_shapes
     from .train import STRATEGIES, shape_of
     shape = shape_of(cfgs[0])
@@ -168,7 +174,8 @@ def phase_times(cfgs, comm, rounds: int, warmup: int, seed: int = 0):
     shapes = sorted(set(SQUARES) | set(gemm_shapes(shape)))
     arrays = {name: (np.ones(n, dtype=np.float32), np.ones(n, dtype=np.float32),
                      np.empty(n, dtype=np.float32)) for name, n in tensor_sizes(shape).items()}
-    gemms, stream = [], {name: [] for name in arrays}
+    kernels = class_kernels(shape, seed)
+    gemms, stream = [], {name: [] for name in [*arrays, *(f"class.{c}" for c in kernels)]}
     runs = [{"compute_cpu_s": [], "exchange_s": [], "exchange_wall_s": [],
              "compute_minor_faults": [], "ops_cpu_s": {}, "losses": []} for _ in cfgs]
     for r in range(warmup + rounds):
@@ -176,6 +183,7 @@ def phase_times(cfgs, comm, rounds: int, warmup: int, seed: int = 0):
         frame = _gemm_round(shapes, seed + r)
         comm.Barrier()
         rates = {name: _stream_cpu_Bps(*xyz) for name, xyz in arrays.items()}
+        rates.update({f"class.{c}": r for c, r in class_rates(kernels).items()})
         for cfg, run in zip(cfgs, runs):
             loss, *spans, ops = _iteration(comm, model, opt,
                                            STRATEGIES[cfg.parallel.dp_strategy],
@@ -261,13 +269,18 @@ def main(argv: list[str] | None = None) -> int:
     gemm, stream, runs = phase_times(cfgs, comm, args.rounds, args.warmup)
     every = comm.gather({name: float(np.median(r)) for name, r in stream.items()}, root=0)
     if comm.Get_rank() == 0:
+        from .kernels import efficiencies
         n = comm.Get_size()
         write_csv(args.output / f"compute{n}.csv", gemm, force=True)
+        medians = {name: float(np.median([e[name] for e in every])) for name in stream}
+        classes = {k[6:]: v for k, v in medians.items() if k.startswith("class.")}
         out = {"ranks": n, "rounds": args.rounds, "warmup": args.warmup,
                "cached_allocations": cached,
-               "stream_Bps": float(np.median([e["gradients"] for e in every])),
-               "stream_Bps_by_tensor": {name: float(np.median([e[name] for e in every]))
-                                        for name in stream},
+               "stream_Bps": medians["gradients"],
+               "stream_Bps_by_tensor": {k: v for k, v in medians.items()
+                                        if not k.startswith("class.")},
+               "class_Bps": classes,
+               "elementwise_efficiency": efficiencies(classes, medians["gradients"]),
                "per_rank_stream_Bps": every,
                "runs": {c.parallel.dp_strategy: {**r, "config": str(p)}
                         for c, r, p in zip(cfgs, runs, args.configs)}}

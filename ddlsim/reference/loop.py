@@ -296,7 +296,8 @@ def loop_ranks(work: Path, model: LoopModel, n: int, runs: tuple[str, ...], stat
         f"{r_max / 1e9:.1f} GFLOP/s, element-wise {got['stream_Bps'] / 1e9:.2f} GB/s per rank")
     from .accounting import account_run
     from .interleaved import measured_s
-    system = local_system_of(n, r_max, got["stream_Bps"], profile, when)
+    system = local_system_of(n, r_max, got["stream_Bps"], profile, when,
+                             got.get("elementwise_efficiency"))
     rows = []
     for cfg_path in _configs(work, model, n, runs, system):
         strategy = cfg_path.stem.split("-")[1]
@@ -310,6 +311,7 @@ def loop_ranks(work: Path, model: LoopModel, n: int, runs: tuple[str, ...], stat
                "loss_first": run["losses"][0], "loss_last": run["losses"][-1],
                "gemm_plateau_flops_per_s": r_max, "stream_Bps": got["stream_Bps"],
                "stream_Bps_by_tensor": got["stream_Bps_by_tensor"],
+               "elementwise_efficiency": got.get("elementwise_efficiency"),
                "fit_rel_rmse": fit_errors(profile)}
         for engine, res in sorted(pred.items()):
             row[f"predicted_{engine}_s"] = res["iteration_time_s"]
@@ -372,11 +374,13 @@ def run_loop(work: Path, model: LoopModel = REFERENCE, ranks: tuple[int, ...] = 
     return rows
 
 
-def local_system_of(n: int, r_max: float, stream: float, profile: Path, when: str) -> dict:
+def local_system_of(n: int, r_max: float, stream: float, profile: Path, when: str,
+                    classes: dict[str, float] | None = None) -> dict:
     """The system section of the loop's runs (:func:`~.machine.local_system`) from what the
-    loop measured on ``n`` ranks."""
+    loop measured on ``n`` ranks (``classes``: the element-wise kernel classes' measured
+    fractions of ``stream``, :mod:`.kernels`)."""
     from .machine import local_system
-    return local_system(n, r_max, stream, _p2p(profile), _memory_bytes() / n, when)
+    return local_system(n, r_max, stream, _p2p(profile), _memory_bytes() / n, when, classes)
 
 
 def _row_line(row: dict) -> str:

@@ -3,7 +3,9 @@ runs needs, and nothing else.
 
 A rank is one CPU core running numpy with one BLAS thread. Its GEMM rate comes from the
 calibration profile's compute fit (``ddlsim calibrate compute``'s benchmark); its
-element-wise rate from numpy's ``z = x + y`` (:mod:`.interleaved`); its collectives from the
+element-wise rate from numpy's ``z = x + y`` (:mod:`.interleaved`), and the rates of the
+element-wise kernel classes ddlsim times apart from the model's own numpy kernels
+(:mod:`.kernels`); its collectives from the
 profile's MPI fits; the point-to-point link (used only for what the profile does not
 cover) from the profile's ``sendrecv`` fit. Every figure here is measured on the machine
 that runs the prediction's run; none is a datasheet value.
@@ -31,7 +33,8 @@ NUMPY_STACK = {
 
 
 def local_system(ranks: int, gemm_flops_peak: float, stream_Bps: float, p2p: tuple[float, float],
-                 memory_bytes: float, when: str) -> dict:
+                 memory_bytes: float, when: str,
+                 elementwise_efficiency: dict[str, float] | None = None) -> dict:
     """The ``system`` section of a run on ``ranks`` cores of this one machine.
 
     Parameters
@@ -50,6 +53,9 @@ def local_system(ranks: int, gemm_flops_peak: float, stream_Bps: float, p2p: tup
         Bytes of memory a rank may use (the machine's total / ranks).
     when : str
         When and how these were measured, for the ``source`` fields.
+    elementwise_efficiency : dict, optional
+        Kernel class → its measured rate over ``stream_Bps`` (:func:`.kernels.efficiencies`);
+        None: every element-wise kernel at ``stream_Bps``.
 
     Returns
     -------
@@ -58,13 +64,17 @@ def local_system(ranks: int, gemm_flops_peak: float, stream_Bps: float, p2p: tup
     """
     latency_s, bw = p2p
     src = f"measured on this machine by benchmarks/closed_loop.py ({when})"
+    classes = {"elementwise_efficiency": dict(elementwise_efficiency)} \
+        if elementwise_efficiency else {}
     return {
         "name": "this-machine", "nodes": 1, "devices_per_node": ranks,
         "device": {"name": "cpu-core", "peak_flops": {"fp32": gemm_flops_peak},
                    "memory_bytes": memory_bytes, "memory_bandwidth_Bps": stream_Bps,
-                   "matmul_efficiency": {"fp32": 1.0},
+                   "matmul_efficiency": {"fp32": 1.0}, **classes,
                    "source": f"{src}: peak = the numpy GEMM plateau R_max of the compute "
-                             "fit, bandwidth = numpy z = x + y on the gradient buffer's size"},
+                             "fit, bandwidth = numpy z = x + y on the gradient buffer's size"
+                             + (", element-wise classes = the model's own numpy kernels "
+                                "(ddlsim/reference/kernels.py)" if classes else "")},
         "intra_node": {"kind": "shared_memory", "bandwidth_Bps": bw, "latency_s": latency_s,
                        "source": f"{src}: MPI sendrecv fit: α of its first, 1/β of its last "
                                  "segment"},

@@ -12,7 +12,9 @@ From ``system.device`` (ddlsim/data/systems.yaml cites each preset's values):
 * ``sm_count`` — for the wave quantisation of GEMMs;
 * ``memory_efficiency`` — achieved / datasheet memory bandwidth of streaming kernels;
 * ``elementwise_efficiency[class]`` — the same for the element-wise kernels of a class that
-  published kernel tables time slower (:data:`.elementwise.ELEMENTWISE_CLASSES`);
+  published kernel tables or a microbenchmark time apart
+  (:data:`.elementwise.ELEMENTWISE_CLASSES`; the optimizer step, a roofline op, by its class
+  ``optimizer``);
 * ``attention_measured`` — the GPU whose published attention-kernel measurements time the
   fused attention kernels by kernel, pass, mask, head dim and length
   (:mod:`.attention_measured`);
@@ -252,7 +254,8 @@ def _roofline(op: Compute, dev: KernelDevice,
               measured: Callable[[float, str], float | None] | None) -> float:
     """Device seconds of an op given by its FLOPs and bytes alone (:func:`op_time`)."""
     peak = dev.peak_flops(op.dtype)
-    t_mem = op.bytes / dev.memory_Bps
+    # the optimizer step at its class's measured bandwidth, where the device has one
+    t_mem = op.bytes / (dev.pass_Bps("optimizer") if op.kind == "optimizer" else dev.memory_Bps)
     if op.kind in ("elementwise", "optimizer"):
         return max(t_mem, op.flops / peak)
     eff = measured(op.flops, op.dtype) if measured is not None else None

@@ -53,8 +53,8 @@ from typing import Any
 from ...workloads.trace import Kernel
 
 __all__ = ["ELEMENTWISE_CLASSES", "layer_elementwise_kernels", "backward_kernels",
-           "norm_passes", "activation_passes", "optimizer_bytes_per_param", "loss_bytes",
-           "loss_passes", "unfused_softmax_passes"]
+           "activation_classes", "norm_passes", "activation_passes",
+           "optimizer_bytes_per_param", "loss_bytes", "loss_passes", "unfused_softmax_passes"]
 
 #: the element-wise kernel classes a device may time at their own achieved bandwidth
 #: (``device.elementwise_efficiency``), class -> the kernels it names; a backward class is
@@ -66,8 +66,13 @@ ELEMENTWISE_CLASSES = {
     "gated": "Megatron-Core's fused SwiGLU (bias_swiglu_impl, a jit_fuser kernel on the two "
              "halves of fc1's output), forward",
     "gated_backward": "its backward",
+    "activation": "a GeLU that is not gated, fused with its bias or not (the unfused sequence's "
+                  "bias add stays a plain pass), not compiled, forward",
+    "activation_backward": "its backward",
+    "optimizer": "the optimizer step (optimizer_bytes_per_param's bytes, one roofline op)",
 }
-_BACKWARD_CLASS = {"norm": "norm_backward", "gated": "gated_backward"}
+_BACKWARD_CLASS = {"norm": "norm_backward", "gated": "gated_backward",
+                   "activation": "activation_backward"}
 
 
 def norm_passes(fused: bool, norm: str, dtype_bytes: float, hidden: float) -> list[float]:
@@ -138,6 +143,18 @@ def activation_passes(gated: bool, bias: bool, fused: bool, dtype_bytes: float
     return [2 * d] if fused or not bias else [2 * d, 2 * d]
 
 
+def activation_classes(gated: bool, fused: bool, compiled: bool, n: int) -> list[str]:
+    """The class of each of the ``n`` kernels :func:`activation_passes` gives
+    (:data:`ELEMENTWISE_CLASSES`): Megatron's fused SwiGLU, which reads fc1's halves,
+    ``gated``; a GeLU kernel ``activation`` (its unfused bias add, first, none); torch.compile's
+    generated kernels (Inductor's two contiguous outputs) and an unfused SwiGLU none."""
+    if compiled:
+        return [""] * n
+    if gated:
+        return ["gated" if fused else ""] * n
+    return [""] * (n - 1) + ["activation"]
+
+
 def layer_elementwise_kernels(shape: Any, b: float, s: float, t: int, sp: bool,
                               dtype_bytes: float, sw: Any, dtype: str = "bf16"
                               ) -> tuple[Kernel, ...]:
@@ -146,8 +163,9 @@ def layer_elementwise_kernels(shape: Any, b: float, s: float, t: int, sp: bool,
     software stack, read for its ``fused_*`` fields): one kernel per fused op, or one per torch
     op of the unfused sequence (the table above), so each pays its launch (:mod:`.host`).
     torch's norm kernels carry the class ``norm``, a fused SwiGLU not compiled (Megatron-Core's
-    jit_fuser kernel) ``gated`` (:data:`ELEMENTWISE_CLASSES`); torch.compile's generated
-    kernels (``sw.compile``, which fuses the norm and the activation) none."""
+    jit_fuser kernel) ``gated``, a GeLU ``activation`` (:func:`activation_classes`,
+    :data:`ELEMENTWISE_CLASSES`); torch.compile's generated kernels (``sw.compile``, which
+    fuses the norm and the activation) none."""
     dt = dtype_bytes
     x = b * s * shape.hidden / (t if sp else 1)
     y = b * s * shape.ffn / t
@@ -162,10 +180,10 @@ def layer_elementwise_kernels(shape: Any, b: float, s: float, t: int, sp: bool,
         residual += [2 * x * dt + mask] if shape.dropout else []
         residual += [3 * x * dt]
     out += [(v, "") for v in residual] * 2
-    # Megatron's fused SwiGLU reads fc1's halves; Inductor's (compile) two contiguous outputs
-    act_class = "gated" if shape.gated_mlp and sw.fused_bias_gelu and not sw.compile else ""
-    out += [(p * y, act_class) for p in activation_passes(shape.gated_mlp, shape.mlp_bias,
-                                                           sw.fused_bias_gelu, dt)]
+    act = activation_passes(shape.gated_mlp, shape.mlp_bias, sw.fused_bias_gelu, dt)
+    out += [(p * y, c) for p, c in zip(act, activation_classes(shape.gated_mlp,
+                                                                sw.fused_bias_gelu, sw.compile,
+                                                                len(act)))]
     if shape.positions == "rotary":                          # ·cos, negate, cat, ·sin, add
         qk = b * s * (shape.q_width + shape.kv_width) / t
         rope = [2 * qk * dt] if sw.fused_rope else [p * qk * dt for p in (2, 2, 2, 2, 3)]
