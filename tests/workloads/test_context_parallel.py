@@ -349,6 +349,44 @@ def test_torch_merge_of_a_later_step_in_fp32(compile, merge):
     assert last == merge + [E if compile else 3 * E]              # results(): back to bf16
 
 
+def test_compiled_torch_ring_waits_for_each_exchange_before_the_next_step():
+    # Traced, a functional collective is waited as soon as it is issued (torch
+    # _functional_collectives._maybe_wrap_tensor); Inductor sinks no wait by default
+    # (reorder_for_compute_comm_overlap False). So compiled: step 0 waits for the K/V
+    # all-gather; in the backward each flash waits for the dK/dV permute issued before it.
+    _, fwd, bwd = torch_layer(compile=True)
+    gather = next(i for i, op in enumerate(fwd) if op.payload.name == "fwd.kv.all_gather")
+    steps = [op for op in fwd if op.payload.name == "fwd.attn_core.step"]
+    assert [op.deps for op in steps] == [(gather,)] * 4
+    recvs = [i for i, op in enumerate(bwd) if op.payload.name == "bwd.dkv.recv"]
+    bsteps = [op for op in bwd if op.payload.name == "bwd.attn_core.step"]
+    assert [r in op.deps for op, r in zip(bsteps[1:], recvs)] == [True] * 3
+    assert all(r not in bsteps[0].deps for r in recvs)
+
+
+def test_compiled_torch_all_to_all_ring_waits_for_the_permute_issued_with_each_step():
+    # _AllToAllRotater, compiled: step i (i < cp − 1) also waits for the permute it was
+    # issued with, which carries step i + 1's K/V; the last step only for its own.
+    _, fwd, _ = torch_layer("p2p", compile=True)
+    recvs = [i for i, op in enumerate(fwd) if op.payload.name == "fwd.kv.recv"]
+    steps = [op for op in fwd if op.payload.name == "fwd.attn_core.step"]
+    assert [op.deps for op in steps] == [(recvs[0],), (recvs[0], recvs[1]),
+                                         (recvs[1], recvs[2]), (recvs[2],)]
+
+
+@pytest.mark.parametrize("comm", ["all_gather", "p2p"])
+def test_compiled_torch_ring_is_slower_than_eager_by_its_exposed_transfers(comm):
+    # Same kernels up to the fusions compile makes; the waits can only add time, and the
+    # two engines still agree.
+    def run(compile, engine="analytical"):
+        cfg = config(parallel__cp_comm_type=comm, parallel__zero_stage=3,
+                     system__software={"stack": "torchtitan-2024", "compile": compile})
+        return ddlsim.predict(cfg, engine=engine, check_fit=False)
+    a, d = run(True), run(True, "des")
+    assert d.iteration_time_s == pytest.approx(a.iteration_time_s, rel=1e-2)
+    assert a.breakdown.exposed_comm_s["cp"] > run(False).breakdown.exposed_comm_s["cp"]
+
+
 @pytest.mark.parametrize("comm", ["all_gather", "p2p"])
 def test_both_engines_time_the_torch_ring_alike(comm):
     cfg = config(parallel__cp_comm_type=comm, parallel__zero_stage=3,

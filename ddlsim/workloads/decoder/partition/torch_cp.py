@@ -43,6 +43,21 @@ reading of what Inductor does with such chains, not a measurement.
 
 Rank 0 is timed (one rank class); its partial steps move half the query-side tensors.
 
+**When the ring waits** (:func:`_waits`). Eager, the rotaters' collectives are
+``AsyncCollectiveTensor`` s waited at first use: the forward's all-gather (or each permute)
+overlaps the step it was issued before, and each dK/dV permute the next flash backward.
+Compiled, they are not: while tracing, a functional collective is waited as soon as it is
+issued (torch ``distributed/_functional_collectives.py`` ``_maybe_wrap_tensor``: "if
+_are_we_tracing(): return wait_tensor(self)", the same in the 2024 and 2025 stored
+versions), and only Inductor's ``reorder_for_compute_comm_overlap`` pass (``sink_waits``,
+``raise_comms``) would move the wait later; it is off by default (``torch/_inductor/config.py``)
+and neither torchtitan 9dec370 nor 820504e turns it on (they set only ``_micro_pipeline_tp``,
+and for rowwise float8 ``emulate_precision_casts``). So in a compiled block the step after an
+exchange waits for it: the K/V all-gather before step 0, each K/V permute before the step it
+was issued with, each dK/dV permute before the next step's flash backward. That Inductor's
+scheduler keeps an extern kernel (the flash call) after a wait it does not depend on is our
+reading of its default scheduling, not a measurement.
+
 References
 ----------
 The merge is the numerically stable form of the log-sum-exp combination that torch's code
@@ -173,6 +188,16 @@ def _transfers(part: Any, ops: Any, tag: str, deps: tuple[int, ...]) -> list[int
     return out
 
 
+def _waits(part: Any, arrive: list[int | None], step: int) -> tuple[int, ...]:
+    """The transfers ring step ``step`` waits for: the K/V it computes on (``arrive[step]``,
+    none at step 0) and, compiled, also the exchange issued just before it, which carries the
+    next step's K/V (module docstring, "When the ring waits")."""
+    waits = [arrive[step]]
+    if part.sw.compile and step + 1 < len(arrive):
+        waits.append(arrive[step + 1])
+    return tuple(w for w in waits if w is not None)
+
+
 def attention_forward(part: Any, ops: Any, tag: str) -> None:
     """Append torch's ring attention forward (module docstring): the K/V transfers, step 0
     on the local block, ``cp − 1`` later steps each with its fp32 merge, the cast back.
@@ -197,9 +222,8 @@ def attention_forward(part: Any, ops: Any, tag: str) -> None:
             kernels += _memory([4 * E], part.dtype)
         if i == cp - 1:                          # results(): the fp32 output back to bf16
             kernels += _memory([E if part.sw.compile else 3 * E], part.dtype)
-        deps = () if arrive[i] is None else (arrive[i],)
         ops.add(Compute(f"{tag}.attn_core.step", flops / cp, dtype=part.dtype,
-                        kernels=kernels), deps=deps)
+                        kernels=kernels), deps=_waits(part, arrive, i))
 
 
 def attention_backward(part: Any, ops: Any) -> None:
@@ -221,7 +245,9 @@ def attention_backward(part: Any, ops: Any) -> None:
     eager_cats = part.cp_comm == "all_gather" and not part.sw.compile
     dkv, dkv_bytes = None, 2 * kv_bytes(part)   # fp32 dK/dV
     for i in range(cp):
-        deps = () if arrive[i] is None else (arrive[i],)
+        deps = _waits(part, arrive, i)
+        if dkv is not None and part.sw.compile:     # the last dK/dV permute, waited at once
+            deps += (dkv,)
         kernels = _step_kernels(part, True, i)
         if eager_cats and 0 < i < cp - 1:
             kernels += _memory([4 * E], part.dtype)
