@@ -167,20 +167,20 @@ def _built_pieces(ctx, plans, groups: list[np.ndarray]) -> tuple[list, list[floa
                            int(plans["mbs"][i0]), RECOMPUTE[int(plans["recompute"][i0])],
                            int(plans["zero"][i0]), sections=sections)
         sb = StageBuilder.from_config(cfg, ctx.shape)
+        flops = {}
         for name, ops in (
                 ("fwd", sb.layer_ops(False, 1)), ("bwd", sb.layer_ops(True, 1)),
                 ("emb", as_ops(sb.embedding_forward())), ("head_f", as_ops(sb.head_forward())),
                 ("head_b", as_ops(sb.head_backward())), ("gather", sb.gather_ops("act"))):
             ops = tuple(ops)
             entry = lowered.setdefault(ops, [])   # the op list hashed once, as in compute_s
-            if not entry:
-                entry += [*lower_ops(ops, compute_s), []]
+            if not entry:   # lowered, and its GEMM FLOPs counted, once per distinct op list
+                entry += [*lower_ops(ops, compute_s), [], gemm_flops(ops)]
             entry[2].append((name, j))
-        p2p_bytes.append((sb.part.boundary(sb.act_bytes)[0], gemm_flops(sb.layer_ops(False, 1)),
-                          gemm_flops(sb.layer_ops(True, 1)),
-                          gemm_flops(as_ops(sb.embedding_forward())),
-                          gemm_flops(as_ops(sb.head_forward()))))
-    return list(lowered.values()), p2p_bytes
+            flops[name] = entry[3]
+        p2p_bytes.append((sb.part.boundary(sb.act_bytes)[0], flops["fwd"], flops["bwd"],
+                          flops["emb"], flops["head_f"]))
+    return [entry[:3] for entry in lowered.values()], p2p_bytes
 
 
 def _collective_seconds(distinct: list, shared: list[np.ndarray], coll_at) -> dict:
@@ -221,9 +221,11 @@ def _contention_seconds(ctx, distinct: list, seconds: dict, backend: str) -> Non
     collectives run, one after another (:meth:`~ddlsim.simulator.costs.CostModel.compute`)."""
     from ..simulator.kernels.contention import nccl_ring_ctas
 
+    ctas = None   # the system's, asked once (it depends on nothing else)
     for k, (_, colls, _) in enumerate(distinct):
         for c in colls:
             if c is not None and _contends(c) and _key(k, c) not in seconds:
                 comm = sum(n * seconds[_key(k, x)] for x, n in c.contention.issues())
-                ctas = nccl_ring_ctas(ctx.cfg.system) if backend == "nccl" else 0
+                if ctas is None:
+                    ctas = nccl_ring_ctas(ctx.cfg.system) if backend == "nccl" else 0
                 seconds[_key(k, c)] = contention_seconds(c, ctx.dev, ctas, comm)
