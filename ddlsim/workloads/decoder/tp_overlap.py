@@ -13,6 +13,8 @@ each sequence-parallel collective with a GEMM by one of three methods:
   outlasts the GEMM; copy engines, 1 SM (``num_sm = 1``).
 * ``pipeline`` — the reduce-scatter after a row-parallel GEMM (``proj``/``fc2`` forward):
   ``num_splits = 4`` chunks, the last chunk's reduce-scatter exposed.
+
+Both split the GEMM into launches of their own along its rows (:func:`chunked`).
 * ``bulk`` — the backward's all-gather of the saved input (for the weight gradient) and the
   reduce-scatter of the input gradient of ``qkv``/``fc1`` run beside the dgrad/wgrad GEMMs:
   nothing exposed unless they outlast the GEMMs.
@@ -53,6 +55,8 @@ with NCCL's channels in place of TE's fixed margin.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from ..trace import Collective, Compute, Contention, Loop, Op, Wait
 from . import torch_tp
@@ -120,6 +124,51 @@ def _overlapped_flops(b, backward: bool, gemm: Compute) -> float:
     else:
         f = g["proj"] if attn else g["mlp"] / b.shape.mlp_matrices
     return f / b.tp
+
+
+def chunked(gemm: Compute, how: str, tp: int, pending: list, posts: list) -> Compute:
+    """``gemm`` as TransformerEngine's userbuffers run it beside the collectives that feed
+    (``pending``) and follow (``posts``) it: split along its rows (the tokens) into GEMM
+    launches of their own. A ring exchange feeding the op's first GEMM kernel runs it in
+    ``tp`` chunks (``CommOverlapP2PBase::split_overlap_ag``: one ``nvte_cublas_gemm`` per
+    step on ``M/tp`` rows); a pipelined reduce-scatter after its last GEMM kernel runs that
+    one in :data:`RS_SPLITS` chunks (``CommOverlapBase::split_overlap_rs``: one GEMM per
+    split). Each chunk pays its own tile and wave quantisation and fixed launch cost
+    (:func:`ddlsim.simulator.kernels.gemm.gemm_time`): at TP 8 with 4,096 tokens per rank a
+    chunk has 512 rows. Unchanged without per-kernel shapes (``gemm.kernels`` None) and
+    under ``bulk``, whose GEMMs run whole.
+
+    Parameters
+    ----------
+    gemm : the compute op whose GEMM kernels the collectives overlap.
+    how : the overlap mode (:func:`mode`); only ``pipelined`` splits.
+    tp : tensor-parallel size, the ring exchange's steps.
+    pending : ``(collective, chunks)`` overlapped before the op (ring exchanges).
+    posts : ``(collective, chunks)`` overlapped after it (:data:`RS_SPLITS` chunks: the
+        pipelined reduce-scatter; 0: bulk).
+
+    Returns
+    -------
+    Compute
+        ``gemm`` with each split GEMM kernel ``(M, N, K)`` replaced by ``n`` kernels
+        ``(M/n, N, K)``; the same FLOPs.
+    """
+    if how != "pipelined" or not gemm.kernels:
+        return gemm
+    at = [i for i, k in enumerate(gemm.kernels) if k.kind == "gemm"]
+    splits = {}
+    if at and pending:
+        splits[at[0]] = tp
+    if at and any(n == RS_SPLITS for _, n in posts):
+        splits.setdefault(at[-1], RS_SPLITS)
+    if not splits:
+        return gemm
+    kernels = []
+    for i, k in enumerate(gemm.kernels):
+        n = splits.get(i, 1)
+        M, N, K = k.shape
+        kernels += [k] if n == 1 else [replace(k, shape=(M / n, N, K))] * n
+    return replace(gemm, kernels=tuple(kernels))
 
 
 def _contention(name: str, flops: float, dtype: str, how: str, posts: list) -> Op:
@@ -204,7 +253,7 @@ def layer_body(b, backward: bool, payloads: list) -> list[Op]:
             i += 1
             continue
         exposed_after, _ = _overlap_around(ops, pending_pre, posts)
-        ops.append(Op(x))
+        ops.append(Op(chunked(x, how, b.tp, pending_pre, posts)))
         fwd_type = not backward or x.name.startswith("recompute.")
         ops.append(_contention(x.name, _overlapped_flops(b, not fwd_type, x), x.dtype, how,
                                posts))
@@ -271,7 +320,8 @@ def structured_body(b, backward: bool, body: list[Op]) -> list[Op]:
             continue
         after, overlapped = _overlap_around(out, pending, posts)
         where[i] = len(out)
-        out.append(Op(op.payload, op.stream, tuple(where[d] for d in op.deps), op.repeat))
+        out.append(Op(chunked(op.payload, how, b.tp, pending, posts), op.stream,
+                      tuple(where[d] for d in op.deps), op.repeat))
         if posts:
             out.append(_contention(op.payload.name, op.payload.flops, op.payload.dtype, how,
                                    posts))
