@@ -4,10 +4,10 @@ differs from the step NCCL's tuning model assumes.
 NCCL's estimate of a ring collective's latency (``ncclTopoTuneModel``, src/graph/tuning.cc of
 NCCL 2.30.7, lines 394–412) is ``baseLat + (nsteps − nInterSteps)·intraLat +
 nInterSteps·interLat``, with one NVLink step of the LL protocol at ``hwLat[NVLINK][RING][LL]``
-= 0.6 µs for every GPU generation (line 159; 0.47 µs up to NCCL 2.16, line 65 of v2.16.5-1). A message of
-a few bytes is all latency, so nccl-tests' time at 8 B reads the step off directly: on a DGX
-A100 the forced ring at 2–8 GPUs on one channel takes 10.0–33.7 µs (NVIDIA/nccl-tests#123),
-1.9 µs more for every two more steps, three times NCCL's 0.6. On H100 the published 8-GPU times
+= 0.6 µs for every GPU generation (line 159; 0.47 µs up to NCCL 2.16, line 65 of v2.16.5-1).
+A message of a few bytes is all latency, so nccl-tests' time at 8 B reads the step off: on a
+DGX A100 the forced ring at 2–8 GPUs on one channel takes 10.0–33.7 µs (NVIDIA/nccl-tests#123),
+about 3.8 µs more for each GPU (two more steps): 1.9 µs a step, three times NCCL's 0.6. On H100 the published 8-GPU times
 (DeepEP#303: 12.5 µs all-reduce, 10.6 µs all-gather at 8–128 B) are at or below NCCL's
 estimate, so Hopper keeps it.
 
