@@ -100,13 +100,20 @@ def _pipeline_layout(row: dict, vp: int) -> dict:
     return out
 
 
+#: the ModelZoo table's recompute column -> ``train`` fields (the scripts' flags)
+ZOO_RECOMPUTE = {"full": {"recompute": "full"}, "": {"recompute": "none"},
+                 "norm, act": {"recompute": "selective",
+                               "recompute_modules": ["moe_act", "layernorm"]}}
+
+
 def zoo_config(row: dict) -> dict:
     """A ModelZoo row's run config: the table's plan with the settings its scripts give
     (``data/modelzoo_h100_moe.csv``'s header): BF16, the overlap where the row ran it, the
     distributed optimizer with both overlaps (the parameter gather exposed, as above), fp32
     gradient reduction (the stack's default with --bf16), TE cross-entropy fusion. Full
-    recomputation where the table says ``full``; its selective ``norm, act`` is not modelled
-    (a few element-wise passes): no recomputation."""
+    recomputation where the table says ``full``; its ``norm, act`` is run_235b.sh's
+    ``--recompute-granularity selective --recompute-modules moe_act layernorm``
+    (``train.recompute_modules``)."""
     gpus, tp, pp, cp, vp, ep = _int(row, "gpus", "tp", "pp", "cp", "vp", "ep")
     overlap = row["a2a_overlap"] == "true"
     parallel = {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
@@ -121,7 +128,7 @@ def zoo_config(row: dict) -> dict:
     return {"model": row["preset"], "parallel": parallel,
             "train": {"micro_batch_size": int(row["mbs"]), "global_batch_size": int(row["gbs"]),
                       "seq_length": int(row["seq"]), "dtype": row["precision"],
-                      "recompute": "full" if row["recompute"] == "full" else "none"},
+                      **ZOO_RECOMPUTE[row["recompute"]]},
             "system": {"preset": "dgx-h100", "nodes": gpus // GPUS_PER_NODE,
                        "software": {"stack": STACK, "kernels": {"fused_cross_entropy": True}}}}
 
@@ -131,8 +138,7 @@ def approximated(row: dict) -> str:
     optimizer's parameter all-gather overlapped with the next forward (exposed here), FP8
     current scaling's amax passes (timed as delayed scaling) and the fused router kernels."""
     if row["set"] == "modelzoo":
-        recompute = {"norm, act": ", recompute of norm and act"}.get(row["recompute"], "")
-        return f"param-gather overlap, router kernels{recompute}"
+        return "param-gather overlap, router kernels"
     return "param-gather overlap, FP8-CS amax, router kernels"
 
 

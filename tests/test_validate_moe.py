@@ -96,11 +96,14 @@ def test_modelzoo_rows_are_the_tables_plans_and_rows_1_2_differ_only_in_the_over
         assert int(row["tp"]) * int(row["cp"]) * int(row["pp"]) * int(row["dp"]) == 256
         assert int(row["ep"]) * int(row["etp"]) * int(row["edp"]) == \
             int(row["tp"]) * int(row["dp"])
-        if row["modelled"] != "yes" or row["row"] == "4":   # 4: one layer per chunk, refused
+        if row["modelled"] != "yes":
             continue
         cfg = ddlsim.load_config(vm.config(row))
         assert cfg.world_size == 256 and cfg.dp == int(row["dp"])
         assert cfg.train.dtype == "bf16"
+        if row["recompute"] == "norm, act":   # run_235b.sh's --recompute-modules
+            assert cfg.train.recompute == "selective"
+            assert cfg.train.recompute_modules == ("moe_act", "layernorm")
         assert cfg.parallel.moe.overlap_expert_parallel_comm is (row["a2a_overlap"] == "true")
     a, b = rows[0], rows[1]
     differ = {k for k in a if a[k] != b[k]}
@@ -109,11 +112,19 @@ def test_modelzoo_rows_are_the_tables_plans_and_rows_1_2_differ_only_in_the_over
 
 
 def test_a_row_ddlsim_does_not_model_is_listed_not_predicted():
-    fsdp, pp32 = vm.zoo_rows()[2], vm.zoo_rows()[3]
-    recs = vm.evaluate("analytical", only=[fsdp, pp32])
-    assert [r["result"] for r in recs] == [None, None]
+    fsdp = vm.zoo_rows()[2]
+    recs = vm.evaluate("analytical", only=[fsdp])
+    assert [r["result"] for r in recs] == [None]
     assert "Megatron-FSDP" in recs[0]["skipped"]
-    assert "without a transformer layer" in recs[1]["skipped"]
+
+
+def test_row_4s_split_leaves_the_embedding_and_the_loss_chunks_without_a_layer():
+    """PP 32 x VP 3 over 94 layers + embedding + loss: one unit per chunk, the first chunk
+    the embedding alone and the last the loss alone (Megatron-Core builds them)."""
+    from ddlsim.workloads.decoder.split import chunk_layers
+    cfg = ddlsim.load_config(vm.config(vm.zoo_rows()[3]))
+    split = chunk_layers(cfg)
+    assert split[0] == (0, 1, 1) and split[-1] == (1, 1, 0) and len(split) == 32
 
 
 def test_the_summary_gives_the_overlap_ab_predicted_and_published():

@@ -57,8 +57,6 @@ def test_an_even_split_is_unchanged():
     (32, 4, None, {"num_layers_in_first_pipeline_stage": 8,
                    "account_for_loss_in_pipeline_split": True}, r"cannot be set together"),
     (32, 4, None, {"num_layers_in_last_pipeline_stage": 40}, r"= 40 exceeds"),
-    (7, 4, 2, {"account_for_embedding_in_pipeline_split": True},
-     r"leaves a model chunk without a transformer layer"),
 ])
 def test_an_impossible_split_names_the_field(layers, pp, vpp, split, message):
     with pytest.raises(ddlsim.ConfigError, match=message):

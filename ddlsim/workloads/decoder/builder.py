@@ -297,7 +297,7 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
                  if self.shape.is_moe else 0)
         offset = sum(self.split[stage][:chunk])    # the rank's layers before this chunk
         fwd += self.layer_ops(False, Lc, n_moe)
-        if fwd[:first]:
+        if fwd[:first] and len(fwd) > first:   # a chunk may hold no layer (.split)
             fwd[first] = after(fwd[first], first - 1)
         if k == last_k:
             fwd += self.cached(("head",), lambda: as_ops(self.head_forward()))
@@ -316,7 +316,7 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
                 ops += self._overlapped_layers(sync_ops, start, Lc, offset)
             else:
                 ops += self.layer_ops(True, Lc, n_moe, offset)
-            if ops[:start]:
+            if ops[:start] and len(ops) > start:
                 ops[start] = after(ops[start], start - 1)
             if k > 0:
                 last_compute = next(i for i in range(len(ops) - 1, -1, -1)
@@ -327,9 +327,15 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
 
         blocks = {f"F{chunk}": Block(f"F{chunk}", "forward", tuple(fwd)),
                   f"B{chunk}": Block(f"B{chunk}", "backward", tuple(backward(False)))}
-        if sync_ops:
+        if sync_ops or (sync_ops is not None and Lc == 0 and self._syncs_gradients()):
+            # a chunk without a layer syncs nothing, but the schedule names its .sync block
             blocks[f"B{chunk}.sync"] = Block(f"B{chunk}.sync", "backward", tuple(backward(True)))
         return blocks
+
+    def _syncs_gradients(self) -> bool:
+        """Whether the plan reduces gradients over data parallelism (as
+        :meth:`.dpsync.GradSyncOps.grad_sync_ops` decides)."""
+        return self.gdp > 1 or (self.split_experts and self.plan.edp > 1)
 
     def optimizer_op(self, n_params: float) -> Op:
         """The optimizer step over ``n_params`` parameters: 10 FLOPs and the optimizer's bytes

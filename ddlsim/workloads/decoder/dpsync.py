@@ -127,6 +127,8 @@ class GradSyncOps(StageBase):
         if self.gdp == 1 and edp == 1:
             return []
         layers = self.split[stage][chunk]
+        if layers == 0:   # the embedding's or the loss's chunk alone (.split): the stage's
+            return []     # parameters are shared by its chunks' layers, none to this one
         share = layers / sum(self.split[stage])
         grad_bytes = self.stage_params(stage) * share * self.gdt
         n_seg, per_seg = bucket_runs(grad_bytes, self.bucket_bytes(stage, chunk),

@@ -194,7 +194,7 @@ def resolve_plan(cfg: Any, shape: Any) -> DecoderPlan:
         edp=cfg.mesh.size("edp"), sp=p.sequence_parallel, micro_batch=t.micro_batch_size,
         seq_length=t.seq_length, train_dtype=t.dtype, dtype=dtype,
         dtype_bytes=DTYPE_BYTES[dtype], grad_dtype_bytes=gdt,
-        activation_kinds=MappingProxyType(activation_kinds(cfg)), split=chunk_layers(cfg),
+        activation_kinds=MappingProxyType(activation_kinds(cfg)), split=_split(cfg),
         schedule=p.schedule, microbatches=cfg.num_microbatches,
         combined_1f1b=combined.active(cfg),
         dp_strategy=p.dp_strategy, zero_stage=p.zero_stage, grad_group=group,
@@ -208,6 +208,20 @@ def resolve_plan(cfg: Any, shape: Any) -> DecoderPlan:
         recompute_modules=_recompute_modules(t, shape, sw, p.tp, cfg),
         software=sw, tp_overlap=tp_overlap.mode(cfg), p2p_overlap=p2p_overlapped(cfg),
         moe=resolve_moe(cfg) if shape.is_moe else None, device=cfg.system.device)
+
+
+def _split(cfg: Any) -> tuple:
+    """:func:`.split.chunk_layers`; a chunk without a layer (the embedding's or the loss's
+    alone) is not modelled under Megatron-Core's combined 1F1B, which pairs layers."""
+    split = chunk_layers(cfg)
+    if min(map(min, split)) == 0 and combined.active(cfg):
+        from ...errors import ConfigError
+        raise ConfigError("parallel.moe.overlap_expert_parallel_comm = true with a pipeline "
+                          "chunk that holds no transformer layer (account_for_embedding/loss_"
+                          f"in_pipeline_split; layers per chunk {[list(r) for r in split]}): "
+                          "the combined 1F1B of such a chunk is not modelled; use more layers "
+                          "per chunk (fewer pipeline or virtual stages) or the overlap off")
+    return split
 
 
 def _recompute_modules(t: Any, shape: Any, sw: Any, tp: int, cfg: Any) -> tuple | None:

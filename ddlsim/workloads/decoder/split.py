@@ -9,7 +9,11 @@ d98e8a64, 2026-08):
   input embedding (the loss) counts as one layer of the split, ``L + 1`` (``+ 2``) layers over
   ``PP·VPP`` chunks, and the first chunk of the first stage (the last chunk of the last stage)
   builds one transformer layer fewer. Llama 3.1 405B's 126 layers on PP 8 × VPP 8 are
-  ``128 / 64 = 2`` per chunk, with 1 in the first and in the last.
+  ``128 / 64 = 2`` per chunk, with 1 in the first and in the last. Such a chunk may be left
+  with no layer (Qwen3-235B's 94 layers on PP 32 × VPP 3: ``96 / 96 = 1``, the first chunk
+  the embedding alone, the last the loss alone), which Megatron-Core builds (it asserts
+  ``num_layers_to_build >= 0``, d7288711 transformer_block.py lines 183-196); every other
+  chunk holds at least one layer (each gets at least one of the split's units).
 * ``num_layers_in_first_pipeline_stage`` / ``num_layers_in_last_pipeline_stage``: the first
   (last) stage holds that many layers, the others share the rest evenly; with VPP each stage's
   layers are split evenly over its chunks. These two cannot be combined with the two above.
@@ -51,16 +55,12 @@ def chunk_layers(cfg: Any) -> tuple[tuple[int, ...], ...]:
     p = cfg.parallel
     if p.layers_per_virtual_stage is not None:
         return _given(p, cfg.model.num_hidden_layers)
-    out = _split(cfg.model.num_hidden_layers, p.pp, p.vpp,
-                 p.num_layers_in_first_pipeline_stage, p.num_layers_in_last_pipeline_stage,
-                 bool(p.account_for_embedding_in_pipeline_split),
-                 bool(p.account_for_loss_in_pipeline_split))
-    if min(min(row) for row in out) < 1:
-        raise ValueError(f"this pipeline split leaves a model chunk without a transformer layer "
-                         f"(layers per chunk, stage by stage: {[list(r) for r in out]}); ddlsim "
-                         "models chunks of at least one layer: use fewer pipeline stages or "
-                         "virtual stages")
-    return out
+    # a chunk can be left without a layer only where the embedding or the loss counts as
+    # one (each chunk gets at least one of the split's units): Megatron-Core builds it
+    return _split(cfg.model.num_hidden_layers, p.pp, p.vpp,
+                  p.num_layers_in_first_pipeline_stage, p.num_layers_in_last_pipeline_stage,
+                  bool(p.account_for_embedding_in_pipeline_split),
+                  bool(p.account_for_loss_in_pipeline_split))
 
 
 def _given(p: Any, layers: int) -> tuple[tuple[int, ...], ...]:
