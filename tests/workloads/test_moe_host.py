@@ -9,7 +9,7 @@ import pytest
 
 import ddlsim
 from ddlsim.workloads.decoder import moe_host
-from ddlsim.workloads.decoder.moe_host import DISPATCH_SYNCS, SYNC_WAKE_S, dispatch_sync
+from ddlsim.workloads.decoder.moe_host import DISPATCHER_HOST, SYNC_WAKE_S, dispatcher_host
 from ddlsim.workloads.decoder.moeplan import resolve_moe
 
 pytestmark = pytest.mark.filterwarnings("ignore::ddlsim.errors.DDLSimWarning")
@@ -51,45 +51,52 @@ def _iteration(cfg: dict) -> float:
 @pytest.fixture
 def no_waits(monkeypatch):
     """Every dispatcher as if it never waited (its sizes known on the host)."""
-    for key, sync in list(DISPATCH_SYNCS.items()):
-        monkeypatch.setitem(DISPATCH_SYNCS, key,
-                            dataclasses.replace(sync, waits=lambda plan: False))
+    for key, host in list(DISPATCHER_HOST.items()):
+        monkeypatch.setitem(DISPATCHER_HOST, key,
+                            dataclasses.replace(host, waits_when=lambda plan: False))
 
 
 # ---------------------------------------------------------------- which dispatcher waits
-@pytest.mark.parametrize("dispatcher, pad, after, issue", [
-    (ALLTOALL, False, "router", 3), (ALLTOALL, True, None, 0),
-    (ALLGATHER, False, "gather", 3), (DEEPEP, False, "router", 4),
-    (HYBRIDEP, False, "router", 4), (HYBRIDEP, True, None, 0)])
-def test_dispatchers_wait_as_their_code_does(dispatcher, pad, after, issue):
+@pytest.mark.parametrize("dispatcher, pad, waits", [
+    (ALLTOALL, False, [("router", 1, 4)]), (ALLTOALL, True, None),
+    (ALLGATHER, False, [("dispatch", 1, 3)]),
+    (DEEPEP, False, [("router", 1, 4), ("dispatch", 3, 8)]),
+    (HYBRIDEP, False, [("router", 1, 4)]), (HYBRIDEP, True, None)])
+def test_dispatchers_wait_as_their_code_does(dispatcher, pad, waits):
     # Megatron-LM d7288711: alltoall and HybridEP know every size on the host only when padded
-    # to capacity; DeepEP's dispatch always waits (and cannot pad); allgather's .cpu() always
+    # to capacity; DeepEP's dispatch always waits (and cannot pad), then its multihot
+    # conversion three times more; allgather's .cpu() waits for the gather
     cfg = ddlsim.load_config(qwen3_30b(dispatcher, pad=pad))
-    sync = dispatch_sync(resolve_moe(cfg))
-    if after is None:
-        assert sync is None
+    host = dispatcher_host(resolve_moe(cfg))
+    if waits is None:
+        assert host is None
     else:
-        assert (sync.after, sync.issue_ops) == (after, issue)
-        assert "line" in sync.source
+        assert [(w.after, w.wakes, w.issue_ops) for w in host.waits] == waits
+        assert "line" in host.source and host.work_ops > 0
 
 
 def test_every_dispatcher_names_its_source():
-    assert set(DISPATCH_SYNCS) == {"alltoall", "allgather", "deepep", "hybridep"}
-    assert all(s.source and s.issue_ops > 0 for s in DISPATCH_SYNCS.values())
+    assert set(DISPATCHER_HOST) == {"alltoall", "allgather", "deepep", "hybridep"}
+    assert all(h.source and h.waits for h in DISPATCHER_HOST.values())
 
 
 # ---------------------------------------------------------------- the trace
-def test_the_forward_waits_for_the_router_and_the_dispatch_for_the_issue():
+def test_the_forward_waits_for_the_router_and_the_dispatch_and_the_device_for_the_issue():
     w = ddlsim.build_workload(ddlsim.load_config(qwen3_30b(DEEPEP, layers=1)))
     block = w.classes[0].program.blocks["F0"].flat.ops
     names = [o.payload.name for o in block]
-    wait, issue = names.index("fwd.dispatch.sync"), names.index("fwd.dispatch.issue")
-    dispatch = names.index("fwd.dispatch")
-    assert block[wait].stream == block[issue].stream == "host"
-    assert names[block[wait].deps[0]] == "fwd.router"
-    assert wait in block[issue].deps and issue in block[dispatch].deps
-    assert block[wait].payload.seconds == SYNC_WAKE_S
-    assert len(block[issue].payload.kernels) == 4
+    syncs = [i for i, n in enumerate(names) if n == "fwd.dispatch.sync"]
+    issues = [i for i, n in enumerate(names) if n == "fwd.dispatch.issue"]
+    work, dispatch, sort = (names.index(n) for n in ("fwd.moe.host", "fwd.dispatch", "fwd.sort"))
+    assert {block[i].stream for i in (*syncs, *issues, work)} == {"host"}
+    # the first wait: for the router; the dispatch waits for its issue
+    assert names.index("fwd.router") in block[syncs[0]].deps
+    assert syncs[0] in block[issues[0]].deps and issues[0] in block[dispatch].deps
+    # DeepEP's multihot conversion: three wake-ups after the dispatch, then the permutation
+    assert dispatch in block[syncs[1]].deps and issues[1] in block[sort].deps
+    assert [block[i].payload.seconds for i in syncs] == [SYNC_WAKE_S, 3 * SYNC_WAKE_S]
+    assert [len(block[i].payload.kernels) for i in issues] == [4, 8]
+    assert len(block[work].payload.kernels) == DISPATCHER_HOST["deepep"].work_ops
 
 
 def test_no_backward_pass_waits():
@@ -113,13 +120,14 @@ def test_padded_to_capacity_the_trace_has_no_host_op():
 
 # ---------------------------------------------------------------- the time
 def test_a_wait_exposes_the_wake_and_the_issue_per_forward_layer(no_waits, monkeypatch):
-    # DeepEP: nothing is queued on the device after the router, so each of the 2 forward
-    # layers idles the device for the wake plus 4 host operations of 5.8 µs
+    # DeepEP: nothing is queued on the device after the router, nor after the dispatch, so
+    # each of the 2 forward layers idles the device for 1 + 3 wakes and 4 + 8 host operations
+    # of 5.8 µs; the 47 operations of work run ahead of the device, hidden
     cfg = qwen3_30b(DEEPEP)
     without = _iteration(cfg)
     monkeypatch.undo()
-    assert _iteration(cfg) - without == pytest.approx(2 * (SYNC_WAKE_S + 4 * HOST_OP_S),
-                                                      rel=1e-6)
+    assert _iteration(cfg) - without == pytest.approx(
+        2 * (4 * SYNC_WAKE_S + 12 * HOST_OP_S), rel=1e-6)
 
 
 def test_without_a_wait_nothing_changes(no_waits):
@@ -137,7 +145,7 @@ def test_alltoall_hides_the_wait_behind_permutation_1_where_it_is_longer(no_wait
     without = _iteration(cfg)
     monkeypatch.undo()
     delta = _iteration(cfg) - without
-    assert 0 <= delta <= 2 * (SYNC_WAKE_S + 3 * HOST_OP_S) * (1 + 1e-9)
+    assert 0 <= delta <= 2 * (SYNC_WAKE_S + 4 * HOST_OP_S) * (1 + 1e-9)
 
 
 def test_both_engines_time_the_wait():
@@ -147,14 +155,19 @@ def test_both_engines_time_the_wait():
     assert des == pytest.approx(ana, rel=0.01)
 
 
-def test_the_combined_1f1b_dispatch_node_opens_with_the_wait():
-    from ddlsim.workloads.decoder.combined import moe_layer_nodes
+def test_the_combined_1f1b_forward_nodes_open_with_the_waits():
     from ddlsim.workloads.decoder.builder import StageBuilder
+    from ddlsim.workloads.decoder.combined import moe_layer_nodes
     cfg = ddlsim.load_config(qwen3_30b(DEEPEP))
     b = StageBuilder.from_config(cfg, cfg.model.shape())
-    node = moe_layer_nodes(b, False)["dispatch"]
-    assert [(o.payload.name, o.stream, o.deps) for o in node[:3]] == [
+    nodes = moe_layer_nodes(b, False)
+    assert [(o.payload.name, o.stream, o.deps) for o in nodes["dispatch"][:3]] == [
         ("fwd.dispatch.sync", "host", ()), ("fwd.dispatch.issue", "host", (0,)),
         ("fwd.dispatch", "ep", (1,))]
-    assert not [o for o in moe_layer_nodes(b, True)["dispatch"] if o.stream == "host"]
-    assert moe_host.node_with_sync("fwd", None, "bf16", node[2:]) == node[2:]
+    mlp = nodes["mlp"]
+    assert [(o.payload.name, o.stream) for o in mlp[:2]] == [
+        ("fwd.dispatch.sync", "host"), ("fwd.dispatch.issue", "host")]
+    assert mlp[2].deps == (1,) and mlp[0].payload.seconds == 3 * SYNC_WAKE_S
+    back = moe_layer_nodes(b, True)
+    assert not [o for n in back.values() for o in n if o.stream == "host"]
+    assert moe_host.node_with_waits("fwd", None, "router", "bf16", mlp[2:]) == mlp[2:]

@@ -134,12 +134,14 @@ def moe_layer_nodes(b, backward: bool, delay_wgrad: bool = False) -> dict[str, l
         attn.add(Compute("bwd.grad_accumulate", 0.0, b.grad_accumulate_bytes(dense_p + expert_p),
                          kind="elementwise", dtype=b.dtype))
         comm = (second, [*mem("permute", perm[0]), *first])
-    dispatch = [Op(x, "ep") for x in comm[0]]
-    if not backward:    # the host's wait for the counts, then its issue (.moe_host)
-        from .moe_host import dispatch_sync, node_with_sync
-        dispatch = node_with_sync(pre, dispatch_sync(b.moe), b.dtype, dispatch)
+    dispatch, mlp_ops = [Op(x, "ep") for x in comm[0]], [Op(x) for x in mlp]
+    if not backward:    # the host's waits for the device, then its issue (.moe_host)
+        from .moe_host import dispatcher_host, node_with_waits
+        host = dispatcher_host(b.moe)
+        dispatch = node_with_waits(pre, host, "router", b.dtype, dispatch)
+        mlp_ops = node_with_waits(pre, host, "dispatch", b.dtype, mlp_ops)
     nodes = {"attn": attn.ops, "dispatch": dispatch,
-             "mlp": [Op(x) for x in mlp], "combine": [Op(x, "ep") for x in comm[1]]}
+             "mlp": mlp_ops, "combine": [Op(x, "ep") for x in comm[1]]}
     if wgrad:
         nodes["mlp_wgrad"] = [Op(x) for x in wgrad]
         nodes["attn"], nodes["attn_wgrad"] = _attn_wgrad_split(sh, attn.ops)

@@ -35,7 +35,7 @@ from ..trace import Block, Collective, Compute, Kernel, Loop, Op, Wait
 from .fp8linear import with_fp8_casts
 from .layerkinds import attention_projections, moe_layers_in_stage
 from .moe_dispatch import flex_ops
-from .moe_host import add_dispatch_sync, dispatch_sync
+from .moe_host import add_host_work, add_waits, dispatcher_host
 from .partition import context
 from .partition.base import OpList
 from .stage import StageBase
@@ -283,20 +283,20 @@ class MoEOps(StageBase):
             second = self._gathered(f"{pre}.scatter", True)
             rows = 2 * self.local_experts * self.expert_tokens() * sh.hidden * self.dt
             perm = (rows, 2 * rows)
+        host = None if backward else dispatcher_host(plan)   # the host's waits (.moe_host)
         routed = None if backward else ops.add(router)
+        add_host_work(ops, pre, host, self.dtype)
         if perm[0]:
             ops.add(self._memory(f"{pre}.permute", perm[0]))
-        sync = None if backward else dispatch_sync(plan)   # the host's wait (.moe_host)
-        gather = sync is not None and sync.after == "gather" and bool(first)
-        issued = () if gather else add_dispatch_sync(ops, pre, sync, routed, self.dtype)
+        issued = add_waits(ops, pre, host, "router", routed, self.dtype)
         self._beside(ops, first, shared if overlap else [], issued)
-        if gather:      # allgather: the host waits for the gather, then permutes
-            issued = add_dispatch_sync(ops, pre, sync, len(ops.ops) - 1, self.dtype)
+        issued = add_waits(ops, pre, host, "dispatch", len(ops.ops) - 1 if first else routed,
+                           self.dtype)
         middle = [self._memory(f"{pre}.sort", sorts[0])] if sorts[0] else []
         middle += self._expert_compute(tag, backward)
         middle += [self._memory(f"{pre}.unsort", sorts[1])] if sorts[1] else []
         for j, x in enumerate(middle):
-            ops.add(x, deps=issued if gather and j == 0 else ())
+            ops.add(x, deps=issued if j == 0 else ())
         for x in second:
             ops.add(x)
         if perm[1]:

@@ -1,31 +1,35 @@
-"""The host's wait for the device in each forward dispatch of Megatron-Core's MoE layer.
+"""The host's waits for the device in the forward of Megatron-Core's MoE layer, and the host
+work between them.
 
 Megatron-Core's token dispatchers size their buffers and all-to-all splits on the host from
-token counts the router computed on the device, so the host waits for the device once per MoE
-layer and forward pass (a recomputed forward too), unless the tokens are padded to capacity
-(every size then known on the host). Read at NVIDIA/Megatron-LM d7288711 (2026-04-09, the
-commit Megatron-Bridge v0.4.0 pins), ``megatron/core/transformer/moe/``:
+token counts computed on the device, so the host waits for the device in every MoE layer's
+forward (a recomputed forward too), unless the tokens are padded to capacity (every size then
+known on the host). Read at NVIDIA/Megatron-LM d7288711 (2026-04-09, the commit
+Megatron-Bridge v0.4.0 pins), ``megatron/core/transformer/moe/``:
 
-==========  ================================================================================
-dispatcher  where the host waits (forward); what it waits for
-==========  ================================================================================
-alltoall    ``token_dispatcher.py`` line 904 (``_maybe_dtoh_and_synchronize``:
-            ``d2h_event.synchronize()``) at the sync point ``preprocess`` picks (lines
-            519-587: ``before_ep_alltoall`` with EP or expert TP > 1, ``before_permutation_1``
-            with a capacity factor, ``before_finish`` otherwise; none with
-            ``moe_pad_expert_input_to_capacity``); the event was recorded after the token
-            counts' copies at ``before_permutation_1`` (lines 446, 631): the host waits for
-            the router and the counts' all-gather, not for permutation 1 issued after them
-allgather   line 295 (``dispatch_postprocess``: ``local_map.sum(dim=0).long().cpu()``), after
-            the hidden states' all-gather: the host waits for the gather
-flex/DeepEP ``fused_a2a.py`` lines 104-125 (``buffer.dispatch``: "the CPU will wait for GPU's
-            signal to arrive", the received counts): after the router and the layout kernel;
-            always (DeepEP with padding is refused, ``deepep_no_pad``)
-flex/Hybr.  ``fused_a2a.py`` lines 365-367 (``non_blocking`` only when
-            ``num_permuted_tokens`` is given) and ``token_dispatcher.py`` lines 1007-1024
-            (given only with padding to capacity): the blocking dispatch waits for the
-            received counts
-==========  ================================================================================
+===========  =====================================================================================
+dispatcher   where the host waits (forward) and for what
+===========  =====================================================================================
+alltoall     ``token_dispatcher.py`` line 904 (``_maybe_dtoh_and_synchronize``:
+             ``d2h_event.synchronize()``) at the sync point ``preprocess`` picks (lines 519-587:
+             ``before_ep_alltoall`` with EP or expert TP > 1, ``before_permutation_1`` with a
+             capacity factor, ``before_finish`` otherwise; none with
+             ``moe_pad_expert_input_to_capacity``); the event is recorded after the counts'
+             copies at ``before_permutation_1`` (lines 446, 631): the host waits for the router
+             and the counts' all-gather, not for permutation 1 issued after them
+allgather    line 295 (``dispatch_postprocess``: ``local_map.sum(dim=0).long().cpu()``), after the
+             hidden states' all-gather: the host waits for the gather
+flex/DeepEP  ``fused_a2a.py`` lines 104-125 (``buffer.dispatch``: "the CPU will wait for GPU's
+             signal to arrive", the received counts), after the router; then, once the tokens
+             have arrived, three more in ``_DeepepManager._indices_to_multihot``
+             (``token_dispatcher.py`` lines 1225, 1226, 1230: ``indices[mask]``,
+             ``repeat_interleave`` of a device tensor, ``probs[mask]``), the path taken unless
+             ``is_experimental_enabled()`` (off by default) and permute fusion (lines 1288-1295);
+             always (DeepEP with padding is refused, ``deepep_no_pad``)
+flex/HybrEP  ``fused_a2a.py`` lines 365-367 (``non_blocking`` only when ``num_permuted_tokens`` is
+             given) and ``token_dispatcher.py`` lines 1007-1024 (given only with padding to
+             capacity): the blocking dispatch waits for the received counts
+===========  =====================================================================================
 
 No backward pass waits: the all-to-all's backward reuses the forward's splits, already on the
 host; DeepEP's and HybridEP's backward kernels reuse the forward's handle
@@ -33,16 +37,26 @@ host; DeepEP's and HybridEP's backward kernels reuse the forward's handle
 The experts' ``tokens_per_expert.tolist()`` (``experts.py`` lines 344, 817) reads counts already
 on the host.
 
-**In the trace** (:func:`add_dispatch_sync`): two ops on a ``host`` stream, ``*.dispatch.sync``
-— the host's wait, which starts when the device op it waits for has finished and lasts the
-round trip of the wake-up (:data:`SYNC_WAKE_S`) — then ``*.dispatch.issue``, the torch
-operations the host runs before it launches the dispatch again (:data:`DispatchSync.issue_ops`,
-timed by the device's host rule, :func:`~ddlsim.simulator.kernels.device.op_time`: ``n`` host
-operations of no device time take ``n·h``); the dispatch (the op after the wait) starts only
-once the issue has ended. The device idles meanwhile unless it still has work issued before the
-wait (alltoall: permutation 1). What runs on the host before the wait (the router's and the
-dispatcher's Python) is not counted: no published host time of it was found, and ddlsim's host
-rule charges each op's launches already.
+**Host operations, counted** in the same code, one per call into torch (a torch function or
+tensor method, an autograd ``Function.apply``, a Transformer Engine or DeepEP entry point, a
+``torch.distributed`` call, a stream or event call; not what runs inside TE or DeepEP), with the
+fused router and fused permutation the validated runs use (``--moe-router-fusion``,
+``--moe-permute-fusion``; unfused, the torch fallbacks add ops not counted here), aux-loss
+balancing, no shared experts, expert TP 1 (:data:`DISPATCHER_HOST`). ``issue_ops`` are the
+operations from a wait's return to the next launch, while the device has nothing left to do;
+``work_ops`` the rest of the layer's forward MoE code, which the host runs ahead of the device
+between one layer's last wait and the next layer's first.
+
+**In the trace** (non-overlapped layers, :meth:`.moe.MoEOps._moe_block`): on a ``host`` stream,
+``*.moe.host`` (the ``work_ops``, no deps: the host runs ahead), then per wait
+``*.dispatch.sync`` — it starts when the awaited device op has ended and the host is free, and
+lasts ``wakes`` × :data:`SYNC_WAKE_S` — and ``*.dispatch.issue`` (``issue_ops`` operations);
+the next device op (the dispatch, or after a post-dispatch wait the expert path) starts only
+once the issue has ended. Host operations of no device time are timed by the device's host rule
+(:func:`~ddlsim.simulator.kernels.device.op_time`: ``n`` of them take ``n·h``, ``h`` = the
+stack's host time per operation), so both engines time them alike. Under Megatron-Core's
+combined 1F1B (:mod:`.combined`) the waits open the forward's ``dispatch`` node (the router's)
+and ``mlp`` node (DeepEP's post-dispatch waits); the host's ``work_ops`` are not put there.
 """
 
 from __future__ import annotations
@@ -53,8 +67,8 @@ from typing import Any
 
 from ..trace import Compute, Kernel, Op
 
-__all__ = ["DispatchSync", "DISPATCH_SYNCS", "SYNC_WAKE_S", "dispatch_sync",
-           "add_dispatch_sync", "node_with_sync", "sync_ops"]
+__all__ = ["HostWait", "DispatcherHost", "DISPATCHER_HOST", "SYNC_WAKE_S", "dispatcher_host",
+           "add_host_work", "add_waits", "node_with_waits"]
 
 #: Seconds from the device's completion of the awaited work to the host running again after a
 #: device→host copy and its event's synchronisation: a PyTorch microbenchmark of a
@@ -65,42 +79,65 @@ SYNC_WAKE_S = 26.11e-6
 
 
 @dataclass(frozen=True)
-class DispatchSync:
-    """One dispatcher's host wait in a forward pass: whether the plan has it (``waits``),
-    which op it waits for (``after``: ``"router"``, the last compute op before the dispatch,
-    or ``"gather"``, the dispatch collective itself), how many torch operations the host runs
-    after it before the next launch (``issue_ops``), and where the code says so (``source``)."""
+class HostWait:
+    """One wait of the host in a forward MoE layer: for what (``after``: ``"router"``, the
+    last compute op before the dispatch, or ``"dispatch"``, the dispatch's collectives), how
+    many wake-ups it chains (``wakes``) and how many host operations follow it before the next
+    launch (``issue_ops``)."""
 
-    waits: Callable[[Any], bool]
     after: str
+    wakes: int
     issue_ops: int
+
+
+@dataclass(frozen=True)
+class DispatcherHost:
+    """A dispatcher's host side in one forward MoE layer: whether the plan waits at all
+    (``waits_when``), its ``waits`` in order, the other counted host operations
+    (``work_ops``) and where each was read and counted (``source``)."""
+
+    waits_when: Callable[[Any], bool]
+    waits: tuple[HostWait, ...]
+    work_ops: int
     source: str
 
 
-#: dispatcher (``flex`` by backend) → its host wait (Megatron-LM d7288711; module docstring)
-DISPATCH_SYNCS: dict[str, DispatchSync] = {
-    "alltoall": DispatchSync(
-        lambda plan: not plan.pad, "router", 3,
-        "token_dispatcher.py lines 519-587, 904; issue: tensor_parallel/mappings.py "
-        "_AllToAll.forward lines 433-444 (contiguous, new_empty, all_to_all_single)"),
-    "allgather": DispatchSync(
-        lambda plan: True, "gather", 3,
-        "token_dispatcher.py lines 295-302; issue: tokens_per_expert.sum().item() on the "
-        "host copy, moe_utils.permute's output allocation and launch"),
-    "deepep": DispatchSync(
-        lambda plan: True, "router", 4,
-        "fused_a2a.py lines 104-125; issue: DeepEP Buffer.dispatch allocates recv_x, "
-        "recv_topk_idx, recv_topk_weights and launches the dispatch kernel"),
-    "hybridep": DispatchSync(
-        lambda plan: not plan.pad, "router", 4,
-        "fused_a2a.py lines 365-384, token_dispatcher.py lines 1007-1024; issue: the "
-        "dispatched hidden states', probabilities' and counts' allocations and the launch"),
+#: dispatcher (``flex`` by backend) → its host side (Megatron-LM d7288711; module docstring)
+DISPATCHER_HOST: dict[str, DispatcherHost] = {
+    "alltoall": DispatcherHost(
+        lambda plan: not plan.pad, (HostWait("router", 1, 4),), 72,
+        "wait: token_dispatcher.py lines 519-587, 904; issue: the tokens' all_to_all "
+        "(tensor_parallel/mappings.py _AllToAll lines 422-444: apply, contiguous, new_empty, "
+        "all_to_all_single); work: router 16 (router.py 681-709, 587-673; moe_utils.py "
+        "227-246, 1231-1241, 1376-1393), dispatch_preprocess 36 (token_dispatcher.py 497-587, "
+        "600-645, 867-907), the probs' all_to_all 4 (668-677), dispatch_postprocess 2 "
+        "(680-748), experts 5 (experts.py 330-400), combine_preprocess 3, token_combine 4, "
+        "combine_postprocess 2 (751-854)"),
+    "allgather": DispatcherHost(
+        lambda plan: True, (HostWait("dispatch", 1, 3),), 46,
+        "wait: token_dispatcher.py line 295; issue: sum().item() of the host copy, permute; "
+        "work: router 16, the hidden states', probs' and routing map's all-gathers 9, "
+        "dispatch_postprocess 6, the local probs 5, experts 5, combine 5 (lines 180-330)"),
+    "deepep": DispatcherHost(
+        lambda plan: True, (HostWait("router", 1, 4), HostWait("dispatch", 3, 8)), 47,
+        "waits: fused_a2a.py lines 104-125, token_dispatcher.py 1225, 1226, 1230; issues: "
+        "Buffer.dispatch's three allocations and launch; arange, sum, repeat_interleave, "
+        "index_put, masked index, index_put, bool, permute (1203-1232, 1287-1320); work: "
+        "router 16, dispatch_preprocess 12 (1160-1171, 1390-1411), FusedDispatch to the wait 3, "
+        "after it 2 (fused_a2a.py 73-137), multihot before its first wait 3, token counts 1, "
+        "experts 5, un-permutation and combine 5 (1322-1333, fused_a2a.py 163-190)"),
+    "hybridep": DispatcherHost(
+        lambda plan: not plan.pad, (HostWait("router", 1, 4),), 37,
+        "wait: fused_a2a.py lines 365-384, token_dispatcher.py 1007-1024; issue: the "
+        "dispatched tensors' allocations and the launch; work: router 16, dispatch_preprocess "
+        "11 (1007-1026, 1390-1411), HybridEPDispatch.apply 1, token count 1, experts 5, "
+        "combine 3 (1063-1081, fused_a2a.py 409-440)"),
 }
 
 
-def dispatch_sync(plan: Any) -> DispatchSync | None:
-    """The host wait of a resolved MoE plan's forward dispatch (:data:`DISPATCH_SYNCS`), or
-    None when its dispatcher does not wait (padding to capacity).
+def dispatcher_host(plan: Any) -> DispatcherHost | None:
+    """The host side of a resolved MoE plan's forward (:data:`DISPATCHER_HOST`), or None when
+    its dispatcher does not wait (padding to capacity).
 
     Parameters
     ----------
@@ -109,43 +146,48 @@ def dispatch_sync(plan: Any) -> DispatchSync | None:
 
     Returns
     -------
-    DispatchSync or None
+    DispatcherHost or None
     """
     key = plan.flex_backend if plan.dispatcher == "flex" else plan.dispatcher
-    sync = DISPATCH_SYNCS.get(key)
-    return sync if sync is not None and sync.waits(plan) else None
+    host = DISPATCHER_HOST.get(key)
+    return host if host is not None and host.waits_when(plan) else None
 
 
-def sync_ops(pre: str, sync: DispatchSync, dtype: str) -> tuple[Compute, Compute]:
-    """The host's wait and its issue as two compute ops for the ``host`` stream: the wait
-    (``seconds`` = :data:`SYNC_WAKE_S`) and the issue (``issue_ops`` operations with no
-    device time, timed by the device's host rule).
+def _host_op(name: str, operations: int, dtype: str) -> Compute:
+    """``operations`` host operations of no device time, timed by the device's host rule."""
+    return Compute(name, 0.0, kind="elementwise", dtype=dtype,
+                   kernels=(Kernel("memory"),) * operations)
+
+
+def _wait_ops(pre: str, wait: HostWait, dtype: str) -> tuple[Compute, Compute]:
+    return (Compute(f"{pre}.dispatch.sync", 0.0, kind="elementwise", dtype=dtype,
+                    seconds=wait.wakes * SYNC_WAKE_S),
+            _host_op(f"{pre}.dispatch.issue", wait.issue_ops, dtype))
+
+
+def add_host_work(ops: Any, pre: str, host: DispatcherHost | None, dtype: str) -> None:
+    """Append the layer's counted host work (``work_ops``) on the ``host`` stream, with no
+    deps: the host runs it ahead of the device, up to its next wait.
 
     Parameters
     ----------
+    ops : OpList
+        the layer body being built.
     pre : str
         the ops' name prefix (``fwd``, ``recompute``).
-    sync : DispatchSync
-        the dispatcher's wait.
+    host : DispatcherHost or None
+        the dispatcher's host side (None: nothing is added).
     dtype : str
-        the ops' dtype (no FLOPs: only labels them).
-
-    Returns
-    -------
-    tuple of Compute
-        ``(wait, issue)``.
+        the op's dtype label (no FLOPs).
     """
-    wait = Compute(f"{pre}.dispatch.sync", 0.0, kind="elementwise", dtype=dtype,
-                   seconds=SYNC_WAKE_S)
-    issue = Compute(f"{pre}.dispatch.issue", 0.0, kind="elementwise", dtype=dtype,
-                    kernels=(Kernel("memory"),) * sync.issue_ops)
-    return wait, issue
+    if host is not None and host.work_ops:
+        ops.add(_host_op(f"{pre}.moe.host", host.work_ops, dtype), "host")
 
 
-def add_dispatch_sync(ops: Any, pre: str, sync: DispatchSync | None, awaited: int | None,
-                      dtype: str) -> tuple[int, ...]:
-    """Append the host's wait for op ``awaited`` and its issue to ``ops`` (an
-    :class:`~.partition.base.OpList`) on the ``host`` stream.
+def add_waits(ops: Any, pre: str, host: DispatcherHost | None, after: str,
+              awaited: int | None, dtype: str) -> tuple[int, ...]:
+    """Append the host's waits of ``host`` that follow ``after`` (``"router"`` or
+    ``"dispatch"``), each waiting for op ``awaited``, and their issue, on the ``host`` stream.
 
     Parameters
     ----------
@@ -153,50 +195,65 @@ def add_dispatch_sync(ops: Any, pre: str, sync: DispatchSync | None, awaited: in
         the layer body being built.
     pre : str
         the ops' name prefix.
-    sync : DispatchSync or None
-        the dispatcher's wait (None: nothing is added).
+    host : DispatcherHost or None
+        the dispatcher's host side (None: nothing is added).
+    after : str
+        which waits: those after the router or after the dispatch.
     awaited : int or None
-        index of the op the host waits for.
+        index of the device op the host waits for.
     dtype : str
         the ops' dtype label.
 
     Returns
     -------
     tuple of int
-        the deps the dispatch's first op must add (the issue), or ``()`` without a wait.
+        the deps the next device op must add (the last issue), or ``()`` without a wait.
     """
-    if sync is None or awaited is None:
-        return ()
-    wait, issue = sync_ops(pre, sync, dtype)
-    w = ops.add(wait, "host", (awaited,))
-    return (ops.add(issue, "host", (w,)),)
+    issued: tuple[int, ...] = ()
+    for wait in (() if host is None or awaited is None else host.waits):
+        if wait.after != after:
+            continue
+        sync, issue = _wait_ops(pre, wait, dtype)
+        w = ops.add(sync, "host", (awaited,))
+        issued = (ops.add(issue, "host", (w,)),)
+    return issued
 
 
-def node_with_sync(pre: str, sync: DispatchSync | None, dtype: str,
-                   dispatch: list[Op]) -> list[Op]:
-    """A combined-1F1B forward ``dispatch`` node (:mod:`.combined`) with the host's wait and
-    issue first, on the ``host`` stream: the node's first op waits for the node before it
-    (the ``attn`` node, whose router gives the counts), and the dispatch's first collective
-    waits for the issue. Without a wait (or an empty node), ``dispatch`` as it is.
+def node_with_waits(pre: str, host: DispatcherHost | None, after: str, dtype: str,
+                    node: list[Op]) -> list[Op]:
+    """A combined-1F1B forward node (:mod:`.combined`: ``dispatch`` for the waits after the
+    router, ``mlp`` for those after the dispatch) opened by the host's waits and issues on the
+    ``host`` stream: the node's first op waits for the node before it on its side (the
+    ``attn`` node, or the dispatch), and the node's own first op waits for the last issue.
+    Without such a wait (or an empty node), ``node`` as it is.
 
     Parameters
     ----------
     pre : str
         the ops' name prefix.
-    sync : DispatchSync or None
-        the dispatcher's wait.
+    host : DispatcherHost or None
+        the dispatcher's host side.
+    after : str
+        ``"router"`` or ``"dispatch"``.
     dtype : str
         the ops' dtype label.
-    dispatch : list of Op
-        the node's collectives, with no deps.
+    node : list of Op
+        the node's ops, their deps indexing it.
 
     Returns
     -------
     list of Op
     """
-    if sync is None or not dispatch:
-        return dispatch
-    wait, issue = sync_ops(pre, sync, dtype)
-    first, *rest = dispatch
-    return [Op(wait, "host"), Op(issue, "host", (0,)),
-            Op(first.payload, first.stream, (1,), first.repeat), *rest]
+    waits = [w for w in (host.waits if host is not None else ()) if w.after == after]
+    if not waits or not node:
+        return node
+    head: list[Op] = []
+    for wait in waits:
+        sync, issue = _wait_ops(pre, wait, dtype)
+        head += [Op(sync, "host", (len(head) - 1,) if head else ()),
+                 Op(issue, "host", (len(head),))]
+    n = len(head)
+    first, *rest = node
+    return [*head, Op(first.payload, first.stream, (*(d + n for d in first.deps), n - 1),
+                      first.repeat),
+            *(Op(o.payload, o.stream, tuple(d + n for d in o.deps), o.repeat) for o in rest)]
