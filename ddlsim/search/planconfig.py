@@ -184,9 +184,19 @@ def group_rules(plans: PlanSet, ctx_cfgs: list, base: Any, sections: dict,
     from .plans import flat
 
     base = _as_what_if(base)
+    verdicts: dict[str, str | None] = {}   # a probe asked by two groups is built once
 
-    def build(plan: Mapping[str, Any]) -> Any:
-        return plan_config(sections, base, plan)
+    def judge(plan: Mapping[str, Any]) -> str | None:
+        """The config's message (less its advice) for ``plan``, or None when it validates."""
+        # the values are the config's scalars, lists and mappings: one repr, one value
+        key = repr(sorted(plan.items()))
+        if key not in verdicts:
+            try:
+                plan_config(sections, base, plan)
+                verdicts[key] = None
+            except ConfigError as exc:
+                verdicts[key] = first_clause(str(exc))
+        return verdicts[key]
 
     f = plans if plans.grid is None else plans.grid
     full = np.shape(plans["tp"]) if plans.grid is None else plans.shape
@@ -203,10 +213,8 @@ def group_rules(plans: PlanSet, ctx_cfgs: list, base: Any, sections: dict,
         for j, combo in enumerate(combos.tolist()):
             if ctx_cfgs[combo[-1]] is None or not wanted[j]:
                 continue
-            try:
-                build(_probe(plans.contexts[combo[-1]], fields, combo[:-1]))
-            except ConfigError as exc:
-                text = first_clause(str(exc))
+            text = judge(_probe(plans.contexts[combo[-1]], fields, combo[:-1]))
+            if text is not None:
                 if text not in texts:
                     texts.append(text)
                 verdict[j] = texts.index(text)
