@@ -140,7 +140,9 @@ def test_compiled_torchao_casts_that_write_a_transpose_run_at_inductors_measured
     from ddlsim.simulator.kernels.fp8recipe import FP8_PASS_KERNELS, fp8_pass_efficiency
     # pytorch/pytorch#133242: ~1.4 TB/s for the cast + transpose, ~2.2 for the other casts
     assert fp8_pass_efficiency("inductor_transpose") == pytest.approx(1.4 / 2.2)
-    assert fp8_pass_efficiency("") == 1.0 and list(FP8_PASS_KERNELS) == ["inductor_transpose"]
+    assert fp8_pass_efficiency("") == 1.0
+    assert list(FP8_PASS_KERNELS) == ["inductor_transpose", "inductor_rowwise",
+                                      "inductor_rowwise_transpose"]
 
     def slow(recipe, compiled):
         return sum(k.bytes for bwd in (False, True)
@@ -148,8 +150,8 @@ def test_compiled_torchao_casts_that_write_a_transpose_run_at_inductors_measured
                    if k.variant == "inductor_transpose")
     # tensorwise: x and g cast to both layouts (4 B each), w's backward cast (3 B)
     assert slow("tensorwise", True) == pytest.approx(4 * M * K + 4 * M * N + 3 * K * N)
-    # rowwise: x and g with their bf16 transposes (3 B compiled), w's bf16 transpose (4 B)
-    assert slow("rowwise", True) == pytest.approx(3 * M * K + 3 * M * N + 4 * K * N)
+    # rowwise: w's bf16 transpose (4 B); its x and g passes take the fitted rowwise kernels
+    assert slow("rowwise", True) == pytest.approx(4 * K * N)
     # eager ops and Transformer Engine's own cast-transpose kernel: no such pass
     assert slow("tensorwise", False) == slow("te_delayed", True) == 0
 
@@ -162,3 +164,47 @@ def test_a_slower_pass_takes_longer_by_its_bandwidth_share():
     slow = kernel_time(Kernel("memory", bytes=1e9, variant="inductor_transpose"), dev)
     assert plain == pytest.approx(1e9 / 2e12)
     assert slow == pytest.approx(plain * 2.2 / 1.4)
+
+
+def test_compiled_rowwise_input_and_gradient_passes_and_rescales_take_the_fitted_share():
+    # ROWWISE_PASS_SHARE is fitted to torchao's LayerNorm -> Linear -> Sigmoid table
+    # (benchmarks/fit_fp8_rowwise_passes.py); it applies to x and g passes (the transposing
+    # ones at the transposing share too) and to the rescales, never to the weight's passes
+    from ddlsim.simulator.kernels.fp8recipe import (ROWWISE_PASS_SHARE, fp8_pass_efficiency,
+                                                    fp8_rescale_kernels)
+    kinds = {}
+    for bwd in (False, True):
+        for k in fp8_cast_kernels("rowwise", M, N, K, bwd, True):
+            kinds[k.variant] = kinds.get(k.variant, 0) + k.bytes
+    assert kinds == {"inductor_rowwise_transpose": pytest.approx(3 * M * K + 3 * M * N),
+                     "inductor_rowwise": pytest.approx(3 * M * N + 3 * M * K),
+                     "inductor_transpose": pytest.approx(4 * K * N),
+                     "": pytest.approx(3 * K * N + 3 * K * N)}
+    assert fp8_pass_efficiency("inductor_rowwise") == ROWWISE_PASS_SHARE
+    assert fp8_pass_efficiency("inductor_rowwise_transpose") == pytest.approx(
+        ROWWISE_PASS_SHARE * 1.4 / 2.2)
+    assert {k.variant for k in fp8_rescale_kernels("rowwise", M, N, K)} == {"inductor_rowwise"}
+    # eager: no Inductor kernels, so no share of theirs on the casts
+    assert {k.variant for bwd in (False, True)
+            for k in fp8_cast_kernels("rowwise", M, N, K, bwd, False)} == {""}
+    # tensorwise keeps its kernels
+    assert "inductor_rowwise" not in {k.variant for bwd in (False, True)
+                                      for k in fp8_cast_kernels("tensorwise", M, N, K, bwd, True)}
+
+
+def test_the_fitted_share_is_what_its_script_fits():
+    # the share minimises the fit shapes' mean |error| on the script's 0.01 grid (checked at
+    # its neighbours, not by re-running the whole search) and improves the held-out shapes
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    import fit_fp8_rowwise_passes as ff
+    import validate_fp8_linear as vf
+    from ddlsim.simulator.kernels.fp8recipe import ROWWISE_PASS_SHARE as share
+    dev, sw = vf.device_and_stack()
+    fit_rows, held = ff.shapes()
+    here, below, above = (ff.mean_abs(ff.errors(x, fit_rows, dev, sw))
+                          for x in (share, round(share - 0.01, 2), round(share + 0.01, 2)))
+    assert here < below and here < above
+    assert ff.mean_abs(ff.errors(share, held, dev, sw)) < ff.mean_abs(
+        ff.errors(1.0, held, dev, sw))
