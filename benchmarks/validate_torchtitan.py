@@ -12,7 +12,8 @@ row's system preset, with the row's settings (a ``fused_rmsnorm`` row: ``fused_l
 (ZeRO-3, inside the pipeline stages where PP > 1), TP with sequence parallelism, async TP as
 ``tp_comm_overlap: torch_async`` (torch's fused all-gather-matmul and matmul-reduce-scatter,
 ``ddlsim/workloads/decoder/torch_tp.py``), CP's default ``allgather`` rotation as ``cp_comm_type:
-all_gather``, ``compile`` as the stack's ``compile``, op-level selective AC
+all_gather`` (compiled, so each exchange of the ring is waited as soon as it is issued:
+``partition/torch_cp.py``), ``compile`` as the stack's ``compile``, op-level selective AC
 as ``recompute: selective`` under the stack's ``every_second_mm`` policy, ``selective_ac_option
 '2'`` as ``recompute: full`` with ``recompute_every_n_layers: 2``, the pipelined rows'
 micro-batches and layer split as torchtitan derives them (CSV header). No per-row factors and
@@ -24,8 +25,9 @@ The published iteration time is ``global_batch · seq / (tokens/s/GPU · GPUs)``
 * ``≈ fp8``: float8 runs as ddlsim's ``fp8`` with the row's recipe as torchao runs it
   (``fp8_recipe``: tensorwise or rowwise; docs/compute.md, "FP8": its cast passes from
   torchao's roofline model, each GEMM's kernel, rowwise's rescale passes, one FP8 linear per
-  ``nn.Linear``), but the cast kernels at the roofline of their bytes (torchao's per-linear
-  table measures rowwise's slower where they dominate: ``validate_fp8_linear.py``) and fast
+  ``nn.Linear``), the compiled rowwise recipe's input/gradient passes and rescales at the
+  bandwidth share fitted to half of torchao's per-linear table (``ROWWISE_PASS_SHARE``,
+  ``fit_fp8_rowwise_passes.py``; the other casts at the roofline of their bytes), and fast
   accumulation at the split accumulator's ceiling. The rows whose config turns on FSDP's
   float8 all-gather with precomputed scales (CSV column ``fsdp_float8_all_gather``: the 2024
   405B rows but ``FSDP 1, CP 8``) set the stack's ``enable_fsdp_float8_all_gather`` and
