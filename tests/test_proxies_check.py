@@ -40,6 +40,17 @@ def test_one_rank_is_the_usleeps_alone():
     assert got == pytest.approx({"analytical": DLRM_SLEEP_S, "des": DLRM_SLEEP_S}, rel=1e-9)
 
 
+def test_more_ranks_than_cores_share_them():
+    """Past kvm-2core's 2 cores each rank is a device of 2/n of a core (topologies.sharedcores);
+    at 2 ranks and below the preset is used as it is."""
+    assert pc._system_sets(2) == ["system.preset=kvm-2core", "system.nodes=1"]
+    four = pc._system_sets(4)
+    assert "system.devices_per_node=4" in four
+    assert f"system.device.peak_flops.fp32={134.4e9 / 2!r}" in four
+    got = pc.predict(pc.PROXIES["dlrm"], 4, None)
+    assert all(t >= DLRM_SLEEP_S for t in got.values())
+
+
 def test_calibration_range_follows_the_closed_loops_rule():
     # smallest 198,144 B -> half is 99,072 -> 2**16; largest 2,897,924 B -> 2**22 x 8
     assert pc.calibration_range([198144, 1048576, 2897924]) == (2 ** 16, 2 ** 25)
@@ -54,8 +65,9 @@ def test_every_proxy_config_is_refused_on_two_cores_with_ddlsims_reason():
 
 def test_summary_line_counts_runs_engines_and_refusals():
     rows = [{"error_analytical": -0.1, "error_des": 0.3}, {"error_analytical": 0.2}]
-    assert pc.summary_line(rows, 4) == ("proxies: 2 runs, max |error| 30.0 %, mean 20.0 %; "
-                                        "4 refused (more ranks than cores)")
+    assert pc.summary_line(rows, 4) == (
+        "proxies: 2 runs, max |error| 30.0 %, mean 20.0 % (analytical mean 15.0 %, des mean "
+        "30.0 %); 4 refused (more ranks than cores)")
     assert pc.summary_line([], 12) == "proxies: 0 runs; 12 refused (more ranks than cores)"
 
 
