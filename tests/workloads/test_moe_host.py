@@ -171,3 +171,14 @@ def test_the_combined_1f1b_forward_nodes_open_with_the_waits():
     back = moe_layer_nodes(b, True)
     assert not [o for n in back.values() for o in n if o.stream == "host"]
     assert moe_host.node_with_waits("fwd", None, "router", "bf16", mlp[2:]) == mlp[2:]
+
+
+def test_the_hosts_work_binds_only_where_it_outlasts_the_device(monkeypatch):
+    # the work after a layer's last issue runs ahead of the device until the next layer's
+    # wait: with the published 115 µs per TE linear it is hidden; at 5 ms per linear (20 ms of
+    # host work per layer) the second layer's wait starts late, the first layer's does not
+    base = {n: _iteration(qwen3_30b(DEEPEP, layers=n)) for n in (1, 2)}
+    monkeypatch.setattr(moe_host, "TE_LINEAR_HOST_S", 5e-3)
+    slow = {n: _iteration(qwen3_30b(DEEPEP, layers=n)) for n in (1, 2)}
+    assert slow[1] == base[1]
+    assert 15e-3 < slow[2] - base[2] < 20e-3

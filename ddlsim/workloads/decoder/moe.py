@@ -285,13 +285,13 @@ class MoEOps(StageBase):
             perm = (rows, 2 * rows)
         host = None if backward else dispatcher_host(plan)   # the host's waits (.moe_host)
         routed = None if backward else ops.add(router)
-        add_host_work(ops, pre, host, self.dtype)
         if perm[0]:
             ops.add(self._memory(f"{pre}.permute", perm[0]))
         issued = add_waits(ops, pre, host, "router", routed, self.dtype)
         self._beside(ops, first, shared if overlap else [], issued)
         issued = add_waits(ops, pre, host, "dispatch", len(ops.ops) - 1 if first else routed,
                            self.dtype)
+        add_host_work(ops, pre, host, self.dtype)   # to the next layer's wait
         middle = [self._memory(f"{pre}.sort", sorts[0])] if sorts[0] else []
         middle += self._expert_compute(tag, backward)
         middle += [self._memory(f"{pre}.unsort", sorts[1])] if sorts[1] else []

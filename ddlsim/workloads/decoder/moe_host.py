@@ -45,14 +45,18 @@ fused router and fused permutation the validated runs use (``--moe-router-fusion
 balancing, no shared experts, expert TP 1 (:data:`DISPATCHER_HOST`). ``issue_ops`` are the
 operations from a wait's return to the next launch, while the device has nothing left to do;
 ``work_ops`` the rest of the layer's forward MoE code, which the host runs ahead of the device
-between one layer's last wait and the next layer's first.
+between one layer's last wait and the next layer's first, with the layer's Transformer Engine
+linear modules at their published host time (:data:`TE_LINEAR_HOST_S`).
 
 **In the trace** (non-overlapped layers, :meth:`.moe.MoEOps._moe_block`): on a ``host`` stream,
-``*.moe.host`` (the ``work_ops``, no deps: the host runs ahead), then per wait
-``*.dispatch.sync`` — it starts when the awaited device op has ended and the host is free, and
-lasts ``wakes`` × :data:`SYNC_WAKE_S` — and ``*.dispatch.issue`` (``issue_ops`` operations);
-the next device op (the dispatch, or after a post-dispatch wait the expert path) starts only
-once the issue has ended. Host operations of no device time are timed by the device's host rule
+per wait ``*.dispatch.sync`` — it starts when the awaited device op has ended and the host is
+free, and lasts ``wakes`` × :data:`SYNC_WAKE_S` — and ``*.dispatch.issue`` (``issue_ops``
+operations); the next device op (the dispatch, or after a post-dispatch wait the expert path)
+starts only once the issue has ended. After the layer's last issue, ``*.moe.host`` and
+``*.moe.host.te``: the host's work up to the next layer's first wait, run ahead of the device
+(no deps), so it binds only when it outlasts the device's work over the same span. A block's
+first MoE layer has no work before its wait: the host arrives from the backward before it,
+which has no wait and lets it run ahead. Host operations of no device time are timed by the device's host rule
 (:func:`~ddlsim.simulator.kernels.device.op_time`: ``n`` of them take ``n·h``, ``h`` = the
 stack's host time per operation), so both engines time them alike. Under Megatron-Core's
 combined 1F1B (:mod:`.combined`) the waits open the forward's ``dispatch`` node (the router's)
@@ -67,7 +71,8 @@ from typing import Any
 
 from ..trace import Compute, Kernel, Op
 
-__all__ = ["HostWait", "DispatcherHost", "DISPATCHER_HOST", "SYNC_WAKE_S", "dispatcher_host",
+__all__ = ["HostWait", "DispatcherHost", "DISPATCHER_HOST", "SYNC_WAKE_S", "TE_LINEAR_HOST_S",
+           "TE_LINEARS_FORWARD", "dispatcher_host",
            "add_host_work", "add_waits", "node_with_waits"]
 
 #: Seconds from the device's completion of the awaited work to the host running again after a
@@ -76,6 +81,21 @@ __all__ = ["HostWait", "DispatcherHost", "DISPATCHER_HOST", "SYNC_WAKE_S", "disp
 #: (jingyaogong/minimind PR #837, comment of 2026-09-03, ``scripts/bench_moe.py --mode
 #: sync-probe``; 116 µs under WSL2). No Hopper figure was found; benchmarks/device measures it.
 SYNC_WAKE_S = 26.11e-6
+
+#: Host seconds of one Transformer Engine linear module's forward in Megatron-Core:
+#: ``TEColumnParallelLinear``, BF16, TP 1, 115 µs per forward pass after the optimisations of
+#: NVIDIA/TransformerEngine PR #1191 (2024-09-18; 140 µs before them, Megatron-Core's own
+#: ``ColumnParallelLinear`` 74 µs). Applied to each linear module of the MoE layer's forward
+#: (:data:`TE_LINEARS_FORWARD`); TE's grouped linears have extra per-GEMM host work
+#: (TransformerEngine issue #1499: ``torch.split``, two ``torch.empty`` per GEMM) not counted.
+TE_LINEAR_HOST_S = 115e-6
+
+#: Transformer Engine linear modules in one MoE layer's forward (Megatron-LM d7288711
+#: ``models/gpt/gpt_layer_specs.py`` lines 296-330, the TE spec with experts, and
+#: ``moe_module_specs.py``: ``linear_qkv`` TELayerNormColumnParallelLinear, ``linear_proj``
+#: TERowParallelLinear, the experts' ``linear_fc1``/``linear_fc2`` TE grouped linears; the core
+#: attention and the norms are not linear modules and are not counted)
+TE_LINEARS_FORWARD = 4
 
 
 @dataclass(frozen=True)
@@ -105,32 +125,33 @@ class DispatcherHost:
 #: dispatcher (``flex`` by backend) → its host side (Megatron-LM d7288711; module docstring)
 DISPATCHER_HOST: dict[str, DispatcherHost] = {
     "alltoall": DispatcherHost(
-        lambda plan: not plan.pad, (HostWait("router", 1, 4),), 72,
+        lambda plan: not plan.pad, (HostWait("router", 1, 4),), 70,
         "wait: token_dispatcher.py lines 519-587, 904; issue: the tokens' all_to_all "
         "(tensor_parallel/mappings.py _AllToAll lines 422-444: apply, contiguous, new_empty, "
         "all_to_all_single); work: router 16 (router.py 681-709, 587-673; moe_utils.py "
         "227-246, 1231-1241, 1376-1393), dispatch_preprocess 36 (token_dispatcher.py 497-587, "
         "600-645, 867-907), the probs' all_to_all 4 (668-677), dispatch_postprocess 2 "
-        "(680-748), experts 5 (experts.py 330-400), combine_preprocess 3, token_combine 4, "
+        "(680-748), experts 3 (experts.py 330-400, less the grouped linears: "
+        "TE_LINEAR_HOST_S), combine_preprocess 3, token_combine 4, "
         "combine_postprocess 2 (751-854)"),
     "allgather": DispatcherHost(
-        lambda plan: True, (HostWait("dispatch", 1, 3),), 46,
+        lambda plan: True, (HostWait("dispatch", 1, 3),), 44,
         "wait: token_dispatcher.py line 295; issue: sum().item() of the host copy, permute; "
         "work: router 16, the hidden states', probs' and routing map's all-gathers 9, "
-        "dispatch_postprocess 6, the local probs 5, experts 5, combine 5 (lines 180-330)"),
+        "dispatch_postprocess 6, the local probs 5, experts 3, combine 5 (lines 180-330)"),
     "deepep": DispatcherHost(
-        lambda plan: True, (HostWait("router", 1, 4), HostWait("dispatch", 3, 8)), 47,
+        lambda plan: True, (HostWait("router", 1, 4), HostWait("dispatch", 3, 8)), 45,
         "waits: fused_a2a.py lines 104-125, token_dispatcher.py 1225, 1226, 1230; issues: "
         "Buffer.dispatch's three allocations and launch; arange, sum, repeat_interleave, "
         "index_put, masked index, index_put, bool, permute (1203-1232, 1287-1320); work: "
         "router 16, dispatch_preprocess 12 (1160-1171, 1390-1411), FusedDispatch to the wait 3, "
         "after it 2 (fused_a2a.py 73-137), multihot before its first wait 3, token counts 1, "
-        "experts 5, un-permutation and combine 5 (1322-1333, fused_a2a.py 163-190)"),
+        "experts 3, un-permutation and combine 5 (1322-1333, fused_a2a.py 163-190)"),
     "hybridep": DispatcherHost(
-        lambda plan: not plan.pad, (HostWait("router", 1, 4),), 37,
+        lambda plan: not plan.pad, (HostWait("router", 1, 4),), 35,
         "wait: fused_a2a.py lines 365-384, token_dispatcher.py 1007-1024; issue: the "
         "dispatched tensors' allocations and the launch; work: router 16, dispatch_preprocess "
-        "11 (1007-1026, 1390-1411), HybridEPDispatch.apply 1, token count 1, experts 5, "
+        "11 (1007-1026, 1390-1411), HybridEPDispatch.apply 1, token count 1, experts 3, "
         "combine 3 (1063-1081, fused_a2a.py 409-440)"),
 }
 
@@ -166,8 +187,9 @@ def _wait_ops(pre: str, wait: HostWait, dtype: str) -> tuple[Compute, Compute]:
 
 
 def add_host_work(ops: Any, pre: str, host: DispatcherHost | None, dtype: str) -> None:
-    """Append the layer's counted host work (``work_ops``) on the ``host`` stream, with no
-    deps: the host runs it ahead of the device, up to its next wait.
+    """Append the layer's counted host work on the ``host`` stream, with no deps (the host runs
+    it ahead of the device, up to its next wait): the ``work_ops`` and the Transformer Engine
+    linear modules' forward (:data:`TE_LINEARS_FORWARD` × :data:`TE_LINEAR_HOST_S`).
 
     Parameters
     ----------
@@ -180,8 +202,11 @@ def add_host_work(ops: Any, pre: str, host: DispatcherHost | None, dtype: str) -
     dtype : str
         the op's dtype label (no FLOPs).
     """
-    if host is not None and host.work_ops:
-        ops.add(_host_op(f"{pre}.moe.host", host.work_ops, dtype), "host")
+    if host is None:
+        return
+    ops.add(_host_op(f"{pre}.moe.host", host.work_ops, dtype), "host")
+    ops.add(Compute(f"{pre}.moe.host.te", 0.0, kind="elementwise", dtype=dtype,
+                    seconds=TE_LINEARS_FORWARD * TE_LINEAR_HOST_S), "host")
 
 
 def add_waits(ops: Any, pre: str, host: DispatcherHost | None, after: str,
