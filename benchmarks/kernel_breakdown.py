@@ -230,14 +230,21 @@ def step_breakdown(cfg) -> tuple[Counter, int]:
     """Seconds of one iteration's compute on the first rank class by kind, and its kernel
     count; ``launch gaps and host`` is each op's time beyond its kernels' (:func:`op_time`)."""
     from ddlsim.api import build_workload
+    from ddlsim.simulator.costs import CostModel
     from ddlsim.simulator.kernels import kernel_device, kernel_time, op_time
     from ddlsim.workloads.trace import Compute
-    dev, prog = kernel_device(cfg.system), build_workload(cfg).classes[0].program
+    workload = build_workload(cfg)
+    dev, prog = kernel_device(cfg.system), workload.classes[0].program
+    costs = CostModel(cfg.system, workload, cfg.parallel.collective_algorithm)
     out, kernels = Counter(), 0
     for step in prog.steps:
         for op in prog.blocks[step.block].flat.ops:
             p = op.payload
             if not isinstance(p, Compute) or p.seconds is not None:
+                continue
+            if p.contention is not None and p.contention.collectives:
+                # SMs held while its collectives run: timed by the cost model, as both engines do
+                out["SM contention"] += costs.compute(p) * op.repeat
                 continue
             total = op_time(p, dev) * op.repeat
             if not p.kernels:

@@ -155,3 +155,14 @@ def test_published_kernels_fit_and_held_out(kb):
     small = [r for r in rows if r["kernel"] == "rms_norm huggingface" and r["x"] == "H=1024"
              and r["mode"] == "forward" and "NVL" in r["gpu"]]
     assert len(small) == 1 and small[0]["measured/ddlsim"] < 1.35
+
+
+def test_step_breakdown_times_contention_ops(kb):
+    # an FSDP2 step holds SMs while its gathers run (a contention op timed by the cost model):
+    # kernel_breakdown --step books it as such instead of failing on it
+    import ddlsim
+    from pathlib import Path
+    example = Path(__file__).parents[1] / "examples" / "llama3-8b-fsdp2-h100.yaml"
+    out, kernels = kb.step_breakdown(ddlsim.load_config(str(example)))
+    assert kernels > 0 and out["GEMM"] > 0
+    assert out["SM contention"] > 0
