@@ -164,13 +164,15 @@ def test_the_combined_1f1b_forward_nodes_open_with_the_waits():
     assert [(o.payload.name, o.stream, o.deps) for o in nodes["dispatch"][:3]] == [
         ("fwd.dispatch.sync", "host", ()), ("fwd.dispatch.issue", "host", (0,)),
         ("fwd.dispatch", "ep", (1,))]
-    mlp = nodes["mlp"]
-    assert [(o.payload.name, o.stream) for o in mlp[:2]] == [
-        ("fwd.dispatch.sync", "host"), ("fwd.dispatch.issue", "host")]
-    assert mlp[2].deps == (1,) and mlp[0].payload.seconds == 3 * SYNC_WAKE_S
+    mlp = nodes["mlp"]      # DeepEP's post-dispatch waits, then the layer's host work
+    assert [(o.payload.name, o.stream) for o in mlp[:4]] == [
+        ("fwd.dispatch.sync", "host"), ("fwd.dispatch.issue", "host"),
+        ("fwd.moe.host", "host"), ("fwd.moe.host.te", "host")]
+    assert mlp[4].deps == (1,) and mlp[0].payload.seconds == 3 * SYNC_WAKE_S
+    assert not [o for o in nodes["dispatch"] if o.payload.name.startswith("fwd.moe.host")]
     back = moe_layer_nodes(b, True)
     assert not [o for n in back.values() for o in n if o.stream == "host"]
-    assert moe_host.node_with_waits("fwd", None, "router", "bf16", mlp[2:]) == mlp[2:]
+    assert moe_host.node_with_waits("fwd", None, "router", "bf16", mlp[4:]) == mlp[4:]
 
 
 def test_the_hosts_work_binds_only_where_it_outlasts_the_device(monkeypatch):
@@ -182,3 +184,15 @@ def test_the_hosts_work_binds_only_where_it_outlasts_the_device(monkeypatch):
     slow = {n: _iteration(qwen3_30b(DEEPEP, layers=n)) for n in (1, 2)}
     assert slow[1] == base[1]
     assert 15e-3 < slow[2] - base[2] < 20e-3
+
+
+def test_with_one_wait_the_combined_dispatch_node_carries_the_hosts_work():
+    from ddlsim.workloads.decoder.builder import StageBuilder
+    from ddlsim.workloads.decoder.combined import moe_layer_nodes
+    cfg = ddlsim.load_config(qwen3_30b(ALLTOALL))
+    b = StageBuilder.from_config(cfg, cfg.model.shape())
+    node = moe_layer_nodes(b, False)["dispatch"]
+    assert [o.payload.name for o in node[:5]] == [
+        "fwd.dispatch.sync", "fwd.dispatch.issue", "fwd.moe.host", "fwd.moe.host.te",
+        "fwd.dispatch"]
+    assert node[4].deps == (1,)       # the all-to-all waits for the issue, not the work

@@ -60,7 +60,8 @@ which has no wait and lets it run ahead. Host operations of no device time are t
 (:func:`~ddlsim.simulator.kernels.device.op_time`: ``n`` of them take ``n·h``, ``h`` = the
 stack's host time per operation), so both engines time them alike. Under Megatron-Core's
 combined 1F1B (:mod:`.combined`) the waits open the forward's ``dispatch`` node (the router's)
-and ``mlp`` node (DeepEP's post-dispatch waits); the host's ``work_ops`` are not put there.
+and ``mlp`` node (DeepEP's post-dispatch waits), the host's work after the layer's last issue;
+the backward nodes' host work (autograd, no wait) is not counted, as in a non-overlapped layer.
 """
 
 from __future__ import annotations
@@ -186,6 +187,13 @@ def _wait_ops(pre: str, wait: HostWait, dtype: str) -> tuple[Compute, Compute]:
             _host_op(f"{pre}.dispatch.issue", wait.issue_ops, dtype))
 
 
+def _work_ops(pre: str, host: DispatcherHost, dtype: str) -> tuple[Compute, Compute]:
+    """The layer's host work: the counted operations and the TE linear modules."""
+    return (_host_op(f"{pre}.moe.host", host.work_ops, dtype),
+            Compute(f"{pre}.moe.host.te", 0.0, kind="elementwise", dtype=dtype,
+                    seconds=TE_LINEARS_FORWARD * TE_LINEAR_HOST_S))
+
+
 def add_host_work(ops: Any, pre: str, host: DispatcherHost | None, dtype: str) -> None:
     """Append the layer's counted host work on the ``host`` stream, with no deps (the host runs
     it ahead of the device, up to its next wait): the ``work_ops`` and the Transformer Engine
@@ -200,13 +208,12 @@ def add_host_work(ops: Any, pre: str, host: DispatcherHost | None, dtype: str) -
     host : DispatcherHost or None
         the dispatcher's host side (None: nothing is added).
     dtype : str
-        the op's dtype label (no FLOPs).
+        the ops' dtype label (no FLOPs).
     """
     if host is None:
         return
-    ops.add(_host_op(f"{pre}.moe.host", host.work_ops, dtype), "host")
-    ops.add(Compute(f"{pre}.moe.host.te", 0.0, kind="elementwise", dtype=dtype,
-                    seconds=TE_LINEARS_FORWARD * TE_LINEAR_HOST_S), "host")
+    for op in _work_ops(pre, host, dtype):
+        ops.add(op, "host")
 
 
 def add_waits(ops: Any, pre: str, host: DispatcherHost | None, after: str,
@@ -249,8 +256,9 @@ def node_with_waits(pre: str, host: DispatcherHost | None, after: str, dtype: st
     """A combined-1F1B forward node (:mod:`.combined`: ``dispatch`` for the waits after the
     router, ``mlp`` for those after the dispatch) opened by the host's waits and issues on the
     ``host`` stream: the node's first op waits for the node before it on its side (the
-    ``attn`` node, or the dispatch), and the node's own first op waits for the last issue.
-    Without such a wait (or an empty node), ``node`` as it is.
+    ``attn`` node, or the dispatch), and the node's own first op waits for the last issue. The
+    layer's host work (:func:`add_host_work`) follows the layer's last issue, on the ``host``
+    stream only. Without such a wait (or an empty node), ``node`` as it is.
 
     Parameters
     ----------
@@ -277,8 +285,11 @@ def node_with_waits(pre: str, host: DispatcherHost | None, after: str, dtype: st
         sync, issue = _wait_ops(pre, wait, dtype)
         head += [Op(sync, "host", (len(head) - 1,) if head else ()),
                  Op(issue, "host", (len(head),))]
+    issued = len(head) - 1
+    if host.waits[-1].after == after:       # the layer's last wait: the work follows it
+        head += [Op(op, "host") for op in _work_ops(pre, host, dtype)]
     n = len(head)
     first, *rest = node
-    return [*head, Op(first.payload, first.stream, (*(d + n for d in first.deps), n - 1),
+    return [*head, Op(first.payload, first.stream, (*(d + n for d in first.deps), issued),
                       first.repeat),
             *(Op(o.payload, o.stream, tuple(d + n for d in o.deps), o.repeat) for o in rest)]
