@@ -25,7 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--strategies", default=",".join(STRATEGY_NAMES))
     ap.add_argument("--small", action="store_true", help="the CI test's smaller model")
     ap.add_argument("--statistic", choices=("median", "min"), default="min",
-                    help="the GEMMs' and the forward and backward's time over the rounds: "
+                    help="the GEMMs', the element-wise kernels' (the optimizer's aside) "
+                         "and the forward and backward's time over the rounds: "
                          "minimum (the default: it varied least between repeated loops on a "
                          "busy machine) or median; collectives and the exchange take the "
                          "median")

@@ -81,3 +81,18 @@ def test_class_efficiency_above_ten_is_refused():
     example = Path(__file__).parents[1] / "examples" / "wiki-gpt2-9ranks-reduce_scatter.yaml"
     with pytest.raises(ConfigError, match="elementwise_efficiency"):
         ddlsim.load_config(str(example), ["system.device.elementwise_efficiency.optimizer=11"])
+
+
+def test_each_rate_takes_the_statistic_of_the_part_it_is_compared_in():
+    from ddlsim.reference.interleaved import element_rates
+    from ddlsim.reference.kernels import system_rates
+    names = ["gradients", *(f"class.{c}" for c in CLASS_KERNELS)]
+    # two ranks, three rounds: rank 1 twice as fast; "min" of the times is the highest rate
+    doc = {"rates_by_round": [{n: [1e9, 3e9, 2e9] for n in names},
+                              {n: [2e9, 6e9, 4e9] for n in names}]}
+    assert element_rates(doc, "min")["gradients"] == pytest.approx(4.5e9)   # median(3, 6)
+    assert element_rates(doc, "median")["gradients"] == pytest.approx(3e9)  # median(2, 4)
+    stream, eff = system_rates(doc, "min", "median")
+    assert stream == pytest.approx(4.5e9)
+    # the forward and backward's classes with "min", the optimizer step with "median"
+    assert eff["norm"] == 1.0 and eff["optimizer"] == pytest.approx(3 / 4.5, abs=1e-4)

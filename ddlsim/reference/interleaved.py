@@ -37,9 +37,9 @@ framework's caching allocator: numpy's temporaries are then not faulted in anew 
 iteration); the minor page faults of each forward and backward are kept, to show it.
 
 Rank 0 writes ``OUT/compute{N}.csv`` (the ``calibrate compute`` format, one row per shape
-with the statistics over rounds) and ``OUT/interleaved{N}.json`` (the element-wise rate, the
-kernel classes' rates and their ``elementwise_efficiency``, each the median over rounds and
-then over ranks, and the per-round times and page faults per config).
+with the statistics over rounds) and ``OUT/interleaved{N}.json`` (the element-wise and
+kernel-class rates per rank and round, :func:`element_rates` of them, and the per-round
+times and page faults per config).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-__all__ = ["SQUARES", "tensor_sizes", "phase_times", "measured_s", "main"]
+__all__ = ["SQUARES", "tensor_sizes", "phase_times", "element_rates", "measured_s", "main"]
 
 #: Square GEMMs measured beside the run's own shapes, so the saturation fit sees small and
 #: large calls too (a subset of ``calibrate compute``'s defaults).
@@ -202,6 +202,29 @@ def phase_times(cfgs, comm, rounds: int, warmup: int, seed: int = 0):
     return _merge_rounds(gemms), stream, runs
 
 
+def element_rates(doc: dict, statistic: str) -> dict[str, float]:
+    """The element-wise rates of an interleaved job: each rank's ``statistic`` over the
+    rounds (``min``: of the times, so the highest rate; ``median``), then the median over
+    ranks.
+
+    Parameters
+    ----------
+    doc : dict
+        ``interleaved{N}.json`` (its ``rates_by_round``: per rank, name → B/s per round).
+    statistic : {"median", "min"}
+        Which time of the rounds.
+
+    Returns
+    -------
+    dict
+        Tensor name (:func:`tensor_sizes`) or ``class.<name>`` (:mod:`.kernels`) → B/s.
+    """
+    over_rounds = {"median": np.median, "min": np.max}[statistic]
+    ranks = doc["rates_by_round"]
+    return {name: float(np.median([over_rounds(r[name]) for r in ranks]))
+            for name in ranks[0]}
+
+
 def measured_s(run: dict, statistic: str, exchange_statistic: str = "median") -> float:
     """The iteration time a run measured: ``statistic`` over the rounds of the forward and
     backward's CPU time plus ``exchange_statistic`` of the exchange and update's.
@@ -267,23 +290,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     cached = cache_allocations()
     gemm, stream, runs = phase_times(cfgs, comm, args.rounds, args.warmup)
-    every = comm.gather({name: float(np.median(r)) for name, r in stream.items()}, root=0)
+    every = comm.gather(stream, root=0)
     if comm.Get_rank() == 0:
-        from .kernels import efficiencies
         n = comm.Get_size()
         write_csv(args.output / f"compute{n}.csv", gemm, force=True)
-        medians = {name: float(np.median([e[name] for e in every])) for name in stream}
-        classes = {k[6:]: v for k, v in medians.items() if k.startswith("class.")}
         out = {"ranks": n, "rounds": args.rounds, "warmup": args.warmup,
-               "cached_allocations": cached,
-               "stream_Bps": medians["gradients"],
-               "stream_Bps_by_tensor": {k: v for k, v in medians.items()
-                                        if not k.startswith("class.")},
-               "class_Bps": classes,
-               "elementwise_efficiency": efficiencies(classes, medians["gradients"]),
-               "per_rank_stream_Bps": every,
+               "cached_allocations": cached, "rates_by_round": every,
                "runs": {c.parallel.dp_strategy: {**r, "config": str(p)}
                         for c, r, p in zip(cfgs, runs, args.configs)}}
+        median = element_rates(out, "median")
+        out["stream_Bps"] = median["gradients"]
+        out["stream_Bps_by_tensor"] = {k: v for k, v in median.items() if "." not in k}
         (args.output / f"interleaved{n}.json").write_text(json.dumps(out, indent=1))
     return 0
 

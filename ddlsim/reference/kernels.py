@@ -35,7 +35,7 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = ["CLASS_KERNELS", "class_kernels", "class_rates", "efficiencies"]
+__all__ = ["CLASS_KERNELS", "class_kernels", "class_rates", "efficiencies", "system_rates"]
 
 #: the classes :func:`class_kernels` measures, in the order it runs them
 CLASS_KERNELS = ("norm", "norm_backward", "activation", "activation_backward", "optimizer")
@@ -140,3 +140,29 @@ def efficiencies(rates: dict[str, float], stream_Bps: float) -> dict[str, float]
     if not stream_Bps > 0:
         raise ValueError(f"stream_Bps must be > 0, got {stream_Bps!r}")
     return {name: round(rate / stream_Bps, 4) for name, rate in rates.items()}
+
+
+def system_rates(doc: dict, statistic: str, exchange_statistic: str) -> tuple[float, dict]:
+    """The streaming bandwidth and ``elementwise_efficiency`` of an interleaved job
+    (``interleaved{N}.json``), each rate taken with the statistic of the part of the
+    iteration it is compared in (:func:`~.interleaved.measured_s`): the forward and
+    backward's passes with ``statistic``, the optimizer step, timed in the exchange and
+    update, with ``exchange_statistic``.
+
+    Parameters
+    ----------
+    doc : dict
+        The interleaved job's JSON.
+    statistic, exchange_statistic : {"median", "min"}
+        The loop's compute and exchange statistics.
+
+    Returns
+    -------
+    (float, dict)
+        B/s of ``z = x + y`` on the gradient buffer, and class → fraction of it.
+    """
+    from .interleaved import element_rates
+    rates, step = element_rates(doc, statistic), element_rates(doc, exchange_statistic)
+    classes = {name: rates[f"class.{name}"] for name in CLASS_KERNELS}
+    classes["optimizer"] = step["class.optimizer"]
+    return rates["gradients"], efficiencies(classes, rates["gradients"])

@@ -10,10 +10,12 @@ For each rank count N of the loop, with N ranks at once under ``mpirun -n N``:
    runs take turns, round after round: numpy GEMMs of the run's shapes (``calibrate
    compute``'s benchmark) and the element-wise rate, both in process CPU time, then one
    training iteration of each strategy (forward and backward in CPU time, the exchange and
-   update in wall time); ``ddlsim calibrate fit`` of the GEMM samples and the MPI curves into
+   update in wall time), and the model's own element-wise kernels by class
+   (:mod:`.kernels`); ``ddlsim calibrate fit`` of the GEMM samples and the MPI curves into
    the profile of N ranks;
 3. ``ddlsim predict --engine both --calibration`` of each run, on a system made of those
-   measurements (:func:`~.machine.local_system`);
+   measurements (:func:`~.machine.local_system`; each element-wise rate with the statistic
+   of the part it is compared in, :func:`~.kernels.system_rates`);
 4. the error ``predicted / measured − 1`` per strategy, rank count and engine, the measured
    time being the chosen statistic over the rounds (:func:`~.interleaved.measured_s`), and
    each run's account op by op (:func:`~.accounting.account_run`: every compute op of the
@@ -292,12 +294,14 @@ def loop_ranks(work: Path, model: LoopModel, n: int, runs: tuple[str, ...], stat
         return [{"strategy": s, "ranks": n, "refused": got["refused"]} for s in runs]
     profile, r_max = fit(work, [work / f"compute{n}.csv", *comm_csvs], n, statistic,
                          max_rel_rmse)
+    from .kernels import system_rates
+    stream, classes = system_rates(got, statistic, COMM_STATISTIC)
     log(f"  {n} rank(s): measured in {time.perf_counter() - t0:.0f} s; GEMM plateau "
-        f"{r_max / 1e9:.1f} GFLOP/s, element-wise {got['stream_Bps'] / 1e9:.2f} GB/s per rank")
+        f"{r_max / 1e9:.1f} GFLOP/s, element-wise {stream / 1e9:.2f} GB/s per rank, "
+        f"classes {classes}")
     from .accounting import account_run
     from .interleaved import measured_s
-    system = local_system_of(n, r_max, got["stream_Bps"], profile, when,
-                             got.get("elementwise_efficiency"))
+    system = local_system_of(n, r_max, stream, profile, when, classes)
     rows = []
     for cfg_path in _configs(work, model, n, runs, system):
         strategy = cfg_path.stem.split("-")[1]
@@ -309,9 +313,9 @@ def loop_ranks(work: Path, model: LoopModel, n: int, runs: tuple[str, ...], stat
                "measured_exchange_s": measured_s({**run, "compute_cpu_s": [0.0]}, statistic,
                                                  COMM_STATISTIC),
                "loss_first": run["losses"][0], "loss_last": run["losses"][-1],
-               "gemm_plateau_flops_per_s": r_max, "stream_Bps": got["stream_Bps"],
+               "gemm_plateau_flops_per_s": r_max, "stream_Bps": stream,
                "stream_Bps_by_tensor": got["stream_Bps_by_tensor"],
-               "elementwise_efficiency": got.get("elementwise_efficiency"),
+               "elementwise_efficiency": classes,
                "fit_rel_rmse": fit_errors(profile)}
         for engine, res in sorted(pred.items()):
             row[f"predicted_{engine}_s"] = res["iteration_time_s"]
