@@ -107,6 +107,8 @@ def _layout_fields(cfg: Any) -> dict[str, Any]:
                        "shard_ranks": shard_group(cfg)[1]}
     if cfg.train.recompute_every_n_layers > 1:
         out["recompute_every_n_layers"] = cfg.train.recompute_every_n_layers
+    if cfg.train.recompute_modules is not None:
+        out["recompute_modules"] = list(cfg.train.recompute_modules)
     if p.layers_per_virtual_stage is not None:
         out["layers_per_virtual_stage"] = list(p.layers_per_virtual_stage)
     return out
@@ -149,7 +151,8 @@ def plan_fields(cfg: Any) -> dict[str, Any]:
         ``flex_backend`` for the flex dispatcher, ``ep``, ``etp``, ``grouped_gemm``,
         ``permute_fusion``, ``routing``, ``router_imbalance``, ``delay_wgrad_compute``) and
         its overlaps among ``overlaps``; when set, ``hsdp`` (``replicas``, ``shard_ranks``),
-        ``recompute_every_n_layers`` and ``layers_per_virtual_stage``; under ZeRO-3 in the
+        ``recompute_every_n_layers``, ``recompute_modules`` and ``layers_per_virtual_stage``;
+        under ZeRO-3 in the
         families that read the kernels ``zero3_gathers`` (the plan line's words); ResNet's
         ``precision`` and ``memory_format``.
     """

@@ -135,3 +135,12 @@ def test_mlp_under_tensor_parallelism_is_refused_not_approximated():
     cfg["train"]["global_batch_size"] = 4
     with pytest.raises(ConfigError, match="tensor_model_parallel_size 1 only"):
         _predict(copy.deepcopy(cfg))
+
+
+def test_the_plan_line_and_the_json_name_the_modules():
+    from ddlsim.planinfo import plan_fields
+    cfg = ddlsim.load_config(moe_run(["moe_act", "layernorm"]))
+    assert "recompute selective (moe_act, layernorm)" in cfg.family.plan_summary(cfg)
+    assert plan_fields(cfg)["recompute_modules"] == ["moe_act", "layernorm"]
+    plain = ddlsim.load_config(moe_run())
+    assert "recompute_modules" not in plan_fields(plain)

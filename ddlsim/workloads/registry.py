@@ -120,7 +120,8 @@ class WorkloadFamily(ABC):
                 f"{p.dp_strategy}, {batch_phrase(cfg)}, seq {t.seq_length}, {t.dtype}, "
                 f"recompute {t.recompute}"
                 + (f" every {t.recompute_every_n_layers} layers" if t.recompute_every_n_layers > 1
-                   else ""))
+                   else "")
+                + (f" ({', '.join(t.recompute_modules)})" if t.recompute_modules else ""))
 
     def group_labels(self, cfg: "RunConfig") -> dict[str, str]:
         """Group kind → how the report names it for ``cfg`` (e.g. ``tp`` → ``tp (2-D grid:
