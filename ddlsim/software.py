@@ -103,11 +103,13 @@ class KernelSpec(_Strict):
         default=None, description="dtype of the gradient buffers and their data-parallel "
                                   "reduction: param (the 16-bit parameter dtype), fp32, or "
                                   "fp32_if_bf16 (Megatron-LM's rule)")
-    fp8_recipe: Literal["te_delayed", "tensorwise", "rowwise"] | None = Field(
+    fp8_recipe: Literal["te_delayed", "te_current", "tensorwise", "rowwise"] | None = Field(
         default=None, description="how FP8 runs (train.dtype fp8) scale and cast the linear "
-                                  "layers' GEMM inputs: Transformer Engine's delayed "
-                                  "scaling, or torchao's dynamic tensorwise or rowwise "
-                                  "scaling (simulator/kernels/fp8recipe.py)")
+                                  "layers' GEMM inputs: Transformer Engine's delayed or "
+                                  "current scaling (te_current: Megatron-Core's "
+                                  "--fp8-recipe tensorwise, Megatron-Bridge's fp8_cs), or "
+                                  "torchao's dynamic tensorwise or rowwise scaling "
+                                  "(simulator/kernels/fp8recipe.py, fp8_current.py)")
     enable_fsdp_float8_all_gather: StrictBool | None = Field(
         default=None, description="torchao's FSDP2 float8 all-gather (torchtitan's [float8] "
                                   "key): each float8 linear's weight shard is cast to FP8 "

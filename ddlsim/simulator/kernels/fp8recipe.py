@@ -9,6 +9,9 @@ moved per element (bf16 in, FP8 out) by the recipe's cast kernels, forward and b
 no pass computes it; "Using FP8 with Transformer Engine", docs.nvidia.com)
     forward: ``x`` cast and transposed in one kernel (read 2, write 1 + 1: 4), ``w`` cast
     (read 2, write 1: 3); backward: ``g`` cast and transposed (4).
+``te_current`` (Transformer Engine, current scaling: :mod:`.fp8_current`)
+    ``te_delayed``'s casts, each tensor's after its amax read (2; not for an input whose
+    normalisation computed it) and two one-thread kernels (amax zeroed, scale).
 ``tensorwise`` (torchao ``Float8Linear``, dynamic per-tensor scaling: torchtitan's float8)
     each tensor's ``max(abs)`` is a read (2, skipped for ``x`` and ``g`` when compiled: fused
     with the op before), then a cast writing the row-major and column-major FP8 copies:
@@ -152,6 +155,9 @@ class Fp8Recipe(NamedTuple):
     #: per-row/per-column scales: compiled, its input and output-gradient passes and its
     #: rescales run at the ``inductor_rowwise`` share (:data:`FP8_PASS_KERNELS`)
     axiswise: bool = False
+    #: a grouped linear quantizes each problem with its own kernels (TE current scaling:
+    #: :mod:`.fp8_current`), not all problems in one kernel per pass
+    per_problem: bool = False
 
 
 #: recipe name → :class:`Fp8Recipe`
@@ -194,7 +200,7 @@ def _rowwise(M, N, K, backward, compiled):
 
 def fp8_cast_kernels(recipe: str, M: float, N: float, K: float, backward: bool,
                      compiled: bool = False, input_cast: bool = True,
-                     weight_fp8: bool = False) -> tuple[Kernel, ...]:
+                     weight_fp8: bool = False, norm_amax: bool = False) -> tuple[Kernel, ...]:
     """The memory kernels of ``recipe`` around one FP8 linear ``[M, K] · [K, N]``, forward
     or ``backward`` (module docstring); ``compiled``: torch.compile fuses the first read of
     the input and the output gradient with the op before; ``input_cast`` False: the input's
@@ -204,7 +210,9 @@ def fp8_cast_kernels(recipe: str, M: float, N: float, K: float, backward: bool,
     (``cast_weight_to_float8_t`` returns the gathered ``Float8Tensor`` as it is), and the
     backward's weight pass is the FP8 copy into the other layout (read 1 + write 1 bytes per
     element: torchao eab345c ``float8_ops.py`` ``preprocess_addmm`` line 253,
-    ``b_data.t().contiguous().t()``) instead of a cast from bf16.
+    ``b_data.t().contiguous().t()``) instead of a cast from bf16. ``norm_amax``: the input comes from a
+    normalisation that computed its amax (TE's ``LayerNormLinear`` under ``te_current``,
+    :mod:`.fp8_current`): the input's amax pass (``x.amax``) is left out.
 
     Returns
     -------
@@ -219,6 +227,8 @@ def fp8_cast_kernels(recipe: str, M: float, N: float, K: float, backward: bool,
     """
     spec = FP8_RECIPES[recipe]
     passes = spec.passes(M, N, K, backward, compiled)
+    if norm_amax:
+        passes = tuple(p for p in passes if p[0] != "x.amax")
     if weight_fp8:
         passes = tuple((r, 2 * K * N if backward else 0) if r[0] == "w" else (r, b)
                        for r, b in passes)
@@ -264,3 +274,7 @@ def fp8_gemm_efficiency(variant: str) -> float:
     """Fraction of the device's FP8 matmul ceiling an FP8 GEMM of kernel ``variant`` runs at
     (:data:`FP8_GEMM_KERNELS`; 1 for an unnamed variant: the ceiling's own kernel)."""
     return FP8_GEMM_KERNELS.get(variant, 1.0)
+
+
+# Transformer Engine's current scaling registers itself (its module imports this one)
+from . import fp8_current  # noqa: E402,F401

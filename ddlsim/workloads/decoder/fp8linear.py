@@ -9,7 +9,8 @@ Transformer Engine's ``GroupedLinear`` (what Megatron-Core's ``TEGroupedMLP`` ru
 (``tex.split_quantize`` of the concatenated tokens, ``grouped_linear.py`` forward; the output
 gradient likewise in the backward), so the casts of ``E/EP`` problems are one kernel per pass
 over all their tokens; without grouped GEMM each expert is a ``TELinear`` of its own and casts
-its own tensors.
+its own tensors. Under current scaling (``te_current``) ``split_quantize`` falls back to each
+problem's own quantize kernels (:mod:`ddlsim.simulator.kernels.fp8_current`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ...simulator.kernels.fp8recipe import (fp8_cast_kernels, fp8_gemm_variants,
+from ...simulator.kernels.fp8recipe import (FP8_RECIPES, fp8_cast_kernels, fp8_gemm_variants,
                                             fp8_rescale_kernels)
 from ...simulator.kernels.gemm import gemm_kernels_backward
 from ..trace import Compute, Kernel
@@ -30,10 +31,12 @@ def _times(kernels: tuple[Kernel, ...], batch: float) -> tuple[Kernel, ...]:
 
 
 def linear_kernels(sw: Any, dtype: str, M: float, N: float, K: float, backward: bool,
-                   batch: float = 1.0) -> tuple[Kernel, ...]:
+                   batch: float = 1.0, norm_amax: bool = False) -> tuple[Kernel, ...]:
     """The kernels of ``batch`` linears ``[M, K]·[K, N]`` launched as one (a grouped GEMM):
     the GEMMs (backward: data and weight gradients); in FP8, the recipe's cast passes before
-    them over all ``batch`` problems at once, its GEMM kernels and its rescaling passes.
+    them over all ``batch`` problems at once (a recipe that quantizes each problem on its
+    own, ``Fp8Recipe.per_problem``: ``batch`` times each problem's passes), its GEMM kernels
+    and its rescaling passes.
 
     Parameters
     ----------
@@ -49,6 +52,9 @@ def linear_kernels(sw: Any, dtype: str, M: float, N: float, K: float, backward: 
     batch : float
         problems in the launch (``Kernel.batch``; their cast bytes add up in one kernel per
         pass).
+    norm_amax : bool
+        the input comes from a normalisation that computed its amax
+        (:func:`~ddlsim.simulator.kernels.fp8recipe.fp8_cast_kernels`).
 
     Returns
     -------
@@ -63,9 +69,9 @@ def linear_kernels(sw: Any, dtype: str, M: float, N: float, K: float, backward: 
                   for g, v in zip(shapes, fp8_gemm_variants(recipe, backward)))
     rescale = fp8_rescale_kernels(recipe, M, N, K) if backward else ()
     casts = fp8_cast_kernels(recipe, M, N, K, backward, compiled,
-                             weight_fp8=sw.enable_fsdp_float8_all_gather)
-    return (_times(casts, batch) + gemms
-            + _times(rescale, batch))
+                             weight_fp8=sw.enable_fsdp_float8_all_gather, norm_amax=norm_amax)
+    casts = casts * int(batch) if FP8_RECIPES[recipe].per_problem else _times(casts, batch)
+    return casts + gemms + _times(rescale, batch)
 
 
 def with_fp8_casts(op: Compute, sw: Any, M: float, N: float, K: float, backward: bool,

@@ -103,6 +103,8 @@ def _role(c: Collective, backward: bool, how: str) -> tuple[str, int] | None:
     and the bulk ones, i.e. those whose method takes SMs (the SM margin applies); ``pre``
     ones are the ring exchanges, none of whose chunks waits before its GEMM starts."""
     name = c.name
+    if name.endswith(".amax"):   # FP8 current scaling's amax all-reduce: TE waits for it
+        return None              # on the compute stream (simulator/kernels/fp8_current.py)
     if not backward or name.startswith("recompute."):
         if c.op == "reduce_scatter":
             return ("post", RS_SPLITS) if how == "pipelined" else None

@@ -20,6 +20,7 @@ from typing import Any
 
 from ..fp8linear import linear_kernels
 from ..layerkernels import loss_op
+from ....simulator.kernels.fp8_current import amax_allreduce
 from ....simulator.kernels.gemm import gemm_kernels_backward
 from ...trace import Collective, Compute, Kernel, Op
 from . import register_partitioner
@@ -52,11 +53,16 @@ class Megatron1D(LayerPartitioner):
 
     def tp_comm(self, name: str, nbytes: float) -> list[Collective]:
         """Megatron's f/g operator on ``nbytes``: an all-reduce, or reduce-scatter +
-        all-gather with sequence parallelism; nothing when ``t = 1``."""
+        all-gather with sequence parallelism; nothing when ``t = 1``. The all-gather feeds a
+        linear (a column-parallel input, or a row-parallel output gradient): under TE's FP8
+        current scaling the amax all-reduce before it (:func:`~ddlsim.simulator.kernels.
+        fp8_current.amax_allreduce`)."""
         if self.size == 1:
             return []
         if self.sp:
             return [Collective(f"{name}.rs", "reduce_scatter", "tp", nbytes),
+                    *amax_allreduce(f"{name}.ag", self.sw, self.plan.train_dtype, self.size,
+                                    True),
                     Collective(f"{name}.ag", "all_gather", "tp", nbytes)]
         return [Collective(f"{name}.ar", "all_reduce", "tp", nbytes)]
 
@@ -76,14 +82,17 @@ class Megatron1D(LayerPartitioner):
         t = self.size
         return (M, N, K / t) if row_parallel else (M, N / t, K)
 
-    def _kernels(self, shape3: tuple, backward: bool) -> tuple[Kernel, ...]:
-        """The rank's GEMMs of one linear, in FP8 with the recipe's casts (:mod:`..fp8linear`)."""
-        return linear_kernels(self.sw, self.plan.train_dtype, *shape3, backward)
+    def _kernels(self, shape3: tuple, backward: bool,
+                 norm_amax: bool = False) -> tuple[Kernel, ...]:
+        """The rank's GEMMs of one linear, in FP8 with the recipe's casts (:mod:`..fp8linear`;
+        ``norm_amax``: a column-parallel forward's input amax comes from TE's fused norm)."""
+        return linear_kernels(self.sw, self.plan.train_dtype, *shape3, backward,
+                              norm_amax=norm_amax)
 
     def gemm_forward(self, ops: OpList, name: str, M: float, N: float, K: float,
                      row_parallel: bool) -> None:
         ops.add(Compute(name, 2 * M * N * K / self.size, dtype=self.dtype, kernels=self._kernels(
-            self._shape(M, N, K, row_parallel), False)))
+            self._shape(M, N, K, row_parallel), False, not row_parallel)))
         if row_parallel:   # g: the partial outputs b·s·h are summed
             for c in self.tp_comm(name, M * N * self.dt):
                 ops.add(c)

@@ -1,0 +1,121 @@
+"""Transformer Engine's FP8 current scaling (``te_current``, simulator/kernels/fp8_current.py):
+its amax passes over delayed scaling's casts, the amax all-reduce over TP where TE gathers a
+tensor in FP8 under sequence parallelism, and per-problem kernels in grouped linears."""
+
+from __future__ import annotations
+
+import pytest
+
+import ddlsim
+from ddlsim.simulator.kernels.fp8_current import (AMAX_BYTES, SCALE_KERNEL_BYTES,
+                                                  ZERO_KERNEL_BYTES)
+from ddlsim.simulator.kernels.fp8recipe import fp8_cast_kernels, fp8_gemm_variants
+from ddlsim.software import SoftwareSpec, resolve_software
+from ddlsim.workloads.decoder.fp8linear import linear_kernels
+from ddlsim.workloads.trace import Collective, Loop
+
+pytestmark = pytest.mark.filterwarnings("ignore::ddlsim.errors.DDLSimWarning")
+
+M, N, K = 8192.0, 1280.0, 4096.0
+#: the two one-thread kernels of each quantized tensor (amax zeroed, scale computed)
+TINY = ZERO_KERNEL_BYTES + SCALE_KERNEL_BYTES
+
+
+def _bytes(recipe: str, backward: bool, **kw) -> float:
+    return sum(k.bytes for k in fp8_cast_kernels(recipe, M, N, K, backward, **kw))
+
+
+def test_current_scaling_costs_delayed_casts_plus_one_amax_read_per_tensor():
+    # forward: x (2 B a element read for its amax) and w; backward: g (quantizer.cpp
+    # quantize_impl: compute_amax, compute_scale_from_amax, quantize)
+    assert _bytes("te_current", False) - _bytes("te_delayed", False) == 2 * M * K + 2 * K * N \
+        + 2 * TINY
+    assert _bytes("te_current", True) - _bytes("te_delayed", True) == 2 * M * N + TINY
+    # four kernels per tensor where delayed scaling has one
+    assert len(fp8_cast_kernels("te_current", M, N, K, False)) == 8
+    assert len(fp8_cast_kernels("te_delayed", M, N, K, False)) == 2
+
+
+def test_an_input_whose_norm_computed_its_amax_skips_only_that_read():
+    # LayerNormLinear: layernorm_fwd/rmsnorm_fwd write the amax (FUSED_NORM_AMAX_FP8)
+    fused = _bytes("te_current", False, norm_amax=True)
+    assert _bytes("te_current", False) - fused == 2 * M * K
+    assert len(fp8_cast_kernels("te_current", M, N, K, False, norm_amax=True)) == 7
+    # no other recipe has such a pass to leave out
+    for recipe in ("te_delayed", "tensorwise", "rowwise"):
+        assert _bytes(recipe, False, norm_amax=True) == _bytes(recipe, False)
+
+
+def test_current_scaling_runs_delayed_scalings_gemm_kernels():
+    # Float8CurrentScaling: fprop without, dgrad and wgrad with the split accumulator
+    for backward in (False, True):
+        assert fp8_gemm_variants("te_current", backward) == \
+            fp8_gemm_variants("te_delayed", backward)
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_a_grouped_linear_quantizes_each_problem_with_its_own_kernels(backward):
+    # cast.cpp multi_tensor_quantize_impl: one fused kernel only for delayed scaling
+    def casts(recipe, batch):
+        sw = resolve_software(SoftwareSpec(stack="megatron-core-2025",
+                                           kernels={"fp8_recipe": recipe}))
+        ks = linear_kernels(sw, "fp8", M, N, K, backward, batch)
+        return [k for k in ks if k.kind == "memory"]
+    assert len(casts("te_delayed", 4)) == len(casts("te_delayed", 1))
+    assert len(casts("te_current", 4)) == 4 * len(casts("te_current", 1))
+    one, four = casts("te_current", 1), casts("te_current", 4)
+    assert sum(k.bytes for k in four) == pytest.approx(4 * sum(k.bytes for k in one))
+
+
+def _llama(recipe: str, tp: int = 2, sp: bool = True, overlap: str = "off") -> dict:
+    return {"model": {"preset": "llama-3-8b", "num_hidden_layers": 2},
+            "parallel": {"tensor_model_parallel_size": tp, "sequence_parallel": sp,
+                         "tp_comm_overlap": overlap},
+            "train": {"micro_batch_size": 1, "global_batch_size": 8 // tp,
+                      "seq_length": 4096, "dtype": "fp8"},
+            "system": {"preset": "dgx-h100", "nodes": 1,
+                       "software": {"stack": "megatron-core-2024",
+                                    "kernels": {"fp8_recipe": recipe}}}}
+
+
+def _amax_collectives(cfg: dict) -> dict[str, list[Collective]]:
+    def walk(ops, times=1):
+        for o in ops:
+            if isinstance(o.payload, Loop):
+                yield from walk(o.payload.body, times * o.payload.count)
+            else:
+                yield from [o.payload] * (times * o.repeat)
+    w = ddlsim.build_workload(ddlsim.load_config(cfg))
+    blocks = w.classes[0].program.blocks
+    return {name: [p for p in walk(b.flat.ops) if isinstance(p, Collective)
+                   and p.name.endswith(".amax")] for name, b in blocks.items()}
+
+
+@pytest.mark.parametrize("overlap", ["off", "pipelined"])
+def test_the_amax_all_reduce_runs_where_te_gathers_in_fp8(overlap):
+    # per layer: the inputs of qkv and fc1 (column-parallel) in the forward, the output
+    # gradients of proj and fc2 (row-parallel) in the backward; 4 B of fp32 amax over TP
+    found = _amax_collectives(_llama("te_current", overlap=overlap))
+    assert len(found["F0"]) == 2 * 2 and len(found["B0"]) == 2 * 2
+    assert all(c.op == "all_reduce" and c.group == "tp" and c.bytes == AMAX_BYTES
+               for c in found["F0"] + found["B0"])
+
+
+@pytest.mark.parametrize("cfg", [_llama("te_delayed"), _llama("te_current", sp=False),
+                                 _llama("te_current", tp=1, sp=False)])
+def test_no_amax_all_reduce_without_current_scaling_or_sequence_parallel_gathers(cfg):
+    assert not any(_amax_collectives(cfg).values())
+
+
+def test_the_amax_all_reduce_waits_on_the_compute_stream_under_userbuffers():
+    # TE waits for it (->wait()) before the scale kernel: never overlapped as a ring exchange
+    from ddlsim.workloads.decoder.tp_overlap import _role
+    c = Collective("fwd.attn.ag.amax", "all_reduce", "tp", AMAX_BYTES)
+    assert _role(c, False, "pipelined") is None and _role(c, True, "pipelined") is None
+
+
+def test_current_scaling_is_slower_than_delayed_in_both_engines():
+    for engine in ("analytical", "des"):
+        t = {r: ddlsim.predict(_llama(r), engine).to_dict()["iteration_time_s"]
+             for r in ("te_delayed", "te_current")}
+        assert t["te_current"] > t["te_delayed"]
