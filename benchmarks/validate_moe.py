@@ -19,8 +19,10 @@ modelled, on every row (the "not modelled" column; docs/moe.md, "The layer's ker
 validate_moe leaves open", checks each recipe setting): the distributed optimizer's overlapped
 parameter all-gather (ddlsim refuses that overlap with EP > 1, so the gather after the step is
 exposed), FP8 current scaling (the tables' FP8-CS, run with the stack's delayed-scaling casts:
-no amax passes) and Bridge's ``moe_router_fusion`` (the router is its GEMM alone here). No
-per-row factors and nothing tuned.
+no amax passes) and Bridge's ``moe_router_fusion`` (the router is its GEMM alone here). The
+dispatchers' host waits for the device in each forward and the host's forward work between them
+are modelled (``decoder/moe_host.py``; docs/moe.md, "The dispatcher's host synchronisation"); the
+backward's host time is not. No per-row factors and nothing tuned.
 
 A second table: the Qwen3-235B step times that Megatron-LM's MoE developers publish on 256 H100s
 (yanring/Megatron-MoE-ModelZoo, BF16; ``data/modelzoo_h100_moe.csv`` with its provenance), among
