@@ -30,6 +30,12 @@ over from one op to the next: exact when the whole run is device-bound or host-b
 upper bound in between (a long GEMM op lets the real host run ahead into the next op's short
 kernels). Both engines and the search tier time ops by :func:`~.device.op_time`, so they share
 this rule.
+
+**Where the host waits for the device** (a device→host copy the framework needs before it can
+go on: Megatron-Core's MoE dispatchers), the family writes the wait and the host's work around
+it as ops on a ``host`` stream, which the device ops after the wait depend on
+(:mod:`ddlsim.workloads.decoder.moe_host`); host operations of no device time in them are timed
+by this rule (``n`` of them: ``n·h``).
 """
 
 from __future__ import annotations
