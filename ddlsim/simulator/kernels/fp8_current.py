@@ -27,7 +27,13 @@ What differs from ``te_delayed``, per linear ``[M, K] · [K, N]``:
   v2.7), then quantize with that amax; Megatron-Core's ``TELayerNormColumnParallelLinear``,
   i.e. ``qkv`` and a dense layer's ``fc1``): zero + scale only (``norm_amax`` of
   :func:`~.fp8recipe.fp8_cast_kernels`);
-* the weight ``w``: zero + amax ``2KN`` + scale, every forward (as ``te_delayed``'s cast);
+* the weight ``w``: nothing more. TE quantizes a weight on the first micro-batch of a step
+  only: Megatron-Core's TE wrappers pass ``is_first_microbatch`` (``TELinear.forward`` and
+  ``TEGroupedLinear.forward``, ``disable_parameter_transpose_cache`` off by default) and TE
+  keeps the FP8 weight for the later micro-batches; Megatron-Bridge's current-scaling preset
+  also sets ``fp8_param_gather`` (``bf16_with_fp8_current_scaling_mixed``), where the
+  optimizer quantizes the weights after its step. ddlsim charges the weight's cast per
+  micro-batch for both TE recipes (the cache is not modelled) and adds no amax to it;
 * the output gradient ``g``: zero + amax ``2MN`` + scale.
 
 The amax all-reduce: ``_customize_quantizers_float8_current_scaling`` of ``Linear`` and
@@ -44,8 +50,9 @@ quantizes the ``E/EP`` problems' inputs and output gradients in one fused
 ``nvte_multi_cast_transpose`` only when every quantizer is a delayed-scaling one
 (``cast.cpp`` ``multi_tensor_quantize_impl``: "Currently only have fused kernel for FP8
 delayed scaling", unchanged from v2.7 to v2.12); with current scaling each problem's
-quantizer runs its own kernels above (``Fp8Recipe.per_problem``), and each expert's weight
-is quantized on its own (``grouped_linear.py`` forward, a loop over ``num_gemms``).
+quantizer runs its own kernels above (``Fp8Recipe.per_problem``); each expert's weight is
+quantized on its own too (``grouped_linear.py`` forward, a loop over ``num_gemms``, either
+recipe).
 
 The GEMMs are the same cuBLASLt per-tensor-scaled kernels as delayed scaling's, with the
 same accumulation: ``Float8CurrentScaling`` ``fp8_gemm_fprop = MMParams(use_split_accumulator
@@ -85,11 +92,11 @@ def _quantize(role: str, n: float, cast_bytes: float, amax: bool) -> tuple:
 
 
 def _te_current(M, N, K, backward, compiled):
-    """The passes of one linear ``[M, K] · [K, N]``: ``te_delayed``'s casts, each after its
-    tensor's amax read and scale kernel (module docstring)."""
+    """The passes of one linear ``[M, K] · [K, N]``: ``te_delayed``'s casts, the input's and
+    the output gradient's after their amax kernels (module docstring)."""
     if backward:
         return _quantize("gT", M * N, 4, True)
-    return _quantize("xT", M * K, 4, True) + _quantize("w", K * N, 3, True)
+    return _quantize("xT", M * K, 4, True) + (("w", 3 * K * N),)
 
 
 FP8_RECIPES["te_current"] = Fp8Recipe(

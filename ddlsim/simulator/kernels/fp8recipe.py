@@ -10,8 +10,8 @@ no pass computes it; "Using FP8 with Transformer Engine", docs.nvidia.com)
     forward: ``x`` cast and transposed in one kernel (read 2, write 1 + 1: 4), ``w`` cast
     (read 2, write 1: 3); backward: ``g`` cast and transposed (4).
 ``te_current`` (Transformer Engine, current scaling: :mod:`.fp8_current`)
-    ``te_delayed``'s casts, each tensor's after its amax read (2; not for an input whose
-    normalisation computed it) and two one-thread kernels (amax zeroed, scale).
+    ``te_delayed``'s casts, those of ``x`` and ``g`` after their amax read (2; not for an
+    input whose normalisation computed it) and two one-thread kernels (amax zeroed, scale).
 ``tensorwise`` (torchao ``Float8Linear``, dynamic per-tensor scaling: torchtitan's float8)
     each tensor's ``max(abs)`` is a read (2, skipped for ``x`` and ``g`` when compiled: fused
     with the op before), then a cast writing the row-major and column-major FP8 copies:
