@@ -62,6 +62,8 @@ stack's host time per operation), so both engines time them alike. Under Megatro
 combined 1F1B (:mod:`.combined`) the waits open the forward's ``dispatch`` node (the router's)
 and ``mlp`` node (DeepEP's post-dispatch waits), the host's work after the layer's last issue;
 the backward nodes' host work (autograd, no wait) is not counted, as in a non-overlapped layer.
+ZeRO-3's per-layer units, which run on one stream (:meth:`.moe.MoEOps.moe_layer_payloads`),
+leave the host ops out.
 """
 
 from __future__ import annotations
