@@ -121,7 +121,8 @@ def test_delayed_fp8_refuses_norm_and_act_recomputation():
 @pytest.mark.parametrize("modules, match", [
     (["moe_act"], "no Mixture-of-Experts layers"),
     (["layernorm"], "fused into the next GEMM"),
-    (["moe"], "not modelled"),
+    (["moe"], "no Mixture-of-Experts layers"),
+    (["mla_up_proj"], "not modelled"),
 ])
 def test_a_module_with_nothing_to_recompute_or_not_modelled_is_refused(modules, match):
     with pytest.raises(ConfigError, match=match):
@@ -144,3 +145,29 @@ def test_the_plan_line_and_the_json_name_the_modules():
     assert plan_fields(cfg)["recompute_modules"] == ["moe_act", "layernorm"]
     plain = ddlsim.load_config(moe_run())
     assert "recompute_modules" not in plan_fields(plain)
+
+
+def test_the_moe_module_recomputes_the_block_with_its_all_to_alls():
+    """``moe`` frees the MoE block's tensors (more than moe_act, which it contains) and its
+    backward opens with the block's forward again, dispatch and combine included."""
+    base, act, moe = (_predict(moe_run(m)) for m in (None, ["moe_act"], ["moe"]))
+    assert moe.memory.activations < act.memory.activations < base.memory.activations
+    assert moe.iteration_time_s > act.iteration_time_s > base.iteration_time_s
+    both = _predict(moe_run(["moe", "moe_act"]))     # moe_act inside moe adds nothing
+    assert both.memory.activations == moe.memory.activations
+    assert both.iteration_time_s == moe.iteration_time_s
+    w = ddlsim.build_workload(ddlsim.load_config(moe_run(["moe"])))
+    names = []
+    for block in w.classes[0].program.blocks.values():
+        for o in block.flat.ops:
+            names.append((o.payload.name, getattr(o.payload, "op", None)))
+    assert any(n.startswith("recompute.") and op == "all_to_all" for n, op in names)
+    des = _predict(moe_run(["moe"]), "des")
+    assert des.iteration_time_s == pytest.approx(moe.iteration_time_s, rel=0.05)
+
+
+def test_the_moe_module_under_the_combined_1f1b_is_refused_not_approximated():
+    cfg = moe_run(["moe"])
+    cfg["parallel"]["moe"].update(overlap_expert_parallel_comm=True, delay_wgrad_compute=True)
+    with pytest.raises(ConfigError, match="combined 1F1B"):
+        _predict(cfg)

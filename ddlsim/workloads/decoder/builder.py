@@ -224,6 +224,20 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
             return modules_op(self, g, moe)
         return self._plain_recompute_core(g, moe)
 
+    def moe_layer_body(self, backward: bool, tag: str = "fwd") -> list[Op]:
+        """:meth:`.moe.MoEOps.moe_layer_body`, its backward opened by the recomputed MoE block
+        under ``train.recompute_modules`` with ``moe`` (:func:`.recompute_modules.
+        moe_block_ops`)."""
+        body = super().moe_layer_body(backward, tag)
+        if not backward or "moe" not in (self.plan.recompute_modules or ()):
+            return body
+        from .partition.base import OpList
+        from .recompute_modules import moe_block_ops
+        ops = OpList()
+        ops.extend(moe_block_ops(self))
+        ops.extend(body)
+        return ops.ops
+
     def _plain_recompute_core(self, g: dict, moe: bool) -> Compute:
         """The stack's selective recomputation (:func:`.layerkernels.recompute_op`: the
         attention core), or its op-level policy (:mod:`.sac`)."""

@@ -33,6 +33,11 @@ mlp             a dense layer's MLP input and intermediates:       fc1, the acti
                 ``2sbh`` + ``(4|6)·sb·f/t``                        (TP 1 only, below)
 shared_experts  the shared experts' intermediates                  their fc1, activation, fc2
                 ``(4|6)·sb·n_s·f_s/t``                             (TP 1 only, below)
+moe             the MoE block's tensors but its input: the         the MoE block's forward, its
+                dispatched copies and outputs ``4k·sbh``, router   dispatch and combine
+                logits ``2sbE``, the experts' and shared experts'  collectives included, as
+                intermediates (``moe_act``, ``shared_experts``     ops before the layer's
+                inside it add nothing)                             backward (:func:`moe_block_ops`)
 ==============  =================================================  ==============================
 
 Sources, d7288711: ``transformer_layer.py`` lines 404-473 (``layernorm``: only a norm that is
@@ -42,10 +47,10 @@ only; ``mlp``: dense layers only, line 472), lines 580-634 and 716-866 (the norm
 CheckpointWithoutOutput), 781-800 (the MLP's checkpoint); ``attention.py`` lines 328-331 and
 1143 (``core_attn``); ``moe/experts.py`` lines 230-234 and 379-390 (``moe_act`` in
 TEGroupedMLP; config lines 1380-1383: grouped GEMM only); ``moe/moe_layer.py`` lines 230-232
-and 450-465 (``shared_experts``). ``moe`` (the whole MoE layer, its dispatch all-to-alls
-included) and ``mla_up_proj`` are Megatron's choices too but not modelled here, nor ``mlp`` and
-``shared_experts`` under tensor parallelism (their recomputed forward re-runs TP collectives,
-which a one-op recomputation cannot carry): such a plan is refused with that reason.
+and 450-465 (``shared_experts``), 599-620 (``moe``). ``mla_up_proj`` is Megatron's choice
+too but not modelled here, nor ``mlp`` and ``shared_experts`` under tensor parallelism (their
+recomputed forward re-runs TP collectives, which a one-op recomputation cannot carry), nor
+``moe`` under the combined 1F1B: such a plan is refused with that reason.
 
 The freed bytes come off the layer's activations in the memory model (:func:`layer_bytes`);
 the backward's extra work is one op of the modules' kernels (:func:`recompute_op`), the same
@@ -64,7 +69,7 @@ from ...simulator.kernels.elementwise import activation_passes, norm_passes
 from ..trace import Compute, Kernel
 
 __all__ = ["RecomputeModule", "RECOMPUTE_MODULES", "recompute_module", "module_names",
-           "check_modules", "layer_bytes", "recompute_op", "separate_norms"]
+           "check_modules", "layer_bytes", "recompute_op", "moe_block_ops", "separate_norms"]
 
 
 @dataclass(frozen=True)
@@ -206,10 +211,20 @@ def _shared_experts(shape: Any, ctx: LayerContext) -> float:
     return _per_token(shape) * ctx.b * ctx.s * shape.shared_experts * shape.f_s / ctx.t
 
 
-@recompute_module("moe", "moe", why="its recomputed forward re-runs the token dispatch and "
-                  "combine collectives, which ddlsim's one-op recomputation does not carry")
+def _no_kernels(b: Any, ctx: LayerContext) -> tuple[Kernel, ...]:
+    """``moe``'s recomputation is ops of their own (:func:`moe_block_ops`), not kernels."""
+    return ()
+
+
+@recompute_module("moe", "moe", _no_kernels)
 def _moe(shape: Any, ctx: LayerContext) -> float:
-    return 0.0
+    """The MoE block's tensors (its input, the pre-MLP norm's output, is the checkpoint's):
+    the dispatched copies and their outputs, the router logits, the experts' and the shared
+    experts' intermediates."""
+    sb, k = ctx.b * ctx.s, shape.top_k
+    replicated = 2 * k * 2 * sb * shape.hidden + 2 * sb * shape.experts
+    split = _per_token(shape) * sb * (k * shape.f_e + shape.shared_experts * shape.f_s)
+    return replicated / _replicated(ctx) + split / ctx.t
 
 
 @recompute_module("mla_up_proj", "any", why="MLA's up projections and RoPE are not split "
@@ -249,6 +264,10 @@ def check_modules(modules: tuple[str, ...], shape: Any, sw: Any, tp: int,
         if name == "moe_act" and moe_plan is not None and not moe_plan.grouped_gemm:
             raise ConfigError(f"{field}: 'moe_act' needs parallel.moe.grouped_gemm: true "
                               "(Megatron-LM d7288711 transformer_config.py lines 1380-1383)")
+        if name == "moe" and moe_plan is not None and moe_plan.a2a_overlap:
+            raise ConfigError(f"{field}: 'moe' with parallel.moe.overlap_expert_parallel_comm"
+                              " is not modelled (the combined 1F1B's layer nodes do not "
+                              "carry the recomputed MoE block); drop 'moe' or the overlap")
         if name in ("mlp", "shared_experts") and tp > 1:
             raise ConfigError(f"{field}: {name!r} is modelled with tensor_model_parallel_size "
                               f"1 only (TP is {tp}: its recomputed forward re-runs TP "
@@ -257,6 +276,7 @@ def check_modules(modules: tuple[str, ...], shape: Any, sw: Any, tp: int,
 
 def _nothing(name: str) -> str:
     return {"moe_act": "it has no Mixture-of-Experts layers",
+            "moe": "it has no Mixture-of-Experts layers",
             "shared_experts": "it has no Mixture-of-Experts layers",
             "mlp": "it has no dense MLP layers",
             "layernorm": "every norm is fused into the next GEMM by the stack "
@@ -295,13 +315,33 @@ def layer_bytes(shape: Any, modules: tuple[str, ...], sw: Any, b: int, s: int, t
     base = "selective" if "core_attn" in modules else "none"
     kept = shape.layer_activation_bytes(b, s, t, sp, base, moe=moe, flash=flash, fp8=fp8)
     ctx = LayerContext(b, s, t, sp, moe, fp8, separate_norms(shape, sw, moe))
-    return kept - sum(_applied(name, moe) and RECOMPUTE_MODULES[name].freed(shape, ctx)
+    return kept - sum(_applied(name, moe, modules) and RECOMPUTE_MODULES[name].freed(shape, ctx)
                       for name in modules)
 
 
-def _applied(name: str, moe: bool) -> bool:
+#: modules that run inside ``moe``'s checkpoint: recomputing the MoE block covers them
+INSIDE_MOE = ("moe_act", "shared_experts")
+
+
+def _applied(name: str, moe: bool, modules: tuple[str, ...] = ()) -> bool:
     layers = RECOMPUTE_MODULES[name].layers
+    if moe and name in INSIDE_MOE and "moe" in modules:
+        return False
     return layers == "any" or (layers == "moe") == moe
+
+
+def moe_block_ops(b: Any) -> list:
+    """``moe``'s recomputation in an MoE layer's backward: the MoE block's forward again
+    (router, permutation, dispatch, experts, combine, shared experts: Megatron-Core's
+    ``tensor_parallel.checkpoint`` of MoELayer.forward, d7288711 ``moe/moe_layer.py`` lines
+    599-620), as ops named ``recompute.*`` (:meth:`.moe.MoEOps._moe_block`), before the
+    layer's backward; none without ``moe`` in ``plan.recompute_modules``."""
+    if "moe" not in (b.plan.recompute_modules or ()):
+        return []
+    from .partition.base import OpList
+    ops = OpList()
+    b._moe_block(ops, "recompute", False)
+    return ops.ops
 
 
 def recompute_op(b: Any, g: dict, moe: bool) -> Compute:
@@ -315,7 +355,7 @@ def recompute_op(b: Any, g: dict, moe: bool) -> Compute:
     ctx = LayerContext(b.b, b.s, b.tp, b.sp, moe, b.plan.train_dtype == "fp8",
                        separate_norms(b.shape, b.sw, moe), b.dt)
     order = ("layernorm", "core_attn", "mlp", "shared_experts", "moe_act")
-    kernels = tuple(k for name in order if name in modules and _applied(name, moe)
+    kernels = tuple(k for name in order if name in modules and _applied(name, moe, modules)
                     for k in RECOMPUTE_MODULES[name].kernels(b, ctx))
     flops = sum(k.flops if k.kind == "flash" else 2.0 * k.shape[0] * k.shape[1] * k.shape[2]
                 * k.batch if k.kind == "gemm" else 0.0 for k in kernels)
