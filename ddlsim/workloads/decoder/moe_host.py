@@ -82,8 +82,10 @@ __all__ = ["HostWait", "DispatcherHost", "DISPATCHER_HOST", "SYNC_WAKE_S", "TE_L
 #: device→host copy and its event's synchronisation: a PyTorch microbenchmark of a
 #: device→host round trip, 26.11 µs on bare-metal Linux with an RTX 3090
 #: (jingyaogong/minimind PR #837, comment of 2026-09-03, ``scripts/bench_moe.py --mode
-#: sync-probe``; 116 µs under WSL2). No Hopper figure was found; benchmarks/device/sync_wake.py
-#: measures it on a GPU (not yet run: no GPU was available to this change).
+#: sync-probe``; 116 µs under WSL2). That round trip includes one launch (9.02 µs in the same
+#: probe) and a tiny kernel, charged here whole, so the wake is an upper bound by about that.
+#: No Hopper figure was found; benchmarks/device/sync_wake.py measures it on a GPU (not yet
+#: run: no GPU was available to this change).
 SYNC_WAKE_S = 26.11e-6
 
 #: Host seconds of one Transformer Engine linear module's forward in Megatron-Core:
