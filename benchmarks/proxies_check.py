@@ -92,7 +92,9 @@ class Proxy:
     ``config`` is examples/proxies/CONFIG.yaml; ``source`` the program in the checkout;
     ``line`` a regex of the line it prints, the seconds per iteration its group 1; ``ranks``
     the rank counts run (those its command line allows, up to 4 ranks per core); ``sets``
-    the ``--set`` values that resize the config to n ranks.
+    the ``--set`` values that resize the config to n ranks; ``cold``: the time printed is of
+    one iteration with no warm-up (first touches and first calls in it), not the steady
+    iteration ddlsim predicts.
     """
 
     config: str
@@ -101,6 +103,7 @@ class Proxy:
     ranks: tuple[int, ...]
     sets: Callable[[int], list[str]]
     args: tuple[str, ...] = field(default=())
+    cold: bool = False
 
 
 #: The proxies run here, at rank counts up to 8 (4 ranks per core; more than the cores: the
@@ -113,7 +116,7 @@ class Proxy:
 #: stages) run at 2 ranks only.
 PROXIES: dict[str, Proxy] = {
     "dlrm": Proxy("dlrm", "proxies/dlrm.cpp", r"DLRM runtime per iteration " + _SECONDS,
-                  (1, 2, 4, 8), _dlrm),
+                  (1, 2, 4, 8), _dlrm, cold=True),  # RUNS 1, WARM_UP 0 (dlrm.cpp:22-23)
     "resnet152": Proxy("resnet152", "proxies/resnet152.cpp",
                        r"runtime for each iteration " + _SECONDS, (1, 2, 4),
                        lambda n: _dp(n, 128)),
@@ -438,10 +441,9 @@ def summary_line(rows: list[dict], refused: int) -> str:
             f"than cores)")
 
 
-def main(argv: list[str] | None = None) -> None:
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--proxies", type=Path, required=True,
-                    help="a checkout of spcl/DNN-cpp-proxies")
+    ap.add_argument("--proxies", type=Path, help="a checkout of spcl/DNN-cpp-proxies")
     ap.add_argument("--only", default=",".join(PROXIES),
                     help=f"comma-separated proxies to run, of {', '.join(PROXIES)}")
     ap.add_argument("--repeats", type=int, default=5, help="mpirun launches per run")
@@ -453,27 +455,52 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--work", type=Path,
                     help="keep the executables, CSVs and profiles here (default: a temporary "
                          "folder)")
+    ap.add_argument("--rows", type=Path, nargs="+",
+                    help="summarise rows saved by --json (runs nothing but the refusals)")
     args = ap.parse_args(argv)
-    names = args.only.split(",")
-    unknown = [n for n in names if n not in PROXIES]
-    ranks = tuple(int(r) for r in args.ranks.split(",") if r.strip().isdigit())
-    if unknown or args.repeats < 1 or not (args.proxies / "proxies").is_dir() \
-            or len(ranks) != len(args.ranks.split(",")):
-        ap.error(f"--only {unknown} not among {list(PROXIES)}" if unknown else
-                 f"--repeats {args.repeats} must be >= 1" if args.repeats < 1 else
-                 f"--ranks {args.ranks!r}: comma-separated positive integers"
-                 if len(ranks) != len(args.ranks.split(",")) else
-                 f"--proxies {args.proxies}: no proxies/ folder (a DNN-cpp-proxies checkout)")
-    with tempfile.TemporaryDirectory() as tmp:
-        work = args.work or Path(tmp)
-        work.mkdir(parents=True, exist_ok=True)
-        rows = compare(args.proxies, work, names, args.repeats, ranks, args.clock, args.json)
+    args.names = args.only.split(",")
+    unknown = [n for n in args.names if n not in PROXIES]
+    fields = args.ranks.split(",")
+    args.rank_counts = tuple(int(r) for r in fields if r.strip().isdigit() and int(r) > 0)
+    if unknown:
+        ap.error(f"--only {unknown} not among {list(PROXIES)}")
+    if args.repeats < 1:
+        ap.error(f"--repeats {args.repeats} must be >= 1")
+    if len(args.rank_counts) != len(fields):
+        ap.error(f"--ranks {args.ranks!r}: comma-separated positive integers")
+    if not args.rows and (args.proxies is None or not (args.proxies / "proxies").is_dir()):
+        ap.error(f"--proxies {args.proxies}: a DNN-cpp-proxies checkout (with its proxies/ "
+                 f"folder) is needed unless --rows is given")
+    return args
+
+
+def report(rows: list[dict]) -> None:
+    """Step 4 of the module docstring, then the summary of ``rows``, and of the rows of
+    proxies that print a steady iteration when some do not."""
     refused = 0
     for config in sorted(CONFIGS.glob("*.yaml")):
         reason = refusal(config)
         refused += reason is not None
         print(f"{config.stem:>24}: {'refused: ' + reason if reason else 'predicted'}")
     print(summary_line(rows, refused))
+    warm = [r for r in rows if not PROXIES[r["proxy"]].cold]
+    if len(warm) < len(rows):
+        print("steady iterations only (no cold proxy): " + summary_line(warm, refused))
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parse(argv)
+    if args.rows:
+        rows = [row for path in args.rows for row in json.loads(path.read_text())]
+        for row in rows:
+            print(_row_line(row))
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            work = args.work or Path(tmp)
+            work.mkdir(parents=True, exist_ok=True)
+            rows = compare(args.proxies, work, args.names, args.repeats, args.rank_counts,
+                           args.clock, args.json)
+    report(rows)
 
 
 if __name__ == "__main__":
