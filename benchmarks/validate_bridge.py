@@ -10,8 +10,9 @@ tables leave out, read from that repository's performance recipes at the same re
 ``data/bridge_h100_settings.csv``. The rows are predicted exactly as ``validate_h100.py``
 predicts NeMo 24.07's (``dgx-h100``, ``megatron-core-2024`` stack, the same config mapping and
 the same marks), and 405B with Megatron-Core's uneven pipeline split (embedding and loss
-counted as layers: 126 layers on PP 8 × VPP 8). One difference from NeMo 24.07: the attention
-kernel (:data:`ATTENTION`). No per-row factors and nothing tuned.
+counted as layers: 126 layers on PP 8 × VPP 8). Two differences from NeMo 24.07: the attention
+kernel (:data:`ATTENTION`) and FP8 current scaling (:data:`FP8_RECIPE`). No per-row factors and
+nothing tuned.
 """
 
 from __future__ import annotations
@@ -33,6 +34,13 @@ SETTINGS = DATA / "bridge_h100_settings.csv"
 #: compute capability >= 9.0 for the F16_arbitrary_seqlen sub-backend ("give FusedAttention
 #: preference on Hopper+"): cuDNN on H100 in every release, the stack's own default.
 ATTENTION = "cudnn"
+#: The runs' FP8 recipe: current scaling (the tables' FP8-CS). Megatron-Bridge's performance
+#: scripts build the fp8 "cs" precision from bf16_with_fp8_current_scaling_mixed (fp8_recipe
+#: "tensorwise", i.e. Megatron-Core's Fp8Recipe.tensorwise, TransformerEngine's
+#: Float8CurrentScaling) with first_last_layers_bf16 turned off (scripts/performance/utils/
+#: overrides.py get_precision_config: "Disable BF16 Transformer layers in the performance
+#: config"); simulator/kernels/fp8_current.py
+FP8_RECIPE = "te_current"
 
 
 def rows() -> list[dict]:
@@ -41,9 +49,10 @@ def rows() -> list[dict]:
 
 
 def config(row: dict) -> dict:
-    """The ddlsim run config of one row: ``validate_h100.config`` with the runs' attention."""
+    """The ddlsim run config of one row: ``validate_h100.config`` with the runs' attention
+    and FP8 recipe."""
     cfg = h100.config(row)
-    cfg["system"]["software"]["kernels"]["attention"] = ATTENTION
+    cfg["system"]["software"]["kernels"].update(attention=ATTENTION, fp8_recipe=FP8_RECIPE)
     return cfg
 
 

@@ -40,6 +40,11 @@ KERNEL_SWITCHES = ("fused_cross_entropy", "fused_bias_gelu", "fused_bias_dropout
 #: until we've tested it more"; no training config of the table's models overrides it), so
 #: TransformerEngine runs FlashAttention-2, not the stack's default cuDNN fused attention.
 ATTENTION = "flash2"
+#: The runs' FP8 recipe: Transformer Engine's delayed scaling, the only one of the 24.07
+#: container's TE (NVIDIA/TransformerEngine v1.8, 2024-07: transformer_engine/common/recipe/
+#: __init__.py defines DelayedScaling alone; Float8CurrentScaling came with v2.2), which
+#: NeMo's fp8 option builds (the settings CSV: fp8 True, fp8_hybrid)
+FP8_RECIPE = "te_delayed"
 #: NeMo's optim.grad_sync_dtype -> ddlsim's software.kernels.grad_reduce_dtype
 GRAD_SYNC = {"bf16": "param", "fp32": "fp32"}
 
@@ -109,7 +114,7 @@ def config(row: dict) -> dict:
                   "seq_length": int(row["seq"]), "dtype": "fp8", "recompute": row["recompute"]},
         "system": {"preset": "dgx-h100", "nodes": gpus // GPUS_PER_NODE,
                    "software": {"stack": STACK, "kernels": {
-                       "attention": ATTENTION,
+                       "attention": ATTENTION, "fp8_recipe": FP8_RECIPE,
                        **{k: row[k] == "true" for k in KERNEL_SWITCHES},
                        "grad_reduce_dtype": GRAD_SYNC[row["grad_sync_dtype"]]}}},
     }

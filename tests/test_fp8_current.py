@@ -120,3 +120,16 @@ def test_current_scaling_is_slower_than_delayed_in_both_engines():
         t = {r: ddlsim.predict(_llama(r), engine).to_dict()["iteration_time_s"]
              for r in ("te_delayed", "te_current")}
         assert t["te_current"] > t["te_delayed"]
+
+
+def test_the_bridge_rows_run_current_scaling_and_nemo_2407_delayed():
+    # Megatron-Bridge's fp8 "cs" precision (FP8-CS tables); NeMo 24.07's TE v1.8 had only
+    # DelayedScaling
+    from benchscripts import load_script
+    vb, vh, vm = (load_script(n) for n in ("validate_bridge", "validate_h100", "validate_moe"))
+    def recipe(cfg):
+        return cfg["system"]["software"]["kernels"].get("fp8_recipe")
+    assert {recipe(vb.config(r)) for r in vb.rows()} == {"te_current"}
+    assert {recipe(vh.config(r)) for r in vh.rows()} == {"te_delayed"}
+    assert {recipe(vm.config(r)) for r in vm.rows()} == {"te_current"}
+    assert all("FP8-CS" not in vm.approximated(r) for r in vm.rows())
