@@ -171,3 +171,11 @@ def test_the_moe_module_under_the_combined_1f1b_is_refused_not_approximated():
     cfg["parallel"]["moe"].update(overlap_expert_parallel_comm=True, delay_wgrad_compute=True)
     with pytest.raises(ConfigError, match="combined 1F1B"):
         _predict(cfg)
+
+
+def test_adding_a_module_never_makes_the_backward_shorter():
+    """core_attn keeps the selective op in MoE layers; the others add their own op."""
+    core = _predict(moe_run(["core_attn"]))
+    more = _predict(moe_run(["core_attn", "moe_act", "layernorm"]))
+    assert more.iteration_time_s > core.iteration_time_s
+    assert more.memory.activations < core.memory.activations

@@ -225,16 +225,16 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
         return self._plain_recompute_core(g, moe)
 
     def moe_layer_body(self, backward: bool, tag: str = "fwd") -> list[Op]:
-        """:meth:`.moe.MoEOps.moe_layer_body`, its backward opened by the recomputed MoE block
-        under ``train.recompute_modules`` with ``moe`` (:func:`.recompute_modules.
-        moe_block_ops`)."""
+        """:meth:`.moe.MoEOps.moe_layer_body`, its backward opened under
+        ``train.recompute_modules`` by the recomputed MoE block (``moe``) and the modules
+        recomputed beside ``core_attn`` (:func:`.recompute_modules.moe_extra_ops`)."""
         body = super().moe_layer_body(backward, tag)
-        if not backward or "moe" not in (self.plan.recompute_modules or ()):
+        if not backward or self.plan.recompute_modules is None:
             return body
         from .partition.base import OpList
-        from .recompute_modules import moe_block_ops
+        from .recompute_modules import moe_extra_ops
         ops = OpList()
-        ops.extend(moe_block_ops(self))
+        ops.extend(moe_extra_ops(self))
         ops.extend(body)
         return ops.ops
 

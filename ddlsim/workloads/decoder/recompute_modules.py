@@ -69,7 +69,8 @@ from ...simulator.kernels.elementwise import activation_passes, norm_passes
 from ..trace import Compute, Kernel
 
 __all__ = ["RecomputeModule", "RECOMPUTE_MODULES", "recompute_module", "module_names",
-           "check_modules", "layer_bytes", "recompute_op", "moe_block_ops", "separate_norms"]
+           "check_modules", "layer_bytes", "recompute_op", "moe_block_ops", "moe_extra_ops",
+           "separate_norms"]
 
 
 @dataclass(frozen=True)
@@ -264,6 +265,12 @@ def check_modules(modules: tuple[str, ...], shape: Any, sw: Any, tp: int,
         if name == "moe_act" and moe_plan is not None and not moe_plan.grouped_gemm:
             raise ConfigError(f"{field}: 'moe_act' needs parallel.moe.grouped_gemm: true "
                               "(Megatron-LM d7288711 transformer_config.py lines 1380-1383)")
+        if (name == "core_attn" and len(modules) > 1 and moe_plan is not None
+                and moe_plan.a2a_overlap):
+            raise ConfigError(f"{field}: 'core_attn' beside other modules under parallel.moe."
+                              "overlap_expert_parallel_comm is not modelled (the combined "
+                              "1F1B's layer nodes carry one recompute op); give core_attn "
+                              "alone or the other modules without it")
         if name == "moe" and moe_plan is not None and moe_plan.a2a_overlap:
             raise ConfigError(f"{field}: 'moe' with parallel.moe.overlap_expert_parallel_comm"
                               " is not modelled (the combined 1F1B's layer nodes do not "
@@ -347,11 +354,17 @@ def moe_block_ops(b: Any) -> list:
 def recompute_op(b: Any, g: dict, moe: bool) -> Compute:
     """The backward's recomputation of builder ``b``'s layer under ``plan.recompute_modules``:
     one op of the modules' kernels in Megatron's order (norms, attention core, MLP parts).
-    ``["core_attn"]`` alone is the attention core's op as ``selective`` builds it, bit for
-    bit (:func:`.layerkernels.recompute_op`)."""
+    With ``core_attn`` in an MoE layer the op is the attention core's as ``selective`` builds
+    it (:func:`.layerkernels.recompute_op`, bit for bit), and the other modules' kernels are
+    their own op (:func:`moe_extra_ops`); ``["core_attn"]`` alone is that op on any layer."""
     modules = b.plan.recompute_modules
-    if modules == ("core_attn",):
+    if modules == ("core_attn",) or (moe and "core_attn" in modules):
         return b._plain_recompute_core(g, moe)
+    return _kernels_op(b, modules, moe)
+
+
+def _kernels_op(b: Any, modules: tuple[str, ...], moe: bool) -> Compute:
+    """One op of the kernels of ``modules`` on builder ``b``'s layer (an MoE layer or not)."""
     ctx = LayerContext(b.b, b.s, b.tp, b.sp, moe, b.plan.train_dtype == "fp8",
                        separate_norms(b.shape, b.sw, moe), b.dt)
     order = ("layernorm", "core_attn", "mlp", "shared_experts", "moe_act")
@@ -364,3 +377,17 @@ def recompute_op(b: Any, g: dict, moe: bool) -> Compute:
         return Compute("recompute.modules", 0.0, 0.0, kind="elementwise", dtype=b.dtype,
                        seconds=0.0)
     return Compute("recompute.modules", flops, nbytes, dtype=b.dtype, kernels=kernels)
+
+
+def moe_extra_ops(b: Any) -> list:
+    """Ops an MoE layer's backward opens with under ``plan.recompute_modules``: the MoE
+    block's forward again with ``moe`` (:func:`moe_block_ops`), and, beside ``core_attn``
+    (whose op :func:`recompute_op` keeps as ``selective`` builds it), one op of the other
+    modules' kernels."""
+    modules = b.plan.recompute_modules or ()
+    ops = moe_block_ops(b)
+    rest = tuple(m for m in modules if m != "core_attn")
+    if "core_attn" in modules and any(_applied(m, True, modules) and m != "moe" for m in rest):
+        from ..trace import Op
+        ops.append(Op(_kernels_op(b, rest, True)))
+    return ops
