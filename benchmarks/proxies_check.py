@@ -270,6 +270,37 @@ def calibrate(work: Path, names: list[str], ranks: int = 2, clock: str = "wall",
     raise RuntimeError(f"calibrate fit refused {attempts} calibrations; see above")
 
 
+def link_sets(proxy: Proxy, n: int, profile: Path) -> list[str]:
+    """``--set`` values of :data:`SYSTEM`'s link (intra-node, and the NIC that repeats it) from
+    the profile's sendrecv fit at the n-rank run's largest message
+    (:func:`ddlsim.calibration.linkfit.measured_link`): the preset's own link is that fit at 2
+    ranks under another day's load.
+
+    Parameters
+    ----------
+    proxy : Proxy
+        The proxy whose n-rank run's messages are sized (:func:`comm_calls`).
+    n : int
+        Ranks.
+    profile : Path
+        Calibration profile with a ``sendrecv`` fit (step 2).
+
+    Returns
+    -------
+    list of str
+        ``system.intra_node.*`` and ``system.nic.*`` bandwidth (B/s) and latency (s); none
+        when the run sends nothing.
+    """
+    from ddlsim.calibration.linkfit import measured_link
+    from ddlsim.calibration.profile import CalibrationProfile
+    sizes = [b for _, b in comm_calls(proxy, n)]
+    if not sizes:
+        return []
+    link = measured_link(CalibrationProfile.load(profile), max(sizes), n)
+    return [f"system.{part}.{key}={getattr(link, key)!r}" for part in ("intra_node", "nic")
+            for key in ("bandwidth_Bps", "latency_s")]
+
+
 def predict(proxy: Proxy, n: int, profile: Path | None) -> dict[str, float]:
     """``ddlsim predict --engine both`` of the n-rank run on :data:`SYSTEM`.
 
@@ -283,7 +314,8 @@ def predict(proxy: Proxy, n: int, profile: Path | None) -> dict[str, float]:
     n : int
         Ranks.
     profile : Path or None
-        Calibration profile (``--calibration``, backend mpi); None: the preset's link alone.
+        Calibration profile (``--calibration``, backend mpi; the link from its sendrecv fit,
+        :func:`link_sets`); None: the preset alone.
 
     Returns
     -------
@@ -292,9 +324,11 @@ def predict(proxy: Proxy, n: int, profile: Path | None) -> dict[str, float]:
     """
     cmd = DDLSIM + ["predict", str(CONFIGS / f"{proxy.config}.yaml"), "--engine", "both",
                     "--allow-oom", "-f", "json"]
+    sets = proxy.sets(n) + _system_sets(n)
     if profile is not None:
         cmd += ["--calibration", str(profile), "--backend", "mpi"]
-    for s in proxy.sets(n) + _system_sets(n):
+        sets += link_sets(proxy, n, profile)
+    for s in sets:
         cmd += ["--set", s]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=_env())
     if proc.returncode:
