@@ -133,3 +133,19 @@ def test_the_bridge_rows_run_current_scaling_and_nemo_2407_delayed():
     assert {recipe(vh.config(r)) for r in vh.rows()} == {"te_delayed"}
     assert {recipe(vm.config(r)) for r in vm.rows()} == {"te_current"}
     assert all("FP8-CS" not in vm.approximated(r) for r in vm.rows())
+
+
+def test_an_moe_layer_reduces_one_amax_each_way():
+    # its one sequence-parallel TE linear pair: qkv's input (forward), proj's output
+    # gradient (backward); the experts are not TP-split (expert TP 1)
+    cfg = {"model": {"preset": "qwen3-30b-a3b", "num_hidden_layers": 2},
+           "parallel": {"tensor_model_parallel_size": 2, "sequence_parallel": True,
+                        "expert_model_parallel_size": 4, "expert_tensor_parallel_size": 1,
+                        "moe": {"token_dispatcher_type": "alltoall", "grouped_gemm": True}},
+           "train": {"micro_batch_size": 1, "global_batch_size": 4, "seq_length": 4096,
+                     "dtype": "fp8"},
+           "system": {"preset": "dgx-h100", "nodes": 1,
+                      "software": {"stack": "megatron-core-2025",
+                                   "kernels": {"fp8_recipe": "te_current"}}}}
+    found = _amax_collectives(cfg)
+    assert len(found["F0"]) == 2 and len(found["B0"]) == 2
