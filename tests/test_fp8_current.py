@@ -149,3 +149,18 @@ def test_an_moe_layer_reduces_one_amax_each_way():
                                    "kernels": {"fp8_recipe": "te_current"}}}}
     found = _amax_collectives(cfg)
     assert len(found["F0"]) == 2 and len(found["B0"]) == 2
+
+
+@pytest.mark.parametrize("flag, recipe", [("tensorwise", "te_current"),
+                                          ("delayed", "te_delayed")])
+def test_megatron_fp8_recipe_flag_is_imported(tmp_path, flag, recipe):
+    # megatron/core/fp8_utils.py: tensorwise -> TE Float8CurrentScaling, delayed -> DelayedScaling
+    from ddlsim.importers import import_config
+    script = tmp_path / "run.sh"
+    script.write_text(
+        "torchrun --nproc_per_node 8 --nnodes 2 pretrain_gpt.py --num-layers 32 "
+        "--hidden-size 4096 --num-attention-heads 32 --seq-length 2048 "
+        "--max-position-embeddings 2048 --micro-batch-size 1 --global-batch-size 64 --bf16 "
+        f"--fp8-format hybrid --fp8-recipe {flag}\n")
+    cfg = import_config([script], system="dgx-h100").config
+    assert cfg["system"]["software"]["kernels"]["fp8_recipe"] == recipe

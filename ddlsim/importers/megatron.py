@@ -103,7 +103,10 @@ CHOICES: dict[str, dict[str, list[tuple[str, Any]]]] = {
     "optimizer": {"adam": [("train.optimizer", "adam")], "sgd": [("train.optimizer", "sgd")]},
     "recompute-method": {"uniform": []},
     "transformer-impl": {"transformer_engine": []},
-    "fp8-recipe": {"delayed": [], "tensorwise": []},
+    # megatron/core/fp8_utils.py: delayed -> TE DelayedScaling, tensorwise -> TE
+    # Float8CurrentScaling (simulator/kernels/fp8_current.py)
+    "fp8-recipe": {"delayed": [(f"{_SW}.kernels.fp8_recipe", "te_delayed")],
+                   "tensorwise": [(f"{_SW}.kernels.fp8_recipe", "te_current")]},
     "moe-token-dispatcher-type": {d: [("parallel.moe.token_dispatcher_type", d)]
                                   for d in ("alltoall", "allgather", "flex")},
     "moe-flex-dispatcher-backend": {b: [("parallel.moe.flex_dispatcher_backend", b)]
@@ -122,8 +125,6 @@ CHOICE_NOTES = {
                                 "as train.recompute full models it",
     "transformer-impl transformer_engine": "TransformerEngine layers, as the stack's kernels "
                                            "describe them",
-    "fp8-recipe delayed": "per-tensor scaling, as ddlsim's fp8 models it",
-    "fp8-recipe tensorwise": "per-tensor scaling, as ddlsim's fp8 models it",
     "rotary-percent 1.0": "every head dimension rotated, as ddlsim models RoPE",
     "rotary-percent 1": "every head dimension rotated, as ddlsim models RoPE",
 }
