@@ -19,7 +19,8 @@ One MoE layer's forward on one rank (alltoall dispatcher; Megatron-LM 9c1a5351
    the hottest rank receives ``load`` × the mean: ``split_bytes``); all-gather over ``etp``;
 4. permutation 2 (sort by local expert) when a rank holds several experts;
 5. the experts: ``E/EP`` GEMMs of ``n`` tokens each, ``n = etp·ep·T·k/E × load``, widths
-   ``f_e/etp``: one grouped GEMM launch (``batch = E/EP``) or one launch per expert;
+   ``f_e/etp``: one grouped GEMM launch (``batch = E/EP``), Transformer Engine's per-expert
+   GEMMs on its streams (:mod:`.grouped_linear`), or one launch per expert;
 6. the reverse: un-sort, reduce-scatter over ``etp``, combine all-to-all, un-permute;
 7. shared experts (all-gather over TP, their GEMMs, reduce-scatter), after the routed experts
    or, with ``shared_expert_overlap``, beside the dispatch (the combine is not overlapped).
@@ -33,6 +34,7 @@ from __future__ import annotations
 from ...simulator.kernels.gemm import gemm_kernels_backward
 from ..trace import Block, Collective, Compute, Kernel, Loop, Op, Wait
 from .fp8linear import with_fp8_casts
+from .grouped_linear import multi_stream_gemms
 from .layerkinds import attention_projections, moe_layers_in_stage
 from .moe_dispatch import flex_ops
 from .moe_host import add_host_work, add_waits, dispatcher_host
@@ -153,12 +155,21 @@ class MoEOps(StageBase):
         pre = "bwd" if backward else tag
         fc1 = (n, (sh.mlp_matrices - 1) * f, sh.hidden)
         fc2 = (n, sh.hidden, f)
-        gemms = [with_fp8_casts(self._gemm(f"{pre}.experts.fc1", *fc1, backward, batch,
-                                           launches), self.sw, *fc1, backward, batch, launches),
+        gemms = [self._experts_linear(f"{pre}.experts.fc1", fc1, backward, batch, launches),
                  self._memory(f"{pre}.experts.act", act),
-                 with_fp8_casts(self._gemm(f"{pre}.experts.fc2", *fc2, backward, batch,
-                                           launches), self.sw, *fc2, backward, batch, launches)]
+                 self._experts_linear(f"{pre}.experts.fc2", fc2, backward, batch, launches)]
         return gemms[::-1] if backward else gemms
+
+    def _experts_linear(self, name: str, shape: tuple, backward: bool, batch: int,
+                        launches: int) -> Compute:
+        """One linear of the local experts (fc1 or fc2, GEMM ``shape`` per expert) with its
+        FP8 casts; a grouped launch on a stack whose grouped GEMM is Transformer Engine's
+        multi-stream GroupedLinear as its rounds of per-expert GEMMs (:mod:`.grouped_linear`)."""
+        op = with_fp8_casts(self._gemm(name, *shape, backward, batch, launches), self.sw,
+                            *shape, backward, batch, launches)
+        if batch > 1 and self.moe.gemm_streams:
+            op = multi_stream_gemms(op, batch, self.moe.gemm_streams)
+        return op
 
     def _shared(self, tag: str, backward: bool) -> list[Compute | Collective]:
         """Shared experts (Megatron-Core ``SharedExpertMLP``): TP-split like a dense MLP over

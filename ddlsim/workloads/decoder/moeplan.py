@@ -60,6 +60,11 @@ class MoEPlan:
     #: the flex dispatcher's kernels (``deepep``, ``hybridep``; None for other dispatchers)
     flex_backend: str | None = None
 
+    #: grouped GEMM as Transformer Engine's GroupedLinear runs it: one GEMM per expert on this
+    #: many streams (the stack's ``moe.grouped_gemm_streams``, :mod:`.grouped_linear`); 0: one
+    #: grouped launch of all local experts
+    gemm_streams: int = 0
+
     @property
     def load(self) -> float:
         """Tokens of the hottest expert-parallel rank over the mean: padded to capacity →
@@ -146,7 +151,19 @@ def resolve_moe(cfg: Any) -> MoEPlan | None:
                    bool(given.get("pad_expert_input_to_capacity", False)), p.ep, p.etp, sources,
                    a2a_overlap=bool(values["overlap_expert_parallel_comm"]),
                    delay_wgrad=bool(values["delay_wgrad_compute"]),
-                   flex_backend=_flex_backend(given, values, sources))
+                   flex_backend=_flex_backend(given, values, sources),
+                   gemm_streams=_gemm_streams(table, values["grouped_gemm"], sources))
+
+
+def _gemm_streams(table: dict, grouped: bool, sources: dict) -> int:
+    """Streams of the stack's grouped GEMM (its ``moe.grouped_gemm_streams``; 0 when the
+    stack's grouped GEMM is one launch, or without grouped GEMM), its source in
+    ``sources``."""
+    entry = table.get("grouped_gemm_streams")
+    if not grouped or entry is None:
+        return 0
+    sources["grouped_gemm_streams"] = entry["source"]
+    return int(entry["value"])
 
 
 #: Megatron-Core's flex backend when none is given

@@ -1,0 +1,104 @@
+"""Grouped GEMM as Transformer Engine's GroupedLinear runs it (megatron-core-2025: one cuBLAS
+GEMM per local expert, expert ``i`` on stream ``i mod 4``; ``decoder/grouped_linear.py``): the
+experts' GEMMs of one pass as rounds of at most four concurrent GEMMs, the casts unchanged.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import ddlsim
+from ddlsim.workloads.decoder.combined import _split_wgrad
+from ddlsim.workloads.decoder.grouped_linear import multi_stream_gemms, stream_rounds
+from ddlsim.workloads.trace import Compute, Kernel
+
+pytestmark = pytest.mark.filterwarnings("ignore::ddlsim.errors.DDLSimWarning")
+
+H, F_E = 4096, 14336          # Mixtral 8x7B (its config.json): 8 experts, top-2
+
+
+def _cfg(ep: int, stack: str = "megatron-core-2025", dtype: str = "bf16") -> dict:
+    """Mixtral 8x7B cut to two layers on one DGX H100, TP1, DP8, EP ``ep`` (8/ep local
+    experts), grouped GEMM."""
+    return {"model": {"preset": "mixtral-8x7b", "num_hidden_layers": 2},
+            "parallel": {"expert_model_parallel_size": ep,
+                         "moe": {"token_dispatcher_type": "alltoall", "grouped_gemm": True}},
+            "train": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 4096,
+                      "dtype": dtype, "recompute": "none"},
+            "system": {"preset": "dgx-h100", "nodes": 1, "software": {"stack": stack}}}
+
+
+def _ops(cfg: dict) -> dict[str, Compute]:
+    w = ddlsim.build_workload(ddlsim.load_config(cfg))
+    out: dict[str, Compute] = {}
+    for block in w.classes[0].program.blocks.values():
+        for op in block.flat.ops:
+            if type(op.payload) is Compute:
+                out.setdefault(op.payload.name, op.payload)
+    return out
+
+
+def _gemms(op: Compute) -> list[Kernel]:
+    return [k for k in op.kernels if k.kind == "gemm"]
+
+
+@pytest.mark.parametrize("experts, streams, rounds", [(16, 4, (4, 4, 4, 4)), (8, 4, (4, 4)),
+                                                      (6, 4, (4, 2)), (3, 4, (3,)), (5, 1, (1,) * 5)])
+def test_rounds_are_the_round_robin_issue(experts, streams, rounds):
+    assert stream_rounds(experts, streams) == rounds
+
+
+def test_rounds_refuse_nonsense():
+    with pytest.raises(ValueError, match="streams >= 1"):
+        stream_rounds(4, 0)
+
+
+def test_eight_local_experts_run_as_two_rounds_of_four():
+    # EP1: all 8 experts local, each computing n = ep·T·k/E = 4096·2/8 = 1024 tokens; fc1
+    # is [1024, 4096]·[4096, 2·14336] per expert, two rounds of four
+    ops = _ops(_cfg(1))
+    fc1 = ops["fwd.experts.fc1"]
+    assert [(k.shape, k.batch) for k in _gemms(fc1)] == [((1024, 2 * F_E, H), 4.0)] * 2
+    assert fc1.flops == pytest.approx(2 * 1024 * 2 * F_E * H * 8)
+    bwd = _gemms(ops["bwd.experts.fc2"])       # dgrad, wgrad per round, two rounds
+    assert [k.shape for k in bwd] == [(1024, F_E, H), (F_E, H, 1024)] * 2
+    assert all(k.batch == 4.0 for k in bwd)
+
+
+def test_four_local_experts_are_one_round_as_before():
+    gemms = _gemms(_ops(_cfg(2))["fwd.experts.fc1"])
+    assert [(k.shape, k.batch) for k in gemms] == [((2048, 2 * F_E, H), 4.0)]
+
+
+def test_a_stack_without_the_feature_keeps_one_grouped_launch():
+    # megatron-core-2024 names no grouped_gemm_streams: one launch of all 8 problems
+    gemms = _gemms(_ops(_cfg(1, "megatron-core-2024"))["fwd.experts.fc1"])
+    assert [k.batch for k in gemms] == [8.0]
+
+
+def test_fp8_casts_stay_one_pass_over_all_experts_and_wgrad_splits_per_round():
+    ops = _ops(_cfg(1, dtype="fp8"))
+    fwd = ops["fwd.experts.fc1"]
+    casts = [k for k in fwd.kernels if k.kind != "gemm"]
+    assert len(_gemms(fwd)) == 2 and casts       # two rounds, the cast pass(es) kept
+    assert fwd.kernels[:len(casts)] == tuple(casts)   # casts before the GEMMs
+    d, w = _split_wgrad(ops["bwd.experts.fc1"])
+    assert [k.shape for k in _gemms(d)] == [(1024, H, 2 * F_E)] * 2
+    assert [k.shape for k in _gemms(w)] == [(H, 2 * F_E, 1024)] * 2
+
+
+def test_multi_stream_gemms_refuses_a_launch_of_another_size():
+    op = Compute("x", 1.0, kernels=(Kernel("gemm", (8, 8, 8), batch=3),))
+    with pytest.raises(ValueError, match="expected one grouped launch of 4"):
+        multi_stream_gemms(op, 4, 4)
+
+
+def test_more_local_experts_cost_more_device_time_than_one_launch():
+    # 16 problems of M = 512 (EP8 of 128 experts): one launch fills the SMs in waves over all
+    # 16 problems' tiles; four rounds of four leave each round's last wave partly idle
+    from ddlsim.simulator.kernels.device import kernel_device, op_time
+    dev = kernel_device(ddlsim.load_config(_cfg(1)).system)
+    one = Compute("one", 0.0, kernels=(Kernel("gemm", (512, 3072, 4096), batch=16),))
+    rounds = multi_stream_gemms(one, 16, 4)
+    assert len(rounds.kernels) == 4
+    assert op_time(rounds, dev) > op_time(one, dev)
