@@ -72,17 +72,23 @@ def piece_config(cfg, tp: int, sp: bool, mbs: int, recompute: str, zero: int, dp
     to judge it): the search's rules have judged the plan already; the resolved
     software follows the new ``parallel`` section (:attr:`~ddlsim.config.RunConfig.software`,
     resolved once per ``parallel`` object: ``sections``, a dict kept by the caller, hands the
-    same object to every plan that shares it)."""
-    key = (tp, sp, zero, dp)
-    parallel = None if sections is None else sections.get(key)
-    if parallel is None:
-        parallel = cfg.parallel.model_copy(update={"tensor_model_parallel_size": tp,
-                                                   "sequence_parallel": sp, "zero_stage": zero,
-                                                   "data_parallel_size": dp})
-        if sections is not None:
-            sections[key] = parallel
-    train = cfg.train.model_copy(update={"micro_batch_size": mbs, "recompute": recompute})
+    same object to every plan that shares it, and likewise the ``train`` section)."""
+    parallel = _section(cfg.parallel, sections, "parallel", tensor_model_parallel_size=tp,
+                        sequence_parallel=sp, zero_stage=zero, data_parallel_size=dp)
+    train = _section(cfg.train, sections, "train", micro_batch_size=mbs, recompute=recompute)
     return cfg.model_copy(update={"parallel": parallel, "train": train})
+
+
+def _section(section, sections: dict | None, name: str, **update):
+    """``section`` with ``update`` (a copy, not validated), made once per distinct update
+    when ``sections`` (the caller's dict) is given."""
+    key = (name, *update.values())
+    hit = None if sections is None else sections.get(key)
+    if hit is None:
+        hit = section.model_copy(update=update)
+        if sections is not None:
+            sections[key] = hit
+    return hit
 
 
 def _signatures(plans) -> tuple[np.ndarray, np.ndarray]:

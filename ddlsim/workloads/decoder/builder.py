@@ -297,7 +297,10 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
                 P2P(f"send.{tag}", "send", "pp", peer, p2p_bytes, tag), stream="pp", deps=(dep,)))
 
         def after(op: Op, dep: int) -> Op:  # ``op`` made to depend on op ``dep``
-            return self.cached(("after", op, dep), lambda: Op(op.payload, op.stream, (dep,), op.repeat))
+            # keyed by the op's identity: hashing a layers' loop hashes every op in it; the
+            # entry keeps ``op``, so its id is not reused by another op while the entry lives
+            return self.cached(("after", id(op), dep), lambda: (
+                op, Op(op.payload, op.stream, (dep,), op.repeat)))[1]
 
         # tags name the receiving chunk, so every middle stage has the same blocks (the last
         # stage's chunk c feeds chunk c + 1 of stage 0 in the interleaved schedule)
