@@ -239,12 +239,12 @@ def calibration_range(sizes: list[float]) -> tuple[int, int]:
 
 
 def calibrate(work: Path, names: list[str], ranks: int = 2, clock: str = "wall",
-              attempts: int = 3) -> Path:
+              attempts: int = 3, max_rel_rmse: float = 0.25) -> Path:
     """Step 2 of the module docstring for the proxies ``names`` run on ``ranks`` ranks: the
     profile (a YAML path) of the collectives and sizes those runs issue, measured on
     ``ranks`` ranks (sharing the cores when there are more ranks than cores) with ``clock``.
-    A fit that ``calibrate fit`` refuses (a curve missing its own points by over 25 %: the
-    machine's load) is measured again, ``attempts`` times at most."""
+    A fit that ``calibrate fit`` refuses (a curve missing its own points by more than
+    ``max_rel_rmse``: the machine's load) is measured again, ``attempts`` times at most."""
     from ddlsim.reference.loop import COMM_STATISTIC, _check, _cores, _run, mpirun
     calls = {c for name in names if ranks in PROXIES[name].ranks
              for c in comm_calls(PROXIES[name], ranks)}
@@ -263,8 +263,10 @@ def calibrate(work: Path, names: list[str], ranks: int = 2, clock: str = "wall",
                "calibrate comm")
         proc = _run([sys.executable, "-m", "ddlsim.calibration", "fit", str(csv), "-o",
                      str(profile), "--statistic", COMM_STATISTIC, "--bootstrap", "0",
-                     "--force"], 300)
+                     "--max-rel-rmse", str(max_rel_rmse), "--force"], 300)
         if proc.returncode == 0:
+            print("  fitted, relative RMS error: " + ", ".join(
+                f"{op} {100 * e:.1f} %" for op, e in fit_errors(profile).items()), flush=True)
             return profile
         print("  " + " ".join(proc.stderr.split())[:600], flush=True)
     raise RuntimeError(f"calibrate fit refused {attempts} calibrations; see above")
@@ -299,6 +301,12 @@ def link_sets(proxy: Proxy, n: int, profile: Path) -> list[str]:
     link = measured_link(CalibrationProfile.load(profile), max(sizes), n)
     return [f"system.{part}.{key}={getattr(link, key)!r}" for part in ("intra_node", "nic")
             for key in ("bandwidth_Bps", "latency_s")]
+
+
+def fit_errors(profile: Path) -> dict[str, float]:
+    """Operation -> the relative RMS error of its fitted curve (``calibrate fit``'s figure)."""
+    from ddlsim.calibration.profile import CalibrationProfile
+    return {e.op: e.rel_rmse for e in CalibrationProfile.load(profile).doc.comm}
 
 
 def predict(proxy: Proxy, n: int, profile: Path | None) -> dict[str, float]:
@@ -425,7 +433,7 @@ def refusal(config: Path) -> str | None:
 
 def compare(checkout: Path, work: Path, names: list[str], repeats: int,
             ranks: tuple[int, ...] = (1, 2, 4, 8), clock: str = "wall",
-            out: Path | None = None) -> list[dict]:
+            out: Path | None = None, max_rel_rmse: float = 0.25) -> list[dict]:
     """Steps 1-3 of the module docstring: one row per (proxy, ranks), rank count by rank
     count, each calibrated right before its runs (the same load); the rows so far are
     written to ``out`` after each."""
@@ -433,14 +441,15 @@ def compare(checkout: Path, work: Path, names: list[str], repeats: int,
     rows, cache = [], {}
     for n in sorted({n for name in names for n in PROXIES[name].ranks if n in ranks}):
         run = [name for name in names if n in PROXIES[name].ranks]
-        profile = calibrate(work, run, n, clock) if n > 1 else None
+        profile = calibrate(work, run, n, clock, max_rel_rmse=max_rel_rmse) if n > 1 else None
         for name in run:
             proxy = PROXIES[name]
             before = load()
             times = measure(exes[proxy.source], proxy, n, repeats, cache)
             row = {"proxy": name, "ranks": n, "measured_s": statistics.median(times),
                    "runs_s": times, "load_before": before, "load_after": load(),
-                   "sleep_100us_us": sleep_us(), "clock": clock}
+                   "sleep_100us_us": sleep_us(), "clock": clock,
+                   "fit_rel_rmse": fit_errors(profile) if profile else {}}
             for engine, t in predict(proxy, n, profile).items():
                 row[f"predicted_{engine}_s"] = t
                 row[f"error_{engine}"] = t / row["measured_s"] - 1
@@ -489,6 +498,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--work", type=Path,
                     help="keep the executables, CSVs and profiles here (default: a temporary "
                          "folder)")
+    ap.add_argument("--max-rel-rmse", type=float, default=0.25,
+                    help="calibrate fit's bound on a curve's relative RMS error (its default "
+                         "0.25); a higher one accepts a noisier machine, and says so")
     ap.add_argument("--rows", type=Path, nargs="+",
                     help="summarise rows saved by --json (runs nothing but the refusals)")
     args = ap.parse_args(argv)
@@ -498,6 +510,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     args.rank_counts = tuple(int(r) for r in fields if r.strip().isdigit() and int(r) > 0)
     if unknown:
         ap.error(f"--only {unknown} not among {list(PROXIES)}")
+    if not 0 < args.max_rel_rmse <= 1:
+        ap.error(f"--max-rel-rmse {args.max_rel_rmse} must be in (0, 1]")
     if args.repeats < 1:
         ap.error(f"--repeats {args.repeats} must be >= 1")
     if len(args.rank_counts) != len(fields):
@@ -533,7 +547,7 @@ def main(argv: list[str] | None = None) -> None:
             work = args.work or Path(tmp)
             work.mkdir(parents=True, exist_ok=True)
             rows = compare(args.proxies, work, args.names, args.repeats, args.rank_counts,
-                           args.clock, args.json)
+                           args.clock, args.json, args.max_rel_rmse)
     report(rows)
 
 
