@@ -249,13 +249,22 @@ def pair_contention(b, f_nodes: dict, b_nodes: dict) -> dict[tuple[str, str], Op
 
 
 def _merge(pairs: list[tuple[dict | None, dict | None]], ops: list[Op],
-           contention: list[dict] | None = None) -> None:
+           contention: list[dict] | None = None, wait_on_comm: bool = False) -> None:
     """Append the layer pairs' nodes to ``ops`` in :data:`PAIR_ORDER`, each node's first op
     waiting for its side's previous node (the chain of events of Megatron-Core's
     ``ScheduleNode``); the chains start at the block's last op so far. ``contention[j]``:
     pair ``j``'s contention ops (:func:`pair_contention`), each appended to the node it is
-    keyed by."""
+    keyed by. ``wait_on_comm`` (the flex dispatcher): the host's wait that opens a forward
+    ``dispatch`` node also waits for the communication stream's last op before it (the paired
+    backward's combine): DeepEP's and HybridEP's dispatch, issued on that stream, make it wait
+    for the stream's earlier work before the counts the host waits for are computed
+    (Megatron-LM d7288711 ``fused_a2a.py`` lines 84-124: ``get_dispatch_layout`` and
+    ``dispatch`` with ``previous_event``, an event of the current stream, the dispatch node's
+    communication stream; DeepEP 567632d ``csrc/deep_ep.cpp`` lines 1051-1053 and 1137-1143,
+    ``internode_dispatch``: DeepEP's stream waits for it, then the host polls the received
+    counts)."""
     chain = {"f": len(ops) - 1 if ops else None, "b": len(ops) - 1 if ops else None}
+    last_comm = max((i for i, op in enumerate(ops) if op.stream == "ep"), default=None)
     for j, (f_nodes, b_nodes) in enumerate(pairs):
         extra = contention[j] if contention and j < len(contention) else {}
         for side, node in PAIR_ORDER:
@@ -270,7 +279,12 @@ def _merge(pairs: list[tuple[dict | None, dict | None]], ops: list[Op],
                 deps = tuple(d + base for d in op.deps)
                 if j == 0 and not node.endswith("wgrad") and chain[side] is not None:
                     deps = tuple(sorted({*deps, chain[side]}))
+                if (j == 0 and wait_on_comm and (side, node) == ("f", "dispatch")
+                        and op.stream == "host" and last_comm is not None):
+                    deps = tuple(sorted({*deps, last_comm}))
                 ops.append(Op(op.payload, op.stream, deps, op.repeat))
+                if op.stream == "ep":
+                    last_comm = len(ops) - 1
             if not node.endswith("wgrad"):
                 chain[side] = len(ops) - 1
 
@@ -327,7 +341,7 @@ def _body(b, parts_f: dict, parts_b: dict, delay: bool) -> tuple[Op, ...]:
     cont = [b.cached(("combined.contention", fl[i], bl[i], delay),
                      lambda f=f, bw=bw: pair_contention(b, f, bw))
             for i, (f, bw) in enumerate(pairs[:k])]
-    _merge(order, ops, cont)
+    _merge(order, ops, cont, wait_on_comm=b.moe.dispatcher == "flex")
     ops.append(Op(Wait("combined.join", "ep")))
     base = len(ops)
     ops += [Op(o.payload, o.stream, tuple(d + base for d in o.deps), o.repeat)
