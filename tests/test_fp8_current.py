@@ -164,3 +164,28 @@ def test_megatron_fp8_recipe_flag_is_imported(tmp_path, flag, recipe):
         f"--fp8-format hybrid --fp8-recipe {flag}\n")
     cfg = import_config([script], system="dgx-h100").config
     assert cfg["system"]["software"]["kernels"]["fp8_recipe"] == recipe
+
+
+def test_an_sp_gathered_gradient_reads_only_the_ranks_shard_for_its_amax():
+    # distributed.py _all_gather_fp8: each rank quantizes its sequence shard, then gathers
+    full = _bytes("te_current", True)
+    assert full - _bytes("te_current", True, amax_shards=4) == pytest.approx(2 * M * N * 3 / 4)
+    assert _bytes("te_delayed", True, amax_shards=4) == _bytes("te_delayed", True)
+
+
+def test_the_dense_layers_row_parallel_gradients_are_read_per_shard():
+    import warnings
+    from ddlsim.workloads.decoder.layerkernels import layer_kernels
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        shape = ddlsim.load_config(_llama("te_current")).model.shape()
+    sw = resolve_software(SoftwareSpec(stack="megatron-core-2024",
+                                       kernels={"fp8_recipe": "te_current"}))
+    def amax(part, sp):
+        ks = layer_kernels(shape, sw, 1, 4096, 4, sp, "fp8")[part]
+        return sum(k.bytes for k in ks if k.kind == "memory" and k.bytes > 16)
+    # the gradient's amax (2 B per element of [b·s, h]) read over s/4 positions with SP
+    h = shape.hidden
+    for part in ("bwd.mlp.fc2", "bwd.attn.proj"):
+        assert amax(part, False) - amax(part, True) == pytest.approx(2 * 4096 * h * 3 / 4)
+    assert amax("bwd.mlp.fc1", False) == amax("bwd.mlp.fc1", True)

@@ -200,7 +200,8 @@ def _rowwise(M, N, K, backward, compiled):
 
 def fp8_cast_kernels(recipe: str, M: float, N: float, K: float, backward: bool,
                      compiled: bool = False, input_cast: bool = True,
-                     weight_fp8: bool = False, norm_amax: bool = False) -> tuple[Kernel, ...]:
+                     weight_fp8: bool = False, norm_amax: bool = False,
+                     amax_shards: int = 1) -> tuple[Kernel, ...]:
     """The memory kernels of ``recipe`` around one FP8 linear ``[M, K] · [K, N]``, forward
     or ``backward`` (module docstring); ``compiled``: torch.compile fuses the first read of
     the input and the output gradient with the op before; ``input_cast`` False: the input's
@@ -212,7 +213,9 @@ def fp8_cast_kernels(recipe: str, M: float, N: float, K: float, backward: bool,
     element: torchao eab345c ``float8_ops.py`` ``preprocess_addmm`` line 253,
     ``b_data.t().contiguous().t()``) instead of a cast from bf16. ``norm_amax``: the input comes from a
     normalisation that computed its amax (TE's ``LayerNormLinear`` under ``te_current``,
-    :mod:`.fp8_current`): the input's amax pass (``x.amax``) is left out.
+    :mod:`.fp8_current`): the input's amax pass (``x.amax``) is left out. ``amax_shards``:
+    the tensor is all-gathered in FP8 from that many sequence shards, each rank quantizing
+    its own (TE under sequence parallelism): its amax pass reads ``1/amax_shards`` of it.
 
     Returns
     -------
@@ -229,6 +232,8 @@ def fp8_cast_kernels(recipe: str, M: float, N: float, K: float, backward: bool,
     passes = spec.passes(M, N, K, backward, compiled)
     if norm_amax:
         passes = tuple(p for p in passes if p[0] != "x.amax")
+    if amax_shards > 1:
+        passes = tuple((r, b / amax_shards if r.endswith(".amax") else b) for r, b in passes)
     if weight_fp8:
         passes = tuple((r, 2 * K * N if backward else 0) if r[0] == "w" else (r, b)
                        for r, b in passes)

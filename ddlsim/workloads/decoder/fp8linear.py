@@ -31,7 +31,8 @@ def _times(kernels: tuple[Kernel, ...], batch: float) -> tuple[Kernel, ...]:
 
 
 def linear_kernels(sw: Any, dtype: str, M: float, N: float, K: float, backward: bool,
-                   batch: float = 1.0, norm_amax: bool = False) -> tuple[Kernel, ...]:
+                   batch: float = 1.0, norm_amax: bool = False,
+                   amax_shards: int = 1) -> tuple[Kernel, ...]:
     """The kernels of ``batch`` linears ``[M, K]·[K, N]`` launched as one (a grouped GEMM):
     the GEMMs (backward: data and weight gradients); in FP8, the recipe's cast passes before
     them over all ``batch`` problems at once (a recipe that quantizes each problem on its
@@ -55,6 +56,9 @@ def linear_kernels(sw: Any, dtype: str, M: float, N: float, K: float, backward: 
     norm_amax : bool
         the input comes from a normalisation that computed its amax
         (:func:`~ddlsim.simulator.kernels.fp8recipe.fp8_cast_kernels`).
+    amax_shards : int
+        sequence shards the FP8 input (forward) or output gradient (backward) is all-gathered
+        from; the rank reads its own shard for the amax (same function).
 
     Returns
     -------
@@ -69,7 +73,8 @@ def linear_kernels(sw: Any, dtype: str, M: float, N: float, K: float, backward: 
                   for g, v in zip(shapes, fp8_gemm_variants(recipe, backward)))
     rescale = fp8_rescale_kernels(recipe, M, N, K) if backward else ()
     casts = fp8_cast_kernels(recipe, M, N, K, backward, compiled,
-                             weight_fp8=sw.enable_fsdp_float8_all_gather, norm_amax=norm_amax)
+                             weight_fp8=sw.enable_fsdp_float8_all_gather, norm_amax=norm_amax,
+                             amax_shards=amax_shards)
     casts = casts * int(batch) if FP8_RECIPES[recipe].per_problem else _times(casts, batch)
     return casts + gemms + _times(rescale, batch)
 

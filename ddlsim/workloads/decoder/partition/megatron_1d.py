@@ -82,12 +82,14 @@ class Megatron1D(LayerPartitioner):
         t = self.size
         return (M, N, K / t) if row_parallel else (M, N / t, K)
 
-    def _kernels(self, shape3: tuple, backward: bool,
-                 norm_amax: bool = False) -> tuple[Kernel, ...]:
+    def _kernels(self, shape3: tuple, backward: bool, norm_amax: bool = False,
+                 gathered: bool = False) -> tuple[Kernel, ...]:
         """The rank's GEMMs of one linear, in FP8 with the recipe's casts (:mod:`..fp8linear`;
-        ``norm_amax``: a column-parallel forward's input amax comes from TE's fused norm)."""
+        ``norm_amax``: a column-parallel forward's input amax comes from TE's fused norm;
+        ``gathered``: the tensor cast is all-gathered over TP in FP8 under SP)."""
         return linear_kernels(self.sw, self.plan.train_dtype, *shape3, backward,
-                              norm_amax=norm_amax)
+                              norm_amax=norm_amax,
+                              amax_shards=self.size if gathered and self.sp else 1)
 
     def gemm_forward(self, ops: OpList, name: str, M: float, N: float, K: float,
                      row_parallel: bool) -> None:
@@ -100,7 +102,7 @@ class Megatron1D(LayerPartitioner):
     def gemm_backward(self, ops: OpList, name: str, M: float, N: float, K: float,
                       row_parallel: bool) -> None:
         ops.add(Compute(name, 4 * M * N * K / self.size, dtype=self.dtype, kernels=self._kernels(
-            self._shape(M, N, K, row_parallel), True)))
+            self._shape(M, N, K, row_parallel), True, gathered=row_parallel)))
         if not row_parallel:   # f: the partial input gradients b·s·h are summed
             for c in self.tp_comm_backward(name, M * K * self.dt):
                 ops.add(c)
