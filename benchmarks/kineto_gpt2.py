@@ -1,7 +1,10 @@
 """Profile training steps of a small GPT-2 with the PyTorch profiler (Kineto), on CPU.
 
 Writes the Chrome/Kineto JSON trace of one step and the measured wall time of every timed
-step, so ``ddlsim traces kineto`` can be checked against a real profile (docs/traces.md):
+step, so ``ddlsim traces kineto`` can be checked against a real profile (docs/traces.md).
+The traced step follows a profiler warm-up step (``torch.profiler.schedule``), and
+``benchmarks/kineto_overhead.py`` measures the profiler's cost per event on the same machine
+for ``ddlsim traces kineto --profiler-overhead``:
 
     python benchmarks/kineto_gpt2.py --out tests/traces/data/gpt2_tiny_dp1.json
     python benchmarks/kineto_gpt2.py --ranks 2 --out dp2.json     # DDP over Gloo, 2 processes
@@ -80,6 +83,32 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
+def _profile(step, rank: int, args) -> list[float]:
+    """Profile one step after ``args.profiler_warmup`` steps traced and discarded
+    (``torch.profiler.schedule``: the first profiled steps carry the profiler's start-up cost,
+    pytorch/kineto#328); rank 0 writes the active step's trace. Returns the wall time of
+    every step run under the profiler, warm-up steps first, and its process CPU time (s)."""
+    def export(prof):
+        if rank == 0:
+            prof.export_chrome_trace(args.out)
+
+    times, cpu = [], []
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                with_stack=True, record_shapes=False, on_trace_ready=export,
+                                schedule=torch.profiler.schedule(
+                                    wait=0, warmup=args.profiler_warmup, active=1,
+                                    repeat=1)) as prof:
+        for _ in range(args.profiler_warmup + 1):
+            if args.ranks > 1:
+                torch.distributed.barrier()
+            t0, c0 = time.perf_counter(), time.process_time()
+            step()
+            times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+            prof.step()
+    return times, cpu
+
+
 def _run(rank: int, args) -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -101,27 +130,30 @@ def _run(rank: int, args) -> None:
 
     for _ in range(args.warmup):
         step()
-    times = []
+    times, cpu = [], []
     for _ in range(args.steps):
         if args.ranks > 1:
             torch.distributed.barrier()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         step()
         times.append(time.perf_counter() - t0)
-    if args.ranks > 1:
-        torch.distributed.barrier()
-    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
-                                  with_stack=True, record_shapes=False)
-    with prof:
-        step()
+        cpu.append(time.process_time() - c0)
+    profiled, profiled_cpu = _profile(step, rank, args)
     if rank == 0:
-        prof.export_chrome_trace(args.out)
         summary = {"step_seconds": times, "median_s": statistics.median(times),
-                   "ranks": args.ranks, "torch": torch.__version__, "config": vars(args)}
+                   "step_cpu_seconds": cpu, "median_cpu_s": statistics.median(cpu),
+                   "profiled_step_seconds": profiled, "profiled_cpu_seconds": profiled_cpu,
+                   "ranks": args.ranks,
+                   "torch": torch.__version__, "config": vars(args),
+                   "load_average": os.getloadavg()}
         with open(args.out + ".steps.json", "w") as f:
             json.dump(summary, f, indent=1)
         print(f"{args.ranks} rank(s): median step {statistics.median(times) * 1e3:.2f} ms "
-              f"over {len(times)} steps; trace {args.out}")
+              f"over {len(times)} steps; under the profiler "
+              + ", ".join(f"{t * 1e3:.2f}" for t in profiled)
+              + f" ms (the last traced: {args.out}); process CPU time: median "
+              f"{statistics.median(cpu) * 1e3:.2f} ms, under the profiler "
+              + ", ".join(f"{t * 1e3:.2f}" for t in profiled_cpu) + " ms")
     if args.ranks > 1:
         torch.distributed.destroy_process_group()
 
@@ -137,6 +169,9 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--ranks", type=int, default=1)
+    p.add_argument("--profiler-warmup", type=int, default=1,
+                   help="steps the profiler traces and discards before the traced one "
+                        "(0: trace the session's first step, start-up cost included)")
     p.add_argument("--port", type=int, default=29517)
     p.add_argument("--out", required=True)
     args = p.parse_args()

@@ -54,23 +54,29 @@ def kineto(
                                "(default: block$|layer$|decoderlayer|transformerlayer).")] = None,
     calibration: Annotated[Optional[Path], typer.Option(
         help="Calibration profile whose fitted collective costs replace the system's.")] = None,
+    profiler_overhead: Annotated[Optional[Path], typer.Option(
+        "--profiler-overhead", help="The profiler's cost per event on the profiled machine "
+                                    "(JSON of benchmarks/kineto_overhead.py), taken off each "
+                                    "op's measured time.")] = None,
 ) -> None:
     """Predict with compute measured by a PyTorch profiler trace of one training step: the
     profiled step re-predicted, then the plan changed by --set (more data-parallel ranks,
     another network) with the same measured per-op times (docs/traces.md)."""
     from ..cliutil import refuse_overwriting_inputs
     from .kineto import ModuleRules, read_kineto
+    from .kineto_overhead import load_overhead
     from .render import render_measured
     from .replay import predict_measured
 
     _choice("--format", fmt, ("table", "json"))
     _choice("--engine", engine, ("analytical", "des"))
-    refuse_overwriting_inputs([config, trace, calibration], output=output)
+    refuse_overwriting_inputs([config, trace, calibration, profiler_overhead], output=output)
     if output is not None:
         from ..textio import check_output
         check_output(output, force, what="--output file")
     rules = ModuleRules() if layer_module is None else ModuleRules(layer=_regex(layer_module))
-    measured = read_kineto(trace, rules)
+    overhead = None if profiler_overhead is None else load_overhead(profiler_overhead)
+    measured = read_kineto(trace, rules, overhead)
     result = predict_measured(config, measured, overrides or [], engine, calibration)
     _emit(render_measured(result, fmt, changed=bool(overrides)), output, force)
 

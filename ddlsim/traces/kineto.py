@@ -16,7 +16,10 @@ by the autograd ``Sequence number`` both carry. Each op is charged its duration 
 idle time before it** since the previous outermost op ended (the host's dispatch gaps), so
 the charges add up to the measured step exactly. With device activity (``kernel``,
 ``gpu_memcpy``, ``gpu_memset`` events) the device's timeline is charged instead, each kernel
-labelled by the CPU op that launched it (``External id``). docs/traces.md describes the rules.
+labelled by the CPU op that launched it (``External id``). With a
+:class:`~ddlsim.traces.kineto_overhead.ProfilerOverhead` (measured on microbenchmarks), each
+op's charge is less the profiler's own cost of the events that started within it, so the
+charges add up to the step as it runs unprofiled. docs/traces.md describes the rules.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from types import MappingProxyType
 from typing import Literal
 
 from ..errors import ConfigError
+from .kineto_overhead import EventCosts, ProfilerOverhead, check_settings, overhead_between
 
 __all__ = ["Label", "ModuleRules", "MeasuredStep", "read_kineto", "parse_kineto"]
 
@@ -84,6 +88,10 @@ class MeasuredStep:
     unlabelled_s : seconds of ops that fit no label (carried into the next op's charge).
     input_shape : ``(batch, sequence)`` of the token embedding, when shapes were recorded.
     source : where the trace came from.
+    ops : outermost ops of the step.
+    overhead_s : the profiler's own cost removed from the charges (s; 0 without a
+        :class:`~ddlsim.traces.kineto_overhead.ProfilerOverhead`).
+    overhead_events : the events whose cost was removed.
     """
 
     seconds: MappingProxyType
@@ -95,20 +103,31 @@ class MeasuredStep:
     input_shape: tuple[int, int] | None = None
     source: str = ""
     ops: int = field(default=0)
+    overhead_s: float = 0.0
+    overhead_events: int = 0
 
     @property
     def compute_s(self) -> float:
         """Seconds charged to labels (the step less its communication) (s)."""
         return float(sum(self.seconds.values()))
 
+    @property
+    def step_s(self) -> float:
+        """The step's span less the profiler's own cost removed from it (s)."""
+        return self.window_s - self.overhead_s
 
-def read_kineto(path: str | Path, rules: ModuleRules | None = None) -> MeasuredStep:
+
+def read_kineto(path: str | Path, rules: ModuleRules | None = None,
+                overhead: ProfilerOverhead | None = None) -> MeasuredStep:
     """Read a Kineto/Chrome JSON trace file of one training step.
 
     Parameters
     ----------
     path : the ``.json`` file ``torch.profiler`` exported (``.json.gz`` too).
     rules : module class patterns (:class:`ModuleRules`; the defaults cover GPT-2 and Llama).
+    overhead : the profiler's cost per event on the profiled machine, removed from the
+        charges (``benchmarks/kineto_overhead.py`` measures it); None keeps the durations
+        as profiled.
 
     Returns
     -------
@@ -127,11 +146,11 @@ def read_kineto(path: str | Path, rules: ModuleRules | None = None) -> MeasuredS
         raise ConfigError(f"Kineto trace {str(path)!r}: cannot be read ({e.strerror or e})") from None
     except (UnicodeDecodeError, json.JSONDecodeError, EOFError) as e:
         raise ConfigError(f"Kineto trace {str(path)!r}: cannot be read as JSON ({e})") from None
-    return parse_kineto(doc, rules, source=str(path))
+    return parse_kineto(doc, rules, source=str(path), overhead=overhead)
 
 
-def parse_kineto(doc: object, rules: ModuleRules | None = None, source: str = "the trace"
-                 ) -> MeasuredStep:
+def parse_kineto(doc: object, rules: ModuleRules | None = None, source: str = "the trace",
+                 overhead: ProfilerOverhead | None = None) -> MeasuredStep:
     """:func:`read_kineto` on an already parsed JSON document.
 
     Parameters
@@ -139,6 +158,7 @@ def parse_kineto(doc: object, rules: ModuleRules | None = None, source: str = "t
     doc : the trace's JSON: a mapping with ``traceEvents`` (or the event list itself).
     rules : module class patterns (:class:`ModuleRules`).
     source : how errors name the trace.
+    overhead : as :func:`read_kineto`'s.
 
     Returns
     -------
@@ -157,7 +177,7 @@ def parse_kineto(doc: object, rules: ModuleRules | None = None, source: str = "t
         raise ConfigError(f"Kineto trace {source}: no module events (nn.Module: …); profile "
                           "with torch.profiler.profile(with_stack=True) so ops can be placed "
                           "in the model")
-    return _measure(spans, modules, rules, source)
+    return _measure(spans, modules, rules, source, overhead)
 
 
 _BACKWARD = "autograd::engine::evaluate_function: "
@@ -295,7 +315,8 @@ def _merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return out
 
 
-def _measure(spans: list, modules: list, rules: ModuleRules, source: str) -> MeasuredStep:
+def _measure(spans: list, modules: list, rules: ModuleRules, source: str,
+             overhead: ProfilerOverhead | None) -> MeasuredStep:
     ops = [e for e in spans if e.get("cat") == "cpu_op"
            or (e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith("Optimizer."))]
     if not ops:
@@ -315,8 +336,16 @@ def _measure(spans: list, modules: list, rules: ModuleRules, source: str) -> Mea
                           "with --layer-module REGEX")
     kernels = [e for e in spans if e.get("cat") in _DEVICE]
     if kernels:
+        if overhead is not None:
+            raise ConfigError(f"Kineto trace {source}: it has device activity, whose kernel "
+                              "times the host profiler's per-event cost does not stretch; "
+                              "the profiler-overhead correction is for CPU-only traces")
         return _charge(sw, _device_units(sw, kernels, rules), source)
-    return _charge(sw, comm, source)
+    if overhead is None:
+        return _charge(sw, comm, source)
+    check_settings(ops, overhead, source)
+    return _charge(sw, comm, source, EventCosts((e for e in spans if e.get("tid") == main),
+                                                overhead))
 
 
 _DEVICE = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -341,17 +370,23 @@ def _device_units(sw: _Sweep, kernels: list, rules: ModuleRules) -> list:
     return _merged(comm)
 
 
-def _charge(sw: _Sweep, comm: list, source: str) -> MeasuredStep:
+def _charge(sw: _Sweep, comm: list, source: str, costs: EventCosts | None = None
+            ) -> MeasuredStep:
     """Charge each outermost op its duration and the idle time before it; idle time spent
-    while a communication op runs (on any thread) is communication, not compute."""
+    while a communication op runs (on any thread) is communication, not compute. With
+    ``costs``, the profiler's cost of the events that started in an op's charged span is
+    taken off its charge (never below zero)."""
     seconds: dict[Label, float] = defaultdict(float)
-    comm_s = carry = 0.0
+    comm_s = carry = removed = 0.0
     last = sw.units[0][0]
+    lo = last - _EPS_US
     for ts, end, label in sw.units:
         waiting = _overlap(last, ts, comm) if ts > last else 0.0
         charge = max(0.0, end - max(last, ts)) + max(0.0, ts - last) - waiting
         comm_s += waiting
         last = max(last, end)
+        cut = min(charge, overhead_between(costs, lo, last))
+        charge, removed, lo = charge - cut, removed + cut, last
         if label == "comm":
             comm_s, carry = comm_s + charge + carry, 0.0
         elif label is None:
@@ -360,6 +395,7 @@ def _charge(sw: _Sweep, comm: list, source: str) -> MeasuredStep:
             seconds[label] += charge + carry
             carry = 0.0
     window = last - sw.units[0][0]
+    events = 0 if costs is None else costs.between(sw.units[0][0] - _EPS_US, last)[1]
     return MeasuredStep(MappingProxyType({k: v * 1e-6 for k, v in sorted(seconds.items())}),
                         len(sw.layers), max(sw.roots, 1), window * 1e-6, comm_s * 1e-6,
-                        carry * 1e-6, sw.shape, source, len(sw.units))
+                        carry * 1e-6, sw.shape, source, len(sw.units), removed * 1e-6, events)

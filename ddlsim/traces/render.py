@@ -12,7 +12,9 @@ def measured_payload(r) -> dict:
     m, b = r.measured, r.binding
     return {
         "trace": m.source,
-        "measured": {"step_s": m.window_s, "compute_s": m.compute_s,
+        "measured": {"step_s": m.step_s, "window_s": m.window_s,
+                     "profiler_overhead_s": m.overhead_s,
+                     "profiler_overhead_events": m.overhead_events, "compute_s": m.compute_s,
                      "communication_s": m.communication_s, "unlabelled_s": m.unlabelled_s,
                      "layers": m.layers, "microbatches": m.microbatches,
                      "labels": [{"phase": k.phase, "part": k.part, "in_layer": k.in_layer,
@@ -38,8 +40,10 @@ def render_measured(r, fmt: str, changed: bool) -> str:
     m, b = r.measured, r.binding
     lines = [f"profile {m.source}: {m.layers} layers, {m.microbatches} micro-batch(es), "
              f"{m.ops} outermost ops",
-             f"  measured step          {_ms(m.window_s)} (compute {_ms(m.compute_s)}, "
+             f"  measured step          {_ms(m.step_s)} (compute {_ms(m.compute_s)}, "
              f"communication {_ms(m.communication_s)}, unlabelled {_ms(m.unlabelled_s)})",
+             *([f"  profiler overhead      {_ms(m.overhead_s)} taken off the profiled "
+                f"{_ms(m.window_s)} ({m.overhead_events} events)"] if m.overhead_events else []),
              f"  profiled plan, ddlsim  {_ms(r.profiled.iteration_time_s)} "
              f"({r.profiled_error * 100:+.2f} % from the measured step)"]
     if changed:

@@ -31,8 +31,9 @@ class MeasuredPrediction:
 
     @property
     def profiled_error(self) -> float:
-        """(predicted − measured) / measured for the profiled step (a ratio)."""
-        return self.profiled.iteration_time_s / self.measured.window_s - 1.0
+        """(predicted − measured) / measured for the profiled step, the measured step being
+        its span less the profiler's own cost when that was removed (a ratio)."""
+        return self.profiled.iteration_time_s / self.measured.step_s - 1.0
 
 
 def _cost(cfg, workload):
