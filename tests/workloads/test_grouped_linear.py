@@ -102,3 +102,13 @@ def test_more_local_experts_cost_more_device_time_than_one_launch():
     rounds = multi_stream_gemms(one, 16, 4)
     assert len(rounds.kernels) == 4
     assert op_time(rounds, dev) > op_time(one, dev)
+
+
+def test_the_plan_line_says_how_grouped_gemm_runs():
+    from ddlsim.workloads.decoder.moeplan import resolve_moe
+    te = resolve_moe(ddlsim.load_config(_cfg(1)))
+    assert te.gemm_streams == 4
+    assert "grouped GEMM (one per expert on 4 streams)" in te.phrase()
+    assert "TransformerEngine v2.9" in te.sources["grouped_gemm_streams"]
+    one = resolve_moe(ddlsim.load_config(_cfg(1, "megatron-core-2024")))
+    assert one.gemm_streams == 0 and "grouped GEMM," in one.phrase()

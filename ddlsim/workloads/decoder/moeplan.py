@@ -82,6 +82,13 @@ class MoEPlan:
         padded (every expert slot travels), else 1 (balanced routing drops nothing)."""
         return float(self.capacity_factor) if self.pad else 1.0
 
+    def _gemm_phrase(self) -> str:
+        if not self.grouped_gemm:
+            return "one GEMM per expert"
+        if self.gemm_streams:
+            return f"grouped GEMM (one per expert on {self.gemm_streams} streams)"
+        return "grouped GEMM"
+
     def phrase(self) -> str:
         """``alltoall dispatch, grouped GEMM, fused permute, dropless`` for the plan line."""
         route = ("dropless" if self.capacity_factor is None else
@@ -89,7 +96,7 @@ class MoEPlan:
         hot = f", hot EP rank ×{self.imbalance:g}" if self.imbalance != 1.0 else ""
         flex = f"/{self.flex_backend}" if self.flex_backend else ""
         return (f"MoE {self.dispatcher}{flex} dispatch, "
-                f"{'grouped GEMM' if self.grouped_gemm else 'one GEMM per expert'}, "
+                f"{self._gemm_phrase()}, "
                 f"{'fused' if self.permute_fusion else 'unfused'} permute, ETP{self.etp}, "
                 f"{route}{hot}"
                 + (", shared experts overlapped" if self.shared_expert_overlap else "")
