@@ -122,9 +122,9 @@ def test_delayed_fp8_refuses_norm_and_act_recomputation():
     (["moe_act"], "no Mixture-of-Experts layers"),
     (["layernorm"], "fused into the next GEMM"),
     (["moe"], "no Mixture-of-Experts layers"),
-    (["mla_up_proj"], "not modelled"),
+    (["mla_up_proj"], "needs Multi-head Latent Attention"),
 ])
-def test_a_module_with_nothing_to_recompute_or_not_modelled_is_refused(modules, match):
+def test_a_module_with_nothing_to_recompute_is_refused(modules, match):
     with pytest.raises(ConfigError, match=match):
         _predict(dense_run(modules))
 
@@ -179,3 +179,24 @@ def test_adding_a_module_never_makes_the_backward_shorter():
     more = _predict(moe_run(["core_attn", "moe_act", "layernorm"]))
     assert more.iteration_time_s > core.iteration_time_s
     assert more.memory.activations < core.memory.activations
+
+
+def test_mla_up_proj_frees_the_query_key_and_value_and_reruns_the_up_projections():
+    """DeepSeek-V3 cut to two layers (its first dense, the second MoE), TP 1, EP 8."""
+    def run(modules=None):
+        cfg = moe_run(modules)
+        cfg["model"] = {"preset": "deepseek-v3", "num_hidden_layers": 2,
+                        "first_k_dense_replace": 1}
+        cfg["parallel"].update(tensor_model_parallel_size=1, sequence_parallel=False,
+                               expert_model_parallel_size=8)
+        return cfg
+    base, rec = _predict(run()), _predict(run(["mla_up_proj"]))
+    assert rec.memory.activations < base.memory.activations
+    assert rec.iteration_time_s > base.iteration_time_s
+    cfg = ddlsim.load_config(run())
+    sh = cfg.model.shape()
+    from ddlsim.workloads.decoder.recompute_modules import layer_bytes
+    none = sh.layer_activation_bytes(1, 4096, 1, False, "none", moe=False, flash=True)
+    up = layer_bytes(sh, ("mla_up_proj",), cfg.software, 1, 4096, 1, False, moe=False,
+                     flash=True)
+    assert none - up == pytest.approx(2 * 4096 * (2 * sh.q_width + sh.kv_width))

@@ -38,6 +38,8 @@ moe             the MoE block's tensors but its input: the         the MoE block
                 logits ``2sbE``, the experts' and shared experts'  collectives included, as
                 intermediates (``moe_act``, ``shared_experts``     ops before the layer's
                 inside it add nothing)                             backward (:func:`moe_block_ops`)
+mla_up_proj     MLA's query, key and value after the up            q_up, kv_up, RoPE, the query
+                projections: ``2sb·(2·a(d_n+d_r) + a·d_v)/t``      and key concatenations (TP 1)
 ==============  =================================================  ==============================
 
 Sources, d7288711: ``transformer_layer.py`` lines 404-473 (``layernorm``: only a norm that is
@@ -47,10 +49,12 @@ only; ``mlp``: dense layers only, line 472), lines 580-634 and 716-866 (the norm
 CheckpointWithoutOutput), 781-800 (the MLP's checkpoint); ``attention.py`` lines 328-331 and
 1143 (``core_attn``); ``moe/experts.py`` lines 230-234 and 379-390 (``moe_act`` in
 TEGroupedMLP; config lines 1380-1383: grouped GEMM only); ``moe/moe_layer.py`` lines 230-232
-and 450-465 (``shared_experts``), 599-620 (``moe``). ``mla_up_proj`` is Megatron's choice
-too but not modelled here, nor ``mlp`` and ``shared_experts`` under tensor parallelism (their
-recomputed forward re-runs TP collectives, which a one-op recomputation cannot carry), nor
-``moe`` under the combined 1F1B: such a plan is refused with that reason.
+and 450-465 (``shared_experts``), 599-620 (``moe``); ``multi_latent_attention.py`` lines
+134-138 and 856-870 (``mla_up_proj``: the up projections, RoPE and the query/key
+concatenations; config lines 1385-1389: MLA only). Not modelled: ``mlp``, ``shared_experts``
+and ``mla_up_proj`` under tensor parallelism (their recomputed forward re-runs TP
+collectives, which a one-op recomputation cannot carry), ``moe`` under the combined 1F1B:
+such a plan is refused with that reason.
 
 The freed bytes come off the layer's activations in the memory model (:func:`layer_bytes`);
 the backward's extra work is one op of the modules' kernels (:func:`recompute_op`), the same
@@ -76,16 +80,14 @@ __all__ = ["RecomputeModule", "RECOMPUTE_MODULES", "recompute_module", "module_n
 @dataclass(frozen=True)
 class RecomputeModule:
     """One of Megatron-Core's ``--recompute-modules``: which layers it applies to
-    (``dense``, ``moe`` or ``any``), whether the model must have MLA or shared experts,
-    ``freed(shape, ctx)`` the activation bytes it frees per layer and rank (``ctx``: a
-    :class:`LayerContext`), and ``kernels(builder, ctx)`` what its backward runs again (None:
-    not modelled, ``why`` says so)."""
+    (``dense``, ``moe`` or ``any``), ``freed(shape, ctx)`` the activation bytes it frees per
+    layer and rank (``ctx``: a :class:`LayerContext`), and ``kernels(builder, ctx)`` what its
+    backward runs again (``moe``: none, its ops are :func:`moe_block_ops`)."""
 
     name: str
     layers: str
     freed: Callable[[Any, "LayerContext"], float]
-    kernels: Callable[[Any, "LayerContext"], tuple[Kernel, ...]] | None
-    why: str = ""
+    kernels: Callable[[Any, "LayerContext"], tuple[Kernel, ...]]
 
 
 @dataclass(frozen=True)
@@ -108,10 +110,10 @@ class LayerContext:
 RECOMPUTE_MODULES: dict[str, RecomputeModule] = {}
 
 
-def recompute_module(name: str, layers: str, kernels=None, why: str = ""):
+def recompute_module(name: str, layers: str, kernels):
     """Decorator: register ``freed(shape, ctx)`` as the module ``name``."""
     def wrap(freed):
-        RECOMPUTE_MODULES[name] = RecomputeModule(name, layers, freed, kernels, why)
+        RECOMPUTE_MODULES[name] = RecomputeModule(name, layers, freed, kernels)
         return freed
     return wrap
 
@@ -228,16 +230,33 @@ def _moe(shape: Any, ctx: LayerContext) -> float:
     return replicated / _replicated(ctx) + split / ctx.t
 
 
-@recompute_module("mla_up_proj", "any", why="MLA's up projections and RoPE are not split "
-                  "out of its attention here")
+def _mla_kernels(b: Any, ctx: LayerContext) -> tuple[Kernel, ...]:
+    """MLA's up projections (``q_up``, ``kv_up``), RoPE on the rotary query and key parts and
+    the two concatenations into query and key (d7288711 multi_latent_attention.py
+    ``qkv_up_proj_and_rope_apply``)."""
+    from .layerkernels import _linear
+    sh, sw, m = b.shape, b.sw, b.shape.mla
+    M = ctx.b * ctx.s
+    g = m.gemms(M, sh.hidden, sh.heads, ctx.t)
+    gemms = sum((_linear(g[name], b.plan.train_dtype, False, sw.fp8_recipe, bool(sw.compile))
+                 for name in ("q_up", "kv_up")), ())
+    rope = M * (sh.heads / ctx.t + 1) * m.qk_rope_head_dim          # q_pe and the shared k_pe
+    passes = (2,) if sw.fused_rope else (2, 2, 2, 2, 3)
+    copies = 2 * M * sh.heads / ctx.t * m.qk_head_dim                  # query and key cat
+    mem = [p * rope * ctx.dt for p in passes] + [2 * copies * ctx.dt]
+    return gemms + tuple(Kernel("memory", bytes=v, dtype=b.dtype) for v in mem)
+
+
+@recompute_module("mla_up_proj", "any", _mla_kernels)
 def _mla_up_proj(shape: Any, ctx: LayerContext) -> float:
-    return 0.0
+    """The up projections' outputs after RoPE, the attention core's inputs: query and key
+    ``a·(d_n + d_r)`` wide, value ``a·d_v`` (``q_width``, ``q_width``, ``kv_width``)."""
+    return ctx.dt * ctx.b * ctx.s * (2 * shape.q_width + shape.kv_width) / ctx.t
 
 
 def check_modules(modules: tuple[str, ...], shape: Any, sw: Any, tp: int,
                   moe_plan: Any = None) -> None:
-    """Refuse a module list this model or plan cannot take: a module not modelled, one that
-    applies to no layer of the model (Megatron-Core would run it as a no-op, which ddlsim
+    """Refuse a module list this model or plan cannot take: a module that applies to no layer of the model (Megatron-Core would run it as a no-op, which ddlsim
     does not let pass silently), ``mla_up_proj`` without MLA, ``moe_act`` without grouped
     GEMM (d7288711 transformer_config.py lines 1380-1388), ``mlp``/``shared_experts`` under
     TP > 1.
@@ -252,9 +271,6 @@ def check_modules(modules: tuple[str, ...], shape: Any, sw: Any, tp: int,
     has_dense = not all(shape.is_moe_layer(i) for i in range(shape.layers))
     for name in modules:
         mod = RECOMPUTE_MODULES[name]
-        if mod.kernels is None:
-            raise ConfigError(f"{field}: {name!r} is not modelled ({mod.why}); modelled: "
-                              f"{', '.join(n for n, m in RECOMPUTE_MODULES.items() if m.kernels)}")
         applies = {"any": True, "moe": has_moe, "dense": has_dense}[mod.layers]
         if name == "layernorm":
             applies = any(separate_norms(shape, sw, m) for m in (False, True)
@@ -275,7 +291,11 @@ def check_modules(modules: tuple[str, ...], shape: Any, sw: Any, tp: int,
             raise ConfigError(f"{field}: 'moe' with parallel.moe.overlap_expert_parallel_comm"
                               " is not modelled (the combined 1F1B's layer nodes do not "
                               "carry the recomputed MoE block); drop 'moe' or the overlap")
-        if name in ("mlp", "shared_experts") and tp > 1:
+        if name == "mla_up_proj" and shape.mla is None:
+            raise ConfigError(f"{field}: 'mla_up_proj' needs Multi-head Latent Attention "
+                              "(Megatron-LM d7288711 transformer_config.py lines 1385-1389); "
+                              "this model has none")
+        if name in ("mlp", "shared_experts", "mla_up_proj") and tp > 1:
             raise ConfigError(f"{field}: {name!r} is modelled with tensor_model_parallel_size "
                               f"1 only (TP is {tp}: its recomputed forward re-runs TP "
                               "collectives); use TP 1 or drop the module")
@@ -367,7 +387,7 @@ def _kernels_op(b: Any, modules: tuple[str, ...], moe: bool) -> Compute:
     """One op of the kernels of ``modules`` on builder ``b``'s layer (an MoE layer or not)."""
     ctx = LayerContext(b.b, b.s, b.tp, b.sp, moe, b.plan.train_dtype == "fp8",
                        separate_norms(b.shape, b.sw, moe), b.dt)
-    order = ("layernorm", "core_attn", "mlp", "shared_experts", "moe_act")
+    order = ("layernorm", "mla_up_proj", "core_attn", "mlp", "shared_experts", "moe_act")
     kernels = tuple(k for name in order if name in modules and _applied(name, moe, modules)
                     for k in RECOMPUTE_MODULES[name].kernels(b, ctx))
     flops = sum(k.flops if k.kind == "flash" else 2.0 * k.shape[0] * k.shape[1] * k.shape[2]
