@@ -10,7 +10,8 @@ with their provenance. Each row is predicted on ``dgx-h100`` with the ``megatron
 stack: expert TP 1 with EP folded over TP x DP (Megatron-Core's MoE parallel folding), the
 row's dispatcher (dispatcher_as_run: alltoall, or flex with DeepEP's or HybridEP's kernels,
 docs/moe.md), grouped GEMM (Transformer Engine's GroupedLinear: one cuBLAS GEMM per local
-expert on four streams, docs/moe.md "Grouped GEMM as Transformer Engine runs it"), fused permutation, forced load balance (router imbalance 1),
+expert on four streams, docs/moe.md "Grouped GEMM as Transformer Engine runs it"), fused
+permutation, forced load balance (router imbalance 1),
 distributed optimizer (ZeRO-1) with both overlaps, bf16 gradient reduction, no recomputation.
 Megatron-Core's expert-parallel communication overlap is set per row as the recipes set it
 (``a2a_overlap``: Bridge's moe_a2a_overlap, i.e. overlap_moe_expert_parallel_comm with
