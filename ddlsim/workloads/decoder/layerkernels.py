@@ -163,15 +163,19 @@ def layer_kernels(shape: Any, sw: Any, b: int, s: int, t: int, sp: bool,
     }
 
 
+@lru_cache(maxsize=1024, typed=True)
 def logits_kernels(tokens: float, vocab_local: float, hidden: float, dtype: str,
                    backward: bool) -> tuple[Kernel, ...]:
     """The output head's GEMM ``[tokens, h]·[h, V/t]`` (16-bit: Megatron's output layer is
-    not a Transformer Engine module), or its two backward GEMMs."""
+    not a Transformer Engine module), or its two backward GEMMs. Memoised (typed: an int and
+    a float argument stay apart), like :func:`loss_op`: the search builds the head of every
+    plan signature, and plans of one micro-batch size and TP degree share it."""
     g = (tokens, vocab_local, hidden)
     return tuple(Kernel("gemm", x, dtype=dtype)
                  for x in (gemm_kernels_backward(*g) if backward else (g,)))
 
 
+@lru_cache(maxsize=1024, typed=True)
 def loss_op(tokens: float, vocab_local: float, dt: int, dtype: str, fused: bool,
             backward: bool) -> Compute:
     """The vocab-parallel cross-entropy over ``tokens × vocab_local`` logits, forward
