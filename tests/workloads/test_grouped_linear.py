@@ -42,8 +42,9 @@ def _gemms(op: Compute) -> list[Kernel]:
     return [k for k in op.kernels if k.kind == "gemm"]
 
 
-@pytest.mark.parametrize("experts, streams, rounds", [(16, 4, (4, 4, 4, 4)), (8, 4, (4, 4)),
-                                                      (6, 4, (4, 2)), (3, 4, (3,)), (5, 1, (1,) * 5)])
+@pytest.mark.parametrize("experts, streams, rounds",
+                         [(16, 4, (4, 4, 4, 4)), (8, 4, (4, 4)), (6, 4, (4, 2)), (3, 4, (3,)),
+                          (5, 1, (1,) * 5)])
 def test_rounds_are_the_round_robin_issue(experts, streams, rounds):
     assert stream_rounds(experts, streams) == rounds
 
