@@ -200,3 +200,8 @@ def test_mla_up_proj_frees_the_query_key_and_value_and_reruns_the_up_projections
     up = layer_bytes(sh, ("mla_up_proj",), cfg.software, 1, 4096, 1, False, moe=False,
                      flash=True)
     assert none - up == pytest.approx(2 * 4096 * (2 * sh.q_width + sh.kv_width))
+
+
+def test_shared_experts_without_shared_experts_is_refused():
+    with pytest.raises(ConfigError, match="no shared experts"):
+        _predict(moe_run(["shared_experts"]))
