@@ -205,3 +205,16 @@ def test_mla_up_proj_frees_the_query_key_and_value_and_reruns_the_up_projections
 def test_shared_experts_without_shared_experts_is_refused():
     with pytest.raises(ConfigError, match="no shared experts"):
         _predict(moe_run(["shared_experts"]))
+
+
+def test_a_grid_with_recompute_modules_is_searched_by_the_exact_tier():
+    """The vectorised tier times the stack's selective recomputation only: such a grid is
+    searched plan by plan, its figures ddlsim.predict's."""
+    cfg = dense_run(["mlp"])
+    cfg["search"] = {"axes": {"train.micro_batch_size": [1, 2]}}
+    frame = ddlsim.search(cfg, top=1)
+    assert frame.attrs["tier"] == "exact" and len(frame) == 2
+    plan = {k: v for k, v in cfg.items() if k != "search"}
+    best = frame.iloc[0]
+    plan["train"] = {**plan["train"], "micro_batch_size": int(best["train.micro_batch_size"])}
+    assert best["iteration_time_s"] == _predict(plan).iteration_time_s
