@@ -112,6 +112,11 @@ def _profile(step, rank: int, args) -> list[float]:
 def _run(rank: int, args) -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
+    # The tied head's gradient (softmax of saturated logits under PyTorch's N(0, 1) embedding
+    # init) holds subnormal floats, on which x86 GEMMs are 10-20x slower; how many there are
+    # drifts from step to step, so steps of one run were not comparable (a 512x8192x256 GEMM of
+    # the backward: 45 ms or 0.6-2.4 s). torch.set_flush_denormal flushes them (FTZ/DAZ).
+    torch.set_flush_denormal(not args.keep_denormals)
     if args.ranks > 1:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(args.port))
@@ -139,10 +144,18 @@ def _run(rank: int, args) -> None:
         times.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
     profiled, profiled_cpu = _profile(step, rank, args)
+    after = []
+    for _ in range(args.steps):  # the same steps after the profiled one: is the run steady?
+        if args.ranks > 1:
+            torch.distributed.barrier()
+        t0 = time.perf_counter()
+        step()
+        after.append(time.perf_counter() - t0)
     if rank == 0:
         summary = {"step_seconds": times, "median_s": statistics.median(times),
                    "step_cpu_seconds": cpu, "median_cpu_s": statistics.median(cpu),
                    "profiled_step_seconds": profiled, "profiled_cpu_seconds": profiled_cpu,
+                   "after_step_seconds": after, "after_median_s": statistics.median(after),
                    "ranks": args.ranks,
                    "torch": torch.__version__, "config": vars(args),
                    "load_average": os.getloadavg()}
@@ -153,7 +166,8 @@ def _run(rank: int, args) -> None:
               + ", ".join(f"{t * 1e3:.2f}" for t in profiled)
               + f" ms (the last traced: {args.out}); process CPU time: median "
               f"{statistics.median(cpu) * 1e3:.2f} ms, under the profiler "
-              + ", ".join(f"{t * 1e3:.2f}" for t in profiled_cpu) + " ms")
+              + ", ".join(f"{t * 1e3:.2f}" for t in profiled_cpu) + " ms; after it: median "
+              f"{statistics.median(after) * 1e3:.2f} ms")
     if args.ranks > 1:
         torch.distributed.destroy_process_group()
 
@@ -173,6 +187,8 @@ def main() -> None:
                    help="steps the profiler traces and discards before the traced one "
                         "(0: trace the session's first step, start-up cost included)")
     p.add_argument("--port", type=int, default=29517)
+    p.add_argument("--keep-denormals", action="store_true",
+                   help="leave subnormal floats on (slow, drifting GEMMs: see _run)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     if args.ranks > 1:
