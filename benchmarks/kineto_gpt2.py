@@ -12,8 +12,10 @@ for ``ddlsim traces kineto --profiler-overhead``:
 The model is nanoGPT's / HuggingFace GPT-2's shape (pre-LayerNorm blocks of causal
 self-attention and a GeLU MLP, learned positions, tied embeddings), written here in plain
 PyTorch so that the module names (``transformer.h.N.attn``, ``…mlp``) are GPT-2's. Every
-process runs one thread (``torch.set_num_threads(1)``), so a rank is one core.
-Needs ``pip install 'ddlsim[torch]'``.
+process runs one thread (``torch.set_num_threads(1)``), so a rank is one core. Subnormal
+floats are flushed (``torch.set_flush_denormal``; ``--keep-denormals`` keeps them): the tied
+head's gradient holds a drifting number of them, on which the backward's GEMMs ran 10-20x
+slower (docs/traces.md, Figures). Needs ``pip install 'ddlsim[torch]'``.
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
-def _profile(step, rank: int, args) -> list[float]:
+def _profile(step, rank: int, args) -> tuple[list[float], list[float]]:
     """Profile one step after ``args.profiler_warmup`` steps traced and discarded
     (``torch.profiler.schedule``: the first profiled steps carry the profiler's start-up cost,
     pytorch/kineto#328); rank 0 writes the active step's trace. Returns the wall time of
