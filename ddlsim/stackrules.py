@@ -369,6 +369,12 @@ def _deepep_no_pad(f: PlanFacts):
     return f.flex_dispatch & f.deepep & f.pad
 
 
+@stack_rule("zero3_no_expert_parallel", "ZeRO-3 (PyTorch FSDP2) with expert parallelism",
+            "parallel.zero_stage", "parallel.expert_model_parallel_size")
+def _zero3_no_expert_parallel(f: PlanFacts):
+    return f.moe & (f.ep > 1) & (f.zero == 3)
+
+
 @stack_rule("no_recompute_modules", "Megatron-Core's selective recomputation by module "
             "(train.recompute_modules)", "train.recompute_modules")
 def _no_recompute_modules(f: PlanFacts):

@@ -218,3 +218,10 @@ def test_a_grid_with_recompute_modules_is_searched_by_the_exact_tier():
     best = frame.iloc[0]
     plan["train"] = {**plan["train"], "micro_batch_size": int(best["train.micro_batch_size"])}
     assert best["iteration_time_s"] == _predict(plan).iteration_time_s
+
+
+def test_megatron_core_2025_refuses_its_torch_fsdp2_with_expert_parallelism():
+    cfg = moe_run()
+    cfg["parallel"].update(zero_stage=3)
+    with pytest.raises(ConfigError, match="zero3_no_expert_parallel"):
+        ddlsim.load_config(cfg)

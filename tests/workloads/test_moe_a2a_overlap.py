@@ -232,6 +232,9 @@ def test_the_rules_judge_arrays_of_plans_as_the_search_does():
 def test_zero3_with_the_overlap_is_refused_not_ignored():
     d = run()
     d["parallel"]["zero_stage"] = 3
+    # the stack refuses its FSDP2 with EP (rule zero3_no_expert_parallel): a what-if here,
+    # so that the builder's own refusal of the combined 1F1B over ZeRO-3 is what is tested
+    d["system"]["software"]["what_if"] = True
     with pytest.raises(ConfigError, match="overlap_expert_parallel_comm"):
         ddlsim.build_workload(ddlsim.load_config(d))
 
