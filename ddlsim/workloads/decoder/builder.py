@@ -246,7 +246,7 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
             return every_second_mm_op(self.shape, self.kernels, self.b, self.s, self.tp,
                                       self.dtype, self.plan.train_dtype, self.sw)
         return recompute_op(self.shape, self.kernels, g["attn_core"] / self.tp, self.b, self.s,
-                            self.tp, self.dt, self.dtype, moe)
+                            self.tp, self.dt, self.dtype)
 
     # ------------------------------------------------------------------ parameters per stage
     def stage_params(self, stage: int) -> float:

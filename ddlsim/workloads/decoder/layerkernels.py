@@ -190,15 +190,11 @@ def loss_op(tokens: float, vocab_local: float, dt: int, dtype: str, fused: bool,
 
 
 def recompute_op(shape: Any, kernels: dict, core_flops: float, b: int, s: int, t: int,
-                 dt: int, dtype: str, moe: bool) -> Compute:
+                 dt: int, dtype: str) -> Compute:
     """Selective recomputation's op: the attention core's forward again (QKᵀ, softmax, dropout,
     PV; with FlashAttention its forward kernel, as Megatron-Core still checkpoints core
-    attention). MoE layers keep the plain roofline of the core's FLOPs and its softmax, mask
-    (and dropout) passes over the scores."""
-    if moe:
-        passes = 3 if shape.dropout else 2
-        return Compute("recompute.attn_core", core_flops,
-                       passes * 2 * b * shape.heads * s * s / t * dt, dtype=dtype)
+    attention), the same kernels in an MoE layer as in a dense one (its attention is the
+    same module)."""
     k = kernels["recompute"]
     flops = sum(x.flops for x in k if x.kind == "flash") or core_flops
     return Compute("recompute.attn_core", flops, sum(x.bytes for x in k), dtype=dtype, kernels=k)
