@@ -75,7 +75,7 @@ def _llama(recipe: str, tp: int = 2, sp: bool = True, overlap: str = "off") -> d
             "train": {"micro_batch_size": 1, "global_batch_size": 8 // tp,
                       "seq_length": 4096, "dtype": "fp8"},
             "system": {"preset": "dgx-h100", "nodes": 1,
-                       "software": {"stack": "megatron-core-2024",
+                       "software": {"stack": "megatron-core-2025",
                                     "kernels": {"fp8_recipe": recipe}}}}
 
 
@@ -168,9 +168,11 @@ def test_megatron_fp8_recipe_flag_is_imported(tmp_path, flag, recipe):
 
 def test_an_sp_gathered_gradient_reads_only_the_ranks_shard_for_its_amax():
     # distributed.py _all_gather_fp8: each rank quantizes its sequence shard, then gathers
-    full = _bytes("te_current", True)
-    assert full - _bytes("te_current", True, amax_shards=4) == pytest.approx(2 * M * N * 3 / 4)
-    assert _bytes("te_delayed", True, amax_shards=4) == _bytes("te_delayed", True)
+    def amax(**kw):
+        ks = fp8_cast_kernels("te_current", M, N, K, True, **kw)
+        return ks[1].bytes    # zero, amax, scale, cast
+    assert amax() == 2 * M * N
+    assert amax(gathered="g", shards=4) == 2 * M * N / 4
 
 
 def test_the_dense_layers_row_parallel_gradients_are_read_per_shard():
@@ -179,13 +181,14 @@ def test_the_dense_layers_row_parallel_gradients_are_read_per_shard():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         shape = ddlsim.load_config(_llama("te_current")).model.shape()
-    sw = resolve_software(SoftwareSpec(stack="megatron-core-2024",
+    sw = resolve_software(SoftwareSpec(stack="megatron-core-2025",
                                        kernels={"fp8_recipe": "te_current"}))
-    def amax(part, sp):
+    def casts(part, sp):
         ks = layer_kernels(shape, sw, 1, 4096, 4, sp, "fp8")[part]
         return sum(k.bytes for k in ks if k.kind == "memory" and k.bytes > 16)
-    # the gradient's amax (2 B per element of [b·s, h]) read over s/4 positions with SP
-    h = shape.hidden
+    # the gradient [b·s, h]: its amax read (2 B) and row-wise cast (3 B) over s/4 positions,
+    # then the gathered FP8 tensor transposed (2 B) where the cast-transpose wrote 4 B
+    n = 4096 * shape.hidden
     for part in ("bwd.mlp.fc2", "bwd.attn.proj"):
-        assert amax(part, False) - amax(part, True) == pytest.approx(2 * 4096 * h * 3 / 4)
-    assert amax("bwd.mlp.fc1", False) == amax("bwd.mlp.fc1", True)
+        assert casts(part, False) - casts(part, True) == pytest.approx(
+            2 * n * 3 / 4 + 4 * n - (3 * n / 4 + 2 * n))

@@ -28,6 +28,7 @@ from ..workloads.decoder.zero3 import (FETCH_FILL_PASSES, FETCH_PASSES, REDUCE_P
                                         module_fetches, unit_live_elements)
 from ..simulator.kernels import kernel_device, op_time
 from ..simulator.kernels.host import NO_LAUNCH, stream_times
+from ..workloads.decoder.fp8linear import fp8_sp_gather
 from ..workloads.decoder.layerkernels import compute_dtype
 from .family import StageCosts, register_vector_family
 from .kerneltimes import kernel_times
@@ -372,10 +373,13 @@ def _module_pieces(ctx: _Context, plans, coll):
     k = kernel_times(ctx, plans["mbs"], plans["tp"], sp)
     act = b * ctx.s * sh.hidden * dt
     multi = t > 1
-    tp_f = np.where(sp, coll("reduce_scatter", "tp", act) + coll("all_gather", "tp", act),
+    # Transformer Engine gathers FP8 under SP (Megatron1D._gather_bytes)
+    gather = act / dt if fp8_sp_gather(ctx.cfg.software, ctx.cfg.train.dtype, 2, True,
+                                       sh) else act
+    tp_f = np.where(sp, coll("reduce_scatter", "tp", act) + coll("all_gather", "tp", gather),
                     coll("all_reduce", "tp", act)) * multi
     # SP: the backward re-gathers each block's sequence-sharded input (Korthikanti §4.2.2)
-    tp_b = tp_f + np.where(sp, coll("all_gather", "tp", act), 0.0) * multi
+    tp_b = tp_f + np.where(sp, coll("all_gather", "tp", gather), 0.0) * multi
     acc = 0.0 if ctx.cfg.software.gradient_accumulation_fusion else 2 * dt + 2 * ctx.gdt
     acc_s = stream_times(sh.layer_params / t * acc / ctx.dev.memory_Bps, float(acc > 0),
                          ctx.dev.launch)

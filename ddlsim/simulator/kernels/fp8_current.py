@@ -101,7 +101,7 @@ def _te_current(M, N, K, backward, compiled):
 
 FP8_RECIPES["te_current"] = Fp8Recipe(
     _te_current, ("cublas_fast", "cublas_split", "cublas_split"), (False, False),
-    per_module=False, inductor=False, per_problem=True)
+    per_module=False, inductor=False, per_problem=True, sp_gather=True)
 
 
 def amax_allreduce(name: str, sw: Any, train_dtype: str, tp: int,

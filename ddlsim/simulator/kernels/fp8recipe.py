@@ -158,6 +158,10 @@ class Fp8Recipe(NamedTuple):
     #: a grouped linear quantizes each problem with its own kernels (TE current scaling:
     #: :mod:`.fp8_current`), not all problems in one kernel per pass
     per_problem: bool = False
+    #: under sequence parallelism the tensor a linear all-gathers (a column-parallel input, a
+    #: row-parallel output gradient) is quantized on the rank's sequence shard and gathered in
+    #: FP8 (Transformer Engine: :func:`fp8_cast_kernels`, ``gathered``)
+    sp_gather: bool = False
 
 
 #: recipe name → :class:`Fp8Recipe`
@@ -165,17 +169,19 @@ FP8_RECIPES: dict[str, Fp8Recipe] = {}
 
 
 def fp8_recipe(name: str, gemms: tuple[str, str, str], rescaled: tuple[bool, bool] = (False,
-               False), torchao: bool = False, axiswise: bool = False):
+               False), torchao: bool = False, axiswise: bool = False, sp_gather: bool = False):
     """Decorator: register a recipe's cast passes (the decorated function) under ``name``,
     with its GEMM kernels and rescaled backward outputs; ``torchao``: per-module casting by
-    torch ops (``per_module`` and ``inductor``); ``axiswise``: per-row/column scales."""
+    torch ops (``per_module`` and ``inductor``); ``axiswise``: per-row/column scales;
+    ``sp_gather``: sequence-parallel gathers in FP8 (``Fp8Recipe.sp_gather``)."""
     def wrap(fn):
-        FP8_RECIPES[name] = Fp8Recipe(fn, gemms, rescaled, torchao, torchao, axiswise)
+        FP8_RECIPES[name] = Fp8Recipe(fn, gemms, rescaled, torchao, torchao, axiswise,
+                                      sp_gather=sp_gather)
         return fn
     return wrap
 
 
-@fp8_recipe("te_delayed", ("cublas_fast", "cublas_split", "cublas_split"))
+@fp8_recipe("te_delayed", ("cublas_fast", "cublas_split", "cublas_split"), sp_gather=True)
 def _te_delayed(M, N, K, backward, compiled):
     return (("gT", 4 * M * N),) if backward else (("xT", 4 * M * K), ("w", 3 * K * N))
 
@@ -201,7 +207,7 @@ def _rowwise(M, N, K, backward, compiled):
 def fp8_cast_kernels(recipe: str, M: float, N: float, K: float, backward: bool,
                      compiled: bool = False, input_cast: bool = True,
                      weight_fp8: bool = False, norm_amax: bool = False,
-                     amax_shards: int = 1) -> tuple[Kernel, ...]:
+                     gathered: str = "", shards: int = 1) -> tuple[Kernel, ...]:
     """The memory kernels of ``recipe`` around one FP8 linear ``[M, K] · [K, N]``, forward
     or ``backward`` (module docstring); ``compiled``: torch.compile fuses the first read of
     the input and the output gradient with the op before; ``input_cast`` False: the input's
@@ -213,9 +219,20 @@ def fp8_cast_kernels(recipe: str, M: float, N: float, K: float, backward: bool,
     element: torchao eab345c ``float8_ops.py`` ``preprocess_addmm`` line 253,
     ``b_data.t().contiguous().t()``) instead of a cast from bf16. ``norm_amax``: the input comes from a
     normalisation that computed its amax (TE's ``LayerNormLinear`` under ``te_current``,
-    :mod:`.fp8_current`): the input's amax pass (``x.amax``) is left out. ``amax_shards``:
-    the tensor is all-gathered in FP8 from that many sequence shards, each rank quantizing
-    its own (TE under sequence parallelism): its amax pass reads ``1/amax_shards`` of it.
+    :mod:`.fp8_current`): the input's amax pass (``x.amax``) is left out.
+
+    ``gathered`` (``"x"`` or ``"g"``) and ``shards``: under sequence parallelism the linear
+    all-gathers that tensor from ``shards`` sequence shards (a column-parallel input, forward
+    and again for the backward's weight gradient; a row-parallel output gradient). A recipe
+    with ``Fp8Recipe.sp_gather`` (Transformer Engine) quantizes the rank's shard before the
+    gather, row-wise only, and transposes the gathered FP8 tensor where the weight-gradient
+    GEMM needs it (TransformerEngine v2.9 ``distributed.py`` ``_all_gather_fp8``: "we cannot
+    directly gather the transposed fp8 tensor", ``_create_transpose`` after the gather on
+    Hopper; ``layernorm_linear.py`` backward ``update_usage(columnwise_usage=True)`` of the
+    re-gathered input; v1.8 ``base.py`` ``grad_output_preprocess``: ``cast_to_fp8``, gather,
+    ``fp8_transpose``): the cast (and its amax read) covers ``1/shards`` of the tensor
+    (read 2 + write 1 bytes per element), the transpose the whole of it (read 1 + write 1),
+    in the backward. Other recipes: no effect.
 
     Returns
     -------
@@ -232,14 +249,36 @@ def fp8_cast_kernels(recipe: str, M: float, N: float, K: float, backward: bool,
     passes = spec.passes(M, N, K, backward, compiled)
     if norm_amax:
         passes = tuple(p for p in passes if p[0] != "x.amax")
-    if amax_shards > 1:
-        passes = tuple((r, b / amax_shards if r.endswith(".amax") else b) for r, b in passes)
+    if gathered and shards > 1 and spec.sp_gather:
+        passes = _sharded_passes(passes, gathered, M * (K if gathered == "x" else N), shards,
+                                 backward)
     if weight_fp8:
         passes = tuple((r, 2 * K * N if backward else 0) if r[0] == "w" else (r, b)
                        for r, b in passes)
     return tuple(Kernel("memory", bytes=b, dtype="bf16", variant=_pass_kernel(spec, role,
                                                                                 compiled))
                  for role, b in passes if b and (input_cast or role[0] != "x"))
+
+
+def _sharded_passes(passes: tuple, tensor: str, n: float, shards: int,
+                    backward: bool) -> tuple:
+    """``passes`` with the casts of ``tensor`` (``n`` elements, gathered from ``shards``
+    sequence shards in FP8) as Transformer Engine runs them (:func:`fp8_cast_kernels`): its
+    amax read and its cast, row-wise (3 bytes per element), over the rank's shard; in the
+    backward the gathered tensor's transpose (2 bytes per element) before the GEMMs."""
+    out = []
+    for role, b in passes:
+        if role == f"{tensor}.amax":
+            b = b / shards
+        elif role.rstrip("T") == tensor:
+            role, b = tensor, 3 * n / shards
+        out.append((role, b))
+    if not backward:
+        return tuple(out)
+    if tensor == "x":   # the input gathered again for the weight gradient: its FP8 shard
+        return tuple(out) + ((f"{tensor}T", 2 * n),)
+    at = next(i for i, (r, _) in enumerate(out) if r == tensor) + 1
+    return tuple(out[:at]) + ((f"{tensor}T", 2 * n),) + tuple(out[at:])
 
 
 def _pass_kernel(spec: Fp8Recipe, role: str, compiled: bool) -> str:

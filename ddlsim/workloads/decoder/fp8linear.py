@@ -23,7 +23,7 @@ from ...simulator.kernels.fp8recipe import (FP8_RECIPES, fp8_cast_kernels, fp8_g
 from ...simulator.kernels.gemm import gemm_kernels_backward
 from ..trace import Compute, Kernel
 
-__all__ = ["linear_kernels", "with_fp8_casts"]
+__all__ = ["linear_kernels", "with_fp8_casts", "fp8_sp_gather"]
 
 
 def _times(kernels: tuple[Kernel, ...], batch: float) -> tuple[Kernel, ...]:
@@ -31,8 +31,8 @@ def _times(kernels: tuple[Kernel, ...], batch: float) -> tuple[Kernel, ...]:
 
 
 def linear_kernels(sw: Any, dtype: str, M: float, N: float, K: float, backward: bool,
-                   batch: float = 1.0, norm_amax: bool = False,
-                   amax_shards: int = 1) -> tuple[Kernel, ...]:
+                   batch: float = 1.0, norm_amax: bool = False, gathered: str = "",
+                   shards: int = 1) -> tuple[Kernel, ...]:
     """The kernels of ``batch`` linears ``[M, K]·[K, N]`` launched as one (a grouped GEMM):
     the GEMMs (backward: data and weight gradients); in FP8, the recipe's cast passes before
     them over all ``batch`` problems at once (a recipe that quantizes each problem on its
@@ -56,9 +56,12 @@ def linear_kernels(sw: Any, dtype: str, M: float, N: float, K: float, backward: 
     norm_amax : bool
         the input comes from a normalisation that computed its amax
         (:func:`~ddlsim.simulator.kernels.fp8recipe.fp8_cast_kernels`).
-    amax_shards : int
-        sequence shards the FP8 input (forward) or output gradient (backward) is all-gathered
-        from; the rank reads its own shard for the amax (same function).
+    gathered : str
+        ``"x"`` (the input) or ``"g"`` (the output gradient): the tensor the linear
+        all-gathers over the sequence, quantized on the rank's shard first under Transformer
+        Engine (same function); ``""``: none.
+    shards : int
+        sequence shards ``gathered`` is all-gathered from.
 
     Returns
     -------
@@ -74,7 +77,7 @@ def linear_kernels(sw: Any, dtype: str, M: float, N: float, K: float, backward: 
     rescale = fp8_rescale_kernels(recipe, M, N, K) if backward else ()
     casts = fp8_cast_kernels(recipe, M, N, K, backward, compiled,
                              weight_fp8=sw.enable_fsdp_float8_all_gather, norm_amax=norm_amax,
-                             amax_shards=amax_shards)
+                             gathered=gathered, shards=shards)
     casts = casts * int(batch) if FP8_RECIPES[recipe].per_problem else _times(casts, batch)
     return casts + gemms + _times(rescale, batch)
 
@@ -88,3 +91,32 @@ def with_fp8_casts(op: Compute, sw: Any, M: float, N: float, K: float, backward:
     if not kernels or kernels[0].dtype != "fp8":
         return op
     return replace(op, kernels=linear_kernels(sw, "fp8", M, N, K, backward, batch) * launches)
+
+
+def fp8_sp_gather(sw: Any, train_dtype: str, tp: int, sp: bool, shape: Any) -> bool:
+    """Whether a dense layer's sequence-parallel all-gathers carry FP8 (1 byte per element):
+    FP8 training under a recipe that quantizes before the gather (``Fp8Recipe.sp_gather``,
+    Transformer Engine: the inputs of ``TELayerNormColumnParallelLinear``, ``qkv`` and
+    ``fc1``, and the output gradients of the row-parallel ``proj`` and ``fc2``), with more
+    than one TP rank and sequence parallelism. Not for MLA (its down projections' inputs
+    are not gathered by a Transformer Engine module: not modelled, the casts stay whole).
+
+    Parameters
+    ----------
+    sw : Software
+        the resolved software stack (``fp8_recipe``).
+    train_dtype : str
+        ``train.dtype``.
+    tp : int
+        tensor-parallel ranks.
+    sp : bool
+        sequence parallelism.
+    shape : DecoderShape
+        the model (``mla``).
+
+    Returns
+    -------
+    bool
+    """
+    return (train_dtype == "fp8" and tp > 1 and sp and shape.mla is None
+            and FP8_RECIPES[sw.fp8_recipe].sp_gather)

@@ -28,6 +28,7 @@ from ...simulator.kernels.fp8recipe import (FP8_RECIPES, fp8_cast_kernels, fp8_g
                                                fp8_rescale_kernels)
 from ...simulator.kernels.gemm import gemm_kernels_backward
 from ..trace import Compute, Kernel
+from .fp8linear import fp8_sp_gather
 
 __all__ = ["layer_kernels", "MODULE_PARTS", "compute_dtype", "grad_bytes", "linear_gemms",
            "activation_kinds", "logits_kernels", "loss_op", "recompute_op"]
@@ -75,19 +76,20 @@ def linear_gemms(shape: Any, M: float, t: int, per_module: bool = False
 def _linear(shape3: tuple, dtype: str, backward: bool, recipe: str = "te_delayed",
             compiled: bool = False, shared_input: bool = False,
             input_cast: bool = True, weight_fp8: bool = False,
-            norm_amax: bool = False, amax_shards: int = 1) -> tuple[Kernel, ...]:
+            norm_amax: bool = False, gathered: str = "",
+            shards: int = 1) -> tuple[Kernel, ...]:
     """Kernels of one linear ``(M, N, K)``, or of a tuple of them in a row; ``shared_input``:
     the tuple's modules read one input, which a compiled block casts to FP8 once
     (:mod:`~ddlsim.simulator.kernels.fp8recipe`, ``per_module``); ``weight_fp8``: FSDP
     gathered the weights in FP8 (:mod:`.fsdp_float8`); ``norm_amax``: the input's amax comes
     from the normalisation before it (TE's ``LayerNormLinear``, :mod:`~ddlsim.simulator.
-    kernels.fp8_current`); ``amax_shards``: sequence shards the FP8 tensor is gathered from
+    kernels.fp8_current`); ``gathered``, ``shards``: the tensor (``x`` or ``g``) gathered
+    over ``shards`` sequence shards under SP, which Transformer Engine quantizes per shard
     (:func:`~ddlsim.simulator.kernels.fp8recipe.fp8_cast_kernels`)."""
     if isinstance(shape3[0], tuple):   # several GEMMs in a row (MLA's, per-module projections)
         once = shared_input and compiled
         return sum((_linear(x, dtype, backward, recipe, compiled, input_cast=not (once and i),
-                            weight_fp8=weight_fp8, norm_amax=norm_amax,
-                            amax_shards=amax_shards)
+                            weight_fp8=weight_fp8, norm_amax=norm_amax)
                     for i, x in enumerate(shape3)), ())
     M, N, K = shape3
     shapes = gemm_kernels_backward(M, N, K) if backward else ((M, N, K),)
@@ -99,7 +101,7 @@ def _linear(shape3: tuple, dtype: str, backward: bool, recipe: str = "te_delayed
                 for g, v in zip(shapes, fp8_gemm_variants(recipe, backward)))
     rescale = fp8_rescale_kernels(recipe, M, N, K) if backward else ()
     return fp8_cast_kernels(recipe, M, N, K, backward, compiled, input_cast,
-                            weight_fp8, norm_amax, amax_shards) + out + rescale
+                            weight_fp8, norm_amax, gathered, shards) + out + rescale
 
 
 #: The GEMM ops of a dense layer split by the module whose parameters each part uses, in
@@ -134,22 +136,24 @@ def layer_kernels(shape: Any, sw: Any, b: int, s: int, t: int, sp: bool,
     ew = layer_elementwise_kernels(shape, b, s, t, sp, dt, sw, od)
     # each op's kernels by the module whose parameters they use (ZeRO-3's module hooks,
     # .zero3): the attention core runs between the QKV and output projections' hooks
-    def lin(shape3, backward, norm_fed=False, gathered=False):
+    def lin(shape3, backward, norm_fed=False, gathered=""):
         return _linear(shape3, gd, backward, sw.fp8_recipe, bool(sw.compile), per_module,
                        weight_fp8=sw.enable_fsdp_float8_all_gather, norm_amax=norm_fed,
-                       amax_shards=t if gathered and sp else 1)
+                       gathered=gathered if fp8_sp_gather(sw, gd, t, sp, shape) else "",
+                       shards=t)
 
     parts = {
-        # qkv and fc1 follow a norm (Megatron-Core's TELayerNormColumnParallelLinear)
-        "attn.qkv": lin(g["qkv"], False, True) + core[0],
+        # qkv and fc1 follow a norm (Megatron-Core's TELayerNormColumnParallelLinear); under
+        # SP their inputs, and proj's and fc2's output gradients, are all-gathered (in FP8
+        # under Transformer Engine: fp8recipe.fp8_cast_kernels)
+        "attn.qkv": lin(g["qkv"], False, True, "x") + core[0],
         "attn.proj": lin(g["proj"], False),
-        "mlp.fc1": lin(g["fc1"], False, True),
+        "mlp.fc1": lin(g["fc1"], False, True, "x"),
         "mlp.fc2": lin(g["fc2"], False),
-        # proj's and fc2's output gradients: all-gathered in FP8 under SP
-        "bwd.mlp.fc2": lin(g["fc2"], True, gathered=True),
-        "bwd.mlp.fc1": lin(g["fc1"], True),
-        "bwd.attn.proj": lin(g["proj"], True, gathered=True) + core[1],
-        "bwd.attn.qkv": lin(g["qkv"], True),
+        "bwd.mlp.fc2": lin(g["fc2"], True, gathered="g"),
+        "bwd.mlp.fc1": lin(g["fc1"], True, gathered="x"),
+        "bwd.attn.proj": lin(g["proj"], True, gathered="g") + core[1],
+        "bwd.attn.qkv": lin(g["qkv"], True, gathered="x"),
     }
     return {
         "attn": parts["attn.qkv"] + parts["attn.proj"],

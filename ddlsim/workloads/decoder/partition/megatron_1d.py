@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..fp8linear import linear_kernels
+from ..fp8linear import fp8_sp_gather, linear_kernels
 from ..layerkernels import loss_op
 from ....simulator.kernels.fp8_current import amax_allreduce
 from ....simulator.kernels.gemm import gemm_kernels_backward
@@ -56,15 +56,26 @@ class Megatron1D(LayerPartitioner):
         all-gather with sequence parallelism; nothing when ``t = 1``. The all-gather feeds a
         linear (a column-parallel input, or a row-parallel output gradient): under TE's FP8
         current scaling the amax all-reduce before it (:func:`~ddlsim.simulator.kernels.
-        fp8_current.amax_allreduce`)."""
+        fp8_current.amax_allreduce`); in FP8 when the recipe quantizes before the gather
+        (:meth:`_gather_bytes`)."""
         if self.size == 1:
             return []
         if self.sp:
             return [Collective(f"{name}.rs", "reduce_scatter", "tp", nbytes),
                     *amax_allreduce(f"{name}.ag", self.sw, self.plan.train_dtype, self.size,
                                     True),
-                    Collective(f"{name}.ag", "all_gather", "tp", nbytes)]
+                    Collective(f"{name}.ag", "all_gather", "tp", self._gather_bytes(nbytes))]
         return [Collective(f"{name}.ar", "all_reduce", "tp", nbytes)]
+
+    def _gather_bytes(self, nbytes: float) -> float:
+        """Bytes of a sequence-parallel all-gather of ``nbytes`` of 16-bit activations that
+        feeds a linear: 1 byte per element where Transformer Engine gathers the FP8 tensor it
+        quantized on each shard (:func:`..fp8linear.fp8_sp_gather`; TransformerEngine v2.9
+        ``distributed.py`` ``_all_gather_fp8`` gathers ``inp._data``; v1.8 gathers the FP8
+        ``ln_out`` and ``grad_output_c``), else ``nbytes``."""
+        if fp8_sp_gather(self.sw, self.plan.train_dtype, self.size, self.sp, self.shape):
+            return nbytes / self.dt
+        return nbytes
 
     def tp_comm_backward(self, name: str, nbytes: float) -> list[Collective]:
         """The backward's collectives of one column-parallel block on ``nbytes``: ``f``'s
@@ -74,7 +85,8 @@ class Megatron1D(LayerPartitioner):
         ``LinearWithGradAccumulationAndAsyncCommunication.backward``): three per block."""
         comm = self.tp_comm(name, nbytes)
         if self.sp and comm:
-            comm.insert(0, Collective(f"{name}.ag.input", "all_gather", "tp", nbytes))
+            comm.insert(0, Collective(f"{name}.ag.input", "all_gather", "tp",
+                                      self._gather_bytes(nbytes)))
         return comm
 
     def _shape(self, M: float, N: float, K: float, row_parallel: bool) -> tuple:
@@ -82,19 +94,22 @@ class Megatron1D(LayerPartitioner):
         t = self.size
         return (M, N, K / t) if row_parallel else (M, N / t, K)
 
-    def _kernels(self, shape3: tuple, backward: bool, norm_amax: bool = False,
-                 gathered: bool = False) -> tuple[Kernel, ...]:
-        """The rank's GEMMs of one linear, in FP8 with the recipe's casts (:mod:`..fp8linear`;
-        ``norm_amax``: a column-parallel forward's input amax comes from TE's fused norm;
-        ``gathered``: the tensor cast is all-gathered over TP in FP8 under SP)."""
-        return linear_kernels(self.sw, self.plan.train_dtype, *shape3, backward,
-                              norm_amax=norm_amax,
-                              amax_shards=self.size if gathered and self.sp else 1)
+    def _kernels(self, shape3: tuple, backward: bool, row_parallel: bool) -> tuple[Kernel, ...]:
+        """The rank's GEMMs of one linear, in FP8 with the recipe's casts (:mod:`..fp8linear`):
+        a column-parallel forward's input amax comes from TE's fused norm; under SP the
+        column-parallel input and the row-parallel output gradient are all-gathered, which
+        Transformer Engine quantizes per shard (:func:`..fp8linear.fp8_sp_gather`)."""
+        dtype = self.plan.train_dtype
+        gathered = ("g" if row_parallel else "x") if fp8_sp_gather(
+            self.sw, dtype, self.size, self.sp, self.shape) else ""
+        return linear_kernels(self.sw, dtype, *shape3, backward,
+                              norm_amax=not (backward or row_parallel), gathered=gathered,
+                              shards=self.size)
 
     def gemm_forward(self, ops: OpList, name: str, M: float, N: float, K: float,
                      row_parallel: bool) -> None:
         ops.add(Compute(name, 2 * M * N * K / self.size, dtype=self.dtype, kernels=self._kernels(
-            self._shape(M, N, K, row_parallel), False, not row_parallel)))
+            self._shape(M, N, K, row_parallel), False, row_parallel)))
         if row_parallel:   # g: the partial outputs b·s·h are summed
             for c in self.tp_comm(name, M * N * self.dt):
                 ops.add(c)
@@ -102,7 +117,7 @@ class Megatron1D(LayerPartitioner):
     def gemm_backward(self, ops: OpList, name: str, M: float, N: float, K: float,
                       row_parallel: bool) -> None:
         ops.add(Compute(name, 4 * M * N * K / self.size, dtype=self.dtype, kernels=self._kernels(
-            self._shape(M, N, K, row_parallel), True, gathered=row_parallel)))
+            self._shape(M, N, K, row_parallel), True, row_parallel)))
         if not row_parallel:   # f: the partial input gradients b·s·h are summed
             for c in self.tp_comm_backward(name, M * K * self.dt):
                 ops.add(c)
