@@ -139,71 +139,84 @@ class _Engine:
                       events, self.choices)
 
     def _stream(self, st: ClassState, sid: int, flats: list[int]):
-        """One class's stream: its ops in issue order."""
+        """One class's stream: its ops in issue order. ``st.at`` names where the stream
+        waits whenever it waits on something that may never come (deadlock reports)."""
+        env, info, instrs, bases = self.env, st.info, st.prog.instrs, st.prog.bases
         free = 0.0
         for flat in flats:
-            ins = st.prog.instrs[flat]
-            why, why_dur, issue = yield from self._ready(st, sid, flat, ins)
-            start = self.env.now
-            if sid == 0 and start > free:
-                attribute_gap(st.timing, start - free, why, why_dur)
-            yield from self._execute(st, sid, flat, ins, issue, start)
-            free = self.env.now
+            ins = instrs[flat]
+            ready, why, why_dur = 0.0, "", 0.0
+            base = bases[flat]
+            for d in ins.deps:
+                got = info.get(base + d)
+                if got is None:
+                    st.at[sid] = (flat, "deps")
+                    yield st.done_event(env, base + d)
+                    got = info[base + d]
+                if got[0] > ready:
+                    ready, why, why_dur = got
+            code = ins.code
+            if code == COMPUTE:
+                start = env.now
+                if sid == 0 and start > free:
+                    attribute_gap(st.timing, start - free, why, why_dur)
+                if ins.duration_s > 0:
+                    yield env.timeout(ins.duration_s)
+                book(st.timing, sid == 0, ins.label, True, ins.duration_s, ins.flops, 0.0)
+            elif code == COLL:
+                why, why_dur, start = yield from self._collective(st, sid, flat, ins, why,
+                                                                  why_dur, free)
+            else:
+                why, why_dur = yield from self._join(st, sid, flat, ready, why, why_dur)
+                start = env.now
+                if sid == 0 and start > free:
+                    attribute_gap(st.timing, start - free, why, why_dur)
+            free = end = env.now
+            st.finish(flat, end, ins.label, end - start)
+            if st.spans is not None and (end > start or code != WAIT):
+                st.spans.append((sid, ins.name, start, end, "wait" if code == WAIT
+                                 else ins.label))
         st.stream_end[sid] = free
         st.at.pop(sid, None)
         st.open_streams -= 1
         if st.open_streams == 0:
             self._class_done(st)
 
-    def _ready(self, st: ClassState, sid: int, flat: int, ins: Instr):
-        """Wait for the op's deps, the stream it joins (Wait) or its group (collective);
-        return why it waited last (label, how long that op took) and the collective issue."""
-        env, info = self.env, st.info
-        st.at[sid] = (flat, "deps")
-        ready, why, why_dur = 0.0, "", 0.0
-        base = int(st.prog.base_of[flat])
-        for d in ins.deps:
-            if base + d not in info:
-                yield st.done_event(env, base + d)
-            got = info[base + d]
-            if got[0] > ready:
-                ready, why, why_dur = got
-        issue = None
-        if ins.code == WAIT:
-            target, label = st.prog.waits[flat]
-            if target >= 0:
+    def _join(self, st: ClassState, sid: int, flat: int, ready: float, why: str,
+              why_dur: float):
+        """A Wait: the last op issued before it on the awaited stream; returns why the
+        op waited last (label, how long that op took)."""
+        target, label = st.prog.waits[flat]
+        if target >= 0:
+            info = st.info
+            if target not in info:
                 st.at[sid] = (flat, "wait")
-                if target not in info:
-                    yield st.done_event(env, target)
-                if info[target][0] > ready:
-                    why, why_dur = label, np.inf
-        elif ins.code == COLL:
-            arrived = env.now
-            st.at[sid] = (flat, "rendezvous")
-            issue = self.collectives.arrive(st, flat, ins)
-            if not issue.started:
-                yield issue.start_ev
-            if env.now > arrived:
-                why, why_dur = "bubble", 0.0
-        return why, why_dur, issue
+                yield st.done_event(self.env, target)
+            if info[target][0] > ready:
+                why, why_dur = label, np.inf
+        return why, why_dur
 
-    def _execute(self, st: ClassState, sid: int, flat: int, ins: Instr, issue, start: float):
-        """Run a compute op or a started collective; book it."""
+    def _collective(self, st: ClassState, sid: int, flat: int, ins: Instr, why: str,
+                    why_dur: float, free: float):
+        """Rendezvous with the collective's group, attribute the idle time before it, run
+        it and book it; returns why it waited last and when it started."""
         env = self.env
-        if ins.code == COMPUTE:
-            if ins.duration_s > 0:
-                yield env.timeout(ins.duration_s)
-            book(st.timing, sid == 0, ins.label, True, ins.duration_s, ins.flops, 0.0)
-        elif ins.code == COLL:
+        arrived = env.now
+        issue = self.collectives.arrive(st, flat, ins)
+        if not issue.started:
+            st.at[sid] = (flat, "rendezvous")
+            yield issue.start_event()
+        start = env.now
+        if start > arrived:
+            why, why_dur = "bubble", 0.0
+        if sid == 0 and start > free:
+            attribute_gap(st.timing, start - free, why, why_dur)
+        if not issue.ended:
             st.at[sid] = (flat, "collective")
-            if not issue.ended:
-                yield issue.end_ev
-            book(st.timing, sid == 0, ins.label, False, env.now - start, 0.0, ins.nbytes)
-            st.stream_kind[sid] = ins.label
-        end = env.now
-        st.finish(flat, end, ins.label, end - start)
-        if st.spans is not None and (end > start or ins.code != WAIT):
-            st.spans.append((sid, ins.name, start, end, _span_kind(ins)))
+            yield issue.end_event()
+        book(st.timing, sid == 0, ins.label, False, env.now - start, 0.0, ins.nbytes)
+        st.stream_kind[sid] = ins.label
+        return why, why_dur, start
 
     def _class_done(self, st: ClassState) -> None:
         finish_class(st.timing, st.stream_end, st.stream_kind)
@@ -215,14 +228,6 @@ class _Engine:
         unmatched = self.p2p.unmatched()
         if stuck or unmatched:
             raise DeadlockError(describe_deadlock(self, stuck, unmatched))
-
-
-def _span_kind(ins: Instr) -> str:
-    if ins.code == COMPUTE:
-        return ins.label
-    if ins.code == WAIT:
-        return "wait"
-    return ins.label
 
 
 def run_des_engine(workload: Workload, cost: CostModel, topology, devices: np.ndarray, *,

@@ -97,6 +97,7 @@ class FlowNetwork:
         self._update_armed = False
         self._timers: list[float] = []
         self.links = LinkLedger(n_links)
+        self._flow_counts: dict[int, tuple[object, float, int]] = {}
         self._rates = RateMemo(self.capacity_Bps)
         self.bytes_sent = self.bytes_delivered = 0.0
         self.flows_started = self.rate_updates = 0
@@ -198,11 +199,14 @@ class FlowNetwork:
         (``key`` names the row set, e.g. the template phase, so repeats are summed)."""
         self.links.carry_phase(key, edges, mult, flow_bytes)
         self.links.add_busy(links, busy_s)
-        moved = flow_bytes * float(mult.sum())
+        got = self._flow_counts.get(id(key))
+        if got is None:  # flows per row set, summed once (the key is kept: its id stays its own)
+            got = self._flow_counts[id(key)] = (key, float(mult.sum()), int(mult.sum()))
+        moved = flow_bytes * got[1]
         self.bytes_sent += moved
         self.bytes_delivered += moved
         if new_flows:
-            self.flows_started += int(mult.sum())
+            self.flows_started += got[2]
 
     # ------------------------------------------------------------------ submissions
     def submit(self, owner: FlowOwner, edges: np.ndarray, nbytes: np.ndarray,

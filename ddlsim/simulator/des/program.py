@@ -58,6 +58,7 @@ class ClassProgram:
     stream_ops: dict[int, list[int]]     # stream id → flat indices (not P2P), issue order
     p2p_ops: list[int]
     waits: dict[int, tuple[int, str]] = field(default_factory=dict)  # flat → (target, label)
+    bases: list[int] = field(default_factory=list)  # base_of as Python ints (the engine's loop)
 
 
 def _instr(op, sid: int, streams: dict[str, int], cost: CostModel,
@@ -128,7 +129,7 @@ def _flatten(cls, blocks: dict[str, list[Instr]]) -> ClassProgram:
                 last_coll_label[ins.stream] = ins.label
     return ClassProgram(cls.name, np.asarray(cls.ranks, dtype=np.int64), instrs,
                         np.asarray(step_of, dtype=np.int64), np.asarray(base_of, dtype=np.int64),
-                        mbs, names, dict(sorted(stream_ops.items())), p2p, waits)
+                        mbs, names, dict(sorted(stream_ops.items())), p2p, waits, base_of)
 
 
 def rendezvous_components(workload: Workload) -> dict[str, tuple[np.ndarray, list[tuple[int, ...]]]]:

@@ -24,23 +24,40 @@ __all__ = ["Collectives", "CollectiveIssue"]
 
 
 class CollectiveIssue:
-    """One collective as the classes that take part see it: started? ended?"""
+    """One collective as the classes that take part see it: started? ended? Its start and
+    end events exist only once a class waits for them (most collectives start at the
+    arrival of their only class, and an event nobody waits for would still cost a step)."""
 
-    __slots__ = ("started", "ended", "start_ev", "end_ev", "op", "classes", "arrived")
+    __slots__ = ("started", "ended", "_start_ev", "_end_ev", "env", "op", "classes",
+                 "arrived")
 
     def __init__(self, env: simpy.Environment, op, classes: tuple[int, ...]):
         self.started = self.ended = False
-        self.start_ev, self.end_ev = env.event(), env.event()
-        self.op, self.classes = op, classes
+        self._start_ev = self._end_ev = None
+        self.env, self.op, self.classes = env, op, classes
         self.arrived: dict[int, Instr] = {}
+
+    def start_event(self) -> simpy.Event:
+        """The event of the start (succeeds at :meth:`begin`)."""
+        if self._start_ev is None:
+            self._start_ev = self.env.event()
+        return self._start_ev
+
+    def end_event(self) -> simpy.Event:
+        """The event of the end (succeeds at :meth:`finish`)."""
+        if self._end_ev is None:
+            self._end_ev = self.env.event()
+        return self._end_ev
 
     def begin(self) -> None:
         self.started = True
-        self.start_ev.succeed()
+        if self._start_ev is not None:
+            self._start_ev.succeed()
 
     def finish(self, _end: float) -> None:
         self.ended = True
-        self.end_ev.succeed()
+        if self._end_ev is not None:
+            self._end_ev.succeed()
 
 
 class Collectives:
@@ -54,6 +71,7 @@ class Collectives:
         self.open: dict[tuple[str, int, int], CollectiveIssue] = {}
         self._occ: dict[tuple[int, str], int] = defaultdict(int)
         self._templates: dict[tuple, FlowTemplate] = {}
+        self._plans: dict[tuple[int, int], tuple[FlowTemplate | None, float, object]] = {}
 
     def arrive(self, st, flat: int, ins: Instr) -> CollectiveIssue:
         """Class ``st`` reached collective ``ins``; the issue starts when its component has."""
@@ -79,18 +97,26 @@ class Collectives:
         return issue
 
     def _launch(self, issue: CollectiveIssue, ins: Instr, cid: int) -> None:
-        op = ins.payload
         issue.begin()
-        fam = self.engine.workload.groups[op.group]
-        p = fam.size
-        if p <= 1:
+        tpl, nbytes = self._plan(ins.payload, cid)
+        if tpl is None:
             issue.finish(self.engine.env.now)
             return
-        nbytes = op.bytes if op.split_bytes is None else float(sum(op.split_bytes))
-        algo = self.cost.choice(op).algorithm  # the closed form the analytical engine times
-        tpl = self._template(op, cid, algo)
         eng = self.engine
         TemplateRun(eng.env, eng.network, tpl, nbytes, ins.repeat, issue.finish, eng.records)
+
+    def _plan(self, op, cid: int) -> tuple[FlowTemplate | None, float]:
+        """The flow template of ``op`` on component ``cid`` (None on a group of one) and
+        the bytes of one issue, looked up once per op and component (an op of a block is
+        issued once per step)."""
+        got = self._plans.get((id(op), cid))
+        if got is None:
+            tpl, nbytes = None, op.bytes if op.split_bytes is None else float(sum(op.split_bytes))
+            if self.engine.workload.groups[op.group].size > 1:
+                algo = self.cost.choice(op).algorithm  # the closed form the analytical engine times
+                tpl = self._template(op, cid, algo)
+            got = self._plans[(id(op), cid)] = (tpl, nbytes, op)  # op kept: its id stays its own
+        return got[0], got[1]
 
     def _template(self, op, cid: int, algo: str) -> FlowTemplate:
         group, kind, split, split_by = op.group, op.op, op.split_bytes, op.split_by

@@ -138,13 +138,25 @@ class TemplateRun:
         roots = got[1]
         if not net.idle(roots):
             return False
-        plan = [(self._flow_bytes(ph) * iso.seconds_per_byte if len(ph.edges) else 0.0,
-                 self._latency(ph, iso.step_latency_s))
-                for ph, iso in zip(self.template.phases, profile)]
+        plan, total = self._plan(profile)
         self.express = (self.env.now, plan, roots, profile)
         net.reserve(roots, self)
-        self.env.timeout(sum(t + lat for t, lat in plan)).callbacks.append(self._express_end)
+        self.env.timeout(total).callbacks.append(self._express_end)
         return True
+
+    def _plan(self, profile: tuple[IsolatedPhase, ...]) -> tuple[list, float]:
+        """Per phase (transfer seconds, latency seconds) of an isolated run of this size,
+        and their sum: computed once per template, size and repeat (an op is issued once
+        per micro-batch with the same bytes)."""
+        plans = self.template.cache.setdefault("plans", {})
+        key = (self.nbytes, self.repeat)
+        got = plans.get(key)
+        if got is None:
+            plan = [(self._flow_bytes(ph) * iso.seconds_per_byte if len(ph.edges) else 0.0,
+                     self._latency(ph, iso.step_latency_s))
+                    for ph, iso in zip(self.template.phases, profile)]
+            got = plans[key] = (plan, sum(t + lat for t, lat in plan))
+        return got
 
     def _book(self, k: int, iso: IsolatedPhase, fraction: float, start: float, end: float,
               new_flows: bool = True) -> None:
