@@ -8,9 +8,9 @@ The published rows (NVIDIA-NeMo/Megatron-Bridge docs/performance-summary*.md, Ne
 405B on 1,024 GPUs) and their provenance are in ``data/bridge_h100_fp8.csv``; the settings the
 tables leave out, read from that repository's performance recipes at the same releases, are in
 ``data/bridge_h100_settings.csv``. The rows are predicted exactly as ``validate_h100.py``
-predicts NeMo 24.07's (``dgx-h100``, ``megatron-core-2024`` stack, the same config mapping and
-the same marks), and 405B with Megatron-Core's uneven pipeline split (embedding and loss
-counted as layers: 126 layers on PP 8 × VPP 8). Two differences from NeMo 24.07: the attention
+predicts NeMo 24.07's (``dgx-h100``, the same config mapping and the same marks), and 405B
+with Megatron-Core's uneven pipeline split (embedding and loss counted as layers: 126 layers on
+PP 8 × VPP 8). Three differences from NeMo 24.07: the stack (:data:`STACK`), the attention
 kernel (:data:`ATTENTION`) and FP8 current scaling (:data:`FP8_RECIPE`). No per-row factors and
 nothing tuned.
 """
@@ -25,6 +25,10 @@ import validate_h100 as h100
 
 TABLE = DATA / "bridge_h100_fp8.csv"
 SETTINGS = DATA / "bridge_h100_settings.csv"
+#: The runs' Megatron-Core: the NeMo 25.09-26.02 containers ship Megatron-Core of 2025-26, whose
+#: FP8 current scaling (--fp8-recipe tensorwise, megatron/core/fp8_utils.py) Megatron-Core of
+#: 2024 (``megatron-core-2024``, NeMo 24.07's) does not have (stack rule no_te_current_scaling)
+STACK = "megatron-core-2025"
 #: The runs' attention kernel: cuDNN's fused attention, not NeMo 24.07's FlashAttention-2
 #: (``validate_h100.ATTENTION``, which the launcher forced with NVTE_FUSED_ATTN=0). Megatron-
 #: Bridge's performance scripts export NVTE_FLASH_ATTN=1 and NVTE_FUSED_ATTN=1 ("Enable cuDNN
@@ -49,9 +53,10 @@ def rows() -> list[dict]:
 
 
 def config(row: dict) -> dict:
-    """The ddlsim run config of one row: ``validate_h100.config`` with the runs' attention
-    and FP8 recipe."""
+    """The ddlsim run config of one row: ``validate_h100.config`` with the runs' stack,
+    attention and FP8 recipe."""
     cfg = h100.config(row)
+    cfg["system"]["software"]["stack"] = STACK
     cfg["system"]["software"]["kernels"].update(attention=ATTENTION, fp8_recipe=FP8_RECIPE)
     return cfg
 

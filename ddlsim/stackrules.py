@@ -88,6 +88,11 @@ class PlanFacts:
     norm_act_recompute: Any = False
     shared_recompute: Any = False
     fp8_delayed: Any = False
+    #: FP8 under Transformer Engine's current scaling (``te_current``), under either of
+    #: Transformer Engine's recipes, under one of torchao's (``tensorwise``, ``rowwise``)
+    fp8_current: Any = False
+    fp8_te: Any = False
+    fp8_torchao: Any = False
 
     @classmethod
     def of(cls, **values: Any) -> "PlanFacts":
@@ -120,7 +125,15 @@ def _recompute_facts(cfg: Any) -> dict:
     return {"recompute_modules": cfg.train.recompute_modules is not None,
             "norm_act_recompute": bool(mods & {"moe_act", "layernorm"}),
             "shared_recompute": "shared_experts" in mods,
-            "fp8_delayed": cfg.train.dtype == "fp8" and cfg.software.fp8_recipe == "te_delayed"}
+            **_fp8_facts(cfg)}
+
+
+def _fp8_facts(cfg: Any) -> dict:
+    """The FP8 recipe facts (:class:`PlanFacts`); all false unless ``train.dtype`` is fp8."""
+    recipe = cfg.software.fp8_recipe if cfg.train.dtype == "fp8" else None
+    return {"fp8_delayed": recipe == "te_delayed", "fp8_current": recipe == "te_current",
+            "fp8_te": recipe in ("te_delayed", "te_current"),
+            "fp8_torchao": recipe in ("tensorwise", "rowwise")}
 
 
 def _moe_facts(cfg: Any) -> dict:
@@ -387,6 +400,27 @@ def _recompute_norm_act_not_delayed_fp8(f: PlanFacts):
     return f.norm_act_recompute & f.fp8_delayed
 
 
+@stack_rule("no_te_current_scaling", "FP8 with Transformer Engine's current scaling "
+            "(system.software.kernels.fp8_recipe te_current)",
+            "system.software.kernels.fp8_recipe", "train.dtype")
+def _no_te_current_scaling(f: PlanFacts):
+    return f.fp8_current
+
+
+@stack_rule("no_transformer_engine_fp8", "FP8 through Transformer Engine's recipes "
+            "(system.software.kernels.fp8_recipe te_delayed or te_current)",
+            "system.software.kernels.fp8_recipe", "train.dtype")
+def _no_transformer_engine_fp8(f: PlanFacts):
+    return f.fp8_te
+
+
+@stack_rule("no_torchao_float8", "FP8 through torchao's Float8Linear "
+            "(system.software.kernels.fp8_recipe tensorwise or rowwise)",
+            "system.software.kernels.fp8_recipe", "train.dtype")
+def _no_torchao_float8(f: PlanFacts):
+    return f.fp8_torchao
+
+
 @stack_rule("recompute_shared_experts_no_overlap", "recomputation of the shared experts with "
             "shared_expert_overlap", "train.recompute_modules", "parallel.moe.shared_expert_overlap")
 def _recompute_shared_experts_no_overlap(f: PlanFacts):
@@ -437,7 +471,7 @@ def _shown(cfg: Any, path: str) -> str:
 
 
 #: fields the rules name whose value is the resolved stack's (stack ← system ← plan)
-_SOFTWARE_FIELDS = ("overlap_p2p_comm", "tp_comm_overlap", "compile")
+_SOFTWARE_FIELDS = ("overlap_p2p_comm", "tp_comm_overlap", "compile", "fp8_recipe")
 
 
 def check_stack_rules(cfg: Any) -> None:

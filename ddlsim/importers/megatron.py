@@ -104,9 +104,12 @@ CHOICES: dict[str, dict[str, list[tuple[str, Any]]]] = {
     "recompute-method": {"uniform": []},
     "transformer-impl": {"transformer_engine": []},
     # megatron/core/fp8_utils.py: delayed -> TE DelayedScaling, tensorwise -> TE
-    # Float8CurrentScaling (simulator/kernels/fp8_current.py)
-    "fp8-recipe": {"delayed": [(f"{_SW}.kernels.fp8_recipe", "te_delayed")],
-                   "tensorwise": [(f"{_SW}.kernels.fp8_recipe", "te_current")]},
+    # Float8CurrentScaling (simulator/kernels/fp8_current.py); the flag is Megatron-LM of 2025
+    # (9c1a5351 arguments.py; 900f1b76 has --fp8-format and DelayedScaling's knobs only)
+    "fp8-recipe": {"delayed": [(f"{_SW}.kernels.fp8_recipe", "te_delayed"),
+                               (f"{_SW}.stack", "megatron-core-2025")],
+                   "tensorwise": [(f"{_SW}.kernels.fp8_recipe", "te_current"),
+                                  (f"{_SW}.stack", "megatron-core-2025")]},
     "moe-token-dispatcher-type": {d: [("parallel.moe.token_dispatcher_type", d)]
                                   for d in ("alltoall", "allgather", "flex")},
     "moe-flex-dispatcher-backend": {b: [("parallel.moe.flex_dispatcher_backend", b)]
