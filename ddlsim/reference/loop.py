@@ -301,7 +301,8 @@ def loop_ranks(work: Path, model: LoopModel, n: int, runs: tuple[str, ...], stat
         f"classes {classes}")
     from .accounting import account_run
     from .interleaved import measured_s
-    system = local_system_of(n, r_max, stream, profile, when, classes)
+    from .machine import local_system
+    system = local_system(n, r_max, stream, _p2p(profile), _memory_bytes() / n, when, classes)
     rows = []
     for cfg_path in _configs(work, model, n, runs, system):
         strategy = cfg_path.stem.split("-")[1]
@@ -376,15 +377,6 @@ def run_loop(work: Path, model: LoopModel = REFERENCE, ranks: tuple[int, ...] = 
         rows += ours  # kept as it grows: a later failure leaves the runs so far
         (work / "closed_loop.json").write_text(json.dumps(rows, indent=1))
     return rows
-
-
-def local_system_of(n: int, r_max: float, stream: float, profile: Path, when: str,
-                    classes: dict[str, float] | None = None) -> dict:
-    """The system section of the loop's runs (:func:`~.machine.local_system`) from what the
-    loop measured on ``n`` ranks (``classes``: the element-wise kernel classes' measured
-    fractions of ``stream``, :mod:`.kernels`)."""
-    from .machine import local_system
-    return local_system(n, r_max, stream, _p2p(profile), _memory_bytes() / n, when, classes)
 
 
 def _row_line(row: dict) -> str:
