@@ -100,3 +100,23 @@ def test_the_context_parallel_layer_gathers_fp8_too():
     cfg["system"]["nodes"] = 1
     got = _gathers(cfg)
     assert got and {g.bytes for g in got} == {4096 * 4096 / 2}
+
+
+def test_the_search_tier_sizes_module_hook_gathers_alike():
+    # ZeRO-3 from module hooks (search/decoder.py _module_pieces restates the TP collectives)
+    from ddlsim.config import build_config
+    from ddlsim.search.evaluate import evaluate_grid
+    from ddlsim.search.run import plan_overrides
+    from ddlsim.search.spec import Constraints
+    base = _cfg("te_delayed")
+    base["system"].update(nodes=2, software={"stack": "deepspeed-2021", "what_if": True,
+                                             "overlap": {"zero3_gather": "per_tensor"}})
+    base["train"]["global_batch_size"] = 16
+    axes = {"parallel.tensor_model_parallel_size": [4], "parallel.sequence_parallel": [True],
+            "parallel.zero_stage": [3], "parallel.pipeline_model_parallel_size": [1]}
+    frame = evaluate_grid(base, None, [], axes, Constraints()).frame
+    columns = [c for c in frame.columns if "." in c]
+    assert len(frame) == 1
+    exact = ddlsim.predict(build_config(base, plan_overrides(frame.iloc[0], columns)),
+                           check_fit=False).iteration_time_s
+    assert frame["iteration_time_s"].iloc[0] == pytest.approx(exact, rel=1e-3)
