@@ -15,17 +15,24 @@ __all__ = ["des_result", "link_table", "rank_spans"]
 
 def rank_spans(run: DESRun, workload: Workload, every_rank: bool) -> tuple[Span, ...]:
     """Spans of every rank (``every_rank``) or of each class's first rank, sorted by rank,
-    stream, start."""
+    stream, start (then end and name; ties in the order the engine recorded them)."""
     names = {v: k for k, v in run.streams.items()}
+    rows = []  # (rank, class index): a rank belongs to one class, so ranks sort the classes
+    for c, (cls, spans) in enumerate(zip(workload.classes, run.spans)):
+        if spans:
+            rows += [(int(r), c) for r in (cls.ranks if every_rank else cls.ranks[:1])]
+    rows.sort()
+    ordered: dict[int, list] = {}  # per class, its spans sorted once (the same for each rank)
     out = []
-    for cls, spans in zip(workload.classes, run.spans):
-        if not spans:
-            continue
-        ranks = cls.ranks if every_rank else cls.ranks[:1]
-        for r in ranks:
-            out += [Span(int(r), names[sid], name, start, end, kind, cls.name)
-                    for sid, name, start, end, kind in spans]
-    out.sort(key=lambda s: (s.rank, s.stream, s.start_s, s.end_s, s.name))
+    for r, c in rows:
+        spans = ordered.get(c)
+        if spans is None:
+            spans = ordered[c] = sorted(
+                ((names[sid], name, start, end, kind) for sid, name, start, end, kind
+                 in run.spans[c]), key=lambda t: (t[0], t[2], t[3], t[1]))
+        cname = workload.classes[c].name
+        out += [Span(r, stream, name, start, end, kind, cname)
+                for stream, name, start, end, kind in spans]
     return tuple(out)
 
 

@@ -82,6 +82,9 @@ class FlowNetwork:
         #: 131,072 GPUs holds 16,384 node domains at once)
         self._holder = np.full(n_links + 1, -1, dtype=np.int64)
         self._runs: dict[int, Reserver] = {}
+        #: per domain root, its users plus 1 while a run holds it (0: idle), kept beside
+        #: both so that the check of a run's domains is one lookup
+        self._taken = np.zeros(n_links + 1, dtype=np.int64)
         self._next_run = 0
         #: bumped whenever domains merge (their roots change)
         self.epoch = 0
@@ -165,23 +168,29 @@ class FlowNetwork:
         held = list(self._runs.values())
         self._runs = {}
         self._holder[:] = -1
+        self._taken = self._users.copy()
         self.epoch += 1
         for run in held:
             run.materialise()
 
-    def domains(self, first_links: np.ndarray) -> np.ndarray:
-        """Domain roots of flows whose first links are ``first_links`` (pad excluded)."""
+    def domains(self, first_links: np.ndarray, before: np.ndarray | None = None) -> np.ndarray:
+        """Domain roots of flows whose first links are ``first_links`` (pad excluded);
+        ``before``, their roots at an earlier epoch, is still the answer while each of them
+        is still a root (merges only join domains)."""
+        if before is not None and (self.root[before] == before).all():
+            return before
         roots = unique_counts(self.root[first_links])[0]
         return roots[roots != self.pad]
 
     def idle(self, roots: np.ndarray) -> bool:
         """No flow is active or pending and no run holds any of ``roots``."""
-        return not self._users[roots].any() and not (self._holder[roots] >= 0).any()
+        return not self._taken[roots].any()
 
     def reserve(self, roots: np.ndarray, run: Reserver) -> None:
         """``run`` holds the idle domains ``roots`` until it releases them."""
         if len(roots):
             self._holder[roots] = rid = self._next_run
+            self._taken[roots] += 1
             self._next_run += 1
             self._runs[rid] = run
 
@@ -191,6 +200,7 @@ class FlowNetwork:
             rid = int(self._holder[roots[0]])
             if rid >= 0:
                 self._holder[roots] = -1
+                self._taken[roots] -= 1
                 del self._runs[rid]
 
     def account(self, key: object, edges: np.ndarray, mult: np.ndarray, flow_bytes: float,
@@ -225,6 +235,7 @@ class FlowNetwork:
                 if rid >= 0:
                     self._runs[rid].materialise()
         self._users[doms] += counts
+        self._taken[doms] += counts
         oid = self._next_owner
         self._next_owner += 1
         self._owners[oid] = (owner, len(edges))
@@ -390,6 +401,7 @@ class FlowNetwork:
         self._advance(done, now)
         doms, counts = unique_counts(s.dom[done])
         self._users[doms] -= counts
+        self._taken[doms] -= counts
         self._dirty[doms] = True
         self._removed.append(s.edges[done])
         owners, local = s.owner[done], s.local[done]

@@ -72,13 +72,12 @@ class Collectives:
         self._occ: dict[tuple[int, str], int] = defaultdict(int)
         self._templates: dict[tuple, FlowTemplate] = {}
         self._plans: dict[tuple[int, int], tuple[FlowTemplate | None, float, object]] = {}
+        self._comps: dict[tuple[str, int], tuple[int, tuple[int, ...]]] = {}
 
     def arrive(self, st, flat: int, ins: Instr) -> CollectiveIssue:
         """Class ``st`` reached collective ``ins``; the issue starts when its component has."""
         op = ins.payload
-        comp_of, members = self.components[op.group]
-        cid = int(comp_of[st.index])
-        classes = members[cid]
+        cid, classes = self._component(op.group, st.index)
         env = self.engine.env
         if len(classes) == 1:
             issue = CollectiveIssue(env, op, classes)
@@ -95,6 +94,15 @@ class Collectives:
             del self.open[key]
             self._launch(issue, issue.arrived[min(issue.arrived)], cid)
         return issue
+
+    def _component(self, group: str, cls: int) -> tuple[int, tuple[int, ...]]:
+        """The rendezvous component of class ``cls`` on family ``group`` and its classes."""
+        got = self._comps.get((group, cls))
+        if got is None:
+            comp_of, members = self.components[group]
+            cid = int(comp_of[cls])
+            got = self._comps[(group, cls)] = (cid, members[cid])
+        return got
 
     def _launch(self, issue: CollectiveIssue, ins: Instr, cid: int) -> None:
         issue.begin()

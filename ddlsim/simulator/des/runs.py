@@ -134,7 +134,8 @@ class TemplateRun:
         cache = self.template.cache
         got = cache.get("roots")
         if got is None or got[0] != net.epoch:  # domains merged since: look them up again
-            got = cache["roots"] = (net.epoch, net.domains(self.template.first_links))
+            got = cache["roots"] = (net.epoch, net.domains(
+                self.template.first_links, None if got is None else got[1]))
         roots = got[1]
         if not net.idle(roots):
             return False
