@@ -51,6 +51,22 @@ def test_more_ranks_than_cores_share_them():
     assert all(t >= DLRM_SLEEP_S for t in got.values())
 
 
+def test_the_link_is_the_sendrecv_segment_at_the_runs_largest_message(tmp_path):
+    """dlrm at 2 ranks sends at most 2,897,924 B (its top MLP's all-reduce): the segment from
+    1 MiB, 40 us + B / 1.6 GB/s, is the link; the one below it is not used."""
+    import yaml
+    seg = [{"min_bytes": 8, "alpha_s": 3.3e-6, "beta_s_per_B": 1 / 7.08e9},
+           {"min_bytes": 2 ** 20, "alpha_s": 40e-6, "beta_s_per_B": 1 / 1.6e9}]
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump({"version": 1, "comm": [{
+        "backend": "mpi", "op": "sendrecv", "scope": "intra", "ranks": 2, "nodes": 1,
+        "ranks_per_node": 2, "segments": seg}]}))
+    got = dict(s.split("=") for s in pc.link_sets(pc.PROXIES["dlrm"], 2, path))
+    assert {k: float(v) for k, v in got.items()} == pytest.approx({
+        "system.intra_node.bandwidth_Bps": 1.6e9, "system.intra_node.latency_s": 40e-6,
+        "system.nic.bandwidth_Bps": 1.6e9, "system.nic.latency_s": 40e-6}, rel=1e-12)
+
+
 def test_calibration_range_follows_the_closed_loops_rule():
     # smallest 198,144 B -> half is 99,072 -> 2**16; largest 2,897,924 B -> 2**22 x 8
     assert pc.calibration_range([198144, 1048576, 2897924]) == (2 ** 16, 2 ** 25)
