@@ -3,8 +3,8 @@
 ``ddlsim traces kineto --profiler-overhead FILE`` removes the profiler's instrumentation from a
 profiled step (docs/traces.md). This script measures what to remove, on microbenchmarks only
 (never on the training step it will correct): loops of a Python no-op call, a built-in call,
-a ``torch.add`` on one-element tensors, an ``F.linear`` on a 4×4 input and an ``nn.Identity``
-module call, each timed with the profiler off and on (CPU activity, ``with_stack=True``,
+a ``torch.add`` on one-element tensors, an ``F.linear`` on a 4×4 input, an ``nn.Identity``
+module call and a forward and backward of that linear (the autograd engine's events), each timed with the profiler off and on (CPU activity, ``with_stack=True``,
 ``record_shapes`` as given), and the events each iteration leaves in the exported trace
 counted per category (``ddlsim.traces.kineto_overhead.CATEGORIES``: ``cpu_op``, the
 RecordFunction events of ATen ops and annotations; ``python_function`` and ``c_function``, the
@@ -36,6 +36,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import tempfile
 import time
 
@@ -53,7 +54,8 @@ def _noop():
 
 
 def _loops() -> dict:
-    """name -> a function running ``n`` iterations of one microbenchmark."""
+    """name -> (a function running ``n`` iterations of one microbenchmark, the share of
+    ``--iterations`` it runs: a backward leaves ~25 events per iteration)."""
     a, b, c = torch.ones(1), torch.ones(1), torch.empty(1)
     x, w, bias = torch.ones(4, 4), torch.ones(4, 4), torch.ones(4)
     ident, seq = torch.nn.Identity(), [1, 2]
@@ -78,7 +80,15 @@ def _loops() -> dict:
         for _ in range(n):
             ident(x)
 
-    return {f.__name__: f for f in (python_call, builtin_call, aten_add, aten_linear, module_call)}
+    xg = torch.ones(4, 4, requires_grad=True)
+
+    def autograd_step(n):
+        for _ in range(n):
+            F.linear(xg, w, bias).sum().backward()
+
+    return {f.__name__: (f, share) for f, share in (
+        (python_call, 1), (builtin_call, 1), (aten_add, 1), (aten_linear, 1), (module_call, 1),
+        (autograd_step, 0.1))}
 
 
 #: the clocks a loop can be timed with: the process's CPU time (what the profiler's
@@ -117,18 +127,22 @@ def _profiled(loop, n: int, record_shapes: bool) -> tuple[float, dict]:
     return seconds, counts
 
 
-def measure(n: int, repeats: int, record_shapes: bool) -> list[dict]:
-    """One row per loop: seconds per iteration off and on (min over ``repeats``), and the
-    events per iteration of each category."""
+def measure(iterations: int, repeats: int, record_shapes: bool) -> list[dict]:
+    """One row per loop: seconds per iteration off and on, and added by the profiler (the
+    pair of ``repeats`` off/on pairs with the median difference), and the events per
+    iteration of each category."""
     rows = []
-    for name, loop in _loops().items():
+    for name, (loop, share) in _loops().items():
+        n = max(1, int(iterations * share))
         loop(n)
-        off = min(_timed(loop, n) for _ in range(repeats))
-        runs = [_profiled(loop, n, record_shapes) for _ in range(repeats)]
-        on = min(s for s, _ in runs)
-        counts = runs[0][1]
+        pairs = []
+        for _ in range(repeats):  # off and on in turn, so both see the same load
+            off = _timed(loop, n)
+            on, counts = _profiled(loop, n, record_shapes)
+            pairs.append((on - off, off, on))
+        added, off, on = statistics.median_low(pairs)
         rows.append({"loop": name, "iterations": n, "off_s": off / n, "on_s": on / n,
-                     "events": {c: counts[c] / n for c in CATEGORIES}})
+                     "added_s": added / n, "events": {c: counts[c] / n for c in CATEGORIES}})
     return rows
 
 
@@ -137,7 +151,7 @@ def fit(rows: list[dict]) -> tuple[dict, list[float]]:
     added time (so every loop counts alike, whatever its length), and each row's relative
     residual."""
     a = np.array([[r["events"][c] for c in CATEGORIES] for r in rows])
-    y = np.array([r["on_s"] - r["off_s"] for r in rows])
+    y = np.array([r["added_s"] for r in rows])
     cost, *_ = np.linalg.lstsq(a / y[:, None], np.ones_like(y), rcond=None)
     residual = (a @ cost - y) / y
     return dict(zip(CATEGORIES, map(float, cost))), [float(v) for v in residual]

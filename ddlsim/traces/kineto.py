@@ -44,8 +44,9 @@ Phase = Literal["forward", "backward", "optimizer"]
 @dataclass(frozen=True, order=True)
 class Label:
     """What a measured op was: ``phase``, ``part`` of the model (``embedding``, ``attn``,
-    ``attn_core``, ``mlp``, ``elementwise``, ``logits``, ``loss``, ``grad_accumulate``,
-    ``step``, ``zero_grad``) and whether it ran inside a transformer layer."""
+    ``attn_core``, ``mlp``, ``elementwise``, ``final_norm``, ``logits``, ``loss``,
+    ``grad_accumulate``, ``step``, ``zero_grad``) and whether it ran inside a transformer
+    layer."""
 
     phase: Phase
     part: str
@@ -66,6 +67,7 @@ class ModuleRules:
     mlp: str = r"mlp|feedforward|ffn"
     embedding: str = r"embedding"
     head: str = r"linear|norm|head"
+    final_norm: str = r"norm"
     attention_core: str = r"scaled_dot_product|flash|efficient_attention|softmax|bmm|matmul"
     communication: str = (r"^(nccl|gloo|mpi|c10d)|allreduce|all_reduce|allgather|all_gather|"
                           r"reduce_scatter|reducescatter|broadcast_|sendrecv")
@@ -239,7 +241,7 @@ def _forward_label(sw: _Sweep, op_name: str) -> Label:
     if any(r.match("embedding", c) for c in chain) or not sw.seen_layer:
         return Label("forward", "embedding")
     if len(chain) > 1 and r.match("head", chain[-1]):
-        return Label("forward", "logits")
+        return Label("forward", "final_norm" if r.match("final_norm", chain[-1]) else "logits")
     return Label("forward", "loss")
 
 
