@@ -112,8 +112,8 @@ class Proxy:
 #: iteration), gpt3_moe and its one-pipe-step variant (stages x NUM_MOE = 16,
 #: gpt3_moe.cpp:156), resnet152_scal (256-2048 ranks only, resnet152_scal.cpp:97).
 #: resnet50 (its 512 iterations of a 97.5 MiB all-reduce, ~2.5 minutes a launch at 2 ranks),
-#: gpt2_large and bert_large (at 4 ranks, 266 launches' worth of all-reduces of their ~420
-#: and ~230 MB stages) run at 2 ranks only.
+#: gpt2_large and bert_large (at 4 ranks, 266 iterations a launch, each all-reducing ~420
+#: or ~230 MB of a stage's gradients) run at 2 ranks only.
 PROXIES: dict[str, Proxy] = {
     "dlrm": Proxy("dlrm", "proxies/dlrm.cpp", r"DLRM runtime per iteration " + _SECONDS,
                   (1, 2, 4, 8), _dlrm, cold=True),  # RUNS 1, WARM_UP 0 (dlrm.cpp:22-23)
