@@ -168,3 +168,16 @@ def test_a_family_without_the_decoder_ops_is_refused(dp1):
     root = Path(__file__).parents[2]
     with pytest.raises(ConfigError, match="none of its labels names an op"):
         predict_measured(root / "examples" / "proxies" / "resnet50.yaml", dp1)
+
+
+def test_the_final_norm_has_its_own_label(dp1):
+    """``ln_f`` (a norm module after the layers) is measured apart from the head's GEMM and
+    bound to the trace's final-norm ops, else to the head's (first present wins)."""
+    from ddlsim.traces.measured import DECODER_BINDING
+    assert Label("forward", "final_norm") in dp1.seconds
+    assert Label("backward", "final_norm") in dp1.seconds
+    assert dp1.seconds[Label("forward", "final_norm")] < dp1.seconds[Label("forward", "logits")]
+    assert DECODER_BINDING[("forward", "final_norm")] == ("final_norm", "logits")
+    assert DECODER_BINDING[("backward", "final_norm")] == ("bwd.final_norm", "bwd.logits")
+    r = predict_measured(CONFIG, dp1)
+    assert r.binding.unbound == {} and abs(r.profiled_error) < 1e-9
