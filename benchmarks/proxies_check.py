@@ -111,7 +111,8 @@ class Proxy:
 #: MODEL_SHARDS = 4 ranks, gpt3.cpp:143, and their 4 x 96 = 384 ranks of usleeps each
 #: iteration), gpt3_moe and its one-pipe-step variant (stages x NUM_MOE = 16,
 #: gpt3_moe.cpp:156), resnet152_scal (256-2048 ranks only, resnet152_scal.cpp:97).
-#: resnet50 (its 512 iterations of a 97.5 MiB all-reduce, ~2.5 minutes a launch at 2 ranks),
+#: resnet50 (522 iterations of a 97.5 MiB all-reduce, and as many rings: ~3.5 minutes a launch at
+#: 2 ranks under load 8),
 #: gpt2_large and bert_large (at 4 ranks, 266 iterations a launch, each all-reducing ~420
 #: or ~230 MB of a stage's gradients) run at 2 ranks only.
 PROXIES: dict[str, Proxy] = {
