@@ -21,7 +21,7 @@ AXES = {"parallel.tensor_model_parallel_size": [1, 2, 4],
 
 
 def _clear_memos() -> None:
-    for f in (lk.layer_kernels, lk.logits_kernels, lk.loss_op):
+    for f in (lk.layer_kernels, lk.logits_kernels, lk.loss_op, lk.final_norm_op):
         f.cache_clear()
 
 

@@ -52,8 +52,8 @@ from typing import Any
 
 from ...workloads.trace import Kernel
 
-__all__ = ["ELEMENTWISE_CLASSES", "layer_elementwise_kernels", "backward_kernels",
-           "activation_classes", "norm_passes", "activation_passes",
+__all__ = ["ELEMENTWISE_CLASSES", "layer_elementwise_kernels", "norm_kernels",
+           "backward_kernels", "activation_classes", "norm_passes", "activation_passes",
            "optimizer_bytes_per_param", "loss_bytes", "loss_passes", "unfused_softmax_passes"]
 
 #: the element-wise kernel classes a device may time at their own achieved bandwidth
@@ -170,9 +170,7 @@ def layer_elementwise_kernels(shape: Any, b: float, s: float, t: int, sp: bool,
     x = b * s * shape.hidden / (t if sp else 1)
     y = b * s * shape.ffn / t
     mask = x if shape.dropout else 0.0                       # 1-byte dropout mask
-    norm = norm_passes(sw.fused_layernorm, shape.norm, dt, shape.hidden)
-    norm_class = "" if sw.fused_layernorm else "norm"
-    out: list[tuple[float, str]] = [(p * x, norm_class) for p in norm] * 2
+    out: list[tuple[float, str]] = []
     if sw.fused_bias_dropout_add:
         residual = [3 * x * dt + mask]
     else:
@@ -188,7 +186,48 @@ def layer_elementwise_kernels(shape: Any, b: float, s: float, t: int, sp: bool,
         qk = b * s * (shape.q_width + shape.kv_width) / t
         rope = [2 * qk * dt] if sw.fused_rope else [p * qk * dt for p in (2, 2, 2, 2, 3)]
         out += [(v, "") for v in rope]
-    return tuple(Kernel("memory", bytes=v, dtype=dtype, variant=c) for v, c in out if v)
+    norms = norm_kernels(shape, b, s, t, sp, dt, sw, dtype) * 2   # input and pre-MLP norms
+    return norms + tuple(Kernel("memory", bytes=v, dtype=dtype, variant=c) for v, c in out if v)
+
+
+def norm_kernels(shape: Any, b: float, s: float, t: int, sp: bool, dtype_bytes: float,
+                 sw: Any, dtype: str = "bf16", fused: bool | None = None
+                 ) -> tuple[Kernel, ...]:
+    """The forward kernels of one of the decoder's norms over a micro-batch's hidden states
+    on one tensor-parallel rank (a layer's input or pre-MLP norm, or the final norm before
+    the output head): :func:`norm_passes` over the ``b·s·h`` elements (``/t`` with sequence
+    parallelism), fused into one kernel (``sw.fused_layernorm``) or torch's own kernels, of
+    class ``norm``.
+
+    Parameters
+    ----------
+    shape : DecoderShape
+        the model (its ``hidden`` size and ``norm``).
+    b, s : float
+        micro-batch size (sequences) and the rank's sequence length (tokens).
+    t : int
+        tensor-parallel degree.
+    sp : bool
+        sequence parallelism (the norm's input split over ``t``).
+    dtype_bytes : float
+        bytes per activation element (B).
+    sw : SoftwareStack
+        the resolved stack (its ``fused_layernorm``).
+    dtype : str
+        the kernels' dtype.
+    fused : bool, optional
+        whether this norm runs fused; default the stack's ``fused_layernorm``.
+
+    Returns
+    -------
+    tuple of Kernel
+        one memory kernel per pass, bytes in B.
+    """
+    fused = bool(sw.fused_layernorm) if fused is None else fused
+    x = b * s * shape.hidden / (t if sp else 1)
+    cls = "" if fused else "norm"
+    return tuple(Kernel("memory", bytes=p * x, dtype=dtype, variant=cls)
+                 for p in norm_passes(fused, shape.norm, dtype_bytes, shape.hidden))
 
 
 def backward_kernels(forward: tuple[Kernel, ...]) -> tuple[Kernel, ...]:

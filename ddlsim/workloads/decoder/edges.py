@@ -7,8 +7,9 @@ its partitioner."""
 
 from __future__ import annotations
 
-from ..trace import Collective, Compute
-from .layerkernels import logits_kernels, loss_op
+from ..trace import Collective, Compute, Op
+from .layerkernels import final_norm_op, logits_kernels, loss_op
+from .oplists import extend_ops
 from .stage import StageBase
 
 __all__ = ["EdgeOps"]
@@ -26,7 +27,24 @@ class EdgeOps(StageBase):
             ops.append(Collective("embedding.ar", "all_reduce", "tp", self.act_bytes))
         return ops
 
+    def final_norm(self, backward: bool) -> Compute:
+        """The final norm before the output head on the rank's tokens: ``s/cp`` positions,
+        split as the partitioner splits a layer's element-wise ops (:func:`.final_norm_op`)."""
+        t, sp = self.part.ew_split()
+        return final_norm_op(self.shape, self.sw, self.b, self.s // self.part.cp, t, sp,
+                             self.dt, self.dtype, backward)
+
     def head_forward(self) -> list:
+        """The final norm, then the output head and the loss (:meth:`_head_forward`)."""
+        ops = [Op(self.final_norm(False))]
+        extend_ops(ops, self._head_forward())
+        return ops
+
+    def head_backward(self) -> list:
+        """The loss's and the output head's backward, then the final norm's."""
+        return [*self._head_backward(), self.final_norm(True)]
+
+    def _head_forward(self) -> list:
         if self.structured:
             return self.part.head_forward_ops()
         V, t, n = self.shape.vocab, self.tp, self.b * self.s
@@ -39,7 +57,7 @@ class EdgeOps(StageBase):
             ops.append(Collective("loss.ar", "all_reduce", "tp", 4.0 * self.b * self.s))
         return ops
 
-    def head_backward(self) -> list:
+    def _head_backward(self) -> list:
         emb = self.shape.vocab * self.shape.hidden / self.part.param_split
         if self.structured:
             return self.part.head_backward_ops(self.grad_accumulate_bytes(emb))

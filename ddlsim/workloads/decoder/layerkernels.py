@@ -23,7 +23,7 @@ from typing import Any
 from ...config import DTYPE_BYTES
 from ...simulator.kernels.attention import FLASH_KINDS, attention_kernels
 from ...simulator.kernels.elementwise import (backward_kernels, layer_elementwise_kernels,
-                                                 loss_bytes, loss_passes)
+                                                 loss_bytes, loss_passes, norm_kernels)
 from ...simulator.kernels.fp8recipe import (FP8_RECIPES, fp8_cast_kernels, fp8_gemm_variants,
                                                fp8_rescale_kernels)
 from ...simulator.kernels.gemm import gemm_kernels_backward
@@ -31,7 +31,8 @@ from ..trace import Compute, Kernel
 from .fp8linear import fp8_sp_gather
 
 __all__ = ["layer_kernels", "MODULE_PARTS", "compute_dtype", "grad_bytes", "linear_gemms",
-           "activation_kinds", "logits_kernels", "loss_op", "recompute_op"]
+           "activation_kinds", "logits_kernels", "loss_op", "final_norm_fused", "final_norm_op",
+           "recompute_op"]
 
 
 def compute_dtype(train_dtype: str) -> str:
@@ -191,6 +192,32 @@ def loss_op(tokens: float, vocab_local: float, dt: int, dtype: str, fused: bool,
     return Compute("bwd.loss" if backward else "loss", 0.0,
                    loss_bytes(tokens, vocab_local, dt, fused, backward), kind="elementwise",
                    dtype=dtype, kernels=kernels)
+
+
+def final_norm_fused(sw: Any) -> bool:
+    """Whether the final norm runs as one fused kernel: as the layers' norms
+    (``fused_layernorm``), except where only ``compile: true`` fuses those: torchtitan
+    compiles each ``TransformerBlock`` (9dec370 ``parallelize_llama.py`` ``apply_compile``),
+    not the model's final norm, which stays eager (:data:`~ddlsim.software.COMPILE_FUSIONS`;
+    a ``fused_layernorm`` the config sets itself holds for both)."""
+    inductor = sw.compile and not sw.sources["fused_layernorm"].startswith("system.software")
+    return bool(sw.fused_layernorm) and not inductor
+
+
+@lru_cache(maxsize=1024, typed=True)
+def final_norm_op(shape: Any, sw: Any, b: int, s: float, t: int, sp: bool, dt: int,
+                  dtype: str, backward: bool) -> Compute:
+    """The final norm before the output head (Megatron-Core ``TransformerBlock.
+    final_layernorm``, torchtitan ``Transformer.norm``, HF ``model.norm``), forward
+    (``final_norm``) or backward (``bwd.final_norm``): the kernels of a layer's input norm
+    on the same ``b·s`` tokens (``s`` the rank's sequence length; ``/t`` under sequence
+    parallelism) and stack (:func:`~ddlsim.simulator.kernels.elementwise.norm_kernels`,
+    :func:`final_norm_fused`), the backward twice its traffic as every element-wise backward
+    (:func:`.backward_kernels`). Memoised like :func:`loss_op`."""
+    k = norm_kernels(shape, b, s, t, sp, dt, sw, dtype, fused=final_norm_fused(sw))
+    k = backward_kernels(k) if backward else k
+    return Compute("bwd.final_norm" if backward else "final_norm", 0.0,
+                   sum(x.bytes for x in k), kind="elementwise", dtype=dtype, kernels=k)
 
 
 def recompute_op(shape: Any, kernels: dict, core_flops: float, b: int, s: int, t: int,
