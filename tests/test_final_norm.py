@@ -89,3 +89,14 @@ def test_compiled_torchtitan_leaves_the_final_norm_eager(kernels, final_kernels)
     b = StageBuilder.from_config(cfg, cfg.model.shape())
     assert b.kernels["ew"][0].variant == ""             # the layer's fused norm
     assert len(b.final_norm(False).kernels) == final_kernels
+
+
+@pytest.mark.parametrize("stack", ["megatron-lm-2021", "megatron-core-2024"])
+@pytest.mark.parametrize("t, sp, per_token", [(1, False, 4 * H), (2, False, 4 * H),
+                                              (2, True, 4 * H / 2)])
+def test_megatron_keeps_the_final_norm_input_and_output(stack, t, sp, per_token):
+    """On the last stage Megatron keeps the final norm's 16-bit input and its output (the
+    output layer's saved input, the sequence shard under SP): 2·2·h bytes per token, over
+    ``t`` under sequence parallelism, as the layers' norm inputs are counted."""
+    from ddlsim.workloads.allocator import framework, head_bytes
+    assert head_bytes(framework(stack), H, t, sp) == pytest.approx(per_token, rel=1e-12)

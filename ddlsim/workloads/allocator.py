@@ -137,8 +137,17 @@ _FSDP2 = ("PyTorch torch/distributed/fsdp/_fully_shard: _fsdp_collectives.py for
 
 _register(FrameworkMemory(
     "megatron", logit_bytes=2 + 4, fsdp2=False, kept_root="none", reduce_bucket_elements=0,
+    head_widths=(2, 0),
     sources={
         "logit_bytes": _MEGATRON_LOSS,
+        "head_widths": "Megatron-Core TransformerBlock.final_layernorm runs after the "
+                       "(checkpointed) layers and keeps its input, the last layer's output "
+                       "(the layers' own norm inputs count in Korthikanti et al.'s per-layer "
+                       "figure, this one in none); the output layer "
+                       "(tensor_parallel/layers.py LinearWithGradAccumulationAndAsync"
+                       "Communication) saves its input, the norm's output, as the rank's "
+                       "sequence shard under sequence parallelism and all-gathers it again in "
+                       "the backward: two 16-bit h-wide tensors split over TP under SP",
         "reduce_bucket_elements": "Megatron-Core distributed/param_and_grad_buffer.py: the "
                                   "buckets are views into the contiguous gradient buffer "
                                   "(counted as the gradients)"}))
