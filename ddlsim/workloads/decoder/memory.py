@@ -74,13 +74,16 @@ def stage_memory(plan: DecoderPlan, stage: int, params: float, expert_params: fl
     first, last = stage == 0, stage == plan.pp - 1
     split = part.param_split if part is not None else plan.tp
     sw, b, tp, cp = plan.software, plan.micro_batch, plan.tp, plan.cp
+    # the final norm's and the head's tensors split as the scheme splits a layer's (the 2-D
+    # family over its whole grid)
+    head_t, head_sp = part.ew_split() if part is not None else (tp, plan.sp)
     acts, other = stage_activations(shape, b, plan.seq_length, tp * cp, plan.vpp, per_chunk,
                                     chunks, rebuilt, first, last,
                                     part.embedding_split if part is not None else 1,
                                     fm.logits_at(tp, sw.compile),
                                     step_temporaries(fm, plan.zero_stage, plan.dtype == "fp16",
                                                      params),
-                                    head_bytes(fm, shape.hidden, tp, plan.sp) / cp)
+                                    head_bytes(fm, shape.hidden, head_t, head_sp) / cp)
     buffers = stage_buffers(sw, fm, shape, plan.zero_stage, plan.dp, gathered,
                             unit_bytes / pb, split, first, last, plan.pp, pb, gb, params)
     return MemoryBreakdown(weights, grads, opt, acts, other, plan.device.memory_bytes, stage,
