@@ -35,9 +35,13 @@ class EdgeOps(StageBase):
                              self.dt, self.dtype, backward)
 
     def head_forward(self) -> list:
-        """The final norm, then the output head and the loss (:meth:`_head_forward`)."""
+        """The final norm, then the output head and the loss (:meth:`_head_forward`): payloads,
+        or a partitioner's ops (their deps shifted past the norm's)."""
+        head = self._head_forward()
+        if not self.structured:
+            return [self.final_norm(False), *head]
         ops = [Op(self.final_norm(False))]
-        extend_ops(ops, self._head_forward())
+        extend_ops(ops, head)
         return ops
 
     def head_backward(self) -> list:
