@@ -2,16 +2,15 @@
 
 The reference model marks, after each step of its forward and backward, the op of ddlsim's
 trace that charges that work (:attr:`~.gpt2.GPT2.mark`: ``embedding``, ``fwd.attn``,
-``fwd.mlp``, ``fwd.elementwise``, ``logits``, ``loss``, their ``bwd.*`` counterparts,
-``bwd.grad_accumulate``), and the Adam step is the trace's ``optimizer``. Each op's CPU time
+``fwd.mlp``, ``fwd.elementwise``, ``final_norm``, ``logits``, ``loss``, their ``bwd.*``
+counterparts, ``bwd.grad_accumulate``), and the Adam step is the trace's ``optimizer``. Each op's CPU time
 is summed over the iteration (both layers), and its least over the iterations is set against
 the cost model's time for the same op of the same run config (every repeat of it), under
 the same calibration profile the loop predicts with.
 
 Where a numpy step has no kernel of its own in the trace, it is charged to the trace op
 that holds its neighbours: the QKV bias add (a GEMM epilogue in Megatron-LM) and the layout
-copies of the attention core to ``fwd.attn``/``bwd.attn``, the final LayerNorm to
-``logits`` (forward) and ``bwd.logits``, zeroing the gradient buffer to
+copies of the attention core to ``fwd.attn``/``bwd.attn``, zeroing the gradient buffer to
 ``bwd.grad_accumulate``, the embedding's scatter-add to ``bwd.grad_accumulate.embedding``.
 """
 

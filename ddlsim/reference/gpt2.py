@@ -208,6 +208,7 @@ class GPT2:
             m("fwd.elementwise")
             caches.append((ln1, c1, q, k, v, att, y, ln2, c2, pre, act, t))
         lnf, cf = _layernorm(x, P["lnf_w"], P["lnf_b"])
+        m("final_norm")
         logits = lnf @ P["wte"].T
         m("logits")
         logits -= logits.max(axis=-1, keepdims=True)
@@ -251,8 +252,10 @@ class GPT2:
         m("bwd.logits")
         G["wte"] += wgrad
         m("bwd.grad_accumulate.embedding")
-        dx = _layernorm_back(dlogits @ P["wte"], P["lnf_w"], cf, G["lnf_w"], G["lnf_b"])
+        dlnf = dlogits @ P["wte"]
         m("bwd.logits")
+        dx = _layernorm_back(dlnf, P["lnf_w"], cf, G["lnf_w"], G["lnf_b"])
+        m("bwd.final_norm")
         for i in reversed(range(s.layers)):
             dx = self._block_backward(dx, i, caches[i], B, T)
         dx = dx.reshape(B, T, h)
