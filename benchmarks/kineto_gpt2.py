@@ -101,14 +101,20 @@ def _profile(step, rank: int, args) -> tuple[list[float], list[float]]:
                                     wait=0, warmup=args.profiler_warmup, active=1,
                                     repeat=1)) as prof:
         for _ in range(args.profiler_warmup + 1):
-            if args.ranks > 1:
-                torch.distributed.barrier()
-            t0, c0 = time.perf_counter(), time.process_time()
-            step()
-            times.append(time.perf_counter() - t0)
-            cpu.append(time.process_time() - c0)
+            wall, used = _timed(step, args.ranks)
+            times.append(wall)
+            cpu.append(used)
             prof.step()
     return times, cpu
+
+
+def _timed(step, ranks: int) -> tuple[float, float]:
+    """One step after a barrier across the ranks: its wall time and process CPU time (s)."""
+    if ranks > 1:
+        torch.distributed.barrier()
+    t0, c0 = time.perf_counter(), time.process_time()
+    step()
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
 def _run(rank: int, args) -> None:
@@ -139,20 +145,12 @@ def _run(rank: int, args) -> None:
         step()
     times, cpu = [], []
     for _ in range(args.steps):
-        if args.ranks > 1:
-            torch.distributed.barrier()
-        t0, c0 = time.perf_counter(), time.process_time()
-        step()
-        times.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
+        wall, used = _timed(step, args.ranks)
+        times.append(wall)
+        cpu.append(used)
     profiled, profiled_cpu = _profile(step, rank, args)
-    after = []
-    for _ in range(args.steps):  # the same steps after the profiled one: is the run steady?
-        if args.ranks > 1:
-            torch.distributed.barrier()
-        t0 = time.perf_counter()
-        step()
-        after.append(time.perf_counter() - t0)
+    # the same steps after the profiled one: is the run steady?
+    after = [_timed(step, args.ranks)[0] for _ in range(args.steps)]
     if rank == 0:
         summary = {"step_seconds": times, "median_s": statistics.median(times),
                    "step_cpu_seconds": cpu, "median_cpu_s": statistics.median(cpu),

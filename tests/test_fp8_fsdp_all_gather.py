@@ -13,7 +13,7 @@ from ddlsim import load_config, predict
 from ddlsim.errors import ConfigError
 from ddlsim.planinfo import plan_fields
 from ddlsim.simulator.kernels.fp8recipe import fp8_cast_kernels
-from ddlsim.workloads.trace import Collective, Compute
+from ddlsim.workloads.trace import Collective
 
 pytestmark = pytest.mark.filterwarnings("ignore::ddlsim.errors.DDLSimWarning")
 
