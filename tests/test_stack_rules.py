@@ -1,4 +1,4 @@
-"""What each software stack can run (ddlsim/stackrules.py, the `rules:` of software.yaml):
+"""What each software stack can run (ddlsim/stackrules/, the `rules:` of software.yaml):
 refused by predict with the stack, the rule and its source, run as an explicit what-if, and
 rejected by the search through the same rule objects."""
 

@@ -1,0 +1,251 @@
+"""The named stack rules: each a predicate over :class:`~.facts.PlanFacts`, true where a
+framework refuses the plan, registered by :func:`~.facts.stack_rule` on import.
+
+Each predicate is written once with numpy operators, so it runs on one plan (0-d arrays)
+and on the search's arrays alike. Sources live beside each stack in software.yaml.
+"""
+
+from __future__ import annotations
+
+from .facts import PlanFacts, stack_rule
+
+
+@stack_rule("no_distributed_optimizer", "ZeRO-1/2 (it has no distributed optimizer)",
+            "parallel.zero_stage")
+def _no_distributed_optimizer(f: PlanFacts):
+    return (f.zero == 1) | (f.zero == 2)
+
+
+@stack_rule("distributed_optimizer_is_zero1",
+            "ZeRO-2 (its distributed optimizer shards the optimizer state, not the gradients)",
+            "parallel.zero_stage")
+def _distributed_optimizer_is_zero1(f: PlanFacts):
+    return f.zero == 2
+
+
+@stack_rule("pipeline_zero", "ZeRO-2/3 with pipeline parallelism",
+            "parallel.zero_stage", "parallel.pipeline_model_parallel_size")
+def _pipeline_zero(f: PlanFacts):
+    return (f.pp > 1) & (f.zero >= 2)
+
+
+@stack_rule("pipeline_1f1b_only", "a pipeline schedule other than 1F1B",
+            "parallel.schedule", "parallel.pipeline_model_parallel_size")
+def _pipeline_1f1b_only(f: PlanFacts):
+    return (f.pp > 1) & ~f.one_f_one_b
+
+
+@stack_rule("interleaved_needs_pp3", "the interleaved schedule with PP <= 2",
+            "parallel.schedule", "parallel.pipeline_model_parallel_size")
+def _interleaved_needs_pp3(f: PlanFacts):
+    return f.interleaved & (f.pp <= 2)
+
+
+@stack_rule("interleaved_blocking_needs_pp3",
+            "the interleaved schedule with PP <= 2 and overlap_p2p_comm off",
+            "parallel.schedule", "parallel.pipeline_model_parallel_size",
+            "parallel.overlap_p2p_comm")
+def _interleaved_blocking_needs_pp3(f: PlanFacts):
+    return f.interleaved & (f.pp <= 2) & ~f.p2p_overlap
+
+
+@stack_rule("no_sequence_parallel", "sequence parallelism", "parallel.sequence_parallel")
+def _no_sequence_parallel(f: PlanFacts):
+    return f.sp
+
+
+@stack_rule("no_context_parallel", "context parallelism (ring or all-gather attention)",
+            "parallel.context_parallel_size")
+def _no_context_parallel(f: PlanFacts):
+    return f.cp > 1
+
+
+@stack_rule("zero3_pipeline", "ZeRO-3 with pipeline parallelism",
+            "parallel.zero_stage", "parallel.pipeline_model_parallel_size")
+def _zero3_pipeline(f: PlanFacts):
+    return (f.pp > 1) & (f.zero == 3)
+
+
+@stack_rule("no_zero12", "ZeRO-1/2 (its data parallelism is FSDP, i.e. ZeRO-3, or DDP)",
+            "parallel.zero_stage")
+def _no_zero12(f: PlanFacts):
+    return (f.zero == 1) | (f.zero == 2)
+
+
+@stack_rule("async_tp_needs_compile", "asynchronous TP without torch.compile",
+            "parallel.tp_comm_overlap", "system.software.kernels.compile")
+def _async_tp_needs_compile(f: PlanFacts):
+    return f.tp_overlap & ~f.compiled
+
+
+@stack_rule("async_tp_is_torchs", "TransformerEngine's userbuffers TP overlap (tp_comm_overlap "
+            "bulk or pipelined; this stack's async TP is torch_async)",
+            "parallel.tp_comm_overlap")
+def _async_tp_is_torchs(f: PlanFacts):
+    return f.te_tp_overlap
+
+
+@stack_rule("no_torch_async_tp", "PyTorch's symmetric-memory async TP (tp_comm_overlap "
+            "torch_async; this stack's TP overlap, if any, is its own)",
+            "parallel.tp_comm_overlap")
+def _no_torch_async_tp(f: PlanFacts):
+    return f.torch_tp_overlap
+
+
+@stack_rule("moe_ep_divides_dp", "expert parallelism that does not divide data parallelism "
+            "(EP is carved out of DP alone)",
+            "parallel.expert_model_parallel_size", "parallel.data_parallel_size")
+def _moe_ep_divides_dp(f: PlanFacts):
+    return f.moe & (f.ep > 1) & (f.dp % f.ep != 0)
+
+
+@stack_rule("moe_ep_no_context_parallel", "expert parallelism with context parallelism",
+            "parallel.expert_model_parallel_size", "parallel.context_parallel_size")
+def _moe_ep_no_context_parallel(f: PlanFacts):
+    return f.moe & (f.ep > 1) & (f.cp > 1)
+
+
+@stack_rule("no_expert_tensor_parallel", "an expert tensor-parallel size other than TP",
+            "parallel.expert_tensor_parallel_size", "parallel.tensor_model_parallel_size")
+def _no_expert_tensor_parallel(f: PlanFacts):
+    return f.moe & (f.etp != f.tp)
+
+
+@stack_rule("no_every_nth_layer_recompute", "checkpointing of every n-th layer only "
+            "(torchtitan's selective_ac_option = 'n')", "train.recompute_every_n_layers")
+def _no_every_nth_layer_recompute(f: PlanFacts):
+    return f.layer_ac
+
+
+@stack_rule("no_per_virtual_stage_split", "a layer count given for each virtual pipeline "
+            "stage", "parallel.layers_per_virtual_stage")
+def _no_per_virtual_stage_split(f: PlanFacts):
+    return f.given_split
+
+
+@stack_rule("no_hsdp", "HSDP (replicas of FSDP shards)", "parallel.data_parallel_replicate_size")
+def _no_hsdp(f: PlanFacts):
+    return f.hsdp
+
+
+@stack_rule("moe_tp_needs_sp", "MoE layers with tensor parallelism but no sequence "
+            "parallelism", "parallel.tensor_model_parallel_size", "parallel.sequence_parallel")
+def _moe_tp_needs_sp(f: PlanFacts):
+    return f.moe & (f.tp > 1) & ~f.sp
+
+
+_A2A = "parallel.moe.overlap_expert_parallel_comm"
+
+
+@stack_rule("no_ep_a2a_overlap", "the expert-parallel all-to-all overlap or delayed weight "
+            "gradients (it has neither option)", _A2A, "parallel.moe.delay_wgrad_compute")
+def _no_ep_a2a_overlap(f: PlanFacts):
+    return f.a2a_overlap | f.delay_wgrad
+
+
+@stack_rule("ep_a2a_overlap_needs_ep", "the expert-parallel all-to-all overlap without expert "
+            "parallelism", _A2A, "parallel.expert_model_parallel_size")
+def _ep_a2a_overlap_needs_ep(f: PlanFacts):
+    return f.a2a_overlap & (f.ep <= 1)
+
+
+@stack_rule("ep_a2a_overlap_dispatcher", "the expert-parallel all-to-all overlap with the "
+            "allgather dispatcher (alltoall or flex only)", _A2A,
+            "parallel.moe.token_dispatcher_type")
+def _ep_a2a_overlap_dispatcher(f: PlanFacts):
+    return f.a2a_overlap & f.allgather_dispatch
+
+
+@stack_rule("ep_a2a_overlap_schedule", "the expert-parallel all-to-all overlap outside the "
+            "interleaved schedule with PP > 1, or with GPipe", _A2A, "parallel.schedule",
+            "parallel.pipeline_model_parallel_size")
+def _ep_a2a_overlap_schedule(f: PlanFacts):
+    return f.a2a_overlap & ~f.interleaved & ((f.pp > 1) | ~f.one_f_one_b)
+
+
+@stack_rule("ep_a2a_overlap_no_full_recompute", "the expert-parallel all-to-all overlap with "
+            "full recomputation", _A2A, "train.recompute")
+def _ep_a2a_overlap_no_full_recompute(f: PlanFacts):
+    return f.a2a_overlap & f.full_recompute
+
+
+@stack_rule("ep_a2a_overlap_16bit", "the expert-parallel all-to-all overlap with an fp32 model "
+            "(bf16 or fp16 only)", _A2A, "train.dtype")
+def _ep_a2a_overlap_16bit(f: PlanFacts):
+    return f.a2a_overlap & f.fp32
+
+
+@stack_rule("ep_a2a_overlap_no_shared_expert_overlap", "the expert-parallel all-to-all overlap "
+            "with shared_expert_overlap", _A2A, "parallel.moe.shared_expert_overlap")
+def _ep_a2a_overlap_no_shared_expert_overlap(f: PlanFacts):
+    return f.a2a_overlap & f.shared_overlap
+
+
+@stack_rule("delay_wgrad_needs_ep_a2a_overlap", "delay_wgrad_compute without the "
+            "expert-parallel all-to-all overlap", "parallel.moe.delay_wgrad_compute", _A2A)
+def _delay_wgrad_needs_ep_a2a_overlap(f: PlanFacts):
+    return f.delay_wgrad & ~f.a2a_overlap
+
+
+@stack_rule("no_flex_dispatcher", "the flex token dispatcher (DeepEP/HybridEP kernels)",
+            "parallel.moe.token_dispatcher_type")
+def _no_flex_dispatcher(f: PlanFacts):
+    return f.flex_dispatch
+
+
+@stack_rule("flex_needs_tp_ep", "the flex token dispatcher on one rank (expert TP x EP = 1)",
+            "parallel.moe.token_dispatcher_type", "parallel.expert_model_parallel_size",
+            "parallel.expert_tensor_parallel_size")
+def _flex_needs_tp_ep(f: PlanFacts):
+    return f.flex_dispatch & (f.ep * f.etp <= 1)
+
+
+@stack_rule("deepep_no_pad", "the flex dispatcher's DeepEP backend with padding to capacity",
+            "parallel.moe.flex_dispatcher_backend", "parallel.moe.pad_expert_input_to_capacity")
+def _deepep_no_pad(f: PlanFacts):
+    return f.flex_dispatch & f.deepep & f.pad
+
+
+@stack_rule("zero3_no_expert_parallel", "ZeRO-3 (PyTorch FSDP2) with expert parallelism",
+            "parallel.zero_stage", "parallel.expert_model_parallel_size")
+def _zero3_no_expert_parallel(f: PlanFacts):
+    return f.moe & (f.ep > 1) & (f.zero == 3)
+
+
+@stack_rule("no_recompute_modules", "Megatron-Core's selective recomputation by module "
+            "(train.recompute_modules)", "train.recompute_modules")
+def _no_recompute_modules(f: PlanFacts):
+    return f.recompute_modules
+
+
+@stack_rule("recompute_norm_act_not_delayed_fp8", "recomputation of moe_act or layernorm "
+            "under FP8 delayed scaling", "train.recompute_modules", "train.dtype")
+def _recompute_norm_act_not_delayed_fp8(f: PlanFacts):
+    return f.norm_act_recompute & f.fp8_delayed
+
+
+@stack_rule("no_te_current_scaling", "FP8 with Transformer Engine's current scaling "
+            "(system.software.kernels.fp8_recipe te_current)",
+            "system.software.kernels.fp8_recipe", "train.dtype")
+def _no_te_current_scaling(f: PlanFacts):
+    return f.fp8_current
+
+
+@stack_rule("no_transformer_engine_fp8", "FP8 through Transformer Engine's recipes "
+            "(system.software.kernels.fp8_recipe te_delayed or te_current)",
+            "system.software.kernels.fp8_recipe", "train.dtype")
+def _no_transformer_engine_fp8(f: PlanFacts):
+    return f.fp8_te
+
+
+@stack_rule("no_torchao_float8", "FP8 through torchao's Float8Linear "
+            "(system.software.kernels.fp8_recipe tensorwise or rowwise)",
+            "system.software.kernels.fp8_recipe", "train.dtype")
+def _no_torchao_float8(f: PlanFacts):
+    return f.fp8_torchao
+
+
+@stack_rule("recompute_shared_experts_no_overlap", "recomputation of the shared experts with "
+            "shared_expert_overlap", "train.recompute_modules", "parallel.moe.shared_expert_overlap")
+def _recompute_shared_experts_no_overlap(f: PlanFacts):
+    return f.shared_recompute & f.shared_overlap

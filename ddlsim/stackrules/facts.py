@@ -1,0 +1,174 @@
+"""The plan as the stack rules read it (:class:`PlanFacts`) and the registry of named rules
+(:class:`StackRule`, :func:`stack_rule`, :func:`rules`); the rules themselves are in
+:mod:`.definitions`, the checks that apply them in :mod:`.checks`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..workloads.registry import get_family
+
+__all__ = ["PlanFacts", "StackRule", "stack_rule", "rules"]
+
+
+@dataclass(frozen=True)
+class PlanFacts:
+    """The plan as the stack rules read it: numpy scalars for one config, or arrays that
+    broadcast together for many plans (the search's grid).
+
+    ``interleaved`` / ``one_f_one_b``: the schedule is Megatron's interleaved 1F1B / plain
+    1F1B; ``p2p_overlap``: the resolved ``overlap_p2p_comm`` (stack ← system ← plan);
+    ``tp_overlap``: the resolved ``tp_comm_overlap`` is not ``off``; ``compiled``: the
+    stack's ``compile``. The last two are properties of a search context, not of a plan:
+    facts made without them take False.
+    """
+
+    tp: Any
+    pp: Any
+    cp: Any
+    zero: Any
+    sp: Any
+    interleaved: Any
+    one_f_one_b: Any
+    p2p_overlap: Any
+    tp_overlap: Any = False
+    compiled: Any = False
+    #: the resolved ``tp_comm_overlap`` is TransformerEngine's userbuffers (``bulk``/``pipelined``)
+    te_tp_overlap: Any = False
+    #: the resolved ``tp_comm_overlap`` is PyTorch's symmetric-memory async TP (``torch_async``)
+    torch_tp_overlap: Any = False
+    #: the model has routed experts; its expert-parallel, expert-TP and data-parallel sizes
+    #: (facts made without them are of a dense plan: the MoE rules hold)
+    moe: Any = False
+    ep: Any = 1
+    etp: Any = 1
+    dp: Any = 1
+    #: the resolved ``parallel.moe`` options the expert-parallel overlap rules read (facts
+    #: made without them: overlap off), the full recomputation and a 32-bit model
+    a2a_overlap: Any = False
+    delay_wgrad: Any = False
+    allgather_dispatch: Any = False
+    shared_overlap: Any = False
+    #: the flex token dispatcher, its DeepEP backend, and padding to capacity
+    flex_dispatch: Any = False
+    deepep: Any = False
+    pad: Any = False
+    full_recompute: Any = False
+    fp32: Any = False
+    #: only every n-th layer is checkpointed (``train.recompute_every_n_layers`` > 1)
+    layer_ac: Any = False
+    #: every virtual stage's layers are given (``parallel.layers_per_virtual_stage``)
+    given_split: Any = False
+    #: replicas of FSDP shards (``parallel.data_parallel_replicate_size`` > 1)
+    hsdp: Any = False
+    #: ``train.recompute_modules`` is given; it names ``moe_act`` or ``layernorm``; it names
+    #: ``shared_experts``; FP8 under Transformer Engine's delayed scaling
+    recompute_modules: Any = False
+    norm_act_recompute: Any = False
+    shared_recompute: Any = False
+    fp8_delayed: Any = False
+    #: FP8 under Transformer Engine's current scaling (``te_current``), under either of
+    #: Transformer Engine's recipes, under one of torchao's (``tensorwise``, ``rowwise``)
+    fp8_current: Any = False
+    fp8_te: Any = False
+    fp8_torchao: Any = False
+
+    @classmethod
+    def of(cls, **values: Any) -> "PlanFacts":
+        """Facts from ``values`` (scalars or arrays), each as a numpy array; ``tp_overlap``
+        and ``compiled`` default to False."""
+        return cls(**{f.name: np.asarray(values.get(f.name, f.default)) for f in fields(cls)})
+
+    @classmethod
+    def of_config(cls, cfg: Any) -> "PlanFacts":
+        """The facts of a :class:`~ddlsim.config.RunConfig`'s plan."""
+        p = cfg.parallel
+        return cls.of(tp=p.tp, pp=p.pp, cp=p.cp, zero=p.zero_stage, sp=p.sequence_parallel,
+                      interleaved=p.schedule == "interleaved", one_f_one_b=p.schedule == "1f1b",
+                      p2p_overlap=bool(cfg.software.overlap_p2p_comm),
+                      moe=bool(getattr(cfg.model, "num_local_experts", 0)), ep=p.ep,
+                      etp=p.etp, dp=p.data_parallel_size or 1,
+                      tp_overlap=p.tp > 1 and cfg.software.tp_comm_overlap != "off",
+                      te_tp_overlap=p.tp > 1
+                      and cfg.software.tp_comm_overlap in ("bulk", "pipelined"),
+                      torch_tp_overlap=p.tp > 1 and cfg.software.tp_comm_overlap == "torch_async",
+                      compiled=bool(cfg.software.compile), **_moe_facts(cfg),
+                      layer_ac=cfg.train.recompute_every_n_layers > 1,
+                      given_split=p.layers_per_virtual_stage is not None,
+                      hsdp=p.data_parallel_replicate_size > 1, **_recompute_facts(cfg))
+
+
+def _recompute_facts(cfg: Any) -> dict:
+    """The facts of ``train.recompute_modules`` the stack rules read."""
+    mods = set(cfg.train.recompute_modules or ())
+    return {"recompute_modules": cfg.train.recompute_modules is not None,
+            "norm_act_recompute": bool(mods & {"moe_act", "layernorm"}),
+            "shared_recompute": "shared_experts" in mods,
+            **_fp8_facts(cfg)}
+
+
+def _fp8_facts(cfg: Any) -> dict:
+    """The FP8 recipe facts (:class:`PlanFacts`); all false unless ``train.dtype`` is fp8."""
+    recipe = cfg.software.fp8_recipe if cfg.train.dtype == "fp8" else None
+    return {"fp8_delayed": recipe == "te_delayed", "fp8_current": recipe == "te_current",
+            "fp8_te": recipe in ("te_delayed", "te_current"),
+            "fp8_torchao": recipe in ("tensorwise", "rowwise")}
+
+
+def _moe_facts(cfg: Any) -> dict:
+    """The MoE options the overlap rules read, resolved as the trace resolves them (the
+    family's :meth:`~ddlsim.workloads.registry.WorkloadFamily.moe_plan`); none for a dense
+    model or a stack that does not say how it runs MoE layers (the MoE checks refuse that
+    plan)."""
+    try:
+        plan = moe_plan(cfg)
+    except ConfigError:
+        plan = None
+    out = {"full_recompute": cfg.train.recompute == "full", "fp32": cfg.train.dtype == "fp32"}
+    if plan is not None:
+        out.update(a2a_overlap=plan.a2a_overlap, delay_wgrad=plan.delay_wgrad,
+                   allgather_dispatch=plan.dispatcher == "allgather",
+                   shared_overlap=plan.shared_expert_overlap,
+                   flex_dispatch=plan.dispatcher == "flex", deepep=plan.flex_backend == "deepep",
+                   pad=plan.pad)
+    return out
+
+
+def moe_plan(cfg: Any) -> Any:
+    """The MoE plan of ``cfg`` as its model's family resolves it
+    (:meth:`~ddlsim.workloads.registry.WorkloadFamily.moe_plan`): None for a dense model."""
+    return get_family(cfg.model.architecture).moe_plan(cfg)
+
+
+@dataclass(frozen=True)
+class StackRule:
+    """A plan a framework refuses: ``rejects(facts)`` is true (element-wise on arrays) where
+    the stack cannot run the plan; ``reason`` says what it cannot run, and ``fields`` names the
+    config fields the rule reads (for the error message)."""
+
+    name: str
+    reason: str
+    fields: tuple[str, ...]
+    rejects: Callable[[PlanFacts], Any]
+
+
+_RULES: dict[str, StackRule] = {}
+
+
+def stack_rule(name: str, reason: str, *fields_read: str):
+    """Decorator: register ``rejects(facts)`` as the stack rule ``name``."""
+    def wrap(fn: Callable[[PlanFacts], Any]) -> Callable[[PlanFacts], Any]:
+        _RULES[name] = StackRule(name, reason, fields_read, fn)
+        return fn
+    return wrap
+
+
+def rules() -> dict[str, StackRule]:
+    """Every registered rule, by name."""
+    return dict(_RULES)
+
