@@ -1,4 +1,5 @@
-"""benchmarks/proxies_check.py: the seed's C++ proxies on this machine (issue #30).
+"""benchmarks/proxies_check.py (with proxies_table.py and proxies_calib.py): the seed's C++
+proxies on this machine (issue #30).
 
 The sizes and refusals are checked everywhere; one proxy (dlrm, ~3 ms of usleeps, one
 iteration) is built and run at 2 ranks where mpicxx, mpirun and a checkout of
@@ -15,9 +16,11 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("proxies_check",
-                                               ROOT / "benchmarks" / "proxies_check.py")
+from benchscripts import BENCH  # puts benchmarks/ on sys.path: the script imports its siblings
+import proxies_calib as calib  # the calibration at each rank count
+import proxies_table as table  # the proxies, their system and the calls their runs issue
+
+_spec = importlib.util.spec_from_file_location("proxies_check", BENCH / "proxies_check.py")
 pc = importlib.util.module_from_spec(_spec)
 sys.modules["proxies_check"] = pc
 _spec.loader.exec_module(pc)
@@ -30,7 +33,7 @@ DLRM_SLEEP_S = 3091e-6
 def test_dlrm_two_ranks_move_the_proxys_buffers():
     """dlrm.cpp at any rank count: all-to-alls of EMB_ALL2ALL_SIZE = 262,144 floats, all-reduces
     of BOT_MLP_SIZE = 49,536 floats and (ddlsim, 2 tables) 724,481 of TOP_MLP_SIZE 728,065."""
-    assert pc.comm_calls(pc.PROXIES["dlrm"], 2) == {
+    assert table.comm_calls(pc.PROXIES["dlrm"], 2) == {
         ("all_to_all", 262144 * 4), ("all_reduce", 49536 * 4), ("all_reduce", 724481 * 4)}
 
 
@@ -43,8 +46,8 @@ def test_one_rank_is_the_usleeps_alone():
 def test_more_ranks_than_cores_share_them():
     """Past kvm-2core's 2 cores each rank is a device of 2/n of a core (topologies.sharedcores);
     at 2 ranks and below the preset is used as it is."""
-    assert pc._system_sets(2) == ["system.preset=kvm-2core", "system.nodes=1"]
-    four = pc._system_sets(4)
+    assert table.system_sets(2) == ["system.preset=kvm-2core", "system.nodes=1"]
+    four = table.system_sets(4)
     assert "system.devices_per_node=4" in four
     assert f"system.device.peak_flops.fp32={134.4e9 / 2!r}" in four
     got = pc.predict(pc.PROXIES["dlrm"], 4, None)
@@ -61,7 +64,7 @@ def test_the_link_is_the_sendrecv_segment_at_the_runs_largest_message(tmp_path):
     path.write_text(yaml.safe_dump({"version": 1, "comm": [{
         "backend": "mpi", "op": "sendrecv", "scope": "intra", "ranks": 2, "nodes": 1,
         "ranks_per_node": 2, "segments": seg}]}))
-    got = dict(s.split("=") for s in pc.link_sets(pc.PROXIES["dlrm"], 2, path))
+    got = dict(s.split("=") for s in calib.link_sets(pc.PROXIES["dlrm"], 2, path))
     assert {k: float(v) for k, v in got.items()} == pytest.approx({
         "system.intra_node.bandwidth_Bps": 1.6e9, "system.intra_node.latency_s": 40e-6,
         "system.nic.bandwidth_Bps": 1.6e9, "system.nic.latency_s": 40e-6}, rel=1e-12)
@@ -69,8 +72,8 @@ def test_the_link_is_the_sendrecv_segment_at_the_runs_largest_message(tmp_path):
 
 def test_calibration_range_follows_the_closed_loops_rule():
     # smallest 198,144 B -> half is 99,072 -> 2**16; largest 2,897,924 B -> 2**22 x 8
-    assert pc.calibration_range([198144, 1048576, 2897924]) == (2 ** 16, 2 ** 25)
-    assert pc.calibration_range([4.0]) == (8, 32)
+    assert calib.calibration_range([198144, 1048576, 2897924]) == (2 ** 16, 2 ** 25)
+    assert calib.calibration_range([4.0]) == (8, 32)
 
 
 def test_every_proxy_config_is_refused_on_two_cores_with_ddlsims_reason():

@@ -1,0 +1,116 @@
+"""Step 2 of ``proxies_check.py``: this machine's MPI calibrated at each rank count over the
+calls the proxies' runs issue (:func:`calibrate`, by the closed loop's recipe), the link each
+run's largest message gives (:func:`link_sets`), and the load read beside each measurement
+(:func:`load`)."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+from proxies_table import PROXIES, Proxy, comm_calls
+
+__all__ = ["calibration_range", "calibrate", "link_sets", "fit_errors", "load"]
+
+
+def calibration_range(sizes: list[float]) -> tuple[int, int]:
+    """Bytes to calibrate, by the closed loop's rule (``ddlsim.reference.loop.comm_sizes``).
+
+    Parameters
+    ----------
+    sizes : list of float
+        Bytes per call of the runs' collectives.
+
+    Returns
+    -------
+    (int, int)
+        The power of two at or below half the smallest size (at least 8 B), and eight times
+        the next power of two above the largest (three sizes past any cache cliff for
+        ``calibrate fit --min-points 3``), in bytes.
+    """
+    low = 2 ** math.floor(math.log2(max(min(sizes) / 2, 8)))
+    return low, 8 * 2 ** math.ceil(math.log2(max(sizes)))
+
+
+def calibrate(work: Path, names: list[str], ranks: int = 2, clock: str = "wall",
+              attempts: int = 3, max_rel_rmse: float = 0.25) -> Path:
+    """Step 2 of ``proxies_check.py``'s docstring for the proxies ``names`` run on ``ranks``
+    ranks: the profile (a YAML path) of the collectives and sizes those runs issue, measured
+    on ``ranks`` ranks (sharing the cores when there are more ranks than cores) with
+    ``clock``.
+    A fit that ``calibrate fit`` refuses (a curve missing its own points by more than
+    ``max_rel_rmse``: the machine's load) is measured again, ``attempts`` times at most."""
+    from ddlsim.reference.loop import COMM_STATISTIC, _check, _cores, _run, mpirun
+    calls = {c for name in names if ranks in PROXIES[name].ranks
+             for c in comm_calls(PROXIES[name], ranks)}
+    ops = sorted({op for op, _ in calls} | {"sendrecv"})
+    lo, hi = calibration_range([b for _, b in calls] or [8.0])
+    csv, profile = work / f"mpi{ranks}.csv", work / f"profile{ranks}.yaml"
+    shared = ["--allow-shared-cores"] if ranks > _cores() else []
+    for attempt in range(1, attempts + 1):
+        print(f"calibrating {', '.join(ops)} on {ranks} ranks, {lo} B - {hi} B, {clock} clock"
+              f" (attempt {attempt}; {load()})", flush=True)
+        _check(_run(["nice", *mpirun(ranks), sys.executable, "-m", "ddlsim.calibration",
+                     "comm", "--backend", "mpi", "--ops", ",".join(ops), "--min-bytes",
+                     str(lo), "--max-bytes", str(hi), "--warmup", "2", "--reps", "20",
+                     "--clock", clock, "--no-progress", *shared, "-o", str(csv),
+                     "--force"], 1800),
+               "calibrate comm")
+        proc = _run([sys.executable, "-m", "ddlsim.calibration", "fit", str(csv), "-o",
+                     str(profile), "--statistic", COMM_STATISTIC, "--bootstrap", "0",
+                     "--max-rel-rmse", str(max_rel_rmse), "--force"], 300)
+        if proc.returncode == 0:
+            print("  fitted, relative RMS error: " + ", ".join(
+                f"{op} {100 * e:.1f} %" for op, e in fit_errors(profile).items()), flush=True)
+            return profile
+        print("  " + " ".join(proc.stderr.split())[:600], flush=True)
+    raise RuntimeError(f"calibrate fit refused {attempts} calibrations; see above")
+
+
+def link_sets(proxy: Proxy, n: int, profile: Path) -> list[str]:
+    """``--set`` values of :data:`SYSTEM`'s link (intra-node, and the NIC that repeats it) from
+    the profile's sendrecv fit at the n-rank run's largest message
+    (:func:`ddlsim.calibration.linkfit.measured_link`): the preset's own link is that fit at 2
+    ranks under another day's load.
+
+    Parameters
+    ----------
+    proxy : Proxy
+        The proxy whose n-rank run's messages are sized (:func:`comm_calls`).
+    n : int
+        Ranks.
+    profile : Path
+        Calibration profile with a ``sendrecv`` fit (step 2).
+
+    Returns
+    -------
+    list of str
+        ``system.intra_node.*`` and ``system.nic.*`` bandwidth (B/s) and latency (s); none
+        when the run sends nothing.
+    """
+    from ddlsim.calibration.linkfit import measured_link
+    from ddlsim.calibration.profile import CalibrationProfile
+    sizes = [b for _, b in comm_calls(proxy, n)]
+    if not sizes:
+        return []
+    link = measured_link(CalibrationProfile.load(profile), max(sizes), n)
+    return [f"system.{part}.{key}={getattr(link, key)!r}" for part in ("intra_node", "nic")
+            for key in ("bandwidth_Bps", "latency_s")]
+
+
+def fit_errors(profile: Path) -> dict[str, float]:
+    """Operation -> the relative RMS error of its fitted curve (``calibrate fit``'s figure)."""
+    from ddlsim.calibration.profile import CalibrationProfile
+    return {e.op: e.rel_rmse for e in CalibrationProfile.load(profile).doc.comm}
+
+
+def load() -> str:
+    """The 1-minute load average and the CPU pressure "some" avg10 (% of time some runnable
+    task waited for a core), read now."""
+    avg = Path("/proc/loadavg").read_text().split()[0]
+    try:
+        some = Path("/proc/pressure/cpu").read_text().split()[1].split("=")[1]
+    except (OSError, IndexError):
+        some = "n/a"
+    return f"load {avg}, cpu pressure {some} %"
