@@ -42,6 +42,17 @@ VALUE_FLAGS: dict[str, tuple[str, type]] = {
     "zero-stage": ("parallel.zero_stage", int),                # Megatron-DeepSpeed
 }
 
+#: flags Megatron-LM declares with ``nargs='*'``/``'+'`` that set a list field → that field
+#: (Megatron-LM 9c1a5351 megatron/training/arguments.py line 1692: --recompute-modules, the
+#: modules of selective recomputation; each name is checked by the config's own validation)
+LIST_FLAGS: dict[str, str] = {
+    "recompute-modules": "train.recompute_modules",
+}
+
+#: Megatron-LM flags with ``nargs='+'`` whose list ddlsim reads as one value for every layer
+#: (9c1a5351 arguments.py line 2293: --cp-comm-type, one type per layer when several are given)
+PER_LAYER_CHOICES = ("cp-comm-type",)
+
 _SW = "system.software"
 #: switches (no value) → (field, value)
 SWITCHES: dict[str, tuple[str, Any]] = {
@@ -208,7 +219,7 @@ LAUNCHER: dict[str, str | None] = {
         "rdzv-id", "rdzv_backend", "rdzv-backend", "rdzv_endpoint", "rdzv-endpoint",
         "max_restarts", "max-restarts", "standalone"))}
 
-MEGATRON_FLAGS = (*VALUE_FLAGS, *SWITCHES, *CHOICES, *MODEL_FLAGS, *NO_EFFECT, *NOT_MODELLED)
+MEGATRON_FLAGS = (*VALUE_FLAGS, *LIST_FLAGS, *SWITCHES, *CHOICES, *MODEL_FLAGS, *NO_EFFECT, *NOT_MODELLED)
 
 
 def megatron_flag_names() -> list[str]:
@@ -287,11 +298,26 @@ def _value(draft: Draft, arg: str, path: str, values: list[str], kind: type) -> 
                               f"got {values[0]!r}")
 
 
+def _list(draft: Draft, arg: str, path: str, values: list[str]) -> None:
+    """Set ``path`` to the list ``values`` (a flag with ``nargs``); the names are checked
+    when the imported config is validated, as ``predict`` checks them."""
+    unset = [v for v in values if is_unset(v)]
+    if not values:
+        draft.refuse(arg, "expects one value or more, got none")
+    elif unset:
+        draft.refuse(arg, f"its value {unset[0]} is a variable the script does not set; "
+                          "set it in the script, or give the field with --set")
+    else:
+        draft.set(path, list(values), arg)
+
+
 def _one(draft: Draft, flag: str, values: list[str], model: dict[str, list[str]]) -> None:
     arg = f"--{flag} {' '.join(values)}".strip()
     if flag in VALUE_FLAGS:
         path, kind = VALUE_FLAGS[flag]
         _value(draft, arg, path, values, kind)
+    elif flag in LIST_FLAGS:
+        _list(draft, arg, LIST_FLAGS[flag], values)
     elif flag in SWITCHES:
         if values:
             draft.refuse(arg, f"--{flag} takes no value")
@@ -300,7 +326,9 @@ def _one(draft: Draft, flag: str, values: list[str], model: dict[str, list[str]]
     elif flag in CHOICES:
         picked = CHOICES[flag].get(values[0] if len(values) == 1 else " ".join(values))
         if picked is None:
-            draft.refuse(arg, f"ddlsim models --{flag} {' or '.join(CHOICES[flag])} only")
+            per_layer = " (one for every layer)" if flag in PER_LAYER_CHOICES else ""
+            draft.refuse(arg, f"ddlsim models --{flag} {' or '.join(CHOICES[flag])}"
+                              f"{per_layer} only")
         for path, value in picked or ():
             draft.set(path, value, arg)
         if picked == []:
