@@ -219,7 +219,8 @@ LAUNCHER: dict[str, str | None] = {
         "rdzv-id", "rdzv_backend", "rdzv-backend", "rdzv_endpoint", "rdzv-endpoint",
         "max_restarts", "max-restarts", "standalone"))}
 
-MEGATRON_FLAGS = (*VALUE_FLAGS, *LIST_FLAGS, *SWITCHES, *CHOICES, *MODEL_FLAGS, *NO_EFFECT, *NOT_MODELLED)
+MEGATRON_FLAGS = (*VALUE_FLAGS, *LIST_FLAGS, *SWITCHES, *CHOICES, *MODEL_FLAGS, *NO_EFFECT,
+                  *NOT_MODELLED)
 
 
 def megatron_flag_names() -> list[str]:
