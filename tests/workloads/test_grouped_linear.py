@@ -6,6 +6,7 @@ experts' GEMMs of one pass as rounds of at most four concurrent GEMMs, the casts
 from __future__ import annotations
 
 import pytest
+from stage_ops import compute_ops
 
 import ddlsim
 from ddlsim.workloads.decoder.combined import _split_wgrad
@@ -28,16 +29,6 @@ def _cfg(ep: int, stack: str = "megatron-core-2025", dtype: str = "bf16") -> dic
             "system": {"preset": "dgx-h100", "nodes": 1, "software": {"stack": stack}}}
 
 
-def _ops(cfg: dict) -> dict[str, Compute]:
-    w = ddlsim.build_workload(ddlsim.load_config(cfg))
-    out: dict[str, Compute] = {}
-    for block in w.classes[0].program.blocks.values():
-        for op in block.flat.ops:
-            if type(op.payload) is Compute:
-                out.setdefault(op.payload.name, op.payload)
-    return out
-
-
 def _gemms(op: Compute) -> list[Kernel]:
     return [k for k in op.kernels if k.kind == "gemm"]
 
@@ -57,7 +48,7 @@ def test_rounds_refuse_nonsense():
 def test_eight_local_experts_run_as_two_rounds_of_four():
     # EP1: all 8 experts local, each computing n = ep·T·k/E = 4096·2/8 = 1024 tokens; fc1
     # is [1024, 4096]·[4096, 2·14336] per expert, two rounds of four
-    ops = _ops(_cfg(1))
+    ops = compute_ops(_cfg(1))
     fc1 = ops["fwd.experts.fc1"]
     assert [(k.shape, k.batch) for k in _gemms(fc1)] == [((1024, 2 * F_E, H), 4.0)] * 2
     assert fc1.flops == pytest.approx(2 * 1024 * 2 * F_E * H * 8)
@@ -67,18 +58,18 @@ def test_eight_local_experts_run_as_two_rounds_of_four():
 
 
 def test_four_local_experts_are_one_round_as_before():
-    gemms = _gemms(_ops(_cfg(2))["fwd.experts.fc1"])
+    gemms = _gemms(compute_ops(_cfg(2))["fwd.experts.fc1"])
     assert [(k.shape, k.batch) for k in gemms] == [((2048, 2 * F_E, H), 4.0)]
 
 
 def test_a_stack_without_the_feature_keeps_one_grouped_launch():
     # megatron-core-2024 names no grouped_gemm_streams: one launch of all 8 problems
-    gemms = _gemms(_ops(_cfg(1, "megatron-core-2024"))["fwd.experts.fc1"])
+    gemms = _gemms(compute_ops(_cfg(1, "megatron-core-2024"))["fwd.experts.fc1"])
     assert [k.batch for k in gemms] == [8.0]
 
 
 def test_fp8_casts_stay_one_pass_over_all_experts_and_wgrad_splits_per_round():
-    ops = _ops(_cfg(1, dtype="fp8"))
+    ops = compute_ops(_cfg(1, dtype="fp8"))
     fwd = ops["fwd.experts.fc1"]
     casts = [k for k in fwd.kernels if k.kind != "gemm"]
     assert len(_gemms(fwd)) == 2 and casts       # two rounds, the cast pass(es) kept
