@@ -265,8 +265,8 @@ def _merge(pairs: list[tuple[dict | None, dict | None]], ops: list[Op],
     counts)."""
     chain = {"f": len(ops) - 1 if ops else None, "b": len(ops) - 1 if ops else None}
     last_comm = max((i for i, op in enumerate(ops) if op.stream == "ep"), default=None)
-    for j, (f_nodes, b_nodes) in enumerate(pairs):
-        extra = contention[j] if contention and j < len(contention) else {}
+    for i, (f_nodes, b_nodes) in enumerate(pairs):
+        extra = contention[i] if contention and i < len(contention) else {}
         for side, node in PAIR_ORDER:
             nodes = f_nodes if side == "f" else b_nodes
             body = (nodes or {}).get(node)

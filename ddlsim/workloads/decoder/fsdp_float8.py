@@ -142,15 +142,13 @@ def cast_ops(sw: Any, shape: Any, split: float, shards: int, group: str, layers:
     after its amax and the amax's all-reduce over ``group`` unless the scales are
     precomputed; all on the ``dp`` stream, the first after ``deps``."""
     sizes = [n / split / shards for n in float8_weights(shape)]
-    passes = CAST_PASSES
-    ops: list[Op] = []
-    if not sw.precompute_float8_dynamic_scale_for_fsdp:
-        passes = AMAX_PASSES + CAST_PASSES
+    precomputed = sw.precompute_float8_dynamic_scale_for_fsdp
+    passes = CAST_PASSES if precomputed else AMAX_PASSES + CAST_PASSES
     kernels = tuple(Kernel("memory", bytes=n * x, dtype=dtype) for n in sizes for x in passes)
-    ops.append(Op(Compute("fsdp.float8_cast", 0.0, sum(k.bytes for k in kernels) * layers,
-                          kind="elementwise", dtype=dtype, kernels=kernels * int(layers)),
-                  "dp", deps))
-    if not sw.precompute_float8_dynamic_scale_for_fsdp:   # fp32 amax per weight and gather
+    ops = [Op(Compute("fsdp.float8_cast", 0.0, sum(k.bytes for k in kernels) * layers,
+                      kind="elementwise", dtype=dtype, kernels=kernels * int(layers)),
+              "dp", deps)]
+    if not precomputed:   # fp32 amax per weight and gather
         ops.append(Op(Collective("fsdp.float8_amax", "all_reduce", group, 4.0), "dp",
                       repeat=len(sizes) * int(layers)))
     return ops
