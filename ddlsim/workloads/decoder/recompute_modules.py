@@ -69,7 +69,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import ConfigError
-from ...simulator.kernels.elementwise import activation_passes, norm_passes
+from ...simulator.kernels.elementwise import activation_passes, norm_kernels
 from ..trace import Compute, Kernel
 
 __all__ = ["RecomputeModule", "RECOMPUTE_MODULES", "recompute_module", "module_names",
@@ -141,12 +141,7 @@ def _core_kernels(b: Any, ctx: LayerContext) -> tuple[Kernel, ...]:
 
 
 def _norm_kernels(b: Any, ctx: LayerContext) -> tuple[Kernel, ...]:
-    sh, sw = b.shape, b.sw
-    x = ctx.b * ctx.s * sh.hidden / _replicated(ctx)
-    cls = "" if sw.fused_layernorm else "norm"
-    one = [Kernel("memory", bytes=p * x, dtype=b.dtype, variant=cls)
-           for p in norm_passes(bool(sw.fused_layernorm), sh.norm, ctx.dt, sh.hidden)]
-    return tuple(one * ctx.norms)
+    return norm_kernels(b.shape, ctx.b, ctx.s, ctx.t, ctx.sp, ctx.dt, b.sw, b.dtype) * ctx.norms
 
 
 def _act_kernels(b: Any, ctx: LayerContext) -> tuple[Kernel, ...]:
