@@ -12,7 +12,7 @@ from ddlsim.simulator.kernels.fp8_current import (AMAX_BYTES, SCALE_KERNEL_BYTES
 from ddlsim.simulator.kernels.fp8recipe import fp8_cast_kernels, fp8_gemm_variants
 from ddlsim.software import SoftwareSpec, resolve_software
 from ddlsim.workloads.decoder.fp8linear import linear_kernels
-from ddlsim.workloads.trace import Collective, Loop
+from ddlsim.workloads.trace import Collective
 
 pytestmark = pytest.mark.filterwarnings("ignore::ddlsim.errors.DDLSimWarning")
 
@@ -80,16 +80,13 @@ def _llama(recipe: str, tp: int = 2, sp: bool = True, overlap: str = "off") -> d
 
 
 def _amax_collectives(cfg: dict) -> dict[str, list[Collective]]:
-    def walk(ops, times=1):
-        for o in ops:
-            if isinstance(o.payload, Loop):
-                yield from walk(o.payload.body, times * o.payload.count)
-            else:
-                yield from [o.payload] * (times * o.repeat)
+    """Stage 0's amax all-reduces per block, each as often as it runs (``Block.flat`` has its
+    loops written out)."""
     w = ddlsim.build_workload(ddlsim.load_config(cfg))
     blocks = w.classes[0].program.blocks
-    return {name: [p for p in walk(b.flat.ops) if isinstance(p, Collective)
-                   and p.name.endswith(".amax")] for name, b in blocks.items()}
+    return {name: [o.payload for o in b.flat.ops for _ in range(o.repeat)
+                   if isinstance(o.payload, Collective) and o.payload.name.endswith(".amax")]
+            for name, b in blocks.items()}
 
 
 @pytest.mark.parametrize("overlap", ["off", "pipelined"])

@@ -8,7 +8,7 @@ import pytest
 
 import ddlsim
 from ddlsim.simulator.kernels.fp8recipe import fp8_cast_kernels
-from ddlsim.workloads.trace import Collective, Loop
+from ddlsim.workloads.trace import Collective
 
 pytestmark = pytest.mark.filterwarnings("ignore::ddlsim.errors.DDLSimWarning")
 
@@ -64,15 +64,11 @@ def _cfg(recipe: str | None, sp: bool = True, model: str = "llama-3-8b") -> dict
 
 
 def _gathers(cfg: dict) -> list[Collective]:
-    def walk(ops):
-        for o in ops:
-            if isinstance(o.payload, Loop):
-                yield from walk(o.payload.body)
-            else:
-                yield o.payload
+    """Stage 0's TP all-gathers (``Block.flat`` has its loops written out)."""
     w = ddlsim.build_workload(ddlsim.load_config(cfg))
-    return [p for b in w.classes[0].program.blocks.values() for p in walk(b.flat.ops)
-            if isinstance(p, Collective) and p.group == "tp" and p.op == "all_gather"]
+    return [o.payload for b in w.classes[0].program.blocks.values() for o in b.flat.ops
+            if isinstance(o.payload, Collective) and o.payload.group == "tp"
+            and o.payload.op == "all_gather"]
 
 
 @pytest.mark.parametrize("recipe", ["te_delayed", "te_current"])
