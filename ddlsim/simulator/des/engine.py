@@ -156,21 +156,24 @@ class _Engine:
                 if got[0] > ready:
                     ready, why, why_dur = got
             code = ins.code
+            if code == COLL:
+                issue, why, why_dur = yield from self._rendezvous(st, sid, flat, ins, why,
+                                                                  why_dur)
+            elif code == WAIT:
+                why, why_dur = yield from self._join(st, sid, flat, ready, why, why_dur)
+            start = env.now
+            if sid == 0 and start > free:
+                attribute_gap(st.timing, start - free, why, why_dur)
             if code == COMPUTE:
-                start = env.now
-                if sid == 0 and start > free:
-                    attribute_gap(st.timing, start - free, why, why_dur)
                 if ins.duration_s > 0:
                     yield env.timeout(ins.duration_s)
                 book(st.timing, sid == 0, ins.label, True, ins.duration_s, ins.flops, 0.0)
             elif code == COLL:
-                why, why_dur, start = yield from self._collective(st, sid, flat, ins, why,
-                                                                  why_dur, free)
-            else:
-                why, why_dur = yield from self._join(st, sid, flat, ready, why, why_dur)
-                start = env.now
-                if sid == 0 and start > free:
-                    attribute_gap(st.timing, start - free, why, why_dur)
+                if not issue.ended:
+                    st.at[sid] = (flat, "collective")
+                    yield issue.end_event()
+                book(st.timing, sid == 0, ins.label, False, env.now - start, 0.0, ins.nbytes)
+                st.stream_kind[sid] = ins.label
             free = end = env.now
             st.finish(flat, end, ins.label, end - start)
             if st.spans is not None and (end > start or code != WAIT):
@@ -196,27 +199,19 @@ class _Engine:
                 why, why_dur = label, np.inf
         return why, why_dur
 
-    def _collective(self, st: ClassState, sid: int, flat: int, ins: Instr, why: str,
-                    why_dur: float, free: float):
-        """Rendezvous with the collective's group, attribute the idle time before it, run
-        it and book it; returns why it waited last and when it started."""
+    def _rendezvous(self, st: ClassState, sid: int, flat: int, ins: Instr, why: str,
+                    why_dur: float):
+        """A collective: wait for its group to start it; returns its issue and why the op
+        waited last (``bubble`` when the group started it after this class arrived)."""
         env = self.env
         arrived = env.now
         issue = self.collectives.arrive(st, flat, ins)
         if not issue.started:
             st.at[sid] = (flat, "rendezvous")
             yield issue.start_event()
-        start = env.now
-        if start > arrived:
+        if env.now > arrived:
             why, why_dur = "bubble", 0.0
-        if sid == 0 and start > free:
-            attribute_gap(st.timing, start - free, why, why_dur)
-        if not issue.ended:
-            st.at[sid] = (flat, "collective")
-            yield issue.end_event()
-        book(st.timing, sid == 0, ins.label, False, env.now - start, 0.0, ins.nbytes)
-        st.stream_kind[sid] = ins.label
-        return why, why_dur, start
+        return issue, why, why_dur
 
     def _class_done(self, st: ClassState) -> None:
         finish_class(st.timing, st.stream_end, st.stream_kind)
