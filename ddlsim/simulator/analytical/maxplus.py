@@ -102,7 +102,7 @@ def nodes(programs: list) -> Nodes | None:
         return None
     src = where[got * M + mb]
     r = np.flatnonzero(src >= 0)                   # the nodes that receive a message
-    lim = _limits(off, flags & NONE > 0, got, src, r)
+    lim, live = _limits(off, flags & NONE > 0, got, src, r)
     A, F, E = (np.take(table[i], key) for i in range(3))
     waits, after, blocking = (flags & bit > 0 for bit in (WAITS, AFTER, BLOCKING))
     t = np.zeros(N)
@@ -115,9 +115,6 @@ def nodes(programs: list) -> Nodes | None:
         extra = np.where(blocking, np.maximum(0.0, t - F), 0.0)
         E = np.where(blocking & after, E + extra, E)
         A, F = A + extra, np.where(blocking, np.maximum(F, t), F)
-    live = np.zeros(N, dtype=bool)
-    for a, b in zip(off[:-1].tolist(), lim.tolist()):
-        live[a:b] = True
     return Nodes(off, lim, cls, key, src, summaries, A, F, waits, E, after, t, blocking, F0,
                  live, flags)
 
@@ -147,10 +144,11 @@ def _block_summaries(programs: list, NB: int) -> tuple[list, np.ndarray, np.ndar
 
 
 def _limits(off: np.ndarray, none: np.ndarray, got: np.ndarray, src: np.ndarray,
-            r: np.ndarray) -> np.ndarray:
-    """Each class's prefix end: its first unsolvable step (``none``: no summary), its first
-    step whose message is not sent by a solvable step, or its first step whose message is
-    sent beyond the sender's prefix (``r``: the nodes that receive a message)."""
+            r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(each class's prefix end, whether each node lies in its class's prefix). The end: its
+    first unsolvable step (``none``: no summary), its first step whose message is not sent
+    by a solvable step, or its first step whose message is sent beyond the sender's prefix
+    (``r``: the nodes that receive a message)."""
     lim = _prefix(off, np.flatnonzero(none | ((got >= 0) & (src < 0))))
     rs = src[r]
     while True:
@@ -160,7 +158,7 @@ def _limits(off: np.ndarray, none: np.ndarray, got: np.ndarray, src: np.ndarray,
         beyond = past[rs]
         beyond &= ~past[r]
         if not beyond.any():
-            return lim
+            return lim, ~past
         lim = np.minimum(lim, _prefix(off, r[beyond]))
 
 
