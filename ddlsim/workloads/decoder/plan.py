@@ -205,7 +205,7 @@ def resolve_plan(cfg: Any, shape: Any) -> DecoderPlan:
         param_bucket_bytes=float(grad_bucket_bytes(cfg, cfg.dp, 2)),
         optimizer=t.optimizer, recompute=t.recompute,
         recompute_every_n_layers=t.recompute_every_n_layers, uncheckpointed=uncheckpointed,
-        recompute_modules=_recompute_modules(t, shape, sw, p.tp, cfg),
+        recompute_modules=_recompute_modules(cfg, shape, sw),
         software=sw, tp_overlap=tp_overlap.mode(cfg), p2p_overlap=p2p_overlapped(cfg),
         moe=resolve_moe(cfg) if shape.is_moe else None, device=cfg.system.device)
 
@@ -224,19 +224,19 @@ def _split(cfg: Any) -> tuple:
     return split
 
 
-def _recompute_modules(t: Any, shape: Any, sw: Any, tp: int, cfg: Any) -> tuple | None:
+def _recompute_modules(cfg: Any, shape: Any, sw: Any) -> tuple | None:
     """``train.recompute_modules``, checked against the model and plan
     (:func:`.recompute_modules.check_modules`); None when unset."""
-    if t.recompute_modules is None:
+    if cfg.train.recompute_modules is None:
         return None
     from ...errors import ConfigError
     from .recompute_modules import check_modules
-    mods, p = tuple(t.recompute_modules), cfg.parallel
+    mods, p = tuple(cfg.train.recompute_modules), cfg.parallel
     if mods != ("core_attn",) and (p.tp_mode != "1d" or p.cp > 1):
         raise ConfigError(f"train.recompute_modules = {list(mods)!r} is modelled for "
                           "Megatron's 1-D tensor parallelism without context parallelism "
                           f"(here tensor_parallel.mode {p.tp_mode!r}, context_parallel_size "
                           f"{p.cp}); use ['core_attn'], or recompute 'full' or 'none'")
-    check_modules(mods, shape, sw, tp, resolve_moe(cfg) if shape.is_moe else None)
+    check_modules(mods, shape, sw, p.tp, resolve_moe(cfg) if shape.is_moe else None)
     return mods
 

@@ -153,23 +153,26 @@ def _act_kernels(b: Any, ctx: LayerContext) -> tuple[Kernel, ...]:
     return (Kernel("memory", bytes=nbytes, dtype=b.dtype),)
 
 
+def _activation(b: Any, ctx: LayerContext, y: float, cls: str = "") -> tuple[Kernel, ...]:
+    """The MLP activation's kernels over ``y`` elements, each of class ``cls``."""
+    sh = b.shape
+    return tuple(Kernel("memory", bytes=p * y, dtype=b.dtype, variant=cls) for p in
+                 activation_passes(sh.gated_mlp, sh.mlp_bias, bool(b.sw.fused_bias_gelu),
+                                   ctx.dt))
+
+
 def _mlp_kernels(b: Any, ctx: LayerContext) -> tuple[Kernel, ...]:
     sh, sw = b.shape, b.sw
     y = ctx.b * ctx.s * sh.ffn / ctx.t
     cls = "gated" if sh.gated_mlp and sw.fused_bias_gelu and not sw.compile else ""
-    act = tuple(Kernel("memory", bytes=p * y, dtype=b.dtype, variant=cls) for p in
-                activation_passes(sh.gated_mlp, sh.mlp_bias, bool(sw.fused_bias_gelu), ctx.dt))
-    return tuple(b.kernels["mlp.fc1"]) + act + tuple(b.kernels["mlp.fc2"])
+    return tuple(b.kernels["mlp.fc1"]) + _activation(b, ctx, y, cls) + tuple(b.kernels["mlp.fc2"])
 
 
 def _shared_kernels(b: Any, ctx: LayerContext) -> tuple[Kernel, ...]:
     sh = b.shape
     ops = [c for c in b._shared("recompute", False) if isinstance(c, Compute)]
     y = ctx.b * ctx.s * sh.shared_experts * sh.f_s / ctx.t
-    act = tuple(Kernel("memory", bytes=p * y, dtype=b.dtype) for p in
-                activation_passes(sh.gated_mlp, sh.mlp_bias, bool(b.sw.fused_bias_gelu),
-                                  ctx.dt))
-    return tuple(ops[0].kernels) + act + tuple(ops[1].kernels)
+    return tuple(ops[0].kernels) + _activation(b, ctx, y) + tuple(ops[1].kernels)
 
 
 def _per_token(shape: Any) -> int:
