@@ -144,6 +144,13 @@ def error_stats(out: list[dict], label) -> str:
             f"{100 * sum(errors) / len(errors):+.1f}%")
 
 
+def scaling_error(speedups: dict) -> float:
+    """Mean of |predicted / published − 1| over the multi-GPU speed-ups predicted
+    (``{key: (published, predicted or None)}``); NaN when none was."""
+    sc = [(pub, pred) for pub, pred in speedups.values() if pred is not None]
+    return sum(abs(pred / pub - 1) for pub, pred in sc) / len(sc) if sc else float("nan")
+
+
 def result_cells(o: dict, digits: int = 3, missing: str = "not run (work limit)") -> list[str]:
     """A row's predicted time (marked when the plan does not fit) and its error cells, or
     ``missing`` and a dash for a row that did not run."""

@@ -38,7 +38,7 @@ from __future__ import annotations
 import sys
 
 from public_runs import (DATA, print_notes, print_table, read_csv, result_cells, rows_summary,
-                         run_script, records)
+                         run_script, records, scaling_error)
 
 TABLE = DATA / "bert_dle.csv"
 #: what both containers run over the default stack (CUDA 11: 20.06 ships 11.0, 21.11 11.5)
@@ -151,8 +151,7 @@ def summary(out: list[dict], engine: str) -> str:
     exact = [o for o in out if not o["row"]["approx"]]
     per = "; ".join(f"{g} {_mean_abs([o for o in out if o['row']['gpu'] == g]):.1f} %"
                     for g in dict.fromkeys(o["row"]["gpu"] for o in out))
-    sc = [(pub, pred) for pub, pred in scaling(out).values() if pred is not None]
-    mean = sum(abs(pred / pub - 1) for pub, pred in sc) / len(sc) if sc else float("nan")
+    mean = scaling_error(scaling(out))
     return (rows_summary(out, engine, _label)
             + f"; rows without ≈ ({len(exact)}): mean |error| {_mean_abs(exact):.1f} %"
             + f"; per GPU: {per}; multi-GPU scaling mean |error| {100 * mean:.1f} %")

@@ -71,40 +71,44 @@ def config(row: dict) -> dict:
     """The ddlsim run config of one row (the table's plan, the recipes' or scripts' options)."""
     if row["set"] == "modelzoo":
         return zoo_config(row)
+    return _run(row, expert_tp=1,
+                moe={"router_force_load_balancing": True,
+                     # Bridge's moe_a2a_overlap: Megatron-Core's combined 1F1B
+                     "overlap_expert_parallel_comm": row["a2a_overlap"] == "true",
+                     "delay_wgrad_compute": row["delay_wgrad_compute"] == "true",
+                     "shared_expert_overlap": row["moe_shared_expert_overlap"] == "true"},
+                train={"dtype": "fp8", "recompute": "none"},
+                kernels={"grad_reduce_dtype": "param", "fused_cross_entropy": True,
+                         # the tables' FP8-CS (validate_bridge.FP8_RECIPE's sources)
+                         "fp8_recipe": "te_current"})
+
+
+def _run(row: dict, expert_tp: int, moe: dict, train: dict, kernels: dict) -> dict:
+    """What both tables' configs share: the row's plan on ``dgx-h100`` (TP with sequence
+    parallelism, expert TP ``expert_tp``, the interleaving and, where its recipe says so,
+    Megatron-Core's account of the embedding and the loss in the pipeline split), the
+    distributed optimizer with both overlaps, the row's dispatcher with grouped GEMM and fused
+    permutation, its batch and sequence; ``moe``, ``train`` and the :data:`STACK`'s
+    ``kernels`` add each table's settings."""
     gpus, tp, pp, cp, vp, ep = _int(row, "gpus", "tp", "pp", "cp", "vp", "ep")
     parallel = {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
                 "context_parallel_size": cp, "expert_model_parallel_size": ep,
-                "expert_tensor_parallel_size": 1, "sequence_parallel": tp > 1,
+                "expert_tensor_parallel_size": expert_tp, "sequence_parallel": tp > 1,
                 # the recipes overlap the parameter all-gather too; ddlsim does not model that
                 # overlap with EP > 1 (docs/overlap.md) and refuses it: the gather is exposed
                 "zero_stage": 1, "overlap_grad_reduce": True, "overlap_param_gather": False,
                 "moe": {**DISPATCHERS[row["dispatcher_as_run"]], "grouped_gemm": True,
-                        "permute_fusion": True, "router_force_load_balancing": True,
-                        # Bridge's moe_a2a_overlap: Megatron-Core's combined 1F1B
-                        "overlap_expert_parallel_comm": row["a2a_overlap"] == "true",
-                        "delay_wgrad_compute": row["delay_wgrad_compute"] == "true",
-                        "shared_expert_overlap": row["moe_shared_expert_overlap"] == "true"}}
-    parallel.update(_pipeline_layout(row, vp))
+                        "permute_fusion": True, **moe}}
+    if vp > 1:
+        parallel.update(schedule="interleaved", virtual_pipeline_model_parallel_size=vp)
+    if row["split"] == "embedding+loss":
+        parallel.update(account_for_embedding_in_pipeline_split=True,
+                        account_for_loss_in_pipeline_split=True)
     return {"model": row["preset"], "parallel": parallel,
             "train": {"micro_batch_size": int(row["mbs"]), "global_batch_size": int(row["gbs"]),
-                      "seq_length": int(row["seq"]), "dtype": "fp8", "recompute": "none"},
+                      "seq_length": int(row["seq"]), **train},
             "system": {"preset": "dgx-h100", "nodes": gpus // GPUS_PER_NODE,
-                       "software": {"stack": STACK, "kernels": {
-                           "grad_reduce_dtype": "param", "fused_cross_entropy": True,
-                           # the tables' FP8-CS (validate_bridge.FP8_RECIPE's sources)
-                           "fp8_recipe": "te_current"}}}}
-
-
-def _pipeline_layout(row: dict, vp: int) -> dict:
-    """The row's interleaving and, where its recipe says so, Megatron-Core's account of the
-    embedding and the loss in the pipeline split."""
-    out: dict = {}
-    if vp > 1:
-        out.update(schedule="interleaved", virtual_pipeline_model_parallel_size=vp)
-    if row["split"] == "embedding+loss":
-        out.update(account_for_embedding_in_pipeline_split=True,
-                   account_for_loss_in_pipeline_split=True)
-    return out
+                       "software": {"stack": STACK, "kernels": kernels}}}
 
 
 #: the ModelZoo table's recompute column -> ``train`` fields (the scripts' flags)
@@ -121,23 +125,12 @@ def zoo_config(row: dict) -> dict:
     recomputation where the table says ``full``; its ``norm, act`` is run_235b.sh's
     ``--recompute-granularity selective --recompute-modules moe_act layernorm``
     (``train.recompute_modules``)."""
-    gpus, tp, pp, cp, vp, ep = _int(row, "gpus", "tp", "pp", "cp", "vp", "ep")
     overlap = row["a2a_overlap"] == "true"
-    parallel = {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
-                "context_parallel_size": cp, "expert_model_parallel_size": ep,
-                "expert_tensor_parallel_size": int(row["etp"]), "sequence_parallel": tp > 1,
-                "zero_stage": 1, "overlap_grad_reduce": True, "overlap_param_gather": False,
-                "moe": {**DISPATCHERS[row["dispatcher_as_run"]], "grouped_gemm": True,
-                        "permute_fusion": True,
-                        "router_force_load_balancing": row["forced_balance"] != "false",
-                        "overlap_expert_parallel_comm": overlap, "delay_wgrad_compute": overlap}}
-    parallel.update(_pipeline_layout(row, vp))
-    return {"model": row["preset"], "parallel": parallel,
-            "train": {"micro_batch_size": int(row["mbs"]), "global_batch_size": int(row["gbs"]),
-                      "seq_length": int(row["seq"]), "dtype": row["precision"],
-                      **ZOO_RECOMPUTE[row["recompute"]]},
-            "system": {"preset": "dgx-h100", "nodes": gpus // GPUS_PER_NODE,
-                       "software": {"stack": STACK, "kernels": {"fused_cross_entropy": True}}}}
+    return _run(row, expert_tp=int(row["etp"]),
+                moe={"router_force_load_balancing": row["forced_balance"] != "false",
+                     "overlap_expert_parallel_comm": overlap, "delay_wgrad_compute": overlap},
+                train={"dtype": row["precision"], **ZOO_RECOMPUTE[row["recompute"]]},
+                kernels={"fused_cross_entropy": True})
 
 
 def approximated(row: dict) -> str:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import sys
 
 from public_runs import (DATA, print_notes, print_table, read_csv, result_cells, rows_summary,
-                         run_script, records)
+                         run_script, records, scaling_error)
 
 TABLE = DATA / "dle_resnet50_pytorch.csv"
 #: what the pytorch-21.03 container runs, over the default stack (data file's header)
@@ -107,8 +107,7 @@ def _ms_cells(o: dict) -> list[str]:
 
 def summary(out: list[dict], engine: str) -> str:
     """The summary line: the rows' errors and the 8-GPU scaling's mean error."""
-    sc = [(pub, pred) for pub, pred in scaling(out).values() if pred is not None]
-    mean = sum(abs(pred / pub - 1) for pub, pred in sc) / len(sc) if sc else float("nan")
+    mean = scaling_error(scaling(out))
     return (rows_summary(out, engine, _label)
             + f"; 8-GPU scaling mean |error| {100 * mean:.1f} %")
 
