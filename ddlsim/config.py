@@ -299,13 +299,24 @@ class TrainConfig(_Strict):
 
 
 # ------------------------------------------------------------------------------------------ run
-#: :attr:`RunConfig.software`'s cache: (ids of the frozen ``system`` and ``parallel``) →
-#: (those objects, kept alive so that their ids stay theirs, and the resolved software); the
-#: oldest entries leave first
-_SOFTWARE: dict[tuple[int, int], tuple] = {}
-_SOFTWARE_SIZE = 256
-#: :attr:`RunConfig.mesh`'s cache: id of the frozen ``parallel`` → (``parallel``, its mesh)
-_MESHES: dict[int, tuple] = {}
+#: :attr:`RunConfig.software`'s and :attr:`RunConfig.mesh`'s caches (:func:`_by_identity`)
+_SOFTWARE: dict[tuple[int, ...], tuple] = {}
+_MESHES: dict[tuple[int, ...], tuple] = {}
+_CACHE_SIZE = 256
+
+
+def _by_identity(cache: dict, frozen: tuple, make: Any) -> Any:
+    """``make()``, cached in ``cache`` by the ids of the ``frozen`` objects it derives from,
+    kept alive in the entry (so that no other object can take their ids while it is there);
+    the oldest entries leave first past ``_CACHE_SIZE``."""
+    key = tuple(map(id, frozen))
+    hit = cache.get(key)
+    if hit is None:
+        hit = (frozen, make())
+        cache[key] = hit
+        if len(cache) > _CACHE_SIZE:
+            del cache[next(iter(cache))]
+    return hit[1]
 
 
 class RunConfig(_Strict):
@@ -327,19 +338,16 @@ class RunConfig(_Strict):
         (Megatron-LM's by default). Built once per (frozen) ``parallel`` object, which holds
         every field it reads: the search builds a config per plan signature, and the stage
         builder's plan, the validation and the memory each ask for it."""
-        parallel = self.parallel
-        hit = _MESHES.get(id(parallel))
-        if hit is None or hit[0] is not parallel:
-            from .workloads.mesh import DeviceMesh
-            hit = (parallel, DeviceMesh.from_megatron(
-                tensor_model_parallel_size=parallel.tp, context_parallel_size=parallel.cp,
-                pipeline_model_parallel_size=parallel.pp, data_parallel_size=self.dp,
-                expert_model_parallel_size=parallel.ep, expert_tensor_parallel_size=parallel.etp,
-                order=parallel.rank_order))
-            _MESHES[id(parallel)] = hit
-            if len(_MESHES) > _SOFTWARE_SIZE:
-                del _MESHES[next(iter(_MESHES))]
-        return hit[1]
+        return _by_identity(_MESHES, (self.parallel,), self._build_mesh)
+
+    def _build_mesh(self) -> Any:
+        from .workloads.mesh import DeviceMesh
+        p = self.parallel
+        return DeviceMesh.from_megatron(
+            tensor_model_parallel_size=p.tp, context_parallel_size=p.cp,
+            pipeline_model_parallel_size=p.pp, data_parallel_size=self.dp,
+            expert_model_parallel_size=p.ep, expert_tensor_parallel_size=p.etp,
+            order=p.rank_order)
 
     @property
     def world_size(self) -> int:
@@ -350,16 +358,11 @@ class RunConfig(_Strict):
         """The resolved :class:`~ddlsim.software.Software`: ``system.software``'s stack, its
         overrides, then the plan's overlap options. Resolved once per pair of (frozen)
         ``system`` and ``parallel`` objects: a copy with either replaced resolves again."""
-        system, parallel = self.system, self.parallel
-        key = (id(system), id(parallel))
-        hit = _SOFTWARE.get(key)
-        if hit is None or hit[0] is not system or hit[1] is not parallel:
-            from .software import resolve_software
-            hit = (system, parallel, resolve_software(system.software, parallel))
-            _SOFTWARE[key] = hit
-            if len(_SOFTWARE) > _SOFTWARE_SIZE:
-                del _SOFTWARE[next(iter(_SOFTWARE))]
-        return hit[2]
+        return _by_identity(_SOFTWARE, (self.system, self.parallel), self._resolve_software)
+
+    def _resolve_software(self) -> Any:
+        from .software import resolve_software
+        return resolve_software(self.system.software, self.parallel)
 
     @property
     def num_microbatches(self) -> int:
