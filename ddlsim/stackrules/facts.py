@@ -80,8 +80,8 @@ class PlanFacts:
 
     @classmethod
     def of(cls, **values: Any) -> "PlanFacts":
-        """Facts from ``values`` (scalars or arrays), each as a numpy array; ``tp_overlap``
-        and ``compiled`` default to False."""
+        """Facts from ``values`` (scalars or arrays), each as a numpy array; a fact not
+        given takes its field's default."""
         return cls(**{f.name: np.asarray(values.get(f.name, f.default)) for f in fields(cls)})
 
     @classmethod

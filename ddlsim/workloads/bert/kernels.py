@@ -131,8 +131,7 @@ def head_kernels(model, b: int, s: int, d: float, dtype: str, backward: bool
     logits = tokens * v
     loss = [4 * d * logits, d * logits] if backward else [2 * d * logits]
     gather = [2 * d * tokens * h] if tokens < b * s else []     # the masked tokens' rows
-    return (gemms + _memory(passes + gather, dtype, backward)
-            + tuple(Kernel("memory", bytes=float(p), dtype=dtype) for p in loss))
+    return gemms + _memory(passes + gather, dtype, backward) + _memory(loss, dtype, False)
 
 
 def embedding_kernels(model, b: int, s: int, d: float, dtype: str, backward: bool
