@@ -39,6 +39,10 @@ class Megatron1D(LayerPartitioner):
         super().__init__(plan)
         self.sp = plan.sp
         self.param_split = self.size
+        #: Transformer Engine gathers the FP8 tensors it quantized per shard under SP
+        #: (:func:`..fp8linear.fp8_sp_gather`)
+        self.fp8_gather = fp8_sp_gather(self.sw, plan.train_dtype, self.size, self.sp,
+                                        self.shape)
 
     @classmethod
     def grid_size(cls, spec: Any) -> int:
@@ -73,9 +77,7 @@ class Megatron1D(LayerPartitioner):
         quantized on each shard (:func:`..fp8linear.fp8_sp_gather`; TransformerEngine v2.9
         ``distributed.py`` ``_all_gather_fp8`` gathers ``inp._data``; v1.8 gathers the FP8
         ``ln_out`` and ``grad_output_c``), else ``nbytes``."""
-        if fp8_sp_gather(self.sw, self.plan.train_dtype, self.size, self.sp, self.shape):
-            return nbytes / self.dt
-        return nbytes
+        return nbytes / self.dt if self.fp8_gather else nbytes
 
     def tp_comm_backward(self, name: str, nbytes: float) -> list[Collective]:
         """The backward's collectives of one column-parallel block on ``nbytes``: ``f``'s
@@ -99,10 +101,8 @@ class Megatron1D(LayerPartitioner):
         a column-parallel forward's input amax comes from TE's fused norm; under SP the
         column-parallel input and the row-parallel output gradient are all-gathered, which
         Transformer Engine quantizes per shard (:func:`..fp8linear.fp8_sp_gather`)."""
-        dtype = self.plan.train_dtype
-        gathered = ("g" if row_parallel else "x") if fp8_sp_gather(
-            self.sw, dtype, self.size, self.sp, self.shape) else ""
-        return linear_kernels(self.sw, dtype, *shape3, backward,
+        gathered = ("g" if row_parallel else "x") if self.fp8_gather else ""
+        return linear_kernels(self.sw, self.plan.train_dtype, *shape3, backward,
                               norm_amax=not (backward or row_parallel), gathered=gathered,
                               shards=self.size)
 
