@@ -121,7 +121,7 @@ def backward_with_buckets(units: Sequence[BackwardUnit], buckets: Sequence[range
             last = (len(ops) - 1,)
         ready += u.n_grads
         if overlap and k < len(ends) and ends[k] <= ready:
-            extra = _contention(prefix, issued, window)
+            extra = _contention(issued, window)
             if extra is not None:   # the window's GEMMs ran beside the buckets before them
                 ops.append(extra)
                 last = (len(ops) - 1,)
@@ -130,7 +130,7 @@ def backward_with_buckets(units: Sequence[BackwardUnit], buckets: Sequence[range
             ops.append(Op(colls[k], stream=group, deps=last))
             issued.append(colls[k])
             k += 1
-    if overlap and (extra := _contention(prefix, issued, window)) is not None:
+    if overlap and (extra := _contention(issued, window)) is not None:
         ops.append(extra)
     if overlap:
         ops += [Op(c, stream=group) for c in colls[k:]]
@@ -140,7 +140,7 @@ def backward_with_buckets(units: Sequence[BackwardUnit], buckets: Sequence[range
     return tuple(ops)
 
 
-def _contention(prefix: str, issued: list[Collective], window: list[Op]) -> Op | None:
+def _contention(issued: list[Collective], window: list[Op]) -> Op | None:
     """The contention op of the compute ``window`` beside the buckets ``issued`` before it
     (in the dtype of its first compute op), None when either is empty."""
     if not issued or not window:
