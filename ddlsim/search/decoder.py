@@ -433,14 +433,14 @@ def _sm_taken(ctx: _Context, fwd_flops, bwd_flops, ctas):
 def _extra_seconds(ctx: _Context, flops, C, ctas) -> np.ndarray:
     """Per plan, the extra seconds of GEMMs of ``flops`` beside ``C`` seconds of collectives
     holding ``ctas`` SMs (:func:`~ddlsim.simulator.kernels.contention.extra_seconds`, the
-    GEMMs at the device's matmul ceiling as
-    :func:`~ddlsim.simulator.kernels.contention.contention_seconds` times them)."""
-    from ..simulator.kernels.contention import extra_seconds
-    dev, dtype = ctx.dev, compute_dtype(ctx.cfg.train.dtype)
+    GEMMs at the device's matmul ceiling:
+    :func:`~ddlsim.simulator.kernels.contention.gemm_seconds`)."""
+    from ..simulator.kernels.contention import extra_seconds, gemm_seconds
+    dev = ctx.dev
     shape = np.shape(ctas)
     C = np.broadcast_to(np.asarray(C, dtype=float), shape)
-    g = np.broadcast_to(np.asarray(flops, dtype=float) / (dev.peak_flops(dtype)
-                                                          * dev.ceiling(dtype)), shape)
+    g = np.broadcast_to(gemm_seconds(np.asarray(flops, dtype=float), dev,
+                                     compute_dtype(ctx.cfg.train.dtype)), shape)
     out = np.zeros(shape)
     for k in np.unique(ctas):
         at = ctas == k

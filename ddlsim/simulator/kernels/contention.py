@@ -49,7 +49,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["MAXCHANNELS", "nccl_ring_ctas", "extra_seconds", "contention_seconds"]
+__all__ = ["MAXCHANNELS", "nccl_ring_ctas", "extra_seconds", "gemm_seconds", "contention_seconds"]
 
 #: NCCL's most channels per communicator (``MAXCHANNELS``, src/include/device.h)
 MAXCHANNELS = 32
@@ -130,6 +130,12 @@ def extra_seconds(gemm_s, comm_s, sms_taken: int, sm_count: int):
     return float(out) if np.ndim(out) == 0 else out
 
 
+def gemm_seconds(flops, dev: Any, dtype: str):
+    """Seconds of GEMMs of ``flops`` (float or array) on all of ``dev``'s SMs at its matmul
+    ceiling in ``dtype``: the ``gemm_s`` of :func:`extra_seconds`."""
+    return flops / (dev.peak_flops(dtype) * dev.ceiling(dtype))
+
+
 def contention_seconds(op: Any, dev: Any, nccl_ctas: int, comm_s=math.inf):
     """Seconds of a contention op (a compute op carrying a
     :class:`~ddlsim.workloads.trace.Contention`): :func:`extra_seconds` of its GEMM FLOPs at
@@ -149,7 +155,7 @@ def contention_seconds(op: Any, dev: Any, nccl_ctas: int, comm_s=math.inf):
     float or array : seconds.
     """
     c = op.contention
-    gemm_s = c.gemm_flops / (dev.peak_flops(op.dtype) * dev.ceiling(op.dtype))
+    gemm_s = gemm_seconds(c.gemm_flops, dev, op.dtype)
     if c.collectives:   # their kernels' own SM count (DeepEP's num_sms), else NCCL's channels
         return extra_seconds(gemm_s, comm_s, c.sms or nccl_ctas, dev.sm_count)
     return extra_seconds(gemm_s, math.inf, c.sms, dev.sm_count)
