@@ -77,7 +77,7 @@ def _beside(j: int, L: int, k: int, a, r):
         return 0.0
     if j == 0:
         return min(k, L - 1) * a
-    return r + (a if k >= 1 and j + k < L else 0.0)
+    return r + (a if j + k < L else 0.0)
 
 
 def zero3_time(L: int, k: int, m, parts, a, r, sm=None) -> np.ndarray:
