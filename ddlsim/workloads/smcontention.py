@@ -102,6 +102,6 @@ def issued_since(ops: list[Op], start: int, exclude: Iterable[int] = ()) -> list
     waited: dict[str, int] = {}
     for i in exclude:
         waited[ops[i].stream] = max(waited.get(ops[i].stream, -1), i)
-    return [(o.payload, o.repeat) for i in range(start, len(ops))
-            for o in (ops[i],) if isinstance(o.payload, Collective) and o.stream != "compute"
+    return [(o.payload, o.repeat) for i, o in enumerate(ops[start:], start)
+            if isinstance(o.payload, Collective) and o.stream != "compute"
             and i > waited.get(o.stream, -1)]
