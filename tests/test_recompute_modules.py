@@ -212,12 +212,8 @@ def test_a_grid_with_recompute_modules_is_searched_by_the_exact_tier():
     searched plan by plan, its figures ddlsim.predict's."""
     cfg = dense_run(["mlp"])
     cfg["search"] = {"axes": {"train.micro_batch_size": [1, 2]}}
-    frame = ddlsim.search(cfg, top=1)
-    assert frame.attrs["tier"] == "exact" and len(frame) == 2
-    plan = {k: v for k, v in cfg.items() if k != "search"}
-    best = frame.iloc[0]
-    plan["train"] = {**plan["train"], "micro_batch_size": int(best["train.micro_batch_size"])}
-    assert best["iteration_time_s"] == _predict(plan).iteration_time_s
+    from exacttier import assert_searched_by_the_exact_tier
+    assert_searched_by_the_exact_tier(cfg, _predict)
 
 
 def test_megatron_core_2025_refuses_its_torch_fsdp2_with_expert_parallelism():

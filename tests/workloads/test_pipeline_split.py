@@ -110,12 +110,8 @@ def test_an_uneven_split_is_searched_by_the_exact_tier():
     ddlsim.predict's."""
     cfg = _cfg(31, 4, account_for_loss_in_pipeline_split=True)   # (31 + 1) / 4 = 8
     cfg["search"] = {"axes": {"train.micro_batch_size": [1, 2]}}
-    frame = ddlsim.search(cfg, top=1)
-    assert frame.attrs["tier"] == "exact" and len(frame) == 2
-    plan = {k: v for k, v in cfg.items() if k != "search"}
-    best = frame.iloc[0]
-    plan["train"] = {**plan["train"], "micro_batch_size": int(best["train.micro_batch_size"])}
-    assert best["iteration_time_s"] == ddlsim.predict(plan, check_fit=False).iteration_time_s
+    from exacttier import assert_searched_by_the_exact_tier
+    assert_searched_by_the_exact_tier(cfg, lambda plan: ddlsim.predict(plan, check_fit=False))
 
 
 def test_context_parallelism_is_searched_by_the_exact_tier():
