@@ -45,6 +45,10 @@ class ResNetFamily(WorkloadFamily):
             raise ValueError("model.grad_sync = 'ring_sendrecv' exchanges the buckets after the "
                              "backward (resnet50.cpp run_ring), but "
                              "parallel.overlap_grad_reduce is true; set it to false")
+        if m.grad_scaler and t.dtype != "fp16":
+            raise ValueError(f"model.grad_scaler = true scales the loss of fp16 autocast "
+                             f"(torch.cuda.amp.GradScaler), but train.dtype = {t.dtype!r}; "
+                             "set dtype: fp16 or grad_scaler: false")
         if t.seq_length != 1:
             raise ValueError(f"train.seq_length = {t.seq_length}: a resnet sample is one image "
                              "(its resolution is model.image_size); set seq_length: 1")

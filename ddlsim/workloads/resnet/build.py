@@ -18,6 +18,7 @@ from ..trace import P2P, Block, Compute, Op, Program, RankClass, Step, Workload,
 from .kernels import (TENSOR_CORE_DTYPES, autocast_casts, conv_kernels, ddp_copies,
                       pointwise_kernels, sgd_kernels)
 from .layers import Layer
+from .step import accumulate_kernels, grad_scaler_kernels, input_kernels, zero_grad_kernels
 
 __all__ = ["build_resnet", "resnet_memory", "grad_bucket_ranges", "ready_grad_bytes",
            "grad_dtype_bytes", "model_flops"]
@@ -91,6 +92,8 @@ def _units(cfg: RunConfig, buckets: list[range], copies: bool = False) -> list[B
     units = []
     for i, layer in reversed(list(enumerate(m.layers))):
         ops = (_compute(layer, cfg, True, first=i == 0),)
+        if m.zero_grad == "zero" and layer.params:
+            ops += (_step_op(f"bwd.{layer.name}.accumulate", accumulate_kernels(layer.params)),)
         if copies and layer.params:
             ops += (_copies(f"bwd.{layer.name}.to_bucket", layer.params, gb),)
         units.append(BackwardUnit(ops, len(layer.params)))
@@ -102,6 +105,23 @@ def _copies(name: str, tensors, grad_bytes: int) -> Compute:
     kernels = ddp_copies(tuple(tensors), grad_bytes)
     return Compute(name, 0.0, sum(k.bytes for k in kernels), kind="elementwise", dtype="fp32",
                    kernels=kernels)
+
+
+def _step_op(name: str, kernels: tuple) -> Compute:
+    """An op of the training step's own memory kernels (:mod:`.step`), fp32."""
+    return Compute(name, 0.0, sum(k.bytes for k in kernels), kind="elementwise", dtype="fp32",
+                   kernels=kernels)
+
+
+def _update(cfg: RunConfig) -> tuple[Op, ...]:
+    """The update block: GradScaler's unscale and update where set, the optimizer step, then
+    ``zero_grad`` where it zeroes (:mod:`.step`; DLE ``training.py`` ``train_step`` order)."""
+    m = cfg.model
+    ops = [Op(_step_op("grad_scaler", grad_scaler_kernels(m.tensors)))] if m.grad_scaler else []
+    ops.append(Op(_optimizer(cfg)))
+    if m.zero_grad == "zero":
+        ops.append(Op(_step_op("zero_grad", zero_grad_kernels(m.tensors))))
+    return tuple(ops)
 
 
 def _optimizer(cfg: RunConfig) -> Compute:
@@ -158,6 +178,9 @@ def _blocks(cfg: RunConfig) -> dict[str, Block]:
                           seconds=s)),)
     else:
         fwd = tuple(Op(_compute(layer, cfg, False)) for layer in m.layers)
+        if m.input_pipeline != "none":
+            fwd = (Op(_step_op("fwd.input", input_kernels(
+                m.input_pipeline, mb, m.image_size, m.num_classes))),) + fwd
     plain = tuple(Op(c) for u in units for c in u.ops)
     if cfg.dp == 1:   # nothing to synchronise (an all-reduce over one rank moves nothing)
         sync = plain
@@ -171,7 +194,7 @@ def _blocks(cfg: RunConfig) -> dict[str, Block]:
     blocks = {"F": Block("F", "forward", fwd), "B": Block("B", "backward", plain),
               "B.sync": Block("B.sync", "backward", sync)}
     if m.compute == "model":
-        blocks["update"] = Block("update", "optimizer", (Op(_optimizer(cfg)),))
+        blocks["update"] = Block("update", "optimizer", _update(cfg))
     return blocks
 
 

@@ -11,6 +11,7 @@ from ...units import parse_quantity
 from ..buckets import FIRST_BUCKET_BYTES
 from ..proxytime import TIMINGS_FIELD, ComputeMode, ProxyTimings, check_proxy_timings
 from .layers import BLOCKS, Layer, Tensor, resnet_layers
+from .step import INPUT_PIPELINES
 
 __all__ = ["ResNetModel", "PROXY_TIMINGS"]
 
@@ -18,6 +19,8 @@ __all__ = ["ResNetModel", "PROXY_TIMINGS"]
 #: bucket's all-reduce (DNN-cpp-proxies resnet152.cpp:29-30, ``fwd_rt_whole_model`` and
 #: ``bwd_rt_per_B``, slept at lines 35 and 48).
 PROXY_TIMINGS = ("forward", "backward_per_bucket")
+#: the options of the training step around the model (:mod:`.step`)
+_STEP_FIELDS = ("zero_grad", "grad_scaler", "input_pipeline")
 
 
 def _bytes(v):
@@ -58,12 +61,30 @@ class ResNetModel(ModelBase):
         default="none", description="which tensors SGD decays: none (torch.optim.SGD's default "
                                     "weight_decay=0), all, or no_bn (not the batch norms' "
                                     "weight and bias)")
+    zero_grad: Literal["set_to_none", "zero"] = Field(
+        default="set_to_none", description="how optimizer.zero_grad() clears the gradients: "
+                                           "set_to_none (PyTorch 2's default: no kernel) or "
+                                           "zero (PyTorch 1.x's default: a zero_ kernel per "
+                                           "tensor, then an in-place add per tensor in the "
+                                           "backward)")
+    grad_scaler: StrictBool = Field(
+        default=False, description="torch.cuda.amp.GradScaler's kernels (fp16 autocast): the "
+                                   "unscale over every gradient and the scale update")
+    input_pipeline: Literal[tuple(INPUT_PIPELINES)] = Field(
+        default="none", description="the input batch's work on the device: none, normalize "
+                                    "(uint8 to fp32, minus mean, over std) or "
+                                    "normalize_mixup (then mixup of the batch and targets)")
     compute: ComputeMode = "model"
     proxy_timings: ProxyTimings = TIMINGS_FIELD
 
     @model_validator(mode="after")
     def _check(self) -> "ResNetModel":
         check_proxy_timings(self.compute, self.proxy_timings, PROXY_TIMINGS, "resnet")
+        steps = sorted(f for f in _STEP_FIELDS if f in self.model_fields_set)
+        if self.compute == "proxy" and steps:
+            raise ValueError(f"model.{steps[0]} is a kernel of a modelled training step, but "
+                             "model.compute = 'proxy' times the proxy's sleeps alone; remove "
+                             "it or set compute: model")
         if self.grad_buckets != "ddp" and "first_bucket_size" in self.model_fields_set:
             raise ValueError(f"model.first_bucket_size is DDP's first-bucket limit, but "
                              f"grad_buckets = {self.grad_buckets} lists the buckets; remove one")

@@ -1,0 +1,94 @@
+"""ddlsim/workloads/resnet/step.py: the training step's kernels around a ResNet (zeroed and
+accumulated gradients, GradScaler, the input on the GPU), each count derived by hand from the
+module docstring, and the options that switch them on refused where they cannot apply."""
+
+from __future__ import annotations
+
+import pytest
+
+import ddlsim
+from ddlsim.workloads.resnet.build import build_resnet
+from ddlsim.workloads.resnet.layers import Tensor, resnet_layers
+from ddlsim.workloads.resnet.step import (accumulate_kernels, grad_scaler_kernels,
+                                          input_kernels, multi_tensor_launches,
+                                          zero_grad_kernels)
+from ddlsim.workloads.trace import Compute
+
+TENSORS = tuple(t for layer in resnet_layers(50) for t in layer.params)
+
+
+def _run(dtype="fp16", dp=1, **model):
+    return {"model": {"preset": "resnet50", **model},
+            "parallel": {"data_parallel_size": dp},
+            "train": {"micro_batch_size": 32, "global_batch_size": 32 * dp, "seq_length": 1,
+                      "dtype": dtype, "optimizer": "sgd"},
+            "system": {"preset": "dgx-a100", "nodes": 1, "devices_per_node": dp}}
+
+
+def _ops(cfg) -> dict[str, Compute]:
+    prog = build_resnet(ddlsim.load_config(cfg)).classes[0].program
+    return {op.payload.name: op.payload for block in prog.blocks.values() for op in block.ops
+            if isinstance(op.payload, Compute)}
+
+
+def test_zeroed_gradients_are_written_then_added_to():
+    (z,) = zero_grad_kernels((Tensor("w", 1000),))
+    assert z.bytes == 4 * 1000                       # fp32 .grad written once
+    (a,) = accumulate_kernels((Tensor("w", 1000),))
+    assert a.bytes == 3 * 4 * 1000                   # grad += new: read 2, write 1
+    assert len(zero_grad_kernels(TENSORS)) == 161
+
+
+@pytest.mark.parametrize("numels, launches", [
+    ([65536 * 320], 1),                  # 320 chunks fill one launch exactly
+    ([65536 * 320 + 1], 2),              # one element more: a second launch
+    ([1] * 110, 1), ([1] * 111, 2),      # 110 tensors a launch
+    ([65536 * 200, 65536 * 200], 2),     # 400 chunks: 320, then 80 (the tensor carries over)
+])
+def test_multi_tensor_apply_launches(numels, launches):
+    assert multi_tensor_launches(numels) == launches
+
+
+def test_grad_scaler_reads_and_writes_every_gradient_once():
+    kernels = grad_scaler_kernels(TENSORS)
+    unscale = kernels[:-2]
+    # 161 tensors (> 110) in more than 320 chunks of 65,536: 3 launches
+    assert len(unscale) == multi_tensor_launches([t.numel for t in TENSORS]) == 3
+    assert sum(k.bytes for k in unscale) == pytest.approx(2 * 4 * 25_557_032)
+
+
+def test_input_normalisation_and_mixup_by_hand():
+    px = 3 * 8 * 224 * 224
+    assert [k.bytes for k in input_kernels("normalize", 8, 224, 1000)] == [5 * px, 8 * px,
+                                                                           8 * px]
+    mix = input_kernels("normalize_mixup", 8, 224, 1000)
+    assert [k.bytes for k in mix[3:7]] == [8 * px, 8 * px, 8 * px, 12 * px]
+    assert [k.bytes for k in mix[7:]] == [8 * 8000, 8 * 8000, 8 * 8000, 12 * 8000]
+    assert input_kernels("none", 8, 224, 1000) == ()
+
+
+def test_defaults_add_no_step_kernels():
+    names = _ops(_run())
+    assert not any(n.endswith(".accumulate") or n in ("zero_grad", "grad_scaler", "fwd.input")
+                   for n in names)
+
+
+def test_the_dle_step_adds_its_ops_and_time():
+    dle = dict(zero_grad="zero", grad_scaler=True, input_pipeline="normalize_mixup")
+    ops = _ops(_run(**dle))
+    assert len(ops["zero_grad"].kernels) == 161
+    assert sum(n.endswith(".accumulate") for n in ops) == 107    # layers with parameters
+    assert ops["fwd.input"].bytes == pytest.approx(
+        (5 + 8 + 8 + 8 + 8 + 8 + 12) * 3 * 32 * 224 ** 2 + (8 + 8 + 8 + 12) * 32 * 1000)
+    bare, full = ddlsim.predict(_run()), ddlsim.predict(_run(**dle))
+    assert full.iteration_time_s > bare.iteration_time_s
+
+
+@pytest.mark.parametrize("model, dtype, field", [
+    ({"grad_scaler": True}, "bf16", "grad_scaler"),
+    ({"compute": "proxy", "proxy_timings": {"forward": 0.0, "backward_per_bucket": 0.0},
+      "zero_grad": "zero"}, "fp32", "zero_grad"),
+])
+def test_options_that_cannot_apply_are_refused(model, dtype, field):
+    with pytest.raises(ddlsim.ConfigError, match=field):
+        ddlsim.load_config(_run(dtype, **model))
