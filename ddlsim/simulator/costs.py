@@ -87,12 +87,15 @@ class CollectiveChoice(NamedTuple):
     """How one collective is timed: ``algorithm`` is the closed form laid out as flows (the
     DES) and ``label`` what the result's ``algorithms`` reports under ``key`` (the algorithm,
     or ``"<backend> (calibrated)"`` when a calibration profile timed it, with
-    :func:`profile_size`'s note for an uneven all-to-all)."""
+    :func:`profile_size`'s note for an uneven all-to-all); ``closed_form_s``: when a profile
+    timed it (``time_s``), the seconds the closed form of ``algorithm`` gives (the DES
+    stretches the algorithm's flows by their ratio: :mod:`.des.calibrated`), else None."""
 
     key: str
     label: str
     algorithm: str
     time_s: float
+    closed_form_s: float | None = None
 
 
 class _Shape(NamedTuple):
@@ -242,7 +245,7 @@ class CostModel:
             if got is not None:
                 backend, t_profile = got
                 return CollectiveChoice(f"{kind}[{format_bytes(nbytes)}]",
-                                        f"{backend} (calibrated){how}", name, t_profile)
+                                        f"{backend} (calibrated){how}", name, t_profile, t)
             if outside:
                 return CollectiveChoice(f"{group}.{kind}[{format_bytes(nbytes)}]",
                                         f"{name} (preset: outside profile range)", name, t)

@@ -4,7 +4,8 @@ The classes of one rendezvous component (see :func:`.program.rendezvous_componen
 their issues of collectives on a family; the n-th issue of every class of the component is
 one collective, started when the last class arrives (the analytical engine's matching rule).
 The algorithm is the one the analytical engine uses for the op (the run's choice, or the
-cheapest closed form), so both engines time the same algorithm.
+cheapest closed form), so both engines time the same algorithm; when a calibration profile
+times the op, its flows are stretched to the profile's time (:mod:`.calibrated`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import simpy
 
 from ..costs import CostModel
 from .program import Instr
+from .calibrated import alone_seconds, stretch_template
 from .runs import TemplateRun
 from ..collectives import get_algorithm, split_matrix
 from .templates import FlowTemplate, RouteTable, collective_template
@@ -73,6 +75,8 @@ class Collectives:
         self._templates: dict[tuple, FlowTemplate] = {}
         self._plans: dict[tuple[int, int], tuple[FlowTemplate | None, float, object]] = {}
         self._comps: dict[tuple[str, int], tuple[int, tuple[int, ...]]] = {}
+        #: (template id, bytes, measured s) -> (stretched template, the template, kept alive)
+        self._stretched: dict[tuple, tuple[FlowTemplate, FlowTemplate]] = {}
 
     def arrive(self, st, flat: int, ins: Instr) -> CollectiveIssue:
         """Class ``st`` reached collective ``ins``; the issue starts when its component has."""
@@ -121,10 +125,22 @@ class Collectives:
         if got is None:
             tpl, nbytes = None, op.bytes if op.split_bytes is None else float(sum(op.split_bytes))
             if self.engine.workload.groups[op.group].size > 1:
-                algo = self.cost.choice(op).algorithm  # the closed form the analytical engine times
-                tpl = self._template(op, cid, algo)
+                choice = self.cost.choice(op)  # the closed form the analytical engine times
+                tpl = self._template(op, cid, choice.algorithm)
+                if choice.closed_form_s is not None:  # a profile's time: the same, stretched
+                    tpl = self._calibrated(tpl, nbytes, choice)
             got = self._plans[(id(op), cid)] = (tpl, nbytes, op)  # op kept: its id stays its own
         return got[0], got[1]
+
+    def _calibrated(self, tpl: FlowTemplate, nbytes: float, choice) -> FlowTemplate:
+        """``tpl`` stretched to the profile's time of one issue (:mod:`.calibrated`)."""
+        key = (id(tpl), nbytes, choice.time_s)
+        got = self._stretched.get(key)
+        if got is None:
+            alone = alone_seconds(tpl, nbytes, self.engine.network.capacity_Bps)
+            alone = choice.closed_form_s if alone is None else alone
+            got = self._stretched[key] = (stretch_template(tpl, choice.time_s, alone), tpl)
+        return got[0]
 
     def _template(self, op, cid: int, algo: str) -> FlowTemplate:
         group, kind, split, split_by = op.group, op.op, op.split_bytes, op.split_by
