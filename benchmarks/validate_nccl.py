@@ -12,7 +12,7 @@ its default collective backend (NCCL's tuning model on these GPUs, with the NVLS
 pipeline fill as measured: ``ddlsim/simulator/nccl/measured.py``), and reports the bus
 bandwidth nccl-tests would print: ``busbw = size / time × factor`` (nccl-tests
 doc/PERFORMANCE.md). Rows whose ``role`` is ``fitted`` are the calibration data of
-``measured.py``'s three fitted constants and of ``hops.py``'s one; the summary gives them apart
+``measured.py``'s three fitted constants and of ``hops.py``'s two; the summary gives them apart
 from the ``held-out`` rows, which set nothing and are the validation. Small messages (under 1
 MiB) are recorded by nccl-tests' out-of-place ``time`` (``time_us``: their printed busbw is
 0.00) and summarised on lines of their own (held-out, fitted), so that the figures from 1 MiB
@@ -67,6 +67,8 @@ def time_us(row: dict, busbw_GBps: float) -> float:
 def system(row: dict):
     from ddlsim.config import SystemConfig, resolve_section
     spec = {"preset": PRESET[row["gpu"]], "nodes": int(row["nodes"])}
+    if int(row["nodes"]) > 1:  # the row's GPUs of each node (nccl150: one GPU of each)
+        spec["devices_per_node"] = int(row["gpus"]) // int(row["nodes"])
     if row["source"] == "nccl119":
         spec["nics_per_node"] = 4  # 4 x HDR 200 Gb/s per server (the issue's hardware)
     if row["source"] == "nccl812":  # DGX A100: 2 x AMD EPYC 7742 (NVIDIA DGX A100 user guide)
@@ -212,12 +214,17 @@ def fit_fill() -> list[str]:
 
 
 def fit_hop() -> str:
-    """The fit that set ``hops.LL_HOP_US["ampere"]``: the least-squares LL step of the
-    ``nccl123`` rows (:func:`ddlsim.simulator.nccl.hops.fit_ll_hop_us`)."""
+    """The fits that set ``hops.LL_HOP_US["ampere"]`` and ``hops.NET_LL_HOP_US``: the
+    least-squares LL steps of the ``nccl123`` rows (NVLink) and of the ``nccl150`` rows
+    (network; :func:`ddlsim.simulator.nccl.hops.fit_ll_hop_us`, ``fit_net_ll_hop_us``)."""
     from ddlsim.simulator.nccl import hops
     points = [(int(r["gpus"]), float(r["time_us"])) for r in rows() if r["source"] == "nccl123"]
+    net = [(int(r["gpus"]), int(r["nodes"]), float(r["time_us"])) for r in rows()
+           if r["source"] == "nccl150"]
     return (f"ring LL NVLink step on nccl123 ({len(points)} rows): "
-            f"{hops.fit_ll_hop_us(points):.4f} us (kept {hops.LL_HOP_US['ampere']:g})")
+            f"{hops.fit_ll_hop_us(points):.4f} us (kept {hops.LL_HOP_US['ampere']:g})\n"
+            f"ring LL network step on nccl150 ({len(net)} rows): "
+            f"{hops.fit_net_ll_hop_us(net):.4f} us (kept {hops.NET_LL_HOP_US:g})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -227,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="replace the nccl-tests section of docs/validation.md")
     ap.add_argument("--fit", action="store_true",
                     help="print the fits of the fitted constants (NVLS pipeline depths, "
-                         "A100 ring LL step), and exit")
+                         "A100 ring LL step, network LL step), and exit")
     ap.add_argument("--nccl-tests", metavar="OUTPUT",
                     help="an nccl-tests output (text, or .json from -J) to compare instead")
     ap.add_argument("--gpu", choices=sorted(PRESET), help="the GPU of --nccl-tests' run")

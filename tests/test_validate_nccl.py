@@ -34,10 +34,11 @@ def test_roles_and_sizes():
         assert bool(r["busbw_GBps"]) != small and bool(r["time_us"]) == small, r
         assert float(r["time_us"] if small else r["busbw_GBps"]) > 0
     # the fitted rows are those measured.py and hops.py name: nccl212's all-reduce, nccl290,
-    # nccl309a; nccl123
+    # nccl309a; nccl123, nccl150
     fitted = {(r["source"], r["op"]) for r in ROWS if r["role"] == "fitted"}
     assert fitted == {("nccl212", "all_reduce"), ("nccl290", "all_reduce"),
-                      ("nccl309a", "all_reduce"), ("nccl123", "all_reduce")}
+                      ("nccl309a", "all_reduce"), ("nccl123", "all_reduce"),
+                      ("nccl150", "all_reduce")}
 
 
 def test_the_a100_ring_ll_step_is_the_fit_of_its_rows():
@@ -47,6 +48,22 @@ def test_the_a100_ring_ll_step_is_the_fit_of_its_rows():
     assert len(points) == 7
     assert LL_HOP_US["ampere"] == pytest.approx(fit_ll_hop_us(points), abs=5e-4)
     assert "kept 1.877" in vn.fit_hop()
+
+
+def test_the_network_ll_step_is_the_fit_of_its_rows():
+    """hops.NET_LL_HOP_US is the least-squares network step of the nccl150 rows (one GPU on each
+    of 2 nodes: both steps of the ring cross the network), as --fit prints; the rows are timed
+    on one GPU a node."""
+    from ddlsim.simulator.nccl.hops import NET_LL_HOP_US, fit_net_ll_hop_us
+    points = [(int(r["gpus"]), int(r["nodes"]), float(r["time_us"])) for r in ROWS
+              if r["source"] == "nccl150"]
+    assert len(points) == 4 and all(p == nodes == 2 for p, nodes, _ in points)
+    # by hand: the mean of (t − 6.6 µs NCCL's ring LL base) / 2 steps
+    by_hand = sum((t - 6.6) / 2 for _, _, t in points) / len(points)
+    assert fit_net_ll_hop_us(points) == pytest.approx(by_hand)
+    assert NET_LL_HOP_US == pytest.approx(by_hand, abs=5e-4)
+    assert f"kept {NET_LL_HOP_US:g}" in vn.fit_hop()
+    assert vn.system(next(r for r in ROWS if r["source"] == "nccl150")).devices_per_node == 1
 
 
 @pytest.mark.parametrize("row", [r for r in ROWS if r["algorithm"]],

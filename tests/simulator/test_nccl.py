@@ -14,6 +14,7 @@ import pytest
 from ddlsim.simulator.collectives import GroupNet, algorithms_for, best_algorithm
 from ddlsim.simulator.nccl import NcclEnv, best_protocol, latency_us, nccl_time
 from ddlsim.simulator.nccl.model import estimate_time
+from ddlsim.simulator.nccl.hops import NET_LL_HOP_US
 
 ENV = NcclEnv("ampere", nics_per_node=8, protocol="Simple")
 NET = GroupNet(16, 8, 3.4e-6, 300e9, 16.8e-6, 200e9, nodes=2, nccl=ENV)
@@ -68,13 +69,15 @@ def test_protocols_ll_ll128_simple():
     LL128 hardware latencies. NCCL runs 64 KiB of ring LL on 16 ranks on one of its
     round(4.17) = 4 channels (a channel needs 512 threads × 8 B × 16 ranks = 64 KiB:
     enqueue.cc topoGetAlgoInfo), at a quarter of the bandwidth; LL128 keeps all 4 (5 KiB a
-    channel). The LL time taken counts each NVLink step at the A100's measured 1.877 µs
-    (ddlsim/simulator/nccl/hops.py), NCCL's estimate at its 0.6 µs."""
+    channel). The LL time taken counts each NVLink step at the A100's measured 1.877 µs and
+    the 4 network steps of the ring's longest path (30 hops, crossing every 8) at the measured
+    network step (ddlsim/simulator/nccl/hops.py), NCCL's estimate 28 steps at its 0.6 µs (no
+    less than its 1 µs floor) and 2 at its 2.7 µs."""
     env = NcclEnv("ampere", nics_per_node=8)
     net = GroupNet(16, 8, 3.4e-6, 300e9, 16.8e-6, 200e9, nodes=2, nccl=env)
     n = 2**16
     ll_bw = min(39.0, 100.0) * 16 / 30
-    ll_lat = 6.6 + 28 * max(1.877, 1.0) + 2 * 2.7
+    ll_lat = 6.6 + 26 * max(1.877, 1.0) + 4 * NET_LL_HOP_US
     ll = (ll_lat + n / (1e3 * ll_bw * (1 / 4))) * 1e-6
     assert nccl_time("all_reduce", "ring", "LL", n, net, env) == pytest.approx(ll)
     guess = (6.6 + 28 * max(0.6, 1.0) + 2 * 2.7 + n / (1e3 * ll_bw)) * 1e-6
