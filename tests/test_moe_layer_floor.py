@@ -1,0 +1,46 @@
+"""benchmarks/moe_layer_floor.py: validate_moe's rows per MoE layer and micro-batch.
+
+The arithmetic on a record built by hand (no prediction runs): the divisor is layers per
+pipeline rank × micro-batches per pipeline, the parts add up to the prediction, and the
+tokens each local expert computes follow ``n = etp · ep · T · k / E``.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from benchscripts import load_script
+
+floor = load_script("moe_layer_floor")
+vm = load_script("validate_moe")
+
+
+def _record(compute: float, comm: dict, bubble: float, optimizer: float) -> dict:
+    """ModelZoo row 1 (Qwen3-235B, 94 layers, TP2 PP8 EP32, DP16, MBS 1, GBS 2048) with a
+    made-up breakdown in seconds."""
+    row = vm.zoo_rows()[0]
+    predicted = compute + sum(comm.values()) + bubble + optimizer
+    result = SimpleNamespace(breakdown=SimpleNamespace(
+        compute_s=compute, exposed_comm_s=comm, bubble_s=bubble, optimizer_s=optimizer))
+    return {"row": row, "result": result, "published": 19.7, "predicted": predicted}
+
+
+def test_parts_are_the_step_over_layers_and_microbatches():
+    o = _record(9.4, {"ep": 4.7, "tp": 0.3, "pp": 0.1}, 1.0, 0.02)
+    p = floor.layer_parts(o)
+    per = 1e3 / (94 / 8 * 2048 / (1 * 16))        # ms per second of step: 1,504 layer-mbs
+    assert p["published"] == pytest.approx(19.7 * per)
+    assert p["compute"] == pytest.approx(9.4 * per)
+    assert p["ep"] == pytest.approx(4.7 * per) and p["other"] == pytest.approx(0.4 * per)
+    assert p["bubble"] == pytest.approx(1.02 * per)
+    assert p["compute"] + p["ep"] + p["other"] + p["bubble"] == pytest.approx(p["predicted"])
+    assert p["gap"] == pytest.approx(p["published"] - p["predicted"])
+
+
+def test_experts_and_their_tokens():
+    p = floor.layer_parts(_record(1.0, {}, 0.0, 0.0))
+    # 128 experts over EP32: 4 local; T = 4096 / TP2 = 2048 routed, 8 copies each:
+    # n = 1 · 32 · 2048 · 8 / 128 = 4096 tokens per local expert (forced balance)
+    assert p["local"] == 4 and p["n"] == pytest.approx(4096)
+    assert p["ep"] == 0.0 and p["other"] == 0.0
