@@ -99,6 +99,33 @@ def test_adam_is_kingma_and_ba_algorithm_1():
     np.testing.assert_allclose(p, want, rtol=0, atol=2e-6)
 
 
+def test_adam_steps_a_slice_from_a_shard_of_its_own_as_from_the_whole_buffer():
+    """The reduce-scatter update steps its slice of the parameters from the shard the
+    collective wrote (``g_lo``): bit for bit the step from the same values in place."""
+    rng = np.random.default_rng(1)
+    n, lo, hi = 2 * Adam.BLOCK + 60, Adam.BLOCK - 7, 2 * Adam.BLOCK + 30
+    p = rng.normal(size=n).astype(np.float32)
+    g = rng.normal(size=n).astype(np.float32)
+    whole, shard = Adam(n), Adam(n)
+    p1, p2 = p.copy(), p.copy()
+    for _ in range(2):
+        whole.step(p1, g, lo, hi)
+        shard.step(p2, g[lo:hi].copy(), lo, hi, g_lo=0)
+    np.testing.assert_array_equal(p1, p2)
+    np.testing.assert_array_equal(p1[:lo], p[:lo])  # outside the slice: untouched
+
+
+def test_the_loss_gradient_carries_the_mean_over_ranks():
+    """With ``ranks = n`` the backward's gradients are 1/n of one rank's (the exchange's sum
+    is then the mean: no pass of its own)."""
+    shape = GPTShape(1, 16, 2, 32, 8, 2)
+    idx = np.random.default_rng(0).integers(0, 32, (2, 8))
+    one, three = GPT2(shape, seed=0), GPT2(shape, seed=0)
+    three.ranks = 3
+    for model in (one, three):
+        model.backward(model.forward(idx, idx)[1])
+    np.testing.assert_allclose(three.g * 3, one.g, rtol=1e-5, atol=1e-6)
+
 def test_the_model_is_the_one_ddlsim_predicts(tmp_path):
     cfg = ddlsim.load_config(SMALL.run_config(1, "ddp", "cpu-10gbe"))
     assert ddlsim.predict(cfg).parameter_count == SMALL.shape.params

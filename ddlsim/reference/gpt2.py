@@ -117,6 +117,26 @@ def _layernorm_back(dy: np.ndarray, w: np.ndarray, cache, dw: np.ndarray, db: np
     return out
 
 
+def _softmax(att: np.ndarray, mask: np.ndarray, scale: np.float32) -> np.ndarray:
+    """The causal softmax of the scores ``att`` (``[b, heads, s, s]``), in place: scale, add
+    the mask, subtract the row maximum, exponentiate, normalise."""
+    att *= scale
+    att += mask
+    att -= att.max(axis=-1, keepdims=True)
+    np.exp(att, out=att)
+    att /= att.sum(axis=-1, keepdims=True)
+    return att
+
+
+def _softmax_back(datt: np.ndarray, att: np.ndarray, scale: np.float32) -> np.ndarray:
+    """The gradient of the scores from that of the probabilities ``datt`` (in place) and
+    the probabilities ``att``: ``scale · att · (datt − rowsum(datt · att))``."""
+    datt -= _rowdot(datt, att)
+    datt *= att
+    datt *= scale
+    return datt
+
+
 def _gelu(x: np.ndarray):
     """GPT-2's tanh GeLU of ``x`` and the tanh it saves for the backward, in place where
     numpy can: ``t = tanh(C·x·(1 + 0.044715·x²))``, ``0.5·x·(1 + t)``."""
@@ -166,10 +186,25 @@ class GPT2:
         self._mask = np.where(np.triu(np.ones((shape.seq, shape.seq), dtype=bool), k=1),
                               -np.inf, 0.0).astype(dtype)
 
+    #: data-parallel ranks whose gradients are summed: the backward scales the loss's
+    #: gradient by ``1 / (tokens · ranks)``, so that the exchange's sum is the mean gradient
+    #: without a pass over the gradient buffer of its own (Megatron-LM's
+    #: ``calculate_per_token_loss`` folds the division into the loss the same way; ddlsim's
+    #: trace charges no such pass)
+    ranks = 1
+
     #: ``mark(name)`` after each step, ``name`` the op of ddlsim's trace that charges the
     #: work since the last mark (``fwd.attn``, ``bwd.elementwise``, …): the op-by-op
     #: accounting of :mod:`.accounting` sets it; None (the default) marks nothing
     mark = None
+
+    def shard(self, size: int) -> np.ndarray:
+        """A buffer of ``size`` gradient elements kept for the reduce-scatter update (its
+        shard of the summed gradients), made once: a framework's persistent bucket."""
+        got = getattr(self, "_shard", None)
+        if got is None or got.size != size:
+            got = self._shard = np.empty(size, dtype=self.g.dtype)
+        return got
 
     def _mark(self, name: str) -> None:
         if self.mark is not None:
@@ -227,12 +262,8 @@ class GPT2:
         qkv = ln1 @ P[f"{i}.qkv_w"]
         qkv += P[f"{i}.qkv_b"]
         q, k, v = (qkv.reshape(B, T, 3, a, h // a).transpose(2, 0, 3, 1, 4))
-        att = q @ k.transpose(0, 1, 3, 2)
-        att *= np.float32(1.0 / math.sqrt(h // a))
-        att += self._mask[:T, :T]
-        att -= att.max(axis=-1, keepdims=True)
-        np.exp(att, out=att)
-        att /= att.sum(axis=-1, keepdims=True)
+        att = _softmax(q @ k.transpose(0, 1, 3, 2), self._mask[:T, :T],
+                       np.float32(1.0 / math.sqrt(h // a)))
         y = (att @ v).transpose(0, 2, 1, 3).reshape(B * T, h)
         return q, k, v, att, y
 
@@ -246,7 +277,7 @@ class GPT2:
         m("bwd.grad_accumulate")
         dlogits = probs  # softmax − one-hot, / tokens: in place on the probabilities
         dlogits[np.arange(B * T), flat_t] -= 1.0
-        dlogits /= B * T
+        dlogits /= B * T * self.ranks
         m("bwd.loss")
         wgrad = dlogits.T @ lnf
         m("bwd.logits")
@@ -295,9 +326,7 @@ class GPT2:
         dy = (dx @ P[f"{i}.proj_w"].T).reshape(B, T, a, h // a).transpose(0, 2, 1, 3)
         datt = dy @ v.transpose(0, 1, 3, 2)
         dv = att.transpose(0, 1, 3, 2) @ dy
-        datt -= _rowdot(datt, att)
-        datt *= att
-        datt *= np.float32(1.0 / math.sqrt(h // a))
+        _softmax_back(datt, att, np.float32(1.0 / math.sqrt(h // a)))
         dq, dk = datt @ k, datt.transpose(0, 1, 3, 2) @ q
         dqkv = np.stack([dq, dk, dv]).transpose(1, 3, 0, 2, 4).reshape(B * T, 3 * h)
         self._accumulate(f"{i}.qkv_w", ln1.T @ dqkv, "bwd.attn")
@@ -330,17 +359,20 @@ class Adam:
     #: ``mark("optimizer")`` at the end of each step, when set (:attr:`GPT2.mark`)
     mark = None
 
-    def step(self, p: np.ndarray, g: np.ndarray, lo: int = 0, hi: int | None = None) -> None:
-        """Update ``p[lo:hi]`` from ``g[lo:hi]`` (the slice this rank owns)."""
+    def step(self, p: np.ndarray, g: np.ndarray, lo: int = 0, hi: int | None = None,
+             g_lo: int | None = None) -> None:
+        """Update ``p[lo:hi]`` (the slice this rank owns) from its gradient, ``g[lo:hi]``, or
+        ``g[g_lo:g_lo + hi - lo]`` when ``g_lo`` is given (a shard of its own)."""
         if self.mark is not None:
             self.mark("exchange")
         self.t += 1
         hi = p.size if hi is None else hi
+        shift = 0 if g_lo is None else g_lo - lo
         step = self.lr / (1.0 - self.b1 ** self.t)
         root_c2 = np.sqrt(1.0 - self.b2 ** self.t)
         for a in range(lo, hi, self.BLOCK):
             b = min(a + self.BLOCK, hi)
-            m, v, w, d = self.m[a:b], self.v[a:b], p[a:b], g[a:b]
+            m, v, w, d = self.m[a:b], self.v[a:b], p[a:b], g[a + shift:b + shift]
             t, u = self._tmp[0, :b - a], self._tmp[1, :b - a]
             m -= d                        # m = b1·m + (1 − b1)·d = b1·(m − d) + d
             m *= self.b1

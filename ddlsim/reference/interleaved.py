@@ -168,6 +168,7 @@ def phase_times(cfgs, comm, rounds: int, warmup: int, seed: int = 0):
     from .train import STRATEGIES, shape_of
     shape = shape_of(cfgs[0])
     model, opt = GPT2(shape, seed=seed), Adam(shape.padded)
+    model.ranks = comm.Get_size()  # the exchange's sum is then the mean gradient
     rng = np.random.default_rng([seed, comm.Get_rank()])
     idx = rng.integers(0, shape.vocab, (shape.batch, shape.seq))
     tgt = rng.integers(0, shape.vocab, (shape.batch, shape.seq))

@@ -174,9 +174,7 @@ def _ddp(comm, model: GPT2, opt: Adam, bucket_bytes: float) -> None:
     g, n = model.g, comm.Get_size()
     chunks = max(1, math.ceil(g.nbytes / bucket_bytes))
     for part in np.array_split(g, chunks):
-        comm.Allreduce(MPI.IN_PLACE, part, op=MPI.SUM)
-    if n > 1:  # the mean of the ranks' gradients (one rank: it is its own)
-        g /= n
+        comm.Allreduce(MPI.IN_PLACE, part, op=MPI.SUM)  # the mean: GPT2.ranks
     opt.step(model.p, g)
 
 
@@ -186,7 +184,6 @@ def _reduce_broadcast(comm, model: GPT2, opt: Adam, bucket_bytes: float) -> None
     g, root = model.g, comm.Get_rank() == 0
     comm.Reduce(MPI.IN_PLACE if root else g, g if root else None, op=MPI.SUM, root=0)
     if root:
-        g /= comm.Get_size()
         opt.step(model.p, g)
     comm.Bcast(model.p, root=0)
 
@@ -200,7 +197,6 @@ def _sliced(comm, model: GPT2, opt: Adam, bucket_bytes: float) -> None:
     MPI.Request.Waitall([comm.Ireduce(MPI.IN_PLACE if i == me else gs[i],
                                       gs[i] if i == me else None, op=MPI.SUM, root=i)
                          for i in range(n)])
-    gs[me] /= n
     opt.step(model.p, model.g, me * size, (me + 1) * size)
     MPI.Request.Waitall([comm.Ibcast(model.p[i * size:(i + 1) * size], root=i)
                          for i in range(n)])
@@ -211,11 +207,9 @@ def _reduce_scatter(comm, model: GPT2, opt: Adam, bucket_bytes: float) -> None:
     from mpi4py import MPI
     n, me = comm.Get_size(), comm.Get_rank()
     size = model.g.size // n
-    shard = np.empty(size, dtype=model.g.dtype)
+    shard = model.shard(size)
     comm.Reduce_scatter_block(model.g, shard, op=MPI.SUM)
-    shard /= n
-    model.g[me * size:(me + 1) * size] = shard
-    opt.step(model.p, model.g, me * size, (me + 1) * size)
+    opt.step(model.p, shard, me * size, (me + 1) * size, g_lo=0)
     comm.Allgather(MPI.IN_PLACE, model.p)
 
 
@@ -249,6 +243,7 @@ def train(cfg, comm, iters: int, warmup: int, seed: int = 0, save: Path | None =
     from mpi4py import MPI
     shape, me = shape_of(cfg), comm.Get_rank()
     model = GPT2(shape, seed=seed)  # every rank starts from the same parameters
+    model.ranks = comm.Get_size()   # the exchange's sum is then the mean gradient
     opt = Adam(shape.padded)
     exchange = STRATEGIES[cfg.parallel.dp_strategy]
     rng = np.random.default_rng([seed, me])
