@@ -9,7 +9,9 @@ A message of a few bytes is all latency, so nccl-tests' time at 8 B reads the st
 DGX A100 the forced ring at 2–8 GPUs on one channel takes 10.0–33.7 µs (NVIDIA/nccl-tests#123),
 about 3.8 µs more for each GPU (two more steps): 1.9 µs a step, three times NCCL's 0.6. On H100 the published 8-GPU times
 (DeepEP#303: 12.5 µs all-reduce, 10.6 µs all-gather at 8–128 B) are at or below NCCL's
-estimate, so Hopper keeps it.
+estimate, so Hopper keeps it. nccl-tests#123 ran one process for all its GPUs (``-g <gpus>``),
+so its slope may be, in part, the host launching one kernel a GPU (4.2 µs a GPU reads its 4–8
+GPU rows within 1 %); its rows cannot tell the two apart.
 
 The measured step replaces NCCL's in the **time taken** only; NCCL still chooses by its own
 estimate (:mod:`.choice`). It applies to the ring's NVLink steps of the LL protocol; on several
