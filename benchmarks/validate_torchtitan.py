@@ -2,6 +2,7 @@
 
 Run:  python benchmarks/validate_torchtitan.py [--engine analytical|des] [--markdown]
       [--write-docs] [--des-rank-ops N]
+      python benchmarks/validate_torchtitan.py --cp-split [--markdown]   (:func:`cp_split`)
 
 The published throughputs and their provenance are in ``data/torchtitan_tps.csv``
 (torchtitan's own benchmark files of 2024-12 and 2025-06, and its docs/performance.md of
@@ -168,7 +169,69 @@ def summary(out: list[dict], engine: str) -> str:
     return text
 
 
+def cp_split(only: list[dict] | None = None) -> list[dict]:
+    """Where the analytical prediction of each unpipelined context-parallel table's rows goes,
+    beside the published time: a diagnostic of the CP rows' error, not a fit.
+
+    Parameters
+    ----------
+    only : list of dict, optional
+        The rows to split (default: every row of a table with a CP > 1 row and PP 1, its
+        CP 1 row included).
+
+    Returns
+    -------
+    list of dict
+        Per row: ``row``, ``published`` and ``predicted`` iteration time, ``attention`` the
+        seconds of the attention kernels on the first rank class
+        (``kernel_breakdown.step_breakdown``'s ``attention``: the attention core's ops, forward,
+        recomputed and backward: every ring step's flash call and, in torch's ring, its fp32
+        merge or accumulation), ``rest`` the prediction without them, and
+        ``attention_factor`` = ``(published − rest) / attention``, the factor the attention
+        kernels would need for the row to match if everything else were exact (1: they
+        account for the published time), all in seconds but the factor.
+    """
+    import warnings
+
+    import ddlsim
+    from kernel_breakdown import step_breakdown
+    if only is None:
+        tables = {r["table"] for r in rows() if r["cp"] != "1" and r["pp"] == "1"}
+        only = [r for r in rows() if r["table"] in tables and r["set"] != "2025"]
+    out = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for row in only:
+            cfg = ddlsim.load_config(config(row))
+            predicted = ddlsim.predict(cfg, check_fit=False).iteration_time_s
+            attention = step_breakdown(cfg)[0]["attention"]
+            published, rest = published_time(row), predicted - attention
+            out.append({"row": row, "published": published, "predicted": predicted,
+                        "attention": attention, "rest": rest,
+                        "attention_factor": (published - rest) / attention})
+    return out
+
+
+def _print_cp_split(argv: list[str]) -> int:
+    """``--cp-split``: print :func:`cp_split`'s table."""
+    import argparse
+    ap = argparse.ArgumentParser(description=cp_split.__doc__.splitlines()[0])
+    ap.add_argument("--cp-split", action="store_true", required=True)
+    ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    args = ap.parse_args(argv)
+    head = ["model", "CP", "seq", "published (s)", "predicted (s)", "attention (s)",
+            "rest (s)", "attention factor"]
+    lines = [[o["row"]["model"], o["row"]["cp"], o["row"]["seq"], f"{o['published']:.3f}",
+              f"{o['predicted']:.3f}", f"{o['attention']:.3f}", f"{o['rest']:.3f}",
+              f"{o['attention_factor']:.3f}"] for o in cp_split()]
+    print_table(head, lines, args.markdown)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--cp-split" in argv:
+        return _print_cp_split(argv)
     return run_script("validate_torchtitan", __doc__, argv, evaluate, _print, summary)
 
 
