@@ -55,27 +55,51 @@ def _env() -> dict:
     return loop_env()
 
 
-def build(checkout: Path, work: Path) -> dict[str, Path]:
-    """``mpicxx -O2`` of every proxy source :data:`PROXIES` names.
+def build(checkout: Path, work: Path, names: list[str] | None = None) -> dict[str, Path]:
+    """``mpicxx -O2`` of the proxies ``names`` (default: every one of :data:`PROXIES`).
+
+    A proxy with ``edits`` is built from a copy of its source in ``work`` with them applied
+    (:func:`edited_source`); proxies with the same source and edits share one executable.
 
     Parameters
     ----------
     checkout : Path
         A checkout of spcl/DNN-cpp-proxies (its ``proxies/`` folder is read).
     work : Path
-        Folder for the executables.
+        Folder for the executables (and the edited sources).
+    names : list of str, optional
+        Keys of :data:`PROXIES` to build.
 
     Returns
     -------
     dict
-        Source path in the checkout -> executable.
+        Proxy name -> executable.
     """
-    exes = {}
-    for src in sorted({p.source for p in PROXIES.values()}):
-        exe = work / Path(src).stem
-        subprocess.run(["mpicxx", "-O2", "-o", str(exe), str(checkout / src)], check=True)
-        exes[src] = exe
+    exes, built = {}, {}
+    for name in names or list(PROXIES):
+        proxy = PROXIES[name]
+        key = (proxy.source, proxy.edits)
+        if key not in built:
+            stem = Path(proxy.source).stem + (f"_{name}" if proxy.edits else "")
+            src = edited_source(checkout, proxy, work / f"{stem}.cpp") if proxy.edits \
+                else checkout / proxy.source
+            built[key] = work / stem
+            subprocess.run(["mpicxx", "-O2", "-o", str(built[key]), str(src)], check=True)
+        exes[name] = built[key]
     return exes
+
+
+def edited_source(checkout: Path, proxy: Proxy, out: Path) -> Path:
+    """Write the proxy's source with ``proxy.edits`` applied to ``out`` (the checkout is not
+    touched); a text that does not occur exactly once is an error naming it."""
+    text = (checkout / proxy.source).read_text()
+    for old, new in proxy.edits:
+        if text.count(old) != 1:
+            raise ValueError(f"{proxy.source}: {old!r} occurs {text.count(old)} times, not "
+                             f"once; this checkout is not the one PROXIES was written for")
+        text = text.replace(old, new)
+    out.write_text(text)
+    return out
 
 
 def predict(proxy: Proxy, n: int, profile: Path | None) -> dict[str, float]:
@@ -195,7 +219,7 @@ def compare(checkout: Path, work: Path, names: list[str], repeats: int,
     """Steps 1-3 of the module docstring: one row per (proxy, ranks), rank count by rank
     count, each calibrated right before its runs (the same load); the rows so far are
     written to ``out`` after each."""
-    exes = build(checkout, work)
+    exes = build(checkout, work, names)
     rows, cache = [], {}
     for n in sorted({n for name in names for n in PROXIES[name].ranks if n in ranks}):
         run = [name for name in names if n in PROXIES[name].ranks]
@@ -203,7 +227,7 @@ def compare(checkout: Path, work: Path, names: list[str], repeats: int,
         for name in run:
             proxy = PROXIES[name]
             before = load()
-            times = measure(exes[proxy.source], proxy, n, repeats, cache)
+            times = measure(exes[name], proxy, n, repeats, cache)
             row = {"proxy": name, "ranks": n, "measured_s": statistics.median(times),
                    "runs_s": times, "load_before": before, "load_after": load(),
                    "sleep_100us_us": sleep_us(), "clock": clock,
@@ -216,6 +240,38 @@ def compare(checkout: Path, work: Path, names: list[str], repeats: int,
             if out:
                 out.write_text(json.dumps(rows, indent=1))
     return rows
+
+
+def repredict(rows: list[dict], profiles: Path) -> list[dict]:
+    """The rows of an earlier run predicted again by this ddlsim, with the profiles that run
+    calibrated (``PROFILES/profile<n>.yaml``, as :func:`compare` leaves them in ``--work``):
+    the same measurements, the engines as they are now.
+
+    Parameters
+    ----------
+    rows : list of dict
+        Rows written by ``--json``.
+    profiles : Path
+        The earlier run's ``--work`` folder.
+
+    Returns
+    -------
+    list of dict
+        The rows with ``predicted_<engine>_s`` and ``error_<engine>`` replaced.
+    """
+    out = []
+    for row in rows:
+        n = row["ranks"]
+        profile = profiles / f"profile{n}.yaml" if n > 1 else None
+        if profile is not None and not profile.is_file():
+            raise FileNotFoundError(f"--profiles {profiles}: no profile{n}.yaml for the "
+                                    f"{row['proxy']} row at {n} ranks")
+        new = dict(row)
+        for engine, t in predict(PROXIES[row["proxy"]], n, profile).items():
+            new[f"predicted_{engine}_s"] = t
+            new[f"error_{engine}"] = t / row["measured_s"] - 1
+        out.append(new)
+    return out
 
 
 def _row_line(row: dict) -> str:
@@ -261,6 +317,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                          "0.25); a higher one accepts a noisier machine, and says so")
     ap.add_argument("--rows", type=Path, nargs="+",
                     help="summarise rows saved by --json (runs nothing but the refusals)")
+    ap.add_argument("--profiles", type=Path,
+                    help="with --rows: predict the rows again with the profiles of that run's "
+                         "--work folder (profile<n>.yaml)")
     args = ap.parse_args(argv)
     args.names = args.only.split(",")
     unknown = [n for n in args.names if n not in PROXIES]
@@ -274,6 +333,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         ap.error(f"--repeats {args.repeats} must be >= 1")
     if len(args.rank_counts) != len(fields):
         ap.error(f"--ranks {args.ranks!r}: comma-separated positive integers")
+    if args.profiles is not None and not (args.rows and args.profiles.is_dir()):
+        ap.error(f"--profiles {args.profiles}: needs --rows and an existing folder")
     if not args.rows and (args.proxies is None or not (args.proxies / "proxies").is_dir()):
         ap.error(f"--proxies {args.proxies}: a DNN-cpp-proxies checkout (with its proxies/ "
                  f"folder) is needed unless --rows is given")
@@ -298,6 +359,8 @@ def main(argv: list[str] | None = None) -> None:
     args = _parse(argv)
     if args.rows:
         rows = [row for path in args.rows for row in json.loads(path.read_text())]
+        if args.profiles is not None:
+            rows = repredict(rows, args.profiles)
         for row in rows:
             print(_row_line(row))
     else:

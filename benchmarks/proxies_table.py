@@ -9,7 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["CONFIGS", "SYSTEM", "Proxy", "PROXIES", "system_sets", "comm_calls"]
+__all__ = ["CONFIGS", "SYSTEM", "Proxy", "PROXIES", "STEADY_DLRM", "system_sets",
+           "comm_calls"]
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "examples" / "proxies"
@@ -58,7 +59,8 @@ class Proxy:
     the rank counts run (those its command line allows, up to 4 ranks per core); ``sets``
     the ``--set`` values that resize the config to n ranks; ``cold``: the time printed is of
     one iteration with no warm-up (first touches and first calls in it), not the steady
-    iteration ddlsim predicts.
+    iteration ddlsim predicts; ``edits``: (text, replacement) pairs applied to a copy of the
+    source in the work folder before it is built (each text must occur exactly once).
     """
 
     config: str
@@ -68,6 +70,14 @@ class Proxy:
     sets: Callable[[int], list[str]]
     args: tuple[str, ...] = field(default=())
     cold: bool = False
+    edits: tuple[tuple[str, str], ...] = field(default=())
+
+
+#: dlrm.cpp timed over 20 iterations after 5 of warm-up instead of its one cold iteration
+#: (``RUNS 1``, ``WARM_UP 0``, dlrm.cpp:22-23): the steady iteration ddlsim predicts. The
+#: two ``#define`` lines are the only change; the per-iteration code is the proxy's own.
+STEADY_DLRM = (("#define RUNS 1\n", "#define RUNS 20\n"),
+               ("#define WARM_UP 0\n", "#define WARM_UP 5\n"))
 
 
 #: The proxies run here, at rank counts up to 8 (4 ranks per core; more than the cores: the
@@ -82,6 +92,8 @@ class Proxy:
 PROXIES: dict[str, Proxy] = {
     "dlrm": Proxy("dlrm", "proxies/dlrm.cpp", r"DLRM runtime per iteration " + _SECONDS,
                   (1, 2, 4, 8), _dlrm, cold=True),  # RUNS 1, WARM_UP 0 (dlrm.cpp:22-23)
+    "dlrm_steady": Proxy("dlrm", "proxies/dlrm.cpp", r"DLRM runtime per iteration " + _SECONDS,
+                         (1, 2, 4, 8), _dlrm, edits=STEADY_DLRM),
     "resnet152": Proxy("resnet152", "proxies/resnet152.cpp",
                        r"runtime for each iteration " + _SECONDS, (1, 2, 4),
                        lambda n: _dp(n, 128)),

@@ -90,6 +90,34 @@ def test_summary_line_counts_runs_engines_and_refusals():
     assert pc.summary_line([], 12) == "proxies: 0 runs; 12 refused (more ranks than cores)"
 
 
+def test_steady_dlrm_edits_only_its_two_defines(tmp_path):
+    """dlrm_steady is dlrm.cpp with RUNS 20 and WARM_UP 5; a source whose lines differ is
+    refused, naming the text that was not found once."""
+    src = tmp_path / "proxies" / "dlrm.cpp"
+    src.parent.mkdir()
+    body = "int x;\n#define RUNS 1\n#define WARM_UP 0\nint y;\n"
+    src.write_text(body)
+    out = pc.edited_source(tmp_path, pc.PROXIES["dlrm_steady"], tmp_path / "e.cpp")
+    assert out.read_text() == "int x;\n#define RUNS 20\n#define WARM_UP 5\nint y;\n"
+    assert src.read_text() == body  # the checkout is read, never changed
+    src.write_text("#define RUNS 2\n#define WARM_UP 0\n")
+    with pytest.raises(ValueError, match="'#define RUNS 1\\\\n' occurs 0 times"):
+        pc.edited_source(tmp_path, pc.PROXIES["dlrm_steady"], tmp_path / "e.cpp")
+
+
+def test_rows_are_predicted_again_with_their_runs_profiles(tmp_path):
+    """--rows --profiles: the measured times kept, the errors those of this ddlsim; a row
+    whose rank count has no profile is an error naming it."""
+    row = {"proxy": "dlrm_steady", "ranks": 1, "measured_s": 2 * DLRM_SLEEP_S, "runs_s": [],
+           "predicted_analytical_s": 1.0, "error_analytical": 0.0}
+    (got,) = pc.repredict([row], tmp_path)
+    assert got["measured_s"] == 2 * DLRM_SLEEP_S
+    assert got["error_analytical"] == pytest.approx(-0.5, rel=1e-9)
+    assert got["error_des"] == pytest.approx(-0.5, rel=1e-9)
+    with pytest.raises(FileNotFoundError, match="no profile2.yaml for the dlrm_steady row"):
+        pc.repredict([{**row, "ranks": 2}], tmp_path)
+
+
 def _checkout() -> Path:
     missing = [t for t in ("mpicxx", "mpirun") if shutil.which(t) is None]
     if missing:
@@ -101,9 +129,9 @@ def _checkout() -> Path:
 
 
 def test_dlrm_built_run_at_two_ranks_and_predicted(tmp_path):
-    exes = pc.build(_checkout(), tmp_path)
+    exes = pc.build(_checkout(), tmp_path, ["dlrm"])
     proxy = pc.PROXIES["dlrm"]
-    (measured,) = pc.measure(exes[proxy.source], proxy, 2, 1, {})
+    (measured,) = pc.measure(exes["dlrm"], proxy, 2, 1, {})
     predicted = pc.predict(proxy, 2, None)
     # the proxy sleeps 3.091 ms an iteration: neither it nor ddlsim can take less
     assert measured >= DLRM_SLEEP_S
