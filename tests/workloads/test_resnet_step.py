@@ -9,10 +9,11 @@ import pytest
 import ddlsim
 from ddlsim.workloads.resnet.build import build_resnet
 from ddlsim.workloads.resnet.layers import Tensor, resnet_layers
-from ddlsim.workloads.resnet.step import (accumulate_kernels, grad_scaler_kernels,
-                                          input_kernels, multi_tensor_launches,
+from ddlsim.workloads.resnet.step import (accumulate_kernels, bn_buffers, flatten_kernels,
+                                          grad_scaler_kernels, input_kernels,
+                                          multi_tensor_launches, unflatten_kernels,
                                           zero_grad_kernels)
-from ddlsim.workloads.trace import Compute
+from ddlsim.workloads.trace import Collective, Compute
 
 TENSORS = tuple(t for layer in resnet_layers(50) for t in layer.params)
 
@@ -65,6 +66,25 @@ def test_input_normalisation_and_mixup_by_hand():
     assert [k.bytes for k in mix[3:7]] == [8 * px, 8 * px, 8 * px, 12 * px]
     assert [k.bytes for k in mix[7:]] == [8 * 8000, 8 * 8000, 8 * 8000, 12 * 8000]
     assert input_kernels("none", 8, 224, 1000) == ()
+
+
+def test_ddp_broadcasts_the_batch_norm_buffers_before_each_forward():
+    buffers = bn_buffers(resnet_layers(50))
+    # 53 batch norms: running mean and var (fp32) over 26,560 channels, 53 int64 counters
+    assert len(buffers["fp32"]) == 106 and sum(buffers["fp32"]) == 2 * 4 * 26_560
+    assert buffers["int64"] == (8.0,) * 53
+    assert [k.bytes for k in flatten_kernels(buffers)] == [2 * 2 * 4 * 26_560, 2 * 8 * 53]
+    assert len(unflatten_kernels(buffers)) == 159
+    prog = build_resnet(ddlsim.load_config(_run(dp=8))).classes[0].program
+    fwd = prog.blocks["F"].ops
+    colls = [op for op in fwd if isinstance(op.payload, Collective)]
+    assert [(op.payload.op, op.payload.bytes, op.stream) for op in colls] == [
+        ("broadcast", 2 * 4 * 26_560, "dp"), ("broadcast", 8 * 53, "dp")]
+    copy = next(op for op in fwd if op.payload.name == "fwd.ddp.buffers.copy")
+    assert copy.deps == (1, 2)                      # after both broadcasts
+    # one GPU runs no DDP; broadcast_buffers=False turns it off
+    assert "fwd.ddp.buffers.copy" not in _ops(_run(dp=1))
+    assert "fwd.ddp.buffers.copy" not in _ops(_run(dp=8, broadcast_buffers=False))
 
 
 def test_defaults_add_no_step_kernels():

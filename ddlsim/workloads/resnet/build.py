@@ -14,11 +14,13 @@ from __future__ import annotations
 from ...config import DTYPE_BYTES, RunConfig
 from ..buckets import BackwardUnit, backward_with_buckets, buckets_by_count, ddp_buckets
 from ..memory import MemoryBreakdown, model_state_bytes
-from ..trace import P2P, Block, Compute, Op, Program, RankClass, Step, Workload, WorkloadMeta
+from ..trace import (P2P, Block, Collective, Compute, Op, Program, RankClass, Step, Workload,
+                     WorkloadMeta)
 from .kernels import (TENSOR_CORE_DTYPES, autocast_casts, conv_kernels, ddp_copies,
                       pointwise_kernels, sgd_kernels)
 from .layers import Layer
-from .step import accumulate_kernels, grad_scaler_kernels, input_kernels, zero_grad_kernels
+from .step import (accumulate_kernels, bn_buffers, flatten_kernels, grad_scaler_kernels,
+                   input_kernels, unflatten_kernels, zero_grad_kernels)
 
 __all__ = ["build_resnet", "resnet_memory", "grad_bucket_ranges", "ready_grad_bytes",
            "grad_dtype_bytes", "model_flops"]
@@ -113,6 +115,20 @@ def _step_op(name: str, kernels: tuple) -> Compute:
                    kernels=kernels)
 
 
+def _buffer_broadcast(layers) -> tuple[Op, ...]:
+    """DDP's broadcast of the module buffers before the forward (:mod:`.step`): the dtype
+    groups flattened, each broadcast from rank 0 on the ``dp`` stream, then copied back
+    (a non-root rank's work, the slower one) once both have arrived."""
+    buffers = bn_buffers(layers)
+    groups = [(dtype, sum(b)) for dtype, b in buffers.items() if b]
+    ops = [Op(_step_op("fwd.ddp.buffers.flatten", flatten_kernels(buffers)))]
+    ops += [Op(Collective(f"ddp.buffers.{dtype}", "broadcast", "dp", nbytes), stream="dp",
+               deps=(0,)) for dtype, nbytes in groups]
+    ops.append(Op(_step_op("fwd.ddp.buffers.copy", unflatten_kernels(buffers)),
+                  deps=tuple(range(1, len(ops)))))
+    return tuple(ops)
+
+
 def _update(cfg: RunConfig) -> tuple[Op, ...]:
     """The update block: GradScaler's unscale and update where set, the optimizer step, then
     ``zero_grad`` where it zeroes (:mod:`.step`; DLE ``training.py`` ``train_step`` order)."""
@@ -181,6 +197,8 @@ def _blocks(cfg: RunConfig) -> dict[str, Block]:
         if m.input_pipeline != "none":
             fwd = (Op(_step_op("fwd.input", input_kernels(
                 m.input_pipeline, mb, m.image_size, m.num_classes))),) + fwd
+        if m.broadcast_buffers and cfg.dp > 1:
+            fwd = _buffer_broadcast(m.layers) + fwd
     plain = tuple(Op(c) for u in units for c in u.ops)
     if cfg.dp == 1:   # nothing to synchronise (an all-reduce over one rank moves nothing)
         sync = plain

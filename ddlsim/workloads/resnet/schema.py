@@ -20,7 +20,7 @@ __all__ = ["ResNetModel", "PROXY_TIMINGS"]
 #: ``bwd_rt_per_B``, slept at lines 35 and 48).
 PROXY_TIMINGS = ("forward", "backward_per_bucket")
 #: the options of the training step around the model (:mod:`.step`)
-_STEP_FIELDS = ("zero_grad", "grad_scaler", "input_pipeline")
+_STEP_FIELDS = ("zero_grad", "grad_scaler", "input_pipeline", "broadcast_buffers")
 
 
 def _bytes(v):
@@ -74,6 +74,10 @@ class ResNetModel(ModelBase):
         default="none", description="the input batch's work on the device: none, normalize "
                                     "(uint8 to fp32, minus mean, over std) or "
                                     "normalize_mixup (then mixup of the batch and targets)")
+    broadcast_buffers: StrictBool = Field(
+        default=True, description="DDP's broadcast of the batch norms' buffers from rank 0 "
+                                  "before each forward (DistributedDataParallel's default "
+                                  "broadcast_buffers=True); data parallel runs only")
     compute: ComputeMode = "model"
     proxy_timings: ProxyTimings = TIMINGS_FIELD
 
