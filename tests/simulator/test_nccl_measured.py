@@ -72,11 +72,16 @@ def test_nvls_fill_makes_mid_sizes_slower_than_the_plateau():
 
 @pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter"])
 def test_ring_takes_nccls_estimate(op):
-    """Where NCCL keeps all its channels (below, :mod:`.channels` drops some)."""
+    """Where NCCL keeps all its channels (below, :mod:`.channels` drops some); the LL protocol
+    also takes the ring's network steps as measured (:mod:`.hops`), the same at every size."""
+    from ddlsim.simulator.nccl.hops import ring_ll_extra_us
     for proto in PROTOCOLS:
+        extra = 0.0 if proto != "LL" else 1e-6 * ring_ll_extra_us(
+            op, TWO_NODES.p, TWO_NODES.nodes, "hopper", "nvlink", HOPPER.cpu)
         for n in (4 * MIB, 1 * GIB):
-            assert nccl_time(op, "ring", proto, n, TWO_NODES, HOPPER) == \
-                estimate_time(op, "ring", proto, n, TWO_NODES, HOPPER)
+            assert nccl_time(op, "ring", proto, n, TWO_NODES, HOPPER) == pytest.approx(
+                estimate_time(op, "ring", proto, n, TWO_NODES, HOPPER) + extra, rel=1e-12)
+        assert (extra > 0) == (proto == "LL")
 
 
 def test_nccl_chooses_by_its_estimate_not_by_the_time_taken():
