@@ -97,7 +97,15 @@ def test_the_dle_step_adds_its_ops_and_time():
     dle = dict(zero_grad="zero", grad_scaler=True, input_pipeline="normalize_mixup")
     ops = _ops(_run(**dle))
     assert len(ops["zero_grad"].kernels) == 161
-    assert sum(n.endswith(".accumulate") for n in ops) == 107    # layers with parameters
+    # every layer with parameters adds its new gradients in place: 161 kernels, in the
+    # layers' own backward ops (fp16 convolutions carry kernels) ...
+    acc = 3 * 4 * 2048 * 1000
+    assert ops["bwd.fc"].kernels[-2].bytes == acc and ops["bwd.fc"].kernels[-1].bytes == 3 * 4000
+    assert not any(n.endswith(".accumulate") for n in ops)
+    # ... or in an op of their own beside an fp32 convolution (a roofline op, no kernels)
+    fp32 = _ops(_run("fp32", zero_grad="zero"))
+    assert fp32["bwd.layer1.0.conv1.accumulate"].bytes == 3 * 4 * 64 * 64
+    assert "bwd.layer1.0.bn1.accumulate" not in fp32
     assert ops["fwd.input"].bytes == pytest.approx(
         (5 + 8 + 8 + 8 + 8 + 8 + 12) * 3 * 32 * 224 ** 2 + (8 + 8 + 8 + 12) * 32 * 1000)
     bare, full = ddlsim.predict(_run()), ddlsim.predict(_run(**dle))

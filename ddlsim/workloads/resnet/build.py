@@ -58,7 +58,8 @@ def grad_bucket_ranges(cfg: RunConfig) -> list[range]:
 def _compute(layer: Layer, cfg: RunConfig, backward: bool, first: bool = False) -> Compute:
     """One layer's forward (or backward: 2× the FLOPs, 2× the traffic) on a micro-batch, with
     the kernels PyTorch runs for it (:mod:`.kernels`); the first layer computes no data
-    gradient."""
+    gradient. With ``zero_grad: zero`` a backward also adds each new gradient into its
+    zeroed ``.grad`` (:func:`.step.accumulate_kernels`)."""
     mb, dtype = cfg.train.micro_batch_size, cfg.train.dtype
     w = DTYPE_BYTES[dtype]
     k = 2.0 if backward else 1.0
@@ -73,6 +74,8 @@ def _compute(layer: Layer, cfg: RunConfig, backward: bool, first: bool = False) 
         kernels = pointwise_kernels(layer, mb, dtype, backward)
     if backward and first:
         k = 1.0
+    if backward and kernels is not None and cfg.model.zero_grad == "zero":
+        kernels += accumulate_kernels(layer.params)     # AccumulateGrad into a zeroed .grad
     return Compute(f"{'bwd' if backward else 'fwd'}.{layer.name}", k * mb * layer.flops,
                    k * traffic, kind="gemm" if layer.gemm else "elementwise", dtype=dtype,
                    kernels=kernels)
@@ -94,7 +97,8 @@ def _units(cfg: RunConfig, buckets: list[range], copies: bool = False) -> list[B
     units = []
     for i, layer in reversed(list(enumerate(m.layers))):
         ops = (_compute(layer, cfg, True, first=i == 0),)
-        if m.zero_grad == "zero" and layer.params:
+        if m.zero_grad == "zero" and layer.params and ops[0].kernels is None:
+            # a roofline op (an fp32 convolution) cannot carry kernels: its own op
             ops += (_step_op(f"bwd.{layer.name}.accumulate", accumulate_kernels(layer.params)),)
         if copies and layer.params:
             ops += (_copies(f"bwd.{layer.name}.to_bucket", layer.params, gb),)
