@@ -7,7 +7,8 @@ Run:  python benchmarks/validate_nccl.py [--engine analytical|des] [--write-docs
 Each row of ``benchmarks/data/nccl_tests_published.csv`` (sources cited in its header) is one
 nccl-tests measurement: an operation on ``gpus`` GPUs over ``nodes`` nodes at one size. ddlsim
 times the same operation, one group of all the GPUs, on the system preset of that GPU
-(``dgx-a100``, ``dgx-h100``; 4 NICs a node for the 4-HDR servers of nccl-tests issue #119) with
+(``dgx-a100``, ``dgx-h100``, with the row's GPUs spread evenly over its nodes; 4 NICs a node
+for the 4-HDR servers of nccl-tests issue #119) with
 its default collective backend (NCCL's tuning model on these GPUs, with the NVLS plateau and
 pipeline fill as measured: ``ddlsim/simulator/nccl/measured.py``), and reports the bus
 bandwidth nccl-tests would print: ``busbw = size / time × factor`` (nccl-tests
@@ -67,8 +68,9 @@ def time_us(row: dict, busbw_GBps: float) -> float:
 def system(row: dict):
     from ddlsim.config import SystemConfig, resolve_section
     spec = {"preset": PRESET[row["gpu"]], "nodes": int(row["nodes"])}
-    if int(row["nodes"]) > 1:  # the row's GPUs of each node (nccl150: one GPU of each)
-        spec["devices_per_node"] = int(row["gpus"]) // int(row["nodes"])
+    gpus, nodes = int(row["gpus"]), int(row["nodes"])
+    if nodes > 1 and gpus % nodes == 0:  # the row's GPUs on each node (nccl150: one of each)
+        spec["devices_per_node"] = gpus // nodes
     if row["source"] == "nccl119":
         spec["nics_per_node"] = 4  # 4 x HDR 200 Gb/s per server (the issue's hardware)
     if row["source"] == "nccl812":  # DGX A100: 2 x AMD EPYC 7742 (NVIDIA DGX A100 user guide)
