@@ -115,7 +115,7 @@ def evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[
     # the fields are laid out flat for the plans the rules pass only (the rules read the grid)
     plans = enumerate_plans(axes, fields, fill, lazy=True)
     verdicts = Rejections(plans.shape)
-    reason, reject = verdicts.reason, verdicts.reject
+    reject = verdicts.reject
     good = [None if isinstance(c, ConfigError) else c for c in ctx_cfgs]
     family = vector_family(base.model.architecture)
     sections = plan_sections(data, base_dir, overrides)
@@ -132,7 +132,7 @@ def evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[
                        *plan_rules(plans, good, devices, constraints.max_gpus, True)]:
         reject(text, mask)
     # a context whose config fails on the neutral plan alone: its plans judged by the config
-    judge_failed_contexts(plans, ctx_cfgs, reason, reject, build, family.prepare)
+    judge_failed_contexts(plans, ctx_cfgs, verdicts.free, reject, build, family.prepare)
     alive = verdicts.alive()
     alive_plans = plans.take(alive)
     parts = []
@@ -156,7 +156,7 @@ def evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[
                 parts.append((index, sub, evaluate_plans(cfg, sub, (memory, capacity), ctx)))
         if progress is not None:
             progress(i + 1, len(ctx_cfgs))
-    frame = _frame(plans, parts, reason, base.train.seq_length, price_per_gpu_hour)
+    frame = _frame(plans, parts, verdicts.free, base.train.seq_length, price_per_gpu_hour)
     if base.software.what_if:   # plans the stack cannot run were evaluated: say which
         frame["what_if"] = what_if_plans(plans.take(frame["plan"].to_numpy()), [
             None if isinstance(c, ConfigError) else c for c in ctx_cfgs])
@@ -259,12 +259,12 @@ def _field(sections: dict, path: str) -> Any:
     return getattr(sections[section], key)
 
 
-def _frame(plans: PlanSet, parts, reason: np.ndarray, seq: int, price: float | None):
+def _frame(plans: PlanSet, parts, free: np.ndarray, seq: int, price: float | None):
     import pandas as pd
 
     frames = []
     for index, sub, metrics in parts:
-        keep = reason[index] < 0
+        keep = free[index]
         cols: dict[str, Any] = {"plan": index[keep]}
         ctx = sub["context"][keep]
         for path in (plans.contexts[0] if plans.contexts else {}):

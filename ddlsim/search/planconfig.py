@@ -81,7 +81,7 @@ def plan_config(sections: dict, base: Any, plan: Mapping[str, Any]) -> Any:
         raise ConfigError(format_validation_error(exc, "config")) from None
 
 
-def judge_failed_contexts(plans: PlanSet, ctx_cfgs: list, reason: np.ndarray,
+def judge_failed_contexts(plans: PlanSet, ctx_cfgs: list, free: np.ndarray,
                           reject: Callable[[str, np.ndarray], None],
                           build: Callable[[Mapping[str, Any]], Any],
                           prepare: Callable[[Any], Any] | None = None) -> None:
@@ -93,7 +93,7 @@ def judge_failed_contexts(plans: PlanSet, ctx_cfgs: list, reason: np.ndarray,
     plans : the plans.
     ctx_cfgs : each context's base config or ConfigError; a failed context that has a valid
         plan gets that plan's config (updated in place).
-    reason : per plan, the index of the reason that rejected it, or -1.
+    free : per plan, whether no rule rejected it yet.
     reject : ``reject(reason, mask)`` rejects the plans of ``mask`` not rejected yet.
     build : ``build(plan) -> RunConfig`` (:func:`plan_config` with its sections and base).
     prepare : called on each config a failed context gets (the vectorised family's
@@ -102,7 +102,7 @@ def judge_failed_contexts(plans: PlanSet, ctx_cfgs: list, reason: np.ndarray,
     failed = [i for i, c in enumerate(ctx_cfgs) if isinstance(c, ConfigError)]
     if not failed:
         return
-    alive = np.flatnonzero((reason < 0) & np.isin(plans["context"], failed))
+    alive = np.flatnonzero(free & np.isin(plans["context"], failed))
     rejected, configs = check_plan_configs(plans, alive, build)
     for text, positions in rejected.items():
         mask = np.zeros(len(plans), dtype=bool)

@@ -2,9 +2,10 @@
 
 The search's rules judge a product of axes once per distinct value of the fields they read
 (:attr:`~ddlsim.search.plans.PlanSet.grid`): their masks broadcast to the product's shape
-without holding one flag per plan. :class:`Rejections` applies them in order to one reason
-code per plan (the first rule that rejects a plan names it), so the rejection costs a few
-passes over the plans per rule rather than a mask laid out in full per rule and per pass.
+without holding one flag per plan. :class:`Rejections` applies them in order (the first rule
+that rejects a plan names it) to one flag per plan, still free or rejected, and counts each
+rule's plans as it goes: a rule costs a pass or two over the flags, and no reason is written
+per plan (the grid reports counts).
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ __all__ = ["Rejections"]
 
 
 class Rejections:
-    """Per plan, the reason that rejected it (:attr:`reason`: an index into
-    :attr:`reasons`, -1 while none has).
+    """The plans no rule rejected yet (:attr:`free`), and how many each reason rejected.
 
     Parameters
     ----------
@@ -25,30 +25,40 @@ class Rejections:
 
     def __init__(self, shape: tuple[int, ...]):
         self.shape = tuple(shape)
-        n = int(np.prod(self.shape, dtype=np.int64))
-        #: one reason code per plan, in plan order (first axis slowest)
-        self.reason = np.full(n, -1, dtype=np.int64)
         self.reasons: list[str] = []
+        self._counts: list[int] = []
         self._free = np.ones(self.shape, dtype=bool)   # not rejected yet, on the grid
 
     def reject(self, text: str, mask: np.ndarray) -> None:
         """Reject, for ``text``, the plans of ``mask`` not rejected yet: one flag per plan
         (in plan order) or an array that broadcasts to :attr:`shape`."""
         mask = np.asarray(mask, dtype=bool)
-        if mask.shape == self.reason.shape and len(self.shape) != 1:
+        if not mask.any():   # on the mask's own (often broadcast, small) shape
+            return
+        if mask.ndim == 1 and len(self.shape) != 1 and mask.shape == (self._free.size,):
             mask = mask.reshape(self.shape)
         hit = mask & self._free
-        if not hit.any():
+        n = int(np.count_nonzero(hit))
+        if not n:
             return
         if text not in self.reasons:
             self.reasons.append(text)
-        np.copyto(self.reason.reshape(self.shape), self.reasons.index(text), where=hit)
-        self._free &= ~hit
+            self._counts.append(0)
+        self._counts[self.reasons.index(text)] += n
+        self._free ^= hit   # hit lies within the free plans: clears exactly those
 
     @property
     def pending(self) -> np.ndarray:
         """Flags in :attr:`shape`: the plans no rule rejected yet (read-only view)."""
         view = self._free.view()
+        view.setflags(write=False)
+        return view
+
+    @property
+    def free(self) -> np.ndarray:
+        """One flag per plan, in plan order: not rejected (so far; a read-only view that
+        follows later rejections)."""
+        view = self._free.reshape(-1)
         view.setflags(write=False)
         return view
 
@@ -58,6 +68,4 @@ class Rejections:
 
     def counts(self) -> dict[str, int]:
         """Plans per reason, most first (ties in the order the reasons first rejected)."""
-        n = np.bincount(self.reason + 1, minlength=len(self.reasons) + 1)[1:]
-        return dict(sorted(((r, int(k)) for r, k in zip(self.reasons, n)),
-                           key=lambda x: -x[1]))
+        return dict(sorted(zip(self.reasons, self._counts), key=lambda x: -x[1]))
