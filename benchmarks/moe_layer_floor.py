@@ -6,8 +6,9 @@ For each row that ``validate_moe.py`` predicts (analytical engine), the step tim
 ``L/PP · m`` (layers per pipeline rank × micro-batches per pipeline, ``m = GBS / (MBS · DP)``),
 for the published time and for each part of ddlsim's breakdown: compute, exposed EP
 (all-to-all) communication, the other exposed communication (TP, PP, DP), and the bubble with
-the optimizer step; ``gap`` is published minus predicted. With it, the local experts per rank
-and the tokens each computes (``n = etp · ep · T · k / E``, ``T = MBS · seq / (CP · TP)``: the
+the optimizer step; ``gap`` is published minus predicted (the long-context rows' published
+time is validate_moe's, from their TFLOP/s by Megatron's FLOP count). With it, the local
+experts per rank and the tokens each computes (``n = etp · ep · T · k / E``, ``T = MBS · seq / (CP · TP)``: the
 sequence-parallel shard a rank routes, forced balance). Nothing is fitted; the script only
 divides what ``validate_moe`` already prints (docs/moe.md, "A per-layer floor in the published
 runs").
@@ -54,6 +55,8 @@ def layer_parts(o: dict) -> dict:
 def _label(row: dict) -> str:
     if row["set"] == "modelzoo":
         return f"ModelZoo row {row['row']}"
+    if row["set"] == "long":
+        return f"ModelZoo {row['row']} {row['routing']}"
     return f"Bridge {row['model']} {row['release']}"
 
 

@@ -31,11 +31,18 @@ A second table: the Qwen3-235B step times that Megatron-LM's MoE developers publ
 (yanring/Megatron-MoE-ModelZoo, BF16; ``data/modelzoo_h100_moe.csv`` with its provenance), among
 them the same plan without and with the expert-parallel overlap (its A/B), each row with the
 settings of that repository's scripts; a row ddlsim does not model is listed, not predicted.
+
+A third table: the same developers' long-sequence runs of that model (16k-128k tokens, TP4 PP8
+VP4 EP8, context parallelism 1-8, DeepEP, BF16; ``data/modelzoo_h100_moe_long_context.csv``),
+published as TFLOP/s per GPU and turned into step times with Megatron-LM's own FLOP count
+(:func:`megatron_flops`); forced-balance rows are predicted, dropless ones listed.
 """
 
 from __future__ import annotations
 
 import sys
+
+import json
 
 from ddlsim.errors import ConfigError
 from public_runs import (DATA, print_notes, print_table, read_csv, result_cells, rows_summary,
@@ -43,6 +50,8 @@ from public_runs import (DATA, print_notes, print_table, read_csv, result_cells,
 
 TABLE = DATA / "bridge_h100_moe.csv"
 ZOO_TABLE = DATA / "modelzoo_h100_moe.csv"
+LONG_TABLE = DATA / "modelzoo_h100_moe_long_context.csv"
+HF = DATA.parent.parent / "ddlsim" / "data" / "hf"
 STACK = "megatron-core-2025"
 GPUS_PER_NODE = 8
 #: the CSV's dispatcher_as_run -> parallel.moe's dispatcher fields
@@ -63,12 +72,19 @@ def zoo_rows() -> list[dict]:
     return [{**r, "set": "modelzoo"} for r in read_csv(ZOO_TABLE)]
 
 
+def long_rows() -> list[dict]:
+    """The Megatron-MoE-ModelZoo long-context rows (``set`` = ``long``)."""
+    return [{**r, "set": "long"} for r in read_csv(LONG_TABLE)]
+
+
 def _int(row: dict, *keys: str) -> list[int]:
     return [int(row[k]) for k in keys]
 
 
 def config(row: dict) -> dict:
     """The ddlsim run config of one row (the table's plan, the recipes' or scripts' options)."""
+    if row["set"] == "long":
+        return long_config(row)
     if row["set"] == "modelzoo":
         return zoo_config(row)
     return _run(row, expert_tp=1,
@@ -114,7 +130,9 @@ def _run(row: dict, expert_tp: int, moe: dict, train: dict, kernels: dict) -> di
 #: the ModelZoo table's recompute column -> ``train`` fields (the scripts' flags)
 ZOO_RECOMPUTE = {"full": {"recompute": "full"}, "": {"recompute": "none"},
                  "norm, act": {"recompute": "selective",
-                               "recompute_modules": ["moe_act", "layernorm"]}}
+                               "recompute_modules": ["moe_act", "layernorm"]},
+                 "layernorm, moe": {"recompute": "selective",
+                                    "recompute_modules": ["layernorm", "moe"]}}
 
 
 def zoo_config(row: dict) -> dict:
@@ -133,6 +151,18 @@ def zoo_config(row: dict) -> dict:
                 kernels={"fused_cross_entropy": True})
 
 
+def long_config(row: dict) -> dict:
+    """A long-context row's run config: :func:`zoo_config`'s, with the model's position
+    limit raised to the sequence where it is shorter, as the table's script does
+    (sbatch_benchmarking.sh: --max-position-embeddings SEQ_LEN when SEQ_LEN exceeds the
+    config's)."""
+    cfg = zoo_config(row)
+    hf = json.loads((HF / f"{row['preset']}.json").read_text())
+    if int(row["seq"]) > hf["max_position_embeddings"]:
+        cfg["model"] = {"preset": row["preset"], "max_position_embeddings": int(row["seq"])}
+    return cfg
+
+
 def approximated(row: dict) -> str:
     """What the row's run does that ddlsim does not model, on every row: the distributed
     optimizer's parameter all-gather overlapped with the next forward (exposed here) and the
@@ -140,9 +170,35 @@ def approximated(row: dict) -> str:
     return "param-gather overlap, router kernels"
 
 
+def megatron_flops(row: dict) -> float:
+    """Megatron-LM's FLOP count of one global batch of ``row`` (its model's config.json), as
+    its training log reports TFLOP/s: ``3 × (L·(attention + MoE) + logits)`` forward FLOPs, the
+    attention ``4·T·h·p·(h + h·g/a) + 2·Σs²·h·p`` (``p = d_head·a/h``, ``g`` query groups: the
+    core counted causal), the MoE ``4·T·h·f_e·k·3/2`` (gated), the logits ``2·T·h·V``;
+    ``T`` = GBS × seq tokens, ``Σs²`` = GBS × seq².
+
+    References
+    ----------
+    NVIDIA/Megatron-LM d98e8a64dd ``megatron/training/training.py``
+    ``num_floating_point_operations`` (``attn_layer_flops``, ``moe_layer_flops``, the logits
+    term); it gives back modelzoo_h100_moe.csv's TFLOPS column from its step times within 0.6 %.
+    """
+    hf = json.loads((HF / f"{row['preset']}.json").read_text())
+    h, a, g = hf["hidden_size"], hf["num_attention_heads"], hf["num_key_value_heads"]
+    gbs, seq = int(row["gbs"]), int(row["seq"])
+    tokens, squares = gbs * seq, gbs * seq * seq
+    p = hf["head_dim"] * a / h
+    attn = 4 * tokens * h * p * (h + h * g / a) + 2 * squares * h * p
+    moe = 4 * tokens * h * hf["moe_intermediate_size"] * hf["num_experts_per_tok"] * 1.5
+    logits = 2 * tokens * h * hf["vocab_size"]
+    return 3.0 * (hf["num_hidden_layers"] * (attn + moe) + logits)
+
+
 def published_time(row: dict) -> float:
     if row["set"] == "modelzoo":
         return float(row["step_time_s"])
+    if row["set"] == "long":
+        return megatron_flops(row) / (int(row["gpus"]) * float(row["tflops"]) * 1e12)
     gpus, gbs, seq, tput = _int(row, "gpus", "gbs", "seq", "tokens_per_s_per_gpu")
     return gbs * seq / (tput * gpus)
 
@@ -164,13 +220,15 @@ def evaluate(engine: str = "analytical", only: list[dict] | None = None,
              limits=None) -> list[dict]:
     """Every row's record (Bridge's, then the ModelZoo's), or those of ``only``."""
     return [_record(row, engine, limits)
-            for row in (rows() + zoo_rows() if only is None else only)]
+            for row in (rows() + zoo_rows() + long_rows() if only is None else only)]
 
 
 def _label(o: dict) -> str:
     row = o["row"]
     if row["set"] == "modelzoo":
         return f"ModelZoo Qwen3-{row['model']} row {row['row']}"
+    if row["set"] == "long":
+        return f"ModelZoo Qwen3-{row['model']} {row['row']} {row['routing']}"
     return f"{row['model']} on {row['gpus']} GPUs ({row['release']})"
 
 
@@ -187,9 +245,22 @@ def _print_zoo(out: list[dict], markdown: bool) -> None:
     print_table(head, lines, markdown)
 
 
+def _print_long(out: list[dict], markdown: bool) -> None:
+    head = ["seq", "TP", "CP", "EP", "PP", "VP", "GBS", "routing", "published TFLOP/s/GPU",
+            "published (s)", "predicted (s)", "error"]
+    lines = []
+    for o in out:
+        row = o["row"]
+        cells = [row["seq"], row["tp"], row["cp"], row["ep"], row["pp"], row["vp"], row["gbs"],
+                 row["routing"], row["tflops"], f"{o['published']:.2f}"]
+        lines.append(cells + result_cells(o, 2, missing="not modelled"))
+    print_table(head, lines, markdown)
+
+
 def _print(out: list[dict], markdown: bool) -> None:
+    long_ = [o for o in out if o["row"]["set"] == "long"]
     zoo = [o for o in out if o["row"]["set"] == "modelzoo"]
-    out = [o for o in out if o["row"]["set"] != "modelzoo"]
+    out = [o for o in out if o["row"]["set"] == "bridge"]
     head = ["release", "model", "GPUs", "TP", "PP", "VP", "EP", "GBS", "not modelled",
             "published tok/s/GPU", "published (s)", "predicted (s)", "error"]
     lines = []
@@ -206,13 +277,20 @@ def _print(out: list[dict], markdown: bool) -> None:
         print("\nMegatron-MoE-ModelZoo, Qwen3-235B-A22B, BF16, 256 H100s:\n")
         _print_zoo(zoo, markdown)
         print_notes(zoo, _label, markdown)
+    if long_:
+        print("\nMegatron-MoE-ModelZoo long context, Qwen3-235B-A22B, BF16, DeepEP, 256 H100s "
+              "(published TFLOP/s to seconds by Megatron-LM's FLOP count):\n")
+        _print_long(long_, markdown)
+        print_notes(long_, _label, markdown)
 
 
 def summary(out: list[dict], engine: str) -> str:
-    """The Bridge rows' summary line, then the ModelZoo rows' and their overlap A/B."""
+    """The Bridge rows' summary line, the ModelZoo rows' and their overlap A/B, then the
+    long-context rows'."""
     parts = []
-    for name, rows_ in (("Bridge", [o for o in out if o["row"]["set"] != "modelzoo"]),
-                        ("ModelZoo", [o for o in out if o["row"]["set"] == "modelzoo"])):
+    for name, set_ in (("Bridge", "bridge"), ("ModelZoo", "modelzoo"),
+                       ("ModelZoo long context", "long")):
+        rows_ = [o for o in out if o["row"]["set"] == set_]
         if any(o["result"] is not None for o in rows_):
             parts.append(f"{name}: {rows_summary(rows_, engine, _label)}")
     ab = {o["row"]["a2a_overlap"]: o for o in out if o["row"]["set"] == "modelzoo"
