@@ -88,8 +88,7 @@ class PlanSet(dict):
         # a product's fields read at the plans' coordinates, none laid out in full
         at = np.unravel_index(index, self.shape)
         none = np.zeros(len(index), dtype=np.intp)   # an axis the field does not vary on
-        return PlanSet({k: g[tuple(c if n > 1 else none for c, n in zip(at, g.shape))]
-                        for k, g in self.grid.items()}, self.contexts)
+        return PlanSet({k: _at(g, at, none) for k, g in self.grid.items()}, self.contexts)
 
     def overrides(self, i: int) -> dict[str, Any]:
         """Plan ``i`` as ``{config path: value}`` (its context's values included), the form
@@ -106,6 +105,17 @@ class PlanSet(dict):
             out[path] = value
         out["parallel.schedule"] = SCHEDULE[int(self["schedule"][i])]
         return out
+
+
+def _at(field: np.ndarray, at: tuple[np.ndarray, ...], none: np.ndarray) -> np.ndarray:
+    """A grid field (an array that broadcasts to the grid's shape) at the plans whose
+    coordinates are ``at``; ``none``: zeros, the coordinate on an axis the field does not
+    vary on. A field that varies on one axis (most: each search axis's own) is read from
+    its values by that axis's coordinates alone."""
+    varies = [k for k, n in enumerate(field.shape) if n > 1]
+    if len(varies) <= 1:
+        return field.reshape(-1)[at[varies[0]] if varies else none]
+    return field[tuple(c if n > 1 else none for c, n in zip(at, field.shape))]
 
 
 def enumerate_plans(axes: Mapping[str, Sequence[Any]], base: Mapping[str, Any],
