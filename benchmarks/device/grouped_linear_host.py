@@ -3,7 +3,7 @@
 On one GPU: ``GroupedLinear`` as Megatron-Core's ``TEGroupedMLP`` runs the experts, host time
 and device time of one forward and one forward + backward, by local experts and tokens per
 expert. The measurement docs/moe.md asks for ("A per-layer floor in the
-published runs": the time ddlsim misses per MoE layer grows with the local experts, 0.3-0.45 ms
+published runs": the time ddlsim misses per MoE layer grows with the local experts, 0.2-0.45 ms
 each, and neither the kernels nor TE's C++ multi-stream path carries it): a microbenchmark, no
 ddlsim needed. Not yet run (no GPU was lent to the session that wrote it).
 

@@ -112,7 +112,7 @@ def test_the_multi_stream_rounds_time_te_2_7(h100, i, bound):
     627.9 TFLOP/s (164 µs), 16 × 2048 at 553.9 (186 µs); the rounds model gives 150 µs (−8.7 %)
     and 208 µs (+11.7 %). The residual per GEMM is +1.8 and −1.4 µs (TE 2.2's slower rows: +6.6
     and +3.2 µs, not asserted): the C++ multi-stream path
-    carries no per-expert cost near the 50-75 µs per expert GEMM that the per-layer gap's 0.3-0.45
+    carries no per-expert cost near the 35-75 µs per expert GEMM that the per-layer gap's 0.2-0.45
     ms per local expert (six GEMMs each, forward + backward) would need (docs/moe.md)."""
     r = _te_rows()[i]
     g, m, n, k = (int(r[c]) for c in ("groups", "m", "n", "k"))
