@@ -99,3 +99,41 @@ def test_channels_last_is_faster_than_nchw_with_tensor_cores_only():
 def test_an_unknown_memory_format_is_refused_naming_the_field():
     with pytest.raises(ddlsim.errors.ConfigError, match="memory_format"):
         _cfg(memory_format="nhwc")
+
+
+def test_an_implicit_gemm_convolution_reads_its_input_once():
+    conv = LAYERS["layer1.0.conv2"]          # 3x3, 64 -> 64, 56x56 in and out, fp16
+    x = y = 32 * 64 * 56 * 56 * 2
+    filt = 64 * 64 * 9 * 2
+    (fwd,) = conv_kernels(conv, 32, "fp16", backward=False, channels_last=True)
+    assert fwd.bytes == x + filt + y             # not the 9x im2col operand of its shape
+    dgrad, wgrad = conv_kernels(conv, 32, "fp16", backward=True, channels_last=True)
+    assert dgrad.bytes == y + filt + x and wgrad.bytes == x + y + filt
+    # a strided 1x1 reads every other pixel: the GEMM operand, a quarter of the input
+    down = LAYERS["layer2.0.downsample.0"]   # 1x1 stride 2, 256 -> 512, 56x56 -> 28x28
+    (fwd,) = conv_kernels(down, 32, "fp16", backward=False, channels_last=True)
+    assert fwd.bytes == 2 * (32 * 28 * 28 * 256 + 256 * 512 + 32 * 512 * 28 * 28)
+    (dgrad, wgrad) = conv_kernels(down, 32, "fp16", backward=True, channels_last=True)
+    assert dgrad.bytes == 2 * (32 * 512 * 28 * 28 + 256 * 512 + 32 * 256 * 56 * 56)
+
+
+def test_a_gemms_own_bytes_set_its_memory_roofline():
+    from ddlsim.simulator.kernels.device import kernel_time
+    from ddlsim.workloads.trace import Kernel
+    dev = _a100()
+    shape = (1e6, 64.0, 576.0)                   # memory-bound by its im2col operand
+    im2col = kernel_time(Kernel("gemm", shape, dtype="fp16"), dev)
+    once = kernel_time(Kernel("gemm", shape, dtype="fp16", bytes=2 * (1e6 * 64 * 2)), dev)
+    assert once < im2col
+    huge = kernel_time(Kernel("gemm", shape, dtype="fp16", bytes=1e12), dev)
+    assert huge == pytest.approx(1e12 / dev.memory_Bps)
+
+
+def _a100():
+    from ddlsim.simulator.kernels.device import kernel_device
+    cfg = ddlsim.load_config({"model": "resnet50", "parallel": {"data_parallel_size": 1},
+                              "train": {"micro_batch_size": 8, "global_batch_size": 8,
+                                        "seq_length": 1, "dtype": "fp16", "optimizer": "sgd"},
+                              "system": {"preset": "dgx-a100", "nodes": 1,
+                                         "devices_per_node": 1}})
+    return kernel_device(cfg.system)

@@ -193,7 +193,8 @@ def kernel_time(k: Kernel, dev: KernelDevice, efficiency: float | None = None) -
     which replaces the shape model (ceiling × quantisation) for a GEMM. The non-flash
     attention core's s² kernels (``variant="scores"``) move their bytes at the device's
     score-pass bandwidth, an element-wise kernel of a measured class
-    (``device.elementwise_efficiency``) at its class's."""
+    (``device.elementwise_efficiency``) at its class's. A GEMM with ``bytes`` set moves those
+    in its memory roofline instead of its operands' (an implicit-GEMM convolution)."""
     bw = dev.pass_Bps(k.variant) if k.variant else dev.memory_Bps
     if k.kind == "memory":      # an FP8 cast pass may name its slower kernel (.fp8recipe)
         return k.bytes / (bw * fp8_pass_efficiency(k.variant) if k.variant else bw)
@@ -203,12 +204,13 @@ def kernel_time(k: Kernel, dev: KernelDevice, efficiency: float | None = None) -
     M, N, K = k.shape
     if efficiency is not None:
         return max(2.0 * M * N * K * k.batch / (peak * efficiency),
-                   (M * K + K * N + M * N) * k.batch * DTYPE_BYTES.get(k.dtype, 2) / bw)
+                   (k.bytes or (M * K + K * N + M * N) * k.batch * DTYPE_BYTES.get(k.dtype, 2))
+                   / bw)
     ceiling = dev.ceiling(k.dtype)
     if k.variant:       # an FP8 recipe's GEMM kernel (.fp8recipe: its share of the ceiling)
         ceiling *= fp8_gemm_efficiency(k.variant)
     t = gemm_time(M, N, K, k.batch, DTYPE_BYTES.get(k.dtype, 2), peak, ceiling,
-                  dev.sm_count, bw, dev.gemm_overhead)
+                  dev.sm_count, bw, dev.gemm_overhead, k.bytes or None)  # bytes: a GEMM's own
     rate = dev.sustained_rate(k.dtype)      # the power limit's ceiling on any GEMM (.power)
     return t if rate is None else max(t, 2.0 * M * N * K * k.batch / (peak * rate))
 

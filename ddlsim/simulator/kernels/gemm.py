@@ -124,7 +124,8 @@ def main_loop_efficiency(ceiling: float, peak: float, sm_count: int,
 
 
 def gemm_time(M, N, K, batch, dtype_bytes: float, peak: float, ceiling: float,
-              sm_count, memory_Bps: float, overhead: GemmOverhead | None = None):
+              sm_count, memory_Bps: float, overhead: GemmOverhead | None = None,
+              operand_bytes: float | None = None):
     """Seconds of ``batch`` GEMMs ``[M,K]·[K,N]``.
 
     ``max(2MNK·batch / (peak · η_max · q), bytes moved / bandwidth)``, the bytes
@@ -142,6 +143,9 @@ def gemm_time(M, N, K, batch, dtype_bytes: float, peak: float, ceiling: float,
     sm_count : SMs, or None: no quantisation and no fixed costs (a device without the fact).
     memory_Bps : achieved memory bandwidth (datasheet × memory efficiency), B/s.
     overhead : the device's fixed GEMM costs, or None.
+    operand_bytes : the bytes the kernel moves, where they are not its operands' (an
+        implicit-GEMM convolution reads its input tensor once, not the ``M×K`` im2col matrix
+        its shape names); None: the operands' bytes above.
 
     Returns
     -------
@@ -155,6 +159,8 @@ def gemm_time(M, N, K, batch, dtype_bytes: float, peak: float, ceiling: float,
     # an fp8 GEMM writes 16-bit outputs (Transformer Engine, torch._scaled_mm: bf16 out)
     out_bytes = max(dtype_bytes, 2.0)
     t_mem = ((M * K + K * N) * dtype_bytes + M * N * out_bytes) * batch / memory_Bps
+    if operand_bytes is not None:
+        t_mem = operand_bytes / memory_Bps
     flops = 2.0 * M * N * K * batch
     if sm_count is None:
         out = np.maximum(flops / (peak * ceiling), t_mem)

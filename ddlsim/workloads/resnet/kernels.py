@@ -14,6 +14,9 @@ time, ``kernels/host.py``). Nothing here is fitted.
   taken at ``N·P·Q`` rows, so that it has the forward's FLOPs (cuDNN's strided dgrad kernels
   skip the zeros a stride inserts). The first convolution computes no data gradient: the
   image does not require one (autograd's ``output_mask`` of ``convolution_backward``).
+  Each GEMM moves the tensors once (the guide's arithmetic intensity of a convolution
+  counts input, filter and output), not the ``N·P·Q × C·R·S`` im2col matrix its shape names:
+  an implicit GEMM builds that operand's tiles on chip from the input (``_conv_bytes``).
 * **Layout** (the same guide, "Tensor Layouts In Memory: NCHW vs NHWC"): Tensor Core
   convolutions run on NHWC; with PyTorch's default NCHW (``contiguous``) tensors, cuDNN
   transposes a convolution's input to NHWC and its output back, a read and a write of each.
@@ -76,17 +79,33 @@ def conv_kernels(layer: Layer, mb: int, dtype: str, backward: bool, channels_las
     """
     c, k, r, p = layer.geometry
     npq, crs, w = float(mb * p * p), float(c * r * r), DTYPE_BYTES[dtype]
+    fwd, dgrad, wgrad = _conv_bytes(layer, mb, w)
     if not backward:
-        gemms = [Kernel("gemm", (npq, float(k), crs), dtype=dtype)]
+        gemms = [Kernel("gemm", (npq, float(k), crs), dtype=dtype, bytes=fwd)]
     else:
-        gemms = [Kernel("gemm", (npq, float(c), float(k * r * r)), dtype=dtype)] \
+        gemms = [Kernel("gemm", (npq, float(c), float(k * r * r)), dtype=dtype, bytes=dgrad)] \
             if input_grad else []
-        gemms.append(Kernel("gemm", (crs, float(k), npq), dtype=dtype))
+        gemms.append(Kernel("gemm", (crs, float(k), npq), dtype=dtype, bytes=wgrad))
     if channels_last or dtype not in TENSOR_CORE_DTYPES or layer.kind != "conv":
         return tuple(gemms)
     x, y = mb * layer.inp * w, mb * layer.out * w
     moved = [x, y] if not backward else [y, x] + ([x] if input_grad else [])
     return tuple(gemms) + tuple(_mem(2 * b) for b in moved)
+
+
+def _conv_bytes(layer: Layer, mb: int, w: float) -> tuple[float, float, float]:
+    """DRAM bytes of a convolution's forward, data- and weight-gradient implicit GEMMs: each
+    tensor once (input ``X``, filter, output ``Y`` and their gradients), the input no more
+    than the ``N·P·Q × C·R·S`` operand its GEMM shape names (a strided 1×1 convolution reads
+    every other pixel) and no less than the tensor for a wider filter (the ``R·S`` window's
+    reuse stays on chip, so an ``R×S`` filter does not read the input ``R·S`` times). The fully
+    connected layer: 0, its GEMM operands are its tensors."""
+    if layer.kind != "conv":
+        return 0.0, 0.0, 0.0
+    c, k, r, p = layer.geometry
+    x = w * min(mb * layer.inp, mb * p * p * c * r * r)
+    dx, y, filt = w * mb * layer.inp, w * mb * layer.out, w * c * k * r * r
+    return x + filt + y, y + filt + dx, x + y + filt
 
 
 def pointwise_kernels(layer: Layer, mb: int, dtype: str, backward: bool) -> tuple[Kernel, ...]:
