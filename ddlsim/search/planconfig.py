@@ -14,6 +14,7 @@ validates gives the context its base config.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -232,9 +233,18 @@ def _pending_combos(pending: np.ndarray | None, shape: tuple[int, ...], inverse:
     if pending is None:
         return np.ones(combos, dtype=bool)
     if pending.ndim == len(shape):  # the grid's flags: any over the axes the group ignores
-        pending = pending.any(axis=tuple(k for k, n in enumerate(shape) if n == 1),
-                              keepdims=True)
+        pending = _any_over(pending, [k for k, n in enumerate(shape) if n == 1])
     return np.bincount(inverse, weights=pending.reshape(-1), minlength=combos) > 0
+
+
+def _any_over(flags: np.ndarray, axes: list[int]) -> np.ndarray:
+    """``flags.any(axis=axes, keepdims=True)``, the reduced axes moved last first: numpy
+    reduces inner axes of a grid whose last axis holds 2 values two flags at a time (~40x
+    slower than one copy and a reduction over contiguous rows)."""
+    kept = [k for k in range(flags.ndim) if k not in axes]
+    out_shape = tuple(1 if k in axes else n for k, n in enumerate(flags.shape))
+    rows = np.ascontiguousarray(flags.transpose(kept + axes))
+    return rows.reshape(math.prod(out_shape), -1).any(axis=1).reshape(out_shape)
 
 
 def _as_what_if(cfg: Any) -> Any:
