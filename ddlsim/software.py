@@ -43,6 +43,11 @@ DEFAULT_STACK = "megatron-core-2024"
 
 Attention = Literal["flash2", "flash3", "cudnn", "fused_softmax", "unfused"]
 Zero3Gather = Literal["per_layer", "per_module", "per_tensor"]
+#: whose code runs a ZeRO-3 plan (``zero3_implementation``): PyTorch's FSDP (FSDP1) or FSDP2,
+#: DeepSpeed's stage 3, or Megatron-Core's Megatron-FSDP (:mod:`ddlsim.workloads.decoder.megatron_fsdp`)
+Zero3Implementation = Literal["torch_fsdp", "torch_fsdp2", "deepspeed", "megatron_fsdp"]
+#: the one ZeRO-3 implementation a stack may run instead of its own (its rules say where)
+ALTERNATIVE_ZERO3 = "megatron_fsdp"
 #: when a ZeRO-3/FSDP unit frees its gathered parameters after the forward
 #: (:mod:`ddlsim.workloads.decoder.fsdp`): after every forward, never, or torchtitan's
 #: defaults (not with pipelining; and, in 2024, never for the last transformer block)
@@ -138,6 +143,12 @@ class KernelSpec(_Strict):
         default=None, description="attention: unfused runs its softmax in fp32 (Megatron's "
                                   "query-key layer scaling: cast, scale, mask, softmax, cast "
                                   "back; docs/compute.md)")
+    separate_projections: StrictBool | None = Field(
+        default=None, description="the model keeps the projections that read one input as "
+                                  "separate modules (torchtitan's wq, wk, wv and w1, w3): one "
+                                  "GEMM each, and autograd sums their input gradients "
+                                  "(simulator/kernels/autograd.py); false: fused QKV and "
+                                  "gated fc1 GEMMs (Megatron)")
     host_dispatch: HostDispatch | None = Field(
         default=None, description="how kernels are dispatched: eager (PyTorch from Python, op "
                                   "by op), compiled (torch.compile: a compiled wrapper "
@@ -214,6 +225,13 @@ class OverlapSpec(_Strict):
         default=None,
         description="per_tensor ZeRO-3: host time of one parameter gather beyond its "
                     "counted Python ops and copies (hooks, bookkeeping, allocation)")
+    zero3_implementation: Zero3Implementation | None = Field(
+        default=None,
+        description="whose code runs a ZeRO-3 plan: the stack's own (torch_fsdp, "
+                    "torch_fsdp2, deepspeed) or megatron_fsdp (Megatron-Core's "
+                    "Megatron-FSDP, --use-custom-fsdp --data-parallel-sharding-strategy "
+                    "optim_grads_params: experts sharded over the expert data-parallel "
+                    "group; megatron-core-2025 only, docs/moe.md)")
 
 
 class SoftwareSpec(_Strict):
@@ -356,7 +374,22 @@ def resolve_software(spec: SoftwareSpec | str | None, plan: Any = None) -> Softw
             f"{overlap['zero3_prefetch_layers']} applies to per-layer ZeRO-3 gathers, and "
             f"zero3_gather is {overlap['zero3_gather']!r} ({_where(sources, spec)}); gathers "
             f"from module hooks prefetch by module: set zero3_prefetch_modules instead")
+    _check_zero3_implementation(spec.stack, overlap, sources)
     return Software(spec.stack, kernels, overlap, sources, spec.what_if)
+
+
+def _check_zero3_implementation(stack: str, overlap: dict, sources: dict) -> None:
+    """Refuse a ``zero3_implementation`` that is neither the stack's own nor
+    :data:`ALTERNATIVE_ZERO3` (whether the stack has that one is its rule
+    ``no_megatron_fsdp``): another framework's ZeRO-3 is another stack."""
+    own = _stack_table()[stack]["overlap"]["zero3_implementation"]["value"]
+    value = overlap["zero3_implementation"]
+    if value not in (own, ALTERNATIVE_ZERO3):
+        raise ConfigError(
+            f"{sources['zero3_implementation']}: zero3_implementation = {value!r} is not run "
+            f"by the stack {stack!r}, whose ZeRO-3 is {own!r}; allowed: {own!r} or "
+            f"{ALTERNATIVE_ZERO3!r} (where the stack has it). For another framework's "
+            "ZeRO-3 pick its stack (system.software)")
 
 
 #: what ``compile: true`` fuses, field -> why: torch.compile's Inductor fuses chains of

@@ -63,7 +63,8 @@ def test_stacks_are_named_with_a_source_for_every_field_and_rule(stack):
                 in sw.sources[field]), field
     names = [rule.name for rule, _ in stack_rules(stack)]
     assert names == ["no_transformer_engine_fp8", "no_recompute_modules",
-                     "async_tp_needs_compile", "async_tp_is_torchs", "no_zero12"]
+                     "async_tp_needs_compile", "async_tp_is_torchs", "no_zero12",
+                     "no_megatron_fsdp"]
 
 
 def test_eager_fusions_and_the_optimizer_follow_each_commit():

@@ -63,7 +63,8 @@ def _no_context_parallel(f: PlanFacts):
 @stack_rule("zero3_pipeline", "ZeRO-3 with pipeline parallelism",
             "parallel.zero_stage", "parallel.pipeline_model_parallel_size")
 def _zero3_pipeline(f: PlanFacts):
-    return (f.pp > 1) & (f.zero == 3)
+    # Megatron-FSDP under pipelining: not modelled (decoder/megatron_fsdp.py says so)
+    return (f.pp > 1) & (f.zero == 3) & ~f.megatron_fsdp
 
 
 @stack_rule("no_zero12", "ZeRO-1/2 (its data parallelism is FSDP, i.e. ZeRO-3, or DDP)",
@@ -206,10 +207,26 @@ def _deepep_no_pad(f: PlanFacts):
     return f.flex_dispatch & f.deepep & f.pad
 
 
-@stack_rule("zero3_no_expert_parallel", "ZeRO-3 (PyTorch FSDP2) with expert parallelism",
-            "parallel.zero_stage", "parallel.expert_model_parallel_size")
+_IMPL = "system.software.overlap.zero3_implementation"
+
+
+@stack_rule("zero3_no_expert_parallel", "ZeRO-3 as PyTorch FSDP2 with expert parallelism "
+            "(Megatron-FSDP, zero3_implementation megatron_fsdp, shards experts)",
+            "parallel.zero_stage", "parallel.expert_model_parallel_size", _IMPL)
 def _zero3_no_expert_parallel(f: PlanFacts):
-    return f.moe & (f.ep > 1) & (f.zero == 3)
+    return f.moe & (f.ep > 1) & (f.zero == 3) & ~f.megatron_fsdp
+
+
+@stack_rule("no_megatron_fsdp", "Megatron-Core's Megatron-FSDP (zero3_implementation "
+            "megatron_fsdp)", _IMPL)
+def _no_megatron_fsdp(f: PlanFacts):
+    return f.megatron_fsdp
+
+
+@stack_rule("megatron_fsdp_no_grad_accum_fusion", "Megatron-FSDP with gradient accumulation "
+            "fusion", _IMPL, "system.software.kernels.gradient_accumulation_fusion")
+def _megatron_fsdp_no_grad_accum_fusion(f: PlanFacts):
+    return f.megatron_fsdp & (f.zero == 3) & f.grad_accum_fusion
 
 
 @stack_rule("no_recompute_modules", "Megatron-Core's selective recomputation by module "

@@ -77,6 +77,10 @@ class PlanFacts:
     fp8_current: Any = False
     fp8_te: Any = False
     fp8_torchao: Any = False
+    #: ZeRO-3 runs as Megatron-Core's Megatron-FSDP (``zero3_implementation: megatron_fsdp``);
+    #: the stack's ``gradient_accumulation_fusion`` (facts made without them: neither)
+    megatron_fsdp: Any = False
+    grad_accum_fusion: Any = False
 
     @classmethod
     def of(cls, **values: Any) -> "PlanFacts":
@@ -100,7 +104,9 @@ class PlanFacts:
                       compiled=bool(cfg.software.compile), **_moe_facts(cfg),
                       layer_ac=cfg.train.recompute_every_n_layers > 1,
                       given_split=p.layers_per_virtual_stage is not None,
-                      hsdp=p.data_parallel_replicate_size > 1, **_recompute_facts(cfg))
+                      hsdp=p.data_parallel_replicate_size > 1, **_recompute_facts(cfg),
+                      megatron_fsdp=cfg.software.zero3_implementation == "megatron_fsdp",
+                      grad_accum_fusion=bool(cfg.software.gradient_accumulation_fusion))
 
 
 def _recompute_facts(cfg: Any) -> dict:

@@ -136,6 +136,8 @@ def check_fsdp(cfg: Any) -> None:
     from .hsdp import check_hsdp
     check_hsdp(cfg)
     fsdp_float8.check(cfg)
+    from .megatron_fsdp import check as check_megatron_fsdp
+    check_megatron_fsdp(cfg)
     if p.zero_stage != 3 or p.pp == 1:
         return
     from ...stackrules import broken_rules
@@ -296,6 +298,8 @@ def reshard_phrase(cfg: Any) -> str:
     hsdp = (f", HSDP: {cfg.parallel.data_parallel_replicate_size} replicas of "
             f"{shard_group(cfg)[1]}-rank shards") if active(cfg) else ""
     hsdp += fsdp_float8.phrase(sw)
+    from .megatron_fsdp import phrase as megatron_fsdp_phrase
+    hsdp += megatron_fsdp_phrase(sw)
     if per_iteration(sw, cfg.parallel.pp):
         return ", gathered once per iteration (pipelined)" + hsdp
     return {"never": ", kept for the backward",
@@ -315,6 +319,10 @@ def vector_refusal(sw: Any) -> str | None:
         return (f"system.software = {sw.name!r} gathers float8 weights "
                 "(enable_fsdp_float8_all_gather), which the vectorised search tier does not "
                 "model; its plans are searched by the exact engine")
+    if sw.zero3_implementation == "megatron_fsdp":
+        return (f"system.software = {sw.name!r} runs ZeRO-3 as Megatron-FSDP (its gradient "
+                "copy into main_grad, decoder/megatron_fsdp.py), which the vectorised search "
+                "tier does not model; its plans are searched by the exact engine")
     if sw.zero3_reshard_after_forward != "always" or sw.zero3_copy_out:
         return (f"system.software = {sw.name!r} runs FSDP2 (zero3_reshard_after_forward = "
                 f"{sw.zero3_reshard_after_forward!r}, zero3_copy_out = {sw.zero3_copy_out}), "

@@ -76,9 +76,13 @@ class StageBase:
         with Megatron-LM's ``main_grad`` hook (``param.main_grad.add_(param.grad)``), 16-bit
         where autograd accumulates ``param.grad`` itself (Megatron-LM 2021 with fp16).
         With ``gradient_accumulation_fusion`` the weight-gradient GEMM accumulates into the
-        fp32 buffer itself (Megatron's fused_weight_gradient_mlp_cuda): no separate pass."""
+        fp32 buffer itself (Megatron's fused_weight_gradient_mlp_cuda): no separate pass.
+        Under Megatron-FSDP each micro-batch overwrites the buffer instead
+        (``main_grad.copy_(param.grad)``: :mod:`.megatron_fsdp`): no read of it."""
         if self.sw.gradient_accumulation_fusion:
             return 0.0
+        if self.sw.zero3_implementation == "megatron_fsdp":   # ZeRO-3 only (its check)
+            return params * (2 * self.dt + self.gdt)
         return params * (2 * self.dt + 2 * self.gdt)
 
     # ---------------------------------------------------- provided by the builder and mixins

@@ -1,0 +1,90 @@
+"""Megatron-FSDP: ZeRO-3 as Megatron-Core runs it (``zero3_implementation: megatron_fsdp``).
+
+Megatron-Core's own FSDP (``--use-custom-fsdp --data-parallel-sharding-strategy
+optim_grads_params`` at NVIDIA/Megatron-LM 9c1a5351 and 1e057005, renamed
+``--use-megatron-fsdp`` later) is, read in its code at 1e057005
+(``megatron/core/distributed/custom_fsdp/``), the per-layer FSDP that
+:mod:`.zero3` and :mod:`.fsdp` already build, with the experts sharded apart:
+
+* **What it shards**: parameters, gradients and optimizer state (``optim_grads_params``,
+  ``fully_sharded_data_parallel.py`` docstring; the fp32 main weights too). Dense parameters
+  are sharded over the data-parallel group with context parallelism (``dp_cp_group``, line
+  126), expert parameters (``allreduce = False``) over the expert data-parallel group
+  (``expt_dp_group``, line 129): :func:`.zero3.zero3_shards`'s ``(dp, dense)`` and
+  ``(edp, expert)`` pairs.
+* **Its unit**: each ``TransformerLayer`` (default ``fsdp_unit_modules``, line 167). Its
+  parameters fall into buckets by dtype, expert-ness and unit (``param_and_grad_buffer.py``
+  ``_get_parameter_groups``, line 1005), and the buckets of one unit and one group are
+  gathered and reduce-scattered together (line 1048): one all-gather and one reduce-scatter
+  per layer and group. Modules outside a unit (embedding, output layer) stay gathered.
+* **Prefetch**: the next unit (``suggested_communication_unit_size`` defaults to twice the
+  mean unit's elements, line 254), in forward and in backward order: one layer ahead
+  (the stack's ``zero3_prefetch_layers: 1``).
+* **Resharding**: after every forward (``_post_forward``, line 551); with full recomputation
+  the recomputed forward reuses the backward's gather (line 409): one gather per layer in
+  the backward (per-layer units' recomputation inside the gathered unit).
+* **Gradients**: reduce-scattered after every micro-batch's backward of a unit (line 392),
+  in the main-gradient dtype (``grad_reduce_in_fp32`` with ``--bf16``); each micro-batch
+  overwrites ``main_grad`` with ``param.grad`` (``main_grad.copy_(param.grad)``, line 365),
+  the pass :meth:`.stage.StageBase.grad_accumulate_bytes` counts.
+* **No copy-out**: the parameters are views of the all-gather bucket
+  (``param_and_grad_buffer.py`` line 736), so ``zero3_copy_out`` is false.
+
+What this module adds is the check of the plan (:func:`check`) and the plan line's phrase
+(:func:`phrase`); the stack rules (``zero3_no_expert_parallel``, ``no_megatron_fsdp``,
+``megatron_fsdp_no_grad_accum_fusion``) are in :mod:`ddlsim.stackrules`. Not modelled: the
+reduce-scatter queue's cap (``suggested_RS_queue_capacity``), the double-buffer allocator,
+NCCL user buffers, HSDP (``--num-distributed-optimizer-instances``) and the ``optim`` /
+``optim_grads`` strategies.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["NAME", "active", "check", "phrase"]
+
+#: ``zero3_implementation``'s value for Megatron-FSDP
+NAME = "megatron_fsdp"
+#: the stack fields Megatron-FSDP's code fixes (module docstring): field -> its value
+BEHAVIOUR = {"zero3_gather": "per_layer", "zero3_reshard_after_forward": "always",
+             "zero3_copy_out": False}
+
+
+def active(sw: Any) -> bool:
+    """Whether stack ``sw`` runs ZeRO-3 as Megatron-FSDP."""
+    return sw.zero3_implementation == NAME
+
+
+def check(cfg: Any) -> None:
+    """What Megatron-FSDP models (ValueError, one paragraph): ZeRO-3 only (its
+    ``optim_grads_params`` strategy), without pipelining, with the per-layer behaviour its
+    code fixes (:data:`BEHAVIOUR`)."""
+    sw, p = cfg.software, cfg.parallel
+    if not active(sw):
+        return
+    where = sw.sources["zero3_implementation"]
+    if p.zero_stage != 3:
+        raise ValueError(
+            f"{where}: zero3_implementation = {NAME!r} is Megatron-FSDP's optim_grads_params "
+            f"strategy (ZeRO-3), and parallel.zero_stage = {p.zero_stage}; set zero_stage: 3 "
+            "(its no_shard, optim and optim_grads strategies are not modelled: use the "
+            "distributed optimizer, zero_stage: 1, without zero3_implementation)")
+    if p.pp > 1:
+        raise ValueError(
+            f"{where}: zero3_implementation = {NAME!r} with pipeline_model_parallel_size = "
+            f"{p.pp} is not modelled (Megatron-FSDP within pipeline stages); use "
+            "pipeline_model_parallel_size: 1")
+    for field, value in BEHAVIOUR.items():
+        if getattr(sw, field) != value:
+            raise ValueError(
+                f"{sw.sources[field]}: {field} = {getattr(sw, field)!r} contradicts "
+                f"zero3_implementation = {NAME!r} ({where}): Megatron-FSDP gathers per "
+                "TransformerLayer unit, reshards after every forward and gathers into the "
+                f"bucket its parameters view; set {field}: {value!r}")
+
+
+def phrase(sw: Any) -> str:
+    """``, Megatron-FSDP (experts over the expert data-parallel group)`` under Megatron-FSDP,
+    else empty."""
+    return ", Megatron-FSDP (experts over the expert data-parallel group)" if active(sw) else ""
