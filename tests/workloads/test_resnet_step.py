@@ -97,6 +97,8 @@ def test_the_dle_step_adds_its_ops_and_time():
     dle = dict(zero_grad="zero", grad_scaler=True, input_pipeline="normalize_mixup")
     ops = _ops(_run(**dle))
     assert len(ops["zero_grad"].kernels) == 161
+    # around the update: the breakdown's optimizer time
+    assert ops["zero_grad"].kind == ops["grad_scaler"].kind == "optimizer"
     # every layer with parameters adds its new gradients in place: 161 kernels, in the
     # layers' own backward ops (fp16 convolutions carry kernels) ...
     acc = 3 * 4 * 2048 * 1000

@@ -113,9 +113,10 @@ def _copies(name: str, tensors, grad_bytes: int) -> Compute:
                    kernels=kernels)
 
 
-def _step_op(name: str, kernels: tuple) -> Compute:
-    """An op of the training step's own memory kernels (:mod:`.step`), fp32."""
-    return Compute(name, 0.0, sum(k.bytes for k in kernels), kind="elementwise", dtype="fp32",
+def _step_op(name: str, kernels: tuple, kind: str = "elementwise") -> Compute:
+    """An op of the training step's own memory kernels (:mod:`.step`), fp32; ``kind``
+    ``optimizer`` for those around the update (the breakdown's optimizer time)."""
+    return Compute(name, 0.0, sum(k.bytes for k in kernels), kind=kind, dtype="fp32",
                    kernels=kernels)
 
 
@@ -137,10 +138,11 @@ def _update(cfg: RunConfig) -> tuple[Op, ...]:
     """The update block: GradScaler's unscale and update where set, the optimizer step, then
     ``zero_grad`` where it zeroes (:mod:`.step`; DLE ``training.py`` ``train_step`` order)."""
     m = cfg.model
-    ops = [Op(_step_op("grad_scaler", grad_scaler_kernels(m.tensors)))] if m.grad_scaler else []
+    ops = [Op(_step_op("grad_scaler", grad_scaler_kernels(m.tensors), "optimizer"))] \
+        if m.grad_scaler else []
     ops.append(Op(_optimizer(cfg)))
     if m.zero_grad == "zero":
-        ops.append(Op(_step_op("zero_grad", zero_grad_kernels(m.tensors))))
+        ops.append(Op(_step_op("zero_grad", zero_grad_kernels(m.tensors), "optimizer")))
     return tuple(ops)
 
 
