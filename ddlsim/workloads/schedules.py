@@ -176,15 +176,20 @@ def schedule_arrays(name: str, p: int, m: int, v: int = 1):
     T = m * v
     warm = np.array([warmup(name, s, p, m, v) for s in range(p)], dtype=np.int64)
     k = np.arange(T, dtype=np.int64)
-    w = warm[:, None]
-    pos_f = np.where(k < w, k, 2 * k - w)
-    pos_b = np.where(k < T - w, w + 2 * k + 1, T + k)
-    rows = np.arange(p)[:, None]
-    backward = np.zeros((p, 2 * T), dtype=bool)
-    backward[rows, pos_b] = True
+    backward = np.empty((p, 2 * T), dtype=bool)
     ordinal = np.empty((p, 2 * T), dtype=np.int64)
-    ordinal[rows, pos_f] = k
-    ordinal[rows, pos_b] = k
+    alternate = np.zeros((T, 2), dtype=bool)      # (forward, backward) pairs of the steady state
+    alternate[:, 1] = True
+    for s, w in enumerate(warm.tolist()):   # row by row, in slices (faster than a scatter)
+        n = T - w                           # forward w + i, then backward i, for i < n
+        row, back = ordinal[s], backward[s]
+        row[:w] = k[:w]
+        pairs = row[w:w + 2 * n].reshape(n, 2)
+        pairs[:, 0], pairs[:, 1] = k[w:], k[:n]
+        row[w + 2 * n:] = k[n:]
+        back[:w] = False
+        back[w:w + 2 * n] = alternate[:n].ravel()
+        back[w + 2 * n:] = True
     if name == "interleaved":
         group, within = np.divmod(k, p * v)
         mb_of = group * p + within % p

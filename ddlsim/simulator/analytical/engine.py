@@ -148,7 +148,8 @@ def _account(nd: maxplus.Nodes, st: State, mine: np.ndarray, prev: np.ndarray,
     arrive, prev, t = arrive[w], prev[w], nd.t[w]
     # a blocking receive's transfer starts when both the message and the stream are ready
     blocking = nd.blocking[w]
-    arrive = np.where(blocking, np.maximum(arrive - t, prev) + t, arrive)
+    if blocking.any():
+        arrive = np.where(blocking, np.maximum(arrive - t, prev) + t, arrive)
     gap = np.maximum(arrive - (prev + nd.F0[w]), 0.0)
     n = np.flatnonzero(gap > 0)               # the gaps (zeros would add nothing)
     exp, rest = split_gaps(gap[n], t[n])

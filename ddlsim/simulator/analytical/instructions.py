@@ -153,21 +153,28 @@ class _Lowering:
         if not p2p:
             return instrs, id(instrs)
         out = list(instrs)
-        for i, fields, p in p2p:
-            out[i] = self.p2p(ci, rep, fields, p)
+        peers, transfers = self._peers, self._transfers
+        for i, (code, sid, deps, _, label, flops, nbytes), p in p2p:   # peer, seconds
+            peer = peers.get((p.group, rep, p.peer))
+            if peer is None:
+                peer = self.peer(rep, p)
+            dur = 0.0
+            if code == SEND:
+                dur = transfers.get((ci, p.group, p.peer, p.bytes))
+                if dur is None:
+                    dur = self.transfer(ci, p)
+            out[i] = _new_instr((code, sid, deps, dur, label, flops, nbytes, (peer, p.tag),
+                                 None, -1))
         return tuple(out), id(instrs)
 
-    def p2p(self, ci: int, rep: int, fields: tuple, p: P2P) -> Instr:
-        """A send or recv of class ``ci``: ``fields`` (:meth:`_template`'s) with its peer
-        class and (a send) transfer seconds filled in."""
+    def peer(self, rep: int, p: P2P) -> int:
+        """The class of rank ``rep``'s peer in point-to-point op ``p`` (cached)."""
         peer = self._peers.get((p.group, rep, p.peer))
         if peer is None:
             row, i, _ = self.row(p.group, rep)
             peer = self._peers[(p.group, rep, p.peer)] = int(self.class_of[row[(i + p.peer)
                                                                               % len(row)]])
-        code, sid, deps, _, label, flops, nbytes = fields
-        return _new_instr((code, sid, deps, self.transfer(ci, p) if code == SEND else 0.0,
-                           label, flops, nbytes, (peer, p.tag), None, -1))
+        return peer
 
     def transfer(self, ci: int, p: P2P) -> float:
         """Seconds of send ``p`` for class ``ci``: the slowest of its ranks' transfers
@@ -200,7 +207,7 @@ class _Lowering:
             streams.setdefault(op.stream, len(streams))   # numbered in order of first use
             p = op.payload
             kind = type(p)
-            if kind is P2P:   # filled per class (:meth:`p2p`)
+            if kind is P2P:   # filled per class (:meth:`block`)
                 out.append(None)
                 send = p.kind == "send"
                 p2p.append((i, (SEND if send else RECV, streams[op.stream], op.deps, 0.0,

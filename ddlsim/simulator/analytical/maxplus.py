@@ -126,21 +126,25 @@ def _block_summaries(programs: list, NB: int) -> tuple[list, np.ndarray, np.ndar
     C = len(programs)
     summaries: list[Summary | None] = [None] * (C * NB)
     msgs: dict[tuple, int] = {}
-    sent_k = np.full(C * NB, -1, dtype=np.int64)
-    got_k = np.full(C * NB, -1, dtype=np.int64)
+    sent_k = [-1] * (C * NB)
+    got_k = [-1] * (C * NB)
     cache: dict[tuple, Summary | None] = {}
     closed = closed_streams(programs)
     for c, p in enumerate(programs):
         for k, (instrs, shape) in enumerate(zip(p.blocks, p.shapes), c * NB):
             s = shape_summary(instrs, shape, cache, closed)
-            if s is None or (s.recv is not None and s.recv.peer[0] == c):
+            if s is None:
+                continue
+            recv, send = s[3], s[4]
+            if recv is not None and recv.peer[0] == c:
                 continue
             summaries[k] = s
-            if s.send is not None:
-                sent_k[k] = msgs.setdefault((c, *s.send.peer), len(msgs))
-            if s.recv is not None:
-                got_k[k] = msgs.setdefault((s.recv.peer[0], c, s.recv.peer[1]), len(msgs))
-    return summaries, sent_k, got_k, len(msgs)
+            if send is not None:
+                sent_k[k] = msgs.setdefault((c, *send.peer), len(msgs))
+            if recv is not None:
+                got_k[k] = msgs.setdefault((recv.peer[0], c, recv.peer[1]), len(msgs))
+    return (summaries, np.array(sent_k, dtype=np.int64), np.array(got_k, dtype=np.int64),
+            len(msgs))
 
 
 def _limits(off: np.ndarray, none: np.ndarray, got: np.ndarray, src: np.ndarray,
@@ -312,11 +316,13 @@ class _Chain:
             return False
         old[:] = new
         g0, g1 = lo + first, K - 1 - int(diff[::-1].argmax())
-        for r, ri, M, m in self.readers:
-            i = int(M.searchsorted(g0))
-            j = int(m.searchsorted(g1, side="right")) - 1
-            if i <= j:
-                r.lo, r.hi = min(r.lo, int(ri[i])), max(r.hi, int(ri[j]))
+        for r, ri, M, m in self.readers:   # (positions are integers: <= g1 is < g1 + 1)
+            if M is m:
+                i, j = M.searchsorted((g0, g1 + 1)).tolist()
+            else:
+                i, j = int(M.searchsorted(g0)), int(m.searchsorted(g1 + 1))
+            if i < j:
+                r.lo, r.hi = min(r.lo, int(ri[i])), max(r.hi, int(ri[j - 1]))
         return True
 
 

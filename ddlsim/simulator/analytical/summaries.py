@@ -206,5 +206,5 @@ def shape_summary(instrs: tuple[Instr, ...], shape: int, cache: dict,
     s, (r, snd) = hit
     if s is None or (r < 0 and snd < 0):
         return s
-    return Summary(s[0], s[1], s[2], instrs[r] if r >= 0 else None,   # (faster than _replace)
-                   instrs[snd] if snd >= 0 else None, *s[5:])
+    return tuple.__new__(Summary, (s[0], s[1], s[2], instrs[r] if r >= 0 else None,
+                                   instrs[snd] if snd >= 0 else None) + s[5:])   # (fast)
