@@ -35,9 +35,10 @@ def test_every_row_reads_as_its_plan():
         assert cfg.train.micro_batch_size == int(row["batch_per_gpu"])
         assert cfg.train.dtype == row["dtype"]
         assert (cfg.model.memory_format == "channels_last") == (row["memory_format"] == "nhwc")
-        # the published iteration time: images of all GPUs over the published img/s
+        # the steady iteration: images of all GPUs over the published img/s, the mean of 100
+        # per-iteration rates whose first (cuDNN autotuning) is about 0
         assert vr.published_time(row) == pytest.approx(
-            int(row["gpus"]) * int(row["batch_per_gpu"]) / float(row["img_s"]))
+            int(row["gpus"]) * int(row["batch_per_gpu"]) / float(row["img_s"]) * 99 / 100)
 
 
 def test_the_script_on_a_sample_prints_rows_scaling_and_summary(capsys):
