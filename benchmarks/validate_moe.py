@@ -144,11 +144,30 @@ def zoo_config(row: dict) -> dict:
     ``--recompute-granularity selective --recompute-modules moe_act layernorm``
     (``train.recompute_modules``)."""
     overlap = row["a2a_overlap"] == "true"
-    return _run(row, expert_tp=int(row["etp"]),
-                moe={"router_force_load_balancing": row["forced_balance"] != "false",
-                     "overlap_expert_parallel_comm": overlap, "delay_wgrad_compute": overlap},
-                train={"dtype": row["precision"], **ZOO_RECOMPUTE[row["recompute"]]},
-                kernels={"fused_cross_entropy": True})
+    cfg = _run(row, expert_tp=int(row["etp"]),
+               moe={"router_force_load_balancing": row["forced_balance"] != "false",
+                    "overlap_expert_parallel_comm": overlap, "delay_wgrad_compute": overlap},
+               train={"dtype": row["precision"], **ZOO_RECOMPUTE[row["recompute"]]},
+               kernels={"fused_cross_entropy": True})
+    return megatron_fsdp(cfg) if row.get("fsdp") == "On" else cfg
+
+
+def megatron_fsdp(cfg: dict) -> dict:
+    """``cfg`` run under Megatron-FSDP, as the table's ``FSDP On`` (row 3): Megatron-Core's
+    custom FSDP at the row's commit 1e057005 (``--use-custom-fsdp
+    --data-parallel-sharding-strategy optim_grads_params``, which forces both overlaps on,
+    with ``--no-gradient-accumulation-fusion``, as its docs/source/api-guide/custom_fsdp.md
+    gives them; the table publishes no command): ZeRO-3 with zero3_implementation
+    megatron_fsdp (decoder/megatron_fsdp.py; its per-layer gathers and reduce-scatters are
+    the overlaps), the experts sharded over the expert data-parallel group."""
+    parallel = {k: v for k, v in cfg["parallel"].items()
+                if k not in ("overlap_grad_reduce", "overlap_param_gather")}
+    software = cfg["system"]["software"]
+    software = {**software, "kernels": {**software["kernels"],
+                                        "gradient_accumulation_fusion": False},
+                "overlap": {"zero3_implementation": "megatron_fsdp"}}
+    return {**cfg, "parallel": {**parallel, "zero_stage": 3},
+            "system": {**cfg["system"], "software": software}}
 
 
 def long_config(row: dict) -> dict:
@@ -166,7 +185,11 @@ def long_config(row: dict) -> dict:
 def approximated(row: dict) -> str:
     """What the row's run does that ddlsim does not model, on every row: the distributed
     optimizer's parameter all-gather overlapped with the next forward (exposed here) and the
-    fused router kernels (FP8 current scaling is modelled: ``te_current``)."""
+    fused router kernels (FP8 current scaling is modelled: ``te_current``). Under Megatron-FSDP
+    (ModelZoo row 3) the gathers are overlapped as its code runs them; its reduce-scatter
+    queue cap is not modelled (decoder/megatron_fsdp.py)."""
+    if row.get("fsdp") == "On":
+        return "RS queue cap, router kernels"
     return "param-gather overlap, router kernels"
 
 
