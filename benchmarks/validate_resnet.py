@@ -19,7 +19,8 @@ published figure is ``total_ips``, loading included, with real JPEG decoding on 
 loss (a few kernels on batch × 1000 logits) and the host synchronisation ending each step. No
 per-row factors and nothing tuned. The published rate averages 100 per-iteration rates, the
 first (cuDNN autotuning) about 0: each row is compared with the steady iteration it implies,
-``(PROF − 1)/PROF`` of the published time (:func:`published_time`). The 8-GPU scaling (8-GPU img/s over 1-GPU img/s) is printed beside.
+``(PROF − 1)/PROF`` of the published time (:func:`published_time`). The 8-GPU scaling
+(8-GPU img/s over 1-GPU img/s) is printed beside.
 """
 
 from __future__ import annotations
