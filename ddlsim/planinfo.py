@@ -116,14 +116,19 @@ def _layout_fields(cfg: Any) -> dict[str, Any]:
 
 def _resnet_fields(cfg: Any) -> dict[str, Any]:
     """ResNet's precision (16-bit dtypes run under ``torch.autocast`` with fp32 weights and
-    gradients, docs/resnet.md) and activation memory format; nothing for a proxy (its dtype
-    is the messages')."""
-    if cfg.model.compute != "model":
+    gradients, docs/resnet.md), activation memory format and the training step's options
+    around the model (``training_step``: ``zero_grad``, ``grad_scaler``, ``input_pipeline``,
+    ``broadcast_buffers``); nothing for a proxy (its dtype is the messages')."""
+    m = cfg.model
+    if m.compute != "model":
         return {}
     dtype = cfg.train.dtype
     return {"precision": (f"{dtype} autocast (AMP), fp32 weights and gradients"
                           if dtype in ("fp16", "bf16") else dtype),
-            "memory_format": cfg.model.memory_format}
+            "memory_format": m.memory_format,
+            "training_step": {"zero_grad": m.zero_grad, "grad_scaler": m.grad_scaler,
+                              "input_pipeline": m.input_pipeline,
+                              "broadcast_buffers": m.broadcast_buffers and cfg.dp > 1}}
 
 
 #: family → its own plan fields, for the families whose options the stack's kernel fields
@@ -154,7 +159,7 @@ def plan_fields(cfg: Any) -> dict[str, Any]:
         ``recompute_every_n_layers``, ``recompute_modules`` and ``layers_per_virtual_stage``;
         under ZeRO-3 in the
         families that read the kernels ``zero3_gathers`` (the plan line's words); ResNet's
-        ``precision`` and ``memory_format``.
+        ``precision``, ``memory_format`` and ``training_step``.
     """
     sw = cfg.software
     kernels = cfg.model.architecture in _KERNEL_FAMILIES and \

@@ -122,3 +122,20 @@ def test_the_dle_step_adds_its_ops_and_time():
 def test_options_that_cannot_apply_are_refused(model, dtype, field):
     with pytest.raises(ddlsim.ConfigError, match=field):
         ddlsim.load_config(_run(dtype, **model))
+
+
+def test_the_plan_names_the_step():
+    from ddlsim.planinfo import plan_fields
+
+    def plan_line(cfg):
+        return cfg.family.plan_summary(cfg)
+    cfg = ddlsim.load_config(_run(dp=8, zero_grad="zero", grad_scaler=True,
+                                  input_pipeline="normalize_mixup"))
+    assert plan_fields(cfg)["training_step"] == {
+        "zero_grad": "zero", "grad_scaler": True, "input_pipeline": "normalize_mixup",
+        "broadcast_buffers": True}
+    assert plan_line(cfg).endswith("zeroed gradients, GradScaler, normalize + mixup on the "
+                                   "device")
+    bare = ddlsim.load_config(_run())
+    assert plan_fields(bare)["training_step"]["broadcast_buffers"] is False   # one rank
+    assert plan_line(bare).endswith("fp16 autocast (AMP)")

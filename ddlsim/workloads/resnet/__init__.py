@@ -63,19 +63,31 @@ class ResNetFamily(WorkloadFamily):
 
     def plan_summary(self, cfg: Any) -> str:
         """``DP32 = 32 ranks``, the gradient buckets and how they are synchronised, the batch
-        and the dtype; a modelled (not proxy) run's 16-bit dtype as ``fp16 autocast (AMP)``
-        and ``channels_last`` when set (:mod:`.kernels`: no NCHW/NHWC transposes)."""
+        and the dtype; a modelled (not proxy) run's 16-bit dtype as ``fp16 autocast (AMP)``,
+        ``channels_last`` when set (:mod:`.kernels`: no NCHW/NHWC transposes) and the step's
+        options that are not the defaults (:mod:`.step`)."""
         m, p, dtype = cfg.model, cfg.parallel, cfg.train.dtype
         sync = "ring send/recv" if m.grad_sync == "ring_sendrecv" else "all-reduce"
         when = "overlapped" if cfg.software.overlap_grad_reduce else "after the backward"
         if m.compute == "model":
             dtype += " autocast (AMP)" if dtype in ("fp16", "bf16") else ""
             dtype += ", channels_last" if m.memory_format == "channels_last" else ""
+            dtype += "".join(f", {w}" for w in _step_words(m))
         return (f"DP{cfg.dp} = {cfg.world_size} ranks, {bucket_phrase(m.grad_buckets, p)}, "
                 f"{sync} {when}, {batch_phrase(cfg)}, {dtype}")
 
     def summary(self, model: Any) -> str:
         return model.summary_line()
+
+
+def _step_words(model: Any) -> list[str]:
+    """The plan line's words for the training step's options that are not the defaults
+    (:mod:`.step`)."""
+    words = ["zeroed gradients"] if model.zero_grad == "zero" else []
+    words += ["GradScaler"] if model.grad_scaler else []
+    if model.input_pipeline != "none":
+        words.append(model.input_pipeline.replace("_", " + ") + " on the device")
+    return words
 
 
 def bucket_phrase(buckets: Any, parallel: Any) -> str:
