@@ -59,10 +59,13 @@ def active(sw: Any) -> bool:
 def check(cfg: Any) -> None:
     """What Megatron-FSDP models (ValueError, one paragraph): ZeRO-3 only (its
     ``optim_grads_params`` strategy), without pipelining, with the per-layer behaviour its
-    code fixes (:data:`BEHAVIOUR`)."""
+    code fixes (:data:`BEHAVIOUR`). A plan the stack's rules refuse is left to them."""
     sw, p = cfg.software, cfg.parallel
     if not active(sw):
         return
+    from ...stackrules import broken_rules
+    if not sw.what_if and broken_rules(cfg):
+        return          # the stack cannot run the plan: its rule says so, with its source
     where = sw.sources["zero3_implementation"]
     if p.zero_stage != 3:
         raise ValueError(

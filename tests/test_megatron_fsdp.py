@@ -1,0 +1,161 @@
+"""Megatron-FSDP (``zero3_implementation: megatron_fsdp``, megatron-core-2025): the stack rules
+that admit and refuse it, the collectives of a tiny MoE plan under it (dense parameters over
+dp, experts over edp, per layer), and a config round trip (workloads/decoder/megatron_fsdp.py)."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+
+import ddlsim
+from ddlsim.api import build_workload
+from ddlsim.errors import ConfigError
+from ddlsim.software import resolve_software, stacks
+from ddlsim.workloads.trace import Collective
+
+#: Qwen3-30B-A3B cut to 2 layers on one DGX H100: TP2 (SP), EP4, expert TP1, so DP 4 and
+#: EDP 8 / (4·1) = 2; 2 micro-batches per data-parallel rank, full recomputation
+BASE = {"model": {"preset": "qwen3-30b-a3b", "num_hidden_layers": 2},
+        "parallel": {"tensor_model_parallel_size": 2, "sequence_parallel": True,
+                     "expert_model_parallel_size": 4, "expert_tensor_parallel_size": 1,
+                     "zero_stage": 3,
+                     "moe": {"token_dispatcher_type": "alltoall", "grouped_gemm": True}},
+        "train": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 1024,
+                  "recompute": "full", "dtype": "bf16"},
+        "system": {"preset": "dgx-h100", "nodes": 1,
+                   "software": {"stack": "megatron-core-2025",
+                                "kernels": {"gradient_accumulation_fusion": False},
+                                "overlap": {"zero3_implementation": "megatron_fsdp"}}}}
+#: Qwen3-30B-A3B (its config.json): hidden 2048, 32 query heads and 4 key/value heads of 128,
+#: 128 experts of moe_intermediate_size 768
+H, Q, KV, D, EXPERTS, FFN = 2048, 32, 4, 128, 128, 768
+
+
+def config(software: dict | None = None, **parallel) -> dict:
+    d = copy.deepcopy(BASE)
+    d["parallel"].update(parallel)
+    if software is not None:
+        d["system"]["software"] = software
+    return d
+
+
+def load(d: dict):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ddlsim.load_config(d)
+
+
+def refusal(d: dict) -> str:
+    with pytest.raises(ConfigError) as exc:
+        load(d)
+    return str(exc.value)
+
+
+def test_every_stack_names_its_zero3_implementation_with_a_source():
+    for stack in stacks():
+        sw = resolve_software(stack)
+        assert sw.zero3_implementation in ("torch_fsdp", "torch_fsdp2", "deepspeed")
+        assert sw.sources["zero3_implementation"].strip()
+    assert resolve_software("megatron-core-2025").zero3_implementation == "torch_fsdp2"
+
+
+def test_fsdp2_refuses_expert_parallelism_and_megatron_fsdp_runs_it():
+    fsdp2 = {"stack": "megatron-core-2025"}
+    assert "zero3_no_expert_parallel" in refusal(config(fsdp2))
+    assert load(config()).software.zero3_implementation == "megatron_fsdp"
+
+
+def test_megatron_fsdp_needs_gradient_accumulation_fusion_off():
+    sw = copy.deepcopy(BASE["system"]["software"])
+    del sw["kernels"]
+    text = refusal(config(sw))
+    assert "megatron_fsdp_no_grad_accum_fusion" in text
+    assert "gradient_accumulation_fusion = True" in text and "1e057005" in text
+
+
+@pytest.mark.parametrize("stack", ["torchtitan-2025", "deepspeed", "megatron-core-2024"])
+def test_other_stacks_have_no_megatron_fsdp(stack):
+    d = {"model": {"preset": "llama-3.1-8b", "num_hidden_layers": 2},
+         "parallel": {"zero_stage": 3, "data_parallel_size": 8},
+         "train": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 1024},
+         "system": {"preset": "dgx-h100", "nodes": 1,
+                    "software": {"stack": stack,
+                                 "overlap": {"zero3_implementation": "megatron_fsdp"}}}}
+    assert "no_megatron_fsdp" in refusal(d)
+
+
+def test_another_frameworks_zero3_is_refused_by_name():
+    sw = copy.deepcopy(BASE["system"]["software"])
+    sw["overlap"]["zero3_implementation"] = "deepspeed"
+    text = refusal(config(sw))
+    assert "zero3_implementation = 'deepspeed'" in text and "'torch_fsdp2'" in text
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"zero_stage": 1}, "parallel.zero_stage = 1"),
+    ({"pipeline_model_parallel_size": 2}, "not modelled"),
+])
+def test_what_megatron_fsdp_does_not_model_is_refused(change, words):
+    assert words in refusal(config(**change))
+
+
+def test_its_fixed_behaviour_cannot_be_contradicted():
+    sw = copy.deepcopy(BASE["system"]["software"])
+    sw["overlap"]["zero3_copy_out"] = True
+    assert "zero3_copy_out = True contradicts" in refusal(config(sw))
+
+
+def _gathers_and_reduces(cfg) -> dict:
+    """(op, group) -> [bytes, ...] of the parameter gathers and gradient reduce-scatters of
+    each block of stage 0, by block."""
+    out: dict = {}
+    for name, block in build_workload(cfg).classes[0].program.blocks.items():
+        for o in block.flat.ops:
+            p = o.payload
+            if isinstance(p, Collective) and p.name in ("param.all_gather",
+                                                        "grad.reduce_scatter"):
+                out.setdefault((name, p.op, p.group), []).append(p.bytes)
+    return out
+
+
+def test_each_layer_gathers_dense_over_dp_and_experts_over_edp():
+    """Per layer and pass, one gather of the dense parameters over dp and one of the local
+    experts over edp (Megatron-FSDP's per-unit buckets by group); with full recomputation the
+    backward gathers each layer once; each micro-batch reduce-scatters both in fp32."""
+    cfg = load(config())
+    wl = build_workload(cfg)
+    assert wl.groups["dp"].members[0].tolist() == [0, 2, 4, 6]
+    assert wl.groups["edp"].members[0].tolist() == [0, 4]
+    # the 32 local experts of 3 GEMMs each, bf16
+    expert = EXPERTS // 4 * 3 * H * FFN * 2
+    # attention GEMMs, the router and the four norms (input, post-attention, q and k), each
+    # split over the 2 TP ranks as ddlsim splits a layer's parameters (layer_rank_params)
+    dense = (H * Q * D * 2 + 2 * H * KV * D + H * EXPERTS + 2 * H + 2 * D) / 2 * 2
+    found = _gathers_and_reduces(cfg)
+    for block in ("F0", "B0"):
+        assert found[(block, "all_gather", "dp")] == [dense] * 2
+        assert found[(block, "all_gather", "edp")] == [expert] * 2
+    assert found[("B0", "reduce_scatter", "dp")] == [2 * dense] * 2
+    assert found[("B0", "reduce_scatter", "edp")] == [2 * expert] * 2
+    assert ("F0", "reduce_scatter", "dp") not in found
+
+
+def test_the_config_round_trips_through_yaml_and_set(tmp_path):
+    """The option written in a YAML file, and given with --set, predicts as the dict does,
+    and the plan line names it."""
+    import yaml
+    from ddlsim.configload import build_config
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(config()))
+    by_dict = ddlsim.predict(load(config()))
+    by_file = ddlsim.predict(load(path))
+    plain = config({"stack": "megatron-core-2025",
+                    "kernels": {"gradient_accumulation_fusion": False}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        by_set = ddlsim.predict(build_config(plain, [
+            "system.software.overlap.zero3_implementation=megatron_fsdp"]))
+    assert by_file.to_dict() == by_dict.to_dict() == by_set.to_dict()
+    assert "Megatron-FSDP" in str(by_dict.to_dict())
