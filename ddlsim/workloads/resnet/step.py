@@ -1,10 +1,11 @@
 """The device kernels a PyTorch image-classification training step runs besides the model's
 layers and the optimizer update: clearing the gradients, accumulating them, the loss scaler of
-fp16 AMP, and the input batch's normalisation and mixup on the GPU.
+fp16 AMP, the input batch's normalisation and mixup on the GPU, and DDP's buffer broadcast.
 
-Each is a ``model`` option of the ``resnet`` family, off by default (PyTorch 2's defaults and
-a bare loop); NVIDIA DeepLearningExamples' ``ConvNets`` script (``image_classification/``,
-commit 729963dd) runs all four, and ``benchmarks/validate_resnet.py`` sets them as it does.
+Each is a ``model`` option of the ``resnet`` family, defaulting to PyTorch 2's defaults and a
+bare loop (only DDP's ``broadcast_buffers`` is on, as in DDP); NVIDIA DeepLearningExamples'
+``ConvNets`` script (``image_classification/``, commit 729963dd) runs all of them, and
+``benchmarks/validate_resnet.py`` sets them as it does.
 Nothing here is fitted: byte counts follow the kernels' reads and writes, launches the
 framework's code.
 
