@@ -119,7 +119,7 @@ def fit_compute_entries(df: pd.DataFrame, peaks: dict[str, float] | None = None,
     if statistic != "median" and "time_median_s" in df:
         df = df.assign(flops_per_s=df["flops"] / representative_time_s(df, statistic))
     fits, failed = [], []
-    for key, g in df.groupby(["backend", "device", "kind", "dtype"], sort=True):
+    for key, g in single_calls(df).groupby(["backend", "device", "kind", "dtype"], sort=True):
         try:
             (f,) = fit_compute_results(g, peaks)
         except (CalibrationError, ValueError, ArithmeticError) as exc:
@@ -140,11 +140,39 @@ def fit_compute_entries(df: pd.DataFrame, peaks: dict[str, float] | None = None,
                              x_half_flops=f.x_half_flops, peak_flops_per_s=f.peak_flops_per_s,
                              rel_rmse=f.rel_rmse, n_points=f.n_points,
                              points={"flops": list(f.flops),
-                                     "flops_per_s": list(f.flops_per_s)})
+                                     "flops_per_s": list(f.flops_per_s)},
+                             shapes=_shapes(df, f))
                 for f in fits]
     except ValidationError as exc:
         raise CalibrationError(f"cannot make a compute profile entry: "
                                f"{exc.errors()[0]['msg']}") from None
+
+
+def single_calls(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a compute table that time one call each: a batched GEMM row (``batch`` >
+    1, a stack of calls) gives its shape's time (:func:`_shapes`) but no point of the
+    saturation curve of single calls."""
+    if "batch" not in df or df["kind"].ne("gemm").all():
+        return df
+    return df[(df["kind"] != "gemm") | (df["batch"].fillna(0) <= 1)]
+
+
+def _shapes(df: pd.DataFrame, fit) -> list[dict] | None:
+    """Each measured GEMM shape of ``fit``'s group and its time (``flops / flops_per_s``,
+    the statistic :func:`fit_compute_entries` fitted), for a profile's exact-shape lookup;
+    None for attention or a table without shapes."""
+    if fit.kind != "gemm" or not {"m", "n", "k"} <= set(df.columns):
+        return None
+    g = df[(df["backend"] == fit.backend) & (df["device"] == fit.device)
+           & (df["kind"] == fit.kind) & (df["dtype"] == fit.dtype)]
+    batch = g["batch"].fillna(0).clip(lower=1) if "batch" in g else pd.Series(1, g.index)
+    out: dict[tuple[int, int, int, int], list[float]] = {}
+    for (m, n, k), b, flops, rate in zip(g[["m", "n", "k"]].itertuples(index=False), batch,
+                                         g["flops"], g["flops_per_s"]):
+        if min(m, n, k) >= 1 and rate > 0:
+            out.setdefault((int(m), int(n), int(k), int(b)), []).append(flops / rate)
+    return [{"m": m, "n": n, "k": k, "batch": b, "seconds": float(np.median(t))}
+            for (m, n, k, b), t in sorted(out.items())] or None  # a shape met twice: median
 
 
 def check_fit_error(comm: Sequence[CommEntry], compute: Sequence[ComputeEntry],

@@ -112,13 +112,29 @@ def _torch_dtype(torch, dtype: str, device: str):
             "bf16": torch.bfloat16}[dtype]
 
 
+def _gemm_dims(shape: Sequence[int]) -> tuple[int, int, int, tuple[int, ...], dict]:
+    """``(m, n, k)`` or ``(m, n, k, batch)``: the dimensions, the operands' stack shape
+    (``(batch,)`` for a batched GEMM: ``batch`` independent calls in one numpy ``matmul``,
+    as an attention core's per-head GEMMs) and the table's dimension columns."""
+    if len(shape) not in (3, 4) or min(shape) < 1:
+        raise CalibrationError(f"a GEMM shape is (m, n, k) or (m, n, k, batch) of integers "
+                               f">= 1, got {tuple(shape)!r}")
+    m, n, k = (int(x) for x in shape[:3])
+    if len(shape) == 3:
+        return m, n, k, (), {"m": m, "n": n, "k": k}
+    batch = int(shape[3])
+    return m, n, k, (batch,), {"m": m, "n": n, "k": k, "batch": batch}
+
+
 def run_gemm_benchmark(backend: str = "numpy", device: str = "cpu",
                        dtypes: Sequence[str] = ("fp32",),
                        shapes: Sequence[tuple[int, int, int]] | None = None, warmup: int = 2,
                        reps: int = 5, seed: int = 0,
                        progress: Callable[[str], None] | None = None,
                        clock: Callable[[], float] | None = None) -> pd.DataFrame:
-    """Time GEMMs over shapes × dtypes; one row of :data:`COMPUTE_COLUMNS` per pair.
+    """Time GEMMs over shapes × dtypes; one row of :data:`COMPUTE_COLUMNS` per pair. A shape
+    is ``(m, n, k)``, or with numpy ``(m, n, k, batch)``: ``batch`` GEMMs in one ``matmul``
+    of stacked operands (its row's ``flops`` are the stack's).
 
     ``clock`` (seconds) is wall time when None; ``time.process_time`` (numpy only) times
     the CPU this process got, which other processes taking turns on its core do not inflate
@@ -135,14 +151,15 @@ def run_gemm_benchmark(backend: str = "numpy", device: str = "cpu",
             if dtype not in NUMPY_DTYPES:
                 raise CalibrationError(f"numpy dtype {dtype!r} not supported; allowed: "
                                        f"{', '.join(NUMPY_DTYPES)}")
-            for m, n, k in shapes:
-                a = rng.standard_normal((m, k)).astype(NUMPY_DTYPES[dtype])
-                b = rng.standard_normal((k, n)).astype(NUMPY_DTYPES[dtype])
+            for shape in shapes:
+                m, n, k, stack, dims = _gemm_dims(shape)
+                a = rng.standard_normal((*stack, m, k)).astype(NUMPY_DTYPES[dtype])
+                b = rng.standard_normal((*stack, k, n)).astype(NUMPY_DTYPES[dtype])
                 samples = _time(lambda: a @ b, lambda: None, warmup, reps, clock)
-                rows.append(_row("numpy", version, "cpu", "gemm", dtype,
-                                 {"m": m, "n": n, "k": k}, gemm_flops(m, n, k), samples))
+                rows.append(_row("numpy", version, "cpu", "gemm", dtype, dims,
+                                 gemm_flops(m, n, k) * dims.get("batch", 1), samples))
                 if progress:
-                    progress(f"{dtype} {m}x{n}x{k}")
+                    progress(f"{dtype} {m}x{n}x{k}" + (f" x{stack[0]}" if stack else ""))
         return _frame(rows)
     if backend != "torch":
         raise CalibrationError(f"compute backend must be 'numpy' or 'torch', got {backend!r}")
@@ -153,7 +170,11 @@ def run_gemm_benchmark(backend: str = "numpy", device: str = "cpu",
         old = torch.backends.cuda.matmul.allow_tf32
         torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
         try:
-            for m, n, k in shapes:
+            for shape in shapes:
+                m, n, k, stack, _ = _gemm_dims(shape)
+                if stack:
+                    raise CalibrationError("batched GEMM shapes are timed with the numpy "
+                                           f"backend only, got {tuple(shape)!r}")
                 a = torch.randn((m, k), generator=gen, device=device).to(tdt)
                 b = torch.randn((k, n), generator=gen, device=device).to(tdt)
                 samples = _time(lambda: a @ b, sync, warmup, reps)

@@ -35,7 +35,7 @@ from .outputs import write_yaml
 from ..documents import parse_yaml
 from .schema import OPS, CalibrationError, CalibrationLookupError, busbw_factor
 
-__all__ = ["Segment", "CommEntry", "ComputeEntry", "ProfileDoc", "CalibrationProfile",
+__all__ = ["Segment", "CommEntry", "ComputeEntry", "GemmShapeTime", "ProfileDoc", "CalibrationProfile",
            "CommPrediction", "PROFILE_VERSION", "list_default_profiles", "load_default_profile"]
 
 #: Most values a profile document may hold: a profile has a few hundred (segments, intervals,
@@ -121,8 +121,21 @@ class CommEntry(_Model):
         return i, self.segments[i]
 
 
+class GemmShapeTime(_Model):
+    """One GEMM shape as measured: ``batch`` × ``[m,k]·[k,n]`` took ``seconds``."""
+
+    m: int = Field(ge=1)
+    n: int = Field(ge=1)
+    k: int = Field(ge=1)
+    batch: int = Field(default=1, ge=1)
+    seconds: float = Field(gt=0)
+
+
 class ComputeEntry(_Model):
-    """Achieved FLOP/s ``R(x) = rate_max · x/(x + x_half)`` of calls of *x* FLOPs."""
+    """Achieved FLOP/s ``R(x) = rate_max · x/(x + x_half)`` of calls of *x* FLOPs; and, for
+    GEMMs, each measured shape's own time (``shapes``), which times that shape exactly:
+    GEMMs of equal FLOPs but other shapes run at other rates (a stack of thin attention
+    GEMMs, ``k = 64``, below the squares of its size on a CPU: docs/validation.md)."""
 
     backend: str
     device: str
@@ -134,7 +147,16 @@ class ComputeEntry(_Model):
     rel_rmse: float | None = None
     n_points: int | None = None
     points: dict[str, list[float]] | None = None
+    shapes: list[GemmShapeTime] | None = None
     source: str | None = None
+
+    def shape_seconds(self, shape: tuple[float, float, float], batch: float) -> float | None:
+        """Seconds measured for exactly ``batch`` × ``shape`` (M, N, K), or None."""
+        want = (*(round(x) for x in shape), round(batch))
+        for s in self.shapes or ():
+            if (s.m, s.n, s.k, s.batch) == want:
+                return s.seconds
+        return None
 
 
 class ProfileDoc(_Model):
@@ -349,9 +371,16 @@ class CalibrationProfile:
         return c.rate_max_flops_per_s * flops / (flops + c.x_half_flops)
 
     def compute_efficiency(self, flops: float, dtype: str, *, backend: str | None = None,
-                           device: str | None = None, kind: str = "gemm") -> float:
-        """η = achieved / peak FLOP/s for one call of ``flops`` FLOPs (needs the peak)."""
+                           device: str | None = None, kind: str = "gemm",
+                           shape: tuple[float, float, float] | None = None,
+                           batch: float = 1) -> float:
+        """η = achieved / peak FLOP/s for one call of ``flops`` FLOPs (needs the peak); a
+        GEMM ``shape`` (M, N, K) × ``batch`` the fit measured itself takes its measured
+        time (``flops / seconds``), any other the fitted curve."""
         c = self._compute(dtype, backend, device, kind)
+        seconds = c.shape_seconds(shape, batch) if shape is not None else None
+        if seconds is not None and c.peak_flops_per_s is not None:
+            return flops / seconds / c.peak_flops_per_s
         if c.peak_flops_per_s is None:  # a prediction cannot use it: say so, once per fit
             msg = (f"the {c.backend}/{c.device} {kind} {dtype} compute fit has no peak FLOP/s, "
                    "so no efficiency: predictions keep the device model's times; refit with "

@@ -199,9 +199,10 @@ def _plateau(csv: Path, statistic: str) -> float:
     """R_max (FLOP/s) of the saturation fit of a GEMM CSV (the calibration's own fitter)."""
     import pandas as pd
 
+    from ..calibration.build import single_calls
     from ..calibration.efficiency import fit_efficiency
     from ..calibration.schema import representative_time_s
-    df = pd.read_csv(csv)
+    df = single_calls(pd.read_csv(csv))
     return fit_efficiency(df["flops"], df["flops"] / representative_time_s(df, statistic))[0]
 
 

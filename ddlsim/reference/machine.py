@@ -112,9 +112,13 @@ def gemm_shapes(shape) -> list[tuple[int, int, int]]:
     """(m, n, k) of every distinct GEMM one training iteration of the reference model runs
     (``shape``: a :class:`~.gpt2.GPTShape`): per linear layer ``[T, K]·[K, N]`` with
     ``T = batch · seq`` tokens, the forward ``(T, N, K)``, the data gradient ``(T, K, N)``
-    and the weight gradient ``(K, N, T)``; the tied head is the layer ``(h → vocab)``."""
+    and the weight gradient ``(K, N, T)``; the tied head is the layer ``(h → vocab)``; then
+    the attention core's per-head GEMMs, ``batch · heads`` calls in one numpy ``matmul``
+    (``(s, s, d)``: QKᵀ and its gradients' shape, ``(s, d, s)``: P·V's), as
+    ``(m, n, k, batch)`` — the kernels ddlsim's trace gives the unfused attention."""
     t, h = shape.batch * shape.seq, shape.hidden
     out = []
     for k, n in ((h, 3 * h), (h, h), (h, 4 * h), (4 * h, h), (h, shape.vocab)):
         out += [(t, n, k), (t, k, n), (k, n, t)]
-    return sorted(set(out))
+    s, d, stack = shape.seq, h // shape.heads, shape.batch * shape.heads
+    return sorted(set(out)) + [(s, s, d, stack), (s, d, s, stack)]

@@ -213,12 +213,14 @@ class CostModel:
             if self.comm_backend == "nccl" else 0
         return contention_seconds(op, self._dev, ctas, comm)
 
-    def _profile_efficiency(self, flops: float, dtype: str) -> float | None:
-        """The calibration profile's GEMM efficiency at ``flops``, None for an uncalibrated
-        dtype (the kernel model's is kept)."""
+    def _profile_efficiency(self, flops: float, dtype: str, shape=None,
+                            batch: float = 1) -> float | None:
+        """The calibration profile's GEMM efficiency at ``flops`` (of ``batch`` × ``shape``
+        (M, N, K) where the profile measured that shape), None for an uncalibrated dtype
+        (the kernel model's is kept)."""
         from ..calibration.schema import CalibrationError
         try:
-            return self.profile.compute_efficiency(flops, dtype)
+            return self.profile.compute_efficiency(flops, dtype, shape=shape, batch=batch)
         except CalibrationError:
             return None
 

@@ -223,8 +223,9 @@ def op_time(op: Compute, dev: KernelDevice,
     bytes / achieved bandwidth)`` (element-wise and optimizer ops: ``max(bytes / bandwidth,
     FLOPs / peak)``; an op with neither FLOPs nor bytes launches nothing); with their host
     and launch time, ``max(Σ kernel time + n·gap, n·host)`` (:func:`.host.stream_time`).
-    ``measured(flops, dtype)``: a calibration profile's GEMM efficiency, or None where it has
-    none. ``memo``: a dict kept by a caller that times many ops on one device, so a kernel met
+    ``measured(flops, dtype[, shape, batch])``: a calibration profile's GEMM efficiency (of
+    that very GEMM shape where the profile measured it), or None where it has none.
+    ``memo``: a dict kept by a caller that times many ops on one device, so a kernel met
     again (the same GEMM in several plans) is timed once. A contention op with a fixed SM
     margin takes its GEMMs' extra time (:mod:`.contention`); one whose time follows its
     collectives' is timed by :meth:`~ddlsim.simulator.costs.CostModel.compute`."""
@@ -239,7 +240,8 @@ def op_time(op: Compute, dev: KernelDevice,
         for k in op.kernels:
             eff = None
             if measured is not None and k.kind == "gemm":
-                eff = measured(2.0 * k.shape[0] * k.shape[1] * k.shape[2] * k.batch, k.dtype)
+                eff = measured(2.0 * k.shape[0] * k.shape[1] * k.shape[2] * k.batch, k.dtype,
+                               k.shape, k.batch)   # a shape the profile measured: its time
             if memo is None:
                 total += kernel_time(k, dev, eff)
                 continue
