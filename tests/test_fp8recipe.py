@@ -102,8 +102,10 @@ def test_torchao_recipes_run_one_gemm_per_module_and_te_one_fused_projection():
             "system": {"preset": "grand-teton-h100"}}).model.shape()
     counts = {}
     for recipe in ("tensorwise", "rowwise", "te_delayed"):
-        sw = resolve_software(SoftwareSpec(stack="torchtitan-2025",
-                                           kernels={"fp8_recipe": recipe}))
+        # Transformer Engine's recipe on a model of fused projections (Megatron's layout;
+        # torchtitan's own modules are separate: separate_projections)
+        sw = resolve_software(SoftwareSpec(stack="torchtitan-2025", kernels={
+            "fp8_recipe": recipe, "separate_projections": recipe != "te_delayed"}))
         ks = layer_kernels(shape, sw, 1, 8192, 8, True, "fp8")
         counts[recipe] = [[k.shape[1] for k in ks[part] if k.kind == "gemm"]
                           for part in ("attn.qkv", "mlp.fc1")]

@@ -22,6 +22,7 @@ from typing import Any
 
 from ...config import DTYPE_BYTES
 from ...simulator.kernels.attention import FLASH_KINDS, attention_kernels
+from ...simulator.kernels.autograd import input_grad_sum_kernels
 from ...simulator.kernels.elementwise import (backward_kernels, layer_elementwise_kernels,
                                                  loss_bytes, loss_passes, norm_kernels)
 from ...simulator.kernels.fp8recipe import (FP8_RECIPES, fp8_cast_kernels, fp8_gemm_variants,
@@ -128,7 +129,8 @@ def layer_kernels(shape: Any, sw: Any, b: int, s: int, t: int, sp: bool,
     gd = train_dtype                      # linear GEMMs (fp8 under FP8)
     od = compute_dtype(train_dtype)       # attention and element-wise
     dt = DTYPE_BYTES[od]
-    per_module = gd == "fp8" and FP8_RECIPES[sw.fp8_recipe].per_module
+    separate = bool(sw.separate_projections)     # torchtitan's wq/wk/wv, w1/w3 (autograd.py)
+    per_module = separate or (gd == "fp8" and FP8_RECIPES[sw.fp8_recipe].per_module)
     g = linear_gemms(shape, b * s, t, per_module)
     core = [attention_kernels(sw.attention, b, shape.heads / t, s, shape.d, dt, shape.dropout,
                               bwd, od, kv_heads=shape.g / t, window=shape.sliding_window,
@@ -143,6 +145,11 @@ def layer_kernels(shape: Any, sw: Any, b: int, s: int, t: int, sp: bool,
                        gathered=gathered if fp8_sp_gather(sw, gd, t, sp, shape) else "",
                        shards=t)
 
+    # the sums of the input gradients of separate projections reading one input
+    sums = [input_grad_sum_kernels(len(g[m]) if separate and shape.mla is None
+                                   and isinstance(g[m][0], tuple) else 1,
+                                   b * s * shape.hidden, dt, od, bool(sw.compile))
+            for m in ("qkv", "fc1")]
     parts = {
         # qkv and fc1 follow a norm (Megatron-Core's TELayerNormColumnParallelLinear); under
         # SP their inputs, and proj's and fc2's output gradients, are all-gathered (in FP8
@@ -152,9 +159,9 @@ def layer_kernels(shape: Any, sw: Any, b: int, s: int, t: int, sp: bool,
         "mlp.fc1": lin(g["fc1"], False, True, "x"),
         "mlp.fc2": lin(g["fc2"], False),
         "bwd.mlp.fc2": lin(g["fc2"], True, gathered="g"),
-        "bwd.mlp.fc1": lin(g["fc1"], True, gathered="x"),
+        "bwd.mlp.fc1": lin(g["fc1"], True, gathered="x") + sums[1],
         "bwd.attn.proj": lin(g["proj"], True, gathered="g") + core[1],
-        "bwd.attn.qkv": lin(g["qkv"], True, gathered="x"),
+        "bwd.attn.qkv": lin(g["qkv"], True, gathered="x") + sums[0],
     }
     return {
         "attn": parts["attn.qkv"] + parts["attn.proj"],
