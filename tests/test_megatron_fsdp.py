@@ -159,3 +159,50 @@ def test_the_config_round_trips_through_yaml_and_set(tmp_path):
             "system.software.overlap.zero3_implementation=megatron_fsdp"]))
     assert by_file.to_dict() == by_dict.to_dict() == by_set.to_dict()
     assert "Megatron-FSDP" in str(by_dict.to_dict())
+
+
+#: ModelZoo row 3 as a command line: run_235b.sh's flags (tests/importers/
+#: test_megatron_lists.py QWEN3_235B) with the row's plan (TP2 EP8 PP1, MBS 4, full
+#: recomputation) and Megatron-FSDP as Megatron-LM 1e057005's custom_fsdp.md gives it
+ROW3 = (
+    "torchrun --nproc_per_node 8 --nnodes 32 pretrain_gpt.py "
+    "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 1 "
+    "--expert-model-parallel-size 8 --expert-tensor-parallel-size 1 --context-parallel-size 1 "
+    "--sequence-parallel --use-distributed-optimizer --overlap-grad-reduce "
+    "--overlap-param-gather --use-custom-fsdp --data-parallel-sharding-strategy "
+    "optim_grads_params --no-gradient-accumulation-fusion "
+    "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split "
+    "--micro-batch-size 4 --global-batch-size 2048 --seq-length 4096 --bf16 "
+    "--recompute-granularity full --recompute-method uniform "
+    "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep "
+    "--moe-grouped-gemm --moe-permute-fusion --moe-router-force-load-balancing "
+    "--cross-entropy-loss-fusion\n")
+
+
+def test_the_row_3_command_line_imports_as_validate_moes_config():
+    from benchscripts import load_script
+    from ddlsim.importers.common import nested
+    from ddlsim.importers.megatron import read_megatron
+    vm = load_script("validate_moe")
+    row = next(r for r in vm.zoo_rows() if r["row"] == "3")
+    zoo = vm.zoo_config(row)
+    draft = read_megatron(ROW3, "row3.sh")
+    assert not draft.refused
+    imported = nested({k: v for k, v in draft.fields.items() if not k.startswith("model.")})
+    imported["model"] = zoo["model"]
+    imported["system"] = {"preset": "dgx-h100", "nodes": imported["system"]["nodes"],
+                          "software": imported["system"]["software"]}
+    moe = {k: v for k, v in zoo["parallel"]["moe"].items()
+           if k not in ("overlap_expert_parallel_comm", "delay_wgrad_compute")}
+    assert imported == {**zoo, "parallel": {**zoo["parallel"], "moe": moe}}
+
+
+@pytest.mark.parametrize("flags, words", [
+    ("--use-custom-fsdp", "optim_grads_params (ZeRO-3) only, got 'no_shard'"),
+    ("--use-custom-fsdp --data-parallel-sharding-strategy optim_grads", "got 'optim_grads'"),
+    ("--data-parallel-sharding-strategy optim_grads_params", "with that flag only"),
+])
+def test_megatron_fsdp_flags_ddlsim_does_not_model_are_refused_by_name(flags, words):
+    from ddlsim.importers.megatron import read_megatron
+    refused = read_megatron(f"--use-distributed-optimizer {flags}", "run.sh").refused
+    assert len(refused) == 1 and words in refused[0][1]

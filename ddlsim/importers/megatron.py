@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from .common import Draft
+from .megatron_fsdp import FSDP_FLAGS, megatron_fsdp_flags
 from .shell import is_unset, read_command
 
 __all__ = ["read_megatron", "MEGATRON_FLAGS", "megatron_flag_names"]
@@ -220,7 +221,7 @@ LAUNCHER: dict[str, str | None] = {
         "max_restarts", "max-restarts", "standalone"))}
 
 MEGATRON_FLAGS = (*VALUE_FLAGS, *LIST_FLAGS, *SWITCHES, *CHOICES, *MODEL_FLAGS, *NO_EFFECT,
-                  *NOT_MODELLED)
+                  *NOT_MODELLED, *FSDP_FLAGS)
 
 
 def megatron_flag_names() -> list[str]:
@@ -264,8 +265,13 @@ def read_megatron(text: str, where: str) -> Draft:
               or "megatron", "the model's name: the file's")
     _launcher(draft, cmd.launcher)
     model: dict[str, list[str]] = {}
+    fsdp = []
     for flag, values in _groups(cmd.args):
-        _one(draft, flag, values, model)
+        if flag in FSDP_FLAGS:      # read together, after the rest (.megatron_fsdp)
+            fsdp.append((flag, values))
+        else:
+            _one(draft, flag, values, model)
+    megatron_fsdp_flags(draft, fsdp)
     from .megatron_model import model_fields
     model_fields(draft, model, cmd.script)
     return draft
