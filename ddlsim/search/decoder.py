@@ -156,11 +156,13 @@ class DecoderVectors:
         ctas = _nccl_ctas(ctx, net, mi)
         # the buckets' SMs: charged on the first stage (Megatron-Core buckets it alone)
         sm = _sm_taken(ctx, pieces.fwd_gemm, pieces.bwd_gemm, ctas)[1]
-        upd_f, tail_f = self._update(ctx, plans, self.stage_params(ctx, plans, True), bwd, coll,
-                                     sm)
-        upd_l, tail_l = self._update(ctx, plans, self.stage_params(ctx, plans, False), bwd, coll)
+        first_params = self.stage_params(ctx, plans, True)
+        active = self._gather_active(ctx, plans)   # asked once for the three gathers below
+        upd_f, tail_f = self._update(ctx, plans, first_params, bwd, coll, sm, active)
+        upd_l, tail_l = self._update(ctx, plans, self.stage_params(ctx, plans, False), bwd, coll,
+                                     active=active)
         # overlap_param_gather: stage 0's first forward block waits for the rest of the gather
-        rest = self._gathered(ctx, plans, self.stage_params(ctx, plans, True) * dt)[1]
+        rest = self._gathered(ctx, plans, first_params * dt, active)[1]
         first_block = lc * fwd + emb + np.where(one & (v == 1), head_f, 0.0)
         late = rest > 0
         # its compute pays NCCL's SMs while the gather runs (.workloads.smcontention)
@@ -188,17 +190,22 @@ class DecoderVectors:
         one, every = pp == 1, np.full(len(plans), True)
         return with_edges(sh, t, layers, every if first else one, one if first else every, pp)
 
-    def _gathered(self, ctx: _Context, plans, param_bytes):
-        """(exposed, overlapped) bytes of the ZeRO-1/2 parameter gather: where
-        :func:`ddlsim.workloads.decoder.param_gather.active` holds for the plan (asked once per
-        distinct ZeRO stage and DP > 1), its first bucket stays exposed
-        (:func:`~ddlsim.workloads.decoder.param_gather.first_bucket`)."""
+    def _gather_active(self, ctx: _Context, plans) -> np.ndarray:
+        """Per plan, whether :func:`ddlsim.workloads.decoder.param_gather.active` holds
+        (asked once per distinct ZeRO stage and DP > 1)."""
         zero, multi = plans["zero"], plans["dp"] > 1
         on = np.zeros(len(plans), dtype=bool)
         for z in np.unique(zero):
             for dp in (1, 2):
                 if param_gather.active(piece_config(ctx.cfg, 1, False, 1, "none", int(z), dp)):
                     on |= (zero == z) & (multi == (dp > 1))
+        return on
+
+    def _gathered(self, ctx: _Context, plans, param_bytes, on=None):
+        """(exposed, overlapped) bytes of the ZeRO-1/2 parameter gather: where
+        :meth:`_gather_active` holds for the plan (``on`` when the caller has it), its first
+        bucket stays exposed (:func:`~ddlsim.workloads.decoder.param_gather.first_bucket`)."""
+        on = self._gather_active(ctx, plans) if on is None else on
         exposed = param_gather.first_bucket(on, param_bytes, grad_bucket_bytes(
             ctx.cfg, plans["dp"], 2))
         return exposed, np.where(on, param_bytes - exposed, 0.0)
@@ -210,18 +217,19 @@ class DecoderVectors:
         n = np.asarray(n_params, dtype=float)
         return stream_times(ctx.step_s * n, (n > 0).astype(float), ctx.dev.launch)
 
-    def _update(self, ctx: _Context, plans, params, bwd_layer, coll, sm=None):
+    def _update(self, ctx: _Context, plans, params, bwd_layer, coll, sm=None, active=None):
         """(update block, data-parallel tail) of a stage holding ``params`` per rank;
         ``sm(C, layers)``: a run of backward layers' extra seconds beside ``C`` seconds of
-        overlapped buckets (:func:`_sm_taken`; None: not charged)."""
+        overlapped buckets (:func:`_sm_taken`; None: not charged); ``active``:
+        :meth:`_gather_active` when the caller has it."""
         dp, zero, v = plans["dp"], plans["zero"], plans["v"]
         grad = params * ctx.gdt
         sharded = (zero > 0) & (dp > 1)
         update = self._optimizer(ctx, np.where(sharded, params / np.maximum(dp, 1), params))
         op_rs = (zero == 1) | (zero == 2)
         gathers = op_rs & (dp > 1)
-        update += coll("all_gather", "dp", self._gathered(ctx, plans, params * ctx.dt)[0],
-                       gathers) * gathers
+        update += coll("all_gather", "dp",
+                       self._gathered(ctx, plans, params * ctx.dt, active)[0], gathers) * gathers
         # each plan asks the collective it runs (the others' tails are 0 below)
         rs, ar = gathers, ~op_rs & (dp > 1) & (zero < 3)
         bucket = grad_bucket_bytes(ctx.cfg, dp, ctx.gdt)   # the first stage's first chunk

@@ -13,7 +13,6 @@ validates gives the context its base config.
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -63,12 +62,16 @@ def plan_config(sections: dict, base: Any, plan: Mapping[str, Any]) -> Any:
     from ..config import ParallelConfig, RunConfig, TrainConfig
     from ..configload import format_validation_error
 
-    parts = copy.deepcopy(sections)
+    parts = dict(sections)   # the mappings on each plan path copied, the rest shared
+    copied: set[tuple[str, ...]] = set()
     for path, value in plan.items():
         keys = path.split(".")
-        node = parts.setdefault(keys[0], {})
-        for key in keys[1:-1]:
-            node = node.setdefault(key, {})
+        node = parts
+        for depth, key in enumerate(keys[:-1], 1):
+            if tuple(keys[:depth]) not in copied:
+                node[key] = dict(node.get(key, {}))
+                copied.add(tuple(keys[:depth]))
+            node = node[key]
         node[keys[-1]] = value
     parsed = {}
     for name, schema in (("parallel", ParallelConfig), ("train", TrainConfig)):
