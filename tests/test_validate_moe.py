@@ -112,10 +112,23 @@ def test_modelzoo_rows_are_the_tables_plans_and_rows_1_2_differ_only_in_the_over
 
 
 def test_a_row_ddlsim_does_not_model_is_listed_not_predicted():
-    fsdp = vm.zoo_rows()[2]
-    recs = vm.evaluate("analytical", only=[fsdp])
+    row = {**vm.zoo_rows()[0], "modelled": "no: a reason the table gives"}
+    recs = vm.evaluate("analytical", only=[row])
     assert [r["result"] for r in recs] == [None]
-    assert "Megatron-FSDP" in recs[0]["skipped"]
+    assert recs[0]["skipped"] == "a reason the table gives"
+
+
+def test_row_3_runs_under_megatron_fsdp():
+    """FSDP On: ZeRO-3 as Megatron-FSDP (decoder/megatron_fsdp.py), with the gradient
+    accumulation fusion off that Megatron-LM asserts, and no overlap flags of its own."""
+    fsdp = vm.zoo_rows()[2]
+    assert (fsdp["row"], fsdp["fsdp"], fsdp["modelled"]) == ("3", "On", "yes")
+    cfg = vm.config(fsdp)
+    assert cfg["parallel"]["zero_stage"] == 3
+    assert not {"overlap_grad_reduce", "overlap_param_gather"} & cfg["parallel"].keys()
+    sw = ddlsim.load_config(cfg).software
+    assert sw.zero3_implementation == "megatron_fsdp" and not sw.gradient_accumulation_fusion
+    assert vm.approximated(fsdp) == "RS queue cap, router kernels"
 
 
 def test_row_4s_split_leaves_the_embedding_and_the_loss_chunks_without_a_layer():
