@@ -206,3 +206,21 @@ def test_megatron_fsdp_flags_ddlsim_does_not_model_are_refused_by_name(flags, wo
     from ddlsim.importers.megatron import read_megatron
     refused = read_megatron(f"--use-distributed-optimizer {flags}", "run.sh").refused
     assert len(refused) == 1 and words in refused[0][1]
+
+
+def test_search_refuses_what_predict_refuses():
+    """A search under Megatron-FSDP (the exact tier: the vectorised one refuses it) counts
+    ZeRO-1 and pipelining as predict refuses them, and predicts the ZeRO-3 plan as predict."""
+    from ddlsim.search.run import search
+    base = config(zero_stage=3)
+    axes = {"parallel.zero_stage": [1, 3], "parallel.pipeline_model_parallel_size": [1, 2]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        frame = search(base, axes=axes, top=4)
+    assert frame.attrs["tier"] == "exact"
+    assert frame[["parallel.zero_stage", "parallel.pipeline_model_parallel_size"]
+                 ].values.tolist() == [[3, 1]]
+    rejected = frame.attrs["rejected"]
+    assert sum(n for r, n in rejected.items() if "parallel.zero_stage = 1" in r) == 2
+    assert sum(n for r, n in rejected.items() if "is not modelled" in r) == 1
+    assert frame["iteration_time_s"].iloc[0] == ddlsim.predict(load(base)).iteration_time_s

@@ -289,8 +289,14 @@ def _stack_rules(f, ctx_cfgs: list, inter, plain,
     has_cfg = np.array([c is not None for c in ctx_cfgs])[ctx]
     p2p = np.array([c is not None and bool(c.software.overlap_p2p_comm) for c in ctx_cfgs])[ctx]
     cp = np.array([1 if c is None else c.parallel.cp for c in ctx_cfgs])[ctx]
+    # the stack's ZeRO-3 implementation and gradient accumulation fusion (a context's)
+    mfsdp = np.array([c is not None and c.software.zero3_implementation == "megatron_fsdp"
+                      for c in ctx_cfgs])[ctx]
+    fusion = np.array([c is not None and bool(c.software.gradient_accumulation_fusion)
+                       for c in ctx_cfgs])[ctx]
     facts = PlanFacts.of(tp=f["tp"], pp=f["pp"], cp=cp, zero=f["zero"], sp=f["sp"].astype(bool),
-                         interleaved=inter, one_f_one_b=plain, p2p_overlap=p2p)
+                         interleaved=inter, one_f_one_b=plain, p2p_overlap=p2p,
+                         megatron_fsdp=mfsdp, grad_accum_fusion=fusion)
     return [(reason, mask & has_cfg)
             for reason, mask in stack_rejections(known[0].software.name, facts)]
 
