@@ -353,6 +353,18 @@ def report(rows: list[dict]) -> None:
     warm = [r for r in rows if not PROXIES[r["proxy"]].cold]
     if len(warm) < len(rows):
         print("steady iterations only (no cold proxy): " + summary_line(warm, refused))
+    from ddlsim.reference.loop import _cores
+    quiet = [r for r in warm if loaded(r) <= _cores()]
+    print(f"of those, measured with the load average at most the {_cores()} cores before and "
+          f"after ({len(quiet)} of {len(warm)}): " + summary_line(quiet, refused))
+
+
+def loaded(row: dict) -> float:
+    """The higher 1-minute load average of a row's two readings (``load_before``,
+    ``load_after``: :func:`proxies_calib.load`); the other jobs on the machine then
+    outnumber its cores by this much, and a niced proxy waits for a core after each
+    ``usleep`` and in each MPI call (docs/validation.md)."""
+    return max(float(row[k].split()[1].rstrip(",")) for k in ("load_before", "load_after"))
 
 
 def main(argv: list[str] | None = None) -> None:

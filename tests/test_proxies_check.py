@@ -137,3 +137,9 @@ def test_dlrm_built_run_at_two_ranks_and_predicted(tmp_path):
     assert measured >= DLRM_SLEEP_S
     assert set(predicted) == {"analytical", "des"}
     assert all(DLRM_SLEEP_S <= t < 2 * DLRM_SLEEP_S for t in predicted.values())
+
+
+def test_a_rows_load_is_the_higher_of_its_two_readings():
+    row = {"load_before": "load 1.50, cpu pressure 20.00 %",
+           "load_after": "load 2.25, cpu pressure n/a %"}
+    assert pc.loaded(row) == 2.25
