@@ -224,3 +224,19 @@ def test_search_refuses_what_predict_refuses():
     assert sum(n for r, n in rejected.items() if "parallel.zero_stage = 1" in r) == 2
     assert sum(n for r, n in rejected.items() if "is not modelled" in r) == 1
     assert frame["iteration_time_s"].iloc[0] == ddlsim.predict(load(base)).iteration_time_s
+
+
+def test_its_buffers_are_the_gathered_units_the_kept_edges_and_a_units_gradients():
+    """Beyond the two gathered layers (what a what-if FSDP2 plan of this stack holds):
+    the embedding, final norm and output layer kept gathered in bf16 (outside any unit),
+    and one layer's unsharded gradients, bf16 param.grad and the fp32 main_grad bucket."""
+    sw = copy.deepcopy(BASE["system"]["software"])
+    sw.update(overlap={}, what_if=True)
+    mine = ddlsim.predict(load(config()))
+    fsdp2 = ddlsim.predict(load(config(sw)))
+    VOCAB = 151936
+    kept = 2 * VOCAB * H / 2 + H                  # embedding and output over TP, final norm
+    unit = (H * Q * D * 2 + 2 * H * KV * D + H * EXPERTS + 2 * H + 2 * D) / 2 \
+        + EXPERTS // 4 * 3 * H * FFN
+    extra = mine.memory.buffers - fsdp2.memory.buffers
+    assert extra == kept * 2 + unit * (2 + 4)

@@ -40,9 +40,10 @@ NCCL user buffers, HSDP (``--num-distributed-optimizer-instances``) and the ``op
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-__all__ = ["NAME", "active", "check", "phrase"]
+__all__ = ["NAME", "active", "check", "phrase", "memory_rules"]
 
 #: ``zero3_implementation``'s value for Megatron-FSDP
 NAME = "megatron_fsdp"
@@ -91,3 +92,19 @@ def phrase(sw: Any) -> str:
     """``, Megatron-FSDP (experts over the expert data-parallel group)`` under Megatron-FSDP,
     else empty."""
     return ", Megatron-FSDP (experts over the expert data-parallel group)" if active(sw) else ""
+
+
+def memory_rules(sw: Any, fm: Any) -> Any:
+    """The framework memory rules ``fm`` (:class:`~ddlsim.workloads.allocator.
+    FrameworkMemory`) under stack ``sw``: under Megatron-FSDP, ZeRO-3's buffers per
+    micro-batch as FSDP2's rule counts them (:func:`~ddlsim.workloads.allocator.
+    comm_buffer_bytes`): the gathered units, the modules outside a unit kept gathered
+    (embedding, final norm and output layer: ``kept_root`` edges; Megatron-LM HEAD
+    docs/user-guide/features/megatron_fsdp.md, "Non-unit modules remain persistently
+    un-sharded"; 1e057005 releases units only, ``release_module_parameters`` in
+    ``_post_forward`` and ``_post_backward``), and one unit's unsharded gradients, the
+    backward's 16-bit ``param.grad`` and the main-gradient bucket it is copied into before
+    the reduce-scatter (``_grad_acc``, line 365). Else ``fm`` itself."""
+    if not active(sw):
+        return fm
+    return replace(fm, fsdp2=True, kept_root="edges")

@@ -217,6 +217,8 @@ def stage_buffers(sw, fm, shape: DecoderShape, zero_stage, dp, gathered, unit_pa
     ``sw``, ``fm``, ``shape`` and the two byte counts may be an array over plans."""
     from .builder import with_edges
     from .fsdp import per_iteration
+    from .megatron_fsdp import memory_rules
+    fm = memory_rules(sw, fm)
     kept = 0.0
     if fm.kept_root != "none":
         kept = with_edges(shape, param_split, 0.0, first if fm.kept_root == "edges"
