@@ -307,16 +307,23 @@ def _min_time_each(forms: _Forms, nbytes: np.ndarray, mesh_index: np.ndarray) ->
     best = np.full(nbytes.shape, math.inf)
     if len(forms.a):
         best = (forms.a[:, mesh_index] + forms.b[:, mesh_index] * nbytes).min(axis=0)
-    picked, least = np.full(nbytes.shape, math.inf), np.full(nbytes.shape, math.inf)
-    for _, proto, lat, high, div, bw, estimate, *fill, slope, q, nch in forms.nccl:
-        lat, high, div = lat[mesh_index], high[mesh_index], div[mesh_index]
-        guess = nccl_seconds_array(nbytes, lat, high, div, estimate[mesh_index], proto)
-        edges, fills = fill[:len(fill) // 2], fill[len(fill) // 2:]
-        took = nccl_seconds_array(nbytes, lat, high, div, bw[mesh_index], proto,
-                                  [e[mesh_index] for e in edges], [f[mesh_index] for f in fills],
-                                  slope[mesh_index], q[mesh_index], nch[mesh_index])
+    # NCCL's pick by its estimate, then the time taken by the picked form only (most forms
+    # are picked nowhere: their time is not asked)
+    least, pick = np.full(nbytes.shape, math.inf), np.full(nbytes.shape, -1)
+    for i, (_, proto, lat, high, div, _, estimate, *_) in enumerate(forms.nccl):
+        guess = nccl_seconds_array(nbytes, lat[mesh_index], high[mesh_index], div[mesh_index],
+                                   estimate[mesh_index], proto)
         better = guess < least  # NCCL keeps the first of equal estimates
-        least, picked = np.where(better, guess, least), np.where(better, took, picked)
+        least, pick = np.where(better, guess, least), np.where(better, i, pick)
+    picked = np.full(nbytes.shape, math.inf)
+    for i in np.unique(pick[pick >= 0]).tolist():
+        _, proto, lat, high, div, bw, _, *fill, slope, q, nch = forms.nccl[i]
+        edges, fills = fill[:len(fill) // 2], fill[len(fill) // 2:]
+        took = nccl_seconds_array(nbytes, lat[mesh_index], high[mesh_index], div[mesh_index],
+                                  bw[mesh_index], proto, [e[mesh_index] for e in edges],
+                                  [f[mesh_index] for f in fills], slope[mesh_index],
+                                  q[mesh_index], nch[mesh_index])
+        picked = np.where(pick == i, took, picked)
     return np.minimum(best, picked)
 
 
