@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..simulator.kernels import gemm_kernels_backward, kernel_time
+from ..simulator.kernels import kernel_time
 from ..simulator.kernels.host import stream_time
-from ..workloads.decoder.layerkernels import compute_dtype, layer_kernels
+from ..workloads.decoder.layerkernels import compute_dtype, layer_kernels, logits_kernels
+from ..workloads.decoder.wgrad import main_grad_bytes
 from ..workloads.trace import Kernel
 
 __all__ = ["kernel_times"]
@@ -33,9 +34,9 @@ def _one(ctx, b: int, t: int, sp: bool, seen: dict) -> dict[str, float]:
     cfg, sh = ctx.cfg, ctx.shape
     lk = dict(layer_kernels(sh, cfg.software, b, ctx.s, t, sp, cfg.train.dtype))
     n, dtype = b * ctx.s, compute_dtype(cfg.train.dtype)
-    lk["logits"] = (Kernel("gemm", (n, sh.vocab / t, sh.hidden), dtype=dtype),)
-    lk["bwd.logits"] = tuple(Kernel("gemm", g, dtype=dtype)
-                             for g in gemm_kernels_backward(n, sh.vocab / t, sh.hidden))
+    for key, backward in (("logits", False), ("bwd.logits", True)):   # the builder's head
+        lk[key] = logits_kernels(n, sh.vocab / t, sh.hidden, dtype, backward,
+                                 main_grad_bytes(cfg.software, cfg.train.dtype))
     def time(k: Kernel) -> float:
         got = seen.get(k)
         if got is None:

@@ -49,7 +49,7 @@ from typing import NamedTuple
 import numpy as np
 
 __all__ = ["GEMM_TILE", "GEMM_REFERENCE", "GemmOverhead", "gemm_quantisation", "gemm_time",
-           "gemm_kernels_backward", "main_loop_efficiency"]
+           "gemm_bytes", "gemm_kernels_backward", "main_loop_efficiency"]
 
 #: thread-block tile (rows, columns of C): the NVIDIA guide's wave-quantisation example on A100
 GEMM_TILE = (256, 128)
@@ -156,11 +156,8 @@ def gemm_time(M, N, K, batch, dtype_bytes: float, peak: float, ceiling: float,
     NVIDIA, Matrix Multiplication Background User's Guide (tile and wave quantisation).
     """
     M, N, K = (np.asarray(x, dtype=float) for x in (M, N, K))
-    # an fp8 GEMM writes 16-bit outputs (Transformer Engine, torch._scaled_mm: bf16 out)
-    out_bytes = max(dtype_bytes, 2.0)
-    t_mem = ((M * K + K * N) * dtype_bytes + M * N * out_bytes) * batch / memory_Bps
-    if operand_bytes is not None:
-        t_mem = operand_bytes / memory_Bps
+    t_mem = (gemm_bytes(M, N, K, batch, dtype_bytes) if operand_bytes is None
+             else operand_bytes) / memory_Bps
     flops = 2.0 * M * N * K * batch
     if sm_count is None:
         out = np.maximum(flops / (peak * ceiling), t_mem)
@@ -176,6 +173,32 @@ def gemm_time(M, N, K, batch, dtype_bytes: float, peak: float, ceiling: float,
                          + np.maximum(flops / (peak * eta * np.minimum(q, 1.0)), t_mem))
         out = np.minimum(*times)
     return float(out) if out.ndim == 0 else out
+
+
+def gemm_bytes(M, N, K, batch, dtype_bytes: float, accumulate_bytes: float = 0.0):
+    """Bytes ``batch`` GEMMs ``D[M,N] = A[M,K]·B[K,N] (+ C)`` move at least once: ``A`` and
+    ``B`` in ``dtype_bytes``; ``D`` written in 16 bits at least (an fp8 GEMM writes bf16:
+    Transformer Engine, ``torch._scaled_mm``) or, for a GEMM that accumulates into a buffer
+    (``β = 1``: ``C`` read and ``D = C`` written), ``2·accumulate_bytes`` per output element.
+
+    Parameters
+    ----------
+    M, N, K : float or array
+        the GEMM's shape (elements).
+    batch : float
+        GEMMs in the launch.
+    dtype_bytes : float
+        bytes per element of ``A`` and ``B``.
+    accumulate_bytes : float
+        bytes per element of the buffer the GEMM accumulates into (4: Megatron's fp32
+        ``main_grad`` under ``gradient_accumulation_fusion``); 0: no accumulation.
+
+    Returns
+    -------
+    float or array : bytes.
+    """
+    out = 2.0 * accumulate_bytes if accumulate_bytes else max(dtype_bytes, 2.0)
+    return ((M * K + K * N) * dtype_bytes + M * N * out) * batch
 
 
 def gemm_kernels_backward(M: float, N: float, K: float) -> tuple[tuple[float, float, float],

@@ -11,6 +11,7 @@ from ..trace import Collective, Compute, Op
 from .layerkernels import final_norm_op, logits_kernels, loss_op
 from .oplists import extend_ops
 from .stage import StageBase
+from .wgrad import main_grad_bytes
 
 __all__ = ["EdgeOps"]
 
@@ -66,7 +67,7 @@ class EdgeOps(StageBase):
         if self.structured:
             return self.part.head_backward_ops(self.grad_accumulate_bytes(emb))
         bwd = logits_kernels(self.b * self.s, self.shape.vocab / self.tp, self.shape.hidden,
-                             self.dtype, True)
+                             self.dtype, True, main_grad_bytes(self.sw, self.plan.train_dtype))
         return [loss_op(self.b * self.s, self.shape.vocab / self.tp, self.dt, self.dtype,
                         self.sw.fused_cross_entropy, True),
                 Compute("bwd.logits", 2 * self.shape.logits_forward_flops(self.b, self.s) / self.tp,

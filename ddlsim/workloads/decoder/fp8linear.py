@@ -22,6 +22,7 @@ from ...simulator.kernels.fp8recipe import (FP8_RECIPES, fp8_cast_kernels, fp8_g
                                             fp8_rescale_kernels)
 from ...simulator.kernels.gemm import gemm_kernels_backward
 from ..trace import Compute, Kernel
+from .wgrad import into_main_grad
 
 __all__ = ["linear_kernels", "with_fp8_casts", "fp8_sp_gather"]
 
@@ -32,7 +33,7 @@ def _times(kernels: tuple[Kernel, ...], batch: float) -> tuple[Kernel, ...]:
 
 def linear_kernels(sw: Any, dtype: str, M: float, N: float, K: float, backward: bool,
                    batch: float = 1.0, norm_amax: bool = False, gathered: str = "",
-                   shards: int = 1) -> tuple[Kernel, ...]:
+                   shards: int = 1, main_grad: int = 0) -> tuple[Kernel, ...]:
     """The kernels of ``batch`` linears ``[M, K]·[K, N]`` launched as one (a grouped GEMM):
     the GEMMs (backward: data and weight gradients); in FP8, the recipe's cast passes before
     them over all ``batch`` problems at once (a recipe that quantizes each problem on its
@@ -62,6 +63,9 @@ def linear_kernels(sw: Any, dtype: str, M: float, N: float, K: float, backward: 
         Engine (same function); ``""``: none.
     shards : int
         sequence shards ``gathered`` is all-gathered from.
+    main_grad : int
+        bytes per element of the buffer the weight gradients accumulate into
+        (:mod:`.wgrad`); 0: none.
 
     Returns
     -------
@@ -70,10 +74,12 @@ def linear_kernels(sw: Any, dtype: str, M: float, N: float, K: float, backward: 
     """
     shapes = gemm_kernels_backward(M, N, K) if backward else ((M, N, K),)
     if dtype != "fp8":
-        return tuple(Kernel("gemm", g, batch=batch, dtype=dtype) for g in shapes)
+        gemms = tuple(Kernel("gemm", g, batch=batch, dtype=dtype) for g in shapes)
+        return into_main_grad(gemms, main_grad) if backward else gemms
     recipe, compiled = sw.fp8_recipe, bool(sw.compile)
     gemms = tuple(Kernel("gemm", g, batch=batch, dtype=dtype, variant=v)
                   for g, v in zip(shapes, fp8_gemm_variants(recipe, backward)))
+    gemms = into_main_grad(gemms, main_grad) if backward else gemms
     rescale = fp8_rescale_kernels(recipe, M, N, K) if backward else ()
     casts = fp8_cast_kernels(recipe, M, N, K, backward, compiled,
                              weight_fp8=sw.enable_fsdp_float8_all_gather, norm_amax=norm_amax,
@@ -83,14 +89,15 @@ def linear_kernels(sw: Any, dtype: str, M: float, N: float, K: float, backward: 
 
 
 def with_fp8_casts(op: Compute, sw: Any, M: float, N: float, K: float, backward: bool,
-                   batch: float = 1.0, launches: int = 1) -> Compute:
+                   batch: float = 1.0, launches: int = 1, main_grad: int = 0) -> Compute:
     """``op`` (``launches`` launches of ``batch`` GEMMs ``[M,K]·[K,N]`` in its kernels' dtype,
     :meth:`.moe.MoEOps._gemm`) with each launch's kernels as :func:`linear_kernels` gives
-    them; ``op`` itself when its GEMMs are not FP8."""
+    them (``main_grad``: as there); ``op`` itself when its GEMMs are not FP8."""
     kernels = op.kernels or ()
     if not kernels or kernels[0].dtype != "fp8":
         return op
-    return replace(op, kernels=linear_kernels(sw, "fp8", M, N, K, backward, batch) * launches)
+    return replace(op, kernels=linear_kernels(sw, "fp8", M, N, K, backward, batch,
+                                              main_grad=main_grad) * launches)
 
 
 def fp8_sp_gather(sw: Any, train_dtype: str, tp: int, sp: bool, shape: Any) -> bool:

@@ -94,5 +94,7 @@ def multi_stream_gemms(op: Compute, experts: int, streams: int) -> Compute:
         raise ValueError(f"op {op.name!r}: GEMM kernels of batch {bad[0]:g}, expected one "
                          f"grouped launch of {experts} experts")
     rounds = stream_rounds(experts, streams)
-    new = tuple(replace(g, batch=float(r)) for r in rounds for g in gemms)
+    # a GEMM's own bytes (a weight gradient into main_grad, .wgrad) are the round's share
+    new = tuple(replace(g, batch=float(r), bytes=g.bytes * r / experts)
+                for r in rounds for g in gemms)
     return replace(op, kernels=kernels[:idx[0]] + new + kernels[idx[-1] + 1:])

@@ -30,6 +30,7 @@ from ...simulator.kernels.fp8recipe import (FP8_RECIPES, fp8_cast_kernels, fp8_g
 from ...simulator.kernels.gemm import gemm_kernels_backward
 from ..trace import Compute, Kernel
 from .fp8linear import fp8_sp_gather
+from .wgrad import into_main_grad, main_grad_bytes
 
 __all__ = ["layer_kernels", "MODULE_PARTS", "compute_dtype", "grad_bytes", "linear_gemms",
            "activation_kinds", "logits_kernels", "loss_op", "final_norm_fused", "final_norm_op",
@@ -79,7 +80,7 @@ def _linear(shape3: tuple, dtype: str, backward: bool, recipe: str = "te_delayed
             compiled: bool = False, shared_input: bool = False,
             input_cast: bool = True, weight_fp8: bool = False,
             norm_amax: bool = False, gathered: str = "",
-            shards: int = 1) -> tuple[Kernel, ...]:
+            shards: int = 1, main_grad: int = 0) -> tuple[Kernel, ...]:
     """Kernels of one linear ``(M, N, K)``, or of a tuple of them in a row; ``shared_input``:
     the tuple's modules read one input, which a compiled block casts to FP8 once
     (:mod:`~ddlsim.simulator.kernels.fp8recipe`, ``per_module``); ``weight_fp8``: FSDP
@@ -87,20 +88,23 @@ def _linear(shape3: tuple, dtype: str, backward: bool, recipe: str = "te_delayed
     from the normalisation before it (TE's ``LayerNormLinear``, :mod:`~ddlsim.simulator.
     kernels.fp8_current`); ``gathered``, ``shards``: the tensor (``x`` or ``g``) gathered
     over ``shards`` sequence shards under SP, which Transformer Engine quantizes per shard
-    (:func:`~ddlsim.simulator.kernels.fp8recipe.fp8_cast_kernels`)."""
+    (:func:`~ddlsim.simulator.kernels.fp8recipe.fp8_cast_kernels`); ``main_grad``: bytes per
+    element of the buffer the weight gradient accumulates into (:mod:`.wgrad`; 0: none)."""
     if isinstance(shape3[0], tuple):   # several GEMMs in a row (MLA's, per-module projections)
         once = shared_input and compiled
         return sum((_linear(x, dtype, backward, recipe, compiled, input_cast=not (once and i),
-                            weight_fp8=weight_fp8, norm_amax=norm_amax)
+                            weight_fp8=weight_fp8, norm_amax=norm_amax, main_grad=main_grad)
                     for i, x in enumerate(shape3)), ())
     M, N, K = shape3
     shapes = gemm_kernels_backward(M, N, K) if backward else ((M, N, K),)
     if dtype != "fp8":
-        return tuple(Kernel("gemm", g, dtype=dtype) for g in shapes)
+        out = tuple(Kernel("gemm", g, dtype=dtype) for g in shapes)
+        return into_main_grad(out, main_grad) if backward else out
     # the stack's FP8 recipe as run (simulator/kernels/fp8recipe.py): its scaling and cast
     # passes, its GEMM kernels, and the passes rescaling its backward outputs
     out = tuple(Kernel("gemm", g, dtype=dtype, variant=v)
                 for g, v in zip(shapes, fp8_gemm_variants(recipe, backward)))
+    out = into_main_grad(out, main_grad) if backward else out
     rescale = fp8_rescale_kernels(recipe, M, N, K) if backward else ()
     return fp8_cast_kernels(recipe, M, N, K, backward, compiled, input_cast,
                             weight_fp8, norm_amax, gathered, shards) + out + rescale
@@ -137,13 +141,15 @@ def layer_kernels(shape: Any, sw: Any, b: int, s: int, t: int, sp: bool,
                               window_share=shape.window_share, softmax_fp32=sw.softmax_in_fp32)
             for bwd in (False, True)]
     ew = layer_elementwise_kernels(shape, b, s, t, sp, dt, sw, od)
+    mg = main_grad_bytes(sw, train_dtype)     # weight gradients into main_grad (.wgrad)
+
     # each op's kernels by the module whose parameters they use (ZeRO-3's module hooks,
     # .zero3): the attention core runs between the QKV and output projections' hooks
     def lin(shape3, backward, norm_fed=False, gathered=""):
         return _linear(shape3, gd, backward, sw.fp8_recipe, bool(sw.compile), per_module,
                        weight_fp8=sw.enable_fsdp_float8_all_gather, norm_amax=norm_fed,
                        gathered=gathered if fp8_sp_gather(sw, gd, t, sp, shape) else "",
-                       shards=t)
+                       shards=t, main_grad=mg)
 
     # the sums of the input gradients of separate projections reading one input
     sums = [input_grad_sum_kernels(len(g[m]) if separate and shape.mla is None
@@ -177,14 +183,19 @@ def layer_kernels(shape: Any, sw: Any, b: int, s: int, t: int, sp: bool,
 
 @lru_cache(maxsize=1024, typed=True)
 def logits_kernels(tokens: float, vocab_local: float, hidden: float, dtype: str,
-                   backward: bool) -> tuple[Kernel, ...]:
+                   backward: bool, main_grad: int = 0) -> tuple[Kernel, ...]:
     """The output head's GEMM ``[tokens, h]·[h, V/t]`` (16-bit: Megatron's output layer is
-    not a Transformer Engine module), or its two backward GEMMs. Memoised (typed: an int and
-    a float argument stay apart), like :func:`loss_op`: the search builds the head of every
-    plan signature, and plans of one micro-batch size and TP degree share it."""
+    not a Transformer Engine module), or its two backward GEMMs, the weight gradient
+    accumulating into a ``main_grad`` of ``main_grad`` bytes per element (:mod:`.wgrad`;
+    Megatron's ``ColumnParallelLinear`` under ``gradient_accumulation_fusion``; 0: none).
+    Memoised (typed: an int and a float argument stay apart), like :func:`loss_op`: the
+    search builds the head of every plan signature, and plans of one micro-batch size and TP
+    degree share it."""
     g = (tokens, vocab_local, hidden)
-    return tuple(Kernel("gemm", x, dtype=dtype)
-                 for x in (gemm_kernels_backward(*g) if backward else (g,)))
+    if not backward:
+        return (Kernel("gemm", g, dtype=dtype),)
+    return into_main_grad(tuple(Kernel("gemm", x, dtype=dtype)
+                                for x in gemm_kernels_backward(*g)), main_grad)
 
 
 @lru_cache(maxsize=1024, typed=True)

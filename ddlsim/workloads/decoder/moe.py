@@ -41,6 +41,7 @@ from .moe_host import add_host_work, add_waits, dispatcher_host
 from .partition import context
 from .partition.base import OpList
 from .stage import StageBase
+from .wgrad import into_main_grad, main_grad_bytes
 
 __all__ = ["MoEOps"]
 
@@ -113,11 +114,14 @@ class MoEOps(StageBase):
 
     # ------------------------------------------------------------------ op pieces
     def _gemm(self, name: str, M: float, N: float, K: float, backward: bool,
-              batch: int = 1, launches: int = 1) -> Compute:
+              batch: int = 1, launches: int = 1, main_grad: int = 0) -> Compute:
         """``launches × batch`` local GEMMs ``[M,K]·[K,N]`` (backward: data and weight
-        gradients) as one op with its kernels; the linear layers run in the training dtype."""
+        gradients, the weight gradients accumulating into a ``main_grad`` of ``main_grad``
+        bytes per element, :mod:`.wgrad`) as one op with its kernels; the linear layers run in
+        the training dtype."""
         shapes = gemm_kernels_backward(M, N, K) if backward else ((M, N, K),)
         k = tuple(Kernel("gemm", g, batch=batch, dtype=self.plan.train_dtype) for g in shapes)
+        k = into_main_grad(k, main_grad) if backward else k
         return Compute(name, (4 if backward else 2) * M * N * K * batch * launches,
                        dtype=self.dtype, kernels=k * launches)
 
@@ -164,9 +168,13 @@ class MoEOps(StageBase):
                         launches: int) -> Compute:
         """One linear of the local experts (fc1 or fc2, GEMM ``shape`` per expert) with its
         FP8 casts; a grouped launch on a stack whose grouped GEMM is Transformer Engine's
-        multi-stream GroupedLinear as its rounds of per-expert GEMMs (:mod:`.grouped_linear`)."""
-        op = with_fp8_casts(self._gemm(name, *shape, backward, batch, launches), self.sw,
-                            *shape, backward, batch, launches)
+        multi-stream GroupedLinear as its rounds of per-expert GEMMs (:mod:`.grouped_linear`).
+        The weight gradients accumulate into ``main_grad`` where the stack fuses it, except
+        in the legacy ``GroupedMLP``'s one grouped launch (:mod:`.wgrad`)."""
+        legacy = self.moe.grouped_gemm and not self.moe.gemm_streams
+        mg = 0 if legacy else main_grad_bytes(self.sw, self.plan.train_dtype)
+        op = with_fp8_casts(self._gemm(name, *shape, backward, batch, launches, mg), self.sw,
+                            *shape, backward, batch, launches, mg)
         if batch > 1 and self.moe.gemm_streams:
             op = multi_stream_gemms(op, batch, self.moe.gemm_streams)
         return op
@@ -180,9 +188,10 @@ class MoEOps(StageBase):
             return []
         M, t, f = self.b * self.s / self.cp, self.tp, sh.shared_experts * sh.f_s
         pre = "bwd" if backward else tag
+        mg = main_grad_bytes(self.sw, self.plan.train_dtype)     # TE linears (.wgrad)
         comp = [self._gemm(f"{pre}.shared.fc1", M, (sh.mlp_matrices - 1) * f / t, sh.hidden,
-                           backward),
-                self._gemm(f"{pre}.shared.fc2", M, sh.hidden, f / t, backward)]
+                           backward, main_grad=mg),
+                self._gemm(f"{pre}.shared.fc2", M, sh.hidden, f / t, backward, main_grad=mg)]
         act = self.act_bytes / self.cp
         if t == 1:
             return comp

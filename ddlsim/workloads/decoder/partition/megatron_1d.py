@@ -19,10 +19,10 @@ from __future__ import annotations
 from typing import Any
 
 from ..fp8linear import fp8_sp_gather, linear_kernels
-from ..layerkernels import loss_op
+from ..layerkernels import logits_kernels, loss_op
 from ....simulator.kernels.fp8_current import amax_allreduce
-from ....simulator.kernels.gemm import gemm_kernels_backward
 from ...trace import Collective, Compute, Kernel, Op
+from ..wgrad import main_grad_bytes
 from . import register_partitioner
 from .base import LayerPartitioner, OpList
 
@@ -104,7 +104,8 @@ class Megatron1D(LayerPartitioner):
         gathered = ("g" if row_parallel else "x") if self.fp8_gather else ""
         return linear_kernels(self.sw, self.plan.train_dtype, *shape3, backward,
                               norm_amax=not (backward or row_parallel), gathered=gathered,
-                              shards=self.size)
+                              shards=self.size,
+                              main_grad=main_grad_bytes(self.sw, self.plan.train_dtype))
 
     def gemm_forward(self, ops: OpList, name: str, M: float, N: float, K: float,
                      row_parallel: bool) -> None:
@@ -151,10 +152,10 @@ class Megatron1D(LayerPartitioner):
         ops, sh = OpList(), self.shape
         ops.add(loss_op(self.tokens, sh.vocab / self.size, self.dt, self.dtype,
                         self.sw.fused_cross_entropy, True))
-        bwd = gemm_kernels_backward(self.tokens, sh.vocab / self.size, sh.hidden)
+        bwd = logits_kernels(self.tokens, sh.vocab / self.size, sh.hidden, self.dtype, True,
+                             main_grad_bytes(self.sw, self.plan.train_dtype))
         ops.add(Compute("bwd.logits", 2 * sh.logits_forward_flops(self.b, self.s) / self.size
-                        / self.cp, dtype=self.dtype,
-                        kernels=tuple(Kernel("gemm", g, dtype=self.dtype) for g in bwd)))
+                        / self.cp, dtype=self.dtype, kernels=bwd))
         ops.add(Compute("bwd.grad_accumulate.embedding", 0.0, grad_accumulate_bytes,
                         kind="elementwise", dtype=self.dtype))
         return ops.ops
