@@ -45,23 +45,28 @@ def _pass(c, d, head, layer, a, r, L: int, k: int, backward: bool, sm=None):
     ``sm(C)``: a layer's extra seconds beside ``C`` seconds of collectives (None: none)."""
     ready = []
     for _ in range(min(k + 1, L)):
-        d = np.maximum(d, c) + a
+        d = np.maximum(d, c)
+        d += a
         ready.append(d)
-    c = c + head
+    c = np.array(c + head, dtype=float)   # a new array, advanced in place below (each d
+    # is kept in ready: a new one each time)
     # what runs beside layer j takes three values in a pass (:func:`_beside`: the first
     # layer, a layer with a gather issued after it, one without), so sm is asked once each
     extra: dict[tuple[bool, bool], np.ndarray] = {}
     for j in range(L):
-        c = np.maximum(c, ready[j]) + layer
+        np.maximum(c, ready[j], out=c)
+        c += layer
         if sm is not None:
             kind = (j == 0, j + k < L)
             if kind not in extra:
                 extra[kind] = sm(_beside(j, L, k, a, r if backward else 0.0))
-            c = c + extra[kind]
+            c += extra[kind]
         if backward:
-            d = np.maximum(d, c) + r
+            d = np.maximum(d, c)
+            d += r
         if j + k + 1 < L:
-            d = np.maximum(d, c) + a
+            d = np.maximum(d, c)
+            d += a
             ready.append(d)
     return c, d
 
