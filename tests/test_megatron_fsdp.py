@@ -142,6 +142,29 @@ def test_each_layer_gathers_dense_over_dp_and_experts_over_edp():
     assert ("F0", "reduce_scatter", "dp") not in found
 
 
+def test_the_modules_outside_the_units_are_gathered_once_and_reduced_per_micro_batch():
+    """The embedding, the final norm and the output layer (no unit): their gradients
+    reduce-scattered over dp after each micro-batch's backward of them (the head's after the
+    head's backward, the embedding's at the end), in fp32; gathered once, after the step."""
+    wl = build_workload(load(config()))
+    blocks = wl.classes[0].program.blocks
+    VOCAB = 151936
+    head, emb = VOCAB * H / 2 + H, VOCAB * H / 2        # output layer over TP, final norm
+    edges = {o.payload.name: (o.payload.op, o.payload.group, o.payload.bytes)
+             for name in ("B0", "update") for o in blocks[name].ops
+             if isinstance(o.payload, Collective) and ".head" in o.payload.name
+             or isinstance(o.payload, Collective) and "edges" in o.payload.name
+             or isinstance(o.payload, Collective) and ".embedding" in o.payload.name}
+    assert edges == {"grad.reduce_scatter.head": ("reduce_scatter", "dp", 4 * head),
+                     "grad.reduce_scatter.embedding": ("reduce_scatter", "dp", 4 * emb),
+                     "params.all_gather.edges": ("all_gather", "dp", 2 * (head + emb))}
+    b0 = [o.payload.name for o in blocks["B0"].ops]
+    # after the head's backward (its logits' and the final norm's), before the first layer's
+    assert b0.index("bwd.final_norm") + 1 == b0.index("grad.reduce_scatter.head") \
+        < b0.index("recompute.qkv")
+    assert b0[-1] == "grad.reduce_scatter.embedding"
+
+
 def test_the_config_round_trips_through_yaml_and_set(tmp_path):
     """The option written in a YAML file, and given with --set, predicts as the dict does,
     and the plan line names it."""

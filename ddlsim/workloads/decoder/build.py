@@ -20,7 +20,7 @@ from ..trace import Block, RankClass, Program, StepTable, Workload, WorkloadMeta
 from .builder import StageBuilder
 from .memory import comm_groups, stage_memory
 from .plan import resolve_plan
-from . import combined, fsdp, hsdp, param_gather
+from . import combined, fsdp, hsdp, megatron_fsdp, param_gather
 from .zero3 import zero3_blocks, zero3_prefetch
 
 __all__ = ["build_decoder_workload", "decoder_memory"]
@@ -141,6 +141,7 @@ def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
                     block = hsdp.with_replica_wait(block)
                 if zero3:               # torchao's float8 scales after the step (.fsdp_float8)
                     block = fsdp.with_float8_precompute(b, block, stage)
+                    block = megatron_fsdp.with_edge_gather(b, block)
                 update = shared[key] = {"update": block}
             program = Program({**blocks, **update}, tables[stage])
             name = f"stage{stage}" + ("" if len(splits) == 1 else (".root" if root else ".rest"))

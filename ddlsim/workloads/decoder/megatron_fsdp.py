@@ -30,8 +30,20 @@ optim_grads_params`` at NVIDIA/Megatron-LM 9c1a5351 and 1e057005, renamed
 * **No copy-out**: the parameters are views of the all-gather bucket
   (``param_and_grad_buffer.py`` line 736), so ``zero3_copy_out`` is false.
 
-What this module adds is the check of the plan (:func:`check`) and the plan line's phrase
-(:func:`phrase`); the stack rules (``zero3_no_expert_parallel``, ``no_megatron_fsdp``,
+**Outside the units** (``fsdp_unit_id`` None: the embedding, the final norm and the output
+layer) the parameters are sharded over dp × cp too, gathered once per iteration and kept
+(only units are released, ``release_module_parameters``; ``finish_grad_sync`` resets the
+gather pipeline after the last micro-batch, line 683, and ``start_param_sync`` gathers the
+first bucket before the next forward, line 630), their gradients reduce-scattered after
+every micro-batch's backward of their module (``_post_backward``, line 392): here the head's
+after the head's backward (:func:`with_head_reduce_scatter`), the embedding's at the end of
+the backward (:func:`with_embedding_reduce_scatter`), both gathered after the optimizer step
+(:func:`with_edge_gather`: the output layer's gather, which the run prefetches beside the
+first micro-batch's last layer, counted exposed), and kept gathered in memory
+(:func:`memory_rules`).
+
+What this module adds is the check of the plan (:func:`check`), the plan line's phrase
+(:func:`phrase`), the edges' collectives and the memory rules; the stack rules (``zero3_no_expert_parallel``, ``no_megatron_fsdp``,
 ``megatron_fsdp_no_grad_accum_fusion``) are in :mod:`ddlsim.stackrules`. Not modelled: the
 reduce-scatter queue's cap (``suggested_RS_queue_capacity``), the double-buffer allocator,
 NCCL user buffers, HSDP (``--num-distributed-optimizer-instances``) and the ``optim`` /
@@ -43,7 +55,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-__all__ = ["NAME", "active", "check", "phrase", "memory_rules"]
+from ..trace import Block, Collective, Op, Wait
+from .oplists import comm_stream
+
+__all__ = ["NAME", "active", "check", "phrase", "memory_rules", "edge_params",
+           "with_head_reduce_scatter", "with_embedding_reduce_scatter", "with_edge_gather"]
 
 #: ``zero3_implementation``'s value for Megatron-FSDP
 NAME = "megatron_fsdp"
@@ -108,3 +124,52 @@ def memory_rules(sw: Any, fm: Any) -> Any:
     if not active(sw):
         return fm
     return replace(fm, fsdp2=True, kept_root="edges")
+
+
+def edge_params(b: Any) -> tuple[float, float]:
+    """``(head, embedding)`` parameters on one rank outside any unit (pipeline size 1): the
+    final norm with an untied output layer, and the input embedding (with learned positions;
+    a tied output layer is its weight, whose gradient is whole after the embedding's
+    backward), as :func:`.builder.with_edges` counts them."""
+    from .builder import with_edges
+    head = with_edges(b.shape, b.part.param_split, 0.0, False, True, 1)
+    return head, with_edges(b.shape, b.part.param_split, 0.0, True, True, 1) - head
+
+
+def _reduce_scatter(b: Any, name: str, params: float, deps: tuple[int, ...]) -> Op:
+    group = b.grad_group
+    return Op(Collective(name, "reduce_scatter", group, params * b.gdt), comm_stream(group),
+              deps)
+
+
+def with_head_reduce_scatter(b: Any, head: list) -> list:
+    """The head's backward ops ``head`` (payloads or ops indexing ``head``) followed by the
+    reduce-scatter of the head's gradients after them (:func:`edge_params`)."""
+    params = edge_params(b)[0]
+    if not (active(b.sw) and params):
+        return head
+    ops = [x if isinstance(x, Op) else Op(x) for x in head]
+    return [*ops, _reduce_scatter(b, "grad.reduce_scatter.head", params, (len(ops) - 1,))]
+
+
+def with_embedding_reduce_scatter(b: Any, backward: Block) -> Block:
+    """``backward`` followed by the reduce-scatter of the embedding's gradients after its
+    last op (the embedding's backward ends the pass)."""
+    if not active(b.sw):
+        return backward
+    rs = _reduce_scatter(b, "grad.reduce_scatter.embedding", edge_params(b)[1],
+                         (len(backward.ops) - 1,))
+    return Block(backward.name, backward.phase, (*backward.ops, rs))
+
+
+def with_edge_gather(b: Any, update: Block) -> Block:
+    """``update`` followed by the gather of the parameters outside any unit after its last op
+    (the optimizer step), which the compute stream then waits for (the next iteration's
+    forward starts with the embedding)."""
+    if not active(b.sw):
+        return update
+    group, n = b.grad_group, len(update.ops)
+    gather = Op(Collective("params.all_gather.edges", "all_gather", group,
+                           sum(edge_params(b)) * b.dt), comm_stream(group), (n - 1,))
+    wait = Op(Wait("params.edges.wait", comm_stream(group)), deps=(n,))
+    return Block(update.name, update.phase, (*update.ops, gather, wait))

@@ -396,7 +396,9 @@ def zero3_blocks(b: StageBuilder, prefetch: int) -> dict[str, Block]:
                 prefetch)
     _extend(fwd, b.head_forward())
     back = moe[::-1]
-    bwd = _pass(b, b.head_backward(),
+    from . import megatron_fsdp as mfsdp     # its edges' gradients (no-ops otherwise)
+    bwd = _pass(b, mfsdp.with_head_reduce_scatter(b, b.head_backward()),
                 _units(b, [one_layer(b, True, m, n - 1 - i) for i, m in enumerate(back)],
                        back, True), prefetch)
-    return {"F0": Block("F0", "forward", tuple(fwd)), "B0": Block("B0", "backward", tuple(bwd))}
+    return {"F0": Block("F0", "forward", tuple(fwd)),
+            "B0": mfsdp.with_embedding_reduce_scatter(b, Block("B0", "backward", tuple(bwd)))}
