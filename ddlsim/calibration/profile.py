@@ -91,6 +91,9 @@ class CommEntry(_Model):
     bic: float | None = None
     segments: list[Segment] = Field(min_length=1)
     points: Points | None = None
+    #: times measured at the very message sizes a run issues, beside its iterations (not
+    #: fitted: :mod:`.sizes`); a query of one of these sizes on ``ranks`` takes its time
+    sizes: Points | None = None
     source: str | None = None
 
     @model_validator(mode="after")
@@ -112,6 +115,14 @@ class CommEntry(_Model):
             return min(self.points.bytes), max(self.points.bytes)
         hi = self.segments[-1].max_bytes
         return self.segments[0].min_bytes, math.inf if hi is None else hi
+
+    def size_time_s(self, nbytes: float) -> float | None:
+        """The time measured at ``nbytes`` itself (:attr:`sizes`, within one float32
+        element per rank or the profile's 7 significant digits), or None."""
+        for b, t in zip(*(self.sizes.bytes, self.sizes.time_s) if self.sizes else ((), ())):
+            if abs(b - nbytes) <= max(4 * self.ranks, 1e-6 * nbytes):
+                return t
+        return None
 
     def segment(self, nbytes: float) -> tuple[int, Segment]:
         """The segment that covers ``nbytes`` (first below its range, last above)."""
@@ -283,6 +294,8 @@ class CalibrationProfile:
         i, seg = e.segment(nbytes)
         scale = busbw_factor(op, ranks) / busbw_factor(op, e.ranks) if ranks != e.ranks else 1.0
         t = (seg.alpha_s + seg.beta_s_per_B * nbytes) * scale
+        exact = e.size_time_s(nbytes) if ranks == e.ranks else None
+        t = t if exact is None else exact
         return CommPrediction(t, seg.alpha_s, seg.beta_s_per_B, float(nbytes), int(ranks),
                               e.ranks, scale, e.scope, i, e)
 

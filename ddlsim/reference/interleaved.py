@@ -15,7 +15,11 @@ Every rank does, round after round (a barrier before each step):
    of each element-wise kernel class ddlsim times apart (:mod:`.kernels`: the model's own
    numpy LayerNorm, GeLU and Adam on the run's sizes, the bytes ddlsim counts over their
    least CPU time);
-3. one training iteration of each run config (one rank count, one model, each config one
+3. on more than one rank, one CPU-time sample of each collective the run configs' traces
+   issue, at the trace's own size (:func:`trace_collectives`; ``calibrate comm``'s MPI
+   benchmark, the most over ranks), written to ``OUT/sizes{N}.csv``: the loop keeps them
+   in the profile beside its fitted curves (:mod:`ddlsim.calibration.sizes`);
+4. one training iteration of each run config (one rank count, one model, each config one
    ``parallel.dp_strategy``; one model and one Adam serve them all, in turn), timed in two
    parts, each in CPU time and the most over ranks: the forward and backward, then, after a
    barrier, the gradient exchange and update (its wall time is kept too).
@@ -112,6 +116,42 @@ def tensor_sizes(shape) -> dict[str, int]:
             "gradients": shape.padded}
 
 
+def trace_collectives(cfgs) -> list[tuple[str, int]]:
+    """(operation, bytes) of every distinct collective the configs' traces issue (each
+    config's first rank class; the data-parallel ranks are alike), sorted."""
+    from ..api import build_workload
+    from ..workloads.trace import Collective
+    out = set()
+    for cfg in cfgs:
+        for block in build_workload(cfg).classes[0].program.blocks.values():
+            out |= {(op.payload.op, int(op.payload.bytes)) for op in block.flat.ops
+                    if isinstance(op.payload, Collective)}
+    return sorted(out)
+
+
+def _collective_round(adapter, where, sizes) -> list[dict]:
+    """One CPU-time sample (the most over ranks, after a barrier) of each (operation,
+    bytes): ``calibrate comm``'s MPI benchmark, one call each."""
+    from ..calibration.comm_bench import run_comm_benchmark
+    return [run_comm_benchmark(adapter, [op], [nbytes], 0, 1, where=where,
+                               clock=time.process_time)[0] for op, nbytes in sizes]
+
+
+def _merge_collectives(rounds: list[list[dict]]) -> list[dict]:
+    """One row per (operation, bytes): the statistics over the rounds' single samples."""
+    from ..calibration.schema import comm_row, summarize
+    out = []
+    for rows in zip(*rounds):
+        first = rows[0]
+        stats = summarize([r["time_median_s"] for r in rows])
+        out.append(comm_row(**{k: first[k] for k in ("backend", "library", "library_version",
+                                                     "op", "ranks", "nodes", "ranks_per_node",
+                                                     "scope")},
+                            nbytes=first["bytes"], stats=stats,
+                            source="the closed loop's runs' own sizes, between iterations"))
+    return out
+
+
 def _iteration(comm, model, opt, exchange, bucket_bytes, idx, tgt) -> tuple:
     """(loss, forward + backward CPU s, exchange + update CPU s, its wall s, minor page
     faults of the forward and backward, CPU s per trace op), each the most over ranks; the
@@ -155,12 +195,14 @@ def phase_times(cfgs, comm, rounds: int, warmup: int, seed: int = 0):
 
     Returns
     -------
-    (pandas.DataFrame, dict, list of dict)
+    (pandas.DataFrame, dict, list of dict, list of dict)
         GEMM samples of every timed round, element-wise rates per round by tensor
         (:func:`tensor_sizes`) and by kernel class (``class.<name>``, :mod:`.kernels`;
-        bytes/s, this rank's), and per
+        bytes/s, this rank's), per
         config its ``compute_cpu_s`` and ``exchange_s`` lists (seconds per timed round), its
-        ``ops_cpu_s`` (the same per trace op, :mod:`.accounting`), page faults and losses.
+        ``ops_cpu_s`` (the same per trace op, :mod:`.accounting`), page faults and losses;
+        and on more than one rank a ``calibrate comm`` row per collective the traces issue
+        (:func:`trace_collectives`, its statistics over the rounds' CPU-time samples).
     """
     from .gpt2 import GPT2, Adam
     from .kernels import class_kernels, class_rates
@@ -176,6 +218,13 @@ def phase_times(cfgs, comm, rounds: int, warmup: int, seed: int = 0):
     arrays = {name: (np.ones(n, dtype=np.float32), np.ones(n, dtype=np.float32),
                      np.empty(n, dtype=np.float32)) for name, n in tensor_sizes(shape).items()}
     kernels = class_kernels(shape, seed)
+    sizes = trace_collectives(cfgs) if comm.Get_size() > 1 else []
+    if sizes:
+        from ..calibration.adapters import MpiAdapter
+        from ..calibration.comm_bench import placement
+        adapter = MpiAdapter(comm)
+        where = placement(adapter)
+    colls: list[list[dict]] = []
     gemms, stream = [], {name: [] for name in [*arrays, *(f"class.{c}" for c in kernels)]}
     runs = [{"compute_cpu_s": [], "exchange_s": [], "exchange_wall_s": [],
              "compute_minor_faults": [], "ops_cpu_s": {}, "losses": []} for _ in cfgs]
@@ -185,6 +234,7 @@ def phase_times(cfgs, comm, rounds: int, warmup: int, seed: int = 0):
         comm.Barrier()
         rates = {name: _stream_cpu_Bps(*xyz) for name, xyz in arrays.items()}
         rates.update({f"class.{c}": r for c, r in class_rates(kernels).items()})
+        coll = _collective_round(adapter, where, sizes) if sizes else []
         for cfg, run in zip(cfgs, runs):
             loss, *spans, ops = _iteration(comm, model, opt,
                                            STRATEGIES[cfg.parallel.dp_strategy],
@@ -198,9 +248,10 @@ def phase_times(cfgs, comm, rounds: int, warmup: int, seed: int = 0):
                     run["ops_cpu_s"].setdefault(name, []).append(value)
         if r >= warmup:
             gemms.append(frame)
+            colls.append(coll)
             for name, rate in rates.items():
                 stream[name].append(rate)
-    return _merge_rounds(gemms), stream, runs
+    return _merge_rounds(gemms), stream, runs, (_merge_collectives(colls) if sizes else [])
 
 
 def element_rates(doc: dict, statistic: str) -> dict[str, float]:
@@ -290,11 +341,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
         return 2
     cached = cache_allocations()
-    gemm, stream, runs = phase_times(cfgs, comm, args.rounds, args.warmup)
+    gemm, stream, runs, colls = phase_times(cfgs, comm, args.rounds, args.warmup)
     every = comm.gather(stream, root=0)
     if comm.Get_rank() == 0:
         n = comm.Get_size()
         write_csv(args.output / f"compute{n}.csv", gemm, force=True)
+        if colls:
+            from ..calibration.schema import tidy_frame
+            write_csv(args.output / f"sizes{n}.csv", tidy_frame(colls), force=True)
         out = {"ranks": n, "rounds": args.rounds, "warmup": args.warmup,
                "cached_allocations": cached, "rates_by_round": every,
                "runs": {c.parallel.dp_strategy: {**r, "config": str(p)}

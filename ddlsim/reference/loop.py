@@ -11,8 +11,11 @@ For each rank count N of the loop, with N ranks at once under ``mpirun -n N``:
    compute``'s benchmark) and the element-wise rate, both in process CPU time, then one
    training iteration of each strategy (forward and backward in CPU time, the exchange and
    update in wall time), and the model's own element-wise kernels by class
-   (:mod:`.kernels`); ``ddlsim calibrate fit`` of the GEMM samples and the MPI curves into
-   the profile of N ranks;
+   (:mod:`.kernels`), and on N > 1 each collective of the runs' traces at its own size;
+   ``ddlsim calibrate fit`` of the GEMM samples and the MPI curves into the profile of N
+   ranks, with the collectives' own sizes kept beside the curves
+   (:mod:`ddlsim.calibration.sizes`: a size measured between the iterations is timed by
+   that measurement);
 3. ``ddlsim predict --engine both --calibration`` of each run, on a system made of those
    measurements (:func:`~.machine.local_system`; each element-wise rate with the statistic
    of the part it is compared in, :func:`~.kernels.system_rates`);
@@ -295,6 +298,9 @@ def loop_ranks(work: Path, model: LoopModel, n: int, runs: tuple[str, ...], stat
         return [{"strategy": s, "ranks": n, "refused": got["refused"]} for s in runs]
     profile, r_max = fit(work, [work / f"compute{n}.csv", *comm_csvs], n, statistic,
                          max_rel_rmse)
+    if (work / f"sizes{n}.csv").exists():  # the runs' own collectives, between iterations
+        from ..calibration.sizes import attach_size_file
+        attach_size_file(profile, work / f"sizes{n}.csv", COMM_STATISTIC)
     from .kernels import system_rates
     stream, classes = system_rates(got, statistic, COMM_STATISTIC)
     log(f"  {n} rank(s): measured in {time.perf_counter() - t0:.0f} s; GEMM plateau "
