@@ -149,6 +149,13 @@ class KernelSpec(_Strict):
                                   "GEMM each, and autograd sums their input gradients "
                                   "(simulator/kernels/autograd.py); false: fused QKV and "
                                   "gated fc1 GEMMs (Megatron)")
+    sp_layout_copy: StrictBool | None = Field(
+        default=None, description="the stack's sequence-parallel all-gathers and "
+                                  "reduce-scatters work on a non-leading dimension (DTensor "
+                                  "Shard(1) over batch-first activations: torchtitan), so "
+                                  "each re-lays its tensor with one copy "
+                                  "(simulator/kernels/dtensor.py); false: sequence-first "
+                                  "activations gathered in place (Megatron)")
     host_dispatch: HostDispatch | None = Field(
         default=None, description="how kernels are dispatched: eager (PyTorch from Python, op "
                                   "by op), compiled (torch.compile: a compiled wrapper "

@@ -37,12 +37,12 @@ def test_a_gathered_gradient_is_cast_on_the_shard_then_transposed_whole():
     assert [k.bytes for k in cur][1:] == [2 * M * N / T, 8.0, 3 * M * N / T, 2 * M * N]
 
 
-@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
-def test_torchao_recipes_keep_their_casts(recipe):
+def test_torchaos_rowwise_recipe_keeps_its_casts():
+    # rowwise gathers in bf16 (torchtitan 07c00d9: float8 TP only for tensorwise)
     for backward in (False, True):
         for tensor in ("x", "g"):
-            assert _bytes(recipe, backward, gathered=tensor, shards=T) == \
-                _bytes(recipe, backward)
+            assert _bytes("rowwise", backward, gathered=tensor, shards=T) == \
+                _bytes("rowwise", backward)
 
 
 def test_one_shard_changes_nothing():
@@ -85,7 +85,7 @@ def test_the_layers_sequence_parallel_gathers_carry_fp8(recipe):
 
 def test_other_recipes_and_no_sequence_parallelism_gather_in_bf16():
     act = 4096 * 4096
-    assert {g.bytes for g in _gathers(_cfg("tensorwise"))} == {2 * act}
+    assert {g.bytes for g in _gathers(_cfg("rowwise"))} == {2 * act}
     assert not _gathers(_cfg("te_delayed", sp=False))
 
 

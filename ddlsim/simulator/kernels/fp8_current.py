@@ -101,13 +101,15 @@ def _te_current(M, N, K, backward, compiled):
 
 FP8_RECIPES["te_current"] = Fp8Recipe(
     _te_current, ("cublas_fast", "cublas_split", "cublas_split"), (False, False),
-    per_module=False, inductor=False, per_problem=True, sp_gather=True)
+    per_module=False, inductor=False, per_problem=True, sp_gather=True,
+    sp_amax_allreduce=True)
 
 
 def amax_allreduce(name: str, sw: Any, train_dtype: str, tp: int,
                    sp: bool) -> list[Collective]:
     """The amax all-reduce of a tensor that a sequence-parallel linear all-gathers in FP8
-    under current scaling (module docstring), before that all-gather.
+    under current scaling (module docstring; torchao's tensorwise recipe alike, whose DTensor
+    amax is reduced over TP: ``Fp8Recipe.sp_amax_allreduce``), before that all-gather.
 
     Parameters
     ----------
@@ -128,6 +130,7 @@ def amax_allreduce(name: str, sw: Any, train_dtype: str, tp: int,
         one ``all_reduce`` of :data:`AMAX_BYTES` bytes over ``tp``, or none (another recipe,
         no FP8, one TP rank or no sequence parallelism).
     """
-    if train_dtype != "fp8" or tp == 1 or not sp or sw.fp8_recipe != "te_current":
+    if (train_dtype != "fp8" or tp == 1 or not sp
+            or not FP8_RECIPES[sw.fp8_recipe].sp_amax_allreduce):
         return []
     return [Collective(f"{name}.amax", "all_reduce", "tp", AMAX_BYTES)]

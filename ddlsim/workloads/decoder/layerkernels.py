@@ -23,6 +23,7 @@ from typing import Any
 from ...config import DTYPE_BYTES
 from ...simulator.kernels.attention import FLASH_KINDS, attention_kernels
 from ...simulator.kernels.autograd import input_grad_sum_kernels
+from ...simulator.kernels.dtensor import sp_layout_copies
 from ...simulator.kernels.elementwise import (backward_kernels, layer_elementwise_kernels,
                                                  loss_bytes, loss_passes, norm_kernels)
 from ...simulator.kernels.fp8recipe import (FP8_RECIPES, fp8_cast_kernels, fp8_gemm_variants,
@@ -91,9 +92,12 @@ def _linear(shape3: tuple, dtype: str, backward: bool, recipe: str = "te_delayed
     (:func:`~ddlsim.simulator.kernels.fp8recipe.fp8_cast_kernels`); ``main_grad``: bytes per
     element of the buffer the weight gradient accumulates into (:mod:`.wgrad`; 0: none)."""
     if isinstance(shape3[0], tuple):   # several GEMMs in a row (MLA's, per-module projections)
-        once = shared_input and compiled
+        # the input gathered in FP8 is cast once, before its gather (torchao's
+        # PrepareFloat8ModuleInput: fp8recipe._torchao_gathered_passes), eager or compiled
+        once = shared_input and (compiled or (gathered == "x" and not backward))
         return sum((_linear(x, dtype, backward, recipe, compiled, input_cast=not (once and i),
-                            weight_fp8=weight_fp8, norm_amax=norm_amax, main_grad=main_grad)
+                            weight_fp8=weight_fp8, norm_amax=norm_amax, gathered=gathered,
+                            shards=shards, main_grad=main_grad)
                     for i, x in enumerate(shape3)), ())
     M, N, K = shape3
     shapes = gemm_kernels_backward(M, N, K) if backward else ((M, N, K),)
@@ -142,20 +146,20 @@ def layer_kernels(shape: Any, sw: Any, b: int, s: int, t: int, sp: bool,
             for bwd in (False, True)]
     ew = layer_elementwise_kernels(shape, b, s, t, sp, dt, sw, od)
     mg = main_grad_bytes(sw, train_dtype)     # weight gradients into main_grad (.wgrad)
+    fp8_gather = fp8_sp_gather(sw, gd, t, sp, shape)
 
     # each op's kernels by the module whose parameters they use (ZeRO-3's module hooks,
     # .zero3): the attention core runs between the QKV and output projections' hooks
     def lin(shape3, backward, norm_fed=False, gathered=""):
         return _linear(shape3, gd, backward, sw.fp8_recipe, bool(sw.compile), per_module,
                        weight_fp8=sw.enable_fsdp_float8_all_gather, norm_amax=norm_fed,
-                       gathered=gathered if fp8_sp_gather(sw, gd, t, sp, shape) else "",
-                       shards=t, main_grad=mg)
+                       gathered=gathered if fp8_gather else "", shards=t, main_grad=mg)
 
     # the sums of the input gradients of separate projections reading one input
-    sums = [input_grad_sum_kernels(len(g[m]) if separate and shape.mla is None
-                                   and isinstance(g[m][0], tuple) else 1,
-                                   b * s * shape.hidden, dt, od, bool(sw.compile))
-            for m in ("qkv", "fc1")]
+    summed = [len(g[m]) if separate and shape.mla is None and isinstance(g[m][0], tuple)
+              else 1 for m in ("qkv", "fc1")]
+    sums = [input_grad_sum_kernels(n, b * s * shape.hidden, dt, od, bool(sw.compile))
+            for n in summed]
     parts = {
         # qkv and fc1 follow a norm (Megatron-Core's TELayerNormColumnParallelLinear); under
         # SP their inputs, and proj's and fc2's output gradients, are all-gathered (in FP8
@@ -169,6 +173,11 @@ def layer_kernels(shape: Any, sw: Any, b: int, s: int, t: int, sp: bool,
         "bwd.attn.proj": lin(g["proj"], True, gathered="g") + core[1],
         "bwd.attn.qkv": lin(g["qkv"], True, gathered="x") + sums[0],
     }
+    # DTensor's layout copies around the sequence-parallel collectives (kernels/dtensor.py)
+    copies = sp_layout_copies(sw, t, sp, b * s * shape.hidden, dt, od, fp8_gather,
+                              {"bwd.attn.qkv": summed[0] > 1, "bwd.mlp.fc1": summed[1] > 1})
+    for part, (before, after) in copies.items():
+        parts[part] = before + parts[part] + after
     return {
         "attn": parts["attn.qkv"] + parts["attn.proj"],
         "mlp": parts["mlp.fc1"] + parts["mlp.fc2"],

@@ -1,0 +1,131 @@
+"""The layout copies of PyTorch DTensor's sequence-parallel collectives
+(``software.kernels.sp_layout_copy``; docs/compute.md, "Sequence-parallel layout copies and
+float8 all-gathers").
+
+Megatron keeps activations sequence-first, ``[s, b, h]``: its sequence-parallel all-gathers
+and reduce-scatters work on the leading dimension, in place. torchtitan's tensor parallelism
+is DTensor over batch-first ``[b, s, h]`` activations sharded on the sequence, ``Shard(1)``
+(9dec370 ``parallelize_llama.py`` lines 174-192, 07c00d9 ``models/llama3/infra/
+parallelize.py`` lines 189-207: ``SequenceParallel`` norms, ``PrepareModuleInput(Shard(1) →
+Replicate())`` before ``attention`` and ``feed_forward``, ``RowwiseParallel(output_layouts=
+Shard(1))`` for ``wo`` and ``w2``). DTensor's ``Shard._to_replicate_tensor`` and
+``Shard._reduce_shard_tensor`` call ``funcol.all_gather_tensor(gather_dim=1)`` and
+``funcol.reduce_scatter_tensor(scatter_dim=1)``; NCCL gathers and scatters the leading
+dimension only, so ``torch/distributed/_functional_collectives.py`` re-lays them:
+
+* ``all_gather_tensor``: ``if gather_dim != 0: res = torch.cat(torch.chunk(res,
+  group_size, dim=0), dim=gather_dim)``: a copy of the gathered tensor (read and write once);
+* ``reduce_scatter_tensor``: ``if scatter_dim != 0: self = torch.cat(torch.chunk(self,
+  group_size, dim=scatter_dim))``: a copy of the whole input.
+
+The view that replaces the all-gather's copy when every dimension before the gathered one
+is 1 (``torch._utils._maybe_view_chunk_cat``, a local batch of 1) came with pytorch#169404
+(opened 2025-12-02), after the nightlies torchtitan's published runs used (torch 1963fc8 of
+2024-12-23, 38410cf9 of 2025-06-14: ``data/software.yaml``, ``gemm_library``'s source), so
+both stacks copy at every local batch.
+
+Under torch.compile the copies stay kernels of their own, but two cases: Inductor lowers the
+``cat`` (``lowering.py`` ``cat``) into the kernel that computes its input when that input
+is point-wise, so the reduce-scatter of the separate projections' summed input gradients
+(:mod:`.autograd`, compiled: one Inductor kernel) is written in the scattered layout and
+costs no copy; the ``cat`` of a collective's or a GEMM's output is copied (a ``ConcatKernel``
+or a point-wise ``cat`` feeding a GEMM). With async TP (``tp_comm_overlap: torch_async``)
+Inductor's ``micro_pipeline_tp`` pass matches the ``split``-and-``cat`` form of an
+all-gather on a non-zero dimension (``non_zero_dim_all_gather_pattern``) and its
+reduce-scatter counterpart and replaces them with the fused symmetric-memory kernels, which
+read and write the shards in place: only the backward's re-gather of the saved input, which
+no GEMM fuses (:mod:`ddlsim.workloads.decoder.torch_tp`), keeps its copy.
+
+Where torchao gathers a float8 tensor (:func:`~.fp8recipe._torchao_gathered_passes`: the
+tensorwise recipe), ``Float8Tensor``'s own ``aten.split`` and ``aten.cat`` copy its FP8 data:
+one byte per element.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...workloads.trace import Kernel
+
+__all__ = ["sp_layout_copies", "layout_copy"]
+
+#: part of :func:`~ddlsim.workloads.decoder.layerkernels.layer_kernels` → the layout copies
+#: around its GEMMs: (tensor, where, collective), tensor ``x`` (the gathered input), ``g``
+#: (the gathered output gradient) or ``y`` (a reduce-scatter's 16-bit input), ``where``
+#: ``before`` or ``after`` the part's kernels, collective ``ag`` (fused under async TP),
+#: ``ag.input`` (the backward's re-gather: never fused) or ``rs`` (fused under async TP;
+#: ``rs.sum``: its input the separate projections' gradient sum, written in place compiled)
+SP_COPIES: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "attn.qkv": (("x", "before", "ag"),),
+    "attn.proj": (("y", "after", "rs"),),
+    "mlp.fc1": (("x", "before", "ag"),),
+    "mlp.fc2": (("y", "after", "rs"),),
+    "bwd.mlp.fc2": (("g", "before", "ag"),),
+    "bwd.mlp.fc1": (("x", "before", "ag.input"), ("y", "after", "rs.sum")),
+    "bwd.attn.proj": (("g", "before", "ag"),),
+    "bwd.attn.qkv": (("x", "before", "ag.input"), ("y", "after", "rs.sum")),
+}
+
+
+def layout_copy(elements: float, dtype_bytes: float, dtype: str) -> Kernel:
+    """One layout copy of ``elements`` elements of ``dtype_bytes`` bytes each: a memory
+    kernel reading and writing them once (``2 · elements · dtype_bytes`` bytes).
+
+    References
+    ----------
+    PyTorch ``torch/distributed/_functional_collectives.py``: ``all_gather_tensor``
+    (``torch.cat(torch.chunk(res, group_size, dim=0), dim=gather_dim)`` for ``gather_dim !=
+    0``) and ``reduce_scatter_tensor`` (``torch.cat(torch.chunk(self, group_size,
+    dim=scatter_dim))`` for ``scatter_dim != 0``).
+    """
+    return Kernel("memory", bytes=2 * elements * dtype_bytes, dtype=dtype)
+
+
+def sp_layout_copies(sw: Any, t: int, sp: bool, elements: float, dt: int, dtype: str,
+                     fp8_gather: bool, summed: dict[str, bool]
+                     ) -> dict[str, tuple[tuple, tuple]]:
+    """The layout copies of one dense layer's sequence-parallel collectives (module
+    docstring), by part of :func:`~ddlsim.workloads.decoder.layerkernels.layer_kernels`.
+
+    Parameters
+    ----------
+    sw : Software
+        the resolved software stack (``sp_layout_copy``, ``compile``, ``tp_comm_overlap``).
+    t : int
+        tensor-parallel ranks.
+    sp : bool
+        sequence parallelism.
+    elements : float
+        elements of one gathered activation, ``b·s·h``.
+    dt : int
+        bytes per element of the 16-bit activations.
+    dtype : str
+        the copies' dtype name.
+    fp8_gather : bool
+        the inputs and output gradients are gathered in FP8 (one byte per element:
+        :func:`~ddlsim.workloads.decoder.fp8linear.fp8_sp_gather`).
+    summed : dict
+        part → whether its reduce-scatter's input is the sum of separate projections' input
+        gradients (:mod:`.autograd`), which a compiled block writes in the scattered layout.
+
+    Returns
+    -------
+    dict
+        part → (kernels before its own, kernels after them); empty without copies (a stack
+        whose activations are sequence-first, one TP rank or no sequence parallelism).
+    """
+    if not (sw.sp_layout_copy and t > 1 and sp):
+        return {}
+    fused = sw.tp_comm_overlap == "torch_async"
+    out = {}
+    for part, copies in SP_COPIES.items():
+        in_place = summed.get(part, False) and bool(sw.compile)
+        sides: dict[str, tuple] = {"before": (), "after": ()}
+        for tensor, where, coll in copies:
+            if (fused and coll != "ag.input") or (in_place and coll == "rs.sum"):
+                continue
+            nbytes = 1 if fp8_gather and tensor in "xg" else dt
+            sides[where] += (layout_copy(elements, nbytes, dtype),)
+        if sides["before"] or sides["after"]:
+            out[part] = (sides["before"], sides["after"])
+    return out
