@@ -35,6 +35,7 @@ from .kerneltimes import kernel_times
 from .netcost import collective_seconds, mesh_networks
 from .plans import RECOMPUTE
 from .pipeline import earlier_chunks, flow_shop_tail
+from .smtaken import extra_seconds, nccl_ctas, sm_taken
 from .blocks import piece_config, stage_pieces
 from ..workloads.decoder import param_gather
 from ..workloads.decoder.builder import StageBuilder, with_edges
@@ -153,9 +154,9 @@ class DecoderVectors:
         bwd_mid = np.where(mid, B + v * gather, bwd_first)
         p2p = net.hop_alpha_s[mi] + pieces.p2p_bytes * net.hop_s_per_byte[mi]
         wrap = net.wrap_alpha_s[mi] + pieces.p2p_bytes * net.wrap_s_per_byte[mi]
-        ctas = _nccl_ctas(ctx, net, mi)
+        ctas = nccl_ctas(ctx.cfg, net, mi)
         # the buckets' SMs: charged on the first stage (Megatron-Core buckets it alone)
-        sm = _sm_taken(ctx, pieces.fwd_gemm, pieces.bwd_gemm, ctas)[1]
+        sm = sm_taken(ctx, pieces.fwd_gemm, pieces.bwd_gemm, ctas)[1]
         first_params = self.stage_params(ctx, plans, True)
         active = self._gather_active(ctx, plans)   # asked once for the three gathers below
         upd_f, tail_f = self._update(ctx, plans, first_params, bwd, coll, sm, active)
@@ -169,7 +170,7 @@ class DecoderVectors:
         g = coll("all_gather", "dp", rest, late)
         first_gemm = lc * pieces.fwd_gemm + pieces.emb_gemm + np.where(
             one & (v == 1), pieces.head_gemm, 0.0)
-        taken = _extra_seconds(ctx, first_gemm, g, ctas)
+        taken = extra_seconds(ctx, first_gemm, g, ctas)
         delay = np.maximum(g - first_block, taken) * late
         upd_f, upd_l = upd_f + delay, upd_l + delay
         whole = self._zero3(ctx, plans, (emb, fwd, head_f, head_b, bwd), coll,
@@ -220,7 +221,7 @@ class DecoderVectors:
     def _update(self, ctx: _Context, plans, params, bwd_layer, coll, sm=None, active=None):
         """(update block, data-parallel tail) of a stage holding ``params`` per rank;
         ``sm(C, layers)``: a run of backward layers' extra seconds beside ``C`` seconds of
-        overlapped buckets (:func:`_sm_taken`; None: not charged); ``active``:
+        overlapped buckets (:func:`.smtaken.sm_taken`; None: not charged); ``active``:
         :meth:`_gather_active` when the caller has it."""
         dp, zero, v = plans["dp"], plans["zero"], plans["v"]
         grad = params * ctx.gdt
@@ -276,7 +277,7 @@ class DecoderVectors:
             nbytes = ctx.shape.layer_params / plans["tp"] * ctx.dt
             a = coll("all_gather", "dp", nbytes, on)
             r = coll("reduce_scatter", "dp", nbytes * ctx.gdt / ctx.dt, on)
-            sm = None if gemm is None else _sm_taken(ctx, *(_take(x, on) for x in gemm))
+            sm = None if gemm is None else sm_taken(ctx, *(_take(x, on) for x in gemm))
             out[on] = zero3_time(ctx.shape.layers, sw.zero3_prefetch_layers, m[on],
                                  tuple(_take(x, on) for x in (e, f, hf, hb, bw)),
                                  _take(a, on), _take(r, on), sm)
@@ -417,40 +418,3 @@ def _unique_meshes(tp, pp, dp) -> tuple[np.ndarray, np.ndarray]:
     keys, index = np.unique((tp * k + pp) * k + dp, return_inverse=True)
     meshes = np.stack([keys // (k * k), keys // k % k, keys % k], axis=1)
     return meshes, index.ravel()
-
-
-def _nccl_ctas(ctx: _Context, net, mi: np.ndarray) -> np.ndarray:
-    """SMs NCCL's channels hold on each plan's ``dp`` group
-    (:func:`~ddlsim.simulator.kernels.contention.nccl_ring_ctas`; 0 under another backend)."""
-    from ..simulator.kernels.contention import nccl_ring_ctas
-    if net.backend != "nccl":
-        return np.zeros(len(mi))
-    per_mesh = np.array([nccl_ring_ctas(ctx.cfg.system, n["dp"]) for n in net.nets], dtype=float)
-    return per_mesh[mi]
-
-
-def _sm_taken(ctx: _Context, fwd_flops, bwd_flops, ctas):
-    """(forward, backward) functions of ``C`` (and ``layers``, 1 by default): the extra
-    seconds of that many layers beside ``C`` seconds of collectives per plan
-    (:func:`_extra_seconds`)."""
-    def taken(flops):
-        return lambda C, layers=1: _extra_seconds(ctx, layers * flops, C, ctas)
-    return taken(fwd_flops), taken(bwd_flops)
-
-
-def _extra_seconds(ctx: _Context, flops, C, ctas) -> np.ndarray:
-    """Per plan, the extra seconds of GEMMs of ``flops`` beside ``C`` seconds of collectives
-    holding ``ctas`` SMs (:func:`~ddlsim.simulator.kernels.contention.extra_seconds`, the
-    GEMMs at the device's matmul ceiling:
-    :func:`~ddlsim.simulator.kernels.contention.gemm_seconds`)."""
-    from ..simulator.kernels.contention import extra_seconds, gemm_seconds
-    dev = ctx.dev
-    shape = np.shape(ctas)
-    C = np.broadcast_to(np.asarray(C, dtype=float), shape)
-    g = np.broadcast_to(gemm_seconds(np.asarray(flops, dtype=float), dev,
-                                     compute_dtype(ctx.cfg.train.dtype)), shape)
-    out = np.zeros(shape)
-    for k in np.unique(ctas):
-        at = ctas == k
-        out[at] = extra_seconds(g[at], C[at], int(k), dev.sm_count)
-    return out
