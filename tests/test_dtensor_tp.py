@@ -74,8 +74,9 @@ def _copies(parts: dict, part: str) -> list[float]:
             and k.bytes in (2 * B * S * H * 2, 2 * B * S * H)]
 
 
-def test_each_sequence_parallel_collective_copies_its_tensor_eager():
-    lk = _layer(_cfg(compile_=False))
+@pytest.mark.parametrize("stack", ["torchtitan-2024", "torchtitan-2025"])
+def test_each_sequence_parallel_collective_copies_its_tensor_eager(stack):
+    lk = _layer(_cfg(stack, compile_=False))
     copy = 2 * B * S * H * 2                 # read and write b·s·h bf16
     for part in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2", "bwd.mlp.fc2",
                  "bwd.attn.proj"):
