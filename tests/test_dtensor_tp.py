@@ -18,7 +18,7 @@ M, N, K, T = 8192.0, 1280.0, 4096.0, 4
 B, S, H = 2, 2048, 4096          # llama-3.1-8b, micro-batch 2
 
 
-def _passes(backward: bool, compiled: bool = False, **kw) -> list[tuple[str, float]]:
+def _passes(backward: bool, compiled: bool = False, **kw) -> list[float]:
     return [k.bytes for k in fp8_cast_kernels("tensorwise", M, N, K, backward, compiled, **kw)]
 
 
