@@ -35,7 +35,8 @@ from .outputs import write_yaml
 from ..documents import parse_yaml
 from .schema import OPS, CalibrationError, CalibrationLookupError, busbw_factor
 
-__all__ = ["Segment", "CommEntry", "ComputeEntry", "GemmShapeTime", "ProfileDoc", "CalibrationProfile",
+__all__ = ["Segment", "CommEntry", "ComputeEntry", "GemmShapeTime", "ProfileDoc",
+           "CalibrationProfile",
            "CommPrediction", "PROFILE_VERSION", "list_default_profiles", "load_default_profile"]
 
 #: Most values a profile document may hold: a profile has a few hundred (segments, intervals,

@@ -48,6 +48,7 @@ from pathlib import Path
 import yaml
 
 from .gpt2 import GPTShape
+from .machine import NUMPY_STACK
 
 __all__ = ["CalibrationRefused", "LoopModel", "REFERENCE", "SMALL", "mpirun", "run_loop",
            "summary_line", "comm_sizes", "comm_ops", "STRATEGY_NAMES", "COMM_STATISTIC"]
@@ -57,6 +58,11 @@ __all__ = ["CalibrationRefused", "LoopModel", "REFERENCE", "SMALL", "mpirun", "r
 #: came out several times too fast (a 2 MiB broadcast's least 0.10 ms, 4 MiB's 0.49 ms, its
 #: median 0.29 ms), and ``calibrate fit`` refused the curve (51 % relative RMS error).
 COMM_STATISTIC = "median"
+
+#: the system of the run configs the interleaved job reads, before this machine's is
+#: measured: a preset for the fields the trainer ignores, with the stack numpy runs, which
+#: decides the trace's collectives (DDP buckets) the job times at their own sizes
+PLACEHOLDER_SYSTEM = {"preset": "cpu-10gbe", "software": NUMPY_STACK}
 
 STRATEGY_NAMES = ("ddp", "reduce_broadcast", "sliced_reduce_broadcast", "reduce_scatter")
 #: dp_strategy → the MPI collectives its update calls (train.py)
@@ -293,7 +299,7 @@ def loop_ranks(work: Path, model: LoopModel, n: int, runs: tuple[str, ...], stat
     """Steps 1-4 of the module docstring for ``n`` ranks: one row per strategy."""
     t0 = time.perf_counter()
     comm_csvs = [calibrate_comm(work, model, n, runs)] if n > 1 else []
-    got = interleave(work, model, n, _configs(work, model, n, runs, "cpu-10gbe"))
+    got = interleave(work, model, n, _configs(work, model, n, runs, PLACEHOLDER_SYSTEM))
     if "refused" in got:
         return [{"strategy": s, "ranks": n, "refused": got["refused"]} for s in runs]
     profile, r_max = fit(work, [work / f"compute{n}.csv", *comm_csvs], n, statistic,
@@ -375,7 +381,7 @@ def run_loop(work: Path, model: LoopModel = REFERENCE, ranks: tuple[int, ...] = 
     for n in ranks:
         runs = strategies if n > 1 else strategies[:1]
         if n > _cores():  # refused by the job itself, without calibrating
-            got = interleave(work, model, n, _configs(work, model, n, runs, "cpu-10gbe"))
+            got = interleave(work, model, n, _configs(work, model, n, runs, PLACEHOLDER_SYSTEM))
             ours = [{"strategy": s, "ranks": n, "refused": got.get("refused", "ran")}
                     for s in runs]
             log("\n".join(_row_line(r) for r in ours))
