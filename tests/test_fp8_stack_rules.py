@@ -1,7 +1,7 @@
 """A stack runs only the FP8 recipes its code has: Transformer Engine's current scaling from
 Megatron-Core of 2025, torchao's Float8Linear under torchtitan, Transformer Engine's recipes
-under Megatron (stack rules no_te_current_scaling, no_torchao_float8,
-no_transformer_engine_fp8)."""
+under Megatron, torchao's rowwise scaling only from torchtitan of 2025 (stack rules
+no_te_current_scaling, no_torchao_float8, no_transformer_engine_fp8, no_torchao_rowwise)."""
 
 import pytest
 
@@ -24,7 +24,8 @@ def _cfg(stack: str, recipe: str, dtype: str = "fp8") -> dict:
     ("megatron-core-2025", "rowwise", "no_torchao_float8"),
     ("megatron-core-2024", "tensorwise", "no_torchao_float8"),
     ("torchtitan-2025", "te_delayed", "no_transformer_engine_fp8"),
-    ("torchtitan-2024", "te_current", "no_transformer_engine_fp8")])
+    ("torchtitan-2024", "te_current", "no_transformer_engine_fp8"),
+    ("torchtitan-2024", "rowwise", "no_torchao_rowwise")])
 def test_a_recipe_the_stack_lacks_is_refused_by_name(stack, recipe, rule):
     with pytest.raises(ConfigError, match=rf"fp8_recipe = '{recipe}'.*rule {rule}\b.*source"):
         ddlsim.load_config(_cfg(stack, recipe))

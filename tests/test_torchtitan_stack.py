@@ -26,6 +26,9 @@ BASE = {"model": {"preset": "llama-3.1-8b", "num_hidden_layers": 8},
 #: parameters of one Llama 3.1 8B layer: attention 2·4096² + 2·1024·4096, SwiGLU
 #: 3·4096·14336, two RMSNorm weights of 4096
 LAYER = 2 * 4096 ** 2 + 2 * 1024 * 4096 + 3 * 4096 * 14336 + 2 * 4096
+#: its edges (workloads/decoder/fsdp_edges.py): the embedding, 128,256 × 4096, and the head,
+#: the untied output layer of the same size and the final norm's 4096
+EMB, HEAD = 128256 * 4096, 128256 * 4096 + 4096
 
 
 def config(software=None, recompute=None, **parallel):
@@ -64,7 +67,8 @@ def test_stacks_are_named_with_a_source_for_every_field_and_rule(stack):
     names = [rule.name for rule, _ in stack_rules(stack)]
     assert names == ["no_transformer_engine_fp8", "no_recompute_modules",
                      "async_tp_needs_compile", "async_tp_is_torchs", "no_zero12",
-                     "no_megatron_fsdp"]
+                     "no_megatron_fsdp"] + (["no_torchao_rowwise"] if stack.endswith("2024")
+                                            else [])
 
 
 def test_eager_fusions_and_the_optimizer_follow_each_commit():
@@ -97,18 +101,21 @@ def test_compile_makes_the_step_faster_and_moves_no_bytes():
     assert b.comm_bytes == a.comm_bytes
 
 
-@pytest.mark.parametrize("stack, backward_gathers", [
-    ("torchtitan-2025", 8),          # every layer gathered again for its backward
-    ("torchtitan-2024", 7),          # the last layer stays gathered (reshard_after_forward)
+@pytest.mark.parametrize("stack, backward_gathers, edge_gathers", [
+    ("torchtitan-2025", 8, EMB),     # every layer and the embedding gathered again
+    ("torchtitan-2024", 7, 0),       # the last layer and the root stay gathered
     ({"stack": "torchtitan-2025",
-      "overlap": {"zero3_reshard_after_forward": "never"}}, 0)])
-def test_fsdp_without_pipelining_gathers_per_micro_batch(stack, backward_gathers):
+      "overlap": {"zero3_reshard_after_forward": "never"}}, 0, 0)])
+def test_fsdp_without_pipelining_gathers_per_micro_batch(stack, backward_gathers,
+                                                         edge_gathers):
     """Per rank and micro-batch: 8 forward gathers of a layer's bf16 parameters, the
     backward's, and 8 reduce-scatters of its fp32 gradients (trace bytes: the gathered
-    output and the full input, docs/comm.md)."""
+    output and the full input, docs/comm.md); the edges gathered for the forward, again for
+    the backward where resharded (``edge_gathers`` parameters), and reduce-scattered."""
     cfg = config(stack)
     m = cfg.num_microbatches
-    per_micro_batch = LAYER * (2 * 8 + 2 * backward_gathers + 4 * 8)
+    per_micro_batch = (LAYER * (2 * 8 + 2 * backward_gathers + 4 * 8)
+                       + (EMB + HEAD) * (2 + 4) + 2 * edge_gathers)
     assert predict(cfg).comm_bytes["dp"] == pytest.approx(m * per_micro_batch, rel=1e-12)
 
 
@@ -141,7 +148,7 @@ def test_fsdp_with_cp_shards_over_dp_times_cp():
     """FSDP under CP shards over the dp × cp ranks (torchtitan's dp_shard_cp mesh): the
     same bytes per micro-batch as without CP, on the dp_cp group."""
     cfg = config(context_parallel_size=2, data_parallel_size=8)
-    per_micro_batch = LAYER * (2 * 8 + 2 * 8 + 4 * 8)
+    per_micro_batch = LAYER * (2 * 8 + 2 * 8 + 4 * 8) + (EMB + HEAD) * (2 + 4) + 2 * EMB
     got = predict(cfg).comm_bytes["dp"]
     assert got == pytest.approx(cfg.num_microbatches * per_micro_batch, rel=1e-12)
 
@@ -190,8 +197,11 @@ def test_bundled_example_predicts():
         warnings.simplefilter("ignore")
         cfg = ddlsim.load_config("examples/llama3-8b-fsdp2-h100.yaml")
     r = ddlsim.predict(cfg)          # fits on the DGX H100 as torchtitan configures it
-    # one micro-batch per rank: 32 forward gathers, 32 backward ones, 32 fp32 reduce-scatters
-    assert r.comm_bytes["dp"] == pytest.approx(LAYER * (2 * 32 + 2 * 32 + 4 * 32), rel=1e-12)
+    # one micro-batch per rank: 32 forward gathers, 32 backward ones, 32 fp32 reduce-scatters;
+    # the embedding gathered twice, the head once, both reduce-scattered
+    edges = (EMB + HEAD) * (2 + 4) + 2 * EMB
+    assert r.comm_bytes["dp"] == pytest.approx(LAYER * (2 * 32 + 2 * 32 + 4 * 32) + edges,
+                                               rel=1e-12)
 
 
 #: torchtitan 07c00d9 torchtitan/models/llama3/train_configs/llama3_8b.toml, the keys that

@@ -262,6 +262,13 @@ def _no_torchao_float8(f: PlanFacts):
     return f.fp8_torchao
 
 
+@stack_rule("no_torchao_rowwise", "FP8 with torchao's rowwise scaling "
+            "(system.software.kernels.fp8_recipe rowwise)",
+            "system.software.kernels.fp8_recipe", "train.dtype")
+def _no_torchao_rowwise(f: PlanFacts):
+    return f.fp8_rowwise
+
+
 @stack_rule("recompute_shared_experts_no_overlap", "recomputation of the shared experts with "
             "shared_expert_overlap", "train.recompute_modules", "parallel.moe.shared_expert_overlap")
 def _recompute_shared_experts_no_overlap(f: PlanFacts):

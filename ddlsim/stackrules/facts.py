@@ -73,10 +73,12 @@ class PlanFacts:
     shared_recompute: Any = False
     fp8_delayed: Any = False
     #: FP8 under Transformer Engine's current scaling (``te_current``), under either of
-    #: Transformer Engine's recipes, under one of torchao's (``tensorwise``, ``rowwise``)
+    #: Transformer Engine's recipes, under one of torchao's (``tensorwise``, ``rowwise``),
+    #: under torchao's rowwise scaling
     fp8_current: Any = False
     fp8_te: Any = False
     fp8_torchao: Any = False
+    fp8_rowwise: Any = False
     #: ZeRO-3 runs as Megatron-Core's Megatron-FSDP (``zero3_implementation: megatron_fsdp``);
     #: the stack's ``gradient_accumulation_fusion`` (facts made without them: neither)
     megatron_fsdp: Any = False
@@ -123,7 +125,7 @@ def _fp8_facts(cfg: Any) -> dict:
     recipe = cfg.software.fp8_recipe if cfg.train.dtype == "fp8" else None
     return {"fp8_delayed": recipe == "te_delayed", "fp8_current": recipe == "te_current",
             "fp8_te": recipe in ("te_delayed", "te_current"),
-            "fp8_torchao": recipe in ("tensorwise", "rowwise")}
+            "fp8_torchao": recipe in ("tensorwise", "rowwise"), "fp8_rowwise": recipe == "rowwise"}
 
 
 def _moe_facts(cfg: Any) -> dict:
