@@ -63,7 +63,10 @@ def test_each_layer_gathers_its_float8_weights_at_one_byte():
     assert [o.payload.bytes for o in off if o.name == "param.all_gather"] == \
         [2 * (FP8 + NORMS)] * 32
     copy_out = [o.payload.bytes for o in on if o.name == "zero3.copy_out"]
-    assert copy_out == [2 * (FP8 + 2 * NORMS)] * 32
+    # the embedding's and the head's units (fsdp_edges.py) are gathered in bf16: 2 B read and
+    # written per parameter of the 128,256 x 4096 tables (the head with the final norm's 4096)
+    emb = 128256 * 4096
+    assert copy_out == [2 * 2 * emb] + [2 * (FP8 + 2 * NORMS)] * 32 + [2 * 2 * (emb + 4096)]
 
 
 @pytest.mark.parametrize("precompute, per_element, amax_reduces", [(True, 27, 0), (False, 33, 7)])

@@ -86,9 +86,12 @@ def test_gradients_are_reduce_scattered_in_the_shard_then_all_reduced_over_repli
     rs = collectives(cfg, "reduce_scatter", "dp_shard")
     ar = collectives(cfg, "all_reduce", "dp_replicate")
     layer = LAYER * 4                                     # fp32 reduction (grad_reduce_dtype)
-    assert sorted({b for b, _ in rs}) == [pytest.approx(layer)]
-    assert sorted({b for b, _ in ar}) == [pytest.approx(layer / 8)]
-    assert len(ar) == len(rs) == 4                        # one per layer of the backward
+    # and the edge units (fsdp_edges.py): the embedding, 128,256 x 4096, and the head, the
+    # output layer of that size with the final norm's 4096
+    emb, head = 128256 * 4096 * 4, (128256 * 4096 + 4096) * 4
+    assert sorted({b for b, _ in rs}) == [pytest.approx(x) for x in (layer, emb, head)]
+    assert sorted({b for b, _ in ar}) == [pytest.approx(x / 8) for x in (layer, emb, head)]
+    assert len(ar) == len(rs) == 4 + 2                    # one per layer of the backward
     assert not collectives(config(1), "all_reduce", "dp_replicate")
 
 

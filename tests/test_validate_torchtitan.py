@@ -116,8 +116,10 @@ def test_the_405b_rows_gather_in_float8_as_their_config_says():
 def test_a100_rows_are_compute_bound_so_their_unstated_network_barely_matters():
     """torchtitan's April 2024 A100 rows (docs/performance.md at 1ea476e9) do not state their
     cluster's network; they run on dgx-a100 (8 x 200 Gb/s HDR per node). FSDP2's gathers and
-    reduce-scatters hide under the compute, so half the NICs moves the 8B row by under 1 %
-    (docs/compute.md, "The A100 of torchtitan's April 2024 runs")."""
+    reduce-scatters of the blocks hide under the compute; the root unit's (embedding, norm and
+    output: workloads/decoder/fsdp_edges.py), gathered before the embedding and
+    reduce-scattered after the backward, do not: 41 ms of 2.34 s. Half the NICs moves the 8B
+    row by under 2 % (docs/compute.md, "The A100 of torchtitan's April 2024 runs")."""
     a100 = [r for r in ROWS if r["set"] == "2024-04"]
     assert {r["system"] for r in a100} == {"dgx-a100"} and len(a100) == 3
     text = (BENCH / "data" / "torchtitan_tps.csv").read_text()
@@ -126,6 +128,6 @@ def test_a100_rows_are_compute_bound_so_their_unstated_network_barely_matters():
     cfg = vt.config(next(r for r in a100 if r["techniques"] == "8B selective op"))
     eight, four = (ddlsim.predict({**cfg, "system": {**cfg["system"], "nics_per_node": nics}},
                                   "analytical") for nics in (8, 4))
-    assert sum(eight.breakdown.exposed_comm_s.values()) < 0.01 * eight.iteration_time_s
+    assert sum(eight.breakdown.exposed_comm_s.values()) < 0.02 * eight.iteration_time_s
     assert four.iteration_time_s > eight.iteration_time_s
-    assert four.iteration_time_s < 1.01 * eight.iteration_time_s
+    assert four.iteration_time_s < 1.02 * eight.iteration_time_s

@@ -126,14 +126,18 @@ def test_torchtitan_fsdp_breakdown_by_hand():
     """GPT-3 13B under torchtitan-2024 FSDP over 16 ranks, one micro-batch of 2048: the
     buffers are two gathered layers, the kept root unit (the embedding with its learned
     positions, tied to the head, and the final norm) and one layer's bf16 gradients and fp32
-    reduce-scatter input; the loss 12 B per logit."""
+    reduce-scatter input, and the root's bf16 gradients of the tied weight and the final norm,
+    held from the head's backward to the root's reduce-scatter (decoder/fsdp_edges.py); the
+    loss 12 B per logit."""
     cfg = _cfg("torchtitan-2024", zero_stage=3)
     m = ddlsim.memory_per_device(cfg)
     sh = cfg.model.shape()
     h, V = 5120, cfg.model.vocab_size
     layer, edges = sh.layer_params, sh.embedding_params
     root = edges + sh.norm_params
-    assert m.buffers == pytest.approx(2 * layer * 2 + root * 2 + layer * (2 + 4), rel=1e-12)
+    held = V * h + sh.norm_params
+    assert m.buffers == pytest.approx(2 * layer * 2 + root * 2 + layer * (2 + 4) + held * 2,
+                                      rel=1e-12)
     # the loss, the final norm's input and output and the head's input (16-bit), and the
     # embedding output (one stage: first and last)
     assert m.other == pytest.approx(2048 * V * 12 + 2048 * 2 * h * 3 + 2048 * h, rel=1e-12)

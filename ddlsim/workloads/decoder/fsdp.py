@@ -51,7 +51,8 @@ from ..smcontention import beside
 from ..trace import Block, Collective, Compute, Loop, Op, P2P, Wait
 from . import fsdp_float8, param_gather
 
-__all__ = ["one_layer", "layer_units", "kept_in_backward", "per_iteration", "check_fsdp",
+__all__ = ["one_layer", "layer_units", "fsdp_unit", "kept_in_backward", "per_iteration",
+           "check_fsdp",
            "pipeline_prologue", "with_stage_reduce_scatters", "with_float8_precompute",
            "reshard_phrase", "vector_refusal"]
 
@@ -99,20 +100,40 @@ def layer_units(b: Any, layers: list[list], moe: list[bool], backward: bool) -> 
         gathers = [] if backward and kept_in_backward(sw, layer, n) else shards
         if float8 and gathers:     # dense layers only (fsdp_float8.check)
             gathers = [(g, _gathered(b, x / b.dt)) for g, x in gathers]
-        unit = _Unit(ops, gathers)
+        unit = _with_grads(b, _Unit(ops, gathers), shards, backward)
         if float8 and gathers:
             unit.pre_gather = _cast_ops(b, 1)
-        if backward:
-            unit.reduces = [(g, x * b.gdt / b.dt) for g, x in shards]
-            if b.plan.hsdp_replicas > 1:    # HSDP (.hsdp)
-                from .hsdp import replica_reduces
-                unit.replica_reduces = replica_reduces(unit.reduces, b.gdp)
-        if sw.zero3_copy_out:
-            params = sum(x for _, x in shards) / b.dt
-            unit.copy_out = 2 * sum(x for _, x in gathers)
-            unit.reduce_passes = params * (b.dt + b.gdt) if backward else 0.0
         out.append(unit)
     return out
+
+
+def fsdp_unit(b: Any, ops: list, params: float, gather: bool, reduce: bool,
+              label: str) -> Any:
+    """A unit of ``params`` parameters on this rank outside the layers (an edge unit,
+    :mod:`.fsdp_edges`, its collectives named with ``label``) over ``ops``, sharded over the
+    gradient group as the layers are: gathered before them in 16 bits when ``gather``, its
+    gradients reduce-scattered after them when ``reduce``, with the copy passes and replica
+    all-reduces of :func:`layer_units`."""
+    from .zero3 import _Unit
+    shards = [(b.grad_group, params * b.dt)]
+    unit = _Unit(ops, shards if gather else [], label=label)
+    return _with_grads(b, unit, shards, reduce)
+
+
+def _with_grads(b: Any, unit: Any, shards: list, backward: bool) -> Any:
+    """``unit`` with, in the backward, its ``shards``' (group, 16-bit bytes) gradients
+    reduce-scattered in the reduce dtype (and all-reduced over HSDP's replicas), and FSDP2's
+    copy passes (module docstring) over what it gathers and reduces."""
+    if backward:
+        unit.reduces = [(g, x * b.gdt / b.dt) for g, x in shards]
+        if b.plan.hsdp_replicas > 1:    # HSDP (.hsdp)
+            from .hsdp import replica_reduces
+            unit.replica_reduces = replica_reduces(unit.reduces, b.gdp)
+    if b.sw.zero3_copy_out:
+        params = sum(x for _, x in shards) / b.dt
+        unit.copy_out = 2 * sum(x for _, x in unit.gathers)
+        unit.reduce_passes = params * (b.dt + b.gdt) if backward else 0.0
+    return unit
 
 
 def _gathered(b: Any, elements: float) -> float:

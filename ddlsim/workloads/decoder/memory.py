@@ -217,15 +217,43 @@ def stage_buffers(sw, fm, shape: DecoderShape, zero_stage, dp, gathered, unit_pa
     ``sw``, ``fm``, ``shape`` and the two byte counts may be an array over plans."""
     from .builder import with_edges
     from .fsdp import per_iteration
+    from .fsdp_edges import layout
     from .megatron_fsdp import memory_rules
     fm = memory_rules(sw, fm)
-    kept = 0.0
+    kept, held = 0.0, 0.0
     if fm.kept_root != "none":
         kept = with_edges(shape, param_split, 0.0, first if fm.kept_root == "edges"
                           else first & False, last, pp)
+    if layout(sw) != "none":     # FSDP2's edge units (.fsdp_edges), pp 1
+        kept, unit_params, held = _edge_units(sw, shape, param_split, first, last, pp, kept,
+                                              unit_params)
     whole = per_iteration(sw, 2) & (np.asarray(pp) > 1)
     return comm_buffer_bytes(fm, zero_stage, dp, gathered, unit_params, kept, param_bytes,
-                             reduce_bytes, stage_params, sw.overlap_grad_reduce, whole)
+                             reduce_bytes, stage_params, sw.overlap_grad_reduce,
+                             whole) + _on(~whole & (np.asarray(zero_stage) == 3),
+                                          held * param_bytes)
+
+
+def _edge_units(sw, shape: DecoderShape, param_split, first, last, pp, kept, unit_params):
+    """(kept edge parameters, parameters of the unit whose gradients count, edge parameters
+    whose 16-bit gradients are held through the backward) on one rank under FSDP2's edge units
+    (:mod:`.fsdp_edges`), at the backward's start: the [norm, output] unit (``head``) is kept
+    gathered unless resharded (``always``), the embedding's too under ``never``, and its
+    gradients and their reduce-scatter input are the head's backward's unit
+    (``_fsdp_collectives.py`` ``foreach_reduce``) when larger than a layer's; the root unit
+    (``edges``) is kept, and its output layer's 16-bit gradients wait for the root's
+    reduce-scatter at the end of the backward (a tied output layer's too: the embedding's
+    weight, whose gradient the head's backward starts). Arrays over plans allowed."""
+    from .builder import with_edges
+    from .fsdp_edges import layout
+    head = with_edges(shape, param_split, 0.0, np.asarray(first) & False, last, pp)
+    if layout(sw) == "edges":
+        vh = shape.vocab * shape.hidden / param_split
+        return kept, unit_params, _on(last, shape.norm_params + vh)
+    policy = sw.zero3_reshard_after_forward
+    kept = 0.0 if policy == "always" else with_edges(
+        shape, param_split, 0.0, np.asarray(first) & (policy == "never"), last, pp)
+    return kept, np.maximum(unit_params, head), 0.0
 
 
 def stage_activations(shape: DecoderShape, b, s: int, tp_cp, vpp, per_chunk, chunks, rebuilt,

@@ -15,7 +15,8 @@ Three effects, each as ZeRO-3 (DeepSpeed) and FSDP run them:
   the compute stream; the first ``k + 1`` gathers depend on it, so nothing is gathered ahead
   across micro-batches (FSDP and DeepSpeed free the gathered layers after use and start each
   pass from the root module's pre-hook). The forward's first gather overlaps only the
-  embedding, the backward's only the output head's backward.
+  embedding, the backward's only the output head's backward. Under torchtitan's FSDP2 the
+  embedding and the head are units of the passes too (:mod:`.fsdp_edges`).
 
 Every micro-batch gathers all layers twice and reduce-scatters every layer's gradients:
 DeepSpeed ZeRO-3 partitions gradients at every backward (``reduce_scatter`` in its
@@ -201,6 +202,9 @@ class _Unit:
     #: module hooks: elements gathered while it computes (its module's and those kept for
     #: reuse), which gate the prefetch issued before it (:func:`_live_elements`)
     live: float = 0.0
+    #: suffix of its collectives' names (``.embedding``, ``.head``, ``.root``: FSDP2's edge
+    #: units, :mod:`.fsdp_edges`); empty for a layer's
+    label: str = ""
 
 
 def _split(op: Compute, b: StageBuilder) -> list[tuple[Compute, int]] | None:
@@ -303,7 +307,8 @@ def _pass(b: StageBuilder, head: list, units: list[_Unit], prefetch: int) -> lis
             ops.extend(units[j].pre_gather(deps))
             deps = (len(ops) - 1,)
         for group, n in units[j].gathers:
-            ops.append(Op(Collective("param.all_gather", "all_gather", group, n),
+            ops.append(Op(Collective(f"param.all_gather{units[j].label}", "all_gather",
+                                     group, n),
                           _stream(group), deps=deps))
             idx.append(len(ops) - 1)
         if units[j].gather_passes:
@@ -338,7 +343,7 @@ def _pass(b: StageBuilder, head: list, units: list[_Unit], prefetch: int) -> lis
                                   dtype=b.dtype), deps=waits))
             waits = (len(ops) - 1,)
         beside_colls = _beside(ops, seen, own)
-        ops += [_placed(x, waits if i == 0 else ()) for i, x in enumerate(unit.ops)]
+        ops += _unit_ops(unit.ops, len(ops), waits)
         if b.sw.zero3_gather == "per_layer":   # not yet under DeepSpeed's module hooks
             ops += _sm_contention(f"zero3.unit{j}", beside_colls, unit.ops, b.dtype)
         seen = len(ops)
@@ -356,7 +361,8 @@ def _pass(b: StageBuilder, head: list, units: list[_Unit], prefetch: int) -> lis
             rs_deps += host("zero3.host_reduce", unit.host_reduce, waits + before)
         rs = []
         for group, n in unit.reduces:
-            ops.append(Op(Collective("grad.reduce_scatter", "reduce_scatter", group, n),
+            ops.append(Op(Collective(f"grad.reduce_scatter{unit.label}", "reduce_scatter",
+                                     group, n),
                           _stream(group), deps=rs_deps))
             rs.append(len(ops) - 1)
         if unit.replica_reduces:
@@ -378,6 +384,15 @@ def _pass(b: StageBuilder, head: list, units: list[_Unit], prefetch: int) -> lis
     return ops
 
 
+def _unit_ops(items: list, base: int, waits: tuple[int, ...]) -> list[Op]:
+    """A unit's ops placed from index ``base``, the first after ``waits``: payloads, or ops
+    whose deps index ``items`` (a partitioner's head, :func:`.oplists.extend_ops`), shifted;
+    a layer's ops carry none."""
+    return [_placed(x if not isinstance(x, Op) or not x.deps else
+                    Op(x.payload, x.stream, tuple(d + base for d in x.deps), x.repeat),
+                    waits if i == 0 else ()) for i, x in enumerate(items)]
+
+
 def _sm_contention(name: str, colls: list, unit_ops: list, dtype: str) -> list[Op]:
     """The contention op of a unit's GEMMs beside the collectives ``colls``
     (:mod:`ddlsim.workloads.smcontention`), in a list (empty when nothing overlaps)."""
@@ -391,14 +406,18 @@ def zero3_blocks(b: StageBuilder, prefetch: int) -> dict[str, Block]:
     from .fsdp import one_layer
     n = b.split[0][0]
     moe = [b.shape.is_moe_layer(i) for i in range(n)]
-    fwd = _pass(b, b.embedding_forward(),
-                _units(b, [one_layer(b, False, m, i) for i, m in enumerate(moe)], moe, False),
-                prefetch)
-    _extend(fwd, b.head_forward())
+    from .fsdp_edges import backward_edges, forward_edges   # FSDP2's edge units
+    before, units, after = forward_edges(
+        b, b.embedding_forward(),
+        _units(b, [one_layer(b, False, m, i) for i, m in enumerate(moe)], moe, False),
+        b.head_forward())
+    fwd = _pass(b, before, units, prefetch)
+    _extend(fwd, after)
     back = moe[::-1]
     from . import megatron_fsdp as mfsdp     # its edges' gradients (no-ops otherwise)
-    bwd = _pass(b, mfsdp.with_head_reduce_scatter(b, b.head_backward()),
-                _units(b, [one_layer(b, True, m, n - 1 - i) for i, m in enumerate(back)],
-                       back, True), prefetch)
+    before, units = backward_edges(
+        b, mfsdp.with_head_reduce_scatter(b, b.head_backward()),
+        _units(b, [one_layer(b, True, m, n - 1 - i) for i, m in enumerate(back)], back, True))
+    bwd = _pass(b, before, units, prefetch)
     return {"F0": Block("F0", "forward", tuple(fwd)),
             "B0": mfsdp.with_embedding_reduce_scatter(b, Block("B0", "backward", tuple(bwd)))}
