@@ -317,9 +317,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                          "0.25); a higher one accepts a noisier machine, and says so")
     ap.add_argument("--rows", type=Path, nargs="+",
                     help="summarise rows saved by --json (runs nothing but the refusals)")
-    ap.add_argument("--profiles", type=Path,
-                    help="with --rows: predict the rows again with the profiles of that run's "
-                         "--work folder (profile<n>.yaml)")
+    ap.add_argument("--profiles", type=Path, nargs="+",
+                    help="with --rows: predict the rows again with the profiles of each run's "
+                         "--work folder (profile<n>.yaml), one folder per --rows file")
     args = ap.parse_args(argv)
     args.names = args.only.split(",")
     unknown = [n for n in args.names if n not in PROXIES]
@@ -333,8 +333,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         ap.error(f"--repeats {args.repeats} must be >= 1")
     if len(args.rank_counts) != len(fields):
         ap.error(f"--ranks {args.ranks!r}: comma-separated positive integers")
-    if args.profiles is not None and not (args.rows and args.profiles.is_dir()):
-        ap.error(f"--profiles {args.profiles}: needs --rows and an existing folder")
+    if args.profiles is not None and not (
+            args.rows and len(args.profiles) == len(args.rows)
+            and all(p.is_dir() for p in args.profiles)):
+        ap.error(f"--profiles {' '.join(map(str, args.profiles))}: needs --rows and one "
+                 f"existing folder per --rows file")
     if not args.rows and (args.proxies is None or not (args.proxies / "proxies").is_dir()):
         ap.error(f"--proxies {args.proxies}: a DNN-cpp-proxies checkout (with its proxies/ "
                  f"folder) is needed unless --rows is given")
@@ -370,9 +373,11 @@ def loaded(row: dict) -> float:
 def main(argv: list[str] | None = None) -> None:
     args = _parse(argv)
     if args.rows:
-        rows = [row for path in args.rows for row in json.loads(path.read_text())]
-        if args.profiles is not None:
-            rows = repredict(rows, args.profiles)
+        folders = args.profiles or [None] * len(args.rows)
+        rows = []
+        for path, folder in zip(args.rows, folders):
+            got = json.loads(path.read_text())
+            rows += got if folder is None else repredict(got, folder)
         for row in rows:
             print(_row_line(row))
     else:
