@@ -219,17 +219,24 @@ def refusal(config: Path) -> str | None:
 
 def compare(checkout: Path, work: Path, names: list[str], repeats: int,
             ranks: tuple[int, ...] = (1, 2, 4, 8), clock: str = "wall",
-            out: Path | None = None, max_rel_rmse: float = 0.25) -> list[dict]:
+            out: Path | None = None, max_rel_rmse: float = 0.25,
+            each: bool = False) -> list[dict]:
     """Steps 1-3 of the module docstring: one row per (proxy, ranks), rank count by rank
-    count, each calibrated right before its runs (the same load); the rows so far are
-    written to ``out`` after each."""
+    count, each calibrated right before its runs (the same load; with ``each``, right
+    before each proxy's, over its own calls, kept as ``profile<n>-<proxy>.yaml``); the rows
+    so far are written to ``out`` after each."""
     exes = build(checkout, work, names)
     rows, cache = [], {}
     for n in sorted({n for name in names for n in PROXIES[name].ranks if n in ranks}):
         run = [name for name in names if n in PROXIES[name].ranks]
-        profile = calibrate(work, run, n, clock, max_rel_rmse=max_rel_rmse) if n > 1 else None
+        shared = calibrate(work, run, n, clock, max_rel_rmse=max_rel_rmse) \
+            if n > 1 and not each else None
         for name in run:
             proxy = PROXIES[name]
+            profile = shared
+            if n > 1 and each:
+                profile = calibrate(work, [name], n, clock, max_rel_rmse=max_rel_rmse)
+                profile = profile.rename(profile.with_name(f"profile{n}-{name}.yaml"))
             before = load()
             times = measure(exes[name], proxy, n, repeats, cache)
             row = {"proxy": name, "ranks": n, "measured_s": statistics.median(times),
@@ -266,7 +273,8 @@ def repredict(rows: list[dict], profiles: Path) -> list[dict]:
     out = []
     for row in rows:
         n = row["ranks"]
-        profile = profiles / f"profile{n}.yaml" if n > 1 else None
+        own = profiles / f"profile{n}-{row['proxy']}.yaml"  # calibrated for it alone
+        profile = None if n == 1 else own if own.is_file() else profiles / f"profile{n}.yaml"
         if profile is not None and not profile.is_file():
             raise FileNotFoundError(f"--profiles {profiles}: no profile{n}.yaml for the "
                                     f"{row['proxy']} row at {n} ranks")
@@ -311,6 +319,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--json", type=Path, help="write the rows here (after each run)")
     ap.add_argument("--ranks", default="1,2,4,8",
                     help="comma-separated rank counts to run, of each proxy's own")
+    ap.add_argument("--calibrate-each", action="store_true",
+                    help="calibrate right before each proxy, over its own calls, instead of "
+                         "once per rank count")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                     help="the calibration's clock (the proxies print wall time)")
     ap.add_argument("--work", type=Path,
@@ -389,7 +400,7 @@ def main(argv: list[str] | None = None) -> None:
             work = args.work or Path(tmp)
             work.mkdir(parents=True, exist_ok=True)
             rows = compare(args.proxies, work, args.names, args.repeats, args.rank_counts,
-                           args.clock, args.json, args.max_rel_rmse)
+                           args.clock, args.json, args.max_rel_rmse, args.calibrate_each)
     report(rows)
 
 

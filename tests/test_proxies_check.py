@@ -116,6 +116,12 @@ def test_rows_are_predicted_again_with_their_runs_profiles(tmp_path):
     assert got["error_des"] == pytest.approx(-0.5, rel=1e-9)
     with pytest.raises(FileNotFoundError, match="no profile2.yaml for the dlrm_steady row"):
         pc.repredict([{**row, "ranks": 2}], tmp_path)
+    # --calibrate-each leaves profile<n>-<proxy>.yaml: the row's own calibration is used
+    recorded = BENCH / "data" / "proxies_2026-11-29" / "run3" / "profile2.yaml"
+    (tmp_path / "profile2-dlrm_steady.yaml").write_text(recorded.read_text())
+    (own,) = pc.repredict([{**row, "ranks": 2}], tmp_path)
+    (shared,) = pc.repredict([{**row, "ranks": 2}], recorded.parent)
+    assert own["predicted_analytical_s"] == shared["predicted_analytical_s"] > DLRM_SLEEP_S
 
 
 def _checkout() -> Path:
