@@ -176,20 +176,6 @@ def schedule_arrays(name: str, p: int, m: int, v: int = 1):
     T = m * v
     warm = np.array([warmup(name, s, p, m, v) for s in range(p)], dtype=np.int64)
     k = np.arange(T, dtype=np.int64)
-    backward = np.empty((p, 2 * T), dtype=bool)
-    ordinal = np.empty((p, 2 * T), dtype=np.int64)
-    alternate = np.zeros((T, 2), dtype=bool)      # (forward, backward) pairs of the steady state
-    alternate[:, 1] = True
-    for s, w in enumerate(warm.tolist()):   # row by row, in slices (faster than a scatter)
-        n = T - w                           # forward w + i, then backward i, for i < n
-        row, back = ordinal[s], backward[s]
-        row[:w] = k[:w]
-        pairs = row[w:w + 2 * n].reshape(n, 2)
-        pairs[:, 0], pairs[:, 1] = k[w:], k[:n]
-        row[w + 2 * n:] = k[n:]
-        back[:w] = False
-        back[w:w + 2 * n] = alternate[:n].ravel()
-        back[w + 2 * n:] = True
     if name == "interleaved":
         group, within = np.divmod(k, p * v)
         mb_of = group * p + within % p
@@ -197,6 +183,21 @@ def schedule_arrays(name: str, p: int, m: int, v: int = 1):
         chunk_b = v - 1 - chunk_f
     else:
         mb_of, chunk_f, chunk_b = k, np.zeros_like(k), np.zeros_like(k)
-    microbatch = mb_of[ordinal]
-    chunk = np.where(backward, chunk_b[ordinal], chunk_f[ordinal])
+    backward = np.empty((p, 2 * T), dtype=bool)
+    ordinal, microbatch, chunk = (np.empty((p, 2 * T), dtype=np.int64) for _ in range(3))
+    alternate = np.zeros((T, 2), dtype=bool)      # (forward, backward) pairs of the steady state
+    alternate[:, 1] = True
+    by = ((ordinal, k, k), (microbatch, mb_of, mb_of), (chunk, chunk_f, chunk_b))
+    for s, w in enumerate(warm.tolist()):   # row by row, in slices (faster than gathers)
+        n = T - w                           # forward w + i, then backward i, for i < n
+        for out, fwd, bwd in by:            # (what the i-th forward and backward process)
+            row = out[s]
+            row[:w] = fwd[:w]
+            pairs = row[w:w + 2 * n].reshape(n, 2)
+            pairs[:, 0], pairs[:, 1] = fwd[w:], bwd[:n]
+            row[w + 2 * n:] = bwd[n:]
+        back = backward[s]
+        back[:w] = False
+        back[w:w + 2 * n] = alternate[:n].ravel()
+        back[w + 2 * n:] = True
     return backward, ordinal, microbatch, chunk, warm

@@ -285,7 +285,7 @@ def _unrolled(ops: tuple[Op, ...], lean: bool = False) -> tuple[Op, ...]:
         deps = tuple(sorted({d for i in op.deps for d in ends[i]}))
         p = op.payload
         if type(p) is not Loop:
-            out.append(Op(p, op.stream, deps, op.repeat))
+            out.append(op if deps == op.deps else Op(p, op.stream, deps, op.repeat))
             ends.append((len(out) - 1,))
             continue
         once = lean and _self_contained(p.body)

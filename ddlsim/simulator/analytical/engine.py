@@ -144,21 +144,19 @@ def _account(nd: maxplus.Nodes, st: State, mine: np.ndarray, prev: np.ndarray,
                 T.exposed[label] += n * v
             for label, v in s.nbytes:
                 T.comm_bytes[label] += n * v
-    w = np.flatnonzero(mine & nd.waits)       # the nodes whose compute stream may wait
-    arrive, prev, t = arrive[w], prev[w], nd.t[w]
-    # a blocking receive's transfer starts when both the message and the stream are ready
-    blocking = nd.blocking[w]
-    if blocking.any():
-        arrive = np.where(blocking, np.maximum(arrive - t, prev) + t, arrive)
-    gap = np.maximum(arrive - (prev + nd.F0[w]), 0.0)
-    n = np.flatnonzero(gap > 0)               # the gaps (zeros would add nothing)
-    exp, rest = split_gaps(gap[n], t[n])
+    # element-wise over every node (cheaper than gathering the waiting ones first), read at
+    # the nodes ``mine`` whose compute stream may wait
+    if nd.blocking.any():   # a blocking receive's transfer starts when both the message
+        arrive = np.where(nd.blocking, np.maximum(arrive - nd.t, prev) + nd.t, arrive)
+    gap = arrive - (prev + nd.F0)             # and the stream are ready
+    n = np.flatnonzero(mine & nd.waits & (gap > 0))   # the gaps (zeros would add nothing)
+    exp, rest = split_gaps(gap[n], nd.t[n])
     label_of = {}
     lab = np.array([label_of.setdefault(s.recv.label, len(label_of))
                     if s is not None and s.recv is not None else 0
-                    for s in nd.summaries], dtype=np.int64)[nd.key[w[n]]]
+                    for s in nd.summaries], dtype=np.int64)[nd.key[n]]
     L = max(1, len(label_of))
-    cls = nd.cls[w[n]]
+    cls = nd.cls[n]
     bubble = np.bincount(cls, weights=rest, minlength=C)
     exposed = np.bincount(cls * L + lab, weights=exp, minlength=C * L).reshape(C, L)
     names = list(label_of)

@@ -110,6 +110,8 @@ class _Lowering:
         self._peers: dict[tuple, int] = {}
         self._parts: dict[tuple, tuple] = {}
         self._transfers: dict[tuple, float] = {}
+        self._peer_ranks: dict[tuple, np.ndarray] = {}
+        self._ranks: dict[int, np.ndarray] = {}
 
     def row(self, group: str, rank: int) -> tuple[tuple[int, ...], int, frozenset]:
         """(members of ``rank``'s group of family ``group``, its index there, their classes)."""
@@ -117,8 +119,8 @@ class _Lowering:
         if hit is None:
             members = self.workload.groups[group].members
             if group not in self._inverse:
-                g_of = np.empty(self.workload.world_size, dtype=np.int64)
-                i_of = np.empty(self.workload.world_size, dtype=np.int64)
+                g_of = np.zeros(self.workload.world_size, dtype=np.int64)   # (outside: 0)
+                i_of = np.zeros(self.workload.world_size, dtype=np.int64)
                 n_g, size = members.shape
                 g_of[members.ravel()] = np.repeat(np.arange(n_g), size)
                 i_of[members.ravel()] = np.tile(np.arange(size), n_g)
@@ -190,12 +192,17 @@ class _Lowering:
         return hit
 
     def _transfer(self, ci: int, p: P2P) -> float:
-        members = self.workload.groups[p.group].members
-        self.row(p.group, int(self.workload.classes[ci].ranks[0]))   # fills the inverse
-        g_of, i_of = self._inverse[p.group]
-        ranks = np.asarray(self.workload.classes[ci].ranks, dtype=np.int64)
-        peers = members[g_of[ranks], (i_of[ranks] + p.peer) % members.shape[1]]
-        return self.cost.p2p_slowest(p, ranks, peers)
+        peer_of = self._peer_ranks.get((p.group, p.peer))
+        if peer_of is None:   # every rank's peer, for all classes at once
+            members = self.workload.groups[p.group].members
+            self.row(p.group, int(self.workload.classes[ci].ranks[0]))   # fills the inverse
+            g_of, i_of = self._inverse[p.group]
+            peer_of = self._peer_ranks[(p.group, p.peer)] = members[
+                g_of, (i_of + p.peer) % members.shape[1]]
+        ranks = self._ranks.get(ci)
+        if ranks is None:
+            ranks = self._ranks[ci] = np.asarray(self.workload.classes[ci].ranks, dtype=np.int64)
+        return self.cost.p2p_slowest(p, ranks, peer_of[ranks])
 
     def _template(self, block, parts: dict) -> tuple[tuple, list[tuple]]:
         """(instructions with None for point-to-point ops; per such op, its position, its

@@ -94,19 +94,18 @@ def nodes(programs: list) -> Nodes | None:
         mb -= lowest
     M = int(mb.max()) + 1
     sending = np.flatnonzero(sent >= 0)
-    slot = sent[sending] * M + mb[sending]
+    slot = (sent * M + mb)[sending]
     # M slots more at the end: a node that receives nothing (got -1) reads one of them
     where = np.full((n_msgs + 1) * M, -1, dtype=np.int64)
     where[slot] = sending
     if not np.array_equal(where[slot], sending):   # a message posted twice: not solved
         return None
     src = where[got * M + mb]
-    r = np.flatnonzero(src >= 0)                   # the nodes that receive a message
-    lim, live = _limits(off, flags & NONE > 0, got, src, r)
+    lim, live = _limits(off, flags & NONE > 0, got, src)
     A, F, E = (np.take(table[i], key) for i in range(3))
     waits, after, blocking = (flags & bit > 0 for bit in (WAITS, AFTER, BLOCKING))
-    t = np.zeros(N)
-    t[r] = table[3, key[src[r]]]
+    dur = np.append(np.take(table[3], key), 0.0)   # each node's send; 0 read by src -1
+    t = dur[src]
     F0 = F
     if blocking.any():
         # a blocking receive's transfer starts at max(f, posted): the step is the scalar map
@@ -147,23 +146,24 @@ def _block_summaries(programs: list, NB: int) -> tuple[list, np.ndarray, np.ndar
             len(msgs))
 
 
-def _limits(off: np.ndarray, none: np.ndarray, got: np.ndarray, src: np.ndarray,
-            r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _limits(off: np.ndarray, none: np.ndarray, got: np.ndarray,
+            src: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(each class's prefix end, whether each node lies in its class's prefix). The end: its
     first unsolvable step (``none``: no summary), its first step whose message is not sent
     by a solvable step, or its first step whose message is sent beyond the sender's prefix
-    (``r``: the nodes that receive a message)."""
+    (``src``: the node whose message each node receives, -1 for none)."""
     lim = _prefix(off, np.flatnonzero(none | ((got >= 0) & (src < 0))))
-    rs = src[r]
+    receives = src >= 0
     while True:
         past = np.ones(len(src), dtype=bool)      # beyond its class's prefix
         for a, b in zip(off[:-1].tolist(), lim.tolist()):
             past[a:b] = False
-        beyond = past[rs]
-        beyond &= ~past[r]
+        beyond = past[src]                        # (src -1 reads the last node: masked)
+        beyond &= receives
+        beyond &= ~past
         if not beyond.any():
             return lim, ~past
-        lim = np.minimum(lim, _prefix(off, r[beyond]))
+        lim = np.minimum(lim, _prefix(off, np.flatnonzero(beyond)))
 
 
 def _table(summaries: list) -> np.ndarray:
