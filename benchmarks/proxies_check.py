@@ -253,6 +253,14 @@ def compare(checkout: Path, work: Path, names: list[str], repeats: int,
     return rows
 
 
+def row_profile(folder: Path, row: dict) -> Path | None:
+    """The profile a saved row was predicted with: none on one rank, else the one calibrated
+    for its proxy alone (``--calibrate-each``) if ``folder`` has it, else its rank count's."""
+    n = row["ranks"]
+    own = folder / f"profile{n}-{row['proxy']}.yaml"
+    return None if n == 1 else own if own.is_file() else folder / f"profile{n}.yaml"
+
+
 def repredict(rows: list[dict], profiles: Path) -> list[dict]:
     """The rows of an earlier run predicted again by this ddlsim, with the profiles that run
     calibrated (``PROFILES/profile<n>.yaml``, as :func:`compare` leaves them in ``--work``):
@@ -273,8 +281,7 @@ def repredict(rows: list[dict], profiles: Path) -> list[dict]:
     out = []
     for row in rows:
         n = row["ranks"]
-        own = profiles / f"profile{n}-{row['proxy']}.yaml"  # calibrated for it alone
-        profile = None if n == 1 else own if own.is_file() else profiles / f"profile{n}.yaml"
+        profile = row_profile(profiles, row)
         if profile is not None and not profile.is_file():
             raise FileNotFoundError(f"--profiles {profiles}: no profile{n}.yaml for the "
                                     f"{row['proxy']} row at {n} ranks")

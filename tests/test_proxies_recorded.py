@@ -15,9 +15,11 @@ import warnings
 import pytest
 
 import ddlsim
-from benchscripts import BENCH
+from benchscripts import BENCH, load_script
 from proxies_calib import link_sets
 from proxies_table import CONFIGS, PROXIES, system_sets
+
+row_profile = load_script("proxies_check").row_profile
 
 DATA = BENCH / "data" / "proxies_2026-11-29"
 ROWS = [(run, r) for run in sorted(DATA.glob("run*"))
@@ -30,7 +32,7 @@ SHARED = {"dlrm", "dlrm_steady", "cosmoflow"}
 
 def _both(run, row: dict) -> dict[str, float]:
     proxy, n = PROXIES[row["proxy"]], row["ranks"]
-    profile = run / f"profile{n}.yaml" if n > 1 else None
+    profile = row_profile(run, row)
     sets = proxy.sets(n) + system_sets(n) + (link_sets(proxy, n, profile) if profile else [])
     cfg = ddlsim.load_config(CONFIGS / f"{proxy.config}.yaml", overrides=sets)
     with warnings.catch_warnings():
