@@ -41,6 +41,7 @@ from ..workloads.decoder import param_gather
 from ..workloads.decoder.builder import StageBuilder, with_edges
 from ..workloads.decoder.dpsync import bucket_runs, buckets, grad_bucket_bytes
 from .zero3 import Unit, zero3_time, zero3_units_time
+from .zero3_edges import edge_units
 from ..workloads.decoder.zero3_fetch import persistent_gather_seconds, persistent_tensors
 from .decodermemory import plans_memory
 
@@ -284,15 +285,16 @@ class DecoderVectors:
         else:
             full = plans["recompute"] == RECOMPUTE.index("full")
             fwd_u, rec_u, bwd_u = self._module_units(ctx, plans, on, coll, full)
+            edges = edge_units(ctx, plans, on, coll, full, (e, hf, hb))   # .zero3_edges
             for rec in (False, True):   # the recomputation's units exist under full only
                 sel = on & (full == rec)
                 if sel.any():
                     units = [fwd_u, (rec_u if rec else []) + bwd_u]
                     fu, bu = ([Unit(*(_take(x, sel) for x in u)) for u in us] for us in units)
                     out[sel] = zero3_units_time(
-                        ctx.shape.layers, sw.zero3_prefetch_modules, m[sel], _take(e, sel),
-                        _take(hf, sel), _take(hb, sel), fu, bu, sw.zero3_gather == "per_tensor",
-                        sw.zero3_max_live_parameters)
+                        ctx.shape.layers, sw.zero3_prefetch_modules, m[sel],
+                        [Unit(*(_take(x, sel) for x in u)) for u in edges], fu, bu,
+                        sw.zero3_gather == "per_tensor", sw.zero3_max_live_parameters)
         out[on] += self._optimizer(ctx, self.stage_params(ctx, plans, True)[on]
                                    / np.maximum(dp[on], 1))
         for tp in np.unique(plans["tp"][on]):   # DeepSpeed 2021's persistent parameters

@@ -131,7 +131,7 @@ def _over_micro_batches(m, zero, micro_batch, streams: int) -> np.ndarray:
 
 
 def _units_pass(c, d, h, head, units: list[Unit], L: int, k: int, synced: bool,
-                cap: float = 0.0):
+                cap: float = 0.0, edges: tuple = ((), ())):
     """One pass over ``L`` layers of ``units``, as
     :func:`ddlsim.workloads.decoder.zero3._pass` issues them on the compute, ``dp`` and
     ``host`` streams (times ``c``, ``d``, ``h``): a unit without gathers waits for nothing
@@ -139,8 +139,9 @@ def _units_pass(c, d, h, head, units: list[Unit], L: int, k: int, synced: bool,
     unit before it, and the host issues the next gather once both have ended; a unit waits
     for the host's issue of the gather launched before it. A prefetch refused by the cap on
     live parameters (``cap`` elements, 0: none) is issued on demand after the unit before
-    its own, and the next prefetch after it has ended."""
-    seq = units * L
+    its own, and the next prefetch after it has ended. ``edges``: the units before and
+    after the layers' (DeepSpeed's edges, :mod:`ddlsim.workloads.decoder.zero3_edges`)."""
+    seq = [*edges[0], *units * L, *edges[1]]
     n = len(seq)
     ready = []
     issue = []
@@ -200,15 +201,18 @@ def _units_pass(c, d, h, head, units: list[Unit], L: int, k: int, synced: bool,
     return c, d, h
 
 
-def zero3_units_time(L: int, k: int, m, e, hf, hb, fwd_units, bwd_units,
+def zero3_units_time(L: int, k: int, m, edges, fwd_units, bwd_units,
                      synced: bool, cap: float = 0.0) -> np.ndarray:
     """:func:`zero3_time` for ZeRO-3 from module hooks: the passes run over units (a module's
     part of a layer) instead of layers, ``k`` units gathered ahead. ``fwd_units``/
-    ``bwd_units``: one layer's :class:`Unit` s, in pass order; ``cap``: the stack's
-    ``zero3_max_live_parameters``."""
+    ``bwd_units``: one layer's :class:`Unit` s, in pass order; ``edges``: the embedding's
+    and the head's units of the forward, the head's and the embedding's of the backward
+    (:func:`.zero3_edges.edge_units`); ``cap``: the stack's ``zero3_max_live_parameters``."""
+    ef, hf, hb, eb = edges
+
     def micro_batch(c, d, h):
-        c, d, h = _units_pass(c, d, h, e, fwd_units, L, k, synced, cap)
-        return _units_pass(c + hf, d, h, hb, bwd_units, L, k, synced, cap)
+        c, d, h = _units_pass(c, d, h, 0.0, fwd_units, L, k, synced, cap, ((ef,), (hf,)))
+        return _units_pass(c, d, h, 0.0, bwd_units, L, k, synced, cap, ((hb,), (eb,)))
 
     return _over_micro_batches(m, np.zeros_like(np.asarray(fwd_units[0].compute, dtype=float)),
                                micro_batch, 3)

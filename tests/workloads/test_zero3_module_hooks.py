@@ -73,17 +73,23 @@ def test_per_tensor_trace_overlaps_one_module_and_waits_for_the_reduce_scatters(
     names = [o.payload.name for o in ops]
     # the first layer: QKV (+ core) gathered with the projection's weight ahead of it, each
     # gather's buffer zero-filled and waited for, then issued by the host
+    # (after the embedding's unit: its word and position tables, zero3_edges.py, issued first)
     first = names.index("fwd.attn.qkv")
     issue = ["zero3.zero_fill", "zero3.host_gather", "param.all_gather", "zero3.fetch_passes"]
-    assert names[1:9] == issue * 2
-    assert [ops[i].stream for i in (1, 2, 3, 4)] == ["host", "host", "dp", "dp"]
-    assert ops[2].deps == (1,) and ops[3].deps == ops[4].deps == (2,)
+    assert names[1:6] == ["zero3.zero_fill", "zero3.host_gather"] \
+        + ["param.all_gather.embedding"] * 2 + ["zero3.fetch_passes"]
+    assert names[6:10] == issue and names[10] == "embedding"
+    assert [ops[i].stream for i in (6, 7, 8, 9)] == ["host", "host", "dp", "dp"]
+    assert ops[7].deps == (6,) and ops[8].deps == ops[9].deps == (7,)
+    # the embedding waits for its gathers and the host's issue of QKV's; the projection's
+    # fill and issue follow the embedding's compute
+    assert ops[10].deps == (3, 4, 5, 7) and names[11:15] == issue
     # QKV waits for its gather and for the host's issue of the projection's
-    assert ops[first].deps == (3, 4, 6)
+    assert ops[first].deps == (8, 9, 12)
     assert names[first + 1:first + 5] == issue
     assert ops[first + 1].deps == (first,)        # fc1's fill and issue: after QKV's compute
     assert ops[first + 2].deps == (first + 1,)
-    assert ops[first + 5].deps == (7, 8, first + 2)
+    assert ops[first + 5].deps == (13, 14, first + 2)
     back = w.classes[0].program.blocks["B0"].flat.ops
     names = [o.payload.name for o in back]
     fc2, fc1 = names.index("bwd.mlp.fc2"), names.index("bwd.mlp.fc1")
@@ -167,8 +173,11 @@ def test_the_host_issue_of_every_gather_after_the_first_is_exposed():
     cfg = build_config(data, [])
     ops = ddlsim.build_workload(cfg).classes[0].program.blocks["F0"].flat.ops
     issues = [o.payload.seconds for o in ops if o.payload.name == "zero3.host_gather"]
-    assert len(issues) == 4 * 24 and issues[0] == pytest.approx(
+    # the layers' modules, and the embedding's two tables and the output layer (tied: the
+    # embedding's weight fetched again) before and after them (zero3_edges.py)
+    assert len(issues) == 4 * 24 + 2 and issues[1] == pytest.approx(
         list_host_seconds(cfg.software, 32, 1, gather=True))
+    assert issues[0] == pytest.approx(list_host_seconds(cfg.software, 32, 2, gather=True))
     slower = (ddlsim.predict(cfg, check_fit=False).iteration_time_s
               - ddlsim.predict(build_config(free, []), check_fit=False).iteration_time_s)
     assert slower >= sum(issues[2:]) * (1 - 1e-9)

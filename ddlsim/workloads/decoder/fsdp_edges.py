@@ -47,9 +47,12 @@ __all__ = ["layout", "forward_edges", "backward_edges"]
 
 def layout(sw: Any) -> str:
     """How stack ``sw`` wraps the edges in ZeRO-3 units without pipelining: ``edges`` (one
-    root unit), ``head`` (an embedding unit and a [norm, output] unit), or ``none`` (not
-    modelled here: other implementations, Megatron-FSDP's own in :mod:`.megatron_fsdp`)."""
-    if sw.zero3_gather != "per_layer" or sw.zero3_implementation != "torch_fsdp2":
+    root unit), ``head`` (an embedding unit and a [norm, output] unit), ``hooks`` (DeepSpeed's
+    module hooks, :mod:`.zero3_edges`), or ``none`` (not modelled: FSDP1 and Megatron's
+    ``--use-torch-fsdp2``; Megatron-FSDP's own are in :mod:`.megatron_fsdp`)."""
+    if sw.zero3_gather != "per_layer":
+        return "hooks"
+    if sw.zero3_implementation != "torch_fsdp2":
         return "none"
     from ..allocator import framework
     try:
@@ -64,6 +67,9 @@ def forward_edges(b: Any, embedding: list, units: list, head: list) -> tuple[lis
     kind = layout(b.sw)
     if kind == "none":
         return embedding, units, head
+    if kind == "hooks":
+        from .zero3_edges import hook_units
+        return [], hook_units(b, embedding, units, head, False), []
     from .fsdp import fsdp_unit
     from .megatron_fsdp import edge_params
     head_p, emb_p = edge_params(b)
@@ -81,6 +87,9 @@ def backward_edges(b: Any, head: list, units: list) -> tuple[list, list]:
     kind = layout(b.sw)
     if kind == "none":
         return head, units
+    if kind == "hooks":
+        from .zero3_edges import hook_units
+        return [], hook_units(b, head, units, [], True)
     from .fsdp import fsdp_unit
     from .megatron_fsdp import edge_params
     from ..trace import Wait
