@@ -94,7 +94,7 @@ def test_search_tier_times_module_hook_zero3_as_the_exact_engine(stack, prefetch
 
 def test_search_tier_memory_counts_the_list_gather_buffer():
     """ZeRO-3 from module hooks holds the module computing and the one gathered ahead (at
-    most the two MLP GEMMs), and per tensor (deepspeed-2021) a second flat copy of the
+    most the output layer and the last MLP GEMM), and per tensor (deepspeed-2021) a second flat copy of the
     largest tensor: the search tier's memory equals ddlsim.memory_per_device's."""
     data = {**BASE, "parallel": {"zero_stage": 3, "tensor_model_parallel_size": 2},
             "system": {**BASE["system"], "software": "deepspeed-2021"}}
@@ -107,7 +107,10 @@ def test_search_tier_memory_counts_the_list_gather_buffer():
     # the same stacks but for PyTorch 1.8's second buffer of the 4h x h MLP weight (TP 2)
     assert total - plain == pytest.approx(4 * h * h / 2 * 2, rel=1e-12)
     held = ddlsim.memory_per_device(cfg).buffers   # the gathered parameters, alone here
-    assert held == pytest.approx((4 * h * h / 2 * 2) * 3, rel=1e-12)  # fc1, fc2 and the copy
+    # at the backward's start: the output layer (the tied V x h / 2, kept from its forward:
+    # decoder/zero3_edges.py) and fc2 gathered ahead of it, and the copy
+    vh = cfg.model.shape().vocab * h / 2
+    assert held == pytest.approx((vh + 4 * h * h / 2) * 2 + 4 * h * h / 2 * 2, rel=1e-12)
 
 
 def test_search_rejects_zero3_plans_that_set_overlap_grad_reduce():

@@ -144,11 +144,14 @@ def module_hook_bytes(shape, tp: int, sw, dt: float) -> float:
     """Gathered parameters held at once under module hooks: the module computing and the
     ``zero3_prefetch_modules`` gathered ahead, at most the largest such run of consecutive
     GEMM modules (counted around the layer) — bounded by one layer when the prefetch spans
-    the layer's four modules."""
+    the layer's four modules — or, at the backward's start, the output layer (kept from its
+    forward, :mod:`.zero3_edges`) with the backward's first modules gathered ahead of it."""
+    from .zero3_edges import edge_fetches
     sizes = [sum(m.forward) for m in module_fetches(shape, tp, sw, False)]
     k = min(sw.zero3_prefetch_modules + 1, len(sizes))
     ring = sizes + sizes
-    return max(sum(ring[i:i + k]) for i in range(len(sizes))) * dt
+    head = sum(edge_fetches(shape, tp, sw, 1, False).head_forward) + sum(sizes[::-1][:k - 1])
+    return max(head, *(sum(ring[i:i + k]) for i in range(len(sizes)))) * dt
 
 
 def list_gather_bytes(shape, tp: int, sw, dt: float) -> float:

@@ -25,9 +25,11 @@ micro-batch:
 
 Each gathered or reduced tensor costs the memory passes and host time of its kind
 (:data:`.zero3_fetch.FETCH_PASSES`, :func:`.zero3_fetch.list_host_seconds`), as a layer's
-modules do; per module, the tensors of one leaf module are one coalesced collective. Not
-modelled: their gathered buffers in the memory rule (:func:`.zero3.module_hook_bytes` counts
-layer modules), and how DeepSpeed v0.3.13 handled the tied weight (the same rule is used).
+modules do; per module, the tensors of one leaf module are one coalesced collective. Memory
+(:func:`.zero3.module_hook_bytes`): the output layer held at the backward's start with the
+modules gathered ahead of it; the embedding's gathered tables (at the forward's start and the
+backward's end, away from the activations' peak) are not counted. Not read: how DeepSpeed
+v0.3.13 handled the tied weight (the same rule is used).
 """
 
 from __future__ import annotations
