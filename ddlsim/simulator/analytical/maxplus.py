@@ -226,7 +226,10 @@ def solve(nd: Nodes) -> tuple[np.ndarray, np.ndarray] | None:
         ch.readers.clear()
     if not settled:
         return None
-    return np.delete(ends, nd.off[:-1] + np.arange(C)), post
+    out = np.empty(N)                # every class's ends without its leading 0
+    for c, (a, b) in enumerate(zip(nd.off[:-1].tolist(), nd.off[1:].tolist())):
+        out[a:b] = ends[a + c + 1:b + c + 1]
+    return out, post
 
 
 def _sweeps(chains: list, post: np.ndarray) -> bool:
