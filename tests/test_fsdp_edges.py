@@ -106,11 +106,19 @@ def test_memory_counts_the_edge_units_as_they_are_kept():
     assert root - always == pytest.approx(2 * (EMB + HEAD) + 2 * HEAD + 6 * LAYER - 6 * HEAD)
 
 
-def test_fsdp1_of_the_megatron_stacks_is_not_given_fsdp2s_edge_units():
+def test_fsdp1_of_the_megatron_stacks_gathers_its_root_unit_as_fsdp2s_2024_root():
+    """FSDP1 (megatron-core-2024's ZeRO-3: layers auto-wrapped, the edges in the root, which
+    _post_forward_reshard never frees): the root gathered before the embedding in bf16, no
+    re-gather, its gradients reduce-scattered after the backward in the stack's gradient
+    dtype (fp32 main gradients, 4 B); no copy passes."""
     d = copy.deepcopy(BASE)
     d["system"]["software"] = "megatron-core-2024"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cfg = ddlsim.load_config(d)
-    names = {n for block in ("F0", "B0") for n, _ in collectives(cfg, block)}
-    assert not any(n.endswith((".embedding", ".head", ".root")) for n in names)
+    assert collectives(cfg, "F0")[0] == ("param.all_gather.root", 2 * (EMB + HEAD))
+    back = collectives(cfg, "B0")
+    assert back[-1] == ("grad.reduce_scatter.root", 4 * (EMB + HEAD))
+    assert [n for n, _ in back].count("param.all_gather.root") == 0
+    ops = build_workload(cfg).classes[0].program.blocks["F0"].ops
+    assert not any(o.payload.name == "zero3.copy_out" for o in ops)

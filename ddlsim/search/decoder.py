@@ -41,7 +41,7 @@ from ..workloads.decoder import param_gather
 from ..workloads.decoder.builder import StageBuilder, with_edges
 from ..workloads.decoder.dpsync import bucket_runs, buckets, grad_bucket_bytes
 from .zero3 import Unit, zero3_time, zero3_units_time
-from .zero3_edges import edge_units
+from .zero3_edges import edge_units, root_unit
 from ..workloads.decoder.zero3_fetch import persistent_gather_seconds, persistent_tensors
 from .decodermemory import plans_memory
 
@@ -281,7 +281,8 @@ class DecoderVectors:
             sm = None if gemm is None else sm_taken(ctx, *(_take(x, on) for x in gemm))
             out[on] = zero3_time(ctx.shape.layers, sw.zero3_prefetch_layers, m[on],
                                  tuple(_take(x, on) for x in (e, f, hf, hb, bw)),
-                                 _take(a, on), _take(r, on), sm)
+                                 _take(a, on), _take(r, on), sm,
+                                 root_unit(ctx, plans, on, coll))   # .zero3_edges
         else:
             full = plans["recompute"] == RECOMPUTE.index("full")
             fwd_u, rec_u, bwd_u = self._module_units(ctx, plans, on, coll, full)

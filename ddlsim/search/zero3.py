@@ -40,16 +40,24 @@ class Unit(NamedTuple):
     live: np.ndarray
 
 
-def _pass(c, d, head, layer, a, r, L: int, k: int, backward: bool, sm=None):
+def _pass(c, d, head, layer, a, r, L: int, k: int, backward: bool, sm=None, root=None):
     """One pass from compute-stream time ``c`` (the block's start) and ``dp`` free at ``d``;
-    ``sm(C)``: a layer's extra seconds beside ``C`` seconds of collectives (None: none)."""
+    ``sm(C)``: a layer's extra seconds beside ``C`` seconds of collectives (None: none);
+    ``root``: seconds of FSDP's root-unit gather, the pass's first unit with ``head`` (the
+    embedding) as its compute (:mod:`ddlsim.workloads.decoder.fsdp_edges`), or None."""
     ready = []
-    for _ in range(min(k + 1, L)):
+    if root is not None:          # gathered first; the layers' prefetch counts its unit
+        d = np.maximum(d, c) + root
+        c = np.maximum(c, d)
+    for _ in range(min(k + 1, L) if root is None else min(k, L)):
         d = np.maximum(d, c)
         d += a
         ready.append(d)
     c = np.array(c + head, dtype=float)   # a new array, advanced in place below (each d
     # is kept in ready: a new one each time)
+    if root is not None and k < L:    # layer k's gather, once the root unit has ended
+        d = np.maximum(d, c) + a
+        ready.append(d)
     # what runs beside layer j takes three values in a pass (:func:`_beside`: the first
     # layer, a layer with a gather issued after it, one without), so sm is asked once each
     extra: dict[tuple[bool, bool], np.ndarray] = {}
@@ -57,9 +65,9 @@ def _pass(c, d, head, layer, a, r, L: int, k: int, backward: bool, sm=None):
         np.maximum(c, ready[j], out=c)
         c += layer
         if sm is not None:
-            kind = (j == 0, j + k < L)
+            kind = (j == 0 and root is None, j + k < L)
             if kind not in extra:
-                extra[kind] = sm(_beside(j, L, k, a, r if backward else 0.0))
+                extra[kind] = sm(_beside(j, L, k, a, r if backward else 0.0, kind[0]))
             c += extra[kind]
         if backward:
             d = np.maximum(d, c)
@@ -71,21 +79,22 @@ def _pass(c, d, head, layer, a, r, L: int, k: int, backward: bool, sm=None):
     return c, d
 
 
-def _beside(j: int, L: int, k: int, a, r):
+def _beside(j: int, L: int, k: int, a, r, first: bool = True):
     """Seconds of the collectives layer ``j`` runs beside (as
     :func:`ddlsim.workloads.decoder.zero3._pass` pairs them): those issued after the layer
     before it — its reduce-scatter ``r`` (none before layer 0) and the gather of layer
     ``j + k`` — or, for layer 0, the gathers of layers ``1..k``
-    issued with its own. Without a prefetch (``k = 0``) a layer's gather, which it waits
-    for, queues behind everything before it on the stream: nothing runs beside a layer."""
+    issued with its own (``first``; behind a root unit, layer 0 is as any other). Without a
+    prefetch (``k = 0``) a layer's gather, which it waits for, queues behind everything
+    before it on the stream: nothing runs beside a layer."""
     if k == 0:
         return 0.0
-    if j == 0:
+    if j == 0 and first:
         return min(k, L - 1) * a
     return r + (a if j + k < L else 0.0)
 
 
-def zero3_time(L: int, k: int, m, parts, a, r, sm=None) -> np.ndarray:
+def zero3_time(L: int, k: int, m, parts, a, r, sm=None, root=None) -> np.ndarray:
     """When the last micro-batch's compute and reduce-scatters have both ended, per plan.
 
     Parameters
@@ -102,13 +111,17 @@ def zero3_time(L: int, k: int, m, parts, a, r, sm=None) -> np.ndarray:
     sm : (forward, backward) functions or None
         A layer's extra seconds beside ``C`` seconds of collectives (NCCL's SMs taken from
         its GEMMs, :mod:`ddlsim.workloads.smcontention`).
+    root : (arrays, arrays) or None
+        Seconds of FSDP's root unit's all-gather, before the embedding, and reduce-scatter,
+        after the backward (:mod:`ddlsim.workloads.decoder.fsdp_edges`); None: no root unit.
     """
     e, f, hf, hb, bw = parts
     sm_f, sm_b = (None, None) if sm is None else sm
 
     def micro_batch(c, d):
-        c, d = _pass(c, d, e, f, a, r, L, k, False, sm_f)
-        return _pass(c + hf, d, hb, bw, a, r, L, k, True, sm_b)
+        c, d = _pass(c, d, e, f, a, r, L, k, False, sm_f, None if root is None else root[0])
+        c, d = _pass(c + hf, d, hb, bw, a, r, L, k, True, sm_b)
+        return c, d if root is None else np.maximum(d, c) + root[1]
 
     return _over_micro_batches(m, np.zeros_like(np.asarray(a, dtype=float)), micro_batch, 2)
 

@@ -1,19 +1,22 @@
-"""DeepSpeed ZeRO-3's edge units on arrays of plans: the embedding's and the head's gathers and
+"""ZeRO-3's edge units on arrays of plans: DeepSpeed's embedding and head gathers and
 reduce-scatters as :func:`ddlsim.workloads.decoder.zero3_edges.hook_units` puts them in the
 trace, timed as the search tier times a layer's module units
-(:meth:`.decoder.DecoderVector._module_units`)."""
+(:meth:`.decoder.DecoderVector._module_units`), and FSDP1's root unit
+(:mod:`ddlsim.workloads.decoder.fsdp_edges`)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from ..simulator.kernels.host import stream_times
+from ..workloads.decoder.builder import with_edges
+from ..workloads.decoder.fsdp_edges import layout
 from ..workloads.decoder.zero3_edges import edge_fetches
 from ..workloads.decoder.zero3_fetch import (FETCH_FILL_PASSES, FETCH_PASSES, REDUCE_PASSES,
                                              list_host_seconds)
 from .zero3 import Unit
 
-__all__ = ["edge_units"]
+__all__ = ["edge_units", "root_unit"]
 
 
 def edge_units(ctx, plans, on, coll, full, parts) -> list[Unit]:
@@ -60,3 +63,16 @@ def edge_units(ctx, plans, on, coll, full, parts) -> list[Unit]:
             u["has_gather"][here], u["has_reduce"][here] = bool(need), bool(red)
             u["live"][here] = live
     return [Unit(**u) for u in units]
+
+
+def root_unit(ctx, plans, on, coll):
+    """(all-gather, reduce-scatter) seconds of FSDP's root unit (the embedding, final norm and
+    output layer on a rank, :func:`~ddlsim.workloads.decoder.builder.with_edges` of no layer)
+    for the ZeRO-3 plans ``on``, where the stack wraps the edges so
+    (:func:`ddlsim.workloads.decoder.fsdp_edges.layout` ``edges``); else None."""
+    if layout(ctx.cfg.software) != "edges":
+        return None
+    root = with_edges(ctx.shape, plans["tp"].astype(float), 0.0, True, True, 1)
+    gather = coll("all_gather", "dp", root * ctx.dt, on)
+    reduce = coll("reduce_scatter", "dp", root * ctx.gdt, on)
+    return (np.broadcast_to(gather, on.shape)[on], np.broadcast_to(reduce, on.shape)[on])

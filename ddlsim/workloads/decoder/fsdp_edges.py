@@ -1,6 +1,7 @@
-"""FSDP2's edge units without pipelining: the input embedding, the final norm and the output
+"""FSDP's edge units without pipelining: the input embedding, the final norm and the output
 layer gathered and reduce-scattered as torchtitan wraps them (``zero3_implementation:
-torch_fsdp2`` under a torchtitan stack).
+torch_fsdp2`` under a torchtitan stack) and as FSDP1's root holds them (``torch_fsdp``: the
+2024 root unit below); DeepSpeed's module hooks are in :mod:`.zero3_edges`.
 
 The wrapping is the framework's :attr:`~ddlsim.workloads.allocator.FrameworkMemory.kept_root`
 (one source for the trace and the memory rule), read in torchtitan's ``apply_fsdp``:
@@ -47,11 +48,17 @@ __all__ = ["layout", "forward_edges", "backward_edges"]
 
 def layout(sw: Any) -> str:
     """How stack ``sw`` wraps the edges in ZeRO-3 units without pipelining: ``edges`` (one
-    root unit), ``head`` (an embedding unit and a [norm, output] unit), ``hooks`` (DeepSpeed's
-    module hooks, :mod:`.zero3_edges`), or ``none`` (not modelled: FSDP1 and Megatron's
-    ``--use-torch-fsdp2``; Megatron-FSDP's own are in :mod:`.megatron_fsdp`)."""
+    root unit: torchtitan 9dec370, and FSDP1, the Megatron stacks' ``torch_fsdp``, whose
+    auto-wrapped layers leave the edges to the root, which ``_post_forward_reshard`` never
+    frees after the forward: "Do not free the root's parameters in the post-forward for
+    FULL_SHARD", pytorch ``torch/distributed/fsdp/_runtime_utils.py``), ``head`` (an
+    embedding unit and a [norm, output] unit), ``hooks`` (DeepSpeed's module hooks,
+    :mod:`.zero3_edges`), or ``none`` (not modelled: Megatron's ``--use-torch-fsdp2``;
+    Megatron-FSDP's own are in :mod:`.megatron_fsdp`)."""
     if sw.zero3_gather != "per_layer":
         return "hooks"
+    if sw.zero3_implementation == "torch_fsdp":   # FSDP1's root unit, never resharded
+        return "edges"
     if sw.zero3_implementation != "torch_fsdp2":
         return "none"
     from ..allocator import framework

@@ -224,7 +224,7 @@ def stage_buffers(sw, fm, shape: DecoderShape, zero_stage, dp, gathered, unit_pa
     if fm.kept_root != "none":
         kept = with_edges(shape, param_split, 0.0, first if fm.kept_root == "edges"
                           else first & False, last, pp)
-    if layout(sw) in ("edges", "head"):     # FSDP2's edge units (.fsdp_edges), pp 1
+    if fm.fsdp2 and layout(sw) in ("edges", "head"):     # FSDP2's edge units, pp 1
         kept, unit_params, held = _edge_units(sw, shape, param_split, first, last, pp, kept,
                                               unit_params)
     whole = per_iteration(sw, 2) & (np.asarray(pp) > 1)
