@@ -19,8 +19,9 @@ Every rank does, round after round (a barrier before each step):
    issue, at the trace's own size (:func:`trace_collectives`; ``calibrate comm``'s MPI
    benchmark, the most over ranks), written to ``OUT/sizes{N}.csv``: the loop keeps them
    in the profile beside its fitted curves (:mod:`ddlsim.calibration.sizes`);
-4. one training iteration of each run config (one rank count, one model, each config one
-   ``parallel.dp_strategy``; one model and one Adam serve them all, in turn), timed in two
+4. one training iteration of each run config, in an order that turns by one each round
+   (one rank count, one model, each config one ``parallel.dp_strategy``; one model and one
+   Adam serve them all, in turn), timed in two
    parts, each in CPU time and the most over ranks: the forward and backward, then, after a
    barrier, the gradient exchange and update (its wall time is kept too).
 
@@ -235,7 +236,10 @@ def phase_times(cfgs, comm, rounds: int, warmup: int, seed: int = 0):
         rates = {name: _stream_cpu_Bps(*xyz) for name, xyz in arrays.items()}
         rates.update({f"class.{c}": r for c, r in class_rates(kernels).items()})
         coll = _collective_round(adapter, where, sizes) if sizes else []
-        for cfg, run in zip(cfgs, runs):
+        # each round starts one config later, so that every config takes each place in
+        # the round as often (the later iterations of a round ran slower on this machine)
+        for j in range(len(cfgs)):
+            cfg, run = cfgs[(j + r) % len(cfgs)], runs[(j + r) % len(cfgs)]
             loss, *spans, ops = _iteration(comm, model, opt,
                                            STRATEGIES[cfg.parallel.dp_strategy],
                                            cfg.parallel.grad_bucket_size, idx, tgt)
