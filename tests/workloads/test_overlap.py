@@ -73,20 +73,29 @@ def _zero3_parts(cfg):
 def test_zero3_without_prefetch_exposes_every_gather():
     """zero3_prefetch_layers = 0: a layer's gather starts when the layer before it has ended
     and the layer waits for it; in the backward the dp stream runs RS(l) before the gather
-    of the next layer. With e, f, hf, hb, b (compute), a (gather), r (reduce-scatter), L
-    layers, m micro-batches:
+    of the next layer. PyTorch FSDP's root unit (embedding, final norm, output layer:
+    decoder/fsdp_edges.py) is gathered before the embedding (g) and its gradients
+    reduce-scattered after the embedding's backward (rr), every micro-batch. With e, f, hf,
+    hb, b (compute), a (gather), r (reduce-scatter), L layers, m micro-batches:
 
-        forward  = max(e, a₀) + f + (L − 1)(a + f) + hf
+        forward  = g + e + a + f + (L − 1)(a + f) + hf
         backward = max(hb, a) + b + (L − 1)(r + a + b)
-        T = Σ_mb (forward + backward) + r + optimizer,
+        T = Σ_mb (forward + backward + r + rr) + optimizer,
 
-    where a₀ = a for the first micro-batch and r + a for the others (the forward's first
-    gather queues behind the previous backward's last reduce-scatter)."""
+    the dp stream running each micro-batch's last reduce-scatters (r, rr) before the next
+    forward's root gather."""
     cfg = _zero3(0, "train.global_batch_size=16")
     e, f, hf, hb, bw, a, r, opt = _zero3_parts(cfg)
+    wl = ddlsim.build_workload(cfg)
+    cost = CostModel(cfg.system, wl)
+    blocks = wl.classes[0].program.blocks
+    g, rr = (cost.collective(next(o.payload for o in blocks[blk].ops
+                                  if getattr(o.payload, "name", "") == name))
+             for blk, name in (("F0", "param.all_gather.root"),
+                               ("B0", "grad.reduce_scatter.root")))
     L, m = 24, 2
     rest = f + (L - 1) * (a + f) + hf + max(hb, a) + bw + (L - 1) * (r + a + bw)
-    want = max(e, a) + rest + (m - 1) * (max(e, r + a) + rest) + r + opt
+    want = m * (g + e + a + rest + r + rr) + opt
     got = ddlsim.predict(cfg, check_fit=False).iteration_time_s
     assert got == pytest.approx(want, rel=1e-9)
 
