@@ -11,7 +11,8 @@ import math
 import numpy as np
 
 from ..collectives.base import GroupNet, Phase, _ring_pairs, register
-from .model import ALGORITHMS, NcclEnv, _link, _nsteps, best_protocol, taken_parts
+from .hops import ring_steps
+from .model import ALGORITHMS, NcclEnv, _link, best_protocol, taken_parts
 
 __all__: list[str] = []
 
@@ -48,7 +49,7 @@ def _layout_fn(op: str, algo: str):
 def _phases(op: str, algo: str, p: int, per_byte: float, lat_s: float) -> list[Phase]:
     """Flows whose bytes at the bottleneck rate take ``per_byte`` s per byte of bytes/B."""
     if algo == "ring" and op in ("all_reduce", "all_gather", "reduce_scatter"):
-        steps = _nsteps(op, p)
+        steps = ring_steps(op, p)
         return [Phase(_ring_pairs(p), per_byte / steps, repeat=steps, latency_s=lat_s / steps)]
     chain = np.stack([np.arange(0, p - 1), np.arange(1, p)], axis=1)
     if algo == "ring":  # broadcast: a pipelined chain from the root; reduce: toward it

@@ -47,7 +47,7 @@ import math
 from . import tuning as T
 
 __all__ = ["LL_HOP_US", "NET_LL_HOP_US", "fit_ll_hop_us", "fit_net_ll_hop_us", "ring_crossings",
-           "ring_ll_extra_us", "ring_ll_levels"]
+           "ring_ll_extra_us", "ring_ll_levels", "ring_steps", "nccl_inter_steps"]
 
 #: µs one NVLink step of the ring's LL protocol takes, per GPU generation (others: NCCL's
 #: 0.6). FITTED to rows ``nccl123`` (DGX A100, NCCL_ALGO=Ring, NCCL_MAX_NCHANNELS=1, 8 B, 2–8
@@ -111,9 +111,12 @@ def fit_net_ll_hop_us(points: list[tuple[int, int, float]]) -> float:
     return num / sum(c * c for c in steps)
 
 
-def _nsteps(op: str, p: int) -> int:
-    """Hops of one chunk's path around the ring (src/device/all_reduce.h ``runRing``)."""
-    return 2 * (p - 1) if op == "all_reduce" else p - 1
+def ring_steps(op: str, p: int) -> int:
+    """Steps of a ring collective over ``p`` ranks: one chunk's hops around the ring
+    (src/device/all_reduce.h ``runRing``), ``2(p − 1)`` for an all-reduce, ``p − 1`` for an
+    all-gather or reduce-scatter, ``p`` for a broadcast or reduce (tuning.cc ``nsteps``)."""
+    return 2 * (p - 1) if op == "all_reduce" else p - 1 if op in ("all_gather",
+                                                                    "reduce_scatter") else p
 
 
 def ring_crossings(op: str, p: int, nodes: int) -> int:
@@ -138,18 +141,19 @@ def ring_crossings(op: str, p: int, nodes: int) -> int:
     """
     if nodes <= 1:
         return 0
-    return math.ceil(_nsteps(op, p) * nodes / p - 1e-9)
+    return math.ceil(ring_steps(op, p) * nodes / p - 1e-9)
 
 
 def _intra_steps(op: str, p: int, nodes: int) -> int:
     """Steps of a ring collective NCCL's latency counts at the NVLink rate (tuning.cc)."""
     if op in ("broadcast", "reduce"):
         return p if nodes == 1 else 0  # several nodes: every step at the network's latency
-    return _nsteps(op, p) - _nccl_inter_steps(op, nodes)
+    return ring_steps(op, p) - nccl_inter_steps(op, nodes)
 
 
-def _nccl_inter_steps(op: str, nodes: int) -> int:
-    """Network steps NCCL 2.30.7's estimate counts (tuning.cc line 407)."""
+def nccl_inter_steps(op: str, nodes: int) -> int:
+    """Network steps NCCL 2.30.7's estimate of a ring all-reduce, all-gather or
+    reduce-scatter counts (tuning.cc line 407): ``2(nodes − 1)`` or ``nodes − 1``."""
     if nodes == 1:
         return 0
     return 2 * (nodes - 1) if op == "all_reduce" else nodes - 1
@@ -189,8 +193,8 @@ def ring_ll_extra_us(op: str, p: int, nodes: int, arch: str, intra: str, cpu: st
     # NCCL: 2(nodes − 1) steps at its network step, the others at its intra step; taken:
     # the ring's crossings at the measured network step, the others at the intra step taken
     nccl_net = T.HW_LATENCY_US["net"]["tree" if p == nodes else "ring"][ll]
-    more = ring_crossings(op, p, nodes) - _nccl_inter_steps(op, nodes)
-    return (extra + _nccl_inter_steps(op, nodes) * (NET_LL_HOP_US - nccl_net)
+    more = ring_crossings(op, p, nodes) - nccl_inter_steps(op, nodes)
+    return (extra + nccl_inter_steps(op, nodes) * (NET_LL_HOP_US - nccl_net)
             + more * (NET_LL_HOP_US - max(hop, floor)))
 
 

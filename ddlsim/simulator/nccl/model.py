@@ -33,7 +33,7 @@ from ..collectives.base import GroupNet
 from . import tuning as T
 from .measured import FILL_CHUNKS, FILL_EDGES, achieved_algbw_GBps, fill_levels, fill_us
 from .channels import channel_bytes, channels_used
-from .hops import ring_ll_levels
+from .hops import nccl_inter_steps, ring_ll_levels, ring_steps
 from .tree import tree_fill_levels
 
 __all__ = ["NcclEnv", "nccl_time", "busbw_GBps", "algbw_GBps", "latency_us", "best_protocol",
@@ -99,11 +99,6 @@ def _nvls_channels(net: GroupNet) -> int:
     return max(1, int(round(net.p / net.nodes)))
 
 
-def _nsteps(op: str, p: int) -> int:
-    return 2 * (p - 1) if op == "all_reduce" else p - 1 if op in ("all_gather",
-                                                                    "reduce_scatter") else p
-
-
 def available(op: str, algo: str, proto: str, net: GroupNet, env: NcclEnv) -> bool:
     """Whether NCCL would run ``algo``/``proto`` here (tuning.cc's enable rules)."""
     if algo not in ALGORITHMS.get(op, ()):
@@ -164,7 +159,7 @@ def algbw_GBps(op: str, algo: str, proto: str, n: float, net: GroupNet, env: Ncc
     """Algorithm bandwidth (GB/s): busBw × NCCL's ratio, with the tree's size correction."""
     bw = busbw_GBps(op, algo, proto, net, env)
     if not (algo != "ring" and op in ("all_gather", "reduce_scatter")):
-        bw *= net.p / _nsteps(op, net.p) if algo in ("ring", "nvls", "nvls_tree") else 0.5
+        bw *= net.p / ring_steps(op, net.p) if algo in ("ring", "nvls", "nvls_tree") else 0.5
     log_size = int(math.floor(math.log2(n / 64))) if n >= 64 else -1
     if algo == "tree" and op == "all_reduce" and 0 <= log_size < 23:
         bw *= T.TREE_CORRECTION[proto][log_size]
@@ -180,14 +175,14 @@ def latency_us(op: str, algo: str, proto: str, n: float, net: GroupNet, env: Ncc
     intra = hw[env.intra][algo][pi]
     inter = hw["net"]["tree" if ppn == 1 else algo][pi]
     lat = T.BASE_LATENCY_US[algo][pi]
-    nsteps = _nsteps(op, p)
+    nsteps = ring_steps(op, p)
     if algo == "ring" and op in ("broadcast", "reduce"):
         cls = "net" if nodes > 1 else env.intra
         lat += nsteps * hw[cls]["tree" if proto == "Simple" else "ring"][pi]
     elif algo == "ring":
         overhead = T.NET_OVERHEAD_US[env.cpu] * (3 if proto == "Simple" else 1)
         intra = max(intra, overhead) if nodes > 1 else intra
-        n_inter = 0 if nodes == 1 else 2 * (nodes - 1) if op == "all_reduce" else nodes - 1
+        n_inter = nccl_inter_steps(op, nodes)
         lat += (nsteps - n_inter) * intra + n_inter * inter
         nch = _channels(_link(net, env)[1], net, env)
         if proto == "Simple" and nodes > 1 and op == "all_reduce" and n / (nch * p) >= 64:
