@@ -53,6 +53,9 @@ class Kernel:
     ``kind``: ``gemm`` (``batch`` independent ``C[M,N] = A[M,K]·B[K,N]`` in one launch,
     ``shape = (M, N, K)``), ``flash`` (a FlashAttention kernel ``variant`` doing ``flops``
     and moving ``bytes``) or ``memory`` (a streaming kernel reading + writing ``bytes``).
+    A ``gemm`` with ``bytes`` set moves those in its memory roofline instead of its operands'
+    (an implicit-GEMM convolution, :mod:`ddlsim.workloads.resnet.kernels`; a weight gradient
+    accumulating into ``main_grad``, :mod:`ddlsim.workloads.decoder.wgrad`); 0: its operands'.
     """
 
     kind: Literal["gemm", "flash", "memory"]
