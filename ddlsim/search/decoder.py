@@ -23,9 +23,7 @@ import numpy as np
 from ..config import DTYPE_BYTES
 from ..errors import ConfigError
 from ..software import grad_dtype_bytes
-from ..workloads.decoder.zero3 import (FETCH_FILL_PASSES, FETCH_PASSES, REDUCE_PASSES,
-                                        list_host_seconds,
-                                        module_fetches, unit_live_elements)
+from ..workloads.decoder.zero3 import list_host_seconds, module_fetches, unit_live_elements
 from ..simulator.kernels import kernel_device, op_time
 from ..simulator.kernels.host import NO_LAUNCH, stream_times
 from ..workloads.decoder.fp8linear import fp8_sp_gather
@@ -41,7 +39,7 @@ from ..workloads.decoder import param_gather
 from ..workloads.decoder.builder import StageBuilder, with_edges
 from ..workloads.decoder.dpsync import bucket_runs, buckets, grad_bucket_bytes
 from .zero3 import Unit, zero3_time, zero3_units_time
-from .zero3_edges import edge_units, root_unit
+from .zero3_edges import edge_units, price_gathers, price_reduces, root_unit
 from ..workloads.decoder.zero3_fetch import persistent_gather_seconds, persistent_tensors
 from .decodermemory import plans_memory
 
@@ -319,9 +317,6 @@ class DecoderVectors:
         k, tp_f, tp_b, acc = _module_pieces(ctx, plans, coll)
         n, sw = len(plans), ctx.cfg.software
         zeros = lambda: np.zeros(n)  # noqa: E731
-        def mem(nbytes: float) -> float:   # one memory-pass op: its kernel and launch
-            return float(stream_times(nbytes / ctx.dev.memory_Bps, float(nbytes > 0),
-                                      ctx.dev.launch))
         sel = np.where(plans["recompute"] == RECOMPUTE.index("selective"), k["recompute"], 0.0)
         fwd_comp = {1: k["attn.qkv"], 2: k["attn.proj"] + tp_f, 4: k["mlp.fc1"],
                     5: k["mlp.fc2"] + tp_f + k["ew"]}
@@ -337,29 +332,12 @@ class DecoderVectors:
             here = on & (plans["tp"] == tp) & (full == rec)
             for key, live in unit_live_elements(ctx.shape, tp, sw, rec).items():
                 units[key].live[here] = live
-            for fm in module_fetches(ctx.shape, tp, sw, rec):
+            for fm in module_fetches(ctx.shape, tp, sw, rec):   # priced as the edges' units
                 for visit, need in (("f", fm.forward), ("r", fm.recompute), ("b", fm.backward)):
-                    u = units[(visit, fm.module)]
-                    for x in need:
-                        u.gather[here] += coll("all_gather", "dp", float(x * ctx.dt), here)[here]
-                    if synced:
-                        fill = FETCH_FILL_PASSES * sum(need) * ctx.dt   # waited for
-                        u.gather[here] += mem(FETCH_PASSES * sum(need) * ctx.dt - fill)
-                        u.host_gather[here] = mem(fill) + list_host_seconds(
-                            sw, plans["dp"][here], len(need), gather=True)
-                    u.has_gather[here] = bool(need)
-                b = units[("b", fm.module)]
-                passes = mem(REDUCE_PASSES * sum(fm.reduce) * ctx.gdt)
-                if synced:
-                    b.compute[here] += passes
-                    b.host_reduce[here] = list_host_seconds(
-                        sw, plans["dp"][here], len(fm.reduce), gather=False)
-                else:
-                    b.reduce[here] += passes
-                for x in fm.reduce:
-                    b.reduce[here] += coll("reduce_scatter", "dp", float(x * ctx.gdt),
-                                           here)[here]
-                b.has_reduce[here] = bool(fm.reduce)
+                    price_gathers(ctx, plans, here, coll, units[(visit, fm.module)], need,
+                                  synced)
+                price_reduces(ctx, plans, here, coll, units[("b", fm.module)], fm.reduce,
+                              synced)
         for visit, comp in (("f", fwd_comp), ("r", fwd_comp), ("b", bwd_comp)):
             for mo in comp:
                 u = units[(visit, mo)]

@@ -40,9 +40,21 @@ def nccl_ctas(cfg: Any, net: Any, mesh_index: np.ndarray) -> np.ndarray:
 
 
 def sm_taken(ctx: Any, fwd_flops, bwd_flops, ctas):
-    """(forward, backward) functions of ``C`` (and ``layers``, 1 by default): the extra
-    seconds of that many layers beside ``C`` seconds of collectives per plan
-    (:func:`extra_seconds`); ``ctx``: the decoder family's context (``cfg``, ``dev``)."""
+    """The extra seconds of a run of layers' GEMMs beside overlapped collectives, forward and
+    backward, as functions (:func:`extra_seconds`).
+
+    Parameters
+    ----------
+    ctx : the decoder family's context (``cfg``: the run, ``dev``: the kernel model's device).
+    fwd_flops, bwd_flops : GEMM FLOPs of one layer's forward and backward per plan.
+    ctas : SMs the collectives hold per plan (:func:`nccl_ctas`).
+
+    Returns
+    -------
+    (callable, callable)
+        ``f(C, layers=1)`` for the forward and the backward: seconds per plan that
+        ``layers`` layers take beyond their own beside ``C`` seconds of collectives.
+    """
     def taken(flops):
         return lambda C, layers=1: extra_seconds(ctx, layers * flops, C, ctas)
     return taken(fwd_flops), taken(bwd_flops)

@@ -1,7 +1,8 @@
 """ZeRO-3's edge units on arrays of plans: DeepSpeed's embedding and head gathers and
 reduce-scatters as :func:`ddlsim.workloads.decoder.zero3_edges.hook_units` puts them in the
 trace, timed as the search tier times a layer's module units
-(:meth:`.decoder.DecoderVector._module_units`), and FSDP1's root unit
+(:meth:`.decoder.DecoderVectors._module_units`, with the same pricing of a unit's gathers and
+reduce-scatters: :func:`price_gathers`, :func:`price_reduces`), and FSDP1's root unit
 (:mod:`ddlsim.workloads.decoder.fsdp_edges`)."""
 
 from __future__ import annotations
@@ -16,28 +17,40 @@ from ..workloads.decoder.zero3_fetch import (FETCH_FILL_PASSES, FETCH_PASSES, RE
                                              list_host_seconds)
 from .zero3 import Unit
 
-__all__ = ["edge_units", "root_unit"]
+__all__ = ["edge_units", "root_unit", "price_gathers", "price_reduces"]
 
 
 def edge_units(ctx, plans, on, coll, full, parts) -> list[Unit]:
     """The forward's embedding and head units and the backward's head and embedding units
-    (:class:`.zero3.Unit` s over the plans, in that order) of the ZeRO-3 plans ``on``:
-    ``parts`` the seconds of the embedding, the head's forward and the head's backward on the
-    compute stream; ``full``: full recomputation per plan (the embedding's reuse distance);
-    ``coll(op, group, bytes, mask)``: a collective's seconds per plan."""
+    of the ZeRO-3 plans ``on``, as DeepSpeed's module hooks fetch and reduce them
+    (:func:`ddlsim.workloads.decoder.zero3_edges.edge_fetches`).
+
+    Parameters
+    ----------
+    ctx : the decoder family's context (``cfg``, ``shape``, ``dt``, ``gdt``, ``dev``).
+    plans : PlanSet
+        The plans (``tp``, ``dp`` per plan).
+    on : numpy.ndarray
+        Per plan, whether it is a ZeRO-3 plan the units are priced for.
+    coll : callable
+        ``coll(op, group, bytes, mask)``: a collective's seconds per plan.
+    full : numpy.ndarray
+        Per plan, full recomputation (it sets the embedding's reuse distance).
+    parts : (float or array, float or array, float or array)
+        Seconds of the embedding, the head's forward and the head's backward on the compute
+        stream.
+
+    Returns
+    -------
+    list of Unit
+        The four units (:class:`.zero3.Unit`, arrays over all plans, 0 off ``on``), in pass
+        order: forward embedding, forward head, backward head, backward embedding.
+    """
     n, sw = len(plans), ctx.cfg.software
     synced = sw.zero3_gather == "per_tensor"
-
-    def mem(nbytes: float) -> float:   # one memory-pass op: its kernel and launch
-        return float(stream_times(nbytes / ctx.dev.memory_Bps, float(nbytes > 0),
-                                  ctx.dev.launch))
-
     e, hf, hb = (np.broadcast_to(np.asarray(x, dtype=float), (n,)) for x in parts)
-    fields = ("compute", "gather", "reduce", "host_gather", "host_reduce", "live")
-    units = [{f: np.zeros(n) for f in fields} for _ in range(4)]
-    for u, comp in zip(units, (e, hf, hb, np.zeros(n))):
-        u["compute"] = comp.copy()
-        u["has_gather"], u["has_reduce"] = np.zeros(n, bool), np.zeros(n, bool)
+    units = [Unit(comp.copy(), np.zeros(n), np.zeros(n, bool), np.zeros(n), np.zeros(n, bool),
+                  np.zeros(n), np.zeros(n), np.zeros(n)) for comp in (e, hf, hb, np.zeros(n))]
     for tp, rec in sorted({(int(t), bool(x)) for t, x in zip(plans["tp"][on], full[on])}):
         here = on & (plans["tp"] == tp) & (full == rec)
         f = edge_fetches(ctx.shape, tp, sw, ctx.shape.layers, rec)
@@ -46,30 +59,76 @@ def edge_units(ctx, plans, on, coll, full, parts) -> list[Unit]:
         lives = [sum(f.emb_forward), sum(f.head_forward)] * 2
         lives[2:] = lives[2:][::-1]            # the backward's head, then embedding
         for u, (need, red), live in zip(units, work, lives):
-            for x in need:
-                u["gather"][here] += coll("all_gather", "dp", float(x * ctx.dt), here)[here]
-            if synced:
-                fill = FETCH_FILL_PASSES * sum(need) * ctx.dt   # waited for by the host
-                u["gather"][here] += mem(FETCH_PASSES * sum(need) * ctx.dt - fill)
-                u["host_gather"][here] = mem(fill) + list_host_seconds(
-                    sw, plans["dp"][here], len(need), gather=True)
-                u["compute"][here] += mem(REDUCE_PASSES * sum(red) * ctx.gdt)
-                u["host_reduce"][here] = list_host_seconds(sw, plans["dp"][here], len(red),
-                                                           gather=False)
-            else:
-                u["reduce"][here] += mem(REDUCE_PASSES * sum(red) * ctx.gdt)
-            for x in red:
-                u["reduce"][here] += coll("reduce_scatter", "dp", float(x * ctx.gdt), here)[here]
-            u["has_gather"][here], u["has_reduce"][here] = bool(need), bool(red)
-            u["live"][here] = live
-    return [Unit(**u) for u in units]
+            price_gathers(ctx, plans, here, coll, u, need, synced)
+            price_reduces(ctx, plans, here, coll, u, red, synced)
+            u.live[here] = live
+    return units
+
+
+def memory_pass_s(ctx, nbytes: float) -> float:
+    """Seconds of one memory-pass op over ``nbytes`` bytes: its kernel at the device's memory
+    bandwidth (``ctx.dev.memory_Bps``, B/s) and its launch
+    (:func:`~ddlsim.simulator.kernels.host.stream_times`); 0 for no bytes."""
+    return float(stream_times(nbytes / ctx.dev.memory_Bps, float(nbytes > 0), ctx.dev.launch))
+
+
+def price_gathers(ctx, plans, here, coll, u: Unit, need, synced: bool) -> None:
+    """Add to unit ``u`` (its arrays, in place) at the plans ``here`` the all-gathers of the
+    tensors ``need`` (elements each, one collective per tensor, in the parameter dtype) and,
+    under DeepSpeed's per-tensor gathers (``synced``), their memory passes: the fill the host
+    waits for (:data:`~ddlsim.workloads.decoder.zero3_fetch.FETCH_FILL_PASSES`, with the
+    host's list-form issue, :func:`~ddlsim.workloads.decoder.zero3_fetch.list_host_seconds`)
+    and the rest on the gathers' stream, as :func:`ddlsim.workloads.decoder.zero3._pass`
+    issues them. ``coll(op, group, bytes, mask)``: a collective's seconds per plan."""
+    for x in need:
+        u.gather[here] += coll("all_gather", "dp", float(x * ctx.dt), here)[here]
+    if synced:
+        fill = FETCH_FILL_PASSES * sum(need) * ctx.dt   # waited for by the host
+        u.gather[here] += memory_pass_s(ctx, FETCH_PASSES * sum(need) * ctx.dt - fill)
+        u.host_gather[here] = memory_pass_s(ctx, fill) + list_host_seconds(
+            ctx.cfg.software, plans["dp"][here], len(need), gather=True)
+    u.has_gather[here] = bool(need)
+
+
+def price_reduces(ctx, plans, here, coll, u: Unit, red, synced: bool) -> None:
+    """Add to unit ``u`` (in place) at the plans ``here`` the reduce-scatters of the gradients
+    ``red`` (elements each, in the reduce dtype) and their memory passes
+    (:data:`~ddlsim.workloads.decoder.zero3_fetch.REDUCE_PASSES`): on the compute stream
+    with the host's list-form issue under per-tensor gathers (``synced``), before the
+    reduce-scatters on their stream otherwise."""
+    passes = memory_pass_s(ctx, REDUCE_PASSES * sum(red) * ctx.gdt)
+    if synced:
+        u.compute[here] += passes
+        u.host_reduce[here] = list_host_seconds(ctx.cfg.software, plans["dp"][here], len(red),
+                                                gather=False)
+    else:
+        u.reduce[here] += passes
+    for x in red:
+        u.reduce[here] += coll("reduce_scatter", "dp", float(x * ctx.gdt), here)[here]
+    u.has_reduce[here] = bool(red)
 
 
 def root_unit(ctx, plans, on, coll):
-    """(all-gather, reduce-scatter) seconds of FSDP's root unit (the embedding, final norm and
-    output layer on a rank, :func:`~ddlsim.workloads.decoder.builder.with_edges` of no layer)
-    for the ZeRO-3 plans ``on``, where the stack wraps the edges so
-    (:func:`ddlsim.workloads.decoder.fsdp_edges.layout` ``edges``); else None."""
+    """The collectives of FSDP's root unit (the embedding, final norm and output layer on a
+    rank, :func:`~ddlsim.workloads.decoder.builder.with_edges` of no layer) where the stack
+    wraps the edges so (:func:`ddlsim.workloads.decoder.fsdp_edges.layout` ``edges``).
+
+    Parameters
+    ----------
+    ctx : the decoder family's context (``cfg``, ``shape``, ``dt``, ``gdt``).
+    plans : PlanSet
+        The plans (``tp`` per plan).
+    on : numpy.ndarray
+        Per plan, whether it is a ZeRO-3 plan the unit is priced for.
+    coll : callable
+        ``coll(op, group, bytes, mask)``: a collective's seconds per plan.
+
+    Returns
+    -------
+    (numpy.ndarray, numpy.ndarray) or None
+        Seconds of the root's all-gather (parameter dtype) and reduce-scatter (reduce
+        dtype) at the plans ``on``, in their order; None where the stack has no root unit.
+    """
     if layout(ctx.cfg.software) != "edges":
         return None
     root = with_edges(ctx.shape, plans["tp"].astype(float), 0.0, True, True, 1)
