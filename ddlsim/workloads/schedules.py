@@ -176,28 +176,34 @@ def schedule_arrays(name: str, p: int, m: int, v: int = 1):
     T = m * v
     warm = np.array([warmup(name, s, p, m, v) for s in range(p)], dtype=np.int64)
     k = np.arange(T, dtype=np.int64)
-    if name == "interleaved":
-        group, within = np.divmod(k, p * v)
-        mb_of = group * p + within % p
-        chunk_f = within // p
-        chunk_b = v - 1 - chunk_f
-    else:
-        mb_of, chunk_f, chunk_b = k, np.zeros_like(k), np.zeros_like(k)
+    mb_of, chunk_f, chunk_b = _processes(name, k, p, v)
     backward = np.empty((p, 2 * T), dtype=bool)
     ordinal, microbatch, chunk = (np.empty((p, 2 * T), dtype=np.int64) for _ in range(3))
-    alternate = np.zeros((T, 2), dtype=bool)      # (forward, backward) pairs of the steady state
-    alternate[:, 1] = True
-    by = ((ordinal, k, k), (microbatch, mb_of, mb_of), (chunk, chunk_f, chunk_b))
+    no, yes = np.zeros(T, dtype=bool), np.ones(T, dtype=bool)
+    by = ((ordinal, k, k), (microbatch, mb_of, mb_of), (chunk, chunk_f, chunk_b),
+          (backward, no, yes))
     for s, w in enumerate(warm.tolist()):   # row by row, in slices (faster than gathers)
-        n = T - w                           # forward w + i, then backward i, for i < n
         for out, fwd, bwd in by:            # (what the i-th forward and backward process)
-            row = out[s]
-            row[:w] = fwd[:w]
-            pairs = row[w:w + 2 * n].reshape(n, 2)
-            pairs[:, 0], pairs[:, 1] = fwd[w:], bwd[:n]
-            row[w + 2 * n:] = bwd[n:]
-        back = backward[s]
-        back[:w] = False
-        back[w:w + 2 * n] = alternate[:n].ravel()
-        back[w + 2 * n:] = True
+            _interleave(out[s], w, fwd, bwd)
     return backward, ordinal, microbatch, chunk, warm
+
+
+def _processes(name: str, k: np.ndarray, p: int, v: int):
+    """(micro-batch, forward chunk, backward chunk) of each stage's k-th forward and k-th
+    backward (:func:`_interleaved_id`'s order under ``interleaved``; else micro-batch k)."""
+    if name != "interleaved":
+        return k, np.zeros_like(k), np.zeros_like(k)
+    group, within = np.divmod(k, p * v)
+    chunk_f = within // p
+    return group * p + within % p, chunk_f, v - 1 - chunk_f
+
+
+def _interleave(row: np.ndarray, w: int, fwd: np.ndarray, bwd: np.ndarray) -> None:
+    """Fill one stage's ``row`` (``2T`` steps, in place) with the values of its ``w`` warm-up
+    forwards (``fwd[:w]``), then of forward ``w + i`` and backward ``i`` alternately for
+    ``i < T − w``, then of the remaining backwards."""
+    n = len(fwd) - w
+    row[:w] = fwd[:w]
+    pairs = row[w:w + 2 * n].reshape(n, 2)
+    pairs[:, 0], pairs[:, 1] = fwd[w:], bwd[:n]
+    row[w + 2 * n:] = bwd[n:]
