@@ -216,7 +216,7 @@ def kernel_time(k: Kernel, dev: KernelDevice, efficiency: float | None = None) -
 
 
 def op_time(op: Compute, dev: KernelDevice,
-            measured: Callable[[float, str], float | None] | None = None,
+            measured: Callable[..., float | None] | None = None,
             memo: dict | None = None) -> float:
     """Seconds of one compute op: its kernels one after another on the stream, or — an op
     with no kernels — one kernel timed by the roofline ``max(FLOPs / (peak · η_max),
@@ -255,7 +255,7 @@ def op_time(op: Compute, dev: KernelDevice,
 
 
 def _roofline(op: Compute, dev: KernelDevice,
-              measured: Callable[[float, str], float | None] | None) -> float:
+              measured: Callable[..., float | None] | None) -> float:
     """Device seconds of an op given by its FLOPs and bytes alone (:func:`op_time`)."""
     peak = dev.peak_flops(op.dtype)
     # the optimizer step at its class's measured bandwidth, where the device has one
