@@ -27,7 +27,7 @@ the network once every ``p / nodes`` hops (src/device/all_reduce.h ``runRing``: 
 hops for an all-reduce, ``p − 1`` for an all-gather or reduce-scatter). The chunk that starts
 just after a network crossing crosses ``⌈nsteps / (p / nodes)⌉`` times (:func:`ring_crossings`:
 an all-reduce on 2 nodes of 8 crosses 4 times, on 2 nodes of 1 twice), where NCCL 2.30.7's
-estimate counts ``2(nodes − 1)`` (tuning.cc line 407; ``2·nodes`` up to NCCL 2.22). Each
+estimate counts ``2(nodes − 1)`` (tuning.cc line 411; ``2·nodes`` up to NCCL 2.22). Each
 network step takes :data:`NET_LL_HOP_US`, measured, where NCCL's estimate has 2.7 µs (5.0 µs
 with one GPU a node: ``hwLat[NET][RING or TREE][LL]``); the other steps keep their NVLink step
 as above. On two DGX A100 (NCCL_ALGO=Ring, 8–512 B: nccl#812, held out) this takes 26 NVLink
@@ -137,7 +137,7 @@ def ring_crossings(op: str, p: int, nodes: int) -> int:
     References
     ----------
     NVIDIA/nccl 2.30.7 src/device/all_reduce.h ``runRing`` (``2(p − 1)`` steps) and
-    src/graph/tuning.cc line 407 (NCCL's own count, ``2(nodes − 1)``).
+    src/graph/tuning.cc line 411 (NCCL's own count, ``2(nodes − 1)``).
     """
     if nodes <= 1:
         return 0
@@ -153,7 +153,7 @@ def _intra_steps(op: str, p: int, nodes: int) -> int:
 
 def nccl_inter_steps(op: str, nodes: int) -> int:
     """Network steps NCCL 2.30.7's estimate of a ring all-reduce, all-gather or
-    reduce-scatter counts (tuning.cc line 407): ``2(nodes − 1)`` or ``nodes − 1``."""
+    reduce-scatter counts (tuning.cc line 411): ``2(nodes − 1)`` or ``nodes − 1``."""
     if nodes == 1:
         return 0
     return 2 * (nodes - 1) if op == "all_reduce" else nodes - 1
