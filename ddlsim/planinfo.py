@@ -119,16 +119,16 @@ def _resnet_fields(cfg: Any) -> dict[str, Any]:
     gradients, docs/resnet.md), activation memory format and the training step's options
     around the model (``training_step``: ``zero_grad``, ``grad_scaler``, ``input_pipeline``,
     ``broadcast_buffers``); nothing for a proxy (its dtype is the messages')."""
+    from .workloads.resnet.step import STEP_FIELDS
     m = cfg.model
     if m.compute != "model":
         return {}
     dtype = cfg.train.dtype
+    step = {f: getattr(m, f) for f in STEP_FIELDS}
+    step["broadcast_buffers"] = m.broadcast_buffers and cfg.dp > 1     # DDP's: dp > 1 only
     return {"precision": (f"{dtype} autocast (AMP), fp32 weights and gradients"
                           if dtype in ("fp16", "bf16") else dtype),
-            "memory_format": m.memory_format,
-            "training_step": {"zero_grad": m.zero_grad, "grad_scaler": m.grad_scaler,
-                              "input_pipeline": m.input_pipeline,
-                              "broadcast_buffers": m.broadcast_buffers and cfg.dp > 1}}
+            "memory_format": m.memory_format, "training_step": step}
 
 
 #: family → its own plan fields, for the families whose options the stack's kernel fields

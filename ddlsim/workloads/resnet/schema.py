@@ -11,7 +11,7 @@ from ...units import parse_quantity
 from ..buckets import FIRST_BUCKET_BYTES
 from ..proxytime import TIMINGS_FIELD, ComputeMode, ProxyTimings, check_proxy_timings
 from .layers import BLOCKS, Layer, Tensor, resnet_layers
-from .step import INPUT_PIPELINES
+from .step import INPUT_PIPELINES, STEP_FIELDS
 
 __all__ = ["ResNetModel", "PROXY_TIMINGS"]
 
@@ -19,8 +19,6 @@ __all__ = ["ResNetModel", "PROXY_TIMINGS"]
 #: bucket's all-reduce (DNN-cpp-proxies resnet152.cpp:29-30, ``fwd_rt_whole_model`` and
 #: ``bwd_rt_per_B``, slept at lines 35 and 48).
 PROXY_TIMINGS = ("forward", "backward_per_bucket")
-#: the options of the training step around the model (:mod:`.step`)
-_STEP_FIELDS = ("zero_grad", "grad_scaler", "input_pipeline", "broadcast_buffers")
 
 
 def _bytes(v):
@@ -84,7 +82,7 @@ class ResNetModel(ModelBase):
     @model_validator(mode="after")
     def _check(self) -> "ResNetModel":
         check_proxy_timings(self.compute, self.proxy_timings, PROXY_TIMINGS, "resnet")
-        steps = sorted(f for f in _STEP_FIELDS if f in self.model_fields_set)
+        steps = sorted(f for f in STEP_FIELDS if f in self.model_fields_set)
         if self.compute == "proxy" and steps:
             raise ValueError(f"model.{steps[0]} is a kernel of a modelled training step, but "
                              "model.compute = 'proxy' times the proxy's sleeps alone; remove "

@@ -51,10 +51,12 @@ import math
 from ..trace import Kernel
 from .layers import Layer, Tensor
 
-__all__ = ["INPUT_PIPELINES", "zero_grad_kernels", "accumulate_kernels", "grad_scaler_kernels",
-           "multi_tensor_launches", "input_kernels", "bn_buffers", "flatten_kernels",
-           "unflatten_kernels"]
+__all__ = ["STEP_FIELDS", "INPUT_PIPELINES", "zero_grad_kernels", "accumulate_kernels",
+           "grad_scaler_kernels", "multi_tensor_launches", "input_kernels", "bn_buffers",
+           "flatten_kernels", "unflatten_kernels"]
 
+#: the ``model`` options of the training step around the model (module docstring)
+STEP_FIELDS = ("zero_grad", "grad_scaler", "input_pipeline", "broadcast_buffers")
 #: ``model.input_pipeline`` → bytes per input element of each kernel on the device
 #: (the module docstring): none, the normalisation, the normalisation then mixup
 INPUT_PIPELINES = {"none": (), "normalize": (1 + 4, 8, 8),
