@@ -219,12 +219,7 @@ def phase_times(cfgs, comm, rounds: int, warmup: int, seed: int = 0):
     arrays = {name: (np.ones(n, dtype=np.float32), np.ones(n, dtype=np.float32),
                      np.empty(n, dtype=np.float32)) for name, n in tensor_sizes(shape).items()}
     kernels = class_kernels(shape, seed)
-    sizes = trace_collectives(cfgs) if comm.Get_size() > 1 else []
-    if sizes:
-        from ..calibration.adapters import MpiAdapter
-        from ..calibration.comm_bench import placement
-        adapter = MpiAdapter(comm)
-        where = placement(adapter)
+    sample = _collective_sampler(cfgs, comm)
     colls: list[list[dict]] = []
     gemms, stream = [], {name: [] for name in [*arrays, *(f"class.{c}" for c in kernels)]}
     runs = [{"compute_cpu_s": [], "exchange_s": [], "exchange_wall_s": [],
@@ -235,7 +230,7 @@ def phase_times(cfgs, comm, rounds: int, warmup: int, seed: int = 0):
         comm.Barrier()
         rates = {name: _stream_cpu_Bps(*xyz) for name, xyz in arrays.items()}
         rates.update({f"class.{c}": r for c, r in class_rates(kernels).items()})
-        coll = _collective_round(adapter, where, sizes) if sizes else []
+        coll = sample() if sample else []
         # each round starts one config later, so that every config takes each place in
         # the round as often (the later iterations of a round ran slower on this machine)
         for j in range(len(cfgs)):
@@ -245,17 +240,36 @@ def phase_times(cfgs, comm, rounds: int, warmup: int, seed: int = 0):
                                            cfg.parallel.grad_bucket_size, idx, tgt)
             run["losses"].append(loss)
             if r >= warmup:
-                for key, value in zip(("compute_cpu_s", "exchange_s", "exchange_wall_s",
-                                       "compute_minor_faults"), spans):
-                    run[key].append(value)
-                for name, value in ops.items():
-                    run["ops_cpu_s"].setdefault(name, []).append(value)
+                _record(run, spans, ops)
         if r >= warmup:
             gemms.append(frame)
             colls.append(coll)
             for name, rate in rates.items():
                 stream[name].append(rate)
-    return _merge_rounds(gemms), stream, runs, (_merge_collectives(colls) if sizes else [])
+    return _merge_rounds(gemms), stream, runs, (_merge_collectives(colls) if sample else [])
+
+
+def _collective_sampler(cfgs, comm):
+    """A function taking one round's CPU-time sample of each collective the configs' traces
+    issue (:func:`_collective_round`), or None on one rank or with none to time."""
+    sizes = trace_collectives(cfgs) if comm.Get_size() > 1 else []
+    if not sizes:
+        return None
+    from ..calibration.adapters import MpiAdapter
+    from ..calibration.comm_bench import placement
+    adapter = MpiAdapter(comm)
+    where = placement(adapter)
+    return lambda: _collective_round(adapter, where, sizes)
+
+
+def _record(run: dict, spans, ops: dict) -> None:
+    """Append one timed iteration's spans (:func:`_iteration`'s CPU and wall seconds and
+    page faults) and its CPU seconds per trace op to ``run``'s lists."""
+    for key, value in zip(("compute_cpu_s", "exchange_s", "exchange_wall_s",
+                           "compute_minor_faults"), spans):
+        run[key].append(value)
+    for name, value in ops.items():
+        run["ops_cpu_s"].setdefault(name, []).append(value)
 
 
 def element_rates(doc: dict, statistic: str) -> dict[str, float]:
