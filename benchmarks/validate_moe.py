@@ -40,9 +40,8 @@ published as TFLOP/s per GPU and turned into step times with Megatron-LM's own F
 
 from __future__ import annotations
 
-import sys
-
 import json
+import sys
 
 from ddlsim.errors import ConfigError
 from public_runs import (DATA, print_notes, print_table, read_csv, result_cells, rows_summary,
