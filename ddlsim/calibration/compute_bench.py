@@ -142,29 +142,41 @@ def run_gemm_benchmark(backend: str = "numpy", device: str = "cpu",
     shapes = list(shapes or default_gemm_shapes())
     if reps < 1 or warmup < 0:
         raise CalibrationError(f"need reps >= 1 and warmup >= 0, got {reps}, {warmup}")
-    rows = []
     if backend == "numpy":
         if device != "cpu":
             raise CalibrationError(f"the numpy backend runs on the CPU only, got {device!r}")
-        rng, version = np.random.default_rng(seed), f"numpy {np.__version__}"
-        for dtype in dtypes:
-            if dtype not in NUMPY_DTYPES:
-                raise CalibrationError(f"numpy dtype {dtype!r} not supported; allowed: "
-                                       f"{', '.join(NUMPY_DTYPES)}")
-            for shape in shapes:
-                m, n, k, stack, dims = _gemm_dims(shape)
-                a = rng.standard_normal((*stack, m, k)).astype(NUMPY_DTYPES[dtype])
-                b = rng.standard_normal((*stack, k, n)).astype(NUMPY_DTYPES[dtype])
-                samples = _time(lambda: a @ b, lambda: None, warmup, reps, clock)
-                rows.append(_row("numpy", version, "cpu", "gemm", dtype, dims,
-                                 gemm_flops(m, n, k) * dims.get("batch", 1), samples))
-                if progress:
-                    progress(f"{dtype} {m}x{n}x{k}" + (f" x{stack[0]}" if stack else ""))
-        return _frame(rows)
+        return _frame(_numpy_gemms(dtypes, shapes, warmup, reps, seed, progress, clock))
     if backend != "torch":
         raise CalibrationError(f"compute backend must be 'numpy' or 'torch', got {backend!r}")
+    return _frame(_torch_gemms(device, dtypes, shapes, warmup, reps, seed, progress))
+
+
+def _numpy_gemms(dtypes, shapes, warmup: int, reps: int, seed: int, progress, clock
+                 ) -> list[dict]:
+    """:func:`run_gemm_benchmark`'s rows with numpy on the CPU (stacked shapes allowed)."""
+    rng, version, rows = np.random.default_rng(seed), f"numpy {np.__version__}", []
+    for dtype in dtypes:
+        if dtype not in NUMPY_DTYPES:
+            raise CalibrationError(f"numpy dtype {dtype!r} not supported; allowed: "
+                                   f"{', '.join(NUMPY_DTYPES)}")
+        for shape in shapes:
+            m, n, k, stack, dims = _gemm_dims(shape)
+            a = rng.standard_normal((*stack, m, k)).astype(NUMPY_DTYPES[dtype])
+            b = rng.standard_normal((*stack, k, n)).astype(NUMPY_DTYPES[dtype])
+            samples = _time(lambda: a @ b, lambda: None, warmup, reps, clock)
+            rows.append(_row("numpy", version, "cpu", "gemm", dtype, dims,
+                             gemm_flops(m, n, k) * dims.get("batch", 1), samples))
+            if progress:
+                progress(f"{dtype} {m}x{n}x{k}" + (f" x{stack[0]}" if stack else ""))
+    return rows
+
+
+def _torch_gemms(device: str, dtypes, shapes, warmup: int, reps: int, seed: int, progress
+                 ) -> list[dict]:
+    """:func:`run_gemm_benchmark`'s rows with torch on ``device`` (single GEMMs only)."""
     torch, sync, version = _torch(device)
     gen = torch.Generator(device=device).manual_seed(seed)
+    rows = []
     for dtype in dtypes:
         tdt = _torch_dtype(torch, dtype, device)
         old = torch.backends.cuda.matmul.allow_tf32
@@ -184,7 +196,7 @@ def run_gemm_benchmark(backend: str = "numpy", device: str = "cpu",
                     progress(f"{dtype} {m}x{n}x{k}")
         finally:
             torch.backends.cuda.matmul.allow_tf32 = old
-    return _frame(rows)
+    return rows
 
 
 def run_attention_benchmark(device: str = "cpu", dtypes: Sequence[str] = ("fp32",),
