@@ -148,6 +148,9 @@ def run_gemm_benchmark(backend: str = "numpy", device: str = "cpu",
         return _frame(_numpy_gemms(dtypes, shapes, warmup, reps, seed, progress, clock))
     if backend != "torch":
         raise CalibrationError(f"compute backend must be 'numpy' or 'torch', got {backend!r}")
+    if clock is not None:   # the device's work is timed on the host's wall clock, synced
+        raise CalibrationError(f"clock {clock!r} is for the numpy backend only; the torch "
+                               "backend times GEMMs in wall time (clock None)")
     return _frame(_torch_gemms(device, dtypes, shapes, warmup, reps, seed, progress))
 
 

@@ -94,3 +94,11 @@ def test_the_numpy_benchmark_times_a_stack_as_one_row_of_its_flops():
     assert np.all(df["time_median_s"] > 0)
     with pytest.raises(CalibrationError, match=r"\(m, n, k\) or \(m, n, k, batch\)"):
         run_gemm_benchmark("numpy", "cpu", ["fp32"], [(8, 8)], warmup=0, reps=1)
+
+
+def test_a_clock_with_the_torch_backend_is_refused_not_ignored():
+    """The torch backend times the device in wall time: a ``clock`` is an error naming it
+    (checked before torch is imported, so it runs without torch)."""
+    import time
+    with pytest.raises(CalibrationError, match="clock .* is for the numpy backend only"):
+        run_gemm_benchmark("torch", "cpu", shapes=[(8, 8, 8)], clock=time.process_time)
