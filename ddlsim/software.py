@@ -156,6 +156,14 @@ class KernelSpec(_Strict):
                                   "each re-lays its tensor with one copy "
                                   "(simulator/kernels/dtensor.py); false: sequence-first "
                                   "activations gathered in place (Megatron)")
+    sp_saves_gathered_input: StrictBool | None = Field(
+        default=None, description="a sequence-parallel column-parallel linear saves its "
+                                  "all-gathered input for the weight gradient (autograd under "
+                                  "DTensor TP: torchtitan), so the backward gathers it again "
+                                  "only where selective checkpointing recomputes the gather; "
+                                  "false: the sequence-sharded input is saved and all-gathered "
+                                  "again in every backward (Megatron, Korthikanti et al. 2022 "
+                                  "§4.2.2)")
     host_dispatch: HostDispatch | None = Field(
         default=None, description="how kernels are dispatched: eager (PyTorch from Python, op "
                                   "by op), compiled (torch.compile: a compiled wrapper "

@@ -146,3 +146,27 @@ def test_prepared_fp8_input_is_cast_once_for_all_projections_eager():
     wkv = fp8_cast_kernels("tensorwise", m, kv, H, False, input_cast=False)
     assert casts == [k.bytes for k in wq + wkv + wkv]
     assert [k.bytes for k in wq][:2] == [2 * m * H / 2, 3 * m * H / 2]
+
+
+@pytest.mark.parametrize("stack, recompute, regathers", [
+    ("torchtitan-2025", "none", False), ("torchtitan-2025", "full", False),
+    ("torchtitan-2025", "selective", True), ("torchtitan-2024", "none", False),
+    ("megatron-core-2025", "none", True), ("megatron-core-2024", "full", True)])
+def test_the_backward_gathers_the_input_again_only_where_it_was_not_saved(
+        stack, recompute, regathers):
+    # autograd saves DTensor's gathered input; op-level selective checkpointing drops the
+    # all-gather and Megatron saves the sequence shard: those gather it again (dtensor.py)
+    cfg = _cfg(stack, compile_=stack.startswith("torchtitan"))
+    cfg["train"]["recompute"] = recompute
+    names = [c.name for c in _tp_collectives(cfg)]
+    assert any(n.endswith(".ag.input") for n in names) == regathers
+    assert sum(n.endswith(".ag") for n in names) > 0
+
+
+def test_without_the_regather_its_copy_goes_too():
+    c = ddlsim.load_config(_cfg(compile_=False))
+    lk = layer_kernels(c.model.shape(), c.software, B, S, 2, True, c.train.dtype, False)
+    copy = 2 * B * S * H * 2
+    # only the input gradient's reduce-scatter copy is left after the QKV backward
+    assert _copies(lk, "bwd.attn.qkv") == [copy]
+    assert lk["bwd.attn.qkv"][0].bytes != copy and lk["bwd.attn.qkv"][-1].bytes == copy

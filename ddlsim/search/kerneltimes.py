@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..simulator.kernels import kernel_time
+from ..simulator.kernels.dtensor import regathers_input
 from ..simulator.kernels.host import stream_time
 from ..workloads.decoder.layerkernels import compute_dtype, layer_kernels, logits_kernels
 from ..workloads.decoder.wgrad import main_grad_bytes
@@ -32,7 +33,8 @@ def _one(ctx, b: int, t: int, sp: bool, seen: dict) -> dict[str, float]:
     kernel met before (in ``seen``: the same GEMM forward and backward, the same pass in
     several ops) is not timed again."""
     cfg, sh = ctx.cfg, ctx.shape
-    lk = dict(layer_kernels(sh, cfg.software, b, ctx.s, t, sp, cfg.train.dtype))
+    lk = dict(layer_kernels(sh, cfg.software, b, ctx.s, t, sp, cfg.train.dtype,
+                            regathers_input(cfg.software, cfg.train.recompute)))
     n, dtype = b * ctx.s, compute_dtype(cfg.train.dtype)
     for key, backward in (("logits", False), ("bwd.logits", True)):   # the builder's head
         lk[key] = logits_kernels(n, sh.vocab / t, sh.hidden, dtype, backward,

@@ -47,7 +47,7 @@ from typing import Any
 
 from ...workloads.trace import Kernel
 
-__all__ = ["sp_layout_copies", "layout_copy"]
+__all__ = ["sp_layout_copies", "layout_copy", "regathers_input"]
 
 #: part of :func:`~ddlsim.workloads.decoder.layerkernels.layer_kernels` → the layout copies
 #: around its GEMMs: (tensor, where, collective), tensor ``x`` (the gathered input), ``g``
@@ -67,6 +67,31 @@ SP_COPIES: dict[str, tuple[tuple[str, str, str], ...]] = {
 }
 
 
+def regathers_input(sw: Any, recompute: str) -> bool:
+    """Whether the backward all-gathers a sequence-parallel column-parallel linear's input
+    again for its weight gradient (``ag.input``).
+
+    Megatron saves the sequence-sharded input and gathers it in every backward (Korthikanti
+    et al. 2022 §4.2.2). Under DTensor TP (``sp_saves_gathered_input``: torchtitan) autograd
+    saves the gathered input itself, so only op-level selective checkpointing, whose save
+    list keeps the reduce-scatter but not the all-gather, gathers it again; full
+    recomputation's forward gathers it once as part of the recomputed layer.
+
+    Parameters
+    ----------
+    sw : Software
+        the resolved software stack.
+    recompute : str
+        ``train.recompute``: ``none``, ``selective`` or ``full``.
+
+    Returns
+    -------
+    bool
+        True where the backward's re-gather runs.
+    """
+    return not sw.sp_saves_gathered_input or recompute == "selective"
+
+
 def layout_copy(elements: float, dtype_bytes: float, dtype: str) -> Kernel:
     """One layout copy of ``elements`` elements of ``dtype_bytes`` bytes each: a memory
     kernel reading and writing them once (``2 · elements · dtype_bytes`` bytes).
@@ -82,7 +107,7 @@ def layout_copy(elements: float, dtype_bytes: float, dtype: str) -> Kernel:
 
 
 def sp_layout_copies(sw: Any, t: int, sp: bool, elements: float, dt: int, dtype: str,
-                     fp8_gather: bool, summed: dict[str, bool]
+                     fp8_gather: bool, summed: dict[str, bool], regather: bool = True
                      ) -> dict[str, tuple[tuple, tuple]]:
     """The layout copies of one dense layer's sequence-parallel collectives (module
     docstring), by part of :func:`~ddlsim.workloads.decoder.layerkernels.layer_kernels`.
@@ -107,6 +132,9 @@ def sp_layout_copies(sw: Any, t: int, sp: bool, elements: float, dt: int, dtype:
     summed : dict
         part → whether its reduce-scatter's input is the sum of separate projections' input
         gradients (:mod:`.autograd`), which a compiled block writes in the scattered layout.
+    regather : bool
+        the backward gathers the linears' inputs again (:func:`regathers_input`); without
+        it the ``ag.input`` copies go with their collective.
 
     Returns
     -------
@@ -122,7 +150,8 @@ def sp_layout_copies(sw: Any, t: int, sp: bool, elements: float, dt: int, dtype:
         in_place = summed.get(part, False) and bool(sw.compile)
         sides: dict[str, tuple] = {"before": (), "after": ()}
         for tensor, where, coll in copies:
-            if (fused and coll != "ag.input") or (in_place and coll == "rs.sum"):
+            if ((fused and coll != "ag.input") or (in_place and coll == "rs.sum")
+                    or (coll == "ag.input" and not regather)):
                 continue
             nbytes = 1 if fp8_gather and tensor in "xg" else dt
             sides[where] += (layout_copy(elements, nbytes, dtype),)

@@ -15,6 +15,7 @@ import numpy as np
 
 from ...config import RunConfig
 from ..models.decoder import DecoderShape
+from ...simulator.kernels.dtensor import regathers_input
 from ...simulator.kernels.elementwise import optimizer_bytes_per_param
 from ..trace import Block, Collective, Compute, Op, P2P, Wait
 from . import param_gather, tp_overlap
@@ -178,7 +179,7 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
         """One dense layer's kernels on this rank (:func:`.layerkernels.layer_kernels`),
         computed once per builder (its plan is fixed)."""
         return layer_kernels(self.shape, self.sw, self.b, self.s, self.tp, self.sp,
-                             self.plan.train_dtype)
+                             self.plan.train_dtype, regathers_input(self.sw, self.plan.recompute))
 
     @staticmethod
     def _attn_flops(g: dict[str, float]) -> float:

@@ -128,12 +128,14 @@ MODULE_PARTS = {
 
 @lru_cache(maxsize=512)
 def layer_kernels(shape: Any, sw: Any, b: int, s: int, t: int, sp: bool,
-                  train_dtype: str) -> dict[str, tuple[Kernel, ...]]:
+                  train_dtype: str, regather: bool = True) -> dict[str, tuple[Kernel, ...]]:
     """Kernels of one dense layer on one TP rank: ``attn`` (qkv, core, proj), ``mlp``
     (fc1, fc2), ``ew`` (element-wise), their backwards ``bwd.attn``, ``bwd.mlp``, ``bwd.ew``,
     ``recompute`` (what selective recomputation redoes: the attention core's forward,
     Korthikanti et al. 2022 §5), and the GEMM ops' parts by module (``attn.qkv``,
-    ``attn.proj``, ``mlp.fc1``, …, ``bwd.attn.qkv``: :data:`MODULE_PARTS`)."""
+    ``attn.proj``, ``mlp.fc1``, …, ``bwd.attn.qkv``: :data:`MODULE_PARTS`); ``regather``:
+    the backward gathers the linears' sequence-parallel inputs again
+    (:func:`~ddlsim.simulator.kernels.dtensor.regathers_input`)."""
     gd = train_dtype                      # linear GEMMs (fp8 under FP8)
     od = compute_dtype(train_dtype)       # attention and element-wise
     dt = DTYPE_BYTES[od]
@@ -175,7 +177,8 @@ def layer_kernels(shape: Any, sw: Any, b: int, s: int, t: int, sp: bool,
     }
     # DTensor's layout copies around the sequence-parallel collectives (kernels/dtensor.py)
     copies = sp_layout_copies(sw, t, sp, b * s * shape.hidden, dt, od, fp8_gather,
-                              {"bwd.attn.qkv": summed[0] > 1, "bwd.mlp.fc1": summed[1] > 1})
+                              {"bwd.attn.qkv": summed[0] > 1, "bwd.mlp.fc1": summed[1] > 1},
+                              regather)
     for part, (before, after) in copies.items():
         parts[part] = before + parts[part] + after
     return {

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from ....simulator.kernels.attention import attention_kernels
+from ....simulator.kernels.dtensor import regathers_input
 from ....simulator.kernels.elementwise import backward_kernels, layer_elementwise_kernels
 from ..layerkernels import loss_op
 from ..layerkinds import attention_projections
@@ -275,7 +276,8 @@ class LayerPartitioner:
                               "'none', or the 1-D scheme")
         plan = self.plan
         kernels = layer_kernels(self.shape, self.sw, self.b, self.s // self.cp,
-                                self.size, plan.sp, plan.train_dtype)
+                                self.size, plan.sp, plan.train_dtype,
+                                regathers_input(self.sw, plan.recompute))
         return every_second_mm_op(self.shape, kernels, self.b, self.s // self.cp, self.size,
                                   self.dtype, plan.train_dtype, self.sw)
 

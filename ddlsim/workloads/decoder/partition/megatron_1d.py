@@ -20,6 +20,7 @@ from typing import Any
 
 from ..fp8linear import fp8_sp_gather, linear_kernels
 from ..layerkernels import logits_kernels, loss_op
+from ....simulator.kernels.dtensor import regathers_input
 from ....simulator.kernels.fp8_current import amax_allreduce
 from ...trace import Collective, Compute, Kernel, Op
 from ..wgrad import main_grad_bytes
@@ -84,9 +85,11 @@ class Megatron1D(LayerPartitioner):
         all-reduce, or with sequence parallelism its reduce-scatter and all-gather plus the
         all-gather that rebuilds the sequence-sharded input the forward saved, for the weight
         gradient (Korthikanti et al. 2022, §4.2.2; Megatron-LM
-        ``LinearWithGradAccumulationAndAsyncCommunication.backward``): three per block."""
+        ``LinearWithGradAccumulationAndAsyncCommunication.backward``): three per block; two
+        where the stack saved the gathered input (DTensor TP, :func:`~ddlsim.simulator.
+        kernels.dtensor.regathers_input`)."""
         comm = self.tp_comm(name, nbytes)
-        if self.sp and comm:
+        if self.sp and comm and regathers_input(self.sw, self.plan.recompute):
             comm.insert(0, Collective(f"{name}.ag.input", "all_gather", "tp",
                                       self._gather_bytes(nbytes)))
         return comm
