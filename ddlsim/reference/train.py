@@ -171,7 +171,7 @@ def refuse_shared_cores(comm, allow: bool) -> None:
 @strategy("ddp")
 def _ddp(comm, model: GPT2, opt: Adam, bucket_bytes: float) -> None:
     from mpi4py import MPI
-    g, n = model.g, comm.Get_size()
+    g = model.g
     chunks = max(1, math.ceil(g.nbytes / bucket_bytes))
     for part in np.array_split(g, chunks):
         comm.Allreduce(MPI.IN_PLACE, part, op=MPI.SUM)  # the mean: GPT2.ranks

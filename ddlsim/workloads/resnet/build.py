@@ -189,7 +189,7 @@ def _ring_sync(buckets: list[range], grads: list[float], base: int) -> tuple[Op,
 
 
 def _blocks(cfg: RunConfig) -> dict[str, Block]:
-    m, t, p = cfg.model, cfg.train, cfg.parallel
+    m, t = cfg.model, cfg.train
     mb = t.micro_batch_size
     buckets = grad_bucket_ranges(cfg)
     grads = ready_grad_bytes(cfg)
