@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -10,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from mpienv import mpi_env
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "proxies_progress.py"
-ENV = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+ENV = mpi_env()
 
 
 def test_one_rank_prints_the_three_modes():

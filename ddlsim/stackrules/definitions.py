@@ -241,32 +241,21 @@ def _recompute_norm_act_not_delayed_fp8(f: PlanFacts):
     return f.norm_act_recompute & f.fp8_delayed
 
 
-@stack_rule("no_te_current_scaling", "FP8 with Transformer Engine's current scaling "
-            "(system.software.kernels.fp8_recipe te_current)",
-            "system.software.kernels.fp8_recipe", "train.dtype")
-def _no_te_current_scaling(f: PlanFacts):
-    return f.fp8_current
-
-
-@stack_rule("no_transformer_engine_fp8", "FP8 through Transformer Engine's recipes "
-            "(system.software.kernels.fp8_recipe te_delayed or te_current)",
-            "system.software.kernels.fp8_recipe", "train.dtype")
-def _no_transformer_engine_fp8(f: PlanFacts):
-    return f.fp8_te
-
-
-@stack_rule("no_torchao_float8", "FP8 through torchao's Float8Linear "
-            "(system.software.kernels.fp8_recipe tensorwise or rowwise)",
-            "system.software.kernels.fp8_recipe", "train.dtype")
-def _no_torchao_float8(f: PlanFacts):
-    return f.fp8_torchao
-
-
-@stack_rule("no_torchao_rowwise", "FP8 with torchao's rowwise scaling "
-            "(system.software.kernels.fp8_recipe rowwise)",
-            "system.software.kernels.fp8_recipe", "train.dtype")
-def _no_torchao_rowwise(f: PlanFacts):
-    return f.fp8_rowwise
+#: FP8 recipes a stack's code may lack: the rule, what it refuses and the :class:`PlanFacts`
+#: field that is true for a plan running that recipe (each rule refuses exactly its fact)
+_FP8_RECIPE_RULES = (
+    ("no_te_current_scaling", "FP8 with Transformer Engine's current scaling "
+     "(system.software.kernels.fp8_recipe te_current)", "fp8_current"),
+    ("no_transformer_engine_fp8", "FP8 through Transformer Engine's recipes "
+     "(system.software.kernels.fp8_recipe te_delayed or te_current)", "fp8_te"),
+    ("no_torchao_float8", "FP8 through torchao's Float8Linear "
+     "(system.software.kernels.fp8_recipe tensorwise or rowwise)", "fp8_torchao"),
+    ("no_torchao_rowwise", "FP8 with torchao's rowwise scaling "
+     "(system.software.kernels.fp8_recipe rowwise)", "fp8_rowwise"),
+)
+for _name, _reason, _fact in _FP8_RECIPE_RULES:
+    stack_rule(_name, _reason, "system.software.kernels.fp8_recipe", "train.dtype")(
+        lambda f, fact=_fact: getattr(f, fact))
 
 
 @stack_rule("recompute_shared_experts_no_overlap", "recomputation of the shared experts with "

@@ -20,6 +20,8 @@ from ddlsim.calibration import CalibrationProfile, read_results
 from ddlsim.calibration.cli import app
 from ddlsim.calibration.outputs import write_csv
 
+from mpienv import mpi_env
+
 #: bytes: in the bandwidth regime, away from the protocol switches. Open MPI's shared-memory
 #: all-reduce changes regime between 32 and 128 KiB (2 ranks: 0.09, 0.18, then 0.11 µs per
 #: extra KiB), so 64 KiB sat on a kink that an α-β line through its neighbours misses by
@@ -49,8 +51,7 @@ MPIRUN = _mpirun()
 
 
 def _env() -> dict:
-    # Open MPI refuses to run as root without these (CI containers run as root).
-    return {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    return mpi_env()
 
 
 def _measure(tmp_path: Path) -> tuple[Path, float]:

@@ -4,7 +4,6 @@ and a log recorded from a real mpi4py program under mpirun."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -17,6 +16,8 @@ from ddlsim.errors import ConfigError
 from ddlsim.simulator.costs import CostModel
 from ddlsim.traces.mpilog import measured_span, read_mpilog
 from ddlsim.traces.replay import predict_workload
+
+from mpienv import mpi_env
 
 HERE = Path(__file__).parent
 SYSTEM = ddlsim.load_config(HERE / "data" / "gpt2_tiny.yaml").system   # cpu-10gbe, 1 node × 2
@@ -115,7 +116,7 @@ def _mpirun() -> list[str] | None:
 @pytest.mark.skipif(_mpirun() is None, reason="mpi4py or mpirun is not installed "
                                               "(pip install 'ddlsim[mpi]')")
 def test_recorded_mpi4py_program(tmp_path):
-    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    env = mpi_env()
     cmd = _mpirun() + [sys.executable, "-m", "ddlsim.traces.mpirecord", str(tmp_path),
                        str(HERE / "mpi_program.py")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
@@ -152,8 +153,7 @@ def test_c_pmpi_recorder(tmp_path):
                    timeout=300)
     logs = tmp_path / "logs"
     logs.mkdir()
-    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-           "DDLSIM_MPILOG_DIR": str(logs)}
+    env = mpi_env(DDLSIM_MPILOG_DIR=str(logs))
     proc = subprocess.run(_mpirun() + ["-x", f"LD_PRELOAD={lib}", "-x", "DDLSIM_MPILOG_DIR",
                                        str(exe)], capture_output=True, text=True, timeout=180,
                           env=env)
