@@ -25,9 +25,11 @@ from ..errors import ConfigError
 from ..software import grad_dtype_bytes
 from ..workloads.decoder.zero3 import list_host_seconds, module_fetches, unit_live_elements
 from ..simulator.kernels import kernel_device, op_time
+from ..simulator.kernels.dtensor import regathers_input
 from ..simulator.kernels.host import NO_LAUNCH, stream_times
 from ..workloads.decoder.fp8linear import fp8_sp_gather
 from ..workloads.decoder.layerkernels import compute_dtype
+from ..workloads.decoder.wgrad import accumulate_pass_bytes
 from .family import StageCosts, register_vector_family
 from .kerneltimes import kernel_times
 from .netcost import collective_seconds, mesh_networks
@@ -368,9 +370,12 @@ def _module_pieces(ctx: _Context, plans, coll):
                                        sh) else act
     tp_f = np.where(sp, coll("reduce_scatter", "tp", act) + coll("all_gather", "tp", gather),
                     coll("all_reduce", "tp", act)) * multi
-    # SP: the backward re-gathers each block's sequence-sharded input (Korthikanti §4.2.2)
-    tp_b = tp_f + np.where(sp, coll("all_gather", "tp", gather), 0.0) * multi
-    acc = 0.0 if ctx.cfg.software.gradient_accumulation_fusion else 2 * dt + 2 * ctx.gdt
+    # SP: the backward gathers each block's input again where it was not saved
+    # (dtensor.regathers_input, per plan's recomputation)
+    regather = np.array([regathers_input(ctx.cfg.software, r) for r in RECOMPUTE])
+    tp_b = tp_f + np.where(sp & regather[plans["recompute"]],
+                           coll("all_gather", "tp", gather), 0.0) * multi
+    acc = accumulate_pass_bytes(ctx.cfg.software, dt, ctx.gdt)
     acc_s = stream_times(sh.layer_params / t * acc / ctx.dev.memory_Bps, float(acc > 0),
                          ctx.dev.launch)
     return k, tp_f, tp_b, acc_s

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .wgrad import accumulate_pass_bytes
+
 if TYPE_CHECKING:
     from ..trace import Compute, Op
     from .plan import DecoderPlan
@@ -70,20 +72,9 @@ class StageBase:
         return hit
 
     def grad_accumulate_bytes(self, params: float) -> float:
-        """Memory traffic of adding one micro-batch's weight gradients into the accumulated
-        gradients: the GEMM writes them in the training dtype, then they are read and added
-        into the gradient buffer (read + write) of the stack's ``grad_reduce_dtype``: fp32
-        with Megatron-LM's ``main_grad`` hook (``param.main_grad.add_(param.grad)``), 16-bit
-        where autograd accumulates ``param.grad`` itself (Megatron-LM 2021 with fp16).
-        With ``gradient_accumulation_fusion`` the weight-gradient GEMM accumulates into the
-        fp32 buffer itself (Megatron's fused_weight_gradient_mlp_cuda): no separate pass.
-        Under Megatron-FSDP each micro-batch overwrites the buffer instead
-        (``main_grad.copy_(param.grad)``: :mod:`.megatron_fsdp`): no read of it."""
-        if self.sw.gradient_accumulation_fusion:
-            return 0.0
-        if self.sw.zero3_implementation == "megatron_fsdp":   # ZeRO-3 only (its check)
-            return params * (2 * self.dt + self.gdt)
-        return params * (2 * self.dt + 2 * self.gdt)
+        """Memory traffic of adding one micro-batch's weight gradients of ``params``
+        parameters into the accumulated gradients (:func:`.wgrad.accumulate_pass_bytes`)."""
+        return params * accumulate_pass_bytes(self.sw, self.dt, self.gdt)
 
     # ---------------------------------------------------- provided by the builder and mixins
     def layer_ops(self, backward: bool, repeat: int, n_moe: int | None = None,

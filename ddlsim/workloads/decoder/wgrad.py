@@ -47,7 +47,7 @@ from ...config import DTYPE_BYTES
 from ...simulator.kernels.gemm import gemm_bytes
 from ..trace import Kernel
 
-__all__ = ["main_grad_bytes", "into_main_grad"]
+__all__ = ["main_grad_bytes", "into_main_grad", "accumulate_pass_bytes"]
 
 
 def main_grad_bytes(sw: Any, train_dtype: str) -> int:
@@ -97,3 +97,32 @@ def into_main_grad(pair: tuple[Kernel, ...], main_grad: int) -> tuple[Kernel, ..
     dgrad, wgrad = pair
     nbytes = gemm_bytes(*wgrad.shape, wgrad.batch, DTYPE_BYTES.get(wgrad.dtype, 2), main_grad)
     return dgrad, replace(wgrad, bytes=float(nbytes))
+
+
+def accumulate_pass_bytes(sw: Any, dt: float, gdt: float) -> float:
+    """Bytes per parameter of the pass that adds one micro-batch's weight gradients into the
+    accumulated ones: the GEMM writes them in the training dtype (``dt`` bytes), then they are
+    read and added into the gradient buffer of the stack's ``grad_reduce_dtype`` (``gdt``
+    bytes; fp32 under Megatron-LM's ``main_grad`` hook, ``param.main_grad.add_(param.grad)``,
+    16-bit where autograd accumulates ``param.grad`` itself). None with
+    ``gradient_accumulation_fusion`` (the weight-gradient GEMM accumulates into the buffer:
+    :func:`main_grad_bytes`); under Megatron-FSDP each micro-batch overwrites the buffer
+    (``main_grad.copy_(param.grad)``: :mod:`.megatron_fsdp`), no read of it.
+
+    Parameters
+    ----------
+    sw : Software
+        the resolved software stack.
+    dt, gdt : float
+        bytes per element of the training dtype and of the gradient buffer.
+
+    Returns
+    -------
+    float
+        bytes moved per parameter and micro-batch.
+    """
+    if sw.gradient_accumulation_fusion:
+        return 0.0
+    if sw.zero3_implementation == "megatron_fsdp":   # ZeRO-3 only (its check)
+        return 2 * dt + gdt
+    return 2 * dt + 2 * gdt
