@@ -61,15 +61,15 @@ def _shared(ctx: Any, plans) -> _Shared:
     b, t = plans["mbs"].astype(float), plans["tp"].astype(float)
     dp, zero = np.maximum(plans["dp"], 1), plans["zero"]
     sp, rec = plans["sp"].astype(bool), plans["recompute"]
-    kinds = activation_kinds(cfg)
+    kinds = activation_kinds(cfg, "full")   # full's rebuilt layer: its recompute's kinds
     per_layer = np.zeros_like(b)
     full = np.zeros_like(b)
     for spv in (False, True):
         for code, name in enumerate(RECOMPUTE):
             here = (sp == spv) & (rec == code)
             if here.any():
-                per_layer = np.where(here, sh.layer_activation_bytes(b, s, t, spv, name,
-                                                                     **kinds), per_layer)
+                per_layer = np.where(here, sh.layer_activation_bytes(
+                    b, s, t, spv, name, **activation_kinds(cfg, name)), per_layer)
         full = np.where(sp == spv, sh.layer_activation_bytes(b, s, t, spv, "none", **kinds),
                         full)
     gathered = np.zeros_like(b)

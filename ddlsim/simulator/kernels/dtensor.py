@@ -47,7 +47,7 @@ from typing import Any
 
 from ...workloads.trace import Kernel
 
-__all__ = ["sp_layout_copies", "layout_copy", "regathers_input"]
+__all__ = ["sp_layout_copies", "layout_copy", "regathers_input", "keeps_gathered_input"]
 
 #: part of :func:`~ddlsim.workloads.decoder.layerkernels.layer_kernels` → the layout copies
 #: around its GEMMs: (tensor, where, collective), tensor ``x`` (the gathered input), ``g``
@@ -90,6 +90,30 @@ def regathers_input(sw: Any, recompute: str) -> bool:
         True where the backward's re-gather runs.
     """
     return not sw.sp_saves_gathered_input or recompute == "selective"
+
+
+def keeps_gathered_input(sw: Any, recompute: str) -> bool:
+    """Whether a layer whose activations are kept whole (no recomputation, or the layer full
+    recomputation rebuilds in its backward) holds its column-parallel linears' all-gathered
+    inputs, ``b·s·h`` each, rather than their sequence shards: the memory side of
+    :func:`regathers_input`, of which it is the negation (what is not gathered again was
+    saved).
+
+    Parameters
+    ----------
+    sw : Software
+        the resolved software stack.
+    recompute : str
+        ``train.recompute``.
+
+    Returns
+    -------
+    bool
+        True under DTensor TP outside op-level selective checkpointing (torchtitan's
+        ``ColwiseParallel``: autograd saves the ``aten.mm`` input, the redistributed
+        ``Replicate`` tensor).
+    """
+    return not regathers_input(sw, recompute)
 
 
 def layout_copy(elements: float, dtype_bytes: float, dtype: str) -> Kernel:

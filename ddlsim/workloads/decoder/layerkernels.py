@@ -23,7 +23,7 @@ from typing import Any
 from ...config import DTYPE_BYTES
 from ...simulator.kernels.attention import FLASH_KINDS, attention_kernels
 from ...simulator.kernels.autograd import input_grad_sum_kernels
-from ...simulator.kernels.dtensor import sp_layout_copies
+from ...simulator.kernels.dtensor import keeps_gathered_input, sp_layout_copies
 from ...simulator.kernels.elementwise import (backward_kernels, layer_elementwise_kernels,
                                                  loss_bytes, loss_passes, norm_kernels)
 from ...simulator.kernels.fp8recipe import (FP8_RECIPES, fp8_cast_kernels, fp8_gemm_variants,
@@ -50,11 +50,16 @@ def grad_bytes(cfg: Any) -> int:
     return grad_dtype_bytes(cfg.software.grad_reduce_dtype, compute_dtype(cfg.train.dtype))
 
 
-def activation_kinds(cfg: Any) -> dict[str, bool]:
+def activation_kinds(cfg: Any, recompute: str | None = None) -> dict[str, bool]:
     """Keywords of :meth:`DecoderShape.layer_activation_bytes` the run's stack and dtype set:
-    ``flash`` (FlashAttention keeps no ``s²`` tensor) and ``fp8`` (1-byte GEMM inputs)."""
+    ``flash`` (FlashAttention keeps no ``s²`` tensor), ``fp8`` (1-byte GEMM inputs) and
+    ``gathered_input`` (sequence-parallel linears keep their gathered inputs:
+    :func:`~ddlsim.simulator.kernels.dtensor.keeps_gathered_input` under ``recompute``,
+    default the run's ``train.recompute``)."""
     return {"flash": cfg.software.attention in FLASH_KINDS,
-            "fp8": cfg.train.dtype == "fp8"}
+            "fp8": cfg.train.dtype == "fp8",
+            "gathered_input": keeps_gathered_input(cfg.software,
+                                                   recompute or cfg.train.recompute)}
 
 
 def linear_gemms(shape: Any, M: float, t: int, per_module: bool = False

@@ -316,7 +316,8 @@ def _refusal(name: str, modules: tuple[str, ...], shape: Any, tp: int, moe_plan:
 
 
 def layer_bytes(shape: Any, modules: tuple[str, ...], sw: Any, b: int, s: int, t: int,
-                sp: bool, moe: bool, flash: bool = False, fp8: bool = False) -> float:
+                sp: bool, moe: bool, flash: bool = False, fp8: bool = False,
+                gathered_input: bool = False) -> float:
     """Activation bytes one layer keeps for its backward on one TP rank when ``modules``
     are recomputed (module docstring): the layer's bytes without recomputation (or with the
     attention core's, ``core_attn``) less what each other module frees.
@@ -335,7 +336,7 @@ def layer_bytes(shape: Any, modules: tuple[str, ...], sw: Any, b: int, s: int, t
         Sequence parallelism.
     moe : bool
         An MoE layer (else a dense one).
-    flash, fp8 : bool
+    flash, fp8, gathered_input : bool
         :func:`.layerkernels.activation_kinds`.
 
     Returns
@@ -344,7 +345,8 @@ def layer_bytes(shape: Any, modules: tuple[str, ...], sw: Any, b: int, s: int, t
         Bytes.
     """
     base = "selective" if "core_attn" in modules else "none"
-    kept = shape.layer_activation_bytes(b, s, t, sp, base, moe=moe, flash=flash, fp8=fp8)
+    kept = shape.layer_activation_bytes(b, s, t, sp, base, moe=moe, flash=flash, fp8=fp8,
+                                        gathered_input=gathered_input)
     ctx = LayerContext(b, s, t, sp, moe, fp8, separate_norms(shape, sw, moe))
     return kept - sum(_applied(name, moe, modules) and RECOMPUTE_MODULES[name].freed(shape, ctx)
                       for name in modules)

@@ -68,11 +68,15 @@ class DecoderTraffic:
     # ------------------------------------------------------------------ activations
     def layer_activation_bytes(self, b: int, s: int, t: int, sp: bool, recompute: str,
                                *, moe: bool | None = None, flash: bool = False,
-                               fp8: bool = False) -> float:
+                               fp8: bool = False, gathered_input: bool = False) -> float:
         """Activation bytes one layer keeps for backward on one TP rank (16-bit), after
         Korthikanti et al. 2022 adapted as the module docstring derives. ``flash``: no ``s²``
         tensor, a 4-byte log-sum-exp per query row and head; ``fp8``: TE keeps the inputs of
-        the four linear GEMMs (``sbh`` twice, ``sb·q/t``, ``sb·f/t``) in 1 byte."""
+        the four linear GEMMs (``sbh`` twice, ``sb·q/t``, ``sb·f/t``) in 1 byte;
+        ``gathered_input``: under sequence parallelism the column-parallel GEMMs keep their
+        all-gathered input, the whole sequence's ``sbh``, where Megatron keeps the ``sbh/t``
+        shard (the QKV's, and a dense MLP's; PyTorch DTensor's autograd:
+        :func:`~ddlsim.simulator.kernels.dtensor.regathers_input` false)."""
         sb, h = s * b, self.hidden
         if recompute == "full":
             return 2.0 * sb * h / (t if sp else 1)
@@ -91,6 +95,10 @@ class DecoderTraffic:
             4.0 * self.heads * s * b if flash else (5 if self.dropout else 2) * self.heads * s * s * b)
         if fp8 and not self._uniform(moe):   # 1 byte saved per linear GEMM input element kept
             replicated, split = replicated - 2 * sb * h, split - sb * (self.q_width + self.ffn)
+        if sp and gathered_input:   # the inputs whole: (1 - 1/t) more of each (none at t = 1)
+            per_input = 1 if fp8 and not self._uniform(moe) else 2
+            gathered = (1 if self._uniform(moe) else 2) * per_input * sb * h
+            replicated += gathered * (t - 1)      # / t below: the whole input per rank
         if sp:
             return (replicated + split + scores) / t
         return replicated + (split + scores) / t
