@@ -17,7 +17,11 @@ doc/PERFORMANCE.md). Rows whose ``role`` is ``fitted`` are the calibration data 
 from the ``held-out`` rows, which set nothing and are the validation. Small messages (under 1
 MiB) are recorded by nccl-tests' out-of-place ``time`` (``time_us``: their printed busbw is
 0.00) and summarised on lines of their own (held-out, fitted), so that the figures from 1 MiB
-up stay comparable. ``--write-docs`` replaces the nccl-tests
+up stay comparable. Then one line per size band (:data:`BANDS`) and one for issue 29's target
+(every held-out size within 25 %, mean within 10 %). A row with a reason in its ``excluded``
+column (the source's own repeated measurement of that size disagrees with it) is shown with
+that reason and left out of every mean and worst, on a line that names it. ``--write-docs``
+replaces the nccl-tests
 section of ``docs/validation.md`` with the table printed. ``--nccl-tests`` compares one's own
 nccl-tests output (text or ``-J`` JSON, read by ``ddlsim.calibration.readers``; every size,
 out-of-place) instead, on the preset of ``--gpu`` (``--algorithm``: the ``NCCL_ALGO`` it ran).
@@ -43,6 +47,15 @@ FACTOR = {"all_reduce": lambda p: 2 * (p - 1) / p, "all_gather": lambda p: (p - 
 #: rows under this size (bytes) are summarised apart: the small-message regime, where a
 #: collective's time is its latency, not its bandwidth
 SMALL_BYTES = 2**20
+#: size bands of the per-band summary, (from bytes, below bytes, name): pure latency, the
+#: latency-bound small messages, then the fill-bound, mid and bandwidth-bound sizes
+BANDS = ((0, 2**10, "< 1 KiB"), (2**10, 2**20, "1 KiB-1 MiB"), (2**20, 2**24, "1-16 MiB"),
+         (2**24, 2**28, "16-256 MiB"), (2**28, 2**32, "256 MiB-4 GiB"),
+         (2**32, float("inf"), ">= 4 GiB"))
+#: issue 29's target for nccl-tests: every size within this |error| ...
+TARGET_WORST = 0.25
+#: ... and a mean |error| within this, over the held-out rows
+TARGET_MEAN = 0.10
 
 
 def rows() -> list[dict]:
@@ -121,8 +134,10 @@ def output_rows(path: str, gpu: str, nodes: int | None = None, ranks: int | None
 
 
 def table(engine: str, data: list[dict] | None = None) -> tuple[list[str], dict[str, list[float]]]:
-    """The markdown table, and the errors (ddlsim / measured − 1) per row role, and per size
-    (key ``size:<bytes>``: every row of that size, whatever its role)."""
+    """The markdown table, and the errors (ddlsim / measured − 1) per row role, per size (key
+    ``size:<bytes>``: every row of that size, whatever its role) and per role and size (key
+    ``<role>:<bytes>``); a row with an ``excluded`` reason is shown with it and counted under
+    ``excluded`` only (its line, reason included, under ``excluded rows``)."""
     lines = ["| source | GPU | GPUs | nodes | op | size | measured busbw (GB/s) | ddlsim busbw "
              "(GB/s) | measured time (µs) | ddlsim time (µs) | error | ddlsim algorithm | role |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -133,12 +148,20 @@ def table(engine: str, data: list[dict] | None = None) -> tuple[list[str], dict[
         pub = measured_busbw(row)
         err = got / pub - 1
         size = float(row["size_bytes"])
-        errors[_role_key(row["role"], size)].append(err)
-        errors.setdefault(f"size:{size:.0f}", []).append(err)
+        role = row["role"]
+        if row.get("excluded"):  # shown with its reason, counted in no mean and no worst
+            errors.setdefault("excluded", []).append(err)
+            errors.setdefault("excluded rows", []).append(
+                f"{row['source']} {row['op']} {_size(size)} {100 * err:+.1f}% ({row['excluded']})")
+            role = f"{role}, excluded: {row['excluded']}"
+        else:
+            errors[_role_key(row["role"], size)].append(err)
+            errors.setdefault(f"size:{size:.0f}", []).append(err)
+            errors.setdefault(f"{row['role']}:{size:.0f}", []).append(err)
         lines.append(f"| {row['source']} | {row['gpu']} | {row['gpus']} | {row['nodes']} | "
                      f"{row['op']} | {_size(size)} | {_bw(pub)} | {_bw(got)} | "
                      f"{time_us(row, pub):.1f} | {time_us(row, got):.1f} | {100 * err:+.1f}% | "
-                     f"{label}{' (forced)' if row['algorithm'] else ''} | {row['role']} |")
+                     f"{label}{' (forced)' if row['algorithm'] else ''} | {role} |")
     return lines, errors
 
 
@@ -181,8 +204,49 @@ def summary(errors: dict[str, list[float]], engine: str) -> str:
     sizes = sorted((float(k[5:]), v) for k, v in errors.items() if k.startswith("size:"))
     out.append("worst per size: " + ", ".join(
         f"{_size(b)} {100 * max(errs, key=abs):+.1f}% ({len(errs)})" for b, errs in sizes))
+    out += band_lines(errors)
+    if errors.get("excluded rows"):
+        out.append("excluded from every mean and worst above (the source disagrees with itself): "
+                   + "; ".join(errors["excluded rows"]))
     return "\n".join(out) + (f"\n({engine} engine; error = ddlsim busbw / measured − 1, so + is "
                              "optimistic)")
+
+
+def _by_role_and_size(errors: dict[str, list[float]], role: str) -> list[tuple[float, list]]:
+    """(size in bytes, errors) of one role's rows, ascending (keys ``<role>:<bytes>``)."""
+    head = f"{role}:"
+    return sorted((float(k[len(head):]), v) for k, v in errors.items() if k.startswith(head))
+
+
+def band_lines(errors: dict[str, list[float]]) -> list[str]:
+    """One line per size band of :data:`BANDS` (held-out and fitted rows apart: count, mean and
+    worst |error|), and one for issue 29's target over the held-out rows (every size within
+    :data:`TARGET_WORST`, mean within :data:`TARGET_MEAN`); none without per-role sizes."""
+    held = _by_role_and_size(errors, "held-out")
+    fitted = _by_role_and_size(errors, "fitted")
+    if not held and not fitted:
+        return []
+
+    def stats(pairs, lo, hi):
+        errs = [e for b, v in pairs if lo <= b < hi for e in v]
+        if not errs:
+            return "none"
+        a = np.abs(errs)
+        return (f"{len(errs)}, mean |error| {100 * a.mean():.1f}%, worst "
+                f"{100 * max(errs, key=abs):+.1f}%")
+
+    out = [f"band {name}: held-out {stats(held, lo, hi)}; fitted {stats(fitted, lo, hi)}"
+           for lo, hi, name in BANDS if stats(held + fitted, lo, hi) != "none"]
+    if held:
+        a = np.abs([e for _, v in held for e in v])
+        beyond = [f"{_size(b)} {100 * max(v, key=abs):+.1f}%" for b, v in held
+                  if max(np.abs(v)) > TARGET_WORST]
+        met = a.mean() <= TARGET_MEAN and not beyond
+        out.append(f"issue 29 target (held-out, every size within {100 * TARGET_WORST:.0f}%, mean "
+                   f"within {100 * TARGET_MEAN:.0f}%): {len(a)} rows, mean |error| "
+                   f"{100 * a.mean():.1f}%, sizes beyond: {', '.join(beyond) or 'none'} -> "
+                   f"{'met' if met else 'not met'}")
+    return out
 
 
 def write_docs(lines: list[str], text: str) -> None:

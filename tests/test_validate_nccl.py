@@ -145,3 +145,38 @@ def test_main_compares_an_output_and_refuses_bad_options(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         vn.main(["--nccl-tests", str(path)])  # no --gpu
     assert exit_.value.code == 2
+
+
+def test_an_excluded_row_has_its_reason_and_only_the_source_disagreeing_with_itself():
+    """The one excluded row (DeepEP#303's 32 B all-reduce: 24.63 µs out of place, 13.10 µs in
+    place in the same run) states why in the CSV; the table shows the reason and every mean and
+    worst leaves it out, the summary naming it."""
+    excluded = [r for r in ROWS if r["excluded"]]
+    assert [(r["source"], r["op"], r["size_bytes"]) for r in excluded] == [
+        ("deepep303", "all_reduce", "32")]
+    assert "in-place time of 32 B is 13.10 us" in excluded[0]["excluded"]
+    lines, errors = vn.table("analytical", excluded)
+    assert "held-out, excluded: the same run's in-place time" in lines[-1]
+    assert errors["held-out"] == errors["small"] == [] and len(errors["excluded"]) == 1
+    assert not any(k.startswith("size:") for k in errors)
+    text = vn.summary(errors, "analytical")
+    assert "excluded from every mean and worst above" in text and "deepep303 all_reduce 32 B" in text
+
+
+def test_bands_and_the_issue_target():
+    """One line per size band with rows (held-out and fitted apart), and the target line: every
+    held-out size within 25 %, mean within 10 %."""
+    errors = {"held-out": [0.05], "small": [-0.30, 0.02], "fitted": [0.01],
+              "held-out:8": [-0.30], "held-out:4096": [0.02], "held-out:1048576": [0.05],
+              "fitted:1048576": [0.01]}
+    lines = vn.band_lines(errors)
+    assert lines[0] == ("band < 1 KiB: held-out 1, mean |error| 30.0%, worst -30.0%; "
+                        "fitted none")
+    assert lines[1].startswith("band 1 KiB-1 MiB: held-out 1, mean |error| 2.0%")
+    assert lines[2] == ("band 1-16 MiB: held-out 1, mean |error| 5.0%, worst +5.0%; "
+                        "fitted 1, mean |error| 1.0%, worst +1.0%")
+    assert len(lines) == 4  # no rows from 16 MiB: no band line
+    assert lines[3].endswith("3 rows, mean |error| 12.3%, sizes beyond: 8 B -30.0% -> not met")
+    errors["held-out:8"] = [-0.2]
+    assert vn.band_lines(errors)[-1].endswith("sizes beyond: none -> met")
+    assert vn.band_lines({"held-out": [0.1]}) == []  # no per-role sizes: no band lines
