@@ -226,21 +226,24 @@ class GraphBuilder:
         first = i - j
         return tuple(first + x for x in template.nics[j])
 
-    def all_nics(self) -> tuple[np.ndarray, list[tuple[int, ...]]]:
-        """Every vertex with ``nics``: its id and its NIC ids (copies' computed together)."""
-        ids, nics = [], []
+    def nic_groups(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Every vertex with ``nics``, in groups of one NIC count: (vertex ids, their NIC ids
+        as a vertices × count array), the copies' computed together. A vertex in several
+        groups takes its last (a vertex set by hand after it was copied: its own entry)."""
+        out = []
         for start, k, copies, template, _, _ in self._copies:
             first = start + k * np.arange(copies, dtype=np.int64)
             for j, t in template.nics.items():
-                ids.append(first + j)
-                nics.extend(map(tuple, (first[:, None] + np.array(t, dtype=np.int64))
-                                .tolist()) if t else [()] * copies)
-        own = np.fromiter(self.nics, dtype=np.int64, count=len(self.nics))
-        ids.append(own)
-        nics.extend(self.nics.values())
-        ids = np.concatenate(ids) if ids else own
-        # a vertex set by hand after it was copied: its own entry wins (it comes last)
-        return ids, nics
+                out.append((first + j, first[:, None] + np.array(t, dtype=np.int64)
+                            .reshape(1, len(t))))
+        by_count: dict[int, list[int]] = {}
+        for i, nics in self.nics.items():
+            by_count.setdefault(len(nics), []).append(i)
+        for ids in by_count.values():
+            out.append((np.array(ids, dtype=np.int64),
+                        np.array([self.nics[i] for i in ids], dtype=np.int64)
+                        .reshape(len(ids), -1)))
+        return out
 
     def _block_of(self, i: int):
         """(template, copy number, template vertex id, template names → tails, prefix) of a

@@ -5,7 +5,7 @@ checks that every device can leave its node."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -16,8 +16,8 @@ from .builder import NODE_KINDS, NODE_LOCAL_KINDS
 if TYPE_CHECKING:
     from .graph import Topology
 
-__all__ = ["LocalLinks", "NicSet", "node_counts", "nics_by_node", "nics_of_devices",
-           "check_nics"]
+__all__ = ["LocalLinks", "NicSet", "DeviceNics", "node_counts", "nics_by_node",
+           "nics_of_devices", "check_nics"]
 
 _NIC = NODE_KINDS.index("nic")
 _LOCAL_CODES = np.array([NODE_KINDS.index(k) for k in NODE_LOCAL_KINDS])
@@ -84,26 +84,77 @@ def nics_by_node(vkind: np.ndarray, vnode: np.ndarray, num_nodes: int) -> list[t
     return [tuple(part.tolist()) for part in np.split(nics, cuts)]
 
 
+class DeviceNics(Sequence):
+    """Each device's NIC vertex ids (``nics[d]``: a tuple), held flat: the NICs of device
+    ``d`` are ``flat[start[d]:start[d + 1]]`` (a cluster of 131,072 devices needs no tuple
+    per device until one is asked for)."""
+
+    def __init__(self, flat: np.ndarray, start: np.ndarray):
+        self.flat, self.start = flat, start
+
+    def __len__(self) -> int:
+        return len(self.start) - 1
+
+    def __getitem__(self, d: int) -> tuple[int, ...]:
+        if not -len(self) <= d < len(self):
+            raise IndexError(d)
+        d %= len(self)
+        return tuple(self.flat[self.start[d]:self.start[d + 1]].tolist())
+
+    def __iter__(self):
+        flat, cuts = self.flat.tolist(), self.start.tolist()
+        return (tuple(flat[a:b]) for a, b in zip(cuts[:-1], cuts[1:]))
+
+    def counts(self) -> np.ndarray:
+        """NICs per device."""
+        return np.diff(self.start)
+
+
 def nics_of_devices(builder, devices: np.ndarray, vnode: np.ndarray,
-                     by_node: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+                    by_node: list[tuple[int, ...]]) -> DeviceNics:
     """Each device's ``nics`` attribute (as vertex ids), else every NIC of its node."""
-    out = [by_node[n] for n in vnode[devices].tolist()]
-    ids, nics = builder.all_nics()
     position = np.full(len(vnode), -1, dtype=np.int64)
     position[devices] = np.arange(len(devices))
-    for p, t in zip(position[ids].tolist(), nics):
-        if p >= 0:
-            out[p] = t
-    return out
+    width = np.fromiter(map(len, by_node), dtype=np.int64, count=len(by_node))
+    node_start = np.zeros(len(by_node) + 1, dtype=np.int64)
+    np.cumsum(width, out=node_start[1:])
+    node_flat = np.fromiter(itertools.chain.from_iterable(by_node), dtype=np.int64,
+                            count=int(node_start[-1]))
+    group = np.full(len(devices), -1, dtype=np.int64)    # -1: its node's NICs
+    row = np.zeros(len(devices), dtype=np.int64)
+    groups = builder.nic_groups()
+    for g, (ids, _) in enumerate(groups):   # later groups win
+        p = position[ids]
+        mine = p >= 0
+        group[p[mine]], row[p[mine]] = g, np.flatnonzero(mine)
+    counts = width[vnode[devices]]
+    for g, (_, nics) in enumerate(groups):
+        counts[group == g] = nics.shape[1]
+    start = np.zeros(len(devices) + 1, dtype=np.int64)
+    np.cumsum(counts, out=start[1:])
+    flat = np.empty(int(start[-1]), dtype=np.int64)
+    own = np.flatnonzero(group < 0)             # a node's NICs, copied into place
+    node = vnode[devices[own]]
+    ranks = _ranks(counts[own])
+    flat[np.repeat(start[own], counts[own]) + ranks] = node_flat[
+        np.repeat(node_start[node], counts[own]) + ranks]
+    for g, (_, nics) in enumerate(groups):
+        d = np.flatnonzero(group == g)
+        if len(d) and nics.shape[1]:
+            flat[start[d][:, None] + np.arange(nics.shape[1])] = nics[row[d]]
+    return DeviceNics(flat, start)
+
+
+def _ranks(counts: np.ndarray) -> np.ndarray:
+    """0, 1, … counts[i] − 1 for each i, concatenated."""
+    return np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
 
 
 def check_nics(topo: Topology) -> None:
     if topo.num_nodes == 1:
         return
     linked = np.bincount(topo._u[topo._fabric[topo._v]], minlength=len(topo._names)) > 0
-    count = np.fromiter(map(len, topo._dev_nics), dtype=np.int64, count=topo.num_devices)
-    flat = np.fromiter(itertools.chain.from_iterable(topo._dev_nics), dtype=np.int64,
-                       count=int(count.sum()))
+    count, flat = topo._dev_nics.counts(), topo._dev_nics.flat
     bad = count == 0
     if len(flat):
         bad[count > 0] |= ~np.logical_and.reduceat(linked[flat], (np.cumsum(count) - count)

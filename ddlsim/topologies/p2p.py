@@ -67,11 +67,11 @@ def rail_table(topo: Topology) -> tuple[np.ndarray, np.ndarray]:
 def _layouts(topo: Topology) -> np.ndarray | None:
     """Per node, the positions of its devices' NICs among its NICs (one row per node), or
     None where devices list different numbers of NICs or NICs of another node."""
-    counts = {len(n) for n in topo._dev_nics}
+    counts = set(np.unique(topo._dev_nics.counts()).tolist())
     node_nics = topo._node_nics
     if len(counts) != 1 or len({len(n) for n in node_nics}) != 1 or 0 in counts:
         return None
-    nics = np.array(topo._dev_nics, dtype=np.int64)            # devices × NICs each
+    nics = topo._dev_nics.flat.reshape(topo.num_devices, -1)   # devices × NICs each
     of_node = np.array(node_nics, dtype=np.int64)               # nodes × NICs
     position = np.full(len(topo._names), -1, dtype=np.int64)
     position[of_node] = np.arange(of_node.shape[1])

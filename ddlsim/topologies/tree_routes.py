@@ -102,22 +102,24 @@ class TreeRoutes:
         (aggregation switches × cores); built once."""
         if self._hops is not None:
             return self._hops
-        t: dict[str, np.ndarray] = {"nic_up": self._edge_ids(self.nic, self.leaf),
-                                    "nic_down": self._edge_ids(self.leaf, self.nic)}
+        keys = _sorted_keys(self._topo)
+        t: dict[str, np.ndarray] = {"nic_up": self._edge_ids(self.nic, self.leaf, keys),
+                                    "nic_down": self._edge_ids(self.leaf, self.nic, keys)}
         leaves = np.unique(self.leaf)
         t["leaf_ix"] = np.full(len(self.pod), -1, dtype=np.int64)
         t["leaf_ix"][leaves] = np.arange(len(leaves))
         ups = (self.aggs[self.pod[leaves]] if len(self.aggs)
                else np.broadcast_to(self.spines, (len(leaves), len(self.spines))))
-        t["up1"] = self._edge_ids(np.broadcast_to(leaves[:, None], ups.shape), ups)
-        t["down1"] = self._edge_ids(ups, np.broadcast_to(leaves[:, None], ups.shape))
+        t["up1"] = self._edge_ids(np.broadcast_to(leaves[:, None], ups.shape), ups, keys)
+        t["down1"] = self._edge_ids(ups, np.broadcast_to(leaves[:, None], ups.shape), keys)
         if len(self.aggs):
             aggs = self.aggs.ravel()
             t["agg_ix"] = np.full(len(self.pod), -1, dtype=np.int64)
             t["agg_ix"][aggs] = np.arange(len(aggs))
             cores = self.cores[np.tile(np.arange(self.aggs.shape[1]), self.aggs.shape[0])]
             below = np.broadcast_to(aggs[:, None], cores.shape)
-            t["up2"], t["down2"] = self._edge_ids(below, cores), self._edge_ids(cores, below)
+            t["up2"] = self._edge_ids(below, cores, keys)
+            t["down2"] = self._edge_ids(cores, below, keys)
         self._hops = t
         return t
 
@@ -133,18 +135,26 @@ class TreeRoutes:
         return (flat, lengths, np.full(len(src_nodes), k, dtype=np.int64),
                 latency.reshape(-1, k).max(axis=1))
 
-    def _edge_ids(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """Edge id of each ``a → b`` (arrays of vertex ids of one shape)."""
-        topo = self._topo
-        n = len(topo._names)
-        key = topo._u * n + topo._v
-        order = np.argsort(key)
+    def _edge_ids(self, a: np.ndarray, b: np.ndarray, keys: tuple) -> np.ndarray:
+        """Edge id of each ``a → b`` (arrays of vertex ids of one shape); ``keys``:
+        :func:`_sorted_keys`."""
+        n = len(self._topo._names)
+        key, order, ordered = keys
         want = (np.asarray(a) * n + np.asarray(b)).ravel()
-        at = np.minimum(np.searchsorted(key[order], want), len(key) - 1)
+        at = np.minimum(np.searchsorted(ordered, want), len(key) - 1)
         found = order[at]
         if (key[found] != want).any():
             raise ValueError("a tree route takes a hop that is not an edge")
         return found.reshape(np.shape(a))
+
+
+def _sorted_keys(topo: Topology) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every edge's key ``u·V + v`` (by edge id), the ids in key order and the sorted keys:
+    sorted once for all of :meth:`TreeRoutes._tables`' look-ups (the edges come grouped by
+    source, so a stable sort finds them nearly in order)."""
+    key = topo._u * len(topo._names) + topo._v
+    order = np.argsort(key, kind="stable")
+    return key, order, key[order]
 
 
 class NodeCopies:
