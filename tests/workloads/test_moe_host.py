@@ -96,7 +96,8 @@ def test_the_forward_waits_for_the_router_and_the_dispatch_and_the_device_for_th
     assert dispatch in block[syncs[1]].deps and issues[1] in block[sort].deps
     assert [block[i].payload.seconds for i in syncs] == [SYNC_WAKE_S, 3 * SYNC_WAKE_S]
     assert [len(block[i].payload.kernels) for i in issues] == [4, 8]
-    assert len(block[work].payload.kernels) == DISPATCHER_HOST["deepep"].work_ops
+    host = DISPATCHER_HOST["deepep"]     # the rest of the work: less the steps to the combine
+    assert len(block[work].payload.kernels) == host.work_ops - sum(s.ops for s in host.chain)
 
 
 def test_no_backward_pass_waits():
@@ -114,8 +115,15 @@ def test_a_recomputed_forward_waits_again():
     assert not [n for n in names if n.startswith("bwd.") and n.endswith(".sync")]
 
 
-def test_padded_to_capacity_the_trace_has_no_host_op():
-    assert not [o for o in _ops(qwen3_30b(ALLTOALL, pad=True)) if o.stream == "host"]
+def _forward_host(ops) -> list:
+    """The forward's host ops (the backward's per-expert host work has no wait)."""
+    return [o for o in ops if o.stream == "host" and not o.payload.name.startswith("bwd.")]
+
+
+def test_padded_to_capacity_the_forward_has_no_host_op():
+    ops = _ops(qwen3_30b(ALLTOALL, pad=True))
+    assert not _forward_host(ops)
+    assert {o.payload.name for o in ops if o.stream == "host"} == {"bwd.experts.host"}
 
 
 # ---------------------------------------------------------------- the time
@@ -123,9 +131,12 @@ def test_a_wait_exposes_the_wake_and_the_issue_per_forward_layer(no_waits, monke
     # DeepEP: nothing is queued on the device after the router, nor after the dispatch, so
     # each of the 2 forward layers idles the device for 1 + 3 wakes and 4 + 8 host operations
     # of 5.8 µs; the 47 operations of work run ahead of the device, hidden
+    # (the host's steps after the last wait, which the permutation partly covers: next test)
     cfg = qwen3_30b(DEEPEP)
     without = _iteration(cfg)
     monkeypatch.undo()
+    monkeypatch.setitem(DISPATCHER_HOST, "deepep",
+                        dataclasses.replace(DISPATCHER_HOST["deepep"], chain=()))
     assert _iteration(cfg) - without == pytest.approx(
         2 * (4 * SYNC_WAKE_S + 12 * HOST_OP_S), rel=1e-6)
 
@@ -133,7 +144,7 @@ def test_a_wait_exposes_the_wake_and_the_issue_per_forward_layer(no_waits, monke
 def test_without_a_wait_nothing_changes(no_waits):
     # padded to capacity the dispatcher never waits: the same trace with or without the model
     cfg = qwen3_30b(ALLTOALL, pad=True)
-    assert not [o for o in _ops(cfg) if o.stream == "host"]
+    assert not _forward_host(_ops(cfg))
     assert _iteration(cfg) == _iteration(qwen3_30b(ALLTOALL, pad=True))
 
 
@@ -176,14 +187,70 @@ def test_the_combined_1f1b_forward_nodes_open_with_the_waits():
 
 
 def test_the_hosts_work_binds_only_where_it_outlasts_the_device(monkeypatch):
-    # the work after a layer's last issue runs ahead of the device until the next layer's
-    # wait: with the published 115 µs per TE linear it is hidden; at 5 ms per linear (20 ms of
-    # host work per layer) the second layer's wait starts late, the first layer's does not
+    # at 5 ms per TE linear: the experts' two (fc1, fc2) are steps of the chain after the
+    # last wait, which the device cannot outrun (10 ms per layer, less the sort and fc1 it
+    # runs meanwhile); the attention's two (qkv, proj, 10 ms) run ahead with the rest of the
+    # work, and bind only at the next layer's wait, late by them less the device's work
     base = {n: _iteration(qwen3_30b(DEEPEP, layers=n)) for n in (1, 2)}
     monkeypatch.setattr(moe_host, "TE_LINEAR_HOST_S", 5e-3)
     slow = {n: _iteration(qwen3_30b(DEEPEP, layers=n)) for n in (1, 2)}
-    assert slow[1] == base[1]
-    assert 15e-3 < slow[2] - base[2] < 20e-3
+    chain = slow[1] - base[1]
+    assert 9e-3 < chain <= 10e-3 + 3 * HOST_OP_S
+    assert 8e-3 < slow[2] - base[2] - 2 * chain < 10e-3
+
+
+def test_after_the_last_wait_each_expert_op_waits_for_the_hosts_step():
+    w = ddlsim.build_workload(ddlsim.load_config(qwen3_30b(DEEPEP, layers=1)))
+    block = w.classes[0].program.blocks["F0"].flat.ops
+    names = [o.payload.name for o in block]
+    for device, step in (("fwd.experts.fc1", "fwd.experts.fc1.host.te"),
+                         ("fwd.experts.act", "fwd.experts.act.host"),
+                         ("fwd.experts.fc2", "fwd.experts.fc2.host.te"),
+                         ("fwd.unsort", "fwd.unsort.host"), ("fwd.combine", "fwd.combine.host")):
+        assert block[names.index(step)].stream == "host"
+        assert names.index(step) in block[names.index(device)].deps
+    # the chain is a part of the layer's counted work, not more of it
+    host = DISPATCHER_HOST["deepep"]
+    counted = sum(len(o.payload.kernels) for o in block if o.stream == "host"
+                  and o.payload.name.endswith(".host"))
+    te = sum(o.payload.seconds for o in block if o.payload.name.endswith(".host.te"))
+    assert counted == host.work_ops
+    assert te == pytest.approx(moe_host.TE_LINEARS_FORWARD * moe_host.TE_LINEAR_HOST_S)
+
+
+@pytest.mark.parametrize("dispatcher, exposed", [(DEEPEP, True), (ALLTOALL, False)])
+def test_the_chain_exposes_what_the_device_has_not_to_run(dispatcher, exposed, monkeypatch):
+    # DeepEP: after its multihot waits the device has only the permutation to run while the
+    # host reaches fc1 (3 operations and fc1's TE linear): exposed less the permutation, per
+    # layer; alltoall: the dispatch all-to-all, issued before the steps, outlasts them
+    cfg = qwen3_30b(dispatcher)
+    with_chain = _iteration(cfg)
+    key = "deepep" if dispatcher is DEEPEP else "alltoall"
+    monkeypatch.setitem(DISPATCHER_HOST, key,
+                        dataclasses.replace(DISPATCHER_HOST[key], chain=()))
+    delta = with_chain - _iteration(cfg)
+    if exposed:
+        assert 0 < delta <= 2 * (3 * HOST_OP_S + moe_host.TE_LINEAR_HOST_S) * (1 + 1e-9)
+    else:
+        assert delta == 0
+
+
+def test_the_backward_counts_grouped_linears_per_expert_host_work(monkeypatch):
+    # TE's GroupedLinear backward and Megatron's DDP hook: 5 calls into torch per local expert
+    # and linear (16 local experts, fc1 and fc2); no wait: it binds only where the host's
+    # total outlasts the device's (here at 500 calls each, not at 10)
+    cfg = qwen3_30b(ALLTOALL, layers=1)
+    block = ddlsim.build_workload(ddlsim.load_config(cfg)).classes[0].program.blocks["B0"]
+    bwd = [o for o in block.flat.ops if o.stream == "host"]
+    assert [(o.payload.name, len(o.payload.kernels)) for o in bwd] == [
+        ("bwd.experts.host", 2 * 16 * moe_host.GROUPED_LINEAR_BWD_OPS)]
+    assert all(block.flat.ops[d].stream != "host" and not block.flat.ops[d].payload.name
+               .startswith("bwd.experts") for d in bwd[0].deps)   # none on the experts
+    base = _iteration(cfg)
+    monkeypatch.setattr(moe_host, "GROUPED_LINEAR_BWD_OPS", 10)   # 1.9 ms: still hidden
+    assert _iteration(cfg) == base
+    monkeypatch.setattr(moe_host, "GROUPED_LINEAR_BWD_OPS", 500)
+    assert _iteration(cfg) > base + 0.5 * 2 * 16 * 500 * HOST_OP_S
 
 
 def test_with_one_wait_the_combined_dispatch_node_carries_the_hosts_work():

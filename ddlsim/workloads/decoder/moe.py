@@ -37,7 +37,7 @@ from .fp8linear import with_fp8_casts
 from .grouped_linear import multi_stream_gemms
 from .layerkinds import attention_projections, moe_layers_in_stage
 from .moe_dispatch import flex_ops
-from .moe_host import add_host_work, add_waits, dispatcher_host
+from .moe_host import HostChain, add_backward_expert_host, add_waits, dispatcher_host
 from .partition import context
 from .partition.base import OpList
 from .stage import StageBase
@@ -311,17 +311,20 @@ class MoEOps(StageBase):
         self._beside(ops, first, shared if overlap else [], issued)
         issued = add_waits(ops, pre, host, "dispatch", len(ops.ops) - 1 if first else routed,
                            self.dtype)
-        add_host_work(ops, pre, host, self.dtype)   # to the next layer's wait
+        chain = HostChain(ops, pre, host, self.dtype)   # the host after its last wait
         middle = [self._memory(f"{pre}.sort", sorts[0])] if sorts[0] else []
         middle += self._expert_compute(tag, backward)
         middle += [self._memory(f"{pre}.unsort", sorts[1])] if sorts[1] else []
-        for j, x in enumerate(middle):
-            ops.add(x, deps=issued if j == 0 else ())
-        for x in second:
-            ops.add(x)
+        middle += second
         if perm[1]:
-            ops.add(self._memory(f"{pre}.unpermute", perm[1]))
+            middle.append(self._memory(f"{pre}.unpermute", perm[1]))
+        for j, x in enumerate(middle):
+            ops.add(x, deps=(issued if j == 0 else ()) + chain.issue(x.name))
+        chain.finish()                               # to the next layer's wait
         if backward:
+            if self.moe.gemm_streams and self.moe.grouped_gemm and main_grad_bytes(
+                    self.sw, self.plan.train_dtype):      # TE GroupedLinear, main_grad fused
+                add_backward_expert_host(ops, self.local_experts, self.dtype)
             ops.add(router)
         if not overlap:
             for x in shared:

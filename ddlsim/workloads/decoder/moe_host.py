@@ -74,9 +74,10 @@ from typing import Any
 
 from ..trace import Compute, Kernel, Op
 
-__all__ = ["HostWait", "DispatcherHost", "DISPATCHER_HOST", "SYNC_WAKE_S", "TE_LINEAR_HOST_S",
-           "TE_LINEARS_FORWARD", "dispatcher_host",
-           "add_host_work", "add_waits", "node_with_waits"]
+__all__ = ["HostWait", "HostStep", "DispatcherHost", "DISPATCHER_HOST", "SYNC_WAKE_S",
+           "TE_LINEAR_HOST_S", "TE_LINEARS_FORWARD", "GROUPED_LINEAR_BWD_OPS",
+           "dispatcher_host", "HostChain", "add_waits", "node_with_waits",
+           "add_backward_expert_host"]
 
 #: Seconds from the device's completion of the awaited work to the host running again after a
 #: device→host copy and its event's synchronisation: a PyTorch microbenchmark of a
@@ -103,6 +104,24 @@ TE_LINEAR_HOST_S = 115e-6
 #: attention and the norms are not linear modules and are not counted)
 TE_LINEARS_FORWARD = 4
 
+#: Calls into torch per local expert in one Transformer Engine ``GroupedLinear``'s backward
+#: under Megatron-Core's DDP with gradient-accumulation fusion (the weight gradient written
+#: into ``main_grad`` by the GEMM). Read at NVIDIA/TransformerEngine v2.9
+#: ``pytorch/module/grouped_linear.py`` ``_GroupedLinear.backward`` lines 449-472
+#: (``handle_custom_ddp_from_mcore``, per weight: ``torch.cuda.current_device()`` and
+#: ``torch.empty`` of the dummy gradient returned to autograd, the weight carrying Megatron's
+#: ``grad_added_to_main_grad``) and NVIDIA/Megatron-LM d7288711
+#: ``megatron/core/distributed/distributed_data_parallel.py`` lines 431-450 (the hook autograd
+#: runs per parameter after accumulating that dummy: ``param.grad`` read twice, set to None;
+#: ``register_grad_ready`` is Python and returns at once before the last micro-batch): 2 + 3.
+#: The same code's forward (lines 61-281, 818-858) has no per-expert call into torch in BF16,
+#: nor in FP8 after a step's first micro-batch (the weights' FP8 workspaces cached): its
+#: per-expert loops are Python over lists (weights, quantizer usages, saved tensors,
+#: ``main_grad`` lambdas), not timed by the host rule; ``torch.split``,
+#: ``tex.split_quantize`` and ``general_grouped_gemm`` are one call per pass each (the C++
+#: per-GEMM launches are the GEMM op's own, :mod:`.grouped_linear`).
+GROUPED_LINEAR_BWD_OPS = 5
+
 
 @dataclass(frozen=True)
 class HostWait:
@@ -117,15 +136,44 @@ class HostWait:
 
 
 @dataclass(frozen=True)
+class HostStep:
+    """Host work after a forward layer's last wait that ends with the launch of one device op
+    of the expert path and the combine (``issues``: that op's name after its prefix, e.g.
+    ``experts.fc1``): ``ops`` counted calls into torch, ``te`` Transformer Engine linear
+    modules (:data:`TE_LINEAR_HOST_S` each)."""
+
+    issues: str
+    ops: int
+    te: int = 0
+
+
+@dataclass(frozen=True)
 class DispatcherHost:
     """A dispatcher's host side in one forward MoE layer: whether the plan waits at all
     (``waits_when``), its ``waits`` in order, the other counted host operations
-    (``work_ops``) and where each was read and counted (``source``)."""
+    (``work_ops``, with the :data:`TE_LINEARS_FORWARD` linear modules besides), where each
+    was read and counted (``source``), and the part of that work (``chain``, in issue order)
+    the host runs between the last wait and the combine, each step before the device op it
+    launches."""
 
     waits_when: Callable[[Any], bool]
     waits: tuple[HostWait, ...]
     work_ops: int
     source: str
+    chain: tuple[HostStep, ...] = ()
+
+    def __post_init__(self) -> None:
+        ops, te = sum(s.ops for s in self.chain), sum(s.te for s in self.chain)
+        if ops > self.work_ops or te > TE_LINEARS_FORWARD:
+            raise ValueError(f"host chain of {ops} operations and {te} TE linears exceeds the "
+                             f"layer's {self.work_ops} and {TE_LINEARS_FORWARD}")
+
+
+#: After the last wait, the fc1 and fc2 steps: Megatron's ``TEGroupedMLP.forward``
+#: (``experts.py`` lines 344-380: ``tokens_per_expert.tolist()``, ``unsqueeze`` of the probs,
+#: fc1, ``bias_act_func``, fc2) with the experts' two TE grouped linears
+_EXPERTS = (HostStep("experts.fc1", 2, 1), HostStep("experts.act", 1),
+            HostStep("experts.fc2", 0, 1))
 
 
 #: dispatcher (``flex`` by backend) → its host side (Megatron-LM d7288711; module docstring)
@@ -139,12 +187,15 @@ DISPATCHER_HOST: dict[str, DispatcherHost] = {
         "600-645, 867-907), the probs' all_to_all 4 (668-677), dispatch_postprocess 2 "
         "(680-748), experts 3 (experts.py 330-400, less the grouped linears: "
         "TE_LINEAR_HOST_S), combine_preprocess 3, token_combine 4, "
-        "combine_postprocess 2 (751-854)"),
+        "combine_postprocess 2 (751-854)",
+        (HostStep("sort", 2), *_EXPERTS, HostStep("unsort", 3), HostStep("combine", 4),
+         HostStep("unpermute", 2))),
     "allgather": DispatcherHost(
         lambda plan: True, (HostWait("dispatch", 1, 3),), 44,
         "wait: token_dispatcher.py line 295; issue: sum().item() of the host copy, permute; "
         "work: router 16, the hidden states', probs' and routing map's all-gathers 9, "
-        "dispatch_postprocess 6, the local probs 5, experts 3, combine 5 (lines 180-330)"),
+        "dispatch_postprocess 6, the local probs 5, experts 3, combine 5 (lines 180-330)",
+        (*_EXPERTS, HostStep("scatter", 5))),
     "deepep": DispatcherHost(
         lambda plan: True, (HostWait("router", 1, 4), HostWait("dispatch", 3, 8)), 45,
         "waits: fused_a2a.py lines 104-125, token_dispatcher.py 1225, 1226, 1230; issues: "
@@ -152,13 +203,16 @@ DISPATCHER_HOST: dict[str, DispatcherHost] = {
         "index_put, masked index, index_put, bool, permute (1203-1232, 1287-1320); work: "
         "router 16, dispatch_preprocess 12 (1160-1171, 1390-1411), FusedDispatch to the wait 3, "
         "after it 2 (fused_a2a.py 73-137), multihot before its first wait 3, token counts 1, "
-        "experts 3, un-permutation and combine 5 (1322-1333, fused_a2a.py 163-190)"),
+        "experts 3, un-permutation 1 and combine 4 (1322-1333, fused_a2a.py 163-190)",
+        (HostStep("experts.fc1", 3, 1), *_EXPERTS[1:], HostStep("unsort", 1),
+         HostStep("combine", 4))),
     "hybridep": DispatcherHost(
         lambda plan: not plan.pad, (HostWait("router", 1, 4),), 35,
         "wait: fused_a2a.py lines 365-384, token_dispatcher.py 1007-1024; issue: the "
         "dispatched tensors' allocations and the launch; work: router 16, dispatch_preprocess "
         "11 (1007-1026, 1390-1411), HybridEPDispatch.apply 1, token count 1, experts 3, "
-        "combine 3 (1063-1081, fused_a2a.py 409-440)"),
+        "combine 3 (1063-1081, fused_a2a.py 409-440)",
+        (HostStep("experts.fc1", 3, 1), *_EXPERTS[1:], HostStep("combine", 3))),
 }
 
 
@@ -192,17 +246,36 @@ def _wait_ops(pre: str, wait: HostWait, dtype: str) -> tuple[Compute, Compute]:
             _host_op(f"{pre}.dispatch.issue", wait.issue_ops, dtype))
 
 
-def _work_ops(pre: str, host: DispatcherHost, dtype: str) -> tuple[Compute, Compute]:
-    """The layer's host work: the counted operations and the TE linear modules."""
-    return (_host_op(f"{pre}.moe.host", host.work_ops, dtype),
+def _work_ops(pre: str, host: DispatcherHost, dtype: str,
+              rest: bool = False) -> tuple[Compute, Compute]:
+    """The layer's host work: the counted operations and the TE linear modules (``rest``:
+    less its ``chain``)."""
+    ops, te = host.work_ops, TE_LINEARS_FORWARD
+    if rest:
+        ops -= sum(s.ops for s in host.chain)
+        te -= sum(s.te for s in host.chain)
+    return (_host_op(f"{pre}.moe.host", ops, dtype),
             Compute(f"{pre}.moe.host.te", 0.0, kind="elementwise", dtype=dtype,
-                    seconds=TE_LINEARS_FORWARD * TE_LINEAR_HOST_S))
+                    seconds=te * TE_LINEAR_HOST_S))
 
 
-def add_host_work(ops: Any, pre: str, host: DispatcherHost | None, dtype: str) -> None:
-    """Append the layer's counted host work on the ``host`` stream, with no deps (the host runs
-    it ahead of the device, up to its next wait): the ``work_ops`` and the Transformer Engine
-    linear modules' forward (:data:`TE_LINEARS_FORWARD` × :data:`TE_LINEAR_HOST_S`).
+def _step_ops(pre: str, step: HostStep, dtype: str) -> list[Compute]:
+    name = f"{pre}.{step.issues}.host"
+    out = [_host_op(name, step.ops, dtype)] if step.ops else []
+    if step.te:
+        out.append(Compute(f"{name}.te", 0.0, kind="elementwise", dtype=dtype,
+                           seconds=step.te * TE_LINEAR_HOST_S))
+    return out
+
+
+class HostChain:
+    """The host's work after a forward layer's last wait (:attr:`DispatcherHost.chain`), laid
+    on the ``host`` stream step by step as the layer body is built: the host's lead over the
+    device is nothing after a wait, so each device op of the expert path and the combine
+    starts only once the host has reached its launch. :meth:`issue` before adding such an op;
+    :meth:`finish` after the layer's last, which lays the steps left and the rest of the
+    layer's work (the next layer's attention, router and dispatch pre-processing, run ahead
+    of the device, no deps).
 
     Parameters
     ----------
@@ -215,10 +288,61 @@ def add_host_work(ops: Any, pre: str, host: DispatcherHost | None, dtype: str) -
     dtype : str
         the ops' dtype label (no FLOPs).
     """
-    if host is None:
-        return
-    for op in _work_ops(pre, host, dtype):
-        ops.add(op, "host")
+
+    def __init__(self, ops: Any, pre: str, host: DispatcherHost | None, dtype: str) -> None:
+        self.ops, self.pre, self.host, self.dtype = ops, pre, host, dtype
+        self.steps = list(host.chain) if host is not None else []
+
+    def _lay(self, steps: list[HostStep]) -> tuple[int, ...]:
+        last: tuple[int, ...] = ()
+        for step in steps:
+            for op in _step_ops(self.pre, step, self.dtype):
+                last = (self.ops.add(op, "host"),)
+        return last
+
+    def issue(self, name: str) -> tuple[int, ...]:
+        """Lay the steps up to the one that launches device op ``name`` (those of ops the
+        layer lacks, e.g. no sort with one local expert, come with it).
+
+        Returns
+        -------
+        tuple of int
+            the dep for op ``name``: the last host op laid, or ``()`` when no step launches it.
+        """
+        key = name[len(self.pre) + 1:] if name.startswith(f"{self.pre}.") else None
+        hit = next((i for i, s in enumerate(self.steps)
+                    if key == s.issues or (key or "").startswith(f"{s.issues}.")), None)
+        if hit is None:
+            return ()
+        done, self.steps = self.steps[:hit + 1], self.steps[hit + 1:]
+        return self._lay(done)
+
+    def finish(self) -> None:
+        """Lay the steps left and the layer's other host work (no deps)."""
+        if self.host is None:
+            return
+        self._lay(self.steps)
+        self.steps = []
+        for op in _work_ops(self.pre, self.host, self.dtype, rest=True):
+            self.ops.add(op, "host")
+
+
+def add_backward_expert_host(ops: Any, experts: int, dtype: str) -> None:
+    """Append the per-expert host work of the experts' two TE grouped linears' backward
+    (:data:`GROUPED_LINEAR_BWD_OPS` per local expert and linear) on the ``host`` stream with
+    no deps: no wait stalls the backward, so it binds only where the host's total outlasts the
+    device's, at the next forward's wait.
+
+    Parameters
+    ----------
+    ops : OpList
+        the backward layer body being built.
+    experts : int
+        local experts (``E/EP``).
+    dtype : str
+        the ops' dtype label.
+    """
+    ops.add(_host_op("bwd.experts.host", 2 * experts * GROUPED_LINEAR_BWD_OPS, dtype), "host")
 
 
 def add_waits(ops: Any, pre: str, host: DispatcherHost | None, after: str,
@@ -262,8 +386,9 @@ def node_with_waits(pre: str, host: DispatcherHost | None, after: str, dtype: st
     router, ``mlp`` for those after the dispatch) opened by the host's waits and issues on the
     ``host`` stream: the node's first op waits for the node before it on its side (the
     ``attn`` node, or the dispatch), and the node's own first op waits for the last issue. The
-    layer's host work (:func:`add_host_work`) follows the layer's last issue, on the ``host``
-    stream only. Without such a wait (or an empty node), ``node`` as it is.
+    layer's host work (all of it with no deps: the backward micro-batch's ops fill the device,
+    so :class:`HostChain`'s steps are not laid here) follows the layer's last issue, on the
+    ``host`` stream only. Without such a wait (or an empty node), ``node`` as it is.
 
     Parameters
     ----------
