@@ -17,7 +17,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..workloads.allocator import context_bytes, framework, head_bytes, step_temporaries
+from ..workloads.allocator import (context_bytes, framework, head_bytes, pipeline_held_bytes,
+                                   step_temporaries)
 from ..workloads.decoder.layerkernels import activation_kinds, compute_dtype
 from ..workloads.decoder.memory import stage_activations, stage_buffers
 from ..workloads.decoder.zero3 import zero3_gathered_bytes
@@ -106,7 +107,9 @@ def _stage_memory(ctx: Any, plans, first: bool, stage_params: np.ndarray,
         np.where(rec == RECOMPUTE.index("full"), shared.full, 0.0), is_first, is_last, 1,
         fm.logits_at(t), step_temporaries(
             fm, zero, compute_dtype(cfg.train.dtype) == "fp16", stage_params),
-        head_bytes(fm, sh.hidden, t, plans["sp"].astype(bool)))
+        head_bytes(fm, sh.hidden, t, plans["sp"].astype(bool)),
+        pipeline_held_bytes(fm, b, s, sh.hidden, sh.vocab, t, plans["sp"].astype(bool),
+                            cfg.parallel.cp, pp, v, chunks, shared.m, is_last))
     buffers = stage_buffers(cfg.software, fm, sh, zero, dp, shared.gathered,
                             sh.layer_params / t, t, is_first, is_last, pp, ctx.dt, ctx.gdt,
                             stage_params)

@@ -31,8 +31,8 @@ import numpy as np
 from ..errors import ConfigError
 
 __all__ = ["FrameworkMemory", "FRAMEWORKS", "framework", "loss_bytes", "head_bytes",
-           "comm_buffer_bytes", "step_temporaries", "context_bytes", "CUDA_CONTEXT_BYTES",
-           "NCCL_COMM_BYTES"]
+           "comm_buffer_bytes", "step_temporaries", "context_bytes", "pipeline_held_bytes",
+           "CUDA_CONTEXT_BYTES", "NCCL_COMM_BYTES"]
 
 #: CUDA context with PyTorch's kernels loaded, measured with NVML after the first CUDA tensor
 #: of a PyTorch process: 1,343 MiB (Hugging Face transformers docs, "Model training anatomy",
@@ -73,6 +73,9 @@ class FrameworkMemory:
         code path there (torchtitan's loss parallelism), None where it is the same.
     logit_bytes_compiled : bytes per logit when the stack's ``compile`` compiles the loss
         too, None where compiling leaves the loss eager.
+    pipeline_holds_outputs : the pipeline schedule keeps each stage's output tensor until its
+        micro-batch's backward, and the last stage's outputs (the logits) until the step ends
+        (:func:`pipeline_held_bytes`); False where the schedule frees them after the send.
     head_widths : (split, whole): 16-bit tensors of width ``h`` per token that the final norm
         and the output head keep for the backward outside the checkpointed blocks, split over
         TP under sequence parallelism or whole (:func:`head_bytes`); (0, 0) where they are
@@ -90,6 +93,7 @@ class FrameworkMemory:
     head_widths: tuple = (0, 0)
     logit_bytes_tp: float | None = None
     logit_bytes_compiled: float | None = None
+    pipeline_holds_outputs: bool = False
 
     def logits_at(self, t, compiled: bool = False):
         """Bytes per logit with ``t`` tensor-parallel ranks: :attr:`logit_bytes_compiled`
@@ -129,6 +133,17 @@ _TITAN_LOSS_TP = ("with TP, torchtitan's loss_parallel (parallelize_llama.py: lo
                   "the vocab shards: beside the 16-bit logits (pred, alive in train.py), the "
                   "fp32 logits, shifted = x - max and exp(shifted) exist at once (2 + 3 x 4 B "
                   "per logit, the forward's peak; the backward's is not counted above it)")
+_TORCH_PP = ("PyTorch torch/distributed/pipelining/stage.py forward_one_chunk: "
+             "self.fwd_cache[fwd_chunk_id] = (output_tuple, flatten_input_tensors), popped by "
+             "backward_one_chunk (the stage's output held per micro-batch in flight), and "
+             "self.output_chunks.append(output), which step() merges and returns on the last "
+             "stage: every micro-batch's logits held to the step's end until PyTorch "
+             "pytorch#165822 (2025-10) added step(return_outputs=False), which torchtitan "
+             "e5ef99a (2025-10-22, 'Update PP to release memory earlier') passes; both "
+             "torchtitan stacks are older")
+_MEGATRON_PP = ("Megatron-Core pipeline_parallel/schedules.py deallocate_output_tensor: after "
+                "the send, the output's .data is replaced by a 1-element tensor "
+                "(deallocate_pipeline_outputs), and the last stage keeps only the loss")
 _FSDP2 = ("PyTorch torch/distributed/fsdp/_fully_shard: _fsdp_collectives.py foreach_reduce "
           "copies a unit's unsharded gradients into a reduce-scatter input of the unit's size in "
           "reduce_dtype (fp32 in torchtitan); _fsdp_param.py to_accumulated_grad_if_needed: "
@@ -150,7 +165,8 @@ _register(FrameworkMemory(
                        "the backward: two 16-bit h-wide tensors split over TP under SP",
         "reduce_bucket_elements": "Megatron-Core distributed/param_and_grad_buffer.py: the "
                                   "buckets are views into the contiguous gradient buffer "
-                                  "(counted as the gradients)"}))
+                                  "(counted as the gradients)",
+        "pipeline_holds_outputs": _MEGATRON_PP}))
 
 _register(FrameworkMemory(
     "deepspeed", logit_bytes=2 + 4, fsdp2=False, kept_root="none", reduce_bucket_elements=5e8,
@@ -179,8 +195,9 @@ _register(FrameworkMemory(
                      "325-339: fully_shard per transformer block, then the root (embeddings, "
                      "norm, output); PyTorch _fsdp_state.py _lazy_init: 'For the root, do not "
                      "reshard after forward' (post_forward_mesh_info = None)",
-        "head_widths": _TITAN_HEAD, "logit_bytes_tp": _TITAN_LOSS_TP},
-    head_widths=(2, 1), logit_bytes_tp=2 + 4 + 4 + 4))
+        "head_widths": _TITAN_HEAD, "logit_bytes_tp": _TITAN_LOSS_TP,
+        "pipeline_holds_outputs": _TORCH_PP},
+    head_widths=(2, 1), logit_bytes_tp=2 + 4 + 4 + 4, pipeline_holds_outputs=True))
 
 _register(FrameworkMemory(
     "torchtitan-2025", logit_bytes=4 + 4 + 4, fsdp2=True, kept_root="head",
@@ -200,8 +217,9 @@ _register(FrameworkMemory(
                                 "components/loss.py line 27: with compile the loss function is "
                                 "torch.compile'd; derived, not measured: Inductor fuses the fp32 "
                                 "cast, log-softmax and nll into row reductions, keeping the "
-                                "16-bit logits and writing their 16-bit gradient (2 + 2 B)"},
-    head_widths=(2, 1), logit_bytes_tp=2 + 4 + 4 + 4))
+                                "16-bit logits and writing their 16-bit gradient (2 + 2 B)",
+        "pipeline_holds_outputs": _TORCH_PP},
+    head_widths=(2, 1), logit_bytes_tp=2 + 4 + 4 + 4, pipeline_holds_outputs=True))
 
 
 def framework(stack: str) -> FrameworkMemory:
@@ -293,6 +311,46 @@ def step_temporaries(fm: FrameworkMemory, zero_stage, fp16: bool, params):
     if not (fp16 and fm.step_bytes):
         return 0.0
     return _scalar(np.where(np.asarray(zero_stage) == 0, fm.step_bytes * params, 0.0))
+
+
+def pipeline_held_bytes(fm: FrameworkMemory, b, s: int, hidden: int, vocab: int, t, sp, cp,
+                        pp, vpp, chunks, microbatches, last):
+    """Bytes the pipeline schedule itself holds on one rank at the peak, beyond what the
+    layers keep (:attr:`FrameworkMemory.pipeline_holds_outputs`; 0 without pipelining or
+    where the schedule frees its outputs). Arguments but ``s``, ``hidden`` and ``vocab`` may
+    be arrays over plans.
+
+    * every (micro-batch, model chunk) forward in flight of a stage that is not the last
+      keeps the stage's 16-bit output, ``2·b·s·h/(t'·c)`` with ``t' = t`` under sequence
+      parallelism, else 1 (the chunks of the rank's other stages on the last one:
+      ``chunks·(vpp − 1)/vpp``);
+    * the last stage keeps the 16-bit logits of the micro-batches before the current one,
+      ``(m − 1)·2·b·s·V/(t·c)`` (the current one's are the loss's,
+      :func:`loss_bytes`).
+
+    Parameters
+    ----------
+    fm : the framework's rules (:func:`framework`).
+    b, s : micro-batch size and sequence length (the whole sequence; ``cp`` splits it).
+    hidden, vocab : the model's width and vocabulary.
+    t, sp, cp : tensor-parallel ranks, sequence parallelism, context-parallel ranks.
+    pp, vpp : pipeline stages and model chunks per rank.
+    chunks : (micro-batch, chunk) forwards in flight at the peak
+        (:func:`~ddlsim.workloads.schedules.peak_inflight`).
+    microbatches : micro-batches per iteration, ``m``.
+    last : the rank holds the last stage.
+
+    Returns
+    -------
+    Bytes.
+    """
+    if not fm.pipeline_holds_outputs:
+        return 0.0
+    output = 2.0 * b * s * hidden / (np.where(sp, t, 1) * cp)
+    logits = 2.0 * b * s * vocab / (np.asarray(t) * cp)
+    others = np.asarray(chunks) * (1 - np.where(last, 1 / np.asarray(vpp), 0.0))
+    held = output * others + np.where(last, logits * (np.asarray(microbatches) - 1), 0.0)
+    return _scalar(np.where(np.asarray(pp) > 1, held, 0.0))
 
 
 def context_bytes(device, groups=()):

@@ -12,7 +12,7 @@ import numpy as np
 
 from ...config import DTYPE_BYTES
 from ..allocator import (comm_buffer_bytes, context_bytes, framework, head_bytes,
-                         loss_bytes, step_temporaries)
+                         loss_bytes, pipeline_held_bytes, step_temporaries)
 from ..memory import MemoryBreakdown, model_state_bytes
 from ..models.decoder import DecoderShape
 from ..schedules import peak_inflight
@@ -83,7 +83,11 @@ def stage_memory(plan: DecoderPlan, stage: int, params: float, expert_params: fl
                                     fm.logits_at(tp, sw.compile),
                                     step_temporaries(fm, plan.zero_stage, plan.dtype == "fp16",
                                                      params),
-                                    head_bytes(fm, shape.hidden, head_t, head_sp) / cp)
+                                    head_bytes(fm, shape.hidden, head_t, head_sp) / cp,
+                                    pipeline_held_bytes(fm, b, plan.seq_length, shape.hidden,
+                                                        shape.vocab, tp, plan.sp, cp, plan.pp,
+                                                        plan.vpp, chunks, plan.microbatches,
+                                                        last))
     buffers = stage_buffers(sw, fm, shape, plan.zero_stage, plan.dp, gathered,
                             unit_bytes / pb, split, first, last, plan.pp, pb, gb, params)
     return MemoryBreakdown(weights, grads, opt, acts, other, plan.device.memory_bytes, stage,
@@ -258,7 +262,7 @@ def _edge_units(sw, shape: DecoderShape, param_split, first, last, pp, kept, uni
 
 def stage_activations(shape: DecoderShape, b, s: int, tp_cp, vpp, per_chunk, chunks, rebuilt,
                       first, last, embedding_split, logit_bytes, step,
-                      head) -> tuple:
+                      head, held=0.0) -> tuple:
     """(activations, other buffers) in bytes on one rank of a stage; every argument but
     ``shape`` and ``s`` may be an array over plans (the search tier's memory is this rule).
 
@@ -279,8 +283,10 @@ def stage_activations(shape: DecoderShape, b, s: int, tp_cp, vpp, per_chunk, chu
     step : bytes the optimizer step allocates after the backward
         (:func:`~ddlsim.workloads.allocator.step_temporaries`): the temporaries are the larger
         of the two phases' beside the kept activations, ``max(other, step − activations)``.
+    held : bytes the pipeline schedule holds for the backward, counted with the activations
+        (:func:`~ddlsim.workloads.allocator.pipeline_held_bytes`).
     """
-    acts = per_chunk * chunks + rebuilt
+    acts = per_chunk * chunks + rebuilt + held
     sbh = b * s * shape.hidden
     # the loss's logits and their fp32 temporaries on the last stage; the embedding output
     # kept for dropout on the first

@@ -1,0 +1,85 @@
+"""What torch.distributed.pipelining's schedule holds beside the layers' activations
+(``allocator.pipeline_held_bytes``): each stage's output per micro-batch in flight
+(``fwd_cache``) and, on the last stage, every micro-batch's logits until ``step()`` returns
+(``output_chunks``; torch before pytorch#165822). Megatron frees its outputs after the send
+(``deallocate_output_tensor``). Bytes by hand."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import ddlsim
+from ddlsim.workloads.allocator import FRAMEWORKS, pipeline_held_bytes
+
+pytestmark = pytest.mark.filterwarnings("ignore::ddlsim.errors.DDLSimWarning")
+
+S, H, V = 2048, 4096, 128256          # llama-3.1-8b
+OUT, LOGITS = 2 * S * H / 2, 2 * S * V / 2     # micro-batch 1, TP 2 with SP, CP 1, 16-bit
+
+
+def _cfg(stack: str) -> dict:
+    """llama-3.1-8b cut to 8 layers, TP 2 with SP, PP 4, 8 micro-batches of 1."""
+    cfg = {"model": {"preset": "llama-3.1-8b", "num_hidden_layers": 8},
+           "parallel": {"tensor_model_parallel_size": 2, "sequence_parallel": True,
+                        "pipeline_model_parallel_size": 4, "data_parallel_size": 1},
+           "train": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": S,
+                     "recompute": "full"},
+           "system": {"preset": "dgx-h100", "nodes": 1, "software": {"stack": stack}}}
+    if stack.startswith("torchtitan"):
+        cfg["parallel"]["zero_stage"] = 3
+    return cfg
+
+
+def test_stage_outputs_in_flight_and_the_last_stages_earlier_logits():
+    fm = FRAMEWORKS["torchtitan"]
+    # stage 0 of 1F1B on PP 4: 4 forwards in flight, each holding its output
+    assert pipeline_held_bytes(fm, 1, S, H, V, 2, True, 1, 4, 1, 4, 8, False) == 4 * OUT
+    # the last stage: the 7 earlier micro-batches' logits (the current one's are the loss's)
+    assert pipeline_held_bytes(fm, 1, S, H, V, 2, True, 1, 4, 1, 1, 8, True) == 7 * LOGITS
+    # interleaved, two chunks per rank: half the last rank's 6 forwards are another stage's
+    assert pipeline_held_bytes(fm, 1, S, H, V, 2, True, 1, 4, 2, 6, 8, True) == \
+        3 * OUT + 7 * LOGITS
+    # no pipelining; without SP the output is whole; CP splits both
+    assert pipeline_held_bytes(fm, 1, S, H, V, 2, True, 1, 1, 1, 1, 8, True) == 0.0
+    assert pipeline_held_bytes(fm, 1, S, H, V, 2, False, 1, 4, 1, 4, 8, False) == 8 * OUT
+    assert pipeline_held_bytes(fm, 1, S, H, V, 2, True, 2, 4, 1, 1, 8, True) == 3.5 * LOGITS
+
+
+def test_megatron_frees_its_pipeline_outputs():
+    assert pipeline_held_bytes(FRAMEWORKS["megatron"], 1, S, H, V, 2, True, 1, 4, 1, 4, 8,
+                               False) == 0.0
+
+
+def test_each_stage_of_a_torchtitan_plan_counts_them(monkeypatch):
+    run = ddlsim.load_config(_cfg("torchtitan-2024"))
+    held = {m.stage: m.activations for m in run.family.memory(run)}
+    monkeypatch.setitem(FRAMEWORKS, "torchtitan", dataclasses.replace(
+        FRAMEWORKS["torchtitan"], pipeline_holds_outputs=False))
+    without = {m.stage: m.activations for m in run.family.memory(run)}
+    assert held[0] - without[0] == pytest.approx(4 * OUT, rel=1e-12)     # 1F1B: 4 in flight
+    assert held[3] - without[3] == pytest.approx(7 * LOGITS, rel=1e-12)
+
+
+def test_the_search_tiers_memory_counts_them_as_the_exact_one(monkeypatch):
+    """torchtitan's plans are searched by the exact engine; the vectorised tier calls the same
+    rule, checked on Megatron-Core plans with the rule switched on (a what-if)."""
+    from ddlsim.search.family import vector_family
+    from ddlsim.search.plans import VECTOR_FIELDS, enumerate_plans
+    monkeypatch.setitem(FRAMEWORKS, "megatron", dataclasses.replace(
+        FRAMEWORKS["megatron"], pipeline_holds_outputs=True))
+    cfg = _cfg("megatron-core-2024")
+    run = ddlsim.load_config(cfg)
+    base = {p: getattr(getattr(run, p.split(".")[0]), p.split(".")[1]) for p in VECTOR_FIELDS}
+    base["parallel.schedule"] = run.parallel.schedule
+    pps = [2, 4]
+    plans = enumerate_plans({"parallel.pipeline_model_parallel_size": pps}, base,
+                            run.system.num_devices)
+    family = vector_family(run.model.architecture)
+    memory, _ = family.memory(family.prepare(run), plans)
+    for k, pp in enumerate(pps):
+        one = {**cfg, "parallel": {**cfg["parallel"], "pipeline_model_parallel_size": pp,
+                                   "data_parallel_size": 8 // (2 * pp)}}
+        exact = ddlsim.memory_per_device(ddlsim.load_config(one)).total
+        assert memory[k] == pytest.approx(exact, rel=1e-12)
