@@ -4,6 +4,10 @@ With ``compute: proxy`` a workload's compute ops take the proxy's own ``usleep``
 (``Compute.seconds``) instead of the cost model, so a prediction answers "what would this MPI
 proxy print on that cluster". The timings are written with units (``"119 ms"``); a missing
 one, an unknown one, or timings given with ``compute: model`` is an error.
+
+A ``usleep(T)`` lasts longer than ``T`` on Linux: the kernel lets a normal thread's sleep
+end up to its *timer slack* late, so that wake-ups can be batched, and an otherwise idle
+core wakes the thread at the end of that window (:func:`usleep_s`).
 """
 
 from __future__ import annotations
@@ -16,10 +20,42 @@ from pydantic import BeforeValidator, Field
 from .. import units
 from ..errors import did_you_mean
 
-__all__ = ["ComputeMode", "ProxySeconds", "ProxyTimings", "check_proxy_timings"]
+__all__ = ["ComputeMode", "ProxySeconds", "ProxyTimings", "TIMER_SLACK_S", "check_proxy_timings",
+           "usleep_s"]
 
 ComputeMode = Literal["model", "proxy"]
 _MAX_S = 3600.0  # an hour per compute phase: any larger value is a unit mistake
+
+#: Linux's default timer slack of a normal (non-real-time) thread, seconds: prctl(2),
+#: PR_SET_TIMERSLACK, "The default value for the timer slack of a thread is 50
+#: microseconds" (the kernel's init_task.timer_slack_ns = 50000; /proc/<pid>/timerslack_ns).
+#: On this project's 2-core machine a niced C ``usleep(T)`` took T + 55-66 us (median of 200
+#: each, T = 1-910 us; docs/validation.md, "The seed's C++ proxies on this machine").
+TIMER_SLACK_S = 50e-6
+
+
+def usleep_s(t: float | None) -> float | None:
+    """Wall seconds of a proxy's ``usleep(t)`` on Linux: ``t`` plus the timer slack.
+
+    Parameters
+    ----------
+    t : float or None
+        The proxy's sleep argument, seconds; 0 (a part the proxy does not sleep for: no
+        call) and None (``compute: model``) are returned as they are.
+
+    Returns
+    -------
+    float or None
+        ``t + TIMER_SLACK_S`` for ``t > 0``.
+
+    References
+    ----------
+    prctl(2), PR_SET_TIMERSLACK (the 50 us default); Linux kernel/time/hrtimer.c,
+    hrtimer_nanosleep (the sleep's expiry range is [t, t + current->timer_slack_ns], slack 0
+    for real-time tasks only; the core's timer is programmed for the end of the range unless
+    another timer interrupt comes first).
+    """
+    return t + TIMER_SLACK_S if t else t
 
 
 def _seconds(v: Any) -> float:

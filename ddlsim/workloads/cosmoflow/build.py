@@ -28,6 +28,7 @@ import math
 
 from ...config import DTYPE_BYTES
 from ..memory import MemoryBreakdown, model_state_bytes
+from ..proxytime import usleep_s
 from ..trace import (Block, Collective, Compute, Op, Program, RankClass, Step, Wait, Workload,
                      WorkloadMeta)
 from .grid import Position, grid_families, halo_ops, positions
@@ -72,8 +73,11 @@ class _Builder:
 
     # ------------------------------------------------------------------ compute
     def _compute(self, name: str, key: str, flops: float, nbytes: float,
-                 share: float = 1.0) -> Compute:
+                 share: float = 1.0, wakes: bool = True) -> Compute:
+        """One layer's compute op (``share`` of it); with ``compute: proxy`` the share of
+        its usleep, plus the sleep's timer slack on the part that ends it (``wakes``)."""
         sec = None if self.timings is None else share * self.timings[key]
+        sec = usleep_s(sec) if wakes else sec
         return Compute(name, share * flops, share * nbytes, "gemm", self.dtype, sec)
 
     def _layer(self, ops: _Ops, name: str, key: str, flops: float, nbytes: float,
@@ -82,7 +86,8 @@ class _Builder:
         halo-free part (share ``interior``) first, without waiting for the halo. Returns the
         index of the last op."""
         if halo and self.m.halo_overlap and interior > 0:
-            ops.add(self._compute(f"{name}.interior", key, flops, nbytes, interior), deps=front)
+            ops.add(self._compute(f"{name}.interior", key, flops, nbytes, interior, False),
+                    deps=front)
             return ops.add(self._compute(f"{name}.boundary", key, flops, nbytes, 1 - interior),
                            deps=halo)
         return ops.add(self._compute(name, key, flops, nbytes), deps=front + halo)

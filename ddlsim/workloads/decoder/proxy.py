@@ -17,7 +17,8 @@ How MPI calls become trace ops (docs/trace.md):
   but a no-op in the engines, which complete a send, for its sender, when it is posted
   (docs/trace.md, point 5): a stage does not wait for its previous send to be delivered.
 * Blocking ``MPI_Allreduce`` / ``MPI_Alltoall`` → a ``Collective`` on the compute stream.
-* ``usleep(T)`` → ``Compute(seconds=T)`` from ``model.proxy_timings``.
+* ``usleep(T)`` → ``Compute(seconds=T + timer slack)`` from ``model.proxy_timings``
+  (:func:`~ddlsim.workloads.proxytime.usleep_s`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import numpy as np
 
 from ...config import DTYPE_BYTES, RunConfig
 from ..models.decoder import DecoderShape
+from ..proxytime import usleep_s
 from ..trace import (Block, Collective, Compute, Op, P2P, Program, RankClass, Step, StepTable,
                      Wait, Workload, WorkloadMeta)
 
@@ -158,12 +160,14 @@ class _ProxyBuilder:
         if t.get(name) == 0:  # no compute at all (comm_only proxies): no FLOPs either
             attn = rest = 0.0
         dtype = self.cfg.train.dtype
+        sec = usleep_s(t.get(name))
         if not sh.is_moe:
-            return [Op(Compute(name, attn + rest / sz.tp, dtype=dtype, seconds=t.get(name)),
+            return [Op(Compute(name, attn + rest / sz.tp, dtype=dtype, seconds=sec),
                        repeat=self.L)]
-        return [Op(Compute(name, attn, dtype=dtype, seconds=t.get(name)), repeat=self.L),
+        return [Op(Compute(name, attn, dtype=dtype, seconds=sec), repeat=self.L),
                 Op(Compute(f"{name}_experts", rest / sz.tp, dtype=dtype,
-                           seconds=t.get(f"{name}_experts")), repeat=self.L)]
+                           seconds=usleep_s(t.get(f"{name}_experts"))),
+                   repeat=self.L)]
 
     def layer_collectives(self, backward: bool) -> list[Op]:
         """After the compute of a micro-batch, per layer: 2 TP all-reduces (gpt3.cpp:77-79)

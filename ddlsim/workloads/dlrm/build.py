@@ -24,7 +24,8 @@ update
     wait for the all-reduces (``MPI_Waitall``), the dense optimizer step.
 
 With ``overlap_grad_reduce: false`` the all-reduces run blocking at the start of the update.
-With ``model.compute: proxy`` each compute part is one op lasting its ``proxy_timings`` value.
+With ``model.compute: proxy`` each compute part is one op lasting its ``proxy_timings`` value
+plus the usleep's timer slack (:func:`~ddlsim.workloads.proxytime.usleep_s`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import numpy as np
 
 from ...config import DTYPE_BYTES
 from ..memory import MemoryBreakdown, model_state_bytes
+from ..proxytime import usleep_s
 from ..trace import (Block, Collective, Compute, GroupFamily, Op, Program, RankClass, Step,
                      Wait, Workload, WorkloadMeta)
 from .shape import (OPTIMIZER_FLOPS, OPTIMIZER_STATE_BYTES, DLRMShape, Linear, Shard,
@@ -91,7 +93,7 @@ class _Builder:
 
     # ---------------------------------------------------------------- compute ops
     def _part(self, part: str, name: str, flops: float, nbytes: float, kind: str) -> Compute:
-        sec = self.m.proxy_timings[part] if self.proxy else None
+        sec = usleep_s(self.m.proxy_timings[part]) if self.proxy else None
         return Compute(name, flops, nbytes, kind=kind, dtype=self.t.dtype, seconds=sec)
 
     def _linear(self, layer: Linear, factor: float, tag: str) -> Compute:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from ...config import DTYPE_BYTES, RunConfig
 from ..buckets import BackwardUnit, backward_with_buckets, buckets_by_count, ddp_buckets
 from ..memory import MemoryBreakdown, model_state_bytes
+from ..proxytime import usleep_s
 from ..trace import (P2P, Block, Collective, Compute, Op, Program, RankClass, Step, Workload,
                      WorkloadMeta)
 from .kernels import (TENSOR_CORE_DTYPES, autocast_casts, conv_kernels, ddp_copies,
@@ -91,7 +92,8 @@ def _units(cfg: RunConfig, buckets: list[range], copies: bool = False) -> list[B
     if m.compute == "proxy":
         s = m.proxy_timings["backward_per_bucket"]
         flops = 2.0 * mb * m.forward_flops / len(buckets) if s > 0 else 0.0
-        return [BackwardUnit((Compute(f"bwd.bucket{k}", flops, dtype=t.dtype, seconds=s),),
+        return [BackwardUnit((Compute(f"bwd.bucket{k}", flops, dtype=t.dtype,
+                                      seconds=usleep_s(s)),),
                              len(r)) for k, r in enumerate(buckets)]
     gb = grad_dtype_bytes(cfg)
     units = []
@@ -197,7 +199,7 @@ def _blocks(cfg: RunConfig) -> dict[str, Block]:
     if m.compute == "proxy":
         s = m.proxy_timings["forward"]
         fwd = (Op(Compute("fwd.model", mb * m.forward_flops if s > 0 else 0.0, dtype=t.dtype,
-                          seconds=s)),)
+                          seconds=usleep_s(s))),)
     else:
         fwd = tuple(Op(_compute(layer, cfg, False)) for layer in m.layers)
         if m.input_pipeline != "none":
