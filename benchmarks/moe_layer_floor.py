@@ -11,7 +11,9 @@ time is validate_moe's, from their TFLOP/s by Megatron's FLOP count). With it, t
 experts per rank and the tokens each computes (``n = etp · ep · T · k / E``,
 ``T = MBS · seq / (CP · TP)``: the sequence-parallel shard a rank routes, forced balance). Nothing is fitted; the script only
 divides what ``validate_moe`` already prints (docs/moe.md, "A per-layer floor in the published
-runs").
+runs"). ``per-expert host`` is the host time per layer and micro-batch that ddlsim counts for
+the local experts' Transformer Engine grouped linears (:func:`expert_host_ms`), to set beside
+the gap's growth with the local experts.
 """
 
 from __future__ import annotations
@@ -52,6 +54,24 @@ def layer_parts(o: dict) -> dict:
             "gap": (o["published"] - o["predicted"]) * per}
 
 
+def expert_host_ms(local: int, host_op_s: float) -> float:
+    """Host milliseconds per layer and micro-batch counted for ``local`` experts' GroupedLinear
+    calls into torch (forward none, backward :data:`~ddlsim.workloads.decoder.moe_host.
+    GROUPED_LINEAR_BWD_OPS` per expert and linear, fc1 and fc2), at ``host_op_s`` each (the
+    device's host rule)."""
+    from ddlsim.workloads.decoder.moe_host import GROUPED_LINEAR_BWD_OPS
+    return 2 * GROUPED_LINEAR_BWD_OPS * local * host_op_s * 1e3
+
+
+def _host_op_s() -> float:
+    """The dgx-h100 preset's host time per operation under the validate_moe stack's dispatch."""
+    import ddlsim
+    from ddlsim.simulator.kernels.host import launch_costs
+    from ddlsim.software import resolve_software
+    cfg = ddlsim.load_config(vm.config(vm.zoo_rows()[0]))
+    return launch_costs(cfg.system.device.launch, resolve_software(vm.STACK).host_dispatch).host_s
+
+
 def _label(row: dict) -> str:
     if row["set"] == "modelzoo":
         return f"ModelZoo row {row['row']}"
@@ -66,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     head = ["run", "dispatcher", "TP", "EP", "overlap", "local experts", "tokens/expert",
             "published ms", "predicted ms", "compute", "exposed EP", "other comm",
-            "bubble+opt", "gap ms"]
-    lines = []
+            "bubble+opt", "gap ms", "per-expert host ms"]
+    lines, host_op_s = [], _host_op_s()
     for o in vm.evaluate("analytical"):
         if o["result"] is None:
             continue
@@ -75,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         lines.append([_label(row), row["dispatcher_as_run"], row["tp"], row["ep"],
                       row["a2a_overlap"], str(p["local"]), f"{p['n']:.0f}"]
                      + [f"{p[k]:.2f}" for k in ("published", "predicted", "compute", "ep",
-                                                 "other", "bubble", "gap")])
+                                                 "other", "bubble", "gap")]
+                     + [f"{expert_host_ms(p['local'], host_op_s):.2f}"])
     print_table(head, lines, args.markdown)
     return 0
 
