@@ -56,10 +56,10 @@ def layer_parts(o: dict) -> dict:
 
 def expert_host_ms(local: int, host_op_s: float) -> float:
     """Host milliseconds per layer and micro-batch counted for ``local`` experts' GroupedLinear
-    calls into torch (forward none, backward :data:`~ddlsim.workloads.decoder.moe_host.
+    calls into torch (forward none, backward :data:`~ddlsim.workloads.decoder.moe_host_chain.
     GROUPED_LINEAR_BWD_OPS` per expert and linear, fc1 and fc2), at ``host_op_s`` each (the
     device's host rule)."""
-    from ddlsim.workloads.decoder.moe_host import GROUPED_LINEAR_BWD_OPS
+    from ddlsim.workloads.decoder.moe_host_chain import GROUPED_LINEAR_BWD_OPS
     return 2 * GROUPED_LINEAR_BWD_OPS * local * host_op_s * 1e3
 
 

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 import ddlsim
-from ddlsim.workloads.decoder import moe_host
+from ddlsim.workloads.decoder import moe_host, moe_host_chain
 from ddlsim.workloads.decoder.moe_host import DISPATCHER_HOST, SYNC_WAKE_S, dispatcher_host
 from ddlsim.workloads.decoder.moeplan import resolve_moe
 
@@ -243,13 +243,13 @@ def test_the_backward_counts_grouped_linears_per_expert_host_work(monkeypatch):
     block = ddlsim.build_workload(ddlsim.load_config(cfg)).classes[0].program.blocks["B0"]
     bwd = [o for o in block.flat.ops if o.stream == "host"]
     assert [(o.payload.name, len(o.payload.kernels)) for o in bwd] == [
-        ("bwd.experts.host", 2 * 16 * moe_host.GROUPED_LINEAR_BWD_OPS)]
+        ("bwd.experts.host", 2 * 16 * moe_host_chain.GROUPED_LINEAR_BWD_OPS)]
     assert all(block.flat.ops[d].stream != "host" and not block.flat.ops[d].payload.name
                .startswith("bwd.experts") for d in bwd[0].deps)   # none on the experts
     base = _iteration(cfg)
-    monkeypatch.setattr(moe_host, "GROUPED_LINEAR_BWD_OPS", 10)   # 1.9 ms: still hidden
+    monkeypatch.setattr(moe_host_chain, "GROUPED_LINEAR_BWD_OPS", 10)   # 1.9 ms: still hidden
     assert _iteration(cfg) == base
-    monkeypatch.setattr(moe_host, "GROUPED_LINEAR_BWD_OPS", 500)
+    monkeypatch.setattr(moe_host_chain, "GROUPED_LINEAR_BWD_OPS", 500)
     assert _iteration(cfg) > base + 0.5 * 2 * 16 * 500 * HOST_OP_S
 
 

@@ -37,7 +37,8 @@ from .fp8linear import with_fp8_casts
 from .grouped_linear import multi_stream_gemms
 from .layerkinds import attention_projections, moe_layers_in_stage
 from .moe_dispatch import flex_ops
-from .moe_host import HostChain, add_backward_expert_host, add_waits, dispatcher_host
+from .moe_host import add_waits, dispatcher_host
+from .moe_host_chain import HostChain, add_backward_expert_host
 from .partition import context
 from .partition.base import OpList
 from .stage import StageBase

@@ -49,19 +49,20 @@ between one layer's last wait and the next layer's first, with the layer's Trans
 linear modules at their published host time (:data:`TE_LINEAR_HOST_S`).
 
 **In the trace** (non-overlapped layers, :meth:`.moe.MoEOps._moe_block`): on a ``host`` stream,
-per wait ``*.dispatch.sync`` — it starts when the awaited device op has ended and the host is
-free, and lasts ``wakes`` × :data:`SYNC_WAKE_S` — and ``*.dispatch.issue`` (``issue_ops``
-operations); the next device op (the dispatch, or after a post-dispatch wait the expert path)
-starts only once the issue has ended. After the layer's last issue, ``*.moe.host`` and
-``*.moe.host.te``: the host's work up to the next layer's first wait, run ahead of the device
-(no deps), so it binds only when it outlasts the device's work over the same span. A block's
-first MoE layer has no work before its wait: the host arrives from the backward before it,
-which has no wait and lets it run ahead. Host operations of no device time are timed by the device's host rule
-(:func:`~ddlsim.simulator.kernels.device.op_time`: ``n`` of them take ``n·h``, ``h`` = the
-stack's host time per operation), so both engines time them alike. Under Megatron-Core's
-combined 1F1B (:mod:`.combined`) the waits open the forward's ``dispatch`` node (the router's)
-and ``mlp`` node (DeepEP's post-dispatch waits), the host's work after the layer's last issue;
-the backward nodes' host work (autograd, no wait) is not counted, as in a non-overlapped layer.
+per wait ``*.dispatch.sync`` (from the awaited device op's end and a free host, ``wakes`` ×
+:data:`SYNC_WAKE_S`) and ``*.dispatch.issue`` (``issue_ops``), before the next device op. After
+the last wait the host's lead is nothing, so the work up to the combine is laid step by step
+(:class:`.moe_host_chain.HostChain`, ``chain``): each step (``*.<op>.host``, its TE linear ``*.host.te``)
+before the device op it launches (sort, fc1, act, fc2, unsort, combine, unpermute), which
+waits for it. The rest of the work (``*.moe.host``, ``*.moe.host.te``: the next layer's
+attention, router and dispatch pre-processing) runs ahead of the device (no deps) and binds
+only where it outlasts the device's work up to the next wait. The backward, which never waits,
+carries the experts' per-expert host work (:mod:`.moe_host_chain`,
+``bwd.experts.host``, no deps; the rest of its host work is not counted). Host operations are
+timed by the device's host rule (:func:`~ddlsim.simulator.kernels.device.op_time`: ``n·h``),
+so both engines time them alike. Under Megatron-Core's combined 1F1B (:mod:`.combined`) the
+waits open the forward's ``dispatch`` and ``mlp`` nodes, all the work follows the last issue
+with no deps, and the backward nodes carry no host work.
 ZeRO-3's per-layer units, which run on one stream (:meth:`.moe.MoEOps.moe_layer_payloads`),
 leave the host ops out.
 """
@@ -75,9 +76,8 @@ from typing import Any
 from ..trace import Compute, Kernel, Op
 
 __all__ = ["HostWait", "HostStep", "DispatcherHost", "DISPATCHER_HOST", "SYNC_WAKE_S",
-           "TE_LINEAR_HOST_S", "TE_LINEARS_FORWARD", "GROUPED_LINEAR_BWD_OPS",
-           "dispatcher_host", "HostChain", "add_waits", "node_with_waits",
-           "add_backward_expert_host"]
+           "TE_LINEAR_HOST_S", "TE_LINEARS_FORWARD", "dispatcher_host", "host_op", "layer_work",
+           "add_waits", "node_with_waits"]
 
 #: Seconds from the device's completion of the awaited work to the host running again after a
 #: device→host copy and its event's synchronisation: a PyTorch microbenchmark of a
@@ -103,25 +103,6 @@ TE_LINEAR_HOST_S = 115e-6
 #: TERowParallelLinear, the experts' ``linear_fc1``/``linear_fc2`` TE grouped linears; the core
 #: attention and the norms are not linear modules and are not counted)
 TE_LINEARS_FORWARD = 4
-
-#: Calls into torch per local expert in one Transformer Engine ``GroupedLinear``'s backward
-#: under Megatron-Core's DDP with gradient-accumulation fusion (the weight gradient written
-#: into ``main_grad`` by the GEMM). Read at NVIDIA/TransformerEngine v2.9
-#: ``pytorch/module/grouped_linear.py`` ``_GroupedLinear.backward`` lines 449-472
-#: (``handle_custom_ddp_from_mcore``, per weight: ``torch.cuda.current_device()`` and
-#: ``torch.empty`` of the dummy gradient returned to autograd, the weight carrying Megatron's
-#: ``grad_added_to_main_grad``) and NVIDIA/Megatron-LM d7288711
-#: ``megatron/core/distributed/distributed_data_parallel.py`` lines 431-450 (the hook autograd
-#: runs per parameter after accumulating that dummy: ``param.grad`` read twice, set to None;
-#: ``register_grad_ready`` is Python and returns at once before the last micro-batch): 2 + 3.
-#: The same code's forward (lines 61-281, 818-858) has no per-expert call into torch in BF16,
-#: nor in FP8 after a step's first micro-batch (the weights' FP8 workspaces cached): its
-#: per-expert loops are Python over lists (weights, quantizer usages, saved tensors,
-#: ``main_grad`` lambdas), not timed by the host rule; ``torch.split``,
-#: ``tex.split_quantize`` and ``general_grouped_gemm`` are one call per pass each (the C++
-#: per-GEMM launches are the GEMM op's own, :mod:`.grouped_linear`).
-GROUPED_LINEAR_BWD_OPS = 5
-
 
 @dataclass(frozen=True)
 class HostWait:
@@ -234,7 +215,7 @@ def dispatcher_host(plan: Any) -> DispatcherHost | None:
     return host if host is not None and host.waits_when(plan) else None
 
 
-def _host_op(name: str, operations: int, dtype: str) -> Compute:
+def host_op(name: str, operations: int, dtype: str) -> Compute:
     """``operations`` host operations of no device time, timed by the device's host rule."""
     return Compute(name, 0.0, kind="elementwise", dtype=dtype,
                    kernels=(Kernel("memory"),) * operations)
@@ -243,106 +224,20 @@ def _host_op(name: str, operations: int, dtype: str) -> Compute:
 def _wait_ops(pre: str, wait: HostWait, dtype: str) -> tuple[Compute, Compute]:
     return (Compute(f"{pre}.dispatch.sync", 0.0, kind="elementwise", dtype=dtype,
                     seconds=wait.wakes * SYNC_WAKE_S),
-            _host_op(f"{pre}.dispatch.issue", wait.issue_ops, dtype))
+            host_op(f"{pre}.dispatch.issue", wait.issue_ops, dtype))
 
 
-def _work_ops(pre: str, host: DispatcherHost, dtype: str,
-              rest: bool = False) -> tuple[Compute, Compute]:
+def layer_work(pre: str, host: DispatcherHost, dtype: str,
+               rest: bool = False) -> tuple[Compute, Compute]:
     """The layer's host work: the counted operations and the TE linear modules (``rest``:
     less its ``chain``)."""
     ops, te = host.work_ops, TE_LINEARS_FORWARD
     if rest:
         ops -= sum(s.ops for s in host.chain)
         te -= sum(s.te for s in host.chain)
-    return (_host_op(f"{pre}.moe.host", ops, dtype),
+    return (host_op(f"{pre}.moe.host", ops, dtype),
             Compute(f"{pre}.moe.host.te", 0.0, kind="elementwise", dtype=dtype,
                     seconds=te * TE_LINEAR_HOST_S))
-
-
-def _step_ops(pre: str, step: HostStep, dtype: str) -> list[Compute]:
-    name = f"{pre}.{step.issues}.host"
-    out = [_host_op(name, step.ops, dtype)] if step.ops else []
-    if step.te:
-        out.append(Compute(f"{name}.te", 0.0, kind="elementwise", dtype=dtype,
-                           seconds=step.te * TE_LINEAR_HOST_S))
-    return out
-
-
-class HostChain:
-    """The host's work after a forward layer's last wait (:attr:`DispatcherHost.chain`), laid
-    on the ``host`` stream step by step as the layer body is built: the host's lead over the
-    device is nothing after a wait, so each device op of the expert path and the combine
-    starts only once the host has reached its launch. :meth:`issue` before adding such an op;
-    :meth:`finish` after the layer's last, which lays the steps left and the rest of the
-    layer's work (the next layer's attention, router and dispatch pre-processing, run ahead
-    of the device, no deps).
-
-    Parameters
-    ----------
-    ops : OpList
-        the layer body being built.
-    pre : str
-        the ops' name prefix (``fwd``, ``recompute``).
-    host : DispatcherHost or None
-        the dispatcher's host side (None: nothing is added).
-    dtype : str
-        the ops' dtype label (no FLOPs).
-    """
-
-    def __init__(self, ops: Any, pre: str, host: DispatcherHost | None, dtype: str) -> None:
-        self.ops, self.pre, self.host, self.dtype = ops, pre, host, dtype
-        self.steps = list(host.chain) if host is not None else []
-
-    def _lay(self, steps: list[HostStep]) -> tuple[int, ...]:
-        last: tuple[int, ...] = ()
-        for step in steps:
-            for op in _step_ops(self.pre, step, self.dtype):
-                last = (self.ops.add(op, "host"),)
-        return last
-
-    def issue(self, name: str) -> tuple[int, ...]:
-        """Lay the steps up to the one that launches device op ``name`` (those of ops the
-        layer lacks, e.g. no sort with one local expert, come with it).
-
-        Returns
-        -------
-        tuple of int
-            the dep for op ``name``: the last host op laid, or ``()`` when no step launches it.
-        """
-        key = name[len(self.pre) + 1:] if name.startswith(f"{self.pre}.") else None
-        hit = next((i for i, s in enumerate(self.steps)
-                    if key == s.issues or (key or "").startswith(f"{s.issues}.")), None)
-        if hit is None:
-            return ()
-        done, self.steps = self.steps[:hit + 1], self.steps[hit + 1:]
-        return self._lay(done)
-
-    def finish(self) -> None:
-        """Lay the steps left and the layer's other host work (no deps)."""
-        if self.host is None:
-            return
-        self._lay(self.steps)
-        self.steps = []
-        for op in _work_ops(self.pre, self.host, self.dtype, rest=True):
-            self.ops.add(op, "host")
-
-
-def add_backward_expert_host(ops: Any, experts: int, dtype: str) -> None:
-    """Append the per-expert host work of the experts' two TE grouped linears' backward
-    (:data:`GROUPED_LINEAR_BWD_OPS` per local expert and linear) on the ``host`` stream with
-    no deps: no wait stalls the backward, so it binds only where the host's total outlasts the
-    device's, at the next forward's wait.
-
-    Parameters
-    ----------
-    ops : OpList
-        the backward layer body being built.
-    experts : int
-        local experts (``E/EP``).
-    dtype : str
-        the ops' dtype label.
-    """
-    ops.add(_host_op("bwd.experts.host", 2 * experts * GROUPED_LINEAR_BWD_OPS, dtype), "host")
 
 
 def add_waits(ops: Any, pre: str, host: DispatcherHost | None, after: str,
@@ -387,7 +282,7 @@ def node_with_waits(pre: str, host: DispatcherHost | None, after: str, dtype: st
     ``host`` stream: the node's first op waits for the node before it on its side (the
     ``attn`` node, or the dispatch), and the node's own first op waits for the last issue. The
     layer's host work (all of it with no deps: the backward micro-batch's ops fill the device,
-    so :class:`HostChain`'s steps are not laid here) follows the layer's last issue, on the
+    so the chain's steps are not laid here) follows the layer's last issue, on the
     ``host`` stream only. Without such a wait (or an empty node), ``node`` as it is.
 
     Parameters
@@ -417,7 +312,7 @@ def node_with_waits(pre: str, host: DispatcherHost | None, after: str, dtype: st
                  Op(issue, "host", (len(head),))]
     issued = len(head) - 1
     if host.waits[-1].after == after:       # the layer's last wait: the work follows it
-        head += [Op(op, "host") for op in _work_ops(pre, host, dtype)]
+        head += [Op(op, "host") for op in layer_work(pre, host, dtype)]
     n = len(head)
     first, *rest = node
     return [*head, Op(first.payload, first.stream, (*(d + n for d in first.deps), issued),
