@@ -24,8 +24,10 @@ exposed) and Bridge's ``moe_router_fusion`` (the router is its GEMM alone here).
 FP8-CS runs with Transformer Engine's current scaling (``fp8_recipe: te_current``: its amax
 passes, TP amax all-reduces, per-expert quantize kernels; docs/compute.md, "FP8"). The
 dispatchers' host waits for the device in each forward and the host's forward work between them
-are modelled (``decoder/moe_host.py``; docs/moe.md, "The dispatcher's host synchronisation"); the
-backward's host time is not. No per-row factors and nothing tuned.
+are modelled (``decoder/moe_host.py``, ``moe_host_chain.py``: after the last wait the host's work
+up to the combine step by step before the device ops it launches; docs/moe.md, "The
+dispatcher's host synchronisation"); of the backward's host time only the experts' grouped
+linears' per-expert calls into torch are. No per-row factors and nothing tuned.
 
 A second table: the Qwen3-235B step times that Megatron-LM's MoE developers publish on 256 H100s
 (yanring/Megatron-MoE-ModelZoo, BF16; ``data/modelzoo_h100_moe.csv`` with its provenance), among
