@@ -37,6 +37,7 @@ class TreeRoutes:
         self.aggs = np.array([[index[s] for s in row] for row in router.aggs], dtype=np.int64)
         self.cores = np.array([[index[s] for s in row] for row in router.cores], dtype=np.int64)
         self._hops: dict[str, np.ndarray] | None = None
+        self._last: tuple | None = None   # (arguments, arrays) of the last :meth:`routes`
 
     @classmethod
     def of(cls, topo: Topology) -> TreeRoutes | None:
@@ -66,7 +67,21 @@ class TreeRoutes:
         (seconds) of :meth:`~.graph.Topology.rail_fabric_route` ``(src[i], dst[i],
         rail[i])``: NIC → leaf (→ spine, or → aggregation (→ core → aggregation)) → leaf →
         NIC, the up-ports chosen by the destination as :meth:`~.routing.TreeRouter.path_to`
-        chooses them."""
+        chooses them. The last call's arrays are kept (read-only) and returned again for the
+        same arguments: a family's stripes and its point-to-point rails often route the same
+        pairs."""
+        last = self._last
+        if last is not None and all(np.array_equal(x, y) for x, y in zip(last[0], (src, dst,
+                                                                                  rail))):
+            return last[1]
+        got = self._routes(src, dst, rail)
+        for a in got:
+            a.setflags(write=False)
+        self._last = ((src.copy(), dst.copy(), rail.copy()), got)
+        return got
+
+    def _routes(self, src: np.ndarray, dst: np.ndarray, rail: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         t = self._tables()
         k = self.nic.shape[1]
         c = rail % k
@@ -89,11 +104,10 @@ class TreeRoutes:
                 last[far] = 5
             edges[up, last[up] - 1] = t["down1"][t["leaf_ix"][sw_b[up]], j[up]]
         edges[np.arange(len(c)), last] = t["nic_down"][dst, c]
-        lat_of = self._topo.edge_latency_s
+        lat_of = np.append(self._topo.edge_latency_s, 0.0)    # edge -1: none, adds 0
         latency = np.zeros(len(c))
         for col in range(edges.shape[1]):                     # in route order, as sum() adds
-            e = edges[:, col]
-            latency = latency + np.where(e >= 0, lat_of[np.maximum(e, 0)], 0.0)
+            latency += lat_of[edges[:, col]]
         return edges[edges >= 0], last + 1, latency
 
     def _tables(self) -> dict[str, np.ndarray]:
