@@ -1,7 +1,7 @@
 """Step 2 of ``proxies_check.py``: this machine's MPI calibrated at each rank count over the
 calls the proxies' runs issue (:func:`calibrate`, by the closed loop's recipe), the link each
 run's largest message gives (:func:`link_sets`), and the load read beside each measurement
-(:func:`load`)."""
+(:func:`load`), and the other jobs' runnable tasks right before a launch (:func:`background`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from proxies_table import PROXIES, Proxy, comm_calls
 
-__all__ = ["calibration_range", "calibrate", "link_sets", "fit_errors", "load"]
+__all__ = ["calibration_range", "calibrate", "link_sets", "fit_errors", "load", "background"]
 
 
 def calibration_range(sizes: list[float]) -> tuple[int, int]:
@@ -114,3 +114,18 @@ def load() -> str:
     except (OSError, IndexError):
         some = "n/a"
     return f"load {avg}, cpu pressure {some} %"
+
+
+def background(seconds: float = 1.0, samples: int = 100) -> float:
+    """The mean number of runnable tasks other than this sampler over ``seconds``: the other
+    jobs that want a core right before a launch (``/proc/loadavg``'s fourth field, runnable
+    over total scheduling entities, read ``samples`` times; proc(5)).
+
+    Unlike the 1-minute load average (:func:`load`), it does not carry the calibration that
+    ran just before (its ranks have exited), so it can say whether the machine is free."""
+    import time
+    got = []
+    for _ in range(samples):
+        got.append(int(Path("/proc/loadavg").read_text().split()[3].split("/")[0]) - 1)
+        time.sleep(seconds / samples)
+    return sum(got) / len(got)

