@@ -1,0 +1,127 @@
+"""Predicted vs published iteration time of Megatron-Core r0.8.0's H100 weak-scaling runs.
+
+Run:  python benchmarks/validate_megatron_h100.py [--engine analytical|des] [--markdown]
+      [--write-docs] [--des-rank-ops N] [--mbs N]
+
+The published table (NVIDIA/Megatron-LM README, GPT models from 1.7B to 462B on 48 to 6,144
+H100 GPUs) and its provenance are in ``data/megatron_core_h100_weak.csv``. The README states
+the vocabulary (131,072), sequence (4,096) and the overlaps (``--overlap-grad-reduce
+--overlap-param-gather``, ``--tp-comm-overlap``, PP overlap by default); Megatron-LM r0.8.0's
+arguments.py makes the rest of those flags' plan: ``--overlap-param-gather`` asserts
+``--use-distributed-optimizer`` (ZeRO-1 here), ``--tp-comm-overlap`` asserts
+``--sequence-parallel``. The model is Megatron's default GPT (``ffn = 4h``, GeLU, LayerNorm,
+learned positions) with untied embeddings, which the "Model size" column implies.
+
+What the source does not state is assumed and said so: BF16 (the MFU column is against the
+BF16 peak), no interleaving, and the micro-batch size (``--mbs``, default 1, Megatron's
+GPT example script's value). The error is ``predicted / published − 1`` of the iteration time
+(positive: ddlsim is too slow), the published time being Megatron's own FLOP count over the
+published TFLOP/s (the CSV's header).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from public_runs import (DATA, print_notes, print_table, records, result_cells, rows_summary,
+                         run_script)
+from public_runs import read_csv
+
+TABLE = DATA / "megatron_core_h100_weak.csv"
+GPUS_PER_NODE = 8          # DGX H100
+STACK = "megatron-core-2024"
+VOCAB = 131072             # README: "vocabulary size of 131,072" (a multiple of 128·TP)
+SEQ = 4096                 # README: "sequence length of 4096"
+#: The micro-batch size the source leaves out: Megatron-LM's GPT pre-training example at
+#: core_r0.8.0 (examples/gpt3/train_gpt3_175b_distributed.sh) passes --micro-batch-size 1
+MBS = 1
+
+
+def rows(table=TABLE) -> list[dict]:
+    """The published table's rows."""
+    return read_csv(table)
+
+
+def _int(row: dict, *keys: str) -> list[int]:
+    return [int(row[k]) for k in keys]
+
+
+def megatron_flops(row: dict) -> float:
+    """FLOPs of one iteration by Megatron-LM's own count.
+
+    References
+    ----------
+    NVIDIA/Megatron-LM core_r0.8.0, megatron/training/training.py,
+    ``num_floating_point_operations``: ``12·B·s·l·h²·((2 + s/h) + ffn/h + V/(2·l·h))`` for a
+    GPT without grouped-query attention or experts.
+    """
+    h, layers, gbs = _int(row, "hidden", "layers", "gbs")
+    ffn = 4 * h
+    return 12 * gbs * SEQ * layers * h * h * ((2 + SEQ / h) + ffn / h + VOCAB / (2 * layers * h))
+
+
+def published_time(row: dict) -> float:
+    """Seconds per iteration implied by the published per-GPU TFLOP/s."""
+    return megatron_flops(row) / (float(row["tflops_per_gpu"]) * 1e12 * int(row["gpus"]))
+
+
+def config(row: dict, mbs: int = MBS) -> dict:
+    """The ddlsim run config of one row: the table's plan and the README's flags."""
+    heads, h, layers, tp, pp, dp, gpus, gbs = _int(
+        row, "heads", "hidden", "layers", "tp", "pp", "dp", "gpus", "gbs")
+    parallel = {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
+                "data_parallel_size": dp, "sequence_parallel": tp > 1,
+                "zero_stage": 1,     # --overlap-param-gather needs the distributed optimizer
+                "overlap_grad_reduce": True, "overlap_param_gather": True, "schedule": "1f1b"}
+    if tp > 1:
+        parallel["tp_comm_overlap"] = "pipelined"
+    model = {"name": row["model"], "architecture": "gpt", "num_hidden_layers": layers,
+             "hidden_size": h, "num_attention_heads": heads, "intermediate_size": 4 * h,
+             "vocab_size": VOCAB, "max_position_embeddings": SEQ, "tie_word_embeddings": False}
+    return {"model": model, "parallel": parallel,
+            "train": {"micro_batch_size": mbs, "global_batch_size": gbs, "seq_length": SEQ,
+                      "dtype": "bf16", "recompute": "none"},
+            "system": {"preset": "dgx-h100", "nodes": gpus // GPUS_PER_NODE,
+                       "software": {"stack": STACK}}}
+
+
+def evaluate(engine: str = "analytical", only: list[dict] | None = None, limits=None,
+             mbs: int = MBS) -> list[dict]:
+    """One record per row: published and predicted iteration time, error, fit note."""
+    return records(rows() if only is None else only, lambda r: config(r, mbs), published_time,
+                   engine, limits)
+
+
+def _label(o: dict) -> str:
+    return f"{o['row']['model']} on {o['row']['gpus']} GPUs"
+
+
+def _print(out: list[dict], markdown: bool) -> None:
+    head = ["model", "GPUs", "TP", "PP", "DP", "GBS", "published TFLOP/s/GPU", "published (s)",
+            "predicted (s)", "error"]
+    lines = [[o["row"][k] for k in ("model", "gpus", "tp", "pp", "dp", "gbs", "tflops_per_gpu")]
+             + [f"{o['published']:.3f}"] + result_cells(o) for o in out]
+    print_table(head, lines, markdown)
+    print_notes(out, _label, markdown)
+
+
+def summary(out: list[dict], engine: str) -> str:
+    """Mean |error|, worst row and signed mean over the rows that ran."""
+    return rows_summary(out, engine, _label)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    mbs = MBS
+    if "--mbs" in argv:
+        i = argv.index("--mbs")
+        mbs = int(argv[i + 1])
+        del argv[i:i + 2]
+
+    def run(engine, limits=None):
+        return evaluate(engine, limits=limits, mbs=mbs)
+    return run_script("validate_megatron_h100", __doc__, argv, run, _print, summary)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
