@@ -42,9 +42,12 @@ runs faster than the rate a cuBLAS 8192³ GEMM sustained on an H100 capped at 50
 TFLOP/s, 0.563 of peak; fp8 derived by the same clock ratio) and the attention kernels run at
 0.86 of their 700 W curves (``device.power_limits``; docs/compute.md, "The H100 of
 torchtitan's runs").
-The A100 rows run on ``dgx-a100`` (A100 SXM 80 GB, 400 W, 8 per node; the runs' network is not
-stated, and the rows are compute-bound: docs/compute.md, "The A100 of torchtitan's April 2024
-runs", with their breakdown and what was checked).
+The A100 rows run on ``aws-p4de-a100`` (EC2 p4de.24xlarge: A100 SXM 80 GB, 400 W, 8 per node
+on NVSwitch, 4 × 100 Gb/s EFA per node). performance.md does not state the runs' network; the
+repo's launch script at the same commit, ``multinode_trainer.slurm``, is "optimized for AWS with
+EFA" and sets ``FI_PROVIDER=efa`` "for A100" (CSV header): an inference, not the table's word
+(docs/compute.md, "The A100 of torchtitan's April 2024 runs", with their breakdown and what was
+checked).
 """
 
 from __future__ import annotations
