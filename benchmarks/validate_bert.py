@@ -26,9 +26,12 @@ eager dispatch. A100 40 GB rows use ``dgx-a100`` with the 40 GB part's memory an
 (:data:`A100_40GB`). What the runs do that ddlsim does not model, on every row: LAMB's
 per-tensor trust-ratio norms (ddlsim times Adam's update: same moments and master weights; the
 update is once per 32-16,384 micro-batches, < 0.1 % of a step), the data loader, the loss
-scaler's checks, the GEMMs' bias adds and bias gradients; the layer's kernels are those of
-``ddlsim/workloads/bert/kernels.py`` (both commits' ``modeling.py``: fused LayerNorm and
-bias-GeLU, the rest one torch kernel each). Phase-2 rows of 21.11 are approximated (≈): their batches are
+scaler's checks, 21.11's bias adds (its ``F.linear`` under ``torch.jit.script``; 20.06's
+are counted: :data:`STEP`), the host's wait on ``loss.item()`` after every micro-batch
+(20.06, ``run_pretraining.py`` line 609) and any host time beyond the device preset's per-kernel
+launch figures; the layer's kernels are those of ``ddlsim/workloads/bert/kernels.py`` (both
+commits' ``modeling.py``: fused LayerNorm, the rest one torch kernel each), the gradients'
+accumulation over the micro-batches that of ``ddlsim/workloads/bert/step.py``. Phase-2 rows of 21.11 are approximated (≈): their batches are
 binned by sequence length (LDDL, bin size 64) and padded to the bin, not to 512, and the bins'
 mix is not published. No per-row factors and nothing tuned.
 """
@@ -54,6 +57,14 @@ A100_40GB = {"name": "A100-SXM4-40GB",
 ONE_BUCKET_BYTES = float(2 ** 40)
 #: bert-large's vocabulary padded to a multiple of 8 (run_pretraining.py, both commits)
 VOCAB = 30528
+#: each generation's training-step kernels (ddlsim/workloads/bert/kernels.py, step.py):
+#: 20.06's PyTorch 1.6 adds the projections' biases in kernels of their own (F.linear on
+#: 3-D input; bias_gelu_training), 21.11's F.linear under torch.jit.script is left as
+#: today's fused bias (not modelled); both accumulate the micro-batches' gradients in
+#: ``.grad`` with autograd, except 20.06's AMP, where apex amp O2 unscales them into fp32
+#: master gradients after each backward (set in :func:`config`)
+STEP = {"2006": {"linear_bias": "separate", "grad_accumulation": "autograd"},
+        "2111": {"grad_accumulation": "autograd"}}
 
 
 def rows() -> list[dict]:
@@ -64,7 +75,9 @@ def rows() -> list[dict]:
 def config(row: dict) -> dict:
     """The ddlsim run config of one row (preset, GPUs, micro-batch, accumulation, precision)."""
     gpus, mb, acc = int(row["gpus"]), int(row["micro_batch"]), int(row["accumulation"])
-    model = {"preset": "bert-large", "vocab_size": VOCAB}
+    model = {"preset": "bert-large", "vocab_size": VOCAB, **STEP[row["set"]]}
+    if row["set"] == "2006" and row["dtype"] == "fp16":
+        model["grad_accumulation"] = "apex_master"
     if row["mlm_predictions"]:
         model["mlm_predictions_per_seq"] = int(row["mlm_predictions"])
     system = {"preset": row["preset"], "nodes": 1, "devices_per_node": gpus,

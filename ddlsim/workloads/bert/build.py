@@ -23,6 +23,7 @@ from ..resnet.build import model_flops
 from ..trace import P2P, Block, Compute, Op, Program, RankClass, Step, Workload, WorkloadMeta
 from .kernels import embedding_kernels, head_kernels, layer_kernels
 from .schema import LAYER_TENSORS
+from .step import apex_master_kernels, autograd_accumulate_kernels
 
 __all__ = ["build_bert", "bert_memory", "stage_buckets", "p2p_bytes"]
 
@@ -69,10 +70,21 @@ class _Stage:
         self.layers = m.num_hidden_layers // p.pp
         self.proxy = m.compute == "proxy"
 
-    def _layer(self, k: float) -> tuple[Compute, ...]:
+    def _accumulate(self, tag: str, tensors: list[int], accumulate: bool) -> tuple[Compute, ...]:
+        """The op adding a backward's fresh gradients of ``tensors`` into ``.grad``
+        (``grad_accumulation: autograd`` on a micro-batch whose gradients join the step's:
+        :func:`.step.autograd_accumulate_kernels`), or none."""
+        if not accumulate or self.cfg.model.grad_accumulation != "autograd":
+            return ()
+        ks = autograd_accumulate_kernels(tensors, DTYPE_BYTES[self.dtype])
+        return (Compute(f"bwd.{tag}.accumulate", 0.0, _bytes(ks), kind="elementwise",
+                        dtype=self.dtype, kernels=ks),)
+
+    def _layer(self, k: float, accumulate: bool = False) -> tuple[Compute, ...]:
         """One layer's dense GEMMs, attention core and element-wise passes, each an op of
         its kernels (:func:`.kernels.layer_kernels`), scaled by ``k`` (1 forward, 2
-        backward) in FLOPs."""
+        backward) in FLOPs; a backward whose gradients ``accumulate`` adds their op
+        (:meth:`_accumulate`)."""
         m, b, s, w = self.cfg.model, self.b, self.s, DTYPE_BYTES[self.dtype]
         gemm, attn = m.layer_flops(b, s)
         h, f, a = m.hidden_size, m.ffn, m.num_attention_heads
@@ -85,21 +97,27 @@ class _Stage:
                 Compute(f"{tag}.layer.attention", k * attn, _bytes(core), dtype=self.dtype,
                         kernels=core),
                 Compute(f"{tag}.layer.elementwise", k * 2 * elems, _bytes(passes),
-                        kind="elementwise", dtype=self.dtype, kernels=passes))
+                        kind="elementwise", dtype=self.dtype, kernels=passes)
+                ) + self._accumulate("layer", m.layer_tensors(), accumulate and k > 1)
 
-    def _ends(self, k: float) -> tuple[tuple[Compute, ...], tuple[Compute, ...]]:
+    def _ends(self, k: float, accumulate: bool = False
+              ) -> tuple[tuple[Compute, ...], tuple[Compute, ...]]:
         """(embedding ops, head ops) of this stage, scaled by ``k`` (1 forward, 2 backward)
-        in FLOPs, each an op of its kernels (:mod:`.kernels`)."""
+        in FLOPs, each an op of its kernels (:mod:`.kernels`), with their gradients'
+        accumulation where the backward's gradients ``accumulate`` (:meth:`_accumulate`)."""
         m, b, s, w = self.cfg.model, self.b, self.s, DTYPE_BYTES[self.dtype]
         tag, back = ("bwd", True) if k > 1 else ("fwd", False)
         emb = embedding_kernels(m, b, s, w, self.dtype, back)
         head = head_kernels(m, b, s, w, self.dtype, back)
+        acc = accumulate and back
         return ((Compute(f"{tag}.embedding", k * 8 * b * s * m.hidden_size, _bytes(emb),
                          kind="elementwise", dtype=self.dtype, kernels=emb),)
+                + self._accumulate("embedding", m.embedding_tensors(), acc)
                 if self.first else (),
                 (Compute(f"{tag}.heads", k * m.head_flops(b, s),
                          k * w * (sum(m.head_tensors()) + b * m.mlm_tokens(s) * m.vocab_size),
-                         dtype=self.dtype, kernels=head),) if self.last else ())
+                         dtype=self.dtype, kernels=head),)
+                + self._accumulate("heads", m.head_tensors(), acc) if self.last else ())
 
     def forward(self) -> tuple[Op, ...]:
         if self.proxy:
@@ -110,21 +128,28 @@ class _Stage:
         return tuple([Op(c) for c in emb] + [Op(c, repeat=self.layers) for c in self._layer(1.0)]
                      + [Op(c) for c in head])
 
-    def backward_units(self) -> list[BackwardUnit]:
+    def backward_units(self, first: bool = False) -> list[BackwardUnit]:
         """Backward compute in gradient-ready order, one unit per layer (heads with the last
-        layer's unit, embeddings in a unit of their own)."""
+        layer's unit, embeddings in a unit of their own), of the step's ``first``
+        micro-batch or a later one (``model.grad_accumulation``, :mod:`.step`)."""
         m = self.cfg.model
         if self.proxy:
             s = m.proxy_timings["backward_per_microbatch"]
             n = len(m.stage_tensors(self.stage, self.cfg.parallel.pp))
             return [BackwardUnit((Compute("bwd.stage", 2 * self._flops() if s > 0 else 0.0,
                                           dtype=self.dtype, seconds=s),), n)]
-        emb, head = self._ends(2.0)
-        layer = self._layer(2.0)
+        emb, head = self._ends(2.0, not first)
+        layer = self._layer(2.0, not first)
         units = [BackwardUnit(head, len(m.head_tensors())) for _ in (0,) if self.last]
         units += [BackwardUnit(layer, LAYER_TENSORS) for _ in range(self.layers)]
         if self.first:
             units.append(BackwardUnit(emb, len(m.embedding_tensors())))
+        if m.grad_accumulation == "apex_master":     # after the whole backward
+            ks = apex_master_kernels(m.stage_tensors(self.stage, self.cfg.parallel.pp), first)
+            last = units[-1]
+            units[-1] = BackwardUnit(last.ops + (Compute("bwd.master_grads", 0.0, _bytes(ks),
+                                                         kind="elementwise", dtype="fp32",
+                                                         kernels=ks),), last.n_grads)
         return units
 
     def _flops(self) -> float:
@@ -173,15 +198,20 @@ def _stage_blocks(cfg: RunConfig, stage: int) -> dict[str, Block]:
     nbytes, paired = p2p_bytes(cfg), m.stage_exchange == "paired"
     prev = None if st.first else -1
     nxt = None if st.last else +1
-    units = st.backward_units()
-    plain = tuple(Op(c) for u in units for c in u.ops)
+    n_mb = cfg.num_microbatches
+    plain = _ops(st.backward_units())               # a micro-batch after the step's first
+    units = st.backward_units(first=n_mb == 1)      # the last one (the first too when alone)
     grads, ready, issue = stage_buckets(cfg, stage)
     overlap = cfg.software.overlap_grad_reduce and cfg.dp > 1
-    synced = backward_with_buckets(units, ready, grads, "dp", True) if overlap else plain
+    synced = backward_with_buckets(units, ready, grads, "dp", True) if overlap else _ops(units)
     blocks = {"F": Block("F", "forward", _exchange(st.forward(), prev, nxt, nbytes, "act", paired)),
               "B": Block("B", "backward", _exchange(plain, nxt, prev, nbytes, "grad", paired)),
               "B.sync": Block("B.sync", "backward",
                               _exchange(synced, nxt, prev, nbytes, "grad", paired))}
+    if has_first_block(cfg):
+        first = _ops(st.backward_units(first=True))
+        blocks["B.first"] = Block("B.first", "backward",
+                                  _exchange(first, nxt, prev, nbytes, "grad", paired))
     update: list[Op] = []
     if cfg.dp > 1 and not overlap:
         update += backward_with_buckets([], issue, grads, "dp", False)
@@ -193,6 +223,17 @@ def _stage_blocks(cfg: RunConfig, stage: int) -> dict[str, Block]:
     return blocks
 
 
+def _ops(units: list[BackwardUnit]) -> tuple[Op, ...]:
+    """The ops of ``units`` in order, without gradient all-reduces."""
+    return tuple(Op(c) for u in units for c in u.ops)
+
+
+def has_first_block(cfg: RunConfig) -> bool:
+    """Whether the step's first micro-batch has a backward of its own (``B.first``): its
+    gradients start the step's rather than join them (``model.grad_accumulation``)."""
+    return cfg.model.grad_accumulation != "none" and cfg.num_microbatches > 1
+
+
 def build_bert(cfg: RunConfig) -> Workload:
     """The trace of one iteration of ``cfg`` (one rank class per pipeline stage)."""
     m, t, p, mesh = cfg.model, cfg.train, cfg.parallel, cfg.mesh
@@ -202,8 +243,10 @@ def build_bert(cfg: RunConfig) -> Workload:
     for stage in range(p.pp):
         order = schedule(p.schedule, stage, p.pp, n_mb)
         last_b = max(i for i, (kind, _, _) in enumerate(order) if kind == "B")
-        steps = tuple(Step("B.sync" if i == last_b else kind, mb) for i, (kind, mb, _)
-                      in enumerate(order)) + (Step("update"),)
+        first = has_first_block(cfg)
+        steps = tuple(Step("B.sync" if i == last_b else
+                           "B.first" if first and kind == "B" and mb == 0 else kind, mb)
+                      for i, (kind, mb, _) in enumerate(order)) + (Step("update"),)
         program = Program(_stage_blocks(cfg, stage), steps)
         classes.append(RankClass(f"stage{stage}", tuple(int(r) for r in pipes[:, stage]),
                                  program))

@@ -27,10 +27,24 @@ residual add (×2)           read two, write one                     ``3d·x``
 LayerNorm (×2)              one kernel (apex FusedLayerNorm at      ``2d·x``
                             78ec6802; torch's native kernel at
                             729963dd)
-bias-GeLU                   one kernel (``bias_gelu`` jit-scripted  ``2d·y``
-                            at 78ec6802; NVFuser under
+(bias-)GeLU                 one kernel (``F.gelu`` after the bias   ``2d·y``
+                            add at 78ec6802, whose training
+                            swaps in ``bias_gelu_training``;
+                            NVFuser's bias-GeLU under
                             ``torch.jit.script`` at 729963dd)
 ==========================  ======================================  ==========================
+
+**Separate bias kernels** (``model.linear_bias: separate``): PyTorch 1.6's ``F.linear``
+(``torch/nn/functional.py``, the 20.06 container's) fuses the bias into ``addmm`` only for a
+2-D input; on BERT's 3-D hidden states it runs ``input.matmul(weight.t())`` then
+``output += bias``, one more read + write of the output (``2d·x``) for query, key, value,
+the attention output and the FFN output projections; 78ec6802's training activation
+(``bias_gelu_training``, ``run_pretraining.py`` line 350) adds the FFN-in bias out of place
+(``bias + y``: ``2d·y``) before ``F.gelu``. Their backward reduces each bias's gradient over
+the tokens (autograd's ``sum_to_size``): one kernel reading the output's gradient (``d·x``
+or ``d·y``). The heads do the same for the MLM transform (``T·h``) and the decoder's
+``+ self.bias`` over the ``T·V`` logits. With ``fused`` (the default) the bias costs no
+kernel of its own (a GEMM epilogue).
 
 The backward runs two GEMMs per forward GEMM (:func:`~ddlsim.simulator.kernels.gemm.
 gemm_kernels_backward`; for the two ``bmm`` their operand gradients) and each memory pass
@@ -48,7 +62,7 @@ from ...simulator.kernels.elementwise import backward_kernels
 from ...simulator.kernels.gemm import gemm_kernels_backward
 from ..trace import Kernel
 
-__all__ = ["layer_kernels", "head_kernels", "embedding_kernels"]
+__all__ = ["layer_kernels", "head_kernels", "embedding_kernels", "bias_kernels"]
 
 
 def _gemms(shapes, dtype: str, backward: bool, batch: float = 1.0, variant: str = ""
@@ -64,6 +78,31 @@ def _memory(passes, dtype: str, backward: bool, variant: str = "") -> tuple[Kern
     """Memory kernels moving ``passes`` bytes each, or their backward (twice each)."""
     fwd = tuple(Kernel("memory", bytes=float(v), dtype=dtype, variant=variant) for v in passes)
     return backward_kernels(fwd) if backward else fwd
+
+
+def bias_kernels(outputs, d: float, dtype: str, backward: bool) -> tuple[Kernel, ...]:
+    """Separate bias kernels (module docstring) of projections with ``outputs`` elements
+    each: forward a read + write of each output (``2d·n``), backward one reduction reading
+    each output's gradient (``d·n``).
+
+    Parameters
+    ----------
+    outputs : iterable of float
+        elements of each biased projection's output.
+    d : float
+        bytes per activation element (B).
+    dtype : str
+        the activations' dtype.
+    backward : bool
+        the bias gradients instead of the adds.
+
+    Returns
+    -------
+    tuple of Kernel
+        memory kernels, one per projection.
+    """
+    k = 1.0 if backward else 2.0
+    return tuple(Kernel("memory", bytes=float(k * d * n), dtype=dtype) for n in outputs)
 
 
 def layer_kernels(model, b: int, s: int, d: float, dtype: str, backward: bool
@@ -97,6 +136,8 @@ def layer_kernels(model, b: int, s: int, d: float, dtype: str, backward: bool
     x, y = t * h, t * f
     elementwise = _memory([2 * d * x] + [(2 * d + 1) * x, 3 * d * x, 2 * d * x] * 2
                           + [2 * d * y], dtype, backward)
+    if model.linear_bias == "separate":   # Q, K, V, out, FFN in, out
+        elementwise += bias_kernels([x] * 4 + [y, x], d, dtype, backward)
     return dense, core, elementwise
 
 
@@ -131,7 +172,10 @@ def head_kernels(model, b: int, s: int, d: float, dtype: str, backward: bool
     logits = tokens * v
     loss = [4 * d * logits, d * logits] if backward else [2 * d * logits]
     gather = [2 * d * tokens * h] if tokens < b * s else []     # the masked tokens' rows
-    return gemms + _memory(passes + gather, dtype, backward) + _memory(loss, dtype, False)
+    bias = (bias_kernels([tokens * h, logits], d, dtype, backward)
+            if model.linear_bias == "separate" else ())
+    return (gemms + _memory(passes + gather, dtype, backward) + bias
+            + _memory(loss, dtype, False))
 
 
 def embedding_kernels(model, b: int, s: int, d: float, dtype: str, backward: bool

@@ -34,7 +34,8 @@ class BertModel(ModelBase):
     ``tie_word_embeddings: false`` (an MLM decoder matrix of its own), ``grad_buckets:
     per_layer`` (one all-reduce per layer), ``p2p_attention_mask`` (the pipeline sends the
     attention mask with the hidden states), ``stage_exchange: paired`` (a stage posts its send
-    and its receive of a micro-batch together and waits for both).
+    and its receive of a micro-batch together and waits for both). The training step's
+    kernels a stack adds are fields too: ``linear_bias`` and ``grad_accumulation``.
     """
 
     architecture: Literal["bert"] = "bert"
@@ -60,6 +61,16 @@ class BertModel(ModelBase):
                                   "over: the masked ones only, gathered before the head "
                                   "(NVIDIA DeepLearningExamples' dense sequence output); "
                                   "default: every token")
+    linear_bias: Literal["fused", "separate"] = Field(
+        default="fused", description="separate: each projection's bias is one more kernel "
+                                     "(PyTorch 1.6's F.linear on 3-D input: matmul, then "
+                                     "+= bias) and its gradient one reduction "
+                                     "(bert/kernels.py); fused: no kernel of its own")
+    grad_accumulation: Literal["none", "autograd", "apex_master"] = Field(
+        default="none", description="how a micro-batch's gradients join the step's: "
+                                    "autograd (AccumulateGrad, in place), apex_master (apex "
+                                    "amp O2's unscale into fp32 master gradients), none (not "
+                                    "counted); bert/step.py")
     compute: ComputeMode = "model"
     proxy_timings: ProxyTimings = TIMINGS_FIELD
 

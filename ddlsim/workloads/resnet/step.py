@@ -107,15 +107,18 @@ def accumulate_kernels(tensors: tuple[Tensor, ...]) -> tuple[Kernel, ...]:
     return tuple(_mem(3 * _GRAD_BYTES * t.numel) for t in tensors)
 
 
-def multi_tensor_launches(numels: list[int]) -> int:
-    """Kernel launches of one ``multi_tensor_apply`` over tensors of ``numels`` elements at
-    depth 1: a launch is issued when it holds 110 tensors (at a tensor's last chunk), 320
+def multi_tensor_launches(numels: list[int], max_tensors: int = _MAX_TENSORS) -> int:
+    """Kernel launches of one ``multi_tensor_apply`` over tensors of ``numels`` elements: a
+    launch is issued when it holds ``max_tensors`` tensors (at a tensor's last chunk), 320
     chunks, or the last chunk of the last tensor.
 
     Parameters
     ----------
     numels : list of int
         elements per tensor, in list order.
+    max_tensors : int
+        tensors a launch holds: 110 at depth 1 (one tensor list), fewer with more lists
+        (``depth_to_max_tensors``).
 
     Returns
     -------
@@ -133,7 +136,7 @@ def multi_tensor_launches(numels: list[int]) -> int:
         for c in range(chunks):
             blocks += 1
             last = c == chunks - 1
-            if (tensors == _MAX_TENSORS and last) or blocks == _MAX_BLOCKS \
+            if (tensors == max_tensors and last) or blocks == _MAX_BLOCKS \
                     or (last and i == len(numels) - 1):
                 launches += 1
                 blocks = 0
