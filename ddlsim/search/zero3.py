@@ -26,7 +26,8 @@ class Unit(NamedTuple):
     """One ZeRO-3 unit (a module's part of a layer) of a pass, arrays over the plans: its
     compute-stream seconds, its gathers' seconds on ``dp`` and whether it has any, its
     reduce-scatters' seconds and whether it has any, and the host's seconds to issue its
-    gathers and its reduce-scatters (:func:`ddlsim.workloads.decoder.zero3._pass`)."""
+    gathers (until their launch) and its reduce-scatters
+    (:func:`ddlsim.workloads.decoder.zero3._pass`)."""
 
     compute: np.ndarray
     gather: np.ndarray
@@ -38,6 +39,8 @@ class Unit(NamedTuple):
     #: elements gathered while it computes, which gate the prefetch its pre-hook issues
     #: (:func:`ddlsim.workloads.decoder.zero3.unit_live_elements`)
     live: np.ndarray
+    #: the host's seconds after its gathers' launch (PyTorch 1.8's copy-out loop), beside them
+    host_copy_out: np.ndarray
 
 
 def _pass(c, d, head, layer, a, r, L: int, k: int, backward: bool, sm=None, root=None):
@@ -170,6 +173,7 @@ def _units_pass(c, d, h, head, units: list[Unit], L: int, k: int, synced: bool,
         h = np.where(hosted, np.maximum(h, after) + unit.host_gather, h)
         d2 = np.where(unit.has_gather,
                       np.maximum(d, np.where(hosted, h, after)) + unit.gather, d)
+        h = np.where(hosted, h + unit.host_copy_out, h)
         return d2, h, np.where(unit.has_gather, d2, -np.inf), np.where(hosted, h, -np.inf)
 
     def prefetch(d, h, after, t: int):

@@ -14,7 +14,7 @@ from ..workloads.decoder.builder import with_edges
 from ..workloads.decoder.fsdp_edges import layout
 from ..workloads.decoder.zero3_edges import edge_fetches
 from ..workloads.decoder.zero3_fetch import (FETCH_FILL_PASSES, FETCH_PASSES, REDUCE_PASSES,
-                                             list_host_seconds)
+                                             gather_host_split, list_host_seconds)
 from .zero3 import Unit
 
 __all__ = ["edge_units", "root_unit", "price_gathers", "price_reduces"]
@@ -50,7 +50,8 @@ def edge_units(ctx, plans, on, coll, full, parts) -> list[Unit]:
     synced = sw.zero3_gather == "per_tensor"
     e, hf, hb = (np.broadcast_to(np.asarray(x, dtype=float), (n,)) for x in parts)
     units = [Unit(comp.copy(), np.zeros(n), np.zeros(n, bool), np.zeros(n), np.zeros(n, bool),
-                  np.zeros(n), np.zeros(n), np.zeros(n)) for comp in (e, hf, hb, np.zeros(n))]
+                  np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n))
+             for comp in (e, hf, hb, np.zeros(n))]
     for tp, rec in sorted({(int(t), bool(x)) for t, x in zip(plans["tp"][on], full[on])}):
         here = on & (plans["tp"] == tp) & (full == rec)
         f = edge_fetches(ctx.shape, tp, sw, ctx.shape.layers, rec)
@@ -77,7 +78,8 @@ def price_gathers(ctx, plans, here, coll, u: Unit, need, synced: bool) -> None:
     tensors ``need`` (elements each, one collective per tensor, in the parameter dtype) and,
     under DeepSpeed's per-tensor gathers (``synced``), their memory passes: the fill the host
     waits for (:data:`~ddlsim.workloads.decoder.zero3_fetch.FETCH_FILL_PASSES`, with the
-    host's list-form issue, :func:`~ddlsim.workloads.decoder.zero3_fetch.list_host_seconds`)
+    host's list-form issue until the launch and its copy-out after it,
+    :func:`~ddlsim.workloads.decoder.zero3_fetch.gather_host_split`)
     and the rest on the gathers' stream, as :func:`ddlsim.workloads.decoder.zero3._pass`
     issues them. ``coll(op, group, bytes, mask)``: a collective's seconds per plan."""
     for x in need:
@@ -85,8 +87,9 @@ def price_gathers(ctx, plans, here, coll, u: Unit, need, synced: bool) -> None:
     if synced:
         fill = FETCH_FILL_PASSES * sum(need) * ctx.dt   # waited for by the host
         u.gather[here] += memory_pass_s(ctx, FETCH_PASSES * sum(need) * ctx.dt - fill)
-        u.host_gather[here] = memory_pass_s(ctx, fill) + list_host_seconds(
-            ctx.cfg.software, plans["dp"][here], len(need), gather=True)
+        issue, u.host_copy_out[here] = gather_host_split(ctx.cfg.software, plans["dp"][here],
+                                                         len(need))
+        u.host_gather[here] = memory_pass_s(ctx, fill) + issue
     u.has_gather[here] = bool(need)
 
 

@@ -11,6 +11,7 @@ from ddlsim.config import build_config
 from ddlsim.errors import ConfigError
 from ddlsim.software import SoftwareSpec, resolve_software
 from ddlsim.workloads.decoder.zero3 import list_host_seconds, module_fetches
+from ddlsim.workloads.decoder.zero3_fetch import gather_host_split
 from ddlsim.workloads.models.decoder import DecoderShape
 
 GPT3 = DecoderShape(layers=96, hidden=12288, heads=96, ffn=4 * 12288, vocab=51200,
@@ -72,24 +73,26 @@ def test_per_tensor_trace_overlaps_one_module_and_waits_for_the_reduce_scatters(
     ops = w.classes[0].program.blocks["F0"].flat.ops
     names = [o.payload.name for o in ops]
     # the first layer: QKV (+ core) gathered with the projection's weight ahead of it, each
-    # gather's buffer zero-filled and waited for, then issued by the host
+    # gather's buffer zero-filled and waited for, then issued by the host, whose copy-out
+    # launches follow the NCCL launch, beside the all-gather (PyTorch 1.8's post lambda)
     # (after the embedding's unit: its word and position tables, zero3_edges.py, issued first)
     first = names.index("fwd.attn.qkv")
-    issue = ["zero3.zero_fill", "zero3.host_gather", "param.all_gather", "zero3.fetch_passes"]
-    assert names[1:6] == ["zero3.zero_fill", "zero3.host_gather"] \
-        + ["param.all_gather.embedding"] * 2 + ["zero3.fetch_passes"]
-    assert names[6:10] == issue and names[10] == "embedding"
-    assert [ops[i].stream for i in (6, 7, 8, 9)] == ["host", "host", "dp", "dp"]
-    assert ops[7].deps == (6,) and ops[8].deps == ops[9].deps == (7,)
-    # the embedding waits for its gathers and the host's issue of QKV's; the projection's
-    # fill and issue follow the embedding's compute
-    assert ops[10].deps == (3, 4, 5, 7) and names[11:15] == issue
+    issue = ["zero3.zero_fill", "zero3.host_gather", "param.all_gather", "zero3.fetch_passes",
+             "zero3.host_copy_out"]
+    assert names[1:7] == ["zero3.zero_fill", "zero3.host_gather"] \
+        + ["param.all_gather.embedding"] * 2 + ["zero3.fetch_passes", "zero3.host_copy_out"]
+    assert names[7:12] == issue and names[12] == "embedding"
+    assert [ops[i].stream for i in range(7, 12)] == ["host", "host", "dp", "dp", "host"]
+    assert ops[8].deps == (7,) and ops[9].deps == ops[10].deps == ops[11].deps == (8,)
+    # the embedding waits for its gathers and the host's issue of QKV's, copy-out included;
+    # the projection's fill and issue follow the embedding's compute
+    assert ops[12].deps == (3, 4, 5, 11) and names[13:18] == issue
     # QKV waits for its gather and for the host's issue of the projection's
-    assert ops[first].deps == (8, 9, 12)
-    assert names[first + 1:first + 5] == issue
+    assert ops[first].deps == (9, 10, 17)
+    assert names[first + 1:first + 6] == issue
     assert ops[first + 1].deps == (first,)        # fc1's fill and issue: after QKV's compute
     assert ops[first + 2].deps == (first + 1,)
-    assert ops[first + 5].deps == (13, 14, first + 2)
+    assert ops[first + 6].deps == (15, 16, first + 5)
     back = w.classes[0].program.blocks["B0"].flat.ops
     names = [o.payload.name for o in back]
     fc2, fc1 = names.index("bwd.mlp.fc2"), names.index("bwd.mlp.fc1")
@@ -158,6 +161,18 @@ def test_list_collectives_host_time_counts_the_code_s_operations():
     assert list_host_seconds(resolve_software("deepspeed"), 1536, 1, gather=True) == 0
 
 
+def test_gather_host_time_splits_at_the_nccl_launch():
+    """PyTorch 1.8's ProcessGroupNCCL::collective runs allgather's copy-out loop (its post
+    lambda) after the NCCL launch: of a gather's host time, one copy_ per rank comes after
+    the launch, the rest (Python's loop, the fill, the own copy, the launch) before it."""
+    sw = resolve_software("deepspeed-2021")
+    before, after = gather_host_split(sw, 1536, 2)
+    assert after == pytest.approx(2 * 1536 * 1e-5)
+    assert before == pytest.approx(2 * (1536 * 2 * 2e-6 + 2 * 2e-6 + 3 * 1e-5 + 234e-6))
+    assert before + after == pytest.approx(list_host_seconds(sw, 1536, 2, gather=True))
+    assert gather_host_split(resolve_software("deepspeed"), 1536, 1) == (0.0, 0.0)
+
+
 def test_the_host_issue_of_every_gather_after_the_first_is_exposed():
     """Every fetch synchronises the device, so the host's issue of a prefetched gather
     happens with the device idle: the forward pays each one (all but the two issued before
@@ -173,11 +188,16 @@ def test_the_host_issue_of_every_gather_after_the_first_is_exposed():
     cfg = build_config(data, [])
     ops = ddlsim.build_workload(cfg).classes[0].program.blocks["F0"].flat.ops
     issues = [o.payload.seconds for o in ops if o.payload.name == "zero3.host_gather"]
+    copies = [o.payload.seconds for o in ops if o.payload.name == "zero3.host_copy_out"]
     # the layers' modules, and the embedding's two tables and the output layer (tied: the
-    # embedding's weight fetched again) before and after them (zero3_edges.py)
-    assert len(issues) == 4 * 24 + 2 and issues[1] == pytest.approx(
+    # embedding's weight fetched again) before and after them (zero3_edges.py); the issue
+    # until the NCCL launch, then one copy-out launch per rank (10 us each) beside it
+    assert len(issues) == len(copies) == 4 * 24 + 2
+    assert issues[1] + copies[1] == pytest.approx(
         list_host_seconds(cfg.software, 32, 1, gather=True))
-    assert issues[0] == pytest.approx(list_host_seconds(cfg.software, 32, 2, gather=True))
+    assert copies[1] == pytest.approx(32 * 1e-5) and copies[0] == pytest.approx(2 * 32 * 1e-5)
+    assert issues[0] + copies[0] == pytest.approx(
+        list_host_seconds(cfg.software, 32, 2, gather=True))
     slower = (ddlsim.predict(cfg, check_fit=False).iteration_time_s
               - ddlsim.predict(build_config(free, []), check_fit=False).iteration_time_s)
     assert slower >= sum(issues[2:]) * (1 - 1e-9)

@@ -63,7 +63,10 @@ the host a Python view and a ``copy_`` launch per rank (:data:`GATHER_HOST_OPS`,
 seconds; a gather also ``zero3_host_gather_call``), so its issue grows with the
 data-parallel size. A gather is issued after the
 synchronisation, i.e. once the unit before has ended and its reduce-scatters too, and the
-next unit's compute is launched only after it: the device waits for the host. The
+next unit's compute is launched only after it: the device waits for the host. The per-rank
+copy-out launches come after the NCCL launch (PyTorch 1.8's ``allgather`` post lambda,
+:func:`.zero3_fetch.gather_host_split`), so the host issues them while the all-gather runs;
+a unit's several gathers (the embedding's two tables) are issued together, then copied out. The
 reduce-scatters are issued from the gradient hooks while the unit's backward computes (the
 host launched it first); they start when both have ended.
 
@@ -90,8 +93,8 @@ from .builder import StageBuilder
 from .oplists import comm_stream as _stream, extend_ops as _extend, placed as _placed
 from .layerkernels import MODULE_PARTS
 from .zero3_fetch import (FETCH_FILL_PASSES, FETCH_PASSES, GATHER_HOST_OPS, REDUCE_HOST_OPS,
-                          REDUCE_PASSES, ModuleFetch, _live_elements, list_host_seconds,
-                          module_fetches, unit_live_elements)
+                          REDUCE_PASSES, ModuleFetch, _live_elements, gather_host_split,
+                          list_host_seconds, module_fetches, unit_live_elements)
 
 __all__ = ["zero3_blocks", "zero3_shards", "gathered_layers", "zero3_gathered_bytes",
            "gathered_bytes",
@@ -191,6 +194,8 @@ class _Unit:
     gather_passes: float = 0.0
     reduce_passes: float = 0.0
     host_gather: float = 0.0
+    #: host seconds after the gathers' NCCL launch (PyTorch 1.8's copy-out loop), beside them
+    host_copy_out: float = 0.0
     #: bytes of the zero-fill before the host issues its gathers (``per_tensor``), on the
     #: ``host`` stream: the host waits for it (``_allgather_param``'s synchronisation)
     fill: float = 0.0
@@ -262,7 +267,7 @@ def _module_units(b: StageBuilder, ops: list, fetch: dict[int, ModuleFetch],
         for u in units:
             u.fill = FETCH_FILL_PASSES * sum(n for _, n in u.gathers)
             u.gather_passes = (FETCH_PASSES - FETCH_FILL_PASSES) * sum(n for _, n in u.gathers)
-            u.host_gather = list_host_seconds(b.sw, b.dp, len(u.gathers), gather=True)
+            u.host_gather, u.host_copy_out = gather_host_split(b.sw, b.dp, len(u.gathers))
             u.host_reduce = list_host_seconds(b.sw, b.dp, len(u.reduces), gather=False)
     return units
 
@@ -319,6 +324,8 @@ def _pass(b: StageBuilder, head: list, units: list[_Unit], prefetch: int) -> lis
                                   kind="elementwise", dtype=b.dtype), "dp", deps=deps))
             idx.append(len(ops) - 1)
         pending[j] = tuple(idx)
+        # the copy-out launches follow the NCCL launch, beside the all-gather on the device
+        deps = host("zero3.host_copy_out", units[j].host_copy_out, deps)
         return deps if units[j].host_gather or units[j].fill else ()
 
     cap = b.sw.zero3_max_live_parameters if b.sw.zero3_gather != "per_layer" else 0

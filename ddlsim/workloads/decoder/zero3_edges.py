@@ -105,7 +105,8 @@ def _unit(b: Any, ops: list, gathers: tuple, reduces: tuple, live: float, label:
     (:func:`.zero3._module_units`); ``live``: its module's gathered elements, whether
     gathered for this visit or kept (the cap's count, :func:`.zero3_fetch._live_elements`)."""
     from .zero3 import _Unit
-    from .zero3_fetch import FETCH_FILL_PASSES, FETCH_PASSES, REDUCE_PASSES, list_host_seconds
+    from .zero3_fetch import (FETCH_FILL_PASSES, FETCH_PASSES, REDUCE_PASSES, gather_host_split,
+                              list_host_seconds)
     unit = _Unit(ops, [("dp", n * b.dt) for n in gathers],
                  [("dp", n * b.gdt) for n in reduces], label=label)
     unit.reduce_passes = REDUCE_PASSES * sum(reduces) * b.gdt
@@ -113,6 +114,6 @@ def _unit(b: Any, ops: list, gathers: tuple, reduces: tuple, live: float, label:
     if b.sw.zero3_gather == "per_tensor":   # PyTorch 1.8's list-form collectives
         unit.fill = FETCH_FILL_PASSES * sum(gathers) * b.dt
         unit.gather_passes = (FETCH_PASSES - FETCH_FILL_PASSES) * sum(gathers) * b.dt
-        unit.host_gather = list_host_seconds(b.sw, b.dp, len(gathers), gather=True)
+        unit.host_gather, unit.host_copy_out = gather_host_split(b.sw, b.dp, len(gathers))
         unit.host_reduce = list_host_seconds(b.sw, b.dp, len(reduces), gather=False)
     return unit

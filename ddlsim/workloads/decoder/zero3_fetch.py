@@ -13,7 +13,7 @@ import numpy as np
 from ..trace import Collective, Compute, Op, Wait
 
 __all__ = ["FETCH_PASSES", "FETCH_FILL_PASSES", "REDUCE_PASSES", "GATHER_HOST_OPS",
-           "REDUCE_HOST_OPS", "ModuleFetch",
+           "REDUCE_HOST_OPS", "GATHER_COPY_OUT_OPS", "ModuleFetch", "gather_host_split",
            "module_fetches", "list_host_seconds", "unit_live_elements", "PERSISTENT_HOST_OPS",
            "persistent_tensors", "persistent_gather_seconds", "persistent_gather_ops"]
 
@@ -41,6 +41,12 @@ REDUCE_PASSES = 6
 #: (``ProcessGroupNCCL::allgather``); per call the zero-filled buffer, the own partition's
 #: ``copy_`` and the NCCL launch (three launches) and the final ``narrow`` + ``view``
 GATHER_HOST_OPS = ((2, 1), (2, 3))
+#: of :data:`GATHER_HOST_OPS`, the ``copy_``-class launches per rank that come after the
+#: NCCL launch: PyTorch 1.8's ``ProcessGroupNCCL::collective`` runs ``pre``, then the NCCL
+#: call between ``ncclGroupStart``/``ncclGroupEnd``, then ``post``, and ``allgather``'s
+#: copy-out loop is its ``post`` (torch/lib/c10d/ProcessGroupNCCL.cpp of v1.8.0), so the host
+#: issues those copies while the device runs the all-gather
+GATHER_COPY_OUT_OPS = 1
 #: a reduce-scatter builds ``view`` + ``narrow`` per rank in Python
 #: (``_reduce_scatter_gradient``) and PyTorch copies each input into its flat buffer, one
 #: ``copy_`` per rank (``flattenForScatterGather``); per call the NCCL launch
@@ -110,6 +116,34 @@ def list_host_seconds(sw, ranks, calls: int, gather: bool) -> float:
     call = sw.zero3_host_gather_call if gather else 0.0
     return calls * ((ranks * py_rank + py_call) * sw.zero3_host_python_op
                     + (ranks * cp_rank + cp_call) * sw.zero3_host_copy + call)
+
+
+def gather_host_split(sw, ranks, calls: int) -> tuple:
+    """(before, after) the NCCL launch: host seconds of ``calls`` list-form all-gathers over
+    ``ranks`` ranks (:func:`list_host_seconds` with ``gather``) split at the launch. After it
+    come the :data:`GATHER_COPY_OUT_OPS` copy-out launches per rank, which the host issues
+    while the device runs the all-gather; everything else comes before it (Python's loop
+    over the ranks, the zero-filled buffer, the own partition's copy, the per-call cost).
+
+    Parameters
+    ----------
+    sw : the resolved software stack (its ``zero3_host_*`` seconds).
+    ranks : ranks of the data-parallel group (a number or an array).
+    calls : all-gathers issued together.
+
+    Returns
+    -------
+    tuple
+        (seconds before the launch, seconds after it), each a float or an array like
+        ``ranks``; both 0 for stacks without per-tensor gathers.
+
+    References
+    ----------
+    PyTorch v1.8.0 ``torch/lib/c10d/ProcessGroupNCCL.cpp``: ``collective`` (``pre``, the
+    NCCL call, ``post``) and ``allgather`` (copy-out in ``post``).
+    """
+    after = calls * ranks * GATHER_COPY_OUT_OPS * sw.zero3_host_copy
+    return list_host_seconds(sw, ranks, calls, gather=True) - after, after
 
 
 def _live_elements(units: list, fetch: dict[int, ModuleFetch], backward: bool) -> None:
