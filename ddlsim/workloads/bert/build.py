@@ -81,10 +81,13 @@ class _Stage:
                         dtype=self.dtype, kernels=ks),)
 
     def _layer(self, k: float, accumulate: bool = False) -> tuple[Compute, ...]:
-        """One layer's dense GEMMs, attention core and element-wise passes, each an op of
-        its kernels (:func:`.kernels.layer_kernels`), scaled by ``k`` (1 forward, 2
-        backward) in FLOPs; a backward whose gradients ``accumulate`` adds their op
-        (:meth:`_accumulate`)."""
+        """One layer's dense GEMMs, attention core and element-wise passes
+        (:func:`.kernels.layer_kernels`) as one op of their kernels, scaled by ``k`` (1
+        forward, 2 backward) in FLOPs; a backward whose gradients ``accumulate`` adds their
+        op (:meth:`_accumulate`). One op, because one host thread issues the layer's GEMMs and
+        passes interleaved: its lead over the device builds across the whole layer
+        (:mod:`ddlsim.simulator.kernels.host`), not over its GEMMs and its short passes
+        apart."""
         m, b, s, w = self.cfg.model, self.b, self.s, DTYPE_BYTES[self.dtype]
         gemm, attn = m.layer_flops(b, s)
         h, f, a = m.hidden_size, m.ffn, m.num_attention_heads
@@ -92,12 +95,9 @@ class _Stage:
         elems = 12 * b * s * h + 4 * b * s * f + 3 * b * a * s * s   # LN, GeLU, softmax, dropout
         tag = "bwd" if k > 1 else "fwd"
         dense, core, passes = layer_kernels(m, b, s, w, self.dtype, k > 1)
-        return (Compute(f"{tag}.layer.gemm", k * gemm, k * (weights + 8 * w * b * s * h),
-                        dtype=self.dtype, kernels=dense),
-                Compute(f"{tag}.layer.attention", k * attn, _bytes(core), dtype=self.dtype,
-                        kernels=core),
-                Compute(f"{tag}.layer.elementwise", k * 2 * elems, _bytes(passes),
-                        kind="elementwise", dtype=self.dtype, kernels=passes)
+        return (Compute(f"{tag}.layer", k * (gemm + attn + 2 * elems),
+                        k * (weights + 8 * w * b * s * h) + _bytes(core) + _bytes(passes),
+                        dtype=self.dtype, kernels=dense + core + passes),
                 ) + self._accumulate("layer", m.layer_tensors(), accumulate and k > 1)
 
     def _ends(self, k: float, accumulate: bool = False
