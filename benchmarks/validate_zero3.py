@@ -1,7 +1,10 @@
 """ZeRO-3 against PTD-P (3-D parallelism): predicted vs published, and the ordering of each pair.
 
 Run:  python benchmarks/validate_zero3.py [--engine analytical|des] [--markdown] [--write-docs]
-      [--des-rank-ops N] [--zero3-software MAPPING]
+      [--des-rank-ops N] [--zero3-software MAPPING] [--breakdown]
+
+``--breakdown`` prints, per ZeRO-3 row, the seconds each stream is busy per iteration (the
+compute, the gathers and reduce-scatters, the host's issue of them), each op timed alone.
 
 Narayanan et al. 2021 (SC'21, arXiv:2104.04473), Sec. 5.2 and Table 2, ran GPT-3 175B and the
 530B model on Selene (DGX A100) with ZeRO-3 and no model parallelism (DeepSpeed) and with PTD-P,
@@ -147,6 +150,65 @@ def summary(out: list[dict], engine: str) -> str:
             "error = ddlsim too slow)")
 
 
+#: breakdown columns: (label, stream, op-name prefix) summed per iteration by :func:`busy`
+BUSY = (("compute", "compute", ""), ("all-gathers", "dp", "param.all_gather"),
+        ("reduce-scatters", "dp", "grad.reduce_scatter"), ("dp passes", "dp", "zero3."),
+        ("host: gather issue", "host", "zero3.host_gather"),
+        ("host: copy-out", "host", "zero3.host_copy_out"),
+        ("host: zero-fill", "host", "zero3.zero_fill"),
+        ("host: reduce issue", "host", "zero3.host_reduce"),
+        ("host: persistent", "host", "zero3.persistent_"))
+
+
+def busy(cfg) -> dict[str, float]:
+    """Seconds each stream of the first rank class is busy per iteration, by :data:`BUSY`
+    column: every op of every block, timed alone by the cost model the engines use (no
+    waits, no overlap), times its repeats and its block's steps. Where these add up beyond
+    the predicted iteration, the engine overlapped them; the host's column is a floor on
+    the iteration (one host thread issues everything)."""
+    from collections import Counter
+
+    from ddlsim.api import build_workload
+    from ddlsim.simulator.costs import CostModel, place_ranks_on_system
+    from ddlsim.workloads.trace import Collective, Compute
+
+    w = build_workload(cfg)
+    cost = CostModel(cfg.system, w, cfg.parallel.collective_algorithm,
+                     devices=place_ranks_on_system(cfg.system, w.world_size))
+    program = w.classes[0].program
+    steps = program.steps
+    runs = Counter(steps.names if hasattr(steps, "names") else [x.block for x in steps])
+    out = dict.fromkeys([label for label, _, _ in BUSY], 0.0)
+    for block, k in runs.items():
+        for op in program.blocks[block].flat.ops:
+            p = op.payload
+            if not isinstance(p, (Compute, Collective)):
+                continue
+            seconds = cost.compute(p) if isinstance(p, Compute) else cost.collective(p)
+            label = next((lab for lab, stream, head in BUSY
+                          if op.stream == stream and p.name.startswith(head)), None)
+            if label is not None:
+                out[label] += seconds * op.repeat * k
+    return out
+
+
+def print_busy(markdown: bool = False) -> None:
+    """``--breakdown``: :func:`busy` of every ZeRO-3 row beside its predicted and published
+    iteration (seconds)."""
+    import ddlsim
+    from ddlsim.config import build_config
+
+    lines = []
+    for row in [r for r in rows() if r["scheme"] == "zero3"]:
+        cfg = build_config(config(row), [])
+        predicted = ddlsim.predict(cfg, check_fit=False).iteration_time_s
+        published = paper_flops(row) / (float(row["tflops_per_gpu"]) * 1e12 * int(row["gpus"]))
+        lines.append([f"{row['params_b']}B", row["gpus"], f"{published:.2f}",
+                      f"{predicted:.2f}", *(f"{x:.2f}" for x in busy(cfg).values())])
+    print_table(["model", "GPUs", "published (s)", "predicted (s)",
+                 *(label for label, _, _ in BUSY)], lines, markdown)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``--zero3-software MAPPING`` (YAML/JSON) runs the ZeRO-3 rows under another
     ``system.software`` — the alternatives docs/validation.md compares; not with
@@ -157,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     import yaml
     ap = argparse.ArgumentParser(add_help=False)
     ap.add_argument("--zero3-software")
+    ap.add_argument("--breakdown", action="store_true")
     known, rest = ap.parse_known_args(sys.argv[1:] if argv is None else argv)
     if known.zero3_software is not None:
         if "--write-docs" in rest:
@@ -178,6 +241,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: --zero3-software: {exc}", file=sys.stderr)
             return 2
         print(f"ZeRO-3 rows under system.software = {json.dumps(STACKS['zero3'])}\n")
+    if known.breakdown:
+        if "--write-docs" in rest:
+            print("error: --breakdown and --write-docs do not go together: the docs' table "
+                  "is the predictions'", file=sys.stderr)
+            return 2
+        print_busy("--markdown" in rest)
+        return 0
     return run_script("validate_zero3", __doc__, rest, evaluate, _print, summary)
 
 

@@ -309,3 +309,18 @@ def test_a100_score_pass_efficiency_is_table_4s():
     derived, low, high = vr.score_pass_efficiency()
     assert value == round(derived, 2)
     assert low < value < high and 0.6 < low and high < 0.75
+
+
+def test_zero3_breakdown_counts_every_gather_once(capsys):
+    """--breakdown on 174.6B over 384 GPUs: per layer 4 forward, 4 recomputed and 3 backward
+    gathers (fc2's weight, gathered for its recomputed forward, is kept for its backward:
+    nothing comes between), 96 × 11 = 1,056; the word and position tables before the
+    forward and again for the backward (over 1e9 elements between), 4; the tied output layer
+    once, kept for its backward: 1,061 gathers, each with one 10 us copy-out per rank."""
+    from ddlsim.config import build_config
+    row = next(r for r in ZERO3 if r["scheme"] == "zero3" and r["gpus"] == "384")
+    got = vz.busy(build_config(vz.config(row), []))
+    assert got["host: copy-out"] == pytest.approx(1061 * 384 * 1e-5)
+    assert list(got) == [label for label, _, _ in vz.BUSY] and min(got.values()) > 0
+    assert vz.main(["--breakdown", "--write-docs"]) == 2
+    assert "do not go together" in capsys.readouterr().err
