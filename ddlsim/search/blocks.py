@@ -152,10 +152,6 @@ def _built_pieces(ctx, plans, groups: list[np.ndarray]) -> tuple[list, list[floa
     timed: dict = {}
     sections: dict = {}
     lowered: dict[tuple, list] = {}
-    # each piece's distinct op lists per (micro-batch, TP, SP): a signature's piece is most
-    # often one of these (recomputation and ZeRO-3 change few pieces), and comparing op
-    # lists that share their kernels' objects is cheaper than hashing them afresh
-    near: dict[tuple, list] = {}
 
     def compute_s(op) -> float:   # as CostModel.compute times it, once per distinct op
         # one dict cell per op, filled on first use: the op (a nested frozen dataclass,
@@ -173,8 +169,8 @@ def _built_pieces(ctx, plans, groups: list[np.ndarray]) -> tuple[list, list[floa
     p2p_bytes = []
     for j, index in enumerate(groups):
         i0 = int(index[0])
-        tp, sp, mbs = int(plans["tp"][i0]), bool(plans["sp"][i0]), int(plans["mbs"][i0])
-        cfg = piece_config(ctx.cfg, tp, sp, mbs, RECOMPUTE[int(plans["recompute"][i0])],
+        cfg = piece_config(ctx.cfg, int(plans["tp"][i0]), bool(plans["sp"][i0]),
+                           int(plans["mbs"][i0]), RECOMPUTE[int(plans["recompute"][i0])],
                            int(plans["zero"][i0]), sections=sections)
         sb = StageBuilder.from_config(cfg, ctx.shape)
         flops = {}
@@ -183,13 +179,9 @@ def _built_pieces(ctx, plans, groups: list[np.ndarray]) -> tuple[list, list[floa
                 ("emb", as_ops(sb.embedding_forward())), ("head_f", as_ops(sb.head_forward())),
                 ("head_b", as_ops(sb.head_backward())), ("gather", sb.gather_ops("act"))):
             ops = tuple(ops)
-            seen = near.setdefault((name, mbs, tp, sp), [])
-            entry = next((e for e in seen if e[4] == ops), None)
-            if entry is None:
-                entry = lowered.setdefault(ops, [])   # hashed once, as in compute_s
-                if not entry:   # lowered, and its GEMM FLOPs counted, once per op list
-                    entry += [*lower_ops(ops, compute_s), [], gemm_flops(ops), ops]
-                seen.append(entry)
+            entry = lowered.setdefault(ops, [])   # the op list hashed once, as in compute_s
+            if not entry:   # lowered, and its GEMM FLOPs counted, once per distinct op list
+                entry += [*lower_ops(ops, compute_s), [], gemm_flops(ops)]
             entry[2].append((name, j))
             flops[name] = entry[3]
         p2p_bytes.append((sb.part.boundary(sb.act_bytes)[0], flops["fwd"], flops["bwd"],

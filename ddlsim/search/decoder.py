@@ -124,23 +124,21 @@ class DecoderVectors:
                 size = np.broadcast_to(nbytes, pp.shape)
                 if where is None:
                     t = collective_seconds(op, family, size, mi, net.nets, algos, memo,
-                                           net.backend, columns)
+                                           net.backend)
                 else:
                     index = np.flatnonzero(where)
                     t = np.zeros(len(pp))
-                    t[index] = _on_meshes(op, family, size[index], mi[index], net, algos, memos,
-                                          columns)
+                    t[index] = _on_meshes(op, family, size[index], mi[index], net, algos, memos)
                 done[key] = (nbytes, where, t)
             return done[key][-1]
 
         memo: dict = {}
         memos: dict = {}
         done: dict = {}
-        columns: dict = {}   # each network's NCCL parts, whichever meshes ask
 
         def coll_at(op: str, family: str, nbytes: np.ndarray, index: np.ndarray):
             return collective_seconds(op, family, nbytes, mi[index], net.nets, algos, memo,
-                                      net.backend, columns)
+                                      net.backend)
 
         pieces = stage_pieces(ctx, plans, coll_at, net.backend)
         fwd, bwd, emb = pieces.fwd, pieces.bwd, pieces.emb
@@ -384,14 +382,14 @@ def _module_pieces(ctx: _Context, plans, coll):
 
 
 def _on_meshes(op: str, family: str, nbytes: np.ndarray, mesh_index: np.ndarray, net,
-               algos, memos: dict, columns: dict | None = None) -> np.ndarray:
+               algos, memos: dict) -> np.ndarray:
     """:func:`collective_seconds` of plans on the meshes ``mesh_index`` (into ``net.nets``)
     with the forms of those meshes' networks only (kept in ``memos`` per set of meshes): the
     same seconds, element by element, as over every mesh."""
     used, sub = np.unique(mesh_index, return_inverse=True)
     memo = memos.setdefault(used.tobytes(), {})
     return collective_seconds(op, family, nbytes, sub.reshape(-1), [net.nets[u] for u in used],
-                              algos, memo, net.backend, columns)
+                              algos, memo, net.backend)
 
 
 def _take(x, mask: np.ndarray) -> np.ndarray:

@@ -199,15 +199,13 @@ def _distinct(fams: list[GroupNet]) -> tuple[list[GroupNet], np.ndarray]:
     return list(by_value), spread
 
 
-def _nccl_forms(op: str, name: str, distinct: list[GroupNet], spread: np.ndarray,
-                columns: dict | None = None) -> list[tuple]:
+def _nccl_forms(op: str, name: str, distinct: list[GroupNet], spread: np.ndarray) -> list[tuple]:
     """One entry per protocol NCCL may run ``name`` with (all of them with ``auto``); a
     group of one rank costs 0, an algorithm NCCL would not run there ``inf``. The forms are
-    computed once per distinct network (:func:`_distinct`) and spread over the meshes;
-    ``columns`` (the caller's dict) keeps each network's column of parts, for forms asked
-    again over other sets of meshes (:func:`_nccl_column`)."""
+    computed once per distinct network (:func:`_distinct`) and spread over the meshes."""
     from ..simulator.nccl.measured import FILL_EDGES
     from ..simulator.nccl.choice import NCCL_ORDER
+    from ..simulator.nccl.model import nccl_form
     from ..simulator.nccl.tuning import PROTOCOLS
 
     envs = {net.nccl for net in distinct if net.nccl is not None}
@@ -219,19 +217,21 @@ def _nccl_forms(op: str, name: str, distinct: list[GroupNet], spread: np.ndarray
     no_fill = (math.inf,) * FILL_EDGES + (0.0,) * (FILL_EDGES + 1) + (math.inf, 0.0, 1.0)
     algo = name[len("nccl_"):]
     for proto in sorted(protos, key=PROTOCOLS.index):
+        parts = np.empty((5 + len(no_fill), len(distinct)))  # 4 parts, estimate, fill
         corrected = False
-        cols = []
-        for net in distinct:
-            key = (op, algo, proto, net)
-            got = None if columns is None else columns.get(key)
-            if got is None:
-                got = _nccl_column(op, algo, proto, net, no_fill)
-                if columns is not None:
-                    columns[key] = got
-            cols.append(got[0])
-            corrected = got[1] if got[1] is not None else corrected
-        # 4 parts, estimate, fill: one column per distinct network
-        parts = np.array(cols, dtype=float).T.reshape(5 + len(no_fill), len(distinct))
+        for j, net in enumerate(distinct):
+            env = net.nccl
+            runs = env is not None and (env.protocol in ("auto", proto))
+            form = nccl_form(op, algo, proto, net, env) if runs and net.p > 1 else None
+            if net.p <= 1:
+                parts[:, j] = (0.0, 0.0, math.inf, math.inf, math.inf, *no_fill)
+            elif form is None:
+                parts[:, j] = (math.inf, math.inf, math.inf, 1.0, 1.0, *no_fill)
+            else:
+                parts[:, j] = (*form[:4], form.estimate_algbw_GBps, *form.fill_edges,
+                               *form.fill_us, form.fill_slope, form.channel_bytes,
+                               form.channels)
+                corrected = form.corrected
         if np.all(np.isinf(parts[0])):
             continue
         order = (NCCL_ORDER.index(algo), PROTOCOLS.index(proto))
@@ -239,26 +239,7 @@ def _nccl_forms(op: str, name: str, distinct: list[GroupNet], spread: np.ndarray
     return out
 
 
-def _nccl_column(op: str, algo: str, proto: str, net: GroupNet, no_fill: tuple
-                 ) -> tuple[tuple, bool | None]:
-    """``(parts, corrected)`` of :func:`_nccl_forms` for one network: the latency, plateau
-    latency and divisor, bandwidth, NCCL's estimate and the fill (``no_fill`` where none);
-    ``corrected`` the form's (None where NCCL does not run ``algo``/``proto`` there)."""
-    from ..simulator.nccl.model import nccl_form
-
-    env = net.nccl
-    runs = env is not None and (env.protocol in ("auto", proto))
-    form = nccl_form(op, algo, proto, net, env) if runs and net.p > 1 else None
-    if net.p <= 1:
-        return (0.0, 0.0, math.inf, math.inf, math.inf, *no_fill), None
-    if form is None:
-        return (math.inf, math.inf, math.inf, 1.0, 1.0, *no_fill), None
-    return ((*form[:4], form.estimate_algbw_GBps, *form.fill_edges, *form.fill_us,
-             form.fill_slope, form.channel_bytes, form.channels), form.corrected)
-
-
-def _forms(op: str, family: str, nets: list[dict[str, GroupNet]], names: list[str],
-           columns: dict | None = None) -> _Forms:
+def _forms(op: str, family: str, nets: list[dict[str, GroupNet]], names: list[str]) -> _Forms:
     """The candidate forms of the algorithms ``names``. An affine form no faster than another
     on every mesh at every size (``a`` and ``b`` both no smaller) cannot be the minimum and
     is dropped."""
@@ -277,8 +258,7 @@ def _forms(op: str, family: str, nets: list[dict[str, GroupNet]], names: list[st
                        and (np.any(a[i] > a[k]) or np.any(b[i] > b[k]) or k < i)
                        for k in range(len(affine)) if k != i)]
     nccl = sorted((f for n in names if get_algorithm(op, n).backend == "nccl"
-                   for f in _nccl_forms(op, n, distinct, spread, columns)),
-                  key=lambda f: f[0])
+                   for f in _nccl_forms(op, n, distinct, spread)), key=lambda f: f[0])
     return _Forms(a[keep], b[keep], nccl)
 
 
@@ -349,7 +329,7 @@ def _min_time_each(forms: _Forms, nbytes: np.ndarray, mesh_index: np.ndarray) ->
 
 def _library_time(backend: str, op: str, family: str, nbytes: np.ndarray,
                   mesh_index: np.ndarray, nets: list[dict[str, GroupNet]],
-                  fallback: np.ndarray, columns: dict | None = None) -> np.ndarray:
+                  fallback: np.ndarray) -> np.ndarray:
     """The library's pick for each distinct (group size, members per node, size), timed by
     its affine form where it runs, else ``fallback`` (the cheapest MPI algorithm)."""
     from ..simulator.collectives.selection import library_algorithm
@@ -362,7 +342,7 @@ def _library_time(backend: str, op: str, family: str, nbytes: np.ndarray,
                        for q, h, n in keys.T])[inverse.ravel()]
     out = fallback.copy()
     for name in sorted(set(picked.tolist()) - {""}):
-        t = _min_time(_forms(op, family, nets, [name], columns), nbytes, mesh_index)
+        t = _min_time(_forms(op, family, nets, [name]), nbytes, mesh_index)
         use = (picked == name) & np.isfinite(t)
         out[use] = t[use]
     return out
@@ -371,13 +351,11 @@ def _library_time(backend: str, op: str, family: str, nbytes: np.ndarray,
 def collective_seconds(op: str, family: str, nbytes: np.ndarray, mesh_index: np.ndarray,
                        nets: list[dict[str, GroupNet]],
                        algorithms: Mapping[str, str] | None = None,
-                       memo: dict | None = None, backend: str = "mpi",
-                       columns: dict | None = None) -> np.ndarray:
+                       memo: dict | None = None, backend: str = "mpi") -> np.ndarray:
     """Seconds of one ``op`` of ``nbytes[i]`` bytes on family ``family`` of plan i's mesh
     (``mesh_index[i]`` into ``nets``), with the configured algorithm or, with ``auto``, the
     choice of ``backend`` (:attr:`MeshNets.backend`); ``memo`` keeps the forms of each
-    (op, family, choice) between calls on the same ``nets``, ``columns`` each network's
-    NCCL parts between calls on any nets (:func:`_nccl_forms`).
+    (op, family, choice) between calls on the same ``nets``.
 
     The same numbers as :meth:`ddlsim.simulator.costs.CostModel.collective` to rounding
     (``tests/test_search_costs.py``).
@@ -391,13 +369,13 @@ def collective_seconds(op: str, family: str, nbytes: np.ndarray, mesh_index: np.
         else:
             generic = "mpi" if backend in LIBRARIES else backend
             names = algorithms_for(op, generic) or algorithms_for(op, "mpi")
-        forms = _forms(op, family, nets, names, columns)
+        forms = _forms(op, family, nets, names)
         if memo is not None:
             memo[key] = forms
     nbytes = np.asarray(nbytes, dtype=float)
     times = _min_time(forms, nbytes, mesh_index, memo)
     if choice == "auto" and backend in LIBRARIES:
-        times = _library_time(backend, op, family, nbytes, mesh_index, nets, times, columns)
+        times = _library_time(backend, op, family, nbytes, mesh_index, nets, times)
     return times
 
 
