@@ -14,12 +14,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .builder import NODE_KINDS
 from .routing import TreeRouter
 
 if TYPE_CHECKING:
     from .graph import Topology
 
 __all__ = ["TreeRoutes"]
+
+_NIC = NODE_KINDS.index("nic")
 
 
 class TreeRoutes:
@@ -153,22 +156,23 @@ class TreeRoutes:
         """Edge id of each ``a → b`` (arrays of vertex ids of one shape); ``keys``:
         :func:`_sorted_keys`."""
         n = len(self._topo._names)
-        key, order, ordered = keys
+        sel, key, order, ordered = keys
         want = (np.asarray(a) * n + np.asarray(b)).ravel()
         at = np.minimum(np.searchsorted(ordered, want), len(key) - 1)
         found = order[at]
         if (key[found] != want).any():
             raise ValueError("a tree route takes a hop that is not an edge")
-        return found.reshape(np.shape(a))
+        return sel[found].reshape(np.shape(a))
 
 
-def _sorted_keys(topo: Topology) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every edge's key ``u·V + v`` (by edge id), the ids in key order and the sorted keys:
-    sorted once for all of :meth:`TreeRoutes._tables`' look-ups (the edges come grouped by
-    source, so a stable sort finds them nearly in order)."""
-    key = topo._u * len(topo._names) + topo._v
+def _sorted_keys(topo: Topology) -> tuple[np.ndarray, ...]:
+    """The edges leaving a NIC or a fabric switch (every hop of a tree route does): their
+    ids, their keys ``u·V + v``, the positions in key order and the sorted keys, sorted once
+    for all of :meth:`TreeRoutes._tables`' look-ups."""
+    sel = np.flatnonzero(topo._fabric[topo._u] | (topo._vkind[topo._u] == _NIC))
+    key = topo._u[sel] * len(topo._names) + topo._v[sel]
     order = np.argsort(key, kind="stable")
-    return key, order, key[order]
+    return sel, key, order, key[order]
 
 
 class NodeCopies:
