@@ -73,16 +73,23 @@ def _measured_layer(model, b: int, s: int, backward: bool):
     return dense, core, passes
 
 
-def predicted(b: int, s: int) -> dict:
-    """ddlsim's per-layer seconds (``fwd_s``, ``fwd_bwd_s``) and kernel count."""
+def layer_config(b: int, s: int):
+    """The run config whose model and device time the layer: ``bert-large`` on
+    :data:`SYSTEM`, ``b`` sequences of ``s`` tokens in fp16."""
     import ddlsim
-    from ddlsim.simulator.kernels import kernel_device, op_time
-    from ddlsim.workloads.trace import Compute
-    cfg = ddlsim.load_config({
+    return ddlsim.load_config({
         "model": {"preset": "bert-large"}, "parallel": {"data_parallel_size": 1},
         "train": {"micro_batch_size": b, "global_batch_size": b, "seq_length": s,
                   "dtype": "fp16"},
         "system": SYSTEM})
+
+
+def predicted(b: int, s: int) -> dict:
+    """ddlsim's per-layer seconds (``fwd_s``, ``fwd_bwd_s``), kernel count and host time of
+    those kernels (``host_s``)."""
+    from ddlsim.simulator.kernels import kernel_device, op_time
+    from ddlsim.workloads.trace import Compute
+    cfg = layer_config(b, s)
     dev = kernel_device(cfg.system)
     times, kernels = {}, 0
     for backward in (False, True):

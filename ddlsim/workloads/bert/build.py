@@ -20,7 +20,8 @@ from ..buckets import FIRST_BUCKET_BYTES, BackwardUnit, backward_with_buckets, d
 from ..memory import MemoryBreakdown, inflight_chunks, model_state_bytes
 from ..schedules import schedule
 from ..resnet.build import model_flops
-from ..trace import P2P, Block, Compute, Op, Program, RankClass, Step, Workload, WorkloadMeta
+from ..trace import (P2P, Block, Compute, Kernel, Op, Program, RankClass, Step, Workload,
+                     WorkloadMeta)
 from .kernels import embedding_kernels, head_kernels, layer_kernels
 from .schema import LAYER_TENSORS
 from .step import apex_master_kernels, autograd_accumulate_kernels
@@ -70,22 +71,22 @@ class _Stage:
         self.layers = m.num_hidden_layers // p.pp
         self.proxy = m.compute == "proxy"
 
-    def _accumulate(self, tag: str, tensors: list[int], accumulate: bool) -> tuple[Compute, ...]:
-        """The op adding a backward's fresh gradients of ``tensors`` into ``.grad``
+    def _accumulate(self, tensors: list[int], accumulate: bool) -> tuple[Kernel, ...]:
+        """The kernels adding a backward's fresh gradients of ``tensors`` into ``.grad``
         (``grad_accumulation: autograd`` on a micro-batch whose gradients join the step's:
-        :func:`.step.autograd_accumulate_kernels`), or none."""
+        :func:`.step.autograd_accumulate_kernels`), or none. They join the op whose
+        backward makes those gradients: autograd runs each ``AccumulateGrad`` as its
+        gradient is ready, between that op's kernels."""
         if not accumulate or self.cfg.model.grad_accumulation != "autograd":
             return ()
-        ks = autograd_accumulate_kernels(tensors, DTYPE_BYTES[self.dtype])
-        return (Compute(f"bwd.{tag}.accumulate", 0.0, _bytes(ks), kind="elementwise",
-                        dtype=self.dtype, kernels=ks),)
+        return autograd_accumulate_kernels(tensors, DTYPE_BYTES[self.dtype])
 
     def _layer(self, k: float, accumulate: bool = False) -> tuple[Compute, ...]:
         """One layer's dense GEMMs, attention core and element-wise passes
         (:func:`.kernels.layer_kernels`) as one op of their kernels, scaled by ``k`` (1
         forward, 2 backward) in FLOPs; a backward whose gradients ``accumulate`` adds their
-        op (:meth:`_accumulate`). One op, because one host thread issues the layer's GEMMs and
-        passes interleaved: its lead over the device builds across the whole layer
+        kernels (:meth:`_accumulate`). One op, because one host thread issues the layer's
+        GEMMs and passes interleaved: its lead over the device builds across the whole layer
         (:mod:`ddlsim.simulator.kernels.host`), not over its GEMMs and its short passes
         apart."""
         m, b, s, w = self.cfg.model, self.b, self.s, DTYPE_BYTES[self.dtype]
@@ -95,10 +96,10 @@ class _Stage:
         elems = 12 * b * s * h + 4 * b * s * f + 3 * b * a * s * s   # LN, GeLU, softmax, dropout
         tag = "bwd" if k > 1 else "fwd"
         dense, core, passes = layer_kernels(m, b, s, w, self.dtype, k > 1)
+        acc = self._accumulate(m.layer_tensors(), accumulate and k > 1)
         return (Compute(f"{tag}.layer", k * (gemm + attn + 2 * elems),
-                        k * (weights + 8 * w * b * s * h) + _bytes(core) + _bytes(passes),
-                        dtype=self.dtype, kernels=dense + core + passes),
-                ) + self._accumulate("layer", m.layer_tensors(), accumulate and k > 1)
+                        k * (weights + 8 * w * b * s * h) + _bytes(core + passes + acc),
+                        dtype=self.dtype, kernels=dense + core + passes + acc),)
 
     def _ends(self, k: float, accumulate: bool = False
               ) -> tuple[tuple[Compute, ...], tuple[Compute, ...]]:
@@ -107,17 +108,18 @@ class _Stage:
         accumulation where the backward's gradients ``accumulate`` (:meth:`_accumulate`)."""
         m, b, s, w = self.cfg.model, self.b, self.s, DTYPE_BYTES[self.dtype]
         tag, back = ("bwd", True) if k > 1 else ("fwd", False)
-        emb = embedding_kernels(m, b, s, w, self.dtype, back)
-        head = head_kernels(m, b, s, w, self.dtype, back)
         acc = accumulate and back
+        emb = (embedding_kernels(m, b, s, w, self.dtype, back)
+               + self._accumulate(m.embedding_tensors(), acc))
+        head_acc = self._accumulate(m.head_tensors(), acc)
+        head = head_kernels(m, b, s, w, self.dtype, back) + head_acc
         return ((Compute(f"{tag}.embedding", k * 8 * b * s * m.hidden_size, _bytes(emb),
                          kind="elementwise", dtype=self.dtype, kernels=emb),)
-                + self._accumulate("embedding", m.embedding_tensors(), acc)
                 if self.first else (),
                 (Compute(f"{tag}.heads", k * m.head_flops(b, s),
-                         k * w * (sum(m.head_tensors()) + b * m.mlm_tokens(s) * m.vocab_size),
-                         dtype=self.dtype, kernels=head),)
-                + self._accumulate("heads", m.head_tensors(), acc) if self.last else ())
+                         k * w * (sum(m.head_tensors()) + b * m.mlm_tokens(s) * m.vocab_size)
+                         + _bytes(head_acc), dtype=self.dtype, kernels=head),)
+                if self.last else ())
 
     def forward(self) -> tuple[Op, ...]:
         if self.proxy:
