@@ -29,6 +29,11 @@ overlap of the two top-10 sets are printed. Targets: p90 ≤ 1 %, max ≤ 3 %, s
 
 ``--clock cpu`` times both tools by this process's CPU time instead of the wall clock: on a
 machine shared with other jobs it is disturbed less (both tools alike, so the ratio holds).
+
+``--profile`` times nothing against llm-analysis: it runs the speed grid cold (as above) under
+:mod:`cProfile` and prints the functions with the most time per grid, with and without what
+they call (the profiler's own overhead inflates small Python functions: read shares, not
+milliseconds).
 """
 
 from __future__ import annotations
@@ -116,6 +121,31 @@ def speeds(repeats: int) -> tuple[dict, object, dict]:
            else llm)
     out, frame = ddlsim_speed(grid, best)
     return out, frame, llm
+
+
+def profile_grid(runs: int = 3, top: int = 25) -> None:
+    """Print :mod:`cProfile`'s top ``top`` functions of ``runs`` cold runs of the speed grid
+    (one warm-up run first, not profiled), by cumulative and by own time per grid."""
+    import cProfile
+    import io
+    import pstats
+
+    evaluate_grid(GPT3, None, [], SPEED_AXES, Constraints())
+    prof = cProfile.Profile()
+    for _ in range(runs):
+        cache_clear()
+        prof.enable()
+        evaluate_grid(GPT3, None, [], SPEED_AXES, Constraints())
+        prof.disable()
+    stats = pstats.Stats(prof)
+    for order, what in (("cumulative", "with what they call"), ("tottime", "own time")):
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats(order).print_stats(top)
+        lines = out.getvalue().splitlines()
+        start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("ncalls"))
+        print(f"\n{runs} cold grid(s), {stats.total_tt / runs * 1e3:.0f} ms each under the "
+              f"profiler; top {top} by {what} (times over all runs)")
+        print("\n".join(line.replace(str(ROOT) + "/", "") for line in lines[start:] if line))
 
 
 def ddlsim_speed(grid, best: float) -> tuple[dict, object]:
@@ -231,11 +261,16 @@ def main() -> None:
                              "process's CPU time (steadier on a shared machine)")
     parser.add_argument("--repeats", type=int, default=5,
                         help="runs of each tool, one of each in turn; the best counts (5)")
+    parser.add_argument("--profile", action="store_true",
+                        help="profile --repeats cold runs of the speed grid (cProfile) instead")
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error(f"--repeats = {args.repeats}: give 1 or more runs")
     CLOCK[0] = time.process_time if args.clock == "cpu" else time.perf_counter
     warnings.filterwarnings("ignore", ".*not modelled by ddlsim")
+    if args.profile:
+        profile_grid(args.repeats)
+        return
     speed, frame, llm = speeds(args.repeats)
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"GPT-3 175B on 1,024 A100s: {speed['plans']:,} plans in the grid, "
