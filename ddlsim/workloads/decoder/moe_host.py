@@ -150,11 +150,14 @@ class DispatcherHost:
                              f"layer's {self.work_ops} and {TE_LINEARS_FORWARD}")
 
 
-#: After the last wait, the fc1 and fc2 steps: Megatron's ``TEGroupedMLP.forward``
-#: (``experts.py`` lines 344-380: ``tokens_per_expert.tolist()``, ``unsqueeze`` of the probs,
-#: fc1, ``bias_act_func``, fc2) with the experts' two TE grouped linears
-_EXPERTS = (HostStep("experts.fc1", 2, 1), HostStep("experts.act", 1),
-            HostStep("experts.fc2", 0, 1))
+def _experts(before_fc1: int) -> tuple[HostStep, HostStep]:
+    """fc1's and fc2's steps after the last wait, ``before_fc1`` dispatcher calls first:
+    Megatron's ``TEGroupedMLP.forward`` (``experts.py`` lines 344-380: ``tolist()`` and
+    ``unsqueeze`` of the probs before fc1, ``bias_act_func`` before fc2) with the experts' two
+    TE grouped linears. A step gates the ops the device could reach before the host (the
+    GEMMs, the combine); the calls launching the short ops between them (sort, act, unsort)
+    join the next step."""
+    return HostStep("experts.fc1", before_fc1 + 2, 1), HostStep("experts.fc2", 1, 1)
 
 
 #: dispatcher (``flex`` by backend) → its host side (Megatron-LM d7288711; module docstring)
@@ -169,14 +172,13 @@ DISPATCHER_HOST: dict[str, DispatcherHost] = {
         "(680-748), experts 3 (experts.py 330-400, less the grouped linears: "
         "TE_LINEAR_HOST_S), combine_preprocess 3, token_combine 4, "
         "combine_postprocess 2 (751-854)",
-        (HostStep("sort", 2), *_EXPERTS, HostStep("unsort", 3), HostStep("combine", 4),
-         HostStep("unpermute", 2))),
+        (*_experts(2), HostStep("combine", 3 + 4))),
     "allgather": DispatcherHost(
         lambda plan: True, (HostWait("dispatch", 1, 3),), 44,
         "wait: token_dispatcher.py line 295; issue: sum().item() of the host copy, permute; "
         "work: router 16, the hidden states', probs' and routing map's all-gathers 9, "
         "dispatch_postprocess 6, the local probs 5, experts 3, combine 5 (lines 180-330)",
-        (*_EXPERTS, HostStep("scatter", 5))),
+        (*_experts(0), HostStep("scatter", 5))),
     "deepep": DispatcherHost(
         lambda plan: True, (HostWait("router", 1, 4), HostWait("dispatch", 3, 8)), 45,
         "waits: fused_a2a.py lines 104-125, token_dispatcher.py 1225, 1226, 1230; issues: "
@@ -185,15 +187,14 @@ DISPATCHER_HOST: dict[str, DispatcherHost] = {
         "router 16, dispatch_preprocess 12 (1160-1171, 1390-1411), FusedDispatch to the wait 3, "
         "after it 2 (fused_a2a.py 73-137), multihot before its first wait 3, token counts 1, "
         "experts 3, un-permutation 1 and combine 4 (1322-1333, fused_a2a.py 163-190)",
-        (HostStep("experts.fc1", 3, 1), *_EXPERTS[1:], HostStep("unsort", 1),
-         HostStep("combine", 4))),
+        (*_experts(1), HostStep("combine", 1 + 4))),
     "hybridep": DispatcherHost(
         lambda plan: not plan.pad, (HostWait("router", 1, 4),), 35,
         "wait: fused_a2a.py lines 365-384, token_dispatcher.py 1007-1024; issue: the "
         "dispatched tensors' allocations and the launch; work: router 16, dispatch_preprocess "
         "11 (1007-1026, 1390-1411), HybridEPDispatch.apply 1, token count 1, experts 3, "
         "combine 3 (1063-1081, fused_a2a.py 409-440)",
-        (HostStep("experts.fc1", 3, 1), *_EXPERTS[1:], HostStep("combine", 3))),
+        (*_experts(1), HostStep("combine", 3))),
 }
 
 
