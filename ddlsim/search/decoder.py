@@ -39,7 +39,8 @@ from .smtaken import extra_seconds, nccl_ctas, sm_taken
 from .blocks import piece_config, stage_pieces
 from ..workloads.decoder import param_gather
 from ..workloads.decoder.builder import StageBuilder, with_edges
-from ..workloads.decoder.dpsync import bucket_runs, buckets, grad_bucket_bytes
+from ..workloads.decoder.dpsync import (bucket_runs, buckets, ddp_pass_times,
+                                        grad_bucket_bytes)
 from .zero3 import Unit, zero3_time, zero3_units_time
 from .zero3_edges import edge_units, price_gathers, price_reduces, root_unit
 from ..workloads.decoder.zero3_fetch import persistent_gather_seconds, persistent_tensors
@@ -228,6 +229,10 @@ class DecoderVectors:
         grad = params * ctx.gdt
         sharded = (zero > 0) & (dp > 1)
         update = self._optimizer(ctx, np.where(sharded, params / np.maximum(dp, 1), params))
+        # the stack's DDP passes over the gradients (dpsync.GradSyncOps.ddp_pass_ops)
+        passes_s, kernels = ddp_pass_times(ctx.cfg.software.name, ctx.dev, grad)
+        update += np.where((dp > 1) & (zero < 3),
+                           stream_times(passes_s, kernels, ctx.dev.launch), 0.0)
         op_rs = (zero == 1) | (zero == 2)
         gathers = op_rs & (dp > 1)
         update += coll("all_gather", "dp",

@@ -392,6 +392,8 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
             if p.zero_stage == 3:   # DeepSpeed 2021 regathers its persistent parameters
                 from .zero3_fetch import persistent_gather_ops
                 ops += persistent_gather_ops(self, stage, len(ops) - 1)
+            if p.zero_stage < 3:    # the DDP's passes over its gradient buffer (dpsync)
+                ops += self.ddp_pass_ops(grad_bytes)
             if p.zero_stage in (1, 2):  # all of it, or its first bucket (.param_gather)
                 gather = param_gather.first_bucket(p.param_gather_overlap, params * self.dt,
                                                    p.param_bucket_bytes)

@@ -7,19 +7,25 @@ Overlapped, a run's buckets hold NCCL's channels beside the next run of layers: 
 gets a contention op (:func:`~ddlsim.workloads.smcontention.beside`, docs/overlap.md "SMs
 taken by communication"), its GEMMs' extra time ``(k/S)·min(C, G_k)``, ``C`` the buckets'.
 The last run's buckets run beside what follows the backward (the next chunk's or
-micro-batch's work, the optimizer), which is not charged."""
+micro-batch's work, the optimizer), which is not charged.
+
+The stack's DDP may also pass over the gradient buffer on the compute stream
+(``ddp.bucket_passes`` and ``ddp.grad_zero_passes`` in software.yaml, :func:`bucket_passes`):
+:meth:`GradSyncOps.ddp_pass_ops`, charged in the update block."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 
 from ..smcontention import beside
-from ..trace import Collective, Op
+from ..trace import Collective, Compute, Kernel, Op
 from .stage import StageBase
 
-__all__ = ["GradSyncOps", "buckets", "bucket_runs", "grad_bucket_bytes", "MEGATRON_BUCKET"]
+__all__ = ["GradSyncOps", "buckets", "bucket_passes", "bucket_runs", "ddp_pass_times",
+           "grad_bucket_bytes", "MEGATRON_BUCKET"]
 
 #: Megatron-Core's default bucket, in parameters: ``max(40000000, 1000000 · dp)``
 #: (NVIDIA/Megatron-LM 900f1b76 and 9c1a5351, megatron/core/distributed/
@@ -36,6 +42,34 @@ def _stack_rule(cfg) -> str:
     from ...software import _stack_table
     entry = (_stack_table()[cfg.software.name].get("ddp") or {}).get("grad_buckets")
     return entry["value"] if entry else "pytorch_ddp"
+
+
+@functools.lru_cache(maxsize=None)
+def bucket_passes(stack: str, key: str = "bucket_passes") -> int:
+    """Memory passes over gradient bytes that stack ``stack``'s DDP runs on the compute
+    stream, outside the backward's kernels and the optimizer step: the ``ddp.<key>`` entry of
+    software.yaml (its source beside it), 0 where the stack names none. ``bucket_passes``:
+    over each bucket as it is issued (Megatron-Core 2024: the NaN check's norm, read, and the
+    scaling by 1/DP, read + write); ``grad_zero_passes``: over the whole gradient buffer once
+    an iteration (Megatron-Core 2024: ``zero_()``, write)."""
+    from ...software import _stack_table
+    entry = (_stack_table()[stack].get("ddp") or {}).get(key)
+    return int(entry["value"]) if entry else 0
+
+
+def ddp_pass_times(stack: str, dev, grad_bytes):
+    """``(device seconds, kernels)`` of stack ``stack``'s DDP passes
+    (:meth:`GradSyncOps.ddp_pass_ops`) over ``grad_bytes`` of gradients on kernel device
+    ``dev``, for :func:`~ddlsim.simulator.kernels.host.stream_times`: the vectorised search
+    tier's form of the same op. Element-wise on arrays."""
+    n = bucket_passes(stack) + bucket_passes(stack, "grad_zero_passes")
+    grad_bytes = np.asarray(grad_bytes, dtype=float)
+    if not n:
+        return 0.0 * grad_bytes, 0.0 * grad_bytes
+    from ...simulator.kernels import kernel_time
+    gib = float(2 ** 30)   # a memory kernel's time is linear in its bytes (kernel_time)
+    per_byte = kernel_time(Kernel("memory", bytes=gib, dtype="fp32"), dev) / gib
+    return n * grad_bytes * per_byte, np.where(grad_bytes > 0, float(n), 0.0)
 
 
 def grad_bucket_bytes(cfg, dp, grad_dtype_bytes, stage=0, chunk=0):
@@ -118,6 +152,25 @@ class GradSyncOps(StageBase):
             for s in sync_ops[w * seg:w * seg + w]:
                 ops.append(Op(s.payload, stream=s.stream, deps=(last,), repeat=s.repeat))
         return ops
+
+    def ddp_pass_ops(self, grad_bytes: float) -> list[Op]:
+        """The stack's DDP passes over the stage's ``grad_bytes`` of gradients
+        (:func:`bucket_passes`, both entries), one memory kernel a pass over the whole buffer,
+        on the compute stream; none where the stack names none. Megatron-Core runs the NaN
+        check's norm and the 1/DP scaling of each bucket as it is issued (``start_grad_sync``,
+        during the last backward; on pipeline stages after the first, after the cooldown)
+        and the buffer's ``zero_()`` before the next forward: all on the compute stream, so
+        charged in the update block, where the stream's total is the same. Placed there they
+        follow the gradients' collectives instead of running beside them (the search tier's
+        update is serial with its data-parallel tail too), which overstates the step by up
+        to their time where those collectives outlast the backward; the NaN check's host sync
+        (``assert not norm.isnan()``) is not charged."""
+        n = bucket_passes(self.sw.name) + bucket_passes(self.sw.name, "grad_zero_passes")
+        if not n or not grad_bytes:
+            return []
+        kernels = (Kernel("memory", bytes=grad_bytes, dtype="fp32"),) * n
+        return [Op(Compute("grad.ddp_passes", 0.0, n * grad_bytes, kind="elementwise",
+                           dtype="fp32", kernels=kernels))]
 
     def grad_sync_ops(self, stage: int, chunk: int = 0) -> list[Op]:
         """Bucketed gradient collectives of one model chunk (all-reduce, or reduce-scatter
