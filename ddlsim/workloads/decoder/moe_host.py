@@ -52,17 +52,17 @@ linear modules at their published host time (:data:`TE_LINEAR_HOST_S`).
 per wait ``*.dispatch.sync`` (from the awaited device op's end and a free host, ``wakes`` ×
 :data:`SYNC_WAKE_S`) and ``*.dispatch.issue`` (``issue_ops``), before the next device op. After
 the last wait the host's lead is nothing, so the work up to the combine is laid step by step
-(:class:`.moe_host_chain.HostChain`, ``chain``): each step (``*.<op>.host``, its TE linear ``*.host.te``)
-before the device op it launches (sort, fc1, act, fc2, unsort, combine, unpermute), which
-waits for it. The rest of the work (``*.moe.host``, ``*.moe.host.te``: the next layer's
-attention, router and dispatch pre-processing) runs ahead of the device (no deps) and binds
-only where it outlasts the device's work up to the next wait. The backward, which never waits,
-carries the experts' per-expert host work (:mod:`.moe_host_chain`,
-``bwd.experts.host``, no deps; the rest of its host work is not counted). Host operations are
-timed by the device's host rule (:func:`~ddlsim.simulator.kernels.device.op_time`: ``n·h``),
-so both engines time them alike. Under Megatron-Core's combined 1F1B (:mod:`.combined`) the
-waits open the forward's ``dispatch`` and ``mlp`` nodes, all the work follows the last issue
-with no deps, and the backward nodes carry no host work.
+(:class:`.moe_host_chain.HostChain`, ``chain``): each step (``*.<op>.host``, its TE linear
+``*.host.te``) before the device op it launches (fc1, fc2, the combine), which waits for it.
+The rest of the work (``*.moe.host``, ``*.moe.host.te``: the next layer's attention, router and
+dispatch pre-processing) runs ahead of the device (no deps) and binds only where it outlasts
+the device's work up to the next wait. The backward, which never waits, carries the experts'
+per-expert host work (:mod:`.moe_host_chain`, ``bwd.experts.host``, no deps; the rest of its
+host work is not counted). Host operations are timed by the device's host rule
+(:func:`~ddlsim.simulator.kernels.device.op_time`: ``n·h``), so both engines time them alike.
+Under Megatron-Core's combined 1F1B (:mod:`.combined`) the waits open the forward's
+``dispatch`` and ``mlp`` nodes, all the work follows the last issue with no deps, and the
+backward nodes carry no host work.
 ZeRO-3's per-layer units, which run on one stream (:meth:`.moe.MoEOps.moe_layer_payloads`),
 leave the host ops out.
 """
