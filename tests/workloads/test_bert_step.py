@@ -99,3 +99,12 @@ def test_bad_step_options_name_the_field():
         _cfg(grad_accumulation="sometimes")
     with pytest.raises(ddlsim.errors.ConfigError, match="linear_bias"):
         _cfg(linear_bias="yes")
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_score_passes_at_their_bandwidths(backward):
+    # scale and mask add: torch element-wise kernels at the streaming bandwidth; softmax and
+    # dropout: the device's score-pass figure (bert/kernels.py docstring)
+    _, core, _ = layer_kernels(_cfg().model, B, S, 2.0, "fp16", backward)
+    passes = [k.variant for k in core if k.kind == "memory"]
+    assert passes == ["", "", "scores", "scores"]

@@ -34,6 +34,13 @@ LayerNorm (×2)              one kernel (apex FusedLayerNorm at      ``2d·x``
                             ``torch.jit.script`` at 729963dd)
 ==========================  ======================================  ==========================
 
+The softmax and the dropout over the scores move their bytes at the device's score-pass
+bandwidth (``variant="scores"``: ``device.score_pass_efficiency``, derived where one is
+published from Megatron's attention core, whose fused kernel scales, masks and soft-maxes in
+one pass, then dropout); the scale and the mask add, which that kernel fused and this code runs
+as PyTorch element-wise kernels of their own, at the streaming bandwidth, as the layer's other
+element-wise passes.
+
 **Separate bias kernels** (``model.linear_bias: separate``): PyTorch 1.6's ``F.linear``
 (``torch/nn/functional.py``, the 20.06 container's) fuses the bias into ``addmm`` only for a
 2-D input; on BERT's 3-D hidden states it runs ``input.matmul(weight.t())`` then
@@ -132,7 +139,9 @@ def layer_kernels(model, b: int, s: int, d: float, dtype: str, backward: bool
     dense = _gemms([(t, h, h)] * 4 + [(t, f, h), (t, h, f)], dtype, backward)
     scores = b * a * s * s
     core = (_gemms([(s, s, dh), (s, dh, s)], dtype, backward, b * a, "scores")
-            + _memory([2 * d * scores] * 3 + [(2 * d + 1) * scores], dtype, backward, "scores"))
+            + _memory([2 * d * scores] * 2, dtype, backward)               # scale, mask add
+            + _memory([2 * d * scores, (2 * d + 1) * scores], dtype, backward,
+                      "scores"))                                           # softmax, dropout
     x, y = t * h, t * f
     elementwise = _memory([2 * d * x] + [(2 * d + 1) * x, 3 * d * x, 2 * d * x] * 2
                           + [2 * d * y], dtype, backward)
