@@ -209,6 +209,24 @@ def print_busy(markdown: bool = False) -> None:
                  *(label for label, _, _ in BUSY)], lines, markdown)
 
 
+def breakdown(rest: list[str]) -> int:
+    """``--breakdown`` with the other options ``rest``: :func:`print_busy`, which takes
+    ``--markdown`` only (its predicted column is the analytical engine's); any other option
+    is refused, not ignored (exit status 2)."""
+    if "--write-docs" in rest:
+        print("error: --breakdown and --write-docs do not go together: the docs' table "
+              "is the predictions'", file=sys.stderr)
+        return 2
+    other = [a for a in rest if a != "--markdown"]
+    if other:
+        print(f"error: --breakdown takes --markdown (and --zero3-software) only, not "
+              f"{' '.join(other)}: its predicted column is the analytical engine's",
+              file=sys.stderr)
+        return 2
+    print_busy("--markdown" in rest)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """``--zero3-software MAPPING`` (YAML/JSON) runs the ZeRO-3 rows under another
     ``system.software`` — the alternatives docs/validation.md compares; not with
@@ -242,12 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(f"ZeRO-3 rows under system.software = {json.dumps(STACKS['zero3'])}\n")
     if known.breakdown:
-        if "--write-docs" in rest:
-            print("error: --breakdown and --write-docs do not go together: the docs' table "
-                  "is the predictions'", file=sys.stderr)
-            return 2
-        print_busy("--markdown" in rest)
-        return 0
+        return breakdown(rest)
     return run_script("validate_zero3", __doc__, rest, evaluate, _print, summary)
 
 

@@ -324,3 +324,6 @@ def test_zero3_breakdown_counts_every_gather_once(capsys):
     assert list(got) == [label for label, _, _ in vz.BUSY] and min(got.values()) > 0
     assert vz.main(["--breakdown", "--write-docs"]) == 2
     assert "do not go together" in capsys.readouterr().err
+    # an option the breakdown does not take is refused, not ignored
+    assert vz.main(["--breakdown", "--engine", "des"]) == 2
+    assert "not --engine des" in capsys.readouterr().err
