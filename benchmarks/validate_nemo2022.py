@@ -2,6 +2,10 @@
 (the search winner's evidence, issue 29; docs/search.md, "How far to trust the winner").
 
 Run:  python benchmarks/validate_nemo2022.py [--engine analytical|des] [--markdown]
+      [--write-docs] [--des-rank-ops N] [--without-fusion]
+
+``--without-fusion`` runs the rows with ``gradient_accumulation_fusion`` off, the fusion's gain
+taken away (the column docs/search.md and docs/validation.md quote); not with ``--write-docs``.
 
 ``data/nemo_megatron_2022_a100.csv`` holds the tokens per second that NVIDIA's NeMo Megatron
 README published in July 2022 for GPT-3 175B on 16-128 DGX A100 nodes and 5B on 1-20, with the
@@ -81,12 +85,13 @@ def model_flops(row: dict) -> float:
 
 
 def evaluate(engine: str = "analytical", only: list[dict] | None = None,
-             limits=None) -> list[dict]:
+             limits=None, software: dict | None = None) -> list[dict]:
     """One record per row: published and predicted iteration time and MFU, under the 2022
-    stack, and the default stack's prediction of the same plan (``default``)."""
+    stack (``software``, default :data:`SOFTWARE`), and the default stack's prediction of the
+    same plan (``default``)."""
     out = []
     for row in rows() if only is None else only:
-        rec = time_record(row, config(row), engine, limits, iteration_s(row))
+        rec = time_record(row, config(row, software), engine, limits, iteration_s(row))
         gpus = int(row["nodes"]) * GPUS_PER_NODE
         rec["published_mfu"] = model_flops(row) / rec["published"] / gpus / PEAK
         if rec["result"] is not None:
@@ -135,7 +140,24 @@ def summary(out: list[dict], engine: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_script("validate_nemo2022", __doc__, argv, evaluate, _print, summary)
+    """The shared command line (:func:`public_runs.run_script`) and ``--without-fusion``
+    (module docstring); exit status 2 for ``--without-fusion`` with ``--write-docs``."""
+    import argparse
+    import functools
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--without-fusion", action="store_true")
+    known, rest = ap.parse_known_args(sys.argv[1:] if argv is None else argv)
+    if not known.without_fusion:
+        return run_script("validate_nemo2022", __doc__, rest, evaluate, _print, summary)
+    if "--write-docs" in rest:
+        print("error: --without-fusion and --write-docs do not go together: the docs' table "
+              "is the config's (gradient_accumulation_fusion: True)", file=sys.stderr)
+        return 2
+    unfused = {**SOFTWARE, "kernels": {**SOFTWARE["kernels"],
+                                       "gradient_accumulation_fusion": False}}
+    print(f"rows under system.software = {unfused}\n")
+    return run_script("validate_nemo2022", __doc__, rest,
+                      functools.partial(evaluate, software=unfused), _print, summary)
 
 
 if __name__ == "__main__":

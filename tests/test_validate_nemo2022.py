@@ -52,3 +52,22 @@ def test_one_row_predicted_under_both_stacks():
     assert out["result"] is not None and not out["skipped"]
     assert -0.2 < out["error"] < 0.2
     assert out["default"] < out["predicted"]                # cuDNN attention, overlaps
+
+
+def test_without_fusion_runs_the_unfused_stack_and_stays_out_of_the_docs(capsys, monkeypatch):
+    """``--without-fusion``: the column docs/search.md quotes (the fusion's gain taken away),
+    never written into the docs' table, which is the config's."""
+    assert vn.main(["--without-fusion", "--write-docs"]) == 2
+    assert "do not go together" in capsys.readouterr().err
+    seen = {}
+    monkeypatch.setattr(vn, "run_script",
+                        lambda name, doc, argv, evaluate, show, summary:
+                        seen.update(evaluate=evaluate, argv=argv) or 0)
+    assert vn.main(["--without-fusion", "--markdown"]) == 0
+    kernels = seen["evaluate"].keywords["software"]["kernels"]
+    assert kernels["gradient_accumulation_fusion"] is False and seen["argv"] == ["--markdown"]
+    assert vn.SOFTWARE["kernels"]["gradient_accumulation_fusion"] is True   # not mutated
+    row = vn.rows()[3]                                      # 5B on 1 node
+    fused, unfused = (vn.evaluate(only=[row], software=s)[0]["predicted"]
+                      for s in (None, seen["evaluate"].keywords["software"]))
+    assert unfused > fused          # the fp32 accumulation pass is back
