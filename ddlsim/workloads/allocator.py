@@ -342,7 +342,8 @@ def pipeline_held_bytes(fm: FrameworkMemory, b, s: int, hidden: int, vocab: int,
 
     Returns
     -------
-    Bytes.
+    float or numpy.ndarray
+        Bytes on the rank (an array where any argument is one).
     """
     if not fm.pipeline_holds_outputs:
         return 0.0

@@ -54,8 +54,21 @@ def activation_kinds(cfg: Any, recompute: str | None = None) -> dict[str, bool]:
     """Keywords of :meth:`DecoderShape.layer_activation_bytes` the run's stack and dtype set:
     ``flash`` (FlashAttention keeps no ``s²`` tensor), ``fp8`` (1-byte GEMM inputs) and
     ``gathered_input`` (sequence-parallel linears keep their gathered inputs:
-    :func:`~ddlsim.simulator.kernels.dtensor.keeps_gathered_input` under ``recompute``,
-    default the run's ``train.recompute``)."""
+    :func:`~ddlsim.simulator.kernels.dtensor.keeps_gathered_input` under ``recompute``).
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        the validated run config (its ``software`` and ``train``).
+    recompute : str, optional
+        the ``train.recompute`` whose layers the keywords describe (the search tier asks per
+        plan); default the run's.
+
+    Returns
+    -------
+    dict of str to bool
+        ``flash``, ``fp8`` and ``gathered_input``.
+    """
     return {"flash": cfg.software.attention in FLASH_KINDS,
             "fp8": cfg.train.dtype == "fp8",
             "gathered_input": keeps_gathered_input(cfg.software,
