@@ -117,3 +117,18 @@ def test_the_search_tier_times_torch_async_as_the_exact_engine():
         assert cfg.software.tp_comm_overlap == "torch_async"
         exact = ddlsim.predict(cfg, check_fit=False).iteration_time_s
         assert frame["iteration_time_s"].iloc[i] == pytest.approx(exact, rel=1e-9)
+
+
+def test_a_gradients_reduce_scatter_over_summed_projections_is_not_fused():
+    """With separate projections (torchtitan's wq/wk/wv, w1/w3) the backward's reduce-scatter
+    takes the sum of their data gradients, no GEMM's output: Inductor's
+    fuse_matmul_reduce_scatter (_find_producer_matmul) leaves it blocking; the recomputed
+    forward's reduce-scatter (one GEMM's output) and the all-gathers keep their roles."""
+    grad_rs = Collective("bwd.mlp.rs", "reduce_scatter", "tp", 64e6)
+    assert torch_tp.role(grad_rs, True, summed=True) is None
+    assert torch_tp.role(grad_rs, True) == "post"                    # one fused projection
+    assert torch_tp.role(Collective("recompute.mlp.rs", "reduce_scatter", "tp", 1.0), True,
+                         summed=True) == "post"
+    assert torch_tp.role(RS, False, summed=True) == "post"
+    assert torch_tp.role(Collective("bwd.attn.ag", "all_gather", "tp", 1.0), True,
+                         summed=True) == "pre"

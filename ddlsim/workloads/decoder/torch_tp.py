@@ -29,6 +29,17 @@ other ``TP − 1`` shards ends after ``max(TP·g, g + c)``: here ``TP − 1`` ch
 transfer, then the last chunk (all-gather) or the first chunk before it (reduce-scatter).
 The backward's re-gather of the saved input (``.ag.input``, the weight gradient's
 contraction dimension) is no ``all_gather → mm`` on the gathered rows and stays blocking.
+
+Where the column-parallel linears on one input are separate modules (the stack's
+``separate_projections``: torchtitan's ``wq``, ``wk``, ``wv`` and ``w1``, ``w3``), the
+backward's reduce-scatter of that input's gradient takes the *sum* of their data gradients,
+which autograd adds before the collective: Inductor's ``fuse_matmul_reduce_scatter`` fuses
+a reduce-scatter only when its input is an ``mm`` or ``_scaled_mm`` (or one between two
+reshapes: ``_find_producer_matmul`` in pytorch ``torch/_inductor/fx_passes/
+micro_pipeline_tp.py``, as read in the code index's versions of late 2024 and 2025), so that
+reduce-scatter stays blocking ("in the backward graph, the reduce-scatters are receiving as
+input the addition of various scaled_mms, so it's not what we are looking to fuse": pytorch
+PR #149946, its author's review reply on ``micro_pipeline_tp.py``, 2025-03-28).
 """
 
 from __future__ import annotations
@@ -39,12 +50,23 @@ from .gemm_groups import gemm_groups
 __all__ = ["role", "block", "layer_body"]
 
 
-def role(c: Collective, backward: bool) -> str | None:
+def role(c: Collective, backward: bool, summed: bool = False) -> str | None:
     """``pre`` (an all-gather fused with the GEMM it feeds), ``post`` (a reduce-scatter fused
-    with the GEMM producing it) or None (blocking) for one TP collective."""
+    with the GEMM producing it) or None (blocking) for one TP collective; ``summed``: the
+    stack's separate projections, whose backward reduce-scatter takes a sum of data
+    gradients and is not fused (module docstring)."""
     if c.name.endswith(".ag.input") or c.op not in ("all_gather", "reduce_scatter"):
         return None
+    if c.op == "reduce_scatter" and backward and summed and not c.name.startswith("recompute."):
+        return None         # a gradient's (the recomputed forward's follow one GEMM each)
     return "pre" if c.op == "all_gather" else "post"
+
+
+def _summed(b) -> bool:
+    """Whether builder ``b``'s stack runs separate column-parallel projections on one input
+    (``separate_projections``), whose data gradients are summed before the backward's
+    reduce-scatter."""
+    return bool(b.sw.separate_projections)
 
 
 def _kernel_flops(k: Kernel) -> float:
@@ -120,9 +142,10 @@ def layer_body(b, backward: bool, payloads: list) -> list[Op]:
     the next layer's first GEMM and move to the front (as in :func:`.tp_overlap.layer_body`);
     each compute op takes the all-gathers before it and the reduce-scatters after it."""
     items = list(payloads)
+    summed = _summed(b)
     lastc = max(i for i, x in enumerate(items) if isinstance(x, Compute))
     trailing = [x for x in items[lastc + 1:] if isinstance(x, Collective)
-                and role(x, backward) == "pre"]
+                and role(x, backward, summed) == "pre"]
     items = trailing + [x for x in items if not any(x is t for t in trailing)]
     ops: list[Op] = []
     pres: list[Collective] = []
@@ -130,7 +153,7 @@ def layer_body(b, backward: bool, payloads: list) -> list[Op]:
     while i < len(items):
         x = items[i]
         if isinstance(x, Collective):
-            if role(x, backward) == "pre":
+            if role(x, backward, summed) == "pre":
                 pres.append(x)
             else:
                 ops.append(Op(x))
@@ -139,7 +162,7 @@ def layer_body(b, backward: bool, payloads: list) -> list[Op]:
         j = i + 1
         posts = []
         while j < len(items) and isinstance(items[j], Collective) \
-                and role(items[j], backward) == "post":
+                and role(items[j], backward, summed) == "post":
             posts.append(items[j])
             j += 1
         block(x, pres, posts, b.tp, ops)
@@ -153,9 +176,11 @@ def structured_body(b, backward: bool, body: list[Op], is_linear, is_tp) -> list
     own streams) under ``torch_async``: each linear GEMM takes the TP all-gathers before it
     and the reduce-scatters after it (:func:`block`); every other op keeps its place and its
     dependencies (on a GEMM: on the last op of its block)."""
+    summed = _summed(b)
+
     def of(kind: str):
-        return lambda op: op.payload if is_tp(op) and role(op.payload, backward) == kind \
-            else None
+        return lambda op: op.payload if is_tp(op) \
+            and role(op.payload, backward, summed) == kind else None
 
     out: list[Op] = []
     where: dict[int, int] = {}
