@@ -23,21 +23,21 @@ run it; TF32; FP32), gradients all-reduced in that dtype once per optimizer step
 
 The software stack is the default with CUDA 11's cuBLAS (both containers ship CUDA 11) and
 eager dispatch. A100 40 GB rows use ``dgx-a100`` with the 40 GB part's memory and bandwidth
-(:data:`A100_40GB`). V100 rows take eager PyTorch's host time per kernel from the one
-published host-bound timing of a BERT-large layer on a V100 machine (:func:`v100_host_launch`:
-~68 µs a kernel, where the preset's figure, a simple op's, is 5.8 µs), a transfer across
-hosts, PyTorch versions and modelling code; A100 rows keep the preset's (no such
-measurement). What the runs do that ddlsim does not model, on every row: LAMB's
-per-tensor trust-ratio norms (ddlsim times Adam's update: same moments and master weights; the
-update is once per 32-16,384 micro-batches, < 0.1 % of a step), the data loader, the loss
-scaler's checks, 21.11's bias adds (its ``F.linear`` under ``torch.jit.script``; 20.06's
-are counted: :data:`STEP`), the host's wait on ``loss.item()`` after every micro-batch
-(20.06, ``run_pretraining.py`` line 609: the host's lead is taken to build within each
-layer's op, not across ops, :mod:`ddlsim.simulator.kernels.host`); the layer's kernels are those of ``ddlsim/workloads/bert/kernels.py`` (both
-commits' ``modeling.py``: fused LayerNorm, the rest one torch kernel each), the gradients'
-accumulation over the micro-batches that of ``ddlsim/workloads/bert/step.py``. Phase-2 rows of 21.11 are approximated (≈): their batches are
-binned by sequence length (LDDL, bin size 64) and padded to the bin, not to 512, and the bins'
-mix is not published. No per-row factors and nothing tuned.
+(:data:`A100_40GB`). V100 rows take eager PyTorch's host time per kernel from the one published
+host-bound timing of a BERT-large layer on a V100 machine (:func:`v100_host_launch`: ~68 µs a
+kernel, where the preset's figure, a simple op's, is 5.8 µs), a transfer across hosts, PyTorch
+versions and modelling code; A100 rows keep the preset's (no such measurement). What the runs do
+that ddlsim does not model, on every row: LAMB's per-tensor trust-ratio norms (ddlsim times
+Adam's update: same moments and master weights; the update is once per 32-16,384 micro-batches,
+< 0.1 % of a step), the data loader, the loss scaler's checks, 21.11's bias adds (its
+``F.linear`` under ``torch.jit.script``; 20.06's are counted: :data:`STEP`), the host's wait on
+``loss.item()`` after every micro-batch (20.06, ``run_pretraining.py`` line 609: the host's lead
+is taken to build within each layer's op, not across ops, :mod:`ddlsim.simulator.kernels.host`);
+the layer's kernels are those of ``ddlsim/workloads/bert/kernels.py`` (both commits'
+``modeling.py``: fused LayerNorm, the rest one torch kernel each), the gradients' accumulation
+over the micro-batches that of ``ddlsim/workloads/bert/step.py``. Phase-2 rows of 21.11 are
+approximated (≈): their batches are binned by sequence length (LDDL, bin size 64) and padded to
+the bin, not to 512, and the bins' mix is not published. No per-row factors and nothing tuned.
 """
 
 from __future__ import annotations
