@@ -30,11 +30,14 @@ what ddlsim already builds for it:
   does).
 
 What this script shows (:func:`async_split`): every pipelined row also runs torch's async TP
-(Table 5/6 captions), and with ``tp_comm_overlap`` off the 1F1B and interleaved rows come
-within a few % of the published times; the predicted async-TP gain on them (about 11 %) is
-about twice what the same torch measured for async TP on 70B in Table 4 (+5.7 % tokens/s,
-full AC, float8), where ddlsim predicts +16 % as it does for June 2025's torch (measured
-there: +16.4 %). So the rows' gap follows the Dec 2024 async-TP gain, not the pipeline.
+(Table 5/6 captions), and with ``tp_comm_overlap`` off the 1F1B, interleaved and ``FSDP 8,
+CP 1`` rows come within 2.1 % of the published times (+2.1/−0.5/+1.9 %); the async-TP gain
+ddlsim predicts on them (+8…11 %) is about twice what the same torch measured for async TP
+on 70B in Table 4 (+5.7 % tokens/s, full AC, float8; predicted +14.0 %), where June 2025's
+torch measured +16.4 % on the same row. So the rows' gap follows the December 2024 async-TP
+gain, not the pipeline. (Figures after the gradient reduce-scatter over summed projections
+was left unfused, ``workloads/decoder/torch_tp.py``; before it: as run −9.1/−11.1/−6.6 %,
+predicted Table 4 gain +16.1 %.)
 """
 
 from __future__ import annotations
