@@ -41,6 +41,28 @@ def padded_vocab(vocab: int, tp: int) -> int:
     return -(-vocab // multiple) * multiple
 
 
+def gpt_model_flops(batch: int, seq: int, layers: int, hidden: int, vocab: int) -> float:
+    """Model FLOPs of one GPT iteration (no recomputation counted).
+
+    Parameters
+    ----------
+    batch, seq : sequences per iteration (the global batch) and tokens per sequence.
+    layers, hidden, vocab : the model's layers, width and vocabulary.
+
+    Returns
+    -------
+    float
+        FLOPs, ``72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h))``.
+
+    References
+    ----------
+    Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+    Models" (arXiv:2205.05198), Appendix A.
+    """
+    return 72.0 * batch * seq * layers * hidden * hidden * (
+        1 + seq / (6 * hidden) + vocab / (12 * layers * hidden))
+
+
 def predict(config: dict, engine: str, limits: Limits | None = None
             ) -> tuple[ddlsim.Result | None, str, str]:
     """``(result, refused, skipped)``: the prediction; for a plan ddlsim says does not fit,

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import sys
 
-from public_runs import (DATA, error_stats, padded_vocab, print_notes, print_table, read_csv,
-                         run_script, time_record)
+from public_runs import (DATA, error_stats, gpt_model_flops, padded_vocab, print_notes,
+                         print_table, read_csv, run_script, time_record)
 
 TABLE = DATA / "nemo_megatron_2022_a100.csv"
 SEQ = 2048                 # conf/training/gpt3/*.yaml encoder_seq_length
@@ -80,8 +80,8 @@ def config(row: dict, software: dict | None = None) -> dict:
 def model_flops(row: dict) -> float:
     """Model FLOPs of one iteration, ``72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h))`` (Korthikanti
     et al. 2022, Appendix A; the unpadded vocabulary)."""
-    B, l, h = int(row["global_batch"]), int(row["layers"]), int(row["hidden"])
-    return 72.0 * B * SEQ * l * h * h * (1 + SEQ / (6 * h) + VOCAB / (12 * l * h))
+    return gpt_model_flops(int(row["global_batch"]), SEQ, int(row["layers"]),
+                           int(row["hidden"]), VOCAB)
 
 
 def evaluate(engine: str = "analytical", only: list[dict] | None = None,

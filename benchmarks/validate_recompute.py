@@ -44,7 +44,8 @@ from __future__ import annotations
 
 import sys
 
-from public_runs import DATA, error_stats, print_notes, print_table, read_csv, run_script, time_record
+from public_runs import (DATA, error_stats, gpt_model_flops, print_notes, print_table, read_csv,
+                         run_script, time_record)
 
 TABLE = DATA / "korthikanti2022.csv"
 LAYER_TABLE = DATA / "korthikanti2022_layer.csv"
@@ -186,8 +187,8 @@ def score_pass_efficiency() -> tuple[float, float, float]:
 def model_flops(row: dict) -> float:
     """The paper's model FLOPs of one iteration (its Appendix A):
     ``72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h))``."""
-    B, l, h = int(row["global_batch"]), int(row["layers"]), int(row["hidden"])
-    return 72.0 * B * SEQ * l * h * h * (1 + SEQ / (6 * h) + VOCAB / (12 * l * h))
+    return gpt_model_flops(int(row["global_batch"]), SEQ, int(row["layers"]),
+                           int(row["hidden"]), VOCAB)
 
 
 def evaluate(engine: str = "analytical", only: list[dict] | None = None,
