@@ -370,13 +370,15 @@ def renamed_value(value: Any, prefix: str, own: dict[str, str]) -> Any:
 def _successor_order(u, v, bw, lat, code, vertices: int) -> tuple[np.ndarray, ...]:
     """Edges as a dict of successor dicts holds them: an edge added twice keeps its first
     place and its last attributes; sources in vertex order, each source's edges in order."""
-    key = np.sort(u * vertices + v)
-    if (key[1:] == key[:-1]).any():   # repeated edges: the last attributes at the first place
-        key = u * vertices + v
+    key = u * vertices + v
+    order = np.argsort(u, kind="stable")   # in the order added within each source
+    ordered = key[order]
+    # no repeated edge where each source's targets increase (so the builders add them);
+    # else look for one among the sorted keys
+    if not (ordered[1:] > ordered[:-1]).all() and (np.diff(np.sort(key)) == 0).any():
+        # repeated edges: the last attributes at the first place
         first = np.unique(key, return_index=True)[1]
         last = len(key) - 1 - np.unique(key[::-1], return_index=True)[1]
         u, v, bw, lat, code = u[first], v[first], bw[last], lat[last], code[last]
         order = np.lexsort((first, u))
-    else:   # in the order added within each source
-        order = np.argsort(u, kind="stable")
     return u[order], v[order], bw[order], lat[order], code[order]
