@@ -23,10 +23,10 @@ run it; TF32; FP32), gradients all-reduced in that dtype once per optimizer step
 
 The software stack is the default with CUDA 11's cuBLAS (both containers ship CUDA 11) and
 eager dispatch. A100 40 GB rows use ``dgx-a100`` with the 40 GB part's memory and bandwidth
-(:data:`A100_40GB`). V100 rows take eager PyTorch's host time per kernel from the one published
-host-bound timing of a BERT-large layer on a V100 machine (:func:`v100_host_launch`: ~68 µs a
-kernel, where the preset's figure, a simple op's, is 5.8 µs), a transfer across hosts, PyTorch
-versions and modelling code; A100 rows keep the preset's (no such measurement). What the runs do
+(:data:`A100_40GB`). Every row keeps its preset's host time per kernel. The one published
+host-bound timing of a BERT-large layer on a V100 machine (``benchmarks/bert_layer_v100.py``:
+~68 µs a kernel, where the V100 preset's figure, a simple op's, is 5.8 µs) comes from another
+host, PyTorch version and modelling code, so it is shown, not applied. What the runs do
 that ddlsim does not model, on every row: LAMB's per-tensor trust-ratio norms (ddlsim times
 Adam's update: same moments and master weights; the update is once per 32-16,384 micro-batches,
 < 0.1 % of a step), the data loader, the loss scaler's checks, 21.11's bias adds (its
@@ -73,27 +73,6 @@ STEP = {"2006": {"linear_bias": "separate", "grad_accumulation": "autograd"},
 
 
 @functools.cache
-def v100_host_launch() -> dict:
-    """The V100 rows' ``device.launch``: the preset's launch and gap figures, and an eager
-    host time per kernel such that the preset's launch plus it is what a BERT-large layer's
-    kernels take on a V100 machine where the host sets the time: the host-bound rows of
-    ``data/mli_bert_layer_v100.csv`` (Hugging Face ``BertLayer``, PyTorch 1.13, 128 tokens,
-    4 and 8 sequences: ~2.9 ms for 43 kernels of ddlsim's list, ~68 µs a kernel;
-    ``benchmarks/bert_layer_v100.py``). A transfer, not a measurement of these runs: their
-    hosts (DGX-1: Xeon E5-2698 v4; DGX-2: Xeon Platinum 8168), PyTorch (1.6, 1.10) and
-    modelling code (DeepLearningExamples' ``modeling.py``) differ from the notebook's
-    (host CPU not stated); the only published host-bound timing of this layer on a V100
-    machine found. Fitted to that microbenchmark, not to this table."""
-    import bert_layer_v100 as layer
-    measured = layer.rows()
-    per = [r["fwd_bwd_s"] / layer.predicted(r["batch"], r["seq"])["kernels"]
-           for r in measured if (r["seq"], r["batch"]) in layer.host_bound(measured)]
-    launch = layer.layer_config(1, 128).system.device.launch
-    return {"host_launch_s": launch.host_launch_s, "stream_gap_s": launch.stream_gap_s,
-            "graph_gap_s": launch.graph_gap_s,
-            "eager_op_s": sum(per) / len(per) - launch.host_launch_s}
-
-
 def rows() -> list[dict]:
     """The published rows of :data:`TABLE`."""
     return read_csv(TABLE)
@@ -111,8 +90,6 @@ def config(row: dict) -> dict:
               "software": SOFTWARE}
     if row["gpu"] == A100_40GB["name"]:
         system["device"] = dict(A100_40GB)
-    if row["gpu"].startswith("V100"):
-        system["device"] = {"launch": v100_host_launch()}
     parallel = {"data_parallel_size": gpus, "overlap_grad_reduce": row["set"] == "2111",
                 "grad_bucket_size": ONE_BUCKET_BYTES}
     return {"model": model, "parallel": parallel,

@@ -75,10 +75,9 @@ def test_the_script_on_a_sample_prints_rows_scaling_and_summary(capsys):
 
 
 def test_the_exact_rows_mean_error_stays_near_todays():
-    # every row without ≈ (36 of 44): 8.3 % mean |error| today (14.7 % before the layer's
-    # kernels, bert/kernels.py; 11.2 % before the training step's, bert/step.py; 10.7 %
-    # before the V100 rows' host time, vb.v100_host_launch; 9.1 % before the scale and mask
-    # passes at the streaming bandwidth), every one within -7.6 % .. +21.2 %; a loose bound
+    # every row without ≈ (36 of 44): 10.0 % mean |error| today (14.7 % before the layer's
+    # kernels, bert/kernels.py; 11.2 % before the training step's, bert/step.py, and the
+    # scale and mask passes at the streaming bandwidth); a loose bound
     # that the model meets now and a regression would break
     out = vb.evaluate("analytical", only=[r for r in vb.rows() if not r["approx"]])
     errors = [o["error"] for o in out]
@@ -86,13 +85,11 @@ def test_the_exact_rows_mean_error_stays_near_todays():
     assert sum(map(abs, errors)) / len(errors) < 0.12
 
 
-def test_the_v100_rows_host_time_comes_from_the_layer_measurement():
-    launch = vb.v100_host_launch()
-    # ~68 µs a kernel measured (bert_layer_v100.py's host-bound rows), less the preset's
-    # 3.8 µs launch; the launch and gaps stay the preset's (A. Gray 2019)
-    assert 55e-6 < launch["eager_op_s"] < 70e-6
-    assert launch["host_launch_s"] == pytest.approx(3.8e-6)
+def test_every_row_keeps_its_presets_host_time():
+    # the V100 layer's host-bound timing (bert_layer_v100.py, another host, PyTorch and model
+    # code) is shown, not applied: each row's launch facts are its preset's
     for row in vb.rows():
-        cfg = ddlsim.load_config(vb.config(row))
-        expected = launch["eager_op_s"] if row["gpu"].startswith("V100") else 2e-6
-        assert cfg.system.device.launch.eager_op_s == pytest.approx(expected)
+        config = vb.config(row)
+        cfg = ddlsim.load_config(config)
+        config["system"].pop("device", None)
+        assert cfg.system.device.launch == ddlsim.load_config(config).system.device.launch
