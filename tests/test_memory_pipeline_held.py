@@ -33,7 +33,7 @@ def _cfg(stack: str) -> dict:
 
 
 def test_stage_outputs_in_flight_and_the_last_stages_earlier_logits():
-    fm = FRAMEWORKS["torchtitan"]
+    fm = FRAMEWORKS["torchtitan-2025"]
     # stage 0 of 1F1B on PP 4: 4 forwards in flight, each holding its output
     assert pipeline_held_bytes(fm, 1, S, H, V, 2, True, 1, 4, 1, 4, 8, False) == 4 * OUT
     # the last stage: the 7 earlier micro-batches' logits (the current one's are the loss's)
@@ -47,6 +47,19 @@ def test_stage_outputs_in_flight_and_the_last_stages_earlier_logits():
     assert pipeline_held_bytes(fm, 1, S, H, V, 2, True, 2, 4, 1, 1, 8, True) == 3.5 * LOGITS
 
 
+def test_torch_before_153383_keeps_every_stages_outputs_to_the_steps_end():
+    fm = FRAMEWORKS["torchtitan"]
+    # stage 0 of 1F1B on PP 4 with 8 micro-batches: all 8 outputs, not the 4 in flight
+    assert pipeline_held_bytes(fm, 1, S, H, V, 2, True, 1, 4, 1, 4, 8, False) == 8 * OUT
+    # the last stage holds no stage output of its own, only the earlier logits
+    assert pipeline_held_bytes(fm, 1, S, H, V, 2, True, 1, 4, 1, 1, 8, True) == 7 * LOGITS
+    # interleaved, two chunks per rank: the last rank's other chunk, 8 micro-batches
+    assert pipeline_held_bytes(fm, 1, S, H, V, 2, True, 1, 4, 2, 6, 8, True) == \
+        8 * OUT + 7 * LOGITS
+    # the same with m = pp: as many as in flight on stage 0 of 1F1B
+    assert pipeline_held_bytes(fm, 1, S, H, V, 2, True, 1, 4, 1, 4, 4, False) == 4 * OUT
+
+
 def test_megatron_frees_its_pipeline_outputs():
     assert pipeline_held_bytes(FRAMEWORKS["megatron"], 1, S, H, V, 2, True, 1, 4, 1, 4, 8,
                                False) == 0.0
@@ -58,7 +71,8 @@ def test_each_stage_of_a_torchtitan_plan_counts_them(monkeypatch):
     monkeypatch.setitem(FRAMEWORKS, "torchtitan", dataclasses.replace(
         FRAMEWORKS["torchtitan"], pipeline_holds_outputs=False))
     without = {m.stage: m.activations for m in run.family.memory(run)}
-    assert held[0] - without[0] == pytest.approx(4 * OUT, rel=1e-12)     # 1F1B: 4 in flight
+    # 1F1B: torch before pytorch#153383 keeps all 8 outputs of stage 0, not the 4 in flight
+    assert held[0] - without[0] == pytest.approx(8 * OUT, rel=1e-12)
     assert held[3] - without[3] == pytest.approx(7 * LOGITS, rel=1e-12)
 
 

@@ -76,6 +76,9 @@ class FrameworkMemory:
     pipeline_holds_outputs : the pipeline schedule keeps each stage's output tensor until its
         micro-batch's backward, and the last stage's outputs (the logits) until the step ends
         (:func:`pipeline_held_bytes`); False where the schedule frees them after the send.
+    pipeline_keeps_every_output : under :attr:`pipeline_holds_outputs`, every stage (not
+        only the last) keeps each of its (micro-batch, chunk) outputs until the step ends,
+        after the micro-batch's backward too (torch before pytorch#153383).
     head_widths : (split, whole): 16-bit tensors of width ``h`` per token that the final norm
         and the output head keep for the backward outside the checkpointed blocks, split over
         TP under sequence parallelism or whole (:func:`head_bytes`); (0, 0) where they are
@@ -94,6 +97,7 @@ class FrameworkMemory:
     logit_bytes_tp: float | None = None
     logit_bytes_compiled: float | None = None
     pipeline_holds_outputs: bool = False
+    pipeline_keeps_every_output: bool = False
 
     def logits_at(self, t, compiled: bool = False):
         """Bytes per logit with ``t`` tensor-parallel ranks: :attr:`logit_bytes_compiled`
@@ -141,6 +145,12 @@ _TORCH_PP = ("PyTorch torch/distributed/pipelining/stage.py forward_one_chunk: "
              "pytorch#165822 (2025-10) added step(return_outputs=False), which torchtitan "
              "e5ef99a (2025-10-22, 'Update PP to release memory earlier') passes; both "
              "torchtitan stacks are older")
+_TORCH_PP_EVERY = ("PyTorch torch/distributed/pipelining/stage.py forward_one_chunk appended "
+                   "every stage's output to self.output_chunks, cleared only when step() ends, "
+                   "until pytorch#153383 (merged 2025-05-13, '[PP] Optimize memory usage by "
+                   "releasing output memory earlier': append only on the last stage); "
+                   "torchtitan 9dec370 (2024-12-26) runs the torch before it, torchtitan "
+                   "07c00d9 (2025-08-31) the torch after it")
 _MEGATRON_PP = ("Megatron-Core pipeline_parallel/schedules.py deallocate_output_tensor: after "
                 "the send, the output's .data is replaced by a 1-element tensor "
                 "(deallocate_pipeline_outputs), and the last stage keeps only the loss")
@@ -196,8 +206,9 @@ _register(FrameworkMemory(
                      "norm, output); PyTorch _fsdp_state.py _lazy_init: 'For the root, do not "
                      "reshard after forward' (post_forward_mesh_info = None)",
         "head_widths": _TITAN_HEAD, "logit_bytes_tp": _TITAN_LOSS_TP,
-        "pipeline_holds_outputs": _TORCH_PP},
-    head_widths=(2, 1), logit_bytes_tp=2 + 4 + 4 + 4, pipeline_holds_outputs=True))
+        "pipeline_holds_outputs": _TORCH_PP, "pipeline_keeps_every_output": _TORCH_PP_EVERY},
+    head_widths=(2, 1), logit_bytes_tp=2 + 4 + 4 + 4, pipeline_holds_outputs=True,
+    pipeline_keeps_every_output=True))
 
 _register(FrameworkMemory(
     "torchtitan-2025", logit_bytes=4 + 4 + 4, fsdp2=True, kept_root="head",
@@ -323,7 +334,10 @@ def pipeline_held_bytes(fm: FrameworkMemory, b, s: int, hidden: int, vocab: int,
     * every (micro-batch, model chunk) forward in flight of a stage that is not the last
       keeps the stage's 16-bit output, ``2·b·s·h/(t'·c)`` with ``t' = t`` under sequence
       parallelism, else 1 (the chunks of the rank's other stages on the last one:
-      ``chunks·(vpp − 1)/vpp``);
+      ``chunks·(vpp − 1)/vpp``); under :attr:`FrameworkMemory.pipeline_keeps_every_output`
+      every forward of the step, ``m·vpp`` (``m·(vpp − 1)`` on the last rank), all of which
+      are held once the last forward has run, while the last micro-batches' activations
+      are still in flight;
     * the last stage keeps the 16-bit logits of the micro-batches before the current one,
       ``(m − 1)·2·b·s·V/(t·c)`` (the current one's are the loss's,
       :func:`loss_bytes`).
@@ -349,7 +363,10 @@ def pipeline_held_bytes(fm: FrameworkMemory, b, s: int, hidden: int, vocab: int,
         return 0.0
     output = 2.0 * b * s * hidden / (np.where(sp, t, 1) * cp)
     logits = 2.0 * b * s * vocab / (np.asarray(t) * cp)
-    others = np.asarray(chunks) * (1 - np.where(last, 1 / np.asarray(vpp), 0.0))
+    if fm.pipeline_keeps_every_output:
+        others = np.asarray(microbatches) * (np.asarray(vpp) - np.where(last, 1, 0))
+    else:
+        others = np.asarray(chunks) * (1 - np.where(last, 1 / np.asarray(vpp), 0.0))
     held = output * others + np.where(last, logits * (np.asarray(microbatches) - 1), 0.0)
     return _scalar(np.where(np.asarray(pp) > 1, held, 0.0))
 
