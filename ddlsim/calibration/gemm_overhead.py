@@ -1,7 +1,7 @@
 """A device's fixed GEMM costs (``device.gemm_overhead``) from a measured kernel table.
 
 The table is ``ddlsim/data/gemm_measured.csv`` (or a user's own sweep in its columns: a GPU run
-of ``benchmarks/device/gemm_sweep.py`` writes one): one row per measured GEMM, with its source
+of ``benchmarks/device/h100_kernels.py`` writes one): one row per measured GEMM, with its source
 and its role. :func:`fit_gemm_overhead` fits ``floor_s`` and ``wave_s`` of
 :class:`~ddlsim.simulator.kernels.gemm.GemmOverhead` to the rows given (least squares on the
 log of predicted / measured time, the device's measured ceiling held fixed), and
