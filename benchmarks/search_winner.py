@@ -1,0 +1,147 @@
+"""The bundled search's winner, and what each of the default stack's features gives it
+(docs/search.md, "How far to trust the winner").
+
+Run:  python benchmarks/search_winner.py [--config PATH] [--markdown]
+
+Runs ``ddlsim search`` on ``--config`` (default ``examples/search-gpt3-175b-1024.yaml``, its
+``search:`` section as written), takes the first-ranked plan and predicts it with the exact
+analytical engine: iteration time, MFU and memory per GPU. Then the same plan with one feature
+of its software stack switched off at a time (:data:`ABLATIONS`: a ``system.software`` kernel
+override or a plan option, each passed as a ``--set`` override; a combination the stack
+refuses prints the refusal). Last, the search again with gradient-accumulation fusion off, so
+that no plan keeps the fusion's gain, and its winner.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import ddlsim  # noqa: E402
+from ddlsim.configload import build_config  # noqa: E402
+from ddlsim.errors import ConfigError  # noqa: E402
+from ddlsim.search.run import load_search, plan_overrides  # noqa: E402
+
+CONFIG = ROOT / "examples" / "search-gpt3-175b-1024.yaml"
+GiB = 2**30
+#: what is switched off on the winner: a row label -> the software kernels and the plan options
+#: it sets (Megatron-Core's names: docs/search.md explains each step)
+ABLATIONS = {
+    "gradient-accumulation fusion": {"kernels": {"gradient_accumulation_fusion": False}},
+    "cuDNN/FlashAttention (Megatron's fused softmax instead)":
+        {"kernels": {"attention": "fused_softmax"}},
+    "both": {"kernels": {"gradient_accumulation_fusion": False, "attention": "fused_softmax"}},
+    "overlapped P2P": {"parallel": {"overlap_p2p_comm": False}},
+    "data-parallel overlaps (grad reduce, param gather)":
+        {"parallel": {"overlap_grad_reduce": False, "overlap_param_gather": False}},
+}
+#: the feature whose gain docs/search.md takes away from every plan of the search
+UNFUSED = ABLATIONS["gradient-accumulation fusion"]
+
+
+def software_set(config, kernels: dict) -> list[str]:
+    """The ``--set`` override of ``system.software`` that keeps the base config's stack (and
+    its overrides) and sets ``kernels`` on it; none when ``kernels`` is empty."""
+    if not kernels:
+        return []
+    data, base_dir, _ = load_search(config)
+    software = build_config(data, [], base_dir).system.software
+    base = ({"stack": software} if isinstance(software, str)
+            else software.model_dump(mode="json", exclude_none=True))
+    merged = {**base, "kernels": {**base.get("kernels", {}), **kernels}}
+    return [f"system.software={json.dumps(merged)}"]
+
+
+def change_sets(config, change: dict) -> list[str]:
+    """The ``--set`` overrides of one :data:`ABLATIONS` entry."""
+    plan = [f"parallel.{k}={json.dumps(v)}" for k, v in change.get("parallel", {}).items()]
+    return software_set(config, change.get("kernels", {})) + plan
+
+
+def winner(config, overrides: list[str] | None = None, axes: dict | None = None):
+    """The search's first-ranked plan: ``(its --set overrides, its frame row)``
+    (``axes``: another grid than the config's, for a quick check)."""
+    frame = ddlsim.search(config, axes=axes, overrides=overrides or []).to_frame()
+    columns = [c for c in frame.columns if "." in c]
+    return plan_overrides(frame.iloc[0], columns), frame.iloc[0]
+
+
+def predict_plan(config, sets: list[str]):
+    """The exact analytical result of the config under ``sets``, or the refusal's message."""
+    data, base_dir, _ = load_search(config)
+    try:
+        return ddlsim.predict(build_config(data, sets, base_dir), check_fit=False)
+    except ConfigError as exc:
+        return str(exc)
+
+
+def ablations(config, sets: list[str], labels=None) -> dict:
+    """``{label: result or refusal}``: the winner (``sets``) as it is, under ``"(none)"``,
+    then with each of ``labels`` (default every :data:`ABLATIONS` entry) switched off."""
+    out = {"(none)": predict_plan(config, sets)}
+    for label in ABLATIONS if labels is None else labels:
+        out[label] = predict_plan(config, sets + change_sets(config, ABLATIONS[label]))
+    return out
+
+
+def plan_label(row) -> str:
+    """``TP4 PP8×6 DP32 b1, ZeRO-1, SP, recompute none`` for a search frame row."""
+    v = row.get("parallel.virtual_pipeline_model_parallel_size")
+    pp = f"PP{row['parallel.pipeline_model_parallel_size']}" + (f"×{v}" if v and v > 1 else "")
+    sp = ", SP" if row.get("parallel.sequence_parallel") else ""
+    return (f"TP{row['parallel.tensor_model_parallel_size']} {pp} "
+            f"DP{row['parallel.data_parallel_size']} b{row['train.micro_batch_size']}, "
+            f"ZeRO-{row.get('parallel.zero_stage', 0)}{sp}, "
+            f"recompute {row.get('train.recompute', 'none')}")
+
+
+def _cells(result) -> list[str]:
+    if isinstance(result, str):
+        return [f"refused: {result.splitlines()[0]}", "-", "-"]
+    return [f"{result.iteration_time_s:.2f} s", f"{100 * result.mfu:.1f} %",
+            f"{result.memory.total / GiB:.1f} GiB"]
+
+
+def _print(head: list[str], lines: list[list[str]], markdown: bool) -> None:
+    if markdown:
+        print("| " + " | ".join(head) + " |\n|" + " --- |" * len(head))
+        for cells in lines:
+            print("| " + " | ".join(cells) + " |")
+        return
+    widths = [max(len(c) for c in col) for col in zip(head, *lines)]
+    for cells in (head, *lines):
+        print("  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the winner, its ablations and the unfused search's winner; exit status 2 for an
+    option it does not take (argparse's message names it)."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", type=Path, default=CONFIG,
+                    help="a run config with a search: section (default: %(default)s)")
+    ap.add_argument("--markdown", action="store_true", help="the tables as Markdown")
+    args = ap.parse_args(argv)
+    if not args.config.is_file():
+        ap.error(f"--config {args.config}: no such file")
+    sets, row = winner(args.config)
+    print(f"winner of `ddlsim search {args.config.name}`: {plan_label(row)}\n")
+    rows = ablations(args.config, sets)
+    _print(["switched off on the winner", "iteration", "MFU", "memory per GPU"],
+           [[label, *_cells(r)] for label, r in rows.items()], args.markdown)
+    unfused = change_sets(args.config, UNFUSED)
+    sets, row = winner(args.config, unfused)
+    print(f"\nthe search with {unfused[0]} (no plan keeps the fusion's gain):\n"
+          f"winner {plan_label(row)}")
+    _print(["plan", "iteration", "MFU", "memory per GPU"],
+           [[plan_label(row), *_cells(predict_plan(args.config, sets + unfused))]],
+           args.markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
