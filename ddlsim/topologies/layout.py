@@ -87,19 +87,23 @@ def nics_by_node(vkind: np.ndarray, vnode: np.ndarray, num_nodes: int) -> list[t
 class DeviceNics(Sequence):
     """Each device's NIC vertex ids (``nics[d]``: a tuple), held flat: the NICs of device
     ``d`` are ``flat[start[d]:start[d + 1]]`` (a cluster of 131,072 devices needs no tuple
-    per device until one is asked for)."""
+    per device until one is asked for; each is kept once made, as routing asks again)."""
 
     def __init__(self, flat: np.ndarray, start: np.ndarray):
         self.flat, self.start = flat, start
+        self._made: dict[int, tuple[int, ...]] = {}
 
     def __len__(self) -> int:
         return len(self.start) - 1
 
     def __getitem__(self, d: int) -> tuple[int, ...]:
-        if not -len(self) <= d < len(self):
-            raise IndexError(d)
-        d %= len(self)
-        return tuple(self.flat[self.start[d]:self.start[d + 1]].tolist())
+        got = self._made.get(d)
+        if got is None:
+            if not -len(self) <= d < len(self):
+                raise IndexError(d)
+            i = int(d) % len(self)
+            got = self._made[d] = tuple(self.flat[self.start[i]:self.start[i + 1]].tolist())
+        return got
 
     def __iter__(self):
         flat, cuts = self.flat.tolist(), self.start.tolist()
