@@ -1,6 +1,7 @@
 """ddlsim's collective bus bandwidth against published nccl-tests results (A100, H100).
 
 Run:  python benchmarks/validate_nccl.py [--engine analytical|des] [--write-docs] [--fit]
+      python benchmarks/validate_nccl.py --include-excluded [--engine analytical|des]
       python benchmarks/validate_nccl.py --nccl-tests OUTPUT --gpu A100|H100 [--op OP]
                                          [--nodes N] [--ranks N] [--algorithm nccl_ring|...]
 
@@ -20,11 +21,13 @@ MiB) are recorded by nccl-tests' out-of-place ``time`` (``time_us``: their print
 up stay comparable. Then one line per size band (:data:`BANDS`) and one for issue 29's target
 (every held-out size within 25 %, mean within 10 %). A row with a reason in its ``excluded``
 column (the source's own repeated measurement of that size disagrees with it) is shown with
-that reason and left out of every mean and worst, on a line that names it. ``--write-docs``
-replaces the nccl-tests
-section of ``docs/validation.md`` with the table printed. ``--nccl-tests`` compares one's own
-nccl-tests output (text or ``-J`` JSON, read by ``ddlsim.calibration.readers``; every size,
-out-of-place) instead, on the preset of ``--gpu`` (``--algorithm``: the ``NCCL_ALGO`` it ran).
+that reason and left out of every mean and worst, on a line that names it;
+``--include-excluded`` counts those rows like the others instead (the figures docs/comm.md
+gives "with the 32 B row"; not with ``--write-docs``, ``--fit`` or ``--nccl-tests``).
+``--write-docs`` replaces the nccl-tests section of ``docs/validation.md`` with the table
+printed. ``--nccl-tests`` compares one's own nccl-tests output (text or ``-J`` JSON, read by
+``ddlsim.calibration.readers``; every size, out-of-place) instead, on the preset of ``--gpu``
+(``--algorithm``: the ``NCCL_ALGO`` it ran).
 """
 
 from __future__ import annotations
@@ -133,11 +136,13 @@ def output_rows(path: str, gpu: str, nodes: int | None = None, ranks: int | None
              "role": "held-out", "algorithm": algorithm} for r in got.itertuples()]
 
 
-def table(engine: str, data: list[dict] | None = None) -> tuple[list[str], dict[str, list[float]]]:
+def table(engine: str, data: list[dict] | None = None,
+          include_excluded: bool = False) -> tuple[list[str], dict[str, list[float]]]:
     """The markdown table, and the errors (ddlsim / measured − 1) per row role, per size (key
     ``size:<bytes>``: every row of that size, whatever its role) and per role and size (key
     ``<role>:<bytes>``); a row with an ``excluded`` reason is shown with it and counted under
-    ``excluded`` only (its line, reason included, under ``excluded rows``)."""
+    ``excluded`` only (its line, reason included, under ``excluded rows``), or, with
+    ``include_excluded``, counted like the others (its reason still shown)."""
     lines = ["| source | GPU | GPUs | nodes | op | size | measured busbw (GB/s) | ddlsim busbw "
              "(GB/s) | measured time (µs) | ddlsim time (µs) | error | ddlsim algorithm | role |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -149,12 +154,14 @@ def table(engine: str, data: list[dict] | None = None) -> tuple[list[str], dict[
         err = got / pub - 1
         size = float(row["size_bytes"])
         role = row["role"]
-        if row.get("excluded"):  # shown with its reason, counted in no mean and no worst
+        if row.get("excluded") and not include_excluded:  # shown, counted in no mean or worst
             errors.setdefault("excluded", []).append(err)
             errors.setdefault("excluded rows", []).append(
                 f"{row['source']} {row['op']} {_size(size)} {100 * err:+.1f}% ({row['excluded']})")
             role = f"{role}, excluded: {row['excluded']}"
         else:
+            if row.get("excluded"):
+                role = f"{role}, counted though excluded: {row['excluded']}"
             errors[_role_key(row["role"], size)].append(err)
             errors.setdefault(f"size:{size:.0f}", []).append(err)
             errors.setdefault(f"{row['role']}:{size:.0f}", []).append(err)
@@ -310,7 +317,13 @@ def main(argv: list[str] | None = None) -> int:
                     "name it (all_reduce, all_gather, reduce_scatter)")
     ap.add_argument("--algorithm", default="", help="the NCCL_ALGO --nccl-tests' run forced, as "
                     "ddlsim names it (nccl_ring, nccl_tree, nccl_nvls, …); default NCCL's choice")
+    ap.add_argument("--include-excluded", action="store_true",
+                    help="count the rows the CSV excludes (with a reason) in the means and "
+                         "worsts; not with --write-docs, --fit or --nccl-tests")
     args = ap.parse_args(argv)
+    if args.include_excluded and (args.write_docs or args.fit or args.nccl_tests):
+        ap.error("--include-excluded does not go with --write-docs (the docs' table leaves "
+                 "those rows out), --fit or --nccl-tests (neither reads the excluded column)")
     if args.fit:
         print("\n".join([*fit_fill(), fit_hop()]))
         return 0
@@ -325,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     try:
-        lines, errors = table(args.engine, data)
+        lines, errors = table(args.engine, data, args.include_excluded)
     except ValueError as exc:  # ConfigError: e.g. an NCCL_ALGO NCCL does not run there
         if data is None:
             raise

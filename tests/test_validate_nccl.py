@@ -181,3 +181,18 @@ def test_bands_and_the_issue_target():
     errors["held-out:8"] = [-0.2]
     assert vn.band_lines(errors)[-1].endswith("sizes beyond: none -> met")
     assert vn.band_lines({"held-out": [0.1]}) == []  # no per-role sizes: no band lines
+
+
+def test_include_excluded_counts_the_excluded_row_and_stays_out_of_the_docs(capsys):
+    """``--include-excluded``: the 32 B row counted in the means and worsts (docs/comm.md's
+    figures "with the 32 B row"), its reason still shown; refused where it would be ignored."""
+    excluded = [r for r in ROWS if r["excluded"]]
+    lines, errors = vn.table("analytical", excluded, include_excluded=True)
+    assert "counted though excluded: the same run's in-place time" in lines[-1]
+    assert len(errors["small"]) == 1 and "excluded" not in errors
+    assert errors["size:32"] == errors["small"]
+    for other in (["--write-docs"], ["--fit"], ["--nccl-tests", "x.txt", "--gpu", "A100"]):
+        with pytest.raises(SystemExit) as exit_:
+            vn.main(["--include-excluded", *other])
+        assert exit_.value.code == 2
+        assert "--include-excluded does not go with" in capsys.readouterr().err
