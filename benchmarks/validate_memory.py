@@ -1,7 +1,7 @@
 """Predicted vs published peak memory per GPU (torchtitan's Llama 3.1 runs on H100) and whether
 a model fits (DeepSpeed's ZeRO tutorial on 32 GB V100s), with the largest model that fits.
 
-Run:  python benchmarks/validate_memory.py [--markdown]
+Run:  python benchmarks/validate_memory.py [--markdown] [--eager-loss]
 
 The published tables (pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md, the
 runs of torchtitan 9dec370, 2024-12, on the ``torchtitan-2024`` stack; and
@@ -31,11 +31,18 @@ ZeRO-1, and a 10B that trains on 32 with ZeRO-2. Each runs on the ``dgx2-v100`` 
 ``deepspeed-2021`` stack (the nearest ddlsim has to the DeepSpeed of 2020) and is compared on
 ``fits``; the script also scans the layer count at the row's width for the largest model ddlsim
 says fits, printed beside the published bound (an OOM bounds it from above, a run from below).
+
+``--eager-loss`` prints the torchtitan rows again with every framework's compiled-loss rule
+taken away (:func:`eager_loss`), so that the H200 rows, whose runs compile the loss, hold the
+eager loss's 12 B per logit instead of 4 (the what-if docs/memory.md quotes); the H100 rows,
+whose stack has no compiled-loss rule, do not move, and the V100 fits are not printed.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import sys
 import warnings
 from pathlib import Path
@@ -216,10 +223,39 @@ def show_fits(out: list[dict], markdown: bool) -> None:
     print_table(head, lines, markdown)
 
 
+@contextlib.contextmanager
+def eager_loss():
+    """Within the block, no framework has a compiled-loss rule (``logit_bytes_compiled``):
+    a stack that compiles the loss is counted with its eager loss's bytes per logit. The
+    registry (:data:`ddlsim.workloads.allocator.FRAMEWORKS`) is restored on leaving."""
+    from ddlsim.workloads.allocator import FRAMEWORKS
+    saved = dict(FRAMEWORKS)
+    try:
+        for name, fm in saved.items():
+            FRAMEWORKS[name] = dataclasses.replace(fm, logit_bytes_compiled=None)
+        yield
+    finally:
+        FRAMEWORKS.clear()
+        FRAMEWORKS.update(saved)
+
+
 def main(argv=None) -> int:
+    """The torchtitan table and the V100 fits, or with ``--eager-loss`` the torchtitan table
+    under :func:`eager_loss` alone."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    ap.add_argument("--eager-loss", action="store_true",
+                    help="the torchtitan rows with the eager loss's bytes per logit where the "
+                         "run compiled the loss (the H200 rows); no V100 fits")
     args = ap.parse_args(argv)
+    if args.eager_loss:
+        print("what-if: every compiled loss counted as its eager loss "
+              "(torchtitan: 12 B per logit)\n")
+        with eager_loss():
+            out = evaluate()
+        show(out, args.markdown)
+        print("\n" + summary(out))
+        return 0
     out = evaluate()
     show(out, args.markdown)
     print("\n" + summary(out) + "\n")

@@ -68,3 +68,23 @@ def test_the_zero_tutorial_rows_and_their_verdicts():
     assert len(out) == 3 and all(o["largest_layers"] > 0 for o in out)
     # more ZeRO, more layers fit at the same width (the scan is monotone)
     assert out[1]["largest_layers"] > out[0]["largest_layers"]
+
+
+def test_eager_loss_what_if_moves_only_the_compiled_loss_rows(capsys):
+    """``--eager-loss``: the H200 rows (torchtitan 2025 compiles the loss: 4 B per logit) with
+    the eager loss's 12 B (docs/memory.md's +32.3 / +31.1 %); the registry is restored after."""
+    import pytest
+    from ddlsim.workloads.allocator import FRAMEWORKS
+
+    before = dict(FRAMEWORKS)
+    h200 = ((vm.H200, "torchtitan-2025"),)
+    compiled = vm.evaluate(h200)[0]
+    with vm.eager_loss():
+        eager = vm.evaluate(h200)[0]
+    assert FRAMEWORKS == before
+    # 2 x 8,192 tokens x 128,256 logits x 8 B more per logit: 15.7 GiB on a ~48 GiB row
+    extra = 2 * 8192 * 128256 * (12 - 4)
+    assert eager["memory"].reserved - compiled["memory"].reserved == pytest.approx(extra, rel=0.1)
+    with pytest.raises(SystemExit) as exc:
+        vm.main(["--eager-loss", "--write-docs"])
+    assert exc.value.code == 2 and "--write-docs" in capsys.readouterr().err
