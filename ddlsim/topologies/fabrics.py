@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from .registry import GraphBuilder, register_topology
 from .routing import TreeRouter
 from .spec import TopologySpec
@@ -34,6 +36,11 @@ def link_nics(b: GraphBuilder, nics: list[str], switches: list[str], spec: Topol
     """:func:`link_nic` for each ``nics[i]`` ↔ ``switches[i]``, all at once."""
     b.add_links(nics, switches, bandwidth_Bps=spec.nic.bandwidth_Bps,
                 latency_s=spec.nic.latency_s / 2, link_kind="nic")
+
+
+def _ids(b: GraphBuilder, names: list[str]) -> np.ndarray:
+    """The vertex ids of ``names``."""
+    return np.fromiter(map(b.index.__getitem__, names), dtype=np.int64, count=len(names))
 
 
 def _add_switches(b: GraphBuilder, names: list[str], level: int) -> list[str]:
@@ -58,8 +65,9 @@ def fat_tree(b: GraphBuilder, spec: TopologySpec, nics_by_node: list[list[str]])
     npl = spec.network.nodes_per_leaf or max(1, DEFAULT_LEAF_PORTS // per_node)
     count = math.ceil(spec.nodes / npl)
     leaves = _add_switches(b, [f"leaf{i}" for i in range(count)], level=1)
+    per = np.fromiter(map(len, nics_by_node), dtype=np.int64, count=len(nics_by_node))
     link_nics(b, [nic for nics in nics_by_node for nic in nics],
-              [leaves[n // npl] for n, nics in enumerate(nics_by_node) for _ in nics], spec)
+              np.repeat(_ids(b, leaves)[np.arange(len(nics_by_node)) // npl], per), spec)
     return _upper_levels(b, spec, leaves, down_ports=npl * per_node, nodes_per_leaf=npl)
 
 
@@ -109,8 +117,8 @@ def _upper_levels(b: GraphBuilder, spec: TopologySpec, leaves: list[str], down_p
 
 def _two_level(b: GraphBuilder, leaves: list[str], spines: int, link_bw: float) -> TreeRouter:
     names = _add_switches(b, [f"spine{j}" for j in range(spines)], level=2)
-    b.add_links([leaf for leaf in leaves for _ in names], names * len(leaves),
-                bandwidth_Bps=link_bw, link_kind="fabric")
+    b.add_links(np.repeat(_ids(b, leaves), len(names)), np.tile(_ids(b, names), len(leaves)),
+                bandwidth_Bps=link_bw, link_kind="fabric")   # each leaf to every spine
     return TreeRouter(spines=names)
 
 
@@ -122,11 +130,15 @@ def _three_level(b: GraphBuilder, leaves: list[str], aggs_per_pod: int, leaves_p
     cores = [_add_switches(b, [f"core{j}.{c}" for c in range(leaves_per_pod)], level=3)
              for j in range(aggs_per_pod)]
     pod_of_leaf = {leaf: i // leaves_per_pod for i, leaf in enumerate(leaves)}
-    b.add_links([leaf for leaf in leaves for _ in aggs[pod_of_leaf[leaf]]],
-                [agg for leaf in leaves for agg in aggs[pod_of_leaf[leaf]]],
+    agg_ids = np.array([_ids(b, pod) for pod in aggs]).reshape(pods, aggs_per_pod)
+    core_ids = np.array([_ids(b, plane) for plane in cores]).reshape(aggs_per_pod, -1)
+    # each leaf to its pod's aggregation switches; aggregation switch j of each pod to the
+    # cores of plane j (as ids: no look-up by name per link)
+    b.add_links(np.repeat(_ids(b, leaves), aggs_per_pod),
+                agg_ids[np.arange(len(leaves)) // leaves_per_pod].ravel(),
                 bandwidth_Bps=link_bw, link_kind="fabric")
-    b.add_links([agg for pod in aggs for j, agg in enumerate(pod) for _ in cores[j]],
-                [core for pod in aggs for j in range(len(pod)) for core in cores[j]],
+    b.add_links(np.repeat(agg_ids.ravel(), core_ids.shape[1]),
+                core_ids[np.tile(np.arange(aggs_per_pod), pods)].ravel(),
                 bandwidth_Bps=link_bw, link_kind="fabric")
     b.attrs["fabric"].update(pods=pods, cores=aggs_per_pod * leaves_per_pod)
     return TreeRouter(pod_of_leaf=pod_of_leaf, aggs=aggs, cores=cores)
