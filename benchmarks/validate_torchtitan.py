@@ -3,6 +3,8 @@
 Run:  python benchmarks/validate_torchtitan.py [--engine analytical|des] [--markdown]
       [--write-docs] [--des-rank-ops N]
       python benchmarks/validate_torchtitan.py --cp-split [--markdown]   (:func:`cp_split`)
+      python benchmarks/validate_torchtitan.py --a100-hosts [--efa-fraction F] [--markdown]
+                                               (:func:`a100_hosts`)
 
 The published throughputs and their provenance are in ``data/torchtitan_tps.csv``
 (torchtitan's own benchmark files of 2024-12 and 2025-06, and its docs/performance.md of
@@ -231,10 +233,81 @@ def _print_cp_split(argv: list[str]) -> int:
     return 0
 
 
+#: NCCL over EFA on p4d: NVIDIA/nccl issue 527 (NCCL 2.9.9, 2022), 1 GiB all-reduce on 3-4
+#: nodes, 29.6-31.8 GB/s bus bandwidth of the instance's 400 Gb/s (50 GB/s): about 0.6 of line
+#: rate, the one published p4d figure found (docs/compute.md, "The A100 of torchtitan's April
+#: 2024 runs"); a what-if of ``--a100-hosts``, not what the validation runs
+EFA_FRACTION = 0.6
+
+
+def a100_hosts(fraction: float = EFA_FRACTION, only: list[dict] | None = None) -> list[dict]:
+    """The 2024-04 A100 rows on three hosts: ``dgx-a100`` (8 × 200 Gb/s InfiniBand a node),
+    their preset ``aws-p4de-a100`` (4 × 100 Gb/s EFA, as validated) and that preset with each
+    NIC at ``fraction`` of its line rate (``system.nic.bandwidth_Bps``).
+
+    Parameters
+    ----------
+    fraction : float
+        Each NIC's share of its line rate in the third host, in (0, 1].
+    only : list of dict, optional
+        The rows to run (default: every 2024-04 row).
+
+    Returns
+    -------
+    list of dict
+        Per row and host: ``row``, ``host`` (a label), ``published`` and ``predicted``
+        iteration time and ``exposed_dp`` (the data-parallel communication left exposed on the
+        critical path, analytical engine), in seconds.
+    """
+    import warnings
+
+    import ddlsim
+    from ddlsim.configload import build_config
+    out = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for row in [r for r in rows() if r["set"] == "2024-04"] if only is None else only:
+            nic = build_config(config(row), []).system.nic.bandwidth_Bps
+            hosts = {"dgx-a100": ["system.preset=dgx-a100"], row["system"]: [],
+                     f"{row['system']}, EFA at {fraction:g} of line rate":
+                         [f"system.nic.bandwidth_Bps={fraction * nic!r}"]}
+            for host, sets in hosts.items():
+                r = ddlsim.predict(build_config(config(row), sets), check_fit=False)
+                out.append({"row": row, "host": host, "published": published_time(row),
+                            "predicted": r.iteration_time_s,
+                            "exposed_dp": r.breakdown.exposed_comm_s.get("dp", 0.0)})
+    return out
+
+
+def _print_a100_hosts(argv: list[str]) -> int:
+    """``--a100-hosts [--efa-fraction F]``: print :func:`a100_hosts`'s table; any other
+    option, or a fraction outside (0, 1], is refused (exit 2)."""
+    import argparse
+    ap = argparse.ArgumentParser(description=a100_hosts.__doc__.splitlines()[0])
+    ap.add_argument("--a100-hosts", action="store_true", required=True)
+    ap.add_argument("--efa-fraction", type=float, default=EFA_FRACTION,
+                    help="each EFA's share of its line rate (default %(default)s)")
+    ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    args = ap.parse_args(argv)
+    if not 0 < args.efa_fraction <= 1:
+        ap.error(f"--efa-fraction {args.efa_fraction:g}: a share of the line rate, in (0, 1]")
+    head = ["row", "host", "published (s)", "predicted (s)", "error", "exposed DP (s)"]
+    lines = [[o["row"]["techniques"], o["host"], f"{o['published']:.3f}",
+              f"{o['predicted']:.3f}", f"{100 * (o['predicted'] / o['published'] - 1):+.1f}%",
+              f"{o['exposed_dp']:.3f}"] for o in a100_hosts(args.efa_fraction)]
+    print_table(head, lines, args.markdown)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--cp-split" in argv:
         return _print_cp_split(argv)
+    if "--a100-hosts" in argv:
+        return _print_a100_hosts(argv)
+    if "--efa-fraction" in argv:
+        print("error: --efa-fraction is a what-if of --a100-hosts; give both", file=sys.stderr)
+        return 2
     return run_script("validate_torchtitan", __doc__, argv, evaluate, _print, summary)
 
 

@@ -137,3 +137,21 @@ def test_a100_rows_run_on_the_aws_efa_hosts_of_torchtitans_launch_script():
     assert aws.breakdown.exposed_comm_s["dp"] > 2 * dgx.breakdown.exposed_comm_s["dp"]
     # the blocks' compute still hides most of it: exposed well under the step
     assert aws.breakdown.exposed_comm_s["dp"] < 0.15 * aws.iteration_time_s
+
+
+def test_a100_hosts_what_if_slows_the_row_as_the_network_narrows(capsys):
+    """``--a100-hosts``: an A100 row on dgx-a100, on its EFA preset and at 0.6 of EFA's line
+    rate (docs/compute.md's what-if): each host narrower than the last exposes more
+    data-parallel time and runs slower; the fraction is checked and the flags refused alone."""
+    row = next(r for r in ROWS if r["set"] == "2024-04" and r["techniques"] == "8B selective op")
+    out = vt.a100_hosts(0.6, only=[row])
+    assert [o["host"] for o in out] == ["dgx-a100", "aws-p4de-a100",
+                                        "aws-p4de-a100, EFA at 0.6 of line rate"]
+    assert out[0]["predicted"] < out[1]["predicted"] < out[2]["predicted"]
+    assert out[0]["exposed_dp"] < out[1]["exposed_dp"] < out[2]["exposed_dp"]
+    for argv in (["--a100-hosts", "--efa-fraction", "1.5"], ["--a100-hosts", "--engine", "des"]):
+        with pytest.raises(SystemExit) as exc:
+            vt.main(argv)
+        assert exc.value.code == 2
+    assert vt.main(["--efa-fraction", "0.5"]) == 2
+    assert "--efa-fraction is a what-if of --a100-hosts" in capsys.readouterr().err
