@@ -3,7 +3,8 @@
 Run:  python benchmarks/validate_torchtitan.py [--engine analytical|des] [--markdown]
       [--write-docs] [--des-rank-ops N]
       python benchmarks/validate_torchtitan.py --cp-split [--markdown]   (:func:`cp_split`)
-      python benchmarks/validate_torchtitan.py --a100-hosts [--efa-fraction F] [--markdown]
+      python benchmarks/validate_torchtitan.py --a100-hosts [--efa-fraction F] [--breakdown]
+                                               [--markdown]
                                                (:func:`a100_hosts`)
 
 The published throughputs and their provenance are in ``data/torchtitan_tps.csv``
@@ -240,7 +241,8 @@ def _print_cp_split(argv: list[str]) -> int:
 EFA_FRACTION = 0.6
 
 
-def a100_hosts(fraction: float = EFA_FRACTION, only: list[dict] | None = None) -> list[dict]:
+def a100_hosts(fraction: float = EFA_FRACTION, only: list[dict] | None = None,
+               breakdown: bool = False) -> list[dict]:
     """The 2024-04 A100 rows on three hosts: ``dgx-a100`` (8 × 200 Gb/s InfiniBand a node),
     their preset ``aws-p4de-a100`` (4 × 100 Gb/s EFA, as validated) and that preset with each
     NIC at ``fraction`` of its line rate (``system.nic.bandwidth_Bps``).
@@ -251,13 +253,16 @@ def a100_hosts(fraction: float = EFA_FRACTION, only: list[dict] | None = None) -
         Each NIC's share of its line rate in the third host, in (0, 1].
     only : list of dict, optional
         The rows to run (default: every 2024-04 row).
+    breakdown : bool
+        Also give each prediction's compute by kind (``kinds``).
 
     Returns
     -------
     list of dict
         Per row and host: ``row``, ``host`` (a label), ``published`` and ``predicted``
         iteration time and ``exposed_dp`` (the data-parallel communication left exposed on the
-        critical path, analytical engine), in seconds.
+        critical path, analytical engine), in seconds; with ``breakdown``, ``kinds``: the first
+        rank's compute seconds by kind (``kernel_breakdown.step_breakdown``).
     """
     import warnings
 
@@ -272,11 +277,28 @@ def a100_hosts(fraction: float = EFA_FRACTION, only: list[dict] | None = None) -
                      f"{row['system']}, EFA at {fraction:g} of line rate":
                          [f"system.nic.bandwidth_Bps={fraction * nic!r}"]}
             for host, sets in hosts.items():
-                r = ddlsim.predict(build_config(config(row), sets), check_fit=False)
+                cfg = build_config(config(row), sets)
+                r = ddlsim.predict(cfg, check_fit=False)
                 out.append({"row": row, "host": host, "published": published_time(row),
                             "predicted": r.iteration_time_s,
                             "exposed_dp": r.breakdown.exposed_comm_s.get("dp", 0.0)})
+                if breakdown:
+                    from kernel_breakdown import step_breakdown
+                    out[-1]["kinds"] = step_breakdown(cfg)[0]
     return out
+
+
+def _print_kinds(out: list[dict], markdown: bool) -> None:
+    """One table per host: compute seconds by kind (rows) of each A100 row (columns)."""
+    for host in dict.fromkeys(o["host"] for o in out):
+        on = [o for o in out if o["host"] == host]
+        kinds = list(dict.fromkeys(k for o in on for k in o["kinds"]))
+        print(f"\nseconds on {host}: the first rank's compute by kind, then the exposed "
+              "data-parallel communication")
+        print_table(["kind", *(o["row"]["techniques"] for o in on)],
+                    [[k, *(f"{o['kinds'].get(k, 0.0):.3f}" for o in on)] for k in kinds]
+                    + [["exposed data-parallel communication",
+                        *(f"{o['exposed_dp']:.3f}" for o in on)]], markdown)
 
 
 def _print_a100_hosts(argv: list[str]) -> int:
@@ -287,15 +309,20 @@ def _print_a100_hosts(argv: list[str]) -> int:
     ap.add_argument("--a100-hosts", action="store_true", required=True)
     ap.add_argument("--efa-fraction", type=float, default=EFA_FRACTION,
                     help="each EFA's share of its line rate (default %(default)s)")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="also each prediction's compute by kind, one table per host")
     ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
     args = ap.parse_args(argv)
     if not 0 < args.efa_fraction <= 1:
         ap.error(f"--efa-fraction {args.efa_fraction:g}: a share of the line rate, in (0, 1]")
+    out = a100_hosts(args.efa_fraction, breakdown=args.breakdown)
     head = ["row", "host", "published (s)", "predicted (s)", "error", "exposed DP (s)"]
     lines = [[o["row"]["techniques"], o["host"], f"{o['published']:.3f}",
               f"{o['predicted']:.3f}", f"{100 * (o['predicted'] / o['published'] - 1):+.1f}%",
-              f"{o['exposed_dp']:.3f}"] for o in a100_hosts(args.efa_fraction)]
+              f"{o['exposed_dp']:.3f}"] for o in out]
     print_table(head, lines, args.markdown)
+    if args.breakdown:
+        _print_kinds(out, args.markdown)
     return 0
 
 

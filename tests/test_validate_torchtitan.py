@@ -144,7 +144,8 @@ def test_a100_hosts_what_if_slows_the_row_as_the_network_narrows(capsys):
     rate (docs/compute.md's what-if): each host narrower than the last exposes more
     data-parallel time and runs slower; the fraction is checked and the flags refused alone."""
     row = next(r for r in ROWS if r["set"] == "2024-04" and r["techniques"] == "8B selective op")
-    out = vt.a100_hosts(0.6, only=[row])
+    out = vt.a100_hosts(0.6, only=[row], breakdown=True)
+    assert all(o["kinds"]["GEMM"] > 1.0 and "SM contention" in o["kinds"] for o in out)
     assert [o["host"] for o in out] == ["dgx-a100", "aws-p4de-a100",
                                         "aws-p4de-a100, EFA at 0.6 of line rate"]
     assert out[0]["predicted"] < out[1]["predicted"] < out[2]["predicted"]
