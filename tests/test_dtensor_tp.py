@@ -102,6 +102,29 @@ def test_async_tp_fuses_all_but_the_regather():
     assert _copies(lk, "bwd.mlp.fc1") == [2 * B * S * H * 2]
 
 
+@pytest.mark.parametrize("recipe, gathers_copied", [("tensorwise", False), ("rowwise", True)])
+def test_async_tp_keeps_the_copies_of_all_gathers_it_cannot_fuse(recipe, gathers_copied):
+    # rowwise: gathered in bf16, cast to FP8 after (no matmul reads the gathered tensor:
+    # dtensor.all_gather_fused); the reduce-scatters after a _scaled_mm are fused either way
+    off = _layer(_cfg(dtype="fp8", recipe=recipe))
+    on = _layer(_cfg(dtype="fp8", recipe=recipe, async_tp=True))
+    for part in ("attn.qkv", "mlp.fc1", "bwd.mlp.fc2", "bwd.attn.proj"):
+        assert on[part] == (off[part] if gathers_copied else off[part][1:]), part
+    copy = 2 * B * S * H * (2 if gathers_copied else 1)        # bf16 or FP8 gathered
+    assert off["attn.qkv"][0].bytes == copy
+    for part in ("attn.proj", "mlp.fc2"):
+        assert on[part] == off[part][:-1] and off[part][-1].bytes == 2 * B * S * H * 2, part
+
+
+def test_all_gather_fused_only_when_the_gathered_tensor_is_the_gemm_operand():
+    from ddlsim.simulator.kernels.dtensor import all_gather_fused
+    on = ddlsim.load_config(_cfg(async_tp=True)).software
+    off = ddlsim.load_config(_cfg()).software
+    assert all_gather_fused(on, False, False) and all_gather_fused(on, True, True)
+    assert not all_gather_fused(on, True, False)            # FP8 GEMMs, bf16 gather
+    assert not all_gather_fused(off, False, False)
+
+
 def test_a_local_batch_of_one_still_copies():
     # the view shortcut (pytorch#169404, 2025-12) is newer than both stacks' torch
     lk = _layer(_cfg(compile_=False), b=1)

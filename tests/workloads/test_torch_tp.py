@@ -132,3 +132,37 @@ def test_a_gradients_reduce_scatter_over_summed_projections_is_not_fused():
     assert torch_tp.role(RS, False, summed=True) == "post"
     assert torch_tp.role(Collective("bwd.attn.ag", "all_gather", "tp", 1.0), True,
                          summed=True) == "pre"
+
+
+def test_an_all_gather_cast_before_its_gemms_is_not_fused():
+    """Under the rowwise FP8 recipe torchtitan gathers in bf16 and torchao casts the gathered
+    tensor to FP8 before each _scaled_mm: Inductor's fuse_all_gather_matmul finds no matmul
+    reading the gathered result (_find_consumer_matmuls), so every all-gather blocks while
+    the reduce-scatters after a _scaled_mm keep their fusion (pytorch issue #149990)."""
+    for backward in (False, True):
+        assert torch_tp.role(AG, backward, gathers=False) is None
+        assert torch_tp.role(AG, backward) == "pre"
+    assert torch_tp.role(RS, False, gathers=False) == "post"
+
+
+def _fused_gathers(recipe: str) -> tuple[int, int]:
+    """(fused all-gathers, fused reduce-scatters) of an FP8 70B-like torchtitan plan: the TP
+    collectives the engine runs on the ``tp`` stream behind a GEMM."""
+    import ddlsim
+    from ddlsim.configload import load_config
+    cfg = _titan("torch_async")
+    cfg["train"]["dtype"] = "fp8"
+    cfg["system"]["software"]["kernels"] = {"fp8_recipe": recipe}
+    w = ddlsim.build_workload(load_config(cfg))
+    ops = [o for blk in w.classes[0].program.blocks.values() for o in blk.flat.ops
+           if isinstance(o.payload, Collective) and o.payload.group == "tp"
+           and o.stream == "tp"]
+    return (sum(o.payload.op == "all_gather" for o in ops),
+            sum(o.payload.op == "reduce_scatter" for o in ops))
+
+
+@pytest.mark.filterwarnings("ignore::ddlsim.errors.DDLSimWarning")
+def test_rowwise_fuses_only_reduce_scatters_tensorwise_both():
+    rowwise, tensorwise = _fused_gathers("rowwise"), _fused_gathers("tensorwise")
+    assert rowwise[0] == 0 and rowwise[1] > 0
+    assert tensorwise[0] > 0 and tensorwise[1] == rowwise[1]

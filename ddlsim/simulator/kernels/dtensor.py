@@ -34,7 +34,9 @@ Inductor's ``micro_pipeline_tp`` pass matches the ``split``-and-``cat`` form of 
 all-gather on a non-zero dimension (``non_zero_dim_all_gather_pattern``) and its
 reduce-scatter counterpart and replaces them with the fused symmetric-memory kernels, which
 read and write the shards in place: only the backward's re-gather of the saved input, which
-no GEMM fuses (:mod:`ddlsim.workloads.decoder.torch_tp`), keeps its copy.
+no GEMM fuses (:mod:`ddlsim.workloads.decoder.torch_tp`), keeps its copy, and so does every
+all-gather whose result is not the GEMMs' operand itself (:func:`all_gather_fused`: torchao's
+rowwise recipe, gathered in bf16 and cast after).
 
 Where torchao gathers a float8 tensor (:func:`~.fp8recipe._torchao_gathered_passes`: the
 tensorwise recipe), ``Float8Tensor``'s own ``aten.split`` and ``aten.cat`` copy its FP8 data:
@@ -47,7 +49,8 @@ from typing import Any
 
 from ...workloads.trace import Kernel
 
-__all__ = ["sp_layout_copies", "layout_copy", "regathers_input", "keeps_gathered_input"]
+__all__ = ["sp_layout_copies", "layout_copy", "regathers_input", "keeps_gathered_input",
+           "all_gather_fused"]
 
 #: part of :func:`~ddlsim.workloads.decoder.layerkernels.layer_kernels` → the layout copies
 #: around its GEMMs: (tensor, where, collective), tensor ``x`` (the gathered input), ``g``
@@ -116,6 +119,48 @@ def keeps_gathered_input(sw: Any, recompute: str) -> bool:
     return not regathers_input(sw, recompute)
 
 
+def all_gather_fused(sw: Any, fp8_linears: bool, fp8_gather: bool) -> bool:
+    """Whether torch's async TP fuses a sequence-parallel all-gather with the GEMMs it feeds.
+
+    Inductor's ``micro_pipeline_tp`` pass fuses an all-gather only with the matmuls that
+    read its result directly (``_find_consumer_matmuls``: a ``mm``/``_scaled_mm`` user, or
+    one between two reshapes). Under FP8 the gathered tensor is that operand only where it
+    was cast before the gather (torchao's ``Float8ColwiseParallel``/
+    ``PrepareFloat8ModuleInput``, the tensorwise recipe: ``fp8_gather``). torchtitan runs
+    the rowwise recipe with the regular TP styles, "all-gather happens in high precision",
+    and torchao's ``matmul_with_hp_or_float8_args`` casts the gathered input (and, in the
+    backward, the gathered output gradient) to FP8 before its ``_scaled_mm``: the cast's
+    kernels stand between, nothing is fused (pytorch issue #149990, 2025-03-25: "the
+    all-gather-matmul patterns were NOT being fused" under rowwise scales, the
+    matmul-reduce-scatters were).
+
+    Parameters
+    ----------
+    sw : Software
+        the resolved software stack (``tp_comm_overlap``).
+    fp8_linears : bool
+        the linears' GEMMs run in FP8 (``train.dtype: fp8``).
+    fp8_gather : bool
+        the all-gathers carry FP8 (:func:`~ddlsim.workloads.decoder.fp8linear.fp8_sp_gather`).
+
+    Returns
+    -------
+    bool
+        True under ``tp_comm_overlap: torch_async`` where the gathered tensor is the GEMMs'
+        operand.
+
+    References
+    ----------
+    pytorch ``torch/_inductor/fx_passes/micro_pipeline_tp.py`` (``fuse_all_gather_matmul``,
+    ``_find_consumer_matmuls``; the code index's late-2024 and 2025 versions);
+    torchtitan 820504e ``torchtitan/models/llama3/parallelize_llama.py`` lines 57-65
+    (``enable_float8_tensorwise_tp`` off for rowwise); torchao 6243040
+    ``torchao/float8/float8_linear.py`` lines 82-121 and 131-154 (cast, then reshape, then
+    ``torch.mm``).
+    """
+    return sw.tp_comm_overlap == "torch_async" and (not fp8_linears or fp8_gather)
+
+
 def layout_copy(elements: float, dtype_bytes: float, dtype: str) -> Kernel:
     """One layout copy of ``elements`` elements of ``dtype_bytes`` bytes each: a memory
     kernel reading and writing them once (``2 · elements · dtype_bytes`` bytes).
@@ -131,8 +176,8 @@ def layout_copy(elements: float, dtype_bytes: float, dtype: str) -> Kernel:
 
 
 def sp_layout_copies(sw: Any, t: int, sp: bool, elements: float, dt: int, dtype: str,
-                     fp8_gather: bool, summed: dict[str, bool], regather: bool = True
-                     ) -> dict[str, tuple[tuple, tuple]]:
+                     fp8_gather: bool, summed: dict[str, bool], regather: bool = True,
+                     fp8_linears: bool = False) -> dict[str, tuple[tuple, tuple]]:
     """The layout copies of one dense layer's sequence-parallel collectives (module
     docstring), by part of :func:`~ddlsim.workloads.decoder.layerkernels.layer_kernels`.
 
@@ -159,6 +204,9 @@ def sp_layout_copies(sw: Any, t: int, sp: bool, elements: float, dt: int, dtype:
     regather : bool
         the backward gathers the linears' inputs again (:func:`regathers_input`); without
         it the ``ag.input`` copies go with their collective.
+    fp8_linears : bool
+        the linears' GEMMs run in FP8: under async TP an all-gather not in FP8 keeps its
+        copy (:func:`all_gather_fused`).
 
     Returns
     -------
@@ -168,13 +216,15 @@ def sp_layout_copies(sw: Any, t: int, sp: bool, elements: float, dt: int, dtype:
     """
     if not (sw.sp_layout_copy and t > 1 and sp):
         return {}
-    fused = sw.tp_comm_overlap == "torch_async"
+    rs_fused = sw.tp_comm_overlap == "torch_async"
+    fused = {"ag": all_gather_fused(sw, fp8_linears, fp8_gather), "rs": rs_fused,
+             "rs.sum": rs_fused}
     out = {}
     for part, copies in SP_COPIES.items():
         in_place = summed.get(part, False) and bool(sw.compile)
         sides: dict[str, tuple] = {"before": (), "after": ()}
         for tensor, where, coll in copies:
-            if ((fused and coll != "ag.input") or (in_place and coll == "rs.sum")
+            if (fused.get(coll, False) or (in_place and coll == "rs.sum")
                     or (coll == "ag.input" and not regather)):
                 continue
             nbytes = 1 if fp8_gather and tensor in "xg" else dt

@@ -196,7 +196,7 @@ def layer_kernels(shape: Any, sw: Any, b: int, s: int, t: int, sp: bool,
     # DTensor's layout copies around the sequence-parallel collectives (kernels/dtensor.py)
     copies = sp_layout_copies(sw, t, sp, b * s * shape.hidden, dt, od, fp8_gather,
                               {"bwd.attn.qkv": summed[0] > 1, "bwd.mlp.fc1": summed[1] > 1},
-                              regather)
+                              regather, gd == "fp8")
     for part, (before, after) in copies.items():
         parts[part] = before + parts[part] + after
     return {

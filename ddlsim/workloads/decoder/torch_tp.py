@@ -40,22 +40,36 @@ micro_pipeline_tp.py``, as read in the code index's versions of late 2024 and 20
 reduce-scatter stays blocking ("in the backward graph, the reduce-scatters are receiving as
 input the addition of various scaled_mms, so it's not what we are looking to fuse": pytorch
 PR #149946, its author's review reply on ``micro_pipeline_tp.py``, 2025-03-28).
+
+An all-gather is fused only where its result is the GEMMs' operand itself
+(``_find_consumer_matmuls``): in the GEMMs' dtype, or cast to FP8 before the gather (torchao's
+tensorwise TP styles). Under torchao's rowwise recipe torchtitan gathers in bf16 and the FP8
+cast runs between the gather and each ``_scaled_mm``, forward and backward, so every
+all-gather stays blocking with its layout copy, and only the reduce-scatters after a
+``_scaled_mm`` are fused (:func:`ddlsim.simulator.kernels.dtensor.all_gather_fused`; pytorch
+issue #149990).
 """
 
 from __future__ import annotations
 
+from ...simulator.kernels.dtensor import all_gather_fused
 from ..trace import Collective, Compute, Kernel, Op, Wait
+from .fp8linear import fp8_sp_gather
 from .gemm_groups import gemm_groups
 
 __all__ = ["role", "block", "layer_body"]
 
 
-def role(c: Collective, backward: bool, summed: bool = False) -> str | None:
+def role(c: Collective, backward: bool, summed: bool = False,
+         gathers: bool = True) -> str | None:
     """``pre`` (an all-gather fused with the GEMM it feeds), ``post`` (a reduce-scatter fused
     with the GEMM producing it) or None (blocking) for one TP collective; ``summed``: the
     stack's separate projections, whose backward reduce-scatter takes a sum of data
-    gradients and is not fused (module docstring)."""
+    gradients and is not fused; ``gathers``: the all-gathers' results are the GEMMs'
+    operands (:func:`_gathers`), else none is fused (module docstring)."""
     if c.name.endswith(".ag.input") or c.op not in ("all_gather", "reduce_scatter"):
+        return None
+    if c.op == "all_gather" and not gathers:
         return None
     if c.op == "reduce_scatter" and backward and summed and not c.name.startswith("recompute."):
         return None         # a gradient's (the recomputed forward's follow one GEMM each)
@@ -67,6 +81,14 @@ def _summed(b) -> bool:
     (``separate_projections``), whose data gradients are summed before the backward's
     reduce-scatter."""
     return bool(b.sw.separate_projections)
+
+
+def _gathers(b) -> bool:
+    """Whether builder ``b``'s sequence-parallel all-gathers are fused with the GEMMs they
+    feed (:func:`~ddlsim.simulator.kernels.dtensor.all_gather_fused`)."""
+    fp8 = b.plan.train_dtype == "fp8"
+    return all_gather_fused(b.sw, fp8, fp8_sp_gather(b.sw, b.plan.train_dtype, b.tp, b.sp,
+                                                     b.shape))
 
 
 def _kernel_flops(k: Kernel) -> float:
@@ -142,10 +164,10 @@ def layer_body(b, backward: bool, payloads: list) -> list[Op]:
     the next layer's first GEMM and move to the front (as in :func:`.tp_overlap.layer_body`);
     each compute op takes the all-gathers before it and the reduce-scatters after it."""
     items = list(payloads)
-    summed = _summed(b)
+    summed, gathers = _summed(b), _gathers(b)
     lastc = max(i for i, x in enumerate(items) if isinstance(x, Compute))
     trailing = [x for x in items[lastc + 1:] if isinstance(x, Collective)
-                and role(x, backward, summed) == "pre"]
+                and role(x, backward, summed, gathers) == "pre"]
     items = trailing + [x for x in items if not any(x is t for t in trailing)]
     ops: list[Op] = []
     pres: list[Collective] = []
@@ -153,7 +175,7 @@ def layer_body(b, backward: bool, payloads: list) -> list[Op]:
     while i < len(items):
         x = items[i]
         if isinstance(x, Collective):
-            if role(x, backward, summed) == "pre":
+            if role(x, backward, summed, gathers) == "pre":
                 pres.append(x)
             else:
                 ops.append(Op(x))
@@ -162,7 +184,7 @@ def layer_body(b, backward: bool, payloads: list) -> list[Op]:
         j = i + 1
         posts = []
         while j < len(items) and isinstance(items[j], Collective) \
-                and role(items[j], backward, summed) == "post":
+                and role(items[j], backward, summed, gathers) == "post":
             posts.append(items[j])
             j += 1
         block(x, pres, posts, b.tp, ops)
@@ -176,11 +198,11 @@ def structured_body(b, backward: bool, body: list[Op], is_linear, is_tp) -> list
     own streams) under ``torch_async``: each linear GEMM takes the TP all-gathers before it
     and the reduce-scatters after it (:func:`block`); every other op keeps its place and its
     dependencies (on a GEMM: on the last op of its block)."""
-    summed = _summed(b)
+    summed, gathers = _summed(b), _gathers(b)
 
     def of(kind: str):
         return lambda op: op.payload if is_tp(op) \
-            and role(op.payload, backward, summed) == kind else None
+            and role(op.payload, backward, summed, gathers) == kind else None
 
     out: list[Op] = []
     where: dict[int, int] = {}
