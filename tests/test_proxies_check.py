@@ -153,16 +153,10 @@ def test_a_row_is_compared_only_when_the_other_jobs_fit_in_the_spare_cores():
     """2 cores: one rank leaves a core spare for one other task; 2 or more ranks leave none;
     the higher of the two counts decides; a row without the counts is refused, saying so."""
     one = {"ranks": 1, "background": [1.2, 0.4]}
-    assert pc.busy(one, 2) is None
-    assert pc.busy({**one, "background": [0.2, 1.8]}, 2) == (
+    assert calib.busy(one, 2) is None
+    assert calib.busy({**one, "background": [0.2, 1.8]}, 2) == (
         "1.8 other runnable tasks beside its 1 rank(s) on 2 cores (1 spare): each rank "
         "shares a core with other jobs")
-    assert pc.busy({"ranks": 4, "background": [0.3, 0.5]}, 2) is None
-    assert "0 spare" in pc.busy({"ranks": 2, "background": [0.6, 0.0]}, 2)
-    assert "older row" in pc.busy({"ranks": 2}, 2)
-
-
-def test_a_rows_load_is_the_higher_of_its_two_readings():
-    row = {"load_before": "load 1.50, cpu pressure 20.00 %",
-           "load_after": "load 2.25, cpu pressure n/a %"}
-    assert pc.loaded(row) == 2.25
+    assert calib.busy({"ranks": 4, "background": [0.3, 0.5]}, 2) is None
+    assert "0 spare" in calib.busy({"ranks": 2, "background": [0.6, 0.0]}, 2)
+    assert "older row" in calib.busy({"ranks": 2}, 2)
