@@ -2,6 +2,7 @@
 (docs/search.md, "How far to trust the winner").
 
 Run:  python benchmarks/search_winner.py [--config PATH] [--markdown]
+      python benchmarks/search_winner.py --walk [--markdown]
 
 Runs ``ddlsim search`` on ``--config`` (default ``examples/search-gpt3-175b-1024.yaml``, its
 ``search:`` section as written), takes the first-ranked plan and predicts it with the exact
@@ -10,6 +11,12 @@ of its software stack switched off at a time (:data:`ABLATIONS`: a ``system.soft
 override or a plan option, each passed as a ``--set`` override; a combination the stack
 refuses prints the refusal). Last, the search again with gradient-accumulation fusion off, so
 that no plan keeps the fusion's gain, and its winner.
+
+``--walk`` prints instead the walk of docs/search.md: Korthikanti et al.'s published 175B plan
+(TP8 PP8, three virtual stages, SP + selective recomputation on 64 A100s) under the 2022 stack
+of ``validate_recompute.py``, then with each of :data:`WALK`'s changes added in turn, then
+under the default stack (``megatron-core-2024``) itself; iteration time and MFU (Table 5's
+model FLOPs, as ``validate_recompute.py`` counts them).
 """
 
 from __future__ import annotations
@@ -42,6 +49,18 @@ ABLATIONS = {
 }
 #: the feature whose gain docs/search.md takes away from every plan of the search
 UNFUSED = ABLATIONS["gradient-accumulation fusion"]
+#: the walk from the 2022 stack to the default one, each step added to the ones before it: a
+#: row label -> the train fields, software kernels and software overlaps it sets
+WALK = {
+    "+ bf16 (fp32 gradients accumulated unfused)": {"train": {"dtype": "bf16"}},
+    "+ cuBLAS of CUDA 12": {"kernels": {"gemm_library": "cublas-12"}},
+    "+ cuDNN fused attention (for Megatron's fused softmax over stored scores)":
+        {"kernels": {"attention": "cudnn"}},
+    "+ gradient-accumulation fusion": {"kernels": {"gradient_accumulation_fusion": True}},
+    "+ overlapped P2P (interleaved)": {"overlap": {"overlap_p2p_comm": True}},
+}
+#: the stack the walk ends at
+DEFAULT_STACK = "megatron-core-2024"
 
 
 def software_set(config, kernels: dict) -> list[str]:
@@ -89,6 +108,32 @@ def ablations(config, sets: list[str], labels=None) -> dict:
     return out
 
 
+def walk(row: dict | None = None) -> dict:
+    """``{label: (iteration time in s, MFU)}``: a published plan of ``validate_recompute.py``
+    (``row``, default its 175B row with SP and selective recomputation) under its 2022 stack,
+    after each :data:`WALK` step (cumulative), and under :data:`DEFAULT_STACK`."""
+    import copy
+
+    import validate_recompute as vr
+    row = row or next(r for r in vr.rows() if r["model"] == "175B" and r["scheme"] == "present")
+    cfg = copy.deepcopy(vr.config(row))
+    software, gpus = cfg["system"]["software"], int(row["gpus"])
+
+    def timed(c):
+        t = ddlsim.predict(c, check_fit=False).iteration_time_s
+        return t, vr.model_flops(row) / t / gpus / vr.PEAK
+
+    out = {"2022 stack (validate_recompute.py's, fp16)": timed(cfg)}
+    for label, step in WALK.items():
+        cfg["train"].update(step.get("train", {}))
+        for part in ("kernels", "overlap"):
+            software[part] = {**software.get(part, {}), **step.get(part, {})}
+        out[label] = timed(cfg)
+    cfg["system"]["software"] = DEFAULT_STACK
+    out[f"= {DEFAULT_STACK}"] = timed(cfg)
+    return out
+
+
 def plan_label(row) -> str:
     """``TP4 PP8×6 DP32 b1, ZeRO-1, SP, recompute none`` for a search frame row."""
     v = row.get("parallel.virtual_pipeline_model_parallel_size")
@@ -125,7 +170,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", type=Path, default=CONFIG,
                     help="a run config with a search: section (default: %(default)s)")
     ap.add_argument("--markdown", action="store_true", help="the tables as Markdown")
+    ap.add_argument("--walk", action="store_true",
+                    help="the published 175B plan from the 2022 stack to the default, instead")
     args = ap.parse_args(argv)
+    if args.walk:
+        if args.config != CONFIG:
+            ap.error("--walk runs validate_recompute.py's published plan, not --config's")
+        _print(["step", "iteration", "MFU"],
+               [[label, f"{t:.2f} s", f"{100 * m:.1f} %"] for label, (t, m) in walk().items()],
+               args.markdown)
+        return 0
     if not args.config.is_file():
         ap.error(f"--config {args.config}: no such file")
     sets, row = winner(args.config)

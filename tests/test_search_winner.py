@@ -42,3 +42,18 @@ def test_switching_the_fusion_off_slows_the_winner():
     # the fp32 main_grad pass is back: 12 B per weight per micro-batch, seconds on 175B
     assert unfused.iteration_time_s > base.iteration_time_s + 0.5
     assert unfused.mfu < base.mfu
+
+
+def test_the_walk_steps_from_the_2022_stack_to_the_default():
+    """``--walk``: every step of :data:`WALK` applied on top of the ones before it; checked on
+    the 22B row of the same table (one pipeline stage: fast)."""
+    import validate_recompute as vr
+    row22 = next(r for r in vr.rows() if r["model"] == "22B" and r["scheme"] == "present")
+    out = sw.walk(row22)
+    labels = list(out)
+    assert labels[0].startswith("2022 stack") and labels[-1] == "= megatron-core-2024"
+    assert labels[1:-1] == list(sw.WALK)
+    times = [t for t, _ in out.values()]
+    # the fusion removes the fp32 accumulation pass that bf16 brought
+    assert times[4] < times[3]
+    assert all(0 < m < 1 for _, m in out.values())
