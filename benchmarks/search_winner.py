@@ -1,7 +1,7 @@
 """The bundled search's winner, and what each of the default stack's features gives it
 (docs/search.md, "How far to trust the winner").
 
-Run:  python benchmarks/search_winner.py [--config PATH] [--markdown]
+Run:  python benchmarks/search_winner.py [--config PATH] [--markdown] [--breakdown]
       python benchmarks/search_winner.py --walk [--markdown]
 
 Runs ``ddlsim search`` on ``--config`` (default ``examples/search-gpt3-175b-1024.yaml``, its
@@ -10,7 +10,8 @@ analytical engine: iteration time, MFU and memory per GPU. Then the same plan wi
 of its software stack switched off at a time (:data:`ABLATIONS`: a ``system.software`` kernel
 override or a plan option, each passed as a ``--set`` override; a combination the stack
 refuses prints the refusal). Last, the search again with gradient-accumulation fusion off, so
-that no plan keeps the fusion's gain, and its winner.
+that no plan keeps the fusion's gain, and its winner. ``--breakdown`` also prints where the
+winner's time and memory go (:func:`breakdown`).
 
 ``--walk`` prints instead the walk of docs/search.md: Korthikanti et al.'s published 175B plan
 (TP8 PP8, three virtual stages, SP + selective recomputation on 64 A100s) under the 2022 stack
@@ -134,6 +135,31 @@ def walk(row: dict | None = None) -> dict:
     return out
 
 
+def breakdown(config, sets: list[str]) -> list[list[str]]:
+    """Rows ``[part, value, share]`` of where the plan's time and memory go: the engine's
+    exposed communication per group and bubble (share of the iteration), the first rank's
+    compute by kind (``kernel_breakdown.step_breakdown``; share of that compute), and the
+    memory parts per GPU."""
+    from kernel_breakdown import step_breakdown
+    data, base_dir, _ = load_search(config)
+    cfg = build_config(data, sets, base_dir)
+    r = ddlsim.predict(cfg, check_fit=False)
+    t = r.iteration_time_s
+    out = [[f"exposed {g} communication", f"{s:.3f} s", f"{100 * s / t:.1f} % of the step"]
+           for g, s in r.breakdown.exposed_comm_s.items() if s]
+    out.append(["pipeline bubble", f"{r.breakdown.bubble_s:.3f} s",
+                f"{100 * r.breakdown.bubble_s / t:.1f} % of the step"])
+    kinds, _ = step_breakdown(cfg)
+    total = sum(kinds.values())
+    out += [[f"compute: {k}", f"{s:.3f} s", f"{100 * s / total:.1f} % of the compute"]
+            for k, s in sorted(kinds.items(), key=lambda kv: -kv[1])]
+    parts = r.memory.to_dict()
+    out += [[f"memory: {k}", f"{parts[k] / GiB:.2f} GiB", ""]
+            for k in ("weights", "gradients", "optimizer", "activations", "other", "context",
+                      "total")]
+    return out
+
+
 def plan_label(row) -> str:
     """``TP4 PP8×6 DP32 b1, ZeRO-1, SP, recompute none`` for a search frame row."""
     v = row.get("parallel.virtual_pipeline_model_parallel_size")
@@ -170,12 +196,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", type=Path, default=CONFIG,
                     help="a run config with a search: section (default: %(default)s)")
     ap.add_argument("--markdown", action="store_true", help="the tables as Markdown")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="also where the winner's time and memory go")
     ap.add_argument("--walk", action="store_true",
                     help="the published 175B plan from the 2022 stack to the default, instead")
     args = ap.parse_args(argv)
     if args.walk:
-        if args.config != CONFIG:
-            ap.error("--walk runs validate_recompute.py's published plan, not --config's")
+        if args.config != CONFIG or args.breakdown:
+            ap.error("--walk runs validate_recompute.py's published plan: not with --config "
+                     "or --breakdown")
         _print(["step", "iteration", "MFU"],
                [[label, f"{t:.2f} s", f"{100 * m:.1f} %"] for label, (t, m) in walk().items()],
                args.markdown)
@@ -187,6 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = ablations(args.config, sets)
     _print(["switched off on the winner", "iteration", "MFU", "memory per GPU"],
            [[label, *_cells(r)] for label, r in rows.items()], args.markdown)
+    if args.breakdown:
+        print("\nwhere the winner's time and memory go (analytical engine, first rank):")
+        _print(["part", "value", "share"], breakdown(args.config, sets), args.markdown)
     unfused = change_sets(args.config, UNFUSED)
     sets, row = winner(args.config, unfused)
     print(f"\nthe search with {unfused[0]} (no plan keeps the fusion's gain):\n"

@@ -57,3 +57,16 @@ def test_the_walk_steps_from_the_2022_stack_to_the_default():
     # the fusion removes the fp32 accumulation pass that bf16 brought
     assert times[4] < times[3]
     assert all(0 < m < 1 for _, m in out.values())
+
+
+def test_the_breakdown_accounts_for_the_winner():
+    """``--breakdown``: the engine's exposed parts, the first rank's compute by kind (shares
+    summing to 100 %) and the memory parts, whose total is the prediction's."""
+    sets, _ = sw.winner(sw.CONFIG, axes={**AXES, "train.micro_batch_size": [1]})
+    rows = sw.breakdown(sw.CONFIG, sets)
+    compute = [float(r[2].split()[0]) for r in rows if r[0].startswith("compute: ")]
+    assert abs(sum(compute) - 100) < 0.6 and any(r[0] == "compute: GEMM" for r in rows)
+    assert any(r[0] == "exposed pp communication" for r in rows)
+    total = next(r[1] for r in rows if r[0] == "memory: total")
+    assert float(total.split()[0]) == round(sw.predict_plan(sw.CONFIG, sets).memory.total
+                                            / sw.GiB, 2)
