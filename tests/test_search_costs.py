@@ -145,10 +145,12 @@ def test_collectives_match_the_cost_model_on_dense_sizes(name, base_dict):
 
 
 def _compute_stream(block, cost) -> float:
-    """A block's compute-stream time as the engine adds it when nothing else waits."""
+    """A block's compute-stream time as the engine adds it when nothing else waits, with the
+    host's waits in it (a dense stage's host ops all wait for the compute stream and hold it
+    until they end: ddlsim/workloads/decoder/host_sync.py)."""
     total = 0.0
     for op in block.flat.ops:
-        if op.stream != "compute":
+        if op.stream not in ("compute", "host"):
             continue
         if isinstance(op.payload, Compute):
             total += cost.compute(op.payload) * op.repeat

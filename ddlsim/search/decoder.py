@@ -39,6 +39,7 @@ from .smtaken import extra_seconds, nccl_ctas, sm_taken
 from .blocks import piece_config, stage_pieces
 from ..workloads.decoder import param_gather
 from ..workloads.decoder.builder import StageBuilder, with_edges
+from ..workloads.decoder.host_sync import host_sync_times
 from ..workloads.decoder.dpsync import (bucket_runs, buckets, ddp_pass_times,
                                         grad_bucket_bytes)
 from .zero3 import Unit, zero3_time, zero3_units_time
@@ -163,7 +164,7 @@ class DecoderVectors:
         active = self._gather_active(ctx, plans)   # asked once for the three gathers below
         upd_f, tail_f = self._update(ctx, plans, first_params, bwd, coll, sm, active)
         upd_l, tail_l = self._update(ctx, plans, self.stage_params(ctx, plans, False), bwd, coll,
-                                     active=active)
+                                     active=active, first=False)
         # overlap_param_gather: stage 0's first forward block waits for the rest of the gather
         rest = self._gathered(ctx, plans, first_params * dt, active)[1]
         first_block = lc * fwd + emb + np.where(one & (v == 1), head_f, 0.0)
@@ -220,7 +221,8 @@ class DecoderVectors:
         n = np.asarray(n_params, dtype=float)
         return stream_times(ctx.step_s * n, (n > 0).astype(float), ctx.dev.launch)
 
-    def _update(self, ctx: _Context, plans, params, bwd_layer, coll, sm=None, active=None):
+    def _update(self, ctx: _Context, plans, params, bwd_layer, coll, sm=None, active=None,
+                first: bool = True):
         """(update block, data-parallel tail) of a stage holding ``params`` per rank;
         ``sm(C, layers)``: a run of backward layers' extra seconds beside ``C`` seconds of
         overlapped buckets (:func:`.smtaken.sm_taken`; None: not charged); ``active``:
@@ -233,6 +235,11 @@ class DecoderVectors:
         passes_s, kernels = ddp_pass_times(ctx.cfg.software.name, ctx.dev, grad)
         update += np.where((dp > 1) & (zero < 3),
                            stream_times(passes_s, kernels, ctx.dev.launch), 0.0)
+        # the step's host waits (host_sync.HostSyncOps.step_sync_ops; none under ZeRO-3)
+        n_buckets = np.where((dp > 1) & (zero < 3), self._stage_buckets(ctx, plans, grad, first),
+                             0.0)
+        update += np.where(zero < 3, host_sync_times(
+            ctx.cfg.software.name, ctx.dev.launch, ctx.cfg.system.device.launch, n_buckets), 0.0)
         op_rs = (zero == 1) | (zero == 2)
         gathers = op_rs & (dp > 1)
         update += coll("all_gather", "dp",
@@ -260,6 +267,16 @@ class DecoderVectors:
                                 coll("all_reduce", "dp", per_bucket, ar))
         tail = np.where((dp > 1) & (zero < 3), tail, 0.0)
         return update, tail
+
+    @staticmethod
+    def _stage_buckets(ctx: _Context, plans, grad, first: bool):
+        """Gradient buckets of a stage holding ``grad`` bytes in one step, as
+        :meth:`~ddlsim.workloads.decoder.host_sync.HostSyncOps.stage_buckets` counts them: the
+        first stage's first chunk in buckets of :func:`grad_bucket_bytes`, every other chunk
+        (and every chunk of a later stage) one bucket."""
+        v = plans["v"]
+        lead = buckets(grad / v, grad_bucket_bytes(ctx.cfg, plans["dp"], ctx.gdt))
+        return np.where(first | (plans["pp"] == 1), lead + v - 1, v)
 
     def _zero3(self, ctx: _Context, plans, parts, coll, gemm=None) -> np.ndarray:
         """ZeRO-3 (one stage), as :mod:`ddlsim.workloads.decoder.zero3` builds it: the

@@ -21,6 +21,7 @@ from ..trace import Block, Collective, Compute, Op, P2P, Wait
 from . import param_gather, tp_overlap
 from .dpsync import GradSyncOps
 from .edges import EdgeOps
+from .host_sync import HostSyncOps
 from .layerkernels import layer_kernels, recompute_op
 from .layerkinds import moe_layers_in_chunk
 from .moe import MoEOps
@@ -59,9 +60,10 @@ def with_edges(shape: DecoderShape, param_split, layer_params, first, last, pp):
     return n + np.where(last, head, 0.0)
 
 
-class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
+class StageBuilder(GradSyncOps, MoEOps, HostSyncOps, EdgeOps):
     """Builds the blocks of one pipeline stage (MoE layers: :class:`.moe.MoEOps`; gradient
-    buckets: :class:`.dpsync.GradSyncOps`; embedding and head: :class:`.edges.EdgeOps`).
+    buckets: :class:`.dpsync.GradSyncOps`; the host's waits in the step's own code:
+    :class:`.host_sync.HostSyncOps`; embedding and head: :class:`.edges.EdgeOps`).
 
     Parameters
     ----------
@@ -374,8 +376,12 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
             if dp == 1 and p.edp == 1:
                 return Block("update", "optimizer", (step(params),))
             return self._expert_update_block(stage, overlapped, step)
-        if dp == 1:
-            return Block("update", "optimizer", (step(params),))
+        if dp == 1:     # the step's own waits (.host_sync) around it
+            alone: list[Op] = []
+            self.step_sync_ops(alone, 0, True)
+            alone.append(step(params))
+            self.step_sync_ops(alone, 0, False)
+            return Block("update", "optimizer", tuple(alone))
         # ops[0] marks "backward finished": communication-stream ops below depend on it
         ops: list[Op] = [Op(Wait("backward.done", "compute"))]
         if p.dp_strategy == "ddp":
@@ -388,7 +394,9 @@ class StageBuilder(GradSyncOps, MoEOps, EdgeOps):
             if p.zero_stage == 3:
                 ops.append(Op(Wait("wait.grad", "dp")))  # ZeRO-3: gathers and RS share it
             shard = params / dp if p.zero_stage else params
+            self.step_sync_ops(ops, self.stage_buckets(stage) if p.zero_stage < 3 else 0, True)
             ops.append(step(shard))
+            self.step_sync_ops(ops, 0, False)
             if p.zero_stage == 3:   # DeepSpeed 2021 regathers its persistent parameters
                 from .zero3_fetch import persistent_gather_ops
                 ops += persistent_gather_ops(self, stage, len(ops) - 1)
