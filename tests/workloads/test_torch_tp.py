@@ -166,3 +166,23 @@ def test_rowwise_fuses_only_reduce_scatters_tensorwise_both():
     rowwise, tensorwise = _fused_gathers("rowwise"), _fused_gathers("tensorwise")
     assert rowwise[0] == 0 and rowwise[1] > 0
     assert tensorwise[0] > 0 and tensorwise[1] == rowwise[1]
+
+
+@pytest.mark.parametrize("cp", [1, 2])
+@pytest.mark.parametrize("recompute", ["none", "full"])
+@pytest.mark.filterwarnings("ignore::ddlsim.errors.DDLSimWarning")
+def test_every_all_gather_feeding_a_gemm_is_fused(cp, recompute):
+    """Inductor's pass fuses every all-gather whose result a matmul reads, in the block's
+    forward and backward graphs alike: also the one at the end of ddlsim's layer, which
+    feeds the next layer's QKV (forward, recomputed forward) or the down projection's data
+    gradient (backward). None blocks, whichever path builds the layer (CP 1: layer_body, CP
+    2: the partitioner's ops), and both paths fuse the same collectives."""
+    import ddlsim
+    from ddlsim.configload import load_config
+    cfg = _titan("torch_async", cp)
+    cfg["train"]["recompute"] = recompute
+    w = ddlsim.build_workload(load_config(cfg))
+    ags = [o for blk in w.classes[0].program.blocks.values() for o in blk.flat.ops
+           if isinstance(o.payload, Collective) and o.payload.op == "all_gather"
+           and o.payload.group == "tp"]
+    assert ags and all(o.stream == "tp" for o in ags)

@@ -159,16 +159,42 @@ def block(x: Compute, pres: list[Collective], posts: list[Collective], tp: int,
     ops += [Op(c) for c in posts]      # no GEMM of M rows left after the all-gather's
 
 
+def _has_gemm(x) -> bool:
+    return isinstance(x, Compute) and any(k.kind == "gemm" for k in x.kernels or ())
+
+
+def _lead_gathers(items: list, role_of) -> list:
+    """``items`` with each phase's trailing all-gathers (after its last GEMM op: they feed
+    the first GEMM of the next layer's phase) moved to the front of the phase; a phase is a
+    run of ops of the recomputed forward (``recompute.*``) or of the others."""
+    out, start = [], 0
+    while start < len(items):
+        key = _phase(items[start])
+        end = start
+        while end < len(items) and _phase(items[end]) == key:
+            end += 1
+        run = items[start:end]
+        last = max((i for i, x in enumerate(run) if _has_gemm(x)), default=None)
+        lead = [] if last is None else [x for x in run[last + 1:] if isinstance(x, Collective)
+                                        and role_of(x) == "pre"]
+        out += lead + [x for x in run if not any(x is t for t in lead)]
+        start = end
+    return out
+
+
+def _phase(x) -> bool:
+    return x.name.startswith("recompute.")
+
+
 def layer_body(b, backward: bool, payloads: list) -> list[Op]:
-    """One layer's ops under ``torch_async``: the all-gathers at the end of the layer feed
-    the next layer's first GEMM and move to the front (as in :func:`.tp_overlap.layer_body`);
-    each compute op takes the all-gathers before it and the reduce-scatters after it."""
-    items = list(payloads)
+    """One layer's ops under ``torch_async``: the all-gathers after the last GEMM op of the
+    forward, of the recomputed forward and of the backward feed the first GEMM of the next
+    layer's (QKV; the down projection's data gradient) and move to the front of their run
+    (:func:`_lead_gathers`: Inductor fuses every all-gather a matmul reads, in the forward
+    and the backward graph); each compute op takes the all-gathers before it and the
+    reduce-scatters after it."""
     summed, gathers = _summed(b), _gathers(b)
-    lastc = max(i for i, x in enumerate(items) if isinstance(x, Compute))
-    trailing = [x for x in items[lastc + 1:] if isinstance(x, Collective)
-                and role(x, backward, summed, gathers) == "pre"]
-    items = trailing + [x for x in items if not any(x is t for t in trailing)]
+    items = _lead_gathers(list(payloads), lambda c: role(c, backward, summed, gathers))
     ops: list[Op] = []
     pres: list[Collective] = []
     i = 0
