@@ -174,8 +174,9 @@ def plan_label(row) -> str:
 def _cells(result) -> list[str]:
     if isinstance(result, str):
         return [f"refused: {result.splitlines()[0]}", "-", "-"]
+    fits = "" if result.memory.fits else " (does not fit: timed as if it did)"
     return [f"{result.iteration_time_s:.2f} s", f"{100 * result.mfu:.1f} %",
-            f"{result.memory.total / GiB:.1f} GiB"]
+            f"{result.memory.total / GiB:.1f} GiB{fits}"]
 
 
 def _print(head: list[str], lines: list[list[str]], markdown: bool) -> None:
