@@ -24,7 +24,7 @@ import numpy as np
 from ..errors import ConfigError
 
 __all__ = ["GraphBuilder", "GraphRecord", "NODE_KINDS", "LINK_KINDS", "NODE_LOCAL_KINDS",
-           "FABRIC_KINDS", "ABSENT"]
+           "FABRIC_KINDS", "ABSENT", "source_offsets"]
 
 #: Kinds of graph vertices. ``switch`` carries ``level`` (leaf 1, spine/aggregation 2, core 3).
 NODE_KINDS = ("device", "nvswitch", "pcie_switch", "host", "nic", "switch", "router")
@@ -348,6 +348,15 @@ class GraphBuilder:
             self._chunks = [(u, v, bw, lat, code)]
             self._arrays = _successor_order(u, v, bw, lat, code, len(self.names))
         return self._arrays
+
+
+def source_offsets(u: np.ndarray, vertices: int) -> np.ndarray:
+    """Where each vertex's out-edges start among edges sorted by source ``u`` (``vertices +
+    1`` entries, the last ``len(u)``): ``np.searchsorted(u, np.arange(vertices + 1))``,
+    counted in one pass instead of a binary search per vertex."""
+    out = np.zeros(vertices + 1, dtype=np.int64)
+    np.cumsum(np.bincount(u, minlength=vertices)[:vertices], out=out[1:])
+    return out
 
 
 def _link_code(u: Any, v: Any, link_kind: str) -> int:

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from .builder import (ABSENT, LINK_KINDS, NODE_KINDS, NODE_LOCAL_KINDS,
-                      BuilderRecord, GraphBuilder, GraphRecord)
+                      BuilderRecord, GraphBuilder, GraphRecord, source_offsets)
 
 __all__ = ["builder_of", "validate_record", "validate_builder", "reachable_count"]
 
@@ -108,7 +108,7 @@ def validate_builder(b: GraphBuilder) -> None:
 def reachable_count(u: np.ndarray, v: np.ndarray, vertices: int) -> int:
     """Vertices reachable from vertex 0 over the edges ``u[i] → v[i]`` (``u`` sorted),
     breadth first, one numpy pass per level."""
-    offsets = np.searchsorted(u, np.arange(vertices + 1))
+    offsets = source_offsets(u, vertices)
     seen = np.zeros(vertices, dtype=bool)
     seen[0] = True
     frontier = np.array([0])

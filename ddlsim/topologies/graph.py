@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import ConfigError
-from .builder import FABRIC_CODES, LINK_KINDS, NODE_KINDS, GraphRecord
+from .builder import FABRIC_CODES, LINK_KINDS, NODE_KINDS, GraphRecord, source_offsets
 from .checks import builder_of
 from .layout import LocalLinks, NicSet, check_nics, nics_by_node, nics_of_devices, node_counts
 from .routing import GraphRouter, Router, ShortestPaths, flow_hash, pick
@@ -85,7 +85,7 @@ class Topology:
         self.name = name
         self._names = builder.names
         self._u, self._v, bw, lat, self._kind_code = builder.arrays()
-        self._offsets = np.searchsorted(self._u, np.arange(len(self._names) + 1))
+        self._offsets = source_offsets(self._u, len(self._names))
         self.edge_bandwidth_Bps = _frozen(bw)
         self.edge_latency_s = _frozen(lat)
         self._vkind, vnode, vlocal = builder.columns()
