@@ -94,12 +94,35 @@ def test_compiled_sums_write_the_scattered_layout():
     assert lk["bwd.attn.qkv"][0].bytes == 2 * B * S * H * 2
 
 
-def test_async_tp_fuses_all_but_the_regather():
+def test_async_tp_fuses_all_but_the_regather_and_the_weight_gradients_reshape():
+    # the fused all-gather returns [s, b, h] seen as [b, s, h]: the bf16 weight gradient's
+    # reshape(-1, h) copies the gathered output gradient (the re-gathered input is plain)
     lk = _layer(_cfg(async_tp=True))
-    for part in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2", "bwd.mlp.fc2",
-                 "bwd.attn.proj"):
+    copy = 2 * B * S * H * 2
+    for part in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2"):
         assert not _copies(lk, part), part
-    assert _copies(lk, "bwd.mlp.fc1") == [2 * B * S * H * 2]
+    for part in ("bwd.mlp.fc2", "bwd.attn.proj"):
+        assert _copies(lk, part) == [copy], part
+    assert _copies(lk, "bwd.mlp.fc1") == [copy]                # the re-gather's
+    # without the re-gather the saved (or recomputed) fused input is copied there instead
+    c = ddlsim.load_config(_cfg(async_tp=True))
+    lk = layer_kernels(c.model.shape(), c.software, B, S, 2, True, c.train.dtype, False)
+    assert _copies(lk, "bwd.mlp.fc1") == [copy] and _copies(lk, "bwd.attn.qkv") == [copy]
+    assert not _copies(lk, "attn.qkv")
+
+
+def test_fp8_weight_gradients_copy_their_operands_anyway():
+    # tensorwise: torchao copies the gathered FP8 tensors into _scaled_mm's layouts (xT, gT)
+    # in either TP mode; async TP removes the layout copies and adds none
+    for regather in (True, False):
+        c = ddlsim.load_config(_cfg(dtype="fp8", recipe="tensorwise", async_tp=True))
+        on = layer_kernels(c.model.shape(), c.software, B, S, 2, True, c.train.dtype, regather)
+        c = ddlsim.load_config(_cfg(dtype="fp8", recipe="tensorwise"))
+        off = layer_kernels(c.model.shape(), c.software, B, S, 2, True, c.train.dtype, regather)
+        for part in ("bwd.mlp.fc2", "bwd.attn.proj"):
+            assert on[part] == off[part][1:], part
+        for part in ("bwd.mlp.fc1", "bwd.attn.qkv"):
+            assert on[part] == off[part], part
 
 
 @pytest.mark.parametrize("recipe, gathers_copied", [("tensorwise", False), ("rowwise", True)])

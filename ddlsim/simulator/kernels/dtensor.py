@@ -56,17 +56,21 @@ __all__ = ["sp_layout_copies", "layout_copy", "regathers_input", "keeps_gathered
 #: around its GEMMs: (tensor, where, collective), tensor ``x`` (the gathered input), ``g``
 #: (the gathered output gradient) or ``y`` (a reduce-scatter's 16-bit input), ``where``
 #: ``before`` or ``after`` the part's kernels, collective ``ag`` (fused under async TP),
-#: ``ag.input`` (the backward's re-gather: never fused) or ``rs`` (fused under async TP;
-#: ``rs.sum``: its input the separate projections' gradient sum, written in place compiled)
+#: ``ag.input`` (the backward's re-gather: never fused), ``ag.saved`` (the fused all-gather's
+#: input kept for the weight gradient, copied to 2-D: :func:`sp_layout_copies`) or ``rs``
+#: (fused under async TP; ``rs.sum``: its input the separate projections' gradient sum,
+#: written in place compiled)
 SP_COPIES: dict[str, tuple[tuple[str, str, str], ...]] = {
     "attn.qkv": (("x", "before", "ag"),),
     "attn.proj": (("y", "after", "rs"),),
     "mlp.fc1": (("x", "before", "ag"),),
     "mlp.fc2": (("y", "after", "rs"),),
     "bwd.mlp.fc2": (("g", "before", "ag"),),
-    "bwd.mlp.fc1": (("x", "before", "ag.input"), ("y", "after", "rs.sum")),
+    "bwd.mlp.fc1": (("x", "before", "ag.input"), ("x", "before", "ag.saved"),
+                    ("y", "after", "rs.sum")),
     "bwd.attn.proj": (("g", "before", "ag"),),
-    "bwd.attn.qkv": (("x", "before", "ag.input"), ("y", "after", "rs.sum")),
+    "bwd.attn.qkv": (("x", "before", "ag.input"), ("x", "before", "ag.saved"),
+                     ("y", "after", "rs.sum")),
 }
 
 
@@ -181,6 +185,16 @@ def sp_layout_copies(sw: Any, t: int, sp: bool, elements: float, dt: int, dtype:
     """The layout copies of one dense layer's sequence-parallel collectives (module
     docstring), by part of :func:`~ddlsim.workloads.decoder.layerkernels.layer_kernels`.
 
+    Under async TP a fused all-gather hands its result back in the order it gathered it,
+    ``[s, b, h]`` seen as ``[b, s, h]`` (``_fused_all_gather_matmul_impl``'s ``unflatten``:
+    ``view(...).flatten(0, 1).movedim(0, gather_dim)``, pytorch
+    ``torch/distributed/_symmetric_memory/__init__.py``, 2025). A 16-bit weight gradient
+    reads it through ``reshape(-1, h)``, which cannot view it for a local batch above one
+    and copies it: the gathered output gradient keeps its copy in the backward, and the
+    gathered input, saved or recomputed, is copied once there (``ag.saved``) unless the
+    backward gathers it again. Under FP8 torchao copies both into the layouts
+    ``_scaled_mm`` takes anyway (:mod:`.fp8recipe`, ``xT``/``gT``): no copy is added.
+
     Parameters
     ----------
     sw : Software
@@ -216,16 +230,18 @@ def sp_layout_copies(sw: Any, t: int, sp: bool, elements: float, dt: int, dtype:
     """
     if not (sw.sp_layout_copy and t > 1 and sp):
         return {}
-    rs_fused = sw.tp_comm_overlap == "torch_async"
-    fused = {"ag": all_gather_fused(sw, fp8_linears, fp8_gather), "rs": rs_fused,
-             "rs.sum": rs_fused}
+    ag = all_gather_fused(sw, fp8_linears, fp8_gather)
+    rs = sw.tp_comm_overlap == "torch_async"
+    reshaped = ag and not fp8_linears          # the 16-bit weight gradient copies it
     out = {}
     for part, copies in SP_COPIES.items():
         in_place = summed.get(part, False) and bool(sw.compile)
+        kept = {"ag": lambda x: not ag or (reshaped and x == "g"), "ag.input": lambda x: regather,
+                "ag.saved": lambda x: reshaped and not regather, "rs": lambda x: not rs,
+                "rs.sum": lambda x: not (rs or in_place)}
         sides: dict[str, tuple] = {"before": (), "after": ()}
         for tensor, where, coll in copies:
-            if (fused.get(coll, False) or (in_place and coll == "rs.sum")
-                    or (coll == "ag.input" and not regather)):
+            if not kept[coll](tensor):
                 continue
             nbytes = 1 if fp8_gather and tensor in "xg" else dt
             sides[where] += (layout_copy(elements, nbytes, dtype),)
