@@ -40,8 +40,8 @@ from .blocks import piece_config, stage_pieces
 from ..workloads.decoder import param_gather
 from ..workloads.decoder.builder import StageBuilder, with_edges
 from ..workloads.decoder.host_sync import host_sync_times
-from ..workloads.decoder.dpsync import (bucket_runs, buckets, ddp_pass_times,
-                                        grad_bucket_bytes)
+from ..workloads.decoder.dpsync import (bucket_run_times, bucket_runs, buckets,
+                                        ddp_pass_times, grad_bucket_bytes)
 from .zero3 import Unit, zero3_time, zero3_units_time
 from .zero3_edges import edge_units, price_gathers, price_reduces, root_unit
 from ..workloads.decoder.zero3_fetch import persistent_gather_seconds, persistent_tensors
@@ -231,15 +231,20 @@ class DecoderVectors:
         grad = params * ctx.gdt
         sharded = (zero > 0) & (dp > 1)
         update = self._optimizer(ctx, np.where(sharded, params / np.maximum(dp, 1), params))
-        # the stack's DDP passes over the gradients (dpsync.GradSyncOps.ddp_pass_ops)
-        passes_s, kernels = ddp_pass_times(ctx.cfg.software.name, ctx.dev, grad)
-        update += np.where((dp > 1) & (zero < 3),
-                           stream_times(passes_s, kernels, ctx.dev.launch), 0.0)
-        # the step's host waits (host_sync.HostSyncOps.step_sync_ops; none under ZeRO-3)
-        n_buckets = np.where((dp > 1) & (zero < 3), self._stage_buckets(ctx, plans, grad, first),
-                             0.0)
-        update += np.where(zero < 3, host_sync_times(
-            ctx.cfg.software.name, ctx.dev.launch, ctx.cfg.system.device.launch, n_buckets), 0.0)
+        # the stack's DDP passes over the gradients (dpsync.GradSyncOps.ddp_pass_ops) and the
+        # step's host waits (host_sync.HostSyncOps.step_sync_ops; none under ZeRO-3); with
+        # overlapped buckets, each bucket's passes and wait run before its collective (below)
+        synced = (dp > 1) & (zero < 3)
+        overlapped = ctx.cfg.software.overlap_grad_reduce
+        stack, spec = ctx.cfg.software.name, ctx.cfg.system.device.launch
+        lead = (first | (plans["pp"] == 1)) & overlapped   # the first stage's first chunk
+        passes_s, kernels = ddp_pass_times(stack, ctx.dev, grad,
+                                           np.where(lead, grad * (1 - 1 / v), grad))
+        update += np.where(synced, stream_times(passes_s, kernels, ctx.dev.launch), 0.0)
+        n_buckets = np.where(synced, np.where(
+            lead, v - 1, self._stage_buckets(ctx, plans, grad, first)), 0.0)
+        update += np.where(zero < 3, host_sync_times(stack, ctx.dev.launch, spec, n_buckets),
+                           0.0)
         op_rs = (zero == 1) | (zero == 2)
         gathers = op_rs & (dp > 1)
         update += coll("all_gather", "dp",
@@ -255,11 +260,17 @@ class DecoderVectors:
             d = per_seg * np.where(op_rs, coll("reduce_scatter", "dp", size, rs),
                                    coll("all_reduce", "dp", size, ar))
             q = np.floor_divide(lc, n_seg)
-            extra = None if sm is None else (sm(d, q + 1), sm(d, q))
-            tail = flow_shop_tail(lc, n_seg, bwd_layer, d,
-                                  backlog=earlier_chunks(v, plans["pp"] * lc * bwd_layer,
-                                                         n_seg * d, lc, n_seg, bwd_layer),
-                                  extra=extra)
+            # each run's buckets' passes and waits (dpsync.GradSyncOps.bucket_pass_ops) before
+            # its collectives: a run's extra compute, the first run's by the backlog's shift
+            # (the first stage's first chunk; every other chunk's in the update block, above)
+            run = bucket_run_times(stack, ctx.dev, spec, size, per_seg)
+            extra = (0.0, 0.0) if sm is None else (sm(d, q + 1), sm(d, q))
+            backlog = earlier_chunks(v, plans["pp"] * lc * bwd_layer, n_seg * d, lc, n_seg,
+                                     bwd_layer)
+            shift = np.where(lead, run, 0.0)
+            tail = flow_shop_tail(lc, n_seg, bwd_layer, d, backlog=backlog - shift,
+                                  extra=(extra[0] + shift, extra[1] + shift))
+            tail += np.where(lead, run, 0.0)
         else:
             n = buckets(grad, bucket)
             per_bucket = grad / n

@@ -40,14 +40,38 @@ def test_stack_entries():
 
 def test_four_passes_over_every_reduced_gradient_byte():
     """bf16 training on Megatron-Core 2024: fp32 gradient buffers, reduced in fp32, so the
-    buffer is the bytes reduce-scattered; the op moves 4 times them, in 4 kernels."""
+    buffer is the bytes reduce-scattered; 4 passes over them: with overlapped buckets, 3 over
+    each bucket before its reduce-scatter (one kernel a pass and bucket) and the zero_() in
+    the update block; without, all 4 in the update block."""
     ops = _ops("megatron-core-2024")
+    reduced = sum(o.payload.bytes * o.repeat for o in ops if isinstance(o.payload, Collective)
+                  and o.payload.name == "grad.reduce_scatter")
+    (zero,) = [o.payload for o in ops if isinstance(o.payload, Compute)
+               and o.payload.name == "grad.ddp_passes"]
+    runs = [o for o in ops if isinstance(o.payload, Compute)
+            and o.payload.name == "grad.bucket_passes"]
+    assert reduced > 0 and zero.bytes == pytest.approx(reduced)
+    assert sum(o.payload.bytes * o.repeat for o in runs) == pytest.approx(3 * reduced)
+    for o in runs:        # before the run's reduce-scatter, one kernel a pass and bucket
+        i = ops.index(o)
+        after = next(x for x in ops[i:] if isinstance(x.payload, Collective))
+        assert after.payload.name == "grad.reduce_scatter"
+        assert [k.bytes for k in o.payload.kernels] == \
+            pytest.approx([after.payload.bytes] * (3 * after.repeat))
+
+
+def test_without_overlap_all_four_in_the_update_block():
+    data = _cfg("megatron-core-2024", 1)
+    data["parallel"]["overlap_grad_reduce"] = False
+    w = ddlsim.build_workload(ddlsim.load_config(data))
+    prog = w.classes[0].program
+    ops = [op for step in prog.steps for op in prog.blocks[step.block].flat.ops]
     reduced = sum(o.payload.bytes * o.repeat for o in ops if isinstance(o.payload, Collective)
                   and o.payload.name == "grad.reduce_scatter")
     (passes,) = [o.payload for o in ops if isinstance(o.payload, Compute)
                  and o.payload.name == "grad.ddp_passes"]
-    assert reduced > 0 and passes.bytes == pytest.approx(4 * reduced)
-    assert [k.bytes for k in passes.kernels] == pytest.approx([reduced] * 4)
+    assert passes.bytes == pytest.approx(4 * reduced)
+    assert not [o for o in ops if o.payload.name == "grad.bucket_passes"]
 
 
 def test_the_search_tiers_form_is_the_ops():

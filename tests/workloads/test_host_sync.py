@@ -62,16 +62,25 @@ def test_a_serial_step_pays_each_wait_by_hand(engine, monkeypatch):
     assert with_waits - without == pytest.approx(by_hand, rel=1e-9)
 
 
-def test_one_bucket_wait_per_gradient_bucket():
+@pytest.mark.parametrize("overlap", [True, False])
+def test_one_bucket_wait_per_gradient_bucket(overlap):
     """DP 8, ZeRO-1: Megatron-Core's bucket is max(40e6, 1e6·8) fp32 gradients (160 MB); the
-    rank's gradient bytes in such buckets, one wait each, in the update block."""
+    rank's gradient bytes in such buckets, one wait each, before the bucket's reduce-scatter
+    (overlapped: after each run of backward layers), or one bucket in the update block (not
+    overlapped: Megatron-Core buckets nothing)."""
     data = _cfg(dp=8, zero=1)
+    data["parallel"]["overlap_grad_reduce"] = overlap
     cfg = ddlsim.load_config(data)
     grad_bytes = StageBuilder.from_config(cfg, cfg.model.shape()).stage_params(0) * 4
-    (bucket,) = [o for o in _ops(data) if o.payload.name == "bucket.sync"]
-    assert bucket.stream == "host"
-    assert bucket.repeat == math.ceil(grad_bytes / 160e6)
-    names = [o.payload.name for o in _ops(data)]
+    ops = _ops(data)
+    waits = [o for o in ops if o.payload.name == "bucket.sync"]
+    assert {o.stream for o in waits} == {"host"}
+    assert sum(o.repeat for o in waits) == (math.ceil(grad_bytes / 160e6) if overlap else 1)
+    for o in waits:
+        after = next(x for x in ops[ops.index(o):] if x.stream == "dp" or x.payload.name
+                     == "optimizer")
+        assert after.payload.name == ("grad.reduce_scatter" if overlap else "optimizer")
+    names = [o.payload.name for o in ops]
     assert names.count("loss.sync") == 2 and names.count("grad_norm.sync") == 1
 
 

@@ -333,7 +333,11 @@ class StageBuilder(GradSyncOps, MoEOps, HostSyncOps, EdgeOps):
                 ops += self.cached(("head.bwd",), lambda: as_ops(self.head_backward()))
             start = len(ops)
             if with_sync and sync_ops:
-                ops += self._overlapped_layers(sync_ops, start, Lc, offset)
+                # the first stage's first chunk's buckets get their DDP passes and host
+                # waits here (.dpsync.GradSyncOps.bucket_pass_ops; the expert-split update
+                # block, .moe, charges neither)
+                ops += self._overlapped_layers(sync_ops, start, Lc, offset, passes=(
+                    stage == 0 and chunk == 0 and not self.split_experts))
             else:
                 ops += self.layer_ops(True, Lc, n_moe, offset)
             if ops[:start] and len(ops) > start:
@@ -394,14 +398,19 @@ class StageBuilder(GradSyncOps, MoEOps, HostSyncOps, EdgeOps):
             if p.zero_stage == 3:
                 ops.append(Op(Wait("wait.grad", "dp")))  # ZeRO-3: gathers and RS share it
             shard = params / dp if p.zero_stage else params
-            self.step_sync_ops(ops, self.stage_buckets(stage) if p.zero_stage < 3 else 0, True)
+            # the buckets' passes and waits here, but the first chunk's overlapped ones
+            # (before each run's collectives: .dpsync.GradSyncOps.bucket_pass_ops)
+            moved = overlapped and stage == 0 and self.split[0][0] > 0
+            waits = 0 if p.zero_stage == 3 else self.stage_buckets(stage, moved)
+            self.step_sync_ops(ops, waits, True)
             ops.append(step(shard))
             self.step_sync_ops(ops, 0, False)
             if p.zero_stage == 3:   # DeepSpeed 2021 regathers its persistent parameters
                 from .zero3_fetch import persistent_gather_ops
                 ops += persistent_gather_ops(self, stage, len(ops) - 1)
             if p.zero_stage < 3:    # the DDP's passes over its gradient buffer (dpsync)
-                ops += self.ddp_pass_ops(grad_bytes)
+                ops += self.ddp_pass_ops(grad_bytes, grad_bytes * (
+                    1 - self.split[0][0] / sum(self.split[0]) if moved else 1))
             if p.zero_stage in (1, 2):  # all of it, or its first bucket (.param_gather)
                 gather = param_gather.first_bucket(p.param_gather_overlap, params * self.dt,
                                                    p.param_bucket_bytes)

@@ -11,7 +11,10 @@ micro-batch's work, the optimizer), which is not charged.
 
 The stack's DDP may also pass over the gradient buffer on the compute stream
 (``ddp.bucket_passes`` and ``ddp.grad_zero_passes`` in software.yaml, :func:`bucket_passes`):
-:meth:`GradSyncOps.ddp_pass_ops`, charged in the update block."""
+over each bucket before its collective, with the host's wait for the bucket's NaN check
+(:mod:`.host_sync`), after each run of overlapped layers (:meth:`GradSyncOps.bucket_pass_ops`),
+or in the update block (:meth:`GradSyncOps.ddp_pass_ops`: the buffer's ``zero_()``, and the
+buckets' passes where they are not overlapped)."""
 
 from __future__ import annotations
 
@@ -24,8 +27,8 @@ from ..smcontention import beside
 from ..trace import Collective, Compute, Kernel, Op
 from .stage import StageBase
 
-__all__ = ["GradSyncOps", "buckets", "bucket_passes", "bucket_runs", "ddp_pass_times",
-           "grad_bucket_bytes", "MEGATRON_BUCKET"]
+__all__ = ["GradSyncOps", "buckets", "bucket_passes", "bucket_run_times", "bucket_runs",
+           "ddp_pass_times", "grad_bucket_bytes", "MEGATRON_BUCKET"]
 
 #: Megatron-Core's default bucket, in parameters: ``max(40000000, 1000000 · dp)``
 #: (NVIDIA/Megatron-LM 900f1b76 and 9c1a5351, megatron/core/distributed/
@@ -57,19 +60,58 @@ def bucket_passes(stack: str, key: str = "bucket_passes") -> int:
     return int(entry["value"]) if entry else 0
 
 
-def ddp_pass_times(stack: str, dev, grad_bytes):
-    """``(device seconds, kernels)`` of stack ``stack``'s DDP passes
-    (:meth:`GradSyncOps.ddp_pass_ops`) over ``grad_bytes`` of gradients on kernel device
-    ``dev``, for :func:`~ddlsim.simulator.kernels.host.stream_times`: the vectorised search
-    tier's form of the same op. Element-wise on arrays."""
-    n = bucket_passes(stack) + bucket_passes(stack, "grad_zero_passes")
-    grad_bytes = np.asarray(grad_bytes, dtype=float)
-    if not n:
-        return 0.0 * grad_bytes, 0.0 * grad_bytes
+def _pass_seconds_per_byte(dev) -> float:
+    """Seconds per byte of one fp32 memory pass on kernel device ``dev`` (a memory kernel's
+    time is linear in its bytes: :func:`~ddlsim.simulator.kernels.kernel_time`)."""
     from ...simulator.kernels import kernel_time
-    gib = float(2 ** 30)   # a memory kernel's time is linear in its bytes (kernel_time)
-    per_byte = kernel_time(Kernel("memory", bytes=gib, dtype="fp32"), dev) / gib
-    return n * grad_bytes * per_byte, np.where(grad_bytes > 0, float(n), 0.0)
+    gib = float(2 ** 30)
+    return kernel_time(Kernel("memory", bytes=gib, dtype="fp32"), dev) / gib
+
+
+def ddp_pass_times(stack: str, dev, grad_bytes, bucket_bytes=None):
+    """``(device seconds, kernels)`` of stack ``stack``'s DDP passes in the update block
+    (:meth:`GradSyncOps.ddp_pass_ops`: the zero pass over ``grad_bytes``, the bucket passes
+    over ``bucket_bytes``, default the same) on kernel device ``dev``, for
+    :func:`~ddlsim.simulator.kernels.host.stream_times`: the vectorised search tier's form of
+    the same op. Element-wise on arrays."""
+    z, n = bucket_passes(stack, "grad_zero_passes"), bucket_passes(stack)
+    grad_bytes = np.asarray(grad_bytes, dtype=float)
+    bucket_bytes = grad_bytes if bucket_bytes is None else np.asarray(bucket_bytes, dtype=float)
+    if not z + n:
+        return 0.0 * grad_bytes, 0.0 * grad_bytes
+    seconds = (z * grad_bytes + n * bucket_bytes) * _pass_seconds_per_byte(dev)
+    return seconds, z * (grad_bytes > 0) + n * (bucket_bytes > 0.0)
+
+
+def bucket_run_times(stack: str, dev, launch_spec, bucket_bytes, count):
+    """Seconds of :meth:`GradSyncOps.bucket_pass_ops` before ``count`` buckets of
+    ``bucket_bytes`` each on kernel device ``dev`` (its passes, one kernel a pass and bucket,
+    timed by :func:`~ddlsim.simulator.kernels.host.stream_times`, and ``count`` of the host's
+    bucket waits, :func:`.host_sync.site_seconds`): the search tier's form. Element-wise on
+    arrays.
+
+    Parameters
+    ----------
+    stack : str
+        the software stack's name.
+    dev : KernelDevice
+        the kernel model's device.
+    launch_spec : LaunchSpec or None
+        ``system.device.launch``.
+    bucket_bytes, count : array
+        bytes of one bucket, and the buckets of the run.
+
+    Returns
+    -------
+    array of seconds
+    """
+    from ...simulator.kernels.host import stream_times
+    from .host_sync import site_seconds
+    n = bucket_passes(stack)
+    size, count = np.asarray(bucket_bytes, dtype=float), np.asarray(count, dtype=float)
+    passes = stream_times(n * count * size * _pass_seconds_per_byte(dev),
+                          np.where(size > 0, n * count, 0.0), dev.launch) if n else 0.0
+    return passes + count * site_seconds(stack, dev.launch, launch_spec, "bucket")
 
 
 def grad_bucket_bytes(cfg, dp, grad_dtype_bytes, stage=0, chunk=0):
@@ -124,15 +166,17 @@ class GradSyncOps(StageBase):
         return self.plan.bucket_bytes(stage, chunk)
 
     def _overlapped_layers(self, sync_ops: list[Op], start: int, layers: int,
-                           offset: int = 0) -> list[Op]:
+                           offset: int = 0, passes: bool = False) -> list[Op]:
         """The chunk's ``layers`` backward layers split into bucket segments; after each
         segment its gradients' collective is issued on the dp stream (PyTorch DDP buckets,
-        overlap with backward). ``offset``: the rank's layers before the chunk."""
+        overlap with backward). ``offset``: the rank's layers before the chunk; ``passes``:
+        each segment's buckets' passes and host waits before it (:meth:`bucket_pass_ops`)."""
         key = ("overlapped", tuple((o.payload, o.repeat) for o in set(sync_ops)), len(sync_ops),
-               start, layers, offset)
-        return self.cached(key, lambda: self._segments(sync_ops, start, layers, offset))
+               start, layers, offset, passes)
+        return self.cached(key, lambda: self._segments(sync_ops, start, layers, offset, passes))
 
-    def _segments(self, sync_ops: list[Op], start: int, layers: int, offset: int) -> list[Op]:
+    def _segments(self, sync_ops: list[Op], start: int, layers: int, offset: int,
+                  passes: bool) -> list[Op]:
         w = max(1, len({o.stream for o in sync_ops}))   # per segment: dense [and expert]
         f, n_seg = self.period, len(sync_ops) // w
         periods = layers // f
@@ -148,29 +192,53 @@ class GradSyncOps(StageBase):
                 extra = beside(f"dp.run{seg}", run,
                                [(o.payload, o.repeat) for o in prev], self.dtype)
                 ops += [extra] if extra is not None else []
+            if passes:   # each bucket's passes and the host's NaN check before it
+                ops += self.bucket_pass_ops(sync_ops[w * seg:w * seg + w])
             last = start + len(ops) - 1
             for s in sync_ops[w * seg:w * seg + w]:
                 ops.append(Op(s.payload, stream=s.stream, deps=(last,), repeat=s.repeat))
         return ops
 
-    def ddp_pass_ops(self, grad_bytes: float) -> list[Op]:
-        """The stack's DDP passes over the stage's ``grad_bytes`` of gradients
-        (:func:`bucket_passes`, both entries), one memory kernel a pass over the whole buffer,
-        on the compute stream; none where the stack names none. Megatron-Core runs the NaN
-        check's norm and the 1/DP scaling of each bucket as it is issued (``start_grad_sync``,
-        during the last backward; on pipeline stages after the first, after the cooldown)
-        and the buffer's ``zero_()`` before the next forward: all on the compute stream, so
-        charged in the update block, where the stream's total is the same. Placed there they
-        follow the gradients' collectives instead of running beside them (the search tier's
-        update is serial with its data-parallel tail too), which overstates the step by up
-        to their time where those collectives outlast the backward; the NaN check's host sync
-        (``assert not norm.isnan()``) is not charged."""
-        n = bucket_passes(self.sw.name) + bucket_passes(self.sw.name, "grad_zero_passes")
-        if not n or not grad_bytes:
+    def bucket_pass_ops(self, bucket_ops: list[Op]) -> list[Op]:
+        """What the stack runs on the compute stream before the collectives ``bucket_ops``
+        of one run (each op ``repeat`` buckets of its ``bytes``): the ``ddp.bucket_passes``
+        over each bucket (one memory kernel a pass and bucket) and the host's wait of each
+        bucket's NaN check (:meth:`.host_sync.HostSyncOps.step_sync_ops`, site ``bucket``);
+        none under ZeRO-3 or where the stack names none."""
+        if self.plan.zero_stage == 3:
             return []
-        kernels = (Kernel("memory", bytes=grad_bytes, dtype="fp32"),) * n
-        return [Op(Compute("grad.ddp_passes", 0.0, n * grad_bytes, kind="elementwise",
-                           dtype="fp32", kernels=kernels))]
+        n = bucket_passes(self.sw.name)
+        count = sum(o.repeat for o in bucket_ops)
+        nbytes = sum(o.payload.bytes * o.repeat for o in bucket_ops)
+        ops: list[Op] = []
+        if n and nbytes:
+            kernels = tuple(Kernel("memory", bytes=o.payload.bytes, dtype="fp32")
+                            for o in bucket_ops for _ in range(n * o.repeat))
+            ops.append(Op(Compute("grad.bucket_passes", 0.0, n * nbytes, kind="elementwise",
+                                  dtype="fp32", kernels=kernels)))
+        return ops + self.host_wait_ops("bucket", count)
+
+    def ddp_pass_ops(self, grad_bytes: float, bucket_bytes: float | None = None) -> list[Op]:
+        """The stack's DDP passes in the update block, one memory kernel a pass, on the
+        compute stream: the buffer's ``zero_()`` over the stage's ``grad_bytes``
+        (``ddp.grad_zero_passes``; Megatron-Core runs it before the next forward, the same
+        place on the compute stream) and the ``ddp.bucket_passes`` over ``bucket_bytes``
+        (default: all of them). Megatron-Core runs those, the NaN check's norm and the 1/DP
+        scaling, as each bucket is issued: the first stage's first chunk's overlapped buckets
+        get them before each run's collectives (:meth:`bucket_pass_ops`); every other
+        chunk's one bucket gets them at the end of its last backward, before its gradient's
+        send on a later pipeline stage, which this placement leaves out of the pipeline's
+        flush. None where the stack names none."""
+        bucket_bytes = grad_bytes if bucket_bytes is None else bucket_bytes
+        kernels = (*(Kernel("memory", bytes=grad_bytes, dtype="fp32"),)
+                   * bucket_passes(self.sw.name, "grad_zero_passes"),
+                   *(Kernel("memory", bytes=bucket_bytes, dtype="fp32"),)
+                   * bucket_passes(self.sw.name))
+        kernels = tuple(k for k in kernels if k.bytes)
+        if not kernels:
+            return []
+        return [Op(Compute("grad.ddp_passes", 0.0, sum(k.bytes for k in kernels),
+                           kind="elementwise", dtype="fp32", kernels=kernels))]
 
     def grad_sync_ops(self, stage: int, chunk: int = 0) -> list[Op]:
         """Bucketed gradient collectives of one model chunk (all-reduce, or reduce-scatter

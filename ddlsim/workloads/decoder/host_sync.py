@@ -15,8 +15,10 @@ site           Megatron-Core r0.8.0 (software.yaml)  where the trace puts it
 ``loss``       the loss's NaN check and              end of the last stage's forward
                ``num_tokens.item()``, per            (:meth:`HostSyncOps.head_forward`)
                micro-batch
-``bucket``     each gradient bucket's NaN check      the update block, once per bucket
-               (``start_grad_sync``)                 (:meth:`HostSyncOps.step_sync_ops`)
+``bucket``     each gradient bucket's NaN check      before the bucket's collective, after
+               (``start_grad_sync``)                 its run of overlapped backward layers
+                                                     (:meth:`.dpsync.GradSyncOps.bucket_pass_ops`);
+                                                     not overlapped, the update block
 ``grad_norm``  the clip's ``total_norm.item()``      the update block, before the step
 ``loss_scale`` ``get_loss_scale().item()``           the update block, after the step
 =============  ====================================  ======================================
@@ -25,13 +27,10 @@ site           Megatron-Core r0.8.0 (software.yaml)  where the trace puts it
 the ``host`` stream a ``Wait`` for the compute stream (the awaited device work), a
 ``<site>.sync`` op (``wakes · SYNC_WAKE_S``) and a ``<site>.issue`` op (``issue_ops`` host
 operations), then a ``Wait`` on the host stream that holds the compute stream until the host
-has issued. The bucket waits run in the last backward, before each bucket's collective; they
-are charged in the update block with the stack's passes over the buckets
-(:meth:`.dpsync.GradSyncOps.ddp_pass_ops`), where the step's total is the same while the
-backward, not the buckets' collectives, is the critical path, and where the search tier
-charges them too (:func:`host_sync_times`). The loss's wait ends the head's forward
-(:meth:`HostSyncOps.head_forward`), which the search tier builds as a piece, so it reaches
-that tier through the same ops.
+has issued. The loss's wait ends the head's forward (:meth:`HostSyncOps.head_forward`), which
+the search tier builds as a piece, so it reaches that tier through the same ops; the search
+tier times the others by :func:`host_sync_times` and
+:func:`.dpsync.bucket_run_times` (the overlapped buckets' runs in its flow shop).
 
 Not charged: the collectives the waits wait for (the reporting loss's all-reduce over the
 data-parallel group, the grad norm's all-reduce over the world; 8 and 4 bytes), and a wait's
@@ -52,8 +51,8 @@ from ..trace import Compute, Op, Wait
 from .moe_host import SYNC_WAKE_S, host_op
 from .stage import StageBase
 
-__all__ = ["HostSync", "HostSyncOps", "SITES", "host_sync_times", "stack_host_syncs",
-           "wait_ops"]
+__all__ = ["HostSync", "HostSyncOps", "SITES", "host_sync_times", "site_seconds",
+           "stack_host_syncs", "wait_ops"]
 
 #: the sites a stack's ``host_syncs`` section may name (module docstring)
 SITES = ("loss", "bucket", "grad_norm", "loss_scale")
@@ -145,18 +144,22 @@ def host_sync_times(stack: str, launch: Any, launch_spec: Any, buckets: Any) -> 
     -------
     array of seconds, broadcast with ``buckets``.
     """
-    from ...simulator.kernels.host import stream_times
     buckets = np.asarray(buckets, dtype=float)
-    syncs = stack_host_syncs(stack)
-    if launch_spec is None or not syncs:
-        return 0.0 * buckets
+    return (buckets * site_seconds(stack, launch, launch_spec, "bucket")
+            + site_seconds(stack, launch, launch_spec, "grad_norm")
+            + site_seconds(stack, launch, launch_spec, "loss_scale"))
 
-    def one(site: str) -> float:
-        s = syncs.get(site)
-        if s is None:
-            return 0.0
-        return s.wakes * SYNC_WAKE_S + float(stream_times(0.0, s.issue_ops, launch))
-    return buckets * one("bucket") + one("grad_norm") + one("loss_scale")
+
+def site_seconds(stack: str, launch: Any, launch_spec: Any, site: str) -> float:
+    """Seconds one wait at ``site`` holds the compute stream (:func:`wait_ops` on its own):
+    ``wakes · SYNC_WAKE_S`` and its issue by the host rule; 0 where the stack has no such
+    wait or the device no host model (``launch_spec`` None). Parameters as
+    :func:`host_sync_times`."""
+    from ...simulator.kernels.host import stream_times
+    sync = stack_host_syncs(stack).get(site)
+    if launch_spec is None or sync is None:
+        return 0.0
+    return sync.wakes * SYNC_WAKE_S + float(stream_times(0.0, sync.issue_ops, launch))
 
 
 class HostSyncOps(StageBase):
@@ -169,11 +172,14 @@ class HostSyncOps(StageBase):
             return {}
         return stack_host_syncs(self.sw.name)
 
-    def _append_wait(self, ops: list, site: str, repeat: int = 1) -> None:
-        """Append ``site``'s wait (:func:`wait_ops`) to ``ops``."""
+    def host_wait_ops(self, site: str, repeat: int = 1) -> list[Op]:
+        """``repeat`` of the stack's waits at ``site`` (:func:`wait_ops`), or none where the
+        stack or the plan has none."""
         sync = self._syncs().get(site)
-        if sync is not None and repeat:
-            ops += wait_ops(site, sync, self.dtype, repeat)
+        return wait_ops(site, sync, self.dtype, repeat) if sync is not None and repeat else []
+
+    def _append_wait(self, ops: list, site: str, repeat: int = 1) -> None:
+        ops += self.host_wait_ops(site, repeat)
 
     def head_forward(self) -> list:
         """The head's forward (:meth:`.edges.EdgeOps.head_forward`) and, where the stack has
@@ -194,12 +200,14 @@ class HostSyncOps(StageBase):
         else:
             self._append_wait(ops, "loss_scale")
 
-    def stage_buckets(self, stage: int) -> int:
+    def stage_buckets(self, stage: int, skip_first: bool = False) -> int:
         """Gradient buckets of ``stage`` in one step (every chunk's, each as
-        :func:`.dpsync.buckets` counts them from :meth:`.dpsync.GradSyncOps.bucket_bytes`)."""
+        :func:`.dpsync.buckets` counts them from :meth:`.dpsync.GradSyncOps.bucket_bytes`;
+        ``skip_first``: but the first chunk's)."""
         from .dpsync import buckets
         layers = sum(self.split[stage])
         grad = self.stage_params(stage) * self.gdt
         return sum(int(buckets(grad * (n / layers if layers else 1.0),
                                self.plan.bucket_bytes(stage, c)))
-                   for c, n in enumerate(self.split[stage]) if n or not layers)
+                   for c, n in enumerate(self.split[stage])
+                   if (n or not layers) and not (skip_first and c == 0))

@@ -95,6 +95,10 @@ class StageBase:
         """Gradients reduced after the backward (:class:`.dpsync.GradSyncOps`)."""
         raise NotImplementedError
 
+    def host_wait_ops(self, site: str, repeat: int = 1) -> list[Op]:
+        """The stack's host waits at ``site`` (:class:`.host_sync.HostSyncOps`)."""
+        raise NotImplementedError
+
     def _recompute_core(self, g: dict, moe: bool) -> Compute:
         """Selective recomputation's op (:meth:`.builder.StageBuilder._recompute_core`)."""
         raise NotImplementedError
