@@ -12,7 +12,7 @@ from pathlib import Path
 from proxies_table import PROXIES, Proxy, comm_calls
 
 __all__ = ["calibration_range", "calibrate", "link_sets", "fit_errors", "load", "background",
-           "busy"]
+           "busy", "first_touch_sets"]
 
 
 def calibration_range(sizes: list[float]) -> tuple[int, int]:
@@ -64,6 +64,8 @@ def calibrate(work: Path, names: list[str], ranks: int = 2, clock: str = "wall",
         if proc.returncode == 0:
             print("  fitted, relative RMS error: " + ", ".join(
                 f"{op} {100 * e:.1f} %" for op, e in fit_errors(profile).items()), flush=True)
+            _check(_run(["nice", sys.executable, "-m", "ddlsim.calibration", "first-touch",
+                         str(profile)], 300), "calibrate first-touch")
             return profile
         print("  " + " ".join(proc.stderr.split())[:600], flush=True)
     raise RuntimeError(f"calibrate fit refused {attempts} calibrations; see above")
@@ -98,6 +100,31 @@ def link_sets(proxy: Proxy, n: int, profile: Path) -> list[str]:
     link = measured_link(CalibrationProfile.load(profile), max(sizes), n)
     return [f"system.{part}.{key}={getattr(link, key)!r}" for part in ("intra_node", "nic")
             for key in ("bandwidth_Bps", "latency_s")]
+
+
+def first_touch_sets(profile: Path) -> list[str]:
+    """``--set`` values of ``system.first_touch`` from a profile's first-touch measurement
+    (``ddlsim calibrate first-touch``): for rows whose own profiles predate it.
+
+    Parameters
+    ----------
+    profile : Path
+        A calibration profile with ``first_touch``.
+
+    Returns
+    -------
+    list of str
+        ``system.first_touch.{s_per_page,page_bytes,source}``.
+    """
+    from ddlsim.calibration.profile import CalibrationProfile
+    entry = CalibrationProfile.load(profile).doc.first_touch
+    if entry is None:
+        raise ValueError(f"--first-touch {profile}: the profile has no first_touch "
+                         "measurement; add one with `ddlsim calibrate first-touch PROFILE`")
+    import json
+    return [f"system.first_touch.s_per_page={entry.s_per_page!r}",
+            f"system.first_touch.page_bytes={entry.page_bytes}",
+            f"system.first_touch.source={json.dumps(f'{profile}: {entry.source}')}"]
 
 
 def fit_errors(profile: Path) -> dict[str, float]:

@@ -49,7 +49,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from proxies_calib import background, busy, calibrate, fit_errors, link_sets, load
+from proxies_calib import (background, busy, calibrate, first_touch_sets, fit_errors,
+                           link_sets, load)
 from proxies_table import CONFIGS, PROXIES, Proxy, system_sets
 
 #: the ``ddlsim`` command of this Python (its console script is ``ddlsim.cli:main``)
@@ -109,7 +110,8 @@ def edited_source(checkout: Path, proxy: Proxy, out: Path) -> Path:
     return out
 
 
-def predict(proxy: Proxy, n: int, profile: Path | None) -> dict[str, float]:
+def predict(proxy: Proxy, n: int, profile: Path | None,
+            first_touch: Path | None = None) -> dict[str, float]:
     """``ddlsim predict --engine both`` of the n-rank run on :data:`SYSTEM`.
 
     ``--allow-oom``: a proxy allocates its message buffers only, not the memory ddlsim
@@ -124,6 +126,9 @@ def predict(proxy: Proxy, n: int, profile: Path | None) -> dict[str, float]:
     profile : Path or None
         Calibration profile (``--calibration``, backend mpi; the link from its sendrecv fit,
         :func:`link_sets`); None: the preset alone.
+    first_touch : Path, optional
+        A profile whose first-touch measurement is the system's (rows whose own profile
+        predates ``calibrate first-touch``: :func:`proxies_calib.first_touch_sets`).
 
     Returns
     -------
@@ -136,6 +141,7 @@ def predict(proxy: Proxy, n: int, profile: Path | None) -> dict[str, float]:
     if profile is not None:
         cmd += ["--calibration", str(profile), "--backend", "mpi"]
         sets += link_sets(proxy, n, profile)
+    sets += first_touch_sets(first_touch) if first_touch else []
     for s in sets:
         cmd += ["--set", s]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=_env())
@@ -265,7 +271,7 @@ def row_profile(folder: Path, row: dict) -> Path | None:
     return None if n == 1 else own if own.is_file() else folder / f"profile{n}.yaml"
 
 
-def repredict(rows: list[dict], profiles: Path) -> list[dict]:
+def repredict(rows: list[dict], profiles: Path, first_touch: Path | None = None) -> list[dict]:
     """The rows of an earlier run predicted again by this ddlsim, with the profiles that run
     calibrated (``PROFILES/profile<n>.yaml``, as :func:`compare` leaves them in ``--work``):
     the same measurements, the engines as they are now.
@@ -276,6 +282,8 @@ def repredict(rows: list[dict], profiles: Path) -> list[dict]:
         Rows written by ``--json``.
     profiles : Path
         The earlier run's ``--work`` folder.
+    first_touch : Path, optional
+        A profile whose first-touch measurement the rows are predicted with (:func:`predict`).
 
     Returns
     -------
@@ -290,7 +298,7 @@ def repredict(rows: list[dict], profiles: Path) -> list[dict]:
             raise FileNotFoundError(f"--profiles {profiles}: no profile{n}.yaml for the "
                                     f"{row['proxy']} row at {n} ranks")
         new = dict(row)
-        for engine, t in predict(PROXIES[row["proxy"]], n, profile).items():
+        for engine, t in predict(PROXIES[row["proxy"]], n, profile, first_touch).items():
             new[f"predicted_{engine}_s"] = t
             new[f"error_{engine}"] = t / row["measured_s"] - 1
         out.append(new)
@@ -349,6 +357,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--profiles", type=Path, nargs="+",
                     help="with --rows: predict the rows again with the profiles of each run's "
                          "--work folder (profile<n>.yaml), one folder per --rows file")
+    ap.add_argument("--first-touch", type=Path, help="with --profiles: a profile whose "
+                    "first_touch (ddlsim calibrate first-touch) the rows are predicted with")
     args = ap.parse_args(argv)
     args.names = args.only.split(",")
     unknown = [n for n in args.names if n not in PROXIES]
@@ -367,6 +377,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
             and all(p.is_dir() for p in args.profiles)):
         ap.error(f"--profiles {' '.join(map(str, args.profiles))}: needs --rows and one "
                  f"existing folder per --rows file")
+    if args.first_touch is not None and not (args.profiles and args.first_touch.is_file()):
+        ap.error(f"--first-touch {args.first_touch}: needs --profiles and an existing profile")
     if not args.rows and (args.proxies is None or not (args.proxies / "proxies").is_dir()):
         ap.error(f"--proxies {args.proxies}: a DNN-cpp-proxies checkout (with its proxies/ "
                  f"folder) is needed unless --rows is given")
@@ -404,7 +416,7 @@ def main(argv: list[str] | None = None) -> None:
         rows = []
         for path, folder in zip(args.rows, folders):
             got = json.loads(path.read_text())
-            rows += got if folder is None else repredict(got, folder)
+            rows += got if folder is None else repredict(got, folder, args.first_touch)
         for row in rows:
             print(_row_line(row))
     else:

@@ -211,15 +211,17 @@ def predict(config: RunConfig | dict | str | Path, engine: Engine = "analytical"
     if backend is not None and calibration is None:
         raise ConfigError(f"backend = {backend!r} needs a calibration profile (--calibration): "
                           "without one there is only the preset's cost model")
+    source = calibration
+    if isinstance(calibration, (str, Path)):
+        from .calibration import CalibrationProfile
+        calibration = CalibrationProfile.load(calibration)
+    from .workloads.freshbuffers import resolve_first_touch
+    cfg, first_touch = resolve_first_touch(cfg, calibration)  # a profile's host measurement
     workload = build_workload(cfg)
     check_work(cfg, engine, limits, workload)  # the trace's ops, counted before the run
     mem = workload.peak_memory
     if check_fit:
         check_memory(cfg, mem)
-    source = calibration
-    if isinstance(calibration, (str, Path)):
-        from .calibration import CalibrationProfile
-        calibration = CalibrationProfile.load(calibration)
     if engine not in ("analytical", "des"):
         raise ConfigError(f"engine = {engine!r} is not an engine; allowed: analytical, des")
     if engine == "analytical" and engine_options:
@@ -237,6 +239,9 @@ def predict(config: RunConfig | dict | str | Path, engine: Engine = "analytical"
     if calibration is not None:
         result = _with_calibration(engine, cfg, workload, calibration, backend, result,
                                    engine_options, devices)
+    if first_touch is not None:
+        from dataclasses import replace
+        result = replace(result, extra={**result.extra, "first_touch": first_touch})
     return _described(result, cfg, workload, engine, source, backend, check_fit, engine_options)
 
 

@@ -19,7 +19,7 @@ from .registered import node_fabrics, placements, registered, topologies
 from .software import DEFAULT_STACK, GemmLibrary, SoftwareSpec, stacks
 
 __all__ = ["DeviceSpec", "PowerLimitSpec", "LaunchSpec", "LinkSpec", "IntraNodeSpec",
-           "NetworkSpec", "check_shape", "CollectivesSpec", "SystemConfig"]
+           "NetworkSpec", "check_shape", "CollectivesSpec", "FirstTouchSpec", "SystemConfig"]
 
 
 class LaunchSpec(_Strict):
@@ -192,6 +192,19 @@ class LinkSpec(_Strict):
     source: str | None = None
 
 
+class FirstTouchSpec(_Strict):
+    """The host's cost of a process's first write to a page it never touched: the page
+    fault, and the kernel zeroing the page, inside the copy that writes it. Measured on the
+    machine (``ddlsim calibrate first-touch``, :mod:`ddlsim.calibration.firsttouch`), never a
+    preset; charged only to buffers a program allocates fresh every iteration
+    (:mod:`ddlsim.workloads.freshbuffers`)."""
+
+    s_per_page: Seconds = Field(description="seconds a first write adds per page")
+    page_bytes: Annotated[int, Field(ge=512, le=1 << 30)] = Field(
+        default=4096, description="bytes per page (getconf PAGESIZE)")
+    source: str = Field(description="where the figure was measured (a profile's provenance)")
+
+
 class GemmOverheadSpec(_Strict):
     """A GEMM kernel's device time that no FLOP count sees (``kernels/gemm.py``), each from a
     measured kernel table named in ``source``."""
@@ -291,6 +304,9 @@ class SystemConfig(_Strict):
         "FLOP/s of large GEMMs, device.matmul_efficiency); unset: the device's MAMF figure")
     placement: registered(placements) | list[DeviceId] = "consecutive"
     collectives: CollectivesSpec = Field(default_factory=CollectivesSpec)
+    first_touch: FirstTouchSpec | None = Field(
+        default=None, description="host page first-touch cost, measured (calibrate "
+        "first-touch); unset: fresh buffers' first touch is not charged, and a result says so")
     software: str | SoftwareSpec = Field(
         default=DEFAULT_STACK, description="software stack: a name from ddlsim/data/"
         "software.yaml, or {stack: NAME, kernels: {...}, overlap: {...}} overriding fields")

@@ -342,6 +342,28 @@ def fit(results: list[Path] = typer.Argument(..., help="results files"),
                       f"{sum(len(r.table) for r in read)} rows{note}"), soft_wrap=True)
 
 
+# ---------------------------------------------------------------------------- first-touch
+@app.command("first-touch", help="Measure this host's first-touch cost (a page fault and the "
+             "kernel zeroing the page, per page a process writes for the first time) and add "
+             "it to a profile, whence predict charges it to buffers a program allocates fresh "
+             "every iteration (model.recv_buffers: fresh).\n\nExample: ddlsim calibrate "
+             "first-touch profile.yaml --bytes 4MiB")
+@_friendly
+def first_touch(profile: Path = typer.Argument(..., help="profile YAML to add it to"),
+                nbytes: str = typer.Option("4MiB", "--bytes", help="bytes per copy"),
+                repeats: int = typer.Option(100, help="fresh mappings copied into (median)"),
+                force: bool = typer.Option(False, help="replace the profile's measurement")
+                ) -> None:
+    from .firsttouch import add_first_touch, measure_first_touch, summary
+
+    size = parse_bytes(nbytes)
+    if size != int(size):
+        raise CalibrationError(f"--bytes {nbytes!r} is not a whole number of bytes")
+    entry = measure_first_touch(int(size), repeats)
+    add_first_touch(profile, entry, force)
+    _err.print(escape(f"wrote {profile}: {summary(entry)}"), soft_wrap=True)
+
+
 # ----------------------------------------------------------------------------------- show
 @app.command(help="Print a profile as tables; with --plot, save measured points against the "
                   "fitted curves (log-log, one panel per operation).\n\nExample: ddlsim "
@@ -361,6 +383,9 @@ def show(profile: Path = typer.Argument(..., help="profile YAML"),
         console.print(comm_table(prof))
     if prof.doc.compute:
         console.print(compute_table(prof))
+    if prof.doc.first_touch is not None:
+        from .firsttouch import summary
+        console.print(escape(summary(prof.doc.first_touch)), highlight=False, soft_wrap=True)
     skipped = prof.doc.provenance.get("skipped") or []
     skipped = skipped if isinstance(skipped, list) else [skipped]
     if skipped:

@@ -11,7 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .schema import OPS
 
-__all__ = ["Segment", "Points", "CommEntry", "GemmShapeTime", "ComputeEntry", "ProfileDoc"]
+__all__ = ["Segment", "Points", "CommEntry", "GemmShapeTime", "ComputeEntry", "FirstTouchEntry",
+           "ProfileDoc"]
 
 
 class _Model(BaseModel):
@@ -135,6 +136,22 @@ class ComputeEntry(_Model):
         return None
 
 
+class FirstTouchEntry(_Model):
+    """The host's first-touch cost as measured (:mod:`.firsttouch`): the median CPU time of
+    copying ``bytes`` into fresh memory (``fresh_s``) and into the same memory again
+    (``warm_s``), over ``repeats`` fresh buffers; their difference per page."""
+
+    s_per_page: float = Field(gt=0)
+    page_bytes: int = Field(ge=512)
+    bytes: int = Field(ge=512)
+    repeats: int = Field(ge=1)
+    fresh_s: float = Field(gt=0)
+    warm_s: float = Field(ge=0)
+    clock: str
+    measured_utc: str
+    source: str
+
+
 class ProfileDoc(_Model):
     """The YAML document (``version: 1``)."""
 
@@ -144,3 +161,6 @@ class ProfileDoc(_Model):
     provenance: dict = Field(default_factory=dict)
     comm: list[CommEntry] = Field(default_factory=list)
     compute: list[ComputeEntry] = Field(default_factory=list)
+    #: the host's first-touch cost (``ddlsim calibrate first-touch``); charged to buffers a
+    #: program allocates fresh every iteration (:mod:`ddlsim.workloads.freshbuffers`)
+    first_touch: FirstTouchEntry | None = None

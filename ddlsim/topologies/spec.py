@@ -26,7 +26,8 @@ from .registry import NODE_FABRICS, TOPOLOGIES
 __all__ = ["TopologySpec", "NodeFabricSpec", "FabricSpec", "parse_spec", "SYSTEM_ONLY_KEYS"]
 
 #: Keys of a system section that say nothing about the graph; ignored when building one.
-SYSTEM_ONLY_KEYS = ("device", "compute_efficiency", "placement", "collectives", "software")
+SYSTEM_ONLY_KEYS = ("device", "compute_efficiency", "placement", "collectives", "software",
+                    "first_touch")
 
 
 def _registered(name: str, registry: dict, what: str) -> str:

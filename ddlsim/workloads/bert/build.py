@@ -23,6 +23,7 @@ from ..resnet.build import model_flops
 from ..trace import (P2P, Block, Compute, Kernel, Op, Program, RankClass, Step, Workload,
                      WorkloadMeta)
 from .kernels import embedding_kernels, head_kernels, layer_kernels
+from ..freshbuffers import first_touch_op, insert_after
 from .schema import LAYER_TENSORS
 from .step import apex_master_kernels, autograd_accumulate_kernels
 
@@ -249,7 +250,8 @@ def build_bert(cfg: RunConfig) -> Workload:
         steps = tuple(Step("B.sync" if i == last_b else
                            "B.first" if first and kind == "B" and mb == 0 else kind, mb)
                       for i, (kind, mb, _) in enumerate(order)) + (Step("update"),)
-        program = Program(_stage_blocks(cfg, stage), steps)
+        blocks = _stage_blocks(cfg, stage)
+        program = Program(blocks, _first_touch(cfg, blocks, steps))
         classes.append(RankClass(f"stage{stage}", tuple(int(r) for r in pipes[:, stage]),
                                  program))
     meta = WorkloadMeta(model=m.name, architecture="bert", samples=t.global_batch_size,
@@ -259,6 +261,26 @@ def build_bert(cfg: RunConfig) -> Workload:
                         dtype=t.dtype, parameter_count=m.params, microbatches=n_mb)
     return Workload(f"{m.name}-pp{p.pp}-dp{cfg.dp}", mesh.world_size, mesh.families(),
                     tuple(classes), meta)
+
+
+def _first_touch(cfg: RunConfig, blocks: dict[str, Block], steps: tuple[Step, ...]
+                 ) -> tuple[Step, ...]:
+    """``steps`` with the iteration's first receive in a block of its own (``NAME.touch``,
+    added to ``blocks``) that first touches the fresh receive buffer after the exchange's
+    wait (``recv_buffers: fresh``, :mod:`..freshbuffers`); ``steps`` as they are when nothing
+    is charged."""
+    op = first_touch_op(cfg, p2p_bytes(cfg), "recv") if cfg.model.recv_buffers == "fresh" \
+        else None
+    if op is None:
+        return steps
+    for i, step in enumerate(steps):
+        ops = blocks[step.block].ops
+        if any(isinstance(o.payload, P2P) and o.payload.kind == "recv" for o in ops):
+            name = f"{step.block}.touch"
+            wait = max(j for j, o in enumerate(ops) if o.name.startswith("wait."))
+            blocks[name] = insert_after(blocks[step.block], wait, op, name)
+            return steps[:i] + (Step(name, step.microbatch),) + steps[i + 1:]
+    return steps
 
 
 def bert_memory(cfg: RunConfig) -> list[MemoryBreakdown]:

@@ -17,6 +17,7 @@ from typing import Literal
 from pydantic import Field, StrictBool, model_validator
 
 from ...config import ModelBase, count_type
+from ..freshbuffers import RECV_BUFFERS_FIELD, RecvBuffers
 from ..proxytime import TIMINGS_FIELD, ComputeMode, ProxyTimings, check_proxy_timings
 
 __all__ = ["BertModel", "PROXY_TIMINGS", "LAYER_TENSORS"]
@@ -34,7 +35,9 @@ class BertModel(ModelBase):
     ``tie_word_embeddings: false`` (an MLM decoder matrix of its own), ``grad_buckets:
     per_layer`` (one all-reduce per layer), ``p2p_attention_mask`` (the pipeline sends the
     attention mask with the hidden states), ``stage_exchange: paired`` (a stage posts its send
-    and its receive of a micro-batch together and waits for both). The training step's
+    and its receive of a micro-batch together and waits for both), ``recv_buffers: fresh``
+    (a new receive buffer every iteration, comm_only/bert_large.cpp:63-64: its first receive
+    faults the pages in, :mod:`ddlsim.workloads.freshbuffers`). The training step's
     kernels a stack adds are fields too: ``linear_bias`` and ``grad_accumulation``.
     """
 
@@ -56,6 +59,7 @@ class BertModel(ModelBase):
     stage_exchange: Literal["dependent", "paired"] = Field(
         default="dependent", description="paired: post a micro-batch's send and receive "
                                          "together and wait for both")
+    recv_buffers: RecvBuffers = RECV_BUFFERS_FIELD
     mlm_predictions_per_seq: count_type("seq_length") | None = Field(
         default=None, description="tokens per sequence the MLM transform and decoder run "
                                   "over: the masked ones only, gathered before the head "
@@ -80,6 +84,10 @@ class BertModel(ModelBase):
             raise ValueError(f"hidden_size = {self.hidden_size} is not a multiple of "
                              f"num_attention_heads = {self.num_attention_heads}")
         check_proxy_timings(self.compute, self.proxy_timings, PROXY_TIMINGS, "bert")
+        if self.recv_buffers == "fresh" and self.stage_exchange != "paired":
+            raise ValueError("model.recv_buffers = 'fresh' needs stage_exchange: paired (the "
+                             "comm_only/bert_large.cpp exchange, whose Waitall the first "
+                             f"touch follows); got stage_exchange {self.stage_exchange!r}")
         return self
 
     @property

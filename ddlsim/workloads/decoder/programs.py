@@ -19,6 +19,9 @@ with the proxies' departures from Megatron as explicit options (docs/workloads/g
 * ``grad_buffers``: ``all`` (every parameter) or ``layer_weights`` (only the transformer
   layers' weight matrices: no biases, norms, router, embedding or head, as gpt3.cpp's
   ``DP_ALLREDUCE_SIZE = 12h²/4``).
+* ``recv_buffers``: ``reused`` or ``fresh`` (comm_only/gpt2_large.cpp:63-64 ``calloc`` a new
+  receive buffer every iteration: its first receive faults the pages in,
+  :mod:`ddlsim.workloads.freshbuffers`); ``proxy_gpipe`` only.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from ...config import ModelBase, Seconds
+from ..freshbuffers import RECV_BUFFERS_FIELD, RecvBuffers
 from ..proxytime import check_proxy_timings
 
 __all__ = ["ProgramFields", "required_timings"]
@@ -55,6 +59,7 @@ class ProgramFields(ModelBase):
     pipeline_p2p: Literal["dependent", "concurrent"] = "dependent"
     grad_sync: Literal["bucketed", "per_layer", "per_stage"] = "bucketed"
     grad_buffers: Literal["all", "layer_weights"] = "all"
+    recv_buffers: RecvBuffers = RECV_BUFFERS_FIELD
 
     @model_validator(mode="after")
     def _check_program(self) -> "ProgramFields":
@@ -80,6 +85,10 @@ class ProgramFields(ModelBase):
             raise ValueError(f"model.grad_sync = {self.grad_sync!r} with program "
                              "'proxy_one_step': one pipeline step has no gradient "
                              "synchronisation; remove grad_sync")
+        if self.recv_buffers == "fresh" and self.program != "proxy_gpipe":
+            raise ValueError(f"model.recv_buffers = 'fresh' with program {self.program!r}: "
+                             "only the comm_only GPipe proxy (program: proxy_gpipe) allocates "
+                             "its receive buffer every iteration; remove recv_buffers")
         if self.compute == "proxy":
             self._check_timings()
         return self

@@ -19,6 +19,11 @@ How MPI calls become trace ops (docs/trace.md):
 * Blocking ``MPI_Allreduce`` / ``MPI_Alltoall`` → a ``Collective`` on the compute stream.
 * ``usleep(T)`` → ``Compute(seconds=T + timer slack)`` from ``model.proxy_timings``
   (:func:`~ddlsim.workloads.proxytime.usleep_s`).
+* ``calloc`` of the receive buffer inside the iteration (comm_only/gpt2_large.cpp:63-64,
+  ``model.recv_buffers: fresh``) → the iteration's first receive (a stage's first forward
+  one, stage 0's first backward one: the same buffer serves both) is followed by its first
+  touch, a compute op (:mod:`~ddlsim.workloads.freshbuffers`), in the ``F.touch`` or
+  ``B.touch`` block of micro-batch 0.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import numpy as np
 
 from ...config import DTYPE_BYTES, RunConfig
 from ..models.decoder import DecoderShape
+from ..freshbuffers import first_touch_op, insert_after
 from ..proxytime import usleep_s
 from ..trace import (Block, Collective, Compute, Op, P2P, Program, RankClass, Step, StepTable,
                      Wait, Workload, WorkloadMeta)
@@ -246,6 +252,19 @@ class _ProxyBuilder:
                 ar("grad.all_reduce", "dp", dense + x, n)
         return Block("update", "sync", tuple(ops) or (Op(Wait("no.sync", "compute")),))
 
+    def touched(self, stage: int, blocks: dict[str, Block]) -> str | None:
+        """Add the block of the iteration's first receive with its first touch to ``blocks``
+        (``F.touch`` on a stage that receives forward, else ``B.touch``) and return its name;
+        None when nothing is charged (buffers reused, no measurement, or no receive)."""
+        name = "F" if stage > 0 else "B"
+        op = first_touch_op(self.cfg, self.sz.p2p, "recv") \
+            if self.cfg.model.recv_buffers == "fresh" else None
+        waits = [i for i, o in enumerate(blocks[name].ops) if o.name == "wait.recv"]
+        if op is None or not waits:
+            return None
+        blocks[f"{name}.touch"] = insert_after(blocks[name], waits[0], op, f"{name}.touch")
+        return f"{name}.touch"
+
     # ---------------------------------------------------------------- proxy_one_step
     def one_step(self, stage: int) -> Block:
         """gpt3_one_pipe_step.cpp:46-62: an even stage posts the receive of the next
@@ -268,11 +287,15 @@ class _ProxyBuilder:
         return Block("step", "backward" if backward else "forward", tuple(ops))
 
 
-def _gpipe_table(m: int) -> StepTable:
-    """Every forward micro-batch, every backward micro-batch, then the gradient sync."""
+def _gpipe_table(m: int, touch: str | None = None) -> StepTable:
+    """Every forward micro-batch, every backward micro-batch, then the gradient sync;
+    ``touch`` (``F.touch`` or ``B.touch``): that pass's block for micro-batch 0."""
     block = np.r_[np.zeros(m), np.ones(m), [2]].astype(np.int64)
     mb = np.r_[np.arange(m), np.arange(m), [0]].astype(np.int64)
-    return StepTable(("F", "B", "update"), block, mb)
+    if touch is None:
+        return StepTable(("F", "B", "update"), block, mb)
+    block[0 if touch == "F.touch" else m] = 3
+    return StepTable(("F", "B", "update", touch), block, mb)
 
 
 def build_proxy_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
@@ -293,10 +316,10 @@ def build_proxy_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
     groups = mesh.families()
     b = _ProxyBuilder(cfg, shape, groups)
     pp, m = cfg.parallel.pp, cfg.num_microbatches
-    table = _gpipe_table(m) if cfg.model.program == "proxy_gpipe" else None
-    classes, shared = [], {}
+    gpipe = cfg.model.program == "proxy_gpipe"
+    classes, shared, touch = [], {}, {}
     for stage in range(pp):
-        if table is None:
+        if not gpipe:
             key = stage % 2
             if key not in shared:
                 shared[key] = {"step": b.one_step(stage)}
@@ -306,7 +329,8 @@ def build_proxy_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
             if key not in shared:
                 shared[key] = {"F": b.gpipe_pass(stage, False), "B": b.gpipe_pass(stage, True),
                                "update": b.grad_sync(stage)}
-            program = Program(shared[key], table)
+                touch[key] = b.touched(stage, shared[key])
+            program = Program(shared[key], _gpipe_table(m, touch[key]))
         ranks = groups["pp"].members[:, stage]
         classes.append(RankClass(f"stage{stage}", tuple(int(r) for r in ranks), program))
     t = cfg.train
