@@ -97,3 +97,56 @@ def test_the_search_tiers_form_is_the_ops():
 def test_no_waits(data):
     assert not [o for o in _ops(data) if isinstance(o.payload, Compute)
                 and o.payload.name.endswith(".sync") and o.stream == "host"]
+
+
+def test_a_runs_passes_and_waits_are_the_search_tiers_form():
+    """The overlapped run's ops (its buckets' passes, then their waits) timed one by one as
+    the engine does equal :func:`~ddlsim.workloads.decoder.dpsync.bucket_run_times`."""
+    from ddlsim.simulator.kernels import op_time
+    from ddlsim.workloads.decoder.dpsync import bucket_run_times
+    data = _cfg(dp=8, zero=1)
+    cfg = ddlsim.load_config(data)
+    dev = kernel_device(cfg.system)
+    ops = _ops(data)
+    i = next(k for k, o in enumerate(ops) if o.payload.name == "grad.bucket_passes")
+    rs = next(o for o in ops[i:] if o.payload.name == "grad.reduce_scatter")
+    run = [o for o in ops[i:ops.index(rs)] if isinstance(o.payload, Compute)]
+    timed = sum((o.payload.seconds if o.payload.seconds is not None
+                 else op_time(o.payload, dev)) * o.repeat for o in run)
+    assert timed == pytest.approx(bucket_run_times(
+        "megatron-core-2024", dev, cfg.system.device.launch, rs.payload.bytes, rs.repeat),
+        rel=1e-12)
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("pp", [1, 2])
+def test_the_waits_move_both_tiers_alike(pp, monkeypatch):
+    """What the waits (and the passes beside them) add to an overlapped DP plan: the same in
+    the search tier as in the exact engine."""
+    from ddlsim.config import build_config
+    from ddlsim.search.evaluate import evaluate_grid
+    from ddlsim.search.run import plan_overrides
+    from ddlsim.search.spec import Constraints
+    data = {"model": "gpt3-760m",
+            "train": {"micro_batch_size": 1, "global_batch_size": 64, "seq_length": 2048,
+                      "dtype": "bf16"},
+            "system": {"preset": "dgx-h100", "nodes": 2,
+                       "software": {"stack": "megatron-core-2024"}}}
+    axes = {"parallel.tensor_model_parallel_size": [2],
+            "parallel.pipeline_model_parallel_size": [pp],
+            "parallel.virtual_pipeline_model_parallel_size": [None],
+            "parallel.sequence_parallel": [True], "parallel.zero_stage": [1],
+            "train.micro_batch_size": [1], "train.recompute": ["selective"]}
+
+    def both() -> tuple[float, float]:
+        frame = evaluate_grid(data, None, [], axes, Constraints(must_fit=False)).frame
+        cfg = build_config(data, plan_overrides(frame.iloc[0], [c for c in frame.columns
+                                                               if "." in c]))
+        return (float(frame["iteration_time_s"].iloc[0]),
+                ddlsim.predict(cfg, check_fit=False).iteration_time_s)
+    on = both()
+    monkeypatch.setattr(host_sync, "stack_host_syncs", lambda stack: {})
+    off = both()
+    assert on[0] - off[0] > 0
+    assert on[0] - off[0] == pytest.approx(on[1] - off[1], rel=1e-6)
+    assert on[0] == pytest.approx(on[1], rel=1e-9)
