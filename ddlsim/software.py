@@ -53,6 +53,8 @@ ALTERNATIVE_ZERO3 = "megatron_fsdp"
 #: defaults (not with pipelining; and, in 2024, never for the last transformer block)
 Reshard = Literal["always", "never", "not_with_pp", "not_with_pp_nor_last"]
 GradReduceDtype = Literal["param", "fp32", "fp32_if_bf16"]
+#: how a checkpointed block is recomputed (:mod:`ddlsim.workloads.decoder.early_stop`)
+Checkpoint = Literal["reentrant", "non_reentrant", "non_reentrant_early_stop"]
 #: how the stack hands kernels to the device (ddlsim/simulator/kernels/host.py)
 HostDispatch = Literal["eager", "compiled", "cuda_graphs"]
 def _gemm_library(v: Any) -> Any:
@@ -131,6 +133,16 @@ class KernelSpec(_Strict):
                                   "core (Megatron, Korthikanti et al. 2022) or torchtitan's "
                                   "op-level policy (every second mm and the element-wise "
                                   "ops; workloads/decoder/sac.py)")
+    activation_checkpoint: Checkpoint | None = Field(
+        default=None, description="how a checkpointed block is run again in the backward: "
+                                  "reentrant (an autograd Function re-running the whole "
+                                  "block: Megatron, DeepSpeed), non_reentrant "
+                                  "(torch.utils.checkpoint without early stop: the whole "
+                                  "block) or non_reentrant_early_stop (torch's default: it "
+                                  "stops once the last tensor the backward saved is rebuilt, "
+                                  "so the block's tail after it is not run); under compile: "
+                                  "true a non-reentrant block's tail is dead code in the "
+                                  "backward graph either way (workloads/decoder/early_stop.py)")
     compile: StrictBool | None = Field(
         default=None, description="torch.compile of each transformer block (torchtitan): "
                                   "Inductor fuses the element-wise ops (COMPILE_FUSIONS)")

@@ -52,7 +52,7 @@ from typing import Any
 
 from ...workloads.trace import Kernel
 
-__all__ = ["ELEMENTWISE_CLASSES", "layer_elementwise_kernels", "norm_kernels",
+__all__ = ["ELEMENTWISE_CLASSES", "layer_elementwise_kernels", "norm_kernels", "residual_bytes",
            "backward_kernels", "activation_classes", "norm_passes", "activation_passes",
            "optimizer_bytes_per_param", "loss_bytes", "loss_passes", "unfused_softmax_passes"]
 
@@ -167,16 +167,9 @@ def layer_elementwise_kernels(shape: Any, b: float, s: float, t: int, sp: bool,
     :data:`ELEMENTWISE_CLASSES`); torch.compile's generated kernels (``sw.compile``, which
     fuses the norm and the activation) none."""
     dt = dtype_bytes
-    x = b * s * shape.hidden / (t if sp else 1)
     y = b * s * shape.ffn / t
-    mask = x if shape.dropout else 0.0                       # 1-byte dropout mask
     out: list[tuple[float, str]] = []
-    if sw.fused_bias_dropout_add:
-        residual = [3 * x * dt + mask]
-    else:
-        residual = [2 * x * dt] if shape.out_bias or shape.mlp_bias else []
-        residual += [2 * x * dt + mask] if shape.dropout else []
-        residual += [3 * x * dt]
+    residual = residual_bytes(shape, b * s * shape.hidden / (t if sp else 1), dt, sw)
     out += [(v, "") for v in residual] * 2
     act = activation_passes(shape.gated_mlp, shape.mlp_bias, sw.fused_bias_gelu, dt)
     out += [(p * y, c) for p, c in zip(act, activation_classes(shape.gated_mlp,
@@ -188,6 +181,38 @@ def layer_elementwise_kernels(shape: Any, b: float, s: float, t: int, sp: bool,
         out += [(v, "") for v in rope]
     norms = norm_kernels(shape, b, s, t, sp, dt, sw, dtype) * 2   # input and pre-MLP norms
     return norms + tuple(Kernel("memory", bytes=v, dtype=dtype, variant=c) for v, c in out if v)
+
+
+def residual_bytes(shape: Any, x: float, dtype_bytes: float, sw: Any) -> list[float]:
+    """Bytes of the kernels of one residual connection of a layer over ``x`` hidden-state
+    elements on one rank (its bias add and dropout before the add, when the model has them;
+    one fused kernel under ``sw.fused_bias_dropout_add``), in order; the layer has two
+    (:func:`layer_elementwise_kernels`), and the second is the last op of its forward
+    (:mod:`ddlsim.workloads.decoder.early_stop`).
+
+    Parameters
+    ----------
+    shape : DecoderShape
+        the model (its biases and dropout).
+    x : float
+        elements of the hidden states on the rank (``b·s·h``, ``/t`` under SP).
+    dtype_bytes : float
+        bytes per element (B).
+    sw : Software
+        the resolved stack (its ``fused_bias_dropout_add``).
+
+    Returns
+    -------
+    list of float
+        bytes (B), one entry per kernel.
+    """
+    dt = dtype_bytes
+    mask = x if shape.dropout else 0.0                       # 1-byte dropout mask
+    if sw.fused_bias_dropout_add:
+        return [3 * x * dt + mask]
+    residual = [2 * x * dt] if shape.out_bias or shape.mlp_bias else []
+    residual += [2 * x * dt + mask] if shape.dropout else []
+    return residual + [3 * x * dt]
 
 
 def norm_kernels(shape: Any, b: float, s: float, t: int, sp: bool, dtype_bytes: float,

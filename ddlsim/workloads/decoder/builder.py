@@ -197,8 +197,9 @@ class StageBuilder(GradSyncOps, MoEOps, HostSyncOps, EdgeOps):
         t = self.tp
         recompute = self.plan.recompute
         ops: list[Compute | Collective] = []
-        if recompute == "full":
-            ops += self.layer_forward("recompute", False)
+        if recompute == "full":   # as far as the stack's checkpoint runs it (.early_stop)
+            from .early_stop import trimmed_recompute
+            ops += trimmed_recompute(self, self.layer_forward("recompute", False))
         elif recompute == "selective":   # the attention core (Korthikanti et al. 2022 §5)
             ops.append(self._recompute_core(g, False))
         ew_kernels = self.kernels["bwd.ew"]
@@ -247,7 +248,7 @@ class StageBuilder(GradSyncOps, MoEOps, HostSyncOps, EdgeOps):
         if self.sw.selective_recompute == "every_second_mm" and not moe:
             from .sac import every_second_mm_op
             return every_second_mm_op(self.shape, self.kernels, self.b, self.s, self.tp,
-                                      self.dtype, self.plan.train_dtype, self.sw)
+                                      self.dtype, self.plan.train_dtype, self.sw, self.sp)
         return recompute_op(self.shape, self.kernels, g["attn_core"] / self.tp, self.b, self.s,
                             self.tp, self.dt, self.dtype)
 

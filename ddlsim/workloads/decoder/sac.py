@@ -13,7 +13,13 @@ second one (counted per block and pass), of the SDPA kernels, of TP's reduce-sca
 the backward recomputes ``wk``, ``wo`` and ``w3`` and every element-wise op of the forward
 (norms, rotary embedding, SiLU and product, residual adds). FP8 linears (torchao) run
 ``aten._scaled_mm``, which is not on the save list: every FP8 GEMM and its casts are
-recomputed. MoE layers keep the attention-core form.
+recomputed. MoE layers keep the attention-core form. Where the stack's recomputation stops at
+the last tensor the backward saves (:mod:`.early_stop`: torch's early stop, or a compiled
+block's dead-code elimination), the block's last op, the residual add after ``w2``, is not
+recomputed either; ``w2`` (the 7th ``mm``, saved) and the reduce-scatters (saved) never are.
+Under FP8 ``w2``'s ``_scaled_mm`` is not on the save list but feeds nothing the backward
+needs: a compiled block drops it (its input casts stay), an eager one runs it (torchao's
+autograd Function saves its tensors after it).
 
 **Every n-th layer** (``train.recompute: full`` with ``recompute_every_n_layers: n``,
 torchtitan's ``selective_ac_option = 'n'``: 9dec370 ``parallelize_llama.py`` lines 282-290,
@@ -31,6 +37,7 @@ from typing import Any
 
 from ...errors import ConfigError
 from ..trace import Compute, Kernel
+from .early_stop import trimmed_fc2, trims_tail, without_last_add
 
 __all__ = ["layer_mms", "every_second_mm_op", "checkpointed_layers", "checkpointed_share",
            "mixed_backward"]
@@ -89,10 +96,12 @@ def layer_mms(shape: Any, M: float, t: int) -> list[tuple[float, float, float]]:
 
 
 def every_second_mm_op(shape: Any, kernels: dict, b: int, s: int, t: int, dtype: str,
-                       train_dtype: str, sw: Any = None) -> Compute:
+                       train_dtype: str, sw: Any = None, sp: bool = False) -> Compute:
     """The recomputation of torchtitan's op-level selective AC for one dense layer on one
-    TP rank (module docstring): the forward's element-wise kernels (``kernels['ew']``) and
-    its every-second ``mm`` (all linear GEMMs and the stack ``sw``'s FP8 casts under FP8)."""
+    TP rank (module docstring): the forward's element-wise kernels (``kernels['ew']``; the
+    last residual add left out where the stack's recomputation stops at the last tensor the
+    backward saves, :func:`.early_stop.trims_tail`, ``sp``: sequence parallelism) and its
+    every-second ``mm`` (all linear GEMMs and the stack ``sw``'s FP8 casts under FP8)."""
     if train_dtype == "fp8":
         from ...simulator.kernels.fp8recipe import FP8_RECIPES
         from .layerkernels import _linear, linear_gemms
@@ -100,17 +109,29 @@ def every_second_mm_op(shape: Any, kernels: dict, b: int, s: int, t: int, dtype:
         compiled = bool(sw.compile) if sw is not None else False
         per_module = FP8_RECIPES[recipe].per_module     # torchao: one FP8 linear per module
         gathered = bool(sw is not None and sw.enable_fsdp_float8_all_gather)   # .fsdp_float8
-        gemms = tuple(k for g in linear_gemms(shape, b * s, t, per_module).values()
-                      for k in _linear(g, train_dtype, False, recipe, compiled, per_module,
-                                       weight_fp8=gathered))
+        trim = sw is not None and trims_tail(sw)    # w2's _scaled_mm: .early_stop
+        gemms = tuple(k for name, g in linear_gemms(shape, b * s, t, per_module).items()
+                      for k in _tail(name, trim, sw, _linear(
+                          g, train_dtype, False, recipe, compiled, per_module,
+                          weight_fp8=gathered)))
     else:
         mms = layer_mms(shape, b * s, t)[1::2]
         gemms = tuple(Kernel("gemm", g, dtype=train_dtype) for g in mms)
     ew = tuple(kernels["ew"])
+    if sw is not None and trims_tail(sw):
+        from ...config_types import DTYPE_BYTES
+        ew = without_last_add(ew, shape, b * s * shape.hidden / (t if sp else 1),
+                              DTYPE_BYTES[dtype], sw, dtype)
     flops = sum(2.0 * k.shape[0] * k.shape[1] * k.shape[2] * k.batch
                 for k in gemms if k.kind == "gemm")
     nbytes = sum(k.bytes for k in ew + gemms if k.kind == "memory")
     return Compute("recompute.sac", flops, nbytes, dtype=dtype, kernels=gemms + ew)
+
+
+def _tail(name: str, trim: bool, sw: Any, kernels: tuple[Kernel, ...]) -> tuple[Kernel, ...]:
+    """A linear's recomputed FP8 kernels: the down projection's (``fc2``) as far as a trimmed
+    recomputation runs them (:func:`.early_stop.trimmed_fc2`), every other one's whole."""
+    return trimmed_fc2(kernels, sw) if trim and name == "fc2" else kernels
 
 
 def mixed_backward(b: Any, repeat: int, first: int | None) -> list:

@@ -213,14 +213,22 @@ class LayerPartitioner:
         """The GEMM the attention core follows (``qkv``; MLA: ``kv_up``)."""
         return attention_projections(self.shape)[0][-1][0]
 
-    def layer_forward(self, tag: str = "fwd") -> list[Op]:
-        """One dense layer's forward: qkv, attention core, proj, fc1, fc2, elementwise."""
+    def layer_forward(self, tag: str = "fwd", trim: bool = False) -> list[Op]:
+        """One dense layer's forward: qkv, attention core, proj, fc1, fc2, elementwise;
+        ``trim``: a recomputation that stops at the last tensor the backward saves
+        (:mod:`..early_stop`: fc2's GEMM, its reduction and the last residual add left out)."""
+        from .. import early_stop
         ops, M = OpList(), self.tokens
         for name, N, K, row in self._gemms(False):
+            if trim and name == "fc2":
+                early_stop.structured_fc2(self, ops, f"{tag}.{name}", M, N, K, row)
+                continue
             self.gemm_forward(ops, f"{tag}.{name}", M, N, K, row)
             if name == self._core_after:
                 context.attention_forward(self, ops, tag)
         ew = self.ew_kernels()
+        if trim and ew is not None:
+            ew = early_stop.structured_ew(self, ew)
         ops.add(Compute(f"{tag}.elementwise", 0.0, self.elementwise_bytes() if ew is None
                         else sum(k.bytes for k in ew), kind="elementwise", dtype=self.dtype,
                         kernels=ew))
@@ -231,7 +239,8 @@ class LayerPartitioner:
         traffic of adding its weight gradients into the fp32 buffer (the builder's rule)."""
         ops, M = OpList(), self.tokens
         if self.recompute == "full":
-            ops.extend(self.layer_forward("recompute"))
+            from ..early_stop import trims_tail
+            ops.extend(self.layer_forward("recompute", trims_tail(self.sw)))
         elif self.recompute == "selective" and \
                 self.sw.selective_recompute == "every_second_mm":
             ops.add(self._op_sac())
@@ -279,7 +288,7 @@ class LayerPartitioner:
                                 self.size, plan.sp, plan.train_dtype,
                                 regathers_input(self.sw, plan.recompute))
         return every_second_mm_op(self.shape, kernels, self.b, self.s // self.cp, self.size,
-                                  self.dtype, plan.train_dtype, self.sw)
+                                  self.dtype, plan.train_dtype, self.sw, plan.sp)
 
     # ------------------------------------------------------------------ per-rank counts
     def attn_core_flops(self) -> float:
