@@ -145,3 +145,31 @@ def test_a_compiled_fp8_op_level_recompute_drops_the_down_projections_gemm():
     whole = fp8(compile=True, activation_checkpoint="reentrant")
     assert gemm_flops(whole) - gemm_flops(compiled) == pytest.approx(2 * B * S * H * F / T)
     assert gemm_flops(eager) == gemm_flops(whole)
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_the_search_tier_trims_as_the_exact_engine_does():
+    """The search builds its pieces with the family's builder: each plan of a small FSDP2
+    grid agrees with ddlsim.predict under both checkpoints, and trims to a faster time."""
+    from ddlsim.config import build_config
+    from ddlsim.search.evaluate import evaluate_grid
+    from ddlsim.search.run import plan_overrides
+    from ddlsim.search.spec import Constraints
+    axes = {"parallel.tensor_model_parallel_size": [1, 2], "parallel.data_parallel_size": [4, 8],
+            "parallel.sequence_parallel": [False, True], "train.micro_batch_size": [1, 2]}
+    times = {}
+    for ac in ("non_reentrant_early_stop", "non_reentrant"):
+        d = copy.deepcopy(BASE)
+        d["parallel"] = {"zero_stage": 3}
+        d["system"]["software"] = {"stack": "torchtitan-2024",
+                                   "kernels": {"activation_checkpoint": ac}}
+        frame = evaluate_grid(d, None, [], axes, Constraints()).frame
+        assert len(frame) >= 4
+        columns = [c for c in frame.columns if "." in c]
+        for i in range(len(frame)):
+            key = tuple(str(frame.iloc[i][c]) for c in columns)
+            exact = ddlsim.predict(build_config(d, plan_overrides(frame.iloc[i], columns)),
+                                   check_fit=False).iteration_time_s
+            assert frame["iteration_time_s"].iloc[i] == pytest.approx(exact, rel=1e-6)
+            times.setdefault(key, {})[ac] = exact
+    assert all(t["non_reentrant_early_stop"] < t["non_reentrant"] for t in times.values())
