@@ -8,8 +8,11 @@ pages the kernel has never mapped (glibc's ``mmap`` threshold, mallopt(3)), so t
 iteration's first receive, the receiving process's copy into ``recv_buffer`` (out of Open
 MPI's shared-memory segment, or CMA's ``process_vm_readv``), page-faults on every page and the
 kernel zeroes each one inside that copy. Later receives of the iteration, forward or backward,
-land in the same buffer, now mapped. The send buffer is only read (never written), which maps
-the shared zero page and zeroes nothing; it is not charged.
+land in the same buffer, now mapped. The send buffer is only read (never written): its first
+read maps the kernel's shared zero page, a fault that zeroes nothing; it is not charged (a
+numpy copy out of a fresh 4 MiB mapping took 1.35 µs more per page than the same copy again
+here, 2026-11-29, but which process takes those faults depends on Open MPI's transport, CMA
+or copy-in/copy-out, not established for the proxies' runs).
 
 ``model.recv_buffers: fresh`` says a program does this; the cost is the host's measured
 first-touch cost per page (``system.first_touch``, or a calibration profile's ``first_touch``
