@@ -145,12 +145,10 @@ def test_collectives_match_the_cost_model_on_dense_sizes(name, base_dict):
 
 
 def _compute_stream(block, cost) -> float:
-    """A block's compute-stream time as the engine adds it when nothing else waits, with the
-    host's waits in it (a dense stage's host ops all wait for the compute stream and hold it
-    until they end: ddlsim/workloads/decoder/host_sync.py)."""
+    """A block's compute-stream time as the engine adds it when nothing else waits."""
     total = 0.0
     for op in block.flat.ops:
-        if op.stream not in ("compute", "host"):
+        if op.stream != "compute":
             continue
         if isinstance(op.payload, Compute):
             total += cost.compute(op.payload) * op.repeat

@@ -74,7 +74,7 @@ def test_one_bucket_wait_per_gradient_bucket(overlap):
     grad_bytes = StageBuilder.from_config(cfg, cfg.model.shape()).stage_params(0) * 4
     ops = _ops(data)
     waits = [o for o in ops if o.payload.name == "bucket.sync"]
-    assert {o.stream for o in waits} == {"host"}
+    assert {o.stream for o in waits} == {"compute"}
     assert sum(o.repeat for o in waits) == (math.ceil(grad_bytes / 160e6) if overlap else 1)
     for o in waits:
         after = next(x for x in ops[ops.index(o):] if x.stream == "dp" or x.payload.name
@@ -96,7 +96,8 @@ def test_the_search_tiers_form_is_the_ops():
                          ids=["no host model", "a stack without waits", "ZeRO-3"])
 def test_no_waits(data):
     assert not [o for o in _ops(data) if isinstance(o.payload, Compute)
-                and o.payload.name.endswith(".sync") and o.stream == "host"]
+                and o.payload.name in {f"{site}.{part}" for site in host_sync.SITES
+                                       for part in ("sync", "issue")}]
 
 
 def test_a_runs_passes_and_waits_are_the_search_tiers_form():

@@ -23,14 +23,19 @@ site           Megatron-Core r0.8.0 (software.yaml)  where the trace puts it
 ``loss_scale`` ``get_loss_scale().item()``           the update block, after the step
 =============  ====================================  ======================================
 
-**In the trace**, per wait (the same machinery as the MoE dispatcher's, :mod:`.moe_host`): on
-the ``host`` stream a ``Wait`` for the compute stream (the awaited device work), a
+**In the trace**, per wait, the two parts of the MoE dispatcher's wait (:mod:`.moe_host`): a
 ``<site>.sync`` op (``wakes · SYNC_WAKE_S``) and a ``<site>.issue`` op (``issue_ops`` host
-operations), then a ``Wait`` on the host stream that holds the compute stream until the host
-has issued. The loss's wait ends the head's forward (:meth:`HostSyncOps.head_forward`), which
-the search tier builds as a piece, so it reaches that tier through the same ops; the search
-tier times the others by :func:`host_sync_times` and
-:func:`.dpsync.bucket_run_times` (the overlapped buckets' runs in its flow shop).
+operations of no device time, :func:`.moe_host.host_op`). The host waits for the compute
+stream to drain and the compute stream then waits for the host's issue, so the chain is
+serial on the compute stream and its ops are laid there: the same times as on a ``host``
+stream of their own (as :mod:`.moe_host` lays waits that other streams' work runs beside),
+while a block whose compute stream waits for another stream's ops is one the analytical
+engine's max-plus solver leaves to its scheduler (``simulator/analytical/summaries.py``),
+several times slower on deep pipelines. The loss's wait ends the head's forward
+(:meth:`HostSyncOps.head_forward`), which the search tier builds as a piece, so it reaches
+that tier through the same ops; the search tier times the others by :func:`host_sync_times`
+and :func:`.dpsync.bucket_run_times` (the overlapped buckets' runs in its flow shop). The
+wait's time is booked as compute, as host-bound kernels are (:mod:`ddlsim.simulator.kernels.host`).
 
 Not charged: the collectives the waits wait for (the reporting loss's all-reduce over the
 data-parallel group, the grad norm's all-reduce over the world; 8 and 4 bytes), and a wait's
@@ -47,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from ..trace import Compute, Op, Wait
+from ..trace import Compute, Op
 from .moe_host import SYNC_WAKE_S, host_op
 from .stage import StageBase
 
@@ -97,10 +102,10 @@ def stack_host_syncs(stack: str) -> dict[str, HostSync]:
 
 
 def wait_ops(site: str, sync: HostSync, dtype: str, repeat: int = 1) -> list[Op]:
-    """One site's wait as ops appended to a block, after the device ops it waits for: on the
-    ``host`` stream a ``Wait`` for the compute stream, the wake and the issue; then a ``Wait``
-    on the host stream that holds the compute stream until the host has issued. No op has
-    index deps, so the list may be appended to any op list (a head's, a block's).
+    """One site's wait as ops appended to a block, after the device ops it waits for: the
+    wake (``wakes · SYNC_WAKE_S``) and the issue (``issue_ops`` host operations, timed by the
+    host rule), on the compute stream (module docstring: the chain is serial there); no op
+    has index deps, so the list may be appended to any op list (a head's, a block's).
 
     Parameters
     ----------
@@ -119,9 +124,8 @@ def wait_ops(site: str, sync: HostSync, dtype: str, repeat: int = 1) -> list[Op]
     """
     wake = Compute(f"{site}.sync", 0.0, kind="elementwise", dtype=dtype,
                    seconds=sync.wakes * SYNC_WAKE_S)
-    issue = host_op(f"{site}.issue", sync.issue_ops, dtype)
-    return [Op(Wait(f"{site}.awaits", "compute"), "host"), Op(wake, "host", repeat=repeat),
-            Op(issue, "host", repeat=repeat), Op(Wait(f"{site}.issued", "host"))]
+    return [Op(wake, repeat=repeat),
+            Op(host_op(f"{site}.issue", sync.issue_ops, dtype), repeat=repeat)]
 
 
 def host_sync_times(stack: str, launch: Any, launch_spec: Any, buckets: Any) -> np.ndarray:
