@@ -16,8 +16,8 @@ runs depends on whose checkpoint it is:
   the forward saved for the backward has been saved again. In a Llama block that tensor is
   the down projection's input (``w2``'s ``aten::mm`` saves its inputs before its kernel
   runs: ``tools/autograd/gen_variable_type.py``, whose ``setup_derivative`` emits the inputs'
-  saved variables ahead of the dispatch call), so ``w2``'s GEMM, the reduce-scatter (SP) or all-reduce after it and the block's last
-  residual add are not recomputed. Under torchao's float8 the down projection is an autograd
+  saved variables ahead of the dispatch call), so ``w2``'s GEMM, the reduce-scatter (SP) or
+  all-reduce after it and the block's last residual add are not recomputed. Under torchao's float8 the down projection is an autograd
   Function, which saves its tensors once its forward has returned: its casts and GEMM run
   again, and only the reduction and the add are left out.
 * **compiled** (``compile: true``: torchtitan compiles each checkpointed block, 9dec370
