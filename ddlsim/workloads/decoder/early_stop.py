@@ -17,9 +17,10 @@ runs depends on whose checkpoint it is:
   the down projection's input (``w2``'s ``aten::mm`` saves its inputs before its kernel
   runs: ``tools/autograd/gen_variable_type.py``, whose ``setup_derivative`` emits the inputs'
   saved variables ahead of the dispatch call), so ``w2``'s GEMM, the reduce-scatter (SP) or
-  all-reduce after it and the block's last residual add are not recomputed. Under torchao's float8 the down projection is an autograd
-  Function, which saves its tensors once its forward has returned: its casts and GEMM run
-  again, and only the reduction and the add are left out.
+  all-reduce after it and the block's last residual add are not recomputed. Under torchao's
+  float8 the down projection is an autograd Function, which saves its tensors once its
+  forward has returned: its casts and GEMM run again, and only the reduction and the add are
+  left out.
 * **compiled** (``compile: true``: torchtitan compiles each checkpointed block, 9dec370
   ``parallelize_llama.py`` lines 68-77): AOTAutograd's partitioner builds the backward graph
   from the saved values and the tangents to the gradients it returns and then drops dead code
