@@ -7,6 +7,8 @@ reason.
     python benchmarks/proxies_check.py --proxies PATH --only dlrm --ranks 2,4 --repeats 3
     python benchmarks/proxies_check.py --rows D/run1/rows.json D/run2/rows.json \
         --profiles D/run1 D/run2      # saved runs predicted again (D: benchmarks/data/proxies_*)
+    ... --profiles D/run1 --first-touch D/firsttouch/profile.yaml   # with a first-touch figure
+                                      # for rows whose profiles predate calibrate first-touch
 
 Steps (docs/validation.md, "The seed's C++ proxies on this machine"):
 
@@ -15,7 +17,8 @@ Steps (docs/validation.md, "The seed's C++ proxies on this machine"):
 2. for each rank count n > 1 (``--ranks``), right before its runs, calibrate this machine's
    MPI on n ranks with the closed loop's recipe (:mod:`ddlsim.reference.loop`: ``ddlsim
    calibrate comm --backend mpi``, warm-up 2, 20 repetitions, ``mpi_yield_when_idle``, the
-   median fitted by ``ddlsim calibrate fit``) over the collectives and sizes the n-rank runs
+   median fitted by ``ddlsim calibrate fit``, then ``ddlsim calibrate first-touch`` into the
+   profile: the fresh receive buffers' page cost) over the collectives and sizes the n-rank runs
    issue (``ddlsim comm``), from the power of two at or below half the smallest to eight
    times the next power of two above the largest; with the wall clock by default (``--clock``:
    the proxies print wall time, and ranks sharing a core wait for it in wall time only), and
