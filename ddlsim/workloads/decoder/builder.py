@@ -334,11 +334,10 @@ class StageBuilder(GradSyncOps, MoEOps, HostSyncOps, EdgeOps):
                 ops += self.cached(("head.bwd",), lambda: as_ops(self.head_backward()))
             start = len(ops)
             if with_sync and sync_ops:
-                # the first stage's first chunk's buckets get their DDP passes and host
-                # waits here (.dpsync.GradSyncOps.bucket_pass_ops; the expert-split update
-                # block, .moe, charges neither)
+                # the first stage's first chunk's buckets (dense and expert) get their DDP
+                # passes and host waits here (.dpsync.GradSyncOps.bucket_pass_ops)
                 ops += self._overlapped_layers(sync_ops, start, Lc, offset, passes=(
-                    stage == 0 and chunk == 0 and not self.split_experts))
+                    stage == 0 and chunk == 0))
             else:
                 ops += self.layer_ops(True, Lc, n_moe, offset)
             if ops[:start] and len(ops) > start:
@@ -377,9 +376,7 @@ class StageBuilder(GradSyncOps, MoEOps, HostSyncOps, EdgeOps):
         params = self.stage_params(stage)
         grad_bytes, dp = params * self.gdt, self.gdp
         step = self.optimizer_op
-        if self.split_experts:
-            if dp == 1 and p.edp == 1:
-                return Block("update", "optimizer", (step(params),))
+        if self.split_experts and (dp > 1 or p.edp > 1):
             return self._expert_update_block(stage, overlapped, step)
         if dp == 1:     # the step's own waits (.host_sync) around it
             alone: list[Op] = []

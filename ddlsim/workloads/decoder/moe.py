@@ -385,7 +385,8 @@ class MoEOps(StageBase):
         the dense parameters' gradients are reduced (ZeRO: sharded, re-gathered) over the
         gradient group (``dp``, or ``dp × cp``), the experts' over ``edp``, each on its own
         stream; the optimizer steps the dense shard ``1/(DP·CP)`` and the expert shard
-        ``1/EDP`` (ZeRO stages applied to each over its own group)."""
+        ``1/EDP`` (ZeRO stages applied to each over its own group); the stack's DDP passes
+        and host waits as the dense update block's, per synced buffer."""
         zero = self.plan.zero_stage
         expert = self.stage_expert_params(stage)
         dense = self.stage_params(stage) - expert
@@ -400,7 +401,18 @@ class MoEOps(StageBase):
                     Op(Wait("wait.grad", "dp")), Op(Wait("wait.grad.expert", "edp"))]
         if zero == 3:
             ops += [Op(Wait("wait.grad", "dp")), Op(Wait("wait.grad.expert", "edp"))]
+        # the DDP's passes and host waits over both buffers, as the dense update block
+        # charges them (.builder): Megatron-Core's expert_parallel_buffers have their own
+        # buckets and run the same start_grad_sync and zero_grad_buffer
+        moved = overlapped and stage == 0 and self.split[0][0] > 0
+        synced = [b * self.gdt for b, n in ((dense, self.gdp), (expert, edp)) if n > 1]
+        waits = 0 if zero == 3 else len(synced) * self.stage_buckets(stage, moved)
+        self.step_sync_ops(ops, waits, True)
         ops.append(step(dense / self.gdp + expert / edp if zero else dense + expert))
+        self.step_sync_ops(ops, 0, False)
+        kept = 1 - self.split[0][0] / sum(self.split[0]) if moved else 1
+        for grad in synced if zero < 3 else ():
+            ops += self.ddp_pass_ops(grad, grad * kept)
         if zero in (1, 2):
             ops += [Op(Collective("params.all_gather", "all_gather", self.grad_group,
                                   dense * self.dt)),
