@@ -99,6 +99,18 @@ class StageBase:
         """The stack's host waits at ``site`` (:class:`.host_sync.HostSyncOps`)."""
         raise NotImplementedError
 
+    def step_sync_ops(self, ops: list, n_buckets: float, before_step: bool) -> None:
+        """The update block's host waits (:class:`.host_sync.HostSyncOps`)."""
+        raise NotImplementedError
+
+    def stage_buckets(self, stage: int, skip_first: bool = False) -> int:
+        """Gradient buckets of ``stage`` in one step (:class:`.host_sync.HostSyncOps`)."""
+        raise NotImplementedError
+
+    def ddp_pass_ops(self, grad_bytes: float, bucket_bytes: float | None = None) -> list[Op]:
+        """The stack's DDP passes in the update block (:class:`.dpsync.GradSyncOps`)."""
+        raise NotImplementedError
+
     def _recompute_core(self, g: dict, moe: bool) -> Compute:
         """Selective recomputation's op (:meth:`.builder.StageBuilder._recompute_core`)."""
         raise NotImplementedError
