@@ -59,8 +59,11 @@ def test_more_data_parallel_ranks_reuse_the_measured_compute(dp1):
     r = predict_measured(CONFIG, dp1, ["parallel.data_parallel_size=2",
                                        "train.global_batch_size=8"])
     one, two = r.profiled.breakdown, r.target.breakdown
-    assert two.compute_s + two.optimizer_s == pytest.approx(one.compute_s + one.optimizer_s,
-                                                            rel=1e-12)
+    # the measured compute is reused; at DP 2 the stack (the default, megatron-core-2024)
+    # adds its DDP passes over the gradient buffer (software.yaml ddp.bucket_passes), which a
+    # one-rank step does not run: 0.07 % here, where a modelled compute would differ by far more
+    extra = (two.compute_s + two.optimizer_s) / (one.compute_s + one.optimizer_s) - 1
+    assert 0 < extra < 2e-3
     assert two.exposed_comm_s["dp"] > 0
     assert r.target.iteration_time_s > r.profiled.iteration_time_s
 
