@@ -87,9 +87,9 @@ def check_proxy_timings(compute: str, timings: Mapping[str, float] | None,
     need = tuple(required)
     if compute == "model":
         if timings is not None:
-            raise ValueError(f"model.proxy_timings is given but model.compute is 'model': the "
-                             f"timings would be ignored; set compute: proxy to use them, or "
-                             f"remove proxy_timings")
+            raise ValueError("model.proxy_timings is given but model.compute is 'model': the "
+                             "timings would be ignored; set compute: proxy to use them, or "
+                             "remove proxy_timings")
         return
     have = dict(timings or {})
     missing = [n for n in need if n not in have]
