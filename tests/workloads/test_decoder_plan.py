@@ -97,6 +97,7 @@ def _class(module: str, name: str) -> ast.ClassDef:
 
 
 @pytest.mark.parametrize("module, name", [("dpsync.py", "GradSyncOps"), ("moe.py", "MoEOps"),
+                                          ("moe_update.py", "MoEUpdateOps"),
                                           ("edges.py", "EdgeOps")])
 def test_each_mixin_reads_only_what_it_or_the_stage_base_declares(module, name):
     cls = _class(module, name)

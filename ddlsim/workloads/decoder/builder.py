@@ -25,6 +25,7 @@ from .host_sync import HostSyncOps
 from .layerkernels import layer_kernels, recompute_op
 from .layerkinds import moe_layers_in_chunk
 from .moe import MoEOps
+from .moe_update import MoEUpdateOps
 from .plan import DecoderPlan, resolve_plan
 
 __all__ = ["StageBuilder", "ADAM_BYTES_PER_PARAM", "as_ops", "with_edges"]
@@ -60,8 +61,9 @@ def with_edges(shape: DecoderShape, param_split, layer_params, first, last, pp):
     return n + np.where(last, head, 0.0)
 
 
-class StageBuilder(GradSyncOps, MoEOps, HostSyncOps, EdgeOps):
-    """Builds the blocks of one pipeline stage (MoE layers: :class:`.moe.MoEOps`; gradient
+class StageBuilder(GradSyncOps, MoEOps, MoEUpdateOps, HostSyncOps, EdgeOps):
+    """Builds the blocks of one pipeline stage (MoE layers: :class:`.moe.MoEOps`, their
+    parameters and update: :class:`.moe_update.MoEUpdateOps`; gradient
     buckets: :class:`.dpsync.GradSyncOps`; the host's waits in the step's own code:
     :class:`.host_sync.HostSyncOps`; embedding and head: :class:`.edges.EdgeOps`).
 

@@ -87,7 +87,11 @@ class StageBase:
         raise NotImplementedError
 
     def stage_expert_params(self, stage: int) -> float:
-        """Routed-expert parameters on one rank of ``stage`` (:class:`.moe.MoEOps`)."""
+        """Routed-expert parameters on one rank of ``stage`` (:class:`.moe_update.MoEUpdateOps`)."""
+        raise NotImplementedError
+
+    def layer_rank_params(self, moe: bool) -> tuple[float, float]:
+        """(non-expert, expert) parameters of one layer on one rank (:class:`.moe.MoEOps`)."""
         raise NotImplementedError
 
     def grad_sync_ops_flat(self, grad_bytes: float, op: str, group: str = "dp",

@@ -1,0 +1,101 @@
+"""The parameter split and the update of an MoE stage, as Megatron-Core runs them: routed
+experts' parameters (held ``E/EP`` per rank, split over expert TP) against the rest, and the
+update block that reduces the expert gradients over ``edp`` and the rest over the gradient
+group (ZeRO stages applied per group). Mixed into
+:class:`~ddlsim.workloads.decoder.builder.StageBuilder`; what it reads is declared in
+:class:`.stage.StageBase`; the MoE layer's ops are :mod:`.moe`'s, docs/moe.md derives the
+sizes."""
+
+from __future__ import annotations
+
+from ..trace import Block, Collective, Op, Wait
+from .layerkinds import moe_layers_in_stage
+from .stage import StageBase
+
+__all__ = ["MoEUpdateOps"]
+
+
+class MoEUpdateOps(StageBase):
+    """Expert and non-expert parameters of a stage and the MoE stage's update block (a mixin
+    of ``StageBuilder``; one layer's split, ``layer_rank_params``, is :class:`.moe.MoEOps`')."""
+
+    def _stage_nonexpert_layer_params(self, stage: int) -> float:
+        """Non-expert parameters of ``stage``'s layers on one rank (elements): dense layers'
+        and the MoE layers' attention, router and shared experts."""
+        L, n = sum(self.split[stage]), moe_layers_in_stage(self.shape, self.split, stage)
+        return (L - n) * self.layer_rank_params(False)[0] + n * self.layer_rank_params(True)[0]
+
+    def stage_expert_params(self, stage: int) -> float:
+        """Routed-expert parameters held by one rank of ``stage``: ``E/EP`` experts of each
+        of its MoE layers, split over expert TP. 0 for a dense model.
+
+        Parameters
+        ----------
+        stage : int
+            Pipeline stage index.
+
+        Returns
+        -------
+        float
+            Parameters (elements, not bytes).
+        """
+        if not self.shape.is_moe:
+            return 0.0
+        return moe_layers_in_stage(self.shape, self.split, stage) * self.layer_rank_params(True)[1]
+
+    def _expert_update_block(self, stage: int, overlapped: bool, step) -> Block:
+        """DDP/ZeRO update of an MoE stage whose expert layout differs from the dense one:
+        the dense parameters' gradients are reduced (ZeRO: sharded, re-gathered) over the
+        gradient group (``dp``, or ``dp × cp``), the experts' over ``edp``, each on its own
+        stream; the optimizer steps the dense shard ``1/(DP·CP)`` and the expert shard
+        ``1/EDP`` (ZeRO stages applied to each over its own group); the stack's DDP passes
+        and host waits as the dense update block's, per synced buffer.
+
+        Parameters
+        ----------
+        stage : int
+            Pipeline stage index.
+        overlapped : bool
+            Whether the gradients were reduced during the backward (then only waited for).
+        step : callable
+            Maps the parameters (elements) the rank's optimizer steps to its step op.
+
+        Returns
+        -------
+        Block
+            The stage's ``update`` block.
+        """
+        zero = self.plan.zero_stage
+        expert = self.stage_expert_params(stage)
+        dense = self.stage_params(stage) - expert
+        edp = self.plan.edp
+        ops: list[Op] = [Op(Wait("backward.done", "compute"))]
+        if overlapped:
+            ops += [Op(Wait("wait.grad", "dp")), Op(Wait("wait.grad.expert", "edp"))]
+        elif zero in (0, 1, 2):
+            op = "all_reduce" if zero == 0 else "reduce_scatter"
+            ops += [*self.grad_sync_ops_flat(dense * self.gdt, op, self.grad_group, stage),
+                    *self.grad_sync_ops_flat(expert * self.gdt, op, "edp", stage),
+                    Op(Wait("wait.grad", "dp")), Op(Wait("wait.grad.expert", "edp"))]
+        if zero == 3:
+            ops += [Op(Wait("wait.grad", "dp")), Op(Wait("wait.grad.expert", "edp"))]
+        # the DDP's passes and host waits over both buffers, as the dense update block
+        # charges them (.builder): Megatron-Core's expert_parallel_buffers have their own
+        # buckets and run the same start_grad_sync and zero_grad_buffer
+        moved = overlapped and stage == 0 and self.split[0][0] > 0
+        synced = [b * self.gdt for b, n in ((dense, self.gdp), (expert, edp)) if n > 1]
+        waits = 0 if zero == 3 else len(synced) * self.stage_buckets(stage, moved)
+        self.step_sync_ops(ops, waits, True)
+        ops.append(step(dense / self.gdp + expert / edp if zero else dense + expert))
+        self.step_sync_ops(ops, 0, False)
+        kept = 1 - self.split[0][0] / sum(self.split[0]) if moved else 1
+        for grad in synced if zero < 3 else ():
+            ops += self.ddp_pass_ops(grad, grad * kept)
+        if zero in (1, 2):
+            ops += [Op(Collective("params.all_gather", "all_gather", self.grad_group,
+                                  dense * self.dt)),
+                    Op(Collective("params.expert.all_gather", "all_gather", "edp",
+                                  expert * self.dt))]
+        anchored = tuple(Op(o.payload, o.stream, o.deps or (0,), o.repeat)
+                         if o.stream != "compute" else o for o in ops)
+        return Block("update", "optimizer", anchored)
