@@ -42,106 +42,140 @@ def zero3_pass(b: StageBuilder, head: list, units: list[_Unit], prefetch: int) -
     list of Op
         The pass's ops; dependencies index this list.
     """
-    ops: list[Op] = [Op(Wait("zero3.start", "compute"))]
-    pending: dict[int, tuple[int, ...]] = {}
-    synced = b.sw.zero3_gather == "per_tensor"
+    p = _Pass(b, units, prefetch)
     issued: tuple[int, ...] = ()   # the host's issue of the gathers the next unit waits for
-
-    def host(name: str, seconds: float, deps: tuple[int, ...]) -> tuple[int, ...]:
-        if not seconds:
-            return deps
-        ops.append(Op(Compute(name, 0.0, kind="elementwise", dtype=b.dtype, seconds=seconds),
-                      "host", deps=deps))
-        return (len(ops) - 1,)
-
-    def gather(j: int, deps: tuple[int, ...]) -> tuple[int, ...]:
-        idx = []
-        if units[j].fill:   # the zero-filled buffers, waited for before the issue
-            ops.append(Op(Compute("zero3.zero_fill", 0.0, units[j].fill, kind="elementwise",
-                                  dtype=b.dtype), "host", deps=deps))
-            deps = (len(ops) - 1,)
-        deps = host("zero3.host_gather", units[j].host_gather, deps)
-        if units[j].pre_gather is not None:     # the casts before a float8 all-gather
-            ops.extend(units[j].pre_gather(deps))
-            deps = (len(ops) - 1,)
-        for group, n in units[j].gathers:
-            ops.append(Op(Collective(f"param.all_gather{units[j].label}", "all_gather",
-                                     group, n),
-                          _stream(group), deps=deps))
-            idx.append(len(ops) - 1)
-        if units[j].gather_passes:
-            ops.append(Op(Compute("zero3.fetch_passes", 0.0, units[j].gather_passes,
-                                  kind="elementwise", dtype=b.dtype), "dp", deps=deps))
-            idx.append(len(ops) - 1)
-        pending[j] = tuple(idx)
-        # the copy-out launches follow the NCCL launch, beside the all-gather on the device
-        deps = host("zero3.host_copy_out", units[j].host_copy_out, deps)
-        return deps if units[j].host_gather or units[j].fill else ()
-
-    cap = b.sw.zero3_max_live_parameters if b.sw.zero3_gather != "per_layer" else 0
-
-    def blocked(t: int) -> bool:
-        """Whether the prefetch of unit ``t`` is refused: the unit whose pre-hook would
-        issue it holds ``cap`` or more gathered elements (then ``t`` is gathered on demand,
-        from its own pre-hook)."""
-        return bool(cap and prefetch) and t >= prefetch and units[t - prefetch].live >= cap
-
-    deferred: set[int] = set()
     for j in range(min(prefetch + 1, len(units))):
-        if j and blocked(j):
-            deferred.add(j)
+        if j and p.blocked(j):
+            p.deferred.add(j)
         else:
-            issued = gather(j, (0,)) or issued
-    _extend(ops, head)
+            issued = p.gather(j, (0,)) or issued
+    _extend(p.ops, head)
     before: tuple[int, ...] = ()
     seen = 0    # the collectives issued before ops[seen] ran beside earlier compute
     for j, unit in enumerate(units):
-        own = pending.pop(j)
-        waits = own + before + issued
+        own = p.pending.pop(j)
+        waits = p.compute(j, own, own + before + issued, seen)
+        seen = len(p.ops)
+        last, rs = p.reduce(unit, waits + before)
+        before = rs if p.synced else ()
+        issued = p.next_gathers(j, (last,) + before)
+    return p.ops
+
+
+class _Pass:
+    """The ops of one pass as :func:`zero3_pass` writes them, with the gathers issued and not
+    yet waited for (``pending``: unit → op indices) and the units whose prefetch was refused
+    (``deferred``: gathered on demand from their own pre-hook)."""
+
+    def __init__(self, b: StageBuilder, units: list[_Unit], prefetch: int):
+        self.b, self.units, self.prefetch = b, units, prefetch
+        self.ops: list[Op] = [Op(Wait("zero3.start", "compute"))]
+        self.pending: dict[int, tuple[int, ...]] = {}
+        self.deferred: set[int] = set()
+        self.synced = b.sw.zero3_gather == "per_tensor"
+        #: elements a unit may hold gathered before its pre-hook refuses a prefetch (0: none)
+        self.cap = b.sw.zero3_max_live_parameters if b.sw.zero3_gather != "per_layer" else 0
+
+    def host(self, name: str, seconds: float, deps: tuple[int, ...]) -> tuple[int, ...]:
+        """``seconds`` of the host's issue after ``deps``, on the ``host`` stream: the op's
+        index, or ``deps`` when it takes no time."""
+        if not seconds:
+            return deps
+        self.ops.append(Op(Compute(name, 0.0, kind="elementwise", dtype=self.b.dtype,
+                                   seconds=seconds), "host", deps=deps))
+        return (len(self.ops) - 1,)
+
+    def _elementwise(self, name: str, nbytes: float, stream: str,
+                     deps: tuple[int, ...]) -> int:
+        """A memory pass of ``nbytes`` bytes on ``stream`` after ``deps``: its index."""
+        self.ops.append(Op(Compute(name, 0.0, nbytes, kind="elementwise", dtype=self.b.dtype),
+                           stream, deps=deps))
+        return len(self.ops) - 1
+
+    def gather(self, j: int, deps: tuple[int, ...]) -> tuple[int, ...]:
+        """Issue unit ``j``'s gathers after ``deps`` (kept in ``pending``); returns the host's
+        issue the next unit waits for (empty when the host does not wait)."""
+        u, ops, idx = self.units[j], self.ops, []
+        if u.fill:   # the zero-filled buffers, waited for before the issue
+            deps = (self._elementwise("zero3.zero_fill", u.fill, "host", deps),)
+        deps = self.host("zero3.host_gather", u.host_gather, deps)
+        if u.pre_gather is not None:     # the casts before a float8 all-gather
+            ops.extend(u.pre_gather(deps))
+            deps = (len(ops) - 1,)
+        for group, n in u.gathers:
+            ops.append(Op(Collective(f"param.all_gather{u.label}", "all_gather", group, n),
+                          _stream(group), deps=deps))
+            idx.append(len(ops) - 1)
+        if u.gather_passes:
+            idx.append(self._elementwise("zero3.fetch_passes", u.gather_passes, "dp", deps))
+        self.pending[j] = tuple(idx)
+        # the copy-out launches follow the NCCL launch, beside the all-gather on the device
+        deps = self.host("zero3.host_copy_out", u.host_copy_out, deps)
+        return deps if u.host_gather or u.fill else ()
+
+    def blocked(self, t: int) -> bool:
+        """Whether the prefetch of unit ``t`` is refused: the unit whose pre-hook would
+        issue it holds ``cap`` or more gathered elements (then ``t`` is gathered on demand,
+        from its own pre-hook)."""
+        k = self.prefetch
+        return bool(self.cap and k) and t >= k and self.units[t - k].live >= self.cap
+
+    def compute(self, j: int, own: tuple[int, ...], waits: tuple[int, ...],
+                seen: int) -> tuple[int, ...]:
+        """Unit ``j``'s compute after ``waits`` (FSDP2's copy-out first), and under per-layer
+        gathers its GEMMs' contention with the collectives issued since ``ops[seen]``;
+        returns what its first op waited for."""
+        unit, ops = self.units[j], self.ops
         if unit.copy_out and unit.gathers:
-            ops.append(Op(Compute("zero3.copy_out", 0.0, unit.copy_out, kind="elementwise",
-                                  dtype=b.dtype), deps=waits))
-            waits = (len(ops) - 1,)
+            waits = (self._elementwise("zero3.copy_out", unit.copy_out, "compute", waits),)
         beside_colls = _beside(ops, seen, own)
         ops += _unit_ops(unit.ops, len(ops), waits)
-        if b.sw.zero3_gather == "per_layer":   # not yet under DeepSpeed's module hooks
-            ops += _sm_contention(f"zero3.unit{j}", beside_colls, unit.ops, b.dtype)
-        seen = len(ops)
+        if self.b.sw.zero3_gather == "per_layer":   # not yet under DeepSpeed's module hooks
+            ops += _sm_contention(f"zero3.unit{j}", beside_colls, unit.ops, self.b.dtype)
+        return waits
+
+    def reduce(self, unit: _Unit, host_deps: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
+        """The unit's gradient passes and reduce-scatters after its compute (the host's issue
+        after ``host_deps``); returns (the op the next gathers follow, the reduce-scatters)."""
+        ops = self.ops
         last = dep = len(ops) - 1
         if unit.reduce_passes:
-            ops.append(Op(Compute("zero3.reduce_passes", 0.0, unit.reduce_passes,
-                                  kind="elementwise", dtype=b.dtype),
-                          "compute" if synced else "dp", deps=(last,)))
-            dep = len(ops) - 1
-            last = dep if synced else last
+            dep = self._elementwise("zero3.reduce_passes", unit.reduce_passes,
+                                    "compute" if self.synced else "dp", (last,))
+            last = dep if self.synced else last
         # the host issues the reduce-scatters from the gradient hooks while the unit computes
         # (once it has launched it: after its gathers and the reduce-scatters before it)
         rs_deps = (dep,)
         if unit.host_reduce:
-            rs_deps += host("zero3.host_reduce", unit.host_reduce, waits + before)
+            rs_deps += self.host("zero3.host_reduce", unit.host_reduce, host_deps)
         rs = []
         for group, n in unit.reduces:
             ops.append(Op(Collective(f"grad.reduce_scatter{unit.label}", "reduce_scatter",
-                                     group, n),
-                          _stream(group), deps=rs_deps))
+                                     group, n), _stream(group), deps=rs_deps))
             rs.append(len(ops) - 1)
         if unit.replica_reduces:
             from .hsdp import replica_ops
             ops += replica_ops([n for _, n in unit.replica_reduces], tuple(rs))
-        before = tuple(rs) if synced else ()
-        issued, after = (), (last,) + before
-        if j + 1 in deferred:   # gathered on demand from the next unit's pre-hook
-            deferred.discard(j + 1)
-            issued = gather(j + 1, after)
-            after += pending[j + 1]   # then its prefetch, once that gather has ended
-        if j + prefetch + 1 < len(units):
+        return last, tuple(rs)
+
+    def next_gathers(self, j: int, after: tuple[int, ...]) -> tuple[int, ...]:
+        """The gathers issued once unit ``j`` has ended (``after``): the next unit's if its
+        prefetch was refused, then the prefetch ``prefetch + 1`` units ahead; returns the
+        host's issue the next unit waits for."""
+        issued: tuple[int, ...] = ()
+        if j + 1 in self.deferred:   # gathered on demand from the next unit's pre-hook
+            self.deferred.discard(j + 1)
+            issued = self.gather(j + 1, after)
+            after += self.pending[j + 1]   # then its prefetch, once that gather has ended
+        t = j + self.prefetch + 1
+        if t < len(self.units):
             # under per_tensor the fetch synchronises the device first: the host issues the
             # next gather once the unit and its reduce-scatters have ended
-            if blocked(j + prefetch + 1):
-                deferred.add(j + prefetch + 1)
+            if self.blocked(t):
+                self.deferred.add(t)
             else:
-                issued = gather(j + prefetch + 1, after) + issued
-    return ops
+                issued = self.gather(t, after) + issued
+        return issued
 
 
 def _unit_ops(items: list, base: int, waits: tuple[int, ...]) -> list[Op]:
