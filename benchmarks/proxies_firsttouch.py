@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import numpy as np
+
+from ddlsim.calibration.firsttouch import copy_twice
 
 #: P2PSIZE floats × 4 B of comm_only/gpt2_large.cpp:22 and comm_only/bert_large.cpp:22
 PROXY_BYTES = {"gpt2_large": 808_960 * 4, "bert_large": 1_049_600 * 4}
@@ -48,12 +49,9 @@ def first_touch(nbytes: int, repeats: int) -> tuple[float, float]:
     fresh, warm, keep = [], [], []
     for _ in range(repeats):
         dst = np.zeros(nbytes, dtype=np.uint8)
-        t = time.process_time()
-        np.copyto(dst, src)
-        fresh.append(time.process_time() - t)
-        t = time.process_time()
-        np.copyto(dst, src)
-        warm.append(time.process_time() - t)
+        first, again = copy_twice(dst, src)
+        fresh.append(first)
+        warm.append(again)
         keep.append(dst)  # as the proxies: never freed, so the next buffer is fresh too
     return statistics.median(fresh), statistics.median(warm)
 
