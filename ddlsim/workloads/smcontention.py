@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 from .trace import Collective, Compute, Contention, Loop, Op
 
-__all__ = ["gemm_flops", "beside", "issued_since"]
+__all__ = ["gemm_flops", "kernel_gemm_flops", "beside", "issued_since"]
 
 
 def gemm_flops(ops: Iterable) -> float:
@@ -39,9 +39,14 @@ def gemm_flops(ops: Iterable) -> float:
             if p.kernels is None:
                 total += n * p.flops * (p.kind == "gemm")
             else:
-                total += n * sum(2.0 * k.shape[0] * k.shape[1] * k.shape[2] * k.batch
-                                 for k in p.kernels if k.kind == "gemm")
+                total += n * kernel_gemm_flops(p.kernels)
     return total
+
+
+def kernel_gemm_flops(kernels: Iterable) -> float:
+    """FLOPs of the GEMM kernels among ``kernels``: ``2·M·N·K`` per batch."""
+    return sum(2.0 * k.shape[0] * k.shape[1] * k.shape[2] * k.batch
+               for k in kernels if k.kind == "gemm")
 
 
 def beside(name: str, ops: Iterable[Op], collectives: Iterable[Collective],

@@ -43,6 +43,7 @@ from typing import Any
 
 from ...simulator.kernels.elementwise import residual_bytes
 from ..trace import Collective, Compute, Kernel
+from ..smcontention import kernel_gemm_flops
 
 __all__ = ["trims_tail", "trimmed_recompute", "without_last_add", "trimmed_fc2", "structured_fc2",
            "structured_ew"]
@@ -156,16 +157,11 @@ def trimmed_recompute(b: Any, ops: list) -> list:
     return out
 
 
-def _gemm_flops(kernels) -> float:
-    return sum(2.0 * k.shape[0] * k.shape[1] * k.shape[2] * k.batch
-               for k in kernels if k.kind == "gemm")
-
-
 def _with_kernels(x: Compute, kernels: tuple[Kernel, ...]) -> Compute:
     """``x`` running ``kernels`` instead: its FLOPs scaled by the GEMM FLOPs kept, its
     bytes those of the memory kernels kept (an element-wise op)."""
-    full = _gemm_flops(x.kernels)
-    flops = x.flops * _gemm_flops(kernels) / full if full else x.flops
+    full = kernel_gemm_flops(x.kernels)
+    flops = x.flops * kernel_gemm_flops(kernels) / full if full else x.flops
     nbytes = sum(k.bytes for k in kernels) if x.kind == "elementwise" else x.bytes
     return Compute(x.name, flops, nbytes, kind=x.kind, dtype=x.dtype, kernels=kernels)
 
