@@ -226,11 +226,11 @@ def _split(cfg: Any) -> tuple:
 
 def _recompute_modules(cfg: Any, shape: Any, sw: Any) -> tuple | None:
     """``train.recompute_modules``, checked against the model and plan
-    (:func:`.recompute_modules.check_modules`); None when unset."""
+    (:func:`.recompute_checks.check_modules`); None when unset."""
     if cfg.train.recompute_modules is None:
         return None
     from ...errors import ConfigError
-    from .recompute_modules import check_modules
+    from .recompute_checks import check_modules
     mods, p = tuple(cfg.train.recompute_modules), cfg.parallel
     if mods != ("core_attn",) and (p.tp_mode != "1d" or p.cp > 1):
         raise ConfigError(f"train.recompute_modules = {list(mods)!r} is modelled for "

@@ -54,7 +54,7 @@ and 450-465 (``shared_experts``), 599-620 (``moe``); ``multi_latent_attention.py
 concatenations; config lines 1385-1389: MLA only). Not modelled: ``mlp``, ``shared_experts``
 and ``mla_up_proj`` under tensor parallelism (their recomputed forward re-runs TP
 collectives, which a one-op recomputation cannot carry), ``moe`` under the combined 1F1B:
-such a plan is refused with that reason.
+such a plan is refused with that reason (:func:`.recompute_checks.check_modules`).
 
 The freed bytes come off the layer's activations in the memory model (:func:`layer_bytes`);
 the backward's extra work is one op of the modules' kernels (:func:`recompute_op`), the same
@@ -68,12 +68,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ...errors import ConfigError
 from ...simulator.kernels.elementwise import activation_passes, norm_kernels
 from ..trace import Compute, Kernel
 
 __all__ = ["RecomputeModule", "RECOMPUTE_MODULES", "recompute_module", "module_names",
-           "check_modules", "layer_bytes", "recompute_op", "moe_block_ops", "moe_extra_ops",
+           "layer_bytes", "recompute_op", "moe_block_ops", "moe_extra_ops",
            "separate_norms"]
 
 
@@ -250,69 +249,6 @@ def _mla_up_proj(shape: Any, ctx: LayerContext) -> float:
     """The up projections' outputs after RoPE, the attention core's inputs: query and key
     ``a·(d_n + d_r)`` wide, value ``a·d_v`` (``q_width``, ``q_width``, ``kv_width``)."""
     return ctx.dt * ctx.b * ctx.s * (2 * shape.q_width + shape.kv_width) / ctx.t
-
-
-def check_modules(modules: tuple[str, ...], shape: Any, sw: Any, tp: int,
-                  moe_plan: Any = None) -> None:
-    """Refuse a module list this model or plan cannot take: a module that recomputes
-    nothing in the model (Megatron-Core runs it as a no-op, which ddlsim does not let pass
-    silently), ``mla_up_proj`` without MLA and ``moe_act`` without grouped GEMM (d7288711
-    transformer_config.py lines 1380-1389), and what is not modelled (``mlp``,
-    ``shared_experts``, ``mla_up_proj`` under TP > 1; ``moe``, or ``core_attn`` beside other
-    modules, under the combined 1F1B).
-
-    Raises
-    ------
-    ConfigError
-        Naming ``train.recompute_modules``, the module and what is allowed.
-    """
-    field = f"train.recompute_modules = {list(modules)!r}"
-    for name in modules:
-        nothing = _nothing(name, shape, sw)
-        if nothing:
-            raise ConfigError(f"{field}: {name!r} recomputes nothing in this model "
-                              f"({nothing}); remove it")
-        why = _refusal(name, modules, shape, tp, moe_plan)
-        if why:
-            raise ConfigError(f"{field}: {why}")
-
-
-def _nothing(name: str, shape: Any, sw: Any) -> str:
-    """Why ``name`` recomputes nothing in the model ('' when it recomputes something)."""
-    layers = [shape.is_moe_layer(i) for i in range(shape.layers)]
-    if RECOMPUTE_MODULES[name].layers == "moe" and not any(layers):
-        return "it has no Mixture-of-Experts layers"
-    if name == "shared_experts" and not shape.shared_experts:
-        return "it has no shared experts"
-    if name == "mlp" and all(layers):
-        return "it has no dense MLP layers"
-    if name == "layernorm" and not any(separate_norms(shape, sw, m) for m in set(layers)):
-        return ("every norm is fused into the next GEMM by the stack (kernels.fused_layernorm)"
-                " and no layer has a separate pre-MLP norm")
-    return ""
-
-
-def _refusal(name: str, modules: tuple[str, ...], shape: Any, tp: int, moe_plan: Any) -> str:
-    """Why the plan cannot take ``name`` (Megatron-Core's checks, or not modelled), or ''."""
-    a2a = moe_plan is not None and moe_plan.a2a_overlap
-    if name == "moe_act" and moe_plan is not None and not moe_plan.grouped_gemm:
-        return ("'moe_act' needs parallel.moe.grouped_gemm: true (Megatron-LM d7288711 "
-                "transformer_config.py lines 1380-1383)")
-    if name == "mla_up_proj" and shape.mla is None:
-        return ("'mla_up_proj' needs Multi-head Latent Attention (Megatron-LM d7288711 "
-                "transformer_config.py lines 1385-1389); this model has none")
-    if name == "core_attn" and len(modules) > 1 and a2a:
-        return ("'core_attn' beside other modules under parallel.moe.overlap_expert_parallel_"
-                "comm is not modelled (the combined 1F1B's layer nodes carry one recompute "
-                "op); give core_attn alone or the other modules without it")
-    if name == "moe" and a2a:
-        return ("'moe' with parallel.moe.overlap_expert_parallel_comm is not modelled (the "
-                "combined 1F1B's layer nodes do not carry the recomputed MoE block); drop "
-                "'moe' or the overlap")
-    if name in ("mlp", "shared_experts", "mla_up_proj") and tp > 1:
-        return (f"{name!r} is modelled with tensor_model_parallel_size 1 only (TP is {tp}: "
-                "its recomputed forward re-runs TP collectives); use TP 1 or drop the module")
-    return ""
 
 
 def layer_bytes(shape: Any, modules: tuple[str, ...], sw: Any, b: int, s: int, t: int,

@@ -1,0 +1,79 @@
+"""Which ``train.recompute_modules`` a model and plan can take (the checks of
+:mod:`.recompute_modules`, Megatron-Core's selective recomputation by module).
+
+:func:`check_modules` refuses a module that recomputes nothing in the model, one that
+Megatron-Core itself refuses for the plan (NVIDIA/Megatron-LM d7288711
+``transformer_config.py`` lines 1380-1389), and one whose recomputation ddlsim does not model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...errors import ConfigError
+from .recompute_modules import RECOMPUTE_MODULES, separate_norms
+
+__all__ = ["check_modules"]
+
+
+def check_modules(modules: tuple[str, ...], shape: Any, sw: Any, tp: int,
+                  moe_plan: Any = None) -> None:
+    """Refuse a module list this model or plan cannot take: a module that recomputes
+    nothing in the model (Megatron-Core runs it as a no-op, which ddlsim does not let pass
+    silently), ``mla_up_proj`` without MLA and ``moe_act`` without grouped GEMM (d7288711
+    transformer_config.py lines 1380-1389), and what is not modelled (``mlp``,
+    ``shared_experts``, ``mla_up_proj`` under TP > 1; ``moe``, or ``core_attn`` beside other
+    modules, under the combined 1F1B).
+
+    Raises
+    ------
+    ConfigError
+        Naming ``train.recompute_modules``, the module and what is allowed.
+    """
+    field = f"train.recompute_modules = {list(modules)!r}"
+    for name in modules:
+        nothing = _nothing(name, shape, sw)
+        if nothing:
+            raise ConfigError(f"{field}: {name!r} recomputes nothing in this model "
+                              f"({nothing}); remove it")
+        why = _refusal(name, modules, shape, tp, moe_plan)
+        if why:
+            raise ConfigError(f"{field}: {why}")
+
+
+def _nothing(name: str, shape: Any, sw: Any) -> str:
+    """Why ``name`` recomputes nothing in the model ('' when it recomputes something)."""
+    layers = [shape.is_moe_layer(i) for i in range(shape.layers)]
+    if RECOMPUTE_MODULES[name].layers == "moe" and not any(layers):
+        return "it has no Mixture-of-Experts layers"
+    if name == "shared_experts" and not shape.shared_experts:
+        return "it has no shared experts"
+    if name == "mlp" and all(layers):
+        return "it has no dense MLP layers"
+    if name == "layernorm" and not any(separate_norms(shape, sw, m) for m in set(layers)):
+        return ("every norm is fused into the next GEMM by the stack (kernels.fused_layernorm)"
+                " and no layer has a separate pre-MLP norm")
+    return ""
+
+
+def _refusal(name: str, modules: tuple[str, ...], shape: Any, tp: int, moe_plan: Any) -> str:
+    """Why the plan cannot take ``name`` (Megatron-Core's checks, or not modelled), or ''."""
+    a2a = moe_plan is not None and moe_plan.a2a_overlap
+    if name == "moe_act" and moe_plan is not None and not moe_plan.grouped_gemm:
+        return ("'moe_act' needs parallel.moe.grouped_gemm: true (Megatron-LM d7288711 "
+                "transformer_config.py lines 1380-1383)")
+    if name == "mla_up_proj" and shape.mla is None:
+        return ("'mla_up_proj' needs Multi-head Latent Attention (Megatron-LM d7288711 "
+                "transformer_config.py lines 1385-1389); this model has none")
+    if name == "core_attn" and len(modules) > 1 and a2a:
+        return ("'core_attn' beside other modules under parallel.moe.overlap_expert_parallel_"
+                "comm is not modelled (the combined 1F1B's layer nodes carry one recompute "
+                "op); give core_attn alone or the other modules without it")
+    if name == "moe" and a2a:
+        return ("'moe' with parallel.moe.overlap_expert_parallel_comm is not modelled (the "
+                "combined 1F1B's layer nodes do not carry the recomputed MoE block); drop "
+                "'moe' or the overlap")
+    if name in ("mlp", "shared_experts", "mla_up_proj") and tp > 1:
+        return (f"{name!r} is modelled with tensor_model_parallel_size 1 only (TP is {tp}: "
+                "its recomputed forward re-runs TP collectives); use TP 1 or drop the module")
+    return ""
