@@ -17,24 +17,20 @@ from ...config import RunConfig
 from ..models.decoder import DecoderShape
 from ...simulator.kernels.dtensor import regathers_input
 from ...simulator.kernels.elementwise import optimizer_bytes_per_param
-from ..trace import Block, Collective, Compute, Op, P2P, Wait
-from . import param_gather, tp_overlap
+from ..trace import Collective, Compute, Op
+from . import tp_overlap
+from .chunks import ChunkOps, as_ops
 from .dpsync import GradSyncOps
 from .edges import EdgeOps
 from .host_sync import HostSyncOps
 from .layerkernels import layer_kernels, recompute_op
-from .layerkinds import moe_layers_in_chunk
 from .moe import MoEOps
 from .moe_update import MoEUpdateOps
 from .plan import DecoderPlan, resolve_plan
+from .update import UpdateOps
 
 __all__ = ["StageBuilder", "ADAM_BYTES_PER_PARAM", "as_ops", "with_edges"]
 
-
-def as_ops(items: list) -> list[Op]:
-    """Trace payloads wrapped as ops on the compute stream; ops (a partitioner's, with their
-    streams and deps) as they are."""
-    return [x if isinstance(x, Op) else Op(x) for x in items]
 
 #: Bytes the optimizer step reads and writes per parameter (mixed-precision Adam: fp32 master
 #: weights, momentum and variance read and written, 16-bit gradient read, 16-bit weight written).
@@ -61,11 +57,14 @@ def with_edges(shape: DecoderShape, param_split, layer_params, first, last, pp):
     return n + np.where(last, head, 0.0)
 
 
-class StageBuilder(GradSyncOps, MoEOps, MoEUpdateOps, HostSyncOps, EdgeOps):
+class StageBuilder(GradSyncOps, MoEOps, MoEUpdateOps, HostSyncOps, EdgeOps, ChunkOps,
+                   UpdateOps):
     """Builds the blocks of one pipeline stage (MoE layers: :class:`.moe.MoEOps`, their
     parameters and update: :class:`.moe_update.MoEUpdateOps`; gradient
     buckets: :class:`.dpsync.GradSyncOps`; the host's waits in the step's own code:
-    :class:`.host_sync.HostSyncOps`; embedding and head: :class:`.edges.EdgeOps`).
+    :class:`.host_sync.HostSyncOps`; embedding and head: :class:`.edges.EdgeOps`; a model
+    chunk's forward and backward blocks: :class:`.chunks.ChunkOps`; the update block:
+    :class:`.update.UpdateOps`).
 
     Parameters
     ----------
@@ -267,102 +266,6 @@ class StageBuilder(GradSyncOps, MoEOps, MoEUpdateOps, HostSyncOps, EdgeOps):
             n = sum(self.split[stage]) * sh.layer_params / t
         return with_edges(sh, t, n, stage == 0, stage == self.pp - 1, self.pp)
 
-    # ------------------------------------------------------------------ blocks
-    def gather_ops(self, tag: str, deps: tuple[int, ...] = ()) -> list[Op]:
-        """What follows the receive of a stage's input: the all-gather of Megatron's
-        scatter-gather (Narayanan 2021 §4.1), or nothing (:meth:`.partition.base.Partitioner.
-        boundary`)."""
-        gather = self.part.boundary(self.act_bytes)[1]
-        if gather is None:
-            return []
-        return [Op(Collective(f"{tag}.gather", "all_gather", "tp", gather), deps=deps)]
-
-    def chunk_blocks(self, stage: int, chunk: int, sync_ops: list[Op] | None) -> dict[str, Block]:
-        """Forward and backward blocks of one model chunk of ``stage`` (and, if ``sync_ops``
-        is given, the variant of the backward that overlaps the gradient sync)."""
-        k = chunk * self.pp + stage           # virtual stage index
-        last_k = self.pp * self.v - 1
-        p2p_bytes = self.part.boundary(self.act_bytes)[0]
-        Lc = self.split[stage][chunk]
-
-        blocking = not self.plan.p2p_overlap
-
-        def recv(tag: str, peer: int) -> list[Op]:
-            def make() -> list[Op]:
-                # blocking P2P: the receive is posted where Megatron calls it, after this
-                # rank's previous compute (a Wait on the compute stream), not ahead
-                ops = [Op(Wait("p2p.post", "compute"))] if blocking else []
-                ops.append(Op(P2P(f"recv.{tag}", "recv", "pp", peer, p2p_bytes, tag),
-                              stream="pp", deps=(0,) if blocking else ()))
-                ops += self.gather_ops(tag, deps=(len(ops) - 1,))
-                return ops
-            return self.cached(("recv", tag, peer, blocking), make)
-
-        def send(tag: str, peer: int, dep: int) -> Op:
-            return self.cached(("send", tag, peer, dep), lambda: Op(
-                P2P(f"send.{tag}", "send", "pp", peer, p2p_bytes, tag), stream="pp", deps=(dep,)))
-
-        def after(op: Op, dep: int) -> Op:  # ``op`` made to depend on op ``dep``
-            # keyed by the op's identity: hashing a layers' loop hashes every op in it; the
-            # entry keeps ``op``, so its id is not reused by another op while the entry lives
-            return self.cached(("after", id(op), dep), lambda: (
-                op, Op(op.payload, op.stream, (dep,), op.repeat)))[1]
-
-        # tags name the receiving chunk, so every middle stage has the same blocks (the last
-        # stage's chunk c feeds chunk c + 1 of stage 0 in the interleaved schedule)
-        fwd: list[Op] = []
-        if k > 0:
-            fwd += recv(f"act.c{chunk}", -1)
-        if k == 0:
-            fwd += self.cached(("embedding",), lambda: as_ops(self.embedding_forward()))
-        first = len(fwd)
-        n_moe = (moe_layers_in_chunk(self.shape, self.split, stage, chunk)
-                 if self.shape.is_moe else 0)
-        offset = sum(self.split[stage][:chunk])    # the rank's layers before this chunk
-        fwd += self.layer_ops(False, Lc, n_moe)
-        if fwd[:first] and len(fwd) > first:   # a chunk may hold no layer (.split)
-            fwd[first] = after(fwd[first], first - 1)
-        if k == last_k:
-            fwd += self.cached(("head",), lambda: as_ops(self.head_forward()))
-        else:
-            to = chunk + (1 if stage == self.pp - 1 else 0)
-            fwd.append(send(f"act.c{to}", +1, len(fwd) - 1))
-
-        def backward(with_sync: bool) -> list[Op]:
-            ops: list[Op] = []
-            if k < last_k:
-                ops += recv(f"grad.c{chunk}", +1)
-            else:
-                ops += self.cached(("head.bwd",), lambda: as_ops(self.head_backward()))
-            start = len(ops)
-            if with_sync and sync_ops:
-                # the first stage's first chunk's buckets (dense and expert) get their DDP
-                # passes and host waits here (.dpsync.GradSyncOps.bucket_pass_ops)
-                ops += self._overlapped_layers(sync_ops, start, Lc, offset, passes=(
-                    stage == 0 and chunk == 0))
-            else:
-                ops += self.layer_ops(True, Lc, n_moe, offset)
-            if ops[:start] and len(ops) > start:
-                ops[start] = after(ops[start], start - 1)
-            if k > 0:
-                last_compute = next(i for i in range(len(ops) - 1, -1, -1)
-                                    if ops[i].stream == "compute")
-                to = chunk - (1 if stage == 0 else 0)
-                ops.append(send(f"grad.c{to}", -1, last_compute))
-            return ops
-
-        blocks = {f"F{chunk}": Block(f"F{chunk}", "forward", tuple(fwd)),
-                  f"B{chunk}": Block(f"B{chunk}", "backward", tuple(backward(False)))}
-        if sync_ops or (sync_ops is not None and Lc == 0 and self._syncs_gradients()):
-            # a chunk without a layer syncs nothing, but the schedule names its .sync block
-            blocks[f"B{chunk}.sync"] = Block(f"B{chunk}.sync", "backward", tuple(backward(True)))
-        return blocks
-
-    def _syncs_gradients(self) -> bool:
-        """Whether the plan reduces gradients over data parallelism (as
-        :meth:`.dpsync.GradSyncOps.grad_sync_ops` decides)."""
-        return self.gdp > 1 or (self.split_experts and self.plan.edp > 1)
-
     def optimizer_op(self, n_params: float) -> Op:
         """The optimizer step over ``n_params`` parameters: 10 FLOPs and the optimizer's bytes
         (:func:`~ddlsim.simulator.kernels.optimizer_bytes_per_param`) per parameter."""
@@ -370,73 +273,3 @@ class StageBuilder(GradSyncOps, MoEOps, MoEUpdateOps, HostSyncOps, EdgeOps):
                                               self.dt, self.gdt, self.plan.train_dtype == "fp16")
         return Op(Compute("optimizer", 10.0 * n_params, per_param * n_params, kind="optimizer",
                           dtype="fp32"))
-
-    def update_block(self, stage: int, root: bool, overlapped: bool) -> Block:
-        """Gradient synchronisation not overlapped with backward, the optimizer step, and the
-        parameter redistribution of the chosen data-parallel update."""
-        p = self.plan
-        params = self.stage_params(stage)
-        grad_bytes, dp = params * self.gdt, self.gdp
-        step = self.optimizer_op
-        if self.split_experts and (dp > 1 or p.edp > 1):
-            return self._expert_update_block(stage, overlapped, step)
-        if dp == 1:     # the step's own waits (.host_sync) around it
-            alone: list[Op] = []
-            self.step_sync_ops(alone, 0, True)
-            alone.append(step(params))
-            self.step_sync_ops(alone, 0, False)
-            return Block("update", "optimizer", tuple(alone))
-        # ops[0] marks "backward finished": communication-stream ops below depend on it
-        ops: list[Op] = [Op(Wait("backward.done", "compute"))]
-        if p.dp_strategy == "ddp":
-            if overlapped:
-                ops.append(Op(Wait("wait.grad", "dp")))
-            elif p.zero_stage in (0, 1, 2):
-                op = "all_reduce" if p.zero_stage == 0 else "reduce_scatter"
-                ops += [*self.grad_sync_ops_flat(grad_bytes, op, self.grad_group),
-                        Op(Wait("wait.grad", "dp"))]
-            if p.zero_stage == 3:
-                ops.append(Op(Wait("wait.grad", "dp")))  # ZeRO-3: gathers and RS share it
-            shard = params / dp if p.zero_stage else params
-            # the buckets' passes and waits here, but the first chunk's overlapped ones
-            # (before each run's collectives: .dpsync.GradSyncOps.bucket_pass_ops)
-            moved = overlapped and stage == 0 and self.split[0][0] > 0
-            waits = 0 if p.zero_stage == 3 else self.stage_buckets(stage, moved)
-            self.step_sync_ops(ops, waits, True)
-            ops.append(step(shard))
-            self.step_sync_ops(ops, 0, False)
-            if p.zero_stage == 3:   # DeepSpeed 2021 regathers its persistent parameters
-                from .zero3_fetch import persistent_gather_ops
-                ops += persistent_gather_ops(self, stage, len(ops) - 1)
-            if p.zero_stage < 3:    # the DDP's passes over its gradient buffer (dpsync)
-                ops += self.ddp_pass_ops(grad_bytes, grad_bytes * (
-                    1 - self.split[0][0] / sum(self.split[0]) if moved else 1))
-            if p.zero_stage in (1, 2):  # all of it, or its first bucket (.param_gather)
-                gather = param_gather.first_bucket(p.param_gather_overlap, params * self.dt,
-                                                   p.param_bucket_bytes)
-                ops.append(Op(Collective("params.all_gather", "all_gather", self.grad_group,
-                                         gather)))
-        elif p.dp_strategy == "reduce_broadcast":
-            ops.append(Op(Collective("grad.reduce", "reduce", "dp", grad_bytes, root=0)))
-            if root:
-                ops.append(step(params))
-            ops.append(Op(Collective("params.broadcast", "broadcast", "dp", params * self.dt, root=0)))
-        elif p.dp_strategy == "sliced_reduce_broadcast":
-            for i in range(dp):
-                ops.append(Op(Collective(f"grad.reduce.slice{i}", "reduce", "dp", grad_bytes / dp,
-                                         root=i), stream=f"dp.{i}"))
-            ops += [Op(Wait(f"wait.slice{i}", f"dp.{i}")) for i in range(dp)]
-            ops.append(step(params / dp))
-            base = len(ops) - 1
-            for i in range(dp):
-                ops.append(Op(Collective(f"params.broadcast.slice{i}", "broadcast", "dp",
-                                         params * self.dt / dp, root=i), stream=f"dp.{i}",
-                              deps=(base,)))
-            ops += [Op(Wait(f"wait.bslice{i}", f"dp.{i}")) for i in range(dp)]
-        else:  # reduce_scatter
-            ops.append(Op(Collective("grad.reduce_scatter", "reduce_scatter", "dp", grad_bytes)))
-            ops.append(step(params / dp))
-            ops.append(Op(Collective("params.all_gather", "all_gather", "dp", params * self.dt)))
-        anchored = tuple(Op(o.payload, o.stream, o.deps or (0,), o.repeat)
-                         if o.stream != "compute" else o for o in ops)
-        return Block("update", "optimizer", anchored)

@@ -1,7 +1,8 @@
 """What every part of a decoder's stage builder reads, declared once.
 
 :class:`~ddlsim.workloads.decoder.builder.StageBuilder` is assembled from mixins
-(:class:`.dpsync.GradSyncOps`, :class:`.moe.MoEOps`, :class:`.edges.EdgeOps`); each subclasses
+(:class:`.dpsync.GradSyncOps`, :class:`.moe.MoEOps`, :class:`.edges.EdgeOps`,
+:class:`.chunks.ChunkOps`, :class:`.update.UpdateOps`, …); each subclasses
 :class:`StageBase`, so every attribute a mixin reads is declared here: the resolved
 :class:`~.plan.DecoderPlan` (``plan``), its fields under the short names the formulas use,
 what the stage derives from them, and the methods one part calls on another.
@@ -117,4 +118,29 @@ class StageBase:
 
     def _recompute_core(self, g: dict, moe: bool) -> Compute:
         """Selective recomputation's op (:meth:`.builder.StageBuilder._recompute_core`)."""
+        raise NotImplementedError
+
+    def optimizer_op(self, n_params: float) -> Op:
+        """The optimizer step (:meth:`.builder.StageBuilder.optimizer_op`)."""
+        raise NotImplementedError
+
+    def _expert_update_block(self, stage: int, overlapped: bool, step) -> Any:
+        """An MoE stage's update block (:class:`.moe_update.MoEUpdateOps`)."""
+        raise NotImplementedError
+
+    def _overlapped_layers(self, sync_ops: list[Op], start: int, layers: int,
+                           offset: int = 0, passes: bool = False) -> list[Op]:
+        """Backward layers overlapping the gradient sync (:class:`.dpsync.GradSyncOps`)."""
+        raise NotImplementedError
+
+    def embedding_forward(self) -> list:
+        """The embedding's forward (:class:`.edges.EdgeOps`)."""
+        raise NotImplementedError
+
+    def head_forward(self) -> list:
+        """The final norm, head and loss (:class:`.edges.EdgeOps`)."""
+        raise NotImplementedError
+
+    def head_backward(self) -> list:
+        """The loss's, head's and final norm's backward (:class:`.edges.EdgeOps`)."""
         raise NotImplementedError
