@@ -133,22 +133,38 @@ def resolve_software(spec: SoftwareSpec | str | None, plan: Any = None) -> Softw
     Raises
     ------
     ConfigError
-        if ``spec`` names an unknown stack.
+        if ``spec`` names an unknown stack, or sets a ZeRO-3 option its gather mode ignores.
     """
-    if spec is None:
-        spec = SoftwareSpec()
-    elif isinstance(spec, str):
-        if spec not in stacks():
-            raise ConfigError(f"system.software = {spec!r} is not a known software stack"
-                              f"{did_you_mean(spec, stacks())}; allowed: {', '.join(stacks())}")
-        spec = SoftwareSpec(stack=spec)
+    spec = _as_spec(spec)
     kernels, overlap, sources = _stack_defaults(spec.stack)
     for part, given, where in ((kernels, spec.kernels, "system.software.kernels"),
                                (overlap, spec.overlap, "system.software.overlap")):
         for field, value in given.model_dump(exclude_none=True).items():
             part[field], sources[field] = value, where
-    # the plan's own overlap options (a pydantic model's fields: no failed lookups for the
-    # stack fields it does not have — this runs for every ``cfg.software``)
+    _apply_plan(overlap, sources, plan)
+    if kernels["compile"]:
+        _compiled(kernels, sources)
+    _check_zero3_gather_options(overlap, sources, spec)
+    _check_zero3_implementation(spec.stack, overlap, sources)
+    return Software(spec.stack, kernels, overlap, sources, spec.what_if)
+
+
+def _as_spec(spec: SoftwareSpec | str | None) -> SoftwareSpec:
+    """``spec`` as a :class:`SoftwareSpec` (a stack's name, checked; None: the default)."""
+    if spec is None:
+        return SoftwareSpec()
+    if isinstance(spec, str):
+        if spec not in stacks():
+            raise ConfigError(f"system.software = {spec!r} is not a known software stack"
+                              f"{did_you_mean(spec, stacks())}; allowed: {', '.join(stacks())}")
+        return SoftwareSpec(stack=spec)
+    return spec
+
+
+def _apply_plan(overlap: dict, sources: dict, plan: Any) -> None:
+    """Set in ``overlap`` the plan's own overlap options (``plan.<field>`` when not None)."""
+    # a pydantic model's fields: no failed lookups for the stack fields it does not have —
+    # this runs for every ``cfg.software``
     known = getattr(type(plan), "model_fields", None) if plan is not None else None
     for field in list(overlap):
         if plan is None or (known is not None and field not in known):
@@ -156,9 +172,14 @@ def resolve_software(spec: SoftwareSpec | str | None, plan: Any = None) -> Softw
         value = getattr(plan, field, None)
         if value is not None:
             overlap[field], sources[field] = value, f"parallel.{field}"
-    if kernels["compile"]:
-        _compiled(kernels, sources)
-    if overlap["zero3_gather"] == "per_layer":
+
+
+def _check_zero3_gather_options(overlap: dict, sources: dict, spec: SoftwareSpec) -> None:
+    """Refuse a ZeRO-3 option set away from its default that ``zero3_gather`` ignores:
+    module-hook options under ``per_layer``, host loops off ``per_tensor``, per-layer unit
+    options and layer prefetch off ``per_layer``."""
+    gather = overlap["zero3_gather"]
+    if gather == "per_layer":
         for field in ("zero3_persistence_threshold", "zero3_max_reuse_distance",
                       "zero3_prefetch_modules", "zero3_max_live_parameters"):
             if overlap[field]:
@@ -167,30 +188,28 @@ def resolve_software(spec: SoftwareSpec | str | None, plan: Any = None) -> Softw
                     f"gathers from module hooks only, and zero3_gather is 'per_layer' "
                     f"({_where(sources, spec)}); set zero3_gather: per_module or per_tensor, "
                     f"or {field}: 0")
-    if overlap["zero3_gather"] != "per_tensor":
+    if gather != "per_tensor":
         for field in _HOST_FIELDS:
             if overlap[field]:
                 raise ConfigError(
                     f"{sources[field]}: {field} = {overlap[field]:g} s applies to per-tensor "
                     f"ZeRO-3 gathers only (the list-form collectives' per-rank host loops), "
-                    f"and zero3_gather is {overlap['zero3_gather']!r} ({_where(sources, spec)}); "
+                    f"and zero3_gather is {gather!r} ({_where(sources, spec)}); "
                     f"set zero3_gather: per_tensor, or {field}: 0")
-    if overlap["zero3_gather"] != "per_layer":
+    if gather != "per_layer":
         for field, plain in (("zero3_reshard_after_forward", "always"), ("zero3_copy_out", False)):
             if overlap[field] != plain:
                 raise ConfigError(
                     f"{sources[field]}: {field} = {overlap[field]!r} applies to per-layer "
-                    f"ZeRO-3/FSDP units only, and zero3_gather is {overlap['zero3_gather']!r} "
+                    f"ZeRO-3/FSDP units only, and zero3_gather is {gather!r} "
                     f"({_where(sources, spec)}); set zero3_gather: per_layer, or "
                     f"{field}: {plain!r}")
-    if overlap["zero3_gather"] != "per_layer" and overlap["zero3_prefetch_layers"]:
-        raise ConfigError(
-            f"{sources['zero3_prefetch_layers']}: zero3_prefetch_layers = "
-            f"{overlap['zero3_prefetch_layers']} applies to per-layer ZeRO-3 gathers, and "
-            f"zero3_gather is {overlap['zero3_gather']!r} ({_where(sources, spec)}); gathers "
-            f"from module hooks prefetch by module: set zero3_prefetch_modules instead")
-    _check_zero3_implementation(spec.stack, overlap, sources)
-    return Software(spec.stack, kernels, overlap, sources, spec.what_if)
+        if overlap["zero3_prefetch_layers"]:
+            raise ConfigError(
+                f"{sources['zero3_prefetch_layers']}: zero3_prefetch_layers = "
+                f"{overlap['zero3_prefetch_layers']} applies to per-layer ZeRO-3 gathers, and "
+                f"zero3_gather is {gather!r} ({_where(sources, spec)}); gathers "
+                f"from module hooks prefetch by module: set zero3_prefetch_modules instead")
 
 
 def _check_zero3_implementation(stack: str, overlap: dict, sources: dict) -> None:
