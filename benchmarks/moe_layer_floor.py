@@ -13,16 +13,21 @@ experts per rank and the tokens each computes (``n = etp · ep · T · k / E``,
 divides what ``validate_moe`` already prints (docs/moe.md, "A per-layer floor in the published
 runs"). ``per-expert host`` is the host time per layer and micro-batch that ddlsim counts for
 the local experts' Transformer Engine grouped linears (:func:`expert_host_ms`), to set beside
-the gap's growth with the local experts.
+the gap's growth with the local experts. ``random-routing excess`` is how much more than the
+mean the most loaded expert-parallel rank computes when the rows' forced balance routes as
+Megatron-Core's benchmark mode does, by random logits (:func:`random_routing_excess`), not
+exactly evenly as ddlsim takes it: the size of that approximation, to set beside the gap.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import validate_moe as vm
 from public_runs import print_table
 
@@ -63,6 +68,67 @@ def expert_host_ms(local: int, host_op_s: float) -> float:
     return 2 * GROUPED_LINEAR_BWD_OPS * local * host_op_s * 1e3
 
 
+def expected_max_normal(n: int) -> float:
+    """``E[max(Z_1 … Z_n)]`` of ``n`` independent standard normals,
+    ``∫ x·n·φ(x)·Φ(x)^(n−1) dx`` on a fixed grid (deterministic; 1/√π for ``n`` = 2)."""
+    from scipy.special import ndtr
+    x = np.linspace(-12.0, 12.0, 48_001)
+    pdf = np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+    return float(np.trapezoid(x * n * pdf * ndtr(x) ** (n - 1), x))
+
+
+def random_routing_excess(ranks: int, tokens: float, experts: int, top_k: int,
+                          ep: int) -> float:
+    """Expected load of the most loaded of ``ep`` expert-parallel ranks over the mean, less 1,
+    when each of the ``ranks × tokens`` routed tokens picks ``top_k`` distinct experts of
+    ``experts`` uniformly at random (``experts/ep`` on each rank).
+
+    Megatron-Core's ``--moe-router-force-load-balancing`` replaces the router's logits by
+    normal noise (``RandomSTE``), so each token's top-k is a uniform random subset: balanced
+    in expectation, not exactly. A token's copies on one rank are hypergeometric
+    (``k`` draws from ``E`` with ``x = E/ep`` marked): mean ``k·x/E``, variance
+    ``k·(x/E)·(1 − x/E)·(E − k)/(E − 1)``; a rank's load over ``ranks × tokens`` tokens is
+    then near-normal, and the hottest of ``ep`` sits :func:`expected_max_normal` standard
+    deviations above the mean (the ranks taken independent: their loads' fixed sum makes
+    this an upper bound).
+
+    Parameters
+    ----------
+    ranks : int
+        ranks of the dispatch group that route tokens to each expert (``etp · ep``).
+    tokens : float
+        tokens each of them routes per micro-batch and layer (``T``).
+    experts, top_k, ep : int
+        experts ``E``, experts per token ``k``, expert-parallel size.
+
+    Returns
+    -------
+    float
+        the relative excess of the hottest rank (0.014: 1.4 % more than the mean).
+
+    References
+    ----------
+    NVIDIA/Megatron-LM 1e057005 ``megatron/core/transformer/moe/moe_utils.py`` lines 785-822
+    (``RandomSTE``: ``logits.clone().normal_()``), ``router.py`` lines 449-451 (applied when
+    ``moe_router_force_load_balancing``); d7288711 ``moe_utils.py`` lines 1194-1231 (the same
+    under the expert-parallel RNG tracker; ``router.py`` lines 697-699).
+    """
+    share = (experts // ep) / experts
+    var = top_k * share * (1.0 - share) * (experts - top_k) / (experts - 1)
+    mean = top_k * share
+    n = ranks * tokens
+    return expected_max_normal(ep) * math.sqrt(n * var) / (n * mean)
+
+
+def _excess(row: dict) -> float:
+    """:func:`random_routing_excess` of a validate_moe row."""
+    hf = _model(row["preset"])
+    ep, etp = int(row["ep"]), int(row.get("etp") or 1)
+    tokens = int(row["mbs"]) * int(row["seq"]) / (int(row["cp"]) * int(row["tp"]))
+    return random_routing_excess(etp * ep, tokens, hf["num_experts"],
+                                 hf["num_experts_per_tok"], ep)
+
+
 def _host_op_s() -> float:
     """The dgx-h100 preset's host time per operation under the validate_moe stack's dispatch."""
     import ddlsim
@@ -86,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     head = ["run", "dispatcher", "TP", "EP", "overlap", "local experts", "tokens/expert",
             "published ms", "predicted ms", "compute", "exposed EP", "other comm",
-            "bubble+opt", "gap ms", "per-expert host ms"]
+            "bubble+opt", "gap ms", "per-expert host ms", "random-routing excess"]
     lines, host_op_s = [], _host_op_s()
     for o in vm.evaluate("analytical"):
         if o["result"] is None:
@@ -96,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
                       row["a2a_overlap"], str(p["local"]), f"{p['n']:.0f}"]
                      + [f"{p[k]:.2f}" for k in ("published", "predicted", "compute", "ep",
                                                  "other", "bubble", "gap")]
-                     + [f"{expert_host_ms(p['local'], host_op_s):.2f}"])
+                     + [f"{expert_host_ms(p['local'], host_op_s):.2f}",
+                        f"{100 * _excess(row):.1f}%"])
     print_table(head, lines, args.markdown)
     return 0
 

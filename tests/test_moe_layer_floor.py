@@ -7,6 +7,8 @@ tokens each local expert computes follow ``n = etp · ep · T · k / E``.
 
 from __future__ import annotations
 
+import itertools
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -51,3 +53,24 @@ def test_per_expert_host_is_the_grouped_linears_backward_calls():
     # at dgx-h100's eager 2 + 3.8 µs: 16 experts, 0.928 ms per layer and micro-batch
     assert floor.expert_host_ms(16, 5.8e-6) == pytest.approx(2 * 5 * 16 * 5.8e-3)
     assert floor.expert_host_ms(4, 5.8e-6) == pytest.approx(floor.expert_host_ms(16, 5.8e-6) / 4)
+
+
+def test_expected_max_of_normals():
+    # E[max of 2 standard normals] = 1/sqrt(pi); of 1, the mean 0; grows with n
+    assert floor.expected_max_normal(2) == pytest.approx(1 / math.sqrt(math.pi), rel=1e-6)
+    assert floor.expected_max_normal(1) == pytest.approx(0.0, abs=1e-9)
+    assert floor.expected_max_normal(8) == pytest.approx(1.4236, abs=1e-4)   # tabulated
+
+
+def test_random_routing_excess_from_an_enumerated_routing():
+    # E = 8 experts over ep = 2 ranks (4 each), top-2: enumerate the 28 pairs a token can
+    # pick; a rank's copies per token have the hypergeometric mean and variance used
+    pairs = list(itertools.combinations(range(8), 2))
+    on_rank = [sum(e < 4 for e in pair) for pair in pairs]
+    mean = sum(on_rank) / len(pairs)
+    var = sum((c - mean) ** 2 for c in on_rank) / len(pairs)
+    n = 3 * 100                                     # 3 routing ranks x 100 tokens
+    expected = floor.expected_max_normal(2) * math.sqrt(n * var) / (n * mean)
+    assert floor.random_routing_excess(3, 100, 8, 2, 2) == pytest.approx(expected)
+    # more tokens: the excess shrinks as 1/sqrt(tokens)
+    assert floor.random_routing_excess(3, 400, 8, 2, 2) == pytest.approx(expected / 2)
