@@ -7,9 +7,6 @@ runs it stand-alone, which is what ``mpirun``/``torchrun`` launch.
 from __future__ import annotations
 
 import functools
-import os
-import shlex
-import sys
 from pathlib import Path
 
 import typer
@@ -74,50 +71,6 @@ When ranks span nodes, intra-node and inter-node sub-communicators are measured 
 to the CSV goes NAME.meta.yaml (hosts, versions, command line, date)."""
 
 
-def _progress_bar(enabled: bool, total: int):
-    from contextlib import nullcontext
-
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                               TimeElapsedColumn)
-
-    if not enabled:
-        return nullcontext(None)
-    bar = Progress(TextColumn("{task.description:<36}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), console=Console(stderr=True), transient=False)
-
-    class _Bar:
-        def __enter__(self):
-            bar.__enter__()
-            task = bar.add_task("starting", total=total)
-            return lambda label: bar.update(task, advance=1, description=label)
-
-        def __exit__(self, *exc):
-            return bar.__exit__(*exc)
-    return _Bar()
-
-
-def _adapter(backend: str):
-    from .adapters import MpiAdapter, TorchAdapter
-
-    return MpiAdapter.world() if backend == "mpi" else TorchAdapter.from_env(backend)
-
-
-def _agree_on_outputs(adapter, output: Path, force: bool) -> None:
-    """Rank 0 checks the output paths; every rank raises the same error (no hang)."""
-    from .outputs import guard_output, metadata_path
-
-    problem = ""
-    if adapter.rank == 0:
-        try:
-            guard_output(output, force)
-            guard_output(metadata_path(output), force)
-        except CalibrationError as exc:
-            problem = str(exc)
-    problem = adapter.allgather_obj(problem)[0]
-    if problem:
-        raise CalibrationError(problem)
-
-
 @app.command(help=COMM_HELP)
 @_friendly
 def comm(backend: str = typer.Option("mpi", help="mpi (mpi4py) | nccl | gloo (torch)"),
@@ -142,6 +95,7 @@ def comm(backend: str = typer.Option("mpi", help="mpi (mpi4py) | nccl | gloo (to
                                    "the max over ranks)")) -> None:
     from .comm_bench import (CLOCKS, TAPER_FROM_BYTES, check_cores, default_sizes, planned_steps,
                              run_scoped_benchmarks, scoped_communicators)
+    from .comm_launch import agree_on_outputs, open_adapter, progress_bar, write_comm
 
     _choice(backend, ("mpi", "nccl", "gloo"), "--backend")
     _choice(clock, tuple(CLOCKS), "--clock")
@@ -150,56 +104,24 @@ def comm(backend: str = typer.Option("mpi", help="mpi (mpi4py) | nccl | gloo (to
                                "with --backend mpi or gloo, or --clock wall with nccl")
     op_list = _split_list(ops, OPS, "operation")
     sizes = default_sizes(parse_bytes(max_bytes), parse_bytes(min_bytes), factor)
-    adapter = _adapter(backend)
+    adapter = open_adapter(backend)
     try:
-        _agree_on_outputs(adapter, output, force)
+        agree_on_outputs(adapter, output, force)
         check_cores(adapter, allow_shared_cores)
         comms = scoped_communicators(adapter, split)
-        with _progress_bar(progress and adapter.rank == 0,
+        with progress_bar(progress and adapter.rank == 0,
                            planned_steps(op_list, sizes, len(comms))) as tick:
             rows = run_scoped_benchmarks(adapter, op_list, sizes, warmup, reps, batch=batch,
                                          comms=comms, progress=tick,
                                          taper_from=TAPER_FROM_BYTES, clock=CLOCKS[clock])
         if adapter.rank == 0:
-            _write_comm(adapter, rows, comms[0][2], output, force,
-                        {"ops": op_list, "sizes_bytes": sizes, "warmup": warmup, "reps": reps,
-                         "batch": batch, "split": split, "clock": clock,
-                         "reps_taper_from_bytes": TAPER_FROM_BYTES})
+            meta = write_comm(adapter, rows, comms[0][2], output, force,
+                              {"ops": op_list, "sizes_bytes": sizes, "warmup": warmup,
+                               "reps": reps, "batch": batch, "split": split, "clock": clock,
+                               "reps_taper_from_bytes": TAPER_FROM_BYTES})
+            _err.print(escape(f"wrote {len(rows)} rows to {output} and {meta}"))
     finally:
         adapter.close()
-
-
-def _write_comm(adapter, rows, world, output: Path, force: bool, options: dict) -> None:
-    from .outputs import machine_info, metadata_path, utc_now, write_csv, write_yaml
-    from .schema import tidy_frame
-
-    argv = list(sys.argv)
-    if argv and argv[0].endswith("__main__.py"):
-        argv[0:1] = ["python", "-m", "ddlsim.calibration"]
-    launcher = {k: v for k, v in sorted(os.environ.items())
-                if k.startswith(("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_SIZE",
-                                 "SLURM_JOB_ID", "SLURM_NNODES", "SLURM_NTASKS",
-                                 "WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID"))}
-    meta = {"created_utc": utc_now(), "command": shlex.join(argv), "launcher_env": launcher,
-            "backend": adapter.backend, "library": adapter.library,
-            "library_version": adapter.library_version, "ranks": adapter.size,
-            "nodes": world.nodes, "ranks_per_node": world.ranks_per_node,
-            "hosts": sorted(set(world.hosts)), "rank_hosts": list(world.hosts),
-            "versions": _versions(), "machine": machine_info(), "options": options}
-    write_csv(output, tidy_frame(rows), force)
-    write_yaml(metadata_path(output), meta, force)
-    _err.print(escape(f"wrote {len(rows)} rows to {output} and {metadata_path(output)}"))
-
-
-def _versions() -> dict:
-    import numpy
-
-    out = {"numpy": str(numpy.__version__)}
-    for mod in ("mpi4py", "torch"):
-        m = sys.modules.get(mod)
-        if m is not None:
-            out[mod] = str(getattr(m, "__version__", "?"))
-    return out
 
 
 # -------------------------------------------------------------------------------- compute
