@@ -2,6 +2,7 @@
 
 Run:  python benchmarks/validate_nccl.py [--engine analytical|des] [--write-docs] [--fit]
       python benchmarks/validate_nccl.py --include-excluded [--engine analytical|des]
+      python benchmarks/validate_nccl.py --nccl-version 2.30.7   # every row with one release
       python benchmarks/validate_nccl.py --nccl-tests OUTPUT --gpu A100|H100 [--op OP]
                                          [--nodes N] [--ranks N] [--algorithm nccl_ring|...]
 
@@ -13,7 +14,9 @@ for the 4-HDR servers of nccl-tests issue #119) with
 its default collective backend (NCCL's tuning model on these GPUs, with the NVLS plateau and
 pipeline fill as measured: ``ddlsim/simulator/nccl/measured.py``), and reports the bus
 bandwidth nccl-tests would print: ``busbw = size / time × factor`` (nccl-tests
-doc/PERFORMANCE.md). Rows whose ``role`` is ``fitted`` are the calibration data of
+doc/PERFORMANCE.md). A row is timed with the tuning model of the NCCL release its source states
+(column ``nccl_version``; ``ddlsim/simulator/nccl/versions.py``) where ddlsim tabulates it, else
+with ddlsim's default, its role saying which; ``--nccl-version`` times every row with one. Rows whose ``role`` is ``fitted`` are the calibration data of
 ``measured.py``'s three fitted constants and of ``hops.py``'s two; the summary gives them apart
 from the ``held-out`` rows, which set nothing and are the validation. Small messages (under 1
 MiB) are recorded by nccl-tests' out-of-place ``time`` (``time_us``: their printed busbw is
@@ -81,21 +84,38 @@ def time_us(row: dict, busbw_GBps: float) -> float:
     return size * FACTOR[row["op"]](p) / (busbw_GBps * 1e9) * 1e6
 
 
-def system(row: dict):
+def row_version(row: dict, version: str | None = None) -> tuple[str, str]:
+    """(NCCL release the row is timed with, note for its role): ``version`` where given (every
+    row), else the release the source states (column ``nccl_version``) where ddlsim tabulates
+    it, else ddlsim's default; the note says which and why ("" for an unstated release)."""
+    from ddlsim.simulator.nccl.versions import DEFAULT_VERSION, NCCL_VERSIONS
+    stated = row.get("nccl_version") or ""
+    if version is not None:
+        return version, f"NCCL {version} (--nccl-version)"
+    if not stated:
+        return DEFAULT_VERSION, ""
+    if stated in NCCL_VERSIONS:
+        return stated, f"NCCL {stated} as stated"
+    return DEFAULT_VERSION, f"NCCL {stated} stated, not tabulated: timed with {DEFAULT_VERSION}"
+
+
+def system(row: dict, version: str | None = None):
     from ddlsim.config import SystemConfig, resolve_section
-    spec = {"preset": PRESET[row["gpu"]], "nodes": int(row["nodes"])}
+    spec = {"preset": PRESET[row["gpu"]], "nodes": int(row["nodes"]),
+            "collectives": {"nccl_version": row_version(row, version)[0]}}
     gpus, nodes = int(row["gpus"]), int(row["nodes"])
     if nodes > 1 and gpus % nodes == 0:  # the row's GPUs on each node (nccl150: one of each)
         spec["devices_per_node"] = gpus // nodes
     if row["source"] == "nccl119":
         spec["nics_per_node"] = 4  # 4 x HDR 200 Gb/s per server (the issue's hardware)
     if row["source"] == "nccl812":  # DGX A100: 2 x AMD EPYC 7742 (NVIDIA DGX A100 user guide)
-        spec["collectives"] = {"cpu_vendor": "amd"}
+        spec["collectives"]["cpu_vendor"] = "amd"
     return SystemConfig.model_validate(resolve_section("system", spec))
 
 
-def predicted_busbw(row: dict, engine: str) -> tuple[float, str]:
-    """(busbw GB/s, algorithm label) of one collective of the row's size on all its GPUs."""
+def predicted_busbw(row: dict, engine: str, version: str | None = None) -> tuple[float, str]:
+    """(busbw GB/s, algorithm label) of one collective of the row's size on all its GPUs, with
+    the NCCL release of :func:`row_version`."""
     from ddlsim.simulator.analytical.engine import simulate_analytical
     from ddlsim.simulator.costs import CostModel
     from ddlsim.workloads.trace import (Block, Collective, GroupFamily, Op, Program, RankClass,
@@ -105,7 +125,7 @@ def predicted_busbw(row: dict, engine: str) -> tuple[float, str]:
     program = Program({"b": Block("b", "other", (Op(coll),))}, (Step("b"),))
     wl = Workload("nccl-test", p, {"g": GroupFamily("g", "dp", np.arange(p).reshape(1, p))},
                   (RankClass("all", tuple(range(p)), program),), WorkloadMeta(1, 1))
-    cost = CostModel(system(row), wl)
+    cost = CostModel(system(row, version), wl)
     if engine == "des":
         from ddlsim.simulator.des import run_des
         t = run_des(wl, cost, record_spans=False)[0].timings[0].end
@@ -136,24 +156,27 @@ def output_rows(path: str, gpu: str, nodes: int | None = None, ranks: int | None
              "role": "held-out", "algorithm": algorithm} for r in got.itertuples()]
 
 
-def table(engine: str, data: list[dict] | None = None,
-          include_excluded: bool = False) -> tuple[list[str], dict[str, list[float]]]:
+def table(engine: str, data: list[dict] | None = None, include_excluded: bool = False,
+          version: str | None = None) -> tuple[list[str], dict[str, list[float]]]:
     """The markdown table, and the errors (ddlsim / measured − 1) per row role, per size (key
     ``size:<bytes>``: every row of that size, whatever its role) and per role and size (key
     ``<role>:<bytes>``); a row with an ``excluded`` reason is shown with it and counted under
     ``excluded`` only (its line, reason included, under ``excluded rows``), or, with
-    ``include_excluded``, counted like the others (its reason still shown)."""
+    ``include_excluded``, counted like the others (its reason still shown). Each row is timed
+    with the NCCL release of :func:`row_version` (``version``: every row with that one), named
+    in its role where one is stated or given."""
     lines = ["| source | GPU | GPUs | nodes | op | size | measured busbw (GB/s) | ddlsim busbw "
              "(GB/s) | measured time (µs) | ddlsim time (µs) | error | ddlsim algorithm | role |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     errors: dict[str, list[float]] = {"fitted": [], "held-out": [], "small": [],
                                       "small fitted": []}
     for row in rows() if data is None else data:
-        got, label = predicted_busbw(row, engine)
+        got, label = predicted_busbw(row, engine, version)
         pub = measured_busbw(row)
         err = got / pub - 1
         size = float(row["size_bytes"])
-        role = row["role"]
+        note = row_version(row, version)[1]
+        role = f"{row['role']}, {note}" if note else row["role"]
         if row.get("excluded") and not include_excluded:  # shown, counted in no mean or worst
             errors.setdefault("excluded", []).append(err)
             errors.setdefault("excluded rows", []).append(
@@ -320,7 +343,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--include-excluded", action="store_true",
                     help="count the rows the CSV excludes (with a reason) in the means and "
                          "worsts; not with --write-docs, --fit or --nccl-tests")
+    from ddlsim.simulator.nccl.versions import version_names
+    ap.add_argument("--nccl-version", choices=version_names(),
+                    help="time every row with this NCCL release's tuning model instead of the "
+                         "one its source states (else ddlsim's default); not with --write-docs "
+                         "or --fit")
     args = ap.parse_args(argv)
+    if args.nccl_version and (args.write_docs or args.fit):
+        ap.error("--nccl-version does not go with --write-docs or --fit (both time each row "
+                 "with the release its source states)")
     if args.include_excluded and (args.write_docs or args.fit or args.nccl_tests):
         ap.error("--include-excluded does not go with --write-docs (the docs' table leaves "
                  "those rows out), --fit or --nccl-tests (neither reads the excluded column)")
@@ -338,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     try:
-        lines, errors = table(args.engine, data, args.include_excluded)
+        lines, errors = table(args.engine, data, args.include_excluded, args.nccl_version)
     except ValueError as exc:  # ConfigError: e.g. an NCCL_ALGO NCCL does not run there
         if data is None:
             raise

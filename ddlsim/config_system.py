@@ -15,7 +15,7 @@ from .config_types import (DTYPE_BYTES, Bandwidth, Bytes, DeviceId, Flops, Real,
                            _bounded, _Strict, count_type)
 from .errors import did_you_mean
 from .limits import check_bound
-from .registered import node_fabrics, placements, registered, topologies
+from .registered import nccl_versions, node_fabrics, placements, registered, topologies
 from .software import DEFAULT_STACK, GemmLibrary, SoftwareSpec, stacks
 
 __all__ = ["DeviceSpec", "PowerLimitSpec", "LaunchSpec", "LinkSpec", "IntraNodeSpec",
@@ -285,6 +285,9 @@ class CollectivesSpec(_Strict):
         default="intel", description="NCCL's multi-node LL cap and network overhead")
     sharp: StrictBool = Field(default=False,
                               description="in-network reduction (SHARP): NCCL CollNet, NVLS")
+    nccl_version: registered(nccl_versions) = Field(  # ddlsim.simulator.nccl.versions
+        default="2.30.7", description="the NCCL release whose tuning model (tuning.cc) times "
+        "and chooses the collectives")
     source: str | None = None
 
 

@@ -16,7 +16,8 @@ from pydantic import BeforeValidator
 
 __all__ = ["registered", "collective_ops", "algorithms", "schedules", "topologies",
            "node_fabrics", "placements", "tensor_parallel_modes", "TENSOR_PARALLEL_SCHEMES",
-           "BUILTIN_TOPOLOGY_BUILDERS", "BUILTIN_TENSOR_PARALLEL", "recompute_modules"]
+           "BUILTIN_TOPOLOGY_BUILDERS", "BUILTIN_TENSOR_PARALLEL", "recompute_modules",
+           "nccl_versions"]
 
 # One source of truth: a field that names an algorithm, a schedule, a topology, a node fabric
 # or a placement policy is checked against the registry the engines and builders use (looked
@@ -99,6 +100,12 @@ def recompute_modules() -> tuple[str, ...]:
     """Megatron-Core's selectively recomputed modules (``train.recompute_modules``)."""
     from .workloads.decoder.recompute_modules import module_names
     return module_names()
+
+
+def nccl_versions() -> tuple[str, ...]:
+    """NCCL releases whose tuning model is tabulated (``system.collectives.nccl_version``)."""
+    from .simulator.nccl.versions import version_names
+    return version_names()
 
 
 def registered(names: Any) -> Any:

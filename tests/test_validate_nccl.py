@@ -196,3 +196,28 @@ def test_include_excluded_counts_the_excluded_row_and_stays_out_of_the_docs(caps
             vn.main(["--include-excluded", *other])
         assert exit_.value.code == 2
         assert "--include-excluded does not go with" in capsys.readouterr().err
+
+
+def test_a_stated_nccl_release_is_the_sources_and_times_the_row():
+    """A row's ``nccl_version`` is the release its source's header entry states, and the row is
+    timed with it where ddlsim tabulates it (else the default, said in its role)."""
+    from ddlsim.simulator.nccl.versions import DEFAULT_VERSION
+    for source in {r["source"] for r in ROWS if r["nccl_version"]}:
+        versions = {r["nccl_version"] for r in ROWS if r["source"] == source}
+        entry = re.search(rf"^# {source}:(.*?)(?=^# \w+:|\Z)", HEADER, re.M | re.S).group(1)
+        assert len(versions) == 1 and f"NCCL {versions.pop()}" in entry, source
+    row = next(r for r in ROWS if r["source"] == "nccl1244")
+    assert vn.row_version(row) == ("2.21.5", "NCCL 2.21.5 as stated")
+    assert vn.system(row).collectives.nccl_version == "2.21.5"
+    assert vn.row_version(row, "2.30.7") == ("2.30.7", "NCCL 2.30.7 (--nccl-version)")
+    old = next(r for r in ROWS if r["source"] == "nccl812")
+    assert vn.row_version(old) == (DEFAULT_VERSION, "NCCL 2.16.5 stated, not tabulated: timed "
+                                                    f"with {DEFAULT_VERSION}")
+    unstated = next(r for r in ROWS if r["source"] == "nccl290")
+    assert vn.row_version(unstated) == (DEFAULT_VERSION, "")
+
+
+def test_nccl_version_does_not_go_with_the_docs_or_the_fit(capsys):
+    with pytest.raises(SystemExit):
+        vn.main(["--nccl-version", "2.21.5", "--write-docs"])
+    assert "--nccl-version does not go with" in capsys.readouterr().err

@@ -45,6 +45,7 @@ from __future__ import annotations
 import math
 
 from . import tuning as T
+from .versions import DEFAULT_VERSION, tables
 
 __all__ = ["LL_HOP_US", "NET_LL_HOP_US", "fit_ll_hop_us", "fit_net_ll_hop_us", "ring_crossings",
            "ring_ll_extra_us", "ring_ll_levels", "ring_steps", "nccl_inter_steps"]
@@ -144,22 +145,26 @@ def ring_crossings(op: str, p: int, nodes: int) -> int:
     return math.ceil(ring_steps(op, p) * nodes / p - 1e-9)
 
 
-def _intra_steps(op: str, p: int, nodes: int) -> int:
+def _intra_steps(op: str, p: int, nodes: int, per_node: bool = False) -> int:
     """Steps of a ring collective NCCL's latency counts at the NVLink rate (tuning.cc)."""
     if op in ("broadcast", "reduce"):
         return p if nodes == 1 else 0  # several nodes: every step at the network's latency
-    return ring_steps(op, p) - nccl_inter_steps(op, nodes)
+    return ring_steps(op, p) - nccl_inter_steps(op, nodes, per_node)
 
 
-def nccl_inter_steps(op: str, nodes: int) -> int:
-    """Network steps NCCL 2.30.7's estimate of a ring all-reduce, all-gather or
-    reduce-scatter counts (tuning.cc line 411): ``2(nodes − 1)`` or ``nodes − 1``."""
+def nccl_inter_steps(op: str, nodes: int, per_node: bool = False) -> int:
+    """Network steps NCCL's estimate of a ring all-reduce, all-gather or reduce-scatter
+    counts: ``2(nodes − 1)`` or ``nodes − 1`` (2.30.7 tuning.cc line 411; from 2.23), or with
+    ``per_node`` (before 2.23, v2.21.5-1 line 161) ``2·nodes`` for an all-reduce."""
     if nodes == 1:
         return 0
-    return 2 * (nodes - 1) if op == "all_reduce" else nodes - 1
+    if op == "all_reduce":
+        return 2 * nodes if per_node else 2 * (nodes - 1)
+    return nodes - 1
 
 
-def ring_ll_extra_us(op: str, p: int, nodes: int, arch: str, intra: str, cpu: str) -> float:
+def ring_ll_extra_us(op: str, p: int, nodes: int, arch: str, intra: str, cpu: str,
+                     version: str = DEFAULT_VERSION) -> float:
     """µs a ring LL collective takes beyond NCCL's estimate: its NVLink steps at the measured
     step (:data:`LL_HOP_US`) instead of NCCL's, each no less than NCCL's network floor, and
     across nodes its network steps as the ring makes them (:func:`ring_crossings`) at the
@@ -172,6 +177,7 @@ def ring_ll_extra_us(op: str, p: int, nodes: int, arch: str, intra: str, cpu: st
     arch : GPU generation (``ampere``, ``hopper``, …).
     intra : ``nvlink`` or ``pci``.
     cpu : ``intel`` or ``amd``.
+    version : the NCCL release whose estimate the measured steps replace (:mod:`.versions`).
 
     Returns
     -------
@@ -183,26 +189,30 @@ def ring_ll_extra_us(op: str, p: int, nodes: int, arch: str, intra: str, cpu: st
     ----------
     NVIDIA/nccl 2.30.7 src/graph/tuning.cc lines 394–412; NVIDIA/nccl-tests#123 and #150.
     """
-    ll = T.PROTOCOLS.index("LL")
-    nccl_hop = T.HW_LATENCY_US[intra]["ring"][ll]
+    ll, tab = T.PROTOCOLS.index("LL"), tables(version)
+    nccl_hop = tab.hw_latency_us[intra]["ring"][ll]
     hop = LL_HOP_US.get(arch, nccl_hop) if intra == "nvlink" else nccl_hop
-    floor = T.NET_OVERHEAD_US[cpu] if nodes > 1 else 0.0
-    extra = _intra_steps(op, p, nodes) * (max(hop, floor) - max(nccl_hop, floor))
+    floor = tab.net_overhead_us[cpu] if nodes > 1 else 0.0
+    per_node = tab.inter_steps_per_node
+    extra = _intra_steps(op, p, nodes, per_node) * (max(hop, floor) - max(nccl_hop, floor))
     if nodes == 1 or op not in ("all_reduce", "all_gather", "reduce_scatter"):
         return extra
-    # NCCL: 2(nodes − 1) steps at its network step, the others at its intra step; taken:
+    # NCCL: its network steps at its network step, the others at its intra step; taken:
     # the ring's crossings at the measured network step, the others at the intra step taken
-    nccl_net = T.HW_LATENCY_US["net"]["tree" if p == nodes else "ring"][ll]
-    more = ring_crossings(op, p, nodes) - nccl_inter_steps(op, nodes)
-    return (extra + nccl_inter_steps(op, nodes) * (NET_LL_HOP_US - nccl_net)
+    nccl_net = tab.hw_latency_us["net"]["tree" if p == nodes and tab.ppn1_tree_net
+                                        else "ring"][ll]
+    n_inter = nccl_inter_steps(op, nodes, per_node)
+    more = ring_crossings(op, p, nodes) - n_inter
+    return (extra + n_inter * (NET_LL_HOP_US - nccl_net)
             + more * (NET_LL_HOP_US - max(hop, floor)))
 
 
-def ring_ll_levels(op: str, p: int, nodes: int, arch: str, intra: str, cpu: str,
-                   edges: int) -> tuple[tuple[float, ...], tuple[float, ...], float] | None:
+def ring_ll_levels(op: str, p: int, nodes: int, arch: str, intra: str, cpu: str, edges: int,
+                   version: str = DEFAULT_VERSION
+                   ) -> tuple[tuple[float, ...], tuple[float, ...], float] | None:
     """:func:`ring_ll_extra_us` as the ``(edges, fills, slope)`` levels the fills of
     :mod:`.measured` and :mod:`.tree` use (one level for every size, no cap), or None."""
-    extra = ring_ll_extra_us(op, p, nodes, arch, intra, cpu)
+    extra = ring_ll_extra_us(op, p, nodes, arch, intra, cpu, version)
     if extra == 0.0:
         return None
     return (math.inf,) * edges, (extra,) * (edges + 1), math.inf

@@ -1,8 +1,9 @@
 """NCCL's collectives as its tuning model times them: ring, tree, NVLS and CollNet (SHARP),
 each with the LL, LL128 and Simple protocols, and NCCL's own choice among them.
 
-The model follows ``ncclTopoTuneModel`` and ``ncclTopoGetAlgoTime`` of NCCL 2.30.7
-(``src/graph/tuning.cc``; constants in :mod:`.tuning`): an algorithm and protocol take
+The model follows ``ncclTopoTuneModel`` and ``ncclTopoGetAlgoTime`` of the NCCL release the
+machine runs (``NcclEnv.version``, by default 2.30.7; ``src/graph/tuning.cc``; constants per
+release in :mod:`.versions`, 2.30.7's in :mod:`.tuning`): an algorithm and protocol take
 ``latency + bytes / algBw``, where ``algBw = busBw × ratio`` (ring: ``p / nsteps``; tree and
 CollNet all-reduce: 1/2) and ``busBw`` is the bandwidth NCCL's topology search finds (its
 channels × per-channel bandwidth) reduced per protocol (LL ½ capped at ``llMaxBw``, LL128
@@ -35,6 +36,9 @@ from .measured import FILL_CHUNKS, FILL_EDGES, achieved_algbw_GBps, fill_levels,
 from .channels import channel_bytes, channels_used
 from .hops import nccl_inter_steps, ring_ll_levels, ring_steps
 from .tree import tree_fill_levels
+from .rules import algbw_ratio, col as _col, converts, has_nvls as _has_nvls, nvls_bus
+from .rules import nvls_channels as _nvls_channels
+from .versions import DEFAULT_VERSION, NCCL_VERSIONS, NcclTables, tables
 
 __all__ = ["NcclEnv", "nccl_time", "busbw_GBps", "algbw_GBps", "latency_us", "best_protocol",
            "available", "ALGORITHMS", "NcclForm", "nccl_form",
@@ -64,6 +68,12 @@ class NcclEnv:
     sharp : in-network reduction (SHARP) is available: CollNet and multi-node NVLS.
     protocol : ``auto`` (NCCL's choice) or one of LL, LL128, Simple.
     nics_per_node : NICs of a node (CollNet's GPU/NIC ratio).
+    version : the NCCL release whose tuning model applies (:mod:`.versions`).
+
+    Raises
+    ------
+    ConfigError
+        Where ``version`` is not tabulated, or has no rows for ``arch``.
     """
 
     arch: str
@@ -73,16 +83,20 @@ class NcclEnv:
     sharp: bool = False
     protocol: str = "auto"
     nics_per_node: int = 1
+    version: str = DEFAULT_VERSION
+
+    def __post_init__(self) -> None:
+        tables(self.version, self.arch)
 
 
-def _col(nodes: int) -> int:
-    """tuning.cc ``index2``: 1, 2 or ≥ 3 nodes."""
-    return min(nodes, 3) - 1
+def _tab(env: NcclEnv) -> NcclTables:
+    """The tuning tables of ``env``'s NCCL release (checked when ``env`` was made)."""
+    return NCCL_VERSIONS[env.version]
 
 
 def _link(net: GroupNet, env: NcclEnv) -> tuple[float, float]:
     """(physical bottleneck B/s, NCCL's busBw of its channels in GB/s)."""
-    eff = T.NVLINK_EFFICIENCY[env.arch] if env.intra == "nvlink" else 1.0
+    eff = _tab(env).nvlink_efficiency[env.arch] if env.intra == "nvlink" else 1.0
     if not net.multi_node:
         return net.bw_intra_Bps, net.bw_intra_Bps * eff / 1e9
     bottleneck = min(net.bw_intra_Bps, net.bw_node_Bps)
@@ -90,13 +104,7 @@ def _link(net: GroupNet, env: NcclEnv) -> tuple[float, float]:
 
 
 def _channels(link_GBps: float, net: GroupNet, env: NcclEnv) -> float:
-    return max(1.0, link_GBps / T.TOP_SPEED_GBPS[env.arch][1 if net.multi_node else 0])
-
-
-def _nvls_channels(net: GroupNet) -> int:
-    """Channels of NCCL's NVLS graph: one per GPU of the node (search.cc: ``maxChannels =
-    min(NCCL_MAX_NVLS_ARITY, GPUs)``, and ``minChannels = maxChannels`` on one node)."""
-    return max(1, int(round(net.p / net.nodes)))
+    return max(1.0, link_GBps / _tab(env).top_speed_GBps[env.arch][1 if net.multi_node else 0])
 
 
 def available(op: str, algo: str, proto: str, net: GroupNet, env: NcclEnv) -> bool:
@@ -110,10 +118,10 @@ def available(op: str, algo: str, proto: str, net: GroupNet, env: NcclEnv) -> bo
     if algo in ("nvls", "nvls_tree") and _nvls_channels(net) <= 2:
         return False  # src/transport/nvls.cc (2.26.2) ncclNvlsInit: none on <= 2 GPUs a node
     if algo == "nvls":
-        ok = T.NVLS_EFFICIENCY[env.arch] > 0 and env.nvswitch
+        ok = _has_nvls(env) and env.nvswitch
         return ok and (not net.multi_node or (env.sharp and op == "all_reduce"))
     if algo == "nvls_tree":  # NVLS inside nodes, trees across: several nodes, no SHARP needed
-        return T.NVLS_EFFICIENCY[env.arch] > 0 and env.nvswitch and net.multi_node
+        return _has_nvls(env) and env.nvswitch and net.multi_node
     if algo == "collnet":  # CollNet-direct: SHARP, NVSwitch nodes, several nodes
         return env.sharp and env.nvswitch and net.multi_node
     return True
@@ -124,29 +132,21 @@ def busbw_GBps(op: str, algo: str, proto: str, net: GroupNet, env: NcclEnv) -> f
     _, link = _link(net, env)
     nch, col = _channels(link, net, env), _col(net.nodes)
     ppn = net.p / net.nodes
-    bus = link
-    if algo == "nvls":
-        nc = _nvls_channels(net)
-        intra = link * T.NVLS_EFFICIENCY[env.arch] * (nc - 1) / nc
-        intra *= 2.0 if op == "all_reduce" else (ppn - 1) / ppn
-        bus = min(intra, net.bw_node_Bps / 1e9) if net.multi_node else intra
-    if algo == "nvls_tree":  # the 2-node tree halves the inter-node traffic (tuning.cc)
-        nc = _nvls_channels(net)
-        intra = link * T.NVLS_EFFICIENCY[env.arch] * (nc - 1) / nc * 2.0
-        inter = net.bw_node_Bps / 1e9 * (2 if net.nodes <= 2 else 1)
-        bus = min(intra, inter, nc * T.PER_CH_MAX_BW["nvls_tree"][env.arch][col])
-    ll_max = T.LL_MAX_BW[env.arch if net.nodes == 1 else env.cpu][col]
+    tab = _tab(env)
+    bus = nvls_bus(op, algo, link, net, env) if algo in ("nvls", "nvls_tree") else link
+    ll_max = tab.ll_max_bw[env.arch if net.nodes == 1 else env.cpu][col]
     if algo == "ring" and proto == "LL":
         bus = min(ll_max, bus * 0.5)
     if algo == "ring" and proto == "LL128":
-        bus = min(bus * 0.92, nch * T.PER_CH_MAX_BW["ring_ll128"][env.arch][col])
+        factor = tab.ring_ll128_ppn1_factor if ppn < 2 else 0.92
+        bus = min(bus * factor, nch * tab.per_ch_max_bw["ring_ll128"][env.arch][col])
     if algo == "tree" and op == "all_reduce":
-        bus = min(bus * 0.92, nch * T.PER_CH_MAX_BW["tree"][env.arch][col])
+        bus = min(bus * 0.92, nch * tab.per_ch_max_bw["tree"][env.arch][col])
     if algo == "tree" and proto == "LL":
         bus = min(bus / 3.8, ll_max)
     if algo == "tree" and proto == "LL128":
         bus = min(bus * (7.0 / 9.0 if net.nodes == 1 else 120.0 / 128.0),
-                  nch * T.PER_CH_MAX_BW["tree_ll128"][env.arch][col])
+                  nch * tab.per_ch_max_bw["tree_ll128"][env.arch][col])
     if algo == "collnet":
         factor = ppn / max(env.nics_per_node, 1)  # GPU/NIC ratio
         bus /= factor - (factor - 1) / 2
@@ -158,8 +158,8 @@ def busbw_GBps(op: str, algo: str, proto: str, net: GroupNet, env: NcclEnv) -> f
 def algbw_GBps(op: str, algo: str, proto: str, n: float, net: GroupNet, env: NcclEnv) -> float:
     """Algorithm bandwidth (GB/s): busBw × NCCL's ratio, with the tree's size correction."""
     bw = busbw_GBps(op, algo, proto, net, env)
-    if not (algo != "ring" and op in ("all_gather", "reduce_scatter")):
-        bw *= net.p / ring_steps(op, net.p) if algo in ("ring", "nvls", "nvls_tree") else 0.5
+    if converts(op, algo, env):
+        bw *= algbw_ratio(op, algo, net.p, env)
     log_size = int(math.floor(math.log2(n / 64))) if n >= 64 else -1
     if algo == "tree" and op == "all_reduce" and 0 <= log_size < 23:
         bw *= T.TREE_CORRECTION[proto][log_size]
@@ -169,20 +169,20 @@ def algbw_GBps(op: str, algo: str, proto: str, n: float, net: GroupNet, env: Ncc
 def latency_us(op: str, algo: str, proto: str, n: float, net: GroupNet, env: NcclEnv) -> float:
     """NCCL's latency (µs) for ``algo``/``proto`` (tuning.cc; ring plateau of
     ``ncclTopoGetAlgoTime``)."""
-    pi, p, nodes = T.PROTOCOLS.index(proto), net.p, net.nodes
+    pi, p, nodes, tab = T.PROTOCOLS.index(proto), net.p, net.nodes, _tab(env)
     ppn = p / nodes
-    hw = T.HW_LATENCY_US
+    hw = tab.hw_latency_us
     intra = hw[env.intra][algo][pi]
-    inter = hw["net"]["tree" if ppn == 1 else algo][pi]
-    lat = T.BASE_LATENCY_US[algo][pi]
+    inter = hw["net"]["tree" if ppn == 1 and tab.ppn1_tree_net else algo][pi]
+    lat = tab.base_latency_us[algo][pi]
     nsteps = ring_steps(op, p)
     if algo == "ring" and op in ("broadcast", "reduce"):
         cls = "net" if nodes > 1 else env.intra
         lat += nsteps * hw[cls]["tree" if proto == "Simple" else "ring"][pi]
     elif algo == "ring":
-        overhead = T.NET_OVERHEAD_US[env.cpu] * (3 if proto == "Simple" else 1)
+        overhead = tab.net_overhead_us[env.cpu] * (3 if proto == "Simple" else 1)
         intra = max(intra, overhead) if nodes > 1 else intra
-        n_inter = nccl_inter_steps(op, nodes)
+        n_inter = nccl_inter_steps(op, nodes, tab.inter_steps_per_node)
         lat += (nsteps - n_inter) * intra + n_inter * inter
         nch = _channels(_link(net, env)[1], net, env)
         if proto == "Simple" and nodes > 1 and op == "all_reduce" and n / (nch * p) >= 64:
@@ -244,7 +244,8 @@ def _achieved(op: str, algo: str, proto: str, n: float, net: GroupNet, env: Nccl
     if algo == "tree" and op == "all_reduce":
         return algbw_GBps(op, algo, proto, n, net, env), _tree_levels(proto, net, env)
     if algo == "ring" and proto == "LL":
-        levels = ring_ll_levels(op, net.p, net.nodes, env.arch, env.intra, env.cpu, FILL_EDGES)
+        levels = ring_ll_levels(op, net.p, net.nodes, env.arch, env.intra, env.cpu, FILL_EDGES,
+                                env.version)
         return algbw_GBps(op, algo, proto, n, net, env), levels
     if algo not in FILL_CHUNKS:
         return algbw_GBps(op, algo, proto, n, net, env), None
@@ -254,7 +255,7 @@ def _achieved(op: str, algo: str, proto: str, n: float, net: GroupNet, env: Nccl
 @lru_cache(maxsize=1 << 12)
 def _channel_rule(algo: str, proto: str, net: GroupNet, env: NcclEnv) -> tuple[float, int]:
     """(bytes a channel must get, NCCL's channels) of :mod:`.channels` for this group."""
-    eff = T.NVLINK_EFFICIENCY[env.arch] if env.intra == "nvlink" else 1.0
+    eff = _tab(env).nvlink_efficiency[env.arch] if env.intra == "nvlink" else 1.0
     nch = max(1, int(round(_channels(_link(net, env)[1], net, env))))
     return channel_bytes(algo, proto, net.p, net.bw_intra_Bps * eff / 1e9), nch
 

@@ -25,11 +25,18 @@ def gpu_arch(system) -> str | None:
 
 
 def env_for_system(system) -> NcclEnv | None:
-    """The :class:`NcclEnv` of ``system``, or None where its GPU generation is unknown."""
+    """The :class:`NcclEnv` of ``system``, or None where its GPU generation is unknown.
+
+    Raises
+    ------
+    ConfigError
+        Where ``system.collectives.nccl_version`` has no tuning rows for the GPU generation.
+    """
     arch = gpu_arch(system)
     if arch is None:
         return None
     kind = system.intra_node.kind
     spec = system.collectives
     return NcclEnv(arch, "nvlink" if kind.startswith("nv") else "pci", kind == "nvswitch",
-                   spec.cpu_vendor, spec.sharp, spec.nccl_protocol, system.nics_per_node)
+                   spec.cpu_vendor, spec.sharp, spec.nccl_protocol, system.nics_per_node,
+                   spec.nccl_version)
