@@ -13,7 +13,8 @@ reason.
 Steps (docs/validation.md, "The seed's C++ proxies on this machine"):
 
 1. build each proxy with ``mpicxx -O2`` (the checkout is read, never copied into this repo;
-   ``dlrm_steady``: dlrm.cpp with two ``#define``s edited in a copy in the work folder);
+   ``dlrm_steady``: dlrm.cpp with two ``#define``s edited in a copy in the work folder;
+   building and launching: ``proxies_build.py``);
 2. for each rank count n > 1 (``--ranks``), right before its runs, calibrate this machine's
    MPI on n ranks with the closed loop's recipe (:mod:`ddlsim.reference.loop`: ``ddlsim
    calibrate comm --backend mpi``, warm-up 2, 20 repetitions, ``mpi_yield_when_idle``, the
@@ -45,13 +46,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from proxies_build import build, measure, sleep_us
 from proxies_calib import (background, busy, calibrate, first_touch_sets, fit_errors,
                            link_sets, load)
 from proxies_table import CONFIGS, PROXIES, Proxy, system_sets
@@ -64,53 +65,6 @@ def _env() -> dict:
     """The closed loop's MPI environment (root allowed, one BLAS thread, yielding polls)."""
     from ddlsim.reference.loop import _env as loop_env
     return loop_env()
-
-
-def build(checkout: Path, work: Path, names: list[str] | None = None) -> dict[str, Path]:
-    """``mpicxx -O2`` of the proxies ``names`` (default: every one of :data:`PROXIES`).
-
-    A proxy with ``edits`` is built from a copy of its source in ``work`` with them applied
-    (:func:`edited_source`); proxies with the same source and edits share one executable.
-
-    Parameters
-    ----------
-    checkout : Path
-        A checkout of spcl/DNN-cpp-proxies (its ``proxies/`` folder is read).
-    work : Path
-        Folder for the executables (and the edited sources).
-    names : list of str, optional
-        Keys of :data:`PROXIES` to build.
-
-    Returns
-    -------
-    dict
-        Proxy name -> executable.
-    """
-    exes, built = {}, {}
-    for name in names or list(PROXIES):
-        proxy = PROXIES[name]
-        key = (proxy.source, proxy.edits)
-        if key not in built:
-            stem = Path(proxy.source).stem + (f"_{name}" if proxy.edits else "")
-            src = edited_source(checkout, proxy, work / f"{stem}.cpp") if proxy.edits \
-                else checkout / proxy.source
-            built[key] = work / stem
-            subprocess.run(["mpicxx", "-O2", "-o", str(built[key]), str(src)], check=True)
-        exes[name] = built[key]
-    return exes
-
-
-def edited_source(checkout: Path, proxy: Proxy, out: Path) -> Path:
-    """Write the proxy's source with ``proxy.edits`` applied to ``out`` (the checkout is not
-    touched); a text that does not occur exactly once is an error naming it."""
-    text = (checkout / proxy.source).read_text()
-    for old, new in proxy.edits:
-        if text.count(old) != 1:
-            raise ValueError(f"{proxy.source}: {old!r} occurs {text.count(old)} times, not "
-                             f"once; this checkout is not the one PROXIES was written for")
-        text = text.replace(old, new)
-    out.write_text(text)
-    return out
 
 
 def predict(proxy: Proxy, n: int, profile: Path | None,
@@ -153,55 +107,6 @@ def predict(proxy: Proxy, n: int, profile: Path | None,
                            f"{proc.stderr[-2000:]}")
     got = json.loads(proc.stdout)
     return {engine: got[engine]["iteration_time_s"] for engine in ("analytical", "des")}
-
-
-#: a niced Python's 200 sleeps of 100 us: the median microseconds each took (a proxy's
-#: usleep wakes as late as the machine's other load lets it)
-_SLEEP_PROBE = ("import time, statistics\n"
-                "t = []\n"
-                "for _ in range(200):\n"
-                "    a = time.perf_counter(); time.sleep(1e-4); t.append(time.perf_counter() - a)\n"
-                "print(statistics.median(t) * 1e6)")
-
-
-def sleep_us() -> float:
-    """Microseconds a 100 us sleep of a ``nice`` process takes now (median of 200): what
-    each of a proxy's usleep calls may overrun by on this machine, measured, not predicted."""
-    proc = subprocess.run(["nice", sys.executable, "-c", _SLEEP_PROBE], capture_output=True,
-                          text=True, check=True)
-    return float(proc.stdout)
-
-
-def measure(exe: Path, proxy: Proxy, n: int, repeats: int, cache: dict) -> list[float]:
-    """Run the proxy ``repeats`` times under ``nice mpirun -n n``.
-
-    Parameters
-    ----------
-    exe : Path
-        The built proxy.
-    proxy : Proxy
-        Which of its printed lines to read (``proxy.line``).
-    n : int
-        Ranks.
-    repeats : int
-        Launches.
-    cache : dict
-        (exe, n) -> the launches' outputs, shared by the proxies one executable prints.
-
-    Returns
-    -------
-    list of float
-        Seconds per iteration, as the proxy printed them, one per launch.
-    """
-    from ddlsim.reference.loop import _check, _run, mpirun
-    key = (exe, n)
-    if key not in cache:
-        cache[key] = []
-        for _ in range(repeats):
-            proc = _run(["nice", *mpirun(n), str(exe), *proxy.args], 1800)
-            _check(proc, f"mpirun -n {n} {exe.name}")
-            cache[key].append(proc.stdout)
-    return [float(re.search(proxy.line, out).group(1)) for out in cache[key]]
 
 
 def refusal(config: Path) -> str | None:

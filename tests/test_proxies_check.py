@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from benchscripts import BENCH  # puts benchmarks/ on sys.path: the script imports its siblings
+import proxies_build as pbuild  # the proxies built and launched
 import proxies_calib as calib  # the calibration at each rank count
 import proxies_table as table  # the proxies, their system and the calls their runs issue
 
@@ -100,12 +101,12 @@ def test_steady_dlrm_edits_only_its_two_defines(tmp_path):
     src.parent.mkdir()
     body = "int x;\n#define RUNS 1\n#define WARM_UP 0\nint y;\n"
     src.write_text(body)
-    out = pc.edited_source(tmp_path, pc.PROXIES["dlrm_steady"], tmp_path / "e.cpp")
+    out = pbuild.edited_source(tmp_path, pc.PROXIES["dlrm_steady"], tmp_path / "e.cpp")
     assert out.read_text() == "int x;\n#define RUNS 20\n#define WARM_UP 5\nint y;\n"
     assert src.read_text() == body  # the checkout is read, never changed
     src.write_text("#define RUNS 2\n#define WARM_UP 0\n")
     with pytest.raises(ValueError, match="'#define RUNS 1\\\\n' occurs 0 times"):
-        pc.edited_source(tmp_path, pc.PROXIES["dlrm_steady"], tmp_path / "e.cpp")
+        pbuild.edited_source(tmp_path, pc.PROXIES["dlrm_steady"], tmp_path / "e.cpp")
 
 
 def test_rows_are_predicted_again_with_their_runs_profiles(tmp_path):
