@@ -8,6 +8,8 @@ reduce-to-root strategy splits off the root, which alone updates).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from ...config import RunConfig
@@ -70,6 +72,75 @@ def _step_tables(sched: str, pp: int, m: int, v: int, sync: bool,
     return tables
 
 
+class _Modes(NamedTuple):
+    """What the plan turns on that shapes a stage's blocks."""
+
+    overlap: bool      # DDP's gradient sync overlapping the backward (ZeRO 0-2)
+    zero3: bool        # ZeRO-3 / FSDP, sharded over dp × cp
+    staged: bool       # FSDP inside pipeline stages (.fsdp.per_iteration)
+    replicated: bool   # HSDP: the optimizer waits for the replicas
+    combined: bool     # Megatron-Core's combined 1F1B (.combined)
+
+
+def _modes(plan, b: StageBuilder, cfg: RunConfig) -> _Modes:
+    """The plan's :class:`_Modes`; the combined 1F1B with ZeRO-3 is refused."""
+    zero3 = plan.zero_stage == 3 and b.gdp > 1
+    staged = zero3 and fsdp.per_iteration(b.sw, b.pp)
+    modes = _Modes(bool(b.sw.overlap_grad_reduce and plan.dp_strategy == "ddp"
+                        and plan.zero_stage in (0, 1, 2)),
+                   zero3, staged, hsdp.active(cfg), plan.combined_1f1b)
+    if modes.combined and (zero3 or staged):
+        raise ConfigError("parallel.moe.overlap_expert_parallel_comm = true with ZeRO-3 "
+                          f"(parallel.zero_stage = {plan.zero_stage}): the combined 1F1B over "
+                          "FSDP-sharded layers is not modelled; use zero_stage 0, 1 or 2")
+    return modes
+
+
+def _stage_ranks(mesh, b: StageBuilder) -> np.ndarray:
+    """The ranks of each stage, ``[stage, …]``: ``[s, d, t]`` without context parallelism,
+    else row ``s`` of the tp·cp·dp groups (pp is the other axis)."""
+    if b.cp == 1:
+        stage_, d_, t_ = np.meshgrid(np.arange(b.pp), np.arange(b.dp), np.arange(b.tp),
+                                     indexing="ij")
+        return mesh.rank_of(np.stack([t_, d_, stage_], axis=-1), ("tp", "dp", "pp"))
+    return mesh.groups(("tp", "cp", "dp"))[:, None, :]
+
+
+def _stage_blocks(b: StageBuilder, stage: int, modes: _Modes) -> dict[str, Block]:
+    """The forward and backward blocks of ``stage`` (and the prologue beside F0)."""
+    plan = b.plan
+    blocks: dict[str, Block] = {}
+    if modes.zero3 and not modes.staged:
+        blocks.update(zero3_blocks(b, zero3_prefetch(b.sw)))
+    else:
+        for c in range(b.v):
+            sync = b.grad_sync_ops(stage, c) if modes.overlap else None
+            blocks.update(b.chunk_blocks(stage, c, sync))
+        if modes.combined:
+            blocks.update(combined.combined_blocks(b, stage, blocks, b.moe.delay_wgrad))
+    if plan.param_gather_overlap:   # all but the first bucket beside F0
+        nbytes = b.stage_params(stage) * b.dt
+        blocks[param_gather.BLOCK] = param_gather.prologue_block(
+            blocks["F0"], b.grad_group, nbytes - param_gather.first_bucket(
+                True, nbytes, plan.param_bucket_bytes), b.dtype)
+    elif modes.staged:
+        blocks[param_gather.BLOCK] = fsdp.pipeline_prologue(b, blocks["F0"], stage)
+    return blocks
+
+
+def _stage_update(b: StageBuilder, stage: int, root: bool, modes: _Modes) -> Block:
+    """The ``update`` block of ``stage`` (of its root rank, or the others, when they differ)."""
+    block = b.update_block(stage, root, modes.overlap)
+    if modes.staged:
+        block = fsdp.with_stage_reduce_scatters(b, block, stage)
+    if modes.replicated:          # the optimizer waits for the replicas' all-reduces
+        block = hsdp.with_replica_wait(block)
+    if modes.zero3:               # torchao's float8 scales after the step (.fsdp_float8)
+        block = fsdp.with_float8_precompute(b, block, stage)
+        block = megatron_fsdp.with_edge_gather(b, block)
+    return block
+
+
 def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
     """The trace of one training iteration of ``cfg``, a decoder of ``shape``, with the memory
     of one rank of each stage (:func:`decoder_memory`, from the same plan).
@@ -80,83 +151,48 @@ def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
     """
     plan = resolve_plan(cfg, shape)
     b = StageBuilder(plan)
-    tp, dp, pp, v, m = b.tp, b.dp, b.pp, b.v, plan.microbatches
-    mesh = cfg.mesh
+    pp, m, mesh = b.pp, plan.microbatches, cfg.mesh
     groups = {**mesh.families(), **b.part.families(mesh), **hsdp.families(cfg, mesh)}
-    overlap = (b.sw.overlap_grad_reduce and plan.dp_strategy == "ddp"
-               and plan.zero_stage in (0, 1, 2))
-    split_root = plan.dp_strategy == "reduce_broadcast" and dp > 1
-    zero3 = plan.zero_stage == 3 and b.gdp > 1       # FSDP shards over dp × cp
-    staged = zero3 and fsdp.per_iteration(b.sw, pp)   # FSDP inside pipeline stages
-    replicated = hsdp.active(cfg)       # HSDP: the optimizer waits for the replicas
+    modes = _modes(plan, b, cfg)
+    split_root = plan.dp_strategy == "reduce_broadcast" and b.dp > 1
+    ranks = _stage_ranks(mesh, b)
     classes: list[RankClass] = []
-    if b.cp == 1:
-        stage_, d_, t_ = np.meshgrid(np.arange(pp), np.arange(dp), np.arange(tp), indexing="ij")
-        ranks = mesh.rank_of(np.stack([t_, d_, stage_], axis=-1), ("tp", "dp", "pp"))  # [s, d, t]
-    else:  # the ranks of each stage (row s of the tp·cp·dp groups: pp is the other axis)
-        ranks = mesh.groups(("tp", "cp", "dp"))[:, None, :]
     tables = None
-    a2a_overlap = plan.combined_1f1b      # Megatron-Core's combined 1F1B (.combined)
-    if a2a_overlap and (zero3 or staged):
-        raise ConfigError("parallel.moe.overlap_expert_parallel_comm = true with ZeRO-3 "
-                          f"(parallel.zero_stage = {plan.zero_stage}): the combined 1F1B over "
-                          "FSDP-sharded layers is not modelled; use zero_stage 0, 1 or 2")
     shared: dict[tuple, dict[str, Block]] = {}
     for stage in range(pp):
         role = (stage == 0, stage == pp - 1, b.split[stage])
         blocks = shared.get(role)
         if blocks is None:
-            blocks = {}
-            if zero3 and not staged:
-                blocks.update(zero3_blocks(b, zero3_prefetch(b.sw)))
-            else:
-                for c in range(v):
-                    sync = b.grad_sync_ops(stage, c) if overlap else None
-                    blocks.update(b.chunk_blocks(stage, c, sync))
-                if a2a_overlap:
-                    blocks.update(combined.combined_blocks(b, stage, blocks,
-                                                           b.moe.delay_wgrad))
-            if plan.param_gather_overlap:   # all but the first bucket beside F0
-                nbytes = b.stage_params(stage) * b.dt
-                blocks[param_gather.BLOCK] = param_gather.prologue_block(
-                    blocks["F0"], b.grad_group, nbytes - param_gather.first_bucket(
-                        True, nbytes, plan.param_bucket_bytes), b.dtype)
-            elif staged:
-                blocks[param_gather.BLOCK] = fsdp.pipeline_prologue(b, blocks["F0"], stage)
-            shared[role] = blocks
+            blocks = shared[role] = _stage_blocks(b, stage, modes)
         if tables is None:
             sync_blocks = any(name.endswith(".sync") for name in blocks)
-            tables = (combined.combined_step_tables if a2a_overlap else _step_tables)(
-                plan.schedule, pp, m, v, sync_blocks, param_gather.BLOCK in blocks)
+            tables = (combined.combined_step_tables if modes.combined else _step_tables)(
+                plan.schedule, pp, m, b.v, sync_blocks, param_gather.BLOCK in blocks)
         splits = [(True, ranks[stage, :1]), (False, ranks[stage, 1:])] if split_root \
             else [(True, ranks[stage])]
         for root, members in splits:
             key = (*role, root, "update")
             update = shared.get(key)
             if update is None:
-                block = b.update_block(stage, root, overlap)
-                if staged:
-                    block = fsdp.with_stage_reduce_scatters(b, block, stage)
-                if replicated:          # the optimizer waits for the replicas' all-reduces
-                    block = hsdp.with_replica_wait(block)
-                if zero3:               # torchao's float8 scales after the step (.fsdp_float8)
-                    block = fsdp.with_float8_precompute(b, block, stage)
-                    block = megatron_fsdp.with_edge_gather(b, block)
-                update = shared[key] = {"update": block}
+                update = shared[key] = {"update": _stage_update(b, stage, root, modes)}
             program = Program({**blocks, **update}, tables[stage])
             name = f"stage{stage}" + ("" if len(splits) == 1 else (".root" if root else ".rest"))
             classes.append(RankClass(name, tuple(members.ravel().tolist()), program))
-    t = cfg.train
-    model_flops = shape.model_flops(t.global_batch_size, t.seq_length)
-    meta = WorkloadMeta(
-        model=cfg.model.name, architecture=cfg.model.architecture,
-        parameter_count=int(shape.params), model_flops=float(model_flops),
-        tokens=t.global_batch_size * t.seq_length, samples=t.global_batch_size,
-        microbatches=m, dtype=t.dtype)
-    label = (f"tp{tp}" if plan.tp_mode == "1d" else f"tp{plan.tp_mode}x{tp}") \
+    label = (f"tp{b.tp}" if plan.tp_mode == "1d" else f"tp{plan.tp_mode}x{b.tp}") \
         + (f"-cp{b.cp}" if b.cp > 1 else "")
-    return Workload(f"{cfg.model.name}-{label}-pp{pp}-dp{dp}", mesh.world_size, groups,
-                    tuple(classes), meta, memory=tuple(_stage_memories(b)))
+    return Workload(f"{cfg.model.name}-{label}-pp{pp}-dp{b.dp}", mesh.world_size, groups,
+                    tuple(classes), _meta(cfg, shape, m), memory=tuple(_stage_memories(b)))
+
+
+def _meta(cfg: RunConfig, shape: DecoderShape, microbatches: int) -> WorkloadMeta:
+    """What the result reports of the run: model, FLOPs (PaLM's MFU numerator), tokens."""
+    t = cfg.train
+    return WorkloadMeta(
+        model=cfg.model.name, architecture=cfg.model.architecture,
+        parameter_count=int(shape.params),
+        model_flops=float(shape.model_flops(t.global_batch_size, t.seq_length)),
+        tokens=t.global_batch_size * t.seq_length, samples=t.global_batch_size,
+        microbatches=microbatches, dtype=t.dtype)
 
 
 def decoder_memory(cfg: RunConfig, shape: DecoderShape) -> list[MemoryBreakdown]:
