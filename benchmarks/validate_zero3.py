@@ -12,7 +12,8 @@ at the same global batch and several GPU counts. ``data/megatron_sc21_zero3.csv`
 table and, for every setting the paper does not state, where it was taken from (the paper's own
 sc21 scripts for the same layout). No per-row factors and nothing tuned; ``dgx-a100`` preset,
 software stack ``deepspeed-2021`` (DeepSpeed v0.3.13 as the paper ran it: per-tensor gathers on
-demand) for ZeRO-3 and ``megatron-lm-2021`` for PTD-P.
+demand) for ZeRO-3, configured as DeepSpeed's own Megatron ZeRO-3 example stood before the
+paper's runs (:data:`ZERO3_SOFTWARE`), and ``megatron-lm-2021`` for PTD-P.
 
 Published and predicted throughput use the paper's FLOP count, eq. (3) with V = 51,200, so the
 published iteration time is ``eq3 / (TFLOP/s per GPU · GPUs)`` and the error is the error in
@@ -24,6 +25,7 @@ compares 640 ZeRO-3 GPUs (batch 2,560) with 560 PTD-P GPUs (batch 2,240), as the
 
 from __future__ import annotations
 
+import copy
 import sys
 
 from public_runs import (DATA, error_stats, padded_vocab, print_notes, print_table, read_csv,
@@ -34,7 +36,23 @@ SEQ = 2048                 # sc21 CONFIG.sh: --seq-length 2048
 PAPER_VOCAB = 51200        # the paper's V in eq. (3)
 GPT2_VOCAB = 50257         # GPT2BPETokenizer, padded to 128·TP by Megatron
 GPUS_PER_NODE = 8          # DGX A100
-STACKS = {"zero3": "deepspeed-2021", "ptdp": "megatron-lm-2021"}
+#: ``system.software`` of the ZeRO-3 rows. The paper names no DeepSpeed option, so the rows take
+#: DeepSpeed's own ZeRO-3 configuration for Megatron-LM as published before the paper's runs
+#: (arXiv v1 2021-04-09): DeepSpeedExamples 2cd968f2bd123aa2ea7f9371e1ebd8512b3ed0d4
+#: (2021-03-08) Megatron-LM-v1.1.5-ZeRO3/examples/ds_zero_stage_3_config.json, the file the
+#: CSV already takes contiguous_gradients from (without it v0.3.13 all-reduces the gradients,
+#: stage3.py buffered_reduce_fallback). It sets stage3_max_live_parameters 1e8 and
+#: stage3_max_reuse_distance 1e8 (DeepSpeed's defaults, deepspeed-2021's, are 1e9; the example
+#: took 1e9 only from 13851060, 2021-04-18, after the paper). DeepSpeed v0.3.13's own ZeRO-3
+#: tutorial for Megatron-LM (docs/_tutorials/zero.md) also sets reuse 1e8 and live 6e6. Its
+#: other keys change nothing ddlsim models: overlap_comm and contiguous_gradients true (the
+#: stack's), stage3_prefetch_bucket_size 2.5e7 (still one tensor, every one being larger),
+#: reduce_bucket_size 5e7 (every weight over it is reduce-scattered by itself, per module as
+#: the stack does), and the persistence threshold's key is misspelled, so 1e5 holds.
+ZERO3_SOFTWARE = {"stack": "deepspeed-2021",
+                  "overlap": {"zero3_max_live_parameters": 100_000_000,
+                              "zero3_max_reuse_distance": 100_000_000}}
+STACKS = {"zero3": ZERO3_SOFTWARE, "ptdp": "megatron-lm-2021"}
 
 
 def rows() -> list[dict]:
@@ -61,7 +79,7 @@ def config(row: dict) -> dict:
                       "global_batch_size": int(row["batch"]), "seq_length": SEQ,
                       "dtype": "fp16", "recompute": "full"},
             "system": {"preset": "dgx-a100", "nodes": gpus // GPUS_PER_NODE,
-                       "software": STACKS[row["scheme"]]}}
+                       "software": copy.deepcopy(STACKS[row["scheme"]])}}
 
 
 def paper_flops(row: dict) -> float:

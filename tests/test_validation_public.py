@@ -190,7 +190,30 @@ def test_zero3_script_takes_another_stack_for_the_zero3_rows(capsys):
     assert "stack 'nope' is not a known software stack" in capsys.readouterr().err
     assert vz.main(["--zero3-software", "{stack: deepspeed}", "--write-docs"]) == 2
     assert "do not go together" in capsys.readouterr().err
-    assert vz.STACKS["zero3"] == "deepspeed-2021"
+    assert vz.STACKS["zero3"] is vz.ZERO3_SOFTWARE
+
+
+def test_zero3_rows_take_deepspeeds_megatron_example_config():
+    """The ZeRO-3 rows run deepspeed-2021 as DeepSpeedExamples 2cd968f2 (2021-03-08) configures
+    it for Megatron-LM: stage3_max_live_parameters and stage3_max_reuse_distance 1e8 over the
+    stack's defaults of 1e9. Every module of both models holds over 1e8 elements, so every
+    prefetch is refused (each gather on demand), and fc2, the layer's last module, is still kept
+    from its recomputed forward for its backward (nothing between)."""
+    from ddlsim.config import build_config
+    row = next(r for r in ZERO3 if r["scheme"] == "zero3" and r["gpus"] == "384")
+    cfg = build_config(vz.config(row), [])
+    assert cfg.software.zero3_max_live_parameters == 1e8
+    assert cfg.software.zero3_max_reuse_distance == 1e8
+    assert cfg.software.zero3_gather == "per_tensor"
+    assert vz.config(row)["system"]["software"] is not vz.ZERO3_SOFTWARE    # a copy per row
+    from ddlsim.workloads.decoder.zero3 import unit_live_elements
+    from ddlsim.workloads.models.decoder import DecoderShape
+    for r in [r for r in ZERO3 if r["scheme"] == "zero3"]:
+        h = int(r["hidden"])
+        shape = DecoderShape(layers=int(r["layers"]), hidden=h, heads=int(r["heads"]),
+                             ffn=4 * h, vocab=50304, max_positions=vz.SEQ)
+        live = unit_live_elements(shape, 1, cfg.software, full_recompute=True)
+        assert min(live.values()) >= cfg.software.zero3_max_live_parameters   # all on demand
 
 
 vr = load_script("validate_recompute")
