@@ -1,7 +1,11 @@
 """Predicted vs published iteration time of Megatron-Core r0.8.0's H100 weak-scaling runs.
 
 Run:  python benchmarks/validate_megatron_h100.py [--engine analytical|des] [--markdown]
-      [--write-docs] [--des-rank-ops N] [--mbs N]
+      [--write-docs] [--des-rank-ops N] [--mbs N] [--breakdown]
+
+``--breakdown`` adds two tables (never written to the docs): each row's predicted iteration by
+part (compute, optimizer, exposed communication per group, bubble) with the error it would
+read if every collective were hidden, and its compute by kind (``kernel_breakdown.py``).
 
 The published table (NVIDIA/Megatron-LM README, GPT models from 1.7B to 462B on 48 to 6,144
 H100 GPUs) and its provenance are in ``data/megatron_core_h100_weak.csv``. The README states
@@ -116,17 +120,79 @@ def summary(out: list[dict], engine: str) -> str:
     return rows_summary(out, engine, _label)
 
 
+#: the parts of an iteration (ddlsim.Breakdown), in the order they are printed
+PARTS = ("compute", "optimizer", "exposed dp", "exposed tp", "exposed pp", "bubble")
+
+
+def breakdown(o: dict) -> dict[str, float]:
+    """Seconds of one row's predicted iteration by part (:class:`ddlsim.Breakdown` of the
+    critical rank: they add up to the iteration time) and ``compute-bound error``, the error
+    the row would read if every collective were hidden (compute, optimizer and bubble only)."""
+    b = o["result"].breakdown
+    exposed = b.exposed_comm_s
+    parts = dict(zip(PARTS, (b.compute_s, b.optimizer_s, exposed.get("dp", 0.0),
+                             exposed.get("tp", 0.0), exposed.get("pp", 0.0), b.bubble_s)))
+    parts["compute-bound error"] = (b.compute_s + b.optimizer_s + b.bubble_s) / o["published"] - 1
+    return parts
+
+
+def compute_kinds(row: dict, mbs: int = MBS) -> dict[str, float]:
+    """Seconds of the first rank class's compute by kind (GEMMs, output head, attention,
+    element-wise, cross-entropy, optimizer, launch gaps and host, ...), as
+    ``benchmarks/kernel_breakdown.py`` (``step_breakdown``) splits it."""
+    import ddlsim
+    from kernel_breakdown import step_breakdown
+    kinds, _ = step_breakdown(ddlsim.load_config(config(row, mbs)))
+    return dict(kinds.most_common())
+
+
+def print_breakdown(out: list[dict], markdown: bool, mbs: int = MBS) -> None:
+    """The ``--breakdown`` tables: each row's iteration by part (ms) with its compute-bound
+    error, then its compute by kind (ms)."""
+    ran = [o for o in out if o["result"] is not None]
+    head = ["model", "published (ms)", "predicted (ms)", *[f"{p} (ms)" for p in PARTS],
+            "compute-bound error"]
+    lines = []
+    for o in ran:
+        parts = breakdown(o)
+        lines.append([o["row"]["model"], f"{1e3 * o['published']:.1f}",
+                      f"{1e3 * o['predicted']:.1f}", *[f"{1e3 * parts[p]:.1f}" for p in PARTS],
+                      f"{100 * parts['compute-bound error']:+.1f}%"])
+    print()
+    print_table(head, lines, markdown)
+    kinds = {o["row"]["model"]: compute_kinds(o["row"], mbs) for o in ran}
+    names = sorted({k for d in kinds.values() for k in d},
+                   key=lambda k: -max(d.get(k, 0.0) for d in kinds.values()))
+    print()
+    print_table(["compute by kind (ms)", *kinds],
+                [[k, *[f"{1e3 * d.get(k, 0.0):.1f}" for d in kinds.values()]] for k in names],
+                markdown)
+
+
+def _flag(argv: list[str], name: str, value: bool = False):
+    """Remove option ``name`` (with its value when ``value``) from ``argv``; return the
+    value, True for a present flag, None when absent."""
+    if name not in argv:
+        return None
+    i = argv.index(name)
+    got = argv[i + 1] if value else True
+    del argv[i:i + 1 + value]
+    return got
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    mbs = MBS
-    if "--mbs" in argv:
-        i = argv.index("--mbs")
-        mbs = int(argv[i + 1])
-        del argv[i:i + 2]
+    mbs = int(_flag(argv, "--mbs", value=True) or MBS)
+    show_breakdown = bool(_flag(argv, "--breakdown"))
+    done: list[dict] = []
 
     def run(engine, limits=None):
-        return evaluate(engine, limits=limits, mbs=mbs)
-    return run_script("validate_megatron_h100", __doc__, argv, run, _print, summary)
+        done[:] = evaluate(engine, limits=limits, mbs=mbs)
+        return done
+    rc = run_script("validate_megatron_h100", __doc__, argv, run, _print, summary)
+    if show_breakdown:
+        print_breakdown(done, "--markdown" in argv, mbs)
+    return rc
 
 
 if __name__ == "__main__":

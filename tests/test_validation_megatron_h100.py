@@ -61,3 +61,24 @@ def test_script_runs_one_row(capsys):
     assert rec["error"] == pytest.approx(rec["predicted"] / rec["published"] - 1)
     vm._print([rec], markdown=True)
     assert "| 1.7B | 48 |" in capsys.readouterr().out
+
+
+def test_breakdown_parts_add_up_to_the_prediction(capsys):
+    """``--breakdown``: compute, optimizer, exposed dp/tp/pp and bubble are the critical
+    rank's :class:`ddlsim.Breakdown`, which adds up to the iteration time; the compute-bound
+    error leaves the exposed communication out."""
+    (rec,) = vm.evaluate("analytical", only=[ROWS["1.7B"]])
+    parts = vm.breakdown(rec)
+    assert sum(parts[p] for p in vm.PARTS) == pytest.approx(rec["predicted"], rel=1e-12)
+    hidden = parts["compute"] + parts["optimizer"] + parts["bubble"]
+    assert parts["compute-bound error"] == pytest.approx(hidden / rec["published"] - 1)
+    vm.print_breakdown([rec], markdown=True)
+    out = capsys.readouterr().out
+    assert "| 1.7B |" in out and "| GEMM |" in out
+
+
+def test_breakdown_flag_is_taken_off_before_the_shared_options():
+    argv = ["--mbs", "2", "--breakdown", "--markdown"]
+    assert vm._flag(argv, "--mbs", value=True) == "2"
+    assert vm._flag(argv, "--breakdown") is True and vm._flag(argv, "--breakdown") is None
+    assert argv == ["--markdown"]
