@@ -27,6 +27,43 @@ ddlsim/workloads/decoder/host_sync.py: the loss's NaN check and ``num_tokens.ite
 micro-batch, each gradient bucket's NaN check, the clip's grad-norm and the loss scale's
 ``.item()`` per step) are in every row; on the 1.7B row they cost 1.8 ms of its 0.45 s (37
 buckets, 4 micro-batches), so they are not what its -24 % misses.
+
+What was checked against the source (core_r0.8.0, ``baf94af3c6``; 2026-11-29):
+
+* The plan's flags are those the code runs: ``--bf16`` forces ``accumulate_allreduce_grads_in_
+  fp32`` (``arguments.py`` lines 300-305), so gradients are reduce-scattered in fp32; buckets
+  of ``max(40e6, 1e6·DP)`` parameters (``distributed_data_parallel.py`` lines 51-53); the
+  gradients are reduced only in the last micro-batch's backward (``schedules.py``
+  ``forward_backward_no_pipelining``: the others run under ``no_sync``); attention and hidden
+  dropout 0.1 (defaults; the example scripts do not change them).
+* ``--breakdown``: every row but 462B reads too fast on compute alone (compute, optimizer and
+  bubble: 1.7B -24.1 %, 7.1B -19.1 %, 16B -7.6 %, 32B -17.6 %, 70B -19.9 %, 119B-314B -6...-9 %);
+  what brings 16B-314B near the table is exposed data-parallel time (32B 331 ms, 70B 389 ms).
+  So the small rows' gap is compute, not communication (their DP groups span 8 and 4 GPUs a
+  node: 1.7 and 3.9 ms exposed).
+* GEMMs: the 1.7B's (M = 4,096 tokens; N, K of 2,048-8,192) run at 734-760 TFLOP/s by the
+  shape model (OpenXLA's sm_90 table: 4096x4096x2048 at 739) and are all capped at the 700 W
+  sustained rate, 708 TFLOP/s, the rate of the 462B's GEMMs too: nothing in the GEMM model,
+  nor in the published kernel tables it is checked against, makes h = 2,048 slower.
+* Costs found uncharged or under-charged, each small (1.7B row, per iteration): the input
+  embedding's backward is no op of the trace (a dense ``[V/t, h]`` bf16 gradient, then
+  ``param.main_grad.add_(param.grad)`` in the DDP hook, ``distributed_data_parallel.py`` line
+  224: about 12 B per embedding parameter a micro-batch, ~4 ms); Megatron-Core's unfused
+  cross-entropy runs 17 % (forward) and 9 % (backward) slower in Liger-Kernel's published H100
+  times at V = 131,072 than ddlsim's passes (``liger_h100_kernels.csv``, held-out rows;
+  ~5.5 ms); attention dropout 0.1 costs cuDNN's fused attention 3 % in sbhd on an H200
+  (NVIDIA/TransformerEngine#3312, TE 2.15: 0.594 -> 0.614 ms; ~1.5 ms); the 8-byte loss
+  all-reduce over DP per micro-batch and the grad-norm all-reduce (``pretrain_gpt.py``
+  ``loss_func``; host_sync.py leaves them out) ~0.15 ms; the dataset's ``[1, s, s]`` attention
+  mask (``gpt_dataset.py`` ``create_attention_mask`` True by default) copied to the device per
+  micro-batch, 16.8 MB, ~3 ms. Together about 14 ms of the 1.7B's 107 ms.
+* 32B (+22.6 %): its DP groups have one GPU per node (TP 8), so each rank reduce-scatters
+  15.75 GB of fp32 gradients and gathers 7.83 GB of bf16 parameters through its own 400 Gb/s
+  NIC: at least 0.31 + 0.15 s at line rate, against overlap windows of one micro-batch's
+  backward (~0.12 s) and forward (~0.06 s). With ddlsim's compute (0.73 s, itself too fast on
+  every other row) the step cannot be under ~1.01 s, 13 % over the published 0.892 s, whatever
+  the collective model: the published row needs fewer micro-batches (``--mbs 2``: +1.8 %),
+  bf16 gradient reduction, or in-network reduction, none of which the source states.
 """
 
 from __future__ import annotations
