@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -38,7 +38,7 @@ from .hops import nccl_inter_steps, ring_ll_levels, ring_steps
 from .tree import tree_fill_levels
 from .rules import algbw_ratio, col as _col, converts, has_nvls as _has_nvls, nvls_bus
 from .rules import nvls_channels as _nvls_channels
-from .versions import DEFAULT_VERSION, NCCL_VERSIONS, NcclTables, tables
+from .versions import DEFAULT_VERSION, NcclTables, tables
 
 __all__ = ["NcclEnv", "nccl_time", "busbw_GBps", "algbw_GBps", "latency_us", "best_protocol",
            "available", "ALGORITHMS", "NcclForm", "nccl_form",
@@ -84,19 +84,16 @@ class NcclEnv:
     protocol: str = "auto"
     nics_per_node: int = 1
     version: str = DEFAULT_VERSION
+    #: the release's tables (:func:`.versions.tables`), looked up and checked once
+    tab: NcclTables = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        tables(self.version, self.arch)
-
-
-def _tab(env: NcclEnv) -> NcclTables:
-    """The tuning tables of ``env``'s NCCL release (checked when ``env`` was made)."""
-    return NCCL_VERSIONS[env.version]
+        object.__setattr__(self, "tab", tables(self.version, self.arch))
 
 
 def _link(net: GroupNet, env: NcclEnv) -> tuple[float, float]:
     """(physical bottleneck B/s, NCCL's busBw of its channels in GB/s)."""
-    eff = _tab(env).nvlink_efficiency[env.arch] if env.intra == "nvlink" else 1.0
+    eff = env.tab.nvlink_efficiency[env.arch] if env.intra == "nvlink" else 1.0
     if not net.multi_node:
         return net.bw_intra_Bps, net.bw_intra_Bps * eff / 1e9
     bottleneck = min(net.bw_intra_Bps, net.bw_node_Bps)
@@ -104,7 +101,7 @@ def _link(net: GroupNet, env: NcclEnv) -> tuple[float, float]:
 
 
 def _channels(link_GBps: float, net: GroupNet, env: NcclEnv) -> float:
-    return max(1.0, link_GBps / _tab(env).top_speed_GBps[env.arch][1 if net.multi_node else 0])
+    return max(1.0, link_GBps / env.tab.top_speed_GBps[env.arch][1 if net.multi_node else 0])
 
 
 def available(op: str, algo: str, proto: str, net: GroupNet, env: NcclEnv) -> bool:
@@ -132,7 +129,7 @@ def busbw_GBps(op: str, algo: str, proto: str, net: GroupNet, env: NcclEnv) -> f
     _, link = _link(net, env)
     nch, col = _channels(link, net, env), _col(net.nodes)
     ppn = net.p / net.nodes
-    tab = _tab(env)
+    tab = env.tab
     bus = nvls_bus(op, algo, link, net, env) if algo in ("nvls", "nvls_tree") else link
     ll_max = tab.ll_max_bw[env.arch if net.nodes == 1 else env.cpu][col]
     if algo == "ring" and proto == "LL":
@@ -169,7 +166,7 @@ def algbw_GBps(op: str, algo: str, proto: str, n: float, net: GroupNet, env: Ncc
 def latency_us(op: str, algo: str, proto: str, n: float, net: GroupNet, env: NcclEnv) -> float:
     """NCCL's latency (µs) for ``algo``/``proto`` (tuning.cc; ring plateau of
     ``ncclTopoGetAlgoTime``)."""
-    pi, p, nodes, tab = T.PROTOCOLS.index(proto), net.p, net.nodes, _tab(env)
+    pi, p, nodes, tab = T.PROTOCOLS.index(proto), net.p, net.nodes, env.tab
     ppn = p / nodes
     hw = tab.hw_latency_us
     intra = hw[env.intra][algo][pi]
@@ -255,7 +252,7 @@ def _achieved(op: str, algo: str, proto: str, n: float, net: GroupNet, env: Nccl
 @lru_cache(maxsize=1 << 12)
 def _channel_rule(algo: str, proto: str, net: GroupNet, env: NcclEnv) -> tuple[float, int]:
     """(bytes a channel must get, NCCL's channels) of :mod:`.channels` for this group."""
-    eff = _tab(env).nvlink_efficiency[env.arch] if env.intra == "nvlink" else 1.0
+    eff = env.tab.nvlink_efficiency[env.arch] if env.intra == "nvlink" else 1.0
     nch = max(1, int(round(_channels(_link(net, env)[1], net, env))))
     return channel_bytes(algo, proto, net.p, net.bw_intra_Bps * eff / 1e9), nch
 

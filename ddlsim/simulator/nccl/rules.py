@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .hops import ring_steps
-from .versions import NCCL_VERSIONS
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..collectives.base import GroupNet
@@ -51,7 +50,7 @@ def nvls_bus(op: str, algo: str, link: float, net: GroupNet, env: NcclEnv) -> fl
         graph's ``min(bwIntra, bwInter)``, ``bwInter / 2`` for an NVLS tree of 3 or more nodes
         (v2.26.2-1 tuning.cc lines 250–253, v2.21.5-1 lines 174–177).
     """
-    tab, node = NCCL_VERSIONS[env.version], net.bw_node_Bps / 1e9
+    tab, node = env.tab, net.bw_node_Bps / 1e9
     if tab.nvls_efficiency is None:
         if algo == "nvls":
             return min(link, node) if net.multi_node else link
@@ -71,7 +70,7 @@ def algbw_ratio(op: str, algo: str, p: int, env: NcclEnv) -> float:
     ring, and NVLS where the release has ``nvlsEfficiency``, ``p / nsteps``; NVLS before it 5/6
     (v2.26.2-1 line 293, v2.21.5-1 line 216); tree and CollNet 1/2."""
     nvls = algo in ("nvls", "nvls_tree")
-    if algo == "ring" or (nvls and NCCL_VERSIONS[env.version].nvls_efficiency is not None):
+    if algo == "ring" or (nvls and env.tab.nvls_efficiency is not None):
         return p / ring_steps(op, p)
     return 5.0 / 6.0 if nvls else 0.5
 
@@ -82,5 +81,5 @@ def converts(op: str, algo: str, env: NcclEnv) -> bool:
     290), or on all but CollNet-direct (v2.21.5-1 line 213)."""
     if op not in ("all_gather", "reduce_scatter"):
         return True
-    return algo == "ring" or (NCCL_VERSIONS[env.version].converts_all_gather
+    return algo == "ring" or (env.tab.converts_all_gather
                               and algo != "collnet")

@@ -25,7 +25,7 @@ the two add up: NCCL 2.21.5's tree/Simple hop of 28 µs was "the latency of a 25
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import MappingProxyType
+from typing import Mapping
 
 from ...errors import ConfigError
 from . import tuning as T
@@ -64,14 +64,14 @@ class NcclTables:
 
     version: str
     tag: str
-    base_latency_us: MappingProxyType
-    hw_latency_us: MappingProxyType
-    ll_max_bw: MappingProxyType
-    per_ch_max_bw: MappingProxyType
-    nvls_efficiency: MappingProxyType | None
-    net_overhead_us: MappingProxyType
-    nvlink_efficiency: MappingProxyType
-    top_speed_GBps: MappingProxyType
+    base_latency_us: Mapping
+    hw_latency_us: Mapping
+    ll_max_bw: Mapping
+    per_ch_max_bw: Mapping
+    nvls_efficiency: Mapping | None
+    net_overhead_us: Mapping
+    nvlink_efficiency: Mapping
+    top_speed_GBps: Mapping
     archs: tuple[str, ...]
     inter_steps_per_node: bool
     ppn1_tree_net: bool
@@ -86,14 +86,10 @@ NCCL_VERSIONS: dict[str, NcclTables] = {}
 DEFAULT_VERSION = "2.30.7"
 
 
-def _frozen(d: dict) -> MappingProxyType:
-    return MappingProxyType({k: _frozen(v) if isinstance(v, dict) else v for k, v in d.items()})
-
-
 def register_version(version: str, tag: str, **fields) -> NcclTables:
-    """Register the tables of NCCL ``version`` (read at NVIDIA/nccl ``tag``)."""
-    mappings = {k: _frozen(v) if isinstance(v, dict) else v for k, v in fields.items()}
-    NCCL_VERSIONS[version] = NcclTables(version, tag, **mappings)
+    """Register the tables of NCCL ``version`` (read at NVIDIA/nccl ``tag``); the mappings are
+    read, never written (plain dicts: the tuning model looks them up in its inner loops)."""
+    NCCL_VERSIONS[version] = NcclTables(version, tag, **fields)
     return NCCL_VERSIONS[version]
 
 
