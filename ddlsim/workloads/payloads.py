@@ -1,0 +1,195 @@
+"""What a trace's blocks are made of: :class:`Op` (a payload placed on a stream, after its
+``deps``, ``repeat`` times) and the payloads: :class:`Compute` (with its :class:`Kernel` s and
+:class:`Contention`), :class:`Collective`, :class:`P2P`, :class:`Wait` and :class:`Loop`.
+
+Re-exported by :mod:`ddlsim.workloads.trace`, where the trace format is documented
+(``docs/trace.md``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["Compute", "Contention", "Kernel", "Collective", "P2P", "Wait", "Loop", "Op",
+           "Payload", "CollectiveOp", "GroupKind"]
+
+CollectiveOp = Literal["all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter",
+                       "all_to_all", "gather", "scatter", "barrier"]
+GroupKind = Literal["dp", "tp", "pp", "ep", "cp", "world"]
+
+
+@dataclass(frozen=True, slots=True)
+class Kernel:
+    """One device kernel of a :class:`Compute` op, for the kernel-level compute model
+    (:mod:`ddlsim.simulator.kernels`, docs/compute.md).
+
+    ``kind``: ``gemm`` (``batch`` independent ``C[M,N] = A[M,K]·B[K,N]`` in one launch,
+    ``shape = (M, N, K)``), ``flash`` (a FlashAttention kernel ``variant`` doing ``flops``
+    and moving ``bytes``) or ``memory`` (a streaming kernel reading + writing ``bytes``).
+    A ``gemm`` with ``bytes`` set moves those in its memory roofline instead of its operands'
+    (an implicit-GEMM convolution, :mod:`ddlsim.workloads.resnet.kernels`; a weight gradient
+    accumulating into ``main_grad``, :mod:`ddlsim.workloads.decoder.wgrad`); 0: its operands'.
+    """
+
+    kind: Literal["gemm", "flash", "memory"]
+    shape: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    batch: float = 1.0
+    flops: float = 0.0
+    bytes: float = 0.0
+    dtype: str = "bf16"
+    variant: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("gemm", "flash", "memory"):
+            raise ValueError(f"kernel kind must be gemm, flash or memory, not {self.kind!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Compute:
+    """Work on the device: ``flops`` floating-point operations reading/writing ``bytes``.
+
+    ``kind`` selects the efficiency model: ``gemm``, ``attention``, ``elementwise``,
+    ``optimizer``. ``dtype`` is the arithmetic precision (a key of the device's peak_flops).
+    ``seconds``, when set, is the op's duration as given (a proxy's ``usleep``, a measured
+    kernel): engines use it as is and the cost model is not consulted; ``flops`` still counts
+    towards the achieved FLOP/s. ``kernels``, when set, are the device kernels the op runs
+    (GEMM shapes, attention, memory passes): the cost model times the op as the sum of its
+    kernels (docs/compute.md) and ``flops``/``bytes`` only count; families that give flops and
+    bytes alone keep the roofline at the device's matmul ceiling.
+    """
+
+    name: str
+    flops: float
+    bytes: float = 0.0
+    kind: str = "gemm"
+    dtype: str = "bf16"
+    seconds: float | None = None
+    kernels: tuple[Kernel, ...] | None = None
+    #: set on an op that stands for the *extra* time of GEMMs overlapped with communication
+    #: kernels holding SMs (:class:`Contention`, :mod:`ddlsim.simulator.kernels.contention`)
+    contention: Contention | None = None
+
+    def __post_init__(self) -> None:
+        if self.seconds is not None and not (math.isfinite(self.seconds) and self.seconds >= 0):
+            raise ValueError(f"compute {self.name!r}: seconds must be finite and >= 0, "
+                             f"got {self.seconds!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Collective:
+    """A collective on the rank's member of group family ``group``."""
+
+    name: str
+    op: CollectiveOp
+    group: str
+    bytes: float
+    root: int = 0
+    split_bytes: tuple[float, ...] | None = None  # uneven all_to_all: bytes to each member
+    algorithm: str | None = None  # None: the run's choice for this op (or auto)
+    split_by: Literal["receiver", "sender"] = "receiver"  # what split_bytes is indexed by
+
+    def __post_init__(self) -> None:
+        if self.split_by not in ("receiver", "sender"):
+            raise ValueError(f"collective {self.name!r}: split_by must be 'receiver' or "
+                             f"'sender', not {self.split_by!r}")
+        if self.split_bytes is None:
+            if self.split_by != "receiver":
+                raise ValueError(f"collective {self.name!r}: split_by = {self.split_by!r} "
+                                 "needs split_bytes")
+            return
+        split = tuple(float(b) for b in self.split_bytes)
+        if self.op != "all_to_all":
+            raise ValueError(f"collective {self.name!r}: split_bytes is for all_to_all only, "
+                             f"not {self.op!r}")
+        if any(not b >= 0 for b in split):
+            raise ValueError(f"collective {self.name!r}: split_bytes must be >= 0, got {split}")
+        if abs(sum(split) - self.bytes) > 1e-9 * max(self.bytes, 1.0):
+            raise ValueError(f"collective {self.name!r}: bytes = {self.bytes} must equal "
+                             f"sum(split_bytes) = {sum(split)} (split_by receiver: the total "
+                             "each rank sends; sender: the total each rank receives)")
+        object.__setattr__(self, "split_bytes", split)
+
+
+@dataclass(frozen=True, slots=True)
+class Contention:
+    """What holds SMs while ``gemm_flops`` of overlapped GEMMs run (the op carrying it takes
+    the GEMMs' extra time, :mod:`ddlsim.simulator.kernels.contention`): ``sms`` SMs for the
+    GEMMs' whole duration (TransformerEngine's ``set_sm_margin``), or — with
+    ``collectives`` — for as long as those collectives run, ``sms`` SMs (a kernel with its
+    own SM count: DeepEP's ``num_sms``) or, with ``sms`` 0, NCCL's channels."""
+
+    gemm_flops: float
+    sms: int = 0
+    collectives: tuple[Collective, ...] = ()
+    #: issues of each of ``collectives`` one after another (empty: one each), so a bucket
+    #: issued a million times is one entry, not a million
+    counts: tuple[int, ...] = ()
+
+    def issues(self) -> tuple[tuple[Collective, int], ...]:
+        """Each collective with how many times it is issued."""
+        return tuple(zip(self.collectives, self.counts or (1,) * len(self.collectives)))
+
+
+@dataclass(frozen=True, slots=True)
+class P2P:
+    """Point-to-point ``send``/``recv`` with the member ``peer`` places away in ``group``.
+
+    A send matches the recv on the peer with the same ``tag`` and micro-batch whose ``peer``
+    points back. Peers wrap around the group (the last pipeline stage's ``+1`` is stage 0, as
+    the interleaved schedule needs).
+    """
+
+    name: str
+    kind: Literal["send", "recv"]
+    group: str
+    peer: int
+    bytes: float
+    tag: str
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Wait until everything issued so far on ``stream`` has finished (a stream join)."""
+
+    name: str
+    stream: str
+
+
+@dataclass(frozen=True, slots=True)
+class Loop:
+    """``count`` iterations of ``body`` issued back to back (``count`` × the op's ``repeat``).
+
+    Body ops keep their streams; their ``deps`` index earlier ops of the same iteration. The
+    loop op's ``deps`` hold back the first iteration; an op depending on the loop waits for its
+    last iteration. Streams keep issue order, so a communication stream runs ahead of the
+    compute stream (prefetch) exactly as if the ops were written out one by one.
+    """
+
+    name: str
+    body: tuple["Op", ...]
+    count: int
+
+    def __post_init__(self) -> None:
+        if not self.body or not (isinstance(self.count, int) and self.count >= 1):
+            raise ValueError(f"loop {self.name!r}: needs a body and count >= 1, got "
+                             f"{len(self.body)} ops and count = {self.count!r}")
+        object.__setattr__(self, "body", tuple(self.body))
+
+
+Payload = Compute | Collective | P2P | Wait | Loop
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """An op placed in a block: what, on which stream, after which earlier ops, how often."""
+
+    payload: Payload
+    stream: str = "compute"
+    deps: tuple[int, ...] = ()
+    repeat: int = 1
+
+    @property
+    def name(self) -> str:
+        return self.payload.name
