@@ -242,8 +242,10 @@ def step_breakdown(cfg) -> tuple[Counter, int]:
             p = op.payload
             if not isinstance(p, Compute) or p.seconds is not None:
                 continue
-            if p.contention is not None and p.contention.collectives:
-                # SMs held while its collectives run: timed by the cost model, as both engines do
+            if p.contention is not None:
+                # SMs held while its collectives run, or kept off the GEMMs for TE userbuffers'
+                # kernels (set_sm_margin, no collective of its own): timed by the cost model, as
+                # both engines do
                 out["SM contention"] += costs.compute(p) * op.repeat
                 continue
             total = op_time(p, dev) * op.repeat

@@ -82,3 +82,11 @@ def test_breakdown_flag_is_taken_off_before_the_shared_options():
     assert vm._flag(argv, "--mbs", value=True) == "2"
     assert vm._flag(argv, "--breakdown") is True and vm._flag(argv, "--breakdown") is None
     assert argv == ["--markdown"]
+
+
+def test_compute_kinds_book_userbuffers_sm_margin_as_contention():
+    """7.1B runs TE userbuffers (TP 2, ``tp_comm_overlap``): its GEMMs' SM margin is a
+    contention op with no collective of its own, booked as SM contention, not as an op
+    without kernels."""
+    kinds = vm.compute_kinds(ROWS["7.1B"])
+    assert kinds["SM contention"] > 0 and kinds.get("copies and other (no kernels)", 0.0) < 1e-3
