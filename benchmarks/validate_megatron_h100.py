@@ -55,8 +55,9 @@ What was checked against the source (core_r0.8.0, ``baf94af3c6``; 2026-11-29):
   (NVIDIA/TransformerEngine#3312, TE 2.15: 0.594 -> 0.614 ms; ~1.5 ms); the 8-byte loss
   all-reduce over DP per micro-batch and the grad-norm all-reduce (``pretrain_gpt.py``
   ``loss_func``; host_sync.py leaves them out) ~0.15 ms; the dataset's ``[1, s, s]`` attention
-  mask (``gpt_dataset.py`` ``create_attention_mask`` True by default) copied to the device per
-  micro-batch, 16.8 MB, ~3 ms. Together about 14 ms of the 1.7B's 107 ms.
+  mask (``gpt_dataset.py`` ``create_attention_mask`` True by default; bool, 16.8 MB) copied
+  to the device on the compute stream per micro-batch, 1-3 ms at a pinned PCIe Gen5 copy's
+  25-50 GB/s. Together 12-14 ms of the 1.7B's 107 ms.
 * 32B (+22.6 %): its DP groups have one GPU per node (TP 8), so each rank reduce-scatters
   15.75 GB of fp32 gradients and gathers 7.83 GB of bf16 parameters through its own 400 Gb/s
   NIC: at least 0.31 + 0.15 s at line rate, against overlap windows of one micro-batch's
