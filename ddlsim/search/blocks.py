@@ -167,26 +167,64 @@ def _built_pieces(ctx, plans, groups: list[np.ndarray]) -> tuple[list, list[floa
         return got[0]
 
     p2p_bytes = []
+    built: dict[tuple, list] = {}   # piece key (:func:`_piece_keys`) -> its lowered entry
     for j, index in enumerate(groups):
         i0 = int(index[0])
-        cfg = piece_config(ctx.cfg, int(plans["tp"][i0]), bool(plans["sp"][i0]),
-                           int(plans["mbs"][i0]), RECOMPUTE[int(plans["recompute"][i0])],
-                           int(plans["zero"][i0]), sections=sections)
+        mbs, tp, sp = int(plans["mbs"][i0]), int(plans["tp"][i0]), bool(plans["sp"][i0])
+        recompute, zero = RECOMPUTE[int(plans["recompute"][i0])], int(plans["zero"][i0])
+        cfg = piece_config(ctx.cfg, tp, sp, mbs, recompute, zero, sections=sections)
         sb = StageBuilder.from_config(cfg, ctx.shape)
+        keys = _piece_keys(sb, mbs, tp, sp, recompute, zero)
         flops = {}
-        for name, ops in (
-                ("fwd", sb.layer_ops(False, 1)), ("bwd", sb.layer_ops(True, 1)),
-                ("emb", as_ops(sb.embedding_forward())), ("head_f", as_ops(sb.head_forward())),
-                ("head_b", as_ops(sb.head_backward())), ("gather", sb.gather_ops("act"))):
-            ops = tuple(ops)
-            entry = lowered.setdefault(ops, [])   # the op list hashed once, as in compute_s
-            if not entry:   # lowered, and its GEMM FLOPs counted, once per distinct op list
-                entry += [*lower_ops(ops, compute_s), [], gemm_flops(ops)]
+        for name, make in _PIECES.items():
+            entry = built.get(keys[name])
+            if entry is None:   # not built for a signature that shares the fields it reads
+                ops = tuple(make(sb))
+                entry = lowered.setdefault(ops, [])   # the op list hashed once
+                if not entry:   # lowered, and its GEMM FLOPs counted, once per op list
+                    entry += [*lower_ops(ops, compute_s), [], gemm_flops(ops)]
+                built[keys[name]] = entry
             entry[2].append((name, j))
             flops[name] = entry[3]
         p2p_bytes.append((sb.part.boundary(sb.act_bytes)[0], flops["fwd"], flops["bwd"],
                           flops["emb"], flops["head_f"]))
     return [entry[:3] for entry in lowered.values()], p2p_bytes
+
+
+#: A stage's pieces and how the builder makes each (:meth:`~ddlsim.workloads.decoder.
+#: builder.StageBuilder.chunk_blocks` assembles a chunk from them).
+_PIECES = {
+    "fwd": lambda sb: sb.layer_ops(False, 1),
+    "bwd": lambda sb: sb.layer_ops(True, 1),
+    "emb": lambda sb: as_ops(sb.embedding_forward()),
+    "head_f": lambda sb: as_ops(sb.head_forward()),
+    "head_b": lambda sb: as_ops(sb.head_backward()),
+    "gather": lambda sb: sb.gather_ops("act"),
+}
+
+
+def _piece_keys(sb, mbs: int, tp: int, sp: bool, recompute: str, zero: int) -> dict:
+    """Per piece, the signature fields (micro-batch, TP, sequence parallelism, recomputation,
+    ZeRO-3) its ops depend on, in one context (one model, stack and system): two signatures
+    with the same key have the same op list, so it is built once.
+
+    Only the layer's backward reads ``train.recompute`` itself (the recomputed forward, the
+    attention core, :mod:`~ddlsim.workloads.decoder.early_stop`'s trimmed checkpoint); the
+    layer's forward reads it only through :func:`~ddlsim.simulator.kernels.dtensor.
+    regathers_input` (whether DTensor's sequence-parallel linears saved their gathered
+    input: the layer's kernels, :func:`~ddlsim.workloads.decoder.layerkernels.layer_kernels`);
+    the embedding, the head, the loss (with the stack's host wait after it, none under
+    ZeRO-3) and the gather after a received activation not at all.
+    ``tests/test_search_pieces.py`` builds every piece of every signature on several stacks
+    and dtypes and checks that equal keys give equal op lists."""
+    from ..simulator.kernels.dtensor import regathers_input
+
+    base = (mbs, tp, sp, zero == 3)
+    edges = ("edges", *base)
+    return {"fwd": ("fwd", *base, regathers_input(sb.sw, recompute)),
+            "bwd": ("bwd", *base, recompute), "emb": ("emb", *edges),
+            "head_f": ("head_f", *edges), "head_b": ("head_b", *edges),
+            "gather": ("gather", *edges)}
 
 
 def _collective_seconds(distinct: list, shared: list[np.ndarray], coll_at) -> dict:
