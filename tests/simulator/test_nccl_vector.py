@@ -19,7 +19,10 @@ from ddlsim.simulator.nccl.model import (ALGORITHMS, NcclEnv, nccl_form, nccl_se
 from ddlsim.simulator.nccl.tuning import PROTOCOLS
 
 ENVS = [NcclEnv("ampere"), NcclEnv("hopper", sharp=True, nics_per_node=8),
-        NcclEnv("volta", intra="pci", nvswitch=False, cpu="amd"), NcclEnv("blackwell")]
+        NcclEnv("volta", intra="pci", nvswitch=False, cpu="amd"), NcclEnv("blackwell"),
+        # earlier releases' tables and rules (ddlsim/simulator/nccl/versions.py)
+        NcclEnv("hopper", sharp=True, nics_per_node=8, version="2.21.5"),
+        NcclEnv("ampere", cpu="amd", version="2.21.5")]
 NETS = [(8, 8, 1, 300e9, math.inf), (16, 8, 2, 300e9, 25e9), (64, 8, 8, 300e9, 100e9),
         (12, 4, 3, 150e9, 12.5e9), (4, 1, 4, 300e9, 25e9)]
 
@@ -34,7 +37,7 @@ def _sizes() -> np.ndarray:
                                      np.nextafter(plateau.ravel(), 0), dense]))
 
 
-@pytest.mark.parametrize("env", ENVS, ids=lambda e: e.arch)
+@pytest.mark.parametrize("env", ENVS, ids=lambda e: f"{e.arch}-{e.version}")
 def test_array_form_equals_the_scalar_time(env):
     sizes = _sizes()
     checked, plateaus, corrected, filled = 0, 0, 0, 0
