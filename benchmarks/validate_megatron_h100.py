@@ -41,10 +41,11 @@ What was checked against the source (core_r0.8.0, ``baf94af3c6``; 2026-11-29):
   what brings 16B-314B near the table is exposed data-parallel time (32B 331 ms, 70B 389 ms).
   So the small rows' gap is compute, not communication (their DP groups span 8 and 4 GPUs a
   node: 1.7 and 3.9 ms exposed).
-* GEMMs: the 1.7B's (M = 4,096 tokens; N, K of 2,048-8,192) run at 734-760 TFLOP/s by the
-  shape model (OpenXLA's sm_90 table: 4096x4096x2048 at 739) and are all capped at the 700 W
-  sustained rate, 708 TFLOP/s, the rate of the 462B's GEMMs too: nothing in the GEMM model,
-  nor in the published kernel tables it is checked against, makes h = 2,048 slower.
+* GEMMs: the 1.7B's (M = 4,096 tokens; N, K of 2,048-8,192) run at 673-765 TFLOP/s by the
+  shape model (the h x h projection's 673-686; OpenXLA's sm_90 table measures 4096x4096x2048
+  at 739), all but the projection's capped at the 700 W sustained rate, 708 TFLOP/s, the
+  rate of the 462B's GEMMs too: nothing in the GEMM model, nor in the published kernel tables
+  it is checked against, makes h = 2,048 much slower.
 * Costs found uncharged or under-charged, each small (1.7B row, per iteration): the input
   embedding's backward is no op of the trace (a dense ``[V/t, h]`` bf16 gradient, then
   ``param.main_grad.add_(param.grad)`` in the DDP hook, ``distributed_data_parallel.py`` line
