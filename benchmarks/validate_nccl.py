@@ -16,8 +16,9 @@ pipeline fill as measured: ``ddlsim/simulator/nccl/measured.py``), and reports t
 bandwidth nccl-tests would print: ``busbw = size / time × factor`` (nccl-tests
 doc/PERFORMANCE.md). A row is timed with the tuning model of the NCCL release its source states
 (column ``nccl_version``; ``ddlsim/simulator/nccl/versions.py``) where ddlsim tabulates it, else
-with ddlsim's default, its role saying which; ``--nccl-version`` times every row with one. Rows whose ``role`` is ``fitted`` are the calibration data of
-``measured.py``'s three fitted constants and of ``hops.py``'s two; the summary gives them apart
+with ddlsim's default, its role saying which; ``--nccl-version`` times every row with one.
+Rows whose ``role`` is ``fitted`` are the calibration data of ``measured.py``'s three fitted
+constants and of ``hops.py``'s two; the summary gives them apart
 from the ``held-out`` rows, which set nothing and are the validation. Small messages (under 1
 MiB) are recorded by nccl-tests' out-of-place ``time`` (``time_us``: their printed busbw is
 0.00) and summarised on lines of their own (held-out, fitted), so that the figures from 1 MiB

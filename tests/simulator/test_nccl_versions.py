@@ -139,3 +139,15 @@ def test_the_system_setting_reaches_ncclS_model():
     assert env.version == "2.21.5"
     assert not math.isinf(nccl_time("all_reduce", "nvls_tree", "Simple", 8, hopper("2.21.5"),
                                      env))
+
+
+def test_nvls_all_gather_bandwidth_conversion_per_release():
+    """One node of 8 H100, all-gather: 2.21.5 converts every algorithm's bus bandwidth but
+    CollNet-direct's (line 213: NVLS × 5/6); 2.26.2 only the ring's (line 290: NVLS keeps
+    the graph's 370.8 GB/s)."""
+    link = 450 * 20.6 / 25
+    got = {v: algbw_GBps("all_gather", "nvls", "Simple", 2**30, n, n.nccl)
+           for v, n in ((v, GroupNet(8, 8, 3.4e-6, 450e9, nccl=NcclEnv("hopper", version=v)))
+                        for v in ("2.21.5", "2.26.2"))}
+    assert got["2.21.5"] == pytest.approx(link * 5 / 6)
+    assert got["2.26.2"] == pytest.approx(link)
