@@ -5,7 +5,9 @@ Source: NVIDIA/nccl at commit 5067397c (``makefiles/version.mk``: NCCL 2.30.7),
 ``treeCorrectionFactor``, ``ncclTopoGetAlgoTime``), ``src/graph/topo.h`` (NVLink bandwidths) and
 ``src/graph/search.cc`` (per-channel speeds the topology search tries first). Read, not copied:
 the tables are re-typed as Python mappings keyed by name. Latencies are in microseconds and
-bandwidths in GB/s (10⁹ B/s) as in NCCL; :mod:`.model` converts them at its edge.
+bandwidths in GB/s (10⁹ B/s) as in NCCL; :mod:`.model` converts them at its edge. These are
+the tables of the default release (``system.collectives.nccl_version`` 2.30.7); other releases'
+are in :mod:`.versions`.
 """
 
 from __future__ import annotations
