@@ -75,6 +75,8 @@ def config(row: dict, stack: str = "torchtitan-2024") -> dict:
     par = {"zero_stage": 3, "data_parallel_size": int(row["dp_shard"]),
            "context_parallel_size": int(row["cp"]), "tensor_model_parallel_size": tp,
            "sequence_parallel": tp > 1, "pipeline_model_parallel_size": pp}
+    if int(row["cp"]) > 1:      # torchtitan's default rotation, 'allgather' (9dec370
+        par["cp_comm_type"] = "all_gather"      # config_manager.py lines 365-367)
     mbs = lbs
     if pp > 1:
         mbs = lbs // pp                     # pipeline_parallel_degree micro-batches

@@ -67,6 +67,7 @@ def stage_memory(plan: DecoderPlan, stage: int, params: float, expert_params: fl
                    shape.layer_activation_bytes(*_layer_args(plan), "none",
                                                 moe=shape.is_moe or None,
                                                 **plan.activation_kinds))
+    rebuilt += _ring_buffers(plan, part)
     # FP8 (Transformer Engine) keeps 16-bit weights and grads: the plan's ``dtype``
     pb = DTYPE_BYTES[plan.dtype]
     unit_bytes = layer_bytes if layer_bytes is not None else shape.layer_params / plan.tp * pb
@@ -93,6 +94,23 @@ def stage_memory(plan: DecoderPlan, stage: int, params: float, expert_params: fl
     return MemoryBreakdown(weights, grads, opt, acts, other, plan.device.memory_bytes, stage,
                            buffers, context if context is not None else
                            context_bytes(plan.device, comm_groups(plan)))
+
+
+def _ring_buffers(plan: DecoderPlan, part) -> float:
+    """Bytes torch's ring attention adds to a stage's peak (``software.cp_attention: torch``,
+    CP > 1; 0 otherwise, and for MoE layers, whose partitioner is not the ring's): its
+    backward's buffers (:func:`.partition.torch_cp.backward_buffer_bytes`) less one layer's
+    MLP tensors (``4`` or, gated, ``6`` bytes per token and FFN unit over the split), which
+    the layer's backward has freed by then: its MLP backward runs before its attention's."""
+    if part is None or plan.cp == 1:
+        return 0.0
+    from .partition.context import torch_ring
+    from .partition.torch_cp import backward_buffer_bytes
+    if not torch_ring(part):
+        return 0.0
+    sh, (t, _) = plan.shape, part.ew_split()
+    mlp = (6 if sh.gated_mlp else 4) * part.tokens * sh.ffn / t
+    return max(0.0, backward_buffer_bytes(part) - mlp)
 
 
 def _layer_args(plan: DecoderPlan) -> tuple:

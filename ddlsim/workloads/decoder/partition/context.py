@@ -42,10 +42,10 @@ from typing import Any
 from ...trace import Collective, Compute, P2P, Wait
 from . import torch_cp
 
-__all__ = ["attention_forward", "attention_backward"]
+__all__ = ["attention_forward", "attention_backward", "torch_ring"]
 
 
-def _torch_ring(part: Any) -> bool:
+def torch_ring(part: Any) -> bool:
     """Whether torch's ring attention runs the core (``software.cp_attention: torch`` with a
     fused kernel: :mod:`.torch_cp`); its handler dispatches only the flash, efficient and
     cuDNN SDPA ops, so an unfused core keeps the generic ring below."""
@@ -61,7 +61,7 @@ def attention_forward(part: Any, ops: Any, tag: str) -> None:
         ops.add(Compute(f"{tag}.attn_core", flops, dtype=part.dtype,
                         kernels=part.core_kernels(False)))
         return
-    if _torch_ring(part):
+    if torch_ring(part):
         torch_cp.attention_forward(part, ops, tag)
         return
     kv = part.kv_block_bytes()
@@ -89,7 +89,7 @@ def attention_backward(part: Any, ops: Any) -> None:
         ops.add(Compute("bwd.attn_core", flops, dtype=part.dtype,
                         kernels=part.core_kernels(True)))
         return
-    if _torch_ring(part):
+    if torch_ring(part):
         torch_cp.attention_backward(part, ops)
         return
     kv = part.kv_block_bytes()

@@ -70,7 +70,7 @@ from typing import Any
 
 from ...trace import Collective, Compute, Kernel, P2P, Wait
 
-__all__ = ["attention_forward", "attention_backward", "kv_bytes"]
+__all__ = ["attention_forward", "attention_backward", "kv_bytes", "backward_buffer_bytes"]
 
 
 def _sizes(part: Any) -> tuple[float, float]:
@@ -97,6 +97,46 @@ def kv_bytes(part: Any) -> float:
         ``2·b·(s/cp)·(a/p)·d`` elements of the training dtype, in bytes.
     """
     return 2 * _sizes(part)[0]
+
+
+def backward_buffer_bytes(part: Any) -> float:
+    """Bytes torch's ring backward holds at its peak on rank 0 beside the layer's saved
+    tensors, in units of one bf16 query-side tensor ``E`` (:func:`_sizes`), from
+    ``_templated_ring_attention_backward`` (the late-2024 stored version; the same in 2025's)
+    and the flash backward it calls (FlashAttention-2's ``mha_bwd`` adds an fp32 dQ
+    accumulator, ``dq_accum``: ``E`` for rank 0's ``c`` queries).
+
+    * Compiled (Inductor frees each buffer after its last use; each exchange is waited at
+      once): the peak is step 0's flash backward, with dQ's fp32 accumulator (``2E``) and dK/dV's
+      fp32 zeros (``4E``, ``torch.zeros_like(..., dtype=accum_dtype)``), K and V made
+      contiguous (``2E``), the K/V the rotater holds — the all-gather rotater's gathered
+      buffer (``2·cp·E``, ``_AllGatherRotater._aggregated_buffer``) or the all-to-all one's
+      next block (``2E``) — and the step's flash gradients (``2.5E``) with ``dq_accum`` (``E``).
+    * Eager (a loop variable's tensor lives until it is reassigned): a later step's flash
+      backward, with dQ's accumulator (``2E``); the gathered K/V and the flat concatenation
+      made for a rotater that ignores it (``(2·cp + 2)·E``), or the all-to-all one's block in
+      use, the one sent and the one arriving (``6E``); fp32 dK/dV as last sent, as received at
+      the step before and as arriving (``4E`` each); the step before's flash gradients and
+      this step's (``2.5E`` each) with ``dq_accum`` (``E``).
+
+    Parameters
+    ----------
+    part : LayerPartitioner
+        The layer's partitioner under context parallelism with torch's ring.
+
+    Returns
+    -------
+    float
+        Bytes: compiled ``(11.5 + 2·cp)·E`` (all-gather) or ``13.5·E``; eager
+        ``(22 + 2·cp)·E`` or ``26·E``.
+    """
+    E, _ = _sizes(part)
+    gather = part.cp_comm == "all_gather"
+    if part.sw.compile:
+        held = 2 * part.cp if gather else 2
+        return (2 + 4 + 2 + held + 2.5 + 1) * E
+    held = 2 * part.cp + 2 if gather else 6
+    return (2 + held + 12 + 5 + 1) * E
 
 
 def _memory(bytes_list: list[float], dtype: str) -> tuple[Kernel, ...]:
