@@ -20,7 +20,9 @@ all-to-alls beside another micro-batch's compute: docs/moe.md). What the runs do
 modelled, on every row (the "not modelled" column; docs/moe.md, "The layer's kernels, and what
 validate_moe leaves open", checks each recipe setting): the distributed optimizer's overlapped
 parameter all-gather (ddlsim refuses that overlap with EP > 1, so the gather after the step is
-exposed) and Bridge's ``moe_router_fusion`` (the router is its GEMM alone here). The tables'
+exposed). The router runs as each source sets it (:data:`BRIDGE_ROUTER`, :data:`ZOO_ROUTER`:
+its top-k, load-balancing loss and the loss's all-reduce over TP × CP, fused or not;
+``decoder/moe_router.py``). The tables'
 FP8-CS runs with Transformer Engine's current scaling (``fp8_recipe: te_current``: its amax
 passes, TP amax all-reduces, per-expert quantize kernels; docs/compute.md, "FP8"). The
 dispatchers' host waits for the device in each forward and the host's forward work between them
@@ -93,11 +95,26 @@ def config(row: dict) -> dict:
                      # Bridge's moe_a2a_overlap: Megatron-Core's combined 1F1B
                      "overlap_expert_parallel_comm": row["a2a_overlap"] == "true",
                      "delay_wgrad_compute": row["delay_wgrad_compute"] == "true",
-                     "shared_expert_overlap": row["moe_shared_expert_overlap"] == "true"},
+                     "shared_expert_overlap": row["moe_shared_expert_overlap"] == "true",
+                     **BRIDGE_ROUTER},
                 train={"dtype": "fp8", "recompute": "none"},
                 kernels={"grad_reduce_dtype": "param", "fused_cross_entropy": True,
                          # the tables' FP8-CS (validate_bridge.FP8_RECIPE's sources)
                          "fp8_recipe": "te_current"})
+
+
+#: the Bridge recipes' router: aux_loss balancing with coefficient 1e-3 (Megatron-Bridge v0.3.0
+#: src/megatron/bridge/models/qwen/qwen_provider.py lines 391-392; v0.4.0 qwen3_moe_bridge.py
+#: lines 56-57) and the fused router (scripts/performance/configs/qwen/qwen3_llm_pretrain.py
+#: line 36 at both tags: cfg.model.moe_router_fusion = True)
+BRIDGE_ROUTER = {"aux_loss_coeff": 1e-3, "router_fusion": True}
+#: the ModelZoo runs' router: Qwen3-235B-A22B.yaml's --moe-aux-loss-coeff 1e-3 (there since
+#: b06a6d8, 2025-05-26) with aux_loss balancing; the step-time table (published at 8017e11,
+#: 2025-05-27) ran before the fused router existed (Megatron-LM's --moe-router-fusion came in
+#: c08d89bea0, 2025-08-17; Transformer Engine's kernels in 62acae059, 2025-07-10), the
+#: long-context table (published at b0b92ff, 2025-11-04) with the yaml's --moe-router-fusion
+#: (there since 274316a, 2025-08-20)
+ZOO_ROUTER = {"aux_loss_coeff": 1e-3, "router_fusion": False}
 
 
 def _run(row: dict, expert_tp: int, moe: dict, train: dict, kernels: dict) -> dict:
@@ -138,7 +155,8 @@ ZOO_RECOMPUTE = {"full": {"recompute": "full"}, "": {"recompute": "none"},
 
 def zoo_config(row: dict) -> dict:
     """A ModelZoo row's run config: the table's plan with the settings its scripts give
-    (``data/modelzoo_h100_moe.csv``'s header): BF16, the overlap where the row ran it, the
+    (``data/modelzoo_h100_moe.csv``'s header) and its router (:data:`ZOO_ROUTER`; the
+    long-context rows' fused): BF16, the overlap where the row ran it, the
     distributed optimizer with both overlaps (the parameter gather exposed, as above), fp32
     gradient reduction (the stack's default with --bf16), TE cross-entropy fusion. Full
     recomputation where the table says ``full``; its ``norm, act`` is run_235b.sh's
@@ -147,7 +165,8 @@ def zoo_config(row: dict) -> dict:
     overlap = row["a2a_overlap"] == "true"
     cfg = _run(row, expert_tp=int(row["etp"]),
                moe={"router_force_load_balancing": row["forced_balance"] != "false",
-                    "overlap_expert_parallel_comm": overlap, "delay_wgrad_compute": overlap},
+                    "overlap_expert_parallel_comm": overlap, "delay_wgrad_compute": overlap,
+                    **ZOO_ROUTER, "router_fusion": row["set"] == "long"},
                train={"dtype": row["precision"], **ZOO_RECOMPUTE[row["recompute"]]},
                kernels={"fused_cross_entropy": True})
     return megatron_fsdp(cfg) if row.get("fsdp") == "On" else cfg
@@ -185,13 +204,14 @@ def long_config(row: dict) -> dict:
 
 def approximated(row: dict) -> str:
     """What the row's run does that ddlsim does not model, on every row: the distributed
-    optimizer's parameter all-gather overlapped with the next forward (exposed here) and the
-    fused router kernels (FP8 current scaling is modelled: ``te_current``). Under Megatron-FSDP
+    optimizer's parameter all-gather overlapped with the next forward (exposed here) (the
+    router's kernels and FP8 current scaling are modelled: :mod:`~ddlsim.workloads.decoder.
+    moe_router`, ``te_current``). Under Megatron-FSDP
     (ModelZoo row 3) the gathers are overlapped as its code runs them; its reduce-scatter
     queue cap is not modelled (decoder/megatron_fsdp.py)."""
     if row.get("fsdp") == "On":
-        return "RS queue cap, router kernels"
-    return "param-gather overlap, router kernels"
+        return "RS queue cap"
+    return "param-gather overlap"
 
 
 def megatron_flops(row: dict) -> float:

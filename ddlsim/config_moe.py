@@ -63,8 +63,18 @@ class MoESpec(_Strict):
                                   "(Megatron-Core's delay_wgrad_compute); default: the stack's")
     router_load_balancing_type: LoadBalancing = Field(
         default="aux_loss", description="Megatron's default aux_loss; checked against the "
-                                        "capacity factor (sinkhorn drops no tokens); its own "
-                                        "router-sized compute is not modelled")
+                                        "capacity factor (sinkhorn drops no tokens); with "
+                                        "aux_loss_coeff > 0, aux_loss and seq_aux_loss add the "
+                                        "loss's kernels and all-reduce (docs/moe.md)")
+    aux_loss_coeff: Annotated[float, BeforeValidator(reject_bool), Field(ge=0.0, le=1e3)] = \
+        Field(default=0.0, description="--moe-aux-loss-coeff: above 0 the router computes the "
+                                       "load-balancing loss, its kernels and the all-reduce "
+                                       "of the tokens per expert over TP x CP in every MoE "
+                                       "layer's forward; Megatron's default 0 computes none")
+    router_fusion: StrictBool | None = Field(
+        default=None, description="--moe-router-fusion: the router's top-k and loss as "
+                                  "Transformer Engine's fused kernels instead of torch ops; "
+                                  "default: the stack's (off), refused on a stack without it")
     router_force_load_balancing: StrictBool = Field(
         default=False, description="benchmark mode: random logits, every expert gets the "
                                    "same number of tokens (router_imbalance must be 1)")

@@ -199,7 +199,7 @@ ROW3 = (
     "--recompute-granularity full --recompute-method uniform "
     "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep "
     "--moe-grouped-gemm --moe-permute-fusion --moe-router-force-load-balancing "
-    "--cross-entropy-loss-fusion\n")
+    "--moe-aux-loss-coeff 1e-3 --cross-entropy-loss-fusion\n")
 
 
 def test_the_row_3_command_line_imports_as_validate_moes_config():
@@ -216,7 +216,7 @@ def test_the_row_3_command_line_imports_as_validate_moes_config():
     imported["system"] = {"preset": "dgx-h100", "nodes": imported["system"]["nodes"],
                           "software": imported["system"]["software"]}
     moe = {k: v for k, v in zoo["parallel"]["moe"].items()
-           if k not in ("overlap_expert_parallel_comm", "delay_wgrad_compute")}
+           if k not in ("overlap_expert_parallel_comm", "delay_wgrad_compute", "router_fusion")}
     assert imported == {**zoo, "parallel": {**zoo["parallel"], "moe": moe}}
 
 

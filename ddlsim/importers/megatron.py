@@ -40,6 +40,7 @@ VALUE_FLAGS: dict[str, tuple[str, type]] = {
     "moe-router-topk": ("model.num_experts_per_tok", int),
     "moe-ffn-hidden-size": ("model.moe_intermediate_size", int),
     "moe-expert-capacity-factor": ("model.capacity_factor", float),
+    "moe-aux-loss-coeff": ("parallel.moe.aux_loss_coeff", float),
     "zero-stage": ("parallel.zero_stage", int),                # Megatron-DeepSpeed
 }
 
@@ -76,6 +77,7 @@ SWITCHES: dict[str, tuple[str, Any]] = {
     "moe-shared-expert-overlap": ("parallel.moe.shared_expert_overlap", True),
     "moe-pad-expert-input-to-capacity": ("parallel.moe.pad_expert_input_to_capacity", True),
     "moe-router-force-load-balancing": ("parallel.moe.router_force_load_balancing", True),
+    "moe-router-fusion": ("parallel.moe.router_fusion", True),
     # Megatron-LM d7288711 megatron/core/transformer/moe/README.md lines 557-558 (the combined
     # 1F1B, workloads/decoder/combined.py)
     "overlap-moe-expert-parallel-comm": ("parallel.moe.overlap_expert_parallel_comm", True),
@@ -182,7 +184,6 @@ NO_EFFECT: dict[str, str] = {
                      "reset-attention-mask", "no-create-attention-mask-in-dataloader",
                      "attention-softmax-in-fp32", "fp8-amax-history-len",
                      "use-cpu-initialization", "calculate-per-token-loss",
-                     "moe-aux-loss-coeff",
                      "moe-z-loss-coeff",
                      "fp8-amax-compute-algo", "distributed-timeout-minutes"),
                     "a value of the optimisation or of a kernel, not of its cost"),

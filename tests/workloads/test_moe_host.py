@@ -89,8 +89,9 @@ def test_the_forward_waits_for_the_router_and_the_dispatch_and_the_device_for_th
     issues = [i for i, n in enumerate(names) if n == "fwd.dispatch.issue"]
     work, dispatch, sort = (names.index(n) for n in ("fwd.moe.host", "fwd.dispatch", "fwd.sort"))
     assert {block[i].stream for i in (*syncs, *issues, work)} == {"host"}
-    # the first wait: for the router; the dispatch waits for its issue
-    assert names.index("fwd.router") in block[syncs[0]].deps
+    # the first wait: for the router's last kernels (top-k, .moe_router); the dispatch waits
+    # for its issue
+    assert names.index("fwd.router.kernels") in block[syncs[0]].deps
     assert syncs[0] in block[issues[0]].deps and issues[0] in block[dispatch].deps
     # DeepEP's multihot conversion: three wake-ups after the dispatch, then the permutation
     assert dispatch in block[syncs[1]].deps and issues[1] in block[sort].deps

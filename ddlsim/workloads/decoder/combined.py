@@ -49,6 +49,7 @@ from ...errors import ConfigError
 from ..schedules import combined_schedule
 from ..trace import Block, Collective, Compute, Contention, Op, P2P, StepTable, Wait
 from . import param_gather
+from .moe_router import router_ops
 from .partition.base import OpList
 
 __all__ = ["active", "moe_layer_nodes", "pair_contention", "combined_blocks",
@@ -118,7 +119,8 @@ def moe_layer_nodes(b, backward: bool, delay_wgrad: bool = False) -> dict[str, l
     attn = OpList()
     if not backward:
         b._attention(attn, "fwd", False)
-        for x in (*b._shared("fwd", False), router, *mem("permute", perm[0]),
+        for x in (*b._shared("fwd", False), router, *router_ops(b, "fwd", False),
+                  *mem("permute", perm[0]),
                   Compute("fwd.elementwise", 0.0, ew, kind="elementwise", dtype=b.dtype)):
             attn.add(x)
         comm = (first, [*second, *mem("unpermute", perm[1])])
@@ -126,7 +128,8 @@ def moe_layer_nodes(b, backward: bool, delay_wgrad: bool = False) -> dict[str, l
         if b.plan.recompute == "selective":
             g = sh.layer_gemm_flops(b.b, b.s, moe=True)
             attn.add(b._recompute_core(g, True))
-        for x in (*mem("unpermute", perm[1]), router, *b._shared("bwd", True),
+        for x in (*mem("unpermute", perm[1]), *router_ops(b, "bwd", True), router,
+                  *b._shared("bwd", True),
                   Compute("bwd.elementwise", 0.0, 2 * ew, kind="elementwise", dtype=b.dtype)):
             attn.add(x)
         b._attention(attn, "bwd", True)

@@ -14,7 +14,9 @@ One MoE layer's forward on one rank (alltoall dispatcher; Megatron-LM 9c1a5351
 
 1. attention (qkv, core, proj and its TP reduce-scatter/all-gather) from the partitioner,
    over the rank's ``T = b·s/(cp·tp)`` tokens (sequence parallel; ``b·s/cp`` at TP 1);
-2. the router GEMM ``T × E``; permutation 1 (``T`` tokens → ``T·k`` copies, by expert);
+2. the router GEMM ``T × E`` and its other kernels (top-k, the load-balancing loss and its
+   all-reduce over TP × CP: :mod:`.moe_router`); permutation 1 (``T`` tokens → ``T·k``
+   copies, by expert);
 3. dispatch all-to-all over ``ep`` (``T·k·h`` elements, × the capacity factor when padded;
    the hottest rank receives ``load`` × the mean: ``split_bytes``); all-gather over ``etp``;
 4. permutation 2 (sort by local expert) when a rank holds several experts;
@@ -39,6 +41,7 @@ from .layerkinds import attention_projections
 from .moe_dispatch import flex_ops
 from .moe_host import add_waits, dispatcher_host
 from .moe_host_chain import HostChain, add_backward_expert_host
+from .moe_router import router_ops
 from .partition import context
 from .partition.base import OpList
 from .stage import StageBase
@@ -306,7 +309,10 @@ class MoEOps(StageBase):
             rows = 2 * self.local_experts * self.expert_tokens() * sh.hidden * self.dt
             perm = (rows, 2 * rows)
         host = None if backward else dispatcher_host(plan)   # the host's waits (.moe_host)
-        routed = None if backward else ops.add(router)
+        routed = None
+        if not backward:                             # the GEMM, then top-k and the loss
+            for x in (router, *router_ops(self, pre, False)):
+                routed = ops.add(x)
         if perm[0]:
             ops.add(self._memory(f"{pre}.permute", perm[0]))
         issued = add_waits(ops, pre, host, "router", routed, self.dtype)
@@ -327,7 +333,8 @@ class MoEOps(StageBase):
             if self.moe.gemm_streams and self.moe.grouped_gemm and main_grad_bytes(
                     self.sw, self.plan.train_dtype):      # TE GroupedLinear, main_grad fused
                 add_backward_expert_host(ops, self.local_experts, self.dtype)
-            ops.add(router)
+            for x in (*router_ops(self, pre, True), router):
+                ops.add(x)
         if not overlap:
             for x in shared:
                 ops.add(x)

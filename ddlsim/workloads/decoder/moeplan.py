@@ -65,6 +65,20 @@ class MoEPlan:
     #: grouped launch of all local experts
     gemm_streams: int = 0
 
+    #: the router's extra kernels (:mod:`.moe_router`): the load-balancing loss's coefficient
+    #: (``--moe-aux-loss-coeff``), Transformer Engine's fused router (``--moe-router-fusion``),
+    #: forced balance's random logits (``--moe-router-force-load-balancing``)
+    aux_loss_coeff: float = 0.0
+    router_fusion: bool = False
+    forced_balance: bool = False
+
+    @property
+    def aux_loss(self) -> bool:
+        """Whether the router computes a load-balancing loss (and its all-reduce): aux_loss or
+        seq_aux_loss balancing with a coefficient above 0 (Megatron-LM d7288711 ``router.py``
+        ``is_aux_loss_enabled``, lines 278-283)."""
+        return self.balancing in ("aux_loss", "seq_aux_loss") and self.aux_loss_coeff > 0
+
     @property
     def load(self) -> float:
         """Tokens of the hottest expert-parallel rank over the mean: padded to capacity →
@@ -100,6 +114,8 @@ class MoEPlan:
                 f"{'fused' if self.permute_fusion else 'unfused'} permute, ETP{self.etp}, "
                 f"{route}{hot}"
                 + (", shared experts overlapped" if self.shared_expert_overlap else "")
+                + (", fused router" if self.router_fusion else "")
+                + (f", aux loss {self.aux_loss_coeff:g}" if self.aux_loss else "")
                 + (", EP all-to-alls overlapped (combined 1F1B"
                    + (", delayed wgrad)" if self.delay_wgrad else ")") if self.a2a_overlap
                    else ""))
@@ -159,7 +175,23 @@ def resolve_moe(cfg: Any) -> MoEPlan | None:
                    a2a_overlap=bool(values["overlap_expert_parallel_comm"]),
                    delay_wgrad=bool(values["delay_wgrad_compute"]),
                    flex_backend=_flex_backend(given, values, sources),
-                   gemm_streams=_gemm_streams(table, values["grouped_gemm"], sources))
+                   gemm_streams=_gemm_streams(table, values["grouped_gemm"], sources),
+                   aux_loss_coeff=float(given.get("aux_loss_coeff") or 0.0),
+                   router_fusion=_router_fusion(table, given, sources),
+                   forced_balance=bool(given.get("router_force_load_balancing", False)))
+
+
+def _router_fusion(table: dict, given: dict, sources: dict) -> bool:
+    """The fused router: given, else the stack's ``moe.router_fusion`` (off where the stack has
+    none: :func:`check_moe_plan` refuses turning it on there), its source in ``sources``."""
+    entry = table.get("router_fusion")
+    if given.get("router_fusion") is not None:
+        sources["router_fusion"] = "parallel.moe.router_fusion"
+        return bool(given["router_fusion"])
+    if entry is None:
+        return False
+    sources["router_fusion"] = entry["source"]
+    return bool(entry["value"])
 
 
 def _gemm_streams(table: dict, grouped: bool, sources: dict) -> int:
@@ -249,3 +281,20 @@ def check_moe_plan(cfg: Any) -> None:
         raise ValueError(f"parallel.moe.router_force_load_balancing = true gives every expert "
                          f"the same tokens, but router_imbalance = {plan.imbalance}; use 1")
     _check_flex(plan, spec)
+    _check_router(plan, spec, cfg.software.name)
+
+
+def _check_router(plan: MoEPlan, spec: Any, stack: str) -> None:
+    """The router options Megatron-Core refuses or ignores: a loss coefficient with sinkhorn
+    (asserted, Megatron-LM d7288711 ``router.py`` line 248) or with ``none`` balancing (no loss
+    is computed: lines 263-283); the fused router on a stack whose code has none."""
+    if plan.aux_loss_coeff > 0 and plan.balancing in ("sinkhorn", "none"):
+        raise ValueError(f"parallel.moe.aux_loss_coeff = {plan.aux_loss_coeff:g} with "
+                         f"router_load_balancing_type = {plan.balancing!r}: Megatron-Core "
+                         "computes the load-balancing loss with aux_loss or seq_aux_loss only; "
+                         "set one of them or aux_loss_coeff: 0")
+    if spec is not None and spec.router_fusion and "router_fusion" not in _stack_moe(stack):
+        raise ValueError(f"parallel.moe.router_fusion = true, but software stack {stack!r} "
+                         "has no fused router (no moe.router_fusion in its software.yaml "
+                         "entry; Megatron-LM's --moe-router-fusion came in c08d89bea0, "
+                         "2025-08-17); use megatron-core-2025 or drop it")

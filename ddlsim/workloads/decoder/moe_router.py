@@ -1,0 +1,159 @@
+"""The router's kernels beside its GEMM in Megatron-Core's MoE layer: top-k with its score
+function, the random logits of forced balance, the load-balancing loss with the all-reduce of
+the tokens per expert over TP × CP that the loss needs, and their backward (docs/moe.md,
+"The router's kernels").
+
+Counted at NVIDIA/Megatron-LM d7288711 (``megatron/core/transformer/moe/router.py``
+``TopKRouter.forward`` lines 681-709 and ``routing`` lines 587-673; ``moe_utils.py``) and
+Transformer Engine v2.9's fused router (``transformer_engine/pytorch/csrc/extensions/
+router.cpp``), one kernel per CUDA launch, in training with the loss's gradient enabled:
+
+============================  ==========================================================
+part                          kernels (forward; backward)
+============================  ==========================================================
+forced balance                ``RandomSTE``: ``logits.clone().normal_()``, 2 (lines 1203-1215);
+                              its backward passes the gradient on, 0
+top-k, fused                  ``tex.fused_topk_with_score_function_fwd``/``_bwd``, 1; 1
+                              (``router.cpp`` lines 58, 85; ``moe_utils.py`` line 730)
+top-k, unfused (softmax)      ``torch.topk``, ``softmax``, ``zeros_like`` and an out-of-place
+                              ``scatter`` (copy + scatter) for the probabilities, ``zeros_like``,
+                              ``int``, ``scatter`` (2), ``bool`` for the map: 10 (lines 770-821);
+                              backward: the scatter's gather, softmax's, top-k's zeros and
+                              scatter: 4
+aux loss, fused               scores ``fused_score_for_moe_aux_loss_fwd`` (``router.cpp`` 119),
+                              ``routing_map.sum(dim=0)`` (``moe_utils.py`` 236), the loss
+                              ``fused_moe_aux_loss_fwd`` (164), then ``aux_loss / coeff`` and the
+                              tracker's ``+=`` (``router.py`` 474-494, ``moe_utils.py`` 974): 3 over
+                              the scores, 2 small; backward: ``MoEAuxLossAutoScaler``'s
+                              ``ones_like`` and product (``moe_utils.py`` 285), the loss's and
+                              the scores' backward (``router.cpp`` 183, 139) and the sum of the
+                              logits' two gradients: 3 over the scores, 2 small
+aux loss, unfused             scores: ``softmax``, ``topk``, ``zeros_like``, ``int``,
+                              ``scatter`` (2), ``bool`` (lines 855-866), the map's sum, the
+                              loss's ``probs.sum(dim=0)`` (lines 142-146): 9 over the scores;
+                              its product, sum and scaling, then the division and the tracker:
+                              5 small; backward: softmax's and the gradients' sum over the
+                              scores, 2; the autoscaler's 2 and the loss's 2 products, 4 small
+============================  ==========================================================
+
+Between the map's sum and the loss, ``get_tokens_per_expert_and_token_count`` all-reduces the
+``E`` counts (int64) over the ranks that split the sequence, TP × CP
+(``reduce_from_tensor_model_parallel_region``, ``moe_utils.py`` line 237), on the compute
+stream's order. The loss and its all-reduce run only with gradients enabled (in a
+checkpointed layer's recomputation, not its first forward) and only with ``aux_loss`` or
+``seq_aux_loss``
+balancing and a coefficient above 0 (``router.py`` ``is_aux_loss_enabled`` lines 278-283,
+``_apply_aux_loss`` 293-295: Megatron's default ``moe_aux_loss_coeff`` is 0,
+``transformer_config.py`` line 734); ``seq_aux_loss`` runs the same steps over the sequence's
+reshaped scores (lines 325-378). Kernels "over the scores" read and write the ``T × E`` fp32
+matrix (an upper bound for those over ``T × k``: all are launch-bound at these sizes), the small
+ones move nothing worth counting. Each op's host time is the stack's host rule per kernel
+(:mod:`ddlsim.simulator.kernels.host`). Not counted: ``type_as`` casts when the router runs in
+bf16, ``--moe-router-dtype fp32``'s fp32 backward GEMMs (``moe_utils.py`` 1358-1365), the
+z-loss. Both engines and the search tier see these as ordinary ops (compute and one collective
+on the compute stream).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..trace import Collective, Compute, Kernel
+
+__all__ = ["RouterPass", "ROUTER_KERNELS", "router_kernels", "router_ops"]
+
+
+@dataclass(frozen=True)
+class RouterPass:
+    """Kernels of one router part in one direction: ``scores`` over the ``T × E`` fp32 score
+    matrix (read and write), ``small`` over ``E``-long vectors or scalars."""
+
+    scores: int
+    small: int = 0
+
+
+#: (part, fused) → (forward, backward) kernels; the module docstring gives each count's lines
+ROUTER_KERNELS: dict[tuple[str, bool], tuple[RouterPass, RouterPass]] = {
+    ("forced", True): (RouterPass(2), RouterPass(0)),
+    ("forced", False): (RouterPass(2), RouterPass(0)),
+    ("topk", True): (RouterPass(1), RouterPass(1)),
+    ("topk", False): (RouterPass(10), RouterPass(4)),
+    ("aux_loss", True): (RouterPass(3, 2), RouterPass(3, 2)),
+    ("aux_loss", False): (RouterPass(9, 5), RouterPass(2, 4)),
+}
+
+
+def router_kernels(plan: Any, backward: bool) -> RouterPass:
+    """The router's kernels besides its GEMM in one direction of one MoE layer.
+
+    Parameters
+    ----------
+    plan : MoEPlan
+        the resolved MoE options (:class:`.moeplan.MoEPlan`): ``router_fusion``,
+        ``forced_balance`` and :attr:`~.moeplan.MoEPlan.aux_loss`.
+    backward : bool
+        the backward's kernels instead of the forward's.
+
+    Returns
+    -------
+    RouterPass
+        the kernels over the scores and the small ones, summed over the plan's parts.
+    """
+    parts = ["topk"] + (["forced"] if plan.forced_balance else []) \
+        + (["aux_loss"] if plan.aux_loss else [])
+    passes = [ROUTER_KERNELS[(p, plan.router_fusion)][int(backward)] for p in parts]
+    return RouterPass(sum(p.scores for p in passes), sum(p.small for p in passes))
+
+
+def _checkpointed(plan: Any) -> bool:
+    """Whether the router runs inside a checkpointed region (full recomputation, or the
+    ``moe`` module): its first forward runs without gradients, so the loss (and its
+    all-reduce) comes with the recomputation (Megatron-LM d7288711 ``router.py`` line 640:
+    ``torch.is_grad_enabled()``; ``tensor_parallel/random.py`` ``CheckpointFunction``: forward
+    under ``torch.no_grad()``, line 580, the backward's recomputation with gradients, 620)."""
+    return plan.recompute == "full" or "moe" in (plan.recompute_modules or ())
+
+
+def _kernels_op(name: str, k: RouterPass, score_bytes: float, dtype: str) -> Compute:
+    kernels = (Kernel("memory", bytes=score_bytes, dtype=dtype),) * k.scores \
+        + (Kernel("memory", dtype=dtype),) * k.small
+    return Compute(name, 0.0, k.scores * score_bytes, kind="elementwise", dtype=dtype,
+                   kernels=kernels)
+
+
+def router_ops(b: Any, pre: str, backward: bool) -> list[Compute | Collective]:
+    """The router's ops after its GEMM (forward: its kernels, the loss's all-reduce of the
+    tokens per expert over TP and CP, the loss's last kernels) or before it (backward: its
+    kernels), for builder ``b`` (:class:`.moe.MoEOps`).
+
+    Parameters
+    ----------
+    b : MoEOps
+        the stage builder (``moe``, ``tokens()``, ``shape``, ``tp``, ``cp``, ``dtype``).
+    pre : str
+        the ops' name prefix (``fwd``, ``recompute``, ``bwd``).
+    backward : bool
+        the backward's ops.
+
+    Returns
+    -------
+    list of Compute and Collective
+        in issue order; the all-reduce over ``tp`` (then ``cp``) only where those groups have
+        more than one rank (a stand-in for Megatron's one all-reduce over TP × CP when both
+        do: the same counts, two latency-bound steps).
+    """
+    plan, experts = b.moe, b.shape.experts
+    score_bytes = 2 * 4.0 * b.tokens() * experts        # fp32 T × E, read and write
+    k = router_kernels(plan, backward)
+    if not backward and plan.aux_loss and pre == "fwd" and _checkpointed(b.plan):
+        k = router_kernels(replace(plan, aux_loss_coeff=0.0), False)   # no grad: no loss
+    if backward or not plan.aux_loss or pre == "fwd" and _checkpointed(b.plan):
+        return [_kernels_op(f"{pre}.router.kernels", k, score_bytes, b.dtype)]
+    loss = ROUTER_KERNELS[("aux_loss", plan.router_fusion)][0]
+    first = RouterPass(k.scores - 1, k.small - loss.small)     # to the counts' sum
+    counts = 8.0 * experts                                     # int64 per expert
+    reduce = [Collective(f"{pre}.router.aux_allreduce.{g}", "all_reduce", g, counts)
+              for g, n in (("tp", b.tp), ("cp", b.cp)) if n > 1]
+    return [_kernels_op(f"{pre}.router.kernels", first, score_bytes, b.dtype), *reduce,
+            _kernels_op(f"{pre}.router.loss", RouterPass(1, loss.small), score_bytes, b.dtype)]
