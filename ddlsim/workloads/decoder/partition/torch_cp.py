@@ -106,8 +106,9 @@ def backward_buffer_bytes(part: Any) -> float:
     and the flash backward it calls (FlashAttention-2's ``mha_bwd`` adds an fp32 dQ
     accumulator, ``dq_accum``: ``E`` for rank 0's ``c`` queries).
 
-    * Compiled (Inductor frees each buffer after its last use; each exchange is waited at
-      once): the peak is step 0's flash backward, with dQ's fp32 accumulator (``2E``) and dK/dV's
+    * Compiled (Inductor frees each buffer after its last use — our reading of its generated
+      code's ``del``, not a measurement — and each exchange is waited at once): the peak is
+      step 0's flash backward, with dQ's fp32 accumulator (``2E``) and dK/dV's
       fp32 zeros (``4E``, ``torch.zeros_like(..., dtype=accum_dtype)``), K and V made
       contiguous (``2E``), the K/V the rotater holds — the all-gather rotater's gathered
       buffer (``2·cp·E``, ``_AllGatherRotater._aggregated_buffer``) or the all-to-all one's
