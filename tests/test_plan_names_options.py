@@ -73,11 +73,19 @@ def test_moe_names_dispatcher_and_expert_grid_always():
     plan = plan_fields(cfg)["moe"]
     assert plan == {"dispatcher": "alltoall", "ep": 8, "etp": 1, "grouped_gemm": True,
                     "permute_fusion": plan["permute_fusion"], "routing": "dropless",
-                    "router_imbalance": 1.0, "delay_wgrad_compute": False}
+                    "router_imbalance": 1.0, "delay_wgrad_compute": False,
+                    "router_fusion": False, "aux_loss_coeff": 0.0}
     assert "flex_backend" not in plan             # only the flex dispatcher has a backend
     assert "MoE alltoall dispatch" in line(cfg) and "ETP1" in line(cfg)
     assert "(EP8)" in line(cfg)
     assert "moe" not in plan_fields(load(FSDP))   # a dense model has no MoE block
+
+
+def test_moe_names_the_fused_router_and_the_loss():
+    cfg = moe(router_fusion=True, aux_loss_coeff=1e-3)
+    plan = plan_fields(cfg)["moe"]
+    assert plan["router_fusion"] is True and plan["aux_loss_coeff"] == 1e-3
+    assert "fused router, aux loss 0.001" in line(cfg)
 
 
 @pytest.mark.parametrize("backend", ["deepep", "hybridep"])
