@@ -108,3 +108,26 @@ def test_search_tier_refuses_the_same_prefetches_as_the_exact_engine():
         exact = ddlsim.predict(cfg, check_fit=False).iteration_time_s
         assert frame["iteration_time_s"].iloc[i] == pytest.approx(exact, rel=1e-9), \
             (cfg.parallel.tp, cfg.train.recompute)
+
+
+@pytest.mark.parametrize("cap, held", [
+    # no prefetch refused: the output layer (V·h = 629.1 M) with fc2 (4h² = 604.0 M)
+    # gathered ahead of it for the backward, larger than any two modules of a layer
+    (1_000_000_000, 51200 * 12288 + 4 * 12288**2),
+    # every module and the output layer over the cap: each held alone, the output layer
+    # the largest (DeepSpeedExamples 2cd968f2's Megatron config, validate_zero3's rows)
+    (100_000_000, 51200 * 12288),
+    # only the prefetches after QKV (453.0 M), fc1 and fc2 refused: proj with fc1 gathered
+    # ahead of it (151.0 M + 604.0 M) is the largest run; the output layer goes alone
+    (500_000_000, 12288**2 + 4 * 12288**2),
+])
+def test_gathered_memory_holds_only_the_prefetches_the_cap_lets_through(cap, held):
+    """GPT-3 175B's modules at TP 1 under deepspeed-2021 (one module ahead): a module is held
+    ahead of the one computing only if the unit that would prefetch it holds fewer than
+    zero3_max_live_parameters elements (stage3.py prefetch_next_sub_modules), as the pass
+    builder refuses it; 2 bytes per element."""
+    from ddlsim.software import SoftwareSpec
+    from ddlsim.workloads.decoder.zero3 import module_hook_bytes
+    sw = resolve_software(SoftwareSpec(stack="deepspeed-2021",
+                                       overlap={"zero3_max_live_parameters": cap}))
+    assert module_hook_bytes(_shape(12288), 1, sw, 2.0) == 2.0 * held

@@ -148,13 +148,45 @@ def module_hook_bytes(shape, tp: int, sw, dt: float) -> float:
     ``zero3_prefetch_modules`` gathered ahead, at most the largest such run of consecutive
     GEMM modules (counted around the layer) — bounded by one layer when the prefetch spans
     the layer's four modules — or, at the backward's start, the output layer (kept from its
-    forward, :mod:`.zero3_edges`) with the backward's first modules gathered ahead of it."""
+    forward, :mod:`.zero3_edges`) with the backward's first modules gathered ahead of it.
+
+    A module ``j`` ahead is held only if its prefetch was issued: the unit whose pre-hook
+    issues it (``j − zero3_prefetch_modules``) held fewer than ``zero3_max_live_parameters``
+    elements, as :func:`.zero3_pass.zero3_pass` refuses it (DeepSpeed v0.3.13 ``stage3.py``
+    ``prefetch_next_sub_modules``); a refused one is gathered from its own pre-hook, after
+    the module before it has been released.
+
+    Parameters
+    ----------
+    shape : DecoderShape
+        The model's shape.
+    tp : int
+        Tensor-parallel size (the modules' elements are TP-sharded).
+    sw : the resolved software stack (its ``zero3_*`` fields).
+    dt : float
+        Bytes per gathered element.
+
+    Returns
+    -------
+    float
+        Bytes of gathered parameters held at once, at most.
+    """
     from .zero3_edges import edge_fetches
     sizes = [sum(m.forward) for m in module_fetches(shape, tp, sw, False)]
-    k = min(sw.zero3_prefetch_modules + 1, len(sizes))
-    ring = sizes + sizes
-    head = sum(edge_fetches(shape, tp, sw, 1, False).head_forward) + sum(sizes[::-1][:k - 1])
-    return max(head, *(sum(ring[i:i + k]) for i in range(len(sizes)))) * dt
+    n, ahead = len(sizes), min(sw.zero3_prefetch_modules, len(sizes) - 1)
+    cap = sw.zero3_max_live_parameters
+
+    def issued(live: float, first: bool) -> bool:
+        """Whether a prefetch issued by a unit holding ``live`` elements goes ahead (the
+        pass's first units are gathered at its start, never refused)."""
+        return first or not cap or live < cap
+
+    runs = [sizes[i] + sum(sizes[(i + j) % n] for j in range(1, ahead + 1)
+                           if issued(sizes[(i + j - ahead) % n], False)) for i in range(n)]
+    head = sum(edge_fetches(shape, tp, sw, 1, False).head_forward)
+    backward = sizes[::-1]
+    head += sum(backward[j - 1] for j in range(1, ahead + 1) if issued(head, j < ahead))
+    return max(head, *runs) * dt
 
 
 def list_gather_bytes(shape, tp: int, sw, dt: float) -> float:
