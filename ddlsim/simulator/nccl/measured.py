@@ -51,14 +51,14 @@ NVLS_ALGBW_FRACTION = {"hopper": 275.0 / 450.0}
 #: chunks of every concurrent op (channel x head) in flight before the pipeline delivers: the
 #: fill latency in units of ``concurrentOps x chunk / algBw``. FITTED, the half-integer in
 #: 1-5 of least mean |error| (``python benchmarks/validate_nccl.py --fit`` prints the scan):
-#: ``nvls`` to rows ``nccl290`` (1 node, 128 MiB-4 GiB), ``nvls_tree`` to rows ``nccl309a``
-#: (2 nodes, 1 MiB-16 GiB), with NCCL's own choice of algorithm, both timed with NCCL 2.30.7's
-#: tables. ``nccl309a`` ran NCCL 2.26.2; timed with that release's tables (as the validation
-#: now times it: :mod:`.versions`) the scan's best ``nvls_tree`` depth is 2.5, not 1.5 (kept:
-#: the default release's predictions stay as they were). Of the order of the stages
-#: of NCCL's NVLS all-reduce kernel (scatter, reduce, gather warp groups, each holding
-#: chunks: src/device/all_reduce.h, v2.26.2-1, lines 390-510); not derived from them.
-FILL_CHUNKS = {"nvls": 3.5, "nvls_tree": 1.5}
+#: ``nvls`` to rows ``nccl290`` (1 node, 128 MiB-4 GiB; no release stated, timed with the
+#: default 2.30.7's tables), ``nvls_tree`` to rows ``nccl309a`` (2 nodes, 1 MiB-16 GiB) timed
+#: with the release they ran, NCCL 2.26.2 (:mod:`.versions`), with NCCL's own choice of
+#: algorithm: 2.5 (7.8 % mean on those rows; it was 1.5 when the rows were timed with 2.30.7's
+#: tables, which they did not run). Of the order of the stages of NCCL's NVLS all-reduce
+#: kernel (scatter, reduce, gather warp groups, each holding chunks: src/device/all_reduce.h,
+#: v2.26.2-1, lines 390-510); not derived from them.
+FILL_CHUNKS = {"nvls": 3.5, "nvls_tree": 2.5}
 
 #: number of size edges of a fill's step function (NCCL picks among at most 4 NVLS chunk
 #: sizes, and 6 LL128 tree chunk sizes: :mod:`.tree`)
