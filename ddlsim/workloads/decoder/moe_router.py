@@ -41,8 +41,8 @@ Between the map's sum and the loss, ``get_tokens_per_expert_and_token_count`` al
 (``reduce_from_tensor_model_parallel_region``, ``moe_utils.py`` line 237), on the compute
 stream's order. The loss and its all-reduce run only with gradients enabled (in a
 checkpointed layer's recomputation, not its first forward) and only with ``aux_loss`` or
-``seq_aux_loss``
-balancing and a coefficient above 0 (``router.py`` ``is_aux_loss_enabled`` lines 278-283,
+``seq_aux_loss`` balancing and a coefficient above 0 (``router.py`` ``is_aux_loss_enabled``
+lines 278-283,
 ``_apply_aux_loss`` 293-295: Megatron's default ``moe_aux_loss_coeff`` is 0,
 ``transformer_config.py`` line 734); ``seq_aux_loss`` runs the same steps over the sequence's
 reshaped scores (lines 325-378). Kernels "over the scores" read and write the ``T × E`` fp32
