@@ -34,6 +34,12 @@ machine shared with other jobs it is disturbed less (both tools alike, so the ra
 :mod:`cProfile` and prints the functions with the most time per grid, with and without what
 they call (the profiler's own overhead inflates small Python functions: read shares, not
 milliseconds).
+
+``--phases`` times nothing against llm-analysis either: it runs the speed grid cold
+``--repeats`` times with the search's phases wrapped in CPU-time counters (no profiler) and
+prints each phase's median milliseconds per grid: the stage pieces (their builders, the
+builder's ops, the lowering, the collectives and the timing rule), the meshes' networks, the
+config's rules, memory, the update and ZeRO-3 terms, and what the garbage collector took.
 """
 
 from __future__ import annotations
@@ -146,6 +152,82 @@ def profile_grid(runs: int = 3, top: int = 25) -> None:
         print(f"\n{runs} cold grid(s), {stats.total_tt / runs * 1e3:.0f} ms each under the "
               f"profiler; top {top} by {what} (times over all runs)")
         print("\n".join(line.replace(str(ROOT) + "/", "") for line in lines[start:] if line))
+
+
+#: The phases ``--phases`` times: (label, module, attribute path), outermost first. A phase
+#: nested in another is indented under it; the pieces' builders are timed in
+#: :func:`~ddlsim.workloads.decoder.builder.StageBuilder.from_config`, their ops in the
+#: search's own piece registry (``ddlsim.search.blocks._PIECES``).
+PHASES = [
+    ("stage pieces", "ddlsim.search.decoder", "stage_pieces"),
+    ("  builders (resolve_plan)", "ddlsim.workloads.decoder.builder", "StageBuilder.from_config"),
+    ("  lowering (lower_ops)", "ddlsim.search.blocks", "lower_ops"),
+    ("  collectives on the networks", "ddlsim.search.blocks", "_collective_seconds"),
+    ("  timing rule (stream_ends)", "ddlsim.search.blocks", "stream_ends"),
+    ("meshes' networks", "ddlsim.search.decoder", "mesh_networks"),
+    ("config rules (group_rules)", "ddlsim.search.evaluate", "group_rules"),
+    ("memory", "ddlsim.search.decoder", "plans_memory"),
+    ("update and tail", "ddlsim.search.decoder", "DecoderVectors._update"),
+    ("ZeRO-3", "ddlsim.search.decoder", "DecoderVectors._zero3"),
+]
+
+
+def phase_times(repeats: int) -> dict[str, float]:
+    """Median CPU milliseconds per cold grid of each of :data:`PHASES`, of the builder's piece
+    ops (``  builder's ops``), of the garbage collector, and of the whole grid."""
+    import gc
+    import importlib
+
+    spent: dict[str, float] = {}
+
+    def timed(label, f):
+        def wrapper(*args, **kwargs):
+            t0 = time.process_time()
+            try:
+                return f(*args, **kwargs)
+            finally:
+                spent[label] = spent.get(label, 0.0) + time.process_time() - t0
+        return wrapper
+
+    undo = []
+    for label, module, path in PHASES:
+        owner = importlib.import_module(module)
+        *outer, name = path.split(".")
+        for part in outer:
+            owner = getattr(owner, part)
+        raw = owner.__dict__[name]
+        f = raw.__func__ if isinstance(raw, classmethod) else raw
+        wrapped = timed(label, f)
+        setattr(owner, name, classmethod(wrapped) if isinstance(raw, classmethod) else wrapped)
+        undo.append((owner, name, raw))
+    from ddlsim.search import blocks
+    pieces = dict(blocks._PIECES)
+    for name, make in pieces.items():
+        blocks._PIECES[name] = timed("  builder's ops", make)
+    start: list[float] = []
+
+    def gc_clock(phase, info):
+        if phase == "start":
+            start.append(time.process_time())
+        elif start:
+            spent["garbage collector"] = (spent.get("garbage collector", 0.0)
+                                          + time.process_time() - start.pop())
+    gc.callbacks.append(gc_clock)
+    runs: list[dict[str, float]] = []
+    try:
+        evaluate_grid(GPT3, None, [], SPEED_AXES, Constraints())   # warm-up, not counted
+        for _ in range(repeats):
+            spent.clear()
+            spent["whole grid"] = grid_seconds()[0]
+            runs.append(dict(spent))
+    finally:
+        gc.callbacks.remove(gc_clock)
+        blocks._PIECES.update(pieces)
+        for owner, name, raw in undo:
+            setattr(owner, name, raw)
+    labels = ["whole grid", *(p[0] for p in PHASES[:2]), "  builder's ops",
+              *(p[0] for p in PHASES[2:]), "garbage collector"]
+    return {k: 1e3 * float(np.median([r.get(k, 0.0) for r in runs])) for k in labels}
 
 
 def ddlsim_speed(grid, best: float) -> tuple[dict, object]:
@@ -263,6 +345,9 @@ def main() -> None:
                         help="runs of each tool, one of each in turn; the best counts (5)")
     parser.add_argument("--profile", action="store_true",
                         help="profile --repeats cold runs of the speed grid (cProfile) instead")
+    parser.add_argument("--phases", action="store_true",
+                        help="CPU time per phase of --repeats cold runs of the speed grid "
+                             "(medians, no profiler) instead")
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error(f"--repeats = {args.repeats}: give 1 or more runs")
@@ -270,6 +355,15 @@ def main() -> None:
     warnings.filterwarnings("ignore", ".*not modelled by ddlsim")
     if args.profile:
         profile_grid(args.repeats)
+        return
+    if args.phases:
+        CLOCK[0] = time.process_time
+        times = phase_times(args.repeats)
+        load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+        print(f"CPU ms per cold grid, median of {args.repeats} (load {load}); a phase "
+              "indented under another is part of it")
+        for label, ms in times.items():
+            print(f"  {label:34}{ms:8.1f}")
         return
     speed, frame, llm = speeds(args.repeats)
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
