@@ -68,7 +68,8 @@ class Nodes(NamedTuple):
     blocking: np.ndarray     # the receive is posted when the compute stream is free
     F0: np.ndarray           # F before the blocking shift (the gap accounting's)
     live: np.ndarray         # the node lies in its class's solvable prefix
-    flags: np.ndarray        # its block's bits (WAITS, AFTER, BLOCKING, NONE, SIDE, SENDS)
+    flags: np.ndarray        # its block's bits (WAITS, AFTER, BLOCKING, NONE, SIDE, SENDS,
+                             # RECEIVES)
 
 
 def nodes(programs: list) -> Nodes | None:
@@ -86,26 +87,30 @@ def nodes(programs: list) -> Nodes | None:
     key = cls * NB
     key += np.concatenate([p.block for p in programs])
     mb = np.concatenate([p.microbatch for p in programs], dtype=np.int64)
-    table = _table(summaries)
-    flags = np.take(_flags(summaries), key)
-    sent, got = sent_k[key], got_k[key]
     lowest = int(mb.min())       # message slots: (message, micro-batch) → node
     if lowest:
         mb -= lowest
     M = int(mb.max()) + 1
-    sending = np.flatnonzero(sent >= 0)
-    slot = (sent * M + mb)[sending]
-    # M slots more at the end: a node that receives nothing (got -1) reads one of them
-    where = np.full((n_msgs + 1) * M, -1, dtype=np.int64)
-    where[slot] = sending
-    if not np.array_equal(where[slot], sending):   # a message posted twice: not solved
-        return None
-    src = where[got * M + mb]
-    lim, live = _limits(off, flags & NONE > 0, got, src)
-    A, F, E = (np.take(table[i], key) for i in range(3))
+    # the per-key columns gathered a row per node (one copy per node for all of them); the
+    # extra last float row (zeros) is what a node that receives nothing reads as its transfer
+    floats, slots, flags_k = _table(summaries, sent_k, got_k, n_msgs, M)
+    rows = np.take(floats, np.append(key, len(summaries)), axis=0)
+    flags = np.take(flags_k, key)
+    # each message's slot holds its sender; a node that sends nothing writes to slot block
+    # n_msgs, one that receives nothing reads block n_msgs + 1 (never written: -1)
+    where = np.full((n_msgs + 2) * M, -1, dtype=np.int64)
+    slot = np.take(slots[0], key)
+    slot += mb
+    where[slot] = np.arange(N)
+    if np.count_nonzero(where[:n_msgs * M] >= 0) != np.count_nonzero(flags & SENDS):
+        return None              # a message posted twice: not solved
+    slot = np.take(slots[1], key, out=slot)
+    slot += mb
+    src = where[slot]
+    lim, live = _limits(off, flags, src)
+    A, F, E = np.ascontiguousarray(rows[:N, :3].T)
     waits, after, blocking = (flags & bit > 0 for bit in (WAITS, AFTER, BLOCKING))
-    dur = np.append(np.take(table[3], key), 0.0)   # each node's send; 0 read by src -1
-    t = dur[src]
+    t = rows[:, 3].take(src)     # the received message's transfer (src -1: the zero row)
     F0 = F
     if blocking.any():
         # a blocking receive's transfer starts at max(f, posted): the step is the scalar map
@@ -146,14 +151,14 @@ def _block_summaries(programs: list, NB: int) -> tuple[list, np.ndarray, np.ndar
             len(msgs))
 
 
-def _limits(off: np.ndarray, none: np.ndarray, got: np.ndarray,
+def _limits(off: np.ndarray, flags: np.ndarray,
             src: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(each class's prefix end, whether each node lies in its class's prefix). The end: its
-    first unsolvable step (``none``: no summary), its first step whose message is not sent
-    by a solvable step, or its first step whose message is sent beyond the sender's prefix
-    (``src``: the node whose message each node receives, -1 for none)."""
-    lim = _prefix(off, np.flatnonzero(none | ((got >= 0) & (src < 0))))
+    first unsolvable step (``NONE`` among its ``flags``: no summary), its first step whose
+    message is not sent by a solvable step, or its first step whose message is sent beyond
+    the sender's prefix (``src``: the node whose message each node receives, -1 for none)."""
     receives = src >= 0
+    lim = _prefix(off, np.flatnonzero((flags & NONE > 0) | ((flags & RECEIVES > 0) & ~receives)))
     while True:
         past = np.ones(len(src), dtype=bool)      # beyond its class's prefix
         for a, b in zip(off[:-1].tolist(), lim.tolist()):
@@ -166,24 +171,30 @@ def _limits(off: np.ndarray, none: np.ndarray, got: np.ndarray,
         lim = np.minimum(lim, _prefix(off, np.flatnonzero(beyond)))
 
 
-def _table(summaries: list) -> np.ndarray:
-    """Per key (columns), the rows A, F, E and the send's seconds (0: none) of its summary
-    (zeros for none)."""
-    rows = [(s.A, s.F, s.E, s.send.dur if s.send is not None else 0.0)
-            if s is not None else (0.0,) * 4 for s in summaries]
-    return np.ascontiguousarray(np.array(rows, dtype=float).reshape(len(summaries), 4).T)
+def _table(summaries: list, sent_k: np.ndarray, got_k: np.ndarray, n_msgs: int,
+           M: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per key (rows): its summary's A, F, E and send seconds (0: none; zeros for no
+    summary), with one more row of zeros; per key (columns), the first message slot of the message it sends
+    (``n_msgs · M`` for none) and of the one it receives (``(n_msgs + 1) · M`` for none);
+    its :func:`_flags`."""
+    none = (0.0,) * 4
+    floats = np.array([(s.A, s.F, s.E, s.send.dur if s.send is not None else 0.0)
+                       if s is not None else none for s in summaries] + [none], dtype=float)
+    slots = np.stack([np.where(sent_k >= 0, sent_k, n_msgs),
+                      np.where(got_k >= 0, got_k, n_msgs + 1)]) * M
+    return floats, slots, _flags(summaries)
 
 
 #: Bits of :func:`_flags` (``Nodes.flags``).
-WAITS, AFTER, BLOCKING, NONE, SIDE, SENDS = 1, 2, 4, 8, 16, 32
+WAITS, AFTER, BLOCKING, NONE, SIDE, SENDS, RECEIVES = 1, 2, 4, 8, 16, 32, 64
 
 
 def _flags(summaries: list) -> np.ndarray:
-    """Per key, its summary's ``waits``, ``after``, ``blocking`` and ``side`` and whether it
-    sends, as bits, or ``NONE``."""
+    """Per key, its summary's ``waits``, ``after``, ``blocking`` and ``side``, whether it
+    sends and whether it receives, as bits, or ``NONE``."""
     return np.array([NONE if s is None else WAITS * s.waits | AFTER * s.after
                      | BLOCKING * s.blocking | SIDE * s.side | SENDS * (s.send is not None)
-                     for s in summaries], dtype=np.uint8)
+                     | RECEIVES * (s.recv is not None) for s in summaries], dtype=np.uint8)
 
 
 def _prefix(off: np.ndarray, bad: np.ndarray) -> np.ndarray:
@@ -218,7 +229,9 @@ def solve(nd: Nodes) -> tuple[np.ndarray, np.ndarray] | None:
     lag -= P
     late = np.flatnonzero(nd.waits & ~nd.after & nd.live)  # posted before the message
     arrays = (src, ends, rm, post, P, lag, nd.A - nd.E, late, nd.E[late])
-    chains = [_Chain(nd, c, arrays) for c in range(C)]
+    longest = int((nd.lim - nd.off[:-1]).max())
+    scratch = (np.empty(longest), np.empty(longest, dtype=bool))
+    chains = [_Chain(nd, c, arrays, scratch) for c in range(C)]
     for reader, sender, ri, M, m in _reads(nd, src):
         chains[sender].readers.append((chains[reader], ri, M, m))
     settled = _sweeps([ch for ch in chains if ch.n], post)
@@ -258,7 +271,7 @@ class _Chain:
     local step indices) of the steps whose received messages changed since its last solve.
     Its arrays are views of the solver's, indexed by the class's step."""
 
-    def __init__(self, nd: Nodes, c: int, arrays: tuple):
+    def __init__(self, nd: Nodes, c: int, arrays: tuple, scratch: tuple):
         src, ends, rm, post, P, lag, AmE, late, Ee = arrays
         a, b = int(nd.off[c]), int(nd.lim[c])
         self.n = b - a
@@ -270,6 +283,7 @@ class _Chain:
         self.late, self.Ee = late[l0:l1] - a, Ee[l0:l1]
         self.lo, self.hi, self.L = self.n, -1, 0
         self.readers: list = []
+        self.new, self.diff = scratch    # (shared by the chains: one runs at a time)
 
     def grow(self, W: int) -> None:
         """Extend the solved prefix to the first ``W`` steps (the new ones join the window)."""
@@ -307,18 +321,19 @@ class _Chain:
         K = min(k + 1, L)            # a send posted early reads the previous step's end
         e = self.endz[lo + 1:K + 1]
         np.add(rm[lo:K], self.P[lo:K], out=e)
-        new = e - self.AmE[lo:K]
+        new = np.subtract(e, self.AmE[lo:K], out=self.new[:K - lo])
         if len(self.late):           # posted before the wait: previous end + E
             l0, l1 = self.late.searchsorted((lo, K)).tolist()
             li = self.late[l0:l1]
             new[li - lo] = self.endz[li] + self.Ee[l0:l1]
         old = self.post[lo:K]
-        diff = new != old
+        diff = np.not_equal(new, old, out=self.diff[:K - lo])
         first = int(diff.argmax())
         if not diff[first]:
             return False
         old[:] = new
-        g0, g1 = lo + first, K - 1 - int(diff[::-1].argmax())
+        g0 = lo + first              # the changed posts: g0..g1
+        g1 = K - 1 if diff[-1] else K - 1 - int(diff[::-1].argmax())
         for r, ri, M, m in self.readers:   # (positions are integers: <= g1 is < g1 + 1)
             if M is m:
                 i, j = M.searchsorted((g0, g1 + 1)).tolist()
