@@ -29,6 +29,9 @@ Reshard = Literal["always", "never", "not_with_pp", "not_with_pp_nor_last"]
 GradReduceDtype = Literal["param", "fp32", "fp32_if_bf16"]
 #: how a checkpointed block is recomputed (:mod:`ddlsim.workloads.decoder.early_stop`)
 Checkpoint = Literal["reentrant", "non_reentrant", "non_reentrant_early_stop"]
+#: when the model repeats K and V to the query heads before the attention core
+#: (:func:`ddlsim.simulator.kernels.repeat_kv.expands_kv`)
+RepeatKV = Literal["always", "unfused_kernels", "never"]
 #: how the stack hands kernels to the device (ddlsim/simulator/kernels/host.py)
 HostDispatch = Literal["eager", "compiled", "cuda_graphs"]
 
@@ -137,6 +140,15 @@ class KernelSpec(_Strict):
                                   "GEMM each, and autograd sums their input gradients "
                                   "(simulator/kernels/autograd.py); false: fused QKV and "
                                   "gated fc1 GEMMs (Megatron)")
+    repeat_kv: RepeatKV | None = Field(
+        default=None, description="under grouped-query attention the model repeats K and V "
+                                  "to the query heads before the attention core: always "
+                                  "(torchtitan's repeat_kv before SDPA), with the unfused "
+                                  "kernels only (Megatron-Core's local DotProductAttention; "
+                                  "its Transformer Engine path takes the K/V groups as they "
+                                  "are), or never; the core then saves them at the query "
+                                  "width, and a copy forward and a sum of their gradients "
+                                  "backward run per K and V (simulator/kernels/repeat_kv.py)")
     sp_layout_copy: StrictBool | None = Field(
         default=None, description="the stack's sequence-parallel all-gathers and "
                                   "reduce-scatters work on a non-leading dimension (DTensor "

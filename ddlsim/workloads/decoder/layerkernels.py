@@ -29,6 +29,7 @@ from ...simulator.kernels.elementwise import (backward_kernels, layer_elementwis
 from ...simulator.kernels.fp8recipe import (FP8_RECIPES, fp8_cast_kernels, fp8_gemm_variants,
                                                fp8_rescale_kernels)
 from ...simulator.kernels.gemm import gemm_kernels_backward
+from ...simulator.kernels.repeat_kv import expands_kv, repeat_kv_kernels
 from ..trace import Compute, Kernel
 from .fp8linear import fp8_sp_gather
 from .wgrad import into_main_grad, main_grad_bytes
@@ -52,9 +53,11 @@ def grad_bytes(cfg: Any) -> int:
 
 def activation_kinds(cfg: Any, recompute: str | None = None) -> dict[str, bool]:
     """Keywords of :meth:`DecoderShape.layer_activation_bytes` the run's stack and dtype set:
-    ``flash`` (FlashAttention keeps no ``s²`` tensor), ``fp8`` (1-byte GEMM inputs) and
+    ``flash`` (FlashAttention keeps no ``s²`` tensor), ``fp8`` (1-byte GEMM inputs),
     ``gathered_input`` (sequence-parallel linears keep their gathered inputs:
-    :func:`~ddlsim.simulator.kernels.dtensor.keeps_gathered_input` under ``recompute``).
+    :func:`~ddlsim.simulator.kernels.dtensor.keeps_gathered_input` under ``recompute``) and
+    ``repeat_kv`` (the core saves K and V repeated to the query heads:
+    :func:`~ddlsim.simulator.kernels.repeat_kv.expands_kv` of the run's model).
 
     Parameters
     ----------
@@ -67,12 +70,13 @@ def activation_kinds(cfg: Any, recompute: str | None = None) -> dict[str, bool]:
     Returns
     -------
     dict of str to bool
-        ``flash``, ``fp8`` and ``gathered_input``.
+        ``flash``, ``fp8``, ``gathered_input`` and ``repeat_kv``.
     """
     return {"flash": cfg.software.attention in FLASH_KINDS,
             "fp8": cfg.train.dtype == "fp8",
             "gathered_input": keeps_gathered_input(cfg.software,
-                                                   recompute or cfg.train.recompute)}
+                                                   recompute or cfg.train.recompute),
+            "repeat_kv": expands_kv(cfg.software, cfg.model.shape())}
 
 
 def linear_gemms(shape: Any, M: float, t: int, per_module: bool = False
@@ -150,7 +154,10 @@ def layer_kernels(shape: Any, sw: Any, b: int, s: int, t: int, sp: bool,
     """Kernels of one dense layer on one TP rank: ``attn`` (qkv, core, proj), ``mlp``
     (fc1, fc2), ``ew`` (element-wise), their backwards ``bwd.attn``, ``bwd.mlp``, ``bwd.ew``,
     ``recompute`` (what selective recomputation redoes: the attention core's forward,
-    Korthikanti et al. 2022 §5), and the GEMM ops' parts by module (``attn.qkv``,
+    Korthikanti et al. 2022 §5, with K/V's repeat where the stack repeats them),
+    ``repeat_kv`` (that repeat's kernels, :mod:`~ddlsim.simulator.kernels.repeat_kv`; also
+    in ``attn.qkv`` before the core and, as the gradients' sums, in ``bwd.attn.proj`` after
+    it), and the GEMM ops' parts by module (``attn.qkv``,
     ``attn.proj``, ``mlp.fc1``, …, ``bwd.attn.qkv``: :data:`MODULE_PARTS`); ``regather``:
     the backward gathers the linears' sequence-parallel inputs again
     (:func:`~ddlsim.simulator.kernels.dtensor.regathers_input`)."""
@@ -165,6 +172,9 @@ def layer_kernels(shape: Any, sw: Any, b: int, s: int, t: int, sp: bool,
                               window_share=shape.window_share, softmax_fp32=sw.softmax_in_fp32)
             for bwd in (False, True)]
     ew = layer_elementwise_kernels(shape, b, s, t, sp, dt, sw, od)
+    # K and V repeated to the query heads before the core, their gradients summed after it
+    rep = (repeat_kv_kernels(b * s, shape.heads / t, shape.g / t, shape.d, dt, od,
+                             bool(sw.compile)) if expands_kv(sw, shape) else ())
     mg = main_grad_bytes(sw, train_dtype)     # weight gradients into main_grad (.wgrad)
     fp8_gather = fp8_sp_gather(sw, gd, t, sp, shape)
 
@@ -184,13 +194,13 @@ def layer_kernels(shape: Any, sw: Any, b: int, s: int, t: int, sp: bool,
         # qkv and fc1 follow a norm (Megatron-Core's TELayerNormColumnParallelLinear); under
         # SP their inputs, and proj's and fc2's output gradients, are all-gathered (in FP8
         # under Transformer Engine: fp8recipe.fp8_cast_kernels)
-        "attn.qkv": lin(g["qkv"], False, True, "x") + core[0],
+        "attn.qkv": lin(g["qkv"], False, True, "x") + rep + core[0],
         "attn.proj": lin(g["proj"], False),
         "mlp.fc1": lin(g["fc1"], False, True, "x"),
         "mlp.fc2": lin(g["fc2"], False),
         "bwd.mlp.fc2": lin(g["fc2"], True, gathered="g"),
         "bwd.mlp.fc1": lin(g["fc1"], True, gathered="x") + sums[1],
-        "bwd.attn.proj": lin(g["proj"], True, gathered="g") + core[1],
+        "bwd.attn.proj": lin(g["proj"], True, gathered="g") + core[1] + rep,
         "bwd.attn.qkv": lin(g["qkv"], True, gathered="x") + sums[0],
     }
     # DTensor's layout copies around the sequence-parallel collectives (kernels/dtensor.py)
@@ -206,7 +216,8 @@ def layer_kernels(shape: Any, sw: Any, b: int, s: int, t: int, sp: bool,
         "bwd.mlp": parts["bwd.mlp.fc2"] + parts["bwd.mlp.fc1"],
         "bwd.attn": parts["bwd.attn.proj"] + parts["bwd.attn.qkv"],
         "bwd.ew": backward_kernels(ew),
-        "recompute": core[0],
+        "recompute": rep + core[0],
+        "repeat_kv": rep,
         **parts,
     }
 

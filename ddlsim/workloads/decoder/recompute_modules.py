@@ -253,7 +253,7 @@ def _mla_up_proj(shape: Any, ctx: LayerContext) -> float:
 
 def layer_bytes(shape: Any, modules: tuple[str, ...], sw: Any, b: int, s: int, t: int,
                 sp: bool, moe: bool, flash: bool = False, fp8: bool = False,
-                gathered_input: bool = False) -> float:
+                gathered_input: bool = False, repeat_kv: bool = False) -> float:
     """Activation bytes one layer keeps for its backward on one TP rank when ``modules``
     are recomputed (module docstring): the layer's bytes without recomputation (or with the
     attention core's, ``core_attn``) less what each other module frees.
@@ -272,7 +272,7 @@ def layer_bytes(shape: Any, modules: tuple[str, ...], sw: Any, b: int, s: int, t
         Sequence parallelism.
     moe : bool
         An MoE layer (else a dense one).
-    flash, fp8, gathered_input : bool
+    flash, fp8, gathered_input, repeat_kv : bool
         :func:`.layerkernels.activation_kinds`.
 
     Returns
@@ -282,7 +282,7 @@ def layer_bytes(shape: Any, modules: tuple[str, ...], sw: Any, b: int, s: int, t
     """
     base = "selective" if "core_attn" in modules else "none"
     kept = shape.layer_activation_bytes(b, s, t, sp, base, moe=moe, flash=flash, fp8=fp8,
-                                        gathered_input=gathered_input)
+                                        gathered_input=gathered_input, repeat_kv=repeat_kv)
     ctx = LayerContext(b, s, t, sp, moe, fp8, separate_norms(shape, sw, moe))
     return kept - sum(_applied(name, moe, modules) and RECOMPUTE_MODULES[name].freed(shape, ctx)
                       for name in modules)

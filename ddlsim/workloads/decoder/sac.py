@@ -101,7 +101,9 @@ def every_second_mm_op(shape: Any, kernels: dict, b: int, s: int, t: int, dtype:
     TP rank (module docstring): the forward's element-wise kernels (``kernels['ew']``; the
     last residual add left out where the stack's recomputation stops at the last tensor the
     backward saves, :func:`.early_stop.trims_tail`, ``sp``: sequence parallelism) and its
-    every-second ``mm`` (all linear GEMMs and the stack ``sw``'s FP8 casts under FP8)."""
+    every-second ``mm`` (all linear GEMMs and the stack ``sw``'s FP8 casts under FP8), and
+    the repeat of K and V to the query heads where the stack repeats them
+    (``kernels['repeat_kv']``: SDPA's inputs are recomputed, its output alone is saved)."""
     if train_dtype == "fp8":
         from ...simulator.kernels.fp8recipe import FP8_RECIPES
         from .layerkernels import _linear, linear_gemms
@@ -122,6 +124,7 @@ def every_second_mm_op(shape: Any, kernels: dict, b: int, s: int, t: int, dtype:
         from ...config_types import DTYPE_BYTES
         ew = without_last_add(ew, shape, b * s * shape.hidden / (t if sp else 1),
                               DTYPE_BYTES[dtype], sw, dtype)
+    ew += tuple(kernels.get("repeat_kv", ()))   # K/V's repeat feeds the core: not saved
     flops = sum(2.0 * k.shape[0] * k.shape[1] * k.shape[2] * k.batch
                 for k in gemms if k.kind == "gemm")
     nbytes = sum(k.bytes for k in ew + gemms if k.kind == "memory")

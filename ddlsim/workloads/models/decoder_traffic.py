@@ -68,7 +68,8 @@ class DecoderTraffic:
     # ------------------------------------------------------------------ activations
     def layer_activation_bytes(self, b: int, s: int, t: int, sp: bool, recompute: str,
                                *, moe: bool | None = None, flash: bool = False,
-                               fp8: bool = False, gathered_input: bool = False) -> float:
+                               fp8: bool = False, gathered_input: bool = False,
+                               repeat_kv: bool = False) -> float:
         """Activation bytes one layer keeps for backward on one TP rank (16-bit), after
         Korthikanti et al. 2022 adapted as the module docstring derives. ``flash``: no ``s²``
         tensor, a 4-byte log-sum-exp per query row and head; ``fp8``: TE keeps the inputs of
@@ -76,7 +77,10 @@ class DecoderTraffic:
         ``gathered_input``: under sequence parallelism the column-parallel GEMMs keep their
         all-gathered input, the whole sequence's ``sbh``, where Megatron keeps the ``sbh/t``
         shard (the QKV's, and a dense MLP's; PyTorch DTensor's autograd:
-        :func:`~ddlsim.simulator.kernels.dtensor.regathers_input` false)."""
+        :func:`~ddlsim.simulator.kernels.dtensor.regathers_input` false); ``repeat_kv``: the
+        attention core saves K and V repeated to the query heads (``q_width`` each, not
+        ``kv_width``: :func:`~ddlsim.simulator.kernels.repeat_kv.expands_kv`), except under
+        ``selective`` recomputation, whose checkpointed core keeps its inputs unrepeated."""
         sb, h = s * b, self.hidden
         if recompute == "full":
             return 2.0 * sb * h / (t if sp else 1)
@@ -85,6 +89,8 @@ class DecoderTraffic:
         if self.mla is not None:   # the normalised latents the up projections read
             replicated += 2 * sb * self.mla.latent_width()
         split = 4.0 * sb * (self.q_width + self.kv_width)       # Q, K, V, projection input
+        if repeat_kv and recompute != "selective":    # K and V as the core saves them
+            split += 4.0 * sb * (self.q_width - self.kv_width)
         if self._uniform(moe):
             k = self.top_k
             split += per_tok * sb * (k * self.f_e + self.shared_experts * self.f_s)

@@ -54,7 +54,36 @@ def torch_ring(part: Any) -> bool:
     return sw.cp_attention == "torch" and sw.attention in FLASH_KINDS
 
 
+def _repeat_kv(part: Any, ops: Any, name: str) -> None:
+    """Append the repeat of K and V to the query heads (before the core) or the sums of their
+    gradients (after its backward) on the rank's tokens, where the stack repeats them
+    (:mod:`~ddlsim.simulator.kernels.repeat_kv`; torchtitan repeats them before SDPA, the
+    ring included)."""
+    from ....simulator.kernels.repeat_kv import expands_kv, repeat_kv_kernels
+    sh = part.shape
+    if not expands_kv(part.sw, sh):
+        return
+    k = repeat_kv_kernels(part.tokens, sh.heads / part.size, sh.g / part.size, sh.d, part.dt,
+                          part.dtype, bool(part.sw.compile))
+    ops.add(Compute(name, 0.0, sum(x.bytes for x in k), kind="elementwise", dtype=part.dtype,
+                    kernels=k))
+
+
 def attention_forward(part: Any, ops: Any, tag: str) -> None:
+    """Append the attention core's forward (one op, a ring or a gather + op), after the
+    repeat of K and V where the stack repeats them."""
+    _repeat_kv(part, ops, f"{tag}.repeat_kv")
+    _core_forward(part, ops, tag)
+
+
+def attention_backward(part: Any, ops: Any) -> None:
+    """Append the attention core's backward, then the sums of the repeated K/V's gradients
+    where the stack repeats them."""
+    _core_backward(part, ops)
+    _repeat_kv(part, ops, "bwd.repeat_kv")
+
+
+def _core_forward(part: Any, ops: Any, tag: str) -> None:
     """Append the attention core's forward (one op, a ring or a gather + op)."""
     flops, cp = part.attn_core_flops(), part.cp
     if cp == 1:
@@ -82,7 +111,7 @@ def attention_forward(part: Any, ops: Any, tag: str) -> None:
                 deps=(prev,))
 
 
-def attention_backward(part: Any, ops: Any) -> None:
+def _core_backward(part: Any, ops: Any) -> None:
     """Append the attention core's backward (2 × forward FLOPs)."""
     flops, cp = 2 * part.attn_core_flops(), part.cp
     if cp == 1:
