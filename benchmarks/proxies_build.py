@@ -101,12 +101,12 @@ def measure(exe: Path, proxy: Proxy, n: int, repeats: int, cache: dict) -> list[
     list of float
         Seconds per iteration, as the proxy printed them, one per launch.
     """
-    from ddlsim.reference.loop import _check, _run, mpirun
+    from ddlsim.reference.mpijobs import check_job, mpirun, run_job
     key = (exe, n)
     if key not in cache:
         cache[key] = []
         for _ in range(repeats):
-            proc = _run(["nice", *mpirun(n), str(exe), *proxy.args], 1800)
-            _check(proc, f"mpirun -n {n} {exe.name}")
+            proc = run_job(["nice", *mpirun(n), str(exe), *proxy.args], 1800)
+            check_job(proc, f"mpirun -n {n} {exe.name}")
             cache[key].append(proc.stdout)
     return [float(re.search(proxy.line, out).group(1)) for out in cache[key]]

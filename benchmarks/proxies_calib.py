@@ -42,30 +42,31 @@ def calibrate(work: Path, names: list[str], ranks: int = 2, clock: str = "wall",
     ``clock``.
     A fit that ``calibrate fit`` refuses (a curve missing its own points by more than
     ``max_rel_rmse``: the machine's load) is measured again, ``attempts`` times at most."""
-    from ddlsim.reference.loop import COMM_STATISTIC, _check, _cores, _run, mpirun
+    from ddlsim.reference.loop import COMM_STATISTIC
+    from ddlsim.reference.mpijobs import check_job, cpu_cores, mpirun, run_job
     calls = {c for name in names if ranks in PROXIES[name].ranks
              for c in comm_calls(PROXIES[name], ranks)}
     ops = sorted({op for op, _ in calls} | {"sendrecv"})
     lo, hi = calibration_range([b for _, b in calls] or [8.0])
     csv, profile = work / f"mpi{ranks}.csv", work / f"profile{ranks}.yaml"
-    shared = ["--allow-shared-cores"] if ranks > _cores() else []
+    shared = ["--allow-shared-cores"] if ranks > cpu_cores() else []
     for attempt in range(1, attempts + 1):
         print(f"calibrating {', '.join(ops)} on {ranks} ranks, {lo} B - {hi} B, {clock} clock"
               f" (attempt {attempt}; {load()})", flush=True)
-        _check(_run(["nice", *mpirun(ranks), sys.executable, "-m", "ddlsim.calibration",
-                     "comm", "--backend", "mpi", "--ops", ",".join(ops), "--min-bytes",
-                     str(lo), "--max-bytes", str(hi), "--warmup", "2", "--reps", "20",
-                     "--clock", clock, "--no-progress", *shared, "-o", str(csv),
-                     "--force"], 1800),
-               "calibrate comm")
-        proc = _run([sys.executable, "-m", "ddlsim.calibration", "fit", str(csv), "-o",
-                     str(profile), "--statistic", COMM_STATISTIC, "--bootstrap", "0",
-                     "--max-rel-rmse", str(max_rel_rmse), "--force"], 300)
+        check_job(run_job(["nice", *mpirun(ranks), sys.executable, "-m", "ddlsim.calibration",
+                           "comm", "--backend", "mpi", "--ops", ",".join(ops), "--min-bytes",
+                           str(lo), "--max-bytes", str(hi), "--warmup", "2", "--reps", "20",
+                           "--clock", clock, "--no-progress", *shared, "-o", str(csv),
+                           "--force"], 1800),
+                  "calibrate comm")
+        proc = run_job([sys.executable, "-m", "ddlsim.calibration", "fit", str(csv), "-o",
+                        str(profile), "--statistic", COMM_STATISTIC, "--bootstrap", "0",
+                        "--max-rel-rmse", str(max_rel_rmse), "--force"], 300)
         if proc.returncode == 0:
             print("  fitted, relative RMS error: " + ", ".join(
                 f"{op} {100 * e:.1f} %" for op, e in fit_errors(profile).items()), flush=True)
-            _check(_run(["nice", sys.executable, "-m", "ddlsim.calibration", "first-touch",
-                         str(profile)], 300), "calibrate first-touch")
+            check_job(run_job(["nice", sys.executable, "-m", "ddlsim.calibration",
+                               "first-touch", str(profile)], 300), "calibrate first-touch")
             return profile
         print("  " + " ".join(proc.stderr.split())[:600], flush=True)
     raise RuntimeError(f"calibrate fit refused {attempts} calibrations; see above")

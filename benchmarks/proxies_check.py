@@ -63,8 +63,8 @@ DDLSIM = [sys.executable, "-m", "ddlsim.cli"]
 
 def _env() -> dict:
     """The closed loop's MPI environment (root allowed, one BLAS thread, yielding polls)."""
-    from ddlsim.reference.loop import _env as loop_env
-    return loop_env()
+    from ddlsim.reference.mpijobs import mpi_env
+    return mpi_env()
 
 
 def predict(proxy: Proxy, n: int, profile: Path | None,
@@ -305,10 +305,10 @@ def report(rows: list[dict]) -> None:
     warm = [r for r in rows if not PROXIES[r["proxy"]].cold]
     if len(warm) < len(rows):
         print("steady iterations only (no cold proxy): " + summary_line(warm, refused))
-    from ddlsim.reference.loop import _cores
+    from ddlsim.reference.mpijobs import cpu_cores
     free = []
     for row in warm:
-        reason = busy(row, _cores())
+        reason = busy(row, cpu_cores())
         if reason:
             print(f"{row['proxy']:>14} {row['ranks']} rank(s): not compared: {reason}")
         else:

@@ -24,8 +24,9 @@ import yaml
 import ddlsim
 from ddlsim.reference.gpt2 import GPT2, Adam, GPTShape
 from ddlsim.reference.interleaved import measured_s
-from ddlsim.reference.loop import (SMALL, STRATEGY_NAMES, _cores, _env, comm_ops, comm_sizes,
-                                   mpirun, run_loop, summary_line)
+from ddlsim.reference.loop import (SMALL, STRATEGY_NAMES, comm_ops, comm_sizes, mpirun,
+                                   run_loop, summary_line)
+from ddlsim.reference.mpijobs import cpu_cores, mpi_env
 from ddlsim.reference.train import check_plan
 
 try:
@@ -192,7 +193,7 @@ def test_each_update_trains_as_serial_training_on_the_mean_gradient(tmp_path, st
                                     str(tmp_path / "run.yaml"), "--iters", "2", "--warmup", "1",
                                     "--json", str(tmp_path / "r.json"), "--save-params",
                                     str(tmp_path / "p{rank}.npy")],
-                          capture_output=True, text=True, timeout=120, env=_env())
+                          capture_output=True, text=True, timeout=120, env=mpi_env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     want = _serial(GPTShape(1, 32, 2, 64, 16, 2), 2, 3)
     for rank in (0, 1):
@@ -208,14 +209,14 @@ def test_each_update_trains_as_serial_training_on_the_mean_gradient(tmp_path, st
 @pytest.mark.parametrize("program", ["train", "interleaved"])
 def test_more_ranks_than_cores_are_refused_naming_ranks_cores_and_the_option(tmp_path,
                                                                             program):
-    n = _cores() + 1
+    n = cpu_cores() + 1
     doc = SMALL.run_config(n, "ddp", {"preset": "cpu-10gbe", "nodes": 1,
                                       "devices_per_node": n})
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(doc))
     out = [str(tmp_path)] if program == "interleaved" else []
     proc = subprocess.run(mpirun(n) + [sys.executable, "-m", f"ddlsim.reference.{program}",
                                        *out, str(tmp_path / "run.yaml")],
-                          capture_output=True, text=True, timeout=120, env=_env())
+                          capture_output=True, text=True, timeout=120, env=mpi_env())
     assert proc.returncode != 0
     assert f"error: {n} ranks on this node share {n - 1} usable CPU cores" in proc.stderr
     assert "--allow-shared-cores" in proc.stderr and "Traceback" not in proc.stderr

@@ -18,13 +18,13 @@ ENV = mpi_env()
 
 def test_two_ranks_print_every_case_twice():
     pytest.importorskip("mpi4py")
-    from ddlsim.reference.loop import _env, mpirun
+    from ddlsim.reference.mpijobs import mpi_env as loop_env, mpirun
     try:
         cmd = mpirun(2)
     except FileNotFoundError:
         pytest.skip("mpirun is not installed")
     proc = subprocess.run([*cmd, sys.executable, str(SCRIPT), "--bytes", "262144",
-                           "--repeats", "2"], capture_output=True, text=True, env=_env(),
+                           "--repeats", "2"], capture_output=True, text=True, env=loop_env(),
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     cases = re.findall(r"^(recv fresh|recv warm|send fresh|send written): 262144 B, Recv wall "

