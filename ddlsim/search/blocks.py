@@ -42,9 +42,11 @@ class Pieces(NamedTuple):
     """Per plan, seconds on the compute stream of one micro-batch's pieces of a stage.
 
     ``fwd``/``bwd``: one transformer layer (the backward with its recomputation, gradient
-    accumulation and overlapped TP collectives); ``emb``: the embedding; ``head_f``/``head_b``:
-    the output head and loss; ``gather``: the all-gather after a received activation (0 where
-    nothing is gathered); ``p2p_bytes``: bytes each rank sends to the next stage;
+    accumulation and overlapped TP collectives); ``emb``: the embedding; ``emb_b``/``emb_b1``:
+    its backward on a first stage without and with the output layer (PP = 1, where a tied
+    weight's two gradients meet: :mod:`~ddlsim.workloads.decoder.embedding_grad`);
+    ``head_f``/``head_b``: the output head and loss; ``gather``: the all-gather after a
+    received activation (0 where nothing is gathered); ``p2p_bytes``: bytes each rank sends to the next stage;
     ``fwd_gemm``/``bwd_gemm``/``emb_gemm``/``head_gemm``: FLOPs of the GEMMs of one layer's
     forward and backward, of the embedding and of the head's forward
     (:func:`~ddlsim.workloads.smcontention.gemm_flops`), which lose SMs beside overlapped
@@ -54,6 +56,8 @@ class Pieces(NamedTuple):
     fwd: np.ndarray
     bwd: np.ndarray
     emb: np.ndarray
+    emb_b: np.ndarray
+    emb_b1: np.ndarray
     head_f: np.ndarray
     head_b: np.ndarray
     gather: np.ndarray
@@ -197,6 +201,8 @@ _PIECES = {
     "fwd": lambda sb: sb.layer_ops(False, 1),
     "bwd": lambda sb: sb.layer_ops(True, 1),
     "emb": lambda sb: as_ops(sb.embedding_forward()),
+    "emb_b": lambda sb: as_ops(sb.embedding_backward(False)),
+    "emb_b1": lambda sb: as_ops(sb.embedding_backward(True)),
     "head_f": lambda sb: as_ops(sb.head_forward()),
     "head_b": lambda sb: as_ops(sb.head_backward()),
     "gather": lambda sb: sb.gather_ops("act"),
@@ -223,6 +229,7 @@ def _piece_keys(sb, mbs: int, tp: int, sp: bool, recompute: str, zero: int) -> d
     edges = ("edges", *base)
     return {"fwd": ("fwd", *base, regathers_input(sb.sw, recompute)),
             "bwd": ("bwd", *base, recompute), "emb": ("emb", *edges),
+            "emb_b": ("emb_b", *edges), "emb_b1": ("emb_b1", *edges),
             "head_f": ("head_f", *edges), "head_b": ("head_b", *edges),
             "gather": ("gather", *edges)}
 

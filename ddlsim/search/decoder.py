@@ -34,7 +34,7 @@ from .family import StageCosts, register_vector_family
 from .kerneltimes import kernel_times
 from .netcost import collective_seconds, mesh_networks
 from .plans import RECOMPUTE
-from .pipeline import earlier_chunks, flow_shop_tail
+from .pipeline import earlier_chunks, flow_shop_last, flow_shop_tail
 from .smtaken import extra_seconds, nccl_ctas, sm_taken
 from .blocks import piece_config, stage_pieces
 from ..workloads.decoder import param_gather
@@ -149,7 +149,7 @@ class DecoderVectors:
         F, B = v * lc * fwd, v * lc * bwd
         one = pp == 1
         fwd_first = F + emb + np.where(one, head_f, (v - 1) * gather)
-        bwd_first = B + np.where(one, head_b, v * gather)
+        bwd_first = B + np.where(one, head_b + pieces.emb_b1, v * gather + pieces.emb_b)
         fwd_last = np.where(one, fwd_first, F + v * gather + head_f)
         bwd_last = np.where(one, bwd_first, B + (v - 1) * gather + head_b)
         mid = pp >= 3
@@ -162,9 +162,11 @@ class DecoderVectors:
         sm = sm_taken(ctx, pieces.fwd_gemm, pieces.bwd_gemm, ctas)[1]
         first_params = self.stage_params(ctx, plans, True)
         active = self._gather_active(ctx, plans)   # asked once for the three gathers below
-        upd_f, tail_f = self._update(ctx, plans, first_params, bwd, coll, sm, active)
+        emb_b = np.where(one, pieces.emb_b1, pieces.emb_b)   # before the last bucket's sync
+        upd_f, tail_f = self._update(ctx, plans, first_params, bwd, coll, sm, active,
+                                     emb=emb_b)
         upd_l, tail_l = self._update(ctx, plans, self.stage_params(ctx, plans, False), bwd, coll,
-                                     active=active, first=False)
+                                     active=active, first=False, emb=np.where(one, emb_b, 0.0))
         # overlap_param_gather: stage 0's first forward block waits for the rest of the gather
         rest = self._gathered(ctx, plans, first_params * dt, active)[1]
         first_block = lc * fwd + emb + np.where(one & (v == 1), head_f, 0.0)
@@ -222,11 +224,14 @@ class DecoderVectors:
         return stream_times(ctx.step_s * n, (n > 0).astype(float), ctx.dev.launch)
 
     def _update(self, ctx: _Context, plans, params, bwd_layer, coll, sm=None, active=None,
-                first: bool = True):
+                first: bool = True, emb=0.0):
         """(update block, data-parallel tail) of a stage holding ``params`` per rank;
         ``sm(C, layers)``: a run of backward layers' extra seconds beside ``C`` seconds of
         overlapped buckets (:func:`.smtaken.sm_taken`; None: not charged); ``active``:
-        :meth:`_gather_active` when the caller has it."""
+        :meth:`_gather_active` when the caller has it; ``emb``: seconds of the embedding's
+        backward, which the stage's backward counts after its layers and which the last
+        overlapped bucket waits for (:meth:`~ddlsim.workloads.decoder.chunks.ChunkOps.
+        _chunk_backward`): the tail is taken from its end."""
         dp, zero, v = plans["dp"], plans["zero"], plans["v"]
         grad = params * ctx.gdt
         sharded = (zero > 0) & (dp > 1)
@@ -268,9 +273,12 @@ class DecoderVectors:
             backlog = earlier_chunks(v, plans["pp"] * lc * bwd_layer, n_seg * d, lc, n_seg,
                                      bwd_layer)
             shift = np.where(lead, run, 0.0)
-            tail = flow_shop_tail(lc, n_seg, bwd_layer, d, backlog=backlog - shift,
-                                  extra=(extra[0] + shift, extra[1] + shift))
+            runs = (extra[0] + shift, extra[1] + shift)
+            tail = flow_shop_tail(lc, n_seg, bwd_layer, d, backlog=backlog - shift, extra=runs)
             tail += np.where(lead, run, 0.0)
+            # the embedding's backward delays the last run's buckets alone (flow_shop_last)
+            tail = np.where(lead, np.maximum(tail - emb, flow_shop_last(lc, n_seg, d, runs)
+                                             + shift), tail)
         else:
             n = buckets(grad, bucket)
             per_bucket = grad / n

@@ -24,7 +24,7 @@ import numpy as np
 
 from .plans import SCHEDULE
 
-__all__ = ["flow_shop_tail", "earlier_chunks", "iteration_time"]
+__all__ = ["flow_shop_tail", "flow_shop_last", "earlier_chunks", "iteration_time"]
 
 
 def flow_shop_tail(layers, segments, layer_s, comm_s, backlog=None, extra=None) -> np.ndarray:
@@ -53,6 +53,18 @@ def flow_shop_tail(layers, segments, layer_s, comm_s, backlog=None, extra=None) 
         first = (q + np.minimum(r, 1)) * layer_s
         best = np.maximum(best, np.maximum(backlog, first) + n * comm_s)
     return np.maximum(best - layers * layer_s, 0.0)
+
+
+def flow_shop_last(layers, segments, comm_s, extra=None) -> np.ndarray:
+    """Seconds past the end of the backward's layers at which the last run's buckets end when
+    nothing else holds them back: :func:`flow_shop_tail`'s ``k = n`` term (every run's
+    ``extra``, then the last run's ``comm_s``). Compute that runs between the last run's
+    layers and its buckets (the embedding's backward) delays this term alone."""
+    n = np.asarray(segments, dtype=float)
+    r = np.mod(layers, n)
+    e_long, e_short = (0.0, 0.0) if extra is None else extra
+    return (np.maximum(np.minimum(n, r) - 1, 0) * e_long
+            + np.maximum(n - np.maximum(r, 1), 0) * e_short + comm_s)
 
 
 def earlier_chunks(v, spacing_s, chunk_comm_s, layers, segments, layer_s) -> np.ndarray:

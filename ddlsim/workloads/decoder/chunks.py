@@ -103,7 +103,7 @@ class ChunkOps(StageBase):
                         sync_ops: list[Op] | None) -> list[Op]:
         """The chunk's backward (``n_moe`` as :meth:`_chunk_forward`): receive (or the head's
         backward), layers (overlapping the gradient sync when ``sync_ops`` is given and not
-        empty), send of the input gradient."""
+        empty), send of the input gradient (or the embedding's backward)."""
         k = chunk * self.pp + stage
         Lc = self.split[stage][chunk]
         offset = sum(self.split[stage][:chunk])    # the rank's layers before this chunk
@@ -113,13 +113,16 @@ class ChunkOps(StageBase):
         else:
             ops += self.cached(("head.bwd",), lambda: as_ops(self.head_backward()))
         start = len(ops)
+        # the input embedding's weight gradient (.embedding_grad), in the last bucket
+        emb = tuple(self.cached(("embedding.bwd",), lambda: as_ops(
+            self.embedding_backward()))) if k == 0 else ()
         if sync_ops:
             # the first stage's first chunk's buckets (dense and expert) get their DDP
             # passes and host waits here (.dpsync.GradSyncOps.bucket_pass_ops)
             ops += self._overlapped_layers(sync_ops, start, Lc, offset, passes=(
-                stage == 0 and chunk == 0))
+                stage == 0 and chunk == 0), after=emb)
         else:
-            ops += self.layer_ops(True, Lc, n_moe, offset)
+            ops += [*self.layer_ops(True, Lc, n_moe, offset), *emb]
         if ops[:start] and len(ops) > start:
             ops[start] = self._after(ops[start], start - 1)
         if k > 0:

@@ -329,7 +329,8 @@ def _chunk_parts(b, stage: int, chunk: int, blocks: dict) -> dict:
 def _body(b, parts_f: dict, parts_b: dict, delay: bool) -> tuple[Op, ...]:
     """The combined step's own ops: both receives waited for, the forward's pre-process, the
     backward's post-process (head backward), the layer pairs, the leftover layers, then the
-    forward's post-process (head forward) after its last combine."""
+    forward's post-process (head forward) after its last combine and the backward's
+    pre-process (the embedding's backward, :mod:`.embedding_grad`)."""
     ops: list[Op] = [Op(Wait("combined.recv", "pp"))]
     for pre in (parts_f["f"]["pre"], parts_b["b"]["pre"]):
         base = len(ops)
@@ -346,9 +347,11 @@ def _body(b, parts_f: dict, parts_b: dict, delay: bool) -> tuple[Op, ...]:
             for i, (f, bw) in enumerate(pairs[:k])]
     _merge(order, ops, cont, wait_on_comm=b.moe.dispatcher == "flex")
     ops.append(Op(Wait("combined.join", "ep")))
-    base = len(ops)
-    ops += [Op(o.payload, o.stream, tuple(d + base for d in o.deps), o.repeat)
-            for o in parts_f["f"]["post"]]
+    # the head's forward, then the embedding's backward (Megatron-LM d7288711
+    # model_chunk_schedule_plan.py lines 526-531: post_process.forward, pre_process.backward)
+    for post in (parts_f["f"]["post"], parts_b["b"]["post"]):
+        base = len(ops)
+        ops += [Op(o.payload, o.stream, tuple(d + base for d in o.deps), o.repeat) for o in post]
     return tuple(ops)
 
 

@@ -166,17 +166,22 @@ class GradSyncOps(StageBase):
         return self.plan.bucket_bytes(stage, chunk)
 
     def _overlapped_layers(self, sync_ops: list[Op], start: int, layers: int,
-                           offset: int = 0, passes: bool = False) -> list[Op]:
+                           offset: int = 0, passes: bool = False,
+                           after: tuple[Op, ...] = ()) -> list[Op]:
         """The chunk's ``layers`` backward layers split into bucket segments; after each
         segment its gradients' collective is issued on the dp stream (PyTorch DDP buckets,
         overlap with backward). ``offset``: the rank's layers before the chunk; ``passes``:
-        each segment's buckets' passes and host waits before it (:meth:`bucket_pass_ops`)."""
+        each segment's buckets' passes and host waits before it (:meth:`bucket_pass_ops`);
+        ``after``: compute ops whose gradients the last bucket holds too, run after the last
+        segment's layers and before its collective (the input embedding's backward: the
+        first parameter is in the last bucket, buckets being filled in reverse order)."""
         key = ("overlapped", tuple((o.payload, o.repeat) for o in set(sync_ops)), len(sync_ops),
-               start, layers, offset, passes)
-        return self.cached(key, lambda: self._segments(sync_ops, start, layers, offset, passes))
+               start, layers, offset, passes, after)
+        return self.cached(key, lambda: self._segments(sync_ops, start, layers, offset, passes,
+                                                       after))
 
     def _segments(self, sync_ops: list[Op], start: int, layers: int, offset: int,
-                  passes: bool) -> list[Op]:
+                  passes: bool, after: tuple[Op, ...] = ()) -> list[Op]:
         w = max(1, len({o.stream for o in sync_ops}))   # per segment: dense [and expert]
         f, n_seg = self.period, len(sync_ops) // w
         periods = layers // f
@@ -192,6 +197,8 @@ class GradSyncOps(StageBase):
                 extra = beside(f"dp.run{seg}", run,
                                [(o.payload, o.repeat) for o in prev], self.dtype)
                 ops += [extra] if extra is not None else []
+            if seg == n_seg - 1:
+                ops += after
             if passes:   # each bucket's passes and the host's NaN check before it
                 ops += self.bucket_pass_ops(sync_ops[w * seg:w * seg + w])
             last = start + len(ops) - 1

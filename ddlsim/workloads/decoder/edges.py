@@ -17,7 +17,8 @@ __all__ = ["EdgeOps"]
 
 
 class EdgeOps(StageBase):
-    """Embedding lookup, logits GEMM, loss, and their backward."""
+    """Embedding lookup, logits GEMM, loss, and their backward (the lookup's:
+    :mod:`.embedding_grad`)."""
 
     def embedding_forward(self) -> list:
         if self.structured:
@@ -27,6 +28,21 @@ class EdgeOps(StageBase):
         if self.tp > 1:  # vocab-parallel embedding: all-reduce of the looked-up rows
             ops.append(Collective("embedding.ar", "all_reduce", "tp", self.act_bytes))
         return ops
+
+    def embedding_backward(self, with_head: bool | None = None) -> list:
+        """The input embedding's backward and the accumulation of its weight gradient
+        (:func:`.embedding_grad.embedding_backward_op`) on the rank's tokens (the lookup's
+        rows: ``b·s``, split as the partitioner splits the lookup's output); ``with_head``:
+        whether the rank holds the output layer too (default: PP = 1), which a tied weight
+        shares."""
+        from .embedding_grad import embedding_backward_op
+        with_head = self.pp == 1 if with_head is None else with_head
+        split = self.part.embedding_split if self.structured else 1
+        return [embedding_backward_op(
+            self.b * self.s / split, self.shape.vocab / self.part.param_split,
+            self.shape.hidden, self.dt, self.gdt, self.dtype, self.sw,
+            self.tp if self.plan.tp_mode == "1d" else 1,
+            bool(with_head and self.shape.tied_embeddings))]
 
     def final_norm(self, backward: bool) -> Compute:
         """The final norm before the output head on the rank's tokens: ``s/cp`` positions,

@@ -137,6 +137,10 @@ class StageBase:
         """The embedding's forward (:class:`.edges.EdgeOps`)."""
         raise NotImplementedError
 
+    def embedding_backward(self, with_head: bool | None = None) -> list:
+        """The embedding's backward (:class:`.edges.EdgeOps`)."""
+        raise NotImplementedError
+
     def head_forward(self) -> list:
         """The final norm, head and loss (:class:`.edges.EdgeOps`)."""
         raise NotImplementedError

@@ -47,7 +47,7 @@ from ...config import DTYPE_BYTES
 from ...simulator.kernels.gemm import gemm_bytes
 from ..trace import Kernel
 
-__all__ = ["main_grad_bytes", "into_main_grad", "accumulate_pass_bytes"]
+__all__ = ["main_grad_bytes", "into_main_grad", "accumulate_pass_bytes", "hook_accumulate_bytes"]
 
 
 def main_grad_bytes(sw: Any, train_dtype: str) -> int:
@@ -123,6 +123,26 @@ def accumulate_pass_bytes(sw: Any, dt: float, gdt: float) -> float:
     """
     if sw.gradient_accumulation_fusion:
         return 0.0
+    return hook_accumulate_bytes(sw, dt, gdt)
+
+
+def hook_accumulate_bytes(sw: Any, dt: float, gdt: float) -> float:
+    """:func:`accumulate_pass_bytes` of a weight whose gradient no GEMM accumulates: one that
+    autograd hands to the stack's hook as a fresh 16-bit ``param.grad`` whatever
+    ``gradient_accumulation_fusion`` says (the input embedding: :mod:`.embedding_grad`).
+
+    Parameters
+    ----------
+    sw : Software
+        the resolved software stack.
+    dt, gdt : float
+        bytes per element of the training dtype and of the gradient buffer.
+
+    Returns
+    -------
+    float
+        bytes moved per parameter and micro-batch, the fresh gradient's write included.
+    """
     if sw.zero3_implementation == "megatron_fsdp":   # ZeRO-3 only (its check)
         return 2 * dt + gdt
     return 2 * dt + 2 * gdt
