@@ -178,7 +178,7 @@ class DecoderVectors:
         taken = extra_seconds(ctx, first_gemm, g, ctas)
         delay = np.maximum(g - first_block, taken) * late
         upd_f, upd_l = upd_f + delay, upd_l + delay
-        whole = self._zero3(ctx, plans, (emb, fwd, head_f, head_b, bwd), coll,
+        whole = self._zero3(ctx, plans, (emb, fwd, head_f, head_b, bwd, pieces.emb_b1), coll,
                             (pieces.fwd_gemm, pieces.bwd_gemm, ctas))
         # Megatron turns overlap_p2p_comm off without the interleaved schedule
         blocking = (v == 1) | (not ctx.cfg.software.overlap_p2p_comm)
@@ -305,8 +305,10 @@ class DecoderVectors:
         micro-batches repeat the third's period; then the optimizer on the 1/DP shard.
         ``gemm``: (a layer's forward and backward GEMM FLOPs, NCCL's channels on ``dp``)
         per plan: per-layer gathers take the layers' SMs as the builder's contention ops do
-        (:mod:`ddlsim.workloads.smcontention`)."""
-        e, f, hf, hb, bw = parts
+        (:mod:`ddlsim.workloads.smcontention`). ``parts``: the pieces' seconds (embedding,
+        layer forward, head forward and backward, layer backward, the embedding's backward
+        on a PP = 1 rank, which FSDP's root unit computes before its reduce-scatter)."""
+        e, f, hf, hb, bw, eb = parts
         dp = plans["dp"]
         m = plans["gbs"] // np.maximum(plans["mbs"] * np.maximum(dp, 1), 1)
         on = (plans["zero"] == 3) & (dp > 1)
@@ -323,7 +325,7 @@ class DecoderVectors:
             out[on] = zero3_time(ctx.shape.layers, sw.zero3_prefetch_layers, m[on],
                                  tuple(_take(x, on) for x in (e, f, hf, hb, bw)),
                                  _take(a, on), _take(r, on), sm,
-                                 root_unit(ctx, plans, on, coll))   # .zero3_edges
+                                 root_unit(ctx, plans, on, coll, _take(eb, on)))
         else:
             full = plans["recompute"] == RECOMPUTE.index("full")
             fwd_u, rec_u, bwd_u = self._module_units(ctx, plans, on, coll, full)

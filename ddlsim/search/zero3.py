@@ -114,9 +114,10 @@ def zero3_time(L: int, k: int, m, parts, a, r, sm=None, root=None) -> np.ndarray
     sm : (forward, backward) functions or None
         A layer's extra seconds beside ``C`` seconds of collectives (NCCL's SMs taken from
         its GEMMs, :mod:`ddlsim.workloads.smcontention`).
-    root : (arrays, arrays) or None
+    root : (arrays, arrays, arrays) or None
         Seconds of FSDP's root unit's all-gather, before the embedding, and reduce-scatter,
-        after the backward (:mod:`ddlsim.workloads.decoder.fsdp_edges`); None: no root unit.
+        after the backward, and of the embedding's backward, the root unit's compute before
+        its reduce-scatter (:mod:`ddlsim.workloads.decoder.fsdp_edges`); None: no root unit.
     """
     e, f, hf, hb, bw = parts
     sm_f, sm_b = (None, None) if sm is None else sm
@@ -124,7 +125,10 @@ def zero3_time(L: int, k: int, m, parts, a, r, sm=None, root=None) -> np.ndarray
     def micro_batch(c, d):
         c, d = _pass(c, d, e, f, a, r, L, k, False, sm_f, None if root is None else root[0])
         c, d = _pass(c + hf, d, hb, bw, a, r, L, k, True, sm_b)
-        return c, d if root is None else np.maximum(d, c) + root[1]
+        if root is None:
+            return c, d
+        c = c + root[2]
+        return c, np.maximum(d, c) + root[1]
 
     return _over_micro_batches(m, np.zeros_like(np.asarray(a, dtype=float)), micro_batch, 2)
 

@@ -111,7 +111,7 @@ def price_reduces(ctx, plans, here, coll, u: Unit, red, synced: bool) -> None:
     u.has_reduce[here] = bool(red)
 
 
-def root_unit(ctx, plans, on, coll):
+def root_unit(ctx, plans, on, coll, emb_backward=0.0):
     """The collectives of FSDP's root unit (the embedding, final norm and output layer on a
     rank, :func:`~ddlsim.workloads.decoder.builder.with_edges` of no layer) where the stack
     wraps the edges so (:func:`ddlsim.workloads.decoder.fsdp_edges.layout` ``edges``).
@@ -125,16 +125,21 @@ def root_unit(ctx, plans, on, coll):
         Per plan, whether it is a ZeRO-3 plan the unit is priced for.
     coll : callable
         ``coll(op, group, bytes, mask)``: a collective's seconds per plan.
+    emb_backward : numpy.ndarray or float
+        Seconds of the embedding's backward at the plans ``on``: the root unit's compute in
+        the backward (:func:`~ddlsim.workloads.decoder.fsdp_edges.backward_edges`).
 
     Returns
     -------
-    (numpy.ndarray, numpy.ndarray) or None
+    (numpy.ndarray, numpy.ndarray, numpy.ndarray) or None
         Seconds of the root's all-gather (parameter dtype) and reduce-scatter (reduce
-        dtype) at the plans ``on``, in their order; None where the stack has no root unit.
+        dtype) and of its backward's compute at the plans ``on``, in their order; None where
+        the stack has no root unit.
     """
     if layout(ctx.cfg.software) != "edges":
         return None
     root = with_edges(ctx.shape, plans["tp"].astype(float), 0.0, True, True, 1)
     gather = coll("all_gather", "dp", root * ctx.dt, on)
     reduce = coll("reduce_scatter", "dp", root * ctx.gdt, on)
-    return (np.broadcast_to(gather, on.shape)[on], np.broadcast_to(reduce, on.shape)[on])
+    return (np.broadcast_to(gather, on.shape)[on], np.broadcast_to(reduce, on.shape)[on],
+            np.broadcast_to(emb_backward, (int(on.sum()),)))

@@ -102,3 +102,31 @@ def test_pp1_tied_variant_is_built_and_charged(engine, monkeypatch):
     microbatches = 1   # global batch 8, micro-batch 1, DP 8
     floor = op.bytes / cfg.system.device.memory_bandwidth_Bps
     assert with_op - without >= microbatches * floor
+
+
+@pytest.mark.parametrize("stack", ["megatron-core-2024", "torchtitan-2024"])
+def test_fsdp_root_unit_computes_it_in_both_tiers(stack, monkeypatch):
+    # ZeRO-3 with FSDP's root unit (FSDP1 / torchtitan 9dec370): the embedding's backward is
+    # the root unit's compute, before its reduce-scatter; one node, so it is exposed, and the
+    # search tier's recurrence (search/zero3.py) times it as the exact engine does
+    from ddlsim.search.evaluate import evaluate_grid
+    from ddlsim.search.spec import Constraints
+    from ddlsim.workloads.decoder.edges import EdgeOps
+
+    data = _run(stack=stack, tied=False)
+    data["parallel"] = {"zero_stage": 3}
+
+    def both() -> tuple[float, float]:
+        exact = ddlsim.predict(ddlsim.load_config(data), check_fit=False).iteration_time_s
+        frame = evaluate_grid(data, None, [], {"parallel.zero_stage": [3]}, Constraints()).frame
+        return float(frame["iteration_time_s"].iloc[0]), exact
+
+    ops = [o.payload.name for o in ddlsim.build_workload(
+        ddlsim.load_config(data)).classes[0].program.blocks["B0"].flat.ops]
+    assert ops[-1] == "grad.reduce_scatter.root"
+    assert ops.index("bwd.embedding") > max(i for i, n in enumerate(ops) if n == "bwd.attn")
+    search, exact = both()
+    assert search == pytest.approx(exact, rel=1e-9)
+    monkeypatch.setattr(EdgeOps, "embedding_backward", lambda self, with_head=None: [])
+    search0, exact0 = both()
+    assert search0 == pytest.approx(exact0, rel=1e-9) and exact > exact0 * 1.001

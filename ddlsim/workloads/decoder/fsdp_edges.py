@@ -89,8 +89,8 @@ def forward_edges(b: Any, embedding: list, units: list, head: list) -> tuple[lis
 def backward_edges(b: Any, head: list, units: list) -> tuple[list, list]:
     """(ops before the pass's units, its units) of the backward over the layers' ``units``
     after the ``head`` ops: the edges' gathers where resharded and their reduce-scatters
-    (module docstring); the embedding's backward is no op of the trace, so its unit computes
-    nothing (a marker on the compute stream that the backward has ended)."""
+    (module docstring); the embedding's unit computes the embedding's backward
+    (:mod:`.embedding_grad`)."""
     kind = layout(b.sw)
     if kind == "none":
         return head, units
@@ -99,10 +99,9 @@ def backward_edges(b: Any, head: list, units: list) -> tuple[list, list]:
         return [], hook_units(b, head, units, [], True)
     from .fsdp import fsdp_unit
     from .megatron_fsdp import edge_params
-    from ..trace import Wait
     head_p, emb_p = edge_params(b)
     policy = b.sw.zero3_reshard_after_forward
-    end = [Wait("zero3.embedding_backward", "compute")]
+    end = b.embedding_backward()
     if kind == "edges":
         return head, [*units, fsdp_unit(b, end, emb_p + head_p, False, True, ".root")]
     return [], [fsdp_unit(b, head, head_p, policy == "always", True, ".head"), *units,
