@@ -73,6 +73,12 @@ class DeviceSpec(_Strict):
     gemm_overhead: "GemmOverheadSpec | None" = Field(
         default=None, description="a GEMM kernel's fixed device time (docs/compute.md, GEMMs "
                                   "by shape); unset: none")
+    gemm_epilogue: Literal["serialized", "overlapped"] | None = Field(
+        default=None, description="serialized: a GEMM kernel runs each tile's epilogue after "
+                                  "its main loop, one tile per SM, so a GEMM accumulating into "
+                                  "a wider buffer pays its extra epilogue bytes per wave "
+                                  "(docs/compute.md); overlapped or unset: only in its memory "
+                                  "roofline")
     power_limit_W: Annotated[Real, Field(gt=0, le=10000)] | None = Field(
         default=None, description="board power limit, W (datasheet TDP); dense GEMMs on random "
                                   "data run at the clock it allows (docs/compute.md)")

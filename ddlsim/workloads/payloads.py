@@ -31,6 +31,9 @@ class Kernel:
     A ``gemm`` with ``bytes`` set moves those in its memory roofline instead of its operands'
     (an implicit-GEMM convolution, :mod:`ddlsim.workloads.resnet.kernels`; a weight gradient
     accumulating into ``main_grad``, :mod:`ddlsim.workloads.decoder.wgrad`); 0: its operands'.
+    ``accumulate_bytes``: a ``gemm`` that accumulates into a buffer (``β = 1``), the buffer's
+    bytes per element, which its epilogue reads and writes (:mod:`.decoder.wgrad`); 0: it
+    writes a fresh output.
     """
 
     kind: Literal["gemm", "flash", "memory"]
@@ -40,6 +43,7 @@ class Kernel:
     bytes: float = 0.0
     dtype: str = "bf16"
     variant: str = ""
+    accumulate_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         if self.kind not in ("gemm", "flash", "memory"):

@@ -10,6 +10,9 @@ From ``system.device`` (ddlsim/data/systems.yaml cites each preset's values):
   ``system.compute_efficiency``, when the user sets it, overrides it for every dtype (an
   explicit override, e.g. a calibrated figure);
 * ``sm_count`` — for the wave quantisation of GEMMs;
+* ``gemm_epilogue`` — ``serialized`` where a GEMM kernel runs each tile's epilogue after its
+  main loop, one tile per SM: a GEMM accumulating into a wider buffer then pays the extra
+  epilogue bytes per wave (:mod:`.gemm`); ``overlapped`` or unset: in its memory roofline only;
 * ``memory_efficiency`` — achieved / datasheet memory bandwidth of streaming kernels;
 * ``elementwise_efficiency[class]`` — the same for the element-wise kernels of a class that
   published kernel tables or a microbenchmark time apart
@@ -45,7 +48,7 @@ from ...workloads.trace import Compute, Kernel
 from .attention import parse_flash_variant
 from .attention_measured import measured_efficiency
 from .fp8recipe import fp8_gemm_efficiency, fp8_pass_efficiency
-from .gemm import GemmOverhead, gemm_time
+from .gemm import GemmOverhead, epilogue_increment_bytes, gemm_time
 from .host import NO_LAUNCH, Launch, launch_costs, stream_time
 from .power import attention_scale, sustained_rates
 
@@ -84,6 +87,9 @@ class KernelDevice:
     #: (class, achieved B/s) of the element-wise kernel classes the device measured
     #: (``device.elementwise_efficiency``, :data:`.elementwise.ELEMENTWISE_CLASSES`)
     elementwise_Bps: tuple[tuple[str, float], ...] = ()
+    #: whether a GEMM kernel's epilogue follows its main loop unoverlapped, one tile per SM
+    #: (``device.gemm_epilogue == "serialized"``, :mod:`.gemm`)
+    gemm_epilogue_serialized: bool = False
 
     def pass_Bps(self, variant: str) -> float:
         """Achieved bandwidth of a memory pass of kernel ``variant``, B/s: the non-flash
@@ -185,7 +191,8 @@ def kernel_device(system: Any) -> KernelDevice:
                         attention_gpu=dev.attention_measured,
                         elementwise_Bps=tuple(
                             (c, dev.memory_bandwidth_Bps * f)
-                            for c, f in sorted((dev.elementwise_efficiency or {}).items())))
+                            for c, f in sorted((dev.elementwise_efficiency or {}).items())),
+                        gemm_epilogue_serialized=dev.gemm_epilogue == "serialized")
 
 
 def kernel_time(k: Kernel, dev: KernelDevice, efficiency: float | None = None) -> float:
@@ -209,8 +216,11 @@ def kernel_time(k: Kernel, dev: KernelDevice, efficiency: float | None = None) -
     ceiling = dev.ceiling(k.dtype)
     if k.variant:       # an FP8 recipe's GEMM kernel (.fp8recipe: its share of the ceiling)
         ceiling *= fp8_gemm_efficiency(k.variant)
-    t = gemm_time(M, N, K, k.batch, DTYPE_BYTES.get(k.dtype, 2), peak, ceiling,
-                  dev.sm_count, bw, dev.gemm_overhead, k.bytes or None)  # bytes: a GEMM's own
+    b = DTYPE_BYTES.get(k.dtype, 2)
+    epilogue = (epilogue_increment_bytes(b, k.accumulate_bytes)
+                if dev.gemm_epilogue_serialized else 0.0)
+    t = gemm_time(M, N, K, k.batch, b, peak, ceiling, dev.sm_count, bw, dev.gemm_overhead,
+                  k.bytes or None, epilogue)  # bytes: a GEMM's own
     rate = dev.sustained_rate(k.dtype)      # the power limit's ceiling on any GEMM (.power)
     return t if rate is None else max(t, 2.0 * M * N * K * k.batch / (peak * rate))
 

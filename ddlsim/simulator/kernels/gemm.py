@@ -40,6 +40,25 @@ shape :data:`GEMM_REFERENCE` (8192³, where the ceilings were measured or, for a
 search, near it): ``η_main`` is the main loop's efficiency that gives exactly ``η_max`` there
 once the fixed costs are added (:func:`main_loop_efficiency`), so the fixed costs are not
 counted twice. A device without the fact pays none (``t`` as above without the two terms).
+
+**The epilogue of a GEMM that accumulates** (``D = A·B + C``, ``β = 1``: Megatron's fused
+weight gradient into an fp32 ``main_grad``, :mod:`ddlsim.workloads.decoder.wgrad`) reads
+``C`` and writes ``D`` in the buffer's dtype: ``2·c`` bytes per output (8 for fp32) where a
+plain GEMM stores ``max(b, 2)`` (2 for bf16). On a device whose GEMM kernels run each tile's
+main loop and then its epilogue in the same thread block, one tile per SM at a time
+(``epilogue_serialized``: CUTLASS's sm80 kernel, ``include/cutlass/gemm/kernel/gemm.h``,
+calls ``mma(...)`` then ``epilogue(..., iterator_C)``, which loads ``C`` only when
+``β ≠ 0``; the A100's ``256×128×64``, 3-stage tile, cuBLAS's
+``ampere_bf16_s16816gemm_bf16_256x128_ldg8_f2f_stages_64x3``, holds
+``(256 + 128)·64·2 B·3 = 144 KiB`` of shared memory, so one block fits an SM's 164 KiB),
+every wave's epilogues move ``SMs·Tm·Tn·(2·c − max(b, 2))`` bytes more than the plain
+GEMM's, at the device's memory bandwidth (each SM's share), and nothing overlaps them: the
+compute side of the roofline grows by that much per wave. Only the increment over a 16-bit
+store is charged: the plain store is inside ``η_max`` (and ``wave_s``) already. A device
+whose kernels overlap the epilogue with the next tile's main loop (Hopper's persistent
+warp-specialized kernels: CUTLASS ``media/docs/efficient_gemm.md``, "Warp-Specialized
+Persistent Ping-Pong": "*epilogue* of one *consumer* warp group [is] overlapped with the
+math operations of the other") pays the buffer's bytes in the memory roofline only.
 """
 
 from __future__ import annotations
@@ -49,7 +68,8 @@ from typing import NamedTuple
 import numpy as np
 
 __all__ = ["GEMM_TILE", "GEMM_REFERENCE", "GemmOverhead", "gemm_quantisation", "gemm_time",
-           "gemm_bytes", "gemm_kernels_backward", "main_loop_efficiency"]
+           "gemm_bytes", "gemm_kernels_backward", "main_loop_efficiency",
+           "epilogue_increment_bytes"]
 
 #: thread-block tile (rows, columns of C): the NVIDIA guide's wave-quantisation example on A100
 GEMM_TILE = (256, 128)
@@ -125,7 +145,7 @@ def main_loop_efficiency(ceiling: float, peak: float, sm_count: int,
 
 def gemm_time(M, N, K, batch, dtype_bytes: float, peak: float, ceiling: float,
               sm_count, memory_Bps: float, overhead: GemmOverhead | None = None,
-              operand_bytes: float | None = None):
+              operand_bytes: float | None = None, epilogue_bytes: float = 0.0):
     """Seconds of ``batch`` GEMMs ``[M,K]·[K,N]``.
 
     ``max(2MNK·batch / (peak · η_max · q), bytes moved / bandwidth)``, the bytes
@@ -146,6 +166,9 @@ def gemm_time(M, N, K, batch, dtype_bytes: float, peak: float, ceiling: float,
     operand_bytes : the bytes the kernel moves, where they are not its operands' (an
         implicit-GEMM convolution reads its input tensor once, not the ``M×K`` im2col matrix
         its shape names); None: the operands' bytes above.
+    epilogue_bytes : bytes per output element that the epilogue moves beyond a 16-bit
+        store and that nothing overlaps (:func:`epilogue_increment_bytes`; module
+        docstring), charged per wave at ``memory_Bps``; 0: none.
 
     Returns
     -------
@@ -161,16 +184,20 @@ def gemm_time(M, N, K, batch, dtype_bytes: float, peak: float, ceiling: float,
     flops = 2.0 * M * N * K * batch
     if sm_count is None:
         out = np.maximum(flops / (peak * ceiling), t_mem)
-    elif overhead is None:
+    elif overhead is None and not epilogue_bytes:
         q = gemm_quantisation(M, N, batch, sm_count, K)
         out = np.maximum(flops / (peak * ceiling * q), t_mem)
     else:
-        eta = main_loop_efficiency(ceiling, peak, sm_count, overhead)
+        eta = ceiling if overhead is None else main_loop_efficiency(ceiling, peak, sm_count,
+                                                                    overhead)
+        fixed = overhead or GemmOverhead(0.0, 0.0)
         times = []
         for tm, tn in (GEMM_TILE, GEMM_TILE[::-1]):
             q, waves = _tiling(M, N, K, batch, sm_count, tm, tn)
-            times.append(overhead.floor_s + waves * overhead.wave_s
-                         + np.maximum(flops / (peak * eta * np.minimum(q, 1.0)), t_mem))
+            epilogue_s = waves * sm_count * tm * tn * epilogue_bytes / memory_Bps
+            times.append(fixed.floor_s + waves * fixed.wave_s
+                         + np.maximum(flops / (peak * eta * np.minimum(q, 1.0)) + epilogue_s,
+                                      t_mem))
         out = np.minimum(*times)
     return float(out) if out.ndim == 0 else out
 
@@ -199,6 +226,28 @@ def gemm_bytes(M, N, K, batch, dtype_bytes: float, accumulate_bytes: float = 0.0
     """
     out = 2.0 * accumulate_bytes if accumulate_bytes else max(dtype_bytes, 2.0)
     return ((M * K + K * N) * dtype_bytes + M * N * out) * batch
+
+
+def epilogue_increment_bytes(dtype_bytes: float, accumulate_bytes: float) -> float:
+    """Bytes per output element a GEMM accumulating into a buffer of ``accumulate_bytes``
+    (``β = 1``: ``C`` read, ``D`` written) moves in its epilogue beyond the 16-bit store of a
+    plain GEMM (which the measured ceiling already holds): ``2·c − max(b, 2)``; 0 for a GEMM
+    that does not accumulate.
+
+    Parameters
+    ----------
+    dtype_bytes : float
+        bytes per element of ``A`` and ``B``.
+    accumulate_bytes : float
+        bytes per element of the buffer (4: an fp32 ``main_grad``); 0: none.
+
+    Returns
+    -------
+    float : bytes per output element (6 for bf16 operands into fp32).
+    """
+    if not accumulate_bytes:
+        return 0.0
+    return max(0.0, 2.0 * accumulate_bytes - max(dtype_bytes, 2.0))
 
 
 def gemm_kernels_backward(M: float, N: float, K: float) -> tuple[tuple[float, float, float],

@@ -78,8 +78,10 @@ def into_main_grad(pair: tuple[Kernel, ...], main_grad: int) -> tuple[Kernel, ..
     :func:`~ddlsim.simulator.kernels.gemm.gemm_kernels_backward` orders them, with the weight
     gradient accumulating into a ``main_grad`` of ``main_grad`` bytes per element: its
     ``bytes`` set to :func:`~ddlsim.simulator.kernels.gemm.gemm_bytes` with that buffer
-    (``A`` and ``B`` in the kernel's dtype, ``C`` read and written); ``pair`` itself when
-    ``main_grad`` is 0.
+    (``A`` and ``B`` in the kernel's dtype, ``C`` read and written) and its
+    ``accumulate_bytes`` to ``main_grad`` (the epilogue's extra bytes, which a device with a
+    serialized epilogue pays per wave: :mod:`ddlsim.simulator.kernels.gemm`); ``pair``
+    itself when ``main_grad`` is 0.
 
     Parameters
     ----------
@@ -96,7 +98,7 @@ def into_main_grad(pair: tuple[Kernel, ...], main_grad: int) -> tuple[Kernel, ..
         return pair
     dgrad, wgrad = pair
     nbytes = gemm_bytes(*wgrad.shape, wgrad.batch, DTYPE_BYTES.get(wgrad.dtype, 2), main_grad)
-    return dgrad, replace(wgrad, bytes=float(nbytes))
+    return dgrad, replace(wgrad, bytes=float(nbytes), accumulate_bytes=float(main_grad))
 
 
 def accumulate_pass_bytes(sw: Any, dt: float, gdt: float) -> float:
