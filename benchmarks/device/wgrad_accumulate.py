@@ -3,12 +3,12 @@ the same GEMM writing a 16-bit gradient: what Megatron's gradient-accumulation f
 saves (issue 29, the search winner; docs/search.md, "How far to trust the winner").
 
 ddlsim times the fused GEMM (``D = Xᵀ·dY + main_grad``, ``β = 1``, ``C`` and ``D`` fp32) with
-its fp32 read and write only in a roofline ``max(FLOPs, bytes)`` (ddlsim/workloads/decoder/
-wgrad.py), so for the large GEMMs of a 175B model the fused accumulation costs nothing and the
-separate pass it replaces (``main_grad.add_(grad)``, 12 bytes per weight per micro-batch) is
-all saved. On A100 the cuBLAS kernels are one thread block per SM with the epilogue after the
-main loop, so the epilogue's read of ``C`` may not hide; no published measurement of it was
-found. This script measures it; ddlsim is not needed where it runs.
+its fp32 read and write in a roofline ``max(FLOPs, bytes)`` (ddlsim/workloads/decoder/
+wgrad.py) and, on A100 (``device.gemm_epilogue: serialized``: cuBLAS's kernels run one thread
+block per SM with the epilogue after the main loop), the epilogue's bytes beyond a bf16 store
+after each wave's main loop (ddlsim/simulator/kernels/gemm.py; docs/compute.md, "The epilogue
+of an accumulating GEMM"), derived, not measured: no published measurement of it was found.
+This script measures it; ddlsim is not needed where it runs.
 
 Run on a machine with a CUDA GPU and PyTorch (its pip wheel, which loads cuBLAS as
 ``libcublas.so.12``):
