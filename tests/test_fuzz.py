@@ -4,17 +4,15 @@ address-space limit, for the Python API and the command line (docs/robustness.md
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-_spec = importlib.util.spec_from_file_location(
-    "ddlsim_fuzz", Path(__file__).resolve().parents[1] / "benchmarks" / "fuzz.py")
-fuzz = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fuzz)
+from benchscripts import load_script  # puts benchmarks/ on sys.path: fuzz imports its siblings
+import fuzz_run  # one case run and judged
+import fuzz_targets  # the case generators
+
+fuzz = load_script("fuzz")
 
 #: Per case, well above what any valid small case needs (< 1 s) and far below the issue's 60 s.
 TIMEOUT_S = 5
@@ -28,7 +26,7 @@ def pool():
 
 
 def _cases(targets):
-    return st.builds(lambda rng, target: fuzz.generate(rng, target, light=True),
+    return st.builds(lambda rng, target: fuzz_targets.generate(rng, target, light=True),
                      st.randoms(use_true_random=False), st.sampled_from(targets))
 
 
@@ -106,13 +104,13 @@ def test_budgets_values_and_outputs_answer_in_ddlsim_words(work_pool, case):
 def test_bare_python_messages_are_a_failure_class():
     from ddlsim.errors import ConfigError
 
-    assert fuzz._judged(ValueError("tuple.index(x): x not in tuple"))["outcome"] == "bare message"
-    assert fuzz._judged(OverflowError("Python int too large to convert to C long"))[
+    assert fuzz_run._judged(ValueError("tuple.index(x): x not in tuple"))["outcome"] == "bare message"
+    assert fuzz_run._judged(OverflowError("Python int too large to convert to C long"))[
         "outcome"] == "bare message"
     wrapped = ConfigError("'r.json': field 'int' object is not subscriptable is missing")
-    assert fuzz._judged(wrapped)["outcome"] == "bare message"
-    assert fuzz._judged(ConfigError("train.micro_batch_size = 3: allowed 1, 2, 4"))[
+    assert fuzz_run._judged(wrapped)["outcome"] == "bare message"
+    assert fuzz_run._judged(ConfigError("train.micro_batch_size = 3: allowed 1, 2, 4"))[
         "outcome"] == "clean error"
-    assert fuzz._judged(FileNotFoundError(2, "No such file or directory", "x.yaml"))[
+    assert fuzz_run._judged(FileNotFoundError(2, "No such file or directory", "x.yaml"))[
         "outcome"] == "clean error"
     assert "bare message" in fuzz.FAILURES and "work" in fuzz.TARGETS
