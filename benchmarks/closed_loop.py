@@ -34,7 +34,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="passed to calibrate fit (default 0.5, as the CI test: its own "
                          "25 %% refused a curve at 27 %% on a busy machine; each curve's "
                          "error is kept in closed_loop.json)")
+    ap.add_argument("--torch", action="store_true",
+                    help="the PyTorch runs over Gloo instead (torch-ddp, torch-fsdp, "
+                         "torch-pp; needs the torch extra; ddlsim/reference/torch_loop.py): "
+                         "--strategies among those, --ranks 1,2 by default, wall time")
     args = ap.parse_args(argv)
+    if args.torch:
+        return _torch_main(ap, args)
     try:
         ranks = tuple(int(r) for r in args.ranks.split(","))
     except ValueError:
@@ -48,6 +54,33 @@ def main(argv: list[str] | None = None) -> int:
         rows = run_loop(args.output, SMALL if args.small else REFERENCE, ranks, strategies,
                         args.statistic, args.max_rel_rmse)
     except (RuntimeError, FileNotFoundError) as exc:  # a step refused or failed: say which
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(summary_line(rows))
+    return 0
+
+
+def _torch_main(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``--torch``: the torch loop (ddlsim/reference/torch_loop.py), same summary line."""
+    from ddlsim.reference.torch_loop import TORCH_STRATEGIES, run_torch_loop, torch_available
+    strategies = args.strategies if args.strategies != ",".join(STRATEGY_NAMES) \
+        else ",".join(TORCH_STRATEGIES)
+    chosen = tuple(s.strip() for s in strategies.split(",") if s.strip())
+    bad = [s for s in chosen if s not in TORCH_STRATEGIES]
+    ranks = args.ranks if args.ranks != "1,2,3,4" else "1,2"
+    try:
+        counts = tuple(int(r) for r in ranks.split(","))
+    except ValueError:
+        ap.error(f"--ranks must be a comma list of integers, got {ranks!r}")
+    if bad or not chosen or any(r < 1 for r in counts):
+        ap.error(f"with --torch, --strategies must be among {', '.join(TORCH_STRATEGIES)} "
+                 f"(got {bad}) and --ranks >= 1 (got {counts})")
+    if not torch_available():
+        ap.error("--torch needs PyTorch with Gloo: pip install 'ddlsim[torch]'")
+    try:
+        rows = run_torch_loop(args.output, SMALL if args.small else REFERENCE, counts, chosen,
+                              args.statistic, args.max_rel_rmse)
+    except (RuntimeError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(summary_line(rows))

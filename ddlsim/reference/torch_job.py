@@ -1,0 +1,306 @@
+"""Calibration samples and torch training iterations taking turns, in one ``torchrun`` job
+(the torch half of the closed loop, :mod:`.torch_loop`; needs the ``torch`` extra)::
+
+    torchrun --standalone --nproc-per-node N -m ddlsim.reference.torch_job OUT RUN.yaml \\
+        [RUN2.yaml ...] --rounds 8 --warmup 2
+
+Every rank does, round after round (a barrier before each step), all in **wall time**
+(``time.perf_counter``; a pipeline's bubble and a Gloo wait are idle time, which a CPU
+clock would not count):
+
+1. one sample per GEMM shape, torch ``matmul`` in fp32 on one thread (``calibrate
+   compute``'s torch benchmark for the plain shapes; the attention core's stacked per-head
+   GEMMs, which that benchmark refuses, timed here the same way);
+2. element-wise rates: torch ``add(x, y, out=z)`` on the gradient buffer's size (3 passes,
+   the STREAM "Add" kernel, McCalpin 1995), and each kernel class ddlsim times apart
+   (:func:`class_kernels`: ``F.layer_norm``, ``F.gelu(approximate="tanh")`` and their
+   backwards, ``torch.optim.Adam.step`` on the model's parameters) as the bytes ddlsim
+   counts over the least time of three calls; and the time torch's eager dispatch adds per
+   op (:func:`op_overhead_s`);
+3. on more than one rank, one sample of each collective the run configs' traces issue at
+   its own size (``calibrate comm``'s benchmark on a Gloo adapter, the most over ranks),
+   written to ``OUT/sizes{N}.csv``;
+4. one iteration of each run config (:mod:`.torch_train`'s DDP, FSDP or pipeline step), in
+   an order that turns by one each round, its wall time the most over ranks.
+
+Rank 0 writes ``OUT/compute{N}.csv`` (the ``calibrate compute`` format, statistics over the
+rounds) and ``OUT/torch{N}.json`` (rates per rank and round, per config its times and
+losses).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+__all__ = ["class_kernels", "op_overhead_s", "stacked_gemm_rows", "main"]
+
+#: Square GEMMs beside the run's own shapes (as :data:`.interleaved.SQUARES`).
+SQUARES = ((64, 64, 64), (128, 128, 128), (256, 256, 256), (512, 512, 512))
+
+
+def _least_s(call, reps: int = 3) -> float:
+    best = np.inf
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - t0)
+    return max(best, 1e-9)
+
+
+def op_overhead_s(calls: int = 200) -> float:
+    """Seconds torch's eager dispatch takes per op on this CPU: the least over three loops
+    of ``calls`` additions of two 1-element tensors, over ``calls`` (the work itself is one
+    float; what is left is Python, the dispatcher and the allocator, per op).
+
+    Returns
+    -------
+    float
+        Seconds per op.
+    """
+    a, b = torch.ones(1), torch.ones(1)
+
+    def loop() -> None:
+        for _ in range(calls):
+            torch.add(a, b)
+    loop()
+    return _least_s(loop) / calls
+
+
+def stacked_gemm_rows(shapes, seed: int) -> list[dict]:
+    """One wall-time sample (``calibrate compute``'s timing: calls repeated up to 1 ms) per
+    stacked GEMM ``(m, n, k, batch)``: ``batch`` GEMMs in one torch ``matmul``, as the
+    attention core runs its heads; rows in the ``calibrate compute`` format."""
+    from ..calibration.compute_bench import _row, _time, gemm_flops
+    gen, rows = torch.Generator().manual_seed(seed), []
+    for m, n, k, batch in shapes:
+        a = torch.randn((batch, m, k), generator=gen)
+        b = torch.randn((batch, k, n), generator=gen)
+        samples = _time(lambda: a @ b, lambda: None, 1, 1)
+        rows.append(_row("torch", f"torch {torch.__version__} (cpu)", "cpu", "gemm", "fp32",
+                         {"m": m, "n": n, "k": k, "batch": batch},
+                         gemm_flops(m, n, k) * batch, samples))
+    return rows
+
+
+def _gemm_round(shape, seed: int):
+    """One sample per GEMM shape of the run (:func:`~.machine.gemm_shapes`) and the squares."""
+    import pandas as pd
+
+    from ..calibration.compute_bench import run_gemm_benchmark
+    from .machine import gemm_shapes
+    shapes = sorted(set(SQUARES) | set(gemm_shapes(shape)))
+    plain = [s for s in shapes if len(s) == 3]
+    frame = run_gemm_benchmark("torch", "cpu", ["fp32"], plain, warmup=1, reps=1, seed=seed)
+    stacked = pd.DataFrame(stacked_gemm_rows([s for s in shapes if len(s) == 4], seed))
+    return pd.concat([frame, stacked[frame.columns]], ignore_index=True)
+
+
+def class_kernels(shape, params, stack: dict) -> dict:
+    """Each element-wise class's torch kernel as a call, with the bytes ddlsim counts for it
+    under the torch stack's kernel flags (``stack``: :data:`.torch_loop.TORCH_STACK`).
+
+    Parameters
+    ----------
+    shape : GPTShape
+        The reference model and micro-batch.
+    params : list of torch.Tensor
+        The model's parameters (the optimizer class steps a copy of them).
+    stack : dict
+        The ``software`` section the loop predicts with.
+
+    Returns
+    -------
+    dict
+        Class name → (a call, bytes ddlsim counts for it).
+    """
+    from ..simulator.kernels.elementwise import (activation_passes, norm_passes,
+                                                 optimizer_bytes_per_param)
+    k = stack["kernels"]
+    t, h = shape.batch * shape.seq, shape.hidden
+    x = torch.randn(t, h, requires_grad=True)
+    w, b = torch.ones(h, requires_grad=True), torch.zeros(h, requires_grad=True)
+    y = torch.randn(t, 4 * h, requires_grad=True)
+    norm_out, gelu_out = F.layer_norm(x, (h,), w, b), F.gelu(y, approximate="tanh")
+    gn, gg = torch.randn_like(norm_out), torch.randn_like(gelu_out)
+    copies = [p.detach().clone() for p in params]
+    for c in copies:
+        c.grad = torch.randn_like(c) * 1e-3
+    adam = torch.optim.Adam(copies, lr=1e-3)
+    n_params = sum(c.numel() for c in copies)
+    norm = sum(norm_passes(k["fused_layernorm"], "layernorm", 4, h)) * t * h
+    gelu = activation_passes(False, True, k["fused_bias_gelu"], 4)[-1] * t * 4 * h
+    step = optimizer_bytes_per_param("adam", k["fused_optimizer"], 4, 4, False) * n_params
+    calls = {
+        "norm": (lambda: F.layer_norm(x.detach(), (h,), w.detach(), b.detach()), norm),
+        "norm_backward": (lambda: torch.autograd.grad(norm_out, (x, w, b), gn,
+                                                      retain_graph=True), 2 * norm),
+        "activation": (lambda: F.gelu(y.detach(), approximate="tanh"), gelu),
+        "activation_backward": (lambda: torch.autograd.grad(gelu_out, y, gg,
+                                                            retain_graph=True), 2 * gelu),
+        "optimizer": (adam.step, step)}
+    return calls
+
+
+def _rates(arrays, kernels) -> dict[str, float]:
+    """This rank's B/s of ``z = x + y`` (``gradients``), of each class (``class.<name>``),
+    and the per-op dispatch time (``op_overhead_s``, seconds)."""
+    x, y, z = arrays
+    out = {"gradients": 3.0 * x.numel() * x.element_size()
+           / _least_s(lambda: torch.add(x, y, out=z))}
+    for name, (call, counted) in kernels.items():
+        out[f"class.{name}"] = counted / _least_s(call, 1 if name == "optimizer" else 3)
+    out["op_overhead_s"] = op_overhead_s()
+    return out
+
+
+def _collective_sampler(cfgs):
+    """A function taking one round's sample of each collective of the configs' traces on
+    a Gloo adapter (:func:`.interleaved.trace_collectives`), or None on one rank."""
+    from .interleaved import trace_collectives
+    sizes = trace_collectives(cfgs) if dist.get_world_size() > 1 else []
+    if not sizes:
+        return None
+    from ..calibration.adapters import TorchAdapter
+    from ..calibration.comm_bench import placement, run_comm_benchmark
+    adapter = TorchAdapter("gloo", None, range(dist.get_world_size()), torch.device("cpu"))
+    where = placement(adapter)
+    return lambda: [run_comm_benchmark(adapter, [op], [nbytes], 0, 1, where=where,
+                                       clock=time.perf_counter)[0] for op, nbytes in sizes]
+
+
+def _timed(step) -> tuple[float, float, float]:
+    """(loss, wall seconds of one iteration, its process CPU seconds), each the most over
+    ranks, after a barrier (the CPU time is kept to show how much of the wall time other
+    processes' turns on the cores took; it does not count a rank's idle waits)."""
+    dist.barrier()
+    t0, c0 = time.perf_counter(), time.process_time()
+    loss = step()
+    span = torch.tensor([time.perf_counter() - t0, time.process_time() - c0],
+                        dtype=torch.float64)
+    dist.all_reduce(span, op=dist.ReduceOp.MAX)
+    return loss, float(span[0]), float(span[1])
+
+
+def rounds(cfgs, names: list[str], n_rounds: int, warmup: int, stack: dict, seed: int = 0):
+    """Run the rounds (module docstring) over the configs; returns (GEMM frames of the timed
+    rounds, rates per round by name, runs by name, collective rows per timed round)."""
+    from .torch_train import build_stage, data_parallel_step, pipeline_step, plan_of
+    from .train import shape_of
+    shape = shape_of(cfgs[0])
+    steps = []
+    for cfg in cfgs:
+        plan = plan_of(cfg, dist.get_world_size())
+        steps.append(pipeline_step(cfg, shape) if plan == "pipeline"
+                     else data_parallel_step(cfg, shape, plan))
+    grad = torch.ones(shape.padded), torch.ones(shape.padded), torch.empty(shape.padded)
+    kernels = class_kernels(shape, list(build_stage(shape, 0, 1).parameters()), stack)
+    sample = _collective_sampler(cfgs)
+    gemms, colls, rates = [], [], {}
+    runs = {name: {"times_s": [], "cpu_s": [], "losses": []} for name in names}
+    for r in range(warmup + n_rounds):
+        dist.barrier()
+        frame = _gemm_round(shape, seed + r)
+        dist.barrier()
+        got = _rates(grad, kernels)
+        coll = sample() if sample else []
+        for j in range(len(cfgs)):
+            name = names[(j + r) % len(cfgs)]
+            loss, wall, cpu = _timed(steps[(j + r) % len(cfgs)])
+            runs[name]["losses"].append(loss)
+            if r >= warmup:
+                runs[name]["times_s"].append(wall)
+                runs[name]["cpu_s"].append(cpu)
+        if r >= warmup:
+            gemms.append(frame)
+            colls.append(coll)
+            for key, value in got.items():
+                rates.setdefault(key, []).append(value)
+    return gemms, rates, runs, colls
+
+
+def _parse(argv):
+    ap = argparse.ArgumentParser(prog="torchrun ... -m ddlsim.reference.torch_job",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("output", type=Path, help="folder for compute{N}.csv, torch{N}.json")
+    ap.add_argument("configs", type=Path, nargs="+", help="run configs, one model")
+    ap.add_argument("--rounds", type=int, default=8, help="timed rounds (>= 1)")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed rounds first (>= 0)")
+    ap.add_argument("--stack", type=Path, required=True,
+                    help="JSON of the software section the loop predicts with")
+    return ap.parse_args(argv)
+
+
+def _load(args, world: int):
+    """The run configs (one model), checked by :func:`.torch_train.plan_of`."""
+    from ..config import load_config
+    from .torch_train import plan_of
+    from .train import shape_of
+    if args.rounds < 1 or args.warmup < 0:
+        raise ValueError(f"--rounds must be >= 1 and --warmup >= 0, got {args.rounds}, "
+                         f"{args.warmup}")
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else os.cpu_count()
+    if local > cores:
+        raise ValueError(f"{local} ranks on this node share {cores} usable CPU cores; run "
+                         f"at most {cores}")
+    cfgs = [load_config(p) for p in args.configs]
+    for cfg in cfgs:
+        plan_of(cfg, world)
+    if len({shape_of(c) for c in cfgs}) != 1:
+        raise ValueError("every run config of one job must have the same model, sequence "
+                         "and micro-batch")
+    return cfgs
+
+
+def _write(args, world: int, gemms, rates, runs, colls) -> None:
+    from ..calibration.outputs import write_csv
+    from .interleaved import _merge_collectives, _merge_rounds
+    write_csv(args.output / f"compute{world}.csv", _merge_rounds(gemms), force=True)
+    if colls and colls[0]:
+        from ..calibration.schema import tidy_frame
+        write_csv(args.output / f"sizes{world}.csv", tidy_frame(_merge_collectives(colls)),
+                  force=True)
+    out = {"ranks": world, "rounds": args.rounds, "warmup": args.warmup,
+           "torch": torch.__version__, "rates_by_round": rates,
+           "runs": {name: {**run, "config": str(p)}
+                    for (name, run), p in zip(runs.items(), args.configs)}}
+    (args.output / f"torch{world}.json").write_text(json.dumps(out, indent=1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point under ``torchrun``; returns the exit status (2: refused input)."""
+    from ..errors import ConfigError
+    args = _parse(argv)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    world = dist.get_world_size()
+    try:
+        cfgs = _load(args, world)
+    except (ValueError, ConfigError) as exc:
+        if dist.get_rank() == 0:
+            print(f"error: {exc}", file=sys.stderr)
+        dist.destroy_process_group()
+        return 2
+    stack = json.loads(args.stack.read_text())
+    names = [p.stem for p in args.configs]
+    gemms, rates, runs, colls = rounds(cfgs, names, args.rounds, args.warmup, stack)
+    if dist.get_rank() == 0:
+        _write(args, world, gemms, rates, runs, colls)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

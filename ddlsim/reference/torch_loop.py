@@ -1,0 +1,377 @@
+"""The closed loop with PyTorch on this machine's CPUs over Gloo: calibrate, predict, run,
+compare (issue #30, item 1's torch workloads; needs the ``torch`` extra).
+
+For each rank count N, with N ranks at once under ``torchrun --standalone``:
+
+1. for N > 1, ``ddlsim calibrate comm --backend gloo --clock wall`` over the sizes the runs'
+   collectives and point-to-point messages move (:func:`gloo_sizes`);
+2. one job, ``python -m ddlsim.reference.torch_job``, in which calibration samples and the
+   runs take turns, round after round (torch GEMMs of the run's shapes, torch's element-wise
+   kernels by class, its eager dispatch time per op, each collective of the traces at its
+   own size, then one iteration of each run), all in wall time;
+3. ``ddlsim calibrate fit`` of the GEMM samples and the Gloo curves (the numpy loop's
+   :func:`.loop.fit`), the traces' own collective sizes kept beside the curves, and
+   ``ddlsim predict --engine both`` of each run on a system made of those measurements
+   (:func:`torch_system`);
+4. the error ``predicted / measured − 1`` per strategy, rank count and engine.
+
+The runs (:mod:`.torch_train`, the same file ``ddlsim predict`` reads):
+
+* ``torch-ddp`` — ``DistributedDataParallel`` (zero_stage 0), 25 MiB buckets (its
+  ``bucket_cap_mb`` default, passed from ``parallel.grad_bucket_size``), the all-reduces
+  overlapping the backward (``overlap_grad_reduce: true``). Not expressed: DDP's first
+  bucket is capped at 1 MiB (``dist._DEFAULT_FIRST_BUCKET_BYTES``); ddlsim buckets evenly.
+* ``torch-fsdp`` — FSDP2 ``fully_shard`` per block, then the root (zero_stage 3 on the
+  torchtitan stack: one all-gather and one reduce-scatter per block, one block prefetched);
+  every block reshards after its forward (``fully_shard``'s default; the stack's
+  ``zero3_reshard_after_forward: always``).
+* ``torch-pp`` — two stages, GPipe over :data:`PP_MICRO_BATCHES` micro-batches, blocking
+  ``send``/``recv`` and the tied embedding's all-reduce before the step (2 ranks only).
+
+Why wall time, where the numpy loop uses CPU time: the pipeline's bubble and a rank waiting
+in Gloo (which sleeps in ``epoll``, unlike Open MPI's polling) are idle time, which a CPU clock
+does not count. On a busy machine every wall-time figure includes other processes' turns on
+the cores, calibration and runs alike; samples taking turns with the iterations see the same
+share on average.
+
+What ddlsim does not express here: torch runs a ``Linear``'s bias inside its GEMM
+(``addmm``), where ddlsim counts a bias-add pass before the GeLU (``fused_bias_gelu:
+false``) and in the attention projection; ``F.cross_entropy`` is counted as the stack's
+unfused loss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from .loop import REFERENCE, LoopModel
+
+__all__ = ["TORCH_STRATEGIES", "TORCH_STACK", "PP_MICRO_BATCHES", "torch_available",
+           "torch_model", "torch_run_config", "gloo_sizes", "torch_system", "strategies_for",
+           "run_torch_loop"]
+
+TORCH_STRATEGIES = ("torch-ddp", "torch-fsdp", "torch-pp")
+#: micro-batches of the 2-stage GPipe run (bubble (p − 1) / (m + p − 1) = 1/5)
+PP_MICRO_BATCHES = 4
+#: DDP's ``bucket_cap_mb`` default (torch/nn/parallel/distributed.py: 25 MiB)
+DDP_BUCKET_BYTES = 25 * 2 ** 20
+
+#: How torch 2.x eager on a CPU runs the reference model (:mod:`.torch_train`): torchtitan's
+#: 2024 stack (eager, DDP or FSDP2, torch.distributed), with the kernels the trainer calls
+TORCH_STACK = {
+    "stack": "torchtitan-2024",
+    "kernels": {"attention": "unfused", "fused_layernorm": True, "fused_bias_gelu": False,
+                "fused_cross_entropy": False, "fused_optimizer": False,
+                "separate_projections": False, "host_dispatch": "eager"},
+    "overlap": {"zero3_reshard_after_forward": "always"},
+    "source": "ddlsim/reference/torch_train.py: attention as matmul, mask, softmax, matmul; "
+              "nn.LayerNorm (aten native_layer_norm, one kernel each way); one qkv Linear; "
+              "torch.optim.Adam on CPU (the single-tensor loop: foreach needs CUDA, "
+              "torch/optim/optimizer.py _default_to_fused_or_foreach); fully_shard's "
+              "reshard_after_forward=True default on every block"}
+
+
+def torch_available() -> bool:
+    """Whether torch with Gloo imports in this Python."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return False
+    return dist.is_available() and dist.is_gloo_available()
+
+
+def torch_model(model: LoopModel = REFERENCE) -> LoopModel:
+    """The model of the torch runs: ``model`` with an even layer count (the 2-stage
+    pipeline splits the blocks evenly; one rule, so that every run is the same model)."""
+    return dataclasses.replace(model, layers=model.layers + model.layers % 2)
+
+
+def torch_run_config(model: LoopModel, ranks: int, strategy: str, system: dict | str) -> dict:
+    """The run config ddlsim predicts and :mod:`.torch_train` runs, for one of
+    :data:`TORCH_STRATEGIES` on ``ranks`` ranks."""
+    if strategy not in TORCH_STRATEGIES:
+        raise ValueError(f"torch strategy must be one of {', '.join(TORCH_STRATEGIES)}, got "
+                         f"{strategy!r}")
+    cfg = model.run_config(ranks, "ddp", system)
+    par = cfg["parallel"]
+    if strategy == "torch-ddp":
+        par.update(zero_stage=0, overlap_grad_reduce=True, grad_bucket_size=DDP_BUCKET_BYTES)
+    elif strategy == "torch-fsdp":
+        par.update(zero_stage=3)
+    else:
+        par.update(data_parallel_size=1, pipeline_model_parallel_size=2, schedule="gpipe")
+        cfg["train"]["global_batch_size"] = model.batch * PP_MICRO_BATCHES
+    return cfg
+
+
+def strategies_for(ranks: int, strategies: tuple[str, ...]) -> tuple[str, ...]:
+    """The strategies that run on ``ranks`` ranks: DDP on any count, FSDP on two or more,
+    the pipeline on exactly two."""
+    runs = {"torch-ddp": True, "torch-fsdp": ranks > 1, "torch-pp": ranks == 2}
+    return tuple(s for s in strategies if runs[s])
+
+
+def torchrun(n: int) -> list[str]:
+    """``torchrun --standalone --nproc-per-node N`` through this Python."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+            str(n)]
+
+
+def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+           "MKL_NUM_THREADS": "1"}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def _check(proc: subprocess.CompletedProcess, what: str) -> None:
+    if proc.returncode != 0:
+        raise RuntimeError(f"{what} failed (exit {proc.returncode}):\n"
+                           f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+
+
+def gloo_sizes(cfg_paths: list[Path]) -> tuple[list[str], int, int]:
+    """(operations, smallest, largest bytes) to calibrate: the collectives of the runs'
+    traces (:func:`.interleaved.trace_collectives`) and ``sendrecv`` (the system's link:
+    the pipeline's activations, ``batch · seq · hidden`` fp32), from the power of two at or
+    below half the smallest message to twice the power of two at or above the largest (a
+    fit segment needs three sizes past a cliff; the traces' own sizes are timed too)."""
+    from ..config import load_config
+    from .interleaved import trace_collectives
+    from .train import shape_of
+    cfgs = [load_config(p) for p in cfg_paths]
+    shape = shape_of(cfgs[0])
+    sizes = trace_collectives(cfgs) + [("sendrecv", 4 * shape.batch * shape.seq
+                                        * shape.hidden)]
+    lo, hi = min(b for _, b in sizes), max(b for _, b in sizes)
+    ops = sorted({op for op, _ in sizes})
+    return ops, max(8, 2 ** math.floor(math.log2(lo / 2))), 2 * 2 ** math.ceil(math.log2(hi))
+
+
+def calibrate_gloo(work: Path, n: int, cfg_paths: list[Path]) -> Path:
+    """``ddlsim calibrate comm --backend gloo`` on ``n`` ranks (module docstring, step 1)."""
+    ops, lo, hi = gloo_sizes(cfg_paths)
+    out = work / f"gloo{n}.csv"
+    _check(_run(torchrun(n) + ["-m", "ddlsim.calibration", "comm", "--backend", "gloo",
+                               "--ops", ",".join(ops), "--min-bytes", str(lo), "--max-bytes",
+                               str(hi), "--warmup", "2", "--reps", "10", "--clock", "wall",
+                               "--no-split", "--no-progress", "-o", str(out), "--force"], 900),
+           f"calibrate comm --backend gloo on {n} ranks")
+    return out
+
+
+def job(work: Path, model: LoopModel, n: int, cfg_paths: list[Path]) -> dict:
+    """Run :mod:`.torch_job` on ``n`` ranks (module docstring, step 2); its JSON."""
+    stack = work / "torch_stack.json"
+    stack.write_text(json.dumps(TORCH_STACK))
+    _check(_run(torchrun(n) + ["-m", "ddlsim.reference.torch_job", str(work),
+                               *map(str, cfg_paths), "--rounds", str(model.rounds),
+                               "--warmup", str(model.warmup), "--stack", str(stack)], 1800),
+           f"the torch job on {n} ranks")
+    return json.loads((work / f"torch{n}.json").read_text())
+
+
+def _memory_bytes() -> float:
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else os.cpu_count() or 1
+
+
+def _rate(values: list[float], statistic: str) -> float:
+    """A rate's value over the rounds: ``min`` of the times is the highest rate."""
+    return float(np.max(values) if statistic == "min" else np.median(values))
+
+
+def torch_system(n: int, doc: dict, r_max: float, profile: Path, statistic: str,
+                 when: str) -> dict:
+    """The ``system`` section of a torch run on ``n`` cores of this machine: the numpy
+    loop's :func:`~.machine.local_system` with torch's rates (``doc``: the job's JSON), the
+    Gloo link (the profile's ``sendrecv`` fit), the torch stack, and each op's eager
+    dispatch time as the gap between kernels (on a CPU the host runs the kernel itself, so
+    an op's time is its work plus its dispatch: ``stream_time`` with no host lead).
+
+    Parameters
+    ----------
+    n : int
+        Ranks, one per core.
+    doc : dict
+        ``torch{n}.json``.
+    r_max : float
+        FLOP/s: the torch GEMM plateau of the profile's compute fit.
+    profile : Path
+        The fitted profile.
+    statistic : {"median", "min"}
+        Which time of the rounds the rates take.
+    when : str
+        When they were measured, for the sources.
+
+    Returns
+    -------
+    dict
+        A system section.
+    """
+    from ..calibration import CalibrationProfile
+    from .kernels import CLASS_KERNELS, efficiencies
+    from .machine import local_system
+    rates = doc["rates_by_round"]
+    stream = _rate(rates["gradients"], statistic)
+    classes = efficiencies({c: _rate(rates[f"class.{c}"], statistic) for c in CLASS_KERNELS},
+                           stream)
+    overhead = float(np.min(rates["op_overhead_s"]) if statistic == "min"
+                     else np.median(rates["op_overhead_s"]))
+    p2p = (0.0, 1e12)
+    if n > 1:
+        prof = CalibrationProfile.load(profile)
+        p2p = (prof.alpha_beta("gloo", "sendrecv", 0)[0],
+               1.0 / prof.alpha_beta("gloo", "sendrecv", 2 ** 40)[1])
+    system = local_system(n, r_max, stream, p2p, _memory_bytes() / n, when, classes)
+    src = f"measured on this machine by ddlsim/reference/torch_job.py ({when})"
+    system["device"]["source"] = (f"{src}: peak = the torch fp32 GEMM plateau R_max, "
+                                  "bandwidth = torch.add(x, y, out=z) on the gradient "
+                                  "buffer's size, element-wise classes = torch's kernels")
+    system["device"]["launch"] = {
+        "host_launch_s": 0.0, "eager_op_s": 0.0, "stream_gap_s": overhead,
+        "graph_gap_s": overhead,
+        "source": f"{src}: torch.add of two 1-element tensors in a loop, per op (the CPU runs "
+                  "each op after its dispatch: no host lead, the dispatch is the gap)"}
+    system["intra_node"]["source"] = f"{src}: Gloo sendrecv fit, α first, 1/β last segment"
+    system["collectives"] = {"backend": "mpi", "source": "Gloo over TCP loopback: timed by "
+                             "the profile's gloo curves (the closed form only outside them)"}
+    system["software"] = TORCH_STACK
+    return system
+
+
+def _configs(work: Path, model: LoopModel, n: int, runs: tuple[str, ...],
+             system: dict | str) -> list[Path]:
+    paths = []
+    for strategy in runs:
+        paths.append(work / f"run-{strategy}-{n}.yaml")
+        paths[-1].write_text(yaml.safe_dump(torch_run_config(model, n, strategy, system),
+                                            sort_keys=False))
+    return paths
+
+
+def _measured(times: list[float], statistic: str) -> float:
+    return float(np.min(times) if statistic == "min" else np.median(times))
+
+
+def loop_ranks(work: Path, model: LoopModel, n: int, runs: tuple[str, ...], statistic: str,
+               max_rel_rmse: float | None, when: str, log) -> list[dict]:
+    """Steps 1-4 of the module docstring for ``n`` ranks: one row per strategy."""
+    from .loop import COMM_STATISTIC, fit, fit_errors, predict
+    t0 = time.perf_counter()
+    placeholder = {"preset": "cpu-10gbe", "software": TORCH_STACK}
+    cfg_paths = _configs(work, model, n, runs, placeholder)
+    comm = [calibrate_gloo(work, n, cfg_paths)] if n > 1 else []
+    doc = job(work, model, n, cfg_paths)
+    profile, r_max = fit(work, [work / f"compute{n}.csv", *comm], n, statistic, max_rel_rmse)
+    if (work / f"sizes{n}.csv").exists():
+        from ..calibration.sizes import attach_size_file
+        attach_size_file(profile, work / f"sizes{n}.csv", COMM_STATISTIC)
+    system = torch_system(n, doc, r_max, profile, statistic, when)
+    log(f"  {n} rank(s), torch: measured in {time.perf_counter() - t0:.0f} s; GEMM plateau "
+        f"{r_max / 1e9:.1f} GFLOP/s, element-wise "
+        f"{system['device']['memory_bandwidth_Bps'] / 1e9:.2f} GB/s, dispatch "
+        f"{system['device']['launch']['stream_gap_s'] * 1e6:.1f} us per op, classes "
+        f"{system['device'].get('elementwise_efficiency')}")
+    rows = []
+    for strategy, cfg_path in zip(runs, _configs(work, model, n, runs, system)):
+        run = doc["runs"][cfg_path.stem]
+        pred = predict(cfg_path, profile, work / f"predicted-{strategy}-{n}.json")
+        row = {"strategy": strategy, "ranks": n, "statistic": statistic, "clock": "wall",
+               "measured_s": _measured(run["times_s"], statistic),
+               "measured_cpu_s": _measured(run["cpu_s"], statistic),
+               "times_s": run["times_s"], "loss_first": run["losses"][0],
+               "loss_last": run["losses"][-1], "gemm_plateau_flops_per_s": r_max,
+               "fit_rel_rmse": fit_errors(profile)}
+        for engine, res in sorted(pred.items()):
+            row[f"predicted_{engine}_s"] = res["iteration_time_s"]
+            row[f"error_{engine}"] = res["iteration_time_s"] / row["measured_s"] - 1.0
+        row["predicted_breakdown"] = pred["analytical"]["breakdown"]
+        rows.append(row)
+        log(row_line(row))
+    return rows
+
+
+def row_line(row: dict) -> str:
+    """One run's line: measured (wall) and predicted per engine, or its refusal."""
+    head = f"{row['strategy']:>24} {row['ranks']} rank(s): "
+    if "refused" in row:
+        return head + f"refused: {row['refused']}"
+    errs = ", ".join(f"{k[6:]} {row[f'predicted_{k[6:]}_s'] * 1e3:.1f} ms ({row[k]:+.1%})"
+                     for k in sorted(row) if k.startswith("error_"))
+    b = row["predicted_breakdown"]
+    return (head + f"measured {row['measured_s'] * 1e3:.1f} ms ({row['statistic']} wall; "
+            f"CPU {row['measured_cpu_s'] * 1e3:.1f}); "
+            f"predicted {errs}; predicted compute {b['compute_s'] * 1e3:.1f} ms, exposed "
+            f"comm {b['exposed_comm_total_s'] * 1e3:.1f} ms, bubble {b['bubble_s'] * 1e3:.1f}")
+
+
+def run_torch_loop(work: Path, model: LoopModel = REFERENCE, ranks: tuple[int, ...] = (1, 2),
+                   strategies: tuple[str, ...] = TORCH_STRATEGIES, statistic: str = "median",
+                   max_rel_rmse: float | None = None, log=print) -> list[dict]:
+    """Calibrate, predict, run and compare the torch runs (module docstring) in ``work``.
+
+    Parameters
+    ----------
+    work : Path
+        Folder for every file the loop writes.
+    model : LoopModel
+        The reference run (made even in layers by :func:`torch_model`).
+    ranks : tuple of int
+        Rank counts; those above the usable cores are refused without running.
+    strategies : tuple of str
+        Among :data:`TORCH_STRATEGIES` (:func:`strategies_for` keeps those a rank count runs).
+    statistic : {"median", "min"}
+        Which wall time of the rounds is calibrated and compared (the collectives' curves
+        take the numpy loop's :data:`~.loop.COMM_STATISTIC`).
+    max_rel_rmse : float, optional
+        ``calibrate fit --max-rel-rmse``; None keeps its default bound.
+    log : callable
+        Progress lines.
+
+    Returns
+    -------
+    list of dict
+        One row per run, as :func:`.loop.run_loop`'s (``error_analytical``, ``error_des``),
+        or ``refused`` with the reason.
+    """
+    if not torch_available():
+        raise RuntimeError("the torch closed loop needs PyTorch with Gloo: pip install "
+                           "'ddlsim[torch]'")
+    bad = [s for s in strategies if s not in TORCH_STRATEGIES]
+    if bad:
+        raise ValueError(f"torch strategies must be among {', '.join(TORCH_STRATEGIES)}, got "
+                         f"{bad}")
+    work.mkdir(parents=True, exist_ok=True)
+    model = torch_model(model)
+    load = os.getloadavg()
+    log(f"load average (1, 5, 15 min) at the start: {load[0]:.2f}, {load[1]:.2f}, "
+        f"{load[2]:.2f} on {_cores()} cores")
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    rows: list[dict] = []
+    for n in ranks:
+        runs = strategies_for(n, strategies)
+        if not runs:
+            continue
+        if n > _cores():
+            ours = [{"strategy": s, "ranks": n, "refused": f"{n} ranks on this node share "
+                     f"{_cores()} usable CPU cores; run at most {_cores()}"} for s in runs]
+            log("\n".join(row_line(r) for r in ours))
+        else:
+            ours = loop_ranks(work, model, n, runs, statistic, max_rel_rmse, when, log)
+        rows += ours
+        (work / "closed_loop_torch.json").write_text(json.dumps(rows, indent=1))
+    return rows
