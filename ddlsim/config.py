@@ -185,37 +185,60 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "RunConfig":
-        p, t, s = self.parallel, self.train, self.system
-        tp, pp, cp = p.tp, p.pp, p.cp
-        devices = s.num_devices
         from .workloads.registry import check_plan_fields
         check_plan_fields(self, self.family)  # a plan field the family never reads is an error
         self.family.check(self)  # the rules that involve the model (heads, layers, positions)
-        if p.data_parallel_size is None:
-            if devices % (tp * cp * pp):
-                cp_s = ("" if cp == 1 else " × context_parallel_size")
-                cp_v = ("" if cp == 1 else f" × {cp}")
-                raise ValueError(f"cannot derive data_parallel_size: the system's {devices} devices "
-                                 f"are not a multiple of tensor_model_parallel_size{cp_s} × "
-                                 f"pipeline_model_parallel_size = {tp}{cp_v} × {pp} = "
-                                 f"{tp * cp * pp}; set parallel.data_parallel_size")
-            p = p.model_copy(update={"data_parallel_size": devices // (tp * cp * pp)})
-            object.__setattr__(self, "parallel", p)  # still inside validation: self is new
-        dp = self.dp
+        self._derive_dp()
+        self._check_ranks()
+        self._check_batches()
+        t, s = self.train, self.system
+        if t.dtype not in s.device.peak_flops:
+            raise ValueError(f"train.dtype = {t.dtype!r} has no peak FLOP/s on device "
+                             f"'{s.device.name}'; it lists {', '.join(s.device.peak_flops)}")
+        from .stackrules import check_stack_rules
+        check_stack_rules(self)  # what the software stack cannot run (system.software.what_if)
+        return self
+
+    def _derive_dp(self) -> None:
+        """Unset ``parallel.data_parallel_size``: the devices left by TP × CP × PP."""
+        p, devices = self.parallel, self.system.num_devices
+        if p.data_parallel_size is not None:
+            return
+        tp, pp, cp = p.tp, p.pp, p.cp
+        if devices % (tp * cp * pp):
+            cp_s = ("" if cp == 1 else " × context_parallel_size")
+            cp_v = ("" if cp == 1 else f" × {cp}")
+            raise ValueError(f"cannot derive data_parallel_size: the system's {devices} devices "
+                             f"are not a multiple of tensor_model_parallel_size{cp_s} × "
+                             f"pipeline_model_parallel_size = {tp}{cp_v} × {pp} = "
+                             f"{tp * cp * pp}; set parallel.data_parallel_size")
+        p = p.model_copy(update={"data_parallel_size": devices // (tp * cp * pp)})
+        object.__setattr__(self, "parallel", p)  # still inside validation: self is new
+
+    def _check_ranks(self) -> None:
+        """The rank order names the plan's axes; the plan's ranks fit the system (and its
+        placement lists one device per rank)."""
+        p, s = self.parallel, self.system
+        tp, pp, cp, dp = p.tp, p.pp, p.cp, self.dp
         try:
             self.mesh  # the rank order must name the plan's axes (DeviceMesh's messages)
         except ConfigError as exc:
             raise ValueError(f"parallel.rank_order = {p.rank_order!r}: {exc}") from None
         ranks = tp * cp * pp * dp
-        if ranks > devices:
+        if ranks > s.num_devices:
             axes = (f"TP·PP·DP = {tp}·{pp}·{dp}" if cp == 1
                     else f"TP·CP·PP·DP = {tp}·{cp}·{pp}·{dp}")
             raise ValueError(f"the plan needs {axes} = {ranks} ranks but the "
                              f"system '{s.name}' has {s.nodes} nodes × {s.devices_per_node} = "
-                             f"{devices} devices")
+                             f"{s.num_devices} devices")
         if isinstance(s.placement, list) and len(s.placement) != ranks:
             raise ValueError(f"system.placement lists {len(s.placement)} devices but the plan "
                              f"has {ranks} ranks")
+
+    def _check_batches(self) -> None:
+        """The global batch splits into whole micro-batches per DP rank, within the bound,
+        and into whole rounds of PP under the interleaved schedule."""
+        p, t, dp = self.parallel, self.train, self.dp
         if t.global_batch_size % (t.micro_batch_size * dp):
             raise ValueError(f"train.global_batch_size = {t.global_batch_size} is not divisible by "
                              f"train.micro_batch_size × data_parallel_size = "
@@ -227,14 +250,8 @@ class RunConfig(_Strict):
             raise ValueError(f"the number of micro-batches, global_batch_size / (micro_batch_size "
                              f"· DP) = {t.global_batch_size} / ({t.micro_batch_size} · {dp}): "
                              f"{exc}") from None
-        if p.schedule == "interleaved" and mb % pp:
+        if p.schedule == "interleaved" and mb % p.pp:
             raise ValueError(f"schedule = 'interleaved' needs the number of micro-batches "
                              f"(global_batch_size / (micro_batch_size · DP) = {mb}) to be a "
-                             f"multiple of pipeline_model_parallel_size = {pp}")
-        if t.dtype not in s.device.peak_flops:
-            raise ValueError(f"train.dtype = {t.dtype!r} has no peak FLOP/s on device "
-                             f"'{s.device.name}'; it lists {', '.join(s.device.peak_flops)}")
-        from .stackrules import check_stack_rules
-        check_stack_rules(self)  # what the software stack cannot run (system.software.what_if)
-        return self
+                             f"multiple of pipeline_model_parallel_size = {p.pp}")
 
