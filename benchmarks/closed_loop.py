@@ -37,10 +37,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--torch", action="store_true",
                     help="the PyTorch runs over Gloo instead (torch-ddp, torch-fsdp, "
                          "torch-pp; needs the torch extra; ddlsim/reference/torch_loop.py): "
-                         "--strategies among those, --ranks 1,2 by default, wall time")
+                         "--strategies among those, --ranks 1,2 by default")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default=None,
+                    help="with --torch: compare the iterations' wall time (default) or CPU "
+                         "time (a busy machine; no torch-pp), collectives calibrated alike")
     args = ap.parse_args(argv)
     if args.torch:
         return _torch_main(ap, args)
+    if args.clock:
+        ap.error("--clock is for --torch (the numpy loop times its kernels in CPU time)")
     try:
         ranks = tuple(int(r) for r in args.ranks.split(","))
     except ValueError:
@@ -79,8 +84,8 @@ def _torch_main(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         ap.error("--torch needs PyTorch with Gloo: pip install 'ddlsim[torch]'")
     try:
         rows = run_torch_loop(args.output, SMALL if args.small else REFERENCE, counts, chosen,
-                              args.statistic, args.max_rel_rmse)
-    except (RuntimeError, FileNotFoundError) as exc:
+                              args.statistic, args.max_rel_rmse, clock=args.clock or "wall")
+    except (RuntimeError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(summary_line(rows))

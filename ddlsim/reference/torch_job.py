@@ -2,15 +2,12 @@
 (the torch half of the closed loop, :mod:`.torch_loop`; needs the ``torch`` extra)::
 
     torchrun --standalone --nproc-per-node N -m ddlsim.reference.torch_job OUT RUN.yaml \\
-        [RUN2.yaml ...] --rounds 8 --warmup 2
+        [RUN2.yaml ...] --rounds 8 --warmup 2 --stack STACK.json [--clock wall|cpu]
 
-Every rank does, round after round (a barrier before each step), all in **wall time**
-(``time.perf_counter``; a pipeline's bubble and a Gloo wait are idle time, which a CPU
-clock would not count):
+Every rank does, round after round (a barrier before each step):
 
-1. one sample per GEMM shape, torch ``matmul`` in fp32 on one thread (``calibrate
-   compute``'s torch benchmark for the plain shapes; the attention core's stacked per-head
-   GEMMs, which that benchmark refuses, timed here the same way);
+1. one sample per GEMM shape of the run and a few squares, torch ``matmul`` in fp32 on one
+   thread (:func:`gemm_rows`);
 2. element-wise rates: torch ``add(x, y, out=z)`` on the gradient buffer's size (3 passes,
    the STREAM "Add" kernel, McCalpin 1995), and each kernel class ddlsim times apart
    (:func:`class_kernels`: ``F.layer_norm``, ``F.gelu(approximate="tanh")`` and their
@@ -18,10 +15,17 @@ clock would not count):
    counts over the least time of three calls; and the time torch's eager dispatch adds per
    op (:func:`op_overhead_s`);
 3. on more than one rank, one sample of each collective the run configs' traces issue at
-   its own size (``calibrate comm``'s benchmark on a Gloo adapter, the most over ranks),
-   written to ``OUT/sizes{N}.csv``;
+   its own size (``calibrate comm``'s benchmark on a Gloo adapter, the most over ranks,
+   timed by ``--clock``), written to ``OUT/sizes{N}.csv``;
 4. one iteration of each run config (:mod:`.torch_train`'s DDP, FSDP or pipeline step), in
-   an order that turns by one each round, its wall time the most over ranks.
+   an order that turns by one each round, its wall and its process CPU time, each the most
+   over ranks.
+
+Steps 1 and 2 are timed in process CPU time: a kernel runs on the calling thread and waits
+for nothing, so its CPU time is its work, which other processes' turns on the core do not
+inflate (on a quiet machine the two agree). The collectives and iterations can wait on
+another rank (Gloo sleeps in ``epoll``; a pipeline stage waits for the other): idle time a
+CPU clock does not count, so the loop compares wall time unless told otherwise.
 
 Rank 0 writes ``OUT/compute{N}.csv`` (the ``calibrate compute`` format, statistics over the
 rounds) and ``OUT/torch{N}.json`` (rates per rank and round, per config its times and
@@ -42,25 +46,26 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-__all__ = ["class_kernels", "op_overhead_s", "stacked_gemm_rows", "main"]
+__all__ = ["class_kernels", "op_overhead_s", "gemm_rows", "rounds", "main"]
 
 #: Square GEMMs beside the run's own shapes (as :data:`.interleaved.SQUARES`).
 SQUARES = ((64, 64, 64), (128, 128, 128), (256, 256, 256), (512, 512, 512))
 
 
 def _least_s(call, reps: int = 3) -> float:
+    """The least process CPU time of ``reps`` calls (s)."""
     best = np.inf
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         call()
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, time.process_time() - t0)
     return max(best, 1e-9)
 
 
 def op_overhead_s(calls: int = 200) -> float:
-    """Seconds torch's eager dispatch takes per op on this CPU: the least over three loops
-    of ``calls`` additions of two 1-element tensors, over ``calls`` (the work itself is one
-    float; what is left is Python, the dispatcher and the allocator, per op).
+    """CPU seconds torch's eager dispatch takes per op on this CPU: the least over three
+    loops of ``calls`` additions of two 1-element tensors, over ``calls`` (the work itself
+    is one float; what is left is Python, the dispatcher and the allocator, per op).
 
     Returns
     -------
@@ -76,33 +81,30 @@ def op_overhead_s(calls: int = 200) -> float:
     return _least_s(loop) / calls
 
 
-def stacked_gemm_rows(shapes, seed: int) -> list[dict]:
-    """One wall-time sample (``calibrate compute``'s timing: calls repeated up to 1 ms) per
-    stacked GEMM ``(m, n, k, batch)``: ``batch`` GEMMs in one torch ``matmul``, as the
-    attention core runs its heads; rows in the ``calibrate compute`` format."""
+def gemm_rows(shapes, seed: int) -> list[dict]:
+    """One process-CPU-time sample (``calibrate compute``'s timing: calls repeated up to
+    1 ms) per GEMM ``(m, n, k)`` or stacked ``(m, n, k, batch)`` (``batch`` GEMMs in one
+    torch ``matmul``, as the attention core runs its heads), fp32, in the ``calibrate
+    compute`` format. (``calibrate compute --backend torch`` times wall time and refuses
+    stacks: its device may be a GPU; here the kernel runs on the calling CPU thread.)"""
     from ..calibration.compute_bench import _row, _time, gemm_flops
     gen, rows = torch.Generator().manual_seed(seed), []
-    for m, n, k, batch in shapes:
-        a = torch.randn((batch, m, k), generator=gen)
-        b = torch.randn((batch, k, n), generator=gen)
-        samples = _time(lambda: a @ b, lambda: None, 1, 1)
+    for shape in shapes:
+        m, n, k, *stack = shape
+        a = torch.randn((*stack, m, k), generator=gen)
+        b = torch.randn((*stack, k, n), generator=gen)
+        samples = _time(lambda: a @ b, lambda: None, 1, 1, time.process_time)
+        dims = {"m": m, "n": n, "k": k, **({"batch": stack[0]} if stack else {})}
         rows.append(_row("torch", f"torch {torch.__version__} (cpu)", "cpu", "gemm", "fp32",
-                         {"m": m, "n": n, "k": k, "batch": batch},
-                         gemm_flops(m, n, k) * batch, samples))
+                         dims, gemm_flops(m, n, k) * (stack[0] if stack else 1), samples))
     return rows
 
 
 def _gemm_round(shape, seed: int):
     """One sample per GEMM shape of the run (:func:`~.machine.gemm_shapes`) and the squares."""
-    import pandas as pd
-
-    from ..calibration.compute_bench import run_gemm_benchmark
+    from ..calibration.compute_bench import _frame
     from .machine import gemm_shapes
-    shapes = sorted(set(SQUARES) | set(gemm_shapes(shape)))
-    plain = [s for s in shapes if len(s) == 3]
-    frame = run_gemm_benchmark("torch", "cpu", ["fp32"], plain, warmup=1, reps=1, seed=seed)
-    stacked = pd.DataFrame(stacked_gemm_rows([s for s in shapes if len(s) == 4], seed))
-    return pd.concat([frame, stacked[frame.columns]], ignore_index=True)
+    return _frame(gemm_rows(sorted(set(SQUARES) | set(gemm_shapes(shape))), seed))
 
 
 def class_kernels(shape, params, stack: dict) -> dict:
@@ -163,7 +165,7 @@ def _rates(arrays, kernels) -> dict[str, float]:
     return out
 
 
-def _collective_sampler(cfgs):
+def _collective_sampler(cfgs, clock):
     """A function taking one round's sample of each collective of the configs' traces on
     a Gloo adapter (:func:`.interleaved.trace_collectives`), or None on one rank."""
     from .interleaved import trace_collectives
@@ -175,7 +177,7 @@ def _collective_sampler(cfgs):
     adapter = TorchAdapter("gloo", None, range(dist.get_world_size()), torch.device("cpu"))
     where = placement(adapter)
     return lambda: [run_comm_benchmark(adapter, [op], [nbytes], 0, 1, where=where,
-                                       clock=time.perf_counter)[0] for op, nbytes in sizes]
+                                       clock=clock)[0] for op, nbytes in sizes]
 
 
 def _timed(step) -> tuple[float, float, float]:
@@ -191,7 +193,8 @@ def _timed(step) -> tuple[float, float, float]:
     return loss, float(span[0]), float(span[1])
 
 
-def rounds(cfgs, names: list[str], n_rounds: int, warmup: int, stack: dict, seed: int = 0):
+def rounds(cfgs, names: list[str], n_rounds: int, warmup: int, stack: dict,
+           clock=time.perf_counter, seed: int = 0):
     """Run the rounds (module docstring) over the configs; returns (GEMM frames of the timed
     rounds, rates per round by name, runs by name, collective rows per timed round)."""
     from .torch_train import build_stage, data_parallel_step, pipeline_step, plan_of
@@ -204,7 +207,7 @@ def rounds(cfgs, names: list[str], n_rounds: int, warmup: int, stack: dict, seed
                      else data_parallel_step(cfg, shape, plan))
     grad = torch.ones(shape.padded), torch.ones(shape.padded), torch.empty(shape.padded)
     kernels = class_kernels(shape, list(build_stage(shape, 0, 1).parameters()), stack)
-    sample = _collective_sampler(cfgs)
+    sample = _collective_sampler(cfgs, clock)
     gemms, colls, rates = [], [], {}
     runs = {name: {"times_s": [], "cpu_s": [], "losses": []} for name in names}
     for r in range(warmup + n_rounds):
@@ -235,6 +238,8 @@ def _parse(argv):
     ap.add_argument("configs", type=Path, nargs="+", help="run configs, one model")
     ap.add_argument("--rounds", type=int, default=8, help="timed rounds (>= 1)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed rounds first (>= 0)")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="clock of the collective samples (step 3)")
     ap.add_argument("--stack", type=Path, required=True,
                     help="JSON of the software section the loop predicts with")
     return ap.parse_args(argv)
@@ -294,7 +299,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     stack = json.loads(args.stack.read_text())
     names = [p.stem for p in args.configs]
-    gemms, rates, runs, colls = rounds(cfgs, names, args.rounds, args.warmup, stack)
+    from ..calibration.comm_bench import CLOCKS
+    gemms, rates, runs, colls = rounds(cfgs, names, args.rounds, args.warmup, stack,
+                                       CLOCKS[args.clock])
     if dist.get_rank() == 0:
         _write(args, world, gemms, rates, runs, colls)
     dist.barrier()

@@ -3,17 +3,20 @@ compare (issue #30, item 1's torch workloads; needs the ``torch`` extra).
 
 For each rank count N, with N ranks at once under ``torchrun --standalone``:
 
-1. for N > 1, ``ddlsim calibrate comm --backend gloo --clock wall`` over the sizes the runs'
-   collectives and point-to-point messages move (:func:`gloo_sizes`);
+1. for N > 1, ``ddlsim calibrate comm --backend gloo`` over the sizes the runs'
+   collectives and point-to-point messages move (:func:`gloo_sizes`), in the loop's clock;
 2. one job, ``python -m ddlsim.reference.torch_job``, in which calibration samples and the
    runs take turns, round after round (torch GEMMs of the run's shapes, torch's element-wise
-   kernels by class, its eager dispatch time per op, each collective of the traces at its
-   own size, then one iteration of each run), all in wall time;
+   kernels by class and its eager dispatch time per op, in process CPU time; each
+   collective of the traces at its own size, in the loop's clock; then one iteration of
+   each run, in wall and CPU time);
 3. ``ddlsim calibrate fit`` of the GEMM samples and the Gloo curves (the numpy loop's
    :func:`.loop.fit`), the traces' own collective sizes kept beside the curves, and
    ``ddlsim predict --engine both`` of each run on a system made of those measurements
    (:func:`torch_system`);
-4. the error ``predicted / measured − 1`` per strategy, rank count and engine.
+4. the error ``predicted / measured − 1`` per strategy, rank count and engine, the
+   measured time being the iterations' wall time (``clock="wall"``, the default) or their
+   CPU time (``clock="cpu"``), the chosen statistic over the rounds.
 
 The runs (:mod:`.torch_train`, the same file ``ddlsim predict`` reads):
 
@@ -29,10 +32,12 @@ The runs (:mod:`.torch_train`, the same file ``ddlsim predict`` reads):
   ``send``/``recv`` and the tied embedding's all-reduce before the step (2 ranks only).
 
 Why wall time, where the numpy loop uses CPU time: the pipeline's bubble and a rank waiting
-in Gloo (which sleeps in ``epoll``, unlike Open MPI's polling) are idle time, which a CPU clock
-does not count. On a busy machine every wall-time figure includes other processes' turns on
-the cores, calibration and runs alike; samples taking turns with the iterations see the same
-share on average.
+in Gloo (which blocks, unlike Open MPI's polling) are idle time, which a CPU clock does not
+count. On a busy machine the iterations' wall time includes other processes' turns on the
+cores, which the kernels' CPU-time samples do not: there ``clock="cpu"`` compares the
+iterations' CPU time (the most over ranks) with collectives calibrated in CPU time, which
+leaves out a wait for the other rank; the pipeline, whose bubble is such a wait, is then
+refused.
 
 What ddlsim does not express here: torch runs a ``Linear``'s bias inside its GEMM
 (``addmm``), where ddlsim counts a bias-add pass before the GeLU (``fused_bias_gelu:
@@ -157,25 +162,28 @@ def gloo_sizes(cfg_paths: list[Path]) -> tuple[list[str], int, int]:
     return ops, max(8, 2 ** math.floor(math.log2(lo / 2))), 2 * 2 ** math.ceil(math.log2(hi))
 
 
-def calibrate_gloo(work: Path, n: int, cfg_paths: list[Path]) -> Path:
-    """``ddlsim calibrate comm --backend gloo`` on ``n`` ranks (module docstring, step 1)."""
+def calibrate_gloo(work: Path, n: int, cfg_paths: list[Path], clock: str = "wall") -> Path:
+    """``ddlsim calibrate comm --backend gloo --clock CLOCK`` on ``n`` ranks (module
+    docstring, step 1)."""
     ops, lo, hi = gloo_sizes(cfg_paths)
     out = work / f"gloo{n}.csv"
     _check(_run(torchrun(n) + ["-m", "ddlsim.calibration", "comm", "--backend", "gloo",
                                "--ops", ",".join(ops), "--min-bytes", str(lo), "--max-bytes",
-                               str(hi), "--warmup", "2", "--reps", "10", "--clock", "wall",
+                               str(hi), "--warmup", "2", "--reps", "10", "--clock", clock,
                                "--no-split", "--no-progress", "-o", str(out), "--force"], 900),
            f"calibrate comm --backend gloo on {n} ranks")
     return out
 
 
-def job(work: Path, model: LoopModel, n: int, cfg_paths: list[Path]) -> dict:
+def job(work: Path, model: LoopModel, n: int, cfg_paths: list[Path],
+        clock: str = "wall") -> dict:
     """Run :mod:`.torch_job` on ``n`` ranks (module docstring, step 2); its JSON."""
     stack = work / "torch_stack.json"
     stack.write_text(json.dumps(TORCH_STACK))
     _check(_run(torchrun(n) + ["-m", "ddlsim.reference.torch_job", str(work),
                                *map(str, cfg_paths), "--rounds", str(model.rounds),
-                               "--warmup", str(model.warmup), "--stack", str(stack)], 1800),
+                               "--warmup", str(model.warmup), "--stack", str(stack),
+                               "--clock", clock], 1800),
            f"the torch job on {n} ranks")
     return json.loads((work / f"torch{n}.json").read_text())
 
@@ -268,14 +276,14 @@ def _measured(times: list[float], statistic: str) -> float:
 
 
 def loop_ranks(work: Path, model: LoopModel, n: int, runs: tuple[str, ...], statistic: str,
-               max_rel_rmse: float | None, when: str, log) -> list[dict]:
+               max_rel_rmse: float | None, when: str, log, clock: str = "wall") -> list[dict]:
     """Steps 1-4 of the module docstring for ``n`` ranks: one row per strategy."""
     from .loop import COMM_STATISTIC, fit, fit_errors, predict
     t0 = time.perf_counter()
     placeholder = {"preset": "cpu-10gbe", "software": TORCH_STACK}
     cfg_paths = _configs(work, model, n, runs, placeholder)
-    comm = [calibrate_gloo(work, n, cfg_paths)] if n > 1 else []
-    doc = job(work, model, n, cfg_paths)
+    comm = [calibrate_gloo(work, n, cfg_paths, clock)] if n > 1 else []
+    doc = job(work, model, n, cfg_paths, clock)
     profile, r_max = fit(work, [work / f"compute{n}.csv", *comm], n, statistic, max_rel_rmse)
     if (work / f"sizes{n}.csv").exists():
         from ..calibration.sizes import attach_size_file
@@ -290,8 +298,10 @@ def loop_ranks(work: Path, model: LoopModel, n: int, runs: tuple[str, ...], stat
     for strategy, cfg_path in zip(runs, _configs(work, model, n, runs, system)):
         run = doc["runs"][cfg_path.stem]
         pred = predict(cfg_path, profile, work / f"predicted-{strategy}-{n}.json")
-        row = {"strategy": strategy, "ranks": n, "statistic": statistic, "clock": "wall",
-               "measured_s": _measured(run["times_s"], statistic),
+        row = {"strategy": strategy, "ranks": n, "statistic": statistic, "clock": clock,
+               "measured_s": _measured(run["times_s" if clock == "wall" else "cpu_s"],
+                                       statistic),
+               "measured_wall_s": _measured(run["times_s"], statistic),
                "measured_cpu_s": _measured(run["cpu_s"], statistic),
                "times_s": run["times_s"], "loss_first": run["losses"][0],
                "loss_last": run["losses"][-1], "gemm_plateau_flops_per_s": r_max,
@@ -313,15 +323,17 @@ def row_line(row: dict) -> str:
     errs = ", ".join(f"{k[6:]} {row[f'predicted_{k[6:]}_s'] * 1e3:.1f} ms ({row[k]:+.1%})"
                      for k in sorted(row) if k.startswith("error_"))
     b = row["predicted_breakdown"]
-    return (head + f"measured {row['measured_s'] * 1e3:.1f} ms ({row['statistic']} wall; "
-            f"CPU {row['measured_cpu_s'] * 1e3:.1f}); "
+    return (head + f"measured {row['measured_s'] * 1e3:.1f} ms ({row['statistic']} "
+            f"{row['clock']}; wall {row['measured_wall_s'] * 1e3:.1f}, CPU "
+            f"{row['measured_cpu_s'] * 1e3:.1f}); "
             f"predicted {errs}; predicted compute {b['compute_s'] * 1e3:.1f} ms, exposed "
             f"comm {b['exposed_comm_total_s'] * 1e3:.1f} ms, bubble {b['bubble_s'] * 1e3:.1f}")
 
 
 def run_torch_loop(work: Path, model: LoopModel = REFERENCE, ranks: tuple[int, ...] = (1, 2),
                    strategies: tuple[str, ...] = TORCH_STRATEGIES, statistic: str = "median",
-                   max_rel_rmse: float | None = None, log=print) -> list[dict]:
+                   max_rel_rmse: float | None = None, log=print,
+                   clock: str = "wall") -> list[dict]:
     """Calibrate, predict, run and compare the torch runs (module docstring) in ``work``.
 
     Parameters
@@ -341,6 +353,9 @@ def run_torch_loop(work: Path, model: LoopModel = REFERENCE, ranks: tuple[int, .
         ``calibrate fit --max-rel-rmse``; None keeps its default bound.
     log : callable
         Progress lines.
+    clock : {"wall", "cpu"}
+        What is compared and how the collectives are calibrated (module docstring); with
+        ``cpu`` the pipeline is refused.
 
     Returns
     -------
@@ -355,6 +370,9 @@ def run_torch_loop(work: Path, model: LoopModel = REFERENCE, ranks: tuple[int, .
     if bad:
         raise ValueError(f"torch strategies must be among {', '.join(TORCH_STRATEGIES)}, got "
                          f"{bad}")
+    if clock not in ("wall", "cpu") or (clock == "cpu" and "torch-pp" in strategies):
+        raise ValueError(f"clock must be 'wall' or 'cpu', got {clock!r}; 'cpu' leaves out "
+                         "the pipeline's bubble (idle time), so torch-pp needs 'wall'")
     work.mkdir(parents=True, exist_ok=True)
     model = torch_model(model)
     load = os.getloadavg()
@@ -371,7 +389,8 @@ def run_torch_loop(work: Path, model: LoopModel = REFERENCE, ranks: tuple[int, .
                      f"{_cores()} usable CPU cores; run at most {_cores()}"} for s in runs]
             log("\n".join(row_line(r) for r in ours))
         else:
-            ours = loop_ranks(work, model, n, runs, statistic, max_rel_rmse, when, log)
+            ours = loop_ranks(work, model, n, runs, statistic, max_rel_rmse, when, log,
+                              clock)
         rows += ours
         (work / "closed_loop_torch.json").write_text(json.dumps(rows, indent=1))
     return rows
