@@ -45,9 +45,12 @@ def test_the_memory_rule_is_the_negation_of_the_time_rule():
     assert keeps_gathered_input(sw, "full") and not keeps_gathered_input(sw, "selective")
 
 
-@pytest.mark.parametrize("recompute, layers_whole", [("none", LAYERS), ("full", 1)])
+@pytest.mark.parametrize("recompute, layers_whole",
+                         [("none", LAYERS), ("full", 1), ("selective", 1)])
 def test_a_layer_kept_whole_holds_its_gathered_inputs(recompute, layers_whole):
-    """No recomputation: every layer's; full: the one layer its backward rebuilds."""
+    """No recomputation: every layer's; full and op-level selective checkpointing: the one
+    layer its backward rebuilds (the recomputed forward gathers the inputs again and autograd
+    saves them, :func:`ddlsim.workloads.decoder.memory.rebuilt_bytes`)."""
     extra = _activations(_cfg(recompute)) - _activations(_cfg(recompute, saves=False))
     assert extra == pytest.approx(layers_whole * _extra(2), rel=1e-12)
 
@@ -60,8 +63,19 @@ def test_fp8_keeps_the_gathered_float8_input():
     assert extra == pytest.approx(_extra(1), rel=1e-12)
 
 
-def test_op_level_selective_checkpointing_and_one_rank_keep_no_gathered_input():
-    assert _activations(_cfg("selective")) == _activations(_cfg("selective", saves=False))
+def test_op_level_selective_checkpointing_keeps_none_and_one_rank_has_none():
+    """Op-level checkpointing's kept layers hold no gathered input (the save list keeps the
+    reduce-scatter, not the all-gather): only the rebuilt layer's differ (above)."""
+    from ddlsim.workloads.decoder.memory import layer_kept_bytes
+    from ddlsim.workloads.decoder.layerkernels import activation_kinds
+    for saves in (True, False):
+        run = ddlsim.load_config(_cfg("selective", saves=saves))
+        kinds = activation_kinds(run, "selective")
+        assert not kinds["gathered_input"]
+        assert layer_kept_bytes(run.model.shape(), run.software, B, S, T, True, "selective",
+                                kinds) == layer_kept_bytes(
+            run.model.shape(), run.software, B, S, T, True, "selective",
+            {**kinds, "gathered_input": True})
     assert _activations(_cfg("none", tp=1)) == _activations(_cfg("none", saves=False, tp=1))
 
 

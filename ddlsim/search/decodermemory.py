@@ -1,7 +1,9 @@
 """Memory per device of decoder plans on arrays: the first and the last pipeline stage.
 
 :func:`ddlsim.workloads.decoder.memory.stage_memory` on arrays of plans: the same rules
-(:func:`~ddlsim.workloads.memory.model_state_bytes`, the shape's per-layer activations,
+(:func:`~ddlsim.workloads.memory.model_state_bytes`, a layer's kept and rebuilt activations
+(:func:`~ddlsim.workloads.decoder.memory.layer_kept_bytes`,
+:func:`~ddlsim.workloads.decoder.memory.rebuilt_bytes`),
 :func:`~ddlsim.workloads.schedules.peak_inflight`,
 :func:`~ddlsim.workloads.decoder.memory.stage_activations`,
 :func:`~ddlsim.workloads.decoder.memory.stage_buffers`,
@@ -20,7 +22,8 @@ import numpy as np
 from ..workloads.allocator import (context_bytes, framework, head_bytes, pipeline_held_bytes,
                                    step_temporaries)
 from ..workloads.decoder.layerkernels import activation_kinds, compute_dtype
-from ..workloads.decoder.memory import stage_activations, stage_buffers
+from ..workloads.decoder.memory import (layer_kept_bytes, rebuilds_layer, rebuilt_bytes,
+                                        stage_activations, stage_buffers, whole_layer_kinds)
 from ..workloads.decoder.zero3 import zero3_gathered_bytes
 from ..workloads.memory import model_state_bytes
 from ..workloads.schedules import peak_inflight
@@ -34,7 +37,7 @@ class _Shared(NamedTuple):
     """Per plan, the terms both stages share (bytes; ``m``: micro-batches)."""
 
     per_layer: np.ndarray   # one layer's activations kept for the backward
-    full: np.ndarray        # one layer's activations without recomputation (full's buffer)
+    rebuilt: np.ndarray     # the layer its checkpoint rebuilds in its backward, beyond kept
     gathered: np.ndarray    # ZeRO-3's gathered layer
     context: np.ndarray     # the CUDA context and the communicators
     m: np.ndarray
@@ -62,17 +65,20 @@ def _shared(ctx: Any, plans) -> _Shared:
     b, t = plans["mbs"].astype(float), plans["tp"].astype(float)
     dp, zero = np.maximum(plans["dp"], 1), plans["zero"]
     sp, rec = plans["sp"].astype(bool), plans["recompute"]
-    kinds = activation_kinds(cfg, "full")   # full's rebuilt layer: its recompute's kinds
+    sw, kinds = cfg.software, activation_kinds(cfg, "none")
     per_layer = np.zeros_like(b)
-    full = np.zeros_like(b)
+    rebuilt = np.zeros_like(b)
     for spv in (False, True):
         for code, name in enumerate(RECOMPUTE):
             here = (sp == spv) & (rec == code)
-            if here.any():
-                per_layer = np.where(here, sh.layer_activation_bytes(
-                    b, s, t, spv, name, **activation_kinds(cfg, name)), per_layer)
-        full = np.where(sp == spv, sh.layer_activation_bytes(b, s, t, spv, "none", **kinds),
-                        full)
+            if not here.any():
+                continue
+            kept = layer_kept_bytes(sh, sw, b, s, t, spv, name, activation_kinds(cfg, name))
+            per_layer = np.where(here, kept, per_layer)
+            if rebuilds_layer(sw, name):
+                whole = sh.layer_activation_bytes(b, s, t, spv, "none",
+                                                  **whole_layer_kinds(kinds, sw))
+                rebuilt = np.where(here, rebuilt_bytes(whole, kept), rebuilt)
     gathered = np.zeros_like(b)
     for tp in np.unique(plans["tp"][zero == 3]):
         cfg_tp = piece_config(cfg, int(tp), False, 1, "none", 3)
@@ -81,7 +87,7 @@ def _shared(ctx: Any, plans) -> _Shared:
     context = context_bytes(cfg.system.device,   # .memory.comm_groups (CP 1, dense here)
                             (plans["tp"], plans["pp"], cfg.parallel.cp, dp * cfg.parallel.cp))
     m = plans["gbs"] // np.maximum(plans["mbs"] * dp, 1)
-    return _Shared(per_layer, full, gathered, context, m)
+    return _Shared(per_layer, rebuilt, gathered, context, m)
 
 
 def _stage_memory(ctx: Any, plans, first: bool, stage_params: np.ndarray,
@@ -90,7 +96,6 @@ def _stage_memory(ctx: Any, plans, first: bool, stage_params: np.ndarray,
     sh, s, cfg = ctx.shape, ctx.s, ctx.cfg
     b, t = plans["mbs"].astype(float), plans["tp"].astype(float)
     pp, v, dp, zero = plans["pp"], plans["v"], np.maximum(plans["dp"], 1), plans["zero"]
-    rec = plans["recompute"]
     fm = framework(cfg.software.name)
     weights, grads, opt = model_state_bytes(stage_params, dp, zero,
                                             compute_dtype(cfg.train.dtype),
@@ -104,7 +109,7 @@ def _stage_memory(ctx: Any, plans, first: bool, stage_params: np.ndarray,
     is_last = one if first else np.full(len(plans), True)
     acts, other = stage_activations(
         sh, b, s, t, v, shared.per_layer * (sh.layers // (pp * v)), chunks,
-        np.where(rec == RECOMPUTE.index("full"), shared.full, 0.0), is_first, is_last, 1,
+        shared.rebuilt, is_first, is_last, 1,
         fm.logits_at(t), step_temporaries(
             fm, zero, compute_dtype(cfg.train.dtype) == "fp16", stage_params),
         head_bytes(fm, sh.hidden, t, plans["sp"].astype(bool)),

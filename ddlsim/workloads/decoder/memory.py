@@ -16,12 +16,14 @@ from ..allocator import (comm_buffer_bytes, context_bytes, framework, head_bytes
 from ..memory import MemoryBreakdown, model_state_bytes
 from ..models.decoder import DecoderShape
 from ..schedules import peak_inflight
+from .sac import op_level, sac_activation_bytes
 
 if TYPE_CHECKING:
     from .plan import DecoderPlan
 
 __all__ = ["stage_memory", "stage_activations", "stage_buffers", "sac_activation_bytes",
-           "comm_groups"]
+           "layer_kept_bytes", "rebuilt_bytes", "rebuilds_layer", "op_level",
+           "whole_layer_kinds", "comm_groups"]
 
 
 def stage_memory(plan: DecoderPlan, stage: int, params: float, expert_params: float = 0.0,
@@ -61,13 +63,7 @@ def stage_memory(plan: DecoderPlan, stage: int, params: float, expert_params: fl
     per_chunk = _chunk_activations(plan, part, stage)
     chunks = peak_inflight(plan.schedule, stage, plan.pp, plan.microbatches, plan.vpp,
                            plan.combined_1f1b)    # as :func:`..memory.inflight_chunks`
-    rebuilt = 0.0
-    if plan.recompute == "full":  # one layer's full activations are rebuilt in its backward
-        rebuilt = (part.activation_bytes("none") if part is not None else
-                   shape.layer_activation_bytes(*_layer_args(plan), "none",
-                                                moe=shape.is_moe or None,
-                                                **plan.activation_kinds))
-    rebuilt += _ring_buffers(plan, part)
+    rebuilt = _rebuilt_layer(plan, part) + _ring_buffers(plan, part)
     # FP8 (Transformer Engine) keeps 16-bit weights and grads: the plan's ``dtype``
     pb = DTYPE_BYTES[plan.dtype]
     unit_bytes = layer_bytes if layer_bytes is not None else shape.layer_params / plan.tp * pb
@@ -113,6 +109,24 @@ def _ring_buffers(plan: DecoderPlan, part) -> float:
     return max(0.0, backward_buffer_bytes(part) - mlp)
 
 
+def _rebuilt_layer(plan: DecoderPlan, part) -> float:
+    """Bytes of the layer a checkpoint rebuilds in its backward beyond what it kept
+    (:func:`rebuilt_bytes`), on one rank: full recomputation's (with the partitioner ``part``'s
+    split; an MoE model's layer whole) and op-level selective checkpointing's (a dense model on
+    1-D ranks, ``s/cp`` tokens), else 0."""
+    shape, sw, rec = plan.shape, plan.software, plan.recompute
+    if plan.recompute_modules is not None or not rebuilds_layer(sw, rec, shape.is_moe):
+        return 0.0
+    if part is not None and rec == "full":
+        return rebuilt_bytes(part.activation_bytes("none"), part.activation_bytes("full"))
+    b, s, t, sp = _layer_args(plan)     # an MoE layer as _chunk_activations counts it
+    s, moe = (s, True) if part is None else (s // plan.cp, None)
+    whole = shape.layer_activation_bytes(b, s, t, sp, "none", moe=moe,
+                                         **whole_layer_kinds(plan.activation_kinds, sw))
+    return rebuilt_bytes(whole, layer_kept_bytes(shape, sw, b, s, t, sp, rec,
+                                                 plan.activation_kinds, moe))
+
+
 def _layer_args(plan: DecoderPlan) -> tuple:
     """``(b, s, t, sp)`` of :meth:`DecoderShape.layer_activation_bytes` on a 1-D rank."""
     return plan.micro_batch, plan.seq_length, plan.tp, plan.sp
@@ -131,16 +145,17 @@ def _chunk_activations(plan: DecoderPlan, part, stage: int) -> float:
             from .recompute_modules import layer_bytes
             return layer_bytes(shape, plan.recompute_modules, plan.software, *args, moe=moe,
                                **kinds)
-        return shape.layer_activation_bytes(*args, plan.recompute, moe=moe, **kinds)
+        return layer_kept_bytes(shape, plan.software, *args, plan.recompute, kinds, moe)
     if shape.is_moe:    # MoE layers per chunk, in model order (.layerkinds: dense first layers)
         from .layerkinds import moe_layers_in_stage
         n_moe = moe_layers_in_stage(shape, plan.split, stage) / len(row)
         return n_moe * layer(True) + (lpc - n_moe) * (layer(False) if n_moe < lpc else 0.0)
     if plan.recompute_modules is not None:
         return layer(False) * lpc
-    if plan.recompute == "selective" and plan.software.selective_recompute == "every_second_mm":
-        return sac_activation_bytes(shape, plan.micro_batch, plan.seq_length // plan.cp,
-                                    plan.tp, plan.sp) * lpc
+    if op_level(plan.software, plan.recompute):
+        return layer_kept_bytes(shape, plan.software, plan.micro_batch,
+                                plan.seq_length // plan.cp, plan.tp, plan.sp, plan.recompute,
+                                kinds) * lpc
     if plan.recompute_every_n_layers > 1:     # every n-th layer checkpointed (.sac)
         from .sac import checkpointed_share
         share = checkpointed_share(plan, stage)
@@ -194,39 +209,88 @@ def comm_groups(plan: DecoderPlan) -> tuple[int, ...]:
     return groups
 
 
-def sac_activation_bytes(shape: DecoderShape, b: int, s: int, t: int, sp: bool) -> float:
-    """Bytes one dense layer keeps for its backward on one of ``t`` 1-D TP ranks under
-    torchtitan's op-level selective checkpointing (:mod:`.sac`): what the policy saves, 16-bit
-    unless said.
+def rebuilds_layer(sw, recompute: str, moe: bool | None = False) -> bool:
+    """Whether a layer's checkpoint spans the whole layer, so that its backward rebuilds the
+    layer's activations: full recomputation, and torchtitan's op-level policy, which wraps the
+    whole block in one checkpoint (:func:`op_level`); Megatron's selective recomputation
+    checkpoints the attention core alone (Korthikanti et al. 2022 §5)."""
+    return recompute == "full" or op_level(sw, recompute, moe)
 
-    * the block's input, which the checkpoint keeps (``h``, ``h/t`` with sequence
-      parallelism);
-    * the outputs of every second ``aten.mm`` from the first (``wq wv w1 w2`` of a gated
-      MLP, :func:`.sac.layer_mms`: column-parallel outputs are ``N/t`` wide, row-parallel ones
-      the whole ``h`` before their reduction), FP8 runs too: ``aten._scaled_mm`` is not on the
-      save list, so the policy alone would keep none, yet torchtitan's published FP8 runs hold
-      as much as its BF16 ones (benchmarks/llama3_h100_202412_torchtitan.md Tables 1 and 3:
-      76.8 vs 77.0 and 61.8 vs 62.0 GiB); the larger count is kept, so that a plan said to fit
-      is not one the policy's reading alone would fit;
-    * SDPA's output (``q/t``) and its fp32 log-sum-exp (one per head and token);
-    * with sequence parallelism, the outputs of the attention's and the MLP's
-      reduce-scatters (``h/t`` each, ``c10d.reduce_scatter_tensor`` is on the save list).
 
-    ``s`` is the rank's sequence (``s/cp``), ``b`` the micro-batch.
+def layer_kept_bytes(shape: DecoderShape, sw, b, s: int, t, sp: bool, recompute: str,
+                     kinds, moe: bool | None = None):
+    """Bytes one layer keeps for its backward on one of ``t`` 1-D TP ranks under
+    ``recompute`` as the stack ``sw`` runs it: :func:`sac_activation_bytes` under op-level
+    selective checkpointing (:func:`op_level`), else Korthikanti et al.'s count
+    (:meth:`DecoderShape.layer_activation_bytes` with the keywords ``kinds``). The one rule of
+    the exact tier and the search tier; ``b`` and ``t`` may be arrays over plans.
 
-    References
+    Parameters
     ----------
-    torchtitan 9dec370 ``torchtitan/parallelisms/parallelize_llama.py`` lines 213-276
-    (``_save_list`` and the every-other-mm policy).
+    shape : DecoderShape
+    sw : Software
+        The resolved software stack.
+    b, s : micro-batch size; the rank's tokens per sequence (``s/cp``).
+    t : TP ranks.
+    sp : sequence parallelism.
+    recompute : str
+        ``train.recompute``.
+    kinds : mapping
+        :func:`.layerkernels.activation_kinds` of the run under ``recompute``.
+    moe : bool, optional
+        The layer is a Mixture-of-Experts layer (None: the model's kind).
+
+    Returns
+    -------
+    float or ndarray
+        Bytes.
     """
-    from .sac import layer_mms
-    M = b * s
-    widths = shape.hidden / t if sp else shape.hidden           # the block's input
-    widths += sum(n for _, n, _ in layer_mms(shape, M, t)[0::2])
-    widths += shape.q_width / t                                  # SDPA's output
-    if sp and t > 1:
-        widths += 2 * shape.hidden / t                           # the two reduce-scatters
-    return 2.0 * M * widths + 4.0 * M * shape.heads / t         # + fp32 log-sum-exp
+    if op_level(sw, recompute, moe):
+        return sac_activation_bytes(shape, b, s, t, sp)
+    return shape.layer_activation_bytes(b, s, t, sp, recompute, moe=moe, **kinds)
+
+
+def whole_layer_kinds(kinds, sw) -> dict:
+    """``kinds`` (:func:`.layerkernels.activation_kinds`) for a layer kept or rebuilt whole:
+    its sequence-parallel linears hold their gathered inputs where the stack's autograd saves
+    them (:func:`~ddlsim.simulator.kernels.dtensor.keeps_gathered_input` without
+    recomputation; a rebuilt layer gathers them again in its recomputed forward)."""
+    from ...simulator.kernels.dtensor import keeps_gathered_input
+    return {**kinds, "gathered_input": keeps_gathered_input(sw, "none")}
+
+
+def rebuilt_bytes(whole, kept):
+    """Bytes a checkpointed layer holds at the start of its backward beyond what its
+    checkpoint kept: its recomputed forward's saved tensors, ``whole − kept``.
+
+    torch's non-reentrant checkpoint (``torch/utils/checkpoint.py`` at pytorch 0008d771:
+    ``_checkpoint_hook.unpack_hook`` and ``_recomputation_hook.pack_hook``) reruns the whole
+    checkpointed forward at the backward's first unpack of a saved tensor, keeps every tensor
+    the rerun saves in ``frame.recomputed`` and lets each go only when the backward node that
+    reads it unpacks it; under a selective policy (torchtitan's op-level one) the ops whose
+    outputs were saved return them instead of running again. Megatron's reentrant
+    ``CheckpointFunction.backward`` (``megatron/core/tensor_parallel/random.py``, Megatron-LM
+    d98e8a64 lines 591-659) reruns its forward on the detached inputs likewise before its
+    backward. So when the layer's backward starts it holds all it would have held without
+    recomputation (``whole``), of which ``kept`` is already counted with the kept layers (the
+    checkpoint's input is the tensor the first recomputed op saves). A compiled block
+    (AOTAutograd's partitioner) may place each recomputed op just before its first use, which
+    would hold less: not modelled.
+
+    Parameters
+    ----------
+    whole : float or ndarray
+        The layer's activations without recomputation, bytes.
+    kept : float or ndarray
+        What its checkpoint kept for the backward, bytes.
+
+    Returns
+    -------
+    float or ndarray
+        ``max(whole − kept, 0)``, bytes.
+    """
+    return np.maximum(whole - kept, 0.0) if np.ndim(whole) or np.ndim(kept) else \
+        max(whole - kept, 0.0)
 
 
 def stage_buffers(sw, fm, shape: DecoderShape, zero_stage, dp, gathered, unit_params,
@@ -291,7 +355,8 @@ def stage_activations(shape: DecoderShape, b, s: int, tp_cp, vpp, per_chunk, chu
     vpp : model chunks per stage.
     per_chunk : activation bytes one chunk's layers keep for one micro-batch.
     chunks : (micro-batch, chunk) forwards in flight at the peak.
-    rebuilt : a layer's activations rebuilt during its backward (full recomputation), else 0.
+    rebuilt : the layer its checkpoint rebuilds during its backward, beyond what it kept
+        (:func:`rebuilt_bytes`: full recomputation, op-level selective checkpointing), else 0.
     first, last : the stage holds the embedding / the head.
     embedding_split : ranks the embedding output is split over.
     logit_bytes : bytes per logit the loss holds at its peak (the framework's,

@@ -35,12 +35,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from ...errors import ConfigError
 from ..trace import Compute, Kernel
 from .early_stop import trimmed_fc2, trims_tail, without_last_add
 
 __all__ = ["layer_mms", "every_second_mm_op", "checkpointed_layers", "checkpointed_share",
-           "mixed_backward"]
+           "mixed_backward", "op_level", "sac_activation_bytes"]
 
 
 def checkpointed_layers(every: int, first: int, count: int) -> int:
@@ -93,6 +95,50 @@ def layer_mms(shape: Any, M: float, t: int) -> list[tuple[float, float, float]]:
             (M, h, shape.q_width / t)]
     mlp = [(M, f / t, h)] * (shape.mlp_matrices - 1) + [(M, h, f / t)]
     return attn + mlp
+
+
+def op_level(sw: Any, recompute: str, moe: bool | None = False) -> bool:
+    """Whether a layer runs torchtitan's op-level selective checkpointing (module docstring):
+    ``recompute: selective`` on a stack whose ``selective_recompute`` is ``every_second_mm``,
+    a dense layer (MoE layers keep the attention-core form)."""
+    return (recompute == "selective" and sw.selective_recompute == "every_second_mm"
+            and not moe)
+
+
+def sac_activation_bytes(shape: Any, b: Any, s: int, t: Any, sp: bool) -> Any:
+    """Bytes one dense layer keeps for its backward on one of ``t`` 1-D TP ranks under
+    torchtitan's op-level selective checkpointing (module docstring): what the policy saves,
+    16-bit unless said; ``b`` and ``t`` may be arrays over plans.
+
+    * the block's input, which the checkpoint keeps (``h``, ``h/t`` with sequence
+      parallelism);
+    * the outputs of every second ``aten.mm`` from the first (``wq wv w1 w2`` of a gated
+      MLP, :func:`layer_mms`: column-parallel outputs are ``N/t`` wide, row-parallel ones
+      the whole ``h`` before their reduction), FP8 runs too: ``aten._scaled_mm`` is not on the
+      save list, so the policy alone would keep none, yet torchtitan's published FP8 runs hold
+      as much as its BF16 ones (benchmarks/llama3_h100_202412_torchtitan.md Tables 1 and 3:
+      76.8 vs 77.0 and 61.8 vs 62.0 GiB); the larger count is kept, so that a plan said to fit
+      is not one the policy's reading alone would fit;
+    * SDPA's output (``q/t``) and its fp32 log-sum-exp (one per head and token);
+    * with sequence parallelism, the outputs of the attention's and the MLP's
+      reduce-scatters (``h/t`` each, ``c10d.reduce_scatter_tensor`` is on the save list).
+
+    ``s`` is the rank's sequence (``s/cp``), ``b`` the micro-batch.
+
+    References
+    ----------
+    torchtitan 9dec370 ``torchtitan/parallelisms/parallelize_llama.py`` lines 213-276
+    (``_save_list`` and the every-other-mm policy).
+    """
+    M = b * s
+    widths = shape.hidden / t if sp else shape.hidden           # the block's input
+    widths += sum(n for _, n, _ in layer_mms(shape, M, t)[0::2])
+    widths += shape.q_width / t                                  # SDPA's output
+    if sp and np.ndim(t):                     # the two reduce-scatters (none at t = 1)
+        widths = widths + np.where(np.asarray(t) > 1, 2 * shape.hidden / t, 0.0)
+    elif sp and t > 1:
+        widths += 2 * shape.hidden / t
+    return 2.0 * M * widths + 4.0 * M * shape.heads / t         # + fp32 log-sum-exp
 
 
 def every_second_mm_op(shape: Any, kernels: dict, b: int, s: int, t: int, dtype: str,
