@@ -46,7 +46,8 @@ class Pieces(NamedTuple):
     its backward on a first stage without and with the output layer (PP = 1, where a tied
     weight's two gradients meet: :mod:`~ddlsim.workloads.decoder.embedding_grad`);
     ``head_f``/``head_b``: the output head and loss; ``gather``: the all-gather after a
-    received activation (0 where nothing is gathered); ``p2p_bytes``: bytes each rank sends to the next stage;
+    received activation (0 where nothing is gathered); ``p2p_bytes``: bytes each rank sends
+    to the next stage;
     ``fwd_gemm``/``bwd_gemm``/``emb_gemm``/``head_gemm``: FLOPs of the GEMMs of one layer's
     forward and backward, of the embedding and of the head's forward
     (:func:`~ddlsim.workloads.smcontention.gemm_flops`), which lose SMs beside overlapped
