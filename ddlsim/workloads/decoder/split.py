@@ -88,44 +88,58 @@ def _given(p: Any, layers: int) -> tuple[tuple[int, ...], ...]:
 @lru_cache(maxsize=256)
 def _split(layers: int, pp: int, v: int, first: int | None, last: int | None,
            embedding: bool, loss: bool) -> tuple[tuple[int, ...], ...]:
-    pv = f"pipeline_model_parallel_size × virtual_pipeline_model_parallel_size = {pp} × {v}"
     if first is not None or last is not None:
-        if embedding or loss:
-            raise ValueError("parallel.num_layers_in_first/last_pipeline_stage cannot be set "
-                             "together with account_for_embedding/loss_in_pipeline_split "
-                             "(Megatron-Core asserts it); use one kind of uneven split")
-        if pp == 1:
-            raise ValueError("parallel.num_layers_in_first/last_pipeline_stage needs a "
-                             "pipeline: pipeline_model_parallel_size is 1")
-        per_stage = [None] * pp
-        rest, left = layers, pp
-        for name, value, idx in (("first", first, 0), ("last", last, pp - 1)):
-            if value is None:
-                continue
-            if value > layers:
-                raise ValueError(f"parallel.num_layers_in_{name}_pipeline_stage = {value} "
-                                 f"exceeds model.num_hidden_layers = {layers}")
-            per_stage[idx] = value
-            rest, left = rest - value, left - 1
-        if rest < 0:
-            raise ValueError(f"parallel.num_layers_in_first_pipeline_stage + "
-                             f"num_layers_in_last_pipeline_stage = {first or 0} + {last or 0} "
+        return _first_last_split(layers, pp, v, first, last, embedding, loss)
+    return _even_split(layers, pp, v, embedding, loss)
+
+
+def _first_last_split(layers: int, pp: int, v: int, first: int | None, last: int | None,
+                      embedding: bool, loss: bool) -> tuple[tuple[int, ...], ...]:
+    """Megatron-Core's ``num_layers_in_first/last_pipeline_stage``: those stages' layers as
+    given, the rest split evenly over the other stages, each stage's over its chunks."""
+    if embedding or loss:
+        raise ValueError("parallel.num_layers_in_first/last_pipeline_stage cannot be set "
+                         "together with account_for_embedding/loss_in_pipeline_split "
+                         "(Megatron-Core asserts it); use one kind of uneven split")
+    if pp == 1:
+        raise ValueError("parallel.num_layers_in_first/last_pipeline_stage needs a "
+                         "pipeline: pipeline_model_parallel_size is 1")
+    per_stage = [None] * pp
+    rest, left = layers, pp
+    for name, value, idx in (("first", first, 0), ("last", last, pp - 1)):
+        if value is None:
+            continue
+        if value > layers:
+            raise ValueError(f"parallel.num_layers_in_{name}_pipeline_stage = {value} "
                              f"exceeds model.num_hidden_layers = {layers}")
-        if left and rest % left:
-            raise ValueError(f"model.num_hidden_layers = {layers} minus the first/last stage's "
-                             f"layers leaves {rest}, not divisible by the {left} other pipeline "
-                             "stages (Megatron-Core: the left-over layers must divide evenly)")
-        per_stage = [n if n is not None else rest // left for n in per_stage]
-        for s, n in enumerate(per_stage):
-            if n % v:
-                name = ("num_layers_in_first_pipeline_stage" if s == 0 and first is not None
-                        else "num_layers_in_last_pipeline_stage" if s == pp - 1
-                        and last is not None else None)
-                what = f"parallel.{name} = {n}" if name else f"the {n} layers of stage {s}"
-                raise ValueError(f"{what} is not divisible by "
-                                 f"virtual_pipeline_model_parallel_size = {v}: each stage's "
-                                 "layers are split evenly over its model chunks")
-        return tuple(tuple([n // v] * v) for n in per_stage)
+        per_stage[idx] = value
+        rest, left = rest - value, left - 1
+    if rest < 0:
+        raise ValueError(f"parallel.num_layers_in_first_pipeline_stage + "
+                         f"num_layers_in_last_pipeline_stage = {first or 0} + {last or 0} "
+                         f"exceeds model.num_hidden_layers = {layers}")
+    if left and rest % left:
+        raise ValueError(f"model.num_hidden_layers = {layers} minus the first/last stage's "
+                         f"layers leaves {rest}, not divisible by the {left} other pipeline "
+                         "stages (Megatron-Core: the left-over layers must divide evenly)")
+    per_stage = [n if n is not None else rest // left for n in per_stage]
+    for s, n in enumerate(per_stage):
+        if n % v:
+            name = ("num_layers_in_first_pipeline_stage" if s == 0 and first is not None
+                    else "num_layers_in_last_pipeline_stage" if s == pp - 1
+                    and last is not None else None)
+            what = f"parallel.{name} = {n}" if name else f"the {n} layers of stage {s}"
+            raise ValueError(f"{what} is not divisible by "
+                             f"virtual_pipeline_model_parallel_size = {v}: each stage's "
+                             "layers are split evenly over its model chunks")
+    return tuple(tuple([n // v] * v) for n in per_stage)
+
+
+def _even_split(layers: int, pp: int, v: int, embedding: bool,
+                loss: bool) -> tuple[tuple[int, ...], ...]:
+    """The layers split evenly over ``pp × v`` chunks, the embedding and the loss counted as
+    a layer each when ``account_for_embedding/loss_in_pipeline_split`` says so."""
+    pv = f"pipeline_model_parallel_size × virtual_pipeline_model_parallel_size = {pp} × {v}"
     total = layers + int(embedding) + int(loss)
     if total % (pp * v):
         parts = ["+1 for the embedding"] * embedding + ["+1 for the loss"] * loss
