@@ -363,9 +363,6 @@ def run_torch_loop(work: Path, model: LoopModel = REFERENCE, ranks: tuple[int, .
         One row per run, as :func:`.loop.run_loop`'s (``error_analytical``, ``error_des``),
         or ``refused`` with the reason.
     """
-    if not torch_available():
-        raise RuntimeError("the torch closed loop needs PyTorch with Gloo: pip install "
-                           "'ddlsim[torch]'")
     bad = [s for s in strategies if s not in TORCH_STRATEGIES]
     if bad:
         raise ValueError(f"torch strategies must be among {', '.join(TORCH_STRATEGIES)}, got "
@@ -373,6 +370,9 @@ def run_torch_loop(work: Path, model: LoopModel = REFERENCE, ranks: tuple[int, .
     if clock not in ("wall", "cpu") or (clock == "cpu" and "torch-pp" in strategies):
         raise ValueError(f"clock must be 'wall' or 'cpu', got {clock!r}; 'cpu' leaves out "
                          "the pipeline's bubble (idle time), so torch-pp needs 'wall'")
+    if not torch_available():
+        raise RuntimeError("the torch closed loop needs PyTorch with Gloo: pip install "
+                           "'ddlsim[torch]'")
     work.mkdir(parents=True, exist_ok=True)
     model = torch_model(model)
     load = os.getloadavg()
