@@ -220,19 +220,24 @@ def _piece_keys(sb, mbs: int, tp: int, sp: bool, recompute: str, zero: int) -> d
     layer's forward reads it only through :func:`~ddlsim.simulator.kernels.dtensor.
     regathers_input` (whether DTensor's sequence-parallel linears saved their gathered
     input: the layer's kernels, :func:`~ddlsim.workloads.decoder.layerkernels.layer_kernels`);
-    the embedding, the head, the loss (with the stack's host wait after it, none under
-    ZeRO-3) and the gather after a received activation not at all.
+    the embedding, the head, the loss and the gather after a received activation not at all.
+    The ZeRO stage is read by the layer through the plan's TP overlap only (ZeRO-3 turns
+    it off, :func:`~ddlsim.workloads.decoder.tp_overlap.mode`, resolved once in
+    :attr:`~ddlsim.workloads.decoder.plan.DecoderPlan.tp_overlap`: a layer at TP 1 is the
+    same with and without ZeRO-3), by the head's forward (the stack's host wait after the
+    loss, none under ZeRO-3), and is kept in the key of the embedding's backward.
     ``tests/test_search_pieces.py`` builds every piece of every signature on several stacks
     and dtypes and checks that equal keys give equal op lists."""
     from ..simulator.kernels.dtensor import regathers_input
 
-    base = (mbs, tp, sp, zero == 3)
-    edges = ("edges", *base)
-    return {"fwd": ("fwd", *base, regathers_input(sb.sw, recompute)),
-            "bwd": ("bwd", *base, recompute), "emb": ("emb", *edges),
+    layer = (mbs, tp, sp, sb.plan.tp_overlap)
+    edges = ("edges", mbs, tp, sp, zero == 3)
+    shape = ("edges", mbs, tp, sp)   # read neither recomputation nor the ZeRO stage
+    return {"fwd": ("fwd", *layer, regathers_input(sb.sw, recompute)),
+            "bwd": ("bwd", *layer, recompute), "emb": ("emb", *shape),
             "emb_b": ("emb_b", *edges), "emb_b1": ("emb_b1", *edges),
-            "head_f": ("head_f", *edges), "head_b": ("head_b", *edges),
-            "gather": ("gather", *edges)}
+            "head_f": ("head_f", *edges), "head_b": ("head_b", *shape),
+            "gather": ("gather", *shape)}
 
 
 def _collective_seconds(distinct: list, shared: list[np.ndarray], coll_at) -> dict:
