@@ -107,3 +107,17 @@ def test_megatron_selective_recomputation_rebuilds_no_layer():
     layer = sh.layer_activation_bytes(B, S, 1, False, "selective", **activation_kinds(run))
     assert ddlsim.memory_per_device(run).activations == pytest.approx(LAYERS * layer,
                                                                        rel=1e-12)
+
+
+def test_a_stage_without_checkpointed_layers_rebuilds_none():
+    """torchtitan's every-n-th-layer checkpointing (``recompute_every_n_layers``) with n past
+    the stage's layers checkpoints none of them: its memory is the plan's without
+    recomputation."""
+    def acts(recompute: str, every: int | None = None) -> float:
+        data = _data("torchtitan-2025")
+        data["train"] = {**data["train"], "recompute": recompute}
+        if every is not None:
+            data["train"]["recompute_every_n_layers"] = every
+        return ddlsim.memory_per_device(ddlsim.load_config(data)).activations
+    assert acts("full", LAYERS + 1) == acts("none")
+    assert acts("none") > acts("full", 2) > acts("full")

@@ -63,7 +63,7 @@ def stage_memory(plan: DecoderPlan, stage: int, params: float, expert_params: fl
     per_chunk = _chunk_activations(plan, part, stage)
     chunks = peak_inflight(plan.schedule, stage, plan.pp, plan.microbatches, plan.vpp,
                            plan.combined_1f1b)    # as :func:`..memory.inflight_chunks`
-    rebuilt = _rebuilt_layer(plan, part) + _ring_buffers(plan, part)
+    rebuilt = _rebuilt_layer(plan, part, stage) + _ring_buffers(plan, part)
     # FP8 (Transformer Engine) keeps 16-bit weights and grads: the plan's ``dtype``
     pb = DTYPE_BYTES[plan.dtype]
     unit_bytes = layer_bytes if layer_bytes is not None else shape.layer_params / plan.tp * pb
@@ -109,14 +109,19 @@ def _ring_buffers(plan: DecoderPlan, part) -> float:
     return max(0.0, backward_buffer_bytes(part) - mlp)
 
 
-def _rebuilt_layer(plan: DecoderPlan, part) -> float:
+def _rebuilt_layer(plan: DecoderPlan, part, stage: int) -> float:
     """Bytes of the layer a checkpoint rebuilds in its backward beyond what it kept
-    (:func:`rebuilt_bytes`), on one rank: full recomputation's (with the partitioner ``part``'s
-    split; an MoE model's layer whole) and op-level selective checkpointing's (a dense model on
-    1-D ranks, ``s/cp`` tokens), else 0."""
+    (:func:`rebuilt_bytes`), on one rank of ``stage``: full recomputation's (with the
+    partitioner ``part``'s split; an MoE model's layer whole) and op-level selective
+    checkpointing's (a dense model on 1-D ranks, ``s/cp`` tokens); 0 otherwise, and on a
+    stage none of whose layers is checkpointed (``recompute_every_n_layers``, :mod:`.sac`)."""
     shape, sw, rec = plan.shape, plan.software, plan.recompute
     if plan.recompute_modules is not None or not rebuilds_layer(sw, rec, shape.is_moe):
         return 0.0
+    if plan.recompute_every_n_layers > 1:
+        from .sac import checkpointed_share
+        if checkpointed_share(plan, stage) == 0:
+            return 0.0
     if part is not None and rec == "full":
         return rebuilt_bytes(part.activation_bytes("none"), part.activation_bytes("full"))
     b, s, t, sp = _layer_args(plan)     # an MoE layer as _chunk_activations counts it
