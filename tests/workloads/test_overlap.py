@@ -75,12 +75,13 @@ def test_zero3_without_prefetch_exposes_every_gather():
     and the layer waits for it; in the backward the dp stream runs RS(l) before the gather
     of the next layer. PyTorch FSDP's root unit (embedding, final norm, output layer:
     decoder/fsdp_edges.py) is gathered before the embedding (g) and its gradients
-    reduce-scattered after the embedding's backward (rr), every micro-batch. With e, f, hf,
-    hb, b (compute), a (gather), r (reduce-scatter), L layers, m micro-batches:
+    reduce-scattered after the embedding's backward (eb: decoder/embedding_grad.py) (rr),
+    every micro-batch. With e, f, hf, hb, b (compute), a (gather), r (reduce-scatter), L
+    layers, m micro-batches:
 
         forward  = g + e + a + f + (L − 1)(a + f) + hf
-        backward = max(hb, a) + b + (L − 1)(r + a + b)
-        T = Σ_mb (forward + backward + r + rr) + optimizer,
+        backward = max(hb, a) + b + (L − 1)(r + a + b) + max(r, eb)
+        T = Σ_mb (forward + backward + rr) + optimizer,
 
     the dp stream running each micro-batch's last reduce-scatters (r, rr) before the next
     forward's root gather."""
@@ -93,9 +94,11 @@ def test_zero3_without_prefetch_exposes_every_gather():
                                   if getattr(o.payload, "name", "") == name))
              for blk, name in (("F0", "param.all_gather.root"),
                                ("B0", "grad.reduce_scatter.root")))
+    eb = cost.compute(next(o.payload for o in blocks["B0"].ops
+                           if getattr(o.payload, "name", "") == "bwd.embedding"))
     L, m = 24, 2
     rest = f + (L - 1) * (a + f) + hf + max(hb, a) + bw + (L - 1) * (r + a + bw)
-    want = m * (g + e + a + rest + r + rr) + opt
+    want = m * (g + e + a + rest + max(r, eb) + rr) + opt
     got = ddlsim.predict(cfg, check_fit=False).iteration_time_s
     assert got == pytest.approx(want, rel=1e-9)
 
