@@ -47,7 +47,7 @@ from ...config import DTYPE_BYTES
 from ...simulator.kernels.gemm import gemm_bytes
 from ..trace import Kernel
 
-__all__ = ["main_grad_bytes", "into_main_grad", "accumulate_pass_bytes", "hook_accumulate_bytes"]
+__all__ = ["main_grad_bytes", "into_main_grad", "accumulating", "accumulate_pass_bytes", "hook_accumulate_bytes"]
 
 
 def main_grad_bytes(sw: Any, train_dtype: str) -> int:
@@ -97,8 +97,18 @@ def into_main_grad(pair: tuple[Kernel, ...], main_grad: int) -> tuple[Kernel, ..
     if not main_grad:
         return pair
     dgrad, wgrad = pair
+    return dgrad, accumulating(wgrad, main_grad)
+
+
+def accumulating(wgrad: Kernel, main_grad: int) -> Kernel:
+    """The weight-gradient GEMM ``wgrad`` accumulating into a ``main_grad`` of ``main_grad``
+    bytes per element (:func:`into_main_grad`'s rule for one kernel): its ``bytes`` with that
+    buffer read and written, its ``accumulate_bytes`` the buffer's; ``wgrad`` itself when
+    ``main_grad`` is 0."""
+    if not main_grad:
+        return wgrad
     nbytes = gemm_bytes(*wgrad.shape, wgrad.batch, DTYPE_BYTES.get(wgrad.dtype, 2), main_grad)
-    return dgrad, replace(wgrad, bytes=float(nbytes), accumulate_bytes=float(main_grad))
+    return replace(wgrad, bytes=float(nbytes), accumulate_bytes=float(main_grad))
 
 
 def accumulate_pass_bytes(sw: Any, dt: float, gdt: float) -> float:

@@ -116,7 +116,7 @@ class Agarwal3D(LayerPartitioner):
         a, b, c, flops = self._sizes(M, N, K)
         if self.q == 1:
             ops.add(self.gemm_op(f"{name}.dA", M, K, N))
-            ops.add(self.gemm_op(f"{name}.dB", K, N, M))
+            ops.add(self.weight_grad_op(f"{name}.dB", K, N, M))
             return
         ops.add(Collective(f"{name}.ag_dC", "all_gather", "tp_z", c))
         ops.add(Collective(f"{name}.ag_B", "all_gather", "tp_y", b))

@@ -14,6 +14,7 @@ others); across the ``cp`` axis it is a ring or an all-gather (:mod:`.context`).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from ....simulator.kernels.attention import attention_kernels
@@ -142,6 +143,15 @@ class LayerPartitioner:
         the linear layers run in the training dtype, FP8 included)."""
         return Compute(name, 2 * M * N * K, dtype=self.dtype,
                        kernels=(Kernel("gemm", (M, N, K), dtype=self.plan.train_dtype),))
+
+    def weight_grad_op(self, name: str, M: float, N: float, K: float) -> Compute:
+        """A weight gradient's local GEMM that produces the rank's whole gradient shard (no
+        partial product left to reduce): it accumulates into ``main_grad`` as the stack's
+        fused weight-gradient GEMMs do (:func:`..wgrad.accumulating`), else :meth:`gemm_op`."""
+        from ..wgrad import accumulating, main_grad_bytes
+        op = self.gemm_op(name, M, N, K)
+        mg = main_grad_bytes(self.sw, self.plan.train_dtype)
+        return replace(op, kernels=(accumulating(op.kernels[0], mg),)) if mg else op
 
     def core_kernels(self, backward: bool) -> tuple | None:
         """The attention core's kernels on this rank (``software.attention``), or None

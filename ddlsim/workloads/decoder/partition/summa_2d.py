@@ -99,11 +99,18 @@ class Summa2D(LayerPartitioner):
 
     # ------------------------------------------------------------------ SUMMA
     def _steps(self, ops: OpList, name: str, bcasts: list[tuple[str, str, float]],
-               gemm: tuple[float, float, float], reduce: tuple[str, float] | None) -> None:
+               gemm: tuple[float, float, float], reduce: tuple[str, float] | None,
+               weight_grad: bool = False) -> None:
         """``q`` double-buffered SUMMA steps: ``bcasts`` = [(label, group, bytes)] per step,
-        an optional ``reduce`` = (group, bytes) of each step's partial product."""
+        an optional ``reduce`` = (group, bytes) of each step's partial product;
+        ``weight_grad``: the steps compute a weight gradient, which on a 1×1 grid without
+        depth is the rank's whole gradient and accumulates as the stack's fused weight
+        gradients do (:meth:`~.base.LayerPartitioner.weight_grad_op`)."""
+        make = self.gemm_op
         if self.q == 1:   # a 1×1 grid: nothing to broadcast or reduce
             bcasts, reduce = [], None
+            if weight_grad and self.depth == 1:
+                make = self.weight_grad_op
         anchor = ops.last_compute()
         gemms: list[int] = []
         reds: list[int] = []
@@ -112,7 +119,7 @@ class Summa2D(LayerPartitioner):
             got = tuple(ops.add(Collective(f"{name}.bcast_{lab}", "broadcast", grp, nb, root=k),
                                 grp, pre) for lab, grp, nb in bcasts)
             free = (reds[k - 2],) if reduce and k >= 2 else ()
-            gemms.append(ops.add(self.gemm_op(f"{name}.step", *gemm), deps=got + free))
+            gemms.append(ops.add(make(f"{name}.step", *gemm), deps=got + free))
             if reduce:
                 grp, nb = reduce
                 reds.append(ops.add(Collective(f"{name}.reduce", "reduce", grp, nb, root=k),
@@ -135,7 +142,8 @@ class Summa2D(LayerPartitioner):
         a, b, _ = self._blocks(M, N, K)
         m, n, k = M / self.rows, N / self.q, K / self.q
         self._steps(ops, f"{name}.dA", [("B", "tp_col", b)], (m, k, n), ("tp_row", a))
-        self._steps(ops, f"{name}.dB", [("A", "tp_row", a)], (k, n, m), ("tp_col", b))
+        self._steps(ops, f"{name}.dB", [("A", "tp_row", a)], (k, n, m), ("tp_col", b),
+                    weight_grad=True)
         self._after_weight_grad(ops, name, b)
         if self.q > 1:   # dA is reduced: the next GEMM needs it
             ops.add(Wait(f"{name}.wait_row", "tp_row"))
