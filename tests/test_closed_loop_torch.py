@@ -30,12 +30,14 @@ MODEL = torch_model(SMALL)
 
 #: (least, most) of predicted / measured − 1 with ``clock="cpu"`` (the iterations' CPU time,
 #: the most over ranks), per run and engine, SMALL on 1 and 2 ranks, DDP and FSDP. Measured
-#: 2026-11-29 17:48-17:52 UTC at load 5.8-7.2 on 2 cores (benchmarks/closed_loop.py --torch
-#: --small --clock cpu): DDP −16.3 % (1 rank), −15.1 % (2 ranks), FSDP −40.1 % (2 ranks),
-#: both engines alike; ddlsim too fast (torch's CPU log-softmax and addmm's bias copy cost
-#: more than their bytes; FSDP2's per-parameter DTensor work and Gloo's CPU copies competing
-#: with compute are not modelled: docs/validation.md). −60 % keeps 20 points below the
-#: worst; over +20 % something was counted twice. Not the issue's 10 % target.
+#: 2026-11-29 (benchmarks/closed_loop.py --torch --small --clock cpu, 2 cores): GEMMs
+#: timed back to back, 17:48-17:52 UTC, load 5.8-7.2: DDP −16.3 % (1 rank), −15.1 % (2
+#: ranks), FSDP −40.1 %; GEMMs timed out of L2 (torch_job.FLUSH_BYTES), 17:56-18:00 UTC, load
+#: 4.9-6.5, two loops: DDP −13.7, −14.3 % (1 rank), −10.4, −17.1 % (2 ranks), FSDP −34.9,
+#: −32.1 %; both engines alike; ddlsim too fast (GEMMs slower inside the iteration than
+#: alone; FSDP2's host work and Gloo's CPU copies competing with compute are not modelled:
+#: docs/validation.md). −60 % keeps 20 points below the worst; over +20 % something was
+#: counted twice. Not the issue's 10 % target.
 CPU_BOUND = (-0.6, 0.2)
 
 

@@ -7,7 +7,7 @@
 Every rank does, round after round (a barrier before each step):
 
 1. one sample per GEMM shape of the run and a few squares, torch ``matmul`` in fp32 on one
-   thread (:func:`gemm_rows`);
+   thread, its operands out of L2 as in the run (:func:`gemm_rows`: the median of 3 calls);
 2. element-wise rates: torch ``add(x, y, out=z)`` on the gradient buffer's size (3 passes,
    the STREAM "Add" kernel, McCalpin 1995), and each kernel class ddlsim times apart
    (:func:`class_kernels`: ``F.layer_norm``, ``F.gelu(approximate="tanh")`` and their
@@ -81,19 +81,33 @@ def op_overhead_s(calls: int = 200) -> float:
     return _least_s(loop) / calls
 
 
-def gemm_rows(shapes, seed: int) -> list[dict]:
-    """One process-CPU-time sample (``calibrate compute``'s timing: calls repeated up to
-    1 ms) per GEMM ``(m, n, k)`` or stacked ``(m, n, k, batch)`` (``batch`` GEMMs in one
-    torch ``matmul``, as the attention core runs its heads), fp32, in the ``calibrate
-    compute`` format. (``calibrate compute --backend torch`` times wall time and refuses
-    stacks: its device may be a GPU; here the kernel runs on the calling CPU thread.)"""
-    from ..calibration.compute_bench import _row, _time, gemm_flops
-    gen, rows = torch.Generator().manual_seed(seed), []
+#: Bytes written between two timed GEMM calls (:func:`gemm_rows`): four times this machine's
+#: L2 of 2 MiB per core (``lscpu``: 4 MiB, 2 instances), so that the call finds its operands
+#: out of L2, as in a training iteration, where each weight is read once per pass and the
+#: whole model (20-34 MB here) streams through between two uses; Triton's ``do_bench``
+#: (triton/testing.py) likewise zeroes a 256 MB buffer before each timed call.
+FLUSH_BYTES = 8 * 2 ** 20
+
+
+def gemm_rows(shapes, seed: int, reps: int = 3) -> list[dict]:
+    """Process-CPU-time samples of each GEMM ``(m, n, k)`` or stacked ``(m, n, k, batch)``
+    (``batch`` GEMMs in one torch ``matmul``, as the attention core runs its heads), fp32,
+    each call timed alone after writing :data:`FLUSH_BYTES` (out of L2), ``reps`` calls;
+    rows in the ``calibrate compute`` format. (``calibrate compute --backend torch`` times
+    wall time over back-to-back calls, whose operands stay in cache, and refuses stacks.)"""
+    from ..calibration.compute_bench import _row, gemm_flops
+    gen, rows, flush = torch.Generator().manual_seed(seed), [], torch.empty(FLUSH_BYTES // 4)
     for shape in shapes:
         m, n, k, *stack = shape
         a = torch.randn((*stack, m, k), generator=gen)
         b = torch.randn((*stack, k, n), generator=gen)
-        samples = _time(lambda: a @ b, lambda: None, 1, 1, time.process_time)
+        a @ b  # warm-up (allocator, code)
+        samples = np.empty(reps)
+        for i in range(reps):
+            flush.zero_()
+            t0 = time.process_time()
+            a @ b
+            samples[i] = max(time.process_time() - t0, 1e-9)
         dims = {"m": m, "n": n, "k": k, **({"batch": stack[0]} if stack else {})}
         rows.append(_row("torch", f"torch {torch.__version__} (cpu)", "cpu", "gemm", "fp32",
                          dims, gemm_flops(m, n, k) * (stack[0] if stack else 1), samples))

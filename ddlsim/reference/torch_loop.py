@@ -22,8 +22,10 @@ The runs (:mod:`.torch_train`, the same file ``ddlsim predict`` reads):
 
 * ``torch-ddp`` — ``DistributedDataParallel`` (zero_stage 0), 25 MiB buckets (its
   ``bucket_cap_mb`` default, passed from ``parallel.grad_bucket_size``), the all-reduces
-  overlapping the backward (``overlap_grad_reduce: true``). Not expressed: DDP's first
-  bucket is capped at 1 MiB (``dist._DEFAULT_FIRST_BUCKET_BYTES``); ddlsim buckets evenly.
+  overlapping the backward (``overlap_grad_reduce: true``). Given explicitly, the cap holds
+  for the first bucket too (torch 2.14 ``nn/parallel/distributed.py``: the 1 MiB first
+  bucket, ``dist._DEFAULT_FIRST_BUCKET_BYTES``, only when ``bucket_cap_mb`` is None), so the
+  buckets are ddlsim's even ones.
 * ``torch-fsdp`` — FSDP2 ``fully_shard`` per block, then the root (zero_stage 3 on the
   torchtitan stack: one all-gather and one reduce-scatter per block, one block prefetched);
   every block reshards after its forward (``fully_shard``'s default; the stack's
