@@ -242,6 +242,11 @@ def predict(config: RunConfig | dict | str | Path, engine: Engine = "analytical"
     if first_touch is not None:
         from dataclasses import replace
         result = replace(result, extra={**result.extra, "first_touch": first_touch})
+    from .workloads.decoder.batch_input import uncharged_note
+    if (batch_note := uncharged_note(cfg)) is not None:   # no host link: said, not silent
+        from dataclasses import replace
+        warnings.warn(batch_note, DDLSimWarning, stacklevel=2)
+        result = replace(result, extra={**result.extra, "batch_input": batch_note})
     return _described(result, cfg, workload, engine, source, backend, check_fit, engine_options)
 
 

@@ -130,6 +130,13 @@ class DeviceSpec(_Strict):
     launch: LaunchSpec | None = Field(
         default=None, description="host and launch time per kernel (docs/compute.md); unset: "
                                   "kernels cost only their device time")
+    host_link: LinkSpec | None = Field(
+        default=None, description="the device's link from host memory (PCIe): bandwidth_Bps, "
+                                  "the pinned host-to-device copy rate one device reaches "
+                                  "(a copy engine's cudaMemcpyAsync); charges the batch a "
+                                  "stack copies to the device each micro-batch "
+                                  "(workloads/decoder/batch_input.py); unset: not charged, "
+                                  "and a result says so")
     source: str | None = None
 
     @model_validator(mode="after")

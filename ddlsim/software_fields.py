@@ -32,6 +32,9 @@ Checkpoint = Literal["reentrant", "non_reentrant", "non_reentrant_early_stop"]
 #: when the model repeats K and V to the query heads before the attention core
 #: (:func:`ddlsim.simulator.kernels.repeat_kv.expands_kv`)
 RepeatKV = Literal["always", "unfused_kernels", "never"]
+#: where a micro-batch's dense attention mask comes from
+#: (:mod:`ddlsim.workloads.decoder.batch_input`)
+BatchMask = Literal["dataloader", "device", "none"]
 #: how the stack hands kernels to the device (ddlsim/simulator/kernels/host.py)
 HostDispatch = Literal["eager", "compiled", "cuda_graphs"]
 
@@ -169,6 +172,15 @@ class KernelSpec(_Strict):
                                   "by op), compiled (torch.compile: a compiled wrapper "
                                   "launches them) or cuda_graphs (captured graphs); sets the "
                                   "host time per kernel (docs/compute.md)")
+    batch_attention_mask: BatchMask | None = Field(
+        default=None, description="where each micro-batch's dense [s, s] attention mask comes "
+                                  "from: dataloader (the dataset builds it per sample; the "
+                                  "batch, mask included, is copied to the device and "
+                                  "broadcast over TP: Megatron-Core's "
+                                  "get_batch_on_this_tp_rank), device (built on the GPU: "
+                                  "Megatron-LM 2021's get_ltor_masks_and_position_ids, not "
+                                  "charged) or none (the attention kernel masks by itself); "
+                                  "workloads/decoder/batch_input.py")
 
 
 class OverlapSpec(_Strict):

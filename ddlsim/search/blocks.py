@@ -42,7 +42,10 @@ class Pieces(NamedTuple):
     """Per plan, seconds on the compute stream of one micro-batch's pieces of a stage.
 
     ``fwd``/``bwd``: one transformer layer (the backward with its recomputation, gradient
-    accumulation and overlapped TP collectives); ``emb``: the embedding; ``emb_b``/``emb_b1``:
+    accumulation and overlapped TP collectives); ``emb``/``emb1``: the embedding after the
+    batch's loading on a first stage without and with the output layer (PP = 1 loads and
+    broadcasts every tensor: :mod:`~ddlsim.workloads.decoder.batch_input`); ``load_l``: the
+    batch's loading on a last stage at PP > 1; ``emb_b``/``emb_b1``:
     its backward on a first stage without and with the output layer (PP = 1, where a tied
     weight's two gradients meet: :mod:`~ddlsim.workloads.decoder.embedding_grad`);
     ``head_f``/``head_b``: the output head and loss; ``gather``: the all-gather after a
@@ -57,6 +60,8 @@ class Pieces(NamedTuple):
     fwd: np.ndarray
     bwd: np.ndarray
     emb: np.ndarray
+    emb1: np.ndarray
+    load_l: np.ndarray
     emb_b: np.ndarray
     emb_b1: np.ndarray
     head_f: np.ndarray
@@ -201,7 +206,9 @@ def _built_pieces(ctx, plans, groups: list[np.ndarray]) -> tuple[list, list[floa
 _PIECES = {
     "fwd": lambda sb: sb.layer_ops(False, 1),
     "bwd": lambda sb: sb.layer_ops(True, 1),
-    "emb": lambda sb: as_ops(sb.embedding_forward()),
+    "emb": lambda sb: as_ops(sb.embedding_forward(False)),
+    "emb1": lambda sb: as_ops(sb.embedding_forward(True)),
+    "load_l": lambda sb: as_ops(sb.batch_ops("last")),
     "emb_b": lambda sb: as_ops(sb.embedding_backward(False)),
     "emb_b1": lambda sb: as_ops(sb.embedding_backward(True)),
     "head_f": lambda sb: as_ops(sb.head_forward()),
@@ -235,6 +242,7 @@ def _piece_keys(sb, mbs: int, tp: int, sp: bool, recompute: str, zero: int) -> d
     shape = ("edges", mbs, tp, sp)   # read neither recomputation nor the ZeRO stage
     return {"fwd": ("fwd", *layer, regathers_input(sb.sw, recompute)),
             "bwd": ("bwd", *layer, recompute), "emb": ("emb", *shape),
+            "emb1": ("emb1", *shape), "load_l": ("load_l", *shape),
             "emb_b": ("emb_b", *edges), "emb_b1": ("emb_b1", *edges),
             "head_f": ("head_f", *edges), "head_b": ("head_b", *shape),
             "gather": ("gather", *shape)}

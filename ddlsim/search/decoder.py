@@ -143,14 +143,15 @@ class DecoderVectors:
                                       net.backend)
 
         pieces = stage_pieces(ctx, plans, coll_at, net.backend)
-        fwd, bwd, emb = pieces.fwd, pieces.bwd, pieces.emb
+        fwd, bwd = pieces.fwd, pieces.bwd
         head_f, head_b, gather = pieces.head_f, pieces.head_b, pieces.gather
         lc = sh.layers // (pp * v)
         F, B = v * lc * fwd, v * lc * bwd
         one = pp == 1
+        emb = np.where(one, pieces.emb1, pieces.emb)   # after the batch's loading
         fwd_first = F + emb + np.where(one, head_f, (v - 1) * gather)
         bwd_first = B + np.where(one, head_b + pieces.emb_b1, v * gather + pieces.emb_b)
-        fwd_last = np.where(one, fwd_first, F + v * gather + head_f)
+        fwd_last = np.where(one, fwd_first, F + v * gather + pieces.load_l + head_f)
         bwd_last = np.where(one, bwd_first, B + (v - 1) * gather + head_b)
         mid = pp >= 3
         fwd_mid = np.where(mid, F + v * gather, fwd_first)

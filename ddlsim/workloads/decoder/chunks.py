@@ -86,6 +86,12 @@ class ChunkOps(StageBase):
         fwd: list[Op] = []
         if k > 0:
             fwd += self._recv_ops(f"act.c{chunk}", -1)
+        if k == self.pp * self.v - 1 and k > 0:
+            # the last stage loads its batch after the receive (Megatron's forward_step
+            # runs get_batch once recv_forward has returned): .batch_input
+            load = self.cached(("batch.last",), lambda: as_ops(self.batch_ops("last")))
+            if load:
+                fwd += [self._after(load[0], len(fwd) - 1), *load[1:]]
         if k == 0:
             fwd += self.cached(("embedding",), lambda: as_ops(self.embedding_forward()))
         first = len(fwd)

@@ -20,14 +20,31 @@ class EdgeOps(StageBase):
     """Embedding lookup, logits GEMM, loss, and their backward (the lookup's:
     :mod:`.embedding_grad`)."""
 
-    def embedding_forward(self) -> list:
+    def embedding_forward(self, with_head: bool | None = None) -> list:
+        """The first stage's loading of the micro-batch (:meth:`batch_ops`; ``with_head``:
+        whether the rank holds the output layer too, default PP = 1), then the lookup."""
+        ops = self.batch_ops("one" if (self.pp == 1 if with_head is None else with_head)
+                             else "first")
         if self.structured:
-            return self.part.embedding_ops(self.act_bytes)
-        ops: list[Compute | Collective] = [
-            Compute("embedding", 0.0, 2 * self.act_bytes, kind="elementwise", dtype=self.dtype)]
+            extend_ops(ops, self.part.embedding_ops(self.act_bytes))
+            return ops
+        ops.append(Compute("embedding", 0.0, 2 * self.act_bytes, kind="elementwise",
+                           dtype=self.dtype))
         if self.tp > 1:  # vocab-parallel embedding: all-reduce of the looked-up rows
             ops.append(Collective("embedding.ar", "all_reduce", "tp", self.act_bytes))
         return ops
+
+    def batch_ops(self, role: str) -> list:
+        """One micro-batch's input copied to the device and broadcast over TP on a stage of
+        ``role`` (``one``, ``first``, ``last``: :func:`.batch_input.batch_input_ops`), where
+        the stack's batch carries the dataset's attention mask; else none. As ops when the
+        plan's partitioner gives ops (its deps then follow them)."""
+        from .batch_input import batch_input_ops, carries_mask
+        if not carries_mask(self.sw):
+            return []
+        items = batch_input_ops(role, self.b, self.s, self.tp,
+                                getattr(self.plan.device, "host_link", None), self.dtype)
+        return [Op(x) for x in items] if self.structured else items
 
     def embedding_backward(self, with_head: bool | None = None) -> list:
         """The input embedding's backward and the accumulation of its weight gradient
