@@ -2,6 +2,7 @@
 
     python benchmarks/closed_loop.py                 # the loop of docs/validation.md
     python benchmarks/closed_loop.py --small --ranks 1,2 -o /tmp/loop
+    python benchmarks/closed_loop.py --torch         # PyTorch over Gloo: torch_loop.py
 
 Writes every intermediate file to ``-o`` (default ``closed-loop/``): MPI and compute CSVs,
 the fitted profile, one run config per run (the file both ``ddlsim predict`` and the trainer

@@ -18,7 +18,9 @@ same file describes the same run:
   all-reduced before the step, as Megatron-LM does.
 
 Prints the median iteration (the slowest rank's, after a barrier) over ``--iters`` after
-``--warmup``, as :mod:`.train` does.
+``--warmup``, as :mod:`.train` does. The closed loop (:mod:`.torch_loop`, ``python
+benchmarks/closed_loop.py --torch``) runs the same steps (:func:`data_parallel_step`,
+:func:`pipeline_step`) in turns with its calibration samples (:mod:`.torch_job`).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from torch import nn
 
 from .train import shape_of
 
-__all__ = ["Block", "build_stage", "plan_of", "main"]
+__all__ = ["Block", "build_stage", "plan_of", "data_parallel_step", "pipeline_step", "main"]
 
 
 class Block(nn.Module):
