@@ -115,6 +115,11 @@ def config(row: dict) -> dict:
         "system": {"preset": "dgx-h100", "nodes": gpus // GPUS_PER_NODE,
                    "software": {"stack": STACK, "kernels": {
                        "attention": ATTENTION, "fp8_recipe": FP8_RECIPE,
+                       # NeMo 24.07's get_batch drops the dataset's mask and copies only the
+                       # stage's tensors on every rank (megatron_gpt_model.py 8e3d65dc lines
+                       # 1222-1246, get_attention_mask_from_fusion True); Megatron-Bridge
+                       # (validate_bridge) skips it too: batch_input.py
+                       "batch_attention_mask": "none",
                        **{k: row[k] == "true" for k in KERNEL_SWITCHES},
                        "grad_reduce_dtype": GRAD_SYNC[row["grad_sync_dtype"]]}}},
     }

@@ -142,7 +142,14 @@ def _run(row: dict, expert_tp: int, moe: dict, train: dict, kernels: dict) -> di
             "train": {"micro_batch_size": int(row["mbs"]), "global_batch_size": int(row["gbs"]),
                       "seq_length": int(row["seq"]), **train},
             "system": {"preset": "dgx-h100", "nodes": gpus // GPUS_PER_NODE,
-                       "software": {"stack": STACK, "kernels": kernels}}}
+                       "software": {"stack": STACK, "kernels": {**NO_MASK, **kernels}}}}
+
+
+#: neither source's batch carries the dataset's attention mask: Megatron-Bridge skips it
+#: (067f987d training/gpt_step.py line 360, skip_getting_attention_mask_from_dataset=True);
+#: the ModelZoo's model_configs/benchmarking/Qwen3-235B-A22B.yaml (e865051) passes
+#: --no-create-attention-mask-in-dataloader (workloads/decoder/batch_input.py)
+NO_MASK = {"batch_attention_mask": "none"}
 
 
 #: the ModelZoo table's recompute column -> ``train`` fields (the scripts' flags)
