@@ -26,7 +26,7 @@ The stack's host waits at that code (``host_syncs`` in software.yaml,
 ddlsim/workloads/decoder/host_sync.py: the loss's NaN check and ``num_tokens.item()`` per
 micro-batch, each gradient bucket's NaN check, the clip's grad-norm and the loss scale's
 ``.item()`` per step) are in every row; on the 1.7B row they cost 1.8 ms of its 0.45 s (37
-buckets, 4 micro-batches), so they are not what its -24 % misses.
+buckets, 4 micro-batches), so they are not what its -23 % misses.
 
 What was checked against the source (core_r0.8.0, ``baf94af3c6``; 2026-11-29):
 
@@ -37,8 +37,8 @@ What was checked against the source (core_r0.8.0, ``baf94af3c6``; 2026-11-29):
   ``forward_backward_no_pipelining``: the others run under ``no_sync``); attention and hidden
   dropout 0.1 (defaults; the example scripts do not change them).
 * ``--breakdown``: every row but 462B reads too fast on compute alone (compute, optimizer and
-  bubble: 1.7B -24.1 %, 7.1B -19.1 %, 16B -7.6 %, 32B -17.6 %, 70B -19.9 %, 119B-314B -6...-9 %);
-  what brings 16B-314B near the table is exposed data-parallel time (32B 331 ms, 70B 389 ms).
+  bubble: 1.7B -22.9 %, 7.1B -18.4 %, 16B -7.0 %, 32B -17.1 %, 70B -19.7 %, 119B-314B -6...-9 %);
+  what brings 16B-314B near the table is exposed data-parallel time (32B 330 ms, 70B 387 ms).
   So the small rows' gap is compute, not communication (their DP groups span 8 and 4 GPUs a
   node: 1.7 and 3.9 ms exposed).
 * GEMMs: the 1.7B's (M = 4,096 tokens; N, K of 2,048-8,192) run at 673-765 TFLOP/s by the
@@ -47,9 +47,11 @@ What was checked against the source (core_r0.8.0, ``baf94af3c6``; 2026-11-29):
   rate of the 462B's GEMMs too: nothing in the GEMM model, nor in the published kernel tables
   it is checked against, makes h = 2,048 much slower.
 * Costs found uncharged or under-charged, each small (1.7B row, per iteration): the input
-  embedding's backward is no op of the trace (a dense ``[V/t, h]`` bf16 gradient, then
+  embedding's backward (a dense ``[V/t, h]`` bf16 gradient, then
   ``param.main_grad.add_(param.grad)`` in the DDP hook, ``distributed_data_parallel.py`` line
-  224: about 12 B per embedding parameter a micro-batch, ~4 ms); Megatron-Core's unfused
+  224), then no op of the trace, is charged since (``bwd.embedding``,
+  ddlsim/workloads/decoder/embedding_grad.py: 1.8 ms a micro-batch on this row, which moved
+  1.7B -23.8 -> -22.8 %, 7.1B -17.9 -> -17.3 % at d1fb503); Megatron-Core's unfused
   cross-entropy runs 17 % (forward) and 9 % (backward) slower in Liger-Kernel's published H100
   times at V = 131,072 than ddlsim's passes (``liger_h100_kernels.csv``, held-out rows;
   ~5.5 ms); attention dropout 0.1 costs cuDNN's fused attention 3 % in sbhd on an H200
@@ -58,7 +60,7 @@ What was checked against the source (core_r0.8.0, ``baf94af3c6``; 2026-11-29):
   ``loss_func``; host_sync.py leaves them out) ~0.15 ms; the dataset's ``[1, s, s]`` attention
   mask (``gpt_dataset.py`` ``create_attention_mask`` True by default; bool, 16.8 MB) copied
   to the device on the compute stream per micro-batch, 1-3 ms at a pinned PCIe Gen5 copy's
-  25-50 GB/s. Together 12-14 ms of the 1.7B's 107 ms.
+  25-50 GB/s. Together, the embedding's backward aside, 8-10 ms of the 1.7B's 102 ms.
 * 32B (+22.6 %): its DP groups have one GPU per node (TP 8), so each rank reduce-scatters
   15.75 GB of fp32 gradients and gathers 7.83 GB of bf16 parameters through its own 400 Gb/s
   NIC: at least 0.31 + 0.15 s at line rate, against overlap windows of one micro-batch's
