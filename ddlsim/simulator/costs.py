@@ -47,6 +47,12 @@ def _backend(system: SystemConfig) -> tuple[str, object]:
                           f"NCCL's tuning model, but device.name {system.device.name!r} names "
                           "none; set system.collectives.gpu_arch to volta, ampere, hopper or "
                           "blackwell")
+    spec = system.collectives
+    if backend != "nccl" and "nccl_version" in spec.model_fields_set:
+        raise ConfigError(f"system.collectives.nccl_version = {spec.nccl_version!r} times NCCL's "
+                          f"collectives, but they run on {backend!r} here (backend = "
+                          f"{spec.backend!r}: NCCL only on NVLink nodes of a known GPU "
+                          "generation under 'auto'); remove nccl_version or set backend: nccl")
     return backend, env
 
 
