@@ -57,11 +57,13 @@ What was checked against the source (core_r0.8.0, ``baf94af3c6``; 2026-11-29):
   ~5.5 ms); attention dropout 0.1 costs cuDNN's fused attention 3 % in sbhd on an H200
   (NVIDIA/TransformerEngine#3312, TE 2.15: 0.594 -> 0.614 ms; ~1.5 ms); the 8-byte loss
   all-reduce over DP per micro-batch and the grad-norm all-reduce (``pretrain_gpt.py``
-  ``loss_func``; host_sync.py leaves them out) ~0.15 ms; the dataset's ``[1, s, s]`` attention
-  mask (``gpt_dataset.py`` ``create_attention_mask`` True by default; bool, 16.8 MB) copied
-  to the device on the compute stream per micro-batch, 1-3 ms at a pinned PCIe Gen5 copy's
-  25-50 GB/s. Together, the embedding's backward aside, 8-10 ms of the 1.7B's 102 ms.
-* 32B (+22.6 %): its DP groups have one GPU per node (TP 8), so each rank reduce-scatters
+  ``loss_func``; host_sync.py leaves them out) ~0.15 ms. The dataset's ``[1, s, s]`` attention
+  mask (``gpt_dataset.py`` ``create_attention_mask`` True by default; bool, 16.8 MB), copied
+  to the device on the compute stream per micro-batch, is charged since c87c66e
+  (ddlsim/workloads/decoder/batch_input.py at dgx-h100's host_link, 50.4 GB/s: 1.7B -22.8 ->
+  -22.5 %, 7.1B -17.3 -> -17.1 %). Together the ones still uncharged are ~7 ms of the 1.7B's
+  102 ms.
+* 32B (+22.9 %): its DP groups have one GPU per node (TP 8), so each rank reduce-scatters
   15.75 GB of fp32 gradients and gathers 7.83 GB of bf16 parameters through its own 400 Gb/s
   NIC: at least 0.31 + 0.15 s at line rate, against overlap windows of one micro-batch's
   backward (~0.12 s) and forward (~0.06 s). With ddlsim's compute (0.73 s, itself too fast on
