@@ -28,7 +28,7 @@ another rank (Gloo sleeps in ``epoll``; a pipeline stage waits for the other): i
 CPU clock does not count, so the loop compares wall time unless told otherwise.
 
 Rank 0 writes ``OUT/compute{N}.csv`` (the ``calibrate compute`` format, statistics over the
-rounds) and ``OUT/torch{N}.json`` (rates per rank and round, per config its times and
+rounds) and ``OUT/torch{N}.json`` (rank 0's rates per round, per config its times and
 losses).
 """
 
