@@ -94,10 +94,12 @@ def test_gloo_calibration_covers_every_message(tmp_path):
 
 
 def test_bad_options_are_refused_before_anything_runs(tmp_path):
-    with pytest.raises(ValueError, match="torch-pp needs 'wall'"):
+    with pytest.raises(ValueError, match="torch-pp needs clock 'wall'"):
         run_torch_loop(tmp_path, SMALL, (2,), TORCH_STRATEGIES, clock="cpu")
     with pytest.raises(ValueError, match="must be among"):
         run_torch_loop(tmp_path, SMALL, (2,), ("ddp",))
+    with pytest.raises(ValueError, match="clock must be 'wall' or 'cpu', got 'gpu'"):
+        run_torch_loop(tmp_path, SMALL, (2,), ("torch-ddp",), clock="gpu")
     with pytest.raises(ValueError, match="must be one of"):
         torch_run_config(MODEL, 2, "zero1", PLACEHOLDER)
 

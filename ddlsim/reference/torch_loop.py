@@ -53,7 +53,6 @@ import dataclasses
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -62,6 +61,7 @@ import numpy as np
 import yaml
 
 from .loop import REFERENCE, LoopModel
+from .mpijobs import check_job, cpu_cores, memory_bytes, run_job
 
 __all__ = ["TORCH_STRATEGIES", "TORCH_STACK", "PP_MICRO_BATCHES", "torch_available",
            "torch_model", "torch_run_config", "gloo_sizes", "torch_system", "strategies_for",
@@ -134,18 +134,6 @@ def torchrun(n: int) -> list[str]:
             str(n)]
 
 
-def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-           "MKL_NUM_THREADS": "1"}
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-
-
-def _check(proc: subprocess.CompletedProcess, what: str) -> None:
-    if proc.returncode != 0:
-        raise RuntimeError(f"{what} failed (exit {proc.returncode}):\n"
-                           f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-
-
 def gloo_sizes(cfg_paths: list[Path]) -> tuple[list[str], int, int]:
     """(operations, smallest, largest bytes) to calibrate: the collectives of the runs'
     traces (:func:`.interleaved.trace_collectives`) and ``sendrecv`` (the system's link:
@@ -169,11 +157,11 @@ def calibrate_gloo(work: Path, n: int, cfg_paths: list[Path], clock: str = "wall
     docstring, step 1)."""
     ops, lo, hi = gloo_sizes(cfg_paths)
     out = work / f"gloo{n}.csv"
-    _check(_run(torchrun(n) + ["-m", "ddlsim.calibration", "comm", "--backend", "gloo",
-                               "--ops", ",".join(ops), "--min-bytes", str(lo), "--max-bytes",
-                               str(hi), "--warmup", "2", "--reps", "10", "--clock", clock,
-                               "--no-split", "--no-progress", "-o", str(out), "--force"], 900),
-           f"calibrate comm --backend gloo on {n} ranks")
+    check_job(run_job(torchrun(n) + [
+        "-m", "ddlsim.calibration", "comm", "--backend", "gloo", "--ops", ",".join(ops),
+        "--min-bytes", str(lo), "--max-bytes", str(hi), "--warmup", "2", "--reps", "10",
+        "--clock", clock, "--no-split", "--no-progress", "-o", str(out), "--force"], 900),
+        f"calibrate comm --backend gloo on {n} ranks")
     return out
 
 
@@ -182,21 +170,11 @@ def job(work: Path, model: LoopModel, n: int, cfg_paths: list[Path],
     """Run :mod:`.torch_job` on ``n`` ranks (module docstring, step 2); its JSON."""
     stack = work / "torch_stack.json"
     stack.write_text(json.dumps(TORCH_STACK))
-    _check(_run(torchrun(n) + ["-m", "ddlsim.reference.torch_job", str(work),
-                               *map(str, cfg_paths), "--rounds", str(model.rounds),
-                               "--warmup", str(model.warmup), "--stack", str(stack),
-                               "--clock", clock], 1800),
-           f"the torch job on {n} ranks")
+    check_job(run_job(torchrun(n) + [
+        "-m", "ddlsim.reference.torch_job", str(work), *map(str, cfg_paths), "--rounds",
+        str(model.rounds), "--warmup", str(model.warmup), "--stack", str(stack), "--clock",
+        clock], 1800), f"the torch job on {n} ranks")
     return json.loads((work / f"torch{n}.json").read_text())
-
-
-def _memory_bytes() -> float:
-    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-
-
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-        else os.cpu_count() or 1
 
 
 def _rate(values: list[float], statistic: str) -> float:
@@ -246,7 +224,7 @@ def torch_system(n: int, doc: dict, r_max: float, profile: Path, statistic: str,
         prof = CalibrationProfile.load(profile)
         p2p = (prof.alpha_beta("gloo", "sendrecv", 0)[0],
                1.0 / prof.alpha_beta("gloo", "sendrecv", 2 ** 40)[1])
-    system = local_system(n, r_max, stream, p2p, _memory_bytes() / n, when, classes)
+    system = local_system(n, r_max, stream, p2p, memory_bytes() / n, when, classes)
     src = f"measured on this machine by ddlsim/reference/torch_job.py ({when})"
     system["device"]["source"] = (f"{src}: peak = the torch fp32 GEMM plateau R_max, "
                                   "bandwidth = torch.add(x, y, out=z) on the gradient "
@@ -369,9 +347,11 @@ def run_torch_loop(work: Path, model: LoopModel = REFERENCE, ranks: tuple[int, .
     if bad:
         raise ValueError(f"torch strategies must be among {', '.join(TORCH_STRATEGIES)}, got "
                          f"{bad}")
-    if clock not in ("wall", "cpu") or (clock == "cpu" and "torch-pp" in strategies):
-        raise ValueError(f"clock must be 'wall' or 'cpu', got {clock!r}; 'cpu' leaves out "
-                         "the pipeline's bubble (idle time), so torch-pp needs 'wall'")
+    if clock not in ("wall", "cpu"):
+        raise ValueError(f"clock must be 'wall' or 'cpu', got {clock!r}")
+    if clock == "cpu" and "torch-pp" in strategies:
+        raise ValueError("clock 'cpu' leaves out the pipeline's bubble (idle time), so "
+                         "torch-pp needs clock 'wall'; with 'cpu' run torch-ddp,torch-fsdp")
     if not torch_available():
         raise RuntimeError("the torch closed loop needs PyTorch with Gloo: pip install "
                            "'ddlsim[torch]'")
@@ -379,16 +359,17 @@ def run_torch_loop(work: Path, model: LoopModel = REFERENCE, ranks: tuple[int, .
     model = torch_model(model)
     load = os.getloadavg()
     log(f"load average (1, 5, 15 min) at the start: {load[0]:.2f}, {load[1]:.2f}, "
-        f"{load[2]:.2f} on {_cores()} cores")
+        f"{load[2]:.2f} on {cpu_cores()} cores")
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     rows: list[dict] = []
     for n in ranks:
         runs = strategies_for(n, strategies)
         if not runs:
             continue
-        if n > _cores():
-            ours = [{"strategy": s, "ranks": n, "refused": f"{n} ranks on this node share "
-                     f"{_cores()} usable CPU cores; run at most {_cores()}"} for s in runs]
+        if n > cpu_cores():
+            why = (f"{n} ranks on this node share {cpu_cores()} usable CPU cores; run at "
+                   f"most {cpu_cores()}")
+            ours = [{"strategy": s, "ranks": n, "refused": why} for s in runs]
             log("\n".join(row_line(r) for r in ours))
         else:
             ours = loop_ranks(work, model, n, runs, statistic, max_rel_rmse, when, log,
