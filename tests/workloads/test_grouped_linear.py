@@ -9,7 +9,7 @@ import pytest
 from stage_ops import compute_ops
 
 import ddlsim
-from ddlsim.workloads.decoder.combined import _split_wgrad
+from ddlsim.workloads.decoder.combined_nodes import _split_wgrad
 from ddlsim.workloads.decoder.grouped_linear import multi_stream_gemms, stream_rounds
 from ddlsim.workloads.trace import Compute, Kernel
 

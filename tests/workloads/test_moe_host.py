@@ -169,7 +169,7 @@ def test_both_engines_time_the_wait():
 
 def test_the_combined_1f1b_forward_nodes_open_with_the_waits():
     from ddlsim.workloads.decoder.builder import StageBuilder
-    from ddlsim.workloads.decoder.combined import moe_layer_nodes
+    from ddlsim.workloads.decoder.combined_nodes import moe_layer_nodes
     cfg = ddlsim.load_config(qwen3_30b(DEEPEP))
     b = StageBuilder.from_config(cfg, cfg.model.shape())
     nodes = moe_layer_nodes(b, False)
@@ -257,7 +257,7 @@ def test_the_backward_counts_grouped_linears_per_expert_host_work(monkeypatch):
 
 def test_with_one_wait_the_combined_dispatch_node_carries_the_hosts_work():
     from ddlsim.workloads.decoder.builder import StageBuilder
-    from ddlsim.workloads.decoder.combined import moe_layer_nodes
+    from ddlsim.workloads.decoder.combined_nodes import moe_layer_nodes
     cfg = ddlsim.load_config(qwen3_30b(ALLTOALL))
     b = StageBuilder.from_config(cfg, cfg.model.shape())
     node = moe_layer_nodes(b, False)["dispatch"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from stage_ops import compute_ops
 
-from ddlsim.workloads.decoder.combined import _split_wgrad
+from ddlsim.workloads.decoder.combined_nodes import _split_wgrad
 
 pytestmark = pytest.mark.filterwarnings("ignore::ddlsim.errors.DDLSimWarning")
 
