@@ -1,8 +1,9 @@
 """PyTorch's context-parallel attention (``software.cp_attention: torch``) as torchtitan runs it.
 
 Read in ``torch/distributed/tensor/experimental/_attention.py`` (two stored versions, one of
-late 2024 — ``mesh.get_group()``, a ``PRE_ALL_GATHER`` rotate method — and one of 2025 with
-flex attention; the ring, the merger and both rotaters are the same code in each) and in
+late 2024 — ``mesh.get_group()``, a ``PRE_ALL_GATHER`` rotate method; the index gives no commit
+for it — and one of 2025 with flex attention, pytorch/pytorch 0123248a; the ring, the merger
+and both rotaters are the same code in each) and in
 torchtitan 9dec370 (2024-12) and 07c00d9 (2025-08):
 
 * **Backend.** torchtitan enters ``sdpa_kernel([FLASH_ATTENTION, EFFICIENT_ATTENTION])``
@@ -101,10 +102,18 @@ def kv_bytes(part: Any) -> float:
 
 def backward_buffer_bytes(part: Any) -> float:
     """Bytes torch's ring backward holds at its peak on rank 0 beside the layer's saved
-    tensors, in units of one bf16 query-side tensor ``E`` (:func:`_sizes`), from
-    ``_templated_ring_attention_backward`` (the late-2024 stored version; the same in 2025's)
-    and the flash backward it calls (FlashAttention-2's ``mha_bwd`` adds an fp32 dQ
-    accumulator, ``dq_accum``: ``E`` for rank 0's ``c`` queries).
+    tensors, in units of one bf16 query-side tensor ``E`` (:func:`_sizes`).
+
+    From ``_templated_ring_attention_backward`` (pytorch/pytorch 0123248a
+    ``torch/distributed/tensor/experimental/_attention.py``; the late-2024 stored version,
+    ``mesh.get_group()`` in the function, has the same loop): step 0 calls the flash backward
+    on the full local ``q, k, v`` (``2c`` queries), a later step of rank 0 (``i > rank``) on
+    the second query half. The flash backward (pytorch/pytorch 03b7c19d
+    ``aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp`` ``mha_bwd``)
+    returns bf16 ``dq, dk, dv`` (``empty_like`` q, k, v: ``3E`` at step 0, ``2.5E`` later)
+    and holds an fp32 ``dq_accum`` of ``seqlen_q_rounded × heads × head_size_rounded``
+    (``2E`` at step 0, ``E`` later; ``d = 128`` is not rounded); its fp32 ``softmax_d``
+    (``E/64`` at ``d = 128``) is not counted.
 
     * Compiled (Inductor frees each buffer after its last use — our reading of its generated
       code's ``del``, not a measurement — and each exchange is waited at once): the peak is
@@ -112,13 +121,16 @@ def backward_buffer_bytes(part: Any) -> float:
       fp32 zeros (``4E``, ``torch.zeros_like(..., dtype=accum_dtype)``), K and V made
       contiguous (``2E``), the K/V the rotater holds — the all-gather rotater's gathered
       buffer (``2·cp·E``, ``_AllGatherRotater._aggregated_buffer``) or the all-to-all one's
-      next block (``2E``) — and the step's flash gradients (``2.5E``) with ``dq_accum`` (``E``).
-    * Eager (a loop variable's tensor lives until it is reassigned): a later step's flash
+      next block (``2E``) — and the step's flash gradients (``3E``) with ``dq_accum``
+      (``2E``).
+    * Eager (a loop variable's tensor lives until it is reassigned): step 1's flash
       backward, with dQ's accumulator (``2E``); the gathered K/V and the flat concatenation
       made for a rotater that ignores it (``(2·cp + 2)·E``), or the all-to-all one's block in
       use, the one sent and the one arriving (``6E``); fp32 dK/dV as last sent, as received at
-      the step before and as arriving (``4E`` each); the step before's flash gradients and
-      this step's (``2.5E`` each) with ``dq_accum`` (``E``).
+      the step before (step 0's zeros) and as arriving (``4E`` each); step 0's flash
+      gradients (``3E``), still bound to the loop's names, and step 1's (``2.5E``) with
+      ``dq_accum`` (``E``). A step ``i ≥ 2`` holds ``0.5E`` less (its predecessor's
+      gradients are ``2.5E``).
 
     Parameters
     ----------
@@ -128,16 +140,16 @@ def backward_buffer_bytes(part: Any) -> float:
     Returns
     -------
     float
-        Bytes: compiled ``(11.5 + 2·cp)·E`` (all-gather) or ``13.5·E``; eager
-        ``(22 + 2·cp)·E`` or ``26·E``.
+        Bytes: compiled ``(13 + 2·cp)·E`` (all-gather) or ``15·E``; eager
+        ``(22.5 + 2·cp)·E`` or ``26.5·E``.
     """
     E, _ = _sizes(part)
     gather = part.cp_comm == "all_gather"
     if part.sw.compile:
         held = 2 * part.cp if gather else 2
-        return (2 + 4 + 2 + held + 2.5 + 1) * E
+        return (2 + 4 + 2 + held + 3 + 2) * E
     held = 2 * part.cp + 2 if gather else 6
-    return (2 + held + 12 + 5 + 1) * E
+    return (2 + held + 12 + 3 + 2.5 + 1) * E
 
 
 def _memory(bytes_list: list[float], dtype: str) -> tuple[Kernel, ...]:
