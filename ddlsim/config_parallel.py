@@ -124,13 +124,15 @@ class ParallelConfig(_Strict):
     # `tensor_parallel` names a layer partitioner and its grid; its size is the tp axis and
     # fills in tensor_model_parallel_size (which alone still means Megatron's 1-D scheme).
     # `context_parallel_size` splits the sequence over the cp axis; `cp_comm_type` is how
-    # attention exchanges K/V (Megatron-Core's names: p2p = ring attention, all_gather).
+    # attention exchanges K/V (Megatron-Core's names: p2p = ring attention, all_gather);
+    # unset, the stack's (megatron-core: p2p, torchtitan: all_gather; software.yaml).
     tensor_parallel: TensorParallelSpec | None = Field(
         default=None, description="scheme and grid, e.g. {mode: 2.5d, q: 4, d: 4}")
     context_parallel_size: count_type("parallel_size") = Field(
         default=1, description="CP: the sequence split over this many ranks (Megatron-LM)")
-    cp_comm_type: Literal["p2p", "all_gather"] = Field(
-        default="p2p", description="CP's K/V exchange: ring (p2p) or all-gather (Megatron-Core)")
+    cp_comm_type: Literal["p2p", "all_gather"] | None = Field(
+        default=None, description="CP's K/V exchange: ring (p2p) or all-gather "
+                                  "(Megatron-Core's names); default: system.software's")
 
     @model_validator(mode="after")
     def _check(self) -> "ParallelConfig":

@@ -100,8 +100,11 @@ def _moe_fields(cfg: Any) -> tuple[dict[str, Any], list[str]]:
 
 def _layout_fields(cfg: Any) -> dict[str, Any]:
     """The plan options off their default that change how the run executes: HSDP's replicas
-    and shard size, checkpointing of every n-th layer, each virtual stage's layers given."""
+    and shard size, checkpointing of every n-th layer, each virtual stage's layers given;
+    and, under context parallelism, its K/V exchange (the plan's or the stack's)."""
     p, out = cfg.parallel, {}
+    if p.context_parallel_size > 1:
+        out["cp_comm_type"] = cfg.software.cp_comm_type
     if p.data_parallel_replicate_size > 1:
         from .workloads.decoder.hsdp import shard_group
         out["hsdp"] = {"replicas": p.data_parallel_replicate_size,
@@ -159,6 +162,8 @@ def plan_fields(cfg: Any) -> dict[str, Any]:
         ``router_fusion``, ``aux_loss_coeff``) and
         its overlaps among ``overlaps``; when set, ``hsdp`` (``replicas``, ``shard_ranks``),
         ``recompute_every_n_layers``, ``recompute_modules`` and ``layers_per_virtual_stage``;
+        under context parallelism ``cp_comm_type`` (``p2p`` or ``all_gather``, the plan's or
+        the stack's);
         under ZeRO-3 in the
         families that read the kernels ``zero3_gathers`` (the plan line's words); ResNet's
         ``precision``, ``memory_format`` and ``training_step``.

@@ -127,8 +127,8 @@ def _stack_defaults(name: str) -> tuple[dict, dict, dict]:
 
 
 def resolve_software(spec: SoftwareSpec | str | None, plan: Any = None) -> Software:
-    """The stack ``spec`` names, with its overrides and then the plan's overlap options
-    (``plan.<field>`` when the plan sets it, i.e. is not None) applied.
+    """The stack ``spec`` names, with its overrides and then the plan's overlap options and
+    ``cp_comm_type`` (``plan.<field>`` when the plan sets it, i.e. is not None) applied.
 
     Raises
     ------
@@ -141,7 +141,7 @@ def resolve_software(spec: SoftwareSpec | str | None, plan: Any = None) -> Softw
                                (overlap, spec.overlap, "system.software.overlap")):
         for field, value in given.model_dump(exclude_none=True).items():
             part[field], sources[field] = value, where
-    _apply_plan(overlap, sources, plan)
+    _apply_plan((kernels, overlap), sources, plan)
     if kernels["compile"]:
         _compiled(kernels, sources)
     _check_zero3_gather_options(overlap, sources, spec)
@@ -161,17 +161,21 @@ def _as_spec(spec: SoftwareSpec | str | None) -> SoftwareSpec:
     return spec
 
 
-def _apply_plan(overlap: dict, sources: dict, plan: Any) -> None:
-    """Set in ``overlap`` the plan's own overlap options (``plan.<field>`` when not None)."""
+def _apply_plan(parts: tuple[dict, ...], sources: dict, plan: Any) -> None:
+    """Set in ``parts`` the plan's own options of the stack's fields (``plan.<field>`` when
+    not None): the overlap options and ``cp_comm_type``."""
+    if plan is None:
+        return
     # a pydantic model's fields: no failed lookups for the stack fields it does not have —
     # this runs for every ``cfg.software``
-    known = getattr(type(plan), "model_fields", None) if plan is not None else None
-    for field in list(overlap):
-        if plan is None or (known is not None and field not in known):
-            continue
-        value = getattr(plan, field, None)
-        if value is not None:
-            overlap[field], sources[field] = value, f"parallel.{field}"
+    known = getattr(type(plan), "model_fields", None)
+    for part in parts:
+        for field in list(part):
+            if known is not None and field not in known:
+                continue
+            value = getattr(plan, field, None)
+            if value is not None:
+                part[field], sources[field] = value, f"parallel.{field}"
 
 
 def _check_zero3_gather_options(overlap: dict, sources: dict, spec: SoftwareSpec) -> None:

@@ -14,7 +14,7 @@ from pydantic import BeforeValidator, Field, StrictBool, StrictInt
 from .config_types import Seconds, _Strict, reject_bool
 
 __all__ = ["KernelSpec", "OverlapSpec", "TPCommOverlap", "GemmLibrary", "Zero3Implementation",
-           "Zero3Gather", "Elements"]
+           "Zero3Gather", "Elements", "CPCommType"]
 
 Attention = Literal["flash2", "flash3", "cudnn", "fused_softmax", "unfused"]
 Zero3Gather = Literal["per_layer", "per_module", "per_tensor"]
@@ -35,6 +35,8 @@ RepeatKV = Literal["always", "unfused_kernels", "never"]
 #: where a micro-batch's dense attention mask comes from
 #: (:mod:`ddlsim.workloads.decoder.batch_input`)
 BatchMask = Literal["dataloader", "device", "none"]
+#: how context-parallel attention exchanges K/V (Megatron-Core's ``cp_comm_type`` names)
+CPCommType = Literal["p2p", "all_gather"]
 #: how the stack hands kernels to the device (ddlsim/simulator/kernels/host.py)
 HostDispatch = Literal["eager", "compiled", "cuda_graphs"]
 
@@ -80,6 +82,11 @@ class KernelSpec(_Strict):
                                   "causal call per query chunk) or torch (torch's ring "
                                   "attention: the all-gather rotation keeps the ring's "
                                   "per-step calls); docs/tensor_parallel.md")
+    cp_comm_type: CPCommType | None = Field(
+        default=None, description="how context-parallel attention exchanges K/V when "
+                                  "parallel.cp_comm_type is unset: p2p (a ring) or "
+                                  "all_gather (Megatron-Core's names; torchtitan's "
+                                  "context_parallel_rotate_method alltoall and allgather)")
     fused_bias_gelu: StrictBool | None = None
     fused_bias_dropout_add: StrictBool | None = None
     fused_layernorm: StrictBool | None = None

@@ -107,7 +107,7 @@ class DecoderFamily(WorkloadFamily):
         if p.tp_mode != "1d":
             axes += f" {_grid_label(p.tensor_parallel)}"
         if p.cp > 1:
-            axes += f" × CP{p.cp} {'ring' if p.cp_comm_type == 'p2p' else 'all-gather'}"
+            axes += f" × CP{p.cp} {_cp_label(cfg)}"
         line = super().plan_summary(cfg).removeprefix(f"TP{p.tp}")
         from .split import chunk_layers, is_uneven
         if is_uneven(p):   # Megatron-Core's uneven split: the layers of each stage
@@ -140,7 +140,7 @@ class DecoderFamily(WorkloadFamily):
             names = resolve_plan(cfg, cfg.model.shape()).partitioner.families(cfg.mesh)
             out["tp"] = f"tp ({_grid_label(p.tensor_parallel)}: {', '.join(names)})"
         if p.cp > 1:
-            out["cp"] = f"cp ({'ring' if p.cp_comm_type == 'p2p' else 'all-gather'})"
+            out["cp"] = f"cp ({_cp_label(cfg)})"
         return out
 
     def from_hf(self, doc: dict, source: str) -> tuple[dict, list[str]]:
@@ -189,6 +189,12 @@ def _section(f: dict) -> dict:
     from .variants import variant_section
     out.update(variant_section(f))   # MLA, query/key norms, sinks, window, dense prefix
     return out
+
+
+def _cp_label(cfg: Any) -> str:
+    """``ring`` or ``all-gather``: how context-parallel attention exchanges K/V, the plan's
+    ``cp_comm_type`` or, unset, the stack's."""
+    return "ring" if cfg.software.cp_comm_type == "p2p" else "all-gather"
 
 
 def _grid_label(spec: Any) -> str:

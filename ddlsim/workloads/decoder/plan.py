@@ -60,7 +60,7 @@ class DecoderPlan:
     #: context-parallel ranks
     cp: int
     #: how the attention core reaches the other cp ranks' keys and values
-    #: (``parallel.cp_comm_type``: ``p2p``, a ring, or ``all_gather``)
+    #: (``parallel.cp_comm_type``, else the stack's: ``p2p``, a ring, or ``all_gather``)
     cp_comm: str
     #: expert-parallel ranks
     ep: int
@@ -190,7 +190,7 @@ def resolve_plan(cfg: Any, shape: Any) -> DecoderPlan:
         uncheckpointed = resolve_plan(cfg.model_copy(update={"train": plain}), shape)
     return DecoderPlan(
         shape=shape, tp=p.tp, tp_mode=p.tp_mode, tensor_parallel=p.tensor_parallel,
-        pp=p.pp, vpp=p.vpp, dp=cfg.dp, cp=p.cp, cp_comm=p.cp_comm_type, ep=p.ep, etp=p.etp,
+        pp=p.pp, vpp=p.vpp, dp=cfg.dp, cp=p.cp, cp_comm=sw.cp_comm_type, ep=p.ep, etp=p.etp,
         edp=cfg.mesh.size("edp"), sp=p.sequence_parallel, micro_batch=t.micro_batch_size,
         seq_length=t.seq_length, train_dtype=t.dtype, dtype=dtype,
         dtype_bytes=DTYPE_BYTES[dtype], grad_dtype_bytes=gdt,

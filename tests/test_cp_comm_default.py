@@ -1,0 +1,83 @@
+"""``parallel.cp_comm_type`` left unset takes the software stack's K/V exchange
+(``kernels.cp_comm_type`` in ddlsim/data/software.yaml): Megatron-Core's ``--cp-comm-type``
+default ``p2p`` (a ring), torchtitan's ``context_parallel_rotate_method`` default
+``allgather``; a value the plan gives always wins and is kept as given."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+import ddlsim
+from ddlsim.planinfo import plan_fields
+from ddlsim.workloads.decoder.plan import resolve_plan
+
+BASE = {
+    "model": {"architecture": "llama", "num_hidden_layers": 2, "hidden_size": 1024,
+              "num_attention_heads": 16, "num_key_value_heads": 4, "intermediate_size": 2816,
+              "vocab_size": 32000},
+    "parallel": {"tensor_model_parallel_size": 2, "context_parallel_size": 4},
+    "train": {"micro_batch_size": 1, "global_batch_size": 2, "seq_length": 8192},
+    "system": {"preset": "dgx-h100", "nodes": 1},
+}
+
+
+def config(stack: str, comm: str | None = None, kernels: dict | None = None) -> ddlsim.RunConfig:
+    d = copy.deepcopy(BASE)
+    d["system"]["software"] = {"stack": stack, "kernels": kernels or {}}
+    if comm is not None:
+        d["parallel"]["cp_comm_type"] = comm
+    return ddlsim.load_config(d)
+
+
+def used(cfg: ddlsim.RunConfig) -> str:
+    """The exchange the layer partitioner runs."""
+    return resolve_plan(cfg, cfg.model.shape()).cp_comm
+
+
+@pytest.mark.parametrize("stack, comm, word", [
+    ("megatron-core-2024", "p2p", "ring"), ("megatron-core-2025", "p2p", "ring"),
+    ("torchtitan-2024", "all_gather", "all-gather"),
+    ("torchtitan-2025", "all_gather", "all-gather")])
+def test_unset_takes_the_stacks_exchange_and_says_so(stack, comm, word):
+    cfg = config(stack)
+    assert cfg.parallel.cp_comm_type is None                 # the config is not rewritten
+    assert used(cfg) == comm
+    assert cfg.software.cp_comm_type == comm
+    source = cfg.software.sources["cp_comm_type"]
+    assert ("Megatron-LM" if stack.startswith("megatron") else "torchtitan") in source
+    assert cfg.family.plan_summary(cfg).startswith(f"TP2 × CP4 {word} ")
+    assert plan_fields(cfg)["cp_comm_type"] == comm          # the JSON result's plan
+
+
+@pytest.mark.parametrize("stack", ["megatron-core-2024", "torchtitan-2025"])
+@pytest.mark.parametrize("comm", ["p2p", "all_gather"])
+def test_the_plans_value_always_wins(stack, comm):
+    cfg = config(stack, comm)
+    assert cfg.parallel.cp_comm_type == comm
+    assert used(cfg) == comm
+    assert cfg.software.sources["cp_comm_type"] == "parallel.cp_comm_type"
+
+
+def test_the_plans_value_wins_over_a_stack_override():
+    cfg = config("torchtitan-2025", "p2p", kernels={"cp_comm_type": "all_gather"})
+    assert used(cfg) == "p2p"
+    cfg = config("megatron-core-2024", kernels={"cp_comm_type": "all_gather"})
+    assert used(cfg) == "all_gather"
+    assert cfg.software.sources["cp_comm_type"] == "system.software.kernels"
+
+
+def test_unset_predicts_what_the_stacks_value_given_predicts():
+    unset = ddlsim.predict(config("torchtitan-2025"), check_fit=False)
+    given = ddlsim.predict(config("torchtitan-2025", "all_gather"), check_fit=False)
+    ring = ddlsim.predict(config("torchtitan-2025", "p2p"), check_fit=False)
+    assert unset.iteration_time_s == given.iteration_time_s != ring.iteration_time_s
+
+
+def test_no_plan_field_for_a_model_without_context_parallelism():
+    d = copy.deepcopy(BASE)
+    d["parallel"]["context_parallel_size"] = 1
+    d["train"]["global_batch_size"] = 4
+    d["system"]["software"] = "torchtitan-2025"
+    assert "cp_comm_type" not in plan_fields(ddlsim.load_config(d))
