@@ -168,7 +168,7 @@ PHASES = [
     ("config rules (group_rules)", "ddlsim.search.evaluate", "group_rules"),
     ("memory", "ddlsim.search.decoder", "plans_memory"),
     ("update and tail", "ddlsim.search.decoder", "DecoderVectors._update"),
-    ("ZeRO-3", "ddlsim.search.decoder", "DecoderVectors._zero3"),
+    ("ZeRO-3", "ddlsim.search.decoder", "zero3_seconds"),
 ]
 
 

@@ -99,7 +99,7 @@ def test_the_context_parallel_layer_gathers_fp8_too():
 
 
 def test_the_search_tier_sizes_module_hook_gathers_alike():
-    # ZeRO-3 from module hooks (search/decoder.py _module_pieces restates the TP collectives)
+    # ZeRO-3 from module hooks (search/decoder_zero3.py _module_pieces restates the TP collectives)
     from ddlsim.config import build_config
     from ddlsim.search.evaluate import evaluate_grid
     from ddlsim.search.run import plan_overrides

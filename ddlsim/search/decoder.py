@@ -23,17 +23,11 @@ import numpy as np
 from ..config import DTYPE_BYTES
 from ..errors import ConfigError
 from ..software import grad_dtype_bytes
-from ..workloads.decoder.zero3 import list_host_seconds, module_fetches, unit_live_elements
 from ..simulator.kernels import kernel_device, op_time
-from ..simulator.kernels.dtensor import regathers_input
 from ..simulator.kernels.host import NO_LAUNCH, stream_times
-from ..workloads.decoder.fp8linear import fp8_sp_gather
 from ..workloads.decoder.layerkernels import compute_dtype
-from ..workloads.decoder.wgrad import accumulate_pass_bytes
 from .family import StageCosts, register_vector_family
-from .kerneltimes import kernel_times
 from .netcost import collective_seconds, mesh_networks
-from .plans import RECOMPUTE
 from .pipeline import earlier_chunks, flow_shop_last, flow_shop_tail
 from .smtaken import extra_seconds, nccl_ctas, sm_taken
 from .blocks import piece_config, stage_pieces
@@ -42,10 +36,8 @@ from ..workloads.decoder.builder import StageBuilder, with_edges
 from ..workloads.decoder.host_sync import host_sync_times
 from ..workloads.decoder.dpsync import (bucket_run_times, bucket_runs, buckets,
                                         ddp_pass_times, grad_bucket_bytes)
-from .zero3 import Unit, zero3_time, zero3_units_time
-from .zero3_edges import edge_units, price_gathers, price_reduces, root_unit
-from ..workloads.decoder.zero3_fetch import persistent_gather_seconds, persistent_tensors
 from .decodermemory import plans_memory
+from .decoder_zero3 import optimizer_seconds, zero3_seconds
 
 __all__ = ["DecoderVectors"]
 
@@ -111,81 +103,64 @@ class DecoderVectors:
 
     # ------------------------------------------------------------------ costs
     def costs(self, ctx: _Context, plans, nets) -> StageCosts:
-        sh, dt = ctx.shape, ctx.dt
-        pp, v, dp = plans["pp"], plans["v"], plans["dp"]
-        meshes, mi = _unique_meshes(plans["tp"], pp, dp)
-        net = mesh_networks(ctx.cfg, meshes) if nets is None else nets(meshes)
-        algos = ctx.cfg.parallel.collective_algorithm
-
-        def coll(op: str, family: str, nbytes, where=None) -> np.ndarray:
-            """Seconds of one ``op`` of ``nbytes`` on each plan's ``family``; with ``where``
-            (a mask), at those plans only (0 elsewhere), their networks' forms only."""
-            # the same array asked again (act, grad bytes)
-            key = (op, family, id(nbytes), None if where is None else id(where))
-            if key not in done:
-                size = np.broadcast_to(nbytes, pp.shape)
-                if where is None:
-                    t = collective_seconds(op, family, size, mi, net.nets, algos, memo,
-                                           net.backend)
-                else:
-                    index = np.flatnonzero(where)
-                    t = np.zeros(len(pp))
-                    t[index] = _on_meshes(op, family, size[index], mi[index], net, algos, memos)
-                done[key] = (nbytes, where, t)
-            return done[key][-1]
-
-        memo: dict = {}
-        memos: dict = {}
-        done: dict = {}
-
-        def coll_at(op: str, family: str, nbytes: np.ndarray, index: np.ndarray):
-            return collective_seconds(op, family, nbytes, mi[index], net.nets, algos, memo,
-                                      net.backend)
-
-        pieces = stage_pieces(ctx, plans, coll_at, net.backend)
-        fwd, bwd = pieces.fwd, pieces.bwd
-        head_f, head_b, gather = pieces.head_f, pieces.head_b, pieces.gather
-        lc = sh.layers // (pp * v)
-        F, B = v * lc * fwd, v * lc * bwd
-        one = pp == 1
-        emb = np.where(one, pieces.emb1, pieces.emb)   # after the batch's loading
-        fwd_first = F + emb + np.where(one, head_f, (v - 1) * gather)
-        bwd_first = B + np.where(one, head_b + pieces.emb_b1, v * gather + pieces.emb_b)
-        fwd_last = np.where(one, fwd_first, F + v * gather + pieces.load_l + head_f)
-        bwd_last = np.where(one, bwd_first, B + (v - 1) * gather + head_b)
-        mid = pp >= 3
-        fwd_mid = np.where(mid, F + v * gather, fwd_first)
-        bwd_mid = np.where(mid, B + v * gather, bwd_first)
+        """:class:`~.family.StageCosts` of ``plans``: the stages' blocks from the builder's
+        pieces (:func:`.blocks.stage_pieces`), the pipeline messages, the update blocks and
+        data-parallel tails (:meth:`_updates`) and ZeRO-3's whole stage
+        (:func:`.decoder_zero3.zero3_seconds`), on each plan's mesh's networks (``nets``:
+        ``nets(meshes)`` → those networks, or None for :func:`.netcost.mesh_networks`)."""
+        pp, v = plans["pp"], plans["v"]
+        coll = _Collectives(ctx, plans, nets)
+        pieces = stage_pieces(ctx, plans, coll.at, coll.net.backend)
+        lc = ctx.shape.layers // (pp * v)
+        emb = np.where(pp == 1, pieces.emb1, pieces.emb)   # after the batch's loading
+        blocks = _stage_blocks(plans, pieces, lc, emb)
+        net, mi = coll.net, coll.mi
         p2p = net.hop_alpha_s[mi] + pieces.p2p_bytes * net.hop_s_per_byte[mi]
         wrap = net.wrap_alpha_s[mi] + pieces.p2p_bytes * net.wrap_s_per_byte[mi]
         ctas = nccl_ctas(ctx.cfg, net, mi)
+        first_params = self.stage_params(ctx, plans, True)
+        upd_f, upd_l, tail_f, tail_l = self._updates(ctx, plans, pieces, coll, ctas, lc, emb,
+                                                     first_params)
+        whole = zero3_seconds(ctx, plans, (emb, pieces.fwd, pieces.head_f, pieces.head_b,
+                                           pieces.bwd, pieces.emb_b1), coll, first_params,
+                              (pieces.fwd_gemm, pieces.bwd_gemm, ctas))
+        # Megatron turns overlap_p2p_comm off without the interleaved schedule
+        blocking = (v == 1) | (not ctx.cfg.software.overlap_p2p_comm)
+        return StageCosts(*blocks, lc * pieces.bwd + pieces.gather, p2p, wrap, tail_f, tail_l,
+                          upd_f, upd_l, whole, blocking)
+
+    def _updates(self, ctx: _Context, plans, pieces, coll, ctas, lc, emb, first_params):
+        """(first stage's update block, last stage's, first stage's data-parallel tail,
+        last stage's) per plan: :meth:`_update` of each, both delayed by the rest of the
+        overlapped parameter gather (:meth:`_gather_delay`)."""
+        one = plans["pp"] == 1
         # the buckets' SMs: charged on the first stage (Megatron-Core buckets it alone)
         sm = sm_taken(ctx, pieces.fwd_gemm, pieces.bwd_gemm, ctas)[1]
-        first_params = self.stage_params(ctx, plans, True)
         active = self._gather_active(ctx, plans)   # asked once for the three gathers below
         emb_b = np.where(one, pieces.emb_b1, pieces.emb_b)   # before the last bucket's sync
-        upd_f, tail_f = self._update(ctx, plans, first_params, bwd, coll, sm, active,
+        upd_f, tail_f = self._update(ctx, plans, first_params, pieces.bwd, coll, sm, active,
                                      emb=emb_b)
-        upd_l, tail_l = self._update(ctx, plans, self.stage_params(ctx, plans, False), bwd, coll,
-                                     active=active, first=False, emb=np.where(one, emb_b, 0.0))
-        # overlap_param_gather: stage 0's first forward block waits for the rest of the gather
-        rest = self._gathered(ctx, plans, first_params * dt, active)[1]
-        first_block = lc * fwd + emb + np.where(one & (v == 1), head_f, 0.0)
+        upd_l, tail_l = self._update(ctx, plans, self.stage_params(ctx, plans, False),
+                                     pieces.bwd, coll, active=active, first=False,
+                                     emb=np.where(one, emb_b, 0.0))
+        delay = self._gather_delay(ctx, plans, pieces, coll, ctas, lc, emb,
+                                   self._gathered(ctx, plans, first_params * ctx.dt, active)[1])
+        return upd_f + delay, upd_l + delay, tail_f, tail_l
+
+    @staticmethod
+    def _gather_delay(ctx: _Context, plans, pieces, coll, ctas, lc, emb, rest) -> np.ndarray:
+        """overlap_param_gather: seconds by which stage 0's first forward block waits for
+        the ``rest`` bytes of the parameter gather, or by which NCCL's SMs slow it
+        (:func:`.smtaken.extra_seconds`) while the gather runs, per plan."""
+        one, v = plans["pp"] == 1, plans["v"]
+        first_block = lc * pieces.fwd + emb + np.where(one & (v == 1), pieces.head_f, 0.0)
         late = rest > 0
         # its compute pays NCCL's SMs while the gather runs (.workloads.smcontention)
         g = coll("all_gather", "dp", rest, late)
         first_gemm = lc * pieces.fwd_gemm + pieces.emb_gemm + np.where(
             one & (v == 1), pieces.head_gemm, 0.0)
         taken = extra_seconds(ctx, first_gemm, g, ctas)
-        delay = np.maximum(g - first_block, taken) * late
-        upd_f, upd_l = upd_f + delay, upd_l + delay
-        whole = self._zero3(ctx, plans, (emb, fwd, head_f, head_b, bwd, pieces.emb_b1), coll,
-                            (pieces.fwd_gemm, pieces.bwd_gemm, ctas))
-        # Megatron turns overlap_p2p_comm off without the interleaved schedule
-        blocking = (v == 1) | (not ctx.cfg.software.overlap_p2p_comm)
-        return StageCosts(fwd_first, fwd_mid, fwd_last, bwd_first, bwd_mid, bwd_last,
-                          lc * bwd + gather, p2p, wrap, tail_f, tail_l, upd_f, upd_l, whole,
-                          blocking)
+        return np.maximum(g - first_block, taken) * late
 
     def stage_params(self, ctx: _Context, plans, first: bool) -> np.ndarray:
         """:meth:`StageBuilder.stage_params` of the first (or last) stage, per plan: its
@@ -217,13 +192,6 @@ class DecoderVectors:
             ctx.cfg, plans["dp"], 2))
         return exposed, np.where(on, param_bytes - exposed, 0.0)
 
-    def _optimizer(self, ctx: _Context, n_params) -> np.ndarray:
-        """The builder's optimizer step (:meth:`StageBuilder.optimizer_op`) over ``n_params``
-        parameters: its op's device time is linear in them, so one parameter's seconds times
-        the count, and the op's one launch (:func:`~ddlsim.simulator.kernels.host.stream_times`)."""
-        n = np.asarray(n_params, dtype=float)
-        return stream_times(ctx.step_s * n, (n > 0).astype(float), ctx.dev.launch)
-
     def _update(self, ctx: _Context, plans, params, bwd_layer, coll, sm=None, active=None,
                 first: bool = True, emb=0.0):
         """(update block, data-parallel tail) of a stage holding ``params`` per rank;
@@ -236,7 +204,7 @@ class DecoderVectors:
         dp, zero, v = plans["dp"], plans["zero"], plans["v"]
         grad = params * ctx.gdt
         sharded = (zero > 0) & (dp > 1)
-        update = self._optimizer(ctx, np.where(sharded, params / np.maximum(dp, 1), params))
+        update = optimizer_seconds(ctx, np.where(sharded, params / np.maximum(dp, 1), params))
         # the stack's DDP passes over the gradients (dpsync.GradSyncOps.ddp_pass_ops) and the
         # step's host waits (host_sync.HostSyncOps.step_sync_ops; none under ZeRO-3); with
         # overlapped buckets, each bucket's passes and wait run before its collective (below)
@@ -298,99 +266,6 @@ class DecoderVectors:
         lead = buckets(grad / v, grad_bucket_bytes(ctx.cfg, plans["dp"], ctx.gdt))
         return np.where(first | (plans["pp"] == 1), lead + v - 1, v)
 
-    def _zero3(self, ctx: _Context, plans, parts, coll, gemm=None) -> np.ndarray:
-        """ZeRO-3 (one stage), as :mod:`ddlsim.workloads.decoder.zero3` builds it: the
-        builder's two streams (compute; gathers and reduce-scatters in issue order on ``dp``)
-        run op by op over the layers — or, from module hooks, the modules' parts of the
-        layers — of three micro-batches (:func:`zero3_time`, :func:`zero3_units_time`), later
-        micro-batches repeat the third's period; then the optimizer on the 1/DP shard.
-        ``gemm``: (a layer's forward and backward GEMM FLOPs, NCCL's channels on ``dp``)
-        per plan: per-layer gathers take the layers' SMs as the builder's contention ops do
-        (:mod:`ddlsim.workloads.smcontention`). ``parts``: the pieces' seconds (embedding,
-        layer forward, head forward and backward, layer backward, the embedding's backward
-        on a PP = 1 rank, which FSDP's root unit computes before its reduce-scatter)."""
-        e, f, hf, hb, bw, eb = parts
-        dp = plans["dp"]
-        m = plans["gbs"] // np.maximum(plans["mbs"] * np.maximum(dp, 1), 1)
-        on = (plans["zero"] == 3) & (dp > 1)
-        if not on.any():
-            return np.full(len(plans), np.nan)
-        # the op-by-op recurrence runs over the ZeRO-3 plans only (a few of the grid)
-        out = np.full(len(plans), np.nan)
-        sw = ctx.cfg.software
-        if sw.zero3_gather == "per_layer":
-            nbytes = ctx.shape.layer_params / plans["tp"] * ctx.dt
-            a = coll("all_gather", "dp", nbytes, on)
-            r = coll("reduce_scatter", "dp", nbytes * ctx.gdt / ctx.dt, on)
-            sm = None if gemm is None else sm_taken(ctx, *(_take(x, on) for x in gemm))
-            out[on] = zero3_time(ctx.shape.layers, sw.zero3_prefetch_layers, m[on],
-                                 tuple(_take(x, on) for x in (e, f, hf, hb, bw)),
-                                 _take(a, on), _take(r, on), sm,
-                                 root_unit(ctx, plans, on, coll, _take(eb, on)))
-        else:
-            full = plans["recompute"] == RECOMPUTE.index("full")
-            fwd_u, rec_u, bwd_u = self._module_units(ctx, plans, on, coll, full)
-            edges = edge_units(ctx, plans, on, coll, full, (e, hf, hb))   # .zero3_edges
-            for rec in (False, True):   # the recomputation's units exist under full only
-                sel = on & (full == rec)
-                if sel.any():
-                    units = [fwd_u, (rec_u if rec else []) + bwd_u]
-                    fu, bu = ([Unit(*(_take(x, sel) for x in u)) for u in us] for us in units)
-                    out[sel] = zero3_units_time(
-                        ctx.shape.layers, sw.zero3_prefetch_modules, m[sel],
-                        [Unit(*(_take(x, sel) for x in u)) for u in edges], fu, bu,
-                        sw.zero3_gather == "per_tensor", sw.zero3_max_live_parameters)
-        out[on] += self._optimizer(ctx, self.stage_params(ctx, plans, True)[on]
-                                   / np.maximum(dp[on], 1))
-        for tp in np.unique(plans["tp"][on]):   # DeepSpeed 2021's persistent parameters
-            here = on & (plans["tp"] == tp)
-            tensors = persistent_tensors(ctx.shape, int(tp), sw, ctx.shape.layers, True)
-            out[here] += persistent_gather_seconds(sw, tensors, dp[here])
-            if sw.zero3_gather == "per_tensor":   # refetched by the later micro-batches
-                refetch = list_host_seconds(sw, dp[here], sum(tensors.values()), gather=True)
-                for n, count in tensors.items():
-                    refetch = refetch + count * coll("all_gather", "dp", n * ctx.dt, here)[here]
-                out[here] += (m[here] - 1) * refetch
-        return out
-
-    def _module_units(self, ctx: _Context, plans, on, coll, full):
-        """One layer's units under ZeRO-3 from module hooks, forward and backward, as
-        :func:`ddlsim.workloads.decoder.zero3._module_units` cuts the layer: per unit its
-        compute, its gathers (and their memory passes under ``per_tensor``) and its
-        reduce-scatters (with the gradients' passes, on the compute stream under
-        ``per_tensor``, before the reduce-scatters otherwise), per TP size and recomputation:
-        (forward units, the recomputed forward's units, the backward's units)."""
-        k, tp_f, tp_b, acc = _module_pieces(ctx, plans, coll)
-        n, sw = len(plans), ctx.cfg.software
-        zeros = lambda: np.zeros(n)  # noqa: E731
-        sel = np.where(plans["recompute"] == RECOMPUTE.index("selective"), k["recompute"], 0.0)
-        fwd_comp = {1: k["attn.qkv"], 2: k["attn.proj"] + tp_f, 4: k["mlp.fc1"],
-                    5: k["mlp.fc2"] + tp_f + k["ew"]}
-        bwd_comp = {5: sel + k["bwd.mlp.fc2"], 4: k["bwd.mlp.fc1"] + tp_b,
-                    2: k["bwd.attn.proj"], 1: k["bwd.attn.qkv"] + tp_b + k["bwd.ew"] + acc}
-        order_f, order_b = (1, 2, 4, 5), (5, 4, 2, 1)
-        units = {key: Unit(zeros(), zeros(), np.zeros(n, bool), zeros(), np.zeros(n, bool),
-                           zeros(), zeros(), zeros(), zeros())
-                 for key in [("f", mo) for mo in order_f] + [("r", mo) for mo in order_f]
-                 + [("b", mo) for mo in order_b]}
-        synced = sw.zero3_gather == "per_tensor"
-        for tp, rec in sorted({(int(t), bool(x)) for t, x in zip(plans["tp"][on], full[on])}):
-            here = on & (plans["tp"] == tp) & (full == rec)
-            for key, live in unit_live_elements(ctx.shape, tp, sw, rec).items():
-                units[key].live[here] = live
-            for fm in module_fetches(ctx.shape, tp, sw, rec):   # priced as the edges' units
-                for visit, need in (("f", fm.forward), ("r", fm.recompute), ("b", fm.backward)):
-                    price_gathers(ctx, plans, here, coll, units[(visit, fm.module)], need,
-                                  synced)
-                price_reduces(ctx, plans, here, coll, units[("b", fm.module)], fm.reduce,
-                              synced)
-        for visit, comp in (("f", fwd_comp), ("r", fwd_comp), ("b", bwd_comp)):
-            for mo in comp:
-                u = units[(visit, mo)]
-                units[(visit, mo)] = u._replace(compute=u.compute + comp[mo])
-        return ([units[("f", mo)] for mo in order_f], [units[("r", mo)] for mo in order_f],
-                [units[("b", mo)] for mo in order_b])
-
     # ------------------------------------------------------------------ memory
     def memory(self, ctx: _Context, plans) -> tuple[np.ndarray, np.ndarray]:
         """:func:`ddlsim.workloads.decoder.memory.stage_memory` of the first and last stages
@@ -399,30 +274,58 @@ class DecoderVectors:
         return used, np.full(len(plans), ctx.capacity)
 
 
-def _module_pieces(ctx: _Context, plans, coll):
-    """(ops' kernel times, TP collectives of a layer's forward and backward, gradient
-    accumulation) per plan, for ZeRO-3 from module hooks: the layer cut at its modules,
-    which :func:`.blocks.stage_pieces` does not time (it times whole layers)."""
-    sh, dt = ctx.shape, ctx.dt
-    b, t = plans["mbs"].astype(float), plans["tp"].astype(float)
-    sp = plans["sp"].astype(bool)
-    k = kernel_times(ctx, plans["mbs"], plans["tp"], sp)
-    act = b * ctx.s * sh.hidden * dt
-    multi = t > 1
-    # Transformer Engine gathers FP8 under SP (Megatron1D._gather_bytes)
-    gather = act / dt if fp8_sp_gather(ctx.cfg.software, ctx.cfg.train.dtype, 2, True,
-                                       sh) else act
-    tp_f = np.where(sp, coll("reduce_scatter", "tp", act) + coll("all_gather", "tp", gather),
-                    coll("all_reduce", "tp", act)) * multi
-    # SP: the backward gathers each block's input again where it was not saved
-    # (dtensor.regathers_input, per plan's recomputation)
-    regather = np.array([regathers_input(ctx.cfg.software, r) for r in RECOMPUTE])
-    tp_b = tp_f + np.where(sp & regather[plans["recompute"]],
-                           coll("all_gather", "tp", gather), 0.0) * multi
-    acc = accumulate_pass_bytes(ctx.cfg.software, dt, ctx.gdt)
-    acc_s = stream_times(sh.layer_params / t * acc / ctx.dev.memory_Bps, float(acc > 0),
-                         ctx.dev.launch)
-    return k, tp_f, tp_b, acc_s
+class _Collectives:
+    """Seconds of the plans' collectives on their meshes' networks
+    (:func:`.netcost.collective_seconds`), each asked once: call it as ``coll(op, family,
+    nbytes, where=None)`` (per plan; with ``where``, a mask, at those plans only and 0
+    elsewhere, their networks' forms only), or :meth:`at` for the plans ``index``."""
+
+    def __init__(self, ctx: _Context, plans, nets):
+        meshes, self.mi = _unique_meshes(plans["tp"], plans["pp"], plans["dp"])
+        self.net = mesh_networks(ctx.cfg, meshes) if nets is None else nets(meshes)
+        self.algos = ctx.cfg.parallel.collective_algorithm
+        self.shape = plans["pp"].shape
+        self.memo: dict = {}
+        self.memos: dict = {}
+        self.done: dict = {}
+
+    def __call__(self, op: str, family: str, nbytes, where=None) -> np.ndarray:
+        # the same array asked again (act, grad bytes)
+        key = (op, family, id(nbytes), None if where is None else id(where))
+        if key not in self.done:
+            size = np.broadcast_to(nbytes, self.shape)
+            if where is None:
+                t = collective_seconds(op, family, size, self.mi, self.net.nets, self.algos,
+                                       self.memo, self.net.backend)
+            else:
+                index = np.flatnonzero(where)
+                t = np.zeros(self.shape[0])
+                t[index] = _on_meshes(op, family, size[index], self.mi[index], self.net,
+                                      self.algos, self.memos)
+            self.done[key] = (nbytes, where, t)   # the arrays kept: their ids stay theirs
+        return self.done[key][-1]
+
+    def at(self, op: str, family: str, nbytes: np.ndarray, index: np.ndarray) -> np.ndarray:
+        """Seconds of one ``op`` of ``nbytes`` (per plan of ``index``) on those plans."""
+        return collective_seconds(op, family, nbytes, self.mi[index], self.net.nets,
+                                  self.algos, self.memo, self.net.backend)
+
+
+def _stage_blocks(plans, pieces, lc, emb) -> tuple[np.ndarray, ...]:
+    """(forward of the first, middle and last stages, backward of the same) per plan: ``lc``
+    layers per chunk of the builder's pieces, the embedding ``emb`` (after the batch's
+    loading), the head and the scatter-gather of pipeline messages where each stage runs
+    them."""
+    pp, v, gather = plans["pp"], plans["v"], pieces.gather
+    F, B = v * lc * pieces.fwd, v * lc * pieces.bwd
+    one, mid = pp == 1, pp >= 3
+    fwd_first = F + emb + np.where(one, pieces.head_f, (v - 1) * gather)
+    bwd_first = B + np.where(one, pieces.head_b + pieces.emb_b1, v * gather + pieces.emb_b)
+    fwd_last = np.where(one, fwd_first, F + v * gather + pieces.load_l + pieces.head_f)
+    bwd_last = np.where(one, bwd_first, B + (v - 1) * gather + pieces.head_b)
+    fwd_mid = np.where(mid, F + v * gather, fwd_first)
+    bwd_mid = np.where(mid, B + v * gather, bwd_first)
+    return fwd_first, fwd_mid, fwd_last, bwd_first, bwd_mid, bwd_last
 
 
 def _on_meshes(op: str, family: str, nbytes: np.ndarray, mesh_index: np.ndarray, net,
@@ -434,11 +337,6 @@ def _on_meshes(op: str, family: str, nbytes: np.ndarray, mesh_index: np.ndarray,
     memo = memos.setdefault(used.tobytes(), {})
     return collective_seconds(op, family, nbytes, sub.reshape(-1), [net.nets[u] for u in used],
                               algos, memo, net.backend)
-
-
-def _take(x, mask: np.ndarray) -> np.ndarray:
-    """``x`` (an array over the plans, or a scalar) at the plans ``mask`` selects."""
-    return np.broadcast_to(np.asarray(x), mask.shape)[mask]
 
 
 def _unique_meshes(tp, pp, dp) -> tuple[np.ndarray, np.ndarray]:

@@ -1,7 +1,7 @@
 """ZeRO-3's edge units on arrays of plans: DeepSpeed's embedding and head gathers and
 reduce-scatters as :func:`ddlsim.workloads.decoder.zero3_edges.hook_units` puts them in the
 trace, timed as the search tier times a layer's module units
-(:meth:`.decoder.DecoderVectors._module_units`, with the same pricing of a unit's gathers and
+(:func:`.decoder_zero3._module_units`, with the same pricing of a unit's gathers and
 reduce-scatters: :func:`price_gathers`, :func:`price_reduces`), and FSDP1's root unit
 (:mod:`ddlsim.workloads.decoder.fsdp_edges`)."""
 
