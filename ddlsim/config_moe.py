@@ -66,11 +66,15 @@ class MoESpec(_Strict):
                                         "capacity factor (sinkhorn drops no tokens); with "
                                         "aux_loss_coeff > 0, aux_loss and seq_aux_loss add the "
                                         "loss's kernels and all-reduce (docs/moe.md)")
-    aux_loss_coeff: Annotated[float, BeforeValidator(reject_bool), Field(ge=0.0, le=1e3)] = \
-        Field(default=0.0, description="--moe-aux-loss-coeff: above 0 the router computes the "
-                                       "load-balancing loss, its kernels and the all-reduce "
-                                       "of the tokens per expert over TP x CP in every MoE "
-                                       "layer's forward; Megatron's default 0 computes none")
+    aux_loss_coeff: Annotated[float, BeforeValidator(reject_bool),
+                              Field(ge=0.0, le=1e3)] | None = \
+        Field(default=None, description="--moe-aux-loss-coeff: above 0 the router computes the "
+                                        "load-balancing loss, its kernels and the all-reduce "
+                                        "of the tokens per expert over TP x CP in every MoE "
+                                        "layer's forward; default: the model's "
+                                        "router_aux_loss_coef (its config.json's) under "
+                                        "aux_loss/seq_aux_loss balancing, else Megatron's "
+                                        "default 0 (none)")
     router_fusion: StrictBool | None = Field(
         default=None, description="--moe-router-fusion: the router's top-k and loss as "
                                   "Transformer Engine's fused kernels instead of torch ops; "

@@ -74,7 +74,8 @@ def test_moe_names_dispatcher_and_expert_grid_always():
     assert plan == {"dispatcher": "alltoall", "ep": 8, "etp": 1, "grouped_gemm": True,
                     "permute_fusion": plan["permute_fusion"], "routing": "dropless",
                     "router_imbalance": 1.0, "delay_wgrad_compute": False,
-                    "router_fusion": False, "aux_loss_coeff": 0.0}
+                    "router_fusion": False,
+                    "aux_loss_coeff": 0.02}   # mixtral-8x7b's config.json router_aux_loss_coef
     assert "flex_backend" not in plan             # only the flex dispatcher has a backend
     assert "MoE alltoall dispatch" in line(cfg) and "ETP1" in line(cfg)
     assert "(EP8)" in line(cfg)

@@ -38,7 +38,8 @@ def _plan(**moe):
 
 def test_kernel_counts_per_part_as_counted_in_the_code():
     # fused: top-k 1 + 1; forced balance's clone and normal_ 2 + 0; the loss 3 + 2 each way
-    assert router_kernels(_plan(router_fusion=True), False) == RouterPass(1, 0)
+    assert router_kernels(_plan(router_fusion=True, aux_loss_coeff=0.0), False) == \
+        RouterPass(1, 0)
     plan = _plan(router_fusion=True, aux_loss_coeff=1e-3, router_force_load_balancing=True)
     assert router_kernels(plan, False) == RouterPass(1 + 2 + 3, 2)
     assert router_kernels(plan, True) == RouterPass(1 + 0 + 3, 2)
@@ -51,7 +52,9 @@ def test_kernel_counts_per_part_as_counted_in_the_code():
 
 
 def test_the_loss_needs_aux_loss_balancing_and_a_coefficient():
-    assert not _plan().aux_loss                                 # Megatron's default 0
+    assert not _plan(aux_loss_coeff=0.0).aux_loss               # Megatron's default 0
+    # unset: qwen3-30b-a3b's config.json router_aux_loss_coef (tests/test_hf_aux_loss.py)
+    assert _plan().aux_loss_coeff == 1e-3 and _plan().aux_loss
     assert _plan(aux_loss_coeff=1e-3).aux_loss
     assert _plan(aux_loss_coeff=1e-3, router_load_balancing_type="seq_aux_loss").aux_loss
     for balancing in ("sinkhorn", "none"):
@@ -85,7 +88,7 @@ def test_forward_router_then_kernels_then_the_counts_all_reduce_over_tp_then_the
 def test_no_all_reduce_without_tp_or_cp_and_none_without_the_loss():
     names = [o.payload.name for o in _forward(qwen3_30b(aux_loss_coeff=1e-3))]
     assert "fwd.router.loss" in names and not any("aux_allreduce" in n for n in names)
-    names = [o.payload.name for o in _forward(qwen3_30b(tp=2))]
+    names = [o.payload.name for o in _forward(qwen3_30b(tp=2, aux_loss_coeff=0.0))]
     assert "fwd.router.kernels" in names and "fwd.router.loss" not in names
     assert not any("aux_allreduce" in n for n in names)
 
@@ -99,7 +102,7 @@ def test_the_backward_runs_the_kernels_before_the_router_gemm():
 
 
 def test_the_loss_costs_time_in_both_engines():
-    base = qwen3_30b(tp=2)
+    base = qwen3_30b(tp=2, aux_loss_coeff=0.0)
     loss = qwen3_30b(tp=2, aux_loss_coeff=1e-3)
     for engine in ("analytical", "des"):
         t0 = ddlsim.predict(base, engine).to_dict()["iteration_time_s"]

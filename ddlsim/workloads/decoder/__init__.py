@@ -144,10 +144,14 @@ class DecoderFamily(WorkloadFamily):
         return out
 
     def from_hf(self, doc: dict, source: str) -> tuple[dict, list[str]]:
-        from ..models.hf import from_hf_config
+        from ..models.hf import from_hf_config, router_aux_loss_coef
 
         fields, unmodelled = from_hf_config(doc, source=source)
-        return _section(fields), unmodelled
+        section = _section(fields)
+        coef = router_aux_loss_coef(doc, source)   # parallel.moe.aux_loss_coeff's default
+        if coef is not None and fields.get("experts"):
+            section["router_aux_loss_coef"] = coef
+        return section, unmodelled
 
 
 def _stage_layers(per_stage: list[int]) -> str:

@@ -176,9 +176,25 @@ def resolve_moe(cfg: Any) -> MoEPlan | None:
                    delay_wgrad=bool(values["delay_wgrad_compute"]),
                    flex_backend=_flex_backend(given, values, sources),
                    gemm_streams=_gemm_streams(table, values["grouped_gemm"], sources),
-                   aux_loss_coeff=float(given.get("aux_loss_coeff") or 0.0),
+                   aux_loss_coeff=_aux_loss_coeff(cfg, given, sources),
                    router_fusion=_router_fusion(table, given, sources),
                    forced_balance=bool(given.get("router_force_load_balancing", False)))
+
+
+def _aux_loss_coeff(cfg: Any, given: dict, sources: dict) -> float:
+    """The load-balancing loss coefficient: given, else the model's ``router_aux_loss_coef``
+    (its ``config.json``'s) where the balancing computes the loss (aux_loss, seq_aux_loss),
+    else Megatron's default 0; its source in ``sources``."""
+    if given.get("aux_loss_coeff") is not None:
+        sources["aux_loss_coeff"] = "parallel.moe.aux_loss_coeff"
+        return float(given["aux_loss_coeff"])
+    model = getattr(cfg.model, "router_aux_loss_coef", None)
+    if model is not None and given.get("router_load_balancing_type", "aux_loss") in (
+            "aux_loss", "seq_aux_loss"):
+        sources["aux_loss_coeff"] = "model.router_aux_loss_coef"
+        return float(model)
+    sources["aux_loss_coeff"] = "Megatron-LM's default --moe-aux-loss-coeff 0"
+    return 0.0
 
 
 def _router_fusion(table: dict, given: dict, sources: dict) -> bool:

@@ -16,7 +16,8 @@ Both take Mixture-of-Experts fields (:class:`MoEFields`, HuggingFace names where
 (Qwen2-MoE: every n-th layer is an MoE layer), ``n_shared_experts`` (DeepSeek) of
 ``shared_expert_intermediate_size`` (Qwen2-MoE) with an optional ``shared_expert_gate``,
 ``first_k_dense_replace`` (DeepSeek-V3: the first layers keep a dense MLP) and ``router_bias``
-(GPT-OSS).
+(GPT-OSS), and ``router_aux_loss_coef`` (the load-balancing loss coefficient the model's
+``config.json`` gives: ``parallel.moe.aux_loss_coeff`` left unset takes it).
 
 The ``llama`` arm also takes the attention variants of today's models: Multi-head Latent
 Attention (DeepSeek-V3: ``kv_lora_rank``, ``q_lora_rank``, ``qk_nope_head_dim``,
@@ -65,13 +66,20 @@ class MoEFields(ModelBase):
     first_k_dense_replace: Annotated[int, BeforeValidator(reject_bool), Field(ge=0, le=2**20)] \
         = Field(default=0, description="the first layers keep a dense MLP (DeepSeek-V3)")
     router_bias: StrictBool = Field(default=False, description="a bias of E on the router")
+    router_aux_loss_coef: Annotated[float, BeforeValidator(reject_bool),
+                                    Field(ge=0.0, le=1e3)] | None = Field(
+        default=None, description="the load-balancing loss coefficient of the model's "
+                                  "config.json (HuggingFace's name); parallel.moe."
+                                  "aux_loss_coeff unset takes it under aux_loss or "
+                                  "seq_aux_loss balancing")
 
     @model_validator(mode="after")
     def _check_moe(self) -> "MoEFields":
         E, k = self.num_local_experts, self.num_experts_per_tok
         moe_only = {n: getattr(self, n) for n in (
             "num_experts_per_tok", "moe_intermediate_size", "capacity_factor",
-            "shared_expert_intermediate_size") if getattr(self, n) is not None}
+            "shared_expert_intermediate_size", "router_aux_loss_coef")
+            if getattr(self, n) is not None}
         moe_only.update({n: getattr(self, n) for n in ("n_shared_experts", "shared_expert_gate")
                          if getattr(self, n)})
         if self.decoder_sparse_step != 1:

@@ -28,7 +28,8 @@ from ..registry import unmodelled_warning  # noqa: F401  (re-exported)
 from .decoder import DecoderShape
 from .mla import MLA
 
-__all__ = ["from_hf_config", "read_hf_config", "unmodelled_warning", "MODEL_TYPES"]
+__all__ = ["from_hf_config", "read_hf_config", "unmodelled_warning", "MODEL_TYPES",
+           "router_aux_loss_coef"]
 
 #: model_type → (layers, hidden, heads, ffn, positions) key names, and fixed architecture facts
 _GPT2_KEYS = ("n_layer", "n_embd", "n_head", "n_inner", "n_positions")
@@ -65,7 +66,7 @@ _READ = {"model_type", "vocab_size", "num_key_value_heads", "head_dim", "hidden_
          "embd_pdrop", "attn_pdrop", "sliding_window", "use_sliding_window", "max_window_layers",
          "layer_types", "n_routed_experts", "n_shared_experts", "first_k_dense_replace",
          "moe_layer_freq", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
-         "qk_rope_head_dim", "v_head_dim"}
+         "qk_rope_head_dim", "v_head_dim", "router_aux_loss_coef"}
 
 #: Keys that change the model when set, and what ddlsim does instead.
 _NOT_MODELLED = {
@@ -214,6 +215,24 @@ def _moe(doc: dict, mt: str, source: str) -> dict:
                 shared_expert_gate=bool(shared))
 
 
+def router_aux_loss_coef(doc: dict, source: str) -> float | None:
+    """The load-balancing loss coefficient of an MoE ``config.json`` (``router_aux_loss_coef``:
+    transformers' Mixtral, Qwen2/3-MoE and GPT-OSS models add it times the loss to the
+    training loss), or None when the file has none or describes a dense model.
+
+    Raises
+    ------
+    ConfigError
+        When it is not a number >= 0.
+    """
+    value = doc.get("router_aux_loss_coef")
+    if value is None or _model_type(doc, source) not in _MOE_TYPES:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise _err(source, "router_aux_loss_coef", value, "a number >= 0")
+    return float(value)
+
+
 def _deepseek_moe(doc: dict, source: str) -> dict:
     """DeepSeek-V3's MoE fields (``modeling_deepseek_v3.py``): ``n_routed_experts`` of
     ``moe_intermediate_size``, ``n_shared_experts`` of the same size (its shared MLP is one
@@ -246,7 +265,8 @@ def _active(doc: dict, mt: str, key: str, source: str) -> bool:
 #: Expert keys, and the model types whose HuggingFace modelling code reads them
 _MOE_KEYS = {"num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
              "shared_expert_intermediate_size", "decoder_sparse_step", "n_routed_experts",
-             "n_shared_experts", "first_k_dense_replace", "moe_layer_freq"}
+             "n_shared_experts", "first_k_dense_replace", "moe_layer_freq",
+             "router_aux_loss_coef"}
 _MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "gpt_oss")
 
 
