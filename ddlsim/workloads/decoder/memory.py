@@ -16,6 +16,7 @@ from ..allocator import (comm_buffer_bytes, context_bytes, framework, head_bytes
 from ..memory import MemoryBreakdown, model_state_bytes
 from ..models.decoder import DecoderShape
 from ..schedules import peak_inflight
+from .layer_memory import layer_kept_bytes, rebuilds_layer, rebuilt_bytes, whole_layer_kinds
 from .sac import op_level, sac_activation_bytes
 
 if TYPE_CHECKING:
@@ -214,90 +215,6 @@ def comm_groups(plan: DecoderPlan) -> tuple[int, ...]:
     return groups
 
 
-def rebuilds_layer(sw, recompute: str, moe: bool | None = False) -> bool:
-    """Whether a layer's checkpoint spans the whole layer, so that its backward rebuilds the
-    layer's activations: full recomputation, and torchtitan's op-level policy, which wraps the
-    whole block in one checkpoint (:func:`op_level`); Megatron's selective recomputation
-    checkpoints the attention core alone (Korthikanti et al. 2022 §5)."""
-    return recompute == "full" or op_level(sw, recompute, moe)
-
-
-def layer_kept_bytes(shape: DecoderShape, sw, b, s: int, t, sp: bool, recompute: str,
-                     kinds, moe: bool | None = None):
-    """Bytes one layer keeps for its backward on one of ``t`` 1-D TP ranks under
-    ``recompute`` as the stack ``sw`` runs it: :func:`sac_activation_bytes` under op-level
-    selective checkpointing (:func:`op_level`), else Korthikanti et al.'s count
-    (:meth:`DecoderShape.layer_activation_bytes` with the keywords ``kinds``). The one rule of
-    the exact tier and the search tier; ``b`` and ``t`` may be arrays over plans.
-
-    Parameters
-    ----------
-    shape : DecoderShape
-    sw : Software
-        The resolved software stack.
-    b, s : micro-batch size; the rank's tokens per sequence (``s/cp``).
-    t : TP ranks.
-    sp : sequence parallelism.
-    recompute : str
-        ``train.recompute``.
-    kinds : mapping
-        :func:`.layerkernels.activation_kinds` of the run under ``recompute``.
-    moe : bool, optional
-        The layer is a Mixture-of-Experts layer (None: the model's kind).
-
-    Returns
-    -------
-    float or ndarray
-        Bytes.
-    """
-    if op_level(sw, recompute, moe):
-        return sac_activation_bytes(shape, b, s, t, sp)
-    return shape.layer_activation_bytes(b, s, t, sp, recompute, moe=moe, **kinds)
-
-
-def whole_layer_kinds(kinds, sw) -> dict:
-    """``kinds`` (:func:`.layerkernels.activation_kinds`) for a layer kept or rebuilt whole:
-    its sequence-parallel linears hold their gathered inputs where the stack's autograd saves
-    them (:func:`~ddlsim.simulator.kernels.dtensor.keeps_gathered_input` without
-    recomputation; a rebuilt layer gathers them again in its recomputed forward)."""
-    from ...simulator.kernels.dtensor import keeps_gathered_input
-    return {**kinds, "gathered_input": keeps_gathered_input(sw, "none")}
-
-
-def rebuilt_bytes(whole, kept):
-    """Bytes a checkpointed layer holds at the start of its backward beyond what its
-    checkpoint kept: its recomputed forward's saved tensors, ``whole − kept``.
-
-    torch's non-reentrant checkpoint (``torch/utils/checkpoint.py`` at pytorch 0008d771:
-    ``_checkpoint_hook.unpack_hook`` and ``_recomputation_hook.pack_hook``) reruns the whole
-    checkpointed forward at the backward's first unpack of a saved tensor, keeps every tensor
-    the rerun saves in ``frame.recomputed`` and lets each go only when the backward node that
-    reads it unpacks it; under a selective policy (torchtitan's op-level one) the ops whose
-    outputs were saved return them instead of running again. Megatron's reentrant
-    ``CheckpointFunction.backward`` (``megatron/core/tensor_parallel/random.py``, Megatron-LM
-    d98e8a64 lines 591-659) reruns its forward on the detached inputs likewise before its
-    backward. So when the layer's backward starts it holds all it would have held without
-    recomputation (``whole``), of which ``kept`` is already counted with the kept layers (the
-    checkpoint's input is the tensor the first recomputed op saves). A compiled block
-    (AOTAutograd's partitioner) may place each recomputed op just before its first use, which
-    would hold less: not modelled.
-
-    Parameters
-    ----------
-    whole : float or ndarray
-        The layer's activations without recomputation, bytes.
-    kept : float or ndarray
-        What its checkpoint kept for the backward, bytes.
-
-    Returns
-    -------
-    float or ndarray
-        ``max(whole − kept, 0)``, bytes.
-    """
-    return np.maximum(whole - kept, 0.0) if np.ndim(whole) or np.ndim(kept) else \
-        max(whole - kept, 0.0)
-
-
 def stage_buffers(sw, fm, shape: DecoderShape, zero_stage, dp, gathered, unit_params,
                   param_split, first, last, pp, param_bytes: float, reduce_bytes: float,
                   stage_params):
@@ -305,7 +222,29 @@ def stage_buffers(sw, fm, shape: DecoderShape, zero_stage, dp, gathered, unit_pa
     (:func:`~ddlsim.workloads.allocator.comm_buffer_bytes`) under the software stack ``sw``
     and its framework's rules ``fm``: the edges FSDP2 keeps gathered are the stage's embedding
     and head, or its head alone (:func:`.builder.with_edges` of no layer). Every argument but
-    ``sw``, ``fm``, ``shape`` and the two byte counts may be an array over plans."""
+    ``sw``, ``fm``, ``shape`` and the two byte counts may be an array over plans.
+
+    Parameters
+    ----------
+    sw : Software
+        The resolved software stack.
+    fm : FrameworkMemory
+        The framework's memory rules (:func:`~ddlsim.workloads.allocator.framework`).
+    shape : DecoderShape
+    zero_stage, dp : the plan's ZeRO stage and data-parallel size.
+    gathered : ZeRO-3's gathered parameters in flight (bytes; 0 outside ZeRO-3).
+    unit_params : parameters of the largest ZeRO-3 unit (a layer) on the rank.
+    param_split : ranks the edges' parameters are split over (as
+        :func:`.builder.with_edges` takes it).
+    first, last, pp : the stage holds the embedding / the head; pipeline stages.
+    param_bytes, reduce_bytes : bytes per unsharded parameter and per reduced gradient.
+    stage_params : parameters on the rank before sharding.
+
+    Returns
+    -------
+    float or ndarray
+        Bytes.
+    """
     from .builder import with_edges
     from .fsdp import per_iteration
     from .fsdp_edges import layout
@@ -373,6 +312,11 @@ def stage_activations(shape: DecoderShape, b, s: int, tp_cp, vpp, per_chunk, chu
         of the two phases' beside the kept activations, ``max(other, step − activations)``.
     held : bytes the pipeline schedule holds for the backward, counted with the activations
         (:func:`~ddlsim.workloads.allocator.pipeline_held_bytes`).
+
+    Returns
+    -------
+    tuple
+        (activations, other buffers), bytes each (floats, or arrays over plans).
     """
     acts = per_chunk * chunks + rebuilt + held
     sbh = b * s * shape.hidden
