@@ -59,7 +59,25 @@ def flow_shop_last(layers, segments, comm_s, extra=None) -> np.ndarray:
     """Seconds past the end of the backward's layers at which the last run's buckets end when
     nothing else holds them back: :func:`flow_shop_tail`'s ``k = n`` term (every run's
     ``extra``, then the last run's ``comm_s``). Compute that runs between the last run's
-    layers and its buckets (the embedding's backward) delays this term alone."""
+    layers and its buckets (the embedding's backward) delays this term alone.
+
+    Parameters
+    ----------
+    layers : array_like
+        Backward layers of the chunk, per plan.
+    segments : array_like
+        Runs the layers are cut into (the first ``layers % segments`` one layer longer).
+    comm_s : array_like
+        Seconds of one run's buckets on the data-parallel stream, per plan.
+    extra : tuple of array_like, optional
+        (long, short): seconds each run after the first gains beside the buckets before it,
+        for a run of ``q + 1`` and of ``q`` layers (as in :func:`flow_shop_tail`); None: 0.
+
+    Returns
+    -------
+    numpy.ndarray
+        Seconds past the end of the layers at which the last run's buckets end, per plan.
+    """
     n = np.asarray(segments, dtype=float)
     r = np.mod(layers, n)
     e_long, e_short = (0.0, 0.0) if extra is None else extra

@@ -62,7 +62,21 @@ def expands_kv(sw: Any, shape: Any) -> bool:
 
 def expanded_kv_extra_width(sw: Any, shape: Any) -> float:
     """Width per token the core's saved K and V gain over ``kv_width`` when repeated:
-    ``2·(a − g)·d`` (K and V), else 0."""
+    ``2·(a − g)·d`` (K and V), else 0.
+
+    Parameters
+    ----------
+    sw : Software
+        The resolved stack (as :func:`expands_kv` reads it).
+    shape : DecoderShape
+        The model (its ``q_width`` ``a·d`` and ``kv_width`` ``g·d``).
+
+    Returns
+    -------
+    float
+        Extra elements per token (multiply by the bytes per element for bytes): ``2·(a − g)·d``
+        where :func:`expands_kv` holds, else 0.
+    """
     return 2.0 * (shape.q_width - shape.kv_width) if expands_kv(sw, shape) else 0.0
 
 

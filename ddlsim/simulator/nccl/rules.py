@@ -16,19 +16,52 @@ __all__ = ["col", "has_nvls", "nvls_channels", "nvls_bus", "algbw_ratio", "conve
 
 
 def col(nodes: int) -> int:
-    """tuning.cc ``index2``: 1, 2 or ≥ 3 nodes."""
+    """The column of NCCL's per-node-count tables (tuning.cc ``index2``): 1, 2 or ≥ 3 nodes.
+
+    Parameters
+    ----------
+    nodes : int
+        Nodes the group spans (≥ 1).
+
+    Returns
+    -------
+    int
+        0 for one node, 1 for two, 2 for three or more.
+    """
     return min(nodes, 3) - 1
 
 
 def has_nvls(env: NcclEnv) -> bool:
-    """NVLS runs on Hopper and later (tuning.cc ``nvlsEfficiency`` 0 for Volta and Ampere;
-    src/transport/nvls.cc: NVLS needs SM90)."""
+    """Whether NVLS can run: on Hopper and later (tuning.cc ``nvlsEfficiency`` 0 for Volta and
+    Ampere; src/transport/nvls.cc: NVLS needs SM90).
+
+    Parameters
+    ----------
+    env : NcclEnv
+        The machine and NCCL release (its ``arch``).
+
+    Returns
+    -------
+    bool
+        True on ``hopper`` and ``blackwell``.
+    """
     return env.arch in ("hopper", "blackwell")
 
 
 def nvls_channels(net: GroupNet) -> int:
     """Channels of NCCL's NVLS graph: one per GPU of the node (search.cc: ``maxChannels =
-    min(NCCL_MAX_NVLS_ARITY, GPUs)``, and ``minChannels = maxChannels`` on one node)."""
+    min(NCCL_MAX_NVLS_ARITY, GPUs)``, and ``minChannels = maxChannels`` on one node).
+
+    Parameters
+    ----------
+    net : GroupNet
+        The group's links (``p`` ranks over ``nodes`` nodes).
+
+    Returns
+    -------
+    int
+        GPUs of the group per node, at least 1.
+    """
     return max(1, int(round(net.p / net.nodes)))
 
 
@@ -68,7 +101,24 @@ def nvls_bus(op: str, algo: str, link: float, net: GroupNet, env: NcclEnv) -> fl
 def algbw_ratio(op: str, algo: str, p: int, env: NcclEnv) -> float:
     """NCCL's bus → algorithm bandwidth ratio (tuning.cc "Convert bus BW to algorithm BW"): the
     ring, and NVLS where the release has ``nvlsEfficiency``, ``p / nsteps``; NVLS before it 5/6
-    (v2.26.2-1 line 293, v2.21.5-1 line 216); tree and CollNet 1/2."""
+    (v2.26.2-1 line 293, v2.21.5-1 line 216); tree and CollNet 1/2.
+
+    Parameters
+    ----------
+    op : str
+        The collective (``all_reduce``, ``all_gather``, ``reduce_scatter``, …).
+    algo : str
+        NCCL's algorithm (``ring``, ``tree``, ``nvls``, ``nvls_tree``, ``collnet``, …).
+    p : int
+        Ranks of the group.
+    env : NcclEnv
+        The machine and NCCL release (its tables: ``nvls_efficiency``).
+
+    Returns
+    -------
+    float
+        Algorithm bandwidth per unit of bus bandwidth (dimensionless).
+    """
     nvls = algo in ("nvls", "nvls_tree")
     if algo == "ring" or (nvls and env.tab.nvls_efficiency is not None):
         return p / ring_steps(op, p)
@@ -78,7 +128,22 @@ def algbw_ratio(op: str, algo: str, p: int, env: NcclEnv) -> float:
 def converts(op: str, algo: str, env: NcclEnv) -> bool:
     """Whether NCCL converts ``algo``'s bus bandwidth to an algorithm bandwidth: every
     all-reduce; an all-gather or reduce-scatter on the ring only (from 2.23: v2.26.2-1 line
-    290), or on all but CollNet-direct (v2.21.5-1 line 213)."""
+    290), or on all but CollNet-direct (v2.21.5-1 line 213).
+
+    Parameters
+    ----------
+    op : str
+        The collective.
+    algo : str
+        NCCL's algorithm.
+    env : NcclEnv
+        The machine and NCCL release (its tables: ``converts_all_gather``).
+
+    Returns
+    -------
+    bool
+        Whether :func:`algbw_ratio` applies to ``algo``'s bus bandwidth for ``op``.
+    """
     if op not in ("all_gather", "reduce_scatter"):
         return True
     return algo == "ring" or (env.tab.converts_all_gather

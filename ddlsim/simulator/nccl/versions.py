@@ -88,7 +88,24 @@ DEFAULT_VERSION = "2.30.7"
 
 def register_version(version: str, tag: str, **fields) -> NcclTables:
     """Register the tables of NCCL ``version`` (read at NVIDIA/nccl ``tag``); the mappings are
-    read, never written (plain dicts: the tuning model looks them up in its inner loops)."""
+    read, never written (plain dicts: the tuning model looks them up in its inner loops).
+
+    Parameters
+    ----------
+    version : str
+        The release, e.g. ``"2.21.5"`` (the key users give as
+        ``system.collectives.nccl_version``).
+    tag : str
+        The NVIDIA/nccl tag the tables were read at.
+    **fields
+        The other fields of :class:`NcclTables` (latencies in µs, bandwidths in GB/s, as
+        NCCL's own tables).
+
+    Returns
+    -------
+    NcclTables
+        The registered tables.
+    """
     NCCL_VERSIONS[version] = NcclTables(version, tag, **fields)
     return NCCL_VERSIONS[version]
 
@@ -100,6 +117,19 @@ def version_names() -> tuple[str, ...]:
 
 def tables(version: str, arch: str | None = None) -> NcclTables:
     """The tables of NCCL ``version``, checked to have rows for ``arch``.
+
+    Parameters
+    ----------
+    version : str
+        A tabulated release (a key of :data:`NCCL_VERSIONS`).
+    arch : str, optional
+        A compute-capability class (``volta``, ``ampere``, ``hopper``, ``blackwell``); None:
+        not checked.
+
+    Returns
+    -------
+    NcclTables
+        The release's tables.
 
     Raises
     ------

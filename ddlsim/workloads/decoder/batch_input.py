@@ -50,15 +50,43 @@ ROLES = {"one": ("tokens", "labels", "loss_mask", "attention_mask", "position_id
 
 
 def carries_mask(sw) -> bool:
-    """Whether the stack's batch carries the dataset's dense mask to the device (``sw``: the
-    resolved software features)."""
+    """Whether the stack's batch carries the dataset's dense mask to the device.
+
+    Parameters
+    ----------
+    sw : Software
+        The resolved software features (``batch_attention_mask``).
+
+    Returns
+    -------
+    bool
+        True where ``batch_attention_mask`` is ``dataloader``.
+    """
     return getattr(sw, "batch_attention_mask", None) == "dataloader"
 
 
 def batch_tensors(b: int, s: int) -> dict[str, float]:
     """Bytes of each tensor of one micro-batch of ``b`` sequences of ``s`` tokens, as
     Megatron-Core's ``get_batch_on_this_tp_rank`` copies them (the mask ``[b, 1, s, s]``
-    bool)."""
+    bool).
+
+    Parameters
+    ----------
+    b : int
+        Sequences per micro-batch.
+    s : int
+        Tokens per sequence.
+
+    Returns
+    -------
+    dict of str to float
+        Tensor name → bytes: ``8bs`` (tokens, labels, position ids), ``4bs`` (loss mask),
+        ``bs²`` (attention mask).
+
+    References
+    ----------
+    Megatron-LM core_r0.8.0 ``megatron/training/utils.py`` ``get_batch_on_this_tp_rank``.
+    """
     out = {name: float(width * b * s) for name, width in _PER_TOKEN.items()}
     out["attention_mask"] = float(b) * s * s
     return out
@@ -105,7 +133,19 @@ def batch_input_ops(role: str, b: int, s: int, tp: int, host_link, dtype: str) -
 
 def uncharged_note(cfg) -> str | None:
     """What a result says when the stack's batch carries the mask but the device has no
-    ``host_link``: the copy is not charged (None otherwise)."""
+    ``host_link``: the copy is not charged.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The validated run config (its model family, software and device).
+
+    Returns
+    -------
+    str or None
+        The note, for a decoder whose stack carries the mask on a device without
+        ``system.device.host_link``; None otherwise.
+    """
     from . import DecoderFamily
     if not isinstance(cfg.family, DecoderFamily) or not carries_mask(cfg.software) \
             or cfg.system.device.host_link is not None:

@@ -104,7 +104,21 @@ def accumulating(wgrad: Kernel, main_grad: int) -> Kernel:
     """The weight-gradient GEMM ``wgrad`` accumulating into a ``main_grad`` of ``main_grad``
     bytes per element (:func:`into_main_grad`'s rule for one kernel): its ``bytes`` with that
     buffer read and written, its ``accumulate_bytes`` the buffer's; ``wgrad`` itself when
-    ``main_grad`` is 0."""
+    ``main_grad`` is 0.
+
+    Parameters
+    ----------
+    wgrad : Kernel
+        A weight-gradient GEMM kernel (its ``shape``, ``batch`` and ``dtype``).
+    main_grad : int
+        Bytes per element of the gradient buffer it accumulates into (4: fp32); 0: none.
+
+    Returns
+    -------
+    Kernel
+        The GEMM with ``bytes`` (B) counting the buffer's read and write and
+        ``accumulate_bytes`` = ``main_grad`` (B per element), or ``wgrad`` unchanged.
+    """
     if not main_grad:
         return wgrad
     nbytes = gemm_bytes(*wgrad.shape, wgrad.batch, DTYPE_BYTES.get(wgrad.dtype, 2), main_grad)
