@@ -21,6 +21,7 @@ from ..config import SystemConfig
 from ..errors import ConfigError
 from ..units import format_bytes
 from ..workloads.trace import Collective, Compute, GroupFamily, P2P, Workload
+from .backend_rules import resolve_backend
 from .collectives import (GroupNet, Phase, best_algorithm, best_uneven_algorithm,
                           collective_time, get_algorithm, split_matrix, uneven_time)
 
@@ -31,29 +32,6 @@ _NETS: dict[tuple, GroupNet] = {}
 #: point-to-point bandwidth between nodes per system and family layout
 #: (:func:`.netmodel.p2p_node_bw`)
 _P2P: dict[tuple, float] = {}
-
-
-def _backend(system: SystemConfig) -> tuple[str, object]:
-    """(``nccl`` or ``mpi``, NCCL's view of the machine or None), from
-    ``system.collectives`` (``auto``: NCCL on NVLink nodes of a known GPU generation)."""
-    from .nccl import env_for_system
-
-    env = env_for_system(system)
-    backend = system.collectives.backend
-    if backend == "auto":
-        backend = "nccl" if env is not None and env.intra == "nvlink" else "mpi"
-    if backend == "nccl" and env is None:
-        raise ConfigError(f"system.collectives.backend = 'nccl' needs the GPU generation for "
-                          f"NCCL's tuning model, but device.name {system.device.name!r} names "
-                          "none; set system.collectives.gpu_arch to volta, ampere, hopper or "
-                          "blackwell")
-    spec = system.collectives
-    if backend != "nccl" and "nccl_version" in spec.model_fields_set:
-        raise ConfigError(f"system.collectives.nccl_version = {spec.nccl_version!r} times NCCL's "
-                          f"collectives, but they run on {backend!r} here (backend = "
-                          f"{spec.backend!r}: NCCL only on NVLink nodes of a known GPU "
-                          "generation under 'auto'); remove nccl_version or set backend: nccl")
-    return backend, env
 
 
 def profile_size(nbytes: float, split: tuple[float, ...] | None) -> tuple[float, str]:
@@ -153,7 +131,7 @@ class CostModel:
         self.devices = devices
         self.node_of_rank = devices // system.devices_per_node
         self.ranks_per_node = np.bincount(self.node_of_rank, minlength=system.nodes)
-        self.comm_backend, self._nccl = _backend(system)
+        self.comm_backend, self._nccl = resolve_backend(system, self.collective_algorithm)
         #: ``system.model_dump_json()``, the group networks' cache key (given by callers
         #: that build many cost models for one system)
         self._system_key = system_key
