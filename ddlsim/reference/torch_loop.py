@@ -51,9 +51,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -61,7 +59,8 @@ import numpy as np
 import yaml
 
 from .loop import REFERENCE, LoopModel
-from .mpijobs import check_job, cpu_cores, memory_bytes, run_job
+from .mpijobs import check_job, cpu_cores, run_job
+from .torch_machine import TORCH_STACK, calibrate_gloo, gloo_sizes, torch_system, torchrun
 
 __all__ = ["TORCH_STRATEGIES", "TORCH_STACK", "PP_MICRO_BATCHES", "torch_available",
            "torch_model", "torch_run_config", "gloo_sizes", "torch_system", "strategies_for",
@@ -73,23 +72,14 @@ PP_MICRO_BATCHES = 4
 #: DDP's ``bucket_cap_mb`` default (torch/nn/parallel/distributed.py: 25 MiB)
 DDP_BUCKET_BYTES = 25 * 2 ** 20
 
-#: How torch 2.x eager on a CPU runs the reference model (:mod:`.torch_train`): torchtitan's
-#: 2024 stack (eager, DDP or FSDP2, torch.distributed), with the kernels the trainer calls
-TORCH_STACK = {
-    "stack": "torchtitan-2024",
-    "kernels": {"attention": "unfused", "fused_layernorm": True, "fused_bias_gelu": False,
-                "fused_cross_entropy": False, "fused_optimizer": False,
-                "separate_projections": False, "host_dispatch": "eager"},
-    "overlap": {"zero3_reshard_after_forward": "always"},
-    "source": "ddlsim/reference/torch_train.py: attention as matmul, mask, softmax, matmul; "
-              "nn.LayerNorm (aten native_layer_norm, one kernel each way); one qkv Linear; "
-              "torch.optim.Adam on CPU (the single-tensor loop: foreach needs CUDA, "
-              "torch/optim/optimizer.py _default_to_fused_or_foreach); fully_shard's "
-              "reshard_after_forward=True default on every block"}
-
-
 def torch_available() -> bool:
-    """Whether torch with Gloo imports in this Python."""
+    """Whether torch with Gloo imports in this Python.
+
+    Returns
+    -------
+    bool
+        True where ``torch.distributed`` imports and has the Gloo backend.
+    """
     try:
         import torch.distributed as dist
     except ImportError:
@@ -99,13 +89,46 @@ def torch_available() -> bool:
 
 def torch_model(model: LoopModel = REFERENCE) -> LoopModel:
     """The model of the torch runs: ``model`` with an even layer count (the 2-stage
-    pipeline splits the blocks evenly; one rule, so that every run is the same model)."""
+    pipeline splits the blocks evenly; one rule, so that every run is the same model).
+
+    Parameters
+    ----------
+    model : LoopModel
+        The reference model.
+
+    Returns
+    -------
+    LoopModel
+        ``model``, with one more layer where its count is odd.
+    """
     return dataclasses.replace(model, layers=model.layers + model.layers % 2)
 
 
 def torch_run_config(model: LoopModel, ranks: int, strategy: str, system: dict | str) -> dict:
     """The run config ddlsim predicts and :mod:`.torch_train` runs, for one of
-    :data:`TORCH_STRATEGIES` on ``ranks`` ranks."""
+    :data:`TORCH_STRATEGIES` on ``ranks`` ranks.
+
+    Parameters
+    ----------
+    model : LoopModel
+        The run's model (:func:`torch_model`).
+    ranks : int
+        Ranks, one per core.
+    strategy : str
+        One of :data:`TORCH_STRATEGIES`.
+    system : dict or str
+        The system section or a preset's name.
+
+    Returns
+    -------
+    dict
+        The run config, as ``ddlsim predict`` reads it.
+
+    Raises
+    ------
+    ValueError
+        If ``strategy`` is not one of :data:`TORCH_STRATEGIES`.
+    """
     if strategy not in TORCH_STRATEGIES:
         raise ValueError(f"torch strategy must be one of {', '.join(TORCH_STRATEGIES)}, got "
                          f"{strategy!r}")
@@ -123,51 +146,46 @@ def torch_run_config(model: LoopModel, ranks: int, strategy: str, system: dict |
 
 def strategies_for(ranks: int, strategies: tuple[str, ...]) -> tuple[str, ...]:
     """The strategies that run on ``ranks`` ranks: DDP on any count, FSDP on two or more,
-    the pipeline on exactly two."""
+    the pipeline on exactly two.
+
+    Parameters
+    ----------
+    ranks : int
+        The rank count.
+    strategies : tuple of str
+        Among :data:`TORCH_STRATEGIES`.
+
+    Returns
+    -------
+    tuple of str
+        Those of ``strategies`` that run on ``ranks`` ranks, in their order.
+    """
     runs = {"torch-ddp": True, "torch-fsdp": ranks > 1, "torch-pp": ranks == 2}
     return tuple(s for s in strategies if runs[s])
 
 
-def torchrun(n: int) -> list[str]:
-    """``torchrun --standalone --nproc-per-node N`` through this Python."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-            str(n)]
-
-
-def gloo_sizes(cfg_paths: list[Path]) -> tuple[list[str], int, int]:
-    """(operations, smallest, largest bytes) to calibrate: the collectives of the runs'
-    traces (:func:`.interleaved.trace_collectives`) and ``sendrecv`` (the system's link:
-    the pipeline's activations, ``batch · seq · hidden`` fp32), from the power of two at or
-    below half the smallest message to twice the power of two at or above the largest (a
-    fit segment needs three sizes past a cliff; the traces' own sizes are timed too)."""
-    from ..config import load_config
-    from .interleaved import trace_collectives
-    from .train import shape_of
-    cfgs = [load_config(p) for p in cfg_paths]
-    shape = shape_of(cfgs[0])
-    sizes = trace_collectives(cfgs) + [("sendrecv", 4 * shape.batch * shape.seq
-                                        * shape.hidden)]
-    lo, hi = min(b for _, b in sizes), max(b for _, b in sizes)
-    ops = sorted({op for op, _ in sizes})
-    return ops, max(8, 2 ** math.floor(math.log2(lo / 2))), 2 * 2 ** math.ceil(math.log2(hi))
-
-
-def calibrate_gloo(work: Path, n: int, cfg_paths: list[Path], clock: str = "wall") -> Path:
-    """``ddlsim calibrate comm --backend gloo --clock CLOCK`` on ``n`` ranks (module
-    docstring, step 1)."""
-    ops, lo, hi = gloo_sizes(cfg_paths)
-    out = work / f"gloo{n}.csv"
-    check_job(run_job(torchrun(n) + [
-        "-m", "ddlsim.calibration", "comm", "--backend", "gloo", "--ops", ",".join(ops),
-        "--min-bytes", str(lo), "--max-bytes", str(hi), "--warmup", "2", "--reps", "10",
-        "--clock", clock, "--no-split", "--no-progress", "-o", str(out), "--force"], 900),
-        f"calibrate comm --backend gloo on {n} ranks")
-    return out
-
-
 def job(work: Path, model: LoopModel, n: int, cfg_paths: list[Path],
         clock: str = "wall") -> dict:
-    """Run :mod:`.torch_job` on ``n`` ranks (module docstring, step 2); its JSON."""
+    """Run :mod:`.torch_job` on ``n`` ranks (module docstring, step 2).
+
+    Parameters
+    ----------
+    work : Path
+        The loop's folder (the job writes ``torch{n}.json`` there).
+    model : LoopModel
+        The run's model (its ``rounds`` and ``warmup``).
+    n : int
+        Ranks.
+    cfg_paths : list of Path
+        The run configs the job trains.
+    clock : {"wall", "cpu"}
+        The clock the rounds are timed with.
+
+    Returns
+    -------
+    dict
+        The job's JSON (seconds per round per run, losses, rates).
+    """
     stack = work / "torch_stack.json"
     stack.write_text(json.dumps(TORCH_STACK))
     check_job(run_job(torchrun(n) + [
@@ -175,70 +193,6 @@ def job(work: Path, model: LoopModel, n: int, cfg_paths: list[Path],
         str(model.rounds), "--warmup", str(model.warmup), "--stack", str(stack), "--clock",
         clock], 1800), f"the torch job on {n} ranks")
     return json.loads((work / f"torch{n}.json").read_text())
-
-
-def _rate(values: list[float], statistic: str) -> float:
-    """A rate's value over the rounds: ``min`` of the times is the highest rate."""
-    return float(np.max(values) if statistic == "min" else np.median(values))
-
-
-def torch_system(n: int, doc: dict, r_max: float, profile: Path, statistic: str,
-                 when: str) -> dict:
-    """The ``system`` section of a torch run on ``n`` cores of this machine: the numpy
-    loop's :func:`~.machine.local_system` with torch's rates (``doc``: the job's JSON), the
-    Gloo link (the profile's ``sendrecv`` fit), the torch stack, and each op's eager
-    dispatch time as the gap between kernels (on a CPU the host runs the kernel itself, so
-    an op's time is its work plus its dispatch: ``stream_time`` with no host lead).
-
-    Parameters
-    ----------
-    n : int
-        Ranks, one per core.
-    doc : dict
-        ``torch{n}.json``.
-    r_max : float
-        FLOP/s: the torch GEMM plateau of the profile's compute fit.
-    profile : Path
-        The fitted profile.
-    statistic : {"median", "min"}
-        Which time of the rounds the rates take.
-    when : str
-        When they were measured, for the sources.
-
-    Returns
-    -------
-    dict
-        A system section.
-    """
-    from ..calibration import CalibrationProfile
-    from .kernels import CLASS_KERNELS, efficiencies
-    from .machine import local_system
-    rates = doc["rates_by_round"]
-    stream = _rate(rates["gradients"], statistic)
-    classes = efficiencies({c: _rate(rates[f"class.{c}"], statistic) for c in CLASS_KERNELS},
-                           stream)
-    overhead = float(np.min(rates["op_overhead_s"]) if statistic == "min"
-                     else np.median(rates["op_overhead_s"]))
-    p2p = (0.0, 1e12)
-    if n > 1:
-        prof = CalibrationProfile.load(profile)
-        p2p = (prof.alpha_beta("gloo", "sendrecv", 0)[0],
-               1.0 / prof.alpha_beta("gloo", "sendrecv", 2 ** 40)[1])
-    system = local_system(n, r_max, stream, p2p, memory_bytes() / n, when, classes)
-    src = f"measured on this machine by ddlsim/reference/torch_job.py ({when})"
-    system["device"]["source"] = (f"{src}: peak = the torch fp32 GEMM plateau R_max, "
-                                  "bandwidth = torch.add(x, y, out=z) on the gradient "
-                                  "buffer's size, element-wise classes = torch's kernels")
-    system["device"]["launch"] = {
-        "host_launch_s": 0.0, "eager_op_s": 0.0, "stream_gap_s": overhead,
-        "graph_gap_s": overhead,
-        "source": f"{src}: torch.add of two 1-element tensors in a loop, per op (the CPU runs "
-                  "each op after its dispatch: no host lead, the dispatch is the gap)"}
-    system["intra_node"]["source"] = f"{src}: Gloo sendrecv fit, α first, 1/β last segment"
-    system["collectives"] = {"backend": "mpi", "source": "Gloo over TCP loopback: timed by "
-                             "the profile's gloo curves (the closed form only outside them)"}
-    system["software"] = TORCH_STACK
-    return system
 
 
 def _configs(work: Path, model: LoopModel, n: int, runs: tuple[str, ...],
@@ -257,7 +211,24 @@ def _measured(times: list[float], statistic: str) -> float:
 
 def loop_ranks(work: Path, model: LoopModel, n: int, runs: tuple[str, ...], statistic: str,
                max_rel_rmse: float | None, when: str, log, clock: str = "wall") -> list[dict]:
-    """Steps 1-4 of the module docstring for ``n`` ranks: one row per strategy."""
+    """Steps 1-4 of the module docstring for ``n`` ranks: one row per strategy.
+
+    Parameters
+    ----------
+    work, model, n : the loop's folder, the run's model, ranks.
+    runs : tuple of str
+        The strategies run on ``n`` ranks (:func:`strategies_for`).
+    statistic, max_rel_rmse, clock : as :func:`run_torch_loop` takes them.
+    when : str
+        When the rates were measured, for the sources.
+    log : callable
+        Progress lines.
+
+    Returns
+    -------
+    list of dict
+        One row per strategy: measured and predicted seconds, errors, the fit's quality.
+    """
     from .loop import COMM_STATISTIC, fit, fit_errors, predict
     t0 = time.perf_counter()
     placeholder = {"preset": "cpu-10gbe", "software": TORCH_STACK}
@@ -296,7 +267,18 @@ def loop_ranks(work: Path, model: LoopModel, n: int, runs: tuple[str, ...], stat
 
 
 def row_line(row: dict) -> str:
-    """One run's line: measured (wall) and predicted per engine, or its refusal."""
+    """One run's line: measured (wall) and predicted per engine, or its refusal.
+
+    Parameters
+    ----------
+    row : dict
+        A row of :func:`loop_ranks` (or a refused one).
+
+    Returns
+    -------
+    str
+        Times in ms, errors in %.
+    """
     head = f"{row['strategy']:>24} {row['ranks']} rank(s): "
     if "refused" in row:
         return head + f"refused: {row['refused']}"
