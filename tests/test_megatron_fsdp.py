@@ -199,7 +199,8 @@ ROW3 = (
     "--recompute-granularity full --recompute-method uniform "
     "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep "
     "--moe-grouped-gemm --moe-permute-fusion --moe-router-force-load-balancing "
-    "--moe-aux-loss-coeff 1e-3 --cross-entropy-loss-fusion\n")
+    "--moe-aux-loss-coeff 1e-3 --cross-entropy-loss-fusion "
+    "--no-create-attention-mask-in-dataloader\n")
 
 
 def test_the_row_3_command_line_imports_as_validate_moes_config():

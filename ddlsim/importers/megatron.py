@@ -93,6 +93,10 @@ SWITCHES: dict[str, tuple[str, Any]] = {
     "apply-rope-fusion": (f"{_SW}.kernels.fused_rope", True),
     "no-rope-fusion": (f"{_SW}.kernels.fused_rope", False),
     "cross-entropy-loss-fusion": (f"{_SW}.kernels.fused_cross_entropy", True),
+    # Megatron-LM core_r0.8.0 megatron/training/arguments.py line 1576: --no-create-attention-mask-in-
+    # dataloader; without it the dataset's s x s mask is copied and broadcast each micro-batch
+    # (workloads/decoder/batch_input.py)
+    "no-create-attention-mask-in-dataloader": (f"{_SW}.kernels.batch_attention_mask", "none"),
     "accumulate-allreduce-grads-in-fp32": (f"{_SW}.kernels.grad_reduce_dtype", "fp32"),
     "grad-reduce-in-bf16": (f"{_SW}.kernels.grad_reduce_dtype", "param"),
     "no-async-tensor-model-parallel-allreduce": (f"{_SW}.overlap.tp_async_backward", False),
@@ -181,7 +185,7 @@ NO_EFFECT: dict[str, str] = {
                      "layernorm-epsilon", "loss-scale", "initial-loss-scale", "min-loss-scale",
                      "loss-scale-window", "hysteresis", "distributed-backend",
                      "use-mcore-models", "eod-mask-loss", "reset-position-ids",
-                     "reset-attention-mask", "no-create-attention-mask-in-dataloader",
+                     "reset-attention-mask",
                      "attention-softmax-in-fp32", "fp8-amax-history-len",
                      "use-cpu-initialization", "calculate-per-token-loss",
                      "moe-z-loss-coeff",

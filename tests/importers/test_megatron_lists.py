@@ -35,7 +35,8 @@ QWEN3_235B = (
     "--recompute-granularity selective --recompute-modules moe_act layernorm "
     "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep "
     "--moe-grouped-gemm --moe-permute-fusion --moe-router-force-load-balancing "
-    "--moe-aux-loss-coeff 1e-3 --cross-entropy-loss-fusion\n")
+    "--moe-aux-loss-coeff 1e-3 --cross-entropy-loss-fusion "
+    "--no-create-attention-mask-in-dataloader\n")
 
 
 def _import(tmp_path: Path, *args: str) -> dict:
