@@ -1,7 +1,9 @@
-"""A HuggingFace ``config.json``'s ``router_aux_loss_coef`` is read, not ignored: it is
-``parallel.moe.aux_loss_coeff``'s default (as the Megatron importer maps
-``--moe-aux-loss-coeff``), under aux_loss/seq_aux_loss balancing; a coefficient the plan gives
-always wins."""
+"""A HuggingFace ``config.json``'s ``router_aux_loss_coef`` is read, not ignored: where the
+file trains with the loss (``output_router_logits: true``, transformers' condition for adding
+it) it is ``parallel.moe.aux_loss_coeff``'s default (as the Megatron importer maps
+``--moe-aux-loss-coeff``), under aux_loss/seq_aux_loss balancing; the published files leave
+``output_router_logits`` false, so they train without it; a coefficient the plan gives always
+wins."""
 
 from __future__ import annotations
 
@@ -33,8 +35,27 @@ def load(moe: dict | None = None, model: dict | None = None) -> tuple[ddlsim.Run
     return cfg, [str(w.message) for w in caught]
 
 
-def test_the_files_coefficient_is_read_not_reported_ignored():
-    cfg, messages = load()      # mixtral-8x7b-v0.1.json: "router_aux_loss_coef": 0.02
+def _with_logits(tmp_path) -> dict:
+    """mixtral-8x7b-v0.1.json as published but with ``output_router_logits: true``."""
+    from ddlsim.workloads.registry import _hf_document
+    doc, _ = _hf_document("mixtral-8x7b-v0.1", None)
+    assert doc["output_router_logits"] is False and doc["router_aux_loss_coef"] == 0.02
+    doc["output_router_logits"] = True
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(doc))
+    return {"hf_config": str(path)}
+
+
+def test_the_published_file_trains_without_the_loss():
+    cfg, messages = load()      # "router_aux_loss_coef": 0.02, "output_router_logits": false
+    assert cfg.model.router_aux_loss_coef is None
+    assert not any("router_aux_loss_coef" in m for m in messages)
+    plan = resolve_moe(cfg)
+    assert plan.aux_loss_coeff == 0.0
+
+
+def test_the_files_coefficient_is_read_when_it_trains_with_the_loss(tmp_path):
+    cfg, messages = load(model=_with_logits(tmp_path))
     assert cfg.model.router_aux_loss_coef == 0.02
     assert not any("router_aux_loss_coef" in m for m in messages)
     plan = resolve_moe(cfg)
@@ -49,14 +70,16 @@ def test_the_plans_coefficient_wins(given):
     assert plan.sources["aux_loss_coeff"] == "parallel.moe.aux_loss_coeff"
 
 
-def test_balancing_without_a_loss_takes_no_coefficient_from_the_file():
-    plan = resolve_moe(load({"router_load_balancing_type": "none"})[0])
+def test_balancing_without_a_loss_takes_no_coefficient_from_the_file(tmp_path):
+    plan = resolve_moe(load({"router_load_balancing_type": "none"}, _with_logits(tmp_path))[0])
     assert plan.aux_loss_coeff == 0.0 and not plan.aux_loss
 
 
-def test_the_loss_is_charged():
-    with_loss = ddlsim.predict(load()[0], check_fit=False).iteration_time_s
-    without = ddlsim.predict(load({"aux_loss_coeff": 0.0})[0], check_fit=False).iteration_time_s
+def test_the_loss_is_charged(tmp_path):
+    model = _with_logits(tmp_path)
+    with_loss = ddlsim.predict(load(model=model)[0], check_fit=False).iteration_time_s
+    without = ddlsim.predict(load({"aux_loss_coeff": 0.0}, model=model)[0],
+                             check_fit=False).iteration_time_s
     assert with_loss > without
 
 

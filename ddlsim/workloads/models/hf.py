@@ -218,7 +218,12 @@ def _moe(doc: dict, mt: str, source: str) -> dict:
 def router_aux_loss_coef(doc: dict, source: str) -> float | None:
     """The load-balancing loss coefficient of an MoE ``config.json`` (``router_aux_loss_coef``:
     transformers' Mixtral, Qwen2/3-MoE and GPT-OSS models add it times the loss to the
-    training loss), or None when the file has none or describes a dense model.
+    training loss), or None when the file has none, describes a dense model, or leaves
+    ``output_router_logits`` false: those models compute the loss only under it
+    (huggingface/transformers ``models/mixtral/modeling_mixtral.py``,
+    ``MixtralForCausalLM.forward``: ``if output_router_logits: aux_loss =
+    load_balancing_loss_func(...)``, then ``loss += self.router_aux_loss_coef * aux_loss``;
+    the flag's default is the config's), so a published file with it false trains without one.
 
     Raises
     ------
@@ -230,7 +235,7 @@ def router_aux_loss_coef(doc: dict, source: str) -> float | None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
         raise _err(source, "router_aux_loss_coef", value, "a number >= 0")
-    return float(value)
+    return float(value) if doc.get("output_router_logits") is True else None
 
 
 def _deepseek_moe(doc: dict, source: str) -> dict:
