@@ -14,9 +14,10 @@ from ..errors import ConfigError
 
 __all__ = ["resolve_backend", "NCCL_ONLY"]
 
-#: NCCL-only fields of ``system.collectives`` → their "not set" value: set otherwise, they
-#: are refused where NCCL does not run
-NCCL_ONLY = {"nccl_version": None, "nccl_protocol": "auto", "gpu_arch": "auto"}
+#: NCCL-only fields of ``system.collectives`` → their default: set to another value, they are
+#: refused where NCCL does not run. The default release counts as not set, so that a config
+#: written out whole (``model_dump``, ``ddlsim import``) reads back on an MPI system.
+NCCL_ONLY = {"nccl_version": "2.30.7", "nccl_protocol": "auto", "gpu_arch": "auto"}
 
 
 def resolve_backend(system: SystemConfig,
@@ -69,12 +70,11 @@ def _pins_nccl(collective_algorithm: Mapping[str, str] | None) -> bool:
 
 
 def _refuse_nccl_fields(spec, backend: str) -> None:
-    """Refuse each NCCL-only field of ``spec`` that is set, the collectives running on
-    ``backend``: ``nccl_version`` when given, the others away from ``auto``."""
-    for field, unset in NCCL_ONLY.items():
+    """Refuse each NCCL-only field of ``spec`` set away from its default, the collectives
+    running on ``backend``."""
+    for field, default in NCCL_ONLY.items():
         value = getattr(spec, field)
-        given = field in spec.model_fields_set if unset is None else value != unset
-        if given:
+        if value != default:
             raise ConfigError(
                 f"system.collectives.{field} = {value!r} applies to NCCL's collectives, but "
                 f"they run on {backend!r} here (backend = {spec.backend!r}: NCCL only on "

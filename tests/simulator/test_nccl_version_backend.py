@@ -38,3 +38,11 @@ def test_the_release_is_taken_where_nccl_runs_and_unset_is_no_error():
     mpi = {"preset": "dgx-a100", "nodes": 1, "devices_per_node": 2,
            "collectives": {"backend": "mpi"}}
     assert ddlsim.predict(ddlsim.load_config(_config(mpi))).iteration_time_s > 0
+
+
+def test_the_defaults_count_as_not_set():
+    # a config written out whole (model_dump) carries the defaults; read back on an MPI
+    # system it must not be refused (tests/simulator/test_des_components.py's fabrics)
+    from ddlsim.config_system import CollectivesSpec
+    from ddlsim.simulator.backend_rules import NCCL_ONLY
+    assert NCCL_ONLY == {f: CollectivesSpec.model_fields[f].default for f in NCCL_ONLY}
