@@ -13,7 +13,7 @@ import pytest
 
 import ddlsim
 from ddlsim.errors import ConfigError, DDLSimWarning
-from ddlsim.workloads.decoder.batch_input import ROLES, batch_tensors
+from ddlsim.workloads.decoder.batch_input import ROLES, batch_tensors, carries_mask
 from ddlsim.workloads.gpt import build_gpt_workload
 
 B, S = 2, 1024
@@ -127,3 +127,15 @@ def test_search_tier_times_the_loading_as_the_exact_engine():
                     "data_parallel_size": 8 // (2 * pp)})
         exact = ddlsim.predict(cfg, check_fit=False).iteration_time_s
         assert row["iteration_time_s"] == pytest.approx(exact, rel=1e-3)
+
+
+def test_ranks_sharing_their_hosts_memory_have_no_copy_to_charge():
+    # the seed wiki's CPU cluster (intra_node shared_memory, no host_link): no copy, no note
+    cfg = ddlsim.load_config("examples/wiki-gpt2-9ranks-ddp.yaml")
+    assert carries_mask(cfg.software) and cfg.system.device.host_link is None
+    assert cfg.system.intra_node.kind == "shared_memory"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = ddlsim.predict(cfg, check_fit=False)
+    assert "batch_input" not in result.extra
+    assert not any("batch copy" in str(w.message) for w in caught)

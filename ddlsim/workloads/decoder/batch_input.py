@@ -144,11 +144,14 @@ def uncharged_note(cfg) -> str | None:
     -------
     str or None
         The note, for a decoder whose stack carries the mask on a device without
-        ``system.device.host_link``; None otherwise.
+        ``system.device.host_link``; None otherwise, and None on a node whose ranks share
+        its host memory (``intra_node.kind: shared_memory``: CPU processes, whose batch is
+        already in their memory, so there is no copy to charge).
     """
     from . import DecoderFamily
     if not isinstance(cfg.family, DecoderFamily) or not carries_mask(cfg.software) \
-            or cfg.system.device.host_link is not None:
+            or cfg.system.device.host_link is not None \
+            or cfg.system.intra_node.kind == "shared_memory":
         return None
     return ("batch copy not charged: the stack copies each micro-batch's attention mask "
             "from host memory (software.kernels.batch_attention_mask: dataloader) but "
