@@ -11,7 +11,9 @@ the same calibration profile the loop predicts with.
 Where a numpy step has no kernel of its own in the trace, it is charged to the trace op
 that holds its neighbours: the QKV bias add (a GEMM epilogue in Megatron-LM) and the layout
 copies of the attention core to ``fwd.attn``/``bwd.attn``, zeroing the gradient buffer to
-``bwd.grad_accumulate``, the embedding's scatter-add to ``bwd.grad_accumulate.embedding``.
+``bwd.grad_accumulate``; the embedding's scatter-add is ``bwd.embedding`` (the trace's input
+embedding backward), the output layer's weight gradient added into the tied ``wte``
+gradient ``bwd.grad_accumulate.embedding``.
 """
 
 from __future__ import annotations

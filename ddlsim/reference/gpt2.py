@@ -304,7 +304,7 @@ class GPT2:
         dx = dx.reshape(B, T, h)
         G["wpe"][:T] += dx.sum(axis=0)
         np.add.at(G["wte"], idx.reshape(-1), dx.reshape(B * T, h))
-        m("bwd.grad_accumulate.embedding")
+        m("bwd.embedding")
 
     def _accumulate(self, name: str, wgrad: np.ndarray, op: str) -> None:
         """``G[name] += wgrad``: the weight gradient ``op``'s GEMM made, then accumulated."""

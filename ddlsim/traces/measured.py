@@ -25,7 +25,8 @@ __all__ = ["DECODER_BINDING", "Binding", "bind_measured", "apply_measured",
            "check_profiled_plan"]
 
 #: label (phase, part) -> ddlsim op names, first present wins (the decoder families' names,
-#: ddlsim/workloads/decoder/: a separate attention core when the trace has one)
+#: ddlsim/workloads/decoder/: a separate attention core when the trace has one); a tuple of
+#: names binds them together, sharing the label's time as the model shares it
 DECODER_BINDING: MappingProxyType = MappingProxyType({
     ("forward", "embedding"): ("embedding",),
     ("forward", "attn"): ("fwd.attn",),
@@ -38,12 +39,13 @@ DECODER_BINDING: MappingProxyType = MappingProxyType({
     ("backward", "loss"): ("bwd.loss",),
     ("backward", "final_norm"): ("bwd.final_norm", "bwd.logits"),
     ("backward", "logits"): ("bwd.logits",),
-    ("backward", "embedding"): ("bwd.grad_accumulate.embedding",),
+    ("backward", "embedding"): ("bwd.embedding", "bwd.grad_accumulate.embedding"),
     ("backward", "attn"): ("bwd.attn",),
     ("backward", "attn_core"): ("bwd.attn_core", "bwd.attn"),
     ("backward", "mlp"): ("bwd.mlp",),
     ("backward", "elementwise"): ("bwd.elementwise",),
-    ("backward", "grad_accumulate"): ("bwd.grad_accumulate",),
+    # torch's AccumulateGrad of every parameter, the embedding's (tied: the output layer's) too
+    ("backward", "grad_accumulate"): (("bwd.grad_accumulate", "bwd.grad_accumulate.embedding"),),
     ("optimizer", "step"): ("optimizer",),
     ("optimizer", "zero_grad"): ("optimizer",),
 })
@@ -109,31 +111,42 @@ def bind_measured(measured: MeasuredStep, reference: Workload, cost,
     """
     occ = _occurrences(reference)
     present = {p.name for p, _ in occ}
+    modelled: dict[str, float] = defaultdict(float)
+    count: Counter = Counter()
+    for p, n in occ:
+        if type(p) is Compute:
+            modelled[p.name] += n * cost.compute(replace(p, seconds=None))
+            count[p.name] += n
     measured_s: dict[str, float] = defaultdict(float)
     unbound: dict[Label, float] = {}
     for label, seconds in measured.seconds.items():
-        name = next((n for n in binding.get((label.phase, label.part), ()) if n in present),
-                    None)
-        if name is None:
+        names = _bound_names(binding.get((label.phase, label.part), ()), present)
+        if not names:
             unbound[label] = seconds
-        else:
-            measured_s[name] += seconds
+            continue
+        total = sum(modelled[n] for n in names)
+        for n in names:   # a group shares the label's time as the model shares it
+            measured_s[n] += seconds * (modelled[n] / total if total > 0 else 1 / len(names))
     if not measured_s:
         raise ConfigError(f"the profile {measured.source}: none of its labels names an op of "
                           f"the trace of {reference.meta.architecture or reference.name!r} "
                           f"(ops such as {sorted(present)[:4]}); measured compute binds to the "
                           "decoder families' ops (gpt, llama)")
-    modelled: dict[str, float] = defaultdict(float)
-    count: Counter = Counter()
-    for p, n in occ:
-        if p.name in measured_s:
-            modelled[p.name] += n * cost.compute(replace(p, seconds=None))
-            count[p.name] += n
     factor = {k: (measured_s[k] / modelled[k] if modelled[k] > 0 else None) for k in measured_s}
     each = {k: measured_s[k] / count[k] for k in measured_s if factor[k] is None}
     return Binding(MappingProxyType(factor), MappingProxyType(each),
                    MappingProxyType(dict(measured_s)), MappingProxyType(dict(modelled)),
                    MappingProxyType(unbound), tuple(sorted(present - set(measured_s))))
+
+
+def _bound_names(candidates: tuple, present: set[str]) -> tuple[str, ...]:
+    """The op names a label binds to: the first candidate present, where a candidate is one
+    name or a tuple of names bound together (the present ones among them)."""
+    for c in candidates:
+        group = tuple(n for n in ((c,) if isinstance(c, str) else c) if n in present)
+        if group:
+            return group
+    return ()
 
 
 def _measured_ops(ops: tuple[Op, ...], binding: Binding, cost) -> tuple[Op, ...]:
