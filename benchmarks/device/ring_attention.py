@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from h100_kernels import env, timed  # noqa: E402  (the suite's timer and provenance)
+from h100_kernels import env, event_seconds, timed  # noqa: E402  (the suite's timer and provenance)
 
 BF16 = torch.bfloat16
 SAMPLES = 5
@@ -156,13 +156,7 @@ def _timed_ring(fn) -> float:
     reps, out = _agreed_reps(fn), []
     for _ in range(SAMPLES):
         dist.barrier()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(reps):
-            fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b) / 1e3 / reps)
+        out.append(event_seconds(fn, reps))
     return statistics.median(out)
 
 

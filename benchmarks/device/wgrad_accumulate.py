@@ -43,7 +43,6 @@ import csv
 import ctypes
 import json
 import os
-import statistics
 import sys
 
 HIDDEN = 12288                    # GPT-3 175B (Brown et al. 2020, Table 2.1)
@@ -105,27 +104,11 @@ def _gemmex(lib, handle, x, dy, c, beta: float):
 
 
 def timed(fn) -> float:
-    """Median seconds of one call of ``fn`` (module docstring)."""
-    import time
-
-    import torch
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    reps = max(3, min(2000, int(SAMPLE_S / max(time.perf_counter() - t0, 1e-6)) + 1))
-    out = []
-    for _ in range(SAMPLES):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(reps):
-            fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b) / 1e3 / reps)
-    return statistics.median(out)
+    """Median seconds of one call of ``fn``: the device suite's timer
+    (``h100_kernels.timed``; module docstring), imported here so that loading this script
+    needs no torch."""
+    from h100_kernels import timed as suite_timed
+    return suite_timed(fn)
 
 
 def measure(shape: dict, lib) -> list[dict]:
