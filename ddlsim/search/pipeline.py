@@ -42,12 +42,9 @@ def flow_shop_tail(layers, segments, layer_s, comm_s, backlog=None, extra=None) 
     """
     n = np.asarray(segments, dtype=float)
     q, r = np.floor_divide(layers, n), np.mod(layers, n)
-    e_long, e_short = (0.0, 0.0) if extra is None else extra
     best = np.full(np.broadcast(n, layer_s, comm_s).shape, -np.inf)
     for k in (np.ones_like(n), np.minimum(2, n), np.maximum(r, 1), np.minimum(r + 1, n), n):
-        gained = (np.maximum(np.minimum(k, r) - 1, 0) * e_long
-                  + np.maximum(k - np.maximum(r, 1), 0) * e_short)
-        f = (k * q + np.minimum(k, r)) * layer_s + gained + (n - k + 1) * comm_s
+        f = (k * q + np.minimum(k, r)) * layer_s + _gained(k, r, extra) + (n - k + 1) * comm_s
         best = np.maximum(best, f)
     if backlog is not None:
         first = (q + np.minimum(r, 1)) * layer_s
@@ -79,10 +76,15 @@ def flow_shop_last(layers, segments, comm_s, extra=None) -> np.ndarray:
         Seconds past the end of the layers at which the last run's buckets end, per plan.
     """
     n = np.asarray(segments, dtype=float)
-    r = np.mod(layers, n)
+    return _gained(n, np.mod(layers, n), extra) + comm_s
+
+
+def _gained(k, r, extra):
+    """Seconds runs 2..k gain beside the buckets before them (``extra`` = (long, short) per
+    run of ``q + 1`` and of ``q`` layers, the first ``r`` runs long; None: 0)."""
     e_long, e_short = (0.0, 0.0) if extra is None else extra
-    return (np.maximum(np.minimum(n, r) - 1, 0) * e_long
-            + np.maximum(n - np.maximum(r, 1), 0) * e_short + comm_s)
+    return (np.maximum(np.minimum(k, r) - 1, 0) * e_long
+            + np.maximum(k - np.maximum(r, 1), 0) * e_short)
 
 
 def earlier_chunks(v, spacing_s, chunk_comm_s, layers, segments, layer_s) -> np.ndarray:
