@@ -77,16 +77,16 @@ def row_kernels(row: dict, backward: bool) -> tuple:
     composite, ``nn.RMSNorm``, ``nn.LayerNorm``) ``norm``, Megatron-Core's fused SwiGLU
     ``gated``; torch's SwiGLU on the chunked halves none (ddlsim runs an unfused SwiGLU as
     torchtitan's, on two contiguous GEMM outputs, and cannot tell Megatron-Core's unfused
-    ``glu`` from it), nor ReLU² and the cross-entropy."""
+    ``glu`` from it), nor ReLU²; the cross-entropy's as the builder's (:func:`loss_kernels`:
+    Megatron-Core's unfused ``loss``, ``loss_backward``; its fused one none)."""
     from ddlsim.simulator.kernels.elementwise import (activation_passes, backward_kernels,
-                                                      loss_passes, norm_passes)
+                                                      loss_kernels, norm_passes)
     from ddlsim.workloads.trace import Kernel
     cfgx, x = json.loads(row["config"]), int(row["x_value"])
     name, prov = row["kernel_name"], row["provider"]
     if name == "megatron_cross_entropy":
         n = cfgx["S"] * cfgx["B"] * x
-        return tuple(Kernel("memory", bytes=p * n)
-                     for p in loss_passes(2, prov == "megatron-fused", backward))
+        return loss_kernels(n, 2, prov == "megatron-fused", backward)
     cls = "norm"
     if name == "megatron_swiglu":
         per = activation_passes(True, False, prov == "megatron", 2)

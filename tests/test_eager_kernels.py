@@ -74,6 +74,19 @@ def test_kernel_classes_follow_the_implementation():
     assert {k.variant for k in ks} == {""}
 
 
+def test_loss_kernels_carry_their_class():
+    # the unfused cross-entropy's passes (Megatron's vocab_parallel_cross_entropy) are class
+    # loss / loss_backward, the fused stack's unclassed; bytes are loss_passes' per logit
+    from ddlsim.simulator.kernels.elementwise import loss_passes
+    from ddlsim.workloads.decoder.layerkernels import loss_op
+    fwd, bwd = (loss_op(4096.0, 65536.0, 2, "bf16", False, b) for b in (False, True))
+    assert {k.variant for k in fwd.kernels} == {"loss"}
+    assert {k.variant for k in bwd.kernels} == {"loss_backward"}
+    assert [k.bytes / (4096 * 65536) for k in fwd.kernels] == loss_passes(2, False)
+    fused = loss_op(4096.0, 65536.0, 2, "bf16", True, False)
+    assert {k.variant for k in fused.kernels} == {""}
+
+
 def test_kernel_time_uses_the_class_bandwidth():
     from dataclasses import replace
 
@@ -130,12 +143,13 @@ def test_published_kernels_fit_and_held_out(kb):
     # benchmarks/kernel_breakdown.py --kernels: Liger-Kernel's H100 and A100 rows; ratios are
     # measured / ddlsim, before = without the classes (the pass model at STREAM bandwidth)
     rows = kb.kernel_table()
-    assert len(rows) == 123 and sum(r["use"] == "fit" for r in rows) == 18
+    assert len(rows) == 123 and sum(r["use"] == "fit" for r in rows) == 24
     dev = [r for r in rows if r["ddlsim bound"] == "device"]
     err = lambda r, k: abs(1 - 1 / r[k])  # noqa: E731
-    # the fitted rows within 10 % each; before, every one 1.37-2.97x too fast
+    # the fitted rows within 10 % each; before, every one 1.15-2.97x too fast (the unfused
+    # cross-entropy's large fp32 passes 1.15-1.27x, the norm and SwiGLU rows over 1.37x)
     assert all(err(r, "measured/ddlsim") < 0.10 for r in dev if r["use"] == "fit")
-    assert all(1.3 < r["before"] < 3.0 for r in dev if r["use"] == "fit")
+    assert all(1.14 < r["before"] < 3.0 for r in dev if r["use"] == "fit")
     # held-out rows of the classed kernels: other sizes and other implementations (nn.RMSNorm,
     # nn.LayerNorm): mean error under 13 % on each GPU family, from 43-47 %
     for family in ("H100", "A100"):
@@ -144,13 +158,16 @@ def test_published_kernels_fit_and_held_out(kb):
         assert len(held) >= 16
         assert sum(err(r, "measured/ddlsim") for r in held) / len(held) < 0.13
         assert sum(err(r, "before") for r in held) / len(held) > 0.40
-    # kernels without a class are untouched: the unfused cross-entropy's large fp32 passes
-    # 1.15-1.30x, torch's SwiGLU on the chunked halves (not distinguished) 1.6-1.95x
+    # kernels without a class are untouched: torch's SwiGLU on the chunked halves (not
+    # distinguished) 1.6-1.95x, Megatron-Core's fused cross-entropy 1.26-1.83x
     for r in rows:
         if r["class"] == "-":
             assert r["measured/ddlsim"] == r["before"]
-    ce = [r["measured/ddlsim"] for r in rows if r["kernel"].endswith("unfused")]
-    assert 1.1 < min(ce) and max(ce) < 1.35
+    # the unfused cross-entropy (class loss): 1.15-1.30x too fast at the streaming bandwidth;
+    # with its class every size within 12 %, the held-out ones (V = 4096, 16384, 65536) too
+    ce = [r for r in rows if r["kernel"].endswith("unfused")]
+    assert len(ce) == 12 and all(1.14 < r["before"] < 1.31 for r in ce)
+    assert all(err(r, "measured/ddlsim") < 0.12 for r in ce)
     # the small composite norm (8 kernels of ~3 us on the NVL) within 1.35x: its eager dispatch
     small = [r for r in rows if r["kernel"] == "rms_norm huggingface" and r["x"] == "H=1024"
              and r["mode"] == "forward" and "NVL" in r["gpu"]]

@@ -41,8 +41,8 @@ streaming bandwidth (``memory_efficiency``). Two kinds measure slower in publish
 tables, and carry a class (``Kernel.variant``, :data:`ELEMENTWISE_CLASSES`) whose achieved
 fraction of the datasheet bandwidth a device may give (``device.elementwise_efficiency``,
 fitted to those tables by ``benchmarks/kernel_breakdown.py --fit``; docs/compute.md): torch's
-own norm kernels, and Megatron-Core's fused SwiGLU, which reads the two halves of fc1's
-output as strided views. A device without a class's figure runs it at its streaming
+own norm kernels, Megatron-Core's fused SwiGLU, which reads the two halves of fc1's
+output as strided views, and the unfused cross-entropy's torch kernels (:func:`loss_kernels`). A device without a class's figure runs it at its streaming
 bandwidth.
 """
 
@@ -54,7 +54,8 @@ from ...workloads.trace import Kernel
 
 __all__ = ["ELEMENTWISE_CLASSES", "layer_elementwise_kernels", "norm_kernels", "residual_bytes",
            "backward_kernels", "activation_classes", "norm_passes", "activation_passes",
-           "optimizer_bytes_per_param", "loss_bytes", "loss_passes", "unfused_softmax_passes"]
+           "optimizer_bytes_per_param", "loss_bytes", "loss_passes", "loss_kernels",
+           "unfused_softmax_passes"]
 
 #: the element-wise kernel classes a device may time at their own achieved bandwidth
 #: (``device.elementwise_efficiency``), class -> the kernels it names; a backward class is
@@ -70,9 +71,13 @@ ELEMENTWISE_CLASSES = {
                   "bias add stays a plain pass), not compiled, forward",
     "activation_backward": "its backward",
     "optimizer": "the optimizer step (optimizer_bytes_per_param's bytes, one roofline op)",
+    "loss": "the unfused vocab-parallel cross-entropy's torch kernels (Megatron's "
+            "vocab_parallel_cross_entropy: cast, max, sub_, exp, sum, div_ over the fp32 "
+            "logits; loss_passes), forward",
+    "loss_backward": "their backward (mul_ by the loss gradient, the cast back)",
 }
 _BACKWARD_CLASS = {"norm": "norm_backward", "gated": "gated_backward",
-                   "activation": "activation_backward"}
+                   "activation": "activation_backward", "loss": "loss_backward"}
 
 
 def norm_passes(fused: bool, norm: str, dtype_bytes: float, hidden: float) -> list[float]:
@@ -311,6 +316,19 @@ def loss_passes(dtype_bytes: float, fused: bool, backward: bool = False) -> list
     if backward:
         return [8.0] + ([4 + d] if d < 4 else [])
     return cast + [4.0, 8.0, 8.0, 4.0, 8.0]
+
+
+def loss_kernels(logits: float, dtype_bytes: float, fused: bool, backward: bool = False,
+                 dtype: str = "bf16") -> tuple[Kernel, ...]:
+    """The cross-entropy's kernels over ``logits`` logits, forward (or its ``backward``): one
+    memory kernel per pass of :func:`loss_passes`, bytes in B. The unfused passes carry the
+    class ``loss`` (``loss_backward``): torch's eager kernels over ``[tokens, V/t]`` fp32
+    rows, row reductions among them, run below the streaming bandwidth in published H100
+    times (Liger-Kernel's Megatron-Core cross-entropy rows, ``benchmarks/data/
+    liger_h100_kernels.csv``); the fused stack's kernels stay unclassed."""
+    cls = "" if fused else _BACKWARD_CLASS["loss"] if backward else "loss"
+    return tuple(Kernel("memory", bytes=logits * x, dtype=dtype, variant=cls)
+                 for x in loss_passes(dtype_bytes, fused, backward))
 
 
 def optimizer_bytes_per_param(optimizer: str, fused: bool, param_bytes: float = 2,

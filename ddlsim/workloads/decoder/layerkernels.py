@@ -25,7 +25,7 @@ from ...simulator.kernels.attention import FLASH_KINDS, attention_kernels
 from ...simulator.kernels.autograd import input_grad_sum_kernels
 from ...simulator.kernels.dtensor import keeps_gathered_input, sp_layout_copies
 from ...simulator.kernels.elementwise import (backward_kernels, layer_elementwise_kernels,
-                                                 loss_bytes, loss_passes, norm_kernels)
+                                                 loss_bytes, loss_kernels, norm_kernels)
 from ...simulator.kernels.fp8recipe import (FP8_RECIPES, fp8_cast_kernels, fp8_gemm_variants,
                                                fp8_rescale_kernels)
 from ...simulator.kernels.gemm import gemm_kernels_backward
@@ -244,10 +244,8 @@ def loss_op(tokens: float, vocab_local: float, dt: int, dtype: str, fused: bool,
             backward: bool) -> Compute:
     """The vocab-parallel cross-entropy over ``tokens × vocab_local`` logits, forward
     (``loss``) or backward (``bwd.loss``): its memory passes (:func:`.loss_bytes`), one
-    kernel each (:func:`.loss_passes`: their launches count)."""
-    n = tokens * vocab_local
-    kernels = tuple(Kernel("memory", bytes=n * x, dtype=dtype)
-                    for x in loss_passes(dt, fused, backward))
+    kernel each (:func:`.loss_kernels`: their launches count, their class)."""
+    kernels = loss_kernels(tokens * vocab_local, dt, fused, backward, dtype)
     return Compute("bwd.loss" if backward else "loss", 0.0,
                    loss_bytes(tokens, vocab_local, dt, fused, backward), kind="elementwise",
                    dtype=dtype, kernels=kernels)
