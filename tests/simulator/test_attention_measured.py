@@ -96,8 +96,26 @@ def test_no_curve_falls_back_to_the_device_figure():
 def test_kernels_carry_pass_mask_and_shape():
     (f,) = attention_kernels("cudnn", 2, 16, 4096, 128, 2, False, True, causal=False)
     assert f.shape == (4096, 4096, 128)
-    assert parse_flash_variant(f.variant) == ("cudnn", "bwd", False)
-    assert parse_flash_variant("flash2") == ("flash2", "fwd", True)
+    assert parse_flash_variant(f.variant) == ("cudnn", "bwd", False, False)
+    assert parse_flash_variant("flash2") == ("flash2", "fwd", True, False)
+
+
+def test_attention_dropout_slows_cudnn_by_its_measured_factor():
+    # TE#3312: cuDNN's fused attention fwd + bwd 0.594 -> 0.614 ms with dropout 0.1 (H200, sbhd)
+    from ddlsim.simulator.kernels import kernel_time
+    dev = _dev("dgx-h100")
+    for backward in (False, True):
+        (plain,) = attention_kernels("cudnn", 1, 16, 4096, 128, 2, False, backward)
+        (drop,) = attention_kernels("cudnn", 1, 16, 4096, 128, 2, True, backward)
+        assert parse_flash_variant(drop.variant).dropout and drop.flops == plain.flops
+        assert kernel_time(drop, dev) / kernel_time(plain, dev) == pytest.approx(0.614 / 0.594)
+    # no published figure for FlashAttention-2's dropout: its time unchanged, and so is cuDNN's
+    # kind off Hopper, where TE runs FlashAttention-2 (an A100 has no cudnn figure)
+    a100 = _dev("dgx-a100")
+    for kind, d in (("flash2", dev), ("cudnn", a100)):
+        (plain,) = attention_kernels(kind, 1, 16, 4096, 128, 2, False, False)
+        (drop,) = attention_kernels(kind, 1, 16, 4096, 128, 2, True, False)
+        assert kernel_time(drop, d) == kernel_time(plain, d)
 
 
 def test_the_h100_presets_use_the_table_and_megatron_core_runs_cudnn():

@@ -38,6 +38,13 @@ Megatron-Core's non-flash ``DotProductAttention``, 900f1b76 lines 136-203):
 
 FlashAttention runs in Megatron-Core through TransformerEngine, which takes Q, K and V in the
 fused layout and returns their gradients packed (its ``SplitAlongDim``): neither copy.
+
+Attention dropout inside a fused kernel writes no mask: each tile draws its random numbers
+(Philox) and drops probabilities in registers, forward and again in the backward. Its cost is
+the measured slowdown of the kernel with dropout on (:data:`DROPOUT_SLOWDOWN`), carried in the
+kernel's ``variant`` (``…/dropout``) and applied by the device to the kernel's rate; a fused
+kernel with no published figure runs dropout free (none yet for ``flash2``; ``flash3`` has no
+dropout).
 """
 
 from __future__ import annotations
@@ -51,7 +58,7 @@ from .window import window_fraction
 
 __all__ = ["FLASH_BACKWARD_FACTOR", "FLASH_BLOCK", "causal_fraction", "flash_forward_flops",
            "attention_kernels", "scores_activation_bytes", "FLASH_KINDS", "flash_variant",
-           "FlashVariant", "parse_flash_variant"]
+           "FlashVariant", "parse_flash_variant", "DROPOUT_SLOWDOWN"]
 
 #: backward FLOPs / forward FLOPs of FlashAttention (FA2 paper §4.1: 5 GEMMs against 2)
 FLASH_BACKWARD_FACTOR = 2.5
@@ -59,28 +66,40 @@ FLASH_BACKWARD_FACTOR = 2.5
 FLASH_BLOCK = 128
 #: the fused attention kernels (no ``s²`` tensor in memory): FlashAttention-2/3, cuDNN's
 FLASH_KINDS = ("flash2", "flash3", "cudnn")
+#: fused attention kernel -> its time with attention dropout on over its time without, the
+#: same factor on each pass. cuDNN: NVIDIA/TransformerEngine#3312 (2026-08-04), forward +
+#: backward of one TE DotProductAttention (fused backend forced, qkv_format sbhd, bf16,
+#: 4,096 tokens in 4 sequences, 16 heads, head dim 128, median of 50) on an H200 (sm90, the
+#: H100's SMs), TE 2.15.0: 0.594 ms at p = 0.0, 0.614 ms at p = 0.1 (the thd layout, routed
+#: to cuDNN's composite engine, pays 1.26x: not what Megatron-Core's sbhd runs)
+DROPOUT_SLOWDOWN = {"cudnn": 0.614 / 0.594}
 
 
 class FlashVariant(NamedTuple):
-    """A fused attention kernel's ``variant``, parsed: kernel, pass (``fwd``/``bwd``), mask."""
+    """A fused attention kernel's ``variant``, parsed: kernel, pass (``fwd``/``bwd``), mask,
+    and whether it applies attention dropout."""
 
     kernel: str
     pass_: str
     causal: bool
+    dropout: bool = False
 
 
-def flash_variant(kind: str, backward: bool, causal: bool) -> str:
+def flash_variant(kind: str, backward: bool, causal: bool, dropout: bool = False) -> str:
     """The ``variant`` of a fused attention kernel: ``kind/pass/mask``, e.g.
-    ``flash2/bwd/causal`` (:func:`parse_flash_variant` reads it back)."""
-    return f"{kind}/{'bwd' if backward else 'fwd'}/{'causal' if causal else 'full'}"
+    ``flash2/bwd/causal``, then ``/dropout`` where it applies attention dropout
+    (:func:`parse_flash_variant` reads it back)."""
+    return (f"{kind}/{'bwd' if backward else 'fwd'}/{'causal' if causal else 'full'}"
+            + ("/dropout" if dropout else ""))
 
 
 def parse_flash_variant(variant: str) -> FlashVariant:
-    """The kernel, pass and mask of a fused attention kernel's ``variant``; a bare kernel
-    name (``flash2``) reads as its causal forward."""
+    """The kernel, pass, mask and dropout of a fused attention kernel's ``variant``; a bare
+    kernel name (``flash2``) reads as its causal forward without dropout."""
     kernel, _, rest = variant.partition("/")
-    pass_, _, mask = rest.partition("/")
-    return FlashVariant(kernel, pass_ or "fwd", mask != "full")
+    pass_, _, rest = rest.partition("/")
+    mask, _, drop = rest.partition("/")
+    return FlashVariant(kernel, pass_ or "fwd", mask != "full", drop == "dropout")
 
 
 def causal_fraction(s: float, block: int = FLASH_BLOCK) -> float:
@@ -134,7 +153,7 @@ def attention_kernels(kind: str, b: float, heads: float, s: float, d: float, dty
         io = (4 if backward else 2) * b * (s + s_k) * heads * d * dt
         flops = fwd * (FLASH_BACKWARD_FACTOR if backward else 1.0)
         return (Kernel("flash", (s, s_k, d), flops=flops, bytes=io, dtype=dtype,
-                       variant=flash_variant(kind, backward, causal)),)
+                       variant=flash_variant(kind, backward, causal, dropout)),)
     if s_k != s:
         raise ValueError(f"attention kernel {kind!r} with {s_k} keys against {s} queries: "
                          "only the fused kinds (flash2, flash3, cudnn) take s_k")
@@ -152,12 +171,15 @@ def attention_kernels(kind: str, b: float, heads: float, s: float, d: float, dty
         mem = [(3 if backward else 2) * dt * S]          # P, dP -> dS)
     else:
         mem = [x * S for x in unfused_softmax_passes(dt, softmax_fp32, backward)]
-    if drop:
-        mem.append(drop)
+    # the softmax's kernels carry their class (.elementwise.ELEMENTWISE_CLASSES: a device
+    # may time them at their own rate, else at its score-pass rate), dropout's the scores'
+    softmax = "softmax_backward" if backward else "softmax"
+    dropped = (Kernel("memory", bytes=drop, dtype=dtype, variant="scores"),) if drop else ()
     layout = (b * s * heads * d if not backward           # context permute().contiguous()
               else b * s * (heads + 2 * kv) * d)          # Q, K, V gradients concatenated
     return (tuple(Kernel("gemm", g, batch, dtype=dtype, variant="scores") for g in gemms)
-            + tuple(Kernel("memory", bytes=m, dtype=dtype, variant="scores") for m in mem)
+            + tuple(Kernel("memory", bytes=m, dtype=dtype, variant=softmax) for m in mem)
+            + dropped
             + (Kernel("memory", bytes=2 * dt * layout, dtype=dtype),))   # a streaming copy
 
 

@@ -45,7 +45,7 @@ from typing import Any, Callable
 
 from ...config_types import DTYPE_BYTES
 from ...workloads.trace import Compute, Kernel
-from .attention import parse_flash_variant
+from .attention import DROPOUT_SLOWDOWN, parse_flash_variant
 from .attention_measured import measured_efficiency
 from .fp8recipe import fp8_gemm_efficiency, fp8_pass_efficiency
 from .gemm import GemmOverhead, epilogue_increment_bytes, gemm_time
@@ -58,6 +58,9 @@ __all__ = ["KernelDevice", "kernel_device", "kernel_time", "op_time", "DEFAULT_C
 #: matmul ceiling of a device with no measured figure: ``system.compute_efficiency``'s former
 #: default (0.75, "achieved/peak of large bf16 GEMMs on A100")
 DEFAULT_CEILING = 0.75
+#: ``variant`` of the non-flash attention core's s² memory kernels (.attention): its softmax
+#: forward and backward (element-wise classes of their own) and the rest (dropout)
+SCORE_VARIANTS = ("scores", "softmax", "softmax_backward")
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,8 @@ class KernelDevice:
     #: dtype → the fraction of peak a dense GEMM sustains at the device's power limit, where
     #: it is not the limit of the ceilings (:mod:`.power`); None: no such cap
     sustained: dict[str, float] | None = None
-    #: achieved bandwidth of the non-flash attention core's s² kernels (``variant="scores"``)
+    #: achieved bandwidth of the non-flash attention core's s² kernels (``variant`` in
+    #: :data:`SCORE_VARIANTS`) whose class the device did not measure
     scores_Bps: float | None = None
     #: host time and device gap per kernel under the stack's dispatch mode (:mod:`.host`)
     launch: Launch = NO_LAUNCH
@@ -92,14 +96,15 @@ class KernelDevice:
     gemm_epilogue_serialized: bool = False
 
     def pass_Bps(self, variant: str) -> float:
-        """Achieved bandwidth of a memory pass of kernel ``variant``, B/s: the non-flash
-        attention core's s² kernels (``scores``) and the element-wise classes the device
-        measured at their own, any other at the streaming bandwidth."""
-        if variant == "scores" and self.scores_Bps:
-            return self.scores_Bps
+        """Achieved bandwidth of a memory pass of kernel ``variant``, B/s: the element-wise
+        classes the device measured at their own, the non-flash attention core's other s²
+        kernels (:data:`SCORE_VARIANTS`) at the score-pass bandwidth, any other at the
+        streaming bandwidth."""
         for name, bw in self.elementwise_Bps:
             if name == variant:
                 return bw
+        if variant in SCORE_VARIANTS and self.scores_Bps:
+            return self.scores_Bps
         return self.memory_Bps
 
     def peak_flops(self, dtype: str) -> float:
@@ -128,17 +133,20 @@ class KernelDevice:
         """A fused attention kernel's fraction of peak: the measured curve of its kernel, pass
         and mask at its head dim and length (``shape = (s, s_k, d)``) where the device has a
         table, else the device's figure for the kernel (``cudnn``: else ``flash2``'s), else
-        ``η_max``."""
+        ``η_max``; with attention dropout, divided by the measured slowdown of the kernel
+        that figure times (:data:`.attention.DROPOUT_SLOWDOWN`; none: 1)."""
         v = parse_flash_variant(variant)
+        kernel, eta = v.kernel, None
         if self.attention_gpu is not None and shape[0] > 0:
             eta = measured_efficiency(self.attention_gpu, v.kernel, v.pass_, v.causal,
                                       shape[2], shape[0])
-            if eta is not None:
-                return eta * self.attention_scale
-        scalar = self.attention.get(v.kernel)
-        if scalar is None and v.kernel == "cudnn":
-            scalar = self.attention.get("flash2")
-        return (scalar or self.ceiling(dtype)) * self.attention_scale
+        if eta is None:
+            eta = self.attention.get(kernel)
+            if eta is None and kernel == "cudnn":     # TE runs FlashAttention-2 off Hopper
+                kernel, eta = "flash2", self.attention.get("flash2")
+            eta = eta or self.ceiling(dtype)
+        slowdown = DROPOUT_SLOWDOWN.get(kernel, 1.0) if v.dropout else 1.0
+        return eta * self.attention_scale / slowdown
 
 
 def matmul_ceilings(system: Any) -> dict[str, float]:
