@@ -42,8 +42,8 @@ tables, and carry a class (``Kernel.variant``, :data:`ELEMENTWISE_CLASSES`) whos
 fraction of the datasheet bandwidth a device may give (``device.elementwise_efficiency``,
 fitted to those tables by ``benchmarks/kernel_breakdown.py --fit``; docs/compute.md): torch's
 own norm kernels, Megatron-Core's fused SwiGLU, which reads the two halves of fc1's
-output as strided views, and the unfused cross-entropy's torch kernels (:func:`loss_kernels`). A device without a class's figure runs it at its streaming
-bandwidth.
+output as strided views, and the unfused cross-entropy's torch kernels (:func:`loss_kernels`).
+A device without a class's figure runs it at its streaming bandwidth.
 """
 
 from __future__ import annotations
