@@ -158,17 +158,19 @@ def _hops(cost, group: str, stages: np.ndarray) -> tuple[float, float]:
     one = P2P("hop", "send", group, 1, PROBE_BYTES, "hop")
     zero = P2P("hop", "send", group, 1, 0.0, "hop")
     # CostModel.p2p times a hop by whether it leaves its node: ask once per kind, then add
-    # the hops in order (the same sums, bit for bit, as asking every hop)
-    cross = (cost.node_of_rank[stages[:-1]] != cost.node_of_rank[stages[1:]]).tolist()
-    kinds: dict[bool, tuple[float, float]] = {}
-    alpha = per_byte = 0.0
-    for src, dst, kind in zip(stages[:-1].tolist(), stages[1:].tolist(), cross):
-        hop = kinds.get(kind)
-        if hop is None:
+    # the hops in order (np.cumsum adds one after another, as a loop would: the same sums,
+    # bit for bit, as asking every hop)
+    cross = cost.node_of_rank[stages[:-1]] != cost.node_of_rank[stages[1:]]
+    if not len(cross):
+        return 0.0, 0.0
+    parts = np.empty((len(cross), 2))
+    for kind in (False, True):
+        where = np.flatnonzero(cross == kind)
+        if len(where):
+            src, dst = int(stages[where[0]]), int(stages[where[0] + 1])
             a = cost.p2p(zero, src, dst)
-            hop = kinds[kind] = (a, (cost.p2p(one, src, dst) - a) / PROBE_BYTES)
-        alpha += hop[0]
-        per_byte += hop[1]
+            parts[where] = (a, (cost.p2p(one, src, dst) - a) / PROBE_BYTES)
+    alpha, per_byte = np.cumsum(parts, axis=0)[-1].tolist()
     return alpha, per_byte
 
 
