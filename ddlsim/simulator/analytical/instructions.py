@@ -110,7 +110,8 @@ class _Lowering:
         self._peers: dict[tuple, int] = {}
         self._parts: dict[tuple, tuple] = {}
         self._transfers: dict[tuple, float] = {}
-        self._peer_ranks: dict[tuple, np.ndarray] = {}
+        self._cross: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        self._kinds: dict[tuple, float] = {}
         self._ranks: dict[int, np.ndarray] = {}
 
     def row(self, group: str, rank: int) -> tuple[tuple[int, ...], int, frozenset]:
@@ -192,17 +193,30 @@ class _Lowering:
         return hit
 
     def _transfer(self, ci: int, p: P2P) -> float:
-        peer_of = self._peer_ranks.get((p.group, p.peer))
-        if peer_of is None:   # every rank's peer, for all classes at once
+        """:meth:`CostModel.p2p_slowest` over class ``ci``'s transfers, given the first that
+        crosses nodes and the first that stays (the pairs it times: same seconds), and once
+        per family, size and kinds present (it times every transfer of a kind alike)."""
+        key = (p.group, p.peer)
+        cross = self._cross.get(key)
+        if cross is None:   # every rank's peer, and whether it is on another node
             members = self.workload.groups[p.group].members
             self.row(p.group, int(self.workload.classes[ci].ranks[0]))   # fills the inverse
             g_of, i_of = self._inverse[p.group]
-            peer_of = self._peer_ranks[(p.group, p.peer)] = members[
-                g_of, (i_of + p.peer) % members.shape[1]]
+            peer_of = members[g_of, (i_of + p.peer) % members.shape[1]]
+            node = self.cost.node_of_rank
+            cross = self._cross[key] = (peer_of, node != node[peer_of])
+        peer_of, crosses = cross
         ranks = self._ranks.get(ci)
         if ranks is None:
             ranks = self._ranks[ci] = np.asarray(self.workload.classes[ci].ranks, dtype=np.int64)
-        return self.cost.p2p_slowest(p, ranks, peer_of[ranks])
+        mine = crosses[ranks]
+        firsts = sorted({int(mine.argmax()), int(mine.argmin())})
+        kinds = (p.group, p.bytes, tuple(mine[firsts].tolist()))
+        hit = self._kinds.get(kinds)
+        if hit is None:
+            src = ranks[firsts]
+            hit = self._kinds[kinds] = self.cost.p2p_slowest(p, src, peer_of[src])
+        return hit
 
     def _template(self, block, parts: dict) -> tuple[tuple, list[tuple]]:
         """(instructions with None for point-to-point ops; per such op, its position, its
