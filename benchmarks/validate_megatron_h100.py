@@ -52,17 +52,20 @@ What was checked against the source (core_r0.8.0, ``baf94af3c6``; 2026-11-29):
   224), then no op of the trace, is charged since (``bwd.embedding``,
   ddlsim/workloads/decoder/embedding_grad.py: 1.8 ms a micro-batch on this row, which moved
   1.7B -23.8 -> -22.8 %, 7.1B -17.9 -> -17.3 % at d1fb503); Megatron-Core's unfused
-  cross-entropy runs 17 % (forward) and 9 % (backward) slower in Liger-Kernel's published H100
-  times at V = 131,072 than ddlsim's passes (``liger_h100_kernels.csv``, held-out rows;
-  ~5.5 ms); attention dropout 0.1 costs cuDNN's fused attention 3 % in sbhd on an H200
-  (NVIDIA/TransformerEngine#3312, TE 2.15: 0.594 -> 0.614 ms; ~1.5 ms); the 8-byte loss
-  all-reduce over DP per micro-batch and the grad-norm all-reduce (``pretrain_gpt.py``
-  ``loss_func``; host_sync.py leaves them out) ~0.15 ms. The dataset's ``[1, s, s]`` attention
+  cross-entropy (core_r0.8.0 ``tensor_parallel/cross_entropy.py``: the passes ddlsim counts)
+  ran 17 % (forward) and 9 % (backward) slower in Liger-Kernel's published H100 times at V =
+  131,072 than those passes at the streaming bandwidth, charged since dcbb84c by its kernel
+  class (``loss``, fitted to ``liger_h100_kernels.csv``'s unfused rows at V = 8,192, 32,768,
+  131,072: 1.7B -22.5 -> -21.0 %, 7.1B -17.1 -> -16.7 %); attention dropout 0.1 costs cuDNN's
+  fused attention 3.4 % in sbhd on an H200 (NVIDIA/TransformerEngine#3312, TE 2.15: 0.594 ->
+  0.614 ms), charged since 3f88c4f (1.7B -21.0 -> -20.6 %, 7.1B -16.7 -> -16.4 %); the 8-byte
+  loss all-reduce over DP per micro-batch and the grad-norm all-reduce (``pretrain_gpt.py``
+  ``loss_func``; host_sync.py leaves them out) ~0.15 ms, not charged. The dataset's ``[1, s, s]`` attention
   mask (``gpt_dataset.py`` ``create_attention_mask`` True by default; bool, 16.8 MB), copied
   to the device on the compute stream per micro-batch, is charged since c87c66e
   (ddlsim/workloads/decoder/batch_input.py at dgx-h100's host_link, 50.4 GB/s: 1.7B -22.8 ->
-  -22.5 %, 7.1B -17.3 -> -17.1 %). Together the ones still uncharged are ~7 ms of the 1.7B's
-  102 ms.
+  -22.5 %, 7.1B -17.3 -> -17.1 %). About 90 ms of the 1.7B's missing ~100 ms remain
+  unexplained.
 * 32B (+22.9 %): its DP groups have one GPU per node (TP 8), so each rank reduce-scatters
   15.75 GB of fp32 gradients and gathers 7.83 GB of bf16 parameters through its own 400 Gb/s
   NIC: at least 0.31 + 0.15 s at line rate, against overlap windows of one micro-batch's
