@@ -25,7 +25,8 @@ def build_workload(cfg: RunConfig) -> Workload:
     ``model.architecture`` names (:mod:`ddlsim.workloads.registry`)."""
     from dataclasses import replace
 
-    workload = cfg.family.build(cfg)
+    from .workloads.onerankcopy import one_rank_copies
+    workload = one_rank_copies(cfg, cfg.family.build(cfg))  # MPI's one-rank copies, if any
     if not workload.memory:  # families may leave it to their memory method
         workload = replace(workload, memory=tuple(cfg.family.memory(cfg)))
     return workload

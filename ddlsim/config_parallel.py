@@ -116,6 +116,10 @@ class ParallelConfig(_Strict):
                                     description="PyTorch DDP's default bucket_cap_mb=25")
     collective_algorithm: dict[str, str] = Field(default_factory=dict,
                                                  description="op → algorithm, or 'auto'")
+    collective_buffers: Literal["in_place", "separate"] = Field(
+        default="in_place", description="how the program passes its collectives' buffers: "
+        "in_place (one buffer) or separate (send and receive: a one-rank collective then "
+        "copies one into the other on the calling rank, MPI; ddlsim/workloads/onerankcopy.py)")
     rank_order: StrictStr = Field(
         default="tp-cp-ep-dp-pp",
         description="mesh axes innermost first (Megatron-Core's initialize_model_parallel "

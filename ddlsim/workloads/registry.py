@@ -54,8 +54,8 @@ BASE_PLAN_FIELDS: tuple[str, ...] = (
     "parallel.tensor_model_parallel_size", "parallel.pipeline_model_parallel_size",
     "parallel.expert_model_parallel_size", "parallel.data_parallel_size",
     "parallel.zero_stage", "parallel.dp_strategy", "parallel.collective_algorithm",
-    "parallel.rank_order", "train.micro_batch_size", "train.global_batch_size",
-    "train.seq_length", "train.dtype", "train.optimizer")
+    "parallel.collective_buffers", "parallel.rank_order", "train.micro_batch_size",
+    "train.global_batch_size", "train.seq_length", "train.dtype", "train.optimizer")
 
 _FAMILIES: dict[str, "WorkloadFamily"] = {}
 _HF_TYPES: dict[str, "WorkloadFamily"] = {}

@@ -68,6 +68,9 @@ class _Builder:
         self.grid, self.S = m.spatial_grid, math.prod(m.spatial_grid)
         self.convs, self.denses = conv_layers(m), dense_layers(m)
         self.dp, self.world = cfg.dp, cfg.dp * self.S
+        # the dense all-reduce is called on one replica too when its buffers are separate
+        # (MPI then copies: ddlsim.workloads.onerankcopy)
+        self.dense_sync = self.dp > 1 or cfg.parallel.collective_buffers == "separate"
         self.timings = m.proxy_timings if m.compute == "proxy" else None
         self.optimizer = t.optimizer
 
@@ -147,7 +150,7 @@ class _Builder:
             if self.S > 1:
                 front = (ops.add(Collective(f"bwd.{d.name}.reduce_scatter", "reduce_scatter",
                                             "sp", self.b * d.n_in * self.B), deps=front),)
-        if sync and self.dp > 1:
+        if sync and self.dense_sync:
             dense = sum(d.params for d in self.denses) / self.S * self.B
             ops.add(Collective("grad.dense.iallreduce", "all_reduce", "dp", dense),
                     stream="grad.dense", deps=front)

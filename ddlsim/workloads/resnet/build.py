@@ -208,7 +208,9 @@ def _blocks(cfg: RunConfig) -> dict[str, Block]:
         if m.broadcast_buffers and cfg.dp > 1:
             fwd = _buffer_broadcast(m.layers) + fwd
     plain = tuple(Op(c) for u in units for c in u.ops)
-    if cfg.dp == 1:   # nothing to synchronise (an all-reduce over one rank moves nothing)
+    if cfg.dp == 1 and cfg.parallel.collective_buffers == "in_place":
+        # nothing to synchronise (an all-reduce over one rank moves nothing; with separate
+        # buffers MPI still copies, so the calls stay: ddlsim.workloads.onerankcopy)
         sync = plain
     elif m.grad_sync == "ring_sendrecv":
         sync = plain + _ring_sync(buckets, grads, len(plain))
