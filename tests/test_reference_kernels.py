@@ -24,6 +24,36 @@ def test_counted_bytes_are_ddlsims_recipes():
     assert got["activation_backward"][1] == 16 * 4 * x
     # fused Adam 28 B and the gradient norm's read, 4 B, per parameter of the padded buffer
     assert got["optimizer"][1] == 32 * TINY.padded
+    # the unfused softmax in fp32 over the b·a·s² scores: scale, mask, softmax (read + write
+    # 4 each); backward: softmax's (read P and dP, write dS: 12), the mask's and the scale's
+    scores = 2 * 2 * 8 * 8
+    assert got["softmax"][1] == 24 * scores
+    assert got["softmax_backward"][1] == 28 * scores
+
+
+def test_softmax_passes_run_at_their_class_bandwidth():
+    # a device that measured the softmax's classes times its kernels at them, forward and
+    # backward apart; one that did not, at its score-pass (else streaming) bandwidth as before
+    from dataclasses import replace
+
+    from ddlsim.simulator.kernels import kernel_time
+    from ddlsim.simulator.kernels.attention import attention_kernels
+    from ddlsim.simulator.kernels.device import KernelDevice
+    dev = KernelDevice({"fp32": 1e12}, 1e10, None, {}, {}, scores_Bps=5e9)
+    fwd, bwd = (attention_kernels("unfused", 2, 2, 8, 4, 4, True, back, "fp32",
+                                  softmax_fp32=True) for back in (False, True))
+    for kernels in (fwd, bwd):
+        softmax = [k for k in kernels if k.variant.startswith("softmax")]
+        assert len(softmax) == 3
+        assert [kernel_time(k, dev) for k in softmax] == [k.bytes / 5e9 for k in softmax]
+    classed = replace(dev, elementwise_Bps=(("softmax", 2e9), ("softmax_backward", 8e9)))
+    assert [kernel_time(k, classed) for k in fwd if k.variant == "softmax"] == \
+        [k.bytes / 2e9 for k in fwd if k.variant == "softmax"]
+    assert [kernel_time(k, classed) for k in bwd if k.variant == "softmax_backward"] == \
+        [k.bytes / 8e9 for k in bwd if k.variant == "softmax_backward"]
+    # dropout stays at the score-pass bandwidth
+    (drop,) = [k for k in fwd if k.kind == "memory" and k.variant == "scores"]
+    assert kernel_time(drop, classed) == drop.bytes / 5e9
 
 
 def test_rates_and_efficiencies():

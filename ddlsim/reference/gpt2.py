@@ -194,9 +194,14 @@ class GPT2:
                 w[...] = 1.0
             elif not name.endswith("_b"):
                 w[...] = rng.normal(0.0, 0.02, w.shape)
-        # the causal mask as an additive term: one element-wise pass, as a masking kernel
-        self._mask = np.where(np.triu(np.ones((shape.seq, shape.seq), dtype=bool), k=1),
-                              -np.inf, 0.0).astype(dtype)
+        self._mask = self.causal_mask(shape.seq, dtype)
+
+    @staticmethod
+    def causal_mask(seq: int, dtype: type = np.float32) -> np.ndarray:
+        """The causal mask as an additive ``seq × seq`` term (0 on and below the diagonal,
+        −inf above): one element-wise pass, as a masking kernel."""
+        return np.where(np.triu(np.ones((seq, seq), dtype=bool), k=1), -np.inf,
+                        0.0).astype(dtype)
 
     #: data-parallel ranks whose gradients are summed: the backward scales the loss's
     #: gradient by ``1 / (tokens · ranks)``, so that the exchange's sum is the mean gradient

@@ -17,14 +17,21 @@ class                       numpy function (:mod:`.gpt2`)       bytes ddlsim cou
 ``activation_backward``     ``_gelu_back`` on ``T × 4h``         twice it, 16 B
 ``optimizer``               ``Adam.step`` on the flat buffer     fused Adam with the
                                                                  gradient norm, 32 B/param
+``softmax``                 ``_softmax`` on the scores ``S``     the unfused softmax in
+                                                                 fp32, 24 B
+``softmax_backward``        ``_softmax_back`` on ``S``           its backward, 28 B
 ==========================  ==================================  =========================
 
-(per element in fp32, ``T = batch · seq``; the counts are ddlsim's own
-:func:`~ddlsim.simulator.kernels.elementwise.norm_passes`, ``activation_passes`` and
-``optimizer_bytes_per_param``, so the fraction is of exactly what the cost model charges).
+(per element in fp32, ``T = batch · seq``, ``S = batch · heads · seq²``; the counts are
+ddlsim's own :func:`~ddlsim.simulator.kernels.elementwise.norm_passes`,
+``activation_passes``, ``optimizer_bytes_per_param`` and ``unfused_softmax_passes`` with the
+numpy stack's ``softmax_in_fp32`` (:data:`~.machine.NUMPY_STACK`), so the fraction is of
+exactly what the cost model charges).
 Why: numpy runs more passes than the kernels ddlsim counts (its GeLU is 8 calls over
-``T × 4h``, its LayerNorm 6, its blocked Adam 12 passes per cache block, in cache), and
-tanh is compute-bound in numpy, so these kernels do not run at the rate of ``z = x + y``
+``T × 4h``, its LayerNorm 6, its blocked Adam 12 passes per cache block, in cache, its
+softmax 7 over the scores where ddlsim counts 3: scale, mask, row maximum, subtract, exp,
+row sum, divide), and tanh and exp are compute-bound in numpy, so these kernels do not run
+at the rate of ``z = x + y``
 (docs/validation.md, "Op by op"). Each class's rate is measured, not fitted to the loop.
 """
 
@@ -38,20 +45,27 @@ import numpy as np
 __all__ = ["CLASS_KERNELS", "class_kernels", "class_rates", "efficiencies", "system_rates"]
 
 #: the classes :func:`class_kernels` measures, in the order it runs them
-CLASS_KERNELS = ("norm", "norm_backward", "activation", "activation_backward", "optimizer")
+CLASS_KERNELS = ("norm", "norm_backward", "activation", "activation_backward", "optimizer",
+                 "softmax", "softmax_backward")
 
 
 def _counted_bytes(shape) -> dict[str, float]:
     """Bytes ddlsim's recipes count for one call of each class's kernel(s) on ``shape``'s
     tensors (module docstring), fp32."""
     from ..simulator.kernels.elementwise import (activation_passes, norm_passes,
-                                                 optimizer_bytes_per_param)
+                                                 optimizer_bytes_per_param,
+                                                 unfused_softmax_passes)
+    from .machine import NUMPY_STACK
     x = shape.batch * shape.seq * shape.hidden
     norm = sum(norm_passes(False, "layernorm", 4, shape.hidden)) * x
     gelu = activation_passes(False, True, False, 4)[-1] * 4 * x      # the GeLU kernel alone
     step = optimizer_bytes_per_param("adam", True, 4, 4, False) * shape.padded
+    fp32 = NUMPY_STACK["kernels"]["softmax_in_fp32"]
+    scores = shape.batch * shape.heads * shape.seq ** 2
     return {"norm": norm, "norm_backward": 2 * norm, "activation": gelu,
-            "activation_backward": 2 * gelu, "optimizer": step}
+            "activation_backward": 2 * gelu, "optimizer": step,
+            **{name: sum(unfused_softmax_passes(4, fp32, backward)) * scores
+               for name, backward in (("softmax", False), ("softmax_backward", True))}}
 
 
 def class_kernels(shape, seed: int = 0) -> dict[str, tuple[Callable[[], object], float]]:
@@ -70,7 +84,8 @@ def class_kernels(shape, seed: int = 0) -> dict[str, tuple[Callable[[], object],
         Class name (:data:`CLASS_KERNELS`) → (a call running the class's numpy kernel once,
         bytes ddlsim counts for that call).
     """
-    from .gpt2 import Adam, _gelu, _gelu_back, _layernorm, _layernorm_back
+    from .gpt2 import (Adam, _gelu, _gelu_back, _layernorm, _layernorm_back, _softmax,
+                       _softmax_back)
     rng = np.random.default_rng(seed)
     t, h = shape.batch * shape.seq, shape.hidden
     x = rng.standard_normal((t, h), dtype=np.float32)
@@ -82,13 +97,27 @@ def class_kernels(shape, seed: int = 0) -> dict[str, tuple[Callable[[], object],
     p = np.zeros(shape.padded, np.float32)
     g = rng.standard_normal(shape.padded, dtype=np.float32) * np.float32(1e-3)
     adam = Adam(shape.padded)
+    att, datt, mask, scale = _scores(shape, rng)
     calls = {"norm": lambda: _layernorm(x, w, b),
              "norm_backward": lambda: _layernorm_back(x, w, cache, dw, db),
              "activation": lambda: _gelu(y),
              "activation_backward": lambda: _gelu_back(y, y, tanh),
-             "optimizer": lambda: adam.step(p, g)}
+             "optimizer": lambda: adam.step(p, g),
+             "softmax": lambda: _softmax(att, mask, scale),
+             "softmax_backward": lambda: _softmax_back(datt, att, scale)}
     counted = _counted_bytes(shape)
     return {name: (calls[name], counted[name]) for name in CLASS_KERNELS}
+
+
+def _scores(shape, rng):
+    """The attention core's scores ``q·kᵀ`` (``[batch, heads, seq, seq]``) of random q and k,
+    their gradient, the causal mask and the scale, as :class:`~.gpt2.GPT2` makes them."""
+    from .gpt2 import GPT2
+    d = shape.hidden // shape.heads
+    q, k = rng.standard_normal((2, shape.batch, shape.heads, shape.seq, d), dtype=np.float32)
+    att = q @ k.transpose(0, 1, 3, 2)
+    datt = rng.standard_normal(att.shape, dtype=np.float32)
+    return att, datt, GPT2.causal_mask(shape.seq), np.float32(1.0 / np.sqrt(d))
 
 
 def class_rates(kernels: dict, reps: dict[str, int] | None = None) -> dict[str, float]:

@@ -71,6 +71,10 @@ ELEMENTWISE_CLASSES = {
                   "bias add stays a plain pass), not compiled, forward",
     "activation_backward": "its backward",
     "optimizer": "the optimizer step (optimizer_bytes_per_param's bytes, one roofline op)",
+    "softmax": "the non-flash attention core's softmax over the s² scores (fused_softmax's one "
+               "kernel, or the unfused scale, mask and softmax passes; dropout is not in it), "
+               "forward (attention.attention_kernels)",
+    "softmax_backward": "its backward",
     "loss": "the unfused vocab-parallel cross-entropy's torch kernels (Megatron's "
             "vocab_parallel_cross_entropy: cast, max, sub_, exp, sum, div_ over the fp32 "
             "logits; loss_passes), forward",
