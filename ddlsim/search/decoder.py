@@ -278,11 +278,7 @@ class _Collectives:
     """Seconds of the plans' collectives on their meshes' networks
     (:func:`.netcost.collective_seconds`), each asked once: call it as ``coll(op, family,
     nbytes, where=None)`` (per plan; with ``where``, a mask, at those plans only and 0
-    elsewhere), or :meth:`at` for the plans ``index``. Every call shares one memo of the
-    forms over all the meshes: a form is per mesh, so the plans of a mask take the same
-    seconds from it as from the forms of their own meshes alone (a form dropped as never the
-    fastest on a subset of meshes is no faster than another on each of them, so the minimum
-    is the same float)."""
+    elsewhere, their networks' forms only), or :meth:`at` for the plans ``index``."""
 
     def __init__(self, ctx: _Context, plans, nets):
         meshes, self.mi = _unique_meshes(plans["tp"], plans["pp"], plans["dp"])
@@ -290,6 +286,7 @@ class _Collectives:
         self.algos = ctx.cfg.parallel.collective_algorithm
         self.shape = plans["pp"].shape
         self.memo: dict = {}
+        self.memos: dict = {}
         self.done: dict = {}
 
     def __call__(self, op: str, family: str, nbytes, where=None) -> np.ndarray:
@@ -300,12 +297,11 @@ class _Collectives:
             if where is None:
                 t = collective_seconds(op, family, size, self.mi, self.net.nets, self.algos,
                                        self.memo, self.net.backend)
-            else:   # the forms over every mesh, shared with the calls without a mask
+            else:
                 index = np.flatnonzero(where)
                 t = np.zeros(self.shape[0])
-                t[index] = collective_seconds(op, family, size[index], self.mi[index],
-                                              self.net.nets, self.algos, self.memo,
-                                              self.net.backend)
+                t[index] = _on_meshes(op, family, size[index], self.mi[index], self.net,
+                                      self.algos, self.memos)
             self.done[key] = (nbytes, where, t)   # the arrays kept: their ids stay theirs
         return self.done[key][-1]
 
@@ -330,6 +326,17 @@ def _stage_blocks(plans, pieces, lc, emb) -> tuple[np.ndarray, ...]:
     fwd_mid = np.where(mid, F + v * gather, fwd_first)
     bwd_mid = np.where(mid, B + v * gather, bwd_first)
     return fwd_first, fwd_mid, fwd_last, bwd_first, bwd_mid, bwd_last
+
+
+def _on_meshes(op: str, family: str, nbytes: np.ndarray, mesh_index: np.ndarray, net,
+               algos, memos: dict) -> np.ndarray:
+    """:func:`collective_seconds` of plans on the meshes ``mesh_index`` (into ``net.nets``)
+    with the forms of those meshes' networks only (kept in ``memos`` per set of meshes): the
+    same seconds, element by element, as over every mesh."""
+    used, sub = np.unique(mesh_index, return_inverse=True)
+    memo = memos.setdefault(used.tobytes(), {})
+    return collective_seconds(op, family, nbytes, sub.reshape(-1), [net.nets[u] for u in used],
+                              algos, memo, net.backend)
 
 
 def _unique_meshes(tp, pp, dp) -> tuple[np.ndarray, np.ndarray]:
