@@ -91,10 +91,9 @@ def nodes(programs: list) -> Nodes | None:
     if lowest:
         mb -= lowest
     M = int(mb.max()) + 1
-    # the per-key columns gathered a row per node (one copy per node for all of them); the
-    # extra last float row (zeros) is what a node that receives nothing reads as its transfer
+    # the per-key columns gathered per node, one column at a time (contiguous, no transpose)
     floats, slots, flags_k = _table(summaries, sent_k, got_k, n_msgs, M)
-    rows = np.take(floats, np.append(key, len(summaries)), axis=0)
+    A, F, E, sends = (col.take(key) for col in floats)
     flags = np.take(flags_k, key)
     # each message's slot holds its sender; a node that sends nothing writes to slot block
     # n_msgs, one that receives nothing reads block n_msgs + 1 (never written: -1)
@@ -108,9 +107,8 @@ def nodes(programs: list) -> Nodes | None:
     slot += mb
     src = where[slot]
     lim, live = _limits(off, flags, src)
-    A, F, E = np.ascontiguousarray(rows[:N, :3].T)
     waits, after, blocking = (flags & bit > 0 for bit in (WAITS, AFTER, BLOCKING))
-    t = rows[:, 3].take(src)     # the received message's transfer (src -1: the zero row)
+    t = np.append(sends, 0.0).take(src)   # the received message's transfer (src -1: none, 0)
     F0 = F
     if blocking.any():
         # a blocking receive's transfer starts at max(f, posted): the step is the scalar map
@@ -173,13 +171,14 @@ def _limits(off: np.ndarray, flags: np.ndarray,
 
 def _table(summaries: list, sent_k: np.ndarray, got_k: np.ndarray, n_msgs: int,
            M: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per key (rows): its summary's A, F, E and send seconds (0: none; zeros for no
-    summary), with one more row of zeros; per key (columns), the first message slot of the message it sends
-    (``n_msgs · M`` for none) and of the one it receives (``(n_msgs + 1) · M`` for none);
-    its :func:`_flags`."""
+    """Per key (columns): its summary's A, F, E and send seconds (0: none; zeros for no
+    summary), four contiguous rows; per key (columns), the first message slot of the message
+    it sends (``n_msgs · M`` for none) and of the one it receives (``(n_msgs + 1) · M`` for
+    none); its :func:`_flags`."""
     none = (0.0,) * 4
     floats = np.array([(s.A, s.F, s.E, s.send.dur if s.send is not None else 0.0)
-                       if s is not None else none for s in summaries] + [none], dtype=float)
+                       if s is not None else none for s in summaries], dtype=float).reshape(-1, 4)
+    floats = np.ascontiguousarray(floats.T)
     slots = np.stack([np.where(sent_k >= 0, sent_k, n_msgs),
                       np.where(got_k >= 0, got_k, n_msgs + 1)]) * M
     return floats, slots, _flags(summaries)
