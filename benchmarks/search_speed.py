@@ -155,7 +155,8 @@ def profile_grid(runs: int = 3, top: int = 25) -> None:
 
 
 #: The phases ``--phases`` times: (label, module, attribute path), outermost first. A phase
-#: nested in another is indented under it; the pieces' builders are timed in
+#: nested in another is indented under it (NCCL's forms are asked by the collectives of
+#: several phases above: part of them); the pieces' builders are timed in
 #: :func:`~ddlsim.workloads.decoder.builder.StageBuilder.from_config`, their ops in the
 #: search's own piece registry (``ddlsim.search.blocks._PIECES``).
 PHASES = [
@@ -165,10 +166,13 @@ PHASES = [
     ("  collectives on the networks", "ddlsim.search.blocks", "_collective_seconds"),
     ("  timing rule (stream_ends)", "ddlsim.search.blocks", "stream_ends"),
     ("meshes' networks", "ddlsim.search.decoder", "mesh_networks"),
+    ("  group networks (family_net)", "ddlsim.simulator.netmodel", "family_net"),
+    ("  hops' rails (p2p_node_bw)", "ddlsim.simulator.netmodel", "p2p_node_bw"),
     ("config rules (group_rules)", "ddlsim.search.evaluate", "group_rules"),
     ("memory", "ddlsim.search.decoder", "plans_memory"),
     ("update and tail", "ddlsim.search.decoder", "DecoderVectors._update"),
     ("ZeRO-3", "ddlsim.search.decoder", "zero3_seconds"),
+    ("NCCL forms (nccl_form; in the above)", "ddlsim.simulator.nccl.model", "nccl_form"),
 ]
 
 
@@ -198,6 +202,8 @@ def phase_times(repeats: int) -> dict[str, float]:
         raw = owner.__dict__[name]
         f = raw.__func__ if isinstance(raw, classmethod) else raw
         wrapped = timed(label, f)
+        if hasattr(f, "cache_clear"):   # an lru_cache: netcost.cache_clear still forgets it
+            wrapped.cache_clear = f.cache_clear
         setattr(owner, name, classmethod(wrapped) if isinstance(raw, classmethod) else wrapped)
         undo.append((owner, name, raw))
     from ddlsim.search import blocks
@@ -363,7 +369,7 @@ def main() -> None:
         print(f"CPU ms per cold grid, median of {args.repeats} (load {load}); a phase "
               "indented under another is part of it")
         for label, ms in times.items():
-            print(f"  {label:34}{ms:8.1f}")
+            print(f"  {label:38}{ms:8.1f}")
         return
     speed, frame, llm = speeds(args.repeats)
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
