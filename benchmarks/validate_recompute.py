@@ -163,20 +163,21 @@ def score_pass_efficiency() -> tuple[float, float, float]:
     from ddlsim.api import build_workload
     from ddlsim.config import build_config
     from ddlsim.config_types import DTYPE_BYTES
+    from ddlsim.simulator.kernels.device import SCORE_VARIANTS
 
     rows = {r["experiment"]: r for r in layer_rows()}
     row = rows["Selective Recompute"]
     run = build_config(layer_config(row))
     core = next(op.payload for op in build_workload(run).classes[0].program.blocks["B0"].flat.ops
                 if op.payload.name == "recompute.attn_core")
-    scores = [k for k in core.kernels if k.variant == "scores"]
+    scores = [k for k in core.kernels if k.variant in SCORE_VARIANTS]
     nbytes = sum(k.bytes if k.kind == "memory" else
                  (k.shape[0] * k.shape[2] + k.shape[2] * k.shape[1] + k.shape[0] * k.shape[1])
                  * k.batch * DTYPE_BYTES[k.dtype] for k in scores)
     peak = run.system.device.memory_bandwidth_Bps
     # the rest of the core's forward (the context's layout copy) streams at the device's
     # memory efficiency: its time is not the score passes'
-    rest = sum(k.bytes for k in core.kernels if k.variant != "scores") / (
+    rest = sum(k.bytes for k in core.kernels if k.variant not in SCORE_VARIANTS) / (
         peak * run.system.device.memory_efficiency)
     overhead = 1e-3 * (float(row["backward_ms"])
                        - float(rows["Baseline no recompute"]["backward_ms"])) - rest
