@@ -74,6 +74,29 @@ def test_fsdp_config_gathers_and_scatters_per_block(tmp_path):
     assert ops.count("all_gather") >= 1 and ops.count("reduce_scatter") >= 1
 
 
+def test_fsdp_on_cpu_gathers_on_demand(tmp_path):
+    """FSDP2 on a CPU device blocks in every all-gather (TORCH_STACK's source): the torch
+    stack predicts the gathers exposed, where the stack's prefetch of one block hides part
+    of them, by both engines alike."""
+    import copy
+
+    import yaml
+    assert TORCH_STACK["overlap"]["zero3_prefetch_layers"] == 0
+    prefetched = copy.deepcopy(TORCH_STACK)
+    prefetched["overlap"]["zero3_prefetch_layers"] = 1
+    out = {}
+    for name, stack in (("cpu", TORCH_STACK), ("prefetched", prefetched)):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(torch_run_config(MODEL, 2, "torch-fsdp", {
+            "preset": "cpu-10gbe", "software": stack})))
+        out[name] = [ddlsim.predict(ddlsim.load_config(path), e).to_dict()
+                     for e in ("analytical", "des")]
+    for cpu, pre in zip(out["cpu"], out["prefetched"]):
+        assert cpu["breakdown"]["compute_s"] == pre["breakdown"]["compute_s"]
+        assert cpu["breakdown"]["exposed_comm_total_s"] > pre["breakdown"]["exposed_comm_total_s"]
+        assert cpu["iteration_time_s"] > pre["iteration_time_s"]
+
+
 def test_pipeline_config_is_two_gpipe_stages_with_a_bubble(tmp_path):
     cfg = ddlsim.load_config(_config(tmp_path, "torch-pp"))
     p, t = cfg.parallel, cfg.train

@@ -24,12 +24,19 @@ TORCH_STACK = {
     "kernels": {"attention": "unfused", "fused_layernorm": True, "fused_bias_gelu": False,
                 "fused_cross_entropy": False, "fused_optimizer": False,
                 "separate_projections": False, "host_dispatch": "eager"},
-    "overlap": {"zero3_reshard_after_forward": "always"},
+    "overlap": {"zero3_reshard_after_forward": "always", "zero3_prefetch_layers": 0},
     "source": "ddlsim/reference/torch_train.py: attention as matmul, mask, softmax, matmul; "
               "nn.LayerNorm (aten native_layer_norm, one kernel each way); one qkv Linear; "
               "torch.optim.Adam on CPU (the single-tensor loop: foreach needs CUDA, "
               "torch/optim/optimizer.py _default_to_fused_or_foreach); fully_shard's "
-              "reshard_after_forward=True default on every block"}
+              "reshard_after_forward=True default on every block; FSDP2 on a CPU device "
+              "gathers on demand, overlapping nothing (torch 2.14 torch/distributed/fsdp/"
+              "_fully_shard/_fsdp_param_group.py: pre_forward and pre_backward call "
+              "unshard(self.unshard_async_op), False by default, then wait_for_unshard, and "
+              "_fsdp_collectives.py foreach_all_gather and foreach_reduce issue the all-gather "
+              "and the reduce-scatter with async_op False: NCCL returns once the collective is "
+              "queued on its stream, Gloo on CPU tensors once it has completed; the implicit "
+              "prefetch is the host running ahead of a device, which a CPU does not)"}
 
 
 def torchrun(n: int) -> list[str]:
