@@ -66,6 +66,8 @@ def test_every_stack_declares_registered_rules_with_sources():
      "megatron-core-2024", "no_torch_async_tp"),
     (["parallel.tp_comm_overlap=torch_async", "parallel.sequence_parallel=true",
       "system.software=megatron-core-2025"], "megatron-core-2025", "no_torch_async_tp"),
+    (["parallel.context_parallel_size=2", "parallel.cp_comm_type=all_gather"],
+     "megatron-core-2024", "no_cp_all_gather"),
 ])
 def test_predict_refuses_what_the_stack_cannot_run(sets, stack, rule):
     """The message names the stack, the rule, the plan's values, the source and the opt-in;

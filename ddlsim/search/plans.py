@@ -294,9 +294,11 @@ def _stack_rules(f, ctx_cfgs: list, inter, plain,
                       for c in ctx_cfgs])[ctx]
     fusion = np.array([c is not None and bool(c.software.gradient_accumulation_fusion)
                        for c in ctx_cfgs])[ctx]
+    gather = np.array([c is not None and c.software.cp_comm_type == "all_gather"
+                       for c in ctx_cfgs])[ctx]
     facts = PlanFacts.of(tp=f["tp"], pp=f["pp"], cp=cp, zero=f["zero"], sp=f["sp"].astype(bool),
                          interleaved=inter, one_f_one_b=plain, p2p_overlap=p2p,
-                         megatron_fsdp=mfsdp, grad_accum_fusion=fusion)
+                         megatron_fsdp=mfsdp, grad_accum_fusion=fusion, cp_all_gather=gather)
     return [(reason, mask & has_cfg)
             for reason, mask in stack_rejections(known[0].software.name, facts)]
 

@@ -106,6 +106,12 @@ def _moe_ep_no_context_parallel(f: PlanFacts):
     return f.moe & (f.ep > 1) & (f.cp > 1)
 
 
+@stack_rule("no_cp_all_gather", "context parallelism that all-gathers K/V (cp_comm_type all_gather)",
+            "parallel.cp_comm_type", "parallel.context_parallel_size")
+def _no_cp_all_gather(f: PlanFacts):
+    return (f.cp > 1) & f.cp_all_gather
+
+
 @stack_rule("no_expert_tensor_parallel", "an expert tensor-parallel size other than TP",
             "parallel.expert_tensor_parallel_size", "parallel.tensor_model_parallel_size")
 def _no_expert_tensor_parallel(f: PlanFacts):

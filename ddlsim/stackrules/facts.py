@@ -83,6 +83,8 @@ class PlanFacts:
     #: the stack's ``gradient_accumulation_fusion`` (facts made without them: neither)
     megatron_fsdp: Any = False
     grad_accum_fusion: Any = False
+    #: context parallelism exchanges K/V by one all-gather (the resolved ``cp_comm_type``)
+    cp_all_gather: Any = False
 
     @classmethod
     def of(cls, **values: Any) -> "PlanFacts":
@@ -108,7 +110,8 @@ class PlanFacts:
                       given_split=p.layers_per_virtual_stage is not None,
                       hsdp=p.data_parallel_replicate_size > 1, **_recompute_facts(cfg),
                       megatron_fsdp=cfg.software.zero3_implementation == "megatron_fsdp",
-                      grad_accum_fusion=bool(cfg.software.gradient_accumulation_fusion))
+                      grad_accum_fusion=bool(cfg.software.gradient_accumulation_fusion),
+                      cp_all_gather=cfg.software.cp_comm_type == "all_gather")
 
 
 def _recompute_facts(cfg: Any) -> dict:
