@@ -206,9 +206,10 @@ def _stage_memories(b: StageBuilder) -> list[MemoryBreakdown]:
     parameters (and routed experts') from ``b``."""
     plan = b.plan
     context = context_bytes(plan.device, comm_groups(plan))   # every stage's
+    memo: dict = {}   # the model states and buffers of stages alike, once
     if not plan.shape.is_moe:
-        return [stage_memory(plan, s, b.stage_params(s), context=context)
+        return [stage_memory(plan, s, b.stage_params(s), context=context, memo=memo)
                 for s in range(b.pp)]
     layer_bytes = max(sum(b.layer_rank_params(m)) for m in (False, True)) * b.dt
     return [stage_memory(plan, s, b.stage_params(s), b.stage_expert_params(s), layer_bytes,
-                         context=context) for s in range(b.pp)]
+                         context=context, memo=memo) for s in range(b.pp)]

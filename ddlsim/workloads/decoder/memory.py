@@ -29,7 +29,7 @@ __all__ = ["stage_memory", "stage_activations", "stage_buffers", "sac_activation
 
 def stage_memory(plan: DecoderPlan, stage: int, params: float, expert_params: float = 0.0,
                  layer_bytes: float | None = None,
-                 context: float | None = None) -> MemoryBreakdown:
+                 context: float | None = None, memo: dict | None = None) -> MemoryBreakdown:
     """Memory of one rank of pipeline ``stage``.
 
     Parameters
@@ -52,6 +52,9 @@ def stage_memory(plan: DecoderPlan, stage: int, params: float, expert_params: fl
         The CUDA context and communicators, bytes, when the caller has them (the same on
         every stage; default :func:`~ddlsim.workloads.allocator.context_bytes` of
         :func:`comm_groups`).
+    memo : dict, optional
+        Shared by the calls for the stages of one ``plan``: the model states and buffers of
+        the stages with the same parameters (and edges) are computed once (same values).
 
     Returns
     -------
@@ -59,7 +62,12 @@ def stage_memory(plan: DecoderPlan, stage: int, params: float, expert_params: fl
         Model states, activations, other buffers and communication buffers, bytes.
     """
     shape, fm, gb = plan.shape, framework(plan.software.name), plan.grad_dtype_bytes
-    weights, grads, opt = _model_states(plan, fm, params, expert_params)
+    memo = {} if memo is None else memo
+    states = memo.get(("states", params, expert_params))
+    if states is None:
+        states = memo[("states", params, expert_params)] = _model_states(plan, fm, params,
+                                                                         expert_params)
+    weights, grads, opt = states
     part = None if shape.is_moe else plan.partitioner
     per_chunk = _chunk_activations(plan, part, stage)
     chunks = peak_inflight(plan.schedule, stage, plan.pp, plan.microbatches, plan.vpp,
@@ -86,8 +94,11 @@ def stage_memory(plan: DecoderPlan, stage: int, params: float, expert_params: fl
                                                         shape.vocab, tp, plan.sp, cp, plan.pp,
                                                         plan.vpp, chunks, plan.microbatches,
                                                         last))
-    buffers = stage_buffers(sw, fm, shape, plan.zero_stage, plan.dp, gathered,
-                            unit_bytes / pb, split, first, last, plan.pp, pb, gb, params)
+    buffers = memo.get(("buffers", params, unit_bytes, first, last))
+    if buffers is None:
+        buffers = memo[("buffers", params, unit_bytes, first, last)] = stage_buffers(
+            sw, fm, shape, plan.zero_stage, plan.dp, gathered, unit_bytes / pb, split, first,
+            last, plan.pp, pb, gb, params)
     return MemoryBreakdown(weights, grads, opt, acts, other, plan.device.memory_bytes, stage,
                            buffers, context if context is not None else
                            context_bytes(plan.device, comm_groups(plan)))
