@@ -1,0 +1,47 @@
+"""benchmarks/proxies_p2p.py: the pipeline proxies' transfer sizes are those ddlsim's configs
+send; every case prints one line per size, twice, on two ranks; one rank is refused."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchscripts import load_script
+from mpienv import mpi_env
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "proxies_p2p.py"
+p2p = load_script("proxies_p2p")
+
+
+def test_the_sizes_are_the_proxies_stage_sends():
+    import proxies_table as table
+    for name, nbytes in p2p.PROXY_BYTES.items():
+        sends = {b for op, b in table.comm_calls(table.PROXIES[name], 2) if op == "sendrecv"}
+        assert sends == {nbytes}, name
+
+
+def test_two_ranks_print_every_case_twice():
+    pytest.importorskip("mpi4py")
+    from ddlsim.reference.mpijobs import mpi_env as loop_env, mpirun
+    try:
+        cmd = mpirun(2)
+    except FileNotFoundError:
+        pytest.skip("mpirun is not installed")
+    proc = subprocess.run([*cmd, sys.executable, str(SCRIPT), "--bytes", "65536",
+                           "--repeats", "1"], capture_output=True, text=True, env=loop_env(),
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    cases = re.findall(r"^65536 B (.+?): \d+\.\d{3} ms per transfer, CPU \d+\.\d{3} ms "
+                       r"\(\d+\.\d{2} GB/s; median of 1\)$", proc.stdout, re.M)
+    assert cases == list(p2p.CASES) * 2
+
+
+def test_one_rank_is_refused():
+    pytest.importorskip("mpi4py")
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--repeats", "1"], capture_output=True,
+                          text=True, env=mpi_env(), timeout=60)
+    assert proc.returncode == 2 and "run on 2 ranks (mpirun -n 2), not 1" in proc.stderr
