@@ -110,9 +110,8 @@ class _Lowering:
         self._peers: dict[tuple, int] = {}
         self._parts: dict[tuple, tuple] = {}
         self._transfers: dict[tuple, float] = {}
-        self._cross: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
-        self._kinds: dict[tuple, float] = {}
-        self._ranks: dict[int, np.ndarray] = {}
+        self._cross: dict[tuple, tuple] = {}
+        self._by_kind: dict[tuple, float] = {}
 
     def row(self, group: str, rank: int) -> tuple[tuple[int, ...], int, frozenset]:
         """(members of ``rank``'s group of family ``group``, its index there, their classes)."""
@@ -193,29 +192,39 @@ class _Lowering:
         return hit
 
     def _transfer(self, ci: int, p: P2P) -> float:
-        """:meth:`CostModel.p2p_slowest` over class ``ci``'s transfers, given the first that
-        crosses nodes and the first that stays (the pairs it times: same seconds), and once
-        per family, size and kinds present (it times every transfer of a kind alike)."""
-        key = (p.group, p.peer)
-        cross = self._cross.get(key)
-        if cross is None:   # every rank's peer, and whether it is on another node
-            members = self.workload.groups[p.group].members
-            self.row(p.group, int(self.workload.classes[ci].ranks[0]))   # fills the inverse
-            g_of, i_of = self._inverse[p.group]
-            peer_of = members[g_of, (i_of + p.peer) % members.shape[1]]
-            node = self.cost.node_of_rank
-            cross = self._cross[key] = (peer_of, node != node[peer_of])
-        peer_of, crosses = cross
-        ranks = self._ranks.get(ci)
-        if ranks is None:
-            ranks = self._ranks[ci] = np.asarray(self.workload.classes[ci].ranks, dtype=np.int64)
-        mine = crosses[ranks]
-        firsts = sorted({int(mine.argmax()), int(mine.argmin())})
-        kinds = (p.group, p.bytes, tuple(mine[firsts].tolist()))
-        hit = self._kinds.get(kinds)
+        """:meth:`CostModel.p2p_slowest` of class ``ci``'s transfers, once per family, size
+        and kinds present (it times every transfer of a kind, node-crossing or node-local,
+        alike), given the first transfer of each kind (the pairs it would pick: same
+        seconds)."""
+        peer_of, crosses, kinds = self._crossing(ci, p.group, p.peer)
+        key = (p.group, p.bytes, kinds[ci])
+        hit = self._by_kind.get(key)
         if hit is None:
-            src = ranks[firsts]
-            hit = self._kinds[kinds] = self.cost.p2p_slowest(p, src, peer_of[src])
+            ranks = np.asarray(self.workload.classes[ci].ranks, dtype=np.int64)
+            mine = crosses[ranks]
+            src = ranks[sorted({int(mine.argmax()), int(mine.argmin())})]
+            hit = self._by_kind[key] = self.cost.p2p_slowest(p, src, peer_of[src])
+        return hit
+
+    def _crossing(self, ci: int, group: str, peer: int) -> tuple:
+        """(every rank's peer at offset ``peer`` in its group of family ``group``, whether it
+        is on another node, per class whether (some of its ranks' peers are, some are
+        not)), once per family and offset for all classes."""
+        hit = self._cross.get((group, peer))
+        if hit is None:
+            members = self.workload.groups[group].members
+            self.row(group, int(self.workload.classes[ci].ranks[0]))   # fills the inverse
+            g_of, i_of = self._inverse[group]
+            peer_of = members[g_of, (i_of + peer) % members.shape[1]]
+            node = self.cost.node_of_rank
+            crosses = node != node[peer_of]
+            inside = self.class_of >= 0
+            C = len(self.workload.classes)
+            cls = self.class_of[inside]
+            n_cross = np.bincount(cls, weights=crosses[inside], minlength=C)
+            n_all = np.bincount(cls, minlength=C)
+            kinds = list(zip((n_cross > 0).tolist(), (n_cross < n_all).tolist()))
+            hit = self._cross[(group, peer)] = (peer_of, crosses, kinds)
         return hit
 
     def _template(self, block, parts: dict) -> tuple[tuple, list[tuple]]:
