@@ -191,15 +191,22 @@ def _built_pieces(ctx, plans, groups: list[np.ndarray]) -> tuple[list, list[floa
             if entry is None:   # not built for a signature that shares the fields it reads
                 ops = tuple(make(sb))
                 entry = lowered.setdefault(ops, [])   # the op list hashed once
-                if not entry:   # lowered, and its GEMM FLOPs counted, once per op list
-                    entry += [*lower_ops(ops, compute_s), [], gemm_flops(ops)]
+                if not entry:   # lowered once per op list; its op list kept for its FLOPs
+                    entry += [*lower_ops(ops, compute_s), [], ops, None]
                 built[keys[name]] = entry
             entry[2].append((name, j))
-            flops[name] = entry[3]
-        p2p_bytes.append((sb.part.boundary(sb.act_bytes)[0], flops["fwd"], flops["bwd"],
-                          flops["emb"], flops["head_f"]))
+            if name in _GEMM_PIECES:   # GEMM FLOPs counted once per op list, where read
+                if entry[4] is None:
+                    entry[4] = gemm_flops(entry[3])
+                flops[name] = entry[4]
+        p2p_bytes.append((sb.part.boundary(sb.act_bytes)[0],
+                          *(flops[name] for name in _GEMM_PIECES)))
     return [entry[:3] for entry in lowered.values()], p2p_bytes
 
+
+#: The pieces whose GEMM FLOPs :class:`Pieces` carries (``fwd_gemm``, ``bwd_gemm``,
+#: ``emb_gemm``, ``head_gemm``, in this order): only those are counted.
+_GEMM_PIECES = ("fwd", "bwd", "emb", "head_f")
 
 #: A stage's pieces and how the builder makes each (:meth:`~ddlsim.workloads.decoder.
 #: builder.StageBuilder.chunk_blocks` assembles a chunk from them).
