@@ -5,9 +5,10 @@
 
 Every rank does, round after round (a barrier before each step):
 
-1. one sample per GEMM shape of ``ddlsim calibrate compute``'s numpy benchmark, over the
-   run's own shapes (:func:`~.machine.gemm_shapes`) and a few squares, timed in **process
-   CPU time** (``clock=time.process_time``);
+1. one sample per GEMM shape, timed in **process CPU time**: the run's own shapes
+   (:func:`~.machine.gemm_shapes`) one call each with their operands out of the core's
+   caches, as an iteration meets them (:mod:`.coldgemm`), and a few squares with
+   ``ddlsim calibrate compute``'s numpy benchmark (``clock=time.process_time``);
 2. one sample of the element-wise rate: numpy ``z = x + y`` on arrays of the gradient
    buffer's size, counted as ddlsim counts a pass (read x, read y, write z: 3 · nbytes; the
    STREAM "Add" kernel, McCalpin 1995), the least CPU time of three calls; the same on the
@@ -70,11 +71,17 @@ __all__ = ["SQUARES", "tensor_sizes", "phase_times", "element_rates", "measured_
 SQUARES = ((64, 64, 64), (128, 128, 128), (256, 256, 256), (512, 512, 512))
 
 
-def _gemm_round(shapes, seed: int):
-    """One CPU-time sample per GEMM shape (``calibrate compute``'s numpy benchmark)."""
+def _gemm_round(squares, own, seed: int, sweep: np.ndarray):
+    """One CPU-time sample per GEMM shape: the ``squares`` with ``calibrate compute``'s
+    numpy benchmark, the run's ``own`` shapes with their operands out of the core's caches,
+    as the run meets them (:mod:`.coldgemm`)."""
+    import pandas as pd
+
     from ..calibration.compute_bench import run_gemm_benchmark
-    return run_gemm_benchmark("numpy", "cpu", ["fp32"], shapes, warmup=1, reps=1, seed=seed,
-                              clock=time.process_time)
+    from .coldgemm import cold_gemm_round
+    hot = run_gemm_benchmark("numpy", "cpu", ["fp32"], squares, warmup=1, reps=1, seed=seed,
+                             clock=time.process_time)
+    return pd.concat([hot, cold_gemm_round(own, seed, sweep)], ignore_index=True)
 
 
 def _merge_rounds(frames):
@@ -207,6 +214,7 @@ def phase_times(cfgs, comm, rounds: int, warmup: int, seed: int = 0):
     """
     from .gpt2 import GPT2, Adam
     from .kernels import class_kernels, class_rates
+    from .coldgemm import evict_bytes
     from .machine import gemm_shapes
     from .train import STRATEGIES, shape_of
     shape = shape_of(cfgs[0])
@@ -215,7 +223,9 @@ def phase_times(cfgs, comm, rounds: int, warmup: int, seed: int = 0):
     rng = np.random.default_rng([seed, comm.Get_rank()])
     idx = rng.integers(0, shape.vocab, (shape.batch, shape.seq))
     tgt = rng.integers(0, shape.vocab, (shape.batch, shape.seq))
-    shapes = sorted(set(SQUARES) | set(gemm_shapes(shape)))
+    own = gemm_shapes(shape)
+    squares = [s for s in SQUARES if s not in own]
+    sweep = np.ones(evict_bytes() // 4, dtype=np.float32)
     arrays = {name: (np.ones(n, dtype=np.float32), np.ones(n, dtype=np.float32),
                      np.empty(n, dtype=np.float32)) for name, n in tensor_sizes(shape).items()}
     kernels = class_kernels(shape, seed)
@@ -226,7 +236,7 @@ def phase_times(cfgs, comm, rounds: int, warmup: int, seed: int = 0):
              "compute_minor_faults": [], "ops_cpu_s": {}, "losses": []} for _ in cfgs]
     for r in range(warmup + rounds):
         comm.Barrier()
-        frame = _gemm_round(shapes, seed + r)
+        frame = _gemm_round(squares, own, seed + r, sweep)
         comm.Barrier()
         rates = {name: _stream_cpu_Bps(*xyz) for name, xyz in arrays.items()}
         rates.update({f"class.{c}": r for c, r in class_rates(kernels).items()})
