@@ -10,15 +10,17 @@ Every rank does, round after round (a barrier before each step):
    thread, its operands out of L2 as in the run (:func:`gemm_rows`: the median of 3 calls);
 2. element-wise rates: torch ``add(x, y, out=z)`` on the gradient buffer's size (3 passes,
    the STREAM "Add" kernel, McCalpin 1995), and each kernel class ddlsim times apart
-   (:func:`class_kernels`: ``F.layer_norm``, ``F.gelu(approximate="tanh")`` and their
-   backwards, ``torch.optim.Adam.step`` on the model's parameters) as the bytes ddlsim
+   (:func:`class_kernels`: ``F.layer_norm``, ``F.gelu(approximate="tanh")``, the attention
+   scores' scale, mask and softmax, their backwards, ``torch.optim.Adam.step`` on the
+   model's parameters) as the bytes ddlsim
    counts over the least time of three calls; and the time torch's eager dispatch adds per
    op (:func:`op_overhead_s`);
 3. on more than one rank, one sample of each collective the run configs' traces issue at
    its own size (``calibrate comm``'s benchmark on a Gloo adapter, the most over ranks,
    timed by ``--clock``), written to ``OUT/sizes{N}.csv``;
 4. one iteration of each run config (:mod:`.torch_train`'s DDP, FSDP or pipeline step), in
-   an order that turns by one each round, its wall and its process CPU time, each the most
+   an order that turns by one each round, its wall and its process CPU time, and the CPU
+   time of its forward, backward and step (:class:`~.torch_train.PhaseClock`), each the most
    over ranks.
 
 Steps 1 and 2 are timed in process CPU time: a kernel runs on the calling thread and waits
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -121,6 +124,29 @@ def _gemm_round(shape, seed: int):
     return _frame(gemm_rows(sorted(set(SQUARES) | set(gemm_shapes(shape))), seed))
 
 
+def _softmax_calls(shape, in_fp32: bool) -> dict:
+    """The trainer's attention-score kernels (:class:`.torch_train.Block`: the scale by
+    ``1/√d``, the causal mask and the softmax) forward, and their backward, on the run's
+    ``b · heads · s²`` scores, with the bytes ddlsim's unfused softmax counts for them
+    (:func:`~ddlsim.simulator.kernels.elementwise.unfused_softmax_passes`: the mask and the
+    softmax; the trainer's scale is a pass of its own, which ddlsim places in the QKᵀ GEMM,
+    so it is in the measured time and lowers the class's rate)."""
+    from ..simulator.kernels.elementwise import unfused_softmax_passes
+    b, a, s = shape.batch, shape.heads, shape.seq
+    raw = torch.randn(b, a, s, s, requires_grad=True)
+    mask, scale = torch.ones(s, s, dtype=torch.bool).triu(1), math.sqrt(shape.hidden // a)
+
+    def forward(scores: torch.Tensor) -> torch.Tensor:
+        return (scores / scale).masked_fill(mask, float("-inf")).softmax(-1)
+    out = forward(raw)
+    grad = torch.randn_like(out)
+    counted = [sum(unfused_softmax_passes(4, in_fp32, backward)) * b * a * s * s
+               for backward in (False, True)]
+    return {"softmax": (lambda: forward(raw.detach()), counted[0]),
+            "softmax_backward": (lambda: torch.autograd.grad(out, raw, grad,
+                                                             retain_graph=True), counted[1])}
+
+
 def class_kernels(shape, params, stack: dict) -> dict:
     """Each element-wise class's torch kernel as a call, with the bytes ddlsim counts for it
     under the torch stack's kernel flags (``stack``: :data:`.torch_loop.TORCH_STACK`).
@@ -164,7 +190,9 @@ def class_kernels(shape, params, stack: dict) -> dict:
         "activation_backward": (lambda: torch.autograd.grad(gelu_out, y, gg,
                                                             retain_graph=True), 2 * gelu),
         "optimizer": (adam.step, step)}
-    return calls
+    from ..software import SoftwareSpec, resolve_software
+    in_fp32 = resolve_software(SoftwareSpec.model_validate(stack)).softmax_in_fp32
+    return {**calls, **_softmax_calls(shape, in_fp32)}
 
 
 def _rates(arrays, kernels) -> dict[str, float]:
@@ -194,17 +222,20 @@ def _collective_sampler(cfgs, clock):
                                        clock=clock)[0] for op, nbytes in sizes]
 
 
-def _timed(step) -> tuple[float, float, float]:
-    """(loss, wall seconds of one iteration, its process CPU seconds), each the most over
-    ranks, after a barrier (the CPU time is kept to show how much of the wall time other
-    processes' turns on the cores took; it does not count a rank's idle waits)."""
+def _timed(step) -> tuple[float, float, float, dict[str, float]]:
+    """(loss, wall seconds of one iteration, its process CPU seconds, CPU seconds per phase
+    of :class:`~.torch_train.PhaseClock`), each the most over ranks, after a barrier (the
+    CPU time is kept to show how much of the wall time other processes' turns on the cores
+    took; it does not count a rank's idle waits)."""
     dist.barrier()
     t0, c0 = time.perf_counter(), time.process_time()
     loss = step()
-    span = torch.tensor([time.perf_counter() - t0, time.process_time() - c0],
+    span = torch.tensor([time.perf_counter() - t0, time.process_time() - c0,
+                         *(step.clock.spent[p] for p in step.clock.PHASES)],
                         dtype=torch.float64)
     dist.all_reduce(span, op=dist.ReduceOp.MAX)
-    return loss, float(span[0]), float(span[1])
+    return loss, float(span[0]), float(span[1]), dict(zip(step.clock.PHASES,
+                                                          map(float, span[2:])))
 
 
 def rounds(cfgs, names: list[str], n_rounds: int, warmup: int, stack: dict,
@@ -223,7 +254,8 @@ def rounds(cfgs, names: list[str], n_rounds: int, warmup: int, stack: dict,
     kernels = class_kernels(shape, list(build_stage(shape, 0, 1).parameters()), stack)
     sample = _collective_sampler(cfgs, clock)
     gemms, colls, rates = [], [], {}
-    runs = {name: {"times_s": [], "cpu_s": [], "losses": []} for name in names}
+    runs = {name: {"times_s": [], "cpu_s": [], "phases_cpu_s": [], "losses": []}
+            for name in names}
     for r in range(warmup + n_rounds):
         dist.barrier()
         frame = _gemm_round(shape, seed + r)
@@ -232,11 +264,12 @@ def rounds(cfgs, names: list[str], n_rounds: int, warmup: int, stack: dict,
         coll = sample() if sample else []
         for j in range(len(cfgs)):
             name = names[(j + r) % len(cfgs)]
-            loss, wall, cpu = _timed(steps[(j + r) % len(cfgs)])
+            loss, wall, cpu, phases = _timed(steps[(j + r) % len(cfgs)])
             runs[name]["losses"].append(loss)
             if r >= warmup:
                 runs[name]["times_s"].append(wall)
                 runs[name]["cpu_s"].append(cpu)
+                runs[name]["phases_cpu_s"].append(phases)
         if r >= warmup:
             gemms.append(frame)
             colls.append(coll)

@@ -209,6 +209,15 @@ def _measured(times: list[float], statistic: str) -> float:
     return float(np.min(times) if statistic == "min" else np.median(times))
 
 
+def _phases(run: dict, statistic: str) -> dict[str, float]:
+    """Each phase's CPU seconds (forward, backward, step: :class:`.torch_train.PhaseClock`),
+    the ``statistic`` over the rounds of the most over ranks; empty for a job that did not
+    time them."""
+    rounds = run.get("phases_cpu_s") or []
+    return {phase: _measured([r[phase] for r in rounds], statistic)
+            for phase in (rounds[0] if rounds else ())}
+
+
 def loop_ranks(work: Path, model: LoopModel, n: int, runs: tuple[str, ...], statistic: str,
                max_rel_rmse: float | None, when: str, log, clock: str = "wall") -> list[dict]:
     """Steps 1-4 of the module docstring for ``n`` ranks: one row per strategy.
@@ -254,6 +263,7 @@ def loop_ranks(work: Path, model: LoopModel, n: int, runs: tuple[str, ...], stat
                                        statistic),
                "measured_wall_s": _measured(run["times_s"], statistic),
                "measured_cpu_s": _measured(run["cpu_s"], statistic),
+               "measured_phases_cpu_s": _phases(run, statistic),
                "times_s": run["times_s"], "loss_first": run["losses"][0],
                "loss_last": run["losses"][-1], "gemm_plateau_flops_per_s": r_max,
                "fit_rel_rmse": fit_errors(profile)}
@@ -285,9 +295,11 @@ def row_line(row: dict) -> str:
     errs = ", ".join(f"{k[6:]} {row[f'predicted_{k[6:]}_s'] * 1e3:.1f} ms ({row[k]:+.1%})"
                      for k in sorted(row) if k.startswith("error_"))
     b = row["predicted_breakdown"]
+    phases = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in
+                       row.get("measured_phases_cpu_s", {}).items())
     return (head + f"measured {row['measured_s'] * 1e3:.1f} ms ({row['statistic']} "
             f"{row['clock']}; wall {row['measured_wall_s'] * 1e3:.1f}, CPU "
-            f"{row['measured_cpu_s'] * 1e3:.1f}); "
+            f"{row['measured_cpu_s'] * 1e3:.1f}" + (f": {phases}" if phases else "") + "); "
             f"predicted {errs}; predicted compute {b['compute_s'] * 1e3:.1f} ms, exposed "
             f"comm {b['exposed_comm_total_s'] * 1e3:.1f} ms, bubble {b['bubble_s'] * 1e3:.1f}")
 

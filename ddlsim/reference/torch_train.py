@@ -41,7 +41,8 @@ from torch import nn
 
 from .train import shape_of
 
-__all__ = ["Block", "build_stage", "plan_of", "data_parallel_step", "pipeline_step", "main"]
+__all__ = ["Block", "build_stage", "plan_of", "PhaseClock", "data_parallel_step", "pipeline_step",
+           "main"]
 
 
 class Block(nn.Module):
@@ -133,8 +134,34 @@ def _batch(shape, rank: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]
     return torch.from_numpy(idx), torch.from_numpy(tgt)
 
 
+class PhaseClock:
+    """Process CPU seconds of each phase of the last iteration: ``forward``, ``backward``
+    (for DDP and FSDP with the collectives their hooks run; for the pipeline with its sends
+    and receives) and ``step`` (the pipeline's all-reduces, the optimizer, ``zero_grad``).
+    Process CPU time counts Gloo's threads too, so a collective's copies and reductions are
+    charged to the phase that waits for them."""
+
+    PHASES = ("forward", "backward", "step")
+
+    def __init__(self) -> None:
+        self.spent: dict[str, float] = {}
+        self._t = 0.0
+
+    def start(self) -> None:
+        """Begin an iteration: forget the last one's phases."""
+        self.spent = dict.fromkeys(self.PHASES, 0.0)
+        self._t = time.process_time()
+
+    def __call__(self, phase: str) -> None:
+        """Charge the CPU time since the last mark to ``phase``."""
+        now = time.process_time()
+        self.spent[phase] += now - self._t
+        self._t = now
+
+
 def data_parallel_step(cfg, shape, plan: str):
-    """A closure running one DDP or FSDP iteration on this rank."""
+    """A closure running one DDP or FSDP iteration on this rank; its ``clock`` attribute (a
+    :class:`PhaseClock`) holds the last iteration's phases."""
     model = build_stage(shape, 0, 1)
     if plan == "ddp":
         from torch.nn.parallel import DistributedDataParallel
@@ -147,18 +174,25 @@ def data_parallel_step(cfg, shape, plan: str):
         fully_shard(model)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     idx, tgt = _batch(shape, dist.get_rank())
+    clock = PhaseClock()
 
     def step() -> float:
+        clock.start()
         loss = model(idx, tgt)
+        clock("forward")
         loss.backward()
+        clock("backward")
         opt.step()
         opt.zero_grad(set_to_none=False)
+        clock("step")
         return float(loss.detach())
+    step.clock = clock
     return step
 
 
 def pipeline_step(cfg, shape):
-    """A closure running one 2-stage GPipe iteration on this rank (module docstring)."""
+    """A closure running one 2-stage GPipe iteration on this rank (module docstring); its
+    ``clock`` attribute (a :class:`PhaseClock`) holds the last iteration's phases."""
     rank, m = dist.get_rank(), cfg.train.global_batch_size // cfg.train.micro_batch_size
     model = build_stage(shape, rank, 2)
     if rank == 1:  # the head's copy starts equal to the first stage's embedding
@@ -166,8 +200,10 @@ def pipeline_step(cfg, shape):
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     batches = [_batch(shape, i) for i in range(m)]
     act_shape = (shape.batch, shape.seq, shape.hidden)
+    clock = PhaseClock()
 
     def step() -> float:
+        clock.start()
         kept, total = [], 0.0
         for idx, tgt in batches:
             if rank == 0:
@@ -181,6 +217,7 @@ def pipeline_step(cfg, shape):
                 loss = model(x, tgt) / m
                 total += float(loss.detach())
                 kept.append((x, loss))
+        clock("forward")
         for item in kept:
             if rank == 0:
                 grad = torch.empty(act_shape)
@@ -190,12 +227,15 @@ def pipeline_step(cfg, shape):
                 x, loss = item
                 loss.backward()
                 dist.send(x.grad, 0)
+        clock("backward")
         dist.all_reduce(model.wte.weight.grad)  # the tied embedding's two copies
         opt.step()
         opt.zero_grad(set_to_none=False)
         loss = torch.tensor([total])
         dist.all_reduce(loss)  # the last stage's loss, on every rank
+        clock("step")
         return float(loss.detach())
+    step.clock = clock
     return step
 
 
