@@ -144,6 +144,14 @@ class KernelSpec(_Strict):
         default=None, description="attention: unfused runs its softmax in fp32 (Megatron's "
                                   "query-key layer scaling: cast, scale, mask, softmax, cast "
                                   "back; docs/compute.md)")
+    qkv_bias_pass: StrictBool | None = Field(
+        default=None, description="the QKV projection's bias (the one bias no fused "
+                                  "bias-GeLU or bias-dropout-add takes) is added by an "
+                                  "element-wise pass after its GEMM, and its gradient summed "
+                                  "over the tokens by one before the weight gradient "
+                                  "(numpy: ddlsim/reference/gpt2.py); false: in the GEMM's "
+                                  "epilogue (torch's addmm, Transformer Engine), as every "
+                                  "framework stack does, its gradient's sum not charged apart")
     separate_projections: StrictBool | None = Field(
         default=None, description="the model keeps the projections that read one input as "
                                   "separate modules (torchtitan's wq, wk, wv and w1, w3): one "

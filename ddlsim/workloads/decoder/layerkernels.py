@@ -36,7 +36,7 @@ from .wgrad import into_main_grad, main_grad_bytes
 
 __all__ = ["layer_kernels", "MODULE_PARTS", "compute_dtype", "grad_bytes", "linear_gemms",
            "activation_kinds", "logits_kernels", "loss_op", "final_norm_fused", "final_norm_op",
-           "recompute_op"]
+           "recompute_op", "qkv_bias_kernels"]
 
 
 def compute_dtype(train_dtype: str) -> str:
@@ -190,18 +190,19 @@ def layer_kernels(shape: Any, sw: Any, b: int, s: int, t: int, sp: bool,
               else 1 for m in ("qkv", "fc1")]
     sums = [input_grad_sum_kernels(n, b * s * shape.hidden, dt, od, bool(sw.compile))
             for n in summed]
+    bias = qkv_bias_kernels(shape, sw, b * s, t, dt, od)
     parts = {
         # qkv and fc1 follow a norm (Megatron-Core's TELayerNormColumnParallelLinear); under
         # SP their inputs, and proj's and fc2's output gradients, are all-gathered (in FP8
         # under Transformer Engine: fp8recipe.fp8_cast_kernels)
-        "attn.qkv": lin(g["qkv"], False, True, "x") + rep + core[0],
+        "attn.qkv": lin(g["qkv"], False, True, "x") + bias[0] + rep + core[0],
         "attn.proj": lin(g["proj"], False),
         "mlp.fc1": lin(g["fc1"], False, True, "x"),
         "mlp.fc2": lin(g["fc2"], False),
         "bwd.mlp.fc2": lin(g["fc2"], True, gathered="g"),
         "bwd.mlp.fc1": lin(g["fc1"], True, gathered="x") + sums[1],
         "bwd.attn.proj": lin(g["proj"], True, gathered="g") + core[1] + rep,
-        "bwd.attn.qkv": lin(g["qkv"], True, gathered="x") + sums[0],
+        "bwd.attn.qkv": bias[1] + lin(g["qkv"], True, gathered="x") + sums[0],
     }
     # DTensor's layout copies around the sequence-parallel collectives (kernels/dtensor.py)
     copies = sp_layout_copies(sw, t, sp, b * s * shape.hidden, dt, od, fp8_gather,
@@ -220,6 +221,21 @@ def layer_kernels(shape: Any, sw: Any, b: int, s: int, t: int, sp: bool,
         "repeat_kv": rep,
         **parts,
     }
+
+
+def qkv_bias_kernels(shape: Any, sw: Any, tokens: float, t: int, dt: int, dtype: str
+                     ) -> tuple[tuple[Kernel, ...], tuple[Kernel, ...]]:
+    """The QKV projection's bias as passes of their own, where the stack adds it apart from
+    the GEMM (``sw.qkv_bias_pass``; numpy's ``qkv += b`` and ``dqkv.sum(axis=0)``,
+    ddlsim/reference/gpt2.py), over its ``tokens × (q + 2·kv)/t`` output on one of ``t``
+    ranks: forward the add (read, write), backward the gradient's sum over the tokens (read;
+    the ``(q + 2·kv)/t`` sums written are not counted). ``((), ())`` otherwise: in the
+    GEMM's epilogue, or no bias."""
+    if not (sw.qkv_bias_pass and shape.qkv_bias) or shape.mla is not None:
+        return (), ()
+    n = tokens * (shape.q_width + 2 * shape.kv_width) / t
+    return ((Kernel("memory", bytes=2 * dt * n, dtype=dtype),),
+            (Kernel("memory", bytes=dt * n, dtype=dtype),))
 
 
 @lru_cache(maxsize=1024, typed=True)
