@@ -82,12 +82,14 @@ def measure(shape, iters: int, warmup: int = 2):
         timed = it % 2 == 0
         t0 = time.process_time()
         with (_timer(spent, calls, phase, gemms) if timed else nullcontext()):
-            for phase[0], run in (("forward", lambda: model(idx, tgt)),
-                                  ("backward", lambda: loss.backward()),
-                                  ("step", opt.step),
-                                  ("zero_grad", lambda: opt.zero_grad(set_to_none=False))):
-                out = run()
-                loss = out if phase[0] == "forward" else loss
+            phase[0] = "forward"
+            loss = model(idx, tgt)
+            phase[0] = "backward"
+            loss.backward()
+            phase[0] = "step"
+            opt.step()
+            phase[0] = "zero_grad"
+            opt.zero_grad(set_to_none=False)
         if it < warmup:
             continue
         if not timed:
