@@ -34,10 +34,11 @@ MODEL = torch_model(SMALL)
 #: timed back to back, 17:48-17:52 UTC, load 5.8-7.2: DDP −16.3 % (1 rank), −15.1 % (2
 #: ranks), FSDP −40.1 %; GEMMs timed out of L2 (torch_job.FLUSH_BYTES), 17:56-18:00 UTC, load
 #: 4.9-6.5, two loops: DDP −13.7, −14.3 % (1 rank), −10.4, −17.1 % (2 ranks), FSDP −34.9,
-#: −32.1 %; both engines alike; ddlsim too fast (GEMMs slower inside the iteration than
-#: alone; FSDP2's host work and Gloo's CPU copies competing with compute are not modelled:
-#: docs/validation.md). −60 % keeps 20 points below the worst; over +20 % something was
-#: counted twice. Not the issue's 10 % target.
+#: −32.1 %; both engines alike. 20:03 UTC (load 5.4-6.1), FSDP2 gathering on demand as it
+#: does on a CPU (TORCH_STACK): DDP −14.7 % (1 rank), −18.2 % (2 ranks), FSDP −25.3 %.
+#: ddlsim too fast: DDP's bucket copies, Adam over FSDP2's DTensors and zero_grad are not
+#: modelled (docs/validation.md, "Where the torch loop misses"). −60 % keeps 20 points below
+#: the worst; over +20 % something was counted twice. Not the issue's 10 % target.
 CPU_BOUND = (-0.6, 0.2)
 
 
