@@ -71,7 +71,10 @@ FLASH_KINDS = ("flash2", "flash3", "cudnn")
 #: backward of one TE DotProductAttention (fused backend forced, qkv_format sbhd, bf16,
 #: 4,096 tokens in 4 sequences, 16 heads, head dim 128, median of 50) on an H200 (sm90, the
 #: H100's SMs), TE 2.15.0: 0.594 ms at p = 0.0, 0.614 ms at p = 0.1 (the thd layout, routed
-#: to cuDNN's composite engine, pays 1.26x: not what Megatron-Core's sbhd runs)
+#: to cuDNN's composite engine, pays 1.26x: not what Megatron-Core's sbhd runs). Applied as
+#: is to the H100 and to every stack that runs cuDNN's kernel, including the 2024 stacks'
+#: older TE (7d576ed2) and cuDNN, for which no published figure was found: an assumption,
+#: not a measurement of those versions
 DROPOUT_SLOWDOWN = {"cudnn": 0.614 / 0.594}
 
 
