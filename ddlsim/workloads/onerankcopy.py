@@ -25,12 +25,15 @@ A copy of ``N`` bytes reads ``N`` and writes ``N``: ddlsim times it as an elemen
 ``2 N`` bytes at the device's memory bandwidth (:func:`~ddlsim.simulator.kernels.device.
 op_time`), the convention of the ``z = x + y`` figure (``3 N`` bytes) the CPU presets quote
 (``numpy.copyto`` of 4 and 24 MiB ran at 1.1× that pass's rate in the same minute here).
+A copy that stays in the caches runs faster than one bandwidth says (``numpy.copyto`` of
+1 MiB: 31.6 GB/s as ``2 N``, against 7.9 GB/s at 24 MiB), which is not modelled.
 
-``parallel.collective_buffers: separate`` (a plan field every family reads) says the program calls its collectives that way (the
-seed's C++ proxies: every ``MPI_Allreduce``/``MPI_Iallreduce``/``MPI_Alltoall``/
-``MPI_Allgather``/``MPI_Reduce_scatter_block`` there names two buffers); ``in_place`` (the
-default) that it does not (PyTorch DDP's and Megatron's gradient all-reduces run in place on
-their buckets; ``torch.distributed.all_reduce`` has one tensor). Only groups of one rank change:
+``parallel.collective_buffers: separate`` (a plan field every family reads) says the program
+calls its collectives that way (the seed's C++ proxies: every ``MPI_Allreduce``/
+``MPI_Iallreduce``/``MPI_Alltoall``/``MPI_Allgather``/``MPI_Reduce_scatter_block`` there
+names two buffers); ``in_place`` (the default) that it does not (PyTorch DDP's and
+Megatron's gradient all-reduces run in place on their buckets; ``torch.distributed.
+all_reduce`` has one tensor). Only groups of one rank change:
 on more ranks the algorithm's own time, closed form or a calibration measured with separate
 buffers, holds the library's copy. ``broadcast`` and ``barrier`` have one buffer or none and
 never copy. NCCL also copies on one rank (``ncclLaunchOneRank``: ``cudaMemcpyAsync`` when
