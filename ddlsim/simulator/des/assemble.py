@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+from contextlib import contextmanager
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -15,25 +18,68 @@ __all__ = ["des_result", "link_table", "rank_spans"]
 
 def rank_spans(run: DESRun, workload: Workload, every_rank: bool) -> tuple[Span, ...]:
     """Spans of every rank (``every_rank``) or of each class's first rank, sorted by rank,
-    stream, start (then end and name; ties in the order the engine recorded them)."""
+    stream, start (then end and name; ties in the order the engine recorded them).
+
+    Parameters
+    ----------
+    run : the raw run (per class, its spans as recorded).
+    workload : the trace (class names and ranks).
+    every_rank : every rank of a class (the same timeline each), else its first rank.
+
+    Returns
+    -------
+    tuple of Span
+        Ordered as above; times in seconds.
+    """
     names = {v: k for k, v in run.streams.items()}
     rows = []  # (rank, class index): a rank belongs to one class, so ranks sort the classes
     for c, (cls, spans) in enumerate(zip(workload.classes, run.spans)):
         if spans:
             rows += [(int(r), c) for r in (cls.ranks if every_rank else cls.ranks[:1])]
     rows.sort()
-    ordered: dict[int, list] = {}  # per class, its spans sorted once (the same for each rank)
-    out = []
-    for r, c in rows:
-        spans = ordered.get(c)
-        if spans is None:
-            spans = ordered[c] = sorted(
-                ((names[sid], name, start, end, kind) for sid, name, start, end, kind
-                 in run.spans[c]), key=lambda t: (t[0], t[2], t[3], t[1]))
-        cname = workload.classes[c].name
-        out += [Span(r, stream, name, start, end, kind, cname)
-                for stream, name, start, end, kind in spans]
+    columns: dict[int, tuple[list, ...]] = {}  # per class, its spans sorted once, by column
+    out: list[Span] = []
+    with _collector_paused():
+        for r, c in rows:
+            cols = columns.get(c)
+            if cols is None:
+                cols = columns[c] = _sorted_columns(run.spans[c], names)
+            n = len(cols[0])
+            out += map(Span, repeat(r, n), *cols[:4], cols[4], repeat(workload.classes[c].name, n))
     return tuple(out)
+
+
+def _sorted_columns(spans: list[tuple[int, str, float, float, str]], stream_names: dict[int, str]
+                    ) -> tuple[list, ...]:
+    """One class's recorded spans ``(stream id, name, start, end, kind)`` as columns (stream
+    name, name, start, end, kind) sorted by stream name, start, end and name, ties in
+    recorded order: one stable ``numpy.lexsort`` over ranks of the names and the times
+    (the same order as a stable sort of Python tuples: the ranks order as the strings do)."""
+    sid, name, start, end, kind = zip(*spans)
+    stream_rank = {s: i for i, s in enumerate(sorted(set(sid), key=stream_names.__getitem__))}
+    name_rank = {s: i for i, s in enumerate(sorted(set(name)))}
+    n = len(spans)
+    order = np.lexsort((np.fromiter(map(name_rank.__getitem__, name), np.int64, n),
+                        np.array(end), np.array(start),
+                        np.fromiter(map(stream_rank.__getitem__, sid), np.int64, n))).tolist()
+    take = lambda col: list(map(col.__getitem__, order))  # noqa: E731
+    return ([stream_names[i] for i in take(sid)], take(name), take(start), take(end),
+            take(kind))
+
+
+@contextmanager
+def _collector_paused():
+    """Pause Python's cyclic garbage collector while a run's spans are built: they are
+    millions of new objects (1.4 million for Megatron-LM 1T on 3,072 GPUs), none of them in
+    a reference cycle, and each full collection their allocation triggers scans the whole
+    heap again (about half the time of building them)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def link_table(run: DESRun, topology, iteration_time_s: float) -> tuple[dict[str, Any], ...]:
