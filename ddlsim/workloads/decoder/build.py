@@ -22,7 +22,7 @@ from ..trace import Block, RankClass, Program, StepTable, Workload, WorkloadMeta
 from .builder import StageBuilder
 from .memory import comm_groups, stage_memory
 from .plan import resolve_plan
-from . import combined, fsdp, hsdp, megatron_fsdp, param_gather
+from . import combined, fsdp, hsdp, megatron_fsdp, param_gather, tied_embedding
 from .zero3 import zero3_blocks, zero3_prefetch
 
 __all__ = ["build_decoder_workload", "decoder_memory"]
@@ -138,7 +138,7 @@ def _stage_update(b: StageBuilder, stage: int, root: bool, modes: _Modes) -> Blo
     if modes.zero3:               # torchao's float8 scales after the step (.fsdp_float8)
         block = fsdp.with_float8_precompute(b, block, stage)
         block = megatron_fsdp.with_edge_gather(b, block)
-    return block
+    return tied_embedding.with_grad_all_reduce(b, block, stage)   # tied, PP > 1
 
 
 def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
@@ -152,7 +152,8 @@ def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
     plan = resolve_plan(cfg, shape)
     b = StageBuilder(plan)
     pp, m, mesh = b.pp, plan.microbatches, cfg.mesh
-    groups = {**mesh.families(), **b.part.families(mesh), **hsdp.families(cfg, mesh)}
+    groups = {**mesh.families(), **b.part.families(mesh), **hsdp.families(cfg, mesh),
+              **tied_embedding.families(b, mesh)}
     modes = _modes(plan, b, cfg)
     split_root = plan.dp_strategy == "reduce_broadcast" and b.dp > 1
     ranks = _stage_ranks(mesh, b)

@@ -1,0 +1,138 @@
+"""The tied word embedding's gradient all-reduce between the first and last pipeline stages.
+
+With tied input and output embeddings and PP > 1, the first stage holds the input embedding
+and the last stage a copy of the same ``V × h`` matrix as the output head (Megatron-LM
+6985e58 ``megatron/model/module.py`` ``initialize_word_embeddings``: "a second copy of
+word_embeddings on the last stage"; :func:`.builder.with_edges` counts it). After the
+backward and the data-parallel gradient sync, and before the optimizer step, each pair of
+copies' gradients is all-reduced over the two-rank *embedding group*: the first and the last
+stage of one pipeline (same tensor-parallel rank and data-parallel replica), so that both
+copies take the same step.
+
+* Megatron-LM 6985e58 (2021) ``megatron/training.py`` lines 376-397 (``train_step``): after
+  ``allreduce_gradients`` (``--DDP-impl local``) and before ``optimizer.step()``,
+  ``torch.distributed.all_reduce(word_embeddings_weight.main_grad,
+  group=mpu.get_embedding_group())`` on the first and last stages.
+* Megatron-Core core_r0.8.0 ``megatron/core/distributed/finalize_model_grads.py``
+  ``_allreduce_word_embedding_grads``: the same all-reduce of
+  ``shared_embedding_or_output_weight().main_grad`` over ``get_embedding_group()``, called by
+  ``finalize_model_grads`` after ``finish_grad_sync`` (the data-parallel sync) and before the
+  step; skipped when ``share_embeddings_and_output_weights`` is off
+  (``--untie-embeddings-and-output-weights``; ddlsim's ``model.tie_word_embeddings: false``).
+
+Bytes: the whole gradient buffer of the rank's embedding shard, ``V·h/t`` elements in the
+stack's gradient dtype (``main_grad``: fp32 where ``grad_reduce_dtype`` says so, e.g. bf16
+training and Megatron-Core's distributed optimizer), even under ZeRO-1/2: Megatron
+all-reduces the full ``main_grad`` whatever the optimizer then reads of it. Under ZeRO-3 the
+rank keeps only its ``1/D`` shard of the gradient, and ddlsim all-reduces that shard (no stack
+here has a source for tied weights across stages under ZeRO-3: an assumption, not a reading).
+The call is synchronous (``torch.distributed.all_reduce`` on the current stream): the op is on
+the compute stream, just before the step's grad-norm wait (:mod:`.host_sync`) or, without one,
+the step itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..trace import Block, Collective, GroupFamily, Op
+
+__all__ = ["GROUP", "OP_NAME", "charged", "families", "grad_bytes", "insert_op",
+           "with_grad_all_reduce"]
+
+#: name of the embedding group's family (first and last stage of each pipeline)
+GROUP = "embedding"
+#: name of the all-reduce op in the update block
+OP_NAME = "embedding.grad.all_reduce"
+#: ops before which the all-reduce goes, the first found (:mod:`.host_sync`'s grad-norm wait,
+#: else the optimizer step)
+_BEFORE = ("grad_norm.sync", "optimizer")
+
+
+def charged(shape: Any, pp: int) -> bool:
+    """Whether the tied embedding's two copies sit on different stages (tied and PP > 1)."""
+    return bool(shape.tied_embeddings) and pp > 1
+
+
+def families(b: Any, mesh: Any) -> dict[str, GroupFamily]:
+    """The ``embedding`` family of builder ``b``'s plan on ``mesh``: per pipeline group, its
+    first and last rank (kind ``pp``: the network model routes it where those ranks sit);
+    none when untied or PP = 1.
+
+    Parameters
+    ----------
+    b : StageBuilder
+        The plan's builder (``shape``, ``pp``).
+    mesh : DeviceMesh
+        The run's mesh.
+
+    Returns
+    -------
+    dict
+        ``{"embedding": GroupFamily}`` or ``{}``.
+    """
+    if not charged(b.shape, b.pp):
+        return {}
+    ends = mesh.groups("pp")[:, [0, -1]]
+    return {GROUP: GroupFamily(GROUP, "pp", ends)}
+
+
+def grad_bytes(b: Any) -> float:
+    """Bytes each rank all-reduces: its ``V·h/t`` embedding gradient in the stack's gradient
+    dtype (``b.gdt``), its ``1/D`` shard under ZeRO-3 (module docstring).
+
+    Parameters
+    ----------
+    b : StageBuilder
+        The plan's builder.
+
+    Returns
+    -------
+    float
+        bytes, the buffer each rank passes in.
+    """
+    n = b.shape.vocab * b.shape.hidden / b.part.param_split * b.gdt
+    if b.plan.zero_stage == 3 and b.gdp > 1:
+        n /= b.gdp
+    return float(n)
+
+
+def with_grad_all_reduce(b: Any, block: Block, stage: int) -> Block:
+    """``block`` (a stage's ``update`` block) with the embedding gradient's all-reduce
+    inserted on the compute stream before the step (module docstring), on the first and last
+    stage of a tied plan with PP > 1; ``block`` itself elsewhere, and on a rank that does not
+    step (the reduce-to-root strategy's others: their embedding-group peers do not step
+    either).
+
+    Parameters
+    ----------
+    b : StageBuilder
+        The plan's builder.
+    block : Block
+        The stage's update block.
+    stage : int
+        Pipeline stage index.
+
+    Returns
+    -------
+    Block
+        The block with the op inserted, later ops' dependencies shifted past it.
+    """
+    if not charged(b.shape, b.pp) or stage not in (0, b.pp - 1):
+        return block
+    names = [getattr(op.payload, "name", None) for op in block.ops]
+    at = next((names.index(n) for n in _BEFORE if n in names), None)
+    if at is None:
+        return block
+    op = Op(Collective(OP_NAME, "all_reduce", GROUP, grad_bytes(b)))
+    return Block(block.name, block.phase, insert_op(block.ops, at, op))
+
+
+def insert_op(ops: tuple[Op, ...], at: int, op: Op) -> tuple[Op, ...]:
+    """``ops`` with ``op`` inserted at index ``at`` and the later ops' ``deps`` on ops at or
+    after ``at`` shifted by one (a loop's body keeps its own indices)."""
+    def shifted(o: Op) -> Op:
+        deps = tuple(d + (d >= at) for d in o.deps)
+        return o if deps == o.deps else Op(o.payload, o.stream, deps, o.repeat)
+
+    return (*ops[:at], op, *(shifted(o) for o in ops[at:]))

@@ -1,0 +1,118 @@
+"""The tied word embedding's gradient all-reduce between the first and last pipeline stages
+(workloads/decoder/tied_embedding.py): charged on those two stages of a tied plan with PP > 1
+only, over the two-rank ``embedding`` group, before the optimizer step, bytes by hand on
+GPT-2 124M (vocabulary 50,257, hidden 768: its config.json) with TP 2."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+
+import ddlsim
+from ddlsim.api import build_workload
+from ddlsim.workloads.decoder import tied_embedding
+from ddlsim.workloads.decoder.tied_embedding import GROUP, OP_NAME, insert_op
+from ddlsim.workloads.trace import Collective, Compute, Op, Wait
+
+BASE = {"model": {"preset": "gpt2-124m"},
+        "parallel": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 4,
+                     "data_parallel_size": 2},
+        "train": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 1024,
+                  "dtype": "bf16"},
+        "system": {"preset": "dgx-h100", "nodes": 2}}
+#: the rank's V·h/t embedding gradient elements (GPT-2: V 50,257, h 768; TP 2)
+ELEMENTS = 50257 * 768 / 2
+
+
+def config(pp=4, tied=True, dtype="bf16", stack=None, **parallel):
+    d = copy.deepcopy(BASE)
+    d["parallel"].update(pipeline_model_parallel_size=pp, **parallel)
+    d["parallel"]["data_parallel_size"] = 16 // (2 * pp)
+    d["train"]["dtype"] = dtype
+    if not tied:
+        d["model"]["tie_word_embeddings"] = False
+    if stack:
+        d["system"]["software"] = stack
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ddlsim.load_config(d)
+
+
+def tied_ops(cfg) -> dict[str, list]:
+    """Per rank class, its update block's embedding-gradient all-reduces."""
+    w = build_workload(cfg)
+    return {c.name: [o for o in c.program.blocks["update"].ops if o.payload.name == OP_NAME]
+            for c in w.classes}
+
+
+def test_charged_on_the_first_and_last_stage_in_the_stacks_gradient_dtype():
+    """bf16 under Megatron-Core 2024 (grad_reduce_dtype fp32_if_bf16): fp32 main_grad, 4 B an
+    element; fp16: 2 B. Middle stages hold no copy and run none."""
+    for dtype, nbytes in (("bf16", 4), ("fp16", 2)):
+        ops = tied_ops(config(dtype=dtype))
+        assert [len(v) for v in ops.values()] == [1, 0, 0, 1]
+        for name in ("stage0", "stage3"):
+            p = ops[name][0].payload
+            assert (p.op, p.group, p.bytes) == ("all_reduce", GROUP, ELEMENTS * nbytes)
+            assert ops[name][0].stream == "compute"
+
+
+def test_megatron_lm_2021_all_reduces_its_main_grad_too():
+    """Megatron-LM 6985e58 training.py: the same all-reduce of main_grad (fp32 with bf16)."""
+    ops = tied_ops(config(stack="megatron-lm-2021"))
+    assert ops["stage0"][0].payload.bytes == ELEMENTS * 4
+    assert ops["stage3"][0].payload.bytes == ELEMENTS * 4
+
+
+def test_the_group_pairs_each_pipelines_first_and_last_rank():
+    """Megatron's rank order rank = t + T·(d + D·s): TP 2, DP 2, PP 4 → (t + 2d, t + 2d + 12)."""
+    fam = build_workload(config()).groups[GROUP]
+    assert fam.kind == "pp"
+    assert fam.members.tolist() == [[0, 12], [1, 13], [2, 14], [3, 15]]
+
+
+def test_it_runs_after_the_gradient_sync_and_before_the_step():
+    ops = build_workload(config()).classes[-1].program.blocks["update"].ops
+    names = [o.payload.name for o in ops]
+    at = names.index(OP_NAME)
+    assert names.index("wait.grad") < at < names.index("optimizer")
+    assert names[at + 1] in ("grad_norm.sync", "optimizer")
+
+
+@pytest.mark.parametrize("pp, tied", [(1, True), (4, False), (2, False)])
+def test_absent_at_pp1_and_when_untied(pp, tied):
+    w = build_workload(config(pp=pp, tied=tied))
+    assert GROUP not in w.groups
+    assert not any(o.payload.name == OP_NAME for c in w.classes
+                   for o in c.program.blocks["update"].ops)
+
+
+def test_pp2_group_is_the_pipeline_group():
+    w = build_workload(config(pp=2))
+    assert w.groups[GROUP].members.tolist() == w.groups["pp"].members.tolist()
+
+
+def test_both_engines_charge_it_alike(monkeypatch):
+    """The analytical engine and the DES time the same trace, the op included; it adds its
+    bytes to the pipeline kind's traffic and makes the iteration longer."""
+    cfg = config()
+    a = ddlsim.predict(cfg, engine="analytical")
+    d = ddlsim.predict(cfg, engine="des")
+    assert d.iteration_time_s == pytest.approx(a.iteration_time_s, rel=2e-3)
+    monkeypatch.setattr(tied_embedding, "charged", lambda shape, pp: False)
+    without = ddlsim.predict(cfg, engine="analytical")
+    assert a.comm_bytes["pp"] - without.comm_bytes["pp"] == ELEMENTS * 4
+    assert a.iteration_time_s > without.iteration_time_s
+
+
+def test_insert_op_shifts_later_dependencies():
+    ops = (Op(Wait("w", "compute")), Op(Collective("c", "all_reduce", "dp", 8.0),
+                                         stream="dp", deps=(0,)),
+           Op(Compute("x", 1.0)), Op(Collective("g", "all_gather", "dp", 8.0), stream="dp",
+                                     deps=(2,)))
+    new = Op(Compute("new", 1.0))
+    out = insert_op(ops, 2, new)
+    assert [o.payload.name for o in out] == ["w", "c", "new", "x", "g"]
+    assert out[1].deps == (0,) and out[4].deps == (3,)
