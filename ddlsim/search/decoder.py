@@ -145,7 +145,21 @@ class DecoderVectors:
                                      emb=np.where(one, emb_b, 0.0))
         delay = self._gather_delay(ctx, plans, pieces, coll, ctas, lc, emb,
                                    self._gathered(ctx, plans, first_params * ctx.dt, active)[1])
-        return upd_f + delay, upd_l + delay, tail_f, tail_l
+        tied = self._tied_sync(ctx, plans, coll)
+        return upd_f + delay + tied, upd_l + delay + tied, tail_f, tail_l
+
+    @staticmethod
+    def _tied_sync(ctx: _Context, plans, coll) -> np.ndarray:
+        """Seconds of the tied embedding's gradient all-reduce over the first and last
+        stages, per plan (0 where untied or PP = 1): the builder's op
+        (:func:`ddlsim.workloads.decoder.tied_embedding.with_grad_all_reduce`), ``V·h/t``
+        in the gradient dtype, on the compute stream before the step."""
+        from ..workloads.decoder.tied_embedding import GROUP, charged
+        on = np.array([charged(ctx.shape, 2)]) & (plans["pp"] > 1)
+        if not on.any():
+            return np.zeros(len(plans))
+        nbytes = ctx.shape.vocab * ctx.shape.hidden / plans["tp"] * ctx.gdt
+        return coll("all_reduce", GROUP, nbytes, on) * on
 
     @staticmethod
     def _gather_delay(ctx: _Context, plans, pieces, coll, ctas, lc, emb, rest) -> np.ndarray:

@@ -109,6 +109,8 @@ def mesh_networks(cfg, meshes: np.ndarray) -> MeshNets:
     from ..workloads.mesh import DeviceMesh
 
     rows = meshes.tolist()
+    shape = getattr(cfg.model, "shape", None)   # a decoder's (tied_embeddings)
+    tied = bool(getattr(shape(), "tied_embeddings", False)) if shape else False
     nets: list[dict[str, GroupNet]] = [{} for _ in rows]
     hops, wraps, backend = np.zeros((len(rows), 2)), np.zeros((len(rows), 2)), "mpi"
     system_key = cfg.system.model_dump_json()
@@ -126,6 +128,8 @@ def mesh_networks(cfg, meshes: np.ndarray) -> MeshNets:
                                             data_parallel_size=dp, order=cfg.parallel.rank_order)
             for name, fam in _families(mesh).items():
                 groups[f"{name}{i}"] = fam
+            if tied and pp > 1:   # the tied embedding's first and last stages
+                groups[f"embedding{i}"] = _embedding_family(groups[f"pp{i}"])
             stages[i] = groups[f"pp{i}"].members[0]
         stand_in = SimpleNamespace(world_size=world, groups=groups)
         cost = CostModel(cfg.system, stand_in, cfg.parallel.collective_algorithm,
@@ -133,7 +137,8 @@ def mesh_networks(cfg, meshes: np.ndarray) -> MeshNets:
                          system_key=system_key)
         backend = cost.comm_backend
         for i in members:
-            nets[i] = {name: cost.nets[f"{name}{i}"] for name in ("tp", "dp", "pp")}
+            nets[i] = {name: cost.nets[f"{name}{i}"] for name in ("tp", "dp", "pp", "embedding")
+                       if f"{name}{i}" in groups}
             hops[i] = _hops(cost, f"pp{i}", stages[i])
             if rows[i][1] > 1:
                 wraps[i] = _hops(cost, f"pp{i}", stages[i][[-1, 0]])
@@ -147,6 +152,15 @@ def _families(mesh) -> dict:
     from ..workloads.mesh import AXES
 
     return {name: mesh.family(name, AXES[name], name) for name in ("tp", "dp", "pp")}
+
+
+def _embedding_family(pp_family):
+    """The tied embedding's gradient group of a mesh: the first and last rank of each of its
+    pipeline groups (:func:`ddlsim.workloads.decoder.tied_embedding.families`)."""
+    from ..workloads.decoder.tied_embedding import GROUP
+    from ..workloads.trace import GroupFamily
+
+    return GroupFamily(GROUP, "pp", pp_family.members[:, [0, -1]])
 
 
 def _hops(cost, group: str, stages: np.ndarray) -> tuple[float, float]:
