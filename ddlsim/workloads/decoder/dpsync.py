@@ -28,7 +28,7 @@ from ..trace import Collective, Compute, Kernel, Op
 from .stage import StageBase
 
 __all__ = ["GradSyncOps", "buckets", "bucket_passes", "bucket_run_times", "bucket_runs",
-           "ddp_pass_times", "grad_bucket_bytes", "MEGATRON_BUCKET"]
+           "ddp_pass_times", "grad_bucket_bytes", "whole_gradient_passes", "MEGATRON_BUCKET"]
 
 #: Megatron-Core's default bucket, in parameters: ``max(40000000, 1000000 · dp)``
 #: (NVIDIA/Megatron-LM 900f1b76 and 9c1a5351, megatron/core/distributed/
@@ -53,11 +53,21 @@ def bucket_passes(stack: str, key: str = "bucket_passes") -> int:
     stream, outside the backward's kernels and the optimizer step: the ``ddp.<key>`` entry of
     software.yaml (its source beside it), 0 where the stack names none. ``bucket_passes``:
     over each bucket as it is issued (Megatron-Core 2024: the NaN check's norm, read, and the
-    scaling by 1/DP, read + write); ``grad_zero_passes``: over the whole gradient buffer once
-    an iteration (Megatron-Core 2024: ``zero_()``, write)."""
+    scaling by 1/DP, read + write; torch DDP: the gradient copied into its bucket, read +
+    write); ``grad_zero_passes``: over the whole gradient buffer once an iteration
+    (Megatron-Core 2024: ``zero_()``, write); ``grad_copy_passes``: over the whole gradient
+    after its all-reduce (torch DDP without ``gradient_as_bucket_view``: the bucket copied
+    back into the gradients, read + write)."""
     from ...software import _stack_table
     entry = (_stack_table()[stack].get("ddp") or {}).get(key)
     return int(entry["value"]) if entry else 0
+
+
+def whole_gradient_passes(stack: str) -> int:
+    """Passes over the whole gradient buffer that stack ``stack``'s DDP runs once an
+    iteration in the update block: ``ddp.grad_zero_passes`` + ``ddp.grad_copy_passes``
+    (:func:`bucket_passes`)."""
+    return bucket_passes(stack, "grad_zero_passes") + bucket_passes(stack, "grad_copy_passes")
 
 
 def _pass_seconds_per_byte(dev) -> float:
@@ -74,7 +84,7 @@ def ddp_pass_times(stack: str, dev, grad_bytes, bucket_bytes=None):
     over ``bucket_bytes``, default the same) on kernel device ``dev``, for
     :func:`~ddlsim.simulator.kernels.host.stream_times`: the vectorised search tier's form of
     the same op. Element-wise on arrays."""
-    z, n = bucket_passes(stack, "grad_zero_passes"), bucket_passes(stack)
+    z, n = whole_gradient_passes(stack), bucket_passes(stack)
     grad_bytes = np.asarray(grad_bytes, dtype=float)
     bucket_bytes = grad_bytes if bucket_bytes is None else np.asarray(bucket_bytes, dtype=float)
     if not z + n:
@@ -229,8 +239,10 @@ class GradSyncOps(StageBase):
         """The stack's DDP passes in the update block, one memory kernel a pass, on the
         compute stream: the buffer's ``zero_()`` over the stage's ``grad_bytes``
         (``ddp.grad_zero_passes``; Megatron-Core runs it before the next forward, the same
-        place on the compute stream) and the ``ddp.bucket_passes`` over ``bucket_bytes``
-        (default: all of them). Megatron-Core runs those, the NaN check's norm and the 1/DP
+        place on the compute stream), torch DDP's copy of the reduced buckets back into the
+        gradients (``ddp.grad_copy_passes``; torch runs it at the backward's end, before the
+        step, on the same compute stream, after the last bucket's all-reduce as here) and the
+        ``ddp.bucket_passes`` over ``bucket_bytes`` (default: all of them). Megatron-Core runs those, the NaN check's norm and the 1/DP
         scaling, as each bucket is issued: the first stage's first chunk's overlapped buckets
         get them before each run's collectives (:meth:`bucket_pass_ops`); every other
         chunk's one bucket gets them at the end of its last backward, before its gradient's
@@ -238,7 +250,7 @@ class GradSyncOps(StageBase):
         flush. None where the stack names none."""
         bucket_bytes = grad_bytes if bucket_bytes is None else bucket_bytes
         kernels = (*(Kernel("memory", bytes=grad_bytes, dtype="fp32"),)
-                   * bucket_passes(self.sw.name, "grad_zero_passes"),
+                   * whole_gradient_passes(self.sw.name),
                    *(Kernel("memory", bytes=bucket_bytes, dtype="fp32"),)
                    * bucket_passes(self.sw.name))
         kernels = tuple(k for k in kernels if k.bytes)
