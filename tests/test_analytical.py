@@ -17,9 +17,12 @@ from ddlsim.workloads.trace import (Block, Compute, GroupFamily, Op, P2P, Progra
 
 # a GPT whose embedding and head are negligible, so pipeline stages are equal: a vocabulary of
 # 8, and its kernels launched from CUDA graphs (eagerly, the head's and loss's eleven launches
-# would cost the last stage 64 µs of host time per micro-batch: docs/compute.md)
+# would cost the last stage 64 µs of host time per micro-batch: docs/compute.md); untied, so
+# the first and last stages do not meet at the tied embedding's gradient all-reduce before the
+# step, whose wait would count as pipeline communication (workloads/decoder/tied_embedding.py)
 UNIFORM = {"model": {"num_hidden_layers": 8, "hidden_size": 4096, "num_attention_heads": 32,
-                     "vocab_size": 8, "max_position_embeddings": 2048},
+                     "vocab_size": 8, "max_position_embeddings": 2048,
+                     "tie_word_embeddings": False},
            "train": {"micro_batch_size": 1, "seq_length": 2048},
            "system": {"preset": "dgx-a100", "nodes": 1, "devices_per_node": 4,
                       "software": {"stack": "megatron-core-2024",
