@@ -1,0 +1,149 @@
+"""The host cost of FSDP2's DTensors in the optimizer step, measured on this machine's CPU.
+
+    PYTHONPATH=... python benchmarks/dtensor_dispatch.py [--reference] [--reps 30]
+
+FSDP2 (``fully_shard``) turns every parameter, its gradient and Adam's state into a DTensor;
+each ATen op on one goes through DTensor's ``__torch_dispatch__`` (sharding propagation, the
+local tensors unwrapped and the result wrapped) before the kernel runs. On a CPU device the
+host runs the kernel too, so that cost adds to the step's time; on a GPU it adds to the
+host's time per launch, and shows only where the step is host-bound.
+
+Two measurements on one rank (a Gloo group of one: the per-op host cost does not depend on
+the shard's size, which a one-rank mesh leaves whole), each the least process CPU time over
+``--reps`` rounds, one thread:
+
+1. one op, ``x.add_(1.0)`` on a one-element tensor, plain and as a DTensor (``distribute_
+   tensor`` over the one-rank mesh, ``Shard(0)``): the per-op dispatch cost of each and their
+   difference;
+2. ``torch.optim.Adam(foreach=False).step()`` (the single-tensor loop torch runs on a CPU:
+   foreach needs CUDA, torch/optim/optimizer.py ``_default_to_fused_or_foreach``) over the
+   torch closed loop's model (ddlsim/reference/torch_train.py, --small unless --reference),
+   its gradients set, plain and under ``fully_shard`` per block and on the root as the
+   reference trainer wraps it: the extra per parameter tensor, that extra in (1)'s
+   differences, and divided by the ATen ops per tensor of the plain step (counted under a
+   ``TorchDispatchMode``): DTensor's extra per op of the step.
+
+Prints one line per measurement. Needs the torch extra; nothing is fitted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+
+def _least_cpu(fn, reps: int, warmup: int = 3) -> float:
+    """Least process CPU time of ``fn()`` over ``reps`` calls, after ``warmup``, in seconds."""
+    for _ in range(warmup):
+        fn()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.process_time()
+        fn()
+        best = min(best, time.process_time() - t0)
+    return best
+
+
+def _one_op(reps: int, calls: int = 2000) -> tuple[float, float]:
+    """Seconds per ``add_`` on a one-element tensor, plain and as a one-rank DTensor."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    mesh = init_device_mesh("cpu", (1,))
+    plain = torch.zeros(1)
+    dt = distribute_tensor(torch.zeros(1), mesh, [Shard(0)])
+
+    def loop(x):
+        def run():
+            for _ in range(calls):
+                x.add_(1.0)
+        return run
+    return (_least_cpu(loop(plain), reps) / calls, _least_cpu(loop(dt), reps) / calls)
+
+
+def _adam(shape, sharded: bool, reps: int) -> tuple[float, int]:
+    """(least CPU seconds of one Adam step, parameter tensors) over the model's parameters,
+    plain or under ``fully_shard``."""
+    import torch
+    from ddlsim.reference.torch_train import build_stage
+    model = build_stage(shape, 0, 1)
+    if sharded:
+        from torch.distributed.fsdp import fully_shard
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+    params = list(model.parameters())
+    for p in params:
+        p.grad = torch.full_like(p, 1e-3)
+    opt = torch.optim.Adam(params, lr=1e-3, foreach=False)
+    return _least_cpu(opt.step, reps), len(params)
+
+
+def _ops_per_tensor(shape) -> float:
+    """ATen ops per parameter tensor in one plain Adam step (``foreach=False``) over the
+    model, counted under a ``TorchDispatchMode``: those on the parameter, its gradient and
+    state (a first tensor argument with a dimension), not those on the 0-dim ``step``."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from ddlsim.reference.torch_train import build_stage
+    params = list(build_stage(shape, 0, 1).parameters())
+    for p in params:
+        p.grad = torch.full_like(p, 1e-3)
+    opt = torch.optim.Adam(params, lr=1e-3, foreach=False)
+    opt.step()                                   # the state exists from here on
+    seen = [0]
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+            if first is not None and first.dim() > 0:
+                seen[0] += 1
+            return func(*args, **(kwargs or {}))
+    with Count():
+        opt.step()
+    return seen[0] / len(params)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reference", action="store_true", help="the reference model, not --small")
+    ap.add_argument("--reps", type=int, default=30, help="rounds; the least is kept")
+    args = ap.parse_args(argv)
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+    from ddlsim.reference.torch_loop import torch_available, torch_model
+    if not torch_available():
+        print("error: needs torch with Gloo (pip install 'ddlsim[torch]')", file=sys.stderr)
+        return 2
+    import torch
+    import torch.distributed as dist
+    from ddlsim.reference.loop import REFERENCE, SMALL
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=0,
+                                world_size=1)
+        try:
+            plain_op, dt_op = _one_op(args.reps)
+            shape = torch_model(REFERENCE if args.reference else SMALL).shape
+            plain, n = _adam(shape, False, args.reps)
+            dtensor, n2 = _adam(shape, True, args.reps)
+            ops = _ops_per_tensor(shape)
+        finally:
+            dist.destroy_process_group()
+    assert n == n2
+    extra_op = dt_op - plain_op
+    per_tensor = (dtensor - plain) / n
+    print(f"one op (add_, 1 element): plain {plain_op * 1e6:.2f} us, DTensor "
+          f"{dt_op * 1e6:.2f} us, DTensor's extra {extra_op * 1e6:.2f} us per op")
+    print(f"Adam step (foreach=False) over {n} tensors: plain {plain * 1e3:.2f} ms, FSDP2 "
+          f"{dtensor * 1e3:.2f} ms, extra {per_tensor * 1e3:.3f} ms per tensor = "
+          f"{per_tensor / extra_op:.1f} one-element add_'s extra per tensor")
+    print(f"Adam's ATen ops per tensor (plain step, counted): {ops:.1f}; DTensor's extra per "
+          f"op of the step: {per_tensor / ops * 1e6:.1f} us")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
