@@ -127,7 +127,7 @@ class DecoderVectors:
         # Megatron turns overlap_p2p_comm off without the interleaved schedule
         blocking = (v == 1) | (not ctx.cfg.software.overlap_p2p_comm)
         return StageCosts(*blocks, lc * pieces.bwd + pieces.gather, p2p, wrap, tail_f, tail_l,
-                          upd_f, upd_l, whole, blocking)
+                          upd_f, upd_l, whole, blocking, self._tied_sync(ctx, plans, coll))
 
     def _updates(self, ctx: _Context, plans, pieces, coll, ctas, lc, emb, first_params):
         """(first stage's update block, last stage's, first stage's data-parallel tail,
@@ -145,15 +145,15 @@ class DecoderVectors:
                                      emb=np.where(one, emb_b, 0.0))
         delay = self._gather_delay(ctx, plans, pieces, coll, ctas, lc, emb,
                                    self._gathered(ctx, plans, first_params * ctx.dt, active)[1])
-        tied = self._tied_sync(ctx, plans, coll)
-        return upd_f + delay + tied, upd_l + delay + tied, tail_f, tail_l
+        return upd_f + delay, upd_l + delay, tail_f, tail_l
 
     @staticmethod
     def _tied_sync(ctx: _Context, plans, coll) -> np.ndarray:
         """Seconds of the tied embedding's gradient all-reduce over the first and last
         stages, per plan (0 where untied or PP = 1): the builder's op
         (:func:`ddlsim.workloads.decoder.tied_embedding.with_grad_all_reduce`), ``V·h/t``
-        in the gradient dtype, on the compute stream before the step."""
+        in the gradient dtype, on the compute stream before the step, where the first and
+        last stages meet (:attr:`.family.StageCosts.tied_sync`)."""
         from ..workloads.decoder.tied_embedding import GROUP, charged
         on = np.array([charged(ctx.shape, 2)]) & (plans["pp"] > 1)
         if not on.any():

@@ -39,6 +39,9 @@ class StageCosts(NamedTuple):
     closed form (e.g. ZeRO-3's per-layer prefetch).
     ``blocking``: the pipeline's P2P blocks (receives posted after the compute before them:
     Megatron without ``overlap_p2p_comm``, which it turns off without interleaving).
+    ``tied_sync``: seconds of a collective between the first and the last stage before
+    their update blocks (the tied embedding's gradient all-reduce), 0 where none: both
+    stages meet there, then run their updates (:func:`.pipeline.iteration_time`).
     """
 
     fwd_first: np.ndarray
@@ -56,6 +59,7 @@ class StageCosts(NamedTuple):
     update_last: np.ndarray
     whole: np.ndarray
     blocking: np.ndarray | bool = False
+    tied_sync: np.ndarray | float = 0.0
 
 
 class VectorFamily(Protocol):

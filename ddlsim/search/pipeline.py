@@ -134,7 +134,13 @@ def iteration_time(costs, plans) -> np.ndarray:
     split = (pipe(c.fwd_first, c.fwd_mid, c.fwd_last, 1, b_hop, 0.0, b_hop)
              + pipe(c.bwd_first, c.bwd_mid, c.bwd_last, 1, b_hop, b_hop, 0.0))
     t_pipe = np.where(gpipe, split, one_f_one_b) + 2 * (v * c.p2p_s + (v - 1) * c.wrap_s)
-    first = t_pipe + c.tail_first + c.update_first
-    last = t_pipe - (pp - 1) * (c.bwd_chunk + hop) + c.tail_last + c.update_last
+    first = t_pipe + c.tail_first
+    last = t_pipe - (pp - 1) * (c.bwd_chunk + hop) + c.tail_last
+    # a collective between the first and last stages before their updates: both wait there
+    # for the later one (the bucket waits before it on the last stage counted after it)
+    sync = np.broadcast_to(c.tied_sync, pp.shape)
+    met = np.maximum(first, last) + sync
+    first = np.where(sync > 0, met, first) + c.update_first
+    last = np.where(sync > 0, met, last) + c.update_last
     t = np.maximum(first, last)
     return np.where(np.isnan(c.whole), t, c.whole)
