@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ...workloads.steps import StepTable
 from ...workloads.trace import Collective, Compute, P2P, Wait, Workload
 from ..costs import CostModel
 
@@ -101,35 +102,61 @@ def resolve(workload: Workload, cost: CostModel
     return out, streams, choices
 
 
+def _step_rows(steps) -> tuple[list[str], np.ndarray, list[int]]:
+    """Distinct block names, each step's index into them and its micro-batch (the arrays of
+    a :class:`~ddlsim.workloads.steps.StepTable` as they are, without a Step per step)."""
+    if isinstance(steps, StepTable):
+        return list(steps.names), np.asarray(steps.block, dtype=np.int64), \
+            steps.microbatch.tolist()
+    names = list(dict.fromkeys(s.block for s in steps))
+    index = {b: k for k, b in enumerate(names)}
+    return (names, np.array([index[s.block] for s in steps], dtype=np.int64),
+            [s.microbatch for s in steps])
+
+
 def _flatten(cls, blocks: dict[str, list[Instr]]) -> ClassProgram:
-    instrs: list[Instr] = []
-    step_of, base_of, mbs, names = [], [], [], []
-    stream_ops: dict[int, list[int]] = {}
-    p2p: list[int] = []
-    waits: dict[int, tuple[int, str]] = {}
-    last_on: dict[int, int] = {}
-    last_coll_label: dict[int, str] = {}
-    for si, step in enumerate(cls.program.steps):
-        base = len(instrs)
-        mbs.append(step.microbatch)
-        names.append(step.block)
-        for ins in blocks[step.block]:
-            flat = len(instrs)
-            instrs.append(ins)
-            step_of.append(si)
-            base_of.append(base)
-            if ins.code in (SEND, RECV):
-                p2p.append(flat)
-                continue
-            if ins.code == WAIT:
-                waits[flat] = (last_on.get(ins.target, -1), last_coll_label.get(ins.target, ""))
-            stream_ops.setdefault(ins.stream, []).append(flat)
-            last_on[ins.stream] = flat
-            if ins.code == COLL:
-                last_coll_label[ins.stream] = ins.label
-    return ClassProgram(cls.name, np.asarray(cls.ranks, dtype=np.int64), instrs,
-                        np.asarray(step_of, dtype=np.int64), np.asarray(base_of, dtype=np.int64),
-                        mbs, names, dict(sorted(stream_ops.items())), p2p, waits, base_of)
+    """The class's steps laid end to end, in numpy over the steps (a class issues a few
+    blocks many times): op ``i`` of a step has flat index ``base + i``."""
+    names, kind, microbatch = _step_rows(cls.program.steps)
+    size = np.array([len(blocks[b]) for b in names], dtype=np.int64)
+    lengths = size[kind]
+    base_of = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    step_of = np.repeat(np.arange(len(kind), dtype=np.int64), lengths)
+    table = [ins for b in names for ins in blocks[b]]  # every block once; a flat op's row:
+    row = np.repeat((np.cumsum(size) - size)[kind], lengths) + np.arange(len(base_of)) - base_of
+    instrs = list(map(table.__getitem__, row.tolist()))
+    code = np.array([ins.code for ins in table], dtype=np.int64)[row]
+    stream = np.array([ins.stream for ins in table], dtype=np.int64)[row]
+    p2p = (code == SEND) | (code == RECV)
+    on = np.flatnonzero(~p2p)
+    stream_ops = {int(sid): on[stream[on] == sid].tolist() for sid in np.unique(stream[on])}
+    target = np.array([ins.target for ins in table], dtype=np.int64)[row]
+    return ClassProgram(cls.name, np.asarray(cls.ranks, dtype=np.int64), instrs, step_of,
+                        base_of, microbatch, [names[k] for k in kind.tolist()], stream_ops,
+                        np.flatnonzero(p2p).tolist(), _waits(instrs, code, stream, target, on),
+                        base_of.tolist())
+
+
+def _waits(instrs: list[Instr], code: np.ndarray, stream: np.ndarray, target: np.ndarray,
+           on: np.ndarray) -> dict[int, tuple[int, str]]:
+    """Per Wait (flat index, ascending): the last op issued before it on the awaited stream
+    (−1: none) and the label of that stream's last collective before it (``""``: none)."""
+    where = np.flatnonzero(code == WAIT)
+    last = np.full(len(where), -1, dtype=np.int64)
+    label = [""] * len(where)
+    coll = np.flatnonzero(code == COLL)
+    for t in np.unique(target[where]).tolist():
+        at = np.flatnonzero(target[where] == t)
+        ops, colls = on[stream[on] == t], coll[stream[coll] == t]
+        if len(ops):
+            i = np.searchsorted(ops, where[at]) - 1
+            last[at] = np.where(i >= 0, ops[i], -1)
+        j = np.searchsorted(colls, where[at]) - 1
+        labels = [instrs[c].label for c in colls.tolist()]
+        for k, jj in zip(at.tolist(), j.tolist()):
+            if jj >= 0:
+                label[k] = labels[jj]
+    return dict(zip(where.tolist(), zip(last.tolist(), label)))
 
 
 def rendezvous_components(workload: Workload) -> dict[str, tuple[np.ndarray, list[tuple[int, ...]]]]:
