@@ -33,7 +33,7 @@ from .smtaken import extra_seconds, nccl_ctas, sm_taken
 from .blocks import piece_config, stage_pieces
 from ..workloads.decoder import param_gather
 from ..workloads.decoder.builder import StageBuilder, with_edges
-from ..workloads.decoder.host_sync import host_sync_times
+from ..workloads.decoder.host_sync import host_sync_times, site_seconds
 from ..workloads.decoder.dpsync import (bucket_run_times, bucket_runs, buckets,
                                         ddp_pass_times, grad_bucket_bytes)
 from .decodermemory import plans_memory
@@ -138,11 +138,12 @@ class DecoderVectors:
         sm = sm_taken(ctx, pieces.fwd_gemm, pieces.bwd_gemm, ctas)[1]
         active = self._gather_active(ctx, plans)   # asked once for the three gathers below
         emb_b = np.where(one, pieces.emb_b1, pieces.emb_b)   # before the last bucket's sync
+        tied = _tied_on(ctx, plans)
         upd_f, tail_f = self._update(ctx, plans, first_params, pieces.bwd, coll, sm, active,
-                                     emb=emb_b)
+                                     emb=emb_b, tied=tied)
         upd_l, tail_l = self._update(ctx, plans, self.stage_params(ctx, plans, False),
                                      pieces.bwd, coll, active=active, first=False,
-                                     emb=np.where(one, emb_b, 0.0))
+                                     emb=np.where(one, emb_b, 0.0), tied=tied)
         delay = self._gather_delay(ctx, plans, pieces, coll, ctas, lc, emb,
                                    self._gathered(ctx, plans, first_params * ctx.dt, active)[1])
         return upd_f + delay, upd_l + delay, tail_f, tail_l
@@ -154,8 +155,8 @@ class DecoderVectors:
         (:func:`ddlsim.workloads.decoder.tied_embedding.with_grad_all_reduce`), ``V·h/t``
         in the gradient dtype, on the compute stream before the step, where the first and
         last stages meet (:attr:`.family.StageCosts.tied_sync`)."""
-        from ..workloads.decoder.tied_embedding import GROUP, charged
-        on = np.array([charged(ctx.shape, 2)]) & (plans["pp"] > 1)
+        from ..workloads.decoder.tied_embedding import GROUP
+        on = _tied_on(ctx, plans)
         if not on.any():
             return np.zeros(len(plans))
         nbytes = ctx.shape.vocab * ctx.shape.hidden / plans["tp"] * ctx.gdt
@@ -207,14 +208,16 @@ class DecoderVectors:
         return exposed, np.where(on, param_bytes - exposed, 0.0)
 
     def _update(self, ctx: _Context, plans, params, bwd_layer, coll, sm=None, active=None,
-                first: bool = True, emb=0.0):
+                first: bool = True, emb=0.0, tied=None):
         """(update block, data-parallel tail) of a stage holding ``params`` per rank;
         ``sm(C, layers)``: a run of backward layers' extra seconds beside ``C`` seconds of
         overlapped buckets (:func:`.smtaken.sm_taken`; None: not charged); ``active``:
         :meth:`_gather_active` when the caller has it; ``emb``: seconds of the embedding's
         backward, which the stage's backward counts after its layers and which the last
         overlapped bucket waits for (:meth:`~ddlsim.workloads.decoder.chunks.ChunkOps.
-        _chunk_backward`): the tail is taken from its end."""
+        _chunk_backward`): the tail is taken from its end; ``tied``: plans whose first and
+        last stages meet at the tied embedding's all-reduce (:meth:`_tied_sync`), where the
+        update's bucket waits, which run before it, are counted in the tail instead."""
         dp, zero, v = plans["dp"], plans["zero"], plans["v"]
         grad = params * ctx.gdt
         sharded = (zero > 0) & (dp > 1)
@@ -268,6 +271,10 @@ class DecoderVectors:
             tail = n * np.where(op_rs, coll("reduce_scatter", "dp", per_bucket, rs),
                                 coll("all_reduce", "dp", per_bucket, ar))
         tail = np.where((dp > 1) & (zero < 3), tail, 0.0)
+        if tied is not None and tied.any():   # the waits before the stages meet
+            pre = np.where(tied, n_buckets * site_seconds(stack, ctx.dev.launch, spec,
+                                                          "bucket"), 0.0)
+            update, tail = update - pre, tail + pre
         return update, tail
 
     @staticmethod
@@ -286,6 +293,12 @@ class DecoderVectors:
         (the others hold less), the larger per plan (:func:`.decodermemory.plans_memory`)."""
         used = plans_memory(ctx, plans, lambda first: self.stage_params(ctx, plans, first))
         return used, np.full(len(plans), ctx.capacity)
+
+
+def _tied_on(ctx: _Context, plans) -> np.ndarray:
+    """Per plan, whether the tied embedding's copies sit on two stages (tied, PP > 1)."""
+    from ..workloads.decoder.tied_embedding import charged
+    return charged(ctx.shape, 2) & (plans["pp"] > 1)
 
 
 class _Collectives:

@@ -136,8 +136,8 @@ def iteration_time(costs, plans) -> np.ndarray:
     t_pipe = np.where(gpipe, split, one_f_one_b) + 2 * (v * c.p2p_s + (v - 1) * c.wrap_s)
     first = t_pipe + c.tail_first
     last = t_pipe - (pp - 1) * (c.bwd_chunk + hop) + c.tail_last
-    # a collective between the first and last stages before their updates: both wait there
-    # for the later one (the bucket waits before it on the last stage counted after it)
+    # a collective between the first and last stages before their updates (what runs before
+    # it is in the tails): both wait there for the later one
     sync = np.broadcast_to(c.tied_sync, pp.shape)
     met = np.maximum(first, last) + sync
     first = np.where(sync > 0, met, first) + c.update_first
