@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import warnings
 
+import numpy as np
 import pytest
 
 import ddlsim
@@ -116,3 +117,36 @@ def test_insert_op_shifts_later_dependencies():
     out = insert_op(ops, 2, new)
     assert [o.payload.name for o in out] == ["w", "c", "new", "x", "g"]
     assert out[1].deps == (0,) and out[4].deps == (3,)
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_search_tier_charges_it_as_the_exact_engine(monkeypatch):
+    """The vectorised tier's meeting of the first and last stages (search/pipeline.py,
+    StageCosts.tied_sync) follows the exact engine at PP 2 and 4 to the agreement target
+    (1 %); without the charge in the search tier alone it misses the exact engine by more."""
+    from ddlsim.config import build_config
+    from ddlsim.search import decoder as search_decoder
+    from ddlsim.search.evaluate import evaluate_grid
+    from ddlsim.search.run import plan_overrides
+    from ddlsim.search.spec import Constraints
+
+    data = {**BASE, "model": "gpt3-1.3b",
+            "train": {**BASE["train"], "seq_length": 2048, "global_batch_size": 16},
+            "system": {"preset": "dgx-h100", "nodes": 2}}
+    axes = {"parallel.tensor_model_parallel_size": [2],
+            "parallel.pipeline_model_parallel_size": [2, 4]}
+
+    def frame():
+        f = evaluate_grid(data, None, [], axes, Constraints()).frame
+        return f, [c for c in f.columns if "." in c]
+
+    got, columns = frame()
+    exact = [ddlsim.predict(build_config(data, plan_overrides(got.iloc[i], columns)),
+                            check_fit=False).iteration_time_s for i in range(len(got))]
+    assert len(got) == 2
+    assert got["iteration_time_s"].tolist() == pytest.approx(exact, rel=0.01)
+    monkeypatch.setattr(search_decoder, "_tied_on",
+                        lambda ctx, plans: np.zeros(len(plans), dtype=bool))
+    without, _ = frame()
+    err = np.abs(without["iteration_time_s"].to_numpy() / np.array(exact) - 1)
+    assert err.max() > 0.01, err
