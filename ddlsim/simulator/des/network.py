@@ -184,13 +184,13 @@ class FlowNetwork:
 
     def idle(self, roots: np.ndarray) -> bool:
         """No flow is active or pending and no run holds any of ``roots``."""
-        return not self._taken[roots].any()
+        return not np.count_nonzero(self._taken[roots])  # ndarray.any: a Python-level wrapper
 
     def reserve(self, roots: np.ndarray, run: Reserver) -> None:
-        """``run`` holds the idle domains ``roots`` until it releases them."""
+        """``run`` holds the idle domains ``roots`` (:meth:`idle`) until it releases them."""
         if len(roots):
             self._holder[roots] = rid = self._next_run
-            self._taken[roots] += 1
+            self._taken[roots] = 1  # idle: no users, now held
             self._next_run += 1
             self._runs[rid] = run
 
@@ -200,7 +200,7 @@ class FlowNetwork:
             rid = int(self._holder[roots[0]])
             if rid >= 0:
                 self._holder[roots] = -1
-                self._taken[roots] -= 1
+                self._taken[roots] = self._users[roots]  # held no more
                 del self._runs[rid]
 
     def account(self, key: object, edges: np.ndarray, mult: np.ndarray, flow_bytes: float,

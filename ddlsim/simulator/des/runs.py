@@ -28,6 +28,8 @@ __all__ = ["TemplateRun", "FlowRecord"]
 #: (template name, phase, instance, start_s, end_s, bytes per flow, first member rank)
 FlowRecord = tuple[str, int, int, float, float, float, int]
 
+_UNSET = object()  # a cache entry not computed yet (None is a value: no isolated profile)
+
 
 class TemplateRun:
     """One issue of ``template`` moving ``nbytes`` (× ``repeat``); calls ``on_done(end)``.
@@ -119,19 +121,17 @@ class TemplateRun:
             self.records.append((self.template.name, k, inst, start, end, flow_bytes, rank))
 
     # ------------------------------------------------------------------ express
-    def _profile(self) -> tuple[IsolatedPhase, ...] | None:
-        cache = self.template.cache
-        if "isolated" not in cache:
-            cache["isolated"] = isolated_profile(self.template, self.network.capacity_Bps)
-        return cache["isolated"]
-
     def _try_express(self) -> bool:
         """Reserve idle links and sleep to the end, if the isolated timeline is exact."""
         net = self.network
-        profile = self._profile() if net.shortcuts else None
-        if profile is None:
+        if not net.shortcuts:
             return False
         cache = self.template.cache
+        profile = cache.get("isolated", _UNSET)
+        if profile is _UNSET:
+            profile = cache["isolated"] = isolated_profile(self.template, net.capacity_Bps)
+        if profile is None:
+            return False
         got = cache.get("roots")
         if got is None or got[0] != net.epoch:  # domains merged since: look them up again
             got = cache["roots"] = (net.epoch, net.domains(
@@ -149,7 +149,9 @@ class TemplateRun:
         """Per phase (transfer seconds, latency seconds) of an isolated run of this size,
         and their sum: computed once per template, size and repeat (an op is issued once
         per micro-batch with the same bytes)."""
-        plans = self.template.cache.setdefault("plans", {})
+        plans = self.template.cache.get("plans")
+        if plans is None:
+            plans = self.template.cache["plans"] = {}
         key = (self.nbytes, self.repeat)
         got = plans.get(key)
         if got is None:
