@@ -30,7 +30,7 @@ ELEMENTS = 50257 * 768 / 2
 def config(pp=4, tied=True, dtype="bf16", stack=None, **parallel):
     d = copy.deepcopy(BASE)
     d["parallel"].update(pipeline_model_parallel_size=pp, **parallel)
-    d["parallel"]["data_parallel_size"] = 16 // (2 * pp)
+    d["parallel"]["data_parallel_size"] = 16 // (d["parallel"]["tensor_model_parallel_size"] * pp)
     d["train"]["dtype"] = dtype
     if not tied:
         d["model"]["tie_word_embeddings"] = False
@@ -150,3 +150,16 @@ def test_search_tier_charges_it_as_the_exact_engine(monkeypatch):
     without, _ = frame()
     err = np.abs(without["iteration_time_s"].to_numpy() / np.array(exact) - 1)
     assert err.max() > 0.01, err
+
+
+def test_reduce_to_root_all_reduces_between_the_roots_only():
+    """reduce_broadcast: only DP rank 0 of each stage steps, so only the roots' pair meets
+    (the family holds their group alone, and both engines share the links among it)."""
+    cfg = config(pp=2, dp_strategy="reduce_broadcast", tensor_model_parallel_size=1)
+    w = build_workload(cfg)
+    assert w.groups[GROUP].members.tolist() == [[0, 8]]
+    ops = tied_ops(cfg)
+    assert [len(ops[n]) for n in ("stage0.root", "stage0.rest", "stage1.root",
+                                  "stage1.rest")] == [1, 0, 1, 0]
+    a = ddlsim.predict(cfg, engine="analytical").iteration_time_s
+    assert ddlsim.predict(cfg, engine="des").iteration_time_s == pytest.approx(a, rel=2e-3)

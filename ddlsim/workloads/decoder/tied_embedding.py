@@ -35,6 +35,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from ..trace import Block, Collective, GroupFamily, Op
 
 __all__ = ["GROUP", "OP_NAME", "charged", "families", "grad_bytes", "insert_op",
@@ -74,6 +76,10 @@ def families(b: Any, mesh: Any) -> dict[str, GroupFamily]:
     if not charged(b.shape, b.pp):
         return {}
     ends = mesh.groups("pp")[:, [0, -1]]
+    if b.plan.dp_strategy == "reduce_broadcast" and b.dp > 1:
+        # only the roots step (:func:`with_grad_all_reduce`): the family is their groups,
+        # so that the network model shares the links among the groups that run it
+        ends = ends[np.isin(ends[:, 0], mesh.groups("dp")[:, 0])]
     return {GROUP: GroupFamily(GROUP, "pp", ends)}
 
 
