@@ -106,6 +106,7 @@ def mesh_networks(cfg, meshes: np.ndarray) -> MeshNets:
     MeshNets
     """
     from ..simulator.costs import CostModel, place_ranks_on_system
+    from ..workloads.decoder.tied_embedding import family_of
     from ..workloads.mesh import DeviceMesh
 
     rows = meshes.tolist()
@@ -129,7 +130,7 @@ def mesh_networks(cfg, meshes: np.ndarray) -> MeshNets:
             for name, fam in _families(mesh).items():
                 groups[f"{name}{i}"] = fam
             if tied and pp > 1:   # the tied embedding's first and last stages
-                groups[f"embedding{i}"] = _embedding_family(groups[f"pp{i}"])
+                groups[f"embedding{i}"] = family_of(groups[f"pp{i}"].members)
             stages[i] = groups[f"pp{i}"].members[0]
         stand_in = SimpleNamespace(world_size=world, groups=groups)
         cost = CostModel(cfg.system, stand_in, cfg.parallel.collective_algorithm,
@@ -152,15 +153,6 @@ def _families(mesh) -> dict:
     from ..workloads.mesh import AXES
 
     return {name: mesh.family(name, AXES[name], name) for name in ("tp", "dp", "pp")}
-
-
-def _embedding_family(pp_family):
-    """The tied embedding's gradient group of a mesh: the first and last rank of each of its
-    pipeline groups (:func:`ddlsim.workloads.decoder.tied_embedding.families`)."""
-    from ..workloads.decoder.tied_embedding import GROUP
-    from ..workloads.trace import GroupFamily
-
-    return GroupFamily(GROUP, "pp", pp_family.members[:, [0, -1]])
 
 
 def _hops(cost, group: str, stages: np.ndarray) -> tuple[float, float]:

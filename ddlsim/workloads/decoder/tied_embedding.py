@@ -39,7 +39,7 @@ import numpy as np
 
 from ..trace import Block, Collective, GroupFamily, Op
 
-__all__ = ["GROUP", "OP_NAME", "charged", "families", "grad_bytes", "insert_op",
+__all__ = ["GROUP", "OP_NAME", "charged", "families", "family_of", "grad_bytes", "insert_op",
            "with_grad_all_reduce"]
 
 #: name of the embedding group's family (first and last stage of each pipeline)
@@ -75,12 +75,18 @@ def families(b: Any, mesh: Any) -> dict[str, GroupFamily]:
     """
     if not charged(b.shape, b.pp):
         return {}
-    ends = mesh.groups("pp")[:, [0, -1]]
+    pipes = mesh.groups("pp")
     if b.plan.dp_strategy == "reduce_broadcast" and b.dp > 1:
         # only the roots step (:func:`with_grad_all_reduce`): the family is their groups,
         # so that the network model shares the links among the groups that run it
-        ends = ends[np.isin(ends[:, 0], mesh.groups("dp")[:, 0])]
-    return {GROUP: GroupFamily(GROUP, "pp", ends)}
+        pipes = pipes[np.isin(pipes[:, 0], mesh.groups("dp")[:, 0])]
+    return {GROUP: family_of(pipes)}
+
+
+def family_of(pipes: np.ndarray) -> GroupFamily:
+    """The ``embedding`` family of pipeline groups ``pipes`` (rows of ranks, stage order):
+    each row's first and last rank."""
+    return GroupFamily(GROUP, "pp", np.asarray(pipes)[:, [0, -1]])
 
 
 def grad_bytes(b: Any) -> float:
