@@ -39,6 +39,9 @@ _INTRA_MAX = 4096
 #: per topology, node pairs → their rail stripes (:func:`_stripes`)
 _STRIPES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _STRIPES_MAX, _STRIPES_PAIRS = 256, 4096
+#: per topology, (source device, destination device) → the latency a rail stripe between
+#: them adds inside the two nodes (:func:`_inter_flows`)
+_INSIDE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def topology_of(system, key: str | None = None):
@@ -74,7 +77,7 @@ def _fill(link: np.ndarray, lengths: np.ndarray, mult: np.ndarray,
     if not len(link):
         return rate
     flow_of = np.repeat(np.arange(n), lengths)
-    cap = np.array(capacity_Bps, dtype=np.float64)  # a copy: the rounds consume it
+    cap = np.asarray(capacity_Bps, dtype=np.float64)  # read; each round's left is new
     w = np.asarray(mult, dtype=np.float64)[flow_of]
     live = np.ones(n, dtype=bool)
     on = None  # every flow, in the first round
@@ -95,32 +98,33 @@ def _fill(link: np.ndarray, lengths: np.ndarray, mult: np.ndarray,
         if not live.any():   # every flow frozen (often in the first round): done
             break
         crossed = hit[flow_of]
-        cap -= np.bincount(link[crossed], weights=w[crossed] * level, minlength=len(cap))
+        cap = cap - np.bincount(link[crossed], weights=w[crossed] * level, minlength=len(cap))
         np.maximum(cap, 0.0, out=cap)
         on = live[flow_of]
     return rate
 
 
-def _intra_part(topo, src: np.ndarray, dst: np.ndarray, node0: int) -> tuple[float, float] | None:
+def _intra_part(topo, src: np.ndarray, dst: np.ndarray, on_node: np.ndarray
+                ) -> tuple[float, float] | None:
     """(slowest fair rate, slowest route latency) of the flows ``src[i] → dst[i]`` (device
-    ids, one ring step of every group) that stay on node ``node0``; None when none does.
-    Remembered per topology by the flows' (source, destination, multiplicity): a grid's
-    meshes repeat a handful of node-local patterns."""
-    node = topo.node_of_device
-    keep = (src != dst) & (node[src] == node0) & (node[dst] == node0)
-    pairs, mult, _ = _unique_pairs(src[keep], dst[keep])
-    if not len(pairs):
+    ids, one ring step of every group) where ``on_node[i]`` (both ends on the busiest node);
+    None when none is. Remembered per topology by the flows (source, destination) sorted,
+    as Python ints (a node's devices send one flow each: a handful; a grid's meshes repeat
+    a few node-local patterns)."""
+    keep = on_node & (src != dst)
+    flows = tuple(sorted(zip(src[keep].tolist(), dst[keep].tolist())))
+    if not flows:
         return None
     memo = _INTRA.setdefault(topo, {})
-    key = (pairs.tobytes(), mult.tobytes())
-    got = memo.get(key)
+    got = memo.get(flows)
     if got is None:
+        pairs, mult, _ = _unique_pairs(*np.array(flows, dtype=np.int64).T)
         routes = [topo.route(int(a), int(b), 0) for a, b in pairs]
         rate = fair_rates(routes, mult.astype(float), np.asarray(topo.edge_bandwidth_Bps))
         got = (float(rate.min()), max(topo.path_latency_s(r) for r in routes))
         if len(memo) >= _INTRA_MAX:
             memo.clear()
-        memo[key] = got
+        memo[flows] = got
     return got
 
 
@@ -129,6 +133,7 @@ def cache_clear() -> None:
     timing a cold run)."""
     _INTRA.clear()
     _STRIPES.clear()
+    _INSIDE.clear()
 
 
 def _stripes(topo, pairs: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -170,29 +175,42 @@ def _unique_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray,
         counts = every[u]
     else:
         u, counts = np.unique(codes, return_counts=True)
-    return (np.stack([u // span + a_lo, u % span + b_lo], axis=1), counts,
-            int(np.argmin(codes)))
+    pairs = np.empty((len(u), 2), dtype=np.int64)   # as np.stack's, without its checks
+    pairs[:, 0], pairs[:, 1] = np.divmod(u, span)
+    pairs += (a_lo, b_lo)
+    return pairs, counts, int(np.argmin(codes))
 
 
-def _inter_flows(topo, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray,
-                                                                  np.ndarray, np.ndarray]:
+def _inter_flows(topo, src: np.ndarray, dst: np.ndarray, na: np.ndarray, nb: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Node-to-node stripes of the flows ``src[i] → dst[i]`` (device ids, one ring step of
-    every group) that leave their node: each is one stripe per rail, NIC to NIC
-    (:meth:`Topology.rail_stripes`); identical stripes of different groups are merged.
-    Returns the stripes flat (edge ids, edges per stripe, as :func:`_fill` takes them), their
-    multiplicities and the end-to-end device routes' latencies (the engine pays those)."""
-    node = topo.node_of_device
-    keep = node[src] != node[dst]
-    na, nb = node[src[keep]], node[dst[keep]]
-    pairs, mult, first = _unique_pairs(na, nb)
+    every group, on nodes ``na[i] → nb[i]``) that leave their node: each is one stripe per
+    rail, NIC to NIC (:meth:`Topology.rail_stripes`); identical stripes of different groups
+    are merged. Returns the stripes flat (edge ids, edges per stripe, as :func:`_fill` takes
+    them), their multiplicities and the end-to-end device routes' latencies (the engine pays
+    those)."""
+    keep = na != nb
+    pairs, mult, first = _unique_pairs(na[keep], nb[keep])
     links, lengths, counts, lat = _stripes(topo, pairs)
-    # the hops inside the two nodes, alike on every node: on rail 0 or another (one more hop)
-    i, (a, b) = first, pairs[0].tolist()
-    ends = (int(src[keep][i]), int(dst[keep][i]))
-    rails = max(1, len(topo.nics_of_node[a]))
-    inside = max(topo.path_latency_s(topo.route_rail(*ends, c))
-                 - topo.path_latency_s(topo.rail_fabric_route(a, b, c)) for c in {0, 1 % rails})
-    return links, lengths, np.repeat(mult.astype(float), counts), lat + inside
+    ends = (int(src[keep][first]), int(dst[keep][first]))
+    return links, lengths, np.repeat(mult.astype(float), counts), lat + _inside(topo, ends)
+
+
+def _inside(topo, ends: tuple[int, int]) -> float:
+    """The latency a rail stripe between the devices ``ends`` adds to its NIC-to-NIC route
+    inside the two nodes, alike on every node: the larger on rail 0 or another (one more
+    hop); remembered per topology and device pair."""
+    memo = _INSIDE.setdefault(topo, {})
+    got = memo.get(ends)
+    if got is None:
+        a, b = (int(topo.node_of_device[e]) for e in ends)
+        rails = max(1, len(topo.nics_of_node[a]))
+        if len(memo) >= _INTRA_MAX:
+            memo.clear()
+        got = memo[ends] = max(topo.path_latency_s(topo.route_rail(*ends, c))
+                               - topo.path_latency_s(topo.rail_fabric_route(a, b, c))
+                               for c in {0, 1 % rails})
+    return got
 
 
 def _ring_step(dev: np.ndarray) -> np.ndarray:
@@ -246,7 +264,8 @@ def family_net(system, topo, devices: np.ndarray, members: np.ndarray) -> GroupN
     """
     p = members.shape[1]
     dev = devices[members]
-    nodes_of = topo.node_of_device[dev[0]]
+    node = topo.node_of_device
+    nodes_of = node[dev[0]]
     per_node = np.bincount(nodes_of)
     g, n_nodes = int(per_node.max()), int(np.count_nonzero(per_node))
     intra_bw, intra_lat = system.intra_node.bandwidth_Bps, system.intra_node.latency_s
@@ -255,12 +274,13 @@ def family_net(system, topo, devices: np.ndarray, members: np.ndarray) -> GroupN
     busiest = int(per_node.argmax())   # the first node (lowest id) holding the most
     src = dev.ravel()
     dst = _ring_step(dev)  # one ring step: member i → member i + 1
-    intra = _intra_part(topo, src, dst, busiest)  # the flows on that node
+    na, nb = node[src], node[dst]
+    intra = _intra_part(topo, src, dst, (na == busiest) & (nb == busiest))  # on that node
     if intra is not None:
         intra_bw, intra_lat = intra
     bw_node, inter_lat = math.inf, 0.0
     if n_nodes > 1:
-        link, lengths, mult, lat = _inter_flows(topo, src, dst)
+        link, lengths, mult, lat = _inter_flows(topo, src, dst, na, nb)
         rails = len(topo.nics_of_node[int(nodes_of[0])]) or 1
         capacity = np.asarray(topo.edge_bandwidth_Bps)
         bw_node = float(_fill(link, lengths, mult, capacity).min()) * rails

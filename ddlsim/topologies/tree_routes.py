@@ -107,7 +107,7 @@ class TreeRoutes:
                 last[far] = 5
             edges[up, last[up] - 1] = t["down1"][t["leaf_ix"][sw_b[up]], j[up]]
         edges[np.arange(len(c)), last] = t["nic_down"][dst, c]
-        lat_of = np.append(self._topo.edge_latency_s, 0.0)    # edge -1: none, adds 0
+        lat_of = t["latency"]                                 # edge -1: none, adds 0
         latency = np.zeros(len(c))
         for col in range(edges.shape[1]):                     # in route order, as sum() adds
             latency += lat_of[edges[:, col]]
@@ -116,7 +116,8 @@ class TreeRoutes:
     def _tables(self) -> dict[str, np.ndarray]:
         """Edge ids of every hop a route can take, by position: NIC ↔ its leaf (nodes ×
         rails), leaf ↔ its up-port j (leaves × ports), aggregation ↔ core c of its plane
-        (aggregation switches × cores); built once."""
+        (aggregation switches × cores), and each edge's latency (seconds; edge −1's 0 last);
+        built once (the topology's arrays are frozen)."""
         if self._hops is not None:
             return self._hops
         keys = _sorted_keys(self._topo)
@@ -137,6 +138,7 @@ class TreeRoutes:
             below = np.broadcast_to(aggs[:, None], cores.shape)
             t["up2"] = self._edge_ids(below, cores, keys)
             t["down2"] = self._edge_ids(cores, below, keys)
+        t["latency"] = np.append(self._topo.edge_latency_s, 0.0)   # per edge id, then −1's 0
         self._hops = t
         return t
 
