@@ -163,3 +163,32 @@ def test_reduce_to_root_all_reduces_between_the_roots_only():
                                   "stage1.rest")] == [1, 0, 1, 0]
     a = ddlsim.predict(cfg, engine="analytical").iteration_time_s
     assert ddlsim.predict(cfg, engine="des").iteration_time_s == pytest.approx(a, rel=2e-3)
+
+
+def test_bert_tied_at_pp2_keeps_a_copy_and_all_reduces_it():
+    """The bert family at PP 2 with its MLM decoder tied: the last stage holds a copy of the
+    word embeddings (its gradients are those of the same model untied, whose decoder has the
+    same size) and both stages all-reduce its gradient, V·h in bf16, before the step."""
+    from ddlsim.workloads.bert.build import stage_buckets
+    model = {"architecture": "bert", "name": "bert-small", "num_hidden_layers": 4,
+             "hidden_size": 256, "num_attention_heads": 4, "vocab_size": 30522}
+    doc = {"model": model,
+           "parallel": {"data_parallel_size": 2, "pipeline_model_parallel_size": 2},
+           "train": {"micro_batch_size": 4, "global_batch_size": 32, "seq_length": 128,
+                     "dtype": "bf16"},
+           "system": {"preset": "dgx-a100", "nodes": 1}}
+    tied = ddlsim.load_config(doc)
+    untied = ddlsim.load_config({**doc, "model": {**model, "tie_word_embeddings": False}})
+    # the last stage's gradients: the copy where the untied decoder would be
+    assert stage_buckets(tied, 1)[0] == stage_buckets(untied, 1)[0]
+    w = build_workload(tied)
+    assert w.groups[GROUP].members.tolist() == w.groups["pp"].members.tolist()
+    for c in w.classes:
+        ops = [o.payload for o in c.program.blocks["update"].ops]
+        names = [p.name for p in ops]
+        assert names.index(OP_NAME) < names.index("optimizer")
+        assert ops[names.index(OP_NAME)].bytes == 2 * 30522 * 256
+    assert GROUP not in build_workload(untied).groups
+    a = ddlsim.predict(tied, engine="analytical").iteration_time_s
+    assert ddlsim.predict(tied, engine="des").iteration_time_s == pytest.approx(a, rel=0.01)
+    assert a > ddlsim.predict(untied, engine="analytical").iteration_time_s

@@ -110,7 +110,6 @@ def _bad(**parts):
 
 def test_bad_input():
     model = SMALL["model"]
-    assert "tie_word_embeddings" in _bad(model={**model, "tie_word_embeddings": True})
     assert "not divisible" in _bad(model={**model, "num_hidden_layers": 3})
     assert "multiple of" in _bad(model={**model, "num_attention_heads": 3})
     assert "paired" in _bad(model={**model, "stage_exchange": "paired"},

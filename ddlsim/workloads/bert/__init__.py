@@ -46,13 +46,6 @@ class BertFamily(WorkloadFamily):
         if t.seq_length > m.max_position_embeddings:
             raise ValueError(f"train.seq_length = {t.seq_length} exceeds "
                              f"model.max_position_embeddings = {m.max_position_embeddings}")
-        if m.tie_word_embeddings and p.pp > 1:
-            raise ValueError(
-                f"model.tie_word_embeddings = true with pipeline_model_parallel_size = {p.pp}: "
-                "the MLM decoder on the last stage would share the word embeddings of the "
-                "first, which needs an embedding-gradient all-reduce between them that this "
-                "family does not model; set tie_word_embeddings: false (each stage keeps its "
-                "own matrix, as bert_large.cpp's ENDSIZE does) or use pp = 1")
         if m.grad_buckets != "ddp" and "grad_bucket_size" in p.model_fields_set:
             raise ValueError(f"parallel.grad_bucket_size is DDP's bucket_cap_mb, but "
                              f"model.grad_buckets = {m.grad_buckets!r} sets the buckets; remove "

@@ -20,8 +20,9 @@ from ..buckets import FIRST_BUCKET_BYTES, BackwardUnit, backward_with_buckets, d
 from ..memory import MemoryBreakdown, inflight_chunks, model_state_bytes
 from ..schedules import schedule
 from ..resnet.build import model_flops
-from ..trace import (P2P, Block, Compute, Kernel, Op, Program, RankClass, Step, Workload,
-                     WorkloadMeta)
+from ..decoder.tied_embedding import GROUP, OP_NAME, family_of
+from ..trace import (P2P, Block, Collective, Compute, Kernel, Op, Program, RankClass, Step,
+                     Workload, WorkloadMeta)
 from .kernels import embedding_kernels, head_kernels, layer_kernels
 from ..freshbuffers import first_touch_op, insert_after
 from .schema import LAYER_TENSORS
@@ -53,7 +54,7 @@ def stage_buckets(cfg: RunConfig, stage: int) -> tuple[list[float], list[range],
     if stage == 0:                        # the heads the last
         counts[0] += len(m.embedding_tensors())
     if stage == p.pp - 1:
-        counts[-1] += len(m.head_tensors())
+        counts[-1] += len(m.head_tensors(p.pp))
     ready, start = [], 0
     for c in reversed(counts):
         ready.append(range(start, start + c))
@@ -112,13 +113,14 @@ class _Stage:
         acc = accumulate and back
         emb = (embedding_kernels(m, b, s, w, self.dtype, back)
                + self._accumulate(m.embedding_tensors(), acc))
-        head_acc = self._accumulate(m.head_tensors(), acc)
+        head_acc = self._accumulate(m.head_tensors(self.cfg.parallel.pp), acc)
         head = head_kernels(m, b, s, w, self.dtype, back) + head_acc
         return ((Compute(f"{tag}.embedding", k * 8 * b * s * m.hidden_size, _bytes(emb),
                          kind="elementwise", dtype=self.dtype, kernels=emb),)
                 if self.first else (),
                 (Compute(f"{tag}.heads", k * m.head_flops(b, s),
-                         k * w * (sum(m.head_tensors()) + b * m.mlm_tokens(s) * m.vocab_size)
+                         k * w * (sum(m.head_tensors(self.cfg.parallel.pp))
+                                  + b * m.mlm_tokens(s) * m.vocab_size)
                          + _bytes(head_acc), dtype=self.dtype, kernels=head),)
                 if self.last else ())
 
@@ -143,7 +145,8 @@ class _Stage:
                                           dtype=self.dtype, seconds=s),), n)]
         emb, head = self._ends(2.0, not first)
         layer = self._layer(2.0, not first)
-        units = [BackwardUnit(head, len(m.head_tensors())) for _ in (0,) if self.last]
+        units = [BackwardUnit(head, len(m.head_tensors(self.cfg.parallel.pp)))
+                 for _ in (0,) if self.last]
         units += [BackwardUnit(layer, LAYER_TENSORS) for _ in range(self.layers)]
         if self.first:
             units.append(BackwardUnit(emb, len(m.embedding_tensors())))
@@ -218,6 +221,11 @@ def _stage_blocks(cfg: RunConfig, stage: int) -> dict[str, Block]:
     update: list[Op] = []
     if cfg.dp > 1 and not overlap:
         update += backward_with_buckets([], issue, grads, "dp", False)
+    if m.tie_word_embeddings and p.pp > 1 and (st.first or st.last):
+        # the word embeddings' two copies' gradients, all-reduced before the step
+        # (ddlsim/workloads/decoder/tied_embedding.py; in the gradients' dtype, as the buckets)
+        nbytes = DTYPE_BYTES[t.dtype] * m.vocab_size * m.hidden_size
+        update.append(Op(Collective(OP_NAME, "all_reduce", GROUP, nbytes)))
     if m.compute == "model":
         n = sum(m.stage_tensors(stage, p.pp))
         k = 10.0 if t.optimizer == "adam" else 4.0
@@ -259,7 +267,10 @@ def build_bert(cfg: RunConfig) -> Workload:
                         model_flops=model_flops(m, 3.0 * m.forward_flops(t.seq_length)
                                                 * t.global_batch_size),
                         dtype=t.dtype, parameter_count=m.params, microbatches=n_mb)
-    return Workload(f"{m.name}-pp{p.pp}-dp{cfg.dp}", mesh.world_size, mesh.families(),
+    groups = mesh.families()
+    if m.tie_word_embeddings and p.pp > 1:   # the word embeddings' first and last stages
+        groups[GROUP] = family_of(pipes)
+    return Workload(f"{m.name}-pp{p.pp}-dp{cfg.dp}", mesh.world_size, groups,
                     tuple(classes), meta)
 
 

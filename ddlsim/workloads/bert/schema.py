@@ -105,10 +105,13 @@ class BertModel(ModelBase):
         return [self.vocab_size * h, self.max_position_embeddings * h,
                 self.type_vocab_size * h, h, h]
 
-    def head_tensors(self) -> list[int]:
-        """Pooler dense, MLM (output bias, transform dense, LayerNorm, untied decoder) and NSP."""
+    def head_tensors(self, pp: int = 1) -> list[int]:
+        """Pooler dense, MLM (output bias, transform dense, LayerNorm, decoder) and NSP on the
+        last of ``pp`` stages: the decoder is its own ``V·h`` when untied, and when tied at
+        PP > 1 (Megatron-LM 6985e58 ``megatron/model/module.py``
+        ``initialize_word_embeddings``: a copy of the word embeddings on the last stage)."""
         h, v = self.hidden_size, self.vocab_size
-        decoder = [] if self.tie_word_embeddings else [v * h]
+        decoder = [] if self.tie_word_embeddings and pp == 1 else [v * h]
         return [h * h, h, v, h * h, h, h, h, *decoder, 2 * h, 2]
 
     def stage_tensors(self, stage: int, pp: int) -> list[int]:
@@ -116,7 +119,7 @@ class BertModel(ModelBase):
         per = self.num_hidden_layers // pp
         out = self.embedding_tensors() if stage == 0 else []
         out += self.layer_tensors() * per
-        return out + (self.head_tensors() if stage == pp - 1 else [])
+        return out + (self.head_tensors(pp) if stage == pp - 1 else [])
 
     @property
     def params(self) -> int:
