@@ -36,8 +36,11 @@ MODEL = torch_model(SMALL)
 #: 4.9-6.5, two loops: DDP −13.7, −14.3 % (1 rank), −10.4, −17.1 % (2 ranks), FSDP −34.9,
 #: −32.1 %; both engines alike. 20:03 UTC (load 5.4-6.1), FSDP2 gathering on demand as it
 #: does on a CPU (TORCH_STACK): DDP −14.7 % (1 rank), −18.2 % (2 ranks), FSDP −25.3 %.
-#: ddlsim too fast: DDP's bucket copies, Adam over FSDP2's DTensors and zero_grad are not
-#: modelled (docs/validation.md, "Where the torch loop misses"). −60 % keeps 20 points below
+#: 20:42-20:45 (load 2.4-3.7), torchtitan-2024's DDP copies charged at DP > 1: DDP −20.6 %
+#: (1 rank), −24.8 % (2 ranks; −27.9 % on the same measurements without them), FSDP −33.1 %.
+#: ddlsim too fast: the one-rank run's DDP copies (torchtitan wraps DDP only at DP > 1), Adam
+#: over FSDP2's DTensors (benchmarks/dtensor_dispatch.py) and zero_grad are not modelled
+#: (docs/validation.md, "Where the torch loop misses"). −60 % keeps 20 points below
 #: the worst; over +20 % something was counted twice. Not the issue's 10 % target.
 CPU_BOUND = (-0.6, 0.2)
 
