@@ -242,8 +242,9 @@ class GradSyncOps(StageBase):
         place on the compute stream), torch DDP's copy of the reduced buckets back into the
         gradients (``ddp.grad_copy_passes``; torch runs it at the backward's end, before the
         step, on the same compute stream, after the last bucket's all-reduce as here) and the
-        ``ddp.bucket_passes`` over ``bucket_bytes`` (default: all of them). Megatron-Core runs those, the NaN check's norm and the 1/DP
-        scaling, as each bucket is issued: the first stage's first chunk's overlapped buckets
+        ``ddp.bucket_passes`` over ``bucket_bytes`` (default: all of them). Megatron-Core
+        runs those, the NaN check's norm and the 1/DP scaling (torch DDP: the copy into the
+        bucket), as each bucket is issued: the first stage's first chunk's overlapped buckets
         get them before each run's collectives (:meth:`bucket_pass_ops`); every other
         chunk's one bucket gets them at the end of its last backward, before its gradient's
         send on a later pipeline stage, which this placement leaves out of the pipeline's
