@@ -1,4 +1,4 @@
-"""The host cost of FSDP2's DTensors in the optimizer step, measured on this machine's CPU.
+"""The host cost of DTensors (FSDP2's parameters) in the optimizer step, measured on this CPU.
 
     PYTHONPATH=... python benchmarks/dtensor_dispatch.py [--reference] [--reps 30]
 
@@ -16,12 +16,16 @@ the shard's size, which a one-rank mesh leaves whole), each the least process CP
    tensor`` over the one-rank mesh, ``Shard(0)``): the per-op dispatch cost of each and their
    difference;
 2. ``torch.optim.Adam(foreach=False).step()`` (the single-tensor loop torch runs on a CPU:
-   foreach needs CUDA, torch/optim/optimizer.py ``_default_to_fused_or_foreach``) over the
-   torch closed loop's model (ddlsim/reference/torch_train.py, --small unless --reference),
-   its gradients set, plain and under ``fully_shard`` per block and on the root as the
-   reference trainer wraps it: the extra per parameter tensor, that extra in (1)'s
+   foreach needs CUDA, torch/optim/optimizer.py ``_default_to_fused_or_foreach``) over as
+   many parameters as the torch closed loop's model has (ddlsim/reference/torch_train.py,
+   --small unless --reference), each of 8 elements so that the step is its host's work
+   alone, plain and as DTensors with DTensor gradients: the extra per parameter tensor, that extra in (1)'s
    differences, and divided by the ATen ops per tensor of the plain step (counted under a
-   ``TorchDispatchMode``): DTensor's extra per op of the step.
+   ``TorchDispatchMode``): DTensor's extra per op of the step;
+3. the same with ``foreach=True``, the multi-tensor step torchtitan runs on a GPU
+   (torchtitan 9dec370 torchtitan/optimizer.py: ``foreach = not fused``): its host's cost per
+   step over DTensors against plain tensors (here the CPU also runs the kernels, whose time
+   is the same in both).
 
 Prints one line per measurement. Needs the torch extra; nothing is fitted.
 """
@@ -64,22 +68,24 @@ def _one_op(reps: int, calls: int = 2000) -> tuple[float, float]:
     return (_least_cpu(loop(plain), reps) / calls, _least_cpu(loop(dt), reps) / calls)
 
 
-def _adam(shape, sharded: bool, reps: int) -> tuple[float, int]:
-    """(least CPU seconds of one Adam step, parameter tensors) over the model's parameters,
-    plain or under ``fully_shard``."""
+def _adam(n: int, sharded: bool, reps: int, foreach: bool = False) -> float:
+    """Least CPU seconds of one Adam step over ``n`` 8-element parameters (the host's cost
+    alone: the kernels' work is nil), plain or as DTensors over the one-rank mesh
+    (``Shard(0)``, as ``fully_shard`` leaves them) with DTensor gradients; ``foreach``: the
+    multi-tensor step."""
     import torch
-    from ddlsim.reference.torch_train import build_stage
-    model = build_stage(shape, 0, 1)
-    if sharded:
-        from torch.distributed.fsdp import fully_shard
-        for block in model.blocks:
-            fully_shard(block)
-        fully_shard(model)
-    params = list(model.parameters())
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    mesh = init_device_mesh("cpu", (1,))
+
+    def tensor(value: float):
+        t = torch.full((8,), value)
+        return distribute_tensor(t, mesh, [Shard(0)]) if sharded else t
+    params = [torch.nn.Parameter(tensor(0.0)) for _ in range(n)]
     for p in params:
-        p.grad = torch.full_like(p, 1e-3)
-    opt = torch.optim.Adam(params, lr=1e-3, foreach=False)
-    return _least_cpu(opt.step, reps), len(params)
+        p.grad = tensor(1e-3)
+    opt = torch.optim.Adam(params, lr=1e-3, foreach=foreach)
+    return _least_cpu(opt.step, reps)
 
 
 def _ops_per_tensor(shape) -> float:
@@ -120,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
     from ddlsim.reference.loop import REFERENCE, SMALL
+    from ddlsim.reference.torch_train import build_stage
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=0,
@@ -127,21 +134,24 @@ def main(argv: list[str] | None = None) -> int:
         try:
             plain_op, dt_op = _one_op(args.reps)
             shape = torch_model(REFERENCE if args.reference else SMALL).shape
-            plain, n = _adam(shape, False, args.reps)
-            dtensor, n2 = _adam(shape, True, args.reps)
+            n = sum(1 for _ in build_stage(shape, 0, 1).parameters())
+            plain, dtensor = (_adam(n, sharded, args.reps) for sharded in (False, True))
             ops = _ops_per_tensor(shape)
+            multi = [_adam(n, sharded, args.reps, foreach=True) for sharded in (False, True)]
         finally:
             dist.destroy_process_group()
-    assert n == n2
     extra_op = dt_op - plain_op
     per_tensor = (dtensor - plain) / n
     print(f"one op (add_, 1 element): plain {plain_op * 1e6:.2f} us, DTensor "
           f"{dt_op * 1e6:.2f} us, DTensor's extra {extra_op * 1e6:.2f} us per op")
-    print(f"Adam step (foreach=False) over {n} tensors: plain {plain * 1e3:.2f} ms, FSDP2 "
+    print(f"Adam step (foreach=False) over {n} tensors: plain {plain * 1e3:.2f} ms, DTensor "
           f"{dtensor * 1e3:.2f} ms, extra {per_tensor * 1e3:.3f} ms per tensor = "
           f"{per_tensor / extra_op:.1f} one-element add_'s extra per tensor")
     print(f"Adam's ATen ops per tensor (plain step, counted): {ops:.1f}; DTensor's extra per "
           f"op of the step: {per_tensor / ops * 1e6:.1f} us")
+    print(f"Adam step (foreach=True, torchtitan's on a GPU) over {n} tensors: plain "
+          f"{multi[0] * 1e3:.2f} ms, DTensor {multi[1] * 1e3:.2f} ms, extra "
+          f"{(multi[1] - multi[0]) / n * 1e3:.3f} ms per tensor")
     return 0
 
 
