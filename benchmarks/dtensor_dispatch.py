@@ -19,8 +19,8 @@ the shard's size, which a one-rank mesh leaves whole), each the least process CP
    foreach needs CUDA, torch/optim/optimizer.py ``_default_to_fused_or_foreach``) over as
    many parameters as the torch closed loop's model has (ddlsim/reference/torch_train.py,
    --small unless --reference), each of 8 elements so that the step is its host's work
-   alone, plain and as DTensors with DTensor gradients: the extra per parameter tensor, that extra in (1)'s
-   differences, and divided by the ATen ops per tensor of the plain step (counted under a
+   alone, plain and as DTensors with DTensor gradients: the extra per parameter tensor,
+   that extra in (1)'s differences, and divided by the ATen ops per tensor of the plain step (counted under a
    ``TorchDispatchMode``): DTensor's extra per op of the step;
 3. the same with ``foreach=True``, the multi-tensor step torchtitan runs on a GPU
    (torchtitan 9dec370 torchtitan/optimizer.py: ``foreach = not fused``): its host's cost per
