@@ -20,8 +20,8 @@ the shard's size, which a one-rank mesh leaves whole), each the least process CP
    many parameters as the torch closed loop's model has (ddlsim/reference/torch_train.py,
    --small unless --reference), each of 8 elements so that the step is its host's work
    alone, plain and as DTensors with DTensor gradients: the extra per parameter tensor,
-   that extra in (1)'s differences, and divided by the ATen ops per tensor of the plain step (counted under a
-   ``TorchDispatchMode``): DTensor's extra per op of the step;
+   that extra in (1)'s differences, and divided by the ATen ops per tensor of the plain
+   step (counted under a ``TorchDispatchMode``): DTensor's extra per op of the step;
 3. the same with ``foreach=True``, the multi-tensor step torchtitan runs on a GPU
    (torchtitan 9dec370 torchtitan/optimizer.py: ``foreach = not fused``): its host's cost per
    step over DTensors against plain tensors (here the CPU also runs the kernels, whose time
