@@ -15,8 +15,9 @@ the shard's size, which a one-rank mesh leaves whole), each the least process CP
 1. one op, ``x.add_(1.0)`` on a one-element tensor, plain and as a DTensor (``distribute_
    tensor`` over the one-rank mesh, ``Shard(0)``): the per-op dispatch cost of each and their
    difference;
-2. ``torch.optim.Adam(foreach=False).step()`` (the single-tensor loop torch runs on a CPU:
-   foreach needs CUDA, torch/optim/optimizer.py ``_default_to_fused_or_foreach``) over as
+2. ``torch.optim.Adam(foreach=False).step()`` (the single-tensor loop torch picks on a CPU:
+   its default foreach is for CUDA tensors, torch/optim/optimizer.py
+   ``_default_to_fused_or_foreach``) over as
    many parameters as the torch closed loop's model has (ddlsim/reference/torch_train.py,
    --small unless --reference), each of 8 elements so that the step is its host's work
    alone, plain and as DTensors with DTensor gradients: the extra per parameter tensor,
