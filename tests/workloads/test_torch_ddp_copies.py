@@ -82,3 +82,18 @@ def test_the_search_tiers_form_is_the_ops():
     assert (kernels, seconds) == (2, pytest.approx(2 * one, rel=1e-12))
     seconds, kernels = ddp_pass_times(STACK, dev, 3e9)
     assert (kernels, seconds) == (4, pytest.approx(4 * one, rel=1e-12))
+
+
+@pytest.mark.parametrize("stack", ["torchtitan-2024", "torchtitan-2025"])
+def test_torchtitan_buckets_are_its_bucket_cap_mb(stack):
+    """torchtitan's replicate(bucket_cap_mb=100): 100 MiB buckets unless the plan sets
+    parallel.grad_bucket_size; a stack naming no cap keeps DDP's 25 MiB."""
+    from ddlsim.workloads.decoder.dpsync import bucket_cap_mb, grad_bucket_bytes
+    data = _cfg(8)
+    data["system"]["software"] = {"stack": stack}
+    cfg = ddlsim.load_config(data)
+    assert bucket_cap_mb(stack) == 100
+    assert grad_bucket_bytes(cfg, 8, 4) == 100 * 2**20
+    data["parallel"]["grad_bucket_size"] = 5 * 2**20
+    assert grad_bucket_bytes(ddlsim.load_config(data), 8, 4) == 5 * 2**20
+    assert bucket_cap_mb("deepspeed") is None

@@ -48,6 +48,16 @@ def _stack_rule(cfg) -> str:
 
 
 @functools.lru_cache(maxsize=None)
+def bucket_cap_mb(stack: str) -> float | None:
+    """The ``bucket_cap_mb`` stack ``stack`` hands PyTorch DDP (its ``ddp.bucket_cap_mb``
+    entry in software.yaml, source beside it; torch caps a bucket at ``bucket_cap_mb · 2²⁰``
+    bytes), None where it names none (``parallel.grad_bucket_size``'s default, DDP's 25)."""
+    from ...software import _stack_table
+    entry = (_stack_table()[stack].get("ddp") or {}).get("bucket_cap_mb")
+    return None if entry is None else float(entry["value"])
+
+
+@functools.lru_cache(maxsize=None)
 def bucket_passes(stack: str, key: str = "bucket_passes") -> int:
     """Memory passes over gradient bytes that stack ``stack``'s DDP runs on the compute
     stream, outside the backward's kernels and the optimizer step: the ``ddp.<key>`` entry of
@@ -128,7 +138,8 @@ def grad_bucket_bytes(cfg, dp, grad_dtype_bytes, stage=0, chunk=0):
     """Bytes of one gradient bucket of model chunk ``chunk`` on pipeline ``stage``.
 
     ``parallel.grad_bucket_size`` when the config sets it; else the stack's rule: PyTorch
-    DDP's ``bucket_cap_mb`` (the field's default, 25 MiB), or Megatron-Core's
+    DDP's ``bucket_cap_mb`` (the stack's ``ddp.bucket_cap_mb``, else the field's default,
+    25 MiB), or Megatron-Core's
     ``max(40e6, 1e6 · dp)`` parameters of ``grad_dtype_bytes`` each, and one bucket (infinite
     size) where Megatron-Core turns bucketing off: without ``overlap_grad_reduce``, on
     pipeline ranks after the first (``pp_rank > 0``, the same file lines 186-187 at 9c1a5351)
@@ -137,8 +148,11 @@ def grad_bucket_bytes(cfg, dp, grad_dtype_bytes, stage=0, chunk=0):
     be an array of plans (the search tier's).
     """
     p = cfg.parallel
-    if "grad_bucket_size" in p.model_fields_set or _stack_rule(cfg) != "megatron_core":
+    if "grad_bucket_size" in p.model_fields_set:
         return p.grad_bucket_size
+    if _stack_rule(cfg) != "megatron_core":
+        cap = bucket_cap_mb(cfg.software.name)
+        return p.grad_bucket_size if cap is None else cap * 2**20
     if not cfg.software.overlap_grad_reduce or stage > 0 or chunk > 0:
         return math.inf
     floor, per_rank = MEGATRON_BUCKET
