@@ -10,6 +10,7 @@ rendezvous over the connected component of classes that the rows of their group 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain, repeat
 
 import numpy as np
 
@@ -120,7 +121,8 @@ def _flatten(cls, blocks: dict[str, list[Instr]]) -> ClassProgram:
     names, kind, microbatch = _step_rows(cls.program.steps)
     size = np.array([len(blocks[b]) for b in names], dtype=np.int64)
     lengths = size[kind]
-    base_of = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    step_base = np.cumsum(lengths) - lengths
+    base_of = np.repeat(step_base, lengths)
     step_of = np.repeat(np.arange(len(kind), dtype=np.int64), lengths)
     table = [ins for b in names for ins in blocks[b]]  # every block once; a flat op's row:
     row = np.repeat((np.cumsum(size) - size)[kind], lengths) + np.arange(len(base_of)) - base_of
@@ -134,7 +136,8 @@ def _flatten(cls, blocks: dict[str, list[Instr]]) -> ClassProgram:
     return ClassProgram(cls.name, np.asarray(cls.ranks, dtype=np.int64), instrs, step_of,
                         base_of, microbatch, [names[k] for k in kind.tolist()], stream_ops,
                         np.flatnonzero(p2p).tolist(), _waits(instrs, code, stream, target, on),
-                        base_of.tolist())
+                        list(chain.from_iterable(map(repeat, step_base.tolist(),
+                                                     lengths.tolist()))))  # an int per step
 
 
 def _waits(instrs: list[Instr], code: np.ndarray, stream: np.ndarray, target: np.ndarray,
