@@ -152,14 +152,16 @@ class DecoderVectors:
     def _tied_sync(ctx: _Context, plans, coll) -> np.ndarray:
         """Seconds of the tied embedding's gradient all-reduce over the first and last
         stages, per plan (0 where untied or PP = 1): the builder's op
-        (:func:`ddlsim.workloads.decoder.tied_embedding.with_grad_all_reduce`), ``V·h/t``
-        in the gradient dtype, on the compute stream before the step, where the first and
-        last stages meet (:attr:`.family.StageCosts.tied_sync`)."""
-        from ..workloads.decoder.tied_embedding import GROUP
+        (:func:`ddlsim.workloads.decoder.tied_embedding.with_grad_all_reduce`), of the
+        builder's bytes (:func:`~ddlsim.workloads.decoder.tied_embedding.embedding_grad_bytes`),
+        on the compute stream before the step, where the first and last stages meet
+        (:attr:`.family.StageCosts.tied_sync`)."""
+        from ..workloads.decoder.tied_embedding import GROUP, embedding_grad_bytes
         on = _tied_on(ctx, plans)
         if not on.any():
             return np.zeros(len(plans))
-        nbytes = ctx.shape.vocab * ctx.shape.hidden / plans["tp"] * ctx.gdt
+        nbytes = embedding_grad_bytes(ctx.shape.vocab, ctx.shape.hidden, plans["tp"], ctx.gdt,
+                                      plans["zero"], plans["dp"])
         return coll("all_reduce", GROUP, nbytes, on) * on
 
     @staticmethod

@@ -39,8 +39,8 @@ import numpy as np
 
 from ..trace import Block, Collective, GroupFamily, Op
 
-__all__ = ["GROUP", "OP_NAME", "charged", "families", "family_of", "grad_bytes", "insert_op",
-           "with_grad_all_reduce"]
+__all__ = ["GROUP", "OP_NAME", "charged", "embedding_grad_bytes", "families", "family_of",
+           "grad_bytes", "insert_op", "with_grad_all_reduce"]
 
 #: name of the embedding group's family (first and last stage of each pipeline)
 GROUP = "embedding"
@@ -90,8 +90,7 @@ def family_of(pipes: np.ndarray) -> GroupFamily:
 
 
 def grad_bytes(b: Any) -> float:
-    """Bytes each rank all-reduces: its ``V·h/t`` embedding gradient in the stack's gradient
-    dtype (``b.gdt``), its ``1/D`` shard under ZeRO-3 (module docstring).
+    """Bytes each rank all-reduces for builder ``b``'s plan (:func:`embedding_grad_bytes`).
 
     Parameters
     ----------
@@ -103,10 +102,34 @@ def grad_bytes(b: Any) -> float:
     float
         bytes, the buffer each rank passes in.
     """
-    n = b.shape.vocab * b.shape.hidden / b.part.param_split * b.gdt
-    if b.plan.zero_stage == 3 and b.gdp > 1:
-        n /= b.gdp
-    return float(n)
+    return float(embedding_grad_bytes(b.shape.vocab, b.shape.hidden, b.part.param_split, b.gdt,
+                                      b.plan.zero_stage, b.gdp))
+
+
+def embedding_grad_bytes(vocab, hidden, param_split, gdt, zero_stage, gdp):
+    """Bytes each rank all-reduces: its ``V·h/split`` embedding gradient in the stack's
+    gradient dtype, its ``1/D`` shard under ZeRO-3 with ``D > 1`` (module docstring); the
+    builder's op and the search tier's arrays of plans both take their bytes from here.
+
+    Parameters
+    ----------
+    vocab, hidden : int
+        The model's vocabulary and hidden sizes.
+    param_split : int or numpy.ndarray
+        Ranks the embedding's parameters are split over (the tensor-parallel size in 1-D).
+    gdt : float
+        Bytes per gradient element.
+    zero_stage, gdp : int or numpy.ndarray
+        ZeRO stage and the gradient-sharding group's size, per plan.
+
+    Returns
+    -------
+    float or numpy.ndarray
+        bytes, per plan.
+    """
+    n = vocab * hidden / np.asarray(param_split, dtype=float) * gdt
+    sharded = (np.asarray(zero_stage) == 3) & (np.asarray(gdp) > 1)
+    return np.where(sharded, n / np.maximum(np.asarray(gdp, dtype=float), 1.0), n)
 
 
 def with_grad_all_reduce(b: Any, block: Block, stage: int) -> Block:
