@@ -28,8 +28,9 @@ op_time`), the convention of the ``z = x + y`` figure (``3 N`` bytes) the CPU pr
 A copy that stays in the caches runs faster than one bandwidth says (``numpy.copyto`` of
 1 MiB: 31.6 GB/s as ``2 N``, against 7.9 GB/s at 24 MiB), which is not modelled.
 
-``parallel.collective_buffers: separate`` (a plan field every family reads) says the program
-calls its collectives that way (the seed's C++ proxies: every ``MPI_Allreduce``/
+``parallel.collective_buffers: separate`` (a plan field of the families whose traces keep
+one-rank collectives: resnet, cosmoflow, dlrm; the decoder and BERT families refuse it) says
+the program calls its collectives that way (the seed's C++ proxies: every ``MPI_Allreduce``/
 ``MPI_Iallreduce``/``MPI_Alltoall``/``MPI_Allgather``/``MPI_Reduce_scatter_block`` there
 names two buffers); ``in_place`` (the default) that it does not (PyTorch DDP's and
 Megatron's gradient all-reduces run in place on their buckets; ``torch.distributed.

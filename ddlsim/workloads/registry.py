@@ -49,12 +49,14 @@ ARCHITECTURE_DEFAULT = "gpt"
 #: The plan fields every bundled family reads: the mesh's sizes (a family without tensor,
 #: pipeline or expert parallelism reads them to refuse a size above 1), the data-parallel
 #: update, the collective choices and the rank order (read by the engines and the mesh), and
-#: the batch. A family lists these and its own in :attr:`WorkloadFamily.plan_fields`.
+#: the batch. A family lists these and its own in :attr:`WorkloadFamily.plan_fields`
+#: (``parallel.collective_buffers`` only where its trace keeps one-rank collectives:
+#: :mod:`.onerankcopy`).
 BASE_PLAN_FIELDS: tuple[str, ...] = (
     "parallel.tensor_model_parallel_size", "parallel.pipeline_model_parallel_size",
     "parallel.expert_model_parallel_size", "parallel.data_parallel_size",
     "parallel.zero_stage", "parallel.dp_strategy", "parallel.collective_algorithm",
-    "parallel.collective_buffers", "parallel.rank_order", "train.micro_batch_size",
+    "parallel.rank_order", "train.micro_batch_size",
     "train.global_batch_size", "train.seq_length", "train.dtype", "train.optimizer")
 
 _FAMILIES: dict[str, "WorkloadFamily"] = {}

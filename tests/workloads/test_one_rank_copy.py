@@ -93,3 +93,13 @@ def test_proxy_examples_that_name_two_buffers_say_so():
     # comm_only/gpt2_large.cpp:107 calls its all-reduces only on more than one rank
     assert ddlsim.load_config(f"{ROOT}/gpt2_large.yaml").parallel.collective_buffers == \
         "in_place"
+
+
+@pytest.mark.parametrize("name, family", [("gpt2_large", "decoder"), ("bert_large", "bert")])
+def test_families_that_drop_one_rank_collectives_refuse_separate_buffers(name, family):
+    """The decoder and BERT families leave one-rank collectives out of their traces, so
+    ``separate`` would be ignored there: refused, naming the field and the value."""
+    from ddlsim.errors import ConfigError
+    with pytest.raises(ConfigError, match=f"collective_buffers = 'separate'.*{family}"):
+        ddlsim.load_config(f"{ROOT}/{name}.yaml",
+                           overrides=["parallel.collective_buffers=separate"])

@@ -24,7 +24,7 @@ class CosmoFlowFamily(WorkloadFamily):
 
     schema = CosmoFlowModel
     #: the plan fields its rules and trace read (any other is refused when set)
-    plan_fields = BASE_PLAN_FIELDS
+    plan_fields = (*BASE_PLAN_FIELDS, "parallel.collective_buffers")
     presets_file = "cosmoflow.yaml"
 
     def check(self, cfg: Any) -> None:

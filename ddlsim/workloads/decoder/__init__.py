@@ -58,6 +58,7 @@ class DecoderFamily(WorkloadFamily):
         check_overlap(cfg)
         from .proxy import check_proxy_plan
         check_proxy_plan(cfg)
+        _check_collective_buffers(cfg, "decoder")
 
     def build(self, cfg: Any):
         from .build import build_decoder_workload
@@ -319,3 +320,15 @@ def _grad_phrase(cfg: Any) -> str:
     from ...config_types import DTYPE_BYTES
     from .layerkernels import compute_dtype, grad_bytes
     return ", fp32 grads" if grad_bytes(cfg) != DTYPE_BYTES[compute_dtype(cfg.train.dtype)] else ""
+
+
+def _check_collective_buffers(cfg: Any, family: str) -> None:
+    """Refuse ``parallel.collective_buffers: separate``: the family builds no collective over a
+    group of one rank (it leaves them out), so the one-rank copy
+    (:mod:`ddlsim.workloads.onerankcopy`) would have nothing to follow and the option would be
+    ignored."""
+    if cfg.parallel.collective_buffers != "in_place":
+        raise ValueError(f"parallel.collective_buffers = {cfg.parallel.collective_buffers!r}: the "
+                         f"{family} family leaves collectives over one-rank groups out of its "
+                         "trace, so their copy cannot be charged; allowed here: 'in_place' (the "
+                         "resnet, cosmoflow and dlrm families read 'separate')")

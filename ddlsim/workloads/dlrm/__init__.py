@@ -34,7 +34,8 @@ class DLRMFamily(WorkloadFamily):
 
     schema = DLRMModel
     #: the plan fields its rules and trace read (any other is refused when set)
-    plan_fields = (*BASE_PLAN_FIELDS, "parallel.overlap_grad_reduce", "train.recompute")
+    plan_fields = (*BASE_PLAN_FIELDS, "parallel.overlap_grad_reduce", "train.recompute",
+                   "parallel.collective_buffers")
     presets_file = "dlrm.yaml"
 
     def check(self, cfg: Any) -> None:

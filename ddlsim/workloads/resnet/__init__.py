@@ -21,7 +21,8 @@ class ResNetFamily(WorkloadFamily):
 
     schema = ResNetModel
     #: the plan fields its rules and trace read (any other is refused when set)
-    plan_fields = (*BASE_PLAN_FIELDS, "parallel.overlap_grad_reduce", "parallel.grad_bucket_size")
+    plan_fields = (*BASE_PLAN_FIELDS, "parallel.overlap_grad_reduce", "parallel.grad_bucket_size",
+                   "parallel.collective_buffers")
     presets_file = "resnet.yaml"
 
     def check(self, cfg: Any) -> None:
