@@ -51,7 +51,7 @@ def test_unset_takes_the_stacks_exchange_and_says_so(stack, comm, word):
     assert plan_fields(cfg)["cp_comm_type"] == comm          # the JSON result's plan
 
 
-@pytest.mark.parametrize("stack", ["megatron-core-2024", "torchtitan-2025"])
+@pytest.mark.parametrize("stack", ["megatron-core-2025", "torchtitan-2025"])
 @pytest.mark.parametrize("comm", ["p2p", "all_gather"])
 def test_the_plans_value_always_wins(stack, comm):
     cfg = config(stack, comm)
@@ -63,7 +63,7 @@ def test_the_plans_value_always_wins(stack, comm):
 def test_the_plans_value_wins_over_a_stack_override():
     cfg = config("torchtitan-2025", "p2p", kernels={"cp_comm_type": "all_gather"})
     assert used(cfg) == "p2p"
-    cfg = config("megatron-core-2024", kernels={"cp_comm_type": "all_gather"})
+    cfg = config("megatron-core-2025", kernels={"cp_comm_type": "all_gather"})
     assert used(cfg) == "all_gather"
     assert cfg.software.sources["cp_comm_type"] == "system.software.kernels"
 

@@ -58,6 +58,6 @@ def test_the_ring_adds_its_buffers_beyond_the_freed_mlp_to_the_peak():
 
 def test_transformer_engine_rings_keep_their_memory_as_before():
     # megatron-core's ring (TE's) is not torch's: no buffers added, either rotation
-    te = [_activations(_config(cp, comm, "megatron-core-2024"))
+    te = [_activations(_config(cp, comm, "megatron-core-2025"))
           for cp, comm in ((8, "all_gather"), (8, "p2p"))]
     assert te[0] == te[1]
