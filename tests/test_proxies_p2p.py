@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from benchscripts import load_script
-from mpienv import mpi_env
+from mpienv import mpi_env, run_two_ranks
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "proxies_p2p.py"
 p2p = load_script("proxies_p2p")
@@ -25,15 +25,7 @@ def test_the_sizes_are_the_proxies_stage_sends():
 
 
 def test_two_ranks_print_every_case_twice():
-    pytest.importorskip("mpi4py")
-    from ddlsim.reference.mpijobs import mpi_env as loop_env, mpirun
-    try:
-        cmd = mpirun(2)
-    except FileNotFoundError:
-        pytest.skip("mpirun is not installed")
-    proc = subprocess.run([*cmd, sys.executable, str(SCRIPT), "--bytes", "65536",
-                           "--repeats", "1"], capture_output=True, text=True, env=loop_env(),
-                          timeout=120)
+    proc = run_two_ranks(SCRIPT, "--bytes", "65536", "--repeats", "1")
     assert proc.returncode == 0, proc.stderr
     cases = re.findall(r"^65536 B (.+?): \d+\.\d{3} ms per transfer, CPU \d+\.\d{3} ms "
                        r"\(\d+\.\d{2} GB/s; median of 1\)$", proc.stdout, re.M)

@@ -10,22 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from mpienv import mpi_env
+from mpienv import mpi_env, run_two_ranks
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "proxies_recvtouch.py"
 ENV = mpi_env()
 
 
 def test_two_ranks_print_every_case_twice():
-    pytest.importorskip("mpi4py")
-    from ddlsim.reference.mpijobs import mpi_env as loop_env, mpirun
-    try:
-        cmd = mpirun(2)
-    except FileNotFoundError:
-        pytest.skip("mpirun is not installed")
-    proc = subprocess.run([*cmd, sys.executable, str(SCRIPT), "--bytes", "262144",
-                           "--repeats", "2"], capture_output=True, text=True, env=loop_env(),
-                          timeout=120)
+    proc = run_two_ranks(SCRIPT, "--bytes", "262144", "--repeats", "2")
     assert proc.returncode == 0, proc.stderr
     cases = re.findall(r"^(recv fresh|recv warm|send fresh|send written): 262144 B, Recv wall "
                        r"\d+\.\d{3} ms, CPU \d+\.\d{3} ms \(median of 2\)$", proc.stdout, re.M)
