@@ -139,6 +139,9 @@ def compute(backend: str = typer.Option("numpy", help="numpy | torch"),
             max_seq: int = typer.Option(1024, help="longest attention sequence"),
             warmup: int = typer.Option(2), reps: int = typer.Option(5),
             seed: int = typer.Option(0, help="seed of the random operands"),
+            evict: str = typer.Option("0", help="numpy: read this many bytes before each timed "
+                                      "call, e.g. '32 MiB' (operands out of the caches, as in "
+                                      "an iteration); 0 times repeated calls on cached operands"),
             output: Path = typer.Option(Path("ddlsim-compute.csv"), "-o", "--output"),
             force: bool = typer.Option(False, help="overwrite an existing output file"),
             limit: list[str] = typer.Option([], "--limit", help="raise a work budget, e.g. "
@@ -161,7 +164,14 @@ def compute(backend: str = typer.Option("numpy", help="numpy | torch"),
     check_budget({"bench_samples": (warmup + reps) * (len(shapes) + len(att)) * len(dts)},
                  Limits.from_strings(limit), f"--warmup {warmup} --reps {reps}")
     guard_output(output, force)
-    frames = [run_gemm_benchmark(backend, device, dts, shapes, warmup, reps, seed)]
+    evict_bytes = int(parse_bytes(evict))
+    if evict_bytes < 0:
+        raise CalibrationError(f"--evict {evict!r} must be 0 or more bytes, e.g. '32 MiB'")
+    if evict_bytes and backend != "numpy":
+        raise CalibrationError(f"--evict {evict!r} is for --backend numpy only (got "
+                               f"{backend!r}); leave it at 0")
+    frames = [run_gemm_benchmark(backend, device, dts, shapes, warmup, reps, seed,
+                                 evict_bytes=evict_bytes)]
     if attention:
         frames.append(run_attention_benchmark(device, dts, att, warmup, reps, seed))
     df = pd.concat(frames, ignore_index=True)

@@ -72,6 +72,22 @@ def _time(fn: Callable[[], object], sync: Callable[[], None], warmup: int,
     return samples
 
 
+def _time_evicted(fn: Callable[[], object], sweep: np.ndarray, warmup: int, reps: int,
+                  clock: Callable[[], float] | None = None) -> np.ndarray:
+    """Seconds of ``reps`` single calls of ``fn``, each after an untimed read of ``sweep``
+    (the operands pushed out of the caches; :func:`run_gemm_benchmark`'s ``evict_bytes``)."""
+    clock = clock or time.perf_counter
+    for _ in range(max(warmup, 1)):
+        fn()
+    samples = np.empty(reps)
+    for i in range(reps):
+        float(sweep.sum())
+        t0 = clock()
+        fn()
+        samples[i] = max(clock() - t0, 1e-9)
+    return samples
+
+
 def _row(backend: str, version: str, device: str, kind: str, dtype: str, dims: dict,
          flops: float, samples: np.ndarray) -> dict:
     stats = summarize(samples)
@@ -131,33 +147,46 @@ def run_gemm_benchmark(backend: str = "numpy", device: str = "cpu",
                        shapes: Sequence[tuple[int, int, int]] | None = None, warmup: int = 2,
                        reps: int = 5, seed: int = 0,
                        progress: Callable[[str], None] | None = None,
-                       clock: Callable[[], float] | None = None) -> pd.DataFrame:
+                       clock: Callable[[], float] | None = None,
+                       evict_bytes: int = 0) -> pd.DataFrame:
     """Time GEMMs over shapes × dtypes; one row of :data:`COMPUTE_COLUMNS` per pair. A shape
     is ``(m, n, k)``, or with numpy ``(m, n, k, batch)``: ``batch`` GEMMs in one ``matmul``
     of stacked operands (its row's ``flops`` are the stack's).
 
     ``clock`` (seconds) is wall time when None; ``time.process_time`` (numpy only) times
     the CPU this process got, which other processes taking turns on its core do not inflate
-    (the closed loop on a shared machine, ddlsim/reference/interleaved.py)."""
+    (the closed loop on a shared machine, ddlsim/reference/interleaved.py).
+
+    ``evict_bytes`` > 0 (numpy only): each sample is one call made after an untimed read of
+    that many bytes, so the operands meet the GEMM out of the core's caches, as inside a
+    training iteration (ddlsim/reference/coldgemm.py measured small stacked GEMMs 25-27 %
+    slower so on a 2-core machine); 0 times repeated calls on operands left in cache."""
     shapes = list(shapes or default_gemm_shapes())
     if reps < 1 or warmup < 0:
         raise CalibrationError(f"need reps >= 1 and warmup >= 0, got {reps}, {warmup}")
+    if evict_bytes < 0:
+        raise CalibrationError(f"evict_bytes must be >= 0, got {evict_bytes}")
     if backend == "numpy":
         if device != "cpu":
             raise CalibrationError(f"the numpy backend runs on the CPU only, got {device!r}")
-        return _frame(_numpy_gemms(dtypes, shapes, warmup, reps, seed, progress, clock))
+        return _frame(_numpy_gemms(dtypes, shapes, warmup, reps, seed, progress, clock,
+                                   evict_bytes))
     if backend != "torch":
         raise CalibrationError(f"compute backend must be 'numpy' or 'torch', got {backend!r}")
+    if evict_bytes:
+        raise CalibrationError("evicting the operands (--evict) is for the numpy backend only: "
+                               "a GPU's caches are not swept from the host here")
     if clock is not None:   # the device's work is timed on the host's wall clock, synced
         raise CalibrationError(f"clock {clock!r} is for the numpy backend only; the torch "
                                "backend times GEMMs in wall time (clock None)")
     return _frame(_torch_gemms(device, dtypes, shapes, warmup, reps, seed, progress))
 
 
-def _numpy_gemms(dtypes, shapes, warmup: int, reps: int, seed: int, progress, clock
-                 ) -> list[dict]:
+def _numpy_gemms(dtypes, shapes, warmup: int, reps: int, seed: int, progress, clock,
+                 evict_bytes: int = 0) -> list[dict]:
     """:func:`run_gemm_benchmark`'s rows with numpy on the CPU (stacked shapes allowed)."""
     rng, version, rows = np.random.default_rng(seed), f"numpy {np.__version__}", []
+    sweep = np.ones(evict_bytes // 4, dtype=np.float32) if evict_bytes else None
     for dtype in dtypes:
         if dtype not in NUMPY_DTYPES:
             raise CalibrationError(f"numpy dtype {dtype!r} not supported; allowed: "
@@ -166,7 +195,8 @@ def _numpy_gemms(dtypes, shapes, warmup: int, reps: int, seed: int, progress, cl
             m, n, k, stack, dims = _gemm_dims(shape)
             a = rng.standard_normal((*stack, m, k)).astype(NUMPY_DTYPES[dtype])
             b = rng.standard_normal((*stack, k, n)).astype(NUMPY_DTYPES[dtype])
-            samples = _time(lambda: a @ b, lambda: None, warmup, reps, clock)
+            samples = (_time(lambda: a @ b, lambda: None, warmup, reps, clock) if sweep is None
+                       else _time_evicted(lambda: a @ b, sweep, warmup, reps, clock))
             rows.append(_row("numpy", version, "cpu", "gemm", dtype, dims,
                              gemm_flops(m, n, k) * dims.get("batch", 1), samples))
             if progress:

@@ -176,3 +176,27 @@ def test_the_gemm_benchmark_times_with_the_clock_it_is_given():
     df = run_gemm_benchmark("numpy", "cpu", ["fp32"], [(8, 8, 8)], warmup=1, reps=3,
                             clock=lambda: 0.5 * next(ticks))
     assert df["time_median_s"].tolist() == [0.5] and df["reps"].tolist() == [3]
+
+
+def test_evicted_gemms_time_one_call_per_sample_after_the_sweep(monkeypatch):
+    """``evict_bytes``: each of ``reps`` samples is one call after an untimed read of the
+    sweep (the clock read twice per sample: 0.5 s a call), never for torch; bad sizes refused."""
+    from itertools import count
+
+    from ddlsim.calibration import compute_bench
+    reads = []
+    real = compute_bench._time_evicted
+
+    def counting(fn, sweep, warmup, reps, clock=None):
+        reads.append(sweep.nbytes)
+        return real(fn, sweep, warmup, reps, clock)
+    monkeypatch.setattr(compute_bench, "_time_evicted", counting)
+    ticks = count()
+    df = run_gemm_benchmark("numpy", "cpu", ["fp32"], [(8, 8, 8), (4, 4, 4, 2)], warmup=1,
+                            reps=3, clock=lambda: 0.5 * next(ticks), evict_bytes=1 << 20)
+    assert reads == [1 << 20, 1 << 20]
+    assert df["time_median_s"].tolist() == [0.5, 0.5] and df["reps"].tolist() == [3, 3]
+    with pytest.raises(CalibrationError, match="numpy backend only"):
+        run_gemm_benchmark("torch", "cpu", ["fp32"], [(8, 8, 8)], evict_bytes=1 << 20)
+    with pytest.raises(CalibrationError, match=">= 0"):
+        run_gemm_benchmark("numpy", "cpu", ["fp32"], [(8, 8, 8)], evict_bytes=-1)
