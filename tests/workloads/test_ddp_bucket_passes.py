@@ -14,6 +14,8 @@ from ddlsim.simulator.kernels import kernel_device, kernel_time
 from ddlsim.workloads.decoder.dpsync import bucket_passes, ddp_pass_times
 from ddlsim.workloads.trace import Collective, Compute
 
+from passchecks import assert_each_run_precedes
+
 pytestmark = pytest.mark.filterwarnings("ignore::ddlsim.errors.DDLSimWarning")
 
 
@@ -52,12 +54,8 @@ def test_four_passes_over_every_reduced_gradient_byte():
             and o.payload.name == "grad.bucket_passes"]
     assert reduced > 0 and zero.bytes == pytest.approx(reduced)
     assert sum(o.payload.bytes * o.repeat for o in runs) == pytest.approx(3 * reduced)
-    for o in runs:        # before the run's reduce-scatter, one kernel a pass and bucket
-        i = ops.index(o)
-        after = next(x for x in ops[i:] if isinstance(x.payload, Collective))
-        assert after.payload.name == "grad.reduce_scatter"
-        assert [k.bytes for k in o.payload.kernels] == \
-            pytest.approx([after.payload.bytes] * (3 * after.repeat))
+    # before the run's reduce-scatter, one kernel a pass and bucket
+    assert_each_run_precedes(ops, runs, "grad.reduce_scatter", 3)
 
 
 def test_without_overlap_all_four_in_the_update_block():

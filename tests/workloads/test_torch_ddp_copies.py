@@ -16,6 +16,8 @@ from ddlsim.simulator.kernels import kernel_device, kernel_time
 from ddlsim.workloads.decoder.dpsync import bucket_passes, ddp_pass_times, whole_gradient_passes
 from ddlsim.workloads.trace import Collective, Compute, Kernel
 
+from passchecks import assert_each_run_precedes
+
 pytestmark = pytest.mark.filterwarnings("ignore::ddlsim.errors.DDLSimWarning")
 
 STACK = "torchtitan-2024"
@@ -57,12 +59,8 @@ def test_two_passes_before_each_bucket_and_two_after_the_all_reduce():
     assert reduced > 0 and runs
     assert sum(o.payload.bytes * o.repeat for o in runs) == pytest.approx(2 * reduced)
     assert back.payload.bytes == pytest.approx(2 * reduced)
-    for o in runs:        # the copy into the bucket before its all-reduce, a kernel a pass
-        i = ops.index(o)
-        after = next(x for x in ops[i:] if isinstance(x.payload, Collective))
-        assert after.payload.name == "grad.all_reduce"
-        assert [k.bytes for k in o.payload.kernels] == \
-            pytest.approx([after.payload.bytes] * (2 * after.repeat))
+    # the copy into the bucket before its all-reduce, a kernel a pass
+    assert_each_run_precedes(ops, runs, "grad.all_reduce", 2)
 
 
 def test_one_rank_runs_no_ddp():
