@@ -281,24 +281,17 @@ def _stack_rules(f, ctx_cfgs: list, inter, plain,
     what-ifs) unless ``what_ifs`` asks which plans they are, none for a context None
     (judged through its config)."""
     from ..stackrules import PlanFacts, stack_rejections
+    from ..stackrules.facts import context_facts
 
     known = [c for c in ctx_cfgs if c is not None]
     if not known or (known[0].software.what_if and not what_ifs):
         return []
     ctx = f["context"]
     has_cfg = np.array([c is not None for c in ctx_cfgs])[ctx]
-    p2p = np.array([c is not None and bool(c.software.overlap_p2p_comm) for c in ctx_cfgs])[ctx]
-    cp = np.array([1 if c is None else c.parallel.cp for c in ctx_cfgs])[ctx]
-    # the stack's ZeRO-3 implementation and gradient accumulation fusion (a context's)
-    mfsdp = np.array([c is not None and c.software.zero3_implementation == "megatron_fsdp"
-                      for c in ctx_cfgs])[ctx]
-    fusion = np.array([c is not None and bool(c.software.gradient_accumulation_fusion)
-                       for c in ctx_cfgs])[ctx]
-    gather = np.array([c is not None and c.software.cp_comm_type == "all_gather"
-                       for c in ctx_cfgs])[ctx]
-    facts = PlanFacts.of(tp=f["tp"], pp=f["pp"], cp=cp, zero=f["zero"], sp=f["sp"].astype(bool),
-                         interleaved=inter, one_f_one_b=plain, p2p_overlap=p2p,
-                         megatron_fsdp=mfsdp, grad_accum_fusion=fusion, cp_all_gather=gather)
+    per_ctx = [context_facts(c) for c in ctx_cfgs]   # each context's own, once
+    fixed = {k: np.array([d[k] for d in per_ctx])[ctx] for k in per_ctx[0]}
+    facts = PlanFacts.of(tp=f["tp"], pp=f["pp"], zero=f["zero"], sp=f["sp"].astype(bool),
+                         interleaved=inter, one_f_one_b=plain, **fixed)
     return [(reason, mask & has_cfg)
             for reason, mask in stack_rejections(known[0].software.name, facts)]
 

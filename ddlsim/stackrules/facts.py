@@ -13,7 +13,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..workloads.registry import get_family
 
-__all__ = ["PlanFacts", "StackRule", "stack_rule", "rules"]
+__all__ = ["PlanFacts", "StackRule", "context_facts", "stack_rule", "rules"]
 
 
 @dataclass(frozen=True)
@@ -96,9 +96,9 @@ class PlanFacts:
     def of_config(cls, cfg: Any) -> "PlanFacts":
         """The facts of a :class:`~ddlsim.config.RunConfig`'s plan."""
         p = cfg.parallel
-        return cls.of(tp=p.tp, pp=p.pp, cp=p.cp, zero=p.zero_stage, sp=p.sequence_parallel,
+        return cls.of(tp=p.tp, pp=p.pp, zero=p.zero_stage, sp=p.sequence_parallel,
                       interleaved=p.schedule == "interleaved", one_f_one_b=p.schedule == "1f1b",
-                      p2p_overlap=bool(cfg.software.overlap_p2p_comm),
+                      **context_facts(cfg),
                       moe=bool(getattr(cfg.model, "num_local_experts", 0)), ep=p.ep,
                       etp=p.etp, dp=p.data_parallel_size or 1,
                       tp_overlap=p.tp > 1 and cfg.software.tp_comm_overlap != "off",
@@ -108,10 +108,23 @@ class PlanFacts:
                       compiled=bool(cfg.software.compile), **_moe_facts(cfg),
                       layer_ac=cfg.train.recompute_every_n_layers > 1,
                       given_split=p.layers_per_virtual_stage is not None,
-                      hsdp=p.data_parallel_replicate_size > 1, **_recompute_facts(cfg),
-                      megatron_fsdp=cfg.software.zero3_implementation == "megatron_fsdp",
-                      grad_accum_fusion=bool(cfg.software.gradient_accumulation_fusion),
-                      cp_all_gather=cfg.software.cp_comm_type == "all_gather")
+                      hsdp=p.data_parallel_replicate_size > 1, **_recompute_facts(cfg))
+
+
+def context_facts(cfg: Any) -> dict:
+    """The facts a search context fixes for all its plans (its config's context parallelism
+    and stack): ``cp``, ``p2p_overlap``, ``megatron_fsdp``, ``grad_accum_fusion``,
+    ``cp_all_gather``; for a context without a config (None) the values that break no rule.
+    :meth:`PlanFacts.of_config` and the search's arrays (:mod:`ddlsim.search.plans`) both
+    take them from here."""
+    if cfg is None:
+        return {"cp": 1, "p2p_overlap": False, "megatron_fsdp": False,
+                "grad_accum_fusion": False, "cp_all_gather": False}
+    sw = cfg.software
+    return {"cp": cfg.parallel.cp, "p2p_overlap": bool(sw.overlap_p2p_comm),
+            "megatron_fsdp": sw.zero3_implementation == "megatron_fsdp",
+            "grad_accum_fusion": bool(sw.gradient_accumulation_fusion),
+            "cp_all_gather": sw.cp_comm_type == "all_gather"}
 
 
 def _recompute_facts(cfg: Any) -> dict:
