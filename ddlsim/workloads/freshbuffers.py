@@ -29,7 +29,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from .trace import Block, Compute, Op
+from .trace import Block, Compute, Op, insert_op
 
 __all__ = ["RecvBuffers", "RECV_BUFFERS_FIELD", "first_touch_op", "insert_after",
            "fresh_recv_buffers", "resolve_first_touch"]
@@ -74,11 +74,8 @@ def insert_after(block: Block, index: int, op: Op, name: str) -> Block:
     """``block`` renamed ``name`` with ``op`` inserted after its op ``index``: ``op``
     depends on op ``index``, and later ops' dependencies on ops after ``index`` shift by
     one."""
-    ops = list(block.ops)
-    moved = [Op(o.payload, o.stream, tuple(d + (d > index) for d in o.deps), o.repeat)
-             for o in ops[index + 1:]]
     new = Op(op.payload, op.stream, (index,), op.repeat)
-    return Block(name, block.phase, tuple(ops[:index + 1] + [new] + moved))
+    return Block(name, block.phase, insert_op(block.ops, index + 1, new))
 
 
 def resolve_first_touch(cfg, profile) -> tuple[object, str | None]:

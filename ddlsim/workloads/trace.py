@@ -40,7 +40,7 @@ from .steps import Step, StepTable
 
 __all__ = ["Compute", "Contention", "Kernel", "Collective", "P2P", "Wait", "Loop", "Op", "Payload",
            "Block", "Step", "StepTable", "Program", "GroupFamily", "RankClass", "Workload",
-           "WorkloadMeta", "CollectiveOp", "GroupKind", "Phase"]
+           "WorkloadMeta", "CollectiveOp", "GroupKind", "Phase", "insert_op"]
 
 Phase = Literal["forward", "backward", "optimizer", "sync", "other"]
 
@@ -270,3 +270,13 @@ def _check_deps(ops: tuple[Op, ...], where: str) -> None:
                              f"(deps {op.deps} at position {i})")
         if type(op.payload) is Loop:
             _check_deps(op.payload.body, f"loop {op.payload.name!r} of {where}")
+
+
+def insert_op(ops: tuple[Op, ...], at: int, op: Op) -> tuple[Op, ...]:
+    """``ops`` with ``op`` inserted at index ``at`` and the later ops' ``deps`` on ops at or
+    after ``at`` shifted by one (a loop's body keeps its own indices)."""
+    def shifted(o: Op) -> Op:
+        deps = tuple(d + (d >= at) for d in o.deps)
+        return o if deps == o.deps else Op(o.payload, o.stream, deps, o.repeat)
+
+    return (*ops[:at], op, *(shifted(o) for o in ops[at:]))

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from ..trace import Block, Collective, GroupFamily, Op
+from ..trace import Block, Collective, GroupFamily, Op, insert_op
 
 __all__ = ["GROUP", "OP_NAME", "charged", "embedding_grad_bytes", "families", "family_of",
            "grad_bytes", "insert_op", "with_grad_all_reduce"]
@@ -161,13 +161,3 @@ def with_grad_all_reduce(b: Any, block: Block, stage: int) -> Block:
         return block
     op = Op(Collective(OP_NAME, "all_reduce", GROUP, grad_bytes(b)))
     return Block(block.name, block.phase, insert_op(block.ops, at, op))
-
-
-def insert_op(ops: tuple[Op, ...], at: int, op: Op) -> tuple[Op, ...]:
-    """``ops`` with ``op`` inserted at index ``at`` and the later ops' ``deps`` on ops at or
-    after ``at`` shifted by one (a loop's body keeps its own indices)."""
-    def shifted(o: Op) -> Op:
-        deps = tuple(d + (d >= at) for d in o.deps)
-        return o if deps == o.deps else Op(o.payload, o.stream, deps, o.repeat)
-
-    return (*ops[:at], op, *(shifted(o) for o in ops[at:]))
