@@ -45,20 +45,6 @@ def evict_bytes() -> int:
     return max(EVICT_MIN_BYTES, 8 * l2)
 
 
-def _sample(shape, rng, sweep: np.ndarray) -> tuple[float, float]:
-    """(FLOPs, CPU seconds) of one call of ``shape`` (``(m, n, k)`` or ``(m, n, k, batch)``)
-    on fresh operands after one untimed call and a read of ``sweep``."""
-    m, n, k = shape[:3]
-    stack = tuple(shape[3:])
-    a = rng.standard_normal((*stack, m, k), dtype=np.float32)
-    b = rng.standard_normal((*stack, k, n), dtype=np.float32)
-    a @ b                                    # BLAS's buffers set up, as in an iteration
-    float(sweep.sum())                       # the operands out of the core's caches
-    c = time.process_time()
-    a @ b
-    return 2.0 * m * n * k * (stack[0] if stack else 1), time.process_time() - c
-
-
 def cold_gemm_round(shapes, seed: int, sweep: np.ndarray | None = None) -> pd.DataFrame:
     """One CPU-time sample per GEMM shape, its operands evicted first (module docstring), as
     rows of ``calibrate compute``'s table (one sample each: the interleaved job's statistics
@@ -78,19 +64,16 @@ def cold_gemm_round(shapes, seed: int, sweep: np.ndarray | None = None) -> pd.Da
     pandas.DataFrame
         :data:`~ddlsim.calibration.schema.COMPUTE_COLUMNS`, one row per shape, fp32.
     """
-    from ..calibration.schema import COMPUTE_COLUMNS, summarize
+    from ..calibration.compute_bench import _frame, _gemm_dims, _row, _time_evicted, gemm_flops
     rng = np.random.default_rng(seed)
     if sweep is None:
         sweep = np.ones(evict_bytes() // 4, dtype=np.float32)
     rows = []
-    for shape in shapes:
-        flops, seconds = _sample(shape, rng, sweep)
-        stats = summarize([max(seconds, 1e-9)])
-        reps = stats.pop("n")
-        m, n, k = shape[:3]
-        rows.append({"backend": "numpy", "library_version": f"numpy {np.__version__}",
-                     "device": "cpu", "kind": "gemm", "dtype": "fp32", "m": m, "n": n, "k": k,
-                     "batch": shape[3] if len(shape) > 3 else 0, "heads": 0, "seq": 0,
-                     "head_dim": 0, "flops": flops, **stats, "reps": reps,
-                     "flops_per_s": flops / stats["time_median_s"]})
-    return pd.DataFrame(rows, columns=list(COMPUTE_COLUMNS))
+    for shape in shapes:   # one untimed call (BLAS's buffers set up), the sweep, one timed
+        m, n, k, stack, dims = _gemm_dims(shape)
+        a = rng.standard_normal((*stack, m, k), dtype=np.float32)
+        b = rng.standard_normal((*stack, k, n), dtype=np.float32)
+        seconds = _time_evicted(lambda: a @ b, sweep, 1, 1, time.process_time)
+        rows.append(_row("numpy", f"numpy {np.__version__}", "cpu", "gemm", "fp32", dims,
+                         gemm_flops(m, n, k) * dims.get("batch", 1), seconds))
+    return _frame(rows)
