@@ -98,6 +98,23 @@ def test_summary_line_counts_runs_engines_and_refusals():
         "30.0 %); within 20 %: analytical 2 of 2, des 0 of 1; 4 refused (more ranks than "
         "cores)")
     assert pc.summary_line([], 12) == "proxies: 0 runs; 12 refused (more ranks than cores)"
+    assert pc.summary_line(rows[1:], None) == (
+        "proxies: 1 runs, max |error| 20.0 %, mean 20.0 % (analytical mean 20.0 %); within "
+        "20 %: analytical 1 of 1")
+
+
+def test_a_run_past_the_cores_is_refused_as_ddlsim_predict_refuses_it():
+    """dlrm_steady at 4 ranks on kvm-2core's 2 cores: ddlsim predict refuses the plan (one
+    device per core), so the check counts the row as refused, with that reason, not as a
+    miss; the 2-rank row is predicted and kept; one refusal asked per (proxy, ranks)."""
+    two = {"proxy": "dlrm_steady", "ranks": 2, "error_analytical": 0.1}
+    four = {"proxy": "dlrm_steady", "ranks": 4, "error_analytical": 0.6}
+    kept, refused = pc.past_cores([two, four, dict(four)])
+    assert kept == [two]
+    assert [row for row, _ in refused] == [four, four]
+    reason = refused[0][1]
+    assert reason.startswith("error: ") and "1·1·4 = 4 ranks" in reason
+    assert "'kvm-2core' has 1 nodes × 2 = 2 devices" in reason
 
 
 def test_steady_dlrm_edits_only_its_two_defines(tmp_path):
