@@ -26,6 +26,7 @@ from ..workloads.decoder.memory import (layer_kept_bytes, rebuilds_layer, rebuil
                                         stage_activations, stage_buffers, whole_layer_kinds)
 from ..workloads.decoder.zero3 import zero3_gathered_bytes
 from ..workloads.memory import model_state_bytes
+from ..workloads.pipeline_recv import pipeline_recv_bytes
 from ..workloads.schedules import peak_inflight
 from .blocks import piece_config
 from .plans import RECOMPUTE, SCHEDULE
@@ -117,5 +118,7 @@ def _stage_memory(ctx: Any, plans, first: bool, stage_params: np.ndarray,
                             cfg.parallel.cp, pp, v, chunks, shared.m, is_last))
     buffers = stage_buffers(cfg.software, fm, sh, zero, dp, shared.gathered,
                             sh.layer_params / t, t, is_first, is_last, pp, ctx.dt, ctx.gdt,
-                            stage_params)
+                            stage_params) + pipeline_recv_bytes(
+        fm, b, s, sh.hidden, t, plans["sp"].astype(bool), cfg.parallel.cp, pp, v, chunks,
+        shared.m, is_first, is_last)
     return weights + grads + opt + acts + other + buffers + shared.context

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ConfigError
+from .pipeline_recv import TORCH_PP_RECV
 
 __all__ = ["FrameworkMemory", "FRAMEWORKS", "framework", "loss_bytes", "head_bytes",
            "comm_buffer_bytes", "step_temporaries", "context_bytes", "pipeline_held_bytes",
@@ -79,6 +80,8 @@ class FrameworkMemory:
     pipeline_keeps_every_output : under :attr:`pipeline_holds_outputs`, every stage (not
         only the last) keeps each of its (micro-batch, chunk) outputs until the step ends,
         after the micro-batch's backward too (torch before pytorch#153383).
+    pipeline_recv_buffers : the pipeline runtime keeps a receive buffer per micro-batch for
+        each stage's input and output gradient (:func:`.pipeline_recv.pipeline_recv_bytes`).
     head_widths : (split, whole): 16-bit tensors of width ``h`` per token that the final norm
         and the output head keep for the backward outside the checkpointed blocks, split over
         TP under sequence parallelism or whole (:func:`head_bytes`); (0, 0) where they are
@@ -98,6 +101,7 @@ class FrameworkMemory:
     logit_bytes_compiled: float | None = None
     pipeline_holds_outputs: bool = False
     pipeline_keeps_every_output: bool = False
+    pipeline_recv_buffers: bool = False
 
     def logits_at(self, t, compiled: bool = False):
         """Bytes per logit with ``t`` tensor-parallel ranks: :attr:`logit_bytes_compiled`
@@ -206,9 +210,10 @@ _register(FrameworkMemory(
                      "norm, output); PyTorch _fsdp_state.py _lazy_init: 'For the root, do not "
                      "reshard after forward' (post_forward_mesh_info = None)",
         "head_widths": _TITAN_HEAD, "logit_bytes_tp": _TITAN_LOSS_TP,
-        "pipeline_holds_outputs": _TORCH_PP, "pipeline_keeps_every_output": _TORCH_PP_EVERY},
+        "pipeline_holds_outputs": _TORCH_PP, "pipeline_keeps_every_output": _TORCH_PP_EVERY,
+        "pipeline_recv_buffers": TORCH_PP_RECV},
     head_widths=(2, 1), logit_bytes_tp=2 + 4 + 4 + 4, pipeline_holds_outputs=True,
-    pipeline_keeps_every_output=True))
+    pipeline_keeps_every_output=True, pipeline_recv_buffers=True))
 
 _register(FrameworkMemory(
     "torchtitan-2025", logit_bytes=4 + 4 + 4, fsdp2=True, kept_root="head",
@@ -229,8 +234,9 @@ _register(FrameworkMemory(
                                 "torch.compile'd; derived, not measured: Inductor fuses the fp32 "
                                 "cast, log-softmax and nll into row reductions, keeping the "
                                 "16-bit logits and writing their 16-bit gradient (2 + 2 B)",
-        "pipeline_holds_outputs": _TORCH_PP},
-    head_widths=(2, 1), logit_bytes_tp=2 + 4 + 4 + 4, pipeline_holds_outputs=True))
+        "pipeline_holds_outputs": _TORCH_PP, "pipeline_recv_buffers": TORCH_PP_RECV},
+    head_widths=(2, 1), logit_bytes_tp=2 + 4 + 4 + 4, pipeline_holds_outputs=True,
+    pipeline_recv_buffers=True))
 
 
 def framework(stack: str) -> FrameworkMemory:

@@ -14,6 +14,7 @@ from ...config import DTYPE_BYTES
 from ..allocator import (comm_buffer_bytes, context_bytes, framework, head_bytes,
                          loss_bytes, pipeline_held_bytes, step_temporaries)
 from ..memory import MemoryBreakdown, model_state_bytes
+from ..pipeline_recv import pipeline_recv_bytes
 from ..models.decoder import DecoderShape
 from ..schedules import peak_inflight
 from .layer_memory import layer_kept_bytes, rebuilds_layer, rebuilt_bytes, whole_layer_kinds
@@ -99,6 +100,9 @@ def stage_memory(plan: DecoderPlan, stage: int, params: float, expert_params: fl
         buffers = memo[("buffers", params, unit_bytes, first, last)] = stage_buffers(
             sw, fm, shape, plan.zero_stage, plan.dp, gathered, unit_bytes / pb, split, first,
             last, plan.pp, pb, gb, params)
+    buffers = buffers + pipeline_recv_bytes(fm, b, plan.seq_length, shape.hidden, tp, plan.sp,
+                                            cp, plan.pp, plan.vpp, chunks, plan.microbatches,
+                                            first, last)
     return MemoryBreakdown(weights, grads, opt, acts, other, plan.device.memory_bytes, stage,
                            buffers, context if context is not None else
                            context_bytes(plan.device, comm_groups(plan)))

@@ -1,0 +1,96 @@
+"""The receive buffers torch.distributed.pipelining allocates per micro-batch and keeps
+(``pipeline_recv.pipeline_recv_bytes``): an input buffer on every stage but the first and an
+output-gradient buffer on every stage but the last, one per micro-batch, less the in-flight
+inputs the layers already count. Megatron's stacks count none. Bytes by hand."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import ddlsim
+from ddlsim.workloads.allocator import FRAMEWORKS
+from ddlsim.workloads.pipeline_recv import pipeline_recv_bytes
+
+pytestmark = pytest.mark.filterwarnings("ignore::ddlsim.errors.DDLSimWarning")
+
+S, H = 2048, 4096                     # llama-3.1-8b
+OUT = 2 * S * H / 2                   # micro-batch 1, TP 2 with SP, CP 1, 16-bit
+
+
+def _recv(fm, pp, vpp, chunks, m, first, last, sp=True, cp=1):
+    return pipeline_recv_bytes(fm, 1, S, H, 2, sp, cp, pp, vpp, chunks, m, first, last)
+
+
+def test_one_buffer_per_micro_batch_and_direction_less_the_inputs_in_flight():
+    fm = FRAMEWORKS["torchtitan"]
+    # 1F1B, PP 4, 8 micro-batches. Stage 0: no input buffers, 8 output-gradient buffers
+    assert _recv(fm, 4, 1, 4, 8, True, False) == 8 * OUT
+    # a middle stage with 3 forwards in flight: 8 + 8 buffers, 3 of them the layers' inputs
+    assert _recv(fm, 4, 1, 3, 8, False, False) == 13 * OUT
+    # the last stage: 8 input buffers, one in flight; no gradient comes from a next stage
+    assert _recv(fm, 4, 1, 1, 8, False, True) == 7 * OUT
+    # interleaved, two chunks on the first rank (stages 0 and 4), 6 forwards in flight:
+    # stage 4's 8 input buffers (3 in flight) and both chunks' 8 gradient buffers
+    assert _recv(fm, 4, 2, 6, 8, True, False) == (8 - 3 + 16) * OUT
+    # without SP the buffer is the whole sequence; CP splits it; no pipeline, no buffers
+    assert _recv(fm, 4, 1, 4, 8, True, False, sp=False) == 16 * OUT
+    assert _recv(fm, 4, 1, 4, 8, True, False, cp=2) == 4 * OUT
+    assert _recv(fm, 1, 1, 1, 8, True, True) == 0.0
+
+
+def test_both_torchtitan_stacks_count_them_and_megatron_none():
+    assert FRAMEWORKS["torchtitan-2025"].pipeline_recv_buffers
+    assert "_prepare_forward_infra" in FRAMEWORKS["torchtitan"].sources[
+        "pipeline_recv_buffers"]
+    assert _recv(FRAMEWORKS["megatron"], 4, 1, 4, 8, True, False) == 0.0
+
+
+def _cfg(stack: str) -> dict:
+    """llama-3.1-8b cut to 8 layers, TP 2 with SP, PP 4, 8 micro-batches of 1."""
+    cfg = {"model": {"preset": "llama-3.1-8b", "num_hidden_layers": 8},
+           "parallel": {"tensor_model_parallel_size": 2, "sequence_parallel": True,
+                        "pipeline_model_parallel_size": 4, "data_parallel_size": 1},
+           "train": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": S,
+                     "recompute": "full"},
+           "system": {"preset": "dgx-h100", "nodes": 1, "software": {"stack": stack}}}
+    if stack.startswith("torchtitan"):
+        cfg["parallel"]["zero_stage"] = 3
+    return cfg
+
+
+def test_each_stage_counts_them_as_communication_buffers(monkeypatch):
+    run = ddlsim.load_config(_cfg("torchtitan-2024"))
+    kept = {m.stage: (m.buffers, m.activations) for m in run.family.memory(run)}
+    monkeypatch.setitem(FRAMEWORKS, "torchtitan", dataclasses.replace(
+        FRAMEWORKS["torchtitan"], pipeline_recv_buffers=False))
+    without = {m.stage: (m.buffers, m.activations) for m in run.family.memory(run)}
+    # 1F1B on PP 4: stage 0 holds 4 forwards, stage 3 one; activations unchanged
+    assert kept[0][0] - without[0][0] == pytest.approx(8 * OUT, rel=1e-12)
+    assert kept[1][0] - without[1][0] == pytest.approx(13 * OUT, rel=1e-12)
+    assert kept[3][0] - without[3][0] == pytest.approx(7 * OUT, rel=1e-12)
+    assert all(kept[s][1] == without[s][1] for s in kept)
+
+
+def test_the_search_tiers_memory_counts_them_as_the_exact_one(monkeypatch):
+    """The vectorised tier calls the same rule, checked on Megatron-Core plans with the rule
+    switched on (a what-if: torchtitan's plans are searched by the exact engine)."""
+    from ddlsim.search.family import vector_family
+    from ddlsim.search.plans import VECTOR_FIELDS, enumerate_plans
+    monkeypatch.setitem(FRAMEWORKS, "megatron", dataclasses.replace(
+        FRAMEWORKS["megatron"], pipeline_recv_buffers=True))
+    cfg = _cfg("megatron-core-2024")
+    run = ddlsim.load_config(cfg)
+    base = {p: getattr(getattr(run, p.split(".")[0]), p.split(".")[1]) for p in VECTOR_FIELDS}
+    base["parallel.schedule"] = run.parallel.schedule
+    pps = [2, 4]
+    plans = enumerate_plans({"parallel.pipeline_model_parallel_size": pps}, base,
+                            run.system.num_devices)
+    family = vector_family(run.model.architecture)
+    memory, _ = family.memory(family.prepare(run), plans)
+    for k, pp in enumerate(pps):
+        one = {**cfg, "parallel": {**cfg["parallel"], "pipeline_model_parallel_size": pp,
+                                   "data_parallel_size": 8 // (2 * pp)}}
+        exact = ddlsim.memory_per_device(ddlsim.load_config(one)).total
+        assert memory[k] == pytest.approx(exact, rel=1e-12)
