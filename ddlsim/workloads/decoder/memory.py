@@ -335,10 +335,14 @@ def stage_activations(shape: DecoderShape, b, s: int, tp_cp, vpp, per_chunk, chu
     """
     acts = per_chunk * chunks + rebuilt + held
     sbh = b * s * shape.hidden
-    # the loss's logits and their fp32 temporaries on the last stage; the embedding output
-    # kept for dropout on the first
+    # the loss's logits and their fp32 temporaries on the last stage; on the first, the
+    # embedding dropout's 1-byte mask (Korthikanti et al. 2022 §4.3), where the model has
+    # dropout: without it none is drawn (PyTorch's dropout returns its input at p = 0,
+    # torchtitan's Llama has no dropout module), and the output itself is the first layer's
+    # input, counted with the layers
+    mask = sbh * chunks / vpp / embedding_split if shape.dropout else 0.0
     other = (_on(last, loss_bytes(logit_bytes, b, s, shape.vocab, tp_cp) + b * s * head)
-             + _on(first, sbh * chunks / vpp / embedding_split))
+             + _on(first, mask))
     if np.any(step):
         other = np.maximum(other, step - acts)
         other = float(other) if np.ndim(other) == 0 else other
