@@ -126,18 +126,20 @@ def label(o: dict) -> str:
 
 
 def show(out: list[dict], markdown: bool) -> None:
-    """The table: published and predicted reserved GiB, the error, and the parts."""
-    head = ["row", "published GiB", "predicted GiB", "error", "states", "activations",
-            "other", "buffers"]
+    """The table: published and predicted reserved GiB, the error, the pipeline stage of the
+    most loaded rank (0 without pipelining) and its parts (``buffers``: FSDP's gathered
+    parameters and gradient buffers, and the pipeline's receive buffers)."""
+    head = ["row", "published GiB", "predicted GiB", "error", "stage", "states",
+            "activations", "other", "buffers"]
     lines = []
     for o in out:
         m = o["memory"]
         if m is None:
-            lines.append([label(o), o["memory_gib"], "-", "not run", "", "", "", ""])
+            lines.append([label(o), o["memory_gib"], "-", "not run", "", "", "", "", ""])
             continue
         states = m.weights + m.gradients + m.optimizer
         lines.append([label(o), o["memory_gib"], f"{m.reserved / GIB:.1f}",
-                      f"{100 * o['error']:+.1f}%",
+                      f"{100 * o['error']:+.1f}%", str(m.stage),
                       *(f"{x / GIB:.1f}" for x in (states, m.activations, m.other, m.buffers))])
     print_table(head, lines, markdown)
     for o in out:
