@@ -45,13 +45,16 @@ GPUS_PER_NODE = 8          # DGX A100
 #: stage3_max_reuse_distance 1e8 (DeepSpeed's defaults, deepspeed-2021's, are 1e9; the example
 #: took 1e9 only from 13851060, 2021-04-18, after the paper). DeepSpeed v0.3.13's own ZeRO-3
 #: tutorial for Megatron-LM (docs/_tutorials/zero.md) also sets reuse 1e8 and live 6e6. Its
-#: other keys change nothing ddlsim models: overlap_comm and contiguous_gradients true (the
-#: stack's), stage3_prefetch_bucket_size 2.5e7 (still one tensor, every one being larger),
-#: reduce_bucket_size 5e7 (every weight over it is reduce-scattered by itself, per module as
-#: the stack does), and the persistence threshold's key is misspelled, so 1e5 holds.
+#: reduce_bucket_size 5e7 (DeepSpeed's default, the stack's, is 5e8): every GEMM weight of
+#: both models is over it, so each is reduce-scattered by itself from the next gradient hook,
+#: issued once its module's backward has ended (``zero3_reduce_bucket_size``). Its other keys
+#: change nothing ddlsim models: overlap_comm and contiguous_gradients true (the stack's),
+#: stage3_prefetch_bucket_size 2.5e7 (still one tensor, every one being larger), and the
+#: persistence threshold's key is misspelled, so 1e5 holds.
 ZERO3_SOFTWARE = {"stack": "deepspeed-2021",
                   "overlap": {"zero3_max_live_parameters": 100_000_000,
-                              "zero3_max_reuse_distance": 100_000_000}}
+                              "zero3_max_reuse_distance": 100_000_000,
+                              "zero3_reduce_bucket_size": 50_000_000}}
 STACKS = {"zero3": ZERO3_SOFTWARE, "ptdp": "megatron-lm-2021"}
 
 

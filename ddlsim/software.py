@@ -200,6 +200,13 @@ def _check_zero3_gather_options(overlap: dict, sources: dict, spec: SoftwareSpec
                     f"ZeRO-3 gathers only (the list-form collectives' per-rank host loops), "
                     f"and zero3_gather is {gather!r} ({_where(sources, spec)}); "
                     f"set zero3_gather: per_tensor, or {field}: 0")
+        if overlap["zero3_reduce_bucket_size"]:
+            raise ConfigError(
+                f"{sources['zero3_reduce_bucket_size']}: zero3_reduce_bucket_size = "
+                f"{overlap['zero3_reduce_bucket_size']:g} applies to per-tensor ZeRO-3 only "
+                f"(DeepSpeed 2021's gradient hooks), and zero3_gather is {gather!r} "
+                f"({_where(sources, spec)}); set zero3_gather: per_tensor, or "
+                "zero3_reduce_bucket_size: 0")
     if gather != "per_layer":
         for field, plain in (("zero3_reshard_after_forward", "always"), ("zero3_copy_out", False)):
             if overlap[field] != plain:

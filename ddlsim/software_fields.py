@@ -267,6 +267,13 @@ class OverlapSpec(_Strict):
         default=None,
         description="per_tensor ZeRO-3: host time of one parameter gather beyond its "
                     "counted Python ops and copies (hooks, bookkeeping, allocation)")
+    zero3_reduce_bucket_size: Elements | None = Field(
+        default=None,
+        description="per_tensor ZeRO-3: a gradient of more elements than this is "
+                    "reduce-scattered by itself from the next gradient hook, after its "
+                    "module's release has synchronised the compute stream, so the host "
+                    "issues it once the module's backward has ended (DeepSpeed "
+                    "reduce_bucket_size); 0: every issue beside the module's backward")
     zero3_implementation: Zero3Implementation | None = Field(
         default=None,
         description="whose code runs a ZeRO-3 plan: the stack's own (torch_fsdp, "

@@ -205,6 +205,10 @@ def test_zero3_rows_take_deepspeeds_megatron_example_config():
     assert cfg.software.zero3_max_live_parameters == 1e8
     assert cfg.software.zero3_max_reuse_distance == 1e8
     assert cfg.software.zero3_gather == "per_tensor"
+    # reduce_bucket_size 5e7: every GEMM weight of both models (the smallest, 174.6B's output
+    # projection, h^2 = 1.51e8) is over it, so reduce-scattered once its module has ended
+    assert cfg.software.zero3_reduce_bucket_size == 5e7
+    assert min(h * h for h in (12288, 20480)) > 5e7
     assert vz.config(row)["system"]["software"] is not vz.ZERO3_SOFTWARE    # a copy per row
     from ddlsim.workloads.decoder.zero3 import unit_live_elements
     from ddlsim.workloads.models.decoder import DecoderShape

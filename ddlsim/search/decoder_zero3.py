@@ -112,7 +112,7 @@ def _module_units(ctx, plans, on, coll, full):
                 2: k["bwd.attn.proj"], 1: k["bwd.attn.qkv"] + tp_b + k["bwd.ew"] + acc}
     order_f, order_b = (1, 2, 4, 5), (5, 4, 2, 1)
     units = {key: Unit(zeros(), zeros(), np.zeros(n, bool), zeros(), np.zeros(n, bool),
-                       zeros(), zeros(), zeros(), zeros())
+                       zeros(), zeros(), zeros(), zeros(), zeros())
              for key in [("f", mo) for mo in order_f] + [("r", mo) for mo in order_f]
              + [("b", mo) for mo in order_b]}
     synced = sw.zero3_gather == "per_tensor"

@@ -41,6 +41,9 @@ class Unit(NamedTuple):
     live: np.ndarray
     #: the host's seconds after its gathers' launch (PyTorch 1.8's copy-out loop), beside them
     host_copy_out: np.ndarray
+    #: the host's seconds to issue the reduce-scatters that wait for its compute to end
+    #: (:func:`ddlsim.workloads.decoder.zero3_fetch.reduce_host_split`)
+    host_reduce_after: np.ndarray
 
 
 def _pass(c, d, head, layer, a, r, L: int, k: int, backward: bool, sm=None, root=None):
@@ -203,6 +206,9 @@ def _units_pass(c, d, h, head, units: list[Unit], L: int, k: int, synced: bool,
         c = start + u.compute
         hosted = u.host_reduce > 0
         h = np.where(hosted, np.maximum(np.maximum(h, ready[j]), rs_end) + u.host_reduce, h)
+        late = u.host_reduce_after > 0
+        h = np.where(late, np.maximum(h, c) + u.host_reduce_after, h)
+        hosted = hosted | late
         d = np.where(u.has_reduce,
                      np.maximum(d, np.where(hosted, np.maximum(c, h), c)) + u.reduce, d)
         rs_end = np.where(u.has_reduce, d, -np.inf)

@@ -14,7 +14,7 @@ from ..workloads.decoder.builder import with_edges
 from ..workloads.decoder.fsdp_edges import layout
 from ..workloads.decoder.zero3_edges import edge_fetches
 from ..workloads.decoder.zero3_fetch import (FETCH_FILL_PASSES, FETCH_PASSES, REDUCE_PASSES,
-                                             gather_host_split, list_host_seconds)
+                                             gather_host_split, reduce_host_split)
 from .zero3 import Unit
 
 __all__ = ["edge_units", "root_unit", "price_gathers", "price_reduces"]
@@ -50,7 +50,7 @@ def edge_units(ctx, plans, on, coll, full, parts) -> list[Unit]:
     synced = sw.zero3_gather == "per_tensor"
     e, hf, hb = (np.broadcast_to(np.asarray(x, dtype=float), (n,)) for x in parts)
     units = [Unit(comp.copy(), np.zeros(n), np.zeros(n, bool), np.zeros(n), np.zeros(n, bool),
-                  np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n))
+                  np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n))
              for comp in (e, hf, hb, np.zeros(n))]
     for tp, rec in sorted({(int(t), bool(x)) for t, x in zip(plans["tp"][on], full[on])}):
         here = on & (plans["tp"] == tp) & (full == rec)
@@ -102,8 +102,8 @@ def price_reduces(ctx, plans, here, coll, u: Unit, red, synced: bool) -> None:
     passes = memory_pass_s(ctx, REDUCE_PASSES * sum(red) * ctx.gdt)
     if synced:
         u.compute[here] += passes
-        u.host_reduce[here] = list_host_seconds(ctx.cfg.software, plans["dp"][here], len(red),
-                                                gather=False)
+        u.host_reduce[here], u.host_reduce_after[here] = reduce_host_split(
+            ctx.cfg.software, plans["dp"][here], red)
     else:
         u.reduce[here] += passes
     for x in red:

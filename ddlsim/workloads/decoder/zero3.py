@@ -93,7 +93,8 @@ from .oplists import extend_ops as _extend
 from .layerkernels import MODULE_PARTS
 from .zero3_fetch import (FETCH_FILL_PASSES, FETCH_PASSES, GATHER_HOST_OPS, REDUCE_HOST_OPS,
                           REDUCE_PASSES, ModuleFetch, _live_elements, gather_host_split,
-                          list_host_seconds, module_fetches, unit_live_elements)
+                          list_host_seconds, module_fetches, reduce_host_split,
+                          unit_live_elements)
 from .zero3_pass import zero3_pass as _pass
 
 __all__ = ["zero3_blocks", "zero3_shards", "gathered_layers", "zero3_gathered_bytes",
@@ -232,6 +233,9 @@ class _Unit:
     #: ``host`` stream: the host waits for it (``_allgather_param``'s synchronisation)
     fill: float = 0.0
     host_reduce: float = 0.0
+    #: host seconds to issue the reduce-scatters that wait for its compute to end (DeepSpeed
+    #: 2021's gradients over ``zero3_reduce_bucket_size``, :func:`.zero3_fetch.reduce_host_split`)
+    host_reduce_after: float = 0.0
     #: bytes of the compute stream's pass after the gathers (FSDP2's copy-out)
     copy_out: float = 0.0
     #: HSDP: (group, bytes) of the all-reduces over the replicas after the reduce-scatters
@@ -300,7 +304,8 @@ def _module_units(b: StageBuilder, ops: list, fetch: dict[int, ModuleFetch],
             u.fill = FETCH_FILL_PASSES * sum(n for _, n in u.gathers)
             u.gather_passes = (FETCH_PASSES - FETCH_FILL_PASSES) * sum(n for _, n in u.gathers)
             u.host_gather, u.host_copy_out = gather_host_split(b.sw, b.dp, len(u.gathers))
-            u.host_reduce = list_host_seconds(b.sw, b.dp, len(u.reduces), gather=False)
+            u.host_reduce, u.host_reduce_after = reduce_host_split(
+                b.sw, b.dp, [n / b.gdt for _, n in u.reduces])
     return units
 
 

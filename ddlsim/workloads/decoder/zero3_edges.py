@@ -106,7 +106,7 @@ def _unit(b: Any, ops: list, gathers: tuple, reduces: tuple, live: float, label:
     gathered for this visit or kept (the cap's count, :func:`.zero3_fetch._live_elements`)."""
     from .zero3 import _Unit
     from .zero3_fetch import (FETCH_FILL_PASSES, FETCH_PASSES, REDUCE_PASSES, gather_host_split,
-                              list_host_seconds)
+                              reduce_host_split)
     unit = _Unit(ops, [("dp", n * b.dt) for n in gathers],
                  [("dp", n * b.gdt) for n in reduces], label=label)
     unit.reduce_passes = REDUCE_PASSES * sum(reduces) * b.gdt
@@ -115,5 +115,5 @@ def _unit(b: Any, ops: list, gathers: tuple, reduces: tuple, live: float, label:
         unit.fill = FETCH_FILL_PASSES * sum(gathers) * b.dt
         unit.gather_passes = (FETCH_PASSES - FETCH_FILL_PASSES) * sum(gathers) * b.dt
         unit.host_gather, unit.host_copy_out = gather_host_split(b.sw, b.dp, len(gathers))
-        unit.host_reduce = list_host_seconds(b.sw, b.dp, len(reduces), gather=False)
+        unit.host_reduce, unit.host_reduce_after = reduce_host_split(b.sw, b.dp, reduces)
     return unit

@@ -14,7 +14,8 @@ from ..trace import Collective, Compute, Op, Wait
 
 __all__ = ["FETCH_PASSES", "FETCH_FILL_PASSES", "REDUCE_PASSES", "GATHER_HOST_OPS",
            "REDUCE_HOST_OPS", "GATHER_COPY_OUT_OPS", "ModuleFetch", "gather_host_split",
-           "module_fetches", "list_host_seconds", "unit_live_elements", "PERSISTENT_HOST_OPS",
+           "module_fetches", "list_host_seconds", "reduce_host_split", "unit_live_elements",
+           "PERSISTENT_HOST_OPS",
            "persistent_tensors", "persistent_gather_seconds", "persistent_gather_ops"]
 
 #: memory passes over a gathered tensor: zero-filled flat buffer (write), then PyTorch 1.8's
@@ -116,6 +117,38 @@ def list_host_seconds(sw, ranks, calls: int, gather: bool) -> float:
     call = sw.zero3_host_gather_call if gather else 0.0
     return calls * ((ranks * py_rank + py_call) * sw.zero3_host_python_op
                     + (ranks * cp_rank + cp_call) * sw.zero3_host_copy + call)
+
+
+def reduce_host_split(sw, ranks, tensors) -> tuple:
+    """(beside, after) a module's backward: host seconds of the list-form reduce-scatters of
+    its gradients ``tensors`` (elements each) over ``ranks`` ranks (:func:`list_host_seconds`)
+    split by DeepSpeed v0.3.13's gradient hooks. A gradient of more elements than the stack's
+    ``zero3_reduce_bucket_size`` stays out of the contiguous bucket and is reduce-scattered
+    from the next gradient hook (``stage3.py`` ``extra_large_param_to_reduce``), which runs
+    after the module's post-backward hook has released its parameters with a blocking
+    host-to-device copy (``_partition_param``: ``torch.ones(1).half().to(param.device)``;
+    PyTorch 1.8 synchronises the compute stream after it): its issue comes after the
+    module's backward. The others are issued from hooks while it computes. A bucket size of
+    0 issues every one beside it.
+
+    Parameters
+    ----------
+    sw : the resolved software stack (``zero3_host_*`` seconds, ``zero3_reduce_bucket_size``
+        elements).
+    ranks : int or numpy.ndarray
+        Data-parallel ranks each reduce-scatter spans.
+    tensors : sequence of float
+        Elements of each gradient reduce-scattered.
+
+    Returns
+    -------
+    tuple
+        Host seconds issued beside the module's backward, and after it.
+    """
+    bucket = sw.zero3_reduce_bucket_size or 0.0
+    large = sum(1 for n in tensors if bucket and n > bucket)
+    return (list_host_seconds(sw, ranks, len(tensors) - large, gather=False),
+            list_host_seconds(sw, ranks, large, gather=False))
 
 
 def gather_host_split(sw, ranks, calls: int) -> tuple:

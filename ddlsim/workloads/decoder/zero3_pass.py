@@ -144,10 +144,15 @@ class _Pass:
                                     "compute" if self.synced else "dp", (last,))
             last = dep if self.synced else last
         # the host issues the reduce-scatters from the gradient hooks while the unit computes
-        # (once it has launched it: after its gathers and the reduce-scatters before it)
+        # (once it has launched it: after its gathers and the reduce-scatters before it);
+        # DeepSpeed 2021's oversized gradients once the unit has ended (its release)
         rs_deps = (dep,)
-        if unit.host_reduce:
-            rs_deps += self.host("zero3.host_reduce", unit.host_reduce, host_deps)
+        hosted = self.host("zero3.host_reduce", unit.host_reduce, host_deps) \
+            if unit.host_reduce else ()
+        if unit.host_reduce_after:
+            hosted = self.host("zero3.host_reduce_after", unit.host_reduce_after,
+                               (dep,) + hosted)
+        rs_deps += hosted
         rs = []
         for group, n in unit.reduces:
             ops.append(Op(Collective(f"grad.reduce_scatter{unit.label}", "reduce_scatter",
