@@ -140,6 +140,30 @@ def test_the_trainer_runs_the_plan_each_config_says(tmp_path):
 
 
 @needs_torch
+def test_one_rank_ddp_is_the_bare_model_and_fsdp_shards(tmp_path):
+    """On one rank the DDP plan trains the bare model, as torchtitan-2024 (the stack the loop
+    declares) runs it, with plain tensors: not DDP, and not FSDP2 (whose DTensors a
+    fall-through once gave it); the FSDP plan's parameters are DTensors."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    from ddlsim.reference.torch_train import Stage, data_parallel_step
+    from ddlsim.reference.train import shape_of
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0,
+                            world_size=1)
+    try:
+        kinds = {}
+        for strategy, plan in (("torch-ddp", "ddp"), ("torch-fsdp", "fsdp")):
+            cfg = ddlsim.load_config(_config(tmp_path, strategy, 1 if plan == "ddp" else 2))
+            model = data_parallel_step(cfg, shape_of(cfg), plan).model
+            kinds[plan] = (type(model), {type(p) for p in model.parameters()})
+    finally:
+        dist.destroy_process_group()
+    assert kinds["ddp"][0] is Stage and not any(issubclass(t, DTensor) for t in kinds["ddp"][1])
+    assert all(issubclass(t, DTensor) for t in kinds["fsdp"][1])
+
+
+@needs_torch
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 cores")
 def test_torch_loop_on_one_and_two_ranks_cpu_clock(tmp_path):
     """The loop, small, DDP and FSDP, CPU clock: every run predicted within CPU_BOUND by

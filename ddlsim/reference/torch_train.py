@@ -9,10 +9,14 @@ same file describes the same run:
 
 * ``zero_stage: 0``, data parallel — ``DistributedDataParallel`` (its buckets are
   ``parallel.grad_bucket_size``; the all-reduces overlap the backward, as
-  ``overlap_grad_reduce: true`` says), on one rank too: there the stack the loop declares
-  (torchtitan-2024, which wraps DDP only at ``dp_replicate > 1``) charges none of the
-  Reducer's copies into and out of its buckets (software.yaml ``ddp.bucket_passes``,
-  ``ddp.grad_copy_passes``), 5-7 ms of this model's backward on this machine;
+  ``overlap_grad_reduce: true`` says) on more than one rank, the bare model on one, as the
+  stack the loop declares (:data:`.torch_machine.TORCH_STACK`, torchtitan-2024) runs it:
+  torchtitan wraps DDP only when ``dp_replicate > 1`` (9dec370 torchtitan/parallelisms/
+  parallelize_llama.py lines 106-115), and on one rank DDP's Reducer would still copy every
+  gradient into its bucket and back (software.yaml ``ddp.bucket_passes``,
+  ``ddp.grad_copy_passes``), which that stack charges at DP > 1 only
+  (``benchmarks/torch_ddp_one_rank.py``, the model bare and wrapped alternating in one
+  process: +4.7 to +6.8 ms an iteration wrapped, all in the backward, 22:28 UTC);
 * ``zero_stage: 3`` — ``fully_shard`` (FSDP2) per block, then the whole model;
 * ``pipeline_model_parallel_size: 2``, ``schedule: gpipe`` — rank 0 holds the embeddings
   and the first half of the blocks, rank 1 the rest, the final norm and a copy of the token
@@ -164,17 +168,18 @@ class PhaseClock:
 
 def data_parallel_step(cfg, shape, plan: str):
     """A closure running one DDP or FSDP iteration on this rank; its ``clock`` attribute (a
-    :class:`PhaseClock`) holds the last iteration's phases."""
+    :class:`PhaseClock`) holds the last iteration's phases, its ``model`` the module it
+    trains (wrapped or sharded as the plan says)."""
     model = build_stage(shape, 0, 1)
-    if plan == "ddp":
-        from torch.nn.parallel import DistributedDataParallel
-        model = DistributedDataParallel(model, bucket_cap_mb=cfg.parallel.grad_bucket_size
-                                        / 2 ** 20)
-    else:
+    if plan == "fsdp":
         from torch.distributed.fsdp import fully_shard
         for block in model.blocks:
             fully_shard(block)
         fully_shard(model)
+    elif dist.get_world_size() > 1:   # DDP as torchtitan-2024 wraps it (the docstring)
+        from torch.nn.parallel import DistributedDataParallel
+        model = DistributedDataParallel(model, bucket_cap_mb=cfg.parallel.grad_bucket_size
+                                        / 2 ** 20)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     idx, tgt = _batch(shape, dist.get_rank())
     clock = PhaseClock()
@@ -189,7 +194,7 @@ def data_parallel_step(cfg, shape, plan: str):
         opt.zero_grad(set_to_none=False)
         clock("step")
         return float(loss.detach())
-    step.clock = clock
+    step.clock, step.model = clock, model
     return step
 
 
