@@ -23,7 +23,12 @@ rank 0 with the wall clock from a barrier (median of ``--repeats``):
   transfer grows with the transfers a timed stretch holds.
 
 Each is reported per transfer in wall and in CPU time (rank 0's ``time.process_time``): the
-CPU time is the copies and polls; the rest is rank 0 waiting, for its peer or for a core.
+CPU time is the copies and polls; the rest is rank 0 waiting, for its peer or for a core. The
+run-queue wait (``/proc/self/schedstat``'s second field: time runnable but not running, the
+kernel's sched-stats, Documentation/scheduler/sched-stats.rst) splits that rest: the part
+spent waiting for a core that other tasks held (with ``mpi_yield_when_idle`` a polling rank
+yields the core at every poll, so under load its waits land here), against the part spent
+off the run queue (blocked or asleep).
 
     mpirun -n 2 python benchmarks/proxies_p2p.py
     mpirun -n 2 python benchmarks/proxies_p2p.py --bytes 4198400 --repeats 40
@@ -73,8 +78,19 @@ def _sequence(comm, s, r, k: int) -> None:
             comm.Recv(r, source=1 - rank, tag=i)
 
 
-def one_case(comm, case: str, nbytes: int, repeats: int) -> tuple[float, float]:
-    """Median (wall, CPU) seconds per transfer of ``case`` (module docstring), on rank 0."""
+def runqueue_s() -> float:
+    """Seconds this process has spent runnable but waiting for a core (``/proc/self/schedstat``
+    field 2, ns; proc(5)); 0.0 where the kernel has no sched-stats."""
+    try:
+        with open("/proc/self/schedstat") as f:
+            return int(f.read().split()[1]) * 1e-9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def one_case(comm, case: str, nbytes: int, repeats: int) -> tuple[float, float, float]:
+    """Median (wall, CPU, run-queue wait) seconds per transfer of ``case`` (module docstring),
+    on rank 0."""
     import numpy as np
     n = nbytes // 4
     s, r = np.ones(n, np.float32), np.ones(n, np.float32)
@@ -90,14 +106,15 @@ def one_case(comm, case: str, nbytes: int, repeats: int) -> tuple[float, float]:
             "pattern proxy": (lambda: _pattern(comm, lambda: np.zeros(n, np.float32),
                                                lambda: np.zeros(n, np.float32)), 4),
         }[case]
-    wall, cpu = [], []
+    wall, cpu, queue = [], [], []
     for _ in range(repeats + 2):   # 2 warm-up rounds
         comm.Barrier()
-        t, c = time.perf_counter(), time.process_time()
+        t, c, q = time.perf_counter(), time.process_time(), runqueue_s()
         run()
         wall.append((time.perf_counter() - t) / per)
         cpu.append((time.process_time() - c) / per)
-    return statistics.median(wall[2:]), statistics.median(cpu[2:])
+        queue.append((runqueue_s() - q) / per)
+    return tuple(statistics.median(x[2:]) for x in (wall, cpu, queue))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -114,11 +131,12 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"run on 2 ranks (mpirun -n 2), not {comm.Get_size()}")
     for nbytes in args.bytes:
         for case in CASES * 2:    # each case twice, interleaved
-            wall, cpu = one_case(comm, case, nbytes, args.repeats)
+            wall, cpu, queue = one_case(comm, case, nbytes, args.repeats)
             if comm.Get_rank() == 0:
                 print(f"{nbytes} B {case}: {wall * 1e3:.3f} ms per transfer, CPU "
-                      f"{cpu * 1e3:.3f} ms ({nbytes / wall / 1e9:.2f} GB/s; median of "
-                      f"{args.repeats})", flush=True)
+                      f"{cpu * 1e3:.3f} ms, waiting for a core {queue * 1e3:.3f} ms "
+                      f"({nbytes / wall / 1e9:.2f} GB/s; median of {args.repeats})",
+                      flush=True)
 
 
 if __name__ == "__main__":

@@ -27,9 +27,18 @@ def test_the_sizes_are_the_proxies_stage_sends():
 def test_two_ranks_print_every_case_twice():
     proc = run_two_ranks(SCRIPT, "--bytes", "65536", "--repeats", "1")
     assert proc.returncode == 0, proc.stderr
-    cases = re.findall(r"^65536 B (.+?): \d+\.\d{3} ms per transfer, CPU \d+\.\d{3} ms "
-                       r"\(\d+\.\d{2} GB/s; median of 1\)$", proc.stdout, re.M)
-    assert cases == list(p2p.CASES) * 2
+    got = re.findall(r"^65536 B (.+?): (\d+\.\d{3}) ms per transfer, CPU \d+\.\d{3} ms, "
+                     r"waiting for a core (\d+\.\d{3}) ms \(\d+\.\d{2} GB/s; median of 1\)$",
+                     proc.stdout, re.M)
+    assert [case for case, _, _ in got] == list(p2p.CASES) * 2
+    # a transfer cannot wait for a core longer than it lasts (one sample: no median mixing)
+    assert all(float(queue) <= float(wall) + 0.002 for _, wall, queue in got)
+
+
+def test_the_run_queue_wait_is_read_and_only_grows():
+    before = p2p.runqueue_s()
+    sum(range(200_000))
+    assert 0.0 <= before <= p2p.runqueue_s()
 
 
 def test_one_rank_is_refused():
