@@ -137,10 +137,14 @@ _TITAN_HEAD = ("torchtitan's Transformer.forward runs h = norm(h); output(h) out
                "normalised output, split over TP by SequenceParallel; the head's mm keeps its "
                "input, gathered to the whole sequence by ColwiseParallel(input_layouts=Shard(1))")
 _TITAN_LOSS_TP = ("with TP, torchtitan's loss_parallel (parallelize_llama.py: loss_parallel "
-                  "when TP > 1) runs torch/distributed/tensor/parallel/loss.py _log_softmax on "
-                  "the vocab shards: beside the 16-bit logits (pred, alive in train.py), the "
-                  "fp32 logits, shifted = x - max and exp(shifted) exist at once (2 + 3 x 4 B "
-                  "per logit, the forward's peak; the backward's is not counted above it)")
+                  "when TP > 1) runs torch/distributed/tensor/parallel/loss.py on the vocab "
+                  "shards: the forward's _log_softmax holds the 16-bit logits, the fp32 "
+                  "logits, shifted = x - max and exp(shifted) at once (2 + 3 x 4 B per logit), "
+                  "and the backward's _nll_loss_and_log_softmax_backward (log_softmax's "
+                  "backward folded into nll_loss's) the saved fp32 log-softmax x, grad_input = "
+                  "zeros_like(x) (scattered in place), torch.exp(x), their sum and its "
+                  "product with grad_output: 4 x 4 B per logit, the larger (pred deleted "
+                  "before the backward in train.py)")
 _TORCH_PP = ("PyTorch torch/distributed/pipelining/stage.py forward_one_chunk: "
              "self.fwd_cache[fwd_chunk_id] = (output_tuple, flatten_input_tensors), popped by "
              "backward_one_chunk (the stage's output held per micro-batch in flight), and "
@@ -212,7 +216,7 @@ _register(FrameworkMemory(
         "head_widths": _TITAN_HEAD, "logit_bytes_tp": _TITAN_LOSS_TP,
         "pipeline_holds_outputs": _TORCH_PP, "pipeline_keeps_every_output": _TORCH_PP_EVERY,
         "pipeline_recv_buffers": TORCH_PP_RECV},
-    head_widths=(2, 1), logit_bytes_tp=2 + 4 + 4 + 4, pipeline_holds_outputs=True,
+    head_widths=(2, 1), logit_bytes_tp=4 + 4 + 4 + 4, pipeline_holds_outputs=True,
     pipeline_keeps_every_output=True, pipeline_recv_buffers=True))
 
 _register(FrameworkMemory(
@@ -235,7 +239,7 @@ _register(FrameworkMemory(
                                 "cast, log-softmax and nll into row reductions, keeping the "
                                 "16-bit logits and writing their 16-bit gradient (2 + 2 B)",
         "pipeline_holds_outputs": _TORCH_PP, "pipeline_recv_buffers": TORCH_PP_RECV},
-    head_widths=(2, 1), logit_bytes_tp=2 + 4 + 4 + 4, pipeline_holds_outputs=True,
+    head_widths=(2, 1), logit_bytes_tp=4 + 4 + 4 + 4, pipeline_holds_outputs=True,
     pipeline_recv_buffers=True))
 
 
