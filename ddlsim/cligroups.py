@@ -73,6 +73,9 @@ def _zero3_cell(sw) -> str:
         text += (f"; host per rank: {sw.zero3_host_python_op * 1e6:g} µs a Python op, "
                  f"{sw.zero3_host_copy * 1e6:g} µs a copy_, and "
                  f"{sw.zero3_host_gather_call * 1e6:g} µs per gather")
+    if sw.zero3_reduce_bucket_size:
+        text += (f"; gradients over {sw.zero3_reduce_bucket_size:.0e} elements issued after "
+                 "their module")
     return text
 
 
