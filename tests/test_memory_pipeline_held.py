@@ -1,7 +1,8 @@
 """What torch.distributed.pipelining's schedule holds beside the layers' activations
 (``allocator.pipeline_held_bytes``): each stage's output per micro-batch in flight
 (``fwd_cache``) and, on the last stage, every micro-batch's logits until ``step()`` returns
-(``output_chunks``; torch before pytorch#165822). Megatron frees its outputs after the send
+(``output_chunks``; torch before pytorch#165822), the current one's beside its loss's backward
+(which the eager loss rules count without them), not where a compiled loss counts them. Megatron frees its outputs after the send
 (``deallocate_output_tensor``). Bytes by hand."""
 
 from __future__ import annotations
@@ -36,26 +37,32 @@ def test_stage_outputs_in_flight_and_the_last_stages_earlier_logits():
     fm = FRAMEWORKS["torchtitan-2025"]
     # stage 0 of 1F1B on PP 4: 4 forwards in flight, each holding its output
     assert pipeline_held_bytes(fm, 1, S, H, V, 2, True, 1, 4, 1, 4, 8, False) == 4 * OUT
-    # the last stage: the 7 earlier micro-batches' logits (the current one's are the loss's)
-    assert pipeline_held_bytes(fm, 1, S, H, V, 2, True, 1, 4, 1, 1, 8, True) == 7 * LOGITS
+    # the last stage: all 8 micro-batches' logits, the current one's beside its eager loss's
+    # backward; 7 where the compiled loss's rule counts the current one's
+    assert pipeline_held_bytes(fm, 1, S, H, V, 2, True, 1, 4, 1, 1, 8, True) == 8 * LOGITS
+    assert pipeline_held_bytes(fm, 1, S, H, V, 2, True, 1, 4, 1, 1, 8, True,
+                               compiled=True) == 7 * LOGITS
     # interleaved, two chunks per rank: half the last rank's 6 forwards are another stage's
     assert pipeline_held_bytes(fm, 1, S, H, V, 2, True, 1, 4, 2, 6, 8, True) == \
-        3 * OUT + 7 * LOGITS
+        3 * OUT + 8 * LOGITS
     # no pipelining; without SP the output is whole; CP splits both
     assert pipeline_held_bytes(fm, 1, S, H, V, 2, True, 1, 1, 1, 1, 8, True) == 0.0
     assert pipeline_held_bytes(fm, 1, S, H, V, 2, False, 1, 4, 1, 4, 8, False) == 8 * OUT
-    assert pipeline_held_bytes(fm, 1, S, H, V, 2, True, 2, 4, 1, 1, 8, True) == 3.5 * LOGITS
+    assert pipeline_held_bytes(fm, 1, S, H, V, 2, True, 2, 4, 1, 1, 8, True) == 4 * LOGITS
 
 
 def test_torch_before_153383_keeps_every_stages_outputs_to_the_steps_end():
     fm = FRAMEWORKS["torchtitan"]
     # stage 0 of 1F1B on PP 4 with 8 micro-batches: all 8 outputs, not the 4 in flight
     assert pipeline_held_bytes(fm, 1, S, H, V, 2, True, 1, 4, 1, 4, 8, False) == 8 * OUT
-    # the last stage holds no stage output of its own, only the earlier logits
-    assert pipeline_held_bytes(fm, 1, S, H, V, 2, True, 1, 4, 1, 1, 8, True) == 7 * LOGITS
+    # the last stage holds no stage output of its own, only the logits (no compiled-loss
+    # rule in torchtitan 2024: the current one's counted even when compiled)
+    assert pipeline_held_bytes(fm, 1, S, H, V, 2, True, 1, 4, 1, 1, 8, True) == 8 * LOGITS
+    assert pipeline_held_bytes(fm, 1, S, H, V, 2, True, 1, 4, 1, 1, 8, True,
+                               compiled=True) == 8 * LOGITS
     # interleaved, two chunks per rank: the last rank's other chunk, 8 micro-batches
     assert pipeline_held_bytes(fm, 1, S, H, V, 2, True, 1, 4, 2, 6, 8, True) == \
-        8 * OUT + 7 * LOGITS
+        8 * OUT + 8 * LOGITS
     # the same with m = pp: as many as in flight on stage 0 of 1F1B
     assert pipeline_held_bytes(fm, 1, S, H, V, 2, True, 1, 4, 1, 4, 4, False) == 4 * OUT
 
@@ -73,7 +80,7 @@ def test_each_stage_of_a_torchtitan_plan_counts_them(monkeypatch):
     without = {m.stage: m.activations for m in run.family.memory(run)}
     # 1F1B: torch before pytorch#153383 keeps all 8 outputs of stage 0, not the 4 in flight
     assert held[0] - without[0] == pytest.approx(8 * OUT, rel=1e-12)
-    assert held[3] - without[3] == pytest.approx(7 * LOGITS, rel=1e-12)
+    assert held[3] - without[3] == pytest.approx(8 * LOGITS, rel=1e-12)
 
 
 def test_the_search_tiers_memory_counts_them_as_the_exact_one(monkeypatch):

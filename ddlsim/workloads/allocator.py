@@ -335,7 +335,7 @@ def step_temporaries(fm: FrameworkMemory, zero_stage, fp16: bool, params):
 
 
 def pipeline_held_bytes(fm: FrameworkMemory, b, s: int, hidden: int, vocab: int, t, sp, cp,
-                        pp, vpp, chunks, microbatches, last):
+                        pp, vpp, chunks, microbatches, last, compiled: bool = False):
     """Bytes the pipeline schedule itself holds on one rank at the peak, beyond what the
     layers keep (:attr:`FrameworkMemory.pipeline_holds_outputs`; 0 without pipelining or
     where the schedule frees its outputs). Arguments but ``s``, ``hidden`` and ``vocab`` may
@@ -348,9 +348,11 @@ def pipeline_held_bytes(fm: FrameworkMemory, b, s: int, hidden: int, vocab: int,
       every forward of the step, ``m·vpp`` (``m·(vpp − 1)`` on the last rank), all of which
       are held once the last forward has run, while the last micro-batches' activations
       are still in flight;
-    * the last stage keeps the 16-bit logits of the micro-batches before the current one,
-      ``(m − 1)·2·b·s·V/(t·c)`` (the current one's are the loss's,
-      :func:`loss_bytes`).
+    * the last stage keeps the 16-bit logits of every micro-batch, ``m·2·b·s·V/(t·c)``: the
+      current one's too, beside its loss's backward, which the eager loss rules count
+      without them (torchtitan's step deletes ``pred`` before the backward, the schedule
+      keeps it); ``m − 1`` where the loss is compiled and its rule counts the logits
+      (:attr:`FrameworkMemory.logit_bytes_compiled`).
 
     Parameters
     ----------
@@ -363,6 +365,7 @@ def pipeline_held_bytes(fm: FrameworkMemory, b, s: int, hidden: int, vocab: int,
         (:func:`~ddlsim.workloads.schedules.peak_inflight`).
     microbatches : micro-batches per iteration, ``m``.
     last : the rank holds the last stage.
+    compiled : the stack compiles the loss (``software.compile``).
 
     Returns
     -------
@@ -377,7 +380,9 @@ def pipeline_held_bytes(fm: FrameworkMemory, b, s: int, hidden: int, vocab: int,
         others = np.asarray(microbatches) * (np.asarray(vpp) - np.where(last, 1, 0))
     else:
         others = np.asarray(chunks) * (1 - np.where(last, 1 / np.asarray(vpp), 0.0))
-    held = output * others + np.where(last, logits * (np.asarray(microbatches) - 1), 0.0)
+    current = 0 if compiled and fm.logit_bytes_compiled is not None else 1
+    held = output * others + np.where(last, logits * (np.asarray(microbatches) - 1 + current),
+                                      0.0)
     return _scalar(np.where(np.asarray(pp) > 1, held, 0.0))
 
 

@@ -94,7 +94,7 @@ def stage_memory(plan: DecoderPlan, stage: int, params: float, expert_params: fl
                                     pipeline_held_bytes(fm, b, plan.seq_length, shape.hidden,
                                                         shape.vocab, tp, plan.sp, cp, plan.pp,
                                                         plan.vpp, chunks, plan.microbatches,
-                                                        last))
+                                                        last, sw.compile))
     buffers = memo.get(("buffers", params, unit_bytes, first, last))
     if buffers is None:
         buffers = memo[("buffers", params, unit_bytes, first, last)] = stage_buffers(
