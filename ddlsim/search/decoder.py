@@ -36,7 +36,7 @@ from ..workloads.decoder.builder import StageBuilder, with_edges
 from ..workloads.decoder.host_sync import host_sync_times, site_seconds
 from ..workloads.decoder.dpsync import (bucket_run_times, bucket_runs, buckets,
                                         ddp_pass_times, grad_bucket_bytes)
-from .decodermemory import plans_memory
+from .decodermemory import plans_memory, plans_memory_floor
 from .decoder_zero3 import optimizer_seconds, zero3_seconds
 
 __all__ = ["DecoderVectors"]
@@ -295,6 +295,12 @@ class DecoderVectors:
         (the others hold less), the larger per plan (:func:`.decodermemory.plans_memory`)."""
         used = plans_memory(ctx, plans, lambda first: self.stage_params(ctx, plans, first))
         return used, np.full(len(plans), ctx.capacity)
+
+    def memory_floor(self, ctx: _Context, plans) -> tuple[np.ndarray, np.ndarray]:
+        """(a floor of :meth:`memory`'s bytes, the capacity) per plan: the first and last
+        stages' model states (:func:`.decodermemory.plans_memory_floor`)."""
+        floor = plans_memory_floor(ctx, plans, lambda first: self.stage_params(ctx, plans, first))
+        return floor, np.full(len(plans), ctx.capacity)
 
 
 def _tied_on(ctx: _Context, plans) -> np.ndarray:

@@ -31,7 +31,7 @@ from ..workloads.schedules import peak_inflight
 from .blocks import piece_config
 from .plans import RECOMPUTE, SCHEDULE
 
-__all__ = ["plans_memory"]
+__all__ = ["plans_memory", "plans_memory_floor"]
 
 
 class _Shared(NamedTuple):
@@ -58,6 +58,36 @@ def plans_memory(ctx: Any, plans, stage_params) -> np.ndarray:
     shared = _shared(ctx, plans)
     return np.maximum(_stage_memory(ctx, plans, True, stage_params(True), shared),
                       _stage_memory(ctx, plans, False, stage_params(False), shared))
+
+
+def plans_memory_floor(ctx: Any, plans, stage_params) -> np.ndarray:
+    """A floor of :func:`plans_memory`, per plan: the model states (weights, gradients,
+    optimizer) of the first and the last stage, the larger; cheap beside the activations.
+
+    Every other term of a stage's memory is a count of bytes (activations, buffers, the
+    context: none negative), added after the states in :func:`_stage_memory`, and adding a
+    float that is not negative never lowers a sum: a plan over capacity here is over it in
+    :func:`plans_memory`, to the last bit (``tests/test_search_memory_floor.py``). Arguments
+    as :func:`plans_memory`.
+    """
+    return np.maximum(*(_sum_states(ctx, plans, stage_params(first)) for first in (True, False)))
+
+
+def _sum_states(ctx: Any, plans, stage_params: np.ndarray) -> np.ndarray:
+    """Weights + gradients + optimizer states of a stage (:func:`_states`), in the order
+    :func:`_stage_memory` adds them."""
+    weights, grads, opt = _states(ctx, plans, stage_params)
+    return weights + grads + opt
+
+
+def _states(ctx: Any, plans, stage_params: np.ndarray) -> tuple:
+    """(weights, gradients, optimizer states) in bytes per device of a stage holding
+    ``stage_params`` parameters (:func:`~ddlsim.workloads.memory.model_state_bytes`)."""
+    cfg = ctx.cfg
+    fsdp2 = framework(cfg.software.name).fsdp2 & (plans["zero"] == 3)
+    return model_state_bytes(stage_params, np.maximum(plans["dp"], 1), plans["zero"],
+                             compute_dtype(cfg.train.dtype), cfg.train.optimizer, ctx.gdt,
+                             fsdp2)
 
 
 def _shared(ctx: Any, plans) -> _Shared:
@@ -98,10 +128,7 @@ def _stage_memory(ctx: Any, plans, first: bool, stage_params: np.ndarray,
     b, t = plans["mbs"].astype(float), plans["tp"].astype(float)
     pp, v, dp, zero = plans["pp"], plans["v"], np.maximum(plans["dp"], 1), plans["zero"]
     fm = framework(cfg.software.name)
-    weights, grads, opt = model_state_bytes(stage_params, dp, zero,
-                                            compute_dtype(cfg.train.dtype),
-                                            cfg.train.optimizer, ctx.gdt,
-                                            fm.fsdp2 & (zero == 3))
+    weights, grads, opt = _states(ctx, plans, stage_params)
     stage = np.zeros_like(pp) if first else pp - 1
     chunks = np.select([plans["schedule"] == k for k in range(len(SCHEDULE))],
                        [peak_inflight(name, stage, pp, shared.m, v) for name in SCHEDULE])

@@ -143,15 +143,17 @@ def evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[
             ctx = prepared[i] if prepared[i] is not None else family.prepare(cfg)
             index = alive[here]
             sub = alive_plans.take(here) if len(ctx_cfgs) > 1 else alive_plans
-            # memory first: a plan that must fit and does not is not timed
-            memory, capacity = family.memory(ctx, sub)
-            if constraints.must_fit:
-                fits = memory <= capacity
-                over = np.zeros(len(plans), dtype=bool)
-                over[index[~fits]] = True
-                reject(DOES_NOT_FIT, over)
+            # memory first: a plan that must fit and does not is not timed (nor, where the
+            # family has a floor of its memory, given its whole memory when over the floor)
+            if constraints.must_fit and hasattr(family, "memory_floor"):
+                fits = _reject_over(family.memory_floor(ctx, sub), index, reject, len(plans))
                 index, sub = index[fits], sub.take(fits)
-                memory, capacity = memory[fits], capacity[fits]
+            if len(index):
+                memory, capacity = family.memory(ctx, sub)
+                if constraints.must_fit:
+                    fits = _reject_over((memory, capacity), index, reject, len(plans))
+                    index, sub = index[fits], sub.take(fits)
+                    memory, capacity = memory[fits], capacity[fits]
             if len(index):
                 parts.append((index, sub, evaluate_plans(cfg, sub, (memory, capacity), ctx)))
         if progress is not None:
@@ -163,6 +165,18 @@ def evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[
     frame = rank(frame, objective)
     frame.attrs["tier"] = "vectorised"
     return Grid(frame, verdicts.counts(), len(plans))
+
+
+def _reject_over(memory: tuple[np.ndarray, np.ndarray], index: np.ndarray,
+                 reject: Callable[[str, np.ndarray], None], total: int) -> np.ndarray:
+    """Per plan, whether its ``memory`` (bytes, capacity) fits; the others (positions
+    ``index`` in a grid of ``total`` plans) rejected as not fitting."""
+    used, capacity = memory
+    fits = used <= capacity
+    over = np.zeros(total, dtype=bool)
+    over[index[~fits]] = True
+    reject(DOES_NOT_FIT, over)
+    return fits
 
 
 def vectorised(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[str, list],

@@ -75,6 +75,10 @@ class VectorFamily(Protocol):
     def memory(self, ctx: object, plans) -> tuple[np.ndarray, np.ndarray]:
         """(bytes on the most loaded device, its capacity) per plan."""
 
+    # optional: ``memory_floor(ctx, plans)`` -> (bytes no larger than :meth:`memory`'s, to
+    # the last bit, the capacity) per plan, cheaper to compute: a search whose plans must fit
+    # rejects the plans over capacity on it before computing :meth:`memory` for the others
+
 
 _FAMILIES: dict[str, VectorFamily] = {}
 
