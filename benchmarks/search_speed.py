@@ -39,7 +39,9 @@ milliseconds).
 ``--repeats`` times with the search's phases wrapped in CPU-time counters (no profiler) and
 prints each phase's median milliseconds per grid: the stage pieces (their builders, the
 builder's ops, the lowering, the collectives and the timing rule), the meshes' networks, the
-config's rules, memory, the update and ZeRO-3 terms, and what the garbage collector took.
+config's rules (the configs validated for them), memory, the update and ZeRO-3 terms, and what
+the garbage collector took; last, the sum of the phases that run the exact engine's own code
+(:data:`SHARED_PHASES`), a floor for the grid while that code is as fast as it is.
 """
 
 from __future__ import annotations
@@ -169,7 +171,9 @@ PHASES = [
     ("  group networks (family_net)", "ddlsim.simulator.netmodel", "family_net"),
     ("  hops' rails (p2p_node_bw)", "ddlsim.simulator.netmodel", "p2p_node_bw"),
     ("config rules (group_rules)", "ddlsim.search.evaluate", "group_rules"),
+    ("  configs validated (plan_config)", "ddlsim.search.planconfig", "plan_config"),
     ("memory", "ddlsim.search.decoder", "plans_memory"),
+    ("memory floor (must fit)", "ddlsim.search.decoder", "plans_memory_floor"),
     ("update and tail", "ddlsim.search.decoder", "DecoderVectors._update"),
     ("ZeRO-3", "ddlsim.search.decoder", "zero3_seconds"),
     ("NCCL forms (nccl_form; in the above)", "ddlsim.simulator.nccl.model", "nccl_form"),
@@ -233,7 +237,19 @@ def phase_times(repeats: int) -> dict[str, float]:
             setattr(owner, name, raw)
     labels = ["whole grid", *(p[0] for p in PHASES[:2]), "  builder's ops",
               *(p[0] for p in PHASES[2:]), "garbage collector"]
-    return {k: 1e3 * float(np.median([r.get(k, 0.0) for r in runs])) for k in labels}
+    out = {k: 1e3 * float(np.median([r.get(k, 0.0) for r in runs])) for k in labels}
+    out[SHARED] = sum(out[k] for k in SHARED_PHASES)
+    return out
+
+
+#: The phases that run the exact engine's own code (the family's builder, the lowering and
+#: timing rule, the topology's fair shares, NCCL's tuning model, the config's validation),
+#: none inside another: what the grid would cost were the search's own arithmetic free.
+SHARED_PHASES = ("  builders (resolve_plan)", "  builder's ops", "  lowering (lower_ops)",
+                 "  timing rule (stream_ends)", "  group networks (family_net)",
+                 "  hops' rails (p2p_node_bw)", "NCCL forms (nccl_form; in the above)",
+                 "  configs validated (plan_config)")
+SHARED = "the exact engine's code (sum of 8 above)"
 
 
 def ddlsim_speed(grid, best: float) -> tuple[dict, object]:
