@@ -67,11 +67,8 @@ def pipeline_recv_bytes(fm, b, s: int, hidden: int, t, sp, cp, pp, vpp, chunks,
     """
     if not fm.pipeline_recv_buffers:
         return 0.0
-    out = 2.0 * np.asarray(b) * s * hidden / (np.where(sp, t, 1) * np.asarray(cp))
-    vpp = np.asarray(vpp, dtype=float)
-    with_prev = vpp - np.where(first, 1.0, 0.0)
-    with_next = vpp - np.where(last, 1.0, 0.0)
-    m = np.asarray(microbatches, dtype=float)
-    held = out * (m * (with_prev + with_next) - np.asarray(chunks) * with_prev / vpp)
-    held = np.where(np.asarray(pp) > 1, held, 0.0)
+    # plain arithmetic, the same for scalars and arrays over plans (bools count as 0/1)
+    out = 2.0 * b * s * hidden / ((sp * t + (1 - sp)) * cp)
+    with_prev, with_next = vpp - 1 * first, vpp - 1 * last
+    held = out * (microbatches * (with_prev + with_next) - chunks * with_prev / vpp) * (pp > 1)
     return float(held) if np.ndim(held) == 0 else held
