@@ -1,0 +1,136 @@
+"""FSDP2's optimizer step on this CPU against the same step over plain tensors, in place: what
+the DTensors cost the torch loop's ``torch-fsdp`` run (issue 30, task E).
+
+    PYTHONPATH=... python -m torch.distributed.run --standalone --nproc-per-node 2 \\
+        benchmarks/torch_fsdp_step.py [--reference] [--iters 20]
+
+Each rank builds the torch closed loop's model under ``fully_shard`` as its trainer does
+(:func:`ddlsim.reference.torch_train.data_parallel_step`, FSDP2 per block and the root), runs
+one forward and backward (so every sharded parameter has its sharded gradient and Adam its
+state), and then times, alternating, one thread, each the least process CPU time over
+``--iters`` rounds (the most over ranks):
+
+* the trainer's step: ``torch.optim.Adam.step()`` (the single-tensor loop torch runs on a CPU)
+  and ``zero_grad(set_to_none=False)`` over the DTensors;
+* the same over plain tensors of the same local shards (each parameter's ``to_local()``
+  copied, with a copy of its local gradient), a second ``Adam`` stepped once first so that
+  its state exists too.
+
+Their difference is DTensor's cost in the step (sharding propagation, wrapping and
+unwrapping per op), beside the figure per parameter tensor and per ATen op of the step (the
+plain step's ops per tensor counted under a ``TorchDispatchMode``, as
+``benchmarks/dtensor_dispatch.py`` counts them; ``zero_`` one more). Nothing is fitted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+
+def _least_max(fn, iters: int) -> float:
+    """Least over ``iters`` calls of the most process CPU seconds over ranks."""
+    import torch
+    import torch.distributed as dist
+    best = float("inf")
+    for _ in range(iters):
+        dist.barrier()
+        t0 = time.process_time()
+        fn()
+        t = torch.tensor([time.process_time() - t0], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        best = min(best, float(t))
+    return best
+
+
+def _ops_per_tensor(opt, params) -> float:
+    """ATen ops per parameter tensor of one ``opt.step()`` and ``zero_grad`` over ``params``
+    (ops whose first tensor argument has a dimension: not the 0-dim ``step`` counter)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    seen = [0]
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+            if first is not None and first.dim() > 0:
+                seen[0] += 1
+            return func(*args, **(kwargs or {}))
+    with Count():
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+    return seen[0] / len(params)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reference", action="store_true", help="the reference model, not --small")
+    ap.add_argument("--iters", type=int, default=20, help="rounds; the least is kept (>= 1)")
+    args = ap.parse_args(argv)
+    if args.iters < 1:
+        ap.error(f"--iters must be >= 1, got {args.iters}")
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+    import torch
+    import torch.distributed as dist
+
+    from ddlsim.reference.loop import REFERENCE, SMALL
+    from ddlsim.reference.torch_loop import torch_model, torch_run_config
+    from ddlsim.reference.torch_machine import TORCH_STACK
+    from ddlsim.reference.torch_train import data_parallel_step
+    from ddlsim.config import load_config
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    world = dist.get_world_size()
+    model = torch_model(REFERENCE if args.reference else SMALL)
+    cfg = load_config(torch_run_config(model, world, "torch-fsdp",
+                                       {"preset": "cpu-10gbe", "software": TORCH_STACK}))
+    step = data_parallel_step(cfg, model.shape, "fsdp")
+    step()                                            # gradients and Adam's state
+    sharded = list(step.model.parameters())
+    fsdp_opt = torch.optim.Adam(sharded, lr=1e-3)
+    loss = step.model(*_inputs(model.shape))
+    loss.backward()
+    fsdp_opt.step()
+    plain = [torch.nn.Parameter(p.to_local().detach().clone()) for p in sharded]
+    for p, q in zip(plain, sharded):
+        p.grad = q.grad.to_local().detach().clone()
+    plain_opt = torch.optim.Adam(plain, lr=1e-3)
+    plain_opt.step()
+
+    def run(opt):
+        def call():
+            opt.step()
+            opt.zero_grad(set_to_none=False)
+        return call
+    best = {"dtensor": float("inf"), "plain": float("inf")}
+    for r in range(args.iters):
+        for name in (("dtensor", "plain") if r % 2 else ("plain", "dtensor")):
+            best[name] = min(best[name], _least_max(run(fsdp_opt if name == "dtensor"
+                                                        else plain_opt), 1))
+    ops = _ops_per_tensor(plain_opt, plain)
+    if dist.get_rank() == 0:
+        load = os.getloadavg()
+        n = len(sharded)
+        extra = best["dtensor"] - best["plain"]
+        print(f"load average {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f}; {world} ranks, "
+              f"{n} parameter tensors, {sum(p.numel() for p in plain)} elements per rank")
+        print(f"step + zero_grad: DTensors {best['dtensor'] * 1e3:.2f} ms, plain "
+              f"{best['plain'] * 1e3:.2f} ms, DTensor's extra {extra * 1e3:+.2f} ms = "
+              f"{extra / n * 1e3:+.3f} ms per tensor; {ops:.1f} ATen ops per tensor (counted): "
+              f"{extra / n / ops * 1e6:+.1f} us per op")
+    dist.destroy_process_group()
+    return 0
+
+
+def _inputs(shape):
+    """The trainer's batch for this rank."""
+    import torch.distributed as dist
+
+    from ddlsim.reference.torch_train import _batch
+    return _batch(shape, dist.get_rank())
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
