@@ -18,6 +18,12 @@ closed form here captures: it is *measured* at ``r`` ranks on the same cores
 ``predict`` as a profile (``--calibration``), whose fits are kept per rank count. Without
 such a profile the link figures of the preset (measured at one rank per core) would be used,
 which is why :func:`share_cores` alone is not a prediction of the MPI time.
+
+It is an estimate a user asks for by name, not what ``ddlsim predict`` answers on the preset:
+there, one device per core, a plan of more ranks than cores is refused (the plan's ranks
+against the system's devices), and ``benchmarks/proxies_check.py`` counts such runs as
+refused, with that refusal, printing this estimate beside them (docs/validation.md: at 4
+and 8 ranks on 2 cores it missed the seed's proxies by 36 % on average, 2026-11-29).
 """
 
 from __future__ import annotations
