@@ -111,9 +111,11 @@ def one_case(comm, case: str, nbytes: int, repeats: int) -> tuple[float, float, 
         comm.Barrier()
         t, c, q = time.perf_counter(), time.process_time(), runqueue_s()
         run()
-        wall.append((time.perf_counter() - t) / per)
-        cpu.append((time.process_time() - c) / per)
+        # read in the reverse order, so that a wait between two reads counts in the wall
+        # time alone (a transfer's wait for a core never exceeds its wall time)
         queue.append((runqueue_s() - q) / per)
+        cpu.append((time.process_time() - c) / per)
+        wall.append((time.perf_counter() - t) / per)
     return tuple(statistics.median(x[2:]) for x in (wall, cpu, queue))
 
 
