@@ -116,10 +116,10 @@ def _solve_prefix(programs: list, st: State) -> None:
 
 def _post_unread(programs: list, nd: maxplus.Nodes, st: State, post: np.ndarray) -> None:
     """Post the solved sends no solved recv consumed: the scheduler's recvs will find them."""
-    consumed = np.zeros(len(nd.cls), dtype=bool)
-    consumed[nd.src[nd.live & (nd.src >= 0)]] = True
+    consumed = np.zeros(len(nd.cls) + 1, dtype=bool)   # (the last: src -1, none)
+    consumed[nd.src[nd.live]] = True
     has_send = nd.flags & maxplus.SENDS > 0
-    for n in np.flatnonzero(nd.live & has_send & ~consumed).tolist():
+    for n in np.flatnonzero(nd.live & has_send & ~consumed[:-1]).tolist():
         c = int(nd.cls[n])
         s = nd.summaries[int(nd.key[n])]
         mb = int(programs[c].microbatch[n - int(nd.off[c])])
@@ -133,7 +133,9 @@ def _account(nd: maxplus.Nodes, st: State, mine: np.ndarray, prev: np.ndarray,
     transfer, the rest bubble: :func:`ddlsim.simulator.timing.attribute_gap`)."""
     C = len(nd.off) - 1
     NB = len(nd.summaries) // C
-    counts = np.bincount(nd.key[mine], minlength=len(nd.summaries)).tolist()
+    K = len(nd.summaries)   # (every node's key, less the few that are not ``mine``)
+    counts = (np.bincount(nd.key, minlength=K)
+              - np.bincount(nd.key[np.flatnonzero(~mine)], minlength=K)).tolist()
     for k, n in enumerate(counts):
         if n:
             s, T = nd.summaries[k], st.timings[k // NB]

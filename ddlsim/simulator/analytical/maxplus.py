@@ -214,17 +214,20 @@ def solve(nd: Nodes) -> tuple[np.ndarray, np.ndarray] | None:
     """
     N = len(nd.cls)
     C = len(nd.off) - 1
-    if not ((nd.A > 0) & (~nd.waits | (nd.t + nd.A - nd.F > 0)))[nd.live].all():
+    if not ((nd.A > 0) & (~nd.waits | (nd.t + nd.A - nd.F > 0)) | ~nd.live).all():
         return None               # a zero-length node: cycles could settle; not solved
     # every class's ends after a 0 (the end before its first step): its step j reads j
     ends = np.zeros(N + C)
     rm = np.zeros(N)                 # per class, the running maximum of ``ends - P``
     post = np.full(N + 1, -np.inf)   # post[-1]: the message of nodes that receive none
-    src = np.where(nd.src >= 0, nd.src, N)
+    src = nd.src.copy()
+    np.copyto(src, N, where=src < 0)
     P = np.zeros(N)
     for a, b in zip(nd.off[:-1].tolist(), nd.lim.tolist()):
         np.cumsum(nd.A[a:b], out=P[a:b])
-    lag = nd.t + np.where(nd.waits, nd.A - nd.F, -np.inf)   # post → step end (or none)
+    lag = nd.A - nd.F                # post → step end: t + A - F (-inf: no wait)
+    np.copyto(lag, -np.inf, where=~nd.waits)
+    lag += nd.t
     lag -= P
     late = np.flatnonzero(nd.waits & ~nd.after & nd.live)  # posted before the message
     arrays = (src, ends, rm, post, P, lag, nd.A - nd.E, late, nd.E[late])
