@@ -38,15 +38,18 @@ def _step_tables(sched: str, pp: int, m: int, v: int, sync: bool,
     v = v if sched == "interleaved" else 1
     T = m * v
     names = [f"F{c}" for c in range(v)] + [f"B{c}" for c in range(v)]
-    block = np.where(backward, v + chunk, chunk)
+    block = chunk + v * backward
     first_sync = np.full(pp, 2 * T)
     if sync:
         names += [f"B{c}.sync" for c in range(v)]
         b0, o0, c0 = backward[0], ordinal[0], chunk[0]
         last_b = np.array([o0[b0 & (c0 == c)].max() for c in range(v)])
-        is_sync = backward & (ordinal == last_b[chunk])
-        block = np.where(is_sync, 2 * v + chunk, block)
-        first_sync = np.argmax(is_sync, axis=1)
+        # where each stage runs backward last_b[c] (chunk c's last): schedule_arrays puts
+        # the i-th backward at w + 2i + 1 if i < T - w, else at T + i
+        w = warm[:, None]
+        at = np.where(last_b < T - w, w + 2 * last_b + 1, T + last_b)
+        block[np.arange(pp)[:, None], at] = 2 * v + np.arange(v)
+        first_sync = at.min(axis=1)
     if prologue:
         names.append(param_gather.BLOCK)
         block = block.copy()
