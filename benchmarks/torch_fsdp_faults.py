@@ -1,0 +1,81 @@
+"""Page faults in the torch loop's FSDP2 iteration on this CPU, and what they cost (issue 30,
+task E): FSDP2 allocates its all-gather outputs and reduce-scatter buffers afresh for every
+unshard and reduce, and glibc hands memory that large back to the system on free.
+
+    PYTHONPATH=... python -m torch.distributed.run --standalone --nproc-per-node 2 \\
+        benchmarks/torch_fsdp_faults.py [--reference] [--iters 8]
+    MALLOC_MMAP_THRESHOLD_=268435456 MALLOC_TRIM_THRESHOLD_=1073741824 PYTHONPATH=... \\
+        python -m torch.distributed.run --standalone --nproc-per-node 2 \\
+        benchmarks/torch_fsdp_faults.py            # the same, freed memory kept by glibc
+
+Each rank runs the trainer's FSDP2 step (:func:`ddlsim.reference.torch_train.
+data_parallel_step`, ``fully_shard`` per block and the root, one thread) for ``--iters``
+timed iterations after two untimed ones, a barrier before each; rank 0 prints, for the
+iteration of least process CPU time (the most over ranks), that time, its phases
+(:class:`~ddlsim.reference.torch_train.PhaseClock`) and rank 0's minor page faults in it
+(``getrusage``), with glibc's ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` as set.
+Run once as is and once with both raised (glibc then serves the buffers from its heap and
+keeps freed memory): the difference in CPU time is what the faults cost (the kernel's page
+fault and zeroing of each fresh page, ``ddlsim calibrate first-touch``'s figure; docs/
+calibration.md), which ddlsim's decoder trace does not charge. Nothing is fitted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import sys
+import time
+
+
+def _faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reference", action="store_true", help="the reference model, not --small")
+    ap.add_argument("--iters", type=int, default=8, help="timed iterations (>= 1)")
+    args = ap.parse_args(argv)
+    if args.iters < 1:
+        ap.error(f"--iters must be >= 1, got {args.iters}")
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+    import torch
+    import torch.distributed as dist
+
+    from ddlsim.config import load_config
+    from ddlsim.reference.loop import REFERENCE, SMALL
+    from ddlsim.reference.torch_loop import torch_model, torch_run_config
+    from ddlsim.reference.torch_machine import TORCH_STACK
+    from ddlsim.reference.torch_train import data_parallel_step
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    model = torch_model(REFERENCE if args.reference else SMALL)
+    cfg = load_config(torch_run_config(model, dist.get_world_size(), "torch-fsdp",
+                                       {"preset": "cpu-10gbe", "software": TORCH_STACK}))
+    step = data_parallel_step(cfg, model.shape, "fsdp")
+    best = None
+    for it in range(2 + args.iters):
+        dist.barrier()
+        f0, c0 = _faults(), time.process_time()
+        step()
+        spent = torch.tensor([time.process_time() - c0], dtype=torch.float64)
+        faults = _faults() - f0
+        dist.all_reduce(spent, op=dist.ReduceOp.MAX)
+        if it >= 2 and (best is None or float(spent) < best[0]):
+            best = (float(spent), faults, dict(step.clock.spent))
+    if dist.get_rank() == 0:
+        load = os.getloadavg()
+        env = {k: os.environ.get(k, "default") for k in ("MALLOC_MMAP_THRESHOLD_",
+                                                         "MALLOC_TRIM_THRESHOLD_")}
+        phases = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in best[2].items())
+        print(f"load average {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f}; glibc {env}")
+        print(f"FSDP2 iteration, least CPU over {args.iters}: {best[0] * 1e3:.1f} ms ({phases} "
+              f"ms, rank 0); rank 0's minor page faults in it: {best[1]}")
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
