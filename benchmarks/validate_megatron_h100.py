@@ -3,9 +3,11 @@
 Run:  python benchmarks/validate_megatron_h100.py [--engine analytical|des] [--markdown]
       [--write-docs] [--des-rank-ops N] [--mbs N] [--breakdown]
 
-``--breakdown`` adds two tables (never written to the docs): each row's predicted iteration by
+``--breakdown`` adds three tables (never written to the docs): each row's predicted iteration by
 part (compute, optimizer, exposed communication per group, bubble) with the error it would
-read if every collective were hidden, and its compute by kind (``kernel_breakdown.py``).
+read if every collective were hidden, its compute by kind (``kernel_breakdown.py``), and per
+decoder layer its device time against Transformer Engine's host time per module call
+(``print_host_check``).
 
 The published table (NVIDIA/Megatron-LM README, GPT models from 1.7B to 462B on 48 to 6,144
 H100 GPUs) and its provenance are in ``data/megatron_core_h100_weak.csv``. The README states
@@ -66,6 +68,20 @@ What was checked against the source (core_r0.8.0, ``baf94af3c6``; 2026-11-29):
   (ddlsim/workloads/decoder/batch_input.py at dgx-h100's host_link, 50.4 GB/s: 1.7B -22.8 ->
   -22.5 %, 7.1B -17.3 -> -17.1 %). About 90 ms of the 1.7B's missing ~100 ms remain
   unexplained.
+* Host dispatch (checked 2026-11-29, issue 29): is the eager Megatron-Core + TE step
+  host-bound on the small rows? Each layer's forward calls 5 TE modules (``gpt_layer_specs.py``
+  at core_r0.8.0); the largest published host time of a TE module call found is 99.66 us
+  (te.Linear BF16 forward on GB200's Grace host, NVIDIA/TransformerEngine#2053, 2025; the
+  issue reports the DGX H100's Xeon faster; #445, 2023, H100: ~57 us a call). At that bound a
+  layer's forward is 0.50 ms of host against 0.84 ms of device on the 1.7B (``--breakdown``'s
+  host table: 0.60; 7.1B 0.35, 16B 0.25, 32B 0.42), its backward 1.8 ms of device. The host
+  runs ahead of the device, so the 1.7B row is not host-bound unless a module call cost
+  ~170 us or more (fwd); closing its gap by the host alone would need ~360 us a call
+  (forward and backward, 10 calls a layer, ~3.6 ms a layer against 2.6 ms of device). No
+  published figure that large was found (searched: TE issues #445, #761, #836, #2053, #2126,
+  PR #2146; Megatron-LM's CUDA-graph docs, which give no speedup figure; NeMo/Megatron-Bridge
+  CUDA-graph pages, none either). So no per-module host time is modelled: at the published
+  figures it would not bind on any row, and the 1.7B's ~90 ms stays unexplained.
 * 32B (+22.9 %): its DP groups have one GPU per node (TP 8), so each rank reduce-scatters
   15.75 GB of fp32 gradients and gathers 7.83 GB of bf16 parameters through its own 400 Gb/s
   NIC: at least 0.31 + 0.15 s at line rate, against overlap windows of one micro-batch's
@@ -192,6 +208,62 @@ def compute_kinds(row: dict, mbs: int = MBS) -> dict[str, float]:
     return dict(kinds.most_common())
 
 
+#: Transformer Engine module calls in one decoder layer's forward at core_r0.8.0
+#: (``gpt_layer_specs.py`` ``get_gpt_layer_with_transformer_engine_spec`` with the dense MLP
+#: spec: linear_qkv and linear_fc1 TELayerNormColumnParallelLinear, core_attention
+#: TEDotProductAttention, linear_proj and linear_fc2 TERowParallelLinear)
+TE_MODULES_PER_LAYER = 5
+#: Host (CPU) seconds of one TE module call, an upper bound: NVIDIA/TransformerEngine#2053
+#: (2025-08-11, TE of that date) times te.Linear's BF16 forward (hidden 2048, 8192 tokens) at
+#: 99.66 us of CPU a call on GB200 and 90.53 on GH200, the Grace hosts the issue reports as
+#: slower than the DGX H100's Xeon 8480C for TE (its H100 row was not readable in the stored
+#: copy); NVIDIA/TransformerEngine#445 (2023-10-16, an NVIDIA maintainer on H100, NGC 23.08)
+#: reads 0.574 ms for 10 chained BF16 te.Linear forwards of 1024x1024x1024, a host-bound size
+#: (~57 us a call, if its cost_time is per model call). No published TE 1.x backward or
+#: TEDotProductAttention host figure was found: each is taken at the same bound.
+TE_MODULE_HOST_S = 99.66e-6
+
+
+def layer_device_s(row: dict, mbs: int = MBS) -> dict[str, float]:
+    """Seconds of one decoder layer's forward and backward on the device (the trace's
+    ``fwd.*``/``bwd.*`` layer ops on the first rank class, each by ``op_time``, so with the
+    stack's per-kernel host and gaps), averaged over the layer calls."""
+    import ddlsim
+    from ddlsim.api import build_workload
+    from ddlsim.simulator.kernels import kernel_device, op_time
+    from ddlsim.workloads.trace import Compute
+    cfg = ddlsim.load_config(config(row, mbs))
+    dev, prog = kernel_device(cfg.system), build_workload(cfg).classes[0].program
+    sums, layers = {"fwd": 0.0, "bwd": 0.0}, 0
+    for step in prog.steps:
+        for op in prog.blocks[step.block].flat.ops:
+            p = op.payload
+            if not isinstance(p, Compute) or p.contention is not None or p.seconds is not None:
+                continue
+            side, _, part = p.name.partition(".")
+            if side in sums and part in ("attn", "mlp", "elementwise"):
+                sums[side] += op_time(p, dev) * op.repeat
+                layers += op.repeat if p.name == "fwd.attn" else 0
+    return {side: total / layers for side, total in sums.items()}
+
+
+def print_host_check(out: list[dict], markdown: bool, mbs: int = MBS) -> None:
+    """The ``--breakdown`` host table: per decoder layer, the device time of its forward and
+    backward against :data:`TE_MODULES_PER_LAYER` module calls at :data:`TE_MODULE_HOST_S`,
+    and the host time a module call would need for the host to bind."""
+    lines = []
+    for o in (o for o in out if o["result"] is not None):
+        dev = layer_device_s(o["row"], mbs)
+        host = TE_MODULES_PER_LAYER * TE_MODULE_HOST_S
+        lines.append([o["row"]["model"], f"{1e6 * dev['fwd']:.0f}", f"{1e6 * dev['bwd']:.0f}",
+                      f"{1e6 * host:.0f}", f"{host / dev['fwd']:.2f}",
+                      f"{1e6 * dev['fwd'] / TE_MODULES_PER_LAYER:.0f}"])
+    print()
+    print_table(["model", "layer fwd device (us)", "layer bwd device (us)",
+                 "layer TE host bound (us)", "host/device fwd", "binds above (us/call)"],
+                lines, markdown)
+
+
 def print_breakdown(out: list[dict], markdown: bool, mbs: int = MBS) -> None:
     """The ``--breakdown`` tables: each row's iteration by part (ms) with its compute-bound
     error, then its compute by kind (ms)."""
@@ -213,6 +285,7 @@ def print_breakdown(out: list[dict], markdown: bool, mbs: int = MBS) -> None:
     print_table(["compute by kind (ms)", *kinds],
                 [[k, *[f"{1e3 * d.get(k, 0.0):.1f}" for d in kinds.values()]] for k in names],
                 markdown)
+    print_host_check(ran, markdown, mbs)
 
 
 def _flag(argv: list[str], name: str, value: bool = False):

@@ -90,3 +90,18 @@ def test_compute_kinds_book_userbuffers_sm_margin_as_contention():
     without kernels."""
     kinds = vm.compute_kinds(ROWS["7.1B"])
     assert kinds["SM contention"] > 0 and kinds.get("copies and other (no kernels)", 0.0) < 1e-3
+
+
+def test_layer_device_time_is_the_layers_share_of_compute(capsys):
+    """The host check's per-layer device time: 24 layers x 4 micro-batches (GBS 192 / DP 48,
+    micro-batch 1) of the 1.7B's forward and backward fit inside its predicted compute, and
+    are most of it (the head, loss and gradient passes are the rest); the backward is longer
+    than the forward. The host table prints the 1.7B with the bound 5 x 99.66 us."""
+    (rec,) = vm.evaluate("analytical", only=[ROWS["1.7B"]])
+    d = vm.layer_device_s(ROWS["1.7B"])
+    layers = 24 * 4 * (d["fwd"] + d["bwd"])
+    compute = vm.breakdown(rec)["compute"]
+    assert 0.5 * compute < layers < compute and d["bwd"] > d["fwd"] > 0
+    vm.print_host_check([rec], markdown=True)
+    out = capsys.readouterr().out
+    assert "| 1.7B |" in out and f"| {1e6 * 5 * 99.66e-6:.0f} |" in out
