@@ -38,8 +38,8 @@ MODEL = torch_model(SMALL)
 #: does on a CPU (TORCH_STACK): DDP −14.7 % (1 rank), −18.2 % (2 ranks), FSDP −25.3 %.
 #: 20:42-20:45 (load 2.4-3.7), torchtitan-2024's DDP copies charged at DP > 1: DDP −20.6 %
 #: (1 rank), −24.8 % (2 ranks; −27.9 % on the same measurements without them), FSDP −33.1 %.
-#: 22:44 and 22:49 (load 3.9-5.0), the one-rank run bare as torchtitan-2024 runs it: DDP
-#: −8.4, −10.3 % (1 rank), −22.3, −6.1 % (2 ranks), FSDP −30.9, −21.5 %. ddlsim too fast:
+#: 22:44-23:00 (load 3.9-5.0), the one-rank run bare as torchtitan-2024 runs it: DDP −8.4,
+#: −10.3, −16.9 % (1 rank), −22.3, −6.1, −8.2 % (2 ranks), FSDP −30.9, −21.5, −25.9 %. Too fast:
 #: Adam over FSDP2's DTensors (benchmarks/torch_fsdp_step.py: +9.1-14.4 ms a step) and
 #: zero_grad are not modelled (docs/validation.md, "Where the torch loop misses"). −60 % keeps
 #: 20 points below the worst; over +20 % something was counted twice. Not the issue's 10 %
