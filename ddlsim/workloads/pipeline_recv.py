@@ -44,7 +44,8 @@ def pipeline_recv_bytes(fm, b, s: int, hidden: int, t, sp, cp, pp, vpp, chunks,
     t, sp, cp : tensor-parallel ranks, sequence parallelism, context-parallel ranks; one
         buffer is the stage's 16-bit output, ``2·b·s·h/(t'·cp)`` with ``t' = t`` under
         sequence parallelism, else 1.
-    pp, vpp : pipeline stages and model chunks (stages) per rank; 0 where ``pp`` is 1.
+    pp, vpp : pipeline stages and model chunks (stages) per rank (``vpp`` >= 1); the bytes
+        are 0 where ``pp`` is 1.
     chunks : (micro-batch, chunk) forwards in flight at the rank's peak
         (:func:`~ddlsim.workloads.schedules.peak_inflight`).
     microbatches : micro-batches per step, ``m``.
