@@ -147,6 +147,9 @@ class CostModel:
         self._peak = self._dev.peak
         self._measured = self._profile_efficiency if (
             profile is not None and profile.has_compute) else None
+        #: (kernel, measured efficiency) -> seconds: a kernel met again (the same GEMM in
+        #: several blocks or stages) timed once per cost model (:func:`.kernels.op_time`)
+        self._kernels: dict = {}
 
     # ------------------------------------------------------------------ networks
     def _layout_key(self, fam: GroupFamily) -> tuple:
@@ -184,7 +187,7 @@ class CostModel:
         if op.contention is not None:  # overlapped GEMMs' extra time (.kernels.contention)
             return self._contention(op)
         from .kernels import op_time
-        return op_time(op, self._dev, self._measured)
+        return op_time(op, self._dev, self._measured, self._kernels)
 
     def _contention(self, op: Compute) -> float:
         """Seconds of a contention op: its collectives' time on their groups, one after
