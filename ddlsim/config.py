@@ -13,6 +13,7 @@ Everything inside is SI: seconds, bytes, bytes/s, FLOP/s. Strings with units
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any, Literal
 
 from pydantic import Field, SerializeAsAny, field_validator, model_validator
@@ -105,6 +106,18 @@ _MESHES: dict[tuple[int, ...], tuple] = {}
 _CACHE_SIZE = 256
 
 
+@lru_cache(maxsize=_CACHE_SIZE)
+def _mesh_of(tp: int, cp: int, pp: int, dp: int, ep: int, etp: int, order: str) -> Any:
+    """The :class:`~ddlsim.workloads.mesh.DeviceMesh` (frozen) of these sizes and rank
+    order, built once per distinct plan: the search's probes build many configs of a few
+    meshes. A mesh that fails raises its ConfigError anew on every call (no cache)."""
+    from .workloads.mesh import DeviceMesh
+    return DeviceMesh.from_megatron(
+        tensor_model_parallel_size=tp, context_parallel_size=cp,
+        pipeline_model_parallel_size=pp, data_parallel_size=dp,
+        expert_model_parallel_size=ep, expert_tensor_parallel_size=etp, order=order)
+
+
 def _by_identity(cache: dict, frozen: tuple, make: Any) -> Any:
     """``make()``, cached in ``cache`` by the ids of the ``frozen`` objects it derives from,
     kept alive in the entry (so that no other object can take their ids while it is there);
@@ -141,13 +154,8 @@ class RunConfig(_Strict):
         return _by_identity(_MESHES, (self.parallel,), self._build_mesh)
 
     def _build_mesh(self) -> Any:
-        from .workloads.mesh import DeviceMesh
         p = self.parallel
-        return DeviceMesh.from_megatron(
-            tensor_model_parallel_size=p.tp, context_parallel_size=p.cp,
-            pipeline_model_parallel_size=p.pp, data_parallel_size=self.dp,
-            expert_model_parallel_size=p.ep, expert_tensor_parallel_size=p.etp,
-            order=p.rank_order)
+        return _mesh_of(p.tp, p.cp, p.pp, self.dp, p.ep, p.etp, p.rank_order)
 
     @property
     def world_size(self) -> int:
