@@ -90,7 +90,9 @@ class TreeRoutes:
         c = rail % k
         sw_a, sw_b = self.leaf[src, c], self.leaf[dst, c]
         dest = dst * k + c
-        edges = np.full((len(c), 6), -1, dtype=np.int64)
+        # the widest route: NIC, leaf, (aggregation, core, aggregation,) leaf, NIC; the
+        # columns no route reaches would add edge −1's 0 to every latency below
+        edges = np.full((len(c), 6 if "up2" in t else 4), -1, dtype=np.int64)
         edges[:, 0] = t["nic_up"][src, c]
         same = sw_a == sw_b
         last = np.where(same, 1, 3)                           # the column of leaf → NIC
