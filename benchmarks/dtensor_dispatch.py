@@ -33,11 +33,10 @@ Prints one line per measurement. Needs the torch extra; nothing is fitted.
 
 from __future__ import annotations
 
-import argparse
-import os
-import sys
 import tempfile
 import time
+
+import torchbench as tb
 
 
 def _least_cpu(fn, reps: int, warmup: int = 3) -> float:
@@ -94,47 +93,29 @@ def _ops_per_tensor(shape) -> float:
     model, counted under a ``TorchDispatchMode``: those on the parameter, its gradient and
     state (a first tensor argument with a dimension), not those on the 0-dim ``step``."""
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
     from ddlsim.reference.torch_train import build_stage
     params = list(build_stage(shape, 0, 1).parameters())
     for p in params:
         p.grad = torch.full_like(p, 1e-3)
     opt = torch.optim.Adam(params, lr=1e-3, foreach=False)
     opt.step()                                   # the state exists from here on
-    seen = [0]
-
-    class Count(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            first = next((a for a in args if isinstance(a, torch.Tensor)), None)
-            if first is not None and first.dim() > 0:
-                seen[0] += 1
-            return func(*args, **(kwargs or {}))
-    with Count():
-        opt.step()
-    return seen[0] / len(params)
+    return tb.count_ops(opt.step, tb.on_state)["state"] / len(params)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--reference", action="store_true", help="the reference model, not --small")
-    ap.add_argument("--reps", type=int, default=30, help="rounds; the least is kept")
-    args = ap.parse_args(argv)
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-    from ddlsim.reference.torch_loop import torch_available, torch_model
-    if not torch_available():
-        print("error: needs torch with Gloo (pip install 'ddlsim[torch]')", file=sys.stderr)
+    args = tb.parse(tb.parser(__doc__, "reps", 30, "rounds; the least is kept"), argv,
+                    ("reps",))
+    model = tb.loop_model(args.reference)
+    if model is None:
         return 2
-    import torch
     import torch.distributed as dist
-    from ddlsim.reference.loop import REFERENCE, SMALL
     from ddlsim.reference.torch_train import build_stage
-    torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=0,
                                 world_size=1)
         try:
             plain_op, dt_op = _one_op(args.reps)
-            shape = torch_model(REFERENCE if args.reference else SMALL).shape
+            shape = model.shape
             n = sum(1 for _ in build_stage(shape, 0, 1).parameters())
             plain, dtensor = (_adam(n, sharded, args.reps) for sharded in (False, True))
             ops = _ops_per_tensor(shape)

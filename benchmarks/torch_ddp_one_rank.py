@@ -22,11 +22,11 @@ Prints one line per measurement; nothing is fitted.
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 import tempfile
 import time
+
+import torchbench as tb
 
 PHASES = ("forward", "backward", "step")
 
@@ -81,22 +81,13 @@ def measure(shape, iters: int, warmup: int = 3) -> tuple[dict, dict, int, float]
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--reference", action="store_true", help="the reference model, not --small")
-    ap.add_argument("--iters", type=int, default=20, help="rounds; the least is kept (>= 1)")
-    args = ap.parse_args(argv)
-    if args.iters < 1:
-        ap.error(f"--iters must be >= 1, got {args.iters}")
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-    from ddlsim.reference.torch_loop import torch_available, torch_model
-    if not torch_available():
-        print("error: needs torch with Gloo (pip install 'ddlsim[torch]')", file=sys.stderr)
+    args = tb.parse(tb.parser(__doc__, "iters", 20, "rounds; the least is kept"), argv,
+                    ("iters",))
+    model = tb.loop_model(args.reference)
+    if model is None:
         return 2
-    import torch
     import torch.distributed as dist
-    from ddlsim.reference.loop import REFERENCE, SMALL
-    torch.set_num_threads(1)
-    shape = torch_model(REFERENCE if args.reference else SMALL).shape
+    shape = model.shape
     load = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=0,

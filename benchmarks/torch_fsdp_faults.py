@@ -22,11 +22,11 @@ calibration.md), which ddlsim's decoder trace does not charge. Nothing is fitted
 
 from __future__ import annotations
 
-import argparse
 import os
 import resource
-import sys
 import time
+
+import torchbench as tb
 
 
 def _faults() -> int:
@@ -34,27 +34,10 @@ def _faults() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--reference", action="store_true", help="the reference model, not --small")
-    ap.add_argument("--iters", type=int, default=8, help="timed iterations (>= 1)")
-    args = ap.parse_args(argv)
-    if args.iters < 1:
-        ap.error(f"--iters must be >= 1, got {args.iters}")
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+    args = tb.parse(tb.parser(__doc__, "iters", 8, "timed iterations"), argv, ("iters",))
     import torch
     import torch.distributed as dist
-
-    from ddlsim.config import load_config
-    from ddlsim.reference.loop import REFERENCE, SMALL
-    from ddlsim.reference.torch_loop import torch_model, torch_run_config
-    from ddlsim.reference.torch_machine import TORCH_STACK
-    from ddlsim.reference.torch_train import data_parallel_step
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    model = torch_model(REFERENCE if args.reference else SMALL)
-    cfg = load_config(torch_run_config(model, dist.get_world_size(), "torch-fsdp",
-                                       {"preset": "cpu-10gbe", "software": TORCH_STACK}))
-    step = data_parallel_step(cfg, model.shape, "fsdp")
+    step, _ = tb.fsdp_step(args.reference)
     best = None
     for it in range(2 + args.iters):
         dist.barrier()

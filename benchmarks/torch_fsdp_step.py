@@ -24,10 +24,10 @@ plain step's ops per tensor counted under a ``TorchDispatchMode``, as
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 import time
+
+import torchbench as tb
 
 
 def _least_max(fn, iters: int) -> float:
@@ -47,46 +47,20 @@ def _least_max(fn, iters: int) -> float:
 
 def _ops_per_tensor(opt, params) -> float:
     """ATen ops per parameter tensor of one ``opt.step()`` and ``zero_grad`` over ``params``
-    (ops whose first tensor argument has a dimension: not the 0-dim ``step`` counter)."""
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-    seen = [0]
-
-    class Count(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            first = next((a for a in args if isinstance(a, torch.Tensor)), None)
-            if first is not None and first.dim() > 0:
-                seen[0] += 1
-            return func(*args, **(kwargs or {}))
-    with Count():
+    (ops on a parameter's state: :func:`torchbench.on_state`)."""
+    def call():
         opt.step()
         opt.zero_grad(set_to_none=False)
-    return seen[0] / len(params)
+    return tb.count_ops(call, tb.on_state)["state"] / len(params)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--reference", action="store_true", help="the reference model, not --small")
-    ap.add_argument("--iters", type=int, default=20, help="rounds; the least is kept (>= 1)")
-    args = ap.parse_args(argv)
-    if args.iters < 1:
-        ap.error(f"--iters must be >= 1, got {args.iters}")
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+    args = tb.parse(tb.parser(__doc__, "iters", 20, "rounds; the least is kept"), argv,
+                    ("iters",))
     import torch
     import torch.distributed as dist
-
-    from ddlsim.reference.loop import REFERENCE, SMALL
-    from ddlsim.reference.torch_loop import torch_model, torch_run_config
-    from ddlsim.reference.torch_machine import TORCH_STACK
-    from ddlsim.reference.torch_train import data_parallel_step
-    from ddlsim.config import load_config
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    step, model = tb.fsdp_step(args.reference)
     world = dist.get_world_size()
-    model = torch_model(REFERENCE if args.reference else SMALL)
-    cfg = load_config(torch_run_config(model, world, "torch-fsdp",
-                                       {"preset": "cpu-10gbe", "software": TORCH_STACK}))
-    step = data_parallel_step(cfg, model.shape, "fsdp")
     step()                                            # gradients and Adam's state
     sharded = list(step.model.parameters())
     fsdp_opt = torch.optim.Adam(sharded, lr=1e-3)

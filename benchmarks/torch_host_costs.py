@@ -26,11 +26,11 @@ counted at the bare op's cost. Nothing is fitted; prints one line per figure.
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 import time
 from collections import Counter
+
+import torchbench as tb
 
 
 def _least(fn, reps: int) -> float:
@@ -78,29 +78,15 @@ def iteration_ops(shape) -> Counter:
     """ATen ops of one bare one-rank iteration of the loop's model, by (phase, kind):
     kind ``view`` or ``op``."""
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
 
     from ddlsim.reference.torch_train import _batch, build_stage
     model = build_stage(shape, 0, 1)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     idx, tgt = _batch(shape, 0)
-    seen, phase = Counter(), ["forward"]
-
-    class Count(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            seen[(phase[0], "view" if func.is_view else "op")] += 1
-            return func(*args, **(kwargs or {}))
-    for it in range(2):                  # the second, with Adam's state made
-        seen.clear()
-        with Count():
-            phase[0] = "forward"
-            loss = model(idx, tgt)
-            phase[0] = "backward"
-            loss.backward()
-            phase[0] = "step"
-            opt.step()
-            opt.zero_grad(set_to_none=False)
-    return seen
+    phase = ["forward"]
+    tb.iteration(model, idx, tgt, opt, phase)        # Adam's state made
+    return tb.count_ops(lambda: tb.iteration(model, idx, tgt, opt, phase),
+                        lambda func, args: (phase[0], "view" if func.is_view else "op"))
 
 
 def ddlsim_kernels(model) -> dict[str, int]:
@@ -123,23 +109,13 @@ def ddlsim_kernels(model) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--reference", action="store_true", help="the reference model, not --small")
-    ap.add_argument("--reps", type=int, default=30, help="rounds; the least is kept (>= 1)")
+    ap = tb.parser(__doc__, "reps", 30, "rounds; the least is kept")
     ap.add_argument("--chain", type=int, default=200, help="ops in the autograd chain (>= 1)")
-    args = ap.parse_args(argv)
-    if args.reps < 1 or args.chain < 1:
-        ap.error(f"--reps and --chain must be >= 1, got {args.reps}, {args.chain}")
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-    from ddlsim.reference.torch_loop import torch_available, torch_model
-    if not torch_available():
-        print("error: needs torch (pip install 'ddlsim[torch]')", file=sys.stderr)
+    args = tb.parse(ap, argv, ("reps", "chain"))
+    model = tb.loop_model(args.reference)
+    if model is None:
         return 2
     import torch
-
-    from ddlsim.reference.loop import REFERENCE, SMALL
-    torch.set_num_threads(1)
-    model = torch_model(REFERENCE if args.reference else SMALL)
     load = os.getloadavg()
     bare = bare_op_s(args.reps)
     fwd, bwd = autograd_op_s(args.reps, args.chain)
@@ -148,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"bare op (1-element torch.add, the loop's stream_gap_s): {bare * 1e6:.2f} us")
     print(f"op under autograd (x * c, 1 element, chain of {args.chain}): forward "
           f"{fwd * 1e6:.2f} us, backward {bwd * 1e6:.2f} us per op")
-    for phase in ("forward", "backward", "step"):
+    for phase in ("forward", "backward", "step", "zero_grad"):
         print(f"{phase:8s} ATen ops per iteration: {ops[(phase, 'op')]} ops + "
               f"{ops[(phase, 'view')]} views")
     print(f"ddlsim's kernels per iteration: forward {kernels.get('F', 0)}, backward "

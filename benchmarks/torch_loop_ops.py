@@ -18,7 +18,6 @@ per-op sum exceeds the untimed iteration by about that (printed). Needs the torc
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -26,6 +25,8 @@ from collections import defaultdict
 from contextlib import nullcontext
 
 import numpy as np
+
+import torchbench as tb
 
 GEMMS = ("mm", "addmm", "bmm")
 
@@ -82,14 +83,7 @@ def measure(shape, iters: int, warmup: int = 2):
         timed = it % 2 == 0
         t0 = time.process_time()
         with (_timer(spent, calls, phase, gemms) if timed else nullcontext()):
-            phase[0] = "forward"
-            loss = model(idx, tgt)
-            phase[0] = "backward"
-            loss.backward()
-            phase[0] = "step"
-            opt.step()
-            phase[0] = "zero_grad"
-            opt.zero_grad(set_to_none=False)
+            tb.iteration(model, idx, tgt, opt, phase)
         if it < warmup:
             continue
         if not timed:
@@ -127,21 +121,13 @@ def report(ops: dict, names, inside, alone, plain_s: float, top: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--reference", action="store_true",
-                    help="the loop's reference model (default: its --small model)")
-    ap.add_argument("--iters", type=int, default=10, help="timed iterations (>= 1)")
-    ap.add_argument("--top", type=int, default=30, help="(phase, op) rows to print")
-    args = ap.parse_args(argv)
-    if args.iters < 1 or args.top < 0:
-        ap.error(f"--iters must be >= 1 and --top >= 0, got {args.iters}, {args.top}")
-    from ddlsim.reference.loop import REFERENCE, SMALL
-    from ddlsim.reference.torch_loop import torch_available, torch_model
-    if not torch_available():
-        ap.error("needs PyTorch: pip install 'ddlsim[torch]'")
-    import torch
-    torch.set_num_threads(1)
-    shape = torch_model(REFERENCE if args.reference else SMALL).shape
+    ap = tb.parser(__doc__, "iters", 10, "timed iterations")
+    ap.add_argument("--top", type=int, default=30, help="(phase, op) rows to print (>= 1)")
+    args = tb.parse(ap, argv, ("iters", "top"))
+    model = tb.loop_model(args.reference)
+    if model is None:
+        return 2
+    shape = model.shape
     load = os.getloadavg()
     print(f"load average {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f}; {shape}")
     print(report(*measure(shape, args.iters), args.top))
