@@ -12,6 +12,7 @@ import dataclasses
 import pytest
 
 import ddlsim
+from searchmemory import assert_search_memory_is_exact
 from ddlsim.workloads.allocator import FRAMEWORKS, pipeline_held_bytes
 
 pytestmark = pytest.mark.filterwarnings("ignore::ddlsim.errors.DDLSimWarning")
@@ -86,21 +87,4 @@ def test_each_stage_of_a_torchtitan_plan_counts_them(monkeypatch):
 def test_the_search_tiers_memory_counts_them_as_the_exact_one(monkeypatch):
     """torchtitan's plans are searched by the exact engine; the vectorised tier calls the same
     rule, checked on Megatron-Core plans with the rule switched on (a what-if)."""
-    from ddlsim.search.family import vector_family
-    from ddlsim.search.plans import VECTOR_FIELDS, enumerate_plans
-    monkeypatch.setitem(FRAMEWORKS, "megatron", dataclasses.replace(
-        FRAMEWORKS["megatron"], pipeline_holds_outputs=True))
-    cfg = _cfg("megatron-core-2024")
-    run = ddlsim.load_config(cfg)
-    base = {p: getattr(getattr(run, p.split(".")[0]), p.split(".")[1]) for p in VECTOR_FIELDS}
-    base["parallel.schedule"] = run.parallel.schedule
-    pps = [2, 4]
-    plans = enumerate_plans({"parallel.pipeline_model_parallel_size": pps}, base,
-                            run.system.num_devices)
-    family = vector_family(run.model.architecture)
-    memory, _ = family.memory(family.prepare(run), plans)
-    for k, pp in enumerate(pps):
-        one = {**cfg, "parallel": {**cfg["parallel"], "pipeline_model_parallel_size": pp,
-                                   "data_parallel_size": 8 // (2 * pp)}}
-        exact = ddlsim.memory_per_device(ddlsim.load_config(one)).total
-        assert memory[k] == pytest.approx(exact, rel=1e-12)
+    assert_search_memory_is_exact(monkeypatch, _cfg("megatron-core-2024"), pipeline_holds_outputs=True)

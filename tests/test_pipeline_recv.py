@@ -10,6 +10,7 @@ import dataclasses
 import pytest
 
 import ddlsim
+from searchmemory import assert_search_memory_is_exact
 from ddlsim.workloads.allocator import FRAMEWORKS
 from ddlsim.workloads.pipeline_recv import pipeline_recv_bytes
 
@@ -76,21 +77,4 @@ def test_each_stage_counts_them_as_communication_buffers(monkeypatch):
 def test_the_search_tiers_memory_counts_them_as_the_exact_one(monkeypatch):
     """The vectorised tier calls the same rule, checked on Megatron-Core plans with the rule
     switched on (a what-if: torchtitan's plans are searched by the exact engine)."""
-    from ddlsim.search.family import vector_family
-    from ddlsim.search.plans import VECTOR_FIELDS, enumerate_plans
-    monkeypatch.setitem(FRAMEWORKS, "megatron", dataclasses.replace(
-        FRAMEWORKS["megatron"], pipeline_recv_buffers=True))
-    cfg = _cfg("megatron-core-2024")
-    run = ddlsim.load_config(cfg)
-    base = {p: getattr(getattr(run, p.split(".")[0]), p.split(".")[1]) for p in VECTOR_FIELDS}
-    base["parallel.schedule"] = run.parallel.schedule
-    pps = [2, 4]
-    plans = enumerate_plans({"parallel.pipeline_model_parallel_size": pps}, base,
-                            run.system.num_devices)
-    family = vector_family(run.model.architecture)
-    memory, _ = family.memory(family.prepare(run), plans)
-    for k, pp in enumerate(pps):
-        one = {**cfg, "parallel": {**cfg["parallel"], "pipeline_model_parallel_size": pp,
-                                   "data_parallel_size": 8 // (2 * pp)}}
-        exact = ddlsim.memory_per_device(ddlsim.load_config(one)).total
-        assert memory[k] == pytest.approx(exact, rel=1e-12)
+    assert_search_memory_is_exact(monkeypatch, _cfg("megatron-core-2024"), pipeline_recv_buffers=True)
