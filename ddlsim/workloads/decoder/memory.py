@@ -144,8 +144,9 @@ def _rebuilt_layer(plan: DecoderPlan, part, stage: int) -> float:
     s, moe = (s, True) if part is None else (s // plan.cp, None)
     whole = shape.layer_activation_bytes(b, s, t, sp, "none", moe=moe,
                                          **whole_layer_kinds(plan.activation_kinds, sw))
-    return rebuilt_bytes(whole, layer_kept_bytes(shape, sw, b, s, t, sp, rec,
-                                                 plan.activation_kinds, moe))
+    kept = layer_kept_bytes(shape, sw, b, s, t, sp, rec, plan.activation_kinds, moe)
+    cp = plan.cp if part is None else 1      # an MoE layer's 1/cp of the queries (as below)
+    return rebuilt_bytes(whole / cp, kept / cp)
 
 
 def _layer_args(plan: DecoderPlan) -> tuple:
@@ -161,12 +162,15 @@ def _chunk_activations(plan: DecoderPlan, part, stage: int) -> float:
     lpc = row[0] if len(set(row)) == 1 else sum(row) / len(row)
     args = _layer_args(plan)
 
-    def layer(moe: bool) -> float:   # one layer's bytes, of Megatron-Core's modules if given
+    def layer(moe: bool) -> float:   # one layer's bytes, of Megatron-Core's modules if given;
+        # under CP every term, the s² scores included, holds 1/cp of the queries (as
+        # :meth:`.partition.base.LayerPartitioner.activation_bytes`)
         if plan.recompute_modules is not None:
             from .recompute_modules import layer_bytes
             return layer_bytes(shape, plan.recompute_modules, plan.software, *args, moe=moe,
-                               **kinds)
-        return layer_kept_bytes(shape, plan.software, *args, plan.recompute, kinds, moe)
+                               **kinds) / plan.cp
+        return layer_kept_bytes(shape, plan.software, *args, plan.recompute, kinds,
+                                moe) / plan.cp
     if shape.is_moe:    # MoE layers per chunk, in model order (.layerkinds: dense first layers)
         from .layerkinds import moe_layers_in_stage
         n_moe = moe_layers_in_stage(shape, plan.split, stage) / len(row)

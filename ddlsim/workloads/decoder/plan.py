@@ -232,11 +232,12 @@ def _recompute_modules(cfg: Any, shape: Any, sw: Any) -> tuple | None:
     from ...errors import ConfigError
     from .recompute_checks import check_modules
     mods, p = tuple(cfg.train.recompute_modules), cfg.parallel
-    if mods != ("core_attn",) and (p.tp_mode != "1d" or p.cp > 1):
+    if mods != ("core_attn",) and p.tp_mode != "1d":
         raise ConfigError(f"train.recompute_modules = {list(mods)!r} is modelled for "
-                          "Megatron's 1-D tensor parallelism without context parallelism "
-                          f"(here tensor_parallel.mode {p.tp_mode!r}, context_parallel_size "
-                          f"{p.cp}); use ['core_attn'], or recompute 'full' or 'none'")
-    check_modules(mods, shape, sw, p.tp, resolve_moe(cfg) if shape.is_moe else None)
+                          "Megatron's 1-D tensor parallelism, with or without context "
+                          f"parallelism (here tensor_parallel.mode {p.tp_mode!r}); use "
+                          "['core_attn'], recompute 'full' or 'none', or tensor_parallel.mode "
+                          "'1d'")
+    check_modules(mods, shape, sw, p.tp, resolve_moe(cfg) if shape.is_moe else None, p.cp)
     return mods
 

@@ -17,7 +17,7 @@ __all__ = ["check_modules"]
 
 
 def check_modules(modules: tuple[str, ...], shape: Any, sw: Any, tp: int,
-                  moe_plan: Any = None) -> None:
+                  moe_plan: Any = None, cp: int = 1) -> None:
     """Refuse a module list this model or plan cannot take: a module that recomputes
     nothing in the model (Megatron-Core runs it as a no-op, which ddlsim does not let pass
     silently), ``mla_up_proj`` without MLA and ``moe_act`` without grouped GEMM (d7288711
@@ -36,7 +36,7 @@ def check_modules(modules: tuple[str, ...], shape: Any, sw: Any, tp: int,
         if nothing:
             raise ConfigError(f"{field}: {name!r} recomputes nothing in this model "
                               f"({nothing}); remove it")
-        why = _refusal(name, modules, shape, tp, moe_plan)
+        why = _refusal(name, modules, shape, tp, moe_plan) or _cp_refusal(name, cp)
         if why:
             raise ConfigError(f"{field}: {why}")
 
@@ -76,4 +76,19 @@ def _refusal(name: str, modules: tuple[str, ...], shape: Any, tp: int, moe_plan:
     if name in ("mlp", "shared_experts", "mla_up_proj") and tp > 1:
         return (f"{name!r} is modelled with tensor_model_parallel_size 1 only (TP is {tp}: "
                 "its recomputed forward re-runs TP collectives); use TP 1 or drop the module")
+    return ""
+
+
+def _cp_refusal(name: str, cp: int) -> str:
+    """Why ``name`` is not modelled under context parallelism ``cp`` > 1, or ''. Megatron-Core
+    takes every module with CP (d7288711: ``transformer_config.py`` lines 1360-1433 check
+    nothing of CP; ``transformer_layer.py``'s one CP branch, line 314, picks the attention's
+    ``cp_comm_type``, and its recompute switches, lines 404-473, read no CP size; the MoE
+    block that ``moe`` checkpoints, ``moe/moe_layer.py`` lines 578-583 and 599-620, holds the
+    dispatch and the combine whatever the CP size). ddlsim's CP layers rebuild the norms,
+    the attention core and the MoE layer's modules on the rank's ``s/cp`` tokens; a dense
+    layer's MLP and MLA's up projections are not modelled there."""
+    if cp > 1 and name in ("mlp", "mla_up_proj"):
+        return (f"{name!r} is modelled without context parallelism only (context_parallel_"
+                f"size is {cp}); use CP 1 or drop the module")
     return ""

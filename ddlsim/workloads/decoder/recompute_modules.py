@@ -73,7 +73,7 @@ from ..trace import Compute, Kernel
 
 __all__ = ["RecomputeModule", "RECOMPUTE_MODULES", "recompute_module", "module_names",
            "layer_bytes", "recompute_op", "moe_block_ops", "moe_extra_ops",
-           "separate_norms"]
+           "separate_norms", "cp_norms_op"]
 
 
 @dataclass(frozen=True)
@@ -326,8 +326,9 @@ def recompute_op(b: Any, g: dict, moe: bool) -> Compute:
 
 
 def _kernels_op(b: Any, modules: tuple[str, ...], moe: bool) -> Compute:
-    """One op of the kernels of ``modules`` on builder ``b``'s layer (an MoE layer or not)."""
-    ctx = LayerContext(b.b, b.s, b.tp, b.sp, moe, b.plan.train_dtype == "fp8",
+    """One op of the kernels of ``modules`` on builder ``b``'s layer (an MoE layer or not),
+    over the rank's ``s/cp`` tokens (context parallelism: :func:`cp_modules_op`)."""
+    ctx = LayerContext(b.b, b.s // b.cp, b.tp, b.sp, moe, b.plan.train_dtype == "fp8",
                        separate_norms(b.shape, b.sw, moe), b.dt)
     order = ("layernorm", "mla_up_proj", "core_attn", "mlp", "shared_experts", "moe_act")
     kernels = tuple(k for name in order if name in modules and _applied(name, moe, modules)
@@ -353,3 +354,21 @@ def moe_extra_ops(b: Any) -> list:
         from ..trace import Op
         ops.append(Op(_kernels_op(b, rest, True)))
     return ops
+
+
+def cp_norms_op(part: Any) -> Compute | None:
+    """``layernorm``'s recomputation in a dense layer that the 1-D partitioner ``part``
+    builds under context parallelism (:meth:`.partition.base.LayerPartitioner.
+    layer_backward`): each norm that is a module of its own run again over the rank's
+    ``s/cp`` tokens, the kernels :func:`_kernels_op` gives a layer without CP; None when
+    ``layernorm`` is not recomputed or the layer has no such norm (the attention core is
+    the partitioner's op; ``mlp`` and ``mla_up_proj`` are refused under CP,
+    :func:`.recompute_checks.check_modules`)."""
+    norms = separate_norms(part.shape, part.sw, False)
+    if "layernorm" not in (part.plan.recompute_modules or ()) or not norms:
+        return None
+    t, sp = part.ew_split()
+    kernels = norm_kernels(part.shape, part.b, part.s // part.cp, t, sp, part.dt, part.sw,
+                           part.dtype) * norms
+    return Compute("recompute.modules", 0.0, sum(k.bytes for k in kernels), dtype=part.dtype,
+                   kernels=kernels)

@@ -251,13 +251,18 @@ class LayerPartitioner:
         if self.recompute == "full":
             from ..early_stop import trims_tail
             ops.extend(self.layer_forward("recompute", trims_tail(self.sw)))
+        elif self.recompute == "selective" and self.plan.recompute_modules is not None:
+            from ..recompute_modules import cp_norms_op
+            norms = cp_norms_op(self)           # Megatron-Core's modules: the norms, the core
+            if norms is not None:
+                ops.add(norms)
+            if "core_attn" in self.plan.recompute_modules:
+                ops.add(self._recompute_core_op())
         elif self.recompute == "selective" and \
                 self.sw.selective_recompute == "every_second_mm":
             ops.add(self._op_sac())
         elif self.recompute == "selective":
-            ops.add(Compute("recompute.attn_core", self.attn_core_flops(),
-                            self.scores_bytes(), dtype=self.dtype,
-                            kernels=self.core_kernels(False)))
+            ops.add(self._recompute_core_op())
         for name, N, K, row in self._gemms(True):
             if name == self._core_after:
                 context.attention_backward(self, ops)
@@ -271,6 +276,12 @@ class LayerPartitioner:
         ops.add(Compute("bwd.grad_accumulate", 0.0, grad_accumulate_bytes,
                         kind="elementwise", dtype=self.dtype))
         return ops.ops
+
+    def _recompute_core_op(self) -> Compute:
+        """Selective recomputation's attention core on this rank (Korthikanti et al. 2022
+        §5): its forward FLOPs and scores traffic, its kernels where the scheme has them."""
+        return Compute("recompute.attn_core", self.attn_core_flops(), self.scores_bytes(),
+                       dtype=self.dtype, kernels=self.core_kernels(False))
 
     def layers(self, backward: bool, count: int, grad_accumulate_bytes: float,
                transform=None) -> Op:
