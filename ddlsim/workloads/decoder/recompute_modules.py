@@ -53,8 +53,12 @@ and 450-465 (``shared_experts``), 599-620 (``moe``); ``multi_latent_attention.py
 134-138 and 856-870 (``mla_up_proj``: the up projections, RoPE and the query/key
 concatenations; config lines 1385-1389: MLA only). Not modelled: ``mlp``, ``shared_experts``
 and ``mla_up_proj`` under tensor parallelism (their recomputed forward re-runs TP
-collectives, which a one-op recomputation cannot carry), ``moe`` under the combined 1F1B:
-such a plan is refused with that reason (:func:`.recompute_checks.check_modules`).
+collectives, which a one-op recomputation cannot carry), ``moe`` under the combined 1F1B,
+``mlp`` and ``mla_up_proj`` under context parallelism: such a plan is refused with that
+reason (:func:`.recompute_checks.check_modules`). Under context parallelism (Megatron 1-D;
+Megatron-Core checks nothing of CP for these modules) a rank rebuilds its ``s/cp`` tokens: an
+MoE layer's modules as above, a dense layer's (built by the 1-D partitioner) its separate
+norms (:func:`cp_norms_op`) and its attention core as ``selective`` under CP.
 
 The freed bytes come off the layer's activations in the memory model (:func:`layer_bytes`);
 the backward's extra work is one op of the modules' kernels (:func:`recompute_op`), the same
