@@ -138,11 +138,12 @@ def _stage_memory(ctx: Any, plans, first: bool, stage_params: np.ndarray,
     acts, other = stage_activations(
         sh, b, s, t, v, shared.per_layer * (sh.layers // (pp * v)), chunks,
         shared.rebuilt, is_first, is_last, 1,
-        fm.logits_at(t), step_temporaries(
+        fm.logits_at(t, cfg.software.compile), step_temporaries(
             fm, zero, compute_dtype(cfg.train.dtype) == "fp16", stage_params),
         head_bytes(fm, sh.hidden, t, plans["sp"].astype(bool)),
         pipeline_held_bytes(fm, b, s, sh.hidden, sh.vocab, t, plans["sp"].astype(bool),
-                            cfg.parallel.cp, pp, v, chunks, shared.m, is_last))
+                            cfg.parallel.cp, pp, v, chunks, shared.m, is_last,
+                            cfg.software.compile))
     buffers = stage_buffers(cfg.software, fm, sh, zero, dp, shared.gathered,
                             sh.layer_params / t, t, is_first, is_last, pp, ctx.dt, ctx.gdt,
                             stage_params) + pipeline_recv_bytes(
