@@ -35,9 +35,9 @@ def _faults() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = tb.parse(tb.parser(__doc__, "iters", 8, "timed iterations"), argv, ("iters",))
+    step, _ = tb.fsdp_step(args.reference)          # exits 2 without torch
     import torch
     import torch.distributed as dist
-    step, _ = tb.fsdp_step(args.reference)
     best = None
     for it in range(2 + args.iters):
         dist.barrier()

@@ -57,9 +57,9 @@ def _ops_per_tensor(opt, params) -> float:
 def main(argv: list[str] | None = None) -> int:
     args = tb.parse(tb.parser(__doc__, "iters", 20, "rounds; the least is kept"), argv,
                     ("iters",))
+    step, model = tb.fsdp_step(args.reference)      # exits 2 without torch
     import torch
     import torch.distributed as dist
-    step, model = tb.fsdp_step(args.reference)
     world = dist.get_world_size()
     step()                                            # gradients and Adam's state
     sharded = list(step.model.parameters())

@@ -78,10 +78,10 @@ def fsdp_step(reference: bool):
         ``data_parallel_step``'s step (one iteration per call; ``.clock`` and ``.model``) and
         the loop's model (``.shape``).
     """
-    import torch.distributed as dist
     model = loop_model(reference)
     if model is None:
         raise SystemExit(2)
+    import torch.distributed as dist
     from ddlsim.config import load_config
     from ddlsim.reference.torch_loop import torch_run_config
     from ddlsim.reference.torch_machine import TORCH_STACK
