@@ -1,6 +1,7 @@
-"""A check two memory tests share: with a framework rule switched on for Megatron-Core (a
-what-if: torchtitan's plans are searched by the exact engine), the vectorised search tier's
-memory per device equals the exact engine's on PP 2 and 4."""
+"""What the pipeline memory tests share: their plan (:func:`pp4_config`), and the check that,
+with a framework rule switched on for Megatron-Core (a what-if: torchtitan's plans are searched
+by the exact engine), the vectorised search tier's memory per device equals the exact
+engine's on PP 2 and 4."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,6 +10,20 @@ import pytest
 
 import ddlsim
 from ddlsim.workloads.allocator import FRAMEWORKS
+
+
+def pp4_config(stack: str, seq: int = 2048) -> dict:
+    """llama-3.1-8b cut to 8 layers, TP 2 with SP, PP 4, 8 micro-batches of 1 (ZeRO-3 under
+    a torchtitan stack, which shards with FSDP2)."""
+    cfg = {"model": {"preset": "llama-3.1-8b", "num_hidden_layers": 8},
+           "parallel": {"tensor_model_parallel_size": 2, "sequence_parallel": True,
+                        "pipeline_model_parallel_size": 4, "data_parallel_size": 1},
+           "train": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": seq,
+                     "recompute": "full"},
+           "system": {"preset": "dgx-h100", "nodes": 1, "software": {"stack": stack}}}
+    if stack.startswith("torchtitan"):
+        cfg["parallel"]["zero_stage"] = 3
+    return cfg
 
 
 def assert_search_memory_is_exact(monkeypatch, cfg: dict, **rule) -> None:

@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 
 import ddlsim
-from searchmemory import assert_search_memory_is_exact
+from searchmemory import assert_search_memory_is_exact, pp4_config
 from ddlsim.workloads.allocator import FRAMEWORKS, pipeline_held_bytes
 
 pytestmark = pytest.mark.filterwarnings("ignore::ddlsim.errors.DDLSimWarning")
@@ -22,16 +22,8 @@ OUT, LOGITS = 2 * S * H / 2, 2 * S * V / 2     # micro-batch 1, TP 2 with SP, CP
 
 
 def _cfg(stack: str) -> dict:
-    """llama-3.1-8b cut to 8 layers, TP 2 with SP, PP 4, 8 micro-batches of 1."""
-    cfg = {"model": {"preset": "llama-3.1-8b", "num_hidden_layers": 8},
-           "parallel": {"tensor_model_parallel_size": 2, "sequence_parallel": True,
-                        "pipeline_model_parallel_size": 4, "data_parallel_size": 1},
-           "train": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": S,
-                     "recompute": "full"},
-           "system": {"preset": "dgx-h100", "nodes": 1, "software": {"stack": stack}}}
-    if stack.startswith("torchtitan"):
-        cfg["parallel"]["zero_stage"] = 3
-    return cfg
+    """The shared plan at this file's sequence length."""
+    return pp4_config(stack, S)
 
 
 def test_stage_outputs_in_flight_and_the_last_stages_earlier_logits():

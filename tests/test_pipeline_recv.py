@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 
 import ddlsim
-from searchmemory import assert_search_memory_is_exact
+from searchmemory import assert_search_memory_is_exact, pp4_config
 from ddlsim.workloads.allocator import FRAMEWORKS
 from ddlsim.workloads.pipeline_recv import pipeline_recv_bytes
 
@@ -49,16 +49,8 @@ def test_both_torchtitan_stacks_count_them_and_megatron_none():
 
 
 def _cfg(stack: str) -> dict:
-    """llama-3.1-8b cut to 8 layers, TP 2 with SP, PP 4, 8 micro-batches of 1."""
-    cfg = {"model": {"preset": "llama-3.1-8b", "num_hidden_layers": 8},
-           "parallel": {"tensor_model_parallel_size": 2, "sequence_parallel": True,
-                        "pipeline_model_parallel_size": 4, "data_parallel_size": 1},
-           "train": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": S,
-                     "recompute": "full"},
-           "system": {"preset": "dgx-h100", "nodes": 1, "software": {"stack": stack}}}
-    if stack.startswith("torchtitan"):
-        cfg["parallel"]["zero_stage"] = 3
-    return cfg
+    """The shared plan at this file's sequence length."""
+    return pp4_config(stack, S)
 
 
 def test_each_stage_counts_them_as_communication_buffers(monkeypatch):

@@ -3,18 +3,13 @@ loss keeps fewer bytes per logit and the pipeline's held logits count it (both r
 ``sw.compile`` in decoder/memory.py). Before 2026-11-29 the search tier ignored it: +1,753.5 MiB
 per device on a compiled torchtitan-2025 plan of PP 2-4 (found in review)."""
 import pytest
-from searchmemory import assert_search_memory_is_exact
+from searchmemory import assert_search_memory_is_exact, pp4_config
 
 pytestmark = pytest.mark.filterwarnings("ignore::ddlsim.errors.DDLSimWarning")
 
 
 def test_the_search_tiers_memory_follows_a_compiled_loss(monkeypatch):
-    cfg = {"model": {"preset": "llama-3.1-8b", "num_hidden_layers": 8},
-           "parallel": {"tensor_model_parallel_size": 2, "sequence_parallel": True,
-                        "pipeline_model_parallel_size": 4, "data_parallel_size": 1},
-           "train": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 2048,
-                     "recompute": "full"},
-           "system": {"preset": "dgx-h100", "nodes": 1,
-                      "software": {"stack": "megatron-core-2024", "compile": True}}}
+    cfg = pp4_config("megatron-core-2024")
+    cfg["system"]["software"]["compile"] = True
     assert_search_memory_is_exact(monkeypatch, cfg, pipeline_holds_outputs=True,
                                   logit_bytes_compiled=2 + 2)
