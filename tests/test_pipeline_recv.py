@@ -21,7 +21,7 @@ OUT = 2 * S * H / 2                   # micro-batch 1, TP 2 with SP, CP 1, 16-bi
 
 
 def _recv(fm, pp, vpp, chunks, m, first, last, sp=True, cp=1):
-    return pipeline_recv_bytes(fm, 1, S, H, 2, sp, cp, pp, vpp, chunks, m, first, last)
+    return pipeline_recv_bytes(fm, 1, S, H, 2, sp, cp, pp, vpp, chunks, m, first, last, 2)
 
 
 def test_one_buffer_per_micro_batch_and_direction_less_the_inputs_in_flight():
@@ -70,3 +70,25 @@ def test_the_search_tiers_memory_counts_them_as_the_exact_one(monkeypatch):
     """The vectorised tier calls the same rule, checked on Megatron-Core plans with the rule
     switched on (a what-if: torchtitan's plans are searched by the exact engine)."""
     assert_search_memory_is_exact(monkeypatch, _cfg("megatron-core-2024"), pipeline_recv_buffers=True)
+
+
+@pytest.mark.parametrize("dtype, elem", [("fp32", 4), ("bf16", 2)])
+def test_a_buffer_holds_the_runs_compute_dtype(monkeypatch, dtype, elem):
+    """The stage's output crosses in the run's compute dtype: 4 B an element in an fp32 run."""
+    from ddlsim.workloads.decoder import memory as decoder_memory
+    seen = []
+
+    def spy(*args):
+        seen.append(args[-1])
+        return pipeline_recv_bytes(*args)
+    monkeypatch.setattr(decoder_memory, "pipeline_recv_bytes", spy)
+    cfg = _cfg("torchtitan-2024")
+    cfg["train"]["dtype"] = dtype
+    ddlsim.memory_per_device(ddlsim.load_config(cfg))
+    assert seen and set(seen) == {elem}
+
+
+def test_the_search_tier_counts_an_fp32_runs_buffers_as_the_exact_one(monkeypatch):
+    cfg = _cfg("megatron-core-2024")
+    cfg["train"]["dtype"] = "fp32"
+    assert_search_memory_is_exact(monkeypatch, cfg, pipeline_recv_buffers=True)

@@ -29,7 +29,7 @@ TORCH_PP_RECV = ("PyTorch torch/distributed/pipelining/stage.py (torch 2.5-2.6, 
 
 
 def pipeline_recv_bytes(fm, b, s: int, hidden: int, t, sp, cp, pp, vpp, chunks,
-                        microbatches, first, last):
+                        microbatches, first, last, elem_bytes: float):
     """Bytes of the pipeline runtime's receive buffers on one rank beyond what its layers
     keep: a communication buffer (the breakdown's ``buffers``). Arguments but ``s`` and
     ``hidden`` may be arrays over plans (the search tier calls this rule).
@@ -42,8 +42,8 @@ def pipeline_recv_bytes(fm, b, s: int, hidden: int, t, sp, cp, pp, vpp, chunks,
     b, s : micro-batch size and sequence length (the whole sequence; ``cp`` splits it).
     hidden : the model's width, ``h``.
     t, sp, cp : tensor-parallel ranks, sequence parallelism, context-parallel ranks; one
-        buffer is the stage's 16-bit output, ``2·b·s·h/(t'·cp)`` with ``t' = t`` under
-        sequence parallelism, else 1.
+        buffer is the stage's output, ``e·b·s·h/(t'·cp)`` with ``t' = t`` under sequence
+        parallelism, else 1.
     pp, vpp : pipeline stages and model chunks (stages) per rank (``vpp`` >= 1); the bytes
         are 0 where ``pp`` is 1.
     chunks : (micro-batch, chunk) forwards in flight at the rank's peak
@@ -51,6 +51,8 @@ def pipeline_recv_bytes(fm, b, s: int, hidden: int, t, sp, cp, pp, vpp, chunks,
     microbatches : micro-batches per step, ``m``.
     first, last : the rank holds the first stage (whose input, the token ids, comes from no
         stage) / the last stage (whose output gradient comes from the loss).
+    elem_bytes : bytes of one element of a stage's output, ``e``: the run's compute dtype
+        (bf16 under FP8, whose GEMMs alone run in 8 bits; 4 for an fp32 run).
 
     Returns
     -------
@@ -69,7 +71,7 @@ def pipeline_recv_bytes(fm, b, s: int, hidden: int, t, sp, cp, pp, vpp, chunks,
     if not fm.pipeline_recv_buffers:
         return 0.0
     # plain arithmetic, the same for scalars and arrays over plans (bools count as 0/1)
-    out = 2.0 * b * s * hidden / ((sp * t + (1 - sp)) * cp)
+    out = elem_bytes * b * s * hidden / ((sp * t + (1 - sp)) * cp)
     with_prev, with_next = vpp - 1 * first, vpp - 1 * last
     held = out * (microbatches * (with_prev + with_next) - chunks * with_prev / vpp) * (pp > 1)
     return float(held) if np.ndim(held) == 0 else held
