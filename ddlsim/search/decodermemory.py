@@ -19,7 +19,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..config import DTYPE_BYTES
 from ..workloads.allocator import (context_bytes, framework, head_bytes, pipeline_held_bytes,
                                    step_temporaries)
 from ..workloads.decoder.layerkernels import activation_kinds, compute_dtype
@@ -149,5 +148,5 @@ def _stage_memory(ctx: Any, plans, first: bool, stage_params: np.ndarray,
                             sh.layer_params / t, t, is_first, is_last, pp, ctx.dt, ctx.gdt,
                             stage_params) + pipeline_recv_bytes(
         fm, b, s, sh.hidden, t, plans["sp"].astype(bool), cfg.parallel.cp, pp, v, chunks,
-        shared.m, is_first, is_last, DTYPE_BYTES[compute_dtype(cfg.train.dtype)])
+        shared.m, is_first, is_last, ctx.dt)
     return weights + grads + opt + acts + other + buffers + shared.context

@@ -17,7 +17,6 @@ from ..memory import MemoryBreakdown, model_state_bytes
 from ..pipeline_recv import pipeline_recv_bytes
 from ..models.decoder import DecoderShape
 from ..schedules import peak_inflight
-from .layerkernels import compute_dtype
 from .layer_memory import layer_kept_bytes, rebuilds_layer, rebuilt_bytes, whole_layer_kinds
 from .sac import op_level, sac_activation_bytes
 
@@ -103,7 +102,7 @@ def stage_memory(plan: DecoderPlan, stage: int, params: float, expert_params: fl
             last, plan.pp, pb, gb, params)
     buffers = buffers + pipeline_recv_bytes(fm, b, plan.seq_length, shape.hidden, tp, plan.sp,
                                             cp, plan.pp, plan.vpp, chunks, plan.microbatches,
-                                            first, last, DTYPE_BYTES[compute_dtype(plan.dtype)])
+                                            first, last, plan.dtype_bytes)
     return MemoryBreakdown(weights, grads, opt, acts, other, plan.device.memory_bytes, stage,
                            buffers, context if context is not None else
                            context_bytes(plan.device, comm_groups(plan)))

@@ -17,13 +17,14 @@ __all__ = ["check_modules"]
 
 
 def check_modules(modules: tuple[str, ...], shape: Any, sw: Any, tp: int,
-                  moe_plan: Any = None, cp: int = 1) -> None:
+                  moe_plan: Any, cp: int) -> None:
     """Refuse a module list this model or plan cannot take: a module that recomputes
     nothing in the model (Megatron-Core runs it as a no-op, which ddlsim does not let pass
     silently), ``mla_up_proj`` without MLA and ``moe_act`` without grouped GEMM (d7288711
     transformer_config.py lines 1380-1389), and what is not modelled (``mlp``,
-    ``shared_experts``, ``mla_up_proj`` under TP > 1; ``moe``, or ``core_attn`` beside other
-    modules, under the combined 1F1B).
+    ``shared_experts``, ``mla_up_proj`` under TP > 1; ``mlp``, ``mla_up_proj`` under context
+    parallelism ``cp`` > 1; ``moe``, or ``core_attn`` beside other modules, under the combined
+    1F1B; ``moe_plan``: the resolved MoE plan, None for a dense model).
 
     Raises
     ------
