@@ -12,7 +12,9 @@ It writes to OUTDIR:
   grid of square / skinny / wave-boundary shapes: ``m, n, k, batch, dtype, layout, seconds``.
   16-bit GEMMs run as ``torch.nn.functional.linear`` does (``Y = X·Wᵀ``, W stored ``[N, K]``),
   batched ones as ``torch.bmm``, FP8 ones as ``torch._scaled_mm`` (e4m3 × e4m3 → bf16, per-tensor
-  scales), the recipe Transformer Engine's FP8 GEMMs use;
+  scales), the recipe Transformer Engine's FP8 GEMMs use, and ``fp8_rowwise`` rows with one fp32
+  scale per row of A and per column of B (torchao's float8 rowwise recipe) on the grid's squares
+  and the validation runs' FP8 shapes;
 * ``attention.csv`` — ``scaled_dot_product_attention``, causal, per backend (flash = FlashAttention-2
   in PyTorch, cudnn = cuDNN's fused attention), forward and forward + backward;
 * ``memory.csv`` — streaming kernels: copy, LayerNorm / RMSNorm forward and backward, GeLU,
@@ -126,11 +128,14 @@ def gemm_fn(m, n, k, batch, dtype, device, layout="TN"):
     16-bit ``layout``: how A[M,K] and B[K,N] are stored, BLAS-style from the row-major view:
     ``TN`` = B stored as ``[N, K]`` (``F.linear``, the forward), ``NN`` = both row-major (the
     data gradient ``dY·W``), ``NT`` = A stored as ``[K, M]`` (the weight gradient ``dYᵀ·X``)."""
-    if dtype == "fp8":
+    if dtype in ("fp8", "fp8_rowwise"):
         a = _randn((m, k), torch.float32, device).to(torch.float8_e4m3fn)
         b = _randn((n, k), torch.float32, device).to(torch.float8_e4m3fn).t()  # column-major
-        one = torch.ones((), device=device)
-        return (lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one,
+        if dtype == "fp8":
+            sa = sb = torch.ones((), device=device)
+        else:   # torchao's float8 rowwise recipe: one fp32 scale per row of A, per column of B
+            sa, sb = torch.ones((m, 1), device=device), torch.ones((1, n), device=device)
+        return (lambda: torch._scaled_mm(a, b, scale_a=sa, scale_b=sb,
                                          out_dtype=torch.bfloat16)), "scaled_mm TN"
     t = DT[dtype]
     if batch > 1:
@@ -164,6 +169,9 @@ def run_gemms(shapes: list[dict], device: str, rows: list, log) -> None:
         todo += [(m, n, k, 1, "bf16", lay, "layout") for m, n, k in grid()[:14]
                  for lay in ("NN", "NT")]
         todo += [(m, n, k, 1, "fp8", "TN", "grid") for m, n, k in grid()[:7]]
+        todo += [(m, n, k, 1, "fp8_rowwise", "TN", "grid") for m, n, k in grid()[:7]]
+        todo += [(g["m"], g["n"], g["k"], 1, "fp8_rowwise", "TN", "validation")
+                 for g in shapes if g["dtype"] == "fp8" and g["batch"] == 1]
     for m, n, k, batch, dtype, lay, origin in todo:
         try:
             fn, layout = gemm_fn(m, n, k, batch, dtype, device, lay)

@@ -10,8 +10,7 @@ after each wave's main loop (ddlsim/simulator/kernels/gemm.py; docs/compute.md, 
 of an accumulating GEMM"), derived, not measured: no published measurement of it was found.
 This script measures it; ddlsim is not needed where it runs.
 
-Run on a machine with a CUDA GPU and PyTorch (its pip wheel, which loads cuBLAS as
-``libcublas.so.12``):
+Run on a machine with a CUDA GPU and PyTorch (its pip wheel; the cuBLAS it loaded is called):
 
     python benchmarks/device/wgrad_accumulate.py --out OUTDIR [--limit N]
 
@@ -73,13 +72,17 @@ def shapes() -> list[dict]:
 
 
 def _cublas():
-    """``libcublas.so.12`` as PyTorch loaded it (the pip wheel's nvidia-cublas-cu12)."""
-    try:
-        import nvidia.cublas
-        path = os.path.join(list(nvidia.cublas.__path__)[0], "lib", "libcublas.so.12")
-    except ImportError:
-        path = "libcublas.so.12"
-    lib = ctypes.CDLL(path)
+    """The ``libcublas`` PyTorch itself loaded (``libcublas.so.12`` of a cu12 wheel,
+    ``.so.13`` of a cu13 one), found in this process's memory map once torch has made its
+    cuBLAS handle, so that the handle and the library agree."""
+    import torch
+    torch.cuda.current_blas_handle()
+    with open("/proc/self/maps") as fh:
+        paths = sorted({line.split()[-1] for line in fh
+                        if "/libcublas.so" in line and "Lt" not in line.split("/")[-1]})
+    if not paths:
+        raise RuntimeError("PyTorch has loaded no libcublas.so: cannot call cublasGemmEx")
+    lib = ctypes.CDLL(paths[0])
     lib.cublasGemmEx.restype = ctypes.c_int
     return lib
 
