@@ -373,6 +373,10 @@ def load_config(source: str | Path | dict,
     section (the CLI's ``--model``); relative paths inside a config file (``hf_config``)
     start from the file's folder.
 
+    One plan, so beyond :func:`build_config`'s checks (which a search or a sweep over
+    ``parallel.zero_stage`` applies to each of its plans) a ``zero3_*`` field the config sets
+    is refused when the plan is not ZeRO-3 (:func:`ddlsim.software.check_zero3_fields`).
+
     Raises
     ------
     ConfigError
@@ -387,8 +391,11 @@ def load_config(source: str | Path | dict,
     if model is not None:
         data = {**data, "model": {"hf_config": str(Path(model).absolute())
                                   if Path(model).exists() else str(model)}}
+    from .software import check_zero3_fields
     try:
-        return build_config(data, overrides, base_dir)
+        cfg = build_config(data, overrides, base_dir)
+        check_zero3_fields(cfg.software, cfg.parallel.zero_stage)
+        return cfg
     except ConfigError as exc:
         if isinstance(source, (str, Path)):
             raise type(exc)(f"{source}: {exc}") from None

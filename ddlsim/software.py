@@ -20,6 +20,9 @@ Two parts, each with its defaults cited in the YAML:
 :func:`resolve_software` merges the three layers (stack ← ``system.software`` overrides ←
 plan options) into a frozen :class:`Software`.
 
+The ``zero3_*`` fields are read by ZeRO-3 plans only: one plan below stage 3 that sets one
+itself is refused (:func:`check_zero3_fields`, called by :func:`ddlsim.load_config`).
+
 Each stack also lists, under ``rules:``, the plans its framework cannot run, each rule with its
 source (:mod:`ddlsim.stackrules`); ``{stack: …, what_if: true}`` predicts such a plan anyway.
 """
@@ -38,8 +41,8 @@ from .errors import ConfigError, did_you_mean
 from .software_fields import GemmLibrary, KernelSpec, OverlapSpec, TPCommOverlap
 
 __all__ = ["KernelSpec", "OverlapSpec", "SoftwareSpec", "Software", "stacks",
-           "resolve_software", "grad_dtype_bytes", "DEFAULT_STACK", "GemmLibrary",
-           "TPCommOverlap"]
+           "resolve_software", "check_zero3_fields", "grad_dtype_bytes", "DEFAULT_STACK",
+           "GemmLibrary", "TPCommOverlap"]
 
 
 #: The stack a system without ``software`` runs: what a user training a decoder today runs.
@@ -221,6 +224,51 @@ def _check_zero3_gather_options(overlap: dict, sources: dict, spec: SoftwareSpec
                 f"{overlap['zero3_prefetch_layers']} applies to per-layer ZeRO-3 gathers, and "
                 f"zero3_gather is {gather!r} ({_where(sources, spec)}); gathers "
                 f"from module hooks prefetch by module: set zero3_prefetch_modules instead")
+
+
+#: the stack's fields that only a ZeRO-3 plan (``parallel.zero_stage: 3``) reads: how its
+#: parameters are gathered, prefetched, kept and reduce-scattered (their descriptions in
+#: :mod:`ddlsim.software_fields` each say "ZeRO-3")
+ZERO3_FIELDS = tuple(f for f in OverlapSpec.model_fields if f.startswith("zero3_"))
+
+
+def check_zero3_fields(sw: Software, zero_stage: int) -> None:
+    """Refuse the ``zero3_*`` fields a config sets itself (``system.software.overlap``) on a
+    plan without ZeRO-3, which never reads them; a stack's own values never count.
+
+    For one plan (:func:`ddlsim.load_config`, ``ddlsim predict``). A search or a sweep
+    over ``parallel.zero_stage`` does not call it: its plans below stage 3 leave the fields
+    unread, as the stack's defaults are.
+
+    Parameters
+    ----------
+    sw : the resolved stack (:func:`resolve_software`), whose ``sources`` say who set a field
+    zero_stage : the plan's ``parallel.zero_stage`` (0 to 3)
+
+    Raises
+    ------
+    ConfigError
+        naming each such field, its value, the plan's stage, and the two ways out.
+    """
+    if zero_stage == 3:
+        return
+    given = [f for f in ZERO3_FIELDS if sw.sources[f].startswith("system.software")]
+    if not given:
+        return
+    each = [f"{sw.sources[f]}.{f} = {_shown(f, sw.overlap[f])}" for f in given]
+    listed = each[0] if len(each) == 1 else ", ".join(each[:-1]) + " and " + each[-1]
+    verb, it = ("applies", "it") if len(each) == 1 else ("apply", "them")
+    raise ConfigError(
+        f"{listed} {verb} to ZeRO-3 only, and parallel.zero_stage is {zero_stage}: a plan "
+        f"without ZeRO-3 never reads {it}; remove {it} from system.software.overlap, or set "
+        "parallel.zero_stage: 3")
+
+
+def _shown(field: str, value: Any) -> str:
+    """A field's value as a message quotes it: numbers as ``%g`` (seconds with `` s``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return repr(value)
+    return f"{value:g}" + (" s" if field in _HOST_FIELDS else "")
 
 
 def _check_zero3_implementation(stack: str, overlap: dict, sources: dict) -> None:
