@@ -17,6 +17,7 @@ points to ``ddlsim sweep``.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -132,21 +133,46 @@ class DecoderVectors:
     def _updates(self, ctx: _Context, plans, pieces, coll, ctas, lc, emb, first_params):
         """(first stage's update block, last stage's, first stage's data-parallel tail,
         last stage's) per plan: :meth:`_update` of each, both delayed by the rest of the
-        overlapped parameter gather (:meth:`_gather_delay`)."""
+        overlapped parameter gather (:meth:`_gather_delay`); the first stage's tail also
+        carries what the later stages' overlapped buckets add to its last backward's start
+        (:meth:`_later_gained`)."""
         one = plans["pp"] == 1
-        # the buckets' SMs: charged on the first stage (Megatron-Core buckets it alone)
+        # the buckets' SMs, on every stage whose chunk the stack buckets (grad_bucket_bytes)
         sm = sm_taken(ctx, pieces.fwd_gemm, pieces.bwd_gemm, ctas)[1]
         active = self._gather_active(ctx, plans)   # asked once for the three gathers below
         emb_b = np.where(one, pieces.emb_b1, pieces.emb_b)   # before the last bucket's sync
         tied = _tied_on(ctx, plans)
-        upd_f, tail_f = self._update(ctx, plans, first_params, pieces.bwd, coll, sm, active,
-                                     emb=emb_b, tied=tied)
-        upd_l, tail_l = self._update(ctx, plans, self.stage_params(ctx, plans, False),
-                                     pieces.bwd, coll, active=active, first=False,
-                                     emb=np.where(one, emb_b, 0.0), tied=tied)
+        upd_f, tail_f, _ = self._update(ctx, plans, first_params, pieces.bwd, coll, sm, active,
+                                        emb=emb_b, tied=tied)
+        upd_l, tail_l, gained_l = self._update(ctx, plans, self.stage_params(ctx, plans, False),
+                                               pieces.bwd, coll, sm, active, first=False,
+                                               emb=np.where(one, emb_b, 0.0), tied=tied)
+        tail_f = tail_f + self._later_gained(ctx, plans, coll, sm, gained_l)
         delay = self._gather_delay(ctx, plans, pieces, coll, ctas, lc, emb,
                                    self._gathered(ctx, plans, first_params * ctx.dt, active)[1])
         return upd_f + delay, upd_l + delay, tail_f, tail_l
+
+    def _later_gained(self, ctx: _Context, plans, coll, sm, gained_last) -> np.ndarray:
+        """Seconds by which the later stages' overlapped buckets delay the first stage's last
+        backward, per plan (0 at PP = 1). A later stage's last backward (chunk 0's ``.sync``
+        block) loses SMs to the buckets before each of its runs of layers, then sends its
+        input gradient (:meth:`~ddlsim.workloads.decoder.dpsync.GradSyncOps._segments`): the
+        last micro-batch's gradient crosses every stage, so the delays add up, the last
+        stage's ``gained_last`` (from :meth:`_update`) and each middle stage's (its layers'
+        gradients alone). All 0 where later stages hold one bucket
+        (:func:`grad_bucket_bytes`: Megatron-Core's). With VPP > 1 the ``.sync`` blocks of
+        the chunks after the first lose SMs too, on every stage; the interleaved closed form
+        does not charge them (it is approximate there, with or without overlap)."""
+        pp = plans["pp"]
+        later = np.where(pp > 1, gained_last, 0.0)
+        mid = (pp >= 3) & (plans["dp"] > 1) & (plans["zero"] < 3)
+        if not (ctx.cfg.software.overlap_grad_reduce and mid.any()
+                and np.isfinite(grad_bucket_bytes(ctx.cfg, plans["dp"], ctx.gdt, 1)).any()):
+            return later
+        grad = self.stage_params(ctx, plans, None) * ctx.gdt
+        r = self._bucket_runs(ctx, plans, grad, coll, sm, True, mid)
+        return later + np.where(mid, (pp - 2) * flow_shop_last(r.layers, r.segments, 0.0,
+                                                               r.extra), 0.0)
 
     @staticmethod
     def _tied_sync(ctx: _Context, plans, coll) -> np.ndarray:
@@ -179,13 +205,15 @@ class DecoderVectors:
         taken = extra_seconds(ctx, first_gemm, g, ctas)
         return np.maximum(g - first_block, taken) * late
 
-    def stage_params(self, ctx: _Context, plans, first: bool) -> np.ndarray:
-        """:meth:`StageBuilder.stage_params` of the first (or last) stage, per plan: its
-        layers (an even split, ``L/(PP·VPP)`` per chunk) and the builder's own
+    def stage_params(self, ctx: _Context, plans, first: bool | None) -> np.ndarray:
+        """:meth:`StageBuilder.stage_params` of the first (or last; None: a middle) stage,
+        per plan: its layers (an even split, ``L/(PP·VPP)`` per chunk) and the builder's own
         :func:`~ddlsim.workloads.decoder.builder.with_edges`."""
         sh = ctx.shape
         t, pp, v = plans["tp"].astype(float), plans["pp"], plans["v"]
         layers = (sh.layers // (pp * v)) * v * sh.layer_params / t
+        if first is None:
+            return with_edges(sh, t, layers, False, False, pp)
         one, every = pp == 1, np.full(len(plans), True)
         return with_edges(sh, t, layers, every if first else one, one if first else every, pp)
 
@@ -211,9 +239,10 @@ class DecoderVectors:
 
     def _update(self, ctx: _Context, plans, params, bwd_layer, coll, sm=None, active=None,
                 first: bool = True, emb=0.0, tied=None):
-        """(update block, data-parallel tail) of a stage holding ``params`` per rank;
-        ``sm(C, layers)``: a run of backward layers' extra seconds beside ``C`` seconds of
-        overlapped buckets (:func:`.smtaken.sm_taken`; None: not charged); ``active``:
+        """(update block, data-parallel tail, seconds the last backward gains beside its
+        buckets) of a stage holding ``params`` per rank; ``sm(C, layers)``: a run of
+        backward layers' extra seconds beside ``C`` seconds of overlapped buckets
+        (:func:`.smtaken.sm_taken`; None: not charged); ``active``:
         :meth:`_gather_active` when the caller has it; ``emb``: seconds of the embedding's
         backward, which the stage's backward counts after its layers and which the last
         overlapped bucket waits for (:meth:`~ddlsim.workloads.decoder.chunks.ChunkOps.
@@ -234,60 +263,92 @@ class DecoderVectors:
         passes_s, kernels = ddp_pass_times(stack, ctx.dev, grad,
                                            np.where(lead, grad * (1 - 1 / v), grad))
         update += np.where(synced, stream_times(passes_s, kernels, ctx.dev.launch), 0.0)
-        n_buckets = np.where(synced, np.where(
-            lead, v - 1, self._stage_buckets(ctx, plans, grad, first)), 0.0)
+        n_buckets = np.where(synced, self._stage_buckets(ctx, plans, grad, first, lead), 0.0)
         update += np.where(zero < 3, host_sync_times(stack, ctx.dev.launch, spec, n_buckets),
                            0.0)
         op_rs = (zero == 1) | (zero == 2)
         gathers = op_rs & (dp > 1)
         update += coll("all_gather", "dp",
                        self._gathered(ctx, plans, params * ctx.dt, active)[0], gathers) * gathers
-        # each plan asks the collective it runs (the others' tails are 0 below)
-        rs, ar = gathers, ~op_rs & (dp > 1) & (zero < 3)
-        bucket = grad_bucket_bytes(ctx.cfg, dp, ctx.gdt)   # the first stage's first chunk
-        if ctx.cfg.software.overlap_grad_reduce:
-            lc = ctx.shape.layers // (plans["pp"] * v)
-            chunk = grad / v
-            n_seg, per_seg = bucket_runs(chunk, bucket, lc)
-            size = chunk / (n_seg * per_seg)
-            d = per_seg * np.where(op_rs, coll("reduce_scatter", "dp", size, rs),
-                                   coll("all_reduce", "dp", size, ar))
-            q = np.floor_divide(lc, n_seg)
-            # each run's buckets' passes and waits (dpsync.GradSyncOps.bucket_pass_ops) before
-            # its collectives: a run's extra compute, the first run's by the backlog's shift
-            # (the first stage's first chunk; every other chunk's in the update block, above)
-            run = bucket_run_times(stack, ctx.dev, spec, size, per_seg)
-            extra = (0.0, 0.0) if sm is None else (sm(d, q + 1), sm(d, q))
-            backlog = earlier_chunks(v, plans["pp"] * lc * bwd_layer, n_seg * d, lc, n_seg,
-                                     bwd_layer)
-            shift = np.where(lead, run, 0.0)
-            runs = (extra[0] + shift, extra[1] + shift)
-            tail = flow_shop_tail(lc, n_seg, bwd_layer, d, backlog=backlog - shift, extra=runs)
-            tail += np.where(lead, run, 0.0)
-            # the embedding's backward delays the last run's buckets alone (flow_shop_last)
-            tail = np.where(lead, np.maximum(tail - emb, flow_shop_last(lc, n_seg, d, runs)
-                                             + shift), tail)
+        if overlapped:
+            tail, gained = self._overlapped_tail(ctx, plans, grad, bwd_layer, coll, sm, first,
+                                                 lead, emb)
         else:
-            n = buckets(grad, bucket)
+            # each plan asks the collective it runs (the others' tails are 0 below)
+            rs, ar = gathers, ~op_rs & synced
+            n = buckets(grad, _bucket(ctx, plans, first, 0))
             per_bucket = grad / n
             tail = n * np.where(op_rs, coll("reduce_scatter", "dp", per_bucket, rs),
                                 coll("all_reduce", "dp", per_bucket, ar))
-        tail = np.where((dp > 1) & (zero < 3), tail, 0.0)
+            gained = 0.0
+        tail = np.where(synced, tail, 0.0)
         if tied is not None and tied.any():   # the waits before the stages meet
             pre = np.where(tied, n_buckets * site_seconds(stack, ctx.dev.launch, spec,
                                                           "bucket"), 0.0)
             update, tail = update - pre, tail + pre
-        return update, tail
+        return update, tail, np.where(synced, gained, 0.0)
+
+    def _overlapped_tail(self, ctx: _Context, plans, grad, bwd_layer, coll, sm, first: bool,
+                         lead, emb):
+        """(data-parallel tail, seconds the runs gain beside the buckets) of the last
+        backward of a stage holding ``grad`` bytes of gradients, whose chunks' buckets
+        overlap the backward (parameters as :meth:`_update`; ``lead``: plans whose stage is
+        the first stage, where chunk 0's buckets get their passes and waits before each run's
+        collectives)."""
+        stack, spec, v = ctx.cfg.software.name, ctx.cfg.system.device.launch, plans["v"]
+        r = self._bucket_runs(ctx, plans, grad, coll, sm, not first)
+        lc, n_seg, d = r.layers, r.segments, r.seconds
+        # each run's buckets' passes and waits (dpsync.GradSyncOps.bucket_pass_ops) before
+        # its collectives: a run's extra compute, the first run's by the backlog's shift
+        # (the first stage's first chunk; every other chunk's in the update block)
+        run = bucket_run_times(stack, ctx.dev, spec, r.size, r.per_seg)
+        backlog = earlier_chunks(v, plans["pp"] * lc * bwd_layer, n_seg * d, lc, n_seg,
+                                 bwd_layer)
+        shift = np.where(lead, run, 0.0)
+        runs = (r.extra[0] + shift, r.extra[1] + shift)
+        tail = flow_shop_tail(lc, n_seg, bwd_layer, d, backlog=backlog - shift, extra=runs)
+        tail += shift
+        # the embedding's backward delays the last run's buckets alone (flow_shop_last)
+        tail = np.where(lead, np.maximum(tail - emb, flow_shop_last(lc, n_seg, d, runs)
+                                         + shift), tail)
+        return tail, flow_shop_last(lc, n_seg, 0.0, r.extra)
+
+    def _bucket_runs(self, ctx: _Context, plans, grad, coll, sm, later: bool,
+                     where=None) -> "_Runs":
+        """The overlapped buckets of chunk 0 of the first stage (or, ``later``, of a later
+        stage) holding ``grad`` bytes of gradients, per plan, as
+        :meth:`~ddlsim.workloads.decoder.dpsync.GradSyncOps.grad_sync_ops` cuts them
+        (:func:`bucket_runs` of :func:`grad_bucket_bytes` on that stage and chunk);
+        ``where``: the plans to time (the others' seconds 0)."""
+        dp, zero, v = plans["dp"], plans["zero"], plans["v"]
+        op_rs = (zero == 1) | (zero == 2)
+        synced = (dp > 1) & (zero < 3) & (True if where is None else where)
+        rs, ar = op_rs & synced, ~op_rs & synced   # each plan asks the collective it runs
+        lc = ctx.shape.layers // (plans["pp"] * v)
+        chunk = grad / v
+        n_seg, per_seg = bucket_runs(chunk, _bucket(ctx, plans, not later, 0), lc)
+        size = chunk / (n_seg * per_seg)
+        d = per_seg * np.where(op_rs, coll("reduce_scatter", "dp", size, rs),
+                               coll("all_reduce", "dp", size, ar))
+        q = np.floor_divide(lc, n_seg)
+        # runs gain beside the buckets before them: none with one run (Megatron-Core's later
+        # stages: one bucket); at PP = 1 the later stage is the first, timed as such
+        gains = (n_seg > 1) & synced & ((plans["pp"] > 1) if later else True)
+        extra = (0.0, 0.0) if sm is None or not gains.any() else (
+            np.where(gains, sm(d, q + 1), 0.0), np.where(gains, sm(d, q), 0.0))
+        return _Runs(lc, n_seg, per_seg, size, d, extra)
 
     @staticmethod
-    def _stage_buckets(ctx: _Context, plans, grad, first: bool):
+    def _stage_buckets(ctx: _Context, plans, grad, first: bool, skip_first=False):
         """Gradient buckets of a stage holding ``grad`` bytes in one step, as
-        :meth:`~ddlsim.workloads.decoder.host_sync.HostSyncOps.stage_buckets` counts them: the
-        first stage's first chunk in buckets of :func:`grad_bucket_bytes`, every other chunk
-        (and every chunk of a later stage) one bucket."""
+        :meth:`~ddlsim.workloads.decoder.host_sync.HostSyncOps.stage_buckets` counts them:
+        each chunk's (``grad / VPP``) in buckets of :func:`grad_bucket_bytes` of its stage and
+        chunk; ``skip_first`` (per plan): but chunk 0's."""
         v = plans["v"]
-        lead = buckets(grad / v, grad_bucket_bytes(ctx.cfg, plans["dp"], ctx.gdt))
-        return np.where(first | (plans["pp"] == 1), lead + v - 1, v)
+        head = np.where(skip_first, 0.0, buckets(grad / v, _bucket(ctx, plans, first, 0)))
+        if not (v > 1).any():
+            return head
+        return head + (v - 1) * buckets(grad / v, _bucket(ctx, plans, first, 1))   # the rest
 
     # ------------------------------------------------------------------ memory
     def memory(self, ctx: _Context, plans) -> tuple[np.ndarray, np.ndarray]:
@@ -301,6 +362,30 @@ class DecoderVectors:
         stages' model states (:func:`.decodermemory.plans_memory_floor`)."""
         floor = plans_memory_floor(ctx, plans, lambda first: self.stage_params(ctx, plans, first))
         return floor, np.full(len(plans), ctx.capacity)
+
+
+class _Runs(NamedTuple):
+    """A chunk's overlapped buckets per plan (:meth:`DecoderVectors._bucket_runs`):
+    ``layers`` of the chunk, cut into ``segments`` runs, each followed by ``per_seg``
+    buckets of ``size`` bytes (``seconds`` on the dp stream), and ``extra``: (long, short)
+    seconds a run of ``q + 1`` and of ``q`` layers after the first gains beside the buckets
+    before it (:func:`.pipeline.flow_shop_tail`)."""
+
+    layers: np.ndarray
+    segments: np.ndarray
+    per_seg: np.ndarray
+    size: np.ndarray
+    seconds: np.ndarray
+    extra: tuple
+
+
+def _bucket(ctx: _Context, plans, first, chunk: int):
+    """Bytes of a gradient bucket of ``chunk`` on the first stage (``first``: a bool or a
+    mask over plans; PP = 1 always) or a later one, per plan: :func:`grad_bucket_bytes` of
+    stage 0 or 1 (every later stage buckets as stage 1)."""
+    dp, first = plans["dp"], np.asarray(first) | (plans["pp"] == 1)
+    return np.where(first, grad_bucket_bytes(ctx.cfg, dp, ctx.gdt, 0, chunk),
+                    grad_bucket_bytes(ctx.cfg, dp, ctx.gdt, 1, chunk))
 
 
 def _tied_on(ctx: _Context, plans) -> np.ndarray:
