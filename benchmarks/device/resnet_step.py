@@ -18,7 +18,8 @@ Variants (``precision_layout_batch``): ``amp_nhwc_256``, ``amp_nhwc_128``, ``tf3
 (DLE's A100 rows: AMP and TF32 at 256 per GPU). Each is ``--steps`` timed steps after 5
 warm-ups (cuDNN's autotuning happens in the first): the median step between host
 synchronisations, and the median forward and backward + update between CUDA events. Written to
-``OUTDIR/resnet_step.json`` with the environment.
+``OUTDIR/resnet_step.json`` with the environment; with ``--trace``, one more step of each variant
+under the PyTorch profiler, ``OUTDIR/resnet_<variant>_trace.json.gz``.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 
-def run(variant: str, steps: int) -> dict:
+def run(variant: str, steps: int, trace_dir: str | None = None) -> dict:
     import torchvision
     precision, layout, batch = variant.split("_")
     batch = int(batch)
@@ -79,6 +80,18 @@ def run(variant: str, steps: int) -> dict:
         walls.append(time.perf_counter() - t0)
         parts.append((e[0].elapsed_time(e[1]) / 1e3, e[1].elapsed_time(e[2]) / 1e3))
     step_s = statistics.median(walls)
+    if trace_dir:   # one more step under the PyTorch profiler (Kineto): host time per op
+        import gzip
+        import shutil
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            step()
+            torch.cuda.synchronize()
+        raw = os.path.join(trace_dir, f"resnet_{variant}_trace.json")
+        prof.export_chrome_trace(raw)
+        with open(raw, "rb") as src, gzip.open(raw + ".gz", "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        os.remove(raw)
     res = {"variant": variant, "batch": batch, "step_s": step_s, "step_samples_s": walls,
            "forward_s": statistics.median(p[0] for p in parts),
            "backward_update_s": statistics.median(p[1] for p in parts),
@@ -94,6 +107,8 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--variants", default="amp_nhwc_256,amp_nhwc_128,tf32_nchw_256")
+    ap.add_argument("--trace", action="store_true",
+                    help="also write a Kineto trace of one step per variant (OUTDIR/*.json.gz)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("error: needs a CUDA GPU", file=sys.stderr)
@@ -104,7 +119,7 @@ def main() -> int:
     result = {"env": env("cuda"), "variants": []}
     for variant in args.variants.split(","):
         try:
-            res = run(variant, args.steps)
+            res = run(variant, args.steps, args.out if args.trace else None)
         except Exception as exc:  # noqa: BLE001 - keep what was measured
             res = {"variant": variant, "error": repr(exc)[:500]}
         print(json.dumps(res), flush=True)
