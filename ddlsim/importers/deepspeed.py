@@ -156,6 +156,8 @@ def _zero(draft: Draft, section: Any) -> None:
                 draft.refuse(arg, "expects true or false")
         else:
             _count(draft, arg, rule, value)
+    if draft.fields.get("parallel.zero_stage") != 3:
+        _stage3_keys_unread(draft)
     overlap = draft.fields.get("parallel.overlap_grad_reduce")
     if draft.fields.get("parallel.zero_stage") == 3 and overlap is not None:
         del draft.fields["parallel.overlap_grad_reduce"]   # ZeRO-3 has no separate switch
@@ -167,6 +169,17 @@ def _zero(draft: Draft, section: Any) -> None:
         else:
             draft.refuse("zero_optimization.overlap_comm: False", "ZeRO-3 with blocking "
                          "reduce-scatters is not modelled yet")
+
+
+def _stage3_keys_unread(draft: Draft) -> None:
+    """Below stage 3 DeepSpeed reads no ``stage3_*`` key (its engine's
+    ``_configure_zero_optimizer`` passes them to the stage-3 optimizer only), and ddlsim
+    refuses a ``zero3_*`` field on a plan without ZeRO-3: the keys set nothing, noted so."""
+    zero3 = f"{_SW}.overlap.zero3_"
+    for path in [p for p in draft.fields if p.startswith(zero3)]:
+        del draft.fields[path]
+    draft.notes = [(arg, "unread: DeepSpeed reads stage3_* keys under stage 3 only")
+                   if out.startswith(zero3) else (arg, out) for arg, out in draft.notes]
 
 
 def path_is_bool(path: str) -> bool:

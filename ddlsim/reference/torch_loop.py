@@ -141,7 +141,20 @@ def torch_run_config(model: LoopModel, ranks: int, strategy: str, system: dict |
     else:
         par.update(data_parallel_size=1, pipeline_model_parallel_size=2, schedule="gpipe")
         cfg["train"]["global_batch_size"] = model.batch * PP_MICRO_BATCHES
+    if strategy != "torch-fsdp":
+        cfg["system"] = _without_zero3(cfg["system"])
     return cfg
+
+
+def _without_zero3(system: dict | str) -> dict | str:
+    """``system`` (a copy) without its software block's ``zero3_*`` fields: a plan without
+    ZeRO-3 never reads them, and one that sets them is refused
+    (:func:`ddlsim.software.check_zero3_fields`); the torch job still runs FSDP with them."""
+    sw = system.get("software") if isinstance(system, dict) else None
+    if not isinstance(sw, dict) or "overlap" not in sw:
+        return system
+    overlap = {k: v for k, v in sw["overlap"].items() if not k.startswith("zero3_")}
+    return {**system, "software": {**sw, "overlap": overlap}}
 
 
 def strategies_for(ranks: int, strategies: tuple[str, ...]) -> tuple[str, ...]:
