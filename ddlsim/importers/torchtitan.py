@@ -237,7 +237,12 @@ def _parallelism(draft: Draft, s: dict, doc: dict, old: bool = False) -> None:
     if s.get("disable_loss_parallel"):
         draft.refuse("[parallelism] disable_loss_parallel = true", "not modelled yet")
     policy = s.get("fsdp_reshard_after_forward", "default")
-    if policy in ("always", "never"):
+    fsdp = s.get("data_parallel_shard_degree", -1) != 1 or s.get("context_parallel_degree", 1) > 1
+    if policy in ("always", "never") and not fsdp:
+        draft.note(f"[parallelism] fsdp_reshard_after_forward = {policy}",
+                   "unread: torchtitan passes it to apply_fsdp only, and this run has no FSDP "
+                   "(data_parallel_shard_degree 1, no context parallelism)")
+    elif policy in ("always", "never"):
         draft.set("system.software.overlap.zero3_reshard_after_forward", policy,
                   f"[parallelism] fsdp_reshard_after_forward = {policy}")
     elif policy != "default":

@@ -274,3 +274,21 @@ def test_the_2024_405b_toml_gathers_in_float8(tmp_path):
     assert imported.config["system"]["software"]["stack"] == "torchtitan-2024"
     assert imported.config["system"]["software"]["kernels"][
         "enable_fsdp_float8_all_gather"] is True
+
+
+def test_torchtitans_reshard_policy_without_fsdp_is_noted_unread_and_the_run_loads(tmp_path):
+    """torchtitan passes ``fsdp_reshard_after_forward`` to ``apply_fsdp`` only: on a run without
+    FSDP (shard degree 1, replicas alone: DDP) it sets nothing, so that ``ddlsim predict`` (which
+    refuses a ``zero3_*`` field below ZeRO-3) takes the imported config."""
+    text = (DATA / "torchtitan_llama3_8b.toml").read_text()
+    text = text.replace("[parallelism]", "[parallelism]\nfsdp_reshard_after_forward = 'never'", 1)
+    text = text.replace("data_parallel_replicate_degree = 1", "data_parallel_replicate_degree = 8",
+                        1).replace("data_parallel_shard_degree = -1",
+                                   "data_parallel_shard_degree = 1", 1)
+    (tmp_path / "t.toml").write_text(text)
+    got = import_config([tmp_path / "t.toml"], system="dgx-a100", nodes=1)
+    cfg = got.config
+    assert cfg["parallel"].get("zero_stage", 0) == 0
+    assert "zero3_reshard_after_forward" not in str(cfg)
+    assert any("unread" in outcome for d in got.drafts for _arg, outcome in d.notes)
+    ddlsim.load_config(cfg)
