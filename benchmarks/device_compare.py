@@ -351,8 +351,8 @@ def _sync_wake(sync: dict | None) -> None:
     tiny kernel: sync_wake.py)."""
     from ddlsim.workloads.decoder.moe_host import SYNC_WAKE_S
     for probe in ("event_s", "item_s") if sync is not None else ():
-        print(f"  sync {probe:<9} measured {sync[probe] * 1e6:7.2f} us (incl. a launch and a "
-              f"{sync['tiny_kernel_s'] * 1e6:.2f} us kernel)  SYNC_WAKE_S "
+        print(f"  sync {probe:<9} measured {sync[probe] * 1e6:7.2f} us (with a launch and the "
+              f"tiny kernel, timed alone {sync['tiny_kernel_s'] * 1e6:.2f} us)  SYNC_WAKE_S "
               f"{SYNC_WAKE_S * 1e6:.2f} us  {SYNC_WAKE_S / sync[probe] - 1:+.1%}")
 
 
