@@ -32,7 +32,8 @@ It writes ``OUTDIR/llama_step.json``: the environment (GPU, clocks, versions), a
 step, forward, backward and optimizer seconds (median and all samples), the tokens per second, the
 peak allocated and reserved memory, and the model's FLOPs per step counted from its shapes (no
 attention-mask discount), and ``OUTDIR/llama_step_trace.json.gz``: the PyTorch profiler (Kineto)
-trace of one ``selective_op`` step, for ``ddlsim`` trace import.
+trace of one ``selective_op`` step (``--trace-variant``), for ``ddlsim`` trace import, and the
+memory snapshot's peak: ``peak_allocated_GiB`` per phase of that step.
 """
 
 from __future__ import annotations
@@ -261,10 +262,29 @@ def run_variant(variant, args, device, sync, out):
             res[name] = statistics.median(p[j] for p in parts)
         res["peak_allocated_GiB"] = torch.cuda.max_memory_allocated() / 2 ** 30
         res["peak_reserved_GiB"] = torch.cuda.max_memory_reserved() / 2 ** 30
+    if timing:   # one more step, the peak allocated memory per phase
+        phases = {}
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        pred = model(tokens)
+        loss = F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))
+        del pred
+        torch.cuda.synchronize()
+        phases["forward"] = torch.cuda.max_memory_allocated() / 2 ** 30
+        torch.cuda.reset_peak_memory_stats()
+        loss.backward()
+        torch.cuda.synchronize()
+        phases["backward"] = torch.cuda.max_memory_allocated() / 2 ** 30
+        torch.cuda.reset_peak_memory_stats()
+        opt.step()
+        opt.zero_grad()
+        torch.cuda.synchronize()
+        phases["optimizer"] = torch.cuda.max_memory_allocated() / 2 ** 30
+        res["peak_allocated_by_phase_GiB"] = phases
     fl = flops_per_step(args.layers, args.seq, args.batch)
     res.update(model_flops=fl, tflops_per_s=fl / res["step_s"] / 1e12,
                tokens_per_s=args.batch * args.seq / res["step_s"])
-    if variant == "selective_op" and args.trace:
+    if variant == args.trace_variant and args.trace:
         from torch.profiler import ProfilerActivity, profile
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if timing else [])
         with profile(activities=acts) as prof:
@@ -292,6 +312,8 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=150.0,
                     help="skip a variant once this many seconds have passed")
     ap.add_argument("--no-trace", dest="trace", action="store_false")
+    ap.add_argument("--trace-variant", default="selective_op",
+                    help="the variant whose step is traced (default selective_op)")
     ap.add_argument("--tiny", action="store_true",
                     help="a dry run of the code path at toy sizes (any device)")
     args = ap.parse_args()
