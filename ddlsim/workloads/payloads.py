@@ -74,11 +74,18 @@ class Compute:
     #: set on an op that stands for the *extra* time of GEMMs overlapped with communication
     #: kernels holding SMs (:class:`Contention`, :mod:`ddlsim.simulator.kernels.contention`)
     contention: Contention | None = None
+    #: host seconds the framework spends on the op beyond its kernels' dispatch and launch
+    #: (:mod:`ddlsim.simulator.kernels.host`: ``max(Σ t + n·g, n·h + host_s)``), e.g. the
+    #: Python policy of torch's selective checkpointing per ATen op (:mod:`.decoder.sac`)
+    host_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.seconds is not None and not (math.isfinite(self.seconds) and self.seconds >= 0):
             raise ValueError(f"compute {self.name!r}: seconds must be finite and >= 0, "
                              f"got {self.seconds!r}")
+        if not (math.isfinite(self.host_s) and self.host_s >= 0):
+            raise ValueError(f"compute {self.name!r}: host_s must be finite and >= 0, "
+                             f"got {self.host_s!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -240,7 +240,8 @@ def op_time(op: Compute, dev: KernelDevice,
     with no kernels — one kernel timed by the roofline ``max(FLOPs / (peak · η_max),
     bytes / achieved bandwidth)`` (element-wise and optimizer ops: ``max(bytes / bandwidth,
     FLOPs / peak)``; an op with neither FLOPs nor bytes launches nothing); with their host
-    and launch time, ``max(Σ kernel time + n·gap, n·host)`` (:func:`.host.stream_time`).
+    and launch time, ``max(Σ kernel time + n·gap, n·host + op.host_s)``
+    (:func:`.host.stream_time`).
     ``measured(flops, dtype[, shape, batch])``: a calibration profile's GEMM efficiency (of
     that very GEMM shape where the profile measured it), or None where it has none.
     ``memo``: a dict kept by a caller that times many ops on one device, so a kernel met
@@ -267,9 +268,9 @@ def op_time(op: Compute, dev: KernelDevice,
             if t is None:
                 t = memo[(k, eff)] = kernel_time(k, dev, eff)
             total += t
-        return stream_time(total, len(op.kernels), dev.launch)
+        return stream_time(total, len(op.kernels), dev.launch, op.host_s)
     return stream_time(_roofline(op, dev, measured), 1 if op.flops or op.bytes else 0,
-                       dev.launch)
+                       dev.launch, op.host_s)
 
 
 def _roofline(op: Compute, dev: KernelDevice,

@@ -31,6 +31,12 @@ upper bound in between (a long GEMM op lets the real host run ahead into the nex
 kernels). Both engines and the search tier time ops by :func:`~.device.op_time`, so they share
 this rule.
 
+**Host work beyond the launches.** An op may carry host time of its own, ``host_s``
+(:attr:`~ddlsim.workloads.payloads.Compute.host_s`: Python the framework runs for the op that
+no launch fact counts, such as the policy of torch's selective checkpointing per ATen op,
+:mod:`ddlsim.workloads.decoder.sac`): the host issues the op's kernels after that work, so
+the op takes ``max(Σ t_k + n·g, n·h + host_s)``. A device without a host model ignores it.
+
 **Where the host waits for the device** (a device→host copy the framework needs before it can
 go on: Megatron-Core's MoE dispatchers), the family writes the wait and the host's work around
 it as ops on a ``host`` stream, which the device ops after the wait depend on
@@ -94,9 +100,9 @@ def launch_costs(launch: Any, mode: str) -> Launch:
     raise ValueError(f"host_dispatch {mode!r} is not one of eager, compiled, cuda_graphs")
 
 
-def stream_time(device_s: float, kernels: int, launch: Launch) -> float:
+def stream_time(device_s: float, kernels: int, launch: Launch, host_s: float = 0.0) -> float:
     """Seconds of ``kernels`` kernels that run ``device_s`` on the device, issued back to back
-    by a host that runs ahead: ``max(device_s + kernels·gap, kernels·host)``.
+    by a host that runs ahead: ``max(device_s + kernels·gap, kernels·host + host_s)``.
 
     Parameters
     ----------
@@ -106,6 +112,9 @@ def stream_time(device_s: float, kernels: int, launch: Launch) -> float:
         how many kernels the op launches.
     launch : Launch
         host time and device gap per kernel (s).
+    host_s : float
+        the op's host time beyond its kernels' launches (s; module doc); ignored without a
+        host model (:data:`NO_LAUNCH`).
 
     Returns
     -------
@@ -117,9 +126,10 @@ def stream_time(device_s: float, kernels: int, launch: Launch) -> float:
     A. Gray, "Getting Started with CUDA Graphs", NVIDIA Technical Blog (2019): kernels of
     2.9 µs take 3.8 µs each when launched back to back on a stream, 3.4 µs each in a graph.
     """
+    extra = host_s if launch != NO_LAUNCH else 0.0
     if kernels == 0:
-        return device_s
-    return max(device_s + kernels * launch.gap_s, kernels * launch.host_s)
+        return max(device_s, extra)
+    return max(device_s + kernels * launch.gap_s, kernels * launch.host_s + extra)
 
 
 def stream_times(device_s: Any, kernels: Any, launch: Launch) -> Any:

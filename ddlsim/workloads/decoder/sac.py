@@ -21,6 +21,22 @@ Under FP8 ``w2``'s ``_scaled_mm`` is not on the save list but feeds nothing the 
 needs: a compiled block drops it (its input casts stay), an eager one runs it (torchao's
 autograd Function saves its tensors after it).
 
+**Host time** (eager only: ``software.kernels.host_dispatch = eager``). Torch runs the policy
+in Python: ``create_selective_checkpoint_contexts`` puts every ATen op of a checkpointed block
+through a ``TorchDispatchMode`` in the forward (``_CachingTorchDispatchMode``: the policy call,
+the saved outputs' detached copies) and again in the recompute (``_CachedTorchDispatchMode``:
+cached outputs handed back, each recomputed op through the mode), views and detaches included.
+Each such op costs the host time measured on one H200's host (torch 2.11, 8 torchtitan
+Llama 3.1 8B blocks, ``benchmarks/sac_host_cost.py`` on
+``benchmarks/data/device_h200_2026-11-30/run4/llama_s2048/llama_step_trace.json.gz``): the forward
+runs :data:`FORWARD_OPS` ops per block through the mode, each :data:`FORWARD_OP_S` more than the
+same op outside the blocks; the recompute :data:`RECOMPUTE_OPS`, each :data:`RECOMPUTE_OP_S`
+more. The recompute's is its op's ``host_s`` (:func:`every_second_mm_op`); the forward's is
+spread over the layer's forward ops as its ops go with their kernels (:func:`forward_host`:
+:data:`GEMM_OPS` per GEMM, :data:`ATTENTION_OPS` per attention kernel, the rest evenly over the
+memory kernels). A compiled block runs no per-op Python (compile removes it: run3/s2048c,
+``compile_selective_op`` 106.3 ms against eager's 175.5 ms at sequence 2048).
+
 **Every n-th layer** (``train.recompute: full`` with ``recompute_every_n_layers: n``,
 torchtitan's ``selective_ac_option = 'n'``: 9dec370 ``parallelize_llama.py`` lines 282-290,
 1ea476e9 lines 82-99, 07c00d9 ``activation_checkpoint.py`` lines 115-123): torchtitan wraps a
@@ -42,7 +58,30 @@ from ..trace import Compute, Kernel
 from .early_stop import trimmed_fc2, trims_tail, without_last_add
 
 __all__ = ["layer_mms", "every_second_mm_op", "checkpointed_layers", "checkpointed_share",
-           "mixed_backward", "op_level", "sac_activation_bytes"]
+           "mixed_backward", "op_level", "sac_activation_bytes", "forward_host", "policy_host",
+           "FORWARD_OPS", "FORWARD_OP_S", "RECOMPUTE_OPS", "RECOMPUTE_OP_S"]
+
+# The policy's host time (module docstring), each figure printed by benchmarks/sac_host_cost.py
+# from benchmarks/data/device_h200_2026-11-30/run4/llama_s2048/llama_step_trace.json.gz (one eager
+# selective_op step at sequence 2048, host-bound: the trace's forward host time 43.2 ms against
+# the untraced steps' 45.3 ms; torch 2.11 on the H200 machine's host, its README.md). The
+# earlier trace of that machine, run1/llama (sequence 8192, a slower host: its ops outside the
+# blocks took 1.2-1.9 times as long), reads the same counts and 43.6 and 17.5 µs.
+#: ATen ops of one checkpointed block's forward through SAC's dispatch mode (the trace's
+#: ``PythonDispatchMode`` events per block, 8 of 8 blocks alike)
+FORWARD_OPS = 66
+#: host seconds the mode adds to each: in-block ``rms_norm``, ``linear``, ``to``, ``flatten``
+#: against the same top-level ops outside the blocks (the root's norm, output projection, the
+#: loss's cast and flatten), Σ difference / their ops through the mode = 34.8 µs
+FORWARD_OP_S = 34.8e-6
+#: ATen ops of one block's recompute through the mode (detaches and cache hits included)
+RECOMPUTE_OPS = 90
+#: host seconds the mode adds to each, the same reading in the recompute = 16.3 µs
+RECOMPUTE_OP_S = 16.3e-6
+#: forward ops through the mode per GEMM kernel (a linear's ``t``, ``view``, ``mm``,
+#: ``_unsafe_view``) and per attention kernel (SDPA with the q/k/v views, three transposes,
+#: the output's transpose and view), counted in the trace's sequence
+GEMM_OPS, ATTENTION_OPS = 4, 9
 
 
 def checkpointed_layers(every: int, first: int, count: int) -> int:
@@ -174,7 +213,64 @@ def every_second_mm_op(shape: Any, kernels: dict, b: int, s: int, t: int, dtype:
     flops = sum(2.0 * k.shape[0] * k.shape[1] * k.shape[2] * k.batch
                 for k in gemms if k.kind == "gemm")
     nbytes = sum(k.bytes for k in ew + gemms if k.kind == "memory")
-    return Compute("recompute.sac", flops, nbytes, dtype=dtype, kernels=gemms + ew)
+    host = RECOMPUTE_OPS * RECOMPUTE_OP_S if sw is not None and policy_host(sw) else 0.0
+    return Compute("recompute.sac", flops, nbytes, dtype=dtype, kernels=gemms + ew,
+                   host_s=host)
+
+
+def policy_host(sw: Any) -> bool:
+    """Whether stack ``sw`` runs the SAC policy in Python per ATen op: eager dispatch
+    (``software.kernels.host_dispatch``; compiled blocks and CUDA graphs run none)."""
+    return getattr(sw, "host_dispatch", None) == "eager"
+
+
+def forward_host(ops: list, sw: Any, recompute: str) -> list:
+    """A dense layer's forward ops with the host time of the SAC policy (module docstring)
+    under op-level selective checkpointing on an eager stack; ``ops`` unchanged otherwise.
+
+    The block's :data:`FORWARD_OPS` × :data:`FORWARD_OP_S` is spread over its compute ops by
+    the ATen ops their kernels come with: :data:`GEMM_OPS` per GEMM, :data:`ATTENTION_OPS` per
+    attention kernel, the remaining ops evenly over the memory kernels (an op timed without
+    kernels counts as one memory kernel; collectives and SM-contention ops take none).
+
+    Parameters
+    ----------
+    ops : list of Compute or Collective
+        One dense layer's forward, in order.
+    sw : ResolvedSoftware
+        The stack (its ``selective_recompute`` and ``host_dispatch``).
+    recompute : str
+        ``train.recompute``.
+
+    Returns
+    -------
+    list
+        The ops, each compute op with its share in ``host_s`` (s).
+    """
+    if not (op_level(sw, recompute) and policy_host(sw)):
+        return ops
+    kinds = [[k.kind for k in (op.kernels or (Kernel("memory"),))] if _runs(op) else []
+             for op in ops]
+    gemm = sum(k.count("gemm") for k in kinds)
+    flash = sum(k.count("flash") for k in kinds)
+    memory = sum(k.count("memory") for k in kinds)
+    per_memory = max(FORWARD_OPS - GEMM_OPS * gemm - ATTENTION_OPS * flash, 0) / max(memory, 1)
+    weights = [GEMM_OPS * k.count("gemm") + ATTENTION_OPS * k.count("flash")
+               + per_memory * k.count("memory") for k in kinds]
+    total = sum(weights)
+    if total == 0:
+        return ops
+    from dataclasses import replace
+    block = FORWARD_OPS * FORWARD_OP_S
+    return [replace(op, host_s=op.host_s + block * w / total) if w else op
+            for op, w in zip(ops, weights)]
+
+
+def _runs(op: Any) -> bool:
+    """Whether ``op`` is a compute op that runs kernels of its own (not a collective, nor the
+    extra time of GEMMs beside communication, nor an op of no work)."""
+    return (isinstance(op, Compute) and op.contention is None
+            and bool(op.kernels or op.flops or op.bytes))
 
 
 def _tail(name: str, trim: bool, sw: Any, kernels: tuple[Kernel, ...]) -> tuple[Kernel, ...]:

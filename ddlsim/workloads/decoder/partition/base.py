@@ -242,7 +242,11 @@ class LayerPartitioner:
         ops.add(Compute(f"{tag}.elementwise", 0.0, self.elementwise_bytes() if ew is None
                         else sum(k.bytes for k in ew), kind="elementwise", dtype=self.dtype,
                         kernels=ew))
-        return ops.ops
+        if tag != "fwd":
+            return ops.ops
+        from ..sac import forward_host          # torch's SAC policy on the host (..sac)
+        return [replace(o, payload=p) if p is not o.payload else o for o, p in
+                zip(ops.ops, forward_host([o.payload for o in ops.ops], self.sw, self.recompute))]
 
     def layer_backward(self, grad_accumulate_bytes: float) -> list[Op]:
         """One dense layer's backward after recomputation; ``grad_accumulate_bytes``: the
