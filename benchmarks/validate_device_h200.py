@@ -42,6 +42,13 @@ from public_runs import (DATA, print_notes, print_table, result_cells, rows_summ
 RUNS = DATA / "device_h200_2026-11-30"
 #: the system the measurements ran on (``--system`` replaces it)
 SYSTEM = "dgx-h200"
+#: why only a process's first Llama variant has memory figures
+MEMORY_NOTE = ("llama_step.py as run (before its gc.collect() after each variant) left each "
+               "variant's model alive through FSDP2's reference cycles, so a later variant's peak "
+               "counted the earlier ones' fp32 parameters (+10.4 GiB each: run6 re-measured "
+               "selective_op and full at 8192 alone, 47.1 and 45.6 GiB allocated, against 57.5 "
+               "and 66.5 as second and third variants of run1); the memory of a variant that "
+               "was not its process's first is left out")
 #: ``llama_step.py``'s activation-checkpointing variants → ddlsim's ``train.recompute``
 RECOMPUTE = {"none": "none", "selective_op": "selective", "full": "full"}
 
@@ -51,14 +58,15 @@ def llama_rows() -> list[dict]:
     out = []
     for path in sorted(RUNS.glob("run*/**/llama_step.json")):
         run = json.loads(path.read_text())
-        for v in run["variants"]:
+        for i, v in enumerate(run["variants"]):
             if "step_s" not in v:
                 continue
+            clean = i == 0      # the process's first variant: see MEMORY_NOTE
             out.append({"kind": "llama", "file": str(path.relative_to(RUNS)),
                         "layers": run["layers"], "seq": run["seq"], "batch": run["batch"],
                         "variant": v["variant"], "measured_s": v["step_s"],
-                        "allocated_GiB": v.get("peak_allocated_GiB"),
-                        "reserved_GiB": v.get("peak_reserved_GiB")})
+                        "allocated_GiB": v.get("peak_allocated_GiB") if clean else None,
+                        "reserved_GiB": v.get("peak_reserved_GiB") if clean else None})
     return out
 
 
@@ -135,10 +143,23 @@ def _print(out: list[dict], markdown: bool) -> None:
                       _gib(mem)])
     print_table(head, lines, markdown)
     print_notes(out, _label, markdown)
+    print(("\n" if not markdown else "\n") + "Memory: " + MEMORY_NOTE + ".")
+
+
+def memory_errors(out: list[dict]) -> list[float]:
+    """Predicted peak (``reserved``) / measured ``max_memory_reserved`` − 1, per row that has both."""
+    return [o["result"].memory.reserved / 2 ** 30 / o["row"]["reserved_GiB"] - 1 for o in out
+            if o["result"] is not None and o["result"].memory is not None
+            and o["row"]["reserved_GiB"]]
 
 
 def summary(out: list[dict], engine: str) -> str:
     parts = []
+    mem = memory_errors(out)
+    if mem:
+        parts.append(f"Peak reserved memory: mean |error| {100 * sum(map(abs, mem)) / len(mem):.1f}%, "
+                     f"worst {100 * max(mem, key=abs):+.1f}%, signed mean "
+                     f"{100 * sum(mem) / len(mem):+.1f}% ({len(mem)} Llama rows measured alone)")
     for kind, name in (("llama", "Llama steps"), ("resnet", "ResNet-50 steps")):
         sub = [o for o in out if o["row"]["kind"] == kind]
         if sub:

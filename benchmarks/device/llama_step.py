@@ -296,7 +296,9 @@ def run_variant(variant, args, device, sync, out):
             shutil.copyfileobj(src, dst)
         os.remove(raw)
     del model, opt
-    if timing:
+    import gc
+    gc.collect()     # FSDP2's hooks hold the model in reference cycles: free it before the next
+    if timing:       # variant, or that variant's peak memory counts this one's parameters
         torch.cuda.empty_cache()
     return res
 
