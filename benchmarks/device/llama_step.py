@@ -287,7 +287,7 @@ def run_variant(variant, args, device, sync, out):
     if variant == args.trace_variant and args.trace:
         from torch.profiler import ProfilerActivity, profile
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if timing else [])
-        with profile(activities=acts) as prof:
+        with profile(activities=acts, record_shapes=True, with_stack=True) as prof:
             step()
             sync()
         raw = os.path.join(args.out, "llama_step_trace.json")

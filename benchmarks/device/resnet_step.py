@@ -84,7 +84,8 @@ def run(variant: str, steps: int, trace_dir: str | None = None) -> dict:
         import gzip
         import shutil
         from torch.profiler import ProfilerActivity, profile
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                     record_shapes=True, with_stack=True) as prof:
             step()
             torch.cuda.synchronize()
         raw = os.path.join(trace_dir, f"resnet_{variant}_trace.json")
