@@ -1,0 +1,189 @@
+"""benchmarks/kineto_vs_ddlsim.py: a hand-made Kineto trace of one layer (FSDP2's unshard,
+the seven forward GEMMs, the recomputation, a backward node's two GEMMs, the reduce) placed
+kernel by kernel, and the H200 trace of the repository read as the brief counted it."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+
+import pytest
+
+from benchscripts import load_script
+
+pytestmark = pytest.mark.filterwarnings("ignore::ddlsim.errors.DDLSimWarning")
+
+kv = load_script("kineto_vs_ddlsim")
+
+CAST = "void at::native::vectorized_elementwise_kernel<8, at::native::bfloat16_copy_kernel_cuda>"
+GEMM = "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT"
+FWD, BWD = 1, 2
+
+
+class Trace:
+    """Builds Kineto events: host ops with their kernels, one ``External id`` each."""
+
+    def __init__(self):
+        self.events: list[dict] = []
+        self.ext = 0
+
+    def range(self, name: str, ts: float, dur: float, tid: int = FWD) -> None:
+        self.events.append({"ph": "X", "cat": "user_annotation", "name": name, "ts": ts,
+                            "dur": dur, "tid": tid, "args": {}})
+
+    def op(self, chain: list, ts: float, tid: int, kernel: str | None = None,
+           k_ts: float = 0.0, k_dur: float = 0.0, cat: str = "kernel") -> None:
+        """``chain``: (name, sequence number or None), outermost first, nested in time; the
+        innermost launches ``kernel``."""
+        for depth, (name, seq) in enumerate(chain):
+            self.ext += 1
+            args = {"External id": self.ext} | ({"Sequence number": seq} if seq else {})
+            self.events.append({"ph": "X", "cat": "cpu_op", "name": name, "ts": ts + depth,
+                                "dur": 10 - 2 * depth, "tid": tid, "args": args})
+        if kernel:
+            self.events.append({"ph": "X", "cat": cat, "name": kernel, "ts": k_ts,
+                                "dur": k_dur, "args": {"External id": self.ext}})
+
+
+def one_layer() -> Trace:
+    """Layer 0: unshard (a cast, a copy), wq…w2 (seq 11…17), the head; in the backward the
+    unshard again, w2's node (seq 17) recomputing wk wo w3 before its two GEMMs, a silu
+    backward, then the reduce (chunk_cat, copy); the optimizer."""
+    t = Trace()
+    t.range("FSDP::pre_forward (layers.0)", 0, 15)
+    t.op([("aten::to", None), ("aten::copy_", None)], 1, FWD, CAST, 100, 6)
+    t.op([("aten::copy_", None)], 4, FWD, "Memcpy DtoD (Device -> Device)", 104, 4, "gpu_memcpy")
+    for i in range(7):
+        t.op([("aten::linear", 50 + i), ("aten::mm", 11 + i), ("PythonDispatchMode", None),
+              ("aten::mm", None)], 20 + 20 * i, FWD, GEMM, 110 + 10 * i, 10 + i)
+    t.op([("aten::silu", None)], 170, FWD, "void silu_kernel", 200, 3)
+    t.range("FSDP::post_forward (layers.0)", 180, 5)
+    t.op([("aten::linear", None), ("aten::mm", 30)], 200, FWD, GEMM, 210, 40)
+    t.op([("aten::cross_entropy_loss", None), ("aten::_log_softmax", None)], 220, FWD,
+         "cunn_SoftMaxForward", 250, 20)
+    t.range("FSDP::pre_backward (layers.0)", 1000, 15, BWD)
+    t.op([("aten::to", None)], 1001, BWD, CAST, 1100, 8)       # overlaps the GEMM below
+    node = ("autograd::engine::evaluate_function: MmBackward0", 17)
+    for i in range(3):
+        t.op([node, ("MmBackward0", None), ("aten::linear", None), ("aten::mm", None),
+              ("PythonDispatchMode", None), ("aten::mm", None)], 1020 + 20 * i, BWD, GEMM,
+             1104 + 10 * i, 10)
+    t.op([node, ("MmBackward0", None), ("aten::mm", None)], 1100, BWD, GEMM, 1140, 12)
+    t.op([node, ("MmBackward0", None), ("aten::mm", None)], 1120, BWD, GEMM, 1152, 14)
+    t.op([("autograd::engine::evaluate_function: SiluBackward0", 9),
+          ("aten::silu_backward", None)], 1140, BWD, "void silu_backward_kernel", 1170, 5)
+    t.range("FSDP::post_backward_reduce (layers.0)", 1300, 100, BWD)
+    t.op([("fsdp::chunk_cat", None), ("aten::_chunk_cat", None)], 1301, BWD,
+         "void at::native::detail::chunk_cat_cuda_kernel<float, c10::BFloat16>", 1200, 30)
+    t.op([("aten::copy_", None)], 1340, BWD, "Memcpy DtoD (Device -> Device)", 1230, 10,
+         "gpu_memcpy")
+    t.range("Optimizer.step#AdamW.step", 2000, 50)
+    t.op([("aten::_fused_adamw_", None)], 2001, FWD, "multi_tensor_apply_kernel", 2100, 25)
+    return t
+
+
+@pytest.fixture(scope="module")
+def placed():
+    t = one_layer()
+    ks = kv.device_kernels(t.events)
+    windows = kv.layer_windows(t.events)
+    return ks, windows
+
+
+def test_each_kernel_lands_in_its_row(placed):
+    ks, windows = placed
+    rows = [kv.classify(k, kv.layer_of(k, windows)) for k in ks]
+    assert rows == [
+        "FSDP2 parameter cast fp32->bf16", "FSDP2 unshard copy", *["GEMM forward"] * 7,
+        "element-wise forward", "output head GEMM", "cross-entropy",
+        "FSDP2 parameter cast fp32->bf16", *["GEMM recomputed"] * 3, *["GEMM backward"] * 2,
+        "element-wise backward", "FSDP2 chunk_cat bf16->fp32", "FSDP2 reduce copies",
+        "optimizer"]
+
+
+def test_gemms_named_by_call_order_and_sequence_number(placed):
+    ks, windows = placed
+    assert kv.name_gemms(ks, windows) == [
+        *[("forward", 0, w, "-") for w in ("wq", "wk", "wv", "wo", "w1", "w3", "w2")],
+        ("forward", None, "output", "-"),
+        *[("recomputed", 0, w, "-") for w in ("wk", "wo", "w3")],
+        ("backward", 0, "w2", "wgrad"), ("backward", 0, "w2", "dgrad")]
+
+
+def test_busy_shares_split_overlap_and_add_up_to_the_union(placed):
+    ks, _ = placed
+    shares = kv.busy_shares(ks)
+    cast = next(i for i, k in enumerate(ks) if k.start_us == 1100)
+    # the backward cast (1100-1108) overlaps the first recomputed GEMM (1104-1114) for 4 µs
+    assert shares[cast] == pytest.approx(4 + 4 / 2)
+    union = 0.0
+    end = -math.inf
+    for k in sorted(ks, key=lambda k: k.start_us):
+        union += max(0.0, k.start_us + k.dur_us - max(k.start_us, end))
+        end = max(end, k.start_us + k.dur_us)
+    assert sum(shares) == pytest.approx(union)
+    assert sum(shares) < sum(k.dur_us for k in ks)
+
+
+def test_shapes_and_nearest_burst():
+    dims = {"wk": (4096, 1024)}
+    assert kv.gemm_shape("wk", "-", dims, 8192) == (8192, 1024, 4096)
+    assert kv.gemm_shape("wk", "dgrad", dims, 8192) == (8192, 4096, 1024)
+    assert kv.gemm_shape("wk", "wgrad", dims, 8192) == (4096, 1024, 8192)
+    rows = [{"m": "1024", "n": "8192", "k": "4096", "batch": "1", "dtype": "fp16", "tflops": "600"},
+            {"m": "8192", "n": "1024", "k": "4096", "batch": "1", "dtype": "bf16", "tflops": "650"},
+            {"m": "8192", "n": "1024", "k": "4096", "batch": "1", "dtype": "fp8", "tflops": "1300"},
+            {"m": "8192", "n": "8192", "k": "8192", "batch": "1", "dtype": "bf16", "tflops": "700"}]
+    # both orders of (M, N) are as near: bf16 wins the tie, fp8 rows never count
+    assert kv.nearest_burst((8192, 1024, 4096), rows)["tflops"] == "650"
+    assert kv.nearest_burst((1024, 8192, 4000), rows[:1] + rows[3:])["tflops"] == "600"
+
+
+def test_trace_without_events_is_refused(tmp_path):
+    bad = tmp_path / "t.json"
+    bad.write_text(json.dumps({"schemaVersion": 1}))
+    with pytest.raises(ValueError, match="no 'traceEvents' list"):
+        kv.load_events(bad)
+    good = tmp_path / "t.json.gz"
+    with gzip.open(good, "wt") as fh:
+        json.dump({"traceEvents": one_layer().events}, fh)
+    assert len(kv.device_kernels(kv.load_events(good))) == 22
+
+
+def test_ddlsim_rows_add_up_to_its_step_breakdown():
+    kb = load_script("kernel_breakdown")
+    cfg = kv.load_config([])
+    rows, gemms = kv.ddlsim_rows(cfg)
+    out, _ = kb.step_breakdown(cfg)
+    assert sum(rows.values()) == pytest.approx(sum(out.values()), rel=1e-12)
+    gemm_rows = sum(v for r, v in rows.items() if "GEMM" in r)
+    assert gemm_rows == pytest.approx(out["GEMM"] + out["output head GEMM"], rel=1e-12)
+    # per layer 7 forward, 3 recomputed, 14 backward; the head 1 + 2
+    assert len(gemms) == 8 * 24 + 3
+    # the gradient accumulation passes (kernel-less ops: their op_time) stand beside chunk_cat
+    from ddlsim.api import build_workload
+    from ddlsim.simulator.kernels import kernel_device, op_time
+    prog, dev = build_workload(cfg).classes[0].program, kernel_device(cfg.system)
+    acc = sum(op_time(o.payload, dev) * o.repeat for st in prog.steps
+              for o in prog.blocks[st.block].flat.ops
+              if "grad_accumulate" in getattr(o.payload, "name", ""))
+    assert acc > 0 and rows["FSDP2 chunk_cat bf16->fp32"] == pytest.approx(acc, rel=1e-12)
+
+
+def test_the_h200_step_as_counted():
+    """The repository's trace: 195 GEMMs named 8 x 24 + 3, each matched to ddlsim's list,
+    and the totals the brief quotes (kernel sum 287.8 ms, GEMMs 161.1 ms)."""
+    events = kv.load_events(kv.TRACE)
+    ks, windows = kv.device_kernels(events), kv.layer_windows(events)
+    assert sum(k.dur_us for k in ks) / 1e3 == pytest.approx(287.76, abs=0.01)
+    names = kv.name_gemms(ks, windows)
+    assert len(names) == 195 and not [n for n in names if n[2] in ("?",) or "mm" in n[2]]
+    table = kv.gemm_table(ks, windows, kv.load_config([]), kv.ddlsim_rows(kv.load_config([]))[1],
+                          [])
+    assert all(g["matched"] == f"{g['n']}/{g['n']}" for g in table)
+    assert sum(g["seconds"] for g in table) * 1e3 == pytest.approx(161.1, abs=0.05)
+    rows = {r["row"]: r for r in kv.class_table(ks, windows, kv.ddlsim_rows(
+        kv.load_config([]))[0])}
+    assert rows["FSDP2 chunk_cat bf16->fp32"]["n"] == 9
+    assert rows["attention"]["measured_ms"] == pytest.approx(32.03, abs=0.01)
