@@ -6,7 +6,8 @@ the ``dp`` stream as they fill (:func:`~ddlsim.workloads.buckets.backward_with_b
 earlier ones accumulate locally (DDP's ``no_sync``). With ``parallel.overlap_grad_reduce:
 false`` the all-reduces run blocking after the backward, as a comm-only proxy calls
 ``MPI_Allreduce`` in a loop. An SGD/Adam update closes the iteration (``compute: model`` only:
-a proxy has no optimizer step).
+a proxy has no optimizer step). Under eager dispatch each layer op (and the GradScaler) is
+issued by a host op on the ``host`` stream, the host time measured per op (:mod:`.host`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from ..memory import MemoryBreakdown, model_state_bytes
 from ..proxytime import usleep_s
 from ..trace import (P2P, Block, Collective, Compute, Op, Program, RankClass, Step, Workload,
                      WorkloadMeta)
+from .host import host_unit_s, issued_by_host, layer_host_s
 from .kernels import (TENSOR_CORE_DTYPES, autocast_casts, conv_kernels, ddp_copies,
                       pointwise_kernels, sgd_kernels)
 from .layers import Layer
@@ -82,6 +84,24 @@ def _compute(layer: Layer, cfg: RunConfig, backward: bool, first: bool = False) 
                    kernels=kernels)
 
 
+def _unit_s(cfg: RunConfig) -> float:
+    """The host's time per tiny op for :mod:`.host`'s measured host work (0 off eager)."""
+    return host_unit_s(cfg.system.device.launch, cfg.software.host_dispatch)
+
+
+def _host_seconds(cfg: RunConfig) -> dict[str, float]:
+    """The host's seconds for each layer op and the GradScaler (:mod:`.host`: measured units
+    times the device's tiny op), laid on the ``host`` stream by :func:`.host.issued_by_host`;
+    none off eager dispatch or without launch facts."""
+    unit_s, autocast = _unit_s(cfg), cfg.train.dtype in ("fp16", "bf16")
+    if unit_s == 0.0 or cfg.model.compute != "model":
+        return {}
+    out = {f"{pss}.{layer.name}": layer_host_s(pss, layer.kind, 0, unit_s, autocast)
+           for layer in cfg.model.layers for pss in ("fwd", "bwd")}
+    out["grad_scaler"] = layer_host_s("update", "grad_scaler", 0, unit_s)
+    return out
+
+
 def _units(cfg: RunConfig, buckets: list[range], copies: bool = False) -> list[BackwardUnit]:
     """Backward compute in gradient-ready order: one unit per layer, or with ``compute:
     proxy`` one ``backward_per_bucket`` sleep per bucket (resnet152.cpp:44-51). ``copies``:
@@ -115,11 +135,13 @@ def _copies(name: str, tensors, grad_bytes: int) -> Compute:
                    kernels=kernels)
 
 
-def _step_op(name: str, kernels: tuple, kind: str = "elementwise") -> Compute:
+def _step_op(name: str, kernels: tuple, kind: str = "elementwise",
+             host_s: float = 0.0) -> Compute:
     """An op of the training step's own memory kernels (:mod:`.step`), fp32; ``kind``
-    ``optimizer`` for those around the update (the breakdown's optimizer time)."""
+    ``optimizer`` for those around the update (the breakdown's optimizer time); ``host_s``
+    its host work beyond the launches (:mod:`.host`)."""
     return Compute(name, 0.0, sum(k.bytes for k in kernels), kind=kind, dtype="fp32",
-                   kernels=kernels)
+                   kernels=kernels, host_s=host_s)
 
 
 def _buffer_broadcast(layers) -> tuple[Op, ...]:
@@ -139,12 +161,14 @@ def _buffer_broadcast(layers) -> tuple[Op, ...]:
 def _update(cfg: RunConfig) -> tuple[Op, ...]:
     """The update block: GradScaler's unscale and update where set, the optimizer step, then
     ``zero_grad`` where it zeroes (:mod:`.step`; DLE ``training.py`` ``train_step`` order)."""
-    m = cfg.model
+    m, unit_s = cfg.model, _unit_s(cfg)
     ops = [Op(_step_op("grad_scaler", grad_scaler_kernels(m.tensors), "optimizer"))] \
         if m.grad_scaler else []
     ops.append(Op(_optimizer(cfg)))
     if m.zero_grad == "zero":
-        ops.append(Op(_step_op("zero_grad", zero_grad_kernels(m.tensors), "optimizer")))
+        kernels = zero_grad_kernels(m.tensors)
+        ops.append(Op(_step_op("zero_grad", kernels, "optimizer",
+                               layer_host_s("update", "zero_grad", len(kernels), unit_s))))
     return tuple(ops)
 
 
@@ -219,10 +243,12 @@ def _blocks(cfg: RunConfig) -> dict[str, Block]:
         sync = backward_with_buckets(synced, buckets, grads, "dp", cfg.software.overlap_grad_reduce)
         if m.compute == "model":    # the all-reduced buckets copied back into each .grad
             sync += (Op(_copies("grad.from_bucket", m.tensors, grad_dtype_bytes(cfg))),)
-    blocks = {"F": Block("F", "forward", fwd), "B": Block("B", "backward", plain),
-              "B.sync": Block("B.sync", "backward", sync)}
+    host = _host_seconds(cfg)
+    blocks = {"F": Block("F", "forward", issued_by_host(fwd, host)),
+              "B": Block("B", "backward", issued_by_host(plain, host)),
+              "B.sync": Block("B.sync", "backward", issued_by_host(sync, host))}
     if m.compute == "model":
-        blocks["update"] = Block("update", "optimizer", _update(cfg))
+        blocks["update"] = Block("update", "optimizer", issued_by_host(_update(cfg), host))
     return blocks
 
 
