@@ -20,7 +20,10 @@ Each is predicted with the settings it ran with, on ``--system`` (one GPU):
   under the ``torchtitan-2025`` stack) / full; the ``torchtitan-2025`` stack with the attention
   kernel PyTorch 2.11 runs on this GPU: cuDNN's (``sdp_utils.cpp`` ``check_prefer_cudnn_attention``
   puts cuDNN first on sm90 once the bundled cuDNN is newer than 9.15; the run's is 9.19, and its
-  Kineto trace shows ``cudnn`` attention kernels), and ``compile: true`` for compiled variants;
+  Kineto trace shows ``cudnn`` attention kernels), torch's fused RMSNorm (``nn.RMSNorm`` calls
+  ``aten._fused_rms_norm`` on CUDA since pytorch/pytorch#153666, 2025: one kernel per norm in the
+  trace, where the 2024 stack's torchtitan ran its composite norm), the cuBLAS the wheel loads
+  (13.1: ``gemm_library: cublas-13``), and ``compile: true`` for compiled variants;
 * ResNet-50: the row's batch, ``fp16`` with a GradScaler and channels-last or ``tf32``
   contiguous, SGD, gradients zeroed in place, no input pipeline (the batch is made once on the
   device), weight decay on every parameter (the script's SGD), the default stack's kernels.
@@ -49,6 +52,9 @@ MEMORY_NOTE = ("llama_step.py as run (before its gc.collect() after each variant
                "selective_op and full at 8192 alone, 47.1 and 45.6 GiB allocated, against 57.5 "
                "and 66.5 as second and third variants of run1); the memory of a variant that "
                "was not its process's first is left out")
+#: what PyTorch 2.11 (cu130) runs where the torchtitan-2025 stack (torch of 2024-12) ran other
+#: kernels (module docstring)
+TORCH_2_11 = {"attention": "cudnn", "fused_layernorm": True, "gemm_library": "cublas-13"}
 #: ``llama_step.py``'s activation-checkpointing variants → ddlsim's ``train.recompute``
 RECOMPUTE = {"none": "none", "selective_op": "selective", "full": "full"}
 
@@ -94,7 +100,7 @@ def config(row: dict, system: str = SYSTEM) -> dict:
     one_gpu = {"preset": system, "nodes": 1, "devices_per_node": 1}
     if row["kind"] == "llama":
         compiled = row["variant"].startswith("compile_")
-        software = {"stack": "torchtitan-2025", "kernels": {"attention": "cudnn"}}
+        software = {"stack": "torchtitan-2025", "kernels": dict(TORCH_2_11)}
         if compiled:
             software["compile"] = True
         return {"model": {"preset": "llama-3.1-8b", "num_hidden_layers": row["layers"]},
