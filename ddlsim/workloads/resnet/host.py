@@ -24,8 +24,9 @@ profiled times: the profiler's cost per recorded event is in both and cancels to
 and the device's own ``h`` sets the scale (7.2 µs measured on the H200's host,
 ``run1/launch.json``). The tiny op in the trace is its dispatch and launch without its
 Python call (0.7 µs on that host: ``launch.json``'s eager less TorchScript figure), so the
-units are up to 10 % high. The two traces' backward ops differ by up to 1.6× (the host's own
-variance: the same ops, one after the other); the table takes their mean.
+units are up to 10 % high. The two traces' forward ops agree within 15 %, their backward and
+update ops differ by up to 1.8× (the host's own variance: the same ops, one step after the
+other; the measured steps at batch 32 spread 24-35 ms); the table takes their mean.
 
 **Charged**, under eager dispatch only (compiled code and CUDA graphs run no per-op Python;
 :func:`host_unit_s`): each layer op's units times ``h``, its launches included
