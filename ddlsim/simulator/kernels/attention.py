@@ -11,10 +11,12 @@ dimensions 64-128 on A100, §3.3). Its backward does 5 GEMMs to the forward's 2,
 forward FLOPs, the recomputation of ``P`` included (FA2 §4.1, the FLOP count of its benchmarks).
 ``cudnn`` is cuDNN's fused attention (TransformerEngine's FusedAttention, sub-backend
 F16_arbitrary_seqlen): the same tiled algorithm, FLOPs and traffic, its own kernels. Each
-pass is one kernel whose ``shape`` is ``(s, s_k, d)`` and whose ``variant`` names the kernel,
-the pass and the mask (:func:`flash_variant`), so the device times it at the fraction of peak
-measured for that kernel, pass, mask, head dim and length where its GPU has a table
-(:mod:`.attention_measured`), else at ``device.attention_efficiency``. With a sliding
+pass is one kernel whose ``shape`` is ``(s, s_k, d)``, whose ``batch`` is the ``b·heads``
+(sequence, head) pairs its grid spans and whose ``variant`` names the kernel, the pass and the
+mask (:func:`flash_variant`), so the device times it at the fraction of peak measured for that
+kernel, pass, mask, head dim and length where its GPU has a table (:mod:`.attention_measured`),
+scaled by the share of the SMs its tiles keep busy at that many pairs over that of the measured
+launch (:mod:`.attention_tiles`), else at ``device.attention_efficiency``. With a sliding
 window it computes only the tiles the band crosses (:mod:`.window`); the batched-GEMM kinds
 below compute every score and mask the rest, so a window changes nothing for them.
 
@@ -155,7 +157,7 @@ def attention_kernels(kind: str, b: float, heads: float, s: float, d: float, dty
         # Q O at s, K V at s_k (backward also dO dQ at s, dK dV at s_k)
         io = (4 if backward else 2) * b * (s + s_k) * heads * d * dt
         flops = fwd * (FLASH_BACKWARD_FACTOR if backward else 1.0)
-        return (Kernel("flash", (s, s_k, d), flops=flops, bytes=io, dtype=dtype,
+        return (Kernel("flash", (s, s_k, d), b * heads, flops=flops, bytes=io, dtype=dtype,
                        variant=flash_variant(kind, backward, causal, dropout)),)
     if s_k != s:
         raise ValueError(f"attention kernel {kind!r} with {s_k} keys against {s} queries: "

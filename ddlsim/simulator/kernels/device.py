@@ -128,18 +128,21 @@ class KernelDevice:
             return None
         return self.sustained.get(dtype) or max(self.sustained.values())
 
-    def flash(self, variant: str, dtype: str, shape: tuple[float, float, float] = (0, 0, 0)
-              ) -> float:
+    def flash(self, variant: str, dtype: str, shape: tuple[float, float, float] = (0, 0, 0),
+              pairs: float | None = None) -> float:
         """A fused attention kernel's fraction of peak: the measured curve of its kernel, pass
         and mask at its head dim and length (``shape = (s, s_k, d)``) where the device has a
-        table, else the device's figure for the kernel (``cudnn``: else ``flash2``'s), else
-        ``η_max``; with attention dropout, divided by the measured slowdown of the kernel
-        that figure times (:data:`.attention.DROPOUT_SLOWDOWN`; none: 1)."""
+        table — with ``pairs`` (sequence, head) pairs in the launch, scaled by the share of
+        the SMs its tiles keep busy over that of the curve's own launch
+        (:mod:`.attention_tiles`) — else the device's figure for the kernel (``cudnn``: else
+        ``flash2``'s), else ``η_max``; with attention dropout, divided by the measured
+        slowdown of the kernel that figure times (:data:`.attention.DROPOUT_SLOWDOWN`;
+        none: 1)."""
         v = parse_flash_variant(variant)
         kernel, eta = v.kernel, None
         if self.attention_gpu is not None and shape[0] > 0:
             eta = measured_efficiency(self.attention_gpu, v.kernel, v.pass_, v.causal,
-                                      shape[2], shape[0])
+                                      shape[2], shape[0], pairs, self.sm_count, shape[1])
         if eta is None:
             eta = self.attention.get(kernel)
             if eta is None and kernel == "cudnn":     # TE runs FlashAttention-2 off Hopper
@@ -215,7 +218,8 @@ def kernel_time(k: Kernel, dev: KernelDevice, efficiency: float | None = None) -
         return k.bytes / (bw * fp8_pass_efficiency(k.variant) if k.variant else bw)
     peak = dev.peak_flops(k.dtype)
     if k.kind == "flash":
-        return max(k.flops / (peak * dev.flash(k.variant, k.dtype, k.shape)), k.bytes / bw)
+        return max(k.flops / (peak * dev.flash(k.variant, k.dtype, k.shape, k.batch)),
+                   k.bytes / bw)
     M, N, K = k.shape
     if efficiency is not None:
         return max(2.0 * M * N * K * k.batch / (peak * efficiency),
