@@ -29,8 +29,11 @@ def test_the_ring_of_one_layer_holds_its_steps(cp2):
     bwd = p["flash bwd step 0"] + p["flash bwd later"] + p["accumulate"]
     assert fwd < p["ring fwd"] < fwd + 0.01
     assert fwd + bwd < p["ring fwd+bwd"] < fwd + bwd + 0.02
-    # the unmasked 16k x 32k call does the causal 32k x 32k call's work at a higher rate
-    assert p["flash fwd later"] < p["flash fwd step 0"]
+    # the unmasked 16k x 32k call does the causal 32k x 32k call's work in about its time:
+    # measured on one H200 (benchmarks/data/device_h200_2026-11-30/run1/ring/kernels.csv),
+    # 25.55 ms against step 0's 25.37 ms; the causal call's tiles are unequal, the unmasked
+    # call's equal (kernels/attention_tiles.py), so neither rate is higher by much
+    assert abs(p["flash fwd later"] / p["flash fwd step 0"] - 1) < 0.05
 
 
 def test_rank_shape_is_heads_per_tp_rank_and_tokens_per_cp_rank(cp2):
