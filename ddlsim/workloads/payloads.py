@@ -27,7 +27,9 @@ class Kernel:
 
     ``kind``: ``gemm`` (``batch`` independent ``C[M,N] = A[M,K]·B[K,N]`` in one launch,
     ``shape = (M, N, K)``), ``flash`` (a FlashAttention kernel ``variant`` doing ``flops``
-    and moving ``bytes``) or ``memory`` (a streaming kernel reading + writing ``bytes``).
+    and moving ``bytes``, its ``batch`` the (sequence, head) pairs of the launch, whose tiles
+    :mod:`ddlsim.simulator.kernels.attention_tiles` schedules on the SMs) or ``memory`` (a
+    streaming kernel reading + writing ``bytes``).
     A ``gemm`` with ``bytes`` set moves those in its memory roofline instead of its operands'
     (an implicit-GEMM convolution, :mod:`ddlsim.workloads.resnet.kernels`; a weight gradient
     accumulating into ``main_grad``, :mod:`ddlsim.workloads.decoder.wgrad`); 0: its operands'.
