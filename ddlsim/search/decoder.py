@@ -118,6 +118,8 @@ class DecoderVectors:
         net, mi = coll.net, coll.mi
         p2p = net.hop_alpha_s[mi] + pieces.p2p_bytes * net.hop_s_per_byte[mi]
         wrap = net.wrap_alpha_s[mi] + pieces.p2p_bytes * net.wrap_s_per_byte[mi]
+        # the hops each stage receives over (.netcost._stage_hops' rows)
+        hops = net.stage_alpha_s[mi] + pieces.p2p_bytes[:, None, None] * net.stage_s_per_byte[mi]
         ctas = nccl_ctas(ctx.cfg, net, mi)
         first_params = self.stage_params(ctx, plans, True)
         upd_f, upd_l, tail_f, tail_l = self._updates(ctx, plans, pieces, coll, ctas, lc, emb,
@@ -128,7 +130,8 @@ class DecoderVectors:
         # Megatron turns overlap_p2p_comm off without the interleaved schedule
         blocking = (v == 1) | (not ctx.cfg.software.overlap_p2p_comm)
         return StageCosts(*blocks, lc * pieces.bwd + pieces.gather, p2p, wrap, tail_f, tail_l,
-                          upd_f, upd_l, whole, blocking, self._tied_sync(ctx, plans, coll))
+                          upd_f, upd_l, whole, blocking, self._tied_sync(ctx, plans, coll),
+                          hops)
 
     def _updates(self, ctx: _Context, plans, pieces, coll, ctas, lc, emb, first_params):
         """(first stage's update block, last stage's, first stage's data-parallel tail,

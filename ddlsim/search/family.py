@@ -42,6 +42,12 @@ class StageCosts(NamedTuple):
     ``tied_sync``: seconds of a collective between the first and the last stage before
     their update blocks (the tied embedding's gradient all-reduce), 0 where none: both
     stages meet there, then run their updates (:func:`.pipeline.iteration_time`).
+    ``stage_hops``: None, or the seconds of the hops each stage receives over, shape (plans,
+    k, 2): per row a stage's (activation hop, gradient hop), the first stage's in row 0
+    (none, hop 0 → 1), the last stage's in row 1 (hop PP − 2 → PP − 1, none), each distinct
+    middle stage's after them, −inf where none (None: every hop ``p2p_s / (PP − 1)``).
+    Where they differ (a hop leaving its node), a stage waits for its own
+    (:func:`.pipeline.iteration_time`).
     """
 
     fwd_first: np.ndarray
@@ -60,6 +66,7 @@ class StageCosts(NamedTuple):
     whole: np.ndarray
     blocking: np.ndarray | bool = False
     tied_sync: np.ndarray | float = 0.0
+    stage_hops: np.ndarray | None = None
 
 
 class VectorFamily(Protocol):

@@ -82,13 +82,17 @@ class MeshNets(NamedTuple):
     the first ranks of consecutive stages: over the ``pp − 1`` hops, the sum of latencies
     (``hop_alpha_s``) and of seconds per byte (``hop_s_per_byte``); ``wrap_alpha_s`` and
     ``wrap_s_per_byte`` for the hop from the last stage back to the first (the interleaved
-    schedule's chunk boundary)."""
+    schedule's chunk boundary); ``stage_alpha_s`` and ``stage_s_per_byte``, shape (meshes,
+    k, 2): the same parts of the hops each stage receives over (a hop that leaves its node
+    costs more than one inside it), as :func:`_stage_hops` rows them."""
 
     nets: list[dict[str, GroupNet]]
     hop_alpha_s: np.ndarray
     hop_s_per_byte: np.ndarray
     wrap_alpha_s: np.ndarray
     wrap_s_per_byte: np.ndarray
+    stage_alpha_s: np.ndarray
+    stage_s_per_byte: np.ndarray
     #: the system's collective backend, :attr:`CostModel.comm_backend`
     backend: str = "mpi"
 
@@ -114,6 +118,7 @@ def mesh_networks(cfg, meshes: np.ndarray) -> MeshNets:
     tied = bool(getattr(shape(), "tied_embeddings", False)) if shape else False
     nets: list[dict[str, GroupNet]] = [{} for _ in rows]
     hops, wraps, backend = np.zeros((len(rows), 2)), np.zeros((len(rows), 2)), "mpi"
+    stage_rows: list[np.ndarray] = [np.empty((0, 2, 2))] * len(rows)
     system_key = cfg.system.model_dump_json()
     by_world: dict[int, list[int]] = {}
     for i, (tp, pp, dp) in enumerate(rows):
@@ -140,10 +145,17 @@ def mesh_networks(cfg, meshes: np.ndarray) -> MeshNets:
         for i in members:
             nets[i] = {name: cost.nets[f"{name}{i}"] for name in ("tp", "dp", "pp", "embedding")
                        if f"{name}{i}" in groups}
-            hops[i] = _hops(cost, f"pp{i}", stages[i])
+            parts = _hop_parts(cost, f"pp{i}", stages[i])
+            hops[i], stage_rows[i] = _hops(parts), _stage_hops(parts)
             if rows[i][1] > 1:
-                wraps[i] = _hops(cost, f"pp{i}", stages[i][[-1, 0]])
-    return MeshNets(nets, hops[:, 0], hops[:, 1], wraps[:, 0], wraps[:, 1], backend)
+                wraps[i] = _hops(_hop_parts(cost, f"pp{i}", stages[i][[-1, 0]]))
+    k = max(len(r) for r in stage_rows)
+    staged = np.zeros((len(rows), k, 2, 2))
+    staged[..., 0] = -np.inf
+    for i, r in enumerate(stage_rows):
+        staged[i, :len(r)] = r
+    return MeshNets(nets, hops[:, 0], hops[:, 1], wraps[:, 0], wraps[:, 1], staged[..., 0],
+                    staged[..., 1], backend)
 
 
 def _families(mesh) -> dict:
@@ -155,20 +167,16 @@ def _families(mesh) -> dict:
     return {name: mesh.family(name, AXES[name], name) for name in ("tp", "dp", "pp")}
 
 
-def _hops(cost, group: str, stages: np.ndarray) -> tuple[float, float]:
-    """(Σ latency, Σ seconds per byte) of the hops stage s → s + 1 between ``stages``' ranks
-    on the pipeline family ``group`` of ``cost``, each as :meth:`CostModel.p2p` times it
-    (zero bytes and :data:`PROBE_BYTES` give the two parts of its affine form)."""
+def _hop_parts(cost, group: str, stages: np.ndarray) -> np.ndarray:
+    """(latency, seconds per byte) of each hop stage s → s + 1 between ``stages``' ranks on
+    the pipeline family ``group`` of ``cost``, shape (hops, 2), each as :meth:`CostModel.p2p`
+    times it (zero bytes and :data:`PROBE_BYTES` give the two parts of its affine form)."""
     from ..workloads.trace import P2P
 
     one = P2P("hop", "send", group, 1, PROBE_BYTES, "hop")
     zero = P2P("hop", "send", group, 1, 0.0, "hop")
-    # CostModel.p2p times a hop by whether it leaves its node: ask once per kind, then add
-    # the hops in order (np.cumsum adds one after another, as a loop would: the same sums,
-    # bit for bit, as asking every hop)
+    # CostModel.p2p times a hop by whether it leaves its node: ask once per kind
     cross = cost.node_of_rank[stages[:-1]] != cost.node_of_rank[stages[1:]]
-    if not len(cross):
-        return 0.0, 0.0
     parts = np.empty((len(cross), 2))
     for kind in (False, True):
         where = np.flatnonzero(cross == kind)
@@ -176,6 +184,28 @@ def _hops(cost, group: str, stages: np.ndarray) -> tuple[float, float]:
             src, dst = int(stages[where[0]]), int(stages[where[0] + 1])
             a = cost.p2p(zero, src, dst)
             parts[where] = (a, (cost.p2p(one, src, dst) - a) / PROBE_BYTES)
+    return parts
+
+
+def _stage_hops(parts: np.ndarray) -> np.ndarray:
+    """The hops each stage receives over, from each hop's (latency, seconds per byte)
+    ``parts`` (:func:`_hop_parts`): shape (rows, 2, 2), a row per stage, its (activation
+    hop, gradient hop); row 0 the first stage's (none, hop 0 → 1), row 1 the last stage's
+    (hop p − 2 → p − 1, none), then each distinct middle stage's (hops s − 1 and s). An
+    absent hop has latency −inf and 0 seconds per byte."""
+    none = np.array([-np.inf, 0.0])
+    if not len(parts):
+        return np.stack([[none, none], [none, none]])
+    middle = np.unique(np.stack([parts[:-1], parts[1:]], axis=1), axis=0)
+    return np.concatenate([np.stack([[none, parts[0]], [parts[-1], none]]), middle])
+
+
+def _hops(parts: np.ndarray) -> tuple[float, float]:
+    """(Σ latency, Σ seconds per byte) of the hops ``parts`` (:func:`_hop_parts`), added in
+    order (np.cumsum adds one after another, as a loop would: the same sums, bit for bit, as
+    asking every hop)."""
+    if not len(parts):
+        return 0.0, 0.0
     alpha, per_byte = np.cumsum(parts, axis=0)[-1].tolist()
     return alpha, per_byte
 

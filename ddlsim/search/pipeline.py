@@ -8,17 +8,28 @@ With per-micro-batch stage times ``t_s`` (forward + backward over the stage's ``
 
 (1F1B: ``v = 1``; interleaved 1F1B: ``v`` chunks; GPipe: the forwards and the backwards each
 as a 1F1B pipeline of their own), where ``P2P`` is the point-to-point time summed over the
-``p − 1`` hops and ``wrap`` the hop from the last stage back to the first: filling and
-draining, a micro-batch crosses all ``p·v − 1`` boundaries of the virtual stages. The iteration ends when the slowest
-of the first and last stages has run its data-parallel tail and its update:
+``p − 1`` hops ``h_s`` (stage s → s + 1) and ``wrap`` the hop from the last stage back to the
+first: filling and draining, a micro-batch crosses all ``p·v − 1`` boundaries of the virtual
+stages. With blocking P2P a stage's period gains the hops it receives over, its own:
 
-    T = max(T_pipe + tail_0 + update_0,
-            T_pipe − (p − 1)·(b_chunk + P2P/(p − 1)) + tail_{p−1} + update_{p−1}).
+    λ = max(t_0 + v·h_0 + (v − 1)·wrap, t_{p−1} + v·h_{p−2} + (v − 1)·wrap,
+            t_mid + v·max_s (h_{s−1} + h_s)).
+
+The iteration ends when the slowest of the first and last stages has run its data-parallel
+tail and its update; the last stage's last backward ends a drain before stage 0's (the last
+gradient crosses every hop and runs each earlier stage's chunk-0 backward: ``b_chunk`` on a
+middle stage, ``b_0 − (v − 1)·b_chunk`` on the first, where ``b_0``, its backward over its
+chunks, also holds the embedding's):
+
+    T = max(T_pipe + tail_0 + update_0, T_pipe − drain + tail_{p−1} + update_{p−1}),
+    drain = (p − 2)·b_chunk + (b_0 − (v − 1)·b_chunk) + P2P.
 
 docs/engines.md ("The search tier's closed forms") states when each term is exact.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 
@@ -111,6 +122,7 @@ def iteration_time(costs, plans) -> np.ndarray:
 
     c = costs
     hop = c.p2p_s / np.maximum(pp - 1, 1)
+    own = _own_hops(c, pp, hop)
 
     def pipe(first, mid, last, chunks, stream=0.0, first_extra=0.0, last_extra=0.0):
         total = np.where(pp == 1, first, first + middle * mid + last)
@@ -121,21 +133,29 @@ def iteration_time(costs, plans) -> np.ndarray:
     # per micro-batch, a stage's steady-state period gains the transfers it waits for:
     # overlapped P2P, a 1F1B middle stage's activation send and gradient receive queue on
     # its one pipeline stream between its forward and its backward; blocking P2P, every
-    # receive's transfer runs after the compute before it (docs/engines.md)
+    # receive's transfer runs after the compute before it, over the stage's own hops: the
+    # first stage's and the last's one, the slowest middle stage's two (docs/engines.md)
     blocking = np.broadcast_to(c.blocking, pp.shape) & (pp > 1)
     wrap = np.where(v > 1, c.wrap_s, 0.0)
-    stream = np.where(blocking, 2 * v * hop, np.where(v == 1, 2 * hop, 0.0))
-    edges = np.where(blocking, v * hop + (v - 1) * wrap, 0.0)
+    stream = np.where(blocking, v * own.mid, np.where(v == 1, 2 * hop, 0.0))
+    edge_first = np.where(blocking, v * own.first + (v - 1) * wrap, 0.0)
+    edge_last = np.where(blocking, v * own.last + (v - 1) * wrap, 0.0)
     one_f_one_b = pipe(c.fwd_first + c.bwd_first, c.fwd_mid + c.bwd_mid,
-                       c.fwd_last + c.bwd_last, v, stream, edges, edges)
+                       c.fwd_last + c.bwd_last, v, stream, edge_first, edge_last)
     # GPipe: the forwards wait for activations (not the first stage's), the backwards for
-    # gradients (not the last stage's)
-    b_hop = np.where(blocking, hop, 0.0)
-    split = (pipe(c.fwd_first, c.fwd_mid, c.fwd_last, 1, b_hop, 0.0, b_hop)
-             + pipe(c.bwd_first, c.bwd_mid, c.bwd_last, 1, b_hop, b_hop, 0.0))
+    # gradients (not the last stage's), each over the hop it arrives by
+    split = (pipe(c.fwd_first, c.fwd_mid, c.fwd_last, 1, np.where(blocking, own.mid_in, 0.0),
+                  0.0, np.where(blocking, own.last, 0.0))
+             + pipe(c.bwd_first, c.bwd_mid, c.bwd_last, 1, np.where(blocking, own.mid_out, 0.0),
+                    np.where(blocking, own.first, 0.0), 0.0))
     t_pipe = np.where(gpipe, split, one_f_one_b) + 2 * (v * c.p2p_s + (v - 1) * c.wrap_s)
     first = t_pipe + c.tail_first
-    last = t_pipe - (pp - 1) * (c.bwd_chunk + hop) + c.tail_last
+    # the last micro-batch's gradient leaves the last stage's last backward, crosses every
+    # hop and runs each earlier stage's chunk-0 backward: a middle stage's b_chunk, and the
+    # first stage's own (its backward less its other v − 1 chunks: b_chunk plus what only
+    # the first stage runs there, the embedding's backward)
+    drain = (pp - 2) * c.bwd_chunk + (c.bwd_first - (v - 1) * c.bwd_chunk) + c.p2p_s
+    last = t_pipe - np.where(pp > 1, drain, 0.0) + c.tail_last
     # a collective between the first and last stages before their updates (what runs before
     # it is in the tails): both wait there for the later one
     sync = np.broadcast_to(c.tied_sync, pp.shape)
@@ -144,3 +164,29 @@ def iteration_time(costs, plans) -> np.ndarray:
     last = np.where(sync > 0, met, last) + c.update_last
     t = np.maximum(first, last)
     return np.where(np.isnan(c.whole), t, c.whole)
+
+
+class _OwnHops(NamedTuple):
+    """Seconds of the hops each stage waits for under blocking P2P, per plan: the first
+    stage's (hop 0 → 1) and the last stage's (hop PP − 2 → PP − 1); of the middle stages,
+    the largest of a stage's two summed (``mid``), of the hop before it (``mid_in``, its
+    activations) and of the hop after it (``mid_out``, its gradients), these three −inf at
+    PP ≤ 2 (no middle stage)."""
+
+    first: np.ndarray
+    last: np.ndarray
+    mid: np.ndarray
+    mid_in: np.ndarray
+    mid_out: np.ndarray
+
+
+def _own_hops(c, pp, hop) -> _OwnHops:
+    """:class:`_OwnHops` from the costs' ``stage_hops`` (per plan, each stage's (activation
+    hop, gradient hop): the first stage's, the last stage's, the distinct middle stages'), or
+    every hop ``hop`` (their mean) where the family gives no per-hop seconds."""
+    if c.stage_hops is None:
+        return _OwnHops(hop, hop, 2 * hop, hop, hop)
+    h = c.stage_hops
+    into, out = h[:, 2:, 0], h[:, 2:, 1]   # the middle stages' (−inf rows: none)
+    return _OwnHops(h[:, 0, 1], h[:, 1, 0], np.max(into + out, axis=1, initial=-np.inf),
+                    np.max(into, axis=1, initial=-np.inf), np.max(out, axis=1, initial=-np.inf))
