@@ -79,6 +79,8 @@ ELEMENTWISE_CLASSES = {
             "vocab_parallel_cross_entropy: cast, max, sub_, exp, sum, div_ over the fp32 "
             "logits; loss_passes), forward",
     "loss_backward": "their backward (mul_ by the loss gradient, the cast back)",
+    "chunk_cat": "FSDP2's torch._chunk_cat of a unit's gradients into the reduce-scatter input, "
+                 "cast to the reduce dtype (workloads/decoder/fsdp2_passes.py)",
 }
 _BACKWARD_CLASS = {"norm": "norm_backward", "gated": "gated_backward",
                    "activation": "activation_backward", "loss": "loss_backward"}

@@ -87,7 +87,7 @@ class _Modes(NamedTuple):
 
 def _modes(plan, b: StageBuilder, cfg: RunConfig) -> _Modes:
     """The plan's :class:`_Modes`; the combined 1F1B with ZeRO-3 is refused."""
-    zero3 = plan.zero_stage == 3 and b.gdp > 1
+    zero3 = plan.zero_stage == 3 and (b.gdp > 1 or fsdp.at_one_rank(b.sw, b.pp))
     staged = zero3 and fsdp.per_iteration(b.sw, b.pp)
     modes = _Modes(bool(b.sw.overlap_grad_reduce and plan.dp_strategy == "ddp"
                         and plan.zero_stage in (0, 1, 2)),

@@ -53,13 +53,15 @@ class EdgeOps(StageBase):
         whether the rank holds the output layer too (default: PP = 1), which a tied weight
         shares."""
         from .embedding_grad import embedding_backward_op
+        from .fsdp import reduces_every_microbatch
         with_head = self.pp == 1 if with_head is None else with_head
         split = self.part.embedding_split if self.structured else 1
         return [embedding_backward_op(
             self.b * self.s / split, self.shape.vocab / self.part.param_split,
             self.shape.hidden, self.dt, self.gdt, self.dtype, self.sw,
             self.tp if self.plan.tp_mode == "1d" else 1,
-            bool(with_head and self.shape.tied_embeddings))]
+            bool(with_head and self.shape.tied_embeddings),
+            not reduces_every_microbatch(self.plan))]
 
     def final_norm(self, backward: bool) -> Compute:
         """The final norm before the output head on the rank's tokens: ``s/cp`` positions,

@@ -34,7 +34,9 @@ The accumulation of that gradient (the embedding is no linear, so
 gradient buffer, :func:`.wgrad.hook_accumulate_bytes` less the fresh write counted above
 (Megatron-Core core_r0.8.0 baf94af3 ``megatron/core/distributed/distributed_data_parallel.py``
 line 224, ``param.main_grad.add_(param.grad.data)``: read ``d``, read and write the fp32
-``main_grad``). With tied embeddings on a rank that also holds the output layer (PP = 1,
+``main_grad``); none where FSDP2 reduce-scatters every micro-batch's gradient straight from
+autograd's (:func:`.fsdp.reduces_every_microbatch`; its passes are :mod:`.fsdp2_passes`'s).
+With tied embeddings on a rank that also holds the output layer (PP = 1,
 ``share_embeddings_and_output_weights``), both gradients reach one parameter: autograd sums
 them before its hook (one ``V_local·h`` add, ``3·d`` bytes an element), and
 
@@ -69,7 +71,8 @@ _ACC_BYTES = 4
 
 @lru_cache(maxsize=256, typed=True)
 def embedding_backward_op(tokens: float, rows: float, hidden: int, dt: int, gdt: int,
-                          dtype: str, sw: Any, vocab_shards: int, tied_head: bool) -> Compute:
+                          dtype: str, sw: Any, vocab_shards: int, tied_head: bool,
+                          accumulates: bool = True) -> Compute:
     """The input embedding's backward on one rank (module docstring): ``bwd.embedding``,
     one memory kernel per pass.
 
@@ -92,6 +95,9 @@ def embedding_backward_op(tokens: float, rows: float, hidden: int, dt: int, gdt:
         ranks the vocabulary is split over with Megatron's mask (TP), 1 for none.
     tied_head : bool
         whether the same rank's output layer shares the weight (tied, PP = 1).
+    accumulates : bool
+        whether the stack adds the gradient into a buffer; not where FSDP2 reduce-scatters
+        every micro-batch's gradient from autograd's own (:func:`.fsdp.reduces_every_microbatch`).
 
     Returns
     -------
@@ -112,7 +118,7 @@ def embedding_backward_op(tokens: float, rows: float, hidden: int, dt: int, gdt:
         if fused:
             passes.append(rows * row)                   # the head's zero-filled dummy
         passes.append(3 * rows * row)                   # autograd sums the two gradients
-    if fused or not tied_head:
+    if accumulates and (fused or not tied_head):
         passes.append(rows * hidden * (hook_accumulate_bytes(sw, dt, gdt) - dt))
     kernels = tuple(Kernel("memory", bytes=float(x), dtype=dtype) for x in passes)
     return Compute("bwd.embedding", 0.0, float(sum(passes)), kind="elementwise", dtype=dtype,

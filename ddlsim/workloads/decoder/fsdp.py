@@ -28,12 +28,11 @@ reduce-scatters each layer's gradients (and the stage's edge parameters', one mo
 collective) on ``dp`` after the last backward, exposed, then steps the optimizer on the
 shard.
 
-**Copy passes** (``zero3_copy_out``, FSDP2): each gathered unit's parameters are copied
-out of the all-gather buffer on the compute stream (``foreach_all_gather_copy_out`` in
-``FSDPParamGroup.wait_for_unshard``: read + write of the unit's 16-bit parameters), and each
-unit's gradients are copied into the reduce-scatter input with ``torch._chunk_cat``, cast to
-the reduce dtype, on the reduce-scatter stream (``foreach_reduce``: read 16-bit, write the
-reduce dtype's bytes) before the collective.
+**Copy passes** (``zero3_copy_out``, FSDP2): the casts and copies around each unshard and
+the ``chunk_cat`` and copies around each reduce-scatter, as torch's code makes them, at every
+shard-group size, one rank included (:mod:`.fsdp2_passes`: no collective at one rank, the
+passes still run). FSDP2 reduce-scatters every micro-batch's gradients without pipelining, so
+no unsharded accumulation pass runs (:func:`reduces_every_microbatch`).
 
 **Float8 all-gather** (``enable_fsdp_float8_all_gather``, torchao's, :mod:`.fsdp_float8`):
 the float8 linears' weights are gathered at 1 byte per element, each gather after the cast of
@@ -52,7 +51,7 @@ from ..trace import Block, Collective, Compute, Loop, Op, P2P, Wait
 from . import fsdp_float8, param_gather
 
 __all__ = ["one_layer", "layer_units", "fsdp_unit", "kept_in_backward", "per_iteration",
-           "check_fsdp",
+           "at_one_rank", "reduces_every_microbatch", "check_fsdp",
            "pipeline_prologue", "with_stage_reduce_scatters", "with_float8_precompute",
            "reshard_phrase", "vector_refusal"]
 
@@ -123,17 +122,54 @@ def fsdp_unit(b: Any, ops: list, params: float, gather: bool, reduce: bool,
 def _with_grads(b: Any, unit: Any, shards: list, backward: bool) -> Any:
     """``unit`` with, in the backward, its ``shards``' (group, 16-bit bytes) gradients
     reduce-scattered in the reduce dtype (and all-reduced over HSDP's replicas), and FSDP2's
-    copy passes (module docstring) over what it gathers and reduces."""
+    passes (:mod:`.fsdp2_passes`) over what it gathers and reduces. A group of one rank
+    gathers and reduce-scatters nothing: FSDP2 casts and copies in its place."""
     if backward:
-        unit.reduces = [(g, x * b.gdt / b.dt) for g, x in shards]
+        unit.reduces = [(g, x * b.gdt / b.dt) for g, x in shards if _size(b, g) > 1]
         if b.plan.hsdp_replicas > 1:    # HSDP (.hsdp)
             from .hsdp import replica_reduces
             unit.replica_reduces = replica_reduces(unit.reduces, b.gdp)
-    if b.sw.zero3_copy_out:
-        params = sum(x for _, x in shards) / b.dt
-        unit.copy_out = 2 * sum(x for _, x in unit.gathers)
-        unit.reduce_passes = params * (b.dt + b.gdt) if backward else 0.0
+    if not b.sw.zero3_copy_out:
+        return unit
+    from .fsdp2_passes import reduce_passes, unshard_passes
+    gathered = {g for g, _ in unit.gathers}
+    for g, x in shards:
+        n = _size(b, g)
+        if g in gathered:
+            own = [y for h, y in unit.gathers if h == g]
+            passes = unshard_passes(x / b.dt, n, b.dt)
+            unit.copy_in += 0.0 if fsdp_float8.active(b.sw) else passes.copy_in
+            unit.cast += passes.cast
+            unit.copy_out += passes.copy_out if n == 1 else 2 * sum(own)  # float8: 1 byte
+        if backward:
+            grads = reduce_passes(x / b.dt, n, b.dt, b.gdt, b.plan.microbatches)
+            unit.chunk_cat += grads.chunk_cat
+            unit.after_reduce += grads.after
+    unit.gathers = [(g, x) for g, x in unit.gathers if _size(b, g) > 1]
     return unit
+
+
+def _size(b: Any, group: str) -> int:
+    """Ranks of FSDP's shard group ``group``: the gradient group's, or the experts' (``edp``)."""
+    return b.gdp if group == b.grad_group else b.plan.edp
+
+
+def at_one_rank(sw: Any, pp: int) -> bool:
+    """Whether stack ``sw`` runs FSDP's units on a shard group of one rank as it does on
+    more (FSDP2, ``zero3_copy_out``: ``fully_shard`` on a one-rank mesh still casts, copies
+    and chunk-cats, :mod:`.fsdp2_passes`), without pipelining (FSDP inside pipeline stages
+    on one rank is not modelled: such a plan builds no ZeRO-3 units)."""
+    return bool(sw.zero3_copy_out) and sw.zero3_gather == "per_layer" and pp == 1
+
+
+def reduces_every_microbatch(plan: Any) -> bool:
+    """Whether FSDP2 reduce-scatters each micro-batch's gradients of plan ``plan`` (ZeRO-3
+    under FSDP2 without pipelining: torchtitan's gradient accumulation leaves
+    ``set_requires_gradient_sync`` on), so that no pass adds a micro-batch's gradients into
+    unsharded ones (FSDP2's ``post_backward_accumulate`` then launches nothing; the sharded
+    add is :mod:`.fsdp2_passes`'s)."""
+    sw = plan.software
+    return plan.zero_stage == 3 and bool(sw.zero3_copy_out) and not per_iteration(sw, plan.pp)
 
 
 def _gathered(b: Any, elements: float) -> float:
@@ -269,8 +305,11 @@ def _with_contention(b: Any, moved: list, wait: int, new: list, p: int) -> tuple
 def with_stage_reduce_scatters(b: Any, update: Block, stage: int) -> Block:
     """``update`` with the stage's gradient reduce-scatters after its last backward: one per
     layer and one for the edge parameters (the first or last stage's embedding and head), on
-    ``dp`` before the update's wait for it, each after its ``chunk_cat`` pass (FSDP2), and
-    under HSDP each followed by its all-reduce over the replicas (:mod:`.hsdp`)."""
+    ``dp`` before the update's wait for it, each after its ``chunk_cat`` (FSDP2, on the
+    compute stream: of the gradients FSDP2 accumulated unsharded in the reduce dtype while
+    gradient sync was off, ``FSDPParam.to_accumulated_grad_if_needed``, so ``2g`` bytes a
+    parameter), and under HSDP each followed by its all-reduce over the replicas
+    (:mod:`.hsdp`)."""
     from .hsdp import replica_ops
     layer = sum(x for _, x in _shards(b)) / b.dt
     layers = sum(b.split[stage])
@@ -278,11 +317,13 @@ def with_stage_reduce_scatters(b: Any, update: Block, stage: int) -> Block:
     sizes = [layer] * layers + ([edge] if edge else [])
     rs: list[Op] = []
     for n in sizes:
-        if b.sw.zero3_copy_out:
-            rs.append(Op(Compute("zero3.reduce_passes", 0.0, n * (b.dt + b.gdt),
-                                 kind="elementwise", dtype=b.dtype), "dp", deps=(0,)))
+        deps = (0,)
+        if b.sw.zero3_copy_out:   # chunk_cat of the fp32 accumulated gradients (module doc)
+            from .fsdp2_passes import chunk_cat_op
+            rs.append(Op(chunk_cat_op(n * 2 * b.gdt, b.dtype), "compute", deps=(0,)))
+            deps = (len(rs),)
         rs.append(Op(Collective("grad.reduce_scatter", "reduce_scatter", b.grad_group,
-                                n * b.gdt), "dp", deps=(0,)))
+                                n * b.gdt), "dp", deps=deps))
         if b.plan.hsdp_replicas > 1:
             rs += replica_ops([n * b.gdt / b.gdp], (len(rs),))
     ops = list(update.ops)

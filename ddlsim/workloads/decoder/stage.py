@@ -74,7 +74,12 @@ class StageBase:
 
     def grad_accumulate_bytes(self, params: float) -> float:
         """Memory traffic of adding one micro-batch's weight gradients of ``params``
-        parameters into the accumulated gradients (:func:`.wgrad.accumulate_pass_bytes`)."""
+        parameters into the accumulated gradients (:func:`.wgrad.accumulate_pass_bytes`);
+        none where FSDP2 reduce-scatters every micro-batch's
+        (:func:`.fsdp.reduces_every_microbatch`)."""
+        from .fsdp import reduces_every_microbatch
+        if reduces_every_microbatch(self.plan):
+            return 0.0
         return params * accumulate_pass_bytes(self.sw, self.dt, self.gdt)
 
     # ---------------------------------------------------- provided by the builder and mixins

@@ -236,8 +236,20 @@ class _Unit:
     #: host seconds to issue the reduce-scatters that wait for its compute to end (DeepSpeed
     #: 2021's gradients over ``zero3_reduce_bucket_size``, :func:`.zero3_fetch.reduce_host_split`)
     host_reduce_after: float = 0.0
-    #: bytes of the compute stream's pass after the gathers (FSDP2's copy-out)
+    #: bytes of the compute stream's pass after the gathers (FSDP2's copy-out; at one rank
+    #: its cast and copy in their place, :mod:`.fsdp2_passes`)
     copy_out: float = 0.0
+    #: bytes of FSDP2's pass before the gathers (the shard's cast and copy-in), on its
+    #: copy-in stream (:data:`.zero3_pass.COPY_IN_STREAM`)
+    copy_in: float = 0.0
+    #: bytes of FSDP2's cast of the parameters at one rank, on the compute stream before the
+    #: copy-out
+    cast: float = 0.0
+    #: bytes of FSDP2's ``chunk_cat`` on the compute stream after the unit's backward
+    chunk_cat: float = 0.0
+    #: bytes of FSDP2's passes on ``dp`` after the reduce-scatters (or in their place at
+    #: one rank: :func:`.fsdp2_passes.reduce_passes`)
+    after_reduce: float = 0.0
     #: HSDP: (group, bytes) of the all-reduces over the replicas after the reduce-scatters
     replica_reduces: list = field(default_factory=list)
     #: ops on ``dp`` before its gathers, as a function of the first one's dependencies

@@ -16,7 +16,12 @@ if TYPE_CHECKING:
     from .builder import StageBuilder
     from .zero3 import _Unit
 
-__all__ = ["zero3_pass"]
+__all__ = ["zero3_pass", "COPY_IN_STREAM"]
+
+#: FSDP2's all-gather copy-in stream, beside the compute and the collectives (``FSDPCommContext
+#: .all_gather_copy_in_stream``: pytorch ``torch/distributed/fsdp/_fully_shard/
+#: _fsdp_param_group.py``, used by the forward's and the backward's unshards alike)
+COPY_IN_STREAM = "fsdp_copy_in"
 
 
 def zero3_pass(b: StageBuilder, head: list, units: list[_Unit], prefetch: int) -> list[Op]:
@@ -102,6 +107,8 @@ class _Pass:
         if u.pre_gather is not None:     # the casts before a float8 all-gather
             ops.extend(u.pre_gather(deps))
             deps = (len(ops) - 1,)
+        if u.copy_in and u.gathers:      # FSDP2's cast and copy-in of the shard, on its
+            deps = (self._elementwise("zero3.copy_in", u.copy_in, COPY_IN_STREAM, deps),)
         for group, n in u.gathers:
             ops.append(Op(Collective(f"param.all_gather{u.label}", "all_gather", group, n),
                           _stream(group), deps=deps))
@@ -126,7 +133,9 @@ class _Pass:
         gathers its GEMMs' contention with the collectives issued since ``ops[seen]``;
         returns what its first op waited for."""
         unit, ops = self.units[j], self.ops
-        if unit.copy_out and unit.gathers:
+        if unit.cast:         # FSDP2 at one rank: the cast, then the copy, no gather
+            waits = (self._elementwise("zero3.cast", unit.cast, "compute", waits),)
+        if unit.copy_out:     # after its gathers, or in their place at one rank
             waits = (self._elementwise("zero3.copy_out", unit.copy_out, "compute", waits),)
         beside_colls = _beside(ops, seen, own)
         ops += _unit_ops(unit.ops, len(ops), waits)
@@ -138,6 +147,9 @@ class _Pass:
         """The unit's gradient passes and reduce-scatters after its compute (the host's issue
         after ``host_deps``); returns (the op the next gathers follow, the reduce-scatters)."""
         ops = self.ops
+        if unit.chunk_cat:    # FSDP2's, next on the compute stream after the backward
+            from .fsdp2_passes import chunk_cat_op
+            ops.append(Op(chunk_cat_op(unit.chunk_cat, self.b.dtype), "compute"))
         last = dep = len(ops) - 1
         if unit.reduce_passes:
             dep = self._elementwise("zero3.reduce_passes", unit.reduce_passes,
@@ -161,6 +173,9 @@ class _Pass:
         if unit.replica_reduces:
             from .hsdp import replica_ops
             ops += replica_ops([n for _, n in unit.replica_reduces], tuple(rs))
+        if unit.after_reduce:   # FSDP2's copy, cast and add on the reduce-scatter stream
+            self._elementwise("zero3.after_reduce", unit.after_reduce, "dp",
+                              tuple(rs) or (dep,))
         return last, tuple(rs)
 
     def next_gathers(self, j: int, after: tuple[int, ...]) -> tuple[int, ...]:
