@@ -13,7 +13,7 @@ list with the same phase and shape (:func:`gemm_table`).
 
 It prints, per row, the measured kernels' summed and busy-share milliseconds beside ddlsim's;
 the measured rows without GEMMs by launching op; FSDP2's passes timed by their bytes at
-ddlsim's memory rate (:func:`fsdp2_passes`: ddlsim builds none of them at one rank); and per
+ddlsim's memory rate (:func:`fsdp2_passes`, beside ddlsim's own in the rows); and per
 GEMM the measured rate beside ddlsim's ``kernel_time`` of that shape and the isolated burst rate
 of the nearest shape in ``run1/kernels/gemm.csv`` (same GPU and session). ``--set`` changes
 ddlsim's config. Nothing is fitted.
@@ -48,6 +48,14 @@ SETS = ("model.num_hidden_layers=8", "parallel.data_parallel_size=1",
         "train.global_batch_size=1", "system.devices_per_node=1",
         "system.device.memory_bandwidth_Bps=4.8 TB/s",
         "system.software={stack: torchtitan-2025, kernels: {attention: cudnn}}")
+
+
+#: ddlsim's FSDP2 passes (``ddlsim/workloads/decoder/fsdp2_passes.py``) by the row of the
+#: kernels they stand for
+FSDP2_OPS = {"zero3.cast": "FSDP2 parameter cast fp32->bf16",
+             "zero3.copy_out": "FSDP2 unshard copy",
+             "zero3.chunk_cat": "FSDP2 chunk_cat bf16->fp32",
+             "zero3.after_reduce": "FSDP2 reduce copies"}
 
 
 def gemm_shape(weight: str, grad: str, model: dict, tokens: float) -> tuple[float, float, float]:
@@ -105,8 +113,8 @@ def _ddlsim_row(op_name: str, kernel) -> str:
         return "cross-entropy"
     if "final_norm" in op_name:
         return "final norm"
-    if "grad_accumulate" in op_name:        # its one gradient pass at one rank
-        return "FSDP2 chunk_cat bf16->fp32"
+    if op_name in FSDP2_OPS:
+        return FSDP2_OPS[op_name]
     if "embedding" in op_name:
         return "embedding"
     if op_name == "optimizer":
@@ -234,8 +242,8 @@ def fsdp2_passes(cfg) -> dict[str, float]:
     parameters (read 2, write 2: the ``zero3_copy_out`` pass, ``ddlsim/workloads/decoder/
     fsdp.py``); each unit's gradients cast into the fp32 reduce-scatter input once
     (``chunk_cat``: read 2, write 4, that module's ``reduce_passes``) and, on one rank, the
-    reduce-scatter a copy of that fp32 input (read 4, write 4). ddlsim builds none of them at
-    one rank."""
+    reduce-scatter a copy of that fp32 input (read 4, write 4): the bytes of ddlsim's own
+    (:data:`FSDP2_OPS`), all at the streaming rate."""
     from ddlsim.simulator.kernels import kernel_device, kernel_time
     from ddlsim.workloads.trace import Kernel
     dev, shape = kernel_device(cfg.system), cfg.model.shape()
@@ -267,8 +275,8 @@ def report(kernels: list[DeviceKernel], windows, cfg, burst_rows: list[dict],
     for r in rows:
         lines.append(f"{r['row']:34s} {r['n']:5d} {r['measured_ms']:9.2f} {r['busy_ms']:8.2f} "
                      f"{r['ddlsim_ms']:8.2f} {r['ddlsim_ms'] - r['measured_ms']:+11.2f}")
-    lines += ["ddlsim builds no FSDP2 pass at one rank; its 'chunk_cat' row holds its gradient "
-              "accumulation passes (bwd.grad_accumulate*), its only pass over the gradients", "",
+    lines += ["ddlsim's FSDP2 rows: its ops " + ", ".join(FSDP2_OPS) + " (workloads/decoder/"
+              "fsdp2_passes.py)", "",
               "measured by op (rows without GEMMs and attention; >= 0.05 ms):"]
     for r in op_breakdown(kernels, windows):
         if r["ms"] >= 0.05:

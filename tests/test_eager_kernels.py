@@ -122,6 +122,11 @@ def kb():
     return load_script("kernel_breakdown")
 
 
+#: element-wise classes a family's presets take from a trace's kernels, not from the fit:
+#: FSDP2's chunk_cat on the lent H200 (systems.yaml, the H100/H200 anchor)
+MEASURED_CLASSES = {"H100": {"chunk_cat"}}
+
+
 def test_presets_carry_the_fit(kb):
     # the systems.yaml figures are what --fit gives on the rows marked fit
     import ddlsim
@@ -132,8 +137,9 @@ def test_presets_carry_the_fit(kb):
         for preset in presets:
             cfg = ddlsim.load_config(str(example), [f"system.preset={preset}"])
             got = cfg.system.device.elementwise_efficiency
-            assert got.keys() == fitted.keys()
-            assert all(abs(got[c] - fitted[c]) <= 0.002 for c in got), (preset, got, fitted)
+            # beside the fit, the classes measured kernel by kernel in a trace (systems.yaml)
+            assert got.keys() == fitted.keys() | MEASURED_CLASSES.get(family, set())
+            assert all(abs(got[c] - fitted[c]) <= 0.002 for c in fitted), (preset, got, fitted)
     for preset in ("dgx1-v100", "dgx2-v100"):    # no published V100 table: no classes
         cfg = ddlsim.load_config(str(example), [f"system.preset={preset}", "train.dtype=fp16"])
         assert cfg.system.device.elementwise_efficiency is None

@@ -161,14 +161,18 @@ def test_ddlsim_rows_add_up_to_its_step_breakdown():
     assert gemm_rows == pytest.approx(out["GEMM"] + out["output head GEMM"], rel=1e-12)
     # per layer 7 forward, 3 recomputed, 14 backward; the head 1 + 2
     assert len(gemms) == 8 * 24 + 3
-    # the gradient accumulation passes (kernel-less ops: their op_time) stand beside chunk_cat
+    # ddlsim's FSDP2 passes at one rank (fsdp2_passes.py) fill the FSDP2 rows, each its ops'
     from ddlsim.api import build_workload
-    from ddlsim.simulator.kernels import kernel_device, op_time
+    from ddlsim.simulator.kernels import kernel_device, kernel_time, op_time
     prog, dev = build_workload(cfg).classes[0].program, kernel_device(cfg.system)
-    acc = sum(op_time(o.payload, dev) * o.repeat for st in prog.steps
-              for o in prog.blocks[st.block].flat.ops
-              if "grad_accumulate" in getattr(o.payload, "name", ""))
-    assert acc > 0 and rows["FSDP2 chunk_cat bf16->fp32"] == pytest.approx(acc, rel=1e-12)
+
+    def device_time(p):       # a row holds kernels' time (the launch gaps have their own)
+        return sum(kernel_time(k, dev) for k in p.kernels) if p.kernels else op_time(p, dev)
+    for name, row in kv.FSDP2_OPS.items():
+        t = sum(device_time(o.payload) * o.repeat for st in prog.steps
+                for o in prog.blocks[st.block].flat.ops
+                if getattr(o.payload, "name", "") == name)
+        assert t > 0 and rows[row] == pytest.approx(t, rel=1e-12), name
 
 
 def test_the_h200_step_as_counted():
