@@ -129,16 +129,18 @@ def test_a_small_batch_is_host_bound(engine):
 
 @pytest.mark.parametrize("batch", [128, 256])
 def test_a_device_bound_step_hardly_moves(batch, monkeypatch):
-    """The host runs ahead of the device: at batch 256 the host ops add 1.1 % (zero_grad's
-    per-parameter host work, 0.38 ms, issued after the GradScaler's wait with the device idle);
-    at 128 the host's lead drains, +6.3 %."""
+    """The host runs ahead of the device: at batch 256 the host ops add about 1 % (zero_grad's
+    per-parameter host work, issued after the GradScaler's wait with the device idle); at 128,
+    with the H200's measured launch figures (7.2 us a kernel on the host), the host's lead
+    drains and binds part of the step, +17 % (measured: 26.8 ms at 128, 14 % above half of
+    256's 47.0 ms)."""
     cfg = ddlsim.load_config(_cfg(batch))
     with_host = ddlsim.predict(cfg).iteration_time_s
     monkeypatch.setattr(build, "_host_seconds", lambda cfg: {})
     monkeypatch.setattr(build, "layer_host_s", lambda *a, **k: 0.0)
     without = ddlsim.predict(cfg).iteration_time_s
     assert with_host >= without
-    assert with_host / without - 1 < (0.015 if batch == 256 else 0.08)
+    assert with_host / without - 1 < (0.015 if batch == 256 else 0.20)
 
 
 def test_data_parallel_backward_keeps_its_buckets():
