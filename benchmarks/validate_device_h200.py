@@ -170,7 +170,7 @@ def summary(out: list[dict], engine: str) -> str:
         sub = [o for o in out if o["row"]["kind"] == kind]
         if sub:
             parts.append(f"{name}: " + rows_summary(sub, engine, _label))
-    return "\n".join(parts)
+    return "\n\n".join(parts)
 
 
 def main(argv: list[str] | None = None) -> int:
