@@ -34,21 +34,8 @@ Prints one line per measurement. Needs the torch extra; nothing is fitted.
 from __future__ import annotations
 
 import tempfile
-import time
 
 import torchbench as tb
-
-
-def _least_cpu(fn, reps: int, warmup: int = 3) -> float:
-    """Least process CPU time of ``fn()`` over ``reps`` calls, after ``warmup``, in seconds."""
-    for _ in range(warmup):
-        fn()
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.process_time()
-        fn()
-        best = min(best, time.process_time() - t0)
-    return best
 
 
 def _one_op(reps: int, calls: int = 2000) -> tuple[float, float]:
@@ -65,7 +52,7 @@ def _one_op(reps: int, calls: int = 2000) -> tuple[float, float]:
             for _ in range(calls):
                 x.add_(1.0)
         return run
-    return (_least_cpu(loop(plain), reps) / calls, _least_cpu(loop(dt), reps) / calls)
+    return (tb.least_cpu(loop(plain), reps, 3) / calls, tb.least_cpu(loop(dt), reps, 3) / calls)
 
 
 def _adam(n: int, sharded: bool, reps: int, foreach: bool = False) -> float:
@@ -85,7 +72,7 @@ def _adam(n: int, sharded: bool, reps: int, foreach: bool = False) -> float:
     for p in params:
         p.grad = tensor(1e-3)
     opt = torch.optim.Adam(params, lr=1e-3, foreach=foreach)
-    return _least_cpu(opt.step, reps)
+    return tb.least_cpu(opt.step, reps, 3)
 
 
 def _ops_per_tensor(shape) -> float:

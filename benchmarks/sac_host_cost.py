@@ -39,9 +39,10 @@ import gzip
 import json
 import statistics
 import sys
-import time
 from collections import defaultdict
 from pathlib import Path
+
+import torchbench as tb
 
 DATA = Path(__file__).parent / "data" / "device_h200_2026-11-30"
 TRACES = (DATA / "run4" / "llama_s2048" / "llama_step_trace.json.gz",
@@ -161,13 +162,7 @@ def cpu_mechanism(calls: int = 2000, reps: int = 20) -> None:
             x = torch.add(x, c)
 
     def least(fn) -> float:
-        fn()
-        best = float("inf")
-        for _ in range(reps):
-            t0 = time.process_time()
-            fn()
-            best = min(best, time.process_time() - t0)
-        return best / calls
+        return tb.least_cpu(fn, reps) / calls
 
     plain = least(chain)
     fwd_ctx, _ = create_selective_checkpoint_contexts(

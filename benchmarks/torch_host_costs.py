@@ -33,17 +33,6 @@ from collections import Counter
 import torchbench as tb
 
 
-def _least(fn, reps: int) -> float:
-    """Least process CPU seconds of ``fn()`` over ``reps`` calls, after one untimed call."""
-    fn()
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.process_time()
-        fn()
-        best = min(best, time.process_time() - t0)
-    return best
-
-
 def bare_op_s(reps: int, calls: int = 500) -> float:
     """CPU seconds per ``torch.add`` of two 1-element tensors (no autograd)."""
     import torch
@@ -52,7 +41,7 @@ def bare_op_s(reps: int, calls: int = 500) -> float:
     def loop() -> None:
         for _ in range(calls):
             torch.add(a, b)
-    return _least(loop, reps) / calls
+    return tb.least_cpu(loop, reps) / calls
 
 
 def autograd_op_s(reps: int, chain: int) -> tuple[float, float]:

@@ -1,5 +1,5 @@
 """What the torch loop's microbenchmarks share: their command line, the reference model, the
-FSDP2 step on Gloo, and counting the ATen ops a call runs.
+FSDP2 step on Gloo, counting the ATen ops a call runs, and the least CPU time of a call.
 
 ``torch_ddp_one_rank.py``, ``torch_fsdp_faults.py``, ``torch_fsdp_step.py``,
 ``torch_host_costs.py``, ``torch_loop_ops.py`` and ``dtensor_dispatch.py`` measure one cost
@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections import Counter
 from typing import Callable
 
@@ -128,3 +129,16 @@ def iteration(model, idx, tgt, opt, phase: list) -> None:
     opt.step()
     phase[0] = "zero_grad"
     opt.zero_grad(set_to_none=False)
+
+
+def least_cpu(fn: Callable[[], object], reps: int, warmup: int = 1) -> float:
+    """Least process CPU seconds of ``fn()`` over ``reps`` calls, after ``warmup`` untimed
+    calls (the least: the call with the fewest interruptions from other work)."""
+    for _ in range(warmup):
+        fn()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.process_time()
+        fn()
+        best = min(best, time.process_time() - t0)
+    return best
