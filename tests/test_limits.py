@@ -215,3 +215,18 @@ def test_trace_ops_count_loops_as_the_ops_they_unroll_to():
     per_class, per_rank = trace_ops(wl)
     assert per_class == 2 * (1 + 2 * 10**9 * 2)
     assert per_rank == 2 * per_class
+
+
+def test_tiny_gradient_buckets_on_a_large_model_are_refused_before_memory_runs_out():
+    """Each DDP pass over each bucket is one kernel: a 1 KiB bucket on DeepSeek-V3 would list
+    millions (fuzz seed 21 case 193 ran out of memory building them)."""
+    cfg = {"model": {"preset": "deepseek-v3"},
+           "parallel": {"pipeline_model_parallel_size": 16, "num_layers_in_last_pipeline_stage": 1,
+                        "expert_model_parallel_size": 64, "zero_stage": 1,
+                        "moe": {"token_dispatcher_type": "alltoall", "grouped_gemm": True},
+                        "grad_bucket_size": "1 KiB", "overlap_grad_reduce": True},
+           "train": {"micro_batch_size": 1, "global_batch_size": 15360, "seq_length": 4096,
+                     "dtype": "fp8"},
+           "system": {"preset": "dgx-h100", "nodes": 128}}
+    with pytest.raises(WorkTooLargeError, match="grad_bucket_size.*larger buckets"):
+        ddlsim.predict(cfg)

@@ -243,6 +243,7 @@ class GradSyncOps(StageBase):
         nbytes = sum(o.payload.bytes * o.repeat for o in bucket_ops)
         ops: list[Op] = []
         if n and nbytes:
+            _refuse_kernel_flood(n * count, nbytes / max(count, 1))
             kernels = tuple(Kernel("memory", bytes=o.payload.bytes, dtype="fp32")
                             for o in bucket_ops for _ in range(n * o.repeat))
             ops.append(Op(Compute("grad.bucket_passes", 0.0, n * nbytes, kind="elementwise",
@@ -312,3 +313,18 @@ class GradSyncOps(StageBase):
         name = f"grad.expert.{op}" if group == "edp" else f"grad.{op}"
         stream = "dp" if group == "dp_cp" else group
         return [Op(Collective(name, op, group, grad_bytes / n), stream=stream, repeat=n)]
+
+
+def _refuse_kernel_flood(kernels: int, bucket_bytes: float) -> None:
+    """Refuse a run whose buckets' passes would list more kernels than a trace holds ops
+    (:attr:`ddlsim.limits.Limits.trace_ops`): each pass over each bucket is one kernel, so a
+    tiny ``parallel.grad_bucket_size`` on a large model would fill the memory before the
+    work budget sees the trace."""
+    from ...errors import WorkTooLargeError
+    from ...limits import Limits
+    cap = Limits().trace_ops
+    if kernels > cap:
+        raise WorkTooLargeError(
+            f"parallel.grad_bucket_size: buckets of {bucket_bytes:,.0f} B make {kernels:,} bucket "
+            f"pass kernels a run, over the {cap:,} ops a trace may hold; use larger buckets "
+            f"(PyTorch DDP's default is 25 MiB)")
