@@ -120,6 +120,9 @@ class DecoderVectors:
         wrap = net.wrap_alpha_s[mi] + pieces.p2p_bytes * net.wrap_s_per_byte[mi]
         # the hops each stage receives over (.netcost._stage_hops' rows)
         hops = net.stage_alpha_s[mi] + pieces.p2p_bytes[:, None, None] * net.stage_s_per_byte[mi]
+        # Megatron turns overlap_p2p_comm off without the interleaved schedule
+        blocking = (v == 1) | (not ctx.cfg.software.overlap_p2p_comm)
+        each = _hops_in_order(net, mi, pieces.p2p_bytes, (v > 1) & blocking)
         ctas = nccl_ctas(ctx.cfg, net, mi)
         first_params = self.stage_params(ctx, plans, True)
         upd_f, upd_l, tail_f, tail_l = self._updates(ctx, plans, pieces, coll, ctas, lc, emb,
@@ -127,11 +130,9 @@ class DecoderVectors:
         whole = zero3_seconds(ctx, plans, (emb, pieces.fwd, pieces.head_f, pieces.head_b,
                                            pieces.bwd, pieces.emb_b1), coll, first_params,
                               (pieces.fwd_gemm, pieces.bwd_gemm, ctas))
-        # Megatron turns overlap_p2p_comm off without the interleaved schedule
-        blocking = (v == 1) | (not ctx.cfg.software.overlap_p2p_comm)
         return StageCosts(*blocks, lc * pieces.bwd + pieces.gather, p2p, wrap, tail_f, tail_l,
                           upd_f, upd_l, whole, blocking, self._tied_sync(ctx, plans, coll),
-                          hops)
+                          hops, lc * pieces.fwd + pieces.gather, each)
 
     def _updates(self, ctx: _Context, plans, pieces, coll, ctas, lc, emb, first_params):
         """(first stage's update block, last stage's, first stage's data-parallel tail,
@@ -449,6 +450,19 @@ def _stage_blocks(plans, pieces, lc, emb) -> tuple[np.ndarray, ...]:
     fwd_mid = np.where(mid, F + v * gather, fwd_first)
     bwd_mid = np.where(mid, B + v * gather, bwd_first)
     return fwd_first, fwd_mid, fwd_last, bwd_first, bwd_mid, bwd_last
+
+
+def _hops_in_order(net, mi, nbytes, where) -> np.ndarray | None:
+    """Seconds of each hop s → s + 1 in order (``StageCosts.stage_hop_s``) of the plans
+    ``where`` (the interleaved schedule with blocking P2P, the one use), 0 elsewhere; None
+    when no plan needs them."""
+    rows = np.flatnonzero(where)
+    if not len(rows):
+        return None
+    out = np.zeros((len(mi), net.each_alpha_s.shape[1]))
+    out[rows] = (net.each_alpha_s[mi[rows]]
+                 + nbytes[rows, None] * net.each_s_per_byte[mi[rows]])
+    return out
 
 
 def _on_meshes(op: str, family: str, nbytes: np.ndarray, mesh_index: np.ndarray, net,

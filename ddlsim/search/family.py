@@ -48,6 +48,11 @@ class StageCosts(NamedTuple):
     middle stage's after them, −inf where none (None: every hop ``p2p_s / (PP − 1)``).
     Where they differ (a hop leaving its node), a stage waits for its own
     (:func:`.pipeline.iteration_time`).
+    ``fwd_chunk``: None, or one chunk's forward on a middle stage (the interleaved schedule's
+    step, :func:`.pipeline.interleaved_ends`; None: ``fwd_mid / v``, which PP 2 lacks).
+    ``stage_hop_s``: None, or the seconds of each hop s → s + 1 in order, shape (plans,
+    max PP − 1), 0 past a plan's last (None: every hop ``p2p_s / (PP − 1)``); the interleaved
+    schedule's fill and drain under blocking P2P take each stage's own receive.
     """
 
     fwd_first: np.ndarray
@@ -67,6 +72,8 @@ class StageCosts(NamedTuple):
     blocking: np.ndarray | bool = False
     tied_sync: np.ndarray | float = 0.0
     stage_hops: np.ndarray | None = None
+    fwd_chunk: np.ndarray | None = None
+    stage_hop_s: np.ndarray | None = None
 
 
 class VectorFamily(Protocol):

@@ -84,7 +84,9 @@ class MeshNets(NamedTuple):
     ``wrap_s_per_byte`` for the hop from the last stage back to the first (the interleaved
     schedule's chunk boundary); ``stage_alpha_s`` and ``stage_s_per_byte``, shape (meshes,
     k, 2): the same parts of the hops each stage receives over (a hop that leaves its node
-    costs more than one inside it), as :func:`_stage_hops` rows them."""
+    costs more than one inside it), as :func:`_stage_hops` rows them; ``each_alpha_s`` and
+    ``each_s_per_byte``, shape (meshes, max PP − 1): the same parts of each hop s → s + 1 in
+    order (0 past a mesh's last hop)."""
 
     nets: list[dict[str, GroupNet]]
     hop_alpha_s: np.ndarray
@@ -95,6 +97,8 @@ class MeshNets(NamedTuple):
     stage_s_per_byte: np.ndarray
     #: the system's collective backend, :attr:`CostModel.comm_backend`
     backend: str = "mpi"
+    each_alpha_s: np.ndarray | None = None
+    each_s_per_byte: np.ndarray | None = None
 
 
 def mesh_networks(cfg, meshes: np.ndarray) -> MeshNets:
@@ -119,6 +123,7 @@ def mesh_networks(cfg, meshes: np.ndarray) -> MeshNets:
     nets: list[dict[str, GroupNet]] = [{} for _ in rows]
     hops, wraps, backend = np.zeros((len(rows), 2)), np.zeros((len(rows), 2)), "mpi"
     stage_rows: list[np.ndarray] = [np.empty((0, 2, 2))] * len(rows)
+    each = np.zeros((len(rows), max(max(pp for _, pp, _ in rows) - 1, 1), 2))
     system_key = cfg.system.model_dump_json()
     by_world: dict[int, list[int]] = {}
     for i, (tp, pp, dp) in enumerate(rows):
@@ -147,6 +152,7 @@ def mesh_networks(cfg, meshes: np.ndarray) -> MeshNets:
                        if f"{name}{i}" in groups}
             parts = _hop_parts(cost, f"pp{i}", stages[i])
             hops[i], stage_rows[i] = _hops(parts), _stage_hops(parts)
+            each[i, :len(parts)] = parts
             if rows[i][1] > 1:
                 wraps[i] = _hops(_hop_parts(cost, f"pp{i}", stages[i][[-1, 0]]))
     k = max(len(r) for r in stage_rows)
@@ -155,7 +161,7 @@ def mesh_networks(cfg, meshes: np.ndarray) -> MeshNets:
     for i, r in enumerate(stage_rows):
         staged[i, :len(r)] = r
     return MeshNets(nets, hops[:, 0], hops[:, 1], wraps[:, 0], wraps[:, 1], staged[..., 0],
-                    staged[..., 1], backend)
+                    staged[..., 1], backend, each[..., 0], each[..., 1])
 
 
 def _families(mesh) -> dict:

@@ -3,26 +3,25 @@
 With per-micro-batch stage times ``t_s`` (forward + backward over the stage's ``v`` chunks),
 ``m`` micro-batches and ``p`` stages, the last backward of stage 0 ends at
 
-    T_pipe = (m − 1)·λ + (Σ_s t_s + (v − 1)·λ) / v + 2·(v·P2P + (v − 1)·wrap),
+    T_pipe = (m − 1)·λ + Σ_s t_s + 2·P2P,
     λ = max(max_s t_s, t_mid + 2·hop)  (1F1B, p ≥ 3; λ = max_s t_s otherwise)
 
-(1F1B: ``v = 1``; interleaved 1F1B: ``v`` chunks; GPipe: the forwards and the backwards each
-as a 1F1B pipeline of their own), where ``P2P`` is the point-to-point time summed over the
-``p − 1`` hops ``h_s`` (stage s → s + 1) and ``wrap`` the hop from the last stage back to the
-first: filling and draining, a micro-batch crosses all ``p·v − 1`` boundaries of the virtual
-stages. With blocking P2P a stage's period gains the hops it receives over, its own:
+(1F1B; GPipe: the forwards and the backwards each as a 1F1B pipeline of their own;
+interleaved 1F1B, ``v`` chunks per stage: :func:`interleaved_ends` instead), where
+``P2P`` is the point-to-point time summed over the ``p − 1`` hops ``h_s`` (stage s → s + 1)
+and ``wrap`` the hop from the last stage back to the first. With blocking P2P a stage's
+period gains the hops it receives over, its own:
 
     λ = max(t_0 + v·h_0 + (v − 1)·wrap, t_{p−1} + v·h_{p−2} + (v − 1)·wrap,
             t_mid + v·max_s (h_{s−1} + h_s)).
 
 The iteration ends when the slowest of the first and last stages has run its data-parallel
 tail and its update; the last stage's last backward ends a drain before stage 0's (the last
-gradient crosses every hop and runs each earlier stage's chunk-0 backward: ``b_chunk`` on a
-middle stage, ``b_0 − (v − 1)·b_chunk`` on the first, where ``b_0``, its backward over its
-chunks, also holds the embedding's):
+gradient crosses every hop and runs each earlier stage's backward: ``b_chunk`` on a middle
+stage, ``b_0`` on the first, which also holds the embedding's):
 
     T = max(T_pipe + tail_0 + update_0, T_pipe − drain + tail_{p−1} + update_{p−1}),
-    drain = (p − 2)·b_chunk + (b_0 − (v − 1)·b_chunk) + P2P.
+    drain = (p − 2)·b_chunk + b_0 + P2P.
 
 docs/engines.md ("The search tier's closed forms") states when each term is exact.
 """
@@ -35,7 +34,8 @@ import numpy as np
 
 from .plans import SCHEDULE
 
-__all__ = ["flow_shop_tail", "flow_shop_last", "earlier_chunks", "iteration_time"]
+__all__ = ["flow_shop_tail", "flow_shop_last", "earlier_chunks", "iteration_time",
+           "interleaved_ends"]
 
 
 def flow_shop_tail(layers, segments, layer_s, comm_s, backlog=None, extra=None) -> np.ndarray:
@@ -124,11 +124,13 @@ def iteration_time(costs, plans) -> np.ndarray:
     hop = c.p2p_s / np.maximum(pp - 1, 1)
     own = _own_hops(c, pp, hop)
 
-    def pipe(first, mid, last, chunks, stream=0.0, first_extra=0.0, last_extra=0.0):
+    def slowest(first, mid, last, stream=0.0, first_extra=0.0, last_extra=0.0):
+        return np.maximum(np.maximum(first + first_extra, last + last_extra),
+                          np.where(pp >= 3, mid + stream, first + first_extra))
+
+    def pipe(first, mid, last, *waits):
         total = np.where(pp == 1, first, first + middle * mid + last)
-        worst = np.maximum(np.maximum(first + first_extra, last + last_extra),
-                           np.where(pp >= 3, mid + stream, first + first_extra))
-        return (m - 1) * worst + (total + (chunks - 1) * worst) / chunks
+        return (m - 1) * slowest(first, mid, last, *waits) + total
 
     # per micro-batch, a stage's steady-state period gains the transfers it waits for:
     # overlapped P2P, a 1F1B middle stage's activation send and gradient receive queue on
@@ -140,22 +142,28 @@ def iteration_time(costs, plans) -> np.ndarray:
     stream = np.where(blocking, v * own.mid, np.where(v == 1, 2 * hop, 0.0))
     edge_first = np.where(blocking, v * own.first + (v - 1) * wrap, 0.0)
     edge_last = np.where(blocking, v * own.last + (v - 1) * wrap, 0.0)
-    one_f_one_b = pipe(c.fwd_first + c.bwd_first, c.fwd_mid + c.bwd_mid,
-                       c.fwd_last + c.bwd_last, v, stream, edge_first, edge_last)
+    stages = (c.fwd_first + c.bwd_first, c.fwd_mid + c.bwd_mid, c.fwd_last + c.bwd_last)
+    one_f_one_b = pipe(*stages, stream, edge_first, edge_last)
     # GPipe: the forwards wait for activations (not the first stage's), the backwards for
     # gradients (not the last stage's), each over the hop it arrives by
-    split = (pipe(c.fwd_first, c.fwd_mid, c.fwd_last, 1, np.where(blocking, own.mid_in, 0.0),
+    split = (pipe(c.fwd_first, c.fwd_mid, c.fwd_last, np.where(blocking, own.mid_in, 0.0),
                   0.0, np.where(blocking, own.last, 0.0))
-             + pipe(c.bwd_first, c.bwd_mid, c.bwd_last, 1, np.where(blocking, own.mid_out, 0.0),
+             + pipe(c.bwd_first, c.bwd_mid, c.bwd_last, np.where(blocking, own.mid_out, 0.0),
                     np.where(blocking, own.first, 0.0), 0.0))
-    t_pipe = np.where(gpipe, split, one_f_one_b) + 2 * (v * c.p2p_s + (v - 1) * c.wrap_s)
-    first = t_pipe + c.tail_first
+    t_pipe = np.where(gpipe, split, one_f_one_b) + 2 * c.p2p_s
     # the last micro-batch's gradient leaves the last stage's last backward, crosses every
-    # hop and runs each earlier stage's chunk-0 backward: a middle stage's b_chunk, and the
-    # first stage's own (its backward less its other v − 1 chunks: b_chunk plus what only
-    # the first stage runs there, the embedding's backward)
-    drain = (pp - 2) * c.bwd_chunk + (c.bwd_first - (v - 1) * c.bwd_chunk) + c.p2p_s
-    last = t_pipe - np.where(pp > 1, drain, 0.0) + c.tail_last
+    # hop and runs each earlier stage's backward: a middle stage's b_chunk, and the first
+    # stage's own (b_chunk plus what only the first stage runs there, the embedding's)
+    drain = (pp - 2) * c.bwd_chunk + c.bwd_first + c.p2p_s
+    t_last = t_pipe - np.where(pp > 1, drain, 0.0)
+    chunked = (v > 1) & ~gpipe & (pp > 1)
+    if chunked.any():   # interleaved 1F1B: the critical path through the last stage
+        period = slowest(*stages, stream, edge_first, edge_last)
+        ends = interleaved_ends(c, pp, np.where(chunked, v, 2), m, period,
+                                blocking & chunked, hop)
+        t_pipe, t_last = (np.where(chunked, e, t) for e, t in zip(ends, (t_pipe, t_last)))
+    first = t_pipe + c.tail_first
+    last = t_last + c.tail_last
     # a collective between the first and last stages before their updates (what runs before
     # it is in the tails): both wait there for the later one
     sync = np.broadcast_to(c.tied_sync, pp.shape)
@@ -164,6 +172,148 @@ def iteration_time(costs, plans) -> np.ndarray:
     last = np.where(sync > 0, met, last) + c.update_last
     t = np.maximum(first, last)
     return np.where(np.isnan(c.whole), t, c.whole)
+
+
+def interleaved_ends(c, pp, v, m, period, blocking, hop) -> tuple[np.ndarray, np.ndarray]:
+    """(stage 0's, the last stage's) end of its last backward under Megatron's interleaved
+    1F1B (``v > 1``), per plan, in seconds.
+
+    The critical path runs through the last stage (it holds the head): the fill up to its
+    first forward of chunk ``v − 1``, then everything it runs up to its last backward of
+    chunk ``v − 1`` at the period ``λ`` (``period``), then the drain down to the stage's
+    own last backward. Megatron's warm-up (``2(p − s − 1) + (v − 1)p`` forwards on stage
+    s) makes every stage run the first group's ``p`` micro-batches chunk by chunk: the fill
+    is a longest path over the ``p·v`` virtual stages on which a stage may run its chunk for
+    the whole group (``p`` ops) before the group moves on (:func:`_longest_paths`), so the
+    embedding's forward or a stage's slow receive counts up to ``p`` times; the drain
+    likewise over the last group's backwards. In between, the last stage runs ``m·λ`` less
+    its warm-up and cooldown (``p(v − 1)`` forwards and backwards of its other chunks) and
+    that first forward. With overlapped P2P (a transfer delays the op it feeds only) the
+    paths have a closed form (:func:`_overlapped_ends`); with blocking P2P (the receive
+    posted after the compute before it: part of the op) each stage's own receive counts.
+
+    Parameters
+    ----------
+    c : StageCosts
+        The plans' costs (:class:`~.family.StageCosts`); ``stage_hop_s`` (each hop s → s + 1
+        in order) or, without it, every hop ``hop``.
+    pp, v, m : numpy.ndarray
+        Stages (> 1), chunks per stage (> 1) and micro-batches per plan.
+    period : numpy.ndarray
+        Seconds per micro-batch of the slowest stage, the transfers it waits for included.
+    blocking : numpy.ndarray
+        Blocking P2P, per plan.
+    hop : numpy.ndarray
+        The mean hop's seconds (``p2p_s / (pp − 1)``), used without ``stage_hop_s``.
+
+    Returns
+    -------
+    tuple of numpy.ndarray
+        Seconds from the start of the pipeline to stage 0's and to the last stage's end of
+        their last backward, per plan.
+
+    References
+    ----------
+    NVIDIA/Megatron-LM ``megatron/core/pipeline_parallel/schedules.py``
+    (``forward_backward_pipelining_with_interleaving``: warm-up micro-batches
+    ``(p − s − 1)·2 + (v − 1)·p``, chunk order), as :func:`ddlsim.workloads.schedules.
+    schedule` lays it out; tested against the exact engine and against the schedule run op
+    by op in ``tests/search/test_interleaved_exact.py``.
+    """
+    # a chunk's forward and backward on a middle stage, and what stage 0's chunk 0 (the
+    # embedding) and the last stage's chunk v − 1 (the head) run beyond them
+    f_c = np.where(pp >= 3, c.fwd_mid / v, c.fwd_mid / v if c.fwd_chunk is None else c.fwd_chunk)
+    b_c = np.where(pp >= 3, c.bwd_mid / v, c.bwd_chunk)
+    extra = (c.fwd_first - v * f_c, c.bwd_first - v * b_c, c.fwd_last - v * f_c,
+             c.bwd_last - v * b_c)
+    first, last = _overlapped_ends(c, pp, v, m, period, f_c, b_c, extra)
+    chunked = np.flatnonzero(blocking)
+    if len(chunked):
+        hops = None if c.stage_hop_s is None else c.stage_hop_s[chunked]
+        first, last = first.copy(), last.copy()
+        first[chunked], last[chunked] = _blocking_ends(
+            pp[chunked], v[chunked], m[chunked], period[chunked], f_c[chunked], b_c[chunked],
+            [x[chunked] for x in extra], hops, c.wrap_s[chunked], hop[chunked])
+    return first, last
+
+
+def _overlapped_ends(c, pp, v, m, period, f_c, b_c, extra):
+    """:func:`interleaved_ends` with overlapped P2P: the longest paths in closed form. Every
+    chunk the path crosses costs its hops' sum ``P2P`` and the wrap; running a stage's chunk
+    for the whole group skips ``p − 1`` virtual stages (one ring: ``P2P + wrap``) and pays
+    that stage's chunk ``p − 1`` times more, which gains only on stage 0's chunk 0, slower
+    by the embedding (``E_f``, ``E_b``):
+
+        fill    = p·v·f_c + H_f + (v − 1)·P2P + (v − 2)·wrap + max(p·E_f, E_f + P2P + wrap)
+        drain_0 = (p·v − 1)·b_c + (v − 1)·P2P + (v − 2)·wrap + max(p·E_b, E_b + P2P + wrap)
+        drain_{p−1} = (v − 1)·(p·b_c + P2P + wrap)
+    """
+    e_f, e_b, h_f, _ = extra
+    ring = c.p2p_s + c.wrap_s
+    crossed = (v - 1) * c.p2p_s + (v - 2) * c.wrap_s
+    fill = pp * v * f_c + h_f + crossed + np.maximum(pp * e_f, e_f + ring)
+    busy = m * period - pp * (v - 1) * (f_c + b_c) - (f_c + h_f)
+    drain = (pp * v - 1) * b_c + crossed + np.maximum(pp * e_b, e_b + ring)
+    return fill + busy + drain, fill + busy + (v - 1) * (pp * b_c + ring)
+
+
+def _blocking_ends(pp, v, m, period, f_c, b_c, extra, hops, wrap, hop):
+    """:func:`interleaved_ends` with blocking P2P: a node of the chain of virtual stages
+    costs its chunk's time plus the receive before it (forwards over the hop before the
+    stage, the wrap into stage 0; backwards over the hop after it, the wrap into the last
+    stage), edges cost nothing; the paths by :func:`_longest_paths`."""
+    e_f, e_b, h_f, h_b = extra
+    n, width = len(pp), int(np.max(v * pp)) + int(np.max(pp)) + 1
+    ring = np.zeros((width, n))   # hop s → s + 1 in row s, the wrap in row pp − 1
+    ring[:] = hop if hops is None else 0.0
+    if hops is not None:
+        ring[:hops.shape[1]] = hops.T
+    cols = np.arange(n)
+    ring[pp - 1, cols] = wrap
+    k, P = np.arange(width)[:, None], pp[None, :]
+    end = v[None, :] * P - 1                   # the chain's last node
+    s_fwd, s_bwd = k % P, P - 1 - k % P        # the stage of node k, forwards and backwards
+    into_f = np.where(k == 0, 0.0, np.take_along_axis(ring, (s_fwd - 1) % P, axis=0))
+    into_b = np.where(k == 0, 0.0, np.take_along_axis(ring, s_bwd, axis=0))
+    w_f = f_c + into_f + np.where(k == 0, e_f, 0.0) + np.where(k == end, h_f, 0.0)
+    w_b = b_c + into_b + np.where(k == end, e_b, 0.0) + np.where(k == 0, h_b, 0.0)
+    fill_low, _ = _longest_paths(w_f, pp, start_high=False)
+    head = w_f[end[0], cols]
+    fill = fill_low[end[0], cols] + head
+    busy = m * period - pp * (v - 1) * (f_c + b_c + ring[pp - 2, cols] + wrap) - head
+    low, high = _longest_paths(w_b, pp, start_high=True)
+    # the drain's end at a node with its group done: carried there, or landed by a
+    # reset and run the whole group there
+    done = np.maximum(high + w_b, low + pp * w_b)
+    return fill + busy + done[end[0], cols], fill + busy + done[(v - 1) * pp, cols]
+
+
+def _longest_paths(w, pp, start_high: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Longest paths over a chain of virtual stages each running one group of ``p``
+    identical micro-batches in order (node k: ``w[k]`` seconds per micro-batch, one column
+    per plan; edges cost nothing). A path at micro-batch j of the group moves to node k + 1
+    with the same micro-batch, runs on at node k to micro-batch p − 1 ((p − 1)·w more: the
+    node's whole group), or from micro-batch p − 1 goes on at node k + p with micro-batch 0
+    (the same stage's next chunk).
+
+    Returns (at j = 0, at j = p − 1): the longest path's seconds on reaching each node,
+    before the node's op; the start is node 0 at j = 0 (``start_high``: at j = p − 1, the
+    node's own op not counted).
+    """
+    width, n = w.shape
+    low, high = np.full((width, n), -np.inf), np.full((width, n), -np.inf)
+    if start_high:
+        high[0] = -w[0]
+    else:
+        low[0] = 0.0
+    cols = np.arange(n)
+    for k in range(width - 1):
+        done = np.maximum(high[k] + w[k], low[k] + pp * w[k])
+        np.maximum(low[k + 1], low[k] + w[k], out=low[k + 1])
+        np.maximum(high[k + 1], done, out=high[k + 1])
+        ahead = np.minimum(k + pp, width - 1)
+        low[ahead, cols] = np.maximum(low[ahead, cols], done)
+    return low, high
 
 
 class _OwnHops(NamedTuple):
