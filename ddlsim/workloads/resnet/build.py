@@ -20,7 +20,7 @@ from ..trace import (P2P, Block, Collective, Compute, Op, Program, RankClass, St
                      WorkloadMeta)
 from .host import host_unit_s, issued_by_host, layer_host_s
 from .kernels import (TENSOR_CORE_DTYPES, autocast_casts, conv_kernels, ddp_copies,
-                      pointwise_kernels, sgd_kernels)
+                      pointwise_kernels, sgd_kernels, stem_kernels)
 from .layers import Layer
 from .step import (accumulate_kernels, bn_buffers, flatten_kernels, grad_scaler_kernels,
                    input_kernels, unflatten_kernels, zero_grad_kernels)
@@ -71,10 +71,12 @@ def _compute(layer: Layer, cfg: RunConfig, backward: bool, first: bool = False) 
         kernels = None      # CUDA-core convolutions: the roofline at η_max (resnet.md)
     elif layer.gemm:
         nhwc = cfg.model.memory_format == "channels_last"
-        kernels = conv_kernels(layer, mb, dtype, backward, nhwc, not first) \
+        kernels = stem_kernels(layer, mb, dtype, backward, nhwc) \
+            + conv_kernels(layer, mb, dtype, backward, nhwc, not first) \
             + autocast_casts(layer, dtype, backward)
     else:
-        kernels = pointwise_kernels(layer, mb, dtype, backward)
+        kernels = pointwise_kernels(layer, mb, dtype, backward,
+                                    cfg.model.memory_format == "channels_last")
     if backward and first:
         k = 1.0
     if backward and kernels is not None and cfg.model.zero_grad == "zero":

@@ -31,6 +31,27 @@ time, ``kernels/host.py``). Nothing here is fitted.
   two and writes one (3), and its backward is the sum of the two gradients where the block's
   input forked (3); max pooling writes int64 indices beside its output
   (``max_pool2d_with_indices``) and its backward zeroes the input gradient before scattering.
+* **The stem** (the convolution that reads the image, :attr:`Layer.image`), measured one by
+  one in a Kineto trace of the step on one H200 (``benchmarks/resnet_kernels_trace.py``):
+  under fp16/bf16 autocast the fp32 image is cast to the autocast dtype inside
+  ``aten::conv2d`` (read 4, write 2 bytes an element; the first convolution's largest cast
+  in the trace, 55 µs at batch 256); and a Tensor Core NHWC convolution whose input channels
+  are not a multiple of 8 runs cuDNN's 4-channel first-layer kernels
+  (``sm90_xmma_{fprop,wgrad}_image_first_layer_..._k64c4r7s7``), so cuDNN pads the 3-channel
+  image to 4 channels before the forward and again before the weight gradient: a memset of the
+  padded copy, ``nhwcAddPaddingKernel`` (read 3, write 4 channels) and the filter's own pad (or
+  its gradient's unpad), three launches each time (:func:`stem_kernels`).
+* **Kernel classes** (``Kernel.variant``): with channels-last tensors PyTorch trains batch
+  norm in cuDNN's ``CUDNN_BATCHNORM_SPATIAL_PERSISTENT`` mode (PyTorch
+  ``aten/src/ATen/native/cudnn/BatchNorm.cpp``, ``getCudnnBatchNormMode``), whose
+  semi-persistent kernels (``batchnorm_{fw,bw}tr_nhwc_semiPersist``) run one wave of
+  512-thread CTAs with a grid-wide reduction between their passes, and max pooling in its
+  NHWC kernels (``max_pool_{forward,backward}_nhwc``, ``DilatedMaxPool2d.cu``: a 3×3 window
+  read per output, the backward gathering each input's gradient from the windows that cover
+  it): their kernels carry classes ``batchnorm``, ``batchnorm_backward``, ``maxpool``,
+  ``maxpool_backward``, timed at a device's achieved bandwidth for the class where it has
+  measured one (``device.elementwise_efficiency``), else at its streaming bandwidth. The
+  passes counted are those above, whatever the class.
 """
 
 from __future__ import annotations
@@ -39,8 +60,8 @@ from ...config import DTYPE_BYTES
 from ..trace import Kernel
 from .layers import Layer, Tensor
 
-__all__ = ["TENSOR_CORE_DTYPES", "conv_kernels", "pointwise_kernels", "autocast_casts",
-           "ddp_copies", "sgd_kernels"]
+__all__ = ["TENSOR_CORE_DTYPES", "NHWC_CLASSES", "conv_kernels", "stem_kernels",
+           "pointwise_kernels", "autocast_casts", "ddp_copies", "sgd_kernels"]
 
 #: dtypes whose convolutions run on Tensor Cores (NHWC kernels); fp32 runs on the CUDA cores
 TENSOR_CORE_DTYPES = frozenset({"fp16", "bf16", "tf32"})
@@ -48,10 +69,20 @@ TENSOR_CORE_DTYPES = frozenset({"fp16", "bf16", "tf32"})
 _INDEX_BYTES = 8
 #: tensor passes (reads + writes) of each point-wise layer: (forward, backward), see above
 _PASSES = {"bn": (3, 5), "relu": (2, 3), "add": (3, 3)}
+#: the kernel class of a channels-last layer's (forward, backward) kernels (module docstring)
+NHWC_CLASSES = {"bn": ("batchnorm", "batchnorm_backward"),
+                "maxpool": ("maxpool", "maxpool_backward")}
+#: autocast's 16-bit dtypes (the fp32 image is cast to them in the stem)
+_AUTOCAST = ("fp16", "bf16")
+#: input channels a Tensor Core convolution takes without padding: multiples of 8 at 16 bits;
+#: a 3-channel image "padding to 4 channels is sufficient if a stride of 2 is used" (NVIDIA,
+#: "Convolutional Layers User's Guide", QuickStart Checklist and "Channels In And Out"): the
+#: 4 channels of cuDNN's first-layer kernels in the trace (module docstring)
+_CHANNEL_MULTIPLE, _STEM_CHANNELS = 8, 4
 
 
-def _mem(nbytes: float) -> Kernel:
-    return Kernel("memory", bytes=float(nbytes))
+def _mem(nbytes: float, variant: str = "") -> Kernel:
+    return Kernel("memory", bytes=float(nbytes), variant=variant)
 
 
 def conv_kernels(layer: Layer, mb: int, dtype: str, backward: bool, channels_last: bool,
@@ -76,6 +107,7 @@ def conv_kernels(layer: Layer, mb: int, dtype: str, backward: bool, channels_las
     Returns
     -------
     tuple of Kernel
+        the GEMMs (forward; data, then weight gradient), then the layout transposes.
     """
     c, k, r, p = layer.geometry
     npq, crs, w = float(mb * p * p), float(c * r * r), DTYPE_BYTES[dtype]
@@ -93,6 +125,51 @@ def conv_kernels(layer: Layer, mb: int, dtype: str, backward: bool, channels_las
     return tuple(gemms) + tuple(_mem(2 * b) for b in moved)
 
 
+def stem_kernels(layer: Layer, mb: int, dtype: str, backward: bool,
+                 channels_last: bool) -> tuple[Kernel, ...]:
+    """The stem's kernels beside its convolution's (module docstring): autocast's cast of the
+    fp32 image in the forward, and cuDNN's padding of its 3 channels to 4 before the forward
+    and before the weight gradient (:func:`_stem_pad`); none for any other layer.
+
+    Parameters
+    ----------
+    layer : Layer
+        any layer (only the one with :attr:`Layer.image` has such kernels).
+    mb : int
+        images in the micro-batch.
+    dtype : str
+        ``train.dtype``: fp16 and bf16 run under autocast.
+    backward : bool
+        the kernels before the weight gradient instead of the forward's.
+    channels_last : bool
+        NHWC activations: cuDNN's NHWC first-layer kernels, which take 4 channels.
+
+    Returns
+    -------
+    tuple of Kernel
+        ``memory`` kernels, bytes read + written each.
+    """
+    if not layer.image:
+        return ()
+    cast = (_mem((4 + DTYPE_BYTES[dtype]) * mb * layer.inp),) \
+        if dtype in _AUTOCAST and not backward else ()
+    return cast + (_stem_pad(layer, mb, dtype) if channels_last else ())
+
+
+def _stem_pad(layer: Layer, mb: int, dtype: str) -> tuple[Kernel, ...]:
+    """cuDNN's padding of a 3-channel stem to its 4-channel first-layer kernels (module
+    docstring): the memset of the padded image (write 4 channels), the pad (read 3, write 4
+    channels), the filter's pad in the forward or its gradient's unpad in the backward (read
+    4, write 3 channels of ``K·R·S``); none where the stem needs no padding (32-bit or
+    CUDA-core arithmetic, or channels a multiple of 8)."""
+    c, k, r, _ = layer.geometry
+    if dtype not in _AUTOCAST or c % _CHANNEL_MULTIPLE == 0:
+        return ()
+    w, pixels, taps = DTYPE_BYTES[dtype], mb * layer.inp / c, k * r * r
+    return (_mem(w * _STEM_CHANNELS * pixels), _mem(w * (c + _STEM_CHANNELS) * pixels),
+            _mem(w * (c + _STEM_CHANNELS) * taps))
+
+
 def _conv_bytes(layer: Layer, mb: int, w: float) -> tuple[float, float, float]:
     """DRAM bytes of a convolution's forward, data- and weight-gradient implicit GEMMs: each
     tensor once (input ``X``, filter, output ``Y`` and their gradients), the input no more
@@ -108,9 +185,12 @@ def _conv_bytes(layer: Layer, mb: int, w: float) -> tuple[float, float, float]:
     return x + filt + y, y + filt + dx, x + y + filt
 
 
-def pointwise_kernels(layer: Layer, mb: int, dtype: str, backward: bool) -> tuple[Kernel, ...]:
+def pointwise_kernels(layer: Layer, mb: int, dtype: str, backward: bool,
+                      channels_last: bool = False) -> tuple[Kernel, ...]:
     """A batch norm, ReLU, residual add or pooling layer as one memory kernel (two for the
-    max-pooling backward: zero, then scatter), its bytes by the passes above.
+    max-pooling backward: zero, then scatter), its bytes by the passes above; with
+    channels-last tensors a batch norm's and a max pooling's kernels carry their class
+    (:data:`NHWC_CLASSES`; the max-pooling backward's zeroing is a plain fill).
 
     Parameters
     ----------
@@ -122,6 +202,9 @@ def pointwise_kernels(layer: Layer, mb: int, dtype: str, backward: bool) -> tupl
         ``train.dtype`` (the activations' element size).
     backward : bool
         the layer's backward kernels instead of its forward ones.
+    channels_last : bool
+        NHWC activations (``torch.channels_last``): cuDNN's persistent batch norm and
+        PyTorch's NHWC max pooling.
 
     Returns
     -------
@@ -130,13 +213,15 @@ def pointwise_kernels(layer: Layer, mb: int, dtype: str, backward: bool) -> tupl
     """
     w = DTYPE_BYTES[dtype]
     x, y = mb * layer.inp * w, mb * layer.out * w
+    cls = NHWC_CLASSES[layer.kind][backward] if channels_last and layer.kind in NHWC_CLASSES \
+        else ""
     if layer.kind == "maxpool":
         idx = mb * layer.out * _INDEX_BYTES
-        return (_mem(x + y + idx),) if not backward else (_mem(x), _mem(y + idx + x))
+        return (_mem(x + y + idx, cls),) if not backward else (_mem(x), _mem(y + idx + x, cls))
     if layer.kind == "avgpool":
         return (_mem(x + y),)
     fwd, bwd = _PASSES[layer.kind]
-    return (_mem((bwd if backward else fwd) * y),)
+    return (_mem((bwd if backward else fwd) * y, cls),)
 
 
 def autocast_casts(layer: Layer, dtype: str, backward: bool) -> tuple[Kernel, ...]:

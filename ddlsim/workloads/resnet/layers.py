@@ -56,7 +56,8 @@ class Layer:
     ``flops`` the forward FLOPs per sample; ``out`` and ``inp`` the output and input
     elements per sample; ``params`` its trainable tensors in registration order;
     ``geometry`` of a convolution ``(C_in, C_out, k, H_out)`` (a ``k×k`` filter, an
-    ``H_out×H_out`` output), of the fully connected layer ``(in, out, 1, 1)``, else empty.
+    ``H_out×H_out`` output), of the fully connected layer ``(in, out, 1, 1)``, else empty;
+    ``image``: the layer reads the model's input, the fp32 RGB batch (the stem convolution).
     """
 
     name: str
@@ -66,6 +67,7 @@ class Layer:
     out: int
     params: tuple[Tensor, ...] = ()
     geometry: tuple[int, ...] = ()
+    image: bool = False
 
     @property
     def gemm(self) -> bool:
@@ -79,12 +81,12 @@ class _Net:
         self.c, self.h = 3, image
         self.layers: list[Layer] = []
 
-    def conv(self, name: str, c_out: int, k: int, stride: int) -> None:
+    def conv(self, name: str, c_out: int, k: int, stride: int, image: bool = False) -> None:
         h_out = (self.h + 2 * (k // 2) - k) // stride + 1
         w = Tensor(f"{name}.weight", self.c * k * k * c_out)
         self.layers.append(Layer(name, "conv", 2.0 * w.numel * h_out * h_out,
                                  self.c * self.h ** 2, c_out * h_out ** 2, (w,),
-                                 (self.c, c_out, k, h_out)))
+                                 (self.c, c_out, k, h_out), image))
         self.c, self.h = c_out, h_out
 
     def bn(self, name: str) -> None:
@@ -145,7 +147,7 @@ def resnet_layers(depth: int, num_classes: int = 1000, image_size: int = 224,
     tuple of Layer
     """
     net = _Net(image_size)
-    net.conv("conv1", 64, 7, 2)
+    net.conv("conv1", 64, 7, 2, image=True)
     net.bn("bn1")
     net.pointwise("relu", "relu")
     h_in = net.h
