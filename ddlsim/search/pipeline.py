@@ -261,34 +261,41 @@ def _blocking_ends(pp, v, m, period, f_c, b_c, extra, hops, wrap, hop):
     """:func:`interleaved_ends` with blocking P2P: a node of the chain of virtual stages
     costs its chunk's time plus the receive before it (forwards over the hop before the
     stage, the wrap into stage 0; backwards over the hop after it, the wrap into the last
-    stage), edges cost nothing; the paths by :func:`_longest_paths`."""
-    e_f, e_b, h_f, h_b = extra
-    n, width = len(pp), int(np.max(v * pp)) + int(np.max(pp)) + 1
-    ring = np.zeros((width, n))   # hop s → s + 1 in row s, the wrap in row pp − 1
-    ring[:] = hop if hops is None else 0.0
-    if hops is not None:
-        ring[:hops.shape[1]] = hops.T
-    cols = np.arange(n)
-    ring[pp - 1, cols] = wrap
-    k, P = np.arange(width)[:, None], pp[None, :]
-    end = v[None, :] * P - 1                   # the chain's last node
-    s_fwd, s_bwd = k % P, P - 1 - k % P        # the stage of node k, forwards and backwards
-    into_f = np.where(k == 0, 0.0, np.take_along_axis(ring, (s_fwd - 1) % P, axis=0))
-    into_b = np.where(k == 0, 0.0, np.take_along_axis(ring, s_bwd, axis=0))
-    w_f = f_c + into_f + np.where(k == 0, e_f, 0.0) + np.where(k == end, h_f, 0.0)
-    w_b = b_c + into_b + np.where(k == end, e_b, 0.0) + np.where(k == 0, h_b, 0.0)
-    fill_low, _ = _longest_paths(w_f, pp, start_high=False)
-    head = w_f[end[0], cols]
-    fill = fill_low[end[0], cols] + head
-    busy = m * period - pp * (v - 1) * (f_c + b_c + ring[pp - 2, cols] + wrap) - head
-    low, high = _longest_paths(w_b, pp, start_high=True)
-    # the drain's end at a node with its group done: carried there, or landed by a
-    # reset and run the whole group there
-    done = np.maximum(high + w_b, low + pp * w_b)
-    return fill + busy + done[end[0], cols], fill + busy + done[(v - 1) * pp, cols]
+    stage), edges cost nothing; the paths by :func:`_longest_paths`, the plans of each
+    (PP, VPP) together."""
+    first, last = np.empty(len(pp)), np.empty(len(pp))
+    shapes, which = np.unique(np.stack([pp, v]), axis=1, return_inverse=True)
+    for g, (p, vv) in enumerate(shapes.T.tolist()):
+        at = np.flatnonzero(which.ravel() == g)
+        ring = np.empty((p, len(at)))   # hop s → s + 1 in row s, the wrap in row p − 1
+        ring[:p - 1] = hop[at] if hops is None else hops[at, :p - 1].T
+        ring[p - 1] = wrap[at]
+        e_f, e_b, h_f, h_b = (x[at] for x in extra)
+        nodes, stage = p * vv, np.arange(p)
+        # the receive into each stage: forwards (the wrap into stage 0), backwards (into the
+        # last stage), repeated per chunk; the chain's first node receives nothing
+        into_f = np.tile(ring[(stage - 1) % p], (vv, 1))
+        into_b = np.tile(ring[p - 1 - stage], (vv, 1))
+        into_f[0] = into_b[0] = 0.0
+        w_f = f_c[at] + into_f
+        w_f[0] += e_f
+        w_f[-1] += h_f
+        w_b = b_c[at] + into_b
+        w_b[-1] += e_b
+        w_b[0] += h_b
+        fill = _longest_paths(w_f, p, start_high=False)[0][-1] + w_f[-1]
+        busy = (m[at] * period[at] - p * (vv - 1) * (f_c[at] + b_c[at] + ring[p - 2] + ring[p - 1])
+                - w_f[-1])
+        low, high = _longest_paths(w_b, p, start_high=True)
+        # the drain's end at a node with its group done: carried there, or landed by a
+        # reset and run the whole group there
+        done = np.maximum(high + w_b, low + p * w_b)
+        first[at] = fill + busy + done[nodes - 1]
+        last[at] = fill + busy + done[(vv - 1) * p]
+    return first, last
 
 
-def _longest_paths(w, pp, start_high: bool) -> tuple[np.ndarray, np.ndarray]:
+def _longest_paths(w, p: int, start_high: bool) -> tuple[np.ndarray, np.ndarray]:
     """Longest paths over a chain of virtual stages each running one group of ``p``
     identical micro-batches in order (node k: ``w[k]`` seconds per micro-batch, one column
     per plan; edges cost nothing). A path at micro-batch j of the group moves to node k + 1
@@ -300,19 +307,19 @@ def _longest_paths(w, pp, start_high: bool) -> tuple[np.ndarray, np.ndarray]:
     before the node's op; the start is node 0 at j = 0 (``start_high``: at j = p − 1, the
     node's own op not counted).
     """
-    width, n = w.shape
-    low, high = np.full((width, n), -np.inf), np.full((width, n), -np.inf)
+    nodes = len(w)
+    low, high = np.full(w.shape, -np.inf), np.full(w.shape, -np.inf)
     if start_high:
         high[0] = -w[0]
     else:
         low[0] = 0.0
-    cols = np.arange(n)
-    for k in range(width - 1):
-        done = np.maximum(high[k] + w[k], low[k] + pp * w[k])
-        np.maximum(low[k + 1], low[k] + w[k], out=low[k + 1])
-        np.maximum(high[k + 1], done, out=high[k + 1])
-        ahead = np.minimum(k + pp, width - 1)
-        low[ahead, cols] = np.maximum(low[ahead, cols], done)
+    for k in range(nodes):
+        done = np.maximum(high[k] + w[k], low[k] + p * w[k])
+        if k + 1 < nodes:
+            np.maximum(low[k + 1], low[k] + w[k], out=low[k + 1])
+            np.maximum(high[k + 1], done, out=high[k + 1])
+        if k + p < nodes:
+            np.maximum(low[k + p], done, out=low[k + p])
     return low, high
 
 
