@@ -144,3 +144,16 @@ def test_verify_des_adds_the_des_time(small):
     des, exact = frame["des_iteration_time_s"].iloc[0], frame["exact_iteration_time_s"].iloc[0]
     assert abs(des / exact - 1) < 0.10
     assert frame["des_iteration_time_s"].iloc[1:].isna().all()
+
+
+def test_a_data_parallel_size_the_config_writes_is_kept_not_derived(tmp_path):
+    """Without a DP axis the search derives DP to fill the devices; a DP the base config writes
+    is the user's and is kept (a one-value axis), not silently replaced."""
+    path = tmp_path / "search.yaml"
+    path.write_text(SMALL.replace("parallel: {tensor_model_parallel_size: 2}",
+                                  "parallel: {tensor_model_parallel_size: 2, "
+                                  "data_parallel_size: 2}"))
+    frame = ddlsim.search(path, top=0)
+    assert len(frame) and (frame["parallel.data_parallel_size"] == 2).all()
+    assert (frame["gpus"] == 2 * frame["parallel.tensor_model_parallel_size"]
+            * frame["parallel.pipeline_model_parallel_size"]).all()

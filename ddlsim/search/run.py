@@ -124,7 +124,12 @@ def search(config: Any, axes: Mapping[str, Sequence[Any]] | None = None, *,
         raise ConfigError(f"verify = {verify!r} is not allowed; choose None or "
                           f"{', '.join(VERIFY)}")
     from .evaluate import base_config
-    base, _ = base_config(data, base_dir, overrides, spec.axes)
+    base, fields = base_config(data, base_dir, overrides, spec.axes)
+    written_dp = fields["parallel.data_parallel_size"]
+    if written_dp is not None and "parallel.data_parallel_size" not in spec.axes:
+        # a DP the config writes is kept, as a one-value axis, not derived over it
+        spec = spec.model_copy(update={"axes": {**spec.axes,
+                                                "parallel.data_parallel_size": [written_dp]}})
     check_budget({"topology_links": topology_links(base.system)}, limits)
     check_axes(spec.axes, base.model_dump(mode="json"),
                spec.constraints.global_batch_size is not None)
