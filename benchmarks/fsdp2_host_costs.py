@@ -27,9 +27,11 @@ the median over the blocks, with the ATen ops inside them.
 Per unit: ``(Δ(L=10) − Δ(L=2)) / 8`` (the root's once-per-pass work cancels); per tensor: the
 slope between ``T = 2`` and ``T = 12``; the unit's fixed part: the rest at ``T = 2``. Each is
 printed in seconds and in units of this machine's tiny op (a 1-element ``torch.add`` in a
-Python loop: the loop's ``launch.stream_gap_s``, ``ddlsim/reference/torch_machine.py``), the
-unit :mod:`ddlsim.workloads.decoder.fsdp2_passes` charges them in. Nothing is fitted to a
-step time.
+Python loop: the loop's ``launch.stream_gap_s``, ``ddlsim/reference/torch_machine.py``).
+Nothing is fitted to a step time. Measured, not modelled: a model of these hooks on the host
+stream (2026-11-30) moved the torch loop's ``torch-fsdp`` row from −18 to −14 % but put the
+two engines 2.4 % apart on a context-parallel FSDP2 plan, and was taken back until that is
+resolved (docs/validation.md, the torch loop).
 """
 
 from __future__ import annotations
