@@ -81,6 +81,12 @@ ELEMENTWISE_CLASSES = {
     "loss_backward": "their backward (mul_ by the loss gradient, the cast back)",
     "chunk_cat": "FSDP2's torch._chunk_cat of a unit's gradients into the reduce-scatter input, "
                  "cast to the reduce dtype (workloads/decoder/fsdp2_passes.py)",
+    "batchnorm": "cuDNN's persistent NHWC batch norm (CUDNN_BATCHNORM_SPATIAL_PERSISTENT, which "
+                 "PyTorch trains channels-last tensors in), forward (workloads/resnet/kernels.py)",
+    "batchnorm_backward": "its backward",
+    "maxpool": "PyTorch's NHWC max pooling (max_pool_forward_nhwc), forward "
+               "(workloads/resnet/kernels.py)",
+    "maxpool_backward": "its backward's gather (max_pool_backward_nhwc)",
 }
 _BACKWARD_CLASS = {"norm": "norm_backward", "gated": "gated_backward",
                    "activation": "activation_backward", "loss": "loss_backward"}
