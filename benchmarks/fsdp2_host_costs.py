@@ -72,21 +72,6 @@ def _chain(layers: int, tensors: int, sharded: bool):
     return model
 
 
-def _least_max(fn, iters: int) -> float:
-    """Least over ``iters`` calls of the most process CPU seconds over ranks."""
-    import torch
-    import torch.distributed as dist
-    best = float("inf")
-    for _ in range(iters):
-        dist.barrier()
-        t0 = time.process_time()
-        fn()
-        t = torch.tensor([time.process_time() - t0], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        best = min(best, float(t))
-    return best
-
-
 def _phases(model, iters: int) -> tuple[float, float]:
     """Least (forward, backward) CPU seconds of ``model`` on an 8-element input."""
     import torch
@@ -104,8 +89,8 @@ def _phases(model, iters: int) -> tuple[float, float]:
     for _ in range(3):                      # warm-up: FSDP2's lazy init, allocator
         forward(), backward()
     for _ in range(iters):
-        fwd = min(fwd, _least_max(forward, 1))
-        bwd = min(bwd, _least_max(backward, 1))
+        fwd = min(fwd, tb.least_max_cpu(forward, 1))
+        bwd = min(bwd, tb.least_max_cpu(backward, 1))
     return fwd, bwd
 
 
@@ -118,8 +103,8 @@ def _collectives(tensors: int, iters: int) -> tuple[float, float]:
         return 0.0, 0.0
     shard = -(-ELEMENTS // n) * tensors
     inp, out = torch.zeros(shard), torch.zeros(shard * n)
-    gather = _least_max(lambda: dist.all_gather_into_tensor(out, inp), iters)
-    scatter = _least_max(lambda: dist.reduce_scatter_tensor(inp, out), iters)
+    gather = tb.least_max_cpu(lambda: dist.all_gather_into_tensor(out, inp), iters)
+    scatter = tb.least_max_cpu(lambda: dist.reduce_scatter_tensor(inp, out), iters)
     return gather, scatter
 
 

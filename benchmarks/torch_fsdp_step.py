@@ -25,24 +25,8 @@ plain step's ops per tensor counted under a ``TorchDispatchMode``, as
 from __future__ import annotations
 
 import os
-import time
 
 import torchbench as tb
-
-
-def _least_max(fn, iters: int) -> float:
-    """Least over ``iters`` calls of the most process CPU seconds over ranks."""
-    import torch
-    import torch.distributed as dist
-    best = float("inf")
-    for _ in range(iters):
-        dist.barrier()
-        t0 = time.process_time()
-        fn()
-        t = torch.tensor([time.process_time() - t0], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        best = min(best, float(t))
-    return best
 
 
 def _ops_per_tensor(opt, params) -> float:
@@ -81,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     best = {"dtensor": float("inf"), "plain": float("inf")}
     for r in range(args.iters):
         for name in (("dtensor", "plain") if r % 2 else ("plain", "dtensor")):
-            best[name] = min(best[name], _least_max(run(fsdp_opt if name == "dtensor"
+            best[name] = min(best[name], tb.least_max_cpu(run(fsdp_opt if name == "dtensor"
                                                         else plain_opt), 1))
     ops = _ops_per_tensor(plain_opt, plain)
     if dist.get_rank() == 0:

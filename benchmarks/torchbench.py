@@ -142,3 +142,19 @@ def least_cpu(fn: Callable[[], object], reps: int, warmup: int = 1) -> float:
         fn()
         best = min(best, time.process_time() - t0)
     return best
+
+
+def least_max_cpu(fn: Callable[[], object], iters: int) -> float:
+    """Least over ``iters`` calls of the most process CPU seconds over the ranks of the
+    default process group (a barrier before each call, an all-reduce of the times after)."""
+    import torch
+    import torch.distributed as dist
+    best = float("inf")
+    for _ in range(iters):
+        dist.barrier()
+        t0 = time.process_time()
+        fn()
+        t = torch.tensor([time.process_time() - t0], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        best = min(best, float(t))
+    return best
