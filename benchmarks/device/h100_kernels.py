@@ -118,6 +118,25 @@ def env(device: str) -> dict:
     return info
 
 
+def profiled_step(step, path: str, cuda: bool) -> None:
+    """Run ``step()`` once under the PyTorch profiler (Kineto: CPU ops, and CUDA kernels where
+    ``cuda``, with shapes and the ``nn.Module`` stack that ``ddlsim traces kineto`` places ops
+    by) and write its Chrome trace gzipped to ``path`` (``….json.gz``)."""
+    import gzip
+    import shutil
+    from torch.profiler import ProfilerActivity, profile
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=acts, record_shapes=True, with_stack=True) as prof:
+        step()
+        if cuda:
+            torch.cuda.synchronize()
+    raw = path.removesuffix(".gz")
+    prof.export_chrome_trace(raw)
+    with open(raw, "rb") as src, gzip.open(path, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    os.remove(raw)
+
+
 def _randn(shape, dtype, device):
     return torch.randn(shape, device=device, dtype=torch.float32).to(dtype)
 

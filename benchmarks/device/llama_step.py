@@ -39,10 +39,9 @@ memory snapshot's peak: ``peak_allocated_GiB`` per phase of that step.
 from __future__ import annotations
 
 import argparse
-import gzip
+import gc
 import json
 import os
-import shutil
 import statistics
 import sys
 import time
@@ -285,18 +284,9 @@ def run_variant(variant, args, device, sync, out):
     res.update(model_flops=fl, tflops_per_s=fl / res["step_s"] / 1e12,
                tokens_per_s=args.batch * args.seq / res["step_s"])
     if variant == args.trace_variant and args.trace:
-        from torch.profiler import ProfilerActivity, profile
-        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if timing else [])
-        with profile(activities=acts, record_shapes=True, with_stack=True) as prof:
-            step()
-            sync()
-        raw = os.path.join(args.out, "llama_step_trace.json")
-        prof.export_chrome_trace(raw)
-        with open(raw, "rb") as src, gzip.open(raw + ".gz", "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        os.remove(raw)
+        from h100_kernels import profiled_step
+        profiled_step(step, os.path.join(args.out, "llama_step_trace.json.gz"), timing)
     del model, opt
-    import gc
     gc.collect()     # FSDP2's hooks hold the model in reference cycles: free it before the next
     if timing:       # variant, or that variant's peak memory counts this one's parameters
         torch.cuda.empty_cache()

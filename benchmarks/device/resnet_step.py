@@ -81,18 +81,8 @@ def run(variant: str, steps: int, trace_dir: str | None = None) -> dict:
         parts.append((e[0].elapsed_time(e[1]) / 1e3, e[1].elapsed_time(e[2]) / 1e3))
     step_s = statistics.median(walls)
     if trace_dir:   # one more step under the PyTorch profiler (Kineto): host time per op
-        import gzip
-        import shutil
-        from torch.profiler import ProfilerActivity, profile
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
-                     record_shapes=True, with_stack=True) as prof:
-            step()
-            torch.cuda.synchronize()
-        raw = os.path.join(trace_dir, f"resnet_{variant}_trace.json")
-        prof.export_chrome_trace(raw)
-        with open(raw, "rb") as src, gzip.open(raw + ".gz", "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        os.remove(raw)
+        from h100_kernels import profiled_step
+        profiled_step(step, os.path.join(trace_dir, f"resnet_{variant}_trace.json.gz"), True)
     res = {"variant": variant, "batch": batch, "step_s": step_s, "step_samples_s": walls,
            "forward_s": statistics.median(p[0] for p in parts),
            "backward_update_s": statistics.median(p[1] for p in parts),
