@@ -126,7 +126,7 @@ def stream_time(device_s: float, kernels: int, launch: Launch, host_s: float = 0
     A. Gray, "Getting Started with CUDA Graphs", NVIDIA Technical Blog (2019): kernels of
     2.9 µs take 3.8 µs each when launched back to back on a stream, 3.4 µs each in a graph.
     """
-    extra = host_s if launch != NO_LAUNCH else 0.0
+    extra = host_s if host_s and launch != NO_LAUNCH else 0.0
     if kernels == 0:
         return max(device_s, extra)
     return max(device_s + kernels * launch.gap_s, kernels * launch.host_s + extra)
