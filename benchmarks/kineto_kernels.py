@@ -28,6 +28,7 @@ layers are FSDP2's ranges (``FSDP::pre_forward (layers.3)`` … ``FSDP::post_for
 from __future__ import annotations
 
 import gzip
+import math
 import json
 import re
 from collections import Counter, defaultdict

@@ -7,7 +7,7 @@ README there): torchtitan's Llama 3.1 8B with 8 of its 32 blocks, sequence 8192,
 FSDP2 forced on one GPU (bf16 parameters, fp32 reduce), torchtitan's op-level selective
 activation checkpointing, fused AdamW. :mod:`kineto_kernels` places each device kernel by the
 host ops that launched it (its row, the GEMMs' weights and gradients, busy shares); here ddlsim's
-op list of the same step (:data:`SETS`) fills the same rows (:func:`ddlsim_rows`), and each
+op list of the same step (:func:`load_config`) fills the same rows (:func:`ddlsim_rows`), and each
 named GEMM, whose shape follows from its name and the model, is matched to a kernel of ddlsim's
 list with the same phase and shape (:func:`gemm_table`).
 
@@ -15,8 +15,14 @@ It prints, per row, the measured kernels' summed and busy-share milliseconds bes
 the measured rows without GEMMs by launching op; FSDP2's passes timed by their bytes at
 ddlsim's memory rate (:func:`fsdp2_passes`, beside ddlsim's own in the rows); and per
 GEMM the measured rate beside ddlsim's ``kernel_time`` of that shape and the isolated burst rate
-of the nearest shape in ``run1/kernels/gemm.csv`` (same GPU and session). ``--set`` changes
-ddlsim's config. Nothing is fitted.
+of the nearest shape in ``run1/kernels/gemm.csv`` (same GPU and session). Nothing is fitted.
+
+ddlsim's config is the one ``validate_device_h200.py`` predicts the traced step with
+(:func:`load_config`: its ``config`` of its row of ``run1/llama/llama_step.json``'s
+``selective_op`` variant): ``dgx-h200`` on one GPU, the ``torchtitan-2025`` stack with the
+kernels PyTorch 2.11 runs (``TORCH_2_11`` there). ``--set K=V`` applies after it, as the CLI's
+``--set`` does (``--set system.preset=dgx-h100`` predicts the step on an H100); a key the
+config does not have is refused by ddlsim's config check, naming it.
 
 Run: ``python benchmarks/kineto_vs_ddlsim.py [--trace PATH] [--gemm-csv PATH] [--set K=V]``.
 """
@@ -25,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import math
 import re
 import sys
@@ -34,20 +39,14 @@ from pathlib import Path
 
 from kineto_kernels import (ROWS, DeviceKernel, busy_shares, classify, device_kernels,
                             layer_of, layer_windows, load_events, name_gemms, op_label)
+from validate_device_h200 import RUNS, config as run_config, llama_rows
 
-HERE = Path(__file__).resolve().parent
-RUN = HERE / "data" / "device_h200_2026-11-30" / "run1"
+RUN = RUNS / "run1"
 TRACE = RUN / "llama" / "llama_step_trace.json.gz"
 GEMM_CSV = RUN / "kernels" / "gemm.csv"
-STEP_JSON = RUN / "llama" / "llama_step.json"
-EXAMPLE = HERE.parent / "examples" / "llama3-8b-fsdp2-h100.yaml"
-#: the measured step as ddlsim's config: llama_step.py's model, batch and plan on dgx-h100's
-#: device at the H200's 4.8 TB/s (NVIDIA H200 datasheet), cuDNN attention (torch 2.11 on sm90
-#: prefers it: the trace's ``_cudnn_attention_forward``)
-SETS = ("model.num_hidden_layers=8", "parallel.data_parallel_size=1",
-        "train.global_batch_size=1", "system.devices_per_node=1",
-        "system.device.memory_bandwidth_Bps=4.8 TB/s",
-        "system.software={stack: torchtitan-2025, kernels: {attention: cudnn}}")
+#: the traced step: ``llama_step.py`` traces its ``selective_op`` variant (README of ``RUNS``),
+#: as validate_device_h200's row (file relative to ``RUNS``, variant)
+TRACED = ("run1/llama/llama_step.json", "selective_op")
 
 
 #: ddlsim's FSDP2 passes (``ddlsim/workloads/decoder/fsdp2_passes.py``) by the row of the
@@ -99,9 +98,22 @@ def _finite(x: str) -> bool:
         return False
 
 
-def load_config(extra_sets: list[str]):
+def traced_row() -> dict:
+    """validate_device_h200's row of the traced step (:data:`TRACED`): its model, batch,
+    sequence, checkpointing and measured median step (``measured_s``)."""
+    for row in llama_rows():
+        if (row["file"], row["variant"]) == TRACED:
+            return row
+    raise ValueError(f"no {TRACED[1]!r} variant in {RUNS / TRACED[0]}: the traced step's "
+                     "measurement is missing")
+
+
+def load_config(extra_sets: list[str] | tuple[str, ...] = ()):
+    """ddlsim's config of the traced step as validate_device_h200 predicts it, then
+    ``extra_sets`` (``K=V``, the CLI's ``--set``); ConfigError naming a key the config lacks
+    or a value it refuses."""
     import ddlsim
-    return ddlsim.load_config(str(EXAMPLE), [*SETS, *extra_sets])
+    return ddlsim.load_config(run_config(traced_row()), list(extra_sets))
 
 
 def _ddlsim_row(op_name: str, kernel) -> str:
@@ -269,7 +281,7 @@ def report(kernels: list[DeviceKernel], windows, cfg, burst_rows: list[dict],
              f"{sum(busy_shares(kernels)) / 1e3:.1f} ms, span {span / 1e3:.1f} ms"
              + (f", step {step_s * 1e3:.1f} ms (llama_step.json median)" if step_s else ""),
              f"ddlsim: {sum(dd_rows.values()) * 1e3:.1f} ms of compute "
-             f"({cfg.system.name}, {cfg.software.name})", "",
+             f"({cfg.system.name}, {cfg.software.name}; {_kernels_set(cfg)})", "",
              f"{'row':34s} {'n':>5s} {'measured':>9s} {'busy':>8s} {'ddlsim':>8s} "
              f"{'ddlsim-meas':>11s}  (ms)"]
     for r in rows:
@@ -307,30 +319,33 @@ def report(kernels: list[DeviceKernel], windows, cfg, burst_rows: list[dict],
     return "\n".join(lines)
 
 
+def _kernels_set(cfg) -> str:
+    """The stack's kernels the config sets itself (``system.software.kernels``), as text."""
+    sw = cfg.software
+    own = sorted(k for k, src in sw.sources.items() if src.startswith("system.software"))
+    return ", ".join(f"{k} {sw.kernels[k]}" for k in own if k in sw.kernels) or "its defaults"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", default=str(TRACE))
     ap.add_argument("--gemm-csv", default=str(GEMM_CSV))
     ap.add_argument("--set", action="append", default=[], dest="sets",
-                    help="more ddlsim config settings, after the step's own (SETS)")
+                    help="ddlsim config settings K=V applied after the step's own "
+                         "(validate_device_h200's config of the traced row)")
     args = ap.parse_args(argv)
     import warnings
     warnings.simplefilter("ignore")
+    from ddlsim.errors import ConfigError
+    try:
+        cfg = load_config(args.sets)
+    except ConfigError as exc:
+        print(f"--set {' '.join(args.sets)}: {exc}", file=sys.stderr)
+        return 2
     events = load_events(args.trace)
     kernels, windows = device_kernels(events), layer_windows(events)
-    print(report(kernels, windows, load_config(args.sets), _burst_rows(args.gemm_csv),
-                 _step_s(STEP_JSON)))
+    print(report(kernels, windows, cfg, _burst_rows(args.gemm_csv), traced_row()["measured_s"]))
     return 0
-
-
-def _step_s(path: Path) -> float | None:
-    """The ``selective_op`` variant's median step in ``llama_step.json`` (s), if there."""
-    if not path.exists():
-        return None
-    for v in json.loads(path.read_text()).get("variants", []):
-        if v.get("variant") == "selective_op" and "step_s" in v:
-            return float(v["step_s"])
-    return None
 
 
 def _burst_rows(path: str) -> list[dict]:

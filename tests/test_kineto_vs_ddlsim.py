@@ -191,3 +191,26 @@ def test_the_h200_step_as_counted():
         kv.load_config([]))[0])}
     assert rows["FSDP2 chunk_cat bf16->fp32"]["n"] == 9
     assert rows["attention"]["measured_ms"] == pytest.approx(32.03, abs=0.01)
+
+
+def test_ddlsim_predicts_the_traced_step_as_validate_device_h200_does():
+    """The config is validate_device_h200's of the traced row (dgx-h200, PyTorch 2.11's
+    kernels), and ``--set`` applies after it: dgx-h100 gives another device and step."""
+    vd = load_script("validate_device_h200")
+    row = kv.traced_row()
+    assert (row["layers"], row["seq"], row["batch"]) == (8, 8192, 1)
+    assert row["measured_s"] == pytest.approx(0.2982, abs=1e-4)
+    cfg = kv.load_config()
+    assert cfg.system.name == vd.SYSTEM == "dgx-h200"
+    assert cfg.train.recompute == "selective"
+    assert {k: cfg.software.kernels[k] for k in vd.TORCH_2_11} == vd.TORCH_2_11
+    h100 = kv.load_config(["system.preset=dgx-h100"])
+    assert h100.system.name == "dgx-h100"
+    assert h100.software.kernels["attention"] == "cudnn"     # the step's own settings kept
+    assert sum(kv.ddlsim_rows(h100)[0].values()) > sum(kv.ddlsim_rows(cfg)[0].values())
+
+
+def test_a_set_the_config_lacks_is_refused(capsys):
+    assert kv.main(["--set", "system.bogus=1"]) == 2
+    err = capsys.readouterr().err
+    assert "system.bogus=1" in err and "unknown key 'bogus'" in err
