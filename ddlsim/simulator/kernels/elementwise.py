@@ -31,10 +31,11 @@ dtype's size: the upcast ``d + 4``, ``pow`` 8, ``mean`` 4, the two per-row kerne
 row statistics (``4·2/h``), the normalising ``mul`` 8, the cast back ``4 + d``, the weight
 ``2d``: ``36`` bytes in bf16 where a fused kernel moves 4 (:func:`norm_passes`).
 
-The backward of each is taken as twice its forward traffic (it reads the saved inputs and the
-incoming gradient and writes the outgoing one), as the builder always has
-(:func:`backward_kernels`). Softmax, mask and dropout over the ``s²`` scores belong to the
-attention core (:mod:`.attention`).
+The backward of a fused kernel, and of a norm, is taken as twice its forward traffic (it
+reads the saved inputs and the incoming gradient and writes the outgoing one:
+:func:`backward_kernels`); the unfused ops' backwards are torch's autograd formulas
+(:mod:`.elementwise_backward`). Softmax, mask and dropout over the ``s²`` scores belong to
+the attention core (:mod:`.attention`).
 
 **Kernel classes.** Most of these kernels stream contiguous tensors and run at the device's
 streaming bandwidth (``memory_efficiency``). Two kinds measure slower in published kernel
@@ -54,7 +55,7 @@ from ...workloads.trace import Kernel
 
 __all__ = ["ELEMENTWISE_CLASSES", "layer_elementwise_kernels", "norm_kernels", "residual_bytes",
            "backward_kernels", "activation_classes", "norm_passes", "activation_passes",
-           "optimizer_bytes_per_param", "loss_bytes", "loss_passes", "loss_kernels",
+           "rope_bytes", "optimizer_bytes_per_param", "loss_bytes", "loss_passes", "loss_kernels",
            "unfused_softmax_passes"]
 
 #: the element-wise kernel classes a device may time at their own achieved bandwidth
@@ -172,6 +173,20 @@ def activation_classes(gated: bool, fused: bool, compiled: bool, n: int) -> list
     return [""] * (n - 1) + ["activation"]
 
 
+def rope_bytes(shape: Any, b: float, s: float, t: int, dtype_bytes: float,
+               sw: Any) -> list[float]:
+    """Bytes of each kernel of the rotary embedding of one layer's q and k on one of ``t``
+    ranks (the module docstring's table): one fused kernel (read, write) or the unfused
+    sequence (``·cos``, negate, concatenate, ``·sin``, add); none without rotary positions.
+    Its backward moves the same bytes
+    (:func:`.elementwise_backward.layer_elementwise_backward_kernels`)."""
+    if shape.positions != "rotary":
+        return []
+    qk = b * s * (shape.q_width + shape.kv_width) / t
+    passes = (2,) if sw.fused_rope else (2, 2, 2, 2, 3)
+    return [p * qk * dtype_bytes for p in passes]
+
+
 def layer_elementwise_kernels(shape: Any, b: float, s: float, t: int, sp: bool,
                               dtype_bytes: float, sw: Any, dtype: str = "bf16"
                               ) -> tuple[Kernel, ...]:
@@ -192,10 +207,7 @@ def layer_elementwise_kernels(shape: Any, b: float, s: float, t: int, sp: bool,
     out += [(p * y, c) for p, c in zip(act, activation_classes(shape.gated_mlp,
                                                                 sw.fused_bias_gelu, sw.compile,
                                                                 len(act)))]
-    if shape.positions == "rotary":                          # ·cos, negate, cat, ·sin, add
-        qk = b * s * (shape.q_width + shape.kv_width) / t
-        rope = [2 * qk * dt] if sw.fused_rope else [p * qk * dt for p in (2, 2, 2, 2, 3)]
-        out += [(v, "") for v in rope]
+    out += [(v, "") for v in rope_bytes(shape, b, s, t, dt, sw)]  # ·cos, negate, cat, ·sin, add
     norms = norm_kernels(shape, b, s, t, sp, dt, sw, dtype) * 2   # input and pre-MLP norms
     return norms + tuple(Kernel("memory", bytes=v, dtype=dtype, variant=c) for v, c in out if v)
 

@@ -26,6 +26,7 @@ from ...simulator.kernels.autograd import input_grad_sum_kernels
 from ...simulator.kernels.dtensor import keeps_gathered_input, sp_layout_copies
 from ...simulator.kernels.elementwise import (backward_kernels, layer_elementwise_kernels,
                                                  loss_bytes, loss_kernels, norm_kernels)
+from ...simulator.kernels.elementwise_backward import layer_elementwise_backward_kernels
 from ...simulator.kernels.fp8recipe import (FP8_RECIPES, fp8_cast_kernels, fp8_gemm_variants,
                                                fp8_rescale_kernels)
 from ...simulator.kernels.gemm import gemm_kernels_backward
@@ -152,7 +153,8 @@ MODULE_PARTS = {
 def layer_kernels(shape: Any, sw: Any, b: int, s: int, t: int, sp: bool,
                   train_dtype: str, regather: bool = True) -> dict[str, tuple[Kernel, ...]]:
     """Kernels of one dense layer on one TP rank: ``attn`` (qkv, core, proj), ``mlp``
-    (fc1, fc2), ``ew`` (element-wise), their backwards ``bwd.attn``, ``bwd.mlp``, ``bwd.ew``,
+    (fc1, fc2), ``ew`` (element-wise), their backwards ``bwd.attn``, ``bwd.mlp``, ``bwd.ew``
+    (:func:`~ddlsim.simulator.kernels.elementwise_backward.layer_elementwise_backward_kernels`),
     ``recompute`` (what selective recomputation redoes: the attention core's forward,
     Korthikanti et al. 2022 §5, with K/V's repeat where the stack repeats them),
     ``repeat_kv`` (that repeat's kernels, :mod:`~ddlsim.simulator.kernels.repeat_kv`; also
@@ -216,7 +218,7 @@ def layer_kernels(shape: Any, sw: Any, b: int, s: int, t: int, sp: bool,
         "ew": ew,
         "bwd.mlp": parts["bwd.mlp.fc2"] + parts["bwd.mlp.fc1"],
         "bwd.attn": parts["bwd.attn.proj"] + parts["bwd.attn.qkv"],
-        "bwd.ew": backward_kernels(ew),
+        "bwd.ew": layer_elementwise_backward_kernels(shape, b, s, t, sp, dt, sw, od),
         "recompute": rep + core[0],
         "repeat_kv": rep,
         **parts,
