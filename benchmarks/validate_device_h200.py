@@ -23,7 +23,8 @@ Each is predicted with the settings it ran with, on ``--system`` (one GPU):
   Kineto trace shows ``cudnn`` attention kernels), torch's fused RMSNorm (``nn.RMSNorm`` calls
   ``aten._fused_rms_norm`` on CUDA since pytorch/pytorch#153666, 2025: one kernel per norm in the
   trace, where the 2024 stack's torchtitan ran its composite norm), the cuBLAS the wheel loads
-  (13.1: ``gemm_library: cublas-13``), and ``compile: true`` for compiled variants;
+  (13.1: ``gemm_library: cublas-13``), the checkpoint as ``llama_step.py`` wraps it (early stop
+  on: ``LLAMA_STEP``), and ``compile: true`` for compiled variants;
 * ResNet-50: the row's batch, ``fp16`` with a GradScaler and channels-last or ``tf32``
   contiguous, SGD, gradients zeroed in place, no input pipeline (the batch is made once on the
   device), weight decay on every parameter (the script's SGD), the default stack's kernels.
@@ -55,6 +56,14 @@ MEMORY_NOTE = ("llama_step.py as run (before its gc.collect() after each variant
 #: what PyTorch 2.11 (cu130) runs where the torchtitan-2025 stack (torch of 2024-12) ran other
 #: kernels (module docstring)
 TORCH_2_11 = {"attention": "cudnn", "fused_layernorm": True, "gemm_library": "cublas-13"}
+#: how ``llama_step.py`` checkpoints a block, where it differs from torchtitan 07c00d9 (whose
+#: ``activation_checkpoint.early_stop = False`` the torchtitan-2025 stack takes): its ``build``
+#: calls ``checkpoint_wrapper`` without ``early_stop``, so torch.utils.checkpoint stops each
+#: recomputation once the last saved tensor is packed again (torch's default; ddlsim's
+#: ``non_reentrant_early_stop``, workloads/decoder/early_stop.py). The traces show it: the
+#: ``full`` variant (run5/full_s2048) recomputes 6 of a block's 7 GEMMs (not ``w2``), the
+#: ``selective_op`` one (run1/llama) one residual add per block, not two
+LLAMA_STEP = {"activation_checkpoint": "non_reentrant_early_stop"}
 #: ``llama_step.py``'s activation-checkpointing variants → ddlsim's ``train.recompute``
 RECOMPUTE = {"none": "none", "selective_op": "selective", "full": "full"}
 
@@ -100,7 +109,7 @@ def config(row: dict, system: str = SYSTEM) -> dict:
     one_gpu = {"preset": system, "nodes": 1, "devices_per_node": 1}
     if row["kind"] == "llama":
         compiled = row["variant"].startswith("compile_")
-        software = {"stack": "torchtitan-2025", "kernels": dict(TORCH_2_11)}
+        software = {"stack": "torchtitan-2025", "kernels": {**TORCH_2_11, **LLAMA_STEP}}
         if compiled:
             software["compile"] = True
         return {"model": {"preset": "llama-3.1-8b", "num_hidden_layers": row["layers"]},

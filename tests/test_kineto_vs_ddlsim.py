@@ -214,3 +214,21 @@ def test_a_set_the_config_lacks_is_refused(capsys):
     assert kv.main(["--set", "system.bogus=1"]) == 2
     err = capsys.readouterr().err
     assert "system.bogus=1" in err and "unknown key 'bogus'" in err
+
+
+def test_the_traced_recomputation_stops_early():
+    """llama_step.py's checkpoint stops early (validate_device_h200's LLAMA_STEP): the trace
+    recomputes one residual add per block, not two, and so does ddlsim's op list."""
+    from ddlsim.simulator.kernels import kernel_device, kernel_time
+    from ddlsim.workloads.trace import Kernel
+    events = kv.load_events(kv.TRACE)
+    ks, windows = kv.device_kernels(events), kv.layer_windows(events)
+    adds = [k for k in ks if kv.classify(k, kv.layer_of(k, windows)) == "element-wise recomputed"
+            and kv.op_label(k) == "aten::add"]
+    assert len(adds) == 8
+    cfg = kv.load_config()
+    assert cfg.software.kernels["activation_checkpoint"] == "non_reentrant_early_stop"
+    rows, _ = kv.ddlsim_rows(cfg)
+    add = kernel_time(Kernel("memory", bytes=3 * 2 * 8192 * 4096), kernel_device(cfg.system))
+    assert rows["element-wise forward"] - rows["element-wise recomputed"] == \
+        pytest.approx(8 * add, rel=1e-9)
