@@ -211,6 +211,39 @@ def op_label(k: DeviceKernel) -> str:
     return ops[0] if ops else "?"
 
 
+#: the element-wise ops of a block (:func:`ew_op`), as ddlsim names its parts
+#: (``layer_elementwise_parts``; ``repeat_kv`` and ``grad sums`` from its layer kernels)
+EW_OPS = ("norm", "residual", "activation", "rope", "repeat_kv", "grad sums", "other")
+
+
+def ew_op(k: DeviceKernel) -> str:
+    """The op of a block's element-wise kernel ``k`` (:data:`EW_OPS`), from its launching op
+    (:func:`op_label`) and name, for llama_step.py's block (torchtitan's: ``nn.RMSNorm``,
+    complex RoPE, ``repeat_kv``, SwiGLU): the norm's kernels but the residual's gradient sum
+    its backward node launches (an ``add``); the SwiGLU's SiLU and its 16-bit vectorised
+    ``mul``; RoPE's casts (``to``, ``type_as``) and its complex ``mul`` (strided, with the
+    ``conj`` of the frequencies in the backward); ``repeat_kv``'s expand-and-reshape copy and
+    its gradient's sum (``ExpandBackward0``); the sums of the input gradients of ``wq``/``wk``/
+    ``wv`` and ``w1``/``w3`` (``ViewBackward0``'s adds)."""
+    op, name = op_label(k), k.name
+    add = "CUDAFunctor_add" in name
+    if op in ("aten::add",) or (add and op.startswith("FusedRmsNorm")):
+        return "residual"
+    if add and op == "ViewBackward0":
+        return "grad sums"
+    if op in ("aten::rms_norm", "FusedRmsNormBackward0"):
+        return "norm"
+    if op in ("aten::silu", "SiluBackward0"):
+        return "activation"
+    if op in ("aten::mul", "MulBackward0"):
+        return "activation" if "vectorized_elementwise_kernel<8" in name else "rope"
+    if op in ("aten::to", "aten::type_as", "ToCopyBackward0"):
+        return "rope"
+    if op in ("aten::reshape", "ExpandBackward0"):
+        return "repeat_kv"
+    return "other"
+
+
 def busy_shares(kernels: list[DeviceKernel]) -> list[float]:
     """Each kernel's share of the device's busy time (µs): every instant split equally among
     the kernels running then; the shares add up to the union of the kernels' intervals."""

@@ -12,8 +12,10 @@ named GEMM, whose shape follows from its name and the model, is matched to a ker
 list with the same phase and shape (:func:`gemm_table`).
 
 It prints, per row, the measured kernels' summed and busy-share milliseconds beside ddlsim's;
-the measured rows without GEMMs by launching op; FSDP2's passes timed by their bytes at
-ddlsim's memory rate (:func:`fsdp2_passes`, beside ddlsim's own in the rows); and per
+the measured rows without GEMMs by launching op; the blocks' element-wise kernels by op (norm,
+residual, activation, RoPE, K/V's repeat, input-gradient sums: :func:`ew_op_table`), measured
+and ddlsim's, with the measured kernels' rate at ddlsim's bytes; FSDP2's passes timed by their
+bytes at ddlsim's memory rate (:func:`fsdp2_passes`, beside ddlsim's own in the rows); and per
 GEMM the measured rate beside ddlsim's ``kernel_time`` of that shape and the isolated burst rate
 of the nearest shape in ``run1/kernels/gemm.csv`` (same GPU and session). Nothing is fitted.
 
@@ -37,8 +39,8 @@ import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from kineto_kernels import (ROWS, DeviceKernel, busy_shares, classify, device_kernels,
-                            layer_of, layer_windows, load_events, name_gemms, op_label)
+from kineto_kernels import (EW_OPS, ROWS, DeviceKernel, busy_shares, classify, device_kernels,
+                            ew_op, layer_of, layer_windows, load_events, name_gemms, op_label)
 from validate_device_h200 import RUNS, config as run_config, llama_rows
 
 RUN = RUNS / "run1"
@@ -245,6 +247,77 @@ def op_breakdown(kernels: list[DeviceKernel], windows) -> list[dict]:
                                                                      -kv[1][1]))]
 
 
+def ddlsim_ew_ops(cfg) -> dict[tuple[str, str], tuple[int, float, float]]:
+    """ddlsim's element-wise kernels of the step's blocks by ``(phase, op)`` (phase
+    ``forward`` or ``backward``, op of :data:`~kineto_kernels.EW_OPS`): ``(kernels, bytes,
+    seconds)`` over all layers. The parts are the layer's own
+    (:func:`~ddlsim.simulator.kernels.elementwise.layer_elementwise_parts` and its backward's;
+    K/V's repeat and the input-gradient sums from
+    :func:`~ddlsim.workloads.decoder.layerkernels.layer_kernels`), one tensor-parallel rank."""
+    from ddlsim.simulator.kernels import kernel_device, kernel_time
+    from ddlsim.simulator.kernels.elementwise import layer_elementwise_parts
+    from ddlsim.simulator.kernels.elementwise_backward import layer_elementwise_backward_parts
+    from ddlsim.workloads.decoder.layerkernels import layer_kernels
+    shape, sw, dev = cfg.model.shape(), cfg.software, kernel_device(cfg.system)
+    b, s, n = cfg.train.micro_batch_size, cfg.train.seq_length, shape.layers
+    args = (shape, b, s, 1, False, 2, sw, cfg.train.dtype)
+    lk = layer_kernels(shape, sw, b, s, 1, False, cfg.train.dtype)
+    sums = tuple(k for part in ("bwd.mlp.fc1", "bwd.attn.qkv") for k in lk[part]
+                 if k.kind == "memory")
+    parts = {"forward": {**layer_elementwise_parts(*args), "repeat_kv": lk["repeat_kv"]},
+             "backward": {**layer_elementwise_backward_parts(*args),
+                          "repeat_kv": lk["repeat_kv"], "grad sums": sums}}
+    parts["recomputed"] = _recomputed_parts(cfg, parts["forward"])
+    return {(phase, op): (n * len(ks), n * sum(k.bytes for k in ks),
+                          n * sum(kernel_time(k, dev) for k in ks))
+            for phase, ops in parts.items() for op, ks in ops.items()}
+
+
+def _recomputed_parts(cfg, forward: dict) -> dict[str, tuple]:
+    """The memory kernels of ddlsim's ``recompute.sac`` op of one layer by op: each matched,
+    in order, to the next equal kernel of the forward's parts (``forward``, in the layer's
+    order; the recomputation keeps that order, less what the checkpoint does not rerun)."""
+    from ddlsim.api import build_workload
+    prog = build_workload(cfg).classes[0].program
+    op = next(o.payload for st in prog.steps for o in prog.blocks[st.block].flat.ops
+              if getattr(o.payload, "name", "") == "recompute.sac")
+    labelled = [(name, k) for name, ks in forward.items() for k in ks]
+    out: dict = defaultdict(tuple)
+    i = 0
+    for k in (k for k in op.kernels if k.kind == "memory"):
+        while i < len(labelled) and labelled[i][1] != k:
+            i += 1
+        name = labelled[i][0] if i < len(labelled) else "other"
+        out[name] += (k,)
+        i += 1
+    return dict(out)
+
+
+def ew_op_table(kernels: list[DeviceKernel], windows, cfg) -> list[dict]:
+    """Per ``(phase, op)`` of the blocks' element-wise kernels: the measured kernels (count,
+    ms; the recomputed ones apart) beside ddlsim's (:func:`ddlsim_ew_ops`: count, GB, ms) and
+    the measured kernels' rate at ddlsim's bytes (GB/s: where the bytes are torch's, the
+    kernels' achieved bandwidth)."""
+    acc: dict = defaultdict(lambda: [0, 0.0])
+    for k in kernels:
+        row = classify(k, layer_of(k, windows))
+        if row.startswith("element-wise"):
+            acc[(row.removeprefix("element-wise "), ew_op(k))][0] += 1
+            acc[(row.removeprefix("element-wise "), ew_op(k))][1] += k.dur_us * 1e-6
+    dd = ddlsim_ew_ops(cfg)
+    out = []
+    for phase in ("forward", "recomputed", "backward"):
+        for op in EW_OPS:
+            n, t = acc.get((phase, op), (0, 0.0))
+            dn, dbytes, dt = dd.get((phase, op), (0, 0.0, 0.0))
+            if n or dn:
+                out.append({"phase": phase, "op": op, "n": n, "ms": t * 1e3, "ddlsim_n": dn,
+                            "ddlsim_GB": dbytes / 1e9, "ddlsim_ms": dt * 1e3,
+                            "GBps_at_ddlsim_bytes": dbytes / t / 1e9 if t and dbytes
+                            else math.nan})
+    return out
+
+
 def fsdp2_passes(cfg) -> dict[str, float]:
     """Seconds ddlsim's memory kernel (:func:`~ddlsim.simulator.kernels.kernel_time`) gives
     FSDP2's passes of this one-rank step, from their bytes: each unit (a block; the root's
@@ -294,6 +367,14 @@ def report(kernels: list[DeviceKernel], windows, cfg, burst_rows: list[dict],
         if r["ms"] >= 0.05:
             lines.append(f"  {r['row']:32s} {r['op'][:40]:40s} {r['kernel'][:44]:44s} "
                          f"{r['n']:4d} {r['ms']:7.2f}")
+    lines += ["", "the blocks' element-wise ops by op (ew_op_table; GB/s meas: the measured "
+              "kernels at ddlsim's bytes):",
+              f"  {'phase':10s} {'op':10s} {'n':>4s} {'meas ms':>8s} {'ddlsim n':>8s} "
+              f"{'GB':>6s} {'ddlsim ms':>9s} {'GB/s meas':>9s}"]
+    for r in ew_op_table(kernels, windows, cfg):
+        lines.append(f"  {r['phase']:10s} {r['op']:10s} {r['n']:4d} {r['ms']:8.2f} "
+                     f"{r['ddlsim_n']:8d} {r['ddlsim_GB']:6.2f} {r['ddlsim_ms']:9.2f} "
+                     f"{r['GBps_at_ddlsim_bytes']:9.0f}")
     measured = {r["row"]: r for r in rows}
     lines += ["", "FSDP2's passes by their bytes at ddlsim's memory rate (fsdp2_passes), ms:"]
     for row, t in fsdp2_passes(cfg).items():

@@ -232,3 +232,28 @@ def test_the_traced_recomputation_stops_early():
     add = kernel_time(Kernel("memory", bytes=3 * 2 * 8192 * 4096), kernel_device(cfg.system))
     assert rows["element-wise forward"] - rows["element-wise recomputed"] == \
         pytest.approx(8 * add, rel=1e-9)
+
+
+def test_element_wise_rows_split_by_op():
+    """ew_op_table parts the three element-wise rows, measured and ddlsim's, by op: each
+    measured kernel of a block gets an op (none is "other"), ddlsim's parts add up to its
+    rows, and torch launches the same kernels per op as ddlsim lists but for the norms'
+    backward (two kernels each: grad input, gamma) and the rotary embedding (three per
+    tensor, and the backward's conj of the frequencies)."""
+    events = kv.load_events(kv.TRACE)
+    ks, windows = kv.device_kernels(events), kv.layer_windows(events)
+    cfg = kv.load_config()
+    table = kv.ew_op_table(ks, windows, cfg)
+    rows = {r["row"]: r for r in kv.class_table(ks, windows, kv.ddlsim_rows(cfg)[0])}
+    assert not [r for r in table if r["op"] == "other"]
+    for phase in ("forward", "recomputed", "backward"):
+        sub = [r for r in table if r["phase"] == phase]
+        row = rows[f"element-wise {phase}"]
+        assert sum(r["n"] for r in sub) == row["n"]
+        assert sum(r["ms"] for r in sub) == pytest.approx(row["measured_ms"], rel=1e-9)
+        assert sum(r["ddlsim_ms"] for r in sub) == pytest.approx(row["ddlsim_ms"], rel=1e-9)
+    counts = {(r["phase"], r["op"]): (r["n"], r["ddlsim_n"]) for r in table}
+    same = [k for k, (n, dn) in counts.items() if n == dn]
+    assert sorted(set(counts) - set(same)) == [
+        ("backward", "norm"), ("backward", "rope"), ("forward", "rope"), ("recomputed", "rope")]
+    assert counts[("backward", "norm")] == (32, 16)

@@ -55,8 +55,8 @@ from ...workloads.trace import Kernel
 
 __all__ = ["ELEMENTWISE_CLASSES", "layer_elementwise_kernels", "norm_kernels", "residual_bytes",
            "backward_kernels", "activation_classes", "norm_passes", "activation_passes",
-           "rope_bytes", "optimizer_bytes_per_param", "loss_bytes", "loss_passes", "loss_kernels",
-           "unfused_softmax_passes"]
+           "rope_bytes", "layer_elementwise_parts", "optimizer_bytes_per_param", "loss_bytes",
+           "loss_passes", "loss_kernels", "unfused_softmax_passes"]
 
 #: the element-wise kernel classes a device may time at their own achieved bandwidth
 #: (``device.elementwise_efficiency``), class -> the kernels it names; a backward class is
@@ -197,19 +197,28 @@ def layer_elementwise_kernels(shape: Any, b: float, s: float, t: int, sp: bool,
     torch's norm kernels carry the class ``norm``, a fused SwiGLU not compiled (Megatron-Core's
     jit_fuser kernel) ``gated``, a GeLU ``activation`` (:func:`activation_classes`,
     :data:`ELEMENTWISE_CLASSES`); torch.compile's generated kernels (``sw.compile``, which
-    fuses the norm and the activation) none."""
+    fuses the norm and the activation) none. The kernels of :func:`layer_elementwise_parts`
+    in its order."""
+    return sum(layer_elementwise_parts(shape, b, s, t, sp, dtype_bytes, sw, dtype).values(), ())
+
+
+def layer_elementwise_parts(shape: Any, b: float, s: float, t: int, sp: bool,
+                            dtype_bytes: float, sw: Any, dtype: str = "bf16"
+                            ) -> dict[str, tuple[Kernel, ...]]:
+    """:func:`layer_elementwise_kernels`' kernels (same arguments) by op: ``norm`` (the input
+    and pre-MLP norms), ``residual`` (the two residual connections), ``activation``,
+    ``rope`` (empty without rotary positions), in that order."""
     dt = dtype_bytes
     y = b * s * shape.ffn / t
-    out: list[tuple[float, str]] = []
-    residual = residual_bytes(shape, b * s * shape.hidden / (t if sp else 1), dt, sw)
-    out += [(v, "") for v in residual] * 2
+    residual = residual_bytes(shape, b * s * shape.hidden / (t if sp else 1), dt, sw) * 2
     act = activation_passes(shape.gated_mlp, shape.mlp_bias, sw.fused_bias_gelu, dt)
-    out += [(p * y, c) for p, c in zip(act, activation_classes(shape.gated_mlp,
-                                                                sw.fused_bias_gelu, sw.compile,
-                                                                len(act)))]
-    out += [(v, "") for v in rope_bytes(shape, b, s, t, dt, sw)]  # ·cos, negate, cat, ·sin, add
+    classes = activation_classes(shape.gated_mlp, sw.fused_bias_gelu, sw.compile, len(act))
+    parts = {"residual": [(v, "") for v in residual],
+             "activation": [(p * y, c) for p, c in zip(act, classes)],
+             "rope": [(v, "") for v in rope_bytes(shape, b, s, t, dt, sw)]}
     norms = norm_kernels(shape, b, s, t, sp, dt, sw, dtype) * 2   # input and pre-MLP norms
-    return norms + tuple(Kernel("memory", bytes=v, dtype=dtype, variant=c) for v, c in out if v)
+    return {"norm": norms, **{name: tuple(Kernel("memory", bytes=v, dtype=dtype, variant=c)
+                                          for v, c in out if v) for name, out in parts.items()}}
 
 
 def residual_bytes(shape: Any, x: float, dtype_bytes: float, sw: Any) -> list[float]:

@@ -46,8 +46,8 @@ from ...workloads.trace import Kernel
 from .elementwise import (_BACKWARD_CLASS, activation_classes, activation_passes,
                           backward_kernels, norm_kernels, residual_bytes, rope_bytes)
 
-__all__ = ["layer_elementwise_backward_kernels", "residual_backward_bytes",
-           "activation_backward_passes"]
+__all__ = ["layer_elementwise_backward_kernels", "layer_elementwise_backward_parts",
+           "residual_backward_bytes", "activation_backward_passes"]
 
 
 def layer_elementwise_backward_kernels(shape: Any, b: float, s: float, t: int, sp: bool,
@@ -81,17 +81,28 @@ def layer_elementwise_backward_kernels(shape: Any, b: float, s: float, t: int, s
     tuple of Kernel
         memory kernels, bytes in B, with their classes' backward classes.
     """
+    parts = layer_elementwise_backward_parts(shape, b, s, t, sp, dtype_bytes, sw, dtype)
+    return sum(parts.values(), ())
+
+
+def layer_elementwise_backward_parts(shape: Any, b: float, s: float, t: int, sp: bool,
+                                     dtype_bytes: float, sw: Any, dtype: str = "bf16"
+                                     ) -> dict[str, tuple[Kernel, ...]]:
+    """:func:`layer_elementwise_backward_kernels`' kernels (same arguments) by op, as
+    :func:`~.elementwise.layer_elementwise_parts` names the forward's: ``norm``,
+    ``residual``, ``activation``, ``rope``, in that order."""
     dt = dtype_bytes
     y = b * s * shape.ffn / t
     x = b * s * shape.hidden / (t if sp else 1)
-    out: list[tuple[float, str]] = [(v, "") for v in residual_backward_bytes(shape, x, dt, sw)]
-    out *= 2
     act = activation_backward_passes(shape.gated_mlp, shape.mlp_bias, sw.fused_bias_gelu, dt)
-    out += [(p * y, c) for p, c in zip(act, _activation_backward_classes(
-        shape.gated_mlp, sw.fused_bias_gelu, sw.compile, len(act)))]
-    out += [(v, "") for v in rope_bytes(shape, b, s, t, dt, sw)]
+    classes = _activation_backward_classes(shape.gated_mlp, sw.fused_bias_gelu, sw.compile,
+                                           len(act))
+    parts = {"residual": [(v, "") for v in residual_backward_bytes(shape, x, dt, sw) * 2],
+             "activation": [(p * y, c) for p, c in zip(act, classes)],
+             "rope": [(v, "") for v in rope_bytes(shape, b, s, t, dt, sw)]}
     norms = backward_kernels(norm_kernels(shape, b, s, t, sp, dt, sw, dtype)) * 2
-    return norms + tuple(Kernel("memory", bytes=v, dtype=dtype, variant=c) for v, c in out if v)
+    return {"norm": norms, **{name: tuple(Kernel("memory", bytes=v, dtype=dtype, variant=c)
+                                          for v, c in out if v) for name, out in parts.items()}}
 
 
 def residual_backward_bytes(shape: Any, x: float, dtype_bytes: float, sw: Any) -> list[float]:
