@@ -168,24 +168,80 @@ def test_both_engines_time_the_wait():
     assert des == pytest.approx(ana, rel=0.01)
 
 
-def test_the_combined_1f1b_forward_nodes_open_with_the_waits():
+def _combined_nodes(dispatcher: dict, backward: bool = False) -> dict:
     from ddlsim.workloads.decoder.builder import StageBuilder
     from ddlsim.workloads.decoder.combined_nodes import moe_layer_nodes
-    cfg = ddlsim.load_config(qwen3_30b(DEEPEP))
-    b = StageBuilder.from_config(cfg, cfg.model.shape())
-    nodes = moe_layer_nodes(b, False)
+    cfg = ddlsim.load_config(qwen3_30b(dispatcher))
+    return moe_layer_nodes(StageBuilder.from_config(cfg, cfg.model.shape()), backward)
+
+
+def test_the_combined_1f1b_forward_nodes_open_with_the_waits():
+    nodes = _combined_nodes(DEEPEP)
     assert [(o.payload.name, o.stream, o.deps) for o in nodes["dispatch"][:3]] == [
         ("fwd.dispatch.sync", "host", ()), ("fwd.dispatch.issue", "host", (0,)),
         ("fwd.dispatch", "ep", (1,))]
-    mlp = nodes["mlp"]      # DeepEP's post-dispatch waits, then the layer's host work
+    mlp = nodes["mlp"]      # DeepEP's post-dispatch waits, then the permutation by expert
     assert [(o.payload.name, o.stream) for o in mlp[:4]] == [
-        ("fwd.dispatch.sync", "host"), ("fwd.dispatch.issue", "host"),
-        ("fwd.moe.host", "host"), ("fwd.moe.host.te", "host")]
-    assert mlp[4].deps == (1,) and mlp[0].payload.seconds == 3 * SYNC_WAKE_S
+        ("fwd.dispatch.drain", "host"), ("fwd.dispatch.sync", "host"),
+        ("fwd.dispatch.issue", "host"), ("fwd.sort", "compute")]
+    assert mlp[3].deps == (2,) and mlp[1].payload.seconds == 3 * SYNC_WAKE_S
     assert not [o for o in nodes["dispatch"] if o.payload.name.startswith("fwd.moe.host")]
-    back = moe_layer_nodes(b, True)
-    assert not [o for n in back.values() for o in n if o.stream == "host"]
-    assert moe_host.node_with_waits("fwd", None, "router", "bf16", mlp[4:]) == mlp[4:]
+    assert not [o for n in _combined_nodes(DEEPEP, True).values() for o in n
+                if o.stream == "host"]
+    assert moe_host.node_with_waits("fwd", None, "router", "bf16", mlp[3:]) == mlp[3:]
+
+
+def test_the_combined_mlp_nodes_waits_drain_the_compute_stream_and_its_steps_gate_fc1_fc2():
+    # DeepEP's multihot waits run in the mlp node on the compute stream: a stream sync that
+    # waits for the paired backward's expert gradients issued before it (Wait on "compute"),
+    # after which the host's steps launch fc1 and fc2 as outside the combined schedule; the
+    # counted work stays the layer's, and the node still ends on the device
+    from ddlsim.workloads.trace import Wait
+    mlp = _combined_nodes(DEEPEP)["mlp"]
+    drain = mlp[0].payload
+    assert isinstance(drain, Wait) and drain.stream == "compute" and mlp[0].stream == "host"
+    names = [o.payload.name for o in mlp]
+    for device, step in (("fwd.experts.fc1", "fwd.experts.fc1.host.te"),
+                         ("fwd.experts.fc2", "fwd.experts.fc2.host.te")):
+        assert names.index(step) in mlp[names.index(device)].deps
+    assert mlp[-1].stream == "compute"
+    host = DISPATCHER_HOST["deepep"]
+    counted = sum(len(o.payload.kernels) for o in mlp if o.stream == "host"
+                  and o.payload.name.endswith(".host"))
+    te = sum(o.payload.seconds for o in mlp if o.payload.name.endswith(".host.te"))
+    assert counted == host.work_ops
+    assert te == pytest.approx(moe_host.TE_LINEARS_FORWARD * moe_host.TE_LINEAR_HOST_S)
+
+
+def _overlapped(dispatcher: dict, layers: int = 2) -> dict:
+    """:func:`qwen3_30b` with Megatron-Core's combined 1F1B: two micro-batches, one combined
+    step (F0, B0 + F1, B1)."""
+    cfg = qwen3_30b(dispatcher, layers=layers)
+    cfg["train"]["global_batch_size"] = 16
+    cfg["parallel"]["moe"].update(overlap_expert_parallel_comm=True, delay_wgrad_compute=True)
+    return cfg
+
+
+def test_in_a_combined_step_fc1_starts_after_the_backward_wgrad_the_wakes_and_the_steps():
+    # one combined step (B0 + F1), DES timeline of rank 0: each forward MoE layer's multihot
+    # waits start when the paired backward's last expert weight gradient ends, and fc1 starts
+    # 3 wakes, the 8 issue calls, fc1's 3 calls and its TE linear later (the compute stream
+    # idles meanwhile: its next work, the attention backward, is issued after this node)
+    r = ddlsim.predict(_overlapped(DEEPEP), "des")
+    spans = [s for s in r.spans if s.rank == 0]
+    wgrad = [s for s in spans if s.name == "bwd.experts.fc1.wgrad"]
+    fc1 = [s for s in spans if s.name == "fwd.experts.fc1"]
+    late = [f for f in fc1 if f.start_s > wgrad[0].start_s]    # the combined step's forwards
+    assert len(wgrad) == 2 and len(late) == 2       # B0's two layers beside F1's two
+    gap = 3 * SYNC_WAKE_S + (8 + 3) * HOST_OP_S + moe_host.TE_LINEAR_HOST_S
+    for w, f in zip(wgrad, late):
+        assert f.start_s - w.end_s == pytest.approx(gap, rel=1e-6)
+
+
+def test_both_engines_time_the_combined_deepep_step():
+    cfg = _overlapped(DEEPEP)
+    ana, des = (ddlsim.predict(cfg, e).iteration_time_s for e in ("analytical", "des"))
+    assert des == pytest.approx(ana, rel=0.01)
 
 
 def test_the_hosts_work_binds_only_where_it_outlasts_the_device(monkeypatch):
@@ -257,11 +313,7 @@ def test_the_backward_counts_grouped_linears_per_expert_host_work(monkeypatch):
 
 
 def test_with_one_wait_the_combined_dispatch_node_carries_the_hosts_work():
-    from ddlsim.workloads.decoder.builder import StageBuilder
-    from ddlsim.workloads.decoder.combined_nodes import moe_layer_nodes
-    cfg = ddlsim.load_config(qwen3_30b(ALLTOALL))
-    b = StageBuilder.from_config(cfg, cfg.model.shape())
-    node = moe_layer_nodes(b, False)["dispatch"]
+    node = _combined_nodes(ALLTOALL)["dispatch"]
     assert [o.payload.name for o in node[:5]] == [
         "fwd.dispatch.sync", "fwd.dispatch.issue", "fwd.moe.host", "fwd.moe.host.te",
         "fwd.dispatch"]

@@ -61,8 +61,10 @@ per-expert host work (:mod:`.moe_host_chain`, ``bwd.experts.host``, no deps; the
 host work is not counted). Host operations are timed by the device's host rule
 (:func:`~ddlsim.simulator.kernels.device.op_time`: ``n·h``), so both engines time them alike.
 Under Megatron-Core's combined 1F1B (:mod:`.combined`) the waits open the forward's
-``dispatch`` and ``mlp`` nodes, all the work follows the last issue with no deps, and the
-backward nodes carry no host work.
+``dispatch`` and ``mlp`` nodes; after a ``dispatch`` node's wait (alltoall, HybridEP) all the
+work follows the last issue with no deps; DeepEP's waits in the ``mlp`` node synchronise the
+compute stream, which they leave empty, so there the chain's steps gate fc1 and fc2
+(:func:`node_with_waits`); the backward nodes carry no host work.
 ZeRO-3's per-layer units, which run on one stream (:meth:`.moe.MoEOps.moe_layer_payloads`),
 leave the host ops out.
 """
@@ -73,7 +75,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..trace import Compute, Kernel, Op
+from ..trace import Compute, Kernel, Op, Wait
 
 __all__ = ["HostWait", "HostStep", "DispatcherHost", "DISPATCHER_HOST", "SYNC_WAKE_S",
            "TE_LINEAR_HOST_S", "TE_LINEARS_FORWARD", "dispatcher_host", "host_op", "layer_work",
@@ -281,10 +283,29 @@ def node_with_waits(pre: str, host: DispatcherHost | None, after: str, dtype: st
     """A combined-1F1B forward node (:mod:`.combined`: ``dispatch`` for the waits after the
     router, ``mlp`` for those after the dispatch) opened by the host's waits and issues on the
     ``host`` stream: the node's first op waits for the node before it on its side (the
-    ``attn`` node, or the dispatch), and the node's own first op waits for the last issue. The
-    layer's host work (all of it with no deps: the backward micro-batch's ops fill the device,
-    so the chain's steps are not laid here) follows the layer's last issue, on the
-    ``host`` stream only. Without such a wait (or an empty node), ``node`` as it is.
+    ``attn`` node, or the dispatch), and the node's own first op waits for the last issue.
+    After the layer's last wait comes the layer's host work: in the ``dispatch`` node
+    (alltoall, HybridEP: one wait, after the router) all of it with no deps; in the ``mlp``
+    node (DeepEP's waits after the dispatch) the chain's steps before the ops they launch,
+    as :class:`~.moe_host_chain.HostChain` lays them outside the combined schedule, then the
+    rest with no deps. Without such a wait (or an empty node), ``node`` as it is.
+
+    **The mlp node's waits drain the compute stream.** DeepEP's waits after the dispatch are
+    ``_indices_to_multihot``'s (Megatron-LM d7288711 ``token_dispatcher.py`` lines 1225-1230:
+    ``indices[mask]``, ``repeat_interleave`` of a device tensor, ``probs[mask]``), called from
+    ``get_permuted_hidden_states_by_experts`` in the ``mlp`` node
+    (``fine_grained_callables.py`` ``submodule_moe_forward``, line 544:
+    ``routed_experts_compute``), which runs on the compute stream (``ScheduleNode``'s
+    ``stream_acquire_context``, ``pipeline_parallel/utils.py``). Each is a device-to-host copy
+    that synchronises the current stream, so the host waits for everything issued on the
+    compute stream before it, the paired backward's expert data and weight gradients
+    (``mlp`` bwd, ``backward_dw``, issued before ``mlp`` fwd by
+    ``TransformerLayerSchedulePlan.run``, ``model_chunk_schedule_plan.py`` lines 189-255),
+    besides the dispatch. When it returns the compute stream has nothing queued: the
+    backward's next compute (``attn`` bwd) is issued only after this node and the combine.
+    So the node opens with a :class:`~ddlsim.workloads.trace.Wait` for the compute stream on
+    the ``host`` stream, and fc1 and fc2 wait for the host's steps that launch them, as
+    outside the combined schedule.
 
     Parameters
     ----------
@@ -307,15 +328,51 @@ def node_with_waits(pre: str, host: DispatcherHost | None, after: str, dtype: st
     if not waits or not node:
         return node
     head: list[Op] = []
+    if after == "dispatch":     # the multihot waits synchronise the compute stream
+        head.append(Op(Wait(f"{pre}.dispatch.drain", "compute"), "host"))
     for wait in waits:
         sync, issue = _wait_ops(pre, wait, dtype)
         head += [Op(sync, "host", (len(head) - 1,) if head else ()),
                  Op(issue, "host", (len(head),))]
     issued = len(head) - 1
-    if host.waits[-1].after == after:       # the layer's last wait: the work follows it
+    if host.waits[-1].after != after:
+        return _shifted(head, node, issued)
+    if after != "dispatch":     # the work runs ahead: the paired backward fills the device
         head += [Op(op, "host") for op in layer_work(pre, host, dtype)]
+        return _shifted(head, node, issued)
+    return _gated(pre, host, dtype, head, node, issued)
+
+
+def _shifted(head: list[Op], node: list[Op], issued: int) -> list[Op]:
+    """``head`` then ``node``, its deps shifted past the head, its first op after ``issued``."""
     n = len(head)
     first, *rest = node
     return [*head, Op(first.payload, first.stream, (*(d + n for d in first.deps), issued),
                       first.repeat),
             *(Op(o.payload, o.stream, tuple(d + n for d in o.deps), o.repeat) for o in rest)]
+
+
+def _gated(pre: str, host: DispatcherHost, dtype: str, head: list[Op], node: list[Op],
+           issued: int) -> list[Op]:
+    """``head`` then ``node`` with the host's chain laid before the ops it launches (each
+    launched op waits for its step), the steps left and the rest of the layer's work on the
+    ``host`` stream before the node's last op (no deps: the node still ends on the device)."""
+    from .moe_host_chain import step_ops
+    out, where, steps = list(head), {}, list(host.chain)
+    for i, op in enumerate(node):
+        key = op.payload.name[len(pre) + 1:]
+        hit = next((j for j, s in enumerate(steps)
+                    if key == s.issues or key.startswith(f"{s.issues}.")), None)
+        gate: tuple[int, ...] = ()
+        if hit is not None:
+            for step in steps[:hit + 1]:
+                out += [Op(x, "host") for x in step_ops(pre, step, dtype)]
+            steps, gate = steps[hit + 1:], (len(out) - 1,)
+        if i == len(node) - 1:
+            for step in steps:
+                out += [Op(x, "host") for x in step_ops(pre, step, dtype)]
+            out += [Op(x, "host") for x in layer_work(pre, host, dtype, rest=True)]
+        deps = {*(where[d] for d in op.deps), *gate, *((issued,) if i == 0 else ())}
+        where[i] = len(out)
+        out.append(Op(op.payload, op.stream, tuple(sorted(deps)), op.repeat))
+    return out

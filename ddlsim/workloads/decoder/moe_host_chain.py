@@ -10,7 +10,8 @@ from ..trace import Compute
 from . import moe_host
 from .moe_host import DispatcherHost, HostStep, host_op, layer_work
 
-__all__ = ["GROUPED_LINEAR_BWD_OPS", "HostChain", "add_backward_expert_host"]
+__all__ = ["GROUPED_LINEAR_BWD_OPS", "HostChain", "add_backward_expert_host",
+           "step_ops"]
 
 #: Calls into torch per local expert in one Transformer Engine ``GroupedLinear``'s backward
 #: under Megatron-Core's DDP with gradient-accumulation fusion (the weight gradient written
@@ -31,7 +32,9 @@ __all__ = ["GROUPED_LINEAR_BWD_OPS", "HostChain", "add_backward_expert_host"]
 GROUPED_LINEAR_BWD_OPS = 5
 
 
-def _step_ops(pre: str, step: HostStep, dtype: str) -> list[Compute]:
+def step_ops(pre: str, step: HostStep, dtype: str) -> list[Compute]:
+    """The host ops of one chain step: its counted calls into torch (``*.<op>.host``) and its
+    TE linear modules (``*.<op>.host.te``)."""
     name = f"{pre}.{step.issues}.host"
     out = [host_op(name, step.ops, dtype)] if step.ops else []
     if step.te:
@@ -68,7 +71,7 @@ class HostChain:
     def _lay(self, steps: list[HostStep]) -> tuple[int, ...]:
         last: tuple[int, ...] = ()
         for step in steps:
-            for op in _step_ops(self.pre, step, self.dtype):
+            for op in step_ops(self.pre, step, self.dtype):
                 last = (self.ops.add(op, "host"),)
         return last
 
