@@ -257,10 +257,12 @@ def ddlsim_ew_ops(cfg) -> dict[tuple[str, str], tuple[int, float, float]]:
     from ddlsim.simulator.kernels import kernel_device, kernel_time
     from ddlsim.simulator.kernels.elementwise import layer_elementwise_parts
     from ddlsim.simulator.kernels.elementwise_backward import layer_elementwise_backward_parts
-    from ddlsim.workloads.decoder.layerkernels import layer_kernels
+    from ddlsim.config import DTYPE_BYTES
+    from ddlsim.workloads.decoder.layerkernels import compute_dtype, layer_kernels
     shape, sw, dev = cfg.model.shape(), cfg.software, kernel_device(cfg.system)
     b, s, n = cfg.train.micro_batch_size, cfg.train.seq_length, shape.layers
-    args = (shape, b, s, 1, False, 2, sw, cfg.train.dtype)
+    od = compute_dtype(cfg.train.dtype)      # the element-wise ops' dtype (bf16 under FP8)
+    args = (shape, b, s, 1, False, DTYPE_BYTES[od], sw, od)
     lk = layer_kernels(shape, sw, b, s, 1, False, cfg.train.dtype)
     sums = tuple(k for part in ("bwd.mlp.fc1", "bwd.attn.qkv") for k in lk[part]
                  if k.kind == "memory")
