@@ -27,11 +27,16 @@ the median over the blocks, with the ATen ops inside them.
 Per unit: ``(Δ(L=10) − Δ(L=2)) / 8`` (the root's once-per-pass work cancels); per tensor: the
 slope between ``T = 2`` and ``T = 12``; the unit's fixed part: the rest at ``T = 2``. Each is
 printed in seconds and in units of this machine's tiny op (a 1-element ``torch.add`` in a
-Python loop: the loop's ``launch.stream_gap_s``, ``ddlsim/reference/torch_machine.py``).
-Nothing is fitted to a step time. Measured, not modelled: a model of these hooks on the host
-stream (2026-11-30) moved the torch loop's ``torch-fsdp`` row from −18 to −14 % but put the
-two engines 2.4 % apart on a context-parallel FSDP2 plan, and was taken back until that is
-resolved (docs/validation.md, the torch loop).
+Python loop: the loop's ``launch.stream_gap_s``, ``ddlsim/reference/torch_machine.py``), the
+unit :mod:`ddlsim.workloads.decoder.fsdp2_passes` charges them in. Nothing is fitted to a
+step time.
+
+With ``--fake N`` it runs in one process on torch's fake process group of ``N`` ranks
+(``torch.testing._internal.distributed.fake_pg``: every collective returns at once, nothing
+is sent): FSDP2's sharded path alone, without Gloo's blocking collectives and their
+subtraction, whose noise (two processes on two cores) is larger than the hooks' own time
+(``Gloo taken off`` 180-610 µs a unit against 190-910 µs left). ``fsdp2_passes``'s figures
+are these.
 """
 
 from __future__ import annotations
@@ -211,7 +216,11 @@ def trace_hooks(path: str) -> dict[str, dict[str, float]]:
 def main(argv: list[str] | None = None) -> int:
     ap = tb.parser(__doc__, "iters", 40, "rounds; the least is kept")
     ap.add_argument("--trace", help="read a one-rank Kineto trace's FSDP2 ranges instead")
+    ap.add_argument("--fake", type=int, default=0, metavar="N",
+                    help="one process on torch's fake process group of N ranks (no Gloo)")
     args = tb.parse(ap, argv, ("iters",))
+    if args.fake < 0:
+        ap.error(f"--fake {args.fake}: must be >= 1 (or 0: Gloo under torch.distributed.run)")
     if args.trace:
         res = trace_hooks(args.trace)
         print(f"{args.trace}: {res['blocks']} blocks")
@@ -222,11 +231,16 @@ def main(argv: list[str] | None = None) -> int:
     if tb.loop_model(False) is None:        # torch with Gloo, one thread
         return 2
     import torch.distributed as dist
-    dist.init_process_group("gloo")
+    if args.fake:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=args.fake)
+    else:
+        dist.init_process_group("gloo")
     res = measure(args.iters)
     if dist.get_rank() == 0:
         tiny = res["tiny_op_s"]
-        print(f"ranks {dist.get_world_size()}: tiny op {tiny * 1e6:.2f} us")
+        backend = "fake" if args.fake else "gloo"
+        print(f"ranks {dist.get_world_size()} ({backend}): tiny op {tiny * 1e6:.2f} us")
         for phase in ("forward", "backward"):
             r = res[phase]
             comm = ", ".join(f"{c * 1e6:.1f}" for c in r["collectives_s"])

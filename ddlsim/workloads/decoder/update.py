@@ -8,7 +8,7 @@ sliced reduce + broadcast, reduce-scatter + all-gather). Mixed into
 
 from __future__ import annotations
 
-from ..trace import Block, Collective, Op, Wait
+from ..trace import Block, Collective, Compute, Op, Wait
 from . import param_gather
 from .stage import StageBase
 
@@ -50,7 +50,7 @@ class UpdateOps(StageBase):
         if self.gdp == 1:     # the step's own waits (.host_sync) around it
             alone: list[Op] = []
             self.step_sync_ops(alone, 0, True)
-            alone.append(self.optimizer_op(params))
+            self._step_ops(alone, stage, params)
             self.step_sync_ops(alone, 0, False)
             return Block("update", "optimizer", tuple(alone))
         # ops[0] marks "backward finished": communication-stream ops below depend on it
@@ -84,7 +84,7 @@ class UpdateOps(StageBase):
         moved = overlapped and stage == 0 and self.split[0][0] > 0
         waits = 0 if p.zero_stage == 3 else self.stage_buckets(stage, moved)
         self.step_sync_ops(ops, waits, True)
-        ops.append(self.optimizer_op(shard))
+        self._step_ops(ops, stage, shard)
         self.step_sync_ops(ops, 0, False)
         if p.zero_stage == 3:   # DeepSpeed 2021 regathers its persistent parameters
             from .zero3_fetch import persistent_gather_ops
@@ -97,6 +97,29 @@ class UpdateOps(StageBase):
                                                p.param_bucket_bytes)
             ops.append(Op(Collective("params.all_gather", "all_gather", self.grad_group,
                                      gather)))
+
+    def _step_ops(self, ops: list[Op], stage: int, params: float) -> None:
+        """Append the optimizer step over ``params`` parameters; under FSDP2 (ZeRO-3,
+        ``torch_fsdp2``) DTensor's host time of a single-tensor step before it, on the
+        ``host`` stream (:func:`.fsdp2_passes.step_host_seconds`: the stage's parameter
+        tensors, its layers' and edges')."""
+        seconds = 0.0
+        if self.plan.zero_stage == 3 and self.sw.zero3_implementation == "torch_fsdp2":
+            from .fsdp2_passes import edge_tensors, layer_tensors, step_host_seconds
+            sh = self.shape
+            layer = layer_tensors(sh, bool(self.sw.separate_projections))
+            tensors = sum(self.split[stage]) * layer
+            tensors += (edge_tensors(sh, ".embedding") if stage == 0 else 0) + \
+                (edge_tensors(sh, ".head") if stage == self.pp - 1 else 0)
+            seconds = step_host_seconds(self.plan.device.launch, self.sw.fused_optimizer,
+                                        tensors)
+        step = self.optimizer_op(params)
+        if seconds:   # once the step may start: after the ops before it (the gradients' wait)
+            ops.append(Op(Compute("optimizer.dtensor_host", 0.0, kind="elementwise",
+                                  dtype="fp32", seconds=seconds), "host",
+                          (len(ops) - 1,) if ops else ()))
+            step = Op(step.payload, step.stream, (len(ops) - 1,), step.repeat)
+        ops.append(step)
 
     def _reduce_broadcast_ops(self, ops: list[Op], params: float, root: bool) -> None:
         """Append the gradients reduced to rank 0, its step, and the parameters broadcast."""

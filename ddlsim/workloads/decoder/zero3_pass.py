@@ -1,8 +1,8 @@
 """One ZeRO-3 / FSDP pass (forward or backward) over its units, as ops: the prefetch limit,
 the gathers and reduce-scatters sharing the ``dp`` stream in issue order, the host's issue
-under per-tensor gathers and the gradients' memory passes (the rules in :mod:`.zero3`'s
-docstring; :mod:`.zero3` cuts the units, :mod:`.zero3_edges` and :mod:`.fsdp_edges` add the
-edge units)."""
+under per-tensor gathers, FSDP2's hooks on the host (:func:`.fsdp2_passes.hook_seconds`)
+and the gradients' memory passes (the rules in :mod:`.zero3`'s docstring; :mod:`.zero3` cuts
+the units, :mod:`.zero3_edges` and :mod:`.fsdp_edges` add the edge units)."""
 
 from __future__ import annotations
 
@@ -80,6 +80,29 @@ class _Pass:
         self.synced = b.sw.zero3_gather == "per_tensor"
         #: elements a unit may hold gathered before its pre-hook refuses a prefetch (0: none)
         self.cap = b.sw.zero3_max_live_parameters if b.sw.zero3_gather != "per_layer" else 0
+        #: FSDP2's hooks run Python on the host per unit (:func:`.fsdp2_passes.hook_seconds`)
+        self.hooked = (b.sw.zero3_implementation == "torch_fsdp2"
+                       and b.sw.zero3_gather == "per_layer"
+                       and b.sw.host_dispatch != "cuda_graphs")
+
+    def hook(self, u: _Unit, post: bool) -> float:
+        """Host seconds of FSDP2's pre-hook (``post`` false: ``pre_forward``,
+        ``pre_backward``) or post-hook (``post_forward``, ``post_backward``) on unit ``u`` in
+        this pass (:func:`.fsdp2_passes.hook_seconds`); 0 under another ZeRO-3."""
+        if not self.hooked:
+            return 0.0
+        from .fsdp2_passes import edge_tensors, hook_seconds, layer_tensors
+        b = self.b
+        tensors = (edge_tensors(b.shape, u.label) if u.label
+                   else layer_tensors(b.shape, bool(b.sw.separate_projections)))
+        sharded = bool(u.gathers or u.reduces)    # else FSDP2's one-rank branch
+        return hook_seconds(b.plan.device.launch, 2 if sharded else 1, self.backward(u),
+                            tensors, post)
+
+    @staticmethod
+    def backward(u: _Unit) -> bool:
+        """Whether ``u`` is a backward pass's unit (it reduces its gradients)."""
+        return bool(u.reduces or u.chunk_cat or u.after_reduce)
 
     def host(self, name: str, seconds: float, deps: tuple[int, ...]) -> tuple[int, ...]:
         """``seconds`` of the host's issue after ``deps``, on the ``host`` stream: the op's
@@ -103,7 +126,10 @@ class _Pass:
         u, ops, idx = self.units[j], self.ops, []
         if u.fill:   # the zero-filled buffers, waited for before the issue
             deps = (self._elementwise("zero3.zero_fill", u.fill, "host", deps),)
-        deps = self.host("zero3.host_gather", u.host_gather, deps)
+        # FSDP2's pre-hook on the host: the unit's compute waits for it, the gathers follow
+        hooked = self.host("fsdp2.pre_hook", self.hook(u, False), deps)
+        idx += [i for i in hooked if i not in deps]
+        deps = self.host("zero3.host_gather", u.host_gather, hooked)
         if u.pre_gather is not None:     # the casts before a float8 all-gather
             ops.extend(u.pre_gather(deps))
             deps = (len(ops) - 1,)
@@ -150,7 +176,9 @@ class _Pass:
         if unit.chunk_cat:    # FSDP2's, next on the compute stream after the backward
             from .fsdp2_passes import chunk_cat_op
             ops.append(Op(chunk_cat_op(unit.chunk_cat, self.b.dtype), "compute"))
-        last = dep = len(ops) - 1
+        # FSDP2's post-hook on the host once the unit has run (post_backward issues the
+        # reduce-scatters): the next unit's gathers follow it
+        last = dep = self.host("fsdp2.post_hook", self.hook(unit, True), (len(ops) - 1,))[0]
         if unit.reduce_passes:
             dep = self._elementwise("zero3.reduce_passes", unit.reduce_passes,
                                     "compute" if self.synced else "dp", (last,))
