@@ -50,9 +50,10 @@ from ddlsim.calibration.gemm_overhead import GemmPoint, gemm_errors
 from ddlsim.simulator.kernels import attention_kernels, kernel_device, kernel_time, op_time
 from ddlsim.simulator.kernels.elementwise import (activation_classes, activation_passes,
                                                   backward_kernels, norm_passes,
-                                                  optimizer_bytes_per_param,
-                                                  unfused_softmax_passes)
+                                                  optimizer_bytes_per_param)
 from ddlsim.simulator.kernels.gemm import gemm_quantisation
+from ddlsim.simulator.kernels.softmax import softmax_passes
+from ddlsim.software import resolve_software
 from ddlsim.workloads.trace import Compute, Kernel
 
 PARTS = ("gemm", "attention", "memory", "sustained", "launch")
@@ -66,6 +67,10 @@ GEMM_DTYPES = {"fp8_rowwise": ("fp8", "cutlass_rowwise")}
 #: launch.json's facts, as ``device.launch`` names them
 LAUNCH_FACTS = ("host_launch_s", "eager_op_s", "stream_gap_s", "graph_gap_s")
 BF16 = 2.0      # bytes per element of h100_kernels.py's memory kernels (bf16)
+#: keys per row of h100_kernels.py's softmax scores (``bh, s = 64, 2048``: 64 × 2048 rows)
+SCORE_ROW = 2048
+#: the softmax dispatch of the sweep's PyTorch 2.11 (torchtitan-2025's softmax_dispatch)
+SOFTMAX = "torch-2.10"
 
 
 def load_system(system: str, software: str, gemm_library: str | None = None):
@@ -221,60 +226,65 @@ def _adam_bytes(fused: bool) -> float:
 #: h100_kernels.py's memory kernel -> (ddlsim's kernels given elements and hidden, or a
 #: number: bytes per element of one optimizer roofline op; what ddlsim's op is)
 MEMORY_COUNTERPARTS = {
-    "copy": (lambda el, h: _passes([2 * BF16], el), "a streaming pass (memory_efficiency)"),
-    "add": (lambda el, h: _passes([3 * BF16], el), "the residual add's pass"),
-    "gelu_tanh": (lambda el, h: _passes(activation_passes(False, False, False, BF16), el,
+    "copy": (lambda el, h, sm: _passes([2 * BF16], el), "a streaming pass (memory_efficiency)"),
+    "add": (lambda el, h, sm: _passes([3 * BF16], el), "the residual add's pass"),
+    "gelu_tanh": (lambda el, h, sm: _passes(activation_passes(False, False, False, BF16), el,
                                         "activation"), "a GeLU kernel (class activation)"),
-    "layernorm_fwd": (lambda el, h: _norm(True, "layernorm", h, el),
+    "layernorm_fwd": (lambda el, h, sm: _norm(True, "layernorm", h, el),
                       "torch's LayerNorm kernel (class norm)"),
-    "layernorm_bwd": (lambda el, h: _norm(True, "layernorm", h, el, True),
+    "layernorm_bwd": (lambda el, h, sm: _norm(True, "layernorm", h, el, True),
                       "its backward, twice the traffic (class norm_backward)"),
-    "rmsnorm_fwd": (lambda el, h: _norm(True, "rmsnorm", h, el),
+    "rmsnorm_fwd": (lambda el, h, sm: _norm(True, "rmsnorm", h, el),
                     "torch's fused RMSNorm kernel (class norm)"),
-    "rmsnorm_composite_fwd": (lambda el, h: _norm(False, "rmsnorm", h, el),
+    "rmsnorm_composite_fwd": (lambda el, h, sm: _norm(False, "rmsnorm", h, el),
                               "the composite RMSNorm's 8 kernels (class norm)"),
-    "mul_row_broadcast_fp32": (lambda el, h: _passes([8.0], el, "norm"),
+    "mul_row_broadcast_fp32": (lambda el, h, sm: _passes([8.0], el, "norm"),
                                "the composite's normalising mul (class norm)"),
-    "silu_mul_contiguous": (lambda el, h: _silu_mul(el), "an unfused SwiGLU (SiLU, mul)"),
-    "silu_mul_chunked": (lambda el, h: _silu_mul(el),
+    "silu_mul_contiguous": (lambda el, h, sm: _silu_mul(el), "an unfused SwiGLU (SiLU, mul)"),
+    "silu_mul_chunked": (lambda el, h, sm: _silu_mul(el),
                          "as silu_mul_contiguous: ddlsim does not tell strided halves apart"),
-    "softmax_fwd": (lambda el, h: _passes(unfused_softmax_passes(BF16, False, False)[1:], el,
-                                          "softmax"), "the unfused softmax pass (class softmax)"),
-    "softmax_bwd": (lambda el, h: _passes(unfused_softmax_passes(BF16, False, True)[:1], el,
-                                          "softmax_backward"), "its backward pass"),
-    "dropout_fwd": (lambda el, h: _passes([2 * BF16 + 1], el, "scores"),
+    "softmax_fwd": (lambda el, h, sm: _passes(softmax_passes(SCORE_ROW, BF16, sm, False), el,
+                                              "softmax"),
+                    "the softmax's kernel as the stack's PyTorch dispatches it (class softmax)"),
+    "softmax_bwd": (lambda el, h, sm: _passes(softmax_passes(SCORE_ROW, BF16, sm, True), el,
+                                              "softmax_backward"),
+                    "grad * output, then the softmax's backward kernel"),
+    "dropout_fwd": (lambda el, h, sm: _passes([2 * BF16 + 1], el, "scores"),
                     "dropout over the scores (score-pass bandwidth)"),
-    "scale_mask_fill": (lambda el, h: _passes([2 * BF16, 2 * BF16], el, "softmax"),
+    "scale_mask_fill": (lambda el, h, sm: _passes([2 * BF16, 2 * BF16], el, "softmax"),
                         "two 16-bit passes of the unfused softmax (scale, mask)"),
-    "fp8_cast": (lambda el, h: _passes([BF16 + 1], el), "an FP8 cast pass (fp8recipe)"),
+    "fp8_cast": (lambda el, h, sm: _passes([BF16 + 1], el), "an FP8 cast pass (fp8recipe)"),
     "adamw_fused": (_adam_bytes(True), "fused Adam's update (28 B)"),
     "adamw_foreach": (_adam_bytes(False), "unfused Adam's 19 passes (76 B; AdamW's decay "
                                           "pass not in it)"),
 }
 
 
-def memory_s(name: str, elements: float, hidden: float, dev) -> tuple[float, str] | None:
+def memory_s(name: str, elements: float, hidden: float, dev, softmax: str = SOFTMAX
+             ) -> tuple[float, str] | None:
     """ddlsim's seconds of memory kernel ``name`` over ``elements`` (rows of ``hidden``) and
-    what ddlsim's op is, or None where ddlsim has no counterpart."""
+    what ddlsim's op is, or None where ddlsim has no counterpart; ``softmax``: the stack's
+    ``softmax_dispatch``."""
     if name not in MEMORY_COUNTERPARTS:
         return None
     make, what = MEMORY_COUNTERPARTS[name]
     if not callable(make):                  # the optimizer step: one roofline op
         return op_time(Compute(name, 0.0, make * elements, kind="optimizer"), dev), what
-    ks = make(elements, hidden)
+    ks = make(elements, hidden, softmax)
     return op_time(Compute(name, 0.0, sum(k.bytes for k in ks), kind="elementwise",
                            kernels=ks), dev), what
 
 
-def compare_memory(rows: list[dict], dev) -> list[float]:
-    """Print each memory kernel beside ddlsim's (or "no counterpart"); returns the errors."""
+def compare_memory(rows: list[dict], dev, softmax: str = SOFTMAX) -> list[float]:
+    """Print each memory kernel beside ddlsim's (or "no counterpart"), the softmax's as the
+    ``softmax`` dispatch runs it; returns the errors."""
     print("Memory kernels (memory.csv; bf16; error = ddlsim / measured - 1)")
     out: list[float] = []
     for r in rows:
         el, hidden = float(r["elements"]), float(r.get("hidden") or 0) or 1.0
         label = f"{r['kernel']:<24} {int(el):>11d} el" + (f" h{int(hidden)}" if r.get("hidden")
                                                            else "")
-        meas, got = _finite(r["seconds"]), memory_s(r["kernel"], el, hidden, dev)
+        meas, got = _finite(r["seconds"]), memory_s(r["kernel"], el, hidden, dev, softmax)
         if got is None:
             print(f"  {label:<44} no counterpart")
             continue
@@ -397,7 +407,8 @@ def compare(folder: Path, system, show_rows: bool = False) -> dict[str, dict]:
               f"{env.get('utc')}")
     parts = {"gemm": lambda rows: compare_gemms(rows, dev, show_rows),
              "attention": lambda rows: compare_attention(rows, dev),
-             "memory": lambda rows: compare_memory(rows, dev),
+             "memory": lambda rows: compare_memory(
+                 rows, dev, resolve_software(system.software).softmax_dispatch),
              "sustained": lambda rows: compare_sustained(rows, dev)}
     for part, run in parts.items():
         rows = read_rows(folder / f"{part}.csv")

@@ -39,6 +39,9 @@ BatchMask = Literal["dataloader", "device", "none"]
 CPCommType = Literal["p2p", "all_gather"]
 #: how the stack hands kernels to the device (ddlsim/simulator/kernels/host.py)
 HostDispatch = Literal["eager", "compiled", "cuda_graphs"]
+#: how the unfused attention's softmax runs (the keys of
+#: ddlsim/simulator/kernels/softmax.py SOFTMAX_DISPATCH)
+SoftmaxDispatch = Literal["one_pass", "torch-1.8", "torch-2.5", "torch-2.10"]
 
 
 def _gemm_library(v: Any) -> Any:
@@ -144,6 +147,15 @@ class KernelSpec(_Strict):
         default=None, description="attention: unfused runs its softmax in fp32 (Megatron's "
                                   "query-key layer scaling: cast, scale, mask, softmax, cast "
                                   "back; docs/compute.md)")
+    softmax_dispatch: SoftmaxDispatch | None = Field(
+        default=None, description="the kernels attention: unfused's softmax runs, by the "
+                                  "PyTorch whose CUDA dispatch (SoftMax.cu) the stack runs: "
+                                  "torch-1.8 (a row over 1,024 elements or 4 KB is re-read: "
+                                  "three reads forward; the backward's grad*output product, "
+                                  "then two reads of it), torch-2.5 (the forward caches such "
+                                  "rows in shared memory), torch-2.10 (both ways), or "
+                                  "one_pass (one kernel each way reading its rows once: the "
+                                  "numpy reference); simulator/kernels/softmax.py")
     qkv_bias_pass: StrictBool | None = Field(
         default=None, description="the QKV projection's bias (the one bias no fused "
                                   "bias-GeLU or bias-dropout-add takes) is added by an "

@@ -46,3 +46,13 @@ def test_fusion_gain_within_two_points_of_the_paper(gains, model):
 def test_the_larger_model_gains_less(gains):
     # the s² passes grow with heads/TP, the GEMMs with h²: fusion matters less at 530B
     assert gains["530B"]["predicted"] < gains["GPT-3 175B"]["predicted"]
+
+
+def test_the_2021_stacks_softmax_is_pytorch_1_8s():
+    # Megatron-LM 2021's unfused path softmaxes fp32 copies of 2,048-key rows (8 KB): PyTorch
+    # 1.8's cunn_SoftMaxForward reads each three times (16 B), its backward is tmp = grad *
+    # output (12 B) then cunn_SoftMaxBackward (16 B); the casts, scale and mask as before
+    sw = vf.ddlsim.load_config(vf.gpt3_175b()).software
+    assert sw.softmax_dispatch == "torch-1.8" and sw.softmax_in_fp32
+    assert unfused_softmax_passes(2, True, False, 2048, "torch-1.8") == [6, 8, 8, 16, 6]
+    assert unfused_softmax_passes(2, True, True, 2048, "torch-1.8") == [6, 12, 16, 8, 8, 6]

@@ -20,7 +20,8 @@ __all__ = ["local_system", "NUMPY_STACK", "gemm_shapes", "cache_allocations"]
 
 #: How numpy runs the reference model: every op its own kernel (no fusion, the attention
 #: core as separate matmul, scale, mask and softmax passes: the unfused softmax with its
-#: scale a pass of its own, ``softmax_in_fp32``'s three kernels; fp32, so no casts); Adam a
+#: scale a pass of its own, ``softmax_in_fp32``'s three kernels, its own softmax reading a
+#: row once each way, ``one_pass``; fp32, so no casts); Adam a
 #: cache block at a time, so memory sees a fused Adam's 28 B per parameter; the QKV bias
 #: added by a pass after the GEMM and its gradient summed by one
 #: (ddlsim/reference/gpt2.py, ``_softmax``, ``_attention``, ``Adam``); the
@@ -32,7 +33,7 @@ NUMPY_STACK = {
                 "fused_bias_dropout_add": False, "fused_layernorm": False,
                 "fused_cross_entropy": False, "fused_optimizer": True,
                 "gradient_accumulation_fusion": False, "softmax_in_fp32": True,
-                "qkv_bias_pass": True},
+                "softmax_dispatch": "one_pass", "qkv_bias_pass": True},
     "source": "ddlsim/reference/gpt2.py: numpy, one kernel per op, nothing fused"}
 
 

@@ -23,9 +23,12 @@ TORCH_STACK = {
     "stack": "torchtitan-2024",
     "kernels": {"attention": "unfused", "fused_layernorm": True, "fused_bias_gelu": False,
                 "fused_cross_entropy": False, "fused_optimizer": False,
-                "separate_projections": False, "host_dispatch": "eager"},
+                "separate_projections": False, "host_dispatch": "eager",
+                "softmax_dispatch": "one_pass"},
     "overlap": {"zero3_reshard_after_forward": "always", "zero3_prefetch_layers": 0},
-    "source": "ddlsim/reference/torch_train.py: attention as matmul, mask, softmax, matmul; "
+    "source": "ddlsim/reference/torch_train.py: attention as matmul, mask, softmax, matmul "
+              "(the CPU softmax kernels read a row once each way: one_pass, as torch_job.py "
+              "counts them); "
               "nn.LayerNorm (aten native_layer_norm, one kernel each way); one qkv Linear; "
               "torch.optim.Adam on CPU (the single-tensor loop: foreach needs CUDA, "
               "torch/optim/optimizer.py _default_to_fused_or_foreach); fully_shard's "

@@ -141,14 +141,15 @@ def attention_kernels(kind: str, b: float, heads: float, s: float, d: float, dty
                       dropout: bool, backward: bool, dtype: str = "bf16",
                       causal: bool = True, kv_heads: float | None = None,
                       window: int | None = None, window_share: float = 1.0,
-                      softmax_fp32: bool = False, s_k: float | None = None
-                      ) -> tuple[Kernel, ...]:
+                      softmax_fp32: bool = False, s_k: float | None = None,
+                      softmax_dispatch: str = "one_pass") -> tuple[Kernel, ...]:
     """The kernels of one attention core (forward, or ``backward``) on one rank holding
     ``heads`` query heads (``kv_heads`` key/value heads, default ``heads``) of ``b`` sequences
     of length ``s`` (module docstring); ``window``, ``window_share`` as
     :func:`flash_forward_flops`; ``softmax_fp32``: the unfused softmax runs in fp32 (the
-    stack's ``softmax_in_fp32``); ``s_k``: keys per sequence when they differ from the
-    ``s`` queries (a context-parallel step; fused kernels only)."""
+    stack's ``softmax_in_fp32``), its kernels as ``softmax_dispatch`` launches them over rows
+    of ``s`` keys (the stack's, :mod:`.softmax`); ``s_k``: keys per sequence when they differ
+    from the ``s`` queries (a context-parallel step; fused kernels only)."""
     dt = dtype_bytes
     s_k = s if s_k is None else s_k
     if kind in FLASH_KINDS:
@@ -175,7 +176,8 @@ def attention_kernels(kind: str, b: float, heads: float, s: float, d: float, dty
     if kind == "fused_softmax":                          # one kernel: read + write (backward:
         mem = [(3 if backward else 2) * dt * S]          # P, dP -> dS)
     else:
-        mem = [x * S for x in unfused_softmax_passes(dt, softmax_fp32, backward)]
+        mem = [x * S for x in unfused_softmax_passes(dt, softmax_fp32, backward, s,
+                                                      softmax_dispatch)]
     # the softmax's kernels carry their class (.elementwise.ELEMENTWISE_CLASSES: a device
     # may time them at their own rate, else at its score-pass rate), dropout's the scores'
     softmax = "softmax_backward" if backward else "softmax"
