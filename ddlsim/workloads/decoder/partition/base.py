@@ -19,7 +19,8 @@ from typing import Any, ClassVar
 
 from ....simulator.kernels.attention import attention_kernels
 from ....simulator.kernels.dtensor import regathers_input
-from ....simulator.kernels.elementwise import backward_kernels, layer_elementwise_kernels
+from ....simulator.kernels.elementwise import layer_elementwise_kernels
+from ....simulator.kernels.elementwise_backward import layer_elementwise_backward_kernels
 from ..layerkernels import loss_op
 from ..layerkinds import attention_projections
 from ...trace import Compute, Kernel, Loop, Op, Payload, Wait
@@ -163,6 +164,7 @@ class LayerPartitioner:
                                  self.s, sh.d, self.dt, sh.dropout, backward, self.dtype,
                                  kv_heads=sh.g / self.size,
                                  softmax_fp32=self.sw.softmax_in_fp32,
+                                 softmax_dispatch=self.sw.softmax_dispatch,
                                  window=sh.sliding_window, window_share=sh.window_share)
 
     def cp_core_kernels(self, backward: bool, step: int | None = None) -> tuple | None:
@@ -271,10 +273,10 @@ class LayerPartitioner:
             if name == self._core_after:
                 context.attention_backward(self, ops)
             self.gemm_backward(ops, f"bwd.{name}", M, N, K, row)
-        ew = self.ew_kernels()
-        ops.add(Compute("bwd.elementwise", 0.0, 2 * (self.elementwise_bytes() if ew is None
-                        else sum(k.bytes for k in ew)), kind="elementwise", dtype=self.dtype,
-                        kernels=None if ew is None else backward_kernels(ew)))
+        ew = self.ew_kernels(backward=True)
+        ops.add(Compute("bwd.elementwise", 0.0, 2 * self.elementwise_bytes() if ew is None
+                        else sum(k.bytes for k in ew), kind="elementwise", dtype=self.dtype,
+                        kernels=ew))
         for stream in self.grad_streams:
             ops.add(Wait(f"bwd.wait.{stream}", stream))
         ops.add(Compute("bwd.grad_accumulate", 0.0, grad_accumulate_bytes,
@@ -328,16 +330,20 @@ class LayerPartitioner:
         passes = 3 if self.shape.dropout else 2
         return passes * 2 * self.b * self.shape.heads * self.s * self.s / t * self.dt / self.cp
 
-    def ew_kernels(self) -> tuple | None:
-        """The element-wise kernels of one layer on the rank's ``s/cp`` positions (None under
-        context parallelism without FlashAttention, whose count keeps the ``s²`` scores
-        passes in :meth:`elementwise_bytes`)."""
+    def ew_kernels(self, backward: bool = False) -> tuple | None:
+        """The element-wise kernels of one layer on the rank's ``s/cp`` positions, or with
+        ``backward`` their backward as torch's autograd runs it
+        (:func:`~ddlsim.simulator.kernels.elementwise_backward.layer_elementwise_backward_kernels`,
+        the same arguments: the 1-D builder's ``ew`` and ``bwd.ew``). None under context
+        parallelism without FlashAttention, whose count keeps the ``s²`` scores passes in
+        :meth:`elementwise_bytes`."""
         from ....simulator.kernels.attention import FLASH_KINDS
         if self.cp > 1 and self.sw.attention not in FLASH_KINDS:
             return None
         t, sp = self.ew_split()
-        return layer_elementwise_kernels(self.shape, self.b, self.s // self.cp, t, sp, self.dt,
-                                         self.sw, self.dtype)
+        kernels = layer_elementwise_backward_kernels if backward else layer_elementwise_kernels
+        return kernels(self.shape, self.b, self.s // self.cp, t, sp, self.dt, self.sw,
+                       self.dtype)
 
     def elementwise_bytes(self) -> float:
         """Forward elementwise traffic of one layer on one rank: DecoderShape's count for

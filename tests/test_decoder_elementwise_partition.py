@@ -1,0 +1,53 @@
+"""One backward rule for the decoder's element-wise ops on every layer path: the structured
+layer template (ddlsim/workloads/decoder/partition/base.py: context parallelism, 2-D/2.5-D/3-D
+tensor parallelism) charges the kernels torch's autograd launches
+(simulator/kernels/elementwise_backward.py), as the 1-D builder does, not twice the forward."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import ddlsim
+from ddlsim.simulator.kernels.elementwise import backward_kernels
+from ddlsim.workloads.decoder.builder import StageBuilder
+
+pytestmark = pytest.mark.filterwarnings("ignore::ddlsim.errors.DDLSimWarning")
+
+EXAMPLE = Path(__file__).parents[1] / "examples" / "llama3-8b-fsdp2-h100.yaml"
+
+
+def _builder(*sets):
+    cfg = ddlsim.load_config(str(EXAMPLE), ["train.seq_length=4096", *sets])
+    return StageBuilder.from_config(cfg, cfg.model.shape())
+
+
+def _ew(ops, name):
+    return next(o for o in ops if o.name == name)
+
+
+@pytest.mark.parametrize("stack", ["torchtitan-2025", "megatron-core-2024"])
+def test_the_partition_template_and_the_builder_charge_one_elementwise_backward(stack):
+    # 1-D TP 2 without context parallelism: the builder's ops (layer_kernels' bwd.ew) and
+    # the partitioner's template (its cp > 1 and 2-D path) build the same layer
+    b = _builder(f"system.software={{stack: {stack}}}", "parallel.tensor_model_parallel_size=2",
+                 "parallel.data_parallel_size=4")
+    mine = _ew(b.layer_backward(), "bwd.elementwise")
+    template = _ew([o.payload for o in b.part.layer_backward(0.0)], "bwd.elementwise")
+    assert template.kernels == mine.kernels
+    assert template.bytes == mine.bytes
+    # and that is not twice the forward's kernels (the old rule)
+    fwd = _ew(b.layer_forward(), "fwd.elementwise")
+    assert template.kernels != backward_kernels(fwd.kernels)
+    assert template.bytes < 2 * fwd.bytes
+
+
+def test_context_parallel_layers_take_the_same_rule():
+    # under CP the template builds every layer: its backward is autograd's kernels over the
+    # rank's s/cp tokens, those the builder gives a layer of s/cp tokens without CP
+    two = _builder("system.software={stack: torchtitan-2025}", "parallel.context_parallel_size=2",
+                   "parallel.data_parallel_size=4")
+    half = _builder("system.software={stack: torchtitan-2025}", "train.seq_length=2048")
+    got = _ew([o.payload for o in two.part.layer_backward(0.0)], "bwd.elementwise")
+    assert got.kernels == _ew(half.layer_backward(), "bwd.elementwise").kernels
