@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ...workloads.trace import Block, Collective, Compute, P2P, Wait
-from .instructions import COLL, COMPUTE, WAIT, Instr, _share_concurrent
+from .instructions import COLL, COMPUTE, WAIT, Instr, _new_instr, _share_concurrent
 
 __all__ = ["lower_ops", "with_collectives", "stream_ends"]
 
@@ -88,7 +88,7 @@ def with_collectives(instrs: Sequence[Instr], collectives: Sequence[Collective |
     """``instrs`` from :func:`lower_ops` with each collective's factor times ``seconds(op)``
     (one issue, a float or an array over the plans; 0 on a group of one rank; for a
     contention op, its seconds)."""
-    return [ins if c is None else ins._replace(dur=ins.dur * seconds(c))
+    return [ins if c is None else _new_instr(ins[:3] + (ins.dur * seconds(c),) + ins[4:])
             for ins, c in zip(instrs, collectives)]
 
 
@@ -107,19 +107,33 @@ def stream_ends(instrs: Sequence[Instr], n: int) -> tuple[np.ndarray, np.ndarray
     -------
     (compute, last) : arrays of seconds from the block's start.
     """
-    zero = np.zeros(n)
-    free: dict[int, np.ndarray] = {}
-    ends: list[np.ndarray] = []
+    # a time stays a float until an array (a collective's seconds per plan) reaches it: the
+    # same values element by element, without an array operation per instruction where
+    # every plan has the same time (the compute ops before a block's first collective)
+    free: dict[int, float | np.ndarray] = {}
+    ends: list[float | np.ndarray] = []
     for ins in instrs:
-        ready = zero
+        ready = 0.0
         for d in ins.deps:
-            ready = np.maximum(ready, ends[d])
+            ready = _latest(ready, ends[d])
         if ins.code == WAIT:
-            ready = np.maximum(ready, free.get(ins.target, zero))
-        end = np.maximum(ready, free.get(ins.stream, zero)) + ins.dur
+            ready = _latest(ready, free.get(ins.target, 0.0))
+        end = _latest(ready, free.get(ins.stream, 0.0)) + ins.dur
         free[ins.stream] = end
         ends.append(end)
-    last = zero
+    last = 0.0
     for f in free.values():
-        last = np.maximum(last, f)
-    return free.get(0, zero), last
+        last = _latest(last, f)
+    return _per_plan(free.get(0, 0.0), n), _per_plan(last, n)
+
+
+def _latest(a: float | np.ndarray, b: float | np.ndarray) -> float | np.ndarray:
+    """:func:`numpy.maximum` of ``a`` and ``b``, a float where both are (NaN propagates)."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.maximum(a, b)
+    return a if a >= b or a != a else b
+
+
+def _per_plan(t: float | np.ndarray, n: int) -> np.ndarray:
+    """``t`` as an array over the ``n`` plans."""
+    return t if isinstance(t, np.ndarray) else np.full(n, float(t))

@@ -95,7 +95,7 @@ def _solve_prefix(programs: list, st: State) -> None:
         return
     ends, post = solved
     C = len(programs)
-    sent = post[nd.src]                      # message posted at (-inf: none)
+    sent = post.take(nd.src, mode="wrap")    # message posted at (-inf: none; -1 wraps)
     prev = np.empty_like(ends)               # the compute stream free before each node
     prev[0], prev[1:] = 0.0, ends[:-1]
     prev[nd.off[:-1][nd.off[:-1] < len(ends)]] = 0.0
