@@ -111,7 +111,10 @@ def test_one_rank_blocks_carry_their_hooks_on_the_host():
         assert any(fwd[d].payload.name == "fsdp2.pre_hook" for d in o.deps)
     posts = sorted(o.payload.seconds for _, o in _named(bwd, "fsdp2.post_hook"))
     assert len(posts) == 6
-    assert posts.count(pytest.approx(fp.hook_seconds(launch, 1, True, 9, post=True))) == 4
+    # post_backward with _chunk_cat's metadata: a block's 218,112,000 gradients in fp32
+    block = fp.hook_seconds(launch, 1, True, 9, post=True) + \
+        fp.chunk_cat_host_seconds(launch, 218_112_000 * 4)
+    assert posts.count(pytest.approx(block)) == 4
 
 
 def test_sharded_reduce_scatters_follow_the_post_hook():
@@ -120,9 +123,14 @@ def test_sharded_reduce_scatters_follow_the_post_hook():
     rs = [(i, o) for i, o in enumerate(bwd) if isinstance(o.payload, Collective)
           and o.payload.op == "reduce_scatter"]
     assert rs
-    for _, o in rs:
-        assert any(bwd[d].payload.name == "fsdp2.post_hook" for d in o.deps)
-    layer = fp.hook_seconds(cfg.system.device.launch, 2, True, 9, post=True)
+    for _, o in rs:     # post_backward launches the chunk_cat, then issues the reduce-scatter
+        (cat,) = o.deps
+        assert bwd[cat].payload.name == "zero3.chunk_cat" and bwd[cat].stream == "compute"
+        assert any(bwd[d].payload.name == "fsdp2.post_hook" for d in bwd[cat].deps)
+    launch = cfg.system.device.launch
+    # the chunk_cat packs all of a block's 218,112,000 gradients (fp32) before the reduce-scatter
+    layer = fp.hook_seconds(launch, 2, True, 9, post=True) + \
+        fp.chunk_cat_host_seconds(launch, 218_112_000 * 4)
     assert any(math.isclose(o.payload.seconds, layer) for _, o in
                _named(bwd, "fsdp2.post_hook"))
 

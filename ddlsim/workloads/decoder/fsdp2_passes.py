@@ -56,7 +56,13 @@ FSDP2's path alone, for any backend); the H200's one-rank trace agrees to within
 (torchtitan compiles each block, ``apply_compile``, before ``fully_shard`` registers
 its hooks around it), so :mod:`.zero3_pass`
 lays them on the ``host`` stream under every mode but CUDA graphs, before the unit's compute
-(the pre-hook) and after it (the post-hook). Not charged: what a backend's collectives cost
+(the pre-hook) and after it (the post-hook). On a GPU the host runs ahead of the device: the
+post-hook follows the host's issue of the unit (its pre-hook and, under eager dispatch, its
+layer ops' host work, :mod:`.eager_host`), not the unit's end on the device, and the
+backward's holds ``_chunk_cat``'s metadata (:func:`chunk_cat_host_seconds`: one entry per
+2 KiB of output, 1.8 ms a Llama 3.1 8B block on the H200's host), which the ``chunk_cat``
+kernel waits for; on a CPU, host and device are one processor and the post-hook waits for
+the unit. Not charged: what a backend's collectives cost
 the host beyond their own time (the collectives are timed by their cost model): on the torch
 loop's CPU the two-rank Gloo runs, their collectives' time taken off, read 287-337 tiny ops a
 unit forward and 167-802 backward against the fake process group's 215-245 and 263-309: too
@@ -100,7 +106,8 @@ from ..trace import Compute, Kernel
 __all__ = ["SHARD_BYTES", "CHUNK_CAT", "UnshardPasses", "ReducePasses", "unshard_passes",
            "reduce_passes", "chunk_cat_op", "HOOK_TINY_OPS", "STEP_OPS_PER_TENSOR",
            "DTENSOR_OP_TINY_OPS", "POST_HOOK_SHARE", "tiny_op_s", "host_is_device",
-           "layer_tensors", "edge_tensors", "hook_seconds", "step_host_seconds"]
+           "layer_tensors", "edge_tensors", "hook_seconds", "step_host_seconds",
+           "CHUNK_CAT_BLOCK_BYTES", "CHUNK_CAT_HOST_TINY_OPS", "chunk_cat_host_seconds"]
 
 #: bytes per element of FSDP2's sharded parameters and gradients: fp32 (torchtitan builds
 #: the model in fp32 and shards it with ``MixedPrecisionPolicy(param_dtype=bf16,
@@ -228,6 +235,23 @@ HOOK_TINY_OPS = {
 POST_HOOK_SHARE = {(False, False): 0.15, (False, True): 0.635,
                    (True, False): 0.08, (True, True): 0.46}
 
+#: bytes of ``chunk_cat``'s output per CUDA block (``kChunkCatBytesPerBlock = 128 * 16``:
+#: pytorch ``aten/src/ATen/native/cuda/ChunkCat.h``; ``BYTES_PER_BLOCK`` in
+#: ``TensorShape.cu``), for each of which the host's ``get_chunk_cat_metadata`` appends one
+#: entry to ``block_idx_to_tensor_idx`` before ``pack_vecs`` copies the metadata to the device
+CHUNK_CAT_BLOCK_BYTES = 2048
+
+#: host time of ``_chunk_cat``'s metadata per block of its output, in tiny ops: the H200's
+#: Kineto traces (``run1/llama``, ``run4/llama_s2048``, ``run5/none_s2048``,
+#: ``run5/full_s2048``; ``benchmarks/decoder_host_trace.py --chunk-cat``): each Llama 3.1 8B
+#: block's ``aten::_chunk_cat`` (218.1 M gradients cast to fp32: 872 MB, 425,990 blocks)
+#: runs 1.51-7.15 ms on the host, the median of the 32 1.835 ms: 4.31 ns a block, 5.97e-4 of
+#: the H200's 7.22 µs tiny op (``dgx-h200``'s launch facts). A C++ loop with no profiled
+#: event inside, so the profiler does not lengthen it. The root unit (embedding and output,
+#: 1.05 B gradients, 2.05 M blocks) ran 18.0-34.4 ms, 8.8-16.8 ns a block: larger metadata
+#: cost more a block, which this figure does not carry (it is low for such a unit).
+CHUNK_CAT_HOST_TINY_OPS = 5.97e-4
+
 #: ATen ops per parameter tensor of torch's single-tensor Adam step and ``zero_grad``
 #: (``benchmarks/torch_fsdp_step.py``, counted under a ``TorchDispatchMode``: 8.0)
 STEP_OPS_PER_TENSOR = 8.0
@@ -346,3 +370,26 @@ def step_host_seconds(launch, fused: bool, tensors: int) -> float:
     if fused or not host_is_device(launch):
         return 0.0
     return tensors * STEP_OPS_PER_TENSOR * DTENSOR_OP_TINY_OPS * tiny_op_s(launch)
+
+
+def chunk_cat_host_seconds(launch, nbytes: float) -> float:
+    """Host seconds of ``torch._chunk_cat``'s metadata for an output of ``nbytes`` bytes on a
+    GPU: one entry per :data:`CHUNK_CAT_BLOCK_BYTES` of it, :data:`CHUNK_CAT_HOST_TINY_OPS`
+    tiny ops each; 0 on a CPU (its ``_chunk_cat`` is the composite copy, no metadata) or
+    without launch facts.
+
+    Parameters
+    ----------
+    launch : LaunchSpec or None
+        ``system.device.launch`` (:func:`tiny_op_s`).
+    nbytes : float
+        Bytes of the ``chunk_cat``'s output (the unit's gradients in ``reduce_dtype``).
+
+    Returns
+    -------
+    float
+        seconds (s).
+    """
+    if launch is None or host_is_device(launch):
+        return 0.0
+    return nbytes / CHUNK_CAT_BLOCK_BYTES * CHUNK_CAT_HOST_TINY_OPS * tiny_op_s(launch)

@@ -1,8 +1,10 @@
 """One ZeRO-3 / FSDP pass (forward or backward) over its units, as ops: the prefetch limit,
 the gathers and reduce-scatters sharing the ``dp`` stream in issue order, the host's issue
-under per-tensor gathers, FSDP2's hooks on the host (:func:`.fsdp2_passes.hook_seconds`)
-and the gradients' memory passes (the rules in :mod:`.zero3`'s docstring; :mod:`.zero3` cuts
-the units, :mod:`.zero3_edges` and :mod:`.fsdp_edges` add the edge units)."""
+under per-tensor gathers, FSDP2's hooks on the host (:func:`.fsdp2_passes.hook_seconds`;
+on a GPU the host runs ahead of the device, an eager block's own ops on it too,
+:mod:`.eager_host`) and the gradients' memory passes (the rules in :mod:`.zero3`'s
+docstring; :mod:`.zero3` cuts the units, :mod:`.zero3_edges` and :mod:`.fsdp_edges` add the
+edge units)."""
 
 from __future__ import annotations
 
@@ -57,13 +59,13 @@ def zero3_pass(b: StageBuilder, head: list, units: list[_Unit], prefetch: int) -
     _extend(p.ops, head)
     before: tuple[int, ...] = ()
     seen = 0    # the collectives issued before ops[seen] ran beside earlier compute
-    for j, unit in enumerate(units):
+    for j in range(len(units)):
         own = p.pending.pop(j)
         waits = p.compute(j, own, own + before + issued, seen)
         seen = len(p.ops)
-        last, rs = p.reduce(unit, waits + before)
+        last, rs, device = p.reduce(j, waits + before)
         before = rs if p.synced else ()
-        issued = p.next_gathers(j, (last,) + before)
+        issued = p.next_gathers(j, (last,) + before, device)
     return p.ops
 
 
@@ -84,6 +86,17 @@ class _Pass:
         self.hooked = (b.sw.zero3_implementation == "torch_fsdp2"
                        and b.sw.zero3_gather == "per_layer"
                        and b.sw.host_dispatch != "cuda_graphs")
+        from .fsdp2_passes import host_is_device
+        #: the host runs ahead of the device (a GPU's): a post-hook follows the host's issue
+        #: of its unit (the unit's pre-hook), not the unit's end on the device; on a CPU
+        #: device the two are one processor and the post-hook waits for the unit
+        self.ahead = self.hooked and not host_is_device(b.plan.device.launch)
+        #: unit → its pre-hook's op (under :attr:`ahead`)
+        self.pre_hooks: dict[int, int] = {}
+        #: seconds of a tiny op of the block's eager host work on the host stream (0: none)
+        from .eager_host import unit_s
+        self.op_host = unit_s(b.plan.device.launch, b.sw.host_dispatch,
+                              b.sw.zero3_implementation) if self.ahead else 0.0
 
     def hook(self, u: _Unit, post: bool) -> float:
         """Host seconds of FSDP2's pre-hook (``post`` false: ``pre_forward``,
@@ -120,8 +133,10 @@ class _Pass:
                            stream, deps=deps))
         return len(self.ops) - 1
 
-    def gather(self, j: int, deps: tuple[int, ...]) -> tuple[int, ...]:
-        """Issue unit ``j``'s gathers after ``deps`` (kept in ``pending``); returns the host's
+    def gather(self, j: int, deps: tuple[int, ...],
+               device: tuple[int, ...] = ()) -> tuple[int, ...]:
+        """Issue unit ``j``'s gathers after ``deps`` (kept in ``pending``), on the device also
+        after ``device`` (what the host does not wait for, :attr:`ahead`); returns the host's
         issue the next unit waits for (empty when the host does not wait)."""
         u, ops, idx = self.units[j], self.ops, []
         if u.fill:   # the zero-filled buffers, waited for before the issue
@@ -129,7 +144,11 @@ class _Pass:
         # FSDP2's pre-hook on the host: the unit's compute waits for it, the gathers follow
         hooked = self.host("fsdp2.pre_hook", self.hook(u, False), deps)
         idx += [i for i in hooked if i not in deps]
+        if self.ahead and hooked != deps:
+            self.pre_hooks[j] = hooked[0]
         deps = self.host("zero3.host_gather", u.host_gather, hooked)
+        host = deps
+        deps += tuple(d for d in device if d not in deps)
         if u.pre_gather is not None:     # the casts before a float8 all-gather
             ops.extend(u.pre_gather(deps))
             deps = (len(ops) - 1,)
@@ -143,8 +162,20 @@ class _Pass:
             idx.append(self._elementwise("zero3.fetch_passes", u.gather_passes, "dp", deps))
         self.pending[j] = tuple(idx)
         # the copy-out launches follow the NCCL launch, beside the all-gather on the device
-        deps = self.host("zero3.host_copy_out", u.host_copy_out, deps)
+        deps = self.host("zero3.host_copy_out", u.host_copy_out, host if self.ahead else deps)
         return deps if u.host_gather or u.fill else ()
+
+    def _issued(self, items: list, waits: tuple[int, ...]) -> None:
+        """Append a unit's ops with the host's work before each layer op
+        (:func:`.eager_host.issued_by_host`), its first device op after ``waits``."""
+        from .eager_host import issued_by_host
+        laid, _ = issued_by_host(items, self.op_host)
+        base, first = len(self.ops), True
+        for op in laid:
+            deps = tuple(d + base for d in op.deps)
+            if first and op.stream != "host":
+                deps, first = tuple(waits) + deps, False
+            self.ops.append(Op(op.payload, op.stream, deps, op.repeat))
 
     def blocked(self, t: int) -> bool:
         """Whether the prefetch of unit ``t`` is refused: the unit whose pre-hook would
@@ -164,15 +195,22 @@ class _Pass:
         if unit.copy_out:     # after its gathers, or in their place at one rank
             waits = (self._elementwise("zero3.copy_out", unit.copy_out, "compute", waits),)
         beside_colls = _beside(ops, seen, own)
-        ops += _unit_ops(unit.ops, len(ops), waits)
+        if self.op_host:      # the block's eager ops on the host (.eager_host)
+            self._issued(unit.ops, waits)
+        else:
+            ops += _unit_ops(unit.ops, len(ops), waits)
         if self.b.sw.zero3_gather == "per_layer":   # not yet under DeepSpeed's module hooks
             ops += _sm_contention(f"zero3.unit{j}", beside_colls, unit.ops, self.b.dtype)
         return waits
 
-    def reduce(self, unit: _Unit, host_deps: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
-        """The unit's gradient passes and reduce-scatters after its compute (the host's issue
-        after ``host_deps``); returns (the op the next gathers follow, the reduce-scatters)."""
-        ops = self.ops
+    def reduce(self, j: int, host_deps: tuple[int, ...]
+               ) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+        """Unit ``j``'s gradient passes and reduce-scatters after its compute (the host's
+        issue after ``host_deps``); returns (the op the next gathers follow, the
+        reduce-scatters, what the next gathers follow on the device only)."""
+        ops, unit = self.ops, self.units[j]
+        if self.ahead:
+            return self._reduce_ahead(j)
         if unit.chunk_cat:    # FSDP2's, next on the compute stream after the backward
             from .fsdp2_passes import chunk_cat_op
             ops.append(Op(chunk_cat_op(unit.chunk_cat, self.b.dtype), "compute"))
@@ -204,16 +242,52 @@ class _Pass:
         if unit.after_reduce:   # FSDP2's copy, cast and add on the reduce-scatter stream
             self._elementwise("zero3.after_reduce", unit.after_reduce, "dp",
                               tuple(rs) or (dep,))
-        return last, tuple(rs)
+        return last, tuple(rs), ()
 
-    def next_gathers(self, j: int, after: tuple[int, ...]) -> tuple[int, ...]:
-        """The gathers issued once unit ``j`` has ended (``after``): the next unit's if its
-        prefetch was refused, then the prefetch ``prefetch + 1`` units ahead; returns the
-        host's issue the next unit waits for."""
+    def _reduce_ahead(self, j: int) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+        """:meth:`reduce` where the host runs ahead (FSDP2 on a GPU): the post-hook once the
+        host has issued the unit (after its pre-hook), with ``_chunk_cat``'s host work
+        (:func:`.fsdp2_passes.chunk_cat_host_seconds`) in it, since ``post_backward``
+        launches the ``chunk_cat`` and issues the reduce-scatters; the ``chunk_cat`` after
+        the unit on the compute stream and after the post-hook; the next gathers after the
+        post-hook on the host and after the unit on the device."""
+        from .fsdp2_passes import chunk_cat_host_seconds, chunk_cat_op
+        ops, unit, b = self.ops, self.units[j], self.b
+        end = len(ops) - 1                      # the unit's last op on the device
+        cat = unit.chunk_cat * b.gdt / (b.dt + b.gdt)    # its output: the reduce dtype's
+        pre = (self.pre_hooks[j],) if j in self.pre_hooks else ()
+        post = self.host("fsdp2.post_hook", self.hook(unit, True)
+                         + chunk_cat_host_seconds(b.plan.device.launch, cat), pre)
+        if unit.chunk_cat:
+            ops.append(Op(chunk_cat_op(unit.chunk_cat, b.dtype), "compute",
+                          deps=post if post != pre else ()))
+            end = len(ops) - 1
+        dep = end
+        if unit.reduce_passes:
+            dep = self._elementwise("zero3.reduce_passes", unit.reduce_passes, "dp", (end,))
+        rs = []
+        for group, n in unit.reduces:
+            ops.append(Op(Collective(f"grad.reduce_scatter{unit.label}", "reduce_scatter",
+                                     group, n), _stream(group), deps=(dep,)))
+            rs.append(len(ops) - 1)
+        if unit.replica_reduces:
+            from .hsdp import replica_ops
+            ops += replica_ops([n for _, n in unit.replica_reduces], tuple(rs))
+        if unit.after_reduce:   # FSDP2's copy, cast and add on the reduce-scatter stream
+            self._elementwise("zero3.after_reduce", unit.after_reduce, "dp",
+                              tuple(rs) or (dep,))
+        host = post[0] if post != pre else (pre[0] if pre else end)
+        return host, tuple(rs), (end,)
+
+    def next_gathers(self, j: int, after: tuple[int, ...],
+                     device: tuple[int, ...] = ()) -> tuple[int, ...]:
+        """The gathers issued once unit ``j`` has ended (``after``; on the device also after
+        ``device``): the next unit's if its prefetch was refused, then the prefetch
+        ``prefetch + 1`` units ahead; returns the host's issue the next unit waits for."""
         issued: tuple[int, ...] = ()
         if j + 1 in self.deferred:   # gathered on demand from the next unit's pre-hook
             self.deferred.discard(j + 1)
-            issued = self.gather(j + 1, after)
+            issued = self.gather(j + 1, after, device)
             after += self.pending[j + 1]   # then its prefetch, once that gather has ended
         t = j + self.prefetch + 1
         if t < len(self.units):
@@ -222,7 +296,7 @@ class _Pass:
             if self.blocked(t):
                 self.deferred.add(t)
             else:
-                issued = self.gather(t, after) + issued
+                issued = self.gather(t, after, device) + issued
         return issued
 
 
