@@ -54,17 +54,21 @@ def lower_ops(ops: Sequence, compute_s: Callable[[Compute], float]
     lean = Block("piece", "forward", tuple(ops)).lean.ops
     streams = {"compute": 0}
     out: list[Instr] = []
+    colls: list[Collective | Compute | None] = []
     for op in lean:
         p, k = op.payload, op.repeat
         sid = streams.setdefault(op.stream, len(streams))
+        symbol = None
         if isinstance(p, P2P):
             raise ValueError(f"op {p.name!r}: point-to-point ops are timed by the pipeline's "
                              "closed form, not in a block of arrays")
         if isinstance(p, Collective):
             out.append(Instr(COLL, sid, op.deps, float(k), p.group, nbytes=k * p.bytes))
-        elif isinstance(p, Compute) and p.contention is not None and p.contention.collectives:
+            symbol = p
+        elif isinstance(p, Compute) and _symbolic(p):
             # overlapped GEMMs' extra time, which depends on the collectives' (per plan)
             out.append(Instr(COMPUTE, sid, op.deps, float(k), "compute", flops=k * p.flops))
+            symbol = p
         elif isinstance(p, Compute):
             label = "optimizer" if p.kind == "optimizer" else "compute"
             out.append(Instr(COMPUTE, sid, op.deps, k * compute_s(p), label, flops=k * p.flops))
@@ -73,9 +77,8 @@ def lower_ops(ops: Sequence, compute_s: Callable[[Compute], float]
             out.append(Instr(WAIT, sid, op.deps, 0.0, "", target=target))
         else:
             raise TypeError(f"unexpected op payload {type(p).__name__}")
-    colls = tuple(op.payload if ins.code == COLL or _symbolic(op.payload) else None
-                  for ins, op in zip(out, lean))
-    return _share_concurrent(out, lean), colls
+        colls.append(symbol)
+    return _share_concurrent(out, lean), tuple(colls)
 
 
 def _symbolic(p) -> bool:
