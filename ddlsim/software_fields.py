@@ -94,6 +94,19 @@ class KernelSpec(_Strict):
     fused_bias_dropout_add: StrictBool | None = None
     fused_layernorm: StrictBool | None = None
     fused_rope: StrictBool | None = None
+    rope_form: Literal["rotate_half", "complex"] | None = Field(
+        default=None, description="how an unfused rotary embedding runs, per q and per k: "
+                                  "rotate_half (t*cos + rotate_half(t)*sin: 5 kernels, 11d "
+                                  "per element; Megatron) or complex (view_as_complex of an "
+                                  "fp32 copy times freqs_cis, cast back: 3 kernels, 2d + 16 "
+                                  "B; torchtitan); simulator/kernels/elementwise.py")
+    fused_norm_backward: Literal["one_kernel", "two_kernels"] | None = Field(
+        default=None, description="a fused norm's backward: one_kernel (the input gradient "
+                                  "and the weight's partial sums in one pass, 3d: "
+                                  "TransformerEngine) or two_kernels (the input gradient, "
+                                  "3d, then the weight's, reading the output gradient and "
+                                  "the input again, 2d: torch, apex, Inductor); "
+                                  "simulator/kernels/elementwise_backward.py")
     fused_cross_entropy: StrictBool | None = None
     fused_optimizer: StrictBool | None = Field(default=None,
                                                description="multi-tensor Adam (apex/TE)")

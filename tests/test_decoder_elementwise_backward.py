@@ -14,6 +14,7 @@ import ddlsim
 from ddlsim.simulator.kernels.elementwise import backward_kernels, layer_elementwise_kernels
 from ddlsim.simulator.kernels.elementwise_backward import (activation_backward_passes,
                                                            layer_elementwise_backward_kernels,
+                                                           layer_elementwise_backward_parts,
                                                            residual_backward_bytes)
 from ddlsim.workloads.decoder.layerkernels import layer_kernels
 
@@ -41,36 +42,39 @@ def test_activation_backward_is_torchs_autograd():
 
 def test_torchtitan_layer_backward_by_hand():
     # torchtitan's Llama 3.1 8B layer at 8192 tokens, bf16, PyTorch 2.11's fused RMSNorm:
-    # x = s·h hidden, y = s·f MLP, qk = s·(q + kv) rotary elements
+    # x = s·h hidden, y = s·f MLP, q and k the rotary elements of each tensor
     cfg = _llama("system.software={stack: torchtitan-2025, kernels: {fused_layernorm: true}}")
     sh, sw = cfg.model.shape(), cfg.software
-    x, y, qk = S * 4096, S * 14336, S * (4096 + 1024)
+    x, y, q, k = S * 4096, S * 14336, S * 4096, S * 1024
+    conj = 2 * S * 128 / 2 * 8                       # freqs_cis (s × d/2 complex64), r + w
     got = layer_kernels(sh, sw, 1, S, 1, False, "bf16")["bwd.ew"]
-    want = ([4 * 2 * x] * 2                          # the norms: twice their forward (2d)
+    want = ([3 * 2 * x, 2 * 2 * x] * 2               # each norm: grad input 3d, gamma 2d
             + [3 * 2 * x] * 2                        # one gradient sum per residual connection
             + [3 * 2 * y] * 3                        # mul's two products, silu_backward
-            + [p * 2 * qk for p in (2, 2, 2, 2, 3)])  # RoPE: the forward's passes again
+            + [v for n in (q, k) for v in (6 * n, conj, 8 * n, 6 * n)])   # complex RoPE
     assert [k.bytes for k in got] == want
     assert {k.variant for k in got} == {""}
-    # twice the forward's kernels moved 12x + 2y + 22qk bytes more (3.70 against 5.16 GiB):
-    # each residual add's 2·3d, SiLU's 4d against silu_backward's 3d, RoPE's second 11d
+    # against twice the forward's kernels: the norms 5d each, not 4d (-2·x·d), the residual
+    # adds 3d, not 6d (+2·3·x·d), SiLU's 4d against silu_backward's 3d (+y·d), RoPE's
+    # 2d + 16 once, not twice (+20(q + k)), and the conj kernels
     fwd = layer_elementwise_kernels(sh, 1, S, 1, False, 2, sw)
     old = sum(k.bytes for k in backward_kernels(fwd))
-    assert old - sum(want) == 12 * x + 2 * y + 22 * qk
-    assert (sum(want) / 2 ** 30, old / 2 ** 30) == pytest.approx((3.7031, 5.1562), abs=1e-4)
+    assert old - sum(want) == -4 * x + 12 * x + 2 * y + 20 * (q + k) - 2 * conj
+    assert (sum(want) / 2 ** 30, old / 2 ** 30) == pytest.approx((3.7656, 5.0), abs=1e-4)
 
 
-def test_megatron_fused_kernels_keep_twice_their_forward_but_rope():
-    # Megatron-Core: fused norms (TE), bias-dropout-add, SwiGLU: twice the forward, as before;
-    # TE's fused RoPE backward reads the output gradient and writes the input's: 2d, as forward
+def test_megatron_fused_kernels_keep_twice_their_forward_but_norms_and_rope():
+    # Megatron-Core: fused bias-dropout-add and SwiGLU: twice the forward, as before; TE's
+    # norms one backward kernel (read dz and x, write dx: 3d); TE's fused RoPE backward reads
+    # the output gradient and writes the input's: 2d, as forward, on q and on k apart
     cfg = _llama("system.software=megatron-core-2024")
     sh, sw = cfg.model.shape(), cfg.software
     fwd = layer_elementwise_kernels(sh, 1, S, 1, False, 2, sw)
     bwd = layer_kernels(sh, sw, 1, S, 1, False, "bf16")["bwd.ew"]
     assert bwd == layer_elementwise_backward_kernels(sh, 1, S, 1, False, 2, sw)
-    rope = 2 * 2 * S * (4096 + 1024)
-    assert [k.bytes for k in bwd] == [2 * k.bytes for k in fwd[:-1]] + [rope]
-    assert fwd[-1].bytes == rope
+    x, rope = S * 4096, [2 * 2 * S * 4096, 2 * 2 * S * 1024]
+    assert [k.bytes for k in bwd] == [3 * 2 * x] * 2 + [2 * k.bytes for k in fwd[2:-2]] + rope
+    assert [k.bytes for k in fwd[-2:]] == rope
     assert [k.variant for k in bwd if k.variant] == ["gated_backward"]
 
 
@@ -89,8 +93,10 @@ def test_unfused_bias_dropout_add_and_gelu():
     x, y = 2048 * 1024, 2048 * 4096
     assert residual_backward_bytes(sh, x, 2, sw) == [6 * x, 5 * x, 2 * x]
     bwd = layer_kernels(sh, sw, 1, 2048, 1, False, "fp16")["bwd.ew"]
-    assert [k.bytes for k in bwd[2:]] == [6 * x, 5 * x, 2 * x] * 2 + [6 * y, 2 * y]
-    assert [k.variant for k in bwd[2:]] == [""] * 6 + ["activation_backward", ""]
+    # apex's fused LayerNorm backward first: grad input (3d) and gamma (2d) per norm
+    assert [k.bytes for k in bwd[:4]] == [6 * x, 4 * x] * 2
+    assert [k.bytes for k in bwd[4:]] == [6 * x, 5 * x, 2 * x] * 2 + [6 * y, 2 * y]
+    assert [k.variant for k in bwd[4:]] == [""] * 6 + ["activation_backward", ""]
 
 
 def test_kernel_counts_match_the_h200_trace():
@@ -117,6 +123,16 @@ def test_kernel_counts_match_the_h200_trace():
     cfg = kv.load_config()
     sh, sw = cfg.model.shape(), cfg.software
     y = S * sh.ffn * 2
-    bwd = layer_kernels(sh, sw, 1, S, 1, False, "bf16")["bwd.ew"]
-    assert sum(k.bytes == 3 * y for k in bwd) == 3
-    assert sum(k.bytes == 3 * 2 * S * sh.hidden for k in bwd) == 2
+    parts = layer_elementwise_backward_parts(sh, 1, S, 1, False, 2, sw)
+    assert sum(k.bytes == 3 * y for k in parts["activation"]) == 3
+    assert sum(k.bytes == 3 * 2 * S * sh.hidden for k in parts["residual"]) == 2
+    # two kernels per fused RMSNorm: layer_norm_grad_input_kernel_vectorized and
+    # GammaBetaBackwardCUDAKernelTemplate; RoPE's upcast, conj, complex mul, cast per tensor
+    names = [k.name for k in ks if kv.layer_of(k, windows) == 3
+             and kv.op_label(k) == "FusedRmsNormBackward0" and "CUDAFunctor_add" not in k.name]
+    assert len(names) == len(parts["norm"]) == 4
+    assert sum("layer_norm_grad_input_kernel" in n for n in names) == 2
+    rope = [k for k in ks if kv.layer_of(k, windows) == 3
+            and kv.classify(k, 3) == "element-wise backward" and kv.ew_op(k) == "rope"]
+    assert len(rope) == len(parts["rope"]) == 8
+    assert sum("conj_kernel" in k.name for k in rope) == 2

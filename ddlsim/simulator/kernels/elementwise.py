@@ -16,8 +16,10 @@ bias-dropout-add       read x and the residual, write  bias add 2 (with a bias),
  (×2 per layer)        the sum, 1-byte mask: 3 (+mask)  mask, residual add 3: up to 7 (+mask)
 bias-GeLU / SwiGLU     read y (gate and up), write y:  bias add 2 (with a bias) + GeLU 2; SwiGLU:
                        2 (GeLU) / 3 (SwiGLU)           SiLU 2 + multiply 3: 4 / 5
-RoPE on q and k        read, write: 2                  ·cos 2, rotate-half (negate 2, concatenate
-                                                       2), ·sin 2, add 3: 11
+RoPE on q, then on k   read, write: 2                  rotate_half: ·cos 2, rotate-half (negate 2,
+                                                       concatenate 2), ·sin 2, add 3: 11; complex
+                                                       (torchtitan): upcast, complex multiply in
+                                                       fp32, cast back: 3 kernels, 2 + 16/d
 =====================  ==============================  ==========================================
 
 The unfused RMSNorm is the composite torch runs in eager mode, torchtitan's
@@ -52,11 +54,11 @@ from __future__ import annotations
 from typing import Any
 
 from ...workloads.trace import Kernel
-from .softmax import softmax_passes
+from .softmax import unfused_softmax_passes  # noqa: F401 (callers import it from here)
 
 __all__ = ["ELEMENTWISE_CLASSES", "layer_elementwise_kernels", "norm_kernels", "residual_bytes",
            "backward_kernels", "activation_classes", "norm_passes", "activation_passes",
-           "rope_bytes", "layer_elementwise_parts", "optimizer_bytes_per_param", "loss_bytes",
+           "rope_bytes", "rope_passes", "layer_elementwise_parts", "optimizer_bytes_per_param", "loss_bytes",
            "loss_passes", "loss_kernels", "unfused_softmax_passes"]
 
 #: the element-wise kernel classes a device may time at their own achieved bandwidth
@@ -177,15 +179,54 @@ def activation_classes(gated: bool, fused: bool, compiled: bool, n: int) -> list
 def rope_bytes(shape: Any, b: float, s: float, t: int, dtype_bytes: float,
                sw: Any) -> list[float]:
     """Bytes of each kernel of the rotary embedding of one layer's q and k on one of ``t``
-    ranks (the module docstring's table): one fused kernel (read, write) or the unfused
-    sequence (``·cos``, negate, concatenate, ``·sin``, add); none without rotary positions.
-    Its backward moves the same bytes
-    (:func:`.elementwise_backward.layer_elementwise_backward_kernels`)."""
+    ranks, in launch order: :func:`rope_passes` over q, then over k (every stack rotates the
+    two tensors by separate calls); none without rotary positions. Its backward moves the
+    same bytes (:func:`.elementwise_backward.layer_elementwise_backward_kernels`)."""
     if shape.positions != "rotary":
         return []
-    qk = b * s * (shape.q_width + shape.kv_width) / t
-    passes = (2,) if sw.fused_rope else (2, 2, 2, 2, 3)
-    return [p * qk * dtype_bytes for p in passes]
+    per = rope_passes(bool(sw.fused_rope), sw.rope_form, dtype_bytes)
+    return [p * b * s * width / t for width in (shape.q_width, shape.kv_width) for p in per]
+
+
+def rope_passes(fused: bool, form: str, dtype_bytes: float) -> list[float]:
+    """Bytes per element of q (or k) moved by each kernel of its rotary embedding (the module
+    docstring's table): one fused kernel (read, write), or the stack's unfused ``form``
+    (``software.rope_form``):
+
+    * ``rotate_half`` (Megatron's ``apply_rotary_pos_emb``: ``t * cos + _rotate_half(t) *
+      sin``): ``·cos`` 2, negate 2, concatenate 2, ``·sin`` 2, add 3, in units of ``d``;
+    * ``complex`` (torchtitan's ``apply_rotary_emb``: ``view_as_complex(xq.float())`` times
+      ``freqs_cis``, ``view_as_real``, ``type_as(xq)``): the upcast (read ``d``, write 4), the
+      complex multiply in fp32 (read 4, write 4; ``freqs_cis``, ``s × d/2`` broadcast over the
+      batch and heads, not counted), the cast back (read 4, write ``d``): ``2d + 16``, 20 B
+      in bf16, where fp32 training (``d`` = 4) has no casts.
+
+    Parameters
+    ----------
+    fused : bool
+        the stack's ``fused_rope``.
+    form : {"rotate_half", "complex"}
+        the stack's ``rope_form``.
+    dtype_bytes : float
+        bytes per element (B).
+
+    Returns
+    -------
+    list of float
+        bytes per element, one entry per kernel.
+
+    References
+    ----------
+    microsoft/Megatron-DeepSpeed 1bcd14d ``megatron/model/rotary_pos_embedding.py``
+    ``apply_rotary_pos_emb``; pytorch/torchtitan 9dec370 ``torchtitan/models/llama/model.py``
+    ``apply_rotary_emb`` (lines 108-113).
+    """
+    d = dtype_bytes
+    if fused:
+        return [2 * d]
+    if form == "complex":
+        return ([d + 4] if d < 4 else []) + [8.0] + ([4 + d] if d < 4 else [])
+    return [p * d for p in (2, 2, 2, 2, 3)]
 
 
 def layer_elementwise_kernels(shape: Any, b: float, s: float, t: int, sp: bool,
@@ -399,39 +440,3 @@ def optimizer_bytes_per_param(optimizer: str, fused: bool, param_bytes: float = 
         update = 4 * 4 + 3 * 4 if fused else 19 * 4
     master = 4 + param_bytes if mixed else 0.0
     return to_fp32 + unscale + norm + update + master
-
-
-def unfused_softmax_passes(dtype_bytes: float, in_fp32: bool, backward: bool,
-                           row: float = 0.0, dispatch: str = "one_pass") -> list[float]:
-    """Bytes per score element of each kernel of the non-fused softmax over the ``s²``
-    scores (Megatron's ``FusedScaleMaskSoftmax`` with the fusion off: its torch path, Megatron-LM
-    6985e58 ``megatron/model/fused_softmax.py`` ``forward``, the ``else`` branch), forward (or
-    its autograd ``backward``); ``d`` = ``dtype_bytes``; the softmax itself as ``dispatch``
-    runs it over rows of ``row`` elements (:func:`.softmax.softmax_passes`, the stack's
-    ``softmax_dispatch``: PyTorch's kernels by version, e.g. ``4e`` forward where
-    ``cunn_SoftMaxForward`` reads a row three times, ``3e + 4e`` backward; the default
-    ``one_pass`` is one kernel each way reading the row once, ``2e`` and ``3e``), ``e`` the
-    softmax's element size:
-
-    * ``in_fp32`` (``softmax_in_fp32``: Megatron-LM turns it on with query-key layer scaling,
-      on by default in 2021, 6985e58 ``megatron/model/transformer.py`` lines 119-122, and then
-      scales by the layer number): ``input.float()`` (read ``d``, write 4), ``* scale`` (read
-      + write 4), ``masked_fill_`` (read + write 4), softmax (``e`` = 4), ``.half()`` (read 4,
-      write ``d``). Backward: the cast's (read ``d``, write 4), softmax's, the mask's and the
-      scale's (read + write 4 each), the cast back (read 4, write ``d``);
-    * otherwise (Megatron-Core: no layer scaling, the ``1/√d`` applied in the QKᵀ GEMM):
-      ``masked_fill_`` (read + write ``d``) and softmax (``e`` = ``d``); backward: softmax's
-      and the mask's (``2d``).
-
-    The boolean mask is ``[b, 1, s, s]``, broadcast over the heads: a ``1/heads`` share of a
-    byte per element, not counted. With ``d`` = 4 (fp32 training) the casts are no-ops: they
-    drop out."""
-    d = dtype_bytes
-    e = 4.0 if in_fp32 else d
-    soft = softmax_passes(row, e, dispatch, backward)
-    if not in_fp32:
-        return soft + [2 * d] if backward else [2 * d, *soft]
-    middle = soft + [8.0, 8.0] if backward else [8.0, 8.0, *soft]
-    if d >= 4:
-        return middle
-    return [d + 4, *middle, 4 + d]

@@ -2,9 +2,13 @@
 (:func:`layer_elementwise_backward_kernels`: the backward of
 :func:`.elementwise.layer_elementwise_kernels`' forward, on the same tensors).
 
-A fused kernel's backward, and a norm's, is taken as twice its forward traffic (it reads
-the saved inputs and the incoming gradient and writes the outgoing one:
-:func:`~.elementwise.backward_kernels`). The unfused ops' backwards are torch's autograd
+A fused kernel's backward, and an unfused norm's, is taken as twice its forward traffic (it
+reads the saved inputs and the incoming gradient and writes the outgoing one:
+:func:`~.elementwise.backward_kernels`). A fused norm's backward is its library's kernels
+(``software.fused_norm_backward``, :data:`FUSED_NORM_BACKWARD`): the input gradient reads the
+output gradient and the input and writes its own (3d), and the weight's (and bias's) gradient,
+a sum over the tokens, either rides in the same pass (TransformerEngine) or reads both again
+in a kernel of its own (2d: torch's fused norms, apex's, Inductor's). The unfused ops' backwards are torch's autograd
 formulas (pytorch/pytorch ``tools/autograd/derivatives.yaml``), one kernel each, per element
 of the op's tensor (``d`` bytes):
 
@@ -24,7 +28,8 @@ GeLU                   ``gelu_backward(grad, self)``: 3d; a bias's gradient: d
 RoPE                   a linear map of q and k with constant coefficients: its backward
                        runs the transposed map over the gradient, the forward's passes
                        again (torchtitan's complex form: the upcast, the multiply by
-                       ``conj(freqs_cis)``, the cast back; TransformerEngine's fused kernel,
+                       ``conj(freqs_cis)`` after a ``conj`` kernel over the frequencies, the
+                       cast back, per tensor; TransformerEngine's fused kernel,
                        ``fused_rope.cu`` ``fused_rope_block_backward``: read the output
                        gradient, write the input's: 2d)
 =====================  ==================================================================
@@ -34,8 +39,10 @@ Measured (PyTorch 2.11, one H200: the Kineto trace of
 layer of Llama 3.1 8B at 8192 tokens one
 ``silu_backward_kernel`` and two ``mul`` kernels over the 8192 × 14336 activation, one ``add``
 per residual connection (launched under ``FusedRmsNormBackward0``, whose input gradient it sums
-with the residual's), and the rotary embedding's three kernels per tensor again (a bf16 →
-fp32 copy, the complex ``mul``, the fp32 → bf16 copy).
+with the residual's), the rotary embedding's three kernels per tensor again (a bf16 →
+fp32 copy, the complex ``mul``, the fp32 → bf16 copy) and a ``conj`` of the frequencies before
+each ``mul``, and two kernels per fused RMSNorm (``layer_norm_grad_input_kernel_vectorized``,
+``GammaBetaBackwardCUDAKernelTemplate``).
 """
 
 from __future__ import annotations
@@ -47,7 +54,30 @@ from .elementwise import (_BACKWARD_CLASS, activation_classes, activation_passes
                           backward_kernels, norm_kernels, residual_bytes, rope_bytes)
 
 __all__ = ["layer_elementwise_backward_kernels", "layer_elementwise_backward_parts",
-           "residual_backward_bytes", "activation_backward_passes"]
+           "residual_backward_bytes", "activation_backward_passes", "norm_backward_kernels",
+           "rope_backward_bytes", "FUSED_NORM_BACKWARD"]
+
+#: ``software.fused_norm_backward`` -> the kernels of a fused norm's backward, bytes per
+#: element of the normalised tensor in units of its element size ``d``, in launch order
+FUSED_NORM_BACKWARD = {
+    # TransformerEngine 076b995 transformer_engine/common/normalization/rmsnorm/
+    # rmsnorm_bwd_semi_cuda_kernel.cu launch_rmsnorm_bwd_tuned_: rmsnorm_bwd_tuned_kernel
+    # reads dz and x, writes dx and per-CTA partial sums of dgamma (ctas_per_col x cols
+    # fp32), which rmsnorm_bwd_finalize_tuned_kernel reduces (that small kernel not counted);
+    # LayerNorm's ln_bwd the same
+    "one_kernel": (3,),
+    # pytorch/pytorch 0005c53 aten/src/ATen/native/cuda/layer_norm_kernel.cu
+    # LayerNormBackwardKernelImplInternal: layer_norm_grad_input_kernel(_vectorized) reads dY,
+    # X (and gamma), writes dX; GammaBetaBackward*CUDAKernel reads dY and X again for dgamma
+    # (dbeta); the H200 trace (benchmarks/data/device_h200_2026-11-30/run1/llama, torch 2.11):
+    # layer_norm_grad_input_kernel_vectorized and GammaBetaBackwardCUDAKernelTemplate, 17 of
+    # each for 17 FusedRmsNormBackward0. NVIDIA/apex 4b0ee25 csrc/layer_norm_cuda_kernel.cu
+    # HostLayerNormGradient: cuComputePartGradGammaBeta (reads dout, input), cuComputeGradGammaBeta
+    # on its 16 partial rows (not counted), cuComputeGradInput (reads dout, input, writes
+    # grad_input); Inductor's generated backward: a reduction over each row for dx and one
+    # over the tokens for dgamma, two kernels
+    "two_kernels": (3, 2),
+}
 
 
 def layer_elementwise_backward_kernels(shape: Any, b: float, s: float, t: int, sp: bool,
@@ -99,8 +129,8 @@ def layer_elementwise_backward_parts(shape: Any, b: float, s: float, t: int, sp:
                                            len(act))
     parts = {"residual": [(v, "") for v in residual_backward_bytes(shape, x, dt, sw) * 2],
              "activation": [(p * y, c) for p, c in zip(act, classes)],
-             "rope": [(v, "") for v in rope_bytes(shape, b, s, t, dt, sw)]}
-    norms = backward_kernels(norm_kernels(shape, b, s, t, sp, dt, sw, dtype)) * 2
+             "rope": [(v, "") for v in rope_backward_bytes(shape, b, s, t, dt, sw)]}
+    norms = norm_backward_kernels(shape, b, s, t, sp, dt, sw, dtype) * 2
     return {"norm": norms, **{name: tuple(Kernel("memory", bytes=v, dtype=dtype, variant=c)
                                           for v, c in out if v) for name, out in parts.items()}}
 
@@ -191,3 +221,50 @@ def _activation_backward_classes(gated: bool, fused: bool, compiled: bool,
     if gated:
         return [""] * n
     return [_BACKWARD_CLASS["activation"]] + [""] * (n - 1)
+
+
+def norm_backward_kernels(shape: Any, b: float, s: float, t: int, sp: bool,
+                          dtype_bytes: float, sw: Any, dtype: str = "bf16",
+                          fused: bool | None = None) -> tuple[Kernel, ...]:
+    """The backward kernels of one norm, of :func:`~.elementwise.norm_kernels`' forward (same
+    arguments): a fused norm's as its library launches them (``sw.fused_norm_backward``,
+    :data:`FUSED_NORM_BACKWARD`, over the ``b·s·h`` elements, ``/t`` with sequence
+    parallelism), torch's unfused norm kernels twice their forward
+    (:func:`~.elementwise.backward_kernels`, class ``norm_backward``).
+
+    Returns
+    -------
+    tuple of Kernel
+        memory kernels, bytes in B.
+    """
+    fused = bool(sw.fused_layernorm) if fused is None else fused
+    if not fused:
+        return backward_kernels(norm_kernels(shape, b, s, t, sp, dtype_bytes, sw, dtype,
+                                             fused=False))
+    x = b * s * shape.hidden / (t if sp else 1)
+    return tuple(Kernel("memory", bytes=p * dtype_bytes * x, dtype=dtype)
+                 for p in FUSED_NORM_BACKWARD[sw.fused_norm_backward])
+
+
+def rope_backward_bytes(shape: Any, b: float, s: float, t: int, dtype_bytes: float,
+                        sw: Any) -> list[float]:
+    """Bytes of the backward kernels of the rotary embedding (:func:`~.elementwise.rope_bytes`'
+    forward, same arguments): a linear map, so the forward's kernels again per tensor (the
+    module docstring's table), and in torchtitan's complex form (``rope_form: complex``,
+    unfused) each tensor's complex multiply's backward, ``grad * freqs_cis.conj()``, first
+    conjugates the frequencies in a kernel of its own (``conj_kernel_cuda`` over the ``s ×
+    d/2`` complex64 ``freqs_cis``, read and written; the H200 trace of torch 2.11 launches it
+    under each ``MulBackward0``).
+
+    Returns
+    -------
+    list of float
+        bytes (B), one entry per kernel: q's, then k's.
+    """
+    fwd = rope_bytes(shape, b, s, t, dtype_bytes, sw)
+    if not fwd or sw.fused_rope or sw.rope_form != "complex":
+        return fwd
+    conj = 2 * s * shape.d / 2 * 8                 # complex64 freqs_cis read and written
+    n = len(fwd) // 2                              # per tensor: [cast,] multiply[, cast]
+    mul = 1 if dtype_bytes < 4 else 0
+    return [x for part in (fwd[:n], fwd[n:]) for x in (*part[:mul], conj, *part[mul:])]

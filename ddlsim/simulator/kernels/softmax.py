@@ -35,7 +35,7 @@ import math
 from typing import NamedTuple
 
 __all__ = ["SOFTMAX_DISPATCH", "SHARED_MEMORY_PER_BLOCK_B", "SoftmaxDispatch",
-           "softmax_passes"]
+           "softmax_passes", "unfused_softmax_passes"]
 
 #: shared memory one thread block may use without opting in, what
 #: ``at::cuda::getCurrentDeviceProperties()->sharedMemPerBlock`` reads in ``host_softmax``
@@ -144,3 +144,39 @@ def _fits_shared_memory(row: float, e: float) -> bool:
     of vectorised loads (aligned tensors assumed)."""
     reduction = math.ceil(min(row, _BLOCK_THREADS) / _WARP) * 4
     return row * e < SHARED_MEMORY_PER_BLOCK_B - reduction and row % (_VECTOR_B // e) == 0
+
+
+def unfused_softmax_passes(dtype_bytes: float, in_fp32: bool, backward: bool,
+                           row: float = 0.0, dispatch: str = "one_pass") -> list[float]:
+    """Bytes per score element of each kernel of the non-fused softmax over the ``s²``
+    scores (Megatron's ``FusedScaleMaskSoftmax`` with the fusion off: its torch path, Megatron-LM
+    6985e58 ``megatron/model/fused_softmax.py`` ``forward``, the ``else`` branch), forward (or
+    its autograd ``backward``); ``d`` = ``dtype_bytes``; the softmax itself as ``dispatch``
+    runs it over rows of ``row`` elements (:func:`softmax_passes`, the stack's
+    ``softmax_dispatch``: PyTorch's kernels by version, e.g. ``4e`` forward where
+    ``cunn_SoftMaxForward`` reads a row three times, ``3e + 4e`` backward; the default
+    ``one_pass`` is one kernel each way reading the row once, ``2e`` and ``3e``), ``e`` the
+    softmax's element size:
+
+    * ``in_fp32`` (``softmax_in_fp32``: Megatron-LM turns it on with query-key layer scaling,
+      on by default in 2021, 6985e58 ``megatron/model/transformer.py`` lines 119-122, and then
+      scales by the layer number): ``input.float()`` (read ``d``, write 4), ``* scale`` (read
+      + write 4), ``masked_fill_`` (read + write 4), softmax (``e`` = 4), ``.half()`` (read 4,
+      write ``d``). Backward: the cast's (read ``d``, write 4), softmax's, the mask's and the
+      scale's (read + write 4 each), the cast back (read 4, write ``d``);
+    * otherwise (Megatron-Core: no layer scaling, the ``1/√d`` applied in the QKᵀ GEMM):
+      ``masked_fill_`` (read + write ``d``) and softmax (``e`` = ``d``); backward: softmax's
+      and the mask's (``2d``).
+
+    The boolean mask is ``[b, 1, s, s]``, broadcast over the heads: a ``1/heads`` share of a
+    byte per element, not counted. With ``d`` = 4 (fp32 training) the casts are no-ops: they
+    drop out."""
+    d = dtype_bytes
+    e = 4.0 if in_fp32 else d
+    soft = softmax_passes(row, e, dispatch, backward)
+    if not in_fp32:
+        return soft + [2 * d] if backward else [2 * d, *soft]
+    middle = soft + [8.0, 8.0] if backward else [8.0, 8.0, *soft]
+    if d >= 4:
+        return middle
+    return [d + 4, *middle, 4 + d]

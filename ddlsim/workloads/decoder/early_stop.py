@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...simulator.kernels.elementwise import residual_bytes
+from ...simulator.kernels.elementwise import residual_bytes, rope_passes
 from ..trace import Collective, Compute, Kernel
 from ..smcontention import kernel_gemm_flops
 
@@ -107,15 +107,18 @@ def without_last_add(ew: tuple[Kernel, ...], shape: Any, x: float, dt: float, sw
     Returns
     -------
     tuple of Kernel
-        ``ew`` with the last occurrence of each of the residual connection's kernels
+        ``ew`` with the last occurrence of each of the residual connection's kernels before
+        the rotary embedding's (the layer's last kernels, which may move the same bytes)
         removed.
     """
     out = list(ew)
+    rope = (2 * len(rope_passes(bool(sw.fused_rope), sw.rope_form, dt))
+            if shape.positions == "rotary" else 0)
     for v in residual_bytes(shape, x, dt, sw):
         if not v:
             continue
         k = Kernel("memory", bytes=v, dtype=dtype)
-        i = max(j for j, y in enumerate(out) if y == k)
+        i = max(j for j, y in enumerate(out[:len(out) - rope]) if y == k)
         del out[i]
     return tuple(out)
 

@@ -24,9 +24,10 @@ from ...config import DTYPE_BYTES
 from ...simulator.kernels.attention import FLASH_KINDS, attention_kernels
 from ...simulator.kernels.autograd import input_grad_sum_kernels
 from ...simulator.kernels.dtensor import keeps_gathered_input, sp_layout_copies
-from ...simulator.kernels.elementwise import (backward_kernels, layer_elementwise_kernels,
-                                                 loss_bytes, loss_kernels, norm_kernels)
-from ...simulator.kernels.elementwise_backward import layer_elementwise_backward_kernels
+from ...simulator.kernels.elementwise import (layer_elementwise_kernels, loss_bytes,
+                                                 loss_kernels, norm_kernels)
+from ...simulator.kernels.elementwise_backward import (layer_elementwise_backward_kernels,
+                                                          norm_backward_kernels)
 from ...simulator.kernels.fp8recipe import (FP8_RECIPES, fp8_cast_kernels, fp8_gemm_variants,
                                                fp8_rescale_kernels)
 from ...simulator.kernels.gemm import gemm_kernels_backward
@@ -288,10 +289,11 @@ def final_norm_op(shape: Any, sw: Any, b: int, s: float, t: int, sp: bool, dt: i
     (``final_norm``) or backward (``bwd.final_norm``): the kernels of a layer's input norm
     on the same ``b·s`` tokens (``s`` the rank's sequence length; ``/t`` under sequence
     parallelism) and stack (:func:`~ddlsim.simulator.kernels.elementwise.norm_kernels`,
-    :func:`final_norm_fused`), the backward twice its traffic as every element-wise backward
-    (:func:`.backward_kernels`). Memoised like :func:`loss_op`."""
-    k = norm_kernels(shape, b, s, t, sp, dt, sw, dtype, fused=final_norm_fused(sw))
-    k = backward_kernels(k) if backward else k
+    :func:`final_norm_fused`), the backward as a layer's norm's
+    (:func:`~ddlsim.simulator.kernels.elementwise_backward.norm_backward_kernels`). Memoised
+    like :func:`loss_op`."""
+    make = norm_backward_kernels if backward else norm_kernels
+    k = make(shape, b, s, t, sp, dt, sw, dtype, fused=final_norm_fused(sw))
     return Compute("bwd.final_norm" if backward else "final_norm", 0.0,
                    sum(x.bytes for x in k), kind="elementwise", dtype=dtype, kernels=k)
 
