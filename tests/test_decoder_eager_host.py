@@ -15,6 +15,7 @@ import pytest
 import ddlsim
 from ddlsim.workloads.decoder import eager_host as eh
 from ddlsim.workloads.decoder import fsdp2_passes as fp
+from ddlsim.workloads.decoder import sac
 
 pytestmark = pytest.mark.filterwarnings("ignore::ddlsim.errors.DDLSimWarning")
 
@@ -157,3 +158,25 @@ def test_a_short_sequence_is_host_bound_a_long_one_is_not(monkeypatch):
     # 8,192: the host's lead hides it but for the first unit's ops, before the device has
     # anything to run (1.2 ms of 193: < 1 %)
     assert without[1] < with_host[1] < without[1] * 1.01
+
+
+def test_a_sac_recompute_re_runs_the_forwards_units():
+    # op-level SAC's recompute runs every forward op of the block again through the policy's
+    # mode: the selective_op trace's backward (run4/llama_s2048) holds, beyond the plain
+    # trace's, the policy (90 × 16.3 µs, sac.py) and about the forward's units again
+    bench = _bench()
+    plain = bench.kind_table(DATA / "run5" / "none_s2048" / "llama_step_trace.json.gz")
+    op_level = bench.kind_table(DATA / "run4" / "llama_s2048" / "llama_step_trace.json.gz")
+
+    def units(table, pss):
+        return sum(c["units"] for (p, _), c in table["rows"].items() if p == pss)
+    unit_s = op_level["unit_us"] * 1e-6                          # 14.0 µs
+    policy = sac.RECOMPUTE_OPS * sac.RECOMPUTE_OP_S / unit_s     # 104.8 units
+    rest = units(op_level, "bwd") - units(plain, "bwd") - policy  # 397.7 - 173.2 - 104.8
+    forward = sum(eh.HOST_UNITS["fwd", k] for k in eh.SPANS["sac"])
+    assert rest == pytest.approx(forward, rel=0.1)               # 119.7 against 110.6
+    assert eh.block_host_s("recompute.sac", 1.0) == pytest.approx(forward)
+    # and its forward holds the plain forward's units and the policy's (sac.FORWARD_OPS ×
+    # FORWARD_OP_S, 164.1 units): 261.0 - 110.6 = 150.4
+    assert units(op_level, "fwd") - units(plain, "fwd") == pytest.approx(
+        sac.FORWARD_OPS * sac.FORWARD_OP_S / unit_s, rel=0.1)

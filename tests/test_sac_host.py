@@ -7,8 +7,9 @@ block forward through SAC's dispatch mode at 34.8 µs each, 90 per recompute at 
 
 Under FSDP2 on a GPU (these configs) the policy is part of the block's host work on the
 ``host`` stream (ddlsim/workloads/decoder/eager_host.py): each op's share joins the host op
-before it, beside the op's own measured units; where that stream is not laid (the
-partitioner's looped layers) the op keeps it as its ``host_s``."""
+before it, beside the op's own measured units; where that stream is not laid (layers built
+as one loop op, as the partitioner's under context parallelism) the op keeps it as its
+``host_s``."""
 
 from __future__ import annotations
 
@@ -151,8 +152,8 @@ def test_compiled_blocks_pay_no_policy_time():
 
 
 def test_a_context_parallel_layer_from_the_partitioner_shares_the_same_total():
-    # the partitioner's layers run in a Loop, which the host stream is not laid into
-    # (eager_host): its ops keep the policy as their own host_s
+    # the partitioner's layers are one Loop op, which the host stream is not laid into
+    # (eager_host): their ops keep the policy as their own host_s
     ops = [op for block in ddlsim.build_workload(_config(8192, cp=2)).classes[0]
            .program.blocks.values() if block.phase == "forward"
            for op in block.flat.ops if isinstance(op.payload, Compute)]

@@ -31,23 +31,40 @@ checkpointing re-runs the forward's ops: charged the forward's units (the full-A
 backward, ``run5/full_s2048``, holds 107 units a block more than the plain one's: its forward
 reads 102 in its own tiny op, the plain trace's 111).
 
+**Op-level selective checkpointing** (:mod:`.sac`) adds the policy's Python to the same
+host: each forward op's share of it and the recompute's, carried as the op's
+:attr:`~ddlsim.workloads.payloads.Compute.host_s`, join the op's host op here (the device op
+keeps none of it), so one host chain holds all of a block's host work. The recompute
+(``recompute.sac``) re-runs every forward op of the block through the policy's mode, cache
+hits included (90 ATen ops against the forward's 66), so its host op also carries the
+forward's units (:data:`SPANS`): the H200 trace of that step (``run4/llama_s2048``,
+selective_op, tiny op 14.0 µs) holds 397.7 units a block backward against the plain trace's
+173.2; of the 224.5 more, the policy is 104.8 (90 × 16.3 µs) and the rest, 119.7, is the
+forward's 110.6 within 8 % (full AC's recompute: 107).
+
 **Charged** under eager dispatch on a GPU, under FSDP2 (``zero3_implementation:
 torch_fsdp2``, the stacks the measurement is of; :func:`block_host_s` is 0 otherwise): before
-each of a unit's layer ops a host op of its units × ``h`` on the ``host`` stream, which the
-op waits for; host ops follow one another and wait for nothing else, so the host runs ahead
-of the device as far as its work allows (:func:`issued_by_host`). A compiled block runs one
-graph call, no per-op Python: nothing charged. Not carried: another stack's layers (Megatron
-and Transformer Engine's modules have their own host costs), MoE layers.
+each of a unit's layer ops a host op of its units × ``h``, plus the op's ``host_s``, on the
+``host`` stream, which the op waits for; host ops follow one another and wait for nothing
+else, so the host runs ahead of the device as far as its work allows
+(:func:`issued_by_host`). A compiled block runs one graph call, no per-op Python: nothing
+charged (nor any SAC policy, :func:`.sac.policy_host`). Where this host stream is not laid
+(no FSDP2, a CPU device, layers built as one :class:`~ddlsim.workloads.payloads.Loop` op: the
+partitioner's under context parallelism or 2-D/3-D TP, the TP-overlapped ones) an op's
+``host_s`` stays its own (:mod:`ddlsim.simulator.kernels.host`: ``max(Σ t + n·g, n·h +
+host_s)``). Not carried: another stack's layers (Megatron and Transformer Engine's modules
+have their own host costs), MoE layers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from ..trace import Compute, Op
 
-__all__ = ["HOST_UNITS", "unit_s", "block_host_s", "issued_by_host"]
+__all__ = ["HOST_UNITS", "PASSES", "SPANS", "unit_s", "block_host_s", "issued_by_host"]
 
 #: host time per layer op of a block in tiny-op units (module docstring), ``(pass, op)`` →
 #: units: ``benchmarks/decoder_host_trace.py`` on ``run5/none_s2048`` (per block, the median
@@ -62,6 +79,11 @@ HOST_UNITS: dict[tuple[str, str], float] = {
 }
 #: an op name's prefix → the pass whose units it takes (the recomputation: the forward's)
 PASSES = {"fwd": "fwd", "bwd": "bwd", "recompute": "fwd"}
+#: an op that re-runs several of the block's layer ops → those ops: op-level SAC's recompute
+#: (``recompute.sac``, :func:`.sac.every_second_mm_op`) re-runs the block's whole forward
+#: through the policy's mode (module docstring: ``run4/llama_s2048``'s backward, 119.7 units a
+#: block beyond the plain trace's and the policy's, against the forward's 110.6)
+SPANS: dict[str, tuple[str, ...]] = {"sac": ("attn", "mlp", "elementwise")}
 
 
 def unit_s(launch: Any, host_dispatch: str, zero3_implementation: str | None) -> float:
@@ -91,17 +113,19 @@ def unit_s(launch: Any, host_dispatch: str, zero3_implementation: str | None) ->
 
 def block_host_s(name: str, unit: float) -> float | None:
     """The host seconds of the layer op ``name`` (``fwd.attn``, ``bwd.mlp``,
-    ``recompute.elementwise``, …): its :data:`HOST_UNITS` × ``unit``; None for an op the
-    table has no figure for or when ``unit`` is 0."""
+    ``recompute.elementwise``, ``recompute.sac``, …): its :data:`HOST_UNITS` (summed over the
+    ops it re-runs, :data:`SPANS`) × ``unit``; None for an op the table has no figure for or
+    when ``unit`` is 0."""
     pss, _, kind = name.partition(".")
-    units = HOST_UNITS.get((PASSES.get(pss, ""), kind))
-    return units * unit if units is not None and unit > 0 else None
+    units = [HOST_UNITS.get((PASSES.get(pss, ""), k)) for k in SPANS.get(kind, (kind,))]
+    return sum(units) * unit if None not in units and unit > 0 else None
 
 
 def issued_by_host(items: list, unit: float) -> tuple[list, Mapping[int, int]]:
     """A unit's op items with the host's work laid on the ``host`` stream: before each
-    compute op :func:`block_host_s` has a figure for, a host op of that many seconds
-    (``<name>.host``), which the op waits for. Items are payloads or ops whose deps index
+    compute op that :func:`block_host_s` has a figure for or that carries host work of its
+    own (``host_s``: SAC's policy, :mod:`.sac`), a host op of both (``<name>.host``), which
+    the op waits for; the op keeps no ``host_s``. Items are payloads or ops whose deps index
     ``items`` (:func:`.oplists.extend_ops`); the result's deps index the result.
 
     Parameters
@@ -122,14 +146,15 @@ def issued_by_host(items: list, unit: float) -> tuple[list, Mapping[int, int]]:
     at: dict[int, int] = {}
     for i, x in enumerate(items):
         op = x if isinstance(x, Op) else Op(x)
-        deps = tuple(at[d] for d in op.deps)
-        seconds = (block_host_s(op.payload.name, unit)
-                   if isinstance(op.payload, Compute) and op.stream == "compute" else None)
-        if seconds:
-            out.append(Op(Compute(f"{op.payload.name}.host", 0.0, kind="elementwise",
-                                  dtype=op.payload.dtype, seconds=seconds), "host",
-                          repeat=op.repeat))
-            deps += (len(out) - 1,)
+        deps, payload = tuple(at[d] for d in op.deps), op.payload
+        if isinstance(payload, Compute) and op.stream == "compute":
+            seconds = (block_host_s(payload.name, unit) or 0.0) + payload.host_s
+            if seconds > 0:
+                out.append(Op(Compute(f"{payload.name}.host", 0.0, kind="elementwise",
+                                      dtype=payload.dtype, seconds=seconds), "host",
+                              repeat=op.repeat))
+                deps += (len(out) - 1,)
+                payload = replace(payload, host_s=0.0) if payload.host_s else payload
         at[i] = len(out)
-        out.append(Op(op.payload, op.stream, deps, op.repeat))
+        out.append(Op(payload, op.stream, deps, op.repeat))
     return out, at

@@ -34,8 +34,14 @@ same op outside the blocks; the recompute :data:`RECOMPUTE_OPS`, each :data:`REC
 more. The recompute's is its op's ``host_s`` (:func:`every_second_mm_op`); the forward's is
 spread over the layer's forward ops as its ops go with their kernels (:func:`forward_host`:
 :data:`GEMM_OPS` per GEMM, :data:`ATTENTION_OPS` per attention kernel, the rest evenly over the
-memory kernels). A compiled block runs no per-op Python (compile removes it: run3/s2048c,
-``compile_selective_op`` 106.3 ms against eager's 175.5 ms at sequence 2048).
+memory kernels). ``host_s`` carries it to where the host's work is laid: under FSDP2 on a GPU
+the block's host chain on the ``host`` stream (:mod:`.eager_host`: each op's share joins the
+host op before it, beside the op's own measured units, and the recompute's host op also holds
+the forward's units, which it runs again), so the host's lead carries across ops; elsewhere
+(no FSDP2, layers built as one loop op) the op keeps it
+(:mod:`ddlsim.simulator.kernels.host`: ``max(Σ t + n·g, n·h + host_s)``). A compiled block runs
+no per-op Python (compile removes it: run3/s2048c, ``compile_selective_op`` 106.3 ms against
+eager's 175.5 ms at sequence 2048).
 
 **Every n-th layer** (``train.recompute: full`` with ``recompute_every_n_layers: n``,
 torchtitan's ``selective_ac_option = 'n'``: 9dec370 ``parallelize_llama.py`` lines 282-290,
