@@ -132,7 +132,7 @@ def softmax_passes(row: float, elem_bytes: float, dispatch: str, backward: bool
     return ([3 * e] if rule.product else []) + [3 * e if once else 4 * e]
 
 
-def _in_warp(row: float, e: float, limit: tuple[int, int]) -> bool:
+def _in_warp(row: float, e: float, limit: tuple[float, float]) -> bool:
     """Whether a row runs the persistent warp kernel (``dim_size <= n && dim_size *
     sizeof(scalar_t) <= bytes``)."""
     return row <= limit[0] and row * e <= limit[1]
