@@ -7,6 +7,11 @@
   arrays (:mod:`ddlsim.simulator.timing`), element by element, is the specification.
 * :func:`ddlsim.search.netcost._stage_hops` sorts the distinct (hop s − 1, hop s) pairs
   itself instead of :func:`numpy.unique` with ``axis=0``: the same rows in the same order.
+* The analytical engine's lowering (:class:`ddlsim.simulator.analytical.instructions.
+  _Lowering`, which the exact tier's predictions and the search's pieces share) finds the
+  classes of every class's collective groups with one gather per family, and each peer
+  from the per-offset table of every rank's peer it builds for the transfers: the classes
+  each rank's own group gives.
 """
 
 from __future__ import annotations
@@ -106,3 +111,51 @@ def test_stage_hops_rows_and_their_order_are_numpys_unique_rows():
         parts = kinds[rng.integers(0, 3, hops)] if trial % 5 else rng.random((hops, 2))
         got, want = _stage_hops(parts), _unique_rows(parts)
         assert got.shape == want.shape and np.array_equal(got, want)
+
+
+# ------------------------------------------------------------------ the engine's lowering
+def _pipeline_workload():
+    """GPT-2 on two DGX A100 nodes, TP2 PP4 DP2, interleaved (4 stage classes; tied
+    embedding, pipeline hops inside and across nodes)."""
+    from ddlsim.api import build_workload
+    from ddlsim.config import build_config
+    from ddlsim.simulator.costs import CostModel
+
+    cfg = build_config({
+        "model": "gpt2-124m", "system": {"preset": "dgx-a100", "nodes": 2},
+        "parallel": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 4,
+                     "data_parallel_size": 2, "schedule": "interleaved",
+                     "virtual_pipeline_model_parallel_size": 3},
+        "train": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 1024}})
+    wl = build_workload(cfg)
+    return wl, CostModel(cfg.system, wl, cfg.parallel.collective_algorithm)
+
+
+def test_lowering_finds_partners_and_peers_as_each_rank_s_own_group_gives_them():
+    from ddlsim.simulator.analytical.instructions import _Lowering
+    from ddlsim.workloads.trace import P2P
+
+    wl, cost = _pipeline_workload()
+    lw = _Lowering(wl, cost)
+    class_of = wl.class_of()
+    for name, fam in wl.groups.items():
+        for cls in wl.classes:
+            rep = int(cls.ranks[0])
+            if rep not in fam.members:   # (asked only of the families a class's blocks use)
+                continue
+            row = fam.group_of(rep)
+            classes = frozenset(class_of[row].tolist())
+            assert lw.partners(name, rep) == (classes if len(classes) > 1 else None)
+            i = row.tolist().index(rep)
+            for offset in (-1, 1):
+                p = P2P("x", "send", name, offset, 1.0, "x")
+                assert lw.peer(rep, p) == class_of[row[(i + offset) % len(row)]]
+
+
+def test_lowering_finds_every_class_s_partners_in_a_family_at_once():
+    from ddlsim.simulator.analytical.instructions import _Lowering
+
+    wl, cost = _pipeline_workload()
+    lw = _Lowering(wl, cost)
+    lw.partners("tp", int(wl.classes[0].ranks[0]))
+    assert set(lw._sets["tp"]) == {int(c.ranks[0]) for c in wl.classes}

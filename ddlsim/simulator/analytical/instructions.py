@@ -103,7 +103,7 @@ class _Lowering:
         self.streams: dict[str, int] = {"compute": 0}
         self.choices: dict[str, str] = {}
         self._inverse: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        self._rows: dict[tuple[str, int], tuple] = {}
+        self._sets: dict[str, dict[int, frozenset]] = {}
         self._groups: dict[int, tuple[str, ...]] = {}
         self._blocks: dict[tuple, tuple] = {}
         self._ops: dict[tuple, Instr] = {}
@@ -113,27 +113,35 @@ class _Lowering:
         self._cross: dict[tuple, tuple] = {}
         self._by_kind: dict[tuple, float] = {}
 
-    def row(self, group: str, rank: int) -> tuple[tuple[int, ...], int, frozenset]:
-        """(members of ``rank``'s group of family ``group``, its index there, their classes)."""
-        hit = self._rows.get((group, rank))
+    def inverse(self, group: str) -> tuple[np.ndarray, np.ndarray]:
+        """Per rank, its group's row in family ``group`` and its index there (0 and 0 for a
+        rank outside the family), once per family."""
+        hit = self._inverse.get(group)
         if hit is None:
             members = self.workload.groups[group].members
-            if group not in self._inverse:
-                g_of = np.zeros(self.workload.world_size, dtype=np.int64)   # (outside: 0)
-                i_of = np.zeros(self.workload.world_size, dtype=np.int64)
-                n_g, size = members.shape
-                g_of[members.ravel()] = np.repeat(np.arange(n_g), size)
-                i_of[members.ravel()] = np.tile(np.arange(size), n_g)
-                self._inverse[group] = (g_of, i_of)
-            g_of, i_of = self._inverse[group]
-            row = members[g_of[rank]]
-            hit = (tuple(row.tolist()), int(i_of[rank]), frozenset(self.class_of[row].tolist()))
-            self._rows[(group, rank)] = hit
+            g_of = np.zeros(self.workload.world_size, dtype=np.int64)   # (outside: 0)
+            i_of = np.zeros(self.workload.world_size, dtype=np.int64)
+            n_g, size = members.shape
+            g_of[members.ravel()] = np.repeat(np.arange(n_g), size)
+            i_of[members.ravel()] = np.tile(np.arange(size), n_g)
+            hit = self._inverse[group] = (g_of, i_of)
         return hit
 
     def partners(self, group: str, rep: int) -> frozenset | None:
-        """The classes of ``rep``'s group of family ``group`` when there are several."""
-        parts = self.row(group, rep)[2]
+        """The classes of ``rep``'s group of family ``group`` when there are several: found
+        for every class's representative at once, once per family."""
+        sets = self._sets.get(group)
+        if sets is None:
+            reps = [int(c.ranks[0]) for c in self.workload.classes]
+            if rep not in reps:
+                reps.append(rep)
+            rows = self.workload.groups[group].members[self.inverse(group)[0][reps]]
+            sets = self._sets[group] = {
+                r: frozenset(row) for r, row in zip(reps, self.class_of[rows].tolist())}
+        parts = sets.get(rep)
+        if parts is None:   # (a rank not a class's representative: never asked by lower)
+            parts = sets[rep] = frozenset(self.class_of[
+                self.workload.groups[group].members[self.inverse(group)[0][rep]]].tolist())
         return parts if len(parts) > 1 else None
 
     def block(self, ci: int, rep: int, block) -> tuple[tuple[Instr, ...], int]:
@@ -170,12 +178,12 @@ class _Lowering:
         return tuple(out), id(instrs)
 
     def peer(self, rep: int, p: P2P) -> int:
-        """The class of rank ``rep``'s peer in point-to-point op ``p`` (cached)."""
+        """The class of rank ``rep``'s peer in point-to-point op ``p`` (cached; every rank's
+        peer at that offset from :meth:`_crossing`)."""
         peer = self._peers.get((p.group, rep, p.peer))
         if peer is None:
-            row, i, _ = self.row(p.group, rep)
-            peer = self._peers[(p.group, rep, p.peer)] = int(self.class_of[row[(i + p.peer)
-                                                                              % len(row)]])
+            peer_of = self._crossing(p.group, p.peer)[0]
+            peer = self._peers[(p.group, rep, p.peer)] = int(self.class_of[peer_of[rep]])
         return peer
 
     def transfer(self, ci: int, p: P2P) -> float:
@@ -196,7 +204,7 @@ class _Lowering:
         and kinds present (it times every transfer of a kind, node-crossing or node-local,
         alike), given the first transfer of each kind (the pairs it would pick: same
         seconds)."""
-        peer_of, crosses, kinds = self._crossing(ci, p.group, p.peer)
+        peer_of, crosses, kinds = self._crossing(p.group, p.peer)
         key = (p.group, p.bytes, kinds[ci])
         hit = self._by_kind.get(key)
         if hit is None:
@@ -206,15 +214,14 @@ class _Lowering:
             hit = self._by_kind[key] = self.cost.p2p_slowest(p, src, peer_of[src])
         return hit
 
-    def _crossing(self, ci: int, group: str, peer: int) -> tuple:
+    def _crossing(self, group: str, peer: int) -> tuple:
         """(every rank's peer at offset ``peer`` in its group of family ``group``, whether it
         is on another node, per class whether (some of its ranks' peers are, some are
         not)), once per family and offset for all classes."""
         hit = self._cross.get((group, peer))
         if hit is None:
             members = self.workload.groups[group].members
-            self.row(group, int(self.workload.classes[ci].ranks[0]))   # fills the inverse
-            g_of, i_of = self._inverse[group]
+            g_of, i_of = self.inverse(group)
             peer_of = members[g_of, (i_of + peer) % members.shape[1]]
             node = self.cost.node_of_rank
             crosses = node != node[peer_of]
