@@ -33,10 +33,13 @@ dtype's size: the upcast ``d + 4``, ``pow`` 8, ``mean`` 4, the two per-row kerne
 row statistics (``4·2/h``), the normalising ``mul`` 8, the cast back ``4 + d``, the weight
 ``2d``: ``36`` bytes in bf16 where a fused kernel moves 4 (:func:`norm_passes`).
 
-The backward of a fused kernel, and of a norm, is taken as twice its forward traffic (it
-reads the saved inputs and the incoming gradient and writes the outgoing one:
-:func:`backward_kernels`); the unfused ops' backwards are torch's autograd formulas
-(:mod:`.elementwise_backward`). Softmax, mask and dropout over the ``s²`` scores belong to
+The backward of a fused kernel, and of an unfused norm, is taken as twice its forward traffic
+(it reads the saved inputs and the incoming gradient and writes the outgoing one:
+:func:`backward_kernels`); a fused norm's backward is its library's kernels and the unfused
+ops' backwards are torch's autograd formulas (:mod:`.elementwise_backward`). Every decoder
+layer takes these functions: the dense builder, the partition template, an MoE layer's non-MLP
+ops (:meth:`~ddlsim.workloads.decoder.moe.MoEOps._attn_elementwise`) and MLA's recomputed
+RoPE (:mod:`~ddlsim.workloads.decoder.recompute_modules`). Softmax, mask and dropout over the ``s²`` scores belong to
 the attention core (:mod:`.attention`).
 
 **Kernel classes.** Most of these kernels stream contiguous tensors and run at the device's
@@ -46,7 +49,10 @@ fraction of the datasheet bandwidth a device may give (``device.elementwise_effi
 fitted to those tables by ``benchmarks/kernel_breakdown.py --fit``; docs/compute.md): torch's
 own norm kernels, Megatron-Core's fused SwiGLU, which reads the two halves of fc1's
 output as strided views, and the unfused cross-entropy's torch kernels (:func:`loss_kernels`).
-A device without a class's figure runs it at its streaming bandwidth.
+The H200 measured more on itself (``dgx-h200``, docs/compute.md "The H200's measured
+classes"): torch's fused norm kernels (:func:`fused_norm_class`) and torchtitan's complex
+RoPE's upcast and complex multiply (:func:`rope_classes`). A device without a class's figure
+runs it at its streaming bandwidth.
 """
 
 from __future__ import annotations
@@ -54,12 +60,15 @@ from __future__ import annotations
 from typing import Any
 
 from ...workloads.trace import Kernel
+from .step_passes import (loss_bytes, loss_kernels, loss_passes,  # noqa: F401 (callers
+                          optimizer_bytes_per_param)                # import them from here)
 from .softmax import unfused_softmax_passes  # noqa: F401 (callers import it from here)
 
 __all__ = ["ELEMENTWISE_CLASSES", "layer_elementwise_kernels", "norm_kernels", "residual_bytes",
            "backward_kernels", "activation_classes", "norm_passes", "activation_passes",
-           "rope_bytes", "rope_passes", "layer_elementwise_parts", "optimizer_bytes_per_param", "loss_bytes",
-           "loss_passes", "loss_kernels", "unfused_softmax_passes"]
+           "rope_bytes", "rope_passes", "rope_widths", "rope_classes", "fused_norm_class",
+           "qk_norm_kernels", "layer_elementwise_parts", "optimizer_bytes_per_param",
+           "loss_bytes", "loss_passes", "loss_kernels", "unfused_softmax_passes"]
 
 #: the element-wise kernel classes a device may time at their own achieved bandwidth
 #: (``device.elementwise_efficiency``), class -> the kernels it names; a backward class is
@@ -91,9 +100,49 @@ ELEMENTWISE_CLASSES = {
     "maxpool": "PyTorch's NHWC max pooling (max_pool_forward_nhwc), forward "
                "(workloads/resnet/kernels.py)",
     "maxpool_backward": "its backward's gather (max_pool_backward_nhwc)",
+    "fused_rmsnorm": "a fused RMSNorm of a two-kernel library (software.fused_norm_backward "
+                     "two_kernels, not compiled: torch's fused rms_norm kernel, apex's), "
+                     "forward (fused_norm_class)",
+    "fused_rmsnorm_backward": "its backward's two kernels (input gradient, then the weight's)",
+    "fused_layernorm": "a fused LayerNorm of a two-kernel library (torch's layer_norm kernel, "
+                       "apex's), forward",
+    "fused_layernorm_backward": "its backward's two kernels",
+    "rope_upcast": "the complex rotary embedding's bf16 -> fp32 copy (xq.float(); in the "
+                   "backward the cast back's gradient), torch's non-vectorised "
+                   "unrolled_elementwise_kernel (rope_classes)",
+    "rope_complex_mul": "its complex multiply by the broadcast freqs_cis (forward and "
+                        "backward), torch's strided elementwise_kernel",
 }
 _BACKWARD_CLASS = {"norm": "norm_backward", "gated": "gated_backward",
-                   "activation": "activation_backward", "loss": "loss_backward"}
+                   "activation": "activation_backward", "loss": "loss_backward",
+                   "fused_rmsnorm": "fused_rmsnorm_backward",
+                   "fused_layernorm": "fused_layernorm_backward"}
+
+
+def fused_norm_class(sw: Any, norm: str, backward: bool = False) -> str:
+    """The class of a fused norm's kernels (:data:`ELEMENTWISE_CLASSES`): ``fused_rmsnorm``
+    or ``fused_layernorm`` (their ``_backward`` classes for the backward) where the stack's
+    fused norm is a two-kernel library's (``sw.fused_norm_backward == "two_kernels"``:
+    torch's fused kernels, apex's) and not Inductor's (``sw.compile``); none for
+    TransformerEngine's and Inductor's kernels, which no device has measured apart.
+
+    Parameters
+    ----------
+    sw : SoftwareStack
+        the resolved stack (its ``fused_norm_backward`` and ``compile``).
+    norm : {"layernorm", "rmsnorm"}
+        the model's norm.
+    backward : bool
+        the backward's class.
+
+    Returns
+    -------
+    str
+        the class, or ``""``.
+    """
+    if sw.fused_norm_backward != "two_kernels" or sw.compile:
+        return ""
+    return f"fused_{norm}_backward" if backward else f"fused_{norm}"
 
 
 def norm_passes(fused: bool, norm: str, dtype_bytes: float, hidden: float) -> list[float]:
@@ -185,7 +234,19 @@ def rope_bytes(shape: Any, b: float, s: float, t: int, dtype_bytes: float,
     if shape.positions != "rotary":
         return []
     per = rope_passes(bool(sw.fused_rope), sw.rope_form, dtype_bytes)
-    return [p * b * s * width / t for width in (shape.q_width, shape.kv_width) for p in per]
+    return [p * b * s * width for width in rope_widths(shape, t) for p in per]
+
+
+def rope_widths(shape: Any, t: int) -> tuple[float, float]:
+    """Elements per token the rotary embedding rotates on one of ``t`` ranks, (query, key):
+    ``q_width/t`` and ``kv_width/t``; MLA rotates only the decoupled parts, ``a·d_r/t`` of
+    the queries and the one shared ``d_r`` key, which every rank holds whole (NVIDIA/Megatron-LM
+    d7288711 ``multi_latent_attention.py`` ``qkv_up_proj_and_rope_apply``: ``q_pos_emb``,
+    ``k_pos_emb`` of ``qk_pos_emb_head_dim``)."""
+    if shape.mla is not None:
+        d_r = shape.mla.qk_rope_head_dim
+        return shape.heads * d_r / t, float(d_r)
+    return shape.q_width / t, shape.kv_width / t
 
 
 def rope_passes(fused: bool, form: str, dtype_bytes: float) -> list[float]:
@@ -229,6 +290,35 @@ def rope_passes(fused: bool, form: str, dtype_bytes: float) -> list[float]:
     return [p * d for p in (2, 2, 2, 2, 3)]
 
 
+def rope_classes(fused: bool, form: str, dtype_bytes: float) -> list[str]:
+    """The class of each kernel :func:`rope_passes` gives (same arguments;
+    :data:`ELEMENTWISE_CLASSES`): torchtitan's complex form's upcast ``rope_upcast`` and its
+    complex multiply ``rope_complex_mul`` (its cast back, a vectorised copy, none); a fused
+    kernel and the rotate-half form's kernels none."""
+    n = len(rope_passes(fused, form, dtype_bytes))
+    if fused or form != "complex":
+        return [""] * n
+    casts = dtype_bytes < 4
+    return (["rope_upcast"] if casts else []) + ["rope_complex_mul"] + ([""] if casts else [])
+
+
+def qk_norm_kernels(shape: Any, b: float, s: float, t: int, dtype_bytes: float, sw: Any,
+                    dtype: str = "bf16") -> tuple[Kernel, ...]:
+    """The forward kernels of the RMSNorm of every query and key head (``shape.qk_norm``:
+    Qwen3's ``q_norm`` and ``k_norm`` over the head size ``d``, before the rotary embedding;
+    huggingface/transformers ``models/qwen3/modeling_qwen3.py`` ``Qwen3Attention.forward``)
+    on one of ``t`` ranks, q's then k's: :func:`norm_passes` over the ``b·s·q_width/t`` and
+    ``b·s·kv_width/t`` elements in rows of ``d``, fused or not as the layers' norms
+    (``sw.fused_layernorm``), of their class; none without ``qk_norm``."""
+    if not shape.qk_norm:
+        return ()
+    fused = bool(sw.fused_layernorm)
+    cls = fused_norm_class(sw, "rmsnorm") if fused else "norm"
+    return tuple(Kernel("memory", bytes=p * b * s * w / t, dtype=dtype, variant=cls)
+                 for w in (shape.q_width, shape.kv_width)
+                 for p in norm_passes(fused, "rmsnorm", dtype_bytes, shape.d))
+
+
 def layer_elementwise_kernels(shape: Any, b: float, s: float, t: int, sp: bool,
                               dtype_bytes: float, sw: Any, dtype: str = "bf16"
                               ) -> tuple[Kernel, ...]:
@@ -248,17 +338,21 @@ def layer_elementwise_parts(shape: Any, b: float, s: float, t: int, sp: bool,
                             dtype_bytes: float, sw: Any, dtype: str = "bf16"
                             ) -> dict[str, tuple[Kernel, ...]]:
     """:func:`layer_elementwise_kernels`' kernels (same arguments) by op: ``norm`` (the input
-    and pre-MLP norms), ``residual`` (the two residual connections), ``activation``,
-    ``rope`` (empty without rotary positions), in that order."""
+    and pre-MLP norms, then the query and key heads' norms where the model has them,
+    :func:`qk_norm_kernels`), ``residual`` (the two residual connections), ``activation``,
+    ``rope`` (empty without rotary positions; its kernels' classes :func:`rope_classes`), in
+    that order."""
     dt = dtype_bytes
     y = b * s * shape.ffn / t
     residual = residual_bytes(shape, b * s * shape.hidden / (t if sp else 1), dt, sw) * 2
     act = activation_passes(shape.gated_mlp, shape.mlp_bias, sw.fused_bias_gelu, dt)
     classes = activation_classes(shape.gated_mlp, sw.fused_bias_gelu, sw.compile, len(act))
+    rope = rope_classes(bool(sw.fused_rope), sw.rope_form, dt) * 2       # q's, then k's
     parts = {"residual": [(v, "") for v in residual],
              "activation": [(p * y, c) for p, c in zip(act, classes)],
-             "rope": [(v, "") for v in rope_bytes(shape, b, s, t, dt, sw)]}
-    norms = norm_kernels(shape, b, s, t, sp, dt, sw, dtype) * 2   # input and pre-MLP norms
+             "rope": list(zip(rope_bytes(shape, b, s, t, dt, sw), rope))}
+    norms = (norm_kernels(shape, b, s, t, sp, dt, sw, dtype) * 2      # input and pre-MLP norms
+             + qk_norm_kernels(shape, b, s, t, dt, sw, dtype))
     return {"norm": norms, **{name: tuple(Kernel("memory", bytes=v, dtype=dtype, variant=c)
                                           for v, c in out if v) for name, out in parts.items()}}
 
@@ -301,8 +395,8 @@ def norm_kernels(shape: Any, b: float, s: float, t: int, sp: bool, dtype_bytes: 
     """The forward kernels of one of the decoder's norms over a micro-batch's hidden states
     on one tensor-parallel rank (a layer's input or pre-MLP norm, or the final norm before
     the output head): :func:`norm_passes` over the ``b·s·h`` elements (``/t`` with sequence
-    parallelism), fused into one kernel (``sw.fused_layernorm``) or torch's own kernels, of
-    class ``norm``.
+    parallelism), fused into one kernel (``sw.fused_layernorm``, of the class
+    :func:`fused_norm_class` gives) or torch's own kernels, of class ``norm``.
 
     Parameters
     ----------
@@ -330,7 +424,7 @@ def norm_kernels(shape: Any, b: float, s: float, t: int, sp: bool, dtype_bytes: 
     """
     fused = bool(sw.fused_layernorm) if fused is None else fused
     x = b * s * shape.hidden / (t if sp else 1)
-    cls = "" if fused else "norm"
+    cls = fused_norm_class(sw, shape.norm) if fused else "norm"
     return tuple(Kernel("memory", bytes=p * x, dtype=dtype, variant=cls)
                  for p in norm_passes(fused, shape.norm, dtype_bytes, shape.hidden))
 
@@ -352,91 +446,3 @@ def backward_kernels(forward: tuple[Kernel, ...]) -> tuple[Kernel, ...]:
     """
     return tuple(Kernel("memory", bytes=2 * k.bytes, dtype=k.dtype,
                         variant=_BACKWARD_CLASS.get(k.variant, k.variant)) for k in forward)
-
-
-def loss_bytes(tokens: float, vocab_local: float, dtype_bytes: float, fused: bool,
-               backward: bool = False) -> float:
-    """Memory traffic of the vocab-parallel cross-entropy over ``tokens × vocab_local``
-    16-bit logits, forward (or its ``backward``), in bytes. Both Megatron paths work on an fp32
-    copy of the logits and keep the fp32 softmax for the backward (per logit, ``d`` =
-    ``dtype_bytes``):
-
-    * unfused, Megatron-LM's torch ops (6985e58 ``megatron/mpu/cross_entropy.py`` lines
-      28-105, called on ``output.float()`` by ``megatron/model/gpt_model.py`` line 56;
-      Megatron-Core 900f1b76 ``tensor_parallel/cross_entropy.py`` casts inside,
-      ``calculate_logits_max``): forward: the cast (read ``d``, write 4), ``max`` (read 4),
-      ``sub_`` (read + write 4), ``exp`` (read + write 4), ``sum`` (read 4), ``div_`` (read +
-      write 4): ``d + 36``. Backward: ``mul_`` by the loss gradient (read + write 4) and the
-      autograd cast back to 16 bits (read 4, write ``d``): ``d + 12``;
-    * fused (``--cross-entropy-loss-fusion``, Megatron-Core ``fusions/fused_cross_entropy.py``:
-      three ``jit_fuser`` kernels forward, one backward): cast + max (read ``d``, write 4),
-      subtract + exp + sum (read + write 4), divide (read + write 4): ``d + 20``; backward:
-      gradient and cast (read 4, write ``d``): ``d + 4``.
-
-    The target-logit gather and the one-hot subtraction touch one logit per token: not counted.
-    With fp32 logits (``d`` = 4) the casts are no-ops: their passes drop out (the fused
-    forward's max still reads the logits). The sum of :func:`loss_passes`."""
-    return tokens * vocab_local * sum(loss_passes(dtype_bytes, fused, backward))
-
-
-def loss_passes(dtype_bytes: float, fused: bool, backward: bool = False) -> list[float]:
-    """Bytes per logit of each kernel of the cross-entropy (:func:`loss_bytes`, whose passes
-    these are, one kernel each): unfused forward cast, ``max``, ``sub_``, ``exp``, ``sum``,
-    ``div_``, backward ``mul_`` and the cast back; fused forward cast + max, subtract + exp
-    + sum, divide, backward one kernel."""
-    d = dtype_bytes
-    cast = [d + 4] if d < 4 else []
-    if fused:
-        return [4 + d] if backward else [max(d + 4 if d < 4 else 0.0, 4.0), 8.0, 8.0]
-    if backward:
-        return [8.0] + ([4 + d] if d < 4 else [])
-    return cast + [4.0, 8.0, 8.0, 4.0, 8.0]
-
-
-def loss_kernels(logits: float, dtype_bytes: float, fused: bool, backward: bool = False,
-                 dtype: str = "bf16") -> tuple[Kernel, ...]:
-    """The cross-entropy's kernels over ``logits`` logits, forward (or its ``backward``): one
-    memory kernel per pass of :func:`loss_passes`, bytes in B. The unfused passes carry the
-    class ``loss`` (``loss_backward``): torch's eager kernels over ``[tokens, V/t]`` fp32
-    rows, row reductions among them, run below the streaming bandwidth in published H100
-    times (Liger-Kernel's Megatron-Core cross-entropy rows, ``benchmarks/data/
-    liger_h100_kernels.csv``); the fused stack's kernels stay unclassed."""
-    cls = "" if fused else _BACKWARD_CLASS["loss"] if backward else "loss"
-    return tuple(Kernel("memory", bytes=logits * x, dtype=dtype, variant=cls)
-                 for x in loss_passes(dtype_bytes, fused, backward))
-
-
-def optimizer_bytes_per_param(optimizer: str, fused: bool, param_bytes: float = 2,
-                              grad_bytes: float = 4, loss_scaling: bool = False) -> float:
-    """Bytes one optimizer step moves per parameter: the mixed-precision wrapper's passes
-    around the update itself, as Megatron-LM's ``MixedPrecisionOptimizer.step`` runs them
-    (6985e58 ``megatron/optimizer/optimizer.py`` lines 398-445; DeepSpeed's ZeRO-1/2 step does
-    the same passes on its partition):
-
-    1. gradients into fp32 (``main_param.grad = model_param.grad.float()``) when they are kept
-       in 16 bits (``grad_bytes`` < 4): read ``grad_bytes``, write 4;
-    2. with a loss scaler (fp16): unscale and check for inf/nan
-       (``torch._amp_foreach_non_finite_check_and_unscale_``): read + write 4;
-    3. the gradient norm for clipping (``clip_grad_norm_fp32``, ``--clip-grad`` 1.0 by
-       default; apex ``multi_tensor_l2norm``): read 4 (the clip itself only when the norm
-       exceeds it: not counted);
-    4. the update on fp32 weight, gradient, momentum and variance. Fused multi-tensor Adam
-       (apex/TE FusedAdam): read 16, write 12 = 28 B. Unfused (``torch.optim.Adam`` per
-       tensor, foreach off): momentum ``mul_``, ``add_`` (5 fp32 passes), variance ``mul_``,
-       ``addcmul_`` (6), ``sqrt``, ``add_(eps)`` (4), ``addcdiv_`` (4): 19 passes = 76 B.
-       SGD with momentum: weight and momentum read + write, gradient read: 20 B;
-    5. the fp32 master weights copied to the ``param_bytes`` model weights
-       (``_copy_main_params_to_model_params``): read 4, write ``param_bytes``.
-
-    ``param_bytes`` 4 (fp32 training): no master copy, no steps 1, 2 and 5.
-    """
-    mixed = param_bytes < 4
-    to_fp32 = grad_bytes + 4 if grad_bytes < 4 else 0.0
-    unscale = 2 * 4 if loss_scaling else 0.0
-    norm = 4
-    if optimizer != "adam":
-        update = 2 * 4 + 2 * 4 + 4
-    else:
-        update = 4 * 4 + 3 * 4 if fused else 19 * 4
-    master = 4 + param_bytes if mixed else 0.0
-    return to_fp32 + unscale + norm + update + master

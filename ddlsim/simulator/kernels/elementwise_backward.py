@@ -51,11 +51,13 @@ from typing import Any
 
 from ...workloads.trace import Kernel
 from .elementwise import (_BACKWARD_CLASS, activation_classes, activation_passes,
-                          backward_kernels, norm_kernels, residual_bytes, rope_bytes)
+                          backward_kernels, fused_norm_class, norm_kernels, qk_norm_kernels,
+                          residual_bytes, rope_bytes, rope_classes)
 
 __all__ = ["layer_elementwise_backward_kernels", "layer_elementwise_backward_parts",
            "residual_backward_bytes", "activation_backward_passes", "norm_backward_kernels",
-           "rope_backward_bytes", "FUSED_NORM_BACKWARD"]
+           "qk_norm_backward_kernels", "rope_backward_bytes", "rope_backward_classes",
+           "FUSED_NORM_BACKWARD"]
 
 #: ``software.fused_norm_backward`` -> the kernels of a fused norm's backward, bytes per
 #: element of the normalised tensor in units of its element size ``d``, in launch order
@@ -129,8 +131,10 @@ def layer_elementwise_backward_parts(shape: Any, b: float, s: float, t: int, sp:
                                            len(act))
     parts = {"residual": [(v, "") for v in residual_backward_bytes(shape, x, dt, sw) * 2],
              "activation": [(p * y, c) for p, c in zip(act, classes)],
-             "rope": [(v, "") for v in rope_backward_bytes(shape, b, s, t, dt, sw)]}
-    norms = norm_backward_kernels(shape, b, s, t, sp, dt, sw, dtype) * 2
+             "rope": list(zip(rope_backward_bytes(shape, b, s, t, dt, sw),
+                              rope_backward_classes(shape, dt, sw)))}
+    norms = (norm_backward_kernels(shape, b, s, t, sp, dt, sw, dtype) * 2
+             + qk_norm_backward_kernels(shape, b, s, t, dt, sw, dtype))
     return {"norm": norms, **{name: tuple(Kernel("memory", bytes=v, dtype=dtype, variant=c)
                                           for v, c in out if v) for name, out in parts.items()}}
 
@@ -242,7 +246,24 @@ def norm_backward_kernels(shape: Any, b: float, s: float, t: int, sp: bool,
         return backward_kernels(norm_kernels(shape, b, s, t, sp, dtype_bytes, sw, dtype,
                                              fused=False))
     x = b * s * shape.hidden / (t if sp else 1)
-    return tuple(Kernel("memory", bytes=p * dtype_bytes * x, dtype=dtype)
+    cls = fused_norm_class(sw, shape.norm, backward=True)
+    return tuple(Kernel("memory", bytes=p * dtype_bytes * x, dtype=dtype, variant=cls)
+                 for p in FUSED_NORM_BACKWARD[sw.fused_norm_backward])
+
+
+def qk_norm_backward_kernels(shape: Any, b: float, s: float, t: int, dtype_bytes: float,
+                             sw: Any, dtype: str = "bf16") -> tuple[Kernel, ...]:
+    """The backward kernels of the query and key heads' norms
+    (:func:`~.elementwise.qk_norm_kernels`' forward, same arguments), as a layer's norm's
+    (:func:`norm_backward_kernels`): fused, the library's kernels
+    (:data:`FUSED_NORM_BACKWARD`) over each tensor; unfused, twice the forward."""
+    fwd = qk_norm_kernels(shape, b, s, t, dtype_bytes, sw, dtype)
+    if not fwd or not sw.fused_layernorm:
+        return backward_kernels(fwd)
+    cls = fused_norm_class(sw, "rmsnorm", backward=True)
+    return tuple(Kernel("memory", bytes=p * dtype_bytes * b * s * w / t, dtype=dtype,
+                        variant=cls)
+                 for w in (shape.q_width, shape.kv_width)
                  for p in FUSED_NORM_BACKWARD[sw.fused_norm_backward])
 
 
@@ -264,7 +285,26 @@ def rope_backward_bytes(shape: Any, b: float, s: float, t: int, dtype_bytes: flo
     fwd = rope_bytes(shape, b, s, t, dtype_bytes, sw)
     if not fwd or sw.fused_rope or sw.rope_form != "complex":
         return fwd
-    conj = 2 * s * shape.d / 2 * 8                 # complex64 freqs_cis read and written
-    n = len(fwd) // 2                              # per tensor: [cast,] multiply[, cast]
+    d = shape.mla.qk_rope_head_dim if shape.mla is not None else shape.d
+    return _with_conj(fwd, 2 * s * d / 2 * 8, dtype_bytes)   # complex64 freqs_cis, read, write
+
+
+def rope_backward_classes(shape: Any, dtype_bytes: float, sw: Any) -> list[str]:
+    """The class of each kernel :func:`rope_backward_bytes` gives: the forward's
+    (:func:`~.elementwise.rope_classes`: the cast back's gradient is the ``rope_upcast``, the
+    multiply by ``conj(freqs_cis)`` the ``rope_complex_mul``), the ``conj`` kernel none;
+    empty without rotary positions."""
+    if shape.positions != "rotary":
+        return []
+    fwd = rope_classes(bool(sw.fused_rope), sw.rope_form, dtype_bytes) * 2
+    if sw.fused_rope or sw.rope_form != "complex":
+        return fwd
+    return _with_conj(fwd, "", dtype_bytes)
+
+
+def _with_conj(fwd: list, conj: Any, dtype_bytes: float) -> list:
+    """The complex form's per-tensor kernels ``fwd`` (q's, then k's: [cast,] multiply[,
+    cast]) with ``conj`` before each multiply, in the backward's launch order."""
+    n = len(fwd) // 2
     mul = 1 if dtype_bytes < 4 else 0
     return [x for part in (fwd[:n], fwd[n:]) for x in (*part[:mul], conj, *part[mul:])]

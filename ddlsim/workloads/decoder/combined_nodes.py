@@ -61,13 +61,12 @@ def moe_layer_nodes(b, backward: bool, delay_wgrad: bool = False) -> dict[str, l
                  else (c, None) for c in experts]
         experts, wgrad = [d for d, _ in split], [w for _, w in split if w is not None]
     mlp = [*mem("sort", sorts[0]), *experts, *mem("unsort", sorts[1])]
-    ew = b._attn_elementwise_bytes()
     attn = OpList()
     if not backward:
         b._attention(attn, "fwd", False)
         for x in (*b._shared("fwd", False), router, *router_ops(b, "fwd", False),
                   *mem("permute", perm[0]),
-                  Compute("fwd.elementwise", 0.0, ew, kind="elementwise", dtype=b.dtype)):
+                  b._attn_elementwise("fwd.elementwise", False)):
             attn.add(x)
         comm = (first, [*second, *mem("unpermute", perm[1])])
     else:
@@ -76,7 +75,7 @@ def moe_layer_nodes(b, backward: bool, delay_wgrad: bool = False) -> dict[str, l
             attn.add(b._recompute_core(g, True))
         for x in (*mem("unpermute", perm[1]), *router_ops(b, "bwd", True), router,
                   *b._shared("bwd", True),
-                  Compute("bwd.elementwise", 0.0, 2 * ew, kind="elementwise", dtype=b.dtype)):
+                  b._attn_elementwise("bwd.elementwise", True)):
             attn.add(x)
         b._attention(attn, "bwd", True)
         dense_p, expert_p = b.layer_rank_params(True)

@@ -33,6 +33,8 @@ ep ranks), permutes the gathered tokens to the local experts, and reduce-scatter
 
 from __future__ import annotations
 
+from ...simulator.kernels.elementwise import layer_elementwise_parts
+from ...simulator.kernels.elementwise_backward import layer_elementwise_backward_parts
 from ...simulator.kernels.gemm import gemm_kernels_backward
 from ..trace import Collective, Compute, Kernel, Loop, Op, Wait
 from .fp8linear import with_fp8_casts
@@ -253,18 +255,22 @@ class MoEOps(StageBase):
         for name, N, K, row in after:
             part.gemm_forward(ops, f"{tag}.{name}", M, N, K, row)
 
-    def _attn_elementwise_bytes(self) -> float:
-        """Forward traffic of the layer's non-MLP element-wise ops (norms, residuals, rotary,
-        q/k norms) on the rank's ``s/cp`` positions: DecoderShape's dense count less its MLP
-        non-linearity (the MoE block's passes are counted op by op) and less its softmax,
-        mask and dropout passes over the scores, which belong to the attention core (its
-        kernels, as a dense layer's: ``simulator/kernels/elementwise.py``)."""
-        sh, t, cp = self.shape, self.tp, self.cp
-        s_loc = self.s // cp
-        dense = sh.layer_elementwise_bytes(self.b, s_loc, t, self.sp, self.dt, moe=False)
-        act = (3 if sh.gated_mlp else 2) * self.b * s_loc / t * sh.ffn * self.dt
-        scores = (3 if sh.dropout else 2) * 2 * self.b * sh.heads / t * self.dt * s_loc * s_loc
-        return dense - act - scores
+    def _attn_elementwise(self, name: str, backward: bool) -> Compute:
+        """The layer's non-MLP element-wise ops (its two norms, residual connections, rotary
+        embedding, query and key norms) on the rank's ``s/cp`` positions, forward (or
+        ``backward``), as one op ``name``: a dense layer's kernels but its MLP activation, by
+        the dense builder's own functions and arguments
+        (:func:`~ddlsim.simulator.kernels.elementwise.layer_elementwise_parts`,
+        :func:`~ddlsim.simulator.kernels.elementwise_backward.layer_elementwise_backward_parts`:
+        the stack's fused or unfused kernels, torch's autograd backward); the MoE block's own
+        passes (permutation, the experts' activation) are its ops', the softmax the attention
+        core's."""
+        make = layer_elementwise_backward_parts if backward else layer_elementwise_parts
+        parts = make(self.shape, self.b, self.s // self.cp, self.tp, self.sp, self.dt,
+                     self.sw, self.dtype)
+        kernels = sum((k for op, k in parts.items() if op != "activation"), ())
+        return Compute(name, 0.0, sum(k.bytes for k in kernels), kind="elementwise",
+                       dtype=self.dtype, kernels=kernels)
 
     def _beside(self, ops: OpList, comm: list[Collective], work: list,
                 issued: tuple[int, ...] = ()) -> None:
@@ -343,11 +349,10 @@ class MoEOps(StageBase):
         """One MoE layer's forward (or backward, after recomputation) on this rank, as ops
         with their streams (a :class:`~ddlsim.workloads.trace.Loop` body)."""
         ops = OpList()
-        ew = self._attn_elementwise_bytes()
         if not backward:
             self._attention(ops, tag, False)
             self._moe_block(ops, tag, False)
-            ops.add(Compute(f"{tag}.elementwise", 0.0, ew, kind="elementwise", dtype=self.dtype))
+            ops.add(self._attn_elementwise(f"{tag}.elementwise", False))
             return ops.ops
         recompute = self.plan.recompute
         if recompute == "full":
@@ -355,7 +360,7 @@ class MoEOps(StageBase):
         elif recompute == "selective":
             g = self.shape.layer_gemm_flops(self.b, self.s, moe=True)
             ops.add(self._recompute_core(g, True))
-        ops.add(Compute("bwd.elementwise", 0.0, 2 * ew, kind="elementwise", dtype=self.dtype))
+        ops.add(self._attn_elementwise("bwd.elementwise", True))
         self._moe_block(ops, "bwd", True)
         self._attention(ops, "bwd", True)
         dense_p, expert_p = self.layer_rank_params(True)

@@ -72,7 +72,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ...simulator.kernels.elementwise import activation_passes, norm_kernels
+from ...simulator.kernels.elementwise import (activation_passes, norm_kernels, rope_bytes,
+                                                 rope_classes)
 from ..trace import Compute, Kernel
 
 __all__ = ["RecomputeModule", "RECOMPUTE_MODULES", "recompute_module", "module_names",
@@ -232,20 +233,22 @@ def _moe(shape: Any, ctx: LayerContext) -> float:
 
 
 def _mla_kernels(b: Any, ctx: LayerContext) -> tuple[Kernel, ...]:
-    """MLA's up projections (``q_up``, ``kv_up``), RoPE on the rotary query and key parts and
-    the two concatenations into query and key (d7288711 multi_latent_attention.py
-    ``qkv_up_proj_and_rope_apply``)."""
+    """MLA's up projections (``q_up``, ``kv_up``), RoPE on the rotary query and key parts (the
+    forward's kernels, :func:`~ddlsim.simulator.kernels.elementwise.rope_bytes` and
+    :func:`~ddlsim.simulator.kernels.elementwise.rope_classes`: the stack's fused or unfused
+    form on q_pe and the shared k_pe) and the two concatenations into query and key
+    (d7288711 multi_latent_attention.py ``qkv_up_proj_and_rope_apply``)."""
     from .layerkernels import _linear
     sh, sw, m = b.shape, b.sw, b.shape.mla
     M = ctx.b * ctx.s
     g = m.gemms(M, sh.hidden, sh.heads, ctx.t)
     gemms = sum((_linear(g[name], b.plan.train_dtype, False, sw.fp8_recipe, bool(sw.compile))
                  for name in ("q_up", "kv_up")), ())
-    rope = M * (sh.heads / ctx.t + 1) * m.qk_rope_head_dim          # q_pe and the shared k_pe
-    passes = (2,) if sw.fused_rope else (2, 2, 2, 2, 3)
+    classes = rope_classes(bool(sw.fused_rope), sw.rope_form, ctx.dt) * 2   # q_pe, k_pe
+    rope = tuple(Kernel("memory", bytes=v, dtype=b.dtype, variant=c) for v, c in
+                 zip(rope_bytes(sh, ctx.b, ctx.s, ctx.t, ctx.dt, sw), classes))
     copies = 2 * M * sh.heads / ctx.t * m.qk_head_dim                  # query and key cat
-    mem = [p * rope * ctx.dt for p in passes] + [2 * copies * ctx.dt]
-    return gemms + tuple(Kernel("memory", bytes=v, dtype=b.dtype) for v in mem)
+    return gemms + rope + (Kernel("memory", bytes=2 * copies * ctx.dt, dtype=b.dtype),)
 
 
 @recompute_module("mla_up_proj", "any", _mla_kernels)
