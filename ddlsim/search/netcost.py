@@ -264,21 +264,22 @@ def _nccl_forms(op: str, name: str, distinct: list[GroupNet], spread: np.ndarray
     no_fill = (math.inf,) * FILL_EDGES + (0.0,) * (FILL_EDGES + 1) + (math.inf, 0.0, 1.0)
     algo = name[len("nccl_"):]
     for proto in sorted(protos, key=PROTOCOLS.index):
-        parts = np.empty((5 + len(no_fill), len(distinct)))  # 4 parts, estimate, fill
+        columns = []   # per distinct network: 4 parts, estimate, fill (one array at the end)
         corrected = False
-        for j, net in enumerate(distinct):
+        for net in distinct:
             env = net.nccl
             runs = env is not None and (env.protocol in ("auto", proto))
             form = nccl_form(op, algo, proto, net, env) if runs and net.p > 1 else None
             if net.p <= 1:
-                parts[:, j] = (0.0, 0.0, math.inf, math.inf, math.inf, *no_fill)
+                columns.append((0.0, 0.0, math.inf, math.inf, math.inf, *no_fill))
             elif form is None:
-                parts[:, j] = (math.inf, math.inf, math.inf, 1.0, 1.0, *no_fill)
+                columns.append((math.inf, math.inf, math.inf, 1.0, 1.0, *no_fill))
             else:
-                parts[:, j] = (*form[:4], form.estimate_algbw_GBps, *form.fill_edges,
-                               *form.fill_us, form.fill_slope, form.channel_bytes,
-                               form.channels)
+                columns.append((*form[:4], form.estimate_algbw_GBps, *form.fill_edges,
+                                *form.fill_us, form.fill_slope, form.channel_bytes,
+                                form.channels))
                 corrected = form.corrected
+        parts = np.array(columns, dtype=float).reshape(len(distinct), 5 + len(no_fill)).T.copy()
         if np.all(np.isinf(parts[0])):
             continue
         order = (NCCL_ORDER.index(algo), PROTOCOLS.index(proto))
