@@ -57,10 +57,11 @@ def _layer(example, sets=()):
 def test_kernel_classes_follow_the_implementation():
     from ddlsim.simulator.kernels.elementwise import backward_kernels
     # torchtitan eager: torch's composite norm (8 kernels x 2 norms) is class norm; its SwiGLU
-    # runs on the two contiguous outputs of w1 and w3: no class
+    # runs on the two contiguous outputs of w1 and w3: no class; its complex RoPE's upcast and
+    # complex multiply carry theirs
     _, ks = _layer("llama3-8b-fsdp2-h100.yaml")
     assert [k.variant for k in ks[:16]] == ["norm"] * 16
-    assert {k.variant for k in ks[16:]} == {""}
+    assert {k.variant for k in ks[16:]} == {"", "rope_upcast", "rope_complex_mul"}
     # Megatron-Core: fused norm (TE) no class; the fused SwiGLU on fc1's halves is gated
     _, ks = _layer("llama3-8b-fsdp2-h100.yaml", ["system.software=megatron-core-2024"])
     assert [k.variant for k in ks if k.variant] == ["gated"]
