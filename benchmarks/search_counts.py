@@ -55,7 +55,7 @@ def grid_counts() -> dict[str, tuple[int, int | None]]:
     where the runs are of distinct inputs by construction)."""
     from ddlsim.search import blocks, planconfig
     from ddlsim.simulator import netmodel
-    from ddlsim.simulator.nccl import model
+    from ddlsim.simulator.collectives.nccl import model
     from ddlsim.workloads.decoder.builder import StageBuilder
 
     seen: dict[str, list] = collections.defaultdict(list)

@@ -176,7 +176,8 @@ PHASES = [
     ("memory floor (must fit)", "ddlsim.search.decoder", "plans_memory_floor"),
     ("update and tail", "ddlsim.search.decoder", "DecoderVectors._update"),
     ("ZeRO-3", "ddlsim.search.decoder", "zero3_seconds"),
-    ("NCCL forms (nccl_form; in the above)", "ddlsim.simulator.nccl.model", "nccl_form"),
+    ("NCCL forms (nccl_form; in the above)", "ddlsim.simulator.collectives.nccl.model",
+     "nccl_form"),
 ]
 
 

@@ -12,11 +12,12 @@ times the same operation, one group of all the GPUs, on the system preset of tha
 (``dgx-a100``, ``dgx-h100``, with the row's GPUs spread evenly over its nodes; 4 NICs a node
 for the 4-HDR servers of nccl-tests issue #119) with
 its default collective backend (NCCL's tuning model on these GPUs, with the NVLS plateau and
-pipeline fill as measured: ``ddlsim/simulator/nccl/measured.py``), and reports the bus
+pipeline fill as measured: ``simulator/collectives/nccl/measured.py``), and reports the bus
 bandwidth nccl-tests would print: ``busbw = size / time × factor`` (nccl-tests
 doc/PERFORMANCE.md). A row is timed with the tuning model of the NCCL release its source states
-(column ``nccl_version``; ``ddlsim/simulator/nccl/versions.py``) where ddlsim tabulates it, else
-with ddlsim's default, its role saying which; ``--nccl-version`` times every row with one.
+(column ``nccl_version``; ``simulator/collectives/nccl/versions.py``) where ddlsim tabulates
+it, else with ddlsim's default, its role saying which; ``--nccl-version`` times every row with
+one.
 Rows whose ``role`` is ``fitted`` are the calibration data of ``measured.py``'s three fitted
 constants and of ``hops.py``'s two; the summary gives them apart
 from the ``held-out`` rows, which set nothing and are the validation. Small messages (under 1
@@ -89,7 +90,7 @@ def row_version(row: dict, version: str | None = None) -> tuple[str, str]:
     """(NCCL release the row is timed with, note for its role): ``version`` where given (every
     row), else the release the source states (column ``nccl_version``) where ddlsim tabulates
     it, else ddlsim's default; the note says which and why ("" for an unstated release)."""
-    from ddlsim.simulator.nccl.versions import DEFAULT_VERSION, NCCL_VERSIONS
+    from ddlsim.simulator.collectives.nccl.versions import DEFAULT_VERSION, NCCL_VERSIONS
     stated = row.get("nccl_version") or ""
     if version is not None:
         return version, f"NCCL {version} (--nccl-version)"
@@ -293,7 +294,7 @@ def write_docs(lines: list[str], text: str) -> None:
 def fit_fill() -> list[str]:
     """The scan that set ``measured.FILL_CHUNKS``: per algorithm, the mean |error| over its
     calibration rows (``nccl290`` for NVLS, ``nccl309a`` for NVLS-tree) at depths 1-5."""
-    from ddlsim.simulator.nccl import measured, model
+    from ddlsim.simulator.collectives.nccl import measured, model
     out = []
     for algo, source in (("nvls", "nccl290"), ("nvls_tree", "nccl309a")):
         kept, scan = measured.FILL_CHUNKS[algo], []
@@ -313,8 +314,9 @@ def fit_fill() -> list[str]:
 def fit_hop() -> str:
     """The fits that set ``hops.LL_HOP_US["ampere"]`` and ``hops.NET_LL_HOP_US``: the
     least-squares LL steps of the ``nccl123`` rows (NVLink) and of the ``nccl150`` rows
-    (network; :func:`ddlsim.simulator.nccl.hops.fit_ll_hop_us`, ``fit_net_ll_hop_us``)."""
-    from ddlsim.simulator.nccl import hops
+    (network; :func:`ddlsim.simulator.collectives.nccl.hops.fit_ll_hop_us`,
+    ``fit_net_ll_hop_us``)."""
+    from ddlsim.simulator.collectives.nccl import hops
     points = [(int(r["gpus"]), float(r["time_us"])) for r in rows() if r["source"] == "nccl123"]
     net = [(int(r["gpus"]), int(r["nodes"]), float(r["time_us"])) for r in rows()
            if r["source"] == "nccl150"]
@@ -344,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--include-excluded", action="store_true",
                     help="count the rows the CSV excludes (with a reason) in the means and "
                          "worsts; not with --write-docs, --fit or --nccl-tests")
-    from ddlsim.simulator.nccl.versions import version_names
+    from ddlsim.simulator.collectives.nccl.versions import version_names
     ap.add_argument("--nccl-version", choices=version_names(),
                     help="time every row with this NCCL release's tuning model instead of the "
                          "one its source states (else ddlsim's default); not with --write-docs "

@@ -298,7 +298,7 @@ class CollectivesSpec(_Strict):
         default="intel", description="NCCL's multi-node LL cap and network overhead")
     sharp: StrictBool = Field(default=False,
                               description="in-network reduction (SHARP): NCCL CollNet, NVLS")
-    nccl_version: registered(nccl_versions) = Field(  # ddlsim.simulator.nccl.versions
+    nccl_version: registered(nccl_versions) = Field(  # ddlsim.simulator.collectives.nccl.versions
         default="2.30.7", description="the NCCL release whose tuning model (tuning.cc) times "
         "and chooses the collectives")
     source: str | None = None

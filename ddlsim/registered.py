@@ -104,7 +104,7 @@ def recompute_modules() -> tuple[str, ...]:
 
 def nccl_versions() -> tuple[str, ...]:
     """NCCL releases whose tuning model is tabulated (``system.collectives.nccl_version``)."""
-    from .simulator.nccl.versions import version_names
+    from .simulator.collectives.nccl.versions import version_names
     return version_names()
 
 

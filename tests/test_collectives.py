@@ -45,7 +45,7 @@ def test_every_configurable_algorithm_is_registered():
 def test_every_algorithm_has_phases_moving_the_right_volume():
     """Each rank's bytes sent over all phases equal the algorithm's bandwidth term."""
     p, g, n = 8, 8, 8e6
-    from ddlsim.simulator.nccl import NcclEnv
+    from ddlsim.simulator.collectives.nccl import NcclEnv
     net = GroupNet(p, g, 1e-6, 100e9, nccl=NcclEnv("hopper", sharp=True))
     for op, names in ALGORITHMS.items():
         for name in names:

@@ -43,7 +43,7 @@ def test_roles_and_sizes():
 
 def test_the_a100_ring_ll_step_is_the_fit_of_its_rows():
     """hops.LL_HOP_US["ampere"] is the least-squares step of the nccl123 rows, as --fit prints."""
-    from ddlsim.simulator.nccl.hops import LL_HOP_US, fit_ll_hop_us
+    from ddlsim.simulator.collectives.nccl.hops import LL_HOP_US, fit_ll_hop_us
     points = [(int(r["gpus"]), float(r["time_us"])) for r in ROWS if r["source"] == "nccl123"]
     assert len(points) == 7
     assert LL_HOP_US["ampere"] == pytest.approx(fit_ll_hop_us(points), abs=5e-4)
@@ -54,7 +54,7 @@ def test_the_network_ll_step_is_the_fit_of_its_rows():
     """hops.NET_LL_HOP_US is the least-squares network step of the nccl150 rows (one GPU on each
     of 2 nodes: both steps of the ring cross the network), as --fit prints; the rows are timed
     on one GPU a node."""
-    from ddlsim.simulator.nccl.hops import NET_LL_HOP_US, fit_net_ll_hop_us
+    from ddlsim.simulator.collectives.nccl.hops import NET_LL_HOP_US, fit_net_ll_hop_us
     points = [(int(r["gpus"]), int(r["nodes"]), float(r["time_us"])) for r in ROWS
               if r["source"] == "nccl150"]
     assert len(points) == 4 and all(p == nodes == 2 for p, nodes, _ in points)
@@ -201,7 +201,7 @@ def test_include_excluded_counts_the_excluded_row_and_stays_out_of_the_docs(caps
 def test_a_stated_nccl_release_is_the_sources_and_times_the_row():
     """A row's ``nccl_version`` is the release its source's header entry states, and the row is
     timed with it where ddlsim tabulates it (else the default, said in its role)."""
-    from ddlsim.simulator.nccl.versions import DEFAULT_VERSION
+    from ddlsim.simulator.collectives.nccl.versions import DEFAULT_VERSION
     for source in {r["source"] for r in ROWS if r["nccl_version"]}:
         versions = {r["nccl_version"] for r in ROWS if r["source"] == source}
         entry = re.search(rf"^# {source}:(.*?)(?=^# \w+:|\Z)", HEADER, re.M | re.S).group(1)

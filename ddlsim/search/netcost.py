@@ -14,9 +14,9 @@ Three facts make this a reuse rather than a copy of the physics:
   at a third size and refuses a form that is not affine.
 * **NCCL's algorithms are not affine** (per protocol, the ring's Simple latency plateau above
   a size threshold and the tree's size-correction table), but their size-independent parts
-  are (:func:`~ddlsim.simulator.nccl.model.nccl_form`), and
-  :func:`~ddlsim.simulator.nccl.model.nccl_seconds_array` evaluates the scalar arithmetic on
-  arrays. An NCCL algorithm is the minimum over its protocols (or the configured one).
+  are (:func:`~ddlsim.simulator.collectives.nccl.model.nccl_form`), and
+  :func:`~ddlsim.simulator.collectives.nccl.model.nccl_seconds_array` evaluates the scalar
+  arithmetic on arrays. An NCCL algorithm is the minimum over its protocols (or the configured one).
 
 ``"auto"`` is the minimum over the backend's registered algorithms, as
 :func:`~ddlsim.simulator.collectives.best_algorithm` takes it; with ``mpich`` or ``openmpi``,
@@ -250,10 +250,10 @@ def _nccl_forms(op: str, name: str, distinct: list[GroupNet], spread: np.ndarray
     """One entry per protocol NCCL may run ``name`` with (all of them with ``auto``); a
     group of one rank costs 0, an algorithm NCCL would not run there ``inf``. The forms are
     computed once per distinct network (:func:`_distinct`) and spread over the meshes."""
-    from ..simulator.nccl.measured import FILL_EDGES
-    from ..simulator.nccl.choice import NCCL_ORDER
-    from ..simulator.nccl.model import nccl_form
-    from ..simulator.nccl.tuning import PROTOCOLS
+    from ..simulator.collectives.nccl.measured import FILL_EDGES
+    from ..simulator.collectives.nccl.choice import NCCL_ORDER
+    from ..simulator.collectives.nccl.model import nccl_form
+    from ..simulator.collectives.nccl.tuning import PROTOCOLS
 
     envs = {net.nccl for net in distinct if net.nccl is not None}
     protos = set()
@@ -350,7 +350,7 @@ def _distinct_pairs(nbytes: np.ndarray, mesh_index: np.ndarray) -> tuple:
 
 
 def _min_time_each(forms: _Forms, nbytes: np.ndarray, mesh_index: np.ndarray) -> np.ndarray:
-    from ..simulator.nccl.model import nccl_seconds_array
+    from ..simulator.collectives.nccl.model import nccl_seconds_array
 
     best = np.full(nbytes.shape, math.inf)
     if len(forms.a):
@@ -434,7 +434,7 @@ def cache_clear() -> None:
     for timing a cold run; the topology graph itself, built once per system, is kept."""
     from ..config import _mesh_of
     from ..simulator.costs import _NETS, _P2P
-    from ..simulator.nccl.model import nccl_form
+    from ..simulator.collectives.nccl.model import nccl_form
     from ..simulator.netmodel import cache_clear as forget_intra
     from ..workloads import schedules
     from ..workloads.decoder import layerkernels, split

@@ -45,7 +45,7 @@ def resolve_backend(system: SystemConfig,
         ``backend: nccl`` without a known GPU generation; an NCCL-only field set where the
         collectives do not run on NCCL, naming the field, its value and the backend.
     """
-    from .nccl import env_for_system
+    from .collectives.nccl import env_for_system
 
     env = env_for_system(system)
     spec = system.collectives

@@ -245,7 +245,7 @@ class CostModel:
         """The algorithm, with the protocol NCCL would run for NCCL's."""
         if get_algorithm(kind, name).backend != "nccl":
             return name
-        from .nccl import best_protocol
+        from .collectives.nccl import best_protocol
         return f"{name}/{best_protocol(kind, name[5:], nbytes, net, net.nccl)[0]}"
 
     def phases(self, op: Collective, algorithm: str) -> list[Phase]:

@@ -1,7 +1,7 @@
 """NCCL's collectives as its tuning model times them (NCCL 2.30.7, src/graph/tuning.cc).
 
 Every number below is derived by hand from tuning.cc's formulas and constants (cited in
-ddlsim/simulator/nccl/tuning.py), for one machine: 2 nodes × 8 Ampere GPUs, NVSwitch at
+simulator/collectives/nccl/tuning.py), for one machine: 2 nodes × 8 Ampere GPUs, NVSwitch at
 300 GB/s per GPU, 8 NICs of 25 GB/s per node (200 GB/s a node), Intel CPUs, protocol Simple.
 """
 
@@ -12,9 +12,9 @@ import math
 import pytest
 
 from ddlsim.simulator.collectives import GroupNet, algorithms_for, best_algorithm
-from ddlsim.simulator.nccl import NcclEnv, best_protocol, latency_us, nccl_time
-from ddlsim.simulator.nccl.model import estimate_time
-from ddlsim.simulator.nccl.hops import NET_LL_HOP_US
+from ddlsim.simulator.collectives.nccl import NcclEnv, best_protocol, latency_us, nccl_time
+from ddlsim.simulator.collectives.nccl.model import estimate_time
+from ddlsim.simulator.collectives.nccl.hops import NET_LL_HOP_US
 
 ENV = NcclEnv("ampere", nics_per_node=8, protocol="Simple")
 NET = GroupNet(16, 8, 3.4e-6, 300e9, 16.8e-6, 200e9, nodes=2, nccl=ENV)
@@ -33,7 +33,7 @@ RING_LAT = (8.4 + 28 * 3.4 + 2 * 14.0) * 1.4
 TREE_ALGBW = min(200 * 0.92, CHANNELS * 23.6) * 0.5
 # tree latency: base 8.4 + 2 × ((8 − 1) × NVLink tree Simple 4.0 + log2(2) × NET tree Simple 14)
 TREE_LAT = 8.4 + 2 * (7 * 4.0 + 1 * 14.0)
-# the tree's pipeline fill (ddlsim/simulator/nccl/tree.py): 2·((8 − 1) + log2 2) = 16 hops, so
+# the tree's pipeline fill (collectives/nccl/tree.py): 2·((8 − 1) + log2 2) = 16 hops, so
 # 15 more moves of one Simple chunk (4 MiB buffer / 8 steps = 512 KiB; a 4 MiB message is
 # 1 MiB per channel, more than a chunk) on each of round(4.17) = 4 channels, at the
 # uncorrected algBw: 15 × 512 KiB × 4 / TREE_ALGBW
@@ -71,7 +71,7 @@ def test_protocols_ll_ll128_simple():
     enqueue.cc topoGetAlgoInfo), at a quarter of the bandwidth; LL128 keeps all 4 (5 KiB a
     channel). The LL time taken counts each NVLink step at the A100's measured 1.877 µs and
     the 4 network steps of the ring's longest path (30 hops, crossing every 8) at the measured
-    network step (ddlsim/simulator/nccl/hops.py), NCCL's estimate 28 steps at its 0.6 µs (no
+    network step (simulator/collectives/nccl/hops.py), NCCL's estimate 28 steps at its 0.6 µs (no
     less than its 1 µs floor) and 2 at its 2.7 µs."""
     env = NcclEnv("ampere", nics_per_node=8)
     net = GroupNet(16, 8, 3.4e-6, 300e9, 16.8e-6, 200e9, nodes=2, nccl=env)

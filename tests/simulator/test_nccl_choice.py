@@ -1,5 +1,5 @@
-"""NCCL's own choice of algorithm and protocol by size (ddlsim/simulator/nccl/choice.py),
-derived by hand from NCCL 2.30.7's tuning.cc (constants in ddlsim/simulator/nccl/tuning.py) for
+"""NCCL's own choice of algorithm and protocol by size (simulator/collectives/nccl/choice.py),
+derived by hand from NCCL 2.30.7's tuning.cc (constants in simulator/collectives/nccl/tuning.py) for
 two named machines, one node of 8 GPUs on NVSwitch each: A100 (300 GB/s NVLink per GPU and
 direction) and H100 (450 GB/s; NVIDIA datasheets)."""
 
@@ -8,16 +8,16 @@ from __future__ import annotations
 import pytest
 
 from ddlsim.simulator.collectives import GroupNet
-from ddlsim.simulator.nccl import NcclEnv
-from ddlsim.simulator.nccl.choice import nccl_choice
-from ddlsim.simulator.nccl.model import estimate_time
+from ddlsim.simulator.collectives.nccl import NcclEnv
+from ddlsim.simulator.collectives.nccl.choice import nccl_choice
+from ddlsim.simulator.collectives.nccl.model import estimate_time
 
 AMPERE, HOPPER = NcclEnv("ampere"), NcclEnv("hopper")
 A100x8 = GroupNet(8, 8, 1e-6, 300e9, nccl=AMPERE)
 H100x8 = GroupNet(8, 8, 1e-6, 450e9, nccl=HOPPER)
 
 
-# NCCL 2.30.7's estimates on 8 A100s (tuning.cc; ddlsim/simulator/nccl/tuning.py), µs and
+# NCCL 2.30.7's estimates on 8 A100s (tuning.cc; simulator/collectives/nccl/tuning.py), µs and
 # GB/s: busBw of the link 300 x SM80_NVLINK_BW/25 = 240, over 240 / 40 (speedArrayIntra[0])
 # = 6 channels; ring (nRanks/nsteps = 8/14): LL min(llMaxBw[Ampere][1 node] 87.7, 240 / 2)
 # at 6.6 + 14 x 0.6; LL128 min(240 x 0.92, 6 x 20) at 14 + 14 x 1.9; Simple 240 at 8.4 + 14

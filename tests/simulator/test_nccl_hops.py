@@ -1,4 +1,4 @@
-"""The ring LL's steps as measured (ddlsim/simulator/nccl/hops.py): in the time taken, not in
+"""The ring LL's steps as measured (simulator/collectives/nccl/hops.py): in the time taken, not in
 NCCL's estimate; the NVLink step on A100 only, no less than NCCL's network floor across nodes;
 across nodes, the network steps the ring makes at the measured network step."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from ddlsim.simulator.collectives import GroupNet
-from ddlsim.simulator.nccl import NcclEnv, nccl_time
-from ddlsim.simulator.nccl.hops import (LL_HOP_US, NET_LL_HOP_US, fit_net_ll_hop_us,
+from ddlsim.simulator.collectives.nccl import NcclEnv, nccl_time
+from ddlsim.simulator.collectives.nccl.hops import (LL_HOP_US, NET_LL_HOP_US, fit_net_ll_hop_us,
                                         ring_crossings, ring_ll_extra_us)
-from ddlsim.simulator.nccl.model import estimate_time, nccl_form, nccl_seconds_array
+from ddlsim.simulator.collectives.nccl.model import estimate_time, nccl_form, nccl_seconds_array
 
 AMPERE, HOPPER = NcclEnv("ampere"), NcclEnv("hopper")
 A100x8 = GroupNet(8, 8, 1e-6, 300e9, nccl=AMPERE)

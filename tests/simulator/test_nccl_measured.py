@@ -1,4 +1,4 @@
-"""NCCL as nccl-tests measures it (ddlsim/simulator/nccl/measured.py): the chunk sizes NCCL
+"""NCCL as nccl-tests measures it (simulator/collectives/nccl/measured.py): the chunk sizes NCCL
 picks (src/enqueue.cc ``calcCollChunking``, NCCL 2.26.2, thresholds derived by hand below), the
 NVLS plateau and pipeline fill, and NCCL's choice by its own estimate, not by the time taken."""
 
@@ -9,11 +9,11 @@ import math
 import pytest
 
 from ddlsim.simulator.collectives import GroupNet, best_algorithm
-from ddlsim.simulator.nccl import NcclEnv, nccl_time
-from ddlsim.simulator.nccl.measured import FILL_CHUNKS, nvls_chunk_bytes
-from ddlsim.simulator.nccl.choice import nccl_choice
-from ddlsim.simulator.nccl.model import ALGORITHMS, estimate_time
-from ddlsim.simulator.nccl.tuning import PROTOCOLS
+from ddlsim.simulator.collectives.nccl import NcclEnv, nccl_time
+from ddlsim.simulator.collectives.nccl.measured import FILL_CHUNKS, nvls_chunk_bytes
+from ddlsim.simulator.collectives.nccl.choice import nccl_choice
+from ddlsim.simulator.collectives.nccl.model import ALGORITHMS, estimate_time
+from ddlsim.simulator.collectives.nccl.tuning import PROTOCOLS
 
 KIB, MIB, GIB = 2**10, 2**20, 2**30
 HOPPER = NcclEnv("hopper", nics_per_node=8)
@@ -74,7 +74,7 @@ def test_nvls_fill_makes_mid_sizes_slower_than_the_plateau():
 def test_ring_takes_nccls_estimate(op):
     """Where NCCL keeps all its channels (below, :mod:`.channels` drops some); the LL protocol
     also takes the ring's network steps as measured (:mod:`.hops`), the same at every size."""
-    from ddlsim.simulator.nccl.hops import ring_ll_extra_us
+    from ddlsim.simulator.collectives.nccl.hops import ring_ll_extra_us
     for proto in PROTOCOLS:
         extra = 0.0 if proto != "LL" else 1e-6 * ring_ll_extra_us(
             op, TWO_NODES.p, TWO_NODES.nodes, "hopper", "nvlink", HOPPER.cpu)

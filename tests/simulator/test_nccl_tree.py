@@ -1,4 +1,4 @@
-"""The tree all-reduce's pipeline fill (ddlsim/simulator/nccl/tree.py): NCCL's LL128 tree chunk
+"""The tree all-reduce's pipeline fill (simulator/collectives/nccl/tree.py): NCCL's LL128 tree chunk
 (src/enqueue.cc ``calcCollChunking``, NCCL 2.26.2, thresholds derived by hand below), the fill
 by hand on 8 nodes of 8 H100s, its cap for messages under one chunk per channel, and no fill for
 LL."""
@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 from ddlsim.simulator.collectives import GroupNet
-from ddlsim.simulator.nccl import NcclEnv, nccl_time
-from ddlsim.simulator.nccl.model import estimate_time
-from ddlsim.simulator.nccl.tree import tree_chunk_bytes, tree_depth
+from ddlsim.simulator.collectives.nccl import NcclEnv, nccl_time
+from ddlsim.simulator.collectives.nccl.model import estimate_time
+from ddlsim.simulator.collectives.nccl.tree import tree_chunk_bytes, tree_depth
 
 KIB, MIB = 2**10, 2**20
 HOPPER = NcclEnv("hopper", nics_per_node=8)
@@ -86,7 +86,7 @@ def test_small_ring_ll_runs_on_fewer_channels(n, used):
     """NCCL drops channels below 256 KiB a channel (enqueue.cc topoGetAlgoInfo): the
     bandwidth term grows by 8 / channels used; the estimate NCCL chose by does not. (The time
     taken also counts the ring's network steps as measured, a latency the same at every size:
-    ddlsim/simulator/nccl/hops.py.)"""
+    simulator/collectives/nccl/hops.py.)"""
     bw = estimate_time("all_reduce", "ring", "LL", n, EIGHT_NODES, HOPPER)
     lat = estimate_time("all_reduce", "ring", "LL", 0.0, EIGHT_NODES, HOPPER)
     took = nccl_time("all_reduce", "ring", "LL", n, EIGHT_NODES, HOPPER)

@@ -1,5 +1,6 @@
-"""NCCL's tuning model on arrays of sizes (:func:`ddlsim.simulator.nccl.model.nccl_seconds_array`,
-used by the search tier) is the scalar :func:`nccl_time`, element for element: on a dense set
+"""NCCL's tuning model on arrays of sizes
+(:func:`ddlsim.simulator.collectives.nccl.model.nccl_seconds_array`, used by the search tier)
+is the scalar :func:`nccl_time`, element for element: on a dense set
 of sizes that straddles every threshold of the scalar code (the tree correction's powers of
 two from 64 B to 512 MiB and one ulp either side, the ring plateau at ``64·nch·p`` bytes, the
 NVLS and tree pipeline fills' chunk-size edges and one ulp below), for
@@ -14,13 +15,13 @@ import numpy as np
 import pytest
 
 from ddlsim.simulator.collectives import GroupNet
-from ddlsim.simulator.nccl.model import (ALGORITHMS, NcclEnv, nccl_form, nccl_seconds_array,
-                                         nccl_time)
-from ddlsim.simulator.nccl.tuning import PROTOCOLS
+from ddlsim.simulator.collectives.nccl.model import (ALGORITHMS, NcclEnv, nccl_form,
+                                                     nccl_seconds_array, nccl_time)
+from ddlsim.simulator.collectives.nccl.tuning import PROTOCOLS
 
 ENVS = [NcclEnv("ampere"), NcclEnv("hopper", sharp=True, nics_per_node=8),
         NcclEnv("volta", intra="pci", nvswitch=False, cpu="amd"), NcclEnv("blackwell"),
-        # earlier releases' tables and rules (ddlsim/simulator/nccl/versions.py)
+        # earlier releases' tables and rules (simulator/collectives/nccl/versions.py)
         NcclEnv("hopper", sharp=True, nics_per_node=8, version="2.21.5"),
         NcclEnv("ampere", cpu="amd", version="2.21.5")]
 NETS = [(8, 8, 1, 300e9, math.inf), (16, 8, 2, 300e9, 25e9), (64, 8, 8, 300e9, 100e9),

@@ -1,4 +1,4 @@
-"""NCCL's tuning model per release (ddlsim/simulator/nccl/versions.py): each number below is
+"""NCCL's tuning model per release (simulator/collectives/nccl/versions.py): each number below is
 derived by hand from src/graph/tuning.cc at the tag named beside it, for 2 nodes × 8 GPUs on
 NVSwitch (Hopper at 450 GB/s a GPU, 8 NICs of 50 GB/s a node: 400 GB/s; or Ampere at 300 GB/s,
 200 GB/s a node), Intel CPUs."""
@@ -12,10 +12,10 @@ import pytest
 from ddlsim.config import CollectivesSpec, SystemConfig, resolve_section
 from ddlsim.errors import ConfigError
 from ddlsim.simulator.collectives import GroupNet
-from ddlsim.simulator.nccl import NcclEnv, algbw_GBps, latency_us, nccl_time
-from ddlsim.simulator.nccl.choice import nccl_choice
-from ddlsim.simulator.nccl.system import env_for_system
-from ddlsim.simulator.nccl.versions import DEFAULT_VERSION, NCCL_VERSIONS, version_names
+from ddlsim.simulator.collectives.nccl import NcclEnv, algbw_GBps, latency_us, nccl_time
+from ddlsim.simulator.collectives.nccl.choice import nccl_choice
+from ddlsim.simulator.collectives.nccl.system import env_for_system
+from ddlsim.simulator.collectives.nccl.versions import DEFAULT_VERSION, NCCL_VERSIONS, version_names
 
 
 def hopper(version: str, nodes: int = 2, ppn: int = 8) -> GroupNet:

@@ -8,7 +8,7 @@ times, plus ``latency_steps`` per-message latencies (or a given ``latency_s``). 
 contention, replaying the phases over the same links gives the closed form (this is tested).
 
 Every algorithm belongs to one backend: ``mpi`` (the generic α-β set of
-:mod:`.mpi`), ``nccl`` (:mod:`ddlsim.simulator.nccl`) or ``openmpi`` (an algorithm only Open
+:mod:`.mpi`), ``nccl`` (:mod:`.nccl`) or ``openmpi`` (an algorithm only Open
 MPI's rules pick, :mod:`.openmpi`); ``auto`` picks the cheapest of the configured backend's
 algorithms only (``mpich`` and ``openmpi`` apply their library's rules, :mod:`.selection`). Adding an algorithm is one function pair plus
 ``@register(op, name)``.
@@ -53,7 +53,7 @@ class GroupNet:
     alpha_inter_s: float = 0.0
     bw_node_Bps: float = math.inf
     nodes: int = 1
-    #: what NCCL's tuning model needs to know of the machine (:class:`ddlsim.simulator.nccl.NcclEnv`)
+    #: what NCCL's tuning model needs to know of the machine (:class:`.nccl.NcclEnv`)
     nccl: object = None
 
     @property

@@ -4,7 +4,7 @@ Cost notation (Hockney / Thakur, Rabenseifner & Gropp 2005, "Optimization of Col
 Communication Operations in MPICH", IJHPCA 19(1)): ``p`` ranks, ``n`` bytes, per-message latency
 α, per-byte time 1/B. Members are assumed node-major (``g`` consecutive members per node), which
 is how ranks are placed by default. These are the algorithms of ``collectives.backend: mpi``;
-NCCL's are in :mod:`ddlsim.simulator.nccl`.
+NCCL's are in :mod:`ddlsim.simulator.collectives.nccl`.
 """
 
 from __future__ import annotations

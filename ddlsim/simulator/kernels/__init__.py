@@ -17,6 +17,9 @@ from .attention import (FLASH_BACKWARD_FACTOR, attention_kernels, causal_fractio
 from .device import KernelDevice, kernel_device, kernel_time, op_time
 from .elementwise import layer_elementwise_kernels, optimizer_bytes_per_param
 from .gemm import GEMM_TILE, gemm_kernels_backward, gemm_quantisation, gemm_time
+# Transformer Engine's current scaling adds itself to fp8recipe.FP8_RECIPES on import: here,
+# above both, so that any import of the recipes (which runs this package first) finds it
+from . import fp8_current  # noqa: F401
 
 __all__ = ["FLASH_BACKWARD_FACTOR", "attention_kernels", "causal_fraction",
            "flash_forward_flops", "scores_activation_bytes", "KernelDevice", "kernel_device",

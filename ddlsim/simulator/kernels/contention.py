@@ -29,7 +29,7 @@ NVIDIA/nccl-tests issue 100, an HGX A100 all-reduce log).
 Not modelled: the HBM bandwidth the communication kernels move (hundreds of GB/s against
 2–3 TB/s, which matters for memory-bound kernels beside them, not for the GEMMs charged
 here), the GEMM's wave quantisation on ``S − k`` SMs, the channels NCCL drops for messages
-under ``channels × threads × threshold`` bytes (:mod:`ddlsim.simulator.nccl.channels`:
+under ``channels × threads × threshold`` bytes (:mod:`ddlsim.simulator.collectives.nccl.channels`:
 kilobytes, not the MiB collectives overlapped here) and NVLS's own channel count (16 by
 default on Hopper; the ring's is counted for every collective inside a node). Across nodes
 the ring's channels follow the NICs (:func:`nccl_ring_ctas` with the group's net; 16 on
@@ -61,9 +61,10 @@ def nccl_ring_ctas(system: Any, net: Any = None) -> int:
     """SMs an NCCL ring collective holds: its channels, one CUDA block each.
 
     The topology search's channels are the group's link bandwidth over the first per-channel
-    speed it tries (ddlsim's NCCL model: :func:`ddlsim.simulator.nccl.model` ``_link`` and
-    ``_channels``; inside a DGX A100: 300 GB/s × 0.8 / 40 GB/s = 6; across nodes the NICs'
-    bandwidth over the inter-node speed, 200 GB/s / 48 GB/s = 4 from 8 HDR NICs), doubled by
+    speed it tries (ddlsim's NCCL model: :mod:`ddlsim.simulator.collectives.nccl.model`
+    ``_link`` and ``_channels``; inside a DGX A100: 300 GB/s × 0.8 / 40 GB/s = 6; across nodes
+    the NICs' bandwidth over the inter-node speed, 200 GB/s / 48 GB/s = 4 from 8 HDR NICs),
+    doubled by
     ``ncclTopoDupChannels`` where a channel moves ≥ 25 GB/s (not on compute capability > 8.0
     below 50 GB/s with more than 4 channels), and doubled again by ``ncclTopoPostset``, at
     most :data:`MAXCHANNELS`: 24 inside a DGX A100 or H100 node, 16 across DGX A100 nodes,
@@ -81,9 +82,9 @@ def nccl_ring_ctas(system: Any, net: Any = None) -> int:
     int : SMs (0 where NCCL's model does not apply: no known GPU generation, or no NVLink
     inside the node for a group inside one).
     """
-    from ..nccl import tuning as T
-    from ..nccl.model import _channels, _link
-    from ..nccl.system import env_for_system
+    from ..collectives.nccl import tuning as T
+    from ..collectives.nccl.model import _channels, _link
+    from ..collectives.nccl.system import env_for_system
     env = env_for_system(system)
     if env is None:
         return 0

@@ -386,7 +386,3 @@ def fp8_gemm_efficiency(variant: str) -> float:
     """Fraction of the device's FP8 matmul ceiling an FP8 GEMM of kernel ``variant`` runs at
     (:data:`FP8_GEMM_KERNELS`; 1 for an unnamed variant: the ceiling's own kernel)."""
     return FP8_GEMM_KERNELS.get(variant, 1.0)
-
-
-# Transformer Engine's current scaling registers itself (its module imports this one)
-from . import fp8_current  # noqa: E402,F401

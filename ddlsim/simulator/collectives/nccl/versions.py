@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from ...errors import ConfigError
+from ....errors import ConfigError
 from . import tuning as T
 
 __all__ = ["NcclTables", "NCCL_VERSIONS", "DEFAULT_VERSION", "register_version", "tables",

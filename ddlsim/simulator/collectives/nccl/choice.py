@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from ..collectives.base import GroupNet, register_chooser
+from ..base import GroupNet, register_chooser
 from . import tuning as T
 from .model import ALGORITHMS, NcclEnv, estimate_time
 

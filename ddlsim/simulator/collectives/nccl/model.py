@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..collectives.base import GroupNet
+from ..base import GroupNet
 from . import tuning as T
 from .measured import FILL_CHUNKS, FILL_EDGES, achieved_algbw_GBps, fill_levels, fill_us
 from .channels import channel_bytes, channels_used

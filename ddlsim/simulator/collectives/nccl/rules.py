@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from .hops import ring_steps
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..collectives.base import GroupNet
+    from ..base import GroupNet
     from .model import NcclEnv
 
 __all__ = ["col", "has_nvls", "nvls_channels", "nvls_bus", "algbw_ratio", "converts"]

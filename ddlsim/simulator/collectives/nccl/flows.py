@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from ..collectives.base import GroupNet, Phase, _ring_pairs, register
+from ..base import GroupNet, Phase, _ring_pairs, register
 from .hops import ring_steps
 from .model import ALGORITHMS, NcclEnv, _link, best_protocol, taken_parts
 
