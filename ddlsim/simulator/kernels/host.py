@@ -49,7 +49,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Launch", "NO_LAUNCH", "launch_costs", "stream_time", "stream_times"]
+__all__ = ["Launch", "NO_LAUNCH", "launch_costs", "eager_unit_s", "stream_time", "stream_times"]
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,30 @@ def launch_costs(launch: Any, mode: str) -> Launch:
     if mode == "cuda_graphs":
         return Launch(0.0, launch.graph_gap_s)
     raise ValueError(f"host_dispatch {mode!r} is not one of eager, compiled, cuda_graphs")
+
+
+def eager_unit_s(launch: Any, host_dispatch: str) -> float:
+    """Seconds of one unit of eager host work: the device's host time per tiny op ``h``
+    (``eager_op_s + host_launch_s``) under eager dispatch, 0 under ``compiled`` or
+    ``cuda_graphs`` (no per-op Python) or without launch facts. The per-op host tables of
+    the families (ResNet's ``workloads/resnet/host.py``, the decoder's
+    ``workloads/decoder/eager_host.py``) count in this unit.
+
+    Parameters
+    ----------
+    launch : LaunchSpec or None
+        ``system.device.launch``.
+    host_dispatch : str
+        the stack's ``software.kernels.host_dispatch``.
+
+    Returns
+    -------
+    float
+        seconds per unit.
+    """
+    if launch is None or host_dispatch != "eager":
+        return 0.0
+    return launch_costs(launch, host_dispatch).host_s
 
 
 def stream_time(device_s: float, kernels: int, launch: Launch, host_s: float = 0.0) -> float:

@@ -62,6 +62,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from ...simulator.kernels.host import eager_unit_s
 from ..trace import Compute, Op
 
 __all__ = ["HOST_UNITS", "PASSES", "SPANS", "unit_s", "block_host_s", "issued_by_host"]
@@ -87,28 +88,13 @@ SPANS: dict[str, tuple[str, ...]] = {"sac": ("attn", "mlp", "elementwise")}
 
 
 def unit_s(launch: Any, host_dispatch: str, zero3_implementation: str | None) -> float:
-    """Seconds of one unit: the device's eager host time per tiny op ``h`` under eager
-    dispatch and FSDP2 on a device whose host runs ahead of it; 0 otherwise (compiled code
-    and CUDA graphs run no per-op Python; a CPU device is its own host).
-
-    Parameters
-    ----------
-    launch : LaunchSpec or None
-        ``system.device.launch``.
-    host_dispatch : str
-        the stack's ``software.kernels.host_dispatch``.
-    zero3_implementation : str or None
-        the stack's ``zero3_implementation`` (charged under ``torch_fsdp2`` only).
-
-    Returns
-    -------
-    float
-        seconds per unit.
-    """
-    if launch is None or host_dispatch != "eager" or zero3_implementation != "torch_fsdp2":
+    """Seconds of one unit (:func:`~ddlsim.simulator.kernels.host.eager_unit_s`, the device's
+    eager host time per tiny op ``h``), charged under FSDP2 only
+    (``zero3_implementation`` ``torch_fsdp2``: the stack the table was measured on); 0
+    otherwise."""
+    if zero3_implementation != "torch_fsdp2":
         return 0.0
-    h = launch.eager_op_s + launch.host_launch_s
-    return h if h > 0 else 0.0
+    return eager_unit_s(launch, host_dispatch)
 
 
 def block_host_s(name: str, unit: float) -> float | None:

@@ -231,18 +231,24 @@ class _Pass:
             hosted = self.host("zero3.host_reduce_after", unit.host_reduce_after,
                                (dep,) + hosted)
         rs_deps += hosted
-        rs = []
+        return last, self._reduce_scatters(unit, rs_deps, dep), ()
+
+    def _reduce_scatters(self, unit, deps: tuple[int, ...], dep: int) -> tuple[int, ...]:
+        """``unit``'s reduce-scatters after ``deps`` (HSDP's replica all-reduces after them),
+        then FSDP2's copy, cast and add on the reduce-scatter stream (after ``dep`` where
+        there is no reduce-scatter); returns the reduce-scatters."""
+        ops, rs = self.ops, []
         for group, n in unit.reduces:
             ops.append(Op(Collective(f"grad.reduce_scatter{unit.label}", "reduce_scatter",
-                                     group, n), _stream(group), deps=rs_deps))
+                                     group, n), _stream(group), deps=deps))
             rs.append(len(ops) - 1)
         if unit.replica_reduces:
             from .hsdp import replica_ops
             ops += replica_ops([n for _, n in unit.replica_reduces], tuple(rs))
-        if unit.after_reduce:   # FSDP2's copy, cast and add on the reduce-scatter stream
+        if unit.after_reduce:
             self._elementwise("zero3.after_reduce", unit.after_reduce, "dp",
                               tuple(rs) or (dep,))
-        return last, tuple(rs), ()
+        return tuple(rs)
 
     def _reduce_ahead(self, j: int) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
         """:meth:`reduce` where the host runs ahead (FSDP2 on a GPU): the post-hook once the
@@ -265,19 +271,9 @@ class _Pass:
         dep = end
         if unit.reduce_passes:
             dep = self._elementwise("zero3.reduce_passes", unit.reduce_passes, "dp", (end,))
-        rs = []
-        for group, n in unit.reduces:
-            ops.append(Op(Collective(f"grad.reduce_scatter{unit.label}", "reduce_scatter",
-                                     group, n), _stream(group), deps=(dep,)))
-            rs.append(len(ops) - 1)
-        if unit.replica_reduces:
-            from .hsdp import replica_ops
-            ops += replica_ops([n for _, n in unit.replica_reduces], tuple(rs))
-        if unit.after_reduce:   # FSDP2's copy, cast and add on the reduce-scatter stream
-            self._elementwise("zero3.after_reduce", unit.after_reduce, "dp",
-                              tuple(rs) or (dep,))
+        rs = self._reduce_scatters(unit, (dep,), dep)
         host = post[0] if post != pre else (pre[0] if pre else end)
-        return host, tuple(rs), (end,)
+        return host, rs, (end,)
 
     def next_gathers(self, j: int, after: tuple[int, ...],
                      device: tuple[int, ...] = ()) -> tuple[int, ...]:

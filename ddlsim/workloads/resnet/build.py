@@ -13,12 +13,13 @@ issued by a host op on the ``host`` stream, the host time measured per op (:mod:
 from __future__ import annotations
 
 from ...config import DTYPE_BYTES, RunConfig
+from ...simulator.kernels.host import eager_unit_s
 from ..buckets import BackwardUnit, backward_with_buckets, buckets_by_count, ddp_buckets
 from ..memory import MemoryBreakdown, model_state_bytes
 from ..proxytime import usleep_s
 from ..trace import (P2P, Block, Collective, Compute, Op, Program, RankClass, Step, Workload,
                      WorkloadMeta)
-from .host import host_unit_s, issued_by_host, layer_host_s
+from .host import issued_by_host, layer_host_s
 from .kernels import (TENSOR_CORE_DTYPES, autocast_casts, conv_kernels, ddp_copies,
                       pointwise_kernels, sgd_kernels, stem_kernels)
 from .layers import Layer
@@ -88,7 +89,7 @@ def _compute(layer: Layer, cfg: RunConfig, backward: bool, first: bool = False) 
 
 def _unit_s(cfg: RunConfig) -> float:
     """The host's time per tiny op for :mod:`.host`'s measured host work (0 off eager)."""
-    return host_unit_s(cfg.system.device.launch, cfg.software.host_dispatch)
+    return eager_unit_s(cfg.system.device.launch, cfg.software.host_dispatch)
 
 
 def _host_seconds(cfg: RunConfig) -> dict[str, float]:

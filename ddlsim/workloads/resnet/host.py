@@ -29,7 +29,7 @@ update ops differ by up to 1.8× (the host's own variance: the same ops, one ste
 other; the measured steps at batch 32 spread 24-35 ms); the table takes their mean.
 
 **Charged**, under eager dispatch only (compiled code and CUDA graphs run no per-op Python;
-:func:`host_unit_s`): each layer op's units times ``h``, its launches included
+:func:`~ddlsim.simulator.kernels.host.eager_unit_s`): each layer op's units times ``h``, its launches included
 (:func:`layer_host_s` with no kernels), as a host op on the ``host`` stream before it
 (:func:`issued_by_host`): the host runs ahead of the device and its lead carries from op to
 op, so a small batch is host-bound (the step is the host's work) and a large one is not slowed
@@ -58,7 +58,7 @@ from typing import Any
 
 from ..trace import Compute, Op
 
-__all__ = ["HOST_UNITS", "host_unit_s", "layer_host_s", "issued_by_host"]
+__all__ = ["HOST_UNITS", "layer_host_s", "issued_by_host"]
 
 #: host time per op in tiny-op units (module docstring), ``(pass, kind)`` → units; beside each,
 #: the batch-32 and batch-256 traces' figures (``benchmarks/resnet_host_trace.py``), whose
@@ -85,29 +85,6 @@ HOST_UNITS: dict[tuple[str, str], float] = {
 }
 
 
-def host_unit_s(launch: Any, host_dispatch: str) -> float:
-    """Seconds of one unit: the device's eager host time per tiny op ``h`` under eager
-    dispatch, 0 under ``compiled`` or ``cuda_graphs`` (no per-op Python) or without launch
-    facts.
-
-    Parameters
-    ----------
-    launch : LaunchSpec or None
-        ``system.device.launch``.
-    host_dispatch : str
-        the stack's ``software.kernels.host_dispatch``.
-
-    Returns
-    -------
-    float
-        seconds per unit.
-    """
-    if launch is None or host_dispatch != "eager":
-        return 0.0
-    from ...simulator.kernels.host import launch_costs
-    return launch_costs(launch, host_dispatch).host_s
-
-
 def layer_host_s(pss: str, kind: str, kernels: int, unit_s: float,
                  autocast: bool = False) -> float:
     """An op's host time beyond its ``kernels`` launches: ``max(units − kernels, 0) · unit_s``
@@ -124,7 +101,7 @@ def layer_host_s(pss: str, kind: str, kernels: int, unit_s: float,
     kernels : int
         the kernels ddlsim launches for the op (each already charged ``h``).
     unit_s : float
-        :func:`host_unit_s`.
+        :func:`~ddlsim.simulator.kernels.host.eager_unit_s`.
     autocast : bool
         the run casts each convolution's weight (fp16/bf16 autocast): its cast's units too.
 
