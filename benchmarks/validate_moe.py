@@ -113,8 +113,12 @@ BRIDGE_ROUTER = {"aux_loss_coeff": 1e-3, "router_fusion": True}
 #: 2025-05-27) ran before the fused router existed (Megatron-LM's --moe-router-fusion came in
 #: c08d89bea0, 2025-08-17; Transformer Engine's kernels in 62acae059, 2025-07-10), the
 #: long-context table (published at b0b92ff, 2025-11-04) with the yaml's --moe-router-fusion
-#: (there since 274316a, 2025-08-20)
-ZOO_ROUTER = {"aux_loss_coeff": 1e-3, "router_fusion": False}
+#: (there since 274316a, 2025-08-20); both with the yaml's --moe-router-dtype fp32
+#: (model_configs/benchmarking/Qwen3-235B-A22B.yaml line 106 at c1ad0b5c, there since b06a6d8,
+#: 2025-05-26: the router's GEMM on fp32 casts, decoder/moe_router.py router_gemm). The Bridge
+#: recipes leave it unset (Megatron-Bridge v0.3.0 qwen_provider.py sets moe_router_dtype "fp32"
+#: for Qwen3-Next only, line 453; v0.4.0 for no Qwen3 model; scripts/performance: none)
+ZOO_ROUTER = {"aux_loss_coeff": 1e-3, "router_fusion": False, "router_dtype": "fp32"}
 
 
 def _run(row: dict, expert_tp: int, moe: dict, train: dict, kernels: dict) -> dict:

@@ -16,13 +16,17 @@ from pydantic import BeforeValidator, Field, StrictBool
 
 from .config_types import _Strict, reject_bool
 
-__all__ = ["MoESpec", "TokenDispatcher", "FlexBackend", "LoadBalancing"]
+__all__ = ["MoESpec", "TokenDispatcher", "FlexBackend", "LoadBalancing", "RouterDtype"]
 
 #: Megatron-Core's token dispatchers ddlsim models (the deprecated ``alltoall_seq`` is not)
 TokenDispatcher = Literal["alltoall", "allgather", "flex"]
 #: ``--moe-flex-dispatcher-backend``'s choices (Megatron-LM d7288711
 #: ``transformer_config.py`` line 757)
 FlexBackend = Literal["deepep", "hybridep"]
+#: ``--moe-router-dtype``'s choices ddlsim models: Megatron-LM 1e057005
+#: ``megatron/training/arguments.py`` lines 2637-2638 offer fp32 and fp64; fp64 GEMMs (no tensor
+#: cores, a rate no device entry gives) are not modelled
+RouterDtype = Literal["fp32"]
 #: ``--moe-router-load-balancing-type``'s choices
 LoadBalancing = Literal["aux_loss", "seq_aux_loss", "sinkhorn", "none"]
 
@@ -79,6 +83,12 @@ class MoESpec(_Strict):
         default=None, description="--moe-router-fusion: the router's top-k and loss as "
                                   "Transformer Engine's fused kernels instead of torch ops; "
                                   "default: the stack's (off), refused on a stack without it")
+    router_dtype: RouterDtype | None = Field(
+        default=None, description="--moe-router-dtype: fp32 runs the router's GEMM on fp32 "
+                                  "casts of its input and weight (TF32 tensor cores, "
+                                  "docs/moe.md) and casts its gradients back; unset: the "
+                                  "router's GEMM in the layer's bf16/fp16; fp64 is not "
+                                  "modelled")
     router_force_load_balancing: StrictBool = Field(
         default=False, description="benchmark mode: random logits, every expert gets the "
                                    "same number of tokens (router_imbalance must be 1)")

@@ -135,6 +135,9 @@ CHOICES: dict[str, dict[str, list[tuple[str, Any]]]] = {
     "moe-router-load-balancing-type": {t: [("parallel.moe.router_load_balancing_type", t)]
                                        for t in ("aux_loss", "seq_aux_loss", "sinkhorn",
                                                  "none")},
+    # Megatron-LM 1e057005 arguments.py lines 2637-2638, choices fp32 and fp64: fp64 is refused
+    # (config_moe.RouterDtype; workloads/decoder/moe_router.py router_gemm)
+    "moe-router-dtype": {"fp32": [("parallel.moe.router_dtype", "fp32")]},
     "rotary-percent": {"1.0": [], "1": []},
 }
 

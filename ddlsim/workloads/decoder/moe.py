@@ -43,7 +43,7 @@ from .layerkinds import attention_projections
 from .moe_dispatch import flex_ops
 from .moe_host import add_waits, dispatcher_host
 from .moe_host_chain import HostChain, add_backward_expert_host
-from .moe_router import router_ops
+from .moe_router import router_gemm, router_ops
 from .partition import context
 from .partition.base import OpList
 from .stage import StageBase
@@ -296,8 +296,7 @@ class MoEOps(StageBase):
         mirror)."""
         sh, plan = self.shape, self.moe
         pre = "bwd" if backward else tag
-        T = self.tokens()
-        router = self._gemm(f"{pre}.router", T, sh.experts, sh.hidden, backward)
+        router = router_gemm(self, pre, backward)
         shared = self._shared(tag, backward)
         overlap = plan.shared_expert_overlap
         sort = self._sort_bytes()
@@ -317,7 +316,7 @@ class MoEOps(StageBase):
         host = None if backward else dispatcher_host(plan)   # the host's waits (.moe_host)
         routed = None
         if not backward:                             # the GEMM, then top-k and the loss
-            for x in (router, *router_ops(self, pre, False)):
+            for x in (*router, *router_ops(self, pre, False)):
                 routed = ops.add(x)
         if perm[0]:
             ops.add(self._memory(f"{pre}.permute", perm[0]))
@@ -339,7 +338,7 @@ class MoEOps(StageBase):
             if self.moe.gemm_streams and self.moe.grouped_gemm and main_grad_bytes(
                     self.sw, self.plan.train_dtype):      # TE GroupedLinear, main_grad fused
                 add_backward_expert_host(ops, self.local_experts, self.dtype)
-            for x in (*router_ops(self, pre, True), router):
+            for x in (*router_ops(self, pre, True), *router):
                 ops.add(x)
         if not overlap:
             for x in shared:

@@ -49,9 +49,30 @@ reshaped scores (lines 325-378). Kernels "over the scores" read and write the ``
 matrix (an upper bound for those over ``T × k``: all are launch-bound at these sizes), the small
 ones move nothing worth counting. Each op's host time is the stack's host rule per kernel
 (:mod:`ddlsim.simulator.kernels.host`). Not counted: ``type_as`` casts when the router runs in
-bf16, ``--moe-router-dtype fp32``'s fp32 backward GEMMs (``moe_utils.py`` 1358-1365), the
-z-loss. Both engines and the search tier see these as ordinary ops (compute and one collective
-on the compute stream).
+bf16, the z-loss. Both engines and the search tier see these as ordinary ops (compute and one
+collective on the compute stream).
+
+The router's GEMM (:func:`router_gemm`) is a plain ``torch.nn.functional.linear`` outside
+Transformer Engine (Megatron-LM 1e057005 ``router.py`` ``Router.gating`` lines 64-83), so it
+runs in the layer's bf16/fp16 under FP8 training too (as DeepSeek-V3's FP8 framework keeps
+"MoE gating modules" in their original precision: arXiv:2412.19437 §3.3.1). With ``--moe-router-dtype fp32`` that
+commit casts the input ``T × h`` and the weight ``E × h`` to fp32 first (``input.to``,
+``weight.to``: two kernels) and autograd casts their fp32 gradients back (``ToCopyBackward0``,
+two kernels); the GEMMs themselves run on TF32 tensor cores, not the fp32 CUDA cores: Megatron
+never sets ``torch.backends.cuda.matmul.allow_tf32`` (PyTorch's default False since 1.12), but
+the NGC PyTorch containers these runs use (Megatron-MoE-ModelZoo c1ad0b5c ``dockers/Dockerfile``
+line 9: ``nvcr.io/nvidia/pytorch:25.06-py3``) carry ``ENV TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1``
+(pytorch/pytorch#77114; MONAI's docs/source/precision_accelerating.md, "If you are using an NGC
+PyTorch container, the container includes a layer ENV TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1"),
+which turns it on; Megatron-LM from 0f058666a8 (2025-06-14) calls Transformer Engine's
+``general_gemm`` instead (``moe_utils.py`` ``RouterGatingLinearFunction``), whose pure-fp32
+GEMMs ask cuBLASLt for ``CUBLAS_COMPUTE_32F_FAST_TF32`` ("Use TF32 only for pure FP32 GEMM",
+``transformer_engine/common/gemm/cublaslt_gemm.cu``): TF32 either way. Counted as 1e057005 runs
+it (the ModelZoo step-time table's code); the later form moves the input's cast into the
+backward and runs the forward GEMM in bf16 with an fp32 output, the same bytes in all. Not
+counted: the fp32 copy of the input autograd keeps for the weight gradient (memory), the
+fp32 probabilities in un-permutation (``--moe-router-dtype``'s help: negligible with permute
+fusion, which every row that sets it uses).
 """
 
 from __future__ import annotations
@@ -59,9 +80,16 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ...simulator.kernels.gemm import gemm_kernels_backward
 from ..trace import Collective, Compute, Kernel
 
-__all__ = ["RouterPass", "ROUTER_KERNELS", "router_kernels", "router_ops"]
+__all__ = ["RouterPass", "ROUTER_KERNELS", "router_kernels", "router_ops", "router_gemm",
+           "ROUTER_GEMM_DTYPE"]
+
+#: ``--moe-router-dtype`` → the dtype its GEMMs run at: fp32 on TF32 tensor cores (the
+#: module docstring: the NGC container's ``TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1``, Transformer
+#: Engine's ``CUBLAS_COMPUTE_32F_FAST_TF32``)
+ROUTER_GEMM_DTYPE = {"fp32": "tf32"}
 
 
 @dataclass(frozen=True)
@@ -157,3 +185,48 @@ def router_ops(b: Any, pre: str, backward: bool) -> list[Compute | Collective]:
               for g, n in (("tp", b.tp), ("cp", b.cp)) if n > 1]
     return [_kernels_op(f"{pre}.router.kernels", first, score_bytes, b.dtype), *reduce,
             _kernels_op(f"{pre}.router.loss", RouterPass(1, loss.small), score_bytes, b.dtype)]
+
+
+def _casts(name: str, elements: tuple[float, ...], dt: float, dtype: str) -> Compute:
+    """One cast kernel per tensor of ``elements`` between the layer's ``dt``-byte dtype and
+    fp32 (read one, write the other)."""
+    kernels = tuple(Kernel("memory", bytes=n * (dt + 4.0), dtype=dtype) for n in elements)
+    return Compute(name, 0.0, sum(k.bytes for k in kernels), kind="elementwise", dtype=dtype,
+                   kernels=kernels)
+
+
+def router_gemm(b: Any, pre: str, backward: bool) -> list[Compute]:
+    """The router's GEMM ``[T,h]·[h,E]`` (backward: its data and weight gradients) in the
+    layer's dtype, or, with ``--moe-router-dtype fp32``, at TF32 with the casts of its
+    operands (forward, before it) and of their gradients (backward, after it).
+
+    Parameters
+    ----------
+    b : MoEOps
+        the stage builder (``moe``, ``tokens()``, ``shape``, ``dt``, ``dtype``).
+    pre : str
+        the ops' name prefix (``fwd``, ``recompute``, ``bwd``).
+    backward : bool
+        the backward's ops.
+
+    Returns
+    -------
+    list of Compute
+        in issue order: ``{pre}.router`` alone, or with ``{pre}.router.cast`` (two kernels:
+        ``T·h`` and ``E·h`` elements, ``dt + 4`` bytes each) before it forward, after it
+        backward.
+
+    References
+    ----------
+    NVIDIA/Megatron-LM 1e057005 ``megatron/core/transformer/moe/router.py`` lines 77-82
+    (``torch.nn.functional.linear(input.to(router_dtype), self.weight.to(router_dtype))``).
+    """
+    T, h, E = b.tokens(), b.shape.hidden, b.shape.experts
+    dtype = ROUTER_GEMM_DTYPE.get(b.moe.router_dtype, b.dtype)
+    shapes = gemm_kernels_backward(T, E, h) if backward else ((T, E, h),)
+    gemm = Compute(f"{pre}.router", (4 if backward else 2) * T * E * h, dtype=b.dtype,
+                   kernels=tuple(Kernel("gemm", g, dtype=dtype) for g in shapes))
+    if b.moe.router_dtype is None:
+        return [gemm]
+    cast = _casts(f"{pre}.router.cast", (T * h, E * h), b.dt, b.dtype)
+    return [gemm, cast] if backward else [cast, gemm]

@@ -71,6 +71,9 @@ class MoEPlan:
     aux_loss_coeff: float = 0.0
     router_fusion: bool = False
     forced_balance: bool = False
+    #: ``--moe-router-dtype`` (``fp32``), None: the router's GEMM in the layer's dtype
+    #: (:func:`.moe_router.router_gemm`)
+    router_dtype: str | None = None
 
     @property
     def aux_loss(self) -> bool:
@@ -115,6 +118,7 @@ class MoEPlan:
                 f"{route}{hot}"
                 + (", shared experts overlapped" if self.shared_expert_overlap else "")
                 + (", fused router" if self.router_fusion else "")
+                + (f", {self.router_dtype} router" if self.router_dtype else "")
                 + (f", aux loss {self.aux_loss_coeff:g}" if self.aux_loss else "")
                 + (", EP all-to-alls overlapped (combined 1F1B"
                    + (", delayed wgrad)" if self.delay_wgrad else ")") if self.a2a_overlap
@@ -178,7 +182,8 @@ def resolve_moe(cfg: Any) -> MoEPlan | None:
                    gemm_streams=_gemm_streams(table, values["grouped_gemm"], sources),
                    aux_loss_coeff=_aux_loss_coeff(cfg, given, sources),
                    router_fusion=_router_fusion(table, given, sources),
-                   forced_balance=bool(given.get("router_force_load_balancing", False)))
+                   forced_balance=bool(given.get("router_force_load_balancing", False)),
+                   router_dtype=given.get("router_dtype"))
 
 
 def _aux_loss_coeff(cfg: Any, given: dict, sources: dict) -> float:
