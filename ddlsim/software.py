@@ -29,7 +29,7 @@ source (:mod:`ddlsim.stackrules`); ``{stack: …, what_if: true}`` predicts such
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import lru_cache
 from typing import Any
 
@@ -93,7 +93,19 @@ class Software:
     #: run plans the stack's rules refuse (:mod:`ddlsim.stackrules`), as a what-if
     what_if: bool = False
 
+    def __post_init__(self) -> None:
+        # Every field of the stack as an attribute of its own, kernels' over overlap's as
+        # :meth:`__getattr__` gives them: a search grid reads ~5,000 of them, each a failed
+        # look-up (an AttributeError raised and caught inside Python) before __getattr__ ran.
+        # The class's own names (the dataclass fields, methods) keep their meaning.
+        for part in (self.overlap, self.kernels):
+            for field, value in part.items():
+                if not hasattr(type(self), field) and field not in _SOFTWARE_FIELDS:
+                    object.__setattr__(self, field, value)
+
     def __getattr__(self, field: str) -> Any:
+        if field in _SOFTWARE_FIELDS or field.startswith("__"):
+            raise AttributeError(field)   # not set yet (copy, pickle): no lookup through them
         for part in (self.kernels, self.overlap):
             if field in part:
                 return part[field]
@@ -102,6 +114,10 @@ class Software:
     def __hash__(self) -> int:
         return hash((self.name, tuple(sorted(self.kernels.items())),
                      tuple(sorted(self.overlap.items())), self.what_if))
+
+
+#: :class:`Software`'s dataclass fields: a stack field of one of these names stays behind it
+_SOFTWARE_FIELDS = frozenset(f.name for f in fields(Software))
 
 
 @lru_cache(maxsize=1)

@@ -32,6 +32,13 @@ _NETS: dict[tuple, GroupNet] = {}
 #: point-to-point bandwidth between nodes per system and family layout
 #: (:func:`.netmodel.p2p_node_bw`)
 _P2P: dict[tuple, float] = {}
+#: the closed forms' choices (no calibration profile) per what they are a function of: the op,
+#: its group's name (in the key it reports), size and split, the algorithm asked (the op's,
+#: the plan's), the backend and the group's network (NCCL's view of the machine in it); plans
+#: of a sweep, and a plan predicted again, share most of them (:meth:`CostModel.choice`).
+#: The algorithm registries are read as they stand when a choice is first made.
+_CHOICES: dict[tuple, "CollectiveChoice"] = {}
+_CHOICES_MAX = 4096
 
 
 def profile_size(nbytes: float, split: tuple[float, ...] | None) -> tuple[float, str]:
@@ -161,15 +168,12 @@ class CostModel:
     def _group_net(self, fam: GroupFamily) -> GroupNet:
         """The family's links, measured on the topology graph (:func:`.netmodel.family_net`),
         cached per system and family layout."""
-        from dataclasses import replace
-
         from .netmodel import family_net, topology_of
         key = self._layout_key(fam)
         net = _NETS.get(key)
         if net is None:  # NCCL's view of the machine follows from the system, in the key
             topo = topology_of(self.system, self._system_key)
-            net = replace(family_net(self.system, topo, self.devices, fam.members),
-                          nccl=self._nccl)
+            net = family_net(self.system, topo, self.devices, fam.members, self._nccl)
             _NETS[key] = net
             if len(_NETS) > 256:
                 _NETS.pop(next(iter(_NETS)))
@@ -227,19 +231,37 @@ class CostModel:
         net = self.nets[group]
         if net.p <= 1:
             return None
+        if self.profile is None:
+            return self._closed_choice(kind, group, nbytes, algo, split, split_by, net)
         name, t = self._closed_form(kind, group, nbytes, algo, split, split_by)
-        if self.profile is not None:
-            size, how = profile_size(nbytes, split)
-            got, outside = self._profile_lookup(kind, size, net)
-            if got is not None:
-                backend, t_profile = got
-                return CollectiveChoice(f"{kind}[{format_bytes(nbytes)}]",
-                                        f"{backend} (calibrated){how}", name, t_profile, t)
-            if outside:
-                return CollectiveChoice(f"{group}.{kind}[{format_bytes(nbytes)}]",
-                                        f"{name} (preset: outside profile range)", name, t)
+        size, how = profile_size(nbytes, split)
+        got, outside = self._profile_lookup(kind, size, net)
+        if got is not None:
+            backend, t_profile = got
+            return CollectiveChoice(f"{kind}[{format_bytes(nbytes)}]",
+                                    f"{backend} (calibrated){how}", name, t_profile, t)
+        if outside:
+            return CollectiveChoice(f"{group}.{kind}[{format_bytes(nbytes)}]",
+                                    f"{name} (preset: outside profile range)", name, t)
         return CollectiveChoice(f"{group}.{kind}[{format_bytes(nbytes)}]",
                                 self._label(kind, name, nbytes, net), name, t)
+
+    def _closed_choice(self, kind: str, group: str, nbytes: float, algo: str | None,
+                       split: tuple[float, ...] | None, split_by: str, net: GroupNet
+                       ) -> CollectiveChoice:
+        """The closed form's choice (no calibration profile), made once per what it depends
+        on (:data:`_CHOICES`): another cost model asking it on an equal network takes it."""
+        key = (kind, group, nbytes, algo, split, split_by, self.collective_algorithm.get(kind),
+               self.comm_backend, net)
+        got = _CHOICES.get(key)
+        if got is None:
+            name, t = self._closed_form(kind, group, nbytes, algo, split, split_by)
+            got = CollectiveChoice(f"{group}.{kind}[{format_bytes(nbytes)}]",
+                                   self._label(kind, name, nbytes, net), name, t)
+            if len(_CHOICES) >= _CHOICES_MAX:
+                _CHOICES.pop(next(iter(_CHOICES)))
+            _CHOICES[key] = got
+        return got
 
     def _label(self, kind: str, name: str, nbytes: float, net: GroupNet) -> str:
         """The algorithm, with the protocol NCCL would run for NCCL's."""

@@ -92,7 +92,8 @@ class TreeRoutes:
         dest = dst * k + c
         # the widest route: NIC, leaf, (aggregation, core, aggregation,) leaf, NIC; the
         # columns no route reaches would add edge −1's 0 to every latency below
-        edges = np.full((len(c), 6 if "up2" in t else 4), -1, dtype=np.int64)
+        edges = np.empty((len(c), 6 if "up2" in t else 4), dtype=np.int64)
+        edges.fill(-1)
         edges[:, 0] = t["nic_up"][src, c]
         same = sw_a == sw_b
         last = np.where(same, 1, 3)                           # the column of leaf → NIC
@@ -149,12 +150,13 @@ class TreeRoutes:
         """:meth:`~.graph.Topology.rail_stripes` of each pair, flat: edge ids, edges per
         route, routes per pair (the rails) and each pair's largest route latency."""
         k = self.nic.shape[1]
-        src = np.repeat(np.asarray(src_nodes, dtype=np.int64), k)
-        dst = np.repeat(np.asarray(dst_nodes, dtype=np.int64), k)
-        rail = np.tile(np.arange(k, dtype=np.int64), len(src_nodes))
+        src = np.asarray(src_nodes, dtype=np.int64).repeat(k)
+        dst = np.asarray(dst_nodes, dtype=np.int64).repeat(k)
+        rail = np.arange(len(src), dtype=np.int64) % k   # 0..k-1 per pair (np.tile's, cheaper)
         flat, lengths, latency = self.routes(src, dst, rail)
-        return (flat, lengths, np.full(len(src_nodes), k, dtype=np.int64),
-                latency.reshape(-1, k).max(axis=1))
+        routes = np.empty(len(src_nodes), dtype=np.int64)
+        routes.fill(k)
+        return flat, lengths, routes, np.maximum.reduce(latency.reshape(-1, k), axis=1)
 
     def _edge_ids(self, a: np.ndarray, b: np.ndarray, keys: tuple) -> np.ndarray:
         """Edge id of each ``a → b`` (arrays of vertex ids of one shape); ``keys``:

@@ -68,16 +68,24 @@ class _Layout:
     def rank_of(self, coords: np.ndarray, axes: tuple[str, ...]) -> np.ndarray:
         return coords @ self.strides[[self.names.index(a) for a in axes]]
 
+    @cached_property
+    def _ranks(self) -> np.ndarray:
+        """Every rank at its coordinates: C order, so the innermost axis is the last array
+        axis (read-only; each family of the layout is a transpose of it)."""
+        r = np.arange(self.world, dtype=np.int64).reshape(self.sizes[::-1])
+        r.setflags(write=False)
+        return r
+
     def groups(self, axes: Iterable[str]) -> np.ndarray:
         """Megatron's ``generate_masked_orthogonal_rank_groups``, vectorised: members vary
         the masked axes (innermost fastest); rows enumerate the others (innermost fastest)."""
-        masked = [i for i, n in enumerate(self.names) if n in set(axes)]
-        others = [i for i in range(len(self.names)) if i not in masked]
-        r = np.arange(self.world, dtype=np.int64).reshape(self.sizes[::-1], order="C")
-        last = len(self.names) - 1  # C order: the innermost axis is the last array axis
-        perm = [last - i for i in reversed(others)] + [last - i for i in reversed(masked)]
-        size = math.prod(self.sizes[i] for i in masked)
-        return r.transpose(perm).reshape(self.world // size, size)
+        axes = set(axes)
+        last = len(self.names) - 1
+        masked = [last - i for i, n in enumerate(self.names) if n in axes]
+        others = [last - i for i, n in enumerate(self.names) if n not in axes]
+        size = math.prod(self.sizes[last - i] for i in masked)
+        return self._ranks.transpose(others[::-1] + masked[::-1]).reshape(self.world // size,
+                                                                           size)
 
 
 @dataclass(frozen=True)
