@@ -98,10 +98,10 @@ class Software:
         # :meth:`__getattr__` gives them: a search grid reads ~5,000 of them, each a failed
         # look-up (an AttributeError raised and caught inside Python) before __getattr__ ran.
         # The class's own names (the dataclass fields, methods) keep their meaning.
-        for part in (self.overlap, self.kernels):
-            for field, value in part.items():
-                if not hasattr(type(self), field) and field not in _SOFTWARE_FIELDS:
-                    object.__setattr__(self, field, value)
+        own = {**self.overlap, **self.kernels}
+        for name in _CLASS_NAMES.intersection(own):
+            del own[name]
+        self.__dict__.update(own)
 
     def __getattr__(self, field: str) -> Any:
         if field in _SOFTWARE_FIELDS or field.startswith("__"):
@@ -116,8 +116,10 @@ class Software:
                      tuple(sorted(self.overlap.items())), self.what_if))
 
 
-#: :class:`Software`'s dataclass fields: a stack field of one of these names stays behind it
+#: :class:`Software`'s dataclass fields, and every name its class has: a stack field of one
+#: of these names stays behind it (read through ``kernels``/``overlap``)
 _SOFTWARE_FIELDS = frozenset(f.name for f in fields(Software))
+_CLASS_NAMES = _SOFTWARE_FIELDS | frozenset(dir(Software))
 
 
 @lru_cache(maxsize=1)
