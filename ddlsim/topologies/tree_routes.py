@@ -98,17 +98,19 @@ class TreeRoutes:
         same = sw_a == sw_b
         last = np.where(same, 1, 3)                           # the column of leaf → NIC
         if len(t["up1"][0]):
-            j = dest % t["up1"].shape[1]
-            up = ~same
-            edges[up, 1] = t["up1"][t["leaf_ix"][sw_a[up]], j[up]]
-            if "up2" in t:
-                far = self.pod[sw_a] != self.pod[sw_b]
+            # the routes that leave their leaf, by position (taken once, used for each hop)
+            up = (~same).nonzero()[0]
+            j = dest[up] % t["up1"].shape[1]
+            a, b = sw_a[up], sw_b[up]
+            edges[up, 1] = t["up1"][t["leaf_ix"][a], j]
+            if "up2" in t:   # a route between pods (never one under one leaf) crosses a core
+                cross = (self.pod[a] != self.pod[b]).nonzero()[0]
+                far, jf = up[cross], j[cross]
                 ci = (dest[far] // t["up1"].shape[1]) % t["up2"].shape[1]
-                edges[far, 2] = t["up2"][t["agg_ix"][self.aggs[self.pod[sw_a[far]], j[far]]], ci]
-                edges[far, 3] = t["down2"][t["agg_ix"][self.aggs[self.pod[sw_b[far]], j[far]]],
-                                           ci]
+                edges[far, 2] = t["up2"][t["agg_ix"][self.aggs[self.pod[a[cross]], jf]], ci]
+                edges[far, 3] = t["down2"][t["agg_ix"][self.aggs[self.pod[b[cross]], jf]], ci]
                 last[far] = 5
-            edges[up, last[up] - 1] = t["down1"][t["leaf_ix"][sw_b[up]], j[up]]
+            edges[up, last[up] - 1] = t["down1"][t["leaf_ix"][b], j]
         edges[np.arange(len(c)), last] = t["nic_down"][dst, c]
         lat_of = t["latency"]                                 # edge -1: none, adds 0
         latency = np.zeros(len(c))
