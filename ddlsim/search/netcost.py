@@ -287,12 +287,19 @@ def _nccl_forms(op: str, name: str, distinct: list[GroupNet], spread: np.ndarray
     return out
 
 
+def _tuned(op: str, name: str) -> bool:
+    """Whether ``name`` is one of NCCL's tuned algorithms (:data:`.nccl.model.ALGORITHMS`),
+    timed by its tuning model's forms; NCCL's all-to-all (``nccl_p2p``) is affine."""
+    from ..simulator.collectives.nccl.model import ALGORITHMS
+    return get_algorithm(op, name).backend == "nccl" and name[5:] in ALGORITHMS.get(op, ())
+
+
 def _forms(op: str, family: str, nets: list[dict[str, GroupNet]], names: list[str]) -> _Forms:
     """The candidate forms of the algorithms ``names``. An affine form no faster than another
     on every mesh at every size (``a`` and ``b`` both no smaller) cannot be the minimum and
     is dropped."""
     distinct, spread = _distinct([per_mesh[family] for per_mesh in nets])
-    affine = [n for n in names if get_algorithm(op, n).backend != "nccl"]
+    affine = [n for n in names if not _tuned(op, n)]
     a = np.zeros((len(affine), len(distinct)))
     b = np.zeros_like(a)
     for j, net in enumerate(distinct):
@@ -305,7 +312,7 @@ def _forms(op: str, family: str, nets: list[dict[str, GroupNet]], names: list[st
             if not any(np.all(a[i] >= a[k]) and np.all(b[i] >= b[k])
                        and (np.any(a[i] > a[k]) or np.any(b[i] > b[k]) or k < i)
                        for k in range(len(affine)) if k != i)]
-    nccl = sorted((f for n in names if get_algorithm(op, n).backend == "nccl"
+    nccl = sorted((f for n in names if _tuned(op, n)
                    for f in _nccl_forms(op, n, distinct, spread)), key=lambda f: f[0])
     return _Forms(a[keep], b[keep], nccl)
 

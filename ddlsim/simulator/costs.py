@@ -265,9 +265,10 @@ class CostModel:
 
     def _label(self, kind: str, name: str, nbytes: float, net: GroupNet) -> str:
         """The algorithm, with the protocol NCCL would run for NCCL's."""
-        if get_algorithm(kind, name).backend != "nccl":
-            return name
-        from .collectives.nccl import best_protocol
+        from .collectives.nccl import ALGORITHMS, best_protocol
+        if get_algorithm(kind, name).backend != "nccl" or name[5:] not in ALGORITHMS.get(kind,
+                                                                                       ()):
+            return name       # not a tuned NCCL algorithm: no protocol (NCCL's all-to-all)
         return f"{name}/{best_protocol(kind, name[5:], nbytes, net, net.nccl)[0]}"
 
     def phases(self, op: Collective, algorithm: str) -> list[Phase]:

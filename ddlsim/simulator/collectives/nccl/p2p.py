@@ -1,0 +1,56 @@
+"""NCCL's all-to-all: grouped point-to-point sends and receives, registered as ``nccl_p2p``.
+
+NCCL has no all-to-all collective: frameworks and nccl-tests issue one ``ncclSend`` and one
+``ncclRecv`` per peer inside ``ncclGroupStart``/``ncclGroupEnd`` (NVIDIA/nccl-tests
+``src/alltoall.cu`` ``AlltoAllRunColl``; PyTorch's ``ProcessGroupNCCL::alltoall_base`` the
+same), which NCCL's tuning model (:mod:`.model`) does not time. The bytes move as the direct
+all-to-all's (:func:`ddlsim.simulator.collectives.mpi._a2a_direct`: all ``p − 1`` messages at
+once), but over NVLink at the share of a link NCCL's transports fill, not the line rate: NCCL's
+own NVLink bandwidth per link over the signalling rate (:data:`.tuning.NVLINK_EFFICIENCY`,
+Hopper 20.6 / 25: 371 GB/s of the H100's 450), which is the effective NVLink bandwidth the
+NCCL maintainer gives for every operation but the NVLS all-reduce, "which you can observe as
+BusBw when running non-allreduce operations" (NVIDIA/nccl-tests#212, sjeaugey 2024-05-06:
+"450GB/s is the line rate. With the protocol overhead (~20%) NCCL can get an effective NVLink
+bandwidth of 370GB/s"). The network side stays the direct form's: each node's NICs carry its
+``g·(p − g)/p·n`` bytes (all-to-all "cannot aggregate the bandwidth of multiple NICs",
+nccl-tests#267). Not modelled: NCCL's p2p chunking and channel count per peer
+(``NCCL_P2P_NET_CHUNKSIZE``, ``NCCL_NCHANNELS_PER_NET_PEER``), LL for small p2p messages.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..base import GroupNet, Phase, register
+from ..mpi import _a2a_direct_ph
+
+__all__ = ["p2p_efficiency"]
+
+
+def p2p_efficiency(net: GroupNet) -> float:
+    """The share of the NVLink line rate NCCL's sends fill inside a node (1 over PCIe, and
+    1 without an NCCL machine)."""
+    env = net.nccl
+    if env is None or env.intra != "nvlink":
+        return 1.0
+    return env.tab.nvlink_efficiency[env.arch]
+
+
+def _layout(n: float, net: GroupNet) -> list[Phase]:
+    """The direct all-to-all's flows, those inside a node inflated by ``1 / efficiency``
+    (the discrete-event engine replays them at the line rate)."""
+    (phase,) = _a2a_direct_ph(1.0, net.p, net.g)   # bytes per collective byte
+    node = phase.pairs // max(net.g, 1)
+    inside = node[:, 0] == node[:, 1]
+    weights = np.where(inside, 1.0 / p2p_efficiency(net), 1.0)
+    return [Phase(phase.pairs, phase.bytes, weights=weights)]
+
+
+@register("all_to_all", "nccl_p2p", backend="nccl", layout=_layout)
+def _a2a_p2p(n: float, net: GroupNet) -> float:
+    """``α + max((p − 1)·n/p / (bw_intra·efficiency), g·(p − g)·n/p / bw_node)``."""
+    chunk = n / net.p
+    t = (net.p - 1) * chunk / (net.bw_intra_Bps * p2p_efficiency(net))
+    if net.multi_node:
+        t = max(t, net.g * (net.p - net.g) * chunk / net.bw_node_Bps)
+    return net.alpha_s + t
