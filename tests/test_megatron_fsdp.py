@@ -199,7 +199,7 @@ ROW3 = (
     "--recompute-granularity full --recompute-method uniform "
     "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep "
     "--moe-grouped-gemm --moe-permute-fusion --moe-router-force-load-balancing "
-    "--moe-aux-loss-coeff 1e-3 --cross-entropy-loss-fusion "
+    "--moe-aux-loss-coeff 1e-3 --moe-router-dtype fp32 --cross-entropy-loss-fusion "
     "--no-create-attention-mask-in-dataloader\n")
 
 
