@@ -112,6 +112,11 @@ ELEMENTWISE_CLASSES = {
                    "unrolled_elementwise_kernel (rope_classes)",
     "rope_complex_mul": "its complex multiply by the broadcast freqs_cis (forward and "
                         "backward), torch's strided elementwise_kernel",
+    "repeat_kv": "K's and V's repeat to the query heads before the attention core, not "
+                 "compiled: torchtitan's expand + reshape, a broadcast copy (torch's strided "
+                 "direct_copy_kernel_cuda), forward (repeat_kv.repeat_kv_kernels)",
+    "repeat_kv_backward": "its backward: the expand's gradient summed over the repeats "
+                          "(sum_to_size, torch's reduce_kernel), read a heads, write g",
 }
 _BACKWARD_CLASS = {"norm": "norm_backward", "gated": "gated_backward",
                    "activation": "activation_backward", "loss": "loss_backward",

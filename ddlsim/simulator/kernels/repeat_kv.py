@@ -11,7 +11,10 @@ the attention core K and V at the query heads' width rather than the groups':
   backward, the ``a``-head K and V. Eager, each copy is one kernel reading the ``g``-head
   tensor and writing the ``a``-head one. In the backward the expand's gradient is a sum over
   the ``n_rep`` copies (``sum_to_size``): one reduction per K and V, reading the ``a``-head
-  gradient and writing the ``g``-head one.
+  gradient and writing the ``g``-head one. The two are different kernels (torch's strided
+  ``direct_copy_kernel_cuda`` through ``elementwise_kernel``, and ``reduce_kernel`` with a
+  ``sum_functor``), each with its class: ``repeat_kv`` and ``repeat_kv_backward``
+  (:data:`~.elementwise.ELEMENTWISE_CLASSES`, which a device may time at its own rate).
 * Megatron-Core's local ``DotProductAttention`` (the unfused kernels) does the same with
   ``repeat_interleave`` (900f1b76 ``transformer/dot_product_attention.py`` lines 115-118);
   its Transformer Engine path passes ``num_gqa_groups`` and repeats nothing.
@@ -25,7 +28,16 @@ repeat from the rotary embedding's kernel (the ``a``-head output in place of the
 one: ``(a − g)·d`` more bytes per token, no kernel of its own) and V's as one kernel
 (``g·d`` read, ``a·d`` written); in the backward, dV's sum as one reduction and dK's folded
 into the rotary backward (``(a − g)·d`` more read). That fusion is our reading of Inductor's
-scheduler (a pointwise consumer fused with its producer), not a measurement.
+scheduler (a pointwise consumer fused with its producer), not a measurement. Inductor's
+kernels carry no class (no device measured them apart): they stream.
+
+References
+----------
+pytorch/pytorch ``tools/autograd/derivatives.yaml``: ``expand`` -> ``self: at::sum_to(grad,
+self.sym_sizes())`` (the expand's gradient, summed over the expanded dimension); the reshape
+of the expanded tensor is ``_unsafe_view(clone(...))`` (``aten/src/ATen/native/
+TensorShape.cpp`` ``reshape``: the forward's copy), whose backward is a view of the
+gradient (no kernel under it in the H200 step's trace, benchmarks/kineto_vs_ddlsim.py).
 """
 
 from __future__ import annotations
@@ -81,10 +93,10 @@ def expanded_kv_extra_width(sw: Any, shape: Any) -> float:
 
 
 def repeat_kv_kernels(tokens: float, heads: float, kv_heads: float, d: float, dt: float,
-                      dtype: str, compiled: bool) -> tuple[Kernel, ...]:
-    """The memory-bound kernels that repeat K and V to the query heads in the forward, and,
-    the same bytes the other way (read ``a``, write ``g`` heads), that sum their gradients
-    back in the backward (module docstring), on one rank.
+                      dtype: str, compiled: bool, backward: bool = False
+                      ) -> tuple[Kernel, ...]:
+    """The memory-bound kernels that repeat K and V to the query heads in the forward or, with
+    ``backward``, that sum their gradients back (module docstring), on one rank.
 
     Parameters
     ----------
@@ -100,15 +112,21 @@ def repeat_kv_kernels(tokens: float, heads: float, kv_heads: float, d: float, dt
         That dtype's name.
     compiled : bool
         Inductor's fusion (one kernel, K's part riding on the rotary embedding's).
+    backward : bool
+        The backward's kernels: the expand's gradient, ``sum_to_size`` over the ``n_rep``
+        copies (read the ``a``-head gradient, write the ``g``-head one), in place of the
+        forward's broadcast copy (read ``g``, write ``a`` heads).
 
     Returns
     -------
     tuple of Kernel
-        Eager: two kernels (K, V) of ``tokens·(a + g)·d·dt`` bytes each; compiled: one of
-        ``tokens·2a·d·dt`` (V's ``(a + g)`` and K's extra ``(a − g)``).
+        Eager: two kernels (K, V) of ``tokens·(a + g)·d·dt`` bytes each, the same bytes each
+        way, of class ``repeat_kv`` (forward) or ``repeat_kv_backward``; compiled: one of
+        ``tokens·2a·d·dt`` (V's ``(a + g)`` and K's extra ``(a − g)``), unclassed.
     """
     per_head = tokens * d * dt     # streaming passes: the device's memory bandwidth
     if compiled:
         return (Kernel("memory", bytes=per_head * 2 * heads, dtype=dtype),)
-    one = per_head * (heads + kv_heads)     # the same bytes each way (read g, write a)
-    return tuple(Kernel("memory", bytes=one, dtype=dtype) for _ in range(2))
+    one = per_head * (heads + kv_heads)     # read g, write a heads; backward read a, write g
+    cls = "repeat_kv_backward" if backward else "repeat_kv"
+    return tuple(Kernel("memory", bytes=one, dtype=dtype, variant=cls) for _ in range(2))

@@ -159,10 +159,10 @@ def layer_kernels(shape: Any, sw: Any, b: int, s: int, t: int, sp: bool,
     ``recompute`` (what selective recomputation redoes: the attention core's forward,
     Korthikanti et al. 2022 §5, with K/V's repeat where the stack repeats them),
     ``repeat_kv`` (that repeat's kernels, :mod:`~ddlsim.simulator.kernels.repeat_kv`; also
-    in ``attn.qkv`` before the core and, as the gradients' sums, in ``bwd.attn.proj`` after
-    it), and the GEMM ops' parts by module (``attn.qkv``,
-    ``attn.proj``, ``mlp.fc1``, …, ``bwd.attn.qkv``: :data:`MODULE_PARTS`); ``regather``:
-    the backward gathers the linears' sequence-parallel inputs again
+    in ``attn.qkv`` before the core) and ``bwd.repeat_kv`` (the sums of their gradients, also
+    in ``bwd.attn.proj`` after the core's backward), and the GEMM ops' parts by module
+    (``attn.qkv``, ``attn.proj``, ``mlp.fc1``, …, ``bwd.attn.qkv``: :data:`MODULE_PARTS`);
+    ``regather``: the backward gathers the linears' sequence-parallel inputs again
     (:func:`~ddlsim.simulator.kernels.dtensor.regathers_input`)."""
     gd = train_dtype                      # linear GEMMs (fp8 under FP8)
     od = compute_dtype(train_dtype)       # attention and element-wise
@@ -177,8 +177,11 @@ def layer_kernels(shape: Any, sw: Any, b: int, s: int, t: int, sp: bool,
             for bwd in (False, True)]
     ew = layer_elementwise_kernels(shape, b, s, t, sp, dt, sw, od)
     # K and V repeated to the query heads before the core, their gradients summed after it
-    rep = (repeat_kv_kernels(b * s, shape.heads / t, shape.g / t, shape.d, dt, od,
-                             bool(sw.compile)) if expands_kv(sw, shape) else ())
+    rep = rep_bwd = ()
+    if expands_kv(sw, shape):
+        rep, rep_bwd = (repeat_kv_kernels(b * s, shape.heads / t, shape.g / t, shape.d, dt,
+                                          od, bool(sw.compile), backward)
+                        for backward in (False, True))
     mg = main_grad_bytes(sw, train_dtype)     # weight gradients into main_grad (.wgrad)
     fp8_gather = fp8_sp_gather(sw, gd, t, sp, shape)
 
@@ -205,7 +208,7 @@ def layer_kernels(shape: Any, sw: Any, b: int, s: int, t: int, sp: bool,
         "mlp.fc2": lin(g["fc2"], False),
         "bwd.mlp.fc2": lin(g["fc2"], True, gathered="g"),
         "bwd.mlp.fc1": lin(g["fc1"], True, gathered="x") + sums[1],
-        "bwd.attn.proj": lin(g["proj"], True, gathered="g") + core[1] + rep,
+        "bwd.attn.proj": lin(g["proj"], True, gathered="g") + core[1] + rep_bwd,
         "bwd.attn.qkv": bias[1] + lin(g["qkv"], True, gathered="x") + sums[0],
     }
     # DTensor's layout copies around the sequence-parallel collectives (kernels/dtensor.py)
@@ -223,6 +226,7 @@ def layer_kernels(shape: Any, sw: Any, b: int, s: int, t: int, sp: bool,
         "bwd.ew": layer_elementwise_backward_kernels(shape, b, s, t, sp, dt, sw, od),
         "recompute": rep + core[0],
         "repeat_kv": rep,
+        "bwd.repeat_kv": rep_bwd,
         **parts,
     }
 
