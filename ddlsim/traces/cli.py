@@ -43,7 +43,8 @@ def _emit(text: str, output: Path | None, force: bool) -> None:
 def kineto(
     config: Annotated[Path, typer.Argument(help="Run config of the profiled run (YAML/JSON).")],
     trace: Annotated[Path, typer.Argument(help="The profiler's Chrome JSON (.json or .json.gz), "
-                                               "exported with with_stack=True.")],
+                                               "exported with with_stack=True (or, without "
+                                               "it, of a model whose blocks FSDP2 shards).")],
     overrides: Sets = None,
     engine: Engine = "analytical",
     fmt: Format = "table",

@@ -19,7 +19,9 @@ the charges add up to the measured step exactly. With device activity (``kernel`
 labelled by the CPU op that launched it (``External id``). With a
 :class:`~ddlsim.traces.kineto_overhead.ProfilerOverhead` (measured on microbenchmarks), each
 op's charge is less the profiler's own cost of the events that started within it, so the
-charges add up to the step as it runs unprofiled. docs/traces.md describes the rules.
+charges add up to the step as it runs unprofiled. A trace without module events (no
+``with_stack``) whose blocks FSDP2 shards is placed by FSDP2's per-block ranges and the ops'
+names instead (:mod:`.kineto_fsdp`). docs/traces.md describes the rules.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ Phase = Literal["forward", "backward", "optimizer"]
 class Label:
     """What a measured op was: ``phase``, ``part`` of the model (``embedding``, ``attn``,
     ``attn_core``, ``mlp``, ``elementwise``, ``final_norm``, ``logits``, ``loss``,
-    ``grad_accumulate``, ``step``, ``zero_grad``) and whether it ran inside a transformer
+    ``grad_accumulate``, ``step``, ``zero_grad``; where FSDP2's ranges place the ops also
+    ``unshard``, ``reduce`` and ``recompute``) and whether it ran inside a transformer
     layer."""
 
     phase: Phase
@@ -94,6 +97,8 @@ class MeasuredStep:
     overhead_s : the profiler's own cost removed from the charges (s; 0 without a
         :class:`~ddlsim.traces.kineto_overhead.ProfilerOverhead`).
     overhead_events : the events whose cost was removed.
+    placement : the rule that placed the ops: ``modules`` (their ``nn.Module`` stack) or
+        ``fsdp2-ranges`` (FSDP2's per-block ranges and op names, :mod:`.kineto_fsdp`).
     """
 
     seconds: MappingProxyType
@@ -107,6 +112,7 @@ class MeasuredStep:
     ops: int = field(default=0)
     overhead_s: float = 0.0
     overhead_events: int = 0
+    placement: str = "modules"
 
     @property
     def compute_s(self) -> float:
@@ -175,14 +181,15 @@ def parse_kineto(doc: object, rules: ModuleRules | None = None, source: str = "t
              and _finite(e.get("ts")) and _finite(e.get("dur")) and e["dur"] >= 0]
     modules = [e for e in spans if e.get("cat") == "python_function"
                and str(e.get("name", "")).startswith("nn.Module: ")]
-    if not modules:
-        raise ConfigError(f"Kineto trace {source}: no module events (nn.Module: …); profile "
-                          "with torch.profiler.profile(with_stack=True) so ops can be placed "
-                          "in the model")
-    return _measure(spans, modules, rules, source, overhead)
+    placement = None
+    if not modules:   # no with_stack: FSDP2's per-block ranges place the ops, or nothing does
+        from .kineto_fsdp import place_by_fsdp
+        placement = place_by_fsdp(spans, source)
+    return _measure(spans, modules, rules, source, overhead, placement)
 
 
 _BACKWARD = "autograd::engine::evaluate_function: "
+_FSDP_PASSES = ("unshard", "reduce")   # FSDP2's own ops (kineto_fsdp.py)
 _EPS_US = 1e-3  # Kineto rounds to nanoseconds: ends closer than this touch
 
 
@@ -204,6 +211,7 @@ class _Sweep:
     ext_label: dict = field(default_factory=dict)    # External id -> its outermost op's label
     main: object = None                              # the thread whose ops are the step
     threads: dict = field(default_factory=dict)      # tid -> (modules, outer_end, outer_label)
+    placed: MappingProxyType | None = None           # id(op) -> label, without module events
 
 
 def _finite(v) -> bool:
@@ -260,6 +268,8 @@ def _label(sw: _Sweep, e: dict) -> Label | str | None:
             return Label("backward", "grad_accumulate")
         fwd = sw.seq_label.get(args.get("Sequence number"))
         return None if fwd is None else Label("backward", fwd.part, fwd.in_layer)
+    if sw.placed is not None:
+        return sw.placed.get(id(e))
     if sw.modules:
         return _forward_label(sw, name)
     if sw.seen_layer and not sw.backward:
@@ -290,11 +300,13 @@ def _visit_thread(sw: _Sweep, e: dict, main: bool) -> None:
         if main:
             sw.units.append((ts, end, sw.outer_label))
     args = _args(e)
+    own = sw.outer_label if sw.placed is None else sw.placed.get(id(e), sw.outer_label)
     if "External id" in args:  # device kernels launched from this op take its label
-        sw.ext_label.setdefault(args["External id"], sw.outer_label)
+        sw.ext_label.setdefault(args["External id"], own)
     seq = args.get("Sequence number")
-    if isinstance(sw.outer_label, Label) and sw.outer_label.phase == "forward" and seq is not None:
-        sw.seq_label.setdefault(seq, sw.outer_label)
+    if isinstance(own, Label) and own.phase == "forward" and own.part not in _FSDP_PASSES \
+            and seq is not None:   # FSDP2's casts share the next op's number: not theirs
+        sw.seq_label.setdefault(seq, own)
     if sw.shape is None and e.get("name") == "aten::embedding":
         dims = args.get("Input Dims")
         if isinstance(dims, list) and len(dims) > 1 and isinstance(dims[1], list) \
@@ -318,7 +330,7 @@ def _merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
 
 
 def _measure(spans: list, modules: list, rules: ModuleRules, source: str,
-             overhead: ProfilerOverhead | None) -> MeasuredStep:
+             overhead: ProfilerOverhead | None, placement=None) -> MeasuredStep:
     ops = [e for e in spans if e.get("cat") == "cpu_op"
            or (e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith("Optimizer."))]
     if not ops:
@@ -329,6 +341,8 @@ def _measure(spans: list, modules: list, rules: ModuleRules, source: str,
                     if e.get("cat") in ("cpu_op", "user_annotation")
                     and rules.match("communication", str(e.get("name", "")))])
     sw = _Sweep(rules, main=main)
+    if placement is not None:
+        sw.placed, sw.layers, sw.roots = placement.labels, set(placement.layers), placement.roots
     for e in sorted(modules + ops, key=lambda e: (float(e["ts"]), -float(e["dur"]),
                                                   e.get("cat") != "python_function")):
         _visit(sw, e)
@@ -400,4 +414,5 @@ def _charge(sw: _Sweep, comm: list, source: str, costs: EventCosts | None = None
     events = 0 if costs is None else costs.between(sw.units[0][0] - _EPS_US, last)[1]
     return MeasuredStep(MappingProxyType({k: v * 1e-6 for k, v in sorted(seconds.items())}),
                         len(sw.layers), max(sw.roots, 1), window * 1e-6, comm_s * 1e-6,
-                        carry * 1e-6, sw.shape, source, len(sw.units), removed * 1e-6, events)
+                        carry * 1e-6, sw.shape, source, len(sw.units), removed * 1e-6, events,
+                        "modules" if sw.placed is None else "fsdp2-ranges")

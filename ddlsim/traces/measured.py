@@ -48,6 +48,15 @@ DECODER_BINDING: MappingProxyType = MappingProxyType({
     ("backward", "grad_accumulate"): (("bwd.grad_accumulate", "bwd.grad_accumulate.embedding"),),
     ("optimizer", "step"): ("optimizer",),
     ("optimizer", "zero_grad"): ("optimizer",),
+    # FSDP2's passes and a checkpoint's recomputation, labelled where FSDP2's ranges place the
+    # ops (kineto_fsdp.py): its unshard (the cast of the fp32 shard, the copy out of the
+    # gathered buffer), its reduce (chunk_cat into the fp32 reduce input, the copies after it)
+    ("forward", "unshard"): (("zero3.cast", "zero3.copy_out"),),
+    ("backward", "unshard"): (("zero3.cast", "zero3.copy_out"),),
+    ("backward", "reduce"): (("zero3.chunk_cat", "zero3.after_reduce"),),
+    ("backward", "recompute"): (("recompute.sac", "recompute.modules", "recompute.attn",
+                                 "recompute.attn_core", "recompute.mlp",
+                                 "recompute.elementwise"),),
 })
 
 

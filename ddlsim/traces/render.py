@@ -12,7 +12,7 @@ def measured_payload(r) -> dict:
     m, b = r.measured, r.binding
     return {
         "trace": m.source,
-        "measured": {"step_s": m.step_s, "window_s": m.window_s,
+        "measured": {"placement": m.placement, "step_s": m.step_s, "window_s": m.window_s,
                      "profiler_overhead_s": m.overhead_s,
                      "profiler_overhead_events": m.overhead_events, "compute_s": m.compute_s,
                      "communication_s": m.communication_s, "unlabelled_s": m.unlabelled_s,
@@ -38,8 +38,9 @@ def render_measured(r, fmt: str, changed: bool) -> str:
     if fmt == "json":
         return json.dumps(measured_payload(r), indent=1) + "\n"
     m, b = r.measured, r.binding
+    placed = "module stack" if m.placement == "modules" else "FSDP2's per-block ranges"
     lines = [f"profile {m.source}: {m.layers} layers, {m.microbatches} micro-batch(es), "
-             f"{m.ops} outermost ops",
+             f"{m.ops} outermost ops, placed by {placed}",
              f"  measured step          {_ms(m.step_s)} (compute {_ms(m.compute_s)}, "
              f"communication {_ms(m.communication_s)}, unlabelled {_ms(m.unlabelled_s)})",
              *([f"  profiler overhead      {_ms(m.overhead_s)} taken off the profiled "
