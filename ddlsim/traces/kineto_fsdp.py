@@ -38,7 +38,7 @@ from types import MappingProxyType
 
 from ..errors import ConfigError
 
-__all__ = ["UnitPlacement", "has_fsdp_units", "place_by_fsdp"]
+__all__ = ["UnitPlacement", "place_by_fsdp"]
 
 #: FSDP2's per-unit hook ranges: ``FSDP::<hook> (<unit name>)``
 _UNIT = re.compile(r"^FSDP::(pre_forward|post_forward|pre_backward|post_backward_\w+) "
@@ -78,13 +78,6 @@ def _unit_layer(name: str) -> tuple[str, int] | None:
     m = _UNIT.match(name)
     idx = _INDEX.search(m.group(2)) if m else None
     return (m.group(1), int(idx.group(1))) if idx else None
-
-
-def has_fsdp_units(spans: list[dict]) -> bool:
-    """Whether the trace has FSDP2's per-block forward ranges (``FSDP::pre_forward (….N)``)."""
-    return any(e.get("cat") == "user_annotation"
-               and (_unit_layer(str(e.get("name", ""))) or ("", 0))[0] == "pre_forward"
-               for e in spans)
 
 
 def _chains(spans: list[dict]) -> list[tuple[dict, tuple[dict, ...]]]:
