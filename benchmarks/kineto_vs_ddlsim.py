@@ -268,7 +268,7 @@ def ddlsim_ew_ops(cfg) -> dict[tuple[str, str], tuple[int, float, float]]:
                  if k.kind == "memory")
     parts = {"forward": {**layer_elementwise_parts(*args), "repeat_kv": lk["repeat_kv"]},
              "backward": {**layer_elementwise_backward_parts(*args),
-                          "repeat_kv": lk["repeat_kv"], "grad sums": sums}}
+                          "repeat_kv": lk["bwd.repeat_kv"], "grad sums": sums}}
     parts["recomputed"] = _recomputed_parts(cfg, parts["forward"])
     return {(phase, op): (n * len(ks), n * sum(k.bytes for k in ks),
                           n * sum(kernel_time(k, dev) for k in ks))

@@ -51,3 +51,20 @@ def test_context_parallel_layers_take_the_same_rule():
     half = _builder("system.software={stack: torchtitan-2025}", "train.seq_length=2048")
     got = _ew([o.payload for o in two.part.layer_backward(0.0)], "bwd.elementwise")
     assert got.kernels == _ew(half.layer_backward(), "bwd.elementwise").kernels
+
+
+def test_context_parallel_layers_reduce_the_repeated_kv_gradients_as_the_builder_does():
+    # K/V's repeat: the forward's broadcast copy, the backward's sum over the repeated heads
+    # (classes repeat_kv and repeat_kv_backward); the template's CP layer takes the same
+    # kernels as the builder's layer of s/cp tokens, both directions
+    two = _builder("system.software={stack: torchtitan-2025}", "parallel.context_parallel_size=2",
+                   "parallel.data_parallel_size=4")
+    half = _builder("system.software={stack: torchtitan-2025}", "train.seq_length=2048")
+    got = _ew([o.payload for o in two.part.layer_backward(0.0)], "bwd.repeat_kv")
+    assert {k.variant for k in got.kernels} == {"repeat_kv_backward"}
+    from ddlsim.workloads.decoder.layerkernels import layer_kernels
+    sh, sw = half.shape, half.sw
+    want = layer_kernels(sh, sw, 1, 2048, 1, False, "bf16")["bwd.repeat_kv"]
+    assert got.kernels == tuple(want)
+    fwd = _ew([o.payload for o in two.part.layer_forward(0.0)], "0.0.repeat_kv")
+    assert {k.variant for k in fwd.kernels} == {"repeat_kv"}

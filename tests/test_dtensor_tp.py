@@ -77,9 +77,10 @@ def _copies(parts: dict, part: str) -> list[float]:
 
 
 def _without_repeat_kv(parts: dict, part: str) -> list:
-    """``part``'s kernels less those of K/V's repeat (by identity: :mod:`ddlsim.simulator.
-    kernels.repeat_kv`)."""
-    return [k for k in parts[part] if all(k is not r for r in parts["repeat_kv"])]
+    """``part``'s kernels less those of K/V's repeat, forward copy or backward reduce (by
+    identity: :mod:`ddlsim.simulator.kernels.repeat_kv`)."""
+    repeats = tuple(parts["repeat_kv"]) + tuple(parts.get("bwd.repeat_kv", ()))
+    return [k for k in parts[part] if all(k is not r for r in repeats)]
 
 
 @pytest.mark.parametrize("stack", ["torchtitan-2024", "torchtitan-2025"])

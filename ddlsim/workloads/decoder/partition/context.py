@@ -64,7 +64,7 @@ def _repeat_kv(part: Any, ops: Any, name: str) -> None:
     if not expands_kv(part.sw, sh):
         return
     k = repeat_kv_kernels(part.tokens, sh.heads / part.size, sh.g / part.size, sh.d, part.dt,
-                          part.dtype, bool(part.sw.compile))
+                          part.dtype, bool(part.sw.compile), backward=name.startswith("bwd"))
     ops.add(Compute(name, 0.0, sum(x.bytes for x in k), kind="elementwise", dtype=part.dtype,
                     kernels=k))
 
