@@ -37,7 +37,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import ConfigError
-from ..simulator.collectives import GroupNet, algorithms_for, collective_time, get_algorithm
+from ..simulator.collectives import GroupNet, algorithms_for, collective_time
 from ..simulator.collectives.selection import LIBRARIES
 
 __all__ = ["affine_form", "check_affine", "MeshNets", "mesh_networks", "collective_seconds",
@@ -262,7 +262,7 @@ def _nccl_forms(op: str, name: str, distinct: list[GroupNet], spread: np.ndarray
     out = []
     # the fill's edges, levels and slope, then the channel rule (bytes a channel, channels)
     no_fill = (math.inf,) * FILL_EDGES + (0.0,) * (FILL_EDGES + 1) + (math.inf, 0.0, 1.0)
-    algo = name[len("nccl_"):]
+    algo = name.removeprefix("nccl_")
     for proto in sorted(protos, key=PROTOCOLS.index):
         columns = []   # per distinct network: 4 parts, estimate, fill (one array at the end)
         corrected = False
@@ -288,10 +288,11 @@ def _nccl_forms(op: str, name: str, distinct: list[GroupNet], spread: np.ndarray
 
 
 def _tuned(op: str, name: str) -> bool:
-    """Whether ``name`` is one of NCCL's tuned algorithms (:data:`.nccl.model.ALGORITHMS`),
-    timed by its tuning model's forms; NCCL's all-to-all (``nccl_p2p``) is affine."""
-    from ..simulator.collectives.nccl.model import ALGORITHMS
-    return get_algorithm(op, name).backend == "nccl" and name[5:] in ALGORITHMS.get(op, ())
+    """Whether ``name`` is timed by NCCL's tuning model's forms
+    (:func:`~ddlsim.simulator.collectives.nccl.model.tuned_algorithm`); the others, NCCL's
+    all-to-all (``nccl_p2p``) among them, are affine."""
+    from ..simulator.collectives.nccl.model import tuned_algorithm
+    return tuned_algorithm(op, name) is not None
 
 
 def _forms(op: str, family: str, nets: list[dict[str, GroupNet]], names: list[str]) -> _Forms:

@@ -265,11 +265,12 @@ class CostModel:
 
     def _label(self, kind: str, name: str, nbytes: float, net: GroupNet) -> str:
         """The algorithm, with the protocol NCCL would run for NCCL's."""
-        from .collectives.nccl import ALGORITHMS, best_protocol
-        if get_algorithm(kind, name).backend != "nccl" or name[5:] not in ALGORITHMS.get(kind,
-                                                                                       ()):
-            return name       # not a tuned NCCL algorithm: no protocol (NCCL's all-to-all)
-        return f"{name}/{best_protocol(kind, name[5:], nbytes, net, net.nccl)[0]}"
+        from .collectives.nccl import best_protocol
+        from .collectives.nccl.model import tuned_algorithm
+        algo = tuned_algorithm(kind, name)
+        if algo is None:      # not a tuned NCCL algorithm: no protocol (NCCL's all-to-all)
+            return name
+        return f"{name}/{best_protocol(kind, algo, nbytes, net, net.nccl)[0]}"
 
     def phases(self, op: Collective, algorithm: str) -> list[Phase]:
         """The flows the discrete-event engine replays for ``op`` timed by ``algorithm``:

@@ -55,6 +55,15 @@ ALGORITHMS = {
 }
 
 
+def tuned_algorithm(op: str, name: str) -> str | None:
+    """NCCL's own name for the registered algorithm ``name`` (``nccl_ring`` -> ``ring``, as
+    :mod:`.flows` registers each of :data:`ALGORITHMS`) where NCCL's tuning model times it;
+    None for another backend's algorithm and for NCCL's all-to-all (``nccl_p2p``, grouped
+    sends, :mod:`.p2p`), which the model does not time."""
+    algo = name.removeprefix("nccl_")
+    return algo if algo != name and algo in ALGORITHMS.get(op, ()) else None
+
+
 @dataclass(frozen=True, slots=True)
 class NcclEnv:
     """What NCCL's tuning model needs to know of the machine.
