@@ -35,6 +35,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import NamedTuple
 
+from ddlsim.traces.kineto_fsdp import enclosing_ops
+
 #: a block's forward aten::mm calls in order (llama_step.py Attention, FeedForward)
 FORWARD_GEMMS = ("wq", "wk", "wv", "wo", "w1", "w3", "w2")
 #: torchtitan's op-level policy saves every second mm's output: the others are recomputed
@@ -119,21 +121,8 @@ def device_kernels(events: list[dict]) -> list[DeviceKernel]:
     """Every ``kernel``, ``gpu_memcpy`` and ``gpu_memset`` event with the host ops open at its
     launch (the CPU op with its ``External id``, and the ops and ranges enclosing that op on
     its thread), in device start order."""
-    host = [e for e in events if e.get("ph") == "X"
-            and e.get("cat") in ("cpu_op", "user_annotation")]
-    by_tid: dict = defaultdict(list)
-    for e in host:
-        by_tid[e["tid"]].append(e)
-    stacks: dict = {}
-    for evs in by_tid.values():
-        evs.sort(key=lambda e: (e["ts"], -e["dur"]))
-        open_: list[dict] = []
-        for e in evs:
-            while open_ and open_[-1]["ts"] + open_[-1]["dur"] < e["ts"] + e["dur"] - 1e-3:
-                open_.pop()
-            open_.append(e)
-            if e["cat"] == "cpu_op":
-                stacks[e["args"].get("External id")] = (tuple(open_), e)
+    host = [e for e in events if e.get("ph") == "X"]
+    stacks = {op["args"].get("External id"): (chain, op) for op, chain in enclosing_ops(host)}
     out = []
     for e in events:
         if e.get("ph") != "X" or e.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset"):

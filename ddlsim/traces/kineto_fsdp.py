@@ -38,7 +38,7 @@ from types import MappingProxyType
 
 from ..errors import ConfigError
 
-__all__ = ["UnitPlacement", "place_by_fsdp"]
+__all__ = ["UnitPlacement", "place_by_fsdp", "enclosing_ops"]
 
 #: FSDP2's per-unit hook ranges: ``FSDP::<hook> (<unit name>)``
 _UNIT = re.compile(r"^FSDP::(pre_forward|post_forward|pre_backward|post_backward_\w+) "
@@ -80,7 +80,7 @@ def _unit_layer(name: str) -> tuple[str, int] | None:
     return (m.group(1), int(idx.group(1))) if idx else None
 
 
-def _chains(spans: list[dict]) -> list[tuple[dict, tuple[dict, ...]]]:
+def enclosing_ops(spans: list[dict]) -> list[tuple[dict, tuple[dict, ...]]]:
     """Each ``cpu_op`` with the ops and ranges enclosing it on its thread (outermost first,
     itself last)."""
     by_tid: dict = defaultdict(list)
@@ -192,7 +192,7 @@ def place_by_fsdp(spans: list[dict], source: str) -> UnitPlacement:
                           "model, or shard each block with FSDP2's fully_shard")
     labels: dict = {}
     outer: dict = defaultdict(list)
-    for e, chain in _chains(spans):
+    for e, chain in enclosing_ops(spans):
         ranged = _range_label(chain)
         if ranged is not None:
             labels[id(e)] = ranged
