@@ -245,10 +245,17 @@ def norm_backward_kernels(shape: Any, b: float, s: float, t: int, sp: bool,
     if not fused:
         return backward_kernels(norm_kernels(shape, b, s, t, sp, dtype_bytes, sw, dtype,
                                              fused=False))
-    x = b * s * shape.hidden / (t if sp else 1)
-    cls = fused_norm_class(sw, shape.norm, backward=True)
+    return _fused_norm_backward((b * s * shape.hidden / (t if sp else 1),), shape.norm,
+                                dtype_bytes, sw, dtype)
+
+
+def _fused_norm_backward(tensors: tuple[float, ...], norm: str, dtype_bytes: float, sw: Any,
+                         dtype: str) -> tuple[Kernel, ...]:
+    """A fused norm's backward kernels (:data:`FUSED_NORM_BACKWARD`, the stack's
+    ``fused_norm_backward``) over each of ``tensors`` (elements) in turn, of its class."""
+    cls = fused_norm_class(sw, norm, backward=True)
     return tuple(Kernel("memory", bytes=p * dtype_bytes * x, dtype=dtype, variant=cls)
-                 for p in FUSED_NORM_BACKWARD[sw.fused_norm_backward])
+                 for x in tensors for p in FUSED_NORM_BACKWARD[sw.fused_norm_backward])
 
 
 def qk_norm_backward_kernels(shape: Any, b: float, s: float, t: int, dtype_bytes: float,
@@ -260,11 +267,8 @@ def qk_norm_backward_kernels(shape: Any, b: float, s: float, t: int, dtype_bytes
     fwd = qk_norm_kernels(shape, b, s, t, dtype_bytes, sw, dtype)
     if not fwd or not sw.fused_layernorm:
         return backward_kernels(fwd)
-    cls = fused_norm_class(sw, "rmsnorm", backward=True)
-    return tuple(Kernel("memory", bytes=p * dtype_bytes * b * s * w / t, dtype=dtype,
-                        variant=cls)
-                 for w in (shape.q_width, shape.kv_width)
-                 for p in FUSED_NORM_BACKWARD[sw.fused_norm_backward])
+    return _fused_norm_backward((b * s * shape.q_width / t, b * s * shape.kv_width / t),
+                                "rmsnorm", dtype_bytes, sw, dtype)
 
 
 def rope_backward_bytes(shape: Any, b: float, s: float, t: int, dtype_bytes: float,
