@@ -59,11 +59,11 @@ have their own host costs), MoE layers.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 from ...simulator.kernels.host import eager_unit_s
-from ..trace import Compute, Op
+from ..hoststream import lay_host_ops
+from ..trace import Compute
 
 __all__ = ["HOST_UNITS", "PASSES", "SPANS", "unit_s", "block_host_s", "issued_by_host"]
 
@@ -128,19 +128,7 @@ def issued_by_host(items: list, unit: float) -> tuple[list, Mapping[int, int]]:
     mapping
         the index of each of ``items`` in the result.
     """
-    out: list[Op] = []
-    at: dict[int, int] = {}
-    for i, x in enumerate(items):
-        op = x if isinstance(x, Op) else Op(x)
-        deps, payload = tuple(at[d] for d in op.deps), op.payload
-        if isinstance(payload, Compute) and op.stream == "compute":
-            seconds = (block_host_s(payload.name, unit) or 0.0) + payload.host_s
-            if seconds > 0:
-                out.append(Op(Compute(f"{payload.name}.host", 0.0, kind="elementwise",
-                                      dtype=payload.dtype, seconds=seconds), "host",
-                              repeat=op.repeat))
-                deps += (len(out) - 1,)
-                payload = replace(payload, host_s=0.0) if payload.host_s else payload
-        at[i] = len(out)
-        out.append(Op(payload, op.stream, deps, op.repeat))
-    return out, at
+    def seconds_of(payload: Compute) -> float | None:
+        seconds = (block_host_s(payload.name, unit) or 0.0) + payload.host_s
+        return seconds if seconds > 0 else None
+    return lay_host_ops(items, seconds_of, clear_host_s=True)

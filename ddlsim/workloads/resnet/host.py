@@ -53,10 +53,9 @@ ddlsim's per-tensor SGD of PyTorch 1.x (DeepLearningExamples' era,
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
-from typing import Any
 
-from ..trace import Compute, Op
+from ..hoststream import lay_host_ops
+from ..trace import Op
 
 __all__ = ["HOST_UNITS", "layer_host_s", "issued_by_host"]
 
@@ -119,34 +118,7 @@ def layer_host_s(pss: str, kind: str, kernels: int, unit_s: float,
 
 
 def issued_by_host(ops: tuple[Op, ...], host_s: Mapping[str, float]) -> tuple[Op, ...]:
-    """``ops`` (one block) with the host's work laid on the ``host`` stream: before each
-    compute op named in ``host_s``, a host op of that many seconds (``<name>.host``), which
-    the compute op waits for. Host ops follow one another (one stream) and wait for nothing
-    else: the host runs ahead of the device, its lead carried from op to op, and a device op
-    starts once the host has issued it and the device is free (a step is host-bound where the
-    host ops outlast the kernels, device-bound where not, and the host's lead builds up or
-    drains from op to op). Every other op keeps its stream and dependencies (re-indexed).
-
-    Parameters
-    ----------
-    ops : tuple of Op
-        a block's ops.
-    host_s : mapping
-        compute op name → the host's seconds for it (its launches included).
-
-    Returns
-    -------
-    tuple of Op
-    """
-    out: list[Op] = []
-    at: list[int] = []          # ops[i] is out[at[i]]
-    for op in ops:
-        deps = tuple(at[d] for d in op.deps)
-        seconds = host_s.get(op.payload.name) if isinstance(op.payload, Compute) else None
-        if seconds is not None and op.stream == "compute":
-            out.append(Op(Compute(f"{op.payload.name}.host", 0.0, kind="elementwise",
-                                  dtype=op.payload.dtype, seconds=seconds), stream="host"))
-            deps += (len(out) - 1,)
-        at.append(len(out))
-        out.append(replace(op, deps=deps))
-    return tuple(out)
+    """``ops`` (one block) with the host's work laid on the ``host`` stream
+    (:func:`~ddlsim.workloads.hoststream.lay_host_ops`): before each compute op named in
+    ``host_s``, a host op of that many seconds (its launches included), which it waits for."""
+    return tuple(lay_host_ops(ops, lambda payload: host_s.get(payload.name))[0])
