@@ -23,7 +23,8 @@ from ..units import format_bytes
 from ..workloads.trace import Collective, Compute, GroupFamily, P2P, Workload
 from .backend_rules import resolve_backend
 from .collectives import (GroupNet, Phase, best_algorithm, best_uneven_algorithm,
-                          collective_time, get_algorithm, split_matrix, uneven_time)
+                          collective_time, get_algorithm, registry_generation, split_matrix,
+                          uneven_time)
 
 __all__ = ["CostModel", "CollectiveChoice", "place_ranks_on_system"]
 
@@ -36,7 +37,8 @@ _P2P: dict[tuple, float] = {}
 #: its group's name (in the key it reports), size and split, the algorithm asked (the op's,
 #: the plan's), the backend and the group's network (NCCL's view of the machine in it); plans
 #: of a sweep, and a plan predicted again, share most of them (:meth:`CostModel.choice`).
-#: The algorithm registries are read as they stand when a choice is first made.
+#: The key holds the registries' generation (:func:`.collectives.registry_generation`), so an
+#: algorithm or chooser registered after a choice was made is seen by the next one.
 _CHOICES: dict[tuple, "CollectiveChoice"] = {}
 _CHOICES_MAX = 4096
 
@@ -252,7 +254,7 @@ class CostModel:
         """The closed form's choice (no calibration profile), made once per what it depends
         on (:data:`_CHOICES`): another cost model asking it on an equal network takes it."""
         key = (kind, group, nbytes, algo, split, split_by, self.collective_algorithm.get(kind),
-               self.comm_backend, net)
+               self.comm_backend, net, registry_generation())
         got = _CHOICES.get(key)
         if got is None:
             name, t = self._closed_form(kind, group, nbytes, algo, split, split_by)

@@ -29,7 +29,7 @@ __all__ = ["GroupNet", "Phase", "Algorithm", "register", "get_algorithm", "algor
            "collective_time", "best_algorithm", "BUSBW_FACTOR", "register_uneven",
            "register_chooser",
            "split_matrix", "uneven_time", "best_uneven_algorithm", "BACKENDS", "LayoutFn",
-           "register_parametric"]
+           "register_parametric", "registry_generation"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +141,20 @@ class Algorithm:
 BACKENDS = ("mpi", "nccl", "openmpi")
 
 _REGISTRY: dict[tuple[str, str], Algorithm] = {}
+#: how many times the algorithm registries have changed: a cache of choices made from them
+#: keys on it (:func:`registry_generation`), so an algorithm registered later is seen
+_GENERATION = [0]
+
+
+def registry_generation() -> int:
+    """A number that changes whenever an algorithm, phase decomposition, uneven form,
+    parametric resolver or chooser is registered."""
+    return _GENERATION[0]
+
+
+def _changed() -> None:
+    _GENERATION[0] += 1
+    _parametric.cache_clear()
 
 
 def register(op: str, name: str, backend: str = "mpi",
@@ -150,6 +164,7 @@ def register(op: str, name: str, backend: str = "mpi",
     def wrap(fn: TimeFn) -> TimeFn:
         _REGISTRY[(op, name)] = Algorithm(op, name, fn, _NO_PHASES, backend=backend,
                                           layout=layout)
+        _changed()
         return fn
     return wrap
 
@@ -158,6 +173,7 @@ def phases_of(op: str, name: str) -> Callable[[PhaseFn], PhaseFn]:
     def wrap(fn: PhaseFn) -> PhaseFn:
         from dataclasses import replace
         _REGISTRY[(op, name)] = replace(_REGISTRY[(op, name)], phases=fn)
+        _changed()
         return fn
     return wrap
 
@@ -170,6 +186,7 @@ def register_uneven(op: str, name: str, time: UnevenTimeFn, phases: UnevenPhaseF
     """Give the registered algorithm ``(op, name)`` its uneven (per-pair bytes) forms."""
     from dataclasses import replace
     _REGISTRY[(op, name)] = replace(_REGISTRY[(op, name)], uneven_time=time, uneven_phases=phases)
+    _changed()
 
 
 #: name prefix → ``resolve(op, name)``: algorithms whose name carries their parameters (the
@@ -183,6 +200,7 @@ def register_parametric(prefix: str):
     starting with ``prefix``."""
     def wrap(fn):
         _PARAMETRIC[prefix] = fn
+        _changed()
         return fn
     return wrap
 
@@ -224,6 +242,7 @@ def register_chooser(backend: str):
     by its tuning model's estimate, which is not the time it then takes)."""
     def wrap(fn):
         _CHOOSERS[backend] = fn
+        _changed()
         return fn
     return wrap
 
