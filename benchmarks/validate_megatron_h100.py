@@ -19,8 +19,15 @@ arguments.py makes the rest of those flags' plan: ``--overlap-param-gather`` ass
 learned positions) with untied embeddings, which the "Model size" column implies.
 
 What the source does not state is assumed and said so: BF16 (the MFU column is against the
-BF16 peak), no interleaving, and the micro-batch size (``--mbs``, default 1, Megatron's
-GPT example script's value). The error is ``predicted / published − 1`` of the iteration time
+BF16 peak), the micro-batch size (``--mbs``, default 1, Megatron's GPT example script's
+value) and the interleaved schedule's chunk: the README's overlapped "pipeline-parallel
+communication (enabled by default)" exists at core_r0.8.0 only under the interleaved schedule
+(``arguments.py`` lines 271-277 turn ``overlap_p2p_comm`` off otherwise), so the PP rows run it,
+one layer per virtual stage (:data:`LAYERS_PER_VIRTUAL_STAGE`, the only chunk that divides
+every PP row's layers per stage). Until 2026-11-30 the rows ran 1F1B without interleaving,
+whose bubble (70B 238 ms ... 462B 3.05 s) hid ddlsim's too-fast compute on those rows
+(70B +2.5 -> -9.7 %, 119B +3.8 -> -13.2 %, 177B +2.5 -> -13.9 %, 314B +2.0 -> -15.1 %,
+462B +9.8 -> -7.1 %; mean 9.3 -> 13.6 %). The error is ``predicted / published − 1`` of the iteration time
 (positive: ddlsim is too slow), the published time being Megatron's own FLOP count over the
 published TFLOP/s (the CSV's header).
 
@@ -87,8 +94,24 @@ What was checked against the source (core_r0.8.0, ``baf94af3c6``; 2026-11-29):
   NIC: at least 0.31 + 0.15 s at line rate, against overlap windows of one micro-batch's
   backward (~0.12 s) and forward (~0.06 s). With ddlsim's compute (0.73 s, itself too fast on
   every other row) the step cannot be under ~1.01 s, 13 % over the published 0.892 s, whatever
-  the collective model: the published row needs fewer micro-batches (``--mbs 2``: +1.8 %),
-  bf16 gradient reduction, or in-network reduction, none of which the source states.
+  the collective model: the published row needs fewer micro-batches (``--mbs 2``: +2.7 %,
+  ``--mbs 4``: -15.6 %, as its PP-1 neighbours read), or bf16 gradient reduction (which
+  ``--bf16`` rules out at core_r0.8.0). In-network reduction (IB SHARP) would not help: a
+  reduce-scatter through SHARP still sends each rank's whole fp32 buffer once through its NIC
+  (the ring sends (DP-1)/DP of it), and NCCL's PXN cannot lend a busy rail's NIC, as all
+  8 GPUs of a node reduce at once, each on its own rail. Megatron-Core r0.8.0's
+  overlap is what ddlsim credits (checked 2026-11-30 at ``baf94af3c6``): the reduce-scatters
+  bucket by bucket during the last micro-batch's backward only (``schedules.py``
+  ``forward_backward_no_pipelining``: the others under ``no_sync``), the first bucket's
+  parameter all-gather issued in ``optimizer.zero_grad()`` at the step's start
+  (``optimizer/distrib_optimizer.py`` lines 1329-1337) and each next bucket's only in the
+  forward pre-hook of the bucket before it (lines 1454-1475: one at a time, "since we run
+  with CUDA_DEVICE_MAX_CONNECTIONS=1"), so the gather overlaps the first micro-batch's
+  forward alone. The 32B's mbs is the one setting the source leaves open that moves it;
+  Megatron-LM's earlier weak-scaling scripts (``examples/academic_paper_scripts/sc21/
+  run_table_1.sh``, the A100 table's) used one micro-batch per DP rank on its three smallest
+  rows (1.7B, 3.6B, 7.5B: MBS 16 = GBS / DP; 18B, PP 1 too, MBS 8 of 32), a precedent, not a
+  statement about these runs, so mbs 1 stays.
 """
 
 from __future__ import annotations
@@ -107,6 +130,17 @@ SEQ = 4096                 # README: "sequence length of 4096"
 #: The micro-batch size the source leaves out: Megatron-LM's GPT pre-training example at
 #: core_r0.8.0 (examples/gpt3/train_gpt3_175b_distributed.sh) passes --micro-batch-size 1
 MBS = 1
+#: Layers per virtual pipeline stage of the rows with PP > 1 (the interleaved schedule). The
+#: README (f2e5db40 line 66; core_r0.8.0 ``baf94af3c6`` line 64) overlaps "pipeline-parallel
+#: communication (enabled by default)": at core_r0.8.0 that is ``overlap_p2p_comm`` (default
+#: on, ``--no-overlap-p2p-communication``, megatron/training/arguments.py lines 1405-1407),
+#: which arguments.py turns off unless the schedule is interleaved (lines 271-277: "Setting
+#: args.overlap_p2p_comm to False since non-interleaved schedule does not support overlapping
+#: p2p communication"), so the PP rows ran the interleaved schedule. Its chunk size is not
+#: stated; 1 is the only ``--num-layers-per-virtual-pipeline-stage`` that divides every PP
+#: row's layers per stage (42, 23, 16, 12, 7: arguments.py lines 264-268 assert it divides
+#: them; 23 and 7 are prime, so 119B and 462B admit 1 or no interleaving at all).
+LAYERS_PER_VIRTUAL_STAGE = 1
 
 
 def rows(table=TABLE) -> list[dict]:
@@ -147,6 +181,9 @@ def config(row: dict, mbs: int = MBS) -> dict:
                 "overlap_grad_reduce": True, "overlap_param_gather": True, "schedule": "1f1b"}
     if tp > 1:
         parallel["tp_comm_overlap"] = "pipelined"
+    if pp > 1:   # PP communication overlapped: the interleaved schedule (LAYERS_PER_VIRTUAL_STAGE)
+        parallel["schedule"] = "interleaved"
+        parallel["virtual_pipeline_model_parallel_size"] = layers // pp // LAYERS_PER_VIRTUAL_STAGE
     model = {"name": row["model"], "architecture": "gpt", "num_hidden_layers": layers,
              "hidden_size": h, "num_attention_heads": heads, "intermediate_size": 4 * h,
              "vocab_size": VOCAB, "max_position_embeddings": SEQ, "tie_word_embeddings": False}
