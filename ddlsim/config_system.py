@@ -9,10 +9,10 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StrictBool, field_validator, model_validator
+from pydantic import BeforeValidator, Field, StrictBool, field_validator, model_validator
 
 from .config_types import (DTYPE_BYTES, Bandwidth, Bytes, DeviceId, Flops, Real, Seconds,
-                           _bounded, _Strict, count_type)
+                           _bounded, _Strict, count_type, reject_bool)
 from .errors import did_you_mean
 from .limits import check_bound
 from .registered import nccl_versions, node_fabrics, placements, registered, topologies
@@ -130,6 +130,13 @@ class DeviceSpec(_Strict):
     launch: LaunchSpec | None = Field(
         default=None, description="host and launch time per kernel (docs/compute.md); unset: "
                                   "kernels cost only their device time")
+    spare_cores: Annotated[int, BeforeValidator(reject_bool), Field(ge=0, le=1 << 20)] | None \
+        = Field(default=None, description="CPU cores a rank has beyond those its compute "
+                "threads fill, on which a host collective library's threads (Gloo's, MPI's) "
+                "can run beside the compute; 0: none, so the rank's collectives run on its "
+                "compute's cores and add to the compute instead of overlapping it "
+                "(ddlsim.simulator.hostcollectives); unset: collectives run on engines of "
+                "their own (a GPU's), beside the compute")
     host_link: LinkSpec | None = Field(
         default=None, description="the device's link from host memory (PCIe): bandwidth_Bps, "
                                   "the pinned host-to-device copy rate one device reaches "

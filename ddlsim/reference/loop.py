@@ -272,7 +272,8 @@ def loop_ranks(work: Path, model: LoopModel, n: int, runs: tuple[str, ...], stat
     from .accounting import account_run
     from .interleaved import measured_s
     from .machine import local_system
-    system = local_system(n, r_max, stream, _p2p(profile), memory_bytes() / n, when, classes)
+    system = local_system(n, r_max, stream, _p2p(profile), memory_bytes() / n, when, classes,
+                          cpu_cores())
     rows = []
     for cfg_path in _configs(work, model, n, runs, system):
         strategy = cfg_path.stem.split("-")[1]

@@ -39,7 +39,8 @@ NUMPY_STACK = {
 
 def local_system(ranks: int, gemm_flops_peak: float, stream_Bps: float, p2p: tuple[float, float],
                  memory_bytes: float, when: str,
-                 elementwise_efficiency: dict[str, float] | None = None) -> dict:
+                 elementwise_efficiency: dict[str, float] | None = None,
+                 cores: int | None = None) -> dict:
     """The ``system`` section of a run on ``ranks`` cores of this one machine.
 
     Parameters
@@ -61,6 +62,11 @@ def local_system(ranks: int, gemm_flops_peak: float, stream_Bps: float, p2p: tup
     elementwise_efficiency : dict, optional
         Kernel class → its measured rate over ``stream_Bps`` (:func:`.kernels.efficiencies`);
         None: every element-wise kernel at ``stream_Bps``.
+    cores : int, optional
+        The CPU cores the ranks may run on (:func:`.mpijobs.cpu_cores`): each rank computes
+        on one thread, so a rank has ``cores // ranks − 1`` spare cores for its collective
+        library's threads (``device.spare_cores``; 0: its collectives run on its compute's
+        core, :mod:`ddlsim.simulator.hostcollectives`). None: not stated.
 
     Returns
     -------
@@ -69,17 +75,21 @@ def local_system(ranks: int, gemm_flops_peak: float, stream_Bps: float, p2p: tup
     """
     latency_s, bw = p2p
     src = f"measured on this machine by benchmarks/closed_loop.py ({when})"
-    classes = {"elementwise_efficiency": dict(elementwise_efficiency)} \
+    facts = {"elementwise_efficiency": dict(elementwise_efficiency)} \
         if elementwise_efficiency else {}
+    if cores is not None:   # one compute thread per rank (numpy's BLAS, torch set to 1)
+        facts["spare_cores"] = max(0, cores // ranks - 1)
     return {
         "name": "this-machine", "nodes": 1, "devices_per_node": ranks,
         "device": {"name": "cpu-core", "peak_flops": {"fp32": gemm_flops_peak},
                    "memory_bytes": memory_bytes, "memory_bandwidth_Bps": stream_Bps,
-                   "matmul_efficiency": {"fp32": 1.0}, **classes,
+                   "matmul_efficiency": {"fp32": 1.0}, **facts,
                    "source": f"{src}: peak = the numpy GEMM plateau R_max of the compute "
                              "fit, bandwidth = numpy z = x + y on the gradient buffer's size"
                              + (", element-wise classes = the model's own numpy kernels "
-                                "(ddlsim/reference/kernels.py)" if classes else "")},
+                                "(ddlsim/reference/kernels.py)" if elementwise_efficiency else "")
+                             + (f"; spare_cores = {cores} usable cores // {ranks} ranks − 1 "
+                                "compute thread each" if cores is not None else "")},
         "intra_node": {"kind": "shared_memory", "bandwidth_Bps": bw, "latency_s": latency_s,
                        "source": f"{src}: MPI sendrecv fit: α of its first, 1/β of its last "
                                  "segment"},

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .mpijobs import check_job, memory_bytes, run_job
+from .mpijobs import check_job, cpu_cores, memory_bytes, run_job
 
 __all__ = ["TORCH_STACK", "torchrun", "gloo_sizes", "calibrate_gloo", "torch_system"]
 
@@ -171,7 +171,8 @@ def torch_system(n: int, doc: dict, r_max: float, profile: Path, statistic: str,
         prof = CalibrationProfile.load(profile)
         p2p = (prof.alpha_beta("gloo", "sendrecv", 0)[0],
                1.0 / prof.alpha_beta("gloo", "sendrecv", 2 ** 40)[1])
-    system = local_system(n, r_max, stream, p2p, memory_bytes() / n, when, classes)
+    system = local_system(n, r_max, stream, p2p, memory_bytes() / n, when, classes,
+                          cpu_cores())
     src = f"measured on this machine by ddlsim/reference/torch_job.py ({when})"
     system["device"]["source"] = (f"{src}: peak = the torch fp32 GEMM plateau R_max, "
                                   "bandwidth = torch.add(x, y, out=z) on the gradient "

@@ -58,6 +58,8 @@ def simulate_analytical(workload: Workload, cost: CostModel, *,
         (:meth:`~ddlsim.simulator.costs.CostModel.choice` key → label); with ``record_spans``,
         ``spans``: :class:`~ddlsim.simulator.result.Span` sorted by rank, stream and start.
     """
+    from ..hostcollectives import on_compute_cores
+    workload = on_compute_cores(workload, cost.system)  # a CPU rank's collectives: its cores
     programs, streams, choices = lower(workload, cost)
     st = State(len(programs), len(streams))
     if record_spans:

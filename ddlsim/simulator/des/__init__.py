@@ -53,6 +53,8 @@ def run_des(workload: Workload, cost: CostModel, topology: Topology | None = Non
     lets runs on idle links skip the flow machinery (exact, see :mod:`.express`);
     ``progress`` (a :class:`~.progress.Progress`) follows the run.
     """
+    from ..hostcollectives import on_compute_cores
+    workload = on_compute_cores(workload, cost.system)  # a CPU rank's collectives: its cores
     topo = topology if topology is not None else from_system(cost.system)
     devices = _placement(cost, topo)
     run = run_des_engine(workload, cost, topo, devices, record_spans=record_spans,
