@@ -106,3 +106,22 @@ def test_spare_cores_must_be_a_count(bad):
     doc["device"]["spare_cores"] = bad
     with pytest.raises(ValueError, match="spare_cores"):
         SystemConfig.model_validate(doc)
+
+
+def test_the_torch_loops_fsdp_run_loses_its_overlap_on_two_ranks_of_two_cores():
+    """The torch loop's FSDP2 run (ddlsim/reference/torch_loop.py) on the system its loop
+    builds: with one core a rank, the first backward gather (beside the head's backward) and
+    the last block's reduce-scatter (beside the embedding's) no longer hide; with a spare
+    core they do; both engines alike."""
+    import ddlsim
+    from ddlsim.reference.loop import SMALL
+    from ddlsim.reference.torch_loop import TORCH_STACK, torch_model, torch_run_config
+    ends = {}
+    for cores in (2, 4):
+        system = local_system(P, 1e11, 1e10, (1e-5, 1e9), 1e9, "a test", cores=cores)
+        system["software"] = TORCH_STACK
+        cfg = ddlsim.load_config(torch_run_config(torch_model(SMALL), P, "torch-fsdp", system))
+        ends[cores] = [ddlsim.predict(cfg, e).iteration_time_s for e in ("analytical", "des")]
+    for serial, overlapped in zip(ends[2], ends[4]):
+        assert serial > overlapped * 1.01
+    assert ends[2][1] == pytest.approx(ends[2][0], rel=1e-6)
