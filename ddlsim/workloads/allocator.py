@@ -243,6 +243,28 @@ _register(FrameworkMemory(
     pipeline_recv_buffers=True))
 
 
+_register(FrameworkMemory(
+    "fms-fsdp", logit_bytes=2 + 2 + 2 + 2, fsdp2=False, kept_root="edges",
+    reduce_bucket_elements=0,
+    sources={
+        "logit_bytes": "fms-fsdp ed74fd5d fms_fsdp/utils/train_utils.py lines 86-92: "
+                       "output = model(input) (fms 953ef99b fms/models/llama.py: the head's "
+                       "bf16 logits, no upcast), CrossEntropyLoss on them and loss.backward() "
+                       "with output still alive (deleted only from 5a296afe, 2025-07, 'free "
+                       "logits'): the bf16 logits, log_softmax's saved bf16 output, nll_loss's "
+                       "dense bf16 gradient and log_softmax's bf16 input gradient (4 x 2 B per "
+                       "logit at the backward's peak)",
+        "kept_root": "fms-fsdp ed74fd5d main_training.py lines 82-91: FSDP1 around the whole "
+                     "model with transformer_auto_wrap_policy on LLaMABlock: the embedding, "
+                     "final norm and head are the root unit, which FSDP1 never reshards "
+                     "after its forward",
+        "head_widths": "fms 953ef99b fms/models/llama.py: dec_norm (LayerNormParameterized: "
+                       "x * rsqrt(mean(x^2) + eps) * weight in torch ops) then the head, outside "
+                       "the checkpointed LLaMABlocks: the norm keeps its input and its output, "
+                       "the head's matmul its input, as torchtitan's (no tensor parallelism)"},
+    head_widths=(2, 1)))
+
+
 def framework(stack: str) -> FrameworkMemory:
     """The memory rules of the framework a software stack belongs to: the registered name
     that prefixes ``stack`` (the longest, should two).
