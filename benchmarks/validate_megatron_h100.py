@@ -27,9 +27,9 @@ one layer per virtual stage (:data:`LAYERS_PER_VIRTUAL_STAGE`, the only chunk th
 every PP row's layers per stage). Until 2026-11-30 the rows ran 1F1B without interleaving,
 whose bubble (70B 238 ms ... 462B 3.05 s) hid ddlsim's too-fast compute on those rows
 (70B +2.5 -> -9.7 %, 119B +3.8 -> -13.2 %, 177B +2.5 -> -13.9 %, 314B +2.0 -> -15.1 %,
-462B +9.8 -> -7.1 %; mean 9.3 -> 13.6 %). The error is ``predicted / published − 1`` of the iteration time
-(positive: ddlsim is too slow), the published time being Megatron's own FLOP count over the
-published TFLOP/s (the CSV's header).
+462B +9.8 -> -7.1 %; mean 9.3 -> 13.6 %). The error is ``predicted / published − 1`` of the
+iteration time (positive: ddlsim is too slow), the published time being Megatron's own FLOP
+count over the published TFLOP/s (the CSV's header).
 
 The stack's host waits at that code (``host_syncs`` in software.yaml,
 ddlsim/workloads/decoder/host_sync.py: the loss's NaN check and ``num_tokens.item()`` per
