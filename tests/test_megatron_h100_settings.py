@@ -63,10 +63,11 @@ def test_32b_data_parallel_time_is_over_its_line_rate_floor():
     rank 3.94e9 parameters (12·48·7168² + 2·131072·7168 + 4096·7168 over TP 8),
     reduce-scattered in fp32 (``--bf16`` forces it, arguments.py lines 300-305) and
     all-gathered in bf16, a ring sending 47/48 of each through the rank's NIC:
-    (15.75 + 7.88) GB · 47/48 / 50 GB/s = 0.463 s. Megatron-Core r0.8.0 overlaps the reduce-scatter with the last micro-batch's
-    backward only and the gather with the first's forward only (distrib_optimizer.py lines
-    1329-1337, 1454-1475), together at most one micro-batch's compute, a quarter of the
-    step's (4 micro-batches): the exposed DP time cannot be less than the rest."""
+    (15.75 + 7.88) GB · 47/48 / 50 GB/s = 0.463 s. Megatron-Core r0.8.0 overlaps the
+    reduce-scatter with the last micro-batch's backward only and the gather with the first's
+    forward only (distrib_optimizer.py lines 1329-1337, 1454-1475), together at most one
+    micro-batch's compute, a quarter of the step's (4 micro-batches): the exposed DP time
+    cannot be less than the rest."""
     params = (12 * 48 * 7168**2 + 2 * 131072 * 7168 + 4096 * 7168) / 8
     line_rate_s = params * (4 + 2) * 47 / 48 / 50e9
     assert line_rate_s == pytest.approx(0.463, abs=0.002)
