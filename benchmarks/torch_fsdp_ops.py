@@ -21,6 +21,7 @@ a Python call per op). Needs the torch extra.
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 import time
@@ -44,9 +45,12 @@ def _collective_timer(log: list):
     import torch.distributed as dist
 
     def wrap(name, fn):
-        def timed(output, inp, *args, **kwargs):
+        sig = inspect.signature(fn)
+
+        def timed(*args, **kwargs):
+            output, inp = list(sig.bind(*args, **kwargs).arguments.values())[:2]
             c0 = time.process_time()
-            out = fn(output, inp, *args, **kwargs)
+            out = fn(*args, **kwargs)
             nbytes = max(output.numel(), inp.numel()) * inp.element_size()  # nccl-tests'
             log.append((name, nbytes, output, inp, time.process_time() - c0))
             return out
