@@ -137,7 +137,8 @@ def stage_pieces(ctx, plans, coll_at, backend: str = "mpi") -> Pieces:
     _contention_seconds(ctx, distinct, seconds, backend)
     # 3. each distinct piece timed by the timing rule once, on arrays over every plan that
     # has it (element by element, as over each signature's plans apart)
-    out = {name: np.zeros(len(plans)) for name in Pieces._fields}
+    # a piece no plan of a signature reads (:func:`_wanted`) is not built: NaN there
+    out = {name: np.full(len(plans), np.nan) for name in Pieces._fields}
     for k, (instrs, colls, users) in enumerate(distinct):
         timed = with_collectives(instrs, colls, lambda c: seconds[_key(k, c)])
         ends = stream_ends(timed, len(shared[k]))[0]
@@ -160,12 +161,17 @@ def _built_pieces(ctx, plans, groups: list[np.ndarray]) -> tuple[list, list[floa
     backward, the embedding and the head's forward)."""
     kernels: dict = {}
     timed: dict = {}
+    by_id: dict[int, tuple] = {}
     sections: dict = {}
     lowered: dict[tuple, list] = {}
 
     def compute_s(op) -> float:   # as CostModel.compute times it, once per distinct op
-        # one dict cell per op, filled on first use: the op (a nested frozen dataclass,
-        # hashed afresh on every lookup) is hashed once per call, not twice on a miss
+        # an op object met again (a loop's body repeated, a payload shared by pieces) is
+        # found by identity, kept alive in its entry so no other object takes its id; a new
+        # object by value (a nested frozen dataclass, hashed afresh on every lookup)
+        hit = by_id.get(id(op))
+        if hit is not None:
+            return hit[1]
         got = timed.setdefault(op, [])
         if not got:
             if op.seconds is not None:
@@ -174,6 +180,7 @@ def _built_pieces(ctx, plans, groups: list[np.ndarray]) -> tuple[list, list[floa
                 got.append(contention_seconds(op, ctx.dev, 0))
             else:
                 got.append(op_time(op, ctx.dev, memo=kernels))
+        by_id[id(op)] = (op, got[0])
         return got[0]
 
     p2p_bytes = []
@@ -185,8 +192,11 @@ def _built_pieces(ctx, plans, groups: list[np.ndarray]) -> tuple[list, list[floa
         cfg = piece_config(ctx.cfg, tp, sp, mbs, recompute, zero, sections=sections)
         sb = StageBuilder.from_config(cfg, ctx.shape)
         keys = _piece_keys(sb, mbs, tp, sp, recompute, zero)
+        wanted = _wanted(plans["pp"][index], zero)
         flops = {}
         for name, make in _PIECES.items():
+            if name not in wanted:
+                continue
             entry = built.get(keys[name])
             if entry is None:   # not built for a signature that shares the fields it reads
                 ops = tuple(make(sb))
@@ -202,6 +212,23 @@ def _built_pieces(ctx, plans, groups: list[np.ndarray]) -> tuple[list, list[floa
         p2p_bytes.append((sb.part.boundary(sb.act_bytes)[0],
                           *(flops[name] for name in _GEMM_PIECES)))
     return [entry[:3] for entry in lowered.values()], p2p_bytes
+
+
+def _wanted(pp: np.ndarray, zero: int) -> set[str]:
+    """The pieces some plan of a signature reads, given its plans' pipeline sizes ``pp``
+    and its ZeRO stage: the embedding forward and backward of a PP = 1 rank (``emb1``,
+    ``emb_b1``) where a plan has one stage (ZeRO-3's root unit reads ``emb_b1`` on every
+    ZeRO-3 plan), the last stage's batch loading and the first stage's embedding backward
+    without the head (``load_l``, ``emb_b``) where a plan has several; the rest always
+    (``emb``'s GEMM FLOPs count on every first stage). A grid's signatures mostly hold
+    plans of one kind only (the speed grid's 106: 51 with PP = 1, 55 without)."""
+    one, many = bool((pp == 1).any()), bool((pp > 1).any())
+    wanted = set(_PIECES)
+    if not one:
+        wanted -= {"emb1"} if zero == 3 else {"emb1", "emb_b1"}
+    if not many:
+        wanted -= {"load_l", "emb_b"}
+    return wanted
 
 
 #: The pieces whose GEMM FLOPs :class:`Pieces` carries (``fwd_gemm``, ``bwd_gemm``,

@@ -56,27 +56,32 @@ def lower_ops(ops: Sequence, compute_s: Callable[[Compute], float]
     out: list[Instr] = []
     colls: list[Collective | Compute | None] = []
     for op in lean:
-        p, k = op.payload, op.repeat
+        p, k, kind = op.payload, op.repeat, type(op.payload)
         sid = streams.setdefault(op.stream, len(streams))
         symbol = None
-        if isinstance(p, P2P):
+        # each Instr as a full tuple of its fields (code, stream, deps, dur, label, flops,
+        # nbytes, peer, group, target): faster than its keywords, once per op of a grid
+        if kind is Compute and not _symbolic(p):
+            label = "optimizer" if p.kind == "optimizer" else "compute"
+            fields = (COMPUTE, sid, op.deps, k * compute_s(p), label, k * p.flops, 0.0)
+        elif kind is Compute:
+            # overlapped GEMMs' extra time, which depends on the collectives' (per plan)
+            fields = (COMPUTE, sid, op.deps, float(k), "compute", k * p.flops, 0.0)
+            symbol = p
+        elif kind is Collective:
+            fields = (COLL, sid, op.deps, float(k), p.group, 0.0, k * p.bytes)
+            symbol = p
+        elif kind is Wait:
+            target = streams.setdefault(p.stream, len(streams))
+            out.append(_new_instr((WAIT, sid, op.deps, 0.0, "", 0.0, 0.0, None, None, target)))
+            colls.append(None)
+            continue
+        elif kind is P2P:
             raise ValueError(f"op {p.name!r}: point-to-point ops are timed by the pipeline's "
                              "closed form, not in a block of arrays")
-        if isinstance(p, Collective):
-            out.append(Instr(COLL, sid, op.deps, float(k), p.group, nbytes=k * p.bytes))
-            symbol = p
-        elif isinstance(p, Compute) and _symbolic(p):
-            # overlapped GEMMs' extra time, which depends on the collectives' (per plan)
-            out.append(Instr(COMPUTE, sid, op.deps, float(k), "compute", flops=k * p.flops))
-            symbol = p
-        elif isinstance(p, Compute):
-            label = "optimizer" if p.kind == "optimizer" else "compute"
-            out.append(Instr(COMPUTE, sid, op.deps, k * compute_s(p), label, flops=k * p.flops))
-        elif isinstance(p, Wait):
-            target = streams.setdefault(p.stream, len(streams))
-            out.append(Instr(WAIT, sid, op.deps, 0.0, "", target=target))
         else:
-            raise TypeError(f"unexpected op payload {type(p).__name__}")
+            raise TypeError(f"unexpected op payload {kind.__name__}")
+        out.append(_new_instr(fields + (None, None, -1)))
         colls.append(symbol)
     return _share_concurrent(out, lean), tuple(colls)
 
@@ -113,16 +118,19 @@ def stream_ends(instrs: Sequence[Instr], n: int) -> tuple[np.ndarray, np.ndarray
     # a time stays a float until an array (a collective's seconds per plan) reaches it: the
     # same values element by element, without an array operation per instruction where
     # every plan has the same time (the compute ops before a block's first collective)
+    # (:func:`_latest` written out where both times are floats: one call fewer per read)
     free: dict[int, float | np.ndarray] = {}
     ends: list[float | np.ndarray] = []
-    for ins in instrs:
+    for code, stream, deps, dur, *_, target in instrs:
         ready = 0.0
-        for d in ins.deps:
-            ready = _latest(ready, ends[d])
-        if ins.code == WAIT:
-            ready = _latest(ready, free.get(ins.target, 0.0))
-        end = _latest(ready, free.get(ins.stream, 0.0)) + ins.dur
-        free[ins.stream] = end
+        for d in deps:
+            e = ends[d]
+            ready = ((ready if ready >= e or ready != ready else e)
+                     if type(e) is float and type(ready) is float else _latest(ready, e))
+        if code == WAIT:
+            ready = _latest(ready, free.get(target, 0.0))
+        end = _latest(ready, free.get(stream, 0.0)) + dur
+        free[stream] = end
         ends.append(end)
     last = 0.0
     for f in free.values():

@@ -129,20 +129,23 @@ class _Lowering:
 
     def partners(self, group: str, rep: int) -> frozenset | None:
         """The classes of ``rep``'s group of family ``group`` when there are several: found
-        for every class's representative at once, once per family."""
+        for every class's representative at once, once per family (None for a group within
+        one class, most of them: a stage's TP groups, without a set built)."""
         sets = self._sets.get(group)
         if sets is None:
             reps = [int(c.ranks[0]) for c in self.workload.classes]
-            if rep not in reps:
-                reps.append(rep)
-            rows = self.workload.groups[group].members[self.inverse(group)[0][reps]]
-            sets = self._sets[group] = {
-                r: frozenset(row) for r, row in zip(reps, self.class_of[rows].tolist())}
-        parts = sets.get(rep)
-        if parts is None:   # (a rank not a class's representative: never asked by lower)
-            parts = sets[rep] = frozenset(self.class_of[
-                self.workload.groups[group].members[self.inverse(group)[0][rep]]].tolist())
-        return parts if len(parts) > 1 else None
+            sets = self._sets[group] = self._partner_sets(group, reps)
+        if rep not in sets:   # (a rank not a class's representative: never asked by lower)
+            sets.update(self._partner_sets(group, [rep]))
+        return sets[rep]
+
+    def _partner_sets(self, group: str, reps: list[int]) -> dict[int, frozenset | None]:
+        """Per rank of ``reps``, the classes of its group of family ``group``, or None when
+        they are one."""
+        rows = self.class_of[self.workload.groups[group].members[self.inverse(group)[0][reps]]]
+        alone = (rows == rows[:, :1]).all(axis=1).tolist()
+        return {r: None if one else frozenset(row)
+                for r, one, row in zip(reps, alone, rows.tolist())}
 
     def block(self, ci: int, rep: int, block) -> tuple[tuple[Instr, ...], int]:
         """``block``'s instructions as class ``ci`` (representative rank ``rep``) runs it,
