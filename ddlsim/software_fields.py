@@ -94,12 +94,15 @@ class KernelSpec(_Strict):
     fused_bias_dropout_add: StrictBool | None = None
     fused_layernorm: StrictBool | None = None
     fused_rope: StrictBool | None = None
-    rope_form: Literal["rotate_half", "complex"] | None = Field(
+    rope_form: Literal["rotate_half", "complex", "real_matrix"] | None = Field(
         default=None, description="how an unfused rotary embedding runs, per q and per k: "
                                   "rotate_half (t*cos + rotate_half(t)*sin: 5 kernels, 11d "
-                                  "per element; Megatron) or complex (view_as_complex of an "
+                                  "per element; Megatron), complex (view_as_complex of an "
                                   "fp32 copy times freqs_cis, cast back: 3 kernels, 2d + 16 "
-                                  "B; torchtitan); simulator/kernels/elementwise.py")
+                                  "B; torchtitan) or real_matrix (each fp32 pair times a "
+                                  "2 x 2 real matrix, broadcast, summed over the pair, cast "
+                                  "back: 4 kernels, 2d + 32 B; IBM fms); "
+                                  "simulator/kernels/elementwise.py")
     fused_norm_backward: Literal["one_kernel", "two_kernels"] | None = Field(
         default=None, description="a fused norm's backward: one_kernel (the input gradient "
                                   "and the weight's partial sums in one pass, 3d: "

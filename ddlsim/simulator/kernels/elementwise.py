@@ -19,7 +19,10 @@ bias-GeLU / SwiGLU     read y (gate and up), write y:  bias add 2 (with a bias) 
 RoPE on q, then on k   read, write: 2                  rotate_half: ·cos 2, rotate-half (negate 2,
                                                        concatenate 2), ·sin 2, add 3: 11; complex
                                                        (torchtitan): upcast, complex multiply in
-                                                       fp32, cast back: 3 kernels, 2 + 16/d
+                                                       fp32, cast back: 3 kernels, 2 + 16/d;
+                                                       real_matrix (fms): upcast, broadcast
+                                                       multiply by 2 × 2 matrices, sum over the
+                                                       pair, cast back: 4 kernels, 2 + 32/d
 =====================  ==============================  ==========================================
 
 The unfused RMSNorm is the composite torch runs in eager mode, torchtitan's
@@ -107,10 +110,10 @@ ELEMENTWISE_CLASSES = {
     "fused_layernorm": "a fused LayerNorm of a two-kernel library (torch's layer_norm kernel, "
                        "apex's), forward",
     "fused_layernorm_backward": "its backward's two kernels",
-    "rope_upcast": "the complex rotary embedding's bf16 -> fp32 copy (xq.float(); in the "
-                   "backward the cast back's gradient), torch's non-vectorised "
-                   "unrolled_elementwise_kernel (rope_classes)",
-    "rope_complex_mul": "its complex multiply by the broadcast freqs_cis (forward and "
+    "rope_upcast": "the complex and real-matrix rotary embeddings' bf16 -> fp32 copy "
+                   "(xq.float(); in the backward the cast back's gradient), torch's "
+                   "non-vectorised unrolled_elementwise_kernel (rope_classes)",
+    "rope_complex_mul": "the complex form's multiply by the broadcast freqs_cis (forward and "
                         "backward), torch's strided elementwise_kernel",
     "repeat_kv": "K's and V's repeat to the query heads before the attention core, not "
                  "compiled: torchtitan's expand + reshape, a broadcast copy (torch's strided "
@@ -265,13 +268,24 @@ def rope_passes(fused: bool, form: str, dtype_bytes: float) -> list[float]:
       ``freqs_cis``, ``view_as_real``, ``type_as(xq)``): the upcast (read ``d``, write 4), the
       complex multiply in fp32 (read 4, write 4; ``freqs_cis``, ``s × d/2`` broadcast over the
       batch and heads, not counted), the cast back (read 4, write ``d``): ``2d + 16``, 20 B
-      in bf16, where fp32 training (``d`` = 4) has no casts.
+      in bf16, where fp32 training (``d`` = 4) has no casts;
+    * ``real_matrix`` (IBM fms's ``RotaryEmbedding.adjusted_qk``, "avoids complex numbers,
+      and so can be used with torch.compile"): ``q.float().view(..., d/2, 2)``, then
+      ``freqs[..., None, :, :, :].mul(q_.unsqueeze(-2))``, each pair times its position's
+      2 × 2 rotation (the fp32 ``[b, s, 1, d/2, 2, 2]`` table, broadcast over the heads, not
+      counted): read 4, write two fp32 products per element, 8; ``.sum(5)`` over the pair:
+      read 8, write 4; ``.flatten(3).type_as(q)``: read 4, write ``d``. With the upcast,
+      ``2d + 32``, 36 B in bf16; in fp32 ``.float()`` and ``type_as`` return their input (no
+      kernel). Not counted: the five tiny kernels each call runs once for q and k together
+      (``arange(s).repeat(b, 1)`` for the positions, ``max`` of their first column and its
+      ``+ s``, the table's gather ``cached_freqs[position_ids]``, ``b·s·d·8`` B each way: under
+      2 % of the form's bytes at 32 heads).
 
     Parameters
     ----------
     fused : bool
         the stack's ``fused_rope``.
-    form : {"rotate_half", "complex"}
+    form : {"rotate_half", "complex", "real_matrix"}
         the stack's ``rope_form``.
     dtype_bytes : float
         bytes per element (B).
@@ -285,26 +299,37 @@ def rope_passes(fused: bool, form: str, dtype_bytes: float) -> list[float]:
     ----------
     microsoft/Megatron-DeepSpeed 1bcd14d ``megatron/model/rotary_pos_embedding.py``
     ``apply_rotary_pos_emb``; pytorch/torchtitan 9dec370 ``torchtitan/models/llama/model.py``
-    ``apply_rotary_emb`` (lines 108-113).
+    ``apply_rotary_emb`` (lines 108-113); foundation-model-stack/foundation-model-stack
+    953ef99b ``fms/modules/positions.py`` ``RotaryEmbedding.adjusted_qk`` (lines 213-268).
     """
     d = dtype_bytes
+    casts = d < 4
     if fused:
         return [2 * d]
-    if form == "complex":
-        return ([d + 4] if d < 4 else []) + [8.0] + ([4 + d] if d < 4 else [])
+    if form in _ROPE_PRODUCTS:
+        return ([d + 4] if casts else []) + _ROPE_PRODUCTS[form] + ([4 + d] if casts else [])
     return [p * d for p in (2, 2, 2, 2, 3)]
+
+
+#: the fp32 kernels between the upcast and the cast back of an unfused rotary embedding's
+#: form (:func:`rope_passes`), bytes per element of q (or k): torchtitan's complex multiply;
+#: fms's broadcast multiply (two fp32 products an element) and its sum over the pair
+_ROPE_PRODUCTS = {"complex": [8.0], "real_matrix": [12.0, 12.0]}
 
 
 def rope_classes(fused: bool, form: str, dtype_bytes: float) -> list[str]:
     """The class of each kernel :func:`rope_passes` gives (same arguments;
-    :data:`ELEMENTWISE_CLASSES`): torchtitan's complex form's upcast ``rope_upcast`` and its
-    complex multiply ``rope_complex_mul`` (its cast back, a vectorised copy, none); a fused
-    kernel and the rotate-half form's kernels none."""
+    :data:`ELEMENTWISE_CLASSES`): the upcast of the complex and real-matrix forms
+    ``rope_upcast`` (the same ``.float()`` copy of a contiguous bf16 tensor), torchtitan's
+    complex multiply ``rope_complex_mul`` (the cast back, a vectorised copy, none); fms's
+    broadcast multiply and pair sum none (no device has measured them), nor a fused kernel
+    or the rotate-half form's kernels."""
     n = len(rope_passes(fused, form, dtype_bytes))
-    if fused or form != "complex":
+    if fused or form not in _ROPE_PRODUCTS:
         return [""] * n
     casts = dtype_bytes < 4
-    return (["rope_upcast"] if casts else []) + ["rope_complex_mul"] + ([""] if casts else [])
+    products = ["rope_complex_mul"] if form == "complex" else [""] * len(_ROPE_PRODUCTS[form])
+    return (["rope_upcast"] if casts else []) + products + ([""] if casts else [])
 
 
 def qk_norm_kernels(shape: Any, b: float, s: float, t: int, dtype_bytes: float, sw: Any,

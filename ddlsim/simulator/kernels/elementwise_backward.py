@@ -29,9 +29,16 @@ RoPE                   a linear map of q and k with constant coefficients: its b
                        runs the transposed map over the gradient, the forward's passes
                        again (torchtitan's complex form: the upcast, the multiply by
                        ``conj(freqs_cis)`` after a ``conj`` kernel over the frequencies, the
-                       cast back, per tensor; TransformerEngine's fused kernel,
-                       ``fused_rope.cu`` ``fused_rope_block_backward``: read the output
-                       gradient, write the input's: 2d)
+                       cast back, per tensor; fms's real-matrix form: the upcast, ``mul``
+                       by the real matrices (``MulBackward0``: ``grad * other.conj()``, a
+                       no-op conj on a real tensor) over the broadcast ``[…, 2, 2]``
+                       shape, then its sum over the input's broadcast dimension (torch
+                       2.13's profiler on CPU: ``aten::mul`` over ``[…, 2, 2]`` and
+                       ``aten::sum`` under each ``MulBackward0``), the cast back, per
+                       tensor: the forward's bytes, 2d + 32;
+                       TransformerEngine's fused kernel, ``fused_rope.cu``
+                       ``fused_rope_block_backward``: read the output gradient, write the
+                       input's: 2d)
 =====================  ==================================================================
 
 Measured (PyTorch 2.11, one H200: the Kineto trace of
@@ -279,7 +286,8 @@ def rope_backward_bytes(shape: Any, b: float, s: float, t: int, dtype_bytes: flo
     unfused) each tensor's complex multiply's backward, ``grad * freqs_cis.conj()``, first
     conjugates the frequencies in a kernel of its own (``conj_kernel_cuda`` over the ``s ×
     d/2`` complex64 ``freqs_cis``, read and written; the H200 trace of torch 2.11 launches it
-    under each ``MulBackward0``).
+    under each ``MulBackward0``); fms's real-matrix form (``real_matrix``) conjugates a
+    real table, which launches nothing: the forward's kernels.
 
     Returns
     -------
