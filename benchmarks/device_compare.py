@@ -31,8 +31,12 @@ positive where ddlsim is slower, as :func:`ddlsim.calibration.gemm_overhead.gemm
   ``sync.json`` beside ``SYNC_WAKE_S`` (ddlsim/workloads/decoder/moe_host.py), and the
   per-chunk copies of ``launch.csv`` beside one eager copy op.
 
-It ends with one summary line per part (the GEMMs' from the kernel model; launch's from the
-four facts). Nothing is fitted here; the output depends only on the files and the preset.
+Before its end it prints the signed error by kernel class (:func:`by_class`: GEMMs by dtype
+and by whether the power limit's sustained cap or the shape model times them, attention by
+backend, head dim and pass, the backward as forward + backward less the forward, memory
+kernels by ddlsim's class), which says whether a class leans fast or slow. It ends with one
+summary line per part (the GEMMs' from the kernel model; launch's from the four facts).
+Nothing is fitted here; the output depends only on the files and the preset.
 """
 
 from __future__ import annotations
@@ -390,6 +394,83 @@ def _json(path: Path) -> dict | None:
     return None
 
 
+# ---- signed error by class -------------------------------------------------------------
+
+def gemm_class(p: GemmPoint, dev, variant: str = "") -> str:
+    """``p``'s class: its dtype and what bounds ddlsim's time of it, the power limit's
+    sustained cap (``at the cap``: a large GEMM, ``device.power_limits``) or the burst shape
+    model below it (``below the cap``: fixed costs, quantisation, a skinny shape)."""
+    rate = dev.sustained_rate(p.dtype)
+    k = Kernel("gemm", (p.m, p.n, p.k), p.batch, dtype=p.dtype, variant=variant)
+    capped = rate is not None and kernel_time(k, dev) <= p.flops / (dev.peak_flops(p.dtype)
+                                                                    * rate) * (1 + 1e-9)
+    return f"gemm {p.dtype} {'at the cap' if capped else 'below the cap'}"
+
+
+def _gemm_by_class(rows: list[dict], dev) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for (_, _, dtype), pts in gemm_groups(rows)[0].items():
+        variant = GEMM_DTYPES.get(dtype, ("", ""))[1]
+        for p in pts:
+            out.setdefault(gemm_class(p, dev, variant), []).append(
+                gemm_kernel_s(p, dev, variant) / p.seconds - 1.0)
+    return out
+
+
+def _attention_by_class(rows: list[dict], dev) -> dict[str, list[float]]:
+    """Errors by backend, head dim and pass: the forward, the backward (forward + backward
+    less the forward, measured and predicted alike) and the two together."""
+    out: dict[str, list[float]] = {}
+    for r in rows:
+        kind = ATTENTION_KERNEL.get(r["backend"])
+        fwd, both = _finite(r["fwd_s"]), _finite(r["fwd_bwd_s"])
+        if kind is None or fwd is None or both is None or both <= fwd:
+            continue
+        b, h, s, d = (int(r[c]) for c in ("b", "heads", "seq", "head_dim"))
+        p_fwd, p_both = (attention_s(kind, b, h, s, d, dev, bwd) for bwd in (False, True))
+        for name, pred, meas in (("fwd", p_fwd, fwd), ("bwd", p_both - p_fwd, both - fwd),
+                                 ("fwd+bwd", p_both, both)):
+            out.setdefault(f"attention {r['backend']} d{d} {name}", []).append(pred / meas - 1)
+    return out
+
+
+def memory_class(name: str) -> str:
+    """The ddlsim kernel class(es) of memory kernel ``name``'s counterpart (``stream``: the
+    plain streaming bandwidth; ``optimizer``: the optimizer's roofline op)."""
+    make, _ = MEMORY_COUNTERPARTS[name]
+    if not callable(make):
+        return "optimizer"
+    return "+".join(sorted({k.variant or "stream" for k in make(1.0, 1.0, SOFTMAX)}))
+
+
+def _memory_by_class(rows: list[dict], dev, softmax: str) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for r in rows:
+        el, hidden = float(r["elements"]), float(r.get("hidden") or 0) or 1.0
+        meas, got = _finite(r["seconds"]), memory_s(r["kernel"], el, hidden, dev, softmax)
+        if meas is not None and got is not None:
+            out.setdefault(f"memory {memory_class(r['kernel'])}", []).append(got[0] / meas - 1)
+    return out
+
+
+def by_class(folder: Path, dev, softmax: str = SOFTMAX) -> dict[str, dict]:
+    """Print and return :func:`stats` of the errors by kernel class: GEMMs by dtype and by
+    what bounds ddlsim's time (:func:`gemm_class`), attention by backend, head dim and pass,
+    memory kernels by ddlsim's class (:func:`memory_class`). The signed mean says which way
+    each class leans (negative: ddlsim faster than measured)."""
+    parts = {"gemm": lambda rows: _gemm_by_class(rows, dev),
+             "attention": lambda rows: _attention_by_class(rows, dev),
+             "memory": lambda rows: _memory_by_class(rows, dev, softmax)}
+    out: dict[str, dict] = {}
+    print("Signed error by class (ddlsim / measured - 1; negative: ddlsim faster)")
+    for part, run in parts.items():
+        rows = read_rows(folder / f"{part}.csv")
+        for label, errs in sorted((run(rows) if rows is not None else {}).items()):
+            out[label] = stats(errs)
+            print("  " + stats_line(label, out[label]))
+    return out
+
+
 # ---- main ------------------------------------------------------------------------------
 
 def compare(folder: Path, system, show_rows: bool = False) -> dict[str, dict]:
@@ -423,6 +504,9 @@ def compare(folder: Path, system, show_rows: bool = False) -> dict[str, dict]:
                                                   for r in rows)
     print()
     summary["launch"] = stats(compare_launch(folder, system.device.launch, dev))
+    print()
+    summary["by_class"] = by_class(folder, dev,
+                                   resolve_software(system.software).softmax_dispatch)
     print("\nSummary (ddlsim / measured - 1)")
     for part in PARTS:
         s = summary.get(part, {"n": 0})
