@@ -54,7 +54,13 @@ What was checked against the source (core_r0.8.0, ``baf94af3c6``; 2026-11-29):
   shape model (the h x h projection's 673-686; OpenXLA's sm_90 table measures 4096x4096x2048
   at 739), all but the projection's capped at the 700 W sustained rate, 708 TFLOP/s, the
   rate of the 462B's GEMMs too: nothing in the GEMM model, nor in the published kernel tables
-  it is checked against, makes h = 2,048 much slower.
+  it is checked against, makes h = 2,048 much slower. On the lent H200 (the same GH100 die,
+  clocks and limit; 2026-11-30) a saturated back-to-back sweep holds such GEMMs at 626-678
+  TFLOP/s (``benchmarks/device_compare.py``: ddlsim's GEMMs at the cap 5.4 % fast in bf16),
+  but the GPU's own training step ran its GEMMs at 758 on average, ddlsim 7 % slow there
+  (``benchmarks/kineto_vs_ddlsim.py``): a step does not saturate the board, and the cap stays
+  (docs/compute.md, "Sustained clocks"); lowered to the sweep's 0.680 it would read these rows
+  12.2 -> 11.3 %.
 * Costs found uncharged or under-charged, each small (1.7B row, per iteration): the input
   embedding's backward (a dense ``[V/t, h]`` bf16 gradient, then
   ``param.main_grad.add_(param.grad)`` in the DDP hook, ``distributed_data_parallel.py`` line
