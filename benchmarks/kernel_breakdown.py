@@ -211,7 +211,11 @@ def summary(records: list[dict]) -> list[dict]:
 
 
 def _kind(name: str, k) -> str:
-    """The breakdown kind of kernel ``k`` of op ``name`` (``k`` None: an op without kernels)."""
+    """The breakdown kind of kernel ``k`` of op ``name`` (``k`` None: an op without kernels):
+    ZeRO-3's and FSDP's memory passes around their collectives (``zero3.*``: FSDP1's flat
+    gradient ``cat`` and divisions, FSDP2's casts and copies) apart from the layers' own."""
+    if name.startswith("zero3."):
+        return "FSDP / ZeRO-3 memory passes (any stream)"
     if k is None:
         return "optimizer" if "optim" in name or name == "update" else \
             "copies and other (no kernels)"

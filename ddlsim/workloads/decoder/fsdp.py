@@ -121,14 +121,18 @@ def fsdp_unit(b: Any, ops: list, params: float, gather: bool, reduce: bool,
 
 def _with_grads(b: Any, unit: Any, shards: list, backward: bool) -> Any:
     """``unit`` with, in the backward, its ``shards``' (group, 16-bit bytes) gradients
-    reduce-scattered in the reduce dtype (and all-reduced over HSDP's replicas), and FSDP2's
-    passes (:mod:`.fsdp2_passes`) over what it gathers and reduces. A group of one rank
-    gathers and reduce-scatters nothing: FSDP2 casts and copies in its place."""
+    reduce-scattered in the reduce dtype (and all-reduced over HSDP's replicas), with FSDP1's
+    passes over them (:mod:`.fsdp1_passes`) or FSDP2's (:mod:`.fsdp2_passes`) over what it
+    gathers and reduces. A group of one rank gathers and reduce-scatters nothing: FSDP2
+    casts and copies in its place."""
     if backward:
         unit.reduces = [(g, x * b.gdt / b.dt) for g, x in shards if _size(b, g) > 1]
         if b.plan.hsdp_replicas > 1:    # HSDP (.hsdp)
             from .hsdp import replica_reduces
             unit.replica_reduces = replica_reduces(unit.reduces, b.gdp)
+        if b.sw.zero3_implementation == "torch_fsdp":     # FSDP1's (.fsdp1_passes)
+            from .fsdp1_passes import add_grad_passes
+            add_grad_passes(b, unit, shards, lambda g: _size(b, g))
     if not b.sw.zero3_copy_out:
         return unit
     from .fsdp2_passes import reduce_passes, unshard_passes

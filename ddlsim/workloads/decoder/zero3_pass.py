@@ -3,8 +3,8 @@ the gathers and reduce-scatters sharing the ``dp`` stream in issue order, the ho
 under per-tensor gathers, FSDP2's hooks on the host (:func:`.fsdp2_passes.hook_seconds`;
 on a GPU the host runs ahead of the device, an eager block's own ops on it too,
 :mod:`.eager_host`) and the gradients' memory passes (the rules in :mod:`.zero3`'s
-docstring; :mod:`.zero3` cuts the units, :mod:`.zero3_edges` and :mod:`.fsdp_edges` add the
-edge units)."""
+docstring; FSDP1's on its post-backward stream, :mod:`.fsdp1_passes`; :mod:`.zero3` cuts
+the units, :mod:`.zero3_edges` and :mod:`.fsdp_edges` add the edge units)."""
 
 from __future__ import annotations
 
@@ -66,6 +66,8 @@ def zero3_pass(b: StageBuilder, head: list, units: list[_Unit], prefetch: int) -
         last, rs, device = p.reduce(j, waits + before)
         before = rs if p.synced else ()
         issued = p.next_gathers(j, (last,) + before, device)
+    if p.posted:   # FSDP1's final callback: the compute stream waits for its passes
+        p.ops.append(Op(Wait("fsdp1.post_backward", p.pass_stream)))
     return p.ops
 
 
@@ -80,6 +82,13 @@ class _Pass:
         self.pending: dict[int, tuple[int, ...]] = {}
         self.deferred: set[int] = set()
         self.synced = b.sw.zero3_gather == "per_tensor"
+        #: the stream of the gradients' memory passes around the reduce-scatters: FSDP1's
+        #: post-backward stream (:data:`.fsdp1_passes.POST_BACKWARD_STREAM`), else ``dp``
+        from .fsdp1_passes import POST_BACKWARD_STREAM
+        self.pass_stream = (POST_BACKWARD_STREAM if b.sw.zero3_implementation == "torch_fsdp"
+                            else "dp")
+        #: whether a pass was laid on :attr:`pass_stream` apart from ``dp``
+        self.posted = False
         #: elements a unit may hold gathered before its pre-hook refuses a prefetch (0: none)
         self.cap = b.sw.zero3_max_live_parameters if b.sw.zero3_gather != "per_layer" else 0
         #: FSDP2's hooks run Python on the host per unit (:func:`.fsdp2_passes.hook_seconds`)
@@ -219,7 +228,7 @@ class _Pass:
         last = dep = self.host("fsdp2.post_hook", self.hook(unit, True), (len(ops) - 1,))[0]
         if unit.reduce_passes:
             dep = self._elementwise("zero3.reduce_passes", unit.reduce_passes,
-                                    "compute" if self.synced else "dp", (last,))
+                                    "compute" if self.synced else self._passes(), (last,))
             last = dep if self.synced else last
         # the host issues the reduce-scatters from the gradient hooks while the unit computes
         # (once it has launched it: after its gathers and the reduce-scatters before it);
@@ -246,9 +255,14 @@ class _Pass:
             from .hsdp import replica_ops
             ops += replica_ops([n for _, n in unit.replica_reduces], tuple(rs))
         if unit.after_reduce:
-            self._elementwise("zero3.after_reduce", unit.after_reduce, "dp",
+            self._elementwise("zero3.after_reduce", unit.after_reduce, self._passes(),
                               tuple(rs) or (dep,))
         return tuple(rs)
+
+    def _passes(self) -> str:
+        """The stream of a gradients' memory pass (:attr:`pass_stream`), noting its use."""
+        self.posted = self.posted or self.pass_stream != "dp"
+        return self.pass_stream
 
     def _reduce_ahead(self, j: int) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
         """:meth:`reduce` where the host runs ahead (FSDP2 on a GPU): the post-hook once the
