@@ -54,7 +54,8 @@ class Pieces(NamedTuple):
     ``fwd_gemm``/``bwd_gemm``/``emb_gemm``/``head_gemm``: FLOPs of the GEMMs of one layer's
     forward and backward, of the embedding and of the head's forward
     (:func:`~ddlsim.workloads.smcontention.gemm_flops`), which lose SMs beside overlapped
-    data-parallel collectives.
+    data-parallel collectives. A piece no plan of its signature reads (``emb1``, ``emb_b1``,
+    ``load_l``, ``emb_b``: :func:`_wanted`) is not built and NaN there.
     """
 
     fwd: np.ndarray
