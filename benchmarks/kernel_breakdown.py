@@ -84,6 +84,8 @@ def row_kernels(row: dict, backward: bool) -> tuple:
     from ddlsim.workloads.trace import Kernel
     cfgx, x = json.loads(row["config"]), int(row["x_value"])
     name, prov = row["kernel_name"], row["provider"]
+    if name == "rope":                      # its backward: the forward's passes again
+        return _rope_kernels(cfgx, x)
     if name == "megatron_cross_entropy":
         n = cfgx["S"] * cfgx["B"] * x
         return loss_kernels(n, 2, prov == "megatron-fused", backward)
@@ -103,6 +105,21 @@ def row_kernels(row: dict, backward: bool) -> tuple:
         n = cfgx["M"] * x
     ks = tuple(Kernel("memory", bytes=p * n, variant=cls) for p in per)
     return backward_kernels(ks) if backward else ks
+
+
+def _rope_kernels(cfgx: dict, x: int) -> tuple:
+    """ddlsim's kernels of Liger's rope rows: transformers' ``apply_rotary_pos_emb`` is the
+    rotate-half form (``rope_form: rotate_half``, :func:`rope_passes`) over q, then k, of one
+    sequence of ``seq_len`` tokens (the ``T`` rows' x) at ``hidden_size`` (the ``H`` rows'
+    x), unclassed; its backward the same passes (:func:`.elementwise_backward.
+    rope_backward_bytes`)."""
+    from ddlsim.simulator.kernels.elementwise import rope_passes
+    from ddlsim.workloads.trace import Kernel
+    seq, hidden = cfgx.get("seq_len", x), cfgx.get("hidden_size", x)
+    d = hidden // cfgx["num_q_heads"]
+    return tuple(Kernel("memory", bytes=p * seq * heads * d)
+                 for heads in (cfgx["num_q_heads"], cfgx["num_kv_heads"])
+                 for p in rope_passes(False, "rotate_half", 2))
 
 
 def _timed_ops(row: dict) -> list[tuple]:
