@@ -10,9 +10,9 @@ in process CPU time (the forward's, the backward's as autograd dispatches them, 
 optimizer's and ``zero_grad``'s), and prints per phase and op the calls per iteration and the
 least CPU time over the iterations of their sum. Then, for every GEMM (``mm``, ``addmm``,
 ``bmm``) of one iteration, the least CPU time inside the iterations against the same call
-(the operands copied with their strides) timed alone after writing 8 MiB (the torch job's
-``FLUSH_BYTES``: operands out of L2, as its calibration times them), alternating with the
-iterations, so both see the same machine. Timing each op adds a Python call per op, so the
+(the operands copied with their strides) timed alone after writing twice the last-level
+cache (the torch job's ``flush_bytes``: operands from memory, as its calibration times them),
+alternating with the iterations, so both see the same machine. Timing each op adds a Python call per op, so the
 per-op sum exceeds the untimed iteration by about that (printed). Needs the torch extra.
 """
 
@@ -71,12 +71,13 @@ def measure(shape, iters: int, warmup: int = 2):
     untimed iterations (every second one), in CPU seconds."""
     import torch
 
-    from ddlsim.reference.torch_job import FLUSH_BYTES
+    from ddlsim.reference.mpijobs import last_level_cache_bytes
+    from ddlsim.reference.torch_job import flush_bytes
     from ddlsim.reference.torch_train import _batch, build_stage
     model = build_stage(shape, 0, 1)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     idx, tgt = _batch(shape, 0)
-    flush = torch.empty(FLUSH_BYTES // 4)
+    flush = torch.empty(flush_bytes(last_level_cache_bytes()) // 4)
     phase, ops, inside, alone, plain = ["forward"], defaultdict(list), [], [], []
     for it in range(warmup + 2 * iters):
         spent, calls, gemms = defaultdict(float), defaultdict(int), []

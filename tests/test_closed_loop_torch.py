@@ -133,6 +133,44 @@ def test_bad_options_are_refused_before_anything_runs(tmp_path):
         torch_run_config(MODEL, 2, "zero1", PLACEHOLDER)
 
 
+def _cache(root, index: int, level: int, kind: str, size: str) -> None:
+    d = root / f"index{index}"
+    d.mkdir(parents=True)
+    for name, text in (("level", f"{level}\n"), ("type", f"{kind}\n"), ("size", f"{size}\n")):
+        (d / name).write_text(text)
+
+
+def test_last_level_cache_is_the_highest_data_level(tmp_path):
+    """sysfs as this machine lists it (``lscpu``: L1d 64 KiB, L1i 64 KiB, L2 2 MiB, L3 32 MiB
+    for 2 cores; sysfs lists CPU 0's share): the L3; an instruction cache never counts;
+    no folder or a size it cannot read: unknown."""
+    from ddlsim.reference.mpijobs import last_level_cache_bytes
+    root = tmp_path / "cache"
+    for i, (level, kind, size) in enumerate(((1, "Data", "32K"), (1, "Instruction", "32K"),
+                                             (2, "Unified", "1024K"), (3, "Unified", "32768K"),
+                                             (4, "Instruction", "1M"))):
+        _cache(root, i, level, kind, size)
+    assert last_level_cache_bytes(root) == 32 * 2 ** 20
+    assert last_level_cache_bytes(tmp_path / "none") is None
+    _cache(tmp_path / "bad", 0, 2, "Unified", "lots")
+    assert last_level_cache_bytes(tmp_path / "bad") is None
+
+
+@needs_torch
+def test_gemm_samples_flush_the_last_level_cache():
+    """The GEMM samples write twice the last-level cache before each call, so that their
+    operands come from memory as in the iteration (torch_job.flush_bytes: an 8 MiB flush
+    left them in this machine's 32 MiB L3, 5.7 % faster than inside the iteration); at
+    least 8 MiB, and Triton's 256 MiB where the cache is unknown."""
+    from ddlsim.reference.mpijobs import last_level_cache_bytes
+    from ddlsim.reference.torch_job import flush_bytes
+    assert flush_bytes(32 * 2 ** 20) == 64 * 2 ** 20
+    assert flush_bytes(2 ** 20) == 8 * 2 ** 20
+    assert flush_bytes(None) == 256 * 2 ** 20
+    llc = last_level_cache_bytes()
+    assert flush_bytes(llc) > (llc or 0)
+
+
 @needs_torch
 def test_the_trainer_runs_the_plan_each_config_says(tmp_path):
     from ddlsim.reference.torch_train import plan_of

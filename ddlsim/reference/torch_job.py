@@ -7,7 +7,8 @@
 Every rank does, round after round (a barrier before each step):
 
 1. one sample per GEMM shape of the run and a few squares, torch ``matmul`` in fp32 on one
-   thread, its operands out of L2 as in the run (:func:`gemm_rows`: the median of 3 calls);
+   thread, its operands out of the last-level cache as in the run (:func:`gemm_rows`: the
+   median of 3 calls);
 2. element-wise rates: torch ``add(x, y, out=z)`` on the gradient buffer's size (3 passes,
    the STREAM "Add" kernel, McCalpin 1995), and each kernel class ddlsim times apart
    (:func:`class_kernels`: ``F.layer_norm``, ``F.gelu(approximate="tanh")``, the attention
@@ -49,7 +50,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-__all__ = ["class_kernels", "op_overhead_s", "gemm_rows", "rounds", "main"]
+__all__ = ["class_kernels", "op_overhead_s", "flush_bytes", "gemm_rows", "rounds", "main"]
 
 #: Square GEMMs beside the run's own shapes (as :data:`.interleaved.SQUARES`).
 SQUARES = ((64, 64, 64), (128, 128, 128), (256, 256, 256), (512, 512, 512))
@@ -84,22 +85,54 @@ def op_overhead_s(calls: int = 200) -> float:
     return _least_s(loop) / calls
 
 
-#: Bytes written between two timed GEMM calls (:func:`gemm_rows`): four times this machine's
-#: L2 of 2 MiB per core (``lscpu``: 4 MiB, 2 instances), so that the call finds its operands
-#: out of L2, as in a training iteration, where each weight is read once per pass and the
-#: whole model (20-34 MB here) streams through between two uses; Triton's ``do_bench``
-#: (triton/testing.py) likewise zeroes a 256 MB buffer before each timed call.
-FLUSH_BYTES = 8 * 2 ** 20
+#: Bytes written between two timed GEMM calls where the machine's last-level cache cannot be
+#: read: Triton's ``do_bench`` (triton/testing.py, ``cache_size = 256 * 1024 * 1024``) zeroes
+#: as much before each timed call, more than any device's last-level cache
+DEFAULT_FLUSH_BYTES = 256 * 2 ** 20
+#: the least flush: four times the 2 MiB L2 per core of the machine the loop was built on
+#: (``lscpu``), the flush before the last-level cache was read
+MIN_FLUSH_BYTES = 8 * 2 ** 20
+
+
+def flush_bytes(llc_bytes: int | None) -> int:
+    """Bytes to write before each timed GEMM call (:func:`gemm_rows`): twice the last-level
+    cache, so that the call reads its operands from memory, as in a training iteration.
+
+    There each weight is read once per pass, and between two uses of it the optimizer's step
+    streams the parameters, their gradients and Adam's two moments (16 B per parameter in
+    fp32: 80 MB for the ``--small`` model's 5.1 M parameters), more than the 32 MiB L3 of
+    the machine the loop was built on; an 8 MiB flush (out of L2 only) left the operands in
+    L3, and the run's GEMMs took 5.7 % longer inside the iteration than so timed, 0.5 % at
+    a 64 MiB flush (``benchmarks/torch_loop_ops.py``, 2026-11-30 06:00 UTC, load 2.2: 84.0
+    ms of GEMMs an iteration inside, 79.5 ms alone after 8 MiB, 83.6 ms after 64 MiB).
+
+    Parameters
+    ----------
+    llc_bytes : int or None
+        The last-level cache (:func:`.mpijobs.last_level_cache_bytes`); None where unknown.
+
+    Returns
+    -------
+    int
+        ``max(2 · llc_bytes, MIN_FLUSH_BYTES)``, or :data:`DEFAULT_FLUSH_BYTES` without a
+        size.
+    """
+    if llc_bytes is None:
+        return DEFAULT_FLUSH_BYTES
+    return max(2 * llc_bytes, MIN_FLUSH_BYTES)
 
 
 def gemm_rows(shapes, seed: int, reps: int = 3) -> list[dict]:
     """Process-CPU-time samples of each GEMM ``(m, n, k)`` or stacked ``(m, n, k, batch)``
     (``batch`` GEMMs in one torch ``matmul``, as the attention core runs its heads), fp32,
-    each call timed alone after writing :data:`FLUSH_BYTES` (out of L2), ``reps`` calls;
+    each call timed alone after writing :func:`flush_bytes` (twice the last-level cache),
+    ``reps`` calls;
     rows in the ``calibrate compute`` format. (``calibrate compute --backend torch`` times
     wall time over back-to-back calls, whose operands stay in cache, and refuses stacks.)"""
     from ..calibration.compute_bench import _row, gemm_flops
-    gen, rows, flush = torch.Generator().manual_seed(seed), [], torch.empty(FLUSH_BYTES // 4)
+    from .mpijobs import last_level_cache_bytes
+    gen, rows = torch.Generator().manual_seed(seed), []
+    flush = torch.empty(flush_bytes(last_level_cache_bytes()) // 4)
     for shape in shapes:
         m, n, k, *stack = shape
         a = torch.randn((*stack, m, k), generator=gen)
