@@ -6,7 +6,8 @@ published kernel times").
 1. **Published kernels** (``benchmarks/data/liger_h100_kernels.csv`` and
    ``liger_a100_kernels.csv``: the Liger-Kernel suite's rows for torch eager SwiGLU,
    ``nn.RMSNorm``, ``nn.LayerNorm`` and ReLU², Megatron-Core's fused SwiGLU, its unfused and
-   fused cross-entropy, and Hugging Face's composite fp32 RMSNorm): each measured median beside
+   fused cross-entropy, Hugging Face's composite fp32 RMSNorm, and on the A100 transformers'
+   rotate-half RoPE, held out with no class): each measured median beside
    what ddlsim's kernel model gives the same kernels at the same shape, with their launches
    (:func:`ddlsim.simulator.kernels.op_time`, eager dispatch), without (``before``) and with
    the device's element-wise classes (``device.elementwise_efficiency``). ``H100 80GB HBM3``
