@@ -81,6 +81,12 @@ class DecoderVectors:
             raise ConfigError(f"parallel.tensor_parallel.mode = {cfg.parallel.tp_mode!r}: the "
                               "vectorised search tier covers Megatron's 1-D tensor parallelism; "
                               "such plans are searched by the exact engine")
+        from ..simulator.hostcollectives import shares_cores
+        if shares_cores(cfg.system):
+            raise ConfigError("system.device.spare_cores = 0: the ranks' collectives run on "
+                              "their compute's cores (ddlsim.simulator.hostcollectives), "
+                              "which the vectorised search tier does not model; such plans "
+                              "are searched by the exact engine")
         if cfg.parallel.dp_strategy != "ddp":
             raise ConfigError(f"parallel.dp_strategy = {cfg.parallel.dp_strategy!r}: the "
                               "vectorised search tier covers dp_strategy 'ddp' (with ZeRO "

@@ -18,7 +18,8 @@ from .kerneltimes import kernel_times
 from .plans import RECOMPUTE
 from .smtaken import sm_taken
 from .zero3 import Unit, zero3_time, zero3_units_time
-from .zero3_edges import edge_units, price_gathers, price_reduces, root_unit
+from .zero3_edges import (edge_units, fsdp1_grad_seconds, price_gathers, price_reduces,
+                          root_unit)
 
 __all__ = ["zero3_seconds", "optimizer_seconds"]
 
@@ -65,10 +66,17 @@ def zero3_seconds(ctx, plans, parts, coll, first_params, gemm=None) -> np.ndarra
         a = coll("all_gather", "dp", nbytes, on)
         r = coll("reduce_scatter", "dp", nbytes * ctx.gdt / ctx.dt, on)
         sm = None if gemm is None else sm_taken(ctx, *(_take(x, on) for x in gemm))
+        cat, pre, post = fsdp1_grad_seconds(ctx, plans, on,
+                                            ctx.shape.layer_params / plans["tp"])
+        root = root_unit(ctx, plans, on, coll, _take(eb, on))
+        grads = None       # FSDP1's post-backward stream (.zero3_edges.fsdp1_grad_seconds)
+        if sw.zero3_implementation == "torch_fsdp":
+            none = (np.zeros(int(on.sum())),) * 2
+            grads = (pre[on], post[on], *(none if root is None else root[3:]))
+        root = None if root is None else root[:3]
         out[on] = zero3_time(ctx.shape.layers, sw.zero3_prefetch_layers, m[on],
-                             tuple(_take(x, on) for x in (e, f, hf, hb, bw)),
-                             _take(a, on), _take(r, on), sm,
-                             root_unit(ctx, plans, on, coll, _take(eb, on)))
+                             tuple(_take(x, on) for x in (e, f, hf, hb, bw + cat)),
+                             _take(a, on), _take(r, on), sm, root, grads)
     else:
         full = plans["recompute"] == RECOMPUTE.index("full")
         fwd_u, rec_u, bwd_u = _module_units(ctx, plans, on, coll, full)

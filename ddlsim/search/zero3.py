@@ -46,11 +46,14 @@ class Unit(NamedTuple):
     host_reduce_after: np.ndarray
 
 
-def _pass(c, d, head, layer, a, r, L: int, k: int, backward: bool, sm=None, root=None):
+def _pass(c, d, head, layer, a, r, L: int, k: int, backward: bool, sm=None, root=None,
+          grads=None):
     """One pass from compute-stream time ``c`` (the block's start) and ``dp`` free at ``d``;
     ``sm(C)``: a layer's extra seconds beside ``C`` seconds of collectives (None: none);
     ``root``: seconds of FSDP's root-unit gather, the pass's first unit with ``head`` (the
-    embedding) as its compute (:mod:`ddlsim.workloads.decoder.fsdp_edges`), or None."""
+    embedding) as its compute (:mod:`ddlsim.workloads.decoder.fsdp_edges`), or None;
+    ``grads``: a :class:`Grads` (FSDP1's passes around each reduce-scatter on its
+    post-backward stream), advanced in place, or None."""
     ready = []
     if root is not None:          # gathered first; the layers' prefetch counts its unit
         d = np.maximum(d, c) + root
@@ -76,8 +79,10 @@ def _pass(c, d, head, layer, a, r, L: int, k: int, backward: bool, sm=None, root
                 extra[kind] = sm(_beside(j, L, k, a, r if backward else 0.0, kind[0]))
             c += extra[kind]
         if backward:
-            d = np.maximum(d, c)
+            d = np.maximum(d, c if grads is None else grads.before(c))
             d += r
+            if grads is not None:
+                grads.after(d)
         if j + k + 1 < L:
             d = np.maximum(d, c)
             d += a
@@ -100,7 +105,31 @@ def _beside(j: int, L: int, k: int, a, r, first: bool = True):
     return r + (a if j + k < L else 0.0)
 
 
-def zero3_time(L: int, k: int, m, parts, a, r, sm=None, root=None) -> np.ndarray:
+class Grads:
+    """FSDP1's post-backward stream over a backward pass, arrays over the plans
+    (:data:`ddlsim.workloads.decoder.fsdp1_passes.POST_BACKWARD_STREAM`): each unit's pass
+    before its reduce-scatter (``pre``, after the unit and the stream's work before it) and
+    after it (``post``); ``free``: when the stream is free."""
+
+    def __init__(self, free, pre, post):
+        self.free, self.pre, self.post = free, pre, post
+
+    def before(self, end, pre=None):
+        """When the reduce-scatter may start, its unit having ended at ``end``: after the
+        pass before it, where it has one."""
+        pre = self.pre if pre is None else pre
+        done = np.maximum(self.free, end) + pre
+        self.free = np.where(pre > 0, done, self.free)
+        return np.where(pre > 0, done, end)
+
+    def after(self, rs_end, post=None) -> None:
+        """The pass after a reduce-scatter that ended at ``rs_end``, where it has one."""
+        post = self.post if post is None else post
+        self.free = np.where(post > 0, rs_end + post, self.free)
+
+
+def zero3_time(L: int, k: int, m, parts, a, r, sm=None, root=None,
+               grads=None) -> np.ndarray:
     """When the last micro-batch's compute and reduce-scatters have both ended, per plan.
 
     Parameters
@@ -121,19 +150,30 @@ def zero3_time(L: int, k: int, m, parts, a, r, sm=None, root=None) -> np.ndarray
         Seconds of FSDP's root unit's all-gather, before the embedding, and reduce-scatter,
         after the backward, and of the embedding's backward, the root unit's compute before
         its reduce-scatter (:mod:`ddlsim.workloads.decoder.fsdp_edges`); None: no root unit.
+    grads : tuple of arrays or None
+        FSDP1's passes on its post-backward stream (:mod:`ddlsim.workloads.decoder.
+        fsdp1_passes`): seconds before and after a layer's reduce-scatter, and before and
+        after the root unit's; the compute stream waits for that stream after each
+        backward. None: no such stream.
     """
     e, f, hf, hb, bw = parts
     sm_f, sm_b = (None, None) if sm is None else sm
 
-    def micro_batch(c, d):
+    def micro_batch(c, d, p=None):
         c, d = _pass(c, d, e, f, a, r, L, k, False, sm_f, None if root is None else root[0])
-        c, d = _pass(c + hf, d, hb, bw, a, r, L, k, True, sm_b)
-        if root is None:
+        g = None if grads is None else Grads(p, grads[0], grads[1])
+        c, d = _pass(c + hf, d, hb, bw, a, r, L, k, True, sm_b, grads=g)
+        if root is not None:
+            c = c + root[2]
+            d = np.maximum(d, c if g is None else g.before(c, grads[2])) + root[1]
+            if g is not None:
+                g.after(d, grads[3])
+        if g is None:
             return c, d
-        c = c + root[2]
-        return c, np.maximum(d, c) + root[1]
+        return np.maximum(c, g.free), d, g.free   # _post_backward_final_callback's wait
 
-    return _over_micro_batches(m, np.zeros_like(np.asarray(a, dtype=float)), micro_batch, 2)
+    zero = np.zeros_like(np.asarray(a, dtype=float))
+    return _over_micro_batches(m, zero, micro_batch, 2 if grads is None else 3)
 
 
 def _over_micro_batches(m, zero, micro_batch, streams: int) -> np.ndarray:

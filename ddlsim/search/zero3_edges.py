@@ -11,6 +11,7 @@ import numpy as np
 
 from ..simulator.kernels.host import stream_times
 from ..workloads.decoder.builder import with_edges
+from ..workloads.decoder.fsdp1_passes import grad_passes
 from ..workloads.decoder.fsdp_edges import layout
 from ..workloads.decoder.zero3_edges import edge_fetches
 from ..workloads.decoder.zero3_fetch import (FETCH_FILL_PASSES, FETCH_PASSES, REDUCE_PASSES,
@@ -141,5 +142,30 @@ def root_unit(ctx, plans, on, coll, emb_backward=0.0):
     root = with_edges(ctx.shape, plans["tp"].astype(float), 0.0, True, True, 1)
     gather = coll("all_gather", "dp", root * ctx.dt, on)
     reduce = coll("reduce_scatter", "dp", root * ctx.gdt, on)
+    cat, pre, post = fsdp1_grad_seconds(ctx, plans, on, root)    # FSDP1's passes, else 0
     return (np.broadcast_to(gather, on.shape)[on], np.broadcast_to(reduce, on.shape)[on],
-            np.broadcast_to(emb_backward, (int(on.sum()),)))
+            np.broadcast_to(emb_backward, (int(on.sum()),)) + cat[on], pre[on], post[on])
+
+
+def fsdp1_grad_seconds(ctx, plans, on, params) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Seconds per plan of FSDP1's passes over one backward's gradients of a unit of
+    ``params`` parameters a rank (:func:`ddlsim.workloads.decoder.fsdp1_passes.grad_passes`,
+    sharded over the plan's ``dp`` ranks): the flat gradient's ``cat`` on the compute stream,
+    and the passes before and after the reduce-scatter on FSDP1's post-backward stream, each
+    one memory-pass op (:func:`memory_pass_s`); zeros where the stack's ZeRO-3 is not FSDP1
+    (``zero3_implementation: torch_fsdp``) or the plan is not ``on``."""
+    n = len(plans)
+    cat, pre, post = np.zeros(n), np.zeros(n), np.zeros(n)
+    if ctx.cfg.software.zero3_implementation != "torch_fsdp":
+        return cat, pre, post
+    params = np.broadcast_to(np.asarray(params, dtype=float), (n,))
+    dp = plans["dp"]
+    m = plans["gbs"] // np.maximum(plans["mbs"] * np.maximum(dp, 1), 1)
+    seen: dict[tuple, tuple[float, float, float]] = {}
+    for i in np.flatnonzero(on):
+        key = (float(params[i]), int(dp[i]), int(m[i]))
+        if key not in seen:
+            g = grad_passes(key[0], key[1], key[1], ctx.dt, ctx.gdt, key[2])
+            seen[key] = tuple(memory_pass_s(ctx, x) for x in g)
+        cat[i], pre[i], post[i] = seen[key]
+    return cat, pre, post
