@@ -96,7 +96,7 @@ class KernelSpec(_Strict):
     fused_rope: StrictBool | None = None
     rope_form: Literal["rotate_half", "complex", "real_matrix"] | None = Field(
         default=None, description="how an unfused rotary embedding runs, per q and per k: "
-                                  "rotate_half (t*cos + rotate_half(t)*sin: 5 kernels, 11d "
+                                  "rotate_half (t*cos + rotate_half(t)*sin: 5 kernels, 10d "
                                   "per element; Megatron), complex (view_as_complex of an "
                                   "fp32 copy times freqs_cis, cast back: 3 kernels, 2d + 16 "
                                   "B; torchtitan) or real_matrix (each fp32 pair times a "

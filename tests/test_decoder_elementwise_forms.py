@@ -29,7 +29,7 @@ def _llama(software: str):
 
 def test_rope_forms_by_hand():
     # rotate-half: ·cos 2, negate 2, concatenate 2, ·sin 2, add 3 (units of d)
-    assert rope_passes(False, "rotate_half", 2) == [4, 4, 4, 4, 6]
+    assert rope_passes(False, "rotate_half", 2) == [4, 2, 4, 4, 6]   # negate: the second half only
     # complex: xq.float() (read 2, write 4), the complex multiply in fp32 (read 4, write 4),
     # type_as (read 4, write 2): 20 B per element; in fp32 no casts
     assert rope_passes(False, "complex", 2) == [6, 8, 6]

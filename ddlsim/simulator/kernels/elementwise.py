@@ -16,8 +16,8 @@ bias-dropout-add       read x and the residual, write  bias add 2 (with a bias),
  (×2 per layer)        the sum, 1-byte mask: 3 (+mask)  mask, residual add 3: up to 7 (+mask)
 bias-GeLU / SwiGLU     read y (gate and up), write y:  bias add 2 (with a bias) + GeLU 2; SwiGLU:
                        2 (GeLU) / 3 (SwiGLU)           SiLU 2 + multiply 3: 4 / 5
-RoPE on q, then on k   read, write: 2                  rotate_half: ·cos 2, rotate-half (negate 2,
-                                                       concatenate 2), ·sin 2, add 3: 11; complex
+RoPE on q, then on k   read, write: 2                  rotate_half: ·cos 2, rotate-half (negate 1,
+                                                       concatenate 2), ·sin 2, add 3: 10; complex
                                                        (torchtitan): upcast, complex multiply in
                                                        fp32, cast back: 3 kernels, 2 + 16/d;
                                                        real_matrix (fms): upcast, broadcast
@@ -263,7 +263,8 @@ def rope_passes(fused: bool, form: str, dtype_bytes: float) -> list[float]:
     (``software.rope_form``):
 
     * ``rotate_half`` (Megatron's ``apply_rotary_pos_emb``: ``t * cos + _rotate_half(t) *
-      sin``): ``·cos`` 2, negate 2, concatenate 2, ``·sin`` 2, add 3, in units of ``d``;
+      sin``): ``·cos`` 2, negate 1 (``-x2``, the second half only: ``_rotate_half`` chunks
+      ``t`` and returns ``cat((-x2, x1))``), concatenate 2, ``·sin`` 2, add 3, in units of ``d``;
     * ``complex`` (torchtitan's ``apply_rotary_emb``: ``view_as_complex(xq.float())`` times
       ``freqs_cis``, ``view_as_real``, ``type_as(xq)``): the upcast (read ``d``, write 4), the
       complex multiply in fp32 (read 4, write 4; ``freqs_cis``, ``s × d/2`` broadcast over the
@@ -308,7 +309,7 @@ def rope_passes(fused: bool, form: str, dtype_bytes: float) -> list[float]:
         return [2 * d]
     if form in _ROPE_PRODUCTS:
         return ([d + 4] if casts else []) + _ROPE_PRODUCTS[form] + ([4 + d] if casts else [])
-    return [p * d for p in (2, 2, 2, 2, 3)]
+    return [p * d for p in (2, 1, 2, 2, 3)]
 
 
 #: the fp32 kernels between the upcast and the cast back of an unfused rotary embedding's
