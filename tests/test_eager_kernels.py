@@ -176,11 +176,11 @@ def test_published_kernels_fit_and_held_out(kb):
     assert len(ce) == 12 and all(1.14 < r["before"] < 1.31 for r in ce)
     assert all(err(r, "measured/ddlsim") < 0.12 for r in ce)
     # the A100's rows of transformers' rotate-half RoPE (no class): torch's broadcast kernels
-    # over transposed q and k of 1,024-16,384 tokens at h = 8192, 1.85-2.5x ddlsim's
+    # over transposed q and k of 1,024-16,384 tokens at h = 8192, 2.1-2.7x ddlsim's
     # streaming time forward, backward and both
     rope = [r for r in rows if r["kernel"] == "rope huggingface"]
     assert len(rope) == 24
-    assert all(1.85 < r["measured/ddlsim"] < 2.5 for r in rope if r["x"].startswith("T="))
+    assert all(2.0 < r["measured/ddlsim"] < 2.75 for r in rope if r["x"].startswith("T="))
     # the small composite norm (8 kernels of ~3 us on the NVL) within 1.35x: its eager dispatch
     small = [r for r in rows if r["kernel"] == "rms_norm huggingface" and r["x"] == "H=1024"
              and r["mode"] == "forward" and "NVL" in r["gpu"]]
