@@ -109,8 +109,8 @@ STACK_TE: dict[str, TEVersion] = {
         "core_r0.8.0) predates #1191 too"),
     "megatron-core-2025": TEVersion(
         "2.5.0.dev0", TE_LINEAR_HOST_S,
-        "TE c6a9e261 (2025-05-30, main at Megatron-LM 9c1a5351's date, the stack's attention "
-        "source; the stack pins no TE version; build_tools/VERSION.txt 2.5.0.dev0): after PR #1191, so its 115 us, an "
+        "TE c6a9e261 (2025-05-30, main at Megatron-LM 9c1a5351's date; the stack's attention "
+        "source; build_tools/VERSION.txt 2.5.0.dev0): after PR #1191, so its 115 us, an "
         "assumption: TE 2.x's modules (v2.0, 2025) were not timed by the PR; its later "
         "CPU-overhead work (PRs #2377, #2400 of 2025-11) is after this version"),
 }
