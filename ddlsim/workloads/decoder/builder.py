@@ -175,9 +175,6 @@ class StageBuilder(GradSyncOps, MoEOps, MoEUpdateOps, HostSyncOps, EdgeOps, Chun
             Compute(f"{tag}.elementwise", 0.0, ew, kind="elementwise", dtype=self.dtype,
                     kernels=k["ew"]),
         ]
-        if not self.shape.is_moe:   # TE modules' Python on the host (.te_host)
-            from .te_host import stack_te, with_te_host
-            ops = with_te_host(ops, stack_te(self.sw))
         if tag == "fwd":            # torch's SAC policy on the host, per ATen op (.sac)
             from .sac import forward_host
             ops = forward_host(ops, self.sw, self.plan.recompute)
