@@ -17,6 +17,11 @@ the gap's growth with the local experts. ``random-routing excess`` is how much m
 mean the most loaded expert-parallel rank computes when the rows' forced balance routes as
 Megatron-Core's benchmark mode does, by random logits (:func:`random_routing_excess`), not
 exactly evenly as ddlsim takes it: the size of that approximation, to set beside the gap.
+``host-bound ms`` is how much of ddlsim's own prediction the host sets: the row predicted
+again with ``host_dispatch: cuda_graphs`` (no per-op host time; the dispatcher's sync wakes
+and the TE modules' fixed host time stay), the difference per layer and micro-batch
+(:func:`host_bound_ms`), to set beside the published runs' CUDA-graph gains
+(docs/moe.md, "Published breakdowns, searched").
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 import validate_moe as vm
-from public_runs import print_table
+from public_runs import print_table, time_record
 
 HF = Path(__file__).resolve().parents[1] / "ddlsim" / "data" / "hf"
 
@@ -43,11 +48,9 @@ def layer_parts(o: dict) -> dict:
     """One predicted row's per-layer figures, in milliseconds (module docstring)."""
     row, r = o["row"], o["result"]
     hf = _model(row["preset"])
-    gpus, tp, pp, cp, ep, mbs, gbs, seq = (int(row[k]) for k in (
-        "gpus", "tp", "pp", "cp", "ep", "mbs", "gbs", "seq"))
+    tp, cp, ep, mbs, seq = (int(row[k]) for k in ("tp", "cp", "ep", "mbs", "seq"))
     etp = int(row.get("etp") or 1)
-    m = gbs / (mbs * gpus // (tp * pp * cp))
-    per = 1e3 / (hf["num_hidden_layers"] / pp * m)
+    per = per_layer_ms(row)
     b = r.breakdown
     tokens = mbs * seq / (cp * tp)
     return {"local": hf["num_experts"] // ep,
@@ -57,6 +60,33 @@ def layer_parts(o: dict) -> dict:
             "other": sum(v for k, v in b.exposed_comm_s.items() if k != "ep") * per,
             "bubble": (b.bubble_s + b.optimizer_s) * per,
             "gap": (o["published"] - o["predicted"]) * per}
+
+
+def per_layer_ms(row: dict) -> float:
+    """Milliseconds per layer and micro-batch in one second of ``row``'s step: ``1e3 / (L/PP ·
+    m)``, ``m = GBS / (MBS · DP)`` (the module docstring's divisor)."""
+    hf = _model(row["preset"])
+    gpus, tp, pp, cp, mbs, gbs = (int(row[k]) for k in ("gpus", "tp", "pp", "cp", "mbs", "gbs"))
+    return 1e3 / (hf["num_hidden_layers"] / pp * gbs / (mbs * gpus // (tp * pp * cp)))
+
+
+def graphed_config(cfg: dict) -> dict:
+    """``cfg`` with the stack's host dispatch set to CUDA graphs (no per-op host time)."""
+    software = cfg["system"]["software"]
+    kernels = {**software.get("kernels", {}), "host_dispatch": "cuda_graphs"}
+    return {**cfg, "system": {**cfg["system"], "software": {**software, "kernels": kernels}}}
+
+
+def host_bound_ms(o: dict, graphed_s: float) -> float:
+    """Milliseconds per layer and micro-batch of ``o``'s prediction that its host time sets:
+    the eager prediction less ``graphed_s``, the same row under :func:`graphed_config`."""
+    return (o["predicted"] - graphed_s) * per_layer_ms(o["row"])
+
+
+def _graphed_s(row: dict) -> float:
+    """``row`` predicted (analytical) under :func:`graphed_config`, seconds."""
+    cfg = graphed_config(vm.config(row))
+    return time_record(row, cfg, "analytical", None, vm.published_time(row))["predicted"]
 
 
 def expert_host_ms(local: int, host_op_s: float) -> float:
@@ -152,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     head = ["run", "dispatcher", "TP", "EP", "overlap", "local experts", "tokens/expert",
             "published ms", "predicted ms", "compute", "exposed EP", "other comm",
-            "bubble+opt", "gap ms", "per-expert host ms", "random-routing excess"]
+            "bubble+opt", "gap ms", "per-expert host ms", "host-bound ms",
+            "random-routing excess"]
     lines, host_op_s = [], _host_op_s()
     for o in vm.evaluate("analytical"):
         if o["result"] is None:
@@ -163,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                      + [f"{p[k]:.2f}" for k in ("published", "predicted", "compute", "ep",
                                                  "other", "bubble", "gap")]
                      + [f"{expert_host_ms(p['local'], host_op_s):.2f}",
+                        f"{host_bound_ms(o, _graphed_s(row)):.2f}",
                         f"{100 * _excess(row):.1f}%"])
     print_table(head, lines, args.markdown)
     return 0

@@ -74,3 +74,20 @@ def test_random_routing_excess_from_an_enumerated_routing():
     assert floor.random_routing_excess(3, 100, 8, 2, 2) == pytest.approx(expected)
     # more tokens: the excess shrinks as 1/sqrt(tokens)
     assert floor.random_routing_excess(3, 400, 8, 2, 2) == pytest.approx(expected / 2)
+
+
+def test_host_bound_is_the_eager_prediction_less_the_graphed_one_per_layer():
+    # ModelZoo row 1's divisor (1,504 layer-micro-batches): 0.3 s of a 12 s prediction that
+    # CUDA graphs remove is 0.3 s / 1,504 = 0.1995 ms per layer and micro-batch
+    o = _record(9.0, {"ep": 2.0}, 1.0, 0.0)
+    assert floor.per_layer_ms(o["row"]) == pytest.approx(1e3 / (94 / 8 * 2048 / 16))
+    assert floor.host_bound_ms(o, 11.7) == pytest.approx(0.3e3 / 1504, rel=1e-3)
+    assert floor.host_bound_ms(o, 12.0) == 0.0
+
+
+def test_graphed_config_sets_cuda_graphs_and_leaves_the_row_alone():
+    cfg = vm.config(vm.zoo_rows()[0])
+    graphed = floor.graphed_config(cfg)
+    assert graphed["system"]["software"]["kernels"]["host_dispatch"] == "cuda_graphs"
+    assert "host_dispatch" not in cfg["system"]["software"].get("kernels", {})
+    assert graphed["parallel"] == cfg["parallel"]
