@@ -273,9 +273,13 @@ def _piece_keys(sb, mbs: int, tp: int, sp: bool, recompute: str, zero: int) -> d
     from ..simulator.kernels.dtensor import regathers_input
 
     layer = (mbs, tp, sp, sb.plan.tp_overlap)
+    # the async TP overlap is the backward's alone: the builder's forward keeps the plain
+    # ops under it (:meth:`~ddlsim.workloads.decoder.builder.StageBuilder._dense_layer_ops`,
+    # unless its partitioner lays the layers out itself), the same as without an overlap
+    fwd_overlap = None if layer[3] == "async" and not sb.structured else layer[3]
     edges = ("edges", mbs, tp, sp, zero == 3)
     shape = ("edges", mbs, tp, sp)   # read neither recomputation nor the ZeRO stage
-    return {"fwd": ("fwd", *layer, regathers_input(sb.sw, recompute)),
+    return {"fwd": ("fwd", *layer[:3], fwd_overlap, regathers_input(sb.sw, recompute)),
             "bwd": ("bwd", *layer, recompute), "emb": ("emb", *shape),
             "emb1": ("emb1", *shape), "load_l": ("load_l", *shape),
             "emb_b": ("emb_b", *edges), "emb_b1": ("emb_b1", *edges),

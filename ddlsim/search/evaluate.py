@@ -7,7 +7,9 @@ reason.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -99,6 +101,36 @@ def evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[
     -------
     Grid
     """
+    with _collector_paused():
+        return _evaluate_grid(data, base_dir, overrides, axes, constraints, objective,
+                              price_per_gpu_hour, progress)
+
+
+@contextmanager
+def _collector_paused():
+    """Pause Python's cyclic garbage collector for one grid, then restore its previous state.
+
+    A cold grid allocates many short-lived objects (op lists, pydantic
+    copies, numpy arrays), nearly all freed by their reference counts; their allocation
+    alone triggers ~25 collections a grid (the speed grid of ``benchmarks/search_speed.py``)
+    and now and then a full one that scans the whole heap (about 40 ms, a third of a grid).
+    Those collections were ~3 % of a cold grid's CPU time (py-spy, 2026-11-30,
+    docs/search.md "Speed") and found ~1,000 objects in reference cycles; paused, the grid
+    leaves ~4,000 such objects to the first collection after it. A
+    collector the caller had disabled stays disabled."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[str, list],
+                   constraints, objective: str, price_per_gpu_hour: float | None,
+                   progress: Callable[[int, int], None] | None) -> Grid:
+    """:func:`evaluate_grid`'s work, with the collector as the caller set it."""
     base, fields, on_neutral = _base_config(data, base_dir, overrides, axes)
     neutral = [*overrides, *(_setting(p, v) for p, v in context_overrides({}).items())]
     ctx_cfgs = _contexts(data, base_dir, overrides, _context_combinations(axes),
