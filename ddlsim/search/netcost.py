@@ -436,7 +436,8 @@ def collective_seconds(op: str, family: str, nbytes: np.ndarray, mesh_index: np.
 
 
 def cache_clear() -> None:
-    """Forget the cached forms, the group networks measured on the topology, the decoder
+    """Forget the cached forms, the group networks measured on the topology (and the tree
+    fabric's routes they took), the decoder
     builder's memos (a layer's and the head's kernels, the pipeline splits and schedules)
     and the configs' meshes,
     for timing a cold run; the topology graph itself, built once per system, is kept."""
@@ -444,12 +445,14 @@ def cache_clear() -> None:
     from ..simulator.costs import _NETS, _P2P
     from ..simulator.collectives.nccl.model import nccl_form
     from ..simulator.netmodel import cache_clear as forget_intra
+    from ..topologies.tree_routes import cache_clear as forget_routes
     from ..workloads import schedules
     from ..workloads.decoder import layerkernels, split
     for memo in (layerkernels.layer_kernels, layerkernels.logits_kernels,
                  layerkernels.loss_op, split._split, schedules._cached, _mesh_of):
         memo.cache_clear()
     forget_intra()
+    forget_routes()
     affine_form.cache_clear()
     nccl_form.cache_clear()
     _NETS.clear()

@@ -10,6 +10,7 @@ latency sums (added hop by hop in route order) as the one-at-a-time method.
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -20,9 +21,22 @@ from .routing import TreeRouter
 if TYPE_CHECKING:
     from .graph import Topology
 
-__all__ = ["TreeRoutes"]
+__all__ = ["TreeRoutes", "cache_clear"]
 
 _NIC = NODE_KINDS.index("nic")
+#: the route tables :meth:`TreeRoutes.routes` remembers per topology: a search grid's pipeline
+#: family routes its ring step's node pairs twice, for its fair shares and for its
+#: point-to-point rails, with other families' routes in between (20 of a speed grid's 79
+#: calls, 30 % of their rows, on 2026-11-30)
+_ROUTES_MAX = 64
+#: every :class:`TreeRoutes`, for :func:`cache_clear`
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+def cache_clear() -> None:
+    """Forget the routes every :class:`TreeRoutes` remembers (for timing a cold run)."""
+    for trees in list(_LIVE):
+        trees._memo.clear()
 
 
 class TreeRoutes:
@@ -40,7 +54,9 @@ class TreeRoutes:
         self.aggs = np.array([[index[s] for s in row] for row in router.aggs], dtype=np.int64)
         self.cores = np.array([[index[s] for s in row] for row in router.cores], dtype=np.int64)
         self._hops: dict[str, np.ndarray] | None = None
-        self._last: tuple | None = None   # (arguments, arrays) of the last :meth:`routes`
+        #: (the arguments' bytes) -> the arrays of :meth:`routes`, oldest out first
+        self._memo: dict[tuple[bytes, ...], tuple] = {}
+        _LIVE.add(self)
 
     @classmethod
     def of(cls, topo: Topology) -> TreeRoutes | None:
@@ -70,17 +86,18 @@ class TreeRoutes:
         (seconds) of :meth:`~.graph.Topology.rail_fabric_route` ``(src[i], dst[i],
         rail[i])``: NIC → leaf (→ spine, or → aggregation (→ core → aggregation)) → leaf →
         NIC, the up-ports chosen by the destination as :meth:`~.routing.TreeRouter.path_to`
-        chooses them. The last call's arrays are kept (read-only) and returned again for the
-        same arguments: a family's stripes and its point-to-point rails often route the same
-        pairs."""
-        last = self._last
-        if last is not None and all(np.array_equal(x, y) for x, y in zip(last[0], (src, dst,
-                                                                                  rail))):
-            return last[1]
-        got = self._routes(src, dst, rail)
-        for a in got:
-            a.setflags(write=False)
-        self._last = ((src.copy(), dst.copy(), rail.copy()), got)
+        chooses them. The arrays of the last :data:`_ROUTES_MAX` distinct calls are kept
+        (read-only) and returned again for the same arguments: a family's stripes and its
+        point-to-point rails often route the same pairs."""
+        key = tuple(np.ascontiguousarray(x, dtype=np.int64).tobytes() for x in (src, dst, rail))
+        got = self._memo.get(key)
+        if got is None:
+            got = self._routes(src, dst, rail)
+            for a in got:
+                a.setflags(write=False)
+            if len(self._memo) >= _ROUTES_MAX:
+                del self._memo[next(iter(self._memo))]
+            self._memo[key] = got
         return got
 
     def _routes(self, src: np.ndarray, dst: np.ndarray, rail: np.ndarray

@@ -11,6 +11,7 @@ import pickle
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from ddlsim.search import evaluate
@@ -85,3 +86,35 @@ def test_a_pickled_stack_hashes_afresh_in_another_process():
     ours = resolve_software("megatron-core-2024")
     assert theirs == ours and hash(theirs) == hash(ours)
     assert {ours: 1}[theirs] == 1
+
+
+def _tree_routes():
+    from ddlsim.config import build_config
+    from ddlsim.simulator.netmodel import topology_of
+    cfg = build_config({**BASE, "system": {"preset": "dgx-a100", "nodes": 8}}, [])
+    trees = topology_of(cfg.system)._trees
+    assert trees is not None
+    return trees
+
+
+def test_tree_routes_are_remembered_past_other_calls_and_forgotten_cold(monkeypatch):
+    """A pipeline family's ring step is routed for its fair shares and again for its
+    point-to-point rails with other families' routes in between: routed once. The search's
+    ``cache_clear`` (a cold grid) forgets them."""
+    from ddlsim.search.netcost import cache_clear
+    trees = _tree_routes()
+    routed = []
+    work = type(trees)._routes
+    monkeypatch.setattr(type(trees), "_routes",
+                        lambda self, *a: routed.append(1) or work(self, *a))
+    cache_clear()
+    src, dst, rail = np.array([0, 1, 7]), np.array([5, 1, 2]), np.array([0, 1, 1])
+    first = trees.routes(src, dst, rail)
+    trees.routes(src, dst, 1 - rail)          # another family's routes in between
+    again = trees.routes(src.copy(), dst.copy(), rail.copy())
+    assert len(routed) == 2
+    assert all(a is b and not a.flags.writeable for a, b in zip(first, again))
+    cache_clear()
+    fresh = trees.routes(src, dst, rail)
+    assert len(routed) == 3 and fresh[0] is not first[0]
+    assert all(np.array_equal(a, b) for a, b in zip(first, fresh))
