@@ -14,8 +14,10 @@ Every rank does, round after round (a barrier before each step):
    (:func:`class_kernels`: ``F.layer_norm``, ``F.gelu(approximate="tanh")``, the attention
    scores' scale, mask and softmax, their backwards, ``torch.optim.Adam.step`` on the
    model's parameters) as the bytes ddlsim
-   counts over the least time of three calls; and the time torch's eager dispatch adds per
-   op (:func:`op_overhead_s`);
+   counts over the least time of three calls; under FSDP, FSDP2's own copies around a
+   block's collectives (:func:`.fsdp_copies.fsdp_kernels`: the copy-in, the copy-out,
+   ``_chunk_cat``), each call after a flush of the last-level cache; and the time torch's
+   eager dispatch adds per op (:func:`op_overhead_s`);
 3. on more than one rank, one sample of each collective the run configs' traces issue at
    its own size (``calibrate comm``'s benchmark on a Gloo adapter, the most over ranks,
    timed by ``--clock``), written to ``OUT/sizes{N}.csv``;
@@ -56,10 +58,12 @@ __all__ = ["class_kernels", "op_overhead_s", "flush_bytes", "gemm_rows", "rounds
 SQUARES = ((64, 64, 64), (128, 128, 128), (256, 256, 256), (512, 512, 512))
 
 
-def _least_s(call, reps: int = 3) -> float:
-    """The least process CPU time of ``reps`` calls (s)."""
+def _least_s(call, reps: int = 3, before=None) -> float:
+    """The least process CPU time of ``reps`` calls (s), ``before()`` untimed before each."""
     best = np.inf
     for _ in range(reps):
+        if before is not None:
+            before()
         t0 = time.process_time()
         call()
         best = min(best, time.process_time() - t0)
@@ -228,14 +232,17 @@ def class_kernels(shape, params, stack: dict) -> dict:
     return {**calls, **_softmax_calls(shape, in_fp32)}
 
 
-def _rates(arrays, kernels) -> dict[str, float]:
-    """This rank's B/s of ``z = x + y`` (``gradients``), of each class (``class.<name>``),
-    and the per-op dispatch time (``op_overhead_s``, seconds)."""
+def _rates(arrays, kernels, cold=None, flush=None) -> dict[str, float]:
+    """This rank's B/s of ``z = x + y`` (``gradients``), of each class (``class.<name>``:
+    ``kernels``, and ``cold``'s each after zeroing ``flush``), and the per-op dispatch time
+    (``op_overhead_s``, seconds)."""
     x, y, z = arrays
     out = {"gradients": 3.0 * x.numel() * x.element_size()
            / _least_s(lambda: torch.add(x, y, out=z))}
     for name, (call, counted) in kernels.items():
         out[f"class.{name}"] = counted / _least_s(call, 1 if name == "optimizer" else 3)
+    for name, (call, counted) in (cold or {}).items():
+        out[f"class.{name}"] = counted / _least_s(call, 3, flush.zero_)
     out["op_overhead_s"] = op_overhead_s()
     return out
 
@@ -284,7 +291,15 @@ def rounds(cfgs, names: list[str], n_rounds: int, warmup: int, stack: dict,
         steps.append(pipeline_step(cfg, shape) if plan == "pipeline"
                      else data_parallel_step(cfg, shape, plan))
     grad = torch.ones(shape.padded), torch.ones(shape.padded), torch.empty(shape.padded)
-    kernels = class_kernels(shape, list(build_stage(shape, 0, 1).parameters()), stack)
+    model = build_stage(shape, 0, 1)
+    kernels = class_kernels(shape, list(model.parameters()), stack)
+    cold, flush = {}, None
+    if any(plan_of(cfg, dist.get_world_size()) == "fsdp" for cfg in cfgs):
+        from .fsdp_copies import fsdp_kernels
+        from .mpijobs import last_level_cache_bytes
+        cold = fsdp_kernels(list(model.blocks[0].parameters()), dist.get_world_size(),
+                            dist.get_rank())
+        flush = torch.empty(flush_bytes(last_level_cache_bytes()) // 4)
     sample = _collective_sampler(cfgs, clock)
     gemms, colls, rates = [], [], {}
     runs = {name: {"times_s": [], "cpu_s": [], "phases_cpu_s": [], "losses": []}
@@ -293,7 +308,7 @@ def rounds(cfgs, names: list[str], n_rounds: int, warmup: int, stack: dict,
         dist.barrier()
         frame = _gemm_round(shape, seed + r)
         dist.barrier()
-        got = _rates(grad, kernels)
+        got = _rates(grad, kernels, cold, flush)
         coll = sample() if sample else []
         for j in range(len(cfgs)):
             name = names[(j + r) % len(cfgs)]

@@ -158,11 +158,13 @@ def torch_system(n: int, doc: dict, r_max: float, profile: Path, statistic: str,
         A system section.
     """
     from ..calibration import CalibrationProfile
+    from .fsdp_copies import FSDP_CLASSES
     from .kernels import CLASS_KERNELS, efficiencies
     from .machine import local_system
     rates = doc["rates_by_round"]
     stream = _rate(rates["gradients"], statistic)
-    classes = efficiencies({c: _rate(rates[f"class.{c}"], statistic) for c in CLASS_KERNELS},
+    measured = [c for c in CLASS_KERNELS + FSDP_CLASSES if f"class.{c}" in rates]
+    classes = efficiencies({c: _rate(rates[f"class.{c}"], statistic) for c in measured},
                            stream)
     overhead = float(np.min(rates["op_overhead_s"]) if statistic == "min"
                      else np.median(rates["op_overhead_s"]))
@@ -176,7 +178,9 @@ def torch_system(n: int, doc: dict, r_max: float, profile: Path, statistic: str,
     src = f"measured on this machine by ddlsim/reference/torch_job.py ({when})"
     system["device"]["source"] = (f"{src}: peak = the torch fp32 GEMM plateau R_max, "
                                   "bandwidth = torch.add(x, y, out=z) on the gradient "
-                                  "buffer's size, element-wise classes = torch's kernels")
+                                  "buffer's size, element-wise classes = torch's kernels"
+                                  " (under FSDP its copies, torch.ops.fsdp, after a flush "
+                                  "of the last-level cache)")
     system["device"]["launch"] = {
         "host_launch_s": 0.0, "eager_op_s": 0.0, "stream_gap_s": overhead,
         "graph_gap_s": overhead,

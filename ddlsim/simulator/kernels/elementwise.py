@@ -97,6 +97,12 @@ ELEMENTWISE_CLASSES = {
     "loss_backward": "their backward (mul_ by the loss gradient, the cast back)",
     "chunk_cat": "FSDP2's torch._chunk_cat of a unit's gradients into the reduce-scatter input, "
                  "cast to the reduce dtype (workloads/decoder/fsdp2_passes.py)",
+    "fsdp_copy_in": "FSDP2's copy of a unit's shards into the all-gather input, cast to the "
+                    "param dtype (foreach_all_gather: _foreach_copy_ in all_gather_copy_in; "
+                    "workloads/decoder/fsdp2_passes.py)",
+    "fsdp_copy_out": "FSDP2's copy of the all-gather output into the unsharded parameters "
+                     "(foreach_all_gather_copy_out: split_with_sizes_copy; at one rank "
+                     "wait_for_unshard's tensor.copy_; workloads/decoder/fsdp2_passes.py)",
     "batchnorm": "cuDNN's persistent NHWC batch norm (CUDNN_BATCHNORM_SPATIAL_PERSISTENT, which "
                  "PyTorch trains channels-last tensors in), forward (workloads/resnet/kernels.py)",
     "batchnorm_backward": "its backward",

@@ -23,6 +23,11 @@ per reduced gradient element (``reduce_dtype``) and fp32 sharded parameters and 
   (``sharded_param.grad._local_tensor += ...``, ``3·4·P/N``), counted as ``(m − 1)/m`` of it on
   every micro-batch's block (the block is the same for every micro-batch).
 
+The copy-in, the copy-out and the ``chunk_cat`` are one kernel each of class :data:`COPY_IN`,
+:data:`COPY_OUT` and :data:`CHUNK_CAT`, which a device may time at their own achieved bandwidth
+(``device.elementwise_efficiency``; the torch loop measures them on its CPU,
+``ddlsim/reference/fsdp_copies.py``); one without their figures runs them at its streaming rate.
+
 No other pass touches the gradients: autograd writes each micro-batch's 16-bit unsharded
 gradient once (the weight-gradient GEMM's output), FSDP2 reduce-scatters it at every
 micro-batch (torchtitan leaves ``set_requires_gradient_sync`` on) and frees it, so no
@@ -103,10 +108,10 @@ from typing import NamedTuple
 
 from ..trace import Compute, Kernel
 
-__all__ = ["SHARD_BYTES", "CHUNK_CAT", "UnshardPasses", "ReducePasses", "unshard_passes",
-           "reduce_passes", "chunk_cat_op", "HOOK_TINY_OPS", "STEP_OPS_PER_TENSOR",
-           "DTENSOR_OP_TINY_OPS", "POST_HOOK_SHARE", "tiny_op_s", "host_is_device",
-           "layer_tensors", "edge_tensors", "hook_seconds", "step_host_seconds",
+__all__ = ["SHARD_BYTES", "CHUNK_CAT", "COPY_IN", "COPY_OUT", "UnshardPasses", "ReducePasses",
+           "unshard_passes", "reduce_passes", "chunk_cat_op", "HOOK_TINY_OPS",
+           "STEP_OPS_PER_TENSOR", "DTENSOR_OP_TINY_OPS", "POST_HOOK_SHARE", "tiny_op_s",
+           "host_is_device", "layer_tensors", "edge_tensors", "hook_seconds", "step_host_seconds",
            "CHUNK_CAT_BLOCK_BYTES", "CHUNK_CAT_HOST_TINY_OPS", "chunk_cat_host_seconds"]
 
 #: bytes per element of FSDP2's sharded parameters and gradients: fp32 (torchtitan builds
@@ -117,6 +122,10 @@ SHARD_BYTES = 4
 
 #: the kernel class of ``torch._chunk_cat`` (``device.elementwise_efficiency``)
 CHUNK_CAT = "chunk_cat"
+#: the kernel classes of the unshard's copy-in (``all_gather_copy_in``'s ``_foreach_copy_``,
+#: with the cast to ``param_dtype``) and copy-out (``split_with_sizes_copy``; at one rank
+#: ``tensor.copy_``): a device without their figures runs them at its streaming bandwidth
+COPY_IN, COPY_OUT = "fsdp_copy_in", "fsdp_copy_out"
 
 
 class UnshardPasses(NamedTuple):

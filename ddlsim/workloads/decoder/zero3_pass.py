@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..smcontention import issued_since as _beside
-from ..trace import Collective, Compute, Op, Wait
+from ..trace import Collective, Compute, Kernel, Op, Wait
 from .oplists import comm_stream as _stream, extend_ops as _extend, placed as _placed
 
 if TYPE_CHECKING:
@@ -136,10 +136,15 @@ class _Pass:
         return (len(self.ops) - 1,)
 
     def _elementwise(self, name: str, nbytes: float, stream: str,
-                     deps: tuple[int, ...]) -> int:
-        """A memory pass of ``nbytes`` bytes on ``stream`` after ``deps``: its index."""
-        self.ops.append(Op(Compute(name, 0.0, nbytes, kind="elementwise", dtype=self.b.dtype),
-                           stream, deps=deps))
+                     deps: tuple[int, ...], variant: str = "") -> int:
+        """A memory pass of ``nbytes`` bytes on ``stream`` after ``deps``: its index; with a
+        ``variant``, one kernel of that class (``device.elementwise_efficiency``: the
+        streaming bandwidth where the device has no figure for it)."""
+        dtype = self.b.dtype
+        kernels = (Kernel("memory", bytes=nbytes, dtype=dtype, variant=variant),) \
+            if variant else None
+        self.ops.append(Op(Compute(name, 0.0, nbytes, kind="elementwise", dtype=dtype,
+                                   kernels=kernels), stream, deps=deps))
         return len(self.ops) - 1
 
     def gather(self, j: int, deps: tuple[int, ...],
@@ -162,7 +167,9 @@ class _Pass:
             ops.extend(u.pre_gather(deps))
             deps = (len(ops) - 1,)
         if u.copy_in and u.gathers:      # FSDP2's cast and copy-in of the shard, on its
-            deps = (self._elementwise("zero3.copy_in", u.copy_in, COPY_IN_STREAM, deps),)
+            from .fsdp2_passes import COPY_IN
+            deps = (self._elementwise("zero3.copy_in", u.copy_in, COPY_IN_STREAM, deps,
+                                      COPY_IN),)
         for group, n in u.gathers:
             ops.append(Op(Collective(f"param.all_gather{u.label}", "all_gather", group, n),
                           _stream(group), deps=deps))
@@ -202,7 +209,9 @@ class _Pass:
         if unit.cast:         # FSDP2 at one rank: the cast, then the copy, no gather
             waits = (self._elementwise("zero3.cast", unit.cast, "compute", waits),)
         if unit.copy_out:     # after its gathers, or in their place at one rank
-            waits = (self._elementwise("zero3.copy_out", unit.copy_out, "compute", waits),)
+            from .fsdp2_passes import COPY_OUT
+            waits = (self._elementwise("zero3.copy_out", unit.copy_out, "compute", waits,
+                                       COPY_OUT),)
         beside_colls = _beside(ops, seen, own)
         if self.op_host:      # the block's eager ops on the host (.eager_host)
             self._issued(unit.ops, waits)
