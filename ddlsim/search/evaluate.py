@@ -7,14 +7,13 @@ reason.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
 from ..errors import ConfigError
+from ..gcpause import collector_paused
 from .family import vector_family
 from .pipeline import iteration_time
 from .planconfig import group_rules, judge_failed_contexts, plan_config, plan_sections
@@ -101,30 +100,15 @@ def evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[
     -------
     Grid
     """
-    with _collector_paused():
+    # a cold grid allocates many short-lived objects (op lists, pydantic copies, numpy
+    # arrays), nearly all freed by their reference counts; their allocation triggered ~25
+    # collections a grid, ~3 % of its CPU time (py-spy, 2026-11-30, docs/search.md "Speed"),
+    # which found ~1,000 objects in cycles: paused, ~4,000 wait for the next collection
+    with collector_paused():
         return _evaluate_grid(data, base_dir, overrides, axes, constraints, objective,
                               price_per_gpu_hour, progress)
 
 
-@contextmanager
-def _collector_paused():
-    """Pause Python's cyclic garbage collector for one grid, then restore its previous state.
-
-    A cold grid allocates many short-lived objects (op lists, pydantic
-    copies, numpy arrays), nearly all freed by their reference counts; their allocation
-    alone triggers ~25 collections a grid (the speed grid of ``benchmarks/search_speed.py``)
-    and now and then a full one that scans the whole heap (about 40 ms, a third of a grid).
-    Those collections were ~3 % of a cold grid's CPU time (py-spy, 2026-11-30,
-    docs/search.md "Speed") and found ~1,000 objects in reference cycles; paused, the grid
-    leaves ~4,000 such objects to the first collection after it. A
-    collector the caller had disabled stays disabled."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def _evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[str, list],
