@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[1] / "ddlsim"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation", ("ddlsim._version", "ddlsim._lazy", "ddlsim.errors", "ddlsim.units",
                     "ddlsim.textio", "ddlsim.figio", "ddlsim.documents", "ddlsim.limits",
-                    "ddlsim.formatting", "ddlsim.data", "ddlsim.workcount")),
+                    "ddlsim.formatting", "ddlsim.data", "ddlsim.workcount", "ddlsim.gcpause")),
     ("registries", ("ddlsim.registered", "ddlsim.workloads.registry")),
     ("config", ("ddlsim.config_types", "ddlsim.config_moe", "ddlsim.config_parallel",
                 "ddlsim.software_fields",
