@@ -37,6 +37,20 @@ is sent): FSDP2's sharded path alone, without Gloo's blocking collectives and th
 subtraction, whose noise (two processes on two cores) is larger than the hooks' own time
 (``Gloo taken off`` 180-610 µs a unit against 190-910 µs left). ``fsdp2_passes``'s figures
 are these.
+
+With ``--evict MIB`` every unit, bare and sharded alike, zeroes a buffer of that many MiB in
+its forward and again in its backward (one kernel each way), so that each unit's hooks run
+after a kernel that has evicted the caches, as the torch loop's real blocks do between two
+units (its GEMMs and the Adam step stream past the 32 MiB L3). Each pass's difference then
+carries the buffer's zeroing twice over, whose spread hides the per-tensor slope: read the
+unit of 12 tensors, ``unit + 12 · tensor``. ``--fake 2 --iters 20`` (2026-11-30 06:56 UTC,
+load 0.9-1.5, two runs each, alternating): forward 0.42 ms hot, 0.62 and 1.11 ms with
+``--evict 64``; backward 0.61-0.63 ms hot, 1.38-1.41 ms evicted: FSDP2's hooks' Python and
+dispatch refetch their code and data from memory after each block (``py-spy record --native``
+on the loop's model under FSDP2 on the fake process group: the non-kernel samples inside
+FSDP2's frames are ``foreach_reduce``'s per-parameter loop, ``record_function``'s enter and
+exit, the ``torch._dynamo.disable`` wrappers built per call and the collectives' Python
+wrappers, all per unit or per tensor). ``fsdp2_passes.HOOK_TINY_OPS`` are the hot figures.
 """
 
 from __future__ import annotations
@@ -48,6 +62,9 @@ import torchbench as tb
 LENGTHS = (2, 10)
 TENSORS = (2, 12)
 ELEMENTS = 8
+#: under ``--evict``: [the buffer each unit zeroes forward and backward, the autograd
+#: function doing it]; empty: no eviction
+EVICT: list = []
 
 
 def _chain(layers: int, tensors: int, sharded: bool):
@@ -63,6 +80,8 @@ def _chain(layers: int, tensors: int, sharded: bool):
                                        for _ in range(tensors))
 
         def forward(self, x):
+            if EVICT:
+                x = EVICT[1].apply(x)
             for p in self.ps:
                 x = x + p
             return x
@@ -75,6 +94,23 @@ def _chain(layers: int, tensors: int, sharded: bool):
             fully_shard(unit)
         fully_shard(model)
     return model
+
+
+def _evict_function():
+    """An autograd function zeroing :data:`EVICT`'s buffer in the forward and the backward."""
+    import torch
+
+    class Evict(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            EVICT[0].zero_()
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            EVICT[0].zero_()
+            return grad
+    return Evict
 
 
 def _phases(model, iters: int) -> tuple[float, float]:
@@ -218,7 +254,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace", help="read a one-rank Kineto trace's FSDP2 ranges instead")
     ap.add_argument("--fake", type=int, default=0, metavar="N",
                     help="one process on torch's fake process group of N ranks (no Gloo)")
+    ap.add_argument("--evict", type=float, default=0.0, metavar="MIB",
+                    help="each unit zeroes this many MiB forward and backward (0: none)")
     args = tb.parse(ap, argv, ("iters",))
+    if args.evict < 0:
+        ap.error(f"--evict {args.evict}: must be >= 0 (MiB; 0: no eviction)")
     if args.fake < 0:
         ap.error(f"--fake {args.fake}: must be >= 1 (or 0: Gloo under torch.distributed.run)")
     if args.trace:
@@ -230,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if tb.loop_model(False) is None:        # torch with Gloo, one thread
         return 2
+    if args.evict:
+        import torch
+        EVICT[:] = [torch.empty(int(args.evict * 2 ** 20) // 4), _evict_function()]
     import torch.distributed as dist
     if args.fake:
         from torch.testing._internal.distributed.fake_pg import FakeStore
