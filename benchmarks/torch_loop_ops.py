@@ -71,13 +71,12 @@ def measure(shape, iters: int, warmup: int = 2):
     untimed iterations (every second one), in CPU seconds."""
     import torch
 
-    from ddlsim.reference.mpijobs import last_level_cache_bytes
-    from ddlsim.reference.torch_job import flush_bytes
+    from ddlsim.reference.torch_job import flush_buffer
     from ddlsim.reference.torch_train import _batch, build_stage
     model = build_stage(shape, 0, 1)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     idx, tgt = _batch(shape, 0)
-    flush = torch.empty(flush_bytes(last_level_cache_bytes()) // 4)
+    flush = flush_buffer()
     phase, ops, inside, alone, plain = ["forward"], defaultdict(list), [], [], []
     for it in range(warmup + 2 * iters):
         spent, calls, gemms = defaultdict(float), defaultdict(int), []

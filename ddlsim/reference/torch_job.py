@@ -52,7 +52,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-__all__ = ["class_kernels", "op_overhead_s", "flush_bytes", "gemm_rows", "rounds", "main"]
+__all__ = ["class_kernels", "op_overhead_s", "flush_bytes", "flush_buffer", "gemm_rows", "rounds",
+           "main"]
 
 #: Square GEMMs beside the run's own shapes (as :data:`.interleaved.SQUARES`).
 SQUARES = ((64, 64, 64), (128, 128, 128), (256, 256, 256), (512, 512, 512))
@@ -126,6 +127,13 @@ def flush_bytes(llc_bytes: int | None) -> int:
     return max(2 * llc_bytes, MIN_FLUSH_BYTES)
 
 
+def flush_buffer() -> torch.Tensor:
+    """An fp32 buffer of :func:`flush_bytes` of this machine's last-level cache
+    (:func:`.mpijobs.last_level_cache_bytes`), which a sample zeroes before each timed call."""
+    from .mpijobs import last_level_cache_bytes
+    return torch.empty(flush_bytes(last_level_cache_bytes()) // 4)
+
+
 def gemm_rows(shapes, seed: int, reps: int = 3) -> list[dict]:
     """Process-CPU-time samples of each GEMM ``(m, n, k)`` or stacked ``(m, n, k, batch)``
     (``batch`` GEMMs in one torch ``matmul``, as the attention core runs its heads), fp32,
@@ -134,9 +142,8 @@ def gemm_rows(shapes, seed: int, reps: int = 3) -> list[dict]:
     rows in the ``calibrate compute`` format. (``calibrate compute --backend torch`` times
     wall time over back-to-back calls, whose operands stay in cache, and refuses stacks.)"""
     from ..calibration.compute_bench import _row, gemm_flops
-    from .mpijobs import last_level_cache_bytes
     gen, rows = torch.Generator().manual_seed(seed), []
-    flush = torch.empty(flush_bytes(last_level_cache_bytes()) // 4)
+    flush = flush_buffer()
     for shape in shapes:
         m, n, k, *stack = shape
         a = torch.randn((*stack, m, k), generator=gen)
@@ -296,10 +303,9 @@ def rounds(cfgs, names: list[str], n_rounds: int, warmup: int, stack: dict,
     cold, flush = {}, None
     if any(plan_of(cfg, dist.get_world_size()) == "fsdp" for cfg in cfgs):
         from .fsdp_copies import fsdp_kernels
-        from .mpijobs import last_level_cache_bytes
         cold = fsdp_kernels(list(model.blocks[0].parameters()), dist.get_world_size(),
                             dist.get_rank())
-        flush = torch.empty(flush_bytes(last_level_cache_bytes()) // 4)
+        flush = flush_buffer()
     sample = _collective_sampler(cfgs, clock)
     gemms, colls, rates = [], [], {}
     runs = {name: {"times_s": [], "cpu_s": [], "phases_cpu_s": [], "losses": []}
