@@ -9,8 +9,8 @@ for the published time and for each part of ddlsim's breakdown: compute, exposed
 the optimizer step; ``gap`` is published minus predicted (the long-context rows' published
 time is validate_moe's, from their TFLOP/s by Megatron's FLOP count). With it, the local
 experts per rank and the tokens each computes (``n = etp · ep · T · k / E``,
-``T = MBS · seq / (CP · TP)``: the sequence-parallel shard a rank routes, forced balance). Nothing is fitted; the script only
-divides what ``validate_moe`` already prints (docs/moe.md, "A per-layer floor in the published
+``T = MBS · seq / (CP · TP)``: the sequence-parallel shard a rank routes, forced balance).
+Nothing is fitted; the script only divides what ``validate_moe`` already prints (docs/moe.md, "A per-layer floor in the published
 runs"). ``per-expert host`` is the host time per layer and micro-batch that ddlsim counts for
 the local experts' Transformer Engine grouped linears (:func:`expert_host_ms`), to set beside
 the gap's growth with the local experts. ``random-routing excess`` is how much more than the

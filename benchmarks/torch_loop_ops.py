@@ -12,8 +12,8 @@ least CPU time over the iterations of their sum. Then, for every GEMM (``mm``, `
 ``bmm``) of one iteration, the least CPU time inside the iterations against the same call
 (the operands copied with their strides) timed alone after writing twice the last-level
 cache (the torch job's ``flush_bytes``: operands from memory, as its calibration times them),
-alternating with the iterations, so both see the same machine. Timing each op adds a Python call per op, so the
-per-op sum exceeds the untimed iteration by about that (printed). Needs the torch extra.
+alternating with the iterations, so both see the same machine. Timing each op adds a Python
+call per op, so the per-op sum exceeds the untimed iteration by about that (printed). Needs the torch extra.
 """
 
 from __future__ import annotations

@@ -114,8 +114,8 @@ class Software:
     def __hash__(self) -> int:
         # computed once per object (the speed grid of benchmarks/search_speed.py hashes its
         # stacks 266 times, each a sort of 47 fields: 1.7 % of a cold grid, py-spy
-        # 2026-11-30); the fields are never changed after construction. Not pickled (:meth:`__getstate__`): a string's hash
-        # differs between processes.
+        # 2026-11-30); the fields are never changed after construction. Not pickled
+        # (:meth:`__getstate__`): a string's hash differs between processes.
         got = self.__dict__.get("_Software__hash")
         if got is None:
             got = hash((self.name, tuple(sorted(self.kernels.items())),
