@@ -39,7 +39,11 @@ settings of that repository's scripts; a row ddlsim does not model is listed, no
 A third table: the same developers' long-sequence runs of that model (16k-128k tokens, TP4 PP8
 VP4 EP8, context parallelism 1-8, DeepEP, BF16; ``data/modelzoo_h100_moe_long_context.csv``),
 published as TFLOP/s per GPU and turned into step times with Megatron-LM's own FLOP count
-(:func:`megatron_flops`); forced-balance rows are predicted, dropless ones listed.
+(:func:`megatron_flops`); forced-balance rows are predicted, dropless ones listed: no published
+measurement gives their hottest EP rank's load over the mean (``router_imbalance``), ddlsim takes
+no default from one, and it models DeepEP's kernels under balanced routing only (docs/moe.md,
+"Load imbalance under dropless routing", says what was searched). Published dropless is 9-25 %
+slower than forced there; that gap is the check for any future default, never its source.
 """
 
 from __future__ import annotations

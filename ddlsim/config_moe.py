@@ -92,10 +92,14 @@ class MoESpec(_Strict):
     router_force_load_balancing: StrictBool = Field(
         default=False, description="benchmark mode: random logits, every expert gets the "
                                    "same number of tokens (router_imbalance must be 1)")
-    router_imbalance: Annotated[float, BeforeValidator(reject_bool), Field(ge=1.0, le=1e3)] = \
-        Field(default=1.0, description="tokens of the most loaded expert-parallel rank over "
-                                       "the mean (1: balanced); that rank sets the MoE "
-                                       "layer's time")
+    router_imbalance: Annotated[float, BeforeValidator(reject_bool),
+                                Field(ge=1.0, le=1e3)] | None = \
+        Field(default=None, description="tokens of the most loaded expert-parallel rank over "
+                                        "the mean (1: balanced); that rank sets the MoE "
+                                        "layer's time; unset: 1, by construction under forced "
+                                        "balance, an assumption otherwise (no published per-rank "
+                                        "measurement gives a default: docs/moe.md), which "
+                                        "the plan line and JSON routing name")
     pad_expert_input_to_capacity: StrictBool = Field(
         default=False, description="every expert gets exactly its capacity (padded): needs "
                                    "model.capacity_factor (Megatron's "

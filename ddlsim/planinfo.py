@@ -89,8 +89,7 @@ def _moe_fields(cfg: Any) -> tuple[dict[str, Any], list[str]]:
         moe["flex_backend"] = plan.flex_backend
     moe.update(ep=plan.ep, etp=plan.etp, grouped_gemm=plan.grouped_gemm,
                permute_fusion=plan.permute_fusion,
-               routing=("dropless" if plan.capacity_factor is None else
-                        f"capacity {plan.capacity_factor:g}{', padded' if plan.pad else ''}"),
+               routing=plan.routing_phrase(),
                router_imbalance=plan.imbalance, delay_wgrad_compute=plan.delay_wgrad,
                router_fusion=plan.router_fusion, aux_loss_coeff=plan.aux_loss_coeff)
     on = (["shared-experts"] if plan.shared_expert_overlap else []) + \
@@ -158,7 +157,9 @@ def plan_fields(cfg: Any) -> dict[str, Any]:
         kernels are launched: eager, compiled, cuda_graphs; docs/compute.md), ``fused`` and
         ``not_fused`` (kernel names); for a MoE model ``moe`` (``dispatcher``, with
         ``flex_backend`` for the flex dispatcher, ``ep``, ``etp``, ``grouped_gemm``,
-        ``permute_fusion``, ``routing``, ``router_imbalance``, ``delay_wgrad_compute``,
+        ``permute_fusion``, ``routing`` (naming the balance it assumes when dropless routing
+        is neither given an imbalance nor forced), ``router_imbalance``,
+        ``delay_wgrad_compute``,
         ``router_fusion``, ``aux_loss_coeff``) and
         its overlaps among ``overlaps``; when set, ``hsdp`` (``replicas``, ``shard_ranks``),
         ``recompute_every_n_layers``, ``recompute_modules`` and ``layers_per_virtual_stage``;

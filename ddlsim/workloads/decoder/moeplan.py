@@ -74,6 +74,10 @@ class MoEPlan:
     #: ``--moe-router-dtype`` (``fp32``), None: the router's GEMM in the layer's dtype
     #: (:func:`.moe_router.router_gemm`)
     router_dtype: str | None = None
+    #: where :attr:`imbalance` comes from: ``given`` (``parallel.moe.router_imbalance``),
+    #: ``forced`` (forced balance: 1 by construction) or ``assumed`` (unset, un-forced: 1, no
+    #: published per-rank measurement gives a default, docs/moe.md)
+    imbalance_basis: str = "given"
 
     @property
     def aux_loss(self) -> bool:
@@ -99,6 +103,17 @@ class MoEPlan:
         padded (every expert slot travels), else 1 (balanced routing drops nothing)."""
         return float(self.capacity_factor) if self.pad else 1.0
 
+    def routing_phrase(self) -> str:
+        """The routing as the plan line and the JSON's ``plan.moe.routing`` say it:
+        ``dropless``, ``capacity 1.25``, ``capacity 1.25, padded``; dropless routing whose
+        imbalance nobody gave (not forced) names the balance it assumes."""
+        if self.capacity_factor is not None:
+            return f"capacity {self.capacity_factor:g}{', padded' if self.pad else ''}"
+        if self.imbalance_basis == "assumed":
+            return (f"dropless, balanced (router_imbalance {self.imbalance:g}, assumed: "
+                    "no measured default)")
+        return "dropless"
+
     def _gemm_phrase(self) -> str:
         if not self.grouped_gemm:
             return "one GEMM per expert"
@@ -108,8 +123,7 @@ class MoEPlan:
 
     def phrase(self) -> str:
         """``alltoall dispatch, grouped GEMM, fused permute, dropless`` for the plan line."""
-        route = ("dropless" if self.capacity_factor is None else
-                 f"capacity {self.capacity_factor:g}{', padded' if self.pad else ''}")
+        route = self.routing_phrase()
         hot = f", hot EP rank ×{self.imbalance:g}" if self.imbalance != 1.0 else ""
         flex = f"/{self.flex_backend}" if self.flex_backend else ""
         return (f"MoE {self.dispatcher}{flex} dispatch, "
@@ -159,6 +173,7 @@ def resolve_moe(cfg: Any) -> MoEPlan | None:
     given = {} if spec is None else spec.model_dump()
     table, values, sources = _stack_moe(stack), {}, {}
     refused = _stack_refusals(stack)
+    imbalance, basis = _imbalance(given)
     for field in STACK_FIELDS:
         if given.get(field) is not None:
             values[field], sources[field] = given[field], f"parallel.moe.{field}"
@@ -174,7 +189,7 @@ def resolve_moe(cfg: Any) -> MoEPlan | None:
     return MoEPlan(values["token_dispatcher_type"], values["grouped_gemm"],
                    values["permute_fusion"], bool(given.get("shared_expert_overlap", False)),
                    given.get("router_load_balancing_type", "aux_loss"),
-                   float(given.get("router_imbalance", 1.0)), shape.capacity_factor,
+                   imbalance, shape.capacity_factor,
                    bool(given.get("pad_expert_input_to_capacity", False)), p.ep, p.etp, sources,
                    a2a_overlap=bool(values["overlap_expert_parallel_comm"]),
                    delay_wgrad=bool(values["delay_wgrad_compute"]),
@@ -183,7 +198,21 @@ def resolve_moe(cfg: Any) -> MoEPlan | None:
                    aux_loss_coeff=_aux_loss_coeff(cfg, given, sources),
                    router_fusion=_router_fusion(table, given, sources),
                    forced_balance=bool(given.get("router_force_load_balancing", False)),
-                   router_dtype=given.get("router_dtype"))
+                   router_dtype=given.get("router_dtype"), imbalance_basis=basis)
+
+
+def _imbalance(given: dict) -> tuple[float, str]:
+    """The hot rank's load over the mean and where it comes from (:attr:`MoEPlan.
+    imbalance_basis`): given; else 1, by construction under forced balance (random logits,
+    ``RandomSTE``, Megatron-LM d7288711 ``router.py`` lines 1203-1215: every rank the mean in
+    expectation) and assumed otherwise. No default is read from a measurement: none published
+    gives the per-rank max/mean tokens per micro-batch of an aux-loss or aux-loss-free router
+    at Megatron-like scale (docs/moe.md, "Load imbalance under dropless routing")."""
+    if given.get("router_imbalance") is not None:
+        return float(given["router_imbalance"]), "given"
+    if given.get("router_force_load_balancing"):
+        return 1.0, "forced"
+    return 1.0, "assumed"
 
 
 def _aux_loss_coeff(cfg: Any, given: dict, sources: dict) -> float:
