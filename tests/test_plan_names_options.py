@@ -72,7 +72,10 @@ def test_moe_names_dispatcher_and_expert_grid_always():
     cfg = moe()
     plan = plan_fields(cfg)["moe"]
     assert plan == {"dispatcher": "alltoall", "ep": 8, "etp": 1, "grouped_gemm": True,
-                    "permute_fusion": plan["permute_fusion"], "routing": "dropless",
+                    "permute_fusion": plan["permute_fusion"],
+                    # unset and not forced: the balance is assumed, and named (issue 29)
+                    "routing": "dropless, balanced (router_imbalance 1, assumed: "
+                               "no measured default)",
                     "router_imbalance": 1.0, "delay_wgrad_compute": False,
                     "router_fusion": False,
                     "aux_loss_coeff": 0.0}    # mixtral-8x7b's config.json: no output_router_logits
