@@ -1,7 +1,9 @@
 """Model and system presets as users name them: a model by its Hugging Face repository or
 its downloaded folder, and
-``--set SECTION.preset=NAME`` (``system.preset=dgx-h100``, also swept by ``sweep --set-range``)
-replacing a section by a preset while keeping what the config gave beside its own preset."""
+``--set SECTION.preset=NAME`` or ``--set SECTION=NAME`` (``system.preset=dgx-h100``,
+``model=llama-3-70b``, also swept by ``sweep --set-range``) replacing a section by a preset
+while keeping what the config gave beside its own preset, as ``model: llama-3-70b`` does in
+a config file."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from typing import Any
 from .documents import DocumentError, parse_yaml
 from .errors import ConfigError
 
-__all__ = ["preset_alias", "preset_overrides", "hf_folder"]
+__all__ = ["preset_alias", "preset_overrides", "preset_section", "hf_folder", "not_bundled"]
 
 
 def preset_alias(section: str, name: str) -> str:
@@ -29,8 +31,26 @@ def preset_alias(section: str, name: str) -> str:
     return next((n for n in (name, short, tuned) if n in known), name)
 
 
+#: A preset of each section, for messages (``ddlsim presets SECTION`` lists them all).
+_EXAMPLE = {"model": "llama-3-70b", "system": "dgx-h100", "parallel": "dp-only",
+            "train": "gpt3-paper"}
+
+
+def preset_section(path: str) -> str | None:
+    """The section whose preset ``path`` names: ``SECTION.preset`` or ``SECTION`` alone (a
+    whole section given by a preset name, as ``model: llama-3-70b`` in a config file), for a
+    section with presets (:data:`ddlsim.presets.SECTIONS`); else None."""
+    from .presets import SECTIONS
+
+    keys = [k.strip() for k in str(path).split(".")]
+    if keys[0] in SECTIONS and (len(keys) == 1 or (len(keys) == 2 and keys[1] == "preset")):
+        return keys[0]
+    return None
+
+
 def preset_overrides(data: dict, overrides: Any, sections: Any) -> tuple[dict, list[str]]:
-    """Apply ``--set SECTION.preset=NAME`` overrides (``system.preset=dgx-h100``).
+    """Apply ``--set SECTION.preset=NAME`` and ``--set SECTION=NAME`` overrides
+    (``system.preset=dgx-h100``, ``model=llama-3-70b``).
 
     The section becomes that preset with the keys the config gave beside its own ``preset``
     (``nodes: 128``); the other overrides are returned to be applied after it.
@@ -53,24 +73,31 @@ def preset_overrides(data: dict, overrides: Any, sections: Any) -> tuple[dict, l
     ------
     ConfigError
         For a section written out in full (no preset: its keys would override every value of
-        the preset), two different presets for one section, or a value YAML cannot read.
+        the preset), two different presets for one section, a value YAML cannot read, or
+        ``SECTION=VALUE`` whose value is not a preset name (a section is set field by field:
+        ``SECTION.KEY=VALUE``).
     """
     chosen: dict[str, tuple[str, Any]] = {}
     rest = []
     for item in overrides or ():
         path, sep, raw = str(item).partition("=")
-        keys = [k.strip() for k in path.split(".")]
-        if not (sep and len(keys) == 2 and keys[0] in sections and keys[1] == "preset"):
+        section = preset_section(path)
+        if not (sep and section in sections):
             rest.append(item)
             continue
         try:
             value = parse_yaml(raw, f"override {item!r}")
         except DocumentError as exc:
             raise ConfigError(f"{exc}; quote a string value that YAML cannot read") from None
-        if keys[0] in chosen and chosen[keys[0]][1] != value:
-            raise ConfigError(f"overrides {chosen[keys[0]][0]!r} and {item!r} name two "
-                              f"{keys[0]} presets; give one")
-        chosen[keys[0]] = (item, value)
+        if "." not in path and not isinstance(value, str):
+            raise ConfigError(f"override {item!r}: the path {path.strip()!r} must be a section "
+                              f"and one or more keys joined by dots, or a section alone given "
+                              f"the name of a {section} preset (e.g. --set {section}="
+                              f"{_EXAMPLE[section]}); got {value!r}")
+        if section in chosen and chosen[section][1] != value:
+            raise ConfigError(f"overrides {chosen[section][0]!r} and {item!r} name two "
+                              f"{section} presets; give one")
+        chosen[section] = (item, value)
     data = dict(data)
     for name, (item, value) in chosen.items():
         given = data.get(name)
@@ -99,3 +126,28 @@ def hf_folder(section: dict, base_dir: Any = None) -> dict:
     if path.is_dir() and (path / "config.json").is_file():
         return {**section, "hf_config": str(Path(spec) / "config.json")}
     return section
+
+
+def _not_modelled() -> dict:
+    """``data/hf/not_modelled.yaml``: reasons by model_type, and the names users type."""
+    from .workloads.registry import read_presets
+    return read_presets("ddlsim.data.hf:not_modelled.yaml")
+
+
+def not_bundled(name: Any = None, model_type: Any = None) -> str | None:
+    """Why ddlsim bundles no preset of the published model ``name`` (as users type it:
+    ``gemma-2-9b``, ``google/gemma-2-9b-it``) or reads no ``config.json`` of ``model_type``: a
+    feature that changes a step and is not modelled, named (``data/hf/not_modelled.yaml``);
+    None for any other name or type."""
+    table = _not_modelled()
+    reasons, names = table.get("model_types", {}), table.get("presets", {})
+    if isinstance(name, str):
+        short = name.rsplit("/", 1)[-1].lower().removesuffix("-hf")
+        for tuned in (short, *(short.removesuffix(s) for s in ("-instruct", "-it", "-chat"))):
+            if tuned in names:
+                entry = names[tuned]
+                return (f"{entry['repository']} is not bundled: "
+                        f"{reasons[entry['model_type']]}")
+    if isinstance(model_type, str) and model_type in reasons:
+        return f"model_type {model_type!r} is not read: {reasons[model_type]}"
+    return None

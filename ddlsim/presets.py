@@ -78,6 +78,12 @@ def get_preset(section: str, name: str) -> dict:
         if found is not None:
             return found
     table = _load(section)
+    if name not in table and section == "model":
+        from .configpresets import not_bundled
+        why = not_bundled(name)
+        if why:
+            raise ConfigError(f"model preset {name!r}: {why}; give a config.json of a model "
+                              f"ddlsim reads instead (see `ddlsim presets model`)")
     if name not in table:
         raise ConfigError(f"{section} preset {name!r} does not exist{did_you_mean(name, table)}; "
                           f"known {section} presets: "

@@ -149,13 +149,20 @@ def parse_values(spec: str, option: str = "--set-range", limits: Any = None) -> 
 def parse_range(text: str, option: str = "--set-range",
                 limits: Any = None) -> tuple[str, list[Any]]:
     """``'PATH=VALUES'`` → ``(PATH, values)`` (:func:`parse_values`); PATH is
-    ``section.key[.key…]`` as for ``--set``."""
+    ``section.key[.key…]`` as for ``--set``, or a section alone whose values are preset
+    names (``model=llama-3.1-8b,llama-3.1-70b``: :func:`ddlsim.configpresets.preset_section`)."""
+    from .configpresets import preset_section
+
     path, sep, spec = str(text).partition("=")
     path = path.strip()
-    if not sep or len(path.split(".")) < 2 or not all(k.strip() for k in path.split(".")):
+    keys = path.split(".")
+    if not sep or not all(k.strip() for k in keys) or (len(keys) < 2
+                                                         and preset_section(path) is None):
         raise _refuse(f"{option} {_short(text)}", "write PATH=VALUES with PATH a section and one or "
                                             "more keys joined by dots, e.g. "
-                                            "'system.nic.bandwidth_Bps=100,200,400 Gb/s'")
+                                            "'system.nic.bandwidth_Bps=100,200,400 Gb/s', or a "
+                                            "section alone and preset names, e.g. "
+                                            "'model=llama-3.1-8b,llama-3.1-70b'")
     return path, parse_values(spec, f"{option} {_short(text)}", limits)
 
 

@@ -45,9 +45,17 @@ def _lookup(tree: Any, path: str) -> Any:
 
 
 def _is_preset(path: str) -> bool:
-    """``SECTION.preset``: the section becomes each preset (ddlsim/configpresets.py), a
-    field the resolved config does not have."""
-    return path.count(".") == 1 and path.endswith(".preset")
+    """``SECTION.preset`` or ``SECTION``: the section becomes each preset
+    (:func:`ddlsim.configpresets.preset_section`), a field the resolved config does not have."""
+    from .configpresets import preset_section
+    return preset_section(path) is not None
+
+
+def _same_field(a: str, b: str) -> bool:
+    """Whether two paths name one field (``model`` and ``model.preset`` do)."""
+    from .configpresets import preset_section
+    a, b = a.strip(), b.strip()
+    return a == b or (preset_section(a) is not None and preset_section(a) == preset_section(b))
 
 
 def _json(value: Any) -> str:
@@ -105,7 +113,7 @@ def _check_ranges(source: _Source, ranges: Mapping[str, Sequence[Any]],
         if not values:
             raise SweepError(f"the range of {path!r} has no values; {RANGE_FORMS}")
         total *= len(values)
-        fixed = [o for o in source.overrides if str(o).partition("=")[0].strip() == path]
+        fixed = [o for o in source.overrides if _same_field(str(o).partition("=")[0], path)]
         if fixed:
             raise SweepError(f"{path!r} is both swept and set ({fixed[0]!r}); drop one")
     sizes = " × ".join(str(len(v)) for v in ranges.values())

@@ -256,6 +256,11 @@ def hf_family(model_type: Any, source: str) -> WorkloadFamily:
     """The family that reads HuggingFace configs of ``model_type``."""
     families()
     if not isinstance(model_type, str) or model_type not in _HF_TYPES:
+        from ..configpresets import not_bundled
+        why = not_bundled(model_type=model_type)
+        if why:
+            raise ConfigError(f"{source}: {why}; supported model types: "
+                              f"{', '.join(sorted(_HF_TYPES))}")
         raise ConfigError(f"{source}: model_type = {model_type!r} is not a HuggingFace model "
                           f"type ddlsim reads{did_you_mean(str(model_type), _HF_TYPES)}; "
                           f"supported: {', '.join(sorted(_HF_TYPES))}")

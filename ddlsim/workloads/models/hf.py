@@ -11,12 +11,12 @@ and ``gpt_oss`` (biases everywhere, attention sinks, sliding-window attention on
 MLP, norm, positions, biases) is taken from the HuggingFace ``modeling_<type>.py`` of that
 architecture (transformers 4.56).
 
-Keys that do not change performance (token ids, epsilons, initialisation, RoPE base and
-scaling, dtype, versions, …) and keys ddlsim does not know are returned in a list, to be
-reported once in a warning line, never as errors; keys that change the model but are not
-modelled (sliding-window attention, …) are listed with a note saying so. Missing essential
-keys and wrong types raise :class:`~ddlsim.errors.ConfigError` naming key, value and what is
-allowed.
+Keys that change neither the time nor the memory of a training step (token ids, epsilons,
+initialisation, RoPE base and scaling, dtype, versions, …) are declared with the reason in
+:mod:`.hf_keys` and pass silently; keys whose value changes the step but is not modelled
+(quantized weights, soft-capping, …) and keys ddlsim does not know are returned in a list, to
+be reported once in a warning line, never as errors. Missing essential keys and wrong types
+raise :class:`~ddlsim.errors.ConfigError` naming key, value and what is allowed.
 """
 
 from __future__ import annotations
@@ -67,15 +67,6 @@ _READ = {"model_type", "vocab_size", "num_key_value_heads", "head_dim", "hidden_
          "layer_types", "n_routed_experts", "n_shared_experts", "first_k_dense_replace",
          "moe_layer_freq", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
          "qk_rope_head_dim", "v_head_dim", "router_aux_loss_coef"}
-
-#: Keys that change the model when set, and what ddlsim does instead.
-_NOT_MODELLED = {
-    "num_nextn_predict_layers": "DeepSeek-V3's multi-token prediction module not modelled: "
-                                "the iteration trains the main model only",
-    "mlp_only_layers": "per-layer dense/MoE list not modelled: MoE layers follow "
-                       "decoder_sparse_step only",
-    "attention_dropout": "attention dropout not modelled for this architecture",
-}
 
 
 def _err(source: str, key: str, value: object, allowed: str) -> ConfigError:
@@ -260,13 +251,6 @@ def _deepseek_moe(doc: dict, source: str) -> dict:
                 first_dense_layers=first, router_bias=True)
 
 
-def _active(doc: dict, mt: str, key: str, source: str) -> bool:
-    """Whether a key of :data:`_NOT_MODELLED` changes this model."""
-    if key == "attention_dropout":
-        return _prob(doc, key, source) > 0
-    return bool(doc[key])
-
-
 #: Expert keys, and the model types whose HuggingFace modelling code reads them
 _MOE_KEYS = {"num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
              "shared_expert_intermediate_size", "decoder_sparse_step", "n_routed_experts",
@@ -276,21 +260,19 @@ _MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "gpt_oss")
 
 
 def _unmodelled(doc: dict, mt: str, source: str) -> list[str]:
-    sizes = set(MODEL_TYPES[mt][0])
+    """Expert keys of a dense ``model_type`` (said: transformers ignores them), then the keys
+    :func:`.hf_keys.unmodelled` reports (a value that changes the step, an unknown key)."""
+    from .hf_keys import unmodelled
+
     out = []
     for key in doc:
         if key in _MOE_KEYS and mt not in _MOE_TYPES and doc[key]:
             out.append(f"{key}={doc[key]!r} (model_type {mt!r} has no experts: transformers' "
                        f"{mt} model ignores this key, so ddlsim counts a dense model; use "
                        f"model_type 'mixtral' for a Mixture-of-Experts model)")
-            continue
-        if key in sizes or key in _READ:
-            continue
-        if key in _NOT_MODELLED and _active(doc, mt, key, source):
-            out.append(f"{key}={doc[key]!r} ({_NOT_MODELLED[key]})")
-        else:
-            out.append(key)
-    return out
+    if "attention_dropout" in doc:
+        _prob(doc, "attention_dropout", source)     # a probability, or refused
+    return out + unmodelled(doc, set(MODEL_TYPES[mt][0]) | _READ)
 
 
 def from_hf_config(doc: dict, *, source: str) -> tuple[dict, list[str]]:
@@ -308,8 +290,10 @@ def from_hf_config(doc: dict, *, source: str) -> tuple[dict, list[str]]:
     fields : dict
         Keyword arguments of :class:`~ddlsim.workloads.models.decoder.DecoderShape`.
     unmodelled : list of str
-        Keys ddlsim does not model, in file order; those that change the model carry a
-        note in parentheses. Meant for one warning line.
+        Keys that may change a training step and that ddlsim does not model: expert keys of
+        a model type without experts, then in file order a known key with a value that
+        matters as ``key=value (note)`` and an unknown key by name; keys declared harmless
+        (:mod:`.hf_keys`) are left out. Meant for one warning line.
 
     Raises
     ------

@@ -1,0 +1,139 @@
+"""Which keys of a HuggingFace ``config.json`` could change a training step, and which cannot.
+
+:mod:`.hf` reads the keys that size the model. Every other key of a published file is either
+declared here as having no effect on the time or the memory of a training step
+(:data:`NO_EFFECT`, each with the reason), or declared as changing the step only with some
+values (:data:`CONDITIONAL`: the values that change nothing, and what ddlsim does not model
+when the file holds another), or unknown. :func:`unmodelled` lists the keys a user must be
+told about: a conditional key with a value that matters, and every unknown key (ddlsim cannot
+say it is harmless). A key is never dropped silently unless this module says why it may be.
+
+What each key does is read from HuggingFace transformers 4.56 (``configuration_<type>.py``
+and ``modeling_<type>.py`` of llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe,
+gpt2, gpt_oss, deepseek_v3) and, for DeepSeek's remote code, from ``modeling_deepseek.py``
+of huggingface.co/deepseek-ai/DeepSeek-V3 (``MoEGate``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["NO_EFFECT", "CONDITIONAL", "unmodelled"]
+
+_TOKENS = "a token id: which row of the embedding is special, not the embedding's size"
+_EPS = "the norm's epsilon, added inside the same norm kernel"
+_ROTARY = ("how the rotary angles are made (base, long-context scaling: linear, dynamic, "
+           "llama3, yarn, longrope): the angles are computed once per sequence and applied "
+           "by the same rotary kernel")
+_SUMMARY = ("GPT2DoubleHeadsModel's sequence-summary head; the causal-LM model ddlsim counts "
+            "has none")
+
+#: Keys that change neither the time nor the memory of a training step, and why.
+NO_EFFECT: dict[str, str] = {
+    "_name_or_path": "the repository the file was saved from (ddlsim names the model after it)",
+    "architectures": "the model class (…ForCausalLM, GPT2LMHeadModel): the causal-LM head "
+                     "every model_type ddlsim reads is counted as",
+    "auto_map": "the classes of the repository's own modelling code (the same layers)",
+    "bos_token_id": _TOKENS, "eos_token_id": _TOKENS, "pad_token_id": _TOKENS,
+    "initializer_range": "the standard deviation of the initial weights",
+    "rms_norm_eps": _EPS, "layer_norm_epsilon": _EPS,
+    "rope_theta": _ROTARY, "rope_scaling": _ROTARY,
+    "initial_context_length": "GPT-OSS's context before YaRN scaling: " + _ROTARY,
+    "n_ctx": "GPT-2's old name of the context length; n_positions is read",
+    "torch_dtype": "the dtype the checkpoint is stored in; a run computes in train.dtype",
+    "transformers_version": "the library version that wrote the file",
+    "use_cache": "the key/value cache of generation; a training step keeps none",
+    "task_specific_params": "generation settings (sampling, lengths)",
+    "summary_activation": _SUMMARY, "summary_first_dropout": _SUMMARY,
+    "summary_proj_to_labels": _SUMMARY, "summary_type": _SUMMARY, "summary_use_proj": _SUMMARY,
+    "ep_size": "the expert-parallel size of DeepSeek's inference code; a run's is "
+               "parallel.expert_model_parallel_size",
+    "routed_scaling_factor": "a constant times each token's k routing weights (k numbers per "
+                             "token, applied in the experts' combine)",
+    "norm_topk_prob": "whether each token's k routing weights are renormalised (k numbers per "
+                      "token)",
+    "scoring_func": "the router's score function, softmax or sigmoid: one element-wise pass "
+                    "over the same tokens x experts scores",
+    "topk_method": "the name of the router's selection rule; the group limit that changes "
+                   "the dispatch is read from n_group and topk_group",
+    "seq_aux": "whether DeepSeek's balance loss is per sequence; whether it runs at all is "
+               "aux_loss_alpha's to say",
+    "output_router_logits": "whether the load-balancing loss is computed: read with "
+                            "router_aux_loss_coef (parallel.moe.aux_loss_coeff's default)",
+}
+
+#: (value that changes nothing, what ddlsim does not model otherwise) per key
+_Rule = tuple[Callable[[Any, dict], bool], str]
+
+
+def _zero(value: Any, doc: dict) -> bool:
+    return value in (None, 0, 0.0, False, [], {})
+
+
+def _group_free(value: Any, doc: dict) -> bool:
+    """No group limit: one group, or every group allowed (DeepSeek ``MoEGate``)."""
+    groups, allowed = doc.get("n_group"), doc.get("topk_group")
+    if groups in (None, 1) or allowed is None:
+        return True
+    return isinstance(groups, int) and isinstance(allowed, int) and allowed >= groups
+
+
+#: Keys that change a step with some values: the test for a value that does not, and what
+#: ddlsim does not model when the file holds another one.
+CONDITIONAL: dict[str, _Rule] = {
+    "attention_dropout": (_zero, "attention dropout not modelled for this architecture"),
+    "num_nextn_predict_layers": (_zero, "DeepSeek-V3's multi-token prediction module not "
+                                        "modelled: the iteration trains the main model only"),
+    "mlp_only_layers": (_zero, "per-layer dense/MoE list not modelled: MoE layers follow "
+                               "decoder_sparse_step only"),
+    "pretraining_tp": (lambda v, doc: v in (None, 1),
+                       "transformers splits each linear layer into pretraining_tp slices (the "
+                       "same FLOPs in smaller GEMMs); not modelled"),
+    "quantization_config": (_zero, "the checkpoint's weights are stored quantized; ddlsim "
+                                   "trains the model in train.dtype and models no quantized "
+                                   "weights"),
+    "swiglu_limit": (_zero, "GPT-OSS's clamped SwiGLU (clamps of the gate and up projections) "
+                            "not modelled: the MLP's element-wise work is plain SwiGLU's"),
+    "attn_logit_softcapping": (_zero, "tanh soft-capping of the attention scores not modelled"),
+    "final_logit_softcapping": (_zero, "tanh soft-capping of the logits not modelled"),
+    "router_jitter_noise": (_zero, "router jitter (a random factor on the router's input) not "
+                                   "modelled"),
+    "aux_loss_alpha": (_zero, "DeepSeek's balance loss is computed in training but not read "
+                              "from config.json: its kernels count only as parallel.moe sets "
+                              "router_load_balancing_type and aux_loss_coeff"),
+    "n_group": (_group_free, "group-limited routing not modelled: each token's experts come "
+                             "from topk_group of n_group groups, the dispatch is counted as "
+                             "top-k over all experts"),
+    "topk_group": (_group_free, "group-limited routing, with n_group"),
+    "use_mrope": (_zero, "multimodal rotary sections not modelled"),
+    "experts_per_token": (lambda v, doc: v == doc.get("num_experts_per_tok"),
+                          "differs from num_experts_per_tok, which is the one read"),
+}
+
+
+def _shown(value: Any, most: int = 40) -> str:
+    """``value`` for the warning line: a quantization mapping by its method, else its repr
+    cut to ``most`` characters."""
+    if isinstance(value, dict) and "quant_method" in value:
+        return f"{{'quant_method': {value['quant_method']!r}, …}}"
+    text = repr(value)
+    return text if len(text) <= most else text[:most - 1] + "…"
+
+
+def unmodelled(doc: dict, read: set[str]) -> list[str]:
+    """The keys of ``doc`` a user must be told about, in file order: a :data:`CONDITIONAL`
+    key whose value changes the step, as ``key=value (what is not modelled)``, and every key
+    neither ``read`` nor declared here, by name. Declared keys with a harmless value, and
+    :data:`NO_EFFECT` keys, are left out."""
+    out = []
+    for key, value in doc.items():
+        if key in read or key in NO_EFFECT:
+            continue
+        if key in CONDITIONAL:
+            harmless, note = CONDITIONAL[key]
+            if not harmless(value, doc):
+                out.append(f"{key}={_shown(value)} ({note})")
+            continue
+        out.append(key)
+    return out
