@@ -35,6 +35,22 @@ def test_set_model_to_a_preset_name_replaces_the_section():
     assert same.model.shape() == cfg.model.shape()
 
 
+def test_the_cli_takes_a_model_preset_name_in_set_and_set_range():
+    from typer.testing import CliRunner
+
+    from ddlsim.cli import app
+
+    runner = CliRunner()
+    r = runner.invoke(app, ["predict", str(EXAMPLE), "--set", "model=llama-3-70b", "-f", "json",
+                            "--allow-oom"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["parameter_count"] == 70553706496
+    r = runner.invoke(app, ["sweep", str(EXAMPLE), "--set-range",
+                            "model=llama-3.1-8b,llama-3.1-70b", "-f", "json"])
+    assert r.exit_code == 0, r.output
+    assert [row["model"] for row in json.loads(r.stdout)] == ["llama-3.1-8b", "llama-3.1-70b"]
+
+
 @pytest.mark.parametrize("item", ["model=4", "model=[llama-3.1-8b]", "train=4"])
 def test_set_a_section_to_anything_but_a_name_is_refused(item):
     with pytest.raises(ConfigError, match=r"must be a section and one or more keys joined by "
