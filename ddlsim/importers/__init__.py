@@ -144,8 +144,11 @@ def _finish(fields: dict[str, Any], overrides: tuple[str, ...],
     if missing:
         raise ConfigError("the system is not in these files: give " + " and ".join(missing))
     for d in drafts:
-        if d.pending:
+        if "gradient_accumulation_steps" in d.pending or "batch_per_dp_rank" in d.pending:
             _accumulation(config, d)
+        if "no_masked_softmax_fusion" in d.pending:
+            from .megatron_notes import masked_softmax
+            masked_softmax(config, d)
     try:
         build_config(config)    # refused here as predict would refuse it
     except ConfigError as exc:

@@ -73,7 +73,7 @@ def refuse_unknown(draft: Draft, ignore: set[str], known: list[str], kind: str) 
     left = []
     for argument, reason in draft.refused:
         name = argument.split()[0].split("=")[0]
-        if name in ignore or name.lstrip("-") in ignore:
+        if name in ignore or name.rstrip(":").lstrip("-") in ignore:
             draft.note(argument, f"ignored at the user's request (--ignore): {reason}")
         else:
             left.append(f"{argument}: {reason}")

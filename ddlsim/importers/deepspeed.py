@@ -42,6 +42,16 @@ TOP: dict[str, Any] = {
                     "no effect on one iteration: schedule, logging, profiling or checkpoints"),
 }
 
+#: DeepSpeed keys that change the time in a way ddlsim does not model → why
+REFUSED = {
+    # deepspeed/runtime/config.py get_data_types: the dtype gradients accumulate in
+    "data_types": "the gradients' accumulation dtype (data_types.grad_accum_dtype): not "
+                  "modelled apart from system.software.kernels.grad_reduce_dtype",
+    # DeepSpeed AutoTP training (tensor_parallel.autotp_size, deepspeed/runtime/config.py)
+    "tensor_parallel": "DeepSpeed's AutoTP: not modelled; give parallel."
+                       "tensor_model_parallel_size with --set only for Megatron-style TP",
+}
+
 #: zero_optimization keys
 ZERO: dict[str, Any] = {
     "stage": "parallel.zero_stage",
@@ -102,11 +112,16 @@ def read_deepspeed(doc: Any, where: str) -> Draft:
     draft.set("system.software.stack", "deepspeed", "a DeepSpeed config: the deepspeed stack")
     for key, value in doc.items():
         rule = TOP.get(key)
-        if rule is None:
+        if key in REFUSED:
+            draft.refuse(f"{key}: {value}", REFUSED[key])
+        elif rule is None:
             from ..errors import did_you_mean
             draft.refuse(key, "not a ds_config key ddlsim reads" + did_you_mean(key, TOP))
         elif rule == "section":
             _SECTIONS[key](draft, value)
+        elif rule == "check" and value == "auto":
+            draft.note(f"{key}: auto", _AUTO.format("train.global_batch_size (micro-batch × "
+                                                    "accumulation × DP)"))
         elif rule == "check":
             draft.pending["gradient_accumulation_steps"] = value
             draft.note(f"{key}: {value}", "checked against global / (micro-batch × DP)")
@@ -119,8 +134,16 @@ def read_deepspeed(doc: Any, where: str) -> Draft:
     return draft
 
 
+#: "auto": the value the Hugging Face Trainer fills in from its TrainingArguments
+#: (transformers integrations/deepspeed.py HfTrainerDeepSpeedConfig.trainer_config_process)
+_AUTO = ("'auto': the Hugging Face Trainer fills it from its TrainingArguments, which ddlsim "
+         "does not read; give {} with --set")
+
+
 def _count(draft: Draft, arg: str, path: str, value: Any) -> None:
-    if (isinstance(value, bool) or not isinstance(value, (int, float))
+    if value == "auto":
+        draft.note(arg, _AUTO.format(f"{path}=N"))
+    elif (isinstance(value, bool) or not isinstance(value, (int, float))
             or not math.isfinite(value) or value != int(value)):
         draft.refuse(arg, "expects a whole number")
     else:
@@ -203,8 +226,10 @@ def _precision(name: str):
             elif key == "enabled" and value is False:
                 draft.note(arg, "off")
             elif key == "enabled":
-                draft.refuse(arg, "expects true or false ('auto' is the HF Trainer's: give "
-                                  "train.dtype with --set and drop it)")
+                draft.refuse(arg, "expects true or false ('auto' is the HF Trainer's, filled "
+                                  "from its TrainingArguments: import with --ignore "
+                                  f"{name}.enabled --set train.dtype=…, since train.dtype has a "
+                                  "default that would stand in for it silently)")
             else:
                 draft.note(arg, "no effect on one iteration: loss scaling")
     return read

@@ -12,7 +12,8 @@ from typing import Any
 
 from .common import Draft
 from .megatron_fsdp import FSDP_FLAGS, megatron_fsdp_flags
-from .shell import is_unset, read_command
+from .megatron_notes import KNOWN_REFUSED, MORE_NO_EFFECT, batch_schedule
+from .shell import is_unset, read_commands
 
 __all__ = ["read_megatron", "MEGATRON_FLAGS", "megatron_flag_names"]
 
@@ -85,7 +86,6 @@ SWITCHES: dict[str, tuple[str, Any]] = {
     # Megatron-LM 9c1a5351 arguments.py line 2692 (deprecated at d7288711 for the backend flag)
     "moe-enable-deepep": ("parallel.moe.flex_dispatcher_backend", "deepep"),
     "checkpoint-activations": ("train.recompute", "full"),      # Megatron-LM 2021
-    "no-masked-softmax-fusion": (f"{_SW}.kernels.attention", "unfused"),
     "no-bias-gelu-fusion": (f"{_SW}.kernels.fused_bias_gelu", False),
     "no-bias-swiglu-fusion": (f"{_SW}.kernels.fused_bias_gelu", False),
     "no-bias-dropout-fusion": (f"{_SW}.kernels.fused_bias_dropout_add", False),
@@ -157,7 +157,9 @@ CHOICE_NOTES = {
 MODEL_FLAGS = ("normalization", "position-embedding-type", "swiglu", "group-query-attention",
                "disable-bias-linear", "tokenizer-type", "vocab-size",
                "make-vocab-size-divisible-by", "num-layers-per-virtual-pipeline-stage",
-               "attention-dropout", "hidden-dropout", "recompute-num-layers", "fp8-format")
+               "attention-dropout", "hidden-dropout", "recompute-num-layers", "fp8-format",
+               # Megatron-DeepSpeed 4efb479d arguments.py lines 623, 633; d98e8a64 line 2437
+               "num-key-value-heads", "use-rotary-position-embeddings", "no-position-embedding")
 
 #: flags that cannot change the time of one iteration, with why
 NO_EFFECT: dict[str, str] = {
@@ -194,6 +196,7 @@ NO_EFFECT: dict[str, str] = {
                      "moe-z-loss-coeff",
                      "fp8-amax-compute-algo", "distributed-timeout-minutes"),
                     "a value of the optimisation or of a kernel, not of its cost"),
+    **MORE_NO_EFFECT,
 }
 
 #: accepted, with what ddlsim leaves out
@@ -206,6 +209,9 @@ NOT_MODELLED: dict[str, str] = {
     "clip-grad": "the gradient norm (one pass over the gradients and a scalar all-reduce)",
     "rampup-batch-size": "the smaller batches of the first iterations; ddlsim predicts a "
                          "steady iteration at --global-batch-size",
+    # d98e8a64 config/training_config.py line 32: "THRESHOLD:BS THRESHOLD:BS …"
+    "step-batch-size-schedule": "the smaller batches of the schedule's first steps; ddlsim "
+                                "predicts a steady iteration at the schedule's last batch",
     "ddp-bucket-size": "the gradient bucket size in elements (ddlsim's "
                        "parallel.grad_bucket_size, in bytes, keeps its default)",
     "manual-gc": "the host's garbage-collection pauses, with or without it",
@@ -229,7 +235,7 @@ LAUNCHER: dict[str, str | None] = {
         "max_restarts", "max-restarts", "standalone"))}
 
 MEGATRON_FLAGS = (*VALUE_FLAGS, *LIST_FLAGS, *SWITCHES, *CHOICES, *MODEL_FLAGS, *NO_EFFECT,
-                  *NOT_MODELLED, *FSDP_FLAGS)
+                  *NOT_MODELLED, *FSDP_FLAGS, "no-masked-softmax-fusion")
 
 
 def megatron_flag_names() -> list[str]:
@@ -267,7 +273,28 @@ def read_megatron(text: str, where: str) -> Draft:
         The fields (dotted paths, SI units as the run config takes them) and the fate of
         every argument; refused arguments are in ``Draft.refused``, not raised here.
     """
-    cmd = read_command(text, where)
+    variants = read_commands(text, where)
+    drafts = [_read_variant(v.command, where) for v in variants]
+    first = drafts[0]
+    for variant, draft in zip(variants[1:], drafts[1:]):
+        changed = sorted(k for k in first.fields.keys() | draft.fields.keys()
+                         if first.fields.get(k, "unset") != draft.fields.get(k, "unset"))
+        if changed or sorted(draft.refused) != sorted(first.refused):
+            what = ", ".join(f"{k} ({first.fields.get(k, 'unset')!r} or "
+                             f"{draft.fields.get(k, 'unset')!r})" for k in changed[:4])
+            first.refuse("if " + " and ".join(f"{c} is true" for c, t in variant.assumed if t),
+                         "only running the script decides this condition (an environment "
+                         f"variable, $1 or a file), and it changes {what or 'what is refused'}"
+                         "; set what it tests in the script, or give the command line it runs")
+            return first
+    for cond in dict.fromkeys(c for v in variants for c, _ in v.assumed):
+        first.note(f"if {cond}", "either way the same fields (only running the script decides "
+                                 "it; the way where it is false is written)")
+    return first
+
+
+def _read_variant(cmd, where: str) -> Draft:
+    """The draft of one way through the script: its launcher, flags and model."""
     draft = Draft(where)
     draft.set("model.name", where.replace("\\", "/").rsplit("/", 1)[-1].rsplit(".", 1)[0]
               or "megatron", "the model's name: the file's")
@@ -352,6 +379,12 @@ def _one(draft: Draft, flag: str, values: list[str], model: dict[str, list[str]]
         model[flag] = values
     elif flag in NO_EFFECT:
         draft.note(arg, f"no effect on one iteration: {NO_EFFECT[flag]}")
+    elif flag == "no-masked-softmax-fusion" and not values:    # decided by the stack
+        draft.pending["no_masked_softmax_fusion"] = arg
+    elif flag == "step-batch-size-schedule":
+        batch_schedule(draft, arg, values, NOT_MODELLED[flag])
+    elif flag in KNOWN_REFUSED:
+        draft.refuse(arg, KNOWN_REFUSED[flag])
     elif flag in NOT_MODELLED:
         draft.unmodelled_arg(arg, NOT_MODELLED[flag])
     else:
@@ -359,3 +392,4 @@ def _one(draft: Draft, flag: str, values: list[str], model: dict[str, list[str]]
         draft.refuse(arg or " ".join(values), "not a Megatron-LM flag ddlsim reads"
                      + did_you_mean(flag, MEGATRON_FLAGS) if flag else
                      "a word that belongs to no --flag")
+

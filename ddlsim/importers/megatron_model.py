@@ -36,10 +36,25 @@ def _one_value(draft: Draft, model: dict, flag: str, default: str | None) -> str
     return values[0]
 
 
+#: ``--normalization`` as Megatron-LM (``LayerNorm``, ``RMSNorm``) and Megatron-DeepSpeed
+#: (4efb479d megatron/arguments.py line 647: ``layernorm``, ``rmsnorm``) spell it
+NORMS = {"LayerNorm": "LayerNorm", "layernorm": "LayerNorm", "RMSNorm": "RMSNorm",
+         "rmsnorm": "RMSNorm"}
+
+
 def _architecture(draft: Draft, model: dict) -> str | None:
-    """``gpt`` or ``llama`` from the normalisation, positions and MLP flags."""
+    """``gpt`` or ``llama`` from the normalisation, positions and MLP flags (Megatron-
+    DeepSpeed's ``--use-rotary-position-embeddings``, 4efb479d arguments.py line 633, is
+    rope)."""
     norm = _one_value(draft, model, "normalization", "LayerNorm")
-    pos = _one_value(draft, model, "position-embedding-type", "learned_absolute")
+    norm = NORMS.get(norm, norm)
+    rope = "use-rotary-position-embeddings" in model
+    pos = _one_value(draft, model, "position-embedding-type", "rope" if rope else
+                     "learned_absolute")
+    if rope and pos != "rope":
+        draft.refuse("--use-rotary-position-embeddings", f"contradicts "
+                     f"--position-embedding-type {pos}")
+    _no_position_embedding(draft, model, pos)
     gated = "swiglu" in model
     if (norm, pos, gated) == ("LayerNorm", "learned_absolute", False):
         return "gpt"
@@ -66,7 +81,9 @@ def model_fields(draft: Draft, model: dict, script: str | None) -> None:
     if arch is None:
         return
     f["model.architecture"] = arch
-    draft.note("--normalization/--position-embedding-type/--swiglu", f"model.architecture: {arch}")
+    flags = "--normalization/--position-embedding-type/--swiglu" + (
+        "/--use-rotary-position-embeddings" if "use-rotary-position-embeddings" in model else "")
+    draft.note(flags, f"model.architecture: {arch}")
     _gqa(draft, model, arch)
     _biases(draft, model, arch)
     if arch == "llama" and "model.intermediate_size" not in f and "model.hidden_size" in f:
@@ -95,8 +112,29 @@ def model_fields(draft: Draft, model: dict, script: str | None) -> None:
                    "with --recompute-method uniform every layer is recomputed (in groups)")
 
 
+def _no_position_embedding(draft: Draft, model: dict, pos: str) -> None:
+    """``--no-position-embedding`` (Megatron-LM d98e8a64 arguments.py line 2437: deprecated
+    for ``--position-embedding-type``): no learned position table, as rope has none."""
+    if "no-position-embedding" not in model:
+        return
+    if pos == "rope":
+        draft.note("--no-position-embedding", "no learned position table, as "
+                                              "--position-embedding-type rope has none")
+    else:
+        draft.refuse("--no-position-embedding", f"a decoder without positions is not modelled "
+                                                f"(--position-embedding-type {pos}); with "
+                                                "rope it is accepted")
+
+
 def _gqa(draft: Draft, model: dict, arch: str) -> None:
     f = draft.fields
+    kv = _one_value(draft, model, "num-key-value-heads", None)
+    if kv is not None:          # Megatron-DeepSpeed 4efb479d arguments.py lines 623, 444-449
+        try:
+            draft.set("model.num_key_value_heads", int(kv), f"--num-key-value-heads {kv}")
+        except ValueError:
+            draft.refuse(f"--num-key-value-heads {kv}", "expects a whole number")
+        return
     if "group-query-attention" in model:
         f.setdefault("model.num_key_value_heads", 1)
     elif "model.num_key_value_heads" in f:
@@ -132,7 +170,10 @@ def _vocab(draft: Draft, model: dict) -> None:
     if given is None and tokenizer != "GPT2BPETokenizer":
         draft.refuse(f"--tokenizer-type {tokenizer}", "ddlsim cannot read a tokenizer: add "
                                                       "--vocab-size N (its vocabulary) to the "
-                                                      "arguments")
+                                                      "arguments, or import with --ignore "
+                                                      "tokenizer-type --set "
+                                                      "model.vocab_size=N (N padded as "
+                                                      "Megatron pads it)")
         return
     try:
         vocab, divisor_n = int(given or GPT2_BPE_VOCAB), int(divisor)

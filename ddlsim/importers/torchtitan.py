@@ -24,6 +24,7 @@ from __future__ import annotations
 import tomllib
 from ..errors import ConfigError
 from .common import Draft
+from .torchtitan_quantize import read_compile as _compile
 
 __all__ = ["read_torchtitan", "torchtitan_key_names"]
 
@@ -55,8 +56,9 @@ def torchtitan_key_names() -> list[str]:
             "pipeline_parallel_split_points (2024), context_parallel_rotate_method, "
             "enable_async_tensor_parallel", "[activation_checkpoint] mode, "
             "selective_ac_option", "[float8] recipe_name, enable_fsdp_float8_all_gather, "
-            "precompute_float8_dynamic_scale_for_fsdp",
-            "[compile] enable", "[optimizer] name", *(f"[{s}]" for s in NO_EFFECT_SECTIONS)]
+            "precompute_float8_dynamic_scale_for_fsdp", "[quantize.linear.float8] (the same keys)",
+            "[compile] enable, components", "[optimizer] name",
+            *(f"[{s}]" for s in NO_EFFECT_SECTIONS)]
 
 
 def read_torchtitan(text: str, where: str) -> Draft:
@@ -91,7 +93,7 @@ def read_torchtitan(text: str, where: str) -> Draft:
     readers = {"model": _model, "training": _training,
                "parallelism": lambda d, sec, whole: _parallelism(d, sec, whole, old),
                "activation_checkpoint": _checkpoint, "float8": _float8, "compile": _compile,
-               "optimizer": _optimizer}
+               "optimizer": _optimizer, "quantize": _quantize}
     for name, section in doc.items():
         if name in NO_EFFECT_SECTIONS:
             draft.note(f"[{name}]", "no effect on one iteration: logging, checkpoints, "
@@ -161,11 +163,9 @@ def _model(draft: Draft, s: dict, doc: dict) -> None:
         draft.set("model", preset, f"[model] {name} {flavor}")
     converters = s.get("converters", [])
     converters = [converters] if isinstance(converters, str) else list(converters)
+    from .torchtitan_quantize import converter
     for c in converters:
-        if c == "float8":
-            draft.set("train.dtype", "fp8", "[model] converters = float8")
-        else:
-            draft.refuse(f"[model] converters = {c!r}", "not modelled yet")
+        converter(draft, c, doc)
     _rest(draft, "model", s, {"name", "flavor", "converters"})
 
 
@@ -362,24 +362,24 @@ def _checkpoint(draft: Draft, s: dict, doc: dict) -> None:
     _rest(draft, "activation_checkpoint", s, {"mode", "selective_ac_option"})
 
 
-def _float8(draft: Draft, s: dict, doc: dict) -> None:
+def _float8(draft: Draft, s: dict, doc: dict, section: str = "float8") -> None:
+    """``[float8]`` (or, after torchtitan 8a2686c, ``[quantize.linear.float8]``)."""
     recipe = s.get("recipe_name")
     if recipe in ("tensorwise", "rowwise"):
         draft.set("system.software.kernels.fp8_recipe", recipe,
-                  f"[float8] recipe_name = {recipe!r}")
+                  f"[{section}] recipe_name = {recipe!r}")
     elif recipe is not None:
-        draft.refuse(f"[float8] recipe_name = {recipe!r}", "not modelled yet (ddlsim's "
+        draft.refuse(f"[{section}] recipe_name = {recipe!r}", "not modelled yet (ddlsim's "
                      "recipes: tensorwise, rowwise; simulator/kernels/fp8recipe.py)")
     from .torchtitan_float8 import fsdp_float8
     fsdp_float8(draft, s, doc, recipe)
-    _rest(draft, "float8", s, {"recipe_name", "enable_fsdp_float8_all_gather",
-                               "precompute_float8_dynamic_scale_for_fsdp"})
+    _rest(draft, section, s, {"recipe_name", "enable_fsdp_float8_all_gather",
+                              "precompute_float8_dynamic_scale_for_fsdp"})
 
 
-def _compile(draft: Draft, s: dict, doc: dict) -> None:
-    if s.get("enable"):
-        draft.refuse("[compile] enable = true", "torch.compile's fusions are not modelled yet")
-    _rest(draft, "compile", s, {"enable", "components"})
+def _quantize(draft: Draft, s: dict, doc: dict) -> None:
+    from .torchtitan_quantize import read_quantize
+    read_quantize(draft, s, doc, _float8)
 
 
 def _optimizer(draft: Draft, s: dict, doc: dict) -> None:

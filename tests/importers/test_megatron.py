@@ -81,10 +81,39 @@ def test_an_unset_variable_is_refused_only_where_its_value_matters(tmp_path):
     assert cfg["model"]["num_hidden_layers"] == 32
 
 
-def test_a_script_that_branches_is_refused():
-    with pytest.raises(ConfigError, match="branches or loops"):
-        read_command("if [ $X == 1 ]; then\n  TP=2\nfi\npython pretrain_gpt.py --num-layers 2",
+def test_a_script_that_loops_is_refused():
+    with pytest.raises(ConfigError, match="loops or branches by 'for"):
+        read_command("for i in 1 2; do\n  TP=$i\ndone\npython pretrain_gpt.py --num-layers 2",
                      "s.sh")
+
+
+def test_branches_the_script_decides_are_followed():
+    """``if`` on the script's own variables is decided as bash would (``[[ == ]]``, ``-eq``,
+    ``-n``, ``||``, ``else``, one-line ``if …; then …; fi``), arrays appended with ``+=``."""
+    cmd = read_command(
+        'DTYPE="fp8"\nN=2\nA=(--num-layers 4)\nif [[ "$DTYPE" == "fp8" ]]; then\n'
+        '  A+=("--fp8-format hybrid")\nelif [ $N -eq 2 ]; then\n  A+=(--bf16)\nfi\n'
+        'if [ -n "" ] || [ $N -gt 3 ]; then A+=(--x); else A+=(--seq-length $N); fi\n'
+        'python pretrain_gpt.py ${A[@]}\n', "s.sh")
+    assert cmd.args == ["--num-layers", "4", "--fp8-format", "hybrid", "--seq-length", "2"]
+
+
+def test_a_branch_only_running_the_script_decides_is_refused_where_it_matters(tmp_path):
+    """A condition on an environment variable or a file is followed both ways: accepted when
+    both give the same fields (a logging flag, an ``exit`` path), refused naming it when
+    they do not."""
+    same = ('A=(--num-layers 32)\nif [ -n "${WANDB_API_KEY}" ]; then\n  A+=(--wandb-project x)'
+            '\nfi\nif [ ! -f pretrain_gpt.py ]; then\n  exit 1\nfi\n')
+    script = tmp_path / "run.sh"
+    script.write_text(same + "torchrun --nproc_per_node 8 --nnodes 2 pretrain_gpt.py ${A[@]} "
+                      + BASE.replace("--num-layers 32", "") + "\n")
+    cfg = import_config([script], system="dgx-h100").config
+    assert cfg["model"]["num_hidden_layers"] == 32
+    script.write_text('TP=1\nif [ "$USE_TP" = 1 ]; then TP=2; fi\ntorchrun --nproc_per_node 8 '
+                      "--nnodes 2 pretrain_gpt.py --tensor-model-parallel-size $TP " + BASE)
+    with pytest.raises(ConfigError, match=r'if \[ "\$USE_TP" = 1 \] is true.*'
+                                          r"parallel.tensor_model_parallel_size \(1 or 2\)"):
+        import_config([script], system="dgx-h100")
 
 
 def test_unknown_flags_are_refused_by_name_unless_ignored(tmp_path):
@@ -157,3 +186,22 @@ def test_fp8_runs_pass_bf16_and_an_fp8_format(tmp_path):
 def test_sequence_parallelism_is_off_at_tp1_as_megatron_turns_it_off(tmp_path):
     cfg = _imported(tmp_path, BASE, "--sequence-parallel")
     assert "sequence_parallel" not in cfg.get("parallel", {})
+
+
+@pytest.mark.parametrize("software, attention", [("megatron-lm-2021", "unfused"),
+                                                 ("deepspeed", "unfused"),
+                                                 (None, None), ("megatron-core-2025", None)])
+def test_no_masked_softmax_fusion_unfuses_only_megatrons_own_attention(tmp_path, software,
+                                                                       attention):
+    """Megatron's own scale-mask-softmax (2021, Megatron-DeepSpeed) is unfused by the flag;
+    Megatron-Core's TransformerEngine attention ignores it (dot_product_attention.py)."""
+    cfg = _imported(tmp_path, BASE, "--no-masked-softmax-fusion", software=software)
+    sw = cfg["system"].get("software")
+    got = sw.get("kernels", {}).get("attention") if isinstance(sw, dict) else None
+    assert got == attention
+
+
+def test_an_echo_names_no_script_and_an_exit_after_the_run_keeps_it():
+    cmd = read_command("python run/pretrain_gpt.py --num-layers 2\n"
+                       "echo done: pretrain_gpt.py --num-layers 9\nexit $?\n", "s.sh")
+    assert cmd.args == ["--num-layers", "2"]
