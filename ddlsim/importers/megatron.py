@@ -12,7 +12,7 @@ from typing import Any
 
 from .common import Draft
 from .megatron_fsdp import FSDP_FLAGS, megatron_fsdp_flags
-from .megatron_notes import KNOWN_REFUSED, MORE_NO_EFFECT, batch_schedule
+from .megatron_notes import KNOWN_REFUSED, MORE_NO_EFFECT, MORE_NOT_MODELLED, batch_schedule
 from .shell import is_unset, read_commands
 
 __all__ = ["read_megatron", "MEGATRON_FLAGS", "megatron_flag_names"]
@@ -221,6 +221,7 @@ NOT_MODELLED: dict[str, str] = {
                         "imported too (ddlsim import SCRIPT ds_config.json)",
     "deepspeed-config": "the DeepSpeed config's settings, which count only when the file is "
                         "imported too (ddlsim import SCRIPT ds_config.json)",
+    **MORE_NOT_MODELLED,
 }
 
 #: launcher (torchrun, torch.distributed.launch/run, deepspeed) flags

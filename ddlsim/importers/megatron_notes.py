@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from .common import Draft
 
-__all__ = ["MORE_NO_EFFECT", "KNOWN_REFUSED", "batch_schedule", "masked_softmax"]
+__all__ = ["MORE_NO_EFFECT", "MORE_NOT_MODELLED", "KNOWN_REFUSED", "batch_schedule",
+           "masked_softmax"]
 
 #: flag → why it changes no iteration's time
 MORE_NO_EFFECT: dict[str, str] = {
@@ -23,11 +24,6 @@ MORE_NO_EFFECT: dict[str, str] = {
     # (layernorm_zero_centered_gamma): the norm's weight read as 1 + gamma in the same kernel
     "apply-layernorm-1p": "the norm's weight stored as gamma - 1 (TransformerEngine's "
                           "zero_centered_gamma): the same norm kernel",
-    # d98e8a64 arguments.py line 2872; param_and_grad_buffer.py line 655 computes the norm
-    # of each gradient bucket only while the check is on (training.py line 2636)
-    "no-check-for-nan-in-loss-and-grad": "turns off the NaN check's norm over each gradient "
-                                         "bucket, which ddlsim does not model: the run and "
-                                         "ddlsim agree",
     # d98e8a64 models/dist_utils.py line 70: parameters materialised after sharding
     "init-model-with-meta-device": "how the model is initialised, before the first "
                                    "iteration",
@@ -46,6 +42,17 @@ MORE_NO_EFFECT: dict[str, str] = {
     # into the softmax's scale, the same kernel
     "no-query-key-layer-scaling": "a factor of the attention softmax's scale, the same "
                                   "kernel",
+}
+
+#: flag → what of its effect ddlsim leaves out (accepted, with a warning)
+MORE_NOT_MODELLED: dict[str, str] = {
+    # d98e8a64 arguments.py line 2872; param_and_grad_buffer.py line 655 takes the norm of
+    # each gradient bucket only while the check is on (training.py line 2636); ddlsim's
+    # Megatron stacks keep the check (software.yaml ddp.bucket_passes: 3, host.loss)
+    "no-check-for-nan-in-loss-and-grad": "turning off the NaN check's norm over each "
+                                         "gradient bucket and the loss's isnan: ddlsim's "
+                                         "Megatron stacks keep both, a pass over each bucket "
+                                         "more than this run",
 }
 
 _FP8_GATHER = ("the parameters kept in FP8 and all-gathered in FP8 (half the bytes of the "
