@@ -27,7 +27,9 @@ counted and listed apart, so that a circle broken by turning an import into a na
   module" when the circle is entered at the wrong module.
 * **Upward imports**: edges from a module of a lower layer to one of a higher layer, by the
   order :data:`LAYERS` declares (docs/extending.md, "Layers"). Each module belongs to the
-  layer of the longest prefix of its name listed there.
+  layer of the longest prefix of its name listed there. A package whose ``__init__`` is only
+  its docstring runs nothing when a module below it is imported, so it is no edge then
+  (:func:`empty_packages`); imported itself, it is one.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ ROOT = Path(__file__).resolve().parents[1] / "ddlsim"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation", ("ddlsim._version", "ddlsim._lazy", "ddlsim.errors", "ddlsim.units",
                     "ddlsim.textio", "ddlsim.figio", "ddlsim.documents", "ddlsim.limits",
-                    "ddlsim.formatting", "ddlsim.data", "ddlsim.workcount", "ddlsim.gcpause")),
+                    "ddlsim.formatting", "ddlsim.data", "ddlsim.workcount", "ddlsim.gcpause",
+                    "ddlsim.hostmemory")),
     ("registries", ("ddlsim.registered", "ddlsim.workloads.registry")),
     ("config", ("ddlsim.config_types", "ddlsim.config_moe", "ddlsim.config_parallel",
                 "ddlsim.software_fields",
@@ -56,6 +59,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                 "ddlsim.configload", "ddlsim.presets", "ddlsim.stackrules",
                 "ddlsim.fieldcheck")),
     ("topologies", ("ddlsim.topologies",)),
+    ("trace", ("ddlsim.workloads.trace", "ddlsim.workloads.payloads", "ddlsim.workloads.steps")),
+    ("kernels", ("ddlsim.simulator.kernels",)),
     ("workloads", ("ddlsim.workloads", "ddlsim.traces")),
     ("engines", ("ddlsim.simulator",)),
     ("results", ("ddlsim.planinfo", "ddlsim.api", "ddlsim.distributed")),
@@ -122,11 +127,27 @@ def _targets(node: ast.stmt, name: str, is_package: bool, known: set[str]) -> li
     return out
 
 
+def empty_packages(files: dict[str, Path]) -> set[str]:
+    """The packages whose ``__init__.py`` holds nothing but its docstring: importing one runs
+    no code, so an import that passes through it depends on the module imported, not on it."""
+    out = set()
+    for name, path in files.items():
+        if path.name == "__init__.py":
+            body = ast.parse(path.read_text(encoding="utf-8"), str(path)).body
+            if all(isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)
+                   and isinstance(n.value.value, str) for n in body):
+                out.add(name)
+    return out
+
+
 def import_graph(root: Path = ROOT, deferred: bool = False) -> nx.DiGraph:
     """The import graph of the package under ``root``: module-level imports, and with
-    ``deferred`` the imports inside functions too (see the module's text)."""
+    ``deferred`` the imports inside functions too (see the module's text). The packages
+    above an imported module are edges too, unless their ``__init__`` is empty
+    (:func:`empty_packages`)."""
     files = modules(root)
     known = set(files)
+    empty = empty_packages(files)
     graph = nx.DiGraph()
     graph.add_nodes_from(files)
     for name, path in files.items():
@@ -138,6 +159,8 @@ def import_graph(root: Path = ROOT, deferred: bool = False) -> nx.DiGraph:
                 parts = target.split(".")
                 for i in range(1, len(parts) + 1):
                     step = ".".join(parts[:i])
+                    if step in empty and step != target:
+                        continue
                     if step not in above and step != name:
                         graph.add_edge(name, step, line=node.lineno)
     return graph

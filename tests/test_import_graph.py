@@ -61,3 +61,39 @@ def test_the_reader_sees_a_circle_and_skips_deferred_and_type_checking_imports(t
     assert ig.import_graph(pkg, deferred=True).has_edge("ddlsim.sub.b", "ddlsim.c")
     assert not graph.has_edge("ddlsim.c", "ddlsim.a")       # a load by name is listed apart
     assert ig.loads_by_name(pkg) == [("ddlsim.c", 1, "ddlsim.a")]
+
+
+def test_an_empty_package_is_no_edge_of_the_modules_below_it(tmp_path):
+    """Importing ``pkg.empty.mod`` runs nothing of ``pkg.empty`` (its ``__init__`` is a
+    docstring), so the importer depends on ``mod`` alone; a package that runs code is an edge."""
+    pkg = tmp_path / "ddlsim"
+    (pkg / "empty").mkdir(parents=True)
+    (pkg / "busy").mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "empty" / "__init__.py").write_text('"""a docstring only"""\n')
+    (pkg / "empty" / "mod.py").write_text("X = 1\n")
+    (pkg / "busy" / "__init__.py").write_text('"""runs code"""\nfrom . import mod\n')
+    (pkg / "busy" / "mod.py").write_text("Y = 1\n")
+    (pkg / "a.py").write_text("from .empty.mod import X\nfrom .busy.mod import Y\n")
+    graph = ig.import_graph(pkg)
+    assert graph.has_edge("ddlsim.a", "ddlsim.empty.mod")
+    assert not graph.has_edge("ddlsim.a", "ddlsim.empty")
+    assert graph.has_edge("ddlsim.a", "ddlsim.busy")
+
+
+def test_the_workloads_reach_the_kernel_model_not_the_engines():
+    """The kernel model (``ddlsim.simulator.kernels``) is a layer below the workloads that
+    describe their ops with it; at module level a workload imports nothing else of
+    ``ddlsim.simulator`` but the flex dispatcher's traffic model (``moe_dispatch``: DeepEP's
+    traffic is the collective's)."""
+    graph = ig.import_graph()
+    reached = sorted((a, b) for a, b in graph.edges
+                     if a.startswith("ddlsim.workloads.") and b.startswith("ddlsim.simulator")
+                     and not b.startswith("ddlsim.simulator.kernels"))
+    assert reached == [("ddlsim.workloads.decoder.moe_dispatch", "ddlsim.simulator.collectives"),
+                       ("ddlsim.workloads.decoder.moe_dispatch",
+                        "ddlsim.simulator.collectives.flex")]
+    kernels = ig.layer("ddlsim.simulator.kernels.gemm")
+    assert ig.layer("ddlsim.workloads.trace") < kernels < ig.layer("ddlsim.workloads.decoder")
+    assert ig.upward(graph) == [(a, b, line) for a, b, line in ig.upward(graph)
+                                if a == "ddlsim.workloads.decoder.moe_dispatch"]
