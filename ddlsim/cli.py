@@ -27,7 +27,8 @@ FORMATS = ("table", "json", "csv")
 ENGINES = ("analytical", "des", "both")
 
 Sets = Annotated[Optional[list[str]], typer.Option(
-    "--set", help="Override a field, e.g. --set parallel.tensor_model_parallel_size=4")]
+    "--set", help="Override a field, e.g. --set parallel.tensor_model_parallel_size=4, or "
+                  "replace a section by a preset, e.g. --set model=llama-3-70b")]
 Engine = Annotated[str, typer.Option(help="analytical, des, or both")]
 Format = Annotated[str, typer.Option("--format", "-f", help="table, json or csv")]
 Output = Annotated[Optional[Path], typer.Option("-o", "--output",

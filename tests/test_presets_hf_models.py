@@ -160,8 +160,8 @@ def test_the_repository_names_reach_the_new_presets(typed, preset):
     ("gemma-2-9b", "soft-caps every attention score"),
     ("google/gemma-2-27b-it", "four RMSNorms per layer"),
     ("olmo-2-7b", "normalises the outputs of attention and of the MLP"),
-    ("microsoft/Phi-3-mini-4k-instruct", "no workload family reads model_type phi3"),
-    ("deepseek-v2-lite", "no workload family reads model_type deepseek_v2"),
+    ("microsoft/Phi-3-mini-128k-instruct", "no copy of their config.json is bundled"),
+    ("deepseek-v2", "group_limited_greedy"),
 ])
 def test_a_published_model_with_an_unmodelled_feature_is_refused_by_name(name, feature):
     with pytest.raises(ConfigError, match="is not bundled") as exc:

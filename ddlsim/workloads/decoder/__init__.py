@@ -297,7 +297,7 @@ class LlamaFamily(DecoderFamily):
 
     schema = LlamaModel
     hf_model_types = ("llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3", "qwen3_moe",
-                      "deepseek_v3", "gpt_oss")
+                      "deepseek_v3", "deepseek_v2", "phi3", "gpt_oss")
 
     def presets(self) -> dict[str, dict]:
         import json

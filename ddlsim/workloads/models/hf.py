@@ -5,11 +5,13 @@ Covered styles (``model_type``): ``gpt2`` (``n_layer``, ``n_embd``, ``n_head``,
 (``num_local_experts``, ``num_experts_per_tok``), ``qwen2`` (bias on q/k/v only),
 ``qwen2_moe`` (``num_experts``, ``moe_intermediate_size``, one gated shared expert), ``qwen3``
 and ``qwen3_moe`` (query/key norms, explicit ``head_dim``), ``deepseek_v3`` (Multi-head Latent
-Attention, ``n_routed_experts`` + ``n_shared_experts``, ``first_k_dense_replace`` dense layers)
-and ``gpt_oss`` (biases everywhere, attention sinks, sliding-window attention on the layers
-``layer_types`` names). What each architecture fixes in code rather than in its config (gated
-MLP, norm, positions, biases) is taken from the HuggingFace ``modeling_<type>.py`` of that
-architecture (transformers 4.56).
+Attention, ``n_routed_experts`` + ``n_shared_experts``, ``first_k_dense_replace`` dense layers),
+``deepseek_v2`` (the same, with a router without V3's ``e_score_correction_bias``), ``phi3``
+(fused ``qkv_proj`` and ``gate_up_proj``, the one QKV and one gated fc1 GEMM a Megatron layer
+runs; a sliding window on every layer, as Mistral) and ``gpt_oss`` (biases everywhere,
+attention sinks, sliding-window attention on the layers ``layer_types`` names). What each
+architecture fixes in code rather than in its config (gated MLP, norm, positions, biases) is
+taken from the HuggingFace ``modeling_<type>.py`` of that architecture (transformers 4.56).
 
 Keys that change neither the time nor the memory of a training step (token ids, epsilons,
 initialisation, RoPE base and scaling, dtype, versions, …) are declared with the reason in
@@ -48,11 +50,22 @@ MODEL_TYPES: dict[str, tuple[tuple[str, ...], dict]] = {
     "qwen3": (_LLAMA_KEYS, dict(_ROTARY_GATED, qk_norm=True, tied_embeddings=False)),
     "qwen3_moe": (_LLAMA_KEYS, dict(_ROTARY_GATED, qk_norm=True, tied_embeddings=False)),
     "deepseek_v3": (_LLAMA_KEYS, dict(_ROTARY_GATED, tied_embeddings=False)),
+    # modeling_deepseek_v2.py: V3's attention (DeepseekV2Attention: MLA, q_proj when
+    # q_lora_rank is null) and MoE layers (n_shared_experts × moe_intermediate_size shared
+    # MLP, the first first_k_dense_replace layers dense); its gate has no bias (V3: E)
+    "deepseek_v2": (_LLAMA_KEYS, dict(_ROTARY_GATED, tied_embeddings=False)),
+    # modeling_phi3.py: Phi3Attention.qkv_proj (hidden -> (a + 2g)·d, no bias), o_proj (no
+    # bias), Phi3MLP.gate_up_proj (hidden -> 2f, no bias), down_proj; RMSNorm before attention
+    # and MLP; the config's attention_bias and mlp_bias are not read by the model
+    "phi3": (_LLAMA_KEYS, dict(_ROTARY_GATED, tied_embeddings=False)),
     # modeling_gpt_oss.py: q/k/v/o biases (the config class sets attention_bias = True), expert
     # biases (gate_up_proj_bias, down_proj_bias), a router bias and one sink per head
     "gpt_oss": (_LLAMA_KEYS, dict(_ROTARY_GATED, qkv_bias=True, out_bias=True, mlp_bias=True,
                                   router_bias=True, attention_sinks=True, tied_embeddings=False)),
 }
+
+#: The model types of DeepSeek's Multi-head Latent Attention and DeepSeekMoE layers
+_DEEPSEEK_TYPES = ("deepseek_v3", "deepseek_v2")
 
 #: Activations HuggingFace's ACT2FN knows that these architectures use.
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "quick_gelu", "relu",
@@ -140,7 +153,7 @@ def _sizes(doc: dict, mt: str, source: str) -> dict:
         bias = _bool(doc, "attention_bias", source, False)
         fields.update(qkv_bias=bias, out_bias=bias, mlp_bias=_bool(doc, "mlp_bias", source, False))
     fields.update(_window(doc, mt, fields["layers"], source))
-    if mt == "deepseek_v3":
+    if mt in _DEEPSEEK_TYPES:
         fields["mla"] = _mla(doc, source)
     return fields
 
@@ -189,8 +202,8 @@ def _moe(doc: dict, mt: str, source: str) -> dict:
     if mt in ("mixtral", "gpt_oss"):   # GPT-OSS's experts are intermediate_size wide
         return dict(experts=_int(doc, "num_local_experts", source),
                     top_k=_int(doc, "num_experts_per_tok", source))
-    if mt == "deepseek_v3":
-        return _deepseek_moe(doc, source)
+    if mt in _DEEPSEEK_TYPES:   # V3's router has e_score_correction_bias, V2's none
+        return _deepseek_moe(doc, source, router_bias=mt == "deepseek_v3")
     if mt == "qwen3_moe":
         freq = _int(doc, "decoder_sparse_step", source, required=False) or 1
         return dict(experts=_int(doc, "num_experts", source),
@@ -229,11 +242,13 @@ def router_aux_loss_coef(doc: dict, source: str) -> float | None:
     return float(value) if doc.get("output_router_logits") is True else None
 
 
-def _deepseek_moe(doc: dict, source: str) -> dict:
-    """DeepSeek-V3's MoE fields (``modeling_deepseek_v3.py``): ``n_routed_experts`` of
-    ``moe_intermediate_size``, ``n_shared_experts`` of the same size (its shared MLP is one
-    MLP of ``n_shared × moe_intermediate_size``: the same parameters and FLOPs), the router's
-    ``e_score_correction_bias`` (``E``), the first ``first_k_dense_replace`` layers dense."""
+def _deepseek_moe(doc: dict, source: str, router_bias: bool) -> dict:
+    """DeepSeek-V3's and V2's MoE fields (``modeling_deepseek_v3.py``,
+    ``modeling_deepseek_v2.py``): ``n_routed_experts`` of ``moe_intermediate_size``,
+    ``n_shared_experts`` of the same size (its shared MLP is one MLP of
+    ``n_shared × moe_intermediate_size``: the same parameters and FLOPs), with
+    ``router_bias`` V3's ``e_score_correction_bias`` (``E``; V2's gate has none), the first
+    ``first_k_dense_replace`` layers dense."""
     freq = doc.get("moe_layer_freq", 1)
     if freq != 1:
         raise _err(source, "moe_layer_freq", freq, "only 1 (every layer past "
@@ -248,7 +263,7 @@ def _deepseek_moe(doc: dict, source: str) -> dict:
     return dict(experts=_int(doc, "n_routed_experts", source),
                 top_k=_int(doc, "num_experts_per_tok", source), expert_ffn=f_e,
                 shared_experts=shared, shared_expert_ffn=f_e if shared else None,
-                first_dense_layers=first, router_bias=True)
+                first_dense_layers=first, router_bias=router_bias)
 
 
 #: Expert keys, and the model types whose HuggingFace modelling code reads them
@@ -256,7 +271,13 @@ _MOE_KEYS = {"num_local_experts", "num_experts", "num_experts_per_tok", "moe_int
              "shared_expert_intermediate_size", "decoder_sparse_step", "n_routed_experts",
              "n_shared_experts", "first_k_dense_replace", "moe_layer_freq",
              "router_aux_loss_coef"}
-_MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "gpt_oss")
+_MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "deepseek_v2", "gpt_oss")
+#: Keys of :data:`_READ` that a model type's code may apply but ddlsim's family does not model:
+#: Phi-3's dropouts (modeling_phi3.py: resid_attn_dropout and resid_mlp_dropout of
+#: resid_pdrop; embd_pdrop, an embedding dropout some Phi-3 implementations apply, though
+#: transformers 4.56's Phi3Model has none), told by :data:`.hf_keys.CONDITIONAL` when not
+#: zero; Llama-style models ignore these keys.
+_APPLIED_UNMODELLED = {"phi3": {"resid_pdrop", "embd_pdrop"}}
 
 
 def _unmodelled(doc: dict, mt: str, source: str) -> list[str]:
@@ -272,7 +293,8 @@ def _unmodelled(doc: dict, mt: str, source: str) -> list[str]:
                        f"model_type 'mixtral' for a Mixture-of-Experts model)")
     if "attention_dropout" in doc:
         _prob(doc, "attention_dropout", source)     # a probability, or refused
-    return out + unmodelled(doc, set(MODEL_TYPES[mt][0]) | _READ)
+    read = (set(MODEL_TYPES[mt][0]) | _READ) - _APPLIED_UNMODELLED.get(mt, set())
+    return out + unmodelled(doc, read)
 
 
 def from_hf_config(doc: dict, *, source: str) -> tuple[dict, list[str]]:

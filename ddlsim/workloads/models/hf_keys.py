@@ -10,8 +10,8 @@ say it is harmless). A key is never dropped silently unless this module says why
 
 What each key does is read from HuggingFace transformers 4.56 (``configuration_<type>.py``
 and ``modeling_<type>.py`` of llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe,
-gpt2, gpt_oss, deepseek_v3) and, for DeepSeek's remote code, from ``modeling_deepseek.py``
-of huggingface.co/deepseek-ai/DeepSeek-V3 (``MoEGate``).
+gpt2, gpt_oss, deepseek_v3, deepseek_v2, phi3) and, for DeepSeek's remote code, from
+``modeling_deepseek.py`` of huggingface.co/deepseek-ai/DeepSeek-V3 (``MoEGate``).
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ NO_EFFECT: dict[str, str] = {
     "rms_norm_eps": _EPS, "layer_norm_epsilon": _EPS,
     "rope_theta": _ROTARY, "rope_scaling": _ROTARY,
     "initial_context_length": "GPT-OSS's context before YaRN scaling: " + _ROTARY,
+    "original_max_position_embeddings": "Phi-3's context before its long-context (longrope) "
+                                        "scaling: " + _ROTARY,
     "n_ctx": "GPT-2's old name of the context length; n_positions is read",
     "torch_dtype": "the dtype the checkpoint is stored in; a run computes in train.dtype",
     "transformers_version": "the library version that wrote the file",
@@ -107,6 +109,13 @@ CONDITIONAL: dict[str, _Rule] = {
                              "top-k over all experts"),
     "topk_group": (_group_free, "group-limited routing, with n_group"),
     "use_mrope": (_zero, "multimodal rotary sections not modelled"),
+    "partial_rotary_factor": (lambda v, doc: v in (None, 1, 1.0),
+                              "rotary embedding over a fraction of each head not modelled: its "
+                              "kernels are counted over the whole head"),
+    # Phi-3's dropouts (modeling_phi3.py; hf._APPLIED_UNMODELLED): read as harmless elsewhere
+    "resid_pdrop": (_zero, "Phi-3's residual dropout (after attention and after the MLP) not "
+                           "modelled: the llama family's layers have none"),
+    "embd_pdrop": (_zero, "embedding dropout not modelled"),
     "experts_per_token": (lambda v, doc: v == doc.get("num_experts_per_tok"),
                           "differs from num_experts_per_tok, which is the one read"),
 }

@@ -1,0 +1,198 @@
+"""Phi-3 and DeepSeek-V2 at first contact (issue 28): the model types ``phi3`` and
+``deepseek_v2`` are read, the published Phi-3-mini/medium (4k) and DeepSeek-V2-Lite files are
+bundled as presets reached by their names and repository names, their shapes and counts are
+those of the files and the model cards, and what stays out (DeepSeek-V2 236B's group-limited
+routing, Phi-3's 128k releases, Phi-3's dropouts) is named."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+
+import ddlsim
+from ddlsim.errors import ConfigError, DDLSimWarning
+
+HF = Path(ddlsim.__file__).parent / "data" / "hf"
+RUN = {"train": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 4096},
+       "system": {"preset": "dgx-h100", "nodes": 1}, "parallel": {"data_parallel_size": 8,
+                                                                "zero_stage": 3}}
+
+
+def _shape(model):
+    return ddlsim.load_config({**RUN, "model": model}).model.shape()
+
+
+def _not_modelled(record: list) -> list[str]:
+    return [str(w.message) for w in record if issubclass(w.category, DDLSimWarning)
+            and "not modelled by ddlsim" in str(w.message)]
+
+
+# ------------------------------------------------------------------ Phi-3
+# name → (file, layers, hidden, heads, kv heads, ffn, published params, where published)
+PHI3 = {
+    "phi-3-mini-4k": ("phi-3-mini-4k-instruct", 32, 3072, 32, 32, 8192, 3.8e9,
+                      "Phi-3-mini-4k-instruct model card: 3.8B"),
+    "phi-3-medium-4k": ("phi-3-medium-4k-instruct", 40, 5120, 40, 10, 17920, 14e9,
+                        "Phi-3-medium-4k-instruct model card: 14B"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PHI3))
+def test_phi3_preset_has_its_config_shape_and_the_published_count(name):
+    file, layers, hidden, heads, kv, ffn, published, source = PHI3[name]
+    doc = json.loads((HF / f"{file}.json").read_text())
+    sh = _shape(name)
+    assert (sh.layers, sh.hidden, sh.heads, sh.kv_heads, sh.ffn, sh.vocab) \
+        == (layers, hidden, heads, kv, ffn, 32064)
+    assert (doc["num_hidden_layers"], doc["hidden_size"], doc["num_key_value_heads"]) \
+        == (layers, hidden, kv)
+    assert abs(sh.params - published) <= 0.01 * published, (name, sh.params, source)
+    # modeling_phi3.py: no biases, untied head, RMSNorm, SwiGLU; Mistral's window on every layer
+    assert not (sh.qkv_bias or sh.out_bias or sh.mlp_bias or sh.tied_embeddings or sh.dropout)
+    assert (sh.gated_mlp, sh.norm, sh.positions) == (True, "rmsnorm", "rotary")
+    assert (sh.sliding_window, sh.window_layers) == (doc["sliding_window"], layers) == (2047,
+                                                                                        layers)
+
+
+@pytest.mark.parametrize("typed, preset", [
+    ("phi-3-mini", "phi-3-mini-4k"), ("microsoft/Phi-3-mini-4k-instruct", "phi-3-mini-4k"),
+    ("phi-3-medium", "phi-3-medium-4k"), ("microsoft/Phi-3-medium-4k-instruct",
+                                          "phi-3-medium-4k")])
+def test_phi3_names_users_type_reach_the_presets(typed, preset):
+    assert _shape(typed) == _shape(preset)
+
+
+def test_phi3_fused_projections_are_one_gemm_each_of_the_modules_width():
+    """modeling_phi3.py: qkv_proj is hidden → a·d + 2·g·d, gate_up_proj hidden → 2·f; a
+    Megatron layer runs each as one GEMM of that width (separate GEMMs only where the stack's
+    own model keeps separate modules, software.separate_projections)."""
+    from ddlsim.workloads.decoder.layerkernels import linear_gemms
+
+    sh = _shape("phi-3-medium-4k")
+    g = linear_gemms(sh, 4096.0, 1)
+    assert g["qkv"] == (4096.0, 40 * 128 + 2 * 10 * 128, 5120)
+    assert g["fc1"] == (4096.0, 2 * 17920, 5120)
+
+
+@pytest.mark.parametrize("name", ["phi-3-mini-4k", "phi-3-medium-4k"])
+def test_phi3_predicts_without_a_warning_and_its_window_is_in_the_step(name):
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        cfg = ddlsim.load_config({**RUN, "model": name})
+        windowed = ddlsim.predict(cfg, check_fit=False).iteration_time_s
+    assert _not_modelled(record) == []
+    section = {k: v for k, v in cfg.model.model_dump().items()
+               if k not in ("sliding_window", "window_layers", "name", "source")}
+    full = ddlsim.predict(ddlsim.load_config({**RUN, "model": section}), check_fit=False)
+    assert 0 < windowed < full.iteration_time_s   # 2047 keys a query at 4096 tokens
+
+
+@pytest.mark.parametrize("key, value, said", [
+    ("resid_pdrop", 0.1, "resid_pdrop=0.1 (Phi-3's residual dropout"),
+    ("embd_pdrop", 0.1, "embd_pdrop=0.1 (embedding dropout not modelled"),
+    ("attention_dropout", 0.1, "attention_dropout=0.1 (attention dropout not modelled"),
+    ("partial_rotary_factor", 0.75, "partial_rotary_factor=0.75 (rotary embedding over a"),
+])
+def test_a_phi3_key_that_changes_the_step_is_named(tmp_path, key, value, said):
+    doc = json.loads((HF / "phi-3-mini-4k-instruct.json").read_text())
+    doc[key] = value
+    (tmp_path / "config.json").write_text(json.dumps(doc))
+    with pytest.warns(DDLSimWarning) as record:
+        ddlsim.load_config({**RUN, "model": {"hf_config": str(tmp_path)}})
+    (line,) = _not_modelled(record)
+    assert said in line
+
+
+def test_a_llama_file_with_phi3_dropout_keys_stays_silent(tmp_path):
+    """transformers' Llama reads no resid_pdrop or embd_pdrop: they change nothing there."""
+    doc = json.loads((HF / "llama-3.1-8b.json").read_text())
+    doc.update(resid_pdrop=0.1, embd_pdrop=0.1)
+    (tmp_path / "config.json").write_text(json.dumps(doc))
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        ddlsim.load_config({**RUN, "model": {"hf_config": str(tmp_path)}})
+    assert _not_modelled(record) == []
+
+
+@pytest.mark.parametrize("name", ["phi-3-mini-128k", "microsoft/Phi-3-medium-128k-instruct"])
+def test_phi3_128k_releases_are_refused_by_name_with_the_reason(name):
+    with pytest.raises(ConfigError, match="is not bundled: Phi-3's 128k-context releases are "
+                                          "read .* no copy of their config.json is bundled"):
+        ddlsim.load_config({**RUN, "model": name})
+
+
+# ------------------------------------------------------------------ DeepSeek-V2
+def test_deepseek_v2_lite_has_its_config_shape():
+    sh = _shape("deepseek-v2-lite")
+    assert (sh.layers, sh.hidden, sh.heads, sh.ffn, sh.vocab) == (27, 2048, 16, 10944, 102400)
+    m = sh.mla
+    assert (m.q_lora_rank, m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim,
+            m.v_head_dim, m.bias) == (None, 512, 128, 64, 128, False)
+    assert (sh.experts, sh.top_k, sh.f_e, sh.shared_experts, sh.first_dense_layers) \
+        == (64, 6, 1408, 2, 1)
+    assert sh.router_bias is False            # V2's gate has no bias; V3's has E
+    assert _shape("deepseek-v3").router_bias is True
+
+
+def test_deepseek_v2_lite_count_by_hand_and_against_the_card():
+    """Embeddings and head ``2·V·h``; per layer the two norms, MLA (q_proj ``h·a·(d_n+d_r)``,
+    kv_a ``h·(r_kv+d_r)``, its norm ``r_kv``, kv_b ``r_kv·a·(d_n+d_v)``, o ``a·d_v·h``);
+    layer 0 a dense SwiGLU of 10,944; 26 MoE layers of 64 routed + one shared MLP of
+    2 × 1,408 and a gate ``h·E`` without bias; the final norm. DeepSeek-AI 2024
+    (arXiv:2405.04434), Appendix B: 15.7B total, 2.4B activated (without the input embedding,
+    as DeepSeek-V3's 37B is counted)."""
+    h, V, a = 2048, 102400, 16
+    attention = h * a * 192 + h * (512 + 64) + 512 + 512 * a * 256 + a * 128 * h
+    moe = 64 * 3 * h * 1408 + 3 * h * 2 * 1408 + h * 64
+    total = 2 * V * h + 27 * (attention + 2 * h) + 3 * h * 10944 + 26 * moe + h
+    sh = _shape("deepseek-v2-lite")
+    assert sh.params == total == 15706484224
+    assert abs(sh.params - 15.7e9) <= 0.01 * 15.7e9
+    assert 2.4e9 <= sh.active_params - V * h < 2.5e9     # "2.4B", to one decimal
+
+
+@pytest.mark.parametrize("typed", ["deepseek-ai/DeepSeek-V2-Lite", "DeepSeek-V2-Lite-Chat"])
+def test_deepseek_v2_lite_repository_names_reach_the_preset(typed):
+    assert _shape(typed) == _shape("deepseek-v2-lite")
+
+
+def test_deepseek_v2_lite_predicts_naming_only_the_balance_loss_key():
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        result = ddlsim.predict(ddlsim.load_config({**RUN, "model": "deepseek-v2-lite"}),
+                                check_fit=False)
+    assert result.iteration_time_s > 0
+    (line,) = _not_modelled(record)
+    assert "1 config.json key(s)" in line and "aux_loss_alpha=0.001" in line
+
+
+@pytest.mark.parametrize("name", ["deepseek-v2", "deepseek-ai/DeepSeek-V2-Chat"])
+def test_deepseek_v2_236b_is_refused_by_name_naming_group_limited_routing(name):
+    with pytest.raises(ConfigError, match=r"DeepSeek-V2 is not bundled: DeepSeek-V2 \(236B\) "
+                                          r"routes each token to experts of topk_group 3 of "
+                                          r"n_group 8 expert groups"):
+        ddlsim.load_config({**RUN, "model": name})
+
+
+def test_a_deepseek_v2_236b_config_json_is_read_and_names_group_limited_routing(tmp_path):
+    """DeepSeek-V2's sizes as its config.json gives them (NVIDIA-NeMo/Megatron-Bridge
+    ``tests/unit_tests/models/deepseek/test_deepseek_bridges.py``, ``ds_v2_config`` of the
+    revisions with a DeepSeek-V2 bridge: V2-Lite's key set with these values): 60
+    layers, hidden 5120, 128 heads, q_lora_rank 1536, 160 routed experts of 1536,
+    group-limited greedy routing over 3 of 8 groups; 236B total, 21B activated for each token
+    (DeepSeek-AI 2024, arXiv:2405.04434, abstract and §3.1.2)."""
+    doc = json.loads((HF / "deepseek-v2-lite.json").read_text())
+    doc.update(hidden_size=5120, intermediate_size=12288, moe_intermediate_size=1536,
+               n_group=8, n_routed_experts=160, num_attention_heads=128, num_key_value_heads=128,
+               num_hidden_layers=60, q_lora_rank=1536, routed_scaling_factor=16.0,
+               topk_group=3, topk_method="group_limited_greedy")
+    (tmp_path / "config.json").write_text(json.dumps(doc))
+    with pytest.warns(DDLSimWarning) as record:
+        sh = ddlsim.load_config({**RUN, "model": {"hf_config": str(tmp_path)}}).model.shape()
+    assert abs(sh.params - 236e9) <= 0.01 * 236e9
+    assert abs(sh.active_params - 102400 * 5120 - 21e9) <= 0.01 * 21e9
+    (line,) = _not_modelled(record)
+    assert "n_group=8 (group-limited routing not modelled" in line
