@@ -14,6 +14,7 @@ import pytest
 import ddlsim
 from ddlsim.errors import ConfigError, DDLSimWarning
 from ddlsim.ranges import parse_range
+from ddlsim.sweeps import SweepError
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "llama3-8b-fsdp2-h100.yaml"
 HF = Path(ddlsim.__file__).parent / "data" / "hf"
@@ -68,7 +69,7 @@ def test_sweep_over_model_presets_by_section_name():
 
 
 def test_a_model_both_swept_and_set_is_refused():
-    with pytest.raises(ddlsim.sweeps.SweepError, match="both swept and set"):
+    with pytest.raises(SweepError, match="both swept and set"):
         ddlsim.sweep(str(EXAMPLE), {"model": ["llama-3.1-8b"]},
                      overrides=["model.preset=llama-3.1-70b"])
 
@@ -160,6 +161,7 @@ def test_the_repository_names_reach_the_new_presets(typed, preset):
     ("gemma-2-9b", "soft-caps every attention score"),
     ("google/gemma-2-27b-it", "four RMSNorms per layer"),
     ("olmo-2-7b", "normalises the outputs of attention and of the MLP"),
+    ("allenai/OLMo-2-1124-13B", "under tensor parallelism, where each rank holds"),
     ("microsoft/Phi-3-mini-128k-instruct", "no copy of their config.json is bundled"),
     ("deepseek-v2", "group_limited_greedy"),
 ])
