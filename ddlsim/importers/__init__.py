@@ -1,7 +1,9 @@
 """Configs as users have them → a ddlsim run config (``ddlsim import``).
 
 Readers, one registration each (:func:`register_importer`), keyed by the name ``--from``
-takes: ``megatron`` (a ``pretrain_gpt.py`` command line or launch script), ``deepspeed`` (a
+takes: ``megatron`` (a ``pretrain_gpt.py`` command line or launch script), ``modelzoo``
+(Megatron-MoE-ModelZoo's run scripts and model YAMLs, read through the Megatron-LM command
+they build), ``deepspeed`` (a
 ``ds_config.json``), ``torchtitan`` (a train TOML) and ``hf`` (a Hugging Face model folder or
 its ``config.json``). Each maps every argument it reads or refuses it by name
 (:mod:`.common`); :func:`import_config` merges the sources, adds the system the user names,
@@ -29,19 +31,23 @@ def importers() -> dict[str, Importer]:
 
 def detect(path: Path) -> str:
     """The reader for ``path``: a folder or a JSON with ``model_type`` is a Hugging Face
-    model, other JSON a DeepSpeed config, ``.toml`` torchtitan, anything else Megatron-LM
-    arguments."""
+    model, other JSON a DeepSpeed config, ``.toml`` torchtitan, ``.yaml`` a ModelZoo model
+    YAML, a script that runs ``sbatch_benchmarking.sh`` a ModelZoo launcher, anything else
+    Megatron-LM arguments."""
+    from ..textio import read_text
     if path.is_dir():
         return "hf"
     suffix = path.suffix.lower()
     if suffix == ".toml":
         return "torchtitan"
+    if suffix in (".yaml", ".yml"):
+        return "modelzoo"
     if suffix == ".json":
         from ..documents import parse_json
-        from ..textio import read_text
         doc = parse_json(read_text(path, what="JSON file"), str(path))
         return "hf" if isinstance(doc, dict) and "model_type" in doc else "deepspeed"
-    return "megatron"
+    from .modelzoo import is_modelzoo_launcher
+    return "modelzoo" if is_modelzoo_launcher(read_text(path, what="script")) else "megatron"
 
 
 class Imported(NamedTuple):
@@ -54,7 +60,8 @@ class Imported(NamedTuple):
 def import_config(paths: list[str | Path], *, kind: str | None = None,
                   system: str | None = None, nodes: int | None = None,
                   software: str | None = None, ignore: tuple[str, ...] = (),
-                  overrides: tuple[str, ...] = ()) -> Imported:
+                  overrides: tuple[str, ...] = (), repo: str | Path | None = None,
+                  env: tuple[str, ...] = ()) -> Imported:
     """Read ``paths`` (each with the reader ``kind`` names, or the one :func:`detect` picks)
     into one run config.
 
@@ -74,6 +81,10 @@ def import_config(paths: list[str | Path], *, kind: str | None = None,
         Arguments to leave out instead of refusing them (listed as ignored).
     overrides : tuple of str
         ``section.key=value`` items applied last, as ``predict --set``.
+    repo : path, optional
+        The Megatron-MoE-ModelZoo checkout a ModelZoo run script runs in.
+    env : tuple of str
+        ``NAME=value`` variables of the environment a ModelZoo launcher runs in.
 
     Returns
     -------
@@ -90,17 +101,30 @@ def import_config(paths: list[str | Path], *, kind: str | None = None,
     if kind is not None and kind not in table:
         raise ConfigError(f"--from {kind!r} is not a reader{did_you_mean(kind, table)}; "
                           f"allowed: {', '.join(table)}")
-    drafts = []
+    options = {"repo": None if repo is None else Path(repo), "env": tuple(env)}
+    drafts, readers = [], []
     for p in map(Path, paths):
         if not p.exists():
             raise ConfigError(f"{p}: no such file or folder")
         reader = table[kind or detect(p)]
-        draft = reader.read(p)
+        readers.append(reader)
+        draft = reader.read(p, **{k: options[k] for k in reader.options})
         refuse_unknown(draft, set(ignore), reader.known(), reader.what)
         drafts.append(draft)
+    _check_options(options, readers, table)
     drafts.append(_system_draft(drafts, system, nodes, software))
     fields = merge_drafts(drafts)
     return Imported(_finish(fields, overrides, drafts), drafts)
+
+
+def _check_options(options: dict[str, Any], readers: list[Importer],
+                   table: dict[str, Importer]) -> None:
+    """Refuse ``--repo``/``--env`` where no source's reader takes them."""
+    for name, value in options.items():
+        if value and not any(name in r.options for r in readers):
+            takers = [r.what for r in table.values() if name in r.options]
+            raise ConfigError(f"--{name} is read with a {' or '.join(takers)} only; no source "
+                              "here is one")
 
 
 def _system_draft(drafts: list[Draft], system: str | None, nodes: int | None,

@@ -19,8 +19,9 @@ __all__ = ["register", "import_command", "render_yaml"]
 
 def import_command(
     sources: Annotated[list[Path], typer.Argument(
-        help="Megatron-LM launch script or command line (text), DeepSpeed ds_config.json, "
-             "torchtitan TOML, Hugging Face model folder or config.json; several combine.")],
+        help="Megatron-LM launch script or command line (text), Megatron-MoE-ModelZoo run "
+             "script (with --repo) or model YAML, DeepSpeed ds_config.json, torchtitan TOML, "
+             "Hugging Face model folder or config.json; several combine.")],
     output: Annotated[str, typer.Option(
         "-o", "--output", help="The ddlsim YAML to write ('-': standard output).")] = "-",
     system: Annotated[Optional[str], typer.Option(
@@ -30,12 +31,16 @@ def import_command(
     software: Annotated[Optional[str], typer.Option(
         help="Software stack (ddlsim presets software); a ds_config implies deepspeed.")] = None,
     kind: Annotated[Optional[str], typer.Option(
-        "--from", help="Read every source as: megatron, deepspeed, torchtitan or hf "
+        "--from", help="Read every source as: megatron, modelzoo, deepspeed, torchtitan or hf "
                        "(default: from the file).")] = None,
     ignore: Annotated[Optional[list[str]], typer.Option(
         help="An argument to leave out rather than refuse (listed in the YAML as ignored).")] = None,
     overrides: Annotated[Optional[list[str]], typer.Option(
         "--set", help="section.key=value applied to the result, as predict's --set.")] = None,
+    repo: Annotated[Optional[Path], typer.Option(
+        help="The Megatron-MoE-ModelZoo checkout a ModelZoo run script runs in.")] = None,
+    env: Annotated[Optional[list[str]], typer.Option(
+        help="NAME=value: a variable of the environment a ModelZoo launcher runs in.")] = None,
     force: Annotated[bool, typer.Option(help="Replace an existing output file.")] = False,
 ) -> None:
     """Read users' configs (Megatron-LM arguments, DeepSpeed, torchtitan, Hugging Face) and
@@ -48,7 +53,8 @@ def import_command(
     check_output(output, force, what="-o file")
     imported = import_config(list(sources), kind=kind, system=system, nodes=nodes,
                              software=software, ignore=tuple(ignore or ()),
-                             overrides=tuple(overrides or ()))
+                             overrides=tuple(overrides or ()), repo=repo,
+                             env=tuple(env or ()))
     write_output(output, render_yaml(imported), force=force, what="-o file")
 
 

@@ -120,22 +120,25 @@ def nested(fields: dict[str, Any]) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ the readers' registry
 class Importer(NamedTuple):
-    """A reader: ``read(path, ignore)`` → :class:`Draft`; ``what`` names its input (the
-    registry lives here, beside :class:`Draft`, so that the readers import no package
-    module that imports them)."""
+    """A reader: ``read(path, **options)`` → :class:`Draft`; ``what`` names its input,
+    ``options`` the import options it takes (``repo``, ``env``) (the registry lives here,
+    beside :class:`Draft`, so that the readers import no package module that imports them)."""
 
     name: str
     what: str
-    read: Callable[[Path], Draft]
+    read: Callable[..., Draft]
     known: Callable[[], list[str]]
+    options: tuple[str, ...] = ()
 
 
 _IMPORTERS: dict[str, Importer] = {}
 
 
-def register_importer(name: str, what: str, known: Callable[[], list[str]]):
-    """Register ``read(path) -> Draft`` under ``name`` (what ``--from`` takes)."""
-    def wrap(read: Callable[[Path], Draft]) -> Callable[[Path], Draft]:
-        _IMPORTERS[name] = Importer(name, what, read, known)
+def register_importer(name: str, what: str, known: Callable[[], list[str]],
+                      options: tuple[str, ...] = ()):
+    """Register ``read(path, **options) -> Draft`` under ``name`` (what ``--from`` takes);
+    ``options`` names the import options it is passed."""
+    def wrap(read: Callable[..., Draft]) -> Callable[..., Draft]:
+        _IMPORTERS[name] = Importer(name, what, read, known, options)
         return read
     return wrap

@@ -12,16 +12,20 @@ from typing import Any
 
 from .common import Draft
 from .megatron_fsdp import FSDP_FLAGS, megatron_fsdp_flags
-from .megatron_notes import KNOWN_REFUSED, MORE_NO_EFFECT, MORE_NOT_MODELLED, batch_schedule
+from .megatron_notes import (KNOWN_REFUSED, LAUNCHER, MORE_NO_EFFECT, MORE_NOT_MODELLED,
+                             batch_schedule)
 from .shell import is_unset, read_commands
 
-__all__ = ["read_megatron", "MEGATRON_FLAGS", "megatron_flag_names"]
+__all__ = ["read_megatron", "read_megatron_command", "MEGATRON_FLAGS", "megatron_flag_names"]
 
 #: flags with one value → the ddlsim field it sets (the value read as its type)
 VALUE_FLAGS: dict[str, tuple[str, type]] = {
     "tensor-model-parallel-size": ("parallel.tensor_model_parallel_size", int),
     "pipeline-model-parallel-size": ("parallel.pipeline_model_parallel_size", int),
     "virtual-pipeline-model-parallel-size": ("parallel.virtual_pipeline_model_parallel_size", int),
+    # Megatron-LM d98e8a64 arguments.py line 3116 (validate_args: the virtual stages per rank)
+    "num-virtual-stages-per-pipeline-rank": ("parallel.virtual_pipeline_model_parallel_size",
+                                             int),
     "context-parallel-size": ("parallel.context_parallel_size", int),
     "expert-model-parallel-size": ("parallel.expert_model_parallel_size", int),
     "expert-tensor-parallel-size": ("parallel.expert_tensor_parallel_size", int),
@@ -101,6 +105,8 @@ SWITCHES: dict[str, tuple[str, Any]] = {
     "grad-reduce-in-bf16": (f"{_SW}.kernels.grad_reduce_dtype", "param"),
     "no-async-tensor-model-parallel-allreduce": (f"{_SW}.overlap.tp_async_backward", False),
     "untie-embeddings-and-output-weights": ("model.tie_word_embeddings", False),
+    # d98e8a64 transformer_config.qk_layernorm: a norm of each query and key head (Qwen3's)
+    "qk-layernorm": ("model.qk_norm", True),
     "deepspeed": ("system.software.stack", "deepspeed"),       # Megatron-DeepSpeed
 }
 
@@ -224,17 +230,6 @@ NOT_MODELLED: dict[str, str] = {
     **MORE_NOT_MODELLED,
 }
 
-#: launcher (torchrun, torch.distributed.launch/run, deepspeed) flags
-LAUNCHER: dict[str, str | None] = {
-    "nproc_per_node": "system.devices_per_node", "nproc-per-node": "system.devices_per_node",
-    "nnodes": "system.nodes",
-    "num_gpus": "system.devices_per_node", "num_nodes": "system.nodes",   # the deepspeed launcher
-    **dict.fromkeys((
-        "hostfile", "include", "exclude", "launcher", "no_local_rank", "node_rank",
-        "node-rank", "master_addr", "master-addr", "master_port", "master-port", "rdzv_id",
-        "rdzv-id", "rdzv_backend", "rdzv-backend", "rdzv_endpoint", "rdzv-endpoint",
-        "max_restarts", "max-restarts", "standalone"))}
-
 MEGATRON_FLAGS = (*VALUE_FLAGS, *LIST_FLAGS, *SWITCHES, *CHOICES, *MODEL_FLAGS, *NO_EFFECT,
                   *NOT_MODELLED, *FSDP_FLAGS, "no-masked-softmax-fusion")
 
@@ -275,7 +270,7 @@ def read_megatron(text: str, where: str) -> Draft:
         every argument; refused arguments are in ``Draft.refused``, not raised here.
     """
     variants = read_commands(text, where)
-    drafts = [_read_variant(v.command, where) for v in variants]
+    drafts = [read_megatron_command(v.command, where) for v in variants]
     first = drafts[0]
     for variant, draft in zip(variants[1:], drafts[1:]):
         changed = sorted(k for k in first.fields.keys() | draft.fields.keys()
@@ -294,11 +289,13 @@ def read_megatron(text: str, where: str) -> Draft:
     return first
 
 
-def _read_variant(cmd, where: str) -> Draft:
-    """The draft of one way through the script: its launcher, flags and model."""
+def read_megatron_command(cmd, where: str, name: str | None = None) -> Draft:
+    """The draft of one command (one way through a script): its launcher, flags and model;
+    ``name`` names the model (default: the file's name)."""
     draft = Draft(where)
-    draft.set("model.name", where.replace("\\", "/").rsplit("/", 1)[-1].rsplit(".", 1)[0]
-              or "megatron", "the model's name: the file's")
+    own = where.replace("\\", "/").rsplit("/", 1)[-1].rsplit(".", 1)[0] or "megatron"
+    draft.set("model.name", name or own,
+              "the model's name: " + ("the launcher's MODEL" if name else "the file's"))
     _launcher(draft, cmd.launcher)
     model: dict[str, list[str]] = {}
     fsdp = []

@@ -10,7 +10,8 @@ Megatron-LM's rules used here (``megatron/training/arguments.py`` unless said):
   ``--swiglu``: ``4·h``;
 * ``--num-query-groups`` applies only with ``--group-query-attention`` (default 1 group);
 * embeddings are tied unless ``--untie-embeddings-and-output-weights``;
-* ``--num-layers-per-virtual-pipeline-stage L``: ``layers / PP / L`` virtual stages;
+* ``--num-layers-per-virtual-pipeline-stage L``: ``layers / PP / L`` virtual stages (the
+  embedding and the loss counted as a layer each where the split accounts for them);
 * ``--attention-dropout`` and ``--hidden-dropout`` default to 0.1; ``--moe-router-topk`` to 2;
 * ``--sequence-parallel`` is turned off when TP is 1 (``validate_args``).
 """
@@ -223,15 +224,21 @@ def _dropout(draft: Draft, model: dict, arch: str) -> None:
 
 
 def _virtual_stages(draft: Draft, model: dict) -> None:
+    """``--num-layers-per-virtual-pipeline-stage L``: ``(layers + e + l) / PP / L`` virtual
+    stages, ``e`` and ``l`` 1 with ``--account-for-embedding/loss-in-pipeline-split`` (Megatron-LM
+    d98e8a64 arguments.py validate_args: ``num_layers += 1`` for each before the division)."""
     f = draft.fields
     per = _one_value(draft, model, "num-layers-per-virtual-pipeline-stage", None)
     if per is not None:
-        layers = f.get("model.num_hidden_layers", 0)
+        layers = f.get("model.num_hidden_layers", 0) + sum(
+            bool(f.get(f"parallel.account_for_{part}_in_pipeline_split"))
+            for part in ("embedding", "loss"))
         pp = f.get("parallel.pipeline_model_parallel_size", 1)
         arg = f"--num-layers-per-virtual-pipeline-stage {per}"
         if not per.isdigit() or int(per) == 0 or layers % (pp * int(per)):
-            draft.refuse(arg, f"{layers} layers / PP {pp} is not a whole number of groups of "
-                              f"{per} layers")
+            draft.refuse(arg, f"{layers} layers (with the embedding and loss where the split "
+                              f"accounts for them) / PP {pp} is not a whole number of groups "
+                              f"of {per} layers")
         else:
             draft.set("parallel.virtual_pipeline_model_parallel_size",
                       layers // pp // int(per), arg)

@@ -1,6 +1,7 @@
 """Flags of the launch scripts Megatron-LM and Megatron-DeepSpeed ship: those that cannot change
 the time of one iteration, and those that do in a way ddlsim does not model (refused by name,
-with why), each with where the flag is defined; and the step batch-size schedule.
+with why), each with where the flag is defined; the launchers' flags (torchrun's, deepspeed's);
+and the step batch-size schedule.
 
 Found by importing the real scripts (tests/importers/data/real/SOURCES.md): Megatron-LM
 d98e8a64's ``examples/llama/train_llama3_8b_h100_fp8.sh`` and
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from .common import Draft
 
-__all__ = ["MORE_NO_EFFECT", "MORE_NOT_MODELLED", "KNOWN_REFUSED", "batch_schedule",
+__all__ = ["MORE_NO_EFFECT", "MORE_NOT_MODELLED", "KNOWN_REFUSED", "LAUNCHER", "batch_schedule",
            "masked_softmax"]
 
 #: flag → why it changes no iteration's time
@@ -42,6 +43,17 @@ MORE_NO_EFFECT: dict[str, str] = {
     # into the softmax's scale, the same kernel
     "no-query-key-layer-scaling": "a factor of the attention softmax's scale, the same "
                                   "kernel",
+    # d98e8a64 arguments.py line 3643: a gate; each experimental feature has its own flag,
+    # read (or refused) by its name
+    "enable-experimental": "a gate for experimental features, each of which has its own "
+                           "flag",
+    # d98e8a64 arguments.py line 2422: positions divided by the factor, the same RoPE kernel
+    "rotary-seq-len-interpolation-factor": "a value of the rotary positions, the same RoPE "
+                                           "kernel",
+    # d98e8a64 config/training_config.py line 196 (the warm-up's first learning rate)
+    "lr-warmup-init": "a learning rate, not a cost",
+    # d98e8a64 config/training_config.py line 493; checkpointing.py line 1929
+    "auto-detect-ckpt-format": "checkpointing, not part of an iteration",
 }
 
 #: flag → what of its effect ddlsim leaves out (accepted, with a warning)
@@ -53,11 +65,26 @@ MORE_NOT_MODELLED: dict[str, str] = {
                                          "gradient bucket and the loss's isnan: ddlsim's "
                                          "Megatron stacks keep both, a pass over each bucket "
                                          "more than this run",
+    # d98e8a64 model_parallel_config.py line 325: 'native' (Megatron's fused vocab-parallel
+    # cross-entropy) or 'te' (TransformerEngine's); ddlsim has one fused cross-entropy
+    "cross-entropy-fusion-impl": "which fused cross-entropy runs (Megatron's native one or "
+                                 "TransformerEngine's): ddlsim times "
+                                 "kernels.fused_cross_entropy's one kernel for both",
 }
 
-_FP8_GATHER = ("the parameters kept in FP8 and all-gathered in FP8 (half the bytes of the "
-               "distributed optimizer's or FSDP's gather): not modelled; ddlsim gathers them "
-               "in the parameters' dtype")
+#: d98e8a64 arguments.py line 2016; what it does: the linear weights are TransformerEngine
+#: FP8 tensors stored in the DDP parameter buffer (param_and_grad_buffer.py lines 81-89,
+#: 1277-1290); after the step the distributed optimizer quantizes each FP32 master shard into
+#: that buffer (distrib_optimizer.py lines 2825-2851, quantize_param_shard, with its amax
+#: all-reduce over the data-parallel group) and the bucket all-gather moves 1 byte per FP8
+#: element. ddlsim's float8 all-gather (kernels.enable_fsdp_float8_all_gather,
+#: workloads/decoder/fsdp_float8.py) is torchao's under FSDP2 (ZeRO-3 per-layer gathers, the
+#: cast before each gather from the 16-bit shard, tensorwise scaling) and is refused elsewhere;
+#: ZeRO-1/2's gather after the step counts the parameters' dtype (decoder/update.py).
+_FP8_GATHER = ("the parameters kept in FP8 and all-gathered in FP8 (1 byte per FP8 weight in "
+               "the distributed optimizer's or Megatron-FSDP's gather, quantized from the "
+               "FP32 master shard after the step): not modelled; ddlsim gathers them in the "
+               "parameters' dtype (its float8 all-gather is torchao's under FSDP2 only)")
 _NCCL_BUFFERS = ("NCCL's registered user buffers for Megatron-FSDP's collectives: not "
                  "modelled; ddlsim times NCCL's collectives without them")
 
@@ -72,10 +99,28 @@ KNOWN_REFUSED: dict[str, str] = {
                           "modelled; ddlsim's Megatron-FSDP allocates each unit's gather",
     "optimizer-cpu-offload": "the optimizer step on the CPU (d98e8a64 arguments.py line "
                              "2918): not modelled; ddlsim steps the optimizer on the GPU",
+    # d98e8a64 transformer_config.py line 1075 (cuda_graph_impl), arguments.py line 2047
+    # (--cuda-graph-scope, deprecated for --cuda-graph-modules)
+    **dict.fromkeys(("cuda-graph-impl", "cuda-graph-scope", "cuda-graph-modules"),
+                    "CUDA graphs replay the captured scopes' kernels without the host "
+                    "launching each: not modelled; ddlsim launches every kernel from the host "
+                    "(and waits where the dispatcher waits)"),
     "pipeline-model-parallel-layout": "a per-stage layer layout string (d98e8a64 "
                                       "arguments.py line 3103): not read; give the split "
                                       "with --decoder-first/last-pipeline-num-layers",
 }
+
+
+#: launcher (torchrun, torch.distributed.launch/run, deepspeed) flags
+LAUNCHER: dict[str, str | None] = {
+    "nproc_per_node": "system.devices_per_node", "nproc-per-node": "system.devices_per_node",
+    "nnodes": "system.nodes",
+    "num_gpus": "system.devices_per_node", "num_nodes": "system.nodes",   # the deepspeed launcher
+    **dict.fromkeys((
+        "hostfile", "include", "exclude", "launcher", "no_local_rank", "node_rank",
+        "node-rank", "master_addr", "master-addr", "master_port", "master-port", "rdzv_id",
+        "rdzv-id", "rdzv_backend", "rdzv-backend", "rdzv_endpoint", "rdzv-endpoint",
+        "max_restarts", "max-restarts", "standalone"))}
 
 
 def batch_schedule(draft: Draft, arg: str, values: list[str], what: str) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 from ..textio import read_text
 from .common import Draft, register_importer
 
-__all__ = ["megatron", "deepspeed", "torchtitan", "hf"]
+__all__ = ["megatron", "modelzoo", "deepspeed", "torchtitan", "hf"]
 
 
 def _megatron_known() -> list[str]:
@@ -20,6 +20,15 @@ def megatron(path: Path) -> Draft:
     """A ``pretrain_gpt.py`` launch script or command line (a text file)."""
     from .megatron import read_megatron
     return read_megatron(read_text(path, what="Megatron-LM script"), str(path))
+
+
+@register_importer("modelzoo", "Megatron-MoE-ModelZoo launcher", _megatron_known,
+                   options=("repo", "env"))
+def modelzoo(path: Path, repo: Path | None = None, env: tuple[str, ...] = ()) -> Draft:
+    """A Megatron-MoE-ModelZoo run script (with ``repo``, its checkout) or model YAML, with
+    the launcher's variables ``env`` (``NAME=value``)."""
+    from .modelzoo import read_modelzoo
+    return read_modelzoo(path, repo, env)
 
 
 def _deepspeed_known() -> list[str]:

@@ -24,7 +24,8 @@ from typing import NamedTuple
 
 from ..errors import ConfigError
 
-__all__ = ["Command", "Variant", "read_command", "read_commands", "UNSET", "is_unset"]
+__all__ = ["Command", "Variant", "read_command", "read_commands", "read_script", "UNSET",
+           "is_unset"]
 
 #: how an unresolved variable reads after expansion
 UNSET = "<unset:{}>"
@@ -252,13 +253,36 @@ def _condition(stmt: str) -> str:
     return cond[:-5].rstrip() if cond.endswith(" then") else cond
 
 
-def _run(stmts: list[str], where: str, assume: dict[int, bool]) -> list[list[str]] | None:
+def read_script(text: str, where: str, env: dict[str, str]) -> list[list[str]]:
+    """Every command of a script whose conditions it decides itself, each with its ``VAR=x``
+    prefixes, run with the variables ``env`` (updated with what the script assigns), as for a
+    launcher that passes its variables on to another script (:mod:`.modelzoo`).
+
+    Raises
+    ------
+    ConfigError
+        When a condition depends on running the script (an environment variable not in
+        ``env``, ``$1``, a file), naming it; or when the script loops.
+    """
+    stmts = _statements(text)
+    try:
+        return _run(stmts, where, {}, env, keep_prefixes=True) or []
+    except _Undecided as u:
+        raise ConfigError(f"{where}: {_condition(stmts[u.index])!r} depends on running the "
+                          "script (an environment variable, $1 or a file); give its value "
+                          "(--env NAME=value)") from None
+
+
+def _run(stmts: list[str], where: str, assume: dict[int, bool],
+         env: dict[str, str] | None = None,
+         keep_prefixes: bool = False) -> list[list[str]] | None:
     """The commands one way through ``stmts`` runs (None when it exits before a training
-    command); raises :class:`_Undecided` at a condition neither the script nor ``assume``
-    decides."""
+    command), from the variables ``env`` (none given: empty; updated in place), with their
+    ``VAR=x`` prefixes when ``keep_prefixes``; raises :class:`_Undecided` at a condition
+    neither the script nor ``assume`` decides."""
     from .shell_conditions import decide
 
-    env: dict[str, str] = {}
+    env = {} if env is None else env
     commands: list[list[str]] = []
     frames: list[list[bool]] = []     # per open if: [active, a branch was taken, parent on]
     for i, stmt in enumerate(stmts):
@@ -297,7 +321,7 @@ def _run(stmts: list[str], where: str, assume: dict[int, bool]) -> list[list[str
             return commands if any(_scripts(c) for c in commands) else None
         if not _assign(stmt, env, where):
             words = _split(_expand(stmt, env), where)
-            while words and _ASSIGN.match(words[0]):   # VAR=x torchrun …
+            while words and _ASSIGN.match(words[0]) and not keep_prefixes:  # VAR=x torchrun
                 words = words[1:]
             if words:
                 commands.append(words)

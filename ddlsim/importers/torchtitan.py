@@ -2,8 +2,8 @@
 :mod:`.torchtitan2024`, on the ``torchtitan-2024`` stack).
 
 Key names and defaults are torchtitan's ``torchtitan/config/job_config.py`` (``[training]
-batch_size`` before its rename to ``local_batch_size``); the ``llama3`` flavors are the
-shapes of ``torchtitan/models/llama3/__init__.py`` (8B, 70B, 405B: Llama 3.1's). The run's
+batch_size`` before its rename to ``local_batch_size``); the ``llama3`` and ``qwen3`` flavors
+are the presets of their shapes (:mod:`.torchtitan_flavors`). The run's
 stack is ``torchtitan-2025`` (this config format's; ``ddlsim/data/software.yaml``): FSDP (a
 shard or context-parallel degree above 1) is ddlsim's ZeRO-3 with the stack's per-block
 FSDP2 units, with pipelining too; tensor parallelism is torchtitan's, with sequence
@@ -24,12 +24,10 @@ from __future__ import annotations
 import tomllib
 from ..errors import ConfigError
 from .common import Draft
+from .torchtitan_flavors import FLAVORS, flavor_refusal
 from .torchtitan_quantize import read_compile as _compile
 
 __all__ = ["read_torchtitan", "torchtitan_key_names"]
-
-#: torchtitan model name → flavor → ddlsim model preset
-FLAVORS = {"llama3": {"8B": "llama-3.1-8b", "70B": "llama-3.1-70b", "405B": "llama-3.1-405b"}}
 
 #: the software stack of this config format (torchtitan/config/job_config.py, 2025)
 STACK = "torchtitan-2025"
@@ -156,9 +154,8 @@ def _model(draft: Draft, s: dict, doc: dict) -> None:
     name, flavor = s.get("name"), str(s.get("flavor"))
     preset = FLAVORS.get(name, {}).get(flavor)
     if preset is None:
-        draft.refuse(f"[model] name = {name!r}, flavor = {flavor!r}", "ddlsim knows the "
-                     f"flavors {', '.join(f'{n} {f}' for n in FLAVORS for f in FLAVORS[n])}; "
-                     "give the model with a Hugging Face folder or --set model=PRESET")
+        draft.refuse(f"[model] name = {name!r}, flavor = {flavor!r}",
+                     flavor_refusal(name, flavor))
     else:
         draft.set("model", preset, f"[model] {name} {flavor}")
     converters = s.get("converters", [])

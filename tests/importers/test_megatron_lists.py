@@ -20,7 +20,7 @@ BASE = ("--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --seq-lengt
 #: benchmarks/data/modelzoo_h100_moe.csv's header: Megatron-MoE-ModelZoo c1ad0b5c
 #: best_practice/Qwen3/run_235b.sh's plan of rows 1-2 (A2A_OVERLAP off for row 1), the
 #: benchmarking YAML's flags and sbatch_benchmarking.sh's DISPATCHER deepep. Left out:
-#: the model flags (the preset gives the model: the importer does not read --qk-layernorm),
+#: the model flags (the preset gives the model; test_modelzoo.py reads them from the YAML),
 #: --moe-router-fusion, --cross-entropy-fusion-impl te (not read)
 #: and --manual-gc (accepted as not modelled); --overlap-param-gather is given, and refused
 #: by ddlsim with EP > 1 (validate_moe's zoo_config sets it off, see the test).

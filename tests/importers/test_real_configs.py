@@ -98,6 +98,30 @@ IMPORTED = {
         {"model": "llama-3.1-70b", "train.micro_batch_size": 8, "train.global_batch_size": 64,
          "parallel.tensor_model_parallel_size": 8, "parallel.sequence_parallel": True,
          "train.recompute": "full", "parallel.zero_stage": 3}),
+    # torchtitan's qwen3 32B flavor: Qwen3-32B's shape in every dimension (qwen3-32b preset,
+    # test_torchtitan_flavors.py); FSDP over all ranks, full AC, local batch 2 x DP 32
+    "titan__qwen3_32b.toml": (
+        {**_H100, "nodes": 4},
+        {"model": "qwen3-32b", "train.micro_batch_size": 2, "train.global_batch_size": 64,
+         "train.seq_length": 4096, "parallel.zero_stage": 3, "train.recompute": "full",
+         "system.software.stack": "torchtitan-2025"}),
+    # followed into the checkout (zoo__repo: sbatch_benchmarking.sh, runtime.conf, the model
+    # YAML); refused by name: the tokenizer (its vocabulary given), TE's CUDA graphs; ddlsim
+    # refuses the TP and param-gather overlaps with EP (test_modelzoo.py has the whole check)
+    "zoo__run_h100_235b.sh": (
+        {**_H100, "software": "megatron-core-2025", "repo": REAL / "zoo__repo",
+         "ignore": ("tokenizer-type", "cuda-graph-impl", "cuda-graph-scope"),
+         "overrides": ("model.vocab_size=151936", "parallel.tp_comm_overlap=off",
+                       "parallel.overlap_param_gather=false")},
+        {"parallel.tensor_model_parallel_size": 2, "parallel.pipeline_model_parallel_size": 8,
+         "parallel.virtual_pipeline_model_parallel_size": 4,
+         "parallel.expert_model_parallel_size": 32, "parallel.expert_tensor_parallel_size": 1,
+         "train.micro_batch_size": 1, "train.global_batch_size": 2048,
+         "parallel.moe.token_dispatcher_type": "flex",
+         "parallel.moe.flex_dispatcher_backend": "deepep",
+         "parallel.moe.overlap_expert_parallel_comm": True, "train.recompute": "selective",
+         "train.recompute_modules": ["moe_act", "layernorm"], "system.nodes": 32,
+         "model.num_hidden_layers": 94, "model.qk_norm": True}),
     # converters = ["float8"] is refused (below); without it: bf16, compiled, async TP
     "titan__llama3_405b.toml": (
         {**_H100, "nodes": 16, "ignore": ("[model]",)},
@@ -127,14 +151,15 @@ REFUSED = {
         _H100, r"cuda_visible_devices: not a ds_config key ddlsim reads"),
     "titan__llama3_405b.toml": (
         _H100, r"\[model\] converters = 'float8': .*'quantize.linear.float8'.*KeyError"),
-    "titan__qwen3_32b.toml": (
-        _H100, r"\[model\] name = 'qwen3', flavor = '32B': ddlsim knows the flavors"),
     "titan__deepseek_v3_16b.toml": (
-        _H100, r"name = 'deepseek_v3'.*expert_tensor_parallel_degree = 1: not a key.*"
+        _H100, r"name = 'deepseek_v3', flavor = '16B': torchtitan runs this flavor's attention "
+               r"as FlexAttention with attn_mask_type 'block_causal'.*"
+               r"expert_tensor_parallel_degree = 1: not a key.*"
                r"\[compile\] enable = true, components = \['loss'\]: ddlsim models the "
                r"compiled TransformerBlocks"),
     "zoo__run_h100_235b.sh": (
-        _H100, r"no command runs a Python training script.*bash ./sbatch_benchmarking.sh"),
+        _H100, r"it runs ./sbatch_benchmarking.sh, which builds the Megatron-LM command from "
+               r"the ModelZoo's files; give the checkout it runs in with --repo FOLDER"),
 }
 
 
@@ -168,7 +193,9 @@ def test_a_real_config_is_refused_naming_the_argument(name):
 
 
 def test_every_real_file_is_in_the_table_and_its_sources():
-    files = {p.name for p in REAL.iterdir() if p.name != "SOURCES.md"}
+    files = {p.name for p in REAL.iterdir() if p.is_file() and p.name != "SOURCES.md"}
     assert files == set(IMPORTED) | set(REFUSED)
     sources = (REAL / "SOURCES.md").read_text()
-    assert all(f"| {f} |" in sources for f in files)
+    checkout = {p.relative_to(REAL).as_posix() for p in (REAL / "zoo__repo").rglob("*")
+                if p.is_file()}
+    assert all(f"| {f} |" in sources for f in files | checkout)
