@@ -103,8 +103,10 @@ def model_row(repo: Path, env: dict[str, str]) -> None:
             env[name] = value
     layers = _int(env, "NUM_LAYERS", "reads it")
     pp, vpp = _int(env, "PP", "reads it"), _int(env, "VPP", "compares it with 1")
-    if not env.get("LAYERS_PER_VP"):
-        env["LAYERS_PER_VP"] = str(layers // pp // vpp) if vpp > 1 else "false"
+    if vpp <= 1:
+        env["LAYERS_PER_VP"] = "false"
+    elif not env.get("LAYERS_PER_VP"):
+        env["LAYERS_PER_VP"] = str(layers // pp // vpp)
     uneven = layers % pp != 0
     for i, name in ((15, "PP_FIRST"), (16, "PP_LAST")):
         if not env.get(name) or not uneven:
