@@ -6,19 +6,20 @@ the variables and reads the command that results (:mod:`.modelzoo`).
 
 The steps, in the script's order:
 
-1. defaults of ``MODEL``, ``CLUSTER``, ``MEGATRON_PATH`` (lines 8-12); ``common.conf``: the
-   training script ``${MEGATRON_PATH}/pretrain_gpt.py``, the model YAML
+1. ``WORKSPACE``, the script's folder, and defaults of ``MODEL``, ``CLUSTER``,
+   ``MEGATRON_PATH`` (lines 5-12); ``common.conf``: the training script
+   ``${MEGATRON_PATH}/pretrain_gpt.py``, the model YAML
    ``${WORKSPACE}/model_configs/benchmarking/${MODEL}.yaml`` and ``PR`` in bf16/fp8/mxfp8
    (lines 2-3, 21-25); ``runtime.conf``: the model's row of ``BENCHMARKING_MODEL_CONFIGS`` for
    each of ``TP PP EP CP VPP MBS GBS NUM_LAYERS MOE_TOKEN_DISPATCHER MOE_GROUPED_GEMM NNODES
    RUN_TIME PRETRAIN SEQ_LEN DATASET [PP_FIRST PP_LAST]`` not already set (bash's ``:-``: an
    empty value counts as unset), ``LAYERS_PER_VP = NUM_LAYERS / PP / VPP`` when ``VPP > 1``
-   (else ``false``) and ``PP_FIRST``/``PP_LAST`` only when ``NUM_LAYERS % PP`` (lines 33-80);
+   (else ``false``) and ``PP_FIRST``/``PP_LAST`` only when ``NUM_LAYERS % PP`` (lines 20-77);
 2. ``envsubst`` on the YAML, then ``yq`` turns ``MODEL_ARGS`` into flags: a value ``false`` drops
-   the flag, ``true`` is a switch, any other ``--key value`` (lines 25-40), and the script's own
-   arguments follow (lines 42-45); ``ENV_VARS`` are exported (lines 48-54);
-3. :func:`rules`, lines 57-124; the job runs ``NNODES`` nodes of 8 tasks, 4 with
-   ``GB200_CLUSTER=1`` (lines 161-171).
+   the flag, ``true`` is a switch, any other ``--key value`` (lines 24-38), and the script's own
+   arguments follow (lines 40-43); ``ENV_VARS`` are exported (lines 45-52);
+3. :func:`rules`, lines 54-150; the job runs ``NNODES`` nodes of 8 tasks, 4 with
+   ``GB200_CLUSTER=1`` (lines 167-178).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ SHA256 = {
         "96706df279ce24106c6fd345f8561ede238559696dc72b2f01fc03ed378250b0",
 }
 
-#: runtime.conf's columns, in order (its comment line 6 and set_model_configs lines 33-62)
+#: runtime.conf's columns, in order (its comment line 5 and set_model_configs lines 20-74)
 COLUMNS = ("TP", "PP", "EP", "CP", "VPP", "MBS", "GBS", "NUM_LAYERS", "MOE_TOKEN_DISPATCHER",
            "MOE_GROUPED_GEMM", "NNODES", "RUN_TIME", "PRETRAIN", "SEQ_LEN", "DATASET")
 _ROW = re.compile(r'^\s*\[([^\]]+)\]="([^"]*)"', re.M)
@@ -114,14 +115,14 @@ def model_row(repo: Path, env: dict[str, str]) -> None:
 
 
 def tasks_per_node(env: dict[str, str]) -> int:
-    """GPUs per node of the job: 4 on a GB200 cluster, else 8 (lines 161-171)."""
+    """GPUs per node of the job: 4 on a GB200 cluster, else 8 (lines 167-178)."""
     return 4 if env.get("GB200_CLUSTER", "0") == "1" else 8
 
 
 def rules(env: dict[str, str], params: str,
           max_position: str | None) -> list[tuple[str, str]]:
     """The flags sbatch_benchmarking.sh adds from its variables after the YAML's (lines
-    57-124), each with the variable that adds it: ``[(variable=value, flags), …]``.
+    54-150), each with the variable that adds it: ``[(variable=value, flags), …]``.
     ``params`` is the command so far; ``max_position`` the YAML's
     ``--max-position-embeddings`` after envsubst (None where it has none: ``yq`` prints
     ``null``, which bash's ``-gt`` reads as 0)."""
@@ -171,7 +172,7 @@ def rules(env: dict[str, str], params: str,
 
 
 def _precision(env: dict[str, str], offload: str, add) -> None:
-    """Lines 86-107: the flags of ``PR`` (bf16, fp8 or mxfp8; common.conf stops on others)."""
+    """Lines 84-107: the flags of ``PR`` (bf16, fp8 or mxfp8; common.conf stops on others)."""
     pr = env.get("PR") or "bf16"
     if pr not in ("bf16", "fp8", "mxfp8"):
         raise ConfigError(f"PR={pr!r}: common.conf allows 'bf16', 'fp8' or 'mxfp8' and stops "
