@@ -100,6 +100,19 @@ class MoESpec(_Strict):
                                         "balance, an assumption otherwise (no published per-rank "
                                         "measurement gives a default: docs/moe.md), which "
                                         "the plan line and JSON routing name")
+    router_num_groups: Annotated[int, BeforeValidator(reject_bool), Field(ge=1, le=2**20)] | \
+        None = Field(default=None, description="--moe-router-num-groups: the routed experts in "
+                                               "this many groups of consecutive experts for "
+                                               "group-limited routing (with router_group_topk); "
+                                               "unset: the model's n_group (its config.json's), "
+                                               "else none")
+    router_group_topk: Annotated[int, BeforeValidator(reject_bool), Field(ge=1, le=2**20)] | \
+        None = Field(default=None, description="--moe-router-group-topk: each token's experts "
+                                               "come from this many of the groups (DeepSeek-V3: "
+                                               "4 of 8); with expert parallelism over nodes a "
+                                               "token reaches fewer nodes and GPUs, which the "
+                                               "flex dispatcher's deduplicated traffic follows "
+                                               "(docs/moe.md); unset: the model's topk_group")
     pad_expert_input_to_capacity: StrictBool = Field(
         default=False, description="every expert gets exactly its capacity (padded): needs "
                                    "model.capacity_factor (Megatron's "

@@ -55,25 +55,84 @@ __all__ = ["FlexKernel", "KERNELS", "KERNEL_SMS", "flex_sms", "hit_probability",
            "flex_traffic", "flex_time", "flex_algorithm"]
 
 
-def hit_probability(experts: int, held: int, top_k: int) -> float:
-    """Probability that a token's ``top_k`` distinct experts, drawn uniformly from
-    ``experts``, include at least one of ``held`` given experts: ``1 − C(E−e, k)/C(E, k)``.
+def hit_probability(experts: int, held: int, top_k: int, groups: int = 1,
+                    topk_groups: int = 1) -> float:
+    """Probability that one token's ``top_k`` experts include at least one of ``held`` given
+    experts (those of one node or one GPU), under uniform or group-limited routing.
+
+    Uniform routing (``groups = 1``, or ``topk_groups = groups``): the ``k`` distinct experts
+    are drawn uniformly from all ``E``, so ``q = 1 − C(E−e, k)/C(E, k)``.
+
+    Group-limited routing (DeepSeek-V2's ``group_limited_greedy``, V3's ``noaux_tc``;
+    Megatron-Core's ``--moe-router-num-groups``/``--moe-router-group-topk``): the ``E``
+    experts form ``G`` groups of ``m = E/G`` consecutive experts; a token first picks
+    ``M = topk_groups`` groups, then its ``k`` experts among their ``M·m``. Assumed (balanced
+    routing, as the flex kernels' tables and forced balance are): the ``M`` groups are a
+    uniform ``M``-subset of the ``G``, the ``k`` experts a uniform ``k``-subset of the chosen
+    groups' experts. The held experts are consecutive (Megatron-Core and DeepEP lay the
+    experts out contiguously over the expert-parallel ranks) and nested with the groups: they
+    fill ``c = e/m`` whole groups (``s = m`` of each), or lie inside one group (``c = 1``,
+    ``s = e``). If ``j`` of those ``c`` groups are picked (hypergeometric), the token misses
+    the held experts when all ``k`` fall among the other ``M·m − j·s`` experts of its groups:
+
+    ``1 − q = Σ_j C(c, j)·C(G−c, M−j)/C(G, M) · C(M·m − j·s, k)/C(M·m, k)``.
+
+    With ``M = G`` only ``j = c`` remains and this is the uniform form. Every expert is still
+    picked with probability ``(M/G)·k/(M·m) = k/E``, so each expert's tokens, and bytes that
+    travel once per routed copy (the alltoall dispatcher's), are the same as under uniform
+    routing; only deduplicated traffic (once per node or GPU reached) changes.
 
     Parameters
     ----------
     experts : E, the routed experts.
-    held : e, the experts on the node (or GPU) in question, ``0 <= e <= E``.
-    top_k : k, the experts each token is routed to, ``1 <= k <= E``.
+    held : e, the consecutive experts on the node (or GPU) in question, ``0 <= e <= E``.
+    top_k : k, the experts each token is routed to, ``1 <= k <= M·m``.
+    groups : G, the expert groups (``n_group``); divides E.
+    topk_groups : M, the groups each token may use (``topk_group``), ``1 <= M <= G``.
 
     Returns
     -------
     float
         The probability (so ``N · q_node`` is the expected number of distinct nodes).
+
+    Raises
+    ------
+    ValueError
+        Out-of-range counts, or held experts that straddle a group boundary (neither whole
+        groups nor inside one: that node's share of each group, and so its traffic, differs
+        from its neighbours', which the flex model's one rate per member does not hold).
+
+    References
+    ----------
+    DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", arXiv:2412.19437, §2.1.2 (node-limited
+    routing, at most M = 4 nodes per token) and the published config.json (n_group 8,
+    topk_group 4); DeepSeek-AI 2024, "DeepSeek-V2", arXiv:2405.04434, §2.2.2 (device-limited
+    routing, M = 3); NVIDIA/Megatron-LM d7288711 ``moe_utils.py`` ``group_limited_topk``
+    (top groups by score, then top-k inside them).
     """
     if not 0 <= held <= experts or not 1 <= top_k <= experts:
         raise ValueError(f"hit_probability needs 0 <= held <= experts and 1 <= top_k <= "
                          f"experts, got experts={experts}, held={held}, top_k={top_k}")
-    return 1.0 - comb(experts - held, top_k) / comb(experts, top_k)
+    if groups < 1 or experts % groups or not 1 <= topk_groups <= groups:
+        raise ValueError(f"hit_probability: {groups} expert groups, {topk_groups} per token, "
+                         f"of {experts} experts; allowed: groups dividing the experts and "
+                         f"1 <= topk_groups <= groups")
+    m = experts // groups
+    if top_k > topk_groups * m:
+        raise ValueError(f"hit_probability: top_k = {top_k} exceeds the {topk_groups * m} "
+                         f"experts of {topk_groups} groups of {m}")
+    if topk_groups == groups:
+        return 1.0 - comb(experts - held, top_k) / comb(experts, top_k)
+    if held % m and (held == 0 or m % held):
+        raise ValueError(f"group-limited routing: {held} consecutive experts on one node or "
+                         f"GPU neither fill whole groups of {m} experts nor lie inside one; "
+                         f"this layout is not modelled (use an expert-parallel size whose "
+                         f"experts per GPU and per node divide, or are multiples of, {m})")
+    c, s = (held // m, m) if held >= m else (1, held)
+    pool = topk_groups * m
+    miss = sum(comb(c, j) * comb(groups - c, topk_groups - j) * comb(pool - j * s, top_k)
+               for j in range(min(c, topk_groups) + 1))
+    return 1.0 - miss / (comb(groups, topk_groups) * comb(pool, top_k))
 
 
 @dataclass(frozen=True)
@@ -160,7 +219,7 @@ class FlexTraffic:
 
 
 def flex_traffic(token_bytes: float, experts: int, top_k: int, replicas: int,
-                 p: int, g: int) -> FlexTraffic:
+                 p: int, g: int, groups: int = 1, topk_groups: int = 1) -> FlexTraffic:
     """The deduplicated traffic of one member (module docstring).
 
     Parameters
@@ -169,6 +228,8 @@ def flex_traffic(token_bytes: float, experts: int, top_k: int, replicas: int,
     experts, top_k : E and k of the router.
     replicas : r, members holding each expert (expert TP; 1 keeps experts whole).
     p, g : members in the group and per node (node-major, every node holding ``g``).
+    groups, topk_groups : G and M of group-limited routing (1, 1: uniform over all experts;
+        :func:`hit_probability`).
 
     Returns
     -------
@@ -177,7 +238,8 @@ def flex_traffic(token_bytes: float, experts: int, top_k: int, replicas: int,
     Raises
     ------
     ValueError
-        When the experts do not split evenly over the members or the nodes.
+        When the experts do not split evenly over the members or the nodes, or a node's or
+        member's experts straddle a group boundary (:func:`hit_probability`).
     """
     if p % replicas or experts % (p // replicas) or p % g or (g % replicas and replicas % g):
         raise ValueError(f"flex dispatch: {experts} experts held {replicas}x over {p} members "
@@ -185,8 +247,8 @@ def flex_traffic(token_bytes: float, experts: int, top_k: int, replicas: int,
     per_member = experts // (p // replicas)
     per_node = per_member * max(1, g // replicas)
     nodes = p // g
-    q_node = hit_probability(experts, per_node, top_k)
-    q_gpu = hit_probability(experts, per_member, top_k)
+    q_node = hit_probability(experts, per_node, top_k, groups, topk_groups)
+    q_gpu = hit_probability(experts, per_member, top_k, groups, topk_groups)
     return FlexTraffic((nodes - 1) * q_node * token_bytes, p * q_gpu * token_bytes,
                        q_node, q_gpu)
 
@@ -236,12 +298,15 @@ def _pairs(p: int, g: int, traffic: FlexTraffic, nbytes: float, kernel: FlexKern
     return Phase(np.stack([src, dst], axis=1), 1.0, weights=w[src, dst])
 
 
-_NAME = re.compile(r"^(deepep|hybridep)_(dispatch|combine)\[k=(\d+),E=(\d+),r=(\d+)\]$")
+_NAME = re.compile(r"^(deepep|hybridep)_(dispatch|combine)"
+                   r"\[k=(\d+),E=(\d+),r=(\d+)(?:,G=(\d+),M=(\d+))?\]$")
 
 
-def flex_algorithm(backend: str, kernel: str, top_k: int, experts: int, replicas: int) -> str:
+def flex_algorithm(backend: str, kernel: str, top_k: int, experts: int, replicas: int,
+                   groups: int = 1, topk_groups: int = 1) -> str:
     """The name of the all-to-all algorithm timing ``backend``'s ``kernel`` for this routing:
-    ``f"{backend}_{kernel}[k=…,E=…,r=…]"``, resolved from the name alone on lookup
+    ``f"{backend}_{kernel}[k=…,E=…,r=…]"``, with ``,G=…,M=…`` under group-limited routing,
+    resolved from the name alone on lookup
     (:func:`~ddlsim.simulator.collectives.base.register_parametric`, backend ``flex``).
 
     Parameters
@@ -249,6 +314,7 @@ def flex_algorithm(backend: str, kernel: str, top_k: int, experts: int, replicas
     backend : ``deepep`` or ``hybridep``.
     kernel : ``dispatch`` or ``combine`` (the kernel that runs, forward or backward).
     top_k, experts, replicas : k, E and the members holding each expert (expert TP).
+    groups, topk_groups : G and M of group-limited routing (named only when ``M < G``).
 
     Returns
     -------
@@ -258,7 +324,8 @@ def flex_algorithm(backend: str, kernel: str, top_k: int, experts: int, replicas
     if (backend, kernel) not in KERNELS:
         raise ValueError(f"flex kernel ({backend!r}, {kernel!r}): allowed "
                          f"{', '.join(f'{b}_{k}' for b, k in KERNELS)}")
-    return f"{backend}_{kernel}[k={top_k},E={experts},r={replicas}]"
+    grouped = f",G={groups},M={topk_groups}" if topk_groups < groups else ""
+    return f"{backend}_{kernel}[k={top_k},E={experts},r={replicas}{grouped}]"
 
 
 def _resolve(op: str, name: str) -> Algorithm | None:
@@ -268,10 +335,12 @@ def _resolve(op: str, name: str) -> Algorithm | None:
         return None
     backend, kernel = match[1], match[2]
     top_k, experts, replicas = (int(match[i]) for i in (3, 4, 5))
+    groups, topk_groups = (int(match[i] or 1) for i in (6, 7))
     rates = KERNELS[(backend, kernel)]
 
     def traffic(n: float, net: GroupNet) -> FlexTraffic:
-        return flex_traffic(n / top_k, experts, top_k, replicas, net.p, net.g)
+        return flex_traffic(n / top_k, experts, top_k, replicas, net.p, net.g, groups,
+                            topk_groups)
 
     def time(n: float, net: GroupNet) -> float:
         if net.p <= 1:

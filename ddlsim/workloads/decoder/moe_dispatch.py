@@ -36,7 +36,8 @@ __all__ = ["flex_ops", "flex_received_tokens", "flex_permute_bytes"]
 def flex_received_tokens(builder: Any) -> float:
     """``R``: distinct tokens one rank receives per dispatch: ``p·q_gpu·T`` over the
     ``p = etp·ep`` ranks of the group (:func:`~ddlsim.simulator.collectives.flex.flex_traffic`,
-    node layout aside; balanced routing: check_moe_plan refuses a hot rank with flex).
+    node layout aside; balanced routing: check_moe_plan refuses a hot rank with flex), under
+    the plan's group-limited routing where it has one (fewer ranks reached per token).
 
     Parameters
     ----------
@@ -47,8 +48,9 @@ def flex_received_tokens(builder: Any) -> float:
     float
         Tokens.
     """
-    sh, p = builder.shape, builder.etp * builder.ep
-    return flex_traffic(builder.tokens(), sh.experts, sh.top_k, builder.etp, p, p).nvl_bytes
+    sh, p, plan = builder.shape, builder.etp * builder.ep, builder.moe
+    return flex_traffic(builder.tokens(), sh.experts, sh.top_k, builder.etp, p, p,
+                        plan.groups, plan.topk_groups).nvl_bytes
 
 
 def flex_permute_bytes(builder: Any, unpermute: bool) -> float:
@@ -83,8 +85,8 @@ def flex_ops(builder: Any, pre: str, backward: bool) -> tuple[list[Collective],
     forward, the dispatch kernel then the combine kernel; backward (``combine`` gradient
     first), the dispatch kernel for the combine's gradient and the combine kernel for the
     dispatch's. Each is one ``all_to_all`` of the alltoall dispatcher's bytes (``T·k·h``)
-    on ``tp_ep``, timed by the backend's kernel
-    (:func:`~ddlsim.simulator.collectives.flex.flex_algorithm`).
+    on ``tp_ep``, timed by the backend's kernel for the plan's routing (group-limited routing
+    named in the algorithm: :func:`~ddlsim.simulator.collectives.flex.flex_algorithm`).
 
     Parameters
     ----------
@@ -105,7 +107,8 @@ def flex_ops(builder: Any, pre: str, backward: bool) -> tuple[list[Collective],
     def kernel(name: str, which: str) -> list[Collective]:
         if builder.etp * builder.ep == 1:
             return []
-        algo = flex_algorithm(plan.flex_backend, which, sh.top_k, sh.experts, builder.etp)
+        algo = flex_algorithm(plan.flex_backend, which, sh.top_k, sh.experts, builder.etp,
+                              plan.groups, plan.topk_groups)
         return [Collective(name, "all_to_all", group, nbytes, algorithm=algo)]
 
     first = kernel(f"{pre}.{'combine' if backward else 'dispatch'}", "dispatch")

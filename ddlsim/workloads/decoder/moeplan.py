@@ -78,6 +78,15 @@ class MoEPlan:
     #: ``forced`` (forced balance: 1 by construction) or ``assumed`` (unset, un-forced: 1, no
     #: published per-rank measurement gives a default, docs/moe.md)
     imbalance_basis: str = "given"
+    #: group-limited routing (:func:`_router_groups`): the experts in ``groups`` groups, each
+    #: token's from ``topk_groups`` of them; 1, 1: top-k over all experts
+    groups: int = 1
+    topk_groups: int = 1
+
+    @property
+    def group_limited(self) -> bool:
+        """Whether each token's experts come from fewer than all groups."""
+        return self.topk_groups < self.groups
 
     @property
     def aux_loss(self) -> bool:
@@ -106,13 +115,16 @@ class MoEPlan:
     def routing_phrase(self) -> str:
         """The routing as the plan line and the JSON's ``plan.moe.routing`` say it:
         ``dropless``, ``capacity 1.25``, ``capacity 1.25, padded``; dropless routing whose
-        imbalance nobody gave (not forced) names the balance it assumes."""
+        imbalance nobody gave (not forced) names the balance it assumes; group-limited routing
+        is named after it (``group-limited 4 of 8 groups``)."""
+        groups = (f", group-limited {self.topk_groups} of {self.groups} groups"
+                  if self.group_limited else "")
         if self.capacity_factor is not None:
-            return f"capacity {self.capacity_factor:g}{', padded' if self.pad else ''}"
+            return f"capacity {self.capacity_factor:g}{', padded' if self.pad else ''}{groups}"
         if self.imbalance_basis == "assumed":
             return (f"dropless, balanced (router_imbalance {self.imbalance:g}, assumed: "
-                    "no measured default)")
-        return "dropless"
+                    f"no measured default){groups}")
+        return f"dropless{groups}"
 
     def _gemm_phrase(self) -> str:
         if not self.grouped_gemm:
@@ -198,7 +210,26 @@ def resolve_moe(cfg: Any) -> MoEPlan | None:
                    aux_loss_coeff=_aux_loss_coeff(cfg, given, sources),
                    router_fusion=_router_fusion(table, given, sources),
                    forced_balance=bool(given.get("router_force_load_balancing", False)),
-                   router_dtype=given.get("router_dtype"), imbalance_basis=basis)
+                   router_dtype=given.get("router_dtype"), imbalance_basis=basis,
+                   **_router_groups(cfg, given, sources))
+
+
+def _router_groups(cfg: Any, given: dict, sources: dict) -> dict:
+    """Group-limited routing: ``parallel.moe.router_num_groups``/``router_group_topk``
+    (Megatron-LM's ``--moe-router-num-groups``/``--moe-router-group-topk``), else the model's
+    ``n_group``/``topk_group`` (DeepSeek's config.json: its ``group_limited_greedy`` and
+    ``noaux_tc`` routers pick ``topk_group`` groups, then the top-k inside them), else none;
+    where they came from in ``sources``. Checked by :func:`check_moe_plan`."""
+    if given.get("router_num_groups") is not None or given.get("router_group_topk") is not None:
+        sources["router_groups"] = "parallel.moe.router_num_groups, router_group_topk"
+        return dict(groups=given.get("router_num_groups") or 1,
+                    topk_groups=given.get("router_group_topk") or 1)
+    groups = getattr(cfg.model, "n_group", None)
+    topk = getattr(cfg.model, "topk_group", None)
+    if groups is None or topk is None:
+        return {}
+    sources["router_groups"] = "model.n_group, model.topk_group"
+    return dict(groups=int(groups), topk_groups=min(int(topk), int(groups)))
 
 
 def _imbalance(given: dict) -> tuple[float, str]:
@@ -332,6 +363,34 @@ def check_moe_plan(cfg: Any) -> None:
                          f"the same tokens, but router_imbalance = {plan.imbalance}; use 1")
     _check_flex(plan, spec)
     _check_router(plan, spec, cfg.software.name)
+    _check_groups(plan, spec, sh)
+
+
+def _check_groups(plan: MoEPlan, spec: Any, sh: Any) -> None:
+    """Group-limited routing's rules (Megatron-LM d7288711 ``transformer_config.py``: the
+    groups need each other, divide the experts, and hold the top-k; ``moe_utils.py``
+    ``group_limited_topk``), and the expert layout the flex dispatcher's traffic is derived
+    for (:func:`~ddlsim.simulator.collectives.flex.hit_probability`): each expert-parallel
+    rank's experts fill whole groups or lie inside one."""
+    if spec is not None and (spec.router_num_groups is None) != (spec.router_group_topk is None):
+        raise ValueError(f"parallel.moe.router_num_groups = {spec.router_num_groups} and "
+                         f"router_group_topk = {spec.router_group_topk}: group-limited routing "
+                         "needs both (Megatron-LM's --moe-router-num-groups and "
+                         "--moe-router-group-topk); set both or neither")
+    G, M, E, k = plan.groups, plan.topk_groups, sh.experts, sh.top_k
+    where = plan.sources.get("router_groups", "")
+    if E % G or not 1 <= M <= G or k > M * (E // G):
+        raise ValueError(f"group-limited routing ({where}): {M} of {G} groups of {E} experts "
+                         f"with top-k {k}; allowed: groups dividing the experts, 1 <= "
+                         f"topk groups <= groups, and top-k at most the chosen groups' "
+                         f"experts (topk groups x experts/groups)")
+    per_rank, m = E // plan.ep, E // G
+    if plan.group_limited and plan.dispatcher == "flex" and per_rank % m and m % per_rank:
+        raise ValueError(f"group-limited routing ({where}) with the flex dispatcher: each of "
+                         f"the EP{plan.ep} ranks holds {per_rank} consecutive experts, which "
+                         f"neither fill whole groups of {m} nor lie inside one; the "
+                         "deduplicated traffic is derived for nested layouts only (docs/moe.md); "
+                         "use an expert-parallel size that nests with the groups")
 
 
 def _check_router(plan: MoEPlan, spec: Any, stack: str) -> None:

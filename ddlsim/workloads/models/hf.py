@@ -31,7 +31,7 @@ from .decoder import DecoderShape
 from .mla import MLA
 
 __all__ = ["from_hf_config", "read_hf_config", "unmodelled_warning", "MODEL_TYPES",
-           "router_aux_loss_coef"]
+           "router_aux_loss_coef", "router_groups"]
 
 #: model_type → (layers, hidden, heads, ffn, positions) key names, and fixed architecture facts
 _GPT2_KEYS = ("n_layer", "n_embd", "n_head", "n_inner", "n_positions")
@@ -240,6 +240,47 @@ def router_aux_loss_coef(doc: dict, source: str) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
         raise _err(source, "router_aux_loss_coef", value, "a number >= 0")
     return float(value) if doc.get("output_router_logits") is True else None
+
+
+#: DeepSeek's router selection rules that limit each token to ``topk_group`` of ``n_group``
+#: expert groups (transformers 4.56 ``modeling_deepseek_v2.py``
+#: ``DeepseekV2Moe.route_tokens_to_experts``: ``group_limited_greedy``; ``modeling_deepseek_v3.py``
+#: ``DeepseekV3MoE.route_tokens_to_experts``: always, the ``noaux_tc`` rule of V3's
+#: ``modeling_deepseek.py``); ``greedy`` (DeepSeek-V2-Lite) picks over all experts
+_GROUP_LIMITED = ("group_limited_greedy", "noaux_tc")
+
+
+def router_groups(doc: dict, source: str) -> tuple[int, int] | None:
+    """``(n_group, topk_group)`` of a DeepSeek ``config.json`` whose router limits each token
+    to ``topk_group`` of ``n_group`` expert groups (``topk_method`` ``group_limited_greedy``,
+    V2; ``noaux_tc``, V3), read as the default of ``parallel.moe.router_num_groups`` and
+    ``router_group_topk``; None when it does not (no groups, one group, every group allowed,
+    ``greedy``, or another model type).
+
+    Raises
+    ------
+    ConfigError
+        When ``n_group`` does not divide ``n_routed_experts``, or ``topk_group`` is not between
+        1 and ``n_group`` or holds fewer experts than ``num_experts_per_tok``.
+    """
+    mt = _model_type(doc, source)
+    if mt not in _DEEPSEEK_TYPES:
+        return None
+    # V3's router always limits the groups (its remote code has noaux_tc only)
+    method = "noaux_tc" if mt == "deepseek_v3" else doc.get("topk_method", "greedy")
+    groups = _int(doc, "n_group", source, required=False)
+    allowed = _int(doc, "topk_group", source, required=False)
+    if method not in _GROUP_LIMITED or groups in (None, 1) or allowed is None:
+        return None
+    experts = _int(doc, "n_routed_experts", source)
+    top_k = _int(doc, "num_experts_per_tok", source)
+    if experts % groups:
+        raise _err(source, "n_group", groups, f"a divisor of n_routed_experts = {experts} "
+                   "(each group holds as many consecutive experts)")
+    if allowed > groups or allowed * (experts // groups) < top_k:
+        raise _err(source, "topk_group", allowed, f"between 1 and n_group = {groups}, its "
+                   f"groups holding at least num_experts_per_tok = {top_k} experts")
+    return None if allowed == groups else (groups, allowed)
 
 
 def _deepseek_moe(doc: dict, source: str, router_bias: bool) -> dict:
