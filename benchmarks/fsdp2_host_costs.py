@@ -41,16 +41,21 @@ are these.
 With ``--evict MIB`` every unit, bare and sharded alike, zeroes a buffer of that many MiB in
 its forward and again in its backward (one kernel each way), so that each unit's hooks run
 after a kernel that has evicted the caches, as the torch loop's real blocks do between two
-units (its GEMMs and the Adam step stream past the 32 MiB L3). Each pass's difference then
-carries the buffer's zeroing twice over, whose spread hides the per-tensor slope: read the
-unit of 12 tensors, ``unit + 12 · tensor``. ``--fake 2 --iters 20`` (2026-11-30 06:56 UTC,
-load 0.9-1.5, two runs each, alternating): forward 0.42 ms hot, 0.62 and 1.11 ms with
-``--evict 64``; backward 0.61-0.63 ms hot, 1.38-1.41 ms evicted: FSDP2's hooks' Python and
-dispatch refetch their code and data from memory after each block (``py-spy record --native``
-on the loop's model under FSDP2 on the fake process group: the non-kernel samples inside
-FSDP2's frames are ``foreach_reduce``'s per-parameter loop, ``record_function``'s enter and
-exit, the ``torch._dynamo.disable`` wrappers built per call and the collectives' Python
-wrappers, all per unit or per tensor). ``fsdp2_passes.HOOK_TINY_OPS`` are the hot figures.
+units (its GEMMs and the Adam step stream past the 32 MiB L3); ``--evict llc`` zeroes the
+torch job's own flush (``ddlsim/reference/torch_job.flush_buffer``: twice the last-level
+cache, the flush before every GEMM sample and FSDP2 copy sample of the loop's calibration).
+Each zeroing's own CPU time is timed where it runs and taken off its pass, so that a pass's
+difference is the hooks' alone, in the cache state the zeroing leaves (before 2026-11-30
+08:00 UTC the zeroing stayed in, twice over, whose spread hid the per-tensor slope).
+``--fake 2 --iters 20 --evict 64`` (2026-11-30 06:56 UTC, load 0.9-1.5, two runs each,
+alternating, the zeroing left in): forward 0.42 ms hot, 0.62 and 1.11 ms evicted; backward
+0.61-0.63 ms hot, 1.38-1.41 ms evicted: FSDP2's hooks' Python and dispatch refetch their
+code and data from memory after each block (``py-spy record --native`` on the loop's model
+under FSDP2 on the fake process group: the non-kernel samples inside FSDP2's frames are
+``foreach_reduce``'s per-parameter loop, ``record_function``'s enter and exit, the
+``torch._dynamo.disable`` wrappers built per call and the collectives' Python wrappers, all
+per unit or per tensor). ``fsdp2_passes.HOOK_TINY_OPS`` are the hot figures,
+``fsdp2_passes.COLD_HOOK_TINY_OPS`` the ``--evict llc`` ones.
 """
 
 from __future__ import annotations
@@ -63,7 +68,8 @@ LENGTHS = (2, 10)
 TENSORS = (2, 12)
 ELEMENTS = 8
 #: under ``--evict``: [the buffer each unit zeroes forward and backward, the autograd
-#: function doing it]; empty: no eviction
+#: function doing it, [CPU seconds the zeroings took since the pass began]]; empty: no
+#: eviction
 EVICT: list = []
 
 
@@ -103,14 +109,41 @@ def _evict_function():
     class Evict(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x):
-            EVICT[0].zero_()
+            _zero_timed()
             return x.clone()
 
         @staticmethod
         def backward(ctx, grad):
-            EVICT[0].zero_()
+            _zero_timed()
             return grad
     return Evict
+
+
+def _zero_timed() -> None:
+    """Zero :data:`EVICT`'s buffer, adding the CPU seconds it took to ``EVICT[2][0]``."""
+    t0 = time.process_time()
+    EVICT[0].zero_()
+    EVICT[2][0] += time.process_time() - t0
+
+
+def _least_net(fn, iters: int) -> float:
+    """Least over ``iters`` calls of the most over ranks of ``fn()``'s process CPU seconds,
+    less the zeroings' (:data:`EVICT`) inside it (:func:`torchbench.least_max_cpu` where
+    nothing is evicted)."""
+    if not EVICT:
+        return tb.least_max_cpu(fn, iters)
+    import torch
+    import torch.distributed as dist
+    best = float("inf")
+    for _ in range(iters):
+        dist.barrier()
+        EVICT[2][0] = 0.0
+        t0 = time.process_time()
+        fn()
+        t = torch.tensor([time.process_time() - t0 - EVICT[2][0]], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        best = min(best, float(t))
+    return best
 
 
 def _phases(model, iters: int) -> tuple[float, float]:
@@ -130,8 +163,8 @@ def _phases(model, iters: int) -> tuple[float, float]:
     for _ in range(3):                      # warm-up: FSDP2's lazy init, allocator
         forward(), backward()
     for _ in range(iters):
-        fwd = min(fwd, tb.least_max_cpu(forward, 1))
-        bwd = min(bwd, tb.least_max_cpu(backward, 1))
+        fwd = min(fwd, _least_net(forward, 1))
+        bwd = min(bwd, _least_net(backward, 1))
     return fwd, bwd
 
 
@@ -249,16 +282,33 @@ def trace_hooks(path: str) -> dict[str, dict[str, float]]:
     return out
 
 
+def _evict_mib(ap, text: str) -> float:
+    """``--evict``'s MiB: a number >= 0, or ``llc`` for the torch job's flush
+    (``torch_job.flush_bytes`` of this machine's last-level cache)."""
+    if text == "llc":
+        tb.loop_model(False)                # puts the repository on the path
+        from ddlsim.reference.mpijobs import last_level_cache_bytes
+        from ddlsim.reference.torch_job import flush_bytes
+        return flush_bytes(last_level_cache_bytes()) / 2 ** 20
+    try:
+        mib = float(text)
+    except ValueError:
+        mib = -1.0
+    if not mib >= 0:
+        ap.error(f"--evict {text!r}: must be a number of MiB >= 0 (0: no eviction) or 'llc'")
+    return mib
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = tb.parser(__doc__, "iters", 40, "rounds; the least is kept")
     ap.add_argument("--trace", help="read a one-rank Kineto trace's FSDP2 ranges instead")
     ap.add_argument("--fake", type=int, default=0, metavar="N",
                     help="one process on torch's fake process group of N ranks (no Gloo)")
-    ap.add_argument("--evict", type=float, default=0.0, metavar="MIB",
-                    help="each unit zeroes this many MiB forward and backward (0: none)")
+    ap.add_argument("--evict", default="0", metavar="MIB",
+                    help="each unit zeroes this many MiB forward and backward (0: none; "
+                         "llc: the torch job's flush, twice the last-level cache)")
     args = tb.parse(ap, argv, ("iters",))
-    if args.evict < 0:
-        ap.error(f"--evict {args.evict}: must be >= 0 (MiB; 0: no eviction)")
+    evict_mib = _evict_mib(ap, args.evict)
     if args.fake < 0:
         ap.error(f"--fake {args.fake}: must be >= 1 (or 0: Gloo under torch.distributed.run)")
     if args.trace:
@@ -270,9 +320,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if tb.loop_model(False) is None:        # torch with Gloo, one thread
         return 2
-    if args.evict:
+    if evict_mib:
         import torch
-        EVICT[:] = [torch.empty(int(args.evict * 2 ** 20) // 4), _evict_function()]
+        EVICT[:] = [torch.empty(int(evict_mib * 2 ** 20) // 4), _evict_function(), [0.0]]
     import torch.distributed as dist
     if args.fake:
         from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -283,7 +333,10 @@ def main(argv: list[str] | None = None) -> int:
     if dist.get_rank() == 0:
         tiny = res["tiny_op_s"]
         backend = "fake" if args.fake else "gloo"
-        print(f"ranks {dist.get_world_size()} ({backend}): tiny op {tiny * 1e6:.2f} us")
+        print(f"ranks {dist.get_world_size()} ({backend}): tiny op {tiny * 1e6:.2f} us; "
+              f"evicting {evict_mib:.0f} MiB a unit and pass (its zeroing taken off)"
+              if evict_mib else f"ranks {dist.get_world_size()} ({backend}): tiny op "
+              f"{tiny * 1e6:.2f} us; hot")
         for phase in ("forward", "backward"):
             r = res[phase]
             comm = ", ".join(f"{c * 1e6:.1f}" for c in r["collectives_s"])
@@ -291,6 +344,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"tiny ops), per tensor {r['tensor_s'] * 1e6:.2f} us "
                   f"({r['tensor_s'] / tiny:.2f}); Gloo taken off per unit at T={TENSORS}: "
                   f"{comm} us; the post-hook's share (profiled) {res['post_share'][phase]:.2f}")
+            unit = r["unit_s"] + TENSORS[1] * r["tensor_s"]
+            print(f"    a unit of {TENSORS[1]} tensors: {unit * 1e3:.3f} ms "
+                  f"({unit / tiny:.1f} tiny ops)")
     dist.destroy_process_group()
     return 0
 

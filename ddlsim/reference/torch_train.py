@@ -18,6 +18,15 @@ same file describes the same run:
   (``benchmarks/torch_ddp_one_rank.py``, the model bare and wrapped alternating in one
   process: +4.7 to +6.8 ms an iteration wrapped, all in the backward, 22:28 UTC);
 * ``zero_stage: 3`` — ``fully_shard`` (FSDP2) per block, then the whole model;
+* every plan clears the gradients after the step with ``zero_grad()`` (torch's default
+  ``set_to_none=True``), as torchtitan-2024 does (``OptimizersContainer.zero_grad`` calls each
+  optimizer's ``zero_grad()``: torchtitan 04a22a0 ``torchtitan/optimizer.py``): the next
+  backward's ``AccumulateGrad`` takes each new gradient as it is, and FSDP2's
+  ``foreach_reduce`` makes each new sharded gradient from its reduce-scatter's output. With
+  ``set_to_none=False`` (the trainer until 2026-11-30) torch would zero every gradient after
+  the step (a ``zero_`` pass) and add each new one into it in the backward (a ``+=`` pass:
+  ``AccumulateGrad``, and FSDP2's ``sharded_param.grad._local_tensor += ...``), passes
+  torchtitan-2024, whose trace ddlsim predicts, never runs;
 * ``pipeline_model_parallel_size: 2``, ``schedule: gpipe`` — rank 0 holds the embeddings
   and the first half of the blocks, rank 1 the rest, the final norm and a copy of the token
   embedding for the tied head; every micro-batch forward, then every backward, activations
@@ -191,7 +200,7 @@ def data_parallel_step(cfg, shape, plan: str):
         loss.backward()
         clock("backward")
         opt.step()
-        opt.zero_grad(set_to_none=False)
+        opt.zero_grad()     # set_to_none, as torchtitan-2024 (the module docstring)
         clock("step")
         return float(loss.detach())
     step.clock, step.model = clock, model
@@ -238,7 +247,7 @@ def pipeline_step(cfg, shape):
         clock("backward")
         dist.all_reduce(model.wte.weight.grad)  # the tied embedding's two copies
         opt.step()
-        opt.zero_grad(set_to_none=False)
+        opt.zero_grad()     # set_to_none, as torchtitan-2024 (the module docstring)
         loss = torch.tensor([total])
         dist.all_reduce(loss)  # the last stage's loss, on every rank
         clock("step")
@@ -262,7 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point under ``torchrun``; returns the exit status (2: refused input)."""
     from ..config import load_config
     from ..errors import ConfigError
+    from .machine import cache_allocations
     args = _parse(argv)
+    cache_allocations()             # as the loop's job (torch_job.py's docstring)
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     world, rank = dist.get_world_size(), dist.get_rank()

@@ -57,7 +57,13 @@ give the dispatch as the gap, ``stream_gap_s``). Measured on a CPU
 (``benchmarks/fsdp2_host_costs.py``: tiny units under ``fully_shard`` against the same units
 bare; sharded on torch's fake process group, where no collective runs, so the figures are
 FSDP2's path alone, for any backend); the H200's one-rank trace agrees to within its profiler
-(below, :data:`HOOK_TINY_OPS`). The hooks run on the host whatever the blocks' dispatch
+(below, :data:`HOOK_TINY_OPS`). Where the host is the device (a CPU, :func:`host_is_device`)
+the unit's kernels run on the core that runs its hooks and stream its weights and activations
+past that core's caches between two units' hooks, so the hooks refetch their code and data:
+there they are charged :data:`COLD_HOOK_TINY_OPS`, the same benchmark's figures with each unit
+evicting the caches as the torch loop's calibration flushes them (``--evict llc``), 1.4-1.6
+times the hot ones; a GPU's host runs no kernel and keeps the hot figures. The hooks run on
+the host whatever the blocks' dispatch
 (torchtitan compiles each block, ``apply_compile``, before ``fully_shard`` registers
 its hooks around it), so :mod:`.zero3_pass`
 lays them on the ``host`` stream under every mode but CUDA graphs, before the unit's compute
@@ -109,7 +115,7 @@ from typing import NamedTuple
 from ..trace import Compute, Kernel
 
 __all__ = ["SHARD_BYTES", "CHUNK_CAT", "COPY_IN", "COPY_OUT", "UnshardPasses", "ReducePasses",
-           "unshard_passes", "reduce_passes", "chunk_cat_op", "HOOK_TINY_OPS",
+           "unshard_passes", "reduce_passes", "chunk_cat_op", "HOOK_TINY_OPS", "COLD_HOOK_TINY_OPS",
            "STEP_OPS_PER_TENSOR", "DTENSOR_OP_TINY_OPS", "POST_HOOK_SHARE", "tiny_op_s",
            "host_is_device", "layer_tensors", "edge_tensors", "hook_seconds", "step_host_seconds",
            "CHUNK_CAT_BLOCK_BYTES", "CHUNK_CAT_HOST_TINY_OPS", "chunk_cat_host_seconds"]
@@ -234,6 +240,29 @@ HOOK_TINY_OPS = {
     (True, True): (276.8, 18.68),
 }
 
+#: FSDP2's hooks' host time where the host is the device (:func:`host_is_device`: a CPU), in
+#: tiny ops as :data:`HOOK_TINY_OPS`, ``(sharded, backward) → (a, b)``: the hooks as they run
+#: between a unit's kernels there, out of caches the kernels have swept.
+#: ``benchmarks/fsdp2_host_costs.py --evict llc --iters 20`` (each tiny unit, bare and sharded
+#: alike, zeroes the torch job's flush, ``torch_job.flush_buffer``: twice the 32 MiB L3, before
+#: its ops forward and after them backward, the zeroing's own time taken off) on this
+#: repository's 2-core CPU (torch 2.13 CPU, one thread, the tiny op 1.15-1.18 µs), 2026-11-30
+#: 07:53-07:56 UTC, load 1.8-2.6, the medians of four runs alternating with hot ones. Sharded
+#: (``--fake 2``): forward 350.4-405.4 (377.2) per unit and 13.91-19.83 (17.73) per tensor,
+#: backward 390.4-495.5 (459.9) and 24.13-29.24 (28.0); the hot runs between them 225.1-233.3
+#: (227.8) + 9.28-13.88 (11.65) and 276.2-297.7 (283.2) + 16.10-24.91 (20.19), the table above
+#: within their spread. One rank (``--fake 1``): forward 243.5-505.0 (351.8) + 9.85-14.07
+#: (10.80), backward 325.3-711.6 (522.3) + 13.66-29.82 (19.45); hot 101.2-108.1 + 7.34-15.75,
+#: 152.7-157.6 + 15.02-27.62. A 12-tensor unit (the loop's block) sharded: 590 tiny ops
+#: forward and 796 backward, against 368 and 525 hot. The post-hook's share read 0.10-0.12
+#: forward and 0.49 backward sharded, inside :data:`POST_HOOK_SHARE`'s runs' spread: kept.
+COLD_HOOK_TINY_OPS = {
+    (False, False): (351.8, 10.80),
+    (False, True): (522.3, 19.45),
+    (True, False): (377.2, 17.73),
+    (True, True): (459.9, 28.0),
+}
+
 #: the post-hook's share of a pass's hook time, ``(sharded, backward) → share``: the
 #: profiler's ``FSDP::`` ranges of the units (``benchmarks/fsdp2_host_costs.py``, no
 #: collective inside them). One rank (Gloo, four runs 01:54-01:56 UTC): forward 0.18, 0.15,
@@ -261,9 +290,13 @@ CHUNK_CAT_BLOCK_BYTES = 2048
 #: cost more a block, which this figure does not carry (it is low for such a unit).
 CHUNK_CAT_HOST_TINY_OPS = 5.97e-4
 
-#: ATen ops per parameter tensor of torch's single-tensor Adam step and ``zero_grad``
-#: (``benchmarks/torch_fsdp_step.py``, counted under a ``TorchDispatchMode``: 8.0)
-STEP_OPS_PER_TENSOR = 8.0
+#: ATen ops per parameter tensor of torch's single-tensor Adam step, counted under a
+#: ``TorchDispatchMode`` (``torchbench.count_ops``, 28 tensors, torch 2.13, 2026-11-30 08:00
+#: UTC: 7.0; ``benchmarks/dtensor_dispatch.py`` alike); ``zero_grad()`` with torch's default
+#: ``set_to_none=True`` (torchtitan's ``OptimizersContainer.zero_grad``, and the torch loop's
+#: trainer since 2026-11-30) runs none (``set_to_none=False``'s ``zero_`` made the 8.0 of
+#: ``benchmarks/torch_fsdp_step.py``)
+STEP_OPS_PER_TENSOR = 7.0
 
 #: DTensor's host time per ATen op of the single-tensor step, in tiny ops:
 #: ``benchmarks/torch_fsdp_step.py`` (2 ranks, the loop's sharded model, the step over the
@@ -330,7 +363,8 @@ def edge_tensors(shape, label: str) -> int:
 def hook_seconds(launch, shards: int, backward: bool, tensors: int, post: bool) -> float:
     """Host seconds of FSDP2's pre-hook or post-hook on one unit of ``tensors`` parameter
     tensors in one pass (module docstring): ``(a + b·tensors)`` tiny ops
-    (:data:`HOOK_TINY_OPS`), the post-hook's share of it :data:`POST_HOOK_SHARE`.
+    (:data:`HOOK_TINY_OPS`; :data:`COLD_HOOK_TINY_OPS` where the host is the device), the
+    post-hook's share of it :data:`POST_HOOK_SHARE`.
 
     Parameters
     ----------
@@ -350,7 +384,8 @@ def hook_seconds(launch, shards: int, backward: bool, tensors: int, post: bool) 
     float
         seconds (s); 0 without launch facts.
     """
-    a, b = HOOK_TINY_OPS[shards > 1, backward]
+    table = COLD_HOOK_TINY_OPS if host_is_device(launch) else HOOK_TINY_OPS
+    a, b = table[shards > 1, backward]
     share = POST_HOOK_SHARE[shards > 1, backward]
     return (a + b * tensors) * tiny_op_s(launch) * (share if post else 1.0 - share)
 
