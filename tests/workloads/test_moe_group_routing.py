@@ -205,6 +205,17 @@ def test_a_flex_layout_that_straddles_the_groups_is_refused_by_name():
     ddlsim.load_config(cfg)
 
 
+def test_a_node_that_straddles_the_groups_is_refused_when_the_dispatch_is_timed():
+    # 96 experts in groups of 12 over EP24 on 3 nodes: 4 per rank (inside a group), 32 per
+    # node, which cuts across the groups
+    cfg = qwen3_30b({**FLEX, **GROUPS}, nodes=3, ep=24)
+    cfg["model"]["num_local_experts"] = 96
+    with pytest.raises(ConfigError, match=r"deepep_dispatch\[k=8,E=96,r=1,G=8,M=2\] on 24 "
+                                          r"ranks, 8 per node: group-limited routing: 32 "
+                                          r"consecutive experts on one node"):
+        ddlsim.predict(cfg, "analytical")
+
+
 # ---------------------------------------------------------------- config.json
 def _deepseek(**keys) -> dict:
     base = dict(model_type="deepseek_v2", n_routed_experts=160, num_experts_per_tok=6,

@@ -49,6 +49,7 @@ from math import comb
 
 import numpy as np
 
+from ...errors import ConfigError
 from .base import Algorithm, GroupNet, Phase, register_parametric
 
 __all__ = ["FlexKernel", "KERNELS", "KERNEL_SMS", "flex_sms", "hit_probability", "FlexTraffic",
@@ -339,8 +340,11 @@ def _resolve(op: str, name: str) -> Algorithm | None:
     rates = KERNELS[(backend, kernel)]
 
     def traffic(n: float, net: GroupNet) -> FlexTraffic:
-        return flex_traffic(n / top_k, experts, top_k, replicas, net.p, net.g, groups,
-                            topk_groups)
+        try:
+            return flex_traffic(n / top_k, experts, top_k, replicas, net.p, net.g, groups,
+                                topk_groups)
+        except ValueError as exc:   # a layout the traffic is not derived for: the user's plan
+            raise ConfigError(f"{name} on {net.p} ranks, {net.g} per node: {exc}") from None
 
     def time(n: float, net: GroupNet) -> float:
         if net.p <= 1:
