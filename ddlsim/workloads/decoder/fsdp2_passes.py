@@ -61,8 +61,9 @@ FSDP2's path alone, for any backend); the H200's one-rank trace agrees to within
 the unit's kernels run on the core that runs its hooks and stream its weights and activations
 past that core's caches between two units' hooks, so the hooks refetch their code and data:
 there they are charged :data:`COLD_HOOK_TINY_OPS`, the same benchmark's figures with each unit
-evicting the caches as the torch loop's calibration flushes them (``--evict llc``), 1.4-1.6
-times the hot ones; a GPU's host runs no kernel and keeps the hot figures. The hooks run on
+evicting the caches as the torch loop's calibration flushes them (``--evict llc``), 1.5-1.6
+times the hot ones for a sharded block (2.1-2.3 at one rank); a GPU's host runs no kernel and
+keeps the hot figures. The hooks run on
 the host whatever the blocks' dispatch
 (torchtitan compiles each block, ``apply_compile``, before ``fully_shard`` registers
 its hooks around it), so :mod:`.zero3_pass`
