@@ -158,7 +158,8 @@ def plan_fields(cfg: Any) -> dict[str, Any]:
         ``not_fused`` (kernel names); for a MoE model ``moe`` (``dispatcher``, with
         ``flex_backend`` for the flex dispatcher, ``ep``, ``etp``, ``grouped_gemm``,
         ``permute_fusion``, ``routing`` (naming the balance it assumes when dropless routing
-        is neither given an imbalance nor forced), ``router_imbalance``,
+        is neither given an imbalance nor forced, and group-limited routing, e.g.
+        ``group-limited 4 of 8 groups``), ``router_imbalance``,
         ``delay_wgrad_compute``,
         ``router_fusion``, ``aux_loss_coeff``) and
         its overlaps among ``overlaps``; when set, ``hsdp`` (``replicas``, ``shard_ranks``),
