@@ -1,8 +1,8 @@
 """Phi-3 and DeepSeek-V2 at first contact (issue 28): the model types ``phi3`` and
-``deepseek_v2`` are read, the published Phi-3-mini/medium (4k) and DeepSeek-V2-Lite files are
-bundled as presets reached by their names and repository names, their shapes and counts are
-those of the files and the model cards, and what stays out (DeepSeek-V2 236B's group-limited
-routing, Phi-3's 128k releases, Phi-3's dropouts) is named."""
+``deepseek_v2`` are read, the published Phi-3-mini/medium (4k), DeepSeek-V2-Lite and DeepSeek-V2
+files are bundled as presets reached by their names and repository names, their shapes and
+counts are those of the files and the model cards, DeepSeek-V2's group-limited routing is read
+(docs/moe.md), and what stays out (Phi-3's 128k releases, Phi-3's dropouts) is named."""
 
 from __future__ import annotations
 
@@ -169,30 +169,18 @@ def test_deepseek_v2_lite_predicts_naming_only_the_balance_loss_key():
     assert "1 config.json key(s)" in line and "aux_loss_alpha=0.001" in line
 
 
-@pytest.mark.parametrize("name", ["deepseek-v2", "deepseek-ai/DeepSeek-V2-Chat"])
-def test_deepseek_v2_236b_is_refused_by_name_naming_group_limited_routing(name):
-    with pytest.raises(ConfigError, match=r"DeepSeek-V2 is not bundled: DeepSeek-V2 \(236B\) "
-                                          r"routes each token to experts of topk_group 3 of "
-                                          r"n_group 8 expert groups"):
-        ddlsim.load_config({**RUN, "model": name})
-
-
-def test_a_deepseek_v2_236b_config_json_is_read_and_names_group_limited_routing(tmp_path):
-    """DeepSeek-V2's sizes as its config.json gives them (NVIDIA-NeMo/Megatron-Bridge
-    ``tests/unit_tests/models/deepseek/test_deepseek_bridges.py``, ``ds_v2_config`` of the
-    revisions with a DeepSeek-V2 bridge: V2-Lite's key set with these values): 60
-    layers, hidden 5120, 128 heads, q_lora_rank 1536, 160 routed experts of 1536,
-    group-limited greedy routing over 3 of 8 groups; 236B total, 21B activated for each token
-    (DeepSeek-AI 2024, arXiv:2405.04434, abstract and §3.1.2)."""
-    doc = json.loads((HF / "deepseek-v2-lite.json").read_text())
-    doc.update(hidden_size=5120, intermediate_size=12288, moe_intermediate_size=1536,
-               n_group=8, n_routed_experts=160, num_attention_heads=128, num_key_value_heads=128,
-               num_hidden_layers=60, q_lora_rank=1536, routed_scaling_factor=16.0,
-               topk_group=3, topk_method="group_limited_greedy")
-    (tmp_path / "config.json").write_text(json.dumps(doc))
+@pytest.mark.parametrize("name", ["deepseek-v2", "deepseek-ai/DeepSeek-V2"])
+def test_deepseek_v2_236b_is_bundled_with_its_group_limited_routing(name):
+    """DeepSeek-V2's published config.json (hf/SOURCES.md N): 236B total, 21B activated for each
+    token (DeepSeek-AI 2024, arXiv:2405.04434, abstract and §3.1.2), 60 layers, hidden 5120,
+    128 heads, q_lora_rank 1536, 160 routed experts of 1536, top-6 inside 3 of 8 groups."""
     with pytest.warns(DDLSimWarning) as record:
-        sh = ddlsim.load_config({**RUN, "model": {"hf_config": str(tmp_path)}}).model.shape()
+        cfg = ddlsim.load_config({**RUN, "model": name})
+    sh = cfg.model.shape()
+    assert (sh.layers, sh.hidden, sh.heads, sh.experts, sh.top_k, sh.f_e) == (
+        60, 5120, 128, 160, 6, 1536)
     assert abs(sh.params - 236e9) <= 0.01 * 236e9
     assert abs(sh.active_params - 102400 * 5120 - 21e9) <= 0.01 * 21e9
     (line,) = _not_modelled(record)
-    assert "n_group=8 (group-limited routing not modelled" in line
+    assert "1 config.json key(s)" in line and "aux_loss_alpha=0.001" in line
+    assert (cfg.model.n_group, cfg.model.topk_group) == (8, 3)

@@ -145,13 +145,16 @@ class DecoderFamily(WorkloadFamily):
         return out
 
     def from_hf(self, doc: dict, source: str) -> tuple[dict, list[str]]:
-        from ..models.hf import from_hf_config, router_aux_loss_coef
+        from ..models.hf import from_hf_config, router_aux_loss_coef, router_groups
 
         fields, unmodelled = from_hf_config(doc, source=source)
         section = _section(fields)
         coef = router_aux_loss_coef(doc, source)   # parallel.moe.aux_loss_coeff's default
         if coef is not None and fields.get("experts"):
             section["router_aux_loss_coef"] = coef
+        groups = router_groups(doc, source)   # parallel.moe.router_num_groups' default
+        if groups is not None:
+            section["n_group"], section["topk_group"] = groups
         return section, unmodelled
 
 

@@ -16,8 +16,10 @@ Both take Mixture-of-Experts fields (:class:`MoEFields`, HuggingFace names where
 (Qwen2-MoE: every n-th layer is an MoE layer), ``n_shared_experts`` (DeepSeek) of
 ``shared_expert_intermediate_size`` (Qwen2-MoE) with an optional ``shared_expert_gate``,
 ``first_k_dense_replace`` (DeepSeek-V3: the first layers keep a dense MLP) and ``router_bias``
-(GPT-OSS), and ``router_aux_loss_coef`` (the load-balancing loss coefficient the model's
-``config.json`` gives: ``parallel.moe.aux_loss_coeff`` left unset takes it).
+(GPT-OSS), ``router_aux_loss_coef`` (the load-balancing loss coefficient the model's
+``config.json`` gives: ``parallel.moe.aux_loss_coeff`` left unset takes it), and ``n_group``
+and ``topk_group`` (DeepSeek's group-limited routing: ``parallel.moe.router_num_groups`` and
+``router_group_topk`` left unset take them).
 
 The ``llama`` arm also takes the attention variants of today's models: Multi-head Latent
 Attention (DeepSeek-V3: ``kv_lora_rank``, ``q_lora_rank``, ``qk_nope_head_dim``,
@@ -45,6 +47,7 @@ GATED_ACTIVATIONS = ("silu", "swish", "gelu", "gelu_new", "gelu_fast", "gelu_pyt
                      "relu")
 
 _Experts = Annotated[int, BeforeValidator(reject_bool), Field(ge=0, le=2**20)]
+_Groups = Annotated[int, BeforeValidator(reject_bool), Field(ge=1, le=2**20)]
 
 
 class MoEFields(ModelBase):
@@ -72,13 +75,19 @@ class MoEFields(ModelBase):
                                   "config.json (HuggingFace's name); parallel.moe."
                                   "aux_loss_coeff unset takes it under aux_loss or "
                                   "seq_aux_loss balancing")
+    n_group: _Groups | None = Field(
+        default=None, description="expert groups of group-limited routing (DeepSeek's "
+                                  "config.json); parallel.moe.router_num_groups unset takes it")
+    topk_group: _Groups | None = Field(
+        default=None, description="the groups each token's experts come from (DeepSeek's "
+                                  "config.json); parallel.moe.router_group_topk unset takes it")
 
     @model_validator(mode="after")
     def _check_moe(self) -> "MoEFields":
         E, k = self.num_local_experts, self.num_experts_per_tok
         moe_only = {n: getattr(self, n) for n in (
             "num_experts_per_tok", "moe_intermediate_size", "capacity_factor",
-            "shared_expert_intermediate_size", "router_aux_loss_coef")
+            "shared_expert_intermediate_size", "router_aux_loss_coef", "n_group", "topk_group")
             if getattr(self, n) is not None}
         moe_only.update({n: getattr(self, n) for n in ("n_shared_experts", "shared_expert_gate")
                          if getattr(self, n)})

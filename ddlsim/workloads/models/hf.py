@@ -79,7 +79,7 @@ _READ = {"model_type", "vocab_size", "num_key_value_heads", "head_dim", "hidden_
          "embd_pdrop", "attn_pdrop", "sliding_window", "use_sliding_window", "max_window_layers",
          "layer_types", "n_routed_experts", "n_shared_experts", "first_k_dense_replace",
          "moe_layer_freq", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
-         "qk_rope_head_dim", "v_head_dim", "router_aux_loss_coef"}
+         "qk_rope_head_dim", "v_head_dim", "router_aux_loss_coef", "n_group", "topk_group"}
 
 
 def _err(source: str, key: str, value: object, allowed: str) -> ConfigError:

@@ -57,8 +57,9 @@ NO_EFFECT: dict[str, str] = {
                       "token)",
     "scoring_func": "the router's score function, softmax or sigmoid: one element-wise pass "
                     "over the same tokens x experts scores",
-    "topk_method": "the name of the router's selection rule; the group limit that changes "
-                   "the dispatch is read from n_group and topk_group",
+    "topk_method": "the name of the router's selection rule; whether it limits each token "
+                   "to topk_group of n_group expert groups is read with them (hf.router_groups: "
+                   "parallel.moe.router_num_groups and router_group_topk's default)",
     "seq_aux": "whether DeepSeek's balance loss is per sequence; whether it runs at all is "
                "aux_loss_alpha's to say",
     "output_router_logits": "whether the load-balancing loss is computed: read with "
@@ -71,14 +72,6 @@ _Rule = tuple[Callable[[Any, dict], bool], str]
 
 def _zero(value: Any, doc: dict) -> bool:
     return value in (None, 0, 0.0, False, [], {})
-
-
-def _group_free(value: Any, doc: dict) -> bool:
-    """No group limit: one group, or every group allowed (DeepSeek ``MoEGate``)."""
-    groups, allowed = doc.get("n_group"), doc.get("topk_group")
-    if groups in (None, 1) or allowed is None:
-        return True
-    return isinstance(groups, int) and isinstance(allowed, int) and allowed >= groups
 
 
 #: Keys that change a step with some values: the test for a value that does not, and what
@@ -104,10 +97,6 @@ CONDITIONAL: dict[str, _Rule] = {
     "aux_loss_alpha": (_zero, "DeepSeek's balance loss is computed in training but not read "
                               "from config.json: its kernels count only as parallel.moe sets "
                               "router_load_balancing_type and aux_loss_coeff"),
-    "n_group": (_group_free, "group-limited routing not modelled: each token's experts come "
-                             "from topk_group of n_group groups, the dispatch is counted as "
-                             "top-k over all experts"),
-    "topk_group": (_group_free, "group-limited routing, with n_group"),
     "use_mrope": (_zero, "multimodal rotary sections not modelled"),
     "partial_rotary_factor": (lambda v, doc: v in (None, 1, 1.0),
                               "rotary embedding over a fraction of each head not modelled: its "
