@@ -46,6 +46,10 @@ VALUE_FLAGS: dict[str, tuple[str, type]] = {
     "moe-ffn-hidden-size": ("model.moe_intermediate_size", int),
     "moe-expert-capacity-factor": ("model.capacity_factor", float),
     "moe-aux-loss-coeff": ("parallel.moe.aux_loss_coeff", float),
+    # group-limited routing (Megatron-LM d98e8a64 megatron/core/transformer/moe/README.md lines
+    # 289, 533-534: groups, then the top groups per token; docs/moe.md "Group-limited routing")
+    "moe-router-num-groups": ("parallel.moe.router_num_groups", int),
+    "moe-router-group-topk": ("parallel.moe.router_group_topk", int),
     "zero-stage": ("parallel.zero_stage", int),                # Megatron-DeepSpeed
 }
 

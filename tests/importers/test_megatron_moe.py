@@ -26,3 +26,14 @@ def test_moe_arguments_set_the_moe_options_and_the_expert_grid():
     assert f["parallel.expert_tensor_parallel_size"] == 1
     assert f["parallel.expert_model_parallel_size"] == 8
     assert not draft.refused
+
+
+def test_group_limited_routing_flags_set_the_routing_groups():
+    """DeepSeek's group-limited routing as Megatron-LM's scripts pass it (d98e8a64
+    examples/megatron_fsdp/sbatch_mfsdp_deepseek_v3.sh lines 98-99: 4 of 8 groups)."""
+    draft = read_megatron(SCRIPT.replace("--sequence-parallel",
+                                         "--sequence-parallel --moe-router-num-groups 8 "
+                                         "--moe-router-group-topk 4"), "v3.sh")
+    assert draft.fields["parallel.moe.router_num_groups"] == 8
+    assert draft.fields["parallel.moe.router_group_topk"] == 4
+    assert not draft.refused
