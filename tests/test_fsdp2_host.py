@@ -161,7 +161,8 @@ def test_the_loop_runs_its_hooks_serially(monkeypatch):
     blocks = _blocks(cfg)
     fwd = next(b for n, b in blocks.items() if n.startswith("F")).flat.ops
     pres = _named(fwd, "fsdp2.pre_hook")
-    a, b = fp.HOOK_TINY_OPS[True, False]
+    # a CPU device: the hooks run between the unit's kernels, out of swept caches
+    a, b = fp.COLD_HOOK_TINY_OPS[True, False]
     block = (a + 12 * b) * 1.14 * US * (1 - fp.POST_HOOK_SHARE[True, False])
     assert sorted(o.payload.seconds for _, o in pres)[-2:] == [pytest.approx(block)] * 2
     # on demand (zero3_prefetch_layers 0): a block's pre-hook follows the unit before it
@@ -169,7 +170,8 @@ def test_the_loop_runs_its_hooks_serially(monkeypatch):
         assert o.deps and fwd[o.deps[0]].stream in ("compute", "host")
     forward_hooks = sum(o.payload.seconds for o in fwd if o.payload.name.startswith("fsdp2."))
     with_hooks = ddlsim.predict(cfg).iteration_time_s
-    monkeypatch.setattr(fp, "HOOK_TINY_OPS", {k: (0.0, 0.0) for k in fp.HOOK_TINY_OPS})
+    monkeypatch.setattr(fp, "COLD_HOOK_TINY_OPS",
+                        {k: (0.0, 0.0) for k in fp.COLD_HOOK_TINY_OPS})
     # a CPU overlaps nothing of the forward's hooks: each lengthens the step
     assert with_hooks - ddlsim.predict(cfg).iteration_time_s >= forward_hooks * (1 - 1e-9)
 
