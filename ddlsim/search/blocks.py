@@ -186,14 +186,11 @@ def _built_pieces(ctx, plans, groups: list[np.ndarray]) -> tuple[list, list[floa
 
     p2p_bytes = []
     built: dict[tuple, list] = {}   # piece key (:func:`_piece_keys`) -> its lowered entry
-    for j, index in enumerate(groups):
-        i0 = int(index[0])
-        mbs, tp, sp = int(plans["mbs"][i0]), int(plans["tp"][i0]), bool(plans["sp"][i0])
-        recompute, zero = RECOMPUTE[int(plans["recompute"][i0])], int(plans["zero"][i0])
+    for j, (mbs, tp, sp, recompute, zero, one, many) in enumerate(_group_fields(plans, groups)):
         cfg = piece_config(ctx.cfg, tp, sp, mbs, recompute, zero, sections=sections)
         sb = StageBuilder.from_config(cfg, ctx.shape)
         keys = _piece_keys(sb, mbs, tp, sp, recompute, zero)
-        wanted = _wanted(plans["pp"][index], zero)
+        wanted = _wanted(one, many, zero)
         flops = {}
         for name, make in _PIECES.items():
             if name not in wanted:
@@ -215,15 +212,36 @@ def _built_pieces(ctx, plans, groups: list[np.ndarray]) -> tuple[list, list[floa
     return [entry[:3] for entry in lowered.values()], p2p_bytes
 
 
-def _wanted(pp: np.ndarray, zero: int) -> set[str]:
-    """The pieces some plan of a signature reads, given its plans' pipeline sizes ``pp``
-    and its ZeRO stage: the embedding forward and backward of a PP = 1 rank (``emb1``,
+def _group_fields(plans, groups: list[np.ndarray]) -> list[tuple]:
+    """Per signature (the plans at ``groups[j]``, none empty): its micro-batch size, TP
+    degree, sequence parallelism, recomputation and ZeRO stage (of its first plan: every
+    plan of a signature has them), and whether some plan of it has one pipeline stage, and
+    some several (:func:`_wanted`); read for all signatures at once, as Python values."""
+    if not groups:
+        return []
+    lengths = np.array([len(g) for g in groups])
+    starts = np.cumsum(lengths) - lengths
+    every = np.concatenate(groups)
+    first = every[starts]
+    pp = plans["pp"][every]
+    return list(zip(map(int, plans["mbs"][first].tolist()),
+                    map(int, plans["tp"][first].tolist()),
+                    map(bool, plans["sp"][first].tolist()),
+                    (RECOMPUTE[int(r)] for r in plans["recompute"][first].tolist()),
+                    map(int, plans["zero"][first].tolist()),
+                    np.logical_or.reduceat(pp == 1, starts).tolist(),
+                    np.logical_or.reduceat(pp > 1, starts).tolist()))
+
+
+def _wanted(one: bool, many: bool, zero: int) -> set[str]:
+    """The pieces some plan of a signature reads, given whether some of its plans have one
+    pipeline stage (``one``) and some several (``many``), and its ZeRO stage: the embedding
+    forward and backward of a PP = 1 rank (``emb1``,
     ``emb_b1``) where a plan has one stage (ZeRO-3's root unit reads ``emb_b1`` on every
     ZeRO-3 plan), the last stage's batch loading and the first stage's embedding backward
     without the head (``load_l``, ``emb_b``) where a plan has several; the rest always
     (``emb``'s GEMM FLOPs count on every first stage). A grid's signatures mostly hold
     plans of one kind only (the speed grid's 106: 51 with PP = 1, 55 without)."""
-    one, many = bool((pp == 1).any()), bool((pp > 1).any())
     wanted = set(_PIECES)
     if not one:
         wanted -= {"emb1"} if zero == 3 else {"emb1", "emb_b1"}

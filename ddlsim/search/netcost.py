@@ -255,9 +255,11 @@ def _nccl_forms(op: str, name: str, distinct: list[GroupNet], spread: np.ndarray
     from ..simulator.collectives.nccl.model import nccl_form
     from ..simulator.collectives.nccl.tuning import PROTOCOLS
 
-    envs = {net.nccl for net in distinct if net.nccl is not None}
+    # the networks' NCCL environments, told apart by identity (most share one object):
+    # the same protocols as by value, without hashing each environment's fields
+    envs = {id(net.nccl): net.nccl for net in distinct if net.nccl is not None}
     protos = set()
-    for env in envs:
+    for env in envs.values():
         protos |= set(PROTOCOLS if env.protocol == "auto" else (env.protocol,))
     out = []
     # the fill's edges, levels and slope, then the channel rule (bytes a channel, channels)

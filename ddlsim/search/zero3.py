@@ -113,19 +113,23 @@ class Grads:
 
     def __init__(self, free, pre, post):
         self.free, self.pre, self.post = free, pre, post
+        # where a layer's unit has each pass: the same for every layer, compared once
+        self._has_pre, self._has_post = pre > 0, post > 0
 
     def before(self, end, pre=None):
         """When the reduce-scatter may start, its unit having ended at ``end``: after the
         pass before it, where it has one."""
+        has = self._has_pre if pre is None else pre > 0
         pre = self.pre if pre is None else pre
         done = np.maximum(self.free, end) + pre
-        self.free = np.where(pre > 0, done, self.free)
-        return np.where(pre > 0, done, end)
+        self.free = np.where(has, done, self.free)
+        return np.where(has, done, end)
 
     def after(self, rs_end, post=None) -> None:
         """The pass after a reduce-scatter that ended at ``rs_end``, where it has one."""
+        has = self._has_post if post is None else post > 0
         post = self.post if post is None else post
-        self.free = np.where(post > 0, rs_end + post, self.free)
+        self.free = np.where(has, rs_end + post, self.free)
 
 
 def zero3_time(L: int, k: int, m, parts, a, r, sm=None, root=None,

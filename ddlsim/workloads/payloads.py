@@ -9,8 +9,9 @@ Re-exported by :mod:`ddlsim.workloads.trace`, where the trace format is document
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, fields
+from operator import attrgetter
+from typing import Any, Literal
 
 __all__ = ["Compute", "Contention", "Kernel", "Collective", "P2P", "Wait", "Loop", "Op",
            "Payload", "CollectiveOp", "GroupKind"]
@@ -18,6 +19,39 @@ __all__ = ["Compute", "Contention", "Kernel", "Collective", "P2P", "Wait", "Loop
 CollectiveOp = Literal["all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter",
                        "all_to_all", "gather", "scatter", "barrier"]
 GroupKind = Literal["dp", "tp", "pp", "ep", "cp", "world"]
+
+
+class _HashKept:
+    """A frozen dataclass whose hash is computed on first use and kept in a slot of its own
+    (not a field: neither compared nor pickled, so an unpickled copy, whose strings hash
+    otherwise in another process, computes its own): the very value of the generated
+    ``hash((field, ...))``, so dicts and sets order alike. For a class whose objects are
+    hashed several times each: a search grid hashes a compute op, with its kernels, about
+    twice (2,862 hashes of 1,335 ops, 2026-11-30: its op lists and its ops are memo keys),
+    the exact engine's predict rarely (12 of 2,106 ops over 21 plans), so the first hash
+    pays the slot's look-up and no op pays at its making. A kernel is not kept so: of 8,000
+    made over those 21 plans 2,863 are hashed (10,134 times), and kept at its making or on
+    its first hash the predicts lost more than a grid gained (valgrind, 2026-11-30)."""
+
+    __slots__ = ("_hash",)
+    _hashed: Any   # the hashed fields' attrgetter, set by :func:`_hash_kept`
+
+    def __hash__(self) -> int:
+        try:
+            return self._hash
+        except AttributeError:   # the first hash (a field that cannot be hashed raises here)
+            h = hash(self._hashed(self))
+            object.__setattr__(self, "_hash", h)
+            return h
+
+
+def _hash_kept(cls):
+    """``cls``, a frozen dataclass deriving :class:`_HashKept` (whose body sets ``__hash__ =
+    _HashKept.__hash__``, so that the dataclass keeps it), with the fields its hash reads,
+    as the generated hash reads them (the compared ones, or those with ``hash=True``)."""
+    names = [f.name for f in fields(cls) if (f.compare if f.hash is None else f.hash)]
+    cls._hashed = attrgetter(*names)
+    return cls
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,8 +86,9 @@ class Kernel:
             raise ValueError(f"kernel kind must be gemm, flash or memory, not {self.kind!r}")
 
 
+@_hash_kept
 @dataclass(frozen=True, slots=True)
-class Compute:
+class Compute(_HashKept):
     """Work on the device: ``flops`` floating-point operations reading/writing ``bytes``.
 
     ``kind`` selects the efficiency model: ``gemm``, ``attention``, ``elementwise``,
@@ -65,6 +100,8 @@ class Compute:
     kernels (docs/compute.md) and ``flops``/``bytes`` only count; families that give flops and
     bytes alone keep the roofline at the device's matmul ceiling.
     """
+
+    __hash__ = _HashKept.__hash__   # in the body, so that the dataclass keeps it
 
     name: str
     flops: float

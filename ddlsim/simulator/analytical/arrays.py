@@ -119,9 +119,10 @@ def stream_ends(instrs: Sequence[Instr], n: int) -> tuple[np.ndarray, np.ndarray
     # same values element by element, without an array operation per instruction where
     # every plan has the same time (the compute ops before a block's first collective)
     # (:func:`_latest` written out where both times are floats: one call fewer per read)
+    # (an Instr unpacked into names, not ``*_``: no list made per instruction)
     free: dict[int, float | np.ndarray] = {}
     ends: list[float | np.ndarray] = []
-    for code, stream, deps, dur, *_, target in instrs:
+    for code, stream, deps, dur, _, _, _, _, _, target in instrs:
         ready = 0.0
         for d in deps:
             e = ends[d]
@@ -129,7 +130,9 @@ def stream_ends(instrs: Sequence[Instr], n: int) -> tuple[np.ndarray, np.ndarray
                      if type(e) is float and type(ready) is float else _latest(ready, e))
         if code == WAIT:
             ready = _latest(ready, free.get(target, 0.0))
-        end = _latest(ready, free.get(stream, 0.0)) + dur
+        e = free.get(stream, 0.0)
+        end = ((ready if ready >= e or ready != ready else e)
+               if type(e) is float and type(ready) is float else _latest(ready, e)) + dur
         free[stream] = end
         ends.append(end)
     last = 0.0
