@@ -20,6 +20,7 @@ import ast
 import operator
 import re
 import shlex
+from collections.abc import Iterator
 from typing import NamedTuple
 
 from ..errors import ConfigError
@@ -129,20 +130,31 @@ def _statements(text: str) -> list[str]:
     return out
 
 
-def _parts(stmt: str) -> list[str]:
-    """``stmt`` split at its top-level ``;`` (outside quotes and brackets), with the
-    keywords ``then``/``else``/``do`` apart from the command that follows them."""
-    parts, depth, quote, start = [], 0, None, 0
-    for i, ch in enumerate(stmt):
+def _unquoted(text: str, brackets: bool = True) -> Iterator[tuple[int, str, int]]:
+    """``(index, character, bracket depth)`` of each character of ``text`` outside single
+    and double quotes, the quotes themselves left out; with ``brackets`` the ``(``/``{`` and
+    ``)``/``}`` that open and close ``$( )``, ``${ }`` and arrays are left out too and set
+    the depth."""
+    depth, quote = 0, None
+    for i, ch in enumerate(text):
         if quote:
             quote = None if ch == quote else quote
         elif ch in "'\"":
             quote = ch
-        elif ch in "({":
+        elif brackets and ch in "({":
             depth += 1
-        elif ch in ")}":
+        elif brackets and ch in ")}":
             depth -= 1
-        elif ch == ";" and depth == 0:
+        else:
+            yield i, ch, depth
+
+
+def _parts(stmt: str) -> list[str]:
+    """``stmt`` split at its top-level ``;`` (outside quotes and brackets), with the
+    keywords ``then``/``else``/``do`` apart from the command that follows them."""
+    parts, start = [], 0
+    for i, ch, depth in _unquoted(stmt):
+        if ch == ";" and depth == 0:
             parts.append(stmt[start:i])
             start = i + 1
     parts.append(stmt[start:])
@@ -158,13 +170,8 @@ def _parts(stmt: str) -> list[str]:
 
 def _strip_comment(line: str) -> str:
     """``line`` without its comment (a ``#`` that starts a word outside quotes)."""
-    quote = None
-    for i, ch in enumerate(line):
-        if quote:
-            quote = None if ch == quote else quote
-        elif ch in "'\"":
-            quote = ch
-        elif ch == "#" and (i == 0 or line[i - 1].isspace()):
+    for i, ch, _ in _unquoted(line, brackets=False):
+        if ch == "#" and (i == 0 or line[i - 1].isspace()):
             return line[:i]
     return line
 
@@ -347,17 +354,8 @@ def _assign(stmt: str, env: dict[str, str], where: str) -> bool:
 
 def _first_word_end(stmt: str) -> int:
     """Where the statement's first word ends (outside quotes, ``$( )``, ``${ }``, arrays)."""
-    depth, quote = 0, None
-    for i, ch in enumerate(stmt):
-        if quote:
-            quote = None if ch == quote else quote
-        elif ch in "'\"":
-            quote = ch
-        elif ch in "({":
-            depth += 1
-        elif ch in ")}":
-            depth -= 1
-        elif ch.isspace() and depth == 0:
+    for i, ch, depth in _unquoted(stmt):
+        if ch.isspace() and depth == 0:
             return i if stmt[i:].strip() else len(stmt)
     return len(stmt)
 
