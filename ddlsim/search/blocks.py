@@ -143,14 +143,17 @@ def stage_pieces(ctx, plans, coll_at, backend: str = "mpi") -> Pieces:
     for k, (instrs, colls, users) in enumerate(distinct):
         timed = with_collectives(instrs, colls, lambda c: seconds[_key(k, c)])
         ends = stream_ends(timed, len(shared[k]))[0]
+        if all(name == users[0][0] for name, _ in users):   # one piece's: at once
+            out[users[0][0]][shared[k]] = ends   # shared[k]: its users' plans, in order
+            continue
         start = 0
         for name, j in users:
             out[name][groups[j]] = ends[start:start + len(groups[j])]
             start += len(groups[j])
-    for j, index in enumerate(groups):
-        for name, value in zip(("p2p_bytes", "fwd_gemm", "bwd_gemm", "emb_gemm", "head_gemm"),
-                               p2p_bytes[j]):
-            out[name][index] = value
+    # each signature's figures on its plans, by each plan's signature (every plan has one)
+    per_signature = np.array(p2p_bytes, dtype=float).reshape(len(groups), 5)
+    for c, name in enumerate(("p2p_bytes", "fwd_gemm", "bwd_gemm", "emb_gemm", "head_gemm")):
+        out[name] = per_signature[:, c][inverse]
     return Pieces(**out)
 
 
