@@ -440,18 +440,25 @@ def collective_seconds(op: str, family: str, nbytes: np.ndarray, mesh_index: np.
 def cache_clear() -> None:
     """Forget the cached forms, the group networks measured on the topology (and the tree
     fabric's routes they took), the decoder
-    builder's memos (a layer's and the head's kernels, the pipeline splits and schedules)
-    and the configs' meshes,
-    for timing a cold run; the topology graph itself, built once per system, is kept."""
+    builder's memos (a layer's and the head's kernels, the final norm's and the embedding
+    backward's ops, the pipeline splits and schedules), NCCL's channel and tree rules per
+    network and the configs' meshes,
+    for timing a cold run; the topology graph itself, built once per system, and the tables
+    read from the package's data files are kept."""
     from ..config import _mesh_of
     from ..simulator.costs import _NETS, _P2P
+    from ..simulator.collectives.nccl import model as nccl_model
     from ..simulator.collectives.nccl.model import nccl_form
     from ..simulator.netmodel import cache_clear as forget_intra
     from ..topologies.tree_routes import cache_clear as forget_routes
     from ..workloads import schedules
-    from ..workloads.decoder import layerkernels, split
+    from ..workloads.decoder import embedding_grad, layerkernels, split
+    # (the final norm's, the embedding backward's and NCCL's rules are keyed by value:
+    # left, a later grid found the last one's, 11 M instructions of a cold grid's ~980 M)
     for memo in (layerkernels.layer_kernels, layerkernels.logits_kernels,
-                 layerkernels.loss_op, split._split, schedules._cached, _mesh_of):
+                 layerkernels.loss_op, split._split, schedules._cached, _mesh_of,
+                 layerkernels.final_norm_op, embedding_grad.embedding_backward_op,
+                 nccl_model._channel_rule, nccl_model._tree_levels):
         memo.cache_clear()
     forget_intra()
     forget_routes()

@@ -113,3 +113,25 @@ def test_each_signatures_fields_as_its_plans_give_them():
 def test_the_pieces_a_signature_reads(one, many, zero, absent):
     from ddlsim.search.blocks import _PIECES
     assert _wanted(one, many, zero) == set(_PIECES) - absent
+
+
+def test_a_cold_grid_forgets_the_memos_keyed_by_value():
+    """The benchmark's cold grid (:func:`~ddlsim.search.netcost.cache_clear`) leaves no
+    memo a later grid would find by value: the final norm's and the embedding backward's
+    ops, NCCL's channel and tree rules per network."""
+    from ddlsim.search.evaluate import evaluate_grid
+    from ddlsim.search.netcost import cache_clear
+    from ddlsim.search.spec import Constraints
+    from ddlsim.simulator.collectives.nccl import model as nccl_model
+    from ddlsim.workloads.decoder import embedding_grad, layerkernels
+
+    base = {"model": "gpt3-1.3b", "parallel": {}, "system": {"preset": "dgx-a100", "nodes": 2},
+            "train": {"micro_batch_size": 1, "global_batch_size": 64, "seq_length": 2048}}
+    evaluate_grid(base, None, [], {"parallel.tensor_model_parallel_size": [1, 2],
+                                   "parallel.pipeline_model_parallel_size": [1, 2]},
+                  Constraints())
+    memos = (layerkernels.final_norm_op, embedding_grad.embedding_backward_op,
+             nccl_model._channel_rule, nccl_model._tree_levels)
+    assert all(m.cache_info().currsize for m in memos[:3])   # the grid filled them
+    cache_clear()
+    assert [m.cache_info().currsize for m in memos] == [0, 0, 0, 0]
