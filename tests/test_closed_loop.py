@@ -24,8 +24,8 @@ import yaml
 import ddlsim
 from ddlsim.reference.gpt2 import GPT2, Adam, GPTShape
 from ddlsim.reference.interleaved import measured_s
-from ddlsim.reference.loop import (SMALL, STRATEGY_NAMES, comm_ops, comm_sizes, mpirun,
-                                   run_loop, summary_line)
+from ddlsim.reference.loop import (COMM_FACTOR, SMALL, STRATEGY_NAMES, comm_ops, comm_sizes,
+                                   mpirun, run_loop, summary_line)
 from ddlsim.reference.mpijobs import cpu_cores, mpi_env
 from ddlsim.reference.train import check_plan
 
@@ -306,11 +306,14 @@ def test_closed_loop_ops_prints_each_compared_runs_account(tmp_path, capsys):
     assert "benchmarks/closed_loop.py -o" in capsys.readouterr().err
 
 
-def test_the_calibrated_sizes_reach_past_a_cliff_above_the_gradient_buffer():
+def test_the_calibrated_sizes_reach_past_a_cliff_on_either_side_of_the_gradient_buffer():
+    """Three sizes (two an octave) below the sliced update's half slice and past the buffer's
+    next power of two times eight: a fitted segment needs three (loop.COMM_FACTOR)."""
     buffer = SMALL.shape.padded * 4  # 13.5 MB
     for ranks in (2, 3, 4):
         lo, hi = comm_sizes(SMALL.shape, ranks)
-        assert lo <= buffer / ranks / 2 < 2 * lo and hi == 128 * 2 ** 20  # 32-128 MiB past
+        assert lo <= buffer / ranks / 4 < 2 * lo and hi == 128 * 2 ** 20  # 32-128 MiB past
+    assert COMM_FACTOR ** 2 == pytest.approx(2.0)
     assert comm_ops(("ddp",)) == ["all_reduce", "sendrecv"]
     assert comm_ops(STRATEGY_NAMES) == ["all_reduce", "reduce", "broadcast", "reduce_scatter",
                                         "all_gather", "sendrecv"]

@@ -50,7 +50,8 @@ from .machine import NUMPY_STACK
 from .mpijobs import check_job, cpu_cores, memory_bytes, mpirun, run_job
 
 __all__ = ["CalibrationRefused", "LoopModel", "REFERENCE", "SMALL", "mpirun", "run_loop",
-           "summary_line", "comm_sizes", "comm_ops", "STRATEGY_NAMES", "COMM_STATISTIC"]
+           "summary_line", "comm_sizes", "comm_ops", "STRATEGY_NAMES", "COMM_STATISTIC",
+           "COMM_FACTOR"]
 
 #: The statistic of the MPI curves' repetitions and of the exchange and update over the
 #: rounds: the median. The least was tried first: the smallest size of a curve then often
@@ -113,23 +114,37 @@ SMALL = LoopModel(layers=1, hidden=384, heads=6, vocab=4096, seq=64, batch=4, ro
                   warmup=2)
 
 
+#: The step between calibrated sizes (``calibrate comm --factor``): two sizes an octave.
+#: Shared-memory MPI times jump where a message stops fitting the caches, within an octave of
+#: the run's own messages (2 ranks here: reduce-scatter between 8 and 16 MiB, all-reduce
+#: between 16 and 32 MiB), and a fitted segment needs three sizes (``calibrate fit
+#: --min-points 3``, the median of each size's repetitions one point). With one size an
+#: octave from half the sliced update's slice, a curve had one or two sizes below its cliff,
+#: lumped with the sizes above it: ``calibrate fit`` refused the two-rank curves in about
+#: half the loops (all-reduce 51.2 %, reduce-scatter 65.5 % relative RMS error on a quiet
+#: machine, 2026-11-30 08:59 UTC); two sizes an octave from a quarter of the slice gave every
+#: curve 4-18 % (the same minutes, 4 MiB-512 MiB, 2 ranks).
+COMM_FACTOR = 2 ** 0.5
+
+
 def comm_sizes(shape: GPTShape, ranks: int) -> tuple[int, int]:
-    """(min, max) bytes to calibrate for a run of ``shape`` on ``ranks`` ranks.
+    """(min, max) bytes to calibrate for a run of ``shape`` on ``ranks`` ranks, in steps of
+    :data:`COMM_FACTOR`.
 
     The largest is eight times the next power of two above the gradient buffer:
-    shared-memory MPI times jump where a message stops fitting the caches (2 ranks here:
-    reduce-scatter between 8 and 16 MiB, all-reduce and all-gather between 16 and 32 MiB,
-    docs/validation.md), and the fit needs three sizes past such a cliff for a segment of its
-    own (``calibrate fit --min-points 3``); calibrating that far past the buffer keeps the
-    run's collectives inside the calibrated range whether a cliff lies just below or just
-    above them. The smallest is the power of two at or below half the smallest message of
-    any update (the sliced update's slice, ``buffer / ranks``): smaller sizes, which no
-    update sends, were the noisiest (a 1 MiB reduce's least time 0.21 ms, 2 MiB's 0.76 ms)
-    and made ``calibrate fit`` refuse whole curves.
+    shared-memory MPI times jump where a message stops fitting the caches (docs/validation.md),
+    and the fit needs three sizes past such a cliff for a segment of its own (``calibrate fit
+    --min-points 3``); calibrating that far past the buffer keeps the run's collectives inside
+    the calibrated range whether a cliff lies just below or just above them. The smallest is
+    the power of two at or below a quarter of the smallest message of any update (the sliced
+    update's slice, ``buffer / ranks``), so that a cliff just below the run's messages has
+    three sizes under it too. Smaller sizes, which no update sends, were the noisiest (a
+    1 MiB reduce's least time 0.21 ms, 2 MiB's 0.76 ms), and they fall in a segment of their
+    own now rather than pulling on the run's.
     """
     buffer = shape.padded * 4
     top = 8 * 2 ** math.ceil(math.log2(buffer))
-    low = 2 ** math.floor(math.log2(buffer / max(ranks, 1) / 2))
+    low = 2 ** math.floor(math.log2(buffer / max(ranks, 1) / 4))
     return max(8, low), top
 
 
@@ -148,7 +163,7 @@ def calibrate_comm(work: Path, model: LoopModel, n: int, strategies: tuple[str, 
     check_job(run_job(mpirun(n) + [
         sys.executable, "-m", "ddlsim.calibration", "comm", "--backend", "mpi", "--ops",
         ",".join(comm_ops(strategies)), "--min-bytes", str(lo), "--max-bytes", str(hi),
-        "--warmup", "2", "--reps", "20", "--clock", "cpu", "--no-progress", "-o", str(out),
+        "--factor", repr(COMM_FACTOR), "--warmup", "2", "--reps", "20", "--clock", "cpu", "--no-progress", "-o", str(out),
         "--force"], 600), f"calibrate comm on {n} ranks")
     return out
 
