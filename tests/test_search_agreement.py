@@ -45,7 +45,6 @@ GRIDS = {
 }
 
 
-@pytest.mark.filterwarnings("ignore:.*not modelled by ddlsim")
 @pytest.mark.parametrize("name", sorted(GRIDS))
 def test_agreement_with_the_exact_engine_on_a_sample(name):
     data, axes = GRIDS[name]

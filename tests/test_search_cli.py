@@ -115,7 +115,6 @@ def test_bad_sections_are_one_paragraph(tmp_path, section, fragments):
     _one_paragraph_error(runner.invoke(app, ["search", str(path)]), *fragments)
 
 
-@pytest.mark.filterwarnings("ignore:.*not modelled by ddlsim")
 def test_moe_models_are_searched_by_the_exact_engine():
     """A Mixture-of-Experts model has no vectorised tier: its plans are predicted one by one
     (ddlsim/search/exact.py), the frame says so."""

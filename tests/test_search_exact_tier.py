@@ -20,7 +20,6 @@ NEW_KINDS = ["search-resnet50-ddp.yaml", "search-bert-large-pp.yaml", "search-dl
              "search-tp-modes-64.yaml"]
 
 
-@pytest.mark.filterwarnings("ignore:.*not modelled by ddlsim")
 @pytest.mark.parametrize("name", NEW_KINDS)
 def test_each_bundled_search_of_a_new_kind_runs_and_its_best_plans_are_exact(name):
     path = ROOT / "examples" / name
@@ -36,7 +35,6 @@ def test_each_bundled_search_of_a_new_kind_runs_and_its_best_plans_are_exact(nam
         assert frame["exact_error"].iloc[i] == 0.0
 
 
-@pytest.mark.filterwarnings("ignore:.*not modelled by ddlsim")
 def test_a_plan_the_config_refuses_is_a_rejection_with_the_configs_reason():
     frame = search(ROOT / "examples" / "search-mixtral-8x7b-ep.yaml", top=1)
     reasons = frame.attrs["rejected"]
@@ -50,7 +48,6 @@ def test_an_exact_grid_over_its_bound_is_refused_before_it_runs():
         search(ROOT / "examples" / "search-resnet50-ddp.yaml", axes=axes, top=1)
 
 
-@pytest.mark.filterwarnings("ignore:.*not modelled by ddlsim")
 def test_the_software_stack_and_the_cluster_preset_are_search_axes():
     """``system.software`` and ``system.preset`` vary as contexts of the vectorised tier: each
     plan is judged by its own stack's rules and timed on its own cluster, as predict would."""
@@ -71,7 +68,6 @@ def test_the_software_stack_and_the_cluster_preset_are_search_axes():
     assert h100 < a100
 
 
-@pytest.mark.filterwarnings("ignore:.*not modelled by ddlsim")
 def test_a_null_axis_value_beside_text_stays_the_default_not_the_text_nan():
     """pandas 3 stores a column of text and None as strings, None read back as NaN; a plan
     rebuilt from such a row set ``flex_dispatcher_backend: 'NaN'`` and was refused."""

@@ -29,7 +29,6 @@ def _data(stack: str) -> dict:
             "train": {"micro_batch_size": 1, "global_batch_size": 64, "seq_length": 2048}}
 
 
-@pytest.mark.filterwarnings("ignore:.*not modelled by ddlsim")
 @pytest.mark.parametrize("stack", ["megatron-lm-2021", "megatron-core-2024", "deepspeed",
                                    "deepspeed-2021"])
 def test_floor_is_below_memory_and_moves_nothing(stack, monkeypatch):

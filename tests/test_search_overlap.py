@@ -26,7 +26,6 @@ AXES = {"parallel.tensor_model_parallel_size": [4, 8],
         "train.recompute": ["selective", "full"]}
 
 
-@pytest.mark.filterwarnings("ignore:.*not modelled by ddlsim")
 @pytest.mark.parametrize("mode", ["off", "bulk", "pipelined"])
 def test_search_tier_times_the_overlaps_as_the_exact_engine(mode):
     """With and without SP: without it the stack's userbuffers do not apply and the async
@@ -68,7 +67,6 @@ def _search_memory(cfg) -> float:
     return family.memory(family.prepare(cfg), plans)[0][0]
 
 
-@pytest.mark.filterwarnings("ignore:.*not modelled by ddlsim")
 @pytest.mark.parametrize("stack, prefetch", [("deepspeed-2021", 0), ("deepspeed-2021", 1),
                                              ("deepspeed", 1), ("deepspeed", 2)])
 def test_search_tier_times_module_hook_zero3_as_the_exact_engine(stack, prefetch):

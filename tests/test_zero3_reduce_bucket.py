@@ -59,7 +59,6 @@ def test_late_issue_follows_the_units_compute():
     assert slower > ddlsim.predict(_config(5e8), check_fit=False).iteration_time_s
 
 
-@pytest.mark.filterwarnings("ignore:.*not modelled by ddlsim")
 def test_search_tier_times_the_late_issue_as_the_exact_engine():
     """On a small grid (TP 1/2, recomputation none/full) the search tier's iteration under a
     bucket of 1e7 equals the exact engine's."""

@@ -25,7 +25,6 @@ from ddlsim.search.plans import VECTOR_FIELDS, enumerate_plans
 from ddlsim.search.run import plan_overrides
 from ddlsim.search.spec import Constraints
 
-pytestmark = pytest.mark.filterwarnings("ignore:.*not modelled by ddlsim")
 
 
 def _plan(tp: int, pp: int, dp: int, nodes: int, layers: int, gbs: int, vpp: int, *,

@@ -44,7 +44,6 @@ def _base(stack: str, overlap: bool, layers: int) -> dict:
             "system": {"preset": "dgx-h100", "nodes": 1, "software": software}}
 
 
-@pytest.mark.filterwarnings("ignore:.*not modelled by ddlsim")
 @pytest.mark.parametrize("overlap", [True, False])
 @pytest.mark.parametrize("stack, layers", [("torchtitan-2025", 8), ("torchtitan-2024", 16),
                                            ("deepspeed", 8), ("megatron-core-2024", 8)])
@@ -80,7 +79,6 @@ def _last_stage_end(data: dict, pp: int) -> tuple[float, float]:
     return float(tier), exact
 
 
-@pytest.mark.filterwarnings("ignore:.*not modelled by ddlsim")
 @pytest.mark.parametrize("pp", [2, 4])
 @pytest.mark.parametrize("stack", ["torchtitan-2025", "deepspeed", "megatron-core-2024"])
 def test_last_stage_buckets_add_what_the_exact_engine_adds(stack, pp):

@@ -102,7 +102,6 @@ def test_torch_async_hides_tp_communication_on_both_engines(cp):
     assert des == pytest.approx(ana[1].iteration_time_s, rel=0.02)
 
 
-@pytest.mark.filterwarnings("ignore:.*not modelled by ddlsim")
 def test_the_search_tier_times_torch_async_as_the_exact_engine():
     import ddlsim
     from ddlsim.config import build_config

@@ -86,7 +86,6 @@ def test_the_cap_is_refused_with_per_layer_gathers():
                                       overlap={"zero3_max_live_parameters": 5}))
 
 
-@pytest.mark.filterwarnings("ignore:.*not modelled by ddlsim")
 def test_search_tier_refuses_the_same_prefetches_as_the_exact_engine():
     """GPT-3 13B (h = 5,120: QKV 78.6 M, MLP GEMMs 104.9 M elements at TP 1) with a cap of
     1e8: at TP 1 the prefetches after the MLP GEMMs are refused, at TP 4 none; the search
