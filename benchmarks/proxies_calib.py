@@ -11,8 +11,8 @@ from pathlib import Path
 
 from proxies_table import PROXIES, Proxy, comm_calls
 
-__all__ = ["calibration_range", "calibrate", "link_sets", "fit_errors", "load", "background",
-           "busy", "first_touch_sets"]
+__all__ = ["calibration_range", "calibration_args", "calibrate", "link_sets", "fit_errors",
+           "load", "background", "busy", "first_touch_sets"]
 
 
 def calibration_range(sizes: list[float]) -> tuple[int, int]:
@@ -26,12 +26,24 @@ def calibration_range(sizes: list[float]) -> tuple[int, int]:
     Returns
     -------
     (int, int)
-        The power of two at or below half the smallest size (at least 8 B), and eight times
-        the next power of two above the largest (three sizes past any cache cliff for
+        The power of two at or below a quarter of the smallest size (at least 8 B), so that a
+        cache cliff just below the runs' messages has three sizes under it too, and eight
+        times the next power of two above the largest (three sizes past any cliff for
         ``calibrate fit --min-points 3``), in bytes.
     """
-    low = 2 ** math.floor(math.log2(max(min(sizes) / 2, 8)))
+    low = 2 ** math.floor(math.log2(max(min(sizes) / 4, 8)))
     return low, 8 * 2 ** math.ceil(math.log2(max(sizes)))
+
+
+def calibration_args(sizes: list[float]) -> list[str]:
+    """``calibrate comm``'s size options for collectives of ``sizes`` bytes per call: the range
+    of :func:`calibration_range` in steps of the closed loop's
+    :data:`ddlsim.reference.loop.COMM_FACTOR` (two sizes an octave; one an octave lumped the
+    one or two sizes below a shared-memory cache cliff with those above it, and ``calibrate
+    fit`` refused the curve, as that constant's comment records)."""
+    from ddlsim.reference.loop import COMM_FACTOR
+    lo, hi = calibration_range(sizes)
+    return ["--min-bytes", str(lo), "--max-bytes", str(hi), "--factor", repr(COMM_FACTOR)]
 
 
 def calibrate(work: Path, names: list[str], ranks: int = 2, clock: str = "wall",
@@ -47,15 +59,15 @@ def calibrate(work: Path, names: list[str], ranks: int = 2, clock: str = "wall",
     calls = {c for name in names if ranks in PROXIES[name].ranks
              for c in comm_calls(PROXIES[name], ranks)}
     ops = sorted({op for op, _ in calls} | {"sendrecv"})
-    lo, hi = calibration_range([b for _, b in calls] or [8.0])
+    sizes = calibration_args([b for _, b in calls] or [8.0])
     csv, profile = work / f"mpi{ranks}.csv", work / f"profile{ranks}.yaml"
     shared = ["--allow-shared-cores"] if ranks > cpu_cores() else []
     for attempt in range(1, attempts + 1):
-        print(f"calibrating {', '.join(ops)} on {ranks} ranks, {lo} B - {hi} B, {clock} clock"
+        print(f"calibrating {', '.join(ops)} on {ranks} ranks, {' '.join(sizes)}, {clock} clock"
               f" (attempt {attempt}; {load()})", flush=True)
         check_job(run_job(["nice", *mpirun(ranks), sys.executable, "-m", "ddlsim.calibration",
-                           "comm", "--backend", "mpi", "--ops", ",".join(ops), "--min-bytes",
-                           str(lo), "--max-bytes", str(hi), "--warmup", "2", "--reps", "20",
+                           "comm", "--backend", "mpi", "--ops", ",".join(ops), *sizes,
+                           "--warmup", "2", "--reps", "20",
                            "--clock", clock, "--no-progress", *shared, "-o", str(csv),
                            "--force"], 1800),
                   "calibrate comm")

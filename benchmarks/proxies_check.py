@@ -20,8 +20,9 @@ Steps (docs/validation.md, "The seed's C++ proxies on this machine"):
    calibrate comm --backend mpi``, warm-up 2, 20 repetitions, ``mpi_yield_when_idle``, the
    median fitted by ``ddlsim calibrate fit``, then ``ddlsim calibrate first-touch`` into the
    profile: the fresh receive buffers' page cost) over the collectives and sizes the n-rank runs
-   issue (``ddlsim comm``), from the power of two at or below half the smallest to eight
-   times the next power of two above the largest; with the wall clock by default (``--clock``:
+   issue (``ddlsim comm``), two sizes an octave (the loop's ``COMM_FACTOR``) from the power
+   of two at or below a quarter of the smallest to eight times the next power of two above
+   the largest; with the wall clock by default (``--clock``:
    the proxies print wall time, and ranks sharing a core wait for it in wall time only), and
    ``--allow-shared-cores`` past the cores;
 3. for each proxy and rank count in :data:`PROXIES`, ``ddlsim predict`` of the proxy's config

@@ -80,9 +80,17 @@ def test_the_link_is_the_sendrecv_segment_at_the_runs_largest_message(tmp_path):
 
 
 def test_calibration_range_follows_the_closed_loops_rule():
-    # smallest 198,144 B -> half is 99,072 -> 2**16; largest 2,897,924 B -> 2**22 x 8
-    assert calib.calibration_range([198144, 1048576, 2897924]) == (2 ** 16, 2 ** 25)
+    # smallest 198,144 B -> a quarter is 49,536 -> 2**15; largest 2,897,924 B -> 2**22 x 8
+    assert calib.calibration_range([198144, 1048576, 2897924]) == (2 ** 15, 2 ** 25)
     assert calib.calibration_range([4.0]) == (8, 32)
+
+
+def test_calibration_args_step_two_sizes_an_octave_as_the_closed_loop():
+    # ddlsim.reference.loop.COMM_FACTOR = 2 ** 0.5: one size an octave lumped the sizes below
+    # a shared-memory cache cliff with those above it (calibrate fit refused the curve)
+    args = calib.calibration_args([198144, 1048576, 2897924])
+    assert args == ["--min-bytes", str(2 ** 15), "--max-bytes", str(2 ** 25),
+                    "--factor", repr(2 ** 0.5)]
 
 
 def test_every_proxy_config_is_refused_on_two_cores_with_ddlsims_reason():
