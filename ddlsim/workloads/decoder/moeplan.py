@@ -229,7 +229,7 @@ def _router_groups(cfg: Any, given: dict, sources: dict) -> dict:
     if groups is None or topk is None:
         return {}
     sources["router_groups"] = "model.n_group, model.topk_group"
-    return dict(groups=int(groups), topk_groups=min(int(topk), int(groups)))
+    return dict(groups=int(groups), topk_groups=int(topk))
 
 
 def _imbalance(given: dict) -> tuple[float, str]:
