@@ -41,9 +41,8 @@ def calibration_args(sizes: list[float]) -> list[str]:
     :data:`ddlsim.reference.loop.COMM_FACTOR` (two sizes an octave; one an octave lumped the
     one or two sizes below a shared-memory cache cliff with those above it, and ``calibrate
     fit`` refused the curve, as that constant's comment records)."""
-    from ddlsim.reference.loop import COMM_FACTOR
-    lo, hi = calibration_range(sizes)
-    return ["--min-bytes", str(lo), "--max-bytes", str(hi), "--factor", repr(COMM_FACTOR)]
+    from ddlsim.reference.loop import size_args
+    return size_args(*calibration_range(sizes))
 
 
 def calibrate(work: Path, names: list[str], ranks: int = 2, clock: str = "wall",

@@ -51,7 +51,7 @@ from .mpijobs import check_job, cpu_cores, memory_bytes, mpirun, run_job
 
 __all__ = ["CalibrationRefused", "LoopModel", "REFERENCE", "SMALL", "mpirun", "run_loop",
            "summary_line", "comm_sizes", "comm_ops", "STRATEGY_NAMES", "COMM_STATISTIC",
-           "COMM_FACTOR"]
+           "COMM_FACTOR", "size_args"]
 
 #: The statistic of the MPI curves' repetitions and of the exchange and update over the
 #: rounds: the median. The least was tried first: the smallest size of a curve then often
@@ -148,6 +148,12 @@ def comm_sizes(shape: GPTShape, ranks: int) -> tuple[int, int]:
     return max(8, low), top
 
 
+def size_args(lo: int, hi: int) -> list[str]:
+    """``calibrate comm``'s size options: ``lo`` to ``hi`` bytes in steps of
+    :data:`COMM_FACTOR` (the proxies' calibration takes them too, ``proxies_calib.py``)."""
+    return ["--min-bytes", str(lo), "--max-bytes", str(hi), "--factor", repr(COMM_FACTOR)]
+
+
 def comm_ops(strategies: tuple[str, ...]) -> list[str]:
     """The collectives the ``strategies`` call, plus sendrecv (the system's link)."""
     ops = {op for s in strategies for op in STRATEGY_OPS[s]}
@@ -160,11 +166,10 @@ def calibrate_comm(work: Path, model: LoopModel, n: int, strategies: tuple[str, 
     collectives of ``strategies`` (module docstring, step 1); returns the CSV."""
     lo, hi = comm_sizes(model.shape, n)
     out = work / f"mpi{n}.csv"
-    check_job(run_job(mpirun(n) + [
-        sys.executable, "-m", "ddlsim.calibration", "comm", "--backend", "mpi", "--ops",
-        ",".join(comm_ops(strategies)), "--min-bytes", str(lo), "--max-bytes", str(hi),
-        "--factor", repr(COMM_FACTOR), "--warmup", "2", "--reps", "20", "--clock", "cpu", "--no-progress", "-o", str(out),
-        "--force"], 600), f"calibrate comm on {n} ranks")
+    cmd = [sys.executable, "-m", "ddlsim.calibration", "comm", "--backend", "mpi", "--ops",
+           ",".join(comm_ops(strategies)), *size_args(lo, hi), "--warmup", "2", "--reps", "20",
+           "--clock", "cpu", "--no-progress", "-o", str(out), "--force"]
+    check_job(run_job(mpirun(n) + cmd, 600), f"calibrate comm on {n} ranks")
     return out
 
 

@@ -116,7 +116,8 @@ from typing import NamedTuple
 from ..trace import Compute, Kernel
 
 __all__ = ["SHARD_BYTES", "CHUNK_CAT", "COPY_IN", "COPY_OUT", "UnshardPasses", "ReducePasses",
-           "unshard_passes", "reduce_passes", "chunk_cat_op", "HOOK_TINY_OPS", "COLD_HOOK_TINY_OPS",
+           "unshard_passes", "reduce_passes", "chunk_cat_op", "HOOK_TINY_OPS",
+           "COLD_HOOK_TINY_OPS",
            "STEP_OPS_PER_TENSOR", "DTENSOR_OP_TINY_OPS", "POST_HOOK_SHARE", "tiny_op_s",
            "host_is_device", "layer_tensors", "edge_tensors", "hook_seconds", "step_host_seconds",
            "CHUNK_CAT_BLOCK_BYTES", "CHUNK_CAT_HOST_TINY_OPS", "chunk_cat_host_seconds"]
