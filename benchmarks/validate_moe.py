@@ -39,11 +39,17 @@ settings of that repository's scripts; a row ddlsim does not model is listed, no
 A third table: the same developers' long-sequence runs of that model (16k-128k tokens, TP4 PP8
 VP4 EP8, context parallelism 1-8, DeepEP, BF16; ``data/modelzoo_h100_moe_long_context.csv``),
 published as TFLOP/s per GPU and turned into step times with Megatron-LM's own FLOP count
-(:func:`megatron_flops`); forced-balance rows are predicted, dropless ones listed: no published
-measurement gives their hottest EP rank's load over the mean (``router_imbalance``), ddlsim takes
-no default from one, and it models DeepEP's kernels under balanced routing only (docs/moe.md,
-"Load imbalance under dropless routing", says what was searched). Published dropless is 9-25 %
-slower than forced there; that gap is the check for any future default, never its source.
+(:func:`megatron_flops`). Forced-balance rows are predicted; the dropless ones (aux loss 1e-3,
+not forced) too, since ddlsim derives their hottest EP rank's load over the mean
+(``router_imbalance`` unset: ``decoder/moe_balance.py``, a lower bound from Wang et al. 2024's
+published per-expert MaxVio_global and top-k sampling, about 1.08 at EP 8), which loads that
+rank's experts; DeepEP's traffic stays at the mean (its kernels are modelled under balanced
+routing only). Published dropless is 9-25 % slower than forced there; that gap is this check,
+never the default's source.
+
+Every Bridge row runs forced balance (the recipes' ``moe_router_force_load_balancing``), as do
+ModelZoo step-time rows 1-2 (run_235b.sh's ``--moe-router-force-load-balancing``; rows 3-5 take
+that benchmark setting, ``forced_balance: assumed``), so the default moves none of them.
 """
 
 from __future__ import annotations
@@ -262,10 +268,34 @@ def published_time(row: dict) -> float:
     return gbs * seq / (tput * gpus)
 
 
+#: the long-context table's reason for its dropless rows (``modelled``): no published per-rank
+#: load; a row with it is predicted when ddlsim derives the default from a published statistic
+DROPLESS_REASON = "no: dropless routing, its per-rank load imbalance not published"
+
+
+def _derived_default(row: dict) -> bool:
+    """Whether ddlsim derives the row's hot-rank load (``router_imbalance`` unset, dropless,
+    the router's statistic published: ``plan.moe.imbalance_basis == "derived"``,
+    :mod:`ddlsim.workloads.decoder.moe_balance`)."""
+    import warnings
+
+    from ddlsim import load_config
+    from ddlsim.workloads.decoder.moeplan import resolve_moe
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = resolve_moe(load_config(config(row)))
+    return plan is not None and plan.imbalance_basis == "derived"
+
+
 def _record(row: dict, engine: str, limits) -> dict:
     """One row's record (:func:`public_runs.time_record`); a row ddlsim does not model (the
-    table says so, or ddlsim refuses its plan) gets none, with the reason as ``skipped``."""
-    why = row["modelled"].removeprefix("no: ") if row.get("modelled", "yes") != "yes" else ""
+    table says so, or ddlsim refuses its plan) gets none, with the reason as ``skipped``. A
+    dropless row the table lists for want of a published per-rank load is predicted when
+    ddlsim derives that load (:func:`_derived_default`)."""
+    modelled = row.get("modelled", "yes")
+    if modelled == DROPLESS_REASON and _derived_default(row):
+        modelled = "yes"
+    why = modelled.removeprefix("no: ") if modelled != "yes" else ""
     if not why:
         try:
             return time_record(row, config(row), engine, limits, published_time(row))

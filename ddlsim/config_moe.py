@@ -97,9 +97,12 @@ class MoESpec(_Strict):
         Field(default=None, description="tokens of the most loaded expert-parallel rank over "
                                         "the mean (1: balanced); that rank sets the MoE "
                                         "layer's time; unset: 1, by construction under forced "
-                                        "balance, an assumption otherwise (no published per-rank "
-                                        "measurement gives a default: docs/moe.md), which "
-                                        "the plan line and JSON routing name")
+                                        "balance or with a capacity factor; under dropless "
+                                        "aux_loss/seq_aux_loss routing with 0 < aux_loss_coeff "
+                                        "<= 1e-3, derived from a published per-expert "
+                                        "statistic (decoder/moe_balance.py: a lower bound); "
+                                        "1, assumed, otherwise; the plan line and JSON "
+                                        "routing name which")
     router_num_groups: Annotated[int, BeforeValidator(reject_bool), Field(ge=1, le=2**20)] | \
         None = Field(default=None, description="--moe-router-num-groups: the routed experts in "
                                                "this many groups of consecutive experts for "

@@ -157,8 +157,9 @@ def plan_fields(cfg: Any) -> dict[str, Any]:
         kernels are launched: eager, compiled, cuda_graphs; docs/compute.md), ``fused`` and
         ``not_fused`` (kernel names); for a MoE model ``moe`` (``dispatcher``, with
         ``flex_backend`` for the flex dispatcher, ``ep``, ``etp``, ``grouped_gemm``,
-        ``permute_fusion``, ``routing`` (naming the balance it assumes when dropless routing
-        is neither given an imbalance nor forced, and group-limited routing, e.g.
+        ``permute_fusion``, ``routing`` (naming, when dropless routing is neither given an
+        imbalance nor forced, the hot rank's load it derives from a published statistic or
+        the balance it assumes, and group-limited routing, e.g.
         ``group-limited 4 of 8 groups``), ``router_imbalance``,
         ``delay_wgrad_compute``,
         ``router_fusion``, ``aux_loss_coeff``) and

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import ConfigError
+from .moe_balance import SOURCE, applies, hot_rank_load
 
 __all__ = ["MoEPlan", "resolve_moe", "check_moe_plan", "STACK_FIELDS"]
 
@@ -75,8 +76,9 @@ class MoEPlan:
     #: (:func:`.moe_router.router_gemm`)
     router_dtype: str | None = None
     #: where :attr:`imbalance` comes from: ``given`` (``parallel.moe.router_imbalance``),
-    #: ``forced`` (forced balance: 1 by construction) or ``assumed`` (unset, un-forced: 1, no
-    #: published per-rank measurement gives a default, docs/moe.md)
+    #: ``forced`` (forced balance: 1 by construction), ``derived`` (unset, dropless, an
+    #: auxiliary-loss router the published statistic bounds: :mod:`.moe_balance`) or
+    #: ``assumed`` (unset otherwise: 1, no published statistic for that router, docs/moe.md)
     imbalance_basis: str = "given"
     #: group-limited routing (:func:`_router_groups`): the experts in ``groups`` groups, each
     #: token's from ``topk_groups`` of them; 1, 1: top-k over all experts
@@ -124,6 +126,10 @@ class MoEPlan:
         if self.imbalance_basis == "assumed":
             return (f"dropless, balanced (router_imbalance {self.imbalance:g}, assumed: "
                     f"no measured default){groups}")
+        if self.imbalance_basis == "derived":
+            flex = ", flex traffic at the mean" if self.dispatcher == "flex" else ""
+            return (f"dropless, aux-loss router (router_imbalance {self.imbalance:.3g}, a lower "
+                    f"bound derived from {SOURCE}{flex}){groups}")
         return f"dropless{groups}"
 
     def _gemm_phrase(self) -> str:
@@ -136,7 +142,8 @@ class MoEPlan:
     def phrase(self) -> str:
         """``alltoall dispatch, grouped GEMM, fused permute, dropless`` for the plan line."""
         route = self.routing_phrase()
-        hot = f", hot EP rank ×{self.imbalance:g}" if self.imbalance != 1.0 else ""
+        hot = (f", hot EP rank ×{self.imbalance:g}"     # a derived one: in the routing
+               if self.imbalance != 1.0 and self.imbalance_basis != "derived" else "")
         flex = f"/{self.flex_backend}" if self.flex_backend else ""
         return (f"MoE {self.dispatcher}{flex} dispatch, "
                 f"{self._gemm_phrase()}, "
@@ -185,7 +192,8 @@ def resolve_moe(cfg: Any) -> MoEPlan | None:
     given = {} if spec is None else spec.model_dump()
     table, values, sources = _stack_moe(stack), {}, {}
     refused = _stack_refusals(stack)
-    imbalance, basis = _imbalance(given)
+    aux_coeff = _aux_loss_coeff(cfg, given, sources)
+    imbalance, basis = _imbalance(cfg, given, aux_coeff)
     for field in STACK_FIELDS:
         if given.get(field) is not None:
             values[field], sources[field] = given[field], f"parallel.moe.{field}"
@@ -207,7 +215,7 @@ def resolve_moe(cfg: Any) -> MoEPlan | None:
                    delay_wgrad=bool(values["delay_wgrad_compute"]),
                    flex_backend=_flex_backend(given, values, sources),
                    gemm_streams=_gemm_streams(table, values["grouped_gemm"], sources),
-                   aux_loss_coeff=_aux_loss_coeff(cfg, given, sources),
+                   aux_loss_coeff=aux_coeff,
                    router_fusion=_router_fusion(table, given, sources),
                    forced_balance=bool(given.get("router_force_load_balancing", False)),
                    router_dtype=given.get("router_dtype"), imbalance_basis=basis,
@@ -232,18 +240,32 @@ def _router_groups(cfg: Any, given: dict, sources: dict) -> dict:
     return dict(groups=int(groups), topk_groups=int(topk))
 
 
-def _imbalance(given: dict) -> tuple[float, str]:
+def _imbalance(cfg: Any, given: dict, aux_coeff: float) -> tuple[float, str]:
     """The hot rank's load over the mean and where it comes from (:attr:`MoEPlan.
     imbalance_basis`): given; else 1, by construction under forced balance (random logits,
     ``RandomSTE``, Megatron-LM d7288711 ``router.py`` lines 1203-1215: every rank the mean in
-    expectation) and assumed otherwise. No default is read from a measurement: none published
-    gives the per-rank max/mean tokens per micro-batch of an aux-loss or aux-loss-free router
-    at Megatron-like scale (docs/moe.md, "Load imbalance under dropless routing")."""
+    expectation) or with a capacity factor (as before); else, dropless, derived from the
+    published statistic of an auxiliary-loss router where it bounds the run's
+    (:func:`.moe_balance.applies`, :func:`.moe_balance.hot_rank_load`), and assumed 1
+    otherwise (docs/moe.md, "Load imbalance under dropless routing")."""
     if given.get("router_imbalance") is not None:
         return float(given["router_imbalance"]), "given"
     if given.get("router_force_load_balancing"):
         return 1.0, "forced"
-    return 1.0, "assumed"
+    shape, p = cfg.model.shape(), cfg.parallel
+    balancing = given.get("router_load_balancing_type", "aux_loss")
+    if shape.capacity_factor is not None or not applies(balancing, aux_coeff):
+        return 1.0, "assumed"
+    return hot_rank_load(shape.experts, shape.top_k, p.ep, _routed_tokens(cfg)), "derived"
+
+
+def _routed_tokens(cfg: Any) -> float:
+    """``N``: tokens one micro-batch routes through an EP rank's ``tp_ep`` group: ``etp·ep·T``,
+    ``T = b·s/cp`` per rank, ``/tp`` with sequence parallelism (as
+    :meth:`.moe.MoEOps.tokens`)."""
+    p, t = cfg.parallel, cfg.train
+    per_rank = t.micro_batch_size * t.seq_length / p.cp / (p.tp if p.sequence_parallel else 1)
+    return p.etp * p.ep * per_rank
 
 
 def _aux_loss_coeff(cfg: Any, given: dict, sources: dict) -> float:
@@ -305,13 +327,15 @@ def _flex_backend(given: dict, values: dict, sources: dict) -> str | None:
 
 def _check_flex(plan: MoEPlan, spec: Any) -> None:
     """The flex options ddlsim refuses: a backend without the flex dispatcher (Megatron-Core
-    would ignore it), and a hot rank with it (not modelled)."""
+    would ignore it), and a hot rank given with it (the kernels' traffic under it is not
+    modelled; a derived default loads the hot rank's experts and leaves the traffic at the
+    mean, which the routing phrase says)."""
     backend = None if spec is None else spec.flex_dispatcher_backend
     if backend is not None and plan.dispatcher != "flex":
         raise ValueError(f"parallel.moe.flex_dispatcher_backend = {backend!r} selects the flex "
                          f"dispatcher's kernels, but token_dispatcher_type = "
                          f"{plan.dispatcher!r}; set token_dispatcher_type: flex or drop it")
-    if plan.dispatcher == "flex" and plan.imbalance != 1.0:
+    if plan.dispatcher == "flex" and plan.imbalance != 1.0 and plan.imbalance_basis == "given":
         raise ValueError(f"parallel.moe.router_imbalance = {plan.imbalance} with "
                          "token_dispatcher_type = 'flex': the DeepEP/HybridEP kernels are "
                          "modelled under balanced routing only (docs/moe.md); use 1 or the "
