@@ -195,7 +195,11 @@ def cp_split(only: list[dict] | None = None) -> list[dict]:
         merge or accumulation), ``rest`` the prediction without them, and
         ``attention_factor`` = ``(published − rest) / attention``, the factor the attention
         kernels would need for the row to match if everything else were exact (1: they
-        account for the published time), all in seconds but the factor.
+        account for the published time), ``ring_steps`` the ring steps one iteration runs
+        on that rank (:func:`ring_steps`; 0 without context parallelism) and
+        ``residual_per_step`` = ``(published − predicted) / ring_steps`` (None without a
+        ring), the time each ring step would have to add for the row to match if the
+        shortfall were all the ring's, all in seconds but the factor and the count.
     """
     import warnings
 
@@ -212,10 +216,24 @@ def cp_split(only: list[dict] | None = None) -> list[dict]:
             predicted = ddlsim.predict(cfg, check_fit=False).iteration_time_s
             attention = step_breakdown(cfg)[0]["attention"]
             published, rest = published_time(row), predicted - attention
+            steps = ring_steps(cfg)
             out.append({"row": row, "published": published, "predicted": predicted,
                         "attention": attention, "rest": rest,
-                        "attention_factor": (published - rest) / attention})
+                        "attention_factor": (published - rest) / attention,
+                        "ring_steps": steps,
+                        "residual_per_step": (published - predicted) / steps if steps else None})
     return out
+
+
+def ring_steps(cfg) -> int:
+    """Ring steps (the ``*.attn_core.step`` ops of torch's ring, ``partition/torch_cp.py``,
+    and TE's, ``partition/context.py``: forward, recomputed and backward) one iteration of
+    ``cfg`` runs on its first rank class; 0 where no ring runs (no context parallelism, or
+    TE's all-gather)."""
+    from ddlsim.api import build_workload
+    prog = build_workload(cfg).classes[0].program
+    return sum(op.repeat for step in prog.steps for op in prog.blocks[step.block].flat.ops
+               if getattr(op.payload, "name", "").endswith("attn_core.step"))
 
 
 def _print_cp_split(argv: list[str]) -> int:
@@ -226,10 +244,12 @@ def _print_cp_split(argv: list[str]) -> int:
     ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
     args = ap.parse_args(argv)
     head = ["model", "CP", "seq", "published (s)", "predicted (s)", "attention (s)",
-            "rest (s)", "attention factor"]
+            "rest (s)", "attention factor", "ring steps", "residual per step (ms)"]
     lines = [[o["row"]["model"], o["row"]["cp"], o["row"]["seq"], f"{o['published']:.3f}",
               f"{o['predicted']:.3f}", f"{o['attention']:.3f}", f"{o['rest']:.3f}",
-              f"{o['attention_factor']:.3f}"] for o in cp_split()]
+              f"{o['attention_factor']:.3f}", str(o["ring_steps"]),
+              "" if o["residual_per_step"] is None else f"{1e3 * o['residual_per_step']:.1f}"]
+             for o in cp_split()]
     print_table(head, lines, args.markdown)
     return 0
 
