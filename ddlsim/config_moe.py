@@ -16,7 +16,8 @@ from pydantic import BeforeValidator, Field, StrictBool
 
 from .config_types import _Strict, reject_bool
 
-__all__ = ["MoESpec", "TokenDispatcher", "FlexBackend", "LoadBalancing", "RouterDtype"]
+__all__ = ["MoESpec", "TokenDispatcher", "FlexBackend", "LoadBalancing", "RouterDtype",
+           "ScoreFunction"]
 
 #: Megatron-Core's token dispatchers ddlsim models (the deprecated ``alltoall_seq`` is not)
 TokenDispatcher = Literal["alltoall", "allgather", "flex"]
@@ -29,6 +30,9 @@ FlexBackend = Literal["deepep", "hybridep"]
 RouterDtype = Literal["fp32"]
 #: ``--moe-router-load-balancing-type``'s choices
 LoadBalancing = Literal["aux_loss", "seq_aux_loss", "sinkhorn", "none"]
+#: ``--moe-router-score-function``'s choices (Megatron-LM d98e8a64
+#: ``megatron/core/transformer/transformer_config.py`` line 808; default softmax)
+ScoreFunction = Literal["softmax", "sigmoid", "sqrtsoftplus"]
 
 
 class MoESpec(_Strict):
@@ -89,6 +93,30 @@ class MoESpec(_Strict):
                                   "docs/moe.md) and casts its gradients back; unset: the "
                                   "router's GEMM in the layer's bf16/fp16; fp64 is not "
                                   "modelled")
+    router_score_function: ScoreFunction | None = Field(
+        default=None, description="--moe-router-score-function: softmax, sigmoid or "
+                                  "sqrtsoftplus over the router's logits; it decides whether "
+                                  "router_enable_expert_bias is allowed (sigmoid and "
+                                  "sqrtsoftplus only); the router's kernels are counted as "
+                                  "the softmax router's (docs/moe.md); unset: the model's "
+                                  "scoring_func (its config.json's), else Megatron's softmax")
+    router_enable_expert_bias: StrictBool | None = Field(
+        default=None, description="--moe-router-enable-expert-bias: auxiliary-loss-free "
+                                  "balancing (Wang et al. 2024; DeepSeek-V3's noaux_tc): a "
+                                  "per-expert bias added to the scores before top-k, updated "
+                                  "once per step from the tokens per expert; dropless, the "
+                                  "hot rank's load is then derived from the bias's published "
+                                  "statistic (decoder/moe_balance.py); needs "
+                                  "router_score_function sigmoid or sqrtsoftplus; unset: the "
+                                  "model's (its config.json's topk_method noaux_tc), else off")
+    router_bias_update_rate: Annotated[float, BeforeValidator(reject_bool),
+                                       Field(gt=0.0, le=1.0)] | None = \
+        Field(default=None, description="--moe-router-bias-update-rate: the step of each "
+                                        "expert bias update (the same kernels at any rate); "
+                                        "only with router_enable_expert_bias; the derived "
+                                        "load holds at the source's 1e-3 only (Megatron's "
+                                        "default), another rate leaves it assumed 1; unset: "
+                                        "1e-3")
     router_force_load_balancing: StrictBool = Field(
         default=False, description="benchmark mode: random logits, every expert gets the "
                                    "same number of tokens (router_imbalance must be 1)")
@@ -99,8 +127,9 @@ class MoESpec(_Strict):
                                         "layer's time; unset: 1, by construction under forced "
                                         "balance or with a capacity factor; under dropless "
                                         "aux_loss/seq_aux_loss routing with 0 < aux_loss_coeff "
-                                        "<= 1e-3, derived from a published per-expert "
-                                        "statistic (decoder/moe_balance.py: a lower bound); "
+                                        "<= 1e-3, or with router_enable_expert_bias, derived "
+                                        "from a published per-expert statistic "
+                                        "(decoder/moe_balance.py: a lower bound); "
                                         "1, assumed, otherwise; the plan line and JSON "
                                         "routing name which")
     router_num_groups: Annotated[int, BeforeValidator(reject_bool), Field(ge=1, le=2**20)] | \

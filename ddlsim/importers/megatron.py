@@ -50,6 +50,10 @@ VALUE_FLAGS: dict[str, tuple[str, type]] = {
     # 289, 533-534: groups, then the top groups per token; docs/moe.md "Group-limited routing")
     "moe-router-num-groups": ("parallel.moe.router_num_groups", int),
     "moe-router-group-topk": ("parallel.moe.router_group_topk", int),
+    # auxiliary-loss-free balancing's update rate (Megatron-LM 9c1a5351 arguments.py line 2672;
+    # d98e8a64 transformer_config.py line 821): the same kernels at any rate; the derived hot
+    # rank holds at the source's 1e-3 only (workloads/decoder/moe_balance.py)
+    "moe-router-bias-update-rate": ("parallel.moe.router_bias_update_rate", float),
     "zero-stage": ("parallel.zero_stage", int),                # Megatron-DeepSpeed
 }
 
@@ -87,6 +91,8 @@ SWITCHES: dict[str, tuple[str, Any]] = {
     "moe-pad-expert-input-to-capacity": ("parallel.moe.pad_expert_input_to_capacity", True),
     "moe-router-force-load-balancing": ("parallel.moe.router_force_load_balancing", True),
     "moe-router-fusion": ("parallel.moe.router_fusion", True),
+    # Megatron-LM 9c1a5351 arguments.py line 2668 (d98e8a64: transformer_config.py line 816)
+    "moe-router-enable-expert-bias": ("parallel.moe.router_enable_expert_bias", True),
     # Megatron-LM d7288711 megatron/core/transformer/moe/README.md lines 557-558 (the combined
     # 1F1B, workloads/decoder/combined.py)
     "overlap-moe-expert-parallel-comm": ("parallel.moe.overlap_expert_parallel_comm", True),
@@ -148,6 +154,10 @@ CHOICES: dict[str, dict[str, list[tuple[str, Any]]]] = {
     # Megatron-LM 1e057005 arguments.py lines 2637-2638, choices fp32 and fp64: fp64 is refused
     # (config_moe.RouterDtype; workloads/decoder/moe_router.py router_gemm)
     "moe-router-dtype": {"fp32": [("parallel.moe.router_dtype", "fp32")]},
+    # Megatron-LM 9c1a5351 arguments.py line 2653 (softmax, sigmoid); d98e8a64
+    # transformer_config.py line 808 adds sqrtsoftplus
+    "moe-router-score-function": {f: [("parallel.moe.router_score_function", f)]
+                                  for f in ("softmax", "sigmoid", "sqrtsoftplus")},
     "rotary-percent": {"1.0": [], "1": []},
 }
 

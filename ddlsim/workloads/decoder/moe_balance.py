@@ -1,5 +1,6 @@
-"""The hottest expert-parallel rank's load under dropless top-k routing with an auxiliary
-load-balancing loss: ``router_imbalance``'s default, derived from a published statistic.
+"""The hottest expert-parallel rank's load under dropless top-k routing balanced by an
+auxiliary loss or by an expert bias: ``router_imbalance``'s default, derived from a published
+statistic.
 
 Each MoE layer's dispatch, experts and combine wait for the expert-parallel rank that receives
 the most routed token copies in that micro-batch. Two things spread the ranks' loads:
@@ -33,12 +34,29 @@ bounds the run's router: aux_loss or seq_aux_loss balancing with a coefficient a
 most the source's ``α = 1e-3`` (a stronger loss balances better than measured; ``none`` or
 ``sinkhorn`` routing has no published statistic). docs: /tmp/agents/r25/H1-docs.md.
 
+**Expert-bias (auxiliary-loss-free) routing.** Wang et al.'s Loss-Free Balancing adds a
+per-expert bias to the scores before top-k and moves it by ``±u`` each step towards the mean
+load (Megatron-Core's ``--moe-router-enable-expert-bias``, ``--moe-router-bias-update-rate``;
+DeepSeek-V3's ``noaux_tc``). Its MaxVio_global is published for the same two models,
+0.04 at both sizes (Table 2, :data:`MAXVIO_GLOBAL_BIAS`); the same ρ with ``c = 0.04 /
+e(64)`` (:func:`hot_rank_load`'s ``maxvio``) is a lower bound for the same reasons, applied
+where the run's rate is the source's ``u = 1e-3`` (:func:`bias_applies`). With the bias on, a
+sequence-wise or batch auxiliary loss of coefficient at most 1e-3 beside it (DeepSeek-V3:
+``seq_aux`` with α = 1e-4, arXiv:2412.19437 §2.1.2 Eq. 17-20 and §4.2) does not change the
+statistic: the bias sets the balance over the batch, the "extremely small" loss only keeps
+a single sequence from extreme imbalance (§2.1.2), so the bias's statistic governs; a larger
+coefficient is a stronger loss than either source measured, and leaves ρ assumed 1.
+
 References
 ----------
 Wang, Gao, Zhao, Sun, Dai, "Auxiliary-Loss-Free Load Balancing Strategy for Mixture-of-Experts",
-arXiv:2408.15664 v1 (2024): §4.1 (baseline auxiliary loss coefficient α = 0.001; Eq. 4,
-MaxVio_global), §4.2 Table 2 (Loss-Controlled: 1B 0.72, 3B 0.52; Loss-Free: 0.04 both),
-Appendix Table 5 (both models: 64 routed experts, 6 activated, 2 shared).
+arXiv:2408.15664 v1 (2024): §3 (the bias update ``b_i += u·sign(mean load − load_i)``), §4.1
+(baseline auxiliary loss coefficient α = 0.001; update rate u = 0.001; Eq. 4, MaxVio_global),
+§4.2 Table 2 (Loss-Controlled: 1B 0.72, 3B 0.52; Loss-Free: 0.04 both), Appendix Table 5
+(both models: 64 routed experts, 6 activated, 2 shared).
+DeepSeek-AI, "DeepSeek-V3 Technical Report", arXiv:2412.19437 (2024): §2.1.2 (auxiliary-loss-
+free balancing with a complementary sequence-wise balance loss of an extremely small α),
+§4.2 (bias update speed γ = 0.001, balance factor α = 0.0001).
 Order statistics of the normal distribution: ``e(n) = ∫ x · n·φ(x)·Φ(x)^(n−1) dx`` (David and
 Nagaraja, "Order Statistics", 3rd ed., 2003, §3.1).
 """
@@ -48,8 +66,9 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-__all__ = ["MAXVIO_GLOBAL", "SOURCE_EXPERTS", "SOURCE_AUX_COEFF", "SOURCE", "expected_max_normal",
-           "expert_dispersion", "hot_rank_load", "applies"]
+__all__ = ["MAXVIO_GLOBAL", "MAXVIO_GLOBAL_BIAS", "SOURCE_EXPERTS", "SOURCE_AUX_COEFF",
+           "SOURCE_BIAS_RATE", "SOURCE", "SOURCE_BIAS", "expected_max_normal",
+           "expert_dispersion", "hot_rank_load", "applies", "bias_applies"]
 
 #: MaxVio_global of the auxiliary-loss-controlled 3B model (Wang et al. 2024, arXiv:2408.15664,
 #: Table 2: 0.52; the 1B model's 0.72 is the larger; the smaller is taken so that ρ stays a
@@ -63,6 +82,16 @@ SOURCE_EXPERTS = 64
 SOURCE_AUX_COEFF = 1e-3
 #: how the plan line names the source
 SOURCE = "Wang et al. 2024 MaxVio_global 0.52 and top-k sampling"
+#: MaxVio_global of the Loss-Free (expert-bias) models, both sizes (arXiv:2408.15664,
+#: Table 2: 0.04 at 1B and at 3B)
+MAXVIO_GLOBAL_BIAS = 0.04
+#: the bias update rate those models trained with (arXiv:2408.15664 §4.1: u = 0.001; the same
+#: as Megatron-LM d98e8a64 ``transformer_config.py`` line 821's default
+#: ``moe_router_bias_update_rate = 1e-3``, "same as that used in DeepSeekV3", and
+#: arXiv:2412.19437 §4.2's γ = 0.001)
+SOURCE_BIAS_RATE = 1e-3
+#: how the plan line names the expert-bias source
+SOURCE_BIAS = "Wang et al. 2024 MaxVio_global 0.04 and top-k sampling"
 
 #: balancing types whose router the source's auxiliary loss stands for
 _AUX_BALANCING = ("aux_loss", "seq_aux_loss")
@@ -99,13 +128,15 @@ def expected_max_normal(n: int) -> float:
     return total * h / 3
 
 
-def expert_dispersion() -> float:
-    """``c``: the standard deviation of one expert's load over the mean that the source's
-    MaxVio_global implies (``MAXVIO_GLOBAL / e(SOURCE_EXPERTS)``, about 0.22)."""
-    return MAXVIO_GLOBAL / expected_max_normal(SOURCE_EXPERTS)
+def expert_dispersion(maxvio: float = MAXVIO_GLOBAL) -> float:
+    """``c``: the standard deviation of one expert's load over the mean that a source's
+    MaxVio_global implies (``maxvio / e(SOURCE_EXPERTS)``: about 0.22 for the auxiliary-loss
+    router's 0.52, 0.017 for the expert bias's 0.04)."""
+    return maxvio / expected_max_normal(SOURCE_EXPERTS)
 
 
-def hot_rank_load(experts: int, top_k: int, ep: int, tokens: float) -> float:
+def hot_rank_load(experts: int, top_k: int, ep: int, tokens: float,
+                  maxvio: float = MAXVIO_GLOBAL) -> float:
     """ρ: the expected tokens of the most loaded of ``ep`` expert-parallel ranks over the mean.
 
     Parameters
@@ -118,6 +149,9 @@ def hot_rank_load(experts: int, top_k: int, ep: int, tokens: float) -> float:
         Expert-parallel ranks (each holds ``E/EP`` experts).
     tokens : float
         Tokens ``N`` the EP group routes in one micro-batch.
+    maxvio : float
+        The router's published MaxVio_global over the source's 64 experts:
+        :data:`MAXVIO_GLOBAL` (auxiliary loss) or :data:`MAXVIO_GLOBAL_BIAS` (expert bias).
 
     Returns
     -------
@@ -126,7 +160,7 @@ def hot_rank_load(experts: int, top_k: int, ep: int, tokens: float) -> float:
     """
     if ep <= 1:
         return 1.0
-    c = expert_dispersion()
+    c = expert_dispersion(maxvio)
     sampling = (experts - top_k) / ((experts - 1) * tokens * top_k) if experts > 1 else 0.0
     return 1.0 + expected_max_normal(ep) * math.sqrt(ep * (c * c / experts + sampling))
 
@@ -135,3 +169,15 @@ def applies(balancing: str, aux_loss_coeff: float) -> bool:
     """Whether the source's statistic bounds the run's router: aux_loss or seq_aux_loss
     balancing with a coefficient in (0, :data:`SOURCE_AUX_COEFF`]."""
     return balancing in _AUX_BALANCING and 0 < aux_loss_coeff <= SOURCE_AUX_COEFF
+
+
+def bias_applies(update_rate: float, balancing: str, aux_loss_coeff: float) -> bool:
+    """Whether the expert bias's statistic bounds the run's router: the source's update rate
+    (:data:`SOURCE_BIAS_RATE`), and no auxiliary loss stronger than 1e-3 beside it (none, or
+    aux_loss/seq_aux_loss with a coefficient at most :data:`SOURCE_AUX_COEFF`: the bias sets
+    the balance, module docstring); sinkhorn routing ignores the bias."""
+    if not math.isclose(update_rate, SOURCE_BIAS_RATE, rel_tol=1e-9):
+        return False
+    if balancing == "sinkhorn":
+        return False
+    return balancing not in _AUX_BALANCING or aux_loss_coeff <= SOURCE_AUX_COEFF

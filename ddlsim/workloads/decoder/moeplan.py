@@ -24,7 +24,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import ConfigError
-from .moe_balance import SOURCE, applies, hot_rank_load
+from .moe_balance import (MAXVIO_GLOBAL_BIAS, SOURCE, SOURCE_BIAS, SOURCE_BIAS_RATE, applies,
+                          bias_applies, hot_rank_load)
+from .moe_routing import balancing_type, check_expert_bias, expert_bias, score_function
 
 __all__ = ["MoEPlan", "resolve_moe", "check_moe_plan", "STACK_FIELDS"]
 
@@ -84,6 +86,12 @@ class MoEPlan:
     #: token's from ``topk_groups`` of them; 1, 1: top-k over all experts
     groups: int = 1
     topk_groups: int = 1
+    #: ``--moe-router-score-function`` (:func:`_score_function`), and auxiliary-loss-free
+    #: balancing (``--moe-router-enable-expert-bias``, :func:`_expert_bias`) with its
+    #: ``--moe-router-bias-update-rate``
+    score_function: str = "softmax"
+    expert_bias: bool = False
+    bias_update_rate: float = SOURCE_BIAS_RATE
 
     @property
     def group_limited(self) -> bool:
@@ -123,14 +131,17 @@ class MoEPlan:
                   if self.group_limited else "")
         if self.capacity_factor is not None:
             return f"capacity {self.capacity_factor:g}{', padded' if self.pad else ''}{groups}"
-        if self.imbalance_basis == "assumed":
-            return (f"dropless, balanced (router_imbalance {self.imbalance:g}, assumed: "
-                    f"no measured default){groups}")
         if self.imbalance_basis == "derived":
             flex = ", flex traffic at the mean" if self.dispatcher == "flex" else ""
-            return (f"dropless, aux-loss router (router_imbalance {self.imbalance:.3g}, a lower "
-                    f"bound derived from {SOURCE}{flex}){groups}")
-        return f"dropless{groups}"
+            router, source = (("expert-bias", SOURCE_BIAS) if self.expert_bias
+                              else ("aux-loss", SOURCE))
+            return (f"dropless, {router} router (router_imbalance {self.imbalance:.3g}, a lower "
+                    f"bound derived from {source}{flex}){groups}")
+        bias = ", expert-bias router" if self.expert_bias else ""
+        if self.imbalance_basis == "assumed":
+            return (f"dropless{bias}, balanced (router_imbalance {self.imbalance:g}, assumed: "
+                    f"no measured default){groups}")
+        return f"dropless{bias}{groups}"
 
     def _gemm_phrase(self) -> str:
         if not self.grouped_gemm:
@@ -152,7 +163,10 @@ class MoEPlan:
                 + (", shared experts overlapped" if self.shared_expert_overlap else "")
                 + (", fused router" if self.router_fusion else "")
                 + (f", {self.router_dtype} router" if self.router_dtype else "")
-                + (f", aux loss {self.aux_loss_coeff:g}" if self.aux_loss else "")
+                + (f", {self.score_function} scores" if self.score_function != "softmax"
+                   else "")
+                + (f", {'seq ' if self.balancing == 'seq_aux_loss' else ''}aux loss "
+                   f"{self.aux_loss_coeff:g}" if self.aux_loss else "")
                 + (", EP all-to-alls overlapped (combined 1F1B"
                    + (", delayed wgrad)" if self.delay_wgrad else ")") if self.a2a_overlap
                    else ""))
@@ -192,8 +206,10 @@ def resolve_moe(cfg: Any) -> MoEPlan | None:
     given = {} if spec is None else spec.model_dump()
     table, values, sources = _stack_moe(stack), {}, {}
     refused = _stack_refusals(stack)
+    given["router_load_balancing_type"] = balancing_type(cfg, given, sources)
     aux_coeff = _aux_loss_coeff(cfg, given, sources)
-    imbalance, basis = _imbalance(cfg, given, aux_coeff)
+    bias = expert_bias(cfg, given, sources)
+    imbalance, basis = _imbalance(cfg, given, aux_coeff, bias)
     for field in STACK_FIELDS:
         if given.get(field) is not None:
             values[field], sources[field] = given[field], f"parallel.moe.{field}"
@@ -208,7 +224,7 @@ def resolve_moe(cfg: Any) -> MoEPlan | None:
                 f"parallel.moe.{field}")
     return MoEPlan(values["token_dispatcher_type"], values["grouped_gemm"],
                    values["permute_fusion"], bool(given.get("shared_expert_overlap", False)),
-                   given.get("router_load_balancing_type", "aux_loss"),
+                   given["router_load_balancing_type"],
                    imbalance, shape.capacity_factor,
                    bool(given.get("pad_expert_input_to_capacity", False)), p.ep, p.etp, sources,
                    a2a_overlap=bool(values["overlap_expert_parallel_comm"]),
@@ -219,7 +235,8 @@ def resolve_moe(cfg: Any) -> MoEPlan | None:
                    router_fusion=_router_fusion(table, given, sources),
                    forced_balance=bool(given.get("router_force_load_balancing", False)),
                    router_dtype=given.get("router_dtype"), imbalance_basis=basis,
-                   **_router_groups(cfg, given, sources))
+                   score_function=score_function(cfg, given, sources), expert_bias=bias[0],
+                   bias_update_rate=bias[1], **_router_groups(cfg, given, sources))
 
 
 def _router_groups(cfg: Any, given: dict, sources: dict) -> dict:
@@ -240,21 +257,32 @@ def _router_groups(cfg: Any, given: dict, sources: dict) -> dict:
     return dict(groups=int(groups), topk_groups=int(topk))
 
 
-def _imbalance(cfg: Any, given: dict, aux_coeff: float) -> tuple[float, str]:
+def _imbalance(cfg: Any, given: dict, aux_coeff: float,
+               bias: tuple[bool, float]) -> tuple[float, str]:
     """The hot rank's load over the mean and where it comes from (:attr:`MoEPlan.
     imbalance_basis`): given; else 1, by construction under forced balance (random logits,
     ``RandomSTE``, Megatron-LM d7288711 ``router.py`` lines 1203-1215: every rank the mean in
     expectation) or with a capacity factor (as before); else, dropless, derived from the
-    published statistic of an auxiliary-loss router where it bounds the run's
-    (:func:`.moe_balance.applies`, :func:`.moe_balance.hot_rank_load`), and assumed 1
-    otherwise (docs/moe.md, "Load imbalance under dropless routing")."""
+    published statistic of an expert-bias router (``bias``: on, its update rate,
+    :func:`.moe_routing.expert_bias`;
+    :func:`.moe_balance.bias_applies`, which governs where an auxiliary loss of at most 1e-3
+    runs beside it) or of an auxiliary-loss router (:func:`.moe_balance.applies`) where it
+    bounds the run's (:func:`.moe_balance.hot_rank_load`), and assumed 1 otherwise
+    (docs/moe.md, "Load imbalance under dropless routing")."""
     if given.get("router_imbalance") is not None:
         return float(given["router_imbalance"]), "given"
     if given.get("router_force_load_balancing"):
         return 1.0, "forced"
     shape, p = cfg.model.shape(), cfg.parallel
-    balancing = given.get("router_load_balancing_type", "aux_loss")
-    if shape.capacity_factor is not None or not applies(balancing, aux_coeff):
+    balancing = given["router_load_balancing_type"]
+    if shape.capacity_factor is not None:
+        return 1.0, "assumed"
+    if bias[0]:
+        if not bias_applies(bias[1], balancing, aux_coeff):
+            return 1.0, "assumed"
+        return hot_rank_load(shape.experts, shape.top_k, p.ep, _routed_tokens(cfg),
+                             MAXVIO_GLOBAL_BIAS), "derived"
+    if not applies(balancing, aux_coeff):
         return 1.0, "assumed"
     return hot_rank_load(shape.experts, shape.top_k, p.ep, _routed_tokens(cfg)), "derived"
 
@@ -426,8 +454,10 @@ def _check_router(plan: MoEPlan, spec: Any, stack: str) -> None:
                          f"router_load_balancing_type = {plan.balancing!r}: Megatron-Core "
                          "computes the load-balancing loss with aux_loss or seq_aux_loss only; "
                          "set one of them or aux_loss_coeff: 0")
+    check_expert_bias(plan, spec)
     if spec is not None and spec.router_fusion and "router_fusion" not in _stack_moe(stack):
         raise ValueError(f"parallel.moe.router_fusion = true, but software stack {stack!r} "
                          "has no fused router (no moe.router_fusion in its software.yaml "
                          "entry; Megatron-LM's --moe-router-fusion came in c08d89bea0, "
                          "2025-08-17); use megatron-core-2025 or drop it")
+
