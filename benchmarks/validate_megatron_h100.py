@@ -1,13 +1,17 @@
 """Predicted vs published iteration time of Megatron-Core r0.8.0's H100 weak-scaling runs.
 
 Run:  python benchmarks/validate_megatron_h100.py [--engine analytical|des] [--markdown]
-      [--write-docs] [--des-rank-ops N] [--mbs N] [--breakdown]
+      [--write-docs] [--des-rank-ops N] [--mbs N] [--breakdown] [--strong]
 
 ``--breakdown`` adds three tables (never written to the docs): each row's predicted iteration by
 part (compute, optimizer, exposed communication per group, bubble) with the error it would
 read if every collective were hidden, its compute by kind (``kernel_breakdown.py``), and per
 decoder layer its device time against Transformer Engine's host time per module call
-(``print_host_check``).
+(``print_host_check``). ``--strong`` adds the README's strong-scaling ends (the 177B model
+from 96 to 4,608 GPUs at a batch of 1,152, MFU 47 -> 42 %: :data:`STRONG_ENDS`) with the MFU
+kept between them; at 96 GPUs (DP 2, 576 micro-batches a pipeline) data-parallel time and the
+bubble are small (2026-11-30: 0.08 s exposed DP, 4.1 s bubble of 103.7 s), and the row reads
+-11.7 %: the compute the weak rows' compute-bound errors point at is too fast on its own.
 
 The published table (NVIDIA/Megatron-LM README, GPT models from 1.7B to 462B on 48 to 6,144
 H100 GPUs) and its provenance are in ``data/megatron_core_h100_weak.csv``. The README states
@@ -331,6 +335,44 @@ def print_breakdown(out: list[dict], markdown: bool, mbs: int = MBS) -> None:
     print_host_check(ran, markdown, mbs)
 
 
+#: The README's strong-scaling ends (f2e5db40 line 74, core_r0.8.0 line 72): "the standard GPT-3
+#: model (our version has slightly more than 175 billion parameters due to larger vocabulary
+#: size) from 96 H100 GPUs to 4608 GPUs, using the same batch size of 1152 sequences
+#: throughout ... a reduction in MFU from 47% to 42%": (GPUs, MFU %, rounded). The plan is not
+#: stated: taken as the weak table's 177B row (the same model, TP 8, PP 6), DP = GPUs / 48.
+STRONG_ENDS = ((96, 47), (4608, 42))
+#: the MFU's denominator, TFLOP/s (H100 SXM dense BF16; megatron_core_h100_weak.csv header)
+BF16_PEAK_TFLOPS = 989
+
+
+def strong_rows() -> list[dict]:
+    """The strong-scaling ends as rows of the weak table (its 177B row, ``gpus``, ``dp`` and
+    ``tflops_per_gpu`` = MFU × 989 replaced)."""
+    base = next(r for r in rows() if r["model"] == "177B")
+    per_dp = int(base["tp"]) * int(base["pp"])
+    return [{**base, "gpus": str(gpus), "dp": str(gpus // per_dp), "mfu_pct": str(mfu),
+             "tflops_per_gpu": str(mfu * BF16_PEAK_TFLOPS / 100)} for gpus, mfu in STRONG_ENDS]
+
+
+def print_strong(engine: str, markdown: bool, mbs: int = MBS) -> None:
+    """The ``--strong`` table: the strong-scaling ends (:data:`STRONG_ENDS`) predicted, with
+    each one's compute-bound error, and the MFU kept from 96 to 4,608 GPUs, published (the
+    band the rounding of 47 and 42 leaves) and predicted. At 96 GPUs (DP 2, 576 micro-batches
+    a pipeline) data-parallel time and the bubble are small, so its error is the compute's."""
+    out = evaluate(engine, only=strong_rows(), mbs=mbs)
+    lines = [[o["row"]["gpus"], o["row"]["dp"], o["row"]["mfu_pct"], f"{o['published']:.3f}",
+              *result_cells(o), f"{100 * breakdown(o)['compute-bound error']:+.1f}%"]
+             for o in out]
+    print()
+    print_table(["177B GPUs", "DP", "published MFU (%)", "published (s)", "predicted (s)",
+                 "error", "compute-bound error"], lines, markdown)
+    (lo_g, lo_mfu), (hi_g, hi_mfu) = STRONG_ENDS
+    kept = (out[0]["predicted"] * lo_g) / (out[1]["predicted"] * hi_g)
+    print(f"\nMFU kept from {lo_g} to {hi_g} GPUs: published {hi_mfu / lo_mfu:.3f} "
+          f"({(hi_mfu - 0.5) / (lo_mfu + 0.5):.3f}-{(hi_mfu + 0.5) / (lo_mfu - 0.5):.3f} by "
+          f"rounding), predicted {kept:.3f}")
+
+
 def _flag(argv: list[str], name: str, value: bool = False):
     """Remove option ``name`` (with its value when ``value``) from ``argv``; return the
     value, True for a present flag, None when absent."""
@@ -346,14 +388,19 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     mbs = int(_flag(argv, "--mbs", value=True) or MBS)
     show_breakdown = bool(_flag(argv, "--breakdown"))
+    show_strong = bool(_flag(argv, "--strong"))
     done: list[dict] = []
+    engines: list[str] = []
 
     def run(engine, limits=None):
         done[:] = evaluate(engine, limits=limits, mbs=mbs)
+        engines[:] = [engine]
         return done
     rc = run_script("validate_megatron_h100", __doc__, argv, run, _print, summary)
     if show_breakdown:
         print_breakdown(done, "--markdown" in argv, mbs)
+    if show_strong:
+        print_strong(engines[0], "--markdown" in argv, mbs)
     return rc
 
 
