@@ -14,13 +14,21 @@ What differs from the alltoall dispatcher (docs/moe.md, "Dispatchers"):
   copies, in the local experts' order (DeepEP: ``moe_utils.permute`` over the received
   tokens, fused with ``--moe-permute-fusion``; HybridEP: ``dispatch_with_permute``); the
   un-permutation mirrors it before the combine;
-* the backward of a dispatch is the combine kernel and vice versa.
+* the backward of a dispatch is the combine kernel and vice versa;
+* HybridEP's forward dispatch first gathers every member's routing map (its metadata
+  preprocessing, :func:`hybridep_routing_map_gather`), which the published kernel rates do
+  not include.
 
 References
 ----------
 NVIDIA/Megatron-LM d7288711 (2026-04-09) ``megatron/core/transformer/moe/token_dispatcher.py``
 lines 947-1383 (``_HybridEPManager``, ``_DeepepManager``: ``get_permuted_hidden_states_by_experts``
 lines 1287-1320, ``MoEFlexTokenDispatcher``), ``fused_a2a.py`` lines 69-207 and 332-440.
+deepseek-ai/DeepEP hybrid-ep 7febc6e ``deep_ep/hybrid_ep_buffer.py`` (``dispatch_with_permute``:
+without a handle, ``metadata_preprocessing`` first), ``csrc/hybrid_ep/hybrid_ep.cu``
+``metadata_preprocessing`` and ``csrc/hybrid_ep/executor/executor.cu`` lines 22-55
+(``allgather_routing_map``), ``tests/test_hybrid_ep.py`` lines 262-268 (the timed dispatch
+passes the handle).
 """
 
 from __future__ import annotations
@@ -30,7 +38,8 @@ from typing import Any
 from ...simulator.collectives.flex import flex_algorithm, flex_traffic
 from ..trace import Collective
 
-__all__ = ["flex_ops", "flex_received_tokens", "flex_permute_bytes"]
+__all__ = ["flex_ops", "flex_received_tokens", "flex_permute_bytes",
+           "hybridep_routing_map_gather"]
 
 
 def flex_received_tokens(builder: Any) -> float:
@@ -79,6 +88,53 @@ def flex_permute_bytes(builder: Any, unpermute: bool) -> float:
     return (2 * copies + (2 * copies + copies + R if unpermute else 0)) * h * dt
 
 
+#: bytes per routing-map entry: Megatron-Core's routing map is a boolean tensor
+#: (``_HybridEPManager.setup_metadata``; HybridEP asserts ``routing_map.dtype == torch.bool``,
+#: hybrid_ep_buffer.py ``dispatch_with_permute``), one byte per entry in torch
+ROUTING_MAP_ENTRY_BYTES = 1
+
+
+def hybridep_routing_map_gather(builder: Any, pre: str) -> list[Collective]:
+    """HybridEP's routing-map all-gather before a forward dispatch: the NCCL
+    ``all_gather_into_tensor`` of every member's ``[T, E]`` boolean routing map over the
+    dispatcher's group, ``p·T·E`` bytes gathered (nccl-tests convention: the output).
+
+    Megatron-Core's ``HybridEPDispatch.forward`` calls ``dispatch_with_permute`` without a
+    handle, so every forward dispatch (a recomputed one too) runs HybridEP's metadata
+    preprocessing: the routing maps' all-gather (NCCL across nodes, and inside one unless the
+    custom all-gather is enabled, which Megatron-Core does not ask for), then a scan kernel
+    over the gathered map. The backward's dispatch (the combine's gradient) passes the
+    forward's handle and skips both, as does the kernel benchmark the rates of
+    :data:`~ddlsim.simulator.collectives.flex.KERNELS` come from. The scan (108 SMs reading
+    ``p·T·E`` bytes: microseconds) is not charged.
+
+    Parameters
+    ----------
+    builder : the stage builder (:class:`~.moe.MoEOps`): its shape, ``etp``, ``ep``, tokens.
+    pre : the ops' name prefix (``fwd``, ``recompute``).
+
+    Returns
+    -------
+    list of Collective
+        The all-gather on ``tp_ep`` (``tp`` when the experts are not split), or none for a
+        group of one.
+
+    References
+    ----------
+    deepseek-ai/DeepEP hybrid-ep 7febc6e ``csrc/hybrid_ep/executor/executor.cu`` lines 22-55
+    (``allgather_routing_map``: ``torch.distributed.all_gather_into_tensor`` of the bool map
+    into ``[T·group_size, E]``), ``deep_ep/hybrid_ep_buffer.py`` (``dispatch_with_permute``);
+    NVIDIA/Megatron-LM d7288711 ``fused_a2a.py`` ``HybridEPDispatch.forward`` (no handle)
+    and ``backward``/``HybridEPCombine.backward`` (the handle).
+    """
+    p = builder.etp * builder.ep
+    if p == 1:
+        return []
+    group = "tp_ep" if builder.split_experts else "tp"
+    nbytes = p * builder.tokens() * builder.shape.experts * ROUTING_MAP_ENTRY_BYTES
+    return [Collective(f"{pre}.dispatch.routing_map", "all_gather", group, nbytes)]
+
+
 def flex_ops(builder: Any, pre: str, backward: bool) -> tuple[list[Collective],
                                                               list[Collective], tuple]:
     """The flex dispatcher's ``(first, second, (permute, unpermute))`` of one MoE layer:
@@ -87,6 +143,8 @@ def flex_ops(builder: Any, pre: str, backward: bool) -> tuple[list[Collective],
     dispatch's. Each is one ``all_to_all`` of the alltoall dispatcher's bytes (``T·k·h``)
     on ``tp_ep``, timed by the backend's kernel for the plan's routing (group-limited routing
     named in the algorithm: :func:`~ddlsim.simulator.collectives.flex.flex_algorithm`).
+    HybridEP's forward dispatch is preceded by its routing-map all-gather
+    (:func:`hybridep_routing_map_gather`).
 
     Parameters
     ----------
@@ -112,6 +170,8 @@ def flex_ops(builder: Any, pre: str, backward: bool) -> tuple[list[Collective],
         return [Collective(name, "all_to_all", group, nbytes, algorithm=algo)]
 
     first = kernel(f"{pre}.{'combine' if backward else 'dispatch'}", "dispatch")
+    if plan.flex_backend == "hybridep" and not backward:   # metadata preprocessing first
+        first = hybridep_routing_map_gather(builder, pre) + first
     second = kernel(f"{pre}.{'dispatch' if backward else 'combine'}", "combine")
     perm = (flex_permute_bytes(builder, backward), flex_permute_bytes(builder, not backward))
     return first, second, perm
