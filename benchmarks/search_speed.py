@@ -166,7 +166,7 @@ PHASES = [
     ("  builders (resolve_plan)", "ddlsim.workloads.decoder.builder", "StageBuilder.from_config"),
     ("  lowering (lower_ops)", "ddlsim.search.blocks", "lower_ops"),
     ("  collectives on the networks", "ddlsim.search.blocks", "_collective_seconds"),
-    ("  timing rule (stream_ends)", "ddlsim.search.blocks", "stream_ends"),
+    ("  timing rule (stream_ends)", "ddlsim.search.blocks", "stream_ends_together"),
     ("meshes' networks", "ddlsim.search.decoder", "mesh_networks"),
     ("  group networks (family_net)", "ddlsim.simulator.netmodel", "family_net"),
     ("  hops' rails (p2p_node_bw)", "ddlsim.simulator.netmodel", "p2p_node_bw"),

@@ -12,7 +12,8 @@ distinct signature of those fields among the plans, :func:`stage_pieces`
 2. has :class:`~ddlsim.workloads.decoder.builder.StageBuilder` build the pieces' ops — the
    same op lists, kernels, overlaps and waits the exact engine times,
 3. times them with :func:`ddlsim.simulator.analytical.arrays.stream_ends` (the timing rule
-   on arrays): compute ops by :func:`~ddlsim.simulator.kernels.op_time`, as
+   on arrays; the pieces of one structure together, :func:`~ddlsim.simulator.analytical.
+   arrays.stream_ends_together`): compute ops by :func:`~ddlsim.simulator.kernels.op_time`, as
    :meth:`~ddlsim.simulator.costs.CostModel.compute` times them, and collectives on each
    plan's own network (:func:`~ddlsim.search.netcost.collective_seconds`, the cost model's
    closed forms on arrays).
@@ -27,7 +28,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..simulator.analytical.arrays import lower_ops, stream_ends, with_collectives
+from ..simulator.analytical.arrays import lower_ops, stream_ends_together, structure
 from ..simulator.kernels import op_time
 from ..simulator.kernels.contention import contention_seconds
 from ..workloads.smcontention import gemm_flops
@@ -137,24 +138,38 @@ def stage_pieces(ctx, plans, coll_at, backend: str = "mpi") -> Pieces:
     seconds = _collective_seconds(distinct, shared, coll_at)
     _contention_seconds(ctx, distinct, seconds, backend)
     # 3. each distinct piece timed by the timing rule once, on arrays over every plan that
-    # has it (element by element, as over each signature's plans apart)
-    # a piece no plan of a signature reads (:func:`_wanted`) is not built: NaN there
+    # has it (element by element, as over each signature's plans apart), the pieces of one
+    # structure together; a piece no plan of a signature reads (:func:`_wanted`) is not
+    # built: NaN there
     out = {name: np.full(len(plans), np.nan) for name in Pieces._fields}
-    for k, (instrs, colls, users) in enumerate(distinct):
-        timed = with_collectives(instrs, colls, lambda c: seconds[_key(k, c)])
-        ends = stream_ends(timed, len(shared[k]))[0]
-        if all(name == users[0][0] for name, _ in users):   # one piece's: at once
-            out[users[0][0]][shared[k]] = ends   # shared[k]: its users' plans, in order
-            continue
-        start = 0
-        for name, j in users:
-            out[name][groups[j]] = ends[start:start + len(groups[j])]
-            start += len(groups[j])
+    alike: dict[tuple, list[int]] = {}
+    for k, (instrs, _, _) in enumerate(distinct):
+        alike.setdefault(structure(instrs), []).append(k)
+    for members in alike.values():
+        durations = [[ins.dur if c is None else ins.dur * seconds[_key(k, c)]
+                      for ins, c in zip(distinct[k][0], distinct[k][1])] for k in members]
+        ends = stream_ends_together(distinct[members[0]][0], durations,
+                                    [len(shared[k]) for k in members])
+        for k, at in zip(members, ends):
+            _lay(out, at, distinct[k][2], shared[k], groups)
     # each signature's figures on its plans, by each plan's signature (every plan has one)
     per_signature = np.array(p2p_bytes, dtype=float).reshape(len(groups), 5)
     for c, name in enumerate(("p2p_bytes", "fwd_gemm", "bwd_gemm", "emb_gemm", "head_gemm")):
         out[name] = per_signature[:, c][inverse]
     return Pieces(**out)
+
+
+def _lay(out: dict, ends: np.ndarray, users: list, plans: np.ndarray,
+         groups: list[np.ndarray]) -> None:
+    """Put one distinct piece's ``ends`` (over ``plans``: its ``users``' signatures' plans,
+    in order) in ``out``, under each user's piece name."""
+    if all(name == users[0][0] for name, _ in users):   # one piece's: at once
+        out[users[0][0]][plans] = ends
+        return
+    start = 0
+    for name, j in users:
+        out[name][groups[j]] = ends[start:start + len(groups[j])]
+        start += len(groups[j])
 
 
 def _built_pieces(ctx, plans, groups: list[np.ndarray]) -> tuple[list, list[float]]:

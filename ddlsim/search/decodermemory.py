@@ -96,7 +96,7 @@ def _shared(ctx: Any, plans) -> _Shared:
     b, t = plans["mbs"].astype(float), plans["tp"].astype(float)
     dp, zero = np.maximum(plans["dp"], 1), plans["zero"]
     sp, rec = plans["sp"].astype(bool), plans["recompute"]
-    sw, kinds = cfg.software, activation_kinds(cfg, "none")
+    sw, kinds = cfg.software, activation_kinds(cfg, "none", sh)
     per_layer = np.zeros_like(b)
     rebuilt = np.zeros_like(b)
     for spv in (False, True):
@@ -104,7 +104,8 @@ def _shared(ctx: Any, plans) -> _Shared:
             here = (sp == spv) & (rec == code)
             if not here.any():
                 continue
-            kept = layer_kept_bytes(sh, sw, b, s, t, spv, name, activation_kinds(cfg, name))
+            kept = layer_kept_bytes(sh, sw, b, s, t, spv, name,
+                                    activation_kinds(cfg, name, sh))
             per_layer = np.where(here, kept, per_layer)
             if rebuilds_layer(sw, name):
                 whole = sh.layer_activation_bytes(b, s, t, spv, "none",

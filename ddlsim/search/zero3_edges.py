@@ -67,10 +67,13 @@ def edge_units(ctx, plans, on, coll, full, parts) -> list[Unit]:
     return units
 
 
-def memory_pass_s(ctx, nbytes: float) -> float:
-    """Seconds of one memory-pass op over ``nbytes`` bytes: its kernel at the device's memory
-    bandwidth (``ctx.dev.memory_Bps``, B/s) and its launch
-    (:func:`~ddlsim.simulator.kernels.host.stream_times`); 0 for no bytes."""
+def memory_pass_s(ctx, nbytes):
+    """Seconds of one memory-pass op over ``nbytes`` bytes (a float, or an array of them:
+    one op each): its kernel at the device's memory bandwidth (``ctx.dev.memory_Bps``, B/s)
+    and its launch (:func:`~ddlsim.simulator.kernels.host.stream_times`); 0 for no bytes."""
+    if isinstance(nbytes, np.ndarray):   # element by element the same floats as one at a time
+        return stream_times(nbytes / ctx.dev.memory_Bps, (nbytes > 0).astype(float),
+                            ctx.dev.launch)
     return float(stream_times(nbytes / ctx.dev.memory_Bps, float(nbytes > 0), ctx.dev.launch))
 
 
@@ -158,14 +161,16 @@ def fsdp1_grad_seconds(ctx, plans, on, params) -> tuple[np.ndarray, np.ndarray, 
     cat, pre, post = np.zeros(n), np.zeros(n), np.zeros(n)
     if ctx.cfg.software.zero3_implementation != "torch_fsdp":
         return cat, pre, post
-    params = np.broadcast_to(np.asarray(params, dtype=float), (n,))
-    dp = plans["dp"]
-    m = plans["gbs"] // np.maximum(plans["mbs"] * np.maximum(dp, 1), 1)
-    seen: dict[tuple, tuple[float, float, float]] = {}
-    for i in np.flatnonzero(on):
-        key = (float(params[i]), int(dp[i]), int(m[i]))
-        if key not in seen:
-            g = grad_passes(key[0], key[1], key[1], ctx.dt, ctx.gdt, key[2])
-            seen[key] = tuple(memory_pass_s(ctx, x) for x in g)
-        cat[i], pre[i], post[i] = seen[key]
+    rows = np.flatnonzero(on)
+    if not len(rows):
+        return cat, pre, post
+    params = np.broadcast_to(np.asarray(params, dtype=float), (n,))[rows]
+    dp = plans["dp"][rows]
+    m = plans["gbs"][rows] // np.maximum(plans["mbs"][rows] * np.maximum(dp, 1), 1)
+    # the passes once per distinct (parameters, DP, micro-batches), timed in one call
+    keys, inverse = np.unique(np.stack([params, dp, m]), axis=1, return_inverse=True)
+    passes = [grad_passes(p, d, d, ctx.dt, ctx.gdt, k) for p, d, k in
+              zip(keys[0].tolist(), map(int, keys[1].tolist()), map(int, keys[2].tolist()))]
+    seconds = memory_pass_s(ctx, np.array(passes, dtype=float).reshape(-1, 3))
+    cat[rows], pre[rows], post[rows] = seconds[inverse.reshape(-1)].T
     return cat, pre, post

@@ -19,6 +19,7 @@ durations are the same floats (``tests/test_search_blocks.py``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -26,7 +27,7 @@ import numpy as np
 from ...workloads.trace import Block, Collective, Compute, P2P, Wait
 from .instructions import COLL, COMPUTE, WAIT, Instr, _new_instr, _share_concurrent
 
-__all__ = ["lower_ops", "with_collectives", "stream_ends"]
+__all__ = ["lower_ops", "with_collectives", "stream_ends", "structure", "stream_ends_together"]
 
 
 def lower_ops(ops: Sequence, compute_s: Callable[[Compute], float]
@@ -139,6 +140,52 @@ def stream_ends(instrs: Sequence[Instr], n: int) -> tuple[np.ndarray, np.ndarray
     for f in free.values():
         last = _latest(last, f)
     return _per_plan(free.get(0, 0.0), n), _per_plan(last, n)
+
+
+def structure(instrs: Sequence[Instr]) -> tuple:
+    """What :func:`stream_ends` reads of ``instrs`` beside their durations: each one's code,
+    stream, dependencies and waited stream. Blocks with equal structures are timed together
+    by :func:`stream_ends_together`."""
+    return tuple((ins.code, ins.stream, ins.deps, ins.target) for ins in instrs)
+
+
+def stream_ends_together(instrs: Sequence[Instr], durations: Sequence[Sequence],
+                         sizes: Sequence[int]) -> list[np.ndarray]:
+    """:func:`stream_ends`' compute stream of blocks of one :func:`structure` (``instrs``:
+    any one of them), block ``j`` with its instructions' ``durations[j]`` (seconds: floats,
+    or arrays over its ``sizes[j]`` plans), timed at once over their plans laid end to end:
+    one array operation per instruction rather than one per block and instruction, and
+    element by element the same floats as each block timed apart (a float and an array
+    holding it, maxima and sums alike).
+
+    Returns
+    -------
+    list of numpy.ndarray
+        Per block, when its compute stream is free, per plan (seconds).
+    """
+    if len(durations) == 1:
+        merged = durations[0]
+    else:
+        merged = [_laid_end_to_end(column, sizes) for column in zip(*durations)]
+    timed = [_new_instr(ins[:3] + (dur,) + ins[4:]) for ins, dur in zip(instrs, merged)]
+    ends = stream_ends(timed, int(sum(sizes)))[0]
+    bounds = np.cumsum(sizes).tolist()
+    return [ends[a:b] for a, b in zip([0, *bounds[:-1]], bounds)]
+
+
+def _laid_end_to_end(values: Sequence, sizes: Sequence[int]) -> float | np.ndarray:
+    """One instruction's durations in several blocks (``values[j]`` a float, or an array of
+    ``sizes[j]``) as one duration over all their plans: the float itself where every block
+    has the same float (:func:`stream_ends` keeps it a float), else an array."""
+    if not any(isinstance(v, np.ndarray) for v in values):
+        first = values[0]
+        # equal floats (NaN never is), zeros of one sign: the same float in every block
+        if all(v == first for v in values) and (first != 0.0 or len(
+                {math.copysign(1.0, v) for v in values}) == 1):
+            return first
+        return np.repeat(np.array(values, dtype=float), sizes)
+    return np.concatenate([v if isinstance(v, np.ndarray) else np.full(n, v, dtype=float)
+                           for v, n in zip(values, sizes)])
 
 
 def _latest(a: float | np.ndarray, b: float | np.ndarray) -> float | np.ndarray:

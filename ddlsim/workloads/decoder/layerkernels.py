@@ -53,7 +53,8 @@ def grad_bytes(cfg: Any) -> int:
     return grad_dtype_bytes(cfg.software.grad_reduce_dtype, compute_dtype(cfg.train.dtype))
 
 
-def activation_kinds(cfg: Any, recompute: str | None = None) -> dict[str, bool]:
+def activation_kinds(cfg: Any, recompute: str | None = None, shape: Any = None
+                     ) -> dict[str, bool]:
     """Keywords of :meth:`DecoderShape.layer_activation_bytes` the run's stack and dtype set:
     ``flash`` (FlashAttention keeps no ``s²`` tensor), ``fp8`` (1-byte GEMM inputs),
     ``gathered_input`` (sequence-parallel linears keep their gathered inputs:
@@ -68,6 +69,9 @@ def activation_kinds(cfg: Any, recompute: str | None = None) -> dict[str, bool]:
     recompute : str, optional
         the ``train.recompute`` whose layers the keywords describe (the search tier asks per
         plan); default the run's.
+    shape : DecoderShape, optional
+        the run's model's ``cfg.model.shape()``, where the caller has it (a model's shape is
+        built anew on every call); default built here.
 
     Returns
     -------
@@ -78,7 +82,8 @@ def activation_kinds(cfg: Any, recompute: str | None = None) -> dict[str, bool]:
             "fp8": cfg.train.dtype == "fp8",
             "gathered_input": keeps_gathered_input(cfg.software,
                                                    recompute or cfg.train.recompute),
-            "repeat_kv": expands_kv(cfg.software, cfg.model.shape())}
+            "repeat_kv": expands_kv(cfg.software,
+                                    cfg.model.shape() if shape is None else shape)}
 
 
 def linear_gemms(shape: Any, M: float, t: int, per_module: bool = False

@@ -194,7 +194,7 @@ def resolve_plan(cfg: Any, shape: Any) -> DecoderPlan:
         edp=cfg.mesh.size("edp"), sp=p.sequence_parallel, micro_batch=t.micro_batch_size,
         seq_length=t.seq_length, train_dtype=t.dtype, dtype=dtype,
         dtype_bytes=DTYPE_BYTES[dtype], grad_dtype_bytes=gdt,
-        activation_kinds=MappingProxyType(activation_kinds(cfg)), split=_split(cfg),
+        activation_kinds=MappingProxyType(activation_kinds(cfg, shape=shape)), split=_split(cfg),
         schedule=p.schedule, microbatches=cfg.num_microbatches,
         combined_1f1b=combined.active(cfg),
         dp_strategy=p.dp_strategy, zero_stage=p.zero_stage, grad_group=group,
