@@ -157,7 +157,11 @@ _DEEPEP = ("deepseek-ai/DeepEP 567632d README 'Normal kernels' (H800: NVLink 200
            "of 50 GB/s, combine 57 -> 0.855; EP16 (2 nodes, NIC only 43% busy) 43 GB/s counted "
            "= 140.7 GB/s received per GPU over NVLink (x 16 q_gpu / 2 q_node = 3.27) = 0.704 "
            "of 200 GB/s; intranode EP8 153 / 158 GB/s received = 0.765 / 0.790 of 200 GB/s "
-           "(issue #16: 337.35 GB/s intranode on H20, NVLink 450 GB/s per direction: 0.75)")
+           "(issue #16: 337.35 GB/s intranode on H20, NVLink 450 GB/s per direction: 0.75). "
+           "Measured with 24 SMs (test_internode.py test_loop num_sms = 24, the README's "
+           "Buffer.set_num_sms(24)) and the best chunk sizes of a sweep; Megatron-Core runs "
+           "20 SMs (KERNEL_SMS) with Buffer.get_dispatch_config's defaults: no published "
+           "figure at 20 SMs, so the rates are kept")
 _HYBRIDEP = ("DeepEP hybrid-ep 7febc6e docs/README_Hybrid-EP.md, 16 SMs (Megatron-Core's "
              "moe_hybridep_num_sms default), Torch API, BF16, with tests/utils.py's byte "
              "counts, under uniform top-8 of 8 experts per rank. 'H100 Platform' (NVLink 450 "
@@ -187,7 +191,10 @@ KERNEL_SMS: dict[str, tuple[int, str]] = {
                    "(set_deepep_num_sms); DeepEP's own Buffer.num_sms default is 20 too"),
     "hybridep": (16, "Megatron-LM d7288711 transformer_config.py line 806, "
                      "moe_hybridep_num_sms = 16, passed as num_sms_dispatch_api and "
-                     "num_sms_combine_api (token_dispatcher.py lines 1049-1050)"),
+                     "num_sms_combine_api (token_dispatcher.py lines 1049-1050); "
+                     "Megatron-Bridge's performance scripts set 32 (v0.3.0/v0.4.0 "
+                     "scripts/performance/utils/overrides.py), which ddlsim cannot yet be "
+                     "told (H100 rates plateau from 8 SMs, README_Hybrid-EP.md)"),
 }
 
 

@@ -36,6 +36,29 @@ the ring's channels follow the NICs (:func:`nccl_ring_ctas` with the group's net
 3 × 8 H100s in NVIDIA/nccl issue 1453's log): data-parallel and FSDP collectives
 (:mod:`ddlsim.workloads.smcontention`).
 
+**Not modelled, and measured to matter for the expert-parallel overlap: when the
+communication kernel starts.** The formula assumes the communication kernel takes its ``k``
+SMs as soon as its inputs are ready. DeepEP's kernels are cooperative launches in clusters
+of two SMs (DeepEP 567632d ``csrc/kernels/launch.cuh`` ``SETUP_LAUNCH_CONFIG``:
+``cudaLaunchAttributeCooperative``, cluster dimension 2), so all their blocks must find SMs
+at once; a compute kernel that holds every SM keeps them out until it ends ("communication
+kernels require a substantially larger sm_margin to overlap if not picked first — no less
+than the number of SMs used by them", SandAI-org/MagiAttention 0501722
+``docs/source/blog/kernel_overlap.md``; "a persistent compute kernel that occupies every SM
+can prevent the communication kernel from being scheduled", NVIDIA/Megatron-LM fc81b209
+``docs/user-guide/features/moe_a2a_overlap.md``; the EP-overlap recipes leave 20 SMs beside
+the norm kernels, ``NVTE_FWD/BWD_LAYERNORM_SM_MARGIN=20``: yanring/Megatron-MoE-ModelZoo
+c1ad0b5c ``sbatch_benchmarking.sh``, Megatron-Bridge 7ded17da
+``perf_recipes/qwen/h100/qwen3_moe.py``; Megatron-LM 54f90af0 added
+``--high-priority-a2a-comm-stream``, off by default). A profile of Megatron-Core's combined 1F1B
+(Megatron-Bridge 067f987d ``skills/nemo-mbridge-perf-moe-comm-overlap/SKILL.md``, Qwen3-30B-A3B
+on 16 H100s, HybridEP, rank 0, Nsight Systems) found 36.55 % of the communication time beside
+GEMMs or attention (3,959 ms), and the communication kernels' total time about 30 % longer
+than without the overlap (3,959 ms / 0.3655 = 10.8 s against 9.079 ms / 0.0011 = 8.3 s). The
+published gains of three overlap A/B runs (Megatron-MoE-ModelZoo Qwen3-235B rows 1-2, DeepEP;
+that Qwen3-30B-A3B run and an alltoall one on the same shape) are 36-63 % of the gain ddlsim
+predicts with the communication hidden as this module assumes.
+
 References
 ----------
 NCCL ``src/graph/search.cc`` ``ncclTopoCompute`` (speed arrays; ``ncclTopoDupChannels``:
