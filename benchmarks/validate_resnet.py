@@ -2,7 +2,7 @@
 DeepLearningExamples) on DGX A100 and DGX-1 V100, 1 and 8 GPUs.
 
 Run:  python benchmarks/validate_resnet.py [--engine analytical|des] [--markdown] [--write-docs]
-      [--des-rank-ops N]
+      [--des-rank-ops N] [--loader-rate R]
 
 The published rows (NVIDIA/DeepLearningExamples PyTorch/Classification/ConvNets/resnet50v1.5
 README, "Training performance results", pytorch-21.03 NGC container) and the run settings read in
@@ -21,11 +21,22 @@ per-row factors and nothing tuned. The published rate averages 100 per-iteration
 first (cuDNN autotuning) about 0: each row is compared with the steady iteration it implies,
 ``(PROF − 1)/PROF`` of the published time (:func:`published_time`). The 8-GPU scaling
 (8-GPU img/s over 1-GPU img/s) is printed beside.
+
+The data loader: the published runs decoded and augmented real ImageNet JPEGs in PyTorch
+DataLoader workers on the host (the data file's ``host_cpu``, ``host_cores`` and
+``loader_workers`` columns), which ddlsim models as ``model.data_loader``
+(``ddlsim/workloads/resnet/dataloader.py``) given the images a second one worker prepares on
+one core. No published rate for these CPUs and this pipeline is known to us, so the table runs
+with synthetic data; ``--loader-rate R`` (img/s per core) is a what-if that sets the pool on
+every row. Printed beside (:func:`loader_bound_rates`): the cores each GPU's workers run on
+and the rate ``R*`` below which the pool alone would take longer than the published step
+(a single rate R per host binds the rows with R < R*).
 """
 
 from __future__ import annotations
 
 import sys
+from functools import partial
 
 from public_runs import (DATA, print_notes, print_table, read_csv, result_cells, rows_summary,
                          run_script, records, scaling_error)
@@ -47,18 +58,44 @@ def rows() -> list[dict]:
     return read_csv(TABLE)
 
 
-def config(row: dict) -> dict:
-    """The ddlsim run config of one row (its preset, GPUs, batch per GPU and precision)."""
+def config(row: dict, loader_rate: float | None = None) -> dict:
+    """The ddlsim run config of one row (its preset, GPUs, batch per GPU and precision); with
+    ``loader_rate`` (img/s per host core) its data loader (:func:`data_loader`)."""
     gpus, batch = int(row["gpus"]), int(row["batch_per_gpu"])
     model = {"preset": "resnet50", "weight_decay": "no_bn",
              "memory_format": "channels_last" if row["memory_format"] == "nhwc" else "contiguous",
              **STEP, "grad_scaler": row["dtype"] == "fp16"}
+    if loader_rate is not None:
+        model["data_loader"] = data_loader(row, loader_rate)
     return {"model": model,
             "parallel": {"data_parallel_size": gpus, "overlap_grad_reduce": True},
             "train": {"micro_batch_size": batch, "global_batch_size": batch * gpus,
                       "seq_length": 1, "dtype": row["dtype"], "optimizer": "sgd"},
             "system": {"preset": row["preset"], "nodes": 1, "devices_per_node": gpus,
                        "software": SOFTWARE}}
+
+
+def data_loader(row: dict, rate: float) -> dict:
+    """The row's ``model.data_loader``: its workers per GPU and host cores (data file) at
+    ``rate`` images a second per core."""
+    return {"workers": int(row["loader_workers"]), "image_s_per_core": rate,
+            "host_cores": int(row["host_cores"])}
+
+
+def loader_bound_rates(out: list[dict]) -> list[tuple[dict, float, float]]:
+    """Per row: (row, cores its GPU's workers run on, ``R*``): the per-core rate at which the
+    worker pool alone takes the published steady step, ``batch / (cores · published)``
+    (:func:`ddlsim.workloads.resnet.dataloader.worker_cores`, the node running one training
+    process per GPU of the row)."""
+    from ddlsim.workloads.resnet.dataloader import DataLoaderSpec, worker_cores
+
+    res = []
+    for o in out:
+        r = o["row"]
+        spec = DataLoaderSpec(**data_loader(r, 1.0))
+        cores = worker_cores(spec, int(r["gpus"]))
+        res.append((r, cores, int(r["batch_per_gpu"]) / (cores * o["published"])))
+    return res
 
 
 def published_time(row: dict) -> float:
@@ -76,9 +113,11 @@ def published_time(row: dict) -> float:
 
 
 def evaluate(engine: str = "analytical", only: list[dict] | None = None,
-             limits=None) -> list[dict]:
-    """Each row's record (:func:`public_runs.time_record`): ``only`` a sample of the rows."""
-    return records(rows() if only is None else only, config, published_time, engine, limits)
+             limits=None, loader_rate: float | None = None) -> list[dict]:
+    """Each row's record (:func:`public_runs.time_record`): ``only`` a sample of the rows;
+    ``loader_rate`` the what-if data loader's img/s per core (:func:`config`)."""
+    return records(rows() if only is None else only, partial(config, loader_rate=loader_rate),
+                   published_time, engine, limits)
 
 
 def _label(o: dict) -> str:
@@ -117,6 +156,11 @@ def _print(out: list[dict], markdown: bool) -> None:
     sc = [[s, p, f"{pub:.2f}x", "-" if pred is None else f"{pred:.2f}x"]
           for (s, p), (pub, pred) in scaling(out).items()]
     print_table(["system", "precision", "published 8-GPU scaling", "predicted"], sc, markdown)
+    print()
+    lb = [[r["system"], r["precision"], r["gpus"], r["loader_workers"], f"{cores:g}",
+           f"{rate:.0f}"] for r, cores, rate in loader_bound_rates(out)]
+    print_table(["system", "precision", "GPUs", "workers/GPU", "worker cores/GPU",
+                 "R* (img/s per core)"], lb, markdown)
     print_notes(out, _label, markdown)
 
 
@@ -135,7 +179,17 @@ def summary(out: list[dict], engine: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_script("validate_resnet", __doc__, argv, evaluate, _print, summary)
+    import argparse
+
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--loader-rate", type=float, default=None, metavar="R",
+                    help="what-if: every row's DataLoader workers at R img/s per host core")
+    known, rest = ap.parse_known_args(argv)
+    if known.loader_rate is not None and not known.loader_rate > 0:
+        raise SystemExit(f"--loader-rate = {known.loader_rate}: give images a second per "
+                         "core, a number > 0")
+    return run_script("validate_resnet", __doc__, rest,
+                      partial(evaluate, loader_rate=known.loader_rate), _print, summary)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..registry import BASE_PLAN_FIELDS, WorkloadFamily, batch_phrase, register_workload
+from .dataloader import check_loader, loader_phrase
 from .schema import ResNetModel
 
 __all__ = ["ResNetFamily", "ResNetModel", "bucket_phrase"]
@@ -50,6 +51,7 @@ class ResNetFamily(WorkloadFamily):
             raise ValueError(f"model.grad_scaler = true scales the loss of fp16 autocast "
                              f"(torch.cuda.amp.GradScaler), but train.dtype = {t.dtype!r}; "
                              "set dtype: fp16 or grad_scaler: false")
+        check_loader(cfg)
         if t.seq_length != 1:
             raise ValueError(f"train.seq_length = {t.seq_length}: a resnet sample is one image "
                              "(its resolution is model.image_size); set seq_length: 1")
@@ -66,7 +68,8 @@ class ResNetFamily(WorkloadFamily):
         """``DP32 = 32 ranks``, the gradient buckets and how they are synchronised, the batch
         and the dtype; a modelled (not proxy) run's 16-bit dtype as ``fp16 autocast (AMP)``,
         ``channels_last`` when set (:mod:`.kernels`: no NCHW/NHWC transposes) and the step's
-        options that are not the defaults (:mod:`.step`)."""
+        options that are not the defaults (:mod:`.step`); a data loader's worker pool and its
+        time per batch (:mod:`.dataloader`)."""
         m, p, dtype = cfg.model, cfg.parallel, cfg.train.dtype
         sync = "ring send/recv" if m.grad_sync == "ring_sendrecv" else "all-reduce"
         when = "overlapped" if cfg.software.overlap_grad_reduce else "after the backward"
@@ -74,8 +77,9 @@ class ResNetFamily(WorkloadFamily):
             dtype += " autocast (AMP)" if dtype in ("fp16", "bf16") else ""
             dtype += ", channels_last" if m.memory_format == "channels_last" else ""
             dtype += "".join(f", {w}" for w in _step_words(m))
+        loader = "" if m.data_loader == "synthetic" else f", {loader_phrase(cfg)}"
         return (f"DP{cfg.dp} = {cfg.world_size} ranks, {bucket_phrase(m.grad_buckets, p)}, "
-                f"{sync} {when}, {batch_phrase(cfg)}, {dtype}")
+                f"{sync} {when}, {batch_phrase(cfg)}, {dtype}{loader}")
 
     def summary(self, model: Any) -> str:
         return model.summary_line()

@@ -8,9 +8,13 @@ false`` the all-reduces run blocking after the backward, as a comm-only proxy ca
 ``MPI_Allreduce`` in a loop. An SGD/Adam update closes the iteration (``compute: model`` only:
 a proxy has no optimizer step). Under eager dispatch each layer op (and the GradScaler) is
 issued by a host op on the ``host`` stream, the host time measured per op (:mod:`.host`).
+With a ``model.data_loader`` worker pool, each forward block starts the next batch's
+preparation on the ``data_loader`` stream (:mod:`.dataloader`).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from ...config import DTYPE_BYTES, RunConfig
 from ...simulator.kernels.host import eager_unit_s
@@ -19,6 +23,7 @@ from ..memory import MemoryBreakdown, model_state_bytes
 from ..proxytime import usleep_s
 from ..trace import (P2P, Block, Collective, Compute, Op, Program, RankClass, Step, Workload,
                      WorkloadMeta)
+from .dataloader import loader_op
 from .host import issued_by_host, layer_host_s
 from .kernels import (TENSOR_CORE_DTYPES, autocast_casts, conv_kernels, ddp_copies,
                       pointwise_kernels, sgd_kernels, stem_kernels)
@@ -234,6 +239,10 @@ def _blocks(cfg: RunConfig) -> dict[str, Block]:
                 m.input_pipeline, mb, m.image_size, m.num_classes))),) + fwd
         if m.broadcast_buffers and cfg.dp > 1:
             fwd = _buffer_broadcast(m.layers) + fwd
+        loader = loader_op(cfg)
+        if loader is not None:      # the next batch's preparation, beside the whole step
+            fwd = (loader,) + tuple(replace(op, deps=tuple(d + 1 for d in op.deps))
+                                    for op in fwd)
     plain = tuple(Op(c) for u in units for c in u.ops)
     if cfg.dp == 1 and cfg.parallel.collective_buffers == "in_place":
         # nothing to synchronise (an all-reduce over one rank moves nothing; with separate

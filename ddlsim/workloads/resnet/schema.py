@@ -10,6 +10,7 @@ from ...config import ModelBase, count_type, reject_bool
 from ...units import parse_quantity
 from ..buckets import FIRST_BUCKET_BYTES
 from ..proxytime import TIMINGS_FIELD, ComputeMode, ProxyTimings, check_proxy_timings
+from .dataloader import DataLoaderSpec
 from .layers import BLOCKS, Layer, Tensor, resnet_layers
 from .step import INPUT_PIPELINES, STEP_FIELDS
 
@@ -76,6 +77,11 @@ class ResNetModel(ModelBase):
         default=True, description="DDP's broadcast of the batch norms' buffers from rank 0 "
                                   "before each forward (DistributedDataParallel's default "
                                   "broadcast_buffers=True); data parallel runs only")
+    data_loader: Literal["synthetic"] | DataLoaderSpec = Field(
+        default="synthetic", description="the host's input pipeline: synthetic (the batch is "
+                                         "ready, nothing charged) or a DataLoader worker pool "
+                                         "{workers, image_s_per_core, host_cores} "
+                                         "(ddlsim/workloads/resnet/dataloader.py)")
     compute: ComputeMode = "model"
     proxy_timings: ProxyTimings = TIMINGS_FIELD
 
@@ -87,6 +93,10 @@ class ResNetModel(ModelBase):
             raise ValueError(f"model.{steps[0]} is a kernel of a modelled training step, but "
                              "model.compute = 'proxy' times the proxy's sleeps alone; remove "
                              "it or set compute: model")
+        if self.compute == "proxy" and self.data_loader != "synthetic":
+            raise ValueError("model.data_loader is the host's input pipeline of a modelled "
+                             "training step, but model.compute = 'proxy' times the proxy's "
+                             "sleeps alone; set data_loader: synthetic or compute: model")
         if self.grad_buckets != "ddp" and "first_bucket_size" in self.model_fields_set:
             raise ValueError(f"model.first_bucket_size is DDP's first-bucket limit, but "
                              f"grad_buckets = {self.grad_buckets} lists the buckets; remove one")
