@@ -216,11 +216,20 @@ NO_EFFECT: dict[str, str] = {
                      "moe-z-loss-coeff",
                      "fp8-amax-compute-algo", "distributed-timeout-minutes"),
                     "a value of the optimisation or of a kernel, not of its cost"),
+    # d98e8a64 transformer_config.py line 799; moe_utils.py lines 900-912: softmax before
+    # top-k (over the scores) instead of after it (over the k chosen): the same two kernels,
+    # counted over the T x E scores either way (workloads/decoder/moe_router.py)
+    "moe-router-pre-softmax": "softmax before the top-k instead of after it: the same "
+                              "kernels, counted over the scores either way",
     **MORE_NO_EFFECT,
 }
 
 #: accepted, with what ddlsim leaves out
 NOT_MODELLED: dict[str, str] = {
+    # d98e8a64 transformer_config.py line 804; moe_utils.py lines 933-934
+    "moe-router-topk-scaling-factor": "one element-wise product of each token's k routing "
+                                      "weights in the router's forward (a launch-bound "
+                                      "kernel per MoE layer), not counted",
     "moe-deepep-num-sms": "the SMs DeepEP's kernels take: ddlsim times them at the rates of "
                           "DeepEP's published table (24 SMs) and leaves the compute's SMs whole",
     "moe-hybridep-num-sms": "the SMs HybridEP's kernels take: ddlsim times them at the rates "

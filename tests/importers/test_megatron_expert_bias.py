@@ -77,3 +77,13 @@ def test_the_bias_without_sigmoid_is_refused_when_loaded():
         warnings.simplefilter("ignore")
         with pytest.raises(ConfigError, match="needs the sigmoid or sqrtsoftplus"):
             ddlsim.load_config(d)
+
+
+def test_deepseek_v3s_other_router_flags_are_read():
+    """The same script's --moe-router-pre-softmax (the same kernels) and
+    --moe-router-topk-scaling-factor 2.5 (a small product, accepted as not modelled)."""
+    draft = read_megatron(SCRIPT.replace(
+        "--moe-router-topk 8", "--moe-router-topk 8 --moe-router-pre-softmax "
+        "--moe-router-topk-scaling-factor 2.5"), "v3.sh")
+    assert not draft.refused
+    assert any(a.startswith("--moe-router-topk-scaling-factor") for a in draft.unmodelled)
