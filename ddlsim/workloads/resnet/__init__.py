@@ -27,7 +27,8 @@ class ResNetFamily(WorkloadFamily):
     presets_file = "resnet.yaml"
 
     def check(self, cfg: Any) -> None:
-        """Data parallel only, DDP, one image per sample."""
+        """Data parallel only, DDP, one image per sample; a data loader's node has cores for
+        its workers (:func:`.dataloader.check_loader`)."""
         p, t = cfg.parallel, cfg.train
         if p.tp > 1 or p.pp > 1 or p.ep > 1:
             raise ValueError(
