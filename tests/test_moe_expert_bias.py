@@ -181,3 +181,23 @@ def test_bad_deepseek_balancing_keys_are_refused_by_name(key, value):
     keys = {"aux_loss_alpha": 0.001, key: value}
     with pytest.raises(ConfigError, match=rf"{key} = {value!r} is not allowed"):
         router_balancing(_doc("deepseek_v2", **keys), "v2")
+
+
+def test_capacity_routing_names_the_bias_and_keeps_its_load():
+    """Megatron-Core drops tokens after the bias's top-k (router.py routing lines 792-800): the
+    capacity bounds the hot rank as before; the phrase names the router."""
+    d = copy.deepcopy(MOE)
+    d["model"]["capacity_factor"] = 1.25
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = resolve_moe(ddlsim.load_config(d))
+    assert plan.routing_phrase() == "capacity 1.25, expert-bias router"
+    assert (plan.load, plan.imbalance_basis) == (1.0, "assumed")
+
+
+def test_flex_takes_the_bias_default_with_its_traffic_at_the_mean():
+    cfg = load({"token_dispatcher_type": "flex", "flex_dispatcher_backend": "deepep"})
+    plan = resolve_moe(cfg)
+    assert plan.imbalance_basis == "derived" and plan.expert_bias
+    assert plan.routing_phrase().endswith("top-k sampling, flex traffic at the mean)")
+    assert ddlsim.predict(cfg).iteration_time_s > 0

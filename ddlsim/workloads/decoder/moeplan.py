@@ -126,18 +126,20 @@ class MoEPlan:
         """The routing as the plan line and the JSON's ``plan.moe.routing`` say it:
         ``dropless``, ``capacity 1.25``, ``capacity 1.25, padded``; dropless routing whose
         imbalance nobody gave (not forced) names the balance it assumes; group-limited routing
-        is named after it (``group-limited 4 of 8 groups``)."""
+        is named after it (``group-limited 4 of 8 groups``), an expert-bias router before it
+        (``dropless, expert-bias router (router_imbalance 1.02, a lower bound …)``)."""
         groups = (f", group-limited {self.topk_groups} of {self.groups} groups"
                   if self.group_limited else "")
+        bias = ", expert-bias router" if self.expert_bias else ""
         if self.capacity_factor is not None:
-            return f"capacity {self.capacity_factor:g}{', padded' if self.pad else ''}{groups}"
+            padded = ", padded" if self.pad else ""
+            return f"capacity {self.capacity_factor:g}{padded}{bias}{groups}"
         if self.imbalance_basis == "derived":
             flex = ", flex traffic at the mean" if self.dispatcher == "flex" else ""
             router, source = (("expert-bias", SOURCE_BIAS) if self.expert_bias
                               else ("aux-loss", SOURCE))
             return (f"dropless, {router} router (router_imbalance {self.imbalance:.3g}, a lower "
                     f"bound derived from {source}{flex}){groups}")
-        bias = ", expert-bias router" if self.expert_bias else ""
         if self.imbalance_basis == "assumed":
             return (f"dropless{bias}, balanced (router_imbalance {self.imbalance:g}, assumed: "
                     f"no measured default){groups}")
