@@ -208,10 +208,7 @@ def test_gqa_and_gated_mlp_activation_terms():
 
 # ---------------------------------------------------------------- from_hf_config
 #: the keys of each bundled file that change a step and are not modelled (the warning's)
-EXPECTED_NOTES = {"deepseek-v3.json": {"aux_loss_alpha", "num_nextn_predict_layers",
-                                       "quantization_config"},
-                  "deepseek-v2-lite.json": {"aux_loss_alpha"},
-                  "deepseek-v2.json": {"aux_loss_alpha"},
+EXPECTED_NOTES = {"deepseek-v3.json": {"num_nextn_predict_layers", "quantization_config"},
                   "gpt-oss-120b.json": {"quantization_config", "swiglu_limit"},
                   "gpt-oss-20b.json": {"quantization_config", "swiglu_limit"}}
 

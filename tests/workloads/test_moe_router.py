@@ -47,7 +47,8 @@ def test_kernel_counts_per_part_as_counted_in_the_code():
     plan = _plan(aux_loss_coeff=1e-3)
     assert router_kernels(plan, False) == RouterPass(10 + 9, 5)
     assert router_kernels(plan, True) == RouterPass(4 + 2, 4)
-    assert set(ROUTER_KERNELS) == {(p, f) for p in ("forced", "topk", "aux_loss")
+    assert set(ROUTER_KERNELS) == {(p, f) for p in ("forced", "topk", "aux_loss",
+                                                    "expert_bias", "bias_counts")
                                    for f in (True, False)}
 
 

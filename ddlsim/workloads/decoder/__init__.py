@@ -145,7 +145,8 @@ class DecoderFamily(WorkloadFamily):
         return out
 
     def from_hf(self, doc: dict, source: str) -> tuple[dict, list[str]]:
-        from ..models.hf import from_hf_config, router_aux_loss_coef, router_groups
+        from ..models.hf import (from_hf_config, router_aux_loss_coef, router_balancing,
+                                 router_groups)
 
         fields, unmodelled = from_hf_config(doc, source=source)
         section = _section(fields)
@@ -155,6 +156,8 @@ class DecoderFamily(WorkloadFamily):
         groups = router_groups(doc, source)   # parallel.moe.router_num_groups' default
         if groups is not None:
             section["n_group"], section["topk_group"] = groups
+        if fields.get("experts"):   # DeepSeek's: parallel.moe's balancing defaults
+            section.update(router_balancing(doc, source))
         return section, unmodelled
 
 

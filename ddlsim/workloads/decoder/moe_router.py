@@ -28,6 +28,14 @@ aux loss, fused               scores ``fused_score_for_moe_aux_loss_fwd`` (``rou
                               ``ones_like`` and product (``moe_utils.py`` 285), the loss's and
                               the scores' backward (``router.cpp`` 183, 139) and the sum of the
                               logits' two gradients: 3 over the scores, 2 small
+expert bias (top-k)           the bias added to the scores before top-k, ``scores +
+                              expert_bias.float()`` (Megatron-LM d98e8a64 ``moe_utils.py``
+                              line 924), 1 unfused; 0 fused (TE's top-k kernel takes
+                              ``expert_bias``, line 846); no backward (top-k's indices)
+expert bias (counts)          ``_apply_expert_bias`` (``router.py`` lines 733-744, with
+                              gradients enabled only): ``routing_map.sum(dim=0)`` over the map
+                              and ``local_tokens_per_expert +=``: 1 over the scores, 1 small;
+                              backward 0
 aux loss, unfused             scores: ``softmax``, ``topk``, ``zeros_like``, ``int``,
                               ``scatter`` (2), ``bool`` (lines 855-866), the map's sum, the
                               loss's ``probs.sum(dim=0)`` (lines 142-146): 9 over the scores;
@@ -109,6 +117,10 @@ ROUTER_KERNELS: dict[tuple[str, bool], tuple[RouterPass, RouterPass]] = {
     ("topk", False): (RouterPass(10), RouterPass(4)),
     ("aux_loss", True): (RouterPass(3, 2), RouterPass(3, 2)),
     ("aux_loss", False): (RouterPass(9, 5), RouterPass(2, 4)),
+    ("expert_bias", True): (RouterPass(0), RouterPass(0)),
+    ("expert_bias", False): (RouterPass(1), RouterPass(0)),
+    ("bias_counts", True): (RouterPass(1, 1), RouterPass(0)),
+    ("bias_counts", False): (RouterPass(1, 1), RouterPass(0)),
 }
 
 
@@ -129,7 +141,8 @@ def router_kernels(plan: Any, backward: bool) -> RouterPass:
         the kernels over the scores and the small ones, summed over the plan's parts.
     """
     parts = ["topk"] + (["forced"] if plan.forced_balance else []) \
-        + (["aux_loss"] if plan.aux_loss else [])
+        + (["aux_loss"] if plan.aux_loss else []) \
+        + (["expert_bias", "bias_counts"] if plan.expert_bias else [])
     passes = [ROUTER_KERNELS[(p, plan.router_fusion)][int(backward)] for p in parts]
     return RouterPass(sum(p.scores for p in passes), sum(p.small for p in passes))
 
@@ -174,8 +187,11 @@ def router_ops(b: Any, pre: str, backward: bool) -> list[Compute | Collective]:
     plan, experts = b.moe, b.shape.experts
     score_bytes = 2 * 4.0 * b.tokens() * experts        # fp32 T × E, read and write
     k = router_kernels(plan, backward)
-    if not backward and plan.aux_loss and pre == "fwd" and _checkpointed(b.plan):
-        k = router_kernels(replace(plan, aux_loss_coeff=0.0), False)   # no grad: no loss
+    if not backward and pre == "fwd" and _checkpointed(b.plan):    # no grad: no loss, no counts
+        k = router_kernels(replace(plan, aux_loss_coeff=0.0), False)
+        if plan.expert_bias:
+            counts = ROUTER_KERNELS[("bias_counts", plan.router_fusion)][0]
+            k = RouterPass(k.scores - counts.scores, k.small - counts.small)
     if backward or not plan.aux_loss or pre == "fwd" and _checkpointed(b.plan):
         return [_kernels_op(f"{pre}.router.kernels", k, score_bytes, b.dtype)]
     loss = ROUTER_KERNELS[("aux_loss", plan.router_fusion)][0]

@@ -17,9 +17,13 @@ Both take Mixture-of-Experts fields (:class:`MoEFields`, HuggingFace names where
 ``shared_expert_intermediate_size`` (Qwen2-MoE) with an optional ``shared_expert_gate``,
 ``first_k_dense_replace`` (DeepSeek-V3: the first layers keep a dense MLP) and ``router_bias``
 (GPT-OSS), ``router_aux_loss_coef`` (the load-balancing loss coefficient the model's
-``config.json`` gives: ``parallel.moe.aux_loss_coeff`` left unset takes it), and ``n_group``
+``config.json`` gives: ``parallel.moe.aux_loss_coeff`` left unset takes it), ``n_group``
 and ``topk_group`` (DeepSeek's group-limited routing: ``parallel.moe.router_num_groups`` and
-``router_group_topk`` left unset take them).
+``router_group_topk`` left unset take them), and DeepSeek's ``seq_aux``, ``scoring_func`` and
+``topk_method`` (the balancing type, the score function and, with ``noaux_tc``, expert-bias
+balancing: ``parallel.moe.router_load_balancing_type``, ``router_score_function`` and
+``router_enable_expert_bias`` left unset take them; :func:`ddlsim.workloads.models.hf.
+router_balancing`).
 
 The ``llama`` arm also takes the attention variants of today's models: Multi-head Latent
 Attention (DeepSeek-V3: ``kv_lora_rank``, ``q_lora_rank``, ``qk_nope_head_dim``,
@@ -82,12 +86,25 @@ class MoEFields(ModelBase):
         default=None, description="the groups each token's experts come from (DeepSeek's "
                                   "config.json); parallel.moe.router_group_topk unset takes it")
 
+    seq_aux: StrictBool | None = Field(
+        default=None, description="the balance loss per sequence (DeepSeek's config.json, "
+                                  "beside router_aux_loss_coef); parallel.moe."
+                                  "router_load_balancing_type unset takes seq_aux_loss")
+    scoring_func: Literal["softmax", "sigmoid", "sqrtsoftplus"] | None = Field(
+        default=None, description="the router's score function (DeepSeek's config.json); "
+                                  "parallel.moe.router_score_function unset takes it")
+    topk_method: Literal["greedy", "group_limited_greedy", "noaux_tc"] | None = Field(
+        default=None, description="DeepSeek's router selection rule (its config.json); "
+                                  "noaux_tc is expert-bias (auxiliary-loss-free) balancing: "
+                                  "parallel.moe.router_enable_expert_bias unset takes it on")
+
     @model_validator(mode="after")
     def _check_moe(self) -> "MoEFields":
         E, k = self.num_local_experts, self.num_experts_per_tok
         moe_only = {n: getattr(self, n) for n in (
             "num_experts_per_tok", "moe_intermediate_size", "capacity_factor",
-            "shared_expert_intermediate_size", "router_aux_loss_coef", "n_group", "topk_group")
+            "shared_expert_intermediate_size", "router_aux_loss_coef", "n_group", "topk_group",
+            "seq_aux", "scoring_func", "topk_method")
             if getattr(self, n) is not None}
         moe_only.update({n: getattr(self, n) for n in ("n_shared_experts", "shared_expert_gate")
                          if getattr(self, n)})

@@ -388,6 +388,8 @@ def _unmodelled(doc: dict, mt: str, source: str) -> list[str]:
     if "attention_dropout" in doc:
         _prob(doc, "attention_dropout", source)     # a probability, or refused
     read = (set(MODEL_TYPES[mt][0]) | _READ) - _APPLIED_UNMODELLED.get(mt, set())
+    if mt in _DEEPSEEK_TYPES:    # the router's balancing (router_balancing)
+        read |= set(BALANCING_KEYS)
     return out + unmodelled(doc, read)
 
 

@@ -55,13 +55,19 @@ NO_EFFECT: dict[str, str] = {
                              "token, applied in the experts' combine)",
     "norm_topk_prob": "whether each token's k routing weights are renormalised (k numbers per "
                       "token)",
-    "scoring_func": "the router's score function, softmax or sigmoid: one element-wise pass "
-                    "over the same tokens x experts scores",
-    "topk_method": "the name of the router's selection rule; whether it limits each token "
-                   "to topk_group of n_group expert groups is read with them (hf.router_groups: "
-                   "parallel.moe.router_num_groups and router_group_topk's default)",
-    "seq_aux": "whether DeepSeek's balance loss is per sequence; whether it runs at all is "
-               "aux_loss_alpha's to say",
+    # DeepSeek's router keys: read for deepseek_v2/v3 (hf.router_balancing: parallel.moe's
+    # balancing defaults); no other model type's code reads them
+    "scoring_func": "DeepSeek's router score function, read for DeepSeek's model types only "
+                    "(parallel.moe.router_score_function's default); this model type's code "
+                    "does not read it",
+    "topk_method": "DeepSeek's router selection rule, read for DeepSeek's model types only "
+                   "(group limits: hf.router_groups; noaux_tc's expert bias: "
+                   "hf.router_balancing); this model type's code does not read it",
+    "seq_aux": "the form of DeepSeek's balance loss, read for DeepSeek's model types only "
+               "(hf.router_balancing); this model type's code does not read it",
+    "aux_loss_alpha": "DeepSeek's balance-loss coefficient, read for DeepSeek's model types "
+                      "only (hf.router_balancing: parallel.moe.aux_loss_coeff's default); this "
+                      "model type's code does not read it",
     "output_router_logits": "whether the load-balancing loss is computed: read with "
                             "router_aux_loss_coef (parallel.moe.aux_loss_coeff's default)",
 }
@@ -94,9 +100,6 @@ CONDITIONAL: dict[str, _Rule] = {
     "final_logit_softcapping": (_zero, "tanh soft-capping of the logits not modelled"),
     "router_jitter_noise": (_zero, "router jitter (a random factor on the router's input) not "
                                    "modelled"),
-    "aux_loss_alpha": (_zero, "DeepSeek's balance loss is computed in training but not read "
-                              "from config.json: its kernels count only as parallel.moe sets "
-                              "router_load_balancing_type and aux_loss_coeff"),
     "use_mrope": (_zero, "multimodal rotary sections not modelled"),
     "partial_rotary_factor": (lambda v, doc: v in (None, 1, 1.0),
                               "rotary embedding over a fraction of each head not modelled: its "
