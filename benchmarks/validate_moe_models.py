@@ -1,0 +1,201 @@
+"""Predicted vs published iteration time of Megatron-Bridge's other MoE runs on DGX H100.
+
+Run:  python benchmarks/validate_moe_models.py [--engine analytical|des] [--markdown]
+      [--des-rank-ops N]
+
+The rows (``data/bridge_h100_moe_models.csv``, with its provenance): every DGX-H100 MoE
+pre-training row of NVIDIA-NeMo/Megatron-Bridge's performance summaries for a model ddlsim has a
+preset for that ``validate_moe.py``'s table does not already hold: GPT-OSS 120B (BF16, 64 GPUs,
+NeMo containers 25.11 to 26.04.01), the 25.11 Qwen3 rows (FP8 current scaling) and the 25.09
+rows (DeepSeek-V3 dropless on 1,024 GPUs, Qwen3 with token dropping). Each row runs with the
+settings its release's recipes give (the CSV's columns, read at the tag named in
+``recipes_at``), on ``dgx-h100`` with the ``megatron-core-2025`` stack, as
+``validate_moe.py`` runs its rows: expert TP 1 folded over TP x DP, the row's dispatcher,
+grouped GEMM and fused permutation, the fused router, the distributed optimizer with the
+gradient reduction overlapped (bf16: the recipes' grad_reduce_in_fp32 False) and the parameter
+gather exposed (ddlsim refuses that overlap with EP > 1), TE cross-entropy fusion, no dataset
+attention mask. Per row: precision (``fp8-cs``: Transformer Engine's current scaling), the
+expert-parallel overlap (Megatron-Core's combined 1F1B with delayed weight gradients), the
+recomputed modules, the router's balancing loss, forced balance, and token dropping
+(``capacity_factor``: capacity 1.0 with every expert padded to it, Bridge's
+``apply_moe_token_drop``). A row the CSV marks ``no: <reason>`` is listed, not predicted, with
+what ddlsim says of its config (its refusal, or its warning that a part is not modelled); a
+plan ddlsim refuses is listed with the refusal. Nothing tuned, no per-row factors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+
+import ddlsim
+from ddlsim.errors import ConfigError
+from public_runs import (DATA, limits_of, print_notes, print_table, read_csv, result_cells,
+                         rows_summary, time_record)
+from validate_moe import DISPATCHERS, GPUS_PER_NODE, NO_MASK, STACK
+
+TABLE = DATA / "bridge_h100_moe_models.csv"
+#: the CSV's precision_as_run -> ``train.dtype`` and the stack's ``fp8_recipe``
+PRECISIONS = {"bf16": ("bf16", {}), "fp8-cs": ("fp8", {"fp8_recipe": "te_current"})}
+
+
+def rows() -> list[dict]:
+    """The table's rows."""
+    return read_csv(TABLE)
+
+
+def _ints(row: dict, *keys: str) -> list[int]:
+    return [int(row[k]) for k in keys]
+
+
+def _moe(row: dict) -> dict:
+    """``parallel.moe`` of a row: its dispatcher, overlap, router and token dropping."""
+    overlap = row["a2a_overlap"] == "true"
+    moe = {**DISPATCHERS[row["dispatcher_as_run"]], "grouped_gemm": True,
+           "permute_fusion": True, "router_fusion": True,
+           "router_force_load_balancing": row["forced_balance"] == "true",
+           "router_load_balancing_type": row["load_balancing"],
+           "overlap_expert_parallel_comm": overlap, "delay_wgrad_compute": overlap,
+           "shared_expert_overlap": False}
+    if row["aux_loss_coeff"]:
+        moe["aux_loss_coeff"] = float(row["aux_loss_coeff"])
+    if row["capacity_factor"]:
+        moe["pad_expert_input_to_capacity"] = True
+    return moe
+
+
+def _precision(row: dict) -> tuple[str, dict]:
+    """``(train.dtype, kernels)`` of a row's precision_as_run (:data:`PRECISIONS`). A listed row
+    (``modelled`` not ``yes``) whose precision ddlsim cannot run or that is unknown gets bf16's:
+    its config only asks ddlsim what it says of the plan (:func:`what_ddlsim_says`)."""
+    key = row["precision_as_run"]
+    if key in PRECISIONS:
+        return PRECISIONS[key]
+    if row["modelled"] != "yes":
+        return PRECISIONS["bf16"]
+    raise ValueError(f"precision_as_run = {key!r} ({row['release']} {row['model']}): allowed "
+                     f"{sorted(PRECISIONS)}, or a row marked 'no: <reason>'")
+
+
+def _train(row: dict) -> dict:
+    """``train`` of a row: its batch, sequence, precision and recomputed modules."""
+    dtype, _ = _precision(row)
+    train = {"micro_batch_size": int(row["mbs"]), "global_batch_size": int(row["gbs"]),
+             "seq_length": int(row["seq"]), "dtype": dtype, "recompute": "none"}
+    if row["recompute_modules"]:
+        train.update(recompute="selective", recompute_modules=row["recompute_modules"].split())
+    return train
+
+
+def config(row: dict) -> dict:
+    """The ddlsim run config of one row: the published plan with its recipe's settings (module
+    docstring)."""
+    gpus, tp, pp, cp, vp, ep, etp = _ints(row, "gpus", "tp", "pp", "cp", "vp", "ep", "etp")
+    parallel = {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
+                "context_parallel_size": cp, "expert_model_parallel_size": ep,
+                "expert_tensor_parallel_size": etp, "sequence_parallel": tp > 1,
+                "zero_stage": 1, "overlap_grad_reduce": True, "overlap_param_gather": False,
+                "moe": _moe(row)}
+    if vp > 1:
+        parallel.update(schedule="interleaved", virtual_pipeline_model_parallel_size=vp)
+    if row["split"] == "embedding+loss":
+        parallel.update(account_for_embedding_in_pipeline_split=True,
+                        account_for_loss_in_pipeline_split=True)
+    model = row["preset"]
+    if row["capacity_factor"]:
+        model = {"preset": row["preset"], "capacity_factor": float(row["capacity_factor"])}
+    _, fp8 = _precision(row)
+    kernels = {**NO_MASK, "grad_reduce_dtype": "param", "fused_cross_entropy": True, **fp8}
+    return {"model": model, "parallel": parallel, "train": _train(row),
+            "system": {"preset": "dgx-h100", "nodes": gpus // GPUS_PER_NODE,
+                       "software": {"stack": STACK, "kernels": kernels}}}
+
+
+def published_time(row: dict) -> float:
+    """``gbs * seq / (tokens_per_s_per_gpu * gpus)``, seconds."""
+    gpus, gbs, seq, tput = _ints(row, "gpus", "gbs", "seq", "tokens_per_s_per_gpu")
+    return gbs * seq / (tput * gpus)
+
+
+def what_ddlsim_says(row: dict) -> str:
+    """ddlsim's own word on a row the table lists: the refusal of its config, else its
+    warnings about what it does not model, else nothing."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            ddlsim.load_config(config(row))
+        except (ConfigError, ValueError) as exc:
+            return f"ddlsim refuses the plan: {exc}"
+    said = [str(w.message) for w in caught if "not modelled" in str(w.message)]
+    return f"ddlsim: {said[0]}" if said else ""
+
+
+def _record(row: dict, engine: str, limits) -> dict:
+    """One row's record (:func:`public_runs.time_record`), or, for a row the table lists or a
+    plan ddlsim refuses, none with the reason as ``skipped``."""
+    why = row["modelled"].removeprefix("no: ") if row["modelled"] != "yes" else ""
+    if not why:
+        try:
+            return time_record(row, config(row), engine, limits, published_time(row))
+        except ConfigError as exc:
+            why = f"ddlsim refuses the plan: {exc}"
+    else:
+        said = what_ddlsim_says(row)
+        why = f"{why}; {said}" if said else why
+    return {"row": row, "result": None, "refused": "", "skipped": why,
+            "published": published_time(row)}
+
+
+def evaluate(engine: str = "analytical", only: list[dict] | None = None,
+             limits=None) -> list[dict]:
+    """Every row's record, or those of ``only``."""
+    return [_record(row, engine, limits) for row in (rows() if only is None else only)]
+
+
+def _label(o: dict) -> str:
+    row = o["row"]
+    return f"{row['model']} on {row['gpus']} GPUs ({row['release']})"
+
+
+def _print(out: list[dict], markdown: bool) -> None:
+    head = ["release", "model", "GPUs", "precision", "TP", "PP", "VP", "EP", "MBS", "GBS",
+            "dispatcher", "a2a overlap", "recompute", "routing", "published tok/s/GPU",
+            "published (s)", "predicted (s)", "error"]
+    lines = []
+    for o in out:
+        row = o["row"]
+        routing = "forced" if row["forced_balance"] == "true" else (
+            f"capacity {row['capacity_factor']}" if row["capacity_factor"] else "dropless")
+        cells = [row["release"], row["model"], row["gpus"], row["precision_as_run"] or "?",
+                 row["tp"], row["pp"], row["vp"], row["ep"], row["mbs"], row["gbs"],
+                 row["dispatcher_as_run"], row["a2a_overlap"],
+                 row["recompute_modules"] or "-", routing, row["tokens_per_s_per_gpu"],
+                 f"{o['published']:.2f}"]
+        lines.append(cells + result_cells(o, 2, missing="not modelled"))
+    print_table(head, lines, markdown)
+    print_notes(out, _label, markdown)
+
+
+def summary(out: list[dict], engine: str) -> str:
+    """The table's summary line (:func:`public_runs.rows_summary`)."""
+    if not any(o["result"] is not None for o in out):
+        return f"no row predicted ({engine} engine, 0 of {len(out)} rows)"
+    return rows_summary(out, engine, _label)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--engine", default="analytical", choices=["analytical", "des"])
+    ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    ap.add_argument("--des-rank-ops", type=float, default=None, metavar="N",
+                    help="raise the DES work budget (ddlsim's Limits.des_rank_ops) to N")
+    args = ap.parse_args(argv)
+    out = evaluate(args.engine, limits=limits_of(args))
+    _print(out, args.markdown)
+    print("\n" + summary(out, args.engine))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
