@@ -64,6 +64,7 @@ from public_runs import (DATA, print_notes, print_table, read_csv, result_cells,
 TABLE = DATA / "bridge_h100_moe.csv"
 ZOO_TABLE = DATA / "modelzoo_h100_moe.csv"
 LONG_TABLE = DATA / "modelzoo_h100_moe_long_context.csv"
+AB_TABLE = DATA / "bridge_h100_moe_overlap_ab.csv"
 HF = DATA.parent.parent / "ddlsim" / "data" / "hf"
 STACK = "megatron-core-2025"
 GPUS_PER_NODE = 8
@@ -90,6 +91,11 @@ def long_rows() -> list[dict]:
     return [{**r, "set": "long"} for r in read_csv(LONG_TABLE)]
 
 
+def ab_rows() -> list[dict]:
+    """Megatron-Bridge's EP-overlap A/B runs (``set`` = ``ab``)."""
+    return [{**r, "set": "ab"} for r in read_csv(AB_TABLE)]
+
+
 def _int(row: dict, *keys: str) -> list[int]:
     return [int(row[k]) for k in keys]
 
@@ -100,6 +106,8 @@ def config(row: dict) -> dict:
         return long_config(row)
     if row["set"] == "modelzoo":
         return zoo_config(row)
+    if row["set"] == "ab":
+        return ab_config(row)
     return _run(row, expert_tp=1,
                 moe={"router_force_load_balancing": True,
                      # Bridge's moe_a2a_overlap: Megatron-Core's combined 1F1B
@@ -129,6 +137,19 @@ BRIDGE_ROUTER = {"aux_loss_coeff": 1e-3, "router_fusion": True}
 #: recipes leave it unset (Megatron-Bridge v0.3.0 qwen_provider.py sets moe_router_dtype "fp32"
 #: for Qwen3-Next only, line 453; v0.4.0 for no Qwen3 model; scripts/performance: none)
 ZOO_ROUTER = {"aux_loss_coeff": 1e-3, "router_fusion": False, "router_dtype": "fp32"}
+
+
+def ab_config(row: dict) -> dict:
+    """An EP-overlap A/B run's config (``data/bridge_h100_moe_overlap_ab.csv``'s header): the
+    Bridge router, forced balance, BF16 without recomputation, the row's dispatcher, fused
+    permutation or not, and the overlap without delayed weight gradients."""
+    return _run(row, expert_tp=1,
+                moe={"router_force_load_balancing": True,
+                     "permute_fusion": row["permute_fusion"] == "true",
+                     "overlap_expert_parallel_comm": row["a2a_overlap"] == "true",
+                     "delay_wgrad_compute": False, **BRIDGE_ROUTER},
+                train={"dtype": "bf16", "recompute": "none"},
+                kernels={"grad_reduce_dtype": "param", "fused_cross_entropy": True})
 
 
 def _run(row: dict, expert_tp: int, moe: dict, train: dict, kernels: dict) -> dict:
@@ -262,6 +283,8 @@ def megatron_flops(row: dict) -> float:
 def published_time(row: dict) -> float:
     if row["set"] == "modelzoo":
         return float(row["step_time_s"])
+    if row["set"] == "ab":
+        return float(row["published_s"])
     if row["set"] == "long":
         return megatron_flops(row) / (int(row["gpus"]) * float(row["tflops"]) * 1e12)
     gpus, gbs, seq, tput = _int(row, "gpus", "gbs", "seq", "tokens_per_s_per_gpu")
@@ -309,7 +332,8 @@ def evaluate(engine: str = "analytical", only: list[dict] | None = None,
              limits=None) -> list[dict]:
     """Every row's record (Bridge's, then the ModelZoo's), or those of ``only``."""
     return [_record(row, engine, limits)
-            for row in (rows() + zoo_rows() + long_rows() if only is None else only)]
+            for row in (rows() + zoo_rows() + long_rows() + ab_rows() if only is None
+                        else only)]
 
 
 def _label(o: dict) -> str:
@@ -318,6 +342,9 @@ def _label(o: dict) -> str:
         return f"ModelZoo Qwen3-{row['model']} row {row['row']}"
     if row["set"] == "long":
         return f"ModelZoo Qwen3-{row['model']} {row['row']} {row['routing']}"
+    if row["set"] == "ab":
+        return (f"Bridge Qwen3-{row['model']} {row['run']} overlap "
+                f"{'on' if row['a2a_overlap'] == 'true' else 'off'}")
     return f"{row['model']} on {row['gpus']} GPUs ({row['release']})"
 
 
@@ -346,7 +373,20 @@ def _print_long(out: list[dict], markdown: bool) -> None:
     print_table(head, lines, markdown)
 
 
+def _print_ab(out: list[dict], markdown: bool) -> None:
+    head = ["run", "dispatcher", "EP", "fused permute", "a2a overlap", "not modelled",
+            "published (s)", "predicted (s)", "error"]
+    lines = []
+    for o in out:
+        row = o["row"]
+        cells = [row["run"], row["dispatcher_as_run"], row["ep"], row["permute_fusion"],
+                 row["a2a_overlap"], row["not_modelled"] or "-", f"{o['published']:.2f}"]
+        lines.append(cells + result_cells(o, 2, missing="not modelled"))
+    print_table(head, lines, markdown)
+
+
 def _print(out: list[dict], markdown: bool) -> None:
+    ab = [o for o in out if o["row"]["set"] == "ab"]
     long_ = [o for o in out if o["row"]["set"] == "long"]
     zoo = [o for o in out if o["row"]["set"] == "modelzoo"]
     out = [o for o in out if o["row"]["set"] == "bridge"]
@@ -371,6 +411,11 @@ def _print(out: list[dict], markdown: bool) -> None:
               "(published TFLOP/s to seconds by Megatron-LM's FLOP count):\n")
         _print_long(long_, markdown)
         print_notes(long_, _label, markdown)
+    if ab:
+        print("\nMegatron-Bridge, Qwen3-30B-A3B on 16 H100s, BF16: the expert-parallel overlap "
+              "off and on (published A/B runs):\n")
+        _print_ab(ab, markdown)
+        print_notes(ab, _label, markdown)
 
 
 def summary(out: list[dict], engine: str) -> str:
@@ -391,6 +436,16 @@ def summary(out: list[dict], engine: str) -> str:
                      f"({100 * (1 - on['published'] / off['published']):.1f} % faster), "
                      f"predicted {off['predicted']:.2f} -> {on['predicted']:.2f} s "
                      f"({100 * (1 - on['predicted'] / off['predicted']):.1f} % faster)")
+    for run in dict.fromkeys(o["row"]["run"] for o in out if o["row"]["set"] == "ab"):
+        pair = {o["row"]["a2a_overlap"]: o for o in out if o["row"]["set"] == "ab"
+                and o["row"]["run"] == run and o["result"] is not None}
+        if len(pair) == 2:
+            off, on = pair["false"], pair["true"]
+            parts.append(f"Bridge overlap A/B ({run}): published "
+                         f"{off['published']:.2f} -> {on['published']:.2f} s "
+                         f"({100 * (1 - on['published'] / off['published']):.1f} % faster), "
+                         f"predicted {off['predicted']:.2f} -> {on['predicted']:.2f} s "
+                         f"({100 * (1 - on['predicted'] / off['predicted']):.1f} % faster)")
     return "\n".join(parts)
 
 

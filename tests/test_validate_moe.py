@@ -148,3 +148,33 @@ def test_the_summary_gives_the_overlap_ab_predicted_and_published():
     text = vm.summary(recs, "analytical")
     assert "published 19.7 -> 17.6 s (10.7 % faster)" in text
     assert "predicted 16.00 -> 12.00 s (25.0 % faster)" in text
+
+
+def test_the_bridge_overlap_ab_runs_name_their_source_and_pair_off_with_on():
+    text = pr.header(vm.AB_TABLE)
+    for cite in ("NVIDIA-NeMo/Megatron-Bridge", "nemo-mbridge-perf-moe-comm-overlap/SKILL.md",
+                 "24.7138", "20.9920", "41.25", "31.31", "36.55 %"):
+        assert cite in text
+    rows = vm.ab_rows()
+    assert {(r["run"], r["a2a_overlap"]) for r in rows} == {
+        (run, o) for run in ("hybridep", "alltoall") for o in ("false", "true")}
+    for r in rows:      # the same plan on both sides but the overlap
+        cfg = vm.config(r)
+        assert cfg["parallel"]["moe"]["overlap_expert_parallel_comm"] == (r["a2a_overlap"] == "true")
+        assert cfg["parallel"]["moe"]["router_force_load_balancing"] is True
+        assert cfg["train"]["dtype"] == "bf16"
+    recs = [{"row": r, "result": object(), "refused": "", "skipped": "",
+             "published": vm.published_time(r), "predicted": p,
+             "error": p / vm.published_time(r) - 1}
+            for r, p in zip(rows, (20.0, 15.0, 30.0, 20.0))]
+    text = vm.summary(recs, "analytical")
+    assert "Bridge overlap A/B (hybridep): published 24.71 -> 20.99 s (15.1 % faster)" in text
+    assert "predicted 30.00 -> 20.00 s (33.3 % faster)" in text
+
+
+def test_the_overlapped_ab_runs_fit_as_they_ran():
+    # both overlapped runs ran on 80 GB H100s; the combined 1F1B holds one layer more, not a
+    # micro-batch more (until 2026-11-30 ddlsim put them at 90.4 GiB: "does not fit")
+    for r in vm.ab_rows():
+        if r["a2a_overlap"] == "true":
+            ddlsim.predict(vm.config(r), "analytical")   # check_fit on: raises if it does not

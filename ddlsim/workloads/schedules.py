@@ -119,11 +119,29 @@ def _min(a, b):
 def peak_inflight(name: str, stage: int, p: int, m: int, v: int = 1,
                   combined: bool = False) -> int:
     """Most (micro-batch, chunk) forwards whose activations a stage holds at once: the warm-up
-    forwards plus the first steady-state one, or all of them when warm-up covers everything
-    (``combined``: one warm-up forward more, :func:`combined_schedule`).
+    forwards plus the first steady-state one, or all of them when warm-up covers everything.
+
+    ``combined`` (Megatron-Core's combined 1F1B, :func:`combined_schedule`): the warm-up has
+    one forward more, and each steady step pairs a forward with a backward **layer by layer**
+    (forward layer ``i`` beside backward layer ``N − 1 − i``, the backward layer's state
+    released after each pair: Megatron-LM d7288711
+    ``megatron/core/models/common/model_chunk_schedule_plan.py``
+    ``TransformerModelChunkSchedulePlan.run``, ``get_layer(i)`` / ``pop_layer()`` /
+    ``release_state()``), so the forward's chunk fills as the backward's empties: the stage
+    holds the warm-up's chunks, plus at most one layer of the two in flight
+    (:func:`combined_extra_layer`, the caller's bytes), not one chunk more.
     ``stage``, ``p``, ``m`` and ``v`` may be arrays over plans."""
     total = m * (v if name == "interleaved" else 1)
-    return _min(warmup(name, stage, p, m, v, combined) + 1, total)
+    return _min(warmup(name, stage, p, m, v, combined) + (0 if combined else 1), total)
+
+
+def combined_extra_layer(name: str, stage: int, p: int, m: int, v: int = 1) -> bool:
+    """Whether a stage under the combined 1F1B holds one layer beyond :func:`peak_inflight`'s
+    chunks at its peak: where it runs a combined step at all (a forward and a backward paired
+    in one step: more chunks than its warm-up covers), the pair's forward layer is alive
+    before the backward layer beside it is released."""
+    total = m * (v if name == "interleaved" else 1)
+    return warmup(name, stage, p, m, v, combined=True) < total
 
 
 def combined_schedule(name: str, stage: int, p: int, m: int,

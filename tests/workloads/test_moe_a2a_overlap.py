@@ -13,7 +13,8 @@ import pytest
 import ddlsim
 from ddlsim.errors import ConfigError
 from ddlsim.stackrules import PlanFacts, stack_rejections
-from ddlsim.workloads.schedules import combined_schedule, peak_inflight, schedule
+from ddlsim.workloads.schedules import (combined_extra_layer, combined_schedule,
+                                         peak_inflight, schedule)
 from ddlsim.workloads.trace import Collective, P2P, Wait
 
 pytestmark = pytest.mark.filterwarnings("ignore::ddlsim.errors.DDLSimWarning")
@@ -68,12 +69,17 @@ def test_gpipe_has_no_combined_form():
         combined_schedule("gpipe", 0, 1, 4)
 
 
-def test_peak_inflight_is_one_more_and_capped():
-    # stage 0 of PP4 VP2, m = 8: interleaved warm-up 2·3 + 4 = 10, peak 11; combined 12
+def test_peak_inflight_is_the_warmup_plus_one_layer_not_one_chunk_more():
+    # stage 0 of PP4 VP2, m = 8: interleaved warm-up 2·3 + 4 = 10, peak 11 chunks; combined:
+    # warm-up 11, then each combined step frees the backward's layers as the forward fills its
+    # own (Megatron-Core's get_layer(i) / pop_layer() pairs): 11 chunks and one layer
     assert peak_inflight("interleaved", 0, 4, 8, 2) == 11
-    assert peak_inflight("interleaved", 0, 4, 8, 2, combined=True) == 12
-    assert peak_inflight("1f1b", 0, 1, 4, combined=True) == 2     # F(1) beside B(0)
+    assert peak_inflight("interleaved", 0, 4, 8, 2, combined=True) == 11
+    assert combined_extra_layer("interleaved", 0, 4, 8, 2)
+    assert peak_inflight("1f1b", 0, 1, 4, combined=True) == 1     # F(1) fills as B(0) empties
+    assert combined_extra_layer("1f1b", 0, 1, 4)
     assert peak_inflight("1f1b", 0, 1, 1, combined=True) == 1     # one micro-batch: all of it
+    assert not combined_extra_layer("1f1b", 0, 1, 1)              # and no combined step
 
 
 # ---------------------------------------------------------------- the trace
@@ -183,14 +189,16 @@ def test_the_overlap_cannot_hide_more_than_the_compute_beside_it():
     assert on.breakdown.exposed_comm_s["ep"] > 0.8 * off.breakdown.exposed_comm_s["ep"]
 
 
-def test_memory_holds_one_more_microbatch_of_activations():
-    base = dict(pp=4, vp=2, layers=8, nodes=4, gbs=64)
-    off = ddlsim.load_config(run(overlap=False, **base))
-    on = ddlsim.load_config(run(**base))
-    a_off = ddlsim.build_workload(off).memory[0].activations
-    a_on = ddlsim.build_workload(on).memory[0].activations
-    # stage 0: interleaved peak 2·3 + 4 + 1 = 11 chunks of activations, combined 12
-    assert a_on == pytest.approx(a_off * 12 / 11)
+def test_memory_holds_one_more_layer_of_activations():
+    # stage 0 of PP4 VP2 with 8 layers (one a chunk): 11 chunks either way, the combined step
+    # one layer more; PP1 with 4 layers: one micro-batch, plus one layer (a quarter of it)
+    for base, more in ((dict(pp=4, vp=2, layers=8, nodes=4, gbs=64), 12 / 11),
+                       (dict(layers=4, nodes=1), 5 / 4)):
+        off = ddlsim.load_config(run(overlap=False, **base))
+        on = ddlsim.load_config(run(**base))
+        a_off = ddlsim.build_workload(off).memory[0].activations
+        a_on = ddlsim.build_workload(on).memory[0].activations
+        assert a_on == pytest.approx(a_off * more)
 
 
 @pytest.mark.parametrize("plan", [dict(nodes=1), dict(pp=4, vp=2, layers=8, nodes=4, gbs=64)],

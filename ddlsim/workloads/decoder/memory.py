@@ -16,7 +16,7 @@ from ..allocator import (comm_buffer_bytes, context_bytes, framework, head_bytes
 from ..memory import MemoryBreakdown, model_state_bytes
 from ..pipeline_recv import pipeline_recv_bytes
 from ..models.decoder import DecoderShape
-from ..schedules import peak_inflight
+from ..schedules import combined_extra_layer, peak_inflight
 from .layer_memory import layer_kept_bytes, rebuilds_layer, rebuilt_bytes, whole_layer_kinds
 from .sac import op_level, sac_activation_bytes
 
@@ -73,7 +73,8 @@ def stage_memory(plan: DecoderPlan, stage: int, params: float, expert_params: fl
     per_chunk = _chunk_activations(plan, part, stage)
     chunks = peak_inflight(plan.schedule, stage, plan.pp, plan.microbatches, plan.vpp,
                            plan.combined_1f1b)    # as :func:`..memory.inflight_chunks`
-    rebuilt = _rebuilt_layer(plan, part, stage) + _ring_buffers(plan, part)
+    rebuilt = (_rebuilt_layer(plan, part, stage) + _ring_buffers(plan, part)
+               + _combined_layer(plan, stage, per_chunk))
     # FP8 (Transformer Engine) keeps 16-bit weights and grads: the plan's ``dtype``
     pb = DTYPE_BYTES[plan.dtype]
     unit_bytes = layer_bytes if layer_bytes is not None else shape.layer_params / plan.tp * pb
@@ -106,6 +107,18 @@ def stage_memory(plan: DecoderPlan, stage: int, params: float, expert_params: fl
     return MemoryBreakdown(weights, grads, opt, acts, other, plan.device.memory_bytes, stage,
                            buffers, context if context is not None else
                            context_bytes(plan.device, comm_groups(plan)))
+
+
+def _combined_layer(plan: DecoderPlan, stage: int, per_chunk: float) -> float:
+    """Bytes of the one layer the combined 1F1B holds beyond its chunks at the peak
+    (:func:`..schedules.combined_extra_layer`): a layer of the stage's chunk, ``per_chunk``
+    over its layers (their mean under an uneven split); 0 without the combined 1F1B."""
+    if not plan.combined_1f1b or not combined_extra_layer(
+            plan.schedule, stage, plan.pp, plan.microbatches, plan.vpp):
+        return 0.0
+    row = plan.split[stage]
+    layers = sum(row) / len(row)
+    return per_chunk / layers if layers else 0.0
 
 
 def _ring_buffers(plan: DecoderPlan, part) -> float:
