@@ -172,7 +172,9 @@ def _print(out: list[dict], markdown: bool) -> None:
                  row["dispatcher_as_run"], row["a2a_overlap"],
                  row["recompute_modules"] or "-", routing, row["tokens_per_s_per_gpu"],
                  f"{o['published']:.2f}"]
-        lines.append(cells + result_cells(o, 2, missing="not modelled"))
+        over_budget = row["modelled"] == "yes" and not o["skipped"].startswith("ddlsim refuses")
+        missing = "not run (work limit)" if over_budget else "not modelled"
+        lines.append(cells + result_cells(o, 2, missing=missing))
     print_table(head, lines, markdown)
     print_notes(out, _label, markdown)
 
