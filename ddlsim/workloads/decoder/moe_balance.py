@@ -32,7 +32,8 @@ spreads the loads further than (2), and ``MaxVio_batch`` (Wang et al., Figure 3,
 curve only) is larger than ``MaxVio_global``. It is applied only where the source's statistic
 bounds the run's router: aux_loss or seq_aux_loss balancing with a coefficient above 0 and at
 most the source's ``α = 1e-3`` (a stronger loss balances better than measured; ``none`` or
-``sinkhorn`` routing has no published statistic). docs: /tmp/agents/r25/H1-docs.md.
+``sinkhorn`` routing has no published statistic). docs/moe.md, "Load imbalance under dropless
+routing".
 
 **Expert-bias (auxiliary-loss-free) routing.** Wang et al.'s Loss-Free Balancing adds a
 per-expert bias to the scores before top-k and moves it by ``±u`` each step towards the mean
