@@ -21,6 +21,13 @@ recomputed modules, the router's balancing loss, forced balance, and token dropp
 ``apply_moe_token_drop``). A row the CSV marks ``no: <reason>`` is listed, not predicted, with
 what ddlsim says of its config (its refusal, or its warning that a part is not modelled); a
 plan ddlsim refuses is listed with the refusal. Nothing tuned, no per-row factors.
+
+A model with attention sinks (GPT-OSS: a learnable softmax) runs the attention its release's
+container ran (:func:`attention_as_run`): TransformerEngine turns FlashAttention off for it
+and runs cuDNN's fused attention where the container's cuDNN takes a sink (9.13.1 on,
+:func:`ddlsim.simulator.kernels.attention.cudnn_runs_sinks`), else its unfused attention.
+Every GPT-OSS row's container has such a cuDNN (:data:`CONTAINERS`): cuDNN's fused kernel
+with the sinks and the 128-token window, as ddlsim's ``cudnn`` times it.
 """
 
 from __future__ import annotations
@@ -28,9 +35,11 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
+from functools import lru_cache
 
 import ddlsim
 from ddlsim.errors import ConfigError
+from ddlsim.simulator.kernels.attention import cudnn_runs_sinks
 from public_runs import (DATA, limits_of, print_notes, print_table, read_csv, result_cells,
                          rows_summary, time_record)
 from validate_moe import DISPATCHERS, GPUS_PER_NODE, NO_MASK, STACK
@@ -38,6 +47,13 @@ from validate_moe import DISPATCHERS, GPUS_PER_NODE, NO_MASK, STACK
 TABLE = DATA / "bridge_h100_moe_models.csv"
 #: the CSV's precision_as_run -> ``train.dtype`` and the stack's ``fp8_recipe``
 PRECISIONS = {"bf16": ("bf16", {}), "fp8-cs": ("fp8", {"fp8_recipe": "te_current"})}
+#: NeMo container (the release less a ``.01`` patch, which is assumed to keep its release's
+#: libraries: none is published for it) -> (Transformer Engine, cuDNN): NVIDIA-NeMo/
+#: Megatron-Bridge 067f987d docs/releases/software-versions.md, "NeMo Framework 25.09" to
+#: "26.04"; the recipes' own pins agree (v0.2.0 pyproject.toml TransformerEngine release_v2.9,
+#: v0.3.0 5671fd36 = v2.12, v0.4.0 71bbefbf = 2.14)
+CONTAINERS = {"25.09": ("2.7.0", (9, 11, 0, 98)), "25.11": ("2.9", (9, 13, 1, 26)),
+              "26.02": ("2.12", (9, 18, 0, 50)), "26.04": ("2.14+71bbefb", (9, 20, 0, 48))}
 
 
 def rows() -> list[dict]:
@@ -88,6 +104,32 @@ def _train(row: dict) -> dict:
     return train
 
 
+def attention_as_run(row: dict) -> tuple[str, str]:
+    """``(software.kernels.attention, why)`` of a row whose model has attention sinks: cuDNN's
+    fused attention where its container's cuDNN runs sinks, else TransformerEngine's unfused
+    attention (module docstring). Megatron-Bridge runs TransformerEngine >= 2.8 there, which
+    hands Megatron-Core's softmax_type to it (else the provider falls back to Megatron-Core's
+    local attention: v0.2.0-v0.3.0 gpt_oss_provider.py ``provide``)."""
+    te, cudnn = CONTAINERS[row["release"].removesuffix(".01")]
+    version = ".".join(map(str, cudnn))
+    if tuple(int(x) for x in te.split("+")[0].split(".")[:2]) < (2, 8):
+        return "unfused", (f"TE {te} (< 2.8) takes no softmax_type: Megatron-Core's local "
+                           "attention, its torch softmax with the sink")
+    if cudnn_runs_sinks(cudnn):
+        return "cudnn", (f"TE {te}, cuDNN {version}: cuDNN's fused attention with the sinks "
+                         "in its kernel")
+    return "unfused", f"TE {te}, cuDNN {version} (< 9.13.1): TE's unfused attention"
+
+
+@lru_cache(maxsize=None)
+def _has_sinks(preset: str) -> bool:
+    """Whether the model preset's attention has sinks."""
+    cfg = ddlsim.load_config({"model": preset, "parallel": {}, "train": {
+        "micro_batch_size": 1, "global_batch_size": 8, "seq_length": 8},
+        "system": {"preset": "dgx-h100", "nodes": 1}})
+    return cfg.model.shape().attention_sinks
+
+
 def config(row: dict) -> dict:
     """The ddlsim run config of one row: the published plan with its recipe's settings (module
     docstring)."""
@@ -107,6 +149,8 @@ def config(row: dict) -> dict:
         model = {"preset": row["preset"], "capacity_factor": float(row["capacity_factor"])}
     _, fp8 = _precision(row)
     kernels = {**NO_MASK, "grad_reduce_dtype": "param", "fused_cross_entropy": True, **fp8}
+    if _has_sinks(row["preset"]):
+        kernels["attention"] = attention_as_run(row)[0]
     return {"model": model, "parallel": parallel, "train": _train(row),
             "system": {"preset": "dgx-h100", "nodes": gpus // GPUS_PER_NODE,
                        "software": {"stack": STACK, "kernels": kernels}}}
@@ -176,6 +220,11 @@ def _print(out: list[dict], markdown: bool) -> None:
         missing = "not run (work limit)" if over_budget else "not modelled"
         lines.append(cells + result_cells(o, 2, missing=missing))
     print_table(head, lines, markdown)
+    sinks = {o["row"]["release"].removesuffix(".01"): attention_as_run(o["row"])
+             for o in out if _has_sinks(o["row"]["preset"])}
+    if sinks:
+        print("\nattention with sinks as run: " + "; ".join(
+            f"{release} {why} ({kind})" for release, (kind, why) in sorted(sinks.items())))
     print_notes(out, _label, markdown)
 
 

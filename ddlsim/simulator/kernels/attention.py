@@ -41,6 +41,17 @@ Megatron-Core's non-flash ``DotProductAttention``, 900f1b76 lines 136-203):
 FlashAttention runs in Megatron-Core through TransformerEngine, which takes Q, K and V in the
 fused layout and returns their gradients packed (its ``SplitAlongDim``): neither copy.
 
+Attention sinks (GPT-OSS; Megatron-Core's ``softmax_type: learnable``, one learned logit per
+head added to each softmax row's denominator) decide which kernel runs (:func:`sink_kernel`,
+:data:`SINK_KERNELS`): FlashAttention takes no such logit, so TransformerEngine turns it off
+and runs cuDNN's fused attention where cuDNN is 9.13.1 or newer (:func:`cudnn_runs_sinks`),
+else its unfused attention; Megatron-Core's own ``FusedScaleMaskSoftmax`` refuses the offset
+and runs the torch softmax. Inside cuDNN's kernel the sink adds one logit to each row's
+softmax (``1/s_k`` of its exponentials) and, backward, the sink's gradient, a reduction over
+the ``b·heads·s`` rows' statistics beside the ``dO·O`` row sums the backward computes anyway
+(cudnn-frontend ``scaled_dot_product_flash_attention.h``, the ``DSINK_TOKEN`` chain): neither
+is counted, nothing published times them.
+
 Attention dropout inside a fused kernel writes no mask: each tile draws its random numbers
 (Philox) and drops probabilities in registers, forward and again in the backward. Its cost is
 the measured slowdown of the kernel with dropout on (:data:`DROPOUT_SLOWDOWN`), carried in the
@@ -60,7 +71,8 @@ from .window import window_fraction
 
 __all__ = ["FLASH_BACKWARD_FACTOR", "FLASH_BLOCK", "causal_fraction", "flash_forward_flops",
            "attention_kernels", "scores_activation_bytes", "FLASH_KINDS", "flash_variant",
-           "FlashVariant", "parse_flash_variant", "DROPOUT_SLOWDOWN"]
+           "FlashVariant", "parse_flash_variant", "DROPOUT_SLOWDOWN", "SINK_KERNELS",
+           "CUDNN_SINKS_MIN", "cudnn_runs_sinks", "sink_kernel", "attention_label"]
 
 #: backward FLOPs / forward FLOPs of FlashAttention (FA2 paper §4.1: 5 GEMMs against 2)
 FLASH_BACKWARD_FACTOR = 2.5
@@ -78,6 +90,59 @@ FLASH_KINDS = ("flash2", "flash3", "cudnn")
 #: older TE (7d576ed2) and cuDNN, for which no published figure was found: an assumption,
 #: not a measurement of those versions
 DROPOUT_SLOWDOWN = {"cudnn": 0.614 / 0.594}
+
+#: the oldest cuDNN whose fused attention (TransformerEngine's sub-backend
+#: F16_arbitrary_seqlen) takes a learnable or off-by-one softmax: TransformerEngine v2.9,
+#: 5671fd36 (v2.12) and 71bbefbf (v2.14) transformer_engine/common/fused_attn/fused_attn.cpp
+#: nvte_get_fused_attn_backend, "softmax type / pre-9.13.1: vanilla / 9.13.1+: vanilla,
+#: off-by-one, learnable" (cudnn_runtime_version >= 91301); cudnn-frontend refuses a sink token
+#: before 9.13 (scaled_dot_product_flash_attention.h)
+CUDNN_SINKS_MIN = (9, 13, 1)
+#: attention kernel -> the kernel that runs it with learnable sinks, and why
+SINK_KERNELS = {
+    "cudnn": ("cudnn", "TransformerEngine >= 2.8 passes softmax_type to cuDNN's fused "
+              "attention, which adds the sink in the kernel (cuDNN >= 9.13.1)"),
+    "unfused": ("unfused", "the torch softmax over the scores with the sink's column "
+                "(TransformerEngine UnfusedDotProductAttention: torch.cat of softmax_offset, "
+                "5671fd36 backends.py lines 536-547; Megatron-Core SoftmaxOne)"),
+    "fused_softmax": ("unfused", "Megatron-Core's FusedScaleMaskSoftmax runs its fused "
+                      "kernel only without an offset and the torch softmax with one "
+                      "(b0cc2706 megatron/core/fusions/fused_softmax.py lines 233-236, 330-333)"),
+}
+
+
+def cudnn_runs_sinks(version: tuple[int, ...]) -> bool:
+    """Whether cuDNN ``version`` (``(major, minor, patch)``) runs a learnable softmax in its
+    fused attention (:data:`CUDNN_SINKS_MIN`); older, TransformerEngine falls back to its
+    unfused attention (FlashAttention is off for any softmax but the vanilla one:
+    TransformerEngine 5671fd36 ``dot_product_attention/utils.py`` lines 715-717)."""
+    return tuple(version[:3]) >= CUDNN_SINKS_MIN
+
+
+def sink_kernel(kind: str) -> str:
+    """The attention kernel that runs the stack's ``kind`` with learnable sinks
+    (:data:`SINK_KERNELS`). FlashAttention-2/3 take no sink logit: refused."""
+    if kind in SINK_KERNELS:
+        return SINK_KERNELS[kind][0]
+    if kind in ("flash2", "flash3"):
+        raise ValueError(
+            f"software.kernels.attention = {kind!r} with attention sinks (learnable softmax): "
+            "FlashAttention takes no sink logit, and TransformerEngine turns it off for any "
+            "softmax but the vanilla one (5671fd36 dot_product_attention/utils.py lines "
+            "715-717), running cuDNN's fused attention (cuDNN >= 9.13.1) or its unfused one; "
+            f"allowed with sinks: {sorted(SINK_KERNELS)}")
+    raise ValueError(f"attention kernel {kind!r}: expected flash2, flash3, cudnn, "
+                     "fused_softmax or unfused")
+
+
+def attention_label(kind: str, sinks: bool = False) -> str:
+    """The attention kernel as the plan line names it: ``kind``, and with sinks the kernel
+    that runs them (``cudnn (sinks in kernel)``, ``unfused (sinks: torch softmax)``)."""
+    if not sinks:
+        return kind
+    runs = sink_kernel(kind)
+    how = "sinks in kernel" if runs in FLASH_KINDS else "sinks: torch softmax"
+    return f"{runs} ({how})"
 
 
 class FlashVariant(NamedTuple):
@@ -142,14 +207,18 @@ def attention_kernels(kind: str, b: float, heads: float, s: float, d: float, dty
                       causal: bool = True, kv_heads: float | None = None,
                       window: int | None = None, window_share: float = 1.0,
                       softmax_fp32: bool = False, s_k: float | None = None,
-                      softmax_dispatch: str = "one_pass") -> tuple[Kernel, ...]:
+                      softmax_dispatch: str = "one_pass", sinks: bool = False
+                      ) -> tuple[Kernel, ...]:
     """The kernels of one attention core (forward, or ``backward``) on one rank holding
     ``heads`` query heads (``kv_heads`` key/value heads, default ``heads``) of ``b`` sequences
     of length ``s`` (module docstring); ``window``, ``window_share`` as
     :func:`flash_forward_flops`; ``softmax_fp32``: the unfused softmax runs in fp32 (the
     stack's ``softmax_in_fp32``), its kernels as ``softmax_dispatch`` launches them over rows
     of ``s`` keys (the stack's, :mod:`.softmax`); ``s_k``: keys per sequence when they differ
-    from the ``s`` queries (a context-parallel step; fused kernels only)."""
+    from the ``s`` queries (a context-parallel step; fused kernels only); ``sinks``: one
+    learned softmax logit per head (GPT-OSS), run by :func:`sink_kernel` of ``kind``."""
+    if sinks:
+        kind = sink_kernel(kind)
     dt = dtype_bytes
     s_k = s if s_k is None else s_k
     if kind in FLASH_KINDS:
@@ -182,12 +251,26 @@ def attention_kernels(kind: str, b: float, heads: float, s: float, d: float, dty
     # may time them at their own rate, else at its score-pass rate), dropout's the scores'
     softmax = "softmax_backward" if backward else "softmax"
     dropped = (Kernel("memory", bytes=drop, dtype=dtype, variant="scores"),) if drop else ()
+    sunk = _sink_column_kernels(S, dt, dtype, backward) if sinks else ()
     layout = (b * s * heads * d if not backward           # context permute().contiguous()
               else b * s * (heads + 2 * kv) * d)          # Q, K, V gradients concatenated
     return (tuple(Kernel("gemm", g, batch, dtype=dtype, variant="scores") for g in gemms)
             + tuple(Kernel("memory", bytes=m, dtype=dtype, variant=softmax) for m in mem)
-            + dropped
+            + sunk + dropped
             + (Kernel("memory", bytes=2 * dt * layout, dtype=dtype),))   # a streaming copy
+
+
+def _sink_column_kernels(S: float, dt: float, dtype: str, backward: bool) -> tuple[Kernel, ...]:
+    """The torch softmax's sink column over ``S`` scores (TransformerEngine 5671fd36
+    backends.py lines 536-560, Megatron-Core b0cc2706 fused_softmax.py ``SoftmaxOne``:
+    ``torch.cat([scores, sink])``, the softmax, ``[..., :-1]``): forward the concatenation
+    (read ``S``, write ``S``; the one column more not counted); backward the slice's
+    gradient, a zeroed tensor (write ``S``) the gradient is copied into (read, write ``S``);
+    the concatenation's gradient is a view."""
+    if backward:
+        return (Kernel("memory", bytes=dt * S, dtype=dtype, variant="scores"),
+                Kernel("memory", bytes=2 * dt * S, dtype=dtype, variant="scores"))
+    return (Kernel("memory", bytes=2 * dt * S, dtype=dtype, variant="scores"),)
 
 
 def scores_activation_bytes(kind: str, b, heads, s, dropout: bool):
