@@ -52,7 +52,12 @@ quantizes the ``E/EP`` problems' inputs and output gradients in one fused
 delayed scaling", unchanged from v2.7 to v2.12); with current scaling each problem's
 quantizer runs its own kernels above (``Fp8Recipe.per_problem``); each expert's weight is
 quantized on its own too (``grouped_linear.py`` forward, a loop over ``num_gemms``, either
-recipe).
+recipe). ``split_quantize`` also creates each problem's FP8 output on the host with its
+quantizer's ``create_tensor`` (data, transpose and ``scale_inv`` on Hopper, either TE recipe:
+only blockwise, MXFP8 and NVFP4 quantizers bulk-allocate), so the host's share grows with the
+local experts (``Fp8Recipe.host_tensors``, :func:`.fp8recipe.fp8_quantize_host_s`; still so at
+TransformerEngine 71bbefbf, 2026-03-24, the commit Megatron-Bridge v0.4.0 pins for the NeMo
+26.04 container: ``cast.cpp`` ``split_quantize`` and ``multi_tensor_quantize_impl``).
 
 The GEMMs are the same cuBLASLt per-tensor-scaled kernels as delayed scaling's, with the
 same accumulation: ``Float8CurrentScaling`` ``fp8_gemm_fprop = MMParams(use_split_accumulator
@@ -64,7 +69,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...workloads.trace import Collective
-from .fp8recipe import FP8_RECIPES, Fp8Recipe
+from .fp8recipe import FP8_RECIPES, TE_QUANTIZED_TENSORS, Fp8Recipe
 
 __all__ = ["ZERO_KERNEL_BYTES", "SCALE_KERNEL_BYTES", "AMAX_BYTES", "amax_allreduce"]
 
@@ -102,7 +107,7 @@ def _te_current(M, N, K, backward, compiled):
 FP8_RECIPES["te_current"] = Fp8Recipe(
     _te_current, ("cublas_fast", "cublas_split", "cublas_split"), (False, False),
     per_module=False, inductor=False, per_problem=True, sp_gather=True,
-    sp_amax_allreduce=True)
+    sp_amax_allreduce=True, host_tensors=TE_QUANTIZED_TENSORS)
 
 
 def amax_allreduce(name: str, sw: Any, train_dtype: str, tp: int,

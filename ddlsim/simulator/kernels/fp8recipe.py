@@ -81,7 +81,8 @@ from ...workloads.trace import Kernel
 
 __all__ = ["FP8_RECIPES", "FP8_GEMM_KERNELS", "FP8_PASS_KERNELS", "Fp8Recipe", "fp8_recipe",
            "fp8_cast_kernels", "fp8_gemm_variants", "fp8_rescale_kernels",
-           "fp8_gemm_efficiency", "fp8_pass_efficiency"]
+           "fp8_gemm_efficiency", "fp8_pass_efficiency", "TE_TENSOR_CREATE_S",
+           "TE_QUANTIZED_TENSORS", "fp8_quantize_host_s"]
 
 #: FP8 GEMM kernel (``Kernel.variant`` of an ``fp8`` GEMM) → its throughput as a fraction of
 #: the device's FP8 matmul ceiling. That ceiling is MAMF's (stas00/ml-engineering
@@ -170,30 +171,53 @@ class Fp8Recipe(NamedTuple):
     #: the scale of a tensor gathered in FP8 comes from the whole tensor's amax, all-reduced
     #: over the TP group before the gather (:func:`.fp8_current.amax_allreduce`)
     sp_amax_allreduce: bool = False
+    #: tensors the framework's C++ quantizer creates on the host per quantized tensor
+    #: (Transformer Engine: :data:`TE_QUANTIZED_TENSORS`, :func:`fp8_quantize_host_s`); 0: a
+    #: recipe whose casts are torch ops, whose host time is their kernels' launches
+    host_tensors: int = 0
 
 
 #: recipe name → :class:`Fp8Recipe`
 FP8_RECIPES: dict[str, Fp8Recipe] = {}
 
+#: Host seconds to create one PyTorch tensor in Transformer Engine's C++ extensions: "It
+#: takes a ~5 us on CPU to create each PyTorch tensor, and this can become significant when
+#: GEMM kernels take ~100 us on GPU" (T. Moon, a TE maintainer, NVIDIA/TransformerEngine PR
+#: #865, 2024-05-24, profiling ``te.Linear`` in FP8)
+TE_TENSOR_CREATE_S = 5e-6
+#: tensors a Transformer Engine FP8 quantizer creates for each tensor it quantizes on Hopper
+#: with both usages (TransformerEngine 71bbefbf, the commit Megatron-Bridge v0.4.0 pins:
+#: ``pytorch/csrc/quantizer.cpp`` ``Float8Quantizer::create_tensor`` and
+#: ``Float8CurrentScalingQuantizer::create_tensor``: ``at::empty`` of the row-wise data, of
+#: the transpose (``columnwise_usage`` where ``nvte_is_non_tn_fp8_gemm_supported()`` is
+#: false, i.e. sm_90) and of the fp32 ``scale_inv``, each ``py::cast`` to a Python tensor for
+#: the ``Float8TensorStorage`` built from them): a grouped linear's input in the forward (row-wise
+#: for the GEMM, the transpose for the weight gradient) and its output gradient in the
+#: backward (data gradient, weight gradient) each need both
+TE_QUANTIZED_TENSORS = 3
+
 
 def fp8_recipe(name: str, gemms: tuple[str, str, str], rescaled: tuple[bool, bool] = (False,
                False), torchao: bool = False, axiswise: bool = False, sp_gather: bool = False,
                gathered_passes: Callable[..., tuple] | None = None,
-               sp_amax_allreduce: bool = False):
+               sp_amax_allreduce: bool = False, host_tensors: int = 0):
     """Decorator: register a recipe's cast passes (the decorated function) under ``name``,
     with its GEMM kernels and rescaled backward outputs; ``torchao``: per-module casting by
     torch ops (``per_module`` and ``inductor``); ``axiswise``: per-row/column scales;
     ``sp_gather``: sequence-parallel gathers in FP8 (``Fp8Recipe.sp_gather``), with the
-    recipe's own ``gathered_passes`` where given and ``sp_amax_allreduce`` (as there)."""
+    recipe's own ``gathered_passes`` where given and ``sp_amax_allreduce``, ``host_tensors``
+    (as there)."""
     def wrap(fn):
         FP8_RECIPES[name] = Fp8Recipe(fn, gemms, rescaled, torchao, torchao, axiswise,
                                       sp_gather=sp_gather, gathered_passes=gathered_passes,
-                                      sp_amax_allreduce=sp_amax_allreduce)
+                                      sp_amax_allreduce=sp_amax_allreduce,
+                                      host_tensors=host_tensors)
         return fn
     return wrap
 
 
-@fp8_recipe("te_delayed", ("cublas_fast", "cublas_split", "cublas_split"), sp_gather=True)
+@fp8_recipe("te_delayed", ("cublas_fast", "cublas_split", "cublas_split"), sp_gather=True,
+            host_tensors=TE_QUANTIZED_TENSORS)
 def _te_delayed(M, N, K, backward, compiled):
     return (("gT", 4 * M * N),) if backward else (("xT", 4 * M * K), ("w", 3 * K * N))
 
@@ -380,6 +404,28 @@ def fp8_rescale_kernels(recipe: str, M: float, N: float, K: float) -> tuple[Kern
     sizes = (M * K, K * N)
     return tuple(Kernel("memory", bytes=4 * n, dtype="bf16", variant=kernel)
                  for n, on in zip(sizes, spec.rescaled) if on)
+
+
+def fp8_quantize_host_s(recipe: str, tensors: float) -> float:
+    """Host seconds ``recipe``'s quantizers spend creating the outputs of ``tensors`` quantized
+    tensors: :attr:`Fp8Recipe.host_tensors` × :data:`TE_TENSOR_CREATE_S` each (Transformer
+    Engine's ``create_tensor``); 0 for a recipe without (torchao's).
+
+    Parameters
+    ----------
+    recipe : str
+        a registered recipe (:data:`FP8_RECIPES`).
+    tensors : float
+        tensors quantized, e.g. one input per local expert of a grouped linear's forward.
+
+    Returns
+    -------
+    float
+        seconds, host only (the op's ``host_s``).
+    """
+    if tensors < 0:
+        raise ValueError(f"fp8_quantize_host_s: tensors = {tensors!r}; allowed: >= 0")
+    return tensors * FP8_RECIPES[recipe].host_tensors * TE_TENSOR_CREATE_S
 
 
 def fp8_gemm_efficiency(variant: str) -> float:

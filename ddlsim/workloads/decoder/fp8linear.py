@@ -19,7 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 from ...simulator.kernels.fp8recipe import (FP8_RECIPES, fp8_cast_kernels, fp8_gemm_variants,
-                                            fp8_rescale_kernels)
+                                            fp8_quantize_host_s, fp8_rescale_kernels)
 from ...simulator.kernels.gemm import gemm_kernels_backward
 from ..trace import Compute, Kernel
 from .wgrad import into_main_grad
@@ -92,12 +92,26 @@ def with_fp8_casts(op: Compute, sw: Any, M: float, N: float, K: float, backward:
                    batch: float = 1.0, launches: int = 1, main_grad: int = 0) -> Compute:
     """``op`` (``launches`` launches of ``batch`` GEMMs ``[M,K]·[K,N]`` in its kernels' dtype,
     :meth:`.moe.MoEOps._gemm`) with each launch's kernels as :func:`linear_kernels` gives
-    them (``main_grad``: as there); ``op`` itself when its GEMMs are not FP8."""
+    them (``main_grad``: as there); ``op`` itself when its GEMMs are not FP8.
+
+    The host's work of the quantized tensors is added to the op's ``host_s``: each problem's
+    input (forward) or output gradient (backward) is quantized into tensors created one by one
+    on the host (:func:`~ddlsim.simulator.kernels.fp8recipe.fp8_quantize_host_s`: Transformer
+    Engine's ``split_quantize`` allocates every problem's FP8 output with its quantizer's
+    ``create_tensor`` unless all quantizers are blockwise, MXFP8 or NVFP4, which bulk-allocate:
+    TransformerEngine 71bbefbf ``pytorch/csrc/extensions/cast.cpp`` ``split_quantize``,
+    ``AllocationMethod::UNFUSED``, delayed and current scaling alike). The weights' FP8 copies
+    are cached across micro-batches (``get_weight_workspace``) or are FP8 parameters: none
+    created (ddlsim still charges their cast kernels per micro-batch:
+    :mod:`ddlsim.simulator.kernels.fp8_current`). The op's time is ``max(Σ t + n·g, n·h + host_s)``
+    (:func:`~ddlsim.simulator.kernels.host.stream_time`)."""
     kernels = op.kernels or ()
     if not kernels or kernels[0].dtype != "fp8":
         return op
+    host_s = fp8_quantize_host_s(sw.fp8_recipe, batch * launches)
     return replace(op, kernels=linear_kernels(sw, "fp8", M, N, K, backward, batch,
-                                              main_grad=main_grad) * launches)
+                                              main_grad=main_grad) * launches,
+                   host_s=op.host_s + host_s)
 
 
 def fp8_sp_gather(sw: Any, train_dtype: str, tp: int, sp: bool, shape: Any) -> bool:

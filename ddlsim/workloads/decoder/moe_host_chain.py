@@ -28,7 +28,9 @@ __all__ = ["GROUPED_LINEAR_BWD_OPS", "HostChain", "add_backward_expert_host",
 #: per-expert loops are Python over lists (weights, quantizer usages, saved tensors,
 #: ``main_grad`` lambdas), not timed by the host rule; ``torch.split``,
 #: ``tex.split_quantize`` and ``general_grouped_gemm`` are one call per pass each (the C++
-#: per-GEMM launches are the GEMM op's own, :mod:`.grouped_linear`).
+#: per-GEMM launches are the GEMM op's own, :mod:`.grouped_linear`; in FP8 the tensors
+#: ``split_quantize`` creates per expert are the GEMM op's ``host_s``,
+#: :func:`.fp8linear.with_fp8_casts`).
 GROUPED_LINEAR_BWD_OPS = 5
 
 
