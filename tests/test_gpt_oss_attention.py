@@ -106,3 +106,34 @@ def test_an_older_container_would_not_run_cudnn_with_sinks():
     Megatron-Core's local attention would run (unfused)."""
     kind, why = vmm.attention_as_run({"release": "25.09"})
     assert kind == "unfused" and "< 2.8" in why
+
+
+# cuDNN's published sliding-window SDPA on the GPT-OSS head layout: NVIDIA/cudnn-frontend
+# df73764a (v1.19.0) benchmark/sdpa_benchmark_training/results/h200_919_only_cudnn/
+# gpt_oss_20260227_034819.csv: H200, cuDNN backend 91901, bf16, top_left (causal) mask with a
+# 1,024-token window, batch 2, 64 query heads, 8 KV heads, head dim 64, non-deterministic
+# backward, median of 10; no sinks. (s, forward ms, backward ms)
+CUDNN_SWA_H200 = [(2048, 0.166, 0.488), (4096, 0.358, 1.042), (8192, 0.738, 2.149),
+                  (16384, 1.499, 4.392), (32768, 3.021, 9.045)]
+
+
+@pytest.mark.parametrize("s, fwd_ms, bwd_ms", CUDNN_SWA_H200)
+def test_windowed_cudnn_against_cudnn_frontends_h200_benchmark(s, fwd_ms, bwd_ms):
+    """ddlsim's cudnn kernel with a window (the band's tiles at the FA3 paper's causal rate,
+    window.py) against cuDNN's own published runs of that kernel: the forward within 3 %;
+    the backward 12-22 % short of it (ddlsim's causal backward is derived from the paper's
+    MHA curves of a 2024 cuDNN; GQA's dK/dV reduction and the newer cuDNN are possible causes,
+    not separated: a known gap, not corrected). Without the window the forward would be
+    0.757 ms at 4k: the test fails if the band's tiles are not skipped."""
+    import ddlsim
+    from ddlsim.simulator.kernels.device import kernel_device, kernel_time
+    cfg = ddlsim.load_config({"model": "gpt-oss-120b", "parallel": {}, "train": {
+        "micro_batch_size": 1, "global_batch_size": 8, "seq_length": 4096},
+        "system": {"preset": "dgx-h200", "nodes": 1,
+                   "software": {"stack": "megatron-core-2025"}}})
+    dev = kernel_device(cfg.system)
+    fwd, bwd = (1e3 * sum(kernel_time(k, dev) for k in attention_kernels(
+        "cudnn", 2, 64, s, 64, 2, False, backward, kv_heads=8, window=1024, window_share=1.0,
+        sinks=True)) for backward in (False, True))
+    assert fwd == pytest.approx(fwd_ms, rel=0.03)
+    assert 0.78 < bwd / bwd_ms < 0.88
