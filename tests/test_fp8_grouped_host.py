@@ -103,3 +103,15 @@ def test_the_moe_layers_expert_linears_carry_the_host_time_in_the_trace():
            if isinstance(o.payload, Compute) and ".experts.fc" in o.payload.name
            and any(k.kind == "gemm" for k in o.payload.kernels or ())]
     assert ops and all(p.host_s == pytest.approx(16 * PER_TENSOR_S) for p in ops)
+
+
+def test_the_combined_1f1b_split_keeps_the_host_time_on_the_data_gradient():
+    # the combined 1F1B splits a backward GEMM op into .dgrad and .wgrad; the output
+    # gradients' quantized tensors are created before the data gradient, so that op keeps
+    # the host time (it was dropped before 2026-11-30)
+    from ddlsim.workloads.decoder.combined_nodes import _split_wgrad
+    op = with_fp8_casts(_grouped("fp8", True), _sw("te_current"), M, N, K, True, batch=8)
+    assert op.host_s > 0
+    dgrad, wgrad = _split_wgrad(op)
+    assert dgrad.host_s == op.host_s
+    assert wgrad.host_s == 0

@@ -121,10 +121,12 @@ def _split_wgrad(c: Compute) -> tuple[Compute, Compute]:
     """A backward GEMM op (GEMM kernels: data gradient, weight gradient, per launch:
     :func:`~ddlsim.simulator.kernels.gemm.gemm_kernels_backward`) as two ops, ``.dgrad`` and
     ``.wgrad``, each with half the FLOPs; its memory kernels (the FP8 output gradient's
-    casts, which both GEMMs read) stay with the data gradient, which runs first."""
+    casts, which both GEMMs read) stay with the data gradient, which runs first, and so does
+    the op's host time (``host_s``: the quantized output gradients' tensors, created before the
+    data gradient, :func:`.fp8linear.with_fp8_casts`)."""
     half = c.flops / 2
     gemms = tuple(k for k in c.kernels if k.kind == "gemm")
     casts = tuple(k for k in c.kernels if k.kind != "gemm")
     return (Compute(f"{c.name}.dgrad", half, c.bytes, c.kind, c.dtype,
-                    kernels=casts + gemms[0::2]),
+                    kernels=casts + gemms[0::2], host_s=c.host_s),
             Compute(f"{c.name}.wgrad", half, 0.0, c.kind, c.dtype, kernels=gemms[1::2]))
