@@ -121,6 +121,14 @@ def peak_inflight(name: str, stage: int, p: int, m: int, v: int = 1,
     """Most (micro-batch, chunk) forwards whose activations a stage holds at once: the warm-up
     forwards plus the first steady-state one, or all of them when warm-up covers everything.
 
+    Interleaved: Megatron-Core's warm-up is ``2(p − s − 1) + (v − 1)·g`` with ``g =
+    microbatch_group_size_per_vp_stage``, which defaults to ``p`` (Megatron-LM
+    core_v0.14.0rc7 ``pipeline_parallel/schedules.py`` lines 730-731,
+    ``model_parallel_config.py`` lines 392-393; Megatron-Bridge v0.1.0rc3 sets no other):
+    the ``(v − 1)·p`` of :func:`warmup`. Its steady state runs forward ``k + warm-up``
+    before backward ``k`` (lines 1462-1554: ``forward_step_helper`` at 1495, then
+    ``backward_step_helper`` at 1554), hence the one more.
+
     ``combined`` (Megatron-Core's combined 1F1B, :func:`combined_schedule`): the warm-up has
     one forward more, and each steady step pairs a forward with a backward **layer by layer**
     (forward layer ``i`` beside backward layer ``N − 1 − i``, the backward layer's state
