@@ -210,6 +210,14 @@ class KernelSpec(_Strict):
                                   "false: the sequence-sharded input is saved and all-gathered "
                                   "again in every backward (Megatron, Korthikanti et al. 2022 "
                                   "§4.2.2)")
+    moe_saves_expert_output: StrictBool | None = Field(
+        default=None, description="an MoE layer weights each routed copy's expert output by "
+                                  "its routing probability at the combine, whose product "
+                                  "saves the expert output for the probability's gradient "
+                                  "(2 bytes per copy and hidden unit kept); false: the "
+                                  "experts' activation applies the probabilities and nothing "
+                                  "after the second expert GEMM keeps its output "
+                                  "(Megatron-Core from 0.13)")
     host_dispatch: HostDispatch | None = Field(
         default=None, description="how kernels are dispatched: eager (PyTorch from Python, op "
                                   "by op), compiled (torch.compile: a compiled wrapper "

@@ -83,7 +83,8 @@ def activation_kinds(cfg: Any, recompute: str | None = None, shape: Any = None
             "gathered_input": keeps_gathered_input(cfg.software,
                                                    recompute or cfg.train.recompute),
             "repeat_kv": expands_kv(cfg.software,
-                                    cfg.model.shape() if shape is None else shape)}
+                                    cfg.model.shape() if shape is None else shape),
+            "moe_output_kept": bool(cfg.software.moe_saves_expert_output)}
 
 
 def linear_gemms(shape: Any, M: float, t: int, per_module: bool = False

@@ -28,16 +28,18 @@ layernorm       each norm's output that is a module of its own:    each such nor
                 input norm only when the stack does not fuse it
                 into the QKV GEMM, ``kernels.fused_layernorm``)
 moe_act         the routed experts' activation output, fc2's       the experts' activation
-                input: ``2sb·k·f_e/t``                             (SwiGLU/GeLU) forward
+                input: ``2sb·k·f_e/t`` (FP8: the 1-byte copy fc2   (SwiGLU/GeLU) forward
+                would keep; fc2 saves the original instead)
 mlp             a dense layer's MLP input and intermediates:       fc1, the activation, fc2
                 ``2sbh`` + ``(4|6)·sb·f/t``                        (TP 1 only, below)
 shared_experts  the shared experts' intermediates                  their fc1, activation, fc2
                 ``(4|6)·sb·n_s·f_s/t``                             (TP 1 only, below)
-moe             the MoE block's tensors but its input: the         the MoE block's forward, its
-                dispatched copies and outputs ``4k·sbh``, router   dispatch and combine
-                logits ``2sbE``, the experts' and shared experts'  collectives included, as
-                intermediates (``moe_act``, ``shared_experts``     ops before the layer's
-                inside it add nothing)                             backward (:func:`moe_block_ops`)
+moe             the MoE block's tensors but its input           the MoE block's forward, its
+                (:meth:`~ddlsim.workloads.models.decoder_traffic.  dispatch and combine
+                DecoderTraffic.moe_block_bytes`: the dispatched    collectives included, as
+                copies (and outputs), router logits, the experts'  ops before the layer's
+                and shared experts' intermediates; ``moe_act``,    backward (:func:`moe_block_ops`)
+                ``shared_experts`` inside it add nothing)
 mla_up_proj     MLA's query, key and value after the up            q_up, kv_up, RoPE, the query
                 projections: ``2sb·(2·a(d_n+d_r) + a·d_v)/t``      and key concatenations (TP 1)
 ==============  =================================================  ==============================
@@ -49,7 +51,9 @@ only; ``mlp``: dense layers only, line 472), lines 580-634 and 716-866 (the norm
 CheckpointWithoutOutput), 781-800 (the MLP's checkpoint); ``attention.py`` lines 328-331 and
 1143 (``core_attn``); ``moe/experts.py`` lines 230-234 and 379-390 (``moe_act`` in
 TEGroupedMLP; config lines 1380-1383: grouped GEMM only); ``moe/moe_layer.py`` lines 230-232
-and 450-465 (``shared_experts``), 599-620 (``moe``); ``multi_latent_attention.py`` lines
+and 450-465 (``shared_experts``), 599-620 (``moe``; lines 234-237: under FP8 ``moe_act``
+sets ``set_save_original_input`` on fc2, whose 16-bit input the checkpoint then discards);
+``multi_latent_attention.py`` lines
 134-138 and 856-870 (``mla_up_proj``: the up projections, RoPE and the query/key
 concatenations; config lines 1385-1389: MLA only). Not modelled: ``mlp``, ``shared_experts``
 and ``mla_up_proj`` under tensor parallelism (their recomputed forward re-runs TP
@@ -108,6 +112,7 @@ class LayerContext:
     fp8: bool
     norms: int
     dt: int = 2
+    moe_output_kept: bool = True
 
 
 #: Megatron-Core's recompute modules, by the name users give (:func:`recompute_module`)
@@ -200,7 +205,8 @@ def _layernorm(shape: Any, ctx: LayerContext) -> float:
 
 @recompute_module("moe_act", "moe", _act_kernels)
 def _moe_act(shape: Any, ctx: LayerContext) -> float:
-    return ctx.dt * ctx.b * ctx.s * shape.top_k * shape.f_e / ctx.t
+    per = 1 if ctx.fp8 else ctx.dt     # what fc2 keeps of its input without moe_act
+    return per * ctx.b * ctx.s * shape.top_k * shape.f_e / ctx.t
 
 
 @recompute_module("mlp", "dense", _mlp_kernels)
@@ -224,12 +230,9 @@ def _no_kernels(b: Any, ctx: LayerContext) -> tuple[Kernel, ...]:
 @recompute_module("moe", "moe", _no_kernels)
 def _moe(shape: Any, ctx: LayerContext) -> float:
     """The MoE block's tensors (its input, the pre-MLP norm's output, is the checkpoint's):
-    the dispatched copies and their outputs, the router logits, the experts' and the shared
-    experts' intermediates."""
-    sb, k = ctx.b * ctx.s, shape.top_k
-    replicated = 2 * k * 2 * sb * shape.hidden + 2 * sb * shape.experts
-    split = _per_token(shape) * sb * (k * shape.f_e + shape.shared_experts * shape.f_s)
-    return replicated / _replicated(ctx) + split / ctx.t
+    :meth:`~ddlsim.workloads.models.decoder_traffic.DecoderTraffic.moe_block_bytes`."""
+    return shape.moe_block_bytes(ctx.b, ctx.s, ctx.t, ctx.sp, fp8=ctx.fp8,
+                                 moe_output_kept=ctx.moe_output_kept)
 
 
 def _mla_kernels(b: Any, ctx: LayerContext) -> tuple[Kernel, ...]:
@@ -259,8 +262,7 @@ def _mla_up_proj(shape: Any, ctx: LayerContext) -> float:
 
 
 def layer_bytes(shape: Any, modules: tuple[str, ...], sw: Any, b: int, s: int, t: int,
-                sp: bool, moe: bool, flash: bool = False, fp8: bool = False,
-                gathered_input: bool = False, repeat_kv: bool = False) -> float:
+                sp: bool, moe: bool, **kinds: bool) -> float:
     """Activation bytes one layer keeps for its backward on one TP rank when ``modules``
     are recomputed (module docstring): the layer's bytes without recomputation (or with the
     attention core's, ``core_attn``) less what each other module frees.
@@ -279,8 +281,9 @@ def layer_bytes(shape: Any, modules: tuple[str, ...], sw: Any, b: int, s: int, t
         Sequence parallelism.
     moe : bool
         An MoE layer (else a dense one).
-    flash, fp8, gathered_input, repeat_kv : bool
-        :func:`.layerkernels.activation_kinds`.
+    **kinds : bool
+        :func:`.layerkernels.activation_kinds` (``flash``, ``fp8``, ``gathered_input``,
+        ``repeat_kv``, ``moe_output_kept``).
 
     Returns
     -------
@@ -288,9 +291,9 @@ def layer_bytes(shape: Any, modules: tuple[str, ...], sw: Any, b: int, s: int, t
         Bytes.
     """
     base = "selective" if "core_attn" in modules else "none"
-    kept = shape.layer_activation_bytes(b, s, t, sp, base, moe=moe, flash=flash, fp8=fp8,
-                                        gathered_input=gathered_input, repeat_kv=repeat_kv)
-    ctx = LayerContext(b, s, t, sp, moe, fp8, separate_norms(shape, sw, moe))
+    kept = shape.layer_activation_bytes(b, s, t, sp, base, moe=moe, **kinds)
+    ctx = LayerContext(b, s, t, sp, moe, bool(kinds.get("fp8")), separate_norms(shape, sw, moe),
+                       moe_output_kept=kinds.get("moe_output_kept", True))
     return kept - sum(_applied(name, moe, modules) and RECOMPUTE_MODULES[name].freed(shape, ctx)
                       for name in modules)
 

@@ -16,12 +16,23 @@ Activation bytes one layer keeps for backward (Korthikanti et al. 2022, §4.1, 1
       Megatron-Core's fused SwiGLU saves) plus the down projection's input ``2sbf``.
     * No dropout (Llama, Mistral, Qwen2 train without it): no masks (``−2sbh``) and the
       scores term is only the softmax output ``2as²b``.
-    * MoE layer: the dense MLP's tensors are replaced by, per routed copy of a token
-      (``k`` of them), its dispatched input ``2sbh``, the expert's intermediates (``4sbf_e``
-      or ``6sbf_e``) and its output ``2sbh`` (kept to differentiate the gate-weighted
-      combine), plus router logits ``2sbE`` and the shared experts' intermediates. With
-      balanced routing an expert-parallel rank receives as many token copies as it sends,
-      so the count per rank does not depend on the EP size.
+    * MoE layer: the dense MLP's tensors are replaced by the MoE block's
+      (:meth:`DecoderTraffic.moe_block_bytes`): per routed copy of a token (``k`` of them),
+      its dispatched input ``2sbh``, the expert's intermediates (``4sbf_e`` or ``6sbf_e``)
+      and, where the stack weights the outputs by their probabilities at the combine, its
+      output ``2sbh``; plus router logits ``2sbE`` and the shared experts' intermediates.
+      With balanced routing an expert-parallel rank receives as many token copies as it
+      sends, so the count per rank does not depend on the EP size.
+    * Query and key norms (Qwen3's ``qk_norm``): each keeps its input, ``2sb·ad`` and
+      ``2sb·gd`` beside the rotated Q and K the core keeps (Megatron-Core core_v0.14.0rc7
+      ``attention.py`` ``get_query_key_value_tensors``: the query reshaped out of the fused
+      QKV output is a copy, TE's RMSNorm saves its contiguous input).
+    * FP8 (Transformer Engine): each linear keeps its input as the 1-byte transposed copy
+      its weight gradient reads (TransformerEngine v2.7 ``module/linear.py``,
+      ``layernorm_linear.py``, ``grouped_linear.py``: ``update_usage(rowwise_usage=False,
+      columnwise_usage=True)`` before ``save_for_backward``), in an MoE layer the QKV's, the
+      projection's and each routed copy's fc1 and fc2 inputs; the router keeps the 16-bit
+      norm output.
 
     With tensor parallelism the tensors that are split over heads or FFN columns are divided
     by ``t`` and the rest (norm inputs, GEMM inputs, masks) replicated; with sequence
@@ -69,7 +80,7 @@ class DecoderTraffic:
     def layer_activation_bytes(self, b: int, s: int, t: int, sp: bool, recompute: str,
                                *, moe: bool | None = None, flash: bool = False,
                                fp8: bool = False, gathered_input: bool = False,
-                               repeat_kv: bool = False) -> float:
+                               repeat_kv: bool = False, moe_output_kept: bool = True) -> float:
         """Activation bytes one layer keeps for backward on one TP rank (16-bit), after
         Korthikanti et al. 2022 adapted as the module docstring derives. ``flash``: no ``s²``
         tensor, a 4-byte log-sum-exp per query row and head; ``fp8``: TE keeps the inputs of
@@ -80,7 +91,9 @@ class DecoderTraffic:
         :func:`~ddlsim.simulator.kernels.dtensor.regathers_input` false); ``repeat_kv``: the
         attention core saves K and V repeated to the query heads (``q_width`` each, not
         ``kv_width``: :func:`~ddlsim.simulator.kernels.repeat_kv.expands_kv`), except under
-        ``selective`` recomputation, whose checkpointed core keeps its inputs unrepeated."""
+        ``selective`` recomputation, whose checkpointed core keeps its inputs unrepeated;
+        ``moe_output_kept``: the MoE combine keeps each routed copy's expert output
+        (:meth:`moe_block_bytes`)."""
         sb, h = s * b, self.hidden
         if recompute == "full":
             return 2.0 * sb * h / (t if sp else 1)
@@ -91,20 +104,69 @@ class DecoderTraffic:
         split = 4.0 * sb * (self.q_width + self.kv_width)       # Q, K, V, projection input
         if repeat_kv and recompute != "selective":    # K and V as the core saves them
             split += 4.0 * sb * (self.q_width - self.kv_width)
+        block = 0.0
         if self._uniform(moe):
-            k = self.top_k
-            split += per_tok * sb * (k * self.f_e + self.shared_experts * self.f_s)
-            replicated += 2 * k * 2 * sb * h + 2 * sb * self.experts
+            block = self.moe_block_bytes(b, s, t, sp, fp8=fp8, moe_output_kept=moe_output_kept)
         else:
             split += per_tok * sb * self.ffn
+        if self.qk_norm:   # the query and key norms' inputs, beside the rotated Q and K
+            split += 2.0 * sb * (self.q_width + self.kv_width)
         scores = 0.0 if recompute == "selective" else (
             4.0 * self.heads * s * b if flash else (5 if self.dropout else 2) * self.heads * s * s * b)
         if fp8 and not self._uniform(moe):   # 1 byte saved per linear GEMM input element kept
             replicated, split = replicated - 2 * sb * h, split - sb * (self.q_width + self.ffn)
+        elif fp8:    # an MoE layer's QKV and projection (its block's: moe_block_bytes)
+            replicated, split = replicated - sb * h, split - sb * self.q_width
         if sp and gathered_input:   # the inputs whole: (1 - 1/t) more of each (none at t = 1)
             per_input = 1 if fp8 and not self._uniform(moe) else 2
             gathered = (1 if self._uniform(moe) else 2) * per_input * sb * h
             replicated += gathered * (t - 1)      # / t below: the whole input per rank
         if sp:
-            return (replicated + split + scores) / t
-        return replicated + (split + scores) / t
+            return (replicated + split + scores) / t + block
+        return replicated + (split + scores) / t + block
+
+    def moe_block_bytes(self, b: int, s: int, t: int, sp: bool, *, fp8: bool = False,
+                        moe_output_kept: bool = True) -> float:
+        """Activation bytes an MoE layer's block (router, dispatch, experts, combine) keeps
+        for the backward on one TP rank beyond its input, the pre-MLP norm's output (which
+        the router's linear keeps, counted with the layer).
+
+        Per routed copy of a token (``k``): the first expert GEMM's input ``h`` (2 bytes,
+        1 under ``fp8``), the experts' intermediates (gate ‖ up ``4f_e`` and the second
+        GEMM's input ``2f_e``, 1 byte under ``fp8``; GeLU ``2f_e + 2f_e``) and, with
+        ``moe_output_kept``, the expert's output ``2h``, which the probability-weighted
+        combine keeps (Megatron-Core before 0.13: ``moe_utils.py`` ``unpermute``,
+        ``probs * permuted_tokens``); from Megatron-Core 0.13 (Megatron-LM 2659630721) the
+        experts' activation applies the probabilities (``WeightedSwiGLUFunction`` saves its
+        input, the fc1 output, already counted) and the un-permutation keeps only its index
+        map. Plus the router logits ``2E`` per token and the shared experts' intermediates;
+        under ``fp8`` their fc1 keeps its own 1-byte copy of the block's input ``h``
+        (Megatron-Core 9c1a5351 ``shared_experts.py``; later cores save the original under
+        current scaling). Tensors split over heads or FFN columns are divided by ``t``, the
+        rest by ``t`` only with sequence parallelism (``sp``).
+
+        Parameters
+        ----------
+        b, s, t : int
+            Sequences per micro-batch, tokens per sequence on the rank, TP ranks.
+        sp : bool
+            Sequence parallelism.
+        fp8 : bool
+            Transformer Engine's FP8 linears (1-byte saved inputs).
+        moe_output_kept : bool
+            The combine keeps each routed copy's expert output (the stack's
+            ``moe_saves_expert_output``).
+
+        Returns
+        -------
+        float
+            Bytes.
+        """
+        sb, h, k = s * b, self.hidden, self.top_k
+        gemm_in = 1 if fp8 else 2
+        replicated = k * sb * h * (gemm_in + (2 if moe_output_kept else 0)) + 2 * sb * self.experts
+        if fp8 and self.shared_experts:
+            replicated += sb * h
+        per_tok = (6 if self.gated_mlp else 4) - (1 if fp8 else 0)
+        split = per_tok * sb * (k * self.f_e + self.shared_experts * self.f_s)
+        return replicated / (t if sp else 1) + split / t
