@@ -185,7 +185,8 @@ def plan_fields(cfg: Any) -> dict[str, Any]:
     if family is not None:
         out.update(family(cfg))
     if kernels:
-        out.update(attention=sw.attention, gemm_library=_gemm(cfg), precision=_precision(cfg),
+        out.update(attention=_attention(cfg, sw.attention), gemm_library=_gemm(cfg),
+                   precision=_precision(cfg),
                    host_dispatch=sw.host_dispatch,
                    fused=[n for f, n in _FUSIONS.items() if sw.kernels.get(f)],
                    not_fused=[n for f, n in _FUSIONS.items() if not sw.kernels.get(f)])
@@ -201,6 +202,15 @@ def _zero3(cfg: Any) -> str:
     from .workloads.decoder.fsdp import reshard_phrase
     from .workloads.decoder.zero3 import zero3_phrase
     return zero3_phrase(cfg.software) + reshard_phrase(cfg)
+
+
+def _attention(cfg: Any, kind: str) -> str:
+    """The stack's attention kernel as it runs the model: with attention sinks, the kernel
+    that runs them (:func:`~ddlsim.simulator.kernels.attention.attention_label`)."""
+    from .simulator.kernels.attention import attention_label
+    shape = getattr(cfg.model, "shape", None)
+    sinks = bool(getattr(shape(), "attention_sinks", False)) if callable(shape) else False
+    return attention_label(kind, sinks)
 
 
 def kernels_line(cfg: Any) -> str | None:

@@ -179,7 +179,7 @@ def layer_kernels(shape: Any, sw: Any, b: int, s: int, t: int, sp: bool,
     core = [attention_kernels(sw.attention, b, shape.heads / t, s, shape.d, dt, shape.dropout,
                               bwd, od, kv_heads=shape.g / t, window=shape.sliding_window,
                               window_share=shape.window_share, softmax_fp32=sw.softmax_in_fp32,
-                              softmax_dispatch=sw.softmax_dispatch)
+                              softmax_dispatch=sw.softmax_dispatch, sinks=shape.attention_sinks)
             for bwd in (False, True)]
     ew = layer_elementwise_kernels(shape, b, s, t, sp, dt, sw, od)
     # K and V repeated to the query heads before the core, their gradients summed after it

@@ -40,6 +40,7 @@ from ..trace import Collective, Compute, Kernel, Loop, Op, Wait
 from .fp8linear import with_fp8_casts
 from .grouped_linear import multi_stream_gemms
 from .layerkinds import attention_projections
+from .moe_activation import expert_activation_kernels
 from .moe_dispatch import flex_ops
 from .moe_host import add_waits, dispatcher_host
 from .moe_host_chain import HostChain, add_backward_expert_host
@@ -162,12 +163,13 @@ class MoEOps(StageBase):
         sh, n, e = self.shape, self.expert_tokens(), self.local_experts
         f = sh.f_e / self.etp
         batch, launches = (e, 1) if self.moe.grouped_gemm else (1, e)
-        act = e * n * f * sh.mlp_matrices * self.dt * (2 if backward else 1)
+        act = expert_activation_kernels(sh, e * n * f, self.dt, self.dtype, backward)
         pre = "bwd" if backward else tag
         fc1 = (n, (sh.mlp_matrices - 1) * f, sh.hidden)
         fc2 = (n, sh.hidden, f)
         gemms = [self._experts_linear(f"{pre}.experts.fc1", fc1, backward, batch, launches),
-                 self._memory(f"{pre}.experts.act", act),
+                 Compute(f"{pre}.experts.act", 0.0, sum(k.bytes for k in act),
+                         kind="elementwise", dtype=self.dtype, kernels=act),
                  self._experts_linear(f"{pre}.experts.fc2", fc2, backward, batch, launches)]
         return gemms[::-1] if backward else gemms
 

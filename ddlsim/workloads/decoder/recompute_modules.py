@@ -156,10 +156,9 @@ def _norm_kernels(b: Any, ctx: LayerContext) -> tuple[Kernel, ...]:
 def _act_kernels(b: Any, ctx: LayerContext) -> tuple[Kernel, ...]:
     """The routed experts' activation forward, as the MoE layer's ``experts.act`` op moves
     it (:meth:`.moe.MoEOps._expert_compute`)."""
-    sh = b.shape
-    nbytes = (b.local_experts * b.expert_tokens() * sh.f_e / b.etp * sh.mlp_matrices
-              * ctx.dt)
-    return (Kernel("memory", bytes=nbytes, dtype=b.dtype),)
+    from .moe_activation import expert_activation_kernels
+    return expert_activation_kernels(b.shape, b.local_experts * b.expert_tokens()
+                                     * b.shape.f_e / b.etp, ctx.dt, b.dtype, False)
 
 
 def _activation(b: Any, ctx: LayerContext, y: float, cls: str = "") -> tuple[Kernel, ...]:

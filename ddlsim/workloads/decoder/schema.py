@@ -209,6 +209,9 @@ class LlamaModel(DecoderFields):
     v_head_dim: count_type("hidden_size") | None = None
     qk_norm: StrictBool = Field(default=False, description="RMSNorm of query and key heads")
     attention_sinks: StrictBool = Field(default=False, description="one sink logit per head")
+    swiglu_limit: Annotated[float, Field(gt=0)] | None = Field(
+        default=None, description="the gated MLP's inputs clamped: the gate at most this, the "
+        "linear half within +-this (GPT-OSS)")
     sliding_window: count_type("seq_length") | None = Field(
         default=None, description="keys a query sees in a sliding-window layer")
     window_layers: count_type("layers") | None = Field(

@@ -47,7 +47,8 @@ def check_variants(m: Any) -> None:
 
 def variant_shape_fields(m: Any) -> dict:
     """The :class:`DecoderShape` keyword arguments of a checked section's variants."""
-    out: dict = {"qk_norm": m.qk_norm, "attention_sinks": m.attention_sinks}
+    out: dict = {"qk_norm": m.qk_norm, "attention_sinks": m.attention_sinks,
+                 "glu_clamp": m.swiglu_limit}
     if m.kv_lora_rank is not None:
         out["mla"] = MLA(kv_lora_rank=m.kv_lora_rank, qk_nope_head_dim=m.qk_nope_head_dim,
                          qk_rope_head_dim=m.qk_rope_head_dim, v_head_dim=m.v_head_dim,
@@ -72,6 +73,8 @@ def variant_section(f: dict) -> dict:
             out[key] = True
     if f.get("first_dense_layers"):
         out["first_k_dense_replace"] = f["first_dense_layers"]
+    if f.get("glu_clamp") is not None:
+        out["swiglu_limit"] = f["glu_clamp"]
     if f.get("sliding_window") is not None:
         out["sliding_window"] = f["sliding_window"]
         out["window_layers"] = f["window_layers"]

@@ -110,6 +110,10 @@ class DecoderShape(DecoderParams, DecoderTraffic):
         RMSNorm of each head's query and key (Qwen3: ``q_norm``, ``k_norm`` of ``d`` each).
     attention_sinks : bool
         One learned softmax sink logit per query head (GPT-OSS): ``a`` parameters per layer.
+    glu_clamp : float or None
+        The gated MLP's inputs clamped (GPT-OSS's ``swiglu_limit``: the gate at most ``c``,
+        the linear half within ``±c``); None: not clamped. It adds the clamps' element-wise
+        kernels (:mod:`ddlsim.workloads.decoder.moe`), not parameters or FLOPs.
     sliding_window : int or None
         Keys a query sees in a sliding-window layer (:mod:`ddlsim.simulator.kernels.window`).
     window_layers : int
@@ -147,6 +151,7 @@ class DecoderShape(DecoderParams, DecoderTraffic):
     mla: MLA | None = None
     qk_norm: bool = False
     attention_sinks: bool = False
+    glu_clamp: float | None = None
     sliding_window: int | None = None
     window_layers: int = 0
 

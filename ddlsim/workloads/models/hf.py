@@ -79,7 +79,8 @@ _READ = {"model_type", "vocab_size", "num_key_value_heads", "head_dim", "hidden_
          "embd_pdrop", "attn_pdrop", "sliding_window", "use_sliding_window", "max_window_layers",
          "layer_types", "n_routed_experts", "n_shared_experts", "first_k_dense_replace",
          "moe_layer_freq", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
-         "qk_rope_head_dim", "v_head_dim", "router_aux_loss_coef", "n_group", "topk_group"}
+         "qk_rope_head_dim", "v_head_dim", "router_aux_loss_coef", "n_group", "topk_group",
+         "swiglu_limit"}
 
 
 def _err(source: str, key: str, value: object, allowed: str) -> ConfigError:
@@ -153,6 +154,9 @@ def _sizes(doc: dict, mt: str, source: str) -> dict:
         bias = _bool(doc, "attention_bias", source, False)
         fields.update(qkv_bias=bias, out_bias=bias, mlp_bias=_bool(doc, "mlp_bias", source, False))
     fields.update(_window(doc, mt, fields["layers"], source))
+    if mt == "gpt_oss" and doc.get("swiglu_limit") is not None:
+        # modeling_gpt_oss.py GptOssExperts: gate.clamp(max=limit), up.clamp(-limit, limit)
+        fields["glu_clamp"] = float(doc["swiglu_limit"])
     if mt in _DEEPSEEK_TYPES:
         fields["mla"] = _mla(doc, source)
     return fields

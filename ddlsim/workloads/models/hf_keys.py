@@ -94,8 +94,6 @@ CONDITIONAL: dict[str, _Rule] = {
     "quantization_config": (_zero, "the checkpoint's weights are stored quantized; ddlsim "
                                    "trains the model in train.dtype and models no quantized "
                                    "weights"),
-    "swiglu_limit": (_zero, "GPT-OSS's clamped SwiGLU (clamps of the gate and up projections) "
-                            "not modelled: the MLP's element-wise work is plain SwiGLU's"),
     "attn_logit_softcapping": (_zero, "tanh soft-capping of the attention scores not modelled"),
     "final_logit_softcapping": (_zero, "tanh soft-capping of the logits not modelled"),
     "router_jitter_noise": (_zero, "router jitter (a random factor on the router's input) not "

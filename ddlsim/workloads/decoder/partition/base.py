@@ -165,7 +165,8 @@ class LayerPartitioner:
                                  kv_heads=sh.g / self.size,
                                  softmax_fp32=self.sw.softmax_in_fp32,
                                  softmax_dispatch=self.sw.softmax_dispatch,
-                                 window=sh.sliding_window, window_share=sh.window_share)
+                                 window=sh.sliding_window, window_share=sh.window_share,
+                                 sinks=sh.attention_sinks)
 
     def cp_core_kernels(self, backward: bool, step: int | None = None) -> tuple | None:
         """Under context parallelism, the fused attention kernels of ring step ``step`` of
@@ -198,7 +199,7 @@ class LayerPartitioner:
         sh = self.shape
         return tuple(k for s_q, s_k, causal in calls for k in attention_kernels(
             self.sw.attention, self.b, sh.heads / self.size, s_q, sh.d, self.dt,
-            sh.dropout, backward, self.dtype, causal=causal, s_k=s_k))
+            sh.dropout, backward, self.dtype, causal=causal, s_k=s_k, sinks=sh.attention_sinks))
 
     def gemm_forward(self, ops: OpList, name: str, M: float, N: float, K: float,
                      row_parallel: bool) -> None:
