@@ -62,3 +62,25 @@ def test_no_bias_no_update():
     b = builder(bias=False)
     block = b.update_block(0, True, True)
     assert bias_update_ops(b, 0) == [] and with_bias_update(b, block, 0) is block
+
+
+def test_the_update_is_in_the_trace_and_costs_time():
+    """Built into every stage's update block (decoder/build.py ``_stage_update``): at ρ given
+    1 the iteration with the bias (its router kernels and this update) takes longer than
+    without it."""
+    d = {"model": {"preset": "qwen3-30b-a3b", "num_hidden_layers": 4},
+         "parallel": {"tensor_model_parallel_size": 2, "sequence_parallel": True,
+                      "pipeline_model_parallel_size": 2, "expert_model_parallel_size": 4,
+                      "moe": {"token_dispatcher_type": "alltoall", "grouped_gemm": True,
+                              "router_score_function": "sigmoid",
+                              "router_enable_expert_bias": True, "router_imbalance": 1.0}},
+         "train": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 4096},
+         "system": {"preset": "dgx-h100", "nodes": 2, "software": "megatron-core-2025"}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        on = ddlsim.load_config(d)
+        d["parallel"]["moe"]["router_enable_expert_bias"] = False
+        off = ddlsim.load_config(d)
+    update = ddlsim.build_workload(on).classes[0].program.blocks["update"]
+    assert "expert_bias.all_reduce.dp" in _names(update)
+    assert ddlsim.predict(on).iteration_time_s > ddlsim.predict(off).iteration_time_s

@@ -22,7 +22,8 @@ from ..trace import Block, RankClass, Program, StepTable, Workload, WorkloadMeta
 from .builder import StageBuilder
 from .memory import comm_groups, stage_memory
 from .plan import resolve_plan
-from . import combined, fsdp, hsdp, megatron_fsdp, param_gather, tied_embedding
+from . import (combined, fsdp, hsdp, megatron_fsdp, moe_bias_update, param_gather,
+               tied_embedding)
 from .zero3 import zero3_blocks, zero3_prefetch
 
 __all__ = ["build_decoder_workload", "decoder_memory"]
@@ -141,7 +142,8 @@ def _stage_update(b: StageBuilder, stage: int, root: bool, modes: _Modes) -> Blo
     if modes.zero3:               # torchao's float8 scales after the step (.fsdp_float8)
         block = fsdp.with_float8_precompute(b, block, stage)
         block = megatron_fsdp.with_edge_gather(b, block)
-    return tied_embedding.with_grad_all_reduce(b, block, stage)   # tied, PP > 1
+    block = tied_embedding.with_grad_all_reduce(b, block, stage)   # tied, PP > 1
+    return moe_bias_update.with_bias_update(b, block, stage)       # after it (Megatron's order)
 
 
 def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
