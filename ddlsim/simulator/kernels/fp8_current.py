@@ -30,10 +30,13 @@ What differs from ``te_delayed``, per linear ``[M, K] · [K, N]``:
 * the weight ``w``: nothing more. TE quantizes a weight on the first micro-batch of a step
   only: Megatron-Core's TE wrappers pass ``is_first_microbatch`` (``TELinear.forward`` and
   ``TEGroupedLinear.forward``, ``disable_parameter_transpose_cache`` off by default) and TE
-  keeps the FP8 weight for the later micro-batches; Megatron-Bridge's current-scaling preset
-  also sets ``fp8_param_gather`` (``bf16_with_fp8_current_scaling_mixed``), where the
-  optimizer quantizes the weights after its step. ddlsim charges the weight's cast per
-  micro-batch for both TE recipes (the cache is not modelled) and adds no amax to it;
+  keeps the FP8 weight for the later micro-batches; ddlsim charges the cast once per step,
+  spread over its micro-batches, for both TE recipes (``Fp8Recipe.weight_cached``,
+  :func:`~.fp8recipe.fp8_weight_share`), and adds no amax to it. Megatron-Bridge's
+  current-scaling preset also sets ``fp8_param_gather``
+  (``bf16_with_fp8_current_scaling_mixed``), where the weights are FP8 parameters that the
+  optimizer quantizes after its step and no forward casts: not modelled (ddlsim has no such
+  option; the per-step cast stands in for the optimizer's quantize);
 * the output gradient ``g``: zero + amax ``2MN`` + scale.
 
 The amax all-reduce: ``_customize_quantizers_float8_current_scaling`` of ``Linear`` and
@@ -107,7 +110,7 @@ def _te_current(M, N, K, backward, compiled):
 FP8_RECIPES["te_current"] = Fp8Recipe(
     _te_current, ("cublas_fast", "cublas_split", "cublas_split"), (False, False),
     per_module=False, inductor=False, per_problem=True, sp_gather=True,
-    sp_amax_allreduce=True, host_tensors=TE_QUANTIZED_TENSORS)
+    sp_amax_allreduce=True, host_tensors=TE_QUANTIZED_TENSORS, weight_cached=True)
 
 
 def amax_allreduce(name: str, sw: Any, train_dtype: str, tp: int,

@@ -48,6 +48,12 @@ The GEMMs (:data:`FP8_GEMM_KERNELS`), output, grad_input and grad_weight in that
     rescales run at a FITTED share of the bandwidth (:data:`ROWWISE_PASS_SHARE`; docs/compute.md,
     "FP8").
 
+The weight's cast, per optimizer step (``Fp8Recipe.weight_cached``, :func:`fp8_weight_share`):
+Transformer Engine casts a weight once per step and keeps the FP8 copy, its transpose included,
+for the step's other micro-batches; torchao casts it in every forward and again in every
+backward (6243040 ``float8_linear.py`` lines 99-108 and 156-182: only a weight that arrives in
+FP8, FSDP's float8 all-gather, is not cast).
+
 Under torch.compile torchao's casts are kernels Inductor generates; those that also write a
 transposed copy (``x`` and ``g`` to both layouts, the weight's backward copy; rowwise's bf16
 transposes) move their bytes at Inductor's measured bandwidth for that pattern
@@ -82,7 +88,7 @@ from ...workloads.trace import Kernel
 __all__ = ["FP8_RECIPES", "FP8_GEMM_KERNELS", "FP8_PASS_KERNELS", "Fp8Recipe", "fp8_recipe",
            "fp8_cast_kernels", "fp8_gemm_variants", "fp8_rescale_kernels",
            "fp8_gemm_efficiency", "fp8_pass_efficiency", "TE_TENSOR_CREATE_S",
-           "TE_QUANTIZED_TENSORS", "fp8_quantize_host_s"]
+           "TE_QUANTIZED_TENSORS", "fp8_quantize_host_s", "fp8_weight_share"]
 
 #: FP8 GEMM kernel (``Kernel.variant`` of an ``fp8`` GEMM) → its throughput as a fraction of
 #: the device's FP8 matmul ceiling. That ceiling is MAMF's (stas00/ml-engineering
@@ -175,6 +181,10 @@ class Fp8Recipe(NamedTuple):
     #: (Transformer Engine: :data:`TE_QUANTIZED_TENSORS`, :func:`fp8_quantize_host_s`); 0: a
     #: recipe whose casts are torch ops, whose host time is their kernels' launches
     host_tensors: int = 0
+    #: the weight's FP8 copy is kept across the micro-batches of an optimizer step, so the
+    #: weight is cast once per step (Transformer Engine: :func:`fp8_weight_share`); False:
+    #: every forward casts it (torchao)
+    weight_cached: bool = False
 
 
 #: recipe name → :class:`Fp8Recipe`
@@ -200,24 +210,25 @@ TE_QUANTIZED_TENSORS = 3
 def fp8_recipe(name: str, gemms: tuple[str, str, str], rescaled: tuple[bool, bool] = (False,
                False), torchao: bool = False, axiswise: bool = False, sp_gather: bool = False,
                gathered_passes: Callable[..., tuple] | None = None,
-               sp_amax_allreduce: bool = False, host_tensors: int = 0):
+               sp_amax_allreduce: bool = False, host_tensors: int = 0,
+               weight_cached: bool = False):
     """Decorator: register a recipe's cast passes (the decorated function) under ``name``,
     with its GEMM kernels and rescaled backward outputs; ``torchao``: per-module casting by
     torch ops (``per_module`` and ``inductor``); ``axiswise``: per-row/column scales;
     ``sp_gather``: sequence-parallel gathers in FP8 (``Fp8Recipe.sp_gather``), with the
-    recipe's own ``gathered_passes`` where given and ``sp_amax_allreduce``, ``host_tensors``
-    (as there)."""
+    recipe's own ``gathered_passes`` where given and ``sp_amax_allreduce``, ``host_tensors``,
+    ``weight_cached`` (as there)."""
     def wrap(fn):
         FP8_RECIPES[name] = Fp8Recipe(fn, gemms, rescaled, torchao, torchao, axiswise,
                                       sp_gather=sp_gather, gathered_passes=gathered_passes,
                                       sp_amax_allreduce=sp_amax_allreduce,
-                                      host_tensors=host_tensors)
+                                      host_tensors=host_tensors, weight_cached=weight_cached)
         return fn
     return wrap
 
 
 @fp8_recipe("te_delayed", ("cublas_fast", "cublas_split", "cublas_split"), sp_gather=True,
-            host_tensors=TE_QUANTIZED_TENSORS)
+            host_tensors=TE_QUANTIZED_TENSORS, weight_cached=True)
 def _te_delayed(M, N, K, backward, compiled):
     return (("gT", 4 * M * N),) if backward else (("xT", 4 * M * K), ("w", 3 * K * N))
 
@@ -296,7 +307,8 @@ def _rowwise(M, N, K, backward, compiled):
 def fp8_cast_kernels(recipe: str, M: float, N: float, K: float, backward: bool,
                      compiled: bool = False, input_cast: bool = True,
                      weight_fp8: bool = False, norm_amax: bool = False,
-                     gathered: str = "", shards: int = 1) -> tuple[Kernel, ...]:
+                     gathered: str = "", shards: int = 1,
+                     microbatches: int = 1) -> tuple[Kernel, ...]:
     """The memory kernels of ``recipe`` around one FP8 linear ``[M, K] · [K, N]``, forward
     or ``backward`` (module docstring); ``compiled``: torch.compile fuses the first read of
     the input and the output gradient with the op before; ``input_cast`` False: the input's
@@ -325,6 +337,11 @@ def fp8_cast_kernels(recipe: str, M: float, N: float, K: float, backward: bool,
     passes (``Fp8Recipe.gathered_passes``: :func:`_torchao_gathered_passes`). Other recipes
     (rowwise: gathered in bf16): no effect.
 
+    ``microbatches``: the forwards of one optimizer step that share the weight's FP8 copy;
+    a recipe that keeps it (``Fp8Recipe.weight_cached``) has each forward's weight passes
+    carry :func:`fp8_weight_share` of their bytes (one cast per step, spread over its
+    micro-batches); 1: the whole cast in this forward.
+
     Returns
     -------
     tuple of Kernel
@@ -347,6 +364,9 @@ def fp8_cast_kernels(recipe: str, M: float, N: float, K: float, backward: bool,
     if weight_fp8:
         passes = tuple((r, 2 * K * N if backward else 0) if r[0] == "w" else (r, b)
                        for r, b in passes)
+    share = fp8_weight_share(recipe, microbatches)
+    if share != 1 and not backward:
+        passes = tuple((r, b * share) if r[0] == "w" else (r, b) for r, b in passes)
     return tuple(Kernel("memory", bytes=b, dtype="bf16", variant=_pass_kernel(spec, role,
                                                                                 compiled))
                  for role, b in passes if b and (input_cast or role[0] != "x"))
@@ -426,6 +446,64 @@ def fp8_quantize_host_s(recipe: str, tensors: float) -> float:
     if tensors < 0:
         raise ValueError(f"fp8_quantize_host_s: tensors = {tensors!r}; allowed: >= 0")
     return tensors * FP8_RECIPES[recipe].host_tensors * TE_TENSOR_CREATE_S
+
+
+def fp8_weight_share(recipe: str, microbatches: int) -> float:
+    """The share of a weight's FP8 cast that one forward of ``recipe`` carries when an
+    optimizer step runs ``microbatches`` forwards of it: ``1 / microbatches`` for a recipe
+    that casts each weight once per step and keeps the copy (``Fp8Recipe.weight_cached``),
+    1 for one that casts it in every forward.
+
+    Transformer Engine (TransformerEngine 71bbefbf, the commit Megatron-Bridge v0.4.0 pins):
+    ``Linear``, ``LayerNormLinear`` and ``GroupedLinear`` quantize their weight through
+    ``get_weight_workspace`` with ``update_workspace = is_first_microbatch is None or
+    is_first_microbatch`` and ``cache_name="weight"`` (``f"weight{i}"`` per expert) whenever
+    ``is_first_microbatch`` is given (``module/linear.py`` lines 267-274,
+    ``layernorm_linear.py`` 301-305, ``grouped_linear.py`` 172-177): the step's first
+    micro-batch quantizes it into the cached workspace (``module/base.py`` 1448-1522), the
+    others take the cached FP8 tensor as it is. With gradients on, the forward asks for the
+    column-wise copy too (``weight_quantizer.set_usage(rowwise=True, columnwise=...)``,
+    ``linear.py`` 255-262), so on Hopper the cached tensor holds the transpose the data
+    gradient needs; the backward's ``update_usage(columnwise_usage=True)`` (``linear.py``
+    695, ``layernorm_linear.py`` 706, ``grouped_linear.py`` 410) creates it only where it is
+    missing (``tensor/storage/float8_tensor_storage.py`` 234-265). Megatron-Core's TE
+    wrappers pass ``is_first_microbatch`` (``extensions/transformer_engine.py`` at d7288711:
+    ``TELinear`` lines 712, 870-877; ``TELayerNormColumnParallelLinear`` 959, 1091-1099;
+    ``TEGroupedLinear`` 1706, 1895-1902; set True again by ``model.set_is_first_microbatch()``
+    on each step's first micro-batch, ``pipeline_parallel/schedules.py`` 409-410), unless
+    ``disable_parameter_transpose_cache`` (``transformer_config.py`` 881, default False).
+
+    ddlsim's trace shares one forward block among a step's micro-batches, so the one cast is
+    spread over them rather than charged to the first: the step's total is the same; the
+    pipeline's warm-up carries ``1/microbatches`` of each stage's cast, where the first
+    micro-batch's would carry all of it (a stage's weight elements × 3 bytes at the device's
+    memory bandwidth: about 2 ms for 2.2e9 elements on an H100). Each forward still launches
+    the cast kernel (its bytes scaled): a launch per micro-batch left in. Parameters kept in
+    FP8 (Megatron's ``--fp8-param-gather``) are not cast at all (``get_weight_workspace``
+    returns a ``QuantizedTensor`` weight as it is, ``base.py`` 1435-1446); ddlsim has no such
+    option.
+
+    Parameters
+    ----------
+    recipe : str
+        a registered recipe (:data:`FP8_RECIPES`).
+    microbatches : int
+        forwards of the layer per optimizer step (Megatron's ``num_microbatches``), >= 1.
+
+    Returns
+    -------
+    float
+        in ``(0, 1]``.
+
+    Raises
+    ------
+    ValueError
+        for ``microbatches`` below 1.
+    """
+    if microbatches < 1:
+        raise ValueError(f"fp8_weight_share: microbatches = {microbatches!r}; allowed: an "
+                         "integer >= 1 (forwards per optimizer step)")
+    return 1.0 / microbatches if FP8_RECIPES[recipe].weight_cached else 1.0
 
 
 def fp8_gemm_efficiency(variant: str) -> float:

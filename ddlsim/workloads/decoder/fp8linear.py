@@ -24,7 +24,7 @@ from ...simulator.kernels.gemm import gemm_kernels_backward
 from ..trace import Compute, Kernel
 from .wgrad import into_main_grad
 
-__all__ = ["linear_kernels", "with_fp8_casts", "fp8_sp_gather"]
+__all__ = ["linear_kernels", "with_fp8_casts", "fp8_sp_gather", "weight_cast_microbatches"]
 
 
 def _times(kernels: tuple[Kernel, ...], batch: float) -> tuple[Kernel, ...]:
@@ -33,7 +33,8 @@ def _times(kernels: tuple[Kernel, ...], batch: float) -> tuple[Kernel, ...]:
 
 def linear_kernels(sw: Any, dtype: str, M: float, N: float, K: float, backward: bool,
                    batch: float = 1.0, norm_amax: bool = False, gathered: str = "",
-                   shards: int = 1, main_grad: int = 0) -> tuple[Kernel, ...]:
+                   shards: int = 1, main_grad: int = 0,
+                   microbatches: int = 1) -> tuple[Kernel, ...]:
     """The kernels of ``batch`` linears ``[M, K]·[K, N]`` launched as one (a grouped GEMM):
     the GEMMs (backward: data and weight gradients); in FP8, the recipe's cast passes before
     them over all ``batch`` problems at once (a recipe that quantizes each problem on its
@@ -66,6 +67,11 @@ def linear_kernels(sw: Any, dtype: str, M: float, N: float, K: float, backward: 
     main_grad : int
         bytes per element of the buffer the weight gradients accumulate into
         (:mod:`.wgrad`); 0: none.
+    microbatches : int
+        forwards per optimizer step (``num_microbatches``): a recipe that casts each weight
+        once per step (Transformer Engine) spreads that cast over them
+        (:func:`~ddlsim.simulator.kernels.fp8recipe.fp8_weight_share`); 1: the whole cast
+        in this forward.
 
     Returns
     -------
@@ -83,16 +89,18 @@ def linear_kernels(sw: Any, dtype: str, M: float, N: float, K: float, backward: 
     rescale = fp8_rescale_kernels(recipe, M, N, K) if backward else ()
     casts = fp8_cast_kernels(recipe, M, N, K, backward, compiled,
                              weight_fp8=sw.enable_fsdp_float8_all_gather, norm_amax=norm_amax,
-                             gathered=gathered, shards=shards)
+                             gathered=gathered, shards=shards, microbatches=microbatches)
     casts = casts * int(batch) if FP8_RECIPES[recipe].per_problem else _times(casts, batch)
     return casts + gemms + _times(rescale, batch)
 
 
 def with_fp8_casts(op: Compute, sw: Any, M: float, N: float, K: float, backward: bool,
-                   batch: float = 1.0, launches: int = 1, main_grad: int = 0) -> Compute:
+                   batch: float = 1.0, launches: int = 1, main_grad: int = 0,
+                   microbatches: int = 1) -> Compute:
     """``op`` (``launches`` launches of ``batch`` GEMMs ``[M,K]·[K,N]`` in its kernels' dtype,
     :meth:`.moe.MoEOps._gemm`) with each launch's kernels as :func:`linear_kernels` gives
-    them (``main_grad``: as there); ``op`` itself when its GEMMs are not FP8.
+    them (``main_grad``, ``microbatches``: as there); ``op`` itself when its GEMMs are not
+    FP8.
 
     The host's work of the quantized tensors is added to the op's ``host_s``: each problem's
     input (forward) or output gradient (backward) is quantized into tensors created one by one
@@ -102,15 +110,17 @@ def with_fp8_casts(op: Compute, sw: Any, M: float, N: float, K: float, backward:
     TransformerEngine 71bbefbf ``pytorch/csrc/extensions/cast.cpp`` ``split_quantize``,
     ``AllocationMethod::UNFUSED``, delayed and current scaling alike). The weights' FP8 copies
     are cached across micro-batches (``get_weight_workspace``) or are FP8 parameters: none
-    created (ddlsim still charges their cast kernels per micro-batch:
-    :mod:`ddlsim.simulator.kernels.fp8_current`). The op's time is ``max(Σ t + n·g, n·h + host_s)``
+    created per micro-batch (their cast kernels: one per step, spread over the step's
+    ``microbatches``, :func:`~ddlsim.simulator.kernels.fp8recipe.fp8_weight_share`). The
+    op's time is ``max(Σ t + n·g, n·h + host_s)``
     (:func:`~ddlsim.simulator.kernels.host.stream_time`)."""
     kernels = op.kernels or ()
     if not kernels or kernels[0].dtype != "fp8":
         return op
     host_s = fp8_quantize_host_s(sw.fp8_recipe, batch * launches)
     return replace(op, kernels=linear_kernels(sw, "fp8", M, N, K, backward, batch,
-                                              main_grad=main_grad) * launches,
+                                              main_grad=main_grad,
+                                              microbatches=microbatches) * launches,
                    host_s=op.host_s + host_s)
 
 
@@ -141,3 +151,32 @@ def fp8_sp_gather(sw: Any, train_dtype: str, tp: int, sp: bool, shape: Any) -> b
     """
     return (train_dtype == "fp8" and tp > 1 and sp and shape.mla is None
             and FP8_RECIPES[sw.fp8_recipe].sp_gather)
+
+
+def weight_cast_microbatches(sw: Any, train_dtype: str, microbatches: Any) -> Any:
+    """The ``microbatches`` argument a layer's kernels take for a run with ``microbatches``
+    forwards per optimizer step: ``microbatches`` itself where the weights' FP8 cast is
+    spread over them (FP8 training under a recipe that keeps the cast weight,
+    ``Fp8Recipe.weight_cached``: Transformer Engine,
+    :func:`~ddlsim.simulator.kernels.fp8recipe.fp8_weight_share`), else 0: the kernels do
+    not depend on it (a caller that groups runs by their kernels, the search tier, need not
+    tell them apart).
+
+    Parameters
+    ----------
+    sw : Software
+        the resolved software stack (``fp8_recipe``).
+    train_dtype : str
+        ``train.dtype``.
+    microbatches : int or numpy.ndarray
+        forwards per optimizer step (``num_microbatches``), per plan where an array.
+
+    Returns
+    -------
+    int or numpy.ndarray
+        ``microbatches``, or 0 (zeros of its shape).
+    """
+    if train_dtype == "fp8" and FP8_RECIPES[sw.fp8_recipe].weight_cached:
+        return microbatches
+    return microbatches * 0
+
