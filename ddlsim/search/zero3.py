@@ -113,23 +113,36 @@ class Grads:
 
     def __init__(self, free, pre, post):
         self.free, self.pre, self.post = free, pre, post
-        # where a layer's unit has each pass: the same for every layer, compared once
+        # where a layer's unit has each pass: the same for every layer, compared once, and
+        # whether every plan or none has it (most grids: the choice of each element alike)
         self._has_pre, self._has_post = pre > 0, post > 0
+        self._pre_all, self._post_all = (bool(np.all(h)) for h in (self._has_pre,
+                                                                    self._has_post))
+        self._pre_none, self._post_none = (not np.any(h) for h in (self._has_pre,
+                                                                   self._has_post))
 
     def before(self, end, pre=None):
         """When the reduce-scatter may start, its unit having ended at ``end``: after the
         pass before it, where it has one."""
+        if pre is None and self._pre_none:
+            return end
         has = self._has_pre if pre is None else pre > 0
         pre = self.pre if pre is None else pre
         done = np.maximum(self.free, end) + pre
+        if has is self._has_pre and self._pre_all:
+            self.free = done
+            return done
         self.free = np.where(has, done, self.free)
         return np.where(has, done, end)
 
     def after(self, rs_end, post=None) -> None:
         """The pass after a reduce-scatter that ended at ``rs_end``, where it has one."""
+        if post is None and self._post_none:
+            return
         has = self._has_post if post is None else post > 0
         post = self.post if post is None else post
-        self.free = np.where(has, rs_end + post, self.free)
+        self.free = (rs_end + post if has is self._has_post and self._post_all
+                     else np.where(has, rs_end + post, self.free))
 
 
 def zero3_time(L: int, k: int, m, parts, a, r, sm=None, root=None,

@@ -151,3 +151,50 @@ def test_stage_pieces_are_timed_once_per_structure(monkeypatch):
     evaluate_grid(BASE, None, [], AXES, Constraints(must_fit=False))
     assert len({s for s, _ in calls}) == len(calls) > 1   # one call per structure
     assert sum(n for _, n in calls) > len(calls)          # several pieces share a call
+
+
+def _grads_by_masks(free, pre, post, steps):
+    """FSDP1's post-backward stream as :class:`~ddlsim.search.zero3.Grads` states it, with a
+    mask per pass (the specification of its shortcuts): ``steps`` of (unit end, reduce-scatter
+    seconds)."""
+    out = []
+    for end, rs in steps:
+        has = pre > 0
+        done = np.maximum(free, end) + pre
+        free = np.where(has, done, free)
+        start = np.where(has, done, end)
+        rs_end = start + rs
+        free = np.where(post > 0, rs_end + post, free)
+        out += [start, free]
+    return out
+
+
+@pytest.mark.parametrize("kind", ["all", "none", "mixed"])
+def test_fsdp1_stream_with_every_plan_or_none_passing_as_with_masks(kind, monkeypatch):
+    from ddlsim.search import zero3
+
+    rng = np.random.default_rng(5)
+    n = 7
+    pick = {"all": np.ones(n), "none": np.zeros(n), "mixed": rng.integers(0, 2, n)}[kind]
+    pre, post = pick * rng.random(n), pick * rng.random(n)
+    free = rng.random(n)
+    steps = [(rng.random(n) * 3, rng.random(n)) for _ in range(6)]
+    want = _grads_by_masks(free, pre, post, steps)
+    where = np.where
+    calls: list[int] = []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return where(*args, **kwargs)
+    monkeypatch.setattr(zero3.np, "where", counted)
+    g = zero3.Grads(free, pre, post)
+    got = []
+    for end, rs in steps:
+        start = g.before(end)
+        g.after(start + rs)
+        got += [start, g.free]
+    monkeypatch.setattr(zero3.np, "where", where)
+    for a, b in zip(got, want):
+        assert np.array_equal(a, b)
+    # a pass every plan has, or none has, is no selection between two arrays
+    assert (calls == []) if kind != "mixed" else calls
