@@ -74,6 +74,9 @@ class FrameworkMemory:
         code path there (torchtitan's loss parallelism), None where it is the same.
     logit_bytes_compiled : bytes per logit when the stack's ``compile`` compiles the loss
         too, None where compiling leaves the loss eager.
+    logit_bytes_te : bytes per logit under Transformer Engine's cross-entropy
+        (``fused_cross_entropy`` with ``cross_entropy_fusion_impl: te``), None where the
+        framework cannot run it.
     pipeline_holds_outputs : the pipeline schedule keeps each stage's output tensor until its
         micro-batch's backward, and the last stage's outputs (the logits) until the step ends
         (:func:`pipeline_held_bytes`); False where the schedule frees them after the send.
@@ -99,15 +102,29 @@ class FrameworkMemory:
     head_widths: tuple = (0, 0)
     logit_bytes_tp: float | None = None
     logit_bytes_compiled: float | None = None
+    logit_bytes_te: float | None = None
     pipeline_holds_outputs: bool = False
     pipeline_keeps_every_output: bool = False
     pipeline_recv_buffers: bool = False
 
-    def logits_at(self, t, compiled: bool = False):
-        """Bytes per logit with ``t`` tensor-parallel ranks: :attr:`logit_bytes_compiled`
-        when the stack compiles the loss (``compiled``) and the framework says what that
-        keeps, else :attr:`logit_bytes_tp` where ``t > 1`` and the loss differs under TP, else
-        :attr:`logit_bytes` (``t`` may be an array over plans)."""
+    def logits_at(self, t, compiled: bool = False, cross_entropy: str = "unfused"):
+        """Bytes per logit with ``t`` tensor-parallel ranks: :attr:`logit_bytes_te` under
+        Transformer Engine's cross-entropy (``cross_entropy`` ``"te"``, the name
+        :func:`~ddlsim.simulator.kernels.step_passes.cross_entropy_impl` gives), else
+        :attr:`logit_bytes_compiled` when the stack compiles the loss (``compiled``) and the
+        framework says what that keeps, else :attr:`logit_bytes_tp` where ``t > 1`` and the
+        loss differs under TP, else :attr:`logit_bytes` (``t`` may be an array over plans).
+
+        Raises
+        ------
+        ConfigError
+            for ``"te"`` in a framework without Transformer Engine's cross-entropy."""
+        if cross_entropy == "te":
+            if self.logit_bytes_te is None:
+                raise ConfigError(f"system.software.kernels.cross_entropy_fusion_impl = 'te' "
+                                  f"(Transformer Engine's cross-entropy) does not run in "
+                                  f"{self.name}'s stacks; allowed there: native")
+            return self.logit_bytes_te
         if compiled and self.logit_bytes_compiled is not None:
             return self.logit_bytes_compiled
         if self.logit_bytes_tp is None:
@@ -127,6 +144,16 @@ _MEGATRON_LOSS = ("Megatron-LM megatron/core/tensor_parallel/cross_entropy.py "
                   "(_VocabParallelCrossEntropy): the 16-bit vocab-parallel logits and one fp32 "
                   "tensor of their size (the logits cast to fp32, exponentiated in place, kept "
                   "for the backward, whose softmax gradient reuses it)")
+_TE_LOSS = ("Transformer Engine v2.7 (fedd9ddc) pytorch/cross_entropy.py CrossEntropyFunction "
+            "with triton/cross_entropy.py cross_entropy_forward, the same at c6a9e261 (2025-05, "
+            "megatron-core-2025's date) and through v2.14 (f031cf87): "
+            "the softmax gradient is written into the 16-bit logits in place "
+            "(cross_entropy_kernel), which ctx.save_for_backward keeps for the backward's "
+            "in-place multiply; no fp32 copy: 2 B per logit, beside 12 B per token of fp32 "
+            "max, sum and target logit (not counted). Megatron-Core calls it under "
+            "--cross-entropy-loss-fusion --cross-entropy-fusion-impl te (0f60adbd, "
+            "2025-03-08; d7288711 language_module.py lines 141-164). TE v2.18 (01bbe3ee, "
+            "2026-07) keeps an fp32 gradient instead (4 B more): no stack here runs it")
 _TITAN_LOSS = ("cross_entropy(pred.flatten(0, 1).float(), labels), pred deleted before the "
                "backward: the loss's backward holds the saved fp32 log-softmax output, "
                "nll_loss's dense fp32 gradient and log_softmax's fp32 input gradient (3 x 4 B "
@@ -170,9 +197,9 @@ _FSDP2 = ("PyTorch torch/distributed/fsdp/_fully_shard: _fsdp_collectives.py for
 
 _register(FrameworkMemory(
     "megatron", logit_bytes=2 + 4, fsdp2=False, kept_root="none", reduce_bucket_elements=0,
-    head_widths=(2, 0),
+    head_widths=(2, 0), logit_bytes_te=2,
     sources={
-        "logit_bytes": _MEGATRON_LOSS,
+        "logit_bytes": _MEGATRON_LOSS, "logit_bytes_te": _TE_LOSS,
         "head_widths": "Megatron-Core TransformerBlock.final_layernorm runs after the "
                        "(checkpointed) layers and keeps its input, the last layer's output "
                        "(the layers' own norm inputs count in Korthikanti et al.'s per-layer "

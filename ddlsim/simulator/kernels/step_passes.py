@@ -8,13 +8,50 @@ from __future__ import annotations
 
 from ...workloads.trace import Kernel
 
-__all__ = ["loss_bytes", "loss_passes", "loss_kernels", "optimizer_bytes_per_param"]
+__all__ = ["loss_bytes", "loss_passes", "loss_kernels", "cross_entropy_impl",
+           "stack_cross_entropy", "CROSS_ENTROPY_IMPLS", "optimizer_bytes_per_param"]
+
+#: which fused cross-entropy runs under ``fused_cross_entropy`` (Megatron-Core's
+#: ``--cross-entropy-fusion-impl``, ``model_parallel_config.py`` ``cross_entropy_fusion_impl:
+#: Literal['native', 'te'] = 'native'`` at d7288711): Megatron-Core's own ``jit_fuser``
+#: kernels or Transformer Engine's Triton ``parallel_cross_entropy``
+CROSS_ENTROPY_IMPLS = ("native", "te")
 
 
-def loss_bytes(tokens: float, vocab_local: float, dtype_bytes: float, fused: bool,
+def cross_entropy_impl(fused: bool, impl: str = "native") -> str:
+    """The cross-entropy that runs: ``unfused`` (Megatron's torch ops) unless ``fused``
+    (``--cross-entropy-loss-fusion``), else ``impl`` (``--cross-entropy-fusion-impl``, read
+    only under the fusion: Megatron-LM d7288711 ``language_module.py``
+    ``compute_language_model_loss`` lines 141-167)."""
+    if impl not in CROSS_ENTROPY_IMPLS:
+        raise ValueError(f"cross_entropy_fusion_impl = {impl!r} is not a fused cross-entropy; "
+                         f"allowed: {', '.join(CROSS_ENTROPY_IMPLS)}")
+    return impl if fused else "unfused"
+
+
+def stack_cross_entropy(sw) -> str:
+    """The cross-entropy a resolved stack ``sw`` (:class:`~ddlsim.software.Software`) runs:
+    :func:`cross_entropy_impl` of its ``fused_cross_entropy`` and
+    ``cross_entropy_fusion_impl``."""
+    return cross_entropy_impl(sw.fused_cross_entropy, sw.cross_entropy_fusion_impl)
+
+
+def _impl(fused: bool | str) -> str:
+    """``fused`` as :func:`cross_entropy_impl` names it (False: unfused, True: native)."""
+    if isinstance(fused, str):
+        if fused not in ("unfused", *CROSS_ENTROPY_IMPLS):
+            raise ValueError(f"cross-entropy {fused!r} is not known; allowed: unfused, "
+                             f"{', '.join(CROSS_ENTROPY_IMPLS)}")
+        return fused
+    return "native" if fused else "unfused"
+
+
+def loss_bytes(tokens: float, vocab_local: float, dtype_bytes: float, fused: bool | str,
                backward: bool = False) -> float:
     """Memory traffic of the vocab-parallel cross-entropy over ``tokens × vocab_local``
-    16-bit logits, forward (or its ``backward``), in bytes. Both Megatron paths work on an fp32
+    16-bit logits, forward (or its ``backward``), in bytes. ``fused``: False or
+    ``"unfused"``, True or ``"native"`` (Megatron-Core's fusion), ``"te"`` (Transformer
+    Engine's): :func:`cross_entropy_impl`'s names. Megatron's own two paths work on an fp32
     copy of the logits and keep the fp32 softmax for the backward (per logit, ``d`` =
     ``dtype_bytes``):
 
@@ -28,7 +65,20 @@ def loss_bytes(tokens: float, vocab_local: float, dtype_bytes: float, fused: boo
     * fused (``--cross-entropy-loss-fusion``, Megatron-Core ``fusions/fused_cross_entropy.py``:
       three ``jit_fuser`` kernels forward, one backward): cast + max (read ``d``, write 4),
       subtract + exp + sum (read + write 4), divide (read + write 4): ``d + 20``; backward:
-      gradient and cast (read 4, write ``d``): ``d + 4``.
+      gradient and cast (read 4, write ``d``): ``d + 4``;
+    * Transformer Engine's (``fused`` = ``"te"``: ``--cross-entropy-fusion-impl te``; TE
+      v2.7 fedd9ddc ``pytorch/triton/cross_entropy.py``, the same passes at c6a9e261, the
+      TE of ``megatron-core-2025``'s date, and through v2.14 f031cf87, the newest container
+      of the Bridge tables; v2.18, 01bbe3ee of 2026-07, writes an fp32 gradient instead and
+      is not modelled): no fp32 copy.
+      Forward: ``online_softmax_kernel`` reads each row once for its running max and sum
+      (``d``), ``cross_entropy_kernel`` reads it again and writes the softmax gradient into
+      the 16-bit logits in place (``2d``): ``3d``. Backward: ``element_mul_kernel`` scales
+      that gradient in place by the loss's gradient (read + write ``d``: ``2d``), skipped
+      only when the gradient is the scalar 1.0 (``cross_entropy_backward``); Megatron's loss
+      is per token, masked and summed by the loss function, so its gradient is a tensor and
+      the multiply runs. The fp32 max, sum and target logit per row (12 B, all-gathered
+      over TP in place of Megatron's all-reduces) are per token: not counted.
 
     The target-logit gather and the one-hot subtraction touch one logit per token: not counted.
     With fp32 logits (``d`` = 4) the casts are no-ops: their passes drop out (the fused
@@ -36,29 +86,33 @@ def loss_bytes(tokens: float, vocab_local: float, dtype_bytes: float, fused: boo
     return tokens * vocab_local * sum(loss_passes(dtype_bytes, fused, backward))
 
 
-def loss_passes(dtype_bytes: float, fused: bool, backward: bool = False) -> list[float]:
+def loss_passes(dtype_bytes: float, fused: bool | str, backward: bool = False) -> list[float]:
     """Bytes per logit of each kernel of the cross-entropy (:func:`loss_bytes`, whose passes
     these are, one kernel each): unfused forward cast, ``max``, ``sub_``, ``exp``, ``sum``,
     ``div_``, backward ``mul_`` and the cast back; fused forward cast + max, subtract + exp
-    + sum, divide, backward one kernel."""
-    d = dtype_bytes
+    + sum, divide, backward one kernel; Transformer Engine's (``fused`` = ``"te"``) forward
+    online softmax and gradient, backward the in-place multiply."""
+    d, impl = dtype_bytes, _impl(fused)
+    if impl == "te":
+        return [2 * d] if backward else [d, 2 * d]
     cast = [d + 4] if d < 4 else []
-    if fused:
+    if impl == "native":
         return [4 + d] if backward else [max(d + 4 if d < 4 else 0.0, 4.0), 8.0, 8.0]
     if backward:
         return [8.0] + ([4 + d] if d < 4 else [])
     return cast + [4.0, 8.0, 8.0, 4.0, 8.0]
 
 
-def loss_kernels(logits: float, dtype_bytes: float, fused: bool, backward: bool = False,
+def loss_kernels(logits: float, dtype_bytes: float, fused: bool | str, backward: bool = False,
                  dtype: str = "bf16") -> tuple[Kernel, ...]:
     """The cross-entropy's kernels over ``logits`` logits, forward (or its ``backward``): one
     memory kernel per pass of :func:`loss_passes`, bytes in B. The unfused passes carry the
     class ``loss`` (``loss_backward``): torch's eager kernels over ``[tokens, V/t]`` fp32
     rows, row reductions among them, run below the streaming bandwidth in published H100
     times (Liger-Kernel's Megatron-Core cross-entropy rows, ``benchmarks/data/
-    liger_h100_kernels.csv``); the fused stack's kernels stay unclassed."""
-    cls = "" if fused else "loss_backward" if backward else "loss"
+    liger_h100_kernels.csv``); the fused stacks' kernels (Megatron-Core's, Transformer
+    Engine's) stay unclassed."""
+    cls = "" if _impl(fused) != "unfused" else "loss_backward" if backward else "loss"
     return tuple(Kernel("memory", bytes=logits * x, dtype=dtype, variant=cls)
                  for x in loss_passes(dtype_bytes, fused, backward))
 
