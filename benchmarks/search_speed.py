@@ -164,6 +164,7 @@ def profile_grid(runs: int = 3, top: int = 25) -> None:
 PHASES = [
     ("stage pieces", "ddlsim.search.decoder", "stage_pieces"),
     ("  builders (resolve_plan)", "ddlsim.workloads.decoder.builder", "StageBuilder.from_config"),
+    ("  kernels timed (kernel_times)", "ddlsim.search.blocks", "kernel_times"),
     ("  lowering (lower_ops)", "ddlsim.search.blocks", "lower_ops"),
     ("  collectives on the networks", "ddlsim.search.blocks", "_collective_seconds"),
     ("  timing rule (stream_ends)", "ddlsim.search.blocks", "stream_ends_together"),
@@ -246,11 +247,12 @@ def phase_times(repeats: int) -> dict[str, float]:
 #: The phases that run the exact engine's own code (the family's builder, the lowering and
 #: timing rule, the topology's fair shares, NCCL's tuning model, the config's validation),
 #: none inside another: what the grid would cost were the search's own arithmetic free.
-SHARED_PHASES = ("  builders (resolve_plan)", "  builder's ops", "  lowering (lower_ops)",
+SHARED_PHASES = ("  builders (resolve_plan)", "  builder's ops",
+                 "  kernels timed (kernel_times)", "  lowering (lower_ops)",
                  "  timing rule (stream_ends)", "  group networks (family_net)",
                  "  hops' rails (p2p_node_bw)", "NCCL forms (nccl_form; in the above)",
                  "  configs validated (plan_config)")
-SHARED = "the exact engine's code (sum of 8 above)"
+SHARED = "the exact engine's code (sum of 9 above)"
 
 
 def ddlsim_speed(grid, best: float) -> tuple[dict, object]:

@@ -30,9 +30,10 @@ import numpy as np
 
 from ..simulator.analytical.arrays import lower_ops, stream_ends_together, structure
 from ..simulator.kernels import op_time
+from ..simulator.kernels.device import kernel_times
 from ..simulator.kernels.contention import contention_seconds
 from ..workloads.smcontention import gemm_flops
-from ..workloads.trace import Compute
+from ..workloads.trace import Block, Compute
 from ..workloads.decoder.builder import StageBuilder, as_ops
 from .plans import RECOMPUTE
 
@@ -217,8 +218,8 @@ def _built_pieces(ctx, plans, groups: list[np.ndarray]) -> tuple[list, list[floa
             if entry is None:   # not built for a signature that shares the fields it reads
                 ops = tuple(make(sb))
                 entry = lowered.setdefault(ops, [])   # the op list hashed once
-                if not entry:   # lowered once per op list; its op list kept for its FLOPs
-                    entry += [*lower_ops(ops, compute_s), [], ops, None]
+                if not entry:   # lowered once per op list (below); kept for its FLOPs
+                    entry += [Block("piece", "forward", ops), None, [], ops, None]
                 built[keys[name]] = entry
             entry[2].append((name, j))
             if name in _GEMM_PIECES:   # GEMM FLOPs counted once per op list, where read
@@ -227,7 +228,34 @@ def _built_pieces(ctx, plans, groups: list[np.ndarray]) -> tuple[list, list[floa
                 flops[name] = entry[4]
         p2p_bytes.append((sb.part.boundary(sb.act_bytes)[0],
                           *(flops[name] for name in _GEMM_PIECES)))
+    # every distinct kernel the compute ops run, timed at once; then each op list lowered
+    _time_kernels([entry[0] for entry in lowered.values()], ctx.dev, kernels)
+    for entry in lowered.values():
+        entry[:2] = lower_ops(entry[0], compute_s)
     return [entry[:3] for entry in lowered.values()], p2p_bytes
+
+
+def _time_kernels(pieces: list, dev, memo: dict) -> None:
+    """Put in ``memo`` (:func:`~ddlsim.simulator.kernels.op_time`'s, keyed ``(kernel,
+    None)``) the seconds of every kernel of the compute ops :func:`lower_ops` will time in
+    ``pieces`` (blocks, their loops unrolled as it unrolls them), each distinct kernel once
+    and all in one :func:`~ddlsim.simulator.kernels.device.kernel_times` call: the seconds
+    it would have timed them with, one by one."""
+    wanted: dict = {}
+    seen: set[int] = set()   # kernel tuples and kernels met before (most are shared objects)
+    for block in pieces:
+        for op in block.lean.ops:
+            p = op.payload
+            if (type(p) is Compute and p.kernels is not None and id(p.kernels) not in seen
+                    and p.seconds is None and p.contention is None):
+                seen.add(id(p.kernels))
+                for k in p.kernels:
+                    if id(k) not in seen:
+                        seen.add(id(k))
+                        wanted.setdefault((k, None), k)
+    wanted = {key: k for key, k in wanted.items() if key not in memo}
+    for key, t in zip(wanted, kernel_times(list(wanted.values()), dev)):
+        memo[key] = t
 
 
 def _group_fields(plans, groups: list[np.ndarray]) -> list[tuple]:

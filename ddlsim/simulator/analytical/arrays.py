@@ -37,7 +37,8 @@ def lower_ops(ops: Sequence, compute_s: Callable[[Compute], float]
 
     Parameters
     ----------
-    ops : the block's :class:`~ddlsim.workloads.trace.Op` list, without point-to-point ops.
+    ops : the block's :class:`~ddlsim.workloads.trace.Op` list, without point-to-point ops
+        (or a :class:`~ddlsim.workloads.trace.Block` of them, whose unrolled ops it keeps).
     compute_s : seconds of one issue of a compute op (the cost model's
         :meth:`~ddlsim.simulator.costs.CostModel.compute`).
 
@@ -52,7 +53,7 @@ def lower_ops(ops: Sequence, compute_s: Callable[[Compute], float]
         seconds follow theirs; None for the others): :func:`with_collectives` puts their
         seconds in.
     """
-    lean = Block("piece", "forward", tuple(ops)).lean.ops
+    lean = (ops if isinstance(ops, Block) else Block("piece", "forward", tuple(ops))).lean.ops
     streams = {"compute": 0}
     out: list[Instr] = []
     colls: list[Collective | Compute | None] = []

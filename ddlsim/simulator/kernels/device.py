@@ -41,7 +41,10 @@ prefers cuDNN's kernel on Hopper only and runs FlashAttention-2 elsewhere, docs/
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any, Callable
+
+import numpy as np
 
 from ...config_types import DTYPE_BYTES
 from ...workloads.trace import Compute, Kernel
@@ -52,8 +55,8 @@ from .gemm import GemmOverhead, epilogue_increment_bytes, gemm_time
 from .host import NO_LAUNCH, Launch, launch_costs, stream_time
 from .power import attention_scale, sustained_rates
 
-__all__ = ["KernelDevice", "kernel_device", "kernel_time", "op_time", "DEFAULT_CEILING",
-           "matmul_ceilings"]
+__all__ = ["KernelDevice", "kernel_device", "kernel_time", "kernel_times", "op_time",
+           "DEFAULT_CEILING", "matmul_ceilings"]
 
 #: matmul ceiling of a device with no measured figure: ``system.compute_efficiency``'s former
 #: default (0.75, "achieved/peak of large bf16 GEMMs on A100")
@@ -225,16 +228,61 @@ def kernel_time(k: Kernel, dev: KernelDevice, efficiency: float | None = None) -
         return max(2.0 * M * N * K * k.batch / (peak * efficiency),
                    (k.bytes or (M * K + K * N + M * N) * k.batch * DTYPE_BYTES.get(k.dtype, 2))
                    / bw)
-    ceiling = dev.ceiling(k.dtype)
-    if k.variant:       # an FP8 recipe's GEMM kernel (.fp8recipe: its share of the ceiling)
-        ceiling *= fp8_gemm_efficiency(k.variant)
-    b = DTYPE_BYTES.get(k.dtype, 2)
-    epilogue = (epilogue_increment_bytes(b, k.accumulate_bytes)
-                if dev.gemm_epilogue_serialized else 0.0)
+    ceiling, b, epilogue = _gemm_setting(k.dtype, k.variant, k.accumulate_bytes, dev)
     t = gemm_time(M, N, K, k.batch, b, peak, ceiling, dev.sm_count, bw, dev.gemm_overhead,
                   k.bytes or None, epilogue)  # bytes: a GEMM's own
-    rate = dev.sustained_rate(k.dtype)      # the power limit's ceiling on any GEMM (.power)
-    return t if rate is None else max(t, 2.0 * M * N * K * k.batch / (peak * rate))
+    return _power_capped(t, M, N, K, k.batch, peak, dev.sustained_rate(k.dtype))
+
+
+def _gemm_setting(dtype: str, variant: str, accumulate_bytes: float, dev: KernelDevice
+                  ) -> tuple[float, float, float]:
+    """(matmul ceiling, bytes per element, epilogue bytes per output element) of a GEMM
+    kernel of ``dtype``, ``variant`` and accumulation on ``dev`` (:func:`kernel_time`)."""
+    ceiling = dev.ceiling(dtype)
+    if variant:       # an FP8 recipe's GEMM kernel (.fp8recipe: its share of the ceiling)
+        ceiling *= fp8_gemm_efficiency(variant)
+    b = DTYPE_BYTES.get(dtype, 2)
+    epilogue = (epilogue_increment_bytes(b, accumulate_bytes)
+                if dev.gemm_epilogue_serialized else 0.0)
+    return ceiling, b, epilogue
+
+
+def _power_capped(t: float, M: float, N: float, K: float, batch: float, peak: float,
+                  rate: float | None) -> float:
+    """A GEMM's seconds ``t`` no shorter than its FLOPs at the power limit's sustained
+    ``rate`` (fraction of ``peak``; None: no such cap) (.power)."""
+    return t if rate is None else max(t, 2.0 * M * N * K * batch / (peak * rate))
+
+
+def kernel_times(kernels: Sequence[Kernel], dev: KernelDevice) -> list[float]:
+    """:func:`kernel_time` of each of ``kernels`` (no calibration profile), the GEMMs of one
+    dtype, variant and accumulation (moving their operands' bytes, or bytes of their own)
+    timed in one array call of :func:`~.gemm.gemm_time`, whose arithmetic is element by
+    element: each the float :func:`kernel_time` gives (``tests/search/test_kernel_batch.py``),
+    where each GEMM alone took a few dozen numpy operations on one value (a search grid
+    times a few hundred)."""
+    out: list = [None] * len(kernels)
+    alike: dict[tuple, list[int]] = {}
+    for i, k in enumerate(kernels):
+        if k.kind == "gemm":
+            alike.setdefault((k.dtype, k.variant, k.accumulate_bytes, not k.bytes),
+                             []).append(i)
+        else:
+            out[i] = kernel_time(k, dev)
+    for (dtype, variant, accumulate, operands), at in alike.items():
+        peak = dev.peak_flops(dtype)
+        ceiling, b, epilogue = _gemm_setting(dtype, variant, accumulate, dev)
+        shapes = [kernels[i].shape for i in at]
+        batch = [kernels[i].batch for i in at]
+        M, N, K = (np.array(x, dtype=float) for x in zip(*shapes))
+        t = gemm_time(M, N, K, np.array(batch, dtype=float), b, peak, ceiling, dev.sm_count,
+                      dev.pass_Bps(variant) if variant else dev.memory_Bps, dev.gemm_overhead,
+                      None if operands else np.array([kernels[i].bytes for i in at]),
+                      epilogue).tolist()
+        rate = dev.sustained_rate(dtype)
+        for i, (rows, cols, depth), nb, ti in zip(at, shapes, batch, t):
+            out[i] = _power_capped(ti, rows, cols, depth, nb, peak, rate)
+    return out
 
 
 def op_time(op: Compute, dev: KernelDevice,
