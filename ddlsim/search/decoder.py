@@ -158,8 +158,12 @@ class DecoderVectors:
                                                pieces.bwd, coll, sm, active, first=False,
                                                emb=np.where(one, emb_b, 0.0), tied=tied)
         tail_f = tail_f + self._later_gained(ctx, plans, coll, sm, gained_l)
-        delay = self._gather_delay(ctx, plans, pieces, coll, ctas, lc, emb,
-                                   self._gathered(ctx, plans, first_params * ctx.dt, active)[1])
+        overlapped = self._gathered(ctx, plans, first_params * ctx.dt, active)[1]
+        # the later chunks' share, less what the update block's first bucket already holds
+        later = np.minimum(np.where(active & (plans["v"] > 1), first_params - self._chunk0_params(
+            ctx, plans), 0.0) * ctx.dt, overlapped)
+        rest = self._gathered(ctx, plans, first_params * ctx.dt - later, active)[1]
+        delay = self._gather_delay(ctx, plans, pieces, coll, ctas, lc, emb, rest, later)
         return upd_f + delay, upd_l + delay, tail_f, tail_l
 
     def _later_gained(self, ctx: _Context, plans, coll, sm, gained_last) -> np.ndarray:
@@ -201,11 +205,16 @@ class DecoderVectors:
         return coll("all_reduce", GROUP, nbytes, on) * on
 
     @staticmethod
-    def _gather_delay(ctx: _Context, plans, pieces, coll, ctas, lc, emb, rest) -> np.ndarray:
+    def _gather_delay(ctx: _Context, plans, pieces, coll, ctas, lc, emb, rest,
+                      later=0.0) -> np.ndarray:
         """overlap_param_gather: seconds by which stage 0's first forward block waits for
-        the ``rest`` bytes of the parameter gather, or by which NCCL's SMs slow it
-        (:func:`.smtaken.extra_seconds`) while the gather runs, per plan."""
-        one, v = plans["pp"] == 1, plans["v"]
+        the ``rest`` bytes of the parameter gather (chunk 0's), or by which NCCL's SMs slow
+        it (:func:`.smtaken.extra_seconds`) while the gather runs, per plan; plus, with model
+        chunks, by which the first forward of the last chunk waits for the ``later`` chunks'
+        gather, issued after it (:mod:`ddlsim.workloads.decoder.param_gather`): the
+        ``(v-1)·pp - 1`` forwards of the warm-up between them hide it."""
+        pp, v = plans["pp"], plans["v"]
+        one = pp == 1
         first_block = lc * pieces.fwd + emb + np.where(one & (v == 1), pieces.head_f, 0.0)
         late = rest > 0
         # its compute pays NCCL's SMs while the gather runs (.workloads.smcontention)
@@ -213,7 +222,14 @@ class DecoderVectors:
         first_gemm = lc * pieces.fwd_gemm + pieces.emb_gemm + np.where(
             one & (v == 1), pieces.head_gemm, 0.0)
         taken = extra_seconds(ctx, first_gemm, g, ctas)
-        return np.maximum(g - first_block, taken) * late
+        delay = np.maximum(g - first_block, taken) * late
+        more = np.asarray(later, dtype=float) > 0
+        if not more.any():
+            return delay
+        g_later = coll("all_gather", "dp", later, more)
+        warm_up = ((v - 1) * pp - 1) * lc * pieces.fwd
+        return delay + np.maximum(g + g_later - np.maximum(g, first_block) - warm_up,
+                                  0.0) * more
 
     def stage_params(self, ctx: _Context, plans, first: bool | None) -> np.ndarray:
         """:meth:`StageBuilder.stage_params` of the first (or last; None: a middle) stage,
@@ -226,6 +242,15 @@ class DecoderVectors:
             return with_edges(sh, t, layers, False, False, pp)
         one, every = pp == 1, np.full(len(plans), True)
         return with_edges(sh, t, layers, every if first else one, one if first else every, pp)
+
+    def _chunk0_params(self, ctx: _Context, plans) -> np.ndarray:
+        """Parameters of the first stage's chunk 0 per plan: its ``L/(PP·VPP)`` layers and
+        the input embedding (:func:`~ddlsim.workloads.decoder.builder.with_edges`; the head
+        is in the last chunk)."""
+        sh = ctx.shape
+        t, pp, v = plans["tp"].astype(float), plans["pp"], plans["v"]
+        layers = (sh.layers // (pp * v)) * sh.layer_params / t
+        return with_edges(sh, t, layers, np.full(len(plans), True), pp == 1, pp)
 
     def _gather_active(self, ctx: _Context, plans) -> np.ndarray:
         """Per plan, whether :func:`ddlsim.workloads.decoder.param_gather.active` holds

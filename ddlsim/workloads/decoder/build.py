@@ -19,7 +19,7 @@ from ..memory import MemoryBreakdown
 from ..models.decoder import DecoderShape
 from ..schedules import schedule_arrays
 from ..trace import Block, RankClass, Program, StepTable, Workload, WorkloadMeta
-from .builder import StageBuilder
+from .builder import StageBuilder, with_edges
 from .memory import comm_groups, stage_memory
 from .plan import resolve_plan
 from . import (combined, fsdp, hsdp, megatron_fsdp, moe_bias_update, param_gather,
@@ -30,11 +30,12 @@ __all__ = ["build_decoder_workload", "decoder_memory"]
 
 
 def _step_tables(sched: str, pp: int, m: int, v: int, sync: bool,
-                 prologue: bool = False) -> list[StepTable]:
+                 prologue: bool = False, later_wait: bool = False) -> list[StepTable]:
     """Each stage's steps, built for all stages at once from :func:`schedule_arrays`; the last
     backward of each chunk uses its ``.sync`` block, and ``update`` ends the iteration. With
     ``prologue`` the first step (every stage's first forward of chunk 0) runs ``F0.pg``
-    (:mod:`.param_gather`)."""
+    (:mod:`.param_gather`); with ``later_wait`` too (interleaved) the first forward of the last
+    chunk runs ``F<v-1>.pg``, which waits for the other chunks' gather."""
     backward, ordinal, mb, chunk, warm = schedule_arrays(sched, pp, m, v)
     v = v if sched == "interleaved" else 1
     T = m * v
@@ -51,10 +52,15 @@ def _step_tables(sched: str, pp: int, m: int, v: int, sync: bool,
         at = np.where(last_b < T - w, w + 2 * last_b + 1, T + last_b)
         block[np.arange(pp)[:, None], at] = 2 * v + np.arange(v)
         first_sync = at.min(axis=1)
+    waits = np.zeros(pp, dtype=np.int64)
     if prologue:
         names.append(param_gather.BLOCK)
         block = block.copy()
         block[:, 0] = len(names) - 1
+        if later_wait and v > 1:
+            names.append(param_gather.waiting_block_name(v - 1))
+            waits = np.argmax((backward == 0) & (mb == 0) & (chunk == v - 1), axis=1)
+            block[np.arange(pp), waits] = len(names) - 1
     names.append("update")
     tail = np.zeros((pp, 1), dtype=np.int64)
     block = np.hstack([block, tail + len(names) - 1])
@@ -71,7 +77,7 @@ def _step_tables(sched: str, pp: int, m: int, v: int, sync: bool,
         else:                      # p micro-batches of every chunk, forward and backward
             steady = (w, min(2 * T - w, int(first_sync[s])), 2 * pp * v, pp)
         if prologue:
-            steady = (max(steady[0], 1), *steady[1:])
+            steady = (max(steady[0], 1, int(waits[s]) + 1), *steady[1:])
         tables.append(StepTable.trusted(names, block[s], mb[s], chunk[s], steady))
     return tables
 
@@ -124,12 +130,35 @@ def _stage_blocks(b: StageBuilder, stage: int, modes: _Modes) -> dict[str, Block
             blocks.update(combined.combined_blocks(b, stage, blocks, b.moe.delay_wgrad))
     if plan.param_gather_overlap:   # all but the first bucket beside F0
         nbytes = b.stage_params(stage) * b.dt
+        bucket = param_gather.first_bucket(True, nbytes, plan.param_bucket_bytes)
+        # the later chunks' share, less what the update block's first bucket already holds
+        later = 0.0 if modes.combined else min(_later_chunks_bytes(b, stage, nbytes),
+                                               nbytes - bucket)
+        first = nbytes - later       # chunk 0's parameters (the stage's, one chunk)
         blocks[param_gather.BLOCK] = param_gather.prologue_block(
-            blocks["F0"], b.grad_group, nbytes - param_gather.first_bucket(
-                True, nbytes, plan.param_bucket_bytes), b.dtype)
+            blocks["F0"], b.grad_group, first - param_gather.first_bucket(
+                True, first, plan.param_bucket_bytes), b.dtype, later)
+        if later > 0:
+            blocks[param_gather.waiting_block_name(b.v - 1)] = param_gather.waiting_block(
+                blocks[f"F{b.v - 1}"])
     elif modes.staged:
         blocks[param_gather.BLOCK] = fsdp.pipeline_prologue(b, blocks["F0"], stage)
     return blocks
+
+
+def _later_chunks_bytes(b: StageBuilder, stage: int, nbytes: float) -> float:
+    """Bytes of the parameter gather of ``stage``'s model chunks after the first (the
+    interleaved schedule; 0 with one chunk): the stage's ``nbytes`` less chunk 0's, its
+    layers' share of the stage's layer parameters plus the input embedding on the first
+    stage (:func:`.builder.with_edges`; the head is in the last chunk)."""
+    layers = b.split[stage]
+    if b.v == 1 or len(layers) < 2 or sum(layers) == 0:
+        return 0.0
+    first_layers = (nbytes / b.dt - with_edges(b.shape, b.part.param_split, 0.0, stage == 0,
+                                               stage == b.pp - 1, b.pp))
+    chunk0 = with_edges(b.shape, b.part.param_split, first_layers * layers[0] / sum(layers),
+                        stage == 0, False, b.pp)
+    return max(0.0, nbytes - chunk0 * b.dt)
 
 
 def _stage_update(b: StageBuilder, stage: int, root: bool, modes: _Modes) -> Block:
@@ -172,8 +201,9 @@ def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
             blocks = shared[role] = _stage_blocks(b, stage, modes)
         if tables is None:
             sync_blocks = any(name.endswith(".sync") for name in blocks)
-            tables = (combined.combined_step_tables if modes.combined else _step_tables)(
-                plan.schedule, pp, m, b.v, sync_blocks, param_gather.BLOCK in blocks)
+            args = (plan.schedule, pp, m, b.v, sync_blocks, param_gather.BLOCK in blocks)
+            tables = combined.combined_step_tables(*args) if modes.combined else _step_tables(
+                *args, later_wait=param_gather.waiting_block_name(b.v - 1) in blocks)
         splits = [(True, ranks[stage, :1]), (False, ranks[stage, 1:])] if split_root \
             else [(True, ranks[stage])]
         for root, members in splits:

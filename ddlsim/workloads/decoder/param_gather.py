@@ -13,6 +13,23 @@ exposed in the update block, as the forward cannot start without it; the rest ru
 waits on ``dp`` after its compute and before it sends the activation on: the forward needs
 every bucket before it ends, and the next stage needs the forward's output). It shares the
 ``dp`` stream, in issue order, with the gradient reduce-scatters that follow.
+
+**Model chunks (the interleaved schedule).** Megatron-Core r0.8.0 (``baf94af3c6``,
+``optimizer/distrib_optimizer.py``) keeps one all-gather handle per bucket across the model
+chunks in chunk order (``_get_model_param_buffer_dp_views``, lines 1348-1376: "we want to
+still first run all_gather and all_gather_handle.wait() for the first model chunk"), and a
+module's forward pre-hook waits for its own bucket only, then dispatches the next
+(``_finish_param_sync_helper``, lines 1454-1475); ``finish_param_sync`` per chunk is called by
+the schedule only under ``--delay-param-gather`` (``training/training.py`` lines 1005-1009; off
+by default, ``arguments.py`` line 1431). So chunk 0's first forward waits for chunk 0's buckets
+alone, and the other chunks' gathers run, in order, beside the warm-up forwards that follow.
+Here: the prologue gathers the chunk-0 share (less the first bucket) as above, issues the rest
+after it on the ``dp`` stream (:func:`prologue_block`, ``later_bytes``), and the first forward of
+the last chunk (block ``F<v-1>.pg``, :func:`waiting_block`) waits for it: every chunk's gather
+has arrived by then, and the intermediate chunks' own waits are not traced (exact where the
+gather falls further behind the forwards chunk by chunk, as on a stage whose per-chunk gather
+outlasts its PP warm-up forwards of a chunk; otherwise those waits cost at most the last
+chunk's share). The later chunks' gather takes NCCL's SMs beside those forwards, not charged.
 """
 
 from __future__ import annotations
@@ -22,7 +39,8 @@ import numpy as np
 from ..smcontention import beside
 from ..trace import P2P, Block, Collective, Op, Wait
 
-__all__ = ["active", "exposed_bytes", "first_bucket", "overlapped_bytes", "prologue_block", "BLOCK"]
+__all__ = ["active", "exposed_bytes", "first_bucket", "overlapped_bytes", "prologue_block",
+           "waiting_block", "waiting_block_name", "BLOCK"]
 
 #: the first forward's block name with the gather beside it
 BLOCK = "F0.pg"
@@ -81,13 +99,16 @@ def _with_contention(ops: list[Op], gather: Collective, dtype: str) -> list[Op]:
     return [*ops[:at], extra, *later]
 
 
-def prologue_block(first: Block, group: str, nbytes: float, dtype: str) -> Block:
+def prologue_block(first: Block, group: str, nbytes: float, dtype: str,
+                   later_bytes: float = 0.0) -> Block:
     """``first`` (the stage's ``F0`` block) with the overlapped gather of ``nbytes`` issued
     at its start on the ``dp`` stream and a wait for it after its compute, before it sends
     its activation on: the forward cannot finish its layers before their parameters arrive,
     so what it sends depends on the whole gather. On the first stage the compute before the
     wait runs beside the gather and pays NCCL's SMs (a contention op, in the GEMMs'
-    ``dtype``)."""
+    ``dtype``). ``later_bytes`` (the other model chunks' parameters, interleaved schedule) is
+    gathered after it on the ``dp`` stream, issued at the block's end and waited for by
+    :func:`waiting_block` (module docstring)."""
     gather = Collective("params.all_gather.overlapped", "all_gather", group, nbytes)
     body = _with_contention(list(first.ops), gather, dtype)
     body = [Op(o.payload, o.stream, tuple(d + 1 for d in o.deps), o.repeat) for o in body]
@@ -102,4 +123,23 @@ def prologue_block(first: Block, group: str, nbytes: float, dtype: str) -> Block
 
     ops = [Op(gather, "dp")]
     ops += [*body[:at], Op(Wait("params.gather.wait", "dp")), *(shifted(o) for o in body[at:])]
+    if later_bytes > 0:
+        ops.append(Op(Collective("params.all_gather.later_chunks", "all_gather", group,
+                                 later_bytes), "dp"))
     return Block(BLOCK, first.phase, tuple(ops))
+
+
+def waiting_block_name(chunk: int) -> str:
+    """The name of model chunk ``chunk``'s first forward that waits for the later chunks'
+    gather (:func:`waiting_block`)."""
+    return f"F{chunk}.pg"
+
+
+def waiting_block(block: Block) -> Block:
+    """``block`` (the last model chunk's forward) with a wait for the ``dp`` stream before
+    its ops: its first micro-batch cannot start its layers before the later chunks' gather
+    (:func:`prologue_block`'s ``later_bytes``, issued first on that stream in the warm-up)
+    has arrived."""
+    body = [Op(o.payload, o.stream, tuple(d + 1 for d in o.deps), o.repeat) for o in block.ops]
+    name = waiting_block_name(int(block.name[1:]))
+    return Block(name, block.phase, (Op(Wait("params.gather.later_wait", "dp")), *body))
