@@ -35,6 +35,7 @@ from ..simulator.kernels.contention import contention_seconds
 from ..workloads.smcontention import gemm_flops
 from ..workloads.trace import Block, Compute
 from ..workloads.decoder.builder import StageBuilder, as_ops
+from ..workloads.decoder.fp8linear import weight_cast_microbatches
 from .plans import RECOMPUTE
 
 __all__ = ["Pieces", "stage_pieces", "piece_config"]
@@ -78,17 +79,22 @@ class Pieces(NamedTuple):
 
 
 def piece_config(cfg, tp: int, sp: bool, mbs: int, recompute: str, zero: int, dp: int = 1,
-                sections: dict | None = None):
+                sections: dict | None = None, microbatches: int = 0):
     """``cfg`` (a context's base config: one device, one stage) with a plan's layer fields.
 
     A copy without validation (unlike :func:`.planconfig.plan_config`, which validates a plan
     to judge it): the search's rules have judged the plan already; the resolved
     software follows the new ``parallel`` section (:attr:`~ddlsim.config.RunConfig.software`,
     resolved once per ``parallel`` object: ``sections``, a dict kept by the caller, hands the
-    same object to every plan that shares it, and likewise the ``train`` section)."""
+    same object to every plan that shares it, and likewise the ``train`` section).
+    ``microbatches`` (> 0): the plan's micro-batches per step, where its layer's kernels
+    depend on them (:func:`~ddlsim.workloads.decoder.fp8linear.weight_cast_microbatches`),
+    set through the global batch; 0: the base config's."""
     parallel = _section(cfg.parallel, sections, "parallel", tensor_model_parallel_size=tp,
                         sequence_parallel=sp, zero_stage=zero, data_parallel_size=dp)
-    train = _section(cfg.train, sections, "train", micro_batch_size=mbs, recompute=recompute)
+    batch = {"global_batch_size": microbatches * mbs * dp} if microbatches else {}
+    train = _section(cfg.train, sections, "train", micro_batch_size=mbs, recompute=recompute,
+                     **batch)
     return cfg.model_copy(update={"parallel": parallel, "train": train})
 
 
@@ -104,14 +110,24 @@ def _section(section, sections: dict | None, name: str, **update):
     return hit
 
 
-def _signatures(plans) -> tuple[np.ndarray, np.ndarray]:
-    """One integer per plan for (mbs, tp, sp, recompute, ZeRO-3), and each plan's index into
-    the distinct ones."""
+def _signatures(plans, ctx) -> tuple[np.ndarray, np.ndarray]:
+    """One integer per plan for (mbs, tp, sp, recompute, ZeRO-3, the micro-batches its
+    layer's kernels depend on: :func:`_cast_microbatches`), and each plan's index into the
+    distinct ones."""
     tp, mbs = plans["tp"].astype(np.int64), plans["mbs"].astype(np.int64)
     span = int(tp.max(initial=0)) + 1
     code = ((((mbs * span + tp) * 2 + plans["sp"].astype(np.int64)) * len(RECOMPUTE)
              + plans["recompute"]) * 2 + (plans["zero"] == 3))
-    return np.unique(code, return_inverse=True)
+    m = _cast_microbatches(ctx, plans)
+    return np.unique(code * (int(m.max(initial=0)) + 1) + m, return_inverse=True)
+
+
+def _cast_microbatches(ctx, plans) -> np.ndarray:
+    """Per plan, its micro-batches per step where the layer's FP8 weight casts are spread over
+    them (:func:`~ddlsim.workloads.decoder.fp8linear.weight_cast_microbatches`), else 0."""
+    m = plans["gbs"] // np.maximum(plans["mbs"] * np.maximum(plans["dp"], 1), 1)
+    cfg = ctx.cfg
+    return weight_cast_microbatches(cfg.software, cfg.train.dtype, m.astype(np.int64))
 
 
 def stage_pieces(ctx, plans, coll_at, backend: str = "mpi") -> Pieces:
@@ -126,7 +142,7 @@ def stage_pieces(ctx, plans, coll_at, backend: str = "mpi") -> Pieces:
     backend : the system's collective backend (:attr:`~ddlsim.simulator.costs.CostModel.comm_backend`):
         NCCL's channels hold SMs beside the GEMMs they overlap (:mod:`~ddlsim.simulator.kernels.contention`).
     """
-    codes, inverse = _signatures(plans)
+    codes, inverse = _signatures(plans, ctx)
     inverse = inverse.reshape(-1)
     order = np.argsort(inverse, kind="stable")
     bounds = np.searchsorted(inverse[order], np.arange(len(codes) + 1))
@@ -205,10 +221,13 @@ def _built_pieces(ctx, plans, groups: list[np.ndarray]) -> tuple[list, list[floa
 
     p2p_bytes = []
     built: dict[tuple, list] = {}   # piece key (:func:`_piece_keys`) -> its lowered entry
+    casts = _cast_microbatches(ctx, plans)
     for j, (mbs, tp, sp, recompute, zero, one, many) in enumerate(_group_fields(plans, groups)):
-        cfg = piece_config(ctx.cfg, tp, sp, mbs, recompute, zero, sections=sections)
+        m = int(casts[groups[j][0]])
+        cfg = piece_config(ctx.cfg, tp, sp, mbs, recompute, zero, sections=sections,
+                           microbatches=m)
         sb = StageBuilder.from_config(cfg, ctx.shape)
-        keys = _piece_keys(sb, mbs, tp, sp, recompute, zero)
+        keys = _piece_keys(sb, mbs, tp, sp, recompute, zero, m)
         wanted = _wanted(one, many, zero)
         flops = {}
         for name, make in _PIECES.items():
@@ -316,7 +335,8 @@ _PIECES = {
 }
 
 
-def _piece_keys(sb, mbs: int, tp: int, sp: bool, recompute: str, zero: int) -> dict:
+def _piece_keys(sb, mbs: int, tp: int, sp: bool, recompute: str, zero: int,
+                microbatches: int = 0) -> dict:
     """Per piece, the signature fields (micro-batch, TP, sequence parallelism, recomputation,
     ZeRO-3) its ops depend on, in one context (one model, stack and system): two signatures
     with the same key have the same op list, so it is built once.
@@ -332,18 +352,21 @@ def _piece_keys(sb, mbs: int, tp: int, sp: bool, recompute: str, zero: int) -> d
     :attr:`~ddlsim.workloads.decoder.plan.DecoderPlan.tp_overlap`: a layer at TP 1 is the
     same with and without ZeRO-3), by the head's forward (the stack's host wait after the
     loss, none under ZeRO-3), and is kept in the key of the embedding's backward.
+    The layer's forward and backward (its recomputed forward) also read ``microbatches``:
+    FP8 weight casts spread over a step (:func:`_cast_microbatches`; 0 where they are not).
     ``tests/test_search_pieces.py`` builds every piece of every signature on several stacks
     and dtypes and checks that equal keys give equal op lists."""
     from ..simulator.kernels.dtensor import regathers_input
 
-    layer = (mbs, tp, sp, sb.plan.tp_overlap)
+    layer = (mbs, tp, sp, sb.plan.tp_overlap, microbatches)
     # the async TP overlap is the backward's alone: the builder's forward keeps the plain
     # ops under it (:meth:`~ddlsim.workloads.decoder.builder.StageBuilder._dense_layer_ops`,
     # unless its partitioner lays the layers out itself), the same as without an overlap
     fwd_overlap = None if layer[3] == "async" and not sb.structured else layer[3]
     edges = ("edges", mbs, tp, sp, zero == 3)
     shape = ("edges", mbs, tp, sp)   # read neither recomputation nor the ZeRO stage
-    return {"fwd": ("fwd", *layer[:3], fwd_overlap, regathers_input(sb.sw, recompute)),
+    return {"fwd": ("fwd", *layer[:3], fwd_overlap, microbatches,
+                    regathers_input(sb.sw, recompute)),
             "bwd": ("bwd", *layer, recompute), "emb": ("emb", *shape),
             "emb1": ("emb1", *shape), "load_l": ("load_l", *shape),
             "emb_b": ("emb_b", *edges), "emb_b1": ("emb_b1", *edges),

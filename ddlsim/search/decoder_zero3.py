@@ -10,7 +10,7 @@ import numpy as np
 
 from ..simulator.kernels.dtensor import regathers_input
 from ..simulator.kernels.host import stream_times
-from ..workloads.decoder.fp8linear import fp8_sp_gather
+from ..workloads.decoder.fp8linear import fp8_sp_gather, weight_cast_microbatches
 from ..workloads.decoder.wgrad import accumulate_pass_bytes
 from ..workloads.decoder.zero3 import list_host_seconds, module_fetches, unit_live_elements
 from ..workloads.decoder.zero3_fetch import persistent_gather_seconds, persistent_tensors
@@ -149,7 +149,9 @@ def _module_pieces(ctx, plans, coll):
     sh, dt = ctx.shape, ctx.dt
     b, t = plans["mbs"].astype(float), plans["tp"].astype(float)
     sp = plans["sp"].astype(bool)
-    k = kernel_times(ctx, plans["mbs"], plans["tp"], sp)
+    m = plans["gbs"] // np.maximum(plans["mbs"] * np.maximum(plans["dp"], 1), 1)
+    k = kernel_times(ctx, plans["mbs"], plans["tp"], sp,   # FP8 weight casts per step
+                     weight_cast_microbatches(ctx.cfg.software, ctx.cfg.train.dtype, m))
     act = b * ctx.s * sh.hidden * dt
     multi = t > 1
     # Transformer Engine gathers FP8 under SP (Megatron1D._gather_bytes)

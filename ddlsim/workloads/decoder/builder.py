@@ -185,7 +185,8 @@ class StageBuilder(GradSyncOps, MoEOps, MoEUpdateOps, HostSyncOps, EdgeOps, Chun
         """One dense layer's kernels on this rank (:func:`.layerkernels.layer_kernels`),
         computed once per builder (its plan is fixed)."""
         return layer_kernels(self.shape, self.sw, self.b, self.s, self.tp, self.sp,
-                             self.plan.train_dtype, regathers_input(self.sw, self.plan.recompute))
+                             self.plan.train_dtype, regathers_input(self.sw, self.plan.recompute),
+                             self.plan.microbatches)
 
     @staticmethod
     def _attn_flops(g: dict[str, float]) -> float:

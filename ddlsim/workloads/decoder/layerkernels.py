@@ -111,7 +111,7 @@ def _linear(shape3: tuple, dtype: str, backward: bool, recipe: str = "te_delayed
             compiled: bool = False, shared_input: bool = False,
             input_cast: bool = True, weight_fp8: bool = False,
             norm_amax: bool = False, gathered: str = "",
-            shards: int = 1, main_grad: int = 0) -> tuple[Kernel, ...]:
+            shards: int = 1, main_grad: int = 0, microbatches: int = 1) -> tuple[Kernel, ...]:
     """Kernels of one linear ``(M, N, K)``, or of a tuple of them in a row; ``shared_input``:
     the tuple's modules read one input, which a compiled block casts to FP8 once
     (:mod:`~ddlsim.simulator.kernels.fp8recipe`, ``per_module``); ``weight_fp8``: FSDP
@@ -120,14 +120,16 @@ def _linear(shape3: tuple, dtype: str, backward: bool, recipe: str = "te_delayed
     kernels.fp8_current`); ``gathered``, ``shards``: the tensor (``x`` or ``g``) gathered
     over ``shards`` sequence shards under SP, which Transformer Engine quantizes per shard
     (:func:`~ddlsim.simulator.kernels.fp8recipe.fp8_cast_kernels`); ``main_grad``: bytes per
-    element of the buffer the weight gradient accumulates into (:mod:`.wgrad`; 0: none)."""
+    element of the buffer the weight gradient accumulates into (:mod:`.wgrad`; 0: none);
+    ``microbatches``: forwards per optimizer step, over which Transformer Engine's one weight
+    cast is spread (:func:`~ddlsim.simulator.kernels.fp8recipe.fp8_weight_share`)."""
     if isinstance(shape3[0], tuple):   # several GEMMs in a row (MLA's, per-module projections)
         # the input gathered in FP8 is cast once, before its gather (torchao's
         # PrepareFloat8ModuleInput: fp8recipe._torchao_gathered_passes), eager or compiled
         once = shared_input and (compiled or (gathered == "x" and not backward))
         return sum((_linear(x, dtype, backward, recipe, compiled, input_cast=not (once and i),
                             weight_fp8=weight_fp8, norm_amax=norm_amax, gathered=gathered,
-                            shards=shards, main_grad=main_grad)
+                            shards=shards, main_grad=main_grad, microbatches=microbatches)
                     for i, x in enumerate(shape3)), ())
     M, N, K = shape3
     shapes = gemm_kernels_backward(M, N, K) if backward else ((M, N, K),)
@@ -141,7 +143,7 @@ def _linear(shape3: tuple, dtype: str, backward: bool, recipe: str = "te_delayed
     out = into_main_grad(out, main_grad) if backward else out
     rescale = fp8_rescale_kernels(recipe, M, N, K) if backward else ()
     return fp8_cast_kernels(recipe, M, N, K, backward, compiled, input_cast,
-                            weight_fp8, norm_amax, gathered, shards) + out + rescale
+                            weight_fp8, norm_amax, gathered, shards, microbatches) + out + rescale
 
 
 #: The GEMM ops of a dense layer split by the module whose parameters each part uses, in
@@ -158,7 +160,8 @@ MODULE_PARTS = {
 
 @lru_cache(maxsize=512)
 def layer_kernels(shape: Any, sw: Any, b: int, s: int, t: int, sp: bool,
-                  train_dtype: str, regather: bool = True) -> dict[str, tuple[Kernel, ...]]:
+                  train_dtype: str, regather: bool = True,
+                  microbatches: int = 1) -> dict[str, tuple[Kernel, ...]]:
     """Kernels of one dense layer on one TP rank: ``attn`` (qkv, core, proj), ``mlp``
     (fc1, fc2), ``ew`` (element-wise), their backwards ``bwd.attn``, ``bwd.mlp``, ``bwd.ew``
     (:func:`~ddlsim.simulator.kernels.elementwise_backward.layer_elementwise_backward_kernels`),
@@ -169,7 +172,9 @@ def layer_kernels(shape: Any, sw: Any, b: int, s: int, t: int, sp: bool,
     in ``bwd.attn.proj`` after the core's backward), and the GEMM ops' parts by module
     (``attn.qkv``, ``attn.proj``, ``mlp.fc1``, …, ``bwd.attn.qkv``: :data:`MODULE_PARTS`);
     ``regather``: the backward gathers the linears' sequence-parallel inputs again
-    (:func:`~ddlsim.simulator.kernels.dtensor.regathers_input`)."""
+    (:func:`~ddlsim.simulator.kernels.dtensor.regathers_input`); ``microbatches``: forwards
+    per optimizer step (Transformer Engine's weight casts, one per step:
+    :func:`~ddlsim.simulator.kernels.fp8recipe.fp8_weight_share`)."""
     gd = train_dtype                      # linear GEMMs (fp8 under FP8)
     od = compute_dtype(train_dtype)       # attention and element-wise
     dt = DTYPE_BYTES[od]
@@ -196,7 +201,8 @@ def layer_kernels(shape: Any, sw: Any, b: int, s: int, t: int, sp: bool,
     def lin(shape3, backward, norm_fed=False, gathered=""):
         return _linear(shape3, gd, backward, sw.fp8_recipe, bool(sw.compile), per_module,
                        weight_fp8=sw.enable_fsdp_float8_all_gather, norm_amax=norm_fed,
-                       gathered=gathered if fp8_gather else "", shards=t, main_grad=mg)
+                       gathered=gathered if fp8_gather else "", shards=t, main_grad=mg,
+                       microbatches=microbatches)
 
     # the sums of the input gradients of separate projections reading one input
     summed = [len(g[m]) if separate and shape.mla is None and isinstance(g[m][0], tuple)

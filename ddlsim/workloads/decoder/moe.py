@@ -183,7 +183,7 @@ class MoEOps(StageBase):
         legacy = self.moe.grouped_gemm and not self.moe.gemm_streams
         mg = 0 if legacy else main_grad_bytes(self.sw, self.plan.train_dtype)
         op = with_fp8_casts(self._gemm(name, *shape, backward, batch, launches, mg), self.sw,
-                            *shape, backward, batch, launches, mg)
+                            *shape, backward, batch, launches, mg, self.plan.microbatches)
         if batch > 1 and self.moe.gemm_streams:
             op = multi_stream_gemms(op, batch, self.moe.gemm_streams)
         return op

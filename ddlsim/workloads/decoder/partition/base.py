@@ -314,7 +314,7 @@ class LayerPartitioner:
         plan = self.plan
         kernels = layer_kernels(self.shape, self.sw, self.b, self.s // self.cp,
                                 self.size, plan.sp, plan.train_dtype,
-                                regathers_input(self.sw, plan.recompute))
+                                regathers_input(self.sw, plan.recompute), plan.microbatches)
         return every_second_mm_op(self.shape, kernels, self.b, self.s // self.cp, self.size,
                                   self.dtype, plan.train_dtype, self.sw, plan.sp)
 

@@ -108,7 +108,8 @@ class Megatron1D(LayerPartitioner):
         return linear_kernels(self.sw, self.plan.train_dtype, *shape3, backward,
                               norm_amax=not (backward or row_parallel), gathered=gathered,
                               shards=self.size,
-                              main_grad=main_grad_bytes(self.sw, self.plan.train_dtype))
+                              main_grad=main_grad_bytes(self.sw, self.plan.train_dtype),
+                              microbatches=self.plan.microbatches)
 
     def gemm_forward(self, ops: OpList, name: str, M: float, N: float, K: float,
                      row_parallel: bool) -> None:
