@@ -45,6 +45,13 @@ ATTENTION = "cudnn"
 #: overrides.py get_precision_config: "Disable BF16 Transformer layers in the performance
 #: config"); simulator/kernels/fp8_current.py
 FP8_RECIPE = "te_current"
+#: The runs' cross-entropy: Transformer Engine's fused one, cross_entropy_fusion_impl "te" in
+#: every release's performance settings (Megatron-Bridge v0.1.0rc3 scripts/performance/configs/
+#: llama3/llama3_70b_llm_pretrain.yaml line 21 and llama31_405b line 21; v0.2.0
+#: scripts/performance/utils/helpers.py line 108; v0.3.0 utils/overrides.py line 64; the Llama
+#: provider's own default, llama_provider.py line 187; bridge_h100_settings.csv's header);
+#: simulator/kernels/step_passes.py
+CROSS_ENTROPY = "te"
 
 
 def rows() -> list[dict]:
@@ -54,10 +61,11 @@ def rows() -> list[dict]:
 
 def config(row: dict) -> dict:
     """The ddlsim run config of one row: ``validate_h100.config`` with the runs' stack,
-    attention and FP8 recipe."""
+    attention, FP8 recipe and cross-entropy."""
     cfg = h100.config(row)
     cfg["system"]["software"]["stack"] = STACK
-    cfg["system"]["software"]["kernels"].update(attention=ATTENTION, fp8_recipe=FP8_RECIPE)
+    cfg["system"]["software"]["kernels"].update(attention=ATTENTION, fp8_recipe=FP8_RECIPE,
+                                                cross_entropy_fusion_impl=CROSS_ENTROPY)
     return cfg
 
 

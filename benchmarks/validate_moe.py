@@ -116,10 +116,21 @@ def config(row: dict) -> dict:
                      "shared_expert_overlap": row["moe_shared_expert_overlap"] == "true",
                      **BRIDGE_ROUTER},
                 train={"dtype": "fp8", "recompute": "none"},
-                kernels={"grad_reduce_dtype": "param", "fused_cross_entropy": True,
+                kernels={"grad_reduce_dtype": "param", **TE_CROSS_ENTROPY,
                          # the tables' FP8-CS (validate_bridge.FP8_RECIPE's sources)
                          "fp8_recipe": "te_current"})
 
+
+#: every table's cross-entropy: Transformer Engine's fused one (software.yaml
+#: cross_entropy_fusion_impl; simulator/kernels/step_passes.py): the Bridge rows' recipes
+#: (Megatron-Bridge v0.3.0 and v0.4.0 scripts/performance/utils/overrides.py
+#: _set_common_perf_overrides: cross_entropy_fusion_impl = "te"; src/megatron/bridge/recipes/
+#: qwen/qwen3_moe.py cross_entropy_loss_fusion True), the A/B runs' (7ded17da
+#: src/megatron/bridge/perf_recipes/_common.py _benchmark_common(cross_entropy_impl="te"),
+#: which qwen/h100/qwen3_moe.py calls), the ModelZoo's (c1ad0b5c
+#: model_configs/benchmarking/Qwen3-235B-A22B.yaml lines 40-41: --cross-entropy-loss-fusion
+#: --cross-entropy-fusion-impl te)
+TE_CROSS_ENTROPY = {"fused_cross_entropy": True, "cross_entropy_fusion_impl": "te"}
 
 #: the Bridge recipes' router: aux_loss balancing with coefficient 1e-3 (Megatron-Bridge v0.3.0
 #: src/megatron/bridge/models/qwen/qwen_provider.py lines 391-392; v0.4.0 qwen3_moe_bridge.py
@@ -149,7 +160,7 @@ def ab_config(row: dict) -> dict:
                      "overlap_expert_parallel_comm": row["a2a_overlap"] == "true",
                      "delay_wgrad_compute": False, **BRIDGE_ROUTER},
                 train={"dtype": "bf16", "recompute": "none"},
-                kernels={"grad_reduce_dtype": "param", "fused_cross_entropy": True})
+                kernels={"grad_reduce_dtype": "param", **TE_CROSS_ENTROPY})
 
 
 def _run(row: dict, expert_tp: int, moe: dict, train: dict, kernels: dict) -> dict:
@@ -210,7 +221,7 @@ def zoo_config(row: dict) -> dict:
                     "overlap_expert_parallel_comm": overlap, "delay_wgrad_compute": overlap,
                     **ZOO_ROUTER, "router_fusion": row["set"] == "long"},
                train={"dtype": row["precision"], **ZOO_RECOMPUTE[row["recompute"]]},
-               kernels={"fused_cross_entropy": True})
+               kernels=TE_CROSS_ENTROPY)
     return megatron_fsdp(cfg) if row.get("fsdp") == "On" else cfg
 
 

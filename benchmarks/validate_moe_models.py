@@ -42,7 +42,7 @@ from ddlsim.errors import ConfigError
 from ddlsim.simulator.kernels.attention import cudnn_runs_sinks
 from public_runs import (DATA, limits_of, print_notes, print_table, read_csv, result_cells,
                          rows_summary, time_record)
-from validate_moe import DISPATCHERS, GPUS_PER_NODE, NO_MASK, STACK
+from validate_moe import DISPATCHERS, GPUS_PER_NODE, NO_MASK, STACK, TE_CROSS_ENTROPY
 
 TABLE = DATA / "bridge_h100_moe_models.csv"
 #: the CSV's precision_as_run -> ``train.dtype`` and the stack's ``fp8_recipe``
@@ -148,7 +148,7 @@ def config(row: dict) -> dict:
     if row["capacity_factor"]:
         model = {"preset": row["preset"], "capacity_factor": float(row["capacity_factor"])}
     _, fp8 = _precision(row)
-    kernels = {**NO_MASK, "grad_reduce_dtype": "param", "fused_cross_entropy": True, **fp8}
+    kernels = {**NO_MASK, "grad_reduce_dtype": "param", **TE_CROSS_ENTROPY, **fp8}
     if _has_sinks(row["preset"]):
         kernels["attention"] = attention_as_run(row)[0]
     return {"model": model, "parallel": parallel, "train": _train(row),

@@ -111,6 +111,14 @@ class KernelSpec(_Strict):
                                   "the input again, 2d: torch, apex, Inductor); "
                                   "simulator/kernels/elementwise_backward.py")
     fused_cross_entropy: StrictBool | None = None
+    cross_entropy_fusion_impl: Literal["native", "te"] | None = Field(
+        default=None, description="which fused cross-entropy runs under fused_cross_entropy "
+                                  "(Megatron-Core's --cross-entropy-fusion-impl): native "
+                                  "(Megatron-Core's jit-fused kernels over an fp32 copy of "
+                                  "the logits) or te (Transformer Engine's Triton "
+                                  "parallel_cross_entropy: the gradient written into the "
+                                  "16-bit logits in place, 2 B per logit kept); "
+                                  "simulator/kernels/step_passes.py")
     fused_optimizer: StrictBool | None = Field(default=None,
                                                description="multi-tensor Adam (apex/TE)")
     gradient_accumulation_fusion: StrictBool | None = None

@@ -200,7 +200,7 @@ ROW3 = (
     "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep "
     "--moe-grouped-gemm --moe-permute-fusion --moe-router-force-load-balancing "
     "--moe-aux-loss-coeff 1e-3 --moe-router-dtype fp32 --cross-entropy-loss-fusion "
-    "--no-create-attention-mask-in-dataloader\n")
+    "--cross-entropy-fusion-impl te --no-create-attention-mask-in-dataloader\n")
 
 
 def test_the_row_3_command_line_imports_as_validate_moes_config():

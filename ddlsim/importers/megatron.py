@@ -159,6 +159,11 @@ CHOICES: dict[str, dict[str, list[tuple[str, Any]]]] = {
     "moe-router-score-function": {f: [("parallel.moe.router_score_function", f)]
                                   for f in ("softmax", "sigmoid", "sqrtsoftplus")},
     "rotary-percent": {"1.0": [], "1": []},
+    # Megatron-LM d7288711 model_parallel_config.py line 238: Literal['native', 'te'], read
+    # under --cross-entropy-loss-fusion only (language_module.py lines 141-167;
+    # simulator/kernels/step_passes.py)
+    "cross-entropy-fusion-impl": {i: [(f"{_SW}.kernels.cross_entropy_fusion_impl", i)]
+                                  for i in ("native", "te")},
 }
 
 #: what a choice that sets no field means

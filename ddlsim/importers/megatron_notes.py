@@ -65,11 +65,6 @@ MORE_NOT_MODELLED: dict[str, str] = {
                                          "gradient bucket and the loss's isnan: ddlsim's "
                                          "Megatron stacks keep both, a pass over each bucket "
                                          "more than this run",
-    # d98e8a64 model_parallel_config.py line 325: 'native' (Megatron's fused vocab-parallel
-    # cross-entropy) or 'te' (TransformerEngine's); ddlsim has one fused cross-entropy
-    "cross-entropy-fusion-impl": "which fused cross-entropy runs (Megatron's native one or "
-                                 "TransformerEngine's): ddlsim times "
-                                 "kernels.fused_cross_entropy's one kernel for both",
 }
 
 #: d98e8a64 arguments.py line 2016; what it does: the linear weights are TransformerEngine

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ..simulator.kernels.step_passes import stack_cross_entropy
 from ..workloads.allocator import (context_bytes, framework, head_bytes, pipeline_held_bytes,
                                    step_temporaries)
 from ..workloads.decoder.layerkernels import activation_kinds, compute_dtype
@@ -139,7 +140,8 @@ def _stage_memory(ctx: Any, plans, first: bool, stage_params: np.ndarray,
     acts, other = stage_activations(
         sh, b, s, t, v, shared.per_layer * (sh.layers // (pp * v)), chunks,
         shared.rebuilt, is_first, is_last, 1,
-        fm.logits_at(t, cfg.software.compile), step_temporaries(
+        fm.logits_at(t, cfg.software.compile, stack_cross_entropy(cfg.software)),
+        step_temporaries(
             fm, zero, compute_dtype(cfg.train.dtype) == "fp16", stage_params),
         head_bytes(fm, sh.hidden, t, plans["sp"].astype(bool)),
         pipeline_held_bytes(fm, b, s, sh.hidden, sh.vocab, t, plans["sp"].astype(bool),

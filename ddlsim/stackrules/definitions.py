@@ -268,3 +268,10 @@ for _name, _reason, _fact in _FP8_RECIPE_RULES:
             "shared_expert_overlap", "train.recompute_modules", "parallel.moe.shared_expert_overlap")
 def _recompute_shared_experts_no_overlap(f: PlanFacts):
     return f.shared_recompute & f.shared_overlap
+
+
+@stack_rule("no_te_cross_entropy", "Transformer Engine's fused cross-entropy",
+            "system.software.kernels.fused_cross_entropy",
+            "system.software.kernels.cross_entropy_fusion_impl")
+def _no_te_cross_entropy(f: PlanFacts):
+    return f.te_cross_entropy

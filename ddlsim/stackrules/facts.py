@@ -85,6 +85,9 @@ class PlanFacts:
     grad_accum_fusion: Any = False
     #: context parallelism exchanges K/V by one all-gather (the resolved ``cp_comm_type``)
     cp_all_gather: Any = False
+    #: the loss runs Transformer Engine's cross-entropy (``fused_cross_entropy`` with
+    #: ``cross_entropy_fusion_impl: te``)
+    te_cross_entropy: Any = False
 
     @classmethod
     def of(cls, **values: Any) -> "PlanFacts":
@@ -114,17 +117,20 @@ class PlanFacts:
 def context_facts(cfg: Any) -> dict:
     """The facts a search context fixes for all its plans (its config's context parallelism
     and stack): ``cp``, ``p2p_overlap``, ``megatron_fsdp``, ``grad_accum_fusion``,
-    ``cp_all_gather``; for a context without a config (None) the values that break no rule.
+    ``cp_all_gather``, ``te_cross_entropy``; for a context without a config (None) the values
+    that break no rule.
     :meth:`PlanFacts.of_config` and the search's arrays (:mod:`ddlsim.search.plans`) both
     take them from here."""
     if cfg is None:
         return {"cp": 1, "p2p_overlap": False, "megatron_fsdp": False,
-                "grad_accum_fusion": False, "cp_all_gather": False}
+                "grad_accum_fusion": False, "cp_all_gather": False, "te_cross_entropy": False}
     sw = cfg.software
     return {"cp": cfg.parallel.cp, "p2p_overlap": bool(sw.overlap_p2p_comm),
             "megatron_fsdp": sw.zero3_implementation == "megatron_fsdp",
             "grad_accum_fusion": bool(sw.gradient_accumulation_fusion),
-            "cp_all_gather": sw.cp_comm_type == "all_gather"}
+            "cp_all_gather": sw.cp_comm_type == "all_gather",
+            "te_cross_entropy": bool(sw.fused_cross_entropy)
+            and sw.cross_entropy_fusion_impl == "te"}
 
 
 def _recompute_facts(cfg: Any) -> dict:

@@ -21,9 +21,9 @@ BASE = ("--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --seq-lengt
 #: best_practice/Qwen3/run_235b.sh's plan of rows 1-2 (A2A_OVERLAP off for row 1), the
 #: benchmarking YAML's flags and sbatch_benchmarking.sh's DISPATCHER deepep. Left out:
 #: the model flags (the preset gives the model; test_modelzoo.py reads them from the YAML),
-#: --moe-router-fusion, --cross-entropy-fusion-impl te (not read)
-#: and --manual-gc (accepted as not modelled); --overlap-param-gather is given, and refused
-#: by ddlsim with EP > 1 (validate_moe's zoo_config sets it off, see the test).
+#: --moe-router-fusion and --manual-gc (accepted as not modelled); --overlap-param-gather is
+#: given, and refused by ddlsim with EP > 1 (validate_moe's zoo_config sets it off, see the
+#: test).
 QWEN3_235B = (
     "torchrun --nproc_per_node 8 --nnodes 32 pretrain_gpt.py "
     "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 8 "
@@ -36,7 +36,7 @@ QWEN3_235B = (
     "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep "
     "--moe-grouped-gemm --moe-permute-fusion --moe-router-force-load-balancing "
     "--moe-aux-loss-coeff 1e-3 --moe-router-dtype fp32 --cross-entropy-loss-fusion "
-    "--no-create-attention-mask-in-dataloader\n")
+    "--cross-entropy-fusion-impl te --no-create-attention-mask-in-dataloader\n")
 
 
 def _import(tmp_path: Path, *args: str) -> dict:

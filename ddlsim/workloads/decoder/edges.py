@@ -7,6 +7,7 @@ its partitioner."""
 
 from __future__ import annotations
 
+from ...simulator.kernels.step_passes import stack_cross_entropy
 from ..trace import Collective, Compute, Op
 from .layerkernels import final_norm_op, logits_kernels, loss_op
 from .oplists import extend_ops
@@ -92,7 +93,7 @@ class EdgeOps(StageBase):
             Compute("logits", self.shape.logits_forward_flops(self.b, self.s) / t,
                     dtype=self.dtype, kernels=logits_kernels(n, V / t, self.shape.hidden,
                                                              self.dtype, False)),
-            loss_op(n, V / t, self.dt, self.dtype, self.sw.fused_cross_entropy, False)]
+            loss_op(n, V / t, self.dt, self.dtype, stack_cross_entropy(self.sw), False)]
         if t > 1:  # vocab-parallel cross-entropy: max, sum-exp and target logit across TP
             ops.append(Collective("loss.ar", "all_reduce", "tp", 4.0 * self.b * self.s))
         return ops
@@ -104,7 +105,7 @@ class EdgeOps(StageBase):
         bwd = logits_kernels(self.b * self.s, self.shape.vocab / self.tp, self.shape.hidden,
                              self.dtype, True, main_grad_bytes(self.sw, self.plan.train_dtype))
         return [loss_op(self.b * self.s, self.shape.vocab / self.tp, self.dt, self.dtype,
-                        self.sw.fused_cross_entropy, True),
+                        stack_cross_entropy(self.sw), True),
                 Compute("bwd.logits", 2 * self.shape.logits_forward_flops(self.b, self.s) / self.tp,
                         dtype=self.dtype, kernels=bwd),
                 Compute("bwd.grad_accumulate.embedding", 0.0, self.grad_accumulate_bytes(emb),

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...config import DTYPE_BYTES
+from ...simulator.kernels.step_passes import stack_cross_entropy
 from ..allocator import (comm_buffer_bytes, context_bytes, framework, head_bytes,
                          loss_bytes, pipeline_held_bytes, step_temporaries)
 from ..memory import MemoryBreakdown, model_state_bytes
@@ -88,7 +89,7 @@ def stage_memory(plan: DecoderPlan, stage: int, params: float, expert_params: fl
     acts, other = stage_activations(shape, b, plan.seq_length, tp * cp, plan.vpp, per_chunk,
                                     chunks, rebuilt, first, last,
                                     part.embedding_split if part is not None else 1,
-                                    fm.logits_at(tp, sw.compile),
+                                    fm.logits_at(tp, sw.compile, stack_cross_entropy(sw)),
                                     step_temporaries(fm, plan.zero_stage, plan.dtype == "fp16",
                                                      params),
                                     head_bytes(fm, shape.hidden, head_t, head_sp) / cp,

@@ -21,6 +21,7 @@ from ....simulator.kernels.attention import attention_kernels
 from ....simulator.kernels.dtensor import regathers_input
 from ....simulator.kernels.elementwise import layer_elementwise_kernels
 from ....simulator.kernels.elementwise_backward import layer_elementwise_backward_kernels
+from ....simulator.kernels.step_passes import stack_cross_entropy
 from ..layerkernels import loss_op
 from ..layerkinds import attention_projections
 from ...trace import Compute, Kernel, Loop, Op, Payload, Wait
@@ -399,7 +400,7 @@ class LayerPartitioner:
         ops, sh = OpList(), self.shape
         self.gemm_forward(ops, "logits", self.tokens, sh.vocab, sh.hidden, False)
         ops.add(loss_op(self.tokens, sh.vocab / self.size, self.dt, self.dtype,
-                        self.sw.fused_cross_entropy, False))
+                        stack_cross_entropy(self.sw), False))
         for c in self.loss_comm():
             ops.add(c)
         return ops.ops
@@ -409,7 +410,7 @@ class LayerPartitioner:
         gradient's accumulation."""
         ops, sh = OpList(), self.shape
         ops.add(loss_op(self.tokens, sh.vocab / self.size, self.dt, self.dtype,
-                        self.sw.fused_cross_entropy, True))
+                        stack_cross_entropy(self.sw), True))
         self.gemm_backward(ops, "bwd.logits", self.tokens, sh.vocab, sh.hidden, False)
         for stream in self.grad_streams:
             ops.add(Wait(f"bwd.logits.wait.{stream}", stream))

@@ -22,6 +22,7 @@ from ..fp8linear import fp8_sp_gather, linear_kernels
 from ..layerkernels import logits_kernels, loss_op
 from ....simulator.kernels.dtensor import regathers_input
 from ....simulator.kernels.fp8_current import amax_allreduce
+from ....simulator.kernels.step_passes import stack_cross_entropy
 from ...trace import Collective, Compute, Kernel, Op
 from ..wgrad import main_grad_bytes
 from . import register_partitioner
@@ -147,7 +148,7 @@ class Megatron1D(LayerPartitioner):
                         dtype=self.dtype, kernels=(Kernel("gemm", (n, sh.vocab / t, sh.hidden),
                                                           dtype=self.dtype),)))
         ops.add(loss_op(n, sh.vocab / t, self.dt, self.dtype,
-                        self.sw.fused_cross_entropy, False))
+                        stack_cross_entropy(self.sw), False))
         if t > 1:
             ops.add(Collective("loss.ar", "all_reduce", "tp", 4.0 * n))
         return ops.ops
@@ -155,7 +156,7 @@ class Megatron1D(LayerPartitioner):
     def head_backward_ops(self, grad_accumulate_bytes: float) -> list[Op]:
         ops, sh = OpList(), self.shape
         ops.add(loss_op(self.tokens, sh.vocab / self.size, self.dt, self.dtype,
-                        self.sw.fused_cross_entropy, True))
+                        stack_cross_entropy(self.sw), True))
         bwd = logits_kernels(self.tokens, sh.vocab / self.size, sh.hidden, self.dtype, True,
                              main_grad_bytes(self.sw, self.plan.train_dtype))
         ops.add(Compute("bwd.logits", 2 * sh.logits_forward_flops(self.b, self.s) / self.size
