@@ -1,7 +1,7 @@
 """Predicted vs published iteration time of Megatron-Bridge's other MoE runs on DGX H100.
 
 Run:  python benchmarks/validate_moe_models.py [--engine analytical|des] [--markdown]
-      [--des-rank-ops N]
+      [--des-rank-ops N] [--write-docs]
 
 The rows (``data/bridge_h100_moe_models.csv``, with its provenance): every DGX-H100 MoE
 pre-training row of NVIDIA-NeMo/Megatron-Bridge's performance summaries for a model ddlsim has a
@@ -32,7 +32,6 @@ with the sinks and the 128-token window, as ddlsim's ``cudnn`` times it.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import warnings
 from functools import lru_cache
@@ -40,7 +39,7 @@ from functools import lru_cache
 import ddlsim
 from ddlsim.errors import ConfigError
 from ddlsim.simulator.kernels.attention import cudnn_runs_sinks
-from public_runs import (DATA, limits_of, print_notes, print_table, read_csv, result_cells,
+from public_runs import (DATA, print_notes, print_table, read_csv, result_cells, run_script,
                          rows_summary, time_record)
 from validate_moe import DISPATCHERS, GPUS_PER_NODE, NO_MASK, STACK, TE_CROSS_ENTROPY
 
@@ -236,16 +235,7 @@ def summary(out: list[dict], engine: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--engine", default="analytical", choices=["analytical", "des"])
-    ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
-    ap.add_argument("--des-rank-ops", type=float, default=None, metavar="N",
-                    help="raise the DES work budget (ddlsim's Limits.des_rank_ops) to N")
-    args = ap.parse_args(argv)
-    out = evaluate(args.engine, limits=limits_of(args))
-    _print(out, args.markdown)
-    print("\n" + summary(out, args.engine))
-    return 0
+    return run_script("validate_moe_models", __doc__, argv, evaluate, _print, summary)
 
 
 if __name__ == "__main__":
