@@ -1,7 +1,7 @@
 """Auxiliary-loss-free (expert-bias) balancing as a plan option: ``parallel.moe.
 router_enable_expert_bias`` with its score function and update rate, Megatron-Core's rules on
 them, the hot rank's load derived from Wang et al.'s Loss-Free MaxVio_global 0.04, and
-DeepSeek's config.json balancing keys read by ``hf.router_balancing`` (issues 28, 29)."""
+DeepSeek's config.json balancing keys read by ``hf_router.router_balancing`` (issues 28, 29)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from ddlsim.errors import ConfigError
 from ddlsim.planinfo import plan_fields
 from ddlsim.workloads.decoder import moe_balance as mb
 from ddlsim.workloads.decoder.moeplan import resolve_moe
-from ddlsim.workloads.models.hf import router_balancing
+from ddlsim.workloads.models.hf_router import router_balancing
 
 pytestmark = pytest.mark.filterwarnings("ignore::ddlsim.errors.DDLSimWarning")
 

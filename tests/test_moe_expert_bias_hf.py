@@ -1,4 +1,4 @@
-"""DeepSeek's config.json balancing keys read into the plan (hf.router_balancing through the
+"""DeepSeek's config.json balancing keys read into the plan (hf_router.router_balancing through the
 model section's seq_aux, scoring_func and topk_method): DeepSeek-V3 runs the expert bias with
 a sequence-wise loss and a sigmoid router, DeepSeek-V2 a sequence-wise loss of 0.001, and the
 bundled V3's warning no longer names aux_loss_alpha (issues 28, 29)."""

@@ -160,7 +160,7 @@ def test_deepseek_v2_lite_repository_names_reach_the_preset(typed):
 
 
 def test_deepseek_v2_lite_predicts_with_its_balance_loss_read():
-    """Its config.json's aux_loss_alpha 0.001 with seq_aux (hf.router_balancing): a
+    """Its config.json's aux_loss_alpha 0.001 with seq_aux (hf_router.router_balancing): a
     sequence-wise loss of 0.001, no key left unmodelled."""
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")

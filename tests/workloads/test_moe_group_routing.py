@@ -15,7 +15,7 @@ import pytest
 import ddlsim
 from ddlsim.errors import ConfigError
 from ddlsim.simulator.collectives.flex import flex_algorithm, flex_traffic, hit_probability
-from ddlsim.workloads.models.hf import router_groups
+from ddlsim.workloads.models.hf_router import router_groups
 from ddlsim.workloads.trace import Collective
 
 pytestmark = pytest.mark.filterwarnings("ignore::ddlsim.errors.DDLSimWarning")

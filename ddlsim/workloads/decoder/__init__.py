@@ -145,8 +145,8 @@ class DecoderFamily(WorkloadFamily):
         return out
 
     def from_hf(self, doc: dict, source: str) -> tuple[dict, list[str]]:
-        from ..models.hf import (from_hf_config, router_aux_loss_coef, router_balancing,
-                                 router_groups)
+        from ..models.hf import from_hf_config
+        from ..models.hf_router import router_aux_loss_coef, router_balancing, router_groups
 
         fields, unmodelled = from_hf_config(doc, source=source)
         section = _section(fields)

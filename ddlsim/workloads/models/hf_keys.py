@@ -55,18 +55,18 @@ NO_EFFECT: dict[str, str] = {
                              "token, applied in the experts' combine)",
     "norm_topk_prob": "whether each token's k routing weights are renormalised (k numbers per "
                       "token)",
-    # DeepSeek's router keys: read for deepseek_v2/v3 (hf.router_balancing: parallel.moe's
+    # DeepSeek's router keys: read for deepseek_v2/v3 (hf_router.router_balancing: parallel.moe's
     # balancing defaults); no other model type's code reads them
     "scoring_func": "DeepSeek's router score function, read for DeepSeek's model types only "
                     "(parallel.moe.router_score_function's default); this model type's code "
                     "does not read it",
     "topk_method": "DeepSeek's router selection rule, read for DeepSeek's model types only "
-                   "(group limits: hf.router_groups; noaux_tc's expert bias: "
-                   "hf.router_balancing); this model type's code does not read it",
+                   "(group limits: hf_router.router_groups; noaux_tc's expert bias: "
+                   "hf_router.router_balancing); this model type's code does not read it",
     "seq_aux": "the form of DeepSeek's balance loss, read for DeepSeek's model types only "
-               "(hf.router_balancing); this model type's code does not read it",
+               "(hf_router.router_balancing); this model type's code does not read it",
     "aux_loss_alpha": "DeepSeek's balance-loss coefficient, read for DeepSeek's model types "
-                      "only (hf.router_balancing: parallel.moe.aux_loss_coeff's default); this "
+                      "only (hf_router.router_balancing: parallel.moe.aux_loss_coeff's default); this "
                       "model type's code does not read it",
     "output_router_logits": "whether the load-balancing loss is computed: read with "
                             "router_aux_loss_coef (parallel.moe.aux_loss_coeff's default)",
