@@ -77,6 +77,11 @@ class ParallelConfig(_Strict):
         default=None, description="transformer layers of each virtual pipeline stage, in "
                                   "stage order (PP·VPP numbers; virtual stage k on rank k mod "
                                   "PP): torchtitan's split of its model into stages")
+    pipeline_model_parallel_layout: str | None = Field(
+        default=None, min_length=1, max_length=4096,
+        description="Megatron-Core's pipeline layout string: each virtual stage's layers, "
+                    "E embedding, t transformer layer, m MTP layer, L loss, '|' between "
+                    "virtual stages, (…)*n repeats (workloads/decoder/pp_layout.py)")
     sequence_parallel: StrictBool = False
     expert_model_parallel_size: count_type("parallel_size") = Field(
         default=1, description="EP: experts split over this many ranks, carved out of "

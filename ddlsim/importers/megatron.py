@@ -31,10 +31,15 @@ VALUE_FLAGS: dict[str, tuple[str, type]] = {
     "expert-tensor-parallel-size": ("parallel.expert_tensor_parallel_size", int),
     "decoder-first-pipeline-num-layers": ("parallel.num_layers_in_first_pipeline_stage", int),
     "decoder-last-pipeline-num-layers": ("parallel.num_layers_in_last_pipeline_stage", int),
+    # Megatron-LM d98e8a64 arguments.py line 3103 (workloads/decoder/pp_layout.py)
+    "pipeline-model-parallel-layout": ("parallel.pipeline_model_parallel_layout", str),
     "micro-batch-size": ("train.micro_batch_size", int),
     "global-batch-size": ("train.global_batch_size", int),
     "seq-length": ("train.seq_length", int),
     "num-layers": ("model.num_hidden_layers", int),
+    # Megatron-LM 9c1a5351 arguments.py line 1386 (d98e8a64: transformer_config.py line 68);
+    # a model with MTP layers is refused (their ops are not modelled: decoder/split.py)
+    "mtp-num-layers": ("model.mtp_num_layers", int),
     "hidden-size": ("model.hidden_size", int),
     "num-attention-heads": ("model.num_attention_heads", int),
     "ffn-hidden-size": ("model.intermediate_size", int),

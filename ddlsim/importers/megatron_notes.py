@@ -100,9 +100,6 @@ KNOWN_REFUSED: dict[str, str] = {
                     "CUDA graphs replay the captured scopes' kernels without the host "
                     "launching each: not modelled; ddlsim launches every kernel from the host "
                     "(and waits where the dispatcher waits)"),
-    "pipeline-model-parallel-layout": "a per-stage layer layout string (d98e8a64 "
-                                      "arguments.py line 3103): not read; give the split "
-                                      "with --decoder-first/last-pipeline-num-layers",
 }
 
 

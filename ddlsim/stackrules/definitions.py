@@ -130,6 +130,12 @@ def _no_per_virtual_stage_split(f: PlanFacts):
     return f.given_split
 
 
+@stack_rule("no_pipeline_layout", "Megatron-Core's pipeline layout string",
+            "parallel.pipeline_model_parallel_layout")
+def _no_pipeline_layout(f: PlanFacts):
+    return f.layout_split
+
+
 @stack_rule("no_hsdp", "HSDP (replicas of FSDP shards)", "parallel.data_parallel_replicate_size")
 def _no_hsdp(f: PlanFacts):
     return f.hsdp

@@ -64,6 +64,8 @@ class PlanFacts:
     layer_ac: Any = False
     #: every virtual stage's layers are given (``parallel.layers_per_virtual_stage``)
     given_split: Any = False
+    #: Megatron-Core's pipeline layout string is given (``parallel.pipeline_model_parallel_layout``)
+    layout_split: Any = False
     #: replicas of FSDP shards (``parallel.data_parallel_replicate_size`` > 1)
     hsdp: Any = False
     #: ``train.recompute_modules`` is given; it names ``moe_act`` or ``layernorm``; it names
@@ -111,6 +113,7 @@ class PlanFacts:
                       compiled=bool(cfg.software.compile), **_moe_facts(cfg),
                       layer_ac=cfg.train.recompute_every_n_layers > 1,
                       given_split=p.layers_per_virtual_stage is not None,
+                      layout_split=p.pipeline_model_parallel_layout is not None,
                       hsdp=p.data_parallel_replicate_size > 1, **_recompute_facts(cfg))
 
 

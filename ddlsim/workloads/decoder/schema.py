@@ -155,6 +155,12 @@ class DecoderFields(MoEFields, ProgramFields):
     hidden_size: count_type("hidden_size")
     num_attention_heads: count_type("heads")
     vocab_size: count_type("vocab_size")
+    mtp_num_layers: Annotated[int, BeforeValidator(reject_bool), Field(ge=0, le=2**20)] = Field(
+        default=0, description="Megatron-Core's multi-token-prediction depth (--mtp-num-layers; "
+                               "DeepSeek-V3's config.json num_nextn_predict_layers): the MTP "
+                               "layers a pipeline layout's 'm' must count; their ops are not "
+                               "modelled, so a value above 0 is refused (workloads/decoder/"
+                               "split.py)")
 
 
 class GPTModel(DecoderFields):

@@ -23,6 +23,12 @@ d98e8a64, 2026-08):
 placement, ``stage_ids_this_rank``), as torchtitan splits its model: an uneven first and last
 stage (``ddlsim/importers/torchtitan_split.py``). It combines with none of the above.
 
+``pipeline_model_parallel_layout`` (Megatron-Core's layout string, :mod:`.pp_layout`) gives
+every chunk's layers as letters; it combines with none of the above (Megatron-Core raises
+ValueError for the four options of the first two items, transformer_config.py lines 2242-2259
+at d98e8a64). Its ``m`` (multi-token-prediction) layers must match ``model.mtp_num_layers``,
+whose ops ddlsim does not model: a layout or a model with MTP layers is refused.
+
 Every rule Megatron-Core asserts is checked here, with the field, the value and what would do.
 """
 
@@ -36,13 +42,14 @@ __all__ = ["chunk_layers", "is_uneven", "UNEVEN_FIELDS"]
 #: the plan fields of an uneven split (``parallel.*``)
 UNEVEN_FIELDS = ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
                  "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
-                 "layers_per_virtual_stage")
+                 "layers_per_virtual_stage", "pipeline_model_parallel_layout")
 
 
 def is_uneven(parallel: Any) -> bool:
     """True when the plan asks for any of Megatron-Core's uneven splits or gives every
     virtual stage's layers."""
     return bool(parallel.layers_per_virtual_stage is not None
+                or parallel.pipeline_model_parallel_layout is not None
                 or parallel.account_for_embedding_in_pipeline_split
                 or parallel.account_for_loss_in_pipeline_split
                 or parallel.num_layers_in_first_pipeline_stage is not None
@@ -53,6 +60,9 @@ def chunk_layers(cfg: Any) -> tuple[tuple[int, ...], ...]:
     """Transformer layers of each chunk: ``out[stage][virtual stage]`` (module docstring).
     Raises ``ValueError`` naming the field when the split is impossible."""
     p = cfg.parallel
+    _refuse_mtp(cfg)
+    if p.pipeline_model_parallel_layout is not None:
+        return _layout(p, cfg.model.num_hidden_layers, _mtp_layers(cfg))
     if p.layers_per_virtual_stage is not None:
         return _given(p, cfg.model.num_hidden_layers)
     # a chunk can be left without a layer only where the embedding or the loss counts as
@@ -63,10 +73,39 @@ def chunk_layers(cfg: Any) -> tuple[tuple[int, ...], ...]:
                   bool(p.account_for_loss_in_pipeline_split))
 
 
+def _mtp_layers(cfg: Any) -> int:
+    return getattr(cfg.model, "mtp_num_layers", 0)
+
+
+def _refuse_mtp(cfg: Any) -> None:
+    """A model with multi-token-prediction layers is refused: their ops (an embedding lookup,
+    two RMSNorms, the 2h→h projection, a transformer layer, the output head and its loss per
+    depth: Megatron-Core multi_token_prediction.py, DeepSeek-V3 report §2.2) are not modelled."""
+    n = _mtp_layers(cfg)
+    if n:
+        raise ValueError(f"model.mtp_num_layers = {n}: multi-token prediction (per depth an "
+                         "embedding lookup, two RMSNorms, a 2h→h projection, a transformer "
+                         "layer, the output head and its loss) is not modelled by ddlsim; "
+                         "set it to 0 (the layout then holds no 'm')")
+
+
+def _layout(p: Any, layers: int, mtp: int) -> tuple[tuple[int, ...], ...]:
+    """``pipeline_model_parallel_layout``'s transformer layers per chunk, checked
+    (:func:`.pp_layout.parse_layout`)."""
+    from .pp_layout import parse_layout
+    other = [f for f in UNEVEN_FIELDS if f != "pipeline_model_parallel_layout"
+             and getattr(p, f) not in (None, False)]
+    if other:
+        raise ValueError(f"parallel.pipeline_model_parallel_layout cannot be set together with "
+                         f"{', '.join(other)} (Megatron-Core raises ValueError, "
+                         "transformer_config.py lines 2242-2259 at d98e8a64); give one")
+    return parse_layout(p.pipeline_model_parallel_layout, p.pp, p.vpp, layers, mtp).count("t")
+
+
 def _given(p: Any, layers: int) -> tuple[tuple[int, ...], ...]:
     """``layers_per_virtual_stage`` as ``out[stage][chunk]`` (module docstring), checked."""
     given, n = list(p.layers_per_virtual_stage), p.pp * p.vpp
-    other = [f for f in UNEVEN_FIELDS[:-1] if getattr(p, f) not in (None, False)]
+    other = [f for f in UNEVEN_FIELDS[:4] if getattr(p, f) not in (None, False)]
     if other:
         raise ValueError(f"parallel.layers_per_virtual_stage cannot be set together with "
                          f"{', '.join(other)}: give each virtual stage's layers, or one of "
@@ -146,8 +185,9 @@ def _even_split(layers: int, pp: int, v: int, embedding: bool,
         extra = f" ({', '.join(parts)})" if parts else ""
         hint = "" if parts else ("; Megatron-Core can split unevenly: set parallel."
                                  "account_for_embedding_in_pipeline_split / "
-                                 "account_for_loss_in_pipeline_split, or "
-                                 "num_layers_in_first/last_pipeline_stage")
+                                 "account_for_loss_in_pipeline_split, "
+                                 "num_layers_in_first/last_pipeline_stage, or "
+                                 "pipeline_model_parallel_layout")
         raise ValueError(f"model.num_hidden_layers = {layers}{extra} is not divisible by "
                          f"{pv} = {pp * v}{hint}")
     each = total // (pp * v)
