@@ -52,6 +52,12 @@ FP8_RECIPE = "te_current"
 #: provider's own default, llama_provider.py line 187; bridge_h100_settings.csv's header);
 #: simulator/kernels/step_passes.py
 CROSS_ENTROPY = "te"
+#: The runs' parameters in FP8 (Megatron's --fp8-param-gather): bf16_with_fp8_current_scaling_mixed
+#: sets fp8_param_gather = True (Megatron-Bridge src/megatron/bridge/training/mixed_precision.py
+#: line 289 at 97ad8cc6 and c0b9a000, line 279 at fa0315ae) and the performance scripts'
+#: get_precision_config does not turn it off (git grep fp8_param in scripts/performance at
+#: those commits: none); simulator/kernels/fp8_weights.py
+FP8_PARAM_GATHER = True
 
 
 def rows() -> list[dict]:
@@ -61,11 +67,12 @@ def rows() -> list[dict]:
 
 def config(row: dict) -> dict:
     """The ddlsim run config of one row: ``validate_h100.config`` with the runs' stack,
-    attention, FP8 recipe and cross-entropy."""
+    attention, FP8 recipe, FP8 parameters and cross-entropy."""
     cfg = h100.config(row)
     cfg["system"]["software"]["stack"] = STACK
     cfg["system"]["software"]["kernels"].update(attention=ATTENTION, fp8_recipe=FP8_RECIPE,
-                                                cross_entropy_fusion_impl=CROSS_ENTROPY)
+                                                cross_entropy_fusion_impl=CROSS_ENTROPY,
+                                                fp8_param_gather=FP8_PARAM_GATHER)
     return cfg
 
 

@@ -117,8 +117,10 @@ def config(row: dict) -> dict:
                      **BRIDGE_ROUTER},
                 train={"dtype": "fp8", "recompute": "none"},
                 kernels={"grad_reduce_dtype": "param", **TE_CROSS_ENTROPY,
-                         # the tables' FP8-CS (validate_bridge.FP8_RECIPE's sources)
-                         "fp8_recipe": "te_current"})
+                         # the tables' FP8-CS (validate_bridge.FP8_RECIPE's sources),
+                         # with its FP8 parameters (mixed_precision.py 067f987d line 302,
+                         # bf16_with_fp8_current_scaling_mixed: fp8_param_gather = True)
+                         "fp8_recipe": "te_current", "fp8_param_gather": True})
 
 
 #: every table's cross-entropy: Transformer Engine's fused one (software.yaml

@@ -144,6 +144,14 @@ class KernelSpec(_Strict):
                                   "come from one amax all-reduce after the optimizer step "
                                   "instead of one per weight and gather (torchtitan's "
                                   "[float8] key)")
+    fp8_param_gather: StrictBool | None = Field(
+        default=None, description="Megatron's --fp8-param-gather: Transformer Engine's linear "
+                                  "weights are FP8 parameters, quantized by the distributed "
+                                  "optimizer's step from the fp32 master shard and gathered at "
+                                  "one byte per element, with no forward weight cast; needs "
+                                  "train.dtype fp8, a te_* recipe and the distributed optimizer "
+                                  "(simulator/kernels/fp8_weights.py, "
+                                  "workloads/decoder/param_gather.py)")
     selective_recompute: Literal["attention_core", "every_second_mm"] | None = Field(
         default=None, description="what recompute: selective recomputes: the attention "
                                   "core (Megatron, Korthikanti et al. 2022) or torchtitan's "

@@ -25,6 +25,7 @@ from ..config import DTYPE_BYTES
 from ..errors import ConfigError
 from ..software import grad_dtype_bytes
 from ..simulator.kernels import kernel_device, op_time
+from ..simulator.kernels.fp8_weights import fp8_param_amax_bytes
 from ..simulator.kernels.host import NO_LAUNCH, stream_times
 from ..workloads.decoder.layerkernels import compute_dtype
 from .family import StageCosts, register_vector_family
@@ -158,11 +159,12 @@ class DecoderVectors:
                                                pieces.bwd, coll, sm, active, first=False,
                                                emb=np.where(one, emb_b, 0.0), tied=tied)
         tail_f = tail_f + self._later_gained(ctx, plans, coll, sm, gained_l)
-        overlapped = self._gathered(ctx, plans, first_params * ctx.dt, active)[1]
+        first_bytes = self._gather_bytes(ctx, plans, first_params, True)
+        overlapped = self._gathered(ctx, plans, first_bytes, active)[1]
         # the later chunks' share, less what the update block's first bucket already holds
-        later = np.minimum(np.where(active & (plans["v"] > 1), first_params - self._chunk0_params(
-            ctx, plans), 0.0) * ctx.dt, overlapped)
-        rest = self._gathered(ctx, plans, first_params * ctx.dt - later, active)[1]
+        later = np.minimum(np.where(active & (plans["v"] > 1), self._gather_bytes(
+            ctx, plans, first_params - self._chunk0_params(ctx, plans), None), 0.0), overlapped)
+        rest = self._gathered(ctx, plans, first_bytes - later, active)[1]
         delay = self._gather_delay(ctx, plans, pieces, coll, ctas, lc, emb, rest, later)
         return upd_f + delay, upd_l + delay, tail_f, tail_l
 
@@ -268,9 +270,27 @@ class DecoderVectors:
         :meth:`_gather_active` holds for the plan (``on`` when the caller has it), its first
         bucket stays exposed (:func:`~ddlsim.workloads.decoder.param_gather.first_bucket`)."""
         on = self._gather_active(ctx, plans) if on is None else on
+        cfg = ctx.cfg
+        per = param_gather.gather_bytes_per_param(cfg.software, cfg.train.dtype, 2)
         exposed = param_gather.first_bucket(on, param_bytes, grad_bucket_bytes(
-            ctx.cfg, plans["dp"], 2))
+            cfg, plans["dp"], per))
         return exposed, np.where(on, param_bytes - exposed, 0.0)
+
+    def _gather_bytes(self, ctx: _Context, plans, params, first):
+        """Bytes of the ZeRO-1/2 parameter gather of ``params`` per plan on the first stage
+        (``first`` True), the last (False) or the first stage's later chunks (None: the head
+        alone where PP = 1), as :func:`~ddlsim.workloads.decoder.param_gather.stage_bytes`
+        counts them: with FP8 parameters the layers' at one byte, the embedding's and the
+        head's at ``ctx.dt``."""
+        cfg, sh = ctx.cfg, ctx.shape
+        t, pp = plans["tp"].astype(float), plans["pp"]
+        one, every = pp == 1, np.full(len(plans), True)
+        if first is None:
+            edges = with_edges(sh, t, 0.0, ~every, one, pp)
+        else:
+            edges = with_edges(sh, t, 0.0, every if first else one, one if first else every, pp)
+        return param_gather.gathered_bytes(cfg.software, cfg.train.dtype, ctx.dt, params,
+                                           edges)
 
     def _update(self, ctx: _Context, plans, params, bwd_layer, coll, sm=None, active=None,
                 first: bool = True, emb=0.0, tied=None):
@@ -303,8 +323,13 @@ class DecoderVectors:
                            0.0)
         op_rs = (zero == 1) | (zero == 2)
         gathers = op_rs & (dp > 1)
-        update += coll("all_gather", "dp",
-                       self._gathered(ctx, plans, params * ctx.dt, active)[0], gathers) * gathers
+        update += coll("all_gather", "dp", self._gathered(
+            ctx, plans, self._gather_bytes(ctx, plans, params, first), active)[0],
+            gathers) * gathers
+        if param_gather.fp8_params(ctx.cfg.software, ctx.cfg.train.dtype):   # their amaxes
+            layers = (ctx.shape.layers // (plans["pp"] * v)) * v     # (.update.fp8_amax_op)
+            update += coll("all_reduce", "dp", fp8_param_amax_bytes(4.0 * layers),
+                           gathers) * gathers
         if overlapped:
             tail, gained = self._overlapped_tail(ctx, plans, grad, bwd_layer, coll, sm, first,
                                                  lead, emb)

@@ -35,8 +35,9 @@ What differs from ``te_delayed``, per linear ``[M, K] · [K, N]``:
   :func:`~.fp8recipe.fp8_weight_share`), and adds no amax to it. Megatron-Bridge's
   current-scaling preset also sets ``fp8_param_gather``
   (``bf16_with_fp8_current_scaling_mixed``), where the weights are FP8 parameters that the
-  optimizer quantizes after its step and no forward casts: not modelled (ddlsim has no such
-  option; the per-step cast stands in for the optimizer's quantize);
+  optimizer quantizes after its step (the master shard's amax read, its all-reduce over the
+  data-parallel group and the cast) and no forward casts, the gathered weight transposed
+  once per step instead: the stack's ``fp8_param_gather`` (:mod:`.fp8_weights`);
 * the output gradient ``g``: zero + amax ``2MN`` + scale.
 
 The amax all-reduce: ``_customize_quantizers_float8_current_scaling`` of ``Linear`` and

@@ -48,7 +48,8 @@ The GEMMs (:data:`FP8_GEMM_KERNELS`), output, grad_input and grad_weight in that
     rescales run at a FITTED share of the bandwidth (:data:`ROWWISE_PASS_SHARE`; docs/compute.md,
     "FP8").
 
-The weight's cast, per optimizer step (``Fp8Recipe.weight_cached``, :func:`fp8_weight_share`):
+The weight's cast, per optimizer step (``Fp8Recipe.weight_cached``, :func:`fp8_weight_share`;
+Transformer Engine's host time and weight functions live in :mod:`.fp8_weights`, imported here):
 Transformer Engine casts a weight once per step and keeps the FP8 copy, its transpose included,
 for the step's other micro-batches; torchao casts it in every forward and again in every
 backward (6243040 ``float8_linear.py`` lines 99-108 and 156-182: only a weight that arrives in
@@ -84,6 +85,8 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from ...workloads.trace import Kernel
+from .fp8_weights import (TE_QUANTIZED_TENSORS, TE_TENSOR_CREATE_S, fp8_quantize_host_s,
+                          fp8_weight_share)
 
 __all__ = ["FP8_RECIPES", "FP8_GEMM_KERNELS", "FP8_PASS_KERNELS", "Fp8Recipe", "fp8_recipe",
            "fp8_cast_kernels", "fp8_gemm_variants", "fp8_rescale_kernels",
@@ -189,22 +192,6 @@ class Fp8Recipe(NamedTuple):
 
 #: recipe name → :class:`Fp8Recipe`
 FP8_RECIPES: dict[str, Fp8Recipe] = {}
-
-#: Host seconds to create one PyTorch tensor in Transformer Engine's C++ extensions: "It
-#: takes a ~5 us on CPU to create each PyTorch tensor, and this can become significant when
-#: GEMM kernels take ~100 us on GPU" (T. Moon, a TE maintainer, NVIDIA/TransformerEngine PR
-#: #865, 2024-05-24, profiling ``te.Linear`` in FP8)
-TE_TENSOR_CREATE_S = 5e-6
-#: tensors a Transformer Engine FP8 quantizer creates for each tensor it quantizes on Hopper
-#: with both usages (TransformerEngine 71bbefbf, the commit Megatron-Bridge v0.4.0 pins:
-#: ``pytorch/csrc/quantizer.cpp`` ``Float8Quantizer::create_tensor`` and
-#: ``Float8CurrentScalingQuantizer::create_tensor``: ``at::empty`` of the row-wise data, of
-#: the transpose (``columnwise_usage`` where ``nvte_is_non_tn_fp8_gemm_supported()`` is
-#: false, i.e. sm_90) and of the fp32 ``scale_inv``, each ``py::cast`` to a Python tensor for
-#: the ``Float8TensorStorage`` built from them): a grouped linear's input in the forward (row-wise
-#: for the GEMM, the transpose for the weight gradient) and its output gradient in the
-#: backward (data gradient, weight gradient) each need both
-TE_QUANTIZED_TENSORS = 3
 
 
 def fp8_recipe(name: str, gemms: tuple[str, str, str], rescaled: tuple[bool, bool] = (False,
@@ -318,7 +305,11 @@ def fp8_cast_kernels(recipe: str, M: float, N: float, K: float, backward: bool,
     (``cast_weight_to_float8_t`` returns the gathered ``Float8Tensor`` as it is), and the
     backward's weight pass is the FP8 copy into the other layout (read 1 + write 1 bytes per
     element: torchao eab345c ``float8_ops.py`` ``preprocess_addmm`` line 253,
-    ``b_data.t().contiguous().t()``) instead of a cast from bf16. ``norm_amax``: the input comes from a
+    ``b_data.t().contiguous().t()``) instead of a cast from bf16; under Transformer Engine
+    (``Fp8Recipe.weight_cached``) the weight is an FP8 parameter (Megatron's
+    ``--fp8-param-gather``, :mod:`.fp8_weights`): no cast, the forward's weight pass is the
+    transpose made after the parameter all-gather (read 1 + write 1 bytes per element, once
+    per step: ``microbatches`` spreads it). ``norm_amax``: the input comes from a
     normalisation that computed its amax (TE's ``LayerNormLinear`` under ``te_current``,
     :mod:`.fp8_current`): the input's amax pass (``x.amax``) is left out.
 
@@ -361,7 +352,10 @@ def fp8_cast_kernels(recipe: str, M: float, N: float, K: float, backward: bool,
         regather = spec.gathered_passes or _sharded_passes
         passes = regather(passes, gathered, M * (K if gathered == "x" else N), shards,
                           backward)
-    if weight_fp8:
+    if weight_fp8 and spec.weight_cached:   # TE's FP8 parameters: the gathered weight's
+        passes = tuple(("wT", 0 if backward else 2 * K * N) if r[0] == "w" else (r, b)
+                       for r, b in passes)   # transpose, once per step (.fp8_weights)
+    elif weight_fp8:
         passes = tuple((r, 2 * K * N if backward else 0) if r[0] == "w" else (r, b)
                        for r, b in passes)
     share = fp8_weight_share(recipe, microbatches)
@@ -424,86 +418,6 @@ def fp8_rescale_kernels(recipe: str, M: float, N: float, K: float) -> tuple[Kern
     sizes = (M * K, K * N)
     return tuple(Kernel("memory", bytes=4 * n, dtype="bf16", variant=kernel)
                  for n, on in zip(sizes, spec.rescaled) if on)
-
-
-def fp8_quantize_host_s(recipe: str, tensors: float) -> float:
-    """Host seconds ``recipe``'s quantizers spend creating the outputs of ``tensors`` quantized
-    tensors: :attr:`Fp8Recipe.host_tensors` × :data:`TE_TENSOR_CREATE_S` each (Transformer
-    Engine's ``create_tensor``); 0 for a recipe without (torchao's).
-
-    Parameters
-    ----------
-    recipe : str
-        a registered recipe (:data:`FP8_RECIPES`).
-    tensors : float
-        tensors quantized, e.g. one input per local expert of a grouped linear's forward.
-
-    Returns
-    -------
-    float
-        seconds, host only (the op's ``host_s``).
-    """
-    if tensors < 0:
-        raise ValueError(f"fp8_quantize_host_s: tensors = {tensors!r}; allowed: >= 0")
-    return tensors * FP8_RECIPES[recipe].host_tensors * TE_TENSOR_CREATE_S
-
-
-def fp8_weight_share(recipe: str, microbatches: int) -> float:
-    """The share of a weight's FP8 cast that one forward of ``recipe`` carries when an
-    optimizer step runs ``microbatches`` forwards of it: ``1 / microbatches`` for a recipe
-    that casts each weight once per step and keeps the copy (``Fp8Recipe.weight_cached``),
-    1 for one that casts it in every forward.
-
-    Transformer Engine (TransformerEngine 71bbefbf, the commit Megatron-Bridge v0.4.0 pins):
-    ``Linear``, ``LayerNormLinear`` and ``GroupedLinear`` quantize their weight through
-    ``get_weight_workspace`` with ``update_workspace = is_first_microbatch is None or
-    is_first_microbatch`` and ``cache_name="weight"`` (``f"weight{i}"`` per expert) whenever
-    ``is_first_microbatch`` is given (``module/linear.py`` lines 267-274,
-    ``layernorm_linear.py`` 301-305, ``grouped_linear.py`` 172-177): the step's first
-    micro-batch quantizes it into the cached workspace (``module/base.py`` 1448-1522), the
-    others take the cached FP8 tensor as it is. With gradients on, the forward asks for the
-    column-wise copy too (``weight_quantizer.set_usage(rowwise=True, columnwise=...)``,
-    ``linear.py`` 255-262), so on Hopper the cached tensor holds the transpose the data
-    gradient needs; the backward's ``update_usage(columnwise_usage=True)`` (``linear.py``
-    695, ``layernorm_linear.py`` 706, ``grouped_linear.py`` 410) creates it only where it is
-    missing (``tensor/storage/float8_tensor_storage.py`` 234-265). Megatron-Core's TE
-    wrappers pass ``is_first_microbatch`` (``extensions/transformer_engine.py`` at d7288711:
-    ``TELinear`` lines 712, 870-877; ``TELayerNormColumnParallelLinear`` 959, 1091-1099;
-    ``TEGroupedLinear`` 1706, 1895-1902; set True again by ``model.set_is_first_microbatch()``
-    on each step's first micro-batch, ``pipeline_parallel/schedules.py`` 409-410), unless
-    ``disable_parameter_transpose_cache`` (``transformer_config.py`` 881, default False).
-
-    ddlsim's trace shares one forward block among a step's micro-batches, so the one cast is
-    spread over them rather than charged to the first: the step's total is the same; the
-    pipeline's warm-up carries ``1/microbatches`` of each stage's cast, where the first
-    micro-batch's would carry all of it (a stage's weight elements × 3 bytes at the device's
-    memory bandwidth: about 2 ms for 2.2e9 elements on an H100). Each forward still launches
-    the cast kernel (its bytes scaled): a launch per micro-batch left in. Parameters kept in
-    FP8 (Megatron's ``--fp8-param-gather``) are not cast at all (``get_weight_workspace``
-    returns a ``QuantizedTensor`` weight as it is, ``base.py`` 1435-1446); ddlsim has no such
-    option.
-
-    Parameters
-    ----------
-    recipe : str
-        a registered recipe (:data:`FP8_RECIPES`).
-    microbatches : int
-        forwards of the layer per optimizer step (Megatron's ``num_microbatches``), >= 1.
-
-    Returns
-    -------
-    float
-        in ``(0, 1]``.
-
-    Raises
-    ------
-    ValueError
-        for ``microbatches`` below 1.
-    """
-    if microbatches < 1:
-        raise ValueError(f"fp8_weight_share: microbatches = {microbatches!r}; allowed: an "
-                         "integer >= 1 (forwards per optimizer step)")
-    return 1.0 / microbatches if FP8_RECIPES[recipe].weight_cached else 1.0
 
 
 def fp8_gemm_efficiency(variant: str) -> float:

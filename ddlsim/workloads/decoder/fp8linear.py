@@ -24,7 +24,8 @@ from ...simulator.kernels.gemm import gemm_kernels_backward
 from ..trace import Compute, Kernel
 from .wgrad import into_main_grad
 
-__all__ = ["linear_kernels", "with_fp8_casts", "fp8_sp_gather", "weight_cast_microbatches"]
+__all__ = ["linear_kernels", "with_fp8_casts", "fp8_sp_gather", "weight_cast_microbatches",
+           "weights_in_fp8"]
 
 
 def _times(kernels: tuple[Kernel, ...], batch: float) -> tuple[Kernel, ...]:
@@ -44,8 +45,8 @@ def linear_kernels(sw: Any, dtype: str, M: float, N: float, K: float, backward: 
     Parameters
     ----------
     sw : Software
-        the resolved software stack (``fp8_recipe``, ``compile``,
-        ``enable_fsdp_float8_all_gather``: the weights arrive in FP8).
+        the resolved software stack (``fp8_recipe``, ``compile``; the weights arrive in FP8
+        under ``enable_fsdp_float8_all_gather`` or ``fp8_param_gather``: :func:`weights_in_fp8`).
     dtype : str
         the linears' dtype (``train.dtype``); only ``fp8`` has casts.
     M, N, K : float
@@ -88,7 +89,7 @@ def linear_kernels(sw: Any, dtype: str, M: float, N: float, K: float, backward: 
     gemms = into_main_grad(gemms, main_grad) if backward else gemms
     rescale = fp8_rescale_kernels(recipe, M, N, K) if backward else ()
     casts = fp8_cast_kernels(recipe, M, N, K, backward, compiled,
-                             weight_fp8=sw.enable_fsdp_float8_all_gather, norm_amax=norm_amax,
+                             weight_fp8=weights_in_fp8(sw), norm_amax=norm_amax,
                              gathered=gathered, shards=shards, microbatches=microbatches)
     casts = casts * int(batch) if FP8_RECIPES[recipe].per_problem else _times(casts, batch)
     return casts + gemms + _times(rescale, batch)
@@ -122,6 +123,15 @@ def with_fp8_casts(op: Compute, sw: Any, M: float, N: float, K: float, backward:
                                               main_grad=main_grad,
                                               microbatches=microbatches) * launches,
                    host_s=op.host_s + host_s)
+
+
+def weights_in_fp8(sw: Any) -> bool:
+    """Whether the FP8 linears' weights arrive in FP8, so that no forward casts them: torchao's
+    FSDP2 float8 all-gather (``enable_fsdp_float8_all_gather``,
+    :mod:`.fsdp_float8`) or Megatron's FP8 parameters (``fp8_param_gather``,
+    :mod:`ddlsim.simulator.kernels.fp8_weights`; checked in :func:`.param_gather.check_fp8`).
+    Only FP8 GEMMs read it."""
+    return bool(sw.enable_fsdp_float8_all_gather or sw.fp8_param_gather)
 
 
 def fp8_sp_gather(sw: Any, train_dtype: str, tp: int, sp: bool, shape: Any) -> bool:

@@ -76,7 +76,9 @@ def stage_memory(plan: DecoderPlan, stage: int, params: float, expert_params: fl
                            plan.combined_1f1b)    # as :func:`..memory.inflight_chunks`
     rebuilt = (_rebuilt_layer(plan, part, stage) + _ring_buffers(plan, part)
                + _combined_layer(plan, stage, per_chunk))
-    # FP8 (Transformer Engine) keeps 16-bit weights and grads: the plan's ``dtype``
+    # FP8 (Transformer Engine) keeps 16-bit weights and grads: the plan's ``dtype``; FP8
+    # parameters (fp8_param_gather) are 1 byte per element and their transpose, kept after the
+    # gather on Hopper, 1 more: the same 2 (simulator/kernels/fp8_weights.py)
     pb = DTYPE_BYTES[plan.dtype]
     unit_bytes = layer_bytes if layer_bytes is not None else shape.layer_params / plan.tp * pb
     gathered = _gathered(plan, unit_bytes, pb)

@@ -30,6 +30,17 @@ has arrived by then, and the intermediate chunks' own waits are not traced (exac
 gather falls further behind the forwards chunk by chunk, as on a stage whose per-chunk gather
 outlasts its PP warm-up forwards of a chunk; otherwise those waits cost at most the last
 chunk's share). The later chunks' gather takes NCCL's SMs beside those forwards, not charged.
+
+**FP8 parameters** (``software.kernels.fp8_param_gather``, Megatron's ``--fp8-param-gather``):
+the linears' weights are Transformer Engine ``Float8Tensor`` objects, so the gather moves 1 byte per
+element of them (:func:`gather_bytes_per_param`; the buckets hold as many elements, so their bytes
+halve too) and the optimizer step quantizes the master shard
+(:mod:`ddlsim.simulator.kernels.fp8_weights`). Megatron-LM d7288711's rules (:func:`check_fp8`):
+``training/arguments.py`` lines 924-926, "--fp8-param-gather only supported with distributed
+optimizer, torch fsdp2, megatron fsdp, or inference mode", and lines 885-890, FSDP2 turns it off
+under Transformer Engine 2 ("will fallback to bf16 all_gather"); FP8 parameters are TE's
+quantized tensors (``fp8_utils.py`` ``quantize_param_shard`` calls TE's
+``cast_master_weights_to_fp8``), so the recipe is one of TE's.
 """
 
 from __future__ import annotations
@@ -40,7 +51,9 @@ from ..smcontention import beside
 from ..trace import P2P, Block, Collective, Op, Wait
 
 __all__ = ["active", "exposed_bytes", "first_bucket", "overlapped_bytes", "prologue_block",
-           "waiting_block", "waiting_block_name", "BLOCK"]
+           "waiting_block", "waiting_block_name", "BLOCK", "fp8_params", "gather_bytes_per_param",
+           "gathered_bytes", "check_fp8", "edge_params", "stage_bytes",
+           "fp8_param_step_delta_bytes"]
 
 #: the first forward's block name with the gather beside it
 BLOCK = "F0.pg"
@@ -54,12 +67,91 @@ def active(cfg) -> bool:
             and p.dp_strategy == "ddp" and cfg.dp * p.cp > 1 and p.ep == 1)
 
 
+def fp8_params(sw, train_dtype: str) -> bool:
+    """Whether the linears' weights are FP8 parameters (``fp8_param_gather`` in FP8 training;
+    :func:`check_fp8` refuses it elsewhere)."""
+    return bool(sw.fp8_param_gather) and train_dtype == "fp8"
+
+
+def gather_bytes_per_param(sw, train_dtype: str, dtype_bytes: float) -> float:
+    """Bytes per parameter the distributed optimizer's all-gather moves: the FP8 parameters'
+    one byte (:data:`~ddlsim.simulator.kernels.fp8_weights.FP8_PARAM_BYTES`), else the
+    parameters' ``dtype_bytes``."""
+    if fp8_params(sw, train_dtype):
+        from ...simulator.kernels.fp8_weights import FP8_PARAM_BYTES
+        return FP8_PARAM_BYTES
+    return float(dtype_bytes)
+
+
+def gathered_bytes(sw, train_dtype: str, dtype_bytes: float, params, edge_params=0.0):
+    """Bytes of the distributed optimizer's all-gather of a stage's ``params`` parameters, of
+    which ``edge_params`` are the embedding's and the output head's: with FP8 parameters the
+    layers' at one byte (:func:`gather_bytes_per_param`), the edges' at ``dtype_bytes`` (they
+    are not Transformer Engine modules: Megatron-Core's ``VocabParallelEmbedding`` and the
+    head's ``ColumnParallelLinear`` keep 16-bit weights, so their buffer is Megatron's 16-bit
+    one); the layers' norms and biases (a few ``h`` of a layer's ~12 ``h²``) are counted at one
+    byte too. Element-wise on arrays of plans (the search tier's).
+
+    Parameters
+    ----------
+    sw : Software
+        the resolved stack (``fp8_param_gather``).
+    train_dtype : str
+        ``train.dtype``.
+    dtype_bytes : float
+        bytes per 16-bit parameter (2).
+    params, edge_params : float or numpy.ndarray
+        parameters of the stage on one rank, and its embedding's and head's among them.
+
+    Returns
+    -------
+    float or numpy.ndarray
+        bytes.
+    """
+    per = gather_bytes_per_param(sw, train_dtype, dtype_bytes)
+    return (params - edge_params) * per + edge_params * dtype_bytes
+
+
+def check_fp8(cfg) -> None:
+    """Refuse ``fp8_param_gather`` where Megatron cannot run it (module docstring).
+
+    Raises
+    ------
+    ValueError
+        naming the field, the value and what is allowed: outside ``train.dtype: fp8``, with a
+        recipe that is not Transformer Engine's (``te_delayed``, ``te_current``), or without
+        the distributed optimizer (``parallel.zero_stage`` 1 or 2 under
+        ``dp_strategy: ddp``).
+    """
+    sw, p = cfg.software, cfg.parallel
+    if not sw.fp8_param_gather:
+        return
+    field = "system.software.kernels.fp8_param_gather = true"
+    if cfg.train.dtype != "fp8":
+        raise ValueError(f"{field} needs train.dtype: fp8 (the weights are FP8 parameters); "
+                         f"here train.dtype = {cfg.train.dtype!r}: set it to false")
+    if sw.fp8_recipe not in ("te_delayed", "te_current"):
+        raise ValueError(f"{field} needs a Transformer Engine recipe (fp8_recipe te_delayed or "
+                         f"te_current: FP8 parameters are TE's Float8Tensors, Megatron-LM "
+                         f"d7288711 fp8_utils.py quantize_param_shard); here fp8_recipe = "
+                         f"{sw.fp8_recipe!r}")
+    if p.dp_strategy != "ddp" or p.zero_stage not in (1, 2):
+        raise ValueError(f"{field} needs the distributed optimizer (parallel.zero_stage 1 or 2 "
+                         f"with dp_strategy ddp: Megatron-LM d7288711 arguments.py lines "
+                         f"924-926, '--fp8-param-gather only supported with distributed "
+                         f"optimizer, torch fsdp2, megatron fsdp'; FSDP2 falls back to a bf16 "
+                         f"gather under TE 2, lines 885-890, and Megatron-FSDP's FP8 gather is "
+                         f"not modelled); here zero_stage = {p.zero_stage}, dp_strategy = "
+                         f"{p.dp_strategy!r}")
+
+
 def exposed_bytes(cfg, param_bytes: float) -> float:
     """Bytes of the gather left after the optimizer step: all of them, or the first bucket
-    (the gradient buckets' parameters in the 16-bit parameter dtype:
+    (the gradient buckets' parameters in the gathered dtype, :func:`gather_bytes_per_param`:
     :func:`.dpsync.grad_bucket_bytes`)."""
     from .dpsync import grad_bucket_bytes
-    return first_bucket(active(cfg), param_bytes, grad_bucket_bytes(cfg, cfg.dp, 2))
+    per = gather_bytes_per_param(cfg.software, cfg.train.dtype, 2)
+    return first_bucket(active(cfg), param_bytes, grad_bucket_bytes(cfg, cfg.dp, per))
 
 
 def first_bucket(on, param_bytes, bucket_bytes):
@@ -143,3 +235,41 @@ def waiting_block(block: Block) -> Block:
     body = [Op(o.payload, o.stream, tuple(d + 1 for d in o.deps), o.repeat) for o in block.ops]
     name = waiting_block_name(int(block.name[1:]))
     return Block(name, block.phase, (Op(Wait("params.gather.later_wait", "dp")), *body))
+
+
+def edge_params(b, stage: int, first: bool = True, last: bool = True) -> float:
+    """Parameters of ``stage``'s embedding (``first``) and output head (``last``) on one rank
+    of builder ``b`` (:func:`.builder.with_edges` of no layers): 16-bit under FP8 parameters
+    too (:func:`gathered_bytes`)."""
+    from .builder import with_edges
+    return with_edges(b.shape, b.part.param_split, 0.0, first and stage == 0,
+                      last and stage == b.pp - 1, b.pp)
+
+
+def stage_bytes(b, stage: int, params: float | None = None, first: bool = True,
+                last: bool = True) -> float:
+    """Bytes of the distributed optimizer's gather of ``params`` parameters of ``stage``
+    (default: the stage's, :meth:`.builder.StageBuilder.stage_params`) on builder ``b``,
+    holding the embedding and head where ``first``/``last`` say (:func:`gathered_bytes`)."""
+    params = b.stage_params(stage) if params is None else params
+    return gathered_bytes(b.sw, b.plan.train_dtype, b.dt, params,
+                          edge_params(b, stage, first, last))
+
+
+def fp8_param_step_delta_bytes(sw, train_dtype: str, n_params: float,
+                               dtype_bytes: float = 2.0) -> float:
+    """Bytes the optimizer step moves over ``n_params`` master parameters (the rank's shard)
+    with FP8 parameters beyond what it moves without: the master shard's cast into them
+    (:func:`~ddlsim.simulator.kernels.fp8_weights.fp8_param_update_kernels`) replaces the
+    copy into the 16-bit weights (read 4 + write ``dtype_bytes``,
+    :func:`~ddlsim.simulator.kernels.step_passes.optimizer_bytes_per_param`'s step 5:
+    Megatron-LM d7288711 ``distrib_optimizer.py`` lines 2462-2485, "FP8 params are quantized
+    in the above quantize_param_shard function", the copy skipped for them). Delayed scaling:
+    5 - 6 = -1 byte per parameter; current scaling: 9 - 6 = +3. 0 without FP8 parameters.
+    The shard's embedding and head, 16-bit and copied as before, are counted as FP8 too (the
+    first and last stages' few per cent)."""
+    if not fp8_params(sw, train_dtype):
+        return 0.0
+    from ...simulator.kernels.fp8_weights import fp8_param_update_kernels
+    cast = sum(k.bytes for k in fp8_param_update_kernels(sw.fp8_recipe, n_params))
+    return cast - (4.0 + dtype_bytes) * n_params
