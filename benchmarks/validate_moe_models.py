@@ -143,9 +143,15 @@ def config(row: dict) -> dict:
     if row["split"] == "embedding+loss":
         parallel.update(account_for_embedding_in_pipeline_split=True,
                         account_for_loss_in_pipeline_split=True)
-    model = row["preset"]
+    model = {"preset": row["preset"]}
+    if row["split"].startswith("layout "):   # Megatron-Core's layout string and its MTP layers
+        layout = row["split"].removeprefix("layout ")
+        parallel["pipeline_model_parallel_layout"] = layout
+        # the recipe's mtp_num_layers: Megatron-Core asserts the layout's 'm' count equals it
+        model["mtp_num_layers"] = layout.count("m")
     if row["capacity_factor"]:
-        model = {"preset": row["preset"], "capacity_factor": float(row["capacity_factor"])}
+        model["capacity_factor"] = float(row["capacity_factor"])
+    model = model if len(model) > 1 else row["preset"]
     _, fp8 = _precision(row)
     kernels = {**NO_MASK, "grad_reduce_dtype": "param", **TE_CROSS_ENTROPY, **fp8}
     if _has_sinks(row["preset"]):
@@ -162,12 +168,12 @@ def published_time(row: dict) -> float:
 
 
 def what_ddlsim_says(row: dict) -> str:
-    """ddlsim's own word on a row the table lists: the refusal of its config, else its
-    warnings about what it does not model, else nothing."""
+    """ddlsim's own word on a row the table lists: the refusal of its config or of its plan
+    (built, not timed), else its warnings about what it does not model, else nothing."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            ddlsim.load_config(config(row))
+            ddlsim.build_workload(ddlsim.load_config(config(row)))
         except (ConfigError, ValueError) as exc:
             return f"ddlsim refuses the plan: {exc}"
     said = [str(w.message) for w in caught if "not modelled" in str(w.message)]

@@ -92,11 +92,11 @@ def test_exclusive_with_the_other_uneven_splits():
         config("Et|tt|t|t|t|tt|t|tL", num_layers_in_first_pipeline_stage=2)
 
 
-def test_model_with_mtp_layers_is_refused():
-    """MTP's ops are not modelled: a model with mtp_num_layers > 0 is refused by name."""
-    with pytest.raises(ddlsim.ConfigError, match="model.mtp_num_layers = 1: multi-token "
-                       "prediction"):
-        config("Et|tt|t|t|t|tt|t|tmL", model={"mtp_num_layers": 1})
+def test_layout_counts_the_models_mtp_layers():
+    """With model.mtp_num_layers = 1 the layout's 'm' is accepted and the MTP layer joins the
+    last chunk (ddlsim/workloads/decoder/mtp.py)."""
+    cfg = config("Et|tt|t|t|t|tt|t|mL", model={"num_hidden_layers": 9, "mtp_num_layers": 1})
+    assert chunk_layers(cfg) == ((1, 1), (2, 2), (1, 1), (1, 1))
 
 
 def test_stack_rule_names_the_layout():
@@ -126,6 +126,7 @@ def test_stacks_without_the_option_refuse_it(stack):
         d["parallel"].update(virtual_pipeline_model_parallel_size=None,
                              pipeline_model_parallel_layout="Ett|ttt|ttt|ttL")
     d["system"]["software"] = stack
+    d["parallel"]["zero_stage"] = 0
     with pytest.raises(ddlsim.ConfigError, match="rule no_pipeline_layout"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

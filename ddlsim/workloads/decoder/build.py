@@ -21,6 +21,7 @@ from ..schedules import schedule_arrays
 from ..trace import Block, RankClass, Program, StepTable, Workload, WorkloadMeta
 from .builder import StageBuilder, with_edges
 from .memory import comm_groups, stage_memory
+from .mtp import mtp_model_flops, with_mtp_memory
 from .plan import resolve_plan
 from . import (combined, fsdp, hsdp, megatron_fsdp, moe_bias_update, param_gather,
                tied_embedding)
@@ -184,7 +185,7 @@ def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
     micro-batches costs a few arrays rather than 25,000 objects.
     """
     plan = resolve_plan(cfg, shape)
-    b = StageBuilder(plan)
+    b = StageBuilder(plan, _mtp_depths(cfg))
     pp, m, mesh = b.pp, plan.microbatches, cfg.mesh
     groups = {**mesh.families(), **b.part.families(mesh), **hsdp.families(cfg, mesh),
               **tied_embedding.families(b, mesh)}
@@ -226,7 +227,9 @@ def _meta(cfg: RunConfig, shape: DecoderShape, microbatches: int) -> WorkloadMet
     return WorkloadMeta(
         model=cfg.model.name, architecture=cfg.model.architecture,
         parameter_count=int(shape.params),
-        model_flops=float(shape.model_flops(t.global_batch_size, t.seq_length)),
+        model_flops=float(shape.model_flops(t.global_batch_size, t.seq_length)
+                          + mtp_model_flops(shape, t.global_batch_size, t.seq_length,
+                                            _mtp_depths(cfg))),
         tokens=t.global_batch_size * t.seq_length, samples=t.global_batch_size,
         microbatches=microbatches, dtype=t.dtype)
 
@@ -234,7 +237,12 @@ def _meta(cfg: RunConfig, shape: DecoderShape, microbatches: int) -> WorkloadMet
 def decoder_memory(cfg: RunConfig, shape: DecoderShape) -> list[MemoryBreakdown]:
     """Memory of one rank of each pipeline stage (:func:`.memory.stage_memory`), the plan
     resolved once for all of them (:func:`build_decoder_workload` carries the same list)."""
-    return _stage_memories(StageBuilder(resolve_plan(cfg, shape)))
+    return _stage_memories(StageBuilder(resolve_plan(cfg, shape), _mtp_depths(cfg)))
+
+
+def _mtp_depths(cfg: RunConfig) -> int:
+    """``model.mtp_num_layers``: the multi-token-prediction depths (:mod:`.mtp`)."""
+    return getattr(cfg.model, "mtp_num_layers", 0)
 
 
 def _stage_memories(b: StageBuilder) -> list[MemoryBreakdown]:
@@ -244,8 +252,9 @@ def _stage_memories(b: StageBuilder) -> list[MemoryBreakdown]:
     context = context_bytes(plan.device, comm_groups(plan))   # every stage's
     memo: dict = {}   # the model states and buffers of stages alike, once
     if not plan.shape.is_moe:
-        return [stage_memory(plan, s, b.stage_params(s), context=context, memo=memo)
-                for s in range(b.pp)]
+        return with_mtp_memory(b, [stage_memory(plan, s, b.stage_params(s), context=context,
+                                                memo=memo) for s in range(b.pp)])
     layer_bytes = max(sum(b.layer_rank_params(m)) for m in (False, True)) * b.dt
-    return [stage_memory(plan, s, b.stage_params(s), b.stage_expert_params(s), layer_bytes,
-                         context=context, memo=memo) for s in range(b.pp)]
+    return with_mtp_memory(b, [stage_memory(plan, s, b.stage_params(s),
+                                            b.stage_expert_params(s), layer_bytes,
+                                            context=context, memo=memo) for s in range(b.pp)])

@@ -26,6 +26,7 @@ from .host_sync import HostSyncOps
 from .layerkernels import layer_kernels, recompute_op
 from .moe import MoEOps
 from .moe_update import MoEUpdateOps
+from .mtp import MTPOps
 from .plan import DecoderPlan, resolve_plan
 from .update import UpdateOps
 
@@ -57,7 +58,7 @@ def with_edges(shape: DecoderShape, param_split, layer_params, first, last, pp):
     return n + np.where(last, head, 0.0)
 
 
-class StageBuilder(GradSyncOps, MoEOps, MoEUpdateOps, HostSyncOps, EdgeOps, ChunkOps,
+class StageBuilder(MTPOps, GradSyncOps, MoEOps, MoEUpdateOps, HostSyncOps, EdgeOps, ChunkOps,
                    UpdateOps):
     """Builds the blocks of one pipeline stage (MoE layers: :class:`.moe.MoEOps`, their
     parameters and update: :class:`.moe_update.MoEUpdateOps`; gradient
@@ -74,9 +75,11 @@ class StageBuilder(GradSyncOps, MoEOps, MoEUpdateOps, HostSyncOps, EdgeOps, Chun
         and nothing else of the run config.
     """
 
-    def __init__(self, plan: DecoderPlan):
+    def __init__(self, plan: DecoderPlan, mtp_layers: int = 0):
         super().__init__(plan)
         self._layer_ops: dict[tuple[bool, int], list[Op]] = {}
+        #: multi-token-prediction depths on the last stage (:mod:`.mtp`; 0: none)
+        self.mtp = mtp_layers
 
     @classmethod
     def from_config(cls, cfg: RunConfig, shape: DecoderShape) -> StageBuilder:
@@ -94,7 +97,7 @@ class StageBuilder(GradSyncOps, MoEOps, MoEUpdateOps, HostSyncOps, EdgeOps, Chun
         StageBuilder
             The builder of the plan :func:`.plan.resolve_plan` resolves, once.
         """
-        return cls(resolve_plan(cfg, shape))
+        return cls(resolve_plan(cfg, shape), getattr(cfg.model, "mtp_num_layers", 0))
 
     @cached_property
     def fwd_layer(self) -> list[Compute | Collective]:
@@ -268,7 +271,9 @@ class StageBuilder(GradSyncOps, MoEOps, MoEUpdateOps, HostSyncOps, EdgeOps, Chun
             n = self.stage_expert_params(stage) + self._stage_nonexpert_layer_params(stage)
         else:
             n = sum(self.split[stage]) * sh.layer_params / t
-        return with_edges(sh, t, n, stage == 0, stage == self.pp - 1, self.pp)
+        # the MTP depths' (.mtp): their routed experts are in stage_expert_params
+        return with_edges(sh, t, n, stage == 0, stage == self.pp - 1, self.pp) \
+            + self.mtp_params(stage)
 
     def optimizer_op(self, n_params: float) -> Op:
         """The optimizer step over ``n_params`` parameters: 10 FLOPs and the optimizer's bytes

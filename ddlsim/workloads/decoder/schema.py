@@ -157,10 +157,10 @@ class DecoderFields(MoEFields, ProgramFields):
     vocab_size: count_type("vocab_size")
     mtp_num_layers: Annotated[int, BeforeValidator(reject_bool), Field(ge=0, le=2**20)] = Field(
         default=0, description="Megatron-Core's multi-token-prediction depth (--mtp-num-layers; "
-                               "DeepSeek-V3's config.json num_nextn_predict_layers): the MTP "
-                               "layers a pipeline layout's 'm' must count; their ops are not "
-                               "modelled, so a value above 0 is refused (workloads/decoder/"
-                               "split.py)")
+                               "DeepSeek-V3's config.json num_nextn_predict_layers): per depth "
+                               "an embedding lookup, two norms, a 2h→h projection, one more "
+                               "layer, the head and its loss on the last stage (workloads/"
+                               "decoder/mtp.py); a pipeline layout's 'm' must count them")
 
 
 class GPTModel(DecoderFields):

@@ -27,7 +27,7 @@ stage (``ddlsim/importers/torchtitan_split.py``). It combines with none of the a
 every chunk's layers as letters; it combines with none of the above (Megatron-Core raises
 ValueError for the four options of the first two items, transformer_config.py lines 2242-2259
 at d98e8a64). Its ``m`` (multi-token-prediction) layers must match ``model.mtp_num_layers``,
-whose ops ddlsim does not model: a layout or a model with MTP layers is refused.
+modelled on the last stage (:mod:`.mtp`).
 
 Every rule Megatron-Core asserts is checked here, with the field, the value and what would do.
 """
@@ -57,20 +57,34 @@ def is_uneven(parallel: Any) -> bool:
 
 
 def chunk_layers(cfg: Any) -> tuple[tuple[int, ...], ...]:
-    """Transformer layers of each chunk: ``out[stage][virtual stage]`` (module docstring).
+    """Transformer layers of each chunk: ``out[stage][virtual stage]`` (module docstring),
+    the MTP depths' layers in the last chunk of the last stage.
     Raises ``ValueError`` naming the field when the split is impossible."""
     p = cfg.parallel
     _refuse_mtp(cfg)
     if p.pipeline_model_parallel_layout is not None:
-        return _layout(p, cfg.model.num_hidden_layers, _mtp_layers(cfg))
-    if p.layers_per_virtual_stage is not None:
-        return _given(p, cfg.model.num_hidden_layers)
-    # a chunk can be left without a layer only where the embedding or the loss counts as
-    # one (each chunk gets at least one of the split's units): Megatron-Core builds it
-    return _split(cfg.model.num_hidden_layers, p.pp, p.vpp,
-                  p.num_layers_in_first_pipeline_stage, p.num_layers_in_last_pipeline_stage,
-                  bool(p.account_for_embedding_in_pipeline_split),
-                  bool(p.account_for_loss_in_pipeline_split))
+        split = _layout(p, cfg.model.num_hidden_layers, _mtp_layers(cfg))
+    elif p.layers_per_virtual_stage is not None:
+        split = _given(p, cfg.model.num_hidden_layers)
+    else:
+        # a chunk can be left without a layer only where the embedding or the loss counts
+        # as one (each chunk gets at least one of the split's units): Megatron-Core builds it
+        split = _split(cfg.model.num_hidden_layers, p.pp, p.vpp,
+                       p.num_layers_in_first_pipeline_stage,
+                       p.num_layers_in_last_pipeline_stage,
+                       bool(p.account_for_embedding_in_pipeline_split),
+                       bool(p.account_for_loss_in_pipeline_split))
+    return _with_mtp(split, _mtp_layers(cfg))
+
+
+def _with_mtp(split: tuple, mtp: int) -> tuple[tuple[int, ...], ...]:
+    """The split with the MTP depths' transformer layers in the last stage's last chunk,
+    where Megatron-Core builds them by default (``mtp_on_this_rank``; a layout puts its 'm'
+    there too, :mod:`.pp_layout`): each is one more layer of that chunk (:mod:`.mtp`)."""
+    if not mtp:
+        return split
+    last = split[-1]
+    return (*split[:-1], (*last[:-1], last[-1] + mtp))
 
 
 def _mtp_layers(cfg: Any) -> int:
@@ -78,15 +92,18 @@ def _mtp_layers(cfg: Any) -> int:
 
 
 def _refuse_mtp(cfg: Any) -> None:
-    """A model with multi-token-prediction layers is refused: their ops (an embedding lookup,
-    two RMSNorms, the 2h→h projection, a transformer layer, the output head and its loss per
-    depth: Megatron-Core multi_token_prediction.py, DeepSeek-V3 report §2.2) are not modelled."""
-    n = _mtp_layers(cfg)
-    if n:
-        raise ValueError(f"model.mtp_num_layers = {n}: multi-token prediction (per depth an "
-                         "embedding lookup, two RMSNorms, a 2h→h projection, a transformer "
-                         "layer, the output head and its loss) is not modelled by ddlsim; "
-                         "set it to 0 (the layout then holds no 'm')")
+    """Multi-token prediction (:mod:`.mtp`) is modelled with Megatron's 1-D tensor
+    parallelism without context parallelism, the ops ddlsim's builder emits itself."""
+    n, p, m = _mtp_layers(cfg), cfg.parallel, cfg.model
+    if n and (p.tp_mode != "1d" or p.cp > 1 or m.decoder_sparse_step > 1):
+        what = (f"parallel.tensor_parallel.mode {p.tp_mode!r}" if p.tp_mode != "1d"
+                else f"parallel.context_parallel_size = {p.cp}" if p.cp > 1
+                else f"model.decoder_sparse_step = {m.decoder_sparse_step}")
+        raise ValueError(f"model.mtp_num_layers = {n} with {what}: multi-token prediction "
+                         "is modelled with 1-D tensor parallelism, no context parallelism "
+                         "and layers all of one kind after the first dense ones (its layer "
+                         "is of the last layer's kind); set mtp_num_layers 0 or change the "
+                         "plan")
 
 
 def _layout(p: Any, layers: int, mtp: int) -> tuple[tuple[int, ...], ...]:

@@ -84,8 +84,11 @@ def _zero(value: Any, doc: dict) -> bool:
 #: ddlsim does not model when the file holds another one.
 CONDITIONAL: dict[str, _Rule] = {
     "attention_dropout": (_zero, "attention dropout not modelled for this architecture"),
-    "num_nextn_predict_layers": (_zero, "DeepSeek-V3's multi-token prediction module not "
-                                        "modelled: the iteration trains the main model only"),
+    "num_nextn_predict_layers": (_zero, "DeepSeek-V3's multi-token prediction depth, not "
+                                        "taken from the file (Megatron's --mtp-num-layers "
+                                        "defaults to none): the iteration trains the main "
+                                        "model only unless model.mtp_num_layers is set "
+                                        "(workloads/decoder/mtp.py)"),
     "mlp_only_layers": (_zero, "per-layer dense/MoE list not modelled: MoE layers follow "
                                "decoder_sparse_step only"),
     "pretraining_tp": (lambda v, doc: v in (None, 1),
