@@ -117,3 +117,20 @@ def test_search_tier_refuses_mtp():
         cfg = ddlsim.load_config(d)
     with pytest.raises(ddlsim.ConfigError, match="model.mtp_num_layers = 1: the vectorised"):
         DecoderVectors().prepare(cfg)
+
+
+def test_last_stage_holds_a_second_set_of_logits():
+    """The depth's logits and their temporaries sit beside the main head's: the last stage's
+    head term doubles (one depth), the first stage's is unchanged."""
+    from ddlsim.workloads.decoder.build import decoder_memory
+    m0 = decoder_memory(config(0), config(0).model.shape())
+    m1 = decoder_memory(config(1), config(1).model.shape())
+    assert m0[-1].other > 0 and m1[-1].other == pytest.approx(2 * m0[-1].other)
+    assert m1[0].other == m0[0].other
+
+
+def test_both_engines_time_the_depths():
+    """The analytical engine and the DES agree on the plan with MTP (the trace semantics)."""
+    a = ddlsim.predict(config(1), check_fit=False)
+    d = ddlsim.predict(config(1), check_fit=False, engine="des")
+    assert d.iteration_time_s == pytest.approx(a.iteration_time_s, rel=1e-3)

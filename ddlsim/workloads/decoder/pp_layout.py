@@ -105,9 +105,10 @@ def _check_order(field: str, flat: str, layers: int, mtp_layers: int) -> None:
         raise ValueError(f"{field} holds {body.count('m')} multi-token-prediction layers 'm'; "
                          f"model.mtp_num_layers = {mtp_layers}")
     if "m" in body and "t" in body[body.index("m"):]:
-        raise ValueError(f"{field}: a transformer layer 't' at character "
-                         f"{flat.index('t', flat.index('m')) + 1} of the unrolled layout comes after "
-                         "an MTP layer 'm'; decoder layers must come before the MTP layers")
+        pos = flat.index("t", flat.index("m")) + 1
+        raise ValueError(f"{field}: a transformer layer 't' at character {pos} of the "
+                         "unrolled layout comes after an MTP layer 'm'; decoder layers must "
+                         "come before the MTP layers")
 
 
 def _check_mtp(field: str, chunks: tuple, mtp_layers: int) -> None:
