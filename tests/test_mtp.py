@@ -134,3 +134,16 @@ def test_both_engines_time_the_depths():
     a = ddlsim.predict(config(1), check_fit=False)
     d = ddlsim.predict(config(1), check_fit=False, engine="des")
     assert d.iteration_time_s == pytest.approx(a.iteration_time_s, rel=1e-3)
+
+
+def test_embedding_copies_all_reduce_their_gradients():
+    """The MTP stage's copy of the input embedding and the first stage's all-reduce their
+    gradients before the step (Megatron-LM d98e8a64 finalize_model_grads.py line 146), as a
+    tied embedding's do (ddlsim/workloads/decoder/tied_embedding.py)."""
+    from ddlsim.workloads.decoder.tied_embedding import OP_NAME
+    for mtp, expected in ((0, False), (1, True)):
+        wl = ddlsim.build_workload(config(mtp))
+        for cls in (wl.classes[0], wl.classes[-1]):
+            names = [getattr(op.payload, "name", None)
+                     for op in cls.program.blocks["update"].flat.ops]
+            assert (OP_NAME in names) is expected
