@@ -17,8 +17,9 @@ stage (gpt_model.py line 173: ``if self.pre_process or self.mtp_process``) and s
 head. ddlsim models MTP on the last pipeline stage, in its last chunk (:mod:`.pp_layout`
 refuses a standalone MTP stage). The depth's transformer layer is one more layer of that
 chunk (:func:`.split.chunk_layers`), so its ops, parameters, activations and place in
-Megatron-Core's combined 1F1B are any other layer's (Megatron-Core's schedule plan builds the
-MTP layers as layers too); the rest of the depth (lookup, norms, projection, head, loss) runs
+Megatron-Core's combined 1F1B are any other layer's (Megatron-Core's schedule plan builds an
+MTP layer as a transformer layer's nodes, its head and loss as a post-process node:
+megatron/core/models/common/model_chunk_schedule_plan.py lines 31-51 at d98e8a64); the rest of the depth (lookup, norms, projection, head, loss) runs
 after the main head's forward and before its backward (:class:`MTPOps`), on the one compute
 stream, where the order inside the chunk does not change its time.
 
