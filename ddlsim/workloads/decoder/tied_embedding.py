@@ -51,9 +51,13 @@ OP_NAME = "embedding.grad.all_reduce"
 _BEFORE = ("grad_norm.sync", "optimizer")
 
 
-def charged(shape: Any, pp: int) -> bool:
-    """Whether the tied embedding's two copies sit on different stages (tied and PP > 1)."""
-    return bool(shape.tied_embeddings) and pp > 1
+def charged(shape: Any, pp: int, mtp: int = 0) -> bool:
+    """Whether the embedding's two copies sit on different stages: tied, or with multi-token
+    prediction (``mtp`` depths: the MTP stage's own copy of the input embedding,
+    :mod:`.mtp`; Megatron-LM d98e8a64 finalize_model_grads.py line 146,
+    ``_get_shared_word_embedding_weight``: ``share_embeddings_and_output_weights or
+    mtp_num_layers``), and PP > 1."""
+    return bool(shape.tied_embeddings or mtp) and pp > 1
 
 
 def families(b: Any, mesh: Any) -> dict[str, GroupFamily]:
@@ -73,7 +77,7 @@ def families(b: Any, mesh: Any) -> dict[str, GroupFamily]:
     dict
         ``{"embedding": GroupFamily}`` or ``{}``.
     """
-    if not charged(b.shape, b.pp):
+    if not charged(b.shape, b.pp, getattr(b, "mtp", 0)):
         return {}
     pipes = mesh.groups("pp")
     if b.plan.dp_strategy == "reduce_broadcast" and b.dp > 1:
@@ -153,7 +157,7 @@ def with_grad_all_reduce(b: Any, block: Block, stage: int) -> Block:
     Block
         The block with the op inserted, later ops' dependencies shifted past it.
     """
-    if not charged(b.shape, b.pp) or stage not in (0, b.pp - 1):
+    if not charged(b.shape, b.pp, getattr(b, "mtp", 0)) or stage not in (0, b.pp - 1):
         return block
     names = [getattr(op.payload, "name", None) for op in block.ops]
     at = next((names.index(n) for n in _BEFORE if n in names), None)
