@@ -45,7 +45,11 @@ from validate_moe import DISPATCHERS, GPUS_PER_NODE, NO_MASK, STACK, TE_CROSS_EN
 
 TABLE = DATA / "bridge_h100_moe_models.csv"
 #: the CSV's precision_as_run -> ``train.dtype`` and the stack's ``fp8_recipe``
-PRECISIONS = {"bf16": ("bf16", {}), "fp8-cs": ("fp8", {"fp8_recipe": "te_current"})}
+#: (fp8-cs with its FP8 parameters: Megatron-Bridge's bf16_with_fp8_current_scaling_mixed sets
+#: fp8_param_gather = True, src/megatron/bridge/training/mixed_precision.py line 302 at 067f987d,
+#: 289 at 97ad8cc6 and c0b9a000; simulator/kernels/fp8_weights.py)
+PRECISIONS = {"bf16": ("bf16", {}),
+              "fp8-cs": ("fp8", {"fp8_recipe": "te_current", "fp8_param_gather": True})}
 #: NeMo container (the release less a ``.01`` patch, which is assumed to keep its release's
 #: libraries: none is published for it) -> (Transformer Engine, cuDNN): NVIDIA-NeMo/
 #: Megatron-Bridge 067f987d docs/releases/software-versions.md, "NeMo Framework 25.09" to

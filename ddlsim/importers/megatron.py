@@ -117,6 +117,9 @@ SWITCHES: dict[str, tuple[str, Any]] = {
     # (workloads/decoder/batch_input.py)
     "no-create-attention-mask-in-dataloader": (f"{_SW}.kernels.batch_attention_mask", "none"),
     "accumulate-allreduce-grads-in-fp32": (f"{_SW}.kernels.grad_reduce_dtype", "fp32"),
+    # Megatron-LM d7288711 arguments.py line 1733: the TE linears' weights kept in FP8 and
+    # gathered in FP8 (workloads/decoder/param_gather.py checks Megatron's rules, lines 924-926)
+    "fp8-param-gather": (f"{_SW}.kernels.fp8_param_gather", True),
     "grad-reduce-in-bf16": (f"{_SW}.kernels.grad_reduce_dtype", "param"),
     "no-async-tensor-model-parallel-allreduce": (f"{_SW}.overlap.tp_async_backward", False),
     "untie-embeddings-and-output-weights": ("model.tie_word_embeddings", False),

@@ -76,17 +76,12 @@ MORE_NOT_MODELLED: dict[str, str] = {
 #: workloads/decoder/fsdp_float8.py) is torchao's under FSDP2 (ZeRO-3 per-layer gathers, the
 #: cast before each gather from the 16-bit shard, tensorwise scaling) and is refused elsewhere;
 #: ZeRO-1/2's gather after the step counts the parameters' dtype (decoder/update.py).
-_FP8_GATHER = ("the parameters kept in FP8 and all-gathered in FP8 (1 byte per FP8 weight in "
-               "the distributed optimizer's or Megatron-FSDP's gather, quantized from the "
-               "FP32 master shard after the step): not modelled; ddlsim gathers them in the "
-               "parameters' dtype (its float8 all-gather is torchao's under FSDP2 only)")
 _NCCL_BUFFERS = ("NCCL's registered user buffers for Megatron-FSDP's collectives: not "
                  "modelled; ddlsim times NCCL's collectives without them")
 
 #: Megatron-LM flags that change the time in a way ddlsim does not model → why (refused by
 #: name; ``--ignore NAME`` imports without one)
 KNOWN_REFUSED: dict[str, str] = {
-    "fp8-param-gather": _FP8_GATHER,                   # d98e8a64 arguments.py line 2016
     "use-nccl-ub": _NCCL_BUFFERS,                      # d98e8a64 arguments.py line 3171
     "fsdp-manual-registration": _NCCL_BUFFERS,         # d98e8a64 arguments.py line 3184
     # d98e8a64 arguments.py line 3202; distributed_data_parallel_config.py line 138

@@ -61,7 +61,7 @@ def _shown(cfg: Any, path: str) -> str:
 #: fields the rules name whose value is the resolved stack's (stack ← system ← plan)
 _SOFTWARE_FIELDS = ("overlap_p2p_comm", "tp_comm_overlap", "compile", "fp8_recipe",
                     "zero3_implementation", "gradient_accumulation_fusion",
-                    "fused_cross_entropy", "cross_entropy_fusion_impl")
+                    "fused_cross_entropy", "cross_entropy_fusion_impl", "fp8_param_gather")
 
 
 def check_stack_rules(cfg: Any) -> None:

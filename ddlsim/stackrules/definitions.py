@@ -281,3 +281,9 @@ def _recompute_shared_experts_no_overlap(f: PlanFacts):
             "system.software.kernels.cross_entropy_fusion_impl")
 def _no_te_cross_entropy(f: PlanFacts):
     return f.te_cross_entropy
+
+
+@stack_rule("no_fp8_param_gather", "FP8 parameters (Megatron's --fp8-param-gather)",
+            "system.software.kernels.fp8_param_gather", "train.dtype")
+def _no_fp8_param_gather(f: PlanFacts):
+    return f.fp8_params

@@ -90,6 +90,8 @@ class PlanFacts:
     #: the loss runs Transformer Engine's cross-entropy (``fused_cross_entropy`` with
     #: ``cross_entropy_fusion_impl: te``)
     te_cross_entropy: Any = False
+    #: the TE linears' weights are FP8 parameters (``fp8_param_gather`` in FP8 training)
+    fp8_params: Any = False
 
     @classmethod
     def of(cls, **values: Any) -> "PlanFacts":
@@ -120,20 +122,23 @@ class PlanFacts:
 def context_facts(cfg: Any) -> dict:
     """The facts a search context fixes for all its plans (its config's context parallelism
     and stack): ``cp``, ``p2p_overlap``, ``megatron_fsdp``, ``grad_accum_fusion``,
-    ``cp_all_gather``, ``te_cross_entropy``; for a context without a config (None) the values
+    ``cp_all_gather``, ``te_cross_entropy``, ``fp8_params``; for a context without a config
+    (None) the values
     that break no rule.
     :meth:`PlanFacts.of_config` and the search's arrays (:mod:`ddlsim.search.plans`) both
     take them from here."""
     if cfg is None:
         return {"cp": 1, "p2p_overlap": False, "megatron_fsdp": False,
-                "grad_accum_fusion": False, "cp_all_gather": False, "te_cross_entropy": False}
+                "grad_accum_fusion": False, "cp_all_gather": False, "te_cross_entropy": False,
+                "fp8_params": False}
     sw = cfg.software
     return {"cp": cfg.parallel.cp, "p2p_overlap": bool(sw.overlap_p2p_comm),
             "megatron_fsdp": sw.zero3_implementation == "megatron_fsdp",
             "grad_accum_fusion": bool(sw.gradient_accumulation_fusion),
             "cp_all_gather": sw.cp_comm_type == "all_gather",
             "te_cross_entropy": bool(sw.fused_cross_entropy)
-            and sw.cross_entropy_fusion_impl == "te"}
+            and sw.cross_entropy_fusion_impl == "te",
+            "fp8_params": bool(sw.fp8_param_gather) and cfg.train.dtype == "fp8"}
 
 
 def _recompute_facts(cfg: Any) -> dict:

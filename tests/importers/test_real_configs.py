@@ -34,8 +34,9 @@ IMPORTED = {
          "model.num_attention_heads": 96, "model.architecture": "gpt", "train.dtype": "fp16",
          "model.vocab_size": 51200, "train.recompute": None, "parallel.zero_stage": None}),
     # DTYPE=fp8 branch: --fp8-format hybrid over --bf16; the MOCK data branch's --vocab-size
+    # --fp8-param-gather: Megatron-Core 2025's (the 2024 stack has none: no_fp8_param_gather)
     "mlm__train_llama3_8b_h100_fp8.sh": (
-        {**_H100, "ignore": ("fp8-param-gather",)},
+        {**_H100, "software": "megatron-core-2025"},
         {"parallel.tensor_model_parallel_size": 1, "parallel.context_parallel_size": 1,
          "parallel.pipeline_model_parallel_size": None, "train.micro_batch_size": 1,
          "train.global_batch_size": 128, "train.seq_length": 8192,
@@ -43,10 +44,13 @@ IMPORTED = {
          "model.intermediate_size": 14336, "model.num_key_value_heads": 8,
          "model.head_dim": 128, "model.architecture": "llama", "model.vocab_size": 128256,
          "train.dtype": "fp8", "parallel.zero_stage": 1, "parallel.overlap_param_gather": True,
+         "system.software.kernels.fp8_param_gather": True,
          "parallel.sequence_parallel": None, "system.devices_per_node": 8, "system.nodes": 1}),
     "mlm__train_llama3_8b_fsdp_h100_fp8.sh": (
-        {**_H100, "ignore": ("fp8-param-gather", "use-nccl-ub", "fsdp-double-buffer",
-                             "fsdp-manual-registration")},
+        # Megatron-FSDP's FP8 parameter gather is not modelled (param_gather.check_fp8): the
+        # run is imported with its parameters gathered in bf16
+        {**_H100, "ignore": ("use-nccl-ub", "fsdp-double-buffer", "fsdp-manual-registration"),
+         "overrides": ("system.software.kernels.fp8_param_gather=false",)},
         {"parallel.zero_stage": 3, "system.software.overlap.zero3_implementation":
          "megatron_fsdp", "train.dtype": "fp8", "train.global_batch_size": 128,
          "train.seq_length": 8192, "model.num_hidden_layers": 32}),
@@ -138,8 +142,9 @@ REFUSED = {
     "mlm__train_mixtral_8x7b_distributed.sh": (
         _H100, r"--tokenizer-type Llama2Tokenizer: ddlsim cannot read a tokenizer.*"
                r"--ignore tokenizer-type --set model.vocab_size=N"),
-    "mlm__train_llama3_8b_h100_fp8.sh": (
-        _H100, r"--fp8-param-gather: the parameters kept in FP8 and all-gathered in FP8"),
+    "mlm__train_llama3_8b_fsdp_h100_fp8.sh": (
+        {**_H100, "ignore": ("use-nccl-ub", "fsdp-double-buffer", "fsdp-manual-registration")},
+        r"fp8_param_gather = true needs the distributed optimizer.*zero_stage = 3"),
     "mds__universal_checkpointing_ds_config.json": (
         _H100, r"data_types: \{'grad_accum_dtype': 'fp32'\}: the gradients' accumulation "
                r"dtype"),

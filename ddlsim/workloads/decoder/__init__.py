@@ -56,6 +56,8 @@ class DecoderFamily(WorkloadFamily):
         check_fsdp(cfg)
         from .overlap import check_overlap
         check_overlap(cfg)
+        from .param_gather import check_fp8
+        check_fp8(cfg)
         from .proxy import check_proxy_plan
         check_proxy_plan(cfg)
         _check_collective_buffers(cfg, "decoder")

@@ -130,10 +130,11 @@ def _stage_blocks(b: StageBuilder, stage: int, modes: _Modes) -> dict[str, Block
         if modes.combined:
             blocks.update(combined.combined_blocks(b, stage, blocks, b.moe.delay_wgrad))
     if plan.param_gather_overlap:   # all but the first bucket beside F0
-        nbytes = b.stage_params(stage) * b.dt
+        params = b.stage_params(stage)
+        nbytes = param_gather.stage_bytes(b, stage, params)
         bucket = param_gather.first_bucket(True, nbytes, plan.param_bucket_bytes)
         # the later chunks' share, less what the update block's first bucket already holds
-        later = 0.0 if modes.combined else min(_later_chunks_bytes(b, stage, nbytes),
+        later = 0.0 if modes.combined else min(_later_chunks_bytes(b, stage, params),
                                                nbytes - bucket)
         first = nbytes - later       # chunk 0's parameters (the stage's, one chunk)
         blocks[param_gather.BLOCK] = param_gather.prologue_block(
@@ -147,19 +148,20 @@ def _stage_blocks(b: StageBuilder, stage: int, modes: _Modes) -> dict[str, Block
     return blocks
 
 
-def _later_chunks_bytes(b: StageBuilder, stage: int, nbytes: float) -> float:
+def _later_chunks_bytes(b: StageBuilder, stage: int, params: float) -> float:
     """Bytes of the parameter gather of ``stage``'s model chunks after the first (the
-    interleaved schedule; 0 with one chunk): the stage's ``nbytes`` less chunk 0's, its
+    interleaved schedule; 0 with one chunk): the stage's ``params`` less chunk 0's, its
     layers' share of the stage's layer parameters plus the input embedding on the first
-    stage (:func:`.builder.with_edges`; the head is in the last chunk)."""
+    stage (:func:`.builder.with_edges`; the head is in the last chunk), in the gathered dtype
+    (:func:`.param_gather.stage_bytes`)."""
     layers = b.split[stage]
     if b.v == 1 or len(layers) < 2 or sum(layers) == 0:
         return 0.0
-    first_layers = (nbytes / b.dt - with_edges(b.shape, b.part.param_split, 0.0, stage == 0,
-                                               stage == b.pp - 1, b.pp))
+    first_layers = (params - with_edges(b.shape, b.part.param_split, 0.0, stage == 0,
+                                        stage == b.pp - 1, b.pp))
     chunk0 = with_edges(b.shape, b.part.param_split, first_layers * layers[0] / sum(layers),
                         stage == 0, False, b.pp)
-    return max(0.0, nbytes - chunk0 * b.dt)
+    return max(0.0, param_gather.stage_bytes(b, stage, params - chunk0, first=False))
 
 
 def _stage_update(b: StageBuilder, stage: int, root: bool, modes: _Modes) -> Block:

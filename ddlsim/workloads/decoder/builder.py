@@ -27,6 +27,7 @@ from .layerkernels import layer_kernels, recompute_op
 from .moe import MoEOps
 from .moe_update import MoEUpdateOps
 from .mtp import MTPOps
+from .param_gather import fp8_param_step_delta_bytes
 from .plan import DecoderPlan, resolve_plan
 from .update import UpdateOps
 
@@ -277,8 +278,11 @@ class StageBuilder(MTPOps, GradSyncOps, MoEOps, MoEUpdateOps, HostSyncOps, EdgeO
 
     def optimizer_op(self, n_params: float) -> Op:
         """The optimizer step over ``n_params`` parameters: 10 FLOPs and the optimizer's bytes
-        (:func:`~ddlsim.simulator.kernels.optimizer_bytes_per_param`) per parameter."""
+        (:func:`~ddlsim.simulator.kernels.optimizer_bytes_per_param`) per parameter, and with
+        FP8 parameters the master shard's cast into them (:func:`.param_gather.
+        fp8_param_step_delta_bytes`: the cast into them replaces the 16-bit copy)."""
         per_param = optimizer_bytes_per_param(self.plan.optimizer, self.sw.fused_optimizer,
                                               self.dt, self.gdt, self.plan.train_dtype == "fp16")
-        return Op(Compute("optimizer", 10.0 * n_params, per_param * n_params, kind="optimizer",
-                          dtype="fp32"))
+        fp8 = fp8_param_step_delta_bytes(self.sw, self.plan.train_dtype, n_params, self.dt)
+        return Op(Compute("optimizer", 10.0 * n_params, per_param * n_params + fp8,
+                          kind="optimizer", dtype="fp32"))

@@ -33,7 +33,7 @@ from ...simulator.kernels.fp8recipe import (FP8_RECIPES, fp8_cast_kernels, fp8_g
 from ...simulator.kernels.gemm import gemm_kernels_backward
 from ...simulator.kernels.repeat_kv import expands_kv, repeat_kv_kernels
 from ..trace import Compute, Kernel
-from .fp8linear import fp8_sp_gather
+from .fp8linear import fp8_sp_gather, weights_in_fp8
 from .wgrad import into_main_grad, main_grad_bytes
 
 __all__ = ["layer_kernels", "MODULE_PARTS", "compute_dtype", "grad_bytes", "linear_gemms",
@@ -200,7 +200,7 @@ def layer_kernels(shape: Any, sw: Any, b: int, s: int, t: int, sp: bool,
     # .zero3): the attention core runs between the QKV and output projections' hooks
     def lin(shape3, backward, norm_fed=False, gathered=""):
         return _linear(shape3, gd, backward, sw.fp8_recipe, bool(sw.compile), per_module,
-                       weight_fp8=sw.enable_fsdp_float8_all_gather, norm_amax=norm_fed,
+                       weight_fp8=weights_in_fp8(sw), norm_amax=norm_fed,
                        gathered=gathered if fp8_gather else "", shards=t, main_grad=mg,
                        microbatches=microbatches)
 

@@ -9,6 +9,7 @@ sizes."""
 from __future__ import annotations
 
 from ..trace import Block, Collective, Op, Wait
+from . import param_gather
 from .layerkinds import moe_layers_in_stage
 from .stage import StageBase
 
@@ -92,10 +93,11 @@ class MoEUpdateOps(StageBase):
         for grad in synced if zero < 3 else ():
             ops += self.ddp_pass_ops(grad, grad * kept)
         if zero in (1, 2):
+            per = param_gather.gather_bytes_per_param(self.sw, self.plan.train_dtype, self.dt)
             ops += [Op(Collective("params.all_gather", "all_gather", self.grad_group,
-                                  dense * self.dt)),
+                                  param_gather.stage_bytes(self, stage, dense))),
                     Op(Collective("params.expert.all_gather", "all_gather", "edp",
-                                  expert * self.dt))]
+                                  expert * per))]
         anchored = tuple(Op(o.payload, o.stream, o.deps or (0,), o.repeat)
                          if o.stream != "compute" else o for o in ops)
         return Block("update", "optimizer", anchored)

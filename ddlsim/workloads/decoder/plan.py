@@ -202,7 +202,9 @@ def resolve_plan(cfg: Any, shape: Any) -> DecoderPlan:
         grad_buckets=(float(grad_bucket_bytes(cfg, cfg.dp, gdt, 0, 0)),
                       float(grad_bucket_bytes(cfg, cfg.dp, gdt, 1, 0))),
         param_gather_overlap=param_gather.active(cfg),
-        param_bucket_bytes=float(grad_bucket_bytes(cfg, cfg.dp, 2)),
+        # the gather's buckets in its dtype: FP8 parameters at one byte (.param_gather)
+        param_bucket_bytes=float(grad_bucket_bytes(
+            cfg, cfg.dp, param_gather.gather_bytes_per_param(sw, t.dtype, 2))),
         optimizer=t.optimizer, recompute=t.recompute,
         recompute_every_n_layers=t.recompute_every_n_layers, uncheckpointed=uncheckpointed,
         recompute_modules=_recompute_modules(cfg, shape, sw),

@@ -92,11 +92,22 @@ class UpdateOps(StageBase):
         if p.zero_stage < 3:    # the DDP's passes over its gradient buffer (dpsync)
             ops += self.ddp_pass_ops(grad_bytes, grad_bytes * (
                 1 - self.split[0][0] / sum(self.split[0]) if moved else 1))
+        if p.zero_stage in (1, 2) and param_gather.fp8_params(self.sw, p.train_dtype):
+            ops.append(self.fp8_amax_op(stage))     # the FP8 parameters' amaxes (.fp8_weights)
         if p.zero_stage in (1, 2):  # all of it, or its first bucket (.param_gather)
-            gather = param_gather.first_bucket(p.param_gather_overlap, params * self.dt,
+            gather = param_gather.first_bucket(p.param_gather_overlap,
+                                               param_gather.stage_bytes(self, stage, params),
                                                p.param_bucket_bytes)
             ops.append(Op(Collective("params.all_gather", "all_gather", self.grad_group,
                                      gather)))
+
+    def fp8_amax_op(self, stage: int) -> Op:
+        """The all-reduce (max) of the stage's FP8 parameters' amaxes over the gradient group
+        after the step casts its master shard (:func:`~ddlsim.simulator.kernels.fp8_weights.
+        fp8_param_amax_bytes`: one fp32 per weight, the layers' four linears each)."""
+        from ...simulator.kernels.fp8_weights import fp8_param_amax_bytes
+        return Op(Collective("params.fp8_amax.all_reduce", "all_reduce", self.grad_group,
+                             fp8_param_amax_bytes(4 * sum(self.split[stage]))))
 
     def _step_ops(self, ops: list[Op], stage: int, params: float) -> None:
         """Append the optimizer step over ``params`` parameters; under FSDP2 (ZeRO-3,
