@@ -102,7 +102,7 @@ def test_both_engines_charge_it_alike(monkeypatch):
     a = ddlsim.predict(cfg, engine="analytical")
     d = ddlsim.predict(cfg, engine="des")
     assert d.iteration_time_s == pytest.approx(a.iteration_time_s, rel=2e-3)
-    monkeypatch.setattr(tied_embedding, "charged", lambda shape, pp: False)
+    monkeypatch.setattr(tied_embedding, "charged", lambda shape, pp, mtp=0: False)
     without = ddlsim.predict(cfg, engine="analytical")
     assert a.comm_bytes["pp"] - without.comm_bytes["pp"] == ELEMENTS * 4
     assert a.iteration_time_s > without.iteration_time_s

@@ -77,7 +77,7 @@ def families(b: Any, mesh: Any) -> dict[str, GroupFamily]:
     dict
         ``{"embedding": GroupFamily}`` or ``{}``.
     """
-    if not charged(b.shape, b.pp, getattr(b, "mtp", 0)):
+    if not charged(b.shape, b.pp, b.mtp):
         return {}
     pipes = mesh.groups("pp")
     if b.plan.dp_strategy == "reduce_broadcast" and b.dp > 1:
@@ -157,7 +157,7 @@ def with_grad_all_reduce(b: Any, block: Block, stage: int) -> Block:
     Block
         The block with the op inserted, later ops' dependencies shifted past it.
     """
-    if not charged(b.shape, b.pp, getattr(b, "mtp", 0)) or stage not in (0, b.pp - 1):
+    if not charged(b.shape, b.pp, b.mtp) or stage not in (0, b.pp - 1):
         return block
     names = [getattr(op.payload, "name", None) for op in block.ops]
     at = next((names.index(n) for n in _BEFORE if n in names), None)
