@@ -360,6 +360,10 @@ def expand_hf_config(section: dict, base_dir: Any = None) -> dict:
             or (path.parent.name if path.name == "config.json" else path.stem) or "custom")
     out = {"name": PurePath(name).name, **fields,
            "source": f"HuggingFace config.json: {section['hf_config']}", **rest}
+    from .models.hf_keys import SUPERSEDED_BY
+    # a key whose model field the section sets is the section's to decide, not the file's
+    unmodelled = [m for m in unmodelled if not any(
+        m.startswith(f"{key}=") and field in rest for key, field in SUPERSEDED_BY.items())]
     line = unmodelled_warning(label, unmodelled)
     if line:
         warnings.warn(line, DDLSimWarning, stacklevel=2)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["NO_EFFECT", "CONDITIONAL", "unmodelled"]
+__all__ = ["NO_EFFECT", "CONDITIONAL", "unmodelled", "SUPERSEDED_BY"]
 
 _TOKENS = "a token id: which row of the embedding is special, not the embedding's size"
 _EPS = "the norm's epsilon, added inside the same norm kernel"
@@ -71,6 +71,11 @@ NO_EFFECT: dict[str, str] = {
     "output_router_logits": "whether the load-balancing loss is computed: read with "
                             "router_aux_loss_coef (parallel.moe.aux_loss_coeff's default)",
 }
+
+#: config.json keys that a model-section field decides once the section sets it: the file's
+#: value is then not what the run uses, so it is not reported (``num_nextn_predict_layers``:
+#: ``model.mtp_num_layers``, the depth the run trains, Megatron's ``--mtp-num-layers``)
+SUPERSEDED_BY: dict[str, str] = {"num_nextn_predict_layers": "mtp_num_layers"}
 
 #: (value that changes nothing, what ddlsim does not model otherwise) per key
 _Rule = tuple[Callable[[Any, dict], bool], str]
