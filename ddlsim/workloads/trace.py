@@ -40,7 +40,8 @@ from .steps import Step, StepTable
 
 __all__ = ["Compute", "Contention", "Kernel", "Collective", "P2P", "Wait", "Loop", "Op", "Payload",
            "Block", "Step", "StepTable", "Program", "GroupFamily", "RankClass", "Workload",
-           "WorkloadMeta", "CollectiveOp", "GroupKind", "Phase", "insert_op"]
+           "WorkloadMeta", "CollectiveOp", "GroupKind", "Phase", "insert_op",
+           "insert_before"]
 
 Phase = Literal["forward", "backward", "optimizer", "sync", "other"]
 
@@ -280,3 +281,17 @@ def insert_op(ops: tuple[Op, ...], at: int, op: Op) -> tuple[Op, ...]:
         return o if deps == o.deps else Op(o.payload, o.stream, deps, o.repeat)
 
     return (*ops[:at], op, *(shifted(o) for o in ops[at:]))
+
+
+def insert_before(block: Block, names: tuple[str, ...], ops: list[Op] | tuple[Op, ...]) -> Block:
+    """``block`` with ``ops`` inserted, in order, before its op named by the first of
+    ``names`` it has (:func:`insert_op`, dependencies shifted); ``block`` itself when it has
+    none of them or ``ops`` is empty."""
+    present = [getattr(op.payload, "name", None) for op in block.ops]
+    at = next((present.index(n) for n in names if n in present), None)
+    if not ops or at is None:
+        return block
+    out = block.ops
+    for i, op in enumerate(ops):
+        out = insert_op(out, at + i, op)
+    return Block(block.name, block.phase, out)

@@ -24,16 +24,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..trace import Block, Collective, Compute, Kernel, Op, insert_op
+from ..trace import Block, Collective, Compute, Kernel, Op, insert_before
 from .layerkinds import moe_layers_in_stage
+from .tied_embedding import STEP_OPS
 
 __all__ = ["OP_NAME", "bias_update_ops", "with_bias_update"]
 
 #: the ops' name prefix
 OP_NAME = "expert_bias"
-#: the update's ops go before the first of these (the grad norm's sync or the step), after
-#: the embedding gradients' all-reduce (inserted at the same place before them)
-_BEFORE = ("grad_norm.sync", "optimizer")
 
 
 def bias_update_ops(b: Any, stage: int) -> list[Op]:
@@ -84,12 +82,4 @@ def with_bias_update(b: Any, block: Block, stage: int) -> Block:
     Block
         The block with the ops inserted, later ops' dependencies shifted past them.
     """
-    ops = bias_update_ops(b, stage)
-    names = [getattr(op.payload, "name", None) for op in block.ops]
-    at = next((names.index(n) for n in _BEFORE if n in names), None)
-    if not ops or at is None:
-        return block
-    out = block.ops
-    for i, op in enumerate(ops):
-        out = insert_op(out, at + i, op)
-    return Block(block.name, block.phase, out)
+    return insert_before(block, STEP_OPS, bias_update_ops(b, stage))

@@ -37,9 +37,9 @@ from typing import Any
 
 import numpy as np
 
-from ..trace import Block, Collective, GroupFamily, Op, insert_op
+from ..trace import Block, Collective, GroupFamily, Op, insert_before, insert_op
 
-__all__ = ["GROUP", "OP_NAME", "charged", "embedding_grad_bytes", "families", "family_of",
+__all__ = ["GROUP", "OP_NAME", "STEP_OPS", "charged", "embedding_grad_bytes", "families", "family_of",
            "grad_bytes", "insert_op", "with_grad_all_reduce"]
 
 #: name of the embedding group's family (first and last stage of each pipeline)
@@ -48,7 +48,8 @@ GROUP = "embedding"
 OP_NAME = "embedding.grad.all_reduce"
 #: ops before which the all-reduce goes, the first found (:mod:`.host_sync`'s grad-norm wait,
 #: else the optimizer step)
-_BEFORE = ("grad_norm.sync", "optimizer")
+#: the update block's ops a gradient exchange before the step goes in front of, first found
+STEP_OPS = ("grad_norm.sync", "optimizer")
 
 
 def charged(shape: Any, pp: int, mtp: int = 0) -> bool:
@@ -159,9 +160,5 @@ def with_grad_all_reduce(b: Any, block: Block, stage: int) -> Block:
     """
     if not charged(b.shape, b.pp, b.mtp) or stage not in (0, b.pp - 1):
         return block
-    names = [getattr(op.payload, "name", None) for op in block.ops]
-    at = next((names.index(n) for n in _BEFORE if n in names), None)
-    if at is None:
-        return block
-    op = Op(Collective(OP_NAME, "all_reduce", GROUP, grad_bytes(b)))
-    return Block(block.name, block.phase, insert_op(block.ops, at, op))
+    return insert_before(block, STEP_OPS,
+                         [Op(Collective(OP_NAME, "all_reduce", GROUP, grad_bytes(b)))])
