@@ -70,11 +70,11 @@ class DecoderVectors:
             raise ConfigError(f"parallel.context_parallel_size = {cfg.parallel.cp}: the "
                               "vectorised search tier covers plans without context "
                               "parallelism; use ddlsim sweep (the exact engine) for such plans")
-        if getattr(cfg.model, "mtp_num_layers", 0):
+        from ..workloads.decoder.split import UNEVEN_FIELDS, is_uneven, mtp_depths
+        if mtp_depths(cfg):
             raise ConfigError(f"model.mtp_num_layers = {cfg.model.mtp_num_layers}: the "
                               "vectorised search tier does not model multi-token prediction; "
                               "use ddlsim sweep (the exact engine) to compare such plans")
-        from ..workloads.decoder.split import UNEVEN_FIELDS, is_uneven
         if is_uneven(cfg.parallel):
             given = ", ".join(f"parallel.{f} = {getattr(cfg.parallel, f)!r}" for f in UNEVEN_FIELDS
                               if getattr(cfg.parallel, f) not in (None, False))

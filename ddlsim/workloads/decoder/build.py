@@ -23,6 +23,7 @@ from .builder import StageBuilder, with_edges
 from .memory import comm_groups, stage_memory
 from .mtp import mtp_model_flops, with_mtp_memory
 from .plan import resolve_plan
+from .split import mtp_depths
 from . import (combined, fsdp, hsdp, megatron_fsdp, moe_bias_update, param_gather,
                tied_embedding)
 from .zero3 import zero3_blocks, zero3_prefetch
@@ -187,7 +188,7 @@ def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
     micro-batches costs a few arrays rather than 25,000 objects.
     """
     plan = resolve_plan(cfg, shape)
-    b = StageBuilder(plan, _mtp_depths(cfg))
+    b = StageBuilder(plan, mtp_depths(cfg))
     pp, m, mesh = b.pp, plan.microbatches, cfg.mesh
     groups = {**mesh.families(), **b.part.families(mesh), **hsdp.families(cfg, mesh),
               **tied_embedding.families(b, mesh)}
@@ -231,7 +232,7 @@ def _meta(cfg: RunConfig, shape: DecoderShape, microbatches: int) -> WorkloadMet
         parameter_count=int(shape.params),
         model_flops=float(shape.model_flops(t.global_batch_size, t.seq_length)
                           + mtp_model_flops(shape, t.global_batch_size, t.seq_length,
-                                            _mtp_depths(cfg))),
+                                            mtp_depths(cfg))),
         tokens=t.global_batch_size * t.seq_length, samples=t.global_batch_size,
         microbatches=microbatches, dtype=t.dtype)
 
@@ -239,12 +240,8 @@ def _meta(cfg: RunConfig, shape: DecoderShape, microbatches: int) -> WorkloadMet
 def decoder_memory(cfg: RunConfig, shape: DecoderShape) -> list[MemoryBreakdown]:
     """Memory of one rank of each pipeline stage (:func:`.memory.stage_memory`), the plan
     resolved once for all of them (:func:`build_decoder_workload` carries the same list)."""
-    return _stage_memories(StageBuilder(resolve_plan(cfg, shape), _mtp_depths(cfg)))
+    return _stage_memories(StageBuilder(resolve_plan(cfg, shape), mtp_depths(cfg)))
 
-
-def _mtp_depths(cfg: RunConfig) -> int:
-    """``model.mtp_num_layers``: the multi-token-prediction depths (:mod:`.mtp`)."""
-    return getattr(cfg.model, "mtp_num_layers", 0)
 
 
 def _stage_memories(b: StageBuilder) -> list[MemoryBreakdown]:

@@ -29,6 +29,7 @@ from .moe_update import MoEUpdateOps
 from .mtp import MTPOps
 from .param_gather import fp8_param_step_delta_bytes
 from .plan import DecoderPlan, resolve_plan
+from .split import mtp_depths
 from .update import UpdateOps
 
 __all__ = ["StageBuilder", "ADAM_BYTES_PER_PARAM", "as_ops", "with_edges"]
@@ -98,7 +99,7 @@ class StageBuilder(MTPOps, GradSyncOps, MoEOps, MoEUpdateOps, HostSyncOps, EdgeO
         StageBuilder
             The builder of the plan :func:`.plan.resolve_plan` resolves, once.
         """
-        return cls(resolve_plan(cfg, shape), getattr(cfg.model, "mtp_num_layers", 0))
+        return cls(resolve_plan(cfg, shape), mtp_depths(cfg))
 
     @cached_property
     def fwd_layer(self) -> list[Compute | Collective]:

@@ -37,7 +37,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-__all__ = ["chunk_layers", "is_uneven", "UNEVEN_FIELDS"]
+__all__ = ["chunk_layers", "is_uneven", "UNEVEN_FIELDS", "mtp_depths"]
 
 #: the plan fields of an uneven split (``parallel.*``)
 UNEVEN_FIELDS = ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
@@ -63,7 +63,7 @@ def chunk_layers(cfg: Any) -> tuple[tuple[int, ...], ...]:
     p = cfg.parallel
     _refuse_mtp(cfg)
     if p.pipeline_model_parallel_layout is not None:
-        split = _layout(p, cfg.model.num_hidden_layers, _mtp_layers(cfg))
+        split = _layout(p, cfg.model.num_hidden_layers, mtp_depths(cfg))
     elif p.layers_per_virtual_stage is not None:
         split = _given(p, cfg.model.num_hidden_layers)
     else:
@@ -74,7 +74,7 @@ def chunk_layers(cfg: Any) -> tuple[tuple[int, ...], ...]:
                        p.num_layers_in_last_pipeline_stage,
                        bool(p.account_for_embedding_in_pipeline_split),
                        bool(p.account_for_loss_in_pipeline_split))
-    return _with_mtp(split, _mtp_layers(cfg))
+    return _with_mtp(split, mtp_depths(cfg))
 
 
 def _with_mtp(split: tuple, mtp: int) -> tuple[tuple[int, ...], ...]:
@@ -87,14 +87,16 @@ def _with_mtp(split: tuple, mtp: int) -> tuple[tuple[int, ...], ...]:
     return (*split[:-1], (*last[:-1], last[-1] + mtp))
 
 
-def _mtp_layers(cfg: Any) -> int:
+def mtp_depths(cfg: Any) -> int:
+    """``model.mtp_num_layers``: the multi-token-prediction depths the run trains (0 where the
+    model section has no such field: a proxy's)."""
     return getattr(cfg.model, "mtp_num_layers", 0)
 
 
 def _refuse_mtp(cfg: Any) -> None:
     """Multi-token prediction (:mod:`.mtp`) is modelled with Megatron's 1-D tensor
     parallelism without context parallelism, the ops ddlsim's builder emits itself."""
-    n, p, m = _mtp_layers(cfg), cfg.parallel, cfg.model
+    n, p, m = mtp_depths(cfg), cfg.parallel, cfg.model
     if n and (p.tp_mode != "1d" or p.cp > 1 or m.decoder_sparse_step > 1):
         what = (f"parallel.tensor_parallel.mode {p.tp_mode!r}" if p.tp_mode != "1d"
                 else f"parallel.context_parallel_size = {p.cp}" if p.cp > 1
