@@ -114,7 +114,7 @@ def _rope_kernels(cfgx: dict, x: int) -> tuple:
     sequence of ``seq_len`` tokens (the ``T`` rows' x) at ``hidden_size`` (the ``H`` rows'
     x), unclassed; its backward the same passes (:func:`.elementwise_backward.
     rope_backward_bytes`)."""
-    from ddlsim.simulator.kernels.elementwise import rope_passes
+    from ddlsim.simulator.kernels.rotary import rope_passes
     from ddlsim.workloads.trace import Kernel
     seq, hidden = cfgx.get("seq_len", x), cfgx.get("hidden_size", x)
     d = hidden // cfgx["num_q_heads"]

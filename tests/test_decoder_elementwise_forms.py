@@ -12,8 +12,9 @@ import pytest
 import ddlsim
 from ddlsim.errors import ConfigError
 from ddlsim.simulator.kernels.elementwise import (layer_elementwise_kernels,
-                                                  layer_elementwise_parts, rope_passes)
+                                                  layer_elementwise_parts)
 from ddlsim.simulator.kernels.elementwise_backward import norm_backward_kernels
+from ddlsim.simulator.kernels.rotary import rope_passes
 from ddlsim.software import resolve_software, stacks
 from ddlsim.workloads.decoder.early_stop import without_last_add
 

@@ -1,6 +1,6 @@
 """The H200's measured element-wise kernel rates (ddlsim/data/systems.yaml, dgx-h200's
 ``elementwise_efficiency``): torch's fused norm kernels and torchtitan's complex RoPE carry
-classes of their own (simulator/kernels/elementwise.py: fused_norm_class, rope_classes), which
+classes of their own (simulator/kernels/elementwise.py: fused_norm_class; rotary.py: rope_classes), which
 dgx-h200 times at the rates measured on that GPU; the microbenchmark rows the figures cite
 give them back; another device without the classes runs the kernels at its streaming rate."""
 

@@ -1,5 +1,5 @@
 """Selective recomputation's ``mla_up_proj`` runs MLA's rotary embedding again as the
-forward runs it (simulator/kernels/elementwise.py: rope_bytes, rope_classes, rope_widths),
+forward runs it (simulator/kernels/rotary.py: rope_bytes, rope_classes, rope_widths),
 not by passes written out by hand: the stack's fused kernel, rotate-half or complex form,
 on q_pe (``a·d_r/t``) and the shared k_pe (``d_r``) apart."""
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 import ddlsim
-from ddlsim.simulator.kernels.elementwise import (layer_elementwise_parts, rope_classes,
-                                                  rope_passes)
+from ddlsim.simulator.kernels.elementwise import layer_elementwise_parts
 from ddlsim.simulator.kernels.elementwise_backward import layer_elementwise_backward_parts
+from ddlsim.simulator.kernels.rotary import rope_classes, rope_passes
 
 pytestmark = pytest.mark.filterwarnings("ignore::ddlsim.errors.DDLSimWarning")
 

@@ -34,7 +34,8 @@ The unfused RMSNorm is the composite torch runs in eager mode, torchtitan's
 came with pytorch/pytorch#153666, 2025-05): bytes per element of ``x``, ``d`` the 16-bit
 dtype's size: the upcast ``d + 4``, ``pow`` 8, ``mean`` 4, the two per-row kernels on the
 row statistics (``4·2/h``), the normalising ``mul`` 8, the cast back ``4 + d``, the weight
-``2d``: ``36`` bytes in bf16 where a fused kernel moves 4 (:func:`norm_passes`).
+``2d``: ``36`` bytes in bf16 where a fused kernel moves 4 (:func:`norm_passes`). The rotary
+embedding's passes, widths and classes are in :mod:`.rotary`.
 
 The backward of a fused kernel, and of an unfused norm, is taken as twice its forward traffic
 (it reads the saved inputs and the incoming gradient and writes the outgoing one:
@@ -54,7 +55,7 @@ own norm kernels, Megatron-Core's fused SwiGLU, which reads the two halves of fc
 output as strided views, and the unfused cross-entropy's torch kernels (:func:`loss_kernels`).
 The H200 measured more on itself (``dgx-h200``, docs/compute.md "The H200's measured
 classes"): torch's fused norm kernels (:func:`fused_norm_class`) and torchtitan's complex
-RoPE's upcast and complex multiply (:func:`rope_classes`). A device without a class's figure
+RoPE's upcast and complex multiply (:func:`.rotary.rope_classes`). A device without a class's figure
 runs it at its streaming bandwidth.
 """
 
@@ -65,12 +66,12 @@ from typing import Any
 from ...workloads.trace import Kernel
 from .step_passes import (loss_bytes, loss_kernels, loss_passes,  # noqa: F401 (callers
                           optimizer_bytes_per_param)                # import them from here)
+from .rotary import rope_bytes, rope_classes
 from .softmax import unfused_softmax_passes  # noqa: F401 (callers import it from here)
 
 __all__ = ["ELEMENTWISE_CLASSES", "layer_elementwise_kernels", "norm_kernels", "residual_bytes",
            "backward_kernels", "activation_classes", "norm_passes", "activation_passes",
-           "rope_bytes", "rope_passes", "rope_widths", "rope_classes", "fused_norm_class",
-           "qk_norm_kernels", "layer_elementwise_parts", "optimizer_bytes_per_param",
+           "fused_norm_class", "qk_norm_kernels", "layer_elementwise_parts", "optimizer_bytes_per_param",
            "loss_bytes", "loss_passes", "loss_kernels", "unfused_softmax_passes"]
 
 #: the element-wise kernel classes a device may time at their own achieved bandwidth
@@ -239,106 +240,6 @@ def activation_classes(gated: bool, fused: bool, compiled: bool, n: int) -> list
     return [""] * (n - 1) + ["activation"]
 
 
-def rope_bytes(shape: Any, b: float, s: float, t: int, dtype_bytes: float,
-               sw: Any) -> list[float]:
-    """Bytes of each kernel of the rotary embedding of one layer's q and k on one of ``t``
-    ranks, in launch order: :func:`rope_passes` over q, then over k (every stack rotates the
-    two tensors by separate calls); none without rotary positions. Its backward moves the
-    same bytes (:func:`.elementwise_backward.layer_elementwise_backward_kernels`)."""
-    if shape.positions != "rotary":
-        return []
-    per = rope_passes(bool(sw.fused_rope), sw.rope_form, dtype_bytes)
-    return [p * b * s * width for width in rope_widths(shape, t) for p in per]
-
-
-def rope_widths(shape: Any, t: int) -> tuple[float, float]:
-    """Elements per token the rotary embedding rotates on one of ``t`` ranks, (query, key):
-    ``q_width/t`` and ``kv_width/t``; MLA rotates only the decoupled parts, ``a·d_r/t`` of
-    the queries and the one shared ``d_r`` key, which every rank holds whole (NVIDIA/Megatron-LM
-    d7288711 ``multi_latent_attention.py`` ``qkv_up_proj_and_rope_apply``: ``q_pos_emb``,
-    ``k_pos_emb`` of ``qk_pos_emb_head_dim``)."""
-    if shape.mla is not None:
-        d_r = shape.mla.qk_rope_head_dim
-        return shape.heads * d_r / t, float(d_r)
-    return shape.q_width / t, shape.kv_width / t
-
-
-def rope_passes(fused: bool, form: str, dtype_bytes: float) -> list[float]:
-    """Bytes per element of q (or k) moved by each kernel of its rotary embedding (the module
-    docstring's table): one fused kernel (read, write), or the stack's unfused ``form``
-    (``software.rope_form``):
-
-    * ``rotate_half`` (Megatron's ``apply_rotary_pos_emb``: ``t * cos + _rotate_half(t) *
-      sin``): ``·cos`` 2, negate 1 (``-x2``, the second half only: ``_rotate_half`` chunks
-      ``t`` and returns ``cat((-x2, x1))``), concatenate 2, ``·sin`` 2, add 3, in units of ``d``;
-    * ``complex`` (torchtitan's ``apply_rotary_emb``: ``view_as_complex(xq.float())`` times
-      ``freqs_cis``, ``view_as_real``, ``type_as(xq)``): the upcast (read ``d``, write 4), the
-      complex multiply in fp32 (read 4, write 4; ``freqs_cis``, ``s × d/2`` broadcast over the
-      batch and heads, not counted), the cast back (read 4, write ``d``): ``2d + 16``, 20 B
-      in bf16, where fp32 training (``d`` = 4) has no casts;
-    * ``real_matrix`` (IBM fms's ``RotaryEmbedding.adjusted_qk``, "avoids complex numbers,
-      and so can be used with torch.compile"): ``q.float().view(..., d/2, 2)``, then
-      ``freqs[..., None, :, :, :].mul(q_.unsqueeze(-2))``, each pair times its position's
-      2 × 2 rotation (the fp32 ``[b, s, 1, d/2, 2, 2]`` table, broadcast over the heads, not
-      counted): read 4, write two fp32 products per element, 8; ``.sum(5)`` over the pair:
-      read 8, write 4; ``.flatten(3).type_as(q)``: read 4, write ``d``. With the upcast,
-      ``2d + 32``, 36 B in bf16; in fp32 ``.float()`` and ``type_as`` return their input (no
-      kernel). Not counted: the five tiny kernels each call runs once for q and k together
-      (``arange(s).repeat(b, 1)`` for the positions, ``max`` of their first column and its
-      ``+ s``, the table's gather ``cached_freqs[position_ids]``, ``b·s·d·8`` B each way: under
-      2 % of the form's bytes at 32 heads).
-
-    Parameters
-    ----------
-    fused : bool
-        the stack's ``fused_rope``.
-    form : {"rotate_half", "complex", "real_matrix"}
-        the stack's ``rope_form``.
-    dtype_bytes : float
-        bytes per element (B).
-
-    Returns
-    -------
-    list of float
-        bytes per element, one entry per kernel.
-
-    References
-    ----------
-    microsoft/Megatron-DeepSpeed 1bcd14d ``megatron/model/rotary_pos_embedding.py``
-    ``apply_rotary_pos_emb``; pytorch/torchtitan 9dec370 ``torchtitan/models/llama/model.py``
-    ``apply_rotary_emb`` (lines 108-113); foundation-model-stack/foundation-model-stack
-    953ef99b ``fms/modules/positions.py`` ``RotaryEmbedding.adjusted_qk`` (lines 213-268).
-    """
-    d = dtype_bytes
-    casts = d < 4
-    if fused:
-        return [2 * d]
-    if form in _ROPE_PRODUCTS:
-        return ([d + 4] if casts else []) + _ROPE_PRODUCTS[form] + ([4 + d] if casts else [])
-    return [p * d for p in (2, 1, 2, 2, 3)]
-
-
-#: the fp32 kernels between the upcast and the cast back of an unfused rotary embedding's
-#: form (:func:`rope_passes`), bytes per element of q (or k): torchtitan's complex multiply;
-#: fms's broadcast multiply (two fp32 products an element) and its sum over the pair
-_ROPE_PRODUCTS = {"complex": [8.0], "real_matrix": [12.0, 12.0]}
-
-
-def rope_classes(fused: bool, form: str, dtype_bytes: float) -> list[str]:
-    """The class of each kernel :func:`rope_passes` gives (same arguments;
-    :data:`ELEMENTWISE_CLASSES`): the upcast of the complex and real-matrix forms
-    ``rope_upcast`` (the same ``.float()`` copy of a contiguous bf16 tensor), torchtitan's
-    complex multiply ``rope_complex_mul`` (the cast back, a vectorised copy, none); fms's
-    broadcast multiply and pair sum none (no device has measured them), nor a fused kernel
-    or the rotate-half form's kernels."""
-    n = len(rope_passes(fused, form, dtype_bytes))
-    if fused or form not in _ROPE_PRODUCTS:
-        return [""] * n
-    casts = dtype_bytes < 4
-    products = ["rope_complex_mul"] if form == "complex" else [""] * len(_ROPE_PRODUCTS[form])
-    return (["rope_upcast"] if casts else []) + products + ([""] if casts else [])
-
-
 def qk_norm_kernels(shape: Any, b: float, s: float, t: int, dtype_bytes: float, sw: Any,
                     dtype: str = "bf16") -> tuple[Kernel, ...]:
     """The forward kernels of the RMSNorm of every query and key head (``shape.qk_norm``:
@@ -377,7 +278,7 @@ def layer_elementwise_parts(shape: Any, b: float, s: float, t: int, sp: bool,
     """:func:`layer_elementwise_kernels`' kernels (same arguments) by op: ``norm`` (the input
     and pre-MLP norms, then the query and key heads' norms where the model has them,
     :func:`qk_norm_kernels`), ``residual`` (the two residual connections), ``activation``,
-    ``rope`` (empty without rotary positions; its kernels' classes :func:`rope_classes`), in
+    ``rope`` (empty without rotary positions; its kernels' classes :func:`.rotary.rope_classes`), in
     that order."""
     dt = dtype_bytes
     y = b * s * shape.ffn / t

@@ -59,7 +59,8 @@ from typing import Any
 from ...workloads.trace import Kernel
 from .elementwise import (_BACKWARD_CLASS, activation_classes, activation_passes,
                           backward_kernels, fused_norm_class, norm_kernels, qk_norm_kernels,
-                          residual_bytes, rope_bytes, rope_classes)
+                          residual_bytes)
+from .rotary import rope_bytes, rope_classes
 
 __all__ = ["layer_elementwise_backward_kernels", "layer_elementwise_backward_parts",
            "residual_backward_bytes", "activation_backward_passes", "norm_backward_kernels",
@@ -96,7 +97,7 @@ def layer_elementwise_backward_kernels(shape: Any, b: float, s: float, t: int, s
     arguments), one per kernel autograd launches (the module docstring's table): the two
     norms' (:func:`~.elementwise.backward_kernels`), each residual connection's
     (:func:`residual_backward_bytes`), the activation's (:func:`activation_backward_passes`)
-    and the rotary embedding's (its forward bytes again, :func:`~.elementwise.rope_bytes`).
+    and the rotary embedding's (its forward bytes again, :func:`~.rotary.rope_bytes`).
 
     Parameters
     ----------
@@ -280,7 +281,7 @@ def qk_norm_backward_kernels(shape: Any, b: float, s: float, t: int, dtype_bytes
 
 def rope_backward_bytes(shape: Any, b: float, s: float, t: int, dtype_bytes: float,
                         sw: Any) -> list[float]:
-    """Bytes of the backward kernels of the rotary embedding (:func:`~.elementwise.rope_bytes`'
+    """Bytes of the backward kernels of the rotary embedding (:func:`~.rotary.rope_bytes`'
     forward, same arguments): a linear map, so the forward's kernels again per tensor (the
     module docstring's table), and in torchtitan's complex form (``rope_form: complex``,
     unfused) each tensor's complex multiply's backward, ``grad * freqs_cis.conj()``, first
@@ -303,7 +304,7 @@ def rope_backward_bytes(shape: Any, b: float, s: float, t: int, dtype_bytes: flo
 
 def rope_backward_classes(shape: Any, dtype_bytes: float, sw: Any) -> list[str]:
     """The class of each kernel :func:`rope_backward_bytes` gives: the forward's
-    (:func:`~.elementwise.rope_classes`: the cast back's gradient is the ``rope_upcast``, the
+    (:func:`~.rotary.rope_classes`: the cast back's gradient is the ``rope_upcast``, the
     multiply by ``conj(freqs_cis)`` the ``rope_complex_mul``), the ``conj`` kernel none;
     empty without rotary positions."""
     if shape.positions != "rotary":

@@ -41,7 +41,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...simulator.kernels.elementwise import residual_bytes, rope_passes
+from ...simulator.kernels.elementwise import residual_bytes
+from ...simulator.kernels.rotary import rope_passes
 from ..trace import Collective, Compute, Kernel
 from ..smcontention import kernel_gemm_flops
 

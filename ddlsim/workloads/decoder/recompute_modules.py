@@ -76,8 +76,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ...simulator.kernels.elementwise import (activation_passes, norm_kernels, rope_bytes,
-                                                 rope_classes)
+from ...simulator.kernels.elementwise import activation_passes, norm_kernels
+from ...simulator.kernels.rotary import rope_bytes, rope_classes
 from ..trace import Compute, Kernel
 
 __all__ = ["RecomputeModule", "RECOMPUTE_MODULES", "recompute_module", "module_names",
@@ -236,8 +236,8 @@ def _moe(shape: Any, ctx: LayerContext) -> float:
 
 def _mla_kernels(b: Any, ctx: LayerContext) -> tuple[Kernel, ...]:
     """MLA's up projections (``q_up``, ``kv_up``), RoPE on the rotary query and key parts (the
-    forward's kernels, :func:`~ddlsim.simulator.kernels.elementwise.rope_bytes` and
-    :func:`~ddlsim.simulator.kernels.elementwise.rope_classes`: the stack's fused or unfused
+    forward's kernels, :func:`~ddlsim.simulator.kernels.rotary.rope_bytes` and
+    :func:`~ddlsim.simulator.kernels.rotary.rope_classes`: the stack's fused or unfused
     form on q_pe and the shared k_pe) and the two concatenations into query and key
     (d7288711 multi_latent_attention.py ``qkv_up_proj_and_rope_apply``)."""
     from .layerkernels import _linear
