@@ -259,11 +259,11 @@ def _check_experts(cfg: Any) -> None:
     """Expert parallelism: EP divides the experts (EP × expert TP is carved out of TP·CP·DP,
     Megatron-Core's MoE parallel folding: checked by the mesh; what a stack's code further
     refuses, such as EP dividing DP in 2024, is a rule of the stack), the MoE options
-    (:func:`.moeplan.check_moe_plan`), and each model chunk holds whole periods of
+    (:func:`.moeplan_checks.check_moe_plan`), and each model chunk holds whole periods of
     ``decoder_sparse_step`` layers."""
     m, p = cfg.model, cfg.parallel
     E, ep = m.num_local_experts, p.ep
-    from .moeplan import check_moe_plan
+    from .moeplan_checks import check_moe_plan
     if not E:
         if ep > 1:
             raise ValueError(f"parallel.expert_model_parallel_size = {ep} needs a "

@@ -26,9 +26,9 @@ from typing import Any
 from ...errors import ConfigError
 from .moe_balance import (MAXVIO_GLOBAL_BIAS, SOURCE, SOURCE_BIAS, SOURCE_BIAS_RATE, applies,
                           bias_applies, hot_rank_load)
-from .moe_routing import balancing_type, check_expert_bias, expert_bias, score_function
+from .moe_routing import balancing_type, expert_bias, score_function
 
-__all__ = ["MoEPlan", "resolve_moe", "check_moe_plan", "STACK_FIELDS"]
+__all__ = ["MoEPlan", "resolve_moe", "STACK_FIELDS"]
 
 #: ``parallel.moe`` fields whose default is the stack's (its ``moe:`` section)
 STACK_FIELDS = ("token_dispatcher_type", "grouped_gemm", "permute_fusion",
@@ -246,7 +246,7 @@ def _router_groups(cfg: Any, given: dict, sources: dict) -> dict:
     (Megatron-LM's ``--moe-router-num-groups``/``--moe-router-group-topk``), else the model's
     ``n_group``/``topk_group`` (DeepSeek's config.json: its ``group_limited_greedy`` and
     ``noaux_tc`` routers pick ``topk_group`` groups, then the top-k inside them), else none;
-    where they came from in ``sources``. Checked by :func:`check_moe_plan`."""
+    where they came from in ``sources``. Checked by :func:`.moeplan_checks.check_moe_plan`."""
     if given.get("router_num_groups") is not None or given.get("router_group_topk") is not None:
         sources["router_groups"] = "parallel.moe.router_num_groups, router_group_topk"
         return dict(groups=given.get("router_num_groups") or 1,
@@ -316,7 +316,8 @@ def _aux_loss_coeff(cfg: Any, given: dict, sources: dict) -> float:
 
 def _router_fusion(table: dict, given: dict, sources: dict) -> bool:
     """The fused router: given, else the stack's ``moe.router_fusion`` (off where the stack has
-    none: :func:`check_moe_plan` refuses turning it on there), its source in ``sources``."""
+    none: :func:`.moeplan_checks.check_moe_plan` refuses turning it on there), its source in
+    ``sources``."""
     entry = table.get("router_fusion")
     if given.get("router_fusion") is not None:
         sources["router_fusion"] = "parallel.moe.router_fusion"
@@ -353,113 +354,3 @@ def _flex_backend(given: dict, values: dict, sources: dict) -> str | None:
         return given["flex_dispatcher_backend"]
     sources["flex_dispatcher_backend"] = FLEX_DEFAULT[1]
     return FLEX_DEFAULT[0]
-
-
-def _check_flex(plan: MoEPlan, spec: Any) -> None:
-    """The flex options ddlsim refuses: a backend without the flex dispatcher (Megatron-Core
-    would ignore it), and a hot rank given with it (the kernels' traffic under it is not
-    modelled; a derived default loads the hot rank's experts and leaves the traffic at the
-    mean, which the routing phrase says)."""
-    backend = None if spec is None else spec.flex_dispatcher_backend
-    if backend is not None and plan.dispatcher != "flex":
-        raise ValueError(f"parallel.moe.flex_dispatcher_backend = {backend!r} selects the flex "
-                         f"dispatcher's kernels, but token_dispatcher_type = "
-                         f"{plan.dispatcher!r}; set token_dispatcher_type: flex or drop it")
-    if plan.dispatcher == "flex" and plan.imbalance != 1.0 and plan.imbalance_basis == "given":
-        raise ValueError(f"parallel.moe.router_imbalance = {plan.imbalance} with "
-                         "token_dispatcher_type = 'flex': the DeepEP/HybridEP kernels are "
-                         "modelled under balanced routing only (docs/moe.md); use 1 or the "
-                         "alltoall dispatcher")
-
-
-def check_moe_plan(cfg: Any) -> None:
-    """Megatron-Core's rules on the MoE options (ValueError, one paragraph each): the options
-    need an MoE model; expert TP divides the expert FFN; padding needs a capacity factor;
-    a capacity factor needs aux_loss, seq_aux_loss or none balancing; shared-expert overlap
-    needs shared experts and the alltoall dispatcher; forced balance means no hot rank."""
-    m, p = cfg.model, cfg.parallel
-    if not m.num_local_experts:
-        for name in ("moe", "expert_tensor_parallel_size"):
-            if getattr(p, name) is not None:
-                raise ValueError(f"parallel.{name} = {getattr(p, name)!r} describes "
-                                 f"Mixture-of-Experts layers, but model {m.name!r} has none "
-                                 "(num_local_experts = 0); remove it")
-        return
-    sh = m.shape()
-    if sh.f_e % p.etp:
-        raise ValueError(f"parallel.expert_tensor_parallel_size = {p.etp} does not divide the "
-                         f"expert FFN size {sh.f_e} (moe_intermediate_size): each expert-TP "
-                         "rank holds an equal slice of every expert; use a divisor of it")
-    try:
-        plan = resolve_moe(cfg)
-    except ConfigError as exc:
-        raise ValueError(str(exc)) from None
-    if plan.pad and plan.capacity_factor is None:
-        raise ValueError("parallel.moe.pad_expert_input_to_capacity = true needs a capacity "
-                         "factor (model.capacity_factor, Megatron's --moe-expert-capacity-"
-                         "factor); set one or drop the padding")
-    if plan.capacity_factor is not None and plan.balancing == "sinkhorn":
-        raise ValueError(f"model.capacity_factor = {plan.capacity_factor} with "
-                         "parallel.moe.router_load_balancing_type = 'sinkhorn': Megatron-Core "
-                         "drops tokens with aux_loss, seq_aux_loss or none balancing only")
-    if plan.shared_expert_overlap and (not sh.shared_experts or plan.dispatcher != "alltoall"):
-        raise ValueError(f"parallel.moe.shared_expert_overlap = true needs shared experts "
-                         f"(the model has {sh.shared_experts}) and token_dispatcher_type = "
-                         f"'alltoall' (got {plan.dispatcher!r})")
-    if plan.imbalance != 1.0 and not 1 < plan.ep >= plan.imbalance:
-        raise ValueError(f"parallel.moe.router_imbalance = {plan.imbalance} is the most loaded "
-                         f"expert-parallel rank's tokens over the mean, so it needs "
-                         f"expert_model_parallel_size > 1 and at most EP = {plan.ep} (one rank "
-                         "receiving every token)")
-    spec = p.moe
-    if spec is not None and spec.router_force_load_balancing and plan.imbalance != 1.0:
-        raise ValueError(f"parallel.moe.router_force_load_balancing = true gives every expert "
-                         f"the same tokens, but router_imbalance = {plan.imbalance}; use 1")
-    _check_flex(plan, spec)
-    _check_router(plan, spec, cfg.software.name)
-    _check_groups(plan, spec, sh)
-
-
-def _check_groups(plan: MoEPlan, spec: Any, sh: Any) -> None:
-    """Group-limited routing's rules (Megatron-LM d7288711 ``transformer_config.py``: the
-    groups need each other, divide the experts, and hold the top-k; ``moe_utils.py``
-    ``group_limited_topk``), and the expert layout the flex dispatcher's traffic is derived
-    for (:func:`~ddlsim.simulator.collectives.flex.hit_probability`): each expert-parallel
-    rank's experts fill whole groups or lie inside one."""
-    if spec is not None and (spec.router_num_groups is None) != (spec.router_group_topk is None):
-        raise ValueError(f"parallel.moe.router_num_groups = {spec.router_num_groups} and "
-                         f"router_group_topk = {spec.router_group_topk}: group-limited routing "
-                         "needs both (Megatron-LM's --moe-router-num-groups and "
-                         "--moe-router-group-topk); set both or neither")
-    G, M, E, k = plan.groups, plan.topk_groups, sh.experts, sh.top_k
-    where = plan.sources.get("router_groups", "")
-    if E % G or not 1 <= M <= G or k > M * (E // G):
-        raise ValueError(f"group-limited routing ({where}): {M} of {G} groups of {E} experts "
-                         f"with top-k {k}; allowed: groups dividing the experts, 1 <= "
-                         f"topk groups <= groups, and top-k at most the chosen groups' "
-                         f"experts (topk groups x experts/groups)")
-    per_rank, m = E // plan.ep, E // G
-    if plan.group_limited and plan.dispatcher == "flex" and per_rank % m and m % per_rank:
-        raise ValueError(f"group-limited routing ({where}) with the flex dispatcher: each of "
-                         f"the EP{plan.ep} ranks holds {per_rank} consecutive experts, which "
-                         f"neither fill whole groups of {m} nor lie inside one; the "
-                         "deduplicated traffic is derived for nested layouts only (docs/moe.md); "
-                         "use an expert-parallel size that nests with the groups")
-
-
-def _check_router(plan: MoEPlan, spec: Any, stack: str) -> None:
-    """The router options Megatron-Core refuses or ignores: a loss coefficient with sinkhorn
-    (asserted, Megatron-LM d7288711 ``router.py`` line 248) or with ``none`` balancing (no loss
-    is computed: lines 263-283); the fused router on a stack whose code has none."""
-    if plan.aux_loss_coeff > 0 and plan.balancing in ("sinkhorn", "none"):
-        raise ValueError(f"parallel.moe.aux_loss_coeff = {plan.aux_loss_coeff:g} with "
-                         f"router_load_balancing_type = {plan.balancing!r}: Megatron-Core "
-                         "computes the load-balancing loss with aux_loss or seq_aux_loss only; "
-                         "set one of them or aux_loss_coeff: 0")
-    check_expert_bias(plan, spec)
-    if spec is not None and spec.router_fusion and "router_fusion" not in _stack_moe(stack):
-        raise ValueError(f"parallel.moe.router_fusion = true, but software stack {stack!r} "
-                         "has no fused router (no moe.router_fusion in its software.yaml "
-                         "entry; Megatron-LM's --moe-router-fusion came in c08d89bea0, "
-                         "2025-08-17); use megatron-core-2025 or drop it")
-
