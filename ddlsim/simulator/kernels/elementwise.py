@@ -71,7 +71,8 @@ from .softmax import unfused_softmax_passes  # noqa: F401 (callers import it fro
 
 __all__ = ["ELEMENTWISE_CLASSES", "layer_elementwise_kernels", "norm_kernels", "residual_bytes",
            "backward_kernels", "activation_classes", "norm_passes", "activation_passes",
-           "fused_norm_class", "qk_norm_kernels", "layer_elementwise_parts", "optimizer_bytes_per_param",
+           "fused_norm_class", "qk_norm_kernels", "layer_elementwise_parts",
+           "optimizer_bytes_per_param",
            "loss_bytes", "loss_passes", "loss_kernels", "unfused_softmax_passes"]
 
 #: the element-wise kernel classes a device may time at their own achieved bandwidth
