@@ -231,8 +231,8 @@ def show_fits(out: list[dict], markdown: bool) -> None:
 def eager_loss():
     """Within the block, no framework has a compiled-loss rule (``logit_bytes_compiled``):
     a stack that compiles the loss is counted with its eager loss's bytes per logit. The
-    registry (:data:`ddlsim.workloads.allocator.FRAMEWORKS`) is restored on leaving."""
-    from ddlsim.workloads.allocator import FRAMEWORKS
+    registry (:data:`ddlsim.workloads.framework_memory.FRAMEWORKS`) is restored on leaving."""
+    from ddlsim.workloads.framework_memory import FRAMEWORKS
     saved = dict(FRAMEWORKS)
     try:
         for name, fm in saved.items():

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 import ddlsim
-from ddlsim.workloads.allocator import FRAMEWORKS
+from ddlsim.workloads.framework_memory import FRAMEWORKS
 
 
 def pp4_config(stack: str, seq: int = 2048) -> dict:

@@ -101,5 +101,6 @@ def test_megatron_keeps_the_final_norm_input_and_output(stack, t, sp, per_token)
     """On the last stage Megatron keeps the final norm's 16-bit input and its output (the
     output layer's saved input, the sequence shard under SP): 2·2·h bytes per token, over
     ``t`` under sequence parallelism, as the layers' norm inputs are counted."""
-    from ddlsim.workloads.allocator import framework, head_bytes
+    from ddlsim.workloads.allocator import head_bytes
+    from ddlsim.workloads.framework_memory import framework
     assert head_bytes(framework(stack), H, t, sp) == pytest.approx(per_token, rel=1e-12)

@@ -13,7 +13,8 @@ import pytest
 
 import ddlsim
 from searchmemory import assert_search_memory_is_exact, pp4_config
-from ddlsim.workloads.allocator import FRAMEWORKS, pipeline_held_bytes
+from ddlsim.workloads.allocator import pipeline_held_bytes
+from ddlsim.workloads.framework_memory import FRAMEWORKS
 
 pytestmark = pytest.mark.filterwarnings("ignore::ddlsim.errors.DDLSimWarning")
 

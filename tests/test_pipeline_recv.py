@@ -11,7 +11,7 @@ import pytest
 
 import ddlsim
 from searchmemory import assert_search_memory_is_exact, pp4_config
-from ddlsim.workloads.allocator import FRAMEWORKS
+from ddlsim.workloads.framework_memory import FRAMEWORKS
 from ddlsim.workloads.pipeline_recv import pipeline_recv_bytes
 
 pytestmark = pytest.mark.filterwarnings("ignore::ddlsim.errors.DDLSimWarning")

@@ -13,7 +13,7 @@ import pytest
 from ddlsim.errors import ConfigError
 from ddlsim.simulator.kernels.step_passes import (cross_entropy_impl, loss_bytes, loss_kernels,
                                                   loss_passes)
-from ddlsim.workloads.allocator import framework
+from ddlsim.workloads.framework_memory import framework
 
 T = 2
 

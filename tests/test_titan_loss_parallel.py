@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 import ddlsim
-from ddlsim.workloads.allocator import FRAMEWORKS
+from ddlsim.workloads.framework_memory import FRAMEWORKS
 
 pytestmark = pytest.mark.filterwarnings("ignore::ddlsim.errors.DDLSimWarning")
 

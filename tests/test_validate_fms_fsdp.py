@@ -86,7 +86,7 @@ def test_the_34b_model_is_fms_fsdps_own():
 def test_the_fms_stack_has_memory_rules():
     """The stack belongs to a framework whose loss and root unit ddlsim models: the bf16
     logits held through the backward (deleted only in 2025), FSDP1's root never resharded."""
-    from ddlsim.workloads.allocator import framework
+    from ddlsim.workloads.framework_memory import framework
     fm = framework("fms-fsdp-2024")
     assert fm.name == "fms-fsdp" and not fm.fsdp2 and fm.kept_root == "edges"
     assert fm.logit_bytes == 8

@@ -74,7 +74,7 @@ def test_eager_loss_what_if_moves_only_the_compiled_loss_rows(capsys):
     """``--eager-loss``: the H200 rows (torchtitan 2025 compiles the loss: 4 B per logit) with
     the eager loss's 12 B (docs/memory.md's +32.3 / +31.1 %); the registry is restored after."""
     import pytest
-    from ddlsim.workloads.allocator import FRAMEWORKS
+    from ddlsim.workloads.framework_memory import FRAMEWORKS
 
     before = dict(FRAMEWORKS)
     h200 = ((vm.H200, "torchtitan-2025"),)

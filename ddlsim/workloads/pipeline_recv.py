@@ -37,7 +37,7 @@ def pipeline_recv_bytes(fm, b, s: int, hidden: int, t, sp, cp, pp, vpp, chunks,
     Parameters
     ----------
     fm : FrameworkMemory
-        The framework's rules; 0 unless :attr:`~.allocator.FrameworkMemory.
+        The framework's rules; 0 unless :attr:`~.framework_memory.FrameworkMemory.
         pipeline_recv_buffers`.
     b, s : micro-batch size and sequence length (the whole sequence; ``cp`` splits it).
     hidden : the model's width, ``h``.

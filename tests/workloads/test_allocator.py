@@ -12,8 +12,8 @@ import ddlsim
 from ddlsim.config import build_config
 from ddlsim.errors import ConfigError
 from ddlsim.software import stacks
-from ddlsim.workloads.allocator import (CUDA_CONTEXT_BYTES, FRAMEWORKS, comm_buffer_bytes,
-                                        framework, loss_bytes)
+from ddlsim.workloads.allocator import CUDA_CONTEXT_BYTES, comm_buffer_bytes, loss_bytes
+from ddlsim.workloads.framework_memory import FRAMEWORKS, framework
 from ddlsim.workloads.memory import PARTS, MemoryBreakdown
 
 #: GPT-3 13B (40 layers, h 5120, V 51,200 padded as given) on two DGX A100 nodes

@@ -3,7 +3,7 @@ layer gathered and reduce-scattered as torchtitan wraps them (``zero3_implementa
 torch_fsdp2`` under a torchtitan stack) and as FSDP1's root holds them (``torch_fsdp``: the
 2024 root unit below); DeepSpeed's module hooks are in :mod:`.zero3_edges`.
 
-The wrapping is the framework's :attr:`~ddlsim.workloads.allocator.FrameworkMemory.kept_root`
+The wrapping is the framework's :attr:`~ddlsim.workloads.framework_memory.FrameworkMemory.kept_root`
 (one source for the trace and the memory rule), read in torchtitan's ``apply_fsdp``:
 
 * ``edges`` (torchtitan 9dec370, ``torchtitan/parallelisms/parallelize_llama.py`` lines
@@ -61,7 +61,7 @@ def layout(sw: Any) -> str:
         return "edges"
     if sw.zero3_implementation != "torch_fsdp2":
         return "none"
-    from ..allocator import framework
+    from ..framework_memory import framework
     try:
         return framework(sw.name).kept_root
     except ConfigError:

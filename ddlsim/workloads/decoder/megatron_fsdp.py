@@ -111,7 +111,7 @@ def phrase(sw: Any) -> str:
 
 
 def memory_rules(sw: Any, fm: Any) -> Any:
-    """The framework memory rules ``fm`` (:class:`~ddlsim.workloads.allocator.
+    """The framework memory rules ``fm`` (:class:`~ddlsim.workloads.framework_memory.
     FrameworkMemory`) under stack ``sw``: under Megatron-FSDP, ZeRO-3's buffers per
     micro-batch as FSDP2's rule counts them (:func:`~ddlsim.workloads.allocator.
     comm_buffer_bytes`): the gathered units, the modules outside a unit kept gathered

@@ -12,8 +12,9 @@ import numpy as np
 
 from ...config import DTYPE_BYTES
 from ...simulator.kernels.step_passes import stack_cross_entropy
-from ..allocator import (comm_buffer_bytes, context_bytes, framework, head_bytes,
-                         loss_bytes, pipeline_held_bytes, step_temporaries)
+from ..allocator import (comm_buffer_bytes, context_bytes, head_bytes, loss_bytes,
+                         pipeline_held_bytes, step_temporaries)
+from ..framework_memory import framework
 from ..memory import MemoryBreakdown, model_state_bytes
 from ..pipeline_recv import pipeline_recv_bytes
 from ..models.decoder import DecoderShape
@@ -264,7 +265,7 @@ def stage_buffers(sw, fm, shape: DecoderShape, zero_stage, dp, gathered, unit_pa
     sw : Software
         The resolved software stack.
     fm : FrameworkMemory
-        The framework's memory rules (:func:`~ddlsim.workloads.allocator.framework`).
+        The framework's memory rules (:func:`~ddlsim.workloads.framework_memory.framework`).
     shape : DecoderShape
     zero_stage, dp : the plan's ZeRO stage and data-parallel size.
     gathered : ZeRO-3's gathered parameters in flight (bytes; 0 outside ZeRO-3).
@@ -339,7 +340,7 @@ def stage_activations(shape: DecoderShape, b, s: int, tp_cp, vpp, per_chunk, chu
     first, last : the stage holds the embedding / the head.
     embedding_split : ranks the embedding output is split over.
     logit_bytes : bytes per logit the loss holds at its peak (the framework's,
-        :meth:`~ddlsim.workloads.allocator.FrameworkMemory.logits_at`).
+        :meth:`~ddlsim.workloads.framework_memory.FrameworkMemory.logits_at`).
     head : bytes per token of the micro-batch that the final norm and the head keep on the
         last stage (:func:`~ddlsim.workloads.allocator.head_bytes`, already over CP).
     step : bytes the optimizer step allocates after the backward

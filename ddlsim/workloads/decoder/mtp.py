@@ -163,7 +163,8 @@ def with_mtp_memory(b, memories: list) -> list:
     from dataclasses import replace
 
     from ...simulator.kernels.step_passes import stack_cross_entropy
-    from ..allocator import framework, head_bytes, loss_bytes
+    from ..allocator import head_bytes, loss_bytes
+    from ..framework_memory import framework
     plan, shape, sw = b.plan, b.shape, b.sw
     fm, bs = framework(sw.name), plan.micro_batch * plan.seq_length
     logits = loss_bytes(fm.logits_at(plan.tp, sw.compile, stack_cross_entropy(sw)),
