@@ -175,7 +175,7 @@ PHASES = [
     ("  configs validated (plan_config)", "ddlsim.search.planconfig", "plan_config"),
     ("memory", "ddlsim.search.decoder", "plans_memory"),
     ("memory floor (must fit)", "ddlsim.search.decoder", "plans_memory_floor"),
-    ("update and tail", "ddlsim.search.decoder", "DecoderVectors._update"),
+    ("update and tail", "ddlsim.search.decoder_dp", "DataParallelTerms._update"),
     ("ZeRO-3", "ddlsim.search.decoder", "zero3_seconds"),
     ("NCCL forms (nccl_form; in the above)", "ddlsim.simulator.collectives.nccl.model",
      "nccl_form"),

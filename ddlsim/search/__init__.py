@@ -8,8 +8,9 @@
 
 both work (:func:`ddlsim.search.run.search` documents the arguments). The parts:
 :mod:`.plans` (plans as arrays, the config rules vectorised), :mod:`.family` (what a workload
-family supplies, and its registry), :mod:`.decoder` (the GPT/Llama family),
-:mod:`.netcost` (collectives and point-to-point hops from the registered closed forms),
+family supplies, and its registry), :mod:`.decoder` and :mod:`.decoder_dp` (the GPT/Llama family),
+:mod:`.netcost` (the meshes' networks and point-to-point hops), :mod:`.collforms`
+(collectives from the registered closed forms and NCCL's model),
 :mod:`.pipeline` (the pipeline, overlap and update closed forms), :mod:`.evaluate` (grid →
 ranked frame), :mod:`.spec` (the ``search:`` section), :mod:`.run` (:func:`search`).
 """

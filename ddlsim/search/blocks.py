@@ -15,7 +15,7 @@ distinct signature of those fields among the plans, :func:`stage_pieces`
    on arrays; the pieces of one structure together, :func:`~ddlsim.simulator.analytical.
    arrays.stream_ends_together`): compute ops by :func:`~ddlsim.simulator.kernels.op_time`, as
    :meth:`~ddlsim.simulator.costs.CostModel.compute` times them, and collectives on each
-   plan's own network (:func:`~ddlsim.search.netcost.collective_seconds`, the cost model's
+   plan's own network (:func:`~ddlsim.search.collforms.collective_seconds`, the cost model's
    closed forms on arrays).
 
 No cost or op list is written here: a cost added to the builder reaches the search tier

@@ -44,7 +44,7 @@ def zero3_seconds(ctx, plans, parts, coll, first_params, gemm=None) -> np.ndarra
     parts : tuple of arrays, seconds per plan, as listed above.
     coll : ``coll(op, family, nbytes, where)`` → seconds per plan of one collective.
     first_params : array, parameters per rank of the first stage
-        (:meth:`.decoder.DecoderVectors.stage_params`).
+        (:meth:`.decoder_dp.DataParallelTerms.stage_params`).
     gemm : tuple of arrays or None, as above.
 
     Returns

@@ -9,7 +9,7 @@ update closed forms (:mod:`.pipeline`) are shared; the plans' rules are the conf
 
 The costs are those of :class:`ddlsim.simulator.costs.CostModel`: a family builds its pieces
 with its own builder and times them with :mod:`ddlsim.simulator.analytical.arrays` (the
-decoders: :mod:`.blocks`), collectives by :func:`ddlsim.search.netcost.collective_seconds`,
+decoders: :mod:`.blocks`), collectives by :func:`ddlsim.search.collforms.collective_seconds`,
 ``CostModel.collective`` on arrays (tested equal in ``tests/test_search_costs.py``).
 """
 
