@@ -17,7 +17,7 @@ forward op by its autograd sequence number (``AccumulateGrad``, which has none, 
 before it). Under full AC the recompute's forward ops run on the autograd thread inside the
 node that unpacks the block's saved input; they are counted as that block's ``recompute``.
 FSDP2's own ranges (``FSDP::...``, nested in a root or a root themselves, and the
-``RegisterPostBackwardFunctionBackward`` node) are taken off: ``fsdp2_passes.HOOK_TINY_OPS``
+``RegisterPostBackwardFunctionBackward`` node) are taken off: ``fsdp2_host.HOOK_TINY_OPS``
 charges them.
 
 **Classes** (ddlsim's layer ops, ``layerkernels``: ``attn`` the QKV, rotary embedding,
@@ -37,7 +37,7 @@ device's eager host time per tiny op. Nothing is fitted to a step time.
 
 **``--chunk-cat``** prints each FSDP2 unit's ``aten::_chunk_cat`` host duration per trace
 (FSDP2's ``post_backward``: ``get_chunk_cat_metadata`` fills one entry per 2 KiB block of the
-output on the host, ``fsdp2_passes.CHUNK_CAT_HOST_TINY_OPS``), beside its kernel's.
+output on the host, ``fsdp2_host.CHUNK_CAT_HOST_TINY_OPS``), beside its kernel's.
 
 **Phases.** Per trace, the kernels' summed time by phase (forward: launched from the main
 thread before the backward; backward: from the autograd thread; optimizer: from the main thread

@@ -28,14 +28,14 @@ Per unit: ``(Δ(L=10) − Δ(L=2)) / 8`` (the root's once-per-pass work cancels)
 slope between ``T = 2`` and ``T = 12``; the unit's fixed part: the rest at ``T = 2``. Each is
 printed in seconds and in units of this machine's tiny op (a 1-element ``torch.add`` in a
 Python loop: the loop's ``launch.stream_gap_s``, ``ddlsim/reference/torch_machine.py``), the
-unit :mod:`ddlsim.workloads.decoder.fsdp2_passes` charges them in. Nothing is fitted to a
+unit :mod:`ddlsim.workloads.decoder.fsdp2_host` charges them in. Nothing is fitted to a
 step time.
 
 With ``--fake N`` it runs in one process on torch's fake process group of ``N`` ranks
 (``torch.testing._internal.distributed.fake_pg``: every collective returns at once, nothing
 is sent): FSDP2's sharded path alone, without Gloo's blocking collectives and their
 subtraction, whose noise (two processes on two cores) is larger than the hooks' own time
-(``Gloo taken off`` 180-610 µs a unit against 190-910 µs left). ``fsdp2_passes``'s figures
+(``Gloo taken off`` 180-610 µs a unit against 190-910 µs left). ``fsdp2_host``'s figures
 are these.
 
 With ``--evict MIB`` every unit, bare and sharded alike, zeroes a buffer of that many MiB in
@@ -54,8 +54,8 @@ code and data from memory after each block (``py-spy record --native`` on the lo
 under FSDP2 on the fake process group: the non-kernel samples inside FSDP2's frames are
 ``foreach_reduce``'s per-parameter loop, ``record_function``'s enter and exit, the
 ``torch._dynamo.disable`` wrappers built per call and the collectives' Python wrappers, all
-per unit or per tensor). ``fsdp2_passes.HOOK_TINY_OPS`` are the hot figures,
-``fsdp2_passes.COLD_HOOK_TINY_OPS`` the ``--evict llc`` ones.
+per unit or per tensor). ``fsdp2_host.HOOK_TINY_OPS`` are the hot figures,
+``fsdp2_host.COLD_HOOK_TINY_OPS`` the ``--evict llc`` ones.
 """
 
 from __future__ import annotations

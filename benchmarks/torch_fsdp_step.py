@@ -22,7 +22,7 @@ plain step's ops per tensor counted under a ``TorchDispatchMode``, as
 ``benchmarks/dtensor_dispatch.py`` counts them; ``zero_`` one more). Nothing is fitted.
 The gradients are zeroed in place so that each round steps them again; the loop's trainer
 sets them to None since 2026-11-30 (torchtitan's ``zero_grad()``), whose step runs the 7 ops
-of Adam alone (``fsdp2_passes.STEP_OPS_PER_TENSOR``).
+of Adam alone (``fsdp2_host.STEP_OPS_PER_TENSOR``).
 """
 
 from __future__ import annotations

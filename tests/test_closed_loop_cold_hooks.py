@@ -1,6 +1,6 @@
 """The torch loop's FSDP2 host costs in the cache state of its iteration (issue 30): on a CPU
 device, whose kernels sweep the caches between two units' hooks, FSDP2's hooks are charged
-their cold-cache figures (fsdp2_passes.COLD_HOOK_TINY_OPS, benchmarks/fsdp2_host_costs.py
+their cold-cache figures (fsdp2_host.COLD_HOOK_TINY_OPS, benchmarks/fsdp2_host_costs.py
 --evict llc); a GPU keeps the hot ones. The trainer clears the gradients as torchtitan-2024
 does (``zero_grad()``: set to None, no ``zero_`` pass, no ``+=`` into an old gradient), and
 DTensor's step host time counts the ATen ops that step runs.
@@ -13,7 +13,7 @@ import pytest
 import ddlsim
 from ddlsim.reference.loop import SMALL
 from ddlsim.reference.torch_loop import TORCH_STACK, torch_available, torch_model, torch_run_config
-from ddlsim.workloads.decoder import fsdp2_passes as fp
+from ddlsim.workloads.decoder import fsdp2_host as fp
 
 needs_torch = pytest.mark.skipif(not torch_available(), reason="torch with Gloo is not "
                                  "installed (pip install 'ddlsim[torch]')")

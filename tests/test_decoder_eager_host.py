@@ -1,6 +1,6 @@
 """The host time of an eager torchtitan decoder block per layer op
 (ddlsim/workloads/decoder/eager_host.py) and of FSDP2's ``_chunk_cat`` metadata
-(fsdp2_passes.chunk_cat_host_seconds), with the host running ahead of a GPU: figures by hand
+(fsdp2_host.chunk_cat_host_seconds), with the host running ahead of a GPU: figures by hand
 from the module constants, the constants against the H200 traces they were read from
 (benchmarks/decoder_host_trace.py), and where the host's work lands in the trace."""
 
@@ -14,7 +14,7 @@ import pytest
 
 import ddlsim
 from ddlsim.workloads.decoder import eager_host as eh
-from ddlsim.workloads.decoder import fsdp2_passes as fp
+from ddlsim.workloads.decoder import fsdp2_host as fp
 from ddlsim.workloads.decoder import sac
 
 pytestmark = pytest.mark.filterwarnings("ignore::ddlsim.errors.DDLSimWarning")

@@ -1,4 +1,4 @@
-"""FSDP2's host time (ddlsim/workloads/decoder/fsdp2_passes.py, "Host time of the hooks" and
+"""FSDP2's host time (ddlsim/workloads/decoder/fsdp2_host.py, "Host time of the hooks" and
 "The optimizer step over DTensors"): each unit's hooks on the ``host`` stream, in tiny ops of
 the device, per unit and per parameter tensor as benchmarks/fsdp2_host_costs.py measured them;
 DTensor's host time of a single-tensor optimizer step. Each figure is derived by hand from the
@@ -11,7 +11,7 @@ import math
 import pytest
 
 import ddlsim
-from ddlsim.workloads.decoder import fsdp2_passes as fp
+from ddlsim.workloads.decoder import fsdp2_host as fp
 from ddlsim.workloads.trace import Collective, Compute
 
 US = 1e-6

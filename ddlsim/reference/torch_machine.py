@@ -187,7 +187,7 @@ def torch_system(n: int, doc: dict, r_max: float, profile: Path, statistic: str,
         "source": f"{src}: torch.add of two 1-element tensors in a loop, per op (the CPU runs "
                   "each op after its dispatch: no host lead, the dispatch is the gap); the tiny "
                   "op FSDP2's hooks are counted in, which on this CPU device ddlsim charges at "
-                  "their cold-cache counts (fsdp2_passes.COLD_HOOK_TINY_OPS: "
+                  "their cold-cache counts (fsdp2_host.COLD_HOOK_TINY_OPS: "
                   "benchmarks/fsdp2_host_costs.py --evict llc, each unit after this job's "
                   "flush of the last-level cache, as they run between a unit's kernels)"}
     system["intra_node"]["source"] = f"{src}: Gloo sendrecv fit, α first, 1/β last segment"

@@ -111,7 +111,7 @@ def test_fsdp_root_unit_computes_it_in_both_tiers(stack, monkeypatch):
     # search tier's recurrence (search/zero3.py) times it as the exact engine does
     from ddlsim.search.evaluate import evaluate_grid
     from ddlsim.search.spec import Constraints
-    from ddlsim.workloads.decoder import fsdp2_passes
+    from ddlsim.workloads.decoder import fsdp2_host
     from ddlsim.workloads.decoder.edges import EdgeOps
 
     data = _run(stack=stack, tied=False)
@@ -120,7 +120,7 @@ def test_fsdp_root_unit_computes_it_in_both_tiers(stack, monkeypatch):
     # on the host (537 M gradients: 4.0 ms on dgx-h100), which the device waits for after
     # the unit; the embedding's backward (0.2 ms) runs inside that wait, hidden. Without the
     # metadata the root unit's end is the device's, and the op it computes lengthens the step
-    monkeypatch.setattr(fsdp2_passes, "CHUNK_CAT_HOST_TINY_OPS", 0.0)
+    monkeypatch.setattr(fsdp2_host, "CHUNK_CAT_HOST_TINY_OPS", 0.0)
 
     def both() -> tuple[float, float]:
         exact = ddlsim.predict(ddlsim.load_config(data), check_fit=False).iteration_time_s

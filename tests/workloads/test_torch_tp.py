@@ -71,7 +71,7 @@ def _titan(how: str, cp: int = 1) -> dict:
     """Llama 2 13B on one DGX-H100 under torchtitan 2025 (FSDP2 x TP 4 + SP, compiled), 8
     sequences a micro-batch: device-bound. At 1 a micro-batch (2,048 tokens a rank under CP 2)
     a block's device time (about 3.9 ms forward and backward) is below the host time of
-    FSDP2's sharded hooks (``fsdp2_passes.HOOK_TINY_OPS``: 324 + 445 tiny ops of 5.8 µs,
+    FSDP2's sharded hooks (``fsdp2_host.HOOK_TINY_OPS``: 324 + 445 tiny ops of 5.8 µs,
     4.5 ms): async TP saves 3.1 of 405 ms there, and how far the engines agree rests on when
     the host lets the FSDP gathers meet the TP and CP collectives on NVLink (the DES shares
     the links, the analytical engine times each family alone: the DES 2.7-4.3 % slower at 0.2

@@ -6,7 +6,7 @@ host_launch_s`` (:mod:`ddlsim.simulator.kernels.host`), inside its op (``max(Σt
 n·h)``): each op on its own, so the host's lead cannot carry from op to op, and a block's
 Python (``nn.Module.__call__``, the views, casts and rotary embedding of the attention, the
 autograd engine's nodes and ``AccumulateGrad``) is not there at all. Under FSDP2 the hooks
-already run on the ``host`` stream (:func:`.fsdp2_passes.hook_seconds`); here the block's own
+already run on the ``host`` stream (:func:`.fsdp2_host.hook_seconds`); here the block's own
 ops join them, so the host's work of a block is one chain the device follows, and a step is
 host-bound where the chain outlasts the kernels (the H200's Llama 3.1 8B blocks at sequence
 2048: its untraced backward 53.7 ms against 43.4 ms of kernels), device-bound where not (the

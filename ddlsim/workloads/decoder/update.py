@@ -112,11 +112,11 @@ class UpdateOps(StageBase):
     def _step_ops(self, ops: list[Op], stage: int, params: float) -> None:
         """Append the optimizer step over ``params`` parameters; under FSDP2 (ZeRO-3,
         ``torch_fsdp2``) DTensor's host time of a single-tensor step before it, on the
-        ``host`` stream (:func:`.fsdp2_passes.step_host_seconds`: the stage's parameter
+        ``host`` stream (:func:`.fsdp2_host.step_host_seconds`: the stage's parameter
         tensors, its layers' and edges')."""
         seconds = 0.0
         if self.plan.zero_stage == 3 and self.sw.zero3_implementation == "torch_fsdp2":
-            from .fsdp2_passes import edge_tensors, layer_tensors, step_host_seconds
+            from .fsdp2_host import edge_tensors, layer_tensors, step_host_seconds
             sh = self.shape
             layer = layer_tensors(sh, bool(self.sw.separate_projections))
             tensors = sum(self.split[stage]) * layer

@@ -1,6 +1,6 @@
 """One ZeRO-3 / FSDP pass (forward or backward) over its units, as ops: the prefetch limit,
 the gathers and reduce-scatters sharing the ``dp`` stream in issue order, the host's issue
-under per-tensor gathers, FSDP2's hooks on the host (:func:`.fsdp2_passes.hook_seconds`;
+under per-tensor gathers, FSDP2's hooks on the host (:func:`.fsdp2_host.hook_seconds`;
 on a GPU the host runs ahead of the device, an eager block's own ops on it too,
 :mod:`.eager_host`) and the gradients' memory passes (the rules in :mod:`.zero3`'s
 docstring; FSDP1's on its post-backward stream, :mod:`.fsdp1_passes`; :mod:`.zero3` cuts
@@ -91,11 +91,11 @@ class _Pass:
         self.posted = False
         #: elements a unit may hold gathered before its pre-hook refuses a prefetch (0: none)
         self.cap = b.sw.zero3_max_live_parameters if b.sw.zero3_gather != "per_layer" else 0
-        #: FSDP2's hooks run Python on the host per unit (:func:`.fsdp2_passes.hook_seconds`)
+        #: FSDP2's hooks run Python on the host per unit (:func:`.fsdp2_host.hook_seconds`)
         self.hooked = (b.sw.zero3_implementation == "torch_fsdp2"
                        and b.sw.zero3_gather == "per_layer"
                        and b.sw.host_dispatch != "cuda_graphs")
-        from .fsdp2_passes import host_is_device
+        from .fsdp2_host import host_is_device
         #: the host runs ahead of the device (a GPU's): a post-hook follows the host's issue
         #: of its unit (the unit's pre-hook), not the unit's end on the device; on a CPU
         #: device the two are one processor and the post-hook waits for the unit
@@ -110,10 +110,10 @@ class _Pass:
     def hook(self, u: _Unit, post: bool) -> float:
         """Host seconds of FSDP2's pre-hook (``post`` false: ``pre_forward``,
         ``pre_backward``) or post-hook (``post_forward``, ``post_backward``) on unit ``u`` in
-        this pass (:func:`.fsdp2_passes.hook_seconds`); 0 under another ZeRO-3."""
+        this pass (:func:`.fsdp2_host.hook_seconds`); 0 under another ZeRO-3."""
         if not self.hooked:
             return 0.0
-        from .fsdp2_passes import edge_tensors, hook_seconds, layer_tensors
+        from .fsdp2_host import edge_tensors, hook_seconds, layer_tensors
         b = self.b
         tensors = (edge_tensors(b.shape, u.label) if u.label
                    else layer_tensors(b.shape, bool(b.sw.separate_projections)))
@@ -276,11 +276,12 @@ class _Pass:
     def _reduce_ahead(self, j: int) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
         """:meth:`reduce` where the host runs ahead (FSDP2 on a GPU): the post-hook once the
         host has issued the unit (after its pre-hook), with ``_chunk_cat``'s host work
-        (:func:`.fsdp2_passes.chunk_cat_host_seconds`) in it, since ``post_backward``
+        (:func:`.fsdp2_host.chunk_cat_host_seconds`) in it, since ``post_backward``
         launches the ``chunk_cat`` and issues the reduce-scatters; the ``chunk_cat`` after
         the unit on the compute stream and after the post-hook; the next gathers after the
         post-hook on the host and after the unit on the device."""
-        from .fsdp2_passes import chunk_cat_host_seconds, chunk_cat_op
+        from .fsdp2_host import chunk_cat_host_seconds
+        from .fsdp2_passes import chunk_cat_op
         ops, unit, b = self.ops, self.units[j], self.b
         end = len(ops) - 1                      # the unit's last op on the device
         cat = unit.chunk_cat * b.gdt / (b.dt + b.gdt)    # its output: the reduce dtype's
