@@ -25,7 +25,7 @@ _SPECIAL = {
 @cache
 def _table() -> dict[str, str]:
     from .deepspeed import TOP
-    from .megatron import CHOICES, SWITCHES, VALUE_FLAGS
+    from .megatron_flags import CHOICES, SWITCHES, VALUE_FLAGS
     from .torchtitan import NO_EFFECT_SECTIONS
 
     out: dict[str, str] = {}

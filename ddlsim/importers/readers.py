@@ -11,7 +11,7 @@ __all__ = ["megatron", "modelzoo", "deepspeed", "torchtitan", "hf"]
 
 
 def _megatron_known() -> list[str]:
-    from .megatron import megatron_flag_names
+    from .megatron_flags import megatron_flag_names
     return megatron_flag_names()
 
 
