@@ -42,7 +42,7 @@ With ``--evict MIB`` every unit, bare and sharded alike, zeroes a buffer of that
 its forward and again in its backward (one kernel each way), so that each unit's hooks run
 after a kernel that has evicted the caches, as the torch loop's real blocks do between two
 units (its GEMMs and the Adam step stream past the 32 MiB L3); ``--evict llc`` zeroes the
-torch job's own flush (``ddlsim/reference/torch_job.flush_buffer``: twice the last-level
+torch job's own flush (``ddlsim/reference/torch_samples.flush_buffer``: twice the last-level
 cache, the flush before every GEMM sample and FSDP2 copy sample of the loop's calibration).
 Each zeroing's own CPU time is timed where it runs and taken off its pass, so that a pass's
 difference is the hooks' alone, in the cache state the zeroing leaves (before 2026-11-30
@@ -284,11 +284,11 @@ def trace_hooks(path: str) -> dict[str, dict[str, float]]:
 
 def _evict_mib(ap, text: str) -> float:
     """``--evict``'s MiB: a number >= 0, or ``llc`` for the torch job's flush
-    (``torch_job.flush_bytes`` of this machine's last-level cache)."""
+    (``torch_samples.flush_bytes`` of this machine's last-level cache)."""
     if text == "llc":
         tb.loop_model(False)                # puts the repository on the path
         from ddlsim.reference.mpijobs import last_level_cache_bytes
-        from ddlsim.reference.torch_job import flush_bytes
+        from ddlsim.reference.torch_samples import flush_bytes
         return flush_bytes(last_level_cache_bytes()) / 2 ** 20
     try:
         mib = float(text)

@@ -4,7 +4,7 @@ prediction leaves out (issue 29 cause 1, issue 30's torch loop).
     PYTHONPATH=... python benchmarks/torch_host_costs.py [--reference] [--reps 30]
 
 The torch loop gives ddlsim one per-kernel host time (``system.device.launch.stream_gap_s``,
-:func:`ddlsim.reference.torch_job.op_overhead_s`: a loop of 1-element ``torch.add``, no
+:func:`ddlsim.reference.torch_samples.op_overhead_s`: a loop of 1-element ``torch.add``, no
 autograd) and ddlsim charges it per kernel of its trace (:mod:`ddlsim.simulator.kernels.host`).
 Torch's iteration runs more ATen ops than ddlsim counts kernels (views, transposes, autograd's
 sums), and an op recorded by autograd costs its host more than a bare one. Measured here, on

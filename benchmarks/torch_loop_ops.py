@@ -71,7 +71,7 @@ def measure(shape, iters: int, warmup: int = 2):
     untimed iterations (every second one), in CPU seconds."""
     import torch
 
-    from ddlsim.reference.torch_job import flush_buffer
+    from ddlsim.reference.torch_samples import flush_buffer
     from ddlsim.reference.torch_train import _batch, build_stage
     model = build_stage(shape, 0, 1)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)

@@ -161,11 +161,11 @@ def test_last_level_cache_is_the_highest_data_level(tmp_path):
 @needs_torch
 def test_gemm_samples_flush_the_last_level_cache():
     """The GEMM samples write twice the last-level cache before each call, so that their
-    operands come from memory as in the iteration (torch_job.flush_bytes: an 8 MiB flush
+    operands come from memory as in the iteration (torch_samples.flush_bytes: an 8 MiB flush
     left them in this machine's 32 MiB L3, 5.7 % faster than inside the iteration); at
     least 8 MiB, and Triton's 256 MiB where the cache is unknown."""
     from ddlsim.reference.mpijobs import last_level_cache_bytes
-    from ddlsim.reference.torch_job import flush_bytes
+    from ddlsim.reference.torch_samples import flush_bytes
     assert flush_bytes(32 * 2 ** 20) == 64 * 2 ** 20
     assert flush_bytes(2 ** 20) == 8 * 2 ** 20
     assert flush_bytes(None) == 256 * 2 ** 20

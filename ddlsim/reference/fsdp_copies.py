@@ -33,7 +33,7 @@ def fsdp_kernels(unit, world: int, rank: int) -> dict:
     * ``chunk_cat``: ``chunk_cat`` of the unsharded gradients into the reduce-scatter input
       (``foreach_reduce_scatter_copy_in``).
 
-    Each is timed after a flush of the last-level cache (:func:`.torch_job._rates`): inside the
+    Each is timed after a flush of the last-level cache (:func:`.torch_samples._rates`): inside the
     iteration ``_chunk_cat`` on a block's gradients took 0.62 ms, 0.76 ms alone after a
     64 MiB flush and 0.24-0.37 ms alone hot (docs/validation.md, the torch loop, 2026-11-30
     06:15 UTC): the operands come from memory more than from cache.

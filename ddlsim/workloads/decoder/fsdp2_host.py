@@ -94,7 +94,7 @@ HOOK_TINY_OPS = {
 #: tiny ops as :data:`HOOK_TINY_OPS`, ``(sharded, backward) → (a, b)``: the hooks as they run
 #: between a unit's kernels there, out of caches the kernels have swept.
 #: ``benchmarks/fsdp2_host_costs.py --evict llc --iters 20`` (each tiny unit, bare and sharded
-#: alike, zeroes the torch job's flush, ``torch_job.flush_buffer``: twice the 32 MiB L3, before
+#: alike, zeroes the torch job's flush, ``torch_samples.flush_buffer``: twice the 32 MiB L3, before
 #: its ops forward and after them backward, the zeroing's own time taken off) on this
 #: repository's 2-core CPU (torch 2.13 CPU, one thread, the tiny op 1.15-1.18 µs), 2026-11-30
 #: 07:53-07:56 UTC, load 1.8-2.6, the medians of four runs alternating with hot ones. Sharded
