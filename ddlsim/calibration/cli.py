@@ -283,7 +283,8 @@ def fit(results: list[Path] = typer.Argument(..., help="results files"),
 @_friendly
 def first_touch(profile: Path = typer.Argument(..., help="profile YAML to add it to"),
                 nbytes: str = typer.Option("4MiB", "--bytes", help="bytes per copy"),
-                repeats: int = typer.Option(100, help="fresh mappings copied into (median)"),
+                repeats: int = typer.Option(100, help="fresh mappings copied into, all held "
+                                            "until the last (mean)"),
                 force: bool = typer.Option(False, help="replace the profile's measurement")
                 ) -> None:
     from .firsttouch import add_first_touch, measure_first_touch, summary

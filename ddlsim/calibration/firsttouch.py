@@ -3,13 +3,19 @@
 calibration profile (``first_touch``), whence :func:`ddlsim.predict` charges it to buffers a
 program allocates fresh every iteration (:mod:`ddlsim.workloads.freshbuffers`).
 
-The method (benchmarks/proxies_firsttouch.py's): each repetition copies ``nbytes`` into a
-new private anonymous mapping (what glibc's ``calloc`` returns for a request above its
-``mmap`` threshold, 128 KiB by default, mallopt(3): the proxies' buffers) and then into the
-same memory again, both timed with the process's CPU clock (``time.process_time``: the faults
-are kernel time charged to this process, so other jobs on the machine change it less than
-the wall clock). The mapping is then unmapped, so every repetition starts from fresh pages.
-The cost per page is the median fresh copy less the median warm one, over the pages.
+The method (benchmarks/proxies_firsttouch.py's, in the proxies' pattern): each repetition
+copies ``nbytes`` into a new private anonymous mapping (what glibc's ``calloc`` returns for a
+request above its ``mmap`` threshold, 128 KiB by default, mallopt(3): the proxies' buffers)
+and then into the same memory again, both timed with the process's CPU clock
+(``time.process_time``: the faults are kernel time charged to this process, so other jobs on
+the machine change it less than the wall clock). Every mapping is held until the last copy,
+as the comm_only proxies never free theirs (``comm_only/bert_large.cpp:63-64``), so each
+repetition faults in pages the process never had rather than the pages the previous
+repetition just gave back (on this VM those came back up to 0.6 µs a page cheaper, and the
+proxy's own receives paid the held rate: docs/validation.md, "What the fresh buffers cost at
+2 ranks"). The cost per page is the mean fresh copy less the mean warm one, over the pages:
+the proxies print a mean over their iterations, and a median would drop the slow faults the
+mean pays.
 """
 
 from __future__ import annotations
@@ -22,15 +28,20 @@ from pathlib import Path
 from .profiledoc import FirstTouchEntry
 from .schema import CalibrationError
 
-__all__ = ["PAGE_BYTES", "MIN_BYTES", "copy_twice", "measure_first_touch", "add_first_touch", "summary"]
+__all__ = ["PAGE_BYTES", "MIN_BYTES", "MAX_HELD_BYTES", "copy_twice", "measure_first_touch",
+           "add_first_touch", "summary"]
 
 #: this machine's page size (mmap.PAGESIZE: sysconf(_SC_PAGESIZE))
 PAGE_BYTES = mmap.PAGESIZE
 #: smallest copy measured: twice glibc's default mmap threshold (128 KiB, mallopt(3)), the
 #: sizes a ``calloc`` serves from fresh pages
 MIN_BYTES = 256 * 1024
-#: largest copy measured (the source and one mapping are held at a time)
+#: largest copy measured
 MAX_BYTES = 1024**3
+#: most memory the fresh mappings may hold at once (bytes × repeats): twice what one rank of
+#: comm_only/bert_large.cpp leaks a launch (266 iterations × 4,198,400 B of receive buffer,
+#: lines 18-22 and 63-64), and under a tenth of a 24 GiB host (this VM)
+MAX_HELD_BYTES = 2 * 1024**3
 
 
 def copy_twice(dst, src) -> tuple[float, float]:
@@ -47,20 +58,23 @@ def copy_twice(dst, src) -> tuple[float, float]:
 
 
 def _copies(nbytes: int, repeats: int) -> tuple[list[float], list[float]]:
-    """CPU seconds of each copy into fresh memory and into the same memory again."""
+    """CPU seconds of each copy into fresh memory and into the same memory again; every
+    mapping is held until the last copy (the proxies never free their buffers)."""
     import numpy as np
 
     src = np.ones(nbytes, dtype=np.uint8)
-    fresh, warm = [], []
-    for _ in range(repeats):
-        # private anonymous pages, as glibc's calloc maps them above its mmap threshold
-        buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        dst = np.frombuffer(buf, dtype=np.uint8)
-        first, again = copy_twice(dst, src)
-        fresh.append(first)
-        warm.append(again)
-        del dst
-        buf.close()  # munmap: the next mapping is fresh pages again
+    fresh, warm, held = [], [], []
+    try:
+        for _ in range(repeats):
+            # private anonymous pages, as glibc's calloc maps them above its mmap threshold
+            buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            held.append(buf)
+            first, again = copy_twice(np.frombuffer(buf, dtype=np.uint8), src)
+            fresh.append(first)
+            warm.append(again)
+    finally:
+        for buf in held:
+            buf.close()
     return fresh, warm
 
 
@@ -77,8 +91,8 @@ def measure_first_touch(nbytes: int = 4 * 1024**2, repeats: int = 100) -> FirstT
     Returns
     -------
     FirstTouchEntry
-        ``s_per_page`` = (median fresh − median warm) / pages, in seconds, with the medians
-        and where and when it was measured.
+        ``s_per_page`` = (mean fresh − mean warm) / pages, in seconds, with the means and
+        where and when it was measured.
 
     Raises
     ------
@@ -91,22 +105,26 @@ def measure_first_touch(nbytes: int = 4 * 1024**2, repeats: int = 100) -> FirstT
                                "(above glibc's mmap threshold, as the buffers it charges)")
     if not isinstance(repeats, int) or repeats < 3:
         raise CalibrationError(f"first-touch repeats = {repeats!r}: at least 3")
+    if nbytes * repeats > MAX_HELD_BYTES:
+        raise CalibrationError(f"first-touch bytes × repeats = {nbytes} × {repeats} = "
+                               f"{nbytes * repeats} B held at once: at most {MAX_HELD_BYTES} B "
+                               "(fewer --repeats or smaller --bytes)")
     fresh, warm = _copies(nbytes, repeats)
-    f, w = statistics.median(fresh), statistics.median(warm)
+    f, w = statistics.mean(fresh), statistics.mean(warm)
     pages = -(-nbytes // PAGE_BYTES)
     if f <= w:
         raise CalibrationError(f"first touch not measured: copies into fresh memory took "
                                f"{f * 1e3:.3f} ms, into the same memory again {w * 1e3:.3f} ms "
-                               f"(median of {repeats}); measure again on a quieter machine or "
+                               f"(mean of {repeats}); measure again on a quieter machine or "
                                "with more --repeats")
     from .outputs import machine_info, utc_now
     when, host = utc_now(), machine_info()["hostname"]
     return FirstTouchEntry(
         s_per_page=(f - w) / pages, page_bytes=PAGE_BYTES, bytes=nbytes, repeats=repeats,
-        fresh_s=f, warm_s=w, clock="process_time", measured_utc=when,
+        fresh_s=f, warm_s=w, clock="process_time", statistic="mean", measured_utc=when,
         source=f"ddlsim calibrate first-touch on {host} at {when}: {nbytes} B copied into "
-               f"fresh mappings and into the same memory again, medians of {repeats}, CPU "
-               "clock")
+               f"fresh mappings, all held, and into the same memory again, means of "
+               f"{repeats}, CPU clock")
 
 
 def add_first_touch(profile: str | Path, entry: FirstTouchEntry, force: bool = False) -> Path:
@@ -138,5 +156,5 @@ def summary(entry: FirstTouchEntry) -> str:
     """One line: the cost per page and the copies it came from."""
     return (f"first touch {entry.s_per_page * 1e6:.3f} us per {entry.page_bytes} B page (copy "
             f"of {entry.bytes} B into fresh memory {entry.fresh_s * 1e3:.3f} ms, into the same "
-            f"memory again {entry.warm_s * 1e3:.3f} ms, CPU time, median of {entry.repeats}; "
-            f"{entry.measured_utc})")
+            f"memory again {entry.warm_s * 1e3:.3f} ms, CPU time, {entry.statistic} of "
+            f"{entry.repeats}; {entry.measured_utc})")

@@ -137,9 +137,11 @@ class ComputeEntry(_Model):
 
 
 class FirstTouchEntry(_Model):
-    """The host's first-touch cost as measured (:mod:`.firsttouch`): the median CPU time of
-    copying ``bytes`` into fresh memory (``fresh_s``) and into the same memory again
-    (``warm_s``), over ``repeats`` fresh buffers; their difference per page."""
+    """The host's first-touch cost as measured (:mod:`.firsttouch`): the CPU time of copying
+    ``bytes`` into fresh memory (``fresh_s``) and into the same memory again (``warm_s``),
+    over ``repeats`` fresh buffers, their ``statistic`` (``mean`` since the buffers are held
+    as the proxies hold theirs; ``median`` in profiles written before); their difference per
+    page."""
 
     s_per_page: float = Field(gt=0)
     page_bytes: int = Field(ge=512)
@@ -148,6 +150,7 @@ class FirstTouchEntry(_Model):
     fresh_s: float = Field(gt=0)
     warm_s: float = Field(ge=0)
     clock: str
+    statistic: Literal["median", "mean"] = "median"
     measured_utc: str
     source: str
 
