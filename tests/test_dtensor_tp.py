@@ -1,6 +1,6 @@
 """torchtitan's tensor parallelism as torch runs it: DTensor's layout copies around each
 sequence-parallel collective (ddlsim/simulator/kernels/dtensor.py) and torchao's float8
-all-gathers under the tensorwise recipe (fp8recipe._torchao_gathered_passes); bytes by hand
+all-gathers under the tensorwise recipe (fp8_gathered.torchao_gathered_passes); bytes by hand
 from the sources those modules cite."""
 
 from __future__ import annotations

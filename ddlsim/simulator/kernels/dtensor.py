@@ -38,7 +38,7 @@ no GEMM fuses (:mod:`ddlsim.workloads.decoder.torch_tp`), keeps its copy, and so
 all-gather whose result is not the GEMMs' operand itself (:func:`all_gather_fused`: torchao's
 rowwise recipe, gathered in bf16 and cast after).
 
-Where torchao gathers a float8 tensor (:func:`~.fp8recipe._torchao_gathered_passes`: the
+Where torchao gathers a float8 tensor (:func:`~.fp8_gathered.torchao_gathered_passes`: the
 tensorwise recipe), ``Float8Tensor``'s own ``aten.split`` and ``aten.cat`` copy its FP8 data:
 one byte per element.
 """

@@ -85,6 +85,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from ...workloads.trace import Kernel
+from .fp8_gathered import te_gathered_passes, torchao_gathered_passes
 from .fp8_weights import (TE_QUANTIZED_TENSORS, TE_TENSOR_CREATE_S, fp8_quantize_host_s,
                           fp8_weight_share)
 
@@ -174,8 +175,8 @@ class Fp8Recipe(NamedTuple):
     #: ``gathered``)
     sp_gather: bool = False
     #: ``gathered_passes(passes, tensor, n, shards, backward)``: the recipe's own cast passes
-    #: of a tensor gathered in FP8 (:func:`_torchao_gathered_passes`); None: Transformer
-    #: Engine's (:func:`_sharded_passes`)
+    #: of a tensor gathered in FP8 (:func:`.fp8_gathered.torchao_gathered_passes`); None:
+    #: Transformer Engine's (:func:`.fp8_gathered.te_gathered_passes`)
     gathered_passes: Callable[..., tuple] | None = None
     #: the scale of a tensor gathered in FP8 comes from the whole tensor's amax, all-reduced
     #: over the TP group before the gather (:func:`.fp8_current.amax_allreduce`)
@@ -220,60 +221,8 @@ def _te_delayed(M, N, K, backward, compiled):
     return (("gT", 4 * M * N),) if backward else (("xT", 4 * M * K), ("w", 3 * K * N))
 
 
-def _torchao_gathered_passes(passes: tuple, tensor: str, n: float, shards: int,
-                             backward: bool) -> tuple:
-    """``passes`` of torchao's tensorwise recipe with ``tensor`` (``n`` elements) gathered in
-    FP8 from ``shards`` sequence shards, as torchtitan's float8 tensor parallelism runs it
-    (docs/compute.md, "Sequence-parallel layout copies and float8 all-gathers").
-
-    torchtitan 9dec370 ``parallelize_llama.py`` lines 147-192 (every float8 run) and 07c00d9
-    ``models/llama3/infra/parallelize.py`` lines 60-69, 163-214 (``enable_float8_tensorwise_tp``:
-    tensorwise only, "For rowwise recipes, we use regular TP and all-gather happens in high
-    precision") swap ``PrepareModuleInput``/``ColwiseParallel``/``RowwiseParallel`` for
-    torchao's ``PrepareFloat8ModuleInput``/``Float8ColwiseParallel``/``Float8RowwiseParallel``
-    (``torchao/float8/float8_tensor_parallel.py``; eab345c and 6243040 alike):
-
-    * the input ``x`` of ``attention`` and ``feed_forward`` is cast once, on the rank's
-      sequence shard, before the ``Shard(1) → Replicate`` redistribute (6243040 lines 218-240,
-      ``hp_tensor_to_float8_dynamic`` then ``redistribute``: "the float8 cast happens before
-      the all-gather ... we perform fp8 allgather only once"): its amax read (2 bytes per
-      element, fused with the norm before it when compiled, as without TP) and its cast
-      (read 2, write 1) cover ``1/shards`` of it; ``wq``/``wk``/``wv`` (``w1``/``w3``) take the
-      gathered ``Float8Tensor`` as it is (``tensor_already_casted_to_fp8``), so no module casts
-      it again, eager or compiled. The weight-gradient GEMM then needs it column-major:
-      ``preprocess_addmm`` copies it (``b_data.t().contiguous().t()``, 6243040
-      ``float8_ops.py`` line 332: read 1, write 1 byte per element of the whole gathered
-      tensor), in each module's backward;
-    * the output gradient ``g`` of ``wo``/``w2`` is cast to float8 on its shard by
-      ``NoopFwToFloat8BwDynamic`` (``Float8RowwiseParallel._prepare_output_fn``, lines
-      138-153, after the ``Partial → Shard(1)`` redistribute, so before that redistribute's
-      backward all-gather): amax and cast over ``1/shards``; the grad-weight GEMM's
-      ``grad_output.t()`` is not row-major and is copied (``a_data.contiguous()``, line 330:
-      read 1, write 1 over the whole tensor).
-
-    The scale is the whole tensor's: ``tensor_to_amax`` takes ``torch.max(torch.abs(x))`` of
-    the ``Shard(1)`` DTensor (``float8_utils.py`` line 65), a ``Partial(max)`` placement that
-    DTensor all-reduces over the TP group before the scale is used (one 4-byte all-reduce,
-    ``Fp8Recipe.sp_amax_allreduce``). The gathered ``Float8Tensor``'s layout copy is taken
-    in FP8 (``float8_ops.py`` implements ``aten.split`` and ``aten.cat``, lines 233 and 252):
-    :mod:`.dtensor`. The backward's reduce-scatters stay 16-bit (no cast before them)."""
-    out = []
-    for role, b in passes:
-        if role == tensor:                    # its amax read, over the rank's shard
-            out.append((role, b / shards))
-        elif role == f"{tensor}T":            # its cast of the shard, one layout
-            out.append((tensor, 3 * n / shards))
-            if backward:                      # the gathered tensor copied column-major
-                out.append((role, 2 * n))
-        else:
-            out.append((role, b))
-    if backward and tensor == "x":            # the saved gathered input, copied column-major
-        out.append(("xT", 2 * n))
-    return tuple(out)
-
-
 @fp8_recipe("tensorwise", ("cublas_fast", "cublas_split", "cublas_split"), torchao=True,
-            sp_gather=True, gathered_passes=_torchao_gathered_passes, sp_amax_allreduce=True)
+            sp_gather=True, gathered_passes=torchao_gathered_passes, sp_amax_allreduce=True)
 def _tensorwise(M, N, K, backward, compiled):
     amax = 0 if compiled else 2
     if backward:
@@ -325,8 +274,8 @@ def fp8_cast_kernels(recipe: str, M: float, N: float, K: float, backward: bool,
     ``fp8_transpose``): the cast (and its amax read) covers ``1/shards`` of the tensor
     (read 2 + write 1 bytes per element), the transpose the whole of it (read 1 + write 1),
     in the backward. torchao's tensorwise recipe under torchtitan's float8 TP: its own
-    passes (``Fp8Recipe.gathered_passes``: :func:`_torchao_gathered_passes`). Other recipes
-    (rowwise: gathered in bf16): no effect.
+    passes (``Fp8Recipe.gathered_passes``: :func:`.fp8_gathered.torchao_gathered_passes`).
+    Other recipes (rowwise: gathered in bf16): no effect.
 
     ``microbatches``: the forwards of one optimizer step that share the weight's FP8 copy;
     a recipe that keeps it (``Fp8Recipe.weight_cached``) has each forward's weight passes
@@ -349,7 +298,7 @@ def fp8_cast_kernels(recipe: str, M: float, N: float, K: float, backward: bool,
     if norm_amax:
         passes = tuple(p for p in passes if p[0] != "x.amax")
     if gathered and shards > 1 and spec.sp_gather:
-        regather = spec.gathered_passes or _sharded_passes
+        regather = spec.gathered_passes or te_gathered_passes
         passes = regather(passes, gathered, M * (K if gathered == "x" else N), shards,
                           backward)
     if weight_fp8 and spec.weight_cached:   # TE's FP8 parameters: the gathered weight's
@@ -364,27 +313,6 @@ def fp8_cast_kernels(recipe: str, M: float, N: float, K: float, backward: bool,
     return tuple(Kernel("memory", bytes=b, dtype="bf16", variant=_pass_kernel(spec, role,
                                                                                 compiled))
                  for role, b in passes if b and (input_cast or role[0] != "x"))
-
-
-def _sharded_passes(passes: tuple, tensor: str, n: float, shards: int,
-                    backward: bool) -> tuple:
-    """``passes`` with the casts of ``tensor`` (``n`` elements, gathered from ``shards``
-    sequence shards in FP8) as Transformer Engine runs them (:func:`fp8_cast_kernels`): its
-    amax read and its cast, row-wise (3 bytes per element), over the rank's shard; in the
-    backward the gathered tensor's transpose (2 bytes per element) before the GEMMs."""
-    out = []
-    for role, b in passes:
-        if role == f"{tensor}.amax":
-            b = b / shards
-        elif role.rstrip("T") == tensor:
-            role, b = tensor, 3 * n / shards
-        out.append((role, b))
-    if not backward:
-        return tuple(out)
-    if tensor == "x":   # the input gathered again for the weight gradient: its FP8 shard
-        return tuple(out) + ((f"{tensor}T", 2 * n),)
-    at = next(i for i, (r, _) in enumerate(out) if r == tensor) + 1
-    return tuple(out[:at]) + ((f"{tensor}T", 2 * n),) + tuple(out[at:])
 
 
 def _pass_kernel(spec: Fp8Recipe, role: str, compiled: bool) -> str:

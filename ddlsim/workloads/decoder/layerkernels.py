@@ -125,7 +125,7 @@ def _linear(shape3: tuple, dtype: str, backward: bool, recipe: str = "te_delayed
     cast is spread (:func:`~ddlsim.simulator.kernels.fp8recipe.fp8_weight_share`)."""
     if isinstance(shape3[0], tuple):   # several GEMMs in a row (MLA's, per-module projections)
         # the input gathered in FP8 is cast once, before its gather (torchao's
-        # PrepareFloat8ModuleInput: fp8recipe._torchao_gathered_passes), eager or compiled
+        # PrepareFloat8ModuleInput: fp8_gathered.torchao_gathered_passes), eager or compiled
         once = shared_input and (compiled or (gathered == "x" and not backward))
         return sum((_linear(x, dtype, backward, recipe, compiled, input_cast=not (once and i),
                             weight_fp8=weight_fp8, norm_amax=norm_amax, gathered=gathered,
