@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ..trace import Compute, Op
 from .moe_router import router_ops
-from .partition.base import OpList
+from .partition.oplist import OpList
 
 __all__ = ["moe_layer_nodes"]
 

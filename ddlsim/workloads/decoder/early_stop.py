@@ -190,7 +190,7 @@ def structured_fc2(part: Any, ops: Any, name: str, M: float, N: float, K: float,
     row_parallel : bool
         As :meth:`~.partition.base.LayerPartitioner.gemm_forward`.
     """
-    from .partition.base import OpList
+    from .partition.oplist import OpList
     scratch = OpList()
     part.gemm_forward(scratch, name, M, N, K, row_parallel)
     if any(o.deps or o.repeat != 1 for o in scratch.ops):

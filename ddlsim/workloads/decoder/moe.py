@@ -46,7 +46,7 @@ from .moe_host import add_waits, dispatcher_host
 from .moe_host_chain import HostChain, add_backward_expert_host
 from .moe_router import router_gemm, router_ops
 from .partition import context
-from .partition.base import OpList
+from .partition.oplist import OpList
 from .stage import StageBase
 from .wgrad import into_main_grad, main_grad_bytes
 

@@ -21,7 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 from ....registered import TENSOR_PARALLEL_SCHEMES, tensor_parallel_modes
-from .base import LayerPartitioner, OpList
+from .base import LayerPartitioner
+from .oplist import OpList
 
 __all__ = ["LayerPartitioner", "OpList", "partitioners", "register_partitioner",
            "make_partitioner"]

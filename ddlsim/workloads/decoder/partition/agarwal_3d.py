@@ -42,8 +42,9 @@ from typing import Any
 
 from ...trace import Collective, Wait
 from . import register_partitioner
-from .base import LayerPartitioner, OpList
+from .base import LayerPartitioner
 from .grid import grid_families
+from .oplist import OpList
 
 __all__ = ["Agarwal3D"]
 

@@ -21,39 +21,18 @@ from ....simulator.kernels.attention import attention_kernels
 from ....simulator.kernels.dtensor import regathers_input
 from ....simulator.kernels.elementwise import layer_elementwise_kernels
 from ....simulator.kernels.elementwise_backward import layer_elementwise_backward_kernels
-from ....simulator.kernels.step_passes import stack_cross_entropy
-from ..layerkernels import loss_op
 from ..layerkinds import attention_projections
-from ...trace import Compute, Kernel, Loop, Op, Payload, Wait
+from ...trace import Compute, Kernel, Loop, Op, Wait
 from . import context
+from .embedding_head import EmbeddingHeadOps
+from .oplist import OpList
 
-__all__ = ["LayerPartitioner", "OpList"]
-
-
-class OpList:
-    """A block body under construction: :meth:`add` returns the new op's index (for deps)."""
-
-    def __init__(self) -> None:
-        self.ops: list[Op] = []
-
-    def add(self, payload: Payload, stream: str = "compute", deps: tuple[int, ...] = ()) -> int:
-        self.ops.append(Op(payload, stream, tuple(sorted(set(deps)))))
-        return len(self.ops) - 1
-
-    def extend(self, ops: list[Op]) -> None:
-        """Append ``ops`` (a body of their own), shifting their deps."""
-        base = len(self.ops)
-        self.ops += [Op(o.payload, o.stream, tuple(d + base for d in o.deps), o.repeat)
-                     for o in ops]
-
-    def last_compute(self) -> int | None:
-        """Index of the latest op on the compute stream (the operands of what comes next)."""
-        return next((i for i in range(len(self.ops) - 1, -1, -1)
-                     if self.ops[i].stream == "compute"), None)
+__all__ = ["LayerPartitioner"]
 
 
-class LayerPartitioner:
-    """How one scheme splits a decoder layer over its grid (subclasses register a ``mode``).
+class LayerPartitioner(EmbeddingHeadOps):
+    """How one scheme splits a decoder layer over its grid (subclasses register a ``mode``);
+    the embedding's and the head's ops are :class:`.embedding_head.EmbeddingHeadOps`'.
 
     Parameters
     ----------
@@ -369,56 +348,3 @@ class LayerPartitioner:
     def kv_block_bytes(self) -> float:
         """K and V of one cp rank's sequence block on one grid rank: ``2·b·(s/cp)·gd / p``."""
         return 2 * self.tokens * self.shape.kv_width * self.dt / self.size
-
-    # ------------------------------------------------------------------ embedding and head
-    #: ways the embedding output is split (memory of the first stage)
-    @property
-    def embedding_split(self) -> int:
-        return self.size * self.cp
-
-    def embedding_comm(self, act_bytes: float) -> list:
-        """Collectives after the lookup (scheme-specific)."""
-        return []
-
-    def loss_comm(self) -> list:
-        """Collectives of the vocab-parallel cross-entropy (scheme-specific)."""
-        return []
-
-    def embedding_ops(self, act_bytes: float) -> list[Op]:
-        """The lookup: read + write the rank's block of the ``b·s·h`` output, then the
-        scheme's collectives (``act_bytes``: the whole micro-batch's ``b·s·h`` bytes)."""
-        ops = OpList()
-        ops.add(Compute("embedding", 0.0, 2 * act_bytes / self.embedding_split,
-                        kind="elementwise", dtype=self.dtype))
-        for c in self.embedding_comm(act_bytes):
-            ops.add(c)
-        return ops.ops
-
-    def head_forward_ops(self) -> list[Op]:
-        """Logits as one more GEMM (``N = V``), the fp32 loss over the rank's logits, and
-        the cross-entropy's reductions."""
-        ops, sh = OpList(), self.shape
-        self.gemm_forward(ops, "logits", self.tokens, sh.vocab, sh.hidden, False)
-        ops.add(loss_op(self.tokens, sh.vocab / self.size, self.dt, self.dtype,
-                        stack_cross_entropy(self.sw), False))
-        for c in self.loss_comm():
-            ops.add(c)
-        return ops.ops
-
-    def head_backward_ops(self, grad_accumulate_bytes: float) -> list[Op]:
-        """The cross-entropy's backward, the logits GEMM's backward and the embedding
-        gradient's accumulation."""
-        ops, sh = OpList(), self.shape
-        ops.add(loss_op(self.tokens, sh.vocab / self.size, self.dt, self.dtype,
-                        stack_cross_entropy(self.sw), True))
-        self.gemm_backward(ops, "bwd.logits", self.tokens, sh.vocab, sh.hidden, False)
-        for stream in self.grad_streams:
-            ops.add(Wait(f"bwd.logits.wait.{stream}", stream))
-        ops.add(Compute("bwd.grad_accumulate.embedding", 0.0, grad_accumulate_bytes,
-                        kind="elementwise", dtype=self.dtype))
-        return ops.ops
-
-    def boundary(self, act_bytes: float) -> tuple[float, float | None]:
-        """Pipeline send size per rank, and the all-gather after the receive (1-D's
-        scatter-gather) or None: the 2-D family sends its own block, ``b·s·h / (p·cp)``."""
-        return act_bytes / (self.size * self.cp), None

@@ -26,7 +26,8 @@ from ....simulator.kernels.step_passes import stack_cross_entropy
 from ...trace import Collective, Compute, Kernel, Op
 from ..wgrad import main_grad_bytes
 from . import register_partitioner
-from .base import LayerPartitioner, OpList
+from .base import LayerPartitioner
+from .oplist import OpList
 
 __all__ = ["Megatron1D"]
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from ...trace import Collective
 from . import register_partitioner
-from .base import OpList
+from .oplist import OpList
 from .summa_2d import Summa2D
 
 __all__ = ["Tesseract25D"]
