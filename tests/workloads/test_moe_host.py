@@ -83,7 +83,8 @@ def test_every_dispatcher_names_its_source():
 
 # ---------------------------------------------------------------- the trace
 def test_the_forward_waits_for_the_router_and_the_dispatch_and_the_device_for_the_issue():
-    w = ddlsim.build_workload(ddlsim.load_config(qwen3_30b(DEEPEP, layers=1)))
+    cfg = ddlsim.load_config(qwen3_30b(DEEPEP, layers=1))
+    w = ddlsim.build_workload(cfg)
     block = w.classes[0].program.blocks["F0"].flat.ops
     names = [o.payload.name for o in block]
     syncs = [i for i, n in enumerate(names) if n == "fwd.dispatch.sync"]
@@ -98,7 +99,8 @@ def test_the_forward_waits_for_the_router_and_the_dispatch_and_the_device_for_th
     assert dispatch in block[syncs[1]].deps and issues[1] in block[sort].deps
     assert [block[i].payload.seconds for i in syncs] == [SYNC_WAKE_S, 3 * SYNC_WAKE_S]
     assert [len(block[i].payload.kernels) for i in issues] == [4, 8]
-    host = DISPATCHER_HOST["deepep"]     # the rest of the work: less the steps to the combine
+    # the rest of the work: less the steps to the combine (with the unfused router's calls)
+    host = dispatcher_host(resolve_moe(cfg))
     assert len(block[work].payload.kernels) == host.work_ops - sum(s.ops for s in host.chain)
 
 
@@ -205,7 +207,7 @@ def test_the_combined_mlp_nodes_waits_drain_the_compute_stream_and_its_steps_gat
                          ("fwd.experts.fc2", "fwd.experts.fc2.host.te")):
         assert names.index(step) in mlp[names.index(device)].deps
     assert mlp[-1].stream == "compute"
-    host = DISPATCHER_HOST["deepep"]
+    host = dispatcher_host(resolve_moe(ddlsim.load_config(qwen3_30b(DEEPEP))))
     counted = sum(len(o.payload.kernels) for o in mlp if o.stream == "host"
                   and o.payload.name.endswith(".host"))
     te = sum(o.payload.seconds for o in mlp if o.payload.name.endswith(".host.te"))
@@ -269,7 +271,7 @@ def test_after_the_last_wait_each_expert_op_waits_for_the_hosts_step():
     # the short ops between them (sort, act, unsort) are launched by the next step's calls
     assert not [n for n in names if n.endswith((".sort.host", ".act.host", ".unsort.host"))]
     # the chain is a part of the layer's counted work, not more of it
-    host = DISPATCHER_HOST["deepep"]
+    host = dispatcher_host(resolve_moe(ddlsim.load_config(qwen3_30b(DEEPEP, layers=1))))
     counted = sum(len(o.payload.kernels) for o in block if o.stream == "host"
                   and o.payload.name.endswith(".host"))
     te = sum(o.payload.seconds for o in block if o.payload.name.endswith(".host.te"))

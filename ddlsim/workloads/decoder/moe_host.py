@@ -41,12 +41,14 @@ on the host.
 tensor method, an autograd ``Function.apply``, a Transformer Engine or DeepEP entry point, a
 ``torch.distributed`` call, a stream or event call; not what runs inside TE or DeepEP), with the
 fused router and fused permutation the validated runs use (``--moe-router-fusion``,
-``--moe-permute-fusion``; unfused, the torch fallbacks add ops not counted here), aux-loss
-balancing, no shared experts, expert TP 1 (:data:`DISPATCHER_HOST`). ``issue_ops`` are the
-operations from a wait's return to the next launch, while the device has nothing left to do;
-``work_ops`` the rest of the layer's forward MoE code, which the host runs ahead of the device
-between one layer's last wait and the next layer's first, with the layer's Transformer Engine
-linear modules at their published host time (:data:`TE_LINEAR_HOST_S`).
+``--moe-permute-fusion``; the unfused router's torch fallbacks add the calls
+:func:`.moe_router.router_host_calls` gives, measured by benchmarks/moe_host_ops.py; the
+unfused permutation's are not counted), aux-loss balancing, no shared experts, expert TP 1
+(:data:`DISPATCHER_HOST`). ``issue_ops`` are the operations from a wait's return to the next
+launch, while the device has nothing left to do; ``work_ops`` the rest of the layer's forward
+MoE code, which the host runs ahead of the device between one layer's last wait and the next
+layer's first, with the layer's Transformer Engine linear modules at their published host time
+(:data:`TE_LINEAR_HOST_S`).
 
 **In the trace** (non-overlapped layers, :meth:`.moe.MoEOps._moe_block`): on a ``host`` stream,
 per wait ``*.dispatch.sync`` (from the awaited device op's end and a free host, ``wakes`` ×
@@ -72,10 +74,11 @@ leave the host ops out.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..trace import Compute, Kernel, Op, Wait
+from .moe_router import router_host_calls
 
 __all__ = ["HostWait", "HostStep", "DispatcherHost", "DISPATCHER_HOST", "SYNC_WAKE_S",
            "TE_LINEAR_HOST_S", "TE_LINEARS_FORWARD", "dispatcher_host", "host_op", "layer_work",
@@ -201,8 +204,10 @@ DISPATCHER_HOST: dict[str, DispatcherHost] = {
 
 
 def dispatcher_host(plan: Any) -> DispatcherHost | None:
-    """The host side of a resolved MoE plan's forward (:data:`DISPATCHER_HOST`), or None when
-    its dispatcher does not wait (padding to capacity).
+    """The host side of a resolved MoE plan's forward (:data:`DISPATCHER_HOST`, its work with
+    the router's torch fallbacks' calls when the router is not fused:
+    :func:`.moe_router.router_host_calls`), or None when its dispatcher does not wait (padding
+    to capacity).
 
     Parameters
     ----------
@@ -215,7 +220,10 @@ def dispatcher_host(plan: Any) -> DispatcherHost | None:
     """
     key = plan.flex_backend if plan.dispatcher == "flex" else plan.dispatcher
     host = DISPATCHER_HOST.get(key)
-    return host if host is not None and host.waits_when(plan) else None
+    if host is None or not host.waits_when(plan):
+        return None
+    extra = router_host_calls(plan)
+    return replace(host, work_ops=host.work_ops + extra) if extra else host
 
 
 def host_op(name: str, operations: int, dtype: str) -> Compute:

@@ -92,7 +92,7 @@ from ...simulator.kernels.gemm import gemm_kernels_backward
 from ..trace import Collective, Compute, Kernel
 
 __all__ = ["RouterPass", "ROUTER_KERNELS", "router_kernels", "router_ops", "router_gemm",
-           "ROUTER_GEMM_DTYPE"]
+           "ROUTER_GEMM_DTYPE", "UNFUSED_HOST_CALLS", "router_host_calls"]
 
 #: ``--moe-router-dtype`` → the dtype its GEMMs run at: fp32 on TF32 tensor cores (the
 #: module docstring: the NGC container's ``TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1``, Transformer
@@ -122,6 +122,44 @@ ROUTER_KERNELS: dict[tuple[str, bool], tuple[RouterPass, RouterPass]] = {
     ("bias_counts", True): (RouterPass(1, 1), RouterPass(0)),
     ("bias_counts", False): (RouterPass(1, 1), RouterPass(0)),
 }
+
+
+#: part → calls into torch that the router's torch fallbacks (``--moe-router-fusion`` off) make
+#: in one forward beyond the fused path's Transformer Engine entry points, measured by running
+#: Megatron-LM d7288711's ``MoELayer`` on CPU (benchmarks/moe_host_ops.py,
+#: benchmarks/data/moe_host_ops/d7288711_*.json, ``fwd`` → ``where`` → ``router``): top-k,
+#: ``moe_utils.py`` lines 723-821 (``dim``, ``topk``, ``type_as``, ``softmax``, two
+#: ``zeros_like``, two ``scatter``, ``int``, ``bool``: 10 where
+#: ``fused_topk_with_score_function`` is 1); the aux loss, lines 857-866 (the scores:
+#: ``softmax``, ``topk``, ``zeros_like``, ``int``, ``scatter``, ``bool``) and 142-143 (the loss:
+#: ``sum``, two ``mul``, ``sum``), 10 where the fused score and loss functions are 2
+#: (``aux_loss`` balancing; ``seq_aux_loss``'s fallback was not measured). At 1e057005, the
+#: ModelZoo step-time rows' commit (``1e057005_*.json``), top-k makes the same 10 calls but the
+#: aux loss 5 (its scores are one ``softmax``, ``router.py`` line 199, the map top-k's): like
+#: the rest of the stack, counted as d7288711 runs it.
+UNFUSED_HOST_CALLS = {"topk": 10 - 1, "aux_loss": 10 - 2}
+
+
+def router_host_calls(plan: Any) -> int:
+    """Host calls the router's forward makes beyond the fused router's, which
+    :data:`.moe_host.DISPATCHER_HOST` counts (its ``router 16``): 0 with the fused router,
+    :data:`UNFUSED_HOST_CALLS` with the torch fallbacks. Like the fused count, charged to
+    every forward, a checkpointed layer's first (no loss without gradients) too.
+
+    Parameters
+    ----------
+    plan : MoEPlan
+        the resolved MoE options (``router_fusion``, ``balancing``, ``aux_loss``).
+
+    Returns
+    -------
+    int
+        calls into torch per forward, each timed by the stack's host rule.
+    """
+    if plan.router_fusion:
+        return 0
+    loss = plan.aux_loss and plan.balancing == "aux_loss"
+    return UNFUSED_HOST_CALLS["topk"] + (UNFUSED_HOST_CALLS["aux_loss"] if loss else 0)
 
 
 def router_kernels(plan: Any, backward: bool) -> RouterPass:

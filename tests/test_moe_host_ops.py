@@ -1,0 +1,88 @@
+"""benchmarks/moe_host_ops.py: the host operations measured by running Megatron-Core's MoE layer
+on CPU (benchmarks/data/moe_host_ops/), and the router calls ddlsim charges from them
+(decoder/moe_router.py ``router_host_calls``, docs/moe.md "Host operations, measured")."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from benchscripts import load_script
+
+import ddlsim
+from ddlsim.workloads.decoder.moe_host import DISPATCHER_HOST, dispatcher_host
+from ddlsim.workloads.decoder.moe_router import UNFUSED_HOST_CALLS
+from ddlsim.workloads.decoder.moeplan import resolve_moe
+
+pytestmark = pytest.mark.filterwarnings("ignore::ddlsim.errors.DDLSimWarning")
+
+ops = load_script("moe_host_ops")
+
+
+def _plan(router_fusion: bool, aux_loss_coeff: float = 1e-3):
+    cfg = {"model": {"preset": "qwen3-30b-a3b", "num_hidden_layers": 2},
+           "parallel": {"expert_model_parallel_size": 8, "expert_tensor_parallel_size": 1,
+                        "moe": {"token_dispatcher_type": "alltoall", "grouped_gemm": True,
+                                "permute_fusion": True, "router_force_load_balancing": True,
+                                "router_fusion": router_fusion,
+                                "aux_loss_coeff": aux_loss_coeff}},
+           "train": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 4096,
+                     "dtype": "bf16"},
+           "system": {"preset": "dgx-h100", "nodes": 1,
+                      "software": {"stack": "megatron-core-2025"}}}
+    return resolve_moe(ddlsim.load_config(cfg))
+
+
+@pytest.mark.parametrize("coeff, extra", [(1e-3, 9 + 8), (0.0, 9)])
+def test_the_unfused_router_adds_its_fallbacks_calls(coeff, extra):
+    # the fused count (DISPATCHER_HOST's router 16) with TE's fused router; its torch
+    # fallbacks make 10 calls for top-k where the fused path makes 1, and 10 for the aux loss
+    # where it makes 2
+    fused = dispatcher_host(_plan(True, coeff))
+    unfused = dispatcher_host(_plan(False, coeff))
+    assert fused.work_ops == DISPATCHER_HOST["alltoall"].work_ops
+    assert unfused.work_ops - fused.work_ops == extra
+
+
+def _calls(where: dict, file: str, first: int, last: int) -> int:
+    pattern = re.compile(rf"^{re.escape(file)}:(\d+) ")
+    return sum(n for k, n in where.items()
+               if (m := pattern.match(k)) and first <= int(m.group(1)) <= last)
+
+
+@pytest.mark.parametrize("local", [4, 16])
+def test_the_fallbacks_calls_are_the_measured_ones(local):
+    # Megatron-LM d7288711 moe_utils.py: top-k with its score function lines 723-821; the aux
+    # loss's routing scores 857-866 and the switch loss 142-143
+    data = json.loads((ops.DATA / f"d7288711_{local}.json").read_text())
+    where = data["fwd"]["where"]["router"]
+    assert _calls(where, "moe_utils.py", 723, 821) - 1 == UNFUSED_HOST_CALLS["topk"]
+    assert _calls(where, "moe_utils.py", 857, 866) + _calls(where, "moe_utils.py", 142, 143) \
+        - 2 == UNFUSED_HOST_CALLS["aux_loss"]
+
+
+@pytest.mark.parametrize("name", ["1e057005_4", "1e057005_16", "d7288711_4", "d7288711_16"])
+def test_every_count_carries_its_provenance(name):
+    data = json.loads((ops.DATA / f"{name}.json").read_text())
+    prov = data["provenance"]
+    assert prov["megatron_commit"].startswith(name.split("_")[0])
+    assert prov["local_experts"] == int(name.split("_")[1]) and prov["torch"] and prov["patched"]
+    assert set(ops.measured(data)) >= set(ops.PARTS)
+
+
+def test_the_table_sets_each_part_beside_ddlsim():
+    rows = {r[2]: r for r in ops.table("1e057005", 16)}
+    assert list(rows) == list(ops.PARTS)
+    header = ops.HEADER.index("ddlsim host ops")
+    # the ModelZoo rows' unfused router: the fused 16 and the fallbacks' 17
+    assert rows["router"][header] == 16 + 17
+    assert rows["router"][ops.HEADER.index("fwd calls")] == 31
+    # ddlsim's TE grouped linears' backward: 5 calls per local expert and linear
+    assert rows["experts"][ops.HEADER.index("ddlsim bwd host")] == 2 * 16 * 5
+
+
+def test_counting_refuses_a_folder_that_is_not_megatron(tmp_path: Path):
+    with pytest.raises(SystemExit, match="moe_host_ops"):
+        ops.count(tmp_path, "d7288711", 4)
