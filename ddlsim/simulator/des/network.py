@@ -7,7 +7,7 @@ affected *domains* are brought up to date and their rates recomputed in one vect
 crossed by a common route can be solved separately: max-min fairness decomposes over
 connected components), so a tensor-parallel all-reduce inside one node never re-solves the
 inter-node fabric. Inside a domain only the flows a change can reach through saturated links
-are re-solved (:meth:`FlowNetwork._affected`). All submissions and completions at one
+are re-solved (:meth:`FlowNetwork._affected`, :mod:`.reach`). All submissions and completions at one
 simulated instant are coalesced into a single recomputation; one SimPy timeout wakes the
 network at the next completion.
 
@@ -24,9 +24,10 @@ from typing import Protocol
 import numpy as np
 import simpy
 
-from .flowtable import FlowTable, LinkLedger, link_counts, pad_to
+from .flowtable import FlowTable, LinkLedger, pad_to
 from .components import LinkedFlows
 from .maxmin import RateMemo
+from .reach import affected, isolated
 from .uniq import unique_counts, unique_inverse
 
 __all__ = ["FlowNetwork", "FlowOwner"]
@@ -34,9 +35,6 @@ __all__ = ["FlowNetwork", "FlowOwner"]
 #: A flow whose projected finish is within this relative distance of the wake-up time
 #: finishes at the wake-up (symmetric flows finish together despite rounding).
 _FINISH_TOL = 1e-12
-#: A link whose load is within this relative distance of its capacity counts as saturated
-#: when choosing which flows to re-solve (counting a link too many only re-solves more).
-_SATURATED = 1e-9
 
 
 class FlowOwner(Protocol):
@@ -305,56 +303,14 @@ class FlowNetwork:
 
     def _affected(self, pool: np.ndarray, seeds: list[np.ndarray]
                   ) -> tuple[np.ndarray, np.ndarray]:
-        """The flows of ``pool`` (slots) whose rates the change can move, and their new rates.
-
-        Start from the flows crossing a changed link and grow through *saturated* links
-        only (under the current rates): a flow's rate is set by its bottleneck, a
-        saturated link, so a change reaches another flow only through links that are or
-        become saturated. The set's max-min rates are solved alone, at full capacities; if
-        that fills a link that flows outside the set also cross, the set grows from that
-        link and is solved again. When no such link is left, the set's rates with the
-        others' unchanged are the max-min fair rates of all the flows: every link's load
-        is within its capacity, and every flow still has a bottleneck link on which it has
-        the largest rate (for the flows outside the set, a link none of the set crosses).
-        """
-        s, pad, cap = self._slots, self.pad, self.capacity_Bps
-        edges, mults = s.edges[pool], s.mult[pool]
-        width = edges.shape[1]
-        held = s.rate[pool] * mults
-        load = np.bincount(edges.ravel(), weights=np.repeat(held, width), minlength=pad + 1)
-        full = load >= cap * (1.0 - _SATURATED)
-        full[pad] = False
-        users = self.links.users
-        while True:
-            taken = np.flatnonzero(self._linked(edges, seeds, full))
-            sub, mult = edges[taken], mults[taken]
-            rate = self._rates(sub, mult)
-            links, at = unique_inverse(sub.ravel(), self._lut)
-            mine = np.bincount(at, minlength=len(links))
-            was = np.bincount(at, weights=np.repeat(held[taken], width), minlength=len(links))
-            now = np.bincount(at, weights=np.repeat(rate * mult, width), minlength=len(links))
-            with np.errstate(invalid="ignore"):  # the pad: infinite rates, infinite capacity
-                filled = (users[links] > mine) & (load[links] - was + now
-                                                  >= cap[links] * (1.0 - _SATURATED))
-            filled &= links != pad
-            if not filled.any():
-                return pool[taken], rate
-            seeds = seeds + [links[filled]]
+        """The flows of ``pool`` (slots) whose rates the change can move, and their new
+        rates (:func:`.reach.affected`)."""
+        return affected(self._slots, pool, seeds, self.capacity_Bps, self.pad,
+                        self.links.users, self._linked, self._rates, self._lut)
 
     def _isolated(self, added: list, removed: list[np.ndarray]) -> bool:
-        """No flow other than the new ones crosses any link a flow entered or left: then
-        only the new flows need rates (the common case: max-min components are small)."""
-        users = self.links.users
-        for edges in removed:
-            links = edges.ravel()
-            if users[links[links != self.pad]].any():
-                return False
-        if added:
-            flat = np.concatenate([edges.ravel() for edges, _ in added])
-            links, count = link_counts(flat, self.pad + 1)
-            count[links == self.pad] = users[self.pad]
-            return bool(np.array_equal(users[links], count))
-        return True
+        """Only the new flows need rates (:func:`.reach.isolated`)."""
+        return isolated(self.links.users, self.pad, added, removed)
 
     def _advance(self, idx: np.ndarray, now: float) -> None:
         """Move flows ``idx`` forward to ``now`` at their current rates."""
