@@ -130,7 +130,8 @@ def _cast_microbatches(ctx, plans) -> np.ndarray:
     return weight_cast_microbatches(cfg.software, cfg.train.dtype, m.astype(np.int64))
 
 
-def stage_pieces(ctx, plans, coll_at, backend: str = "mpi") -> Pieces:
+def stage_pieces(ctx, plans, coll_at, backend: str = "mpi",
+                 mesh_of: np.ndarray | None = None) -> Pieces:
     """The :class:`Pieces` of every plan.
 
     Parameters
@@ -141,6 +142,8 @@ def stage_pieces(ctx, plans, coll_at, backend: str = "mpi") -> Pieces:
         ``nbytes[i]`` bytes for the plan at position ``index[i]``, on its network (arrays).
     backend : the system's collective backend (:attr:`~ddlsim.simulator.costs.CostModel.comm_backend`):
         NCCL's channels hold SMs beside the GEMMs they overlap (:mod:`~ddlsim.simulator.kernels.contention`).
+    mesh_of : per plan, the index of its mesh (the plans of one mesh have the same networks,
+        so a collective of one size is asked once per mesh); None: every plan its own.
     """
     codes, inverse = _signatures(plans, ctx)
     inverse = inverse.reshape(-1)
@@ -152,7 +155,8 @@ def stage_pieces(ctx, plans, coll_at, backend: str = "mpi") -> Pieces:
     distinct, p2p_bytes = _built_pieces(ctx, plans, groups)
     # 2. every collective asked, on each plan's network: one array call per (op, family)
     shared = [np.concatenate([groups[j] for _, j in users]) for _, _, users in distinct]
-    seconds = _collective_seconds(distinct, shared, coll_at)
+    seconds = _collective_seconds(distinct, shared, coll_at,
+                                  np.arange(len(plans)) if mesh_of is None else mesh_of)
     _contention_seconds(ctx, distinct, seconds, backend)
     # 3. each distinct piece timed by the timing rule once, on arrays over every plan that
     # has it (element by element, as over each signature's plans apart), the pieces of one
@@ -272,8 +276,10 @@ def _time_kernels(pieces: list, dev, memo: dict) -> None:
                     if id(k) not in seen:
                         seen.add(id(k))
                         wanted.setdefault((k, None), k)
-    wanted = {key: k for key, k in wanted.items() if key not in memo}
-    for key, t in zip(wanted, kernel_times(list(wanted.values()), dev)):
+    # each key hashed once more, to be set (a key hashes its kernel's fields afresh)
+    todo = [(key, k) for key, k in wanted.items() if key not in memo] if memo else \
+        list(wanted.items())
+    for (key, _), t in zip(todo, kernel_times([k for _, k in todo], dev)):
         memo[key] = t
 
 
@@ -374,23 +380,36 @@ def _piece_keys(sb, mbs: int, tp: int, sp: bool, recompute: str, zero: int,
             "gather": ("gather", *shape)}
 
 
-def _collective_seconds(distinct: list, shared: list[np.ndarray], coll_at) -> dict:
+def _collective_seconds(distinct: list, shared: list[np.ndarray], coll_at,
+                        mesh_of: np.ndarray) -> dict:
     """Seconds of each collective of each distinct piece ``k`` on the networks of its plans
     ``shared[k]``, as ``{(k, op, family, bytes): array}``: one :func:`coll_at` call per
-    (op, family) over every piece's plans."""
+    (op, family), on each distinct (mesh, size) its pieces' plans ask once (a plan's time is
+    its mesh's at that size: ``mesh_of[i]``, plan i's mesh), put back on every plan."""
     asked: dict[tuple, dict] = {}
     for k, (_, colls, _) in enumerate(distinct):
         for c in colls:
             # a contention op's seconds follow those of its collectives
             for x in (() if c is None else c.contention.collectives if _contends(c) else (c,)):
                 asked.setdefault((x.op, x.group), {})[(k, x.bytes)] = None
+    meshes = int(mesh_of.max(initial=-1)) + 1
+    first = np.zeros(meshes, dtype=np.int64)   # a plan of each mesh (its first) stands for it
+    first[mesh_of[::-1]] = np.arange(len(mesh_of) - 1, -1, -1)
+    of_piece: dict[int, np.ndarray] = {}   # each piece's plans' meshes, gathered once
     seconds: dict[tuple, np.ndarray] = {}
     for (op, family), wanted in asked.items():
         keys = list(wanted)
         sizes = [len(shared[k]) for k, _ in keys]
-        t = coll_at(op, family, np.repeat([float(b) for _, b in keys], sizes),
-                    np.concatenate([shared[k] for k, _ in keys]))
-        for (k, b), part in zip(keys, np.split(t, np.cumsum(sizes)[:-1])):
+        values = sorted({b for _, b in keys})
+        at = {b: i * meshes for i, b in enumerate(values)}
+        codes = np.concatenate([of_piece[k] if k in of_piece else
+                                of_piece.setdefault(k, mesh_of[shared[k]]) for k, _ in keys])
+        codes += np.repeat([at[b] for _, b in keys], sizes)   # (size, mesh) as one integer
+        pairs = (np.bincount(codes, minlength=len(values) * meshes) != 0).nonzero()[0]
+        table = np.empty(len(values) * meshes)
+        table[pairs] = coll_at(op, family, np.array(values, dtype=float)[pairs // meshes],
+                               first[pairs % meshes])
+        for (k, b), part in zip(keys, np.split(table[codes], np.cumsum(sizes)[:-1])):
             seconds[(k, op, family, b)] = part
     return seconds
 

@@ -117,7 +117,7 @@ class DecoderVectors(DataParallelTerms):
         ``nets(meshes)`` → those networks, or None for :func:`.netcost.mesh_networks`)."""
         pp, v = plans["pp"], plans["v"]
         coll = _Collectives(ctx, plans, nets)
-        pieces = stage_pieces(ctx, plans, coll.at, coll.net.backend)
+        pieces = stage_pieces(ctx, plans, coll.at, coll.net.backend, coll.mi)
         lc = ctx.shape.layers // (pp * v)
         emb = np.where(pp == 1, pieces.emb1, pieces.emb)   # after the batch's loading
         blocks = _stage_blocks(plans, pieces, lc, emb)

@@ -129,16 +129,17 @@ def _hop_parts(cost, group: str, stages: np.ndarray) -> np.ndarray:
 
     one = P2P("hop", "send", group, 1, PROBE_BYTES, "hop")
     zero = P2P("hop", "send", group, 1, 0.0, "hop")
-    # CostModel.p2p times a hop by whether it leaves its node: ask once per kind
-    cross = cost.node_of_rank[stages[:-1]] != cost.node_of_rank[stages[1:]]
-    parts = np.empty((len(cross), 2))
-    for kind in (False, True):
-        where = np.flatnonzero(cross == kind)
-        if len(where):
-            src, dst = int(stages[where[0]]), int(stages[where[0] + 1])
-            a = cost.p2p(zero, src, dst)
-            parts[where] = (a, (cost.p2p(one, src, dst) - a) / PROBE_BYTES)
-    return parts
+    # CostModel.p2p times a hop by whether it leaves its node: ask once per kind (the
+    # stages as Python ints: a mesh has at most a few dozen)
+    ranks = stages.tolist()
+    nodes = cost.node_of_rank[stages].tolist()
+    cross = [int(a != b) for a, b in zip(nodes, nodes[1:])]
+    kinds = np.empty((2, 2))
+    for kind in set(cross):
+        s = cross.index(kind)
+        a = cost.p2p(zero, ranks[s], ranks[s + 1])
+        kinds[kind] = (a, (cost.p2p(one, ranks[s], ranks[s + 1]) - a) / PROBE_BYTES)
+    return kinds[np.array(cross, dtype=np.intp)].reshape(len(cross), 2)
 
 
 def _stage_hops(parts: np.ndarray) -> np.ndarray:

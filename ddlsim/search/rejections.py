@@ -10,6 +10,8 @@ per plan (the grid reports counts).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 __all__ = ["Rejections"]
@@ -28,6 +30,7 @@ class Rejections:
         self.reasons: list[str] = []
         self._counts: list[int] = []
         self._free = np.ones(self.shape, dtype=bool)   # not rejected yet, on the grid
+        self._hit = np.empty(self.shape, dtype=bool)   # each rule's plans, written in place
 
     def reject(self, text: str, mask: np.ndarray) -> None:
         """Reject, for ``text``, the plans of ``mask`` not rejected yet: one flag per plan
@@ -37,7 +40,7 @@ class Rejections:
             return
         if mask.ndim == 1 and len(self.shape) != 1 and mask.shape == (self._free.size,):
             mask = mask.reshape(self.shape)
-        hit = mask & self._free
+        hit = _and_on_grid(mask, self._free, self._hit)
         n = int(np.count_nonzero(hit))
         if not n:
             return
@@ -69,3 +72,27 @@ class Rejections:
     def counts(self) -> dict[str, int]:
         """Plans per reason, most first (ties in the order the reasons first rejected)."""
         return dict(sorted(zip(self.reasons, self._counts), key=lambda x: -x[1]))
+
+
+#: The fewest flags :func:`_and_on_grid` hands numpy's inner loop at once.
+_INNER = 64
+
+
+def _and_on_grid(mask: np.ndarray, flags: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``np.logical_and(mask, flags, out=out)`` for ``mask`` broadcasting to the grid's
+    ``flags`` (C-contiguous, as ``out``): numpy runs its inner loop over the last axis alone
+    when a broadcast operand stops it merging axes, and a grid's last axis often holds 2
+    values (~0.9 ms a rule on the speed grid's 221,760 plans, 2026-11-30); the mask's
+    trailing axes are laid out in full instead (a copy of a few hundred flags), so that the
+    loop runs over at least :data:`_INNER` flags at a time. The same flags."""
+    shape = flags.shape
+    if mask.shape == shape or len(shape) < 2:
+        return np.logical_and(mask, flags, out=out)
+    mask = mask.reshape((1,) * (len(shape) - mask.ndim) + mask.shape)
+    t = len(shape) - 1
+    while t > 0 and math.prod(shape[t:]) < _INNER:
+        t -= 1
+    lead = mask.shape[:t]
+    tail = np.ascontiguousarray(np.broadcast_to(mask, lead + shape[t:])).reshape(lead + (-1,))
+    np.logical_and(tail, flags.reshape(shape[:t] + (-1,)), out=out.reshape(shape[:t] + (-1,)))
+    return out
