@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 
 from ._version import __version__
+from .clioutput import (csv_text, emit, out, prediction_payload, recording_console,
+                        table_console, table_text)
 from .cliutil import (OnceGroup, OptionError, check_outputs, guarded, refuse_negative,
                       refuse_overwriting_inputs, require, warn_unused_devices,
                       check_dask_workers)
@@ -21,8 +22,6 @@ from .cliutil import (OnceGroup, OptionError, check_outputs, guarded, refuse_neg
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   cls=OnceGroup, context_settings={"help_option_names": ["-h", "--help"]},
                   help="Predict how long one training iteration takes on a cluster, and why.")
-out = Console()
-
 FORMATS = ("table", "json", "csv")
 ENGINES = ("analytical", "des", "both")
 
@@ -179,53 +178,15 @@ def predict(
     else:
         text = None
     if text is not None:
-        _emit(text, output, force)
+        emit(text, output, force)
         return
     from .report import render_results
     if output is None:
         render_results(out, cfg, results, links or 0)
         return
-    console = Console(record=True, width=110, file=_Null(), color_system=None)
+    console = recording_console()
     render_results(console, cfg, results, links or 0)
-    _emit(console.export_text(), output, force)
-
-
-class _Null:
-    """A file that drops what is written (the recording console keeps the text)."""
-
-    def write(self, text: str) -> int:
-        return len(text)
-
-    def flush(self) -> None:
-        pass
-
-
-def _emit(text: str, output: Path | None, force: bool) -> None:
-    from .textio import write_output
-    write_output("-" if output is None else output, text, force=force, what="--output file")
-
-
-def prediction_payload(results: list) -> dict:
-    """The JSON of ``predict -f json``: one result's mapping, or with two engines
-    ``{"analytical": …, "des": …, "difference": …}``."""
-    if len(results) == 1:
-        return results[0].to_dict()
-    a, d = results
-    return {"analytical": a.to_dict(), "des": d.to_dict(),
-            "difference": {"iteration_time_s": d.iteration_time_s - a.iteration_time_s,
-                           "relative": d.iteration_time_s / a.iteration_time_s - 1}}
-
-
-def csv_text(results: list, labels: list[str] | None = None) -> str:
-    """One CSV row per result (:meth:`Result.to_row` columns), full float precision."""
-    from .report import find_non_finite
-    from .simulator.result import results_frame
-
-    frame = results_frame(results, labels)
-    bad = find_non_finite(frame.to_dict(orient="list"))
-    require(bad is None, f"the result holds a non-finite number in column "
-                         f"{bad[0].split('.')[0] if bad else ''}; an input value is infinite")
-    return frame.to_csv(index=False, lineterminator="\n")
+    emit(console.export_text(), output, force)
 
 
 @app.command()
@@ -271,7 +232,7 @@ def compare(
     if output is None and fmt == "table":
         out.print(text)
         return
-    _emit(text if isinstance(text, str) else _table_text(text), output, force)
+    emit(text if isinstance(text, str) else table_text(text), output, force)
 
 
 @app.command()
@@ -307,12 +268,12 @@ def comm(
     if diff_mpip is not None:  # docs/comm.md, "Checking a real run against it"
         from .commdiff import diff_report
         text, ok = diff_report(comm_profile(workload, "rank"), diff_mpip, iterations, fmt)
-        _emit(text, output, force)
+        emit(text, output, force)
         if not ok:
             raise typer.Exit(1)
         return
     frame = comm_profile(workload, per)
-    _emit(render_profile(frame, fmt, per=per, world_size=workload.world_size), output, force)
+    emit(render_profile(frame, fmt, per=per, world_size=workload.world_size), output, force)
 
 
 @app.command()
@@ -368,21 +329,6 @@ def sweep(
     report.show(frame, list(parsed), fmt, table_console(width))
 
 
-def table_console(width: int | None) -> Console:
-    """The console tables print on: ``out``, or one ``width`` characters wide (``--width``,
-    at least 40)."""
-    if width is None:
-        return out
-    require(width >= 40, f"--width {width} is too narrow for a table; give 40 or more")
-    return Console(width=width)
-
-
-def _table_text(renderable) -> str:
-    console = Console(record=True, width=110, file=_Null(), color_system=None)
-    console.print(renderable)
-    return console.export_text()
-
-
 from .cligroups import register as _register_groups  # noqa: E402  (presets, topology, calibrate)
 from .searchcli import register as _register_search  # noqa: E402  (ddlsim search)
 from .hostmemory import keep_freed_memory  # noqa: E402
@@ -395,7 +341,7 @@ def main() -> None:
     app()
 
 
-__all__ = ["app", "main", "prediction_payload", "csv_text", "run_predictions"]
+__all__ = ["app", "main", "run_predictions"]
 
 
 if __name__ == "__main__":

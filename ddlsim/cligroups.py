@@ -21,7 +21,8 @@ def presets_command(
 ) -> None:
     """List the presets a config section may name, with their sources, and the software
     stacks ``system.software`` may name."""
-    from .cli import check_choice, out
+    from .cli import check_choice
+    from .clioutput import out
     from .presets import SECTIONS, list_presets
 
     if section is not None:

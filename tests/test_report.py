@@ -143,7 +143,7 @@ def test_extra_keys_do_not_hide_predictions():
 
 
 def test_csv_refuses_non_finite_numbers_too():
-    from ddlsim.cli import csv_text
+    from ddlsim.clioutput import csv_text
     from ddlsim.simulator.result import Breakdown
 
     r = ddlsim.predict(ddlsim.load_config(WIKI))
