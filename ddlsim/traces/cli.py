@@ -64,7 +64,8 @@ def kineto(
     profiled step re-predicted, then the plan changed by --set (more data-parallel ranks,
     another network) with the same measured per-op times (docs/traces.md)."""
     from ..cliutil import refuse_overwriting_inputs
-    from .kineto import ModuleRules, read_kineto
+    from .kineto import read_kineto
+    from .kineto_labels import ModuleRules
     from .kineto_overhead import load_overhead
     from .render import render_measured
     from .replay import predict_measured

@@ -9,14 +9,14 @@ module calls). Chrome JSON is plain JSON, so the standard ``json`` module reads 
 (HolisticTraceAnalysis reads the same events into pandas for whole-trace analyses; ddlsim
 needs the outermost ops and their module stack, which a single pass finds).
 
-Every outermost op of the step is given a :class:`Label` (phase, part of the model, whether
-it lies inside a transformer layer) from its module stack; a backward op (``autograd::
-engine::evaluate_function: …``) takes the label of the forward op that created it, matched
-by the autograd ``Sequence number`` both carry. Each op is charged its duration **plus the
-idle time before it** since the previous outermost op ended (the host's dispatch gaps), so
-the charges add up to the measured step exactly. With device activity (``kernel``,
-``gpu_memcpy``, ``gpu_memset`` events) the device's timeline is charged instead, each kernel
-labelled by the CPU op that launched it (``External id``). With a
+Every outermost op of the step is given a :class:`~.kineto_labels.Label` (phase, part of the
+model, whether it lies inside a transformer layer) from its module stack; a backward op
+(``autograd::engine::evaluate_function: …``) takes the label of the forward op that created it,
+matched by the autograd ``Sequence number`` both carry (:mod:`.kineto_labels`). Each op is
+charged its duration **plus the idle time before it** since the previous outermost op ended
+(the host's dispatch gaps), so the charges add up to the measured step exactly. With device
+activity (``kernel``, ``gpu_memcpy``, ``gpu_memset`` events) the device's timeline is charged
+instead, each kernel labelled by the CPU op that launched it (``External id``). With a
 :class:`~ddlsim.traces.kineto_overhead.ProfilerOverhead` (measured on microbenchmarks), each
 op's charge is less the profiler's own cost of the events that started within it, so the
 charges add up to the step as it runs unprofiled. A trace without module events (no
@@ -28,56 +28,16 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Literal
 
 from ..errors import ConfigError
+from .kineto_labels import EPS_US, Label, LabelSweep, ModuleRules, event_args, visit
 from .kineto_overhead import EventCosts, ProfilerOverhead, check_settings, overhead_between
 
-__all__ = ["Label", "ModuleRules", "MeasuredStep", "read_kineto", "parse_kineto"]
-
-Phase = Literal["forward", "backward", "optimizer"]
-
-
-@dataclass(frozen=True, order=True)
-class Label:
-    """What a measured op was: ``phase``, ``part`` of the model (``embedding``, ``attn``,
-    ``attn_core``, ``mlp``, ``elementwise``, ``final_norm``, ``logits``, ``loss``,
-    ``grad_accumulate``, ``step``, ``zero_grad``; where FSDP2's ranges place the ops also
-    ``unshard``, ``reduce`` and ``recompute``) and whether it ran inside a transformer
-    layer."""
-
-    phase: Phase
-    part: str
-    in_layer: bool = False
-
-
-@dataclass(frozen=True)
-class ModuleRules:
-    """Regular expressions on module class names (``nn.Module: LlamaDecoderLayer_7`` gives
-    ``LlamaDecoderLayer``) that place an op; matched with :func:`re.search`, case-blind.
-
-    The defaults name the classes of nanoGPT, HuggingFace GPT-2/Llama/Mistral/Qwen2 and
-    Megatron-Core (``TransformerLayer``, ``SelfAttention``, ``MLP``).
-    """
-
-    layer: str = r"block$|layer$|decoderlayer|transformerlayer"
-    attention: str = r"attention|attn"
-    mlp: str = r"mlp|feedforward|ffn"
-    embedding: str = r"embedding"
-    head: str = r"linear|norm|head"
-    final_norm: str = r"norm"
-    attention_core: str = r"scaled_dot_product|flash|efficient_attention|softmax|bmm|matmul"
-    communication: str = (r"^(nccl|gloo|mpi|c10d)|allreduce|all_reduce|allgather|all_gather|"
-                          r"reduce_scatter|reducescatter|broadcast_|sendrecv")
-
-    def match(self, rule: str, text: str) -> bool:
-        return re.search(getattr(self, rule), text, re.IGNORECASE) is not None
-
+__all__ = ["MeasuredStep", "read_kineto", "parse_kineto"]
 
 @dataclass(frozen=True)
 class MeasuredStep:
@@ -188,130 +148,8 @@ def parse_kineto(doc: object, rules: ModuleRules | None = None, source: str = "t
     return _measure(spans, modules, rules, source, overhead, placement)
 
 
-_BACKWARD = "autograd::engine::evaluate_function: "
-_FSDP_PASSES = ("unshard", "reduce")   # FSDP2's own ops (kineto_fsdp.py)
-_EPS_US = 1e-3  # Kineto rounds to nanoseconds: ends closer than this touch
-
-
-@dataclass
-class _Sweep:
-    """State of one pass over the events in time order."""
-
-    rules: ModuleRules
-    modules: list = field(default_factory=list)      # open module events: (end, class, id)
-    outer_end: float = float("-inf")                 # end of the open outermost op
-    outer_label: Label | None = None
-    seq_label: dict = field(default_factory=dict)    # autograd sequence number -> label
-    layers: set = field(default_factory=set)
-    roots: int = 0
-    shape: tuple[int, int] | None = None
-    seen_layer: bool = False
-    backward: bool = False
-    units: list = field(default_factory=list)        # (start, end, label | "comm" | None)
-    ext_label: dict = field(default_factory=dict)    # External id -> its outermost op's label
-    main: object = None                              # the thread whose ops are the step
-    threads: dict = field(default_factory=dict)      # tid -> (modules, outer_end, outer_label)
-    placed: MappingProxyType | None = None           # id(op) -> label, without module events
-
-
 def _finite(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _args(event: dict) -> dict:
-    """An event's ``args`` mapping (empty when absent or not a mapping)."""
-    args = event.get("args")
-    return args if isinstance(args, dict) else {}
-
-
-def _class_of(event: dict) -> tuple[str, str]:
-    """``('Block', 'Block_3')`` from ``nn.Module: Block_3``."""
-    name = str(event["name"]).removeprefix("nn.Module: ")
-    return re.sub(r"_\d+$", "", name), name
-
-
-def _forward_label(sw: _Sweep, op_name: str) -> Label:
-    """The label of a forward op from the open module stack (outermost first)."""
-    chain = [c for _, c, _ in sw.modules]
-    ids = [i for _, _, i in sw.modules]
-    r = sw.rules
-    at = next((k for k, c in enumerate(chain) if r.match("layer", c)), None)
-    if at is not None:
-        sw.layers.add(ids[at])
-        sw.seen_layer = True
-        inner = chain[at + 1:]
-        if any(r.match("attention", c) for c in inner):
-            core = r.match("attention_core", op_name)
-            return Label("forward", "attn_core" if core else "attn", True)
-        if any(r.match("mlp", c) for c in inner):
-            return Label("forward", "mlp", True)
-        return Label("forward", "elementwise", True)
-    if any(r.match("embedding", c) for c in chain) or not sw.seen_layer:
-        return Label("forward", "embedding")
-    if len(chain) > 1 and r.match("head", chain[-1]):
-        return Label("forward", "final_norm" if r.match("final_norm", chain[-1]) else "logits")
-    return Label("forward", "loss")
-
-
-def _label(sw: _Sweep, e: dict) -> Label | str | None:
-    """An outermost op's label, ``"comm"`` for communication, None when it fits none."""
-    name, args = str(e.get("name", "")), _args(e)
-    if sw.rules.match("communication", name):
-        return "comm"
-    if e.get("cat") == "user_annotation":
-        if name.startswith("Optimizer."):
-            return Label("optimizer", "step" if ".step" in name else "zero_grad")
-        return None
-    if name.startswith(_BACKWARD):
-        sw.backward = True
-        if "AccumulateGrad" in name:
-            return Label("backward", "grad_accumulate")
-        fwd = sw.seq_label.get(args.get("Sequence number"))
-        return None if fwd is None else Label("backward", fwd.part, fwd.in_layer)
-    if sw.placed is not None:
-        return sw.placed.get(id(e))
-    if sw.modules:
-        return _forward_label(sw, name)
-    if sw.seen_layer and not sw.backward:
-        return Label("forward", "loss")  # a loss computed outside the model
-    return None
-
-
-def _visit(sw: _Sweep, e: dict) -> None:
-    """One event, on its thread's module stack and outermost op (the backward of a GPU run
-    has its own thread); only the main thread's outermost ops are units of the step."""
-    tid = e.get("tid")
-    sw.modules, sw.outer_end, sw.outer_label = sw.threads.get(tid, ([], float("-inf"), None))
-    _visit_thread(sw, e, tid == sw.main)
-    sw.threads[tid] = (sw.modules, sw.outer_end, sw.outer_label)
-
-
-def _visit_thread(sw: _Sweep, e: dict, main: bool) -> None:
-    ts, end = float(e["ts"]), float(e["ts"]) + float(e["dur"])
-    while sw.modules and sw.modules[-1][0] <= ts + _EPS_US:
-        sw.modules.pop()
-    if e.get("cat") == "python_function":
-        if not sw.modules and main:
-            sw.roots += 1
-        sw.modules.append((end, *_class_of(e)))
-        return
-    if ts >= sw.outer_end - _EPS_US:  # an outermost op
-        sw.outer_end, sw.outer_label = end, _label(sw, e)
-        if main:
-            sw.units.append((ts, end, sw.outer_label))
-    args = _args(e)
-    own = sw.outer_label if sw.placed is None else sw.placed.get(id(e), sw.outer_label)
-    if "External id" in args:  # device kernels launched from this op take its label
-        sw.ext_label.setdefault(args["External id"], own)
-    seq = args.get("Sequence number")
-    if isinstance(own, Label) and own.phase == "forward" and own.part not in _FSDP_PASSES \
-            and seq is not None:   # FSDP2's casts share the next op's number: not theirs
-        sw.seq_label.setdefault(seq, own)
-    if sw.shape is None and e.get("name") == "aten::embedding":
-        dims = args.get("Input Dims")
-        if isinstance(dims, list) and len(dims) > 1 and isinstance(dims[1], list) \
-                and len(dims[1]) == 2:
-            sw.shape = (int(dims[1][0]), int(dims[1][1]))
 
 
 def _overlap(lo: float, hi: float, intervals: list[tuple[float, float]]) -> float:
@@ -340,12 +178,12 @@ def _measure(spans: list, modules: list, rules: ModuleRules, source: str,
     comm = _merged([(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in spans
                     if e.get("cat") in ("cpu_op", "user_annotation")
                     and rules.match("communication", str(e.get("name", "")))])
-    sw = _Sweep(rules, main=main)
+    sw = LabelSweep(rules, main=main)
     if placement is not None:
         sw.placed, sw.layers, sw.roots = placement.labels, set(placement.layers), placement.roots
     for e in sorted(modules + ops, key=lambda e: (float(e["ts"]), -float(e["dur"]),
                                                   e.get("cat") != "python_function")):
-        _visit(sw, e)
+        visit(sw, e)
     if not sw.layers:
         raise ConfigError(f"Kineto trace {source}: no transformer layer among the module "
                           f"classes (layer pattern {rules.layer!r}); give the layer class "
@@ -367,14 +205,14 @@ def _measure(spans: list, modules: list, rules: ModuleRules, source: str,
 _DEVICE = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
-def _device_units(sw: _Sweep, kernels: list, rules: ModuleRules) -> list:
+def _device_units(sw: LabelSweep, kernels: list, rules: ModuleRules) -> list:
     """With device activity, the device's timeline is the step: every kernel, copy and
     memset takes the label of the CPU op that launched it (matched by ``External id``);
     communication kernels (NCCL's) are communication."""
     units, comm = [], []
     for k in sorted(kernels, key=lambda e: (float(e["ts"]), -float(e["dur"]))):
         ts, end = float(k["ts"]), float(k["ts"]) + float(k["dur"])
-        label = sw.ext_label.get(_args(k).get("External id"))
+        label = sw.ext_label.get(event_args(k).get("External id"))
         if label == "comm" or rules.match("communication", str(k.get("name", ""))):
             comm.append((ts, end))
         else:
@@ -386,7 +224,7 @@ def _device_units(sw: _Sweep, kernels: list, rules: ModuleRules) -> list:
     return _merged(comm)
 
 
-def _charge(sw: _Sweep, comm: list, source: str, costs: EventCosts | None = None
+def _charge(sw: LabelSweep, comm: list, source: str, costs: EventCosts | None = None
             ) -> MeasuredStep:
     """Charge each outermost op its duration and the idle time before it; idle time spent
     while a communication op runs (on any thread) is communication, not compute. With
@@ -395,7 +233,7 @@ def _charge(sw: _Sweep, comm: list, source: str, costs: EventCosts | None = None
     seconds: dict[Label, float] = defaultdict(float)
     comm_s = carry = removed = 0.0
     last = sw.units[0][0]
-    lo = last - _EPS_US
+    lo = last - EPS_US
     for ts, end, label in sw.units:
         waiting = _overlap(last, ts, comm) if ts > last else 0.0
         charge = max(0.0, end - max(last, ts)) + max(0.0, ts - last) - waiting
@@ -411,7 +249,7 @@ def _charge(sw: _Sweep, comm: list, source: str, costs: EventCosts | None = None
             seconds[label] += charge + carry
             carry = 0.0
     window = last - sw.units[0][0]
-    events = 0 if costs is None else costs.between(sw.units[0][0] - _EPS_US, last)[1]
+    events = 0 if costs is None else costs.between(sw.units[0][0] - EPS_US, last)[1]
     return MeasuredStep(MappingProxyType({k: v * 1e-6 for k, v in sorted(seconds.items())}),
                         len(sw.layers), max(sw.roots, 1), window * 1e-6, comm_s * 1e-6,
                         carry * 1e-6, sw.shape, source, len(sw.units), removed * 1e-6, events,

@@ -25,7 +25,7 @@ them (docs/traces.md, "Traces without module events"):
   a backward function: a checkpoint's recomputation (autograd numbers the ops it records a
   node for, which in the backward only a recomputation under grad mode does), ``recompute``.
 
-Backward nodes keep :mod:`ddlsim.traces.kineto`'s rule (the label of the forward op with
+Backward nodes keep :mod:`ddlsim.traces.kineto_labels`' rule (the label of the forward op with
 their sequence number).
 """
 
@@ -62,7 +62,7 @@ class UnitPlacement:
 
     Attributes
     ----------
-    labels : ``id(event)`` -> :class:`~ddlsim.traces.kineto.Label`: every forward op that is
+    labels : ``id(event)`` -> :class:`~ddlsim.traces.kineto_labels.Label`: every forward op that is
         outermost on its thread, and every op inside an FSDP2 range or a recomputation.
     layers : the block indices the forward ran (from ``(layers.N)``).
     roots : forward passes (``FSDP::root_pre_forward`` ranges; at least 1).
@@ -103,7 +103,7 @@ def enclosing_ops(spans: list[dict]) -> list[tuple[dict, tuple[dict, ...]]]:
 
 def _range_label(chain: tuple[dict, ...]):
     """The label of an op inside FSDP2's unshard or reduce ranges, or a recomputation."""
-    from .kineto import Label
+    from .kineto_labels import Label
     names = [str(a.get("name", "")) for a in chain]
     backward = any(n.startswith(_BACKWARD) for n in names)
     if any(n.startswith(_REDUCE) for n in names):
@@ -183,7 +183,7 @@ def place_by_fsdp(spans: list[dict], source: str) -> UnitPlacement:
     ConfigError
         When the trace has no FSDP2 per-block ranges either.
     """
-    from .kineto import Label
+    from .kineto_labels import Label
     windows = _windows(spans)
     if not windows:
         raise ConfigError(f"Kineto trace {source}: no module events (nn.Module: …) and no "

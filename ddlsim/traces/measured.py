@@ -19,7 +19,8 @@ from types import MappingProxyType
 
 from ..errors import ConfigError
 from ..workloads.trace import Block, Compute, Loop, Op, Program, Workload
-from .kineto import Label, MeasuredStep
+from .kineto import MeasuredStep
+from .kineto_labels import Label
 
 __all__ = ["DECODER_BINDING", "Binding", "bind_measured", "apply_measured",
            "check_profiled_plan"]

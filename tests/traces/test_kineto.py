@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from ddlsim.errors import ConfigError
-from ddlsim.traces.kineto import Label, parse_kineto, read_kineto
+from ddlsim.traces.kineto import parse_kineto, read_kineto
+from ddlsim.traces.kineto_labels import Label
 from ddlsim.traces.replay import predict_measured
 
 DATA = Path(__file__).parent / "data"

@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from ddlsim.cli import app
 from ddlsim.errors import ConfigError
-from ddlsim.traces.kineto import Label, parse_kineto, read_kineto
+from ddlsim.traces.kineto import parse_kineto, read_kineto
+from ddlsim.traces.kineto_labels import Label
 from ddlsim.traces.kineto_overhead import ProfilerOverhead, category_of, load_overhead
 from ddlsim.traces.replay import predict_measured
 
