@@ -10,7 +10,8 @@ with the tanh GeLU of GPT-2 (Hendrycks & Gimpel 2016, eq. for the approximation)
 Parameters and gradients each live in one contiguous float32 buffer (views per tensor), so
 a data-parallel gradient exchange is one collective on one buffer, as in llm.c. The buffer
 is padded with zeros to a multiple of :data:`PAD_MULTIPLE` elements so that it splits into
-equal shards for 1-8 ranks (the pad is at most 839 elements, 3.3 KiB).
+equal shards for 1-8 ranks (the pad is at most 839 elements, 3.3 KiB). The layers' numpy
+functions (LayerNorm, softmax, GeLU and their backwards) are in :mod:`.gpt2_layers`.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .gpt2_layers import (gelu, gelu_back, heads_to_rows, layernorm, layernorm_back, softmax,
+                          softmax_back)
+
 __all__ = ["GPTShape", "GPT2", "Adam", "PAD_MULTIPLE"]
 
 #: lcm(1, …, 8): the flat buffers split into equal shards on 1-8 ranks
 PAD_MULTIPLE = 840
-_LN_EPS = 1e-5
-_GELU_C = math.sqrt(2.0 / math.pi)
 
 
 @dataclass(frozen=True)
@@ -87,98 +89,6 @@ def _views(flat: np.ndarray, shape: GPTShape) -> dict[str, np.ndarray]:
     return out
 
 
-def _rowdot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Row-wise dot product over the last axis, kept as a column: one read of each input,
-    no temporary (``(a * b).sum(-1)`` writes and rereads the product: 5.7x slower on a
-    512 x 512 float32 pair here)."""
-    return np.einsum("...i,...i->...", a, b)[..., None]
-
-
-def _layernorm(x: np.ndarray, w: np.ndarray, b: np.ndarray):
-    """LayerNorm over the last axis; numpy's passes in place where it can (statistics,
-    normalise, affine: the steps ddlsim's unfused LayerNorm counts, docs/compute.md)."""
-    xhat = x - x.mean(axis=-1, keepdims=True)
-    rstd = 1.0 / np.sqrt(_rowdot(xhat, xhat) / x.shape[-1] + _LN_EPS)
-    xhat *= rstd
-    out = xhat * w
-    out += b
-    return out, (xhat, rstd)
-
-
-def _layernorm_back(dy: np.ndarray, w: np.ndarray, cache, dw: np.ndarray, db: np.ndarray):
-    xhat, rstd = cache
-    dw += np.einsum("ij,ij->j", dy, xhat)
-    db += dy.sum(axis=0)
-    g = dy * w
-    out = xhat * (_rowdot(g, xhat) / g.shape[-1])
-    out += g.mean(axis=-1, keepdims=True)
-    np.subtract(g, out, out=out)
-    out *= rstd
-    return out
-
-
-def _softmax(att: np.ndarray, mask: np.ndarray, scale: np.float32) -> np.ndarray:
-    """The causal softmax of the scores ``att`` (``[b, heads, s, s]``), in place: scale, add
-    the mask, subtract the row maximum, exponentiate, normalise."""
-    att *= scale
-    att += mask
-    att -= att.max(axis=-1, keepdims=True)
-    np.exp(att, out=att)
-    att /= att.sum(axis=-1, keepdims=True)
-    return att
-
-
-def _softmax_back(datt: np.ndarray, att: np.ndarray, scale: np.float32) -> np.ndarray:
-    """The gradient of the scores from that of the probabilities ``datt`` (in place) and
-    the probabilities ``att``: ``scale · att · (datt − rowsum(datt · att))``."""
-    datt -= _rowdot(datt, att)
-    datt *= att
-    datt *= scale
-    return datt
-
-
-def _heads_to_rows(parts, B: int, T: int, h: int) -> np.ndarray:
-    """The ``[B, heads, T, d]`` gradients of q, k and v as the ``[B·T, 3h]`` gradient of the
-    fused QKV output: one layout copy, as ddlsim's unfused attention counts (numpy's
-    ``stack`` and then a transposed ``reshape`` made two, the second strided: 4.1 against
-    0.35 ms per layer of the loop's model, 2026-11-29)."""
-    out = np.empty((B, T, len(parts), *parts[0].shape[1:2], parts[0].shape[-1]),
-                   dtype=parts[0].dtype)
-    for i, x in enumerate(parts):
-        out[:, :, i] = x.transpose(0, 2, 1, 3)
-    return out.reshape(B * T, len(parts) * h)
-
-
-def _gelu(x: np.ndarray):
-    """GPT-2's tanh GeLU of ``x`` and the tanh it saves for the backward, in place where
-    numpy can: ``t = tanh(C·x·(1 + 0.044715·x²))``, ``0.5·x·(1 + t)``."""
-    t = x * x
-    t *= 0.044715 * _GELU_C
-    t += _GELU_C
-    t *= x
-    np.tanh(t, out=t)
-    out = t + 1.0
-    out *= x
-    out *= 0.5
-    return out, t
-
-
-def _gelu_back(dy: np.ndarray, x: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """``dy · d/dx gelu(x) = dy · (0.5·(1 + t) + 0.5·x·(1 − t²)·C·(1 + 3·0.044715·x²))``."""
-    g = t * t
-    np.subtract(1.0, g, out=g)
-    u = x * x
-    u *= 3 * 0.044715 * _GELU_C
-    u += _GELU_C
-    g *= u
-    g *= x
-    g += t
-    g += 1.0
-    g *= 0.5
-    g *= dy
-    return g
-
-
 class GPT2:
     """The model: parameters ``p`` and gradients ``g`` (flat float32 buffers of
     :attr:`GPTShape.padded` elements) and their per-tensor views."""
@@ -237,7 +147,7 @@ class GPT2:
         m("embedding")
         caches = []
         for i in range(s.layers):
-            ln1, c1 = _layernorm(x, P[f"{i}.ln1_w"], P[f"{i}.ln1_b"])
+            ln1, c1 = layernorm(x, P[f"{i}.ln1_w"], P[f"{i}.ln1_b"])
             m("fwd.elementwise")
             q, k, v, att, y = self._attention(ln1, i, B, T)
             proj = y @ P[f"{i}.proj_w"]
@@ -245,12 +155,12 @@ class GPT2:
             proj += P[f"{i}.proj_b"]
             x1 = proj
             x1 += x
-            ln2, c2 = _layernorm(x1, P[f"{i}.ln2_w"], P[f"{i}.ln2_b"])
+            ln2, c2 = layernorm(x1, P[f"{i}.ln2_w"], P[f"{i}.ln2_b"])
             m("fwd.elementwise")
             pre = ln2 @ P[f"{i}.fc_w"]
             m("fwd.mlp")
             pre += P[f"{i}.fc_b"]
-            act, t = _gelu(pre)
+            act, t = gelu(pre)
             m("fwd.elementwise")
             out = act @ P[f"{i}.fcproj_w"]
             m("fwd.mlp")
@@ -259,7 +169,7 @@ class GPT2:
             x = out
             m("fwd.elementwise")
             caches.append((ln1, c1, q, k, v, att, y, ln2, c2, pre, act, t))
-        lnf, cf = _layernorm(x, P["lnf_w"], P["lnf_b"])
+        lnf, cf = layernorm(x, P["lnf_w"], P["lnf_b"])
         m("final_norm")
         logits = lnf @ P["wte"].T
         m("logits")
@@ -279,7 +189,7 @@ class GPT2:
         qkv = ln1 @ P[f"{i}.qkv_w"]
         qkv += P[f"{i}.qkv_b"]
         q, k, v = (qkv.reshape(B, T, 3, a, h // a).transpose(2, 0, 3, 1, 4))
-        att = _softmax(q @ k.transpose(0, 1, 3, 2), self._mask[:T, :T],
+        att = softmax(q @ k.transpose(0, 1, 3, 2), self._mask[:T, :T],
                        np.float32(1.0 / math.sqrt(h // a)))
         y = (att @ v).transpose(0, 2, 1, 3).reshape(B * T, h)
         return q, k, v, att, y
@@ -302,7 +212,7 @@ class GPT2:
         m("bwd.grad_accumulate.embedding")
         dlnf = dlogits @ P["wte"]
         m("bwd.logits")
-        dx = _layernorm_back(dlnf, P["lnf_w"], cf, G["lnf_w"], G["lnf_b"])
+        dx = layernorm_back(dlnf, P["lnf_w"], cf, G["lnf_w"], G["lnf_b"])
         m("bwd.final_norm")
         for i in reversed(range(s.layers)):
             dx = self._block_backward(dx, i, caches[i], B, T)
@@ -328,14 +238,14 @@ class GPT2:
         m("bwd.elementwise")
         dact = dx @ P[f"{i}.fcproj_w"].T
         m("bwd.mlp")
-        dpre = _gelu_back(dact, pre, t)
+        dpre = gelu_back(dact, pre, t)
         m("bwd.elementwise")
         self._accumulate(f"{i}.fc_w", ln2.T @ dpre, "bwd.mlp")
         G[f"{i}.fc_b"] += dpre.sum(axis=0)
         m("bwd.elementwise")
         dln2 = dpre @ P[f"{i}.fc_w"].T
         m("bwd.mlp")
-        dx = dx + _layernorm_back(dln2, P[f"{i}.ln2_w"], c2, G[f"{i}.ln2_w"], G[f"{i}.ln2_b"])
+        dx = dx + layernorm_back(dln2, P[f"{i}.ln2_w"], c2, G[f"{i}.ln2_w"], G[f"{i}.ln2_b"])
         m("bwd.elementwise")
         self._accumulate(f"{i}.proj_w", y.T @ dx, "bwd.attn")
         G[f"{i}.proj_b"] += dx.sum(axis=0)
@@ -343,14 +253,14 @@ class GPT2:
         dy = (dx @ P[f"{i}.proj_w"].T).reshape(B, T, a, h // a).transpose(0, 2, 1, 3)
         datt = dy @ v.transpose(0, 1, 3, 2)
         dv = att.transpose(0, 1, 3, 2) @ dy
-        _softmax_back(datt, att, np.float32(1.0 / math.sqrt(h // a)))
+        softmax_back(datt, att, np.float32(1.0 / math.sqrt(h // a)))
         dq, dk = datt @ k, datt.transpose(0, 1, 3, 2) @ q
-        dqkv = _heads_to_rows((dq, dk, dv), B, T, h)
+        dqkv = heads_to_rows((dq, dk, dv), B, T, h)
         self._accumulate(f"{i}.qkv_w", ln1.T @ dqkv, "bwd.attn")
         G[f"{i}.qkv_b"] += dqkv.sum(axis=0)
         dln1 = dqkv @ P[f"{i}.qkv_w"].T
         m("bwd.attn")
-        dx = dx + _layernorm_back(dln1, P[f"{i}.ln1_w"], c1, G[f"{i}.ln1_w"], G[f"{i}.ln1_b"])
+        dx = dx + layernorm_back(dln1, P[f"{i}.ln1_w"], c1, G[f"{i}.ln1_w"], G[f"{i}.ln1_b"])
         m("bwd.elementwise")
         return dx
 

@@ -84,27 +84,27 @@ def class_kernels(shape, seed: int = 0) -> dict[str, tuple[Callable[[], object],
         Class name (:data:`CLASS_KERNELS`) → (a call running the class's numpy kernel once,
         bytes ddlsim counts for that call).
     """
-    from .gpt2 import (Adam, _gelu, _gelu_back, _layernorm, _layernorm_back, _softmax,
-                       _softmax_back)
+    from .gpt2 import Adam
+    from .gpt2_layers import gelu, gelu_back, layernorm, layernorm_back, softmax, softmax_back
     rng = np.random.default_rng(seed)
     t, h = shape.batch * shape.seq, shape.hidden
     x = rng.standard_normal((t, h), dtype=np.float32)
     w, b = np.ones(h, np.float32), np.zeros(h, np.float32)
     dw, db = np.zeros(h, np.float32), np.zeros(h, np.float32)
-    _, cache = _layernorm(x, w, b)
+    _, cache = layernorm(x, w, b)
     y = rng.standard_normal((t, 4 * h), dtype=np.float32)
-    _, tanh = _gelu(y)
+    _, tanh = gelu(y)
     p = np.zeros(shape.padded, np.float32)
     g = rng.standard_normal(shape.padded, dtype=np.float32) * np.float32(1e-3)
     adam = Adam(shape.padded)
     att, datt, mask, scale = _scores(shape, rng)
-    calls = {"norm": lambda: _layernorm(x, w, b),
-             "norm_backward": lambda: _layernorm_back(x, w, cache, dw, db),
-             "activation": lambda: _gelu(y),
-             "activation_backward": lambda: _gelu_back(y, y, tanh),
+    calls = {"norm": lambda: layernorm(x, w, b),
+             "norm_backward": lambda: layernorm_back(x, w, cache, dw, db),
+             "activation": lambda: gelu(y),
+             "activation_backward": lambda: gelu_back(y, y, tanh),
              "optimizer": lambda: adam.step(p, g),
-             "softmax": lambda: _softmax(att, mask, scale),
-             "softmax_backward": lambda: _softmax_back(datt, att, scale)}
+             "softmax": lambda: softmax(att, mask, scale),
+             "softmax_backward": lambda: softmax_back(datt, att, scale)}
     counted = _counted_bytes(shape)
     return {name: (calls[name], counted[name]) for name in CLASS_KERNELS}
 
