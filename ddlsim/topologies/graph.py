@@ -13,7 +13,9 @@ Routes
 ------
 A route between devices of one node stays inside the node (NVSwitch, NVLink, PCIe, shared
 memory, never a NIC). Between nodes it runs device → its NIC → fabric → the destination
-device's NIC → device, each piece a shortest path with ECMP (see :mod:`.routing`).
+device's NIC → device, each piece a shortest path with ECMP (see :mod:`.routing`). Routes
+through a chosen NIC of each node (a rail, as NCCL stripes its channels) are in
+:mod:`.rail_routes`, whose :class:`~.rail_routes.RailRoutes` the topology inherits.
 
 Inside, vertices are integer ids (the builder's order) and edges numpy arrays sorted by source
 vertex, so a cluster of 10^5 devices is built and routed without a Python object per link; the
@@ -34,7 +36,8 @@ from ..errors import ConfigError
 from .builder import FABRIC_CODES, LINK_KINDS, NODE_KINDS, GraphRecord, source_offsets
 from .checks import builder_of
 from .layout import LocalLinks, NicSet, check_nics, nics_by_node, nics_of_devices, node_counts
-from .routing import GraphRouter, Router, ShortestPaths, flow_hash, pick
+from .rail_routes import RailRoutes
+from .routing import GraphRouter, Router, ShortestPaths, choose, flow_hash
 from .tree_routes import NodeCopies, TreeRoutes
 
 if TYPE_CHECKING:
@@ -45,7 +48,7 @@ __all__ = ["Topology"]
 _DEVICE, _NIC = NODE_KINDS.index("device"), NODE_KINDS.index("nic")
 
 
-class Topology:
+class Topology(RailRoutes):
     """A validated, frozen cluster graph with edge arrays and cached ECMP routes.
 
     Parameters
@@ -201,121 +204,13 @@ class Topology:
         a, b = int(self._dev[src]), int(self._dev[dst])
         if self.node_of_device[src] == self.node_of_device[dst]:
             return self._edge_ids(self._local.path(a, b, h))
-        nic_a = _choose(self._dev_nics[src], h, 1001)
-        nic_b = _choose(self._dev_nics[dst], h, 1002)
-        sw_a = _choose(self._attach(nic_a), h, 1003)
-        sw_b = _choose(self._attach(nic_b), h, 1004)
+        nic_a = choose(self._dev_nics[src], h, 1001)
+        nic_b = choose(self._dev_nics[dst], h, 1002)
+        sw_a = choose(self._attach(nic_a), h, 1003)
+        sw_b = choose(self._attach(nic_b), h, 1004)
         vertices = (self._local.path(a, nic_a, h) + self._fabric_path(sw_a, sw_b, h)
                     + self._local.path(nic_b, b, h))
         return self._edge_ids(vertices)
-
-    def route_rail(self, src_device: int, dst_device: int, rail: int) -> tuple[int, ...]:
-        """Edge ids of the route from ``src_device`` to ``dst_device`` through NIC number
-        ``rail`` (mod the NICs of a node) of both nodes: one channel of a collective striped
-        over a node's NICs, as NCCL lays its channels over rails (each channel leaves a node
-        through a different NIC, reached over the node's own fabric). Between devices of one
-        node, or on a node with one NIC, this is :meth:`route`."""
-        src, dst = int(src_device), int(dst_device)
-        na, nb = int(self.node_of_device[src]), int(self.node_of_device[dst])
-        nics_a, nics_b = self._node_nics[na], self._node_nics[nb]
-        if na == nb or (len(nics_a) <= 1 and len(nics_b) <= 1):
-            return self.route(src, dst, rail)
-        return self._rail(src, dst, int(rail))
-
-    def route_rail_many(self, src_devices: np.ndarray, dst_devices: np.ndarray,
-                        rails: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-        """:meth:`route_rail` of each ``(src_devices[i], dst_devices[i], rails[i])`` at
-        once, as padded edge-id rows (−1 after a route's end) and route latencies (seconds),
-        where the nodes are copies of node 0 under a tree fabric
-        (:class:`~.tree_routes.NodeCopies`); None elsewhere (route them one by one)."""
-        if self._copies is False:
-            self._copies = NodeCopies.of(self)
-        if self._copies is None:
-            return None
-        return self._copies.routes(np.asarray(src_devices, dtype=np.int64),
-                                   np.asarray(dst_devices, dtype=np.int64),
-                                   np.asarray(rails, dtype=np.int64))
-
-    @lru_cache(maxsize=1 << 18)  # noqa: B019  (one topology lives as long as its routes)
-    def _rail(self, src: int, dst: int, rail: int) -> tuple[int, ...]:
-        h = flow_hash(src, dst, rail)
-        na, nb = int(self.node_of_device[src]), int(self.node_of_device[dst])
-        nics_a, nics_b = self._node_nics[na], self._node_nics[nb]
-        nic_a, nic_b = nics_a[rail % len(nics_a)], nics_b[rail % len(nics_b)]
-        sw_a = _choose(self._attach(nic_a), h, 1003)
-        sw_b = _choose(self._attach(nic_b), h, 1004)
-        dest = nb * len(nics_b) + rail % len(nics_b)
-        vertices = (self._local.path(int(self._dev[src]), nic_a, h)
-                    + self._fabric_path(sw_a, sw_b, h, dest)
-                    + self._local.path(nic_b, int(self._dev[dst]), h))
-        return self._edge_ids(vertices)
-
-    @cached_property
-    def p2p_rail_table(self) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`p2p_rails` of every device as arrays: (devices × most rails) rail ids,
-        padded with −1, and the count per device (:func:`.p2p.rail_table`)."""
-        from .p2p import rail_table
-        return rail_table(self)
-
-    def p2p_rails(self, dst_device: int) -> tuple[int, ...]:
-        """The rails (NIC positions in :attr:`nics_of_node`) a point-to-point transfer to
-        ``dst_device`` from another node crosses, as NCCL picks them for send/recv
-        (:func:`.p2p.rails_of`, which gives NCCL's rule and its sources)."""
-        from .p2p import rails_of
-        return rails_of(self, dst_device)
-
-    @lru_cache(maxsize=1 << 16)  # noqa: B019
-    def rail_fabric_route(self, src_node: int, dst_node: int, rail: int) -> tuple[int, ...]:
-        """Edge ids from NIC ``rail`` of compute node ``src_node`` to NIC ``rail`` of
-        ``dst_node`` (NIC → fabric → NIC, the part of :meth:`route_rail` outside the nodes)."""
-        nics_a, nics_b = self._node_nics[src_node], self._node_nics[dst_node]
-        nic_a, nic_b = nics_a[rail % len(nics_a)], nics_b[rail % len(nics_b)]
-        up_a, up_b = self._attach(nic_a), self._attach(nic_b)
-        by_dest = getattr(self.router, "path_to", None)
-        # the flow hash only breaks ties: none when each NIC has one switch and trees route
-        # by destination (most clusters), so skip computing it then
-        h = (flow_hash(src_node, dst_node, rail)
-             if len(up_a) > 1 or len(up_b) > 1 or not by_dest else 0)
-        sw_a, sw_b = _choose(up_a, h, 1003), _choose(up_b, h, 1004)
-        dest = dst_node * len(nics_b) + rail % len(nics_b)
-        return self._edge_ids([nic_a, *self._fabric_path(sw_a, sw_b, h, dest), nic_b])
-
-    @lru_cache(maxsize=1 << 16)  # noqa: B019
-    def rail_stripes(self, src_node: int, dst_node: int) -> tuple[np.ndarray, np.ndarray, float]:
-        """The :meth:`rail_fabric_route` of every rail of ``src_node`` (one when it has no
-        NIC), flat: (edge ids of rail 0's route, then rail 1's, …; edges per route; the
-        largest route latency, seconds). Arrays read-only."""
-        rails = max(1, len(self._node_nics[src_node]))
-        routes = [self.rail_fabric_route(src_node, dst_node, c) for c in range(rails)]
-        edges = _frozen([e for r in routes for e in r], np.int64)
-        lengths = _frozen([len(r) for r in routes], np.int64)
-        return edges, lengths, max(self.path_latency_s(r) for r in routes)
-
-    def rail_stripes_flat(self, src_nodes: np.ndarray, dst_nodes: np.ndarray
-                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """:meth:`rail_stripes` of each pair ``(src_nodes[i], dst_nodes[i])`` (compute node
-        ids) flat: edge ids, edges per route, routes per pair and each pair's largest route
-        latency (seconds); all pairs at once where the fabric is a tree
-        (:class:`~.tree_routes.TreeRoutes`)."""
-        if self._trees is not None:
-            return self._trees.stripes(src_nodes, dst_nodes)
-        got = [self.rail_stripes(a, b) for a, b in zip(np.asarray(src_nodes).tolist(),
-                                                        np.asarray(dst_nodes).tolist())]
-        return _flat_routes([g[0] for g in got], [g[1] for g in got],
-                            [g[2] for g in got])
-
-    def rail_routes_flat(self, src_nodes: np.ndarray, dst_nodes: np.ndarray,
-                         rails: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`rail_fabric_route` of each ``(src_nodes[i], dst_nodes[i], rails[i])``
-        flat: edge ids, route after route, and edges per route."""
-        if self._trees is not None:
-            return self._trees.routes(np.asarray(src_nodes, dtype=np.int64),
-                                      np.asarray(dst_nodes, dtype=np.int64),
-                                      np.asarray(rails, dtype=np.int64))[:2]
-        routes = [self.rail_fabric_route(a, b, c) for a, b, c in
-                  zip(*(np.asarray(x).tolist() for x in (src_nodes, dst_nodes, rails)))]
-        return (np.fromiter((e for r in routes for e in r), dtype=np.int64),
-                np.fromiter((len(r) for r in routes), dtype=np.int64, count=len(routes)))
 
     # ---------------------------------------------------------------------- vertex ids
     def _attach(self, nic: int) -> tuple[int, ...]:
@@ -381,19 +276,10 @@ class Topology:
 
 
 # ---------------------------------------------------------------------------------- helpers
-def _flat_routes(edges: list, lengths: list, latency: list) -> tuple[np.ndarray, ...]:
-    return (np.concatenate(edges), np.concatenate(lengths),
-            np.array([len(n) for n in lengths], dtype=np.int64), np.array(latency))
-
-
 def _frozen(values, dtype: type = np.float64) -> np.ndarray:
     array = np.array(values, dtype=dtype)
     array.flags.writeable = False
     return array
-
-
-def _choose(options: Sequence, h: int, salt: int) -> Any:
-    return options[pick(h, salt, len(options))]
 
 
 def _freeze(graph: nx.DiGraph) -> nx.DiGraph:

@@ -20,8 +20,8 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from functools import lru_cache
 from typing import Protocol
 
-__all__ = ["flow_hash", "pick", "Router", "ShortestPaths", "TreeRouter", "TorusRouter",
-           "GraphRouter"]
+__all__ = ["flow_hash", "pick", "choose", "Router", "ShortestPaths", "TreeRouter",
+           "TorusRouter", "GraphRouter"]
 
 #: relative tolerance when comparing path latencies for ties
 _REL_TOL = 1e-9
@@ -55,6 +55,11 @@ def pick(h: int, salt: int, n: int) -> int:
     if n == 1:
         return 0
     return _mix32(h ^ ((salt * 0x9E3779B9) & _MASK32)) % n
+
+
+def choose(options: Sequence, h: int, salt: int):
+    """The item of ``options`` chosen by the flow hash ``h`` at decision point ``salt``."""
+    return options[pick(h, salt, len(options))]
 
 
 class Router(Protocol):
