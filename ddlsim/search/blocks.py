@@ -28,12 +28,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..simulator.analytical.arrays import lower_ops, stream_ends_together, structure
+from ..simulator.analytical.arrays import lean_ops, lower_ops, stream_ends_together, structure
 from ..simulator.kernels import op_time
 from ..simulator.kernels.device import kernel_times
 from ..simulator.kernels.contention import contention_seconds
 from ..workloads.smcontention import gemm_flops
-from ..workloads.trace import Block, Compute
+from ..workloads.trace import Compute
 from ..workloads.decoder.builder import StageBuilder, as_ops
 from ..workloads.decoder.fp8linear import weight_cast_microbatches
 from .plans import RECOMPUTE
@@ -242,7 +242,7 @@ def _built_pieces(ctx, plans, groups: list[np.ndarray]) -> tuple[list, list[floa
                 ops = tuple(make(sb))
                 entry = lowered.setdefault(ops, [])   # the op list hashed once
                 if not entry:   # lowered once per op list (below); kept for its FLOPs
-                    entry += [Block("piece", "forward", ops), None, [], ops, None]
+                    entry += [lean_ops(ops), None, [], ops, None]
                 built[keys[name]] = entry
             entry[2].append((name, j))
             if name in _GEMM_PIECES:   # GEMM FLOPs counted once per op list, where read
@@ -261,13 +261,13 @@ def _built_pieces(ctx, plans, groups: list[np.ndarray]) -> tuple[list, list[floa
 def _time_kernels(pieces: list, dev, memo: dict) -> None:
     """Put in ``memo`` (:func:`~ddlsim.simulator.kernels.op_time`'s, keyed ``(kernel,
     None)``) the seconds of every kernel of the compute ops :func:`lower_ops` will time in
-    ``pieces`` (blocks, their loops unrolled as it unrolls them), each distinct kernel once
+    ``pieces`` (their op lists as it times them, :func:`lean_ops`), each distinct kernel once
     and all in one :func:`~ddlsim.simulator.kernels.device.kernel_times` call: the seconds
     it would have timed them with, one by one."""
     wanted: dict = {}
     seen: set[int] = set()   # kernel tuples and kernels met before (most are shared objects)
     for block in pieces:
-        for op in block.lean.ops:
+        for op in block:
             p = op.payload
             if (type(p) is Compute and p.kernels is not None and id(p.kernels) not in seen
                     and p.seconds is None and p.contention is None):

@@ -24,10 +24,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ...workloads.trace import Block, Collective, Compute, P2P, Wait
+from ...workloads.trace import Block, Collective, Compute, Loop, P2P, Wait
 from .instructions import COLL, COMPUTE, WAIT, Instr, _new_instr, _share_concurrent
 
-__all__ = ["lower_ops", "with_collectives", "stream_ends", "structure", "stream_ends_together"]
+__all__ = ["lower_ops", "lean_ops", "with_collectives", "stream_ends", "structure", "stream_ends_together"]
 
 
 def lower_ops(ops: Sequence, compute_s: Callable[[Compute], float]
@@ -53,7 +53,7 @@ def lower_ops(ops: Sequence, compute_s: Callable[[Compute], float]
         seconds follow theirs; None for the others): :func:`with_collectives` puts their
         seconds in.
     """
-    lean = (ops if isinstance(ops, Block) else Block("piece", "forward", tuple(ops))).lean.ops
+    lean = ops.lean.ops if isinstance(ops, Block) else lean_ops(tuple(ops))
     streams = {"compute": 0}
     out: list[Instr] = []
     colls: list[Collective | Compute | None] = []
@@ -86,6 +86,17 @@ def lower_ops(ops: Sequence, compute_s: Callable[[Compute], float]
         out.append(_new_instr(fields + (None, None, -1)))
         colls.append(symbol)
     return _share_concurrent(out, lean), tuple(colls)
+
+
+def lean_ops(ops: tuple) -> tuple:
+    """``ops`` as :attr:`~ddlsim.workloads.trace.Block.lean` writes them (self-contained
+    loops written once, their ops repeated; the others unrolled): ``ops`` themselves where
+    no op is a :class:`~ddlsim.workloads.trace.Loop`, without making a block, whose lean
+    form would then be the block itself, a reference cycle only the garbage collector frees
+    (a search grid lowers a few hundred op lists)."""
+    if not any(type(op.payload) is Loop for op in ops):
+        return ops
+    return Block("piece", "forward", ops).lean.ops
 
 
 def _symbolic(p) -> bool:
