@@ -56,7 +56,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                 "ddlsim.software_fields",
                 "ddlsim.software",
                 "ddlsim.config_system", "ddlsim.config", "ddlsim.configpresets",
-                "ddlsim.configload", "ddlsim.presets", "ddlsim.stackrules",
+                "ddlsim.configerrors", "ddlsim.configload", "ddlsim.presets", "ddlsim.stackrules",
                 "ddlsim.fieldcheck")),
     ("topologies", ("ddlsim.topologies",)),
     ("trace", ("ddlsim.workloads.trace", "ddlsim.workloads.payloads", "ddlsim.workloads.steps")),

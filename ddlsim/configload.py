@@ -9,14 +9,13 @@ values are accepted with a :class:`~ddlsim.errors.DDLSimWarning`.
 from __future__ import annotations
 
 import copy
-import re
-import typing
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
 from . import config as C
+from .configerrors import clause, shown, union_errors
 from .configpresets import hf_folder, preset_alias, preset_overrides
 from .errors import ConfigError, did_you_mean
 
@@ -28,115 +27,12 @@ _SECTIONS = {"model": C.ModelBase, "parallel": C.ParallelConfig, "train": C.Trai
 _REQUIRED = ("model", "train", "system")
 
 
-def _shown(value: Any, width: int = 60) -> str:
-    if isinstance(value, int) and value.bit_length() > 200:
-        return f"a {value.bit_length()}-bit integer"
-    text = repr(value)
-    return text if len(text) <= width else text[:width - 5] + " …" + text[-3:]
-
-
 def format_validation_error(exc: ValidationError, where: str, root: Any = None) -> str:
     """One clause per problem, naming the field, the value and what is allowed. ``root`` is the
     model that ``where`` names (default: the config section of that name)."""
     model = (root or _SECTIONS.get(where.split(".")[-1])
              or (C.RunConfig if where == "config" else None))
-    return "; ".join(_clause(err, where, model) for err in _union_errors(exc.errors()))
-
-
-#: a location part that names a branch of a union: pydantic reports each branch's failure
-#: under the branch's name (``str``, ``function-after[…]``, a model class), not a field's
-_FUNCTION_BRANCH = re.compile(r"^function-(after|before|wrap|plain)\[.*\]$")
-_SCALAR_BRANCHES = frozenset({"str", "int", "float", "bool"})
-
-
-def _model_names() -> frozenset[str]:
-    """Names of ddlsim's pydantic models (the branch names of a union of models)."""
-    seen, todo = set(), list(BaseModel.__subclasses__())
-    while todo:
-        cls = todo.pop()
-        if cls.__module__.startswith("ddlsim"):
-            seen.add(cls.__name__)
-        todo.extend(cls.__subclasses__())
-    return frozenset(seen)
-
-
-def _branches(err: dict) -> list[int]:
-    """Positions in ``err``'s location that name union branches (a scalar branch only as the
-    last part of a type error: a user's key may be called ``str``)."""
-    loc, models = err["loc"], _model_names()
-    return [j for j, p in enumerate(loc) if isinstance(p, str) and (
-        _FUNCTION_BRANCH.match(p) or p in models
-        or (p in _SCALAR_BRANCHES and j == len(loc) - 1 and err["type"].endswith("_type")))]
-
-
-def _union_errors(errors: list[dict]) -> list[dict]:
-    """The errors of a value that matched no branch of a union, told once: a branch that
-    failed only on the value's type (``Input should be a valid string`` for a mapping) is
-    dropped when another branch got further, and branch names leave the location."""
-    tags = [_branches(err) for err in errors]
-    deeper = {err["loc"][:t[0]] for err, t in zip(errors, tags)
-              if t and len(err["loc"]) > t[0] + 1}
-    out = []
-    for err, t in zip(errors, tags):
-        if not t:
-            out.append(err)
-            continue
-        if len(err["loc"]) == t[0] + 1 and err["loc"][:t[0]] in deeper:
-            continue                                  # the other branch says more
-        loc = tuple(p for j, p in enumerate(err["loc"]) if j not in t)
-        same = next((o for o in out if o["loc"] == loc and o["type"].endswith("_type")), None)
-        if same is not None and err["type"].endswith("_type"):   # no branch took the type
-            same["msg"] += ", or " + err["msg"].removeprefix("Input should be ")
-            continue
-        out.append({**err, "loc": loc})
-    return out
-
-
-def _clause(err: dict, where: str, model: Any) -> str:
-    loc = ".".join(str(x) for x in err["loc"] if x != "__root__")
-    field = f"{where}.{loc}" if loc else where
-    if field == "config":  # a cross-section rule: its message names the fields
-        return err["msg"].removeprefix("Value error, ")
-    msg = err["msg"].removeprefix("Value error, ")
-    if err["type"] == "extra_forbidden":
-        parent = ".".join([where, *[str(x) for x in err["loc"][:-1]]])
-        allowed = _allowed_keys(model, err["loc"][:-1])
-        key = err["loc"][-1]
-        from .importers.hints import foreign_hint
-        hint = foreign_hint(key)
-        return (f"unknown key {key!r} in {parent}"
-                + (f"; {hint}" if hint else did_you_mean(key, allowed))
-                + (f"; allowed keys: {', '.join(allowed)}" if allowed else ""))
-    if err["type"] == "literal_error":
-        choices = re.findall(r"'([^']*)'", err.get("ctx", {}).get("expected", ""))
-        msg += did_you_mean(err.get("input"), choices)
-    given = err.get("input")
-    quiet = isinstance(given, dict) or err["type"] == "missing" or "got " in msg
-    shown = "" if quiet else f" (got {_shown(given)})"
-    return f"{field}: {msg}{shown}"
-
-
-def _allowed_keys(model: Any, loc: tuple) -> list[str]:
-    for part in loc:
-        model = _model_of(model)
-        if model is None:
-            return []
-        field = model.model_fields.get(str(part))
-        if field is None:
-            return []
-        model = field.annotation
-    model = _model_of(model)
-    return [] if model is None else sorted(model.model_fields)
-
-
-def _model_of(annotation: Any) -> Any:
-    """The pydantic model an annotation holds (the model branch of ``str | Model | None``)."""
-    if hasattr(annotation, "model_fields"):
-        return annotation
-    for arg in typing.get_args(annotation):
-        if hasattr(arg, "model_fields"):
-            return arg
-    return None
+    return "; ".join(clause(err, where, model) for err in union_errors(exc.errors()))
 
 
 def resolve_section(name: str, value: Any, base_dir: Any = None, expand: bool = True) -> dict:
@@ -166,14 +62,14 @@ def _resolved(name: str, value: Any) -> dict:
     if not isinstance(value, dict):
         raise ConfigError(f"section {name!r} must be a mapping of its fields or the name of a "
                           f"{name} preset (see `ddlsim presets {name}`); got "
-                          f"{_kind(value)}{'' if value is None else ' ' + _shown(value)}")
+                          f"{_kind(value)}{'' if value is None else ' ' + shown(value)}")
     value = dict(value)
     base = value.pop("preset", None)
     if base is None:
         return value
     if not isinstance(base, str):
         raise ConfigError(f"{name}.preset must be the name of a {name} preset; got "
-                          f"{_kind(base)} {_shown(base)}")
+                          f"{_kind(base)} {shown(base)}")
     merged = _named(name, base, copy.deepcopy(get_preset(name, preset_alias(name, base))))
     _deep_update(merged, value)
     return merged
@@ -385,7 +281,7 @@ def load_config(source: str | Path | dict,
     """
     if not isinstance(source, (str, Path, dict)):
         raise ConfigError(f"a run config is a path to a YAML/JSON file or a mapping; got "
-                          f"{_kind(source)} {_shown(source)}")
+                          f"{_kind(source)} {shown(source)}")
     data = source if isinstance(source, dict) else read_document(source)
     base_dir = None if isinstance(source, dict) else Path(source).parent
     if model is not None:
