@@ -166,7 +166,7 @@ PHASES = [
     ("  builders (resolve_plan)", "ddlsim.workloads.decoder.builder", "StageBuilder.from_config"),
     ("  kernels timed (kernel_times)", "ddlsim.search.blocks", "kernel_times"),
     ("  lowering (lower_ops)", "ddlsim.search.blocks", "lower_ops"),
-    ("  collectives on the networks", "ddlsim.search.blocks", "_collective_seconds"),
+    ("  collectives on the networks", "ddlsim.search.piececolls", "piece_collectives"),
     ("  timing rule (stream_ends)", "ddlsim.search.blocks", "stream_ends_together"),
     ("meshes' networks", "ddlsim.search.decoder", "mesh_networks"),
     ("  group networks (family_net)", "ddlsim.simulator.netmodel", "family_net"),

@@ -15,8 +15,9 @@ distinct signature of those fields among the plans, :func:`stage_pieces`
    on arrays; the pieces of one structure together, :func:`~ddlsim.simulator.analytical.
    arrays.stream_ends_together`): compute ops by :func:`~ddlsim.simulator.kernels.op_time`, as
    :meth:`~ddlsim.simulator.costs.CostModel.compute` times them, and collectives on each
-   plan's own network (:func:`~ddlsim.search.collforms.collective_seconds`, the cost model's
-   closed forms on arrays).
+   plan's own network (:mod:`.piececolls`, each distinct mesh and size asked once of
+   :func:`~ddlsim.search.collforms.collective_seconds`, the cost model's closed forms on
+   arrays).
 
 No cost or op list is written here: a cost added to the builder reaches the search tier
 through the same ops.
@@ -36,6 +37,7 @@ from ..workloads.smcontention import gemm_flops
 from ..workloads.trace import Compute
 from ..workloads.decoder.builder import StageBuilder, as_ops
 from ..workloads.decoder.fp8linear import weight_cast_microbatches
+from . import piececolls
 from .plans import RECOMPUTE
 
 __all__ = ["Pieces", "stage_pieces", "piece_config"]
@@ -155,19 +157,20 @@ def stage_pieces(ctx, plans, coll_at, backend: str = "mpi",
     distinct, p2p_bytes = _built_pieces(ctx, plans, groups)
     # 2. every collective asked, on each plan's network: one array call per (op, family)
     shared = [np.concatenate([groups[j] for _, j in users]) for _, _, users in distinct]
-    seconds = _collective_seconds(distinct, shared, coll_at,
-                                  np.arange(len(plans)) if mesh_of is None else mesh_of)
-    _contention_seconds(ctx, distinct, seconds, backend)
+    seconds = piececolls.piece_collectives(
+        distinct, shared, coll_at, np.arange(len(plans)) if mesh_of is None else mesh_of)
+    piececolls.piece_contention(ctx, distinct, seconds, backend)
     # 3. each distinct piece timed by the timing rule once, on arrays over every plan that
     # has it (element by element, as over each signature's plans apart), the pieces of one
     # structure together; a piece no plan of a signature reads (:func:`_wanted`) is not
     # built: NaN there
     out = {name: np.full(len(plans), np.nan) for name in Pieces._fields}
     alike: dict[tuple, list[int]] = {}
+    key = piececolls.seconds_key
     for k, (instrs, _, _) in enumerate(distinct):
         alike.setdefault(structure(instrs), []).append(k)
     for members in alike.values():
-        durations = [[ins.dur if c is None else ins.dur * seconds[_key(k, c)]
+        durations = [[ins.dur if c is None else ins.dur * seconds[key(k, c)]
                       for ins, c in zip(distinct[k][0], distinct[k][1])] for k in members]
         ends = stream_ends_together(distinct[members[0]][0], durations,
                                     [len(shared[k]) for k in members])
@@ -378,64 +381,3 @@ def _piece_keys(sb, mbs: int, tp: int, sp: bool, recompute: str, zero: int,
             "emb_b": ("emb_b", *edges), "emb_b1": ("emb_b1", *edges),
             "head_f": ("head_f", *edges), "head_b": ("head_b", *shape),
             "gather": ("gather", *shape)}
-
-
-def _collective_seconds(distinct: list, shared: list[np.ndarray], coll_at,
-                        mesh_of: np.ndarray) -> dict:
-    """Seconds of each collective of each distinct piece ``k`` on the networks of its plans
-    ``shared[k]``, as ``{(k, op, family, bytes): array}``: one :func:`coll_at` call per
-    (op, family), on each distinct (mesh, size) its pieces' plans ask once (a plan's time is
-    its mesh's at that size: ``mesh_of[i]``, plan i's mesh), put back on every plan."""
-    asked: dict[tuple, dict] = {}
-    for k, (_, colls, _) in enumerate(distinct):
-        for c in colls:
-            # a contention op's seconds follow those of its collectives
-            for x in (() if c is None else c.contention.collectives if _contends(c) else (c,)):
-                asked.setdefault((x.op, x.group), {})[(k, x.bytes)] = None
-    meshes = int(mesh_of.max(initial=-1)) + 1
-    first = np.zeros(meshes, dtype=np.int64)   # a plan of each mesh (its first) stands for it
-    first[mesh_of[::-1]] = np.arange(len(mesh_of) - 1, -1, -1)
-    of_piece: dict[int, np.ndarray] = {}   # each piece's plans' meshes, gathered once
-    seconds: dict[tuple, np.ndarray] = {}
-    for (op, family), wanted in asked.items():
-        keys = list(wanted)
-        sizes = [len(shared[k]) for k, _ in keys]
-        values = sorted({b for _, b in keys})
-        at = {b: i * meshes for i, b in enumerate(values)}
-        codes = np.concatenate([of_piece[k] if k in of_piece else
-                                of_piece.setdefault(k, mesh_of[shared[k]]) for k, _ in keys])
-        codes += np.repeat([at[b] for _, b in keys], sizes)   # (size, mesh) as one integer
-        pairs = (np.bincount(codes, minlength=len(values) * meshes) != 0).nonzero()[0]
-        table = np.empty(len(values) * meshes)
-        table[pairs] = coll_at(op, family, np.array(values, dtype=float)[pairs // meshes],
-                               first[pairs % meshes])
-        for (k, b), part in zip(keys, np.split(table[codes], np.cumsum(sizes)[:-1])):
-            seconds[(k, op, family, b)] = part
-    return seconds
-
-
-def _contends(op) -> bool:
-    """Whether ``op`` (a collective, or a compute op left symbolic by :func:`lower_ops`) is
-    a contention op, whose seconds follow its collectives'."""
-    return isinstance(op, Compute)
-
-
-def _key(k: int, op) -> tuple:
-    """The key of ``op``'s seconds in distinct piece ``k``."""
-    return (k, op) if _contends(op) else (k, op.op, op.group, op.bytes)
-
-
-def _contention_seconds(ctx, distinct: list, seconds: dict, backend: str) -> None:
-    """Add to ``seconds`` each contention op's, on arrays over its piece's plans: the GEMMs'
-    extra time while NCCL's channels (with the ``nccl`` backend) hold SMs for as long as its
-    collectives run, one after another (:meth:`~ddlsim.simulator.costs.CostModel.compute`)."""
-    from ..simulator.kernels.contention import nccl_ring_ctas
-
-    ctas = None   # the system's, asked once (it depends on nothing else)
-    for k, (_, colls, _) in enumerate(distinct):
-        for c in colls:
-            if c is not None and _contends(c) and _key(k, c) not in seconds:
-                comm = sum(n * seconds[_key(k, x)] for x, n in c.contention.issues())
-                if ctas is None:
-                    ctas = nccl_ring_ctas(ctx.cfg.system) if backend == "nccl" else 0
-                seconds[_key(k, c)] = contention_seconds(c, ctx.dev, ctas, comm)

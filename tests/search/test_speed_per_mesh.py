@@ -13,7 +13,7 @@ import itertools
 import numpy as np
 import pytest
 
-from ddlsim.search import blocks
+from ddlsim.search import piececolls
 from ddlsim.search.evaluate import evaluate_grid
 from ddlsim.search.rejections import Rejections, _and_on_grid
 from ddlsim.search.spec import Constraints
@@ -29,11 +29,11 @@ AXES = {"parallel.tensor_model_parallel_size": [1, 2, 8],
 
 @pytest.fixture
 def asked(monkeypatch) -> list:
-    """Every call of :func:`blocks._collective_seconds` in the grid of the test: (its
+    """Every call of :func:`piececolls.piece_collectives` in the grid of the test: (its
     result, the plans' meshes, each distinct piece's plans, and the (op, family, bytes,
     plan) the coll_at it was given was asked for)."""
     calls: list = []
-    real = blocks._collective_seconds
+    real = piececolls.piece_collectives
 
     def recorded(distinct, shared, coll_at, mesh_of):
         seen: list = []
@@ -45,7 +45,7 @@ def asked(monkeypatch) -> list:
         got = real(distinct, shared, at, mesh_of)
         calls.append((dict(got), coll_at, mesh_of, shared, seen))   # before the contention ops
         return got
-    monkeypatch.setattr(blocks, "_collective_seconds", recorded)
+    monkeypatch.setattr(piececolls, "piece_collectives", recorded)
     return calls
 
 
