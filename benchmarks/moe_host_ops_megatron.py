@@ -38,7 +38,8 @@ class Tally:
 
     def __init__(self) -> None:
         self.label, self.on, self.t = "outside", False, time.thread_time_ns()
-        self.us, self.tagged = collections.Counter(), {}
+        self.us, self.c10d_us, self.tagged = collections.Counter(), collections.Counter(), {}
+        self.timing = False         # timed passes: the labelled steps tag their outputs
         self.take()
 
     def take(self) -> dict:
@@ -77,6 +78,18 @@ class Tally:
         def pre(grads):
             self.label = "bwd." + self.tagged.get(node, "untagged")
             self.nodes[self.label] += 1
+        return pre
+
+    def timed_prehook(self, node):
+        """A backward pre-hook charging the time since the last node began to that node's
+        part and making ``node``'s part current: a node's time runs to the next node's start,
+        the autograd engine's work between them included (one hook per node, whose own cost
+        the timed passes measure and take out: :func:`timing_worker`)."""
+        label = "bwd." + self.tagged.get(node, "untagged")
+
+        def pre(grads):
+            self.switch(label)
+            self.nodes[label] += 1
         return pre
 
 
@@ -141,6 +154,15 @@ def _layer(torch, local: int, world: int, router_dtype):
     return layer
 
 
+def _tensors(out) -> list:
+    """The tensors in a step's output (nested tuples, lists and dicts)."""
+    if isinstance(out, (tuple, list)):
+        return [t for x in out for t in _tensors(x)]
+    if isinstance(out, dict):
+        return _tensors(list(out.values()))
+    return [out] if hasattr(out, "grad_fn") else []
+
+
 def _label(layer, tally: Tally) -> None:
     """Wrap the layer's steps so that each call runs under its part's label."""
     from megatron.core.transformer.moe import token_dispatcher as td
@@ -150,11 +172,19 @@ def _label(layer, tally: Tally) -> None:
 
         def wrap(*a, **k):
             prev = tally.label
-            tally.switch(label(prev) if callable(label) else label)
+            mine = label(prev) if callable(label) else label
+            tally.switch(mine)
             try:
-                return fn(*a, **k)
+                out = fn(*a, **k)
             finally:
                 tally.switch(prev)
+            if tally.timing:        # its autograd nodes: this step's (charged to "tag")
+                tally.switch("tag")
+                tally.label = mine
+                tally.tag(_tensors(out))
+                tally.label = "tag"
+                tally.switch(prev)
+            return out
         setattr(obj, name, wrap)
     d = layer.token_dispatcher
     labelled(layer.router, "forward", "router")

@@ -86,3 +86,38 @@ def test_the_table_sets_each_part_beside_ddlsim():
 def test_counting_refuses_a_folder_that_is_not_megatron(tmp_path: Path):
     with pytest.raises(SystemExit, match="moe_host_ops"):
         ops.count(tmp_path, "d7288711", 4)
+
+
+def test_host_seconds_take_out_the_transport_the_hooks_and_the_kernels():
+    # x(T) = thread µs - c10d µs - hooked nodes x (hooked - bare backward) / nodes; the
+    # kernels' share at T (x(8T) - x(T)) / 7, the glue x(T) less it
+    def run(scale: float) -> dict:
+        return {"us": {"router": 100 + 10 * scale, "dispatch.all_to_all": 300.0,
+                       "bwd.router": 90 + 7 * scale, "experts": 5000.0},
+                "c10d_us": {"dispatch.all_to_all": 280.0},
+                "bwd_total_us": {"hooks": 150.0, "bare": 100.0},
+                "bwd_nodes": {"bwd.router": 4, "bwd.experts": 6}}
+    secs = ops.host_seconds({"timing": {"16": run(1), "128": run(8)}})
+    assert secs["fwd.router"] == {"host_s": pytest.approx(100e-6),
+                                  "kernels_s": pytest.approx(10e-6)}
+    assert secs["fwd.dispatch"]["host_s"] == pytest.approx(20e-6)
+    assert secs["bwd.router"]["host_s"] == pytest.approx((97 - 4 * 5 - 7) * 1e-6)
+    assert "fwd.experts" not in secs     # SequentialMLP is not what the rows ran
+
+
+def test_the_package_data_file_is_the_committed_timings_with_provenance():
+    import yaml
+    shipped = yaml.safe_load(ops.PACKAGE_DATA.read_text())
+    assert shipped == ops.data_file()      # --write-data's, unedited
+    for commit, code in shipped["code"].items():
+        assert code["megatron"].startswith("NVIDIA/Megatron-LM " + commit)
+        assert set(code["local_experts"]) == {4, 16}
+        for run in code["local_experts"].values():
+            prov = run["provenance"]
+            assert prov["megatron_commit"].startswith(commit) and len(prov["megatron_commit"]) == 40
+            assert prov["passes"] >= 20 and prov["tokens"] == list(ops.TOKENS)
+            assert all(prov[k] for k in ("torch", "cpu", "date", "patched", "command", "ranks"))
+            assert set(run["host_s"]["fwd"]) == set(run["calls"]) == {"router", "dispatch",
+                                                                       "combine"}
+    header = ops.PACKAGE_DATA.read_text().split("\ncode:")[0]
+    assert "Xeon Platinum 8480C" in header and "ratio 1" in header

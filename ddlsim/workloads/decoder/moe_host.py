@@ -40,15 +40,13 @@ on the host.
 **Host operations, counted** in the same code, one per call into torch (a torch function or
 tensor method, an autograd ``Function.apply``, a Transformer Engine or DeepEP entry point, a
 ``torch.distributed`` call, a stream or event call; not what runs inside TE or DeepEP), with the
-fused router and fused permutation the validated runs use (``--moe-router-fusion``,
-``--moe-permute-fusion``; the unfused router's torch fallbacks add the calls
-:func:`.moe_router.router_host_calls` gives, measured by benchmarks/moe_host_ops.py; the
-unfused permutation's are not counted), aux-loss balancing, no shared experts, expert TP 1
-(:data:`DISPATCHER_HOST`). ``issue_ops`` are the operations from a wait's return to the next
-launch, while the device has nothing left to do; ``work_ops`` the rest of the layer's forward
-MoE code, which the host runs ahead of the device between one layer's last wait and the next
-layer's first, with the layer's Transformer Engine linear modules at their published host time
-(:data:`TE_LINEAR_HOST_S`).
+fused router and permutation the validated runs use (the unfused router's torch fallbacks add
+:func:`.moe_router.router_host_calls`; the unfused permutation's are not counted), aux-loss
+balancing, no shared experts, expert TP 1 (:data:`DISPATCHER_HOST`). ``issue_ops`` are the
+operations from a wait's return to the next launch, while the device has nothing left to do;
+``work_ops`` the rest of the layer's forward MoE code, which the host runs ahead of the device
+between one layer's last wait and the next layer's first, with the layer's Transformer Engine
+linear modules at their published host time (:data:`TE_LINEAR_HOST_S`).
 
 **In the trace** (non-overlapped layers, :meth:`.moe.MoEOps._moe_block`): on a ``host`` stream,
 per wait ``*.dispatch.sync`` (from the awaited device op's end and a free host, ``wakes`` ×
@@ -59,9 +57,12 @@ the last wait the host's lead is nothing, so the work up to the combine is laid 
 The rest of the work (``*.moe.host``, ``*.moe.host.te``: the next layer's attention, router and
 dispatch pre-processing) runs ahead of the device (no deps) and binds only where it outlasts
 the device's work up to the next wait. The backward, which never waits, carries the experts'
-per-expert host work (:mod:`.moe_host_chain`, ``bwd.experts.host``, no deps; the rest of its
-host work is not counted). Host operations are timed by the device's host rule
-(:func:`~ddlsim.simulator.kernels.device.op_time`: ``n·h``), so both engines time them alike.
+per-expert host work (``bwd.experts.host``) and, measured, the router's, dispatch's and
+combine's (``bwd.moe.host``), no deps (:mod:`.moe_host_chain`). Host operations are timed by
+the device's host rule (:func:`~ddlsim.simulator.kernels.device.op_time`: ``n·h``), except
+the alltoall dispatcher's router, dispatch and combine calls: their seconds per call measured
+in Megatron-LM's own code (``host_s``, :func:`.moe_host_chain.measured_host`); both engines
+time them alike.
 Under Megatron-Core's combined 1F1B (:mod:`.combined`) the waits open the forward's
 ``dispatch`` and ``mlp`` nodes; after a ``dispatch`` node's wait (alltoall, HybridEP) all the
 work follows the last issue with no deps; DeepEP's waits in the ``mlp`` node synchronise the
@@ -81,8 +82,8 @@ from ..trace import Compute, Kernel, Op, Wait
 from .moe_router import router_host_calls
 
 __all__ = ["HostWait", "HostStep", "DispatcherHost", "DISPATCHER_HOST", "SYNC_WAKE_S",
-           "TE_LINEAR_HOST_S", "TE_LINEARS_FORWARD", "dispatcher_host", "host_op", "layer_work",
-           "add_waits", "node_with_waits"]
+           "TE_LINEAR_HOST_S", "TE_LINEARS_FORWARD", "dispatcher_host", "host_op", "work_op",
+           "layer_work", "add_waits", "node_with_waits"]
 
 #: Seconds from the device's completion of the awaited work to the host running again after a
 #: device→host copy and its event's synchronisation: a PyTorch microbenchmark of a
@@ -114,23 +115,26 @@ class HostWait:
     """One wait of the host in a forward MoE layer: for what (``after``: ``"router"``, the
     last compute op before the dispatch, or ``"dispatch"``, the dispatch's collectives), how
     many wake-ups it chains (``wakes``) and how many host operations follow it before the next
-    launch (``issue_ops``)."""
+    launch (``issue_ops``; ``parts``: by part of the layer, where measured host seconds exist:
+    :mod:`.moe_host_chain`)."""
 
     after: str
     wakes: int
     issue_ops: int
+    parts: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
 class HostStep:
     """Host work after a forward layer's last wait that ends with the launch of one device op
     of the expert path and the combine (``issues``: that op's name after its prefix, e.g.
-    ``experts.fc1``): ``ops`` counted calls into torch, ``te`` Transformer Engine linear
-    modules (:data:`TE_LINEAR_HOST_S` each)."""
+    ``experts.fc1``): ``ops`` counted calls into torch (``parts``: by part), ``te``
+    Transformer Engine linear modules (:data:`TE_LINEAR_HOST_S` each)."""
 
     issues: str
     ops: int
     te: int = 0
+    parts: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -140,19 +144,29 @@ class DispatcherHost:
     (``work_ops``, with the :data:`TE_LINEARS_FORWARD` linear modules besides), where each
     was read and counted (``source``), and the part of that work (``chain``, in issue order)
     the host runs between the last wait and the combine, each step before the device op it
-    launches."""
+    launches. ``work_parts``: ``work_ops`` by part of the layer (router, dispatch, experts,
+    combine; empty where not split), whose parts with measured host seconds
+    (``measured``, a :class:`.moe_host_chain.MeasuredHost`: the alltoall dispatcher's) are
+    charged those instead of the count × host rule (:func:`work_op`)."""
 
     waits_when: Callable[[Any], bool]
     waits: tuple[HostWait, ...]
     work_ops: int
     source: str
     chain: tuple[HostStep, ...] = ()
+    work_parts: tuple[tuple[str, int], ...] = ()
+    measured: Any = None
 
     def __post_init__(self) -> None:
         ops, te = sum(s.ops for s in self.chain), sum(s.te for s in self.chain)
         if ops > self.work_ops or te > TE_LINEARS_FORWARD:
             raise ValueError(f"host chain of {ops} operations and {te} TE linears exceeds the "
                              f"layer's {self.work_ops} and {TE_LINEARS_FORWARD}")
+        split = [(self.work_ops, self.work_parts), *((w.issue_ops, w.parts) for w in self.waits),
+                 *((s.ops, s.parts) for s in self.chain)]
+        if self.work_parts and any(n != sum(c for _, c in parts) for n, parts in split):
+            raise ValueError(f"host operations {[n for n, _ in split]} are not the sums of their "
+                             f"parts {[parts for _, parts in split]}")
 
 
 def _experts(before_fc1: int) -> tuple[HostStep, HostStep]:
@@ -162,13 +176,16 @@ def _experts(before_fc1: int) -> tuple[HostStep, HostStep]:
     TE grouped linears. A step gates the ops the device could reach before the host (the
     GEMMs, the combine); the calls launching the short ops between them (sort, act, unsort)
     join the next step."""
-    return HostStep("experts.fc1", before_fc1 + 2, 1), HostStep("experts.fc2", 1, 1)
+    return (HostStep("experts.fc1", before_fc1 + 2, 1,
+                     (("dispatch", before_fc1), ("experts", 2)) if before_fc1 else
+                     (("experts", 2),)),
+            HostStep("experts.fc2", 1, 1, (("experts", 1),)))
 
 
 #: dispatcher (``flex`` by backend) → its host side (Megatron-LM d7288711; module docstring)
 DISPATCHER_HOST: dict[str, DispatcherHost] = {
     "alltoall": DispatcherHost(
-        lambda plan: not plan.pad, (HostWait("router", 1, 4),), 70,
+        lambda plan: not plan.pad, (HostWait("router", 1, 4, (("dispatch", 4),)),), 70,
         "wait: token_dispatcher.py lines 519-587, 904; issue: the tokens' all_to_all "
         "(tensor_parallel/mappings.py _AllToAll lines 422-444: apply, contiguous, new_empty, "
         "all_to_all_single); work: router 16 (router.py 681-709, 587-673; moe_utils.py "
@@ -177,7 +194,8 @@ DISPATCHER_HOST: dict[str, DispatcherHost] = {
         "(680-748), experts 3 (experts.py 330-400, less the grouped linears: "
         "TE_LINEAR_HOST_S), combine_preprocess 3, token_combine 4, "
         "combine_postprocess 2 (751-854)",
-        (*_experts(2), HostStep("combine", 3 + 4))),
+        (*_experts(2), HostStep("combine", 3 + 4, 0, (("combine", 7),))),
+        (("router", 16), ("dispatch", 36 + 4 + 2), ("experts", 3), ("combine", 3 + 4 + 2))),
     "allgather": DispatcherHost(
         lambda plan: True, (HostWait("dispatch", 1, 3),), 44,
         "wait: token_dispatcher.py line 295; issue: sum().item() of the host copy, permute; "
@@ -206,8 +224,9 @@ DISPATCHER_HOST: dict[str, DispatcherHost] = {
 def dispatcher_host(plan: Any) -> DispatcherHost | None:
     """The host side of a resolved MoE plan's forward (:data:`DISPATCHER_HOST`, its work with
     the router's torch fallbacks' calls when the router is not fused:
-    :func:`.moe_router.router_host_calls`), or None when its dispatcher does not wait (padding
-    to capacity).
+    :func:`.moe_router.router_host_calls`, and the measured host seconds per call where its
+    work is split by part: :func:`.moe_host_chain.measured_host`), or None when its dispatcher
+    does not wait (padding to capacity).
 
     Parameters
     ----------
@@ -222,8 +241,12 @@ def dispatcher_host(plan: Any) -> DispatcherHost | None:
     host = DISPATCHER_HOST.get(key)
     if host is None or not host.waits_when(plan):
         return None
-    extra = router_host_calls(plan)
-    return replace(host, work_ops=host.work_ops + extra) if extra else host
+    extra, parts = router_host_calls(plan), dict(host.work_parts)
+    if parts:
+        parts["router"] += extra
+    host = replace(host, work_ops=host.work_ops + extra, work_parts=tuple(parts.items()))
+    from .moe_host_chain import measured_host
+    return replace(host, measured=measured_host()) if parts else host
 
 
 def host_op(name: str, operations: int, dtype: str) -> Compute:
@@ -232,21 +255,36 @@ def host_op(name: str, operations: int, dtype: str) -> Compute:
                    kernels=(Kernel("memory"),) * operations)
 
 
-def _wait_ops(pre: str, wait: HostWait, dtype: str) -> tuple[Compute, Compute]:
+def work_op(name: str, operations: int, parts: tuple[tuple[str, int], ...],
+            host: DispatcherHost, dtype: str) -> Compute:
+    """``operations`` host operations of the layer (``parts``: by part): the calls of the parts
+    ``host.measured`` has figures for take their measured seconds per call (``host_s``), the
+    rest the device's host rule (:func:`host_op`)."""
+    if host.measured is None or not parts:
+        return host_op(name, operations, dtype)
+    seconds, ruled = host.measured.forward_seconds(parts)
+    return replace(host_op(name, ruled, dtype), host_s=seconds)
+
+
+def _wait_ops(pre: str, wait: HostWait, host: DispatcherHost,
+              dtype: str) -> tuple[Compute, Compute]:
     return (Compute(f"{pre}.dispatch.sync", 0.0, kind="elementwise", dtype=dtype,
                     seconds=wait.wakes * SYNC_WAKE_S),
-            host_op(f"{pre}.dispatch.issue", wait.issue_ops, dtype))
+            work_op(f"{pre}.dispatch.issue", wait.issue_ops, wait.parts, host, dtype))
 
 
 def layer_work(pre: str, host: DispatcherHost, dtype: str,
                rest: bool = False) -> tuple[Compute, Compute]:
     """The layer's host work: the counted operations and the TE linear modules (``rest``:
     less its ``chain``)."""
-    ops, te = host.work_ops, TE_LINEARS_FORWARD
+    ops, te, parts = host.work_ops, TE_LINEARS_FORWARD, dict(host.work_parts)
     if rest:
         ops -= sum(s.ops for s in host.chain)
         te -= sum(s.te for s in host.chain)
-    return (host_op(f"{pre}.moe.host", ops, dtype),
+        for part, n in (x for s in host.chain for x in s.parts):
+            parts[part] = parts.get(part, n) - n    # 0 where not split
+    return (work_op(f"{pre}.moe.host", ops, tuple((k, n) for k, n in parts.items() if n), host,
+                    dtype),
             Compute(f"{pre}.moe.host.te", 0.0, kind="elementwise", dtype=dtype,
                     seconds=te * TE_LINEAR_HOST_S))
 
@@ -280,7 +318,7 @@ def add_waits(ops: Any, pre: str, host: DispatcherHost | None, after: str,
     for wait in (() if host is None or awaited is None else host.waits):
         if wait.after != after:
             continue
-        sync, issue = _wait_ops(pre, wait, dtype)
+        sync, issue = _wait_ops(pre, wait, host, dtype)
         w = ops.add(sync, "host", (awaited,))
         issued = (ops.add(issue, "host", (w,)),)
     return issued
@@ -339,7 +377,7 @@ def node_with_waits(pre: str, host: DispatcherHost | None, after: str, dtype: st
     if after == "dispatch":     # the multihot waits synchronise the compute stream
         head.append(Op(Wait(f"{pre}.dispatch.drain", "compute"), "host"))
     for wait in waits:
-        sync, issue = _wait_ops(pre, wait, dtype)
+        sync, issue = _wait_ops(pre, wait, host, dtype)
         head += [Op(sync, "host", (len(head) - 1,) if head else ()),
                  Op(issue, "host", (len(head),))]
     issued = len(head) - 1
@@ -348,7 +386,8 @@ def node_with_waits(pre: str, host: DispatcherHost | None, after: str, dtype: st
     if after != "dispatch":     # the work runs ahead: the paired backward fills the device
         head += [Op(op, "host") for op in layer_work(pre, host, dtype)]
         return _shifted(head, node, issued)
-    return _gated(pre, host, dtype, head, node, issued)
+    from .moe_host_chain import gated
+    return gated(pre, host, dtype, head, node, issued)
 
 
 def _shifted(head: list[Op], node: list[Op], issued: int) -> list[Op]:
@@ -358,29 +397,3 @@ def _shifted(head: list[Op], node: list[Op], issued: int) -> list[Op]:
     return [*head, Op(first.payload, first.stream, (*(d + n for d in first.deps), issued),
                       first.repeat),
             *(Op(o.payload, o.stream, tuple(d + n for d in o.deps), o.repeat) for o in rest)]
-
-
-def _gated(pre: str, host: DispatcherHost, dtype: str, head: list[Op], node: list[Op],
-           issued: int) -> list[Op]:
-    """``head`` then ``node`` with the host's chain laid before the ops it launches (each
-    launched op waits for its step), the steps left and the rest of the layer's work on the
-    ``host`` stream before the node's last op (no deps: the node still ends on the device)."""
-    from .moe_host_chain import step_ops
-    out, where, steps = list(head), {}, list(host.chain)
-    for i, op in enumerate(node):
-        key = op.payload.name[len(pre) + 1:]
-        hit = next((j for j, s in enumerate(steps)
-                    if key == s.issues or key.startswith(f"{s.issues}.")), None)
-        gate: tuple[int, ...] = ()
-        if hit is not None:
-            for step in steps[:hit + 1]:
-                out += [Op(x, "host") for x in step_ops(pre, step, dtype)]
-            steps, gate = steps[hit + 1:], (len(out) - 1,)
-        if i == len(node) - 1:
-            for step in steps:
-                out += [Op(x, "host") for x in step_ops(pre, step, dtype)]
-            out += [Op(x, "host") for x in layer_work(pre, host, dtype, rest=True)]
-        deps = {*(where[d] for d in op.deps), *gate, *((issued,) if i == 0 else ())}
-        where[i] = len(out)
-        out.append(Op(op.payload, op.stream, tuple(sorted(deps)), op.repeat))
-    return out

@@ -1,17 +1,97 @@
 """The host's work after a forward MoE layer's last wait, step by step before the device ops
-it launches, and the experts' per-expert host work in the backward (docs/moe.md, "The
-dispatcher's host synchronisation"; the waits and the counts are :mod:`.moe_host`'s)."""
+it launches, the experts' per-expert host work in the backward, and the measured host seconds
+of the router, dispatch and combine (docs/moe.md, "The dispatcher's host synchronisation"; the
+waits and the counts are :mod:`.moe_host`'s).
+
+**Measured host seconds** (:func:`measured_host`, ddlsim/data/moe_host_measured.yaml, written by
+benchmarks/moe_host_ops.py): Megatron-LM's own ``MoELayer`` run on CPU, each part's thread CPU
+time per pass less the time inside ``torch.distributed`` calls (gloo's transport; on a GPU
+NCCL launches, which ddlsim's collectives carry) and less the CPU kernels' own execution: the
+host's glue (Python, argument handling, autograd plumbing, the dispatcher), which the per-op
+rule's ``eager_op_s`` (2 µs) stands for. ddlsim charges it per counted call: each part's
+seconds over its measured calls (unfused router and permutation: the per-call glue is taken to
+hold for the fused paths' fewer calls) times the calls :data:`.moe_host.DISPATCHER_HOST`
+counts, as the op's ``host_s`` with no kernel, so no launch is charged twice (the device ops
+carry their kernels' launches). The backward's (``bwd.moe.host``): its autograd nodes' time
+per forward call of the part, the same way. This CPU (a KVM guest of an AMD EPYC, Zen 4) is
+taken to run a thread as fast as the validated runs' hosts (DGX H100: Xeon Platinum 8480C):
+no published single-thread comparison was found, ratio 1, not scaled.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
-from ..trace import Compute
+from ..trace import Compute, Op
 from . import moe_host
-from .moe_host import DispatcherHost, HostStep, host_op, layer_work
+from .moe_host import DispatcherHost, HostStep, host_op, layer_work, work_op
 
-__all__ = ["GROUPED_LINEAR_BWD_OPS", "HostChain", "add_backward_expert_host",
-           "step_ops"]
+__all__ = ["GROUPED_LINEAR_BWD_OPS", "MEASURED_CODE", "MeasuredHost", "HostChain",
+           "add_backward_expert_host", "add_backward_dispatcher_host", "measured_host",
+           "step_ops", "gated"]
+
+#: the Megatron-LM code whose measured host seconds ddlsim charges
+#: (ddlsim/data/moe_host_measured.yaml): d7288711, the commit DISPATCHER_HOST was counted at
+#: and Megatron-Bridge v0.4.0 pins. The plan names no code revision, so the ModelZoo rows'
+#: 1e057005 (measured too) is not selected.
+MEASURED_CODE = "d7288711"
+
+
+@dataclass(frozen=True)
+class MeasuredHost:
+    """Measured host seconds per counted forward call of each part of a Megatron-Core MoE
+    layer (``fwd``: the forward's, ``bwd``: its autograd nodes' backward, per forward call of
+    the part), from ddlsim/data/moe_host_measured.yaml (:func:`measured_host`); ``code`` the
+    Megatron-LM commit measured."""
+
+    code: str
+    fwd: dict
+    bwd: dict
+
+    def forward_seconds(self, parts: tuple[tuple[str, int], ...]) -> tuple[float, int]:
+        """The measured seconds of ``parts``' calls and the count of the calls of parts without
+        a figure (left to the host rule)."""
+        return (sum(n * self.fwd[p] for p, n in parts if p in self.fwd),
+                sum(n for p, n in parts if p not in self.fwd))
+
+
+@lru_cache(maxsize=None)
+def measured_host(code: str = MEASURED_CODE) -> MeasuredHost:
+    """The measured host seconds per call of Megatron-LM ``code``'s MoE layer parts: each
+    part's host seconds over its measured forward calls, pooled over the measured local
+    expert counts (ddlsim/data/moe_host_measured.yaml, benchmarks/moe_host_ops.py).
+
+    Parameters
+    ----------
+    code : str
+        a Megatron-LM commit the data file has (``d7288711``, ``1e057005``).
+
+    Returns
+    -------
+    MeasuredHost
+
+    Raises
+    ------
+    ValueError
+        for a commit the file does not have.
+    """
+    from importlib import resources
+
+    import yaml
+    data = yaml.safe_load(resources.files("ddlsim.data").joinpath(
+        "moe_host_measured.yaml").read_text())["code"]
+    if code not in data:
+        raise ValueError(f"moe_host_measured.yaml has no Megatron-LM code {code!r}; it has "
+                         f"{sorted(data)}")
+    runs = data[code]["local_experts"].values()
+    per_call = {}
+    for pss in ("fwd", "bwd"):
+        per_call[pss] = {
+            part: sum(r["host_s"][pss][part] for r in runs) / sum(r["calls"][part] for r in runs)
+            for part in next(iter(runs))["calls"]}
+    return MeasuredHost(code, per_call["fwd"], per_call["bwd"])
 
 #: Calls into torch per local expert in one Transformer Engine ``GroupedLinear``'s backward
 #: under Megatron-Core's DDP with gradient-accumulation fusion (the weight gradient written
@@ -34,11 +114,14 @@ __all__ = ["GROUPED_LINEAR_BWD_OPS", "HostChain", "add_backward_expert_host",
 GROUPED_LINEAR_BWD_OPS = 5
 
 
-def step_ops(pre: str, step: HostStep, dtype: str) -> list[Compute]:
-    """The host ops of one chain step: its counted calls into torch (``*.<op>.host``) and its
-    TE linear modules (``*.<op>.host.te``)."""
+def step_ops(pre: str, step: HostStep, dtype: str,
+             host: DispatcherHost | None = None) -> list[Compute]:
+    """The host ops of one chain step of ``host``: its counted calls into torch
+    (``*.<op>.host``, :func:`.moe_host.work_op`) and its TE linear modules
+    (``*.<op>.host.te``)."""
     name = f"{pre}.{step.issues}.host"
-    out = [host_op(name, step.ops, dtype)] if step.ops else []
+    out = [] if not step.ops else [host_op(name, step.ops, dtype) if host is None else
+                                   work_op(name, step.ops, step.parts, host, dtype)]
     if step.te:
         out.append(Compute(f"{name}.te", 0.0, kind="elementwise", dtype=dtype,
                            seconds=step.te * moe_host.TE_LINEAR_HOST_S))
@@ -73,7 +156,7 @@ class HostChain:
     def _lay(self, steps: list[HostStep]) -> tuple[int, ...]:
         last: tuple[int, ...] = ()
         for step in steps:
-            for op in step_ops(self.pre, step, self.dtype):
+            for op in step_ops(self.pre, step, self.dtype, self.host):
                 last = (self.ops.add(op, "host"),)
         return last
 
@@ -120,3 +203,54 @@ def add_backward_expert_host(ops: Any, experts: int, dtype: str) -> None:
         the ops' dtype label.
     """
     ops.add(host_op("bwd.experts.host", 2 * experts * GROUPED_LINEAR_BWD_OPS, dtype), "host")
+
+
+def add_backward_dispatcher_host(ops: Any, plan: Any, dtype: str) -> None:
+    """Append the backward's host work of the router, dispatch and combine
+    (``bwd.moe.host``): the measured backward seconds per forward call of each part
+    (:class:`MeasuredHost`) times the part's counted forward calls (:func:`.moe_host
+    .dispatcher_host`), on the ``host`` stream with no deps, as
+    :func:`add_backward_expert_host`. Nothing for a dispatcher without measured figures or
+    without waits (padded to capacity: its forward has no host op either).
+
+    Parameters
+    ----------
+    ops : OpList
+        the backward layer body being built.
+    plan : MoEPlan
+        the resolved MoE options.
+    dtype : str
+        the ops' dtype label.
+    """
+    host = moe_host.dispatcher_host(plan)
+    if host is None or host.measured is None:
+        return
+    parts = [*host.work_parts, *(x for w in host.waits for x in w.parts)]
+    seconds = sum(n * host.measured.bwd[p] for p, n in parts if p in host.measured.bwd)
+    ops.add(Compute("bwd.moe.host", 0.0, kind="elementwise", dtype=dtype, kernels=(),
+                    host_s=seconds), "host")
+
+
+def gated(pre: str, host: DispatcherHost, dtype: str, head: list[Op], node: list[Op],
+           issued: int) -> list[Op]:
+    """``head`` then ``node`` with the host's chain laid before the ops it launches (each
+    launched op waits for its step), the steps left and the rest of the layer's work on the
+    ``host`` stream before the node's last op (no deps: the node still ends on the device)."""
+    out, where, steps = list(head), {}, list(host.chain)
+    for i, op in enumerate(node):
+        key = op.payload.name[len(pre) + 1:]
+        hit = next((j for j, s in enumerate(steps)
+                    if key == s.issues or key.startswith(f"{s.issues}.")), None)
+        gate: tuple[int, ...] = ()
+        if hit is not None:
+            for step in steps[:hit + 1]:
+                out += [Op(x, "host") for x in step_ops(pre, step, dtype, host)]
+            steps, gate = steps[hit + 1:], (len(out) - 1,)
+        if i == len(node) - 1:
+            for step in steps:
+                out += [Op(x, "host") for x in step_ops(pre, step, dtype, host)]
+            out += [Op(x, "host") for x in layer_work(pre, host, dtype, rest=True)]
+        deps = {*(where[d] for d in op.deps), *gate, *((issued,) if i == 0 else ())}
+        where[i] = len(out)
+        out.append(Op(op.payload, op.stream, tuple(sorted(deps)), op.repeat))
+    return out
