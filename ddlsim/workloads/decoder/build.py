@@ -32,12 +32,14 @@ __all__ = ["build_decoder_workload", "decoder_memory"]
 
 
 def _step_tables(sched: str, pp: int, m: int, v: int, sync: bool,
-                 prologue: bool = False, later_wait: bool = False) -> list[StepTable]:
+                 prologue: bool = False, later_wait=False) -> list[StepTable]:
     """Each stage's steps, built for all stages at once from :func:`schedule_arrays`; the last
     backward of each chunk uses its ``.sync`` block, and ``update`` ends the iteration. With
     ``prologue`` the first step (every stage's first forward of chunk 0) runs ``F0.pg``
-    (:mod:`.param_gather`); with ``later_wait`` too (interleaved) the first forward of the last
-    chunk runs ``F<v-1>.pg``, which waits for the other chunks' gather."""
+    (:mod:`.param_gather`); with ``later_wait`` too (interleaved; a bool, or one per stage,
+    since a stage whose later chunks' parameters fit in the update's first bucket has no such
+    block) the first forward of the last chunk runs ``F<v-1>.pg``, which waits for the other
+    chunks' gather."""
     backward, ordinal, mb, chunk, warm = schedule_arrays(sched, pp, m, v)
     v = v if sched == "interleaved" else 1
     T = m * v
@@ -55,17 +57,20 @@ def _step_tables(sched: str, pp: int, m: int, v: int, sync: bool,
         block[np.arange(pp)[:, None], at] = 2 * v + np.arange(v)
         first_sync = at.min(axis=1)
     waits = np.zeros(pp, dtype=np.int64)
+    has_wait = np.zeros(pp, dtype=bool)
     if prologue:
         names.append(param_gather.BLOCK)
         block = block.copy()
         block[:, 0] = len(names) - 1
-        if later_wait and v > 1:
-            names.append(param_gather.waiting_block_name(v - 1))
-            waits = np.argmax((backward == 0) & (mb == 0) & (chunk == v - 1), axis=1)
-            block[np.arange(pp), waits] = len(names) - 1
+        if v > 1:
+            has_wait = np.broadcast_to(np.asarray(later_wait, dtype=bool), (pp,))
+        rows = np.flatnonzero(has_wait)
+        waits[rows] = np.argmax((backward == 0) & (mb == 0) & (chunk == v - 1), axis=1)[rows]
+        block[rows, waits[rows]] = len(names)          # the waiting block, after the prologue
+    with_wait = [*names, param_gather.waiting_block_name(v - 1), "update"]
     names.append("update")
     tail = np.zeros((pp, 1), dtype=np.int64)
-    block = np.hstack([block, tail + len(names) - 1])
+    block = np.hstack([block, tail + np.where(has_wait, len(names), len(names) - 1)[:, None]])
     mb, chunk = np.hstack([mb, tail]), np.hstack([chunk, tail])
     for a in (block, mb, chunk):
         a.setflags(write=False)
@@ -80,7 +85,8 @@ def _step_tables(sched: str, pp: int, m: int, v: int, sync: bool,
             steady = (w, min(2 * T - w, int(first_sync[s])), 2 * pp * v, pp)
         if prologue:
             steady = (max(steady[0], 1, int(waits[s]) + 1), *steady[1:])
-        tables.append(StepTable.trusted(names, block[s], mb[s], chunk[s], steady))
+        tables.append(StepTable.trusted(with_wait if has_wait[s] else names, block[s], mb[s],
+                                        chunk[s], steady))
     return tables
 
 
@@ -196,18 +202,21 @@ def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
     split_root = plan.dp_strategy == "reduce_broadcast" and b.dp > 1
     ranks = _stage_ranks(mesh, b)
     classes: list[RankClass] = []
-    tables = None
     shared: dict[tuple, dict[str, Block]] = {}
+    stage_blocks = []
     for stage in range(pp):
         role = (stage == 0, stage == pp - 1, b.split[stage])
-        blocks = shared.get(role)
-        if blocks is None:
-            blocks = shared[role] = _stage_blocks(b, stage, modes)
-        if tables is None:
-            sync_blocks = any(name.endswith(".sync") for name in blocks)
-            args = (plan.schedule, pp, m, b.v, sync_blocks, param_gather.BLOCK in blocks)
-            tables = combined.combined_step_tables(*args) if modes.combined else _step_tables(
-                *args, later_wait=param_gather.waiting_block_name(b.v - 1) in blocks)
+        if role not in shared:
+            shared[role] = _stage_blocks(b, stage, modes)
+        stage_blocks.append(shared[role])
+    first = stage_blocks[0]
+    args = (plan.schedule, pp, m, b.v, any(name.endswith(".sync") for name in first),
+            param_gather.BLOCK in first)
+    tables = combined.combined_step_tables(*args) if modes.combined else _step_tables(
+        *args, later_wait=[param_gather.waiting_block_name(b.v - 1) in blocks
+                           for blocks in stage_blocks])
+    for stage, blocks in enumerate(stage_blocks):
+        role = (stage == 0, stage == pp - 1, b.split[stage])
         splits = [(True, ranks[stage, :1]), (False, ranks[stage, 1:])] if split_root \
             else [(True, ranks[stage])]
         for root, members in splits:
