@@ -43,7 +43,7 @@ from .layerkinds import attention_projections
 from .moe_activation import expert_activation_kernels
 from .moe_dispatch import flex_ops
 from .moe_host import add_waits, dispatcher_host
-from .moe_host_chain import HostChain, add_backward_expert_host
+from .moe_host_chain import HostChain, add_backward_dispatcher_host, add_backward_expert_host
 from .moe_router import router_gemm, router_ops
 from .partition import context
 from .partition.oplist import OpList
@@ -337,6 +337,7 @@ class MoEOps(StageBase):
             ops.add(x, deps=(issued if j == 0 else ()) + chain.issue(x.name))
         chain.finish()                               # to the next layer's wait
         if backward:
+            add_backward_dispatcher_host(ops, plan, self.dtype)   # measured (.moe_host_chain)
             if self.moe.gemm_streams and self.moe.grouped_gemm and main_grad_bytes(
                     self.sw, self.plan.train_dtype):      # TE GroupedLinear, main_grad fused
                 add_backward_expert_host(ops, self.local_experts, self.dtype)
