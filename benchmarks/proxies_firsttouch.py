@@ -12,7 +12,8 @@ Each repetition copies ``--bytes`` into a new ``numpy.zeros`` array (glibc serve
 request this large from fresh ``mmap`` pages, as the proxies' ``calloc``; numpy.zeros calls
 calloc) and then into the same array again, timing both with the process's CPU clock
 (``time.process_time``: the page faults are kernel time charged to this process, so other
-jobs on the machine change little). Prints the medians and the difference per 4 KiB page.
+jobs on the machine change little). Prints the means (as ``ddlsim calibrate first-touch``:
+the proxies print a mean over their iterations) and the difference per 4 KiB page.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ PAGE = 4096  # bytes: x86-64 base page (getconf PAGESIZE)
 
 
 def first_touch(nbytes: int, repeats: int) -> tuple[float, float]:
-    """Median CPU seconds of copying ``nbytes`` into fresh memory and into the same memory
+    """Mean CPU seconds of copying ``nbytes`` into fresh memory and into the same memory
     again.
 
     Parameters
@@ -53,7 +54,7 @@ def first_touch(nbytes: int, repeats: int) -> tuple[float, float]:
         fresh.append(first)
         warm.append(again)
         keep.append(dst)  # as the proxies: never freed, so the next buffer is fresh too
-    return statistics.median(fresh), statistics.median(warm)
+    return statistics.mean(fresh), statistics.mean(warm)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name}: {nbytes} B, copy into fresh memory {fresh * 1e3:.3f} ms CPU, into the "
               f"same memory again {warm * 1e3:.3f} ms; first touch "
               f"{(fresh - warm) / (nbytes / PAGE) * 1e6:.2f} us per 4 KiB page "
-              f"(median of {args.repeats})")
+              f"(mean of {args.repeats})")
 
 
 if __name__ == "__main__":

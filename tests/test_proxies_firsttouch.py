@@ -23,7 +23,7 @@ def test_one_size_prints_both_copies_and_the_cost_per_page():
     assert proc.returncode == 0, proc.stderr
     assert re.fullmatch(r"--bytes: 262144 B, copy into fresh memory \d+\.\d{3} ms CPU, into "
                         r"the same memory again \d+\.\d{3} ms; first touch -?\d+\.\d\d us per "
-                        r"4 KiB page \(median of 3\)\n", proc.stdout)
+                        r"4 KiB page \(mean of 3\)\n", proc.stdout)
 
 
 def test_a_size_under_a_page_is_refused():
