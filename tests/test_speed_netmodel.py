@@ -1,6 +1,7 @@
 """The group networks' speed paths (issue 27): :func:`family_net` sets NCCL's view of the
 machine itself (the cost model copied every net with ``dataclasses.replace`` to add it), and
-the tree fabric's stripes are the routes one rail at a time gives."""
+the tree fabric's stripes are the routes one rail at a time gives, and node pairs counted
+with a bound the caller knows are the pairs counted without it."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from hypothesis import strategies as st
 from ddlsim.config import SystemConfig
 from ddlsim.simulator.collectives.nccl.model import NcclEnv
 from ddlsim.simulator.costs import CostModel
-from ddlsim.simulator.netmodel import _fill, _slowest_rate, family_net, topology_of
+from ddlsim.simulator.netmodel import (_fill, _slowest_rate, _unique_pairs, family_net,
+                                       topology_of)
 from ddlsim.workloads.trace import GroupFamily
 
 
@@ -82,3 +84,17 @@ def test_the_slowest_rate_is_the_fills_smallest_bit_for_bit(routes, mult, capaci
     want = float(_fill(link, lengths, m, cap).min())
     got = _slowest_rate(link, lengths, m, cap)
     assert got == want or (math.isinf(got) and math.isinf(want))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 256), st.lists(st.tuples(st.integers(0, 255), st.integers(0, 255)),
+                                     min_size=1, max_size=60))
+def test_pairs_counted_under_a_known_bound_are_the_pairs_counted_without(span, pairs):
+    """_unique_pairs with ``span`` (every value below it, as node ids below the node count)
+    gives the pairs, counts and first index it gives taking the bounds itself."""
+    a = np.array([x % span for x, _ in pairs], dtype=np.int64)
+    b = np.array([y % span for _, y in pairs], dtype=np.int64)
+    want, got = _unique_pairs(a, b), _unique_pairs(a, b, span)
+    assert np.array_equal(got[0], want[0]) and got[0].dtype == want[0].dtype
+    assert np.array_equal(got[1], want[1]) and got[1].dtype == want[1].dtype
+    assert got[2] == want[2]

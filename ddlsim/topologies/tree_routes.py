@@ -105,41 +105,50 @@ class TreeRoutes:
         t = self._tables()
         k = self.nic.shape[1]
         c = rail % k
-        sw_a, sw_b = self.leaf[src, c], self.leaf[dst, c]
-        dest = dst * k + c
+        at_a, dest = src * k + c, dst * k + c     # (node, rail) positions, flat
+        ix_a, ix_b = t["leaf_at"][at_a], t["leaf_at"][dest]
+        n = len(c)
         # the widest route: NIC, leaf, (aggregation, core, aggregation,) leaf, NIC; the
         # columns no route reaches would add edge −1's 0 to every latency below
-        edges = np.empty((len(c), 6 if "up2" in t else 4), dtype=np.int64)
+        edges = np.empty((n, 6 if "up2" in t else 4), dtype=np.int64)
         edges.fill(-1)
-        edges[:, 0] = t["nic_up"][src, c]
-        same = sw_a == sw_b
+        edges[:, 0] = t["nic_up"].ravel()[at_a]
+        same = ix_a == ix_b
         last = np.where(same, 1, 3)                           # the column of leaf → NIC
-        if len(t["up1"][0]):
-            # the routes that leave their leaf, by position (taken once, used for each hop)
+        ports = t["up1"].shape[1]
+        if ports:
+            # the routes that leave their leaf, by position (taken once, used for each hop);
+            # up-port j of leaf i is row i, column j of the tables, flat at i·ports + j
             up = (~same).nonzero()[0]
-            j = dest[up] % t["up1"].shape[1]
-            a, b = sw_a[up], sw_b[up]
-            edges[up, 1] = t["up1"][t["leaf_ix"][a], j]
+            j = dest[up] % ports
+            a, b = ix_a[up] * ports + j, ix_b[up] * ports + j
+            edges[up, 1] = t["up1"].ravel()[a]
+            down = t["down1"].ravel()[b]
             if "up2" in t:   # a route between pods (never one under one leaf) crosses a core
-                cross = (self.pod[a] != self.pod[b]).nonzero()[0]
+                sw_a, sw_b = self.leaf.ravel()[at_a[up]], self.leaf.ravel()[dest[up]]
+                cross = (self.pod[sw_a] != self.pod[sw_b]).nonzero()[0]
                 far, jf = up[cross], j[cross]
-                ci = (dest[far] // t["up1"].shape[1]) % t["up2"].shape[1]
-                edges[far, 2] = t["up2"][t["agg_ix"][self.aggs[self.pod[a[cross]], jf]], ci]
-                edges[far, 3] = t["down2"][t["agg_ix"][self.aggs[self.pod[b[cross]], jf]], ci]
+                ci = (dest[far] // ports) % t["up2"].shape[1]
+                edges[far, 2] = t["up2"][t["agg_ix"][self.aggs[self.pod[sw_a[cross]], jf]], ci]
+                edges[far, 3] = t["down2"][t["agg_ix"][self.aggs[self.pod[sw_b[cross]], jf]], ci]
                 last[far] = 5
-            edges[up, last[up] - 1] = t["down1"][t["leaf_ix"][b], j]
-        edges[np.arange(len(c)), last] = t["nic_down"][dst, c]
-        lat_of = t["latency"]                                 # edge -1: none, adds 0
-        latency = np.zeros(len(c))
-        for col in range(edges.shape[1]):                     # in route order, as sum() adds
-            latency += lat_of[edges[:, col]]
+                edges[up, last[up] - 1] = down
+            else:
+                edges[up, 2] = down
+        width = edges.shape[1]
+        edges.ravel()[np.arange(0, n * width, width) + last] = t["nic_down"].ravel()[dest]
+        lat = t["latency"][edges]                             # edge −1: none, adds 0
+        latency = np.zeros(n)
+        for col in range(width):                              # in route order, as sum() adds
+            latency += lat[:, col]
         return edges[edges >= 0], last + 1, latency
 
     def _tables(self) -> dict[str, np.ndarray]:
         """Edge ids of every hop a route can take, by position: NIC ↔ its leaf (nodes ×
         rails), leaf ↔ its up-port j (leaves × ports), aggregation ↔ core c of its plane
         (aggregation switches × cores), and each edge's latency (seconds; edge −1's 0 last);
-        built once (the topology's arrays are frozen)."""
+        built once (the topology's arrays are frozen). Tables by (node, rail) are also
+        read flat, at ``node · rails + rail`` (``leaf_at``: the index of the NIC's leaf)."""
         if self._hops is not None:
             return self._hops
         keys = _sorted_keys(self._topo)
@@ -148,6 +157,7 @@ class TreeRoutes:
         leaves = np.unique(self.leaf)
         t["leaf_ix"] = np.full(len(self.pod), -1, dtype=np.int64)
         t["leaf_ix"][leaves] = np.arange(len(leaves))
+        t["leaf_at"] = t["leaf_ix"][self.leaf].ravel()       # per (node, rail), flat
         ups = (self.aggs[self.pod[leaves]] if len(self.aggs)
                else np.broadcast_to(self.spines, (len(leaves), len(self.spines))))
         t["up1"] = self._edge_ids(np.broadcast_to(leaves[:, None], ups.shape), ups, keys)
