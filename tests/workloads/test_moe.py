@@ -127,8 +127,10 @@ def test_ep_shows_in_breakdown_and_comm_bytes(tmp_path):
     r = runner.invoke(app, ["predict", str(path), "-f", "json", "--allow-oom"])
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
-    # 4 MoE layers × 6 all-to-alls (2 fwd, 2 recomputed, 2 bwd) × 2 micro-batches (32 / DP16)
-    assert d["comm_bytes"]["ep"] == 4 * 6 * 2 * MB * SEQ * K * H * 2
+    # 4 MoE layers × 6 all-to-alls (2 fwd, 2 recomputed, 2 bwd) × 2 micro-batches (32 / DP16),
+    # and the dispatcher's token counts gathered before each forward one (fwd, recomputed):
+    # 8 EP ranks × 8 experts' int64 counts (moe_dispatch.alltoall_counts)
+    assert d["comm_bytes"]["ep"] == 4 * 6 * 2 * MB * SEQ * K * H * 2 + 4 * 2 * 2 * 8 * 8 * 8
     assert d["breakdown"]["exposed_comm_s"]["ep"] > 0
     r = runner.invoke(app, ["predict", str(path), "--allow-oom"])
     assert "exposed comm: ep" in r.stdout

@@ -12,6 +12,7 @@ fine_grained_callables.py`` (the nodes' callables).
 from __future__ import annotations
 
 from ..trace import Compute, Op
+from .moe_dispatch import alltoall_counts
 from .moe_router import router_ops
 from .partition.oplist import OpList
 
@@ -64,7 +65,8 @@ def moe_layer_nodes(b, backward: bool, delay_wgrad: bool = False) -> dict[str, l
     attn = OpList()
     if not backward:
         b._attention(attn, "fwd", False)
-        for x in (*b._shared("fwd", False), router, *router_ops(b, "fwd", False),
+        counts = alltoall_counts(b, "fwd") if b.moe.dispatcher == "alltoall" else []
+        for x in (*b._shared("fwd", False), router, *router_ops(b, "fwd", False), *counts,
                   *mem("permute", perm[0]),
                   b._attn_elementwise("fwd.elementwise", False)):
             attn.add(x)

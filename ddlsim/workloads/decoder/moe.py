@@ -41,7 +41,7 @@ from .fp8linear import with_fp8_casts
 from .grouped_linear import multi_stream_gemms
 from .layerkinds import attention_projections
 from .moe_activation import expert_activation_kernels
-from .moe_dispatch import flex_ops
+from .moe_dispatch import alltoall_counts, flex_ops
 from .moe_host import add_waits, dispatcher_host
 from .moe_host_chain import HostChain, add_backward_dispatcher_host, add_backward_expert_host
 from .moe_router import router_gemm, router_ops
@@ -318,7 +318,8 @@ class MoEOps(StageBase):
         host = None if backward else dispatcher_host(plan)   # the host's waits (.moe_host)
         routed = None
         if not backward:                             # the GEMM, then top-k and the loss
-            for x in (*router, *router_ops(self, pre, False)):
+            counts = alltoall_counts(self, pre) if plan.dispatcher == "alltoall" else []
+            for x in (*router, *router_ops(self, pre, False), *counts):
                 routed = ops.add(x)
         if perm[0]:
             ops.add(self._memory(f"{pre}.permute", perm[0]))

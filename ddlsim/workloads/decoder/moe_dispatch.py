@@ -19,6 +19,9 @@ What differs from the alltoall dispatcher (docs/moe.md, "Dispatchers"):
   preprocessing, :func:`hybridep_routing_map_gather`), which the published kernel rates do
   not include.
 
+The alltoall dispatcher's own pre-process, its token counts' all-gather before the host's
+wait, is here too (:func:`alltoall_counts`).
+
 References
 ----------
 NVIDIA/Megatron-LM d7288711 (2026-04-09) ``megatron/core/transformer/moe/token_dispatcher.py``
@@ -36,10 +39,10 @@ from __future__ import annotations
 from typing import Any
 
 from ...simulator.collectives.flex import flex_algorithm, flex_traffic
-from ..trace import Collective
+from ..trace import Collective, Compute, Kernel
 
 __all__ = ["flex_ops", "flex_received_tokens", "flex_permute_bytes",
-           "hybridep_routing_map_gather"]
+           "hybridep_routing_map_gather", "alltoall_counts"]
 
 
 def flex_received_tokens(builder: Any) -> float:
@@ -133,6 +136,64 @@ def hybridep_routing_map_gather(builder: Any, pre: str) -> list[Collective]:
     group = "tp_ep" if builder.split_experts else "tp"
     nbytes = p * builder.tokens() * builder.shape.experts * ROUTING_MAP_ENTRY_BYTES
     return [Collective(f"{pre}.dispatch.routing_map", "all_gather", group, nbytes)]
+
+
+#: bytes of one token count: Megatron-Core keeps the per-expert counts as ``torch.long``
+#: (d7288711 ``token_dispatcher.py`` line 513, ``routing_map.sum(dim=0).long()``)
+COUNT_BYTES = 8
+
+#: the small kernels of the alltoall dispatcher's pre-process over the gathered counts
+#: (d7288711 ``token_dispatcher.py`` lines 531-563: the input splits' sum, the local experts'
+#: slice made ``contiguous``, the sums per rank, per TP rank and per local expert; with the
+#: routing map's sum, the six kernels counted by running that code: ``benchmarks/moe_host_ops.py``)
+COUNT_KERNELS = 5
+
+
+def alltoall_counts(builder: Any, pre: str) -> list:
+    """The alltoall dispatcher's pre-process of one forward (or recomputed) MoE layer before
+    the host's wait: the routing map's sum into per-expert token counts, their all-gather over
+    the dispatcher's group and the sums that turn them into the all-to-all's splits.
+
+    ``MoEAlltoAllTokenDispatcher.preprocess`` sums the ``[T, E]`` boolean routing map into
+    ``E`` counts (``torch.long``), all-gathers them over ``tp_ep``
+    (``gather_from_sequence_parallel_region``: ``p·E·8`` bytes gathered, nccl-tests
+    convention), and reduces the gathered counts to the input and output splits on the device;
+    the host then waits for them (``before_ep_alltoall``, :mod:`.moe_host`). With one rank in
+    the group there is no gather and no split (the counts' sum only).
+
+    Parameters
+    ----------
+    builder : the stage builder (:class:`~.moe.MoEOps`): its shape, ``etp``, ``ep``, tokens.
+    pre : the ops' name prefix (``fwd``, ``recompute``).
+
+    Returns
+    -------
+    list
+        The counts' sum (a :class:`Compute`), then, for a group of more than one rank, the
+        all-gather (:class:`Collective`) and the splits' sums (:class:`Compute`).
+
+    References
+    ----------
+    NVIDIA/Megatron-LM d7288711 ``megatron/core/transformer/moe/token_dispatcher.py`` lines
+    512-566 (``preprocess``); ``benchmarks/data/moe_host_ops/`` (the ops counted by running
+    it on CPU: ``_allgather_base_``, five ``sum``s and a ``contiguous``).
+    """
+    p, experts, dtype = builder.etp * builder.ep, builder.shape.experts, builder.dtype
+    routing_map = builder.tokens() * experts * ROUTING_MAP_ENTRY_BYTES
+    ops: list = [Compute(f"{pre}.dispatch.counts", 0.0, routing_map + experts * COUNT_BYTES,
+                         kind="elementwise", dtype=dtype,
+                         kernels=(Kernel("memory", bytes=routing_map + experts * COUNT_BYTES,
+                                         dtype=dtype),))]
+    if p == 1:
+        return ops
+    group = "tp_ep" if builder.split_experts else "tp"
+    gathered = p * experts * COUNT_BYTES
+    ops.append(Collective(f"{pre}.dispatch.counts_gather", "all_gather", group, gathered))
+    ops.append(Compute(f"{pre}.dispatch.splits", 0.0, COUNT_KERNELS * gathered,
+                       kind="elementwise", dtype=dtype,
+                       kernels=tuple(Kernel("memory", bytes=gathered, dtype=dtype)
+                                     for _ in range(COUNT_KERNELS))))
+    return ops
 
 
 def flex_ops(builder: Any, pre: str, backward: bool) -> tuple[list[Collective],
