@@ -32,6 +32,7 @@ import numpy as np
 from ..simulator.analytical.arrays import lean_ops, lower_ops, stream_ends_together, structure
 from ..simulator.kernels import op_time
 from ..simulator.kernels.device import kernel_times
+from ..simulator.kernels.dtensor import regathers_input
 from ..simulator.kernels.contention import contention_seconds
 from ..workloads.smcontention import gemm_flops
 from ..workloads.trace import Compute
@@ -365,8 +366,6 @@ def _piece_keys(sb, mbs: int, tp: int, sp: bool, recompute: str, zero: int,
     FP8 weight casts spread over a step (:func:`_cast_microbatches`; 0 where they are not).
     ``tests/test_search_pieces.py`` builds every piece of every signature on several stacks
     and dtypes and checks that equal keys give equal op lists."""
-    from ..simulator.kernels.dtensor import regathers_input
-
     layer = (mbs, tp, sp, sb.plan.tp_overlap, microbatches)
     # the async TP overlap is the backward's alone: the builder's forward keeps the plain
     # ops under it (:meth:`~ddlsim.workloads.decoder.builder.StageBuilder._dense_layer_ops`,

@@ -33,6 +33,10 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..simulator.collectives import GroupNet, algorithms_for, collective_time
+from ..simulator.collectives.nccl.choice import NCCL_ORDER
+from ..simulator.collectives.nccl.measured import FILL_EDGES
+from ..simulator.collectives.nccl.model import nccl_form, nccl_seconds_array, tuned_algorithm
+from ..simulator.collectives.nccl.tuning import PROTOCOLS
 from ..simulator.collectives.selection import LIBRARIES
 
 __all__ = ["affine_form", "check_affine", "collective_seconds", "PROBE_BYTES"]
@@ -101,11 +105,6 @@ def _nccl_forms(op: str, name: str, distinct: list[GroupNet], spread: np.ndarray
     """One entry per protocol NCCL may run ``name`` with (all of them with ``auto``); a
     group of one rank costs 0, an algorithm NCCL would not run there ``inf``. The forms are
     computed once per distinct network (:func:`_distinct`) and spread over the meshes."""
-    from ..simulator.collectives.nccl.measured import FILL_EDGES
-    from ..simulator.collectives.nccl.choice import NCCL_ORDER
-    from ..simulator.collectives.nccl.model import nccl_form
-    from ..simulator.collectives.nccl.tuning import PROTOCOLS
-
     # the networks' NCCL environments, told apart by identity (most share one object):
     # the same protocols as by value, without hashing each environment's fields
     envs = {id(net.nccl): net.nccl for net in distinct if net.nccl is not None}
@@ -144,7 +143,6 @@ def _tuned(op: str, name: str) -> bool:
     """Whether ``name`` is timed by NCCL's tuning model's forms
     (:func:`~ddlsim.simulator.collectives.nccl.model.tuned_algorithm`); the others, NCCL's
     all-to-all (``nccl_p2p``) among them, are affine."""
-    from ..simulator.collectives.nccl.model import tuned_algorithm
     return tuned_algorithm(op, name) is not None
 
 
@@ -211,8 +209,6 @@ def _distinct_pairs(nbytes: np.ndarray, mesh_index: np.ndarray) -> tuple:
 
 
 def _min_time_each(forms: _Forms, nbytes: np.ndarray, mesh_index: np.ndarray) -> np.ndarray:
-    from ..simulator.collectives.nccl.model import nccl_seconds_array
-
     best = np.full(nbytes.shape, math.inf)
     if len(forms.a):
         best = (forms.a[:, mesh_index] + forms.b[:, mesh_index] * nbytes).min(axis=0)

@@ -19,6 +19,8 @@ from typing import NamedTuple
 import numpy as np
 
 from ..simulator.collectives import GroupNet
+from ..workloads.mesh import AXES
+from ..workloads.trace import P2P
 from .collforms import PROBE_BYTES, affine_form, check_affine, collective_seconds
 
 __all__ = ["affine_form", "check_affine", "MeshNets", "mesh_networks", "collective_seconds",
@@ -116,8 +118,6 @@ def _families(mesh) -> dict:
     """The ``tp``, ``dp`` and ``pp`` families with all their groups: the topology graph's
     fair shares (:func:`~ddlsim.simulator.netmodel.family_net`) count every group of a family
     that shares the node's links."""
-    from ..workloads.mesh import AXES
-
     return {name: mesh.family(name, AXES[name], name) for name in ("tp", "dp", "pp")}
 
 
@@ -125,8 +125,6 @@ def _hop_parts(cost, group: str, stages: np.ndarray) -> np.ndarray:
     """(latency, seconds per byte) of each hop stage s → s + 1 between ``stages``' ranks on
     the pipeline family ``group`` of ``cost``, shape (hops, 2), each as :meth:`CostModel.p2p`
     times it (zero bytes and :data:`PROBE_BYTES` give the two parts of its affine form)."""
-    from ..workloads.trace import P2P
-
     one = P2P("hop", "send", group, 1, PROBE_BYTES, "hop")
     zero = P2P("hop", "send", group, 1, 0.0, "hop")
     # CostModel.p2p times a hop by whether it leaves its node: ask once per kind (the

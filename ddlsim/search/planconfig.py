@@ -18,9 +18,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from pydantic import ValidationError
 
+from ..config import ParallelConfig, RunConfig, TrainConfig
+from ..configload import format_validation_error
 from ..errors import ConfigError
-from .plans import PlanSet, check_plan_configs
+from .plans import SCHEDULE, VECTOR_FIELDS, PlanSet, check_plan_configs, context_overrides
 
 __all__ = ["plan_sections", "plan_config", "judge_failed_contexts", "RULE_GROUPS", "group_rules",
            "first_clause"]
@@ -57,11 +60,6 @@ def plan_config(sections: dict, base: Any, plan: Mapping[str, Any]) -> Any:
     ConfigError
         the config's own message for the plan.
     """
-    from pydantic import ValidationError
-
-    from ..config import ParallelConfig, RunConfig, TrainConfig
-    from ..configload import format_validation_error
-
     parts = dict(sections)   # the mappings on each plan path copied, the rest shared
     copied: set[tuple[str, ...]] = set()
     for path, value in plan.items():
@@ -138,8 +136,6 @@ RULE_GROUPS = {"tensor": ("tp", "sp"), "pipeline": ("pp", "v", "schedule"),
 def _probe(context: Mapping[str, Any], fields: Sequence[str], values: Sequence[int]) -> dict:
     """The neutral plan of ``context`` (one device, one micro-batch per stage) with the
     group's ``fields`` set to ``values`` (PlanSet codes)."""
-    from .plans import SCHEDULE, VECTOR_FIELDS, context_overrides
-
     path = {field: p for p, field in VECTOR_FIELDS.items()}
     plan = {**context_overrides(context), "parallel.schedule": "1f1b",
             "parallel.virtual_pipeline_model_parallel_size": None}

@@ -170,10 +170,10 @@ class CostModel:
     def _group_net(self, fam: GroupFamily) -> GroupNet:
         """The family's links, measured on the topology graph (:func:`.netmodel.family_net`),
         cached per system and family layout."""
-        from .netmodel import family_net, topology_of
         key = self._layout_key(fam)
         net = _NETS.get(key)
         if net is None:  # NCCL's view of the machine follows from the system, in the key
+            from .netmodel import family_net, topology_of   # here: a hit imports nothing
             topo = topology_of(self.system, self._system_key)
             net = family_net(self.system, topo, self.devices, fam.members, self._nccl)
             _NETS[key] = net
@@ -401,11 +401,11 @@ class CostModel:
         return got
 
     def _p2p_bw_uncached(self, group: str) -> float:
-        from .netmodel import p2p_node_bw, topology_of
         fam = self._families[group]
         key = self._layout_key(fam)
         bw = _P2P.get(key)
         if bw is None:
+            from .netmodel import p2p_node_bw, topology_of
             topo = topology_of(self.system, key[0])
             bw = _P2P[key] = p2p_node_bw(topo, self.devices, fam.members)
             if len(_P2P) > 256:
