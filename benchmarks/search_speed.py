@@ -179,6 +179,9 @@ PHASES = [
     ("ZeRO-3", "ddlsim.search.decoder", "zero3_seconds"),
     ("NCCL forms (nccl_form; in the above)", "ddlsim.simulator.collectives.nccl.model",
      "nccl_form"),
+    # the search's own calls, through collforms' module-level name (a label twice: both
+    # callers' time under it, a call timed once)
+    ("NCCL forms (nccl_form; in the above)", "ddlsim.search.collforms", "nccl_form"),
 ]
 
 
@@ -237,8 +240,8 @@ def phase_times(repeats: int) -> dict[str, float]:
         blocks._PIECES.update(pieces)
         for owner, name, raw in undo:
             setattr(owner, name, raw)
-    labels = ["whole grid", *(p[0] for p in PHASES[:2]), "  builder's ops",
-              *(p[0] for p in PHASES[2:]), "garbage collector"]
+    labels = list(dict.fromkeys(["whole grid", *(p[0] for p in PHASES[:2]), "  builder's ops",
+                                 *(p[0] for p in PHASES[2:]), "garbage collector"]))
     out = {k: 1e3 * float(np.median([r.get(k, 0.0) for r in runs])) for k in labels}
     out[SHARED] = sum(out[k] for k in SHARED_PHASES)
     return out
