@@ -35,7 +35,7 @@ from typing import Any
 
 from pydantic import Field, StrictBool, model_validator
 
-from .config_types import _Strict
+from .config_types import DTYPE_BYTES, _Strict
 from .errors import ConfigError, did_you_mean
 # the stack's fields, importable from here as before (their types: .software_fields)
 from .software_fields import GemmLibrary, KernelSpec, OverlapSpec, TPCommOverlap
@@ -355,7 +355,6 @@ def grad_dtype_bytes(rule: str, param_dtype: str) -> int:
     under the stack's ``grad_reduce_dtype`` ``rule`` for parameters stored in ``param_dtype``
     (FP8 runs keep 16-bit parameters: pass the 16-bit dtype): ``param`` → the parameter's
     bytes, ``fp32`` → 4, ``fp32_if_bf16`` → 4 with bf16 parameters, else the parameter's."""
-    from .config_types import DTYPE_BYTES
     own = DTYPE_BYTES[param_dtype]
     if rule == "fp32" or (rule == "fp32_if_bf16" and param_dtype == "bf16"):
         return max(own, 4)

@@ -45,6 +45,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...workloads.trace import Kernel
+from .attention import FLASH_KINDS
 
 __all__ = ["expands_kv", "repeat_kv_kernels", "expanded_kv_extra_width"]
 
@@ -65,7 +66,6 @@ def expands_kv(sw: Any, shape: Any) -> bool:
         ``repeat_kv`` is ``always``, or ``unfused_kernels`` with an unfused attention kind
         (``fused_softmax``, ``unfused``), and the model has fewer K/V heads than query heads.
     """
-    from .attention import FLASH_KINDS
     if getattr(shape, "mla", None) is not None or shape.g >= shape.heads:
         return False
     mode = sw.repeat_kv

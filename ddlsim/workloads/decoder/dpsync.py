@@ -23,6 +23,7 @@ import math
 
 import numpy as np
 
+from ...software import _stack_table
 from ..smcontention import beside
 from ..trace import Collective, Compute, Kernel, Op
 from .stage import StageBase
@@ -42,7 +43,6 @@ def _stack_rule(cfg) -> str:
     """The stack's ``ddp.grad_buckets`` rule (software.yaml): ``megatron_core``, or
     ``pytorch_ddp`` (``parallel.grad_bucket_size``, PyTorch DDP's bucket_cap_mb) when the
     stack does not name one."""
-    from ...software import _stack_table
     entry = (_stack_table()[cfg.software.name].get("ddp") or {}).get("grad_buckets")
     return entry["value"] if entry else "pytorch_ddp"
 
@@ -52,7 +52,6 @@ def bucket_cap_mb(stack: str) -> float | None:
     """The ``bucket_cap_mb`` stack ``stack`` hands PyTorch DDP (its ``ddp.bucket_cap_mb``
     entry in software.yaml, source beside it; torch caps a bucket at ``bucket_cap_mb · 2²⁰``
     bytes), None where it names none (``parallel.grad_bucket_size``'s default, DDP's 25)."""
-    from ...software import _stack_table
     entry = (_stack_table()[stack].get("ddp") or {}).get("bucket_cap_mb")
     return None if entry is None else float(entry["value"])
 
@@ -68,7 +67,6 @@ def bucket_passes(stack: str, key: str = "bucket_passes") -> int:
     (Megatron-Core 2024: ``zero_()``, write); ``grad_copy_passes``: over the whole gradient
     after its all-reduce (torch DDP without ``gradient_as_bucket_view``: the bucket copied
     back into the gradients, read + write)."""
-    from ...software import _stack_table
     entry = (_stack_table()[stack].get("ddp") or {}).get(key)
     return int(entry["value"]) if entry else 0
 

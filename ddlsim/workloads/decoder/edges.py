@@ -10,6 +10,8 @@ from __future__ import annotations
 from ...simulator.kernels.step_passes import stack_cross_entropy
 from ..trace import Collective, Compute, Op
 from .layerkernels import final_norm_op, logits_kernels, loss_op
+from .embedding_grad import embedding_backward_op
+from .fsdp import reduces_every_microbatch
 from .oplists import extend_ops
 from .stage import StageBase
 from .wgrad import main_grad_bytes
@@ -53,8 +55,6 @@ class EdgeOps(StageBase):
         rows: ``b·s``, split as the partitioner splits the lookup's output); ``with_head``:
         whether the rank holds the output layer too (default: PP = 1), which a tied weight
         shares."""
-        from .embedding_grad import embedding_backward_op
-        from .fsdp import reduces_every_microbatch
         with_head = self.pp == 1 if with_head is None else with_head
         split = self.part.embedding_split if self.structured else 1
         return [embedding_backward_op(

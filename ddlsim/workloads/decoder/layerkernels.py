@@ -21,6 +21,7 @@ from functools import lru_cache
 from typing import Any
 
 from ...config import DTYPE_BYTES
+from ...software import grad_dtype_bytes
 from ...simulator.kernels.attention import FLASH_KINDS, attention_kernels
 from ...simulator.kernels.autograd import input_grad_sum_kernels
 from ...simulator.kernels.dtensor import keeps_gathered_input, sp_layout_copies
@@ -49,7 +50,6 @@ def compute_dtype(train_dtype: str) -> str:
 def grad_bytes(cfg: Any) -> int:
     """Bytes per gradient element of the run: the stack's ``grad_reduce_dtype`` applied to its
     parameters' dtype (:func:`compute_dtype`; fp32 main grads for bf16 under Megatron)."""
-    from ...software import grad_dtype_bytes
     return grad_dtype_bytes(cfg.software.grad_reduce_dtype, compute_dtype(cfg.train.dtype))
 
 

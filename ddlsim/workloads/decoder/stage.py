@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .fsdp import reduces_every_microbatch
 from .wgrad import accumulate_pass_bytes
 
 if TYPE_CHECKING:
@@ -77,7 +78,6 @@ class StageBase:
         parameters into the accumulated gradients (:func:`.wgrad.accumulate_pass_bytes`);
         none where FSDP2 reduce-scatters every micro-batch's
         (:func:`.fsdp.reduces_every_microbatch`)."""
-        from .fsdp import reduces_every_microbatch
         if reduces_every_microbatch(self.plan):
             return 0.0
         return params * accumulate_pass_bytes(self.sw, self.dt, self.gdt)

@@ -45,6 +45,7 @@ from typing import Any
 
 from ...config import DTYPE_BYTES
 from ...simulator.kernels.gemm import gemm_bytes
+from ...software import grad_dtype_bytes
 from ..trace import Kernel
 
 __all__ = ["main_grad_bytes", "into_main_grad", "accumulating", "accumulate_pass_bytes", "hook_accumulate_bytes"]
@@ -69,7 +70,6 @@ def main_grad_bytes(sw: Any, train_dtype: str) -> int:
     """
     if not sw.gradient_accumulation_fusion:
         return 0
-    from ...software import grad_dtype_bytes
     return grad_dtype_bytes(sw.grad_reduce_dtype, "bf16" if train_dtype == "fp8" else train_dtype)
 
 
