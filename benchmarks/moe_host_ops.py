@@ -30,7 +30,7 @@ spec's ``SequentialMLP``, not the ``GroupedLinear`` that ran. The count's host Â
 time, eager kernels inline) are a side figure. ``--time`` measures, per part and pass, the host
 seconds the GPU path would spend (:func:`host_seconds`: the transport's CPU time and the CPU
 kernels' own execution taken out), which ddlsim charges per counted call
-(``ddlsim.workloads.decoder.moe_host_chain.measured_host``).
+(``ddlsim.workloads.decoder.moe_host_measured.measured_host``).
 
 ddlsim's column: one layer's forward and backward ops of Qwen3-235B-A22B on dgx-h100 with the
 same router, EP 128/local experts (:func:`ddlsim_parts`): the host operations its host rule
@@ -169,7 +169,7 @@ DATA_HEADER = """\
 # by running Megatron-LM's own MoELayer on CPU (benchmarks/moe_host_ops.py --time; written by
 # its --write-data from benchmarks/data/moe_host_ops/<commit>_<local>{,_host_s}.json; what was
 # patched to run on CPU: benchmarks/data/moe_host_ops/README.md). ddlsim charges them per
-# counted call (ddlsim/workloads/decoder/moe_host_chain.py measured_host).
+# counted call (ddlsim/workloads/decoder/moe_host_measured.py measured_host).
 #
 # host_s: the thread CPU seconds of the part (median of the timed passes) less those inside
 #   torch.distributed calls (gloo's transport; on a GPU NCCL launches, which ddlsim charges per

@@ -190,7 +190,7 @@ def test_the_combined_1f1b_forward_nodes_open_with_the_waits():
     assert not [o for o in nodes["dispatch"] if o.payload.name.startswith("fwd.moe.host")]
     assert not [o for n in _combined_nodes(DEEPEP, True).values() for o in n
                 if o.stream == "host"]
-    assert moe_host.node_with_waits("fwd", None, "router", "bf16", mlp[3:]) == mlp[3:]
+    assert moe_host_chain.node_with_waits("fwd", None, "router", "bf16", mlp[3:]) == mlp[3:]
 
 
 def test_the_combined_mlp_nodes_waits_drain_the_compute_stream_and_its_steps_gate_fc1_fc2():

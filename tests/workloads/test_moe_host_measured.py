@@ -12,8 +12,8 @@ from test_moe_host import ALLTOALL, DEEPEP, HOST_OP_S, qwen3_30b
 import ddlsim
 from ddlsim.workloads.decoder import moe_host
 from ddlsim.workloads.decoder.moe_host import DISPATCHER_HOST, dispatcher_host
-from ddlsim.workloads.decoder.moe_host_chain import (MEASURED_CODE, add_backward_dispatcher_host,
-                                                     measured_host)
+from ddlsim.workloads.decoder.moe_host_chain import add_backward_dispatcher_host
+from ddlsim.workloads.decoder.moe_host_measured import MEASURED_CODE, measured_host
 from ddlsim.workloads.decoder.moe_router import router_host_calls
 from ddlsim.workloads.decoder.moeplan import resolve_moe
 from ddlsim.workloads.decoder.partition.oplist import OpList

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from ..trace import Compute, Op
 from .moe_dispatch import alltoall_counts
+from .moe_host import dispatcher_host
+from .moe_host_chain import node_with_waits
 from .moe_router import router_ops
 from .partition.oplist import OpList
 
@@ -86,7 +88,6 @@ def moe_layer_nodes(b, backward: bool, delay_wgrad: bool = False) -> dict[str, l
         comm = (second, [*mem("permute", perm[0]), *first])
     dispatch, mlp_ops = [Op(x, "ep") for x in comm[0]], [Op(x) for x in mlp]
     if not backward:    # the host's waits for the device, then its issue (.moe_host)
-        from .moe_host import dispatcher_host, node_with_waits
         host = dispatcher_host(b.moe)
         dispatch = node_with_waits(pre, host, "router", b.dtype, dispatch)
         mlp_ops = node_with_waits(pre, host, "dispatch", b.dtype, mlp_ops)

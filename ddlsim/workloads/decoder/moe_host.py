@@ -61,13 +61,13 @@ per-expert host work (``bwd.experts.host``) and, measured, the router's, dispatc
 combine's (``bwd.moe.host``), no deps (:mod:`.moe_host_chain`). Host operations are timed by
 the device's host rule (:func:`~ddlsim.simulator.kernels.device.op_time`: ``n·h``), except
 the alltoall dispatcher's router, dispatch and combine calls: their seconds per call measured
-in Megatron-LM's own code (``host_s``, :func:`.moe_host_chain.measured_host`); both engines
+in Megatron-LM's own code (``host_s``, :func:`.moe_host_measured.measured_host`); both engines
 time them alike.
 Under Megatron-Core's combined 1F1B (:mod:`.combined`) the waits open the forward's
 ``dispatch`` and ``mlp`` nodes; after a ``dispatch`` node's wait (alltoall, HybridEP) all the
 work follows the last issue with no deps; DeepEP's waits in the ``mlp`` node synchronise the
 compute stream, which they leave empty, so there the chain's steps gate fc1 and fc2
-(:func:`node_with_waits`); the backward nodes carry no host work.
+(:func:`.moe_host_chain.node_with_waits`); the backward nodes carry no host work.
 ZeRO-3's per-layer units, which run on one stream (:meth:`.moe.MoEOps.moe_layer_payloads`),
 leave the host ops out.
 """
@@ -78,12 +78,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..trace import Compute, Kernel, Op, Wait
+from ..trace import Compute, Kernel
+from .moe_host_measured import measured_host
 from .moe_router import router_host_calls
 
 __all__ = ["HostWait", "HostStep", "DispatcherHost", "DISPATCHER_HOST", "SYNC_WAKE_S",
            "TE_LINEAR_HOST_S", "TE_LINEARS_FORWARD", "dispatcher_host", "host_op", "work_op",
-           "layer_work", "add_waits", "node_with_waits"]
+           "wait_ops", "layer_work", "add_waits"]
 
 #: Seconds from the device's completion of the awaited work to the host running again after a
 #: device→host copy and its event's synchronisation: a PyTorch microbenchmark of a
@@ -146,7 +147,7 @@ class DispatcherHost:
     the host runs between the last wait and the combine, each step before the device op it
     launches. ``work_parts``: ``work_ops`` by part of the layer (router, dispatch, experts,
     combine; empty where not split), whose parts with measured host seconds
-    (``measured``, a :class:`.moe_host_chain.MeasuredHost`: the alltoall dispatcher's) are
+    (``measured``, a :class:`.moe_host_measured.MeasuredHost`: the alltoall dispatcher's) are
     charged those instead of the count × host rule (:func:`work_op`)."""
 
     waits_when: Callable[[Any], bool]
@@ -225,7 +226,7 @@ def dispatcher_host(plan: Any) -> DispatcherHost | None:
     """The host side of a resolved MoE plan's forward (:data:`DISPATCHER_HOST`, its work with
     the router's torch fallbacks' calls when the router is not fused:
     :func:`.moe_router.router_host_calls`, and the measured host seconds per call where its
-    work is split by part: :func:`.moe_host_chain.measured_host`), or None when its dispatcher
+    work is split by part: :func:`.moe_host_measured.measured_host`), or None when its dispatcher
     does not wait (padding to capacity).
 
     Parameters
@@ -245,7 +246,6 @@ def dispatcher_host(plan: Any) -> DispatcherHost | None:
     if parts:
         parts["router"] += extra
     host = replace(host, work_ops=host.work_ops + extra, work_parts=tuple(parts.items()))
-    from .moe_host_chain import measured_host
     return replace(host, measured=measured_host()) if parts else host
 
 
@@ -266,7 +266,7 @@ def work_op(name: str, operations: int, parts: tuple[tuple[str, int], ...],
     return replace(host_op(name, ruled, dtype), host_s=seconds)
 
 
-def _wait_ops(pre: str, wait: HostWait, host: DispatcherHost,
+def wait_ops(pre: str, wait: HostWait, host: DispatcherHost,
               dtype: str) -> tuple[Compute, Compute]:
     return (Compute(f"{pre}.dispatch.sync", 0.0, kind="elementwise", dtype=dtype,
                     seconds=wait.wakes * SYNC_WAKE_S),
@@ -318,82 +318,7 @@ def add_waits(ops: Any, pre: str, host: DispatcherHost | None, after: str,
     for wait in (() if host is None or awaited is None else host.waits):
         if wait.after != after:
             continue
-        sync, issue = _wait_ops(pre, wait, host, dtype)
+        sync, issue = wait_ops(pre, wait, host, dtype)
         w = ops.add(sync, "host", (awaited,))
         issued = (ops.add(issue, "host", (w,)),)
     return issued
-
-
-def node_with_waits(pre: str, host: DispatcherHost | None, after: str, dtype: str,
-                    node: list[Op]) -> list[Op]:
-    """A combined-1F1B forward node (:mod:`.combined`: ``dispatch`` for the waits after the
-    router, ``mlp`` for those after the dispatch) opened by the host's waits and issues on the
-    ``host`` stream: the node's first op waits for the node before it on its side (the
-    ``attn`` node, or the dispatch), and the node's own first op waits for the last issue.
-    After the layer's last wait comes the layer's host work: in the ``dispatch`` node
-    (alltoall, HybridEP: one wait, after the router) all of it with no deps; in the ``mlp``
-    node (DeepEP's waits after the dispatch) the chain's steps before the ops they launch,
-    as :class:`~.moe_host_chain.HostChain` lays them outside the combined schedule, then the
-    rest with no deps. Without such a wait (or an empty node), ``node`` as it is.
-
-    **The mlp node's waits drain the compute stream.** DeepEP's waits after the dispatch are
-    ``_indices_to_multihot``'s (Megatron-LM d7288711 ``token_dispatcher.py`` lines 1225-1230:
-    ``indices[mask]``, ``repeat_interleave`` of a device tensor, ``probs[mask]``), called from
-    ``get_permuted_hidden_states_by_experts`` in the ``mlp`` node
-    (``fine_grained_callables.py`` ``submodule_moe_forward``, line 544:
-    ``routed_experts_compute``), which runs on the compute stream (``ScheduleNode``'s
-    ``stream_acquire_context``, ``pipeline_parallel/utils.py``). Each is a device-to-host copy
-    that synchronises the current stream, so the host waits for everything issued on the
-    compute stream before it, the paired backward's expert data and weight gradients
-    (``mlp`` bwd, ``backward_dw``, issued before ``mlp`` fwd by
-    ``TransformerLayerSchedulePlan.run``, ``model_chunk_schedule_plan.py`` lines 189-255),
-    besides the dispatch. When it returns the compute stream has nothing queued: the
-    backward's next compute (``attn`` bwd) is issued only after this node and the combine.
-    So the node opens with a :class:`~ddlsim.workloads.trace.Wait` for the compute stream on
-    the ``host`` stream, and fc1 and fc2 wait for the host's steps that launch them, as
-    outside the combined schedule.
-
-    Parameters
-    ----------
-    pre : str
-        the ops' name prefix.
-    host : DispatcherHost or None
-        the dispatcher's host side.
-    after : str
-        ``"router"`` or ``"dispatch"``.
-    dtype : str
-        the ops' dtype label.
-    node : list of Op
-        the node's ops, their deps indexing it.
-
-    Returns
-    -------
-    list of Op
-    """
-    waits = [w for w in (host.waits if host is not None else ()) if w.after == after]
-    if not waits or not node:
-        return node
-    head: list[Op] = []
-    if after == "dispatch":     # the multihot waits synchronise the compute stream
-        head.append(Op(Wait(f"{pre}.dispatch.drain", "compute"), "host"))
-    for wait in waits:
-        sync, issue = _wait_ops(pre, wait, host, dtype)
-        head += [Op(sync, "host", (len(head) - 1,) if head else ()),
-                 Op(issue, "host", (len(head),))]
-    issued = len(head) - 1
-    if host.waits[-1].after != after:
-        return _shifted(head, node, issued)
-    if after != "dispatch":     # the work runs ahead: the paired backward fills the device
-        head += [Op(op, "host") for op in layer_work(pre, host, dtype)]
-        return _shifted(head, node, issued)
-    from .moe_host_chain import gated
-    return gated(pre, host, dtype, head, node, issued)
-
-
-def _shifted(head: list[Op], node: list[Op], issued: int) -> list[Op]:
-    """``head`` then ``node``, its deps shifted past the head, its first op after ``issued``."""
-    n = len(head)
-    first, *rest = node
-    return [*head, Op(first.payload, first.stream, (*(d + n for d in first.deps), issued),
-                      first.repeat),
-            *(Op(o.payload, o.stream, tuple(d + n for d in o.deps), o.repeat) for o in rest)]

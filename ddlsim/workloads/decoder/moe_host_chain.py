@@ -1,97 +1,20 @@
 """The host's work after a forward MoE layer's last wait, step by step before the device ops
-it launches, the experts' per-expert host work in the backward, and the measured host seconds
-of the router, dispatch and combine (docs/moe.md, "The dispatcher's host synchronisation"; the
-waits and the counts are :mod:`.moe_host`'s).
-
-**Measured host seconds** (:func:`measured_host`, ddlsim/data/moe_host_measured.yaml, written by
-benchmarks/moe_host_ops.py): Megatron-LM's own ``MoELayer`` run on CPU, each part's thread CPU
-time per pass less the time inside ``torch.distributed`` calls (gloo's transport; on a GPU
-NCCL launches, which ddlsim's collectives carry) and less the CPU kernels' own execution: the
-host's glue (Python, argument handling, autograd plumbing, the dispatcher), which the per-op
-rule's ``eager_op_s`` (2 µs) stands for. ddlsim charges it per counted call: each part's
-seconds over its measured calls (unfused router and permutation: the per-call glue is taken to
-hold for the fused paths' fewer calls) times the calls :data:`.moe_host.DISPATCHER_HOST`
-counts, as the op's ``host_s`` with no kernel, so no launch is charged twice (the device ops
-carry their kernels' launches). The backward's (``bwd.moe.host``): its autograd nodes' time
-per forward call of the part, the same way. This CPU (a KVM guest of an AMD EPYC, Zen 4) is
-taken to run a thread as fast as the validated runs' hosts (DGX H100: Xeon Platinum 8480C):
-no published single-thread comparison was found, ratio 1, not scaled.
+it launches, the combined 1F1B's forward nodes opened by the host's waits, the experts'
+per-expert host work in the backward and the router's, dispatch's and combine's measured one
+(docs/moe.md, "The dispatcher's host synchronisation"; the waits and the counts are
+:mod:`.moe_host`'s, the measured host seconds :mod:`.moe_host_measured`'s).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
-from ..trace import Compute, Op
+from ..trace import Compute, Op, Wait
 from . import moe_host
-from .moe_host import DispatcherHost, HostStep, host_op, layer_work, work_op
+from .moe_host import DispatcherHost, HostStep, host_op, layer_work, wait_ops, work_op
 
-__all__ = ["GROUPED_LINEAR_BWD_OPS", "MEASURED_CODE", "MeasuredHost", "HostChain",
-           "add_backward_expert_host", "add_backward_dispatcher_host", "measured_host",
-           "step_ops", "gated"]
-
-#: the Megatron-LM code whose measured host seconds ddlsim charges
-#: (ddlsim/data/moe_host_measured.yaml): d7288711, the commit DISPATCHER_HOST was counted at
-#: and Megatron-Bridge v0.4.0 pins. The plan names no code revision, so the ModelZoo rows'
-#: 1e057005 (measured too) is not selected.
-MEASURED_CODE = "d7288711"
-
-
-@dataclass(frozen=True)
-class MeasuredHost:
-    """Measured host seconds per counted forward call of each part of a Megatron-Core MoE
-    layer (``fwd``: the forward's, ``bwd``: its autograd nodes' backward, per forward call of
-    the part), from ddlsim/data/moe_host_measured.yaml (:func:`measured_host`); ``code`` the
-    Megatron-LM commit measured."""
-
-    code: str
-    fwd: dict
-    bwd: dict
-
-    def forward_seconds(self, parts: tuple[tuple[str, int], ...]) -> tuple[float, int]:
-        """The measured seconds of ``parts``' calls and the count of the calls of parts without
-        a figure (left to the host rule)."""
-        return (sum(n * self.fwd[p] for p, n in parts if p in self.fwd),
-                sum(n for p, n in parts if p not in self.fwd))
-
-
-@lru_cache(maxsize=None)
-def measured_host(code: str = MEASURED_CODE) -> MeasuredHost:
-    """The measured host seconds per call of Megatron-LM ``code``'s MoE layer parts: each
-    part's host seconds over its measured forward calls, pooled over the measured local
-    expert counts (ddlsim/data/moe_host_measured.yaml, benchmarks/moe_host_ops.py).
-
-    Parameters
-    ----------
-    code : str
-        a Megatron-LM commit the data file has (``d7288711``, ``1e057005``).
-
-    Returns
-    -------
-    MeasuredHost
-
-    Raises
-    ------
-    ValueError
-        for a commit the file does not have.
-    """
-    from importlib import resources
-
-    import yaml
-    data = yaml.safe_load(resources.files("ddlsim.data").joinpath(
-        "moe_host_measured.yaml").read_text())["code"]
-    if code not in data:
-        raise ValueError(f"moe_host_measured.yaml has no Megatron-LM code {code!r}; it has "
-                         f"{sorted(data)}")
-    runs = data[code]["local_experts"].values()
-    per_call = {}
-    for pss in ("fwd", "bwd"):
-        per_call[pss] = {
-            part: sum(r["host_s"][pss][part] for r in runs) / sum(r["calls"][part] for r in runs)
-            for part in next(iter(runs))["calls"]}
-    return MeasuredHost(code, per_call["fwd"], per_call["bwd"])
+__all__ = ["GROUPED_LINEAR_BWD_OPS", "HostChain", "add_backward_expert_host",
+           "add_backward_dispatcher_host", "node_with_waits", "step_ops", "gated"]
 
 #: Calls into torch per local expert in one Transformer Engine ``GroupedLinear``'s backward
 #: under Megatron-Core's DDP with gradient-accumulation fusion (the weight gradient written
@@ -208,8 +131,8 @@ def add_backward_expert_host(ops: Any, experts: int, dtype: str) -> None:
 def add_backward_dispatcher_host(ops: Any, plan: Any, dtype: str) -> None:
     """Append the backward's host work of the router, dispatch and combine
     (``bwd.moe.host``): the measured backward seconds per forward call of each part
-    (:class:`MeasuredHost`) times the part's counted forward calls (:func:`.moe_host
-    .dispatcher_host`), on the ``host`` stream with no deps, as
+    (:class:`.moe_host_measured.MeasuredHost`) times the part's counted forward calls
+    (:func:`.moe_host.dispatcher_host`), on the ``host`` stream with no deps, as
     :func:`add_backward_expert_host`. Nothing for a dispatcher without measured figures or
     without waits (padded to capacity: its forward has no host op either).
 
@@ -254,3 +177,77 @@ def gated(pre: str, host: DispatcherHost, dtype: str, head: list[Op], node: list
         where[i] = len(out)
         out.append(Op(op.payload, op.stream, tuple(sorted(deps)), op.repeat))
     return out
+
+
+def node_with_waits(pre: str, host: DispatcherHost | None, after: str, dtype: str,
+                    node: list[Op]) -> list[Op]:
+    """A combined-1F1B forward node (:mod:`.combined`: ``dispatch`` for the waits after the
+    router, ``mlp`` for those after the dispatch) opened by the host's waits and issues on the
+    ``host`` stream: the node's first op waits for the node before it on its side (the
+    ``attn`` node, or the dispatch), and the node's own first op waits for the last issue.
+    After the layer's last wait comes the layer's host work: in the ``dispatch`` node
+    (alltoall, HybridEP: one wait, after the router) all of it with no deps; in the ``mlp``
+    node (DeepEP's waits after the dispatch) the chain's steps before the ops they launch,
+    as :class:`HostChain` lays them outside the combined schedule, then the
+    rest with no deps. Without such a wait (or an empty node), ``node`` as it is.
+
+    **The mlp node's waits drain the compute stream.** DeepEP's waits after the dispatch are
+    ``_indices_to_multihot``'s (Megatron-LM d7288711 ``token_dispatcher.py`` lines 1225-1230:
+    ``indices[mask]``, ``repeat_interleave`` of a device tensor, ``probs[mask]``), called from
+    ``get_permuted_hidden_states_by_experts`` in the ``mlp`` node
+    (``fine_grained_callables.py`` ``submodule_moe_forward``, line 544:
+    ``routed_experts_compute``), which runs on the compute stream (``ScheduleNode``'s
+    ``stream_acquire_context``, ``pipeline_parallel/utils.py``). Each is a device-to-host copy
+    that synchronises the current stream, so the host waits for everything issued on the
+    compute stream before it, the paired backward's expert data and weight gradients
+    (``mlp`` bwd, ``backward_dw``, issued before ``mlp`` fwd by
+    ``TransformerLayerSchedulePlan.run``, ``model_chunk_schedule_plan.py`` lines 189-255),
+    besides the dispatch. When it returns the compute stream has nothing queued: the
+    backward's next compute (``attn`` bwd) is issued only after this node and the combine.
+    So the node opens with a :class:`~ddlsim.workloads.trace.Wait` for the compute stream on
+    the ``host`` stream, and fc1 and fc2 wait for the host's steps that launch them, as
+    outside the combined schedule.
+
+    Parameters
+    ----------
+    pre : str
+        the ops' name prefix.
+    host : DispatcherHost or None
+        the dispatcher's host side.
+    after : str
+        ``"router"`` or ``"dispatch"``.
+    dtype : str
+        the ops' dtype label.
+    node : list of Op
+        the node's ops, their deps indexing it.
+
+    Returns
+    -------
+    list of Op
+    """
+    waits = [w for w in (host.waits if host is not None else ()) if w.after == after]
+    if not waits or not node:
+        return node
+    head: list[Op] = []
+    if after == "dispatch":     # the multihot waits synchronise the compute stream
+        head.append(Op(Wait(f"{pre}.dispatch.drain", "compute"), "host"))
+    for wait in waits:
+        sync, issue = wait_ops(pre, wait, host, dtype)
+        head += [Op(sync, "host", (len(head) - 1,) if head else ()),
+                 Op(issue, "host", (len(head),))]
+    issued = len(head) - 1
+    if host.waits[-1].after != after:
+        return _shifted(head, node, issued)
+    if after != "dispatch":     # the work runs ahead: the paired backward fills the device
+        head += [Op(op, "host") for op in layer_work(pre, host, dtype)]
+        return _shifted(head, node, issued)
+    return gated(pre, host, dtype, head, node, issued)
+
+
+def _shifted(head: list[Op], node: list[Op], issued: int) -> list[Op]:
+    """``head`` then ``node``, its deps shifted past the head, its first op after ``issued``."""
+    n = len(head)
+    first, *rest = node
+    return [*head, Op(first.payload, first.stream, (*(d + n for d in first.deps), issued),
+                      first.repeat),
+            *(Op(o.payload, o.stream, tuple(d + n for d in o.deps), o.repeat) for o in rest)]
