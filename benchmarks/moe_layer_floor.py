@@ -173,6 +173,8 @@ def _label(row: dict) -> str:
         return f"ModelZoo row {row['row']}"
     if row["set"] == "long":
         return f"ModelZoo {row['row']} {row['routing']}"
+    if row["set"] == "ab":
+        return f"Bridge A/B {row['model']} {row['run']}"
     return f"Bridge {row['model']} {row['release']}"
 
 

@@ -91,3 +91,12 @@ def test_graphed_config_sets_cuda_graphs_and_leaves_the_row_alone():
     assert graphed["system"]["software"]["kernels"]["host_dispatch"] == "cuda_graphs"
     assert "host_dispatch" not in cfg["system"]["software"].get("kernels", {})
     assert graphed["parallel"] == cfg["parallel"]
+
+
+def test_every_set_of_validate_moe_rows_has_a_label():
+    """Each kind of row validate_moe predicts (Bridge, ModelZoo, long context, the EP-overlap
+    A/B runs) gets a label, so the script's table prints for all of them."""
+    rows = vm.rows() + vm.zoo_rows() + vm.long_rows() + vm.ab_rows()
+    labels = [floor._label(r) for r in rows]
+    assert {r["set"] for r in rows} >= {"modelzoo", "long", "ab"}
+    assert all(labels) and any(label.startswith("Bridge A/B") for label in labels)
