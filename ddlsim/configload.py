@@ -9,6 +9,7 @@ values are accepted with a :class:`~ddlsim.errors.DDLSimWarning`.
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -202,6 +203,29 @@ def _joined(problems: list[str]) -> str:
                                                        enumerate(problems, 1))
 
 
+#: Override values read without the YAML parser, each the value ``parse_yaml`` gives it (~70
+#: us a parse; a search builds its base config from nine JSON-written overrides): ``null``,
+#: ``true``, ``false``, a decimal integer of at most 30 digits without leading zeros (YAML
+#: 1.1 reads ``010`` as octal: left to the parser), and a double-quoted word of letters,
+#: digits and ``_.-``. ``tests/test_config_overrides.py`` checks each kind against the parser.
+_PLAIN_SCALARS: dict[str, Any] = {"null": None, "true": True, "false": False}
+_PLAIN_INT = re.compile(r"-?(?:0|[1-9][0-9]{0,29})\Z")
+_PLAIN_WORD = re.compile(r'"[A-Za-z0-9_.-]*"\Z')
+_NOT_PLAIN = object()
+
+
+def _plain_value(raw: str) -> Any:
+    """The value of override text ``raw`` where it is one of :data:`_PLAIN_SCALARS`' kinds,
+    else :data:`_NOT_PLAIN` (for the YAML parser)."""
+    if raw in _PLAIN_SCALARS:
+        return _PLAIN_SCALARS[raw]
+    if _PLAIN_INT.match(raw):
+        return int(raw)
+    if _PLAIN_WORD.match(raw):
+        return raw[1:-1]
+    return _NOT_PLAIN
+
+
 def apply_overrides(sections: dict, overrides: list[str] | tuple[str, ...]) -> dict:
     """Apply ``section.key=value`` overrides (values parsed as YAML: ``4``, ``true``, ``[1,2]``).
 
@@ -224,10 +248,12 @@ def apply_overrides(sections: dict, overrides: list[str] | tuple[str, ...]) -> d
             raise ConfigError(f"override {item!r}: unknown section {keys[0]!r}"
                               f"{did_you_mean(keys[0], _SECTIONS)}; allowed: "
                               f"{', '.join(_SECTIONS)}")
-        try:
-            value = parse_yaml(raw, f"override {item!r}")
-        except DocumentError as exc:
-            raise ConfigError(f"{exc}; quote a string value that YAML cannot read") from None
+        value = _plain_value(raw)
+        if value is _NOT_PLAIN:
+            try:
+                value = parse_yaml(raw, f"override {item!r}")
+            except DocumentError as exc:
+                raise ConfigError(f"{exc}; quote a string value that YAML cannot read") from None
         node = out.setdefault(keys[0], {})
         for depth, k in enumerate(keys[1:-1], 1):
             node = node.setdefault(k, {})

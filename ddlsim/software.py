@@ -159,15 +159,74 @@ def _stack_defaults(name: str) -> tuple[dict, dict, dict]:
     return parts[0], parts[1], sources
 
 
+#: :func:`resolve_software`'s results by what they derive from (:func:`_resolved_key`)
+_RESOLVED: dict[tuple, tuple] = {}
+_RESOLVED_MAX = 256
+
+
 def resolve_software(spec: SoftwareSpec | str | None, plan: Any = None) -> Software:
     """The stack ``spec`` names, with its overrides and then the plan's overlap options and
     ``cp_comm_type`` (``plan.<field>`` when the plan sets it, i.e. is not None) applied.
 
+    Resolved once per ``spec`` object (or name) and the plan's values of the stack's fields,
+    the only things it reads (:func:`_resolved_key`); every later call with equal ones gets
+    the same (frozen) :class:`Software`: a search builds many plans' configs that differ in
+    their parallel sizes only (62 ``parallel`` sections a cold speed grid of
+    ``benchmarks/search_speed.py``, one stack). :func:`cache_clear` forgets them.
+
     Raises
     ------
     ConfigError
-        if ``spec`` names an unknown stack, or sets a ZeRO-3 option its gather mode ignores.
+        if ``spec`` names an unknown stack, or sets a ZeRO-3 option its gather mode ignores
+        (raised anew on every call: a failure is not remembered).
     """
+    key = _resolved_key(spec, plan)
+    if key is None:
+        return _resolve(spec, plan)
+    hit = _RESOLVED.get(key)
+    if hit is None:
+        hit = _RESOLVED[key] = (spec, _resolve(spec, plan))   # the spec kept: its id stays its
+        if len(_RESOLVED) > _RESOLVED_MAX:
+            del _RESOLVED[next(iter(_RESOLVED))]
+    return hit[1]
+
+
+def _resolved_key(spec: SoftwareSpec | str | None, plan: Any) -> tuple | None:
+    """What :func:`_resolve` reads: the spec (by identity: a frozen model; a name or None by
+    value) and, of a pydantic ``plan`` (or none), the values of the fields :func:`_apply_plan`
+    reads (:func:`_plan_fields`); None where that cannot be a key (another kind of plan, a
+    stack name unknown, a value that is not hashable): resolved without the cache."""
+    spec_key = spec if spec is None or isinstance(spec, str) else id(spec)
+    if plan is None:
+        return (spec_key, None)
+    known = getattr(type(plan), "model_fields", None)
+    stack = spec if isinstance(spec, str) else DEFAULT_STACK if spec is None else spec.stack
+    if known is None or stack not in _stack_table():
+        return None
+    fields = _plan_fields(stack, type(plan))
+    key = (spec_key, type(plan), *(getattr(plan, f, None) for f in fields))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+@lru_cache(maxsize=None)
+def _plan_fields(stack: str, plan_type: type) -> tuple[str, ...]:
+    """The fields of ``stack`` (kernels, then overlap) that a plan of ``plan_type`` (a pydantic
+    model) has: those :func:`_apply_plan` reads from it."""
+    kernels, overlap, _ = _stack_defaults(stack)
+    return tuple(f for part in (kernels, overlap) for f in part if f in plan_type.model_fields)
+
+
+def cache_clear() -> None:
+    """Forget the resolved stacks (:func:`resolve_software`; for timing a cold run)."""
+    _RESOLVED.clear()
+
+
+def _resolve(spec: SoftwareSpec | str | None, plan: Any = None) -> Software:
+    """:func:`resolve_software`'s work, every call."""
     spec = _as_spec(spec)
     kernels, overlap, sources = _stack_defaults(spec.stack)
     for part, given, where in ((kernels, spec.kernels, "system.software.kernels"),

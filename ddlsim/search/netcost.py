@@ -171,9 +171,10 @@ def cache_clear() -> None:
     fabric's routes they took), the decoder
     builder's memos (a layer's and the head's kernels, the final norm's and the embedding
     backward's ops, the pipeline splits and schedules), NCCL's channel and tree rules per
-    network and the configs' meshes,
+    network, the configs' meshes and the resolved software stacks,
     for timing a cold run; the topology graph itself, built once per system, and the tables
     read from the package's data files are kept."""
+    from .. import software
     from ..config import _mesh_of
     from ..simulator.costs import _NETS, _P2P
     from ..simulator.collectives.nccl import model as nccl_model
@@ -195,3 +196,4 @@ def cache_clear() -> None:
     nccl_form.cache_clear()
     _NETS.clear()
     _P2P.clear()
+    software.cache_clear()
