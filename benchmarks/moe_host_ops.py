@@ -67,6 +67,21 @@ OP_PART = {"router": "router", "permute": "dispatch", "dispatch": "dispatch", "s
            "unpermute": "combine"}
 
 
+def checkout_commit(megatron: Path, commit: str) -> str:
+    """The commit of the Megatron-LM tree at ``megatron``: its git HEAD, or for a tree exported
+    without git (``git archive``, as carried to a lent GPU) the full hash in its
+    ``MEGATRON_COMMIT`` file; SystemExit unless it is ``commit``."""
+    import subprocess
+    head = subprocess.run(["git", "-C", str(megatron), "rev-parse", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+    stamp = megatron / "MEGATRON_COMMIT"
+    if stamp.is_file() and not (megatron / ".git").exists():
+        head = stamp.read_text().strip()
+    if not head.startswith(commit):
+        raise SystemExit(f"moe_host_ops: the checkout is at {head or 'no commit'}, not {commit}")
+    return head
+
+
 def count(megatron: Path, commit: str, local: int) -> dict:
     """Run ``moe_host_ops_megatron.worker`` on two gloo ranks over the Megatron-LM checkout
     ``megatron`` (at ``commit``) with ``local`` local experts; its counts with provenance."""
@@ -78,11 +93,7 @@ def count(megatron: Path, commit: str, local: int) -> dict:
     if not (megatron / "megatron" / "core" / "transformer" / "moe" / "moe_layer.py").is_file():
         raise SystemExit(f"moe_host_ops: --megatron {megatron} is not a Megatron-LM checkout "
                          "(no megatron/core/transformer/moe/moe_layer.py)")
-    import subprocess
-    head = subprocess.run(["git", "-C", str(megatron), "rev-parse", "HEAD"], capture_output=True,
-                          text=True).stdout.strip()
-    if not head.startswith(commit):
-        raise SystemExit(f"moe_host_ops: the checkout is at {head or 'no commit'}, not {commit}")
+    head = checkout_commit(megatron, commit)
     out = DATA / f".{commit}_{local}.tmp.json"
     from moe_host_ops_megatron import worker
     mp.spawn(worker, args=(2, str(megatron), local, COMMITS[commit]["router_dtype"], str(out)),
@@ -104,10 +115,7 @@ def time_host(megatron: Path, commit: str, local: int, passes: int) -> dict:
 
     import torch
     import torch.multiprocessing as mp
-    head = subprocess.run(["git", "-C", str(megatron), "rev-parse", "HEAD"], capture_output=True,
-                          text=True).stdout.strip()
-    if not head.startswith(commit):
-        raise SystemExit(f"moe_host_ops: the checkout is at {head or 'no commit'}, not {commit}")
+    head = checkout_commit(megatron, commit)
     out = DATA / f".{commit}_{local}.time.tmp.json"
     from moe_host_ops_timing import timing_worker
     mp.spawn(timing_worker, args=(2, str(megatron), local, COMMITS[commit]["router_dtype"],

@@ -121,3 +121,13 @@ def test_the_package_data_file_is_the_committed_timings_with_provenance():
                                                                        "combine"}
     header = ops.PACKAGE_DATA.read_text().split("\ncode:")[0]
     assert "Xeon Platinum 8480C" in header and "ratio 1" in header
+
+
+def test_an_exported_tree_names_its_commit_in_a_stamp(tmp_path):
+    """A tree exported without git (as carried to a lent GPU) is read by its MEGATRON_COMMIT
+    file; another commit is refused with both named."""
+    full = "d7288711ba278d160d2a5a22c099915c9fe1395c"
+    (tmp_path / "MEGATRON_COMMIT").write_text(full + "\n")
+    assert ops.checkout_commit(tmp_path, "d7288711") == full
+    with pytest.raises(SystemExit, match="d7288711.*not 1e057005"):
+        ops.checkout_commit(tmp_path, "1e057005")
