@@ -40,7 +40,8 @@ def plan_sections(data: dict, base_dir: Any, overrides: Sequence[str]) -> dict:
                                       if str(o).startswith(("parallel.", "train."))])
 
 
-def plan_config(sections: dict, base: Any, plan: Mapping[str, Any]) -> Any:
+def plan_config(sections: dict, base: Any, plan: Mapping[str, Any],
+                memo: dict | None = None) -> Any:
     """The :class:`~ddlsim.config.RunConfig` of one plan.
 
     Parameters
@@ -49,6 +50,9 @@ def plan_config(sections: dict, base: Any, plan: Mapping[str, Any]) -> Any:
     base : a config of the run (its model and system are the plan's).
     plan : ``{config path: value}`` in the config's units, as
         :meth:`~ddlsim.search.plans.PlanSet.overrides` gives it.
+    memo : a dict the caller keeps across plans: each distinct ``parallel`` and ``train``
+        section is validated once (a section's model is frozen; the probes of
+        :func:`group_rules` share most train sections), the run config every time.
 
     Returns
     -------
@@ -73,10 +77,20 @@ def plan_config(sections: dict, base: Any, plan: Mapping[str, Any]) -> Any:
         node[keys[-1]] = value
     parsed = {}
     for name, schema in (("parallel", ParallelConfig), ("train", TrainConfig)):
-        try:
-            parsed[name] = schema.model_validate(parts.get(name, {}))
-        except ValidationError as exc:
-            raise ConfigError(format_validation_error(exc, name)) from None
+        section = parts.get(name, {})
+        # the values are the config's scalars, lists and mappings: one repr, one value
+        key = None if memo is None else (name, repr(sorted(section.items())))
+        got = None if key is None else memo.get(key)
+        if got is None:
+            try:
+                got = schema.model_validate(section)
+            except ValidationError as exc:
+                got = ConfigError(format_validation_error(exc, name))
+            if key is not None:
+                memo[key] = got
+        if isinstance(got, ConfigError):
+            raise ConfigError(str(got))
+        parsed[name] = got
     try:
         return RunConfig(model=base.model, system=base.system, **parsed)
     except ValidationError as exc:
@@ -185,6 +199,7 @@ def group_rules(plans: PlanSet, ctx_cfgs: list, base: Any, sections: dict,
 
     base = _as_what_if(base)
     verdicts: dict[str, str | None] = {}   # a probe asked by two groups is built once
+    validated: dict = {}                   # and a section of several probes validated once
 
     def judge(plan: Mapping[str, Any]) -> str | None:
         """The config's message (less its advice) for ``plan``, or None when it validates."""
@@ -192,7 +207,7 @@ def group_rules(plans: PlanSet, ctx_cfgs: list, base: Any, sections: dict,
         key = repr(sorted(plan.items()))
         if key not in verdicts:
             try:
-                plan_config(sections, base, plan)
+                plan_config(sections, base, plan, validated)
                 verdicts[key] = None
             except ConfigError as exc:
                 verdicts[key] = first_clause(str(exc))

@@ -175,6 +175,14 @@ def algbw_GBps(op: str, algo: str, proto: str, n: float, net: GroupNet, env: Ncc
 def latency_us(op: str, algo: str, proto: str, n: float, net: GroupNet, env: NcclEnv) -> float:
     """NCCL's latency (µs) for ``algo``/``proto`` (tuning.cc; ring plateau of
     ``ncclTopoGetAlgoTime``)."""
+    lat, plateau, div = _latency_parts(op, algo, proto, net, env)
+    return lat * plateau if n / div >= 64 else lat
+
+
+def _latency_parts(op: str, algo: str, proto: str, net: GroupNet, env: NcclEnv
+                   ) -> tuple[float, float, float]:
+    """(:func:`latency_us` below the ring plateau, its factor on the plateau, the divisor of
+    the size whose quotient ≥ 64 reaches it: channels × ranks; ``inf`` where there is none)."""
     pi, p, nodes, tab = T.PROTOCOLS.index(proto), net.p, net.nodes, env.tab
     ppn = p / nodes
     hw = tab.hw_latency_us
@@ -190,9 +198,9 @@ def latency_us(op: str, algo: str, proto: str, n: float, net: GroupNet, env: Ncc
         intra = max(intra, overhead) if nodes > 1 else intra
         n_inter = nccl_inter_steps(op, nodes, tab.inter_steps_per_node)
         lat += (nsteps - n_inter) * intra + n_inter * inter
-        nch = _channels(_link(net, env)[1], net, env)
-        if proto == "Simple" and nodes > 1 and op == "all_reduce" and n / (nch * p) >= 64:
-            lat *= 1.4 if T.ARCHS.index(env.arch) >= 1 else 1.9  # plateau effect of ring
+        if proto == "Simple" and nodes > 1 and op == "all_reduce":   # plateau effect of ring
+            nch = _channels(_link(net, env)[1], net, env)
+            return lat, 1.4 if T.ARCHS.index(env.arch) >= 1 else 1.9, nch * p
     elif algo == "tree":
         lat += 2 * ((ppn - 1) * intra + _log2i(nodes) * inter)
     elif algo == "collnet":
@@ -201,7 +209,7 @@ def latency_us(op: str, algo: str, proto: str, n: float, net: GroupNet, env: Ncc
         lat = intra + (inter if nodes > 1 else 0.0)
     elif algo == "nvls_tree":
         lat += intra + 2 * _log2i(nodes) * inter
-    return lat
+    return lat, 1.0, math.inf
 
 
 def _log2i(n: int) -> int:
@@ -247,14 +255,25 @@ def _achieved(op: str, algo: str, proto: str, n: float, net: GroupNet, env: Nccl
     NVLS plateau and fill (:mod:`.measured`), the tree all-reduce's fill (:mod:`.tree`), the
     ring LL's NVLink steps as measured (:mod:`.hops`); other rings and CollNet as NCCL
     estimates them."""
+    return _achieved_and_estimate(op, algo, proto, n, net, env)[:2]
+
+
+def _achieved_and_estimate(op: str, algo: str, proto: str, n: float, net: GroupNet,
+                           env: NcclEnv):
+    """:func:`_achieved`'s two parts and NCCL's estimate of the algorithm bandwidth they
+    start from (GB/s): :func:`algbw_GBps` at ``n`` (at 0 under NVLS, whose estimate does not
+    depend on the size), asked once (:func:`nccl_form` reads both)."""
     if algo == "tree" and op == "all_reduce":
-        return algbw_GBps(op, algo, proto, n, net, env), _tree_levels(proto, net, env)
+        bw = algbw_GBps(op, algo, proto, n, net, env)
+        return bw, _tree_levels(proto, net, env), bw
     if algo == "ring" and proto == "LL":
         levels = ring_ll_levels(op, net.p, net.nodes, env.arch, env.intra, env.cpu, FILL_EDGES,
                                 env.version)
-        return algbw_GBps(op, algo, proto, n, net, env), levels
+        bw = algbw_GBps(op, algo, proto, n, net, env)
+        return bw, levels, bw
     if algo not in FILL_CHUNKS:
-        return algbw_GBps(op, algo, proto, n, net, env), None
+        bw = algbw_GBps(op, algo, proto, n, net, env)
+        return bw, None, bw
     return _achieved_nvls(op, algo, proto, net, env)
 
 
@@ -283,7 +302,7 @@ def _tree_levels(proto: str, net: GroupNet, env: NcclEnv):
 def _achieved_nvls(op: str, algo: str, proto: str, net: GroupNet, env: NcclEnv):
     estimate = algbw_GBps(op, algo, proto, 0.0, net, env)  # NVLS: no size dependence
     bw = achieved_algbw_GBps(op, algo, estimate, net, env)
-    return bw, fill_levels(op, algo, net, env, bw, estimate)
+    return bw, fill_levels(op, algo, net, env, bw, estimate), estimate
 
 
 class NcclForm(NamedTuple):
@@ -322,18 +341,20 @@ def nccl_form(op: str, algo: str, proto: str, net: GroupNet, env: NcclEnv) -> Nc
     machine): a search's meshes share most of their groups."""
     if not available(op, algo, proto, net, env):
         return None
-    bw, levels = _achieved(op, algo, proto, 0.0, net, env)  # below 64 B: no tree correction
+    # below 64 B: no tree correction (nccl_seconds_array applies it per size), in NCCL's
+    # estimate likewise
+    bw, levels, estimate = _achieved_and_estimate(op, algo, proto, 0.0, net, env)
     if bw <= 0:
         return None
-    lat = latency_us(op, algo, proto, 0.0, net, env)
-    high = latency_us(op, algo, proto, math.inf, net, env)
-    div = math.inf
-    if high != lat:  # the ring plateau of latency_us, whose threshold is n / (nch·p) >= 64
-        div = _channels(_link(net, env)[1], net, env) * net.p
+    # latency_us below and on the ring plateau, whose threshold is n / (nch·p) >= 64
+    lat, plateau, div = _latency_parts(op, algo, proto, net, env)
+    high = lat * plateau if div < math.inf else lat   # latency_us at n = inf
+    if high == lat:
+        div = math.inf
     edges, fills, slope = levels or ((math.inf,) * FILL_EDGES, (0.0,) * (FILL_EDGES + 1),
                                      math.inf)
     return NcclForm(lat, high, div, bw, algo == "tree" and op == "all_reduce", edges, fills,
-                    algbw_GBps(op, algo, proto, 0.0, net, env), slope,
+                    estimate, slope,
                     *_channel_rule(algo, proto, net, env))
 
 
