@@ -37,6 +37,7 @@ from ...simulator.kernels.elementwise import layer_elementwise_parts
 from ...simulator.kernels.elementwise_backward import layer_elementwise_backward_parts
 from ...simulator.kernels.gemm import gemm_kernels_backward
 from ..trace import Collective, Compute, Kernel, Loop, Op, Wait
+from . import sequential_mlp
 from .fp8linear import with_fp8_casts
 from .grouped_linear import multi_stream_gemms
 from .layerkinds import attention_projections
@@ -334,11 +335,19 @@ class MoEOps(StageBase):
         middle += second
         if perm[1]:
             middle.append(self._memory(f"{pre}.unpermute", perm[1]))
+        sequential = host is not None and not self.moe.grouped_gemm   # SequentialMLP
+        gate: tuple[int, ...] = ()
         for j, x in enumerate(middle):
-            ops.add(x, deps=(issued if j == 0 else ()) + chain.issue(x.name))
+            ops.add(x, deps=(issued if j == 0 else ()) + chain.issue(x.name) + gate)
+            rest = sequential and x.name == f"{pre}.experts.fc2" and \
+                sequential_mlp.forward_rest(pre, self.local_experts, self.dtype)
+            # the other experts' linear modules: what follows the experts waits for them
+            gate = (ops.add(rest, "host"),) if rest else ()
         chain.finish()                               # to the next layer's wait
         if backward:
             add_backward_dispatcher_host(ops, plan, self.dtype)   # measured (.moe_host_chain)
+            if dispatcher_host(plan) is not None and not self.moe.grouped_gemm:
+                sequential_mlp.add_backward_host(ops, self.local_experts, self.dtype)
             if self.moe.gemm_streams and self.moe.grouped_gemm and main_grad_bytes(
                     self.sw, self.plan.train_dtype):      # TE GroupedLinear, main_grad fused
                 add_backward_expert_host(ops, self.local_experts, self.dtype)
