@@ -158,19 +158,23 @@ def count_slopes(counts: dict) -> dict:
 
 
 def ddlsim_charge_us() -> dict:
-    """What ddlsim charges per local expert and layer (µs): the forward nothing, the backward
-    ``2 × GROUPED_LINEAR_BWD_OPS`` host operations at the dgx-h100 preset's host rule."""
+    """What ddlsim charges per further local expert and layer (µs, fc1 and fc2), from this
+    result (:data:`~ddlsim.workloads.decoder.moe_host_chain.GROUPED_LINEAR_FWD_S` and
+    ``_BWD_S``), and what it charged before: the backward's
+    ``2 × GROUPED_LINEAR_BWD_OPS`` counted calls at the dgx-h100 preset's host rule."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import validate_moe as vm
 
     import ddlsim
     from ddlsim.simulator.kernels.host import launch_costs
     from ddlsim.software import resolve_software
-    from ddlsim.workloads.decoder.moe_host_chain import GROUPED_LINEAR_BWD_OPS
+    from ddlsim.workloads.decoder import moe_host_chain as chain
     cfg = ddlsim.load_config(vm.config(vm.zoo_rows()[0]))
     op_s = launch_costs(cfg.system.device.launch, resolve_software(vm.STACK).host_dispatch).host_s
-    return {"fwd": 0.0, "bwd": 2 * GROUPED_LINEAR_BWD_OPS * op_s * 1e6, "op_us": op_s * 1e6,
-            "ops": 2 * GROUPED_LINEAR_BWD_OPS}
+    return {"fwd": 2 * chain.GROUPED_LINEAR_FWD_S * 1e6,
+            "bwd": 2 * chain.GROUPED_LINEAR_BWD_S * 1e6,
+            "counted_bwd": 2 * chain.GROUPED_LINEAR_BWD_OPS * op_s * 1e6, "op_us": op_s * 1e6,
+            "ops": 2 * chain.GROUPED_LINEAR_BWD_OPS}
 
 
 def table(data: dict, checks: tuple = ()) -> str:
@@ -196,8 +200,10 @@ def table(data: dict, checks: tuple = ()) -> str:
     rr = r["rounds_range"]
     lines.append(f"{'rounds':>14} {rr['fwd'][0]:4.1f}-{rr['fwd'][1]:<4.1f} "
                  f"{rr['bwd'][0]:4.1f}-{rr['bwd'][1]:<4.1f}   (per expert, the rounds' own slopes)")
-    lines.append(f"ddlsim charges per expert: forward {charge['fwd']:.1f} µs, backward "
-                 f"{charge['bwd']:.1f} µs ({charge['ops']} host ops × {charge['op_us']:.1f} µs)")
+    lines.append(f"ddlsim charges per further expert (moe_host_chain): forward "
+                 f"{charge['fwd']:.1f} µs, backward {charge['bwd']:.1f} µs; before this result "
+                 f"forward nothing, backward {charge['counted_bwd']:.1f} µs ({charge['ops']} "
+                 f"counted calls × {charge['op_us']:.1f} µs)")
     total = s["fwd"] + s["bwd"]
     lines.append(f"measured forward + backward per expert {total:.1f} µs: "
                  f"{total / GAP_SLOPE_US[1]:.0%}-{total / GAP_SLOPE_US[0]:.0%} of the published "

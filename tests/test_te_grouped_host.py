@@ -140,3 +140,40 @@ def test_a_live_count_matches_the_saved_one():
     live = json.loads(out.stdout)
     assert live == {e: SAVED["counts"][e] for e in ("4", "16")}
 
+
+# ------------------------------------------------ what ddlsim charges, from the measurement
+
+def test_ddlsims_per_expert_seconds_are_the_measured_slopes():
+    # fc1 and fc2 measured together: half the slope each, to the constants' 3 digits
+    from ddlsim.workloads.decoder import moe_host_chain as chain
+    s = teg.per_expert(SAVED)["slope"]
+    assert chain.GROUPED_LINEAR_FWD_S == pytest.approx(s["fwd"] / 2 * 1e-6, rel=5e-3)
+    assert chain.GROUPED_LINEAR_BWD_S == pytest.approx(s["bwd"] / 2 * 1e-6, rel=5e-3)
+
+
+def test_a_grouped_linears_chain_step_adds_the_further_experts_forward_time():
+    # fc1's step: one TE linear at TE_LINEAR_HOST_S, and with 16 local experts 15 more
+    # experts' measured forward time; none for one expert, nor where the experts are not
+    # TE grouped linears (experts = 0)
+    from ddlsim.workloads.decoder import moe_host, moe_host_chain as chain
+    step = moe_host.HostStep("experts.fc1", 0, 1)
+    te = {e: [o.seconds for o in chain.step_ops("fwd", step, "bf16", None, e)] for e in (0, 1, 16)}
+    assert te[0] == te[1] == [pytest.approx(moe_host.TE_LINEAR_HOST_S)]
+    assert te[16] == [pytest.approx(moe_host.TE_LINEAR_HOST_S + 15 * chain.GROUPED_LINEAR_FWD_S)]
+
+
+def test_the_backward_charges_the_measured_seconds_without_kernels():
+    from ddlsim.workloads.decoder import moe_host_chain as chain
+
+    class Ops:
+        def __init__(self):
+            self.added = []
+
+        def add(self, op, stream):
+            self.added.append((op, stream))
+
+    ops = Ops()
+    chain.add_backward_expert_host(ops, 16, "bf16")
+    (op, stream), = ops.added
+    assert stream == "host" and op.name == "bwd.experts.host" and op.kernels == ()
+    assert op.host_s == pytest.approx(2 * 16 * chain.GROUPED_LINEAR_BWD_S)

@@ -13,8 +13,9 @@ from ..trace import Compute, Op, Wait
 from . import moe_host
 from .moe_host import DispatcherHost, HostStep, host_op, layer_work, wait_ops, work_op
 
-__all__ = ["GROUPED_LINEAR_BWD_OPS", "HostChain", "add_backward_expert_host",
-           "add_backward_dispatcher_host", "node_with_waits", "step_ops", "gated"]
+__all__ = ["GROUPED_LINEAR_BWD_OPS", "GROUPED_LINEAR_BWD_S", "GROUPED_LINEAR_FWD_S", "HostChain",
+           "add_backward_expert_host", "add_backward_dispatcher_host", "node_with_waits",
+           "step_ops", "gated"]
 
 #: Calls into torch per local expert in one Transformer Engine ``GroupedLinear``'s backward
 #: under Megatron-Core's DDP with gradient-accumulation fusion (the weight gradient written
@@ -33,21 +34,43 @@ __all__ = ["GROUPED_LINEAR_BWD_OPS", "HostChain", "add_backward_expert_host",
 #: ``tex.split_quantize`` and ``general_grouped_gemm`` are one call per pass each (the C++
 #: per-GEMM launches are the GEMM op's own, :mod:`.grouped_linear`; in FP8 the tensors
 #: ``split_quantize`` creates per expert are the GEMM op's ``host_s``,
-#: :func:`.fp8linear.with_fp8_casts`).
+#: :func:`.fp8linear.with_fp8_casts`). Counted again by running the code
+#: (benchmarks/te_grouped_host.py: 1 call into torch, 1 CUDA call, 4 reads and writes of
+#: ``param.grad`` under ``overlap_grad_reduce``, 3 more tensor attributes, per expert and
+#: linear); no longer what ddlsim charges: :data:`GROUPED_LINEAR_BWD_S` is, measured.
 GROUPED_LINEAR_BWD_OPS = 5
 
+#: Host seconds per local expert of one Transformer Engine ``GroupedLinear``'s forward and
+#: backward as Megatron-Core's ``TEGroupedMLP`` runs it (BF16, ``fuse_wgrad_accumulation`` with
+#: Megatron's ``main_grad``, Megatron's DDP hook on every expert weight), measured by running
+#: TE v2.9's own Python (70f53666) and Megatron-LM d7288711's hook on CPU with the compiled
+#: extension and the CUDA calls stood in for (benchmarks/te_grouped_host.py; the result
+#: benchmarks/data/te_grouped_host/te_v2.9_bf16_h64_f32.json, 2026-11-30): the thread CPU time's
+#: slope over 4, 8 and 16 local experts of fc1 and fc2 together, forward 10.18 µs per expert
+#: (the rounds 8.4-10.6), backward 21.89 µs (19.5-22.3; of it ``_GroupedLinear.backward`` 11.1,
+#: Megatron's hooks 4.7, the autograd engine's ``AccumulateGrad`` and the function's inputs the
+#: rest), halved here: per expert and linear. The GEMMs' own host work (the extension's C++, the launches) is taken out: the GEMM
+#: ops' host rule carries it. This CPU (a KVM guest of an AMD EPYC, Zen 4) is taken to run a
+#: thread as fast as the validated runs' Xeon 8480C, as :mod:`.moe_host_measured` does.
+GROUPED_LINEAR_FWD_S = 5.09e-6
+GROUPED_LINEAR_BWD_S = 10.95e-6
 
-def step_ops(pre: str, step: HostStep, dtype: str,
-             host: DispatcherHost | None = None) -> list[Compute]:
+
+def step_ops(pre: str, step: HostStep, dtype: str, host: DispatcherHost | None = None,
+             experts: int = 0) -> list[Compute]:
     """The host ops of one chain step of ``host``: its counted calls into torch
     (``*.<op>.host``, :func:`.moe_host.work_op`) and its TE linear modules
-    (``*.<op>.host.te``)."""
+    (``*.<op>.host.te``: :data:`.moe_host.TE_LINEAR_HOST_S` each, a one-GEMM module's, and
+    where they are TE grouped linears over ``experts`` local experts, the ``experts − 1``
+    further experts' :data:`GROUPED_LINEAR_FWD_S` each; the chain's TE modules are the
+    experts' fc1 and fc2)."""
     name = f"{pre}.{step.issues}.host"
     out = [] if not step.ops else [host_op(name, step.ops, dtype) if host is None else
                                    work_op(name, step.ops, step.parts, host, dtype)]
     if step.te:
+        per = moe_host.TE_LINEAR_HOST_S + max(experts - 1, 0) * GROUPED_LINEAR_FWD_S
         out.append(Compute(f"{name}.te", 0.0, kind="elementwise", dtype=dtype,
-                           seconds=step.te * moe_host.TE_LINEAR_HOST_S))
+                           seconds=step.te * per))
     return out
 
 
@@ -70,16 +93,21 @@ class HostChain:
         the dispatcher's host side (None: nothing is added).
     dtype : str
         the ops' dtype label (no FLOPs).
+    experts : int
+        local experts where the experts are TE grouped linears (their per-expert forward host
+        time, :func:`step_ops`); 0 otherwise.
     """
 
-    def __init__(self, ops: Any, pre: str, host: DispatcherHost | None, dtype: str) -> None:
+    def __init__(self, ops: Any, pre: str, host: DispatcherHost | None, dtype: str,
+                 experts: int = 0) -> None:
         self.ops, self.pre, self.host, self.dtype = ops, pre, host, dtype
         self.steps = list(host.chain) if host is not None else []
+        self.experts = experts
 
     def _lay(self, steps: list[HostStep]) -> tuple[int, ...]:
         last: tuple[int, ...] = ()
         for step in steps:
-            for op in step_ops(self.pre, step, self.dtype, self.host):
+            for op in step_ops(self.pre, step, self.dtype, self.host, self.experts):
                 last = (self.ops.add(op, "host"),)
         return last
 
@@ -112,9 +140,9 @@ class HostChain:
 
 def add_backward_expert_host(ops: Any, experts: int, dtype: str) -> None:
     """Append the per-expert host work of the experts' two TE grouped linears' backward
-    (:data:`GROUPED_LINEAR_BWD_OPS` per local expert and linear) on the ``host`` stream with
-    no deps: no wait stalls the backward, so it binds only where the host's total outlasts the
-    device's (at the next forward's wait, or the step's end).
+    (:data:`GROUPED_LINEAR_BWD_S` per local expert and linear, measured; no kernel) on the
+    ``host`` stream with no deps: no wait stalls the backward, so it binds only where the
+    host's total outlasts the device's (at the next forward's wait, or the step's end).
 
     Parameters
     ----------
@@ -125,7 +153,8 @@ def add_backward_expert_host(ops: Any, experts: int, dtype: str) -> None:
     dtype : str
         the ops' dtype label.
     """
-    ops.add(host_op("bwd.experts.host", 2 * experts * GROUPED_LINEAR_BWD_OPS, dtype), "host")
+    ops.add(Compute("bwd.experts.host", 0.0, kind="elementwise", dtype=dtype, kernels=(),
+                    host_s=2 * experts * GROUPED_LINEAR_BWD_S), "host")
 
 
 def add_backward_dispatcher_host(ops: Any, plan: Any, dtype: str) -> None:
@@ -155,10 +184,11 @@ def add_backward_dispatcher_host(ops: Any, plan: Any, dtype: str) -> None:
 
 
 def gated(pre: str, host: DispatcherHost, dtype: str, head: list[Op], node: list[Op],
-           issued: int) -> list[Op]:
+           issued: int, experts: int = 0) -> list[Op]:
     """``head`` then ``node`` with the host's chain laid before the ops it launches (each
     launched op waits for its step), the steps left and the rest of the layer's work on the
-    ``host`` stream before the node's last op (no deps: the node still ends on the device)."""
+    ``host`` stream before the node's last op (no deps: the node still ends on the device);
+    ``experts`` as :class:`HostChain`'s."""
     out, where, steps = list(head), {}, list(host.chain)
     for i, op in enumerate(node):
         key = op.payload.name[len(pre) + 1:]
@@ -167,11 +197,11 @@ def gated(pre: str, host: DispatcherHost, dtype: str, head: list[Op], node: list
         gate: tuple[int, ...] = ()
         if hit is not None:
             for step in steps[:hit + 1]:
-                out += [Op(x, "host") for x in step_ops(pre, step, dtype, host)]
+                out += [Op(x, "host") for x in step_ops(pre, step, dtype, host, experts)]
             steps, gate = steps[hit + 1:], (len(out) - 1,)
         if i == len(node) - 1:
             for step in steps:
-                out += [Op(x, "host") for x in step_ops(pre, step, dtype, host)]
+                out += [Op(x, "host") for x in step_ops(pre, step, dtype, host, experts)]
             out += [Op(x, "host") for x in layer_work(pre, host, dtype, rest=True)]
         deps = {*(where[d] for d in op.deps), *gate, *((issued,) if i == 0 else ())}
         where[i] = len(out)
@@ -180,7 +210,7 @@ def gated(pre: str, host: DispatcherHost, dtype: str, head: list[Op], node: list
 
 
 def node_with_waits(pre: str, host: DispatcherHost | None, after: str, dtype: str,
-                    node: list[Op]) -> list[Op]:
+                    node: list[Op], experts: int = 0) -> list[Op]:
     """A combined-1F1B forward node (:mod:`.combined`: ``dispatch`` for the waits after the
     router, ``mlp`` for those after the dispatch) opened by the host's waits and issues on the
     ``host`` stream: the node's first op waits for the node before it on its side (the
@@ -220,6 +250,8 @@ def node_with_waits(pre: str, host: DispatcherHost | None, after: str, dtype: st
         the ops' dtype label.
     node : list of Op
         the node's ops, their deps indexing it.
+    experts : int
+        as :class:`HostChain`'s (the gated steps' TE grouped linears).
 
     Returns
     -------
@@ -241,7 +273,7 @@ def node_with_waits(pre: str, host: DispatcherHost | None, after: str, dtype: st
     if after != "dispatch":     # the work runs ahead: the paired backward fills the device
         head += [Op(op, "host") for op in layer_work(pre, host, dtype)]
         return _shifted(head, node, issued)
-    return gated(pre, host, dtype, head, node, issued)
+    return gated(pre, host, dtype, head, node, issued, experts)
 
 
 def _shifted(head: list[Op], node: list[Op], issued: int) -> list[Op]:
