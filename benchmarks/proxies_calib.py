@@ -57,7 +57,9 @@ def calibrate(work: Path, names: list[str], ranks: int = 2, clock: str = "wall",
     from ddlsim.reference.mpijobs import check_job, cpu_cores, mpirun, run_job
     calls = {c for name in names if ranks in PROXIES[name].ranks
              for c in comm_calls(PROXIES[name], ranks)}
-    ops = sorted({op for op, _ in calls} | {"sendrecv"})
+    # sendrecv: the link (a ping-pong); exchange: every rank's transfer at once, which
+    # the engines time a class's sends on one node by (ddlsim.simulator.sharedcopies)
+    ops = sorted({op for op, _ in calls} | {"sendrecv", "exchange"})
     sizes = calibration_args([b for _, b in calls] or [8.0])
     csv, profile = work / f"mpi{ranks}.csv", work / f"profile{ranks}.yaml"
     shared = ["--allow-shared-cores"] if ranks > cpu_cores() else []

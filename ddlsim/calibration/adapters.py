@@ -161,7 +161,7 @@ class MpiAdapter:
 
     def supports(self, op: str) -> bool:
         return check_op(op) in ("all_reduce", "reduce", "broadcast", "all_gather",
-                                "reduce_scatter", "all_to_all", "sendrecv")
+                                "reduce_scatter", "all_to_all", "sendrecv", "exchange")
 
     def close(self) -> None:  # mpi4py finalizes MPI at exit
         return None
@@ -173,6 +173,8 @@ class MpiAdapter:
         r = np.zeros(n_recv, dtype=np.float32)
         if op == "sendrecv":
             return self._pingpong(s, r, moved)
+        if op == "exchange":
+            return self._exchange(s, r, moved)
         run = {"all_reduce": lambda: c.Allreduce(s, r, op=MPI.SUM),
                "reduce": lambda: c.Reduce(s, r, op=MPI.SUM, root=0),
                "broadcast": lambda: c.Bcast(s, root=0),
@@ -195,6 +197,19 @@ class MpiAdapter:
                 c.Recv(r, source=peer, tag=7)
                 c.Send(s, dest=peer, tag=7)
         return OpCall(run, moved, 0.5)
+
+    def _exchange(self, s: np.ndarray, r: np.ndarray, moved: int) -> OpCall:
+        """A ring shift: ``Irecv`` from the previous rank, blocking ``Send`` to the next,
+        ``Wait`` (comm_only/resnet50.cpp's ``run_ring``, spcl/DNN-cpp-proxies); every rank
+        transfers at once, on 2 ranks both directions of one pair."""
+        c, n, me = self.comm, self.size, self.rank
+        nxt, prev = (me + 1) % n, (me - 1) % n
+
+        def run() -> None:
+            req = c.Irecv(r, source=prev, tag=8)
+            c.Send(s, dest=nxt, tag=8)
+            req.Wait()
+        return OpCall(run, moved)
 
 
 # ------------------------------------------------------------------------- torch.distributed
@@ -310,6 +325,8 @@ class TorchAdapter:
         root = self.global_ranks[0]
         if op == "sendrecv":
             return self._pingpong(s, r, moved)
+        if op == "exchange":
+            return self._exchange(s, r, moved)
         # newer torch renames the tensor variants *_single (same arguments)
         gather = getattr(d, "all_gather_single", None) or d.all_gather_into_tensor
         scatter = getattr(d, "reduce_scatter_single", None) or d.reduce_scatter_tensor
@@ -335,3 +352,15 @@ class TorchAdapter:
                 d.recv(r, src=peer, group=self.group)
                 d.send(s, dst=peer, group=self.group)
         return OpCall(run, moved, 0.5)
+
+    def _exchange(self, s: Any, r: Any, moved: int) -> OpCall:
+        """A ring shift, as :meth:`MpiAdapter._exchange`: every rank sends to the next and
+        receives from the previous at once."""
+        d, n, me = self._dist, self.size, self.rank
+        nxt, prev = self.global_ranks[(me + 1) % n], self.global_ranks[(me - 1) % n]
+
+        def run() -> None:
+            req = d.irecv(r, src=prev, group=self.group)
+            d.send(s, dst=nxt, group=self.group)
+            req.wait()
+        return OpCall(run, moved)

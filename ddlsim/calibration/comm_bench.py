@@ -256,7 +256,7 @@ def run_comm_benchmark(comm_adapter: CommAdapter, ops: Sequence[str], sizes: Seq
             progress(f"{scope or where.scope} {op} {size} B")
 
     for op in ops:
-        skip = not comm_adapter.supports(op) or (op == "sendrecv" and n < 2)
+        skip = not comm_adapter.supports(op) or (op in ("sendrecv", "exchange") and n < 2)
         done: set[int] = set()
         small: list[tuple[int, object]] = []   # (requested size, call), interleaved below
         for size in sizes:

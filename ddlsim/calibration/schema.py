@@ -7,7 +7,8 @@ readers' edge.
 ``bytes`` follows the nccl-tests convention (doc/PERFORMANCE.md in NVIDIA/nccl-tests): the
 size *S* of the largest buffer of the operation — the whole output of ``all_gather``, the whole
 input of ``reduce_scatter``, the whole per-rank send buffer of ``all_to_all``, the buffer of
-``all_reduce``/``broadcast``/``reduce`` and the message of ``sendrecv``.
+``all_reduce``/``broadcast``/``reduce`` and the message of ``sendrecv`` and ``exchange`` (each
+rank's).
 """
 
 from __future__ import annotations
@@ -31,9 +32,12 @@ __all__ = ["OPS", "SCOPES", "BACKENDS", "COLUMNS", "COMPUTE_COLUMNS", "Calibrati
            "MAX_TIME_S", "MIN_TIME_S", "MAX_BYTES", "MAX_RECORDS",
            "MAX_RANKS", "DEFAULT_MAX_SKIPPED_SHARE", "DEFAULT_MAX_REL_RMSE"]
 
-#: Operations the benchmarks run and the profiles describe (``sendrecv`` is the ping-pong).
+#: Operations the benchmarks run and the profiles describe (``sendrecv`` is the ping-pong;
+#: ``exchange``: every rank sends its message to the next rank and receives one from the
+#: previous at once, a ring shift, on 2 ranks both directions of one pair: what concurrent
+#: point-to-point transfers of one node cost, :mod:`ddlsim.simulator.sharedcopies`).
 OPS = ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all",
-       "sendrecv")
+       "sendrecv", "exchange")
 #: ``intra``: every rank of the communicator on one node; ``inter``: it spans nodes.
 SCOPES = ("intra", "inter")
 BACKENDS = ("mpi", "nccl", "gloo", "rccl", "ucc")
@@ -171,7 +175,7 @@ def busbw_factor(op: str, ranks: int) -> float:
     """Bus-bandwidth factor *f(n)* with ``busbw = algbw · f(n)`` (nccl-tests convention).
 
     all_reduce ``2(n−1)/n``; all_gather, reduce_scatter, all_to_all ``(n−1)/n``; broadcast,
-    reduce, sendrecv ``1``.
+    reduce, sendrecv, exchange ``1``.
 
     References
     ----------

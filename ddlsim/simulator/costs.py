@@ -25,6 +25,7 @@ from .backend_rules import resolve_backend
 from .collectives import (GroupNet, Phase, best_algorithm, best_uneven_algorithm,
                           collective_time, get_algorithm, registry_generation, split_matrix,
                           uneven_time)
+from .sharedcopies import SharedCopies, node_copies
 
 __all__ = ["CostModel", "CollectiveChoice", "place_ranks_on_system"]
 
@@ -135,6 +136,8 @@ class CostModel:
         self.profile = profile
         self.backend = backend
         self.bound = bound  # None, "lo" or "hi": use the profile's interval ends
+        #: a node's transfers at once share its memory, where the profile measured it
+        self.copies = SharedCopies(profile, backend)
         if devices is None:
             devices = place_ranks_on_system(system, workload.world_size)
         self.devices = devices
@@ -392,6 +395,17 @@ class CostModel:
         cross = self.node_of_rank[src] != self.node_of_rank[dst]
         firsts = {int(np.argmax(cross)), int(np.argmin(cross))}   # one of each kind present
         return max(self.p2p(op, int(src[i]), int(dst[i])) for i in firsts)
+
+    def p2p_together(self, op: P2P, src: np.ndarray, dst: np.ndarray, alone_s: float
+                     ) -> float:
+        """Seconds of ``op``'s transfers ``src[i] → dst[i]`` (ranks), all sent at once, that
+        take ``alone_s`` each on their own: at least the node's shared-copy floor for as many
+        transfers as its most crowded node holds (:mod:`.sharedcopies`; both engines time a
+        class's send by it)."""
+        if not self.copies:
+            return alone_s
+        floor = self.copies.floor_s(op.bytes, node_copies(self.node_of_rank, src, dst))
+        return alone_s if floor is None else max(alone_s, floor)
 
     def _p2p_bw(self, group: str) -> float:
         """:func:`.netmodel.p2p_node_bw` of family ``group``, cached like the group nets."""

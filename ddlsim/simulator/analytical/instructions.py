@@ -199,7 +199,12 @@ class _Lowering:
         key = (ci, p.group, p.peer, p.bytes)
         hit = self._transfers.get(key)
         if hit is None:
-            hit = self._transfers[key] = self._transfer(ci, p)
+            hit = self._transfer(ci, p)
+            if self.cost.copies:   # the class's transfers at once share a node's memory
+                ranks = np.asarray(self.workload.classes[ci].ranks, dtype=np.int64)
+                peer_of = self._crossing(p.group, p.peer)[0]
+                hit = self.cost.p2p_together(p, ranks, peer_of[ranks], hit)
+            self._transfers[key] = hit
         return hit
 
     def _transfer(self, ci: int, p: P2P) -> float:

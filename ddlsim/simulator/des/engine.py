@@ -99,7 +99,7 @@ class _Engine:
         self.records: list[FlowRecord] | None = [] if record_flows else None
         self.collectives = Collectives(self, cost, routes, devices,
                                        rendezvous_components(workload))
-        self.p2p = P2PMatcher(self, routes, devices)
+        self.p2p = P2PMatcher(self, routes, devices, cost)
         self.devices = devices
 
     # ------------------------------------------------------------------ running

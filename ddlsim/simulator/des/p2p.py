@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import ConfigError
+from .calibrated import alone_seconds, stretch_template
 from .program import SEND, Instr
 from .runs import TemplateRun
 from .templates import FlowTemplate, RouteTable, p2p_template
@@ -44,14 +45,15 @@ class _Send:
 class P2PMatcher:
     """Posts P2P ops when their deps are done, matches them, runs their transfers."""
 
-    def __init__(self, engine, routes: RouteTable, devices: np.ndarray):
-        self.engine, self.routes, self.devices = engine, routes, devices
+    def __init__(self, engine, routes: RouteTable, devices: np.ndarray, cost=None):
+        self.engine, self.routes, self.devices, self.cost = engine, routes, devices, cost
         self.class_of = engine.workload.class_of()
         self.sends: dict[tuple, deque[_Send]] = defaultdict(deque)
         self.recvs: dict[tuple, deque[_Recv]] = defaultdict(deque)
         self._index: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._peers: dict[tuple, list[tuple[int, np.ndarray, np.ndarray]]] = {}
         self._templates: dict[tuple, FlowTemplate] = {}
+        self._together: dict[tuple, FlowTemplate] = {}
 
     # ------------------------------------------------------------------ posting
     def arm(self, st) -> None:
@@ -102,6 +104,8 @@ class P2PMatcher:
         eng = self.engine
         p = send.ins.payload
         tpl = self._template(send.st.index, p, send.dst)
+        if self.cost is not None and self.cost.copies:
+            tpl = self._shared(send.st.index, p, send.dst, tpl)
         start = eng.env.now
 
         def delivered(end: float) -> None:
@@ -124,6 +128,22 @@ class P2PMatcher:
             tpl = p2p_template(self.routes, self.devices, part[1], part[2], f"{p.group}.p2p")
             self._templates[key] = tpl
         return tpl
+
+    def _shared(self, cls: int, p, dst: int, tpl: FlowTemplate) -> FlowTemplate:
+        """``tpl`` stretched to :meth:`CostModel.p2p_together` of the class's transfers (all
+        its parts, sent at once) where that is longer than ``tpl`` alone, as the analytical
+        engine times the send (:mod:`ddlsim.simulator.sharedcopies`)."""
+        key = (cls, p.group, p.peer, dst, p.bytes)
+        hit = self._together.get(key)
+        if hit is None:
+            parts = self._parts(cls, p)
+            src = np.concatenate([own for _, own, _ in parts])
+            peers = np.concatenate([peer for _, _, peer in parts])
+            alone = alone_seconds(tpl, p.bytes, self.engine.network.capacity_Bps)
+            t = None if alone is None else self.cost.p2p_together(p, src, peers, alone)
+            hit = tpl if t is None or t <= alone else stretch_template(tpl, t, alone)
+            self._together[key] = hit
+        return hit
 
     def _parts(self, cls: int, p) -> list[tuple[int, np.ndarray, np.ndarray]]:
         """The ``peer`` of each rank of class ``cls`` (a send's destination, a recv's
