@@ -12,7 +12,8 @@ experts per rank and the tokens each computes (``n = etp · ep · T · k / E``,
 ``T = MBS · seq / (CP · TP)``: the sequence-parallel shard a rank routes, forced balance).
 Nothing is fitted; the script only divides what ``validate_moe`` already prints (docs/moe.md, "A per-layer floor in the published
 runs"). ``per-expert host`` is the host time per layer and micro-batch that ddlsim counts for
-the local experts' Transformer Engine grouped linears (:func:`expert_host_ms`), to set beside
+the local experts' Transformer Engine grouped linears, measured in TE's own code
+(:func:`expert_host_ms`), to set beside
 the gap's growth with the local experts. ``random-routing excess`` is how much more than the
 mean the most loaded expert-parallel rank computes when the rows' forced balance routes as
 Megatron-Core's benchmark mode does, by random logits (:func:`random_routing_excess`), not
@@ -89,13 +90,15 @@ def _graphed_s(row: dict) -> float:
     return time_record(row, cfg, "analytical", None, vm.published_time(row))["predicted"]
 
 
-def expert_host_ms(local: int, host_op_s: float) -> float:
-    """Host milliseconds per layer and micro-batch counted for ``local`` experts' GroupedLinear
-    calls into torch (forward none, backward :data:`~ddlsim.workloads.decoder.moe_host_chain.
-    GROUPED_LINEAR_BWD_OPS` per expert and linear, fc1 and fc2), at ``host_op_s`` each (the
-    device's host rule)."""
-    from ddlsim.workloads.decoder.moe_host_chain import GROUPED_LINEAR_BWD_OPS
-    return 2 * GROUPED_LINEAR_BWD_OPS * local * host_op_s * 1e3
+def expert_host_ms(local: int) -> float:
+    """Host milliseconds per layer and micro-batch that ddlsim charges for ``local`` experts'
+    two Transformer Engine grouped linears beyond one expert's: forward
+    :data:`~ddlsim.workloads.decoder.moe_host_chain.GROUPED_LINEAR_FWD_S` per linear and
+    expert past the first, backward :data:`~ddlsim.workloads.decoder.moe_host_chain.
+    GROUPED_LINEAR_BWD_S` per linear and expert (both measured in TE's own code:
+    benchmarks/te_grouped_host.py)."""
+    from ddlsim.workloads.decoder.moe_host_chain import GROUPED_LINEAR_BWD_S, GROUPED_LINEAR_FWD_S
+    return 2 * (local * GROUPED_LINEAR_BWD_S + max(local - 1, 0) * GROUPED_LINEAR_FWD_S) * 1e3
 
 
 def expected_max_normal(n: int) -> float:
@@ -159,15 +162,6 @@ def _excess(row: dict) -> float:
                                  hf["num_experts_per_tok"], ep)
 
 
-def _host_op_s() -> float:
-    """The dgx-h100 preset's host time per operation under the validate_moe stack's dispatch."""
-    import ddlsim
-    from ddlsim.simulator.kernels.host import launch_costs
-    from ddlsim.software import resolve_software
-    cfg = ddlsim.load_config(vm.config(vm.zoo_rows()[0]))
-    return launch_costs(cfg.system.device.launch, resolve_software(vm.STACK).host_dispatch).host_s
-
-
 def _label(row: dict) -> str:
     if row["set"] == "modelzoo":
         return f"ModelZoo row {row['row']}"
@@ -186,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             "published ms", "predicted ms", "compute", "exposed EP", "other comm",
             "bubble+opt", "gap ms", "per-expert host ms", "host-bound ms",
             "random-routing excess"]
-    lines, host_op_s = [], _host_op_s()
+    lines = []
     for o in vm.evaluate("analytical"):
         if o["result"] is None:
             continue
@@ -195,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                       row["a2a_overlap"], str(p["local"]), f"{p['n']:.0f}"]
                      + [f"{p[k]:.2f}" for k in ("published", "predicted", "compute", "ep",
                                                  "other", "bubble", "gap")]
-                     + [f"{expert_host_ms(p['local'], host_op_s):.2f}",
+                     + [f"{expert_host_ms(p['local']):.2f}",
                         f"{host_bound_ms(o, _graphed_s(row)):.2f}",
                         f"{100 * _excess(row):.1f}%"])
     print_table(head, lines, args.markdown)

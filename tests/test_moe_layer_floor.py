@@ -48,11 +48,11 @@ def test_experts_and_their_tokens():
     assert p["ep"] == 0.0 and p["other"] == 0.0
 
 
-def test_per_expert_host_is_the_grouped_linears_backward_calls():
-    # fc1 and fc2, 5 calls into torch per local expert each (moe_host.GROUPED_LINEAR_BWD_OPS),
-    # at dgx-h100's eager 2 + 3.8 µs: 16 experts, 0.928 ms per layer and micro-batch
-    assert floor.expert_host_ms(16, 5.8e-6) == pytest.approx(2 * 5 * 16 * 5.8e-3)
-    assert floor.expert_host_ms(4, 5.8e-6) == pytest.approx(floor.expert_host_ms(16, 5.8e-6) / 4)
+def test_per_expert_host_is_the_grouped_linears_measured_seconds():
+    from ddlsim.workloads.decoder.moe_host_chain import GROUPED_LINEAR_BWD_S, GROUPED_LINEAR_FWD_S
+    assert floor.expert_host_ms(16) == pytest.approx(
+        2 * (16 * GROUPED_LINEAR_BWD_S + 15 * GROUPED_LINEAR_FWD_S) * 1e3)
+    assert floor.expert_host_ms(1) == pytest.approx(2 * GROUPED_LINEAR_BWD_S * 1e3)
 
 
 def test_expected_max_of_normals():

@@ -90,7 +90,8 @@ def moe_layer_nodes(b, backward: bool, delay_wgrad: bool = False) -> dict[str, l
     if not backward:    # the host's waits for the device, then its issue (.moe_host)
         host = dispatcher_host(b.moe)
         dispatch = node_with_waits(pre, host, "router", b.dtype, dispatch)
-        mlp_ops = node_with_waits(pre, host, "dispatch", b.dtype, mlp_ops)
+        te_experts = b.local_experts if b.moe.grouped_gemm and b.moe.gemm_streams else 0
+        mlp_ops = node_with_waits(pre, host, "dispatch", b.dtype, mlp_ops, te_experts)
     nodes = {"attn": attn.ops, "dispatch": dispatch,
              "mlp": mlp_ops, "combine": [Op(x, "ep") for x in comm[1]]}
     if wgrad:

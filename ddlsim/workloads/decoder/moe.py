@@ -328,7 +328,8 @@ class MoEOps(StageBase):
         self._beside(ops, first, shared if overlap else [], issued)
         issued = add_waits(ops, pre, host, "dispatch", len(ops.ops) - 1 if first else routed,
                            self.dtype)
-        chain = HostChain(ops, pre, host, self.dtype)   # the host after its last wait
+        te_experts = self.local_experts if self.moe.grouped_gemm and self.moe.gemm_streams else 0
+        chain = HostChain(ops, pre, host, self.dtype, te_experts)   # after its last wait
         middle = [self._memory(f"{pre}.sort", sorts[0])] if sorts[0] else []
         middle += self._expert_compute(tag, backward)
         middle += [self._memory(f"{pre}.unsort", sorts[1])] if sorts[1] else []
