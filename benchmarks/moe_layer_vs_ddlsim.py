@@ -1,15 +1,16 @@
 """Megatron-Core's MoE layer measured on one H200 against ddlsim's ops of the same layer
 (issues 28-30: ground truth measured here for the MoE layer).
 
-The measurements are ``benchmarks/data/device_h200_2026-11-30/run7/moe`` and ``run8/moe``
-(``benchmarks/device/moe_layer_step.py``, two calls on two machine starts; the README there
-gives the commands): Megatron-LM d7288711's ``MoELayer`` with the local spec (``SequentialMLP``
+The measurements are ``benchmarks/data/device_h200_2026-11-30/run7/moe``, ``run8/moe`` and
+``run9/moe`` (``benchmarks/device/moe_layer_step.py``, three calls on three machine starts; the
+README there gives the commands): Megatron-LM d7288711's ``MoELayer`` with the local spec (``SequentialMLP``
 experts, unfused router and permutation, eager), expert parallelism 1, at a rank's share of
 the validated Qwen3 rows. Per case this prints what was measured, the forward + backward wall
-time between synchronisations (median of 20 passes, both runs), the device time of the
-forward's kernels (Kineto, per pass) and of the backward (queued behind a sleep: no host
-gaps), the host's own time of the router's forward, the experts' forward and the backward
-(issued behind a sleep), beside ddlsim's ops for the same layer:
+time between synchronisations (median of 20 passes, each run), the device time of the
+forward's kernels (Kineto, per pass, the last run) and of the backward (queued behind a sleep:
+no host gaps), the host's own time of the router's forward, the experts' forward and the
+backward (issued behind a sleep; run8 / run9: the host's speed differs between machine
+starts), beside ddlsim's ops for the same layer:
 
 * ddlsim's config (:func:`config`): the model's preset with one layer of ``E`` experts and
   top-``k``, sequence ``T``, micro-batch 1, one ``dgx-h200`` GPU, the ``megatron-core-2025``
@@ -41,8 +42,11 @@ from pathlib import Path
 from public_runs import DATA, print_table
 
 RUNS = DATA / "device_h200_2026-11-30"
-#: the calls of benchmarks/device/moe_layer_step.py, in order (run8 has the host-issue timing)
-MOE_RUNS = ("run7", "run8")
+#: the calls of benchmarks/device/moe_layer_step.py, in order (run8 and run9 have the host-issue
+#: timing, run9 the cases e2 and e32 besides)
+MOE_RUNS = ("run7", "run8", "run9")
+#: the calls with the host-issue timing
+HOST_RUNS = ("run8", "run9")
 #: ddlsim's compute-stream ops of the MoE layer's forward and backward, by name prefix
 FWD_OPS = ("fwd.router", "fwd.dispatch", "fwd.permute", "fwd.sort", "fwd.experts",
            "fwd.unsort", "fwd.unpermute")
@@ -111,38 +115,45 @@ def ddlsim_parts(case: dict) -> dict:
 
 
 def rows() -> list[dict]:
-    """Per case: the measured figures (both runs' walls; run8's other figures) and ddlsim's."""
+    """Per case of the last run: the measured figures (each run's wall; the host-issue runs'
+    host and backward device figures; the last run's forward kernels) and ddlsim's."""
     runs = {r: load(r) for r in MOE_RUNS}
     out = []
     for name, c in runs[MOE_RUNS[-1]].items():
-        h = c["host_issue"]
+        hosts = [runs[r][name]["host_issue"] for r in HOST_RUNS if name in runs[r]]
         out.append({
             "case": name, "experts": c["experts"], "tokens_per_expert": c["tokens_per_expert"],
             "wall_ms": [1e3 * runs[r][name]["fwd_bwd_s"] for r in MOE_RUNS if name in runs[r]],
             "fwd_device_ms": kineto_forward_ms(MOE_RUNS[-1], name),
-            "bwd_device_ms": 1e3 * h["backward_device_s"],
-            "fwd_host_ms": 1e3 * (h["router_fwd_s"] + h["experts_fwd_s"]),
-            "bwd_host_ms": 1e3 * h["backward_s"], "device_busy": h["device_busy"],
+            "bwd_device_ms": [1e3 * h["backward_device_s"] for h in hosts],
+            "fwd_host_ms": [1e3 * (h["router_fwd_s"] + h["experts_fwd_s"]) for h in hosts],
+            "bwd_host_ms": [1e3 * h["backward_s"] for h in hosts],
+            "device_busy": all(h["device_busy"] for h in hosts),
             "ddlsim": ddlsim_parts(c)})
     return out
+
+
+def _ms(values: list[float]) -> str:
+    return " / ".join(f"{v:.2f}" for v in values)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
     args = ap.parse_args(argv)
-    head = ["case", "local experts", "tokens/expert", "wall ms (run7, run8)",
-            "fwd device ms", "ddlsim", "bwd device ms", "ddlsim",
-            "fwd host ms (router+experts)", "ddlsim (all fwd host)", "bwd host ms", "ddlsim"]
+    head = ["case", "local experts", "tokens/expert", "wall ms (run7, 8, 9)",
+            "fwd device ms", "ddlsim", "bwd device ms (run8 / 9)", "ddlsim",
+            "fwd host ms (router+experts; run8 / 9)", "ddlsim (all fwd host)",
+            "bwd host ms (run8 / 9)", "ddlsim"]
     lines = []
     for r in rows():
         d = r["ddlsim"]
         lines.append([r["case"], str(r["experts"]), str(r["tokens_per_expert"]),
                       ", ".join(f"{w:.1f}" for w in r["wall_ms"]),
                       f"{r['fwd_device_ms']:.2f}", f"{d['fwd_device']:.2f}",
-                      f"{r['bwd_device_ms']:.2f}", f"{d['bwd_device']:.2f}",
-                      f"{r['fwd_host_ms']:.2f}", f"{d['fwd_host']:.2f}",
-                      f"{r['bwd_host_ms']:.2f}" + ("" if r["device_busy"] else " *"),
+                      _ms(r["bwd_device_ms"]), f"{d['bwd_device']:.2f}",
+                      _ms(r["fwd_host_ms"]), f"{d['fwd_host']:.2f}",
+                      _ms(r["bwd_host_ms"]) + ("" if r["device_busy"] else " *"),
                       f"{d['bwd_host']:.2f}"])
     print_table(head, lines, args.markdown)
     print("* a timed issue outlasted the queued sleep in at least one pass (the median stands)")

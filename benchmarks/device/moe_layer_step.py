@@ -52,9 +52,11 @@ CASES = {
     # the ModelZoo's router in fp32
     "zoo4": (4096, 1536, 16, 8, 2048, "fp32"),
     "zoo5": (4096, 1536, 16, 8, 1024, "fp32"),
-    # the same expert load (1,024 tokens) at 8 and 4 local experts: the slope per local expert
+    # the same expert load (1,024 tokens) at 8, 4, 2 and 32 local experts: the slope per expert
     "e8": (4096, 1536, 8, 8, 1024, "fp32"),
     "e4": (4096, 1536, 4, 4, 1024, "fp32"),
+    "e2": (4096, 1536, 2, 2, 1024, "fp32"),
+    "e32": (4096, 1536, 32, 8, 4096, "fp32"),
     # Bridge Qwen3-235B (EP 32: 4 local experts, 4,096 tokens each), router in the layer's bf16
     "bridge235": (4096, 1536, 4, 4, 4096, None),
     # Bridge Qwen3-30B: DeepEP EP 8 (16 local experts, 2,048 tokens), HybridEP EP 16 (8, 4,096)
