@@ -126,6 +126,9 @@ ELEMENTWISE_CLASSES = {
     "repeat_kv": "K's and V's repeat to the query heads before the attention core, not "
                  "compiled: torchtitan's expand + reshape, a broadcast copy (torch's strided "
                  "direct_copy_kernel_cuda), forward (repeat_kv.repeat_kv_kernels)",
+    "index_add": "the unfused MoE permutation's backward: torch's index_add_ of the routed "
+                 "copies' gradients into their tokens' rows (index_select's backward; "
+                 "Megatron-Core moe_utils.permute without fusion; workloads/decoder/moe.py)",
     "repeat_kv_backward": "its backward: the expand's gradient summed over the repeats "
                           "(sum_to_size, torch's reduce_kernel), read a heads, write g",
 }

@@ -51,7 +51,12 @@ from .partition.oplist import OpList
 from .stage import StageBase
 from .wgrad import into_main_grad, main_grad_bytes
 
-__all__ = ["MoEOps"]
+__all__ = ["MoEOps", "INDEX_ADD"]
+
+#: the element-wise class of the unfused permutation's backward (index_select's gradient, an
+#: index_add_ of the routed copies into their tokens' rows), which a device may time at its own
+#: achieved rate (``device.elementwise_efficiency``; simulator/kernels/elementwise.py)
+INDEX_ADD = "index_add"
 
 
 class _MoECore:
@@ -134,9 +139,10 @@ class MoEOps(StageBase):
         return Compute(name, (4 if backward else 2) * M * N * K * batch * launches,
                        dtype=self.dtype, kernels=k * launches)
 
-    def _memory(self, name: str, nbytes: float) -> Compute:
+    def _memory(self, name: str, nbytes: float, variant: str = "") -> Compute:
         return Compute(name, 0.0, nbytes, kind="elementwise", dtype=self.dtype,
-                       kernels=(Kernel("memory", bytes=nbytes, dtype=self.dtype),))
+                       kernels=(Kernel("memory", bytes=nbytes, dtype=self.dtype,
+                                       variant=variant),))
 
     def _permute_bytes(self, unpermute: bool) -> float:
         """Traffic of permutation 1 (or un-permutation) of the ``T`` tokens into their
@@ -334,8 +340,10 @@ class MoEOps(StageBase):
         middle += self._expert_compute(tag, backward)
         middle += [self._memory(f"{pre}.unsort", sorts[1])] if sorts[1] else []
         middle += second
-        if perm[1]:
-            middle.append(self._memory(f"{pre}.unpermute", perm[1]))
+        if perm[1]:     # backward, unfused alltoall: the gather's backward is an index_add_
+            scatter = backward and plan.dispatcher == "alltoall" and not plan.permute_fusion
+            middle.append(self._memory(f"{pre}.unpermute", perm[1],
+                                       INDEX_ADD if scatter else ""))
         sequential = host is not None and not self.moe.grouped_gemm   # SequentialMLP
         gate: tuple[int, ...] = ()
         for j, x in enumerate(middle):
