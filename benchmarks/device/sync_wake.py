@@ -13,8 +13,9 @@ Two probes, each the median over ``--repeats`` trials with the device idle befor
   kernel, a ``non_blocking`` copy of its result to pinned host memory on a side stream that
   waits for the compute stream, an event recorded there, then ``event.synchronize()``;
 * ``item`` — a tiny kernel then ``.item()`` (the pattern of ``tensor[mask]`` and
-  ``repeat_interleave`` in DeepEP's multihot conversion, and of the minimind probe whose
-  26.11 µs the code carries until this is run: jingyaogong/minimind PR #837).
+  ``repeat_interleave`` in DeepEP's multihot conversion, and of the minimind probe,
+  jingyaogong/minimind PR #837: 26.11 µs on an RTX 3090). Its H200 figure (17.87 µs,
+  benchmarks/data/device_h200_2026-11-30/run1/sync.json) is ddlsim's ``SYNC_WAKE_S``.
 
 Each is the host's time from before the kernel's launch to the wait's return, so it includes
 one launch and the tiny kernel; the kernel's own device time is printed so it can be taken out.

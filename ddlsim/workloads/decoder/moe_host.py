@@ -87,14 +87,18 @@ __all__ = ["HostWait", "HostStep", "DispatcherHost", "DISPATCHER_HOST", "SYNC_WA
            "wait_ops", "layer_work", "add_waits"]
 
 #: Seconds from the device's completion of the awaited work to the host running again after a
-#: device→host copy and its event's synchronisation: a PyTorch microbenchmark of a
-#: device→host round trip, 26.11 µs on bare-metal Linux with an RTX 3090
-#: (jingyaogong/minimind PR #837, comment of 2026-09-03, ``scripts/bench_moe.py --mode
-#: sync-probe``; 116 µs under WSL2). That round trip includes one launch (9.02 µs in the same
-#: probe) and a tiny kernel, charged here whole, so the wake is an upper bound by about that.
-#: No Hopper figure was found; benchmarks/device/sync_wake.py measures it on a GPU (not yet
-#: run: no GPU was available to this change).
-SYNC_WAKE_S = 26.11e-6
+#: device→host copy and its synchronisation: a PyTorch microbenchmark of the round trip on a
+#: Hopper GPU, 17.87 µs on the lent H200 (benchmarks/device/sync_wake.py's ``item`` probe: a
+#: tiny kernel then ``.item()``, the median of 2,000 trials with the device idle before each;
+#: benchmarks/data/device_h200_2026-11-30/run1/sync.json, torch 2.11, its host a KVM guest of
+#: an Intel Xeon). The round trip includes one launch and the tiny kernel, charged here whole,
+#: so the wake is an upper bound by about that. The same probe read 26.11 µs on bare metal
+#: with an RTX 3090 (jingyaogong/minimind PR #837, comment of 2026-09-03, ``scripts/bench_moe.py
+#: --mode sync-probe``), the figure used before the H200 measured it; the alltoall
+#: dispatcher's own pattern (a side-stream copy, its event recorded and synchronised: the
+#: ``event`` probe) read 34.73 µs there, its extra launches being host work the dispatcher's
+#: counted issue operations already carry.
+SYNC_WAKE_S = 17.87e-6
 
 #: Host seconds of one Transformer Engine linear module's forward in Megatron-Core:
 #: ``TEColumnParallelLinear``, BF16, TP 1, 115 µs per forward pass after the optimisations of
