@@ -412,9 +412,13 @@ def conv_layers(measured: list[DeviceKernel], model: list[ModelKernel], cfg) -> 
     return rows
 
 
-#: the measured kernels of each class ``kernels.NHWC_CLASSES`` names (their kernel names)
+#: the measured kernels of each class ``kernels.NHWC_CLASSES`` and ``NCHW_CLASSES`` name (their
+#: kernel names)
 CLASS_KERNELS = {"batchnorm": "batchnorm_fwtr_nhwc", "batchnorm_backward": "batchnorm_bwtr_nhwc",
-                 "maxpool": "max_pool_forward_nhwc", "maxpool_backward": "max_pool_backward_nhwc"}
+                 "maxpool": "max_pool_forward_nhwc", "maxpool_backward": "max_pool_backward_nhwc",
+                 "batchnorm_nchw": "bn_fw_tr_1C11", "batchnorm_nchw_backward": "bn_bw_1C11",
+                 "maxpool_nchw": "max_pool_forward_nchw",
+                 "maxpool_nchw_backward": "max_pool_backward_nchw"}
 
 
 def class_rates(measured: list[DeviceKernel], model: list[ModelKernel],

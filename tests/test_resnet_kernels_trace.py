@@ -68,6 +68,21 @@ def test_ddlsim_lists_the_stem_kernels_the_trace_shows(traced, script):
                                                               rel=0.05)
 
 
+def test_the_nchw_classes_rates_as_derived(script):
+    """The TF32 contiguous trace (run11): ddlsim's bytes of each NCHW class over the measured
+    kernels' time, the fractions dgx-h200's elementwise_efficiency cites."""
+    path = script.RUN4.parents[1] / "run11" / "resnet" / "resnet_tf32_nchw_256_trace.json.gz"
+    cfg = script.ddlsim_config("tf32_nchw_256")
+    measured = script.classify(script.read_trace(path), cfg.model.layers)
+    rates = script.class_rates(measured, script.ddlsim_kernels(cfg),
+                               cfg.system.device.memory_bandwidth_Bps)
+    assert {c: round(r["fraction"], 3) for c, r in rates.items()} == {
+        "batchnorm_nchw": 0.5, "batchnorm_nchw_backward": 0.417, "maxpool_nchw": 0.372,
+        "maxpool_nchw_backward": 0.132}
+    eff = cfg.system.device.elementwise_efficiency
+    assert all(eff[c] == pytest.approx(round(r["fraction"], 3)) for c, r in rates.items())
+
+
 def test_the_kernel_classes_rates_as_derived(traced, script):
     """ddlsim's bytes of each class over the measured kernels' time, as fractions of the
     H200's 4.8 TB/s: the figures the module docstring and the report cite."""
@@ -134,10 +149,13 @@ def test_channels_last_batch_norm_and_max_pooling_carry_their_class():
     assert [k.variant for k in pointwise_kernels(pool, 4, "fp16", True, True)] == \
         ["", "maxpool_backward"]
     assert pointwise_kernels(relu, 4, "fp16", True, True)[0].variant == ""
-    # contiguous: cuDNN's CUDNN_BATCHNORM_SPATIAL and the NCHW pooling, other kernels
-    for layer in (bn, pool):
-        for backward in (False, True):
-            assert {k.variant for k in pointwise_kernels(layer, 4, "fp16", backward)} == {""}
+    # contiguous: cuDNN's CUDNN_BATCHNORM_SPATIAL and the NCHW pooling, their own classes
+    assert [k.variant for k in pointwise_kernels(bn, 4, "fp32", False)] == ["batchnorm_nchw"]
+    assert [k.variant for k in pointwise_kernels(bn, 4, "fp32", True)] == \
+        ["batchnorm_nchw_backward"]
+    assert [k.variant for k in pointwise_kernels(pool, 4, "fp32", False)] == ["maxpool_nchw"]
+    assert [k.variant for k in pointwise_kernels(pool, 4, "fp32", True)] == \
+        ["", "maxpool_nchw_backward"]
     # the bytes are the passes of before, whatever the class
     assert pointwise_kernels(bn, 4, "fp16", False, True)[0].bytes == \
         pointwise_kernels(bn, 4, "fp16", False)[0].bytes == 3 * 4 * bn.out * 2

@@ -111,6 +111,13 @@ ELEMENTWISE_CLASSES = {
     "maxpool": "PyTorch's NHWC max pooling (max_pool_forward_nhwc), forward "
                "(workloads/resnet/kernels.py)",
     "maxpool_backward": "its backward's gather (max_pool_backward_nhwc)",
+    "batchnorm_nchw": "cuDNN's batch norm of contiguous (NCHW) tensors "
+                      "(CUDNN_BATCHNORM_SPATIAL: bn_fw_tr_1C11_kernel_NCHW and its singleread "
+                      "form), forward (workloads/resnet/kernels.py)",
+    "batchnorm_nchw_backward": "its backward (bn_bw_1C11_kernel_new, singleread)",
+    "maxpool_nchw": "PyTorch's NCHW max pooling (max_pool_forward_nchw), forward "
+                    "(workloads/resnet/kernels.py)",
+    "maxpool_nchw_backward": "its backward's scatter (max_pool_backward_nchw)",
     "fused_rmsnorm": "a fused RMSNorm of a two-kernel library (software.fused_norm_backward "
                      "two_kernels, not compiled: torch's fused rms_norm kernel, apex's), "
                      "forward (fused_norm_class)",

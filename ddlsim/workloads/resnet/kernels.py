@@ -50,7 +50,12 @@ time, ``kernels/host.py``). Nothing here is fitted.
   read per output, the backward gathering each input's gradient from the windows that cover
   it): their kernels carry classes ``batchnorm``, ``batchnorm_backward``, ``maxpool``,
   ``maxpool_backward``, timed at a device's achieved bandwidth for the class where it has
-  measured one (``device.elementwise_efficiency``), else at its streaming bandwidth. The
+  measured one (``device.elementwise_efficiency``), else at its streaming bandwidth. With
+  contiguous (NCHW) tensors PyTorch runs cuDNN's ``CUDNN_BATCHNORM_SPATIAL`` mode
+  (``bn_fw_tr_1C11_kernel_NCHW`` and ``bn_bw_1C11_kernel_new``, their ``singleread`` forms for
+  small spatial sizes) and its NCHW max pooling (``max_pool_{forward,backward}_nchw``): classes
+  ``batchnorm_nchw``, ``batchnorm_nchw_backward``, ``maxpool_nchw``, ``maxpool_nchw_backward``
+  (the kernels of the H200's TF32 trace, ``benchmarks/data/device_h200_2026-11-30/run11``). The
   passes counted are those above, whatever the class.
 """
 
@@ -60,7 +65,7 @@ from ...config import DTYPE_BYTES
 from ..trace import Kernel
 from .layers import Layer, Tensor
 
-__all__ = ["TENSOR_CORE_DTYPES", "NHWC_CLASSES", "conv_kernels", "stem_kernels",
+__all__ = ["TENSOR_CORE_DTYPES", "NHWC_CLASSES", "NCHW_CLASSES", "conv_kernels", "stem_kernels",
            "pointwise_kernels", "autocast_casts", "ddp_copies", "sgd_kernels"]
 
 #: dtypes whose convolutions run on Tensor Cores (NHWC kernels); fp32 runs on the CUDA cores
@@ -72,6 +77,11 @@ _PASSES = {"bn": (3, 5), "relu": (2, 3), "add": (3, 3)}
 #: the kernel class of a channels-last layer's (forward, backward) kernels (module docstring)
 NHWC_CLASSES = {"bn": ("batchnorm", "batchnorm_backward"),
                 "maxpool": ("maxpool", "maxpool_backward")}
+#: the kernel class of a contiguous (NCHW) layer's (forward, backward) kernels: cuDNN's
+#: ``CUDNN_BATCHNORM_SPATIAL`` kernels (``bn_fw_tr_1C11_*``, ``bn_bw_1C11_*``) and PyTorch's
+#: ``max_pool_{forward,backward}_nchw`` (module docstring)
+NCHW_CLASSES = {"bn": ("batchnorm_nchw", "batchnorm_nchw_backward"),
+                "maxpool": ("maxpool_nchw", "maxpool_nchw_backward")}
 #: autocast's 16-bit dtypes (the fp32 image is cast to them in the stem)
 _AUTOCAST = ("fp16", "bf16")
 #: input channels a Tensor Core convolution takes without padding: multiples of 8 at 16 bits;
@@ -188,9 +198,10 @@ def _conv_bytes(layer: Layer, mb: int, w: float) -> tuple[float, float, float]:
 def pointwise_kernels(layer: Layer, mb: int, dtype: str, backward: bool,
                       channels_last: bool = False) -> tuple[Kernel, ...]:
     """A batch norm, ReLU, residual add or pooling layer as one memory kernel (two for the
-    max-pooling backward: zero, then scatter), its bytes by the passes above; with
-    channels-last tensors a batch norm's and a max pooling's kernels carry their class
-    (:data:`NHWC_CLASSES`; the max-pooling backward's zeroing is a plain fill).
+    max-pooling backward: zero, then scatter), its bytes by the passes above; a batch norm's
+    and a max pooling's kernels carry their class (:data:`NHWC_CLASSES` with channels-last
+    tensors, :data:`NCHW_CLASSES` without; the max-pooling backward's zeroing is a plain
+    fill).
 
     Parameters
     ----------
@@ -213,8 +224,8 @@ def pointwise_kernels(layer: Layer, mb: int, dtype: str, backward: bool,
     """
     w = DTYPE_BYTES[dtype]
     x, y = mb * layer.inp * w, mb * layer.out * w
-    cls = NHWC_CLASSES[layer.kind][backward] if channels_last and layer.kind in NHWC_CLASSES \
-        else ""
+    classes = NHWC_CLASSES if channels_last else NCHW_CLASSES
+    cls = classes[layer.kind][backward] if layer.kind in classes else ""
     if layer.kind == "maxpool":
         idx = mb * layer.out * _INDEX_BYTES
         return (_mem(x + y + idx, cls),) if not backward else (_mem(x), _mem(y + idx + x, cls))
