@@ -46,8 +46,12 @@ def test_recording_changes_no_prediction_and_spans_end_with_each_class(path):
     for s in rec.spans:
         if s.kind not in P2P:     # a send does not hold its class: the transfer may end later
             ends[s.class_name] = max(ends[s.class_name], s.end_s)
-    assert dict(ends) == rec.per_class_time_s        # exactly, not approximately
-    assert max(ends.values()) == rec.iteration_time_s
+    # the solver's steps are replayed through the scheduler from the start the solver gave
+    # them, re-summing their ops: the last span may end a rounding away from the solver's
+    # closed form (1 ulp in tp-3d-64 once SYNC_WAKE_S became 17.87 us); the prediction itself
+    # is bit for bit the same with and without recording (above)
+    assert dict(ends) == pytest.approx(rec.per_class_time_s, rel=1e-15, abs=0)
+    assert max(ends.values()) == pytest.approx(rec.iteration_time_s, rel=1e-15, abs=0)
 
 
 @pytest.mark.parametrize("config", [PIPELINED, INTERLEAVED], ids=["1f1b", "interleaved"])
