@@ -176,16 +176,98 @@ def run(out: Path, repeats: int) -> dict:
     return results
 
 
+def boundary(kernels: list[dict], gemm_stream: int, per_repeat: int = 4) -> list[dict]:
+    """Per repeat of the boundary mode (``per_repeat`` GEMMs each: X, then the Ys): the side
+    kernel's and the next GEMM's (Y) starts after X ended, with Y's time and grid."""
+    gemms = sorted((k for k in kernels if k["args"].get("stream") == gemm_stream),
+                   key=lambda k: k["ts"])
+    sides = sorted((k for k in kernels if k["args"].get("stream") != gemm_stream
+                    and not _spin(k)), key=lambda k: k["ts"])
+    out = []
+    for i, side in enumerate(sides):
+        if per_repeat * i + 1 >= len(gemms):
+            break
+        x, y = gemms[per_repeat * i], gemms[per_repeat * i + 1]
+        x_end = x["ts"] + x["dur"]
+        out.append({"side_after_x_us": side["ts"] - x_end, "side_kernel": side["name"][:80],
+                    "x_dur_us": x["dur"], "y_after_x_us": y["ts"] - x_end,
+                    "y_dur_us": y["dur"], "y_grid": y["args"].get("grid"),
+                    "y_kernel": y["name"][:80]})
+    return out
+
+
+def run_boundary(out: Path, repeats: int) -> dict:
+    """Megatron's issue order at a node boundary: GEMM X on stream A, an event after it; on
+    stream B a wait for that event and the side kernel; then GEMMs Y on stream A. Who starts
+    first when X ends: the side kernel (issued before Y) or Y?"""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.set_device(0)
+    results = {"env": {"utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                       "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0)},
+               "mode": "boundary", "cases": []}
+    for gname, (m, n, k) in GEMMS.items():
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        src = torch.empty((1 << 20) // 2, device="cuda", dtype=torch.bfloat16)
+        dst = torch.empty_like(src)
+        for priority in (0, -1):
+            sa, sb = torch.cuda.Stream(), torch.cuda.Stream(priority=priority)
+
+            def once():
+                with torch.cuda.stream(sa):
+                    torch.mm(a, b, out=c)                  # X
+                    done = torch.cuda.Event()
+                    done.record(sa)
+                with torch.cuda.stream(sb):
+                    sb.wait_event(done)
+                    torch.add(src, 1.0, out=dst)           # the side kernel
+                with torch.cuda.stream(sa):
+                    for _ in range(3):
+                        torch.mm(a, b, out=c)              # Y ...
+                torch.cuda.synchronize()
+            for _ in range(3):
+                once()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(repeats):
+                    once()
+            name = f"boundary_{gname}_p{-priority}"
+            path = out / f"{name}_trace.json"
+            prof.export_chrome_trace(str(path))
+            kernels, _ = _events(path)
+            path.unlink()
+            gemm_stream = max({kk["args"].get("stream") for kk in kernels},
+                              key=lambda st: sum(kk["args"].get("stream") == st
+                                                 for kk in kernels))
+            reps = boundary(kernels, gemm_stream)
+            side = [r["side_after_x_us"] for r in reps]
+            ystart = [r["y_after_x_us"] for r in reps if "y_after_x_us" in r]
+            case = {"case": name, "gemm": gname, "mnk": [m, n, k], "priority": priority,
+                    "repeats": reps,
+                    "median_side_after_x_us": statistics.median(side) if side else None,
+                    "median_y_after_x_us": statistics.median(ystart) if ystart else None}
+            results["cases"].append(case)
+            print(f"{name:34s} side starts {case['median_side_after_x_us']} us after X, "
+                  f"Y {case['median_y_after_x_us']} us after X ({len(reps)} repeats)",
+                  flush=True)
+            (out / "stream_boundary.json").write_text(json.dumps(results, indent=1))
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--repeats", type=int, default=12)
+    ap.add_argument("--mode", choices=("ready", "boundary"), default="ready",
+                    help="ready: the side kernel ready mid-GEMM (a spin first); boundary: it "
+                         "waits for a GEMM's event, issued before the next GEMMs")
     args = ap.parse_args(argv)
     import torch
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU (torch.cuda.is_available() is False)")
     args.out.mkdir(parents=True, exist_ok=True)
-    run(args.out, args.repeats)
+    (run if args.mode == "ready" else run_boundary)(args.out, args.repeats)
     return 0
 
 
