@@ -50,6 +50,22 @@ def _events(path: Path) -> tuple[list[dict], dict]:
     return [e for e in ev if e.get("cat") in ("kernel", "gpu_memcpy")], launches
 
 
+def _profiled(once, repeats: int, path: Path, cpu: bool) -> tuple[list[dict], dict]:
+    """Three warm-up calls of ``once``, then ``repeats`` under the profiler (with the host's
+    launch calls where ``cpu``): :func:`_events` of the trace, which is then deleted."""
+    from torch.profiler import ProfilerActivity, profile
+    for _ in range(3):
+        once()
+    acts = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if cpu else [])
+    with profile(activities=acts) as prof:
+        for _ in range(repeats):
+            once()
+    prof.export_chrome_trace(str(path))
+    out = _events(path)
+    path.unlink()
+    return out
+
+
 def _spin(kernel: dict) -> bool:
     name = kernel["name"].lower()
     return "sleep" in name or "spin" in name
@@ -93,7 +109,6 @@ def analyse(kernels: list[dict], gemm_stream: int, launches: dict | None = None)
 
 def run(out: Path, repeats: int) -> dict:
     import torch
-    from torch.profiler import ProfilerActivity, profile
     torch.cuda.set_device(0)
     nccl = None
     try:
@@ -135,17 +150,9 @@ def run(out: Path, repeats: int) -> dict:
                         else:
                             nccl.all_reduce(src)
                     torch.cuda.synchronize()
-                for _ in range(3):
-                    once()
-                with profile(activities=[ProfilerActivity.CPU,
-                                         ProfilerActivity.CUDA]) as prof:
-                    for _ in range(repeats):
-                        once()
                 name = f"{gname}_{sname}_p{-priority}"
-                path = out / f"{name}_trace.json"
-                prof.export_chrome_trace(str(path))
-                kernels, launches = _events(path)
-                path.unlink()
+                kernels, launches = _profiled(once, repeats, out / f"{name}_trace.json",
+                                              cpu=True)
                 streams = {}
                 for kern in kernels:
                     streams.setdefault(kern["args"].get("stream"), []).append(kern["name"])
@@ -201,7 +208,6 @@ def run_boundary(out: Path, repeats: int) -> dict:
     stream B a wait for that event and the side kernel; then GEMMs Y on stream A. Who starts
     first when X ends: the side kernel (issued before Y) or Y?"""
     import torch
-    from torch.profiler import ProfilerActivity, profile
     torch.cuda.set_device(0)
     results = {"env": {"utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                        "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0)},
@@ -227,16 +233,8 @@ def run_boundary(out: Path, repeats: int) -> dict:
                     for _ in range(3):
                         torch.mm(a, b, out=c)              # Y ...
                 torch.cuda.synchronize()
-            for _ in range(3):
-                once()
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(repeats):
-                    once()
             name = f"boundary_{gname}_p{-priority}"
-            path = out / f"{name}_trace.json"
-            prof.export_chrome_trace(str(path))
-            kernels, _ = _events(path)
-            path.unlink()
+            kernels, _ = _profiled(once, repeats, out / f"{name}_trace.json", cpu=False)
             gemm_stream = max({kk["args"].get("stream") for kk in kernels},
                               key=lambda st: sum(kk["args"].get("stream") == st
                                                  for kk in kernels))

@@ -58,17 +58,9 @@ def forward_rest(pre: str, experts: int, dtype: str) -> Compute | None:
 
 
 def add_backward_host(ops: Any, experts: int, dtype: str) -> None:
-    """Append the backward's per-expert host work (``bwd.experts.host.sequential``,
-    :data:`BWD_HOST_PER_EXPERT_S` per local expert) on the ``host`` stream with no deps.
-
-    Parameters
-    ----------
-    ops : OpList
-        the backward layer body being built.
-    experts : int
-        local experts (``E/EP``).
-    dtype : str
-        the ops' dtype label.
-    """
+    """Append to the backward layer body ``ops`` the per-expert host work of ``experts`` local
+    experts (``bwd.experts.host.sequential``, :data:`BWD_HOST_PER_EXPERT_S` each) on the
+    ``host`` stream with no deps, as :func:`.moe_host_chain.add_backward_expert_host` does for
+    the grouped linears."""
     ops.add(Compute("bwd.experts.host.sequential", 0.0, kind="elementwise", dtype=dtype,
                     seconds=experts * BWD_HOST_PER_EXPERT_S), "host")
