@@ -8,7 +8,7 @@ import pytest
 import ddlsim
 from ddlsim.api import build_workload
 from ddlsim.simulator.kernels import kernel_device, op_time
-from ddlsim.workloads.decoder.moe import INDEX_ADD
+from ddlsim.workloads.decoder.moe_dispatch import INDEX_ADD
 
 
 def _config(fusion: bool, preset: str = "dgx-h200") -> dict:

@@ -42,7 +42,7 @@ from .fp8linear import with_fp8_casts
 from .grouped_linear import multi_stream_gemms
 from .layerkinds import attention_projections
 from .moe_activation import expert_activation_kernels
-from .moe_dispatch import alltoall_counts, flex_ops
+from .moe_dispatch import INDEX_ADD, alltoall_counts, flex_ops
 from .moe_host import add_waits, dispatcher_host
 from .moe_host_chain import HostChain, add_backward_dispatcher_host, add_backward_expert_host
 from .moe_router import router_gemm, router_ops
@@ -51,12 +51,7 @@ from .partition.oplist import OpList
 from .stage import StageBase
 from .wgrad import into_main_grad, main_grad_bytes
 
-__all__ = ["MoEOps", "INDEX_ADD"]
-
-#: the element-wise class of the unfused permutation's backward (index_select's gradient, an
-#: index_add_ of the routed copies into their tokens' rows), which a device may time at its own
-#: achieved rate (``device.elementwise_efficiency``; simulator/kernels/elementwise.py)
-INDEX_ADD = "index_add"
+__all__ = ["MoEOps"]
 
 
 class _MoECore:

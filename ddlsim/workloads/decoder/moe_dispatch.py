@@ -41,8 +41,13 @@ from typing import Any
 from ...simulator.collectives.flex import flex_algorithm, flex_traffic
 from ..trace import Collective, Compute, Kernel
 
-__all__ = ["flex_ops", "flex_received_tokens", "flex_permute_bytes",
+__all__ = ["INDEX_ADD", "flex_ops", "flex_received_tokens", "flex_permute_bytes",
            "hybridep_routing_map_gather", "alltoall_counts"]
+
+#: the element-wise class of the unfused permutation's backward (index_select's gradient, an
+#: index_add_ of the routed copies into their tokens' rows), which a device may time at its own
+#: achieved rate (``device.elementwise_efficiency``; simulator/kernels/elementwise.py)
+INDEX_ADD = "index_add"
 
 
 def flex_received_tokens(builder: Any) -> float:
