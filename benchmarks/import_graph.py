@@ -54,7 +54,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("registries", ("ddlsim.registered", "ddlsim.workloads.registry")),
     ("config", ("ddlsim.config_types", "ddlsim.config_moe", "ddlsim.config_parallel",
                 "ddlsim.software_fields",
-                "ddlsim.software",
+                "ddlsim.software", "ddlsim.software_zero3",
                 "ddlsim.config_system", "ddlsim.config", "ddlsim.configpresets",
                 "ddlsim.configerrors", "ddlsim.configload", "ddlsim.presets", "ddlsim.stackrules",
                 "ddlsim.fieldcheck")),
