@@ -21,7 +21,9 @@ moves every rank's transfer at once (class lockstep, docs/engines.md), so ``k`` 
 of its ranks' transfers inside one node. Transfers of other classes that happen to overlap
 in time are not counted (in either engine). Measured on this rule's machine
 (benchmarks/proxies_exchange.py, docs/validation.md): 2 ranks, 48 MiB, one way 3.85 ms,
-both ways 6.23 ms a transfer.
+both ways 6.23 ms a transfer (2026-11-30 14:17 UTC); at 12-64 MiB the exchange took 0.7-2.3x
+the ping-pong's time in calibrations 2-20 minutes apart the same afternoon, so it is
+measured right before the run it times, as ``benchmarks/proxies_check.py`` does.
 
 Applies only where the calibration profile has an ``exchange`` fit of the backend in use at
 scope ``intra`` and the size lies in its measured range: GPUs, presets and every profile
