@@ -1,6 +1,6 @@
 """A calibration profile times all-to-alls with per-peer splits (``split_bytes``): an even
 split at its own size, an uneven one as the even all-to-all of its largest exchange
-(``max(split) × n`` on the profile's curve; :func:`ddlsim.simulator.costs.profile_size`).
+(``max(split) × n`` on the profile's curve; :func:`ddlsim.simulator.profilesize.profile_size`).
 The profiles here are test fixtures, not measurements."""
 
 from __future__ import annotations

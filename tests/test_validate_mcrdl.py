@@ -60,7 +60,7 @@ def test_the_mix_takes_each_backend_where_it_is_faster(tmp_path):
     assert o["gain_over_nccl"] == pytest.approx(o["nccl_s"] / o["auto_s"] - 1)
     assert o["gain_over_best"] > 0
     # the embedding all-to-all carries per-peer splits (uneven table widths): the profile
-    # times it as the even all-to-all of its largest exchange (costs.profile_size)
+    # times it as the even all-to-all of its largest exchange (profilesize.profile_size)
     assert o["uncalibrated"] == []
     assert v.summary([o]).startswith("validate_mcrdl: 1 of 1 MCR-DL gains checked")
     assert "did not time" not in v.summary([o])
