@@ -50,8 +50,9 @@ class CollectiveChoice(NamedTuple):
     DES) and ``label`` what the result's ``algorithms`` reports under ``key`` (the algorithm,
     or ``"<backend> (calibrated)"`` when a calibration profile timed it, with
     :func:`.profilesize.profile_size`'s note for an uneven all-to-all); ``closed_form_s``:
-    when a profile timed it (``time_s``), the seconds the closed form of ``algorithm`` gives (the DES
-    stretches the algorithm's flows by their ratio: :mod:`.des.calibrated`), else None."""
+    when a profile timed it (``time_s``), the seconds the closed form of ``algorithm`` gives
+    (the DES stretches the algorithm's flows by their ratio: :mod:`.des.calibrated`), else
+    None."""
 
     key: str
     label: str
