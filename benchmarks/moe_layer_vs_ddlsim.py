@@ -4,8 +4,8 @@
 The measurements are ``benchmarks/data/device_h200_2026-11-30/run7/moe``, ``run8/moe`` and
 ``run9/moe`` (``benchmarks/device/moe_layer_step.py``, three calls on three machine starts; the
 README there gives the commands): Megatron-LM d7288711's ``MoELayer`` with the local spec
-(``SequentialMLP`` experts, unfused router and permutation, eager), expert parallelism 1, at a rank's share of
-the validated Qwen3 rows. Per case this prints what was measured, the forward + backward wall
+(``SequentialMLP`` experts, unfused router and permutation, eager), expert parallelism 1, at
+a rank's share of the validated Qwen3 rows. Per case this prints what was measured, the forward + backward wall
 time between synchronisations (median of 20 passes, each run), the device time of the
 forward's kernels (Kineto, per pass, the last run) and of the backward (queued behind a sleep:
 no host gaps), the host's own time of the router's forward, the experts' forward and the
