@@ -4,13 +4,13 @@
 The measurements are ``benchmarks/data/device_h200_2026-11-30/run7/moe``, ``run8/moe`` and
 ``run9/moe`` (``benchmarks/device/moe_layer_step.py``, three calls on three machine starts; the
 README there gives the commands): Megatron-LM d7288711's ``MoELayer`` with the local spec
-(``SequentialMLP`` experts, unfused router and permutation, eager), expert parallelism 1, at
-a rank's share of the validated Qwen3 rows. Per case this prints what was measured, the forward + backward wall
-time between synchronisations (median of 20 passes, each run), the device time of the
-forward's kernels (Kineto, per pass, the last run) and of the backward (queued behind a sleep:
-no host gaps), the host's own time of the router's forward, the experts' forward and the
-backward (issued behind a sleep; run8 / run9: the host's speed differs between machine
-starts), beside ddlsim's ops for the same layer:
+(``SequentialMLP`` experts, unfused router and permutation, eager), expert parallelism 1, at a
+rank's share of the validated Qwen3 rows. Per case this prints what was measured, the forward +
+backward wall time between synchronisations (median of 20 passes, each run), the device time of
+the forward's kernels (Kineto, per pass, the last run) and of the backward (queued behind a
+sleep: no host gaps), the host's own time of the router's forward, the experts' forward and the
+backward (issued behind a sleep; run8 / run9: the host's speed differs between machine starts),
+beside ddlsim's ops for the same layer:
 
 * ddlsim's config (:func:`config`): the model's preset with one layer of ``E`` experts and
   top-``k``, sequence ``T``, micro-batch 1, one ``dgx-h200`` GPU, the ``megatron-core-2025``
