@@ -1,15 +1,16 @@
 """Megatron-Core's MoE layer measured on one H200 against ddlsim's ops of the same layer
 (issues 28-30: ground truth measured here for the MoE layer).
 
-The measurements are ``benchmarks/data/device_h200_2026-11-30/run7/moe``, ``run8/moe`` and
-``run9/moe`` (``benchmarks/device/moe_layer_step.py``, three calls on three machine starts; the
+The measurements are ``benchmarks/data/device_h200_2026-11-30/run7/moe``, ``run8/moe``, ``run9/moe``
+and ``run13/moe`` (``benchmarks/device/moe_layer_step.py``, four calls on four machine starts; the
 README there gives the commands): Megatron-LM d7288711's ``MoELayer`` with the local spec
 (``SequentialMLP`` experts, unfused router and permutation, eager), expert parallelism 1, at a
 rank's share of the validated Qwen3 rows. Per case this prints what was measured, the forward +
 backward wall time between synchronisations (median of 20 passes, each run), the device time of
-the forward's kernels (Kineto, per pass, the last run) and of the backward (queued behind a
+the forward's kernels (Kineto, per pass, run9) and of the backward (queued behind a
 sleep: no host gaps), the host's own time of the router's forward, the experts' forward and the
-backward (issued behind a sleep; run8 / run9: the host's speed differs between machine starts),
+backward (issued behind a sleep; run8 / run9 / run13: the host's speed differs between machine
+starts),
 beside ddlsim's ops for the same layer:
 
 * ddlsim's config (:func:`config`): the model's preset with one layer of ``E`` experts and
@@ -42,11 +43,13 @@ from pathlib import Path
 from public_runs import DATA, print_table
 
 RUNS = DATA / "device_h200_2026-11-30"
-#: the calls of benchmarks/device/moe_layer_step.py, in order (run8 and run9 have the host-issue
-#: timing, run9 the cases e2 and e32 besides)
-MOE_RUNS = ("run7", "run8", "run9")
+#: the calls of benchmarks/device/moe_layer_step.py, in order (run8, run9 and run13 have the
+#: host-issue timing, run9 the cases e2 and e32 besides, run13 six of the cases)
+MOE_RUNS = ("run7", "run8", "run9", "run13")
 #: the calls with the host-issue timing
-HOST_RUNS = ("run8", "run9")
+HOST_RUNS = ("run8", "run9", "run13")
+#: the call with every case (the table's rows and its forward kernels)
+CASE_RUN = "run9"
 #: ddlsim's compute-stream ops of the MoE layer's forward and backward, by name prefix
 FWD_OPS = ("fwd.router", "fwd.dispatch", "fwd.permute", "fwd.sort", "fwd.experts",
            "fwd.unsort", "fwd.unpermute")
@@ -119,37 +122,40 @@ def rows() -> list[dict]:
     host and backward device figures; the last run's forward kernels) and ddlsim's."""
     runs = {r: load(r) for r in MOE_RUNS}
     out = []
-    for name, c in runs[MOE_RUNS[-1]].items():
-        hosts = [runs[r][name]["host_issue"] for r in HOST_RUNS if name in runs[r]]
+    for name, c in runs[CASE_RUN].items():
+        hosts = [runs[r][name]["host_issue"] if name in runs[r] else None for r in HOST_RUNS]
+        ms = (lambda f: [None if h is None else 1e3 * f(h) for h in hosts])  # noqa: E731
         out.append({
             "case": name, "experts": c["experts"], "tokens_per_expert": c["tokens_per_expert"],
-            "wall_ms": [1e3 * runs[r][name]["fwd_bwd_s"] for r in MOE_RUNS if name in runs[r]],
-            "fwd_device_ms": kineto_forward_ms(MOE_RUNS[-1], name),
-            "bwd_device_ms": [1e3 * h["backward_device_s"] for h in hosts],
-            "fwd_host_ms": [1e3 * (h["router_fwd_s"] + h["experts_fwd_s"]) for h in hosts],
-            "bwd_host_ms": [1e3 * h["backward_s"] for h in hosts],
-            "device_busy": all(h["device_busy"] for h in hosts),
+            "wall_ms": [1e3 * runs[r][name]["fwd_bwd_s"] if name in runs[r] else None
+                        for r in MOE_RUNS],
+            "fwd_device_ms": kineto_forward_ms(CASE_RUN, name),
+            "bwd_device_ms": ms(lambda h: h["backward_device_s"]),
+            "fwd_host_ms": ms(lambda h: h["router_fwd_s"] + h["experts_fwd_s"]),
+            "bwd_host_ms": ms(lambda h: h["backward_s"]),
+            "device_busy": all(h["device_busy"] for h in hosts if h is not None),
             "ddlsim": ddlsim_parts(c)})
     return out
 
 
-def _ms(values: list[float]) -> str:
-    return " / ".join(f"{v:.2f}" for v in values)
+def _ms(values: list[float | None], sep: str = " / ") -> str:
+    """The figures of the runs, ``–`` where a run lacks the case."""
+    return sep.join("–" if v is None else f"{v:.2f}" for v in values)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
     args = ap.parse_args(argv)
-    head = ["case", "local experts", "tokens/expert", "wall ms (run7, 8, 9)",
-            "fwd device ms", "ddlsim", "bwd device ms (run8 / 9)", "ddlsim",
-            "fwd host ms (router+experts; run8 / 9)", "ddlsim (all fwd host)",
-            "bwd host ms (run8 / 9)", "ddlsim"]
+    head = ["case", "local experts", "tokens/expert", "wall ms (run7, 8, 9, 13)",
+            "fwd device ms", "ddlsim", "bwd device ms (run8 / 9 / 13)", "ddlsim",
+            "fwd host ms (router+experts; run8 / 9 / 13)", "ddlsim (all fwd host)",
+            "bwd host ms (run8 / 9 / 13)", "ddlsim"]
     lines = []
     for r in rows():
         d = r["ddlsim"]
         lines.append([r["case"], str(r["experts"]), str(r["tokens_per_expert"]),
-                      ", ".join(f"{w:.1f}" for w in r["wall_ms"]),
+                      _ms(r["wall_ms"], ", "),
                       f"{r['fwd_device_ms']:.2f}", f"{d['fwd_device']:.2f}",
                       _ms(r["bwd_device_ms"]), f"{d['bwd_device']:.2f}",
                       _ms(r["fwd_host_ms"]), f"{d['fwd_host']:.2f}",

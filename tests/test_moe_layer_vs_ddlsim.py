@@ -53,9 +53,11 @@ def test_every_measured_case_has_ddlsim_device_and_host_parts():
         d = r["ddlsim"]
         assert d["fwd_device"] > 0 and d["bwd_device"] > d["fwd_device"] > 0, r
         assert d["fwd_host"] > 0 and d["bwd_host"] > 0, r
-        assert len(r["wall_ms"]) == (1 if r["case"] in ("e2", "e32") else 3)
-        assert len(r["bwd_host_ms"]) == len(r["bwd_device_ms"]) >= 1
-        assert min(r["bwd_host_ms"]) > 0
+        runs = [run for run in vs.MOE_RUNS if r["case"] in vs.load(run)]
+        assert len(r["wall_ms"]) == len(vs.MOE_RUNS)
+        assert [w is not None for w in r["wall_ms"]] == [run in runs for run in vs.MOE_RUNS]
+        assert len(r["bwd_host_ms"]) == len(r["bwd_device_ms"]) == len(vs.HOST_RUNS)
+        assert min(x for x in r["bwd_host_ms"] if x is not None) > 0
 
 
 def test_ddlsim_config_is_the_measured_layer():

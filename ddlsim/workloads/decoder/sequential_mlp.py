@@ -42,8 +42,10 @@ __all__ = ["BWD_HOST_PER_EXPERT_S", "forward_rest", "add_backward_host"]
 #: benchmarks/data/device_h200_2026-11-30/run8/moe/moe_layer.json (``host_issue.backward_s``,
 #: seven cases, 4-16 local experts; Megatron-LM d7288711's local spec on one H200, its host an
 #: Intel Xeon of family 6 model 207 under KVM, PyTorch 2.11): 0.363 ms (0.319 ms at Qwen3-235B's
-#: expert shape alone, 0.551 ms at Qwen3-30B's). A microbenchmark of the layer, not an
-#: end-to-end table; taken for the TE spec's modules too (no published figure for them).
+#: expert shape alone, 0.551 ms at Qwen3-30B's). Two more machine starts read 0.712 ms (run9)
+#: and 0.547 ms (run13): the VM's host speed varies, and run8's, the fastest, stands for a
+#: bare-metal host. A microbenchmark of the layer, not an end-to-end table; taken for the TE
+#: spec's modules too (no published figure for them).
 BWD_HOST_PER_EXPERT_S = 0.363e-3
 
 
