@@ -51,3 +51,22 @@ def test_a_device_without_the_class_streams_it():
     op, dev = _op(_config(fusion=False, preset="dgx-a100"), "bwd.unpermute")
     assert op.kernels[0].variant == INDEX_ADD
     assert op_time(op, dev) < 0.4 * 0.543e-3        # the A100's streaming rate, no class figure
+
+
+def test_the_class_figure_is_the_microbenchmarks_median():
+    """dgx-h200's index_add figure is the median, over run9's bf16 index_add_ rows with at
+    least 4,096 copies, of ddlsim's bytes (2·T·k·h·2) over the measured time, / 4.8 TB/s."""
+    import csv
+    import statistics
+    from pathlib import Path
+
+    path = (Path(__file__).resolve().parents[1] / "benchmarks" / "data" /
+            "device_h200_2026-11-30" / "run9" / "permute" / "permute_kernels.csv")
+    rows = [r for r in csv.DictReader(path.open()) if r["kernel"] == "index_add"
+            and r["dtype"] == "bf16" and int(r["tokens"]) * int(r["k"]) >= 4096]
+    fractions = [2 * int(r["tokens"]) * int(r["k"]) * int(r["hidden"]) * 2
+                 / float(r["seconds"]) / 4.8e12 for r in rows]
+    assert len(fractions) == 18
+    dev = ddlsim.load_config(_config(fusion=False)).system.device
+    assert dev.elementwise_efficiency[INDEX_ADD] == pytest.approx(
+        statistics.median(fractions), abs=5e-4)
