@@ -124,7 +124,9 @@ def rows() -> list[dict]:
     out = []
     for name, c in runs[CASE_RUN].items():
         hosts = [runs[r][name]["host_issue"] if name in runs[r] else None for r in HOST_RUNS]
-        ms = (lambda f: [None if h is None else 1e3 * f(h) for h in hosts])  # noqa: E731
+
+        def ms(f) -> list[float | None]:
+            return [None if h is None else 1e3 * f(h) for h in hosts]
         out.append({
             "case": name, "experts": c["experts"], "tokens_per_expert": c["tokens_per_expert"],
             "wall_ms": [1e3 * runs[r][name]["fwd_bwd_s"] if name in runs[r] else None

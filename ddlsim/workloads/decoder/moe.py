@@ -317,7 +317,8 @@ class MoEOps(StageBase):
             second = self._gathered(f"{pre}.scatter", True)
             rows = 2 * self.local_experts * self.expert_tokens() * sh.hidden * self.dt
             perm = (rows, 2 * rows)
-        host = None if backward else dispatcher_host(plan)   # the host's waits (.moe_host)
+        waits = dispatcher_host(plan)                # the host's side (.moe_host), or None
+        host = None if backward else waits
         routed = None
         if not backward:                             # the GEMM, then top-k and the loss
             counts = alltoall_counts(self, pre) if plan.dispatcher == "alltoall" else []
@@ -350,7 +351,7 @@ class MoEOps(StageBase):
         chain.finish()                               # to the next layer's wait
         if backward:
             add_backward_dispatcher_host(ops, plan, self.dtype)   # measured (.moe_host_chain)
-            if dispatcher_host(plan) is not None and not self.moe.grouped_gemm:
+            if waits is not None and not self.moe.grouped_gemm:
                 sequential_mlp.add_backward_host(ops, self.local_experts, self.dtype)
             if self.moe.gemm_streams and self.moe.grouped_gemm and main_grad_bytes(
                     self.sw, self.plan.train_dtype):      # TE GroupedLinear, main_grad fused

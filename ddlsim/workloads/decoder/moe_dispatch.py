@@ -50,6 +50,12 @@ __all__ = ["INDEX_ADD", "flex_ops", "flex_received_tokens", "flex_permute_bytes"
 INDEX_ADD = "index_add"
 
 
+def _group(builder: Any) -> tuple[int, str]:
+    """The dispatcher's ranks ``p = etp·ep`` and its group (``tp_ep``; ``tp`` when the experts
+    are not split)."""
+    return builder.etp * builder.ep, "tp_ep" if builder.split_experts else "tp"
+
+
 def flex_received_tokens(builder: Any) -> float:
     """``R``: distinct tokens one rank receives per dispatch: ``p·q_gpu·T`` over the
     ``p = etp·ep`` ranks of the group (:func:`~ddlsim.simulator.collectives.flex.flex_traffic`,
@@ -135,10 +141,9 @@ def hybridep_routing_map_gather(builder: Any, pre: str) -> list[Collective]:
     NVIDIA/Megatron-LM d7288711 ``fused_a2a.py`` ``HybridEPDispatch.forward`` (no handle)
     and ``backward``/``HybridEPCombine.backward`` (the handle).
     """
-    p = builder.etp * builder.ep
+    p, group = _group(builder)
     if p == 1:
         return []
-    group = "tp_ep" if builder.split_experts else "tp"
     nbytes = p * builder.tokens() * builder.shape.experts * ROUTING_MAP_ENTRY_BYTES
     return [Collective(f"{pre}.dispatch.routing_map", "all_gather", group, nbytes)]
 
@@ -183,15 +188,12 @@ def alltoall_counts(builder: Any, pre: str) -> list:
     512-566 (``preprocess``); ``benchmarks/data/moe_host_ops/`` (the ops counted by running
     it on CPU: ``_allgather_base_``, five ``sum``s and a ``contiguous``).
     """
-    p, experts, dtype = builder.etp * builder.ep, builder.shape.experts, builder.dtype
-    routing_map = builder.tokens() * experts * ROUTING_MAP_ENTRY_BYTES
-    ops: list = [Compute(f"{pre}.dispatch.counts", 0.0, routing_map + experts * COUNT_BYTES,
-                         kind="elementwise", dtype=dtype,
-                         kernels=(Kernel("memory", bytes=routing_map + experts * COUNT_BYTES,
-                                         dtype=dtype),))]
+    (p, group), experts, dtype = _group(builder), builder.shape.experts, builder.dtype
+    summed = (builder.tokens() * ROUTING_MAP_ENTRY_BYTES + COUNT_BYTES) * experts
+    ops: list = [Compute(f"{pre}.dispatch.counts", 0.0, summed, kind="elementwise",
+                         dtype=dtype, kernels=(Kernel("memory", bytes=summed, dtype=dtype),))]
     if p == 1:
         return ops
-    group = "tp_ep" if builder.split_experts else "tp"
     gathered = p * experts * COUNT_BYTES
     ops.append(Collective(f"{pre}.dispatch.counts_gather", "all_gather", group, gathered))
     ops.append(Compute(f"{pre}.dispatch.splits", 0.0, COUNT_KERNELS * gathered,
@@ -225,11 +227,11 @@ def flex_ops(builder: Any, pre: str, backward: bool) -> tuple[list[Collective],
         collectives before and after the experts, and the permutation passes beside them.
     """
     sh, plan = builder.shape, builder.moe
-    group = "tp_ep" if builder.split_experts else "tp"
+    p, group = _group(builder)
     nbytes = builder.tokens() * sh.top_k * sh.hidden * builder.dt
 
     def kernel(name: str, which: str) -> list[Collective]:
-        if builder.etp * builder.ep == 1:
+        if p == 1:
             return []
         algo = flex_algorithm(plan.flex_backend, which, sh.top_k, sh.experts, builder.etp,
                               plan.groups, plan.topk_groups)
