@@ -104,3 +104,51 @@ def test_the_plan_line_says_how_grouped_gemm_runs():
     assert "TransformerEngine v2.9" in te.sources["grouped_gemm_streams"]
     one = resolve_moe(ddlsim.load_config(_cfg(1, "megatron-core-2024")))
     assert one.gemm_streams == 0 and "grouped GEMM," in one.phrase()
+
+
+def test_pass_host_is_every_gemm_launched_and_prepared():
+    # dgx-h200's measured launch facts (6.5 µs a launch, 0.72 µs eager): a pass of 16 GEMMs
+    # on 4 streams is 16·(6.5 + 1.89) + 6.0 µs of host work, of which the rule counts its 4
+    # rounds at 6.5 + 0.72 µs; a backward op holds two passes
+    from ddlsim.config_system import LaunchSpec
+    from ddlsim.workloads.decoder.grouped_linear import (TE_GEMM_HOST_S, TE_PASS_HOST_S,
+                                                         pass_host_s)
+    launch = LaunchSpec(host_launch_s=6.5e-6, eager_op_s=0.72e-6, stream_gap_s=1.54e-6,
+                        graph_gap_s=0.18e-6, source="test")
+    per_pass = 16 * (6.5e-6 + TE_GEMM_HOST_S) + TE_PASS_HOST_S - 4 * (6.5e-6 + 0.72e-6)
+    assert pass_host_s(16, 4, 1, launch, "eager") == pytest.approx(per_pass)
+    assert pass_host_s(16, 4, 2, launch, "eager") == pytest.approx(2 * per_pass)
+    assert pass_host_s(16, 4, 1, launch, "cuda_graphs") == 0.0
+    assert pass_host_s(16, 4, 1, None, "eager") == 0.0
+
+
+def test_expert_ops_carry_the_passes_host_time():
+    # EP1: 8 local experts; the forward fc1 one pass, the backward fc2 two (data and weight
+    # gradients), each with the pass's host work beyond its two rounds' launches
+    from ddlsim.simulator.kernels.host import launch_costs
+    from ddlsim.workloads.decoder.grouped_linear import TE_GEMM_HOST_S, TE_PASS_HOST_S
+    from ddlsim.config import build_config
+    cfg = build_config(_cfg(1))
+    launch = cfg.system.device.launch
+    h = launch_costs(launch, cfg.software.host_dispatch).host_s
+    per_pass = 8 * (launch.host_launch_s + TE_GEMM_HOST_S) + TE_PASS_HOST_S - 2 * h
+    ops = compute_ops(_cfg(1))
+    assert ops["fwd.experts.fc1"].host_s == pytest.approx(per_pass)
+    assert ops["bwd.experts.fc2"].host_s == pytest.approx(2 * per_pass)
+
+
+def test_combined_1f1b_gives_the_weight_gradients_their_own_pass():
+    # delayed weight gradients (the combined 1F1B's mlp_wgrad node): the data gradient keeps
+    # one pass's host work, the weight gradient takes the other
+    from ddlsim.workloads.decoder.grouped_linear import pass_host_s
+    from ddlsim.config import build_config
+    cfg = _cfg(2)   # 4 local experts: one round, so the pass beyond it is the host work
+    cfg["parallel"]["moe"].update(overlap_expert_parallel_comm=True, delay_wgrad_compute=True)
+    w = ddlsim.build_workload(build_config(cfg))
+    ops = {o.payload.name: o.payload for b in w.classes[0].program.blocks.values()
+           for o in b.flat.ops if isinstance(o.payload, Compute)}
+    run = build_config(cfg)
+    one = pass_host_s(4, 4, 1, run.system.device.launch, run.software.host_dispatch)
+    assert one > 0
+    assert ops["bwd.experts.fc1.wgrad"].host_s == pytest.approx(one)
+    assert ops["bwd.experts.fc1.dgrad"].host_s == pytest.approx(one)

@@ -60,7 +60,7 @@ def moe_layer_nodes(b, backward: bool, delay_wgrad: bool = False) -> dict[str, l
     experts = b._expert_compute("fwd", backward)
     wgrad = []
     if backward and delay_wgrad:
-        split = [_split_wgrad(c) if any(k.kind == "gemm" for k in c.kernels or ())
+        split = [_split_wgrad(c, b.pass_host(1)) if any(k.kind == "gemm" for k in c.kernels or ())
                  else (c, None) for c in experts]
         experts, wgrad = [d for d, _ in split], [w for _, w in split if w is not None]
     mlp = [*mem("sort", sorts[0]), *experts, *mem("unsort", sorts[1])]
@@ -121,16 +121,18 @@ def _attn_wgrad_split(shape, ops: list[Op]) -> tuple[list[Op], list[Op]]:
     return kept, wgrad
 
 
-def _split_wgrad(c: Compute) -> tuple[Compute, Compute]:
+def _split_wgrad(c: Compute, wgrad_host_s: float = 0.0) -> tuple[Compute, Compute]:
     """A backward GEMM op (GEMM kernels: data gradient, weight gradient, per launch:
     :func:`~ddlsim.simulator.kernels.gemm.gemm_kernels_backward`) as two ops, ``.dgrad`` and
     ``.wgrad``, each with half the FLOPs; its memory kernels (the FP8 output gradient's
     casts, which both GEMMs read) stay with the data gradient, which runs first, and so does
     the op's host time (``host_s``: the quantized output gradients' tensors, created before the
-    data gradient, :func:`.fp8linear.with_fp8_casts`)."""
+    data gradient, :func:`.fp8linear.with_fp8_casts`) except ``wgrad_host_s``, the weight
+    gradients' own (their GroupedLinear pass, :meth:`.moe.MoEOps.pass_host`)."""
     half = c.flops / 2
     gemms = tuple(k for k in c.kernels if k.kind == "gemm")
     casts = tuple(k for k in c.kernels if k.kind != "gemm")
     return (Compute(f"{c.name}.dgrad", half, c.bytes, c.kind, c.dtype,
-                    kernels=casts + gemms[0::2], host_s=c.host_s),
-            Compute(f"{c.name}.wgrad", half, 0.0, c.kind, c.dtype, kernels=gemms[1::2]))
+                    kernels=casts + gemms[0::2], host_s=c.host_s - wgrad_host_s),
+            Compute(f"{c.name}.wgrad", half, 0.0, c.kind, c.dtype, kernels=gemms[1::2],
+                    host_s=wgrad_host_s))

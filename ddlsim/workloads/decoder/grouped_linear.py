@@ -14,10 +14,15 @@ wave quantisation over the round's tiles), each GEMM of ``M`` = tokens per exper
 that is the single batched launch ddlsim priced before; with more local experts (EP8 of 128
 experts: 16) the rounds leave the SMs partly idle where one launch of all 16 would not.
 
-The host's launches: the op's host rule counts one launch per round, not per GEMM (the C++
-loop issues each GEMM at ``host_launch_s``, no Python per GEMM): ``(e − ⌈e/S⌉)·host_launch_s``
-per pass less host time than the code spends (46 µs for 16 experts at 3.8 µs, against the
-pass's hundreds of µs of device time, so it never binds).
+The host's launches: the op's host rule counts one launch per round (its kernels), so the
+pass's real host work is added to the op's ``host_s`` (:func:`pass_host_s`): per GEMM the
+device's launch (``host_launch_s``: TE's C++ loop, no Python per GEMM) and
+:data:`TE_GEMM_HOST_S` (the layouts, descriptor, preference and heuristic TE makes afresh for
+every GEMM, and cuBLASLt's own launch path), and per pass :data:`TE_PASS_HOST_S` (the events
+that fork the four streams and join them), less the launches the rule already counts. Measured
+on the lent H200's host (``benchmarks/device/te_gemm_host.cu``): a pass of 16 experts issues in
+130-185 µs, while one GEMM of all their tokens runs 12-66 µs for Qwen3-30B-A3B's experts at
+128-512 tokens each: such a pass is host-bound, not the device's rounds.
 
 References
 ----------
@@ -27,6 +32,8 @@ lines 924-970 (``multi_stream_cublas_gemm``: one ``nvte_cublas_gemm_v2`` per GEM
 ``i % num_streams``) and 1015-1027 (``nvte_multi_tensor_gemm``: the cuBLAS path unless
 ``NVTE_USE_CUTLASS_GROUPED_GEMM`` on sm_90); ``transformer_engine/pytorch/module/
 grouped_linear.py`` (``_GroupedLinear.forward``: ``general_grouped_gemm`` over ``m_splits``).
+Measured: benchmarks/data/device_h200_2026-11-30/run14 (te_gemm_host.json; cuBLASLt 13.1.0,
+one H200, its host 16 cores of an Intel Xeon under a VM).
 NVIDIA/TransformerEngine#1386 (a TE developer, 2024-12-31: multi-stream cuBLAS chosen over
 cuBLAS and CUTLASS grouped GEMM for MoE shapes). NVIDIA/Megatron-LM d7288711
 ``megatron/core/transformer/moe/experts.py`` ``TEGroupedMLP.forward`` (lines 327-398).
@@ -35,10 +42,30 @@ cuBLAS and CUTLASS grouped GEMM for MoE shapes). NVIDIA/Megatron-LM d7288711
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
+from ...simulator.kernels.host import launch_costs
 from ..trace import Compute
 
-__all__ = ["stream_rounds", "multi_stream_gemms"]
+__all__ = ["TE_GEMM_HOST_S", "TE_PASS_HOST_S", "stream_rounds", "multi_stream_gemms",
+           "pass_host_s"]
+
+#: Host seconds per GEMM of Transformer Engine v2.9's ``multi_stream_cublas_gemm`` beyond a
+#: kernel launch: the slope of a pass's host issue time over 4, 8, 16 and 32 GEMMs, 8.39 µs per
+#: GEMM (median of 24 fits: Qwen3-235B-A22B's and Qwen3-30B-A3B's fc1 and fc2, BF16 and FP8
+#: with per-tensor scales, 128-2,048 tokens per expert; 7.19-10.23), less the same host's
+#: launch of a tiny kernel, 6.50 µs (dgx-h200's ``host_launch_s``, measured there by
+#: benchmarks/device/launch_time.py): 1.89 µs. The same run times the parts of one GEMM: TE's
+#: whole sequence 8.36 µs, ``cublasLtMatmul`` alone with the descriptors and algorithm kept
+#: 7.04 µs, the heuristic alone 0.70 µs (cuBLASLt's heuristic cache), the descriptors' making
+#: and freeing 0.25 µs. benchmarks/device/te_gemm_host.cu (TE's per-GEMM sequence rewritten
+#: from transformer_engine/common/gemm/cublaslt_gemm.cu lines 413-754 and 924-977 at v2.9),
+#: benchmarks/data/device_h200_2026-11-30/run14/te_gemm_host.json (2026-11-30).
+TE_GEMM_HOST_S = 1.89e-6
+
+#: Host seconds per pass beyond its GEMMs (the intercept of the same fits, median of 24: the
+#: caller's event, the streams' waits on it, their events and the caller's waits on them).
+TE_PASS_HOST_S = 6.0e-6
 
 
 def stream_rounds(experts: int, streams: int) -> tuple[int, ...]:
@@ -98,3 +125,35 @@ def multi_stream_gemms(op: Compute, experts: int, streams: int) -> Compute:
     new = tuple(replace(g, batch=float(r), bytes=g.bytes * r / experts)
                 for r in rounds for g in gemms)
     return replace(op, kernels=kernels[:idx[0]] + new + kernels[idx[-1] + 1:])
+
+
+def pass_host_s(experts: int, streams: int, passes: int, launch: Any, host_dispatch: str) -> float:
+    """Host seconds of ``passes`` GroupedLinear passes of ``experts`` GEMMs on ``streams``
+    streams beyond what the op's host rule counts for their ``⌈experts/streams⌉`` rounds of
+    kernels (module doc): per pass ``experts·(host_launch_s + TE_GEMM_HOST_S) +
+    TE_PASS_HOST_S`` less the rounds at the rule's per-kernel host time. Nothing without the
+    device's launch facts (no host model) or under CUDA graphs (no per-launch host work).
+
+    Parameters
+    ----------
+    experts : int
+        GEMMs of one pass (local experts).
+    streams : int
+        Transformer Engine's compute streams.
+    passes : int
+        passes in the op (a forward linear 1; its backward 2: data and weight gradients).
+    launch : LaunchSpec or None
+        ``system.device.launch``.
+    host_dispatch : str
+        the stack's ``software.kernels.host_dispatch``.
+
+    Returns
+    -------
+    float
+        seconds (≥ 0).
+    """
+    if launch is None or host_dispatch == "cuda_graphs":
+        return 0.0
+    counted = len(stream_rounds(experts, streams)) * launch_costs(launch, host_dispatch).host_s
+    per_pass = experts * (launch.host_launch_s + TE_GEMM_HOST_S) + TE_PASS_HOST_S
+    return passes * max(per_pass - counted, 0.0)
