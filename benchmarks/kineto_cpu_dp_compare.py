@@ -106,8 +106,9 @@ def fit_gloo(folder: Path, work: Path, statistic: str) -> tuple[Path | None, str
                            "-o", str(out), "--statistic", statistic, "--bootstrap", "0",
                            "--force"], capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
-        return None, f"calibrate fit --statistic {statistic} refused: " \
-                     f"{(proc.stderr or proc.stdout).strip().splitlines()[-1]}"
+        text = (proc.stderr or proc.stdout).strip()
+        what = "refused" if "miss their own measurements" in text else "failed"
+        return None, f"calibrate fit --statistic {statistic} {what}: {text.splitlines()[-1]}"
     from ddlsim.calibration import CalibrationProfile
     errs = ", ".join(f"{c.op} {c.ranks} ranks {c.rel_rmse * 100:.1f} %"
                      for c in CalibrationProfile.load(out).doc.comm)
@@ -158,7 +159,7 @@ def compare(folder: Path, work: Path, statistic: str, engine: str, scale: bool) 
         print(f"  the traced step is {1 / ratio - 1:+.1%} from the unprofiled median, more than "
               "the profiler's per-event cost explains; see --scale-to-unprofiled")
     profile, note = fit_gloo(folder, work, statistic)
-    if profile is None and statistic != "min" and "refused" in note:
+    if profile is None and statistic != "min" and " refused: " in note:
         print(f"Gloo: {note}")   # the docs' recipe: the minimum resists interference
         profile, note = fit_gloo(folder, work, "min")
     print(f"Gloo: {note}")
