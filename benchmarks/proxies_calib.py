@@ -46,17 +46,19 @@ def calibration_args(sizes: list[float]) -> list[str]:
 
 
 def calibrate(work: Path, names: list[str], ranks: int = 2, clock: str = "wall",
-              attempts: int = 3, max_rel_rmse: float = 0.25) -> Path:
+              attempts: int = 3, max_rel_rmse: float = 0.25, cores: int | None = None) -> Path:
     """Step 2 of ``proxies_check.py``'s docstring for the proxies ``names`` run on ``ranks``
     ranks: the profile (a YAML path) of the collectives and sizes those runs issue, measured
     on ``ranks`` ranks (sharing the cores when there are more ranks than cores) with
     ``clock``.
     A fit that ``calibrate fit`` refuses (a curve missing its own points by more than
-    ``max_rel_rmse``: the machine's load) is measured again, ``attempts`` times at most."""
+    ``max_rel_rmse``: the machine's load) is measured again, ``attempts`` times at most.
+    ``cores``: the host's usable cores when it is described by them (``proxies_check.py
+    --host``, :func:`proxies_table.system_sets`)."""
     from ddlsim.reference.loop import COMM_STATISTIC
     from ddlsim.reference.mpijobs import check_job, cpu_cores, mpirun, run_job
-    calls = {c for name in names if ranks in PROXIES[name].ranks
-             for c in comm_calls(PROXIES[name], ranks)}
+    calls = {c for name in names if PROXIES[name].runs_at(ranks, cores)
+             for c in comm_calls(PROXIES[name], ranks, cores)}
     # sendrecv: the link (a ping-pong); exchange: every rank's transfer at once, which
     # the engines time a class's sends on one node by (ddlsim.simulator.sharedcopies)
     ops = sorted({op for op, _ in calls} | {"sendrecv", "exchange"})
@@ -85,7 +87,7 @@ def calibrate(work: Path, names: list[str], ranks: int = 2, clock: str = "wall",
     raise RuntimeError(f"calibrate fit refused {attempts} calibrations; see above")
 
 
-def link_sets(proxy: Proxy, n: int, profile: Path) -> list[str]:
+def link_sets(proxy: Proxy, n: int, profile: Path, cores: int | None = None) -> list[str]:
     """``--set`` values of :data:`SYSTEM`'s link (intra-node, and the NIC that repeats it) from
     the profile's sendrecv fit at the n-rank run's largest message
     (:func:`ddlsim.calibration.linkfit.measured_link`): the preset's own link is that fit at 2
@@ -99,6 +101,8 @@ def link_sets(proxy: Proxy, n: int, profile: Path) -> list[str]:
         Ranks.
     profile : Path
         Calibration profile with a ``sendrecv`` fit (step 2).
+    cores : int, optional
+        The host's usable cores (``--host``); None: :data:`proxies_table.SYSTEM` as it is.
 
     Returns
     -------
@@ -108,7 +112,7 @@ def link_sets(proxy: Proxy, n: int, profile: Path) -> list[str]:
     """
     from ddlsim.calibration.linkfit import measured_link
     from ddlsim.calibration.profile import CalibrationProfile
-    sizes = [b for _, b in comm_calls(proxy, n)]
+    sizes = [b for _, b in comm_calls(proxy, n, cores)]
     if not sizes:
         return []
     link = measured_link(CalibrationProfile.load(profile), max(sizes), n)

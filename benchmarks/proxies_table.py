@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["CONFIGS", "SYSTEM", "Proxy", "PROXIES", "STEADY_DLRM", "system_sets",
-           "comm_calls"]
+           "host_name", "comm_calls"]
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "examples" / "proxies"
@@ -71,6 +71,13 @@ class Proxy:
     args: tuple[str, ...] = field(default=())
     cold: bool = False
     edits: tuple[tuple[str, str], ...] = field(default=())
+    host_ranks: tuple[int, ...] = field(default=())
+
+    def runs_at(self, n: int, cores: int | None = None) -> bool:
+        """Whether the proxy is run at n ranks: one of its ``ranks``, or, on a host described
+        by its own cores (``proxies_check.py --host``, ``cores`` of them), one of its
+        ``host_ranks`` (more rank counts its command line allows) up to those cores."""
+        return n in self.ranks or (cores is not None and n <= cores and n in self.host_ranks)
 
 
 #: dlrm.cpp timed over 20 iterations after 5 of warm-up instead of its one cold iteration
@@ -88,17 +95,22 @@ STEADY_DLRM = (("#define RUNS 1\n", "#define RUNS 20\n"),
 #: resnet50 (522 iterations of a 97.5 MiB all-reduce, and as many rings: ~3.5 minutes a
 #: launch at 2 ranks under load 8),
 #: gpt2_large and bert_large (at 4 ranks, 266 iterations a launch, each all-reducing ~420
-#: or ~230 MB of a stage's gradients) run at 2 ranks only.
+#: or ~230 MB of a stage's gradients) run at 2 ranks only. ``host_ranks``: on a host of that
+#: many cores or more (``--host``), also at 16 ranks (dlrm: any rank count, dlrm.cpp divides
+#: its all-to-all by the ranks, :28 and :49), 8 and 16 (cosmoflow: multiples of its 4 model
+#: shards, cosmoflow.cpp:129; resnet152: any rank count, its all-reduces span WORLD).
 PROXIES: dict[str, Proxy] = {
     "dlrm": Proxy("dlrm", "proxies/dlrm.cpp", r"DLRM runtime per iteration " + _SECONDS,
-                  (1, 2, 4, 8), _dlrm, cold=True),  # RUNS 1, WARM_UP 0 (dlrm.cpp:22-23)
+                  (1, 2, 4, 8), _dlrm, cold=True,  # RUNS 1, WARM_UP 0 (dlrm.cpp:22-23)
+                  host_ranks=(16,)),
     "dlrm_steady": Proxy("dlrm", "proxies/dlrm.cpp", r"DLRM runtime per iteration " + _SECONDS,
-                         (1, 2, 4, 8), _dlrm, edits=STEADY_DLRM),
+                         (1, 2, 4, 8), _dlrm, edits=STEADY_DLRM, host_ranks=(16,)),
     "resnet152": Proxy("resnet152", "proxies/resnet152.cpp",
                        r"runtime for each iteration " + _SECONDS, (1, 2, 4),
-                       lambda n: _dp(n, 128)),
+                       lambda n: _dp(n, 128), host_ranks=(8, 16)),
     "cosmoflow": Proxy("cosmoflow", "proxies/cosmoflow.cpp",
-                       r"runtime for each iteration " + _SECONDS, (4,), _cosmoflow),
+                       r"runtime for each iteration " + _SECONDS, (4,), _cosmoflow,
+                       host_ranks=(8, 16)),
     "resnet50": Proxy("resnet50", "proxies/comm_only/resnet50.cpp",
                       r"\(allreduce\) runtime for each iteration " + _SECONDS, (2,),
                       lambda n: _dp(n, 32)),
@@ -116,13 +128,36 @@ PROXIES: dict[str, Proxy] = {
 }
 
 
-def system_sets(n: int = 1) -> list[str]:
+def host_name(cores: int) -> str:
+    """The name of the host described by its own cores (``--host``): ``host-<cores>core``."""
+    return f"host-{cores}core"
+
+
+def system_sets(n: int = 1, cores: int | None = None) -> list[str]:
     """``--set`` values of :data:`SYSTEM` running n ranks: one device per core up to its
     cores, and past them each rank a time-shared share of a core
-    (:func:`ddlsim.topologies.sharedcores.shared_core_overrides`)."""
+    (:func:`ddlsim.topologies.sharedcores.shared_core_overrides`).
+
+    Parameters
+    ----------
+    n : int
+        Ranks.
+    cores : int, optional
+        The usable cores of the host the proxies run on (``proxies_check.py --host``): the
+        preset then has one device per one of them, named :func:`host_name`; each core is
+        :data:`SYSTEM`'s (its figures matter where a proxy's time is not its usleeps: the
+        one-rank copies at its memory bandwidth), the link is the calibration's
+        (:func:`proxies_calib.link_sets`). None: the preset as it is (2 cores).
+    """
     import ddlsim
     from ddlsim.topologies.sharedcores import shared_core_overrides
     base = [f"system.preset={SYSTEM}", "system.nodes=1"]
+    if cores is not None:
+        if cores < 1:
+            raise ValueError(f"cores={cores}: the host's usable cores must be >= 1")
+        base += [f"system.devices_per_node={cores}", f"system.name={host_name(cores)}",
+                 f"system.source=\"{SYSTEM}'s core figures, one device per usable core of "
+                 f"the host that ran the proxies ({cores} cores, os.sched_getaffinity)\""]
     system = ddlsim.load_config(CONFIGS / "dlrm.yaml", overrides=base + _dlrm(1)).system
     if n <= system.devices_per_node:
         return base
@@ -142,7 +177,7 @@ def _sizes(ops, out: set) -> None:
             out.add((str(p.op), p.bytes))
 
 
-def comm_calls(proxy: Proxy, n: int) -> set[tuple[str, float]]:
+def comm_calls(proxy: Proxy, n: int, cores: int | None = None) -> set[tuple[str, float]]:
     """The distinct calls of the n-rank run's trace (the sizes ``ddlsim comm`` counts).
 
     Parameters
@@ -151,6 +186,8 @@ def comm_calls(proxy: Proxy, n: int) -> set[tuple[str, float]]:
         The proxy, its config resized by ``proxy.sets(n)`` on :data:`SYSTEM`.
     n : int
         Ranks.
+    cores : int, optional
+        The host's usable cores (:func:`system_sets`); None: :data:`SYSTEM` as it is.
 
     Returns
     -------
@@ -159,7 +196,7 @@ def comm_calls(proxy: Proxy, n: int) -> set[tuple[str, float]]:
     """
     import ddlsim
     cfg = ddlsim.load_config(CONFIGS / f"{proxy.config}.yaml",
-                             overrides=proxy.sets(n) + system_sets(n))
+                             overrides=proxy.sets(n) + system_sets(n, cores))
     out: set = set()
     for cls in ddlsim.build_workload(cfg).classes:
         for block in cls.program.blocks.values():

