@@ -117,14 +117,17 @@ def _timed(step, ranks: int) -> tuple[float, float]:
     return time.perf_counter() - t0, time.process_time() - c0
 
 
-def _run(rank: int, args) -> None:
-    torch.set_num_threads(1)
+def make_step(rank: int, args, threads: int = 1):
+    """The training step of ``rank`` (of ``args.ranks``, DDP over Gloo when more than one):
+    ``threads`` torch threads, the model, AdamW and one fixed batch built; returns the step
+    (zero the gradients, forward, backward, optimizer step)."""
+    torch.set_num_threads(threads)
     torch.manual_seed(0)
     # The tied head's gradient (softmax of saturated logits under PyTorch's N(0, 1) embedding
     # init) holds subnormal floats, on which x86 GEMMs are 10-20x slower; how many there are
     # drifts from step to step, so steps of one run were not comparable (a 512x8192x256 GEMM of
     # the backward: 45 ms or 0.6-2.4 s). torch.set_flush_denormal flushes them (FTZ/DAZ).
-    torch.set_flush_denormal(not args.keep_denormals)
+    torch.set_flush_denormal(not getattr(args, "keep_denormals", False))
     if args.ranks > 1:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(args.port))
@@ -141,6 +144,11 @@ def _run(rank: int, args) -> None:
         model(x, y).backward()
         opt.step()
 
+    return step
+
+
+def _run(rank: int, args) -> None:
+    step = make_step(rank, args)
     for _ in range(args.warmup):
         step()
     times, cpu = [], []

@@ -30,10 +30,9 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kineto_gpt2 import GPT  # noqa: E402  (the profiled model, one definition)
+from kineto_gpt2 import make_step  # noqa: E402  (the profiled model and step, one definition)
 
 
 def cpu_order() -> list[int]:
@@ -88,25 +87,7 @@ def _median(rows, i: int) -> float:
 def _run(rank: int, args) -> None:
     cpus = rank_cpus(rank, args)
     os.sched_setaffinity(0, cpus)          # before torch's thread pool starts
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    torch.set_flush_denormal(True)         # as kineto_gpt2.py: subnormals made GEMMs 10-20x slower
-    if args.ranks > 1:
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(args.port))
-        torch.distributed.init_process_group("gloo", rank=rank, world_size=args.ranks)
-    model = GPT(args.layers, args.hidden, args.heads, args.vocab, args.seq)
-    if args.ranks > 1:
-        model = nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
-    x = torch.randint(args.vocab, (args.batch, args.seq))
-    y = torch.randint(args.vocab, (args.batch, args.seq))
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        model(x, y).backward()
-        opt.step()
-
+    step = make_step(rank, args, args.threads)   # flushes subnormals, as kineto_gpt2.py
     for _ in range(args.warmup):
         step()
     timed = [_timed(step, args.ranks) for _ in range(args.steps)]
