@@ -174,8 +174,10 @@ class RunConfig(_Strict):
         return _by_identity(_SOFTWARE, (self.system, self.parallel), self._resolve_software)
 
     def _resolve_software(self) -> Any:
+        from .config_system import progress_stall
         from .software import resolve_software
-        return resolve_software(self.system.software, self.parallel)
+        return resolve_software(self.system.software, self.parallel,
+                                progress_stall(self.system.collectives))
 
     @property
     def num_microbatches(self) -> int:

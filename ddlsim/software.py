@@ -165,7 +165,8 @@ _RESOLVED: dict[tuple, tuple] = {}
 _RESOLVED_MAX = 256
 
 
-def resolve_software(spec: SoftwareSpec | str | None, plan: Any = None) -> Software:
+def resolve_software(spec: SoftwareSpec | str | None, plan: Any = None,
+                     stall: str | None = None) -> Software:
     """The stack ``spec`` names, with its overrides and then the plan's overlap options and
     ``cp_comm_type`` (``plan.<field>`` when the plan sets it, i.e. is not None) applied.
 
@@ -175,6 +176,11 @@ def resolve_software(spec: SoftwareSpec | str | None, plan: Any = None) -> Softw
     their parallel sizes only (62 ``parallel`` sections a cold speed grid of
     ``benchmarks/search_speed.py``, one stack). :func:`cache_clear` forgets them.
 
+    ``stall``: why the system's collective library does not move a non-blocking collective
+    while the rank computes (:func:`~ddlsim.config_system.progress_stall`), or None: then
+    ``overlap_grad_reduce`` resolves to false, its source saying why, and a user's ``true``
+    is warned about (:func:`_stalled`).
+
     Raises
     ------
     ConfigError
@@ -183,10 +189,11 @@ def resolve_software(spec: SoftwareSpec | str | None, plan: Any = None) -> Softw
     """
     key = _resolved_key(spec, plan)
     if key is None:
-        return _resolve(spec, plan)
+        return _resolve(spec, plan, stall)
+    key = (*key, stall)
     hit = _RESOLVED.get(key)
     if hit is None:
-        hit = _RESOLVED[key] = (spec, _resolve(spec, plan))   # the spec kept: its id stays its
+        hit = _RESOLVED[key] = (spec, _resolve(spec, plan, stall))   # the spec kept: its id stays its
         if len(_RESOLVED) > _RESOLVED_MAX:
             del _RESOLVED[next(iter(_RESOLVED))]
     return hit[1]
@@ -226,7 +233,8 @@ def cache_clear() -> None:
     _RESOLVED.clear()
 
 
-def _resolve(spec: SoftwareSpec | str | None, plan: Any = None) -> Software:
+def _resolve(spec: SoftwareSpec | str | None, plan: Any = None,
+             stall: str | None = None) -> Software:
     """:func:`resolve_software`'s work, every call."""
     spec = _as_spec(spec)
     kernels, overlap, sources = _stack_defaults(spec.stack)
@@ -235,12 +243,35 @@ def _resolve(spec: SoftwareSpec | str | None, plan: Any = None) -> Software:
         for field, value in given.model_dump(exclude_none=True).items():
             part[field], sources[field] = value, where
     _apply_plan((kernels, overlap), sources, plan)
+    if stall is not None:
+        _stalled(overlap, sources, stall)
     if kernels["compile"]:
         _compiled(kernels, sources)
     check_gather_options(overlap, sources, spec.stack)
     check_implementation(spec.stack, _stack_table()[spec.stack]["overlap"]
                          ["zero3_implementation"]["value"], overlap, sources)
     return Software(spec.stack, kernels, overlap, sources, spec.what_if)
+
+
+def _stalled(overlap: dict, sources: dict, stall: str) -> None:
+    """``overlap_grad_reduce`` off where the collective library moves a non-blocking
+    collective only inside its own calls (``stall``, the reason): the gradient reductions
+    issued during the backward move when the rank next waits for them, after it, as without
+    the overlap (:data:`~ddlsim.config_system.NO_ASYNC_PROGRESS`). A ``true`` the user gave
+    (not the stack's default) is warned about: it has no effect here."""
+    if not overlap.get("overlap_grad_reduce"):
+        return
+    given = sources["overlap_grad_reduce"]
+    if given.startswith(("parallel.", "system.software")):
+        import warnings
+        from .errors import DDLSimWarning
+        name = given if given.endswith("overlap_grad_reduce") else f"{given}.overlap_grad_reduce"
+        warnings.warn(f"{name} = true has no effect on this system: "
+                      f"{stall}; the gradient reductions are timed after the backward (say "
+                      "system.collectives.async_progress: true for a library with a progress "
+                      "thread)", DDLSimWarning, stacklevel=2)
+    overlap["overlap_grad_reduce"] = False
+    sources["overlap_grad_reduce"] = f"off: {stall} (was true by {given})"
 
 
 def _as_spec(spec: SoftwareSpec | str | None) -> SoftwareSpec:

@@ -1,0 +1,59 @@
+"""Non-blocking collectives under a library without asynchronous progress (Open MPI, MPICH):
+``overlap_grad_reduce`` resolves to false there, says why, and warns when the user asked for
+it (``ddlsim.config_system.progress_stall``; the seed's dlrm proxy on 16 idle cores measured
+within +1.4…+12.9 % without the overlap, −10.5…−24.8 % with it)."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+
+import ddlsim
+from ddlsim.config_system import CollectivesSpec, progress_stall
+from ddlsim.errors import ConfigError, DDLSimWarning
+
+DLRM = Path(__file__).resolve().parent.parent / "examples" / "proxies" / "dlrm.yaml"
+ON_KVM = ["system.preset=kvm-2core", "system.nodes=1", "parallel.data_parallel_size=2",
+          "train.micro_batch_size=1024"]
+
+
+@pytest.mark.parametrize("backend, setting, stalls", [
+    ("openmpi", "auto", True), ("mpich", "auto", True), ("nccl", "auto", False),
+    ("mpi", "auto", False), ("openmpi", True, False), ("nccl", False, True)])
+def test_which_libraries_move_collectives_only_inside_their_calls(backend, setting, stalls):
+    reason = progress_stall(CollectivesSpec(backend=backend, async_progress=setting))
+    assert (reason is not None) == stalls
+
+
+def test_the_overlap_resolves_off_under_open_mpi_and_warns():
+    with pytest.warns(DDLSimWarning, match="overlap_grad_reduce = true has no effect"):
+        cfg = ddlsim.load_config(DLRM, overrides=ON_KVM)
+    assert cfg.software.overlap_grad_reduce is False
+    assert cfg.software.sources["overlap_grad_reduce"].startswith("off: Open MPI")
+
+
+def test_a_progress_thread_keeps_the_overlap():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DDLSimWarning)
+        cfg = ddlsim.load_config(DLRM, overrides=[*ON_KVM,
+                                                  "system.collectives.async_progress=true"])
+    assert cfg.software.overlap_grad_reduce is True
+
+
+def test_the_prediction_is_the_one_without_the_overlap():
+    with warnings.catch_warnings():   # warned once per resolved stack (the test above)
+        warnings.simplefilter("ignore", DDLSimWarning)
+        stalled = ddlsim.predict(ddlsim.load_config(DLRM, overrides=ON_KVM)).iteration_time_s
+    off = ddlsim.predict(ddlsim.load_config(DLRM, overrides=[
+        *ON_KVM, "parallel.overlap_grad_reduce=false"])).iteration_time_s
+    threaded = ddlsim.predict(ddlsim.load_config(DLRM, overrides=[
+        *ON_KVM, "system.collectives.async_progress=true"])).iteration_time_s
+    assert stalled == off
+    assert threaded < off
+
+
+def test_a_bad_setting_is_refused_with_what_is_allowed():
+    with pytest.raises(ConfigError, match="async_progress"):
+        ddlsim.load_config(DLRM, overrides=[*ON_KVM, "system.collectives.async_progress=sometimes"])
