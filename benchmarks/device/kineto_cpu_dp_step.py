@@ -87,22 +87,24 @@ def _median(rows, i: int) -> float:
 def _run(rank: int, args) -> None:
     cpus = rank_cpus(rank, args)
     os.sched_setaffinity(0, cpus)          # before torch's thread pool starts
-    step = make_step(rank, args, args.threads)   # flushes subnormals, as kineto_gpt2.py
+    # --alone: each process trains its own copy, no process group (the co-location alone)
+    mine = argparse.Namespace(**{**vars(args), "ranks": 1}) if args.alone else args
+    step = make_step(rank, mine, args.threads)   # flushes subnormals, as kineto_gpt2.py
     for _ in range(args.warmup):
         step()
-    timed = [_timed(step, args.ranks) for _ in range(args.steps)]
+    timed = [_timed(step, mine.ranks) for _ in range(args.steps)]
     profiled = _profile(step, args) if args.profile else []
-    after = [_timed(step, args.ranks) for _ in range(args.steps)]
+    after = [_timed(step, mine.ranks) for _ in range(args.steps)]
     if rank == 0:
         _write(args, cpus, timed, profiled, after)
-    if args.ranks > 1:
+    if mine.ranks > 1:
         torch.distributed.destroy_process_group()
 
 
 def _write(args, cpus, timed, profiled, after) -> None:
     """Rank 0's ``OUT.steps.json`` and a one-line summary."""
     median, traced = _median(timed, 0), profiled[-1][0] if profiled else None
-    doc = {"ranks": args.ranks, "threads": args.threads, "cpus_per_rank": args.cpus_per_rank,
+    doc = {"ranks": args.ranks, "alone": args.alone, "threads": args.threads, "cpus_per_rank": args.cpus_per_rank,
            "rank0_cpus": cpus, "config": vars(args), "torch": torch.__version__,
            "torch_threads": torch.get_num_threads(), "load_average": os.getloadavg(),
            "step_seconds": [r[0] for r in timed], "median_s": median,
@@ -139,6 +141,9 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--ranks", type=int, default=1)
+    p.add_argument("--alone", action="store_true",
+                   help="with --ranks N: N independent one-rank trainings at once, each on its "
+                        "own CPUs, no DDP (what sharing the host costs, without communication)")
     p.add_argument("--profile", action="store_true",
                    help="trace one step (rank 0 of a 1-rank run) after a profiler warm-up step")
     p.add_argument("--port", type=int, default=29531)
