@@ -57,3 +57,29 @@ def test_the_prediction_is_the_one_without_the_overlap():
 def test_a_bad_setting_is_refused_with_what_is_allowed():
     with pytest.raises(ConfigError, match="async_progress"):
         ddlsim.load_config(DLRM, overrides=[*ON_KVM, "system.collectives.async_progress=sometimes"])
+
+
+COSMOFLOW = DLRM.parent / "cosmoflow.yaml"
+ON_4_CORES = ["system.preset=kvm-2core", "system.nodes=1", "system.devices_per_node=4",
+              "parallel.data_parallel_size=1", "train.global_batch_size=8"]
+
+
+def test_cosmoflow_lays_its_nonblocking_allreduces_after_the_backward_without_progress():
+    # cosmoflow.cpp's conv-gradient MPI_Iallreduces move at its final MPI_Waitall under
+    # Open MPI: each starts after the backward's last op, not as its layer finishes
+    from ddlsim.workloads.trace import Collective
+    def allreduce_deps(overrides):
+        w = ddlsim.build_workload(ddlsim.load_config(COSMOFLOW, overrides=overrides))
+        block = w.classes[0].program.blocks["B_sync"]
+        ops = block.flat.ops
+        last = max(i for i, o in enumerate(ops) if o.payload.name.startswith("bwd."))
+        return [o.deps for o in ops if isinstance(o.payload, Collective)
+                and ".iallreduce" in o.payload.name], last
+    stalled, last = allreduce_deps(ON_4_CORES)
+    assert stalled and all(last in deps for deps in stalled)
+    threaded, _ = allreduce_deps([*ON_4_CORES, "system.collectives.async_progress=true"])
+    assert any(max(deps) < last for deps in threaded)
+    slow = ddlsim.predict(ddlsim.load_config(COSMOFLOW, overrides=ON_4_CORES)).iteration_time_s
+    fast = ddlsim.predict(ddlsim.load_config(COSMOFLOW, overrides=[
+        *ON_4_CORES, "system.collectives.async_progress=true"])).iteration_time_s
+    assert slow > fast

@@ -13,6 +13,9 @@ One iteration, per micro-batch (cosmoflow.cpp:50-124 for the proxy's order):
   all-reduce over ``world`` (non-blocking, stream ``grad.conv``; or over ``sp`` then ``dp`` with
   ``conv_grad_allreduce: spatial_then_data``); both streams joined at the end
   (MPI_Waitall, cosmoflow.cpp:122). Gradients are reduced in the last micro-batch only.
+  Under a collective library without asynchronous progress (Open MPI, MPICH:
+  :func:`ddlsim.config_system.progress_stall`) the non-blocking all-reduces move only inside
+  MPI calls, so they are laid after the backward, where the final MPI_Waitall runs them.
 * the optimizer step.
 
 Per-rank sizes (dtype bytes ``B``, micro-batch ``b``, spatial group of ``S`` ranks): halo faces
@@ -27,6 +30,7 @@ from __future__ import annotations
 import math
 
 from ...config import DTYPE_BYTES
+from ...config_system import progress_stall
 from ..memory import MemoryBreakdown, model_state_bytes
 from ..proxytime import usleep_s
 from ..trace import (Block, Collective, Compute, Op, Program, RankClass, Step, Wait, Workload,
@@ -73,6 +77,11 @@ class _Builder:
         self.dense_sync = self.dp > 1 or cfg.parallel.collective_buffers == "separate"
         self.timings = m.proxy_timings if m.compute == "proxy" else None
         self.optimizer = t.optimizer
+        # a library without asynchronous progress moves the non-blocking all-reduces only
+        # inside MPI calls: laid after the backward, where MPI_Waitall runs them
+        # (ddlsim.config_system.progress_stall)
+        self.stalled = progress_stall(cfg.system.collectives) is not None
+        self._pending: list[tuple] = []
 
     # ------------------------------------------------------------------ compute
     def _compute(self, name: str, key: str, flops: float, nbytes: float,
@@ -152,8 +161,8 @@ class _Builder:
                                             "sp", self.b * d.n_in * self.B), deps=front),)
         if sync and self.dense_sync:
             dense = sum(d.params for d in self.denses) / self.S * self.B
-            ops.add(Collective("grad.dense.iallreduce", "all_reduce", "dp", dense),
-                    stream="grad.dense", deps=front)
+            self._nonblocking(ops, Collective("grad.dense.iallreduce", "all_reduce", "dp",
+                                              dense), "grad.dense", front)
         widths = halo_widths(m.kernel_size)[::-1]
         for c in reversed(self.convs):
             local = local_side(c.side, self.grid)
@@ -176,9 +185,22 @@ class _Builder:
             if sync:
                 self._conv_grads(ops, c, front)
         if sync:
+            for coll, stream in self._pending:   # stalled: each after the backward, in order
+                ops.add(coll, stream=stream, deps=front)
+            self._pending = []
             ops.add(Wait("waitall.grad.dense", "grad.dense"), deps=front)
             ops.add(Wait("waitall.grad.conv", "grad.conv"))
         return Block("B_sync" if sync else "B", "backward", tuple(ops.ops))
+
+    def _nonblocking(self, ops: _Ops, coll: Collective, stream: str,
+                     front: tuple[int, ...]) -> tuple[int, ...]:
+        """Issue the non-blocking ``coll`` on ``stream`` after ``front``; where the library
+        has no asynchronous progress, keep it for the backward's end (:meth:`backward`).
+        Returns what a collective chained after it waits for."""
+        if self.stalled:
+            self._pending.append((coll, stream))
+            return front
+        return (ops.add(coll, stream=stream, deps=front),)
 
     def _conv_grads(self, ops: _Ops, conv, front: tuple[int, ...]) -> None:
         """The conv layer's weight-gradient all-reduce, non-blocking: each rank holds the
@@ -189,8 +211,9 @@ class _Builder:
             else [("sp", self.S), ("dp", self.dp)]
         for group, size in groups:
             if size > 1:
-                front = (ops.add(Collective(f"grad.{conv.name}.iallreduce.{group}", "all_reduce",
-                                            group, nbytes), stream="grad.conv", deps=front),)
+                front = self._nonblocking(ops, Collective(
+                    f"grad.{conv.name}.iallreduce.{group}", "all_reduce", group, nbytes),
+                    "grad.conv", front)
 
     def update(self) -> Block:
         params = self.local_params()
