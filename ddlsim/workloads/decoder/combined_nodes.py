@@ -12,6 +12,7 @@ fine_grained_callables.py`` (the nodes' callables).
 from __future__ import annotations
 
 from ..trace import Compute, Op
+from .grouped_linear import experts_pass_host
 from .moe_dispatch import alltoall_counts
 from .moe_host import dispatcher_host
 from .moe_host_chain import node_with_waits
@@ -60,7 +61,7 @@ def moe_layer_nodes(b, backward: bool, delay_wgrad: bool = False) -> dict[str, l
     experts = b._expert_compute("fwd", backward)
     wgrad = []
     if backward and delay_wgrad:
-        split = [_split_wgrad(c, b.pass_host(1)) if any(k.kind == "gemm" for k in c.kernels or ())
+        split = [_split_wgrad(c, experts_pass_host(b, 1)) if any(k.kind == "gemm" for k in c.kernels or ())
                  else (c, None) for c in experts]
         experts, wgrad = [d for d, _ in split], [w for _, w in split if w is not None]
     mlp = [*mem("sort", sorts[0]), *experts, *mem("unsort", sorts[1])]

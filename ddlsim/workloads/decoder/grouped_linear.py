@@ -48,7 +48,7 @@ from ...simulator.kernels.host import launch_costs
 from ..trace import Compute
 
 __all__ = ["TE_GEMM_HOST_S", "TE_PASS_HOST_S", "stream_rounds", "multi_stream_gemms",
-           "pass_host_s"]
+           "pass_host_s", "experts_pass_host", "te_grouped"]
 
 #: Host seconds per GEMM of Transformer Engine v2.9's ``multi_stream_cublas_gemm`` beyond a
 #: kernel launch: the slope of a pass's host issue time over 4, 8, 16 and 32 GEMMs, 8.39 µs per
@@ -157,3 +157,32 @@ def pass_host_s(experts: int, streams: int, passes: int, launch: Any, host_dispa
     counted = len(stream_rounds(experts, streams)) * launch_costs(launch, host_dispatch).host_s
     per_pass = experts * (launch.host_launch_s + TE_GEMM_HOST_S) + TE_PASS_HOST_S
     return passes * max(per_pass - counted, 0.0)
+
+
+def experts_pass_host(b: Any, passes: int) -> float:
+    """Host seconds of ``passes`` of MoE builder ``b``'s local experts' GroupedLinear passes
+    beyond their rounds' launches (:func:`pass_host_s`); 0 unless the experts run as TE's
+    multi-stream grouped GEMM with more than one local expert.
+
+    Parameters
+    ----------
+    b : MoEOps
+        the MoE layer's builder (its ``moe`` options, ``local_experts``, ``plan.device`` and
+        ``sw``).
+    passes : int
+        as :func:`pass_host_s`.
+    """
+    if not (b.moe.grouped_gemm and b.moe.gemm_streams and b.local_experts > 1):
+        return 0.0
+    return pass_host_s(b.local_experts, b.moe.gemm_streams, passes, b.plan.device.launch,
+                       b.sw.host_dispatch)
+
+
+def te_grouped(b: Any, op: Compute, experts: int, backward: bool) -> Compute:
+    """``op`` (one grouped launch of ``experts`` GEMMs per pass, :meth:`.moe.MoEOps.
+    _experts_linear`'s) as Transformer Engine's GroupedLinear runs it: its rounds on TE's
+    streams (:func:`multi_stream_gemms`) and its passes' host work (:func:`experts_pass_host`:
+    one pass forward, two backward)."""
+    op = multi_stream_gemms(op, experts, b.moe.gemm_streams)
+    host = experts_pass_host(b, 2 if backward else 1)
+    return replace(op, host_s=op.host_s + host) if host else op

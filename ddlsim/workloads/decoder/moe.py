@@ -33,15 +33,13 @@ ep ranks), permutes the gathered tokens to the local experts, and reduce-scatter
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from ...simulator.kernels.elementwise import layer_elementwise_parts
 from ...simulator.kernels.elementwise_backward import layer_elementwise_backward_parts
 from ...simulator.kernels.gemm import gemm_kernels_backward
 from ..trace import Collective, Compute, Kernel, Loop, Op, Wait
 from . import sequential_mlp
 from .fp8linear import with_fp8_casts
-from .grouped_linear import multi_stream_gemms, pass_host_s
+from .grouped_linear import te_grouped
 from .layerkinds import attention_projections
 from .moe_activation import expert_activation_kernels
 from .moe_dispatch import INDEX_ADD, alltoall_counts, flex_ops
@@ -189,19 +187,8 @@ class MoEOps(StageBase):
         op = with_fp8_casts(self._gemm(name, *shape, backward, batch, launches, mg), self.sw,
                             *shape, backward, batch, launches, mg, self.plan.microbatches)
         if batch > 1 and self.moe.gemm_streams:
-            op = multi_stream_gemms(op, batch, self.moe.gemm_streams)
-            host = self.pass_host(2 if backward else 1)
-            op = replace(op, host_s=op.host_s + host) if host else op
+            op = te_grouped(self, op, batch, backward)
         return op
-
-    def pass_host(self, passes: int) -> float:
-        """Host seconds of ``passes`` of the local experts' Transformer Engine GroupedLinear
-        passes beyond their rounds' launches (:func:`.grouped_linear.pass_host_s`); 0 unless
-        the experts run as TE's multi-stream grouped GEMM with more than one local expert."""
-        if not (self.moe.grouped_gemm and self.moe.gemm_streams and self.local_experts > 1):
-            return 0.0
-        return pass_host_s(self.local_experts, self.moe.gemm_streams, passes,
-                           self.plan.device.launch, self.sw.host_dispatch)
 
     def _shared(self, tag: str, backward: bool) -> list[Compute | Collective]:
         """Shared experts (Megatron-Core ``SharedExpertMLP``): TP-split like a dense MLP over
