@@ -60,12 +60,17 @@ def _overlaps(cfg: Any, kernels: bool) -> tuple[list[str], dict[str, str]]:
     """The overlaps on and active, and those on that do not apply here with why: the decoder
     family's rules (its plan line's), or the gradient reduction alone for the families that
     read only that."""
+    from .software import stalled_grad_reduce
     sw = cfg.software
+    stall = stalled_grad_reduce(sw)   # off by the collective library (no asynchronous progress)
     if not kernels:
-        return (["grad-reduce"] if sw.overlap_grad_reduce else []), {}
+        return (["grad-reduce"] if sw.overlap_grad_reduce else []), \
+            ({"grad-reduce": stall} if stall else {})
     from .workloads.decoder import tp_overlap
     from .workloads.decoder.overlap import inactive_reasons
     off = inactive_reasons(cfg)
+    if stall:
+        off = {**off, "overlap_grad_reduce": stall}
     on = [label for field, label in _OVERLAPS.items()
           if field != "tp_async_backward" and sw.overlap.get(field) and field not in off]
     mode = tp_overlap.mode(cfg)

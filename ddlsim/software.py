@@ -274,6 +274,14 @@ def _stalled(overlap: dict, sources: dict, stall: str) -> None:
     sources["overlap_grad_reduce"] = f"off: {stall} (was true by {given})"
 
 
+def stalled_grad_reduce(sw: "Software") -> str | None:
+    """Why ``sw``'s ``overlap_grad_reduce`` was switched off by its collective library
+    (:func:`_stalled`: no asynchronous progress), for the plan line's inactive overlaps; None
+    when it was not."""
+    source = sw.sources.get("overlap_grad_reduce", "")
+    return source[len("off: "):] if source.startswith("off: ") else None
+
+
 def _as_spec(spec: SoftwareSpec | str | None) -> SoftwareSpec:
     """``spec`` as a :class:`SoftwareSpec` (a stack's name, checked; None: the default)."""
     if spec is None:

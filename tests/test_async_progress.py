@@ -83,3 +83,16 @@ def test_cosmoflow_lays_its_nonblocking_allreduces_after_the_backward_without_pr
     fast = ddlsim.predict(ddlsim.load_config(COSMOFLOW, overrides=[
         *ON_4_CORES, "system.collectives.async_progress=true"])).iteration_time_s
     assert slow > fast
+
+
+def test_the_plan_says_the_library_switched_the_overlap_off():
+    # a decoder whose stack overlaps the gradient reduction by default, on Open MPI: the plan
+    # line and the JSON's inactive overlaps name it with the library's reason
+    from ddlsim.planinfo import plan_fields
+    from ddlsim.workloads.decoder.overlap import overlap_phrase
+    gpt2 = DLRM.parent.parent / "gpt2-2ranks-one-node.yaml"
+    over = ["system.preset=kvm-2core", "system.nodes=1", "parallel.dp_strategy=ddp"]
+    cfg = ddlsim.load_config(gpt2, overrides=over)   # megatron-core-2024: on by default
+    assert cfg.software.sources["overlap_grad_reduce"].startswith("off: Open MPI")
+    assert "grad-reduce" in overlap_phrase(cfg).split("inactive here:")[1]
+    assert plan_fields(cfg)["overlaps_inactive"]["grad-reduce"].startswith("Open MPI")

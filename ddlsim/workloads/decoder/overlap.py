@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...software import stalled_grad_reduce
 from . import tp_overlap
 
 __all__ = ["inactive_reasons", "check_overlap", "overlap_phrase"]
@@ -74,6 +75,9 @@ def overlap_phrase(cfg: Any) -> str:
     """``overlaps: grad-reduce, tp-comm pipelined; inactive: p2p (PP is 1)`` for the plan
     line (empty when nothing is on)."""
     sw, off = cfg.software, inactive_reasons(cfg)
+    stall = stalled_grad_reduce(sw)   # the library's (no asynchronous progress), not the plan's
+    if stall:
+        off = {**off, "overlap_grad_reduce": stall}
     on = []
     for field, label in (("overlap_grad_reduce", "grad-reduce"),
                          ("overlap_param_gather", "param-gather"),
