@@ -193,7 +193,8 @@ def resolve_software(spec: SoftwareSpec | str | None, plan: Any = None,
     key = (*key, stall)
     hit = _RESOLVED.get(key)
     if hit is None:
-        hit = _RESOLVED[key] = (spec, _resolve(spec, plan, stall))   # the spec kept: its id stays its
+        # the spec kept: its id stays its
+        hit = _RESOLVED[key] = (spec, _resolve(spec, plan, stall))
         if len(_RESOLVED) > _RESOLVED_MAX:
             del _RESOLVED[next(iter(_RESOLVED))]
     return hit[1]

@@ -61,7 +61,8 @@ def moe_layer_nodes(b, backward: bool, delay_wgrad: bool = False) -> dict[str, l
     experts = b._expert_compute("fwd", backward)
     wgrad = []
     if backward and delay_wgrad:
-        split = [_split_wgrad(c, experts_pass_host(b, 1)) if any(k.kind == "gemm" for k in c.kernels or ())
+        wgrad_host = experts_pass_host(b, 1)   # the weight gradients' own GroupedLinear pass
+        split = [_split_wgrad(c, wgrad_host) if any(k.kind == "gemm" for k in c.kernels or ())
                  else (c, None) for c in experts]
         experts, wgrad = [d for d, _ in split], [w for _, w in split if w is not None]
     mlp = [*mem("sort", sorts[0]), *experts, *mem("unsort", sorts[1])]
