@@ -323,8 +323,9 @@ class CollectivesSpec(_Strict):
 #: seed's C++ proxies on this machine"), and the seed's dlrm proxy, whose ``MPI_Iallreduce``
 #: is followed by sleeps before its next MPI call, measured 2-16 ranks on 16 idle cores
 #: within +1.4…+12.9 % of the prediction without the overlap and −10.5…−24.8 % with it
-#: (benchmarks/data/device_h200_2026-11-30/run16). MPICH: ``MPIR_CVAR_ASYNC_PROGRESS``
-#: defaults to false (MPICH's README.envvar); with it set, say ``async_progress: true``.
+#: (benchmarks/data/device_h200_2026-11-30/run16). MPICH: ``MPIR_CVAR_ASYNC_PROGRESS``,
+#: "type: boolean, default: false" in its own CVAR block (pmodels/mpich
+#: ``src/mpi/init/init_async.c``); with it set, say ``async_progress: true``.
 NO_ASYNC_PROGRESS = {
     "openmpi": "Open MPI moves a non-blocking collective only inside MPI calls (no progress "
                "thread; measured, docs/validation.md)",
