@@ -49,19 +49,13 @@ try:
     print("numpy BLAS:", numpy.show_config(mode="dicts")["Build Dependencies"]["blas"])
 except Exception as exc:
     print("numpy BLAS: not shown,", exc)'
-    mpirun -n 2 --bind-to none "$py" -c 'from mpi4py import MPI
-c = MPI.COMM_WORLD
-print("mpi4py rank", c.rank, "of", c.size, MPI.Get_library_version().splitlines()[0])'
+    wheels_mpi4py_ranks
     "$py" -c 'import torch, torch.distributed as dist
 print("torch", torch.__version__, "gloo", dist.is_available() and dist.is_gloo_available(),
       "threads", torch.get_num_threads())' || echo "no torch: the torch loop is skipped"
 } >"$res/machine.txt" 2>&1
 cat "$res/machine.txt" | tee -a "$logfile"
-picked=$("$py" -c 'from ddlsim.reference.mpijobs import mpirun; print(mpirun(2)[0])')
-if [ "$picked" != "$(command -v mpirun)" ]; then   # mpijobs takes sys.prefix/bin first
-    log "WARNING: the ranks are launched by $picked ($("$picked" --version 2>&1 | head -1))," \
-        "not by $(command -v mpirun), the wheel's, whose libmpi mpi4py loads"
-fi
+wheels_launcher_check "$(command -v mpirun)"
 pack
 
 step() {   # step NAME SECONDS ARGS...: benchmarks/closed_loop.py ARGS -o res/NAME

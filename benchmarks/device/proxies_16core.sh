@@ -48,17 +48,11 @@ from ddlsim.reference.mpijobs import mpirun, cpu_cores
 print(sys.version.split()[0], "mpi4py", mpi4py.__version__, mpi4py.__file__)
 print("pydantic", pydantic.VERSION, "simpy", simpy.__version__, "ddlsim", ddlsim.__file__)
 print("mpijobs.mpirun(2):", " ".join(mpirun(2)), "; cpu_cores:", cpu_cores())'
-    mpirun -n 2 --bind-to none "$py" -c 'from mpi4py import MPI
-c = MPI.COMM_WORLD
-print("mpi4py rank", c.rank, "of", c.size, MPI.Get_library_version().splitlines()[0])'
+    wheels_mpi4py_ranks
     git -C .proxies log --oneline -1
 } >"$res/machine.txt" 2>&1
 cat "$res/machine.txt" | tee -a "$logfile"
-picked=$("$py" -c 'from ddlsim.reference.mpijobs import mpirun; print(mpirun(2)[0])')
-if [ "$picked" != "$scratch/ompi/bin/mpirun" ]; then   # mpijobs takes sys.prefix/bin first
-    log "WARNING: the ranks are launched by $picked ($("$picked" --version 2>&1 | head -1)), not" \
-        "by the wheel's $scratch/ompi/bin/mpirun that built the proxies"
-fi
+wheels_launcher_check "$scratch/ompi/bin/mpirun"
 pack
 
 step() {   # step NAME PROXIES RANKS REPEATS SECONDS: proxies_check.py --host, one rank count

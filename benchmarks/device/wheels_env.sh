@@ -85,3 +85,22 @@ wheels_install() {
     export PYTHONPATH=$scratch/site:$(pwd)${PYTHONPATH:+:$PYTHONPATH}
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 }
+
+# wheels_mpi4py_ranks: the wheel's mpirun starting mpi4py on 2 ranks, each printing its MPI
+# library (a check, for the scripts' machine facts).
+wheels_mpi4py_ranks() {
+    mpirun -n 2 --bind-to none "$py" -c 'from mpi4py import MPI
+c = MPI.COMM_WORLD
+print("mpi4py rank", c.rank, "of", c.size, MPI.Get_library_version().splitlines()[0])'
+}
+
+# wheels_launcher_check EXPECTED: warn (through the caller's log) when ddlsim's mpijobs would
+# launch the ranks with another mpirun than EXPECTED (it takes sys.prefix/bin first).
+wheels_launcher_check() {
+    local picked
+    picked=$("$py" -c 'from ddlsim.reference.mpijobs import mpirun; print(mpirun(2)[0])')
+    if [ "$picked" != "$1" ]; then
+        log "WARNING: the ranks are launched by $picked ($("$picked" --version 2>&1 | head -1))," \
+            "not by $1, the wheel's, whose libmpi mpi4py loads"
+    fi
+}
