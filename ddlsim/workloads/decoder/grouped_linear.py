@@ -57,9 +57,10 @@ __all__ = ["TE_GEMM_HOST_S", "TE_PASS_HOST_S", "stream_rounds", "multi_stream_ge
 #: launch of a tiny kernel, 6.50 µs (dgx-h200's ``host_launch_s``, measured there by
 #: benchmarks/device/launch_time.py): 1.89 µs. The same run times the parts of one GEMM: TE's
 #: whole sequence 8.36 µs, ``cublasLtMatmul`` alone with the descriptors and algorithm kept
-#: 7.04 µs, the heuristic alone 0.70 µs (cuBLASLt's heuristic cache), the descriptors' making
-#: and freeing 0.25 µs. benchmarks/device/te_gemm_host.cu (TE's per-GEMM sequence rewritten
-#: from transformer_engine/common/gemm/cublaslt_gemm.cu lines 413-754 and 924-977 at v2.9),
+#: 7.04 µs, the heuristic alone 0.73 µs (cuBLASLt's heuristic cache), the descriptors' making
+#: and freeing 0.27 µs (medians of 24). benchmarks/device/te_gemm_host.cu (TE's per-GEMM
+#: sequence rewritten from transformer_engine/common/gemm/cublaslt_gemm.cu lines 413-754 and
+#: 924-977 at v2.9),
 #: benchmarks/data/device_h200_2026-11-30/run14/te_gemm_host.json (2026-11-30).
 TE_GEMM_HOST_S = 1.89e-6
 
