@@ -180,14 +180,20 @@ def _run(rank: int, args) -> None:
         torch.distributed.destroy_process_group()
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_model_args(p: argparse.ArgumentParser, batch: int) -> None:
+    """The GPT-2's shape options (4 layers, d 256, 4 heads, vocab 8192, T 128; micro-batch
+    ``batch`` per rank), for this script and ``benchmarks/device/kineto_cpu_dp_step.py``."""
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--vocab", type=int, default=8192)
     p.add_argument("--seq", type=int, default=128)
-    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--batch", type=int, default=batch, help="micro-batch per rank")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_model_args(p, 4)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--ranks", type=int, default=1)
@@ -199,10 +205,15 @@ def main() -> None:
                    help="leave subnormal floats on (slow, drifting GEMMs: see _run)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
+    run_ranks(_run, args)
+
+
+def run_ranks(run, args) -> None:
+    """``run(rank, args)`` on each of ``args.ranks`` processes (spawned when more than one)."""
     if args.ranks > 1:
-        torch.multiprocessing.spawn(_run, args=(args,), nprocs=args.ranks)
+        torch.multiprocessing.spawn(run, args=(args,), nprocs=args.ranks)
     else:
-        _run(0, args)
+        run(0, args)
 
 
 if __name__ == "__main__":

@@ -62,15 +62,13 @@ def _overlaps(cfg: Any, kernels: bool) -> tuple[list[str], dict[str, str]]:
     read only that."""
     from .software import stalled_grad_reduce
     sw = cfg.software
-    stall = stalled_grad_reduce(sw)   # off by the collective library (no asynchronous progress)
-    if not kernels:
+    if not kernels:   # off by the collective library (no asynchronous progress), if it is
+        stall = stalled_grad_reduce(sw)
         return (["grad-reduce"] if sw.overlap_grad_reduce else []), \
             ({"grad-reduce": stall} if stall else {})
     from .workloads.decoder import tp_overlap
-    from .workloads.decoder.overlap import inactive_reasons
-    off = inactive_reasons(cfg)
-    if stall:
-        off = {**off, "overlap_grad_reduce": stall}
+    from .workloads.decoder.overlap import shown_inactive
+    off = shown_inactive(cfg)
     on = [label for field, label in _OVERLAPS.items()
           if field != "tp_async_backward" and sw.overlap.get(field) and field not in off]
     mode = tp_overlap.mode(cfg)

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kineto_gpt2 import make_step  # noqa: E402  (the profiled model and step, one definition)
+from kineto_gpt2 import add_model_args, make_step, run_ranks  # noqa: E402  (one model)
 
 
 def cpu_order() -> list[int]:
@@ -129,12 +129,7 @@ def _write(args, cpus, timed, profiled, after) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--vocab", type=int, default=8192)
-    p.add_argument("--seq", type=int, default=128)
-    p.add_argument("--batch", type=int, default=8, help="micro-batch per rank")
+    add_model_args(p, 8)
     p.add_argument("--threads", type=int, default=3, help="torch intra-op threads per rank")
     p.add_argument("--cpus-per-rank", type=int, default=4,
                    help="CPUs each rank is pinned to (threads + the spare for Gloo/DDP)")
@@ -164,10 +159,7 @@ def main() -> None:
         p.error(f"--ranks {args.ranks} x --cpus-per-rank {args.cpus_per_rank} = "
                 f"{args.ranks * args.cpus_per_rank} CPUs is not allowed: this process may use "
                 f"{len(pool)} ({pool}); allowed: ranks x cpus-per-rank <= {len(pool)}")
-    if args.ranks > 1:
-        torch.multiprocessing.spawn(_run, args=(args,), nprocs=args.ranks)
-    else:
-        _run(0, args)
+    run_ranks(_run, args)
 
 
 if __name__ == "__main__":

@@ -81,7 +81,6 @@ class _Builder:
         # inside MPI calls: laid after the backward, where MPI_Waitall runs them
         # (ddlsim.config_system.progress_stall)
         self.stalled = progress_stall(cfg.system.collectives) is not None
-        self._pending: list[tuple] = []
 
     # ------------------------------------------------------------------ compute
     def _compute(self, name: str, key: str, flops: float, nbytes: float,
@@ -153,6 +152,7 @@ class _Builder:
     def backward(self, sync: bool) -> Block:
         ops, m = _Ops(), self.m
         front: tuple[int, ...] = ()   # what the next op waits for (blocking MPI calls)
+        pending: list[tuple] = []     # non-blocking collectives kept for the end (stalled)
         for d in reversed(self.denses):
             front = (ops.add(self._compute(f"bwd.{d.name}", f"backward.{d.name}",
                                            *self._dense(d, 2.0)), deps=front),)
@@ -161,7 +161,7 @@ class _Builder:
                                             "sp", self.b * d.n_in * self.B), deps=front),)
         if sync and self.dense_sync:
             dense = sum(d.params for d in self.denses) / self.S * self.B
-            self._nonblocking(ops, Collective("grad.dense.iallreduce", "all_reduce", "dp",
+            self._nonblocking(ops, pending, Collective("grad.dense.iallreduce", "all_reduce", "dp",
                                               dense), "grad.dense", front)
         widths = halo_widths(m.kernel_size)[::-1]
         for c in reversed(self.convs):
@@ -183,26 +183,25 @@ class _Builder:
                 front = self._halo(ops, f"bwd.{c.name}.halo", local, c.c_out, True,
                                    (done,)) or (done,)
             if sync:
-                self._conv_grads(ops, c, front)
+                self._conv_grads(ops, pending, c, front)
         if sync:
-            for coll, stream in self._pending:   # stalled: each after the backward, in order
+            for coll, stream in pending:   # stalled: each after the backward, in order
                 ops.add(coll, stream=stream, deps=front)
-            self._pending = []
             ops.add(Wait("waitall.grad.dense", "grad.dense"), deps=front)
             ops.add(Wait("waitall.grad.conv", "grad.conv"))
         return Block("B_sync" if sync else "B", "backward", tuple(ops.ops))
 
-    def _nonblocking(self, ops: _Ops, coll: Collective, stream: str,
+    def _nonblocking(self, ops: _Ops, pending: list, coll: Collective, stream: str,
                      front: tuple[int, ...]) -> tuple[int, ...]:
         """Issue the non-blocking ``coll`` on ``stream`` after ``front``; where the library
         has no asynchronous progress, keep it for the backward's end (:meth:`backward`).
         Returns what a collective chained after it waits for."""
         if self.stalled:
-            self._pending.append((coll, stream))
+            pending.append((coll, stream))
             return front
         return (ops.add(coll, stream=stream, deps=front),)
 
-    def _conv_grads(self, ops: _Ops, conv, front: tuple[int, ...]) -> None:
+    def _conv_grads(self, ops: _Ops, pending: list, conv, front: tuple[int, ...]) -> None:
         """The conv layer's weight-gradient all-reduce, non-blocking: each rank holds the
         partial sum over its sub-volume, so the sum runs over the spatial group and the
         replicas, at once (``world``) or in two steps."""
@@ -211,7 +210,7 @@ class _Builder:
             else [("sp", self.S), ("dp", self.dp)]
         for group, size in groups:
             if size > 1:
-                front = self._nonblocking(ops, Collective(
+                front = self._nonblocking(ops, pending, Collective(
                     f"grad.{conv.name}.iallreduce.{group}", "all_reduce", group, nbytes),
                     "grad.conv", front)
 

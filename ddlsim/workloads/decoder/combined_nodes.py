@@ -12,7 +12,7 @@ fine_grained_callables.py`` (the nodes' callables).
 from __future__ import annotations
 
 from ..trace import Compute, Op
-from .grouped_linear import experts_pass_host
+from .grouped_linear import experts_pass_host, te_grouped_experts
 from .moe_dispatch import alltoall_counts
 from .moe_host import dispatcher_host
 from .moe_host_chain import node_with_waits
@@ -92,7 +92,7 @@ def moe_layer_nodes(b, backward: bool, delay_wgrad: bool = False) -> dict[str, l
     if not backward:    # the host's waits for the device, then its issue (.moe_host)
         host = dispatcher_host(b.moe)
         dispatch = node_with_waits(pre, host, "router", b.dtype, dispatch)
-        te_experts = b.local_experts if b.moe.grouped_gemm and b.moe.gemm_streams else 0
+        te_experts = te_grouped_experts(b)
         mlp_ops = node_with_waits(pre, host, "dispatch", b.dtype, mlp_ops, te_experts)
     nodes = {"attn": attn.ops, "dispatch": dispatch,
              "mlp": mlp_ops, "combine": [Op(x, "ep") for x in comm[1]]}

@@ -48,7 +48,7 @@ from ...simulator.kernels.host import launch_costs
 from ..trace import Compute
 
 __all__ = ["TE_GEMM_HOST_S", "TE_PASS_HOST_S", "stream_rounds", "multi_stream_gemms",
-           "pass_host_s", "experts_pass_host", "te_grouped"]
+           "pass_host_s", "experts_pass_host", "te_grouped", "te_grouped_experts"]
 
 #: Host seconds per GEMM of Transformer Engine v2.9's ``multi_stream_cublas_gemm`` beyond a
 #: kernel launch: the slope of a pass's host issue time over 4, 8, 16 and 32 GEMMs, 8.39 µs per
@@ -143,10 +143,9 @@ def pass_host_s(experts: int, streams: int, passes: int, launch: Any, host_dispa
         Transformer Engine's compute streams.
     passes : int
         passes in the op (a forward linear 1; its backward 2: data and weight gradients).
-    launch : LaunchSpec or None
-        ``system.device.launch``.
-    host_dispatch : str
-        the stack's ``software.kernels.host_dispatch``.
+    launch, host_dispatch :
+        the device's launch facts and the stack's dispatch mode, as
+        :func:`~ddlsim.simulator.kernels.host.eager_unit_s` takes them.
 
     Returns
     -------
@@ -173,10 +172,18 @@ def experts_pass_host(b: Any, passes: int) -> float:
     passes : int
         as :func:`pass_host_s`.
     """
-    if not (b.moe.grouped_gemm and b.moe.gemm_streams and b.local_experts > 1):
+    experts = te_grouped_experts(b)
+    if experts <= 1:
         return 0.0
-    return pass_host_s(b.local_experts, b.moe.gemm_streams, passes, b.plan.device.launch,
+    return pass_host_s(experts, b.moe.gemm_streams, passes, b.plan.device.launch,
                        b.sw.host_dispatch)
+
+
+def te_grouped_experts(b: Any) -> int:
+    """MoE builder ``b``'s local experts where they run as Transformer Engine's multi-stream
+    GroupedLinear (the stack's ``grouped_gemm_streams``, set only with grouped GEMM:
+    :class:`.moeplan.MoEPlan`), else 0."""
+    return b.local_experts if b.moe.gemm_streams else 0
 
 
 def te_grouped(b: Any, op: Compute, experts: int, backward: bool) -> Compute:

@@ -39,7 +39,7 @@ from ...simulator.kernels.gemm import gemm_kernels_backward
 from ..trace import Collective, Compute, Kernel, Loop, Op, Wait
 from . import sequential_mlp
 from .fp8linear import with_fp8_casts
-from .grouped_linear import te_grouped
+from .grouped_linear import te_grouped, te_grouped_experts
 from .layerkinds import attention_projections
 from .moe_activation import expert_activation_kernels
 from .moe_dispatch import INDEX_ADD, alltoall_counts, flex_ops
@@ -330,7 +330,7 @@ class MoEOps(StageBase):
         self._beside(ops, first, shared if overlap else [], issued)
         issued = add_waits(ops, pre, host, "dispatch", len(ops.ops) - 1 if first else routed,
                            self.dtype)
-        te_experts = self.local_experts if self.moe.grouped_gemm and self.moe.gemm_streams else 0
+        te_experts = te_grouped_experts(self)
         chain = HostChain(ops, pre, host, self.dtype, te_experts)   # after its last wait
         middle = [self._memory(f"{pre}.sort", sorts[0])] if sorts[0] else []
         middle += self._expert_compute(tag, backward)
@@ -353,7 +353,7 @@ class MoEOps(StageBase):
             add_backward_dispatcher_host(ops, plan, self.dtype)   # measured (.moe_host_chain)
             if waits is not None and not self.moe.grouped_gemm:
                 sequential_mlp.add_backward_host(ops, self.local_experts, self.dtype)
-            if self.moe.gemm_streams and self.moe.grouped_gemm and main_grad_bytes(
+            if te_grouped_experts(self) and main_grad_bytes(
                     self.sw, self.plan.train_dtype):      # TE GroupedLinear, main_grad fused
                 add_backward_expert_host(ops, self.local_experts, self.dtype)
             for x in (*router_ops(self, pre, True), *router):

@@ -13,7 +13,7 @@ from typing import Any
 from ...software import stalled_grad_reduce
 from . import tp_overlap
 
-__all__ = ["inactive_reasons", "check_overlap", "overlap_phrase"]
+__all__ = ["inactive_reasons", "shown_inactive", "check_overlap", "overlap_phrase"]
 
 
 def inactive_reasons(cfg: Any) -> dict[str, str]:
@@ -54,6 +54,15 @@ def inactive_reasons(cfg: Any) -> dict[str, str]:
     return out
 
 
+def shown_inactive(cfg: Any) -> dict[str, str]:
+    """:func:`inactive_reasons` as the plan line and the result show them: with the gradient
+    reduction the collective library switched off (no asynchronous progress,
+    :func:`ddlsim.software.stalled_grad_reduce`; not the plan's doing, so not refused)."""
+    stall = stalled_grad_reduce(cfg.software)
+    off = inactive_reasons(cfg)
+    return {**off, "overlap_grad_reduce": stall} if stall else off
+
+
 def p2p_overlapped(cfg: Any) -> bool:
     """Whether pipeline sends and receives overlap compute (``overlap_p2p_comm`` on and
     applicable: receives posted ahead) or block (Megatron's ``_communicate``: each receive
@@ -74,10 +83,7 @@ def check_overlap(cfg: Any) -> None:
 def overlap_phrase(cfg: Any) -> str:
     """``overlaps: grad-reduce, tp-comm pipelined; inactive: p2p (PP is 1)`` for the plan
     line (empty when nothing is on)."""
-    sw, off = cfg.software, inactive_reasons(cfg)
-    stall = stalled_grad_reduce(sw)   # the library's (no asynchronous progress), not the plan's
-    if stall:
-        off = {**off, "overlap_grad_reduce": stall}
+    sw, off = cfg.software, shown_inactive(cfg)
     on = []
     for field, label in (("overlap_grad_reduce", "grad-reduce"),
                          ("overlap_param_gather", "param-gather"),
