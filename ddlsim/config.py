@@ -201,6 +201,7 @@ class RunConfig(_Strict):
     @model_validator(mode="after")
     def _check(self) -> "RunConfig":
         from .workloads.registry import check_plan_fields
+        self._plan_from_model()
         check_plan_fields(self, self.family)  # a plan field the family never reads is an error
         self.family.check(self)  # the rules that involve the model (heads, layers, positions)
         self._derive_dp()
@@ -213,6 +214,16 @@ class RunConfig(_Strict):
         from .stackrules import check_stack_rules
         check_stack_rules(self)  # what the software stack cannot run (system.software.what_if)
         return self
+
+    def _plan_from_model(self) -> None:
+        """The plan fields the model section determines (``family.plan_from_model``, e.g.
+        CosmoFlow's spatial group from its grid), where ``parallel`` leaves them unset."""
+        p = self.parallel
+        unset = {k: v for k, v in self.family.plan_from_model(self.model).items()
+                 if k not in p.model_fields_set}
+        if unset:
+            p = p.model_copy(update=unset)
+            object.__setattr__(self, "parallel", p)  # still inside validation: self is new
 
     def _derive_dp(self) -> None:
         """Unset ``parallel.data_parallel_size``: the devices left by TP × CP × PP."""

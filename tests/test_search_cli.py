@@ -101,7 +101,7 @@ def test_predict_refuses_a_search_section_rather_than_ignore_it():
      ["search.objective", "speed"]),
     ("{axez: {}}", ["search.axez is not a field", "did you mean 'axes'"]),
     ("{objective: cost}", ["price_per_gpu_hour"]),
-    ("{axes: {system.nodes: [1, 2]}}", ["not a parallel.* or train.* field"]),
+    ("{axes: {system.nodes: [1, 2]}}", ["not a parallel.*, train.* or model.* field"]),
     ("{axes: {parallel.tensor_size: [1, 2]}}", ["cannot vary", "tensor_size"]),
     ("{axes: {train.micro_batch_size: '4:1'}}", ["ends (1) before it starts (4)"]),
     ("{constraints: {max_gpu: 8}}", ["search.constraints.max_gpu is not a field",

@@ -68,6 +68,30 @@ def test_the_software_stack_and_the_cluster_preset_are_search_axes():
     assert h100 < a100
 
 
+def test_model_fields_are_search_axes_in_both_tiers():
+    """A ``model.*`` axis is a context of its own: CosmoFlow's spatial grid in the exact tier
+    (the spatial group's size follows each grid, a grid the model refuses is a rejection with
+    its reason), a decoder's layer count in the vectorised one (its figures the exact
+    engine's)."""
+    frame = search(ROOT / "examples" / "search-cosmoflow.yaml", top=3)
+    grids = {tuple(g) for g in frame["model.spatial_grid"]}
+    assert {(1, 1, 1), (2, 1, 1), (2, 2, 1), (4, 1, 1)} <= grids
+    assert (frame["parallel.tensor_model_parallel_size"]
+            == [g[0] * g[1] * g[2] for g in frame["model.spatial_grid"]]).all()
+    assert any("spatial_grid = [2, 2, 2]" in r for r in frame.attrs["rejected"])
+    config = {"model": "gpt3-1.3b",
+              "train": {"micro_batch_size": 1, "global_batch_size": 32, "seq_length": 2048},
+              "system": {"preset": "dgx-a100", "nodes": 2}}
+    axes = {"parallel.tensor_model_parallel_size": [1, 2],
+            "model.num_hidden_layers": [12, 24]}
+    frame = search(config, axes=axes, top=4)
+    assert frame.attrs["tier"] == "vectorised"
+    assert set(frame["model.num_hidden_layers"]) == {12, 24}
+    assert frame["exact_error"].head(4).abs().max() < 1e-9
+    deep = frame[frame["model.num_hidden_layers"] == 24]["iteration_time_s"].min()
+    assert deep > frame[frame["model.num_hidden_layers"] == 12]["iteration_time_s"].min()
+
+
 def test_a_null_axis_value_beside_text_stays_the_default_not_the_text_nan():
     """pandas 3 stores a column of text and None as strings, None read back as NaN; a plan
     rebuilt from such a row set ``flex_dispatcher_backend: 'NaN'`` and was refused."""

@@ -3,7 +3,7 @@
 .. code-block:: yaml
 
     search:
-      axes:                                   # parallel.*, train.*, system.software, system.preset
+      axes:                                   # parallel.*, train.*, model.*, system.software, system.preset
         parallel.tensor_model_parallel_size: [1, 2, 4, 8]
         parallel.pipeline_model_parallel_size: "1:64:*2"   # a range, as ddlsim sweep reads it
         train.recompute: [none, selective, full]
@@ -33,8 +33,9 @@ __all__ = ["SearchSpec", "Constraints", "OBJECTIVES", "parse_search_section", "c
 #: objective → (result column, "min" or "max")
 OBJECTIVES = {"time": ("iteration_time_s", "min"), "tokens_per_s": ("tokens_per_s", "max"),
               "mfu": ("mfu", "max"), "cost": ("cost_per_million_tokens", "min")}
-#: Sections an axis may vary.
-AXIS_SECTIONS = ("parallel", "train")
+#: Sections an axis may vary: the plan, the training settings and the model's own fields
+#: (a CosmoFlow spatial grid, a layer count): each model value is a context of its own.
+AXIS_SECTIONS = ("parallel", "train", "model")
 #: System fields an axis may vary as a whole: the software stack (a name, or a mapping with
 #: ``stack`` and overrides) and the cluster preset (``dgx-a100``, ``dgx-h100``, …)
 SYSTEM_AXES = ("system.software", "system.preset")
@@ -121,8 +122,8 @@ def _paragraph(exc: ValidationError, where: str) -> str:
 
 
 def check_axes(axes: dict[str, list[Any]], base: dict, fixed_batch: bool) -> None:
-    """Refuse an axis outside ``parallel.*`` / ``train.*`` / :data:`SYSTEM_AXES`, a field the
-    config does not have, or ``train.global_batch_size`` together with the fixed-batch
+    """Refuse an axis outside ``parallel.*`` / ``train.*`` / ``model.*`` / :data:`SYSTEM_AXES`,
+    a field the config does not have, or ``train.global_batch_size`` together with the fixed-batch
     constraint."""
     from ..sweeps import _lookup
 
@@ -131,10 +132,11 @@ def check_axes(axes: dict[str, list[Any]], base: dict, fixed_batch: bool) -> Non
             continue
         section = path.split(".", 1)[0]
         if section not in AXIS_SECTIONS or "." not in path:
-            raise ConfigError(f"search.axes: {path!r} is not a parallel.* or train.* field, "
-                              f"nor one of {', '.join(SYSTEM_AXES)}; a search varies the plan, "
-                              "the training settings, the software stack and the cluster preset "
-                              "(use ddlsim sweep --set-range for other system what-ifs)")
+            raise ConfigError(f"search.axes: {path!r} is not a parallel.*, train.* or model.* "
+                              f"field, nor one of {', '.join(SYSTEM_AXES)}; a search varies the "
+                              "plan, the training settings, the model's fields, the software "
+                              "stack and the cluster preset (use ddlsim sweep --set-range for "
+                              "other system what-ifs)")
         try:
             _lookup(base, path)
         except KeyError as exc:

@@ -130,6 +130,14 @@ class WorkloadFamily(ABC):
         tp_col, tp_row)``); kinds not listed are shown as they are."""
         return {}
 
+    def plan_from_model(self, model: Any) -> dict[str, Any]:
+        """Plan fields (``ParallelConfig`` names) that ``model`` (a validated :attr:`schema`
+        instance) determines, e.g. CosmoFlow's spatial group size from its grid. A run
+        config that leaves such a field unset gets this value (the report's plan line shows
+        it); one that sets it is judged by :meth:`check`, which refuses a contradiction.
+        The default: none."""
+        return {}
+
     def moe_plan(self, cfg: "RunConfig") -> Any | None:
         """The resolved Mixture-of-Experts options of ``cfg`` (the dispatcher, the overlap
         flags, ...) that the stack rules read (:mod:`ddlsim.stackrules`); None (the default)

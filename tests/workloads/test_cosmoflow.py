@@ -172,7 +172,8 @@ def test_des_and_analytical_agree_without_contention(case):
     ({"spatial_grid": [16, 1, 1]}, {"tensor_model_parallel_size": 16},
      ["conv3", "16 / 16", "divisible by pool_size"]),
     ({"spatial_grid": [2, 2, 1]}, {"tensor_model_parallel_size": 2},
-     ["spatial_grid = [2, 2, 1]", "4 ranks", "tensor_model_parallel_size = 2"]),
+     ["spatial_grid = [2, 2, 1]", "4 ranks", "tensor_model_parallel_size = 2",
+      "or leave it out"]),
     ({"spatial_grid": [2, 2, 2]}, {"tensor_model_parallel_size": 8},
      ["dense2 has 4 outputs", "8 ranks"]),
     ({"spatial_grid": [1, 1, 1]}, {"pipeline_model_parallel_size": 2},
@@ -196,6 +197,19 @@ def test_bad_plans_are_one_paragraph_errors(model, parallel, words):
     assert "\n" not in text and "Traceback" not in text
     for w in words:
         assert w in text, text
+
+
+@pytest.mark.parametrize("grid, ranks", [([1, 1, 1], 1), ([2, 1, 1], 2), ([2, 2, 1], 4)])
+def test_the_spatial_group_size_follows_the_grid_when_the_plan_leaves_it_out(grid, ranks):
+    """The spatial group is the mesh's tensor-parallel axis: unset, its size is the grid's;
+    given, it must agree (above). The plan line names the grid and the ranks it makes."""
+    cfg = _cfg(model={"spatial_grid": grid}, parallel={"data_parallel_size": 2})
+    assert cfg.parallel.tp == ranks and cfg.world_size == 2 * ranks
+    explicit = _cfg(model={"spatial_grid": grid},
+                    parallel={"tensor_model_parallel_size": ranks, "data_parallel_size": 2})
+    assert ddlsim.predict(cfg).iteration_time_s == ddlsim.predict(explicit).iteration_time_s
+    assert f"spatial grid {'×'.join(map(str, grid))} × DP2 = {2 * ranks} ranks" in \
+        cfg.family.plan_summary(cfg)
 
 
 def test_cli_refuses_a_bad_grid_with_exit_status_2(tmp_path):

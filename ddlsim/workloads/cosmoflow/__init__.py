@@ -27,6 +27,10 @@ class CosmoFlowFamily(WorkloadFamily):
     plan_fields = (*BASE_PLAN_FIELDS, "parallel.collective_buffers")
     presets_file = "cosmoflow.yaml"
 
+    def plan_from_model(self, model: Any) -> dict[str, Any]:
+        """The spatial group is the mesh's tensor-parallel axis: its size is the grid's."""
+        return {"tensor_model_parallel_size": math.prod(model.spatial_grid)}
+
     def check(self, cfg: Any) -> None:
         """The plan must be spatial × data parallel, the grid must hold the tensor-parallel
         ranks and split every conv layer's volume into whole, poolable sub-volumes."""
@@ -47,7 +51,8 @@ class CosmoFlowFamily(WorkloadFamily):
                              f"{'·'.join(map(str, grid))} = {S} ranks, but "
                              f"parallel.tensor_model_parallel_size = {p.tp}: the spatial group "
                              f"is the mesh's tensor-parallel axis, so the two must be equal "
-                             f"(set tensor_model_parallel_size: {S}, or a grid of {p.tp} ranks)")
+                             f"(set tensor_model_parallel_size: {S} or leave it out, or a grid "
+                             f"of {p.tp} ranks)")
         _check_volumes(m)
         if S > 1:
             bad = [d for d in dense_layers(m) if d.n_out % S]
