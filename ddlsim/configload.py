@@ -116,6 +116,27 @@ def build_config(data: dict, overrides: list[str] | tuple[str, ...] = (),
     ConfigError
         Naming each field, the value and what is allowed.
     """
+    parsed = validated_sections(data, overrides, base_dir)
+    try:
+        cfg = C.RunConfig(**parsed)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, "config")) from None
+    from .limits import warn_unusual
+    warn_unusual(cfg)
+    return cfg
+
+
+def validated_sections(data: dict, overrides: list[str] | tuple[str, ...] = (),
+                       base_dir: Any = None, names: tuple[str, ...] | None = None) -> dict:
+    """Each section of a run config (or those of ``names``) validated on its own, with the
+    ``--set`` overrides applied: what :func:`build_config` checks before the sections are
+    checked together (a plan that does not suit the model, …).
+
+    Raises
+    ------
+    ConfigError
+        Naming each field, the value and what is allowed, every problem in one message.
+    """
     if not isinstance(data, dict):
         raise ConfigError(f"a run config must be a mapping with sections model, parallel, train, "
                           f"system; got {_kind(data)}")
@@ -139,6 +160,8 @@ def build_config(data: dict, overrides: list[str] | tuple[str, ...] = (),
             del sections["model"]
     parsed = {}
     for name, value in sections.items():
+        if names is not None and name not in names:
+            continue
         try:
             parsed[name] = _validate_section(name, value)
         except ValidationError as exc:
@@ -147,13 +170,7 @@ def build_config(data: dict, overrides: list[str] | tuple[str, ...] = (),
             problems.append(str(exc))
     if problems:
         raise ConfigError(_joined(problems))
-    try:
-        cfg = C.RunConfig(**parsed)
-    except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, "config")) from None
-    from .limits import warn_unusual
-    warn_unusual(cfg)
-    return cfg
+    return parsed
 
 
 def _unknown_sections(keys: list) -> list[str]:

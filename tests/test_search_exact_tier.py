@@ -92,6 +92,35 @@ def test_model_fields_are_search_axes_in_both_tiers():
     assert deep > frame[frame["model.num_hidden_layers"] == 12]["iteration_time_s"].min()
 
 
+@pytest.mark.parametrize("axes, column", [
+    ({"model.hidden_size": [2048, 4096], "parallel.zero_stage": [0, 1]}, "model.hidden_size"),
+    ({"model.num_hidden_layers": [12, 24, 30]}, "model.num_hidden_layers"),
+    ({"system.preset": ["dgx-a100", "dgx-h100"], "parallel.zero_stage": [0, 1]},
+     "system.preset")])
+def test_a_context_that_fails_on_the_neutral_plan_keeps_its_own_model_and_system(axes, column):
+    """``tp_comm_overlap`` needs TP > 1, so every context's config fails on the neutral plan
+    (one device) and is judged plan by plan: each plan was built on the run's model and
+    system (a hidden size of 2,048 timed at 4,096, an A100 plan on the H100s, 30 layers
+    accepted at PP·VPP = 4 where the config refuses them) until the context's own model and
+    system were given to the judge (``planconfig.ContextBases``)."""
+    config = {"model": "llama-3-8b",
+              "parallel": {"tensor_model_parallel_size": 2, "sequence_parallel": True,
+                           "pipeline_model_parallel_size": 2,
+                           "virtual_pipeline_model_parallel_size": 2, "schedule": "interleaved",
+                           "tp_comm_overlap": "pipelined"},
+              "train": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 2048},
+              "system": {"preset": "dgx-h100", "nodes": 2, "software": "megatron-core-2024"}}
+    frame = search(config, axes=axes, top=len(axes[column]) * 2)
+    assert frame.attrs["tier"] == "vectorised"
+    assert frame["exact_error"].abs().max() < 1e-9
+    times = frame.groupby(column)["iteration_time_s"].min()
+    assert times.nunique() == len(times)
+    if column == "model.num_hidden_layers":   # 30 layers do not split over PP·VPP = 4
+        assert set(frame[column]) == {12, 24}
+        assert any("num_hidden_layers = 30 is not divisible" in r
+                   for r in frame.attrs["rejected"])
+
+
 def test_a_null_axis_value_beside_text_stays_the_default_not_the_text_nan():
     """pandas 3 stores a column of text and None as strings, None read back as NaN; a plan
     rebuilt from such a row set ``flex_dispatcher_backend: 'NaN'`` and was refused."""

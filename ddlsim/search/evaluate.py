@@ -16,7 +16,8 @@ from ..errors import ConfigError
 from ..gcpause import collector_paused
 from .family import vector_family
 from .pipeline import iteration_time
-from .planconfig import group_rules, judge_failed_contexts, plan_config, plan_sections
+from .planconfig import ContextBases, group_rules, judge_failed_contexts, plan_config, \
+    plan_sections
 from .plans import RECOMPUTE, SCHEDULE, VECTOR_FIELDS, PlanSet, context_overrides, \
     enumerate_plans, plan_rules, stack_plan_rules, what_if_plans
 from . import decoder  # noqa: F401  (registers the gpt and llama vectorised forms)
@@ -135,16 +136,17 @@ def _evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping
     good = [None if isinstance(c, ConfigError) else c for c in ctx_cfgs]
     family = vector_family(base.model.architecture)
     sections = plan_sections(data, base_dir, overrides)
+    bases = ContextBases(data, base_dir, overrides, base)   # each context's model and system
 
     def build(plan):
-        return plan_config(sections, base, plan)
+        return plan_config(sections, bases, plan)
 
     # what the stack cannot run first: predict names the stack's rule before any of the
     # config's own (a model's limit on a plan no framework runs is not the reason)
     for text, mask in stack_plan_rules(plans, good, True):     # what the stack cannot run
         reject(text, mask)
     # the config's own rules (on the plans still pending), then the batch arithmetic
-    for text, mask in [*group_rules(plans, good, base, sections, True, verdicts.pending),
+    for text, mask in [*group_rules(plans, good, bases, sections, True, verdicts.pending),
                        *plan_rules(plans, good, devices, constraints.max_gpus, True)]:
         reject(text, mask)
     # a context whose config fails on the neutral plan alone: its plans judged by the config

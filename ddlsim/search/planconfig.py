@@ -25,8 +25,12 @@ from ..configload import format_validation_error
 from ..errors import ConfigError
 from .plans import SCHEDULE, VECTOR_FIELDS, PlanSet, check_plan_configs, context_overrides
 
-__all__ = ["plan_sections", "plan_config", "judge_failed_contexts", "RULE_GROUPS", "group_rules",
-           "first_clause"]
+__all__ = ["plan_sections", "plan_config", "ContextBases", "judge_failed_contexts", "RULE_GROUPS",
+           "group_rules", "first_clause"]
+
+#: The sections a plan of the search sets itself; a context's other paths (``model.*``,
+#: ``system.*``) are its model's and system's (:class:`ContextBases`).
+PLAN_SECTIONS = ("parallel.", "train.")
 
 
 def plan_sections(data: dict, base_dir: Any, overrides: Sequence[str]) -> dict:
@@ -40,6 +44,46 @@ def plan_sections(data: dict, base_dir: Any, overrides: Sequence[str]) -> dict:
                                       if str(o).startswith(("parallel.", "train."))])
 
 
+class ContextBases:
+    """The model and system of each plan's context, for :func:`plan_config`.
+
+    A context that sets ``model.*`` or ``system.*`` fields (a layer count, the software
+    stack, the cluster) is judged on its own model and system, validated on their own with
+    the context's values, so even a context whose config fails on the neutral plan (a
+    parallel option it needs more devices for) has them; a plan without such paths takes the
+    run's ``base``. Each distinct context is validated once.
+    """
+
+    def __init__(self, data: dict, base_dir: Any, overrides: Sequence[str], base: Any):
+        self._source = (data, base_dir, list(overrides))
+        self.base = base
+        self._memo: dict[tuple, Any] = {}
+
+    def __call__(self, plan: Mapping[str, Any]) -> Any:
+        """An object with the ``model`` and ``system`` of ``plan``'s context."""
+        own = [(p, v) for p, v in plan.items() if not p.startswith(PLAN_SECTIONS)]
+        if not own:
+            return self.base
+        key = tuple(sorted((p, repr(v)) for p, v in own))
+        hit = self._memo.get(key)
+        if hit is None:
+            from types import SimpleNamespace
+
+            from ..configload import validated_sections
+            from ..sweeps import _setting
+            data, base_dir, overrides = self._source
+            try:
+                parsed = validated_sections(data, [*overrides, *(_setting(p, v) for p, v in own)],
+                                            base_dir, names=("model", "system"))
+                hit = SimpleNamespace(model=parsed["model"], system=parsed["system"])
+            except ConfigError as exc:
+                hit = exc
+            self._memo[key] = hit
+        if isinstance(hit, ConfigError):
+            raise ConfigError(str(hit))
+        return hit
+
+
 def plan_config(sections: dict, base: Any, plan: Mapping[str, Any],
                 memo: dict | None = None) -> Any:
     """The :class:`~ddlsim.config.RunConfig` of one plan.
@@ -47,7 +91,8 @@ def plan_config(sections: dict, base: Any, plan: Mapping[str, Any],
     Parameters
     ----------
     sections : :func:`plan_sections` of the run config.
-    base : a config of the run (its model and system are the plan's).
+    base : a config of the run (its model and system are the plan's), or a
+        :class:`ContextBases`, which gives each plan its context's.
     plan : ``{config path: value}`` in the config's units, as
         :meth:`~ddlsim.search.plans.PlanSet.overrides` gives it.
     memo : a dict the caller keeps across plans: each distinct ``parallel`` and ``train``
@@ -64,9 +109,13 @@ def plan_config(sections: dict, base: Any, plan: Mapping[str, Any],
     ConfigError
         the config's own message for the plan.
     """
+    if isinstance(base, ContextBases):
+        base = base(plan)
     parts = dict(sections)   # the mappings on each plan path copied, the rest shared
     copied: set[tuple[str, ...]] = set()
     for path, value in plan.items():
+        if not path.startswith(PLAN_SECTIONS):   # the context's model and system: in base
+            continue
         keys = path.split(".")
         node = parts
         for depth, key in enumerate(keys[:-1], 1):
@@ -197,7 +246,7 @@ def group_rules(plans: PlanSet, ctx_cfgs: list, base: Any, sections: dict,
     """
     from .plans import flat
 
-    base = _as_what_if(base)
+    what_ifs: dict[int, Any] = {}          # each base (a context's) as a what-if, once
     verdicts: dict[str, str | None] = {}   # a probe asked by two groups is built once
     validated: dict = {}                   # and a section of several probes validated once
 
@@ -207,7 +256,10 @@ def group_rules(plans: PlanSet, ctx_cfgs: list, base: Any, sections: dict,
         key = repr(sorted(plan.items()))
         if key not in verdicts:
             try:
-                plan_config(sections, base, plan, validated)
+                own = base(plan) if isinstance(base, ContextBases) else base
+                if id(own) not in what_ifs:
+                    what_ifs[id(own)] = (own, _as_what_if(own))
+                plan_config(sections, what_ifs[id(own)][1], plan, validated)
                 verdicts[key] = None
             except ConfigError as exc:
                 verdicts[key] = first_clause(str(exc))
@@ -262,10 +314,13 @@ def _any_over(flags: np.ndarray, axes: list[int]) -> np.ndarray:
 
 
 def _as_what_if(cfg: Any) -> Any:
-    """``cfg`` with its software stack marked ``what_if`` (its rules not applied)."""
+    """``cfg``'s model, and its system with the software stack marked ``what_if`` (its
+    rules not applied)."""
+    from types import SimpleNamespace
+
     from ..software import SoftwareSpec
 
     spec = cfg.system.software
     spec = SoftwareSpec(stack=spec) if isinstance(spec, str) else spec
     system = cfg.system.model_copy(update={"software": spec.model_copy(update={"what_if": True})})
-    return cfg.model_copy(update={"system": system})
+    return SimpleNamespace(model=cfg.model, system=system)
