@@ -121,6 +121,21 @@ def test_a_context_that_fails_on_the_neutral_plan_keeps_its_own_model_and_system
                    for r in frame.attrs["rejected"])
 
 
+def test_the_cost_per_token_counts_each_contexts_own_sequence():
+    """A ``train.seq_length`` axis is a context: each plan's cost per million tokens counts
+    its own sequence (it took the run's for every plan)."""
+    config = {"model": "gpt3-1.3b",
+              "train": {"micro_batch_size": 1, "global_batch_size": 32, "seq_length": 2048},
+              "system": {"preset": "dgx-a100", "nodes": 2}}
+    frame = search(config, axes={"parallel.tensor_model_parallel_size": [1, 2],
+                                 "train.seq_length": [1024, 2048]},
+                   top=0, price_per_gpu_hour=2.0)
+    tokens = frame["train.global_batch_size"] * frame["train.seq_length"]
+    expected = frame["cost_per_iteration"] / tokens * 1e6
+    assert set(frame["train.seq_length"]) == {1024, 2048}
+    assert ((frame["cost_per_million_tokens"] - expected).abs() <= 1e-12 * expected).all()
+
+
 def test_a_null_axis_value_beside_text_stays_the_default_not_the_text_nan():
     """pandas 3 stores a column of text and None as strings, None read back as NaN; a plan
     rebuilt from such a row set ``flex_dispatcher_backend: 'NaN'`` and was refused."""

@@ -176,7 +176,9 @@ def _evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping
                 parts.append((index, sub, evaluate_plans(cfg, sub, (memory, capacity), ctx)))
         if progress is not None:
             progress(i + 1, len(ctx_cfgs))
-    frame = _frame(plans, parts, verdicts.free, base.train.seq_length, price_per_gpu_hour)
+    seqs = [base.train.seq_length if isinstance(c, ConfigError) else c.train.seq_length
+            for c in ctx_cfgs]   # each context's sequence (a train.seq_length axis)
+    frame = _frame(plans, parts, verdicts.free, seqs, price_per_gpu_hour)
     if base.software.what_if:   # plans the stack cannot run were evaluated: say which
         frame["what_if"] = what_if_plans(plans.take(frame["plan"].to_numpy()), [
             None if isinstance(c, ConfigError) else c for c in ctx_cfgs])
@@ -291,10 +293,13 @@ def _field(sections: dict, path: str) -> Any:
     return getattr(sections[section], key)
 
 
-def _frame(plans: PlanSet, parts, free: np.ndarray, seq: int, price: float | None):
+def _frame(plans: PlanSet, parts, free: np.ndarray, seqs: list[int], price: float | None):
+    """The evaluated plans as a frame; ``seqs``: each context's sequence length (the
+    tokens a plan's iteration trains, for its cost per token)."""
     import pandas as pd
 
     frames = []
+    tokens = []
     for index, sub, metrics in parts:
         keep = free[index]
         cols: dict[str, Any] = {"plan": index[keep]}
@@ -309,7 +314,8 @@ def _frame(plans: PlanSet, parts, free: np.ndarray, seq: int, price: float | Non
         for k, v in metrics.items():
             cols[k] = v[keep]
         frames.append(pd.DataFrame(cols))
+        tokens.append(sub["gbs"][keep] * np.asarray(seqs)[ctx])
     frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
         columns=["plan", *(plans.contexts[0] if plans.contexts else {}), *VECTOR_FIELDS,
                  "parallel.schedule", *METRICS])
-    return with_costs(frame, frame["train.global_batch_size"] * seq, price)
+    return with_costs(frame, np.concatenate(tokens) if tokens else np.zeros(0), price)
