@@ -121,6 +121,21 @@ def test_a_context_that_fails_on_the_neutral_plan_keeps_its_own_model_and_system
                    for r in frame.attrs["rejected"])
 
 
+def test_a_derived_dp_fills_each_context_cluster():
+    """Without a data-parallel axis DP fills each context's own cluster, as ``predict``
+    derives it: two DGX-2 nodes hold 32 GPUs where two DGX A100 nodes hold 16 (every plan
+    took the run's 16)."""
+    config = {"model": "gpt3-1.3b",
+              "train": {"micro_batch_size": 1, "global_batch_size": 64, "seq_length": 2048,
+                        "dtype": "fp16"},
+              "system": {"preset": "dgx-a100", "nodes": 2}}
+    frame = search(config, axes={"system.preset": ["dgx-a100", "dgx2-v100"],
+                                 "parallel.tensor_model_parallel_size": [1, 2, 4]}, top=6)
+    gpus = frame.groupby("system.preset")["gpus"].agg(set)
+    assert gpus["dgx-a100"] == {16} and gpus["dgx2-v100"] == {32}
+    assert frame["exact_error"].abs().max() < 1e-9
+
+
 def test_the_cost_per_token_counts_each_contexts_own_sequence():
     """A ``train.seq_length`` axis is a context: each plan's cost per million tokens counts
     its own sequence (it took the run's for every plan)."""

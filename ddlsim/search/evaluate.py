@@ -127,16 +127,16 @@ def _evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping
                               price_per_gpu_hour, progress)
     if constraints.global_batch_size is not None:
         fields["train.global_batch_size"] = constraints.global_batch_size
-    devices = base.system.num_devices
-    fill = min(devices, constraints.max_gpus or devices)
+    sections = plan_sections(data, base_dir, overrides)
+    bases = ContextBases(data, base_dir, overrides, base)   # each context's model and system
+    devices = _context_devices(bases, _context_combinations(axes), base)
+    fill = [min(d, constraints.max_gpus or d) for d in devices]
     # the fields are laid out flat for the plans the rules pass only (the rules read the grid)
-    plans = enumerate_plans(axes, fields, fill, lazy=True)
+    plans = enumerate_plans(axes, fields, fill[0] if len(set(fill)) == 1 else fill, lazy=True)
     verdicts = Rejections(plans.shape)
     reject = verdicts.reject
     good = [None if isinstance(c, ConfigError) else c for c in ctx_cfgs]
     family = vector_family(base.model.architecture)
-    sections = plan_sections(data, base_dir, overrides)
-    bases = ContextBases(data, base_dir, overrides, base)   # each context's model and system
 
     def build(plan):
         return plan_config(sections, bases, plan)
@@ -147,7 +147,8 @@ def _evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping
         reject(text, mask)
     # the config's own rules (on the plans still pending), then the batch arithmetic
     for text, mask in [*group_rules(plans, good, bases, sections, True, verdicts.pending),
-                       *plan_rules(plans, good, devices, constraints.max_gpus, True)]:
+                       *plan_rules(plans, good, devices[0] if len(set(devices)) == 1
+                                   else devices, constraints.max_gpus, True)]:
         reject(text, mask)
     # a context whose config fails on the neutral plan alone: its plans judged by the config
     judge_failed_contexts(plans, ctx_cfgs, verdicts.free, reject, build, family.prepare)
@@ -185,6 +186,19 @@ def _evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping
     frame = rank(frame, objective)
     frame.attrs["tier"] = "vectorised"
     return Grid(frame, verdicts.counts(), len(plans))
+
+
+def _context_devices(bases: ContextBases, contexts: list[dict], base) -> list[int]:
+    """Each context's devices (its cluster's: a ``system.preset`` axis may change them);
+    the run's where the context's own system does not validate (its plans are rejected
+    with that reason)."""
+    out = []
+    for context in contexts:
+        try:
+            out.append(bases(context).system.num_devices)
+        except ConfigError:
+            out.append(base.system.num_devices)
+    return out
 
 
 def _reject_over(memory: tuple[np.ndarray, np.ndarray], index: np.ndarray,

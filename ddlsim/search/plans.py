@@ -119,14 +119,15 @@ def _at(field: np.ndarray, at: tuple[np.ndarray, ...], none: np.ndarray) -> np.n
 
 
 def enumerate_plans(axes: Mapping[str, Sequence[Any]], base: Mapping[str, Any],
-                    devices: int, lazy: bool = False) -> PlanSet:
+                    devices: int | Sequence[int], lazy: bool = False) -> PlanSet:
     """Every combination of ``axes`` (the first varying slowest), as a :class:`PlanSet`.
 
     Parameters
     ----------
     axes : ``{config path: values}`` (values already in the config's units).
     base : the base config's values of the :data:`VECTOR_FIELDS` and ``parallel.schedule``.
-    devices : the devices a derived data-parallel size fills (``devices // (TP·PP)``).
+    devices : the devices a derived data-parallel size fills (``devices // (TP·PP)``), or
+        one count per context (a ``system.preset`` axis whose clusters differ).
     lazy : lay a field out flat only when it is asked for (:meth:`PlanSet.__missing__`;
         :meth:`PlanSet.take` reads the grid): the rules read the grid, so the fields of a
         large product are laid out for the plans that pass them only.
@@ -169,10 +170,18 @@ def enumerate_plans(axes: Mapping[str, Sequence[Any]], base: Mapping[str, Any],
     derived = "parallel.data_parallel_size" not in vector
     if derived:
         tpp = grid["tp"] * grid["pp"]
-        grid["dp"] = np.where(devices % tpp == 0, devices // tpp, 0)
+        fill = _per_context(devices, ctx)
+        grid["dp"] = np.where(fill % tpp == 0, fill // tpp, 0)
     grid["schedule"] = _schedules(grid["v"], ctx, contexts, base["parallel.schedule"])
     out = {} if lazy else {field: flat(a, sizes) for field, a in grid.items()}
     return PlanSet(out, contexts, grid)
+
+
+def _per_context(devices: int | Sequence[int], ctx: np.ndarray) -> int | np.ndarray:
+    """``devices`` as one count, or each plan's context's count laid on ``ctx``."""
+    if np.ndim(devices) == 0:
+        return int(devices)
+    return np.asarray(devices, dtype=np.int64)[ctx]
 
 
 def flat(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -214,7 +223,8 @@ def context_overrides(context: Mapping[str, Any]) -> dict[str, Any]:
     return {**neutral, **context}
 
 
-def plan_rules(plans: PlanSet, ctx_cfgs: list, devices: int, max_gpus: int | None,
+def plan_rules(plans: PlanSet, ctx_cfgs: list, devices: int | Sequence[int],
+               max_gpus: int | None,
                shaped: bool = False) -> list[tuple[str, np.ndarray]]:
     """``(reason, rejected mask)`` of the config's batch arithmetic (the rules that read DP,
     the micro-batch and the global batch: too many combinations to build each), then the
@@ -228,7 +238,7 @@ def plan_rules(plans: PlanSet, ctx_cfgs: list, devices: int, max_gpus: int | Non
     ctx_cfgs : each context's base :class:`~ddlsim.config.RunConfig`, or None for a context
         whose config fails on the neutral plan (the rules that read the context pass its
         plans; :func:`check_plan_configs` judges them).
-    devices : the system's devices.
+    devices : the system's devices, or each context's (:func:`enumerate_plans`).
     max_gpus : the search's limit on TP·PP·DP, or None.
     shaped : masks that broadcast to the grid's shape (:attr:`PlanSet.shape`) rather than
         one flag per plan, for plans with a grid.
@@ -243,7 +253,8 @@ def plan_rules(plans: PlanSet, ctx_cfgs: list, devices: int, max_gpus: int | Non
     most_mb = BOUNDS["microbatches"].high
     rules = [
         ("devices not a multiple of TP x PP", dp == 0),
-        ("more ranks than the system has devices", tp * pp * dp > devices),
+        ("more ranks than the system has devices",
+         tp * pp * dp > _per_context(devices, f["context"])),
         ("global batch not divisible by micro-batch x DP", gbs % np.maximum(mbs * safe_dp, 1) != 0),
         ("too many micro-batches", m > most_mb),
         ("interleaved needs micro-batches divisible by PP", inter & (m % pp != 0)),
