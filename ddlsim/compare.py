@@ -97,7 +97,7 @@ _SHAPE = {"engine": "text", "iteration_time_s": "number", "world_size": "whole",
           "parameter_count?": "whole", "per_class_time_s?": "numbers", "algorithms?": "mapping",
           "settings?": "mapping", "links?": "list", "critical_class?": "text"}
 _BREAKDOWN = {"compute_s": "number", "optimizer_s": "number", "bubble_s": "number",
-              "exposed_comm_s": "numbers"}
+              "exposed_comm_s": "numbers", "host_s?": "number"}
 _MEMORY = {k: "number" for k in ("weights", "gradients", "optimizer", "activations", "other",
                                  "capacity")} | {"stage?": "whole", "buffers?": "number",
                                                  "context?": "number"}
@@ -157,6 +157,7 @@ def _check_saved(r: Result, where: str) -> None:
               "tokens_per_s": r.tokens_per_s, "mfu": r.mfu,
               "flops_per_device": r.flops_per_device, "breakdown.compute_s": b.compute_s,
               "breakdown.optimizer_s": b.optimizer_s, "breakdown.bubble_s": b.bubble_s,
+              "breakdown.host_s": b.host_s,
               **{f"breakdown.exposed_comm_s.{k}": v for k, v in b.exposed_comm_s.items()},
               **{f"memory_per_device_bytes.{k}": getattr(r.memory, k)
                  for k in (*MEMORY_PARTS, "total", "capacity") if r.memory is not None}}
@@ -251,7 +252,8 @@ def comparison_metrics(results: Sequence[Result]) -> list[tuple[str, str, list[f
     rows += [(f"exposed_comm_{k}_s", "time",
               (lambda k: lambda r: r.breakdown.exposed_comm_s.get(k, 0.0))(k)) for k in kinds]
     rows += [("exposed_comm_total_s", "time", lambda r: sum(r.breakdown.exposed_comm_s.values())),
-             ("bubble_s", "time", lambda r: r.breakdown.bubble_s)]
+             ("bubble_s", "time", lambda r: r.breakdown.bubble_s),
+             ("host_s", "time", lambda r: r.breakdown.host_s)]
     if all(r.memory is not None for r in results):   # unknown for a trace read from files
         rows += [("memory_total_bytes", "bytes", lambda r: r.memory.total),
                  ("memory_capacity_bytes", "bytes", lambda r: r.memory.capacity),
@@ -301,6 +303,7 @@ _TITLES = {"iteration_time_s": "iteration time", "samples_per_s": "samples/s",
            "tokens_per_s": "tokens/s", "mfu": "MFU", "flops_per_device": "FLOP/s per device",
            "compute_s": "compute", "optimizer_s": "optimizer step",
            "exposed_comm_total_s": "exposed comm: total", "bubble_s": "pipeline bubble / wait",
+           "host_s": "waiting for the host",
            "memory_total_bytes": "memory per device", "memory_capacity_bytes": "memory capacity",
            "fits": "fits in memory"}
 

@@ -21,9 +21,9 @@ __all__ = ["ResultFrame", "frame_html"]
 #: Rows shown in HTML; the rest are counted.
 MAX_ROWS = 50
 _PARTS = ("compute_s", "optimizer_s", "exposed_comm_dp_s", "exposed_comm_tp_s",
-          "exposed_comm_pp_s", "exposed_comm_ep_s", "exposed_comm_cp_s", "bubble_s")
+          "exposed_comm_pp_s", "exposed_comm_ep_s", "exposed_comm_cp_s", "bubble_s", "host_s")
 _COLOURS = ("#4c72b0", "#8172b3", "#dd8452", "#55a868", "#c44e52", "#937860", "#da8bc3",
-            "#bbbbbb")
+            "#bbbbbb", "#b07aa1")
 
 
 class ResultFrame(pd.DataFrame):

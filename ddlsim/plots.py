@@ -45,7 +45,7 @@ P2P = "send/recv"
 #: Colour per category (the ``Span.kind`` values, sends and receives together).
 COLOURS = {"compute": "#4c72b0", "optimizer": "#8172b3", "tp": "#55a868", "dp": "#dd8452",
            "pp": "#c44e52", "ep": "#937860", P2P: "#da8bc3", "cp": "#ccb974",
-           "world": "#64b5cd", "other": "#8c8c8c", IDLE: "#e3e3e3"}
+           "world": "#64b5cd", "other": "#8c8c8c", IDLE: "#e3e3e3", "host": "#b07aa1"}
 _ORDER = ("compute", "optimizer", "tp", "dp", "pp", "ep", "cp", P2P, "world", "other")
 _SPARE = ("#64b5cd", "#b07aa1", "#9c755f", "#bab0ac", "#59a14f")
 
@@ -120,7 +120,8 @@ def draw_timeline(result: Result, path: str | Path | None, *, force: bool = Fals
 def draw_breakdown(results: Sequence[Result], path: str | Path | None, *,
                    labels: Sequence[str] | None = None, force: bool = False) -> "Figure":
     """Stacked bars of each result's iteration time: compute, optimizer step, exposed
-    communication per group kind and pipeline bubble (the parts of ``Result.breakdown``,
+    communication per group kind, pipeline bubble and the wait for the host (the parts of
+    ``Result.breakdown``,
     which add up to the iteration time).
 
     Parameters
@@ -325,6 +326,7 @@ def _breakdown_parts(results: list[Result]) -> dict[str, list[float]]:
     for k in _sorted(kinds):
         parts[f"exposed {k}"] = [r.breakdown.exposed_comm_s.get(k, 0.0) for r in results]
     parts["bubble"] = [r.breakdown.bubble_s for r in results]
+    parts["host"] = [r.breakdown.host_s for r in results]
     return {k: v for k, v in parts.items() if any(v)}
 
 

@@ -110,6 +110,7 @@ def _breakdown_table(results: Sequence[Result]) -> Table:
     parts += [(f"exposed comm: {k}", (lambda k: lambda r: r.breakdown.exposed_comm_s.get(k, 0.0))(k))
               for k in kinds]
     parts.append(("pipeline bubble / wait", lambda r: r.breakdown.bubble_s))
+    parts.append(("waiting for the host", lambda r: r.breakdown.host_s))
     for label, get in parts:
         shown = [displayed(get(r), r.iteration_time_s) for r in results]
         if not any(shown):

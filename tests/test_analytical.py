@@ -79,7 +79,8 @@ def test_bubble_fraction_interleaved(m):
 def test_breakdown_adds_up(small_cfg):
     r = ddlsim.predict(small_cfg)
     b = r.breakdown
-    total = b.compute_s + b.optimizer_s + sum(b.exposed_comm_s.values()) + b.bubble_s
+    total = (b.compute_s + b.optimizer_s + sum(b.exposed_comm_s.values()) + b.bubble_s
+             + b.host_s)
     assert total == pytest.approx(r.iteration_time_s, rel=1e-9)
 
 

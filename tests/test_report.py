@@ -116,7 +116,8 @@ def test_frame_has_unit_named_columns_and_one_row_per_result():
                 "tensor_model_parallel_size"):
         assert col in frame.columns
     assert frame["iteration_time_s"].tolist() == [a.iteration_time_s, d.iteration_time_s]
-    parts = frame[["compute_s", "optimizer_s", "exposed_comm_total_s", "bubble_s"]].sum(axis=1)
+    parts = frame[["compute_s", "optimizer_s", "exposed_comm_total_s", "bubble_s",
+                   "host_s"]].sum(axis=1)
     assert parts.tolist() == pytest.approx(frame["iteration_time_s"].tolist(), rel=1e-12)
     assert a.to_frame().iloc[0].to_dict() == frame.drop(columns="label").iloc[0].to_dict()
     with pytest.raises(ValueError, match="labels"):

@@ -34,6 +34,7 @@ def result_row(r) -> dict[str, Any]:
         row[f"exposed_comm_{k}_s"] = v
     row["exposed_comm_total_s"] = sum(r.breakdown.exposed_comm_s.values())
     row["bubble_s"] = r.breakdown.bubble_s
+    row["host_s"] = r.breakdown.host_s
     for k, v in r.comm_bytes.items():
         row[f"comm_{k}_bytes"] = v
     for k in (*_MEMORY, "reserved", "total", "capacity"):   # None: memory unknown
@@ -70,7 +71,7 @@ def result_from_dict(cls, d: dict[str, Any]):
         iteration_time_s=T,
         breakdown=Breakdown(float(b["compute_s"]), float(b["optimizer_s"]),
                             {k: float(v) for k, v in b["exposed_comm_s"].items()},
-                            float(b["bubble_s"])),
+                            float(b["bubble_s"]), float(b.get("host_s", 0.0))),
         comm_bytes={k: float(v) for k, v in d.get("comm_bytes", {}).items()},
         memory=None if m is None else MemoryBreakdown(
             **{k: float(m[k] if k in m or k not in _LATER_PARTS else 0.0) for k in _MEMORY},

@@ -26,7 +26,8 @@ class ClassTiming:
     """What an engine accumulates for one rank class; :class:`Breakdown` is built from the
     critical class's."""
 
-    __slots__ = ("end", "compute", "optimizer", "exposed", "bubble", "comm_bytes", "flops")
+    __slots__ = ("end", "compute", "optimizer", "exposed", "bubble", "host", "comm_bytes",
+                 "flops")
 
     def __init__(self) -> None:
         self.end = 0.0
@@ -34,6 +35,7 @@ class ClassTiming:
         self.optimizer = 0.0
         self.exposed: dict[str, float] = defaultdict(float)
         self.bubble = 0.0
+        self.host = 0.0
         self.comm_bytes: dict[str, float] = defaultdict(float)
         self.flops = 0.0
 
@@ -41,18 +43,22 @@ class ClassTiming:
 @dataclass(frozen=True, slots=True)
 class Breakdown:
     """Where the critical rank's iteration time goes. ``compute_s + optimizer_s +
-    sum(exposed_comm_s.values()) + bubble_s == iteration_time_s``."""
+    sum(exposed_comm_s.values()) + bubble_s + host_s == iteration_time_s``; ``host_s`` is
+    the device's idle time waiting for the host (its launches, Python and syncs running
+    behind the device: the ``host`` stream's ops, docs/compute.md), ``bubble_s`` the rest of
+    the idle time (the pipeline's fill and drain, waits for peers)."""
 
     compute_s: float
     optimizer_s: float
     exposed_comm_s: dict[str, float]
     bubble_s: float
+    host_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {"compute_s": self.compute_s, "optimizer_s": self.optimizer_s,
                 "exposed_comm_s": dict(self.exposed_comm_s),
                 "exposed_comm_total_s": sum(self.exposed_comm_s.values()),
-                "bubble_s": self.bubble_s}
+                "bubble_s": self.bubble_s, "host_s": self.host_s}
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,7 +240,7 @@ def assemble_result(engine: str, workload: "Workload", timings: Sequence[ClassTi
     return Result(
         engine=engine,
         iteration_time_s=T.end,
-        breakdown=Breakdown(T.compute, T.optimizer, exposed, T.bubble),
+        breakdown=Breakdown(T.compute, T.optimizer, exposed, T.bubble, T.host),
         comm_bytes={**{k: T.comm_bytes.get(k, 0.0) for k in _KINDS},
                     **{k: v for k, v in T.comm_bytes.items() if k not in _KINDS and v}},
         memory=memory,

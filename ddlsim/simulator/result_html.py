@@ -12,16 +12,18 @@ __all__ = ["result_repr", "result_html", "breakdown_parts"]
 
 #: Colours of the breakdown's parts (the same hues as ddlsim.plots' bars).
 _COLOURS = {"compute": "#4c72b0", "optimizer": "#8172b3", "dp": "#dd8452", "tp": "#55a868",
-            "pp": "#c44e52", "ep": "#937860", "cp": "#da8bc3", "bubble": "#bbbbbb"}
+            "pp": "#c44e52", "ep": "#937860", "cp": "#da8bc3", "bubble": "#bbbbbb",
+            "host": "#8c8c8c"}
 
 
 def breakdown_parts(r: Any) -> list[tuple[str, float]]:
     """``(name, seconds)`` of the parts that add up to the iteration time, non-zero ones only:
-    compute, optimizer, exposed communication per group kind, pipeline bubble."""
+    compute, optimizer, exposed communication per group kind, pipeline bubble, the wait for
+    the host."""
     b = r.breakdown
     parts = [("compute", b.compute_s), ("optimizer", b.optimizer_s),
              *((f"exposed {k}", v) for k, v in sorted(b.exposed_comm_s.items())),
-             ("bubble", b.bubble_s)]
+             ("bubble", b.bubble_s), ("host", b.host_s)]
     return [(name, float(v)) for name, v in parts if v > 0]
 
 

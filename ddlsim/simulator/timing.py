@@ -18,10 +18,13 @@ from __future__ import annotations
 
 from .result import ClassTiming
 
-__all__ = ["NOT_COMM", "attribute_gap", "split_gaps", "book", "finish_class"]
+__all__ = ["NOT_COMM", "HOST", "attribute_gap", "split_gaps", "book", "finish_class"]
 
 #: ``why`` labels whose waits are never exposed communication.
-NOT_COMM = frozenset({"", "bubble", "compute"})
+NOT_COMM = frozenset({"", "bubble", "compute", "host"})
+#: The label of a compute op on the ``host`` stream (the host's launches, Python and syncs):
+#: the device's idle time waiting for one is :attr:`~ddlsim.simulator.result.Breakdown.host_s`.
+HOST = "host"
 
 
 def attribute_gap(T: ClassTiming, gap: float, why: str, why_dur: float) -> None:
@@ -35,6 +38,9 @@ def attribute_gap(T: ClassTiming, gap: float, why: str, why_dur: float) -> None:
         ``bubble`` for a collective's rendezvous, ``compute``…).
     why_dur : that op's duration in seconds (``inf`` for a wait on a stream).
     """
+    if why == HOST:   # the device waited for the host
+        T.host += gap
+        return
     exp = gap if why_dur >= gap else why_dur
     if exp > 0 and why not in NOT_COMM:
         T.exposed[why] += exp
@@ -93,7 +99,8 @@ def finish_class(T: ClassTiming, free: dict[int, float] | list[float],
     ----------
     T : the class's accumulators.
     free : per stream id, when the stream is free (its last op's end), seconds.
-    kind : per stream id, the label of its last communication op (``""`` if none).
+    kind : per stream id, the label of its last communication op, :data:`HOST` for the
+        host stream (``""`` if none).
     """
     items = free.items() if isinstance(free, dict) else enumerate(free)
     end, compute_end, tail = 0.0, 0.0, None
@@ -104,5 +111,8 @@ def finish_class(T: ClassTiming, free: dict[int, float] | list[float],
             end, tail = t, sid
     if end > compute_end:
         label = kind[tail] if isinstance(kind, list) else kind.get(tail, "")
-        T.exposed[label or "other"] += end - compute_end
+        if label == HOST:   # the host ends the iteration, behind the device
+            T.host += end - compute_end
+        else:
+            T.exposed[label or "other"] += end - compute_end
     T.end = end

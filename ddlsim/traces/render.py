@@ -52,7 +52,8 @@ def render_measured(r, fmt: str, changed: bool) -> str:
         comm = sum(t.exposed_comm_s.values())
         lines.append(f"  target plan, ddlsim    {_ms(r.target.iteration_time_s)} (compute "
                      f"{_ms(t.compute_s)}, optimizer {_ms(t.optimizer_s)}, exposed "
-                     f"communication {_ms(comm)}, bubble {_ms(t.bubble_s)}; "
+                     f"communication {_ms(comm)}, bubble {_ms(t.bubble_s)}"
+                     + (f", waiting for the host {_ms(t.host_s)}" if t.host_s else "") + "; "
                      f"{r.target.config['parallel']['data_parallel_size']} data-parallel ranks)")
     lines += ["", f"{'op':32} {'measured':>12} {'ddlsim model':>12} {'ratio':>8}"]
     for name in sorted(b.measured_s):
@@ -83,6 +84,8 @@ def render_result(result, fmt: str, what: str) -> str:
              f"  compute: {_ms(b.compute_s)}", f"  optimizer: {_ms(b.optimizer_s)}"]
     lines += [f"  exposed {k} communication: {_ms(v)}" for k, v in b.exposed_comm_s.items() if v]
     lines.append(f"  bubble: {_ms(b.bubble_s)}")
+    if b.host_s:
+        lines.append(f"  waiting for the host: {_ms(b.host_s)}")
     return "\n".join(lines) + "\n"
 
 

@@ -35,7 +35,8 @@ def test_breakdown_adds_up_and_matches_result_shape(plan):
     d = ddlsim.predict(cfg, "des")
     a = ddlsim.predict(cfg, "analytical")
     b = d.breakdown
-    parts = b.compute_s + b.optimizer_s + sum(b.exposed_comm_s.values()) + b.bubble_s
+    parts = (b.compute_s + b.optimizer_s + sum(b.exposed_comm_s.values()) + b.bubble_s
+             + b.host_s)
     assert parts == pytest.approx(d.iteration_time_s, rel=1e-9)
     assert d.engine == "des" and set(d.to_dict()) >= set(a.to_dict()) | {"links"}
     assert d.per_class_time_s.keys() == a.per_class_time_s.keys()

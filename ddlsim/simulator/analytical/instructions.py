@@ -15,6 +15,7 @@ import numpy as np
 
 from ...workloads.trace import Collective, Compute, P2P, StepTable, Workload
 from ..costs import CostModel
+from ..timing import HOST
 
 __all__ = ["COMPUTE", "COLL", "SEND", "RECV", "WAIT", "Instr", "Program", "lower"]
 
@@ -282,7 +283,8 @@ class _Lowering:
             return Instr(COLL, sid, op.deps, dur, self.cost.kind[p.group], nbytes=k * p.bytes,
                          group=None if parts is None else (p.group, parts))
         if isinstance(p, Compute):
-            label = "optimizer" if p.kind == "optimizer" else "compute"
+            label = ("optimizer" if p.kind == "optimizer" else HOST if op.stream == HOST
+                     else "compute")
             return Instr(COMPUTE, sid, op.deps, k * self.cost.compute(p), label,
                          flops=k * p.flops)
         target = self.streams.setdefault(p.stream, len(self.streams))

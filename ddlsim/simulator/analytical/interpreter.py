@@ -15,7 +15,7 @@ import math
 from collections import defaultdict
 
 from ..result import ClassTiming
-from ..timing import attribute_gap, book, finish_class
+from ..timing import HOST, attribute_gap, book, finish_class
 from .instructions import COLL, COMPUTE, RECV, SEND, WAIT, Instr, Program
 
 __all__ = ["State", "run_class", "run_step"]
@@ -125,6 +125,8 @@ def run_step(ci: int, instrs: tuple[Instr, ...], mb: int, oi: int, fr: list[floa
         fr[sid] = end = f + dur
         if code == COMPUTE:
             book(T, sid == 0, label, True, dur, flops, 0.0)
+            if label == HOST:   # the host stream: what it ends with (finish_class)
+                sk[sid] = label
         elif code == COLL:
             book(T, sid == 0, label, False, dur, 0.0, nbytes)
             sk[sid] = label

@@ -28,7 +28,7 @@ from ...errors import DeadlockError
 from ...workloads.trace import Workload
 from ..costs import CostModel
 from ..result import ClassTiming
-from ..timing import attribute_gap, book, finish_class
+from ..timing import HOST, attribute_gap, book, finish_class
 from .network import FlowNetwork
 from .p2p import P2PMatcher
 from .program import COLL, COMPUTE, WAIT, ClassProgram, Instr, rendezvous_components, resolve
@@ -168,6 +168,8 @@ class _Engine:
                 if ins.duration_s > 0:
                     yield env.timeout(ins.duration_s)
                 book(st.timing, sid == 0, ins.label, True, ins.duration_s, ins.flops, 0.0)
+                if ins.label == HOST:   # the host stream: what it ends with (finish_class)
+                    st.stream_kind[sid] = ins.label
             elif code == COLL:
                 if not issue.ended:
                     st.at[sid] = (flat, "collective")

@@ -17,6 +17,7 @@ import numpy as np
 from ...workloads.steps import StepTable
 from ...workloads.trace import Collective, Compute, P2P, Wait, Workload
 from ..costs import CostModel
+from ..timing import HOST
 
 __all__ = ["COMPUTE", "COLL", "SEND", "RECV", "WAIT", "Instr", "ClassProgram", "resolve",
            "rendezvous_components"]
@@ -67,7 +68,8 @@ def _instr(op, sid: int, streams: dict[str, int], cost: CostModel,
            choices: dict[str, str]) -> Instr:
     p, k = op.payload, op.repeat
     if isinstance(p, Compute):
-        label = "optimizer" if p.kind == "optimizer" else "compute"
+        label = ("optimizer" if p.kind == "optimizer" else HOST if op.stream == HOST
+                 else "compute")
         return Instr(COMPUTE, sid, op.deps, p.name, label, k * cost.compute(p), k * p.flops,
                      payload=p, repeat=k)
     if isinstance(p, Collective):

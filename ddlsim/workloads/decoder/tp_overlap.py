@@ -118,8 +118,10 @@ def _role(c: Collective, backward: bool, how: str) -> tuple[str, int] | None:
 
 def _overlapped_flops(b, backward: bool, gemm: Compute) -> float:
     """FLOPs of the GEMMs the collectives after ``gemm``'s block run beside (forward: the
-    row-parallel ``proj``/``fc2``; backward: ``qkv``/``fc1`` dgrad + wgrad)."""
-    g = b.shape.layer_gemm_flops(b.b, b.s)
+    row-parallel ``proj``/``fc2``; backward: ``qkv``/``fc1`` dgrad + wgrad): the attention's
+    (the same in every layer) or a dense layer's MLP, so asked as a dense layer (a model
+    whose first layers are dense has both kinds)."""
+    g = b.shape.layer_gemm_flops(b.b, b.s, moe=False)
     attn = "attn" in gemm.name
     if backward:
         f = 2 * ((g["q"] + g["kv"]) if attn else g["mlp"] * (1 - 1 / b.shape.mlp_matrices))

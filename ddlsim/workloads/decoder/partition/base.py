@@ -301,8 +301,11 @@ class LayerPartitioner(EmbeddingHeadOps):
     # ------------------------------------------------------------------ per-rank counts
     def attn_core_flops(self) -> float:
         """Forward FLOPs of the attention core on one rank: ``4bs²·ad / (p·cp)`` (each rank
-        holds ``1/p`` of the heads × batch and ``1/cp`` of the queries against all keys)."""
-        return self.shape.layer_gemm_flops(self.b, self.s)["attn_core"] / (self.size * self.cp)
+        holds ``1/p`` of the heads × batch and ``1/cp`` of the queries against all keys).
+        The same in a dense and an MoE layer (asked as a dense one: a model whose first
+        layers are dense has both kinds)."""
+        return (self.shape.layer_gemm_flops(self.b, self.s, moe=False)["attn_core"]
+                / (self.size * self.cp))
 
     def scores_bytes(self) -> float:
         """Selective recomputation's traffic on the rank's scores: softmax, mask (and
