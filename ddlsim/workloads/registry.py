@@ -3,8 +3,7 @@
 A *family* is everything ddlsim knows about one kind of model: its section of the run config
 (a pydantic model, one arm of a union discriminated on ``model.architecture``), the plan rules
 that involve the model, the trace builder, the memory per rank class, a one-line summary and
-its presets, and optionally its own plan line for the report
-(:meth:`WorkloadFamily.plan_summary`). ``RunConfig``, :func:`ddlsim.api.build_workload`, the
+its presets, and optionally its own plan line (:meth:`WorkloadFamily.plan_summary`). ``RunConfig``, :func:`ddlsim.api.build_workload`, the
 report header and ``ddlsim presets`` look families up here and contain no code of any family.
 
 Adding a family is one package under ``ddlsim/workloads/`` that subclasses
@@ -78,15 +77,13 @@ class WorkloadFamily(ABC):
         A YAML file in ``ddlsim/data`` (or any package, as ``"package:file"``) mapping preset
         names to model sections, each with a ``source``.
     hf_model_types : tuple of str
-        HuggingFace ``model_type`` values whose ``config.json`` this family reads
-        (:meth:`from_hf`).
+        HuggingFace ``model_type`` values whose ``config.json`` it reads (:meth:`from_hf`).
     plan_fields : tuple of str or None
-        The plan fields (``"parallel.…"``, ``"train.…"``) this family's rules or trace read,
-        e.g. :data:`BASE_PLAN_FIELDS` and its own. A run config that sets any other one to
-        anything but its default is refused (:func:`check_plan_fields`), so no option is
-        ignored silently, and a field added to the plan later is refused until the family
-        says it reads it. ``None`` (the default): every field (the decoder families, whose
-        plan the ``parallel`` section is).
+        The plan fields (``"parallel.…"``, ``"train.…"``) its rules or trace read, e.g.
+        :data:`BASE_PLAN_FIELDS` and its own; a config that sets any other one off its
+        default is refused (:func:`check_plan_fields`), so no option is ignored silently,
+        and a field added to the plan later stays refused until the family reads it.
+        ``None`` (the default): every field (the decoder families).
     """
 
     architecture: ClassVar[str] = ""
@@ -131,11 +128,9 @@ class WorkloadFamily(ABC):
         return {}
 
     def plan_from_model(self, model: Any) -> dict[str, Any]:
-        """Plan fields (``ParallelConfig`` names) that ``model`` (a validated :attr:`schema`
-        instance) determines, e.g. CosmoFlow's spatial group size from its grid. A run
-        config that leaves such a field unset gets this value (the report's plan line shows
-        it); one that sets it is judged by :meth:`check`, which refuses a contradiction.
-        The default: none."""
+        """``ParallelConfig`` fields that ``model`` determines (CosmoFlow's spatial group
+        from its grid): a config that leaves one unset gets it, one that sets it is judged
+        by :meth:`check`. Default: none."""
         return {}
 
     def moe_plan(self, cfg: "RunConfig") -> Any | None:
