@@ -121,6 +121,30 @@ def test_a_context_that_fails_on_the_neutral_plan_keeps_its_own_model_and_system
                    for r in frame.attrs["rejected"])
 
 
+def test_each_software_stack_of_an_axis_applies_its_own_rules():
+    """A ``system.software`` axis: each context is judged by its own stack's rules (the first
+    context's stack judged every plan: Megatron-LM 2021's "no ZeRO-1" rejected Megatron-Core's
+    ZeRO-1 plans, or let its own through when it came second), and a what-if stack's plans are
+    marked as such."""
+    config = {"model": "gpt3-760m",
+              "train": {"micro_batch_size": 1, "global_batch_size": 64, "seq_length": 2048},
+              "system": {"preset": "dgx-a100", "nodes": 2}}
+    for stacks in (["megatron-core-2024", "megatron-lm-2021"],
+                   ["megatron-lm-2021", "megatron-core-2024"]):
+        frame = search(config, axes={"parallel.zero_stage": [0, 1], "system.software": stacks},
+                       top=4)
+        plans = {(s, z) for s, z in frame[["system.software", "parallel.zero_stage"]].values}
+        assert plans == {("megatron-core-2024", 0), ("megatron-core-2024", 1),
+                         ("megatron-lm-2021", 0)}
+        assert any("megatron-lm-2021 cannot run ZeRO-1/2" in r for r in frame.attrs["rejected"])
+    what_if = {"stack": "megatron-lm-2021", "what_if": True}
+    frame = search(config, axes={"parallel.zero_stage": [0, 1],
+                                 "system.software": ["megatron-core-2024", what_if]}, top=0)
+    marked = {(str(s), z) for s, z, w in
+              frame[["system.software", "parallel.zero_stage", "what_if"]].values if w}
+    assert marked == {(str(what_if), 1)}
+
+
 def test_a_derived_dp_fills_each_context_cluster():
     """Without a data-parallel axis DP fills each context's own cluster, as ``predict``
     derives it: two DGX-2 nodes hold 32 GPUs where two DGX A100 nodes hold 16 (every plan

@@ -138,3 +138,39 @@ def test_a_layer_cost_of_the_builder_reaches_the_search_tier(dtype, monkeypatch)
     assert after[1] > 1.05 * before[1]               # the exact engine moved
     for search, exact in (before, after):            # and the search tier with it
         assert search == pytest.approx(exact, rel=1e-9)
+
+
+@settings(max_examples=15, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
+@given(st.data())
+def test_context_axes_judge_and_time_each_plan_as_the_exact_engine_does(data):
+    """The same random plans with the cluster, the software stack and a model field as
+    context axes of two values each: every plan the search tier evaluates has the exact
+    engine's time, on its own context's model and system (a context whose config fails on
+    the neutral plan, e.g. one that sets ``tp_comm_overlap``, once took the run's), and
+    every plan it rejects is one the config refuses."""
+    from ddlsim.search.run import plan_overrides
+
+    draw = lambda xs: data.draw(st.sampled_from(xs))  # noqa: E731
+    base, axes = _case(draw)
+    presets = draw([["dgx-a100", "dgx-h100"], ["dgx-h100", "cpu-10gbe"]])
+    stack = base["system"]["software"]
+    axes = {**axes, "system.preset": presets,
+            "system.software": [stack, {**stack, "stack": draw(STACKS)}],
+            "model.num_hidden_layers": [12, 24]}
+    base = {**base, "model": draw(["gpt3-760m", "gpt3-1.3b"])}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            grid = evaluate_grid(base, None, [], axes, Constraints(must_fit=False))
+        except ConfigError:
+            assume(False)
+        frame = grid.frame
+        assume(len(frame) > 0)
+        columns = [c for c in frame.columns if "." in c]
+        for i in range(len(frame)):
+            cfg = build_config(base, plan_overrides(frame.iloc[i], columns))
+            exact = ddlsim.predict(cfg, check_fit=False).iteration_time_s
+            got = float(frame["iteration_time_s"].iloc[i])
+            assert abs(got / exact - 1) <= 0.02, (frame.iloc[i].to_dict(), got, exact)
+            assert frame["gpus"].iloc[i] == cfg.world_size

@@ -180,7 +180,8 @@ def _evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping
     seqs = [base.train.seq_length if isinstance(c, ConfigError) else c.train.seq_length
             for c in ctx_cfgs]   # each context's sequence (a train.seq_length axis)
     frame = _frame(plans, parts, verdicts.free, seqs, price_per_gpu_hour)
-    if base.software.what_if:   # plans the stack cannot run were evaluated: say which
+    if base.software.what_if or any(   # plans a stack cannot run were evaluated: say which
+            not isinstance(c, ConfigError) and c.software.what_if for c in ctx_cfgs):
         frame["what_if"] = what_if_plans(plans.take(frame["plan"].to_numpy()), [
             None if isinstance(c, ConfigError) else c for c in ctx_cfgs])
     frame = rank(frame, objective)

@@ -288,23 +288,30 @@ def stack_plan_rules(plans: PlanSet, ctx_cfgs: list,
 def _stack_rules(f, ctx_cfgs: list, inter, plain,
                  what_ifs: bool = False) -> list[tuple[str, np.ndarray]]:
     """The software stack's rules (:mod:`ddlsim.stackrules`, the objects ``RunConfig``
-    applies) on the plans' arrays; none under ``what_if`` (the plans are predicted as
-    what-ifs) unless ``what_ifs`` asks which plans they are, none for a context None
-    (judged through its config)."""
+    applies) on the plans' arrays, each context's own stack's on its plans (a
+    ``system.software`` axis); none under ``what_if`` (the plans are predicted as what-ifs)
+    unless ``what_ifs`` asks which plans they are, none for a context None (judged through
+    its config)."""
     from ..stackrules import PlanFacts, stack_rejections
     from ..stackrules.facts import context_facts
 
-    known = [c for c in ctx_cfgs if c is not None]
-    if not known or (known[0].software.what_if and not what_ifs):
+    stacks: dict[str, list[int]] = {}   # each stack's contexts
+    for i, c in enumerate(ctx_cfgs):
+        if c is not None and (what_ifs or not c.software.what_if):
+            stacks.setdefault(c.software.name, []).append(i)
+    if not stacks:
         return []
     ctx = f["context"]
-    has_cfg = np.array([c is not None for c in ctx_cfgs])[ctx]
     per_ctx = [context_facts(c) for c in ctx_cfgs]   # each context's own, once
     fixed = {k: np.array([d[k] for d in per_ctx])[ctx] for k in per_ctx[0]}
     facts = PlanFacts.of(tp=f["tp"], pp=f["pp"], zero=f["zero"], sp=f["sp"].astype(bool),
                          interleaved=inter, one_f_one_b=plain, **fixed)
-    return [(reason, mask & has_cfg)
-            for reason, mask in stack_rejections(known[0].software.name, facts)]
+    whole = len(stacks) == 1 and len(next(iter(stacks.values()))) == len(ctx_cfgs)
+    out = []
+    for name, members in stacks.items():
+        mine = True if whole else np.isin(ctx, members)
+        out += [(reason, mask & mine) for reason, mask in stack_rejections(name, facts)]
+    return out
 
 
 #: The fields of a plan that the config's structural rules read (the rest is batch arithmetic,
