@@ -69,11 +69,11 @@ def frame_html(frame: pd.DataFrame) -> str | None:
         return None
     rows = frame.head(MAX_ROWS).to_dict(orient="records")
     if "pareto" in frame and "rank" in frame:
-        from .search.report import _context_columns, plan_label
+        from .search.report import _context_columns, hidden_parts, plan_label
 
-        extra = _context_columns(frame)
+        extra, hide = _context_columns(frame), hidden_parts(frame)
         heads = ["#", "plan", "iteration", "MFU", "memory", "Pareto"]
-        body = [[str(r["rank"]), plan_label(r, extra, short=False),
+        body = [[str(r["rank"]), plan_label(r, extra, short=False, hide=hide),
                  _cell(r["iteration_time_s"], format_time), _cell(r["mfu"], format_percent),
                  _cell(r["memory_per_device_bytes"], format_bytes), "*" if r["pareto"] else ""]
                 for r in rows]

@@ -42,6 +42,25 @@ def test_a_plan_the_config_refuses_is_a_rejection_with_the_configs_reason():
     assert any("expert_tensor_parallel_size = 8 × 4 = 32 must divide" in r for r in reasons)
 
 
+def test_labels_show_what_a_family_plans_and_tell_every_plan_apart():
+    """A family's labels leave out the decoder's parts it does not read (BERT has no
+    sequence parallelism or recomputation; TP 1, PP 1 and ZeRO-0 in every plan of the grid
+    are not shown), and plans that differ only in their schedule are told apart (BERT's
+    1F1B and GPipe at PP 1 hold different memory)."""
+    from ddlsim.search.report import hidden_parts, legend, plan_label, _context_columns
+
+    frame = search(ROOT / "examples" / "search-bert-large-pp.yaml", top=0)
+    hide = hidden_parts(frame)
+    assert {"sp", "recompute", "tp", "zero"} <= hide and "schedule" not in hide
+    extra = _context_columns(frame)
+    labels = [plan_label(r, extra, hide=hide) for r in frame.to_dict(orient="records")]
+    assert len(set(labels)) == len(labels)
+    assert not any(t in label for label in labels for t in ("TP1", "Z0", " SP", "none"))
+    assert "gpipe" in legend(frame, True, True) and "ZeRO" not in legend(frame, True, True)
+    gpt = search(ROOT / "examples" / "search-gpt3-175b-1024.yaml", top=0)
+    assert hidden_parts(gpt) == {"schedule"}    # a decoder: the whole plan, as before
+
+
 def test_an_exact_grid_over_its_bound_is_refused_before_it_runs():
     axes = {"train.micro_batch_size": list(range(1, EXACT_PLANS + 2))}
     with pytest.raises(ConfigError, match="at most 5,000 plans"):

@@ -60,7 +60,7 @@ def evaluate_exact(data: dict, base_dir, overrides: Sequence[str], axes: Mapping
     fixed = [*overrides]
     if constraints.global_batch_size is not None and "train.global_batch_size" not in axes:
         fixed.append(_setting("train.global_batch_size", constraints.global_batch_size))
-    rows, reasons = [], {}
+    rows, reasons, fields = [], {}, None
     for i, combo in enumerate(itertools.product(*axes.values())):
         sets = [*fixed, *(_setting(p, v) for p, v in zip(axes, combo))]
         try:
@@ -70,6 +70,7 @@ def evaluate_exact(data: dict, base_dir, overrides: Sequence[str], axes: Mapping
                 if constraints.max_gpus is not None and cfg.world_size > constraints.max_gpus:
                     raise ConfigError(f"more than max_gpus = {constraints.max_gpus} GPUs")
                 result = predict(cfg, check_fit=False)
+                fields = cfg.family.plan_fields
         except ConfigError as exc:
             why = first_sentence(exc)
             reasons[why] = reasons.get(why, 0) + 1
@@ -90,6 +91,8 @@ def evaluate_exact(data: dict, base_dir, overrides: Sequence[str], axes: Mapping
     frame = _frame(rows, [*paths, *(p for p in axes if p not in paths)], price_per_gpu_hour)
     frame = rank(frame, objective)
     frame.attrs["tier"] = "exact"
+    if fields is not None:   # the family's own plan fields: the labels show those
+        frame.attrs["plan_fields"] = list(fields)
     rejected = dict(sorted(reasons.items(), key=lambda x: -x[1]))
     return Grid(frame, rejected, total)
 

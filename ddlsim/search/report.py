@@ -10,31 +10,75 @@ from typing import Any
 from ..formatting import format_bytes, format_percent, format_time
 
 __all__ = ["ranked_table", "pareto_table", "summary_text", "draw_search", "plan_label", "legend",
-           "plan_text_frame"]
+           "hidden_parts", "plan_text_frame"]
 
 #: How a short plan label writes ``train.recompute``.
 RECOMPUTE_SHORT = {"none": "none", "selective": "sel", "full": "full"}
 
 
-def plan_label(row: dict, extra: Sequence[str] = (), short: bool = True) -> str:
+def plan_label(row: dict, extra: Sequence[str] = (), short: bool = True,
+               hide: frozenset[str] = frozenset({"schedule"})) -> str:
     """``'TP8 PP16×2 DP8 b1 Z1 SP sel'`` (``short``, explained by :func:`legend`) or
-    ``'TP8 PP16×2 DP8 mbs1 ZeRO1 SP selective'``: one plan in a few characters."""
+    ``'TP8 PP16×2 DP8 mbs1 ZeRO1 SP selective'``: one plan in a few characters, without the
+    parts in ``hide`` (:func:`hidden_parts`)."""
     v = row["parallel.virtual_pipeline_model_parallel_size"]
     mbs, zero = ("b", "Z") if short else ("mbs", "ZeRO")
     rec = row["train.recompute"]
-    text = (f"TP{row['parallel.tensor_model_parallel_size']} "
-            f"PP{row['parallel.pipeline_model_parallel_size']}{f'×{v}' if v and v > 1 else ''} "
-            f"DP{row['parallel.data_parallel_size']} {mbs}{row['train.micro_batch_size']} "
-            f"{zero}{row['parallel.zero_stage']}{' SP' if row['parallel.sequence_parallel'] else ''}"
-            f" {RECOMPUTE_SHORT.get(rec, rec) if short else rec}")
-    return text + "".join(f" {p.rpartition('.')[2]}={row[p]}" for p in extra)
+    parts = [] if "tp" in hide else [f"TP{row['parallel.tensor_model_parallel_size']}"]
+    if "pp" not in hide:
+        parts.append(f"PP{row['parallel.pipeline_model_parallel_size']}"
+                     f"{f'×{v}' if v and v > 1 else ''}")
+    parts += [f"DP{row['parallel.data_parallel_size']}", f"{mbs}{row['train.micro_batch_size']}"]
+    if "zero" not in hide:
+        parts.append(f"{zero}{row['parallel.zero_stage']}")
+    if "sp" not in hide and row["parallel.sequence_parallel"]:
+        parts.append("SP")
+    if "recompute" not in hide:
+        parts.append(RECOMPUTE_SHORT.get(rec, rec) if short else rec)
+    if "schedule" not in hide and not (v and v > 1):   # PP×v already says interleaved
+        parts.append(row["parallel.schedule"])
+    return " ".join(parts) + "".join(f" {p.rpartition('.')[2]}={row[p]}" for p in extra)
+
+
+def hidden_parts(frame) -> frozenset[str]:
+    """The parts of :func:`plan_label` a frame's labels leave out: none for the decoder
+    families (``frame.attrs["plan_fields"]`` unset: their plan is the whole ``parallel``
+    section); for another family, sequence parallelism and recomputation where it does not
+    read them, and TP, PP and ZeRO where every plan has 1, 1 and 0 (its rules refuse more,
+    or the grid does not vary them). The schedule is shown only where the plans without
+    interleaving differ in it (an axis ``parallel.schedule: [1f1b, gpipe]``)."""
+    if not len(frame):
+        return frozenset({"schedule"})
+    plain = frame["parallel.virtual_pipeline_model_parallel_size"].fillna(1) <= 1
+    schedules = frame.loc[plain.to_numpy(), "parallel.schedule"].nunique()
+    hide = set() if schedules > 1 else {"schedule"}
+    fields = frame.attrs.get("plan_fields")
+    if fields is None:
+        return frozenset(hide)
+    hide |= {name for name, path in (("sp", "parallel.sequence_parallel"),
+                                    ("recompute", "train.recompute")) if path not in fields}
+    for name, path, plain in (("tp", "parallel.tensor_model_parallel_size", 1),
+                              ("pp", "parallel.pipeline_model_parallel_size", 1),
+                              ("zero", "parallel.zero_stage", 0)):
+        if (frame[path] == plain).all():
+            hide.add(name)
+    return frozenset(hide)
 
 
 def legend(frame, exact: bool, front: bool) -> str:
-    """Every abbreviation of the search tables, in words."""
-    parts = ["TP/PP/DP tensor-, pipeline-, data-parallel size; PP8×6 8 stages of 6 virtual "
-             "stages each (interleaved schedule); b micro-batch size; Z ZeRO stage; SP sequence "
-             "parallelism; none/sel/full recomputation"]
+    """Every abbreviation of the search tables, in words (those its labels show)."""
+    hide = hidden_parts(frame)
+    sizes = "/".join(n for n, k in (("TP", "tp"), ("PP", "pp"), ("DP", "")) if k not in hide)
+    words = ", ".join(w for w, k in (("tensor-", "tp"), ("pipeline-", "pp"), ("data-", ""))
+                      if k not in hide)
+    parts = [f"{sizes} {words}parallel size"
+             + ("" if "pp" in hide else "; PP8×6 8 stages of 6 virtual stages each "
+                "(interleaved schedule)") + "; b micro-batch size"
+             + ("" if "zero" in hide else "; Z ZeRO stage")
+             + ("" if "sp" in hide else "; SP sequence parallelism")
+             + ("" if "recompute" in hide else "; none/sel/full recomputation")
+             + ("" if "schedule" in hide else "; 1f1b/gpipe the schedule of a plan without "
+                "virtual stages")]
     if frame.attrs.get("objective") == "cost":
         cur = frame.attrs.get("currency", "USD")
         price = frame.attrs.get("price_per_gpu_hour")
@@ -55,7 +99,7 @@ def _context_columns(frame) -> list[str]:
 
 def _rows(frame, exact: bool, front: bool) -> tuple[list[str], list[list[str]]]:
     """Column names and every row's cells as text."""
-    extra = _context_columns(frame)
+    extra, hide = _context_columns(frame), hidden_parts(frame)
     gpus = frame["gpus"].nunique() > 1
     cost = frame.attrs.get("objective") == "cost"
     des = "des_iteration_time_s" in frame
@@ -65,7 +109,7 @@ def _rows(frame, exact: bool, front: bool) -> tuple[list[str], list[list[str]]]:
     rows = []
     for row in frame.to_dict(orient="records"):
         cells = [str(row["rank"]), *(("*" if row["pareto"] else "",) if front else ()),
-                 plan_label(row, extra), *([str(row["gpus"])] if gpus else []),
+                 plan_label(row, extra, hide=hide), *([str(row["gpus"])] if gpus else []),
                  format_time(row["iteration_time_s"]), format_percent(row["mfu"]),
                  format_bytes(row["memory_per_device_bytes"])]
         if cost:
@@ -118,8 +162,9 @@ def plan_text_frame(frame):
     selective``), its position in the grid as ``plan_index``; the other columns as they are
     (SI units, named by config path or with the unit in the name)."""
     out = frame.copy()
-    extra = _context_columns(frame)
-    labels = [plan_label(row, extra, short=False) for row in frame.to_dict(orient="records")]
+    extra, hide = _context_columns(frame), hidden_parts(frame)
+    labels = [plan_label(row, extra, short=False, hide=hide)
+              for row in frame.to_dict(orient="records")]
     out.insert(list(out.columns).index("plan") + 1, "plan_index", out["plan"])
     out["plan"] = labels
     out.attrs = dict(frame.attrs)
