@@ -6,7 +6,10 @@ Range syntax (:func:`parse_values`), the value part of ``PATH=VALUES``:
 * when the last item carries a unit, every bare number before it takes the same unit:
   ``100,200,400 Gb/s`` is ``100 Gb/s, 200 Gb/s, 400 Gb/s`` (``10 Gb/s,1 GB/s`` mixes units);
 * an inclusive integer range ``START:STOP[:STEP]``: ``1:8`` is 1, 2, …, 8, ``0:12:4`` is
-  0, 4, 8, 12, and ``1:64:*2`` is geometric: 1, 2, 4, …, 64.
+  0, 4, 8, 12, and ``1:64:*2`` is geometric: 1, 2, 4, …, 64;
+* a YAML flow list of values, for values that are lists or mappings themselves:
+  ``[[1,1,1],[2,2,1]]`` (CosmoFlow spatial grids), ``[megatron-core-2024, {stack:
+  deepspeed, what_if: true}]``.
 
 A range's length is counted against ``Limits.axis_values`` before it is expanded.
 """
@@ -25,7 +28,8 @@ __all__ = ["parse_range", "parse_ranges", "parse_values", "SweepError", "RANGE_F
 RANGE_FORMS = ("a comma list of YAML values (1,2,4 or ring,tree or true,false), where a unit "
                "on the last item applies to every bare number (100,200,400 Gb/s), or an "
                "inclusive integer range START:STOP[:STEP] (1:8 is 1..8, 0:12:4 is 0,4,8,12, "
-               "1:64:*2 is 1,2,4,...,64)")
+               "1:64:*2 is 1,2,4,...,64), or a YAML flow list of values that are lists or "
+               "mappings ([[1,1,1],[2,2,1]])")
 
 _INT_RANGE = re.compile(r"^\s*([-+]?\d+)\s*:\s*([-+]?\d+)\s*(?::\s*(\*?)\s*(\d+)\s*)?$")
 _WITH_UNIT = re.compile(r"^\s*[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?\s*"
@@ -111,6 +115,8 @@ def parse_values(spec: str, option: str = "--set-range", limits: Any = None) -> 
     from .limits import check_budget
 
     spec = str(spec)
+    if spec.lstrip().startswith("["):
+        return _flow_list(spec, option, limits)
     numbers = _int_range(spec, option, limits)
     if numbers is not None:
         return numbers
@@ -141,6 +147,25 @@ def parse_values(spec: str, option: str = "--set-range", limits: Any = None) -> 
         seen.add(key)
     else:
         twice = None
+    if twice is not None:
+        raise _refuse(option, f"the value {twice!r} is given twice")
+    return values
+
+
+def _flow_list(spec: str, option: str, limits: Any) -> list[Any]:
+    """A YAML flow list of values (which may be lists or mappings), each given once."""
+    from .documents import DocumentError, parse_yaml
+    from .limits import check_budget
+
+    try:
+        values = parse_yaml(spec, f"{option} list")
+    except DocumentError:
+        raise _refuse(option, f"{spec.strip()!r} is not a YAML list") from None
+    if not isinstance(values, list) or not values:
+        raise _refuse(option, f"{spec.strip()!r} is not a non-empty YAML list")
+    check_budget({"axis_values": len(values)}, limits, option)
+    seen = [repr(v) for v in values]
+    twice = next((v for i, v in enumerate(values) if repr(v) in seen[:i]), None)
     if twice is not None:
         raise _refuse(option, f"the value {twice!r} is given twice")
     return values

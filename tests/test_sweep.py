@@ -59,7 +59,7 @@ def test_accepted_range_forms(spec, values):
     ("0:8:*2", "factor >= 2"), ("1:8:*1", "factor >= 2"),
     ("1.5:3", "is not an integer range"), ("1:8,16", "is not an integer range"),
     ("1:30 Gb/s", "integers without a unit"),
-    ("ring,100 Gb/s", "'ring' is not one"), ("[1,2]", "not a scalar"), ("{a: 1}", "not a scalar"),
+    ("ring,100 Gb/s", "'ring' is not one"), ("1,[2,3]", "not a scalar"), ("{a: 1}", "not a scalar"),
 ])
 def test_bad_ranges_are_refused_naming_the_allowed_forms(spec, problem):
     with pytest.raises(SweepError) as exc:
@@ -224,3 +224,16 @@ def test_the_api_name_stays_the_function_after_the_module_is_imported():
     import ddlsim.sweeps  # noqa: F401 — a submodule named "sweep" would shadow the function
 
     assert ddlsim.sweep is ddlsim.sweeps.sweep
+
+
+def test_a_yaml_flow_list_gives_values_that_are_lists_or_mappings():
+    """``[[1,1,1],[2,2,1]]``: values a comma list cannot write (CosmoFlow spatial grids, a
+    software stack with overrides), each given once."""
+    from ddlsim.ranges import parse_values
+    assert parse_values("[[1,1,1],[2,2,1]]") == [[1, 1, 1], [2, 2, 1]]
+    assert parse_values("[megatron-core-2024, {stack: deepspeed, what_if: true}]") == \
+        ["megatron-core-2024", {"stack": "deepspeed", "what_if": True}]
+    for bad, words in (("[[1,1,1],[1,1,1]]", "given twice"), ("[]", "non-empty"),
+                       ("[[1,1", "not a YAML list")):
+        with pytest.raises(SweepError, match=words):
+            parse_values(bad)
