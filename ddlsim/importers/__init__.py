@@ -177,10 +177,14 @@ def _finish(fields: dict[str, Any], overrides: tuple[str, ...],
         build_config(config)    # refused here as predict would refuse it
     except ConfigError as exc:
         missing = "Field required" in str(exc) or "section" in str(exc)
+        devices = "data_parallel_size" in str(exc) or "devices" in str(exc)
+        nodes = system.get("nodes")
         raise type(exc)(f"the imported config: {exc}" + (
             ". Give what the sources do not say with --set (e.g. --set model.preset="
             "llama-3-8b, --set train.seq_length=4096) or another source (a Hugging Face "
-            "model folder)" if missing else "")) from None
+            "model folder)" if missing else "") + (
+            f" (the import has system.nodes = {nodes}: --nodes N imports the plan for a "
+            "cluster of N nodes)" if devices and not missing else "")) from None
     return config
 
 

@@ -170,6 +170,17 @@ def test_the_launcher_gives_the_nodes_and_nodes_replaces_it(tmp_path):
     assert _imported(tmp_path, BASE, nodes=4)["system"]["nodes"] == 4
 
 
+def test_a_plan_larger_than_the_launchers_nodes_names_the_nodes_option(tmp_path):
+    """Megatron-LM's example scripts launch one node and set a plan for many (the GPT-3 175B
+    one: TP 8 × PP 16 with NUM_NODES=1): the refusal says how to import for more nodes."""
+    with pytest.raises(ConfigError, match=r"system.nodes = 2: --nodes N imports the plan"):
+        _imported(tmp_path, BASE, "--tensor-model-parallel-size 8",
+                  "--pipeline-model-parallel-size 4")
+    cfg = _imported(tmp_path, BASE, "--tensor-model-parallel-size 8",
+                    "--pipeline-model-parallel-size 4", nodes=4)
+    assert cfg["system"]["nodes"] == 4
+
+
 def test_notes_say_what_became_of_every_argument():
     draft = read_megatron("python pretrain_gpt.py --lr 1e-4 --clip-grad 1.0 --fp16", "x.sh")
     notes = dict(draft.notes)
