@@ -138,17 +138,18 @@ def parse_values(spec: str, option: str = "--set-range", limits: Any = None) -> 
         values: list[Any] = [f"{s} {unit['unit']}" if _NUMBER.match(s) else s for s in items]
     else:
         values = [_scalar(s, option) for s in items]
+    return _once(values, option)
+
+
+def _once(values: list[Any], option: str) -> list[Any]:
+    """``values``, refused where one is given twice (by type and value: 1, true and 1.0 are
+    three values; lists and mappings by their text)."""
     seen: set = set()
-    for v in values:  # scalars: (type, value) tells 1 from true and 1.0
-        key = (type(v).__name__, v)
+    for v in values:
+        key = (type(v).__name__, repr(v))
         if key in seen:
-            twice = v
-            break
+            raise _refuse(option, f"the value {v!r} is given twice")
         seen.add(key)
-    else:
-        twice = None
-    if twice is not None:
-        raise _refuse(option, f"the value {twice!r} is given twice")
     return values
 
 
@@ -164,11 +165,7 @@ def _flow_list(spec: str, option: str, limits: Any) -> list[Any]:
     if not isinstance(values, list) or not values:
         raise _refuse(option, f"{spec.strip()!r} is not a non-empty YAML list")
     check_budget({"axis_values": len(values)}, limits, option)
-    seen = [repr(v) for v in values]
-    twice = next((v for i, v in enumerate(values) if repr(v) in seen[:i]), None)
-    if twice is not None:
-        raise _refuse(option, f"the value {twice!r} is given twice")
-    return values
+    return _once(values, option)
 
 
 def parse_range(text: str, option: str = "--set-range",

@@ -132,7 +132,7 @@ def _evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping
     devices = _context_devices(bases, _context_combinations(axes), base)
     fill = [min(d, constraints.max_gpus or d) for d in devices]
     # the fields are laid out flat for the plans the rules pass only (the rules read the grid)
-    plans = enumerate_plans(axes, fields, fill[0] if len(set(fill)) == 1 else fill, lazy=True)
+    plans = enumerate_plans(axes, fields, fill, lazy=True)
     verdicts = Rejections(plans.shape)
     reject = verdicts.reject
     good = [None if isinstance(c, ConfigError) else c for c in ctx_cfgs]
@@ -147,8 +147,7 @@ def _evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping
         reject(text, mask)
     # the config's own rules (on the plans still pending), then the batch arithmetic
     for text, mask in [*group_rules(plans, good, bases, sections, True, verdicts.pending),
-                       *plan_rules(plans, good, devices[0] if len(set(devices)) == 1
-                                   else devices, constraints.max_gpus, True)]:
+                       *plan_rules(plans, good, devices, constraints.max_gpus, True)]:
         reject(text, mask)
     # a context whose config fails on the neutral plan alone: its plans judged by the config
     judge_failed_contexts(plans, ctx_cfgs, verdicts.free, reject, build, family.prepare)

@@ -178,9 +178,10 @@ def enumerate_plans(axes: Mapping[str, Sequence[Any]], base: Mapping[str, Any],
 
 
 def _per_context(devices: int | Sequence[int], ctx: np.ndarray) -> int | np.ndarray:
-    """``devices`` as one count, or each plan's context's count laid on ``ctx``."""
-    if np.ndim(devices) == 0:
-        return int(devices)
+    """``devices`` as one count where every context has it, else each plan's context's
+    count laid on ``ctx``."""
+    if np.ndim(devices) == 0 or len(set(devices)) == 1:
+        return int(np.ravel(devices)[0])
     return np.asarray(devices, dtype=np.int64)[ctx]
 
 

@@ -57,10 +57,10 @@ def hidden_parts(frame) -> frozenset[str]:
         return frozenset(hide)
     hide |= {name for name, path in (("sp", "parallel.sequence_parallel"),
                                     ("recompute", "train.recompute")) if path not in fields}
-    for name, path, plain in (("tp", "parallel.tensor_model_parallel_size", 1),
-                              ("pp", "parallel.pipeline_model_parallel_size", 1),
-                              ("zero", "parallel.zero_stage", 0)):
-        if (frame[path] == plain).all():
+    for name, path, default in (("tp", "parallel.tensor_model_parallel_size", 1),
+                                ("pp", "parallel.pipeline_model_parallel_size", 1),
+                                ("zero", "parallel.zero_stage", 0)):
+        if (frame[path] == default).all():
             hide.add(name)
     return frozenset(hide)
 

@@ -18,13 +18,21 @@ from __future__ import annotations
 
 from .result import ClassTiming
 
-__all__ = ["NOT_COMM", "HOST", "attribute_gap", "split_gaps", "book", "finish_class"]
+__all__ = ["NOT_COMM", "HOST", "stream_kinds", "attribute_gap", "split_gaps", "book", "finish_class"]
 
 #: ``why`` labels whose waits are never exposed communication.
 NOT_COMM = frozenset({"", "bubble", "compute", "host"})
 #: The label of a compute op on the ``host`` stream (the host's launches, Python and syncs):
 #: the device's idle time waiting for one is :attr:`~ddlsim.simulator.result.Breakdown.host_s`.
 HOST = "host"
+
+
+def stream_kinds(streams: dict[str, int]) -> dict[int, str]:
+    """The kinds :func:`finish_class` starts from, per stream id of ``streams`` (name → id):
+    :data:`HOST` for the host stream, which carries the host's work and no collective, so
+    its run past the device is the wait for the host; the other streams take the kind of
+    their last collective as they run."""
+    return {sid: HOST for name, sid in streams.items() if name == HOST}
 
 
 def attribute_gap(T: ClassTiming, gap: float, why: str, why_dur: float) -> None:

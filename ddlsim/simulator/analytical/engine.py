@@ -27,7 +27,7 @@ from ...errors import DeadlockError
 from ...workloads.trace import Workload
 from ..costs import CostModel
 from ..result import ClassTiming, EngineRun
-from ..timing import split_gaps
+from ..timing import split_gaps, stream_kinds
 from . import maxplus
 from .instructions import lower
 from .interpreter import State, run_class, run_step
@@ -61,7 +61,7 @@ def simulate_analytical(workload: Workload, cost: CostModel, *,
     from ..hostcollectives import on_compute_cores
     workload = on_compute_cores(workload, cost.system)  # a CPU rank's collectives: its cores
     programs, streams, choices = lower(workload, cost)
-    st = State(len(programs), len(streams))
+    st = State(len(programs), len(streams), stream_kinds(streams))
     if record_spans:
         from .spans import SpanRecorder
         st.rec = SpanRecorder(len(programs))

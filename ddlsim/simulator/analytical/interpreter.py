@@ -15,7 +15,7 @@ import math
 from collections import defaultdict
 
 from ..result import ClassTiming
-from ..timing import HOST, attribute_gap, book, finish_class
+from ..timing import attribute_gap, book, finish_class
 from .instructions import COLL, COMPUTE, RECV, SEND, WAIT, Instr, Program
 
 __all__ = ["State", "run_class", "run_step"]
@@ -26,9 +26,12 @@ _INF = math.inf
 class State:
     """What the scheduler keeps between resumptions of the classes."""
 
-    def __init__(self, n_cls: int, n_streams: int):
+    def __init__(self, n_cls: int, n_streams: int, kinds: dict[int, str] | None = None):
         self.free = [[0.0] * n_streams for _ in range(n_cls)]
-        self.kind = [[""] * n_streams for _ in range(n_cls)]
+        kind = [""] * n_streams   # each stream's last kind (finish_class), the host's preset
+        for sid, k in (kinds or {}).items():
+            kind[sid] = k
+        self.kind = [list(kind) for _ in range(n_cls)]
         self.pos = [[0, 0] for _ in range(n_cls)]            # per class: step, instruction
         self.local: list[list[tuple[float, str, float]]] = [[] for _ in range(n_cls)]
         self.occ = [defaultdict(int) for _ in range(n_cls)]  # collective key → times done
@@ -125,8 +128,6 @@ def run_step(ci: int, instrs: tuple[Instr, ...], mb: int, oi: int, fr: list[floa
         fr[sid] = end = f + dur
         if code == COMPUTE:
             book(T, sid == 0, label, True, dur, flops, 0.0)
-            if label == HOST:   # the host stream: what it ends with (finish_class)
-                sk[sid] = label
         elif code == COLL:
             book(T, sid == 0, label, False, dur, 0.0, nbytes)
             sk[sid] = label

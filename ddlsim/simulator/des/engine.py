@@ -28,7 +28,7 @@ from ...errors import DeadlockError
 from ...workloads.trace import Workload
 from ..costs import CostModel
 from ..result import ClassTiming
-from ..timing import HOST, attribute_gap, book, finish_class
+from ..timing import attribute_gap, book, finish_class, stream_kinds
 from .network import FlowNetwork
 from .p2p import P2PMatcher
 from .program import COLL, COMPUTE, WAIT, ClassProgram, Instr, rendezvous_components, resolve
@@ -94,7 +94,9 @@ class _Engine:
                                    shortcuts=shortcuts)
         routes = RouteTable(topology, self.network)
         self.programs, self.streams, self.choices = resolve(workload, cost)
-        self.states = [ClassState(i, p, spans=[] if record_spans else None)
+        kinds = stream_kinds(self.streams)   # the host stream's, preset (finish_class)
+        self.states = [ClassState(i, p, stream_kind=dict(kinds),
+                                  spans=[] if record_spans else None)
                        for i, p in enumerate(self.programs)]
         self.records: list[FlowRecord] | None = [] if record_flows else None
         self.collectives = Collectives(self, cost, routes, devices,
@@ -168,8 +170,6 @@ class _Engine:
                 if ins.duration_s > 0:
                     yield env.timeout(ins.duration_s)
                 book(st.timing, sid == 0, ins.label, True, ins.duration_s, ins.flops, 0.0)
-                if ins.label == HOST:   # the host stream: what it ends with (finish_class)
-                    st.stream_kind[sid] = ins.label
             elif code == COLL:
                 if not issue.ended:
                     st.at[sid] = (flat, "collective")
