@@ -17,10 +17,12 @@ Megatron-Core's expert-parallel communication overlap is set per row as the reci
 (``a2a_overlap``: Bridge's moe_a2a_overlap, i.e. overlap_moe_expert_parallel_comm with
 delay_wgrad_compute, the combined 1F1B schedule that runs one micro-batch's dispatch/combine
 all-to-alls beside another micro-batch's compute: docs/moe.md). What the runs do that is not
-modelled, on every row (the "not modelled" column; docs/moe.md, "The layer's kernels, and what
-validate_moe leaves open", checks each recipe setting): the distributed optimizer's overlapped
-parameter all-gather (ddlsim refuses that overlap with EP > 1, so the gather after the step is
-exposed). The router runs as each source sets it (:data:`BRIDGE_ROUTER`, :data:`ZOO_ROUTER`:
+modelled are in the "not modelled" column (docs/moe.md, "The layer's kernels, and what
+validate_moe leaves open", checks each recipe setting). The distributed optimizer's parameter
+all-gather overlaps the next forward as the recipes run it (``--overlap-param-gather``; the
+dense buffer's and the experts' own, each but its first bucket: decoder/param_gather.py; until
+2026-11-30 ddlsim refused that overlap with EP > 1 and the rows ran with the gather exposed,
+each row then 0-0.6 % slower). The router runs as each source sets it (:data:`BRIDGE_ROUTER`, :data:`ZOO_ROUTER`:
 its top-k, load-balancing loss and the loss's all-reduce over TP × CP, fused or not;
 ``decoder/moe_router.py``). The tables'
 FP8-CS runs with Transformer Engine's current scaling (``fp8_recipe: te_current``: its amax
@@ -176,9 +178,10 @@ def _run(row: dict, expert_tp: int, moe: dict, train: dict, kernels: dict) -> di
     parallel = {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
                 "context_parallel_size": cp, "expert_model_parallel_size": ep,
                 "expert_tensor_parallel_size": expert_tp, "sequence_parallel": tp > 1,
-                # the recipes overlap the parameter all-gather too; ddlsim does not model that
-                # overlap with EP > 1 (docs/overlap.md) and refuses it: the gather is exposed
-                "zero_stage": 1, "overlap_grad_reduce": True, "overlap_param_gather": False,
+                # the recipes overlap the parameter all-gather too: the dense buffer's and
+                # the experts' own, each but its first bucket beside the first forward
+                # (decoder/param_gather.py, "Expert parallelism")
+                "zero_stage": 1, "overlap_grad_reduce": True, "overlap_param_gather": True,
                 "moe": {**DISPATCHERS[row["dispatcher_as_run"]], "grouped_gemm": True,
                         "permute_fusion": True, **moe}}
     if vp > 1:
@@ -212,7 +215,7 @@ def zoo_config(row: dict) -> dict:
     """A ModelZoo row's run config: the table's plan with the settings its scripts give
     (``data/modelzoo_h100_moe.csv``'s header) and its router (:data:`ZOO_ROUTER`; the
     long-context rows' fused): BF16, the overlap where the row ran it, the
-    distributed optimizer with both overlaps (the parameter gather exposed, as above), fp32
+    distributed optimizer with both overlaps, fp32
     gradient reduction (the stack's default with --bf16), TE cross-entropy fusion. Full
     recomputation where the table says ``full``; its ``norm, act`` is run_235b.sh's
     ``--recompute-granularity selective --recompute-modules moe_act layernorm``

@@ -12,8 +12,9 @@ settings its release's recipes give (the CSV's columns, read at the tag named in
 ``recipes_at``), on ``dgx-h100`` with the ``megatron-core-2025`` stack, as
 ``validate_moe.py`` runs its rows: expert TP 1 folded over TP x DP, the row's dispatcher,
 grouped GEMM and fused permutation, the fused router, the distributed optimizer with the
-gradient reduction overlapped (bf16: the recipes' grad_reduce_in_fp32 False) and the parameter
-gather exposed (ddlsim refuses that overlap with EP > 1), TE cross-entropy fusion, no dataset
+gradient reduction and the parameter gather overlapped (bf16: the recipes' grad_reduce_in_fp32
+False; the gather's overlap, refused with EP > 1 until 2026-11-30, is modelled since:
+decoder/param_gather.py), TE cross-entropy fusion, no dataset
 attention mask. Per row: precision (``fp8-cs``: Transformer Engine's current scaling), the
 expert-parallel overlap (Megatron-Core's combined 1F1B with delayed weight gradients), the
 recomputed modules, the router's balancing loss, forced balance, and token dropping
@@ -140,7 +141,7 @@ def config(row: dict) -> dict:
     parallel = {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
                 "context_parallel_size": cp, "expert_model_parallel_size": ep,
                 "expert_tensor_parallel_size": etp, "sequence_parallel": tp > 1,
-                "zero_stage": 1, "overlap_grad_reduce": True, "overlap_param_gather": False,
+                "zero_stage": 1, "overlap_grad_reduce": True, "overlap_param_gather": True,
                 "moe": _moe(row)}
     if vp > 1:
         parallel.update(schedule="interleaved", virtual_pipeline_model_parallel_size=vp)

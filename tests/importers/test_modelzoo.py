@@ -26,10 +26,10 @@ YAML = REPO / "model_configs" / "benchmarking" / "Qwen3-235B-A22B.yaml"
 #: tokenizer's vocabulary (Qwen3's config.json: 151,936, a multiple of the YAML's
 #: --make-vocab-size-divisible-by 1187 x TP 2), TE's CUDA graphs (not modelled)
 IGNORE = ("tokenizer-type", "cuda-graph-impl", "cuda-graph-scope")
-#: ddlsim refuses, with EP > 1, the distributed optimizer's overlapped gather and TE's
-#: userbuffers TP overlap (modelled for dense models only), which the launcher turns on
-SET = ("model.vocab_size=151936", "parallel.tp_comm_overlap=off",
-       "parallel.overlap_param_gather=false")
+#: ddlsim refuses, with EP > 1, TE's userbuffers TP overlap (modelled for dense models
+#: only), which the launcher turns on (its overlapped parameter gather is modelled since
+#: 2026-11-30)
+SET = ("model.vocab_size=151936", "parallel.tp_comm_overlap=off")
 OPTIONS = {"system": "dgx-h100", "software": "megatron-core-2025", "ignore": IGNORE,
            "overrides": SET}
 

@@ -57,7 +57,7 @@ IMPORTED = {
     # Llama2Tokenizer: the vocabulary is the tokenizer's, given by the user
     "mlm__train_mixtral_8x7b_distributed.sh": (
         {**_H100, "nodes": 4, "ignore": ("tokenizer-type",),
-         "overrides": ("model.vocab_size=32000", "parallel.overlap_param_gather=false")},
+         "overrides": ("model.vocab_size=32000",)},
         {"parallel.tensor_model_parallel_size": 1, "parallel.pipeline_model_parallel_size": 4,
          "parallel.expert_model_parallel_size": 8, "parallel.zero_stage": 1,
          "train.micro_batch_size": 1, "train.global_batch_size": 256, "train.seq_length": 4096,
@@ -111,12 +111,11 @@ IMPORTED = {
          "system.software.stack": "torchtitan-2025"}),
     # followed into the checkout (zoo__repo: sbatch_benchmarking.sh, runtime.conf, the model
     # YAML); refused by name: the tokenizer (its vocabulary given), TE's CUDA graphs; ddlsim
-    # refuses the TP and param-gather overlaps with EP (test_modelzoo.py has the whole check)
+    # refuses the TP overlap with EP (test_modelzoo.py has the whole check)
     "zoo__run_h100_235b.sh": (
         {**_H100, "software": "megatron-core-2025", "repo": REAL / "zoo__repo",
          "ignore": ("tokenizer-type", "cuda-graph-impl", "cuda-graph-scope"),
-         "overrides": ("model.vocab_size=151936", "parallel.tp_comm_overlap=off",
-                       "parallel.overlap_param_gather=false")},
+         "overrides": ("model.vocab_size=151936", "parallel.tp_comm_overlap=off")},
         {"parallel.tensor_model_parallel_size": 2, "parallel.pipeline_model_parallel_size": 8,
          "parallel.virtual_pipeline_model_parallel_size": 4,
          "parallel.expert_model_parallel_size": 32, "parallel.expert_tensor_parallel_size": 1,

@@ -136,37 +136,61 @@ def _stage_blocks(b: StageBuilder, stage: int, modes: _Modes) -> dict[str, Block
             blocks.update(b.chunk_blocks(stage, c, sync))
         if modes.combined:
             blocks.update(combined.combined_blocks(b, stage, blocks, b.moe.delay_wgrad))
-    if plan.param_gather_overlap:   # all but the first bucket beside F0
-        params = b.stage_params(stage)
-        nbytes = param_gather.stage_bytes(b, stage, params)
-        bucket = param_gather.first_bucket(True, nbytes, plan.param_bucket_bytes)
-        # the later chunks' share, less what the update block's first bucket already holds
-        later = 0.0 if modes.combined else min(_later_chunks_bytes(b, stage, params),
-                                               nbytes - bucket)
-        first = nbytes - later       # chunk 0's parameters (the stage's, one chunk)
+    if plan.param_gather_overlap:   # all but the first bucket (of each buffer) beside F0
+        (dense, later), (expert, e_later) = _gathers(b, stage, modes.combined)
         blocks[param_gather.BLOCK] = param_gather.prologue_block(
-            blocks["F0"], b.grad_group, first - param_gather.first_bucket(
-                True, first, plan.param_bucket_bytes), b.dtype, later)
-        if later > 0:
+            blocks["F0"], b.grad_group, dense, b.dtype, later, expert, e_later)
+        streams = tuple(s for s, n in (("dp", later), ("edp", e_later)) if n > 0)
+        if streams:
             blocks[param_gather.waiting_block_name(b.v - 1)] = param_gather.waiting_block(
-                blocks[f"F{b.v - 1}"])
+                blocks[f"F{b.v - 1}"], streams)
     elif modes.staged:
         blocks[param_gather.BLOCK] = fsdp.pipeline_prologue(b, blocks["F0"], stage)
     return blocks
 
 
-def _later_chunks_bytes(b: StageBuilder, stage: int, params: float) -> float:
+def _gathers(b: StageBuilder, stage: int, combined_1f1b: bool
+             ) -> tuple[tuple[float, float], tuple[float, float]]:
+    """Bytes of ``stage``'s parameter gather beside ``F0`` and of its later chunks', for the
+    dense buffer and for the experts' own (0, 0 where the experts are not laid out apart):
+    each buffer's chunk-0 share less its first bucket, which the update block leaves exposed
+    (:func:`.param_gather.first_bucket`), and the later chunks' share less what that bucket
+    already holds (none under the combined 1F1B)."""
+    params = b.stage_params(stage)
+    expert = b.stage_expert_params(stage) if b.split_experts else 0.0
+    per = param_gather.gather_bytes_per_param(b.sw, b.plan.train_dtype, b.dt)
+    bucket = b.plan.param_bucket_bytes
+    out = []
+    for nbytes, later in (
+            (param_gather.stage_bytes(b, stage, params - expert),
+             _later_chunks_bytes(b, stage, params, expert)),
+            (expert * per, (expert - b.chunk_expert_params(stage, 0)) * per if expert else 0.0)):
+        later = 0.0 if combined_1f1b else min(later, nbytes - param_gather.first_bucket(
+            True, nbytes, bucket))
+        first = nbytes - later       # chunk 0's parameters (the stage's, one chunk)
+        out.append((first - param_gather.first_bucket(True, first, bucket), later))
+    return out[0], out[1]
+
+
+def _later_chunks_bytes(b: StageBuilder, stage: int, params: float,
+                        expert: float = 0.0) -> float:
     """Bytes of the parameter gather of ``stage``'s model chunks after the first (the
     interleaved schedule; 0 with one chunk): the stage's ``params`` less chunk 0's, its
     layers' share of the stage's layer parameters plus the input embedding on the first
     stage (:func:`.builder.with_edges`; the head is in the last chunk), in the gathered dtype
-    (:func:`.param_gather.stage_bytes`)."""
+    (:func:`.param_gather.stage_bytes`). With the routed experts laid out apart, ``expert``
+    of the stage's parameters are theirs (their own buffer): the rest is the dense buffer,
+    chunk 0's share of it its layers' dense parameters (attention, router, shared experts;
+    a dense layer's whole) over the stage's."""
     layers = b.split[stage]
     if b.v == 1 or len(layers) < 2 or sum(layers) == 0:
         return 0.0
+    params -= expert
+    share = (b.chunk_nonexpert_params(stage, 0) / b.chunk_nonexpert_params(stage)
+             if expert else layers[0] / sum(layers))
     first_layers = (params - with_edges(b.shape, b.part.param_split, 0.0, stage == 0,
                                         stage == b.pp - 1, b.pp))
-    chunk0 = with_edges(b.shape, b.part.param_split, first_layers * layers[0] / sum(layers),
+    chunk0 = with_edges(b.shape, b.part.param_split, first_layers * share,
                         stage == 0, False, b.pp)
     return max(0.0, param_gather.stage_bytes(b, stage, params - chunk0, first=False))
 

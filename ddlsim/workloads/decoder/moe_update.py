@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..trace import Block, Collective, Op, Wait
 from . import param_gather
-from .layerkinds import moe_layers_in_stage
+from .layerkinds import moe_layers_in_chunk, moe_layers_in_stage
 from .stage import StageBase
 
 __all__ = ["MoEUpdateOps"]
@@ -25,6 +25,23 @@ class MoEUpdateOps(StageBase):
         and the MoE layers' attention, router and shared experts."""
         L, n = sum(self.split[stage]), moe_layers_in_stage(self.shape, self.split, stage)
         return (L - n) * self.layer_rank_params(False)[0] + n * self.layer_rank_params(True)[0]
+
+    def chunk_nonexpert_params(self, stage: int, chunk: int | None = None) -> float:
+        """:meth:`_stage_nonexpert_layer_params` of model chunk ``chunk`` of ``stage`` (the
+        whole stage when None)."""
+        if chunk is None:
+            return self._stage_nonexpert_layer_params(stage)
+        L = self.split[stage][chunk]
+        n = moe_layers_in_chunk(self.shape, self.split, stage, chunk) if self.shape.is_moe else 0
+        return (L - n) * self.layer_rank_params(False)[0] + n * self.layer_rank_params(True)[0]
+
+    def chunk_expert_params(self, stage: int, chunk: int) -> float:
+        """Routed-expert parameters of model chunk ``chunk`` of ``stage`` on one rank
+        (:meth:`stage_expert_params` of its MoE layers)."""
+        if not self.shape.is_moe:
+            return 0.0
+        return (moe_layers_in_chunk(self.shape, self.split, stage, chunk)
+                * self.layer_rank_params(True)[1])
 
     def stage_expert_params(self, stage: int) -> float:
         """Routed-expert parameters held by one rank of ``stage``: ``E/EP`` experts of each
@@ -92,12 +109,15 @@ class MoEUpdateOps(StageBase):
         kept = 1 - self.split[0][0] / sum(self.split[0]) if moved else 1
         for grad in synced if zero < 3 else ():
             ops += self.ddp_pass_ops(grad, grad * kept)
-        if zero in (1, 2):
+        if zero in (1, 2):   # each buffer's gather, or its first bucket (.param_gather)
             per = param_gather.gather_bytes_per_param(self.sw, self.plan.train_dtype, self.dt)
+            on, bucket = self.plan.param_gather_overlap, self.plan.param_bucket_bytes
             ops += [Op(Collective("params.all_gather", "all_gather", self.grad_group,
-                                  param_gather.stage_bytes(self, stage, dense))),
+                                  param_gather.first_bucket(
+                                      on, param_gather.stage_bytes(self, stage, dense),
+                                      bucket))),
                     Op(Collective("params.expert.all_gather", "all_gather", "edp",
-                                  expert * per))]
+                                  param_gather.first_bucket(on, expert * per, bucket)))]
         anchored = tuple(Op(o.payload, o.stream, o.deps or (0,), o.repeat)
                          if o.stream != "compute" else o for o in ops)
         return Block("update", "optimizer", anchored)

@@ -42,8 +42,6 @@ def inactive_reasons(cfg: Any) -> dict[str, str]:
         out["overlap_param_gather"] = ("it needs the distributed optimizer (ZeRO-1/2 with "
                                        "dp_strategy 'ddp'; Megatron-LM asserts "
                                        "--use-distributed-optimizer)")
-    elif sw.overlap_param_gather and p.ep > 1:
-        out["overlap_param_gather"] = "it is not modelled with expert parallelism (EP > 1)"
     if sw.overlap_p2p_comm and p.pp == 1:
         out["overlap_p2p_comm"] = "pipeline_model_parallel_size is 1"
     elif sw.overlap_p2p_comm and p.schedule != "interleaved":

@@ -31,6 +31,18 @@ gather falls further behind the forwards chunk by chunk, as on a stage whose per
 outlasts its PP warm-up forwards of a chunk; otherwise those waits cost at most the last
 chunk's share). The later chunks' gather takes NCCL's SMs beside those forwards, not charged.
 
+**Expert parallelism.** Where the routed experts are laid out apart (EP > 1 or expert TP ≠
+TP, :mod:`.moe_update`), Megatron-Core (d7288711, ``distributed/distributed_data_parallel.py``)
+keeps their parameters in ``expert_parallel_buffers`` gathered over the expert data-parallel
+group (lines 294-303), with the same bucket size in elements (lines 63-65) and a bucket chain of
+their own (lines 237-247, per buffer). So each buffer's first bucket stays exposed in the update
+block and the rest of each runs beside ``F0``: the dense buffer's over the gradient group on
+``dp``, the experts' over ``edp`` on ``edp`` (:func:`prologue_block`'s ``expert_bytes``,
+``expert_later``). The experts' first bucket is really dispatched by the first expert module's
+pre-hook (``param_and_grad_buffer.py`` ``finish_param_sync``, lines 449-456), mid-way through the
+first MoE layer; left in the update block here, it takes the same time on the compute stream a
+layer earlier.
+
 **FP8 parameters** (``software.kernels.fp8_param_gather``, Megatron's ``--fp8-param-gather``):
 the linears' weights are Transformer Engine ``Float8Tensor`` objects, so the gather moves 1 byte per
 element of them (:func:`gather_bytes_per_param`; the buckets hold as many elements, so their bytes
@@ -61,10 +73,14 @@ BLOCK = "F0.pg"
 
 def active(cfg) -> bool:
     """Whether the stack's or plan's ``overlap_param_gather`` applies: ZeRO-1/2 under DDP
-    with DP > 1, a model without expert parallelism."""
+    with a gradient group (DP × CP) or, for experts laid out apart, an expert data-parallel
+    group of more than one rank."""
     p = cfg.parallel
-    return (bool(cfg.software.overlap_param_gather) and p.zero_stage in (1, 2)
-            and p.dp_strategy == "ddp" and cfg.dp * p.cp > 1 and p.ep == 1)
+    if not (cfg.software.overlap_param_gather and p.zero_stage in (1, 2)
+            and p.dp_strategy == "ddp"):
+        return False
+    apart = p.ep > 1 or p.etp != p.tp   # the experts' own layout (.moe_update)
+    return cfg.dp * p.cp > 1 or (apart and cfg.mesh.size("edp") > 1)
 
 
 def fp8_params(sw, train_dtype: str) -> bool:
@@ -175,15 +191,15 @@ def _first_send(ops: list[Op]) -> int:
     return sends[0] if sends else len(ops)
 
 
-def _with_contention(ops: list[Op], gather: Collective, dtype: str) -> list[Op]:
+def _with_contention(ops: list[Op], gathers: tuple[Collective, ...], dtype: str) -> list[Op]:
     """``ops`` with the contention op of their GEMMs before the first send beside the
-    overlapped ``gather`` (:func:`~ddlsim.workloads.smcontention.beside`) inserted there;
+    overlapped ``gathers`` (:func:`~ddlsim.workloads.smcontention.beside`) inserted there;
     unchanged where they first receive an activation (a later pipeline stage: the gather,
     issued at the block's start, runs while the stage waits for it, not beside its compute)."""
     at = _first_send(ops)
     if any(isinstance(o.payload, P2P) and o.payload.kind == "recv" for o in ops[:at]):
         return ops
-    extra = beside("params.all_gather", ops[:at], (gather,), dtype)
+    extra = beside("params.all_gather", ops[:at], gathers, dtype)
     if extra is None:
         return ops
     later = [Op(o.payload, o.stream, tuple(d + 1 if d >= at else d for d in o.deps), o.repeat)
@@ -192,7 +208,8 @@ def _with_contention(ops: list[Op], gather: Collective, dtype: str) -> list[Op]:
 
 
 def prologue_block(first: Block, group: str, nbytes: float, dtype: str,
-                   later_bytes: float = 0.0) -> Block:
+                   later_bytes: float = 0.0, expert_bytes: float = 0.0,
+                   expert_later: float = 0.0) -> Block:
     """``first`` (the stage's ``F0`` block) with the overlapped gather of ``nbytes`` issued
     at its start on the ``dp`` stream and a wait for it after its compute, before it sends
     its activation on: the forward cannot finish its layers before their parameters arrive,
@@ -200,24 +217,37 @@ def prologue_block(first: Block, group: str, nbytes: float, dtype: str,
     wait runs beside the gather and pays NCCL's SMs (a contention op, in the GEMMs'
     ``dtype``). ``later_bytes`` (the other model chunks' parameters, interleaved schedule) is
     gathered after it on the ``dp`` stream, issued at the block's end and waited for by
-    :func:`waiting_block` (module docstring)."""
-    gather = Collective("params.all_gather.overlapped", "all_gather", group, nbytes)
-    body = _with_contention(list(first.ops), gather, dtype)
-    body = [Op(o.payload, o.stream, tuple(d + 1 for d in o.deps), o.repeat) for o in body]
-    at = _first_send(body)                          # the wait goes before the first send
-    wait = at + 1                                   # its index once the gather is op 0
+    :func:`waiting_block` (module docstring).
+
+    ``expert_bytes`` and ``expert_later``: the same for the routed experts' own buffer
+    (experts laid out apart, :mod:`.moe_update`), gathered over ``edp`` on the ``edp``
+    stream beside the dense gather: Megatron-Core keeps them in ``expert_parallel_buffers``
+    with their own bucket chain (module docstring, "Expert parallelism")."""
+    gathers = [(Collective("params.all_gather.overlapped", "all_gather", group, nbytes), "dp")]
+    if expert_bytes > 0:
+        gathers.append((Collective("params.expert.all_gather.overlapped", "all_gather", "edp",
+                                   expert_bytes), "edp"))
+    n = len(gathers)
+    body = _with_contention(list(first.ops), tuple(c for c, _ in gathers), dtype)
+    body = [Op(o.payload, o.stream, tuple(d + n for d in o.deps), o.repeat) for o in body]
+    at = _first_send(body)                          # the waits go before the first send
+    waits = tuple(range(at + n, at + 2 * n))        # their indices once the gathers lead
 
     def shifted(o: Op) -> Op:
-        deps = tuple(d + 1 if d >= wait else d for d in o.deps)
+        deps = tuple(d + n if d >= at + n else d for d in o.deps)
         if isinstance(o.payload, P2P) and o.payload.kind == "send":
-            deps += (wait,)
+            deps += waits
         return Op(o.payload, o.stream, deps, o.repeat)
 
-    ops = [Op(gather, "dp")]
-    ops += [*body[:at], Op(Wait("params.gather.wait", "dp")), *(shifted(o) for o in body[at:])]
+    ops = [Op(c, stream) for c, stream in gathers]
+    ops += [*body[:at], *(Op(Wait(f"params.{'expert.' if s == 'edp' else ''}gather.wait", s))
+                          for _, s in gathers), *(shifted(o) for o in body[at:])]
     if later_bytes > 0:
         ops.append(Op(Collective("params.all_gather.later_chunks", "all_gather", group,
                                  later_bytes), "dp"))
+    if expert_later > 0:
+        ops.append(Op(Collective("params.expert.all_gather.later_chunks", "all_gather", "edp",
+                                 expert_later), "edp"))
     return Block(BLOCK, first.phase, tuple(ops))
 
 
@@ -227,14 +257,18 @@ def waiting_block_name(chunk: int) -> str:
     return f"F{chunk}.pg"
 
 
-def waiting_block(block: Block) -> Block:
-    """``block`` (the last model chunk's forward) with a wait for the ``dp`` stream before
+def waiting_block(block: Block, streams: tuple[str, ...] = ("dp",)) -> Block:
+    """``block`` (the last model chunk's forward) with a wait for each of ``streams`` (the
+    ``dp`` stream, and ``edp`` where the experts' later chunks are gathered there) before
     its ops: its first micro-batch cannot start its layers before the later chunks' gather
     (:func:`prologue_block`'s ``later_bytes``, issued first on that stream in the warm-up)
     has arrived."""
-    body = [Op(o.payload, o.stream, tuple(d + 1 for d in o.deps), o.repeat) for o in block.ops]
+    k = len(streams)
+    body = [Op(o.payload, o.stream, tuple(d + k for d in o.deps), o.repeat) for o in block.ops]
     name = waiting_block_name(int(block.name[1:]))
-    return Block(name, block.phase, (Op(Wait("params.gather.later_wait", "dp")), *body))
+    return Block(name, block.phase, (*(Op(Wait(
+        f"params.{'expert.' if s == 'edp' else ''}gather.later_wait", s)) for s in streams),
+        *body))
 
 
 def edge_params(b, stage: int, first: bool = True, last: bool = True) -> float:
