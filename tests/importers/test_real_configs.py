@@ -110,12 +110,12 @@ IMPORTED = {
          "train.seq_length": 4096, "parallel.zero_stage": 3, "train.recompute": "full",
          "system.software.stack": "torchtitan-2025"}),
     # followed into the checkout (zoo__repo: sbatch_benchmarking.sh, runtime.conf, the model
-    # YAML); refused by name: the tokenizer (its vocabulary given), TE's CUDA graphs; ddlsim
-    # refuses the TP overlap with EP (test_modelzoo.py has the whole check)
+    # YAML); refused by name: the tokenizer (its vocabulary given), TE's CUDA graphs
+    # (test_modelzoo.py has the whole check)
     "zoo__run_h100_235b.sh": (
         {**_H100, "software": "megatron-core-2025", "repo": REAL / "zoo__repo",
          "ignore": ("tokenizer-type", "cuda-graph-impl", "cuda-graph-scope"),
-         "overrides": ("model.vocab_size=151936", "parallel.tp_comm_overlap=off")},
+         "overrides": ("model.vocab_size=151936",)},
         {"parallel.tensor_model_parallel_size": 2, "parallel.pipeline_model_parallel_size": 8,
          "parallel.virtual_pipeline_model_parallel_size": 4,
          "parallel.expert_model_parallel_size": 32, "parallel.expert_tensor_parallel_size": 1,

@@ -138,7 +138,7 @@ class StageBuilder(MTPOps, GradSyncOps, MoEOps, MoEUpdateOps, HostSyncOps, EdgeO
     def _dense_layer_ops(self, backward: bool, repeat: int) -> list[Op]:
         """``repeat`` dense layers: the partitioner's loop, TP-overlapped layers, or the
         builder's ops repeated."""
-        overlap_on = not self.shape.is_moe and self.plan.tp_overlap is not None
+        overlap_on = self.plan.tp_overlap is not None
         if self.structured:
             overlap = (lambda body: tp_overlap.structured_body(self, backward, body)) \
                 if overlap_on else None
@@ -146,15 +146,14 @@ class StageBuilder(MTPOps, GradSyncOps, MoEOps, MoEUpdateOps, HostSyncOps, EdgeO
                 else self.shape.layer_params
             return [self.part.layers(backward, repeat, self.grad_accumulate_bytes(
                 params / self.part.param_split), overlap)]
+        if not self.shape.is_moe:
+            dense = self.bwd_layer if backward else self.fwd_layer
+        else:    # an MoE model's dense layers (DeepSeek's first ones)
+            dense = self.layer_backward(moe=False) if backward else self.layer_forward(moe=False)
         if overlap_on and (backward or self.plan.tp_overlap != "async"):
             # TE userbuffers, or the async backward: per-layer loop (the async forward
             # overlaps nothing and keeps the plain ops)
-            return [tp_overlap.overlapped_layers(
-                self, backward, repeat, self.bwd_layer if backward else self.fwd_layer)]
-        if not self.shape.is_moe:
-            return [Op(x, repeat=repeat) for x in
-                    (self.bwd_layer if backward else self.fwd_layer)]
-        dense = self.layer_backward(moe=False) if backward else self.layer_forward(moe=False)
+            return [tp_overlap.overlapped_layers(self, backward, repeat, dense)]
         return [Op(x, repeat=repeat) for x in dense]
 
     # ------------------------------------------------------------------ per-layer ops

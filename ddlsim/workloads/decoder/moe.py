@@ -6,9 +6,7 @@ rest over ``dp`` (ZeRO per group; these two in :mod:`.moe_update`). Mixed into
 :class:`~ddlsim.workloads.decoder.builder.StageBuilder`; the attributes these methods read
 (``shape``, ``part``, ``tp``, ``cp``, ``b``, ``s``, ``dt``, ``period``, ``moe``, …) are declared
 in :class:`.stage.StageBase`, the options resolved by :mod:`.moeplan`; docs/moe.md derives
-every size.
-
-One MoE layer's forward on one rank (alltoall dispatcher; Megatron-LM 9c1a5351
+every size. One MoE layer's forward on one rank (alltoall dispatcher; Megatron-LM 9c1a5351
 ``token_dispatcher.py`` ``MoEAlltoAllTokenDispatcher.token_permutation`` /
 ``token_unpermutation``, ``moe_layer.py`` ``MoELayer.forward``):
 
@@ -26,10 +24,8 @@ One MoE layer's forward on one rank (alltoall dispatcher; Megatron-LM 9c1a5351
 6. the reverse: un-sort, reduce-scatter over ``etp``, combine all-to-all, un-permute;
 7. shared experts (all-gather over TP, their GEMMs, reduce-scatter), after the routed experts
    or, with ``shared_expert_overlap``, beside the dispatch (the combine is not overlapped).
-
 The allgather dispatcher instead all-gathers the ``T·h`` hidden states over ``tp_ep`` (etp ×
-ep ranks), permutes the gathered tokens to the local experts, and reduce-scatters the output.
-"""
+ep ranks), permutes the gathered tokens to the local experts, and reduce-scatters the output."""
 
 from __future__ import annotations
 
@@ -37,7 +33,7 @@ from ...simulator.kernels.elementwise import layer_elementwise_parts
 from ...simulator.kernels.elementwise_backward import layer_elementwise_backward_parts
 from ...simulator.kernels.gemm import gemm_kernels_backward
 from ..trace import Collective, Compute, Kernel, Loop, Op, Wait
-from . import sequential_mlp
+from . import sequential_mlp, tp_overlap
 from .fp8linear import with_fp8_casts
 from .grouped_linear import te_grouped, te_grouped_experts
 from .layerkinds import attention_projections
@@ -242,22 +238,26 @@ class MoEOps(StageBase):
     # ------------------------------------------------------------------ the MoE layer
     def _attention(self, ops: OpList, tag: str, backward: bool) -> None:
         """qkv, the attention core (ring or all-gather over ``cp``) and proj, from the layer
-        partitioner, as a dense layer has them."""
+        partitioner, as a dense layer has them; with the plan's TP overlap, as Transformer
+        Engine's linears run it (:func:`.tp_overlap.attention_slice`)."""
         part, M = _MoECore(self.part), self.part.tokens
+        att = OpList() if self.plan.tp_overlap else ops
         # the fused QKV and proj, or MLA's four projections and its a·d_v output (.layerkinds)
         before, after = attention_projections(self.shape)
         if backward:
             for name, N, K, row in reversed(after):
-                part.gemm_backward(ops, f"bwd.{name}", M, N, K, row)
-            context.attention_backward(part, ops)
+                part.gemm_backward(att, f"bwd.{name}", M, N, K, row)
+            context.attention_backward(part, att)
             for name, N, K, row in reversed(before):
-                part.gemm_backward(ops, f"bwd.{name}", M, N, K, row)
-            return
-        for name, N, K, row in before:
-            part.gemm_forward(ops, f"{tag}.{name}", M, N, K, row)
-        context.attention_forward(part, ops, tag)
-        for name, N, K, row in after:
-            part.gemm_forward(ops, f"{tag}.{name}", M, N, K, row)
+                part.gemm_backward(att, f"bwd.{name}", M, N, K, row)
+        else:
+            for name, N, K, row in before:
+                part.gemm_forward(att, f"{tag}.{name}", M, N, K, row)
+            context.attention_forward(part, att, tag)
+            for name, N, K, row in after:
+                part.gemm_forward(att, f"{tag}.{name}", M, N, K, row)
+        if att is not ops:
+            ops.extend(tp_overlap.attention_slice(self, backward, att.ops))
 
     def _attn_elementwise(self, name: str, backward: bool) -> Compute:
         """The layer's non-MLP element-wise ops (its two norms, residual connections, rotary

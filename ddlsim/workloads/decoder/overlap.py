@@ -25,13 +25,15 @@ def inactive_reasons(cfg: Any) -> dict[str, str]:
         elif not p.sequence_parallel:
             why = ("it needs sequence_parallel (Megatron-LM arguments.py asserts it: TE "
                    "overlaps the SP all-gathers and reduce-scatters)")
+        elif cfg.model.num_local_experts and sw.tp_comm_overlap == "torch_async":
+            why = ("torch's async TP (torch_async) is modelled for dense models only")
         else:
-            why = ("it is modelled for dense models with 1-D tensor parallelism and ZeRO 0-2 "
-                   "or per-layer ZeRO-3 (FSDP)")
+            why = ("it is modelled with 1-D tensor parallelism and ZeRO 0-2 or per-layer "
+                   "ZeRO-3 (FSDP)")
         out["tp_comm_overlap"] = why
     if sw.tp_async_backward and p.tp > 1 and tp_overlap.mode(cfg) is None:
         out["tp_async_backward"] = (
-            "it is modelled for dense models with 1-D tensor parallelism and ZeRO 0-2")
+            "it is modelled with 1-D tensor parallelism and ZeRO 0-2")
     if sw.overlap_grad_reduce and p.zero_stage == 3:
         out["overlap_grad_reduce"] = ("ZeRO-3 reduce-scatters each layer's gradients within "
                                       "its backward (docs/overlap.md, ZeRO-3 / FSDP)")

@@ -30,7 +30,8 @@ contention op ``<gemm>.tp_overlap.sm_contention`` beside the GEMM
 overlaps); ``pipelined`` is its default (all of the above; Megatron-LM arguments.py,
 2024-06). Megatron asserts sequence parallelism with it; ddlsim applies it to dense layers of
 the 1-D plan, with or without context parallelism (otherwise inactive, or refused when the
-plan sets it: :mod:`.overlap`; with CP, per GEMM: :func:`structured_body`).
+plan sets it: :mod:`.overlap`; with CP, per GEMM: :func:`structured_body`), and to an MoE
+layer's attention linears (:func:`attention_slice`).
 
 In the trace each GEMM compute op ``G`` with its collectives becomes: the exposed chunks of
 the collectives feeding ``G`` (compute stream), the rest of every overlapped collective on
@@ -63,7 +64,7 @@ from . import torch_tp
 from .gemm_groups import gemm_groups
 
 __all__ = ["TE_COMM_SMS", "RS_SPLITS", "active", "mode", "overlapped_layers",
-           "structured_body"]
+           "structured_body", "attention_slice"]
 
 #: SMs of TransformerEngine's pipeline/bulk userbuffers kernels (``num_sm`` default, TE
 #: ``pytorch/module/base.py`` ``initialize_ub``)
@@ -77,17 +78,20 @@ def mode(cfg) -> str | None:
     ``tp_comm_overlap`` (``bulk``/``pipelined``: TE userbuffers; ``torch_async``: PyTorch's
     micro-pipelined TP, :mod:`.torch_tp`), else ``async`` with
     ``tp_async_backward`` (Megatron's NCCL overlap in the backward, with or without sequence
-    parallelism), else None (blocking). None too unless TP > 1, 1-D (with or without context
-    parallelism) and a dense model; under ZeRO-3 only ``tp_comm_overlap`` with per-layer (FSDP)
+    parallelism), else None (blocking). None too unless TP > 1 and 1-D (with or without context
+    parallelism); ``torch_async`` for a dense model only (an MoE model's attention linears
+    take the others: :func:`attention_slice`); under ZeRO-3 only ``tp_comm_overlap`` with per-layer (FSDP)
     units (torchtitan's async TP), never the async backward; the userbuffers modes need
     sequence parallelism as well (without it the NCCL path runs, as in Megatron when
     TransformerEngine's userbuffers are not set up)."""
     p, sw = cfg.parallel, cfg.software
-    if not (p.tp > 1 and p.tp_mode == "1d" and not cfg.model.num_local_experts):
+    if not (p.tp > 1 and p.tp_mode == "1d"):
         return None
     if p.zero_stage == 3 and sw.zero3_gather != "per_layer":
         return None
     if sw.tp_comm_overlap != "off" and p.sequence_parallel:
+        if cfg.model.num_local_experts and sw.tp_comm_overlap == "torch_async":
+            return None                # torch's async TP: modelled for dense models only
         return sw.tp_comm_overlap      # under ZeRO-3 too: FSDP's per-layer units (.fsdp)
     return "async" if sw.tp_async_backward and p.zero_stage != 3 else None
 
@@ -290,6 +294,31 @@ def _is_tp(op: Op) -> bool:
     p = op.payload
     return isinstance(p, Collective) and p.group == "tp" and op.stream == "compute" \
         and not op.deps
+
+
+def attention_slice(b, backward: bool, body: list[Op]) -> list[Op]:
+    """An MoE layer's attention ops (``qkv``, the core, ``proj`` and their TP collectives, one
+    op per linear GEMM from the partitioner: :meth:`.moe.MoEOps._attention`) with the plan's
+    overlap, as :func:`structured_body` lays a partitioner's layer out: Megatron-Core builds
+    an MoE layer's attention from the same Transformer Engine linears as a dense layer's
+    (``linear_qkv``, ``linear_proj`` with userbuffers ``qkv``/``proj``), while its experts'
+    ``GroupedLinear`` and its dispatcher's collectives have no such overlap. In the forward
+    the all-gather the partitioner emits after ``proj``'s reduce-scatter feeds the next
+    layer's ``qkv`` (sequence parallelism): moved before ``qkv``, as :func:`layer_body` moves
+    a layer's trailing ones. (Shared experts' ``fc1``/``fc2`` keep their collectives
+    blocking: not modelled.)"""
+    if not backward:
+        last = max((i for i, o in enumerate(body) if o.stream == "compute"
+                    and isinstance(o.payload, Compute)), default=-1)
+        moved = [o for o in body[last + 1:] if _is_tp(o)
+                 and (_role(o.payload, False, b.plan.tp_overlap) or ("",))[0] == "pre"]
+        if moved:
+            order = [*moved, *(o for o in body if not any(o is m for m in moved))]
+            at = {id(o): n for n, o in enumerate(order)}
+            new = [at[id(o)] for o in body]          # each op's index once reordered
+            body = [Op(o.payload, o.stream, tuple(new[d] for d in o.deps), o.repeat)
+                    for o in order]
+    return structured_body(b, backward, body)
 
 
 def structured_body(b, backward: bool, body: list[Op]) -> list[Op]:
