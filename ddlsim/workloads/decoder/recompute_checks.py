@@ -23,8 +23,10 @@ def check_modules(modules: tuple[str, ...], shape: Any, sw: Any, tp: int,
     silently), ``mla_up_proj`` without MLA and ``moe_act`` without grouped GEMM (d7288711
     transformer_config.py lines 1380-1389), and what is not modelled (``mlp``,
     ``shared_experts``, ``mla_up_proj`` under TP > 1; ``mlp``, ``mla_up_proj`` under context
-    parallelism ``cp`` > 1; ``moe``, or ``core_attn`` beside other modules, under the combined
-    1F1B; ``moe_plan``: the resolved MoE plan, None for a dense model).
+    parallelism ``cp`` > 1; ``core_attn`` beside other modules under the combined 1F1B), and
+    ``moe`` under the combined 1F1B, which Megatron-Core asserts against (d7288711
+    transformer_config.py lines 2109-2111); ``moe_plan``: the resolved MoE plan, None for a
+    dense model).
 
     Raises
     ------
@@ -70,10 +72,11 @@ def _refusal(name: str, modules: tuple[str, ...], shape: Any, tp: int, moe_plan:
         return ("'core_attn' beside other modules under parallel.moe.overlap_expert_parallel_"
                 "comm is not modelled (the combined 1F1B's layer nodes carry one recompute "
                 "op); give core_attn alone or the other modules without it")
-    if name == "moe" and a2a:
-        return ("'moe' with parallel.moe.overlap_expert_parallel_comm is not modelled (the "
-                "combined 1F1B's layer nodes do not carry the recomputed MoE block); drop "
-                "'moe' or the overlap")
+    if name == "moe" and a2a:   # a framework rule, not a modelling gap
+        return ("Megatron-Core cannot recompute 'moe' under parallel.moe.overlap_expert_"
+                "parallel_comm (Megatron-LM d7288711 transformer_config.py lines 2109-2111: "
+                "'disable moe in recompute_modules when enabling overlap_moe_expert_parallel_"
+                "comm'); drop 'moe' or the overlap")
     if name in ("mlp", "shared_experts", "mla_up_proj") and tp > 1:
         return (f"{name!r} is modelled with tensor_model_parallel_size 1 only (TP is {tp}: "
                 "its recomputed forward re-runs TP collectives); use TP 1 or drop the module")
