@@ -32,6 +32,8 @@ Checkpoint = Literal["reentrant", "non_reentrant", "non_reentrant_early_stop"]
 #: when the model repeats K and V to the query heads before the attention core
 #: (:func:`ddlsim.simulator.kernels.repeat_kv.expands_kv`)
 RepeatKV = Literal["always", "unfused_kernels", "never"]
+#: the framework's default split of the layers over the pipeline's virtual stages
+PipelineSplit = Literal["even", "torchtitan-2024", "torchtitan-2025"]
 #: where a micro-batch's dense attention mask comes from
 #: (:mod:`ddlsim.workloads.decoder.batch_input`)
 BatchMask = Literal["dataloader", "device", "none"]
@@ -202,6 +204,12 @@ class KernelSpec(_Strict):
                                   "GEMM each, and autograd sums their input gradients "
                                   "(simulator/kernels/autograd.py); false: fused QKV and "
                                   "gated fc1 GEMMs (Megatron)")
+    pipeline_split: PipelineSplit | None = Field(
+        default=None, description="how the framework splits the transformer layers over the "
+                                  "pipeline's virtual stages when the plan gives no split of "
+                                  "its own: even (Megatron's L / (PP·VPP), refused where it "
+                                  "does not divide), or torchtitan's own uneven rule of 2024 "
+                                  "or 2025 (workloads/decoder/titan_split.py)")
     repeat_kv: RepeatKV | None = Field(
         default=None, description="under grouped-query attention the model repeats K and V "
                                   "to the query heads before the attention core: always "

@@ -77,13 +77,25 @@ def test_virtual_stage_k_is_chunk_k_div_pp_of_rank_k_mod_pp():
     assert chunk_layers(cfg) == ((2, 4), (3, 1))
 
 
-def test_the_even_split_given_is_the_default_and_an_uneven_one_moves_the_time():
+def test_the_default_is_the_stacks_own_split_and_another_one_moves_the_time():
+    """On torchtitan-2025 a plan without a split gets torchtitan's own (8 layers over 4
+    virtual stages: 2, 3, 2, 1; the stack's ``pipeline_split``), as given outright; the even
+    split, given or as the stack's rule ``even``, times otherwise (until 2026-11-30 the
+    default was the even one)."""
     d = copy.deepcopy(BASE)
     d["model"]["num_hidden_layers"] = 8
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        even = ddlsim.predict(d).iteration_time_s
+        default = ddlsim.predict(d).iteration_time_s
+        d["parallel"]["layers_per_virtual_stage"] = split_2025(8, 4)
+        assert split_2025(8, 4) == [2, 3, 2, 1]
+        assert ddlsim.predict(d).iteration_time_s == default
         d["parallel"]["layers_per_virtual_stage"] = [2, 2, 2, 2]
+        even = ddlsim.predict(d).iteration_time_s
+        assert even != default
+        del d["parallel"]["layers_per_virtual_stage"]
+        d["system"]["software"] = {"stack": "torchtitan-2025",
+                                   "kernels": {"pipeline_split": "even"}}
         assert ddlsim.predict(d).iteration_time_s == even
     # the same 10 layers: rank 0 holds 4 + 4 of them in one split, 2 + 2 in the other
     assert ddlsim.predict(config([4, 1, 4, 1])).iteration_time_s > \

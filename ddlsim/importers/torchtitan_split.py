@@ -1,22 +1,10 @@
 """How torchtitan splits a decoder's transformer layers over its virtual pipeline stages,
-as ``parallel.layers_per_virtual_stage`` (``ddlsim/workloads/decoder/split.py``).
-
-* **2024** (torchtitan 9dec370 ``torchtitan/parallelisms/pipelining_utils.py``
-  ``generate_split_points``, lines 18-57): ``PP`` stages for a single-stage schedule (1F1B,
-  GPipe), ``2·PP`` for a multi-stage one (Interleaved1F1B); with ``L`` layers over ``S``
-  stages, the first stage gets ``L // S``, each middle stage ``L // S + 1`` while the
-  remainder ``L mod S`` lasts, then ``L // S``, and the last stage what is left.
-* **2025** (torchtitan 07c00d9 ``torchtitan/distributed/pipeline_parallel.py``
-  ``generate_llm_fqn_per_model_part``, lines 127-226, with the stage count of
-  ``torchtitan/models/llama3/infra/pipeline.py`` lines 64-110): the embedding counts as
-  ``pipeline_parallel_first_stage_less_layers`` layers and the norm and output as
-  ``pipeline_parallel_last_stage_less_layers`` (1 each by default); ``S`` is
-  ``ceil((L + first + last) / pipeline_parallel_layers_per_stage)`` when that is given, else
-  ``PP`` or ``2·PP``; the ``L + first + last`` effective layers split evenly, the first
-  ``(L + first + last) mod S`` stages one more, and the first (last) stage gives up ``first``
-  (``last``) of its share.
-
-Llama 3.1 405B's 126 layers over 16 virtual stages are ``7, 8, …, 8, 7`` by both.
+as ``parallel.layers_per_virtual_stage`` (``ddlsim/workloads/decoder/split.py``): the split
+rules of 2024 and 2025 are :mod:`ddlsim.workloads.decoder.titan_split`'s (a torchtitan
+stack's default split too); the stage count is ``PP`` for a single-stage schedule (1F1B,
+GPipe) and ``2·PP`` for a multi-stage one (Interleaved1F1B), or in 2025 (torchtitan 07c00d9
+``torchtitan/models/llama3/infra/pipeline.py`` lines 64-110)
+``ceil((L + first + last) / pipeline_parallel_layers_per_stage)`` when that is given.
 
 A split the run gives itself: 9dec370's ``[experimental] pipeline_parallel_split_points``
 (``layers.N`` begins a stage: ``pipeline_llama.py`` lines 70-72) and 07c00d9's ``[parallelism]
@@ -29,38 +17,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..workloads.decoder.titan_split import split_2024, split_2025
+
 __all__ = ["split_2024", "split_2025", "virtual_stages_2025", "split_from_points",
            "split_from_fqns", "run_split"]
-
-
-def split_2024(layers: int, stages: int) -> list[int]:
-    """Transformer layers of each of ``stages`` virtual stages, torchtitan 9dec370's split
-    (module docstring).
-
-    Parameters
-    ----------
-    layers, stages : int
-        The model's transformer layers and the virtual stages.
-
-    Returns
-    -------
-    list of int
-        Layers per virtual stage, in stage order.
-
-    Raises
-    ------
-    ValueError
-        If there are more stages than layers (torchtitan raises it too).
-    """
-    if stages > layers:
-        raise ValueError(f"{stages} pipeline stages for {layers} layers: torchtitan needs at "
-                         "least one layer per stage")
-    base, extra = divmod(layers, stages)
-    out = [base]
-    for _ in range(1, stages - 1):
-        out.append(base + 1 if extra > 0 else base)
-        extra -= 1 if extra > 0 else 0
-    return out + [layers - sum(out)] if stages > 1 else [layers]
 
 
 def virtual_stages_2025(layers: int, pp: int, multi_stage: bool, per_stage: int | None,
@@ -82,44 +42,6 @@ def virtual_stages_2025(layers: int, pp: int, multi_stage: bool, per_stage: int 
                          f"{'multi' if multi_stage else 'single'}-stage schedule needs "
                          f"{'two or more' if multi_stage else 'exactly one'}")
     return stages
-
-
-def split_2025(layers: int, stages: int, first: int = 1, last: int = 1) -> list[int]:
-    """Transformer layers of each of ``stages`` virtual stages, torchtitan 07c00d9's split
-    with the embedding weighing ``first`` layers and the output ``last`` (module docstring).
-
-    Parameters
-    ----------
-    layers, stages : int
-        The model's transformer layers and the virtual stages.
-    first, last : int
-        ``pipeline_parallel_first/last_stage_less_layers``.
-
-    Returns
-    -------
-    list of int
-        Layers per virtual stage, in stage order.
-
-    Raises
-    ------
-    ValueError
-        Where torchtitan raises (empty stages, a weight above a stage's share).
-    """
-    if stages == 1:
-        return [layers]
-    effective = layers + first + last
-    base, extra = divmod(effective, stages)
-    if base == 0 or first > base or last > base:
-        raise ValueError(f"{layers} layers (+{first} for the embedding, +{last} for the "
-                         f"output) over {stages} pipeline stages leave {base} per stage: "
-                         "torchtitan refuses it")
-    out, left = [], layers
-    for k in range(stages):
-        share = base + (1 if k < extra else 0)
-        share -= first if k == 0 else last if k == stages - 1 else 0
-        out.append(min(share, left))
-        left -= out[-1]
-    return out
 
 
 def _layer_index(name: Any, where: str) -> int:

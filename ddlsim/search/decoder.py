@@ -77,6 +77,11 @@ class DecoderVectors(DataParallelTerms):
                               "per model chunk and does not model Megatron-Core's uneven "
                               "pipeline splits; use ddlsim sweep (the exact engine) to compare "
                               "such plans, or remove the option to search even splits")
+        if cfg.software.pipeline_split != "even":   # a ConfigError: searched exactly
+            raise ConfigError(f"system.software = {cfg.software.name!r} splits the layers "
+                              f"over pipeline stages by {cfg.software.pipeline_split}'s own "
+                              "(uneven) rule, which the vectorised search tier does not "
+                              "model; its plans are searched by the exact engine")
         if cfg.parallel.tp_mode != "1d":
             raise ConfigError(f"parallel.tensor_parallel.mode = {cfg.parallel.tp_mode!r}: the "
                               "vectorised search tier covers Megatron's 1-D tensor parallelism; "

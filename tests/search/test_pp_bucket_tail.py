@@ -21,8 +21,9 @@ from ddlsim.search.spec import Constraints
 
 #: torchtitan's DDP plans (zero_stage 0: torch's replicate) with the fields its FSDP2 and
 #: selective recomputation set reset to those the vectorised tier times (they do not act on
-#: a DDP plan under full recomputation)
-_TITAN = {"kernels": {"selective_recompute": "attention_core"},
+#: a DDP plan under full recomputation), and an even pipeline split (the tier's; torchtitan's
+#: own, its stacks' default since 2026-11-30, sends a grid to the exact engine)
+_TITAN = {"kernels": {"selective_recompute": "attention_core", "pipeline_split": "even"},
           "overlap": {"zero3_reshard_after_forward": "always", "zero3_copy_out": False}}
 STACKS = {"torchtitan-2025": _TITAN, "torchtitan-2024": _TITAN, "deepspeed": {},
           "megatron-core-2024": {}}

@@ -21,7 +21,10 @@ d98e8a64, 2026-08):
 ``layers_per_virtual_stage`` gives every virtual stage's layers outright, in stage order
 (virtual stage ``k`` on pipeline rank ``k mod PP``, chunk ``k // PP``: torchtitan's ``loop``
 placement, ``stage_ids_this_rank``), as torchtitan splits its model: an uneven first and last
-stage (``ddlsim/importers/torchtitan_split.py``). It combines with none of the above.
+stage (``ddlsim/importers/torchtitan_split.py``). It combines with none of the above. A plan
+that gives none of these on a stack whose framework splits by a rule of its own (the stack's
+``pipeline_split``: torchtitan's, :mod:`.titan_split`) gets that rule's split, laid out the
+same way; ``even`` is Megatron's.
 
 ``pipeline_model_parallel_layout`` (Megatron-Core's layout string, :mod:`.pp_layout`) gives
 every chunk's layers as letters; it combines with none of the above (Megatron-Core raises
@@ -66,6 +69,9 @@ def chunk_layers(cfg: Any) -> tuple[tuple[int, ...], ...]:
         split = _layout(p, cfg.model.num_hidden_layers, mtp_depths(cfg))
     elif p.layers_per_virtual_stage is not None:
         split = _given(p, cfg.model.num_hidden_layers)
+    elif p.pp > 1 and not is_uneven(p) and cfg.software.pipeline_split != "even":
+        split = _given(p, cfg.model.num_hidden_layers, _stack_split(
+            cfg.software.pipeline_split, cfg.model.num_hidden_layers, p.pp * p.vpp))
     else:
         # a chunk can be left without a layer only where the embedding or the loss counts
         # as one (each chunk gets at least one of the split's units): Megatron-Core builds it
@@ -121,9 +127,20 @@ def _layout(p: Any, layers: int, mtp: int) -> tuple[tuple[int, ...], ...]:
     return parse_layout(p.pipeline_model_parallel_layout, p.pp, p.vpp, layers, mtp).count("t")
 
 
-def _given(p: Any, layers: int) -> tuple[tuple[int, ...], ...]:
-    """``layers_per_virtual_stage`` as ``out[stage][chunk]`` (module docstring), checked."""
-    given, n = list(p.layers_per_virtual_stage), p.pp * p.vpp
+def _stack_split(rule: str, layers: int, stages: int) -> list[int]:
+    """Each virtual stage's layers by the stack's own rule (``pipeline_split``: torchtitan's,
+    :mod:`.titan_split`), ValueError naming the field where the framework refuses it."""
+    from .titan_split import split_2024, split_2025
+    try:
+        return (split_2024 if rule == "torchtitan-2024" else split_2025)(layers, stages)
+    except ValueError as exc:
+        raise ValueError(f"system.software.kernels.pipeline_split = {rule!r}: {exc}") from None
+
+
+def _given(p: Any, layers: int, given: list[int] | None = None) -> tuple[tuple[int, ...], ...]:
+    """``layers_per_virtual_stage`` (or ``given``, the stack's own split) as
+    ``out[stage][chunk]`` (module docstring), checked."""
+    given, n = list(p.layers_per_virtual_stage if given is None else given), p.pp * p.vpp
     other = [f for f in UNEVEN_FIELDS[:4] if getattr(p, f) not in (None, False)]
     if other:
         raise ValueError(f"parallel.layers_per_virtual_stage cannot be set together with "
