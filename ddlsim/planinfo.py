@@ -117,6 +117,13 @@ def _layout_fields(cfg: Any) -> dict[str, Any]:
         out["recompute_modules"] = list(cfg.train.recompute_modules)
     if p.layers_per_virtual_stage is not None:
         out["layers_per_virtual_stage"] = list(p.layers_per_virtual_stage)
+    elif p.pp > 1 and cfg.software.pipeline_split != "even" and cfg.model.architecture in \
+            _KERNEL_FAMILIES:   # the stack's own split (decoder/titan_split.py), in stage order
+        from .workloads.decoder.split import chunk_layers
+        split = chunk_layers(cfg)
+        out["layers_per_virtual_stage"] = [split[k % p.pp][k // p.pp]
+                                           for k in range(p.pp * p.vpp)]
+        out["pipeline_split"] = cfg.software.pipeline_split
     return out
 
 
@@ -167,7 +174,8 @@ def plan_fields(cfg: Any) -> dict[str, Any]:
         ``delay_wgrad_compute``,
         ``router_fusion``, ``aux_loss_coeff``) and
         its overlaps among ``overlaps``; when set, ``hsdp`` (``replicas``, ``shard_ranks``),
-        ``recompute_every_n_layers``, ``recompute_modules`` and ``layers_per_virtual_stage``;
+        ``recompute_every_n_layers``, ``recompute_modules`` and ``layers_per_virtual_stage``
+        (given, or the stack's own split with ``pipeline_split`` naming its rule);
         under context parallelism ``cp_comm_type`` (``p2p`` or ``all_gather``, the plan's or
         the stack's);
         under ZeRO-3 in the

@@ -129,13 +129,54 @@ def test_a_module_with_nothing_to_recompute_is_refused(modules, match):
         _predict(dense_run(modules))
 
 
-def test_mlp_under_tensor_parallelism_is_refused_not_approximated():
-    cfg = dense_run(["mlp"])
+def _tp2(modules, sp: bool) -> dict:
+    cfg = dense_run(modules)
     cfg["system"]["devices_per_node"] = 2
-    cfg["parallel"] = {"tensor_model_parallel_size": 2}
-    cfg["train"]["global_batch_size"] = 4
-    with pytest.raises(ConfigError, match="tensor_model_parallel_size 1 only"):
-        _predict(copy.deepcopy(cfg))
+    cfg["parallel"] = {"tensor_model_parallel_size": 2, "sequence_parallel": sp}
+    return cfg
+
+
+@pytest.mark.parametrize("sp, names", [
+    (True, ["recompute.mlp.rs", "recompute.mlp.ag"]),    # fc2's reduce-scatter, fc1's gather
+    (False, ["recompute.mlp.ar"])])                      # fc2's all-reduce
+def test_mlp_under_tensor_parallelism_runs_its_collectives_again(sp, names, monkeypatch):
+    """Refused until 2026-11-30 ('tensor_model_parallel_size 1 only'): Megatron-Core's
+    checkpointed MLP runs its linears' TP collectives again in the backward
+    (decoder/recompute_comms.py): the dense layer's MLP pair, after the recomputation op,
+    and it costs time in both engines."""
+    from ddlsim.workloads.decoder.builder import StageBuilder
+    cfg = ddlsim.load_config(_tp2(["mlp"], sp))
+    bwd = StageBuilder.from_config(cfg, cfg.model.shape()).layer_backward()
+    got = [x.name for x in bwd if x.name.startswith("recompute.") and hasattr(x, "group")]
+    assert [n.split(".")[0] + "." + n.split(".")[1] + "." + n.split(".")[-1] for n in got] \
+        == names
+    assert all(x.group == "tp" for x in bwd if x.name in got)
+    with_them = {e: _predict(_tp2(["mlp"], sp), e).iteration_time_s
+                 for e in ("analytical", "des")}
+    from ddlsim.workloads.decoder import recompute_comms
+    monkeypatch.setattr(recompute_comms, "module_collectives", lambda b, moe: [])
+    for engine, t in with_them.items():
+        assert t > _predict(_tp2(["mlp"], sp), engine).iteration_time_s
+
+
+def test_mla_up_proj_and_shared_experts_at_tp2_run_their_gathers_again():
+    """DeepSeek-V2-Lite (no query LoRA: the up projection of the query reads the hidden
+    states; kv_lora_rank 512; two shared experts) at TP 2 with sequence parallelism: the
+    recomputed up projections gather their sequence-sharded inputs again, b·s·h and b·s·512
+    elements, and the recomputed shared experts their own gather and reduce-scatter of the
+    b·s·h hidden states."""
+    from ddlsim.workloads.decoder.builder import StageBuilder
+    data = moe_run(["mla_up_proj", "shared_experts"])
+    data["model"] = {"preset": "deepseek-v2-lite", "num_hidden_layers": 2}
+    cfg = ddlsim.load_config(data)
+    b = StageBuilder.from_config(cfg, cfg.model.shape())
+    ops = [o.payload for o in b.moe_layer_body(True)]
+    got = {x.name: x.bytes for x in ops if x.name.startswith("recompute.")
+           and hasattr(x, "group")}
+    hidden = 4096 * 2048 * 2.0
+    assert got == {"recompute.mla_up_proj.q.ag": hidden,
+                   "recompute.mla_up_proj.kv.ag": 4096 * 512 * 2.0,
+                   "recompute.shared.ag": hidden, "recompute.shared.rs": hidden}
 
 
 def test_the_plan_line_and_the_json_name_the_modules():

@@ -63,3 +63,16 @@ def test_the_vectorised_search_tier_leaves_such_stacks_to_the_exact_engine():
     from ddlsim.search.decoder import DecoderVectors
     with pytest.raises(ConfigError, match="own \\(uneven\\) rule"):
         DecoderVectors().prepare(_cfg("llama-3.1-8b", "torchtitan-2025", 1))
+
+
+def test_the_plan_line_and_the_json_name_the_stacks_split():
+    """Nothing a stack decides is silent: the split it makes is shown with its rule."""
+    from ddlsim.planinfo import plan_fields
+    cfg = _cfg("llama-3.1-8b", "torchtitan-2025", 4, tensor_model_parallel_size=2)
+    assert "PP4 [8+9+8+7 layers per virtual stage (torchtitan-2025's split)]" in \
+        cfg.family.plan_summary(cfg)
+    fields = plan_fields(cfg)
+    assert (fields["layers_per_virtual_stage"], fields["pipeline_split"]) == \
+        ([8, 9, 8, 7], "torchtitan-2025")
+    mc = _cfg("llama-3.1-8b", "megatron-core-2025", 4, zero_stage=1)
+    assert "pipeline_split" not in plan_fields(mc) and "[" not in mc.family.plan_summary(mc)

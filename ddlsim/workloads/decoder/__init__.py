@@ -102,7 +102,8 @@ class DecoderFamily(WorkloadFamily):
     def plan_summary(self, cfg: Any) -> str:
         """Megatron-LM's plan line, with the tensor-parallel scheme and grid when it is not
         1-D (``TP64 2.5-D [4,4,4]``), an uneven split's layers per stage (each virtual
-        stage's when ``layers_per_virtual_stage`` gives them), the context-parallel axis when
+        stage's when ``layers_per_virtual_stage`` gives them, or the stack's own split: its
+        rule named), the context-parallel axis when
         there is one (``CP4 ring``, ``CP4 all-gather``), and expert parallelism, carved out
         of data parallelism as in Megatron-Core (``DP16 (EP8)``)."""
         p = cfg.parallel
@@ -113,12 +114,15 @@ class DecoderFamily(WorkloadFamily):
             axes += f" × CP{p.cp} {_cp_label(cfg)}"
         line = super().plan_summary(cfg).removeprefix(f"TP{p.tp}")
         from .split import chunk_layers, is_uneven
-        if is_uneven(p):   # Megatron-Core's uneven split: the layers of each stage
+        own = p.pp > 1 and not is_uneven(p) and cfg.software.pipeline_split != "even"
+        if is_uneven(p) or own:   # an uneven split: the layers of each stage
             per_stage = [sum(row) for row in chunk_layers(cfg)]
             split = f"{_stage_layers(per_stage)} layers"
-            if p.layers_per_virtual_stage is not None:    # given outright: say each one
-                split = f"{_stage_layers(list(p.layers_per_virtual_stage))} layers per " \
-                        "virtual stage"
+            if p.layers_per_virtual_stage is not None or own:    # each virtual stage's
+                rows = chunk_layers(cfg)
+                each = [rows[k % p.pp][k // p.pp] for k in range(p.pp * p.vpp)]
+                rule = f" ({cfg.software.pipeline_split}'s split)" if own else ""
+                split = f"{_stage_layers(each)} layers per virtual stage{rule}"
             pp_label = f"PP{p.pp}{f'(v{p.vpp})' if p.vpp > 1 else ''}"
             line = line.replace(pp_label, f"{pp_label} [{split}]", 1)
         if p.ep > 1:

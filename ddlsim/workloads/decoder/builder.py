@@ -211,6 +211,9 @@ class StageBuilder(MTPOps, GradSyncOps, MoEOps, MoEUpdateOps, HostSyncOps, EdgeO
             ops += trimmed_recompute(self, self.layer_forward("recompute", False))
         elif recompute == "selective":   # the attention core (Korthikanti et al. 2022 §5)
             ops.append(self._recompute_core(g, False))
+            if self.plan.recompute_modules is not None:   # their TP collectives again
+                from .recompute_comms import module_collectives
+                ops += module_collectives(self, False)
         ew_kernels = self.kernels["bwd.ew"]
         ew = sum(x.bytes for x in ew_kernels)
         ops.append(Compute("bwd.mlp", 2 * g["mlp"] / t, dtype=self.dtype,

@@ -240,6 +240,6 @@ def _recompute_modules(cfg: Any, shape: Any, sw: Any) -> tuple | None:
                           f"parallelism (here tensor_parallel.mode {p.tp_mode!r}); use "
                           "['core_attn'], recompute 'full' or 'none', or tensor_parallel.mode "
                           "'1d'")
-    check_modules(mods, shape, sw, p.tp, resolve_moe(cfg) if shape.is_moe else None, p.cp)
+    check_modules(mods, shape, sw, resolve_moe(cfg) if shape.is_moe else None, p.cp)
     return mods
 

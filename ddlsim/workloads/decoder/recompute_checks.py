@@ -16,14 +16,14 @@ from .recompute_modules import RECOMPUTE_MODULES, separate_norms
 __all__ = ["check_modules"]
 
 
-def check_modules(modules: tuple[str, ...], shape: Any, sw: Any, tp: int,
+def check_modules(modules: tuple[str, ...], shape: Any, sw: Any,
                   moe_plan: Any, cp: int) -> None:
     """Refuse a module list this model or plan cannot take: a module that recomputes
     nothing in the model (Megatron-Core runs it as a no-op, which ddlsim does not let pass
     silently), ``mla_up_proj`` without MLA and ``moe_act`` without grouped GEMM (d7288711
-    transformer_config.py lines 1380-1389), and what is not modelled (``mlp``,
-    ``shared_experts``, ``mla_up_proj`` under TP > 1; ``mlp``, ``mla_up_proj`` under context
-    parallelism ``cp`` > 1; ``core_attn`` beside other modules under the combined 1F1B), and
+    transformer_config.py lines 1380-1389), and what is not modelled (``mlp``, ``mla_up_proj``
+    under context parallelism ``cp`` > 1; ``core_attn`` beside other modules under the
+    combined 1F1B; under TP > 1 their collectives are recomputed: :mod:`.recompute_comms`), and
     ``moe`` under the combined 1F1B, which Megatron-Core asserts against (d7288711
     transformer_config.py lines 2109-2111); ``moe_plan``: the resolved MoE plan, None for a
     dense model).
@@ -39,7 +39,7 @@ def check_modules(modules: tuple[str, ...], shape: Any, sw: Any, tp: int,
         if nothing:
             raise ConfigError(f"{field}: {name!r} recomputes nothing in this model "
                               f"({nothing}); remove it")
-        why = _refusal(name, modules, shape, tp, moe_plan) or _cp_refusal(name, cp)
+        why = _refusal(name, modules, shape, moe_plan) or _cp_refusal(name, cp)
         if why:
             raise ConfigError(f"{field}: {why}")
 
@@ -59,7 +59,7 @@ def _nothing(name: str, shape: Any, sw: Any) -> str:
     return ""
 
 
-def _refusal(name: str, modules: tuple[str, ...], shape: Any, tp: int, moe_plan: Any) -> str:
+def _refusal(name: str, modules: tuple[str, ...], shape: Any, moe_plan: Any) -> str:
     """Why the plan cannot take ``name`` (Megatron-Core's checks, or not modelled), or ''."""
     a2a = moe_plan is not None and moe_plan.a2a_overlap
     if name == "moe_act" and moe_plan is not None and not moe_plan.grouped_gemm:
@@ -77,9 +77,6 @@ def _refusal(name: str, modules: tuple[str, ...], shape: Any, tp: int, moe_plan:
                 "parallel_comm (Megatron-LM d7288711 transformer_config.py lines 2109-2111: "
                 "'disable moe in recompute_modules when enabling overlap_moe_expert_parallel_"
                 "comm'); drop 'moe' or the overlap")
-    if name in ("mlp", "shared_experts", "mla_up_proj") and tp > 1:
-        return (f"{name!r} is modelled with tensor_model_parallel_size 1 only (TP is {tp}: "
-                "its recomputed forward re-runs TP collectives); use TP 1 or drop the module")
     return ""
 
 

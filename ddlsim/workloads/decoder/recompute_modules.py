@@ -356,13 +356,14 @@ def moe_extra_ops(b: Any) -> list:
     block's forward again with ``moe`` (:func:`moe_block_ops`), and, beside ``core_attn``
     (whose op :func:`recompute_op` keeps as ``selective`` builds it), one op of the other
     modules' kernels."""
+    from ..trace import Op
+    from .recompute_comms import module_collectives
     modules = b.plan.recompute_modules or ()
     ops = moe_block_ops(b)
     rest = tuple(m for m in modules if m != "core_attn")
     if "core_attn" in modules and any(_applied(m, True, modules) and m != "moe" for m in rest):
-        from ..trace import Op
         ops.append(Op(_kernels_op(b, rest, True)))
-    return ops
+    return ops + [Op(c) for c in module_collectives(b, True)]   # their TP collectives again
 
 
 def cp_norms_op(part: Any) -> Compute | None:
