@@ -125,7 +125,10 @@ def test_shared_expert_overlap_is_an_overlap():
 # ---------------------------------------------------------------- FSDP-side plan options
 def test_hsdp_every_nth_layer_and_given_virtual_stages_are_named():
     plain = plan_fields(load(FSDP))
-    assert not {"hsdp", "recompute_every_n_layers", "layers_per_virtual_stage"} & set(plain)
+    assert not {"hsdp", "recompute_every_n_layers"} & set(plain)
+    # no split given: torchtitan 07c00d9's own of 12 layers over 4 virtual stages, named
+    assert (plain["layers_per_virtual_stage"], plain["pipeline_split"]) == \
+        ([3, 4, 3, 2], "torchtitan-2025")
     cfg = load(FSDP, parallel={"data_parallel_replicate_size": 2,
                                "layers_per_virtual_stage": [2, 4, 4, 2]},
                train={"recompute_every_n_layers": 2})
@@ -133,7 +136,7 @@ def test_hsdp_every_nth_layer_and_given_virtual_stages_are_named():
     # 16 ranks / PP2 = DP8 = 2 replicas × 4-rank shards
     assert plan["hsdp"] == {"replicas": 2, "shard_ranks": 4}
     assert plan["recompute_every_n_layers"] == 2
-    assert plan["layers_per_virtual_stage"] == [2, 4, 4, 2]
+    assert plan["layers_per_virtual_stage"] == [2, 4, 4, 2] and "pipeline_split" not in plan
     # torchtitan's FSDP2: one layer's gather ahead; under PP the parameters stay gathered
     assert plain["zero3_gathers"] == "per layer, 1 layer ahead, gathered once per iteration " \
         "(pipelined)"
