@@ -85,7 +85,27 @@ def get_preset(section: str, name: str) -> dict:
             raise ConfigError(f"model preset {name!r}: {why}; give a config.json of a model "
                               f"ddlsim reads instead (see `ddlsim presets model`)")
     if name not in table:
+        spelled = _spelled(name, table)
+        if spelled is not None:
+            return table[spelled]
         raise ConfigError(f"{section} preset {name!r} does not exist{did_you_mean(name, table)}; "
                           f"known {section} presets: "
                           f"{', '.join(sorted(table))} (see `ddlsim presets`)")
     return table[name]
+
+
+def _canonical(name: str) -> str:
+    """``name`` without case, hyphens, underscores and spaces: how users spell one model
+    differently (``Llama-3.1-8B``, ``llama3.1-8b``; ``gpt-3-175b`` for ``gpt3-175b``)."""
+    return "".join(c for c in name.lower() if c not in "-_ ")
+
+
+def _spelled(name: str, table: dict) -> str | None:
+    """The preset of ``table`` that ``name`` spells otherwise (:func:`_canonical`): the one
+    that does, or the first by name of several that are one model under other names (equal
+    but for their ``source``); None when none does or they differ (then the error lists
+    them)."""
+    key = _canonical(name)
+    hits = sorted(n for n in table if _canonical(n) == key)
+    shapes = {repr(sorted((k, v) for k, v in table[n].items() if k != "source")) for n in hits}
+    return hits[0] if hits and len(shapes) == 1 else None

@@ -110,3 +110,24 @@ def test_missing_file_and_bad_yaml(tmp_path):
     bad.write_text("model: [unclosed\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         ddlsim.load_config(bad)
+
+
+@pytest.mark.parametrize("typed, preset", [("gpt-3-175b", "gpt3-175b"),
+                                           ("Llama-3.1-8B", "llama-3.1-8b"),
+                                           ("Qwen3_235B_A22B", "qwen3-235b-a22b"),
+                                           ("DGX-H100", "dgx-h100")])
+def test_a_preset_spelled_otherwise_resolves_to_the_one_it_names(typed, preset):
+    """Case, hyphens and underscores aside, a name that matches one preset (or several
+    names of one model: llama-3.1-8b and llama3.1-8b) is that preset (issue 28: the names
+    users would guess)."""
+    from ddlsim.presets import get_preset
+    section = "system" if preset.startswith("dgx") else "model"
+    got, want = get_preset(section, typed), get_preset(section, preset)
+    assert {k: v for k, v in got.items() if k != "source"} == \
+        {k: v for k, v in want.items() if k != "source"}
+
+
+def test_a_name_that_matches_no_preset_is_still_refused_with_suggestions():
+    from ddlsim.presets import get_preset
+    with pytest.raises(ConfigError, match="model preset 'gpt-4' does not exist"):
+        get_preset("model", "gpt-4")
