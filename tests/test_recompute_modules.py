@@ -265,3 +265,23 @@ def test_megatron_core_2025_refuses_its_torch_fsdp2_with_expert_parallelism():
     cfg["parallel"].update(zero_stage=3)
     with pytest.raises(ConfigError, match="zero3_no_expert_parallel"):
         ddlsim.load_config(cfg)
+
+
+def test_core_attn_beside_other_modules_under_the_combined_1f1b_is_modelled():
+    """Refused until 2026-11-30 ('not modelled: the combined 1F1B's layer nodes carry one
+    recompute op'): the attention node now carries the attention core's op and the other
+    modules' op beside it, as the layer's backward does outside the combined schedule; it
+    costs more than core_attn alone, in both engines."""
+    def run(modules):
+        cfg = moe_run(modules)
+        cfg["parallel"]["moe"].update(overlap_expert_parallel_comm=True, delay_wgrad_compute=True)
+        return cfg
+    for engine in ("analytical", "des"):
+        both = _predict(run(["core_attn", "moe_act", "layernorm"]), engine).iteration_time_s
+        assert both > _predict(run(["core_attn"]), engine).iteration_time_s
+    from ddlsim.workloads.decoder.builder import StageBuilder
+    from ddlsim.workloads.decoder.combined_nodes import moe_layer_nodes
+    cfg = ddlsim.load_config(run(["core_attn", "moe_act", "layernorm"]))
+    b = StageBuilder.from_config(cfg, cfg.model.shape())
+    names = [o.payload.name for o in moe_layer_nodes(b, True, True)["attn"]]
+    assert names.index("recompute.modules") == names.index("recompute.attn_core") + 1

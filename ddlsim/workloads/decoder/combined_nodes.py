@@ -18,7 +18,7 @@ from .moe_host import dispatcher_host
 from .moe_host_chain import node_with_waits
 from .moe_router import router_ops
 from .partition.oplist import OpList
-from .recompute_comms import module_collectives
+from .recompute_modules import beside_core_attn
 
 __all__ = ["moe_layer_nodes"]
 
@@ -80,8 +80,8 @@ def moe_layer_nodes(b, backward: bool, delay_wgrad: bool = False) -> dict[str, l
         if b.plan.recompute == "selective":
             g = sh.layer_gemm_flops(b.b, b.s, moe=True)
             attn.add(b._recompute_core(g, True))
-            for c in module_collectives(b, True):    # recomputed modules' TP collectives
-                attn.add(c)
+            for x in beside_core_attn(b):    # the other modules' op, their TP collectives
+                attn.add(x)
         for x in (*mem("unpermute", perm[1]), *router_ops(b, "bwd", True), router,
                   *b._shared("bwd", True),
                   b._attn_elementwise("bwd.elementwise", True)):

@@ -22,8 +22,8 @@ def check_modules(modules: tuple[str, ...], shape: Any, sw: Any,
     nothing in the model (Megatron-Core runs it as a no-op, which ddlsim does not let pass
     silently), ``mla_up_proj`` without MLA and ``moe_act`` without grouped GEMM (d7288711
     transformer_config.py lines 1380-1389), and what is not modelled (``mlp``, ``mla_up_proj``
-    under context parallelism ``cp`` > 1; ``core_attn`` beside other modules under the
-    combined 1F1B; under TP > 1 their collectives are recomputed: :mod:`.recompute_comms`), and
+    under context parallelism ``cp`` > 1; under TP > 1 their collectives are recomputed:
+    :mod:`.recompute_comms`), and
     ``moe`` under the combined 1F1B, which Megatron-Core asserts against (d7288711
     transformer_config.py lines 2109-2111); ``moe_plan``: the resolved MoE plan, None for a
     dense model).
@@ -68,10 +68,6 @@ def _refusal(name: str, modules: tuple[str, ...], shape: Any, moe_plan: Any) -> 
     if name == "mla_up_proj" and shape.mla is None:
         return ("'mla_up_proj' needs Multi-head Latent Attention (Megatron-LM d7288711 "
                 "transformer_config.py lines 1385-1389); this model has none")
-    if name == "core_attn" and len(modules) > 1 and a2a:
-        return ("'core_attn' beside other modules under parallel.moe.overlap_expert_parallel_"
-                "comm is not modelled (the combined 1F1B's layer nodes carry one recompute "
-                "op); give core_attn alone or the other modules without it")
     if name == "moe" and a2a:   # a framework rule, not a modelling gap
         return ("Megatron-Core cannot recompute 'moe' under parallel.moe.overlap_expert_"
                 "parallel_comm (Megatron-LM d7288711 transformer_config.py lines 2109-2111: "

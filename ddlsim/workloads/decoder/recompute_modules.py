@@ -353,17 +353,24 @@ def _kernels_op(b: Any, modules: tuple[str, ...], moe: bool) -> Compute:
 
 def moe_extra_ops(b: Any) -> list:
     """Ops an MoE layer's backward opens with under ``plan.recompute_modules``: the MoE
-    block's forward again with ``moe`` (:func:`moe_block_ops`), and, beside ``core_attn``
-    (whose op :func:`recompute_op` keeps as ``selective`` builds it), one op of the other
-    modules' kernels."""
+    block's forward again with ``moe`` (:func:`moe_block_ops`), then
+    :func:`beside_core_attn`'s."""
     from ..trace import Op
+    return moe_block_ops(b) + [Op(x) for x in beside_core_attn(b)]
+
+
+def beside_core_attn(b: Any) -> list:
+    """What an MoE layer recomputes beyond the op :func:`recompute_op` gives it: beside
+    ``core_attn`` (whose op is ``selective``'s), one op of the other modules' kernels; and
+    the modules' TP collectives (:mod:`.recompute_comms`). The combined 1F1B's attention
+    node carries them too (:mod:`.combined_nodes`)."""
     from .recompute_comms import module_collectives
     modules = b.plan.recompute_modules or ()
-    ops = moe_block_ops(b)
     rest = tuple(m for m in modules if m != "core_attn")
+    out: list = []
     if "core_attn" in modules and any(_applied(m, True, modules) and m != "moe" for m in rest):
-        ops.append(Op(_kernels_op(b, rest, True)))
-    return ops + [Op(c) for c in module_collectives(b, True)]   # their TP collectives again
+        out.append(_kernels_op(b, rest, True))
+    return out + module_collectives(b, True)
 
 
 def cp_norms_op(part: Any) -> Compute | None:
