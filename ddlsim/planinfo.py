@@ -117,13 +117,11 @@ def _layout_fields(cfg: Any) -> dict[str, Any]:
         out["recompute_modules"] = list(cfg.train.recompute_modules)
     if p.layers_per_virtual_stage is not None:
         out["layers_per_virtual_stage"] = list(p.layers_per_virtual_stage)
-    elif p.pp > 1 and cfg.software.pipeline_split != "even" and cfg.model.architecture in \
-            _KERNEL_FAMILIES:   # the stack's own split (decoder/titan_split.py), in stage order
-        from .workloads.decoder.split import chunk_layers
-        split = chunk_layers(cfg)
-        out["layers_per_virtual_stage"] = [split[k % p.pp][k // p.pp]
-                                           for k in range(p.pp * p.vpp)]
-        out["pipeline_split"] = cfg.software.pipeline_split
+    elif cfg.model.architecture in _KERNEL_FAMILIES:
+        from .workloads.decoder.split import stack_split_applies, virtual_stage_layers
+        if stack_split_applies(cfg):   # the stack's own split (decoder/titan_split.py)
+            out["layers_per_virtual_stage"] = virtual_stage_layers(cfg)
+            out["pipeline_split"] = cfg.software.pipeline_split
     return out
 
 

@@ -113,16 +113,15 @@ class DecoderFamily(WorkloadFamily):
         if p.cp > 1:
             axes += f" × CP{p.cp} {_cp_label(cfg)}"
         line = super().plan_summary(cfg).removeprefix(f"TP{p.tp}")
-        from .split import chunk_layers, is_uneven
-        own = p.pp > 1 and not is_uneven(p) and cfg.software.pipeline_split != "even"
+        from .split import chunk_layers, is_uneven, stack_split_applies, virtual_stage_layers
+        own = stack_split_applies(cfg)
         if is_uneven(p) or own:   # an uneven split: the layers of each stage
             per_stage = [sum(row) for row in chunk_layers(cfg)]
             split = f"{_stage_layers(per_stage)} layers"
             if p.layers_per_virtual_stage is not None or own:    # each virtual stage's
-                rows = chunk_layers(cfg)
-                each = [rows[k % p.pp][k // p.pp] for k in range(p.pp * p.vpp)]
                 rule = f" ({cfg.software.pipeline_split}'s split)" if own else ""
-                split = f"{_stage_layers(each)} layers per virtual stage{rule}"
+                split = f"{_stage_layers(virtual_stage_layers(cfg))} layers per virtual " \
+                        f"stage{rule}"
             pp_label = f"PP{p.pp}{f'(v{p.vpp})' if p.vpp > 1 else ''}"
             line = line.replace(pp_label, f"{pp_label} [{split}]", 1)
         if p.ep > 1:

@@ -20,20 +20,25 @@ class MoEUpdateOps(StageBase):
     """Expert and non-expert parameters of a stage and the MoE stage's update block (a mixin
     of ``StageBuilder``; one layer's split, ``layer_rank_params``, is :class:`.moe.MoEOps`')."""
 
+    def _nonexpert_params(self, layers: int, moe_layers: int) -> float:
+        """Non-expert parameters on one rank (elements) of ``layers`` layers, ``moe_layers`` of
+        them MoE layers: dense layers' whole, the MoE layers' attention, router and shared
+        experts."""
+        return ((layers - moe_layers) * self.layer_rank_params(False)[0]
+                + moe_layers * self.layer_rank_params(True)[0])
+
     def _stage_nonexpert_layer_params(self, stage: int) -> float:
-        """Non-expert parameters of ``stage``'s layers on one rank (elements): dense layers'
-        and the MoE layers' attention, router and shared experts."""
-        L, n = sum(self.split[stage]), moe_layers_in_stage(self.shape, self.split, stage)
-        return (L - n) * self.layer_rank_params(False)[0] + n * self.layer_rank_params(True)[0]
+        """:meth:`_nonexpert_params` of ``stage``'s layers."""
+        return self._nonexpert_params(sum(self.split[stage]),
+                                      moe_layers_in_stage(self.shape, self.split, stage))
 
     def chunk_nonexpert_params(self, stage: int, chunk: int | None = None) -> float:
-        """:meth:`_stage_nonexpert_layer_params` of model chunk ``chunk`` of ``stage`` (the
-        whole stage when None)."""
+        """:meth:`_nonexpert_params` of model chunk ``chunk`` of ``stage`` (the whole stage
+        when None)."""
         if chunk is None:
             return self._stage_nonexpert_layer_params(stage)
-        L = self.split[stage][chunk]
         n = moe_layers_in_chunk(self.shape, self.split, stage, chunk) if self.shape.is_moe else 0
-        return (L - n) * self.layer_rank_params(False)[0] + n * self.layer_rank_params(True)[0]
+        return self._nonexpert_params(self.split[stage][chunk], n)
 
     def chunk_expert_params(self, stage: int, chunk: int) -> float:
         """Routed-expert parameters of model chunk ``chunk`` of ``stage`` on one rank

@@ -240,8 +240,8 @@ def prologue_block(first: Block, group: str, nbytes: float, dtype: str,
         return Op(o.payload, o.stream, deps, o.repeat)
 
     ops = [Op(c, stream) for c, stream in gathers]
-    ops += [*body[:at], *(Op(Wait(f"params.{'expert.' if s == 'edp' else ''}gather.wait", s))
-                          for _, s in gathers), *(shifted(o) for o in body[at:])]
+    ops += [*body[:at], *(Op(Wait(_wait_name(s, "wait"), s)) for _, s in gathers),
+            *(shifted(o) for o in body[at:])]
     if later_bytes > 0:
         ops.append(Op(Collective("params.all_gather.later_chunks", "all_gather", group,
                                  later_bytes), "dp"))
@@ -266,9 +266,13 @@ def waiting_block(block: Block, streams: tuple[str, ...] = ("dp",)) -> Block:
     k = len(streams)
     body = [Op(o.payload, o.stream, tuple(d + k for d in o.deps), o.repeat) for o in block.ops]
     name = waiting_block_name(int(block.name[1:]))
-    return Block(name, block.phase, (*(Op(Wait(
-        f"params.{'expert.' if s == 'edp' else ''}gather.later_wait", s)) for s in streams),
-        *body))
+    return Block(name, block.phase, (*(Op(Wait(_wait_name(s, "later_wait"), s))
+                                       for s in streams), *body))
+
+
+def _wait_name(stream: str, what: str) -> str:
+    """The name of a wait for the gather on ``stream`` (``edp``: the experts' buffer)."""
+    return f"params.{'expert.' if stream == 'edp' else ''}gather.{what}"
 
 
 def edge_params(b, stage: int, first: bool = True, last: bool = True) -> float:

@@ -40,7 +40,8 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-__all__ = ["chunk_layers", "is_uneven", "UNEVEN_FIELDS", "mtp_depths"]
+__all__ = ["chunk_layers", "is_uneven", "UNEVEN_FIELDS", "mtp_depths", "stack_split_applies",
+           "virtual_stage_layers"]
 
 #: the plan fields of an uneven split (``parallel.*``)
 UNEVEN_FIELDS = ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
@@ -69,7 +70,7 @@ def chunk_layers(cfg: Any) -> tuple[tuple[int, ...], ...]:
         split = _layout(p, cfg.model.num_hidden_layers, mtp_depths(cfg))
     elif p.layers_per_virtual_stage is not None:
         split = _given(p, cfg.model.num_hidden_layers)
-    elif p.pp > 1 and not is_uneven(p) and cfg.software.pipeline_split != "even":
+    elif stack_split_applies(cfg):
         split = _given(p, cfg.model.num_hidden_layers, _stack_split(
             cfg.software.pipeline_split, cfg.model.num_hidden_layers, p.pp * p.vpp))
     else:
@@ -125,6 +126,21 @@ def _layout(p: Any, layers: int, mtp: int) -> tuple[tuple[int, ...], ...]:
                          f"{', '.join(other)} (Megatron-Core raises ValueError, "
                          "transformer_config.py lines 2242-2259 at d98e8a64); give one")
     return parse_layout(p.pipeline_model_parallel_layout, p.pp, p.vpp, layers, mtp).count("t")
+
+
+def stack_split_applies(cfg: Any) -> bool:
+    """Whether the plan's layers are split by the stack's own rule (``pipeline_split``, not
+    ``even``): a pipeline with none of the split options above."""
+    p = cfg.parallel
+    return p.pp > 1 and not is_uneven(p) and cfg.software.pipeline_split != "even"
+
+
+def virtual_stage_layers(cfg: Any) -> list[int]:
+    """Each virtual stage's layers in stage order (virtual stage ``k`` is chunk ``k // PP``
+    of rank ``k mod PP``): :func:`chunk_layers` read as ``layers_per_virtual_stage`` gives
+    them."""
+    p, rows = cfg.parallel, chunk_layers(cfg)
+    return [rows[k % p.pp][k // p.pp] for k in range(p.pp * p.vpp)]
 
 
 def _stack_split(rule: str, layers: int, stages: int) -> list[int]:
