@@ -261,15 +261,17 @@ def long_config(row: dict) -> dict:
 
 
 def approximated(row: dict) -> str:
-    """What the row's run does that ddlsim does not model, on every row: the distributed
-    optimizer's parameter all-gather overlapped with the next forward (exposed here) (the
-    router's kernels and FP8 current scaling are modelled: :mod:`~ddlsim.workloads.decoder.
-    moe_router`, ``te_current``). Under Megatron-FSDP
-    (ModelZoo row 3) the gathers are overlapped as its code runs them; its reduce-scatter
-    queue cap is not modelled (decoder/megatron_fsdp.py)."""
+    """What the row's run does that ddlsim does not model ("-" where nothing is listed).
+    Under Megatron-FSDP (ModelZoo row 3) the gathers are overlapped as its code runs them;
+    its reduce-scatter queue cap is not modelled (decoder/megatron_fsdp.py). The distributed
+    optimizer's parameter all-gather beside the next forward is modelled on every other row
+    (decoder/param_gather.py; listed here until 2026-11-30, when ddlsim refused it with
+    EP > 1), as are the router's kernels and FP8 current scaling (:mod:`~ddlsim.workloads.
+    decoder.moe_router`, ``te_current``). The A/B runs' table reads its column from the
+    data file (``not_modelled``)."""
     if row.get("fsdp") == "On":
         return "RS queue cap"
-    return "param-gather overlap"
+    return "-"
 
 
 def megatron_flops(row: dict) -> float:
@@ -412,7 +414,7 @@ def _print(out: list[dict], markdown: bool) -> None:
     for o in out:
         row = o["row"]
         cells = [row["release"], row["model"], row["gpus"], row["tp"], row["pp"], row["vp"],
-                 row["ep"], row["gbs"], approximated(row) or "-", row["tokens_per_s_per_gpu"],
+                 row["ep"], row["gbs"], approximated(row), row["tokens_per_s_per_gpu"],
                  f"{o['published']:.2f}"]
         lines.append(cells + result_cells(o, 2))
     if lines:
