@@ -263,7 +263,8 @@ class RunConfig(_Strict):
 
     def _check_batches(self) -> None:
         """The global batch splits into whole micro-batches per DP rank, within the bound,
-        and into whole rounds of PP under the interleaved schedule."""
+        and, under the interleaved schedule, into the groups the stack runs
+        (:func:`~ddlsim.workloads.schedules.group_refusal`)."""
         p, t, dp = self.parallel, self.train, self.dp
         if t.global_batch_size % (t.micro_batch_size * dp):
             raise ValueError(f"train.global_batch_size = {t.global_batch_size} is not divisible by "
@@ -276,8 +277,22 @@ class RunConfig(_Strict):
             raise ValueError(f"the number of micro-batches, global_batch_size / (micro_batch_size "
                              f"· DP) = {t.global_batch_size} / ({t.micro_batch_size} · {dp}): "
                              f"{exc}") from None
-        if p.schedule == "interleaved" and mb % p.pp:
-            raise ValueError(f"schedule = 'interleaved' needs the number of micro-batches "
-                             f"(global_batch_size / (micro_batch_size · DP) = {mb}) to be a "
-                             f"multiple of pipeline_model_parallel_size = {p.pp}")
+        if p.schedule == "interleaved":   # the stack's grouping (workloads/schedules.py)
+            from .workloads.schedules import group_refusal
+            why = group_refusal(self.software.interleaved_groups, p.pp, mb,
+                                p.microbatch_group_size_per_vp_stage)
+            if why is not None:
+                raise ValueError(f"{why}; the micro-batches are global_batch_size / "
+                                 f"(micro_batch_size · DP) = {t.global_batch_size} / "
+                                 f"({t.micro_batch_size} · {dp})")
+
+    @property
+    def microbatch_group(self) -> int:
+        """Micro-batches per group of the interleaved schedule: the plan's
+        ``microbatch_group_size_per_vp_stage``, else the stack's rule
+        (:func:`~ddlsim.workloads.schedules.microbatch_group`)."""
+        from .workloads.schedules import microbatch_group
+        p = self.parallel
+        return microbatch_group(self.software.interleaved_groups, p.pp, self.num_microbatches,
+                                p.microbatch_group_size_per_vp_stage)
 

@@ -62,6 +62,11 @@ class ParallelConfig(_Strict):
     tensor_model_parallel_size: count_type("parallel_size") = 1
     pipeline_model_parallel_size: count_type("parallel_size") = 1
     virtual_pipeline_model_parallel_size: count_type("layers") | None = None
+    microbatch_group_size_per_vp_stage: count_type("microbatches") | None = Field(
+        default=None, description="interleaved schedule: micro-batches each virtual stage "
+                                  "runs in a row (Megatron-Core's option); default: the "
+                                  "stack's rule (kernels.interleaved_groups: PP, or torch "
+                                  "pipelining's micro-batches per round)")
     # --- uneven pipeline splits (Megatron-Core's names; workloads/decoder/split.py) ---------
     account_for_embedding_in_pipeline_split: StrictBool = Field(
         default=False, description="the input embedding counts as one layer of the pipeline "
@@ -169,6 +174,11 @@ class ParallelConfig(_Strict):
         elif vpp not in (None, 1):
             raise ValueError(f"virtual_pipeline_model_parallel_size = {vpp} needs schedule = "
                              f"'interleaved' (got {self.schedule!r})")
+        elif self.microbatch_group_size_per_vp_stage is not None:
+            raise ValueError(f"microbatch_group_size_per_vp_stage = "
+                             f"{self.microbatch_group_size_per_vp_stage} needs schedule = "
+                             f"'interleaved' (got {self.schedule!r}): it groups the "
+                             "micro-batches of the interleaved schedule only")
         # ZeRO-3 with pipelining: the stacks that cannot run it say so in their rules
         # (software.yaml: pipeline_zero, zero3_pipeline); torchtitan runs FSDP in its stages
         if self.dp_strategy != "ddp" and self.zero_stage != 0:

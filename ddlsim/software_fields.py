@@ -34,6 +34,9 @@ Checkpoint = Literal["reentrant", "non_reentrant", "non_reentrant_early_stop"]
 RepeatKV = Literal["always", "unfused_kernels", "never"]
 #: the framework's default split of the layers over the pipeline's virtual stages
 PipelineSplit = Literal["even", "torchtitan-2024", "torchtitan-2025"]
+#: how the interleaved schedule groups micro-batches (:data:`ddlsim.workloads.schedules.
+#: GROUP_RULES`)
+InterleavedGroups = Literal["pipeline_size", "megatron_core", "torch_rounds"]
 #: where a micro-batch's dense attention mask comes from
 #: (:mod:`ddlsim.workloads.decoder.batch_input`)
 BatchMask = Literal["dataloader", "device", "none"]
@@ -210,6 +213,13 @@ class KernelSpec(_Strict):
                                   "its own: even (Megatron's L / (PP·VPP), refused where it "
                                   "does not divide), or torchtitan's own uneven rule of 2024 "
                                   "or 2025 (workloads/decoder/titan_split.py)")
+    interleaved_groups: InterleavedGroups | None = Field(
+        default=None, description="how the interleaved schedule groups micro-batches: groups "
+                                  "of PP with the micro-batches a multiple of PP "
+                                  "(pipeline_size), Megatron-Core's groups of "
+                                  "microbatch_group_size_per_vp_stage (megatron_core), or "
+                                  "torch.distributed.pipelining's rounds (torch_rounds; "
+                                  "workloads/schedules.py)")
     repeat_kv: RepeatKV | None = Field(
         default=None, description="under grouped-query attention the model repeats K and V "
                                   "to the query heads before the attention core: always "

@@ -24,6 +24,9 @@ VALUE_FLAGS: dict[str, tuple[str, type]] = {
     # Megatron-LM d98e8a64 arguments.py line 3116 (validate_args: the virtual stages per rank)
     "num-virtual-stages-per-pipeline-rank": ("parallel.virtual_pipeline_model_parallel_size",
                                              int),
+    # Megatron-LM d98e8a64 megatron/core/model_parallel_config.py lines 431-436
+    "microbatch-group-size-per-virtual-pipeline-stage": (
+        "parallel.microbatch_group_size_per_vp_stage", int),
     "context-parallel-size": ("parallel.context_parallel_size", int),
     "expert-model-parallel-size": ("parallel.expert_model_parallel_size", int),
     "expert-tensor-parallel-size": ("parallel.expert_tensor_parallel_size", int),

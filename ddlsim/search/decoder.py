@@ -82,6 +82,12 @@ class DecoderVectors(DataParallelTerms):
                               f"over pipeline stages by {cfg.software.pipeline_split}'s own "
                               "(uneven) rule, which the vectorised search tier does not "
                               "model; its plans are searched by the exact engine")
+        group = cfg.parallel.microbatch_group_size_per_vp_stage
+        if group is not None:   # torch's rounds other than PP: :meth:`beyond`
+            raise ConfigError(f"parallel.microbatch_group_size_per_vp_stage = {group}: the "
+                              "vectorised search tier's closed form of the interleaved "
+                              "schedule has groups of PP; such plans are searched by the "
+                              "exact engine")
         if cfg.parallel.tp_mode != "1d":
             raise ConfigError(f"parallel.tensor_parallel.mode = {cfg.parallel.tp_mode!r}: the "
                               "vectorised search tier covers Megatron's 1-D tensor parallelism; "
@@ -112,6 +118,20 @@ class DecoderVectors(DataParallelTerms):
         per_param = op_time(step, replace(dev, launch=NO_LAUNCH))
         return _Context(cfg, shape, t.seq_length, dt, gdt, dev, per_param,
                         cfg.system.device.memory_bytes)
+
+    @staticmethod
+    def beyond(cfgs: list, plans) -> bool:
+        """Whether a plan the rules passed runs the interleaved schedule in groups other
+        than PP (torch pipelining's rounds where PP does not divide the micro-batches:
+        :func:`~ddlsim.workloads.schedules.microbatch_group`), which the closed form
+        (:func:`.pipeline.interleaved_ends`) does not cover; ``cfgs``: each context's config
+        (None where it failed). The grid is then searched by the exact engine."""
+        from .plans import SCHEDULE
+        inter = plans["schedule"] == SCHEDULE.index("interleaved")
+        m = plans["gbs"] // np.maximum(plans["mbs"] * np.maximum(plans["dp"], 1), 1)
+        other = inter & (m % np.maximum(plans["pp"], 1) != 0)
+        return any(cfg is not None and cfg.software.interleaved_groups == "torch_rounds"
+                   and (other & (plans["context"] == i)).any() for i, cfg in enumerate(cfgs))
 
     # ------------------------------------------------------------------ costs
     def costs(self, ctx: _Context, plans, nets) -> StageCosts:

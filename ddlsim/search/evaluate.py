@@ -153,6 +153,10 @@ def _evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping
     judge_failed_contexts(plans, ctx_cfgs, verdicts.free, reject, build, family.prepare)
     alive = verdicts.alive()
     alive_plans = plans.take(alive)
+    if hasattr(family, "beyond") and family.beyond(good, alive_plans):
+        from .exact import evaluate_exact   # a plan beyond the closed form: the exact engine
+        return evaluate_exact(data, base_dir, overrides, axes, constraints, objective,
+                              price_per_gpu_hour, progress)
     parts = []
     for i, cfg in enumerate(ctx_cfgs):
         here = alive_plans["context"] == i

@@ -258,11 +258,38 @@ def plan_rules(plans: PlanSet, ctx_cfgs: list, devices: int | Sequence[int],
          tp * pp * dp > _per_context(devices, f["context"])),
         ("global batch not divisible by micro-batch x DP", gbs % np.maximum(mbs * safe_dp, 1) != 0),
         ("too many micro-batches", m > most_mb),
-        ("interleaved needs micro-batches divisible by PP", inter & (m % pp != 0)),
+        *_interleaved_rules(f["context"], ctx_cfgs, inter, pp, m),
     ]
     if max_gpus is not None:
         rules.append((f"more than max_gpus = {max_gpus} GPUs", tp * pp * dp > max_gpus))
     return _laid_out(plans, rules, shaped)
+
+
+def _interleaved_rules(context, ctx_cfgs: list, inter, pp, m) -> list[tuple[str, np.ndarray]]:
+    """The interleaved schedule's grouping of the micro-batches as each context's stack runs it
+    (:func:`~ddlsim.workloads.schedules.groups_refused`), one rule per distinct grouping: a
+    context None passes."""
+    from ..workloads.schedules import groups_refused
+    rules: dict[tuple, np.ndarray] = {}
+    for i, cfg in enumerate(ctx_cfgs):
+        if cfg is None:
+            continue
+        key = (cfg.software.interleaved_groups, cfg.parallel.microbatch_group_size_per_vp_stage)
+        here = inter & (context == i) if len(ctx_cfgs) > 1 else inter
+        bad = here & groups_refused(*key[:1], pp, m, key[1])
+        rules[key] = bad if key not in rules else rules[key] | bad
+    return [(_GROUP_REASONS[rule] if given is None else
+             f"interleaved: the micro-batches do not fit microbatch_group_size_per_vp_stage = "
+             f"{given} (Megatron-Core's groups)", mask) for (rule, given), mask in rules.items()]
+
+
+#: Why the interleaved schedule refuses a plan's micro-batches, per stack grouping.
+_GROUP_REASONS = {
+    "pipeline_size": "interleaved needs micro-batches divisible by PP",
+    "megatron_core": "interleaved needs micro-batches divisible by PP",
+    "torch_rounds": "interleaved needs micro-batches divisible by max(1, micro-batches // PP) "
+                    "(torch pipelining's rounds)",
+}
 
 
 def _laid_out(plans: PlanSet, rules, shaped: bool) -> list[tuple[str, np.ndarray]]:

@@ -119,4 +119,5 @@ def inflight_chunks(cfg: RunConfig, stage: int) -> int:
     """Largest number of (micro-batch, chunk) forwards held at once by ``stage``."""
     from .decoder.combined import active   # Megatron-Core's combined 1F1B: one more
     p = cfg.parallel
-    return peak_inflight(p.schedule, stage, p.pp, cfg.num_microbatches, p.vpp, active(cfg))
+    return peak_inflight(p.schedule, stage, p.pp, cfg.num_microbatches, p.vpp, active(cfg),
+                         cfg.microbatch_group)

@@ -104,8 +104,10 @@ class DecoderFamily(WorkloadFamily):
         1-D (``TP64 2.5-D [4,4,4]``), an uneven split's layers per stage (each virtual
         stage's when ``layers_per_virtual_stage`` gives them, or the stack's own split: its
         rule named), the context-parallel axis when
-        there is one (``CP4 ring``, ``CP4 all-gather``), and expert parallelism, carved out
-        of data parallelism as in Megatron-Core (``DP16 (EP8)``)."""
+        there is one (``CP4 ring``, ``CP4 all-gather``), expert parallelism, carved out
+        of data parallelism as in Megatron-Core (``DP16 (EP8)``), and the interleaved
+        schedule's micro-batch groups where they are not PP (``PP4(v2, micro-batches in groups
+        of 6)``)."""
         p = cfg.parallel
         axes = f"TP{p.tp}"
         if p.tp_mode != "1d":
@@ -126,6 +128,9 @@ class DecoderFamily(WorkloadFamily):
             line = line.replace(pp_label, f"{pp_label} [{split}]", 1)
         if p.ep > 1:
             line = line.replace(f"× DP{cfg.dp} =", f"× DP{cfg.dp} (EP{p.ep}) =", 1)
+        if p.schedule == "interleaved" and cfg.microbatch_group != p.pp:   # not Megatron's PP
+            line = line.replace(f"(v{p.vpp})", f"(v{p.vpp}, micro-batches in groups of "
+                                f"{cfg.microbatch_group})", 1)
         from .overlap import overlap_phrase
         from .moeplan import resolve_moe
         moe = resolve_moe(cfg)

@@ -31,16 +31,16 @@ from .zero3 import zero3_blocks, zero3_prefetch
 __all__ = ["build_decoder_workload", "decoder_memory"]
 
 
-def _step_tables(sched: str, pp: int, m: int, v: int, sync: bool,
-                 prologue: bool = False, later_wait=False) -> list[StepTable]:
+def _step_tables(sched: str, pp: int, m: int, v: int, sync: bool, prologue: bool = False,
+                 later_wait=False, group: int | None = None) -> list[StepTable]:
     """Each stage's steps, built for all stages at once from :func:`schedule_arrays`; the last
     backward of each chunk uses its ``.sync`` block, and ``update`` ends the iteration. With
     ``prologue`` the first step (every stage's first forward of chunk 0) runs ``F0.pg``
     (:mod:`.param_gather`); with ``later_wait`` too (interleaved; a bool, or one per stage,
     since a stage whose later chunks' parameters fit in the update's first bucket has no such
     block) the first forward of the last chunk runs ``F<v-1>.pg``, which waits for the other
-    chunks' gather."""
-    backward, ordinal, mb, chunk, warm = schedule_arrays(sched, pp, m, v)
+    chunks' gather. ``group``: the interleaved schedule's micro-batches per group (None: PP)."""
+    backward, ordinal, mb, chunk, warm = schedule_arrays(sched, pp, m, v, group)
     v = v if sched == "interleaved" else 1
     T = m * v
     names = [f"F{c}" for c in range(v)] + [f"B{c}" for c in range(v)]
@@ -236,9 +236,10 @@ def build_decoder_workload(cfg: RunConfig, shape: DecoderShape) -> Workload:
     first = stage_blocks[0]
     args = (plan.schedule, pp, m, b.v, any(name.endswith(".sync") for name in first),
             param_gather.BLOCK in first)
-    tables = combined.combined_step_tables(*args) if modes.combined else _step_tables(
-        *args, later_wait=[param_gather.waiting_block_name(b.v - 1) in blocks
-                           for blocks in stage_blocks])
+    tables = combined.combined_step_tables(*args, group=plan.microbatch_group) \
+        if modes.combined else _step_tables(
+            *args, later_wait=[param_gather.waiting_block_name(b.v - 1) in blocks
+                               for blocks in stage_blocks], group=plan.microbatch_group)
     for stage, blocks in enumerate(stage_blocks):
         role = (stage == 0, stage == pp - 1, b.split[stage])
         splits = [(True, ranks[stage, :1]), (False, ranks[stage, 1:])] if split_root \

@@ -265,11 +265,12 @@ def combined_blocks(b, stage: int, blocks: dict, delay: bool) -> dict[str, Block
 
 
 def combined_step_tables(sched: str, pp: int, m: int, v: int, sync: bool,
-                         prologue: bool = False) -> list[StepTable]:
+                         prologue: bool = False, group: int | None = None) -> list[StepTable]:
     """Each stage's steps under the combined 1F1B (:func:`~ddlsim.workloads.schedules.
     combined_schedule`), in the encoding of this module's docstring; the last backward of
     each chunk uses its ``.sync`` block, ``update`` ends the iteration, ``prologue`` as in
-    :func:`.build._step_tables`.
+    :func:`.build._step_tables`; ``group``: the interleaved schedule's micro-batches per group
+    (None: PP).
 
     Raises
     ------
@@ -281,7 +282,7 @@ def combined_step_tables(sched: str, pp: int, m: int, v: int, sync: bool,
     last_k = pp * v - 1
     tables = []
     for s in range(pp):
-        order = combined_schedule(sched, s, pp, m, v)
+        order = combined_schedule(sched, s, pp, m, v, group)
         last_b = {}
         for j, e in enumerate(order):
             if e[0] != "F":

@@ -74,7 +74,7 @@ def stage_memory(plan: DecoderPlan, stage: int, params: float, expert_params: fl
     part = None if shape.is_moe else plan.partitioner
     per_chunk = _chunk_activations(plan, part, stage)
     chunks = peak_inflight(plan.schedule, stage, plan.pp, plan.microbatches, plan.vpp,
-                           plan.combined_1f1b)    # as :func:`..memory.inflight_chunks`
+                           plan.combined_1f1b, plan.microbatch_group)   # as ..memory's
     rebuilt = (_rebuilt_layer(plan, part, stage) + _ring_buffers(plan, part)
                + _combined_layer(plan, stage, per_chunk))
     # FP8 (Transformer Engine) keeps 16-bit weights and grads: the plan's ``dtype``; FP8
@@ -118,7 +118,8 @@ def _combined_layer(plan: DecoderPlan, stage: int, per_chunk: float) -> float:
     (:func:`..schedules.combined_extra_layer`): a layer of the stage's chunk, ``per_chunk``
     over its layers (their mean under an uneven split); 0 without the combined 1F1B."""
     if not plan.combined_1f1b or not combined_extra_layer(
-            plan.schedule, stage, plan.pp, plan.microbatches, plan.vpp):
+            plan.schedule, stage, plan.pp, plan.microbatches, plan.vpp,
+            plan.microbatch_group):
         return 0.0
     row = plan.split[stage]
     layers = sum(row) / len(row)

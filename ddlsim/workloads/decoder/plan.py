@@ -92,6 +92,8 @@ class DecoderPlan:
     schedule: str
     #: micro-batches per iteration and pipeline (``num_microbatches``)
     microbatches: int
+    #: the interleaved schedule's micro-batches per group (``RunConfig.microbatch_group``)
+    microbatch_group: int
     #: whether Megatron-Core's combined 1F1B runs (:func:`.combined.active`)
     combined_1f1b: bool
     #: ``parallel.dp_strategy`` (``ddp``, ``reduce_broadcast``, …)
@@ -196,6 +198,7 @@ def resolve_plan(cfg: Any, shape: Any) -> DecoderPlan:
         dtype_bytes=DTYPE_BYTES[dtype], grad_dtype_bytes=gdt,
         activation_kinds=MappingProxyType(activation_kinds(cfg, shape=shape)), split=_split(cfg),
         schedule=p.schedule, microbatches=cfg.num_microbatches,
+        microbatch_group=cfg.microbatch_group,
         combined_1f1b=combined.active(cfg),
         dp_strategy=p.dp_strategy, zero_stage=p.zero_stage, grad_group=group,
         grad_group_size=gdp, hsdp_replicas=p.data_parallel_replicate_size,
