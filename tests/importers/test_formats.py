@@ -292,3 +292,19 @@ def test_torchtitans_reshard_policy_without_fsdp_is_noted_unread_and_the_run_loa
     assert "zero3_reshard_after_forward" not in str(cfg)
     assert any("unread" in outcome for d in got.drafts for _arg, outcome in d.notes)
     ddlsim.load_config(cfg)
+
+
+def test_torchtitans_interleaved_schedule_groups_micro_batches_in_torchs_rounds(tmp_path):
+    """Interleaved1F1B on PP 4 with 10 micro-batches per pipeline: torch.distributed.pipelining
+    runs two rounds of 5 (refused with Megatron's multiple-of-PP rule until 2026-12-01); 9
+    micro-batches, two rounds that do not divide them, torch refuses, and so does the import."""
+    text = (DATA / "torchtitan_llama3_8b.toml").read_text().replace(
+        "pipeline_parallel_degree = 1", "pipeline_parallel_degree = 4\n"
+        "pipeline_parallel_schedule = 'Interleaved1F1B'", 1)
+    (tmp_path / "t.toml").write_text(text.replace("batch_size = 1", "batch_size = 10", 1))
+    cfg = ddlsim.load_config(import_config([tmp_path / "t.toml"], system="dgx-a100",
+                                           nodes=1).config)
+    assert (cfg.num_microbatches, cfg.microbatch_group) == (10, 5)
+    (tmp_path / "t.toml").write_text(text.replace("batch_size = 1", "batch_size = 9", 1))
+    with pytest.raises(ConfigError, match="ScheduleInterleaved1F1B"):
+        import_config([tmp_path / "t.toml"], system="dgx-a100", nodes=1)
