@@ -33,7 +33,7 @@ Checkpoint = Literal["reentrant", "non_reentrant", "non_reentrant_early_stop"]
 #: (:func:`ddlsim.simulator.kernels.repeat_kv.expands_kv`)
 RepeatKV = Literal["always", "unfused_kernels", "never"]
 #: the framework's default split of the layers over the pipeline's virtual stages
-PipelineSplit = Literal["even", "torchtitan-2024", "torchtitan-2025"]
+PipelineSplit = Literal["even", "torchtitan-2024", "torchtitan-2025", "deepspeed"]
 #: how the interleaved schedule groups micro-batches (:data:`ddlsim.workloads.schedules.
 #: GROUP_RULES`)
 InterleavedGroups = Literal["pipeline_size", "megatron_core", "torch_rounds"]
@@ -211,8 +211,9 @@ class KernelSpec(_Strict):
         default=None, description="how the framework splits the transformer layers over the "
                                   "pipeline's virtual stages when the plan gives no split of "
                                   "its own: even (Megatron's L / (PP·VPP), refused where it "
-                                  "does not divide), or torchtitan's own uneven rule of 2024 "
-                                  "or 2025 (workloads/decoder/titan_split.py)")
+                                  "does not divide), torchtitan's own uneven rule of 2024 "
+                                  "or 2025 (workloads/decoder/titan_split.py), or DeepSpeed's "
+                                  "balanced partition (workloads/decoder/ds_split.py)")
     interleaved_groups: InterleavedGroups | None = Field(
         default=None, description="how the interleaved schedule groups micro-batches: groups "
                                   "of PP with the micro-batches a multiple of PP "

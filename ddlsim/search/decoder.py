@@ -77,7 +77,7 @@ class DecoderVectors(DataParallelTerms):
                               "per model chunk and does not model Megatron-Core's uneven "
                               "pipeline splits; use ddlsim sweep (the exact engine) to compare "
                               "such plans, or remove the option to search even splits")
-        if cfg.software.pipeline_split != "even":   # a ConfigError: searched exactly
+        if cfg.software.pipeline_split.startswith("torchtitan"):   # searched exactly
             raise ConfigError(f"system.software = {cfg.software.name!r} splits the layers "
                               f"over pipeline stages by {cfg.software.pipeline_split}'s own "
                               "(uneven) rule, which the vectorised search tier does not "
@@ -121,17 +121,27 @@ class DecoderVectors(DataParallelTerms):
 
     @staticmethod
     def beyond(cfgs: list, plans) -> bool:
-        """Whether a plan the rules passed runs the interleaved schedule in groups other
-        than PP (torch pipelining's rounds where PP does not divide the micro-batches:
-        :func:`~ddlsim.workloads.schedules.microbatch_group`), which the closed form
-        (:func:`.pipeline.interleaved_ends`) does not cover; ``cfgs``: each context's config
-        (None where it failed). The grid is then searched by the exact engine."""
+        """Whether a plan the rules passed needs what the closed forms do not cover: the
+        interleaved schedule in groups other than PP (torch pipelining's rounds where PP does
+        not divide the micro-batches: :func:`~ddlsim.workloads.schedules.microbatch_group`;
+        :func:`.pipeline.interleaved_ends` has groups of PP), or DeepSpeed's uneven split of
+        layers PP does not divide (:mod:`~ddlsim.workloads.decoder.ds_split`; the tier has
+        L/PP layers a stage); ``cfgs``: each context's config (None where it failed). The
+        grid is then searched by the exact engine."""
         from .plans import SCHEDULE
+        pp = np.maximum(plans["pp"], 1)
         inter = plans["schedule"] == SCHEDULE.index("interleaved")
         m = plans["gbs"] // np.maximum(plans["mbs"] * np.maximum(plans["dp"], 1), 1)
-        other = inter & (m % np.maximum(plans["pp"], 1) != 0)
-        return any(cfg is not None and cfg.software.interleaved_groups == "torch_rounds"
-                   and (other & (plans["context"] == i)).any() for i, cfg in enumerate(cfgs))
+        rounds = inter & (m % pp != 0)
+        for i, cfg in enumerate(cfgs):
+            if cfg is None:
+                continue
+            sw, here = cfg.software, plans["context"] == i
+            uneven = (pp > 1) & (cfg.model.num_hidden_layers % (pp * plans["v"]) != 0)
+            if ((sw.interleaved_groups == "torch_rounds" and (rounds & here).any())
+                    or (sw.pipeline_split == "deepspeed" and (uneven & here).any())):
+                return True
+        return False
 
     # ------------------------------------------------------------------ costs
     def costs(self, ctx: _Context, plans, nets) -> StageCosts:

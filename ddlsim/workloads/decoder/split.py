@@ -23,8 +23,9 @@ d98e8a64, 2026-08):
 placement, ``stage_ids_this_rank``), as torchtitan splits its model: an uneven first and last
 stage (``ddlsim/importers/torchtitan_split.py``). It combines with none of the above. A plan
 that gives none of these on a stack whose framework splits by a rule of its own (the stack's
-``pipeline_split``: torchtitan's, :mod:`.titan_split`) gets that rule's split, laid out the
-same way; ``even`` is Megatron's.
+``pipeline_split``: torchtitan's, :mod:`.titan_split`; DeepSpeed's, :mod:`.ds_split`, where
+the layers do not divide) gets that rule's split, laid out the same way; ``even`` is
+Megatron's.
 
 ``pipeline_model_parallel_layout`` (Megatron-Core's layout string, :mod:`.pp_layout`) gives
 every chunk's layers as letters; it combines with none of the above (Megatron-Core raises
@@ -131,8 +132,10 @@ def _layout(p: Any, layers: int, mtp: int) -> tuple[tuple[int, ...], ...]:
 def stack_split_applies(cfg: Any) -> bool:
     """Whether the plan's layers are split by the stack's own rule (``pipeline_split``, not
     ``even``): a pipeline with none of the split options above."""
-    p = cfg.parallel
-    return p.pp > 1 and not is_uneven(p) and cfg.software.pipeline_split != "even"
+    p, rule = cfg.parallel, cfg.software.pipeline_split
+    # DeepSpeed's balanced partition is the even split where the layers divide
+    return p.pp > 1 and not is_uneven(p) and rule != "even" and not (
+        rule == "deepspeed" and cfg.model.num_hidden_layers % (p.pp * p.vpp) == 0)
 
 
 def virtual_stage_layers(cfg: Any) -> list[int]:
@@ -145,10 +148,14 @@ def virtual_stage_layers(cfg: Any) -> list[int]:
 
 def _stack_split(rule: str, layers: int, stages: int) -> list[int]:
     """Each virtual stage's layers by the stack's own rule (``pipeline_split``: torchtitan's,
-    :mod:`.titan_split`), ValueError naming the field where the framework refuses it."""
+    :mod:`.titan_split`; DeepSpeed's, :mod:`.ds_split`), ValueError naming the field where the
+    framework refuses it."""
+    from .ds_split import split_deepspeed
     from .titan_split import split_2024, split_2025
+    rules = {"torchtitan-2024": split_2024, "torchtitan-2025": split_2025,
+             "deepspeed": split_deepspeed}
     try:
-        return (split_2024 if rule == "torchtitan-2024" else split_2025)(layers, stages)
+        return rules[rule](layers, stages)
     except ValueError as exc:
         raise ValueError(f"system.software.kernels.pipeline_split = {rule!r}: {exc}") from None
 
