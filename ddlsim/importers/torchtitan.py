@@ -294,6 +294,9 @@ def _pipeline(draft: Draft, s: dict, doc: dict, old: bool) -> None:
                 draft.note(f"[parallelism] {key}", "no effect without pipeline stages")
         return
     name = s.get("pipeline_parallel_schedule", "1F1B")
+    # torch's get_schedule_class matches the name whatever its case (torch/distributed/
+    # pipelining/schedules.py, schedule_name.lower()): "interleaved1f1b" is Interleaved1F1B
+    name = {k.lower(): k for k in _SCHEDULES}.get(str(name).lower(), name)
     if name not in _SCHEDULES:
         draft.refuse(f"[parallelism] pipeline_parallel_schedule = {name}",
                      f"ddlsim maps {', '.join(_SCHEDULES)} (not modelled yet)")

@@ -308,3 +308,14 @@ def test_torchtitans_interleaved_schedule_groups_micro_batches_in_torchs_rounds(
     (tmp_path / "t.toml").write_text(text.replace("batch_size = 1", "batch_size = 9", 1))
     with pytest.raises(ConfigError, match="ScheduleInterleaved1F1B"):
         import_config([tmp_path / "t.toml"], system="dgx-a100", nodes=1)
+
+
+def test_torchtitans_schedule_name_is_read_whatever_its_case(tmp_path):
+    """torch's get_schedule_class lower-cases the name (torchtitan 07c00d9's Llama 4 config
+    writes "interleaved1f1b")."""
+    text = (DATA / "torchtitan_llama3_8b.toml").read_text().replace(
+        "pipeline_parallel_degree = 1", "pipeline_parallel_degree = 2\n"
+        "pipeline_parallel_schedule = 'interleaved1f1b'", 1)
+    (tmp_path / "t.toml").write_text(text.replace("batch_size = 1", "batch_size = 4", 1))
+    p = import_config([tmp_path / "t.toml"], system="dgx-a100", nodes=2).config["parallel"]
+    assert p["schedule"] == "interleaved"
