@@ -260,12 +260,14 @@ def combined_schedule(name: str, stage: int, p: int, m: int,
     v = v if name == "interleaved" else 1
     total = m * v
     g = p if group is None else group
-    ids = (lambda k, fwd: _interleaved_id(k, v, g, m, fwd)) if name == "interleaved" \
-        else (lambda k, fwd: (k, 0))
+    k = np.arange(total)
+    fwd, bwd = ((_interleaved_id(k, v, g, m, True), _interleaved_id(k, v, g, m, False))
+                if name == "interleaved" else ((k, 0 * k), (k, 0 * k)))
+    fwd, bwd = (list(zip(a.tolist(), c.tolist())) for a, c in (fwd, bwd))
     w = warmup(name, stage, p, m, v, combined=True, group=g)
-    order: list[tuple] = [("F", *ids(k, True)) for k in range(w)]
-    order += [("FB", *ids(w + k, True), *ids(k, False)) for k in range(total - w)]
-    order += [("B", *ids(k, False)) for k in range(total - w, total)]
+    order: list[tuple] = [("F", *fwd[k]) for k in range(w)]
+    order += [("FB", *fwd[w + k], *bwd[k]) for k in range(total - w)]
+    order += [("B", *bwd[k]) for k in range(total - w, total)]
     return tuple(order)
 
 
