@@ -140,24 +140,20 @@ def _one_f_one_b(stage: int, p: int, m: int, v: int, g: int) -> Order:
     return order
 
 
-def _interleaved_id(k, v: int, g: int, m: int, forward: bool):
-    """Micro-batch and chunk of the k-th forward (or backward) of a stage (``k`` an int or an
-    array): Megatron-Core's schedule table (``get_schedule_table``), groups of ``g``
+def _interleaved_id(k: np.ndarray, v: int, g: int, m: int,
+                    forward: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Micro-batch and chunk of each k-th forward (or backward) of a stage (``k`` an array):
+    Megatron-Core's schedule table (``get_schedule_table``), groups of ``g``
     micro-batches each run through the ``v`` chunks in turn, the last group the ``r`` left
     (``0 < r ≤ g``); a backward runs the chunks in reverse."""
     last = (-(-m // g) - 1) * g          # the last group's first micro-batch
     r = m - last
-    k = np.asarray(k)
     group, within = np.divmod(k, g * v)
     tail = k - last * v                  # position in the last group
     in_last = tail >= 0
     chunk = np.where(in_last, np.maximum(tail, 0) // r, within // g)
     mb = np.where(in_last, last + np.maximum(tail, 0) % r, group * g + within % g)
-    if not forward:
-        chunk = v - 1 - chunk
-    if mb.ndim == 0:
-        return int(mb), int(chunk)
-    return mb, chunk
+    return mb, chunk if forward else v - 1 - chunk
 
 
 @_register("interleaved")
