@@ -73,7 +73,7 @@ def test_40_layers_on_three_stages_run_as_deepspeed_splits_them():
     a = ddlsim.predict(cfg, check_fit=False)
     d = ddlsim.predict(cfg, engine="des", check_fit=False)
     assert a.iteration_time_s == pytest.approx(d.iteration_time_s, rel=0.02)
-    assert "[14+13×2 layers per virtual stage (deepspeed's split)]" in \
+    assert "[14+13×2 layers per stage (deepspeed's split)]" in \
         cfg.family.plan_summary(cfg)
     assert ddlsim.predict(cfg, check_fit=False).to_dict()["plan"]["pipeline_split"] == "deepspeed"
 

@@ -69,7 +69,7 @@ def test_the_plan_line_and_the_json_name_the_stacks_split():
     """Nothing a stack decides is silent: the split it makes is shown with its rule."""
     from ddlsim.planinfo import plan_fields
     cfg = _cfg("llama-3.1-8b", "torchtitan-2025", 4, tensor_model_parallel_size=2)
-    assert "PP4 [8+9+8+7 layers per virtual stage (torchtitan-2025's split)]" in \
+    assert "PP4 [8+9+8+7 layers per stage (torchtitan-2025's split)]" in \
         cfg.family.plan_summary(cfg)
     fields = plan_fields(cfg)
     assert (fields["layers_per_virtual_stage"], fields["pipeline_split"]) == \

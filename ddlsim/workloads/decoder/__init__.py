@@ -122,8 +122,8 @@ class DecoderFamily(WorkloadFamily):
             split = f"{_stage_layers(per_stage)} layers"
             if p.layers_per_virtual_stage is not None or own:    # each virtual stage's
                 rule = f" ({cfg.software.pipeline_split}'s split)" if own else ""
-                split = f"{_stage_layers(virtual_stage_layers(cfg))} layers per virtual " \
-                        f"stage{rule}"
+                each = "virtual stage" if p.vpp > 1 else "stage"   # no chunks: a stage's
+                split = f"{_stage_layers(virtual_stage_layers(cfg))} layers per {each}{rule}"
             pp_label = f"PP{p.pp}{f'(v{p.vpp})' if p.vpp > 1 else ''}"
             line = line.replace(pp_label, f"{pp_label} [{split}]", 1)
         if p.ep > 1:
