@@ -261,14 +261,10 @@ def long_config(row: dict) -> dict:
 
 
 def approximated(row: dict) -> str:
-    """What the row's run does that ddlsim does not model ("-" where nothing is listed).
-    Under Megatron-FSDP (ModelZoo row 3) the gathers are overlapped as its code runs them;
-    its reduce-scatter queue cap is not modelled (decoder/megatron_fsdp.py). The distributed
-    optimizer's parameter all-gather beside the next forward is modelled on every other row
-    (decoder/param_gather.py; listed here until 2026-11-30, when ddlsim refused it with
-    EP > 1), as are the router's kernels and FP8 current scaling (:mod:`~ddlsim.workloads.
-    decoder.moe_router`, ``te_current``). The A/B runs' table reads its column from the
-    data file (``not_modelled``)."""
+    """What the row's run does that ddlsim does not model ("-": nothing listed): Megatron-
+    FSDP's reduce-scatter queue cap (ModelZoo row 3, decoder/megatron_fsdp.py). The parameter
+    all-gather beside the next forward (decoder/param_gather.py; listed until 2026-11-30),
+    the router's kernels and FP8 current scaling are modelled on every row."""
     if row.get("fsdp") == "On":
         return "RS queue cap"
     return "-"

@@ -34,8 +34,8 @@ Checkpoint = Literal["reentrant", "non_reentrant", "non_reentrant_early_stop"]
 RepeatKV = Literal["always", "unfused_kernels", "never"]
 #: the framework's default split of the layers over the pipeline's virtual stages
 PipelineSplit = Literal["even", "torchtitan-2024", "torchtitan-2025", "deepspeed"]
-#: how the interleaved schedule groups micro-batches (:data:`ddlsim.workloads.schedules.
-#: GROUP_RULES`)
+#: how the interleaved schedule groups micro-batches (:func:`ddlsim.workloads.schedules.
+#: microbatch_group`)
 InterleavedGroups = Literal["pipeline_size", "megatron_core", "torch_rounds"]
 #: where a micro-batch's dense attention mask comes from
 #: (:mod:`ddlsim.workloads.decoder.batch_input`)

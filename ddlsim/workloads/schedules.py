@@ -23,8 +23,7 @@ import numpy as np
 from ..errors import ConfigError
 
 __all__ = ["schedule", "SCHEDULES", "warmup", "peak_inflight", "schedule_arrays",
-           "combined_schedule", "microbatch_group", "GROUP_RULES", "group_refusal",
-           "groups_refused"]
+           "combined_schedule", "microbatch_group", "group_refusal", "groups_refused"]
 
 Order = list[tuple[str, int, int]]
 SCHEDULES: dict[str, Callable[[int, int, int, int, int], Order]] = {}
@@ -54,22 +53,20 @@ def _cached(name: str, stage: int, p: int, m: int, v: int,
 
 
 # --------------------------------------------------------------- interleaved groups
-#: How a software stack groups the micro-batches of the interleaved schedule (its
-#: ``kernels.interleaved_groups``, each value's source in ``data/software.yaml``):
-#: ``pipeline_size``, groups of PP, the micro-batches a multiple of PP, no option (Megatron-LM
-#: of 2021, Megatron-Core of 2024); ``megatron_core``, groups of
-#: ``parallel.microbatch_group_size_per_vp_stage`` (PP unless given), each but the last whole
-#: and the last one whole or at least PP (Megatron-Core's ``get_schedule_table`` and its
-#: checks in ``forward_backward_pipelining_with_interleaving``); ``torch_rounds``,
-#: ``torch.distributed.pipelining``'s ``ScheduleInterleaved1F1B``: ``max(1, m // PP)`` rounds
-#: of ``m / rounds`` micro-batches, the micro-batches a multiple of the rounds, no option.
-GROUP_RULES = ("pipeline_size", "megatron_core", "torch_rounds")
-
-
 def microbatch_group(rule: str, p, m, given: int | None = None):
-    """Micro-batches per group of the interleaved schedule under the stack's ``rule``
-    (:data:`GROUP_RULES`) for ``p`` stages and ``m`` micro-batches (arrays allowed), with the
-    plan's ``microbatch_group_size_per_vp_stage`` (``given``, None if unset)."""
+    """Micro-batches per group of the interleaved schedule for ``p`` stages and ``m``
+    micro-batches (arrays allowed) under the stack's ``rule`` (its
+    ``kernels.interleaved_groups``, each value's source in ``data/software.yaml``), with the
+    plan's ``microbatch_group_size_per_vp_stage`` (``given``, None if unset):
+
+    * ``pipeline_size``: groups of PP, the micro-batches a multiple of PP, no option
+      (Megatron-LM of 2021, Megatron-Core of 2024);
+    * ``megatron_core``: groups of ``given`` (PP unless given), each but the last whole and
+      the last one whole or at least PP (Megatron-Core's ``get_schedule_table`` and its checks
+      in ``forward_backward_pipelining_with_interleaving``);
+    * ``torch_rounds``: ``torch.distributed.pipelining``'s ``ScheduleInterleaved1F1B``,
+      ``max(1, m // PP)`` rounds of ``m / rounds`` micro-batches, the micro-batches a
+      multiple of the rounds, no option."""
     if rule == "torch_rounds":
         return m // _max1(m // p)
     return p if given is None else given
@@ -92,7 +89,7 @@ def groups_refused(rule: str, p, m, given: int | None = None):
 
 
 def group_refusal(rule: str, p: int, m: int, given: int | None = None) -> str | None:
-    """Why the stack's interleaved schedule (``rule``, :data:`GROUP_RULES`) cannot run ``m``
+    """Why the stack's interleaved schedule (``rule``, :func:`microbatch_group`) cannot run ``m``
     micro-batches on ``p`` stages with the plan's ``microbatch_group_size_per_vp_stage``
     ``given``, or None where it runs them."""
     if given is not None and rule != "megatron_core":
