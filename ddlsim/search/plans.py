@@ -276,7 +276,7 @@ def _interleaved_rules(context, ctx_cfgs: list, inter, pp, m) -> list[tuple[str,
             continue
         key = (cfg.software.interleaved_groups, cfg.parallel.microbatch_group_size_per_vp_stage)
         here = inter & (context == i) if len(ctx_cfgs) > 1 else inter
-        bad = here & groups_refused(*key[:1], pp, m, key[1])
+        bad = here & groups_refused(key[0], pp, m, key[1])
         rules[key] = bad if key not in rules else rules[key] | bad
     return [(_GROUP_REASONS[rule] if given is None else
              f"interleaved: the micro-batches do not fit microbatch_group_size_per_vp_stage = "
