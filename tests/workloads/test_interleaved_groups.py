@@ -9,6 +9,7 @@ import itertools
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import ddlsim
 from ddlsim.errors import ConfigError
@@ -198,3 +199,25 @@ def test_a_vectorised_grid_with_torchs_other_groups_goes_to_the_exact_engine():
     other = evaluate_grid(data, None, [], {"train.global_batch_size": [8, 10]}, limits).frame
     assert other.attrs["tier"] == "exact"
     assert sorted(other["train.global_batch_size"]) == [8, 10]
+
+
+
+@settings(max_examples=60, deadline=None)
+@given(p=st.integers(2, 6), v=st.integers(2, 4), m=st.integers(2, 30), g=st.integers(2, 30))
+def test_any_group_megatron_core_runs_gives_a_valid_order(p, v, m, g):
+    """Every (PP, VPP, micro-batches, group) Megatron-Core's checks pass: each stage runs each
+    (micro-batch, chunk) forward once, its backward later, the chunks' micro-batches in order,
+    the warm-up of ``get_pp_rank_microbatches``; the arrays the builder reads agree."""
+    if groups_refused("megatron_core", p, m, g):
+        assert group_refusal("megatron_core", p, m, g) is not None
+        return
+    backward, _, mb, chunk, warm = schedule_arrays("interleaved", p, m, v, g)
+    for s in range(p):
+        order = schedule("interleaved", s, p, m, v, group=g)
+        assert warm[s] == min(2 * (p - s - 1) + (v - 1) * g, m * v)
+        done = set()
+        for j, (kind, b, c) in enumerate(order):
+            assert (kind == "B", b, c) == (bool(backward[s, j]), mb[s, j], chunk[s, j])
+            assert ((b, c) in done) == (kind == "B")
+            done.add((b, c))
+        assert len(order) == 2 * m * v
