@@ -296,3 +296,12 @@ class RunConfig(_Strict):
         return microbatch_group(self.software.interleaved_groups, p.pp, self.num_microbatches,
                                 p.microbatch_group_size_per_vp_stage)
 
+    @property
+    def other_microbatch_group(self) -> int | None:
+        """The interleaved schedule's :attr:`microbatch_group` where it is not PP (Megatron's),
+        which the plan line and the JSON result name; None otherwise."""
+        p = self.parallel
+        if p.schedule != "interleaved" or self.microbatch_group == p.pp:
+            return None
+        return self.microbatch_group
+

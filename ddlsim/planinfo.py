@@ -115,8 +115,9 @@ def _layout_fields(cfg: Any) -> dict[str, Any]:
         out["recompute_every_n_layers"] = cfg.train.recompute_every_n_layers
     if cfg.train.recompute_modules is not None:
         out["recompute_modules"] = list(cfg.train.recompute_modules)
-    if p.schedule == "interleaved" and cfg.microbatch_group != p.pp:
-        out["microbatch_group"] = cfg.microbatch_group   # Megatron's is PP (schedules.py)
+    group = cfg.other_microbatch_group
+    if group is not None:   # Megatron's is PP
+        out["microbatch_group"] = group
     if p.layers_per_virtual_stage is not None:
         out["layers_per_virtual_stage"] = list(p.layers_per_virtual_stage)
     elif cfg.model.architecture in _KERNEL_FAMILIES:

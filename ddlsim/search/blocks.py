@@ -39,7 +39,7 @@ from ..workloads.trace import Compute
 from ..workloads.decoder.builder import StageBuilder, as_ops
 from ..workloads.decoder.fp8linear import weight_cast_microbatches
 from . import piececolls
-from .plans import RECOMPUTE
+from .plans import RECOMPUTE, microbatches
 
 __all__ = ["Pieces", "stage_pieces", "piece_config"]
 
@@ -128,7 +128,7 @@ def _signatures(plans, ctx) -> tuple[np.ndarray, np.ndarray]:
 def _cast_microbatches(ctx, plans) -> np.ndarray:
     """Per plan, its micro-batches per step where the layer's FP8 weight casts are spread over
     them (:func:`~ddlsim.workloads.decoder.fp8linear.weight_cast_microbatches`), else 0."""
-    m = plans["gbs"] // np.maximum(plans["mbs"] * np.maximum(plans["dp"], 1), 1)
+    m = microbatches(plans)
     cfg = ctx.cfg
     return weight_cast_microbatches(cfg.software, cfg.train.dtype, m.astype(np.int64))
 

@@ -128,11 +128,10 @@ class DecoderVectors(DataParallelTerms):
         layers PP does not divide (:mod:`~ddlsim.workloads.decoder.ds_split`; the tier has
         L/PP layers a stage); ``cfgs``: each context's config (None where it failed). The
         grid is then searched by the exact engine."""
-        from .plans import SCHEDULE
+        from .plans import SCHEDULE, microbatches
         pp = np.maximum(plans["pp"], 1)
         inter = plans["schedule"] == SCHEDULE.index("interleaved")
-        m = plans["gbs"] // np.maximum(plans["mbs"] * np.maximum(plans["dp"], 1), 1)
-        rounds = inter & (m % pp != 0)
+        rounds = inter & (microbatches(plans) % pp != 0)
         for i, cfg in enumerate(cfgs):
             if cfg is None:
                 continue

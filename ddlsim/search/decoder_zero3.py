@@ -15,7 +15,7 @@ from ..workloads.decoder.wgrad import accumulate_pass_bytes
 from ..workloads.decoder.zero3 import list_host_seconds, module_fetches, unit_live_elements
 from ..workloads.decoder.zero3_fetch import persistent_gather_seconds, persistent_tensors
 from .kerneltimes import kernel_times
-from .plans import RECOMPUTE
+from .plans import RECOMPUTE, microbatches
 from .smtaken import sm_taken
 from .zero3 import Unit, zero3_time, zero3_units_time
 from .zero3_edges import (edge_units, fsdp1_grad_seconds, price_gathers, price_reduces,
@@ -54,7 +54,7 @@ def zero3_seconds(ctx, plans, parts, coll, first_params, gemm=None) -> np.ndarra
     """
     e, f, hf, hb, bw, eb = parts
     dp = plans["dp"]
-    m = plans["gbs"] // np.maximum(plans["mbs"] * np.maximum(dp, 1), 1)
+    m = microbatches(plans)
     on = (plans["zero"] == 3) & (dp > 1)
     if not on.any():
         return np.full(len(plans), np.nan)
@@ -149,7 +149,7 @@ def _module_pieces(ctx, plans, coll):
     sh, dt = ctx.shape, ctx.dt
     b, t = plans["mbs"].astype(float), plans["tp"].astype(float)
     sp = plans["sp"].astype(bool)
-    m = plans["gbs"] // np.maximum(plans["mbs"] * np.maximum(plans["dp"], 1), 1)
+    m = microbatches(plans)
     k = kernel_times(ctx, plans["mbs"], plans["tp"], sp,   # FP8 weight casts per step
                      weight_cast_microbatches(ctx.cfg.software, ctx.cfg.train.dtype, m))
     act = b * ctx.s * sh.hidden * dt

@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .plans import SCHEDULE
+from .plans import SCHEDULE, microbatches
 
 __all__ = ["flow_shop_tail", "flow_shop_last", "earlier_chunks", "iteration_time",
            "interleaved_ends"]
@@ -116,7 +116,7 @@ def earlier_chunks(v, spacing_s, chunk_comm_s, layers, segments, layer_s) -> np.
 def iteration_time(costs, plans) -> np.ndarray:
     """The iteration time of each plan from its :class:`~ddlsim.search.family.StageCosts`."""
     pp, v = plans["pp"], plans["v"]
-    m = plans["gbs"] // np.maximum(plans["mbs"] * np.maximum(plans["dp"], 1), 1)
+    m = microbatches(plans)
     gpipe = plans["schedule"] == SCHEDULE.index("gpipe")
     middle = np.maximum(pp - 2, 0)
 

@@ -185,6 +185,12 @@ def _per_context(devices: int | Sequence[int], ctx: np.ndarray) -> int | np.ndar
     return np.asarray(devices, dtype=np.int64)[ctx]
 
 
+def microbatches(plans) -> np.ndarray:
+    """Micro-batches per step of each plan, ``gbs // (mbs · DP)`` (0 where that is no whole
+    batch, refused by :func:`plan_rules`; DP 0 read as 1)."""
+    return plans["gbs"] // np.maximum(plans["mbs"] * np.maximum(plans["dp"], 1), 1)
+
+
 def flat(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """``a`` broadcast to ``shape`` as a new flat array, in plan order (first axis slowest)."""
     a = np.asarray(a)
@@ -249,7 +255,7 @@ def plan_rules(plans: PlanSet, ctx_cfgs: list, devices: int | Sequence[int],
     sched = f["schedule"]
     inter = sched == SCHEDULE.index("interleaved")
     safe_dp = np.maximum(dp, 1)
-    m = gbs // np.maximum(mbs * safe_dp, 1)
+    m = microbatches(f)
     from ..limits import BOUNDS
     most_mb = BOUNDS["microbatches"].high
     rules = [

@@ -79,11 +79,11 @@ def _max1(a):
 def groups_refused(rule: str, p, m, given: int | None = None):
     """Whether the stack's interleaved schedule refuses ``m`` micro-batches on ``p`` stages
     (arrays allowed): the checks :func:`group_refusal` words."""
-    g = microbatch_group(rule, p, m, given)
     if rule == "torch_rounds":
         return m % _max1(m // p) != 0
     if rule == "pipeline_size":
         return m % p != 0
+    g = microbatch_group(rule, p, m, given)
     last = m % g
     return (g > m) | (g < p) | ((last > 0) & (last < p))
 

@@ -128,9 +128,10 @@ class DecoderFamily(WorkloadFamily):
             line = line.replace(pp_label, f"{pp_label} [{split}]", 1)
         if p.ep > 1:
             line = line.replace(f"× DP{cfg.dp} =", f"× DP{cfg.dp} (EP{p.ep}) =", 1)
-        if p.schedule == "interleaved" and cfg.microbatch_group != p.pp:   # not Megatron's PP
-            line = line.replace(f"(v{p.vpp})", f"(v{p.vpp}, micro-batches in groups of "
-                                f"{cfg.microbatch_group})", 1)
+        group = cfg.other_microbatch_group
+        if group is not None:   # not Megatron's PP
+            line = line.replace(f"(v{p.vpp})", f"(v{p.vpp}, micro-batches in groups of {group})",
+                                1)
         from .overlap import overlap_phrase
         from .moeplan import resolve_moe
         moe = resolve_moe(cfg)
