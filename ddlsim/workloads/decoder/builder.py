@@ -171,11 +171,12 @@ class StageBuilder(MTPOps, GradSyncOps, MoEOps, MoEUpdateOps, HostSyncOps, EdgeO
         t, k = self.tp, self.kernels
         ew = sum(x.bytes for x in k["ew"])
         ops: list[Compute | Collective] = [
-            Compute(f"{tag}.attn", self._attn_flops(g) / t, dtype=self.dtype,
+            *self._latent_gathers(tag),
+            Compute(f"{tag}.attn", self._attn_flops(g), dtype=self.dtype,
                     kernels=k["attn"]),
             *self._tp_comm(f"{tag}.attn"),
             Compute(f"{tag}.mlp", g["mlp"] / t, dtype=self.dtype, kernels=k["mlp"]),
-            *self._tp_comm(f"{tag}.mlp"),
+            *self.part.tp_comm(f"{tag}.mlp", self.act_bytes, ends_layer=True),
             Compute(f"{tag}.elementwise", 0.0, ew, kind="elementwise", dtype=self.dtype,
                     kernels=k["ew"]),
         ]
@@ -192,10 +193,33 @@ class StageBuilder(MTPOps, GradSyncOps, MoEOps, MoEUpdateOps, HostSyncOps, EdgeO
                              self.plan.train_dtype, regathers_input(self.sw, self.plan.recompute),
                              self.plan.microbatches)
 
-    @staticmethod
-    def _attn_flops(g: dict[str, float]) -> float:
-        """Q, K/V (smaller under GQA), the attention core and the output projection."""
-        return (g["q"] + g["kv"]) + g["attn_core"] + g["proj"]
+    def _attn_flops(self, g: dict[str, float]) -> float:
+        """Q, K/V (smaller under GQA), the attention core and the output projection on this
+        rank: a ``t``-th, but MLA's down projections, whole on the rank's tokens (a
+        ``t``-th of them under sequence parallelism: :mod:`.partition.mla_1d`)."""
+        total = (g["q"] + g["kv"]) + g["attn_core"] + g["proj"]
+        if self.shape.mla is None or self.sp:
+            return total / self.tp
+        down = self.shape.mla.down_params(self.shape.hidden) * 2.0 * self.b * self.s
+        return (total - down) / self.tp + down
+
+    def _latent_gathers(self, tag: str) -> list[Collective]:
+        """The all-gathers of MLA's latents before the fused attention op under sequence
+        parallelism (:mod:`.partition.mla_1d`: the layer before gathers no hidden state for
+        it); none otherwise."""
+        if not self.part.latents:
+            return []
+        from .partition.mla_1d import latent_gathers
+        return [c for kind in ("q_up", "kv_up")
+                for c in latent_gathers(self.part, f"{tag}.attn", self.b * self.s, kind)]
+
+    def _attention_backward_comm(self) -> list[Collective]:
+        """The fused attention block's backward collectives: the column-parallel block's on
+        ``b·s·h``, or MLA's (:func:`.partition.mla_1d.attention_backward`)."""
+        if self.shape.mla is None:
+            return self.part.tp_comm_backward("bwd.attn", self.act_bytes)
+        from .partition.mla_1d import attention_backward
+        return attention_backward(self.part, "bwd.attn", self.b * self.s)
 
     def layer_backward(self, moe: bool | None = None) -> list[Compute | Collective]:
         """One layer's backward (after recomputation); ``moe`` as :meth:`layer_forward`."""
@@ -219,12 +243,12 @@ class StageBuilder(MTPOps, GradSyncOps, MoEOps, MoEUpdateOps, HostSyncOps, EdgeO
         ops.append(Compute("bwd.mlp", 2 * g["mlp"] / t, dtype=self.dtype,
                            kernels=self.kernels["bwd.mlp"]))
         dense_p, expert_p = self.layer_rank_params(False) if self.shape.is_moe \
-            else (self.shape.layer_params / t, 0.0)
+            else (self.shape.tp_rank_params(self.shape.layer_params, t), 0.0)
         ops += [
             *self.part.tp_comm_backward("bwd.mlp", self.act_bytes),
-            Compute("bwd.attn", 2 * self._attn_flops(g) / t, dtype=self.dtype,
+            Compute("bwd.attn", 2 * self._attn_flops(g), dtype=self.dtype,
                     kernels=self.kernels["bwd.attn"]),
-            *self.part.tp_comm_backward("bwd.attn", self.act_bytes),
+            *self._attention_backward_comm(),
             Compute("bwd.elementwise", 0.0, ew, kind="elementwise", dtype=self.dtype,
                     kernels=ew_kernels),
             Compute("bwd.grad_accumulate", 0.0, self.grad_accumulate_bytes(dense_p + expert_p),
@@ -275,6 +299,8 @@ class StageBuilder(MTPOps, GradSyncOps, MoEOps, MoEUpdateOps, HostSyncOps, EdgeO
             n = self.stage_expert_params(stage) + self._stage_nonexpert_layer_params(stage)
         else:
             n = sum(self.split[stage]) * sh.layer_params / t
+            if sh.mla is not None and self.plan.tp_mode == "1d":   # a 2-D grid splits them
+                n = sum(self.split[stage]) * sh.tp_rank_params(sh.layer_params, t)
         # the MTP depths' (.mtp): their routed experts are in stage_expert_params
         return with_edges(sh, t, n, stage == 0, stage == self.pp - 1, self.pp) \
             + self.mtp_params(stage)

@@ -87,17 +87,18 @@ def activation_kinds(cfg: Any, recompute: str | None = None, shape: Any = None
             "moe_output_kept": bool(cfg.software.moe_saves_expert_output)}
 
 
-def linear_gemms(shape: Any, M: float, t: int, per_module: bool = False
+def linear_gemms(shape: Any, M: float, t: int, per_module: bool = False, sp: bool = False
                  ) -> dict[str, tuple[float, float, float]]:
     """``(M, N, K)`` of the layer's four linear GEMMs on one of ``t`` Megatron 1-D ranks:
     ``qkv`` and ``fc1`` split by columns, ``proj`` and ``fc2`` by rows. MLA: ``qkv`` is the
-    tuple of its four projections (:func:`.variants.mla_linear_gemms`). ``per_module``: the
+    tuple of its four projections (:func:`.variants.mla_linear_gemms`; ``sp``: its replicated
+    down projections on the rank's ``M/t`` tokens). ``per_module``: the
     projections as separate modules (torchtitan's ``wq``, ``wk``, ``wv``; ``w1``, ``w3``),
     ``qkv`` and a gated ``fc1`` then tuples of their modules' GEMMs (an FP8 recipe that
     casts per module, :mod:`~ddlsim.simulator.kernels.fp8recipe`)."""
     if shape.mla is not None:
         from .variants import mla_linear_gemms
-        return mla_linear_gemms(shape, M, t)
+        return mla_linear_gemms(shape, M, t, sp)
     h = shape.hidden
     q, kv, f = shape.q_width / t, shape.kv_width / t, shape.ffn / t
     if per_module:
@@ -180,7 +181,7 @@ def layer_kernels(shape: Any, sw: Any, b: int, s: int, t: int, sp: bool,
     dt = DTYPE_BYTES[od]
     separate = bool(sw.separate_projections)     # torchtitan's wq/wk/wv, w1/w3 (autograd.py)
     per_module = separate or (gd == "fp8" and FP8_RECIPES[sw.fp8_recipe].per_module)
-    g = linear_gemms(shape, b * s, t, per_module)
+    g = linear_gemms(shape, b * s, t, per_module, sp)
     core = [attention_kernels(sw.attention, b, shape.heads / t, s, shape.d, dt, shape.dropout,
                               bwd, od, kv_heads=shape.g / t, window=shape.sliding_window,
                               window_share=shape.window_share, softmax_fp32=sw.softmax_in_fp32,

@@ -109,13 +109,14 @@ class MoEOps(StageBase):
 
     def layer_rank_params(self, moe: bool) -> tuple[float, float]:
         """(non-expert, expert) parameters of one layer on one rank: the non-expert ones
-        (attention, norms, router, shared experts) split over TP, the routed experts over
-        EP × expert TP."""
+        (attention, norms, router, shared experts) split over TP but MLA's down projections
+        (whole: :meth:`~ddlsim.workloads.models.decoder.DecoderShape.tp_rank_params`), the
+        routed experts over EP × expert TP."""
         sh, t = self.shape, self.tp
         if not moe:
-            return sh.dense_layer_params / t, 0.0
+            return sh.tp_rank_params(sh.dense_layer_params, t), 0.0
         experts = sh.experts * sh.mlp_params(sh.f_e)
-        return (sh.moe_layer_params - experts) / t, experts / (self.ep * self.etp)
+        return sh.tp_rank_params(sh.moe_layer_params - experts, t), experts / (self.ep * self.etp)
 
     # ------------------------------------------------------------------ op pieces
     def _gemm(self, name: str, M: float, N: float, K: float, backward: bool,
@@ -254,8 +255,8 @@ class MoEOps(StageBase):
             for name, N, K, row in before:
                 part.gemm_forward(att, f"{tag}.{name}", M, N, K, row)
             context.attention_forward(part, att, tag)
-            for name, N, K, row in after:
-                part.gemm_forward(att, f"{tag}.{name}", M, N, K, row)
+            for name, N, K, row in after:   # proj's g feeds the next layer (the MoE's is own)
+                part.gemm_forward(att, f"{tag}.{name}", M, N, K, row, ends_layer=True)
         if att is not ops:
             ops.extend(tp_overlap.attention_slice(self, backward, att.ops))
 

@@ -81,11 +81,12 @@ def variant_section(f: dict) -> dict:
     return out
 
 
-def mla_linear_gemms(shape: Any, M: float, t: int) -> dict:
+def mla_linear_gemms(shape: Any, M: float, t: int, sp: bool = False) -> dict:
     """:func:`.layerkernels.linear_gemms` of an MLA layer: ``qkv`` is the tuple of its four
-    projections' ``(M, N, K)`` (:meth:`MLA.gemms`: down projections replicated, up ones split
-    by heads), ``proj`` the output projection, ``fc1``/``fc2`` the dense MLP's."""
-    g = shape.mla.gemms(M, shape.hidden, shape.heads, t)
+    projections' ``(M, N, K)`` (:meth:`MLA.gemms`: down projections replicated, on the rank's
+    ``M/t`` tokens under sequence parallelism ``sp``; up ones split by heads), ``proj`` the
+    output projection, ``fc1``/``fc2`` the dense MLP's."""
+    g = shape.mla.gemms(M, shape.hidden, shape.heads, t, sp)
     f = shape.ffn
     return {"qkv": tuple(v for k, v in g.items() if k != "proj"), "proj": g["proj"],
             "fc1": (M, (shape.mlp_matrices - 1) * f / t, shape.hidden),

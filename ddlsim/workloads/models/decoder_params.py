@@ -34,6 +34,13 @@ class DecoderParams:
         qkv = h * (qw + 2 * kvw) + ((qw + 2 * kvw) if self.qkv_bias else 0)
         return qkv + qw * h + (h if self.out_bias else 0) + extra
 
+    def tp_rank_params(self, params: float, tp: int) -> float:
+        """``params`` of one layer on one of ``tp`` Megatron 1-D ranks: a ``tp``-th, but MLA's
+        down projections, which every rank holds whole (Megatron-Core's duplicated
+        ``TELinear``, ddlsim/workloads/decoder/partition/mla_1d.py)."""
+        whole = self.mla.down_params(self.hidden) if self.mla is not None and tp > 1 else 0
+        return (params - whole) / tp + whole
+
     @property
     def out_proj_params(self) -> int:
         """The attention output projection's weight and bias."""

@@ -28,6 +28,9 @@ core is ordinary multi-head attention with unequal head dimensions.
 
 Under Megatron-Core's tensor parallelism (``MLASelfAttention``) the two down projections are
 replicated on every tensor-parallel rank and the up and output projections are split by heads.
+With sequence parallelism the replicated down projections read the rank's own ``s/t`` tokens
+and the up projections all-gather the latents, not the hidden states
+(:mod:`~ddlsim.workloads.decoder.partition.mla_1d`).
 """
 
 from __future__ import annotations
@@ -103,13 +106,31 @@ class MLA:
             bias = (self.q_lora_rank or 0) + self.kv_lora_rank + self.qk_rope_head_dim + h
         return n + norms + bias
 
-    def gemms(self, tokens: float, h: int, a: int, t: int) -> dict[str, tuple[float, float, float]]:
+    def gemms(self, tokens: float, h: int, a: int, t: int,
+              sp: bool = False) -> dict[str, tuple[float, float, float]]:
         """``(M, N, K)`` of each projection's forward GEMM on one of ``t`` tensor-parallel
-        ranks for ``tokens`` rows: down projections whole (replicated), the others split by
-        heads."""
-        return {name: (tokens, o / t if split else o, i) if name != "proj"
-                else (tokens, o, i / t)
+        ranks for ``tokens`` rows: the down projections whole (replicated) on the rank's own
+        rows, ``tokens / t`` under sequence parallelism (``sp``: they read the
+        sequence-parallel shard, Megatron-Core's ``parallel_mode='duplicated'``), the others
+        split by heads on every row."""
+        own = tokens / t if sp else tokens
+        return {name: (tokens, o / t, i) if split and name != "proj"
+                else (tokens, o, i / t) if name == "proj" else (own, o, i)
                 for name, (i, o, split) in self.projections(h, a).items()}
+
+    def down_params(self, h: int) -> int:
+        """Weights of the two down projections (``q_a_proj``, ``kv_a_proj_with_mqa``), which
+        every tensor-parallel rank holds whole."""
+        return sum(i * o for name, (i, o, split) in self.projections(h, 1).items()
+                   if not split)
+
+    def gathered_widths(self, h: int) -> tuple[tuple[str, int], ...]:
+        """What the up projections all-gather over tensor parallelism under sequence
+        parallelism, per token: the query latent (``r_q``; the hidden ``h`` that a direct
+        query projection reads without ``q_lora_rank``), the key/value latent (``r_kv``) and
+        the shared rotary key (``d_r``), each gathered apart."""
+        return (("q", self.q_lora_rank or h), ("kv", self.kv_lora_rank),
+                ("k_pos", self.qk_rope_head_dim))
 
     def forward_flops(self, tokens: float, h: int, a: int) -> dict[str, float]:
         """Forward FLOPs of the projections for ``tokens`` tokens, unsharded: ``q`` (query

@@ -27,6 +27,8 @@ from ...trace import Collective, Compute, Kernel, Op
 from ..wgrad import main_grad_bytes
 from . import register_partitioner
 from .base import LayerPartitioner
+from .mla_1d import DOWN, UP, duplicated_gemm, gathers_latents, latent_backward, \
+    latent_gathers, projection
 from .oplist import OpList
 
 __all__ = ["Megatron1D"]
@@ -46,6 +48,8 @@ class Megatron1D(LayerPartitioner):
         #: (:func:`..fp8linear.fp8_sp_gather`)
         self.fp8_gather = fp8_sp_gather(self.sw, plan.train_dtype, self.size, self.sp,
                                         self.shape)
+        #: MLA's attention all-gathers its latents, not the hidden state (:mod:`.mla_1d`)
+        self.latents = gathers_latents(self.shape, self.size, self.sp)
 
     @classmethod
     def grid_size(cls, spec: Any) -> int:
@@ -58,23 +62,33 @@ class Megatron1D(LayerPartitioner):
     def ew_split(self) -> tuple[int, bool]:
         return self.size, self.sp
 
-    def tp_comm(self, name: str, nbytes: float) -> list[Collective]:
+    def tp_comm(self, name: str, nbytes: float, ends_layer: bool = False) -> list[Collective]:
         """Megatron's f/g operator on ``nbytes``: an all-reduce, or reduce-scatter +
         all-gather with sequence parallelism; nothing when ``t = 1``. The all-gather feeds a
         linear (a column-parallel input, or a row-parallel output gradient): under TE's FP8
         current scaling the amax all-reduce before it (:func:`~ddlsim.simulator.kernels.
         fp8_current.amax_allreduce`); in FP8 when the recipe quantizes before the gather
-        (:meth:`_gather_bytes`)."""
+        (:meth:`gather_bytes`). ``ends_layer``: the operator after a layer's last linear,
+        whose all-gather feeds the next layer's attention, which an MLA layer under
+        sequence parallelism makes itself, of its latents (:mod:`.mla_1d`): the
+        reduce-scatter alone there."""
         if self.size == 1:
             return []
         if self.sp:
-            return [Collective(f"{name}.rs", "reduce_scatter", "tp", nbytes),
-                    *amax_allreduce(f"{name}.ag", self.sw, self.plan.train_dtype, self.size,
-                                    True),
-                    Collective(f"{name}.ag", "all_gather", "tp", self._gather_bytes(nbytes))]
+            rs = Collective(f"{name}.rs", "reduce_scatter", "tp", nbytes)
+            if ends_layer and self.latents:
+                return [rs]
+            return [rs, *self.gather(f"{name}.ag", nbytes)]
         return [Collective(f"{name}.ar", "all_reduce", "tp", nbytes)]
 
-    def _gather_bytes(self, nbytes: float) -> float:
+    def gather(self, name: str, nbytes: float) -> list[Collective]:
+        """A sequence-parallel all-gather ``name`` of ``nbytes`` of 16-bit activations that
+        feeds a linear, after the amax all-reduce of TE's FP8 current scaling where it runs
+        one (:meth:`tp_comm`)."""
+        return [*amax_allreduce(name, self.sw, self.plan.train_dtype, self.size, True),
+                Collective(name, "all_gather", "tp", self.gather_bytes(nbytes))]
+
+    def gather_bytes(self, nbytes: float) -> float:
         """Bytes of a sequence-parallel all-gather of ``nbytes`` of 16-bit activations that
         feeds a linear: 1 byte per element where Transformer Engine gathers the FP8 tensor it
         quantized on each shard (:func:`..fp8linear.fp8_sp_gather`; TransformerEngine v2.9
@@ -93,7 +107,7 @@ class Megatron1D(LayerPartitioner):
         comm = self.tp_comm(name, nbytes)
         if self.sp and comm and regathers_input(self.sw, self.plan.recompute):
             comm.insert(0, Collective(f"{name}.ag.input", "all_gather", "tp",
-                                      self._gather_bytes(nbytes)))
+                                      self.gather_bytes(nbytes)))
         return comm
 
     def _shape(self, M: float, N: float, K: float, row_parallel: bool) -> tuple:
@@ -107,27 +121,53 @@ class Megatron1D(LayerPartitioner):
         column-parallel input and the row-parallel output gradient are all-gathered, which
         Transformer Engine quantizes per shard (:func:`..fp8linear.fp8_sp_gather`)."""
         gathered = ("g" if row_parallel else "x") if self.fp8_gather else ""
+        return self.linear_kernels(shape3, backward, not (backward or row_parallel), gathered)
+
+    def linear_kernels(self, shape3: tuple, backward: bool, norm_fed: bool,
+                       gathered: str = "") -> tuple[Kernel, ...]:
+        """The kernels of the rank's GEMM ``shape3`` in the plan's dtype and recipe
+        (:func:`..fp8linear.linear_kernels`): ``norm_fed``, its FP8 input's amax taken by the
+        norm before it; ``gathered``, the tensor Transformer Engine gathers in FP8."""
         return linear_kernels(self.sw, self.plan.train_dtype, *shape3, backward,
-                              norm_amax=not (backward or row_parallel), gathered=gathered,
-                              shards=self.size,
+                              norm_amax=norm_fed, gathered=gathered, shards=self.size,
                               main_grad=main_grad_bytes(self.sw, self.plan.train_dtype),
                               microbatches=self.plan.microbatches)
 
     def gemm_forward(self, ops: OpList, name: str, M: float, N: float, K: float,
-                     row_parallel: bool) -> None:
+                     row_parallel: bool, ends_layer: bool = False) -> None:
+        """The GEMM, then ``g`` after a row-parallel one (``ends_layer``: after a layer's last
+        linear, :meth:`tp_comm`; a dense layer's ``fc2`` always is). MLA's down projections
+        run whole on the rank's own tokens, its up projections after their latents'
+        gathers (:mod:`.mla_1d`)."""
+        kind = projection(name)
+        if self.shape.mla is not None and kind in DOWN:
+            duplicated_gemm(self, ops, name, M, N, K, False)
+            return
+        if self.latents and kind in UP:
+            for c in latent_gathers(self, name, M, kind):
+                ops.add(c)
         ops.add(Compute(name, 2 * M * N * K / self.size, dtype=self.dtype, kernels=self._kernels(
             self._shape(M, N, K, row_parallel), False, row_parallel)))
         if row_parallel:   # g: the partial outputs b·s·h are summed
-            for c in self.tp_comm(name, M * N * self.dt):
+            for c in self.tp_comm(name, M * N * self.dt, ends_layer or kind == "fc2"):
                 ops.add(c)
 
     def gemm_backward(self, ops: OpList, name: str, M: float, N: float, K: float,
                       row_parallel: bool) -> None:
+        kind = projection(name)
+        if self.shape.mla is not None and kind in DOWN:
+            duplicated_gemm(self, ops, name, M, N, K, True)
+            return
         ops.add(Compute(name, 4 * M * N * K / self.size, dtype=self.dtype, kernels=self._kernels(
             self._shape(M, N, K, row_parallel), True, row_parallel)))
-        if not row_parallel:   # f: the partial input gradients b·s·h are summed
-            for c in self.tp_comm_backward(name, M * K * self.dt):
-                ops.add(c)
+        if row_parallel:
+            return
+        # f: the partial input gradients b·s·h are summed (MLA's up projections: their
+        # latents', .mla_1d)
+        comm = latent_backward(self, name, M, kind) if self.latents and kind in UP else \
+            self.tp_comm_backward(name, M * K * self.dt)
+        for c in comm:
+            ops.add(c)
 
     @property
     def embedding_split(self) -> int:
