@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .megatron_fsdp import FSDP_FLAGS
+from .megatron_moe_model import MOE_MODEL_FLAGS
 from .megatron_notes import MORE_NO_EFFECT, MORE_NOT_MODELLED
 
 __all__ = ["VALUE_FLAGS", "LIST_FLAGS", "PER_LAYER_CHOICES", "SWITCHES", "CHOICES",
@@ -193,7 +194,8 @@ MODEL_FLAGS = ("normalization", "position-embedding-type", "swiglu", "group-quer
                "make-vocab-size-divisible-by", "num-layers-per-virtual-pipeline-stage",
                "attention-dropout", "hidden-dropout", "recompute-num-layers", "fp8-format",
                # Megatron-DeepSpeed 4efb479d arguments.py lines 623, 633; d98e8a64 line 2437
-               "num-key-value-heads", "use-rotary-position-embeddings", "no-position-embedding")
+               "num-key-value-heads", "use-rotary-position-embeddings", "no-position-embedding",
+               *MOE_MODEL_FLAGS)
 
 #: flags that cannot change the time of one iteration, with why
 NO_EFFECT: dict[str, str] = {
@@ -228,7 +230,10 @@ NO_EFFECT: dict[str, str] = {
                      "attention-softmax-in-fp32", "fp8-amax-history-len",
                      "use-cpu-initialization", "calculate-per-token-loss",
                      "moe-z-loss-coeff",
-                     "fp8-amax-compute-algo", "distributed-timeout-minutes"),
+                     "fp8-amax-compute-algo", "distributed-timeout-minutes",
+                     # YaRN's RoPE frequencies and attention scale of MLA (d98e8a64
+                     # arguments.py lines 3558-3562): values in the same kernels
+                     "rotary-scaling-factor", "mscale", "mscale-all-dim"),
                     "a value of the optimisation or of a kernel, not of its cost"),
     # d98e8a64 transformer_config.py line 799; moe_utils.py lines 900-912: softmax before
     # top-k (over the scores) instead of after it (over the k chosen): the same two kernels,

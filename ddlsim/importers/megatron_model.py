@@ -19,6 +19,7 @@ Megatron-LM's rules used here (``megatron/training/arguments.py`` unless said):
 from __future__ import annotations
 
 from .common import Draft
+from .megatron_moe_model import moe_model_fields
 
 __all__ = ["model_fields"]
 
@@ -87,6 +88,7 @@ def model_fields(draft: Draft, model: dict, script: str | None) -> None:
     draft.note(flags, f"model.architecture: {arch}")
     _gqa(draft, model, arch)
     _biases(draft, model, arch)
+    moe_model_fields(draft, model)        # MLA, the MoE layers' pattern, shared experts
     if arch == "llama" and "model.intermediate_size" not in f and "model.hidden_size" in f:
         h = f["model.hidden_size"]
         draft.set("model.intermediate_size", int((4 * h * 2 / 3) / 64) * 64,

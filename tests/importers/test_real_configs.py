@@ -125,6 +125,26 @@ IMPORTED = {
          "parallel.moe.overlap_expert_parallel_comm": True, "train.recompute": "selective",
          "train.recompute_modules": ["moe_act", "layernorm"], "system.nodes": 32,
          "model.num_hidden_layers": 94, "model.qk_norm": True}),
+    # the ModelZoo's model YAMLs of MLA models, read with the launcher's variables given
+    # (--env) and the tokenizer's vocabulary (DeepSeek-V3's config.json: 129,280; Kimi-K2's:
+    # 163,840); MLA, --moe-layer-freq and the shared experts (importers/megatron_moe_model.py;
+    # test_megatron_mla.py has the model against the deepseek-v3 preset)
+    **{name: ({**_H100, "software": "megatron-core-2025", "nodes": 32, "env": tuple(
+        f"{k}={v}" for k, v in {"TP": 2, "PP": 8, "EP": 32, "CP": 1, "VPP": 1, "MBS": 1,
+                                "GBS": 1024, "SEQ_LEN": 4096, "NUM_LAYERS": 61, "PP_FIRST": 7,
+                                "PP_LAST": 6}.items()),
+        "ignore": ("tokenizer-type",), "overrides": (f"model.vocab_size={vocab}",)},
+        {"model.num_hidden_layers": 61, "model.hidden_size": 7168,
+         "model.num_attention_heads": heads, "model.num_local_experts": experts,
+         "model.q_lora_rank": 1536, "model.kv_lora_rank": 512, "model.qk_nope_head_dim": 128,
+         "model.qk_rope_head_dim": 64, "model.v_head_dim": 128,
+         "model.first_k_dense_replace": dense, "model.n_shared_experts": 1,
+         "model.shared_expert_intermediate_size": 2048, "model.qk_norm": None,
+         "parallel.tensor_model_parallel_size": 2, "parallel.expert_model_parallel_size": 32,
+         "parallel.sequence_parallel": True, "parallel.moe.router_enable_expert_bias": True})
+       for name, vocab, heads, experts, dense in (
+           ("zoo__DeepSeek-V3.yaml", 129280, 128, 256, 3),
+           ("zoo__Kimi-K2.yaml", 163840, 64, 384, 1))},
     # converters = ["float8"] is refused (below); without it: bf16, compiled, async TP
     "titan__llama3_405b.toml": (
         {**_H100, "nodes": 16, "ignore": ("[model]",)},
