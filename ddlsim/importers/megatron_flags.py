@@ -127,6 +127,9 @@ SWITCHES: dict[str, tuple[str, Any]] = {
     "untie-embeddings-and-output-weights": ("model.tie_word_embeddings", False),
     # d98e8a64 transformer_config.qk_layernorm: a norm of each query and key head (Qwen3's)
     "qk-layernorm": ("model.qk_norm", True),
+    # d98e8a64 transformer_config.py line 218 (add_qkv_bias): a bias on the QKV projection
+    # only, Qwen2's (the llama family's qkv_bias)
+    "add-qkv-bias": ("model.qkv_bias", True),
     "deepspeed": ("system.software.stack", "deepspeed"),       # Megatron-DeepSpeed
 }
 

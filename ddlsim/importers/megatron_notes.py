@@ -54,6 +54,10 @@ MORE_NO_EFFECT: dict[str, str] = {
     "lr-warmup-init": "a learning rate, not a cost",
     # d98e8a64 config/training_config.py line 493; checkpointing.py line 1929
     "auto-detect-ckpt-format": "checkpointing, not part of an iteration",
+    # d98e8a64 arguments.py lines 1766-1777 (the parallel save of distributed checkpoints)
+    "no-ckpt-fully-parallel-save": "checkpointing, not part of an iteration",
+    # d98e8a64 transformer_config.py line 75: the MTP losses' weight in the total loss
+    "mtp-loss-scaling-factor": "a loss weight, not a cost",
 }
 
 #: flag → what of its effect ddlsim leaves out (accepted, with a warning)

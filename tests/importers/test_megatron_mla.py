@@ -103,3 +103,23 @@ def test_mla_without_latent_norms_and_patterns_ddlsim_cannot_express_are_refused
     assert [a for a, _ in draft.refused] == ["--moe-layer-freq ([0]+[1]*2)"]
     draft = read_megatron(_mla_script("--moe-layer-freq ([0]*1+[1]*1)*2"), "f.sh")
     assert draft.fields["model.decoder_sparse_step"] == 2 and not draft.refused
+
+
+def test_qkv_bias_and_flags_without_cost():
+    """--add-qkv-bias (Qwen2-57B-A14B.yaml): biases on the QKV projection alone; the MTP
+    loss weight and the checkpoint's parallel save change no cost (DeepSeek-V3-Proxy.yaml,
+    the Mixtral YAMLs)."""
+    draft = read_megatron(_mla_script("--add-qkv-bias --mtp-loss-scaling-factor 0.1 "
+                                      "--no-ckpt-fully-parallel-save"), "g.sh")
+    assert draft.fields["model.qkv_bias"] is True
+    assert draft.fields["model.attention_bias"] is False and not draft.refused
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        shape = ddlsim.load_config({"model": {"architecture": "llama", "num_hidden_layers": 2,
+                                              "hidden_size": 1024, "intermediate_size": 4096,
+                                              "num_attention_heads": 16, "vocab_size": 32000,
+                                              "qkv_bias": True},
+                                    "train": {"micro_batch_size": 1, "global_batch_size": 8,
+                                              "seq_length": 1024},
+                                    "system": {"preset": "dgx-h100", "nodes": 1}}).model.shape()
+    assert shape.qkv_bias and not shape.out_bias
