@@ -98,8 +98,12 @@ def test_two_rank_calibration_predicts_a_left_out_size(tmp_path):
 
     fit_csv = write_csv(tmp_path / "fit.csv", df[df["bytes"] != LEFT_OUT])
     profile_path = tmp_path / "profile.yaml"
+    # the fit's quality gate is not what this test checks (test_calib_fit_bound.py has it):
+    # on a loaded 2-core host one curve's minima scatter past its 25 % (2026-12-01: 25.5 %
+    # on the all-reduce), and the tolerance below widens with that scatter
     res = CliRunner().invoke(app, ["fit", str(fit_csv), "-o", str(profile_path),
-                                   "--statistic", "min", "--bootstrap", "100"])
+                                   "--statistic", "min", "--bootstrap", "100",
+                                   "--max-rel-rmse", "inf"])
     assert res.exit_code == 0, res.output
     profile = CalibrationProfile.load(profile_path)
 
