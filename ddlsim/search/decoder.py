@@ -61,6 +61,10 @@ class DecoderVectors(DataParallelTerms):
             raise ConfigError(f"model {cfg.model.name!r} is a Mixture-of-Experts model; the "
                               "vectorised search tier covers dense decoders only. Use ddlsim "
                               "sweep (the exact engine) to compare its plans")
+        if shape.mla is not None:   # its down projections whole on every TP rank
+            raise ConfigError(f"model {cfg.model.name!r} has Multi-head Latent Attention, "
+                              "whose replicated weights the vectorised tier's parameter terms "
+                              "do not split; its plans go to the exact engine")
         if cfg.parallel.cp > 1:
             raise ConfigError(f"parallel.context_parallel_size = {cfg.parallel.cp}: the "
                               "vectorised search tier covers plans without context "

@@ -172,3 +172,28 @@ def test_every_tp_rank_holds_the_down_projections_whole():
             assert b.layer_rank_params(moe)[0] == pytest.approx(rest[moe] / tp + down,
                                                                 rel=1e-12)
     assert sh.tp_rank_params(1000.0, 4) == pytest.approx((1000.0 - down) / 4 + down)
+
+
+def test_a_dense_mla_grid_is_searched_by_the_exact_engine():
+    """The vectorised tier's parameter terms split every weight by TP, so a dense MLA model's
+    grid goes to the exact engine as a whole (its plans' memory then counts the down
+    projections whole)."""
+    from ddlsim.search.evaluate import evaluate_grid
+    from ddlsim.search.spec import Constraints
+    data = {"model": {"architecture": "llama", "num_hidden_layers": 4, "hidden_size": 1024,
+                      "intermediate_size": 2816, "num_attention_heads": 16,
+                      "vocab_size": 32000, "q_lora_rank": 384, "kv_lora_rank": 256,
+                      "qk_nope_head_dim": 64, "qk_rope_head_dim": 32, "v_head_dim": 64},
+            "parallel": {}, "train": {"micro_batch_size": 1, "global_batch_size": 16,
+                                      "seq_length": 1024},
+            "system": {"preset": "dgx-h100", "nodes": 1}}
+    grid = evaluate_grid(data, None, [], {"parallel.tensor_model_parallel_size": [1, 2],
+                                          "parallel.sequence_parallel": [False, True]},
+                         Constraints())
+    assert grid.frame.attrs["tier"] == "exact" and len(grid.frame) == 3
+    cfg = ddlsim.load_config({**data, "parallel": {"tensor_model_parallel_size": 2,
+                                                   "sequence_parallel": True}})
+    row = grid.frame[(grid.frame["parallel.tensor_model_parallel_size"] == 2)
+                     & grid.frame["parallel.sequence_parallel"]].iloc[0]
+    assert row["iteration_time_s"] == pytest.approx(ddlsim.predict(cfg).iteration_time_s,
+                                                    rel=1e-9)
