@@ -96,9 +96,15 @@ class MoEUpdateOps(StageBase):
         if overlapped:
             ops += [Op(Wait("wait.grad", "dp")), Op(Wait("wait.grad.expert", "edp"))]
         elif zero in (0, 1, 2):
+            # without the overlap each bucket group's collective is synchronous, the dense
+            # groups' before the experts' (Megatron-LM d98e8a64 distributed_data_parallel.py
+            # lines 677-678; param_and_grad_buffer.py lines 806-808 and 682-685: async only
+            # with overlap_grad_reduce): the experts' start when the dense ones end
             op = "all_reduce" if zero == 0 else "reduce_scatter"
-            ops += [*self.grad_sync_ops_flat(dense * self.gdt, op, self.grad_group, stage),
-                    *self.grad_sync_ops_flat(expert * self.gdt, op, "edp", stage),
+            first = self.grad_sync_ops_flat(dense * self.gdt, op, self.grad_group, stage)
+            after = (len(ops),) if first else ()
+            ops += [*first, *(Op(o.payload, o.stream, after, o.repeat) for o in
+                              self.grad_sync_ops_flat(expert * self.gdt, op, "edp", stage)),
                     Op(Wait("wait.grad", "dp")), Op(Wait("wait.grad.expert", "edp"))]
         if zero == 3:
             ops += [Op(Wait("wait.grad", "dp")), Op(Wait("wait.grad.expert", "edp"))]
