@@ -108,6 +108,11 @@ class Phase:
     #: a given latency per repetition (a tuned model's, e.g. NCCL's), instead of
     #: ``latency_steps`` × the slowest path's latency
     latency_s: float | None = None
+    #: a transfer between nodes leaves through the sender's own NIC (its index in the node,
+    #: modulo the node's NICs) instead of being striped over every NIC of the node as NCCL's
+    #: channels are (DeepEP's and HybridEP's kernels: each GPU's RDMA traffic goes to the
+    #: same-index GPU of the other node, :mod:`.flex`)
+    own_rail: bool = False
 
 
 TimeFn = Callable[[float, GroupNet], float]

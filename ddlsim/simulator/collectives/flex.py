@@ -20,7 +20,8 @@ member))`` (the two stages run pipelined in one kernel), the efficiencies of :da
 derived from the published kernel tables below (measured at hidden 7168, with the SM counts
 named there). The discrete-event engine replays the same flows as one phase (the RDMA pairs
 and the NVLink forwarding pairs at once), each pair's bytes divided by the kernel's
-efficiency on its link.
+efficiency on its link, each RDMA pair through the sender's own NIC (``Phase.own_rail``: the
+kernels are rail-aligned, so no RDMA byte crosses NVLink to another GPU's NIC).
 
 One algorithm per backend, kernel and routing (``k``, ``E``, ``r``), named by
 :func:`flex_algorithm` and made from its name on lookup; ``auto`` never picks one.
@@ -303,7 +304,7 @@ def _pairs(p: int, g: int, traffic: FlexTraffic, nbytes: float, kernel: FlexKern
         w[intra] = traffic.nvl_bytes / (g - 1) / nvl_eff
     w /= nbytes
     src, dst = np.nonzero(w > 0)
-    return Phase(np.stack([src, dst], axis=1), 1.0, weights=w[src, dst])
+    return Phase(np.stack([src, dst], axis=1), 1.0, weights=w[src, dst], own_rail=True)
 
 
 _NAME = re.compile(r"^(deepep|hybridep)_(dispatch|combine)"

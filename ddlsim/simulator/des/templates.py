@@ -146,18 +146,21 @@ def _rails(topo: Topology) -> int:
 
 
 def _stripe(routes: RouteTable, src: np.ndarray, dst: np.ndarray,
-            weights: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, int,
-                                                   np.ndarray | None]:
+            weights: np.ndarray | None, own_rail: bool = False
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, np.ndarray | None]:
     """Every pair as ``r`` stripes (one per NIC of a node, rail 0…r−1), each to carry 1/r of
     its bytes: a pair inside a node is r copies of one flow (merged later), a pair between
     nodes one flow per rail. Returns (src, dst, rail) of shape (instances, k·r), r and the
-    per-pair weights repeated to match."""
+    per-pair weights repeated to match. ``own_rail``: a pair between nodes keeps its r
+    stripes (its share of a link against other flows, as before), all on the rail of its
+    sender's index in its node (:attr:`~ddlsim.simulator.collectives.base.Phase.own_rail`)."""
     topo = routes.topology
     r = _rails(topo)
     if r == 1:
         return src, dst, np.zeros_like(src), 1, weights
     same = topo.node_of_device[src] == topo.node_of_device[dst]
-    rail = np.broadcast_to(np.arange(r), (*src.shape, r))
+    rail = np.broadcast_to((src % topo.devices_per_node)[..., None] if own_rail
+                           else np.arange(r), (*src.shape, r))
     rail = np.where(same[..., None], 0, rail)
     rep = lambda a: np.repeat(a[..., None], r, axis=-1).reshape(a.shape[0], -1)  # noqa: E731
     w = None if weights is None else np.repeat(np.asarray(weights, dtype=np.float64), r)
@@ -166,12 +169,13 @@ def _stripe(routes: RouteTable, src: np.ndarray, dst: np.ndarray,
 
 def _phase_flows(routes: RouteTable, src: np.ndarray, dst: np.ndarray, bytes_per_byte: float,
                  repeat: int, latency_steps: int, weights: np.ndarray | None = None,
-                 latency_s: float | None = None) -> PhaseFlows:
-    """Flows ``src[i, k] → dst[i, k]`` of instances i, striped over rails (:func:`_stripe`),
-    duplicates merged; with ``weights`` (per pair k), flow k carries ``weights[k]`` × the
-    phase's bytes and none are merged. ``latency_s``: a given latency per repetition."""
+                 latency_s: float | None = None, own_rail: bool = False) -> PhaseFlows:
+    """Flows ``src[i, k] → dst[i, k]`` of instances i, striped over rails (:func:`_stripe`;
+    ``own_rail``: each on its sender's), duplicates merged; with ``weights`` (per pair k),
+    flow k carries ``weights[k]`` × the phase's bytes and none are merged. ``latency_s``: a
+    given latency per repetition."""
     n_inst, k = src.shape
-    src, dst, rail, r, weights = _stripe(routes, src, dst, weights)
+    src, dst, rail, r, weights = _stripe(routes, src, dst, weights, own_rail)
     bytes_per_byte /= r
     inst = np.repeat(np.arange(n_inst), src.shape[1])
     keys = np.stack([inst, src.ravel(), dst.ravel(), rail.ravel()], axis=1)
@@ -229,7 +233,8 @@ def collective_template(routes: RouteTable, devices: np.ndarray, members: np.nda
     for ph in phases:
         pairs = np.asarray(ph.pairs, dtype=np.int64).reshape(-1, 2)
         out.append(_phase_flows(routes, dev[:, pairs[:, 0]], dev[:, pairs[:, 1]], ph.bytes,
-                                ph.repeat, ph.latency_steps, ph.weights, ph.latency_s))
+                                ph.repeat, ph.latency_steps, ph.weights, ph.latency_s,
+                                ph.own_rail))
     return FlowTemplate(name, rotated, tuple(out))
 
 
