@@ -25,6 +25,7 @@ Megatron-LM d98e8a64 (2026):
 from __future__ import annotations
 
 import ast
+import re
 
 from .common import Draft
 
@@ -36,6 +37,9 @@ MLA_FLAGS = {"q-lora-rank": ("model.q_lora_rank", None),
              "qk-head-dim": ("model.qk_nope_head_dim", 128),
              "qk-pos-emb-head-dim": ("model.qk_rope_head_dim", 64),
              "v-head-dim": ("model.v_head_dim", 128)}
+#: a character Megatron's ``_eval_pattern`` does not allow in a layer pattern (d98e8a64
+#: arguments.py lines 245-253: commas, digits, brackets, parentheses, ``+`` and ``*`` only)
+_NOT_PATTERN = re.compile(r"[^,\d\[\]()+*]")
 #: the flags :func:`moe_model_fields` reads
 MOE_MODEL_FLAGS = ("multi-latent-attention", *MLA_FLAGS, "moe-layer-freq",
                    "moe-shared-expert-intermediate-size")
@@ -102,6 +106,8 @@ def layer_pattern(text: str, layers: int) -> list[int] | None:
     if text.isdigit():
         n = int(text)
         return [int(i % n == 0) for i in range(layers)] if n else None
+    if _NOT_PATTERN.search(text):   # what Megatron's _eval_pattern refuses (spaces included)
+        return None
     try:
         value = _evaluate(ast.parse(text, mode="eval").body)
     except (SyntaxError, ValueError, RecursionError):

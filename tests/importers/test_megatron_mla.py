@@ -71,6 +71,7 @@ def test_kimi_k2s_quoted_pattern_is_read():
     ("__import__('os').system('true')", 4, None),   # never evaluated
     ("[2]*4", 4, None),
     ("[1]*(10**9)", 4, None),
+    ("([0] + [1]*3)", 4, None),                  # Megatron's _eval_pattern refuses spaces
 ])
 def test_layer_patterns_as_megatron_reads_them(text, layers, want):
     assert layer_pattern(text, layers) == want
