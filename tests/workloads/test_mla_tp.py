@@ -197,3 +197,21 @@ def test_a_dense_mla_grid_is_searched_by_the_exact_engine():
                      & grid.frame["parallel.sequence_parallel"]].iloc[0]
     assert row["iteration_time_s"] == pytest.approx(ddlsim.predict(cfg).iteration_time_s,
                                                     rel=1e-9)
+
+
+@pytest.mark.parametrize("cp", [1, 2])
+def test_the_output_layer_gathers_the_final_norms_output(cp):
+    """The last layer gathers no h for what follows it, so the output layer (column-parallel
+    under SP) gathers the final norm's output itself, as a standard model's last layer did
+    for it; a standard model's head gathers nothing (unchanged)."""
+    b = _builder(cp=cp)
+    names = [p.name for p in _payloads(b.head_forward())]
+    comm = _collectives(b.head_forward())
+    assert names[1] == "head.ag" and names.index("head.ag") < names.index("logits")
+    assert comm["head.ag"] == ("all_gather", S / cp * b.shape.hidden * DT)
+    cfg = ddlsim.load_config({"model": "llama-2-7b", "parallel": {
+        "tensor_model_parallel_size": 2, "sequence_parallel": True},
+        "train": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": S},
+        "system": {"preset": "dgx-h100", "nodes": 1}})
+    std = StageBuilder.from_config(cfg, cfg.model.shape())
+    assert "head.ag" not in _collectives(std.head_forward())

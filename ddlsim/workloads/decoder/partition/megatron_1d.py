@@ -183,8 +183,12 @@ class Megatron1D(LayerPartitioner):
         return ops.ops
 
     def head_forward_ops(self) -> list[Op]:
-        """The builder's logits, loss and cross-entropy all-reduce, for ``s/cp`` tokens."""
+        """The builder's logits, loss and cross-entropy all-reduce, for ``s/cp`` tokens
+        (after the gather of the final norm's output where the last layer, MLA, gathered
+        none for it: :mod:`.mla_1d`)."""
         ops, sh, t, n = OpList(), self.shape, self.size, self.tokens
+        for c in self.gather("head.ag", n * sh.hidden * self.dt) if self.latents else ():
+            ops.add(c)
         ops.add(Compute("logits", sh.logits_forward_flops(self.b, self.s) / t / self.cp,
                         dtype=self.dtype, kernels=(Kernel("gemm", (n, sh.vocab / t, sh.hidden),
                                                           dtype=self.dtype),)))
