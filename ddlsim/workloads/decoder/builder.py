@@ -297,10 +297,10 @@ class StageBuilder(MTPOps, GradSyncOps, MoEOps, MoEUpdateOps, HostSyncOps, EdgeO
         sh, t = self.shape, self.part.param_split
         if sh.is_moe:
             n = self.stage_expert_params(stage) + self._stage_nonexpert_layer_params(stage)
+        elif sh.mla is not None and self.plan.tp_mode == "1d":   # a 2-D grid splits them
+            n = sum(self.split[stage]) * sh.tp_rank_params(sh.layer_params, t)
         else:
             n = sum(self.split[stage]) * sh.layer_params / t
-            if sh.mla is not None and self.plan.tp_mode == "1d":   # a 2-D grid splits them
-                n = sum(self.split[stage]) * sh.tp_rank_params(sh.layer_params, t)
         # the MTP depths' (.mtp): their routed experts are in stage_expert_params
         return with_edges(sh, t, n, stage == 0, stage == self.pp - 1, self.pp) \
             + self.mtp_params(stage)

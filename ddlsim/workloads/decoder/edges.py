@@ -89,11 +89,8 @@ class EdgeOps(StageBase):
         if self.structured:
             return self.part.head_forward_ops()
         V, t, n = self.shape.vocab, self.tp, self.b * self.s
-        # an MLA layer gathers its latents, not h, so the output layer gathers the final
-        # norm's output itself (a column-parallel linear under SP: .partition.mla_1d)
-        gather = self.part.gather("head.ag", self.act_bytes) if self.part.latents else []
         ops: list[Compute | Collective] = [
-            *gather,
+            *self.part.head_gather(self.act_bytes),   # after an MLA layer (.partition.mla_1d)
             Compute("logits", self.shape.logits_forward_flops(self.b, self.s) / t,
                     dtype=self.dtype, kernels=logits_kernels(n, V / t, self.shape.hidden,
                                                              self.dtype, False)),

@@ -88,6 +88,16 @@ class Megatron1D(LayerPartitioner):
         return [*amax_allreduce(name, self.sw, self.plan.train_dtype, self.size, True),
                 Collective(name, "all_gather", "tp", self.gather_bytes(nbytes))]
 
+    def head_gather(self, nbytes: float) -> list[Collective]:
+        """The all-gather of the final norm's ``nbytes`` output before the output layer, where
+        the last layer (MLA under SP: :mod:`.mla_1d`) gathered no hidden state for it; none
+        otherwise (the last layer's ``g`` did)."""
+        return self.gather("head.ag", nbytes) if self.latents else []
+
+    def _duplicated(self, kind: str) -> bool:
+        """Whether projection ``kind`` is one MLA replicates over TP (:data:`.mla_1d.DOWN`)."""
+        return self.shape.mla is not None and kind in DOWN
+
     def gather_bytes(self, nbytes: float) -> float:
         """Bytes of a sequence-parallel all-gather of ``nbytes`` of 16-bit activations that
         feeds a linear: 1 byte per element where Transformer Engine gathers the FP8 tensor it
@@ -140,7 +150,7 @@ class Megatron1D(LayerPartitioner):
         run whole on the rank's own tokens, its up projections after their latents'
         gathers (:mod:`.mla_1d`)."""
         kind = projection(name)
-        if self.shape.mla is not None and kind in DOWN:
+        if self._duplicated(kind):
             duplicated_gemm(self, ops, name, M, N, K, False)
             return
         if self.latents and kind in UP:
@@ -155,7 +165,7 @@ class Megatron1D(LayerPartitioner):
     def gemm_backward(self, ops: OpList, name: str, M: float, N: float, K: float,
                       row_parallel: bool) -> None:
         kind = projection(name)
-        if self.shape.mla is not None and kind in DOWN:
+        if self._duplicated(kind):
             duplicated_gemm(self, ops, name, M, N, K, True)
             return
         ops.add(Compute(name, 4 * M * N * K / self.size, dtype=self.dtype, kernels=self._kernels(
@@ -187,7 +197,7 @@ class Megatron1D(LayerPartitioner):
         (after the gather of the final norm's output where the last layer, MLA, gathered
         none for it: :mod:`.mla_1d`)."""
         ops, sh, t, n = OpList(), self.shape, self.size, self.tokens
-        for c in self.gather("head.ag", n * sh.hidden * self.dt) if self.latents else ():
+        for c in self.head_gather(n * sh.hidden * self.dt):
             ops.add(c)
         ops.add(Compute("logits", sh.logits_forward_flops(self.b, self.s) / t / self.cp,
                         dtype=self.dtype, kernels=(Kernel("gemm", (n, sh.vocab / t, sh.hidden),
