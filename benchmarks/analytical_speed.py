@@ -170,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="only the 131,072-GPU target (issue 27), in a fresh process")
     ap.add_argument("--no-scale", action="store_true", help="skip the 131,072-GPU target")
     ap.add_argument("--scale-one", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--search-top", action="store_true",
+                    help="only the exact predictions `ddlsim search` makes of the best 10 "
+                         "plans of examples/search-gpt3-175b-1024.yaml (each the fastest "
+                         "of 5)")
     ap.add_argument("--release-freed-memory", action="store_true",
                     help="leave glibc's defaults, which hand freed heap back to the system "
                          "between predictions (the `ddlsim` command keeps it: "
@@ -184,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
         _scale()
         return 0
     CLOCK[0] = time.process_time if args.clock == "cpu" else time.perf_counter
+    if args.search_top:
+        _search_top()
+        return 0
     t0 = time.perf_counter()
     configs = sweep()
     t_build = time.perf_counter() - t0
@@ -270,6 +277,30 @@ def _check_recorded(results: list, record: bool) -> None:
         print(f"  {plan}: {m[:3]}")
 
 
+def _search_top(k: int = 10) -> None:
+    """Time ``predict`` of the best ``k`` plans of the bundled GPT-3 search, as ``ddlsim
+    search`` re-checks them (each the fastest of 5, after one untimed run)."""
+    from ddlsim.configload import build_config as load
+    from ddlsim.search.run import load_search, plan_overrides, search
+
+    path = ROOT / "examples" / "search-gpt3-175b-1024.yaml"
+    frame = search(str(path), top=0)
+    data, base_dir, _ = load_search(str(path), None)
+    columns = [c for c in frame.columns if "." in c]
+    total = 0.0
+    for i in range(k):
+        sets = plan_overrides(frame.iloc[i], columns)
+        cfg = load(data, sets, base_dir=base_dir)
+        ddlsim.predict(cfg, check_fit=False)
+        best = min(_timed(cfg) for _ in range(5))
+        total += best
+        p = cfg.parallel
+        print(f"{i + 1:2d}. TP{p.tp} PP{p.pp}{f'×{p.vpp}' if p.vpp > 1 else ''} DP"
+              f"{p.data_parallel_size} b{cfg.train.micro_batch_size} {cfg.train.recompute}: "
+              f"predict {1e3 * best:.1f} ms")
+    print(f"the best {k} plans' exact predictions: {1e3 * total:.0f} ms together")
+
+
 def _engine_only(cfg) -> float:
     """Fastest of 5 runs of the analytical engine alone (workload and cost model built)."""
     from ddlsim.api import build_workload
@@ -296,7 +327,7 @@ def _wrap_phases() -> dict[str, float]:
     "solver" is the max-plus sweeps, "scheduler" the step-by-step list scheduler)."""
     from ddlsim import api
     from ddlsim.simulator import costs
-    from ddlsim.simulator.analytical import engine, interpreter, maxplus
+    from ddlsim.simulator.analytical import engine, maxplus, rounds
 
     acc: dict[str, float] = {}
     stack: list[float] = []
@@ -322,10 +353,11 @@ def _wrap_phases() -> dict[str, float]:
     wrap(costs, "CostModel", "cost model")
     wrap(engine, "lower", "block resolution")   # engine's own name for it
     wrap(maxplus, "nodes", "node arrays")
+    wrap(maxplus, "window", "solver windows")
     wrap(maxplus, "solve", "solver")
-    wrap(engine, "_account", "solver accounting")
-    wrap(engine, "_replay", "side-stream replay")
-    wrap(interpreter, "run_class", "scheduler")
+    wrap(rounds, "_account", "solver accounting")
+    wrap(rounds, "_replay", "side-stream replay")
+    wrap(engine, "run_class", "scheduler")   # (the engine's own name for it)
     wrap(engine, "simulate_analytical", "engine, rest")
     wrap(api, "_result", "result")
     wrap(ddlsim, "predict", "predict, rest")

@@ -11,7 +11,7 @@ import pytest
 
 from ddlsim.api import build_workload
 from ddlsim.config import build_config
-from ddlsim.simulator.analytical import maxplus
+from ddlsim.simulator.analytical import chains, maxplus
 from ddlsim.simulator.analytical.instructions import lower
 from ddlsim.simulator.costs import CostModel
 
@@ -23,7 +23,7 @@ def _full_sweeps(nd: maxplus.Nodes) -> tuple[np.ndarray, np.ndarray]:
     ends, post = np.zeros(N), np.full(N + 1, -np.inf)
     src = np.where(nd.src >= 0, nd.src, N)
     early = nd.waits & ~nd.after
-    for sweep in range(maxplus.MAX_SWEEPS):
+    for sweep in range(chains.MAX_SWEEPS):
         changed = False
         for c in (range(C) if sweep % 2 == 0 else range(C - 1, -1, -1)):
             a, b = int(nd.off[c]), int(nd.lim[c])
@@ -46,7 +46,7 @@ def _full_sweeps(nd: maxplus.Nodes) -> tuple[np.ndarray, np.ndarray]:
 
 
 @pytest.mark.parametrize("sched, v, pp, gbs, prefixes", [
-    ("interleaved", 4, 8, 96, maxplus.PREFIXES),             # the default
+    ("interleaved", 4, 8, 96, chains.PREFIXES),              # the default
     ("interleaved", 2, 8, 64, (4, 8, 16, 32, 64, 128, 256)),  # many prefixes
     ("1f1b", None, 4, 64, (1, 3, 9, 27, 81)),
     ("gpipe", None, 4, 32, ())])                              # no prefix: windows only
@@ -60,7 +60,7 @@ def test_windowed_prefix_solve_equals_full_sweeps(sched, v, pp, gbs, prefixes, m
     wl = build_workload(cfg)
     programs, _, _ = lower(wl, CostModel(cfg.system, wl, cfg.parallel.collective_algorithm))
     nd = maxplus.nodes(programs)
-    monkeypatch.setattr(maxplus, "PREFIXES", prefixes)
+    monkeypatch.setattr(chains, "PREFIXES", prefixes)
     ends, post = maxplus.solve(nd)
     want_ends, want_post = _full_sweeps(nd)
     live = np.arange(len(nd.cls)) < nd.lim[nd.cls]
@@ -76,7 +76,7 @@ def test_window_map_covers_the_readers_of_changed_steps_read_out_of_order():
     a, other = 100, 10**6
     sc = np.array([other, a + 5, a + 2, other, a + 7])
     mine = np.flatnonzero((sc >= a) & (sc < other))
-    ri, M, m = maxplus._window_map(mine, sc[mine] - a)
+    ri, M, m = chains.window_map(mine, sc[mine] - a)
     assert ri.tolist() == [1, 2, 4] and M.tolist() == [5, 5, 7] and m.tolist() == [2, 2, 7]
 
     def window(g0, g1):

@@ -42,6 +42,10 @@ class State:
         self.woken: list[int] = []
         self.rec = None   # a spans.SpanRecorder when spans are recorded
         self.steps: list = [None] * n_cls   # per class (first, blocks, micro-batches from it)
+        #: per class, the steps where it parks for the solver (:mod:`.rounds`; None: never)
+        self.park: list[set[int]] | None = None
+        self.resumed: list[int] = [-1] * n_cls   # per class, a step it does not park at
+        self.parked: list[int] = []              # the classes parked, in order
 
     def wake(self, key: tuple) -> None:
         sleepers = self.waiting.pop(key, None)
@@ -50,14 +54,20 @@ class State:
 
 
 def run_class(ci: int, prog: Program, st: State) -> bool:
-    """Advance class ``ci`` until it blocks (False) or finishes (True)."""
+    """Advance class ``ci`` until it blocks or parks at a step for the solver (False, the
+    latter listed in ``st.parked``) or finishes (True)."""
     si, oi = st.pos[ci]
     n_steps = len(prog.block)
     steps = st.steps[ci]
     if steps is None:   # as lists from the first step run here (the solver ran the rest)
         steps = st.steps[ci] = (si, prog.block[si:].tolist(), prog.microbatch[si:].tolist())
     first, block, mb = steps
+    park = st.park[ci] if st.park is not None else ()
     while si < n_steps:
+        if oi == 0 and si in park and si != st.resumed[ci]:
+            st.pos[ci] = [si, 0]
+            st.parked.append(ci)
+            return False
         b = block[si - first]
         oi = run_step(ci, prog.blocks[b], mb[si - first], oi, st.free[ci], st.kind[ci],
                       st.timings[ci], st.local[ci], st, (prog.names[b], si))

@@ -22,9 +22,14 @@ fixed point, whatever the order of the sweeps). A class is re-solved only from t
 the last of its steps whose received message changed since its last solve; the steps after
 them keep their values, except those whose running maximum was below the window's last one,
 which take it (found by a binary search: the running maximum never decreases). And the sweeps
-settle the first ``PREFIXES[0]`` steps of every class, then the first ``PREFIXES[1]``, …,
-then all: the pipeline's warm-up settles on short arrays, and the steady state that follows,
-whose steps the compute stream binds, settles in a few sweeps of windows.
+settle the first ``PREFIXES[0]`` steps of every class (:mod:`.chains`), then the first
+``PREFIXES[1]``, …, then all: the pipeline's warm-up settles on short arrays, and the steady
+state that follows, whose steps the compute stream binds, settles in a few sweeps of windows.
+
+A class's window need not start at its first step (:func:`window`): from ``start`` with its
+compute stream free at ``f0``, the recurrence starts from ``f0`` instead of 0, and a message
+sent before every window is read at the time it was posted (:func:`solve`'s ``posts``). The
+engine alternates the scheduler and such windows (:mod:`.rounds`).
 
 Which steps are scalar, and their summaries: :mod:`.summaries`.
 """
@@ -35,18 +40,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .chains import Chain, reads, sweeps
 from .summaries import Summary, closed_streams, shape_summary, summarise
 
-__all__ = ["Summary", "summarise", "closed_streams", "Nodes", "nodes", "solve", "MAX_SWEEPS"]
-
-#: Sweeps of one prefix after which the solver gives up (the scheduler then times every step).
-MAX_SWEEPS = 256
-#: The prefixes settled one after the other (steps per class) before every step: a short
-#: one holds a deep pipeline's warm-up (64: fastest on the 32-stage plan of
-#: ``benchmarks/analytical_speed.py`` of 32, 48, 64, 96 and 128, and faster there than
-#: prefixes growing ×4 or ×8).
-PREFIXES = (64,)
-
+__all__ = ["Summary", "summarise", "closed_streams", "Nodes", "nodes", "window", "solve"]
 
 class Nodes(NamedTuple):
     """Every step of every class as one flat array (class-major), up to each class's
@@ -70,6 +67,7 @@ class Nodes(NamedTuple):
     live: np.ndarray         # the node lies in its class's solvable prefix
     flags: np.ndarray        # its block's bits (WAITS, AFTER, BLOCKING, NONE, SIDE, SENDS,
                              # RECEIVES)
+    start: np.ndarray | None = None   # each class's window start (None: its first step)
 
 
 def nodes(programs: list) -> Nodes | None:
@@ -152,24 +150,40 @@ def _block_summaries(programs: list, NB: int) -> tuple[list, np.ndarray, np.ndar
             len(msgs))
 
 
-def _limits(off: np.ndarray, flags: np.ndarray,
-            src: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(each class's prefix end, whether each node lies in its class's prefix). The end: its
-    first unsolvable step (``NONE`` among its ``flags``: no summary), its first step whose
-    message is not sent by a solvable step, or its first step whose message is sent beyond
-    the sender's prefix (``src``: the node whose message each node receives, -1 for none)."""
+def _limits(off: np.ndarray, flags: np.ndarray, src: np.ndarray,
+            start: np.ndarray | None = None,
+            known=None) -> tuple[np.ndarray, np.ndarray]:
+    """(each class's window end, whether each node lies in its class's window). A window
+    runs from ``start[c]`` (default: the class's first step) to its first unsolvable step
+    (``NONE`` among its ``flags``: no summary), its first step whose message is not sent by
+    a solvable step, or its first step whose message is sent outside the sender's window
+    (``src``: the node whose message each node receives, -1 for none) unless ``known``
+    (called with such nodes, a mask) says the message was posted already."""
+    first = off[:-1] if start is None else start
     receives = src >= 0
-    lim = _prefix(off, np.flatnonzero((flags & NONE > 0) | ((flags & RECEIVES > 0) & ~receives)))
+    lim = _prefix(first, off,
+                  np.flatnonzero((flags & NONE > 0) | ((flags & RECEIVES > 0) & ~receives)))
     while True:
-        past = np.ones(len(src), dtype=bool)      # beyond its class's prefix
-        for a, b in zip(off[:-1].tolist(), lim.tolist()):
+        past = np.ones(len(src), dtype=bool)      # beyond its class's window
+        for a, b in zip(first.tolist(), lim.tolist()):
             past[a:b] = False
         beyond = past.take(src, mode="wrap")      # (src -1 reads the last node: masked)
         beyond &= receives
         beyond &= ~past
-        if not beyond.any():
+        bad = np.flatnonzero(beyond)
+        if len(bad) and known is not None:
+            bad = bad[~known(bad)]
+        if not len(bad):
             return lim, ~past
-        lim = np.minimum(lim, _prefix(off, np.flatnonzero(beyond)))
+        lim = np.minimum(lim, _prefix(first, off, bad))
+
+
+def window(nd: Nodes, start: np.ndarray, known) -> Nodes:
+    """``nd`` with each class's window from ``start[c]`` (absolute; ``off[c + 1]``: none) as
+    :func:`_limits` ends it, ``known(nodes)`` marking the nodes whose message, sent
+    outside every window, was posted already."""
+    lim, live = _limits(nd.off, nd.flags, nd.src, start, known)
+    return nd._replace(lim=lim, live=live, start=start)
 
 
 def _table(summaries: list, sent_k: np.ndarray, got_k: np.ndarray, n_msgs: int,
@@ -199,34 +213,43 @@ def _flags(summaries: list) -> np.ndarray:
                      | RECEIVES * (s.recv is not None) for s in summaries], dtype=np.uint8)
 
 
-def _prefix(off: np.ndarray, bad: np.ndarray) -> np.ndarray:
-    """Per class, the absolute index of its first node listed in ``bad`` (its end if none)."""
-    first = np.searchsorted(bad, off[:-1])
-    return np.minimum(np.append(bad, off[-1])[first], off[1:])
+def _prefix(first: np.ndarray, off: np.ndarray, bad: np.ndarray) -> np.ndarray:
+    """Per class, the absolute index of its first node at or after ``first[c]`` listed in
+    ``bad`` (its end if none)."""
+    i = np.searchsorted(bad, first)
+    return np.minimum(np.append(bad, off[-1])[i], off[1:])
 
 
-def solve(nd: Nodes) -> tuple[np.ndarray, np.ndarray] | None:
+def solve(nd: Nodes, f0: np.ndarray | None = None,
+          posts: tuple[np.ndarray, np.ndarray] | None = None
+          ) -> tuple[np.ndarray, np.ndarray] | None:
     """(end of each node's compute stream, when each posts its message, with ``-inf`` after
     the last node: ``post[nd.src]`` is when a node's message was posted, ``-inf`` for none)
-    over the prefixes, or None when the sweeps do not settle.
+    over the windows, or None when the sweeps do not settle.
 
+    ``f0``: per class, when its compute stream is free before its window (default 0);
+    ``posts``: (nodes, times) of the messages sent before the windows that they read.
     A send after the instruction waiting for the message (or in a step without one) is
     posted ``A - E`` before the step ends; one before it, ``E`` after the step starts.
     A class is re-solved only over the window of steps whose received messages changed
-    since its last solve (:class:`_Chain`); the values are those of a full re-solve.
+    since its last solve (:class:`.chains.Chain`); the values are those of a full re-solve.
     """
     N = len(nd.cls)
     C = len(nd.off) - 1
+    start = nd.off[:-1] if nd.start is None else nd.start
     if not ((nd.A > 0) & (~nd.waits | (nd.t + nd.A - nd.F > 0)) | ~nd.live).all():
         return None               # a zero-length node: cycles could settle; not solved
-    # every class's ends after a 0 (the end before its first step): its step j reads j
+    # every class's ends after its window's f0 (the end before its first step): its step j
+    # reads j
     ends = np.zeros(N + C)
     rm = np.zeros(N)                 # per class, the running maximum of ``ends - P``
     post = np.full(N + 1, -np.inf)   # post[-1]: the message of nodes that receive none
+    if posts is not None:
+        post[posts[0]] = posts[1]
     src = nd.src.copy()
     np.copyto(src, N, where=src < 0)
     P = np.zeros(N)
-    for a, b in zip(nd.off[:-1].tolist(), nd.lim.tolist()):
+    for a, b in zip(start.tolist(), nd.lim.tolist()):
         np.cumsum(nd.A[a:b], out=P[a:b])
     lag = nd.A - nd.F                # post → step end: t + A - F (-inf: no wait)
     np.copyto(lag, -np.inf, where=~nd.waits)
@@ -234,146 +257,18 @@ def solve(nd: Nodes) -> tuple[np.ndarray, np.ndarray] | None:
     lag -= P
     late = np.flatnonzero(nd.waits & ~nd.after & nd.live)  # posted before the message
     arrays = (src, ends, rm, post, P, lag, nd.A - nd.E, late, nd.E[late])
-    longest = int((nd.lim - nd.off[:-1]).max())
+    longest = int((nd.lim - start).max())
     scratch = (np.empty(longest), np.empty(longest, dtype=bool))
-    chains = [_Chain(nd, c, arrays, scratch) for c in range(C)]
-    for reader, sender, ri, M, m in _reads(nd, src):
+    zero = np.zeros(C) if f0 is None else f0
+    chains = [Chain(nd, c, int(start[c]), float(zero[c]), arrays, scratch) for c in range(C)]
+    for reader, sender, ri, M, m in reads(nd, src, start):
         chains[sender].readers.append((chains[reader], ri, M, m))
-    settled = _sweeps([ch for ch in chains if ch.n], post)
+    settled = sweeps([ch for ch in chains if ch.n], post)
     for ch in chains:       # the chains read each other: free them without the cycle collector
         ch.readers.clear()
     if not settled:
         return None
-    out = np.empty(N)                # every class's ends without its leading 0
+    out = np.empty(N)                # every class's ends without its leading slot
     for c, (a, b) in enumerate(zip(nd.off[:-1].tolist(), nd.off[1:].tolist())):
         out[a:b] = ends[a + c + 1:b + c + 1]
     return out, post
-
-
-def _sweeps(chains: list, post: np.ndarray) -> bool:
-    """Gauss–Seidel sweeps over ``chains``, alternately up and down, over each prefix of
-    :data:`PREFIXES` and then all their steps, until nothing changes (False: a prefix did
-    not settle in :data:`MAX_SWEEPS` sweeps). The prefixes start their sweeps in turn up
-    and down (measured on the 206 plans of ``benchmarks/analytical_speed.py``: 9,829 chain
-    solves, against 10,715 when each starts upwards and 10,052 when the alternation runs on
-    from the previous prefix's last sweep; the deepest plan 191 against 222)."""
-    order = (chains, chains[::-1])
-    longest = max((ch.n for ch in chains), default=0)
-    for k, W in enumerate([w for w in PREFIXES if w < longest] + [longest]):
-        for ch in chains:
-            ch.grow(W)
-        sweep = k
-        for _ in range(MAX_SWEEPS):
-            changed = False
-            for ch in order[sweep & 1]:
-                if ch.lo <= ch.hi and ch.run(post):
-                    changed = True
-            sweep += 1
-            if not changed:
-                break
-        else:
-            return False
-    return True
-
-
-class _Chain:
-    """One class's solvable prefix as a max-plus chain, and the window (``lo``..``hi``,
-    local step indices) of the steps whose received messages changed since its last solve.
-    Its arrays are views of the solver's, indexed by the class's step."""
-
-    def __init__(self, nd: Nodes, c: int, arrays: tuple, scratch: tuple):
-        src, ends, rm, post, P, lag, AmE, late, Ee = arrays
-        a, b = int(nd.off[c]), int(nd.lim[c])
-        self.n = b - a
-        self.sc = src[a:b]
-        self.endz = ends[a + c:b + c + 1]   # endz[j]: the end of step j - 1 (0 before the first)
-        self.rm, self.post, self.P = rm[a:b], post[a:b], P[a:b]
-        self.lag, self.AmE = lag[a:b], AmE[a:b]
-        l0, l1 = late.searchsorted((a, b)).tolist()
-        self.late, self.Ee = late[l0:l1] - a, Ee[l0:l1]
-        self.lo, self.hi, self.L = self.n, -1, 0
-        self.readers: list = []
-        self.new, self.diff = scratch    # (shared by the chains: one runs at a time)
-
-    def grow(self, W: int) -> None:
-        """Extend the solved prefix to the first ``W`` steps (the new ones join the window)."""
-        new = min(self.n, W)
-        if new > self.L:
-            self.lo, self.hi = min(self.lo, self.L), max(self.hi, new - 1)
-            self.L = new
-
-    def run(self, post: np.ndarray) -> bool:
-        """Re-solve the window (and the steps after it whose running maximum it raises);
-        widen the windows of the classes reading the messages that changed. Whether any
-        did. ``post``: when every node posts its message (``post[-1]``: never)."""
-        lo, L, rm = self.lo, self.L, self.rm
-        hi = min(self.hi, L - 1)
-        self.lo, self.hi = self.n, -1
-        if lo > hi:
-            return False
-        prev = rm[lo - 1] if lo > 0 else 0.0
-        last = rm[hi]                    # the running maximum before this solve
-        while True:
-            x = rm[lo:hi + 1]            # solved in place
-            post.take(self.sc[lo:hi + 1], out=x, mode="clip")
-            x += self.lag[lo:hi + 1]     # message arrival + what follows it, - P
-            if x[0] < prev:              # max(stream free, running max): a full sweep's value
-                x[0] = prev
-            np.maximum.accumulate(x, out=x)
-            v, k = x[-1], hi + 1
-            if k == L or v == last:
-                break
-            if v > last:                 # later steps whose running maximum was below v take v
-                k += int(rm[k:L].searchsorted(v))
-                rm[hi + 1:k] = v
-                break
-            hi = L - 1                   # lower (never, from lower bounds): redo to the end
-        K = min(k + 1, L)            # a send posted early reads the previous step's end
-        e = self.endz[lo + 1:K + 1]
-        np.add(rm[lo:K], self.P[lo:K], out=e)
-        new = np.subtract(e, self.AmE[lo:K], out=self.new[:K - lo])
-        if len(self.late):           # posted before the wait: previous end + E
-            l0, l1 = self.late.searchsorted((lo, K)).tolist()
-            li = self.late[l0:l1]
-            new[li - lo] = self.endz[li] + self.Ee[l0:l1]
-        old = self.post[lo:K]
-        diff = np.not_equal(new, old, out=self.diff[:K - lo])
-        first = int(diff.argmax())
-        if not diff[first]:
-            return False
-        old[:] = new
-        g0 = lo + first              # the changed posts: g0..g1
-        g1 = K - 1 if diff[-1] else K - 1 - int(diff[::-1].argmax())
-        for r, ri, M, m in self.readers:   # (positions are integers: <= g1 is < g1 + 1)
-            if M is m:
-                i, j = M.searchsorted((g0, g1 + 1)).tolist()
-            else:
-                i, j = int(M.searchsorted(g0)), int(m.searchsorted(g1 + 1))
-            if i < j:
-                r.lo, r.hi = min(r.lo, int(ri[i])), max(r.hi, int(ri[j - 1]))
-        return True
-
-
-def _reads(nd: Nodes, src: np.ndarray) -> list[tuple]:
-    """Which class reads which: per reader class and each class it reads from (``src``:
-    the node each node reads, ``N`` for none), ``(reader, sender, *_window_map(...))`` of
-    the reader's solvable steps that receive the sender's messages."""
-    C = len(nd.off) - 1
-    sender = np.append(nd.cls, C).take(src, mode="clip")   # each node's message's class, or C
-    out = []
-    for c, (a, b) in enumerate(zip(nd.off[:-1].tolist(), nd.lim.tolist())):
-        of = sender[a:b]
-        for s in np.bincount(of, minlength=C + 1)[:C].nonzero()[0].tolist():
-            ri = np.flatnonzero(of == s)
-            out.append((c, s, *_window_map(ri, src[a:b][ri] - int(nd.off[s]))))
-    return out
-
-
-def _window_map(ri: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, ...]:
-    """For a reader's steps ``ri`` that read a sender's steps ``pos``: (``ri``, the running
-    maximum and the suffix minimum of ``pos``), so that the reader's steps reading sender
-    steps ``g0``..``g1`` lie between ``ri[searchsorted(M, g0)]`` and
-    ``ri[searchsorted(m, g1, 'right') - 1]``."""
-    if (pos[1:] >= pos[:-1]).all():   # read in the sender's order (as pipelines do)
-        return ri, pos, pos
-    return ri, np.maximum.accumulate(pos), np.minimum.accumulate(pos[::-1])[::-1]

@@ -40,6 +40,9 @@ class Summary(NamedTuple):
     exposed: tuple[tuple[str, float], ...]
     nbytes: tuple[tuple[str, float], ...]
     blocking: bool = False
+    #: per closed stream the block uses, (stream, how long before the step's end it is
+    #: free): its ops follow the message rigidly, as the step's end does
+    tails: tuple[tuple[int, float], ...] = ()
 
 
 def closed_streams(programs: list) -> frozenset[int]:
@@ -121,14 +124,22 @@ def summarise(instrs: tuple[Instr, ...], closed: frozenset[int] = frozenset()) -
     side = False
     compute = optimizer = 0.0
     exposed: dict[str, float] = defaultdict(float)
+    used: set[int] = set()
+    gated: set[int] = set()   # instructions after the message (directly or through deps)
+    gate = True   # False from a closed stream's anchor to the compute stream's first such
     for i, x in enumerate(instrs):
         if x.code == SEND or x.code == RECV:
             continue
         if x.stream != 0 and x.stream not in closed:
             side = True
             continue
+        joins = False
         if x.stream in closed and first_wait < 0 and r >= 0:
-            return None   # issued before the message is waited for: not rigid after it
+            # issued before the message is waited for: not rigid after it, unless it waits
+            # for both the message and the compute stream (the step's anchor, then)
+            if not (x.code == WAIT and x.target == 0 and r in x.deps):
+                return None
+            joins = True
         ready, why, why_dur = 0.0, "", 0.0
         for d in x.deps:
             if d == r:
@@ -138,8 +149,20 @@ def summarise(instrs: tuple[Instr, ...], closed: frozenset[int] = frozenset()) -
                 return None
             if e[0] > ready:
                 ready, why, why_dur = e
-        if x.stream == 0 and first_wait < 0 and r >= 0 and r in x.deps:
-            first_wait, F = i, max(t0, ready)
+        after_msg = r >= 0 and (r in x.deps or not gated.isdisjoint(x.deps))
+        if after_msg:
+            gated.add(i)
+        if x.stream == 0:
+            if after_msg:
+                if first_wait < 0:
+                    first_wait, F = i, max(t0, ready)
+                gate = True
+            elif not gate:
+                return None   # runs before the message beside a stream that waits for it
+        if joins:
+            if ready > t0:
+                return None
+            first_wait, F, gate = i, t0, False
         if x.code == WAIT:
             if i == 0 and blocking:   # the blocking receive's anchor: the step's own f
                 continue
@@ -178,6 +201,7 @@ def summarise(instrs: tuple[Instr, ...], closed: frozenset[int] = frozenset()) -
                     compute += x.dur
         else:
             free[x.stream] = end
+            used.add(x.stream)
             if x.code == COLL:
                 last_kind[x.stream] = x.label
         loc[i] = (end, x.label, x.dur)
@@ -190,7 +214,8 @@ def summarise(instrs: tuple[Instr, ...], closed: frozenset[int] = frozenset()) -
     return Summary(t0, F if first_wait >= 0 else t0, first_wait >= 0,
                    instrs[r] if r >= 0 else None, send, E,
                    0 <= first_wait <= last, side, compute, optimizer, volume[0],
-                   tuple(exposed.items()), tuple(volume[1].items()), blocking)
+                   tuple(exposed.items()), tuple(volume[1].items()), blocking,
+                   tuple((sid, t0 - free[sid]) for sid in sorted(used)))
 
 
 def shape_summary(instrs: tuple[Instr, ...], shape: int, cache: dict,
