@@ -1,6 +1,6 @@
 """Analytical-engine speed: configs per second over a sweep, and CLI cold-start time.
 
-Run:  python benchmarks/analytical_speed.py [--limit N]
+Run:  python benchmarks/analytical_speed.py [--limit N] [--search-top]
 
 The sweep is every valid plan for GPT-3 175B on 1,024 A100s (128 DGX A100 nodes), global batch
 1,536, sequence 2,048: TP ∈ {1, 2, 4, 8} × PP ∈ divisors of 96 × DP = 1024/(TP·PP) ×
@@ -13,6 +13,11 @@ The scale target (issue 27): GPT-3 175B on 131,072 H100s (16,384 DGX H100, TP8 �
 a fresh process on one core in ≤ 2 s and ≤ 500 MB (``--scale``; the CPU time of the
 ``ddlsim.predict`` call, cluster graph included, and the process's peak resident memory;
 the modules it uses are imported first and their import time reported apart).
+
+``--search-top`` times instead the exact predictions ``ddlsim search`` makes of the best 10
+plans of ``examples/search-gpt3-175b-1024.yaml`` (Megatron-Core's distributed optimizer with
+the overlapped parameter gather, which the engine's solver takes in windows after each
+stage's first step: docs/engines.md, ``rounds.py``).
 
 Every prediction of the first pass is compared with the recorded sweep,
 ``benchmarks/data/analytical_sweep.json`` (the predicted fields of ``Result.to_dict()`` of
