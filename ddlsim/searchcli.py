@@ -81,7 +81,8 @@ def search_command(
     fmt: Annotated[str, typer.Option("--format", "-f", help="table, json or csv (all plans)")] = "table",
     force: Annotated[bool, typer.Option(help="Replace existing output files.")] = False,
     dask: Annotated[Optional[str], typer.Option(
-        help="Run the exact re-evaluations on Dask: 'local' or a scheduler address.")] = None,
+        help="Run the exact re-evaluations, and a grid the exact engine searches (no "
+             "vectorised form), on Dask: 'local' or a scheduler address.")] = None,
     dask_workers: Annotated[Optional[int], typer.Option(
         help="Worker processes of --dask local (default 2).")] = None,
     limit: Annotated[Optional[list[str]], typer.Option(

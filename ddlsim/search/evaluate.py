@@ -83,7 +83,8 @@ def _contexts(data: dict, base_dir, overrides: Sequence[str], contexts: list[dic
 
 def evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[str, list],
                   constraints, objective: str = "time", price_per_gpu_hour: float | None = None,
-                  progress: Callable[[int, int], None] | None = None) -> Grid:
+                  progress: Callable[[int, int], None] | None = None, dask=None,
+                  dask_workers: int | None = None) -> Grid:
     """Every plan of ``axes`` on the config ``data`` (a mapping, with ``--set`` overrides),
     evaluated by the vectorised tier.
 
@@ -96,6 +97,8 @@ def evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[
     objective : a key of :data:`~ddlsim.search.spec.OBJECTIVES`.
     price_per_gpu_hour : adds ``cost_per_iteration`` and ``cost_per_million_tokens``.
     progress : called with (contexts done, contexts).
+    dask, dask_workers : where a grid with no vectorised form predicts its plans
+        (:func:`~ddlsim.search.exact.evaluate_exact`); the vectorised tier ignores them.
 
     Returns
     -------
@@ -107,14 +110,15 @@ def evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[
     # which found ~1,000 objects in cycles: paused, ~4,000 wait for the next collection
     with collector_paused():
         return _evaluate_grid(data, base_dir, overrides, axes, constraints, objective,
-                              price_per_gpu_hour, progress)
+                              price_per_gpu_hour, progress, dask, dask_workers)
 
 
 
 
 def _evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[str, list],
                    constraints, objective: str, price_per_gpu_hour: float | None,
-                   progress: Callable[[int, int], None] | None) -> Grid:
+                   progress: Callable[[int, int], None] | None, dask=None,
+                   dask_workers: int | None = None) -> Grid:
     """:func:`evaluate_grid`'s work, with the collector as the caller set it."""
     base, fields, on_neutral = _base_config(data, base_dir, overrides, axes)
     neutral = [*overrides, *(_setting(p, v) for p, v in context_overrides({}).items())]
@@ -124,7 +128,7 @@ def _evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping
     if prepared is None:
         from .exact import evaluate_exact
         return evaluate_exact(data, base_dir, overrides, axes, constraints, objective,
-                              price_per_gpu_hour, progress)
+                              price_per_gpu_hour, progress, dask, dask_workers)
     if constraints.global_batch_size is not None:
         fields["train.global_batch_size"] = constraints.global_batch_size
     sections = plan_sections(data, base_dir, overrides)
@@ -156,7 +160,7 @@ def _evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping
     if hasattr(family, "beyond") and family.beyond(good, alive_plans):
         from .exact import evaluate_exact   # a plan beyond the closed form: the exact engine
         return evaluate_exact(data, base_dir, overrides, axes, constraints, objective,
-                              price_per_gpu_hour, progress)
+                              price_per_gpu_hour, progress, dask, dask_workers)
     parts = []
     for i, cfg in enumerate(ctx_cfgs):
         here = alive_plans["context"] == i

@@ -25,7 +25,7 @@ import numpy as np
 from ..errors import ConfigError
 from .plans import VECTOR_FIELDS
 
-__all__ = ["EXACT_PLANS", "evaluate_exact", "first_sentence", "plan_fields"]
+__all__ = ["EXACT_PLANS", "evaluate_exact", "first_sentence", "plan_fields", "plan_outcome"]
 
 #: The most plans a grid searched by the exact engine may have (each takes milliseconds).
 EXACT_PLANS = 5000
@@ -39,15 +39,15 @@ def first_sentence(message: str, limit: int = 160) -> str:
 
 def evaluate_exact(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[str, list],
                    constraints, objective: str = "time", price_per_gpu_hour: float | None = None,
-                   progress: Callable[[int, int], None] | None = None):
+                   progress: Callable[[int, int], None] | None = None, dask=None,
+                   dask_workers: int | None = None):
     """Every plan of ``axes`` on ``data``, predicted by the exact analytical engine.
 
     Parameters and returns as :func:`ddlsim.search.evaluate.evaluate_grid` (a
-    :class:`~ddlsim.search.evaluate.Grid`; ``frame.attrs["tier"] = "exact"``).
+    :class:`~ddlsim.search.evaluate.Grid`; ``frame.attrs["tier"] = "exact"``). With ``dask``
+    (``"local"``, a scheduler address or a ``distributed.Client``: :func:`ddlsim.distributed.
+    run_on_dask`) the plans are predicted as Dask tasks; the grid is the serial one.
     """
-    from ..api import predict
-    from ..configload import build_config
-    from ..sweeps import _setting
     from .ranking import DOES_NOT_FIT, Grid, rank
 
     sizes = [len(v) for v in axes.values()]
@@ -57,36 +57,35 @@ def evaluate_exact(data: dict, base_dir, overrides: Sequence[str], axes: Mapping
                           f"and this model or plan has no vectorised tier, so each plan is "
                           f"predicted by the exact engine: at most {EXACT_PLANS:,} plans; "
                           "give fewer axis values")
+    from ..sweeps import _setting
     fixed = [*overrides]
     if constraints.global_batch_size is not None and "train.global_batch_size" not in axes:
         fixed.append(_setting("train.global_batch_size", constraints.global_batch_size))
+    combos = list(itertools.product(*axes.values()))
+    items = [(i, [*fixed, *(_setting(p, v) for p, v in zip(axes, combo))])
+             for i, combo in enumerate(combos)]
+    shared = (data, base_dir, constraints.max_gpus)
+    if dask is None:
+        outcomes = []
+        for item in items:
+            outcomes.append(plan_outcome(*shared, item))
+            if progress is not None:
+                progress(len(outcomes), total)
+    else:
+        from ..distributed import run_on_dask
+        outcomes = run_on_dask(plan_outcome, shared, items, dask, dask_workers,
+                               describe=lambda item: "the plan " + ", ".join(item[1]),
+                               progress=progress)
     rows, reasons, fields = [], {}, None
-    for i, combo in enumerate(itertools.product(*axes.values())):
-        sets = [*fixed, *(_setting(p, v) for p, v in zip(axes, combo))]
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                cfg = build_config(data, sets, base_dir)
-                if constraints.max_gpus is not None and cfg.world_size > constraints.max_gpus:
-                    raise ConfigError(f"more than max_gpus = {constraints.max_gpus} GPUs")
-                result = predict(cfg, check_fit=False)
-                fields = cfg.family.plan_fields
-        except ConfigError as exc:
-            why = first_sentence(exc)
+    for i, (combo, (why, row, plan_fields_)) in enumerate(zip(combos, outcomes)):
+        if why is None:
+            fields = plan_fields_
+            if constraints.must_fit and not row["fits"]:
+                why = DOES_NOT_FIT
+        if why is not None:
             reasons[why] = reasons.get(why, 0) + 1
-        else:
-            memory = result.memory
-            if constraints.must_fit and not memory.fits:
-                reasons[DOES_NOT_FIT] = reasons.get(DOES_NOT_FIT, 0) + 1
-            else:
-                rows.append({"plan": i, **plan_fields(cfg), **dict(zip(axes, combo)),
-                             "gpus": result.world_size,
-                             "iteration_time_s": result.iteration_time_s,
-                             "memory_per_device_bytes": memory.total,
-                             "capacity_bytes": memory.capacity, "fits": memory.fits,
-                             "tokens_per_s": result.tokens_per_s, "mfu": result.mfu})
-        if progress is not None:
-            progress(i + 1, total)
+            continue
+        rows.append({"plan": i, **row, **dict(zip(axes, combo))})
     paths = [*VECTOR_FIELDS, "parallel.schedule"]
     frame = _frame(rows, [*paths, *(p for p in axes if p not in paths)], price_per_gpu_hour)
     frame = rank(frame, objective)
@@ -95,6 +94,32 @@ def evaluate_exact(data: dict, base_dir, overrides: Sequence[str], axes: Mapping
         frame.attrs["plan_fields"] = list(fields)
     rejected = dict(sorted(reasons.items(), key=lambda x: -x[1]))
     return Grid(frame, rejected, total)
+
+
+def plan_outcome(data: dict, base_dir, max_gpus: int | None,
+                 item: tuple[int, list[str]]) -> tuple[str | None, dict | None, tuple | None]:
+    """One plan of an exact grid (``item``: its index and ``--set`` overrides): ``(None,
+    row, the family's plan fields)``, or ``(why, None, None)`` when its config or stack
+    refuses it (the first sentence of the error). A task of :func:`evaluate_exact`."""
+    from ..api import predict
+    from ..configload import build_config
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cfg = build_config(data, item[1], base_dir)
+            if max_gpus is not None and cfg.world_size > max_gpus:
+                raise ConfigError(f"more than max_gpus = {max_gpus} GPUs")
+            result = predict(cfg, check_fit=False)
+    except ConfigError as exc:
+        return first_sentence(exc), None, None
+    memory = result.memory
+    row = {**plan_fields(cfg), "gpus": result.world_size,
+           "iteration_time_s": result.iteration_time_s,
+           "memory_per_device_bytes": memory.total, "capacity_bytes": memory.capacity,
+           "fits": memory.fits, "tokens_per_s": result.tokens_per_s, "mfu": result.mfu}
+    fields = cfg.family.plan_fields   # None: every plan field (the decoder families)
+    return None, row, None if fields is None else tuple(fields)
 
 
 def plan_fields(cfg) -> dict:

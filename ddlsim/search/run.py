@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -92,8 +93,9 @@ def search(config: Any, axes: Mapping[str, Sequence[Any]] | None = None, *,
     top : plans re-evaluated by the exact engine (default 10).
     verify : ``"des"`` to also run the discrete-event engine on those plans.
     overrides : ``--set`` overrides applied first.
-    dask, dask_workers : run the re-evaluations on Dask (``"local"``, an address or a
-        ``distributed.Client``), as :func:`ddlsim.sweep` does.
+    dask, dask_workers : run the re-evaluations, and the plans of a grid that has no
+        vectorised form (the exact tier), on Dask (``"local"``, an address or a
+        ``distributed.Client``), as :func:`ddlsim.sweep` does; one cluster for both.
     progress : called with (stage, done, total); stage is ``"evaluate"`` or ``"verify"``.
     limits : :class:`ddlsim.limits.Limits`: ``search_plans`` bounds the grid (the product of
         the axes' lengths) and ``axis_values`` each axis, counted before anything is built;
@@ -133,14 +135,17 @@ def search(config: Any, axes: Mapping[str, Sequence[Any]] | None = None, *,
     check_budget({"topology_links": topology_links(base.system)}, limits)
     check_axes(spec.axes, base.model_dump(mode="json"),
                spec.constraints.global_batch_size is not None)
+    if dask is None and dask_workers is not None:
+        raise ConfigError("dask_workers (--dask-workers) applies only with dask='local'")
     step = None if progress is None else (lambda d, t: progress("evaluate", d, t))
-    grid = evaluate_grid(data, base_dir, overrides, spec.axes, spec.constraints,
-                         spec.objective, spec.price_per_gpu_hour, step)
-    frame = grid.frame
-    k = min(spec.top, len(frame))
-    if k:
-        frame = _verified(frame, k, data, base_dir, overrides, verify, dask, dask_workers,
-                          progress, limits)
+    with _client(dask, dask_workers) as client:   # one cluster for the grid and the top
+        grid = evaluate_grid(data, base_dir, overrides, spec.axes, spec.constraints,
+                             spec.objective, spec.price_per_gpu_hour, step, client)
+        frame = grid.frame
+        k = min(spec.top, len(frame))
+        if k:
+            frame = _verified(frame, k, data, base_dir, overrides, verify, client, progress,
+                              limits)
     from ..framehtml import ResultFrame
 
     frame, attrs = ResultFrame(frame), dict(frame.attrs)
@@ -148,6 +153,17 @@ def search(config: Any, axes: Mapping[str, Sequence[Any]] | None = None, *,
     frame.attrs.update(rejected=grid.rejected, total=grid.total, objective=spec.objective,
                        top=k, currency=spec.currency, price_per_gpu_hour=spec.price_per_gpu_hour)
     return frame
+
+
+@contextmanager
+def _client(dask, workers: int | None):
+    """The Dask client of ``dask`` (None: none) for the whole search."""
+    if dask is None:
+        yield None
+        return
+    from ..distributed import dask_client
+    with dask_client(dask, workers) as client:
+        yield client
 
 
 def plan_overrides(row, columns: Sequence[str]) -> list[str]:
@@ -174,8 +190,7 @@ def exact_times(source, engines: Sequence[str], sets: Sequence[str]) -> dict[str
             .iteration_time_s for e in engines}
 
 
-def _verified(frame, k: int, data, base_dir, overrides, verify, dask, workers, progress,
-              limits):
+def _verified(frame, k: int, data, base_dir, overrides, verify, client, progress, limits):
     from ..sweeps import _Source
 
     columns = [c for c in frame.columns if "." in c]
@@ -184,9 +199,7 @@ def _verified(frame, k: int, data, base_dir, overrides, verify, dask, workers, p
     source.base_dir = base_dir
     engines = ["analytical", *([verify] if verify else [])]
     step = None if progress is None else (lambda d, t: progress("verify", d, t))
-    if dask is None:
-        if workers is not None:
-            raise ConfigError("dask_workers (--dask-workers) applies only with dask='local'")
+    if client is None:
         times = []
         for i, sets in enumerate(items, 1):
             times.append(exact_times(source, engines, sets))
@@ -194,7 +207,7 @@ def _verified(frame, k: int, data, base_dir, overrides, verify, dask, workers, p
                 step(i, k)
     else:
         from ..distributed import run_on_dask
-        times = run_on_dask(exact_times, (source, engines), items, dask, workers,
+        times = run_on_dask(exact_times, (source, engines), items, client, None,
                             describe=lambda s: "the plan " + ", ".join(s), progress=step)
     frame = frame.copy()
     exact = [t["analytical"] for t in times] + [float("nan")] * (len(frame) - k)
