@@ -94,7 +94,10 @@ def summarise(instrs: tuple[Instr, ...], closed: frozenset[int] = frozenset()) -
 
     Ops on a ``closed`` stream (:func:`closed_streams`) and the compute stream's waits for
     them are timed here, by the timing rule from the block's start, provided they all come
-    after the first instruction that waits for the block's received message (if any): the
+    after the first instruction that waits for the block's received message (if any), or are
+    that instruction: a wait on a closed stream for both the message and the compute stream
+    (the overlapped TP backward's first collective waits so), when no compute-stream
+    instruction runs between it and the compute stream's first use of the message. The
     rest of the block then runs rigidly from that instruction's start, and ``A`` is the
     compute stream's end with the waits' gaps, booked as exposed communication of the
     awaited stream's last collective as the scheduler books them. Every instruction of the
