@@ -42,6 +42,11 @@ builder's ops, the lowering, the collectives and the timing rule), the meshes' n
 config's rules (the configs validated for them), memory, the update and ZeRO-3 terms, and what
 the garbage collector took; last, the sum of the phases that run the exact engine's own code
 (:data:`SHARED_PHASES`), a floor for the grid while that code is as fast as it is.
+
+``--bundled`` times the bundled search's own grid (``examples/search-gpt3-175b-1024.yaml``:
+its axes, its fixed global batch, plans that must fit) cold against llm-analysis on its valid
+plans, and prints the ratio per valid plan and per plan that needs the model (the valid ones
+and those memory rejects; the rules reject the rest before any model is built).
 """
 
 from __future__ import annotations
@@ -111,6 +116,46 @@ def grid_seconds() -> tuple[float, object]:
     t0 = CLOCK[0]()
     grid = evaluate_grid(GPT3, None, [], SPEED_AXES, Constraints())
     return CLOCK[0]() - t0, grid
+
+
+def bundled(repeats: int) -> None:
+    """The bundled GPT-3 search (``examples/search-gpt3-175b-1024.yaml``, its own axes and
+    constraints: the plans must fit) cold, the best of ``repeats`` runs, against llm-analysis
+    on its valid plans (the first 300), one of each in turn. Per valid plan, and per plan that
+    needs the model: the valid ones and those whose memory rejects them (rules reject the
+    others before any model is built)."""
+    from ddlsim.search.ranking import DOES_NOT_FIT
+    from ddlsim.search.run import load_search
+
+    path = ROOT / "examples" / "search-gpt3-175b-1024.yaml"
+    data, base_dir, spec = load_search(str(path))
+    data = {k: v for k, v in data.items() if k != "search"}
+
+    def run():
+        cache_clear()
+        t0 = CLOCK[0]()
+        grid = evaluate_grid(data, base_dir, [], dict(spec.axes), spec.constraints)
+        return CLOCK[0]() - t0, grid
+    best, grid = run()
+    llm, llm_best = _llm_analysis_setup(grid.frame), math.inf
+    for k in range(repeats):
+        if k:
+            best = min(best, run()[0])
+        if "run" in llm:
+            llm_best = min(llm_best, llm["run"]())
+    valid = len(grid.frame)
+    model = valid + grid.rejected.get(DOES_NOT_FIT, 0)
+    print(f"{path.name}: {grid.total:,} plans, {valid:,} valid, {model - valid:,} more rejected "
+          f"for memory; whole grid {1e3 * best:.0f} ms cold (best of {repeats}, "
+          f"{'CPU' if CLOCK[0] is time.process_time else 'wall'})")
+    if "run" not in llm:
+        print(f"llm-analysis 0.2.2 skipped ({llm['skipped']})")
+        return
+    per = llm_best / llm["plans"]
+    print(f"llm-analysis 0.2.2: {1e6 * per:.0f} µs a plan (LLMAnalysis.training on "
+          f"{llm['plans']} valid plans)")
+    print(f"ratio per valid plan {per * valid / best:.1f}×; per plan that needs the model "
+          f"{per * model / best:.1f}×")
 
 
 def speeds(repeats: int) -> tuple[dict, object, dict]:
@@ -373,6 +418,8 @@ def main() -> None:
                         help="runs of each tool, one of each in turn; the best counts (5)")
     parser.add_argument("--profile", action="store_true",
                         help="profile --repeats cold runs of the speed grid (cProfile) instead")
+    parser.add_argument("--bundled", action="store_true",
+                        help="the bundled GPT-3 search's own grid against llm-analysis instead")
     parser.add_argument("--phases", action="store_true",
                         help="CPU time per phase of --repeats cold runs of the speed grid "
                              "(medians, no profiler) instead")
@@ -383,6 +430,9 @@ def main() -> None:
     warnings.filterwarnings("ignore", ".*not modelled by ddlsim")
     if args.profile:
         profile_grid(args.repeats)
+        return
+    if args.bundled:
+        bundled(args.repeats)
         return
     if args.phases:
         CLOCK[0] = time.process_time
