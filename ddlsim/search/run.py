@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -138,7 +138,9 @@ def search(config: Any, axes: Mapping[str, Sequence[Any]] | None = None, *,
     if dask is None and dask_workers is not None:
         raise ConfigError("dask_workers (--dask-workers) applies only with dask='local'")
     step = None if progress is None else (lambda d, t: progress("evaluate", d, t))
-    with _client(dask, dask_workers) as client:   # one cluster for the grid and the top
+    from ..distributed import dask_client
+    with (nullcontext() if dask is None else dask_client(dask, dask_workers)) as client:
+        # one cluster for the grid and the top plans
         grid = evaluate_grid(data, base_dir, overrides, spec.axes, spec.constraints,
                              spec.objective, spec.price_per_gpu_hour, step, client)
         frame = grid.frame
@@ -153,17 +155,6 @@ def search(config: Any, axes: Mapping[str, Sequence[Any]] | None = None, *,
     frame.attrs.update(rejected=grid.rejected, total=grid.total, objective=spec.objective,
                        top=k, currency=spec.currency, price_per_gpu_hour=spec.price_per_gpu_hour)
     return frame
-
-
-@contextmanager
-def _client(dask, workers: int | None):
-    """The Dask client of ``dask`` (None: none) for the whole search."""
-    if dask is None:
-        yield None
-        return
-    from ..distributed import dask_client
-    with dask_client(dask, workers) as client:
-        yield client
 
 
 def plan_overrides(row, columns: Sequence[str]) -> list[str]:

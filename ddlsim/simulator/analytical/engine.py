@@ -69,25 +69,25 @@ def simulate_analytical(workload: Workload, cost: CostModel, *,
     done = [False] * len(programs)
     queue = deque(range(len(programs)))
     queued = [True] * len(programs)
+
+    def enqueue(classes: list[int]) -> None:
+        for w in classes:
+            if not queued[w] and not done[w]:
+                queued[w] = True
+                queue.append(w)
+        st.woken.clear()
+
     while True:
         while queue:
             ci = queue.popleft()
             queued[ci] = False
             done[ci] = run_class(ci, programs[ci], st)
-            for w in st.woken:
-                if not queued[w] and not done[w]:
-                    queued[w] = True
-                    queue.append(w)
-            st.woken.clear()
+            enqueue(st.woken)
         if not st.parked:
             break
         parked, st.parked = st.parked, []
         rounds.solve(st, parked)   # (or parks no more)
-        for w in parked + st.woken:
-            if not queued[w] and not done[w]:
-                queued[w] = True
-                queue.append(w)
-        st.woken.clear()
+        enqueue(parked + st.woken)
     if not all(done):
         from .deadlock import describe_deadlock
         raise DeadlockError(describe_deadlock(workload, programs, st, done))

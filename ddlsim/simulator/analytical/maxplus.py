@@ -43,12 +43,13 @@ import numpy as np
 from .chains import Chain, reads, sweeps
 from .summaries import Summary, closed_streams, shape_summary, summarise
 
-__all__ = ["Summary", "summarise", "closed_streams", "Nodes", "nodes", "window", "solve"]
+__all__ = ["Summary", "summarise", "closed_streams", "Nodes", "nodes", "unsolvable", "window",
+           "solve"]
 
 class Nodes(NamedTuple):
-    """Every step of every class as one flat array (class-major), up to each class's
-    solvable prefix: ``lim[c]`` (absolute index) ends class ``c``'s, ``live`` marks the
-    nodes of the prefixes."""
+    """Every step of every class as one flat array (class-major), and each class's window
+    (:func:`window`): from ``start[c]`` to ``lim[c]`` (absolute indices), ``live`` marking
+    the nodes of the windows."""
 
     off: np.ndarray
     lim: np.ndarray
@@ -64,14 +65,15 @@ class Nodes(NamedTuple):
     t: np.ndarray            # transfer seconds of the received message
     blocking: np.ndarray     # the receive is posted when the compute stream is free
     F0: np.ndarray           # F before the blocking shift (the gap accounting's)
-    live: np.ndarray         # the node lies in its class's solvable prefix
+    live: np.ndarray         # the node lies in its class's window
     flags: np.ndarray        # its block's bits (WAITS, AFTER, BLOCKING, NONE, SIDE, SENDS,
                              # RECEIVES)
     start: np.ndarray | None = None   # each class's window start (None: its first step)
 
 
 def nodes(programs: list) -> Nodes | None:
-    """The nodes of every class's solvable prefix, or None when there is nothing to solve."""
+    """The nodes of every step of every class, no window open yet (:func:`window` opens
+    them), or None when there is nothing to solve."""
     C = len(programs)
     NB = max((len(p.blocks) for p in programs), default=0)
     summaries, sent_k, got_k, n_msgs = _block_summaries(programs, NB)
@@ -106,7 +108,6 @@ def nodes(programs: list) -> Nodes | None:
     slot = slots[1].take(key, out=slot, mode="clip")
     slot += mb
     src = where.take(slot, mode="clip")
-    lim, live = _limits(off, flags, src)
     waits, after, blocking = (flags & bit > 0 for bit in (WAITS, AFTER, BLOCKING))
     # the received message's transfer (src -1: none, 0)
     t = np.append(sends, 0.0).take(src, mode="wrap")
@@ -118,8 +119,8 @@ def nodes(programs: list) -> Nodes | None:
         extra = np.where(blocking, np.maximum(0.0, t - F), 0.0)
         E = np.where(blocking & after, E + extra, E)
         A, F = A + extra, np.where(blocking, np.maximum(F, t), F)
-    return Nodes(off, lim, cls, key, src, summaries, A, F, waits, E, after, t, blocking, F0,
-                 live, flags)
+    return Nodes(off, off[:-1].copy(), cls, key, src, summaries, A, F, waits, E, after, t,
+                 blocking, F0, np.zeros(N, dtype=bool), flags)
 
 
 def _block_summaries(programs: list, NB: int) -> tuple[list, np.ndarray, np.ndarray, int]:
@@ -161,8 +162,7 @@ def _limits(off: np.ndarray, flags: np.ndarray, src: np.ndarray,
     (called with such nodes, a mask) says the message was posted already."""
     first = off[:-1] if start is None else start
     receives = src >= 0
-    lim = _prefix(first, off,
-                  np.flatnonzero((flags & NONE > 0) | ((flags & RECEIVES > 0) & ~receives)))
+    lim = _prefix(first, off, np.flatnonzero(unsolvable(flags, src)))
     while True:
         past = np.ones(len(src), dtype=bool)      # beyond its class's window
         for a, b in zip(first.tolist(), lim.tolist()):
@@ -178,7 +178,13 @@ def _limits(off: np.ndarray, flags: np.ndarray, src: np.ndarray,
         lim = np.minimum(lim, _prefix(first, off, bad))
 
 
-def window(nd: Nodes, start: np.ndarray, known) -> Nodes:
+def unsolvable(flags: np.ndarray, src: np.ndarray) -> np.ndarray:
+    """Per node, whether no window can hold it whatever is posted: its step has no summary
+    (``NONE``), or it receives a message no solvable step sends (``src`` -1)."""
+    return (flags & NONE > 0) | ((flags & RECEIVES > 0) & (src < 0))
+
+
+def window(nd: Nodes, start: np.ndarray, known=None) -> Nodes:
     """``nd`` with each class's window from ``start[c]`` (absolute; ``off[c + 1]``: none) as
     :func:`_limits` ends it, ``known(nodes)`` marking the nodes whose message, sent
     outside every window, was posted already."""
@@ -259,8 +265,8 @@ def solve(nd: Nodes, f0: np.ndarray | None = None,
     arrays = (src, ends, rm, post, P, lag, nd.A - nd.E, late, nd.E[late])
     longest = int((nd.lim - start).max())
     scratch = (np.empty(longest), np.empty(longest, dtype=bool))
-    zero = np.zeros(C) if f0 is None else f0
-    chains = [Chain(nd, c, int(start[c]), float(zero[c]), arrays, scratch) for c in range(C)]
+    f0 = np.zeros(C) if f0 is None else f0
+    chains = [Chain(nd, c, int(start[c]), float(f0[c]), arrays, scratch) for c in range(C)]
     for reader, sender, ri, M, m in reads(nd, src, start):
         chains[sender].readers.append((chains[reader], ri, M, m))
     settled = sweeps([ch for ch in chains if ch.n], post)

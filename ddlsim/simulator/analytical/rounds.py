@@ -38,10 +38,8 @@ class Rounds:
         self.nd = nd = maxplus.nodes(programs)
         if nd is None:
             return
-        flags = nd.flags
         #: a step the solver can time, its message permitting
-        self.ok = ok = (flags & maxplus.NONE == 0) & ~((flags & maxplus.RECEIVES > 0)
-                                                       & (nd.src < 0))
+        self.ok = ok = ~maxplus.unsolvable(nd.flags, nd.src)
         # per node, the end (absolute, exclusive) of the run of scalar steps it lies in
         N = len(ok)
         stop = np.append(np.flatnonzero(~ok), N)
