@@ -1,7 +1,10 @@
 """Predicted vs published per-GPU throughput for Megatron-LM's Table 1 (Narayanan et al. 2021).
 
 Run:  python benchmarks/validate_megatron.py [--engine analytical|des] [--markdown]
-      [--des-rank-ops N]
+      [--des-rank-ops N] [--write-docs]
+
+``--write-docs`` puts the Markdown table and the summary line between the
+``<!-- validate_megatron: begin/end -->`` markers of docs/validation.md.
 
 Every setting of every row is the one the paper's own launch script used
 (NVIDIA/Megatron-LM ``examples/sc21/run_table_1.sh``, read with the CONFIG/SRUN scripts it
@@ -171,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--engine", default="analytical", choices=["analytical", "des"])
     ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    ap.add_argument("--write-docs", action="store_true",
+                    help="put the Markdown table and the summary line in docs/validation.md")
     ap.add_argument("--des-rank-ops", type=float, default=None, metavar="N",
                     help="the DES's work budget (default: ddlsim's, 1e7; the three largest rows "
                          "need up to 5.1e7)")
@@ -185,13 +190,23 @@ def main(argv: list[str] | None = None) -> int:
     if len(out) < len(everything):
         print(f"\n{len(everything) - len(out)} row(s) not run by the {args.engine} engine "
               "(reasons above); the figures below cover the rest")
+    line = summary(out, args.engine)
+    print("\n" + line)
+    if args.write_docs:
+        from public_runs import markdown_of, write_docs
+        write_docs("validate_megatron",
+                   markdown_of(lambda markdown: _print(everything, markdown)) + "\n\n" + line)
+    return 0
+
+
+def summary(out: list[dict], engine: str) -> str:
+    """The summary line: mean and worst |error| and the signed mean over the rows that ran."""
     errors = [o["error"] for o in out]
     worst = max(out, key=lambda o: abs(o["error"]))
     mean = sum(abs(e) for e in errors) / len(errors)
-    print(f"\nmean |error| {100 * mean:.2f}%, worst {100 * abs(worst['error']):.1f}% "
-          f"({worst['row']['model']}), signed mean {100 * sum(errors) / len(errors):+.1f}% "
-          f"({args.engine} engine, sc21 settings)")
-    return 0
+    return (f"mean |error| {100 * mean:.2f}%, worst {100 * abs(worst['error']):.1f}% "
+            f"({worst['row']['model']}), signed mean {100 * sum(errors) / len(errors):+.1f}% "
+            f"({engine} engine, sc21 settings)")
 
 
 if __name__ == "__main__":
