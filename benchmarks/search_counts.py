@@ -68,7 +68,7 @@ def grid_counts() -> dict[str, tuple[int, int | None]]:
             return ops
         return build
 
-    def family(system, topo, devices, members):
+    def family(system, topo, devices, members, *rest):
         dev = devices[members]
         node = topo.node_of_device
         src, dst = node[dev.ravel()], node[netmodel._ring_step(dev)]
@@ -82,12 +82,13 @@ def grid_counts() -> dict[str, tuple[int, int | None]]:
         _counted(StageBuilder, "from_config", lambda cls, cfg, shape: seen["builders"].append(
             (cfg.parallel, cfg.train))),
         _counted(blocks, "lower_ops", lambda ops, compute_s: seen["lowered"].append(ops)),
-        _counted(blocks, "_signatures", lambda plans: seen["plans"].append(len(plans))),
+        _counted(blocks, "_signatures", lambda plans, *rest: seen["plans"].append(len(plans))),
         _counted(netmodel, "family_net", family),
         _counted(netmodel, "p2p_node_bw", lambda topo, devices, members: seen["p2p"].append(
             devices[members].tobytes())),
-        _counted(planconfig, "plan_config", lambda sections, base, plan: seen["probes"].append(
-            repr(sorted(plan.items())))),
+        _counted(planconfig, "plan_config",
+                 lambda sections, base, plan, *rest: seen["probes"].append(
+                     repr(sorted(plan.items())))),
     ]
     meshes = []
     decoder = sys.modules["ddlsim.search.decoder"]
