@@ -16,8 +16,10 @@ the local experts' Transformer Engine grouped linears, measured in TE's own code
 (:func:`expert_host_ms`), to set beside
 the gap's growth with the local experts. ``random-routing excess`` is how much more than the
 mean the most loaded expert-parallel rank computes when the rows' forced balance routes as
-Megatron-Core's benchmark mode does, by random logits (:func:`random_routing_excess`), not
-exactly evenly as ddlsim takes it: the size of that approximation, to set beside the gap.
+Megatron-Core's benchmark mode does, by random logits (:func:`random_routing_excess`, an
+independent check: the ranks taken independent, an upper bound), which ddlsim's forced balance
+derives since 2026-12-01 (decoder/moe_balance.py ``random_routing_load``; until then it took
+exact balance): the size of that effect, to set beside the gap.
 ``host-bound ms`` is how much of ddlsim's own prediction the host sets: the row predicted
 again with ``host_dispatch: cuda_graphs`` (no per-op host time; the dispatcher's sync wakes
 and the TE modules' fixed host time stay), the difference per layer and micro-batch

@@ -118,14 +118,18 @@ class MoESpec(_Strict):
                                         "default), another rate leaves it assumed 1; unset: "
                                         "1e-3")
     router_force_load_balancing: StrictBool = Field(
-        default=False, description="benchmark mode: random logits, every expert gets the "
-                                   "same number of tokens (router_imbalance must be 1)")
+        default=False, description="--moe-router-force-load-balancing, benchmark mode: random "
+                                   "logits, every expert the same tokens in expectation; the "
+                                   "hottest expert-parallel rank of one micro-batch derived "
+                                   "from top-k sampling (decoder/moe_balance.py); "
+                                   "router_imbalance unset or 1")
     router_imbalance: Annotated[float, BeforeValidator(reject_bool),
                                 Field(ge=1.0, le=1e3)] | None = \
         Field(default=None, description="tokens of the most loaded expert-parallel rank over "
                                         "the mean (1: balanced); that rank sets the MoE "
-                                        "layer's time; unset: 1, by construction under forced "
-                                        "balance or with a capacity factor; under dropless "
+                                        "layer's time; unset: under forced balance, the "
+                                        "hottest rank of top-k sampling of random logits; 1 "
+                                        "with a capacity factor; under dropless "
                                         "aux_loss/seq_aux_loss routing with 0 < aux_loss_coeff "
                                         "<= 1e-3, or with router_enable_expert_bias, derived "
                                         "from a published per-expert statistic "

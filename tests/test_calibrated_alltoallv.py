@@ -106,8 +106,9 @@ def test_a_10x_slower_curve_moves_the_moe_prediction_as_hand_computed():
 
 
 def test_no_profile_no_change():
-    """Without a profile the uneven all-to-all is the preset's, as before profiles timed it."""
+    """Without a profile the uneven all-to-all is the preset's, as before profiles timed it
+    (NCCL's grouped sends, `nccl_p2p`, since 2026-12-01: the cheapest MPI algorithm before)."""
     plain = ddlsim.predict(moe())
-    assert plain.algorithms["ep.all_to_all[64 MiB]"] == "direct"
+    assert plain.algorithms["ep.all_to_all[64 MiB]"] == "nccl_p2p"
     split = (16 * MiB, *([48 * MiB / 7] * 7))
-    assert cost_model(None).choice(a2a(split)).label == "direct"
+    assert cost_model(None).choice(a2a(split)).label == "nccl_p2p"

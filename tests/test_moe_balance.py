@@ -146,7 +146,18 @@ def test_the_derived_hot_rank_costs_time():
 def test_given_forced_capacity_and_other_routers_keep_their_basis(moe, model, basis):
     plan = resolve_moe(load(moe, model))
     assert plan.imbalance_basis == basis
-    assert plan.imbalance == (1.5 if basis == "given" else 1.0)
+    forced = mb.random_routing_load(128, 8, 8, 8 * 4096)      # top-k sampling alone
+    assert plan.imbalance == {"given": 1.5, "forced": forced}.get(basis, 1.0)
+
+
+def test_forced_balance_is_the_sampling_term_alone():
+    """Random logits have no systematic spread: ρ is the closed form with c = 0, which the
+    seeded simulation above checks (Qwen3-30B at EP 8: 1 + e(8)·sqrt(8·120/(127·32768·8)))."""
+    hand = 1 + mb.expected_max_normal(8) * math.sqrt(8 * 120 / (127 * 32768 * 8))
+    assert mb.random_routing_load(128, 8, 8, 32768) == pytest.approx(hand, rel=1e-12)
+    assert mb.random_routing_load(128, 8, 8, 32768) == mb.hot_rank_load(128, 8, 8, 32768, 0.0)
+    assert mb.random_routing_load(128, 8, 1, 32768) == 1.0
+    assert 1 < mb.random_routing_load(128, 8, 8, 32768) < mb.hot_rank_load(128, 8, 8, 32768)
 
 
 def test_the_tokens_follow_the_micro_batch_and_the_parallel_split():

@@ -70,7 +70,7 @@ def test_collectives_the_profile_lacks_are_listed(tmp_path):
     # no all_to_all entry: the embedding all-to-all keeps the preset model, reported
     entries = [_entry(b, "all_reduce", 20e-6, 20e9) for b in ("mpi", "nccl")]
     o = v.evaluate(DLRM, _write(tmp_path, entries))
-    assert o["uncalibrated"] == ["emb.all_to_all[4 MiB] (direct)"]
+    assert o["uncalibrated"] == ["emb.all_to_all[4 MiB] (nccl_p2p)"]
     assert "1 with collectives the profile did not time" in v.summary([o])
 
 

@@ -246,11 +246,17 @@ class CostModel:
             return name
         return f"{name}/{best_protocol(kind, algo, nbytes, net, net.nccl)[0]}"
 
-    def phases(self, op: Collective, algorithm: str) -> list[Phase]:
+    def phases(self, op: Collective, algorithm: str) -> list[Phase] | None:
         """The flows the discrete-event engine replays for ``op`` timed by ``algorithm``:
-        its phases, bytes per collective byte (:meth:`Algorithm.phases_for`)."""
-        nbytes = op.bytes if op.split_bytes is None else float(sum(op.split_bytes))
-        return get_algorithm(op.op, algorithm).phases_for(nbytes, self.nets[op.group])
+        its phases, bytes per collective byte (:meth:`Algorithm.phases_for`); for uneven
+        sizes (``split_bytes``) the algorithm's layout on this machine, or None where its
+        generic uneven phases hold (:meth:`Algorithm.uneven_phases_for`)."""
+        algo, net = get_algorithm(op.op, algorithm), self.nets[op.group]
+        if op.split_bytes is not None:
+            weights = (split_matrix(op.split_bytes, op.split_by)
+                       / max(float(sum(op.split_bytes)), 1e-300))   # as the DES weighs them
+            return algo.uneven_phases_for(weights, net)
+        return algo.phases_for(op.bytes, net)
 
     def _closed_form(self, kind: str, group: str, nbytes: float, algo: str | None,
                      split: tuple[float, ...] | None, split_by: str = "receiver"
@@ -268,7 +274,7 @@ class CostModel:
         if choice == "auto":
             backend = "mpi" if self.comm_backend in LIBRARIES else self.comm_backend
             return best_algorithm(kind, nbytes, net, backend) if matrix is None \
-                else best_uneven_algorithm(kind, matrix, net)
+                else best_uneven_algorithm(kind, matrix, net, backend)
         algorithm = get_algorithm(kind, choice)
         if algorithm.backend == "nccl" and net.nccl is None:
             raise ConfigError(f"collective_algorithm.{kind} = {choice!r} is NCCL's and needs "

@@ -3,7 +3,8 @@
 hottest expert-parallel rank at the mean (1) as an assumption, because no published
 measurement gives a default (docs/moe.md, "Load imbalance under dropless routing"), and says
 so on the plan line and in the JSON result's ``plan.moe.routing``. A given imbalance wins;
-forced balance and a capacity factor read as before."""
+forced balance derives the hottest rank of its random routing (and says so); a capacity factor
+reads as before."""
 
 from __future__ import annotations
 
@@ -69,12 +70,37 @@ def test_a_given_imbalance_wins(given, phrase):
     assert plan_fields(cfg)["moe"]["routing"] == "dropless"
 
 
-def test_forced_balance_reads_as_before():
+FORCED = ("dropless, forced balance (router_imbalance 1.02, the hottest of EP8 ranks under "
+          "top-k sampling of random logits)")
+
+
+def test_forced_balance_derives_the_hottest_rank_of_random_routing():
+    """Random logits route each token to a uniform top-2 of 8 experts: balanced in
+    expectation, but the 8 ranks of 16,384 routed tokens (8 × 2,048) are not all at the mean,
+    and the hottest sets the layer: 1 + e(8)·sqrt(8·6/(7·16384·2)) = 1.0206."""
+    from ddlsim.workloads.decoder.moe_balance import expected_max_normal
     cfg = load({"router_force_load_balancing": True})
     plan = resolve_moe(cfg)
-    assert (plan.imbalance, plan.imbalance_basis) == (1.0, "forced")
-    assert line(cfg).endswith("ETP1, dropless")
-    assert plan_fields(cfg)["moe"]["routing"] == "dropless"
+    hand = 1 + expected_max_normal(8) * (8 * 6 / (7 * 16384 * 2)) ** 0.5
+    assert plan.imbalance_basis == "forced"
+    assert plan.imbalance == pytest.approx(hand, rel=1e-12) and plan.imbalance > 1.02
+    assert line(cfg).endswith(f"ETP1, {FORCED}")
+    assert plan_fields(cfg)["moe"]["routing"] == FORCED
+    balanced = ddlsim.predict(load({"router_force_load_balancing": True,
+                                    "router_imbalance": 1.0})).iteration_time_s
+    assert ddlsim.predict(cfg).iteration_time_s > balanced   # a 1 given still times as 1
+
+
+def test_forced_balance_with_group_limited_routing_is_a_lower_bound_and_says_so():
+    """Groups picked first correlate the ranks of a group, which spreads the loads further
+    than the exchangeable closed form: the same ρ, named a lower bound."""
+    plain = resolve_moe(load({"router_force_load_balancing": True}))
+    cfg = load({"router_force_load_balancing": True, "router_num_groups": 4,
+                "router_group_topk": 2})
+    plan = resolve_moe(cfg)
+    assert (plan.imbalance, plan.imbalance_basis) == (plain.imbalance, "forced")
+    assert ("ranks under top-k sampling of random logits, a lower bound under group-limited "
+            "routing), group-limited 2 of 4 groups") in line(cfg)
 
 
 @pytest.mark.parametrize("pad, phrase", [(False, "capacity 1.25"),

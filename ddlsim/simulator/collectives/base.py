@@ -124,6 +124,9 @@ LayoutFn = Callable[[float, GroupNet], list[Phase]]
 UnevenTimeFn = Callable[[np.ndarray, GroupNet], float]
 #: ``phases(W, g)``: phases whose pairs carry ``W[i, j]`` bytes per collective byte.
 UnevenPhaseFn = Callable[[np.ndarray, int], list[Phase]]
+#: ``layout(W, net)``: as :data:`UnevenPhaseFn`, for algorithms whose layout depends on the
+#: machine (NCCL's all-to-all: its NVLink transfers at the share NCCL fills).
+UnevenLayoutFn = Callable[[np.ndarray, GroupNet], list[Phase]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,10 +139,17 @@ class Algorithm:
     uneven_phases: UnevenPhaseFn | None = None
     backend: str = "mpi"
     layout: LayoutFn | None = None
+    uneven_layout: UnevenLayoutFn | None = None
 
     def phases_for(self, n: float, net: GroupNet) -> list[Phase]:
         """Phases of one collective of ``n`` bytes on ``net``, bytes per collective byte."""
         return self.layout(n, net) if self.layout is not None else self.phases(1.0, net.p, net.g)
+
+    def uneven_phases_for(self, W: np.ndarray, net: GroupNet) -> list[Phase] | None:
+        """Phases of one uneven collective whose member i sends ``W[i, j]`` of its bytes to
+        member j, on ``net`` (its :attr:`uneven_layout`), or None where the algorithm's
+        generic :attr:`uneven_phases` hold."""
+        return self.uneven_layout(W, net) if self.uneven_layout is not None else None
 
 
 #: the collective backends; ``auto`` picks among one backend's algorithms
@@ -187,10 +197,14 @@ def _NO_PHASES(n: float, p: int, g: int) -> list[Phase]:  # pragma: no cover - g
     raise NotImplementedError("this algorithm has no phase decomposition")
 
 
-def register_uneven(op: str, name: str, time: UnevenTimeFn, phases: UnevenPhaseFn) -> None:
-    """Give the registered algorithm ``(op, name)`` its uneven (per-pair bytes) forms."""
+def register_uneven(op: str, name: str, time: UnevenTimeFn, phases: UnevenPhaseFn,
+                    layout: UnevenLayoutFn | None = None) -> None:
+    """Give the registered algorithm ``(op, name)`` its uneven (per-pair bytes) forms:
+    ``layout`` where its flows depend on the machine (the discrete-event engine then lays
+    them out by it, :meth:`Algorithm.uneven_phases_for`)."""
     from dataclasses import replace
-    _REGISTRY[(op, name)] = replace(_REGISTRY[(op, name)], uneven_time=time, uneven_phases=phases)
+    _REGISTRY[(op, name)] = replace(_REGISTRY[(op, name)], uneven_time=time,
+                                    uneven_phases=phases, uneven_layout=layout)
     _changed()
 
 
@@ -288,10 +302,16 @@ def uneven_time(op: str, algorithm: str, matrix: np.ndarray, net: GroupNet) -> f
     return math.inf if fn is None else fn(matrix, net)
 
 
-def best_uneven_algorithm(op: str, matrix: np.ndarray, net: GroupNet) -> tuple[str, float]:
-    """The cheapest algorithm with an uneven form (ties broken by name)."""
-    best = min((uneven_time(op, name, matrix, net), name) for (o, name) in _REGISTRY if o == op
-               and _REGISTRY[(o, name)].uneven_time is not None)
+def best_uneven_algorithm(op: str, matrix: np.ndarray, net: GroupNet,
+                          backend: str = "mpi") -> tuple[str, float]:
+    """The cheapest of ``backend``'s algorithms with an uneven form (ties broken by name), or
+    of MPI's where ``backend`` has none: NCCL's all-to-all with uneven sizes is still its
+    grouped sends and receives (``nccl_p2p``), not an MPI algorithm."""
+    def uneven(b: str) -> list[str]:
+        return [name for name in algorithms_for(op, b)
+                if _REGISTRY[(op, name)].uneven_time is not None]
+    names = uneven(backend) or uneven("mpi")
+    best = min((uneven_time(op, name, matrix, net), name) for name in names)
     return best[1], best[0]
 
 

@@ -155,7 +155,7 @@ class Collectives:
             g = self.cost.nets[group].g
             weights = (None if split is None
                        else split_matrix(split, split_by) / max(sum(split), 1e-300))
-            phases = self.cost.phases(op, algo) if split is None else None
+            phases = self.cost.phases(op, algo)   # None: the algorithm's generic uneven form
             tpl = collective_template(self.routes, self.devices, fam.members[rows], kind, algo,
                                       root, g, f"{group}.{kind}/{algo}", weights, phases)
             self._templates[key] = tpl

@@ -213,7 +213,8 @@ def collective_template(routes: RouteTable, devices: np.ndarray, members: np.nda
     member ``root``; ``g`` members per node as the algorithms assume (node-major).
     ``weights[i, j]``: the share of the op's bytes member i sends to member j (uneven
     all-to-all), laid out by the algorithm's uneven form. ``phases``: the layout to use
-    (the cost model's, :meth:`CostModel.phases`), else the algorithm's generic one."""
+    (the cost model's, :meth:`CostModel.phases`, for even or uneven sizes), else the
+    algorithm's generic one."""
     p = members.shape[1]
     rotated = np.roll(members, -root, axis=1) if root else members
     algo = get_algorithm(op, algorithm)
@@ -221,7 +222,7 @@ def collective_template(routes: RouteTable, devices: np.ndarray, members: np.nda
         raise ConfigError(f"collective {name!r}: algorithm {algorithm!r} has no form for "
                           "uneven (split_bytes) sizes; choose another algorithm")
     try:
-        if phases is None or weights is not None:
+        if phases is None:
             phases = algo.phases(1.0, p, g) if weights is None \
                 else algo.uneven_phases(weights, g)
     except ValueError as exc:

@@ -1,6 +1,6 @@
 """The hottest expert-parallel rank's load under dropless top-k routing balanced by an
-auxiliary loss or by an expert bias: ``router_imbalance``'s default, derived from a published
-statistic.
+auxiliary loss or by an expert bias (derived from a published statistic), or forced to balance
+by random logits (derived from the code): ``router_imbalance``'s default.
 
 Each MoE layer's dispatch, experts and combine wait for the expert-parallel rank that receives
 the most routed token copies in that micro-batch. Two things spread the ranks' loads:
@@ -48,6 +48,20 @@ statistic: the bias sets the balance over the batch, the "extremely small" loss 
 a single sequence from extreme imbalance (§2.1.2), so the bias's statistic governs; a larger
 coefficient is a stronger loss than either source measured, and leaves ρ assumed 1.
 
+**Forced balance** (Megatron-Core's benchmark mode, ``--moe-router-force-load-balancing``):
+the router's logits are replaced by independent standard normal noise (``RandomSTE``:
+``logits.clone().normal_()``, NVIDIA/Megatron-LM 1e057005 ``moe_utils.py`` lines 785-822,
+``router.py`` lines 449-451; d7288711 ``moe_utils.py`` lines 1194-1231), so each token's
+top-k is a uniformly random ``k``-subset of the ``E`` experts, drawn afresh per token. The
+systematic term is then exactly 0 and the sampling term is the whole spread: ρ is
+:func:`hot_rank_load` with ``maxvio = 0`` (:func:`random_routing_load`), the expected
+hottest rank under the normal approximation of its sum of ``N`` independent hypergeometric
+counts — not a bound, the model of what the code does. Balanced in expectation, every rank;
+not in one micro-batch, where the all-to-alls wait for the hottest (Qwen3-235B at EP 32,
+65,536 routed tokens: 1.016). Group-limited routing (groups picked first, then the top-k
+inside them) keeps every expert's expected tokens but correlates the ranks of a group, which
+spreads the loads further than the exchangeable closed form: there ρ is a lower bound.
+
 References
 ----------
 Wang, Gao, Zhao, Sun, Dai, "Auxiliary-Loss-Free Load Balancing Strategy for Mixture-of-Experts",
@@ -68,8 +82,9 @@ import math
 from functools import lru_cache
 
 __all__ = ["MAXVIO_GLOBAL", "MAXVIO_GLOBAL_BIAS", "SOURCE_EXPERTS", "SOURCE_AUX_COEFF",
-           "SOURCE_BIAS_RATE", "SOURCE", "SOURCE_BIAS", "expected_max_normal",
-           "expert_dispersion", "hot_rank_load", "applies", "bias_applies"]
+           "SOURCE_BIAS_RATE", "SOURCE", "SOURCE_BIAS", "SOURCE_FORCED", "expected_max_normal",
+           "expert_dispersion", "hot_rank_load", "random_routing_load", "applies",
+           "bias_applies"]
 
 #: MaxVio_global of the auxiliary-loss-controlled 3B model (Wang et al. 2024, arXiv:2408.15664,
 #: Table 2: 0.52; the 1B model's 0.72 is the larger; the smaller is taken so that ρ stays a
@@ -93,6 +108,9 @@ MAXVIO_GLOBAL_BIAS = 0.04
 SOURCE_BIAS_RATE = 1e-3
 #: how the plan line names the expert-bias source
 SOURCE_BIAS = "Wang et al. 2024 MaxVio_global 0.04 and top-k sampling"
+
+#: how the plan line names forced balance's derivation
+SOURCE_FORCED = "top-k sampling of random logits"
 
 #: balancing types whose router the source's auxiliary loss stands for
 _AUX_BALANCING = ("aux_loss", "seq_aux_loss")
@@ -164,6 +182,15 @@ def hot_rank_load(experts: int, top_k: int, ep: int, tokens: float,
     c = expert_dispersion(maxvio)
     sampling = (experts - top_k) / ((experts - 1) * tokens * top_k) if experts > 1 else 0.0
     return 1.0 + expected_max_normal(ep) * math.sqrt(ep * (c * c / experts + sampling))
+
+
+def random_routing_load(experts: int, top_k: int, ep: int, tokens: float) -> float:
+    """ρ under forced balance: the expected tokens of the hottest of ``ep`` expert-parallel
+    ranks over the mean when each of ``tokens`` tokens picks ``top_k`` distinct experts of
+    ``experts`` uniformly at random (module docstring, "Forced balance"):
+    ``1 + e(EP)·sqrt(EP·(E−k)/((E−1)·N·k))``, :func:`hot_rank_load` without a systematic
+    term; 1 for EP 1."""
+    return hot_rank_load(experts, top_k, ep, tokens, maxvio=0.0)
 
 
 def applies(balancing: str, aux_loss_coeff: float) -> bool:

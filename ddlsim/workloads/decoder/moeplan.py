@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import ConfigError
-from .moe_balance import (MAXVIO_GLOBAL_BIAS, SOURCE, SOURCE_BIAS, SOURCE_BIAS_RATE, applies,
-                          bias_applies, hot_rank_load)
+from .moe_balance import (MAXVIO_GLOBAL_BIAS, SOURCE, SOURCE_BIAS, SOURCE_BIAS_RATE,
+                          SOURCE_FORCED, applies, bias_applies, hot_rank_load,
+                          random_routing_load)
 from .moe_routing import balancing_type, expert_bias, score_function
 
 __all__ = ["MoEPlan", "resolve_moe", "STACK_FIELDS"]
@@ -78,7 +79,8 @@ class MoEPlan:
     #: (:func:`.moe_router.router_gemm`)
     router_dtype: str | None = None
     #: where :attr:`imbalance` comes from: ``given`` (``parallel.moe.router_imbalance``),
-    #: ``forced`` (forced balance: 1 by construction), ``derived`` (unset, dropless, an
+    #: ``forced`` (forced balance: the hottest rank of top-k sampling of random logits,
+    #: :func:`.moe_balance.random_routing_load`), ``derived`` (unset, dropless, an
     #: auxiliary-loss router the published statistic bounds: :mod:`.moe_balance`) or
     #: ``assumed`` (unset otherwise: 1, no published statistic for that router, docs/moe.md)
     imbalance_basis: str = "given"
@@ -134,8 +136,13 @@ class MoEPlan:
         if self.capacity_factor is not None:
             padded = ", padded" if self.pad else ""
             return f"capacity {self.capacity_factor:g}{padded}{bias}{groups}"
+        flex = ", flex traffic at the mean" if self.dispatcher == "flex" else ""
+        if self.imbalance_basis == "forced":
+            bound = ", a lower bound under group-limited routing" if self.group_limited else ""
+            return (f"dropless{bias}, forced balance (router_imbalance {self.imbalance:.3g}, "
+                    f"the hottest of EP{self.ep} ranks under {SOURCE_FORCED}{bound}{flex})"
+                    f"{groups}")
         if self.imbalance_basis == "derived":
-            flex = ", flex traffic at the mean" if self.dispatcher == "flex" else ""
             router, source = (("expert-bias", SOURCE_BIAS) if self.expert_bias
                               else ("aux-loss", SOURCE))
             return (f"dropless, {router} router (router_imbalance {self.imbalance:.3g}, a lower "
@@ -156,7 +163,7 @@ class MoEPlan:
         """``alltoall dispatch, grouped GEMM, fused permute, dropless`` for the plan line."""
         route = self.routing_phrase()
         hot = (f", hot EP rank ×{self.imbalance:g}"     # a derived one: in the routing
-               if self.imbalance != 1.0 and self.imbalance_basis != "derived" else "")
+               if self.imbalance != 1.0 and self.imbalance_basis == "given" else "")
         flex = f"/{self.flex_backend}" if self.flex_backend else ""
         return (f"MoE {self.dispatcher}{flex} dispatch, "
                 f"{self._gemm_phrase()}, "
@@ -211,7 +218,8 @@ def resolve_moe(cfg: Any) -> MoEPlan | None:
     given["router_load_balancing_type"] = balancing_type(cfg, given, sources)
     aux_coeff = _aux_loss_coeff(cfg, given, sources)
     bias = expert_bias(cfg, given, sources)
-    imbalance, basis = _imbalance(cfg, given, aux_coeff, bias)
+    groups = _router_groups(cfg, given, sources)
+    imbalance, basis = _imbalance(cfg, given, aux_coeff, bias, groups)
     for field in STACK_FIELDS:
         if given.get(field) is not None:
             values[field], sources[field] = given[field], f"parallel.moe.{field}"
@@ -238,7 +246,7 @@ def resolve_moe(cfg: Any) -> MoEPlan | None:
                    forced_balance=bool(given.get("router_force_load_balancing", False)),
                    router_dtype=given.get("router_dtype"), imbalance_basis=basis,
                    score_function=score_function(cfg, given, sources), expert_bias=bias[0],
-                   bias_update_rate=bias[1], **_router_groups(cfg, given, sources))
+                   bias_update_rate=bias[1], **groups)
 
 
 def _router_groups(cfg: Any, given: dict, sources: dict) -> dict:
@@ -259,12 +267,15 @@ def _router_groups(cfg: Any, given: dict, sources: dict) -> dict:
     return dict(groups=int(groups), topk_groups=int(topk))
 
 
-def _imbalance(cfg: Any, given: dict, aux_coeff: float,
-               bias: tuple[bool, float]) -> tuple[float, str]:
+def _imbalance(cfg: Any, given: dict, aux_coeff: float, bias: tuple[bool, float],
+               groups: dict) -> tuple[float, str]:
     """The hot rank's load over the mean and where it comes from (:attr:`MoEPlan.
-    imbalance_basis`): given; else 1, by construction under forced balance (random logits,
-    ``RandomSTE``, Megatron-LM d7288711 ``router.py`` lines 1203-1215: every rank the mean in
-    expectation) or with a capacity factor (as before); else, dropless, derived from the
+    imbalance_basis`): given; else, under forced balance (random logits, ``RandomSTE``,
+    Megatron-LM d7288711 ``router.py`` lines 1203-1215: every rank the mean in expectation,
+    not in one micro-batch), the hottest rank of top-k sampling
+    (:func:`.moe_balance.random_routing_load`; a lower bound with group-limited routing,
+    ``groups``: :func:`_router_groups`'s, which correlates a group's ranks); else 1
+    with a capacity factor (as before); else, dropless, derived from the
     published statistic of an expert-bias router (``bias``: on, its update rate,
     :func:`.moe_routing.expert_bias`;
     :func:`.moe_balance.bias_applies`, which governs where an auxiliary loss of at most 1e-3
@@ -273,9 +284,10 @@ def _imbalance(cfg: Any, given: dict, aux_coeff: float,
     (docs/moe.md, "Load imbalance under dropless routing")."""
     if given.get("router_imbalance") is not None:
         return float(given["router_imbalance"]), "given"
-    if given.get("router_force_load_balancing"):
-        return 1.0, "forced"
     shape, p = cfg.model.shape(), cfg.parallel
+    if given.get("router_force_load_balancing"):
+        return random_routing_load(shape.experts, shape.top_k, p.ep,
+                                   _routed_tokens(cfg)), "forced"
     balancing = given["router_load_balancing_type"]
     if shape.capacity_factor is not None:
         return 1.0, "assumed"

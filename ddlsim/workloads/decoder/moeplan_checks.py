@@ -78,9 +78,12 @@ def check_moe_plan(cfg: Any) -> None:
                          f"expert_model_parallel_size > 1 and at most EP = {plan.ep} (one rank "
                          "receiving every token)")
     spec = p.moe
-    if spec is not None and spec.router_force_load_balancing and plan.imbalance != 1.0:
-        raise ValueError(f"parallel.moe.router_force_load_balancing = true gives every expert "
-                         f"the same tokens, but router_imbalance = {plan.imbalance}; use 1")
+    if (spec is not None and spec.router_force_load_balancing
+            and plan.imbalance_basis == "given" and plan.imbalance != 1.0):
+        raise ValueError(f"parallel.moe.router_force_load_balancing = true routes by random "
+                         f"logits, whose hottest expert-parallel rank ddlsim derives (top-k "
+                         f"sampling), but router_imbalance = {plan.imbalance} is given; leave "
+                         "router_imbalance unset (or 1, to time perfect balance)")
     _check_flex(plan, spec)
     _check_router(plan, spec, cfg.software.name)
     _check_groups(plan, spec, sh)

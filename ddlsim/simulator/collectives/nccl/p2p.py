@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..base import GroupNet, Phase, register
-from ..mpi import _a2a_direct_ph
+from ..base import GroupNet, Phase, register, register_uneven
+from ..mpi import _a2a_direct_ph, _a2a_direct_uneven_ph, _off_diagonal
 
 __all__ = ["p2p_efficiency"]
 
@@ -54,3 +54,37 @@ def _a2a_p2p(n: float, net: GroupNet) -> float:
     if net.multi_node:
         t = max(t, net.g * (net.p - net.g) * chunk / net.bw_node_Bps)
     return net.alpha_s + t
+
+
+def _a2a_p2p_uneven(B: np.ndarray, net: GroupNet) -> float:
+    """Uneven sizes (``B[i, j]``: bytes member i sends to member j; a hot expert-parallel rank
+    under routing imbalance): the direct uneven all-to-all's time
+    (:func:`ddlsim.simulator.collectives.mpi._a2a_direct_uneven`) with the device term at
+    NCCL's share of the NVLink rate, as :func:`_a2a_p2p` is the direct form's: ``α +
+    max(max_i max(Σ_j B[i, j], Σ_j B[j, i]) / (bw_intra·efficiency), max_node (bytes leaving
+    or entering the node) / bw_node)``; uniform ``B`` gives :func:`_a2a_p2p`. Until 2026-12-01
+    an uneven all-to-all took the cheapest MPI algorithm, whatever the backend, and so ran
+    NCCL's sends at the NVLink line rate."""
+    off = _off_diagonal(B)
+    t = max(off.sum(axis=1).max(), off.sum(axis=0).max()) / (net.bw_intra_Bps
+                                                               * p2p_efficiency(net))
+    if net.multi_node:
+        node = np.arange(net.p) // net.g
+        cross = np.where(node[:, None] != node[None, :], B, 0.0)
+        out, into = np.bincount(node, cross.sum(axis=1)), np.bincount(node, cross.sum(axis=0))
+        t = max(t, max(out.max(), into.max()) / net.bw_node_Bps)
+    return net.alpha_s + t
+
+
+def _uneven_layout(W: np.ndarray, net: GroupNet) -> list[Phase]:
+    """The direct uneven all-to-all's flows, those inside a node inflated by ``1 /
+    efficiency`` (as :func:`_layout` for even sizes)."""
+    (phase,) = _a2a_direct_uneven_ph(W, net.g)
+    node = phase.pairs // max(net.g, 1)
+    inside = node[:, 0] == node[:, 1]
+    weights = np.where(inside, phase.weights / p2p_efficiency(net), phase.weights)
+    return [Phase(phase.pairs, phase.bytes, weights=weights)]
+
+
+register_uneven("all_to_all", "nccl_p2p", _a2a_p2p_uneven, _a2a_direct_uneven_ph,
+                layout=_uneven_layout)
