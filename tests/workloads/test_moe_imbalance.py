@@ -86,8 +86,9 @@ def test_forced_balance_derives_the_hottest_rank_of_random_routing():
     assert plan.imbalance == pytest.approx(hand, rel=1e-12) and plan.imbalance > 1.02
     assert line(cfg).endswith(f"ETP1, {FORCED}")
     assert plan_fields(cfg)["moe"]["routing"] == FORCED
-    balanced = ddlsim.predict(load({"router_force_load_balancing": True,
-                                    "router_imbalance": 1.0})).iteration_time_s
+    given = load({"router_force_load_balancing": True, "router_imbalance": 1.0})
+    assert line(given).endswith("ETP1, dropless, forced balance")   # the user's 1, named
+    balanced = ddlsim.predict(given).iteration_time_s
     assert ddlsim.predict(cfg).iteration_time_s > balanced   # a 1 given still times as 1
 
 

@@ -150,7 +150,8 @@ class MoEPlan:
         if self.imbalance_basis == "assumed":
             return (f"dropless{bias}, balanced (router_imbalance {self.imbalance:g}, assumed: "
                     f"no measured default){groups}")
-        return f"dropless{bias}{groups}"
+        forced = ", forced balance" if self.forced_balance else ""   # a given 1 with it
+        return f"dropless{bias}{forced}{groups}"
 
     def _gemm_phrase(self) -> str:
         if not self.grouped_gemm:
