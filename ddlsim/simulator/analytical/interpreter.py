@@ -18,7 +18,7 @@ from ..result import ClassTiming
 from ..timing import attribute_gap, book, finish_class
 from .instructions import COLL, COMPUTE, RECV, SEND, WAIT, Instr, Program
 
-__all__ = ["State", "run_class", "run_step"]
+__all__ = ["State", "run_class", "run_step", "block_booking"]
 
 _INF = math.inf
 
@@ -46,6 +46,9 @@ class State:
         self.park: list[set[int]] | None = None
         self.resumed: list[int] = [-1] * n_cls   # per class, a step it does not park at
         self.parked: list[int] = []              # the classes parked, in order
+        #: per block (by ``id`` of its instructions, alive while the programs are), what its
+        #: step books: :func:`block_booking`
+        self.booked: dict[int, tuple] = {}
 
     def wake(self, key: tuple) -> None:
         sleepers = self.waiting.pop(key, None)
@@ -80,10 +83,29 @@ def run_class(ci: int, prog: Program, st: State) -> bool:
     return True
 
 
+def block_booking(instrs: tuple[Instr, ...]) -> tuple:
+    """What one step of ``instrs`` adds to its class's accumulators whatever its timing: each
+    compute op and collective as :func:`~ddlsim.simulator.timing.book` books it, each send's
+    bytes; as ``(flops, compute, optimizer, comm_bytes items, exposed items)``. The gaps the
+    step waits (:func:`~ddlsim.simulator.timing.attribute_gap`) depend on its timing and are
+    booked as they happen."""
+    T = ClassTiming()
+    for x in instrs:
+        if x.code == COMPUTE:
+            book(T, x.stream == 0, x.label, True, x.dur, x.flops, 0.0)
+        elif x.code == COLL:
+            book(T, x.stream == 0, x.label, False, x.dur, 0.0, x.nbytes)
+        elif x.code == SEND:
+            T.comm_bytes[x.label] += x.nbytes
+    return (T.flops, T.compute, T.optimizer, tuple(T.comm_bytes.items()),
+            tuple(T.exposed.items()))
+
+
 def run_step(ci: int, instrs: tuple[Instr, ...], mb: int, oi: int, fr: list[float],
              sk: list[str], T: ClassTiming, loc: list, st: State, where: tuple) -> int:
-    """Run one step's block from instruction ``oi``: -1 when done (``loc`` cleared), else the
-    instruction it blocks at (the class is put to sleep on what it waits for).
+    """Run one step's block from instruction ``oi``: -1 when done (``loc`` cleared, the
+    block's :func:`block_booking` added to ``T``), else the instruction it blocks at (the
+    class is put to sleep on what it waits for).
 
     ``fr``/``sk``: the class's stream free times and last communication kinds; ``loc``: the
     (end, label, duration) of the block's instructions run so far; ``where``: (block name,
@@ -115,7 +137,6 @@ def run_step(ci: int, instrs: tuple[Instr, ...], mb: int, oi: int, fr: list[floa
             posted[key] = (ready, dur)
             if key in st.waiting:
                 st.wake(key)
-            T.comm_bytes[label] += nbytes
             loc.append((ready, label, 0.0))
             if rec is not None:
                 rec.add(ci, sid, where[0], ready, ready + dur, "send")
@@ -136,16 +157,24 @@ def run_step(ci: int, instrs: tuple[Instr, ...], mb: int, oi: int, fr: list[floa
                 attribute_gap(T, ready - f, why, why_dur)
             f = ready
         fr[sid] = end = f + dur
-        if code == COMPUTE:
-            book(T, sid == 0, label, True, dur, flops, 0.0)
-        elif code == COLL:
-            book(T, sid == 0, label, False, dur, 0.0, nbytes)
+        if code == COLL:
             sk[sid] = label
         if rec is not None and code != WAIT:
             rec.add(ci, sid, where[0], f, end, label)
         loc.append((end, label, dur))
         oi += 1
     loc.clear()
+    booked = st.booked.get(id(instrs))
+    if booked is None:
+        booked = st.booked[id(instrs)] = block_booking(instrs)
+    flops, compute, optimizer, comm_bytes, exposed = booked
+    T.flops += flops
+    T.compute += compute
+    T.optimizer += optimizer
+    for label, v in comm_bytes:
+        T.comm_bytes[label] += v
+    for label, v in exposed:
+        T.exposed[label] += v
     return -1
 
 
