@@ -24,7 +24,7 @@ from ..workloads.trace import Collective, Compute, GroupFamily, P2P, Workload
 from .backend_rules import resolve_backend
 from .collectives import (GroupNet, Phase, best_algorithm, best_uneven_algorithm,
                           collective_time, get_algorithm, registry_generation, split_matrix,
-                          uneven_time)
+                          split_weights, uneven_time)
 from .profilesize import profile_size
 from .sharedcopies import SharedCopies, node_copies
 
@@ -247,15 +247,12 @@ class CostModel:
         return f"{name}/{best_protocol(kind, algo, nbytes, net, net.nccl)[0]}"
 
     def phases(self, op: Collective, algorithm: str) -> list[Phase] | None:
-        """The flows the discrete-event engine replays for ``op`` timed by ``algorithm``:
-        its phases, bytes per collective byte (:meth:`Algorithm.phases_for`); for uneven
-        sizes (``split_bytes``) the algorithm's layout on this machine, or None where its
-        generic uneven phases hold (:meth:`Algorithm.uneven_phases_for`)."""
+        """The flows the DES replays for ``op`` timed by ``algorithm``, bytes per collective
+        byte (:meth:`Algorithm.phases_for`; uneven sizes: :meth:`Algorithm.uneven_phases_for`,
+        None where the algorithm's generic uneven phases hold)."""
         algo, net = get_algorithm(op.op, algorithm), self.nets[op.group]
         if op.split_bytes is not None:
-            weights = (split_matrix(op.split_bytes, op.split_by)
-                       / max(float(sum(op.split_bytes)), 1e-300))   # as the DES weighs them
-            return algo.uneven_phases_for(weights, net)
+            return algo.uneven_phases_for(split_weights(op.split_bytes, op.split_by), net)
         return algo.phases_for(op.bytes, net)
 
     def _closed_form(self, kind: str, group: str, nbytes: float, algo: str | None,

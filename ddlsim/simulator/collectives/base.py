@@ -28,7 +28,8 @@ from ...errors import ConfigError
 __all__ = ["GroupNet", "Phase", "Algorithm", "register", "get_algorithm", "algorithms_for",
            "collective_time", "best_algorithm", "BUSBW_FACTOR", "register_uneven",
            "register_chooser",
-           "split_matrix", "uneven_time", "best_uneven_algorithm", "BACKENDS", "LayoutFn",
+           "split_matrix", "split_weights", "uneven_time", "best_uneven_algorithm", "BACKENDS",
+           "LayoutFn",
            "register_parametric", "registry_generation"]
 
 
@@ -291,6 +292,12 @@ def split_matrix(split_bytes, by: str = "receiver") -> np.ndarray:
     split = np.asarray(split_bytes, dtype=np.float64)
     matrix = np.tile(split, (len(split), 1))
     return matrix.T.copy() if by == "sender" else matrix
+
+
+def split_weights(split_bytes, by: str = "receiver") -> np.ndarray:
+    """:func:`split_matrix` per byte of the op (over ``sum(split_bytes)``, the op's
+    ``bytes``): the weights an uneven layout lays its pairs out with."""
+    return split_matrix(split_bytes, by) / max(float(sum(split_bytes)), 1e-300)
 
 
 def uneven_time(op: str, algorithm: str, matrix: np.ndarray, net: GroupNet) -> float:

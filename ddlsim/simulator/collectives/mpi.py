@@ -310,12 +310,14 @@ def _a2a_pairwise_uneven_ph(W: np.ndarray, g: int) -> list[Phase]:
     return out
 
 
-def _a2a_direct_uneven(B: np.ndarray, net: GroupNet) -> float:
-    """All messages at once: ``α + max(max_i max(Σ_j B[i, j], Σ_j B[j, i]) / bw_device,
-    max_node (bytes leaving or entering the node) / bw_node)``, members node-major, ``g`` per
-    node; the diagonal stays on the device. Uniform ``B`` gives :func:`_a2a_direct`."""
+def _a2a_direct_uneven(B: np.ndarray, net: GroupNet, device_share: float = 1.0) -> float:
+    """All messages at once: ``α + max(max_i max(Σ_j B[i, j], Σ_j B[j, i]) / (bw_device ·
+    device_share), max_node (bytes leaving or entering the node) / bw_node)``, members
+    node-major, ``g`` per node; the diagonal stays on the device. Uniform ``B`` gives
+    :func:`_a2a_direct` (``device_share`` < 1: a library that fills only that share of the
+    device link, NCCL's ``nccl_p2p``)."""
     off = _off_diagonal(B)
-    t = max(off.sum(axis=1).max(), off.sum(axis=0).max()) / net.bw_intra_Bps
+    t = max(off.sum(axis=1).max(), off.sum(axis=0).max()) / (net.bw_intra_Bps * device_share)
     if net.multi_node:
         node = np.arange(net.p) // net.g
         cross = np.where(node[:, None] != node[None, :], B, 0.0)

@@ -19,7 +19,7 @@ from ..costs import CostModel
 from .program import Instr
 from .calibrated import alone_seconds, stretch_template
 from .runs import TemplateRun
-from ..collectives import get_algorithm, split_matrix
+from ..collectives import get_algorithm, split_weights
 from .templates import FlowTemplate, RouteTable, collective_template
 
 __all__ = ["Collectives", "CollectiveIssue"]
@@ -153,8 +153,7 @@ class Collectives:
             classes = np.asarray(self.components[group][1][cid])
             rows = np.flatnonzero(np.isin(self.class_of[fam.members], classes).any(axis=1))
             g = self.cost.nets[group].g
-            weights = (None if split is None
-                       else split_matrix(split, split_by) / max(sum(split), 1e-300))
+            weights = None if split is None else split_weights(split, split_by)
             phases = self.cost.phases(op, algo)   # None: the algorithm's generic uneven form
             tpl = collective_template(self.routes, self.devices, fam.members[rows], kind, algo,
                                       root, g, f"{group}.{kind}/{algo}", weights, phases)

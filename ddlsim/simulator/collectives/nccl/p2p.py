@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..base import GroupNet, Phase, register, register_uneven
-from ..mpi import _a2a_direct_ph, _a2a_direct_uneven_ph, _off_diagonal
+from ..mpi import _a2a_direct_ph, _a2a_direct_uneven, _a2a_direct_uneven_ph
 
 __all__ = ["p2p_efficiency"]
 
@@ -36,14 +36,19 @@ def p2p_efficiency(net: GroupNet) -> float:
     return env.tab.nvlink_efficiency[env.arch]
 
 
-def _layout(n: float, net: GroupNet) -> list[Phase]:
-    """The direct all-to-all's flows, those inside a node inflated by ``1 / efficiency``
-    (the discrete-event engine replays them at the line rate)."""
-    (phase,) = _a2a_direct_ph(1.0, net.p, net.g)   # bytes per collective byte
+def _inside_inflated(phase: Phase, net: GroupNet) -> list[Phase]:
+    """``phase`` with its flows inside a node inflated by ``1 / efficiency`` (the
+    discrete-event engine replays them at the line rate)."""
     node = phase.pairs // max(net.g, 1)
     inside = node[:, 0] == node[:, 1]
-    weights = np.where(inside, 1.0 / p2p_efficiency(net), 1.0)
+    weights = 1.0 if phase.weights is None else phase.weights
+    weights = np.where(inside, weights / p2p_efficiency(net), weights)
     return [Phase(phase.pairs, phase.bytes, weights=weights)]
+
+
+def _layout(n: float, net: GroupNet) -> list[Phase]:
+    """The direct all-to-all's flows (bytes per collective byte), inflated inside a node."""
+    return _inside_inflated(_a2a_direct_ph(1.0, net.p, net.g)[0], net)
 
 
 @register("all_to_all", "nccl_p2p", backend="nccl", layout=_layout)
@@ -58,32 +63,18 @@ def _a2a_p2p(n: float, net: GroupNet) -> float:
 
 def _a2a_p2p_uneven(B: np.ndarray, net: GroupNet) -> float:
     """Uneven sizes (``B[i, j]``: bytes member i sends to member j; a hot expert-parallel rank
-    under routing imbalance): the direct uneven all-to-all's time
-    (:func:`ddlsim.simulator.collectives.mpi._a2a_direct_uneven`) with the device term at
-    NCCL's share of the NVLink rate, as :func:`_a2a_p2p` is the direct form's: ``α +
-    max(max_i max(Σ_j B[i, j], Σ_j B[j, i]) / (bw_intra·efficiency), max_node (bytes leaving
-    or entering the node) / bw_node)``; uniform ``B`` gives :func:`_a2a_p2p`. Until 2026-12-01
-    an uneven all-to-all took the cheapest MPI algorithm, whatever the backend, and so ran
-    NCCL's sends at the NVLink line rate."""
-    off = _off_diagonal(B)
-    t = max(off.sum(axis=1).max(), off.sum(axis=0).max()) / (net.bw_intra_Bps
-                                                               * p2p_efficiency(net))
-    if net.multi_node:
-        node = np.arange(net.p) // net.g
-        cross = np.where(node[:, None] != node[None, :], B, 0.0)
-        out, into = np.bincount(node, cross.sum(axis=1)), np.bincount(node, cross.sum(axis=0))
-        t = max(t, max(out.max(), into.max()) / net.bw_node_Bps)
-    return net.alpha_s + t
+    under routing imbalance): the direct uneven all-to-all
+    (:func:`ddlsim.simulator.collectives.mpi._a2a_direct_uneven`) with its device term at
+    NCCL's share of the NVLink rate, as :func:`_a2a_p2p` is the direct form's; uniform ``B``
+    gives :func:`_a2a_p2p`. Until 2026-12-01 an uneven all-to-all took the cheapest MPI
+    algorithm whatever the backend, and so ran NCCL's sends at the NVLink line rate."""
+    return _a2a_direct_uneven(B, net, p2p_efficiency(net))
 
 
 def _uneven_layout(W: np.ndarray, net: GroupNet) -> list[Phase]:
-    """The direct uneven all-to-all's flows, those inside a node inflated by ``1 /
-    efficiency`` (as :func:`_layout` for even sizes)."""
-    (phase,) = _a2a_direct_uneven_ph(W, net.g)
-    node = phase.pairs // max(net.g, 1)
-    inside = node[:, 0] == node[:, 1]
-    weights = np.where(inside, phase.weights / p2p_efficiency(net), phase.weights)
-    return [Phase(phase.pairs, phase.bytes, weights=weights)]
+    """The direct uneven all-to-all's flows (``W[i, j]`` per collective byte), inflated
+    inside a node as :func:`_layout`'s."""
+    return _inside_inflated(_a2a_direct_uneven_ph(W, net.g)[0], net)
 
 
 register_uneven("all_to_all", "nccl_p2p", _a2a_p2p_uneven, _a2a_direct_uneven_ph,
