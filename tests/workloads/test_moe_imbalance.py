@@ -92,6 +92,19 @@ def test_forced_balance_derives_the_hottest_rank_of_random_routing():
     assert ddlsim.predict(cfg).iteration_time_s > balanced   # a 1 given still times as 1
 
 
+def test_forced_balance_on_one_expert_parallel_rank_has_no_hot_rank():
+    d = copy.deepcopy(MOE)
+    d["parallel"]["expert_model_parallel_size"] = 1
+    d["parallel"]["moe"]["router_force_load_balancing"] = True
+    d["system"]["nodes"], d["train"]["global_batch_size"] = 1, 8
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = ddlsim.load_config(d)
+    plan = resolve_moe(cfg)
+    assert (plan.imbalance, plan.imbalance_basis) == (1.0, "forced")
+    assert line(cfg).endswith("ETP1, dropless, forced balance")
+
+
 def test_forced_balance_with_group_limited_routing_is_a_lower_bound_and_says_so():
     """Groups picked first correlate the ranks of a group, which spreads the loads further
     than the exchangeable closed form: the same ρ, named a lower bound."""

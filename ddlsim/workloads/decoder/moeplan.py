@@ -137,6 +137,8 @@ class MoEPlan:
             padded = ", padded" if self.pad else ""
             return f"capacity {self.capacity_factor:g}{padded}{bias}{groups}"
         flex = ", flex traffic at the mean" if self.dispatcher == "flex" else ""
+        if self.imbalance_basis == "forced" and self.imbalance == 1.0:   # EP 1, or k = E
+            return f"dropless{bias}, forced balance{groups}"
         if self.imbalance_basis == "forced":
             bound = ", a lower bound under group-limited routing" if self.group_limited else ""
             return (f"dropless{bias}, forced balance (router_imbalance {self.imbalance:.3g}, "
