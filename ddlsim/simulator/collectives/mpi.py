@@ -271,11 +271,12 @@ def _a2a_pairwise_ph(n: float, p: int, g: int) -> list[Phase]:
 
 
 @register("all_to_all", "direct")
-def _a2a_direct(n: float, net: GroupNet) -> float:
-    """All p−1 messages at once: each device link carries (p−1)/p·n; each node's NICs carry
-    g·(p−g)/p·n."""
+def _a2a_direct(n: float, net: GroupNet, device_share: float = 1.0) -> float:
+    """All p−1 messages at once: each device link carries (p−1)/p·n (at ``device_share`` of
+    its rate: a library that fills only that share, NCCL's ``nccl_p2p``); each node's NICs
+    carry g·(p−g)/p·n."""
     chunk = n / net.p
-    t = (net.p - 1) * chunk / net.bw_intra_Bps
+    t = (net.p - 1) * chunk / (net.bw_intra_Bps * device_share)
     if net.multi_node:
         t = max(t, net.g * (net.p - net.g) * chunk / net.bw_node_Bps)
     return net.alpha_s + t

@@ -221,8 +221,7 @@ def resolve_moe(cfg: Any) -> MoEPlan | None:
     given["router_load_balancing_type"] = balancing_type(cfg, given, sources)
     aux_coeff = _aux_loss_coeff(cfg, given, sources)
     bias = expert_bias(cfg, given, sources)
-    groups = _router_groups(cfg, given, sources)
-    imbalance, basis = _imbalance(cfg, given, aux_coeff, bias, groups)
+    imbalance, basis = _imbalance(cfg, given, aux_coeff, bias)
     for field in STACK_FIELDS:
         if given.get(field) is not None:
             values[field], sources[field] = given[field], f"parallel.moe.{field}"
@@ -249,7 +248,7 @@ def resolve_moe(cfg: Any) -> MoEPlan | None:
                    forced_balance=bool(given.get("router_force_load_balancing", False)),
                    router_dtype=given.get("router_dtype"), imbalance_basis=basis,
                    score_function=score_function(cfg, given, sources), expert_bias=bias[0],
-                   bias_update_rate=bias[1], **groups)
+                   bias_update_rate=bias[1], **_router_groups(cfg, given, sources))
 
 
 def _router_groups(cfg: Any, given: dict, sources: dict) -> dict:
@@ -270,14 +269,14 @@ def _router_groups(cfg: Any, given: dict, sources: dict) -> dict:
     return dict(groups=int(groups), topk_groups=int(topk))
 
 
-def _imbalance(cfg: Any, given: dict, aux_coeff: float, bias: tuple[bool, float],
-               groups: dict) -> tuple[float, str]:
+def _imbalance(cfg: Any, given: dict, aux_coeff: float,
+               bias: tuple[bool, float]) -> tuple[float, str]:
     """The hot rank's load over the mean and where it comes from (:attr:`MoEPlan.
     imbalance_basis`): given; else, under forced balance (random logits, ``RandomSTE``,
     Megatron-LM d7288711 ``router.py`` lines 1203-1215: every rank the mean in expectation,
     not in one micro-batch), the hottest rank of top-k sampling
     (:func:`.moe_balance.random_routing_load`; a lower bound with group-limited routing,
-    ``groups``: :func:`_router_groups`'s, which correlates a group's ranks); else 1
+    which correlates a group's ranks: the plan line says so); else 1
     with a capacity factor (as before); else, dropless, derived from the
     published statistic of an expert-bias router (``bias``: on, its update rate,
     :func:`.moe_routing.expert_bias`;

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..base import GroupNet, Phase, register, register_uneven
-from ..mpi import _a2a_direct_ph, _a2a_direct_uneven, _a2a_direct_uneven_ph
+from ..mpi import _a2a_direct, _a2a_direct_ph, _a2a_direct_uneven, _a2a_direct_uneven_ph
 
 __all__ = ["p2p_efficiency"]
 
@@ -53,12 +53,9 @@ def _layout(n: float, net: GroupNet) -> list[Phase]:
 
 @register("all_to_all", "nccl_p2p", backend="nccl", layout=_layout)
 def _a2a_p2p(n: float, net: GroupNet) -> float:
-    """``α + max((p − 1)·n/p / (bw_intra·efficiency), g·(p − g)·n/p / bw_node)``."""
-    chunk = n / net.p
-    t = (net.p - 1) * chunk / (net.bw_intra_Bps * p2p_efficiency(net))
-    if net.multi_node:
-        t = max(t, net.g * (net.p - net.g) * chunk / net.bw_node_Bps)
-    return net.alpha_s + t
+    """``α + max((p − 1)·n/p / (bw_intra·efficiency), g·(p − g)·n/p / bw_node)``: the direct
+    form (:func:`ddlsim.simulator.collectives.mpi._a2a_direct`) at NCCL's device share."""
+    return _a2a_direct(n, net, p2p_efficiency(net))
 
 
 def _a2a_p2p_uneven(B: np.ndarray, net: GroupNet) -> float:
