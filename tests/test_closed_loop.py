@@ -23,7 +23,7 @@ import yaml
 
 import ddlsim
 from ddlsim.reference.gpt2 import GPT2, Adam, GPTShape
-from ddlsim.reference.interleaved import measured_s
+from ddlsim.reference.interleaved import measured_parts, measured_s
 from ddlsim.reference.loop import (COMM_FACTOR, SMALL, STRATEGY_NAMES, comm_ops, comm_sizes,
                                    mpirun, run_loop, summary_line)
 from ddlsim.reference.mpijobs import cpu_cores, mpi_env
@@ -241,6 +241,42 @@ def test_closed_loop_predicts_the_measured_runs_within_the_bound(tmp_path):
             <= EXCHANGE_BOUND[1], row
 
 
+
+#: predicted / measured − 1 allowed in CI for ranks sharing a core, per run and engine, in
+#: wall time. Two ranks on one core of this machine (the test below, alone, 2026-12-01
+#: 08:20 UTC): −10.2 … +1.3 %; the loop's 3-4 ranks on 2 cores (docs/validation.md, "Closed
+#: loop"): −9.1 … −0.1 %. A share left out (each rank a whole core: about −50 %) or counted
+#: twice (+100 %) fails it.
+SHARED_BOUND = (-0.3, 0.3)
+
+
+@needs_mpi
+@pytest.mark.mpi
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux's CPU affinity")
+def test_closed_loop_predicts_ranks_sharing_a_core_in_wall_time(tmp_path):
+    """The loop past the usable cores: this process's affinity narrowed to one core, which
+    mpirun and its ranks inherit, so two ranks take turns on it on any machine. Each run is
+    compared in wall time (forward and backward, exchange and update) against ddlsim's
+    prediction with each rank a device of half a core (``shared_local_system``)."""
+    keep = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(keep)})
+    try:
+        rows = run_loop(tmp_path, SMALL, ranks=(2,), statistic="min",
+                        max_rel_rmse=FIT_BOUND, log=print)
+    finally:
+        os.sched_setaffinity(0, keep)
+    print(summary_line(rows))
+    assert [r["strategy"] for r in rows] == list(STRATEGY_NAMES)
+    system = yaml.safe_load((tmp_path / "run-ddp-2.yaml").read_text())["system"]
+    assert system["devices_per_node"] == 2 and "2 ranks sharing 1 core:" in \
+        system["device"]["source"]
+    for row in rows:
+        assert row["clock"] == "wall" and row["cores"] == 1, row
+        assert row["loss_last"] < row["loss_first"]
+        for engine in ("analytical", "des"):
+            assert SHARED_BOUND[0] <= row[f"error_{engine}"] <= SHARED_BOUND[1], row
+
+
 _FAULTS = """
 import resource, numpy as np
 from ddlsim.reference.machine import cache_allocations
@@ -320,10 +356,51 @@ def test_the_calibrated_sizes_reach_past_a_cliff_on_either_side_of_the_gradient_
 
 
 def test_the_measured_time_is_the_statistic_of_each_part():
-    run = {"compute_cpu_s": [0.3, 0.1, 0.2], "exchange_s": [0.05, 0.01, 0.03]}
+    run = {"compute_cpu_s": [0.3, 0.1, 0.2], "exchange_s": [0.05, 0.01, 0.03],
+           "compute_wall_s": [0.6, 0.2, 0.4], "exchange_wall_s": [0.09, 0.07, 0.08]}
     assert measured_s(run, "min") == pytest.approx(0.13)  # the exchange's median
     assert measured_s(run, "median", "median") == pytest.approx(0.23)
     assert measured_s(run, "min", "min") == pytest.approx(0.11)
+    # ranks sharing cores: the wall time of both parts, never the CPU time
+    assert measured_s(run, "min", clock="wall") == pytest.approx(0.28)
+    assert measured_parts(run, "median", "min", "wall") == pytest.approx((0.4, 0.07))
+
+
+def test_ranks_sharing_cores_get_a_share_of_a_core_each_and_the_jobs_time_them_in_wall_time(
+        monkeypatch):
+    """Past the usable cores the loop predicts on ``shared_local_system`` (each rank a
+    device of cores / ranks of a core: its FLOP/s, bandwidth and memory; its kernel classes'
+    efficiencies and the link as measured) and runs its jobs with wall-time clocks; up to
+    the cores nothing changes (CPU time, one device per rank)."""
+    from ddlsim.reference import loop
+    from ddlsim.reference.machine import local_system, shared_local_system
+    own = local_system(2, 90e9, 20e9, (2e-6, 5e9), 16e9, "now", {"norm": 0.5}, 2)
+    shared = shared_local_system(own, 5)
+    assert shared["devices_per_node"] == 5 and shared["name"] == "this-machine-x5"
+    dev = shared["device"]
+    assert dev["peak_flops"] == {"fp32": pytest.approx(36e9)}
+    assert dev["memory_bandwidth_Bps"] == pytest.approx(8e9)
+    assert dev["memory_bytes"] == pytest.approx(6.4e9)
+    assert dev["elementwise_efficiency"] == {"norm": 0.5} and dev["spare_cores"] == 0
+    assert shared["intra_node"] == own["intra_node"]
+    assert "5 ranks sharing 2 cores: each rate and the memory × 2/5" in dev["source"]
+    cfg = ddlsim.load_config(SMALL.run_config(5, "ddp", shared))
+    assert cfg.system.devices_per_node == 5  # a system ddlsim predicts on
+    monkeypatch.setattr(loop, "cpu_cores", lambda: 2)
+    assert loop._shared(2) == [] and loop._shared(1) == []
+    assert loop._shared(3) == ["--clock", "wall", "--allow-shared-cores"]
+
+
+def test_the_summary_counts_the_runs_whose_ranks_shared_cores():
+    rows = [{"strategy": "ddp", "ranks": 2, "clock": "cpu", "cores": 2,
+             "error_analytical": -0.02, "error_des": -0.03},
+            {"strategy": "ddp", "ranks": 4, "clock": "wall", "cores": 2,
+             "error_analytical": 0.05, "error_des": -0.06},
+            {"strategy": "ddp", "ranks": 8, "refused": "calibrate fit refused"}]
+    assert summary_line(rows) == ("closed loop: 2 runs, max |error| 6.0 %, mean 4.0 %; 1 of "
+                                  "them with ranks sharing 2 cores (wall time); 1 run(s) "
+                                  "refused")
+    assert summary_line(rows[:1]) == "closed loop: 1 runs, max |error| 3.0 %, mean 2.5 %"
 
 
 def _has_torch_gloo() -> bool:

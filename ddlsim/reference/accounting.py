@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 
@@ -140,11 +141,21 @@ def account(measured: dict[str, float], predicted: dict[str, float]) -> list[dic
     return rows
 
 
-def account_run(cfg_path, profile_path, run: dict, statistic: str = "min") -> list[dict]:
+def account_run(cfg_path, profile_path, run: dict, statistic: str = "min",
+                system: dict | None = None) -> list[dict]:
     """A loop run's op-by-op account: :func:`account` of each trace op's ``statistic`` over
     the interleaved job's rounds (``run``: one config's entry of ``interleaved{N}.json``)
-    against the cost model's time for the run config with the loop's profile."""
+    against the cost model's time for the run config with the loop's profile.
+
+    The ops are timed in CPU time, a core's own time, so ranks sharing cores are accounted
+    against ``system``, a section of one device per rank at a whole core's rates (the run
+    config's own system when None)."""
+    import yaml
+
     from ..calibration import CalibrationProfile
     from ..config import load_config
-    predicted = predicted_ops(load_config(cfg_path), CalibrationProfile.load(profile_path))
+    doc = yaml.safe_load(Path(cfg_path).read_text())
+    if system is not None:
+        doc["system"] = system
+    predicted = predicted_ops(load_config(doc), CalibrationProfile.load(profile_path))
     return account(least_ops(run["ops_cpu_s"], statistic), predicted)

@@ -1,7 +1,7 @@
 """Calibration samples and training iterations taking turns, in one MPI job.
 
     mpirun -n N python -m ddlsim.reference.interleaved OUT RUN.yaml [RUN2.yaml ...] \\
-        --rounds 8 --warmup 2
+        --rounds 8 --warmup 2 [--clock wall --allow-shared-cores]
 
 Every rank does, round after round (a barrier before each step):
 
@@ -16,15 +16,22 @@ Every rank does, round after round (a barrier before each step):
    of each element-wise kernel class ddlsim times apart (:mod:`.kernels`: the model's own
    numpy LayerNorm, GeLU and Adam on the run's sizes, the bytes ddlsim counts over their
    least CPU time);
-3. on more than one rank, one CPU-time sample of each collective the run configs' traces
-   issue, at the trace's own size (:func:`trace_collectives`; ``calibrate comm``'s MPI
-   benchmark, the most over ranks), written to ``OUT/sizes{N}.csv``: the loop keeps them
-   in the profile beside its fitted curves (:mod:`ddlsim.calibration.sizes`);
+3. on more than one rank, one CPU-time (``--clock wall``: wall-time) sample of each
+   collective the run configs' traces issue, at the trace's own size
+   (:func:`trace_collectives`; ``calibrate comm``'s MPI benchmark, the most over ranks),
+   written to ``OUT/sizes{N}.csv``: the loop keeps them in the profile beside its fitted
+   curves (:mod:`ddlsim.calibration.sizes`);
 4. one training iteration of each run config, in an order that turns by one each round
    (one rank count, one model, each config one ``parallel.dp_strategy``; one model and one
    Adam serve them all, in turn), timed in two
    parts, each in CPU time and the most over ranks: the forward and backward, then, after a
-   barrier, the gradient exchange and update (its wall time is kept too).
+   barrier, the gradient exchange and update (the wall time of both parts is kept too).
+
+With more ranks than the node's usable cores (``--allow-shared-cores``; refused without it)
+the ranks take turns on the cores, and those turns are the time to predict: the loop then
+compares the wall time of both parts, and ``--clock wall`` times the collectives of step 3
+the same way (the GEMM and element-wise samples stay CPU time: ddlsim's device for such a
+rank is a core's rates times cores / ranks, :mod:`ddlsim.topologies.sharedcores`).
 
 Why: on a shared machine other processes take turns on the cores and the host changes a
 core's speed from minute to minute (docs/validation.md, "Closed loop"). CPU time is not
@@ -64,7 +71,8 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-__all__ = ["SQUARES", "tensor_sizes", "phase_times", "element_rates", "measured_s", "main"]
+__all__ = ["SQUARES", "CLOCKS", "PARTS", "tensor_sizes", "phase_times", "element_rates",
+           "measured_s", "measured_parts", "main"]
 
 #: Square GEMMs measured beside the run's own shapes, so the saturation fit sees small and
 #: large calls too (a subset of ``calibrate compute``'s defaults).
@@ -137,12 +145,16 @@ def trace_collectives(cfgs) -> list[tuple[str, int]]:
     return sorted(out)
 
 
-def _collective_round(adapter, where, sizes) -> list[dict]:
-    """One CPU-time sample (the most over ranks, after a barrier) of each (operation,
-    bytes): ``calibrate comm``'s MPI benchmark, one call each."""
+#: ``--clock`` → the timer of the collectives' samples (the runs' own sizes)
+CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
+
+
+def _collective_round(adapter, where, sizes, clock=time.process_time) -> list[dict]:
+    """One sample (the most over ranks, after a barrier; CPU time unless ``clock`` says
+    otherwise) of each (operation, bytes): ``calibrate comm``'s MPI benchmark, one call each."""
     from ..calibration.comm_bench import run_comm_benchmark
     return [run_comm_benchmark(adapter, [op], [nbytes], 0, 1, where=where,
-                               clock=time.process_time)[0] for op, nbytes in sizes]
+                               clock=clock)[0] for op, nbytes in sizes]
 
 
 def _merge_collectives(rounds: list[list[dict]]) -> list[dict]:
@@ -162,19 +174,19 @@ def _merge_collectives(rounds: list[list[dict]]) -> list[dict]:
 
 def _iteration(comm, model, opt, exchange, bucket_bytes, idx, tgt) -> tuple:
     """(loss, forward + backward CPU s, exchange + update CPU s, its wall s, minor page
-    faults of the forward and backward, CPU s per trace op), each the most over ranks; the
-    ops as :mod:`.accounting` marks them, the collectives before the Adam step as
-    ``exchange``."""
+    faults of the forward and backward, forward + backward wall s, CPU s per trace op), each
+    the most over ranks; the ops as :mod:`.accounting` marks them, the collectives before
+    the Adam step as ``exchange``."""
     from mpi4py import MPI
 
     from .accounting import OpTimer
     model.mark = opt.mark = timer = OpTimer()
     comm.Barrier()
-    f0, c0 = _faults(), time.process_time()
+    f0, c0, w0 = _faults(), time.process_time(), time.perf_counter()
     timer.start()
     loss, acts = model.forward(idx, tgt)
     model.backward(acts)
-    c1, f1 = time.process_time(), _faults()
+    c1, f1, w1 = time.process_time(), _faults(), time.perf_counter()
     comm.Barrier()
     t0, c2 = time.perf_counter(), time.process_time()
     timer.start()
@@ -182,12 +194,12 @@ def _iteration(comm, model, opt, exchange, bucket_bytes, idx, tgt) -> tuple:
     # every rank's op names (a rank that does not step Adam has no "optimizer")
     names = sorted(set().union(*comm.allgather(sorted(timer.spent))))
     spans = np.array([c1 - c0, time.process_time() - c2, time.perf_counter() - t0, f1 - f0,
-                      *(timer.spent.get(n, 0.0) for n in names)])
+                      w1 - w0, *(timer.spent.get(n, 0.0) for n in names)])
     comm.Allreduce(MPI.IN_PLACE, spans, op=MPI.MAX)
-    return (loss, *map(float, spans[:4]), dict(zip(names, map(float, spans[4:]))))
+    return (loss, *map(float, spans[:5]), dict(zip(names, map(float, spans[5:]))))
 
 
-def phase_times(cfgs, comm, rounds: int, warmup: int, seed: int = 0):
+def phase_times(cfgs, comm, rounds: int, warmup: int, seed: int = 0, clock: str = "cpu"):
     """Run the rounds (module docstring) on the ranks of ``comm``.
 
     Parameters
@@ -200,6 +212,9 @@ def phase_times(cfgs, comm, rounds: int, warmup: int, seed: int = 0):
         Timed and untimed rounds.
     seed : int
         Seed of the parameters and of each rank's batch.
+    clock : {"cpu", "wall"}
+        The timer of the collectives' samples at the traces' own sizes (:data:`CLOCKS`);
+        the GEMM and element-wise samples are CPU time either way.
 
     Returns
     -------
@@ -207,10 +222,11 @@ def phase_times(cfgs, comm, rounds: int, warmup: int, seed: int = 0):
         GEMM samples of every timed round, element-wise rates per round by tensor
         (:func:`tensor_sizes`) and by kernel class (``class.<name>``, :mod:`.kernels`;
         bytes/s, this rank's), per
-        config its ``compute_cpu_s`` and ``exchange_s`` lists (seconds per timed round), its
+        config its ``compute_cpu_s``, ``exchange_s`` (CPU), ``compute_wall_s`` and
+        ``exchange_wall_s`` lists (seconds per timed round), its
         ``ops_cpu_s`` (the same per trace op, :mod:`.accounting`), page faults and losses;
         and on more than one rank a ``calibrate comm`` row per collective the traces issue
-        (:func:`trace_collectives`, its statistics over the rounds' CPU-time samples).
+        (:func:`trace_collectives`, its statistics over the rounds' samples).
     """
     from .gpt2 import GPT2, Adam
     from .kernels import class_kernels, class_rates
@@ -229,11 +245,12 @@ def phase_times(cfgs, comm, rounds: int, warmup: int, seed: int = 0):
     arrays = {name: (np.ones(n, dtype=np.float32), np.ones(n, dtype=np.float32),
                      np.empty(n, dtype=np.float32)) for name, n in tensor_sizes(shape).items()}
     kernels = class_kernels(shape, seed)
-    sample = _collective_sampler(cfgs, comm)
+    sample = _collective_sampler(cfgs, comm, CLOCKS[clock])
     colls: list[list[dict]] = []
     gemms, stream = [], {name: [] for name in [*arrays, *(f"class.{c}" for c in kernels)]}
     runs = [{"compute_cpu_s": [], "exchange_s": [], "exchange_wall_s": [],
-             "compute_minor_faults": [], "ops_cpu_s": {}, "losses": []} for _ in cfgs]
+             "compute_minor_faults": [], "compute_wall_s": [], "ops_cpu_s": {}, "losses": []}
+            for _ in cfgs]
     for r in range(warmup + rounds):
         comm.Barrier()
         frame = _gemm_round(squares, own, seed + r, sweep)
@@ -259,9 +276,10 @@ def phase_times(cfgs, comm, rounds: int, warmup: int, seed: int = 0):
     return _merge_rounds(gemms), stream, runs, (_merge_collectives(colls) if sample else [])
 
 
-def _collective_sampler(cfgs, comm):
-    """A function taking one round's CPU-time sample of each collective the configs' traces
-    issue (:func:`_collective_round`), or None on one rank or with none to time."""
+def _collective_sampler(cfgs, comm, clock=time.process_time):
+    """A function taking one round's sample (timed by ``clock``) of each collective the
+    configs' traces issue (:func:`_collective_round`), or None on one rank or with none to
+    time."""
     sizes = trace_collectives(cfgs) if comm.Get_size() > 1 else []
     if not sizes:
         return None
@@ -269,14 +287,14 @@ def _collective_sampler(cfgs, comm):
     from ..calibration.comm_bench import placement
     adapter = MpiAdapter(comm)
     where = placement(adapter)
-    return lambda: _collective_round(adapter, where, sizes)
+    return lambda: _collective_round(adapter, where, sizes, clock)
 
 
 def _record(run: dict, spans, ops: dict) -> None:
     """Append one timed iteration's spans (:func:`_iteration`'s CPU and wall seconds and
     page faults) and its CPU seconds per trace op to ``run``'s lists."""
     for key, value in zip(("compute_cpu_s", "exchange_s", "exchange_wall_s",
-                           "compute_minor_faults"), spans):
+                           "compute_minor_faults", "compute_wall_s"), spans):
         run[key].append(value)
     for name, value in ops.items():
         run["ops_cpu_s"].setdefault(name, []).append(value)
@@ -305,25 +323,41 @@ def element_rates(doc: dict, statistic: str) -> dict[str, float]:
             for name in ranks[0]}
 
 
-def measured_s(run: dict, statistic: str, exchange_statistic: str = "median") -> float:
+#: ``measured_s``'s clock → the (forward and backward, exchange and update) lists it sums
+PARTS = {"cpu": ("compute_cpu_s", "exchange_s"), "wall": ("compute_wall_s", "exchange_wall_s")}
+
+
+def measured_s(run: dict, statistic: str, exchange_statistic: str = "median",
+               clock: str = "cpu") -> float:
     """The iteration time a run measured: ``statistic`` over the rounds of the forward and
-    backward's CPU time plus ``exchange_statistic`` of the exchange and update's.
+    backward's time plus ``exchange_statistic`` of the exchange and update's.
 
     Parameters
     ----------
     run : dict
-        One config's entry of ``interleaved{N}.json`` (``compute_cpu_s``, ``exchange_s``).
+        One config's entry of ``interleaved{N}.json`` (its lists of :data:`PARTS`).
     statistic, exchange_statistic : {"median", "min"}
         Which time of the rounds, for each part.
+    clock : {"cpu", "wall"}
+        CPU time (``compute_cpu_s``, ``exchange_s``: one rank per core, whatever else
+        runs) or wall time (``compute_wall_s``, ``exchange_wall_s``: ranks sharing cores,
+        whose turns on them are part of the time predicted).
 
     Returns
     -------
     float
         Seconds.
     """
+    return sum(measured_parts(run, statistic, exchange_statistic, clock))
+
+
+def measured_parts(run: dict, statistic: str, exchange_statistic: str = "median",
+                   clock: str = "cpu") -> tuple[float, float]:
+    """:func:`measured_s`'s two terms: (forward and backward, exchange and update), s."""
     reduce = {"median": np.median, "min": np.min}
-    return float(reduce[statistic](run["compute_cpu_s"])
-                 + reduce[exchange_statistic](run["exchange_s"]))
+    compute, exchange = PARTS[clock]
+    return (float(reduce[statistic](run[compute])),
+            float(reduce[exchange_statistic](run[exchange])))
 
 
 def _parse(argv):
@@ -333,6 +367,12 @@ def _parse(argv):
     ap.add_argument("configs", type=Path, nargs="+", help="run configs, one model and size")
     ap.add_argument("--rounds", type=int, default=8, help="timed rounds (>= 1)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed rounds first (>= 0)")
+    ap.add_argument("--clock", choices=sorted(CLOCKS), default="cpu",
+                    help="timer of the collectives at the runs' own sizes (sizes{N}.csv): "
+                         "CPU time (default) or wall time (ranks sharing cores)")
+    ap.add_argument("--allow-shared-cores", action="store_true",
+                    help="run more ranks than the node's usable cores (compare them in wall "
+                         "time: a rank's CPU time leaves out its turns)")
     return ap.parse_args(argv)
 
 
@@ -363,13 +403,14 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--rounds must be >= 1 and --warmup >= 0, got {args.rounds}, "
                              f"{args.warmup}")
         cfgs = _load(args.configs, comm.Get_size())
-        refuse_shared_cores(comm, allow=False)
+        refuse_shared_cores(comm, allow=args.allow_shared_cores)
     except (ValueError, ConfigError) as exc:
         if comm.Get_rank() == 0:
             print(f"error: {exc}", file=sys.stderr)
         return 2
     cached = cache_allocations()
-    gemm, stream, runs, colls = phase_times(cfgs, comm, args.rounds, args.warmup)
+    gemm, stream, runs, colls = phase_times(cfgs, comm, args.rounds, args.warmup,
+                                            clock=args.clock)
     every = comm.gather(stream, root=0)
     if comm.Get_rank() == 0:
         n = comm.Get_size()
@@ -377,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         if colls:
             from ..calibration.schema import tidy_frame
             write_csv(args.output / f"sizes{n}.csv", tidy_frame(colls), force=True)
-        out = {"ranks": n, "rounds": args.rounds, "warmup": args.warmup,
+        out = {"ranks": n, "rounds": args.rounds, "warmup": args.warmup, "clock": args.clock,
                "cached_allocations": cached, "rates_by_round": every,
                "runs": {c.parallel.dp_strategy: {**r, "config": str(p)}
                         for c, r, p in zip(cfgs, runs, args.configs)}}

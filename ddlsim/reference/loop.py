@@ -29,8 +29,15 @@ run's wall time measures them too) and the host changes a core's speed from minu
 (a calibration taken a minute before a run was 20-34 % off it, docs/validation.md); samples
 that alternate with the iterations see the speed the iterations see.
 
-Rank counts above the node's usable cores are refused by the job (its message is kept in
-the row) and neither calibrated nor predicted.
+Rank counts above the node's usable cores (4 ranks on this machine's 2) are ranks taking
+turns on the cores, and the turns are part of the time to predict, so those runs are
+compared in **wall time**: the jobs of steps 1-2 get ``--clock wall --allow-shared-cores``
+(the collectives timed in wall time; the GEMM and element-wise samples stay CPU time, a
+core's own rates), the forward and backward and the exchange and update are compared in wall
+time, and ddlsim predicts them on :func:`~.machine.shared_local_system`: each rank a device
+of cores / ranks of a core (:mod:`ddlsim.topologies.sharedcores`, Linux's fair scheduler).
+The op-by-op account stays in CPU time against one core per rank. A wall-time comparison
+measures whatever else runs on the machine too: run it on a quiet one.
 """
 
 from __future__ import annotations
@@ -161,6 +168,12 @@ def comm_ops(strategies: tuple[str, ...]) -> list[str]:
                           "all_gather") if op in ops] + ["sendrecv"]
 
 
+def _shared(n: int) -> list[str]:
+    """The jobs' options for ``n`` ranks: wall time and shared cores past the usable cores
+    (module docstring), nothing otherwise (CPU time)."""
+    return ["--clock", "wall", "--allow-shared-cores"] if n > cpu_cores() else []
+
+
 def calibrate_comm(work: Path, model: LoopModel, n: int, strategies: tuple[str, ...]) -> Path:
     """``ddlsim calibrate comm --backend mpi`` on ``n`` ranks over :func:`comm_sizes` and the
     collectives of ``strategies`` (module docstring, step 1); returns the CSV."""
@@ -168,7 +181,7 @@ def calibrate_comm(work: Path, model: LoopModel, n: int, strategies: tuple[str, 
     out = work / f"mpi{n}.csv"
     cmd = [sys.executable, "-m", "ddlsim.calibration", "comm", "--backend", "mpi", "--ops",
            ",".join(comm_ops(strategies)), *size_args(lo, hi), "--warmup", "2", "--reps", "20",
-           "--clock", "cpu", "--no-progress", "-o", str(out), "--force"]
+           *(_shared(n) or ["--clock", "cpu"]), "--no-progress", "-o", str(out), "--force"]
     check_job(run_job(mpirun(n) + cmd, 600), f"calibrate comm on {n} ranks")
     return out
 
@@ -178,7 +191,7 @@ def interleave(work: Path, model: LoopModel, n: int, configs: list[Path]) -> dic
     its JSON, or ``{"refused": message}`` when it refused the run."""
     proc = run_job(mpirun(n) + [sys.executable, "-m", "ddlsim.reference.interleaved",
                                 str(work), *map(str, configs), "--rounds", str(model.rounds),
-                                "--warmup", str(model.warmup)], 900)
+                                "--warmup", str(model.warmup), *_shared(n)], 900)
     if proc.returncode == 2:
         msg = next((ln for ln in proc.stderr.splitlines() if ln.startswith("error:")),
                    proc.stderr.strip()[-300:])
@@ -290,20 +303,26 @@ def loop_ranks(work: Path, model: LoopModel, n: int, runs: tuple[str, ...], stat
         f"{r_max / 1e9:.1f} GFLOP/s, element-wise {stream / 1e9:.2f} GB/s per rank, "
         f"classes {classes}")
     from .accounting import account_run
-    from .interleaved import measured_s
-    from .machine import local_system
-    system = local_system(n, r_max, stream, _p2p(profile), memory_bytes() / n, when, classes,
-                          cpu_cores())
+    from .interleaved import measured_parts
+    from .machine import local_system, shared_local_system
+    cores = cpu_cores()
+    clock = "wall" if n > cores else "cpu"
+    # one device per rank at a core's rates (the CPU-time op account's system), and the
+    # system predicted: that, or the ranks taking turns on the cores
+    own = local_system(n, r_max, stream, _p2p(profile), memory_bytes() / n, when, classes,
+                       cores)
+    system = own if n <= cores else shared_local_system(
+        local_system(cores, r_max, stream, _p2p(profile), memory_bytes() / cores, when,
+                     classes, cores), n)
     rows = []
     for cfg_path in _configs(work, model, n, runs, system):
         strategy = cfg_path.stem.split("-")[1]
         run = got["runs"][strategy]
         pred = predict(cfg_path, profile, work / f"predicted-{strategy}-{n}.json")
-        row = {"strategy": strategy, "ranks": n, "statistic": statistic,
-               "measured_s": measured_s(run, statistic, COMM_STATISTIC),
-               "measured_compute_s": measured_s({**run, "exchange_s": [0.0]}, statistic),
-               "measured_exchange_s": measured_s({**run, "compute_cpu_s": [0.0]}, statistic,
-                                                 COMM_STATISTIC),
+        compute_s, exchange_s = measured_parts(run, statistic, COMM_STATISTIC, clock)
+        row = {"strategy": strategy, "ranks": n, "statistic": statistic, "clock": clock,
+               "cores": cores, "measured_s": compute_s + exchange_s,
+               "measured_compute_s": compute_s, "measured_exchange_s": exchange_s,
                "loss_first": run["losses"][0], "loss_last": run["losses"][-1],
                "gemm_plateau_flops_per_s": r_max, "stream_Bps": stream,
                "stream_Bps_by_tensor": got["stream_Bps_by_tensor"],
@@ -313,7 +332,7 @@ def loop_ranks(work: Path, model: LoopModel, n: int, runs: tuple[str, ...], stat
             row[f"predicted_{engine}_s"] = res["iteration_time_s"]
             row[f"error_{engine}"] = res["iteration_time_s"] / row["measured_s"] - 1.0
         row["predicted_compute_s"] = pred["analytical"]["breakdown"]["compute_s"]
-        row["ops"] = account_run(cfg_path, profile, run, statistic)
+        row["ops"] = account_run(cfg_path, profile, run, statistic, own)
         rows.append(row)
         log(_row_line(row))
     return rows
@@ -331,7 +350,8 @@ def run_loop(work: Path, model: LoopModel = REFERENCE, ranks: tuple[int, ...] = 
     model : LoopModel
         The reference run.
     ranks : tuple of int
-        Rank counts; those above the usable cores are only refused.
+        Rank counts; those above the usable cores share them, timed in wall time (module
+        docstring).
     strategies : tuple of str
         ``parallel.dp_strategy`` values; one rank runs only the first (no exchange).
     statistic : {"median", "min"}
@@ -346,9 +366,10 @@ def run_loop(work: Path, model: LoopModel = REFERENCE, ranks: tuple[int, ...] = 
     Returns
     -------
     list of dict
-        One row per run: strategy, ranks, measured_s (and its compute and exchange parts),
-        predicted_s and error (predicted / measured − 1) per engine, or ``refused`` with the
-        reason.
+        One row per run: strategy, ranks, the clock compared (``cpu`` or, ranks sharing
+        cores, ``wall``) and the usable cores, measured_s (and its compute and exchange
+        parts), predicted_s and error (predicted / measured − 1) per engine, or ``refused``
+        with the job's reason.
     """
     work.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()
@@ -358,13 +379,7 @@ def run_loop(work: Path, model: LoopModel = REFERENCE, ranks: tuple[int, ...] = 
     rows = []
     for n in ranks:
         runs = strategies if n > 1 else strategies[:1]
-        if n > cpu_cores():  # refused by the job itself, without calibrating
-            got = interleave(work, model, n, _configs(work, model, n, runs, PLACEHOLDER_SYSTEM))
-            ours = [{"strategy": s, "ranks": n, "refused": got.get("refused", "ran")}
-                    for s in runs]
-            log("\n".join(_row_line(r) for r in ours))
-        else:
-            ours = loop_ranks(work, model, n, runs, statistic, max_rel_rmse, when, log)
+        ours = loop_ranks(work, model, n, runs, statistic, max_rel_rmse, when, log)
         rows += ours  # kept as it grows: a later failure leaves the runs so far
         (work / "closed_loop.json").write_text(json.dumps(rows, indent=1))
     return rows
@@ -376,19 +391,25 @@ def _row_line(row: dict) -> str:
         return head + f"refused: {row['refused']}"
     errs = ", ".join(f"{k[6:]} {row[f'predicted_{k[6:]}_s'] * 1e3:.1f} ms ({row[k]:+.1%})"
                      for k in sorted(row) if k.startswith("error_"))
+    clock = "CPU" if row.get("clock", "cpu") == "cpu" else \
+        f"wall, {row['ranks']} ranks on {row['cores']} core{'s' if row['cores'] != 1 else ''}"
     return (head + f"measured {row['measured_s'] * 1e3:.1f} ms ({row['statistic']}: compute "
-            f"{row['measured_compute_s'] * 1e3:.1f} CPU + exchange "
+            f"{row['measured_compute_s'] * 1e3:.1f} {clock} + exchange "
             f"{row['measured_exchange_s'] * 1e3:.1f}); predicted {errs}; predicted compute "
             f"{row['predicted_compute_s'] * 1e3:.1f} ms")
 
 
 def summary_line(rows: list[dict]) -> str:
     """``closed loop: N runs, max |error| X %, mean Y %`` over every engine's error of every
-    run (not refused; the mean of the absolute errors), then how many were refused."""
+    run (not refused; the mean of the absolute errors), then how many of them had ranks
+    sharing cores (compared in wall time) and how many were refused."""
     ran = [r for r in rows if "refused" not in r]
     errs = [abs(v) for r in ran for k, v in r.items() if k.startswith("error_")]
     refused = len(rows) - len(ran)
-    tail = f"; {refused} run(s) refused (more ranks than cores)" if refused else ""
+    shared = [r for r in ran if r.get("clock") == "wall"]
+    tail = (f"; {len(shared)} of them with ranks sharing {shared[0]['cores']} core"
+            f"{'s' if shared[0]['cores'] != 1 else ''} (wall time)" if shared else "")
+    tail += f"; {refused} run(s) refused" if refused else ""
     if not errs:
         return f"closed loop: 0 runs, no error measured{tail}"
     return (f"closed loop: {len(ran)} runs, max |error| {100 * max(errs):.1f} %, "

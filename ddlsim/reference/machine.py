@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from ..hostmemory import keep_freed_memory
 
-__all__ = ["local_system", "NUMPY_STACK", "gemm_shapes", "cache_allocations"]
+__all__ = ["local_system", "shared_local_system", "NUMPY_STACK", "gemm_shapes",
+           "cache_allocations"]
 
 
 #: How numpy runs the reference model: every op its own kernel (no fusion, the attention
@@ -100,6 +101,38 @@ def local_system(ranks: int, gemm_flops_peak: float, stream_Bps: float, p2p: tup
         "software": NUMPY_STACK,
         "source": src,
     }
+
+
+def _cores(n: int) -> str:
+    return f"{n} core" + ("s" if n != 1 else "")
+
+
+def shared_local_system(system: dict, ranks: int) -> dict:
+    """:func:`local_system` of one rank per core as ``ranks`` ranks taking turns on those
+    cores: :func:`ddlsim.topologies.sharedcores.share_cores` (each rank a device of cores /
+    ranks of a core's rates and memory), the rest of the section as given.
+
+    Parameters
+    ----------
+    system : dict
+        :func:`local_system` with ``devices_per_node`` = the usable cores.
+    ranks : int
+        MPI ranks on the node, more than its cores.
+
+    Returns
+    -------
+    dict
+        A system section for a run config.
+    """
+    from ..config_system import SystemConfig
+    from ..topologies.sharedcores import share_cores
+    shared = share_cores(SystemConfig.model_validate(system), ranks)
+    d, cores = shared.device, system["devices_per_node"]
+    device = {**system["device"], "peak_flops": dict(d.peak_flops),
+              "memory_bandwidth_Bps": d.memory_bandwidth_Bps, "memory_bytes": d.memory_bytes}
+    device["source"] += (f"; {ranks} ranks sharing {_cores(cores)}: each rate and the "
+                         f"memory × {cores}/{ranks} (ddlsim.topologies.sharedcores)")
+    return {**system, "name": shared.name, "devices_per_node": ranks, "device": device}
 
 
 def cache_allocations() -> bool:
