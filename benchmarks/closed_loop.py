@@ -19,10 +19,17 @@ from pathlib import Path
 from ddlsim.reference.loop import REFERENCE, SMALL, STRATEGY_NAMES, run_loop, summary_line
 
 
+#: rank counts of the loop unless ``--ranks`` says otherwise
+DEFAULT_RANKS = "1,2,3,4"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-o", "--output", type=Path, default=Path("closed-loop"))
-    ap.add_argument("--ranks", default="1,2,3,4", help="comma list of rank counts")
+    ap.add_argument("--ranks", default=None,
+                    help="comma list of rank counts (default 1,2,3,4: past the usable cores "
+                         "the ranks share them, compared in wall time; with --torch --clock "
+                         "cpu the default stops at the usable cores)")
     ap.add_argument("--strategies", default=",".join(STRATEGY_NAMES))
     ap.add_argument("--small", action="store_true", help="the CI test's smaller model")
     ap.add_argument("--statistic", choices=("median", "min"), default="min",
@@ -38,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--torch", action="store_true",
                     help="the PyTorch runs over Gloo instead (torch-ddp, torch-fsdp, "
                          "torch-pp; needs the torch extra; ddlsim/reference/torch_loop.py): "
-                         "--strategies among those, --ranks 1,2 by default")
+                         "--strategies among those; torch-pp runs on 2 ranks only")
     ap.add_argument("--clock", choices=("wall", "cpu"), default=None,
                     help="with --torch: compare the iterations' wall time (default) or CPU "
                          "time (a busy machine; no torch-pp), collectives calibrated alike")
@@ -48,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.clock:
         ap.error("--clock is for --torch (the numpy loop times its kernels in CPU time)")
     try:
-        ranks = tuple(int(r) for r in args.ranks.split(","))
+        ranks = tuple(int(r) for r in (args.ranks or DEFAULT_RANKS).split(","))
     except ValueError:
         ap.error(f"--ranks must be a comma list of integers, got {args.ranks!r}")
     strategies = tuple(s.strip() for s in args.strategies.split(",") if s.strip())
@@ -73,11 +80,14 @@ def _torch_main(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         else ",".join(TORCH_STRATEGIES)
     chosen = tuple(s.strip() for s in strategies.split(",") if s.strip())
     bad = [s for s in chosen if s not in TORCH_STRATEGIES]
-    ranks = args.ranks if args.ranks != "1,2,3,4" else "1,2"
+    ranks = args.ranks or DEFAULT_RANKS
     try:
         counts = tuple(int(r) for r in ranks.split(","))
     except ValueError:
         ap.error(f"--ranks must be a comma list of integers, got {ranks!r}")
+    if args.clock == "cpu" and args.ranks is None:  # CPU time leaves out shared cores' turns
+        from ddlsim.reference.mpijobs import cpu_cores
+        counts = tuple(r for r in counts if r <= cpu_cores())
     if bad or not chosen or any(r < 1 for r in counts):
         ap.error(f"with --torch, --strategies must be among {', '.join(TORCH_STRATEGIES)} "
                  f"(got {bad}) and --ranks >= 1 (got {counts})")

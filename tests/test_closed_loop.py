@@ -461,3 +461,23 @@ def test_the_recorded_runs_predict_as_docs_validation_says(run, name, error):
     got_error = recorded["analytical"]["iteration_time_s"] / measured["median_s"] - 1
     assert round(100 * got_error, 1) == error
     assert measured["cpu_share_median"] >= 0.9  # compared by the loop of the time
+
+
+def test_the_scripts_ranks_default_to_one_to_four_and_in_cpu_time_stop_at_the_cores(
+        tmp_path, monkeypatch):
+    """``benchmarks/closed_loop.py``: ranks 1-4 unless ``--ranks`` says otherwise (past the
+    usable cores they share them, in wall time); ``--torch --clock cpu`` cannot time shared
+    cores, so its default keeps the ranks within them, while ``--ranks`` given is passed as
+    given (and refused by the loop)."""
+    from benchscripts import load_script
+    from ddlsim.reference import mpijobs, torch_loop
+    script = load_script("closed_loop")
+    got = []
+    monkeypatch.setattr(torch_loop, "torch_available", lambda: True)
+    monkeypatch.setattr(torch_loop, "run_torch_loop",
+                        lambda work, model, counts, *a, **k: got.append(counts) or [])
+    monkeypatch.setattr(mpijobs, "cpu_cores", lambda: 2)
+    for argv in (["--torch"], ["--torch", "--clock", "cpu"],
+                 ["--torch", "--clock", "cpu", "--ranks", "1,3"]):
+        assert script.main([*argv, "-o", str(tmp_path)]) == 0
+    assert got == [(1, 2, 3, 4), (1, 2), (1, 3)]

@@ -127,6 +127,11 @@ def test_gloo_calibration_covers_every_message(tmp_path):
 def test_bad_options_are_refused_before_anything_runs(tmp_path):
     with pytest.raises(ValueError, match="torch-pp needs clock 'wall'"):
         run_torch_loop(tmp_path, SMALL, (2,), TORCH_STRATEGIES, clock="cpu")
+    from ddlsim.reference.mpijobs import cpu_cores
+    over = cpu_cores() + 1  # ranks sharing cores: their turns are wall time
+    with pytest.raises(ValueError, match=rf"ranks above this machine's \d+ usable cores need "
+                                         rf"clock 'wall' \(got ranks 1, {over}\)"):
+        run_torch_loop(tmp_path, SMALL, (1, over), ("torch-ddp",), clock="cpu")
     with pytest.raises(ValueError, match="must be among"):
         run_torch_loop(tmp_path, SMALL, (2,), ("ddp",))
     with pytest.raises(ValueError, match="clock must be 'wall' or 'cpu', got 'gpu'"):

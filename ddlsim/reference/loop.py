@@ -406,7 +406,7 @@ def summary_line(rows: list[dict]) -> str:
     ran = [r for r in rows if "refused" not in r]
     errs = [abs(v) for r in ran for k, v in r.items() if k.startswith("error_")]
     refused = len(rows) - len(ran)
-    shared = [r for r in ran if r.get("clock") == "wall"]
+    shared = [r for r in ran if r["ranks"] > r.get("cores", r["ranks"])]
     tail = (f"; {len(shared)} of them with ranks sharing {shared[0]['cores']} core"
             f"{'s' if shared[0]['cores'] != 1 else ''} (wall time)" if shared else "")
     tail += f"; {refused} run(s) refused" if refused else ""

@@ -204,7 +204,8 @@ def job(work: Path, model: LoopModel, n: int, cfg_paths: list[Path],
     check_job(run_job(torchrun(n) + [
         "-m", "ddlsim.reference.torch_job", str(work), *map(str, cfg_paths), "--rounds",
         str(model.rounds), "--warmup", str(model.warmup), "--stack", str(stack), "--clock",
-        clock], 1800), f"the torch job on {n} ranks")
+        clock, *(["--allow-shared-cores"] if n > cpu_cores() else [])], 1800),
+        f"the torch job on {n} ranks")
     return json.loads((work / f"torch{n}.json").read_text())
 
 
@@ -272,6 +273,7 @@ def loop_ranks(work: Path, model: LoopModel, n: int, runs: tuple[str, ...], stat
         run = doc["runs"][cfg_path.stem]
         pred = predict(cfg_path, profile, work / f"predicted-{strategy}-{n}.json")
         row = {"strategy": strategy, "ranks": n, "statistic": statistic, "clock": clock,
+               "cores": cpu_cores(),
                "measured_s": _measured(run["times_s" if clock == "wall" else "cpu_s"],
                                        statistic),
                "measured_wall_s": _measured(run["times_s"], statistic),
@@ -330,7 +332,8 @@ def run_torch_loop(work: Path, model: LoopModel = REFERENCE, ranks: tuple[int, .
     model : LoopModel
         The reference run (made even in layers by :func:`torch_model`).
     ranks : tuple of int
-        Rank counts; those above the usable cores are refused without running.
+        Rank counts; those above the usable cores share them (wall time only: each rank a
+        device of cores / ranks of a core, :func:`~.torch_machine.torch_system`).
     strategies : tuple of str
         Among :data:`TORCH_STRATEGIES` (:func:`strategies_for` keeps those a rank count runs).
     statistic : {"median", "min"}
@@ -359,6 +362,10 @@ def run_torch_loop(work: Path, model: LoopModel = REFERENCE, ranks: tuple[int, .
     if clock == "cpu" and "torch-pp" in strategies:
         raise ValueError("clock 'cpu' leaves out the pipeline's bubble (idle time), so "
                          "torch-pp needs clock 'wall'; with 'cpu' run torch-ddp,torch-fsdp")
+    if clock == "cpu" and max(ranks, default=0) > cpu_cores():
+        raise ValueError(f"clock 'cpu' leaves out the turns of ranks sharing cores, so ranks "
+                         f"above this machine's {cpu_cores()} usable cores need clock 'wall' "
+                         f"(got ranks {', '.join(map(str, ranks))})")
     if not torch_available():
         raise RuntimeError("the torch closed loop needs PyTorch with Gloo: pip install "
                            "'ddlsim[torch]'")
@@ -373,14 +380,6 @@ def run_torch_loop(work: Path, model: LoopModel = REFERENCE, ranks: tuple[int, .
         runs = strategies_for(n, strategies)
         if not runs:
             continue
-        if n > cpu_cores():
-            why = (f"{n} ranks on this node share {cpu_cores()} usable CPU cores; run at "
-                   f"most {cpu_cores()}")
-            ours = [{"strategy": s, "ranks": n, "refused": why} for s in runs]
-            log("\n".join(row_line(r) for r in ours))
-        else:
-            ours = loop_ranks(work, model, n, runs, statistic, max_rel_rmse, when, log,
-                              clock)
-        rows += ours
+        rows += loop_ranks(work, model, n, runs, statistic, max_rel_rmse, when, log, clock)
         (work / "closed_loop_torch.json").write_text(json.dumps(rows, indent=1))
     return rows

@@ -118,7 +118,8 @@ def calibrate_gloo(work: Path, n: int, cfg_paths: list[Path], clock: str = "wall
     check_job(run_job(torchrun(n) + [
         "-m", "ddlsim.calibration", "comm", "--backend", "gloo", "--ops", ",".join(ops),
         "--min-bytes", str(lo), "--max-bytes", str(hi), "--warmup", "2", "--reps", "10",
-        "--clock", clock, "--no-split", "--no-progress", "-o", str(out), "--force"], 900),
+        "--clock", clock, "--no-split", "--no-progress", "-o", str(out), "--force",
+        *(["--allow-shared-cores"] if n > cpu_cores() else [])], 900),
         f"calibrate comm --backend gloo on {n} ranks")
     return out
 
@@ -131,16 +132,18 @@ def _rate(values: list[float], statistic: str) -> float:
 
 def torch_system(n: int, doc: dict, r_max: float, profile: Path, statistic: str,
                  when: str) -> dict:
-    """The ``system`` section of a torch run on ``n`` cores of this machine: the numpy
+    """The ``system`` section of a torch run of ``n`` ranks on this machine: the numpy
     loop's :func:`~.machine.local_system` with torch's rates (``doc``: the job's JSON), the
     Gloo link (the profile's ``sendrecv`` fit), the torch stack, and each op's eager
     dispatch time as the gap between kernels (on a CPU the host runs the kernel itself, so
-    an op's time is its work plus its dispatch: ``stream_time`` with no host lead).
+    an op's time is its work plus its dispatch: ``stream_time`` with no host lead); past the
+    usable cores, the ranks sharing them (:func:`~.machine.shared_local_system`: each rate
+    × cores / ranks, the dispatch time × ranks / cores).
 
     Parameters
     ----------
     n : int
-        Ranks, one per core.
+        Ranks: one per core, or more sharing the cores.
     doc : dict
         ``torch{n}.json``.
     r_max : float
@@ -160,7 +163,7 @@ def torch_system(n: int, doc: dict, r_max: float, profile: Path, statistic: str,
     from ..calibration import CalibrationProfile
     from .fsdp_copies import FSDP_CLASSES
     from .kernels import CLASS_KERNELS, efficiencies
-    from .machine import local_system
+    from .machine import local_system, shared_local_system
     rates = doc["rates_by_round"]
     stream = _rate(rates["gradients"], statistic)
     measured = [c for c in CLASS_KERNELS + FSDP_CLASSES if f"class.{c}" in rates]
@@ -173,8 +176,9 @@ def torch_system(n: int, doc: dict, r_max: float, profile: Path, statistic: str,
         prof = CalibrationProfile.load(profile)
         p2p = (prof.alpha_beta("gloo", "sendrecv", 0)[0],
                1.0 / prof.alpha_beta("gloo", "sendrecv", 2 ** 40)[1])
-    system = local_system(n, r_max, stream, p2p, memory_bytes() / n, when, classes,
-                          cpu_cores())
+    devices = min(n, cpu_cores())  # one per core; shared below past the cores
+    system = local_system(devices, r_max, stream, p2p, memory_bytes() / devices, when,
+                          classes, cpu_cores())
     src = f"measured on this machine by ddlsim/reference/torch_job.py ({when})"
     system["device"]["source"] = (f"{src}: peak = the torch fp32 GEMM plateau R_max, "
                                   "bandwidth = torch.add(x, y, out=z) on the gradient "
@@ -194,4 +198,4 @@ def torch_system(n: int, doc: dict, r_max: float, profile: Path, statistic: str,
     system["collectives"] = {"backend": "mpi", "source": "Gloo over TCP loopback: timed by "
                              "the profile's gloo curves (the closed form only outside them)"}
     system["software"] = TORCH_STACK
-    return system
+    return system if n <= devices else shared_local_system(system, n)

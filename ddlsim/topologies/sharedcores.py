@@ -6,7 +6,9 @@ A CPU system preset is one device per core (``kvm-2core``: 2 cores, 2 devices). 
 task of equal weight an equal share of the CPU (the kernel's CFS design document,
 ``Documentation/scheduler/sched-design-CFS.rst``: "an 'ideal, precise multi-tasking CPU'
 ... each task runs at 1/nr_running speed"), so a rank that computes gets ``c / r`` of a
-core: its device is the core's peak FLOP/s, memory bandwidth and memory scaled by ``c / r``.
+core: its device is the core's peak FLOP/s, memory bandwidth and memory scaled by ``c / r``,
+and the per-kernel host times of ``device.launch`` (a framework's dispatch, which runs on the
+same cores) by ``r / c``.
 
 What this does *not* derive is communication. Open MPI's shared-memory transport progresses
 a collective only while a rank polls inside MPI, and a rank that waits polls on a core that
@@ -61,8 +63,9 @@ def share_cores(system: SystemConfig, ranks_per_node: int) -> SystemConfig:
     -------
     SystemConfig
         ``devices_per_node`` = ``ranks_per_node``; each device's peak FLOP/s (every dtype),
-        memory bandwidth (B/s) and memory (bytes) × cores / ranks; links and the rest
-        unchanged (communication comes from a calibration at this rank count).
+        memory bandwidth (B/s) and memory (bytes) × cores / ranks, its ``launch`` times
+        (seconds of CPU work per kernel) × ranks / cores; links and the rest unchanged
+        (communication comes from a calibration at this rank count).
 
     Raises
     ------
@@ -76,10 +79,14 @@ def share_cores(system: SystemConfig, ranks_per_node: int) -> SystemConfig:
     """
     share = _check(system, ranks_per_node)
     d = system.device
-    device = d.model_copy(update={
-        "peak_flops": {k: v * share for k, v in d.peak_flops.items()},
-        "memory_bandwidth_Bps": d.memory_bandwidth_Bps * share,
-        "memory_bytes": d.memory_bytes * share})
+    update = {"peak_flops": {k: v * share for k, v in d.peak_flops.items()},
+              "memory_bandwidth_Bps": d.memory_bandwidth_Bps * share,
+              "memory_bytes": d.memory_bytes * share}
+    if d.launch is not None:  # the host's work per kernel runs on the same shared cores
+        update["launch"] = d.launch.model_copy(update={
+            k: getattr(d.launch, k) / share
+            for k in ("host_launch_s", "eager_op_s", "stream_gap_s", "graph_gap_s")})
+    device = d.model_copy(update=update)
     data = system.model_dump()
     data.update(devices_per_node=ranks_per_node, device=device.model_dump(),
                 name=f"{system.name}-x{ranks_per_node}")
@@ -101,11 +108,14 @@ def shared_core_overrides(system: SystemConfig, ranks_per_node: int) -> list[str
     -------
     list of str
         ``system.devices_per_node=…`` and ``system.device.…=…`` in SI units (FLOP/s, B/s,
-        bytes).
+        bytes, seconds).
     """
     shared = share_cores(system, ranks_per_node)
     d = shared.device
+    launch = [] if d.launch is None else [
+        f"system.device.launch.{k}={getattr(d.launch, k)!r}"
+        for k in ("host_launch_s", "eager_op_s", "stream_gap_s", "graph_gap_s")]
     return ([f"system.devices_per_node={ranks_per_node}"]
             + [f"system.device.peak_flops.{k}={v!r}" for k, v in sorted(d.peak_flops.items())]
             + [f"system.device.memory_bandwidth_Bps={d.memory_bandwidth_Bps!r}",
-               f"system.device.memory_bytes={d.memory_bytes!r}"])
+               f"system.device.memory_bytes={d.memory_bytes!r}"] + launch)

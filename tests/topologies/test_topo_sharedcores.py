@@ -41,6 +41,20 @@ def test_overrides_make_the_same_system_through_the_config(kvm):
     assert cfg.system.device == want.device
 
 
+def test_the_hosts_time_per_kernel_runs_on_the_shared_cores_too(kvm):
+    """A framework's dispatch per op (``device.launch``) is CPU work on the same cores, so
+    it takes ranks / cores as long; a device without launch times stays without."""
+    from ddlsim.config_system import LaunchSpec
+    launch = LaunchSpec(host_launch_s=1e-6, eager_op_s=2e-6, stream_gap_s=4e-6,
+                        graph_gap_s=3e-6, source="a test")
+    got = share_cores(kvm.model_copy(update={
+        "device": kvm.device.model_copy(update={"launch": launch})}), 3).device.launch
+    assert (got.host_launch_s, got.eager_op_s, got.stream_gap_s, got.graph_gap_s) == \
+        pytest.approx((1.5e-6, 3e-6, 6e-6, 4.5e-6), rel=1e-12)
+    assert got.source == "a test"
+    assert share_cores(kvm, 3).device.launch is kvm.device.launch is None
+
+
 @pytest.mark.parametrize("ranks", [1, 0, 2.5, True])
 def test_fewer_ranks_than_cores_or_not_an_integer_is_refused(kvm, ranks):
     with pytest.raises(ConfigError, match=r"ranks per node = .*at least 2"):
