@@ -384,6 +384,13 @@ def test_ranks_sharing_cores_get_a_share_of_a_core_each_and_the_jobs_time_them_i
     assert dev["elementwise_efficiency"] == {"norm": 0.5} and dev["spare_cores"] == 0
     assert shared["intra_node"] == own["intra_node"]
     assert "5 ranks sharing 2 cores: each rate and the memory × 2/5" in dev["source"]
+    # a device with a framework's dispatch per op (the torch loop's): that takes 5/2 as long
+    own["device"]["launch"] = {"host_launch_s": 0.0, "eager_op_s": 0.0, "stream_gap_s": 2e-6,
+                               "graph_gap_s": 2e-6, "source": "torch.add in a loop"}
+    launch = shared_local_system(own, 5)["device"]["launch"]
+    assert launch == {"host_launch_s": 0.0, "eager_op_s": 0.0,
+                      "stream_gap_s": pytest.approx(5e-6), "graph_gap_s": pytest.approx(5e-6),
+                      "source": "torch.add in a loop"}
     cfg = ddlsim.load_config(SMALL.run_config(5, "ddp", shared))
     assert cfg.system.devices_per_node == 5  # a system ddlsim predicts on
     monkeypatch.setattr(loop, "cpu_cores", lambda: 2)

@@ -110,7 +110,8 @@ def _cores(n: int) -> str:
 def shared_local_system(system: dict, ranks: int) -> dict:
     """:func:`local_system` of one rank per core as ``ranks`` ranks taking turns on those
     cores: :func:`ddlsim.topologies.sharedcores.share_cores` (each rank a device of cores /
-    ranks of a core's rates and memory), the rest of the section as given.
+    ranks of a core's rates and memory, its ``launch`` times per op ranks / cores as long),
+    the rest of the section as given.
 
     Parameters
     ----------
@@ -130,8 +131,12 @@ def shared_local_system(system: dict, ranks: int) -> dict:
     d, cores = shared.device, system["devices_per_node"]
     device = {**system["device"], "peak_flops": dict(d.peak_flops),
               "memory_bandwidth_Bps": d.memory_bandwidth_Bps, "memory_bytes": d.memory_bytes}
+    if d.launch is not None:  # a framework's dispatch per op: CPU work on the shared cores
+        device["launch"] = {**system["device"]["launch"],
+                            **d.launch.model_dump(exclude={"source"})}
     device["source"] += (f"; {ranks} ranks sharing {_cores(cores)}: each rate and the "
-                         f"memory × {cores}/{ranks} (ddlsim.topologies.sharedcores)")
+                         f"memory × {cores}/{ranks}, the host's time per op × {ranks}/{cores} "
+                         "(ddlsim.topologies.sharedcores)")
     return {**system, "name": shared.name, "devices_per_node": ranks, "device": device}
 
 
