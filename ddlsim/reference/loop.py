@@ -29,7 +29,7 @@ run's wall time measures them too) and the host changes a core's speed from minu
 (a calibration taken a minute before a run was 20-34 % off it, docs/validation.md); samples
 that alternate with the iterations see the speed the iterations see.
 
-Rank counts above the node's usable cores (4 ranks on this machine's 2) are ranks taking
+Rank counts above the node's usable cores (3 or 4 ranks on 2 cores) are ranks taking
 turns on the cores, and the turns are part of the time to predict, so those runs are
 compared in **wall time**: the jobs of steps 1-2 get ``--clock wall --allow-shared-cores``
 (the collectives timed in wall time; the GEMM and element-wise samples stay CPU time, a
