@@ -90,7 +90,17 @@ def read_megatron_command(cmd, where: str, name: str | None = None) -> Draft:
     return draft
 
 
+#: launchers whose ``--nnodes`` defaults to one node: torchrun, i.e. ``python -m
+#: torch.distributed.run`` (torch/distributed/run.py: ``--nnodes`` default ``"1:1"``), and the
+#: deprecated ``torch.distributed.launch`` it wraps (``--nnodes`` default 1)
+ONE_NODE_LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
+
+
 def _launcher(draft: Draft, words: list[str]) -> None:
+    torchrun = any(w.rsplit("/", 1)[-1] in ONE_NODE_LAUNCHERS for w in words)
+    if torchrun and not any(f in ("nnodes", "num_nodes") for f, _ in _groups(words)):
+        launcher = next(w for w in words if w.rsplit("/", 1)[-1] in ONE_NODE_LAUNCHERS)
+        draft.set("system.nodes", 1, f"{launcher} without --nnodes: one node, its default")
     for flag, values in _groups(words):
         arg = f"--{flag} {' '.join(values)}".strip()
         if not flag:

@@ -45,7 +45,9 @@ def test_import_errors_name_the_argument_and_the_missing_system(tmp_path):
     r = runner.invoke(app, ["import", str(src), "--system", "dgx-h100"])
     assert r.exit_code == 2 and "--frobnicate: not a Megatron-LM flag ddlsim reads" in r.output
     assert "Traceback" not in r.output
-    src.write_text((DATA / "gpt3-175b.sh").read_text().replace("--nnodes $NUM_NODES", ""))
+    # a launcher that names no node count (here no torchrun, whose default is one node)
+    src.write_text((DATA / "gpt3-175b.sh").read_text().replace("--nnodes $NUM_NODES", "")
+                   .replace("torchrun ${DISTRIBUTED_ARGS[@]} ", ""))
     r = runner.invoke(app, ["import", str(src)])
     assert r.exit_code == 2
     assert "give --system PRESET" in r.output and "and --nodes N" in r.output

@@ -218,3 +218,26 @@ def test_an_echo_names_no_script_and_an_exit_after_the_run_keeps_it():
     cmd = read_command("python run/pretrain_gpt.py --num-layers 2\n"
                        "echo done: pretrain_gpt.py --num-layers 9\nexit $?\n", "s.sh")
     assert cmd.args == ["--num-layers", "2"]
+
+
+@pytest.mark.parametrize("launcher, word, nodes", [
+    ("torchrun --nproc_per_node 8", "torchrun", 1),            # torchrun's default --nnodes
+    ("python -m torch.distributed.run --nproc-per-node 8", "torch.distributed.run", 1),
+    ("/opt/conda/bin/torchrun --nproc_per_node 8 --nnodes 4", "", 4),
+])
+def test_a_torchrun_line_without_nnodes_is_one_node_as_torchrun_defaults(tmp_path, launcher,
+                                                                         word, nodes):
+    """torchrun's ``--nnodes`` defaults to one node (torch/distributed/run.py), so its line
+    needs no ``--nodes``; the YAML says where the field came from. A launcher whose node
+    count is elsewhere (none here) still needs ``--nodes``."""
+    script = tmp_path / "run.sh"
+    script.write_text(f"{launcher} pretrain_gpt.py {BASE}\n")
+    got = import_config([script], system="dgx-h100")
+    assert got.config["system"]["nodes"] == nodes
+    if nodes == 1:
+        notes = [n for d in got.drafts for n in d.notes]
+        assert (word + " without --nnodes: one node, its default",
+                "system.nodes: 1") in notes
+    script.write_text(f"pretrain_gpt.py {BASE}\n")
+    with pytest.raises(ConfigError, match=r"the system is not in these files: give --nodes N"):
+        import_config([script], system="dgx-h100")
