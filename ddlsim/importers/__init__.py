@@ -109,7 +109,7 @@ def import_config(paths: list[str | Path], *, kind: str | None = None,
         reader = table[kind or detect(p)]
         readers.append(reader)
         draft = reader.read(p, **{k: options[k] for k in reader.options})
-        refuse_unknown(draft, set(ignore), reader.known(), reader.what)
+        refuse_unknown(draft, set(ignore), reader.known(), reader.what, reader.name)
         drafts.append(draft)
     _check_options(options, readers, table)
     drafts.append(_system_draft(drafts, system, nodes, software))

@@ -18,10 +18,11 @@ __all__ = ["register", "import_command", "render_yaml"]
 
 
 def import_command(
-    sources: Annotated[list[Path], typer.Argument(
+    sources: Annotated[Optional[list[Path]], typer.Argument(
+        show_default=False,
         help="Megatron-LM launch script or command line (text), Megatron-MoE-ModelZoo run "
              "script (with --repo) or model YAML, DeepSpeed ds_config.json, torchtitan TOML, "
-             "Hugging Face model folder or config.json; several combine.")],
+             "Hugging Face model folder or config.json; several combine.")] = None,
     output: Annotated[str, typer.Option(
         "-o", "--output", help="The ddlsim YAML to write ('-': standard output).")] = "-",
     system: Annotated[Optional[str], typer.Option(
@@ -42,6 +43,10 @@ def import_command(
     env: Annotated[Optional[list[str]], typer.Option(
         help="NAME=value: a variable of the environment a ModelZoo launcher runs in.")] = None,
     force: Annotated[bool, typer.Option(help="Replace an existing output file.")] = False,
+    arguments: Annotated[Optional[str], typer.Option(
+        "--arguments", metavar="READER",
+        help="List the arguments a reader maps (megatron, modelzoo, deepspeed, torchtitan, "
+             "hf), one a line, instead of importing.")] = None,
 ) -> None:
     """Read users' configs (Megatron-LM arguments, DeepSpeed, torchtitan, Hugging Face) and
     write the ddlsim run config they mean; every argument is mapped, declared without effect,
@@ -49,6 +54,13 @@ def import_command(
     from ..textio import check_output, write_output
     from . import import_config
 
+    if arguments is not None:
+        _list_arguments(arguments, sources)
+        return
+    if not sources:
+        raise OptionError("give the files to import (a Megatron-LM script, a ds_config.json, a "
+                          "torchtitan TOML, a Hugging Face folder; `ddlsim import --help`), or "
+                          "--arguments READER to list what a reader maps")
     _check_not_an_input(output, sources)
     check_output(output, force, what="-o file")
     imported = import_config(list(sources), kind=kind, system=system, nodes=nodes,
@@ -56,6 +68,20 @@ def import_command(
                              overrides=tuple(overrides or ()), repo=repo,
                              env=tuple(env or ()))
     write_output(output, render_yaml(imported), force=force, what="-o file")
+
+
+def _list_arguments(reader: str, sources: list[Path] | None) -> None:
+    """``--arguments READER``: print what the reader maps, one a line."""
+    from ..errors import did_you_mean
+    from . import importers
+    if sources:
+        raise OptionError(f"--arguments lists what a reader maps and imports nothing; give it "
+                          f"without files (got {len(sources)})")
+    table = importers()
+    if reader not in table:
+        raise OptionError(f"--arguments {reader!r} is not a reader"
+                          f"{did_you_mean(reader, table)}; allowed: {', '.join(table)}")
+    typer.echo("\n".join(table[reader].known()))
 
 
 def _check_not_an_input(output: str, sources: list[Path]) -> None:

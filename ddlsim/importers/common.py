@@ -66,10 +66,13 @@ class Draft:
         self.refused.append((argument, reason))
 
 
-def refuse_unknown(draft: Draft, ignore: set[str], known: list[str], kind: str) -> None:
+def refuse_unknown(draft: Draft, ignore: set[str], known: list[str], kind: str,
+                   reader: str) -> None:
     """Raise one :class:`ConfigError` naming every refused argument of ``draft`` that
     ``ignore`` does not name (those are noted as ignored); ``known`` lists what ``kind``
-    arguments ddlsim maps, for the message. Warn once about the arguments not modelled."""
+    arguments ddlsim maps: the message counts them and names the command that lists them
+    (``ddlsim import --arguments READER``; an unknown name already has its close matches).
+    Warn once about the arguments not modelled."""
     left = []
     for argument, reason in draft.refused:
         name = argument.split()[0].split("=")[0]
@@ -81,8 +84,8 @@ def refuse_unknown(draft: Draft, ignore: set[str], known: list[str], kind: str) 
         raise ConfigError(
             f"{draft.source}: {len(left)} {kind} argument(s) ddlsim cannot map: "
             + "; ".join(left) + f". Pass --ignore NAME to import without one (it is then "
-            f"listed in the YAML as ignored). {kind} arguments ddlsim reads: "
-            + ", ".join(known))
+            f"listed in the YAML as ignored). ddlsim reads {len(known)} {kind} arguments: "
+            f"`ddlsim import --arguments {reader}` lists them")
     if draft.unmodelled:
         warnings.warn(f"{draft.source}: accepted but not modelled by ddlsim: "
                       + "; ".join(draft.unmodelled), DDLSimWarning, stacklevel=2)

@@ -51,3 +51,28 @@ def test_import_errors_name_the_argument_and_the_missing_system(tmp_path):
     r = runner.invoke(app, ["import", str(src)])
     assert r.exit_code == 2
     assert "give --system PRESET" in r.output and "and --nodes N" in r.output
+
+
+def test_arguments_lists_what_a_reader_maps_and_a_refusal_points_to_it(tmp_path):
+    """``--arguments READER`` prints the reader's arguments one a line (the refusal of an
+    unmappable argument counts them and names this command instead of listing them all);
+    a misspelt reader, files beside it, or no files at all are refused by name."""
+    from ddlsim.importers import importers
+    r = runner.invoke(app, ["import", "--arguments", "megatron"])
+    assert r.exit_code == 0
+    known = importers()["megatron"].known()
+    assert r.output.splitlines() == known and "--tensor-model-parallel-size" in known
+    src = tmp_path / "run.sh"
+    src.write_text("torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 2 --frobnicate\n")
+    r = runner.invoke(app, ["import", str(src), "--system", "dgx-h100"])
+    assert r.exit_code == 2 and "--frobnicate: not a Megatron-LM flag ddlsim reads" in r.output
+    assert (f"ddlsim reads {len(known)} Megatron-LM arguments: `ddlsim import --arguments "
+            "megatron` lists them") in " ".join(r.output.split())
+    assert "--pipeline-model-parallel-size" not in r.output  # the list is not repeated
+    for argv, message in ((["--arguments", "megatorn"], "'megatorn' is not a reader (did you "
+                                                        "mean 'megatron'?)"),
+                          (["--arguments", "hf", str(src)], "give it without files (got 1)"),
+                          ([], "give the files to import")):
+        r = runner.invoke(app, ["import", *argv])
+        assert r.exit_code == 2 and message in " ".join(r.output.split()), r.output
+        assert "Traceback" not in r.output
