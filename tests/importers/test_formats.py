@@ -47,6 +47,27 @@ def test_deepspeeds_batch_rule_derives_the_global_batch_or_refuses_a_mismatch(tm
                       overrides=("model.preset=llama-3-8b", "train.seq_length=2048"))
 
 
+def test_set_section_name_takes_a_preset_as_predicts_set_does(tmp_path):
+    """``--set model=NAME`` gives a section the sources leave out (a ds_config has no model)
+    the preset, as ``predict --set`` does; ``system.preset=NAME`` still sets one key beside
+    the launcher's nodes; a model the sources write out is not silently replaced."""
+    doc = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4}
+    cfg = import_config([_ds(tmp_path, doc)], system="dgx-h100", nodes=2,
+                        overrides=("model=llama-3-8b", "train.seq_length=2048")).config
+    assert cfg["model"] == {"preset": "llama-3-8b"}
+    assert ddlsim.load_config(cfg).model.num_hidden_layers == 32
+    script = tmp_path / "run.sh"
+    script.write_text("torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 2 "
+                      "--hidden-size 64 --num-attention-heads 4 --seq-length 128 "
+                      "--max-position-embeddings 128 --micro-batch-size 1 "
+                      "--global-batch-size 8 --bf16\n")
+    got = import_config([script], overrides=("system.preset=dgx-a100",)).config
+    assert got["system"]["preset"] == "dgx-a100" and got["system"]["nodes"] == 1
+    with pytest.raises(ConfigError, match=r"override 'model=llama-3-8b': the config's model "
+                                          r"section is written out in full"):
+        import_config([script], system="dgx-h100", overrides=("model=llama-3-8b",))
+
+
 def test_ds_config_keys_ddlsim_cannot_model_are_refused_by_name(tmp_path):
     doc = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1,
            "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
