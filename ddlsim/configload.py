@@ -126,6 +126,17 @@ def build_config(data: dict, overrides: list[str] | tuple[str, ...] = (),
     return cfg
 
 
+def _missing_section(name: str) -> str:
+    """The problem of a run config without the required section ``name``, with what would
+    fill it: a preset (``ddlsim presets``), or the train section's required keys."""
+    if name == "train":
+        keys = [k for k, f in _SECTIONS[name].model_fields.items() if f.is_required()]
+        return (f"the config has no 'train' section; it needs {', '.join(keys)} (e.g. "
+                f"train: {{{', '.join(f'{k}: …' for k in keys)}}})")
+    return (f"the config has no {name!r} section; give a preset (`{name}: NAME`, `ddlsim "
+            f"presets {name}`) or the section's keys")
+
+
 def validated_sections(data: dict, overrides: list[str] | tuple[str, ...] = (),
                        base_dir: Any = None, names: tuple[str, ...] | None = None) -> dict:
     """Each section of a run config (or those of ``names``) validated on its own, with the
@@ -141,7 +152,7 @@ def validated_sections(data: dict, overrides: list[str] | tuple[str, ...] = (),
         raise ConfigError(f"a run config must be a mapping with sections model, parallel, train, "
                           f"system; got {_kind(data)}")
     problems = _unknown_sections([k for k in data if k not in _SECTIONS])
-    problems += [f"the config has no {k!r} section" for k in _REQUIRED if k not in data]
+    problems += [_missing_section(k) for k in _REQUIRED if k not in data]
     data, overrides = preset_overrides(data, overrides, _SECTIONS)
     sections = {}
     for name in (k for k in _SECTIONS if k in data):

@@ -160,3 +160,17 @@ def test_load_config_raises_only_ddlsim_errors(changes):
 def test_load_config_of_something_else(source):
     with pytest.raises(ConfigError, match="a run config is a path to a YAML/JSON file or a mapping"):
         ddlsim.load_config(source)
+
+
+def test_a_missing_section_says_what_would_fill_it():
+    """A run config without train names its required keys; without model or system, a
+    preset and the command that lists them (all problems in one message)."""
+    with pytest.raises(ConfigError, match=r"the config has no 'train' section; it needs "
+                                          r"micro_batch_size, global_batch_size, seq_length"):
+        ddlsim.load_config({"model": "gpt2", "system": "dgx-h100"})
+    with pytest.raises(ConfigError) as got:
+        ddlsim.load_config({"train": {"micro_batch_size": 1, "global_batch_size": 8,
+                                      "seq_length": 128}})
+    text = str(got.value)
+    assert "2 problems" in text and "`ddlsim presets model`" in text
+    assert "no 'system' section; give a preset (`system: NAME`" in text
