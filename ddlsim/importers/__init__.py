@@ -155,8 +155,8 @@ def _finish(fields: dict[str, Any], overrides: tuple[str, ...],
     """Nested sections, the stack written by name when nothing overrides it, the overrides
     applied; refused when the system has no preset or nodes, or when ddlsim rejects it."""
     from ..config import apply_overrides, build_config
-    from ..configload import _SECTIONS
     from ..configpresets import preset_overrides
+    from ..presets import SECTIONS
 
     config = nested(fields)
     sw = config.get("system", {}).get("software")
@@ -165,7 +165,7 @@ def _finish(fields: dict[str, Any], overrides: tuple[str, ...],
     # --set SECTION=NAME (a preset for a section the sources leave out, as predict's --set
     # takes it) first; SECTION.key=VALUE, SECTION.preset=NAME among them, set one key each
     whole = [o for o in overrides if "." not in str(o).partition("=")[0]]
-    config, _ = preset_overrides(config, whole, _SECTIONS)
+    config, _ = preset_overrides(config, whole, SECTIONS)
     config = apply_overrides(config, [o for o in overrides if o not in whole])
     system = config.get("system", {})
     missing = [w for w, ok in (("--system PRESET (e.g. dgx-h100; `ddlsim presets system`)",

@@ -97,9 +97,8 @@ ONE_NODE_LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.la
 
 
 def _launcher(draft: Draft, words: list[str]) -> None:
-    torchrun = any(w.rsplit("/", 1)[-1] in ONE_NODE_LAUNCHERS for w in words)
-    if torchrun and not any(f in ("nnodes", "num_nodes") for f, _ in _groups(words)):
-        launcher = next(w for w in words if w.rsplit("/", 1)[-1] in ONE_NODE_LAUNCHERS)
+    launcher = next((w for w in words if w.rsplit("/", 1)[-1] in ONE_NODE_LAUNCHERS), None)
+    if launcher and not any(f in ("nnodes", "num_nodes") for f, _ in _groups(words)):
         draft.set("system.nodes", 1, f"{launcher} without --nnodes: one node, its default")
     for flag, values in _groups(words):
         arg = f"--{flag} {' '.join(values)}".strip()

@@ -71,7 +71,9 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-__all__ = ["SQUARES", "CLOCKS", "PARTS", "tensor_sizes", "phase_times", "element_rates",
+from ..calibration.comm_bench import CLOCKS  # noqa: E402  (--clock → the timer)
+
+__all__ = ["SQUARES", "PARTS", "tensor_sizes", "phase_times", "element_rates",
            "measured_s", "measured_parts", "main"]
 
 #: Square GEMMs measured beside the run's own shapes, so the saturation fit sees small and
@@ -143,10 +145,6 @@ def trace_collectives(cfgs) -> list[tuple[str, int]]:
             out |= {(op.payload.op, int(op.payload.bytes)) for op in block.flat.ops
                     if isinstance(op.payload, Collective)}
     return sorted(out)
-
-
-#: ``--clock`` → the timer of the collectives' samples (the runs' own sizes)
-CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
 
 
 def _collective_round(adapter, where, sizes, clock=time.process_time) -> list[dict]:

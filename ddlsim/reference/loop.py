@@ -53,8 +53,8 @@ from pathlib import Path
 import yaml
 
 from .gpt2 import GPTShape
-from .machine import NUMPY_STACK
-from .mpijobs import check_job, cpu_cores, memory_bytes, mpirun, run_job
+from .machine import NUMPY_STACK, cores_phrase
+from .mpijobs import allow_shared, check_job, cpu_cores, memory_bytes, mpirun, run_job
 
 __all__ = ["CalibrationRefused", "LoopModel", "REFERENCE", "SMALL", "mpirun", "run_loop",
            "summary_line", "comm_sizes", "comm_ops", "STRATEGY_NAMES", "COMM_STATISTIC",
@@ -171,7 +171,8 @@ def comm_ops(strategies: tuple[str, ...]) -> list[str]:
 def _shared(n: int) -> list[str]:
     """The jobs' options for ``n`` ranks: wall time and shared cores past the usable cores
     (module docstring), nothing otherwise (CPU time)."""
-    return ["--clock", "wall", "--allow-shared-cores"] if n > cpu_cores() else []
+    allow = allow_shared(n)
+    return ["--clock", "wall", *allow] if allow else []
 
 
 def calibrate_comm(work: Path, model: LoopModel, n: int, strategies: tuple[str, ...]) -> Path:
@@ -392,7 +393,7 @@ def _row_line(row: dict) -> str:
     errs = ", ".join(f"{k[6:]} {row[f'predicted_{k[6:]}_s'] * 1e3:.1f} ms ({row[k]:+.1%})"
                      for k in sorted(row) if k.startswith("error_"))
     clock = "CPU" if row.get("clock", "cpu") == "cpu" else \
-        f"wall, {row['ranks']} ranks on {row['cores']} core{'s' if row['cores'] != 1 else ''}"
+        f"wall, {row['ranks']} ranks on {cores_phrase(row['cores'])}"
     return (head + f"measured {row['measured_s'] * 1e3:.1f} ms ({row['statistic']}: compute "
             f"{row['measured_compute_s'] * 1e3:.1f} {clock} + exchange "
             f"{row['measured_exchange_s'] * 1e3:.1f}); predicted {errs}; predicted compute "
@@ -407,8 +408,8 @@ def summary_line(rows: list[dict]) -> str:
     errs = [abs(v) for r in ran for k, v in r.items() if k.startswith("error_")]
     refused = len(rows) - len(ran)
     shared = [r for r in ran if r["ranks"] > r.get("cores", r["ranks"])]
-    tail = (f"; {len(shared)} of them with ranks sharing {shared[0]['cores']} core"
-            f"{'s' if shared[0]['cores'] != 1 else ''} (wall time)" if shared else "")
+    tail = (f"; {len(shared)} of them with ranks sharing {cores_phrase(shared[0]['cores'])} "
+            "(wall time)" if shared else "")
     tail += f"; {refused} run(s) refused" if refused else ""
     if not errs:
         return f"closed loop: 0 runs, no error measured{tail}"

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from ..hostmemory import keep_freed_memory
 
-__all__ = ["local_system", "shared_local_system", "NUMPY_STACK", "gemm_shapes",
+__all__ = ["local_system", "shared_local_system", "cores_phrase", "NUMPY_STACK", "gemm_shapes",
            "cache_allocations"]
 
 
@@ -103,7 +103,8 @@ def local_system(ranks: int, gemm_flops_peak: float, stream_Bps: float, p2p: tup
     }
 
 
-def _cores(n: int) -> str:
+def cores_phrase(n: int) -> str:
+    """``1 core``, ``2 cores``."""
     return f"{n} core" + ("s" if n != 1 else "")
 
 
@@ -134,7 +135,7 @@ def shared_local_system(system: dict, ranks: int) -> dict:
     if d.launch is not None:  # a framework's dispatch per op: CPU work on the shared cores
         device["launch"] = {**system["device"]["launch"],
                             **d.launch.model_dump(exclude={"source"})}
-    device["source"] += (f"; {ranks} ranks sharing {_cores(cores)}: each rate and the "
+    device["source"] += (f"; {ranks} ranks sharing {cores_phrase(cores)}: each rate and the "
                          f"memory × {cores}/{ranks}, the host's time per op × {ranks}/{cores} "
                          "(ddlsim.topologies.sharedcores)")
     return {**system, "name": shared.name, "devices_per_node": ranks, "device": device}

@@ -16,7 +16,7 @@ from pathlib import Path
 #: ``size`` (Documentation/ABI/testing/sysfs-devices-system-cpu, "cache/index*")
 CACHE_ROOT = Path("/sys/devices/system/cpu/cpu0/cache")
 
-__all__ = ["mpirun", "mpi_env", "run_job", "check_job", "cpu_cores", "memory_bytes",
+__all__ = ["mpirun", "allow_shared", "mpi_env", "run_job", "check_job", "cpu_cores", "memory_bytes",
            "last_level_cache_bytes"]
 
 
@@ -29,6 +29,12 @@ def mpirun(n: int) -> list[str]:
             over = ["--oversubscribe"] if n > cpu_cores() else []
             return [str(cand), "-n", str(n), "--bind-to", "none", *over]
     raise FileNotFoundError("mpirun is not installed (pip install 'ddlsim[mpi]')")
+
+
+def allow_shared(n: int) -> list[str]:
+    """``--allow-shared-cores`` for a job of ``n`` ranks past this machine's usable cores
+    (the reference jobs and ``calibrate comm`` refuse shared cores without it), else none."""
+    return ["--allow-shared-cores"] if n > cpu_cores() else []
 
 
 def mpi_env() -> dict:

@@ -59,7 +59,7 @@ import numpy as np
 import yaml
 
 from .loop import REFERENCE, LoopModel
-from .mpijobs import check_job, cpu_cores, run_job
+from .mpijobs import allow_shared, check_job, cpu_cores, run_job
 from .torch_machine import TORCH_STACK, calibrate_gloo, gloo_sizes, torch_system, torchrun
 
 __all__ = ["TORCH_STRATEGIES", "TORCH_STACK", "PP_MICRO_BATCHES", "torch_available",
@@ -204,7 +204,7 @@ def job(work: Path, model: LoopModel, n: int, cfg_paths: list[Path],
     check_job(run_job(torchrun(n) + [
         "-m", "ddlsim.reference.torch_job", str(work), *map(str, cfg_paths), "--rounds",
         str(model.rounds), "--warmup", str(model.warmup), "--stack", str(stack), "--clock",
-        clock, *(["--allow-shared-cores"] if n > cpu_cores() else [])], 1800),
+        clock, *allow_shared(n)], 1800),
         f"the torch job on {n} ranks")
     return json.loads((work / f"torch{n}.json").read_text())
 

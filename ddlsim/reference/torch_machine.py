@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .mpijobs import check_job, cpu_cores, memory_bytes, run_job
+from .mpijobs import allow_shared, check_job, cpu_cores, memory_bytes, run_job
 
 __all__ = ["TORCH_STACK", "torchrun", "gloo_sizes", "calibrate_gloo", "torch_system"]
 
@@ -119,7 +119,7 @@ def calibrate_gloo(work: Path, n: int, cfg_paths: list[Path], clock: str = "wall
         "-m", "ddlsim.calibration", "comm", "--backend", "gloo", "--ops", ",".join(ops),
         "--min-bytes", str(lo), "--max-bytes", str(hi), "--warmup", "2", "--reps", "10",
         "--clock", clock, "--no-split", "--no-progress", "-o", str(out), "--force",
-        *(["--allow-shared-cores"] if n > cpu_cores() else [])], 900),
+        *allow_shared(n)], 900),
         f"calibrate comm --backend gloo on {n} ranks")
     return out
 
