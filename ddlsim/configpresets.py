@@ -101,15 +101,24 @@ def preset_overrides(data: dict, overrides: Any, sections: Any) -> tuple[dict, l
     data = dict(data)
     for name, (item, value) in chosen.items():
         given = data.get(name)
-        if isinstance(given, dict) and "preset" not in given and given:
+        source = _SOURCE.get(name, ("preset",))
+        if isinstance(given, dict) and given and not any(k in given for k in source):
             raise ConfigError(
                 f"override {item!r}: the config's {name} section is written out in full (no "
                 f"preset), so its keys ({', '.join(map(str, given))}) would override every "
                 f"value of the preset; write it as `{name}: {{preset: NAME, …}}` with only "
                 f"the keys to keep (e.g. nodes), or set those keys with --set")
-        kept = {k: v for k, v in given.items() if k != "preset"} if isinstance(given, dict) else {}
+        kept = ({k: v for k, v in given.items() if k not in source and k != "name"}
+                if isinstance(given, dict) else {})
         data[name] = {"preset": value, **kept}
     return data, rest
+
+
+#: The keys of a section that say where its values come from (a preset; for a model also a
+#: Hugging Face ``config.json``): a preset given by ``--set`` replaces them, and the
+#: section's ``name`` (the old source's label), and keeps the others, as a section's own
+#: preset keeps the keys beside it.
+_SOURCE = {"model": ("preset", "hf_config")}
 
 
 def hf_folder(section: dict, base_dir: Any = None) -> dict:

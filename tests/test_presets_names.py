@@ -56,6 +56,27 @@ def test_set_system_preset_on_a_system_written_in_full_is_refused():
                            overrides=["system.preset=dgx-h100", "system.preset=dgx-a100"])
 
 
+def test_set_model_preset_replaces_a_model_read_from_its_hf_config():
+    """A model section that names its Hugging Face config.json (the bundled Llama-2 70B
+    example's) is replaced by ``--set model=NAME``, keeping the keys beside the source
+    (not its name); one written out in full is still refused, name or not."""
+    from pathlib import Path
+
+    from ddlsim.configpresets import preset_overrides
+    from ddlsim.presets import SECTIONS
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "llama2-70b-64-h100.yaml"
+    cfg = ddlsim.load_config(example, ["model=llama-3-70b"])
+    assert cfg.model.vocab_size == 128256 and cfg.model.num_hidden_layers == 80
+    data = {**RUN, "model": {"hf_config": "x/config.json", "name": "mine",
+                             "max_position_embeddings": 32768}}
+    swapped, _ = preset_overrides(data, ["model=llama-3-8b"], SECTIONS)
+    assert swapped["model"] == {"preset": "llama-3-8b", "max_position_embeddings": 32768}
+    full = {**RUN, "model": {"name": "llama", "architecture": "llama", "num_hidden_layers": 2}}
+    with pytest.raises(ConfigError, match="written out in full"):
+        preset_overrides(full, ["model=llama-3-8b"], SECTIONS)
+
+
 def test_sweep_over_system_presets():
     frame = ddlsim.sweep({**RUN, "model": "llama-3-8b"},
                          {"system.preset": ["dgx-a100", "dgx-h100"]})
