@@ -248,7 +248,8 @@ def test_search_tables_explain_every_abbreviation_and_name_the_currency():
     frame = ddlsim.search(SEARCH, {"parallel.tensor_model_parallel_size": [4, 8],
                                    "parallel.pipeline_model_parallel_size": [8],
                                    "parallel.virtual_pipeline_model_parallel_size": [None, 6],
-                                   "train.recompute": ["none", "selective", "full"]},
+                                   "train.recompute": ["none", "selective", "full"],
+                                   "parallel.sequence_parallel": [False, True]},
                           objective="cost", price_per_gpu_hour=2.0, currency="EUR", top=0)
     text = report.legend(frame, exact=True, front=True)
     for words in ("PP8×6 8 stages of 6 virtual stages", "b micro-batch size", "Z ZeRO stage",

@@ -209,3 +209,34 @@ def test_a_null_axis_value_beside_text_stays_the_default_not_the_text_nan():
     column = frame["parallel.moe.flex_dispatcher_backend"].tolist()
     assert sorted(column, key=str) == [None, "hybridep"]
     assert frame["exact_error"].abs().max() < 1e-9
+
+
+def test_context_axes_are_short_in_labels_and_no_figure_is_cut_at_a_narrow_width():
+    """A context-parallel axis reads as ``CP2`` and a stack axis by the stack's name, the
+    legend names them and leaves out what no label shows (virtual stages, SP); at a width
+    the plans do not fit in, the plan folds onto more lines and every time stays whole."""
+    import os
+
+    from rich.console import Console
+
+    from ddlsim.formatting import format_time
+    from ddlsim.search.report import _context_columns, legend, plan_label, ranked_table
+
+    config = {"model": "gpt3-1.3b",
+              "train": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 2048},
+              "system": {"preset": "dgx-a100", "nodes": 1}}
+    axes = {"parallel.context_parallel_size": [1, 2],
+            "system.software": ["megatron-core-2024", "torchtitan-2025"],
+            "parallel.zero_stage": [0, 3]}
+    frame = search(config, axes=axes, top=0)
+    labels = [plan_label(r, _context_columns(frame)) for r in frame.to_dict(orient="records")]
+    assert any(" CP2 " in label for label in labels)
+    assert all(label.endswith(("megatron-core-2024", "torchtitan-2025")) for label in labels)
+    text = legend(frame, exact=False, front=True)
+    assert "CP context-parallel size" in text and "software stack" in text
+    assert "virtual stages" not in text and "SP sequence" not in text
+    console = Console(width=50, record=True, file=open(os.devnull, "w"), color_system=None)
+    console.print(ranked_table(frame, 3, width=50))
+    shown = console.export_text()
+    for t in frame["iteration_time_s"].head(3):
+        assert format_time(t) in shown

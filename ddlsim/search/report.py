@@ -37,7 +37,24 @@ def plan_label(row: dict, extra: Sequence[str] = (), short: bool = True,
         parts.append(RECOMPUTE_SHORT.get(rec, rec) if short else rec)
     if "schedule" not in hide and not (v and v > 1):   # PP×v already says interleaved
         parts.append(row["parallel.schedule"])
-    return " ".join(parts) + "".join(f" {p.rpartition('.')[2]}={row[p]}" for p in extra)
+    return " ".join([*parts, *(_extra_part(p, row[p], short) for p in extra)])
+
+
+#: Context axes a short label writes as a parallel size (``CP8``), as ``TP``/``PP``/``DP``
+#: are written; :func:`legend` names them.
+EXTRA_SIZES = {"parallel.context_parallel_size": ("CP", "context-parallel size"),
+               "parallel.expert_model_parallel_size": ("EP", "expert-parallel size"),
+               "parallel.expert_tensor_parallel_size": ("ETP", "expert tensor-parallel size")}
+
+
+def _extra_part(path: str, value: Any, short: bool) -> str:
+    """A context axis's value in a plan label: a parallel size of :data:`EXTRA_SIZES` as
+    ``CP8`` and a software stack by its name alone (``short``), else ``key=value``."""
+    if short and path in EXTRA_SIZES:
+        return f"{EXTRA_SIZES[path][0]}{value}"
+    if short and path == "system.software" and isinstance(value, str):
+        return value
+    return f"{path.rpartition('.')[2]}={value}"
 
 
 def hidden_parts(frame) -> frozenset[str]:
@@ -71,14 +88,21 @@ def legend(frame, exact: bool, front: bool) -> str:
     sizes = "/".join(n for n, k in (("TP", "tp"), ("PP", "pp"), ("DP", "")) if k not in hide)
     words = ", ".join(w for w, k in (("tensor-", "tp"), ("pipeline-", "pp"), ("data-", ""))
                       if k not in hide)
+    no_virtual = (not len(frame) or "pp" in hide
+                  or frame["parallel.virtual_pipeline_model_parallel_size"].fillna(1).max() <= 1)
     parts = [f"{sizes} {words}parallel size"
-             + ("" if "pp" in hide else "; PP8×6 8 stages of 6 virtual stages each "
+             + ("" if no_virtual else "; PP8×6 8 stages of 6 virtual stages each "
                 "(interleaved schedule)") + "; b micro-batch size"
              + ("" if "zero" in hide else "; Z ZeRO stage")
-             + ("" if "sp" in hide else "; SP sequence parallelism")
+             + ("" if "sp" in hide or not frame["parallel.sequence_parallel"].any()
+                else "; SP sequence parallelism")
              + ("" if "recompute" in hide else "; none/sel/full recomputation")
              + ("" if "schedule" in hide else "; 1f1b/gpipe the schedule of a plan without "
                 "virtual stages")]
+    parts += [f"{short} {words}" for path, (short, words) in EXTRA_SIZES.items()
+              if path in _context_columns(frame)]
+    if "system.software" in _context_columns(frame):
+        parts.append("the software stack by name")
     if frame.attrs.get("objective") == "cost":
         cur = frame.attrs.get("currency", "USD")
         price = frame.attrs.get("price_per_gpu_hour")
@@ -125,9 +149,10 @@ def _rows(frame, exact: bool, front: bool) -> tuple[list[str], list[list[str]]]:
 
 
 def _table(frame, title: str, exact: bool, front: bool = True, width: int | None = None):
-    """A narrow table (no outer box, one space between columns, cells never wrap); when the
+    """A narrow table (no outer box, one space between columns, cells on one line); when the
     columns need more than ``width`` characters, MFU and then memory are left out (the legend
-    says so) rather than cut."""
+    says so) rather than cut, and then the plan folds onto more lines, so that no figure is
+    cut."""
     from rich import box
     from rich.markup import escape
     from rich.table import Table
@@ -145,9 +170,11 @@ def _table(frame, title: str, exact: bool, front: bool = True, width: int | None
         if dropped else "")
     t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
               show_edge=False, padding=(0, 1, 0, 0), caption=caption, caption_justify="left")
+    fold = width is not None and _width(names, rows, keep) > width
     for i in keep:
-        t.add_column(escape(names[i]), justify="left" if names[i] == "plan" else "right",
-                     no_wrap=True)
+        plan = names[i] == "plan"
+        t.add_column(escape(names[i]), justify="left" if plan else "right",
+                     no_wrap=not (plan and fold), overflow="fold" if plan and fold else "ellipsis")
     for cells in rows:
         t.add_row(*(escape(cells[i]) for i in keep))
     return t
