@@ -18,15 +18,22 @@ __all__ = ["register", "presets_command"]
 def presets_command(
     section: Annotated[Optional[str], typer.Argument(
         help="model, parallel, train, system or software")] = None,
+    name: Annotated[Optional[str], typer.Argument(
+        help="one preset or stack of the section: all its values, with their sources")] = None,
 ) -> None:
     """List the presets a config section may name, with their sources, and the software
-    stacks ``system.software`` may name."""
+    stacks ``system.software`` may name; with a NAME, print that one in full (YAML, as a
+    config would write it)."""
     from .cli import check_choice
     from .clioutput import out
     from .presets import SECTIONS, list_presets
 
     if section is not None:
         check_choice("section", section, (*SECTIONS, "software"))
+    if name is not None:
+        out.print(_preset_yaml(section, name), end="", markup=False, highlight=False,
+                  soft_wrap=True)
+        return
     from .cliutil import print_records
 
     if section in (None, "software"):
@@ -42,6 +49,34 @@ def presets_command(
         rows = [[name, *([family[name]] if sec == "model" else []), _summary(sec, name, v),
                  str(v.get("source", ""))] for name, v in entries.items()]
         print_records(out, f"{sec} presets", columns, rows)
+
+
+def _preset_yaml(section: str, name: str) -> str:
+    """The preset ``name`` of ``section`` as YAML, in the order of its file: a model as its
+    family reads it (a bundled ``config.json`` read into its fields, its summary line first),
+    a software stack with its fields (each a value and its source) and its rules."""
+    import yaml
+
+    head = ""
+    if section == "software":
+        from .errors import did_you_mean
+        from .software import _stack_table
+        table = _stack_table()
+        require(name in table, f"unknown software stack {name!r}"
+                               f"{did_you_mean(name, list(table))}; allowed: "
+                               f"{', '.join(table)}")
+        entry = table[name]
+    elif section == "model":
+        from .configload import resolve_section
+        from .configpresets import preset_alias
+        name = preset_alias(section, name)
+        entry = resolve_section("model", name)
+        head = f"# {name}: {_summary(section, name, entry)}\n"
+    else:
+        from .presets import get_preset
+        entry = get_preset(section, name)
+    return head + yaml.safe_dump({name: entry}, sort_keys=False, allow_unicode=True,
+                                 width=100)
 
 
 def _software_rows() -> tuple[list[str], list[list[str]]]:

@@ -202,9 +202,45 @@ def repeated_option(command: Any, args: list[str]) -> str | None:
     return None
 
 
+def _click_exceptions() -> Any:
+    """click's exception classes as typer raises them: typer 0.2x vendors click as
+    ``typer._click``; earlier releases use click itself."""
+    try:
+        from typer._click import exceptions
+    except ImportError:
+        from click import exceptions
+    return exceptions
+
+
 class OnceGroup(TyperGroup):
     """A command group that refuses an option taking one value given twice (click would keep
-    the last one silently): ``error: -o/--output is given twice; give it once``, exit 2."""
+    the last one silently): ``error: -o/--output is given twice; give it once``, exit 2; and
+    answers a command line click cannot parse (an unknown option or command, a missing or
+    extra argument, a value of the wrong type) with one ``error:`` paragraph and exit 2, as
+    every other refused input, instead of click's usage box."""
+
+    def main(self, args: Any = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True,
+             **extra: Any) -> Any:
+        click = _click_exceptions()
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, False, **extra)
+        except click.UsageError as exc:
+            where = exc.ctx.command_path if exc.ctx is not None else "ddlsim"
+            message = exc.format_message().rstrip(".")
+            _stderr().print(f"[bold red]error:[/] {escape(where)}: "
+                            f"{escape(message[:1].lower() + message[1:])} (`{escape(where)} "
+                            "-h` lists what it takes)")
+            sys.exit(EXIT_ERROR)
+        except click.ClickException as exc:   # a file click could not open, …
+            _stderr().print(f"[bold red]error:[/] {escape(exc.format_message())}")
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            _stderr().print("[bold red]error:[/] aborted")
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
 
     def resolve_command(self, ctx: Any, args: list[str]) -> Any:
         name, command, rest = super().resolve_command(ctx, args)

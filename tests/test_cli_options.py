@@ -170,3 +170,33 @@ def test_every_command_answers_unreadable_input_with_exit_2(tmp_path, command, c
 ])
 def test_options_that_would_be_ignored_or_negative_are_refused(args, message):
     _refused(args, message)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["predict", "--bogus", GPT3], "ddlsim predict: no such option: --bogus (`ddlsim predict -h`"),
+    (["predikt"], "no such command 'predikt'. Did you mean 'predict'?"),
+    (["predict"], "ddlsim predict: missing argument 'config'"),
+    (["predict", GPT3, "--links", "abc"], "invalid value for '--links'"),
+    (["calibrate", "fit"], "ddlsim calibrate fit: missing argument"),
+    (["presets", "system", "dgx-a100", "extra"], "got unexpected extra argument"),
+])
+def test_a_command_line_click_cannot_parse_is_one_paragraph(args, message):
+    """Not click's usage box: one ``error:`` line naming the command, exit 2."""
+    r = runner.invoke(app, args, prog_name="ddlsim")
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith("error: ") and message in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "╭" not in r.output
+
+
+def test_presets_with_a_name_print_that_preset_in_full_as_yaml():
+    import yaml
+
+    system = yaml.safe_load(runner.invoke(app, ["presets", "system", "dgx-a100"]).stdout)
+    assert system["dgx-a100"]["device"]["name"] == "A100-SXM4-80GB"
+    r = runner.invoke(app, ["presets", "model", "meta-llama/Meta-Llama-3-70B"])
+    assert r.stdout.startswith("# meta-llama-3-70b: 80 layers")
+    assert yaml.safe_load(r.stdout)["meta-llama-3-70b"]["num_key_value_heads"] == 8
+    stack = yaml.safe_load(runner.invoke(app, ["presets", "software", "torchtitan-2025"]).stdout)
+    assert stack["torchtitan-2025"]["kernels"]["attention"]["source"]
+    _refused(["presets", "software", "megatron"], "unknown software stack 'megatron'")
+    _refused(["presets", "system", "dgx-b200"], "system preset 'dgx-b200' does not exist")
