@@ -116,3 +116,19 @@ def test_a_ds_config_given_as_a_run_config_is_told_once():
     text = str(exc.value)
     assert text.count("ddlsim import ds_config.json") == 1
     assert "'train_batch_size', 'zero_optimization', 'bf16': they are DeepSpeed" in text
+
+
+@pytest.mark.parametrize("override, path", [
+    ("parallel.tp=4", "parallel.tensor_model_parallel_size"),
+    ("parallel.ep=8", "parallel.expert_model_parallel_size"),
+    ("train.gbs=64", "train.global_batch_size"),
+    ("train.precision=bf16", "train.dtype"),
+    ("system.gpus_per_node=4", "system.devices_per_node"),
+])
+def test_short_names_users_type_point_at_the_field(override, path):
+    """``gpus_per_node`` was answered "did you mean 'nics_per_node'?"."""
+    with pytest.raises(ConfigError) as exc:
+        ddlsim.load_config({**RUN, "model": "llama-3-8b"}, overrides=[override])
+    key = override.split("=")[0].rsplit(".", 1)[1]
+    assert f"'{key}' is written {path}" in str(exc.value)
+    assert "did you mean" not in str(exc.value)

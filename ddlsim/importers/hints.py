@@ -21,6 +21,19 @@ _SPECIAL = {
         "(Megatron's distributed optimizer shards optimizer states)",
 }
 
+#: Short names users type for a field (``--set parallel.tp=4``), and the field they mean.
+_SHORTHAND = {
+    "tp": "parallel.tensor_model_parallel_size", "pp": "parallel.pipeline_model_parallel_size",
+    "dp": "parallel.data_parallel_size", "cp": "parallel.context_parallel_size",
+    "ep": "parallel.expert_model_parallel_size", "etp": "parallel.expert_tensor_parallel_size",
+    "vpp": "parallel.virtual_pipeline_model_parallel_size", "sp": "parallel.sequence_parallel",
+    "zero": "parallel.zero_stage", "mbs": "train.micro_batch_size",
+    "gbs": "train.global_batch_size", "seq_len": "train.seq_length",
+    "sequence_length": "train.seq_length", "precision": "train.dtype",
+    "gpus_per_node": "system.devices_per_node", "num_gpus_per_node": "system.devices_per_node",
+    "num_nics": "system.nics_per_node", "nics": "system.nics_per_node",
+}
+
 
 @cache
 def _table() -> dict[str, str]:
@@ -39,6 +52,8 @@ def _table() -> dict[str, str]:
             out[flag.replace("-", "_")] = (f"Megatron-LM's --{flag} sets ddlsim's "
                                            f"{' or '.join(paths)}")
     out.update(_SPECIAL)
+    for short, path in _SHORTHAND.items():
+        out.setdefault(short, f"{short!r} is written {path}")
     for key in TOP:
         out.setdefault(key, f"{key!r} is a DeepSpeed ds_config key: convert the file with "
                             "`ddlsim import ds_config.json` (docs/import.md)")
