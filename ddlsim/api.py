@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -178,14 +179,17 @@ def memory_alternatives(cfg: RunConfig, mem: MemoryBreakdown | None = None,
 
 
 def predict(config: RunConfig | dict | str | Path, engine: Engine = "analytical", *,
-            calibration=None, backend: str | None = None, check_fit: bool = True,
-            record_spans: bool = False, limits: Limits | None = None,
+            overrides: Sequence[str] = (), calibration=None, backend: str | None = None,
+            check_fit: bool = True, record_spans: bool = False, limits: Limits | None = None,
             **engine_options) -> Result:
     """Predict one training iteration of ``config``.
 
     Parameters
     ----------
     config : a :class:`RunConfig`, a mapping, or a path to a YAML/JSON run config.
+    overrides : ``path=value`` items applied to a mapping or file, as the CLI's ``--set``
+        (``["parallel.zero_stage=1", "system=dgx-h100"]``); a :class:`RunConfig` is already
+        validated: change it with ``model_copy`` instead.
     engine : ``"analytical"`` (closed forms, milliseconds) or ``"des"`` (flow-level discrete
         events with link sharing).
     calibration : a :class:`ddlsim.calibration.CalibrationProfile` (or a path to one) whose
@@ -207,7 +211,11 @@ def predict(config: RunConfig | dict | str | Path, engine: Engine = "analytical"
         With ``config`` (the resolved config), ``settings`` (engine, calibration, options),
         ``parameter_count`` and ``fits`` filled.
     """
-    cfg = config if isinstance(config, RunConfig) else load_config(config)
+    if isinstance(config, RunConfig) and overrides:
+        raise ConfigError("overrides apply to a run config given as a mapping or a file; a "
+                          "RunConfig is already validated: give its source, or change it "
+                          "with model_copy")
+    cfg = config if isinstance(config, RunConfig) else load_config(config, list(overrides))
     check_work(cfg, engine, limits)
     if backend is not None and calibration is None:
         raise ConfigError(f"backend = {backend!r} needs a calibration profile (--calibration): "

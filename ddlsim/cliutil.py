@@ -222,22 +222,26 @@ class OnceGroup(TyperGroup):
     def main(self, args: Any = None, prog_name: str | None = None,
              complete_var: str | None = None, standalone_mode: bool = True,
              **extra: Any) -> Any:
-        click = _click_exceptions()
+        errors = _click_exceptions()
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, False, **extra)
         try:
             code = super().main(args, prog_name, complete_var, False, **extra)
-        except click.UsageError as exc:
+        except getattr(errors, "NoArgsIsHelpError", ()) as exc:   # a group called bare
+            if exc.format_message():   # typer prints its help itself and leaves this empty
+                _stderr().print(escape(exc.format_message()))
+            sys.exit(exc.exit_code)
+        except errors.UsageError as exc:
             where = exc.ctx.command_path if exc.ctx is not None else "ddlsim"
             message = exc.format_message().rstrip(".")
             _stderr().print(f"[bold red]error:[/] {escape(where)}: "
                             f"{escape(message[:1].lower() + message[1:])} (`{escape(where)} "
                             "-h` lists what it takes)")
             sys.exit(EXIT_ERROR)
-        except click.ClickException as exc:   # a file click could not open, …
+        except errors.ClickException as exc:   # a file click could not open, …
             _stderr().print(f"[bold red]error:[/] {escape(exc.format_message())}")
             sys.exit(exc.exit_code)
-        except click.Abort:
+        except typer.Abort:
             _stderr().print("[bold red]error:[/] aborted")
             sys.exit(1)
         sys.exit(code if isinstance(code, int) else 0)

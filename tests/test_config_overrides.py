@@ -34,3 +34,18 @@ def test_overrides_read_the_same_values():
                                 "virtual_pipeline_model_parallel_size": None,
                                 "schedule": "1f1b"},
                    "train": {"micro_batch_size": 8, "recompute": "selective"}}
+
+
+def test_predict_takes_overrides_as_the_cli_set_does():
+    """``ddlsim.predict(path, overrides=[...])`` (was refused as "a DES option"): the same
+    prediction as the config loaded with them; a validated RunConfig with overrides is
+    refused, naming what to do."""
+    import ddlsim
+
+    path = "examples/gpt3-175b-1024-a100.yaml"
+    sets = ["system=dgx-h100", "parallel.zero_stage=1"]
+    got = ddlsim.predict(path, overrides=sets)
+    assert got.iteration_time_s == ddlsim.predict(ddlsim.load_config(path, sets)).iteration_time_s
+    assert got.config["system"]["device"]["name"].startswith("H100")
+    with pytest.raises(ddlsim.ConfigError, match="RunConfig is already validated"):
+        ddlsim.predict(ddlsim.load_config(path), overrides=sets)
