@@ -174,8 +174,9 @@ def _labels(inputs: Sequence[Path], labels: Sequence[str] | None) -> list[str]:
                                             f"{len(inputs)} inputs; give one label per input")
         require(len(set(labels)) == len(labels), "--label values must differ from each other")
         return list(labels)
-    stems = [p.stem for p in inputs]
-    names = [p.stem if stems.count(p.stem) == 1 else str(p) for p in inputs]
+    # a stem names its file unless another file has it too (one file twice: ``#2`` below)
+    files = {p.stem: {str(q) for q in inputs if q.stem == p.stem} for p in inputs}
+    names = [p.stem if len(files[p.stem]) == 1 else str(p) for p in inputs]
     names = _strip_common_prefix(names)
     return [n if names[:i].count(n) == 0 else f"{n} #{names[:i].count(n) + 1}"
             for i, n in enumerate(names)]
@@ -183,10 +184,11 @@ def _labels(inputs: Sequence[Path], labels: Sequence[str] | None) -> list[str]:
 
 def _strip_common_prefix(names: list[str]) -> list[str]:
     """``wiki-gpt2-9ranks-ddp``, ``wiki-gpt2-9ranks-reduce_scatter`` → ``ddp``,
-    ``reduce_scatter``: the shared prefix up to its last ``-`` or ``/`` is dropped."""
+    ``reduce_scatter``: the shared prefix up to its last ``-`` or ``/`` is dropped; names all
+    alike (one config compared with itself) are kept whole."""
     import os
 
-    if len(names) < 2:
+    if len(set(names)) < 2:
         return names
     prefix = os.path.commonprefix(names)
     cut = max(prefix.rfind(c) for c in "-/") + 1

@@ -159,3 +159,16 @@ def test_float_residues_are_shown_as_zero_in_the_table():
     assert "pipeline bubble" in console.export_text()
     raw = {m["metric"]: m["values"] for m in comparison_payload(runs)["metrics"]}
     assert raw["bubble_s"]["a"] == tiny
+
+
+def test_one_config_twice_keeps_its_name_and_two_files_of_one_name_their_paths(tmp_path):
+    """The same file twice (a what-if with --set on both) is ``name`` and ``name #2``, not
+    the shared prefix cut to ``a100``; two files of one name keep their paths."""
+    from pathlib import Path
+
+    from ddlsim.compare import _labels
+
+    same = Path("examples/gpt3-175b-1024-a100.yaml")
+    assert _labels([same, same], None) == ["gpt3-175b-1024-a100", "gpt3-175b-1024-a100 #2"]
+    other = tmp_path / same.name
+    assert _labels([same, other], None) == [str(same), str(other)]
