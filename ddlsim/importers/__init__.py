@@ -230,4 +230,19 @@ def _accumulation(config: dict[str, Any], draft: Draft) -> None:
     elif mbs is None or gbs != mbs * gas * dp:
         raise ConfigError(f"{draft.source}: train_batch_size {gbs} is not "
                           f"train_micro_batch_size_per_gpu {mbs} × {arg} × DP {dp}, as "
-                          "DeepSpeed requires")
+                          f"DeepSpeed requires{_nodes_for(gbs, mbs, gas, tp * pp * cp, per_node)}")
+
+
+def _nodes_for(gbs: Any, mbs: Any, gas: int, model_parallel: int, per_node: int) -> str:
+    """``"; it holds at DP 256: 256 GPUs, --nodes 32 at 8 a node"``: the cluster on which
+    ``gbs`` is ``mbs × gas × DP`` (a ds_config states its batch, not its GPUs), or ``""``
+    where no whole number of nodes gives it."""
+    if not (isinstance(gbs, int) and isinstance(mbs, int) and mbs > 0 and per_node > 0
+            and gbs % (mbs * gas) == 0):
+        return ""
+    dp = gbs // (mbs * gas)
+    ranks = dp * model_parallel
+    if ranks % per_node:
+        return ""
+    return (f"; it holds at DP {dp}: {ranks} GPUs, --nodes {ranks // per_node} at "
+            f"{per_node} a node")

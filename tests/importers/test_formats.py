@@ -42,7 +42,12 @@ def test_deepspeeds_batch_rule_derives_the_global_batch_or_refuses_a_mismatch(tm
     assert cfg["train"]["global_batch_size"] == 2 * 4 * 16
     doc["train_batch_size"] = 100
     with pytest.raises(ConfigError, match="is not train_micro_batch_size_per_gpu 2 × "
-                                          "gradient_accumulation_steps: 4 × DP 16"):
+                                          "gradient_accumulation_steps: 4 × DP 16") as exc:
+        import_config([_ds(tmp_path, doc)], system="dgx-h100", nodes=2,
+                      overrides=("model.preset=llama-3-8b", "train.seq_length=2048"))
+    assert "holds at" not in str(exc.value)   # 100 is no whole DP of 2 × 4
+    doc["train_batch_size"] = 512   # 2 × 4 × DP 64: the nodes that give it are named
+    with pytest.raises(ConfigError, match="it holds at DP 64: 64 GPUs, --nodes 8 at 8 a node"):
         import_config([_ds(tmp_path, doc)], system="dgx-h100", nodes=2,
                       overrides=("model.preset=llama-3-8b", "train.seq_length=2048"))
 
