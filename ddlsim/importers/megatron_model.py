@@ -208,7 +208,10 @@ def _fp8(draft: Draft, model: dict) -> None:
 
 
 def _dropout(draft: Draft, model: dict, arch: str) -> None:
-    """The gpt family counts dropout's kernels and masks; the llama family has none."""
+    """The gpt family counts dropout's kernels and masks; the llama family has none (a
+    Llama-style script that leaves Megatron's default 0.1 is told, once, what recipes set)."""
+    hint = ("; Megatron's Llama recipes set --attention-dropout 0.0 --hidden-dropout 0.0: "
+            "add them if this run does too")
     for flag in ("attention-dropout", "hidden-dropout"):
         value = _one_value(draft, model, flag, DROPOUT_DEFAULT)
         try:
@@ -220,9 +223,11 @@ def _dropout(draft: Draft, model: dict, arch: str) -> None:
         if on == (arch == "gpt"):
             draft.note(arg, f"as the {arch} family models it")
         else:
+            unset = "" if flag in model or arch != "llama" else hint
+            hint = hint if not unset else ""
             draft.refuse(arg, f"the {arch} family models "
                               f"{'dropout on' if arch == 'gpt' else 'no dropout'}; this run "
-                              f"has {'it' if on else 'none'} (not modelled yet)")
+                              f"has {'it' if on else 'none'} (not modelled yet){unset}")
 
 
 def _virtual_stages(draft: Draft, model: dict) -> None:

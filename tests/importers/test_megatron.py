@@ -160,9 +160,11 @@ def test_llama_style_flags_give_the_llama_family_with_megatrons_defaults(tmp_pat
 def test_a_half_llama_half_gpt_model_and_default_dropout_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="this mix is neither"):
         _imported(tmp_path, BASE, "--normalization RMSNorm")
-    with pytest.raises(ConfigError, match=r"--attention-dropout 0.1 \(Megatron's default\)"):
+    with pytest.raises(ConfigError, match=r"--attention-dropout 0.1 \(Megatron's default\)") as exc:
         _imported(tmp_path, BASE, "--normalization RMSNorm --position-embedding-type rope "
                   "--swiglu --vocab-size 32000")
+    # the recipes' flags named once, not once per refused default
+    assert str(exc.value).count("Megatron's Llama recipes set --attention-dropout 0.0") == 1
 
 
 def test_the_launcher_gives_the_nodes_and_nodes_replaces_it(tmp_path):
