@@ -28,3 +28,17 @@ def test_package_names_resolve_on_first_use():
     out = _python("import sys, ddlsim; a = 'pydantic' in sys.modules; ddlsim.load_config; "
                   "print(a, 'pydantic' in sys.modules, ddlsim.results_frame.__module__)")
     assert out.split() == ["False", "True", "ddlsim.simulator.result"]
+
+
+def test_python_dash_m_ddlsim_is_the_command():
+    """Where pip put the script off the PATH (``pip install --user``), ``python -m ddlsim``
+    runs the same command, its errors one paragraph too."""
+    import subprocess
+    import sys
+
+    ok = subprocess.run([sys.executable, "-m", "ddlsim", "--version"], capture_output=True,
+                        text=True)
+    assert ok.returncode == 0 and ok.stdout.startswith("ddlsim ")
+    bad = subprocess.run([sys.executable, "-m", "ddlsim", "predikt"], capture_output=True,
+                         text=True)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: ")
