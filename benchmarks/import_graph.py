@@ -72,7 +72,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
              "ddlsim.searchcli",
              "ddlsim.topologies.cli", "ddlsim.calibration.cli", "ddlsim.importers.cli",
              "ddlsim.traces.cli",
-             "ddlsim.calibration.__main__")),
+             "ddlsim.calibration.__main__", "ddlsim.__main__")),
     ("package", ("ddlsim",)),
 )
 
