@@ -171,7 +171,10 @@ def stage_pieces(ctx, plans, coll_at, backend: str = "mpi",
     for k, (instrs, _, _) in enumerate(distinct):
         alike.setdefault(structure(instrs), []).append(k)
     for members in alike.values():
-        durations = [[ins.dur if c is None else ins.dur * seconds[key(k, c)]
+        # a collective's factor is mostly 1: its seconds as they are (the same floats; no
+        # array is changed in place below)
+        durations = [[ins.dur if c is None else seconds[key(k, c)] if ins.dur == 1.0
+                      else ins.dur * seconds[key(k, c)]
                       for ins, c in zip(distinct[k][0], distinct[k][1])] for k in members]
         ends = stream_ends_together(distinct[members[0]][0], durations,
                                     [len(shared[k]) for k in members])
@@ -267,10 +270,12 @@ def _built_pieces(ctx, plans, groups: list[np.ndarray]) -> tuple[list, list[floa
 def _time_kernels(pieces: list, dev, memo: dict) -> None:
     """Put in ``memo`` (:func:`~ddlsim.simulator.kernels.op_time`'s, keyed ``(kernel,
     None)``) the seconds of every kernel of the compute ops :func:`lower_ops` will time in
-    ``pieces`` (their op lists as it times them, :func:`lean_ops`), each distinct kernel once
+    ``pieces`` (their op lists as it times them, :func:`lean_ops`), each kernel object once
     and all in one :func:`~ddlsim.simulator.kernels.device.kernel_times` call: the seconds
-    it would have timed them with, one by one."""
-    wanted: dict = {}
+    it would have timed them with, one by one. Equal kernels that are other objects are
+    timed again, to the same seconds: cheaper than finding them by value (a key hashes its
+    kernel's fields afresh, and each kernel's key is hashed once more, to be set)."""
+    kernels: list = []
     seen: set[int] = set()   # kernel tuples and kernels met before (most are shared objects)
     for block in pieces:
         for op in block:
@@ -281,12 +286,10 @@ def _time_kernels(pieces: list, dev, memo: dict) -> None:
                 for k in p.kernels:
                     if id(k) not in seen:
                         seen.add(id(k))
-                        wanted.setdefault((k, None), k)
-    # each key hashed once more, to be set (a key hashes its kernel's fields afresh)
-    todo = [(key, k) for key, k in wanted.items() if key not in memo] if memo else \
-        list(wanted.items())
-    for (key, _), t in zip(todo, kernel_times([k for _, k in todo], dev)):
-        memo[key] = t
+                        kernels.append(k)
+    if memo:
+        kernels = [k for k in kernels if (k, None) not in memo]
+    memo.update(zip([(k, None) for k in kernels], kernel_times(kernels, dev)))
 
 
 def _group_fields(plans, groups: list[np.ndarray]) -> list[tuple]:
