@@ -32,6 +32,9 @@ from .config_parallel import (  # noqa: F401  (re-exported)
     DPStrategy, ParallelConfig, TensorParallelSpec)
 from .registered import algorithms, collective_ops, registered
 from .registered import recompute_modules as recompute_module_names
+from .config_system import progress_stall
+from .software import resolve_software
+from .workloads.registry import check_plan_fields, get_family, validate_model
 
 __all__ = [
     "ModelConfig", "ModelBase", "validate_model", "ParallelConfig", "TrainConfig",
@@ -47,13 +50,11 @@ __all__ = [
 #: re-export for the callers' convenience, not a dependency of the config.
 _reexported = lazy_exports(__name__, {
     **dict.fromkeys(("apply_overrides", "build_config", "format_validation_error",
-                     "load_config", "read_document", "resolve_section"), "ddlsim.configload"),
-    "validate_model": "ddlsim.workloads.registry"})
+                     "load_config", "read_document", "resolve_section"), "ddlsim.configload")})
 
 
 def __getattr__(name: str) -> Any:
     if name == "ModelConfig":  # the GPT family's schema, under its historical name
-        from .workloads.registry import get_family
         return get_family("gpt").schema
     if name == "COLLECTIVE_OPS":
         return collective_ops()
@@ -174,8 +175,6 @@ class RunConfig(_Strict):
         return _by_identity(_SOFTWARE, (self.system, self.parallel), self._resolve_software)
 
     def _resolve_software(self) -> Any:
-        from .config_system import progress_stall
-        from .software import resolve_software
         return resolve_software(self.system.software, self.parallel,
                                 progress_stall(self.system.collectives))
 
@@ -186,13 +185,11 @@ class RunConfig(_Strict):
     @property
     def family(self) -> Any:
         """The :class:`~ddlsim.workloads.registry.WorkloadFamily` of ``model.architecture``."""
-        from .workloads.registry import get_family
         return get_family(self.model.architecture)
 
     @field_validator("model", mode="before")
     @classmethod
     def _dispatch(cls, value: Any) -> Any:
-        from .workloads.registry import validate_model
         try:
             return validate_model(value)
         except ConfigError as exc:  # pydantic reports ValueErrors only
@@ -200,7 +197,6 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "RunConfig":
-        from .workloads.registry import check_plan_fields
         self._plan_from_model()
         check_plan_fields(self, self.family)  # a plan field the family never reads is an error
         self.family.check(self)  # the rules that involve the model (heads, layers, positions)
