@@ -34,6 +34,7 @@ from .registered import algorithms, collective_ops, registered
 from .registered import recompute_modules as recompute_module_names
 from .config_system import progress_stall
 from .software import resolve_software
+from .stackrules import check_stack_rules
 from .workloads.registry import check_plan_fields, get_family, validate_model
 
 __all__ = [
@@ -207,7 +208,6 @@ class RunConfig(_Strict):
         if t.dtype not in s.device.peak_flops:
             raise ValueError(f"train.dtype = {t.dtype!r} has no peak FLOP/s on device "
                              f"'{s.device.name}'; it lists {', '.join(s.device.peak_flops)}")
-        from .stackrules import check_stack_rules
         check_stack_rules(self)  # what the software stack cannot run (system.software.what_if)
         return self
 
