@@ -34,8 +34,6 @@ from .registered import algorithms, collective_ops, registered
 from .registered import recompute_modules as recompute_module_names
 from .config_system import progress_stall
 from .software import resolve_software
-from .stackrules import check_stack_rules
-from .workloads.registry import check_plan_fields, get_family, validate_model
 
 __all__ = [
     "ModelConfig", "ModelBase", "validate_model", "ParallelConfig", "TrainConfig",
@@ -51,11 +49,13 @@ __all__ = [
 #: re-export for the callers' convenience, not a dependency of the config.
 _reexported = lazy_exports(__name__, {
     **dict.fromkeys(("apply_overrides", "build_config", "format_validation_error",
-                     "load_config", "read_document", "resolve_section"), "ddlsim.configload")})
+                     "load_config", "read_document", "resolve_section"), "ddlsim.configload"),
+    "validate_model": "ddlsim.workloads.registry"})
 
 
 def __getattr__(name: str) -> Any:
     if name == "ModelConfig":  # the GPT family's schema, under its historical name
+        from .workloads.registry import get_family
         return get_family("gpt").schema
     if name == "COLLECTIVE_OPS":
         return collective_ops()
@@ -186,11 +186,13 @@ class RunConfig(_Strict):
     @property
     def family(self) -> Any:
         """The :class:`~ddlsim.workloads.registry.WorkloadFamily` of ``model.architecture``."""
+        from .workloads.registry import get_family
         return get_family(self.model.architecture)
 
     @field_validator("model", mode="before")
     @classmethod
     def _dispatch(cls, value: Any) -> Any:
+        from .workloads.registry import validate_model
         try:
             return validate_model(value)
         except ConfigError as exc:  # pydantic reports ValueErrors only
@@ -198,6 +200,7 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "RunConfig":
+        from .workloads.registry import check_plan_fields
         self._plan_from_model()
         check_plan_fields(self, self.family)  # a plan field the family never reads is an error
         self.family.check(self)  # the rules that involve the model (heads, layers, positions)
@@ -208,6 +211,7 @@ class RunConfig(_Strict):
         if t.dtype not in s.device.peak_flops:
             raise ValueError(f"train.dtype = {t.dtype!r} has no peak FLOP/s on device "
                              f"'{s.device.name}'; it lists {', '.join(s.device.peak_flops)}")
+        from .stackrules import check_stack_rules
         check_stack_rules(self)  # what the software stack cannot run (system.software.what_if)
         return self
 
