@@ -13,6 +13,7 @@ Everything inside is SI: seconds, bytes, bytes/s, FLOP/s. Strings with units
 
 from __future__ import annotations
 
+import importlib
 from functools import lru_cache
 from typing import Any, Literal
 
@@ -32,6 +33,8 @@ from .config_parallel import (  # noqa: F401  (re-exported)
     DPStrategy, ParallelConfig, TensorParallelSpec)
 from .registered import algorithms, collective_ops, registered
 from .registered import recompute_modules as recompute_module_names
+from .config_system import progress_stall
+from .software import resolve_software
 
 __all__ = [
     "ModelConfig", "ModelBase", "validate_model", "ParallelConfig", "TrainConfig",
@@ -53,8 +56,7 @@ _reexported = lazy_exports(__name__, {
 
 def __getattr__(name: str) -> Any:
     if name == "ModelConfig":  # the GPT family's schema, under its historical name
-        from .workloads.registry import get_family
-        return get_family("gpt").schema
+        return _workloads("registry").get_family("gpt").schema
     if name == "COLLECTIVE_OPS":
         return collective_ops()
     if name == "ALGORITHMS":
@@ -100,6 +102,15 @@ class TrainConfig(_Strict):
 
 
 # ------------------------------------------------------------------------------------------ run
+@lru_cache(maxsize=None)
+def _workloads(module: str) -> Any:
+    """The module ``ddlsim.workloads.<module>`` (``registry``, ``schedules``), imported on
+    first use (the config imports no workload at module level), then found by one cached
+    call rather than an import statement each time: a validation looks the registry up five
+    times, and a cold search grid validates ~50 configs and resolves ~80 plans."""
+    return importlib.import_module(f"{__package__}.workloads.{module}")
+
+
 #: :attr:`RunConfig.software`'s and :attr:`RunConfig.mesh`'s caches (:func:`_by_identity`)
 _SOFTWARE: dict[tuple[int, ...], tuple] = {}
 _MESHES: dict[tuple[int, ...], tuple] = {}
@@ -174,8 +185,6 @@ class RunConfig(_Strict):
         return _by_identity(_SOFTWARE, (self.system, self.parallel), self._resolve_software)
 
     def _resolve_software(self) -> Any:
-        from .config_system import progress_stall
-        from .software import resolve_software
         return resolve_software(self.system.software, self.parallel,
                                 progress_stall(self.system.collectives))
 
@@ -186,23 +195,21 @@ class RunConfig(_Strict):
     @property
     def family(self) -> Any:
         """The :class:`~ddlsim.workloads.registry.WorkloadFamily` of ``model.architecture``."""
-        from .workloads.registry import get_family
-        return get_family(self.model.architecture)
+        return _workloads("registry").get_family(self.model.architecture)
 
     @field_validator("model", mode="before")
     @classmethod
     def _dispatch(cls, value: Any) -> Any:
-        from .workloads.registry import validate_model
         try:
-            return validate_model(value)
+            return _workloads("registry").validate_model(value)
         except ConfigError as exc:  # pydantic reports ValueErrors only
             raise ValueError(str(exc)) from None
 
     @model_validator(mode="after")
     def _check(self) -> "RunConfig":
-        from .workloads.registry import check_plan_fields
         self._plan_from_model()
-        check_plan_fields(self, self.family)  # a plan field the family never reads is an error
+        # a plan field the family never reads is an error
+        _workloads("registry").check_plan_fields(self, self.family)
         self.family.check(self)  # the rules that involve the model (heads, layers, positions)
         self._derive_dp()
         self._check_ranks()
@@ -291,10 +298,10 @@ class RunConfig(_Strict):
         """Micro-batches per group of the interleaved schedule: the plan's
         ``microbatch_group_size_per_vp_stage``, else the stack's rule
         (:func:`~ddlsim.workloads.schedules.microbatch_group`)."""
-        from .workloads.schedules import microbatch_group
         p = self.parallel
-        return microbatch_group(self.software.interleaved_groups, p.pp, self.num_microbatches,
-                                p.microbatch_group_size_per_vp_stage)
+        return _workloads("schedules").microbatch_group(
+            self.software.interleaved_groups, p.pp, self.num_microbatches,
+            p.microbatch_group_size_per_vp_stage)
 
     @property
     def other_microbatch_group(self) -> int | None:

@@ -171,7 +171,10 @@ def stage_pieces(ctx, plans, coll_at, backend: str = "mpi",
     for k, (instrs, _, _) in enumerate(distinct):
         alike.setdefault(structure(instrs), []).append(k)
     for members in alike.values():
-        durations = [[ins.dur if c is None else ins.dur * seconds[key(k, c)]
+        # a collective's factor is mostly 1: its seconds as they are (the same floats; no
+        # array is changed in place below)
+        durations = [[ins.dur if c is None else seconds[key(k, c)] if ins.dur == 1.0
+                      else ins.dur * seconds[key(k, c)]
                       for ins, c in zip(distinct[k][0], distinct[k][1])] for k in members]
         ends = stream_ends_together(distinct[members[0]][0], durations,
                                     [len(shared[k]) for k in members])
@@ -199,8 +202,9 @@ def _lay(out: dict, ends: np.ndarray, users: list, plans: np.ndarray,
 
 def _built_pieces(ctx, plans, groups: list[np.ndarray]) -> tuple[list, list[float]]:
     """``(distinct, p2p_bytes)``: each distinct lowered piece as ``(instrs, collectives,
-    [(piece, signature), ...])`` (:func:`lower_ops` once per distinct op list: signatures
-    share many pieces, the embedding and the head do not depend on recomputation, …), and
+    [(piece, signature), ...])`` (:func:`lower_ops` once per distinct op list of the
+    :data:`_RECURRING` pieces, once per key of the others: signatures share many pieces, the
+    embedding and the head do not depend on recomputation, …), and
     each signature's (bytes sent to the next stage, GEMM FLOPs of a layer's forward and
     backward, the embedding and the head's forward)."""
     kernels: dict = {}
@@ -244,7 +248,8 @@ def _built_pieces(ctx, plans, groups: list[np.ndarray]) -> tuple[list, list[floa
             entry = built.get(keys[name])
             if entry is None:   # not built for a signature that shares the fields it reads
                 ops = tuple(make(sb))
-                entry = lowered.setdefault(ops, [])   # the op list hashed once
+                # the op list hashed once, where lists recur under other keys
+                entry = lowered.setdefault(ops if name in _RECURRING else keys[name], [])
                 if not entry:   # lowered once per op list (below); kept for its FLOPs
                     entry += [lean_ops(ops), None, [], ops, None]
                 built[keys[name]] = entry
@@ -265,10 +270,12 @@ def _built_pieces(ctx, plans, groups: list[np.ndarray]) -> tuple[list, list[floa
 def _time_kernels(pieces: list, dev, memo: dict) -> None:
     """Put in ``memo`` (:func:`~ddlsim.simulator.kernels.op_time`'s, keyed ``(kernel,
     None)``) the seconds of every kernel of the compute ops :func:`lower_ops` will time in
-    ``pieces`` (their op lists as it times them, :func:`lean_ops`), each distinct kernel once
+    ``pieces`` (their op lists as it times them, :func:`lean_ops`), each kernel object once
     and all in one :func:`~ddlsim.simulator.kernels.device.kernel_times` call: the seconds
-    it would have timed them with, one by one."""
-    wanted: dict = {}
+    it would have timed them with, one by one. Equal kernels that are other objects are
+    timed again, to the same seconds: cheaper than finding them by value (a key hashes its
+    kernel's fields afresh, and each kernel's key is hashed once more, to be set)."""
+    kernels: list = []
     seen: set[int] = set()   # kernel tuples and kernels met before (most are shared objects)
     for block in pieces:
         for op in block:
@@ -279,12 +286,10 @@ def _time_kernels(pieces: list, dev, memo: dict) -> None:
                 for k in p.kernels:
                     if id(k) not in seen:
                         seen.add(id(k))
-                        wanted.setdefault((k, None), k)
-    # each key hashed once more, to be set (a key hashes its kernel's fields afresh)
-    todo = [(key, k) for key, k in wanted.items() if key not in memo] if memo else \
-        list(wanted.items())
-    for (key, _), t in zip(todo, kernel_times([k for _, k in todo], dev)):
-        memo[key] = t
+                        kernels.append(k)
+    if memo:
+        kernels = [k for k in kernels if (k, None) not in memo]
+    memo.update(zip([(k, None) for k in kernels], kernel_times(kernels, dev)))
 
 
 def _group_fields(plans, groups: list[np.ndarray]) -> list[tuple]:
@@ -324,6 +329,15 @@ def _wanted(one: bool, many: bool, zero: int) -> set[str]:
         wanted -= {"load_l", "emb_b"}
     return wanted
 
+
+#: The pieces whose op lists recur under distinct keys (their keys keep fields the builder
+#: need not read for them: the embedding's list is one at TP 2, 4 and 8, the gather's is
+#: empty wherever nothing is gathered), so a list is found by value, hashing it (the bundled
+#: GPT-3 grid: 136 builds, 46 distinct lists). A layer's and the head's lists are found by
+#: their keys alone: on the benchmark's grids no two keys of theirs give one list, and
+#: hashing their long lists cost more than lowering a rare duplicate again would (a cold
+#: bundled grid 473.5 → 469.0 M instructions; the same seconds either way).
+_RECURRING = frozenset({"emb", "emb1", "load_l", "emb_b", "emb_b1", "gather"})
 
 #: The pieces whose GEMM FLOPs :class:`Pieces` carries (``fwd_gemm``, ``bwd_gemm``,
 #: ``emb_gemm``, ``head_gemm``, in this order): only those are counted.

@@ -118,12 +118,14 @@ def _nccl_forms(op: str, name: str, distinct: list[GroupNet], spread: np.ndarray
     for proto in sorted(protos, key=PROTOCOLS.index):
         columns = []   # per distinct network: 4 parts, estimate, fill (one array at the end)
         corrected = False
+        timed = False   # some network's latency is not infinite (else the form is dropped)
         for net in distinct:
             env = net.nccl
             runs = env is not None and (env.protocol in ("auto", proto))
             form = nccl_form(op, algo, proto, net, env) if runs and net.p > 1 else None
             if net.p <= 1:
                 columns.append((0.0, 0.0, math.inf, math.inf, math.inf, *no_fill))
+                timed = True
             elif form is None:
                 columns.append((math.inf, math.inf, math.inf, 1.0, 1.0, *no_fill))
             else:
@@ -131,9 +133,10 @@ def _nccl_forms(op: str, name: str, distinct: list[GroupNet], spread: np.ndarray
                                 *form.fill_us, form.fill_slope, form.channel_bytes,
                                 form.channels))
                 corrected = form.corrected
-        parts = np.array(columns, dtype=float).reshape(len(distinct), 5 + len(no_fill)).T.copy()
-        if np.all(np.isinf(parts[0])):
+                timed = timed or not math.isinf(form[0])
+        if not timed:   # NCCL runs it on none of them (NVLS without NVSwitch's SHARP, …)
             continue
+        parts = np.array(columns, dtype=float).reshape(len(distinct), 5 + len(no_fill)).T.copy()
         order = (NCCL_ORDER.index(algo), PROTOCOLS.index(proto))
         out.append((order, proto if corrected else None, *parts[:, spread]))
     return out

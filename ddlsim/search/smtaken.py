@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from ..simulator.kernels.contention import extra_seconds as extra, gemm_seconds, \
+    nccl_ring_ctas
 from ..workloads.decoder.layerkernels import compute_dtype
 
 __all__ = ["nccl_ctas", "sm_taken", "extra_seconds"]
@@ -32,7 +34,6 @@ def nccl_ctas(cfg: Any, net: Any, mesh_index: np.ndarray) -> np.ndarray:
     numpy.ndarray
         SMs per plan.
     """
-    from ..simulator.kernels.contention import nccl_ring_ctas
     if net.backend != "nccl":
         return np.zeros(len(mesh_index))
     per_mesh = np.array([nccl_ring_ctas(cfg.system, n["dp"]) for n in net.nets], dtype=float)
@@ -78,7 +79,6 @@ def extra_seconds(ctx: Any, flops, C, ctas) -> np.ndarray:
     numpy.ndarray
         Seconds per plan.
     """
-    from ..simulator.kernels.contention import extra_seconds as extra, gemm_seconds
     dev = ctx.dev
     shape = np.shape(ctas)
     C = np.broadcast_to(np.asarray(C, dtype=float), shape)

@@ -190,9 +190,10 @@ class DeviceMesh:
         """Number of ranks: ``tp · cp · dp · pp`` (ep is carved out, not multiplied in)."""
         return self._dense.world
 
-    @property
+    @cached_property
     def sizes(self) -> Mapping[str, int]:
-        """Every axis size, dense and expert: ``tp cp ep dp pp etp edp``."""
+        """Every axis size, dense and expert: ``tp cp ep dp pp etp edp``; made once per mesh
+        (a frozen one), read by every :meth:`size` (a search grid's plan resolutions)."""
         out = dict(zip(self.order, self.shape))
         out["etp"] = self.expert_tensor
         out["edp"] = self.world_size // (out["pp"] * out["ep"] * self.expert_tensor)

@@ -223,6 +223,9 @@ def get_family(architecture: Any) -> WorkloadFamily:
         Naming the value, the closest registered name and every registered one.
     """
     if isinstance(architecture, str):
+        family = _FAMILIES.get(architecture)
+        if family is not None:   # registered already (a config validated asks ~3 times)
+            return family
         for arch, family in iter_families():
             if arch == architecture:
                 return family

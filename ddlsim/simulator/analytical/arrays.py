@@ -94,7 +94,7 @@ def lean_ops(ops: tuple) -> tuple:
     no op is a :class:`~ddlsim.workloads.trace.Loop`, without making a block, whose lean
     form would then be the block itself, a reference cycle only the garbage collector frees
     (a search grid lowers a few hundred op lists)."""
-    if not any(type(op.payload) is Loop for op in ops):
+    if Loop not in {type(op.payload) for op in ops}:   # (a set: no generator per op list)
         return ops
     return Block("piece", "forward", ops).lean.ops
 

@@ -14,7 +14,14 @@ from __future__ import annotations
 from typing import Any
 
 from ..registry import WorkloadFamily, read_presets, register_workload
+from .fsdp import check_fsdp
+from .moeplan_checks import check_moe_plan
+from .overlap import check_overlap
+from .param_gather import check_fp8
+from .partition import partitioners
+from .proxy import check_proxy_plan
 from .schema import GPTModel, LlamaModel
+from .split import chunk_layers
 
 __all__ = ["DecoderFamily", "GPTFamily", "LlamaFamily", "GPTModel", "LlamaModel"]
 
@@ -43,7 +50,6 @@ class DecoderFamily(WorkloadFamily):
         if m.ffn_size % tp:
             raise ValueError(f"model.intermediate_size = {m.ffn_size} is not divisible by "
                              f"parallel.tensor_model_parallel_size = {tp}")
-        from .split import chunk_layers
         chunk_layers(cfg)   # Megatron-Core's (un)even pipeline split, each rule checked
         if m.max_position_embeddings is not None and t.seq_length > m.max_position_embeddings:
             raise ValueError(f"train.seq_length = {t.seq_length} exceeds "
@@ -52,13 +58,9 @@ class DecoderFamily(WorkloadFamily):
             raise ValueError(f"sequence_parallel needs train.seq_length = {t.seq_length} divisible "
                              f"by tensor_model_parallel_size = {tp}")
         _check_experts(cfg)
-        from .fsdp import check_fsdp
         check_fsdp(cfg)
-        from .overlap import check_overlap
         check_overlap(cfg)
-        from .param_gather import check_fp8
         check_fp8(cfg)
-        from .proxy import check_proxy_plan
         check_proxy_plan(cfg)
         _check_collective_buffers(cfg, "decoder")
 
@@ -234,7 +236,6 @@ def _grid_label(spec: Any) -> str:
 def _check_partition(cfg: Any) -> None:
     """What the tensor-parallel schemes and context parallelism model (docs/tensor_parallel.md):
     dense layers, DDP with ZeRO 0-2, and the grid's and the ring's divisibility."""
-    from .partition import partitioners
 
     m, p, t = cfg.model, cfg.parallel, cfg.train
     mode, cp = p.tp_mode, p.cp
@@ -272,7 +273,6 @@ def _check_experts(cfg: Any) -> None:
     ``decoder_sparse_step`` layers."""
     m, p = cfg.model, cfg.parallel
     E, ep = m.num_local_experts, p.ep
-    from .moeplan_checks import check_moe_plan
     if not E:
         if ep > 1:
             raise ValueError(f"parallel.expert_model_parallel_size = {ep} needs a "
@@ -285,7 +285,6 @@ def _check_experts(cfg: Any) -> None:
                          f"model.num_local_experts = {E}: each expert-parallel rank holds "
                          f"E/EP whole experts; use a divisor of {E}")
     check_moe_plan(cfg)
-    from .split import chunk_layers
     odd = sorted({n for row in chunk_layers(cfg) for n in row if n % m.decoder_sparse_step})
     if odd:
         raise ValueError(f"model.decoder_sparse_step = {m.decoder_sparse_step} does not divide "

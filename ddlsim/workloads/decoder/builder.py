@@ -21,6 +21,7 @@ from ..trace import Collective, Compute, Op
 from . import tp_overlap
 from .chunks import ChunkOps, as_ops
 from .dpsync import GradSyncOps
+from .early_stop import trimmed_recompute
 from .edges import EdgeOps
 from .host_sync import HostSyncOps
 from .layerkernels import layer_kernels, recompute_op
@@ -29,6 +30,7 @@ from .moe_update import MoEUpdateOps
 from .mtp import MTPOps
 from .param_gather import fp8_param_step_delta_bytes
 from .plan import DecoderPlan, resolve_plan
+from .sac import every_second_mm_op, forward_host, mixed_backward
 from .split import mtp_depths
 from .update import UpdateOps
 
@@ -122,7 +124,6 @@ class StageBuilder(MTPOps, GradSyncOps, MoEOps, MoEUpdateOps, HostSyncOps, EdgeO
         these layers, from 0) says which are checkpointed (:func:`.sac.checkpointed_layers`);
         the others' backward is the plan's without recomputation."""
         if backward and self.plan.recompute_every_n_layers > 1:
-            from .sac import mixed_backward
             return mixed_backward(self, repeat, first)
         if n_moe is None:
             n_moe = repeat // self.period if self.shape.is_moe else 0
@@ -181,7 +182,6 @@ class StageBuilder(MTPOps, GradSyncOps, MoEOps, MoEUpdateOps, HostSyncOps, EdgeO
                     kernels=k["ew"]),
         ]
         if tag == "fwd":            # torch's SAC policy on the host, per ATen op (.sac)
-            from .sac import forward_host
             ops = forward_host(ops, self.sw, self.plan.recompute)
         return ops
 
@@ -231,7 +231,6 @@ class StageBuilder(MTPOps, GradSyncOps, MoEOps, MoEUpdateOps, HostSyncOps, EdgeO
         recompute = self.plan.recompute
         ops: list[Compute | Collective] = []
         if recompute == "full":   # as far as the stack's checkpoint runs it (.early_stop)
-            from .early_stop import trimmed_recompute
             ops += trimmed_recompute(self, self.layer_forward("recompute", False))
         elif recompute == "selective":   # the attention core (Korthikanti et al. 2022 §5)
             ops.append(self._recompute_core(g, False))
@@ -282,7 +281,6 @@ class StageBuilder(MTPOps, GradSyncOps, MoEOps, MoEUpdateOps, HostSyncOps, EdgeO
         """The stack's selective recomputation (:func:`.layerkernels.recompute_op`: the
         attention core), or its op-level policy (:mod:`.sac`)."""
         if self.sw.selective_recompute == "every_second_mm" and not moe:
-            from .sac import every_second_mm_op
             return every_second_mm_op(self.shape, self.kernels, self.b, self.s, self.tp,
                                       self.dtype, self.plan.train_dtype, self.sw, self.sp)
         return recompute_op(self.shape, self.kernels, g["attn_core"] / self.tp, self.b, self.s,

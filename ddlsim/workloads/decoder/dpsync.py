@@ -154,6 +154,9 @@ def grad_bucket_bytes(cfg, dp, grad_dtype_bytes, stage=0, chunk=0):
     if not cfg.software.overlap_grad_reduce or stage > 0 or chunk > 0:
         return math.inf
     floor, per_rank = MEGATRON_BUCKET
+    if isinstance(dp, (int, float)) and isinstance(grad_dtype_bytes, (int, float)):
+        # one plan (the builder's, 3 a plan): the same float numpy gives, without numpy
+        return max(float(floor), per_rank * float(dp)) * grad_dtype_bytes
     return np.maximum(floor, per_rank * np.asarray(dp, dtype=float)) * grad_dtype_bytes
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ...simulator.kernels.step_passes import stack_cross_entropy
 from ..trace import Collective, Compute, Op
+from .batch_input import batch_input_ops, carries_mask
 from .layerkernels import final_norm_op, logits_kernels, loss_op
 from .embedding_grad import embedding_backward_op
 from .fsdp import reduces_every_microbatch
@@ -42,7 +43,6 @@ class EdgeOps(StageBase):
         ``role`` (``one``, ``first``, ``last``: :func:`.batch_input.batch_input_ops`), where
         the stack's batch carries the dataset's attention mask; else none. As ops when the
         plan's partitioner gives ops (its deps then follow them)."""
-        from .batch_input import batch_input_ops, carries_mask
         if not carries_mask(self.sw):
             return []
         items = batch_input_ops(role, self.b, self.s, self.tp,

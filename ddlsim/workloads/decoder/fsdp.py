@@ -49,6 +49,8 @@ from ...errors import ConfigError
 from ..smcontention import beside
 from ..trace import Block, Collective, Compute, Loop, Op, P2P, Wait
 from . import fsdp_float8, param_gather
+from .hsdp import check_hsdp
+from .megatron_fsdp import check as check_megatron_fsdp
 
 __all__ = ["one_layer", "layer_units", "fsdp_unit", "kept_in_backward", "per_iteration",
            "at_one_rank", "reduces_every_microbatch", "check_fsdp",
@@ -194,10 +196,8 @@ def _cast_ops(b: Any, layers: float):
 def check_fsdp(cfg: Any) -> None:
     """What FSDP within pipeline stages models (ValueError, one paragraph)."""
     p, sw = cfg.parallel, cfg.software
-    from .hsdp import check_hsdp
     check_hsdp(cfg)
     fsdp_float8.check(cfg)
-    from .megatron_fsdp import check as check_megatron_fsdp
     check_megatron_fsdp(cfg)
     if p.zero_stage != 3 or p.pp == 1:
         return

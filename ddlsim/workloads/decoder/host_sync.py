@@ -52,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from ...simulator.kernels.host import stream_times
 from ..trace import Compute, Op
 from .moe_host import SYNC_WAKE_S, host_op
 from .stage import StageBase
@@ -159,7 +160,6 @@ def site_seconds(stack: str, launch: Any, launch_spec: Any, site: str) -> float:
     ``wakes · SYNC_WAKE_S`` and its issue by the host rule; 0 where the stack has no such
     wait or the device no host model (``launch_spec`` None). Parameters as
     :func:`host_sync_times`."""
-    from ...simulator.kernels.host import stream_times
     sync = stack_host_syncs(stack).get(site)
     if launch_spec is None or sync is None:
         return 0.0

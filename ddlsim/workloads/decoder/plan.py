@@ -20,6 +20,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from ...config import DTYPE_BYTES
+from ..payloads import _quick_init
 from . import combined, param_gather, tp_overlap
 from .dpsync import grad_bucket_bytes
 from .hsdp import shard_group
@@ -32,6 +33,7 @@ from .split import chunk_layers
 __all__ = ["DecoderPlan", "resolve_plan"]
 
 
+@_quick_init
 @dataclass(frozen=True, eq=False)
 class DecoderPlan:
     """One decoder run as the stage builder needs it, every field resolved.
