@@ -59,13 +59,8 @@ def _preset_yaml(section: str, name: str) -> str:
 
     head = ""
     if section == "software":
-        from .errors import did_you_mean
-        from .software import _stack_table
-        table = _stack_table()
-        require(name in table, f"unknown software stack {name!r}"
-                               f"{did_you_mean(name, list(table))}; allowed: "
-                               f"{', '.join(table)}")
-        entry = table[name]
+        from .software import stack_entry
+        entry = stack_entry(name)
     elif section == "model":
         from .configload import resolve_section
         from .configpresets import preset_alias

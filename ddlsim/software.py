@@ -43,7 +43,7 @@ from .software_fields import GemmLibrary, KernelSpec, OverlapSpec, TPCommOverlap
 from .software_zero3 import (ALTERNATIVE_ZERO3, ZERO3_FIELDS, check_gather_options,  # noqa: F401
                              check_implementation, check_zero3_fields)
 
-__all__ = ["KernelSpec", "OverlapSpec", "SoftwareSpec", "Software", "stacks",
+__all__ = ["KernelSpec", "OverlapSpec", "SoftwareSpec", "Software", "stacks", "stack_entry",
            "resolve_software", "check_zero3_fields", "grad_dtype_bytes", "DEFAULT_STACK",
            "GemmLibrary", "TPCommOverlap"]
 
@@ -146,6 +146,16 @@ def _stack_table() -> dict[str, dict]:
 def stacks() -> list[str]:
     """The named stacks, in file order."""
     return list(_stack_table())
+
+
+def stack_entry(name: str) -> dict:
+    """The stack ``name`` as ``data/software.yaml`` writes it: its fields, each a value and
+    its source, and its rules; an unknown name is refused with the known ones."""
+    table = _stack_table()
+    if name not in table:
+        raise ConfigError(f"unknown software stack {name!r}{did_you_mean(name, list(table))}; "
+                          f"allowed: {', '.join(table)}")
+    return table[name]
 
 
 def _stack_defaults(name: str) -> tuple[dict, dict, dict]:

@@ -99,9 +99,10 @@ def legend(frame, exact: bool, front: bool) -> str:
              + ("" if "recompute" in hide else "; none/sel/full recomputation")
              + ("" if "schedule" in hide else "; 1f1b/gpipe the schedule of a plan without "
                 "virtual stages")]
+    extra = _context_columns(frame)
     parts += [f"{short} {words}" for path, (short, words) in EXTRA_SIZES.items()
-              if path in _context_columns(frame)]
-    if "system.software" in _context_columns(frame):
+              if path in extra]
+    if "system.software" in extra:
         parts.append("the software stack by name")
     if frame.attrs.get("objective") == "cost":
         cur = frame.attrs.get("currency", "USD")
