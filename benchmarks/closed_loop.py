@@ -28,8 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-o", "--output", type=Path, default=Path("closed-loop"))
     ap.add_argument("--ranks", default=None,
                     help="comma list of rank counts (default 1,2,3,4: past the usable cores "
-                         "the ranks share them, compared in wall time; with --torch --clock "
-                         "cpu the default stops at the usable cores)")
+                         "the ranks share them, compared in wall time, and a count that is "
+                         "not a multiple of the cores is refused; with --torch --clock cpu "
+                         "the default stops at the usable cores)")
     ap.add_argument("--strategies", default=",".join(STRATEGY_NAMES))
     ap.add_argument("--small", action="store_true", help="the CI test's smaller model")
     ap.add_argument("--statistic", choices=("median", "min"), default="min",

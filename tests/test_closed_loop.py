@@ -375,24 +375,24 @@ def test_ranks_sharing_cores_get_a_share_of_a_core_each_and_the_jobs_time_them_i
     from ddlsim.reference import loop
     from ddlsim.reference.machine import local_system, shared_local_system
     own = local_system(2, 90e9, 20e9, (2e-6, 5e9), 16e9, "now", {"norm": 0.5}, 2)
-    shared = shared_local_system(own, 5)
-    assert shared["devices_per_node"] == 5 and shared["name"] == "this-machine-x5"
+    shared = shared_local_system(own, 6)
+    assert shared["devices_per_node"] == 6 and shared["name"] == "this-machine-x6"
     dev = shared["device"]
-    assert dev["peak_flops"] == {"fp32": pytest.approx(36e9)}
-    assert dev["memory_bandwidth_Bps"] == pytest.approx(8e9)
-    assert dev["memory_bytes"] == pytest.approx(6.4e9)
+    assert dev["peak_flops"] == {"fp32": pytest.approx(30e9)}
+    assert dev["memory_bandwidth_Bps"] == pytest.approx(20e9 / 3)
+    assert dev["memory_bytes"] == pytest.approx(16e9 / 3)
     assert dev["elementwise_efficiency"] == {"norm": 0.5} and dev["spare_cores"] == 0
     assert shared["intra_node"] == own["intra_node"]
-    assert "5 ranks sharing 2 cores: each rate and the memory × 2/5" in dev["source"]
-    # a device with a framework's dispatch per op (the torch loop's): that takes 5/2 as long
+    assert "6 ranks sharing 2 cores: each rate and the memory × 2/6" in dev["source"]
+    # a device with a framework's dispatch per op (the torch loop's): that takes 6/2 as long
     own["device"]["launch"] = {"host_launch_s": 0.0, "eager_op_s": 0.0, "stream_gap_s": 2e-6,
                                "graph_gap_s": 2e-6, "source": "torch.add in a loop"}
-    launch = shared_local_system(own, 5)["device"]["launch"]
+    launch = shared_local_system(own, 6)["device"]["launch"]
     assert launch == {"host_launch_s": 0.0, "eager_op_s": 0.0,
-                      "stream_gap_s": pytest.approx(5e-6), "graph_gap_s": pytest.approx(5e-6),
+                      "stream_gap_s": pytest.approx(6e-6), "graph_gap_s": pytest.approx(6e-6),
                       "source": "torch.add in a loop"}
-    cfg = ddlsim.load_config(SMALL.run_config(5, "ddp", shared))
-    assert cfg.system.devices_per_node == 5  # a system ddlsim predicts on
+    cfg = ddlsim.load_config(SMALL.run_config(6, "ddp", shared))
+    assert cfg.system.devices_per_node == 6  # a system ddlsim predicts on
     monkeypatch.setattr(loop, "cpu_cores", lambda: 2)
     assert loop._shared(2) == [] and loop._shared(1) == []
     assert loop._shared(3) == ["--clock", "wall", "--allow-shared-cores"]
@@ -488,3 +488,19 @@ def test_the_scripts_ranks_default_to_one_to_four_and_in_cpu_time_stop_at_the_co
                  ["--torch", "--clock", "cpu", "--ranks", "1,3"]):
         assert script.main([*argv, "-o", str(tmp_path)]) == 0
     assert got == [(1, 2, 3, 4), (1, 2), (1, 3)]
+
+
+def test_an_uneven_count_past_the_cores_is_refused_without_a_job(tmp_path, monkeypatch):
+    """3 ranks on 2 cores: each update a refused row with the reason (the cores' run queues
+    uneven, sharedcores.uneven_refusal), counted as refused in the summary; no MPI job runs
+    for it (loop_ranks, which would start one, is not called)."""
+    from ddlsim.reference import loop, mpijobs
+    monkeypatch.setattr(mpijobs, "cpu_cores", lambda: 2)
+    monkeypatch.setattr(loop, "loop_ranks", lambda *a, **k: pytest.fail("a job was run"))
+    lines = []
+    rows = run_loop(tmp_path, SMALL, ranks=(3,), statistic="min", log=lines.append)
+    assert [(r["strategy"], r["ranks"]) for r in rows] == [(s, 3) for s in STRATEGY_NAMES]
+    assert all("allowed: a multiple of 2 ranks" in r["refused"] for r in rows)
+    assert sum("refused: ranks per node = 3" in ln for ln in lines) == 4
+    assert summary_line(rows) == "closed loop: 0 runs, no error measured; 4 run(s) refused"
+    assert json.loads((tmp_path / "closed_loop.json").read_text()) == rows

@@ -147,6 +147,22 @@ def _cache(root, index: int, level: int, kind: str, size: str) -> None:
         (d / name).write_text(text)
 
 
+def test_an_uneven_count_past_the_cores_is_refused_without_a_job(tmp_path, monkeypatch):
+    """As in the numpy loop: 3 ranks on 2 cores, each torch run a refused row with the
+    reason, before any job (torch itself not needed to refuse)."""
+    from ddlsim.reference import mpijobs, torch_loop
+    monkeypatch.setattr(mpijobs, "cpu_cores", lambda: 2)
+    monkeypatch.setattr(torch_loop, "cpu_cores", lambda: 2)
+    monkeypatch.setattr(torch_loop, "torch_available", lambda: True)
+    monkeypatch.setattr(torch_loop, "loop_ranks", lambda *a, **k: pytest.fail("a job ran"))
+    lines = []
+    rows = run_torch_loop(tmp_path, SMALL, ranks=(3,), log=lines.append)
+    assert [r["ranks"] for r in rows] == [3] * len(rows) and rows
+    assert all("allowed: a multiple of 2 ranks" in r["refused"] for r in rows)
+    assert len(lines) == 1 + len(rows) and "refused: ranks per node = 3" in lines[-1]
+    assert summary_line(rows).startswith("closed loop: 0 runs, no error measured; ")
+
+
 def test_last_level_cache_is_the_highest_data_level(tmp_path):
     """sysfs as this machine lists it (``lscpu``: L1d 64 KiB, L1i 64 KiB, L2 2 MiB, L3 32 MiB
     for 2 cores; sysfs lists CPU 0's share): the L3; an instruction cache never counts;

@@ -37,6 +37,22 @@ def allow_shared(n: int) -> list[str]:
     return ["--allow-shared-cores"] if n > cpu_cores() else []
 
 
+def uneven_share(n: int) -> str | None:
+    """Why ``n`` ranks past this machine's usable cores are not predicted, when they do not
+    divide evenly over the cores (:func:`ddlsim.topologies.sharedcores.uneven_refusal`), or
+    None: the reference loops count such a rank count as refused before running it."""
+    from ..errors import ConfigError
+    from ..topologies.sharedcores import uneven_refusal
+    cores = cpu_cores()
+    if n <= cores:
+        return None
+    try:
+        uneven_refusal(cores, n, "this machine")
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
 def mpi_env() -> dict:
     """Open MPI may run as root (CI containers do); one BLAS thread per rank; and a rank that
     waits in MPI yields its core at each poll (``mpi_yield_when_idle``), so that the CPU

@@ -18,6 +18,9 @@ For each rank count N, with N ranks at once under ``torchrun --standalone``:
    measured time being the iterations' wall time (``clock="wall"``, the default) or their
    CPU time (``clock="cpu"``), the chosen statistic over the rounds.
 
+A rank count past the usable cores that is not a multiple of them (3 ranks on 2 cores) is
+refused before it runs, as the numpy loop refuses it (:func:`.mpijobs.uneven_share`).
+
 The runs (:mod:`.torch_train`, the same file ``ddlsim predict`` reads):
 
 * ``torch-ddp`` — ``DistributedDataParallel`` (zero_stage 0), 25 MiB buckets (its
@@ -59,7 +62,7 @@ import numpy as np
 import yaml
 
 from .loop import REFERENCE, LoopModel
-from .mpijobs import allow_shared, check_job, cpu_cores, run_job
+from .mpijobs import allow_shared, check_job, cpu_cores, run_job, uneven_share
 from .torch_machine import TORCH_STACK, calibrate_gloo, gloo_sizes, torch_system, torchrun
 
 __all__ = ["TORCH_STRATEGIES", "TORCH_STACK", "PP_MICRO_BATCHES", "torch_available",
@@ -380,6 +383,13 @@ def run_torch_loop(work: Path, model: LoopModel = REFERENCE, ranks: tuple[int, .
         runs = strategies_for(n, strategies)
         if not runs:
             continue
-        rows += loop_ranks(work, model, n, runs, statistic, max_rel_rmse, when, log, clock)
+        uneven = uneven_share(n)
+        if uneven:
+            rows += [{"strategy": s, "ranks": n, "refused": uneven} for s in runs]
+            for row in rows[-len(runs):]:
+                log(row_line(row))
+        else:
+            rows += loop_ranks(work, model, n, runs, statistic, max_rel_rmse, when, log,
+                               clock)
         (work / "closed_loop_torch.json").write_text(json.dumps(rows, indent=1))
     return rows

@@ -21,6 +21,20 @@ closed form here captures: it is *measured* at ``r`` ranks on the same cores
 such a profile the link figures of the preset (measured at one rank per core) would be used,
 which is why :func:`share_cores` alone is not a prediction of the MPI time.
 
+**Uneven shares are refused.** The fair share holds when the ranks are a multiple of the
+cores: every core's run queue then holds as many ranks. Otherwise (3 ranks on 2 cores) one
+core runs two ranks and the other one; Linux keeps a run queue per CPU and moves tasks
+between them only when it balances load (Documentation/scheduler/sched-domains.rst), and a
+rank that waits in MPI polls on its core instead of leaving it idle, so a phase of equal work
+between two synchronisations runs at the busiest core's pace until the balancer steps in.
+``benchmarks/shared_cores_sync.py`` measured it on this project's 2-core machine (each rank
+spins W of CPU time, then ``MPI_Barrier``; 2026-12-01): 3 ranks took 2.00 W a round for W of
+2-10 ms, 1.82 W at 50 ms, 1.68 W at 100 ms, 1.58 W at 500 ms, where the fair share gives
+1.5 W (2 and 4 ranks: the fair share, within 2 %). How far a run falls between the two
+depends on how long its phases are and on how its ranks wait (busy polling or sleeping), which
+no closed form here follows, so :func:`share_cores` refuses such a count
+(:func:`uneven_refusal`) and the reference loops count those runs as refused.
+
 It is an estimate a user asks for by name, not what ``ddlsim predict`` answers on the preset:
 there, one device per core, a plan of more ranks than cores is refused (the plan's ranks
 against the system's devices), and ``benchmarks/proxies_check.py`` counts such runs as
@@ -33,7 +47,7 @@ from __future__ import annotations
 from ..config_system import SystemConfig
 from ..errors import ConfigError
 
-__all__ = ["share_cores", "shared_core_overrides"]
+__all__ = ["share_cores", "shared_core_overrides", "uneven_refusal"]
 
 
 def _check(system: SystemConfig, ranks_per_node: int) -> float:
@@ -46,7 +60,33 @@ def _check(system: SystemConfig, ranks_per_node: int) -> float:
             or ranks_per_node < cores:
         raise ConfigError(f"ranks per node = {ranks_per_node!r}: sharing the {cores} cores of "
                           f"'{system.name}' needs an integer of at least {cores}")
+    uneven_refusal(cores, ranks_per_node, system.name)
     return cores / ranks_per_node
+
+
+def uneven_refusal(cores: int, ranks: int, name: str = "this node") -> None:
+    """Raise a ConfigError when ``ranks`` do not divide evenly over ``cores`` (module
+    docstring, "Uneven shares"), naming the counts and what is allowed; return otherwise.
+
+    Parameters
+    ----------
+    cores : int
+        The node's usable cores.
+    ranks : int
+        Ranks started on it, at least ``cores``.
+    name : str
+        The system or machine, for the message.
+    """
+    if ranks % cores:
+        raise ConfigError(
+            f"ranks per node = {ranks} on the {cores} cores of '{name}': ranks sharing cores "
+            f"are modelled when they divide evenly over them (each core's run queue as long); "
+            f"with {ranks} on {cores} some cores run {-(-ranks // cores)} ranks and others "
+            f"{ranks // cores}, and Linux moves ranks between the run queues only when it "
+            f"balances them, so a phase between synchronisations runs at up to the busiest "
+            f"core's pace (3 ranks on 2 cores measured 1.58-2.00 W a phase of W against the "
+            f"fair share's 1.5 W, benchmarks/shared_cores_sync.py), which is not modelled; "
+            f"allowed: a multiple of {cores} ranks")
 
 
 def share_cores(system: SystemConfig, ranks_per_node: int) -> SystemConfig:
@@ -70,7 +110,8 @@ def share_cores(system: SystemConfig, ranks_per_node: int) -> SystemConfig:
     Raises
     ------
     ConfigError
-        More than one node, or fewer ranks than cores.
+        More than one node, fewer ranks than cores, or ranks that are not a multiple of the
+        cores (module docstring, "Uneven shares").
 
     References
     ----------
