@@ -165,7 +165,8 @@ def _show(frame, fmt: str, width: int | None = None) -> None:
     if fmt != "table":
         write_output("-", frame_text(report.plan_text_frame(frame), fmt),
                      what="standard output")
-        Console(stderr=True, highlight=False).print(report.summary_text(frame))
+        err = Console(stderr=True, highlight=False)
+        err.print(report.summary_text(frame, err.width))
         return
     require(width is None or width >= 40, f"--width {width} is too narrow for a table; give "
                                           "40 or more")
@@ -173,7 +174,7 @@ def _show(frame, fmt: str, width: int | None = None) -> None:
     if len(frame):
         out.print(report.ranked_table(frame, max(frame.attrs.get("top", 10), 1), out.width))
         out.print(report.pareto_table(frame, width=out.width))
-    out.print(report.summary_text(frame), highlight=False)
+    out.print(report.summary_text(frame, out.width), highlight=False)
 
 
 def register(app: typer.Typer) -> None:

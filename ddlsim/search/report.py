@@ -9,8 +9,8 @@ from typing import Any
 
 from ..formatting import format_bytes, format_percent, format_time
 
-__all__ = ["ranked_table", "pareto_table", "summary_text", "draw_search", "plan_label", "legend",
-           "hidden_parts", "plan_text_frame"]
+__all__ = ["ranked_table", "pareto_table", "summary_text", "grouped_reasons", "draw_search",
+           "plan_label", "legend", "hidden_parts", "plan_text_frame"]
 
 #: How a short plan label writes ``train.recompute``.
 RECOMPUTE_SHORT = {"none": "none", "selective": "sel", "full": "full"}
@@ -218,17 +218,56 @@ def pareto_table(frame, limit: int = 15, width: int | None = None):
     return _table(front, title, False, front=False, width=width)
 
 
-def summary_text(frame) -> str:
-    """``'13,440 plans: 1,103 evaluated, 12,337 rejected:'`` and one line per reason."""
+def summary_text(frame, width: int | None = None) -> str:
+    """``'13,440 plans: 1,103 evaluated, 12,337 rejected:'`` and one line per reason
+    (:func:`grouped_reasons`: reasons of one rule that differ only in their values are one
+    line, the most frequent shown); ``width``: each reason wrapped to it, its lines indented
+    under its text (None: one line each)."""
+    import textwrap
+
     total, rejected = frame.attrs.get("total", len(frame)), frame.attrs.get("rejected", {})
     text = f"{total:,} plans: {len(frame):,} evaluated, {sum(rejected.values()):,} rejected"
     if rejected:
-        text += ":" + "".join(f"\n  {c:,} × {r}" for r, c in rejected.items())
+        text += ":"
+        groups = grouped_reasons(rejected)
+        digits = max(len(f"{count:,}") for _, count, _ in groups)
+        for reason, count, variants in groups:
+            line = reason + (f" (and {variants - 1} more like it, with other values)"
+                             if variants > 1 else "")
+            head = f"  {count:>{digits},} × "
+            text += "\n" + (head + line if width is None else textwrap.fill(
+                line, max(width, len(head) + 20), initial_indent=head,
+                subsequent_indent=" " * len(head), break_on_hyphens=False))
     if "exact_error" in frame and frame["exact_error"].notna().any():
         err = frame["exact_error"].dropna().abs()
         text += (f"\nexact engine on the best {len(err)}: |error| median {err.median():.3%}, "
                  f"max {err.max():.3%}")
     return text
+
+
+#: a number standing alone in a rejection reason (``= 96``, ``16 × 4``, ``(got 1)``), not one
+#: inside a name (``ZeRO-2``, ``megatron-core-2024``, ``fp8``)
+_VALUE = r"(?<![\w.-])\d[\d,]*(?:\.\d+)?(?![\w-])"
+
+
+def grouped_reasons(rejected: dict[str, int]) -> list[tuple[str, int, int]]:
+    """``(reason, plans, variants)`` per rule: the reasons that read the same once their
+    standalone numbers are set aside are one rule (a layer count not divisible by each
+    PP × VPP the grid tried), shown by its most frequent reason (the first of equals, in
+    ``rejected``'s order), with the plans of all of them; most plans first, ties in
+    ``rejected``'s order. The search's frame keeps every reason apart
+    (``frame.attrs["rejected"]``)."""
+    import re
+
+    groups: dict[str, list] = {}
+    for reason, count in rejected.items():
+        g = groups.setdefault(re.sub(_VALUE, "#", reason), [reason, count, 0, 0])
+        if count > g[1]:
+            g[0], g[1] = reason, count
+        g[2] += count
+        g[3] += 1
+    order = sorted(groups.values(), key=lambda g: -g[2])   # stable: ties keep their order
+    return [(reason, plans, variants) for reason, _, plans, variants in order]
 
 
 def draw_search(frame, best_result, path: str | Path | None, force: bool = False):
