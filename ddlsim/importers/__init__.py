@@ -113,6 +113,8 @@ def import_config(paths: list[str | Path], *, kind: str | None = None,
         drafts.append(draft)
     _check_options(options, readers, table)
     drafts.append(_system_draft(drafts, system, nodes, software))
+    if software is None and {"deepspeed", "hf"} <= {r.name for r in readers}:
+        _hf_under_deepspeed(drafts[-1])
     fields = merge_drafts(drafts)
     return Imported(_finish(fields, overrides, drafts), drafts)
 
@@ -148,6 +150,32 @@ def _system_draft(drafts: list[Draft], system: str | None, nodes: int | None,
                                   f"is a {stack} config")
         d.set("system.software.stack", software, f"--software {software}")
     return d
+
+
+#: transformers' model code as it differs from the ``deepspeed`` stack's (Megatron-DeepSpeed's),
+#: for :func:`_hf_under_deepspeed`: what a run of a Hugging Face model under the Trainer or
+#: Accelerate executes (huggingface/transformers 00227283 models/llama/modeling_llama.py:
+#: q_proj, k_proj, v_proj and gate_proj, up_proj are separate nn.Linear; attention by
+#: attn_implementation, "sdpa" or "flash_attention_2", no fused scale-mask-softmax)
+HF_MODEL_CODE = ("system.software.kernels.attention=flash2",
+                 "system.software.kernels.separate_projections=true")
+
+
+def _hf_under_deepspeed(draft: Draft) -> None:
+    """A ds_config with a Hugging Face model and no ``--software``: the ``deepspeed`` stack
+    the ds_config implies runs Megatron-DeepSpeed's model code, which a Hugging Face Trainer
+    or Accelerate run does not; say so in the YAML and once on standard error, with the
+    ``--set`` values for transformers' code, rather than choose silently."""
+    import warnings
+
+    from ..errors import DDLSimWarning
+    what = ("the deepspeed stack (implied by the ds_config) runs Megatron-DeepSpeed's model "
+            "code: Megatron's fused scale-mask-softmax attention (the scores in memory) and "
+            "one QKV GEMM; a Hugging Face Trainer or Accelerate run executes transformers' "
+            "code (SDPA or FlashAttention-2, separate q/k/v and gate/up projections): add "
+            + " ".join(f"--set {s}" for s in HF_MODEL_CODE) + " for it")
+    draft.note("ds_config with a Hugging Face model", what)
+    warnings.warn(what, DDLSimWarning, stacklevel=3)
 
 
 def _finish(fields: dict[str, Any], overrides: tuple[str, ...],

@@ -345,3 +345,32 @@ def test_torchtitans_schedule_name_is_read_whatever_its_case(tmp_path):
     (tmp_path / "t.toml").write_text(text.replace("batch_size = 1", "batch_size = 4", 1))
     p = import_config([tmp_path / "t.toml"], system="dgx-a100", nodes=2).config["parallel"]
     assert p["schedule"] == "interleaved"
+
+
+def test_a_ds_config_with_a_hf_model_says_which_model_code_the_stack_runs():
+    """The ds_config implies the deepspeed stack (Megatron-DeepSpeed's model code); with a
+    Hugging Face model and no --software the import says so once, in a warning and in the
+    YAML's notes, with the --set values for transformers' code, which give it."""
+    import warnings
+
+    from ddlsim.errors import DDLSimWarning
+    from ddlsim.importers import HF_MODEL_CODE
+    args = ([DATA / "ds_zero3.json", HF / "llama-3.1-8b.json"],)
+    kw = dict(system="dgx-h100", nodes=32, overrides=("train.seq_length=4096",))
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        imported = import_config(*args, **kw)
+    said = [str(w.message) for w in got if issubclass(w.category, DDLSimWarning)
+            and "Megatron-DeepSpeed's model code" in str(w.message)]
+    assert len(said) == 1 and all(f"--set {s}" in said[0] for s in HF_MODEL_CODE)
+    notes = [n for d in imported.drafts for n in d.notes]
+    assert ("ds_config with a Hugging Face model", said[0]) in notes
+    cfg = import_config(*args, **{**kw, "overrides": kw["overrides"] + HF_MODEL_CODE}).config
+    run = ddlsim.load_config(cfg)
+    assert run.software.kernels["attention"] == "flash2"
+    assert run.software.kernels["separate_projections"] is True
+    # a stack named on the command line is the user's choice: nothing to say
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        import_config(*args, software="deepspeed", **kw)
+    assert not [w for w in got if "Megatron-DeepSpeed's model code" in str(w.message)]
