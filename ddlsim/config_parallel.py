@@ -180,7 +180,7 @@ class ParallelConfig(_Strict):
                              f"'interleaved' (got {self.schedule!r}): it groups the "
                              "micro-batches of the interleaved schedule only")
         # ZeRO-3 with pipelining: the stacks that cannot run it say so in their rules
-        # (software.yaml: pipeline_zero, zero3_pipeline); torchtitan runs FSDP in its stages
+        # (software.yaml: pipeline_zero, zero3_pipeline, no_zero3); torchtitan runs FSDP in its stages
         if self.dp_strategy != "ddp" and self.zero_stage != 0:
             raise ValueError(f"dp_strategy = {self.dp_strategy!r} is a plain data-parallel update "
                              f"and cannot combine with zero_stage = {self.zero_stage}; "

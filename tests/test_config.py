@@ -56,8 +56,8 @@ def test_units_are_parsed_at_the_edge():
     ({"parallel": {"dp_strategy": "reduce_scatter", "zero_stage": 2}},
      "dp_strategy = 'reduce_scatter' is a plain data-parallel update and cannot combine with zero_stage = 2"),
     ({"parallel": {"zero_stage": 3, "pipeline_model_parallel_size": 2, "data_parallel_size": 1}},
-     "cannot run ZeRO-3 with pipeline parallelism: parallel.zero_stage = 3, "
-     "parallel.pipeline_model_parallel_size = 2 (rule zero3_pipeline"),
+     "software stack 'megatron-core-2024' cannot run ZeRO-3 (nothing in it shards the "
+     "parameters: no FSDP of its own or of PyTorch's): parallel.zero_stage = 3 (rule no_zero3"),
     ({"parallel": {"tensor_model_parallelsize": 2}},
      "unknown key 'tensor_model_parallelsize' in parallel (did you mean "
      "'tensor_model_parallel_size'?); allowed keys:"),

@@ -200,7 +200,7 @@ def _fsdp_plan(prefetch):
         "model": "gpt3-1.3b", "parallel": {"data_parallel_size": 8, "zero_stage": 3},
         "train": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 2048},
         "system": {"preset": "dgx-a100", "nodes": 1,
-                   "software": {"stack": "megatron-core-2024",
+                   "software": {"stack": "megatron-core-2024", "what_if": True,
                                 "overlap": {"zero3_prefetch_layers": prefetch}}}})
 
 

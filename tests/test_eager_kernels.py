@@ -63,7 +63,8 @@ def test_kernel_classes_follow_the_implementation():
     assert [k.variant for k in ks[:16]] == ["norm"] * 16
     assert {k.variant for k in ks[16:]} == {"", "rope_upcast", "rope_complex_mul"}
     # Megatron-Core: fused norm (TE) no class; the fused SwiGLU on fc1's halves is gated
-    _, ks = _layer("llama3-8b-fsdp2-h100.yaml", ["system.software=megatron-core-2024"])
+    _, ks = _layer("llama3-8b-fsdp2-h100.yaml", ["system.software=megatron-core-2024",
+                                                 "parallel.zero_stage=1"])
     assert [k.variant for k in ks if k.variant] == ["gated"]
     # the backward doubles each kernel's bytes and takes its class's backward class
     bwd = backward_kernels(ks)

@@ -33,6 +33,8 @@ def config(stack="torchtitan-2024", recompute="full", cp=1, **kernels):
     d = copy.deepcopy(BASE)
     d["system"]["software"] = {"stack": stack, "kernels": kernels}
     d["train"]["recompute"] = recompute
+    if stack in ("megatron-core-2024", "megatron-lm-2021"):   # rule no_zero3: no sharding
+        d["parallel"]["zero_stage"] = 1 if stack == "megatron-core-2024" else 0
     if cp > 1:
         d["parallel"]["context_parallel_size"] = cp
     with warnings.catch_warnings():

@@ -107,12 +107,13 @@ def test_memory_counts_the_edge_units_as_they_are_kept():
 
 
 def test_fsdp1_of_the_megatron_stacks_gathers_its_root_unit_as_fsdp2s_2024_root():
-    """FSDP1 (megatron-core-2024's ZeRO-3: layers auto-wrapped, the edges in the root, which
-    _post_forward_reshard never frees): the root gathered before the embedding in bf16, no
-    re-gather, its gradients reduce-scattered after the backward in the stack's gradient
-    dtype (fp32 main gradients, 4 B); no copy passes."""
+    """FSDP1 (megatron-core-2024's ZeRO-3 as a what-if: the stack shards nothing, rule
+    no_zero3, and its ZeRO-3 stand-in is PyTorch FSDP, layers auto-wrapped, the edges in the
+    root, which _post_forward_reshard never frees): the root gathered before the embedding in
+    bf16, no re-gather, its gradients reduce-scattered after the backward in the stack's
+    gradient dtype (fp32 main gradients, 4 B); no copy passes."""
     d = copy.deepcopy(BASE)
-    d["system"]["software"] = "megatron-core-2024"
+    d["system"]["software"] = {"stack": "megatron-core-2024", "what_if": True}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cfg = ddlsim.load_config(d)

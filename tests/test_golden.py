@@ -44,7 +44,9 @@ VARIANTS = {
     # Megatron-Core has no ZeRO-2 (ddlsim/data/software.yaml rules): pinned as a what-if
     "zero2-no-overlap": ["parallel.zero_stage=2", "parallel.overlap_grad_reduce=false",
                          "system.software={stack: megatron-core-2024, what_if: true}"],
-    "zero3-pp1": ["parallel.zero_stage=3", "parallel.pipeline_model_parallel_size=1"],
+    # nor ZeRO-3 (rule no_zero3): PyTorch FSDP under its kernels, pinned as a what-if
+    "zero3-pp1": ["parallel.zero_stage=3", "parallel.pipeline_model_parallel_size=1",
+                  "system.software={stack: megatron-core-2024, what_if: true}"],
     # DeepSpeed 2021's per-tensor ZeRO-3: gathers on demand, re-gathers under full recompute
     "zero3-deepspeed-2021": ["parallel.zero_stage=3", "parallel.pipeline_model_parallel_size=1",
                              "train.recompute=full", "system.software=deepspeed-2021"],

@@ -20,7 +20,7 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "llama3-8b-fsdp2-h1
 HF = Path(ddlsim.__file__).parent / "data" / "hf"
 RUN = {"train": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 2048},
        "system": {"preset": "dgx-h100", "nodes": 1}, "parallel": {"data_parallel_size": 8,
-                                                                "zero_stage": 3}}
+                                                                "zero_stage": 1}}
 
 
 def _not_modelled_warnings(record: list) -> list[str]:

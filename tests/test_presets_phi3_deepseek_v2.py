@@ -18,7 +18,7 @@ from ddlsim.errors import ConfigError, DDLSimWarning
 HF = Path(ddlsim.__file__).parent / "data" / "hf"
 RUN = {"train": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 4096},
        "system": {"preset": "dgx-h100", "nodes": 1}, "parallel": {"data_parallel_size": 8,
-                                                                "zero_stage": 3}}
+                                                                "zero_stage": 1}}
 
 
 def _shape(model):

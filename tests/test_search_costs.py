@@ -65,8 +65,10 @@ SAMPLES = {
     "interleaved zero1": ["parallel.schedule=interleaved",
                           "parallel.virtual_pipeline_model_parallel_size=2",
                           "parallel.zero_stage=1", "train.recompute=selective"],
+    # ZeRO-3 as PyTorch FSDP (Megatron-Core of 2024 has none: rule no_zero3), a what-if
     "zero3 pp1 tp4": ["parallel.zero_stage=3", "parallel.pipeline_model_parallel_size=1",
-                      "parallel.tensor_model_parallel_size=4"],
+                      "parallel.tensor_model_parallel_size=4",
+                      "system.software={stack: megatron-core-2024, what_if: true}"],
     # ZeRO-2 (Megatron-Core has none: ddlsim/data/software.yaml rules) as an explicit what-if
     "two nodes pp4 no overlap": ["system.nodes=2", "parallel.pipeline_model_parallel_size=4",
                                  "parallel.overlap_grad_reduce=false", "parallel.zero_stage=2",

@@ -30,7 +30,8 @@ AXES = {"parallel.tensor_model_parallel_size": [4, 8],
 def test_search_tier_times_the_overlaps_as_the_exact_engine(mode):
     """With and without SP: without it the stack's userbuffers do not apply and the async
     backward all-reduce does (``off``: the async overlap alone, with SP and without)."""
-    software = {"stack": "megatron-core-2024", "overlap": {"tp_comm_overlap": mode}}
+    software = {"stack": "megatron-core-2024", "what_if": True,   # its ZeRO-3: a what-if
+                "overlap": {"tp_comm_overlap": mode}}
     data = {**BASE, "system": {**BASE["system"], "software": software}}
     axes = {**AXES, "parallel.sequence_parallel": [True, False]}
     frame = evaluate_grid(data, None, [], axes, Constraints()).frame
@@ -50,6 +51,7 @@ def test_search_tier_memory_counts_the_gathered_layers():
     memory equals ddlsim.memory_per_device's."""
     data = {**BASE, "parallel": {"zero_stage": 3, "tensor_model_parallel_size": 2},
             "system": {**BASE["system"], "software": {"stack": "megatron-core-2024",
+                                                      "what_if": True,
                                                       "overlap": {"zero3_prefetch_layers": 3}}}}
     cfg = build_config(data, [])
     assert _search_memory(cfg) == pytest.approx(ddlsim.memory_per_device(cfg).total, rel=1e-12)
@@ -116,7 +118,9 @@ def test_search_rejects_zero3_plans_that_set_overlap_grad_reduce():
     option on are rejected with the reason the exact engine gives, the others evaluated."""
     axes = {"parallel.zero_stage": [0, 3], "parallel.overlap_grad_reduce": [True, False],
             "parallel.tensor_model_parallel_size": [8]}
-    grid = evaluate_grid(BASE, None, [], axes, Constraints())
+    # ZeRO-3 under DeepSpeed (the default stack, megatron-core-2024, shards no parameters)
+    data = {**BASE, "system": {**BASE["system"], "software": "deepspeed"}}
+    grid = evaluate_grid(data, None, [], axes, Constraints())
     reason = [r for r in grid.rejected if "overlap_grad_reduce" in r]
     assert reason and "ZeRO-3" in reason[0]
     frame = grid.frame

@@ -67,6 +67,12 @@ def _zero3_pipeline(f: PlanFacts):
     return (f.pp > 1) & (f.zero == 3) & ~f.megatron_fsdp
 
 
+@stack_rule("no_zero3", "ZeRO-3 (nothing in it shards the parameters: no FSDP of its own or "
+            "of PyTorch's)", "parallel.zero_stage")
+def _no_zero3(f: PlanFacts):
+    return f.zero == 3
+
+
 @stack_rule("no_zero12", "ZeRO-1/2 (its data parallelism is FSDP, i.e. ZeRO-3, or DDP)",
             "parallel.zero_stage")
 def _no_zero12(f: PlanFacts):

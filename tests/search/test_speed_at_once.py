@@ -23,7 +23,10 @@ from ddlsim.workloads.decoder.fsdp1_passes import grad_passes
 from ddlsim.workloads.decoder.layerkernels import activation_kinds
 from ddlsim.workloads.decoder.plan import resolve_plan
 
-BASE = {"model": "gpt3-1.3b", "parallel": {}, "system": {"preset": "dgx-a100", "nodes": 4},
+#: the default stack's ZeRO-3 (FSDP1) as a what-if: Megatron-Core of 2024 has none (no_zero3)
+BASE = {"model": "gpt3-1.3b", "parallel": {},
+        "system": {"preset": "dgx-a100", "nodes": 4,
+                   "software": {"stack": "megatron-core-2024", "what_if": True}},
         "train": {"micro_batch_size": 1, "global_batch_size": 128, "seq_length": 2048}}
 AXES = {"parallel.tensor_model_parallel_size": [1, 2, 8],
         "parallel.data_parallel_size": [4, 16, 32],

@@ -19,7 +19,10 @@ SMALL = {"model": {"name": "tiny", "num_hidden_layers": 8, "hidden_size": 256,
 
 
 def _cfg(**parallel):
-    return ddlsim.load_config({**SMALL, "parallel": parallel})
+    system = SMALL["system"]
+    if parallel.get("zero_stage") == 3:    # the default stack's ZeRO-3: a what-if (no_zero3)
+        system = {**system, "software": {"stack": "megatron-core-2024", "what_if": True}}
+    return ddlsim.load_config({**SMALL, "parallel": parallel, "system": system})
 
 
 PLANS = [dict(tensor_model_parallel_size=2, pipeline_model_parallel_size=2),

@@ -23,6 +23,9 @@ LLAMA_8B = {"model": {"preset": "llama-3.1-8b"},      # 32 query heads, 8 K/V he
 def _cfg(software: dict | str = "torchtitan-2024", **train):
     d = {**LLAMA_8B, "train": {**LLAMA_8B["train"], **train},
          "system": {**LLAMA_8B["system"], "software": software}}
+    stack = software if isinstance(software, str) else software["stack"]
+    if stack in ("megatron-core-2024", "megatron-lm-2021"):   # rule no_zero3: no sharding
+        d["parallel"] = {**d["parallel"], "zero_stage": 0}
     return ddlsim.load_config(d)
 
 

@@ -20,6 +20,8 @@ LLAMA_8B = {"model": {"preset": "llama-3.1-8b"},
 def _kernels(stack: str, compile_: bool = False, t: int = 1):
     d = {**LLAMA_8B, "system": {**LLAMA_8B["system"],
                                 "software": {"stack": stack, "compile": compile_}}}
+    if stack in ("megatron-core-2024", "megatron-lm-2021"):   # rule no_zero3: no sharding
+        d["parallel"] = {**d["parallel"], "zero_stage": 0}
     cfg = ddlsim.load_config(d)
     return layer_kernels(cfg.model.shape(), cfg.software, 1, 2048, t, t > 1, "bf16")
 

@@ -23,7 +23,8 @@ PLANS = {
     "pp2-dp2": ["parallel.data_parallel_size=2", "parallel.pipeline_model_parallel_size=2",
                 "train.global_batch_size=16", "system.nodes=2"],
     "zero3-dp4": ["parallel.data_parallel_size=4", "parallel.zero_stage=3",
-                  "train.global_batch_size=16", "system.nodes=2"],
+                  "train.global_batch_size=16", "system.nodes=2",
+                  "system.software={stack: megatron-core-2024, what_if: true}"],
     "reduce_broadcast-dp2": ["parallel.data_parallel_size=2", "train.global_batch_size=8",
                              "parallel.dp_strategy=reduce_broadcast"],
 }

@@ -116,6 +116,8 @@ def test_fsdp_root_unit_computes_it_in_both_tiers(stack, monkeypatch):
 
     data = _run(stack=stack, tied=False)
     data["parallel"] = {"zero_stage": 3}
+    if stack == "megatron-core-2024":   # its ZeRO-3 (FSDP1) as a what-if: rule no_zero3
+        data["system"]["software"]["what_if"] = True
     # FSDP2 (torchtitan) on a GPU: the root unit's post-backward fills _chunk_cat's metadata
     # on the host (537 M gradients: 4.0 ms on dgx-h100), which the device waits for after
     # the unit; the embedding's backward (0.2 ms) runs inside that wait, hidden. Without the

@@ -25,7 +25,7 @@ def _cfg(*overrides, base=GPT):
 def _zero3(prefetch: int, *more):
     return _cfg("parallel.zero_stage=3", "parallel.data_parallel_size=8",
                 "parallel.pipeline_model_parallel_size=1", "parallel.tensor_model_parallel_size=1",
-                f"system.software={{stack: megatron-core-2024, overlap: "
+                f"system.software={{stack: megatron-core-2024, what_if: true, overlap: "
                 f"{{zero3_prefetch_layers: {prefetch}}}}}", *more)
 
 
@@ -241,7 +241,7 @@ def test_overlapped_grad_reduce_is_faster(engine):
     (["parallel.pipeline_model_parallel_size=2", "parallel.overlap_p2p_comm=true"],
      "it needs the interleaved schedule"),
     (["parallel.pipeline_model_parallel_size=1", "parallel.zero_stage=3",
-      "parallel.overlap_grad_reduce=true"],
+      "parallel.overlap_grad_reduce=true", "system.software={stack: deepspeed}"],
      "parallel.overlap_grad_reduce = True cannot apply to this plan: ZeRO-3 reduce-scatters"),
     (["parallel.dp_strategy=reduce_broadcast", "parallel.overlap_grad_reduce=true"],
      "dp_strategy 'reduce_broadcast' updates after the whole backward"),
@@ -267,7 +267,7 @@ def test_stack_default_that_cannot_apply_is_inactive_and_said():
 
 
 @pytest.mark.parametrize("stack, phrase", [
-    ("megatron-core-2024",
+    ("{stack: megatron-core-2024, what_if: true}",
      "inactive here: grad-reduce, param-gather, p2p; ZeRO-3 gathers per layer, 1 layer ahead"),
     ("deepspeed", "inactive here: grad-reduce; ZeRO-3 gathers per module, 1 module ahead"),
     ("deepspeed-2021", "inactive here: grad-reduce; ZeRO-3 gathers per tensor, 1 module ahead, "
