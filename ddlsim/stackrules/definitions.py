@@ -54,6 +54,17 @@ def _no_sequence_parallel(f: PlanFacts):
     return f.sp
 
 
+@stack_rule("no_tensor_parallel", "tensor parallelism", "parallel.tensor_model_parallel_size")
+def _no_tensor_parallel(f: PlanFacts):
+    return f.tp > 1
+
+
+@stack_rule("no_pipeline_parallel", "pipeline parallelism",
+            "parallel.pipeline_model_parallel_size")
+def _no_pipeline_parallel(f: PlanFacts):
+    return f.pp > 1
+
+
 @stack_rule("no_context_parallel", "context parallelism (ring or all-gather attention)",
             "parallel.context_parallel_size")
 def _no_context_parallel(f: PlanFacts):
