@@ -254,3 +254,25 @@ def test_a_what_if_search_ranks_and_marks_the_plans_the_stack_cannot_run():
     assert len(loose.frame) == 3
     marked = loose.frame.set_index("parallel.zero_stage")["what_if"]
     assert marked.to_dict() == {0: False, 1: False, 2: True}
+
+
+@pytest.mark.parametrize("plan, rule", [
+    ({"tensor_model_parallel_size": 2, "data_parallel_size": 4}, "no_tensor_parallel"),
+    ({"pipeline_model_parallel_size": 2, "data_parallel_size": 4, "zero_stage": 0},
+     "no_pipeline_parallel")])
+def test_fms_fsdp_runs_fsdp_alone(plan, rule):
+    """fms-fsdp's pre-training wraps the model in FSDP and nothing else: TP and PP refused by
+    name, in predict and in search alike; FSDP over all 8 ranks runs."""
+    d = {"model": "llama-2-7b", "parallel": {"zero_stage": 3, **plan},
+         "train": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 4096},
+         "system": {"preset": "dgx-a100", "nodes": 1, "software": "fms-fsdp-2024"}}
+    with pytest.raises(ConfigError, match=rf"cannot run .* \(rule {rule};"):
+        build_config(copy.deepcopy(d))
+    d["parallel"] = {"zero_stage": 3, "data_parallel_size": 8}
+    build_config(copy.deepcopy(d))
+    axes = {"parallel.tensor_model_parallel_size": [1, 2],
+            "parallel.pipeline_model_parallel_size": [1, 2], "parallel.zero_stage": [0, 3]}
+    grid = evaluate_grid(d, None, [], axes, Constraints(must_fit=False))
+    assert set(grid.frame["parallel.tensor_model_parallel_size"]) == {1}
+    assert set(grid.frame["parallel.pipeline_model_parallel_size"]) == {1}
+    assert any(f"(rule {rule})" in r for r in grid.rejected), grid.rejected
