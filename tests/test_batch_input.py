@@ -74,8 +74,9 @@ def test_loading_stages_copy_everything_and_broadcast_their_share(parallel, role
 def test_no_broadcast_at_tp1_and_nothing_without_the_mask():
     ops = _batch_ops(_cfg({}))
     assert [[x.name for x in blk] for blk in next(iter(ops.values())) if blk][0] == ["batch.h2d"]
-    for stack in ("megatron-lm-2021", "torchtitan-2024"):
-        ops = _batch_ops(_cfg({"tensor_model_parallel_size": 2}, stack))
+    for stack, sp in (("megatron-lm-2021", False), ("torchtitan-2024", True)):  # tp_needs_sp
+        ops = _batch_ops(_cfg({"tensor_model_parallel_size": 2, "sequence_parallel": sp},
+                              stack))
         assert not any(blk for blocks in ops.values() for blk in blocks)
 
 

@@ -20,6 +20,8 @@ from cpbase import BASE
 def config(stack: str, comm: str | None = None, kernels: dict | None = None) -> ddlsim.RunConfig:
     d = copy.deepcopy(BASE)
     d["system"]["software"] = {"stack": stack, "kernels": kernels or {}}
+    if stack.startswith("torchtitan"):   # its TP is always sequence-parallel (tp_needs_sp)
+        d["parallel"] = {**d["parallel"], "sequence_parallel": True}
     if comm is not None:
         d["parallel"]["cp_comm_type"] = comm
     return ddlsim.load_config(d)
@@ -72,6 +74,7 @@ def test_unset_predicts_what_the_stacks_value_given_predicts():
 def test_no_plan_field_for_a_model_without_context_parallelism():
     d = copy.deepcopy(BASE)
     d["parallel"]["context_parallel_size"] = 1
+    d["parallel"]["sequence_parallel"] = True   # torchtitan's TP always is (tp_needs_sp)
     d["train"]["global_batch_size"] = 4
     d["system"]["software"] = "torchtitan-2025"
     assert "cp_comm_type" not in plan_fields(ddlsim.load_config(d))

@@ -33,7 +33,9 @@ def test_the_partition_template_and_the_builder_charge_one_elementwise_backward(
     # the partitioner's template (its cp > 1 and 2-D path) build the same layer
     b = _builder(f"system.software={{stack: {stack}}}", "parallel.tensor_model_parallel_size=2",
                  "parallel.data_parallel_size=4",   # ZeRO-1 where the stack shards no more
-                 f"parallel.zero_stage={1 if stack == 'megatron-core-2024' else 3}")
+                 f"parallel.zero_stage={1 if stack == 'megatron-core-2024' else 3}",
+                 # torchtitan's TP is always sequence-parallel (tp_needs_sp)
+                 f"parallel.sequence_parallel={str(stack.startswith('torchtitan')).lower()}")
     mine = _ew(b.layer_backward(), "bwd.elementwise")
     template = _ew([o.payload for o in b.part.layer_backward(0.0)], "bwd.elementwise")
     assert template.kernels == mine.kernels

@@ -55,7 +55,7 @@ def test_last_stage_runs_the_final_norm(parallel, tokens):
 
 @pytest.mark.parametrize("stack, sp", [("megatron-core-2024", True),
                                        ("megatron-lm-2021", False),
-                                       ("torchtitan-2024", False)])
+                                       ("torchtitan-2024", True)])   # tp_needs_sp
 def test_final_norm_has_the_layer_norm_kernels(stack, sp):
     """The same kernels (passes, classes) as the layer's input norm, whatever the stack
     fuses: the first of the layer's element-wise kernels."""

@@ -63,13 +63,13 @@ def test_both_tiers_count_the_same_memory_per_plan(stack, monkeypatch):
     memory, _ = family.memory(family.prepare(run), plans)
     checked = 0
     for k in range(len(plans)):
-        if plans["sp"][k] and plans["tp"][k] == 1:
+        if plans["sp"][k] != (plans["tp"][k] > 1):   # SP needs TP; torchtitan's TP is SP
             continue
         one = ddlsim.load_config(_plan_config(data, plans, k))
         exact = ddlsim.memory_per_device(one).total
         assert memory[k] == pytest.approx(exact, rel=1e-12), (k, plans.take([k]))
         checked += 1
-    assert checked == 24
+    assert checked == 16
 
 
 def _activations(stack: str, recompute: str, tp: int = 1) -> float:

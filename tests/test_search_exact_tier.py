@@ -240,3 +240,17 @@ def test_context_axes_are_short_in_labels_and_no_figure_is_cut_at_a_narrow_width
     shown = console.export_text()
     for t in frame["iteration_time_s"].head(3):
         assert format_time(t) in shown
+
+
+def test_an_exact_tier_reason_keeps_the_stacks_rule_not_its_source():
+    """A stack rule's message ends with its source and advice; the reason keeps the rule's
+    name whole, as the vectorised tier words it, however long the message before it."""
+    from ddlsim.search.exact import first_sentence
+    msg = ("software stack 'torchtitan-2024' cannot run tensor parallelism without sequence "
+           "parallelism: parallel.tensor_model_parallel_size = 2, parallel.sequence_parallel "
+           "= False (rule tp_needs_sp; source: torchtitan 9dec370 apply_tp (lines 129-196)). "
+           "Change the plan or system.software, or set system.software: {…}")
+    got = first_sentence(msg)
+    assert len(got) == 160 and got.endswith("… (rule tp_needs_sp)") and "source" not in got
+    assert first_sentence("x (rule a; source: b). Change it") == "x (rule a)"
+    assert first_sentence("y" * 200) == "y" * 159 + "…"     # no rule: cut at the limit

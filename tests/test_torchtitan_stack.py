@@ -65,7 +65,8 @@ def test_stacks_are_named_with_a_source_for_every_field_and_rule(stack):
         assert ("torchtitan " + ("9dec370" if stack.endswith("2024") else "07c00d9")
                 in sw.sources[field]), field
     names = [rule.name for rule, _ in stack_rules(stack)]
-    assert names == ["no_pipeline_layout", "no_transformer_engine_fp8", "no_recompute_modules",
+    assert names == ["tp_needs_sp", "no_pipeline_layout", "no_transformer_engine_fp8",
+                     "no_recompute_modules",
                      "async_tp_needs_compile", "async_tp_is_torchs", "no_zero12",
                      "no_megatron_fsdp"] + (["no_torchao_rowwise"] if stack.endswith("2024")
                                             else []) + ["no_te_cross_entropy",
@@ -295,3 +296,25 @@ def test_2024_pipelining_takes_one_micro_batch_per_stage_by_default(tmp_path):
     assert cfg["parallel"]["pipeline_model_parallel_size"] == 2
     assert cfg["train"]["micro_batch_size"] == 2 // 2
     assert cfg["system"]["software"]["kernels"]["fused_layernorm"] is True
+
+
+@pytest.mark.parametrize("stack", ["torchtitan-2024", "torchtitan-2025"])
+def test_torchtitans_tensor_parallelism_is_sequence_parallel(stack):
+    """apply_tp shards the norms and the block outputs over the sequence on every TP plan: TP
+    without sequence parallelism is refused by name, in predict and in search alike."""
+    from ddlsim.search.evaluate import evaluate_grid
+    from ddlsim.search.spec import Constraints
+    par = {"tensor_model_parallel_size": 2, "data_parallel_size": 4}
+    with pytest.raises(ddlsim.ConfigError, match=r"\(rule tp_needs_sp;"):
+        config(stack, **par)
+    config(stack, sequence_parallel=True, **par)
+    d = {"model": "llama-3.1-8b", "parallel": {"zero_stage": 3},
+         "train": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 4096},
+         "system": {"preset": "dgx-h100", "nodes": 1, "software": stack}}
+    grid = evaluate_grid(d, None, [], {"parallel.tensor_model_parallel_size": [1, 2],
+                                       "parallel.sequence_parallel": [False, True]},
+                         Constraints(must_fit=False))
+    got = set(zip(grid.frame["parallel.tensor_model_parallel_size"],
+                  grid.frame["parallel.sequence_parallel"]))
+    assert got == {(1, False), (2, True)}
+    assert any(r.endswith("(rule tp_needs_sp)") for r in grid.rejected), grid.rejected

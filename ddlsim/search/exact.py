@@ -32,9 +32,18 @@ EXACT_PLANS = 5000
 
 
 def first_sentence(message: str, limit: int = 160) -> str:
-    """A rejection reason: the first line of a config error, cut at ``limit`` characters."""
+    """A rejection reason: the first line of a config error, a stack rule's source left out
+    (``… (rule NAME)``, as the vectorised tier words it: the rule's name, not its source, is
+    what a reason must keep), cut at ``limit`` characters."""
+    import re
+
     line = str(message).strip().splitlines()[0] if str(message).strip() else "rejected"
-    return line if len(line) <= limit else line[:limit - 1] + "…"
+    line = re.sub(r"\(rule (\w+); source: .*", r"(rule \1)", line)
+    if len(line) <= limit:
+        return line
+    rule = re.search(r" \(rule \w+\)$", line)      # kept whole: the cut falls before it
+    tail = rule.group(0) if rule else ""
+    return line[:limit - 1 - len(tail)] + "…" + tail
 
 
 def evaluate_exact(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[str, list],

@@ -65,6 +65,12 @@ def _no_pipeline_parallel(f: PlanFacts):
     return f.pp > 1
 
 
+@stack_rule("tp_needs_sp", "tensor parallelism without sequence parallelism",
+            "parallel.tensor_model_parallel_size", "parallel.sequence_parallel")
+def _tp_needs_sp(f: PlanFacts):
+    return (f.tp > 1) & ~f.sp
+
+
 @stack_rule("no_context_parallel", "context parallelism (ring or all-gather attention)",
             "parallel.context_parallel_size")
 def _no_context_parallel(f: PlanFacts):

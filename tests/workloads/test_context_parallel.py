@@ -34,6 +34,9 @@ def config(**over) -> ddlsim.RunConfig:
     for key, value in over.items():
         section, field = key.split("__")
         d[section][field] = value
+    sw = d["system"].get("software")
+    if "torchtitan" in str(sw if isinstance(sw, str) else (sw or {}).get("stack")):
+        d["parallel"].setdefault("sequence_parallel", True)   # its TP always is (tp_needs_sp)
     return ddlsim.load_config(d)
 
 
