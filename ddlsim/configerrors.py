@@ -45,7 +45,10 @@ def _model_names() -> frozenset[str]:
 def _branches(err: dict) -> list[int]:
     """Positions in ``err``'s location that name union branches (a scalar branch only as the
     last part of a type error: a user's key may be called ``str``)."""
-    loc, models = err["loc"], _model_names()
+    loc = err["loc"]
+    if not loc:   # a model's own validator (a search grid's rule probes): no walk of the models
+        return []
+    models = _model_names()
     return [j for j, p in enumerate(loc) if isinstance(p, str) and (
         _FUNCTION_BRANCH.match(p) or p in models
         or (p in _SCALAR_BRANCHES and j == len(loc) - 1 and err["type"].endswith("_type")))]

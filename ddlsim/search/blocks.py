@@ -208,28 +208,28 @@ def _built_pieces(ctx, plans, groups: list[np.ndarray]) -> tuple[list, list[floa
     each signature's (bytes sent to the next stage, GEMM FLOPs of a layer's forward and
     backward, the embedding and the head's forward)."""
     kernels: dict = {}
-    timed: dict = {}
+    kernel_s: dict[int, float] = {}
     by_id: dict[int, tuple] = {}
     sections: dict = {}
     lowered: dict[tuple, list] = {}
 
-    def compute_s(op) -> float:   # as CostModel.compute times it, once per distinct op
+    def compute_s(op) -> float:   # as CostModel.compute times it, once per op object
         # an op object met again (a loop's body repeated, a payload shared by pieces) is
         # found by identity, kept alive in its entry so no other object takes its id; a new
-        # object by value (a nested frozen dataclass, hashed afresh on every lookup)
+        # object is timed from its kernels' seconds, found by identity too (kernel_s, every
+        # kernel timed at once below): finding an equal op by value would hash all its
+        # kernels' fields, which costs more than adding their seconds up again
         hit = by_id.get(id(op))
         if hit is not None:
             return hit[1]
-        got = timed.setdefault(op, [])
-        if not got:
-            if op.seconds is not None:
-                got.append(op.seconds)
-            elif op.contention is not None:   # SMs held for the GEMMs' whole duration
-                got.append(contention_seconds(op, ctx.dev, 0))
-            else:
-                got.append(op_time(op, ctx.dev, memo=kernels))
-        by_id[id(op)] = (op, got[0])
-        return got[0]
+        if op.seconds is not None:
+            got = op.seconds
+        elif op.contention is not None:   # SMs held for the GEMMs' whole duration
+            got = contention_seconds(op, ctx.dev, 0)
+        else:
+            got = op_time(op, ctx.dev, memo=kernels, kernel_s=kernel_s)
+        by_id[id(op)] = (op, got)
+        return got
 
     p2p_bytes = []
     built: dict[tuple, list] = {}   # piece key (:func:`_piece_keys`) -> its lowered entry
@@ -261,22 +261,23 @@ def _built_pieces(ctx, plans, groups: list[np.ndarray]) -> tuple[list, list[floa
         p2p_bytes.append((sb.part.boundary(sb.act_bytes)[0],
                           *(flops[name] for name in _GEMM_PIECES)))
     # every distinct kernel the compute ops run, timed at once; then each op list lowered
-    _time_kernels([entry[0] for entry in lowered.values()], ctx.dev, kernels)
+    _time_kernels([entry[0] for entry in lowered.values()], ctx.dev, kernel_s)
     for entry in lowered.values():
         entry[:2] = lower_ops(entry[0], compute_s)
     return [entry[:3] for entry in lowered.values()], p2p_bytes
 
 
-def _time_kernels(pieces: list, dev, memo: dict) -> None:
-    """Put in ``memo`` (:func:`~ddlsim.simulator.kernels.op_time`'s, keyed ``(kernel,
-    None)``) the seconds of every kernel of the compute ops :func:`lower_ops` will time in
-    ``pieces`` (their op lists as it times them, :func:`lean_ops`), each kernel object once
-    and all in one :func:`~ddlsim.simulator.kernels.device.kernel_times` call: the seconds
-    it would have timed them with, one by one. Equal kernels that are other objects are
-    timed again, to the same seconds: cheaper than finding them by value (a key hashes its
-    kernel's fields afresh, and each kernel's key is hashed once more, to be set)."""
+def _time_kernels(pieces: list, dev, kernel_s: dict[int, float]) -> None:
+    """Put in ``kernel_s`` (:func:`~ddlsim.simulator.kernels.op_time`'s, keyed by the kernel
+    object's ``id``; the op lists ``pieces`` keep the kernels alive) the seconds of every
+    kernel of the compute ops :func:`lower_ops` will time in ``pieces`` (their op lists as
+    it times them, :func:`lean_ops`), each kernel object once and all in one
+    :func:`~ddlsim.simulator.kernels.device.kernel_times` call: the seconds it would have
+    timed them with, one by one. Equal kernels that are other objects are timed again, to
+    the same seconds: cheaper than finding them by value (a key hashes its kernel's fields
+    afresh)."""
     kernels: list = []
-    seen: set[int] = set()   # kernel tuples and kernels met before (most are shared objects)
+    seen: set[int] = set(kernel_s)   # kernel tuples and kernels met before (most are shared)
     for block in pieces:
         for op in block:
             p = op.payload
@@ -287,9 +288,7 @@ def _time_kernels(pieces: list, dev, memo: dict) -> None:
                     if id(k) not in seen:
                         seen.add(id(k))
                         kernels.append(k)
-    if memo:
-        kernels = [k for k in kernels if (k, None) not in memo]
-    memo.update(zip([(k, None) for k in kernels], kernel_times(kernels, dev)))
+    kernel_s.update(zip(map(id, kernels), kernel_times(kernels, dev)))
 
 
 def _group_fields(plans, groups: list[np.ndarray]) -> list[tuple]:

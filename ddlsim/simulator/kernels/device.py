@@ -287,7 +287,7 @@ def kernel_times(kernels: Sequence[Kernel], dev: KernelDevice) -> list[float]:
 
 def op_time(op: Compute, dev: KernelDevice,
             measured: Callable[..., float | None] | None = None,
-            memo: dict | None = None) -> float:
+            memo: dict | None = None, kernel_s: dict[int, float] | None = None) -> float:
     """Seconds of one compute op: its kernels one after another on the stream, or — an op
     with no kernels — one kernel timed by the roofline ``max(FLOPs / (peak · η_max),
     bytes / achieved bandwidth)`` (element-wise and optimizer ops: ``max(bytes / bandwidth,
@@ -297,7 +297,11 @@ def op_time(op: Compute, dev: KernelDevice,
     ``measured(flops, dtype[, shape, batch])``: a calibration profile's GEMM efficiency (of
     that very GEMM shape where the profile measured it), or None where it has none.
     ``memo``: a dict kept by a caller that times many ops on one device, so a kernel met
-    again (the same GEMM in several plans) is timed once. A contention op with a fixed SM
+    again (the same GEMM in several plans) is timed once. ``kernel_s``: seconds of kernels
+    the caller timed already (:func:`kernel_times`), by the kernel object's ``id`` (the caller
+    keeps those kernels alive): a kernel found there is neither hashed nor timed again (a
+    search grid's ops hold ~1,000 kernels, each found there ~once; hashing one by value reads
+    all its fields). A contention op with a fixed SM
     margin takes its GEMMs' extra time (:mod:`.contention`); one whose time follows its
     collectives' is timed by :meth:`~ddlsim.simulator.costs.CostModel.compute`."""
     if op.contention is not None:
@@ -313,6 +317,11 @@ def op_time(op: Compute, dev: KernelDevice,
             if measured is not None and k.kind == "gemm":
                 eff = measured(2.0 * k.shape[0] * k.shape[1] * k.shape[2] * k.batch, k.dtype,
                                k.shape, k.batch)   # a shape the profile measured: its time
+            elif kernel_s is not None:
+                t = kernel_s.get(id(k))
+                if t is not None:
+                    total += t
+                    continue
             if memo is None:
                 total += kernel_time(k, dev, eff)
                 continue
