@@ -29,18 +29,19 @@ run's wall time measures them too) and the host changes a core's speed from minu
 (a calibration taken a minute before a run was 20-34 % off it, docs/validation.md); samples
 that alternate with the iterations see the speed the iterations see.
 
-Rank counts above the node's usable cores that are a multiple of them (4 ranks on 2
-cores) are ranks taking turns on the cores, and the turns are part of the time to predict, so those runs are
-compared in **wall time**: the jobs of steps 1-2 get ``--clock wall --allow-shared-cores``
-(the collectives timed in wall time; the GEMM and element-wise samples stay CPU time, a
-core's own rates), the forward and backward and the exchange and update are compared in wall
-time, and ddlsim predicts them on :func:`~.machine.shared_local_system`: each rank a device
-of cores / ranks of a core (:mod:`ddlsim.topologies.sharedcores`, Linux's fair scheduler).
-The op-by-op account stays in CPU time against one core per rank. A wall-time comparison
-measures whatever else runs on the machine too: run it on a quiet one. A rank count past
-the cores that is not a multiple of them (3 ranks on 2 cores) is refused before it runs, with
-the reason (:func:`ddlsim.topologies.sharedcores.uneven_refusal`: the cores' run queues are
-then uneven, which the fair share does not model).
+Rank counts above the node's usable cores that are a multiple of them (4 ranks on 2 cores)
+are ranks taking turns on the cores, and the turns are part of the time to predict, so those
+runs are compared in **wall time**: the jobs of steps 1-2 get ``--clock wall
+--allow-shared-cores`` (the collectives timed in wall time; the GEMM and element-wise
+samples stay CPU time, a core's own rates), the forward and backward and the exchange and
+update are compared in wall time, and ddlsim predicts them on
+:func:`~.machine.shared_local_system`: each rank a device of cores / ranks of a core
+(:mod:`ddlsim.topologies.sharedcores`, Linux's fair scheduler). The op-by-op account stays
+in CPU time against one core per rank. A wall-time comparison measures whatever else runs on
+the machine too: run it on a quiet one. A rank count past the cores that is not a multiple
+of them (3 ranks on 2 cores) is refused before it runs, with the reason
+(:func:`ddlsim.topologies.sharedcores.uneven_refusal`: the cores' run queues are then
+uneven, which the fair share does not model).
 """
 
 from __future__ import annotations
@@ -385,11 +386,12 @@ def run_loop(work: Path, model: LoopModel = REFERENCE, ranks: tuple[int, ...] = 
     for n in ranks:
         runs = strategies if n > 1 else strategies[:1]
         uneven = uneven_share(n)
-        ours = [{"strategy": s, "ranks": n, "refused": uneven} for s in runs] if uneven \
-            else loop_ranks(work, model, n, runs, statistic, max_rel_rmse, when, log)
-        if uneven:
+        if uneven:      # refused before any job runs (module docstring)
+            ours = [{"strategy": s, "ranks": n, "refused": uneven} for s in runs]
             for row in ours:
                 log(_row_line(row))
+        else:
+            ours = loop_ranks(work, model, n, runs, statistic, max_rel_rmse, when, log)
         rows += ours  # kept as it grows: a later failure leaves the runs so far
         (work / "closed_loop.json").write_text(json.dumps(rows, indent=1))
     return rows
