@@ -41,16 +41,9 @@ def uneven_share(n: int) -> str | None:
     """Why ``n`` ranks past this machine's usable cores are not predicted, when they do not
     divide evenly over the cores (:func:`ddlsim.topologies.sharedcores.uneven_refusal`), or
     None: the reference loops count such a rank count as refused before running it."""
-    from ..errors import ConfigError
     from ..topologies.sharedcores import uneven_refusal
     cores = cpu_cores()
-    if n <= cores:
-        return None
-    try:
-        uneven_refusal(cores, n, "this machine")
-    except ConfigError as exc:
-        return str(exc)
-    return None
+    return None if n <= cores else uneven_refusal(cores, n, "this machine")
 
 
 def mpi_env() -> dict:

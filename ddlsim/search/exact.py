@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 
@@ -35,8 +36,6 @@ def first_sentence(message: str, limit: int = 160) -> str:
     """A rejection reason: the first line of a config error, a stack rule's source left out
     (``… (rule NAME)``, as the vectorised tier words it: the rule's name, not its source, is
     what a reason must keep), cut at ``limit`` characters."""
-    import re
-
     line = str(message).strip().splitlines()[0] if str(message).strip() else "rejected"
     line = re.sub(r"\(rule (\w+); source: .*", r"(rule \1)", line)
     if len(line) <= limit:

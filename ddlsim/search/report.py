@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import re
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -223,8 +225,6 @@ def summary_text(frame, width: int | None = None) -> str:
     (:func:`grouped_reasons`: reasons of one rule that differ only in their values are one
     line, the most frequent shown); ``width``: each reason wrapped to it, its lines indented
     under its text (None: one line each)."""
-    import textwrap
-
     total, rejected = frame.attrs.get("total", len(frame)), frame.attrs.get("rejected", {})
     text = f"{total:,} plans: {len(frame):,} evaluated, {sum(rejected.values()):,} rejected"
     if rejected:
@@ -257,8 +257,6 @@ def grouped_reasons(rejected: dict[str, int]) -> list[tuple[str, int, int]]:
     ``rejected``'s order), with the plans of all of them; most plans first, ties in
     ``rejected``'s order. The search's frame keeps every reason apart
     (``frame.attrs["rejected"]``)."""
-    import re
-
     groups: dict[str, list] = {}
     for reason, count in rejected.items():
         g = groups.setdefault(re.sub(_VALUE, "#", reason), [reason, count, 0, 0])

@@ -60,13 +60,15 @@ def _check(system: SystemConfig, ranks_per_node: int) -> float:
             or ranks_per_node < cores:
         raise ConfigError(f"ranks per node = {ranks_per_node!r}: sharing the {cores} cores of "
                           f"'{system.name}' needs an integer of at least {cores}")
-    uneven_refusal(cores, ranks_per_node, system.name)
+    refusal = uneven_refusal(cores, ranks_per_node, system.name)
+    if refusal:
+        raise ConfigError(refusal)
     return cores / ranks_per_node
 
 
-def uneven_refusal(cores: int, ranks: int, name: str = "this node") -> None:
-    """Raise a ConfigError when ``ranks`` do not divide evenly over ``cores`` (module
-    docstring, "Uneven shares"), naming the counts and what is allowed; return otherwise.
+def uneven_refusal(cores: int, ranks: int, name: str = "this node") -> str | None:
+    """Why ``ranks`` that do not divide evenly over ``cores`` are refused (module docstring,
+    "Uneven shares"), naming the counts and what is allowed; None where they divide.
 
     Parameters
     ----------
@@ -77,9 +79,9 @@ def uneven_refusal(cores: int, ranks: int, name: str = "this node") -> None:
     name : str
         The system or machine, for the message.
     """
-    if ranks % cores:
-        raise ConfigError(
-            f"ranks per node = {ranks} on the {cores} cores of '{name}': ranks sharing cores "
+    if ranks % cores == 0:
+        return None
+    return (f"ranks per node = {ranks} on the {cores} cores of '{name}': ranks sharing cores "
             f"are modelled when they divide evenly over them (each core's run queue as long); "
             f"with {ranks} on {cores} some cores run {-(-ranks // cores)} ranks and others "
             f"{ranks // cores}, and Linux moves ranks between the run queues only when it "
