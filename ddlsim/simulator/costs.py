@@ -246,13 +246,17 @@ class CostModel:
             return name
         return f"{name}/{best_protocol(kind, algo, nbytes, net, net.nccl)[0]}"
 
-    def phases(self, op: Collective, algorithm: str) -> list[Phase] | None:
+    def phases(self, op: Collective, algorithm: str,
+               weights: np.ndarray | None = None) -> list[Phase] | None:
         """The flows the DES replays for ``op`` timed by ``algorithm``, bytes per collective
         byte (:meth:`Algorithm.phases_for`; uneven sizes: :meth:`Algorithm.uneven_phases_for`,
-        None where the algorithm's generic uneven phases hold)."""
+        None where the algorithm's generic uneven phases hold). ``weights``: the op's
+        :func:`split_weights` where the caller has them already (else computed here)."""
         algo, net = get_algorithm(op.op, algorithm), self.nets[op.group]
         if op.split_bytes is not None:
-            return algo.uneven_phases_for(split_weights(op.split_bytes, op.split_by), net)
+            if weights is None:
+                weights = split_weights(op.split_bytes, op.split_by)
+            return algo.uneven_phases_for(weights, net)
         return algo.phases_for(op.bytes, net)
 
     def _closed_form(self, kind: str, group: str, nbytes: float, algo: str | None,

@@ -154,7 +154,7 @@ class Collectives:
             rows = np.flatnonzero(np.isin(self.class_of[fam.members], classes).any(axis=1))
             g = self.cost.nets[group].g
             weights = None if split is None else split_weights(split, split_by)
-            phases = self.cost.phases(op, algo)   # None: the algorithm's generic uneven form
+            phases = self.cost.phases(op, algo, weights)  # None: the generic uneven form
             tpl = collective_template(self.routes, self.devices, fam.members[rows], kind, algo,
                                       root, g, f"{group}.{kind}/{algo}", weights, phases)
             self._templates[key] = tpl
