@@ -237,3 +237,41 @@ def test_join_names_each_domain_by_its_smallest_link():
     assert net.root.tolist() == [0, 1, 2, 2, 4, 2, 6, 1, 1, 1, 10]
     net.join([np.array([3, 8])])   # both domains into one, named 1
     assert net.root.tolist() == [0, 1, 1, 1, 4, 1, 6, 1, 1, 1, 10]
+
+
+class _Held:
+    """A stand-in for a reserving run: counts its materialisations and gives its links back."""
+
+    def __init__(self, net, links):
+        self.net, self.links, self.materialised = net, links, 0
+
+    def materialise(self):
+        self.materialised += 1
+        self.net.release(self.links)
+
+
+class _Silent:
+    def flows_done(self, local):
+        pass
+
+
+def test_a_run_holds_its_links_not_its_domain():
+    """Flows on other links of a joined domain leave a run's links idle and its reservation
+    standing (they cannot change its max-min rates); a flow over one of its links
+    materialises it first. Links 0-2 are one domain (routes 0→2 and 1→2 join them)."""
+    import simpy
+    env = simpy.Environment()
+    net = FlowNetwork(env, np.full(4, 1e9))
+    net.join([np.array([0, 2]), np.array([1, 2])])
+    assert net.root[:3].tolist() == [0, 0, 0]
+    net.submit(_Silent(), np.array([[1, 2]]), np.array([1e6]), np.array([1]))
+    assert net.idle(np.array([0])) and not net.idle(np.array([1])) and not net.idle(np.array([2]))
+    run = _Held(net, np.array([0]))
+    net.reserve(run.links, run)
+    assert not net.idle(np.array([0]))
+    net.submit(_Silent(), np.array([[1, 2]]), np.array([1e6]), np.array([1]))  # beside it
+    assert run.materialised == 0
+    net.submit(_Silent(), np.array([[0, 2]]), np.array([1e6]), np.array([1]))  # over it
+    assert run.materialised == 1
+    env.run()
+    assert net.idle(np.array([0, 1, 2, 3]))   # every flow ended, nothing held

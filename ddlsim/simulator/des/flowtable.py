@@ -117,13 +117,15 @@ class LinkLedger:
         self.since[links[self.users[links] == 0]] = now
         self.users[links] += counts
 
-    def finish(self, edges: np.ndarray, now: float) -> None:
-        """Flows ``edges`` ended (their bytes were booked when they started)."""
+    def finish(self, edges: np.ndarray, now: float) -> tuple[np.ndarray, np.ndarray]:
+        """Flows ``edges`` ended (their bytes were booked when they started); returns
+        :func:`link_counts` of ``edges``."""
         links, counts = link_counts(edges, len(self.users))
         self.users[links] -= counts
         idle = links[self.users[links] == 0]
         self._unbind(idle)
         self._busy[idle] += now - self.since[idle]
+        return links, counts
 
     @property
     def busy_s(self) -> np.ndarray:

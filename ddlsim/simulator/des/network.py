@@ -11,9 +11,13 @@ are re-solved (:meth:`FlowNetwork._affected`, :mod:`.reach`). All submissions an
 simulated instant are coalesced into a single recomputation; one SimPy timeout wakes the
 network at the next completion.
 
-A run whose domains carry no other traffic may *reserve* them and skip the flow machinery
-(see :mod:`.runs`); as soon as anything else is submitted into a reserved domain, the run
-is materialised into real flows with the bytes it has left, before rates are recomputed.
+A run whose links carry no other traffic may *reserve* them and skip the flow machinery
+(see :mod:`.runs`); as soon as a flow is submitted over a reserved link, the run is
+materialised into real flows with the bytes it has left, before rates are recomputed. The
+reservation is per link, not per domain: flows that share no link with a run cannot change
+its max-min rates, however their routes join its domain (a data-parallel ring's routes join
+every node's NVLink and NIC domains into one, where a tensor-parallel collective and a
+pipeline send still share no link).
 """
 
 from __future__ import annotations
@@ -24,11 +28,11 @@ from typing import Protocol
 import numpy as np
 import simpy
 
-from .flowtable import FlowTable, LinkLedger, pad_to
+from .flowtable import FlowTable, LinkLedger, link_counts, pad_to
 from .components import LinkedFlows
 from .maxmin import RateMemo
 from .reach import affected, isolated
-from .uniq import unique_counts, unique_inverse
+from .uniq import unique_inverse, unique_values
 
 __all__ = ["FlowNetwork", "FlowOwner"]
 
@@ -44,7 +48,7 @@ class FlowOwner(Protocol):
 
 class Reserver(Protocol):
     def materialise(self) -> None:
-        """Give the reserved domains back and continue as real flows from now on."""
+        """Give the reserved links back and continue as real flows from now on."""
 
 
 class FlowNetwork:
@@ -74,18 +78,15 @@ class FlowNetwork:
         self.max_load_ratio = 0.0
         self._parent = np.arange(n_links + 1)
         self.root = self._parent.copy()
-        self._users = np.zeros(n_links + 1, dtype=np.int64)  # per domain root
-        #: per domain root, the id of the run that holds it (−1: none); runs by id, in the
-        #: order they reserved (arrays, not a dict per root: a tensor-parallel collective at
-        #: 131,072 GPUs holds 16,384 node domains at once)
+        #: per link, the id of the run that holds it (−1: none); runs by id, in the order
+        #: they reserved (arrays, not a dict per link)
         self._holder = np.full(n_links + 1, -1, dtype=np.int64)
         self._runs: dict[int, Reserver] = {}
-        #: per domain root, its users plus 1 while a run holds it (0: idle), kept beside
-        #: both so that the check of a run's domains is one lookup
+        #: per link, the flows submitted over it and not yet ended, plus 1 while a run holds
+        #: it (a submission over a held link materialises the run first), so that the check
+        #: of a run's links is one lookup (0: idle)
         self._taken = np.zeros(n_links + 1, dtype=np.int64)
         self._next_run = 0
-        #: bumped whenever domains merge (their roots change)
-        self.epoch = 0
         self._dirty = np.zeros(n_links + 1, dtype=bool)
         self._added: list[tuple[np.ndarray, np.ndarray]] = []  # (routes, slots) since the solve
         self._removed: list[np.ndarray] = []  # routes of flows ended since the last solve
@@ -160,45 +161,26 @@ class FlowNetwork:
         dirty[root[self._dirty]] = True
         self._dirty = dirty
         self._pending = [(e, b, m, o, root[d]) for e, b, m, o, d in self._pending]
-        live = self._slots.live()
-        doms = [self._slots.dom[live]] + [p[4] for p in self._pending]
-        self._users = np.bincount(np.concatenate(doms), minlength=self.pad + 1)
-        held = list(self._runs.values())
-        self._runs = {}
-        self._holder[:] = -1
-        self._taken = self._users.copy()
-        self.epoch += 1
-        for run in held:
-            run.materialise()
 
-    def domains(self, first_links: np.ndarray, before: np.ndarray | None = None) -> np.ndarray:
-        """Domain roots of flows whose first links are ``first_links`` (pad excluded);
-        ``before``, their roots at an earlier epoch, is still the answer while each of them
-        is still a root (merges only join domains)."""
-        if before is not None and (self.root[before] == before).all():
-            return before
-        roots = unique_counts(self.root[first_links])[0]
-        return roots[roots != self.pad]
+    def idle(self, links: np.ndarray) -> bool:
+        """No flow is active or pending on any of ``links`` and no run holds one."""
+        return not np.count_nonzero(self._taken[links])  # ndarray.any: a Python-level wrapper
 
-    def idle(self, roots: np.ndarray) -> bool:
-        """No flow is active or pending and no run holds any of ``roots``."""
-        return not np.count_nonzero(self._taken[roots])  # ndarray.any: a Python-level wrapper
-
-    def reserve(self, roots: np.ndarray, run: Reserver) -> None:
-        """``run`` holds the idle domains ``roots`` (:meth:`idle`) until it releases them."""
-        if len(roots):
-            self._holder[roots] = rid = self._next_run
-            self._taken[roots] = 1  # idle: no users, now held
+    def reserve(self, links: np.ndarray, run: Reserver) -> None:
+        """``run`` holds the idle ``links`` (:meth:`idle`) until it releases them."""
+        if len(links):
+            self._holder[links] = rid = self._next_run
+            self._taken[links] += 1  # idle: no flow; now held
             self._next_run += 1
             self._runs[rid] = run
 
-    def release(self, roots: np.ndarray) -> None:
-        """Give back the domains ``roots`` (all of one run's, or none held any more)."""
-        if len(roots):
-            rid = int(self._holder[roots[0]])
+    def release(self, links: np.ndarray) -> None:
+        """Give back ``links`` (all of one run's, or none held any more)."""
+        if len(links):
+            rid = int(self._holder[links[0]])
             if rid >= 0:
-                self._holder[roots] = -1
-                self._taken[roots] = self._users[roots]  # held no more
+                self._holder[links] = -1
+                self._taken[links] -= 1  # held no more
                 del self._runs[rid]
 
     def account(self, key: object, edges: np.ndarray, mult: np.ndarray, flow_bytes: float,
@@ -226,14 +208,14 @@ class FlowNetwork:
         if not booked:
             self.links.carry(edges, nbytes * mult)
         dom = self.root[edges[:, 0]]
-        doms, counts = unique_counts(dom)
-        if self._runs:  # runs holding these domains go on as flows, smallest root first
-            for r in doms[self._holder[doms] >= 0].tolist():
-                rid = int(self._holder[r])
-                if rid >= 0:
-                    self._runs[rid].materialise()
-        self._users[doms] += counts
-        self._taken[doms] += counts
+        links, counts = link_counts(edges, self.pad + 1)
+        if self._runs:  # runs holding these links go on as flows, in the order they reserved
+            held = self._holder[links]
+            for rid in unique_values(held[held >= 0]).tolist():
+                run = self._runs.get(rid)   # (None: materialised meanwhile, by another's flows)
+                if run is not None:
+                    run.materialise()
+        self._taken[links] += counts
         oid = self._next_owner
         self._next_owner += 1
         self._owners[oid] = (owner, len(edges))
@@ -355,13 +337,12 @@ class FlowNetwork:
     def _finish(self, done: np.ndarray, now: float) -> None:
         s = self._slots
         self._advance(done, now)
-        doms, counts = unique_counts(s.dom[done])
-        self._users[doms] -= counts
-        self._taken[doms] -= counts
-        self._dirty[doms] = True
-        self._removed.append(s.edges[done])
+        self._dirty[s.dom[done]] = True
+        edges = s.edges[done]
+        self._removed.append(edges)
         owners, local = s.owner[done], s.local[done]
-        self.links.finish(s.edges[done], now)
+        links, counts = self.links.finish(edges, now)
+        self._taken[links] -= counts
         s.remove(done)
         order = np.lexsort((local, owners))
         owners, local = owners[order], local[order]

@@ -8,7 +8,7 @@ rates stay put, see docs/engines.md). The run is done when its slowest instance 
 Instances that finish a phase at the same instant move on together, as one submission.
 
 A run that starts on idle links and whose phases are uniform (:mod:`.express`) reserves its
-domains and sleeps to its end; other traffic arriving there materialises it first.
+links and sleeps to its end; other traffic arriving on them materialises it first.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import simpy
 from .express import IsolatedPhase, isolated_profile
 from .network import FlowNetwork
 from .templates import FlowTemplate, PhaseFlows
-from .uniq import unique_inverse
+from .uniq import unique_inverse, unique_values
 
 __all__ = ["TemplateRun", "FlowRecord"]
 
@@ -122,7 +122,9 @@ class TemplateRun:
 
     # ------------------------------------------------------------------ express
     def _try_express(self) -> bool:
-        """Reserve idle links and sleep to the end, if the isolated timeline is exact."""
+        """Reserve idle links and sleep to the end, if the isolated timeline is exact (no
+        other flow crosses the run's links while it holds them: a flow submitted over one
+        materialises it first)."""
         net = self.network
         if not net.shortcuts:
             return False
@@ -132,16 +134,14 @@ class TemplateRun:
             profile = cache["isolated"] = isolated_profile(self.template, net.capacity_Bps)
         if profile is None:
             return False
-        got = cache.get("roots")
-        if got is None or got[0] != net.epoch:  # domains merged since: look them up again
-            got = cache["roots"] = (net.epoch, net.domains(
-                self.template.first_links, None if got is None else got[1]))
-        roots = got[1]
-        if not net.idle(roots):
+        links = cache.get("links")
+        if links is None:  # every link a phase's flows cross
+            links = cache["links"] = unique_values(np.concatenate([iso.links for iso in profile]))
+        if not net.idle(links):
             return False
         plan, total = self._plan(profile)
-        self.express = (self.env.now, plan, roots, profile)
-        net.reserve(roots, self)
+        self.express = (self.env.now, plan, links, profile)
+        net.reserve(links, self)
         self.env.timeout(total).callbacks.append(self._express_end)
         return True
 
@@ -176,9 +176,9 @@ class TemplateRun:
     def _express_end(self, _event: simpy.Event) -> None:
         if self.express is None:  # materialised meanwhile
             return
-        t, plan, roots, profile = self.express
+        t, plan, links, profile = self.express
         self.express = None
-        self.network.release(roots)
+        self.network.release(links)
         for k, ((transfer, lat), iso) in enumerate(zip(plan, profile)):
             self._book(k, iso, 1.0, t, t + transfer)
             t += transfer + lat
@@ -188,9 +188,9 @@ class TemplateRun:
     def materialise(self) -> None:
         """Continue as real flows from now: the current phase with the bytes it has left,
         or the rest of the current latency wait."""
-        t, plan, roots, profile = self.express
+        t, plan, links, profile = self.express
         self.express = None
-        self.network.release(roots)
+        self.network.release(links)
         now, everyone = self.env.now, np.arange(self.template.instances)
         for k, ((transfer, lat), iso) in enumerate(zip(plan, profile)):
             if now < t + transfer:

@@ -79,16 +79,6 @@ class FlowTemplate:
     def instances(self) -> int:
         return len(self.members)
 
-    @property
-    def first_links(self) -> np.ndarray:
-        """The first link of every flow of every phase (they name the flows' domains)."""
-        got = self.cache.get("first_links")
-        if got is None:
-            firsts = [ph.edges[:, 0] for ph in self.phases if len(ph.edges)]
-            got = np.unique(np.concatenate(firsts)) if firsts else np.empty(0, dtype=np.int64)
-            self.cache["first_links"] = got
-        return got
-
 
 class RouteTable:
     """Routes between devices, cached as padded link-id rows, joined into network domains."""
