@@ -99,21 +99,21 @@ def _no_zero12(f: PlanFacts):
 @stack_rule("async_tp_needs_compile", "asynchronous TP without torch.compile",
             "parallel.tp_comm_overlap", "system.software.kernels.compile")
 def _async_tp_needs_compile(f: PlanFacts):
-    return f.tp_overlap & ~f.compiled
+    return (f.tp > 1) & f.tp_overlap & ~f.compiled
 
 
 @stack_rule("async_tp_is_torchs", "TransformerEngine's userbuffers TP overlap (tp_comm_overlap "
             "bulk or pipelined; this stack's async TP is torch_async)",
             "parallel.tp_comm_overlap")
 def _async_tp_is_torchs(f: PlanFacts):
-    return f.te_tp_overlap
+    return (f.tp > 1) & f.te_tp_overlap
 
 
 @stack_rule("no_torch_async_tp", "PyTorch's symmetric-memory async TP (tp_comm_overlap "
             "torch_async; this stack's TP overlap, if any, is its own)",
             "parallel.tp_comm_overlap")
 def _no_torch_async_tp(f: PlanFacts):
-    return f.torch_tp_overlap
+    return (f.tp > 1) & f.torch_tp_overlap
 
 
 @stack_rule("moe_ep_divides_dp", "expert parallelism that does not divide data parallelism "
