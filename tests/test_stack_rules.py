@@ -345,6 +345,9 @@ AUDITED = [
     ("megatron-core-2025", LLAMA, ["parallel.zero_stage=3", "train.dtype=fp16",
                                    "system.software.kernels.gradient_accumulation_fusion=false"],
      "fsdp2_no_fp16"),
+    ("megatron-core-2025", DENSE, ["parallel.zero_stage=3", "train.dtype=bf16",   # GPT-3: tied
+                                   "system.software.kernels.gradient_accumulation_fusion=false"],
+     "fsdp2_needs_untied_embeddings"),
     ("megatron-core-2025", LLAMA, ["parallel.schedule=gpipe"], "no_gpipe"),
     ("megatron-core-2025", LLAMA, ["system.software.kernels.compile=true"], "no_torch_compile"),
 ]

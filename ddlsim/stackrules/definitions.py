@@ -331,6 +331,13 @@ def _fsdp2_no_fp16(f: PlanFacts):
     return (f.zero == 3) & ~f.megatron_fsdp & f.fp16
 
 
+@stack_rule("fsdp2_needs_untied_embeddings", "ZeRO-3 as PyTorch FSDP2 with the output layer "
+            "tied to the input embedding", "parallel.zero_stage", _IMPL,
+            "model.tie_word_embeddings")
+def _fsdp2_needs_untied_embeddings(f: PlanFacts):
+    return (f.zero == 3) & ~f.megatron_fsdp & f.tied
+
+
 @stack_rule("megatron_fsdp_no_grad_accum_fusion", "Megatron-FSDP with gradient accumulation "
             "fusion", _IMPL, "system.software.kernels.gradient_accumulation_fusion")
 def _megatron_fsdp_no_grad_accum_fusion(f: PlanFacts):

@@ -105,6 +105,8 @@ class PlanFacts:
     param_gather_overlap: Any = False
     #: the stack's ``host_dispatch`` is ``cuda_graphs``
     cuda_graphs: Any = False
+    #: the model ties its output layer to the input embedding (``tie_word_embeddings``)
+    tied: Any = False
     #: the resolved ``parallel.moe`` options ``grouped_gemm`` and ``permute_fusion`` (MoE only)
     grouped_gemm: Any = False
     permute_fusion: Any = False
@@ -145,7 +147,7 @@ def context_facts(cfg: Any) -> dict:
     ``te_cross_entropy``, ``fp8_params``, ``fp16``, ``fp8``, ``fp32``,
     ``param_gather_overlap``, ``cuda_graphs``, ``compiled``, the TP overlap settings
     (``tp_overlap``, ``te_tp_overlap``, ``torch_tp_overlap``: the rules read them with
-    ``tp > 1``), ``megatron_uneven``, ``moe``, ``ep`` and the MoE plan's options; for a
+    ``tp > 1``), ``megatron_uneven``, ``tied``, ``moe``, ``ep`` and the MoE plan's options; for a
     context without a config (None) the values that break no rule.
     :meth:`PlanFacts.of_config` and the search's arrays (:mod:`ddlsim.search.plans`) both
     take them from here."""
@@ -155,7 +157,7 @@ def context_facts(cfg: Any) -> dict:
                 "fp8_params": False, "fp16": False, "fp8": False, "fp32": False,
                 "param_gather_overlap": False, "cuda_graphs": False, "compiled": False,
                 "tp_overlap": False, "te_tp_overlap": False, "torch_tp_overlap": False,
-                "megatron_uneven": False, "moe": False, "ep": 1, **_MOE_OFF}
+                "megatron_uneven": False, "tied": False, "moe": False, "ep": 1, **_MOE_OFF}
     sw, dtype, tpo = cfg.software, cfg.train.dtype, cfg.software.tp_comm_overlap
     return {"cp": cfg.parallel.cp, "p2p_overlap": bool(sw.overlap_p2p_comm),
             "megatron_fsdp": sw.zero3_implementation == "megatron_fsdp",
@@ -170,6 +172,7 @@ def context_facts(cfg: Any) -> dict:
             "tp_overlap": tpo != "off", "te_tp_overlap": tpo in ("bulk", "pipelined"),
             "torch_tp_overlap": tpo == "torch_async",
             "megatron_uneven": _megatron_uneven(cfg.parallel),
+            "tied": bool(getattr(cfg.model, "tie_word_embeddings", False)),
             "moe": bool(getattr(cfg.model, "num_local_experts", 0)), "ep": cfg.parallel.ep,
             **_moe_facts(cfg)}
 
