@@ -47,9 +47,12 @@ VARIANTS = {
     # nor ZeRO-3 (rule no_zero3): PyTorch FSDP under its kernels, pinned as a what-if
     "zero3-pp1": ["parallel.zero_stage=3", "parallel.pipeline_model_parallel_size=1",
                   "system.software={stack: megatron-core-2024, what_if: true}"],
-    # DeepSpeed 2021's per-tensor ZeRO-3: gathers on demand, re-gathers under full recompute
+    # DeepSpeed 2021's per-tensor ZeRO-3: gathers on demand, re-gathers under full recompute;
+    # a what-if since 2026-12-01: DeepSpeed v0.3.13 runs ZeRO in fp16 only (rule
+    # zero_needs_fp16) and the base trains in bf16 (numbers unchanged)
     "zero3-deepspeed-2021": ["parallel.zero_stage=3", "parallel.pipeline_model_parallel_size=1",
-                             "train.recompute=full", "system.software=deepspeed-2021"],
+                             "train.recompute=full",
+                             "system.software={stack: deepspeed-2021, what_if: true}"],
     "ring-tree": ["parallel.collective_algorithm={all_reduce: tree}"],
     "fp16-rail": ["train.dtype=fp16", "system.network.topology=rail_optimized"],
 }

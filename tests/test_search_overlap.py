@@ -76,7 +76,10 @@ def test_search_tier_times_module_hook_zero3_as_the_exact_engine(stack, prefetch
     passes; deepspeed: one per module), with the recomputation's re-gathers, on the search
     tier equals the exact engine, gathered on demand and one layer ahead."""
     software = {"stack": stack, "overlap": {"zero3_prefetch_modules": prefetch}}
-    data = {**BASE, "system": {**BASE["system"], "software": software}}
+    # fp16: DeepSpeed v0.3.13 runs ZeRO in fp16 only (deepspeed-2021 rule zero_needs_fp16);
+    # its selective plans are rejected (no_selective_recompute), the others compared
+    data = {**BASE, "train": {**BASE["train"], "dtype": "fp16"},
+            "system": {**BASE["system"], "software": software}}
     axes = {"parallel.tensor_model_parallel_size": [1, 4],
             "parallel.zero_stage": [3],
             "train.micro_batch_size": [1, 2],
@@ -97,6 +100,7 @@ def test_search_tier_memory_counts_the_list_gather_buffer():
     most the output layer and the last MLP GEMM), and per tensor (deepspeed-2021) a second flat copy of the
     largest tensor: the search tier's memory equals ddlsim.memory_per_device's."""
     data = {**BASE, "parallel": {"zero_stage": 3, "tensor_model_parallel_size": 2},
+            "train": {**BASE["train"], "dtype": "fp16"},   # deepspeed-2021: ZeRO in fp16 only
             "system": {**BASE["system"], "software": "deepspeed-2021"}}
     cfg = build_config(data, [])
     total = ddlsim.memory_per_device(cfg).total

@@ -95,10 +95,12 @@ def test_every_plan_within_two_percent_of_the_exact_engine(data):
 
 
 def test_p90_within_half_a_percent_over_a_sample():
-    """60 random plans that both tiers accept (a fixed seed): p90 ≤ 0.5 %, max ≤ 2 %."""
+    """60 random plans that both tiers accept (a fixed seed): p90 ≤ 0.5 %, max ≤ 2 %. (Up to
+    800 draws: the stacks' rules refuse many of the random plans, e.g. DeepSpeed's ZeRO in
+    another precision than fp16 or TransformerEngine's TP overlap.)"""
     rng = np.random.default_rng(27)
     errors = []
-    for _ in range(400):
+    for _ in range(800):
         err = relative_error(*_case(lambda xs: xs[rng.integers(len(xs))]))
         if err is not None:
             errors.append(err)

@@ -276,3 +276,149 @@ def test_fms_fsdp_runs_fsdp_alone(plan, rule):
     assert set(grid.frame["parallel.tensor_model_parallel_size"]) == {1}
     assert set(grid.frame["parallel.pipeline_model_parallel_size"]) == {1}
     assert any(f"(rule {rule})" in r for r in grid.rejected), grid.rejected
+
+
+# ------------------------------------------- the audit of deepspeed, deepspeed-2021, mcore-2025
+#: gpt3-1.3b on one DGX A100 (DP 8), fp16 (DeepSpeed v0.3.13's ZeRO), no pipeline
+DENSE = {"model": "gpt3-1.3b", "parallel": {},
+         "train": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 1024,
+                   "dtype": "fp16"},
+         "system": {"preset": "dgx-a100", "nodes": 1}}
+#: Mixtral 8x7B (8 experts) on two DGX H100
+MOE = {"model": "mixtral-8x7b", "parallel": {"expert_model_parallel_size": 2},
+       "train": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 1024},
+       "system": {"preset": "dgx-h100", "nodes": 2}}
+#: Llama 3.1 8B on one DGX H100
+LLAMA = {"model": "llama-3.1-8b", "parallel": {},
+         "train": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 4096},
+         "system": {"preset": "dgx-h100", "nodes": 1}}
+
+AUDITED = [
+    # (stack, base, plan's settings, rule)
+    ("deepspeed", DENSE, ["parallel.tensor_model_parallel_size=2", "train.dtype=fp8",
+                          "system.preset=dgx-h100",
+                          "system.software.kernels.fp8_recipe=te_current"],
+     "no_te_current_scaling"),
+    ("deepspeed", DENSE, ["train.dtype=fp8", "system.preset=dgx-h100",
+                          "system.software.kernels.fp8_recipe=tensorwise"], "no_torchao_float8"),
+    ("deepspeed", DENSE, ["parallel.tensor_model_parallel_size=2",
+                          "parallel.sequence_parallel=true", "parallel.tp_comm_overlap=bulk"],
+     "no_te_tp_overlap"),
+    ("deepspeed", DENSE, ["parallel.pipeline_model_parallel_size=2",
+                          "parallel.num_layers_in_first_pipeline_stage=10"],
+     "no_megatron_uneven_split"),
+    ("deepspeed", DENSE, ["parallel.zero_stage=1", "parallel.overlap_param_gather=true"],
+     "no_param_gather_overlap"),
+    ("deepspeed", DENSE, ["parallel.schedule=gpipe"], "pipeline_1f1b_only"),
+    ("deepspeed", DENSE, ["system.software.kernels.host_dispatch=cuda_graphs"], "no_cuda_graphs"),
+    ("deepspeed", MOE, ["parallel.zero_stage=3"], "zero3_no_moe"),
+    ("deepspeed", MOE, ["parallel.expert_model_parallel_size=8",
+                        "parallel.tensor_model_parallel_size=4",
+                        "parallel.expert_tensor_parallel_size=1"], "moe_ep_divides_dp"),
+    ("deepspeed", MOE, ["parallel.tensor_model_parallel_size=4",
+                        "parallel.sequence_parallel=true",
+                        "parallel.expert_tensor_parallel_size=2"], "expert_tp_is_tp_or_one"),
+    ("deepspeed", MOE, ["parallel.moe={token_dispatcher_type: allgather}"],
+     "no_allgather_dispatcher"),
+    ("deepspeed", MOE, ["parallel.moe={grouped_gemm: true}"], "no_grouped_gemm"),
+    ("deepspeed", MOE, ["parallel.moe={permute_fusion: true}"], "no_permute_fusion"),
+    ("deepspeed-2021", DENSE, ["parallel.zero_stage=1", "train.dtype=bf16"], "zero_needs_fp16"),
+    ("deepspeed-2021", DENSE, ["train.dtype=fp8", "system.preset=dgx-h100"], "no_fp8"),
+    ("deepspeed-2021", DENSE, ["parallel.pipeline_model_parallel_size=2",
+                               "parallel.schedule=gpipe"], "pipeline_1f1b_only"),
+    ("deepspeed-2021", DENSE, ["train.recompute=selective"], "no_selective_recompute"),
+    # TE's TP overlap needs SP, which this stack lacks too (rule no_sequence_parallel first)
+    ("deepspeed-2021", DENSE, ["parallel.tensor_model_parallel_size=2",
+                               "parallel.sequence_parallel=true",
+                               "parallel.tp_comm_overlap=pipelined"], "no_te_tp_overlap"),
+    ("deepspeed-2021", DENSE, ["parallel.pipeline_model_parallel_size=2",
+                               "parallel.num_layers_in_last_pipeline_stage=10"],
+     "no_megatron_uneven_split"),
+    ("deepspeed-2021", DENSE, ["parallel.zero_stage=2", "parallel.overlap_param_gather=true"],
+     "no_param_gather_overlap"),
+    ("deepspeed-2021", DENSE, ["system.software.kernels.compile=true"], "no_torch_compile"),
+    ("deepspeed-2021", DENSE, ["system.software.kernels.host_dispatch=cuda_graphs"],
+     "no_cuda_graphs"),
+    ("deepspeed-2021", MOE, ["train.dtype=fp16", "parallel.moe={token_dispatcher_type: "
+                             "alltoall, grouped_gemm: false, permute_fusion: false}"], "no_moe"),
+    ("megatron-core-2025", LLAMA, ["parallel.zero_stage=3"], "fsdp2_no_grad_accum_fusion"),
+    ("megatron-core-2025", LLAMA, ["parallel.zero_stage=3", "train.dtype=fp16",
+                                   "system.software.kernels.gradient_accumulation_fusion=false"],
+     "fsdp2_no_fp16"),
+    ("megatron-core-2025", DENSE, ["parallel.zero_stage=3", "train.dtype=bf16",   # GPT-3: tied
+                                   "system.software.kernels.gradient_accumulation_fusion=false"],
+     "fsdp2_needs_untied_embeddings"),
+    ("megatron-core-2025", LLAMA, ["parallel.schedule=gpipe"], "no_gpipe"),
+    ("megatron-core-2025", LLAMA, ["system.software.kernels.compile=true"], "no_torch_compile"),
+]
+
+
+def _audited(stack: str, base: dict, sets: list[str], what_if: bool = False):
+    data = copy.deepcopy(base)
+    data["system"]["software"] = {"stack": stack, "what_if": what_if}
+    return build_config(data, sets)
+
+
+@pytest.mark.parametrize("stack, base, sets, rule", AUDITED,
+                         ids=[f"{s}-{r}" for s, _, _, r in AUDITED])
+def test_audited_stacks_refuse_what_their_code_cannot_run(stack, base, sets, rule):
+    """Each plan the audit of 2026-12-01 found the framework refuses (or has no code for) is
+    refused by predict naming the rule and its source, and predicted as a marked what-if."""
+    with pytest.raises(ConfigError) as exc:
+        _audited(stack, base, sets)
+    text = str(exc.value)
+    assert f"software stack {stack!r} cannot run" in text and rule in text, text
+    cfg = _audited(stack, base, sets, what_if=True)
+    broken = [r.name for r, _ in broken_rules(cfg)]
+    assert rule in broken
+    if broken[0] == rule:   # the message gives the first rule's source
+        assert dict((r.name, s) for r, s in stack_rules(stack))[rule] in text
+    if rule == "zero3_no_moe":   # nor does ddlsim model DeepSpeed's module hooks on MoE layers
+        with pytest.raises(ConfigError, match="modelled for dense decoder layers"):
+            ddlsim.predict(cfg, check_fit=False)
+        return
+    result = ddlsim.predict(cfg, check_fit=False)
+    assert result.extra["what_if"].startswith(f"what-if: {stack} cannot run")
+    assert result.iteration_time_s > 0
+
+
+@pytest.mark.parametrize("stack, base, sets", [
+    ("deepspeed", DENSE, ["parallel.zero_stage=2", "train.dtype=bf16"]),   # bf16 ZeRO today
+    ("deepspeed", DENSE, ["system.software.kernels.compile=true"]),   # DeepSpeed's compile()
+    ("deepspeed", MOE, ["parallel.zero_stage=2", "parallel.tensor_model_parallel_size=2",
+                        "parallel.sequence_parallel=true",
+                        "parallel.expert_tensor_parallel_size=1"]),    # experts not TP-split
+    ("deepspeed-2021", DENSE, ["parallel.zero_stage=3", "train.recompute=full"]),
+    ("megatron-core-2025", LLAMA, ["parallel.zero_stage=3",
+                                   "system.software.kernels.gradient_accumulation_fusion=false"]),
+    ("megatron-core-2025", LLAMA, ["parallel.zero_stage=1",
+                                   "system.software.kernels.host_dispatch=cuda_graphs"]),
+])
+def test_audited_stacks_still_run_what_their_code_runs(stack, base, sets):
+    assert not broken_rules(_audited(stack, base, sets))
+
+
+@pytest.mark.parametrize("stack, data, axes, rule", [
+    ("deepspeed-2021", DENSE, {"parallel.zero_stage": [0, 1], "train.dtype": ["fp16", "bf16"]},
+     "zero_needs_fp16"),
+    ("deepspeed-2021", DENSE, {"train.recompute": ["none", "selective"]},
+     "no_selective_recompute"),
+    ("deepspeed", DENSE, {"parallel.tensor_model_parallel_size": [2],
+                          "parallel.sequence_parallel": [True],
+                          "parallel.tp_comm_overlap": ["off", "bulk"]}, "no_te_tp_overlap"),
+    ("deepspeed", MOE, {"parallel.zero_stage": [0, 3]}, "zero3_no_moe"),
+    ("megatron-core-2025", LLAMA, {"parallel.zero_stage": [1, 3]},
+     "fsdp2_no_grad_accum_fusion"),
+])
+def test_search_rejects_the_audited_plans_as_predict_does(stack, data, axes, rule):
+    """Both tiers: every plan the search evaluates builds, every plan it rejects is refused
+    by the config, and the rule's name is among the rejections."""
+    from ddlsim.search.run import plan_overrides
+    data = copy.deepcopy(data)
+    data["system"]["software"] = stack
+    grid = evaluate_grid(data, None, [], axes, Constraints(must_fit=False))
+    assert any(f"rule {rule}" in r for r in grid.rejected), grid.rejected
+    columns = [c for c in grid.frame.columns if "." in c]
+    for i in range(len(grid.frame)):
+        assert not broken_rules(build_config(data, plan_overrides(grid.frame.iloc[i], columns)))
+    assert grid.total == len(grid.frame) + sum(grid.rejected.values())

@@ -10,7 +10,7 @@ from ddlsim.workloads.decoder.moeplan import resolve_moe
 _MOE = {"token_dispatcher_type": "alltoall", "grouped_gemm": False, "permute_fusion": False}
 
 
-def _mixtral(stack: str, moe: dict) -> dict:
+def _mixtral(stack: str | dict, moe: dict) -> dict:
     return {"model": "mixtral-8x7b", "parallel": {"moe": moe},
             "train": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 1024},
             "system": {"preset": "dgx-h100", "nodes": 2, "software": stack}}
@@ -29,14 +29,18 @@ def test_stackrules_asks_the_family_not_the_decoder_package():
     assert not any(m and "decoder" in m for m in imported), imported
 
 
+#: DeepSpeed v0.3.13 has no MoE code (rule no_moe): its MoE plans are what-ifs
+_DS2021_WHAT_IF = {"stack": "deepspeed-2021", "what_if": True}
+
+
 def test_default_hook_has_no_moe_plan_and_decoder_resolves_it():
-    cfg = build_config(_mixtral("deepspeed-2021", _MOE), [])
+    cfg = build_config(_mixtral(_DS2021_WHAT_IF, _MOE), [])
     assert WorkloadFamily.moe_plan(get_family("bert"), cfg) is None
     assert get_family(cfg.model.architecture).moe_plan(cfg) == resolve_moe(cfg)
 
 
 def test_stack_without_moe_code_runs_no_overlap_citing_its_rule():
-    plan = resolve_moe(build_config(_mixtral("deepspeed-2021", _MOE), []))
+    plan = resolve_moe(build_config(_mixtral(_DS2021_WHAT_IF, _MOE), []))
     assert plan.a2a_overlap is False and plan.delay_wgrad is False
     assert "v0.5.0" in plan.sources["overlap_expert_parallel_comm"]
     assert plan.sources["token_dispatcher_type"] == "parallel.moe.token_dispatcher_type"

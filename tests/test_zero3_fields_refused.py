@@ -17,8 +17,9 @@ from ddlsim.errors import ConfigError
 #: GPT-3 1.3B on two DGX A100 nodes (16 ranks), under DeepSpeed 2021: per-tensor ZeRO-3,
 #: whose stack sets every zero3_* host and bucket field away from zero
 BASE = {"model": "gpt3-1.3b",
+        # fp16: DeepSpeed v0.3.13 runs ZeRO in fp16 only (deepspeed-2021 rule zero_needs_fp16)
         "train": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 2048,
-                  "recompute": "full"},
+                  "recompute": "full", "dtype": "fp16"},
         "system": {"preset": "dgx-a100", "nodes": 2}}
 
 
@@ -86,7 +87,8 @@ def test_a_set_override_is_refused_as_the_file_would_be():
 def test_predict_on_the_command_line_refuses_it(tmp_path):
     f = tmp_path / "zero1.yaml"
     f.write_text("model: gpt3-1.3b\nparallel: {zero_stage: 1}\n"
-                 "train: {micro_batch_size: 1, global_batch_size: 16, seq_length: 2048}\n"
+                 "train: {micro_batch_size: 1, global_batch_size: 16, seq_length: 2048, "
+                 "dtype: fp16}\n"
                  "system: {preset: dgx-a100, nodes: 2, software: {stack: deepspeed-2021, "
                  "overlap: {zero3_reduce_bucket_size: 5.0e+7}}}\n")
     r = CliRunner().invoke(app, ["predict", str(f)])

@@ -16,8 +16,9 @@ from ddlsim.workloads.decoder.zero3_fetch import reduce_host_split
 #: projection 4.19e6, biases and norms under 1e4: a bucket of 1e7 holds all but three weights
 BASE = {"model": "gpt3-1.3b",
         "parallel": {"zero_stage": 3, "pipeline_model_parallel_size": 1},
+        # fp16: DeepSpeed v0.3.13 runs ZeRO in fp16 only (deepspeed-2021 rule zero_needs_fp16)
         "train": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 2048,
-                  "recompute": "full"},
+                  "recompute": "full", "dtype": "fp16"},
         "system": {"preset": "dgx-a100", "nodes": 2}}
 
 

@@ -338,8 +338,13 @@ def _stack_rules(f, ctx_cfgs: list, inter, plain,
     ctx = f["context"]
     per_ctx = [context_facts(c) for c in ctx_cfgs]   # each context's own, once
     fixed = {k: np.array([d[k] for d in per_ctx])[ctx] for k in per_ctx[0]}
+    etp = np.array([0 if c is None or c.parallel.expert_tensor_parallel_size is None
+                    else c.parallel.expert_tensor_parallel_size for c in ctx_cfgs])[ctx]
     facts = PlanFacts.of(tp=f["tp"], pp=f["pp"], zero=f["zero"], sp=f["sp"].astype(bool),
-                         interleaved=inter, one_f_one_b=plain, **fixed)
+                         interleaved=inter, one_f_one_b=plain, dp=f["dp"],
+                         etp=np.where(etp > 0, etp, f["tp"]),   # unset: TP (ParallelConfig.etp)
+                         selective=f["recompute"] == RECOMPUTE.index("selective"),
+                         full_recompute=f["recompute"] == RECOMPUTE.index("full"), **fixed)
     whole = len(stacks) == 1 and len(next(iter(stacks.values()))) == len(ctx_cfgs)
     out = []
     for name, members in stacks.items():

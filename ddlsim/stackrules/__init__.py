@@ -17,11 +17,12 @@ true}`` lets a plan the stack cannot run be predicted anyway; the report says it
 (:func:`broken_rules`).
 
 The package: the plan's facts and the registry (:mod:`.facts`), the rules, registered on
-import (:mod:`.definitions`), and the checks that apply them (:mod:`.checks`).
+import (:mod:`.definitions`, :mod:`.moe_definitions`), and the checks that apply them
+(:mod:`.checks`).
 """
 
 from .facts import PlanFacts, StackRule, rules, stack_rule
-from . import definitions  # noqa: F401,E402  (registers the rules)
+from . import definitions, moe_definitions  # noqa: F401,E402  (registers the rules)
 from .checks import (broken_rules, check_stack_rules, stack_rejections, stack_rules,
                      what_if_note)
 

@@ -51,7 +51,8 @@ def _shown(cfg: Any, path: str) -> str:
                  "token_dispatcher_type": plan.dispatcher,
                  "shared_expert_overlap": plan.shared_expert_overlap,
                  "flex_dispatcher_backend": plan.flex_backend,
-                 "pad_expert_input_to_capacity": plan.pad}[key]
+                 "pad_expert_input_to_capacity": plan.pad,
+                 "grouped_gemm": plan.grouped_gemm, "permute_fusion": plan.permute_fusion}[key]
         return f"{path} = {value!r}"
     value = getattr(cfg.software, key) if key in _SOFTWARE_FIELDS else \
         getattr(getattr(cfg, section), key)
@@ -61,7 +62,8 @@ def _shown(cfg: Any, path: str) -> str:
 #: fields the rules name whose value is the resolved stack's (stack ← system ← plan)
 _SOFTWARE_FIELDS = ("overlap_p2p_comm", "tp_comm_overlap", "compile", "fp8_recipe",
                     "zero3_implementation", "gradient_accumulation_fusion",
-                    "fused_cross_entropy", "cross_entropy_fusion_impl", "fp8_param_gather")
+                    "fused_cross_entropy", "cross_entropy_fusion_impl", "fp8_param_gather",
+                    "overlap_param_gather", "host_dispatch")
 
 
 def check_stack_rules(cfg: Any) -> None:

@@ -29,10 +29,17 @@ def _pipeline_zero(f: PlanFacts):
     return (f.pp > 1) & (f.zero >= 2)
 
 
-@stack_rule("pipeline_1f1b_only", "a pipeline schedule other than 1F1B",
+@stack_rule("pipeline_1f1b_only", "a schedule other than 1F1B (GPipe at any PP: each "
+            "micro-batch's backward follows its forward)",
             "parallel.schedule", "parallel.pipeline_model_parallel_size")
 def _pipeline_1f1b_only(f: PlanFacts):
-    return (f.pp > 1) & ~f.one_f_one_b
+    return ~f.one_f_one_b
+
+
+@stack_rule("no_gpipe", "the GPipe schedule (all forwards, then all backwards; its schedules "
+            "are 1F1B and interleaved 1F1B)", "parallel.schedule")
+def _no_gpipe(f: PlanFacts):
+    return ~f.one_f_one_b & ~f.interleaved
 
 
 @stack_rule("interleaved_needs_pp3", "the interleaved schedule with PP <= 2",
@@ -47,6 +54,30 @@ def _interleaved_needs_pp3(f: PlanFacts):
             "parallel.overlap_p2p_comm")
 def _interleaved_blocking_needs_pp3(f: PlanFacts):
     return f.interleaved & (f.pp <= 2) & ~f.p2p_overlap
+
+
+@stack_rule("zero_needs_fp16", "ZeRO-1/2/3 in another precision than fp16",
+            "parallel.zero_stage", "train.dtype")
+def _zero_needs_fp16(f: PlanFacts):
+    return (f.zero >= 1) & ~f.fp16
+
+
+@stack_rule("no_fp8", "FP8 training (it has no FP8 code)", "train.dtype")
+def _no_fp8(f: PlanFacts):
+    return f.fp8
+
+
+@stack_rule("no_param_gather_overlap", "ZeRO-1/2 with the parameter all-gather overlapped "
+            "(overlap_param_gather: it gathers the updated parameters inside its step)",
+            "parallel.overlap_param_gather", "parallel.zero_stage")
+def _no_param_gather_overlap(f: PlanFacts):
+    return ((f.zero == 1) | (f.zero == 2)) & f.param_gather_overlap
+
+
+@stack_rule("no_selective_recompute", "selective recomputation (full recomputation only)",
+            "train.recompute")
+def _no_selective_recompute(f: PlanFacts):
+    return f.selective
 
 
 @stack_rule("no_sequence_parallel", "sequence parallelism", "parallel.sequence_parallel")
@@ -99,21 +130,40 @@ def _no_zero12(f: PlanFacts):
 @stack_rule("async_tp_needs_compile", "asynchronous TP without torch.compile",
             "parallel.tp_comm_overlap", "system.software.kernels.compile")
 def _async_tp_needs_compile(f: PlanFacts):
-    return f.tp_overlap & ~f.compiled
+    return (f.tp > 1) & f.tp_overlap & ~f.compiled
 
 
 @stack_rule("async_tp_is_torchs", "TransformerEngine's userbuffers TP overlap (tp_comm_overlap "
             "bulk or pipelined; this stack's async TP is torch_async)",
             "parallel.tp_comm_overlap")
 def _async_tp_is_torchs(f: PlanFacts):
-    return f.te_tp_overlap
+    return (f.tp > 1) & f.te_tp_overlap
+
+
+@stack_rule("no_te_tp_overlap", "TransformerEngine's userbuffers TP overlap (tp_comm_overlap "
+            "bulk or pipelined)", "parallel.tp_comm_overlap")
+def _no_te_tp_overlap(f: PlanFacts):
+    return (f.tp > 1) & f.te_tp_overlap
+
+
+@stack_rule("no_torch_compile", "torch.compile of the model (system.software.kernels.compile)",
+            "system.software.kernels.compile")
+def _no_torch_compile(f: PlanFacts):
+    return f.compiled
+
+
+@stack_rule("no_cuda_graphs", "CUDA-graph capture of the training step "
+            "(system.software.kernels.host_dispatch cuda_graphs)",
+            "system.software.kernels.host_dispatch")
+def _no_cuda_graphs(f: PlanFacts):
+    return f.cuda_graphs
 
 
 @stack_rule("no_torch_async_tp", "PyTorch's symmetric-memory async TP (tp_comm_overlap "
             "torch_async; this stack's TP overlap, if any, is its own)",
             "parallel.tp_comm_overlap")
 def _no_torch_async_tp(f: PlanFacts):
-    return f.torch_tp_overlap
+    return (f.tp > 1) & f.torch_tp_overlap
 
 
 @stack_rule("moe_ep_divides_dp", "expert parallelism that does not divide data parallelism "
@@ -151,6 +201,16 @@ def _no_every_nth_layer_recompute(f: PlanFacts):
             "stage", "parallel.layers_per_virtual_stage")
 def _no_per_virtual_stage_split(f: PlanFacts):
     return f.given_split
+
+
+@stack_rule("no_megatron_uneven_split", "Megatron-Core's uneven pipeline split options "
+            "(account_for_embedding/loss_in_pipeline_split, num_layers_in_first/last_"
+            "pipeline_stage)", "parallel.account_for_embedding_in_pipeline_split",
+            "parallel.account_for_loss_in_pipeline_split",
+            "parallel.num_layers_in_first_pipeline_stage",
+            "parallel.num_layers_in_last_pipeline_stage")
+def _no_megatron_uneven_split(f: PlanFacts):
+    return f.megatron_uneven
 
 
 @stack_rule("no_pipeline_layout", "Megatron-Core's pipeline layout string",
@@ -256,6 +316,26 @@ def _zero3_no_expert_parallel(f: PlanFacts):
             "megatron_fsdp)", _IMPL)
 def _no_megatron_fsdp(f: PlanFacts):
     return f.megatron_fsdp
+
+
+@stack_rule("fsdp2_no_grad_accum_fusion", "ZeRO-3 as PyTorch FSDP2 with gradient "
+            "accumulation fusion", "parallel.zero_stage", _IMPL,
+            "system.software.kernels.gradient_accumulation_fusion")
+def _fsdp2_no_grad_accum_fusion(f: PlanFacts):
+    return (f.zero == 3) & ~f.megatron_fsdp & f.grad_accum_fusion
+
+
+@stack_rule("fsdp2_no_fp16", "ZeRO-3 as PyTorch FSDP2 in fp16", "parallel.zero_stage", _IMPL,
+            "train.dtype")
+def _fsdp2_no_fp16(f: PlanFacts):
+    return (f.zero == 3) & ~f.megatron_fsdp & f.fp16
+
+
+@stack_rule("fsdp2_needs_untied_embeddings", "ZeRO-3 as PyTorch FSDP2 with the output layer "
+            "tied to the input embedding", "parallel.zero_stage", _IMPL,
+            "model.tie_word_embeddings")
+def _fsdp2_needs_untied_embeddings(f: PlanFacts):
+    return (f.zero == 3) & ~f.megatron_fsdp & f.tied
 
 
 @stack_rule("megatron_fsdp_no_grad_accum_fusion", "Megatron-FSDP with gradient accumulation "

@@ -23,9 +23,10 @@ class PlanFacts:
 
     ``interleaved`` / ``one_f_one_b``: the schedule is Megatron's interleaved 1F1B / plain
     1F1B; ``p2p_overlap``: the resolved ``overlap_p2p_comm`` (stack ← system ← plan);
-    ``tp_overlap``: the resolved ``tp_comm_overlap`` is not ``off``; ``compiled``: the
-    stack's ``compile``. The last two are properties of a search context, not of a plan:
-    facts made without them take False.
+    ``tp_overlap``: the resolved ``tp_comm_overlap`` is not ``off`` (the rules read it, and
+    the two TP overlap kinds below, with ``tp > 1``); ``compiled``: the stack's ``compile``.
+    Facts a search context fixes (:func:`context_facts`) take, where not given, the values
+    of a dense bf16 plan that sets nothing.
     """
 
     tp: Any
@@ -92,6 +93,23 @@ class PlanFacts:
     te_cross_entropy: Any = False
     #: the TE linears' weights are FP8 parameters (``fp8_param_gather`` in FP8 training)
     fp8_params: Any = False
+    #: ``train.dtype`` is fp16; is fp8 (facts made without them: bf16)
+    fp16: Any = False
+    fp8: Any = False
+    #: ``train.recompute`` is selective
+    selective: Any = False
+    #: one of Megatron-Core's uneven splits is given (``account_for_embedding/loss_in_pipeline_
+    #: split``, ``num_layers_in_first/last_pipeline_stage``)
+    megatron_uneven: Any = False
+    #: the resolved ``overlap_param_gather`` (applied to ZeRO-1/2 plans)
+    param_gather_overlap: Any = False
+    #: the stack's ``host_dispatch`` is ``cuda_graphs``
+    cuda_graphs: Any = False
+    #: the model ties its output layer to the input embedding (``tie_word_embeddings``)
+    tied: Any = False
+    #: the resolved ``parallel.moe`` options ``grouped_gemm`` and ``permute_fusion`` (MoE only)
+    grouped_gemm: Any = False
+    permute_fusion: Any = False
 
     @classmethod
     def of(cls, **values: Any) -> "PlanFacts":
@@ -105,40 +123,58 @@ class PlanFacts:
         p = cfg.parallel
         return cls.of(tp=p.tp, pp=p.pp, zero=p.zero_stage, sp=p.sequence_parallel,
                       interleaved=p.schedule == "interleaved", one_f_one_b=p.schedule == "1f1b",
-                      **context_facts(cfg),
-                      moe=bool(getattr(cfg.model, "num_local_experts", 0)), ep=p.ep,
-                      etp=p.etp, dp=p.data_parallel_size or 1,
-                      tp_overlap=p.tp > 1 and cfg.software.tp_comm_overlap != "off",
-                      te_tp_overlap=p.tp > 1
-                      and cfg.software.tp_comm_overlap in ("bulk", "pipelined"),
-                      torch_tp_overlap=p.tp > 1 and cfg.software.tp_comm_overlap == "torch_async",
-                      compiled=bool(cfg.software.compile), **_moe_facts(cfg),
+                      **context_facts(cfg), etp=p.etp, dp=p.data_parallel_size or 1,
+                      full_recompute=cfg.train.recompute == "full",
                       layer_ac=cfg.train.recompute_every_n_layers > 1,
                       given_split=p.layers_per_virtual_stage is not None,
                       layout_split=p.pipeline_model_parallel_layout is not None,
-                      hsdp=p.data_parallel_replicate_size > 1, **_recompute_facts(cfg))
+                      hsdp=p.data_parallel_replicate_size > 1,
+                      selective=cfg.train.recompute == "selective", **_recompute_facts(cfg))
+
+
+def _megatron_uneven(p: Any) -> bool:
+    """Whether the plan ``p`` gives one of Megatron-Core's uneven pipeline splits."""
+    return bool(p.account_for_embedding_in_pipeline_split
+                or p.account_for_loss_in_pipeline_split
+                or p.num_layers_in_first_pipeline_stage is not None
+                or p.num_layers_in_last_pipeline_stage is not None)
 
 
 def context_facts(cfg: Any) -> dict:
-    """The facts a search context fixes for all its plans (its config's context parallelism
-    and stack): ``cp``, ``p2p_overlap``, ``megatron_fsdp``, ``grad_accum_fusion``,
-    ``cp_all_gather``, ``te_cross_entropy``, ``fp8_params``; for a context without a config
-    (None) the values
-    that break no rule.
+    """The facts a search context fixes for all its plans (its config's model, context
+    parallelism, expert parallelism, precision, stack and overlap settings, and MoE options):
+    ``cp``, ``p2p_overlap``, ``megatron_fsdp``, ``grad_accum_fusion``, ``cp_all_gather``,
+    ``te_cross_entropy``, ``fp8_params``, ``fp16``, ``fp8``, ``fp32``,
+    ``param_gather_overlap``, ``cuda_graphs``, ``compiled``, the TP overlap settings
+    (``tp_overlap``, ``te_tp_overlap``, ``torch_tp_overlap``: the rules read them with
+    ``tp > 1``), ``megatron_uneven``, ``tied``, ``moe``, ``ep`` and the MoE plan's options; for a
+    context without a config (None) the values that break no rule.
     :meth:`PlanFacts.of_config` and the search's arrays (:mod:`ddlsim.search.plans`) both
     take them from here."""
     if cfg is None:
         return {"cp": 1, "p2p_overlap": False, "megatron_fsdp": False,
                 "grad_accum_fusion": False, "cp_all_gather": False, "te_cross_entropy": False,
-                "fp8_params": False}
-    sw = cfg.software
+                "fp8_params": False, "fp16": False, "fp8": False, "fp32": False,
+                "param_gather_overlap": False, "cuda_graphs": False, "compiled": False,
+                "tp_overlap": False, "te_tp_overlap": False, "torch_tp_overlap": False,
+                "megatron_uneven": False, "tied": False, "moe": False, "ep": 1, **_MOE_OFF}
+    sw, dtype, tpo = cfg.software, cfg.train.dtype, cfg.software.tp_comm_overlap
     return {"cp": cfg.parallel.cp, "p2p_overlap": bool(sw.overlap_p2p_comm),
             "megatron_fsdp": sw.zero3_implementation == "megatron_fsdp",
             "grad_accum_fusion": bool(sw.gradient_accumulation_fusion),
             "cp_all_gather": sw.cp_comm_type == "all_gather",
             "te_cross_entropy": bool(sw.fused_cross_entropy)
             and sw.cross_entropy_fusion_impl == "te",
-            "fp8_params": bool(sw.fp8_param_gather) and cfg.train.dtype == "fp8"}
+            "fp8_params": bool(sw.fp8_param_gather) and dtype == "fp8",
+            "fp16": dtype == "fp16", "fp8": dtype == "fp8", "fp32": dtype == "fp32",
+            "param_gather_overlap": bool(sw.overlap_param_gather),
+            "cuda_graphs": sw.host_dispatch == "cuda_graphs", "compiled": bool(sw.compile),
+            "tp_overlap": tpo != "off", "te_tp_overlap": tpo in ("bulk", "pipelined"),
+            "torch_tp_overlap": tpo == "torch_async",
+            "megatron_uneven": _megatron_uneven(cfg.parallel),
+            "tied": bool(getattr(cfg.model, "tie_word_embeddings", False)),
+            "moe": bool(getattr(cfg.model, "num_local_experts", 0)), "ep": cfg.parallel.ep,
+            **_moe_facts(cfg)}
 
 
 def _recompute_facts(cfg: Any) -> dict:
@@ -158,23 +194,29 @@ def _fp8_facts(cfg: Any) -> dict:
             "fp8_torchao": recipe in ("tensorwise", "rowwise"), "fp8_rowwise": recipe == "rowwise"}
 
 
+#: the MoE plan's facts of a dense model (or a stack that does not say how it runs MoE
+#: layers: the MoE checks refuse that plan)
+_MOE_OFF = {"a2a_overlap": False, "delay_wgrad": False, "allgather_dispatch": False,
+            "shared_overlap": False, "flex_dispatch": False, "deepep": False, "pad": False,
+            "grouped_gemm": False, "permute_fusion": False}
+
+
 def _moe_facts(cfg: Any) -> dict:
-    """The MoE options the overlap rules read, resolved as the trace resolves them (the
-    family's :meth:`~ddlsim.workloads.registry.WorkloadFamily.moe_plan`); none for a dense
-    model or a stack that does not say how it runs MoE layers (the MoE checks refuse that
-    plan)."""
+    """The MoE options the rules read, resolved as the trace resolves them (the family's
+    :meth:`~ddlsim.workloads.registry.WorkloadFamily.moe_plan`); :data:`_MOE_OFF` for a dense
+    model or a stack that does not say how it runs MoE layers."""
     try:
         plan = moe_plan(cfg)
     except ConfigError:
         plan = None
-    out = {"full_recompute": cfg.train.recompute == "full", "fp32": cfg.train.dtype == "fp32"}
-    if plan is not None:
-        out.update(a2a_overlap=plan.a2a_overlap, delay_wgrad=plan.delay_wgrad,
-                   allgather_dispatch=plan.dispatcher == "allgather",
-                   shared_overlap=plan.shared_expert_overlap,
-                   flex_dispatch=plan.dispatcher == "flex", deepep=plan.flex_backend == "deepep",
-                   pad=plan.pad)
-    return out
+    if plan is None:
+        return dict(_MOE_OFF)
+    return {"a2a_overlap": plan.a2a_overlap, "delay_wgrad": plan.delay_wgrad,
+            "allgather_dispatch": plan.dispatcher == "allgather",
+            "shared_overlap": plan.shared_expert_overlap,
+            "flex_dispatch": plan.dispatcher == "flex", "deepep": plan.flex_backend == "deepep",
+            "pad": plan.pad, "grouped_gemm": plan.grouped_gemm,
+            "permute_fusion": plan.permute_fusion}
 
 
 def moe_plan(cfg: Any) -> Any:

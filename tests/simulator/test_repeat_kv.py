@@ -24,7 +24,9 @@ def _cfg(software: dict | str = "torchtitan-2024", **train):
     d = {**LLAMA_8B, "train": {**LLAMA_8B["train"], **train},
          "system": {**LLAMA_8B["system"], "software": software}}
     stack = software if isinstance(software, str) else software["stack"]
-    if stack in ("megatron-core-2024", "megatron-lm-2021"):   # rule no_zero3: no sharding
+    # ZeRO-3 is incidental here: rule no_zero3 (no sharding) on the older Megatron stacks,
+    # and megatron-core-2025's FSDP2 refuses gradient accumulation fusion
+    if stack in ("megatron-core-2024", "megatron-lm-2021", "megatron-core-2025"):
         d["parallel"] = {**d["parallel"], "zero_stage": 0}
     return ddlsim.load_config(d)
 

@@ -276,8 +276,9 @@ def test_zero3_plan_line_says_how_it_gathers(stack, phrase):
     """Under ZeRO-3 the stack's overlap_grad_reduce does not apply (the reduce-scatters are
     part of each layer's backward), and the plan line names the gather granularity and
     prefetch."""
+    # fp16: DeepSpeed v0.3.13 runs ZeRO in fp16 only (deepspeed-2021 rule zero_needs_fp16)
     cfg = _cfg(f"system.software={stack}", "parallel.pipeline_model_parallel_size=1",
-               "parallel.zero_stage=3")
+               "parallel.zero_stage=3", "train.dtype=fp16")
     assert cfg.family.plan_summary(cfg).endswith(phrase)
 
 

@@ -94,8 +94,9 @@ def test_search_tier_refuses_the_same_prefetches_as_the_exact_engine():
     from ddlsim.search.run import plan_overrides
     from ddlsim.search.spec import Constraints
     software = {"stack": "deepspeed-2021", "overlap": {"zero3_max_live_parameters": 100_000_000}}
-    data = {"model": "gpt3-13b",
-            "train": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 2048},
+    data = {"model": "gpt3-13b",   # fp16: DeepSpeed v0.3.13's ZeRO (rule zero_needs_fp16)
+            "train": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 2048,
+                      "dtype": "fp16"},
             "system": {"preset": "dgx-h100", "nodes": 2, "software": software}}
     axes = {"parallel.tensor_model_parallel_size": [1, 4], "parallel.zero_stage": [3],
             "train.recompute": ["none", "full"]}

@@ -67,7 +67,7 @@ def test_per_tensor_trace_overlaps_one_module_and_waits_for_the_reduce_scatters(
     of the unit before it (the device synchronisation), the passes where DeepSpeed runs them."""
     data = {"model": "gpt3-1.3b", "parallel": {"zero_stage": 3},
             "train": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 2048,
-                      "recompute": "full"},
+                      "recompute": "full", "dtype": "fp16"},   # DeepSpeed v0.3.13: ZeRO in fp16
             "system": {"preset": "dgx-a100", "nodes": 2, "software": "deepspeed-2021"}}
     w = ddlsim.build_workload(build_config(data, []))
     ops = w.classes[0].program.blocks["F0"].flat.ops
@@ -114,7 +114,7 @@ def test_per_tensor_gathers_cost_more_than_per_layer_ones():
     passes, is slower than today's DeepSpeed's per-module gathers one layer ahead."""
     data = {"model": "gpt3-13b", "parallel": {"zero_stage": 3},
             "train": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 2048,
-                      "recompute": "full"},
+                      "recompute": "full", "dtype": "fp16"},   # DeepSpeed v0.3.13: ZeRO in fp16
             "system": {"preset": "dgx-a100", "nodes": 2}}
     times = {}
     for stack in ("deepspeed", "deepspeed-2021"):
@@ -179,7 +179,7 @@ def test_the_host_issue_of_every_gather_after_the_first_is_exposed():
     the embedding, which it hides)."""
     data = {"model": "gpt3-1.3b", "parallel": {"zero_stage": 3},
             "train": {"micro_batch_size": 1, "global_batch_size": 64, "seq_length": 2048,
-                      "recompute": "full"},
+                      "recompute": "full", "dtype": "fp16"},   # DeepSpeed v0.3.13: ZeRO in fp16
             "system": {"preset": "dgx-a100", "nodes": 4, "software": "deepspeed-2021"}}
     free = {**data, "system": {**data["system"], "software": {
         "stack": "deepspeed-2021", "overlap": {"zero3_host_python_op": 0.0,
@@ -221,14 +221,17 @@ def test_todays_deepspeed_gathers_each_module_once_coalesced():
 
 
 def test_per_tensor_gathers_of_moe_layers_are_refused():
-    # DeepSpeed v0.3.13 has no MoE layers of its own (deepspeed/moe came later), so the stack
-    # has no moe: defaults and the plan names how its MoE layers run
+    # DeepSpeed v0.3.13 has no MoE layers of its own (deepspeed/moe came later: rule no_moe),
+    # so the stack has no moe: defaults; as a what-if the plan names how its MoE layers run,
+    # and the per-tensor gathers' own limit still refuses them
     data = {"model": "mixtral-8x7b",
             "parallel": {"zero_stage": 3, "moe": {"token_dispatcher_type": "alltoall",
                                                   "grouped_gemm": False,
                                                   "permute_fusion": False}},
-            "train": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 1024},
-            "system": {"preset": "dgx-h100", "nodes": 2, "software": "deepspeed-2021"}}
+            "train": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 1024,
+                      "dtype": "fp16"},
+            "system": {"preset": "dgx-h100", "nodes": 2,
+                       "software": {"stack": "deepspeed-2021", "what_if": True}}}
     cfg = build_config(data, [])
     with pytest.raises(ConfigError, match="per_tensor' is modelled for dense decoder layers"):
         ddlsim.predict(cfg, check_fit=False)
