@@ -350,6 +350,12 @@ AUDITED = [
      "fsdp2_needs_untied_embeddings"),
     ("megatron-core-2025", LLAMA, ["parallel.schedule=gpipe"], "no_gpipe"),
     ("megatron-core-2025", LLAMA, ["system.software.kernels.compile=true"], "no_torch_compile"),
+    ("megatron-lm-2021", DENSE, ["train.dtype=fp8", "system.preset=dgx-h100"], "no_fp8"),
+    ("megatron-lm-2021", DENSE, ["train.recompute=selective"], "no_selective_recompute"),
+    ("megatron-lm-2021", MOE, ["train.dtype=fp16", "parallel.moe={token_dispatcher_type: "
+                               "alltoall, grouped_gemm: false, permute_fusion: false, "
+                               "overlap_expert_parallel_comm: false, delay_wgrad_compute: false}"],
+     "no_moe"),
 ]
 
 
