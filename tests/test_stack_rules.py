@@ -428,3 +428,13 @@ def test_search_rejects_the_audited_plans_as_predict_does(stack, data, axes, rul
     for i in range(len(grid.frame)):
         assert not broken_rules(build_config(data, plan_overrides(grid.frame.iloc[i], columns)))
     assert grid.total == len(grid.frame) + sum(grid.rejected.values())
+
+
+@pytest.mark.parametrize("stack", ["megatron-lm-2021", "deepspeed-2021"])
+def test_a_moe_model_under_a_stack_without_moe_code_is_refused_by_the_rule(stack):
+    """Before any MoE option is asked for, a stack that declares no_moe says it runs no MoE
+    layers, by the rule and its source (it used to ask for parallel.moe options it has none of)."""
+    with pytest.raises(ConfigError, match=rf"'{stack}' cannot run Mixture-of-Experts layers "
+                                          r"\(rule no_moe; source: .*MoE"):
+        ddlsim.load_config("examples/mixtral-8x7b-ep8.yaml",
+                           overrides=[f"system.software={stack}"])

@@ -229,6 +229,12 @@ def resolve_moe(cfg: Any) -> MoEPlan | None:
             values[field], sources[field] = table[field]["value"], table[field]["source"]
         elif OFF_BY_RULE.get(field) in refused:   # the stack has no such option: off
             values[field], sources[field] = False, refused[OFF_BY_RULE[field]]
+        elif "no_moe" in refused:                 # no MoE code at all: say so by the rule
+            raise ConfigError(
+                f"software stack {stack!r} cannot run Mixture-of-Experts layers (rule no_moe; "
+                f"source: {refused['no_moe']}). Pick a stack that runs them, or set "
+                f"system.software: {{stack: {stack}, what_if: true}} and every parallel.moe "
+                f"option the stack cannot say (first: parallel.moe.{field})")
         else:
             raise ConfigError(
                 f"parallel.moe.{field} is unset and software stack {stack!r} does not say how "
