@@ -113,7 +113,12 @@ class LinkLedger:
         self._pending_rows = 0
 
     def start(self, edges: np.ndarray, now: float) -> None:
-        links, counts = link_counts(edges, len(self.users))
+        """Flows ``edges`` started."""
+        self.start_counted(*link_counts(edges, len(self.users)), now)
+
+    def start_counted(self, links: np.ndarray, counts: np.ndarray, now: float) -> None:
+        """Flows over ``links`` started, ``counts[i]`` of them over ``links[i]`` (their routes'
+        :func:`link_counts`, where the caller has them already)."""
         self.since[links[self.users[links] == 0]] = now
         self.users[links] += counts
 

@@ -95,7 +95,9 @@ class FlowNetwork:
         self._lut = np.zeros(n_links + 1, dtype=np.int64)  # scratch, link id -> local index
         self._owners: dict[int, tuple[FlowOwner, int]] = {}
         self._next_owner = 0
-        self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray, int, np.ndarray]] = []
+        #: submissions not yet admitted: (edges, bytes, mult, owner id, domains, links, counts),
+        #: the last two their routes' link_counts (taken at submission, booked at admission)
+        self._pending: list[tuple] = []
         self._update_armed = False
         self._timers: list[float] = []
         self.links = LinkLedger(n_links)
@@ -160,7 +162,7 @@ class FlowNetwork:
         dirty = np.zeros_like(self._dirty)
         dirty[root[self._dirty]] = True
         self._dirty = dirty
-        self._pending = [(e, b, m, o, root[d]) for e, b, m, o, d in self._pending]
+        self._pending = [(e, b, m, o, root[d], *rest) for e, b, m, o, d, *rest in self._pending]
 
     def idle(self, links: np.ndarray) -> bool:
         """No flow is active or pending on any of ``links`` and no run holds one."""
@@ -219,7 +221,7 @@ class FlowNetwork:
         oid = self._next_owner
         self._next_owner += 1
         self._owners[oid] = (owner, len(edges))
-        self._pending.append((edges, nbytes, mult, oid, dom))
+        self._pending.append((edges, nbytes, mult, oid, dom, links, counts))
         self.bytes_sent += float(np.dot(nbytes, mult))
         self.flows_started += int(mult.sum())
         self._arm_update()
@@ -256,7 +258,8 @@ class FlowNetwork:
         slots = self._slots.add(edges, nbytes, mult, owner, local, dom, self.env.now)
         self._dirty[dom] = True
         self._added.append((edges, slots))
-        self.links.start(edges, self.env.now)
+        for p in pending:   # the counts taken at submission, in submission order
+            self.links.start_counted(p[5], p[6], self.env.now)
 
     # ------------------------------------------------------------------ rates
     def _resolve(self) -> None:
