@@ -70,12 +70,19 @@ AB_TABLE = DATA / "bridge_h100_moe_overlap_ab.csv"
 HF = DATA.parent.parent / "ddlsim" / "data" / "hf"
 STACK = "megatron-core-2025"
 GPUS_PER_NODE = 8
-#: the CSV's dispatcher_as_run -> parallel.moe's dispatcher fields
+#: the CSV's dispatcher_as_run -> parallel.moe's dispatcher fields. Every HybridEP row is a
+#: Megatron-Bridge run, whose scripts give HybridEP 32 SMs: the tables' recipes through
+#: scripts/performance/utils/overrides.py _set_common_perf_overrides (v0.3.0 line 69, v0.4.0
+#: line 71: moe_hybridep_num_sms = 32), the A/B runs' through 7ded17da
+#: src/megatron/bridge/perf_recipes/_common.py line 82 (the same); Megatron-Core's default is 16
+#: (simulator/collectives/flex.py KERNEL_SMS). DeepEP rows keep Megatron-Core's 20 (no script
+#: of these tables sets it)
 DISPATCHERS = {"alltoall": {"token_dispatcher_type": "alltoall"},
                "flex-deepep": {"token_dispatcher_type": "flex",
                                "flex_dispatcher_backend": "deepep"},
                "flex-hybridep": {"token_dispatcher_type": "flex",
-                                 "flex_dispatcher_backend": "hybridep"}}
+                                 "flex_dispatcher_backend": "hybridep",
+                                 "flex_dispatcher_num_sms": 32}}
 
 
 def rows() -> list[dict]:

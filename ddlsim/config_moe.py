@@ -49,6 +49,18 @@ class MoESpec(_Strict):
                                   "(--moe-flex-dispatcher-backend); only with "
                                   "token_dispatcher_type flex; default there: deepep, "
                                   "Megatron-Core's")
+    flex_dispatcher_num_sms: Annotated[int, BeforeValidator(reject_bool),
+                                       Field(ge=1, le=4096)] | None = \
+        Field(default=None, description="--moe-flex-dispatcher-num-sms (the deprecated "
+                                        "--moe-deepep-num-sms/--moe-hybridep-num-sms route "
+                                        "to it): the SMs the flex dispatcher's dispatch and "
+                                        "combine kernels hold while they run, taken from the "
+                                        "compute they overlap under "
+                                        "overlap_expert_parallel_comm; only with "
+                                        "token_dispatcher_type flex; at least the count the "
+                                        "kernels' published rates hold at (DeepEP 20, "
+                                        "HybridEP 8) and below the device's SMs; unset: "
+                                        "Megatron-Core's default (DeepEP 20, HybridEP 16)")
     grouped_gemm: StrictBool | None = Field(
         default=None, description="the local experts' GEMMs as one grouped GEMM (TE "
                                   "GroupedLinear) instead of one GEMM per expert; default: "

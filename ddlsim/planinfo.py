@@ -90,6 +90,7 @@ def _moe_fields(cfg: Any) -> tuple[dict[str, Any], list[str]]:
     moe: dict[str, Any] = {"dispatcher": plan.dispatcher}
     if plan.flex_backend:
         moe["flex_backend"] = plan.flex_backend
+        moe["flex_sms"] = plan.flex_sms
     moe.update(ep=plan.ep, etp=plan.etp, grouped_gemm=plan.grouped_gemm,
                permute_fusion=plan.permute_fusion,
                routing=plan.routing_phrase(),
@@ -167,7 +168,8 @@ def plan_fields(cfg: Any) -> dict[str, Any]:
         it picks when the device has no figure for it), ``precision``, ``host_dispatch`` (how
         kernels are launched: eager, compiled, cuda_graphs; docs/compute.md), ``fused`` and
         ``not_fused`` (kernel names); for a MoE model ``moe`` (``dispatcher``, with
-        ``flex_backend`` for the flex dispatcher, ``ep``, ``etp``, ``grouped_gemm``,
+        ``flex_backend`` and ``flex_sms`` (the SMs its kernels hold) for the flex
+        dispatcher, ``ep``, ``etp``, ``grouped_gemm``,
         ``permute_fusion``, ``routing`` (naming, when dropless routing is neither given an
         imbalance nor forced, the hot rank's load it derives from a published statistic or
         the balance it assumes, and group-limited routing, e.g.

@@ -92,12 +92,16 @@ def test_moe_names_the_fused_router_and_the_loss():
     assert "fused router, aux loss 0.001" in line(cfg)
 
 
-@pytest.mark.parametrize("backend", ["deepep", "hybridep"])
-def test_flex_dispatcher_names_its_backend(backend):
+@pytest.mark.parametrize("backend, sms", [("deepep", 20), ("hybridep", 16)])
+def test_flex_dispatcher_names_its_backend_and_its_sms(backend, sms):
     cfg = moe(token_dispatcher_type="flex", flex_dispatcher_backend=backend)
     plan = plan_fields(cfg)["moe"]
-    assert (plan["dispatcher"], plan["flex_backend"]) == ("flex", backend)
-    assert f"MoE flex/{backend} dispatch" in line(cfg)
+    assert (plan["dispatcher"], plan["flex_backend"], plan["flex_sms"]) == ("flex", backend, sms)
+    assert f"MoE flex/{backend} ({sms} SMs) dispatch" in line(cfg)
+    given = moe(token_dispatcher_type="flex", flex_dispatcher_backend=backend,
+                flex_dispatcher_num_sms=32)
+    assert plan_fields(given)["moe"]["flex_sms"] == 32
+    assert f"MoE flex/{backend} (32 SMs) dispatch" in line(given)
 
 
 def test_expert_parallel_all_to_all_overlap_is_an_overlap():
@@ -164,7 +168,7 @@ def test_resnet_names_autocast_and_memory_format():
 # ------------------------------------------------------------------ the report and JSON
 @pytest.mark.parametrize("cfg, words", [
     (lambda: moe(token_dispatcher_type="flex", flex_dispatcher_backend="deepep"),
-     "MoE flex/deepep dispatch"),
+     "MoE flex/deepep (20 SMs) dispatch"),
     (lambda: load(RESNET, train={"dtype": "bf16"}), "bf16 autocast (AMP)"),
 ], ids=["moe-flex", "resnet-amp"])
 def test_the_report_and_json_carry_them(cfg, words):

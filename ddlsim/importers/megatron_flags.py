@@ -61,6 +61,14 @@ VALUE_FLAGS: dict[str, tuple[str, type]] = {
     # d98e8a64 transformer_config.py line 821): the same kernels at any rate; the derived hot
     # rank holds at the source's 1e-3 only (workloads/decoder/moe_balance.py)
     "moe-router-bias-update-rate": ("parallel.moe.router_bias_update_rate", float),
+    # the SMs the flex dispatcher's kernels hold: Megatron-LM d98e8a64 transformer_config.py
+    # line 964 (moe_flex_dispatcher_num_sms), the deprecated per-backend knobs (d7288711 lines
+    # 803, 806; d98e8a64 lines 969-975, routed to it in __post_init__, lines 1792-1811: two
+    # different deprecated values are an error there, and two arguments setting one field to
+    # different values are refused here)
+    "moe-flex-dispatcher-num-sms": ("parallel.moe.flex_dispatcher_num_sms", int),
+    "moe-deepep-num-sms": ("parallel.moe.flex_dispatcher_num_sms", int),
+    "moe-hybridep-num-sms": ("parallel.moe.flex_dispatcher_num_sms", int),
     "zero-stage": ("parallel.zero_stage", int),                # Megatron-DeepSpeed
 }
 
@@ -252,11 +260,6 @@ NOT_MODELLED: dict[str, str] = {
     "moe-router-topk-scaling-factor": "one element-wise product of each token's k routing "
                                       "weights in the router's forward (a launch-bound "
                                       "kernel per MoE layer), not counted",
-    "moe-deepep-num-sms": "the SMs DeepEP's kernels take: ddlsim times them at the rates of "
-                          "DeepEP's published table (24 SMs) and leaves the compute's SMs whole",
-    "moe-hybridep-num-sms": "the SMs HybridEP's kernels take: ddlsim times them at the rates "
-                            "of HybridEP's published table (16 SMs) and leaves the compute's "
-                            "SMs whole",
     "clip-grad": "the gradient norm (one pass over the gradients and a scalar all-reduce)",
     "rampup-batch-size": "the smaller batches of the first iterations; ddlsim predicts a "
                          "steady iteration at --global-batch-size",

@@ -196,7 +196,7 @@ def test_flex_exposes_less_expert_parallel_time_than_alltoall_across_two_nodes()
     ep = [r.to_dict()["breakdown"]["exposed_comm_s"]["ep"] for r in (a2a, flex)]
     assert 0 < ep[1] < 0.7 * ep[0]
     cfg = ddlsim.load_config(qwen3_30b(HYBRIDEP))
-    assert "MoE flex/hybridep dispatch" in cfg.family.plan_summary(cfg)
+    assert "MoE flex/hybridep (16 SMs) dispatch" in cfg.family.plan_summary(cfg)
 
 
 @pytest.mark.parametrize("nodes, ep", [(1, 8), (2, 16), (4, 32)])
@@ -300,3 +300,49 @@ def test_one_flex_kernel_across_two_nodes_takes_its_closed_form_in_the_des(backe
     a = simulate_analytical(wl, cost_model(system, wl)).timings[0].end
     d = run_des(wl, cost_model(system, wl), record_spans=False)[0].timings[0].end
     assert d == pytest.approx(a, rel=0.02)
+
+
+# ---------------------------------------------------------------- the flex kernels' SMs
+def _overlapped(sms: int | None, overlap: bool = True) -> dict:
+    """Qwen3-30B's HybridEP run with the EP overlap (4 micro-batches a replica), its kernels
+    holding ``sms`` SMs (None: Megatron-Core's default)."""
+    cfg = qwen3_30b({**HYBRIDEP, "overlap_expert_parallel_comm": overlap,
+                     "delay_wgrad_compute": False})
+    cfg["train"]["global_batch_size"] = 64
+    if sms is not None:
+        cfg["parallel"]["moe"]["flex_dispatcher_num_sms"] = sms
+    return cfg
+
+
+def test_the_flex_kernels_sms_slow_the_compute_they_overlap_and_nothing_else():
+    # Megatron-Bridge's scripts give HybridEP 32 SMs (overrides.py, perf_recipes/_common.py),
+    # Megatron-Core's default 16: more SMs held, less left to the overlapped compute
+    # (Contention: (k/S)·min(C, G_k)); without the overlap the count changes nothing
+    t = {s: ddlsim.predict(_overlapped(s)).iteration_time_s for s in (None, 16, 32, 64)}
+    assert t[None] == t[16]                       # the default is Megatron-Core's 16
+    assert t[16] < t[32] < t[64]
+    off = [ddlsim.predict(_overlapped(s, overlap=False)).iteration_time_s for s in (16, 64)]
+    assert off[0] == off[1]
+
+
+@pytest.mark.parametrize("moe, match", [
+    ({"token_dispatcher_type": "alltoall", "flex_dispatcher_num_sms": 32},
+     "flex_dispatcher_num_sms = 32 sizes the flex.*token_dispatcher_type = 'alltoall'"),
+    ({**HYBRIDEP, "flex_dispatcher_num_sms": 4}, "= 4 with the hybridep backend.*from 8 SMs"),
+    ({"token_dispatcher_type": "flex", "flex_dispatcher_num_sms": 16},
+     "= 16 with the deepep backend.*from 20 SMs"),
+    ({**HYBRIDEP, "flex_dispatcher_num_sms": 132}, "every SM.*132.*fewer than 132"),
+    ({**HYBRIDEP, "flex_dispatcher_num_sms": True}, "flex_dispatcher_num_sms")])
+def test_an_sm_count_the_model_cannot_honour_is_refused(moe, match):
+    with pytest.raises(ConfigError, match=match):
+        ddlsim.load_config(qwen3_30b(moe))
+
+
+def test_megatron_sm_count_arguments_set_the_field():
+    from ddlsim.importers.megatron import read_megatron
+    base = "torchrun pretrain_gpt.py --moe-token-dispatcher-type flex "
+    for flag in ("moe-flex-dispatcher-num-sms", "moe-hybridep-num-sms", "moe-deepep-num-sms"):
+        draft = read_megatron(base + f"--{flag} 32", "run.sh")
+        assert draft.fields["parallel.moe.flex_dispatcher_num_sms"] == 32 and not draft.refused
+    both = read_megatron(base + "--moe-deepep-num-sms 24 --moe-hybridep-num-sms 32", "run.sh")
+    assert both.refused      # Megatron-LM d98e8a64 raises on conflicting deprecated counts

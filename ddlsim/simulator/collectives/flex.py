@@ -53,8 +53,8 @@ import numpy as np
 from ...errors import ConfigError
 from .base import Algorithm, GroupNet, Phase, register_parametric
 
-__all__ = ["FlexKernel", "KERNELS", "KERNEL_SMS", "flex_sms", "hit_probability", "FlexTraffic",
-           "flex_traffic", "flex_time", "flex_algorithm"]
+__all__ = ["FlexKernel", "KERNELS", "KERNEL_SMS", "MIN_RATED_SMS", "flex_sms", "hit_probability",
+           "FlexTraffic", "flex_traffic", "flex_time", "flex_algorithm"]
 
 
 def hit_probability(experts: int, held: int, top_k: int, groups: int = 1,
@@ -194,25 +194,40 @@ KERNEL_SMS: dict[str, tuple[int, str]] = {
                      "moe_hybridep_num_sms = 16, passed as num_sms_dispatch_api and "
                      "num_sms_combine_api (token_dispatcher.py lines 1049-1050); "
                      "Megatron-Bridge's performance scripts set 32 (v0.3.0/v0.4.0 "
-                     "scripts/performance/utils/overrides.py), which ddlsim cannot yet be "
-                     "told (H100 rates plateau from 8 SMs, README_Hybrid-EP.md)"),
+                     "scripts/performance/utils/overrides.py), which a plan says with "
+                     "parallel.moe.flex_dispatcher_num_sms"),
+}
+
+#: backend → (the fewest SMs at which its kernels' rates (:data:`KERNELS`) are modelled as
+#: published, source): ``parallel.moe.flex_dispatcher_num_sms`` below it is refused, since the
+#: kernels' speed at fewer SMs is not; at more, the published rates are kept (both tables are
+#: bandwidth-bound there)
+MIN_RATED_SMS: dict[str, tuple[int, str]] = {
+    "deepep": (20, "DeepEP's rates are its README's at 24 SMs, taken for Megatron-Core's "
+                   "default 20 (no published figure at 20; _DEEPEP above); fewer SMs than "
+                   "Megatron-Core's default are not rated"),
+    "hybridep": (8, "DeepEP hybrid-ep 7febc6e docs/README_Hybrid-EP.md: H100, 16 ranks, "
+                    "57.74 / 54.47 GB/s at 8 / 16 SMs, the rate's plateau from 8 SMs"),
 }
 
 
-def flex_sms(backend: str) -> int:
-    """SMs the ``backend``'s dispatch and combine kernels hold while they run, as
-    Megatron-Core launches them (:data:`KERNEL_SMS`).
+def flex_sms(backend: str, given: int | None = None) -> int:
+    """SMs the ``backend``'s dispatch and combine kernels hold while they run: ``given``
+    (``parallel.moe.flex_dispatcher_num_sms``), else as Megatron-Core launches them by
+    default (:data:`KERNEL_SMS`).
 
     Parameters
     ----------
     backend : ``deepep`` or ``hybridep``.
+    given : int or None
+        The plan's count (checked against :data:`MIN_RATED_SMS` by the plan's checks).
 
     Returns
     -------
     int
         SMs.
     """
-    return KERNEL_SMS[backend][0]
+    return KERNEL_SMS[backend][0] if given is None else int(given)
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,9 @@ class MoEPlan:
 
     #: the flex dispatcher's kernels (``deepep``, ``hybridep``; None for other dispatchers)
     flex_backend: str | None = None
+    #: SMs the flex kernels hold while they run (``parallel.moe.flex_dispatcher_num_sms``, or
+    #: the backend's Megatron-Core default, :func:`_flex_sms`); None for other dispatchers
+    flex_sms: int | None = None
 
     #: grouped GEMM as Transformer Engine's GroupedLinear runs it: one GEMM per expert on this
     #: many streams (the stack's ``moe.grouped_gemm_streams``, :mod:`.grouped_linear`); 0: one
@@ -167,7 +170,7 @@ class MoEPlan:
         route = self.routing_phrase()
         hot = (f", hot EP rank ×{self.imbalance:g}"     # a derived one: in the routing
                if self.imbalance != 1.0 and self.imbalance_basis == "given" else "")
-        flex = f"/{self.flex_backend}" if self.flex_backend else ""
+        flex = f"/{self.flex_backend} ({self.flex_sms} SMs)" if self.flex_backend else ""
         return (f"MoE {self.dispatcher}{flex} dispatch, "
                 f"{self._gemm_phrase()}, "
                 f"{'fused' if self.permute_fusion else 'unfused'} permute, ETP{self.etp}, "
@@ -247,7 +250,8 @@ def resolve_moe(cfg: Any) -> MoEPlan | None:
                    bool(given.get("pad_expert_input_to_capacity", False)), p.ep, p.etp, sources,
                    a2a_overlap=bool(values["overlap_expert_parallel_comm"]),
                    delay_wgrad=bool(values["delay_wgrad_compute"]),
-                   flex_backend=_flex_backend(given, values, sources),
+                   flex_backend=(backend := _flex_backend(given, values, sources)),
+                   flex_sms=_flex_sms(backend, given, sources),
                    gemm_streams=_gemm_streams(table, values["grouped_gemm"], sources),
                    aux_loss_coeff=aux_coeff,
                    router_fusion=_router_fusion(table, given, sources),
@@ -374,3 +378,19 @@ def _flex_backend(given: dict, values: dict, sources: dict) -> str | None:
         return given["flex_dispatcher_backend"]
     sources["flex_dispatcher_backend"] = FLEX_DEFAULT[1]
     return FLEX_DEFAULT[0]
+
+
+def _flex_sms(backend: str | None, given: dict, sources: dict) -> int | None:
+    """SMs the flex kernels hold: ``parallel.moe.flex_dispatcher_num_sms``, else the backend's
+    Megatron-Core default (:data:`~ddlsim.simulator.collectives.flex.KERNEL_SMS`), its source
+    in ``sources``; None without the flex dispatcher (a count given there is refused by
+    :func:`.moeplan_checks.check_moe_plan`)."""
+    if backend is None:
+        return None
+    from ...simulator.collectives.flex import KERNEL_SMS
+    if given.get("flex_dispatcher_num_sms") is not None:
+        sources["flex_dispatcher_num_sms"] = "parallel.moe.flex_dispatcher_num_sms"
+        return int(given["flex_dispatcher_num_sms"])
+    sms, source = KERNEL_SMS[backend]
+    sources["flex_dispatcher_num_sms"] = source
+    return sms

@@ -22,8 +22,9 @@ __all__ = ["check_moe_plan"]
 
 
 def _check_flex(plan: MoEPlan, spec: Any) -> None:
-    """The flex options ddlsim refuses: a backend without the flex dispatcher (Megatron-Core
-    would ignore it), and a hot rank given with it (the kernels' traffic under it is not
+    """The flex options ddlsim refuses: a backend or an SM count without the flex dispatcher
+    (Megatron-Core would ignore them), an SM count below the one the kernels' rates are
+    modelled at (:data:`~ddlsim.simulator.collectives.flex.MIN_RATED_SMS`), and a hot rank given with it (the kernels' traffic under it is not
     modelled; a derived default loads the hot rank's experts and leaves the traffic at the
     mean, which the routing phrase says)."""
     backend = None if spec is None else spec.flex_dispatcher_backend
@@ -31,6 +32,19 @@ def _check_flex(plan: MoEPlan, spec: Any) -> None:
         raise ValueError(f"parallel.moe.flex_dispatcher_backend = {backend!r} selects the flex "
                          f"dispatcher's kernels, but token_dispatcher_type = "
                          f"{plan.dispatcher!r}; set token_dispatcher_type: flex or drop it")
+    sms = None if spec is None else spec.flex_dispatcher_num_sms
+    if sms is not None and plan.dispatcher != "flex":
+        raise ValueError(f"parallel.moe.flex_dispatcher_num_sms = {sms} sizes the flex "
+                         f"dispatcher's kernels, but token_dispatcher_type = "
+                         f"{plan.dispatcher!r}; set token_dispatcher_type: flex or drop it")
+    if sms is not None:
+        from ...simulator.collectives.flex import MIN_RATED_SMS
+        least, why = MIN_RATED_SMS[plan.flex_backend]
+        if sms < least:
+            raise ValueError(f"parallel.moe.flex_dispatcher_num_sms = {sms} with the "
+                             f"{plan.flex_backend} backend: its kernels' rates are modelled "
+                             f"from {least} SMs up ({why}); allowed: {least} or more, below "
+                             f"the device's SM count")
     if plan.dispatcher == "flex" and plan.imbalance != 1.0 and plan.imbalance_basis == "given":
         raise ValueError(f"parallel.moe.router_imbalance = {plan.imbalance} with "
                          "token_dispatcher_type = 'flex': the DeepEP/HybridEP kernels are "
@@ -85,6 +99,12 @@ def check_moe_plan(cfg: Any) -> None:
                          f"sampling), but router_imbalance = {plan.imbalance} is given; leave "
                          "router_imbalance unset (or 1, to time perfect balance)")
     _check_flex(plan, spec)
+    sm_count = cfg.system.device.sm_count
+    if plan.flex_sms is not None and sm_count and plan.flex_sms >= sm_count:
+        raise ValueError(f"parallel.moe.flex_dispatcher_num_sms = {plan.flex_sms}: the flex "
+                         f"kernels would hold every SM of system.device "
+                         f"{cfg.system.device.name!r} ({sm_count}); allowed: fewer than "
+                         f"{sm_count}")
     _check_router(plan, spec, cfg.software.name)
     _check_groups(plan, spec, sh)
 
