@@ -35,10 +35,7 @@ BASE_VARIANT = {
 }
 VARIANTS = {
     "1f1b": [],
-    # Megatron-Core has no GPipe schedule (rule no_gpipe, since 2026-12-02): pinned as a
-    # what-if, numbers unchanged
-    "gpipe": ["parallel.schedule=gpipe",
-              "system.software={stack: megatron-core-2024, what_if: true}"],
+    "gpipe": ["parallel.schedule=gpipe"],
     "interleaved-v2": ["parallel.schedule=interleaved",
                        "parallel.virtual_pipeline_model_parallel_size=2"],
     "sp-selective": ["parallel.sequence_parallel=true", "train.recompute=selective"],
