@@ -350,7 +350,7 @@ AUDITED = [
      "fsdp2_needs_untied_embeddings"),
     ("megatron-core-2025", LLAMA, ["parallel.schedule=gpipe"], "no_gpipe"),
     ("megatron-core-2025", LLAMA, ["system.software.kernels.compile=true"], "no_torch_compile"),
-    # the audit of 2026-12-02 of megatron-core-2024 against Megatron-LM 900f1b76
+    # the audit of 2026-12-01 of megatron-core-2024 against Megatron-LM 900f1b76
     ("megatron-core-2024", LLAMA, ["system.software.kernels.compile=true"], "no_torch_compile"),
     ("megatron-core-2024", MOE, ["parallel.moe={permute_fusion: true}"], "no_permute_fusion"),
     ("megatron-core-2024", MOE, ["parallel.moe={grouped_gemm: true}", "train.dtype=fp16",

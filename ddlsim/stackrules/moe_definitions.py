@@ -62,10 +62,6 @@ def _capacity_needs_alltoall(f: PlanFacts):
     return f.moe & f.capacity & (f.allgather_dispatch | f.flex_dispatch)
 
 
-
-
-
-
 @stack_rule("no_router_dtype", "a router dtype of its own (router_dtype: the router's GEMM "
             "runs in the layer's dtype)", "parallel.moe.router_dtype")
 def _no_router_dtype(f: PlanFacts):
