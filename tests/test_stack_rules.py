@@ -350,6 +350,17 @@ AUDITED = [
      "fsdp2_needs_untied_embeddings"),
     ("megatron-core-2025", LLAMA, ["parallel.schedule=gpipe"], "no_gpipe"),
     ("megatron-core-2025", LLAMA, ["system.software.kernels.compile=true"], "no_torch_compile"),
+    # the audit of 2026-12-01 of megatron-core-2024 against Megatron-LM 900f1b76
+    ("megatron-core-2024", LLAMA, ["system.software.kernels.compile=true"], "no_torch_compile"),
+    ("megatron-core-2024", MOE, ["parallel.moe={permute_fusion: true}"], "no_permute_fusion"),
+    ("megatron-core-2024", MOE, ["parallel.moe={grouped_gemm: true}", "train.dtype=fp16",
+                                 "parallel.expert_model_parallel_size=1"],
+     "grouped_gemm_needs_bf16"),
+    ("megatron-core-2024", MOE, ["train.dtype=fp16"], "moe_ep_no_fp16"),
+    ("megatron-core-2024", MOE, ["model.capacity_factor=1.25"], "capacity_needs_alltoall"),
+    ("megatron-core-2024", MOE, ["parallel.moe={router_dtype: fp32}"], "no_router_dtype"),
+    ("megatron-core-2024", MOE, ["parallel.moe={router_force_load_balancing: true}"],
+     "no_forced_balance"),
     ("megatron-lm-2021", DENSE, ["train.dtype=fp8", "system.preset=dgx-h100"], "no_fp8"),
     ("megatron-lm-2021", DENSE, ["train.recompute=selective"], "no_selective_recompute"),
     ("megatron-lm-2021", MOE, ["train.dtype=fp16", "parallel.moe={token_dispatcher_type: "
@@ -399,6 +410,28 @@ def test_audited_stacks_refuse_what_their_code_cannot_run(stack, base, sets, rul
                                    "system.software.kernels.gradient_accumulation_fusion=false"]),
     ("megatron-core-2025", LLAMA, ["parallel.zero_stage=1",
                                    "system.software.kernels.host_dispatch=cuda_graphs"]),
+    # megatron-core-2024's runnable neighbours: 1F1B and interleaved, no compile, an even
+    # split, the alltoall dispatcher with a capacity factor, grouped GEMM in bf16 and FP8,
+    # fp16 without EP, the softmax router with aux_loss/sinkhorn/none, enable_cuda_graph
+    ("megatron-core-2024", LLAMA, ["parallel.pipeline_model_parallel_size=2"]),
+    ("megatron-core-2024", LLAMA, ["parallel.pipeline_model_parallel_size=4",
+                                   "parallel.schedule=interleaved",
+                                   "parallel.virtual_pipeline_model_parallel_size=2"]),
+    ("megatron-core-2024", LLAMA, ["system.software.kernels.host_dispatch=cuda_graphs"]),
+    ("megatron-core-2024", MOE, ["parallel.moe={grouped_gemm: true}"]),
+    ("megatron-core-2024", MOE, ["parallel.moe={grouped_gemm: true}", "train.dtype=fp8"]),
+    ("megatron-core-2024", MOE, ["train.dtype=fp16", "parallel.expert_model_parallel_size=1"]),
+    ("megatron-core-2024", MOE, ["model.capacity_factor=1.25",
+                                 "parallel.moe={token_dispatcher_type: alltoall}"]),
+    ("megatron-core-2024", MOE, ["model.capacity_factor=1.25",
+                                 "parallel.moe={token_dispatcher_type: alltoall, "
+                                 "pad_expert_input_to_capacity: true}"]),
+    ("megatron-core-2024", MOE, ["parallel.moe={router_load_balancing_type: sinkhorn, "
+                                 "aux_loss_coeff: 0}"]),
+    ("megatron-core-2024", MOE, ["parallel.moe={router_load_balancing_type: none, "
+                                 "aux_loss_coeff: 0}"]),
+    ("megatron-core-2024", MOE, ["parallel.moe={permute_fusion: false, "
+                                 "router_num_groups: 2, router_group_topk: 2}"]),
 ])
 def test_audited_stacks_still_run_what_their_code_runs(stack, base, sets):
     assert not broken_rules(_audited(stack, base, sets))
@@ -415,6 +448,13 @@ def test_audited_stacks_still_run_what_their_code_runs(stack, base, sets):
     ("deepspeed", MOE, {"parallel.zero_stage": [0, 3]}, "zero3_no_moe"),
     ("megatron-core-2025", LLAMA, {"parallel.zero_stage": [1, 3]},
      "fsdp2_no_grad_accum_fusion"),
+    ("megatron-core-2024", MOE, {"train.dtype": ["bf16", "fp16"],
+                                 "parallel.expert_model_parallel_size": [1, 2]},
+     "moe_ep_no_fp16"),
+    ("megatron-core-2024", MOE, {"train.dtype": ["bf16", "fp16"],
+                                 "parallel.expert_model_parallel_size": [1],
+                                 "parallel.moe.grouped_gemm": [False, True]},
+     "grouped_gemm_needs_bf16"),
 ])
 def test_search_rejects_the_audited_plans_as_predict_does(stack, data, axes, rule):
     """Both tiers: every plan the search evaluates builds, every plan it rejects is refused

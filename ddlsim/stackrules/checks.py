@@ -52,7 +52,13 @@ def _shown(cfg: Any, path: str) -> str:
                  "shared_expert_overlap": plan.shared_expert_overlap,
                  "flex_dispatcher_backend": plan.flex_backend,
                  "pad_expert_input_to_capacity": plan.pad,
-                 "grouped_gemm": plan.grouped_gemm, "permute_fusion": plan.permute_fusion}[key]
+                 "grouped_gemm": plan.grouped_gemm, "permute_fusion": plan.permute_fusion,
+                 "router_load_balancing_type": plan.balancing,
+                 "router_score_function": plan.score_function,
+                 "router_enable_expert_bias": plan.expert_bias,
+                 "router_num_groups": plan.groups, "router_group_topk": plan.topk_groups,
+                 "router_dtype": plan.router_dtype,
+                 "router_force_load_balancing": plan.forced_balance}[key]
         return f"{path} = {value!r}"
     value = getattr(cfg.software, key) if key in _SOFTWARE_FIELDS else \
         getattr(getattr(cfg, section), key)

@@ -110,6 +110,19 @@ class PlanFacts:
     #: the resolved ``parallel.moe`` options ``grouped_gemm`` and ``permute_fusion`` (MoE only)
     grouped_gemm: Any = False
     permute_fusion: Any = False
+    #: the resolved MoE routing: a capacity factor (tokens dropped or padded), seq_aux_loss
+    #: balancing, a score function other than softmax, auxiliary-loss-free expert bias,
+    #: group-limited routing, a router dtype given (``router_dtype``), forced balance
+    capacity: Any = False
+    seq_aux_loss: Any = False
+    non_softmax_router: Any = False
+    expert_bias: Any = False
+    group_limited: Any = False
+    router_dtype: Any = False
+    forced_balance: Any = False
+    #: the model has shared experts; its attention is multi-latent (DeepSeek's MLA)
+    shared_experts: Any = False
+    mla: Any = False
 
     @classmethod
     def of(cls, **values: Any) -> "PlanFacts":
@@ -144,7 +157,8 @@ def context_facts(cfg: Any) -> dict:
     """The facts a search context fixes for all its plans (its config's model, context
     parallelism, expert parallelism, precision, stack and overlap settings, and MoE options):
     ``cp``, ``p2p_overlap``, ``megatron_fsdp``, ``grad_accum_fusion``, ``cp_all_gather``,
-    ``te_cross_entropy``, ``fp8_params``, ``fp16``, ``fp8``, ``fp32``,
+    ``te_cross_entropy``, ``fp8_params``, ``fp16``, ``fp8``, ``fp32``, the model's
+    ``shared_experts`` and ``mla``,
     ``param_gather_overlap``, ``cuda_graphs``, ``compiled``, the TP overlap settings
     (``tp_overlap``, ``te_tp_overlap``, ``torch_tp_overlap``: the rules read them with
     ``tp > 1``), ``megatron_uneven``, ``tied``, ``moe``, ``ep`` and the MoE plan's options; for a
@@ -157,7 +171,8 @@ def context_facts(cfg: Any) -> dict:
                 "fp8_params": False, "fp16": False, "fp8": False, "fp32": False,
                 "param_gather_overlap": False, "cuda_graphs": False, "compiled": False,
                 "tp_overlap": False, "te_tp_overlap": False, "torch_tp_overlap": False,
-                "megatron_uneven": False, "tied": False, "moe": False, "ep": 1, **_MOE_OFF}
+                "megatron_uneven": False, "tied": False, "moe": False, "ep": 1,
+                "shared_experts": False, "mla": False, **_MOE_OFF}
     sw, dtype, tpo = cfg.software, cfg.train.dtype, cfg.software.tp_comm_overlap
     return {"cp": cfg.parallel.cp, "p2p_overlap": bool(sw.overlap_p2p_comm),
             "megatron_fsdp": sw.zero3_implementation == "megatron_fsdp",
@@ -174,7 +189,18 @@ def context_facts(cfg: Any) -> dict:
             "megatron_uneven": _megatron_uneven(cfg.parallel),
             "tied": bool(getattr(cfg.model, "tie_word_embeddings", False)),
             "moe": bool(getattr(cfg.model, "num_local_experts", 0)), "ep": cfg.parallel.ep,
-            **_moe_facts(cfg)}
+            **_model_facts(cfg), **_moe_facts(cfg)}
+
+
+def _model_facts(cfg: Any) -> dict:
+    """The model's facts the stack rules read: shared experts, multi-latent attention (false
+    for a model without a decoder shape)."""
+    try:
+        shape = cfg.model.shape()
+    except (AttributeError, ConfigError, TypeError, ValueError):
+        shape = None
+    return {"shared_experts": bool(getattr(shape, "shared_experts", 0)),
+            "mla": getattr(shape, "mla", None) is not None}
 
 
 def _recompute_facts(cfg: Any) -> dict:
@@ -198,7 +224,9 @@ def _fp8_facts(cfg: Any) -> dict:
 #: layers: the MoE checks refuse that plan)
 _MOE_OFF = {"a2a_overlap": False, "delay_wgrad": False, "allgather_dispatch": False,
             "shared_overlap": False, "flex_dispatch": False, "deepep": False, "pad": False,
-            "grouped_gemm": False, "permute_fusion": False}
+            "grouped_gemm": False, "permute_fusion": False, "capacity": False,
+            "seq_aux_loss": False, "non_softmax_router": False, "expert_bias": False,
+            "group_limited": False, "router_dtype": False, "forced_balance": False}
 
 
 def _moe_facts(cfg: Any) -> dict:
@@ -216,7 +244,12 @@ def _moe_facts(cfg: Any) -> dict:
             "shared_overlap": plan.shared_expert_overlap,
             "flex_dispatch": plan.dispatcher == "flex", "deepep": plan.flex_backend == "deepep",
             "pad": plan.pad, "grouped_gemm": plan.grouped_gemm,
-            "permute_fusion": plan.permute_fusion}
+            "permute_fusion": plan.permute_fusion, "capacity": plan.capacity_factor is not None,
+            "seq_aux_loss": plan.balancing == "seq_aux_loss",
+            "non_softmax_router": plan.score_function != "softmax",
+            "expert_bias": bool(plan.expert_bias), "group_limited": bool(plan.group_limited),
+            "router_dtype": plan.router_dtype is not None,
+            "forced_balance": bool(plan.forced_balance)}
 
 
 def moe_plan(cfg: Any) -> Any:

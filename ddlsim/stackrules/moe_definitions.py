@@ -1,6 +1,6 @@
-"""The stack rules on a plan's Mixture-of-Experts layers that the DeepSpeed stacks read
-(DeepSpeed-MoE, or no MoE code at all), registered on import as :mod:`.definitions`' are;
-their sources beside the stacks in software.yaml."""
+"""The stack rules on a plan's Mixture-of-Experts layers that the DeepSpeed stacks
+(DeepSpeed-MoE, or no MoE code at all) and Megatron-Core 2024 read, registered on import as
+:mod:`.definitions`' are; their sources beside the stacks in software.yaml."""
 
 from __future__ import annotations
 
@@ -40,3 +40,35 @@ def _no_grouped_gemm(f: PlanFacts):
             "parallel.moe.permute_fusion")
 def _no_permute_fusion(f: PlanFacts):
     return f.moe & f.permute_fusion
+
+
+# --------------------------------------------- Megatron-Core 2024's MoE (the audit of 900f1b76)
+@stack_rule("grouped_gemm_needs_bf16", "the experts' grouped GEMM in fp16 or fp32 (bf16 "
+            "only; FP8 training runs a bf16 model)", "parallel.moe.grouped_gemm", "train.dtype")
+def _grouped_gemm_needs_bf16(f: PlanFacts):
+    return f.moe & f.grouped_gemm & (f.fp16 | f.fp32)
+
+
+@stack_rule("moe_ep_no_fp16", "expert parallelism in fp16",
+            "parallel.expert_model_parallel_size", "train.dtype")
+def _moe_ep_no_fp16(f: PlanFacts):
+    return f.moe & (f.ep > 1) & f.fp16
+
+
+@stack_rule("capacity_needs_alltoall", "a capacity factor (dropped or padded tokens) with "
+            "another token dispatcher than alltoall", "model.capacity_factor",
+            "parallel.moe.token_dispatcher_type")
+def _capacity_needs_alltoall(f: PlanFacts):
+    return f.moe & f.capacity & (f.allgather_dispatch | f.flex_dispatch)
+
+
+@stack_rule("no_router_dtype", "a router dtype of its own (router_dtype: the router's GEMM "
+            "runs in the layer's dtype)", "parallel.moe.router_dtype")
+def _no_router_dtype(f: PlanFacts):
+    return f.moe & f.router_dtype
+
+
+@stack_rule("no_forced_balance", "forced load balancing (router_force_load_balancing: random "
+            "router logits)", "parallel.moe.router_force_load_balancing")
+def _no_forced_balance(f: PlanFacts):
+    return f.moe & f.forced_balance
