@@ -54,7 +54,10 @@ def sweep() -> list:
                 continue
             for mbs in (1, 2, 4, 8):
                 for sched, v in (("gpipe", None), ("1f1b", None), ("interleaved", 2), ("interleaved", 3)):
-                    d = dict(base, parallel={
+                    # Megatron-Core has no GPipe (megatron-core-2024's rule no_gpipe): those
+                    # plans are what-ifs of its stack, as recorded
+                    d = dict(base, system={**base["system"], "software": {
+                        "stack": "megatron-core-2024", "what_if": sched == "gpipe"}}, parallel={
                         "tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
                         "data_parallel_size": 1024 // (tp * pp), "schedule": sched,
                         "virtual_pipeline_model_parallel_size": v},

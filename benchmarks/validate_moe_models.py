@@ -130,7 +130,7 @@ def _has_sinks(preset: str) -> bool:
     """Whether the model preset's attention has sinks."""
     cfg = ddlsim.load_config({"model": preset, "parallel": {}, "train": {
         "micro_batch_size": 1, "global_batch_size": 8, "seq_length": 8},
-        "system": {"preset": "dgx-h100", "nodes": 1}})
+        "system": {"preset": "dgx-h100", "nodes": 1, "software": {"stack": STACK}}})
     return cfg.model.shape().attention_sinks
 
 

@@ -37,6 +37,8 @@ def pipeline(schedule: str, m: int, v: int | None = None, free_p2p: bool = False
     d["parallel"] = {"pipeline_model_parallel_size": 4, "schedule": schedule,
                      "virtual_pipeline_model_parallel_size": v}
     d["train"]["global_batch_size"] = m
+    # Megatron-Core has no GPipe (rule no_gpipe): the GPipe bubble is a what-if of its stack
+    d["system"]["software"]["what_if"] = schedule == "gpipe"
     return ddlsim.predict(d, record_spans=spans)
 
 

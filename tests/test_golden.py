@@ -35,7 +35,10 @@ BASE_VARIANT = {
 }
 VARIANTS = {
     "1f1b": [],
-    "gpipe": ["parallel.schedule=gpipe"],
+    # Megatron-Core has no GPipe schedule (rule no_gpipe, since 2026-12-01): pinned as a
+    # what-if, numbers unchanged
+    "gpipe": ["parallel.schedule=gpipe",
+              "system.software={stack: megatron-core-2024, what_if: true}"],
     "interleaved-v2": ["parallel.schedule=interleaved",
                        "parallel.virtual_pipeline_model_parallel_size=2"],
     "sp-selective": ["parallel.sequence_parallel=true", "train.recompute=selective"],

@@ -37,7 +37,9 @@ def test_1f1b_first_stage_holds_p_microbatches(base_dict):
     from ddlsim.workloads.memory import inflight_chunks
     assert inflight_chunks(cfg, 0) == cfg.parallel.pp
     assert inflight_chunks(cfg, cfg.parallel.pp - 1) == 1
-    g = ddlsim.load_config(base_dict, ["parallel.schedule=gpipe"])
+    # Megatron-Core has no GPipe (rule no_gpipe): a what-if of its stack
+    g = ddlsim.load_config(base_dict, ["parallel.schedule=gpipe",
+                                       "system.software={stack: megatron-core-2024, what_if: true}"])
     assert inflight_chunks(g, 0) == g.num_microbatches
 
 

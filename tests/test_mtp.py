@@ -160,7 +160,9 @@ def test_the_files_mtp_depth_is_said_only_where_the_section_leaves_it_unset():
             ddlsim.load_config({"model": model, "parallel": {"expert_model_parallel_size": 8},
                                 "train": {"micro_batch_size": 1, "global_batch_size": 8,
                                           "seq_length": 4096},
-                                "system": {"preset": "dgx-h100", "nodes": 1}})
+                                # DeepSeek-V3's MLA: megatron-core-2024 (900f1b76) has none
+                                "system": {"preset": "dgx-h100", "nodes": 1,
+                                           "software": {"stack": "megatron-core-2025"}}})
         return " ".join(str(w.message) for w in caught)
 
     assert "num_nextn_predict_layers=1" in said("deepseek-v3")

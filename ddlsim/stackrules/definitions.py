@@ -390,3 +390,9 @@ def _no_te_cross_entropy(f: PlanFacts):
             "system.software.kernels.fp8_param_gather", "train.dtype")
 def _no_fp8_param_gather(f: PlanFacts):
     return f.fp8_params
+
+
+@stack_rule("no_mla", "multi-latent attention (DeepSeek's MLA: kv_lora_rank)",
+            "model.kv_lora_rank")
+def _no_mla(f: PlanFacts):
+    return f.mla

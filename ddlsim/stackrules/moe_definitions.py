@@ -62,6 +62,31 @@ def _capacity_needs_alltoall(f: PlanFacts):
     return f.moe & f.capacity & (f.allgather_dispatch | f.flex_dispatch)
 
 
+@stack_rule("no_seq_aux_loss", "the per-sequence auxiliary loss (router_load_balancing_type "
+            "seq_aux_loss)", "parallel.moe.router_load_balancing_type")
+def _no_seq_aux_loss(f: PlanFacts):
+    return f.moe & f.seq_aux_loss
+
+
+@stack_rule("no_router_score_function", "a router score function other than softmax "
+            "(sigmoid, sqrtsoftplus)", "parallel.moe.router_score_function")
+def _no_router_score_function(f: PlanFacts):
+    return f.moe & f.non_softmax_router
+
+
+@stack_rule("no_expert_bias", "auxiliary-loss-free balancing by a per-expert bias "
+            "(router_enable_expert_bias)", "parallel.moe.router_enable_expert_bias")
+def _no_expert_bias(f: PlanFacts):
+    return f.moe & f.expert_bias
+
+
+@stack_rule("no_group_limited_routing", "group-limited routing (router_num_groups/"
+            "router_group_topk, or the model's n_group/topk_group)",
+            "parallel.moe.router_num_groups", "parallel.moe.router_group_topk")
+def _no_group_limited_routing(f: PlanFacts):
+    return f.moe & f.group_limited
+
+
 @stack_rule("no_router_dtype", "a router dtype of its own (router_dtype: the router's GEMM "
             "runs in the layer's dtype)", "parallel.moe.router_dtype")
 def _no_router_dtype(f: PlanFacts):
@@ -72,3 +97,9 @@ def _no_router_dtype(f: PlanFacts):
             "router logits)", "parallel.moe.router_force_load_balancing")
 def _no_forced_balance(f: PlanFacts):
     return f.moe & f.forced_balance
+
+
+@stack_rule("no_shared_experts", "shared experts beside the routed ones",
+            "model.n_shared_experts")
+def _no_shared_experts(f: PlanFacts):
+    return f.moe & f.shared_experts

@@ -47,7 +47,9 @@ def test_deepseek_v3s_yaml_gives_the_preset_model():
         got = ddlsim.load_config(cfg).model.shape()
         preset = ddlsim.load_config({"model": "deepseek-v3", "train": {
             "micro_batch_size": 1, "global_batch_size": 8, "seq_length": 4096},
-            "system": {"preset": "dgx-h100", "nodes": 1}}).model.shape()
+            # MLA and shared experts: megatron-core-2024 (900f1b76) has neither
+            "system": {"preset": "dgx-h100", "nodes": 1,
+                       "software": {"stack": "megatron-core-2025"}}}).model.shape()
     bias = preset.experts * preset.moe_layers          # the preset's e_score_correction_bias
     assert got.stack_params == preset.stack_params - bias
     assert (got.mla, got.first_dense_layers, got.shared_experts, got.f_s) == \

@@ -20,12 +20,12 @@ TORCHTITAN_QWEN3 = ("debugmodel", "0.6B", "1.7B", "4B", "8B", "14B", "32B", "deb
 TORCHTITAN_DEEPSEEK_V3 = ("16B", "236B", "671B")
 
 
-def _model(preset: str) -> dict:
+def _model(preset: str, stack: str = "megatron-core-2024") -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cfg = ddlsim.load_config({"model": preset, "train": {
             "micro_batch_size": 1, "global_batch_size": 8, "seq_length": 4096},
-            "system": {"preset": "dgx-h100", "nodes": 1}})
+            "system": {"preset": "dgx-h100", "nodes": 1, "software": {"stack": stack}}})
     return cfg.model.model_dump()
 
 
@@ -90,6 +90,6 @@ def test_the_refused_deepseek_16b_flavor_has_deepseek_v2_lites_shape_as_its_reas
                  "num_local_experts": 64, "n_shared_experts": 2, "num_experts_per_tok": 6,
                  "q_lora_rank": None, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
                  "qk_rope_head_dim": 64, "v_head_dim": 128, "tie_word_embeddings": False}
-    model = _model("deepseek-v2-lite")
+    model = _model("deepseek-v2-lite", "megatron-core-2025")   # MLA: not in 2024's 900f1b76
     assert {k: model[k] for k in titan_16b} == titan_16b
     assert "DeepSeek-V2-Lite's" in REFUSED[("deepseek_v3", "16B")]

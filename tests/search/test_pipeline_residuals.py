@@ -34,14 +34,17 @@ from ddlsim.search.spec import Constraints
 def _llama(tp: int, pp: int, dp: int, nodes: int, layers: int, gbs: int, *,
            schedule: str = "1f1b", overlap: bool = True) -> dict:
     """llama-3.1-8b cut to ``layers`` layers on ``nodes`` DGX H100, full recomputation,
-    micro-batches of one (``gbs / dp`` of them per pipeline), Megatron-Core's stack."""
+    micro-batches of one (``gbs / dp`` of them per pipeline), Megatron-Core's stack (a what-if
+    under GPipe, which it has no schedule for)."""
     return {"model": {"preset": "llama-3.1-8b", "num_hidden_layers": layers},
             "parallel": {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
                          "data_parallel_size": dp, "schedule": schedule},
             "train": {"micro_batch_size": 1, "global_batch_size": gbs, "seq_length": 2048,
                       "recompute": "full"},
             "system": {"preset": "dgx-h100", "nodes": nodes,
+                       # Megatron-Core has no GPipe (rule no_gpipe): a what-if there
                        "software": {"stack": "megatron-core-2024",
+                                    "what_if": schedule == "gpipe",
                                     "overlap": {"overlap_grad_reduce": overlap}}}}
 
 

@@ -186,7 +186,9 @@ def test_a_dense_mla_grid_is_searched_by_the_exact_engine():
                       "qk_nope_head_dim": 64, "qk_rope_head_dim": 32, "v_head_dim": 64},
             "parallel": {}, "train": {"micro_batch_size": 1, "global_batch_size": 16,
                                       "seq_length": 1024},
-            "system": {"preset": "dgx-h100", "nodes": 1}}
+            # MLA: megatron-core-2024 (900f1b76) has none (no_mla)
+            "system": {"preset": "dgx-h100", "nodes": 1,
+                       "software": {"stack": "megatron-core-2025"}}}
     grid = evaluate_grid(data, None, [], {"parallel.tensor_model_parallel_size": [1, 2],
                                           "parallel.sequence_parallel": [False, True]},
                          Constraints())

@@ -259,7 +259,9 @@ def test_qwen2_moe_config_json_predicts_with_its_shared_expert(tmp_path):
                               "parallel": {"expert_model_parallel_size": 4},
                               "train": {"micro_batch_size": 1, "global_batch_size": 16,
                                         "seq_length": 2048},
-                              "system": {"preset": "dgx-h100", "nodes": 1}})
+                              # shared experts: megatron-core-2024 (900f1b76) has none
+                              "system": {"preset": "dgx-h100", "nodes": 1,
+                                         "software": {"stack": "megatron-core-2025"}}})
     assert cfg.model.n_shared_experts == 1 and cfg.model.shared_expert_gate
     r = ddlsim.predict(cfg, check_fit=False).to_dict()
     assert r["parameter_count"] == 14_315_784_192

@@ -25,7 +25,10 @@ def _cfg(layers: int, pp: int, vpp: int, dp: int = 1, **split) -> dict:
                       "vocab_size": 32000, "max_position_embeddings": 2048},
             "parallel": parallel,
             "train": {"micro_batch_size": 1, "global_batch_size": 8 * dp, "seq_length": 2048},
-            "system": {"preset": "dgx-h100", "nodes": 1}}
+            # Megatron-Core's uneven split came after 900f1b76 (megatron-core-2024 refuses it:
+            # no_megatron_uneven_split); megatron-core-2025 runs it
+            "system": {"preset": "dgx-h100", "nodes": 1,
+                       "software": {"stack": "megatron-core-2025"}}}
 
 
 def test_qwen3_235b_on_pp32_vp3_leaves_the_first_and_last_chunk_without_a_layer():
