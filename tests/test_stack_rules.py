@@ -496,3 +496,26 @@ def test_a_moe_model_under_a_stack_without_moe_code_is_refused_by_the_rule(stack
                                           r"\(rule no_moe; source: .*MoE"):
         ddlsim.load_config("examples/mixtral-8x7b-ep8.yaml",
                            overrides=[f"system.software={stack}"])
+
+
+# ---------------------------------------------------------------- programs of their own
+@pytest.mark.filterwarnings("ignore::ddlsim.errors.DDLSimWarning")
+@pytest.mark.parametrize("example", ["gpt2_large", "bert_large"])
+def test_a_proxy_runs_its_own_schedule_where_the_stacks_framework_would_refuse_it(example):
+    """The seed's C++ proxies run GPipe themselves (gpt2_large.cpp, bert_large.cpp): the
+    default stack's no_gpipe judges Megatron-LM's program, not theirs (runs_own_program).
+    The same plan as Megatron's program (no proxy options) is refused by the rule."""
+    import yaml
+    from pathlib import Path
+    path = Path(__file__).parents[1] / "examples" / "proxies" / f"{example}.yaml"
+    doc = yaml.safe_load(path.read_text())
+    cfg = ddlsim.load_config(copy.deepcopy(doc))
+    assert cfg.software.name == "megatron-core-2024" and not cfg.software.what_if
+    assert cfg.parallel.schedule == "gpipe" and broken_rules(cfg) == []
+    assert "what_if" not in ddlsim.predict(cfg).to_dict()
+    model = {k: v for k, v in doc["model"].items()
+             if k not in ("program", "pipeline_p2p", "grad_sync", "grad_buffers", "recv_buffers",
+                          "compute", "proxy_timings", "grad_buckets", "p2p_attention_mask",
+                          "stage_exchange")}
+    with pytest.raises(ConfigError, match="rule no_gpipe"):
+        ddlsim.load_config({**copy.deepcopy(doc), "model": model})

@@ -325,13 +325,15 @@ def _stack_rules(f, ctx_cfgs: list, inter, plain,
     applies) on the plans' arrays, each context's own stack's on its plans (a
     ``system.software`` axis); none under ``what_if`` (the plans are predicted as what-ifs)
     unless ``what_ifs`` asks which plans they are, none for a context None (judged through
-    its config)."""
+    its config) or one whose ranks run a program of their own (a GPT proxy:
+    :func:`~ddlsim.stackrules.checks.runs_own_program`)."""
     from ..stackrules import PlanFacts, stack_rejections
+    from ..stackrules.checks import runs_own_program
     from ..stackrules.facts import context_facts
 
     stacks: dict[str, list[int]] = {}   # each stack's contexts
     for i, c in enumerate(ctx_cfgs):
-        if c is not None and (what_ifs or not c.software.what_if):
+        if c is not None and (what_ifs or not c.software.what_if) and not runs_own_program(c):
             stacks.setdefault(c.software.name, []).append(i)
     if not stacks:
         return []

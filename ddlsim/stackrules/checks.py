@@ -35,8 +35,23 @@ def stack_rules(stack: str) -> list[tuple[StackRule, str]]:
     return out
 
 
+def runs_own_program(cfg: Any) -> bool:
+    """Whether ``cfg``'s ranks run a program of their own rather than the stack's framework:
+    a proxy of spcl/DNN-cpp-proxies, a C++ MPI program whose schedule is its own (the GPT
+    proxies' ``model.program`` ``proxy_gpipe`` or ``proxy_one_step``,
+    :mod:`ddlsim.workloads.decoder.programs`; any family's ``model.compute: proxy``, the
+    proxy's sleeps). The stack's rules say what its framework's program runs, so they do not
+    judge a proxy; the family's own checks of the proxy's options do (e.g.
+    :mod:`ddlsim.workloads.decoder.proxy`)."""
+    return (getattr(cfg.model, "program", "megatron") != "megatron"
+            or getattr(cfg.model, "compute", "model") == "proxy")
+
+
 def broken_rules(cfg: Any) -> list[tuple[StackRule, str]]:
-    """The rules of ``cfg``'s stack that its plan breaks, with their sources."""
+    """The rules of ``cfg``'s stack that its plan breaks, with their sources (none for a
+    program of its own, :func:`runs_own_program`)."""
+    if runs_own_program(cfg):
+        return []
     facts = PlanFacts.of_config(cfg)
     return [(rule, src) for rule, src in stack_rules(cfg.software.name)
             if bool(np.any(rule.rejects(facts)))]
