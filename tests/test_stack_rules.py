@@ -383,6 +383,26 @@ AUDITED = [
                                "alltoall, grouped_gemm: false, permute_fusion: false, "
                                "overlap_expert_parallel_comm: false, delay_wgrad_compute: false}"],
      "no_moe"),
+    # the audit of 2026-12-01 of megatron-lm-2021 against Megatron-LM 6985e58
+    ("megatron-lm-2021", DENSE, ["parallel.pipeline_model_parallel_size=2",
+                                 "parallel.schedule=gpipe"], "no_gpipe"),
+    ("megatron-lm-2021", DENSE, ["parallel.schedule=gpipe"], "no_gpipe"),
+    ("megatron-lm-2021", DENSE, ["parallel.pipeline_model_parallel_size=2",
+                                 "parallel.num_layers_in_first_pipeline_stage=10"],
+     "no_megatron_uneven_split"),
+    ("megatron-lm-2021", DENSE, ["system.software.kernels.compile=true"], "no_torch_compile"),
+    ("megatron-lm-2021", DENSE, ["system.software.kernels.host_dispatch=cuda_graphs"],
+     "no_cuda_graphs"),
+    # TE's TP overlap needs SP, which this stack lacks too (rule no_sequence_parallel first)
+    ("megatron-lm-2021", DENSE, ["parallel.tensor_model_parallel_size=2",
+                                 "parallel.sequence_parallel=true",
+                                 "parallel.tp_comm_overlap=pipelined"], "no_te_tp_overlap"),
+    # ddlsim's MLA models are MoE: refused by no_moe as well
+    ("megatron-lm-2021", MOE, ["model=deepseek-v2-lite", "parallel.expert_model_parallel_size=8",
+                               "train.dtype=fp16", "parallel.moe={token_dispatcher_type: "
+                               "alltoall, grouped_gemm: false, permute_fusion: false, "
+                               "overlap_expert_parallel_comm: false, delay_wgrad_compute: false}"],
+     "no_mla"),
 ]
 
 
@@ -448,6 +468,13 @@ def test_audited_stacks_refuse_what_their_code_cannot_run(stack, base, sets, rul
                                  "aux_loss_coeff: 0}"]),
     ("megatron-core-2024", MOE, ["parallel.moe={permute_fusion: false, "
                                  "router_num_groups: 2, router_group_topk: 2}"]),
+    # megatron-lm-2021's runnable neighbours: 1F1B and interleaved (PP 4) with an even split,
+    # eager PyTorch, blocking TP
+    ("megatron-lm-2021", DENSE, ["parallel.pipeline_model_parallel_size=2"]),
+    ("megatron-lm-2021", DENSE, ["parallel.pipeline_model_parallel_size=4",
+                                 "parallel.schedule=interleaved",
+                                 "parallel.virtual_pipeline_model_parallel_size=2"]),
+    ("megatron-lm-2021", DENSE, ["parallel.tensor_model_parallel_size=2", "train.recompute=full"]),
 ])
 def test_audited_stacks_still_run_what_their_code_runs(stack, base, sets):
     assert not broken_rules(_audited(stack, base, sets))
@@ -466,6 +493,8 @@ def test_audited_stacks_still_run_what_their_code_runs(stack, base, sets):
      "fsdp2_no_grad_accum_fusion"),
     ("megatron-core-2024", LLAMA, {"parallel.pipeline_model_parallel_size": [2],
                                    "parallel.schedule": ["1f1b", "gpipe"]}, "no_gpipe"),
+    ("megatron-lm-2021", DENSE, {"parallel.pipeline_model_parallel_size": [2],
+                                 "parallel.schedule": ["1f1b", "gpipe"]}, "no_gpipe"),
     ("megatron-core-2024", MOE, {"train.dtype": ["bf16", "fp16"],
                                  "parallel.expert_model_parallel_size": [1, 2]},
      "moe_ep_no_fp16"),
