@@ -23,7 +23,6 @@ Nothing is fitted; nothing here is charged by ddlsim. Needs the torch extra.
 
 from __future__ import annotations
 
-import inspect
 import os
 import sys
 import time
@@ -32,45 +31,11 @@ from collections import defaultdict
 import torchbench as tb
 
 
-def _log_collectives(log: list) -> None:
-    """Wrap FSDP2's two collectives: each call appends (name, output, input, CPU seconds,
-    entry, exit) to ``log``."""
-    import torch.distributed as dist
-
-    def wrap(name, fn):
-        sig = inspect.signature(fn)
-
-        def timed(*args, **kwargs):
-            output, inp = list(sig.bind(*args, **kwargs).arguments.values())[:2]
-            c0, w0 = time.process_time(), time.perf_counter()
-            out = fn(*args, **kwargs)
-            log.append((name, output, inp, time.process_time() - c0, w0, time.perf_counter()))
-            return out
-        return timed
-    dist.all_gather_single = wrap("all_gather", dist.all_gather_single)
-    dist.reduce_scatter_single = wrap("reduce_scatter", dist.reduce_scatter_single)
-
-
-def _alone(calls: list) -> tuple[float, float]:
-    """Summed (wall, CPU) seconds of ``calls`` made again, each alone after a barrier."""
-    import torch
-    import torch.distributed as dist
-    wall = cpu = 0.0
-    for name, output, inp, *_ in calls:
-        o, i = torch.empty_like(output), inp.clone()
-        dist.barrier()
-        c0, w0 = time.process_time(), time.perf_counter()
-        (dist.all_gather_single if name == "all_gather" else dist.reduce_scatter_single)(o, i)
-        cpu += time.process_time() - c0
-        wall += time.perf_counter() - w0
-    return wall, cpu
-
-
 def measure(reference: bool, iters: int, warmup: int = 2) -> tuple[dict, list]:
     """(figure → seconds per iteration, each iteration's calls as (entry, exit) pairs)."""
     import torch.distributed as dist
     log: list = []
-    _log_collectives(log)
+    tb.log_fsdp_collectives(log)
     step, _ = tb.fsdp_step(reference)
     figures: dict[str, list[float]] = defaultdict(list)
     times = []
@@ -81,16 +46,16 @@ def measure(reference: bool, iters: int, warmup: int = 2) -> tuple[dict, list]:
         step()
         cpu, wall = time.process_time() - c0, time.perf_counter() - w0
         calls = list(log)
-        alone_wall, alone_cpu = _alone(calls)
+        alone = [tb.call_alone(c) for c in calls]
         if it < warmup:
             continue
         figures["iteration wall"].append(wall)
         figures["iteration CPU"].append(cpu)
-        figures["collectives inside, wall"].append(sum(c[5] - c[4] for c in calls))
-        figures["collectives inside, CPU"].append(sum(c[3] for c in calls))
-        figures["collectives alone, wall"].append(alone_wall)
-        figures["collectives alone, CPU"].append(alone_cpu)
-        times.append([(c[4], c[5]) for c in calls])
+        figures["collectives inside, wall"].append(sum(c.exit - c.entry for c in calls))
+        figures["collectives inside, CPU"].append(sum(c.cpu_s for c in calls))
+        figures["collectives alone, wall"].append(sum(w for w, _ in alone))
+        figures["collectives alone, CPU"].append(sum(c for _, c in alone))
+        times.append([(c.entry, c.exit) for c in calls])
     return figures, times
 
 

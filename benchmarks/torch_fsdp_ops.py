@@ -21,7 +21,6 @@ a Python call per op). Needs the torch extra.
 
 from __future__ import annotations
 
-import inspect
 import os
 import sys
 import time
@@ -37,26 +36,6 @@ import torchbench as tb
 #: the unsharded views), not the model's
 FSDP_OPS = ("all_gather_copy_in", "split_with_sizes_copy", "_chunk_cat", "chunk_cat",
             "as_strided", "set_", "resize_", "_foreach_copy_", "empty", "empty_strided")
-
-
-def _collective_timer(log: list):
-    """Wrap FSDP2's two collectives so that each call is timed whole into ``log``: (name,
-    bytes as the trace counts them, output, input, process CPU seconds)."""
-    import torch.distributed as dist
-
-    def wrap(name, fn):
-        sig = inspect.signature(fn)
-
-        def timed(*args, **kwargs):
-            output, inp = list(sig.bind(*args, **kwargs).arguments.values())[:2]
-            c0 = time.process_time()
-            out = fn(*args, **kwargs)
-            nbytes = max(output.numel(), inp.numel()) * inp.element_size()  # nccl-tests'
-            log.append((name, nbytes, output, inp, time.process_time() - c0))
-            return out
-        return timed
-    dist.all_gather_single = wrap("all_gather", dist.all_gather_single)
-    dist.reduce_scatter_single = wrap("reduce_scatter", dist.reduce_scatter_single)
 
 
 def _phase(clock) -> str:
@@ -79,26 +58,12 @@ def _op_timer(spent: dict, clock):
     return Timer()
 
 
-def _alone(calls: list) -> list[float]:
-    """Process CPU seconds of each logged collective called again alone (same sizes)."""
-    import torch
-    import torch.distributed as dist
-    out = []
-    for name, _, output, inp, _ in calls:
-        o, i = torch.empty_like(output), inp.clone()
-        dist.barrier()
-        c0 = time.process_time()
-        (dist.all_gather_single if name == "all_gather" else dist.reduce_scatter_single)(o, i)
-        out.append(time.process_time() - c0)
-    return out
-
-
 def measure(iters: int, warmup: int = 2) -> dict:
     """Per figure, the least and the median over the iterations on this rank (CPU
     seconds)."""
     import torch.distributed as dist
     log: list = []
-    _collective_timer(log)
+    tb.log_fsdp_collectives(log)
     step, _ = tb.fsdp_step(False)
     clock = step.clock
     figures: dict[str, list[float]] = defaultdict(list)
@@ -113,11 +78,10 @@ def measure(iters: int, warmup: int = 2) -> dict:
             continue
         phases = dict(clock.spent)
         calls = list(log)
-        alone = _alone(calls)
-        for k, (name, nbytes, _, _, cpu) in enumerate(calls):
-            key = f"{name} {nbytes / 1e6:.1f} MB #{k}"
-            figures[f"coll {key} inside"].append(cpu)
-            figures[f"coll {key} alone"].append(alone[k])
+        for k, call in enumerate(calls):
+            key = f"{call.name} {call.nbytes / 1e6:.1f} MB #{k}"
+            figures[f"coll {key} inside"].append(call.cpu_s)
+            figures[f"coll {key} alone"].append(tb.call_alone(call)[1])
         if not timed:
             for p, v in phases.items():
                 figures[f"phase {p} (untimed)"].append(v)

@@ -13,7 +13,7 @@ import os
 import sys
 import time
 from collections import Counter
-from typing import Callable
+from typing import Callable, NamedTuple
 
 
 def parser(doc: str, count: str, default: int, help_text: str) -> argparse.ArgumentParser:
@@ -158,3 +158,51 @@ def least_max_cpu(fn: Callable[[], object], iters: int) -> float:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         best = min(best, float(t))
     return best
+
+
+class Call(NamedTuple):
+    """One FSDP2 collective as :func:`log_fsdp_collectives` logs it."""
+    name: str            # all_gather or reduce_scatter
+    nbytes: int          # the bytes nccl-tests counts: the larger of output and input
+    output: object       # the call's tensors, to make it again alone (:func:`call_alone`)
+    inp: object
+    cpu_s: float         # process CPU seconds of the whole call (Gloo's threads too)
+    entry: float         # time.perf_counter at entry and exit (one clock for every process
+    exit: float          # on this machine)
+
+
+def log_fsdp_collectives(log: list) -> None:
+    """Wrap FSDP2's two collectives (``dist.all_gather_single``, ``dist.reduce_scatter_single``:
+    its ``DefaultAllGather`` and ``DefaultReduceScatter``) so that each call, timed whole
+    (issue, Gloo's work on its threads, the wait: ``async_op=False``), appends a :class:`Call`
+    to ``log``."""
+    import inspect
+
+    import torch.distributed as dist
+
+    def wrap(name, fn):
+        sig = inspect.signature(fn)
+
+        def timed(*args, **kwargs):
+            output, inp = list(sig.bind(*args, **kwargs).arguments.values())[:2]
+            c0, w0 = time.process_time(), time.perf_counter()
+            out = fn(*args, **kwargs)
+            cpu, w1 = time.process_time() - c0, time.perf_counter()
+            log.append(Call(name, max(output.numel(), inp.numel()) * inp.element_size(),
+                            output, inp, cpu, w0, w1))
+            return out
+        return timed
+    dist.all_gather_single = wrap("all_gather", dist.all_gather_single)
+    dist.reduce_scatter_single = wrap("reduce_scatter", dist.reduce_scatter_single)
+
+
+def call_alone(call: Call) -> tuple[float, float]:
+    """(wall, process CPU) seconds of ``call`` made again alone, after a barrier, on fresh
+    buffers of its sizes (as the torch loop's calibration times a collective)."""
+    import torch
+    import torch.distributed as dist
+    o, i = torch.empty_like(call.output), call.inp.clone()
+    dist.barrier()
+    c0, w0 = time.process_time(), time.perf_counter()
+    (dist.all_gather_single if call.name == "all_gather" else dist.reduce_scatter_single)(o, i)
+    return time.perf_counter() - w0, time.process_time() - c0

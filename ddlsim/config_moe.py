@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field, StrictBool
 
-from .config_types import _Strict, reject_bool
+from .config_types import _Strict, count_type, reject_bool
 
 __all__ = ["MoESpec", "TokenDispatcher", "FlexBackend", "LoadBalancing", "RouterDtype",
            "ScoreFunction"]
@@ -49,8 +49,7 @@ class MoESpec(_Strict):
                                   "(--moe-flex-dispatcher-backend); only with "
                                   "token_dispatcher_type flex; default there: deepep, "
                                   "Megatron-Core's")
-    flex_dispatcher_num_sms: Annotated[int, BeforeValidator(reject_bool),
-                                       Field(ge=1, le=4096)] | None = \
+    flex_dispatcher_num_sms: count_type("sm_count") | None = \
         Field(default=None, description="--moe-flex-dispatcher-num-sms (the deprecated "
                                         "--moe-deepep-num-sms/--moe-hybridep-num-sms route "
                                         "to it): the SMs the flex dispatcher's dispatch and "

@@ -195,10 +195,7 @@ def context_facts(cfg: Any) -> dict:
 def _model_facts(cfg: Any) -> dict:
     """The model's facts the stack rules read: shared experts, multi-latent attention (false
     for a model without a decoder shape)."""
-    try:
-        shape = cfg.model.shape()
-    except (AttributeError, ConfigError, TypeError, ValueError):
-        shape = None
+    shape = cfg.model.shape() if hasattr(cfg.model, "shape") else None
     return {"shared_experts": bool(getattr(shape, "shared_experts", 0)),
             "mla": getattr(shape, "mla", None) is not None}
 

@@ -53,7 +53,7 @@ import numpy as np
 from ...errors import ConfigError
 from .base import Algorithm, GroupNet, Phase, register_parametric
 
-__all__ = ["FlexKernel", "KERNELS", "KERNEL_SMS", "MIN_RATED_SMS", "flex_sms", "hit_probability",
+__all__ = ["FlexKernel", "KERNELS", "KERNEL_SMS", "MIN_RATED_SMS", "hit_probability",
            "FlexTraffic", "flex_traffic", "flex_time", "flex_algorithm"]
 
 
@@ -209,25 +209,6 @@ MIN_RATED_SMS: dict[str, tuple[int, str]] = {
     "hybridep": (8, "DeepEP hybrid-ep 7febc6e docs/README_Hybrid-EP.md: H100, 16 ranks, "
                     "57.74 / 54.47 GB/s at 8 / 16 SMs, the rate's plateau from 8 SMs"),
 }
-
-
-def flex_sms(backend: str, given: int | None = None) -> int:
-    """SMs the ``backend``'s dispatch and combine kernels hold while they run: ``given``
-    (``parallel.moe.flex_dispatcher_num_sms``), else as Megatron-Core launches them by
-    default (:data:`KERNEL_SMS`).
-
-    Parameters
-    ----------
-    backend : ``deepep`` or ``hybridep``.
-    given : int or None
-        The plan's count (checked against :data:`MIN_RATED_SMS` by the plan's checks).
-
-    Returns
-    -------
-    int
-        SMs.
-    """
-    return KERNEL_SMS[backend][0] if given is None else int(given)
 
 
 @dataclass(frozen=True)

@@ -82,15 +82,12 @@ WINDOWS = (((("b", "combine"),), (("f", "attn"),)),
 
 
 def _dispatcher_sms(b) -> int:
-    """SMs the dispatcher's communication kernels hold while they run: the flex backend's
-    (:func:`~ddlsim.simulator.collectives.flex.flex_sms`: the plan's
-    ``parallel.moe.flex_dispatcher_num_sms`` or Megatron-Core's default), or 0 for NCCL's all-to-all (its
+    """SMs the dispatcher's communication kernels hold while they run: the flex kernels'
+    (:attr:`.moeplan.MoEPlan.flex_sms`: the plan's ``parallel.moe.flex_dispatcher_num_sms``
+    or Megatron-Core's default), or 0 for NCCL's all-to-all (its
     channels, :func:`~ddlsim.simulator.kernels.contention.nccl_ring_ctas`, as the cost model
     gives them)."""
-    if b.moe.dispatcher == "flex":
-        from ...simulator.collectives.flex import flex_sms
-        return flex_sms(b.moe.flex_backend, b.moe.flex_sms)
-    return 0
+    return b.moe.flex_sms if b.moe.dispatcher == "flex" else 0
 
 
 def pair_contention(b, f_nodes: dict, b_nodes: dict) -> dict[tuple[str, str], Op]:
