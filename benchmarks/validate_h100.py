@@ -15,11 +15,12 @@ The table states throughput in tokens per second per GPU, so the published itera
 iteration time, ``predicted / published − 1`` (positive: ddlsim is too slow). A row that does
 not fit under ddlsim's memory model is predicted with ``check_fit=False`` and marked.
 
-Nemotron's layers (squared-ReLU, ungated MLP, no biases, LayerNorm1p, RoPE) have no ddlsim
-architecture. Without grouped-query attention (8B, 22B) they are run as ``gpt`` with the
-published FFN size and untied embeddings (biases, GeLU and learned positions instead); with it
-(340B) as ``llama`` with a gated MLP of 2/3 the FFN size (the same weights and GEMM FLOPs).
-Such rows are marked ``≈``.
+Nemotron's layers (squared-ReLU, ungated MLP, no biases, LayerNorm1p, RoPE on half of each
+head, no dropout) are ddlsim's ``nemotron`` architecture, run as the launcher configs set them
+(``rotary_percentage`` 0.5, ``bias_activation_fusion`` false: Megatron's squared ReLU is its
+own ``@jit_fuser`` kernel, the stack's ``fused_squared_relu``). Until 2026-12-01 they were
+approximated (``≈``): 8B and 22B as ``gpt`` (biases, GeLU, learned positions, dropout), 340B
+as ``llama`` with a gated MLP of 2/3 the FFN size.
 """
 
 from __future__ import annotations
@@ -65,8 +66,9 @@ def _int(row: dict, *keys: str) -> list[int]:
 
 
 def approximated(row: dict) -> bool:
-    """True for a model ddlsim cannot express as published (Nemotron's MLP and norm)."""
-    return row["activation"] == "squared-relu"
+    """True for a model ddlsim cannot express as published: none since the ``nemotron``
+    architecture (2026-12-01)."""
+    return False
 
 
 def model_section(row: dict) -> dict:
@@ -76,10 +78,13 @@ def model_section(row: dict) -> dict:
     common = {"name": row["model"], "num_hidden_layers": layers, "hidden_size": hidden,
               "num_attention_heads": heads, "vocab_size": padded_vocab(vocab, tp),
               "max_position_embeddings": seq, "tie_word_embeddings": row["tied"] == "true"}
-    if row["activation"] == "gelu" or (approximated(row) and kv == heads):
+    if row["activation"] == "gelu":
         return {**common, "architecture": "gpt", "intermediate_size": ffn}
-    if approximated(row):   # gated MLP with the ungated one's weights: 3·h·f' = 2·h·f
-        ffn = 2 * ffn // 3
+    if row["activation"] == "squared-relu":   # layernorm1p: LayerNorm's kernels
+        bias = row["bias"] == "true"
+        return {**common, "architecture": "nemotron", "num_key_value_heads": kv,
+                "intermediate_size": ffn, "attention_bias": bias, "mlp_bias": bias,
+                "partial_rotary_factor": float(row["rotary_percentage"])}
     return {**common, "architecture": "llama", "num_key_value_heads": kv,
             "intermediate_size": ffn, "hidden_act": "silu"}
 

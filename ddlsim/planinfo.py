@@ -15,13 +15,22 @@ __all__ = ["plan_fields", "kernels_line", "plan_of_dump"]
 
 #: the families whose compute model reads ``system.software.kernels`` (docs/compute.md); the
 #: others read the stack's overlaps only
-_KERNEL_FAMILIES = ("gpt", "llama")
+_KERNEL_FAMILIES = ("gpt", "llama", "nemotron")
 
 #: fused-kernel switches and their short names
 _FUSIONS = {"fused_bias_gelu": "bias-gelu", "fused_bias_dropout_add": "bias-dropout-add",
             "fused_layernorm": "layernorm", "fused_rope": "rope",
             "fused_cross_entropy": "cross-entropy", "fused_optimizer": "optimizer",
             "gradient_accumulation_fusion": "grad-accumulation"}
+
+def _fusions(cfg: Any) -> dict[str, str]:
+    """:data:`_FUSIONS` with the MLP activation's switch the model uses: a squared-ReLU
+    model's ``fused_squared_relu`` in place of ``fused_bias_gelu``."""
+    if not cfg.model.shape().squared_relu:
+        return _FUSIONS
+    return {("fused_squared_relu" if f == "fused_bias_gelu" else f):
+            ("squared-relu" if f == "fused_bias_gelu" else n) for f, n in _FUSIONS.items()}
+
 
 _OVERLAPS = {"overlap_grad_reduce": "grad-reduce", "overlap_param_gather": "param-gather",
              "overlap_p2p_comm": "p2p", "tp_async_backward": "tp-async backward"}
@@ -202,8 +211,8 @@ def plan_fields(cfg: Any) -> dict[str, Any]:
         out.update(attention=_attention(cfg, sw.attention), gemm_library=_gemm(cfg),
                    precision=_precision(cfg),
                    host_dispatch=sw.host_dispatch,
-                   fused=[n for f, n in _FUSIONS.items() if sw.kernels.get(f)],
-                   not_fused=[n for f, n in _FUSIONS.items() if not sw.kernels.get(f)])
+                   fused=[n for f, n in _fusions(cfg).items() if sw.kernels.get(f)],
+                   not_fused=[n for f, n in _fusions(cfg).items() if not sw.kernels.get(f)])
         if cfg.parallel.zero_stage == 3:
             out["zero3_gathers"] = _zero3(cfg)
     return out

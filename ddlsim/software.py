@@ -329,6 +329,7 @@ def _apply_plan(parts: tuple[dict, ...], sources: dict, plan: Any) -> None:
 COMPILE_FUSIONS = {
     "fused_layernorm": "the RMSNorm's pow, mean, rsqrt and mul in one kernel",
     "fused_bias_gelu": "SwiGLU's silu and mul in one kernel",
+    "fused_squared_relu": "squared ReLU's relu and pow in one kernel",
     "fused_rope": "the rotary embedding's complex multiply in one kernel",
     "fused_bias_dropout_add": "each residual add fused with the op before it",
 }

@@ -96,6 +96,10 @@ class KernelSpec(_Strict):
                                   "all_gather (Megatron-Core's names; torchtitan's "
                                   "context_parallel_rotate_method alltoall and allgather)")
     fused_bias_gelu: StrictBool | None = None
+    fused_squared_relu: StrictBool | None = Field(
+        default=None, description="squared ReLU (a relu2 model's activation) in one kernel "
+                                  "each way (Megatron's @jit_fuser function) instead of "
+                                  "torch's relu and pow")
     fused_bias_dropout_add: StrictBool | None = None
     fused_layernorm: StrictBool | None = None
     fused_rope: StrictBool | None = None

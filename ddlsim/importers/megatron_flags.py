@@ -179,7 +179,6 @@ CHOICES: dict[str, dict[str, list[tuple[str, Any]]]] = {
     # transformer_config.py line 808 adds sqrtsoftplus
     "moe-router-score-function": {f: [("parallel.moe.router_score_function", f)]
                                   for f in ("softmax", "sigmoid", "sqrtsoftplus")},
-    "rotary-percent": {"1.0": [], "1": []},
     # Megatron-LM d7288711 model_parallel_config.py line 238: Literal['native', 'te'], read
     # under --cross-entropy-loss-fusion only (language_module.py lines 141-167;
     # simulator/kernels/step_passes.py)
@@ -195,8 +194,6 @@ CHOICE_NOTES = {
                                 "as train.recompute full models it",
     "transformer-impl transformer_engine": "TransformerEngine layers, as the stack's kernels "
                                            "describe them",
-    "rotary-percent 1.0": "every head dimension rotated, as ddlsim models RoPE",
-    "rotary-percent 1": "every head dimension rotated, as ddlsim models RoPE",
 }
 
 #: flags read to build the model section (architecture, vocabulary)
@@ -206,6 +203,9 @@ MODEL_FLAGS = ("normalization", "position-embedding-type", "swiglu", "group-quer
                "attention-dropout", "hidden-dropout", "recompute-num-layers", "fp8-format",
                # Megatron-DeepSpeed 4efb479d arguments.py lines 623, 633; d98e8a64 line 2437
                "num-key-value-heads", "use-rotary-position-embeddings", "no-position-embedding",
+               # Megatron-LM 900f1b76 arguments.py: --squared-relu (lines 620-622),
+               # --rotary-percent (float, default 1.0)
+               "squared-relu", "rotary-percent",
                *MOE_MODEL_FLAGS)
 
 #: flags that cannot change the time of one iteration, with why

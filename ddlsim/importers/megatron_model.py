@@ -58,16 +58,40 @@ def _architecture(draft: Draft, model: dict) -> str | None:
                      f"--position-embedding-type {pos}")
     _no_position_embedding(draft, model, pos)
     gated = "swiglu" in model
-    if (norm, pos, gated) == ("LayerNorm", "learned_absolute", False):
+    squared = "squared-relu" in model
+    if (norm, pos, gated, squared) == ("LayerNorm", "learned_absolute", False, False):
         return "gpt"
-    if (norm, pos, gated) == ("RMSNorm", "rope", True):
+    if (norm, pos, gated, squared) == ("RMSNorm", "rope", True, False):
         return "llama"
+    if (norm, pos, gated, squared) == ("LayerNorm", "rope", False, True):
+        return "nemotron"
     draft.refuse(f"--normalization {norm} --position-embedding-type {pos}"
-                 + (" --swiglu" if gated else ""),
+                 + (" --swiglu" if gated else "") + (" --squared-relu" if squared else ""),
                  "ddlsim's decoder families are gpt (LayerNorm, learned_absolute positions, "
-                 "GeLU MLP) and llama (RMSNorm, rope, --swiglu); this mix is neither "
-                 "(not modelled yet)")
+                 "GeLU MLP), llama (RMSNorm, rope, --swiglu) and nemotron (LayerNorm, rope, "
+                 "--squared-relu); this mix is none of them (not modelled yet)")
     return None
+
+
+def _rotary_percent(draft: Draft, model: dict, arch: str | None) -> None:
+    """``--rotary-percent``: the nemotron family's ``partial_rotary_factor``; the others
+    rotate every head dimension (1.0, Megatron's default)."""
+    if "rotary-percent" not in model or arch is None:
+        return
+    value = _one_value(draft, model, "rotary-percent", "1.0")
+    arg = f"--rotary-percent {value}"
+    try:
+        share = float(value)
+    except ValueError:
+        draft.refuse(arg, "expects a share above 0 and at most 1")
+        return
+    if arch == "nemotron" and 0 < share <= 1:
+        draft.set("model.partial_rotary_factor", share, arg)
+    elif share == 1:
+        draft.note(arg, "every head dimension rotated, as the family models RoPE")
+    else:
+        draft.refuse(arg, f"the {arch} family rotates every head dimension (allowed: 1.0; "
+                          "a share below 1 with the nemotron family's --squared-relu layers)")
 
 
 def model_fields(draft: Draft, model: dict, script: str | None) -> None:
@@ -80,10 +104,11 @@ def model_fields(draft: Draft, model: dict, script: str | None) -> None:
                                  "and MoE layers) only")
     f = draft.fields
     arch = _architecture(draft, model)
+    _rotary_percent(draft, model, arch)
     if arch is None:
         return
     f["model.architecture"] = arch
-    flags = "--normalization/--position-embedding-type/--swiglu" + (
+    flags = "--normalization/--position-embedding-type/--swiglu/--squared-relu" + (
         "/--use-rotary-position-embeddings" if "use-rotary-position-embeddings" in model else "")
     draft.note(flags, f"model.architecture: {arch}")
     _gqa(draft, model, arch)
@@ -93,6 +118,9 @@ def model_fields(draft: Draft, model: dict, script: str | None) -> None:
         h = f["model.hidden_size"]
         draft.set("model.intermediate_size", int((4 * h * 2 / 3) / 64) * 64,
                   "--swiglu without --ffn-hidden-size (Megatron's default)")
+    if arch == "nemotron" and "model.intermediate_size" not in f and "model.hidden_size" in f:
+        draft.set("model.intermediate_size", 4 * f["model.hidden_size"],
+                  "no --ffn-hidden-size (Megatron's default 4·hidden)")
     if "model.tie_word_embeddings" not in f:
         draft.set("model.tie_word_embeddings", True, "no --untie-embeddings-and-output-weights")
     if "model.max_position_embeddings" not in f and "train.seq_length" in f:
@@ -159,7 +187,7 @@ def _biases(draft: Draft, model: dict, arch: str) -> None:
     if arch == "gpt" and no_bias:
         draft.refuse("--disable-bias-linear", "ddlsim's gpt family has biases (not modelled "
                                               "yet without them)")
-    elif arch == "llama":
+    elif arch in ("llama", "nemotron"):
         for path in ("model.attention_bias", "model.mlp_bias"):
             draft.set(path, not no_bias, "--disable-bias-linear" if no_bias
                       else "no --disable-bias-linear (Megatron's linear layers have biases)")

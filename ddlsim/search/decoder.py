@@ -50,7 +50,7 @@ class _Context:
     capacity: float
 
 
-@register_vector_family("gpt", "llama")
+@register_vector_family("gpt", "llama", "nemotron")
 class DecoderVectors(DataParallelTerms):
     """:class:`~ddlsim.search.family.VectorFamily` of the decoder-only transformers (the
     update blocks and data-parallel tails: :class:`.decoder_dp.DataParallelTerms`)."""

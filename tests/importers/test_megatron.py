@@ -158,7 +158,7 @@ def test_llama_style_flags_give_the_llama_family_with_megatrons_defaults(tmp_pat
 
 
 def test_a_half_llama_half_gpt_model_and_default_dropout_are_refused(tmp_path):
-    with pytest.raises(ConfigError, match="this mix is neither"):
+    with pytest.raises(ConfigError, match="this mix is none of them"):
         _imported(tmp_path, BASE, "--normalization RMSNorm")
     with pytest.raises(ConfigError, match=r"--attention-dropout 0.1 \(Megatron's default\)") as exc:
         _imported(tmp_path, BASE, "--normalization RMSNorm --position-embedding-type rope "

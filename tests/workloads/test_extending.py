@@ -97,4 +97,4 @@ def test_a_gpt_prediction_imports_no_other_family():
                          check=True, cwd=Path(__file__).resolve().parents[2],
                          env={**os.environ,
                               "PYTHONPATH": str(Path(__file__).resolve().parents[2])}).stdout
-    assert out.strip() == "[] ['bert', 'cosmoflow', 'dlrm', 'gpt', 'llama', 'resnet']"
+    assert out.strip() == "[] ['bert', 'cosmoflow', 'dlrm', 'gpt', 'llama', 'nemotron', 'resnet']"

@@ -16,6 +16,8 @@ bias-dropout-add       read x and the residual, write  bias add 2 (with a bias),
  (×2 per layer)        the sum, 1-byte mask: 3 (+mask)  mask, residual add 3: up to 7 (+mask)
 bias-GeLU / SwiGLU     read y (gate and up), write y:  bias add 2 (with a bias) + GeLU 2; SwiGLU:
                        2 (GeLU) / 3 (SwiGLU)           SiLU 2 + multiply 3: 4 / 5
+squared ReLU           read y, write y: 2              bias add 2 (with a bias), ``relu`` 2,
+ (``relu2``)                                           ``pow(·, 2)`` 2: 4 / 6
 RoPE on q, then on k   read, write: 2                  rotate_half: ·cos 2, rotate-half (negate 1,
                                                        concatenate 2), ·sin 2, add 3: 10; complex
                                                        (torchtitan): upcast, complex multiply in
@@ -70,7 +72,7 @@ from .rotary import rope_bytes, rope_classes
 from .softmax import unfused_softmax_passes  # noqa: F401 (callers import it from here)
 
 __all__ = ["ELEMENTWISE_CLASSES", "layer_elementwise_kernels", "norm_kernels", "residual_bytes",
-           "backward_kernels", "activation_classes", "norm_passes", "activation_passes",
+           "backward_kernels", "activation_fused", "activation_classes", "norm_passes", "activation_passes",
            "fused_norm_class", "qk_norm_kernels", "layer_elementwise_parts",
            "optimizer_bytes_per_param",
            "loss_bytes", "loss_passes", "loss_kernels", "unfused_softmax_passes"]
@@ -210,12 +212,14 @@ def norm_passes(fused: bool, norm: str, dtype_bytes: float, hidden: float) -> li
     return up + [4.0, row, row, 8.0] + down + [2 * d]
 
 
-def activation_passes(gated: bool, bias: bool, fused: bool, dtype_bytes: float
-                      ) -> list[float]:
+def activation_passes(gated: bool, bias: bool, fused: bool, dtype_bytes: float,
+                      squared_relu: bool = False) -> list[float]:
     """Bytes per element of the MLP activation ``y`` moved by each kernel of the activation
     (the module docstring's table): SwiGLU (``gated``) fused read gate and up, write ``y``,
     or SiLU then multiply; GeLU fused (or without a bias) read, write, or bias add then
-    GeLU.
+    GeLU; squared ReLU (``squared_relu``) its bias add (a separate kernel whenever there is
+    a bias: Megatron fuses a bias only into GeLU and SwiGLU, ``mlp.py`` raising "Only support
+    fusion of gelu and swiglu" otherwise), then one fused kernel or ``relu`` and ``pow``.
 
     Parameters
     ----------
@@ -224,9 +228,12 @@ def activation_passes(gated: bool, bias: bool, fused: bool, dtype_bytes: float
     bias : bool
         the first MLP GEMM has a bias.
     fused : bool
-        the stack's ``fused_bias_gelu``.
+        the activation runs as one kernel (:func:`activation_fused`: the stack's
+        ``fused_bias_gelu``, or for squared ReLU its ``fused_squared_relu`` or compilation).
     dtype_bytes : float
         bytes per element (B).
+    squared_relu : bool
+        the non-linearity is squared ReLU (an ungated MLP).
 
     Returns
     -------
@@ -234,17 +241,30 @@ def activation_passes(gated: bool, bias: bool, fused: bool, dtype_bytes: float
         bytes per element of ``y``, one entry per kernel.
     """
     d = dtype_bytes
+    if squared_relu:
+        return ([2 * d] if bias else []) + ([2 * d] if fused else [2 * d, 2 * d])
     if gated:
         return [3 * d] if fused else [2 * d, 3 * d]
     return [2 * d] if fused or not bias else [2 * d, 2 * d]
 
 
-def activation_classes(gated: bool, fused: bool, compiled: bool, n: int) -> list[str]:
+def activation_fused(shape: Any, sw: Any) -> bool:
+    """Whether the MLP's non-linearity runs as one kernel: squared ReLU under the stack's
+    ``fused_squared_relu`` (Megatron's ``@jit_fuser`` function; ``compile: true`` sets it,
+    :data:`ddlsim.software.COMPILE_FUSIONS`), the others under its ``fused_bias_gelu``."""
+    if shape.squared_relu:
+        return bool(sw.fused_squared_relu)
+    return bool(sw.fused_bias_gelu)
+
+
+def activation_classes(gated: bool, fused: bool, compiled: bool, n: int,
+                       squared_relu: bool = False) -> list[str]:
     """The class of each of the ``n`` kernels :func:`activation_passes` gives
     (:data:`ELEMENTWISE_CLASSES`): Megatron's fused SwiGLU, which reads fc1's halves,
     ``gated``; a GeLU kernel ``activation`` (its unfused bias add, first, none); torch.compile's
-    generated kernels (Inductor's two contiguous outputs) and an unfused SwiGLU none."""
-    if compiled:
+    generated kernels (Inductor's two contiguous outputs), an unfused SwiGLU and squared
+    ReLU's kernels (contiguous streams, no measured class) none."""
+    if compiled or squared_relu:
         return [""] * n
     if gated:
         return ["gated" if fused else ""] * n
@@ -294,8 +314,10 @@ def layer_elementwise_parts(shape: Any, b: float, s: float, t: int, sp: bool,
     dt = dtype_bytes
     y = b * s * shape.ffn / t
     residual = residual_bytes(shape, b * s * shape.hidden / (t if sp else 1), dt, sw) * 2
-    act = activation_passes(shape.gated_mlp, shape.mlp_bias, sw.fused_bias_gelu, dt)
-    classes = activation_classes(shape.gated_mlp, sw.fused_bias_gelu, sw.compile, len(act))
+    fused = activation_fused(shape, sw)
+    act = activation_passes(shape.gated_mlp, shape.mlp_bias, fused, dt, shape.squared_relu)
+    classes = activation_classes(shape.gated_mlp, fused, sw.compile, len(act),
+                                 shape.squared_relu)
     rope = rope_classes(bool(sw.fused_rope), sw.rope_form, dt) * 2       # q's, then k's
     parts = {"residual": [(v, "") for v in residual],
              "activation": [(p * y, c) for p, c in zip(act, classes)],

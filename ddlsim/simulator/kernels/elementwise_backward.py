@@ -25,6 +25,12 @@ SiLU, multiply         ``mul.Tensor``: ``grad * other`` and ``grad * self``, 3d 
  (SwiGLU)              ``silu_backward(grad, self)``: 3d (in a backward without
                        ``create_graph``, GradMode off)
 GeLU                   ``gelu_backward(grad, self)``: 3d; a bias's gradient: d
+squared ReLU           ``pow``'s ``pow_backward(grad, self, 2)``, ``grad * (2 *
+ (``relu2``)           self.pow(1))``: the copy ``pow(·, 1)`` 2d, the scalar multiply 2d,
+                       the product 3d; ``relu``'s ``threshold_backward(grad, result, 0)``
+                       3d; a bias's gradient d. One kernel fused (Megatron's ``@jit_fuser``
+                       function, torch.compile): Inductor's backward reads the gradient and
+                       the saved input and writes the input's gradient, 3d
 RoPE                   a linear map of q and k with constant coefficients: its backward
                        runs the transposed map over the gradient, the forward's passes
                        again (torchtitan's complex form: the upcast, the multiply by
@@ -57,8 +63,8 @@ from __future__ import annotations
 from typing import Any
 
 from ...workloads.trace import Kernel
-from .elementwise import (_BACKWARD_CLASS, activation_classes, activation_passes,
-                          backward_kernels, fused_norm_class, norm_kernels, qk_norm_kernels,
+from .elementwise import (_BACKWARD_CLASS, activation_classes, activation_fused,
+                          activation_passes, backward_kernels, fused_norm_class, norm_kernels, qk_norm_kernels,
                           residual_bytes)
 from .rotary import rope_bytes, rope_classes
 
@@ -134,9 +140,11 @@ def layer_elementwise_backward_parts(shape: Any, b: float, s: float, t: int, sp:
     dt = dtype_bytes
     y = b * s * shape.ffn / t
     x = b * s * shape.hidden / (t if sp else 1)
-    act = activation_backward_passes(shape.gated_mlp, shape.mlp_bias, sw.fused_bias_gelu, dt)
-    classes = _activation_backward_classes(shape.gated_mlp, sw.fused_bias_gelu, sw.compile,
-                                           len(act))
+    fused = activation_fused(shape, sw)
+    act = activation_backward_passes(shape.gated_mlp, shape.mlp_bias, fused, dt,
+                                     shape.squared_relu)
+    classes = _activation_backward_classes(shape.gated_mlp, fused, sw.compile, len(act),
+                                           shape.squared_relu)
     parts = {"residual": [(v, "") for v in residual_backward_bytes(shape, x, dt, sw) * 2],
              "activation": [(p * y, c) for p, c in zip(act, classes)],
              "rope": list(zip(rope_backward_bytes(shape, b, s, t, dt, sw),
@@ -187,17 +195,19 @@ def residual_backward_bytes(shape: Any, x: float, dtype_bytes: float, sw: Any) -
     return out
 
 
-def activation_backward_passes(gated: bool, bias: bool, fused: bool, dtype_bytes: float
-                               ) -> list[float]:
+def activation_backward_passes(gated: bool, bias: bool, fused: bool, dtype_bytes: float,
+                               squared_relu: bool = False) -> list[float]:
     """Bytes per element of the MLP activation ``y`` moved by each backward kernel of the
     activation (the module docstring's table), in launch order: fused, twice each forward
     kernel's (:func:`~.elementwise.backward_kernels`); unfused SwiGLU (``gated``) the
     multiply's two products then ``silu_backward``; unfused GeLU ``gelu_backward`` then,
-    with a bias, the bias gradient's sum over the tokens.
+    with a bias, the bias gradient's sum over the tokens; squared ReLU ``pow_backward``'s
+    three kernels and ``threshold_backward`` (one kernel of 3d fused), then the bias
+    gradient's sum.
 
     Parameters
     ----------
-    gated, bias, fused : bool
+    gated, bias, fused, squared_relu : bool
         as :func:`~.elementwise.activation_passes`.
     dtype_bytes : float
         bytes per element (B).
@@ -212,9 +222,13 @@ def activation_backward_passes(gated: bool, bias: bool, fused: bool, dtype_bytes
     pytorch/pytorch ``tools/autograd/derivatives.yaml``: ``mul.Tensor`` (``self:
     mul_tensor_backward(grad, other, ...)``, ``other: mul_tensor_backward(grad, self,
     ...)``), ``silu`` (``silu_backward(grad, self)``), ``gelu`` (``gelu_backward(grad, self,
-    approximate)``).
+    approximate)``), ``pow.Tensor_Scalar`` (``pow_backward(grad, self, exponent)``, in
+    ``torch/csrc/autograd/FunctionsManual.cpp``: ``grad * (exponent * self.pow(exponent -
+    1))``, where ``pow`` by 1 is a copy), ``relu`` (``threshold_backward(grad, result, 0)``).
     """
     d = dtype_bytes
+    if squared_relu:
+        return ([3 * d] if fused else [2 * d, 2 * d, 3 * d, 3 * d]) + ([d] if bias else [])
     if fused:
         return [2 * p for p in activation_passes(gated, bias, True, d)]
     if gated:
@@ -223,10 +237,12 @@ def activation_backward_passes(gated: bool, bias: bool, fused: bool, dtype_bytes
 
 
 def _activation_backward_classes(gated: bool, fused: bool, compiled: bool,
-                                 n: int) -> list[str]:
+                                 n: int, squared_relu: bool = False) -> list[str]:
     """The class of each of the ``n`` kernels :func:`activation_backward_passes` gives: each
     forward class's backward class (fused), ``activation_backward`` for an unfused GeLU's
-    ``gelu_backward`` (its bias gradient's sum, after it, none)."""
+    ``gelu_backward`` (its bias gradient's sum, after it, none); squared ReLU's none."""
+    if squared_relu:
+        return [""] * n
     if fused or compiled:
         fwd = activation_classes(gated, fused, compiled, n)
         return [_BACKWARD_CLASS.get(c, c) for c in fwd]

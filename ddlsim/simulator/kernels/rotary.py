@@ -20,11 +20,20 @@ def rope_bytes(shape: Any, b: float, s: float, t: int, dtype_bytes: float,
     """Bytes of each kernel of the rotary embedding of one layer's q and k on one of ``t``
     ranks, in launch order: :func:`rope_passes` over q, then over k (every stack rotates the
     two tensors by separate calls); none without rotary positions. Its backward moves the
-    same bytes (:func:`.elementwise_backward.layer_elementwise_backward_kernels`)."""
+    same bytes (:func:`.elementwise_backward.layer_elementwise_backward_kernels`).
+
+    With partial rotary embeddings (``shape.rotary_share`` below 1: Nemotron-4 rotates half of
+    each head) an unfused form's kernels run on the rotated slice only (Megatron-Core's
+    ``_apply_rotary_pos_emb_bshd`` splits ``t[..., :rot_dim]`` from ``t[..., rot_dim:]``;
+    the ``torch.cat`` of the two after it, which that function also runs at a share of 1, is
+    not counted), while a fused kernel still reads and writes whole heads
+    (TransformerEngine's ``fused_rope.cu`` copies the dimensions it does not rotate)."""
     if shape.positions != "rotary":
         return []
-    per = rope_passes(bool(sw.fused_rope), sw.rope_form, dtype_bytes)
-    return [p * b * s * width for width in rope_widths(shape, t) for p in per]
+    fused = bool(sw.fused_rope)
+    per = rope_passes(fused, sw.rope_form, dtype_bytes)
+    share = 1.0 if fused else shape.rotary_share
+    return [p * b * s * width * share for width in rope_widths(shape, t) for p in per]
 
 
 def rope_widths(shape: Any, t: int) -> tuple[float, float]:

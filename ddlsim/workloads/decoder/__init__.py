@@ -20,10 +20,11 @@ from .overlap import check_overlap
 from .param_gather import check_fp8
 from .partition import partitioners
 from .proxy import check_proxy_plan
-from .schema import GPTModel, LlamaModel
+from .schema import GPTModel, LlamaModel, NemotronModel
 from .split import chunk_layers
 
-__all__ = ["DecoderFamily", "GPTFamily", "LlamaFamily", "GPTModel", "LlamaModel"]
+__all__ = ["DecoderFamily", "GPTFamily", "LlamaFamily", "NemotronFamily", "GPTModel",
+           "LlamaModel", "NemotronModel"]
 
 
 class DecoderFamily(WorkloadFamily):
@@ -84,7 +85,7 @@ class DecoderFamily(WorkloadFamily):
         sh = model.shape()
         attn = f"{sh.heads} heads" + ("" if sh.g == sh.heads else f" ({sh.g} KV)")
         act = {"silu": "SwiGLU", "swish": "SwiGLU"}.get(sh.activation, "GeGLU")
-        mlp = f"{act if sh.gated_mlp else 'GeLU'} {sh.ffn}"
+        mlp = f"{act if sh.gated_mlp else 'squared-ReLU' if sh.squared_relu else 'GeLU'} {sh.ffn}"
         norm = "RMSNorm" if sh.norm == "rmsnorm" else "LayerNorm"
         if sh.is_moe:
             every = "" if sh.moe_layer_freq == 1 else f" every {sh.moe_layer_freq} layers"
@@ -98,7 +99,8 @@ class DecoderFamily(WorkloadFamily):
             return f"{n / 1e9:.3g} B" if n >= 1e9 else f"{n / 1e6:.3g} M"
         active = f" ({count(sh.active_params)} active)" if sh.is_moe else ""
         return (f"{model.name}: {sh.layers} layers, h {sh.hidden}, {attn}, {mlp}, {norm}, "
-                f"{sh.positions}, {'tied' if sh.tied_embeddings else 'untied'}, vocab "
+                f"{sh.positions}{_rotary_share(sh)}, "
+                f"{'tied' if sh.tied_embeddings else 'untied'}, vocab "
                 f"{sh.vocab}, {count(sh.params)} params{active}")
 
     def plan_summary(self, cfg: Any) -> str:
@@ -174,6 +176,11 @@ class DecoderFamily(WorkloadFamily):
         return section, unmodelled
 
 
+def _rotary_share(sh: Any) -> str:
+    """`` (50 % of each head)`` for partial rotary embeddings, else nothing."""
+    return "" if sh.rotary_share == 1 else f" ({sh.rotary_share:.0%} of each head)"
+
+
 def _stage_layers(per_stage: list[int]) -> str:
     """``15+16×6+15`` for an uneven split's layers per pipeline stage (runs of equal counts
     folded)."""
@@ -192,6 +199,11 @@ def _section(f: dict) -> dict:
               "num_attention_heads": f["heads"], "vocab_size": f["vocab"],
               "max_position_embeddings": f.get("max_positions"),
               "tie_word_embeddings": f["tied_embeddings"]}
+    if f.get("activation") == "relu2":
+        return {"architecture": "nemotron", **common, "num_key_value_heads": f.get("kv_heads"),
+                "head_dim": f.get("head_dim"), "intermediate_size": f["ffn"],
+                "partial_rotary_factor": f.get("rotary_share", 1.0),
+                "attention_bias": f["out_bias"], "mlp_bias": f["mlp_bias"]}
     if not f.get("gated_mlp"):
         ffn = f["ffn"]
         return {"architecture": "gpt", **common,
@@ -316,6 +328,12 @@ class LlamaFamily(DecoderFamily):
                       "deepseek_v3", "deepseek_v2", "phi3", "gpt_oss")
 
     def presets(self) -> dict[str, dict]:
+        return self.presets_of(self, "llama")
+
+    @staticmethod
+    def presets_of(family: "DecoderFamily", architecture: str) -> dict[str, dict]:
+        """The presets of ``data/decoders.yaml`` whose bundled ``config.json`` has one of
+        ``family``'s HuggingFace model types, as ``architecture`` sections."""
         import json
         from importlib import resources
 
@@ -323,11 +341,24 @@ class LlamaFamily(DecoderFamily):
         out = {}
         for name, p in read_presets("decoders.yaml").items():
             doc = json.loads(data.joinpath(p["hf_config"]).read_text())
-            if doc.get("model_type") in self.hf_model_types:
-                out[name] = {"architecture": "llama",
+            if doc.get("model_type") in family.hf_model_types:
+                out[name] = {"architecture": architecture,
                              "hf_config": p["hf_config"].removeprefix("hf/").removesuffix(".json"),
                              "source": p["source"]}
         return out
+
+
+@register_workload("nemotron")
+class NemotronFamily(DecoderFamily):
+    """NVIDIA's Nemotron-4 (squared-ReLU MLP, LayerNorm1p, partial rotary embeddings; presets:
+    the bundled ``config.json`` files of ``data/decoders.yaml`` whose model_type is
+    ``nemotron``)."""
+
+    schema = NemotronModel
+    hf_model_types = ("nemotron",)
+
+    def presets(self) -> dict[str, dict]:
+        return LlamaFamily.presets_of(self, "nemotron")
 
 
 def _grad_phrase(cfg: Any) -> str:

@@ -76,7 +76,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ...simulator.kernels.elementwise import activation_passes, norm_kernels
+from ...simulator.kernels.elementwise import (activation_fused, activation_passes,
+                                              norm_kernels)
 from ...simulator.kernels.rotary import rope_bytes, rope_classes
 from ..trace import Compute, Kernel
 
@@ -165,8 +166,8 @@ def _activation(b: Any, ctx: LayerContext, y: float, cls: str = "") -> tuple[Ker
     """The MLP activation's kernels over ``y`` elements, each of class ``cls``."""
     sh = b.shape
     return tuple(Kernel("memory", bytes=p * y, dtype=b.dtype, variant=cls) for p in
-                 activation_passes(sh.gated_mlp, sh.mlp_bias, bool(b.sw.fused_bias_gelu),
-                                   ctx.dt))
+                 activation_passes(sh.gated_mlp, sh.mlp_bias, activation_fused(sh, b.sw),
+                                   ctx.dt, sh.squared_relu))
 
 
 def _mlp_kernels(b: Any, ctx: LayerContext) -> tuple[Kernel, ...]:

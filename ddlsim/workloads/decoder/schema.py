@@ -10,7 +10,13 @@ Two arms of the union discriminated on ``architecture``:
   biases unless ``attention_bias`` (q, k, v, o), ``qkv_bias`` (q, k, v only: Qwen2) or
   ``mlp_bias``.
 
-Both take Mixture-of-Experts fields (:class:`MoEFields`, HuggingFace names where they exist):
+* ``nemotron``: NVIDIA's Nemotron-4 and Minitron (HuggingFace ``NemotronForCausalLM``):
+  LayerNorm (``layernorm1p``: the same kernels, a zero-centred weight), rotary positions on
+  ``partial_rotary_factor`` of each head, an ungated squared-ReLU MLP (``hidden_act:
+  relu2``), grouped-query attention, no biases unless ``attention_bias`` or ``mlp_bias``,
+  untied embeddings, no dropout; dense only.
+
+``gpt`` and ``llama`` take Mixture-of-Experts fields (:class:`MoEFields`, HuggingFace names where they exist):
 ``num_local_experts`` (Mixtral), ``num_experts_per_tok``, ``moe_intermediate_size``
 (Qwen2-MoE), ``capacity_factor`` (GShard/Switch; null: dropless), ``decoder_sparse_step``
 (Qwen2-MoE: every n-th layer is an MoE layer), ``n_shared_experts`` (DeepSeek) of
@@ -44,7 +50,7 @@ from ..models.decoder import DecoderShape
 from .programs import ProgramFields
 from .variants import variant_shape_fields
 
-__all__ = ["GPTModel", "LlamaModel", "MoEFields", "GATED_ACTIVATIONS"]
+__all__ = ["GPTModel", "LlamaModel", "NemotronModel", "MoEFields", "GATED_ACTIVATIONS"]
 
 #: Non-linearities of a gated MLP (HuggingFace ACT2FN names): SiLU → SwiGLU, GeLU → GeGLU.
 GATED_ACTIVATIONS = ("silu", "swish", "gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh",
@@ -252,3 +258,57 @@ class LlamaModel(DecoderFields):
             tied_embeddings=self.tie_word_embeddings, qkv_bias=qkv,
             out_bias=self.attention_bias, mlp_bias=self.mlp_bias, dropout=False,
             **self.moe_shape_fields(), **variant_shape_fields(self))
+
+
+class NemotronModel(DecoderFields):
+    """A Nemotron-4 decoder (HuggingFace ``model_type: nemotron``, transformers'
+    ``modeling_nemotron.py``: ``NemotronLayerNorm1P``, ``NemotronMLP`` as ``down_proj(
+    act_fn(up_proj(x)))`` with ``ACT2FN["relu2"]``, partial rotary embeddings)."""
+
+    architecture: Literal["nemotron"] = "nemotron"
+    num_key_value_heads: count_type("heads") | None = Field(
+        default=None, description="default num_attention_heads (multi-head attention)")
+    head_dim: count_type("hidden_size") | None = Field(
+        default=None, description="default hidden_size / num_attention_heads")
+    intermediate_size: count_type("intermediate_size")
+    max_position_embeddings: count_type("seq_length") | None = None
+    tie_word_embeddings: StrictBool = False
+    hidden_act: Literal["relu2"] = Field(
+        default="relu2", description="squared ReLU, the only activation Nemotron-4 uses")
+    partial_rotary_factor: Annotated[float, BeforeValidator(reject_bool), Field(gt=0, le=1)] = \
+        Field(default=0.5, description="share of each head's dimensions the rotary embedding "
+                                       "rotates (transformers' NemotronConfig default 0.5; "
+                                       "NeMo's rotary_percentage)")
+    attention_bias: StrictBool = False
+    mlp_bias: StrictBool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> "NemotronModel":
+        a, g = self.num_attention_heads, self.num_key_value_heads or self.num_attention_heads
+        if a % g:
+            raise ValueError(f"num_attention_heads = {a} is not a multiple of "
+                             f"num_key_value_heads = {g}: each key/value head serves a whole "
+                             "group of query heads")
+        if self.head_dim is None and self.hidden_size % a:
+            raise ValueError(f"hidden_size = {self.hidden_size} is not a multiple of "
+                             f"num_attention_heads = {a}; give head_dim")
+        if self.num_local_experts:
+            raise ValueError(f"model.num_local_experts = {self.num_local_experts} with "
+                             "architecture nemotron: its squared-ReLU experts are not "
+                             "modelled (the dense Nemotron-4 is); use 0")
+        return self
+
+    @property
+    def ffn_size(self) -> int:
+        return self.intermediate_size
+
+    def shape(self) -> DecoderShape:
+        """The closed-form counts of this model."""
+        return DecoderShape(
+            self.num_hidden_layers, self.hidden_size, self.num_attention_heads,
+            self.intermediate_size, self.vocab_size, self.max_position_embeddings,
+            kv_heads=self.num_key_value_heads, head_dim=self.head_dim, gated_mlp=False,
+            activation=self.hidden_act, norm="layernorm", positions="rotary",
+            rotary_share=self.partial_rotary_factor,
+            tied_embeddings=self.tie_word_embeddings, qkv_bias=self.attention_bias,
+            out_bias=self.attention_bias, mlp_bias=self.mlp_bias, dropout=False)

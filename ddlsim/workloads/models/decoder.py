@@ -79,9 +79,16 @@ class DecoderShape(DecoderParams, DecoderTraffic):
     gated_mlp : bool
         Three MLP matrices (SwiGLU, GeGLU) instead of two.
     activation : str
-        The MLP non-linearity's name (``silu``, ``gelu_new``, …); informative only.
+        The MLP non-linearity's name (HuggingFace ACT2FN: ``silu``, ``gelu_new``, …). ``relu2``
+        (squared ReLU, Nemotron's ``ReLUSquaredActivation``; Megatron's ``squared_relu``) has
+        kernels of its own (:func:`ddlsim.simulator.kernels.elementwise.activation_passes`);
+        the others are informative (a gated MLP's kernels are SwiGLU's, an ungated one's
+        GeLU's).
     norm : {"layernorm", "rmsnorm"}
     positions : {"learned", "rotary"}
+    rotary_share : float
+        The share of each head's dimensions the rotary embedding rotates (HuggingFace
+        ``partial_rotary_factor``, NeMo's ``rotary_percentage``: Nemotron-4 0.5); 1: all.
     tied_embeddings : bool
         Output head shares the input embedding (no ``V·h`` of its own).
     qkv_bias, out_bias, mlp_bias : bool
@@ -133,6 +140,7 @@ class DecoderShape(DecoderParams, DecoderTraffic):
     activation: str = "gelu"
     norm: Norm = "layernorm"
     positions: Positions = "learned"
+    rotary_share: float = 1.0
     tied_embeddings: bool = True
     qkv_bias: bool = True
     out_bias: bool = True
@@ -165,6 +173,14 @@ class DecoderShape(DecoderParams, DecoderTraffic):
             raise ConfigError(f"decoder field norm = {self.norm!r}; allowed: layernorm, rmsnorm")
         if self.positions not in ("learned", "rotary"):
             raise ConfigError(f"decoder field positions = {self.positions!r}; allowed: learned, rotary")
+        if not 0 < self.rotary_share <= 1 or (self.rotary_share != 1
+                                                and self.positions != "rotary"):
+            raise ConfigError(f"decoder field rotary_share = {self.rotary_share!r}; allowed: "
+                              "above 0 and at most 1, and below 1 only with rotary positions")
+        if self.squared_relu and (self.gated_mlp or self.experts):
+            raise ConfigError("decoder field activation = 'relu2' (squared ReLU) is modelled for "
+                              "an ungated dense MLP (Nemotron's); allowed with it: gated_mlp "
+                              "false and no experts")
         if self.positions == "learned" and self.max_positions is None:
             raise ConfigError("decoder field max_positions is needed with learned positions "
                               "(they hold max_positions × hidden parameters)")
@@ -252,6 +268,11 @@ class DecoderShape(DecoderParams, DecoderTraffic):
         types: ``s`` (full) or ``min(w, s)`` (window) (:func:`.window_keys`)."""
         w = self.window_share
         return (1 - w) * window_keys(s, None) + w * window_keys(s, self.sliding_window)
+
+    @property
+    def squared_relu(self) -> bool:
+        """The MLP's non-linearity is squared ReLU (``relu2``), ``relu(x)²``."""
+        return self.activation == "relu2"
 
     @property
     def is_moe(self) -> bool:

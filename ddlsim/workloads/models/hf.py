@@ -9,7 +9,8 @@ Attention, ``n_routed_experts`` + ``n_shared_experts``, ``first_k_dense_replace`
 ``deepseek_v2`` (the same, with a router without V3's ``e_score_correction_bias``), ``phi3``
 (fused ``qkv_proj`` and ``gate_up_proj``, the one QKV and one gated fc1 GEMM a Megatron layer
 runs; a sliding window on every layer, as Mistral) and ``gpt_oss`` (biases everywhere,
-attention sinks, sliding-window attention on the layers ``layer_types`` names). What each
+attention sinks, sliding-window attention on the layers ``layer_types`` names) and
+``nemotron`` (Nemotron-4: squared-ReLU MLP, LayerNorm1p, partial rotary embeddings). What each
 architecture fixes in code rather than in its config (gated MLP, norm, positions, biases) is
 taken from the HuggingFace ``modeling_<type>.py`` of that architecture (transformers 4.56).
 
@@ -58,6 +59,14 @@ MODEL_TYPES: dict[str, tuple[tuple[str, ...], dict]] = {
     # bias), Phi3MLP.gate_up_proj (hidden -> 2f, no bias), down_proj; RMSNorm before attention
     # and MLP; the config's attention_bias and mlp_bias are not read by the model
     "phi3": (_LLAMA_KEYS, dict(_ROTARY_GATED, tied_embeddings=False)),
+    # modeling_nemotron.py: NemotronLayerNorm1P (a LayerNorm with weight + 1 and a bias),
+    # NemotronMLP down_proj(act_fn(up_proj(x))) with ACT2FN[hidden_act] (relu2), q/k/v/o and
+    # MLP biases per attention_bias and mlp_bias, rotary embeddings on partial_rotary_factor
+    # of each head (NemotronConfig default 0.5), no dropout in training besides
+    # attention_dropout
+    "nemotron": (_LLAMA_KEYS, dict(gated_mlp=False, norm="layernorm", positions="rotary",
+                                   dropout=False, qkv_bias=False, out_bias=False,
+                                   mlp_bias=False, tied_embeddings=False)),
     # modeling_gpt_oss.py: q/k/v/o biases (the config class sets attention_bias = True), expert
     # biases (gate_up_proj_bias, down_proj_bias), a router bias and one sink per head
     "gpt_oss": (_LLAMA_KEYS, dict(_ROTARY_GATED, qkv_bias=True, out_bias=True, mlp_bias=True,
@@ -69,7 +78,7 @@ _DEEPSEEK_TYPES = ("deepseek_v3", "deepseek_v2")
 
 #: Activations HuggingFace's ACT2FN knows that these architectures use.
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "quick_gelu", "relu",
-               "silu", "swish")
+               "silu", "swish", "relu2")
 
 #: Keys read on purpose, besides the per-style size keys.
 _READ = {"model_type", "vocab_size", "num_key_value_heads", "head_dim", "hidden_act",
@@ -104,6 +113,13 @@ def _bool(doc: dict, key: str, source: str, default: bool) -> bool:
     if not isinstance(v, bool):
         raise _err(source, key, v, "expected true or false")
     return v
+
+
+def _share(doc: dict, key: str, default: float, source: str) -> float:
+    v = doc.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
+        raise _err(source, key, v, "expected a share above 0 and at most 1")
+    return float(v)
 
 
 def _prob(doc: dict, key: str, source: str) -> float:
@@ -145,12 +161,15 @@ def _sizes(doc: dict, mt: str, source: str) -> dict:
     else:
         fields["ffn"] = _int(doc, k_ffn, source)
         fields["max_positions"] = _int(doc, k_pos, source, required=False)
-        fields["activation"] = _activation(doc, "hidden_act", "silu", source)
+        fields["activation"] = _activation(doc, "hidden_act",
+                                           "relu2" if mt == "nemotron" else "silu", source)
         fields["kv_heads"] = _int(doc, "num_key_value_heads", source, required=False)
         fields["head_dim"] = _int(doc, "head_dim", source, required=False)
     fields["tied_embeddings"] = _bool(doc, "tie_word_embeddings", source,
                                       fixed["tied_embeddings"])
-    if mt in ("llama", "mistral", "mixtral", "qwen3", "qwen3_moe"):
+    if mt == "nemotron":
+        fields["rotary_share"] = _share(doc, "partial_rotary_factor", 0.5, source)
+    if mt in ("llama", "mistral", "mixtral", "qwen3", "qwen3_moe", "nemotron"):
         bias = _bool(doc, "attention_bias", source, False)
         fields.update(qkv_bias=bias, out_bias=bias, mlp_bias=_bool(doc, "mlp_bias", source, False))
     fields.update(_window(doc, mt, fields["layers"], source))
@@ -281,6 +300,8 @@ def _unmodelled(doc: dict, mt: str, source: str) -> list[str]:
     read = (set(MODEL_TYPES[mt][0]) | _READ) - _APPLIED_UNMODELLED.get(mt, set())
     if mt in _DEEPSEEK_TYPES:    # the router's balancing (router_balancing)
         read |= set(BALANCING_KEYS)
+    if mt == "nemotron":         # its rotary share (DecoderShape.rotary_share)
+        read.add("partial_rotary_factor")
     return out + unmodelled(doc, read)
 
 

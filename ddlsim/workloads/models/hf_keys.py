@@ -37,7 +37,7 @@ NO_EFFECT: dict[str, str] = {
     "auto_map": "the classes of the repository's own modelling code (the same layers)",
     "bos_token_id": _TOKENS, "eos_token_id": _TOKENS, "pad_token_id": _TOKENS,
     "initializer_range": "the standard deviation of the initial weights",
-    "rms_norm_eps": _EPS, "layer_norm_epsilon": _EPS,
+    "rms_norm_eps": _EPS, "layer_norm_epsilon": _EPS, "norm_eps": _EPS,
     "rope_theta": _ROTARY, "rope_scaling": _ROTARY,
     "initial_context_length": "GPT-OSS's context before YaRN scaling: " + _ROTARY,
     "original_max_position_embeddings": "Phi-3's context before its long-context (longrope) "
