@@ -22,7 +22,11 @@ from ddlsim.errors import ConfigError
 from ddlsim.search.evaluate import evaluate_grid
 from ddlsim.search.spec import Constraints
 
-MODELS = ["gpt3-760m", "gpt3-1.3b", "llama3-8b"]
+#: Nemotron-4's layer (squared ReLU, partial rotary, grouped-query attention) at a small size
+NEMOTRON = {"architecture": "nemotron", "name": "nemotron-small", "num_hidden_layers": 16,
+            "hidden_size": 2048, "num_attention_heads": 16, "num_key_value_heads": 8,
+            "intermediate_size": 8192, "vocab_size": 256000, "max_position_embeddings": 4096}
+MODELS = ["gpt3-760m", "gpt3-1.3b", "llama3-8b", NEMOTRON]
 SYSTEMS = [("dgx-a100", 2), ("dgx-h100", 2), ("cpu-10gbe", 8)]
 STACKS = ["megatron-lm-2021", "megatron-core-2024", "deepspeed", "deepspeed-2021"]
 DTYPES = ["bf16", "fp16", "fp8", "fp32"]
@@ -38,7 +42,8 @@ def _case(draw) -> tuple[dict, dict]:
                "tp_async_backward": draw([False, True])}
     software = {"stack": draw(STACKS), "overlap": overlap}
     mbs, m = draw([1, 2, 4]), draw([4, 8, 16])
-    data = {"model": draw(MODELS),
+    model = draw(MODELS)
+    data = {"model": model if isinstance(model, str) else dict(model),
             "train": {"micro_batch_size": 1, "global_batch_size": 1, "seq_length": 2048,
                       "dtype": draw(DTYPES)},
             "system": {"preset": preset, "nodes": nodes, "software": software}}

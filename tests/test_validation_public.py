@@ -94,13 +94,16 @@ def test_h100_settings_map_onto_ddlsim():
     assert l3["parallel"]["data_parallel_size"] == 4                     # 8 / (1·1·2)
     assert l3["model"]["vocab_size"] == 128256                           # already 1002·128
     assert l3["system"]["software"]["kernels"]["fused_cross_entropy"] is True  # llama3_8b.yaml
-    n340 = vh.config(H100[("Nemotron-340B", 128)])  # GQA: gated MLP of 2/3 · 73,728 = 49,152
-    assert n340["model"]["architecture"] == "llama"
-    assert n340["model"]["intermediate_size"] == 49152
-    n8 = vh.config(H100[("Nemotron-8B", 64)])       # MHA: ungated gpt MLP of the published FFN
-    assert n8["model"]["architecture"] == "gpt" and n8["model"]["intermediate_size"] == 16384
+    n340 = vh.config(H100[("Nemotron-340B", 128)])  # as run: GQA, the published FFN
+    assert (n340["model"]["architecture"], n340["model"]["intermediate_size"],
+            n340["model"]["num_key_value_heads"]) == ("nemotron", 73728, 8)
+    n8 = vh.config(H100[("Nemotron-8B", 64)])       # bias false, rotary_percentage 0.5
+    assert n8["model"]["architecture"] == "nemotron" and n8["model"]["intermediate_size"] == 16384
     assert n8["model"]["tie_word_embeddings"] is False
-    assert vh.approximated(H100[("Nemotron-8B", 64)])
+    assert n8["model"]["partial_rotary_factor"] == 0.5
+    assert not n8["model"]["attention_bias"] and not n8["model"]["mlp_bias"]
+    assert n8["system"]["software"]["kernels"]["fused_bias_gelu"] is False
+    assert not vh.approximated(H100[("Nemotron-8B", 64)])
     assert not vh.approximated(H100[("LLAMA2-7B", 8)])
 
 
