@@ -292,6 +292,14 @@ MOE = {"model": "mixtral-8x7b", "parallel": {"expert_model_parallel_size": 2},
 LLAMA = {"model": "llama-3.1-8b", "parallel": {},
          "train": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 4096},
          "system": {"preset": "dgx-h100", "nodes": 1}}
+#: a small Nemotron-4 (squared ReLU, no biases) on one DGX A100
+NEMOTRON = {"model": {"architecture": "nemotron", "name": "nemotron-small", "num_hidden_layers": 8,
+                      "hidden_size": 1024, "num_attention_heads": 8, "intermediate_size": 4096,
+                      "vocab_size": 32000, "max_position_embeddings": 1024},
+            "parallel": {},
+            "train": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 1024,
+                      "dtype": "bf16"},
+            "system": {"preset": "dgx-a100", "nodes": 1}}
 
 AUDITED = [
     # (stack, base, plan's settings, rule)
@@ -397,6 +405,12 @@ AUDITED = [
     ("megatron-lm-2021", DENSE, ["parallel.tensor_model_parallel_size=2",
                                  "parallel.sequence_parallel=true",
                                  "parallel.tp_comm_overlap=pipelined"], "no_te_tp_overlap"),
+    # squared ReLU (2026-12-01 night): none in 2021's code; Megatron-Core raises when the
+    # bias-activation fusion meets it, which only --disable-bias-linear turns off itself
+    ("megatron-lm-2021", NEMOTRON, [], "no_squared_relu"),
+    ("deepspeed-2021", NEMOTRON, ["train.dtype=fp16"], "no_squared_relu"),
+    ("megatron-core-2024", NEMOTRON, ["model.mlp_bias=true"], "squared_relu_no_bias_fusion"),
+    ("megatron-core-2025", NEMOTRON, ["model.mlp_bias=true"], "squared_relu_no_bias_fusion"),
     # ddlsim's MLA models are MoE: refused by no_moe as well
     ("megatron-lm-2021", MOE, ["model=deepseek-v2-lite", "parallel.expert_model_parallel_size=8",
                                "train.dtype=fp16", "parallel.moe={token_dispatcher_type: "
@@ -475,6 +489,12 @@ def test_audited_stacks_refuse_what_their_code_cannot_run(stack, base, sets, rul
                                  "parallel.schedule=interleaved",
                                  "parallel.virtual_pipeline_model_parallel_size=2"]),
     ("megatron-lm-2021", DENSE, ["parallel.tensor_model_parallel_size=2", "train.recompute=full"]),
+    # a Nemotron without biases (the fusion off by Megatron itself), or with them and
+    # --no-bias-gelu-fusion; Megatron-DeepSpeed's --squared-relu ignores the fusion
+    ("megatron-core-2024", NEMOTRON, []),
+    ("megatron-core-2025", NEMOTRON, ["model.mlp_bias=true",
+                                      "system.software.kernels.fused_bias_gelu=false"]),
+    ("deepspeed", NEMOTRON, ["model.mlp_bias=true", "train.dtype=fp16"]),
 ])
 def test_audited_stacks_still_run_what_their_code_runs(stack, base, sets):
     assert not broken_rules(_audited(stack, base, sets))
@@ -502,6 +522,9 @@ def test_audited_stacks_still_run_what_their_code_runs(stack, base, sets):
                                  "parallel.expert_model_parallel_size": [1],
                                  "parallel.moe.grouped_gemm": [False, True]},
      "grouped_gemm_needs_bf16"),
+    ("megatron-core-2024", NEMOTRON, {"model.mlp_bias": [False, True],
+                                      "parallel.tensor_model_parallel_size": [1, 2]},
+     "squared_relu_no_bias_fusion"),
 ])
 def test_search_rejects_the_audited_plans_as_predict_does(stack, data, axes, rule):
     """Both tiers: every plan the search evaluates builds, every plan it rejects is refused

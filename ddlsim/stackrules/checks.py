@@ -84,7 +84,7 @@ def _shown(cfg: Any, path: str) -> str:
 _SOFTWARE_FIELDS = ("overlap_p2p_comm", "tp_comm_overlap", "compile", "fp8_recipe",
                     "zero3_implementation", "gradient_accumulation_fusion",
                     "fused_cross_entropy", "cross_entropy_fusion_impl", "fp8_param_gather",
-                    "overlap_param_gather", "host_dispatch")
+                    "overlap_param_gather", "host_dispatch", "fused_bias_gelu")
 
 
 def check_stack_rules(cfg: Any) -> None:

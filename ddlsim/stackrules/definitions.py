@@ -396,3 +396,17 @@ def _no_fp8_param_gather(f: PlanFacts):
             "model.kv_lora_rank")
 def _no_mla(f: PlanFacts):
     return f.mla
+
+
+@stack_rule("no_squared_relu", "a squared-ReLU MLP (Nemotron's relu2)", "model.hidden_act")
+def _no_squared_relu(f: PlanFacts):
+    return f.squared_relu
+
+
+@stack_rule("squared_relu_no_bias_fusion", "squared ReLU on an MLP with biases with the "
+            "bias-activation fusion on (Megatron fuses a bias only into GeLU and SwiGLU: set "
+            "system.software.kernels.fused_bias_gelu: false, Megatron-LM's "
+            "--no-bias-gelu-fusion)", "model.hidden_act", "model.mlp_bias",
+            "system.software.kernels.fused_bias_gelu")
+def _squared_relu_no_bias_fusion(f: PlanFacts):
+    return f.squared_relu & f.bias_act_fusion

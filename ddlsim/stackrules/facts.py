@@ -123,6 +123,10 @@ class PlanFacts:
     #: the model has shared experts; its attention is multi-latent (DeepSeek's MLA)
     shared_experts: Any = False
     mla: Any = False
+    #: the MLP's activation is squared ReLU (Nemotron's relu2); the stack's ``fused_bias_gelu``
+    #: on an MLP with biases (Megatron switches the fusion off without them)
+    squared_relu: Any = False
+    bias_act_fusion: Any = False
 
     @classmethod
     def of(cls, **values: Any) -> "PlanFacts":
@@ -158,7 +162,7 @@ def context_facts(cfg: Any) -> dict:
     parallelism, expert parallelism, precision, stack and overlap settings, and MoE options):
     ``cp``, ``p2p_overlap``, ``megatron_fsdp``, ``grad_accum_fusion``, ``cp_all_gather``,
     ``te_cross_entropy``, ``fp8_params``, ``fp16``, ``fp8``, ``fp32``, the model's
-    ``shared_experts`` and ``mla``,
+    ``shared_experts``, ``mla`` and ``squared_relu``, ``bias_act_fusion``,
     ``param_gather_overlap``, ``cuda_graphs``, ``compiled``, the TP overlap settings
     (``tp_overlap``, ``te_tp_overlap``, ``torch_tp_overlap``: the rules read them with
     ``tp > 1``), ``megatron_uneven``, ``tied``, ``moe``, ``ep`` and the MoE plan's options; for a
@@ -172,7 +176,8 @@ def context_facts(cfg: Any) -> dict:
                 "param_gather_overlap": False, "cuda_graphs": False, "compiled": False,
                 "tp_overlap": False, "te_tp_overlap": False, "torch_tp_overlap": False,
                 "megatron_uneven": False, "tied": False, "moe": False, "ep": 1,
-                "shared_experts": False, "mla": False, **_MOE_OFF}
+                "shared_experts": False, "mla": False, "squared_relu": False,
+                "bias_act_fusion": False, **_MOE_OFF}
     sw, dtype, tpo = cfg.software, cfg.train.dtype, cfg.software.tp_comm_overlap
     return {"cp": cfg.parallel.cp, "p2p_overlap": bool(sw.overlap_p2p_comm),
             "megatron_fsdp": sw.zero3_implementation == "megatron_fsdp",
@@ -193,11 +198,16 @@ def context_facts(cfg: Any) -> dict:
 
 
 def _model_facts(cfg: Any) -> dict:
-    """The model's facts the stack rules read: shared experts, multi-latent attention (false
-    for a model without a decoder shape)."""
+    """The model's facts the stack rules read: shared experts, multi-latent attention, a
+    squared-ReLU MLP (false for a model without a decoder shape), and the stack's
+    bias-activation fusion on an MLP with biases (Megatron-LM 900f1b76 arguments.py lines
+    478-480 turn it off without them)."""
     shape = cfg.model.shape() if hasattr(cfg.model, "shape") else None
     return {"shared_experts": bool(getattr(shape, "shared_experts", 0)),
-            "mla": getattr(shape, "mla", None) is not None}
+            "mla": getattr(shape, "mla", None) is not None,
+            "squared_relu": bool(getattr(shape, "squared_relu", False)),
+            "bias_act_fusion": bool(cfg.software.fused_bias_gelu)
+            and bool(getattr(shape, "mlp_bias", False))}
 
 
 def _recompute_facts(cfg: Any) -> dict:
