@@ -72,8 +72,8 @@ from .rotary import rope_bytes, rope_classes
 from .softmax import unfused_softmax_passes  # noqa: F401 (callers import it from here)
 
 __all__ = ["ELEMENTWISE_CLASSES", "layer_elementwise_kernels", "norm_kernels", "residual_bytes",
-           "backward_kernels", "activation_fused", "activation_classes", "norm_passes", "activation_passes",
-           "fused_norm_class", "qk_norm_kernels", "layer_elementwise_parts",
+           "backward_kernels", "activation_fused", "activation_classes", "norm_passes",
+           "activation_passes", "fused_norm_class", "qk_norm_kernels", "layer_elementwise_parts",
            "optimizer_bytes_per_param",
            "loss_bytes", "loss_passes", "loss_kernels", "unfused_softmax_passes"]
 

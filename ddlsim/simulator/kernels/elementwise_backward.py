@@ -64,8 +64,8 @@ from typing import Any
 
 from ...workloads.trace import Kernel
 from .elementwise import (_BACKWARD_CLASS, activation_classes, activation_fused,
-                          activation_passes, backward_kernels, fused_norm_class, norm_kernels, qk_norm_kernels,
-                          residual_bytes)
+                          activation_passes, backward_kernels, fused_norm_class, norm_kernels,
+                          qk_norm_kernels, residual_bytes)
 from .rotary import rope_bytes, rope_classes
 
 __all__ = ["layer_elementwise_backward_kernels", "layer_elementwise_backward_parts",

@@ -79,6 +79,22 @@ class DecoderFamily(WorkloadFamily):
             return proxy_memory(cfg, cfg.model.shape())
         return decoder_memory(cfg, cfg.model.shape())
 
+    def bundled_hf_presets(self) -> dict[str, dict]:
+        """The presets of ``data/decoders.yaml`` whose bundled ``config.json`` has one of this
+        family's HuggingFace model types, as sections of this family's architecture."""
+        import json
+        from importlib import resources
+
+        data = resources.files("ddlsim.data")
+        out = {}
+        for name, p in read_presets("decoders.yaml").items():
+            doc = json.loads(data.joinpath(p["hf_config"]).read_text())
+            if doc.get("model_type") in self.hf_model_types:
+                out[name] = {"architecture": self.architecture,
+                             "hf_config": p["hf_config"].removeprefix("hf/").removesuffix(".json"),
+                             "source": p["source"]}
+        return out
+
     def summary(self, model: Any) -> str:
         """``name: L layers, h hidden, heads (KV heads), MLP, norm, positions, embeddings,
         parameters`` in one line."""
@@ -328,24 +344,7 @@ class LlamaFamily(DecoderFamily):
                       "deepseek_v3", "deepseek_v2", "phi3", "gpt_oss")
 
     def presets(self) -> dict[str, dict]:
-        return self.presets_of(self, "llama")
-
-    @staticmethod
-    def presets_of(family: "DecoderFamily", architecture: str) -> dict[str, dict]:
-        """The presets of ``data/decoders.yaml`` whose bundled ``config.json`` has one of
-        ``family``'s HuggingFace model types, as ``architecture`` sections."""
-        import json
-        from importlib import resources
-
-        data = resources.files("ddlsim.data")
-        out = {}
-        for name, p in read_presets("decoders.yaml").items():
-            doc = json.loads(data.joinpath(p["hf_config"]).read_text())
-            if doc.get("model_type") in family.hf_model_types:
-                out[name] = {"architecture": architecture,
-                             "hf_config": p["hf_config"].removeprefix("hf/").removesuffix(".json"),
-                             "source": p["source"]}
-        return out
+        return self.bundled_hf_presets()
 
 
 @register_workload("nemotron")
@@ -358,7 +357,7 @@ class NemotronFamily(DecoderFamily):
     hf_model_types = ("nemotron",)
 
     def presets(self) -> dict[str, dict]:
-        return LlamaFamily.presets_of(self, "nemotron")
+        return self.bundled_hf_presets()
 
 
 def _grad_phrase(cfg: Any) -> str:

@@ -16,8 +16,8 @@ Two arms of the union discriminated on ``architecture``:
   relu2``), grouped-query attention, no biases unless ``attention_bias`` or ``mlp_bias``,
   untied embeddings, no dropout; dense only.
 
-``gpt`` and ``llama`` take Mixture-of-Experts fields (:class:`MoEFields`, HuggingFace names where they exist):
-``num_local_experts`` (Mixtral), ``num_experts_per_tok``, ``moe_intermediate_size``
+``gpt`` and ``llama`` take Mixture-of-Experts fields (:class:`MoEFields`, HuggingFace names where
+they exist): ``num_local_experts`` (Mixtral), ``num_experts_per_tok``, ``moe_intermediate_size``
 (Qwen2-MoE), ``capacity_factor`` (GShard/Switch; null: dropless), ``decoder_sparse_step``
 (Qwen2-MoE: every n-th layer is an MoE layer), ``n_shared_experts`` (DeepSeek) of
 ``shared_expert_intermediate_size`` (Qwen2-MoE) with an optional ``shared_expert_gate``,
