@@ -133,6 +133,10 @@ def test_a_huggingface_nemotron_config_is_read_as_one():
     from ddlsim.workloads.decoder import _section
     section = _section(fields)
     assert section["architecture"] == "nemotron" and section["partial_rotary_factor"] == 0.5
+    gpt2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "n_positions": 128,
+            "vocab_size": 100, "activation_function": "relu2"}
+    with pytest.raises(ConfigError, match="activation_function = 'relu2'.*model_type nemotron"):
+        from_hf_config(gpt2, source="config.json")
     llama = {**doc, "model_type": "llama", "hidden_act": "silu"}
     llama.pop("norm_eps")
     assert any(u.startswith("partial_rotary_factor") for u in from_hf_config(

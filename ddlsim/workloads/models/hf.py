@@ -156,6 +156,10 @@ def _sizes(doc: dict, mt: str, source: str) -> dict:
         fields["ffn"] = _int(doc, k_ffn, source, required=False) or 4 * hidden
         fields["max_positions"] = _int(doc, k_pos, source)
         fields["activation"] = _activation(doc, "activation_function", "gelu_new", source)
+        if fields["activation"] == "relu2":   # squared ReLU is the nemotron family's alone
+            raise _err(source, "activation_function", "relu2", "allowed with model_type "
+                       f"gpt2: {', '.join(a for a in ACTIVATIONS if a != 'relu2')} (squared "
+                       "ReLU is modelled for model_type nemotron)")
         fields["dropout"] = any(_prob(doc, k, source) > 0
                                 for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop"))
     else:
