@@ -23,13 +23,9 @@ _FUSIONS = {"fused_bias_gelu": "bias-gelu", "fused_bias_dropout_add": "bias-drop
             "fused_cross_entropy": "cross-entropy", "fused_optimizer": "optimizer",
             "gradient_accumulation_fusion": "grad-accumulation"}
 
-def _fusions(cfg: Any) -> dict[str, str]:
-    """:data:`_FUSIONS` with the MLP activation's switch the model uses: a squared-ReLU
-    model's ``fused_squared_relu`` in place of ``fused_bias_gelu``."""
-    if not cfg.model.shape().squared_relu:
-        return _FUSIONS
-    return {("fused_squared_relu" if f == "fused_bias_gelu" else f):
-            ("squared-relu" if f == "fused_bias_gelu" else n) for f, n in _FUSIONS.items()}
+#: :data:`_FUSIONS` of a squared-ReLU model: its activation's switch in place of bias-GeLU's
+_SQUARED_RELU_FUSIONS = dict(("fused_squared_relu", "squared-relu") if f == "fused_bias_gelu"
+                             else (f, n) for f, n in _FUSIONS.items())
 
 
 _OVERLAPS = {"overlap_grad_reduce": "grad-reduce", "overlap_param_gather": "param-gather",
@@ -208,11 +204,12 @@ def plan_fields(cfg: Any) -> dict[str, Any]:
     if family is not None:
         out.update(family(cfg))
     if kernels:
+        fusions = _SQUARED_RELU_FUSIONS if cfg.model.shape().squared_relu else _FUSIONS
         out.update(attention=_attention(cfg, sw.attention), gemm_library=_gemm(cfg),
                    precision=_precision(cfg),
                    host_dispatch=sw.host_dispatch,
-                   fused=[n for f, n in _fusions(cfg).items() if sw.kernels.get(f)],
-                   not_fused=[n for f, n in _fusions(cfg).items() if not sw.kernels.get(f)])
+                   fused=[n for f, n in fusions.items() if sw.kernels.get(f)],
+                   not_fused=[n for f, n in fusions.items() if not sw.kernels.get(f)])
         if cfg.parallel.zero_stage == 3:
             out["zero3_gathers"] = _zero3(cfg)
     return out

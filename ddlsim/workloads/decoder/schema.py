@@ -196,6 +196,21 @@ class GPTModel(DecoderFields):
                             **self.moe_shape_fields())
 
 
+def check_heads(m: DecoderFields, head_size_given: bool = False) -> None:
+    """The grouped-query attention rules of a ``llama`` or ``nemotron`` section (raises
+    ValueError, the section validator's): whole query-head groups per key/value head, and a
+    hidden size that divides into the heads unless ``head_dim`` (or ``head_size_given``, MLA's
+    own head sizes) gives the head size."""
+    a, g = m.num_attention_heads, m.num_key_value_heads or m.num_attention_heads
+    if a % g:
+        raise ValueError(f"num_attention_heads = {a} is not a multiple of "
+                         f"num_key_value_heads = {g}: each key/value head serves a whole "
+                         "group of query heads")
+    if m.head_dim is None and m.hidden_size % a and not head_size_given:
+        raise ValueError(f"hidden_size = {m.hidden_size} is not a multiple of "
+                         f"num_attention_heads = {a}; give head_dim")
+
+
 class LlamaModel(DecoderFields):
     """A Llama-style decoder (Llama 2/3, Mistral, Qwen2)."""
 
@@ -231,14 +246,7 @@ class LlamaModel(DecoderFields):
 
     @model_validator(mode="after")
     def _check(self) -> "LlamaModel":
-        a, g = self.num_attention_heads, self.num_key_value_heads or self.num_attention_heads
-        if a % g:
-            raise ValueError(f"num_attention_heads = {a} is not a multiple of "
-                             f"num_key_value_heads = {g}: each key/value head serves a whole "
-                             "group of query heads")
-        if self.head_dim is None and self.hidden_size % a and self.kv_lora_rank is None:
-            raise ValueError(f"hidden_size = {self.hidden_size} is not a multiple of "
-                             f"num_attention_heads = {a}; give head_dim")
+        check_heads(self, head_size_given=self.kv_lora_rank is not None)   # MLA: its own
         from .variants import check_variants
         check_variants(self)
         return self
@@ -284,14 +292,7 @@ class NemotronModel(DecoderFields):
 
     @model_validator(mode="after")
     def _check(self) -> "NemotronModel":
-        a, g = self.num_attention_heads, self.num_key_value_heads or self.num_attention_heads
-        if a % g:
-            raise ValueError(f"num_attention_heads = {a} is not a multiple of "
-                             f"num_key_value_heads = {g}: each key/value head serves a whole "
-                             "group of query heads")
-        if self.head_dim is None and self.hidden_size % a:
-            raise ValueError(f"hidden_size = {self.hidden_size} is not a multiple of "
-                             f"num_attention_heads = {a}; give head_dim")
+        check_heads(self)
         if self.num_local_experts:
             raise ValueError(f"model.num_local_experts = {self.num_local_experts} with "
                              "architecture nemotron: its squared-ReLU experts are not "
