@@ -16,7 +16,7 @@ from .config_types import (DTYPE_BYTES, Bandwidth, Bytes, DeviceId, Flops, Real,
 from .errors import did_you_mean
 from .limits import check_bound
 from .registered import nccl_versions, node_fabrics, placements, registered, topologies
-from .software import DEFAULT_STACK, GemmLibrary, SoftwareSpec, stacks
+from .software import DEFAULT_STACK, GemmLibrary, SoftwareSpec, stacks, unknown_stack
 
 __all__ = ["DeviceSpec", "PowerLimitSpec", "LaunchSpec", "LinkSpec", "IntraNodeSpec",
            "NetworkSpec", "check_shape", "CollectivesSpec", "FirstTouchSpec", "SystemConfig"]
@@ -374,8 +374,7 @@ class SystemConfig(_Strict):
     @classmethod
     def _known_stack(cls, v: Any) -> Any:
         if isinstance(v, str) and v not in stacks():
-            raise ValueError(f"{v!r} is not a known software stack"
-                             f"{did_you_mean(v, stacks())}; allowed: {', '.join(stacks())}")
+            raise ValueError(unknown_stack(v))
         return v
 
     @property

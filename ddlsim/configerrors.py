@@ -61,12 +61,16 @@ def union_errors(errors: list[dict]) -> list[dict]:
     tags = [_branches(err) for err in errors]
     deeper = {err["loc"][:t[0]] for err, t in zip(errors, tags)
               if t and len(err["loc"]) > t[0] + 1}
+    typed = {err["loc"][:t[0]] for err, t in zip(errors, tags)   # a branch took the type
+             if t and not err["type"].endswith("_type")}
     out = []
     for err, t in zip(errors, tags):
         if not t:
             out.append(err)
             continue
-        if len(err["loc"]) == t[0] + 1 and err["loc"][:t[0]] in deeper:
+        here = err["loc"][:t[0]]
+        if len(err["loc"]) == t[0] + 1 and (here in deeper or (
+                err["type"].endswith("_type") and here in typed)):
             continue                                  # the other branch says more
         loc = tuple(p for j, p in enumerate(err["loc"]) if j not in t)
         same = next((o for o in out if o["loc"] == loc and o["type"].endswith("_type")), None)
@@ -96,8 +100,10 @@ def clause(err: dict, where: str, model: Any) -> str:
                 + (f"; {hint}" if hint else did_you_mean(key, allowed))
                 + (f"; allowed keys: {', '.join(allowed)}" if allowed else ""))
     if err["type"] == "literal_error":
+        from .importers.hints import value_hint
         choices = re.findall(r"'([^']*)'", err.get("ctx", {}).get("expected", ""))
-        msg += did_you_mean(err.get("input"), choices)
+        hint = value_hint(field, err.get("input"))
+        msg += f"; {hint}" if hint else did_you_mean(err.get("input"), choices)
     given = err.get("input")
     quiet = isinstance(given, dict) or err["type"] == "missing" or "got " in msg
     got = "" if quiet else f" (got {shown(given)})"

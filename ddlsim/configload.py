@@ -187,7 +187,7 @@ def validated_sections(data: dict, overrides: list[str] | tuple[str, ...] = (),
 def _unknown_sections(keys: list) -> list[str]:
     """Why each of ``keys`` is not a section: a misspelling, or another framework's config
     (the keys of one framework told in one clause)."""
-    from .importers.hints import foreign_group
+    from .importers.hints import foreign_group, foreign_hint
     out, groups = [], {}
     for key in keys:
         group = foreign_group(key)
@@ -195,6 +195,11 @@ def _unknown_sections(keys: list) -> list[str]:
             out.append(_SEARCH_ONLY)
         elif group:
             groups.setdefault(group, []).append(key)
+        elif home := _home_section(key):
+            out.append(f"unknown section {key!r}: it is a key of section {home} "
+                       f"({home}.{key})")
+        elif hint := foreign_hint(key):   # a word for a field, at the top
+            out.append(f"unknown section {key!r}; {hint}")
         else:
             out.append(f"unknown section {key!r}{did_you_mean(key, _SECTIONS)}")
     for (kind, advice), names in groups.items():
@@ -204,6 +209,18 @@ def _unknown_sections(keys: list) -> list[str]:
         out.append(f"unknown section{'s' if many else ''} {listed}{close}: "
                    f"{f'they are {kind}s' if many else f'it is a {kind}'}; {advice}")
     return out
+
+
+def _home_section(key: str) -> str | None:
+    """The section with a field named ``key`` (every model family's schema counting for
+    ``model``), or None."""
+    from .workloads.registry import iter_families
+    for name, schema in _SECTIONS.items():
+        if key in schema.model_fields:
+            return name
+    if any(key in family.schema.model_fields for _, family in iter_families()):
+        return "model"
+    return None
 
 
 def _validate_section(name: str, value: Any) -> BaseModel:

@@ -75,10 +75,8 @@ class SoftwareSpec(_Strict):
                                  f"{self.kernels.compile}; give one of them")
             object.__setattr__(self, "kernels",
                                self.kernels.model_copy(update={"compile": self.compile}))
-        known = stacks()
-        if self.stack not in known:
-            raise ValueError(f"stack {self.stack!r} is not a known software stack"
-                             f"{did_you_mean(self.stack, known)}; allowed: {', '.join(known)}")
+        if self.stack not in stacks():
+            raise ValueError(f"stack {unknown_stack(self.stack)}")
         return self
 
 
@@ -148,13 +146,34 @@ def stacks() -> list[str]:
     return list(_stack_table())
 
 
+#: A framework's word in a stack name users type, and the named stacks that framework is
+#: (their sources in data/software.yaml).
+_STACK_WORDS = (
+    ("fsdp", "FSDP2 (a unit per transformer block) is the torchtitan-2024 and "
+             "torchtitan-2025 stacks, PyTorch's FSDP1 fms-fsdp-2024; FSDP itself is "
+             "parallel.zero_stage: 3"),
+    ("nemo", "NeMo trains with Megatron-Core: megatron-core-2024 (NeMo 24.07) or "
+             "megatron-core-2025"),
+    ("bridge", "Megatron-Bridge trains with Megatron-Core: megatron-core-2025"),
+    ("mcore", "Megatron-Core is megatron-core-2024 or megatron-core-2025"),
+)
+
+
+def unknown_stack(name: object) -> str:
+    """Why ``name`` is not a stack: ``"'x' is not a known software stack …; allowed: …"``,
+    with the closest name, or the stacks of the framework a word in it names."""
+    known = stacks()
+    word = next((hint for w, hint in _STACK_WORDS if w in str(name).lower()), None)
+    why = f": {word}" if word else did_you_mean(name, known)
+    return f"{name!r} is not a known software stack{why}; allowed: {', '.join(known)}"
+
+
 def stack_entry(name: str) -> dict:
     """The stack ``name`` as ``data/software.yaml`` writes it: its fields, each a value and
     its source, and its rules; an unknown name is refused with the known ones."""
     table = _stack_table()
     if name not in table:
-        raise ConfigError(f"unknown software stack {name!r}{did_you_mean(name, list(table))}; "
-                          f"allowed: {', '.join(table)}")
+        raise ConfigError(unknown_stack(name))
     return table[name]
 
 
@@ -299,8 +318,7 @@ def _as_spec(spec: SoftwareSpec | str | None) -> SoftwareSpec:
         return SoftwareSpec()
     if isinstance(spec, str):
         if spec not in stacks():
-            raise ConfigError(f"system.software = {spec!r} is not a known software stack"
-                              f"{did_you_mean(spec, stacks())}; allowed: {', '.join(stacks())}")
+            raise ConfigError(f"system.software = {unknown_stack(spec)}")
         return SoftwareSpec(stack=spec)
     return spec
 

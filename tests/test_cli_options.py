@@ -198,5 +198,5 @@ def test_presets_with_a_name_print_that_preset_in_full_as_yaml():
     assert yaml.safe_load(r.stdout)["meta-llama-3-70b"]["num_key_value_heads"] == 8
     stack = yaml.safe_load(runner.invoke(app, ["presets", "software", "torchtitan-2025"]).stdout)
     assert stack["torchtitan-2025"]["kernels"]["attention"]["source"]
-    _refused(["presets", "software", "megatron"], "unknown software stack 'megatron'")
+    _refused(["presets", "software", "megatron"], "'megatron' is not a known software stack (did you mean")
     _refused(["presets", "system", "dgx-b200"], "system preset 'dgx-b200' does not exist")

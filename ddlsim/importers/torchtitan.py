@@ -203,14 +203,15 @@ def _training(draft: Draft, s: dict, doc: dict) -> None:
                                  "max_norm", "compile", "enable_cpu_offload"})
 
 
-_DEGREES = {"tensor_parallel_degree": "parallel.tensor_model_parallel_size",
-            "pipeline_parallel_degree": "parallel.pipeline_model_parallel_size",
-            "context_parallel_degree": "parallel.context_parallel_size",
-            "expert_parallel_degree": "parallel.expert_model_parallel_size"}
+#: torchtitan's [parallelism] degrees and the ddlsim fields they set (also the config's hints)
+DEGREE_FIELDS = {"tensor_parallel_degree": "parallel.tensor_model_parallel_size",
+                 "pipeline_parallel_degree": "parallel.pipeline_model_parallel_size",
+                 "context_parallel_degree": "parallel.context_parallel_size",
+                 "expert_parallel_degree": "parallel.expert_model_parallel_size"}
 
 
 def _parallelism(draft: Draft, s: dict, doc: dict, old: bool = False) -> None:
-    for key, path in _DEGREES.items():
+    for key, path in DEGREE_FIELDS.items():
         if key in s:
             draft.set(path, s[key], f"[parallelism] {key} = {s[key]}")
     if s.get("tensor_parallel_degree", 1) > 1:
@@ -246,7 +247,7 @@ def _parallelism(draft: Draft, s: dict, doc: dict, old: bool = False) -> None:
         draft.refuse(f"[parallelism] fsdp_reshard_after_forward = {policy!r}",
                      "torchtitan takes default, always or never")
     _rest(draft, "parallelism", s, {
-        *_DEGREES, "data_parallel_replicate_degree", "data_parallel_shard_degree",
+        *DEGREE_FIELDS, "data_parallel_replicate_degree", "data_parallel_shard_degree",
         "disable_loss_parallel", "pipeline_parallel_schedule", "fsdp_reshard_after_forward",
         "pipeline_parallel_microbatch_size", "context_parallel_rotate_method",
         "enable_async_tensor_parallel", *_SPLIT_KEYS})
