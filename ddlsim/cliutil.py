@@ -212,6 +212,30 @@ def _click_exceptions() -> Any:
     return exceptions
 
 
+#: Options users type from other tools, and how ddlsim's commands write them (an unknown
+#: option is still refused: the message says what to write).
+_OPTION_WORDS = {
+    "--json": "--format json", "--csv": "--format csv", "--table": "--format table",
+    "--des": "--engine des", "--analytical": "--engine analytical",
+    "--gpus": "--set system.nodes=N (GPUs are nodes × devices per node)",
+    "--nodes": "--set system.nodes=N", "--config": "as the first argument (ddlsim predict "
+                                                     "CONFIG)",
+    "--tp": "--set parallel.tensor_model_parallel_size=N",
+    "--pp": "--set parallel.pipeline_model_parallel_size=N",
+    "--dp": "--set parallel.data_parallel_size=N",
+}
+
+
+def _option_word(name: str, ctx: Any) -> str | None:
+    """How the command of ``ctx`` writes the unknown option ``name`` users typed from another
+    tool (:data:`_OPTION_WORDS`), if it takes the option that says it."""
+    meant = _OPTION_WORDS.get(name)
+    if meant is None or not meant.startswith("--"):
+        return meant
+    takes = {o for p in getattr(getattr(ctx, "command", None), "params", ()) for o in p.opts}
+    return meant if meant.split()[0] in takes else None
+
+
 class OnceGroup(TyperGroup):
     """A command group that refuses an option taking one value given twice (click would keep
     the last one silently): ``error: -o/--output is given twice; give it once``, exit 2; and
@@ -234,6 +258,9 @@ class OnceGroup(TyperGroup):
         except errors.UsageError as exc:
             where = exc.ctx.command_path if exc.ctx is not None else "ddlsim"
             message = exc.format_message().rstrip(".")
+            if isinstance(exc, errors.NoSuchOption) and (
+                    meant := _option_word(exc.option_name, exc.ctx)):
+                message = f"no such option: {exc.option_name}; it is written {meant}"
             _stderr().print(f"[bold red]error:[/] {escape(where)}: "
                             f"{escape(message[:1].lower() + message[1:])} (`{escape(where)} "
                             "-h` lists what it takes)")

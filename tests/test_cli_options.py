@@ -200,3 +200,23 @@ def test_presets_with_a_name_print_that_preset_in_full_as_yaml():
     assert stack["torchtitan-2025"]["kernels"]["attention"]["source"]
     _refused(["presets", "software", "megatron"], "'megatron' is not a known software stack (did you mean")
     _refused(["presets", "system", "dgx-b200"], "system preset 'dgx-b200' does not exist")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["predict", GPT3, "--json"], "no such option: --json; it is written --format json"),
+    (["predict", GPT3, "--des"], "no such option: --des; it is written --engine des"),
+    (["predict", GPT3, "--gpus", "8"], "no such option: --gpus; it is written --set "
+                                       "system.nodes=N"),
+    (["predict", GPT3, "--tp", "2"], "no such option: --tp; it is written --set "
+                                     "parallel.tensor_model_parallel_size=N"),
+    (["predict", "--config", GPT3], "no such option: --config; it is written as the first "
+                                    "argument"),
+    (["search", GPT3, "--json"], "no such option: --json; it is written --format json"),
+])
+def test_another_tools_option_is_refused_saying_how_ddlsim_writes_it(args, message):
+    _refused(args, message)
+
+
+def test_an_option_the_command_lacks_gets_no_hint_naming_it():
+    text = _refused(["search", GPT3, "--des"], "no such option: --des")
+    assert "--engine" not in text, text   # ddlsim search has no --engine
