@@ -323,12 +323,34 @@ def read_document(path: str | Path) -> dict:
     try:
         text = read_text(path, what="config file")
     except InputFileError as exc:  # a ConfigError, as every problem with a config is
-        raise DocumentError(str(exc)) from None
+        raise DocumentError(f"{exc}{_preset_named(path)}") from None
     data = parse_document(text, str(path), Path(path).suffix.lower() == ".json")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a run config must be a mapping with sections model, "
                           f"parallel, train, system; the file holds {_kind(data)}")
     return data
+
+
+def _preset_named(path: str | Path) -> str:
+    """``"; it is a … preset, …"`` when the missing config file ``path`` is the name of a
+    model or system preset (a user naming the model for the config), else ``""``."""
+    if Path(path).exists() or Path(path).suffix.lower() in (".yaml", ".yml", ".json"):
+        return ""
+    from .configpresets import preset_alias
+    from .presets import get_preset
+    for section, example in (("model", "model: {name}, train: {{micro_batch_size: 1, "
+                              "global_batch_size: 64, seq_length: 4096}}, system: "
+                              "{{preset: dgx-h100, nodes: 8}}"),
+                             ("system", "system: {{preset: {name}, nodes: N}} beside model "
+                              "and train sections")):
+        try:
+            get_preset(section, preset_alias(section, str(path)))
+        except ConfigError:
+            continue
+        return (f"; {str(path)!r} is a {section} preset: a run config names it "
+                f"({example.format(name=path)}), or give it to an example config with "
+                f"--set {section}={path}")
+    return ""
 
 
 def load_config(source: str | Path | dict,

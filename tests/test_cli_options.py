@@ -220,3 +220,17 @@ def test_another_tools_option_is_refused_saying_how_ddlsim_writes_it(args, messa
 def test_an_option_the_command_lacks_gets_no_hint_naming_it():
     text = _refused(["search", GPT3, "--des"], "no such option: --des")
     assert "--engine" not in text, text   # ddlsim search has no --engine
+
+
+@pytest.mark.parametrize("name, section", [
+    ("llama-3.1-8b", "model"), ("meta-llama/Llama-3.1-8B", "model"), ("dgx-h100", "system"),
+])
+def test_a_preset_named_for_the_config_says_how_a_config_names_it(name, section):
+    text = _refused(["predict", name], f"config file {name!r} does not exist; {name!r} is a "
+                                       f"{section} preset: a run config names it")
+    assert f"--set {section}={name}" in text, text
+
+
+def test_a_missing_config_that_names_no_preset_is_only_missing():
+    text = _refused(["predict", "no-such-model"], "config file 'no-such-model' does not exist")
+    assert "preset" not in text, text
