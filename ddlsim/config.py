@@ -218,9 +218,25 @@ class RunConfig(_Strict):
         if t.dtype not in s.device.peak_flops:
             raise ValueError(f"train.dtype = {t.dtype!r} has no peak FLOP/s on device "
                              f"'{s.device.name}'; it lists {', '.join(s.device.peak_flops)}")
+        self._plan_from_stack()
         from .stackrules import check_stack_rules
         check_stack_rules(self)  # what the software stack cannot run (system.software.what_if)
         return self
+
+    def _plan_from_stack(self) -> None:
+        """Sequence parallelism where ``parallel`` leaves it unset: on where TP > 1 and the
+        stack's rules refuse TP without it, the one plan its framework runs (torchtitan's
+        TP is always sequence-parallel, rule ``tp_needs_sp``; Megatron-Core's MoE layers
+        raise without it, ``moe_tp_needs_sp``); off otherwise, Megatron-LM's default. A
+        plan that sets it keeps its value (false under such a stack is refused)."""
+        p = self.parallel
+        if (p.sequence_parallel or p.tp == 1 or p.tp_mode != "1d"
+                or "sequence_parallel" in p.model_fields_set):
+            return
+        from .stackrules import broken_rules
+        if any("parallel.sequence_parallel" in rule.fields for rule, _ in broken_rules(self)):
+            object.__setattr__(self, "parallel", p.model_copy(update={"sequence_parallel": True}))
+            self.family.check(self)   # its sequence-parallel rules (the sequence over TP)
 
     def _plan_from_model(self) -> None:
         """The plan fields the model section determines (``family.plan_from_model``, e.g.

@@ -87,7 +87,10 @@ class ParallelConfig(_Strict):
         description="Megatron-Core's pipeline layout string: each virtual stage's layers, "
                     "E embedding, t transformer layer, m MTP layer, L loss, '|' between "
                     "virtual stages, (…)*n repeats (workloads/decoder/pp_layout.py)")
-    sequence_parallel: StrictBool = False
+    sequence_parallel: StrictBool = Field(
+        default=False, description="Megatron's sequence parallelism (TP > 1); unset: on where "
+        "the stack's rules refuse TP without it (torchtitan; Megatron-Core's MoE layers), "
+        "else off (RunConfig._plan_from_stack)")
     expert_model_parallel_size: count_type("parallel_size") = Field(
         default=1, description="EP: experts split over this many ranks, carved out of "
                                "TP·CP·DP (Megatron-Core's MoE parallel folding)")

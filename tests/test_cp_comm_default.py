@@ -43,7 +43,8 @@ def test_unset_takes_the_stacks_exchange_and_says_so(stack, comm, word):
     assert cfg.software.cp_comm_type == comm
     source = cfg.software.sources["cp_comm_type"]
     assert ("Megatron-LM" if stack.startswith("megatron") else "torchtitan") in source
-    assert cfg.family.plan_summary(cfg).startswith(f"TP2 × CP4 {word} ")
+    sp = " SP (tp_needs_sp)" if stack.startswith("torchtitan") else ""   # its TP always is
+    assert cfg.family.plan_summary(cfg).startswith(f"TP2{sp} × CP4 {word} ")
     assert plan_fields(cfg)["cp_comm_type"] == comm          # the JSON result's plan
 
 

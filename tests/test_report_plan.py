@@ -33,9 +33,9 @@ def test_decoder_line_is_megatron_line_unchanged():
     # and p2p on, all applicable to this ZeRO-1 pipelined plan; tp_comm_overlap off, so the
     # backward's sequence-parallel collectives overlap through NCCL: tp-async backward),
     # after the gradient dtype when it is not the parameters' (bf16 on Megatron: fp32 main
-    # grads).
+    # grads); sequence parallelism named after TP since 2026-12-02.
     assert _plan("examples/llama2-70b-64-h100.yaml") == (
-        "TP4 × PP4(v20) × DP4 = 64 ranks, interleaved, ZeRO-1, dp_strategy ddp, micro-batch "
+        "TP4 SP × PP4(v20) × DP4 = 64 ranks, interleaved, ZeRO-1, dp_strategy ddp, micro-batch "
         "1 × 256 per replica, global batch 1024, seq 4096, bf16, recompute selective, "
         "fp32 grads, overlaps: grad-reduce, param-gather, p2p, tp-async backward")
 
@@ -59,7 +59,7 @@ def test_decoder_line_shows_context_parallelism(comm, word):
     # 4 nodes × 8 H100 = 32 ranks = TP8 · CP4 · PP1 · DP1: CP is what makes up the 32
     line = _plan("examples/cp-ring-llama3-8b-128k.yaml", f"parallel.cp_comm_type={comm}",
                  "system.software=megatron-core-2025")   # 2024's TE has the ring only
-    assert line.startswith(f"TP8 × CP4 {word} × PP1 × DP1 = 32 ranks, 1f1b")
+    assert line.startswith(f"TP8 SP × CP4 {word} × PP1 × DP1 = 32 ranks, 1f1b")
 
 
 def test_cosmoflow_line_names_grid_halos_and_no_decoder_terms():

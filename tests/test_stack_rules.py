@@ -571,3 +571,21 @@ def test_a_proxy_runs_its_own_schedule_where_the_stacks_framework_would_refuse_i
                           "stage_exchange")}
     with pytest.raises(ConfigError, match="rule no_gpipe"):
         ddlsim.load_config({**copy.deepcopy(doc), "model": model})
+
+
+def test_an_unset_sp_is_on_where_megatron_cores_moe_layers_need_it_and_off_elsewhere():
+    """Megatron-Core's MoELayer raises with TP > 1 and no sequence parallelism: left unset,
+    it is on for an MoE model (rule moe_tp_needs_sp), off for a dense one; written false it
+    is refused."""
+    moe = {"model": "mixtral-8x7b", "parallel": {"tensor_model_parallel_size": 2,
+                                                  "pipeline_model_parallel_size": 4},
+           "train": {"micro_batch_size": 1, "global_batch_size": 64, "seq_length": 4096},
+           "system": {"preset": "dgx-h100", "nodes": 8, "software": "megatron-core-2025"}}
+    cfg = ddlsim.load_config(moe)
+    assert cfg.parallel.sequence_parallel
+    assert cfg.family.plan_summary(cfg).startswith("TP2 SP (moe_tp_needs_sp) × PP4")
+    with pytest.raises(ddlsim.ConfigError, match=r"\(rule moe_tp_needs_sp"):
+        ddlsim.load_config(moe, ["parallel.sequence_parallel=false"])
+    dense = ddlsim.load_config(moe, ["model=llama-3.1-8b"])
+    assert not dense.parallel.sequence_parallel
+    assert dense.family.plan_summary(dense).startswith("TP2 × PP4")

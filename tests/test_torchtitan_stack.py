@@ -301,13 +301,18 @@ def test_2024_pipelining_takes_one_micro_batch_per_stage_by_default(tmp_path):
 @pytest.mark.parametrize("stack", ["torchtitan-2024", "torchtitan-2025"])
 def test_torchtitans_tensor_parallelism_is_sequence_parallel(stack):
     """apply_tp shards the norms and the block outputs over the sequence on every TP plan: TP
-    without sequence parallelism is refused by name, in predict and in search alike."""
+    with sequence parallelism written false is refused by name, in predict and in search
+    alike; left unset it is on (the stack's), and the plan line names the rule."""
     from ddlsim.search.evaluate import evaluate_grid
     from ddlsim.search.spec import Constraints
     par = {"tensor_model_parallel_size": 2, "data_parallel_size": 4}
     with pytest.raises(ddlsim.ConfigError, match=r"\(rule tp_needs_sp;"):
-        config(stack, **par)
-    config(stack, sequence_parallel=True, **par)
+        config(stack, sequence_parallel=False, **par)
+    assert config(stack, sequence_parallel=True, **par).parallel.sequence_parallel
+    unset = config(stack, **par)
+    assert unset.parallel.sequence_parallel
+    assert unset.family.plan_summary(unset).startswith("TP2 SP (tp_needs_sp) × PP1 × DP4")
+    assert not config(stack, data_parallel_size=8).parallel.sequence_parallel   # TP 1
     d = {"model": "llama-3.1-8b", "parallel": {"zero_stage": 3},
          "train": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 4096},
          "system": {"preset": "dgx-h100", "nodes": 1, "software": stack}}
@@ -318,3 +323,18 @@ def test_torchtitans_tensor_parallelism_is_sequence_parallel(stack):
                   grid.frame["parallel.sequence_parallel"]))
     assert got == {(1, False), (2, True)}
     assert any(r.endswith("(rule tp_needs_sp)") for r in grid.rejected), grid.rejected
+
+
+def test_a_tp_axis_without_an_sp_axis_is_searched_sequence_parallel():
+    """The search builds each plan as predict does: under torchtitan an unset SP is on at
+    TP > 1 (the stack's), off at TP 1; no plan is rejected for it."""
+    from ddlsim.search.evaluate import evaluate_grid
+    from ddlsim.search.spec import Constraints
+    d = {"model": "llama-3.1-8b", "parallel": {"zero_stage": 3},
+         "train": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 4096},
+         "system": {"preset": "dgx-h100", "nodes": 1, "software": "torchtitan-2025"}}
+    grid = evaluate_grid(d, None, [], {"parallel.tensor_model_parallel_size": [1, 2, 4]},
+                         Constraints(must_fit=False))
+    got = set(zip(grid.frame["parallel.tensor_model_parallel_size"],
+                  grid.frame["parallel.sequence_parallel"]))
+    assert got == {(1, False), (2, True), (4, True)} and not grid.rejected, grid.rejected

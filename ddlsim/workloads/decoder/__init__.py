@@ -132,6 +132,8 @@ class DecoderFamily(WorkloadFamily):
         axes = f"TP{p.tp}"
         if p.tp_mode != "1d":
             axes += f" {_grid_label(p.tensor_parallel)}"
+        if p.sequence_parallel:
+            axes += f" SP{_sp_required(cfg)}"
         if p.cp > 1:
             axes += f" × CP{p.cp} {_cp_label(cfg)}"
         line = super().plan_summary(cfg).removeprefix(f"TP{p.tp}")
@@ -247,6 +249,18 @@ def _cp_label(cfg: Any) -> str:
     """``ring`` or ``all-gather``: how context-parallel attention exchanges K/V, the plan's
     ``cp_comm_type`` or, unset, the stack's."""
     return "ring" if cfg.software.cp_comm_type == "p2p" else "all-gather"
+
+
+def _sp_required(cfg: Any) -> str:
+    """`` (R)``, the stack's rule, when ``cfg``'s stack refuses its TP without sequence
+    parallelism (so an unset ``sequence_parallel`` is on: ``RunConfig._plan_from_stack``),
+    else ``""``."""
+    from ...stackrules import broken_rules
+    off = cfg.model_copy(update={"parallel": cfg.parallel.model_copy(
+        update={"sequence_parallel": False})})
+    names = [rule.name for rule, _ in broken_rules(off)
+             if "parallel.sequence_parallel" in rule.fields]
+    return f" ({names[0]})" if names else ""
 
 
 def _grid_label(spec: Any) -> str:
