@@ -167,6 +167,11 @@ class ParallelConfig(_Strict):
             raise ValueError("sequence_parallel = true needs tensor_model_parallel_size > 1 "
                              "(got 1): sequence parallelism splits activations across the TP group")
         vpp = self.virtual_pipeline_model_parallel_size
+        if vpp not in (None, 1) and "schedule" not in self.model_fields_set:
+            # virtual stages without a schedule: the interleaved one, as Megatron-LM runs
+            # them (its --virtual-pipeline-model-parallel-size selects that schedule; it has
+            # no flag of its own); a schedule written otherwise is refused below
+            object.__setattr__(self, "schedule", "interleaved")
         if self.schedule == "interleaved":
             if vpp is None or vpp < 2:
                 raise ValueError(f"schedule = 'interleaved' needs "

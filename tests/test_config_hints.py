@@ -124,3 +124,16 @@ def test_every_field_a_hint_names_exists():
                                 text):
             assert stack in stacks(), (stack, text)
     assert {"parallel.zero_stage", "train.recompute", "system.nodes"} <= named
+
+
+def test_virtual_stages_without_a_schedule_are_the_interleaved_schedule():
+    """Megatron-LM's --virtual-pipeline-model-parallel-size selects the interleaved schedule
+    (it has no flag of its own): virtual stages with the schedule unset run it; a schedule
+    written otherwise is refused."""
+    data = copy.deepcopy(BASE)
+    data["parallel"] = {**data["parallel"], "virtual_pipeline_model_parallel_size": 2}
+    assert build_config(data).parallel.schedule == "interleaved"
+    data["parallel"]["schedule"] = "1f1b"
+    with pytest.raises(ConfigError, match="virtual_pipeline_model_parallel_size = 2 needs "
+                                          "schedule = 'interleaved' \\(got '1f1b'\\)"):
+        build_config(data)
