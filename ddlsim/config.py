@@ -34,7 +34,7 @@ from .config_parallel import (  # noqa: F401  (re-exported)
 from .registered import algorithms, collective_ops, registered
 from .registered import recompute_modules as recompute_module_names
 from .config_system import progress_stall
-from .software import resolve_software
+from .software import resolve_software, stack_entry
 
 __all__ = [
     "ModelConfig", "ModelBase", "validate_model", "ParallelConfig", "TrainConfig",
@@ -224,19 +224,40 @@ class RunConfig(_Strict):
         return self
 
     def _plan_from_stack(self) -> None:
-        """Sequence parallelism where ``parallel`` leaves it unset: on where TP > 1 and the
-        stack's rules refuse TP without it, the one plan its framework runs (torchtitan's
-        TP is always sequence-parallel, rule ``tp_needs_sp``; Megatron-Core's MoE layers
-        raise without it, ``moe_tp_needs_sp``); off otherwise, Megatron-LM's default. A
-        plan that sets it keeps its value (false under such a stack is refused)."""
+        """The plan fields ``parallel`` leaves unset that the stack's runs have, the config
+        validated again with them where any is set (their own rules, the family's):
+
+        * ``zero_stage``, the stack's ``plan`` default in software.yaml (torchtitan's data
+          parallelism is FSDP2 unless the run says otherwise: 3), where data-parallel × CP
+          ranks are more than one (nothing to shard otherwise) and ``dp_strategy`` is
+          ``ddp`` (the seed's updates shard nothing);
+        * ``sequence_parallel``: on where TP > 1 and the stack's rules refuse TP without it,
+          the one plan its framework runs (torchtitan's TP is always sequence-parallel, rule
+          ``tp_needs_sp``; Megatron-Core's MoE layers raise without it,
+          ``moe_tp_needs_sp``); off otherwise, Megatron-LM's default.
+
+        A plan that sets a field keeps its value (a false SP under such a stack is
+        refused)."""
         p = self.parallel
-        if (p.sequence_parallel or p.tp == 1 or p.tp_mode != "1d"
+        update = {}
+        plan = stack_entry(self.software.name).get("plan") or {}
+        if ("zero_stage" in plan and "zero_stage" not in p.model_fields_set
+                and p.dp_strategy == "ddp" and self.dp * p.cp > 1):
+            update["zero_stage"] = plan["zero_stage"]["value"]
+        if update:
+            p = p.model_validate({**p.model_dump(exclude_unset=True),
+                                  "data_parallel_size": self.dp, **update})
+            object.__setattr__(self, "parallel", p)
+        if not (p.sequence_parallel or p.tp == 1 or p.tp_mode != "1d"
                 or "sequence_parallel" in p.model_fields_set):
-            return
-        from .stackrules import broken_rules
-        if any("parallel.sequence_parallel" in rule.fields for rule, _ in broken_rules(self)):
-            object.__setattr__(self, "parallel", p.model_copy(update={"sequence_parallel": True}))
-            self.family.check(self)   # its sequence-parallel rules (the sequence over TP)
+            from .stackrules import broken_rules
+            if any("parallel.sequence_parallel" in rule.fields
+                   for rule, _ in broken_rules(self)):
+                update["sequence_parallel"] = True
+                object.__setattr__(self, "parallel",
+                                   p.model_copy(update={"sequence_parallel": True}))
+        if update:
+            self.family.check(self)   # its rules of the fields set (the sequence over TP, …)
 
     def _plan_from_model(self) -> None:
         """The plan fields the model section determines (``family.plan_from_model``, e.g.

@@ -108,7 +108,9 @@ class ParallelConfig(_Strict):
                                "parallel ranks are this many replicas of FSDP shards over "
                                "data_parallel_size / this (× CP); gradients reduce-scattered "
                                "in a shard group, then all-reduced across the replicas")
-    zero_stage: Annotated[Literal[0, 1, 2, 3], BeforeValidator(reject_bool)] = 0
+    zero_stage: Annotated[Literal[0, 1, 2, 3], BeforeValidator(reject_bool)] = Field(
+        default=0, description="ZeRO stage (3: FSDP); unset: the stack's plan default "
+        "(torchtitan: 3, its FSDP2), else 0 (RunConfig._plan_from_stack)")
     schedule: registered(schedules) = "1f1b"
     dp_strategy: DPStrategy = "ddp"
     # --- overlap options (Megatron-Core's names); unset: the software stack's value -------

@@ -338,3 +338,59 @@ def test_a_tp_axis_without_an_sp_axis_is_searched_sequence_parallel():
     got = set(zip(grid.frame["parallel.tensor_model_parallel_size"],
                   grid.frame["parallel.sequence_parallel"]))
     assert got == {(1, False), (2, True), (4, True)} and not grid.rejected, grid.rejected
+
+
+@pytest.mark.parametrize("stack", ["torchtitan-2024", "torchtitan-2025"])
+def test_unset_zero_is_torchtitans_fsdp2_and_zero_written_is_its_ddp(stack):
+    """torchtitan's data_parallel_shard_degree defaults to -1 (the leftover ranks shard):
+    ZeRO-3 where there is more than one data-parallel rank; nothing to shard at DP 1; a
+    written zero_stage (0: torch's replicate) is kept."""
+    def unset(software, **parallel):
+        d = copy.deepcopy(BASE)
+        d["parallel"] = parallel          # no zero_stage written
+        d["system"]["software"] = software
+        return ddlsim.load_config(d)
+    assert unset(stack).parallel.zero_stage == 3                   # DP 16
+    assert unset(stack, zero_stage=0).parallel.zero_stage == 0     # replicate: DDP
+    one = unset(stack, tensor_model_parallel_size=8, pipeline_model_parallel_size=2)
+    assert one.dp == 1 and one.parallel.zero_stage == 0 and one.parallel.sequence_parallel
+    assert unset(stack, dp_strategy="reduce_scatter").parallel.zero_stage == 0
+    assert unset("megatron-core-2024").parallel.zero_stage == 0
+
+
+def test_every_stacks_plan_defaults_are_plan_fields_with_sources():
+    from ddlsim.config import ParallelConfig
+    from ddlsim.software import stack_entry, stacks
+    seen = 0
+    for name in stacks():
+        for field, item in (stack_entry(name).get("plan") or {}).items():
+            assert field in ParallelConfig.model_fields, (name, field)
+            assert set(item) == {"value", "source"} and item["source"].strip(), (name, field)
+            ParallelConfig.model_validate({field: item["value"]})   # a value the field takes
+            seen += 1
+    assert seen >= 2
+
+
+def test_a_grid_that_leaves_zero_to_torchtitan_searches_it_as_predict_builds_it():
+    """The vectorised tier holds one ZeRO stage for a grid; torchtitan's default depends on
+    each plan's DP (ZeRO-3 at DP > 1, nothing at DP 1), so such a grid (here one the tier
+    would take: an even pipeline split) goes to the exact tier, and each plan is predict's."""
+    from ddlsim.search.evaluate import evaluate_grid
+    from ddlsim.search.spec import Constraints
+    d = {"model": {"preset": "llama-3.1-8b", "num_hidden_layers": 8},
+         "parallel": {"tensor_model_parallel_size": 1},
+         "train": {"micro_batch_size": 1, "global_batch_size": 16, "seq_length": 2048,
+                   "recompute": "full"},
+         "system": {"preset": "dgx-h100", "nodes": 1, "software": {
+             "stack": "torchtitan-2025",   # the fields the vectorised tier times set so
+             "kernels": {"pipeline_split": "even", "selective_recompute": "attention_core"},
+             "overlap": {"zero3_reshard_after_forward": "always", "zero3_copy_out": False}}}}
+    axes = {"parallel.pipeline_model_parallel_size": [1, 8]}
+    grid = evaluate_grid(d, None, [], axes, Constraints(must_fit=False))
+    assert grid.frame.attrs["tier"] == "exact"
+    got = dict(zip(grid.frame["parallel.pipeline_model_parallel_size"],
+                   grid.frame["parallel.zero_stage"]))
+    assert got == {1: 3, 8: 0}, got              # DP 8: FSDP2; DP 1: nothing to shard
+    d["parallel"]["zero_stage"] = 0               # written (DDP): the vectorised tier's
+    assert evaluate_grid(d, None, [], {"parallel.pipeline_model_parallel_size": [1, 2]},
+                         Constraints(must_fit=False)).frame.attrs["tier"] == "vectorised"

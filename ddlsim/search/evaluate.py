@@ -125,7 +125,8 @@ def _evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping
     ctx_cfgs = _contexts(data, base_dir, overrides, _context_combinations(axes),
                          (neutral, base) if on_neutral else None)
     prepared = _prepared(data, base_dir, overrides, axes, base, ctx_cfgs)
-    if prepared is None:
+    unset = fields.pop("unset")
+    if prepared is None or _stack_defaulted(ctx_cfgs, unset):
         from .exact import evaluate_exact
         return evaluate_exact(data, base_dir, overrides, axes, constraints, objective,
                               price_per_gpu_hour, progress, dask, dask_workers)
@@ -276,6 +277,7 @@ def base_config(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[st
     the vector fields and the schedule (the parallel and train sections validated alone, so a
     batch that does not divide over the default DP is no error: the plans' rules judge it)."""
     cfg, fields, _ = _base_config(data, base_dir, overrides, axes)
+    fields.pop("unset")
     return cfg, fields
 
 
@@ -307,7 +309,20 @@ def _base_config(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[s
         cfg, on_neutral = build_config(data, overrides, base_dir), False
     fields = {p: _field(own, p) for p in VECTOR_FIELDS}
     fields["parallel.schedule"] = own["parallel"].schedule
+    fields["unset"] = {p for p in VECTOR_FIELDS if p.startswith("parallel.") and p not in axes
+                       and p.split(".")[1] not in own["parallel"].model_fields_set}
     return cfg, fields, on_neutral
+
+
+def _stack_defaulted(cfgs: list, unset: set[str]) -> bool:
+    """Whether a context's stack gives a default (its ``plan:`` in software.yaml:
+    torchtitan's ZeRO-3, which applies where DP × CP > 1, ``RunConfig._plan_from_stack``) to
+    a plan field the config leaves unset and no axis sets (``unset``): each plan's config
+    then decides it, so the grid goes to the exact tier, which builds them (the vectorised
+    tier's fields hold one value for the grid)."""
+    from ..software import stack_entry
+    return any(f"parallel.{f}" in unset for c in cfgs if not isinstance(c, ConfigError)
+               for f in stack_entry(c.software.name).get("plan") or {})
 
 
 def _field(sections: dict, path: str) -> Any:

@@ -39,7 +39,7 @@ def _base(stack: str, overlap: bool, layers: int) -> dict:
     software = {"stack": stack, **sw,
                 "overlap": {**sw.get("overlap", {}), "overlap_grad_reduce": overlap}}
     return {"model": {"preset": "llama-3.1-8b", "num_hidden_layers": layers},
-            "parallel": {"tensor_model_parallel_size": 1},
+            "parallel": {"tensor_model_parallel_size": 1, "zero_stage": 0},  # torchtitan: DDP
             "train": {"micro_batch_size": 1, "global_batch_size": 32, "seq_length": 2048,
                       "recompute": "full"},
             "system": {"preset": "dgx-h100", "nodes": 1, "software": software}}
