@@ -186,7 +186,8 @@ def test_a_vectorised_grid_with_torchs_other_groups_goes_to_the_exact_engine():
     from ddlsim.search.spec import Constraints
     data = {"model": {"preset": "llama-3.1-8b", "num_hidden_layers": 8},
             "parallel": {"pipeline_model_parallel_size": 4, "schedule": "interleaved",
-                         "virtual_pipeline_model_parallel_size": 2, "data_parallel_size": 1},
+                         "virtual_pipeline_model_parallel_size": 2, "data_parallel_size": 1,
+                         "zero_stage": 0},   # DDP written (unset: the stack's, per plan)
             "train": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 2048,
                       "recompute": "full"},
             "system": {"preset": "dgx-h100", "nodes": 1, "software": {
