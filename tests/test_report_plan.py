@@ -33,9 +33,10 @@ def test_decoder_line_is_megatron_line_unchanged():
     # and p2p on, all applicable to this ZeRO-1 pipelined plan; tp_comm_overlap off, so the
     # backward's sequence-parallel collectives overlap through NCCL: tp-async backward),
     # after the gradient dtype when it is not the parameters' (bf16 on Megatron: fp32 main
-    # grads); sequence parallelism named after TP since 2026-12-02.
+    # grads); sequence parallelism named after TP, and DDP's update left unnamed (the seed
+    # wiki's others are named), since 2026-12-02.
     assert _plan("examples/llama2-70b-64-h100.yaml") == (
-        "TP4 SP × PP4(v20) × DP4 = 64 ranks, interleaved, ZeRO-1, dp_strategy ddp, micro-batch "
+        "TP4 SP × PP4(v20) × DP4 = 64 ranks, interleaved, ZeRO-1, micro-batch "
         "1 × 256 per replica, global batch 1024, seq 4096, bf16, recompute selective, "
         "fp32 grads, overlaps: grad-reduce, param-gather, p2p, tp-async backward")
 

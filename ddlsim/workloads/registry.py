@@ -111,12 +111,15 @@ class WorkloadFamily(ABC):
     def plan_summary(self, cfg: "RunConfig") -> str:
         """One line describing how ``cfg`` spreads the model over its ranks, for the report
         header (after the system). The default is Megatron-LM's vocabulary: tensor ×
-        pipeline × data parallel, schedule, ZeRO, micro-batches, sequence, dtype and
-        recomputation; families whose plan has other axes or lacks these override it."""
+        pipeline × data parallel, schedule, ZeRO, the seed wiki's data-parallel update where
+        it is not DDP's (``dp_strategy reduce_broadcast``), micro-batches, sequence, dtype
+        and recomputation; families whose plan has other axes or lacks these override it."""
         p, t = cfg.parallel, cfg.train
+        # the seed wiki's updates are named; ddp, the framework's own, is the ZeRO stage's
+        update = "" if p.dp_strategy == "ddp" else f", dp_strategy {p.dp_strategy}"
         return (f"TP{p.tp} × PP{p.pp}{f'(v{p.vpp})' if p.vpp > 1 else ''} × DP{cfg.dp} = "
-                f"{cfg.world_size} ranks, {p.schedule}, ZeRO-{p.zero_stage}, dp_strategy "
-                f"{p.dp_strategy}, {batch_phrase(cfg)}, seq {t.seq_length}, {t.dtype}, "
+                f"{cfg.world_size} ranks, {p.schedule}, ZeRO-{p.zero_stage}{update}, "
+                f"{batch_phrase(cfg)}, seq {t.seq_length}, {t.dtype}, "
                 f"recompute {t.recompute}"
                 + (f" every {t.recompute_every_n_layers} layers" if t.recompute_every_n_layers > 1
                    else "")
