@@ -70,7 +70,9 @@ class TrainConfig(_Strict):
 
     micro_batch_size: count_type("micro_batch_size")
     global_batch_size: count_type("global_batch_size")
-    seq_length: count_type("seq_length")
+    seq_length: count_type("seq_length") | None = Field(
+        default=None, description="tokens per sample; unset: the model family's (1 where a "
+        "sample is an image, a volume or a row of features); a sequence model needs it")
     dtype: Dtype = "bf16"
     recompute: Literal["none", "selective", "full"] = "none"
     recompute_every_n_layers: count_type("layers") = Field(
@@ -207,6 +209,7 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "RunConfig":
+        self._train_from_model()
         self._plan_from_model()
         # a plan field the family never reads is an error
         _workloads("registry").check_plan_fields(self, self.family)
@@ -258,6 +261,17 @@ class RunConfig(_Strict):
                                    p.model_copy(update={"sequence_parallel": True}))
         if update:
             self.family.check(self)   # its rules of the fields set (the sequence over TP, …)
+
+    def _train_from_model(self) -> None:
+        """``train.seq_length`` where the config leaves it out: the family's sample length
+        (1 for an image, a volume or a row), or refused for a sequence model."""
+        if self.train.seq_length is not None:
+            return
+        length = self.family.sample_length
+        if length is None:
+            raise ValueError(f"train.seq_length: Field required: a {self.model.architecture} "
+                             "model's samples are sequences; give their length in tokens")
+        object.__setattr__(self, "train", self.train.model_copy(update={"seq_length": length}))
 
     def _plan_from_model(self) -> None:
         """The plan fields the model section determines (``family.plan_from_model``, e.g.

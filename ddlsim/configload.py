@@ -131,8 +131,11 @@ def _missing_section(name: str) -> str:
     fill it: a preset (``ddlsim presets``), or the train section's required keys."""
     if name == "train":
         keys = [k for k, f in _SECTIONS[name].model_fields.items() if f.is_required()]
+        keys.append("seq_length")   # required of a sequence model (RunConfig._train_from_model)
         return (f"the config has no 'train' section; it needs {', '.join(keys)} (e.g. "
-                f"train: {{{', '.join(f'{k}: …' for k in keys)}}})")
+                f"train: {{{', '.join(f'{k}: …' for k in keys)}}}; seq_length, the tokens "
+                "per sample, is 1 when left out for a model whose sample is one image, "
+                "volume or row of features)")
     return (f"the config has no {name!r} section; give a preset (`{name}: NAME`, `ddlsim "
             f"presets {name}`) or the section's keys")
 

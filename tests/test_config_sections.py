@@ -174,3 +174,21 @@ def test_a_missing_section_says_what_would_fill_it():
     text = str(got.value)
     assert "2 problems" in text and "`ddlsim presets model`" in text
     assert "no 'system' section; give a preset (`system: NAME`" in text
+
+
+@pytest.mark.parametrize("model", ["resnet50", "mlperf-hpc-cosmoflow", "dlrm-proxy"])
+def test_a_sample_that_is_not_a_sequence_needs_no_seq_length(model):
+    """An image, a volume, a row of features: train.seq_length left out is the family's 1
+    (it was required, and had to be written as 1)."""
+    cfg = ddlsim.load_config({"model": model, "train": {"micro_batch_size": 4,
+                                                        "global_batch_size": 32},
+                              "system": {"preset": "dgx-a100", "nodes": 1}})
+    assert cfg.train.seq_length == 1
+
+
+def test_a_sequence_model_without_seq_length_is_told_to_give_it():
+    with pytest.raises(ConfigError, match=r"train.seq_length: Field required: a gpt model's "
+                                          r"samples are sequences"):
+        ddlsim.load_config({"model": "gpt2", "train": {"micro_batch_size": 1,
+                                                       "global_batch_size": 8},
+                            "system": "dgx-h100"})

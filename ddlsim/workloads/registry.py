@@ -84,9 +84,14 @@ class WorkloadFamily(ABC):
         default is refused (:func:`check_plan_fields`), so no option is ignored silently,
         and a field added to the plan later stays refused until the family reads it.
         ``None`` (the default): every field (the decoder families).
+    sample_length : int or None
+        ``train.seq_length`` where the config leaves it unset: 1 for a family whose sample is
+        one image, volume or row of features; ``None`` (the default): a sequence model's,
+        which the config must give.
     """
 
     architecture: ClassVar[str] = ""
+    sample_length: ClassVar[int | None] = None
     schema: ClassVar[type["BaseModel"]]
     presets_file: ClassVar[str | None] = None
     hf_model_types: ClassVar[tuple[str, ...]] = ()

@@ -24,6 +24,8 @@ class CosmoFlowFamily(WorkloadFamily):
 
     schema = CosmoFlowModel
     #: the plan fields its rules and trace read (any other is refused when set)
+    #: a sample is one volume: train.seq_length is 1 where the config leaves it out
+    sample_length = 1
     plan_fields = (*BASE_PLAN_FIELDS, "parallel.collective_buffers")
     presets_file = "cosmoflow.yaml"
 

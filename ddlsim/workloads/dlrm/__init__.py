@@ -34,6 +34,8 @@ class DLRMFamily(WorkloadFamily):
 
     schema = DLRMModel
     #: the plan fields its rules and trace read (any other is refused when set)
+    #: a sample is one row of features: train.seq_length is 1 where the config leaves it out
+    sample_length = 1
     plan_fields = (*BASE_PLAN_FIELDS, "parallel.overlap_grad_reduce", "train.recompute",
                    "parallel.collective_buffers")
     presets_file = "dlrm.yaml"

@@ -22,6 +22,8 @@ class ResNetFamily(WorkloadFamily):
 
     schema = ResNetModel
     #: the plan fields its rules and trace read (any other is refused when set)
+    #: a sample is one image: train.seq_length is 1 where the config leaves it out
+    sample_length = 1
     plan_fields = (*BASE_PLAN_FIELDS, "parallel.overlap_grad_reduce", "parallel.grad_bucket_size",
                    "parallel.collective_buffers")
     presets_file = "resnet.yaml"
