@@ -365,6 +365,9 @@ def test_every_stacks_plan_defaults_are_plan_fields_with_sources():
     for name in stacks():
         for field, item in (stack_entry(name).get("plan") or {}).items():
             assert field in ParallelConfig.model_fields, (name, field)
+            # RunConfig._plan_from_stack applies these (with their conditions): a new field
+            # there must be taught to it, not read nowhere
+            assert field in {"zero_stage"}, (name, field)
             assert set(item) == {"value", "source"} and item["source"].strip(), (name, field)
             ParallelConfig.model_validate({field: item["value"]})   # a value the field takes
             seen += 1
