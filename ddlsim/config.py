@@ -34,7 +34,7 @@ from .config_parallel import (  # noqa: F401  (re-exported)
 from .registered import algorithms, collective_ops, registered
 from .registered import recompute_modules as recompute_module_names
 from .config_system import progress_stall
-from .software import resolve_software, stack_entry
+from .software import plan_defaults, resolve_software
 
 __all__ = [
     "ModelConfig", "ModelBase", "validate_model", "ParallelConfig", "TrainConfig",
@@ -243,19 +243,17 @@ class RunConfig(_Strict):
         refused)."""
         p = self.parallel
         update = {}
-        plan = stack_entry(self.software.name).get("plan") or {}
-        if ("zero_stage" in plan and "zero_stage" not in p.model_fields_set
+        zero = plan_defaults(self.software.name).get("zero_stage")
+        if (zero is not None and "zero_stage" not in p.model_fields_set
                 and p.dp_strategy == "ddp" and self.dp * p.cp > 1):
-            update["zero_stage"] = plan["zero_stage"]["value"]
-        if update:
+            update["zero_stage"] = zero
             p = p.model_validate({**p.model_dump(exclude_unset=True),
                                   "data_parallel_size": self.dp, **update})
             object.__setattr__(self, "parallel", p)
         if not (p.sequence_parallel or p.tp == 1 or p.tp_mode != "1d"
                 or "sequence_parallel" in p.model_fields_set):
-            from .stackrules import broken_rules
-            if any("parallel.sequence_parallel" in rule.fields
-                   for rule, _ in broken_rules(self)):
+            from .stackrules import sp_rules
+            if sp_rules(self):
                 update["sequence_parallel"] = True
                 object.__setattr__(self, "parallel",
                                    p.model_copy(update={"sequence_parallel": True}))

@@ -341,18 +341,18 @@ def _preset_named(path: str | Path) -> str:
         return ""
     from .configpresets import preset_alias
     from .presets import get_preset
-    for section, example in (("model", "model: {name}, train: {{micro_batch_size: 1, "
-                              "global_batch_size: 64, seq_length: 4096}}, system: "
-                              "{{preset: dgx-h100, nodes: 8}}"),
-                             ("system", "system: {{preset: {name}, nodes: N}} beside model "
-                              "and train sections")):
+    name = str(path)
+    examples = {"model": f"model: {name}, train: {{micro_batch_size: 1, global_batch_size: "
+                         "64, seq_length: 4096}, system: {preset: dgx-h100, nodes: 8}",
+                "system": f"system: {{preset: {name}, nodes: N}} beside model and train "
+                          "sections"}
+    for section, example in examples.items():
         try:
-            get_preset(section, preset_alias(section, str(path)))
+            get_preset(section, preset_alias(section, name))
         except ConfigError:
             continue
-        return (f"; {str(path)!r} is a {section} preset: a run config names it "
-                f"({example.format(name=path)}), or give it to an example config with "
-                f"--set {section}={path}")
+        return (f"; {name!r} is a {section} preset: a run config names it ({example}), or "
+                f"give it to an example config with --set {section}={name}")
     return ""
 
 

@@ -177,6 +177,12 @@ def stack_entry(name: str) -> dict:
     return table[name]
 
 
+def plan_defaults(name: str) -> dict[str, Any]:
+    """The plan fields the stack ``name``'s runs have where a config leaves them unset (its
+    ``plan:`` entry in software.yaml, each ``{value, source}``): field → value."""
+    return {f: item["value"] for f, item in (stack_entry(name).get("plan") or {}).items()}
+
+
 def _stack_defaults(name: str) -> tuple[dict, dict, dict]:
     """(kernels, overlap, sources) of a named stack: each YAML field is ``{value, source}``."""
     entry = _stack_table()[name]

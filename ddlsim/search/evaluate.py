@@ -120,12 +120,11 @@ def _evaluate_grid(data: dict, base_dir, overrides: Sequence[str], axes: Mapping
                    progress: Callable[[int, int], None] | None, dask=None,
                    dask_workers: int | None = None) -> Grid:
     """:func:`evaluate_grid`'s work, with the collector as the caller set it."""
-    base, fields, on_neutral = _base_config(data, base_dir, overrides, axes)
+    base, fields, on_neutral, unset = _base_config(data, base_dir, overrides, axes)
     neutral = [*overrides, *(_setting(p, v) for p, v in context_overrides({}).items())]
     ctx_cfgs = _contexts(data, base_dir, overrides, _context_combinations(axes),
                          (neutral, base) if on_neutral else None)
     prepared = _prepared(data, base_dir, overrides, axes, base, ctx_cfgs)
-    unset = fields.pop("unset")
     if prepared is None or _stack_defaulted(ctx_cfgs, unset):
         from .exact import evaluate_exact
         return evaluate_exact(data, base_dir, overrides, axes, constraints, objective,
@@ -276,14 +275,14 @@ def base_config(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[st
     the plan is the search's, the rest must be valid alone), and the config's own values of
     the vector fields and the schedule (the parallel and train sections validated alone, so a
     batch that does not divide over the default DP is no error: the plans' rules judge it)."""
-    cfg, fields, _ = _base_config(data, base_dir, overrides, axes)
-    fields.pop("unset")
+    cfg, fields, _, _ = _base_config(data, base_dir, overrides, axes)
     return cfg, fields
 
 
 def _base_config(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[str, list]):
-    """:func:`base_config`, and whether the config is the one built on the neutral plan
-    (else the config as written)."""
+    """:func:`base_config`, whether the config is the one built on the neutral plan (else
+    the config as written), and the plan fields (``parallel.…`` vector fields) the config
+    leaves unset and no axis sets (:func:`_stack_defaulted`)."""
     from ..config import ParallelConfig, TrainConfig
     from pydantic import ValidationError
 
@@ -309,9 +308,9 @@ def _base_config(data: dict, base_dir, overrides: Sequence[str], axes: Mapping[s
         cfg, on_neutral = build_config(data, overrides, base_dir), False
     fields = {p: _field(own, p) for p in VECTOR_FIELDS}
     fields["parallel.schedule"] = own["parallel"].schedule
-    fields["unset"] = {p for p in VECTOR_FIELDS if p.startswith("parallel.") and p not in axes
-                       and p.split(".")[1] not in own["parallel"].model_fields_set}
-    return cfg, fields, on_neutral
+    unset = {p for p in VECTOR_FIELDS if p.startswith("parallel.") and p not in axes
+             and p.split(".")[1] not in own["parallel"].model_fields_set}
+    return cfg, fields, on_neutral, unset
 
 
 def _stack_defaulted(cfgs: list, unset: set[str]) -> bool:
@@ -320,9 +319,9 @@ def _stack_defaulted(cfgs: list, unset: set[str]) -> bool:
     a plan field the config leaves unset and no axis sets (``unset``): each plan's config
     then decides it, so the grid goes to the exact tier, which builds them (the vectorised
     tier's fields hold one value for the grid)."""
-    from ..software import stack_entry
+    from ..software import plan_defaults
     return any(f"parallel.{f}" in unset for c in cfgs if not isinstance(c, ConfigError)
-               for f in stack_entry(c.software.name).get("plan") or {})
+               for f in plan_defaults(c.software.name))
 
 
 def _field(sections: dict, path: str) -> Any:

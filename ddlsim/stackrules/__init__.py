@@ -23,8 +23,8 @@ import (:mod:`.definitions`, :mod:`.moe_definitions`), and the checks that apply
 
 from .facts import PlanFacts, StackRule, rules, stack_rule
 from . import definitions, moe_definitions  # noqa: F401,E402  (registers the rules)
-from .checks import (broken_rules, check_stack_rules, stack_rejections, stack_rules,
-                     what_if_note)
+from .checks import (broken_rules, check_stack_rules, sp_rules, stack_rejections,
+                     stack_rules, what_if_note)
 
 __all__ = ["PlanFacts", "StackRule", "stack_rule", "rules", "stack_rules", "broken_rules",
-           "check_stack_rules", "stack_rejections", "what_if_note"]
+           "sp_rules", "check_stack_rules", "stack_rejections", "what_if_note"]

@@ -12,7 +12,7 @@ from ..errors import ConfigError
 from .facts import PlanFacts, StackRule, moe_plan, rules
 
 __all__ = ["stack_rules", "broken_rules", "check_stack_rules", "stack_rejections",
-           "what_if_note"]
+           "what_if_note", "sp_rules"]
 
 
 def stack_rules(stack: str) -> list[tuple[StackRule, str]]:
@@ -55,6 +55,17 @@ def broken_rules(cfg: Any) -> list[tuple[StackRule, str]]:
     facts = PlanFacts.of_config(cfg)
     return [(rule, src) for rule, src in stack_rules(cfg.software.name)
             if bool(np.any(rule.rejects(facts)))]
+
+
+def sp_rules(cfg: Any) -> list[str]:
+    """The names of ``cfg``'s stack's rules that refuse its plan without sequence
+    parallelism (``tp_needs_sp``, ``moe_tp_needs_sp``): where there are any, an unset
+    ``sequence_parallel`` is on (``RunConfig._plan_from_stack``) and the plan line names
+    the first."""
+    off = cfg if not cfg.parallel.sequence_parallel else cfg.model_copy(update={
+        "parallel": cfg.parallel.model_copy(update={"sequence_parallel": False})})
+    return [rule.name for rule, _ in broken_rules(off)
+            if "parallel.sequence_parallel" in rule.fields]
 
 
 def _shown(cfg: Any, path: str) -> str:

@@ -253,13 +253,9 @@ def _cp_label(cfg: Any) -> str:
 
 def _sp_required(cfg: Any) -> str:
     """`` (R)``, the stack's rule, when ``cfg``'s stack refuses its TP without sequence
-    parallelism (so an unset ``sequence_parallel`` is on: ``RunConfig._plan_from_stack``),
-    else ``""``."""
-    from ...stackrules import broken_rules
-    off = cfg.model_copy(update={"parallel": cfg.parallel.model_copy(
-        update={"sequence_parallel": False})})
-    names = [rule.name for rule, _ in broken_rules(off)
-             if "parallel.sequence_parallel" in rule.fields]
+    parallelism (:func:`~ddlsim.stackrules.sp_rules`), else ``""``."""
+    from ...stackrules import sp_rules
+    names = sp_rules(cfg)
     return f" ({names[0]})" if names else ""
 
 
